@@ -1,0 +1,8 @@
+"""Analytics over gpupool telemetry: plain functions over DuckDB, no UI code.
+
+``reports`` and ``tui`` read telemetry only through this package.
+"""
+
+from analytics._telemetry import TelemetryError, open_telemetry
+
+__all__ = ["TelemetryError", "open_telemetry"]

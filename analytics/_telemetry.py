@@ -1,0 +1,129 @@
+"""Open one or more telemetry directories as DuckDB views.
+
+Readers never load telemetry into memory: each table becomes a view over the Parquet segments of
+every directory given, and DuckDB streams them at query time. New segments that land while a
+connection is open are picked up by the next query (the glob is expanded at bind time).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from collector.schema import METADATA_VERSION_KEY, PARTITION_TYPES, SCHEMA_VERSION, TABLES, Table
+
+
+class TelemetryError(Exception):
+    """A telemetry directory that cannot be read as asked: missing, empty, or of a mixed schema."""
+
+    def __init__(self, title: str, hint: str = ""):
+        super().__init__(title)
+        self.title = title
+        self.hint = hint
+
+
+def _sql_literal(text: str) -> str:
+    # CREATE VIEW takes no prepared parameters, so paths are quoted here, the one place it happens.
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _segments(root: Path, table: str) -> list[str]:
+    return glob.glob(os.path.join(glob.escape(str(root)), table, "**", "*.parquet"), recursive=True)
+
+
+def _empty_select(table: Table) -> str:
+    # A typed, empty relation so queries over a table with no data yet still bind.
+    cols = ", ".join(f"CAST(NULL AS {_duck_type(c.type)}) AS {c.name}" for c in table.columns)
+    parts = ", ".join(f"CAST(NULL AS {t}) AS {n}" for n, t in PARTITION_TYPES.items())
+    return f"SELECT {cols}, {parts} WHERE false"
+
+
+def _duck_type(arrow_type: pa.DataType) -> str:
+    if pa.types.is_timestamp(arrow_type):
+        return "TIMESTAMPTZ" if arrow_type.tz else "TIMESTAMP"
+    return {
+        pa.string(): "VARCHAR",
+        pa.bool_(): "BOOLEAN",
+        pa.int16(): "SMALLINT",
+        pa.int32(): "INTEGER",
+        pa.int64(): "BIGINT",
+        pa.float32(): "FLOAT",
+        pa.float64(): "DOUBLE",
+    }[arrow_type]
+
+
+def schema_versions(paths: Iterable[str]) -> set[int]:
+    """Schema versions found in the footers of the given segments (cheap: footers only)."""
+    versions: set[int] = set()
+    for path in paths:
+        meta = pq.read_schema(path).metadata or {}
+        raw = meta.get(METADATA_VERSION_KEY)
+        versions.add(int(raw) if raw is not None else 0)
+    return versions
+
+
+def open_telemetry(
+    dirs: str | os.PathLike | Iterable[str | os.PathLike],
+    con: duckdb.DuckDBPyConnection | None = None,
+    *,
+    require_data: bool = True,
+    check_versions: bool = True,
+) -> duckdb.DuckDBPyConnection:
+    """Return a DuckDB connection with one view per telemetry table over all of ``dirs``.
+
+    Views: ``gpu_samples``, ``process_samples``, ``pool_events`` (see ``collector.schema``), each with
+    the hive columns ``date`` and ``host``. Raises ``TelemetryError`` for a missing directory, for no
+    data at all (unless ``require_data=False``) and for segments of a schema version this code does
+    not read.
+    """
+    roots = [Path(dirs)] if isinstance(dirs, (str, os.PathLike)) else [Path(d) for d in dirs]
+    if not roots:
+        raise TelemetryError(
+            "no telemetry directory given", "pass one or more directories written by gpustat-collect"
+        )
+    for root in roots:
+        if not root.is_dir():
+            raise TelemetryError(
+                f"telemetry directory not found: {root}",
+                "run gpustat-collect --out DIR first, or check the path",
+            )
+    con = con if con is not None else duckdb.connect()
+    found_any = False
+    for table in TABLES.values():
+        per_root = {root: _segments(root, table.name) for root in roots}
+        files = [f for segs in per_root.values() for f in segs]
+        if not files:
+            con.execute(f"CREATE OR REPLACE TEMP VIEW {table.name} AS {_empty_select(table)}")
+            continue
+        found_any = True
+        if check_versions:
+            versions = schema_versions(files)
+            unknown = versions - {SCHEMA_VERSION}
+            if unknown:
+                raise TelemetryError(
+                    f"{table.name}: segments of schema version {sorted(versions)} found, this gpupool reads "
+                    f"version {SCHEMA_VERSION}",
+                    "upgrade gpupool, or point it at directories written by one version",
+                )
+        globs = ", ".join(
+            _sql_literal(os.path.join(str(root), table.name, "**", "*.parquet"))
+            for root, segs in per_root.items()
+            if segs
+        )
+        hive_types = ", ".join(f"'{k}': {v}" for k, v in PARTITION_TYPES.items())
+        con.execute(
+            f"CREATE OR REPLACE TEMP VIEW {table.name} AS SELECT * FROM read_parquet([{globs}], "
+            f"hive_partitioning = true, union_by_name = true, hive_types = {{{hive_types}}})"
+        )
+    if require_data and not found_any:
+        raise TelemetryError(
+            "no telemetry found in " + ", ".join(str(r) for r in roots),
+            "is the collector writing there? gpustat-collect --out DIR",
+        )
+    return con

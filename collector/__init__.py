@@ -1,0 +1,1 @@
+"""GPU telemetry: sample GPUs (NVML, a simulated fleet, replayed data) into Parquet segments."""

@@ -1,0 +1,157 @@
+"""The telemetry schema: every table gpupool writes, declared once as data.
+
+Everything that writes telemetry (the collector's sources, the importers, the pool server) and
+everything that reads it (analytics) goes through these declarations, so a column has one name, one
+type and one unit. Values are stored in base units: bytes, watts, joules, hertz, degrees Celsius, and
+ratios 0–1 for every utilization (never percent).
+
+On disk a table is a folder of Parquet segments, hive-partitioned by date and host:
+
+    <telemetry dir>/<table>/date=YYYY-MM-DD/host=<hostname>/<segment>.parquet
+
+`date` and `host` live only in the path (DuckDB reads them back with ``hive_partitioning``). Each
+segment carries ``schema_version`` as a column and in its Parquet metadata, so readers can refuse a
+mix they do not understand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+# Parquet key/value metadata stored in every segment.
+METADATA_VERSION_KEY = b"gpupool.schema_version"
+METADATA_TABLE_KEY = b"gpupool.table"
+
+# Where a row came from. `simulated` rows are also flagged in their own boolean column, so that every
+# reader can label them without knowing the list of sources.
+SOURCES = ("nvml", "simulated", "replay", "nvidia-smi", "dcgm", "server")
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    unit: str  # "" where the value has no unit (names, ids)
+    doc: str
+    nvidia_smi: str = ""  # the nvidia-smi --query-gpu field that shows the same value, where one does
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    doc: str
+    columns: tuple[Column, ...]
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        meta = {METADATA_VERSION_KEY: str(SCHEMA_VERSION).encode(), METADATA_TABLE_KEY: self.name.encode()}
+        return pa.schema([pa.field(c.name, c.type) for c in self.columns], metadata=meta)
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+
+TS = pa.timestamp("us", tz="UTC")
+
+_COMMON_HEAD = (Column("ts", TS, "UTC", "Time of the sample (end of the interval it summarises)."),)
+_COMMON_TAIL = (
+    Column("source", pa.string(), "", f"Where the row came from: one of {', '.join(SOURCES)}."),
+    Column("simulated", pa.bool_(), "", "True for rows of the simulated fleet: never real GPU data."),
+    Column("schema_version", pa.int16(), "", "Version of this schema the row was written with."),
+)
+
+GPU_SAMPLES = Table(
+    "gpu_samples",
+    "One row per GPU per collector tick.",
+    (
+        *_COMMON_HEAD,
+        Column("gpu_index", pa.int16(), "", "NVML index of the GPU on its host.", "index"),
+        Column("gpu_uuid", pa.string(), "", "GPU UUID (stable across reboots).", "uuid"),
+        Column("gpu_name", pa.string(), "", "Product name.", "name"),
+        Column(
+            "state", pa.string(), "", "'ok', or 'lost' when the GPU stopped answering (fell off the bus)."
+        ),
+        Column(
+            "util_gpu_mean",
+            pa.float32(),
+            "ratio",
+            "Mean of the driver's utilization.gpu samples (duty cycle: some kernel was running) since the last tick.",
+            "utilization.gpu",
+        ),
+        Column("util_gpu_max", pa.float32(), "ratio", "Max of the same samples."),
+        Column(
+            "util_mem_mean",
+            pa.float32(),
+            "ratio",
+            "Mean of the memory-controller utilization samples since the last tick.",
+            "utilization.memory",
+        ),
+        Column("util_mem_max", pa.float32(), "ratio", "Max of the same samples."),
+        Column("mem_used_bytes", pa.int64(), "bytes", "Device memory in use.", "memory.used"),
+        Column("mem_total_bytes", pa.int64(), "bytes", "Device memory in total.", "memory.total"),
+        Column("power_w", pa.float32(), "watts", "Power draw.", "power.draw"),
+        Column(
+            "energy_j",
+            pa.float64(),
+            "joules",
+            "Energy counter since driver load; read rarely (it costs ~4 ms), null on other ticks.",
+        ),
+        Column("temperature_c", pa.float32(), "celsius", "GPU core temperature.", "temperature.gpu"),
+        Column("sm_clock_hz", pa.float32(), "hertz", "SM clock.", "clocks.sm"),
+        Column(
+            "sm_activity",
+            pa.float32(),
+            "ratio",
+            "GPM: fraction of SM cycles with at least one warp resident, over all SMs (Hopper+).",
+        ),
+        Column("sm_occupancy", pa.float32(), "ratio", "GPM: achieved warps / max warps per SM (Hopper+)."),
+        Column("tensor_activity", pa.float32(), "ratio", "GPM: tensor pipe active ratio (Hopper+)."),
+        Column("dram_bw_util", pa.float32(), "ratio", "GPM: DRAM bandwidth used / peak (Hopper+)."),
+        *_COMMON_TAIL,
+    ),
+)
+
+PROCESS_SAMPLES = Table(
+    "process_samples",
+    "One row per process holding a GPU, per collector tick.",
+    (
+        *_COMMON_HEAD,
+        Column("gpu_index", pa.int16(), "", "NVML index of the GPU on its host."),
+        Column("gpu_uuid", pa.string(), "", "GPU UUID."),
+        Column("pid", pa.int64(), "", "Host PID (NVML reports host PIDs, also for containers)."),
+        Column("process_name", pa.string(), "", "Executable name."),
+        Column("user", pa.string(), "", "Owner of the process."),
+        Column("container_id", pa.string(), "", "Container id from /proc/PID/cgroup, or null."),
+        Column("mem_used_bytes", pa.int64(), "bytes", "GPU memory the process holds."),
+        Column("sm_util", pa.float32(), "ratio", "Process busy share (nvmlDeviceGetProcessUtilization)."),
+        *_COMMON_TAIL,
+    ),
+)
+
+POOL_EVENTS = Table(
+    "pool_events",
+    "Lease lifecycle events written by gpupool-server.",
+    (
+        *_COMMON_HEAD,
+        Column("event", pa.string(), "", "grant, deny, release, expire or reclaim."),
+        Column("lease_id", pa.string(), "", "Lease id (null for a denial)."),
+        Column("client", pa.string(), "", "Client name the lease belongs to."),
+        Column("gpu_index", pa.int16(), "", "GPU of the partition (one row per GPU of the lease)."),
+        Column("gpu_uuid", pa.string(), "", "GPU UUID of the partition."),
+        Column("fraction", pa.float32(), "ratio", "Share of the GPU's memory the partition holds."),
+        Column("mem_bytes", pa.int64(), "bytes", "Memory of the partition."),
+        Column("duration_s", pa.float64(), "seconds", "Lease age at release/expire/reclaim."),
+        Column("reason", pa.string(), "", "Why: the denial message, or why a lease ended."),
+        *_COMMON_TAIL,
+    ),
+)
+
+TABLES: dict[str, Table] = {t.name: t for t in (GPU_SAMPLES, PROCESS_SAMPLES, POOL_EVENTS)}
+
+# Hive partition columns and the types readers must give them (a host named "007" stays a string).
+PARTITION_TYPES = {"date": "DATE", "host": "VARCHAR"}

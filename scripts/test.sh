@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs on a fresh machine (Python 3.11, no GPU) and run it all:
+# lint, format, import layering, unit and integration tests. CI runs this through .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# System programs the tests drive for real: Chromium (report), tmux (console), etcd (cluster mode).
+need=()
+command -v chromium >/dev/null || need+=(chromium)
+command -v tmux >/dev/null || need+=(tmux)
+command -v etcd >/dev/null || need+=(etcd-server)
+if ((${#need[@]})); then
+  if [ "$(id -u)" = 0 ]; then
+    echo "installing system packages: ${need[*]}"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}") >/dev/null \
+      || echo "warning: could not install ${need[*]}; tests that need them will be skipped" >&2
+  else
+    echo "warning: not root, cannot install ${need[*]}; tests that need them will be skipped" >&2
+  fi
+fi
+
+python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[test]'
+exec .venv/bin/python -m pytest "$@"
