@@ -1,1 +1,63 @@
-"""GPU telemetry: sample GPUs (NVML, a simulated fleet, replayed data) into Parquet segments."""
+"""GPU telemetry: sample GPUs (NVML, a simulated fleet, replayed data) into Parquet segments.
+
+The public face, loaded lazily so ``gpustat-collect --help`` does not import pyarrow or pynvml:
+
+- ``TelemetryWriter(root, host, *, flush_interval_s=10.0)``: buffered, atomic Parquet segments.
+- ``read_inventory() -> list[GpuInfo]`` and ``process_activity(gpu_index) -> list[ProcessActivity]``
+  through NVML, raising ``NvmlUnavailable`` where NVML does not start.
+- ``simulated_inventory(n)``: the GPUs of the simulated fleet, for machines without GPUs.
+- errors: ``CollectorError`` > ``NvmlUnavailable``, ``TelemetryWriteError``, ``InputError``; ``GpuLost``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "TelemetryWriter": "collector.writer",
+    "read_inventory": "collector._inventory",
+    "process_activity": "collector._inventory",
+    "simulated_inventory": "collector._simulated",
+    "GpuInfo": "collector._types",
+    "ProcessActivity": "collector._types",
+    "CollectorError": "collector._errors",
+    "NvmlUnavailable": "collector._errors",
+    "TelemetryWriteError": "collector._errors",
+    "InputError": "collector._errors",
+    "GpuLost": "collector._errors",
+}
+
+__all__ = [
+    "CollectorError",
+    "GpuInfo",
+    "GpuLost",
+    "InputError",
+    "NvmlUnavailable",
+    "ProcessActivity",
+    "TelemetryWriteError",
+    "TelemetryWriter",
+    "process_activity",
+    "read_inventory",
+    "simulated_inventory",
+]
+
+if TYPE_CHECKING:
+    from collector._errors import CollectorError, GpuLost, InputError, NvmlUnavailable, TelemetryWriteError
+    from collector._inventory import process_activity, read_inventory
+    from collector._simulated import simulated_inventory
+    from collector._types import GpuInfo, ProcessActivity
+    from collector.writer import TelemetryWriter
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'collector' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,42 @@
+"""The collector's errors, each a one-line title plus a hint for the user.
+
+CollectorError                 anything the CLI reports as one line and a non-zero exit
+├── NvmlUnavailable            NVML did not start (no driver, no library, no GPU)
+├── TelemetryWriteError        the telemetry directory cannot be written (permissions, disk full)
+└── InputError                 a file or option given by the user cannot be used
+
+GpuLost                        one GPU stopped answering; recorded as state='lost', not fatal
+"""
+
+from __future__ import annotations
+
+
+class CollectorError(Exception):
+    """An error the user can act on: ``title`` says what happened, ``hint`` what to do."""
+
+    def __init__(self, title: str, hint: str = ""):
+        super().__init__(f"{title}; {hint}" if hint else title)
+        self.title = title
+        self.hint = hint
+
+
+class NvmlUnavailable(CollectorError):
+    """NVML does not start on this machine (no NVIDIA driver, no libnvidia-ml, no GPU)."""
+
+    def __init__(self, reason: str):
+        super().__init__(
+            f"no NVIDIA driver/NVML found ({reason})", "use --simulate N to try gpupool without GPUs"
+        )
+        self.reason = reason
+
+
+class TelemetryWriteError(CollectorError):
+    """A telemetry segment could not be written; the rows stay buffered for the next attempt."""
+
+
+class InputError(CollectorError):
+    """A file or an option the user gave cannot be used as it is."""
+
+
+class GpuLost(Exception):
+    """One GPU stopped answering NVML (GPU_IS_LOST and friends): record it, keep sampling the others."""

@@ -1,0 +1,31 @@
+"""Plain records the collector hands to its callers (the pool server imports these)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU of this host, as NVML (or the simulated fleet) describes it."""
+
+    index: int
+    uuid: str
+    name: str
+    mem_total_bytes: int
+    compute_capability: tuple[int, int]
+    driver_version: str
+    cuda_version: str
+
+
+@dataclass(frozen=True)
+class ProcessActivity:
+    """A process holding memory on a GPU and how busy it kept the GPU recently.
+
+    ``sm_util`` is its busy share (ratio 0–1) over the last few seconds, ``0.0`` when the driver saw no
+    kernel of it, and ``None`` where the driver does not report per-process utilization (MIG, old GPUs).
+    """
+
+    pid: int
+    mem_used_bytes: int | None
+    sm_util: float | None

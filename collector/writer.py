@@ -1,0 +1,266 @@
+"""Append telemetry rows as Parquet segments that readers can open at any moment.
+
+Layout (see ``collector.schema``)::
+
+    <root>/<table>/date=YYYY-MM-DD/host=<host>/<table>-<first ts>-<pid>-<seq>-<token>.parquet
+
+Rows are buffered in memory and written every ``flush_interval_s`` (and on ``flush()``/``close()``).
+Each segment is written under a hidden temporary name (``.<name>.tmp``, which no ``*.parquet`` glob
+matches), fsynced, then renamed into place with ``os.replace``: a reader sees a whole segment or none,
+and a ``kill -9`` loses at most the rows of the current interval. ``date`` and ``host`` live only in
+the path; every segment carries ``schema_version`` as a column and in its footer metadata.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import errno
+import itertools
+import os
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from collector._errors import TelemetryWriteError
+from collector.schema import SCHEMA_VERSION, TABLES, Table
+
+_HOST_OK = re.compile(r"^[A-Za-z0-9._-]+$")
+_seq = itertools.count()
+
+
+def check_host(host: str) -> str:
+    """A host name that is safe as a path component (it becomes ``host=<host>``)."""
+    if not _HOST_OK.match(host or "") or host in (".", ".."):
+        raise TelemetryWriteError(
+            f"invalid host name {host!r} for telemetry", "use letters, digits, '.', '_' or '-' (--host NAME)"
+        )
+    return host
+
+
+def _describe_os_error(exc: OSError, root: Path) -> TelemetryWriteError:
+    if exc.errno == errno.ENOSPC or exc.errno == errno.EDQUOT:
+        return TelemetryWriteError(
+            f"disk full writing telemetry under {root}",
+            "free some space or point --out at another disk; unwritten rows stay in memory and are retried",
+        )
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST):
+        return TelemetryWriteError(
+            f"telemetry directory not writable: {root} ({exc.strerror})",
+            "choose another directory with --out DIR or fix its permissions",
+        )
+    return TelemetryWriteError(f"cannot write telemetry under {root}: {exc}", "check the disk and the path")
+
+
+def write_segment(path: Path, table: pa.Table) -> None:
+    """Write one Parquet file atomically: temporary name, fsync, rename, fsync the folder."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            pq.write_table(table, fh, compression="zstd")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _as_utc(ts: dt.datetime) -> dt.datetime:
+    return ts.replace(tzinfo=dt.UTC) if ts.tzinfo is None else ts.astimezone(dt.UTC)
+
+
+def rows_to_table(table: Table, rows: list[dict]) -> pa.Table:
+    """Build an Arrow table of the schema from row dicts; missing columns are null."""
+    columns = {}
+    for name in table.column_names:
+        if name == "schema_version":
+            columns[name] = [SCHEMA_VERSION] * len(rows)
+        else:
+            columns[name] = [row.get(name) for row in rows]
+    return pa.Table.from_pydict(columns, schema=table.arrow_schema)
+
+
+def conform(table: Table, data: pa.Table) -> pa.Table:
+    """Cast an Arrow table to the schema's columns and order; absent columns become null."""
+    arrays = []
+    for field in table.arrow_schema:
+        if field.name == "schema_version":
+            arrays.append(pa.array([SCHEMA_VERSION] * data.num_rows, field.type))
+        elif field.name in data.column_names:
+            arrays.append(data.column(field.name).cast(field.type))
+        else:
+            arrays.append(pa.nulls(data.num_rows, field.type))
+    return pa.Table.from_arrays(arrays, schema=table.arrow_schema)
+
+
+class TelemetryWriter:
+    """Buffered, thread-safe writer of telemetry segments for one host.
+
+    ``append(table_name, rows)`` takes row dicts keyed by the schema's column names (``ts`` a
+    timezone-aware datetime; ``schema_version`` and missing columns are filled in). A background
+    thread flushes every ``flush_interval_s``; ``flush()`` writes now and raises
+    ``TelemetryWriteError`` if the disk refuses (the rows stay buffered and are retried). A failure of
+    the background flush is kept in ``error`` for the owner to report.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        host: str,
+        *,
+        flush_interval_s: float = 10.0,
+        on_flush: Callable[[int], None] | None = None,
+    ):
+        self.root = Path(root)
+        self.host = check_host(host)
+        self.flush_interval_s = flush_interval_s
+        self._on_flush = on_flush
+        self._buffers: dict[str, list[dict]] = {name: [] for name in TABLES}
+        self._buffer_lock = threading.Lock()
+        self._write_lock = threading.Lock()  # one segment writer at a time
+        self.rows_written = 0
+        self.segments_written = 0
+        self.last_flush: float | None = None  # time.time() of the last successful flush
+        self.error: TelemetryWriteError | None = None
+        self._closed = False
+        self._ensure_writable()
+        self._stop = threading.Event()
+        self._thread = None
+        if flush_interval_s and flush_interval_s > 0:
+            self._thread = threading.Thread(target=self._flush_loop, name="telemetry-flush", daemon=True)
+            self._thread.start()
+
+    def _ensure_writable(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self.root / f".write-probe-{os.getpid()}-{secrets.token_hex(4)}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise _describe_os_error(exc, self.root) from None
+
+    # -- buffering -------------------------------------------------------------------------------
+    def append(self, table_name: str, rows: Iterable[dict]) -> None:
+        if table_name not in TABLES:
+            raise ValueError(f"unknown telemetry table {table_name!r}; known: {', '.join(TABLES)}")
+        rows = list(rows)
+        if not rows:
+            return
+        with self._buffer_lock:
+            if self._closed:
+                raise RuntimeError("TelemetryWriter is closed")
+            self._buffers[table_name].extend(rows)
+
+    @property
+    def buffered_rows(self) -> int:
+        with self._buffer_lock:
+            return sum(len(rows) for rows in self._buffers.values())
+
+    # -- writing ---------------------------------------------------------------------------------
+    def flush(self) -> int:
+        """Write every buffered row now; returns how many rows were written."""
+        with self._write_lock:
+            with self._buffer_lock:
+                pending = {name: rows for name, rows in self._buffers.items() if rows}
+                self._buffers = {name: [] for name in TABLES}
+            written = 0
+            try:
+                for name, rows in list(pending.items()):
+                    written += self._write_rows(TABLES[name], rows)
+                    del pending[name]
+            except OSError as exc:
+                self._requeue(pending)
+                self.error = _describe_os_error(exc, self.root)
+                raise self.error from None
+            self.error = None
+            self.last_flush = time.time()
+            if written and self._on_flush:
+                self._on_flush(written)
+            return written
+
+    def _requeue(self, pending: dict[str, list[dict]]) -> None:
+        # Rows that could not be written go back to the front of the buffer, in order.
+        with self._buffer_lock:
+            for name, rows in pending.items():
+                self._buffers[name] = rows + self._buffers[name]
+
+    def _write_rows(self, table: Table, rows: list[dict]) -> int:
+        by_date: dict[dt.date, list[dict]] = {}
+        for row in rows:
+            by_date.setdefault(_as_utc(row["ts"]).date(), []).append(row)
+        for day, day_rows in sorted(by_date.items()):
+            self._write_partition(table, day, rows_to_table(table, day_rows))
+        return len(rows)
+
+    def write_table(self, table_name: str, data: pa.Table) -> int:
+        """Write an Arrow table (already in memory, e.g. a backfill or an import) as segments now."""
+        table = TABLES[table_name]
+        data = conform(table, data)
+        if data.num_rows == 0:
+            return 0
+        days = pc.cast(pc.cast(data.column("ts"), pa.timestamp("us", tz="UTC")), pa.date32())
+        with self._write_lock:
+            try:
+                for day in pc.unique(days).to_pylist():
+                    part = data.filter(pc.equal(days, pa.scalar(day, pa.date32())))
+                    self._write_partition(table, day, part)
+            except OSError as exc:
+                raise _describe_os_error(exc, self.root) from None
+            self.last_flush = time.time()
+        if self._on_flush:
+            self._on_flush(data.num_rows)
+        return data.num_rows
+
+    def partition_dir(self, table_name: str, day: dt.date) -> Path:
+        return self.root / table_name / f"date={day.isoformat()}" / f"host={self.host}"
+
+    def _write_partition(self, table: Table, day: dt.date, data: pa.Table) -> None:
+        folder = self.partition_dir(table.name, day)
+        folder.mkdir(parents=True, exist_ok=True)
+        first = pc.min(data.column("ts")).as_py()
+        stamp = _as_utc(first).strftime("%Y%m%dT%H%M%S") if first else "unknown"
+        name = f"{table.name}-{stamp}-{os.getpid()}-{next(_seq):06d}-{secrets.token_hex(3)}.parquet"
+        write_segment(folder / name, data)
+        self.rows_written += data.num_rows
+        self.segments_written += 1
+
+    # -- background flushing and shutdown --------------------------------------------------------
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self.flush_interval_s):
+            # A failure is kept in self.error for the owner to report; the rows stay buffered.
+            with contextlib.suppress(TelemetryWriteError):
+                self.flush()
+
+    def close(self) -> None:
+        """Stop the background flusher and write what is buffered (raises TelemetryWriteError)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.flush()
+        with self._buffer_lock:
+            self._closed = True
+
+    def __enter__(self) -> TelemetryWriter:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
