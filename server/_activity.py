@@ -1,0 +1,62 @@
+"""Did a lease's GPUs do work? The idle-reclaim probes, one per GPU source (a seam for tests).
+
+- ``NvmlActivity`` (real GPUs): a local lease is busy when one of its processes (or their children)
+  had a kernel running on a GPU within the last ``window_s`` (``collector.process_activity``, the
+  driver's per-process utilization). Where the driver cannot say (``sm_util`` None: MIG, old GPUs) a
+  process that holds GPU memory counts as busy: better to keep an idle lease than reclaim a busy one.
+- ``SimulatedActivity`` (simulated GPUs, labelled as such): no GPU exists, so CPU time used by the
+  lease's processes stands in for GPU work. It makes idle reclaim testable end to end without GPUs.
+
+Remote leases are measured from their worker's last call (``server._app``), not here.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from server._procs import cpu_seconds, with_descendants
+
+log = logging.getLogger("gpupool.server")
+
+
+class NvmlActivity:
+    def __init__(self, window_s: float = 5.0):
+        self.window_s = window_s
+
+    def busy_leases(self, leases: list[dict], now: float) -> dict[str, float]:
+        from collector import process_activity
+
+        wanted = {lease["id"]: with_descendants(lease["pids"]) for lease in leases if lease["pids"]}
+        gpus = sorted({g for lease in leases if lease["id"] in wanted for g in lease["gpus"]})
+        busy: set[int] = set()
+        for index in gpus:
+            try:
+                for p in process_activity(index, window_s=self.window_s):
+                    if p.sm_util is None or p.sm_util > 0:
+                        busy.add(p.pid)
+            except Exception as exc:  # a lost GPU or NVML hiccup: no evidence of work this round
+                log.warning("activity probe on GPU %d failed: %s", index, exc)
+        return {lid: now for lid, pids in wanted.items() if pids & busy}
+
+
+class SimulatedActivity:
+    def __init__(self, threshold_cpu_s: float = 0.02):
+        self.threshold = threshold_cpu_s
+        self._last: dict[str, float] = {}
+
+    def busy_leases(self, leases: list[dict], now: float) -> dict[str, float]:
+        out = {}
+        seen = set()
+        for lease in leases:
+            if not lease["pids"]:
+                continue
+            lid = lease["id"]
+            seen.add(lid)
+            used = cpu_seconds(with_descendants(lease["pids"]))
+            before = self._last.get(lid)
+            self._last[lid] = used
+            if before is not None and used - before >= self.threshold:
+                out[lid] = now
+        for lid in set(self._last) - seen:
+            del self._last[lid]
+        return out

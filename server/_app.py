@@ -1,0 +1,318 @@
+"""The HTTP/JSON API (aiohttp) around ``Pool``, and the server's background loops.
+
+Threads: the event loop serves HTTP; every store access runs on one dedicated database thread (so
+transactions never interleave and a slow fsync never stalls the loop); process probes, worker
+start/stop and NVML sampling run on the default thread pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
+
+from aiohttp import web
+
+from server._errors import BadRequest, Forbidden, PoolError, RemoteUnavailable
+from server._pool import Caller, Pool
+from server._procs import alive_pids, terminate
+from server._remote import start_remote_worker
+from server._requests import ClientUpdate, Heartbeat, LeaseRequest, PolicyUpdate, TokenCreate, decode
+
+log = logging.getLogger("gpupool.server")
+
+POOL = web.AppKey("pool", Pool)
+STATE = web.AppKey("state", object)
+
+
+class ServerState:
+    """What the loops share: the database thread, the probe, live worker handles."""
+
+    def __init__(self, pool: Pool, probe, bind_host: str, reap_interval_s: float):
+        self.pool = pool
+        self.probe = probe
+        self.bind_host = bind_host
+        self.reap_interval_s = reap_interval_s
+        self.db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpupool-db")
+        self.workers: dict[str, object] = {}  # lease id -> WorkerHandle
+        self.stopping = threading.Event()
+
+    async def db(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.db_thread, fn, *args)
+
+
+def _json(data, status: int = 200) -> web.Response:
+    return web.Response(body=json.dumps(data).encode(), status=status, content_type="application/json")
+
+
+@web.middleware
+async def errors(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except PoolError as exc:
+        return _json(exc.body(), exc.status)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        msg = {
+            404: f"no route {request.method} {request.path}",
+            405: f"{request.method} not allowed on {request.path}",
+        }
+        text = msg.get(exc.status, exc.reason)
+        code = {404: "not_found", 413: "bad_request"}.get(exc.status, "bad_request")
+        return _json({"error": text, "code": code, "hint": "see /openapi.json"}, exc.status)
+    except Exception as exc:
+        log.exception("internal error on %s %s", request.method, request.path)
+        return _json(
+            {"error": f"internal server error: {type(exc).__name__}: {exc}", "code": "internal"}, 500
+        )
+
+
+async def _caller(request: web.Request) -> Caller:
+    st: ServerState = request.app[STATE]
+    return await st.db(st.pool.authenticate, request.headers.get("Authorization"), time.time())
+
+
+async def _admin(request: web.Request) -> Caller:
+    caller = await _caller(request)
+    if not caller.admin:
+        raise Forbidden(f"{request.path} needs an admin token (client {caller.client} has a client token)",
+                        "gpupool-server token create NAME --admin")  # fmt: skip
+    return caller
+
+
+def _flag(request: web.Request, name: str) -> bool:
+    value = request.query.get(name, "false").lower()
+    if value not in ("true", "false", "1", "0", "yes", "no"):
+        raise BadRequest(f"query parameter {name}={value!r} is not a boolean", "use true or false")
+    return value in ("true", "1", "yes")
+
+
+# --- public ------------------------------------------------------------------------------------------
+async def openapi(request: web.Request) -> web.Response:
+    return web.Response(
+        body=resources.files("server").joinpath("openapi.json").read_bytes(), content_type="application/json"
+    )
+
+
+async def health(request: web.Request) -> web.Response:
+    st: ServerState = request.app[STATE]
+    count = await st.db(st.pool.active_count)
+    info = st.pool.server_info()
+    return _json({"status": "ok", "server": info, "simulated": info["simulated"], "leases_active": count,
+                  "uptime_s": round(time.time() - st.pool.started, 3)})  # fmt: skip
+
+
+async def gpus(request: web.Request) -> web.Response:
+    st: ServerState = request.app[STATE]
+    await _caller(request)
+    view = await st.db(st.pool.gpus_view)
+    return _json({"server": st.pool.server_info(), "simulated": st.pool.inv.simulated, "gpus": view})
+
+
+def _refuse_remote_if_simulated(pool: Pool, req: LeaseRequest) -> None:
+    if req.remote and pool.inv.simulated:
+        start_remote_worker({}, simulated=True, bind_host="")  # raises the labelled RemoteUnavailable
+
+
+async def fit(request: web.Request) -> web.Response:
+    st: ServerState = request.app[STATE]
+    caller = await _caller(request)
+    req = decode(await request.read(), LeaseRequest)
+    try:
+        _refuse_remote_if_simulated(st.pool, req)
+    except RemoteUnavailable as exc:
+        return _json({"fits_now": False, "code": exc.code, "reason": exc.message, "hint": exc.hint,
+                      "score": None, "placement": [], "server": st.pool.server_info()})  # fmt: skip
+    return _json(await st.db(st.pool.fit, caller, req))
+
+
+async def create_lease(request: web.Request) -> web.Response:
+    st: ServerState = request.app[STATE]
+    caller = await _caller(request)
+    req = decode(await request.read(), LeaseRequest)
+    _refuse_remote_if_simulated(st.pool, req)
+    lease = await st.db(st.pool.grant, caller, req, time.time())
+    if req.remote:
+        try:
+            handle = await asyncio.to_thread(start_remote_worker, lease, simulated=st.pool.inv.simulated,
+                                             bind_host=st.bind_host, mps=st.pool.mps)  # fmt: skip
+        except RemoteUnavailable as exc:
+            await st.db(st.pool.end, lease["id"], "released", exc.message, time.time())
+            raise
+        st.workers[lease["id"]] = handle
+        worker = {"host": handle.host, "port": handle.port, "secret": handle.secret, "pid": handle.pid,
+                  "create_time": (alive_pids([(handle.pid, None)]) or [(0, None)])[0][1]}  # fmt: skip
+        await st.db(st.pool.set_worker, lease["id"], worker)
+        lease = await st.db(st.pool.lease, lease["id"])
+    return _json(lease, 201)
+
+
+async def list_leases(request: web.Request) -> web.Response:
+    st: ServerState = request.app[STATE]
+    caller = await _caller(request)
+    state = request.query.get("state", "active")
+    if state not in ("active", "ended", "any"):
+        raise BadRequest(f"state={state!r} is not one of active, ended, any", "e.g. /v1/leases?state=any")
+    leases = await st.db(st.pool.list, caller, _flag(request, "all"), state)
+    return _json({"leases": leases})
+
+
+async def get_lease(request: web.Request) -> web.Response:
+    st: ServerState = request.app[STATE]
+    caller = await _caller(request)
+    return _json(await st.db(st.pool.get, caller, request.match_info["lease_id"]))
+
+
+async def heartbeat(request: web.Request) -> web.Response:
+    st: ServerState = request.app[STATE]
+    caller = await _caller(request)
+    body = decode(await request.read(), Heartbeat, empty_ok=True)
+    return _json(
+        await st.db(st.pool.heartbeat, caller, request.match_info["lease_id"], body.pids, time.time())
+    )
+
+
+async def release(request: web.Request) -> web.Response:
+    st: ServerState = request.app[STATE]
+    caller = await _caller(request)
+    lease, ended = await st.db(st.pool.release, caller, request.match_info["lease_id"], time.time())
+    if ended:
+        await stop_worker(st, lease["id"])
+    return _json(lease)
+
+
+async def stop_worker(st: ServerState, lease_id: str) -> None:
+    handle = st.workers.pop(lease_id, None)
+    if handle is not None:
+        try:
+            await asyncio.to_thread(handle.stop)
+        except Exception:
+            log.exception("stopping the worker of %s failed", lease_id)
+        return
+    row = await st.db(
+        lambda: st.pool.db.execute("SELECT worker FROM leases WHERE id = ?", (lease_id,)).fetchone()
+    )
+    if row and row[0]:  # a worker left from before a restart: we have no handle, only its pid
+        w = json.loads(row[0])
+        await asyncio.to_thread(terminate, w["pid"], w.get("create_time"))
+
+
+# --- admin -------------------------------------------------------------------------------------------
+async def admin_clients(request: web.Request) -> web.Response:
+    st: ServerState = request.app[STATE]
+    await _admin(request)
+    return _json({"clients": await st.db(st.pool.clients)})
+
+
+async def admin_set_client(request: web.Request) -> web.Response:
+    st: ServerState = request.app[STATE]
+    await _admin(request)
+    name = request.match_info["client"]
+    decode(json.dumps({"client": name}).encode(), TokenCreate)  # same name rules as tokens
+    update = decode(await request.read(), ClientUpdate)
+    return _json(await st.db(st.pool.set_client, name, update))
+
+
+async def admin_policy(request: web.Request) -> web.Response:
+    st: ServerState = request.app[STATE]
+    await _admin(request)
+    if request.method == "PUT":
+        update = decode(await request.read(), PolicyUpdate)
+        return _json(await st.db(st.pool.set_policy, update))
+    return _json(await st.db(st.pool.policy))
+
+
+def _token_json(row) -> dict:
+    from server._pool import iso
+
+    return {"id": row["id"], "client": row["client"], "admin": bool(row["admin"]), "created_at": iso(row["created"]),
+            "expires_at": iso(row["expires"]), "revoked": row["revoked"] is not None}  # fmt: skip
+
+
+async def admin_tokens(request: web.Request) -> web.Response:
+    st: ServerState = request.app[STATE]
+    await _admin(request)
+    if request.method == "POST":
+        req = decode(await request.read(), TokenCreate)
+        row = await st.db(
+            lambda: st.pool.store.create_token(req.client, admin=req.admin, expires_in_s=req.expires_in_s)
+        )
+        return _json({**_token_json(row), "token": row["token"]}, 201)
+    rows = await st.db(st.pool.store.tokens)
+    return _json({"tokens": [_token_json(r) for r in rows]})
+
+
+async def admin_revoke(request: web.Request) -> web.Response:
+    st: ServerState = request.app[STATE]
+    await _admin(request)
+    row = await st.db(st.pool.store.revoke_token, request.match_info["token_id"])
+    if row is None:
+        from server._errors import NotFound
+
+        raise NotFound(f"no token {request.match_info['token_id']}", "GET /v1/admin/tokens lists them")
+    return _json(_token_json(row))
+
+
+ROUTES = [
+    ("GET", "/openapi.json", openapi),
+    ("GET", "/v1/health", health),
+    ("GET", "/v1/gpus", gpus),
+    ("POST", "/v1/fit", fit),
+    ("POST", "/v1/leases", create_lease),
+    ("GET", "/v1/leases", list_leases),
+    ("GET", "/v1/leases/{lease_id}", get_lease),
+    ("DELETE", "/v1/leases/{lease_id}", release),
+    ("POST", "/v1/leases/{lease_id}/heartbeat", heartbeat),
+    ("GET", "/v1/admin/clients", admin_clients),
+    ("PUT", "/v1/admin/clients/{client}", admin_set_client),
+    ("GET", "/v1/admin/policy", admin_policy),
+    ("PUT", "/v1/admin/policy", admin_policy),
+    ("GET", "/v1/admin/tokens", admin_tokens),
+    ("POST", "/v1/admin/tokens", admin_tokens),
+    ("DELETE", "/v1/admin/tokens/{token_id}", admin_revoke),
+]
+
+
+# --- background loops --------------------------------------------------------------------------------
+async def reap_loop(st: ServerState) -> None:
+    pool = st.pool
+    while not st.stopping.is_set():
+        await asyncio.sleep(st.reap_interval_s)
+        try:
+            now = time.time()
+            leases = await st.db(pool.active_leases)
+            active_at = await asyncio.to_thread(st.probe.busy_leases, leases, now)
+            dead: dict[str, str] = {}
+            for lease in leases:
+                handle = st.workers.get(lease["id"])
+                if handle is not None:
+                    if not handle.alive():
+                        dead[lease["id"]] = "its remote worker exited"
+                    else:
+                        active_at[lease["id"]] = max(active_at.get(lease["id"], 0.0), handle.last_activity())
+                elif lease["worker"]:  # orphan from before a restart: alive means in use, as far as we know
+                    w = lease["worker"]
+                    if alive_pids([(w["pid"], w.get("create_time"))]):
+                        active_at[lease["id"]] = now
+                    else:
+                        dead[lease["id"]] = "its remote worker exited"
+            ended = await st.db(pool.reap, time.time(), active_at, dead)
+            for lease in ended:
+                if lease["remote"]:
+                    await stop_worker(st, lease["id"])
+        except Exception:
+            log.exception("reaper pass failed; retrying")
+
+
+def make_app(st: ServerState) -> web.Application:
+    app = web.Application(middlewares=[errors], client_max_size=1 << 20)
+    app[STATE] = st
+    app[POOL] = st.pool
+    for method, path, handler in ROUTES:
+        app.router.add_route(method, path, handler)
+    return app

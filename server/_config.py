@@ -1,0 +1,120 @@
+"""Server configuration: a TOML file (``--config``), then command-line options on top.
+
+Policy values (limits, idle timeouts, lease lengths) have three layers, strongest first: what an
+admin set through the API (stored in the server's database, so it survives restarts), the config
+file, built-in defaults. An admin can therefore change policy live without editing files, and a
+fresh state directory starts from the file.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from server._errors import BadRequest
+
+DEFAULT_PORT = 56001  # Bitfusion's server port; any free port works
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
+
+
+def parse_duration(value: object, what: str = "duration") -> float:
+    """``90``, ``"90s"``, ``"30m"``, ``"8h"``, ``"365d"`` -> seconds."""
+    if isinstance(value, bool):
+        raise BadRequest(f"{what}: {value!r} is not a duration", "write e.g. 30s, 10m, 8h, 365d")
+    if isinstance(value, int | float):
+        return float(value)
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdwy]?)\s*", str(value))
+    if not m:
+        raise BadRequest(f"{what}: {value!r} is not a duration", "write e.g. 30s, 10m, 8h, 365d")
+    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+
+
+@dataclass
+class ClientPolicy:
+    limit: float | None = None
+    idle_timeout_s: float | None = None
+
+
+@dataclass
+class ServerConfig:
+    host: str = "0.0.0.0"
+    port: int = DEFAULT_PORT
+    advertise_addr: str | None = None  # what server.addr filters see; default: the outward interface
+    state_dir: Path = Path("/var/lib/gpupool")
+    telemetry_dir: Path | None = None
+    simulate_gpus: str | None = None
+    mps: bool = False
+    mps_pipe_dir: Path | None = None  # join an MPS daemon that is already running there
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    # policy (the config-file layer)
+    lease_ttl_s: float = 30.0
+    max_ttl_s: float = 3600.0
+    default_limit: float | None = None
+    default_idle_timeout_s: float | None = None
+    max_lease_s: float | None = None
+    clients: dict[str, ClientPolicy] = field(default_factory=dict)
+    # loops
+    reap_interval_s: float = 1.0
+    activity_window_s: float = 5.0
+    sample_interval_s: float = 10.0
+    telemetry_flush_s: float = 10.0
+
+
+def load_config(path: Path | None) -> ServerConfig:
+    cfg = ServerConfig()
+    if path is None:
+        return cfg
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise BadRequest(f"config file {path} not found", "pass --config PATH of an existing file") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"config file {path} is not valid TOML: {exc}", "see deploy/server.toml") from None
+    known_sections = {"server", "policy", "clients"}
+    unknown = set(data) - known_sections
+    if unknown:
+        raise BadRequest(
+            f"config file {path}: unknown section(s) {sorted(unknown)}", "known: server, policy, clients"
+        )
+    s = data.get("server", {})
+    paths = {"state_dir", "telemetry", "mps_pipe_dir", "tls_cert", "tls_key"}
+    for key, value in s.items():
+        if key in paths:
+            setattr(cfg, "telemetry_dir" if key == "telemetry" else key, Path(value) if value else None)
+        elif key in ("host", "advertise_addr", "simulate_gpus"):
+            setattr(cfg, key, str(value))
+        elif key == "port":
+            cfg.port = int(value)
+        elif key == "mps":
+            cfg.mps = bool(value)
+        else:
+            raise BadRequest(f"config file {path}: unknown key server.{key}", "see deploy/server.toml")
+    p = data.get("policy", {})
+    durations = {
+        "lease_ttl": "lease_ttl_s",
+        "max_ttl": "max_ttl_s",
+        "default_idle_timeout": "default_idle_timeout_s",
+        "max_lease": "max_lease_s",
+        "reap_interval": "reap_interval_s",
+        "activity_window": "activity_window_s",
+        "sample_interval": "sample_interval_s",
+        "telemetry_flush": "telemetry_flush_s",
+    }
+    for key, value in p.items():
+        if key in durations:
+            setattr(cfg, durations[key], parse_duration(value, f"policy.{key}"))
+        elif key == "default_limit":
+            cfg.default_limit = float(value)
+        else:
+            raise BadRequest(f"config file {path}: unknown key policy.{key}", "see deploy/server.toml")
+    for name, c in data.get("clients", {}).items():
+        cfg.clients[name] = ClientPolicy(
+            limit=float(c["limit"]) if "limit" in c else None,
+            idle_timeout_s=parse_duration(c["idle_timeout"], f"clients.{name}.idle_timeout")
+            if "idle_timeout" in c
+            else None,
+        )
+    return cfg

@@ -1,0 +1,73 @@
+"""Errors the pool answers with: each is one HTTP status, one code and one line a user can read.
+
+PoolError                  every refusal the API answers with (never a traceback)
+├── BadRequest       400   malformed JSON, wrong types, values out of range, unknown filter keys
+├── Unauthorized     401   missing, unknown or revoked token; ``token_expired`` for an expired one
+├── Forbidden        403   admin route with a client token, another client's lease
+├── LimitExceeded    403   the client's GPU limit would be passed (names usage and limit)
+├── NotFound         404   no such lease / token
+├── Busy             409   fits this server, but not now: the client backs off and retries
+├── LeaseEnded       410   heartbeat on a released, expired or reclaimed lease (carries the reason)
+├── Impossible       422   can never fit this server (more GPUs than it has, filters leave too few)
+└── RemoteUnavailable 503  remote execution cannot start on this server
+"""
+
+from __future__ import annotations
+
+
+class PoolError(Exception):
+    status = 500
+    code = "internal"
+
+    def __init__(self, message: str, hint: str = "", **extra: object):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.extra = extra
+
+    def body(self) -> dict:
+        out: dict = {"error": self.message, "code": self.code}
+        if self.hint:
+            out["hint"] = self.hint
+        out.update(self.extra)
+        return out
+
+
+class BadRequest(PoolError):
+    status, code = 400, "bad_request"
+
+
+class Unauthorized(PoolError):
+    status, code = 401, "unauthorized"
+
+
+class TokenExpired(Unauthorized):
+    code = "token_expired"
+
+
+class Forbidden(PoolError):
+    status, code = 403, "forbidden"
+
+
+class LimitExceeded(PoolError):
+    status, code = 403, "limit_exceeded"
+
+
+class NotFound(PoolError):
+    status, code = 404, "not_found"
+
+
+class Busy(PoolError):
+    status, code = 409, "busy"
+
+
+class LeaseEnded(PoolError):
+    status, code = 410, "lease_ended"
+
+
+class Impossible(PoolError):
+    status, code = 422, "impossible"
+
+
+class RemoteUnavailable(PoolError):
+    status, code = 503, "remote_unavailable"

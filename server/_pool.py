@@ -1,0 +1,647 @@
+"""The lease logic of one server: fit, grant, heartbeat, release, expiry, idle reclaim, policy, auth.
+
+Every method runs on the server's single database thread, and every decision that changes
+capacity runs inside one ``BEGIN IMMEDIATE`` transaction of the store, so two requests racing for
+the last partition cannot both win. Nothing here blocks on the network or on processes; the
+caller (``server._app``) does that around these calls (starting workers, measuring activity).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from msgspec import UNSET as _UNSET
+
+from server._config import ServerConfig
+from server._errors import (
+    BadRequest,
+    Busy,
+    Forbidden,
+    Impossible,
+    LeaseEnded,
+    LimitExceeded,
+    NotFound,
+    TokenExpired,
+    Unauthorized,
+)
+from server._events import EventLog
+from server._filters import gpu_matches, parse_filters, server_matches
+from server._inventory import GIB, MIB, Gpu, Inventory
+from server._procs import alive_pids, pid_identity
+from server._requests import LeaseRequest
+
+EPS = 1e-9
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def human_bytes(n: int) -> str:
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n // MIB} MiB"
+
+
+def human_seconds(s: float) -> str:
+    if s >= 86400 and s % 3600 == 0:
+        return f"{s / 86400:g}d"
+    if s >= 3600:
+        return f"{s / 3600:.3g}h"
+    if s >= 60:
+        return f"{s / 60:.3g}m"
+    return f"{s:.3g}s"
+
+
+@dataclass(frozen=True)
+class Caller:
+    client: str
+    admin: bool
+
+
+@dataclass(frozen=True)
+class Placement:
+    gpus: tuple[Gpu, ...]
+    mem_bytes: tuple[int, ...]
+    fractions: tuple[float, ...]
+    score: float  # free memory left on the chosen GPUs, as a fraction of their total (lower = tighter)
+
+
+class Pool:
+    def __init__(self, store, inventory: Inventory, config: ServerConfig, events: EventLog, mps=None):
+        self.store = store
+        self.db = store.db
+        self.inv = inventory
+        self.cfg = config
+        self.events = events
+        self.mps = mps  # server._mps.MpsDaemon or None
+        self.gpus = {g.index: g for g in inventory.gpus}
+        self.port = config.port
+        self.tls = bool(config.tls_cert)
+        self.started = time.time()
+
+    # --- identity -----------------------------------------------------------------------------------
+    def server_info(self) -> dict:
+        return {
+            "hostname": self.inv.hostname,
+            "addr": self.inv.addr,
+            "port": self.port,
+            "version": _version(),
+            "simulated": self.inv.simulated,
+            "mps": self.mps is not None,
+            "tls": self.tls,
+            "driver_version": self.inv.driver_version,
+            "cuda_version": self.inv.cuda_version,
+            "gpu_count": len(self.inv.gpus),
+            "started_at": iso(self.started),
+        }
+
+    # --- auth ---------------------------------------------------------------------------------------
+    def authenticate(self, header: str | None, now: float) -> Caller:
+        if not header:
+            raise Unauthorized(
+                "missing token", "send 'Authorization: Bearer <token>' (gpupool-server token create)"
+            )
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthorized("malformed Authorization header", "send 'Authorization: Bearer <token>'")
+        row = self.store.find_token(token.strip())
+        if row is None:
+            raise Unauthorized(
+                "invalid token", "check the token in client.toml / --token; ask the admin for one"
+            )
+        if row["revoked"] is not None:
+            raise Unauthorized(f"token revoked at {iso(row['revoked'])}", "ask the admin for a new token")
+        if row["expires"] is not None and row["expires"] <= now:
+            raise TokenExpired(f"token expired at {iso(row['expires'])}", "ask the admin for a new token")
+        return Caller(client=row["client"], admin=bool(row["admin"]))
+
+    # --- policy -------------------------------------------------------------------------------------
+    def policy(self) -> dict:
+        cfg = self.cfg
+        eff = {
+            "default_limit": cfg.default_limit,
+            "default_idle_timeout_s": cfg.default_idle_timeout_s,
+            "max_lease_s": cfg.max_lease_s,
+            "lease_ttl_s": cfg.lease_ttl_s,
+        }
+        eff.update(self.store.policy_overrides())
+        return eff
+
+    def set_policy(self, update) -> dict:
+        with self.store.transaction():
+            for key in ("default_limit", "default_idle_timeout_s", "max_lease_s", "lease_ttl_s"):
+                value = getattr(update, key)
+                if value is not _UNSET:
+                    self.store.set_policy(key, value)
+        return self.policy()
+
+    def client_settings(self, client: str, policy: dict | None = None) -> dict:
+        policy = policy or self.policy()
+        row = self.db.execute("SELECT * FROM clients WHERE name = ?", (client,)).fetchone()
+        file = self.cfg.clients.get(client)
+        limit, limit_src = policy["default_limit"], "default"
+        idle, idle_src = policy["default_idle_timeout_s"], "default"
+        if file and file.limit is not None:
+            limit, limit_src = file.limit, "client"
+        if file and file.idle_timeout_s is not None:
+            idle, idle_src = file.idle_timeout_s, "client"
+        if row and row["limit_gpus"] is not None:
+            limit, limit_src = row["limit_gpus"], "client"
+        if row and row["idle_timeout_s"] is not None:
+            idle, idle_src = row["idle_timeout_s"], "client"
+        return {
+            "client": client,
+            "limit": limit,
+            "limit_source": limit_src,
+            "idle_timeout_s": idle or None,
+            "idle_timeout_source": idle_src,
+        }
+
+    def usage(self, client: str) -> float:
+        row = self.db.execute(
+            "SELECT COALESCE(SUM(p.fraction), 0) FROM partitions p JOIN leases l ON l.id = p.lease_id "
+            "WHERE p.active = 1 AND l.client = ?",
+            (client,),
+        ).fetchone()
+        return float(row[0])
+
+    def clients(self) -> list[dict]:
+        names = {r[0] for r in self.db.execute("SELECT name FROM clients")}
+        names |= {r[0] for r in self.db.execute("SELECT DISTINCT client FROM leases")}
+        names |= set(self.cfg.clients)
+        policy = self.policy()
+        out = []
+        for name in sorted(names):
+            c = self.client_settings(name, policy)
+            c["usage"] = round(self.usage(name), 6)
+            c["leases_active"] = self.db.execute(
+                "SELECT COUNT(*) FROM leases WHERE client = ? AND state = 'active'", (name,)
+            ).fetchone()[0]
+            c["tokens"] = self.db.execute(
+                "SELECT COUNT(*) FROM tokens WHERE client = ? AND revoked IS NULL", (name,)
+            ).fetchone()[0]
+            out.append(c)
+        return out
+
+    def set_client(self, client: str, update) -> dict:
+        with self.store.transaction():
+            self.db.execute("INSERT OR IGNORE INTO clients(name) VALUES (?)", (client,))
+            if update.limit is not _UNSET:
+                self.db.execute("UPDATE clients SET limit_gpus = ? WHERE name = ?", (update.limit, client))
+            if update.idle_timeout_s is not _UNSET:
+                self.db.execute(
+                    "UPDATE clients SET idle_timeout_s = ? WHERE name = ?", (update.idle_timeout_s, client)
+                )
+        return next(c for c in self.clients() if c["client"] == client)
+
+    # --- capacity and placement ---------------------------------------------------------------------
+    def used_bytes(self) -> dict[int, int]:
+        rows = self.db.execute(
+            "SELECT gpu_index, SUM(mem_bytes) FROM partitions WHERE active = 1 GROUP BY gpu_index"
+        )
+        return {r[0]: r[1] for r in rows}
+
+    def gpus_view(self) -> list[dict]:
+        used = self.used_bytes()
+        parts: dict[int, list[dict]] = {}
+        for r in self.db.execute(
+            "SELECT p.*, l.client FROM partitions p JOIN leases l ON l.id = p.lease_id WHERE p.active = 1"
+        ):
+            parts.setdefault(r["gpu_index"], []).append(
+                {
+                    "lease_id": r["lease_id"],
+                    "client": r["client"],
+                    "mem_bytes": r["mem_bytes"],
+                    "fraction": r["fraction"],
+                    "sm_share": r["sm_share"],
+                }
+            )
+        out = []
+        for g in self.inv.gpus:
+            free = max(0, g.mem_total_bytes - used.get(g.index, 0))
+            out.append(
+                {
+                    "index": g.index,
+                    "uuid": g.uuid,
+                    "name": g.name,
+                    "mem_total_bytes": g.mem_total_bytes,
+                    "mem_free_bytes": free,
+                    "free_fraction": round(free / g.mem_total_bytes, 6) if g.mem_total_bytes else 0.0,
+                    "compute_capability": g.compute_capability,
+                    "partitions": parts.get(g.index, []),
+                }
+            )
+        return out
+
+    def _need(self, req: LeaseRequest, gpu: Gpu) -> int:
+        if req.mem_mib is not None:
+            return req.mem_mib * MIB
+        return math.ceil(req.fraction * gpu.mem_total_bytes)
+
+    def _size_text(self, req: LeaseRequest) -> str:
+        return f"{req.mem_mib} MiB" if req.mem_mib is not None else f"{req.fraction:g} of its memory"
+
+    def _check_request(self, req: LeaseRequest) -> list:
+        if (req.fraction is None) == (req.mem_mib is None):
+            raise BadRequest(
+                "give exactly one partition size: fraction (-p) or mem_mib (-m)",
+                "e.g. {'n': 1, 'fraction': 0.25} or {'n': 1, 'mem_mib': 8192}",
+            )
+        if req.local and req.remote:
+            raise BadRequest("a lease is either local or remote, not both", "drop one of local/remote")
+        filters = parse_filters(req.filters)
+        if req.ttl_s is not None and req.ttl_s > self.cfg.max_ttl_s:
+            raise BadRequest(
+                f"ttl_s {req.ttl_s:g} is above this server's maximum of {self.cfg.max_ttl_s:g}s",
+                "heartbeat more often with a shorter TTL",
+            )
+        return filters
+
+    def place(self, req: LeaseRequest, filters: list, used: dict[int, int]) -> Placement:
+        """Choose n separate GPUs for the request, or raise Impossible (never fits) / Busy (not now)."""
+        n, total = req.n, len(self.inv.gpus)
+        if n > total:
+            raise Impossible(
+                f"asks for {n} GPUs; this server ({self.inv.hostname}) has {total}",
+                "a request's GPUs all come from one server: ask for fewer, or split the work over several requests",
+                gpu_count=total,
+            )
+        failed = server_matches(self.inv, filters)
+        if failed is not None:
+            raise Impossible(
+                f"filter {failed} excludes this server ({self.inv.hostname})", "loosen the filter"
+            )
+        matching = [g for g in self.inv.gpus if gpu_matches(g, filters)]
+        able = [g for g in matching if self._need(req, g) <= g.mem_total_bytes]
+        if len(able) < n:
+            detail = f"{len(matching)} of its {total} GPUs match the filters"
+            if len(able) < len(matching):
+                detail += f", {len(able)} of them can hold {self._size_text(req)}"
+            raise Impossible(
+                f"asks for {n} GPUs; on this server ({self.inv.hostname}) {detail}",
+                "loosen the filters or ask for fewer or smaller partitions",
+            )
+        free = {g.index: g.mem_total_bytes - used.get(g.index, 0) for g in able}
+        fitting = [g for g in able if self._need(req, g) <= free[g.index]]
+        if len(fitting) < n:
+            raise Busy(
+                f"{n} GPU(s) with {self._size_text(req)} free are not available now: "
+                f"{len(fitting)} of {len(able)} suitable GPUs on {self.inv.hostname} have room",
+                "gpuattach waits and retries (--timeout bounds the wait)",
+            )
+        # Best fit: the GPUs that will have the least memory left, so large holes stay whole for large
+        # requests; ties go to the lowest index, so placement is predictable.
+        chosen = sorted(fitting, key=lambda g: (free[g.index] - self._need(req, g), g.index))[:n]
+        chosen.sort(key=lambda g: g.index)
+        if req.mem_mib is not None:
+            mems = [req.mem_mib * MIB] * n
+        else:
+            # Every partition of a lease gets the same memory: p of the smallest chosen GPU, as the
+            # Bitfusion FAQ says (programs using several GPUs expect them alike).
+            smallest = min(g.mem_total_bytes for g in chosen)
+            mems = [math.ceil(req.fraction * smallest)] * n
+        fractions = tuple(min(1.0, m / g.mem_total_bytes) for m, g in zip(mems, chosen, strict=True))
+        left = sum(free[g.index] - m for g, m in zip(chosen, mems, strict=True))
+        score = left / sum(g.mem_total_bytes for g in chosen)
+        return Placement(tuple(chosen), tuple(mems), fractions, round(score, 6))
+
+    def _check_limit(self, client: str, needed: float) -> None:
+        limit = self.client_settings(client)["limit"]
+        if limit is None:
+            return
+        usage = self.usage(client)
+        if usage + needed > limit + EPS:
+            raise LimitExceeded(
+                f"client {client} holds {usage:.2f} GPUs of its limit of {limit:.2f}; this request needs {needed:.2f} more",
+                "release a lease (gpuattach release LEASE) or ask the admin to raise the limit",
+                usage=round(usage, 6),
+                limit=limit,
+            )
+
+    def _estimated_fraction(self, req: LeaseRequest, filters: list) -> float:
+        if req.fraction is not None:
+            return req.n * req.fraction
+        sizes = [g.mem_total_bytes for g in self.inv.gpus if gpu_matches(g, filters)] or [1]
+        return req.n * min(1.0, req.mem_mib * MIB / max(sizes))
+
+    def fit(self, caller: Caller, req: LeaseRequest) -> dict:
+        filters = self._check_request(req)
+        out = {
+            "fits_now": False,
+            "code": "ok",
+            "reason": None,
+            "score": None,
+            "placement": [],
+            "server": self.server_info(),
+        }
+        try:
+            # An impossible request is impossible whatever the limit; a request over the limit fails
+            # now rather than after waiting for capacity it could never use.
+            used = self.used_bytes()
+            try:
+                placement = self.place(req, filters, used)
+            except Busy:
+                self._check_limit(caller.client, self._estimated_fraction(req, filters))
+                raise
+            self._check_limit(caller.client, sum(placement.fractions))
+        except (Impossible, Busy, LimitExceeded) as exc:
+            out.update(code=exc.code, reason=exc.message, hint=exc.hint)
+            return out
+        out.update(fits_now=True, score=placement.score, placement=[g.index for g in placement.gpus])
+        return out
+
+    # --- leases -------------------------------------------------------------------------------------
+    def grant(self, caller: Caller, req: LeaseRequest, now: float) -> dict:
+        filters = self._check_request(req)
+        pids = pid_identity(req.pids) if req.pids else []
+        if req.pids and not pids:
+            raise BadRequest(
+                f"none of the processes {req.pids} runs on this server's host",
+                "local leases need local processes",
+            )
+        try:
+            with self.store.transaction():
+                used = self.used_bytes()
+                try:
+                    placement = self.place(req, filters, used)
+                except Busy:
+                    self._check_limit(caller.client, self._estimated_fraction(req, filters))
+                    raise
+                self._check_limit(caller.client, sum(placement.fractions))
+                policy = self.policy()
+                ttl = min(req.ttl_s or policy["lease_ttl_s"], self.cfg.max_ttl_s)
+                lease_id = "lease-" + secrets.token_hex(6)
+                max_end = now + policy["max_lease_s"] if policy["max_lease_s"] else None
+                env = self.lease_env(lease_id, placement, req.sm_share) if req.local else {}
+                self.db.execute(
+                    "INSERT INTO leases(id, client, state, label, created, expires, max_end, ttl_s, last_active,"
+                    " local, remote, pids, env) VALUES (?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (lease_id, caller.client, req.label, now, now + ttl, max_end, ttl, now,
+                     int(req.local), int(req.remote), json.dumps(pids), json.dumps(env)),
+                )  # fmt: skip
+                self.db.executemany(
+                    "INSERT INTO partitions(lease_id, gpu_index, gpu_uuid, mem_bytes, fraction, sm_share)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    [
+                        (lease_id, g.index, g.uuid, m, f, req.sm_share)
+                        for g, m, f in zip(
+                            placement.gpus, placement.mem_bytes, placement.fractions, strict=True
+                        )
+                    ],
+                )
+                self.db.execute("INSERT OR IGNORE INTO clients(name) VALUES (?)", (caller.client,))
+        except (Impossible, Busy, LimitExceeded) as exc:
+            self.events.deny(caller.client, exc.message, now)
+            raise
+        lease = self.lease(lease_id)
+        self.events.record("grant", lease, now)
+        return lease
+
+    def lease_env(self, lease_id: str, placement: Placement, sm_share: float | None) -> dict[str, str]:
+        """The environment a local run of the lease sets: its GPUs and, with MPS, the partition limits."""
+        env = {
+            "GPUPOOL_LEASE_ID": lease_id,
+            "CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in placement.gpus),
+            "GPUPOOL_MEM_LIMIT_BYTES": ",".join(str(m) for m in placement.mem_bytes),
+        }
+        if self.mps is not None:
+            env.update(self.mps.client_env())
+            # Ordinals as the process sees them: CUDA_VISIBLE_DEVICES renumbers the lease's GPUs 0..n-1.
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
+                f"{i}={m // MIB}M" for i, m in enumerate(placement.mem_bytes)
+            )
+            if sm_share is not None:
+                env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, round(sm_share * 100)))
+        return env
+
+    def _row(self, lease_id: str):
+        row = self.db.execute("SELECT * FROM leases WHERE id = ?", (lease_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no lease {lease_id} on {self.inv.hostname}", "gpuattach list shows your leases")
+        return row
+
+    def lease(self, lease_id: str, *, owner_view: bool = True) -> dict:
+        row = self._row(lease_id)
+        parts = self.db.execute(
+            "SELECT * FROM partitions WHERE lease_id = ? ORDER BY gpu_index", (lease_id,)
+        ).fetchall()
+        return self._lease_json(row, parts, owner_view)
+
+    def _lease_json(self, row, parts, owner_view: bool) -> dict:
+        partitions = []
+        for p in parts:
+            g = self.gpus.get(p["gpu_index"])
+            partitions.append(
+                {
+                    "gpu_index": p["gpu_index"],
+                    "gpu_uuid": p["gpu_uuid"],
+                    "gpu_name": g.name if g else "unknown",
+                    "mem_total_bytes": g.mem_total_bytes if g else None,
+                    "mem_bytes": p["mem_bytes"],
+                    "fraction": p["fraction"],
+                    "sm_share": p["sm_share"],
+                }
+            )
+        worker = json.loads(row["worker"]) if row["worker"] else None
+        out = {
+            "id": row["id"],
+            "client": row["client"],
+            "state": row["state"],
+            "reason": row["reason"],
+            "label": row["label"],
+            "created_at": iso(row["created"]),
+            "ended_at": iso(row["ended"]),
+            "expires_at": iso(row["expires"]),
+            "max_end_at": iso(row["max_end"]),
+            "ttl_s": row["ttl_s"],
+            "idle_timeout_s": self.client_settings(row["client"])["idle_timeout_s"],
+            "last_active_at": iso(row["last_active"]),
+            "local": bool(row["local"]),
+            "remote": bool(row["remote"]),
+            "pids": [p for p, _ in json.loads(row["pids"])],
+            "simulated": self.inv.simulated,
+            "mps": self.mps is not None,
+            "server": self.server_info(),
+            "partitions": partitions,
+            "fraction_total": round(sum(p["fraction"] for p in partitions), 6),
+        }
+        if owner_view:
+            out["env"] = json.loads(row["env"])
+            out["worker"] = {k: worker[k] for k in ("host", "port", "secret")} if worker else None
+        return out
+
+    def _owned(self, caller: Caller, lease_id: str):
+        row = self._row(lease_id)
+        if row["client"] != caller.client and not caller.admin:
+            raise Forbidden(f"lease {lease_id} belongs to another client", "use your own lease id")
+        return row
+
+    def get(self, caller: Caller, lease_id: str) -> dict:
+        row = self._owned(caller, lease_id)
+        return self.lease(lease_id, owner_view=row["client"] == caller.client)
+
+    def list(self, caller: Caller, *, everyone: bool, state: str) -> list[dict]:
+        if everyone and not caller.admin:
+            raise Forbidden("only an admin token lists every client's leases", "drop all=true")
+        where, args = [], []
+        if not everyone:
+            where.append("client = ?")
+            args.append(caller.client)
+        if state == "active":
+            where.append("state = 'active'")
+        elif state == "ended":
+            where.append("state != 'active'")
+        sql = (
+            "SELECT * FROM leases" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY created"
+        )
+        rows = self.db.execute(sql, args).fetchall()
+        parts: dict[str, list] = {}
+        ids = [r["id"] for r in rows]
+        for chunk in range(0, len(ids), 500):
+            sub = ids[chunk : chunk + 500]
+            q = f"SELECT * FROM partitions WHERE lease_id IN ({','.join('?' * len(sub))}) ORDER BY gpu_index"
+            for p in self.db.execute(q, sub):
+                parts.setdefault(p["lease_id"], []).append(p)
+        return [self._lease_json(r, parts.get(r["id"], []), r["client"] == caller.client) for r in rows]
+
+    def heartbeat(self, caller: Caller, lease_id: str, pids: list[int], now: float) -> dict:
+        with self.store.transaction():
+            row = self._owned(caller, lease_id)
+            if row["state"] != "active":
+                raise LeaseEnded(
+                    f"lease {lease_id} was {row['state']}: {row['reason']}",
+                    "request a new lease",
+                    state=row["state"],
+                    reason=row["reason"],
+                )
+            known = [tuple(p) for p in json.loads(row["pids"])]
+            if pids:
+                fresh = pid_identity(pids)
+                if not fresh:
+                    raise BadRequest(
+                        f"none of the processes {pids} runs on this server's host",
+                        "local leases need local processes",
+                    )
+                known = sorted(set(alive_pids(known)) | set(fresh))
+            self.db.execute(
+                "UPDATE leases SET expires = ?, pids = ? WHERE id = ?",
+                (now + row["ttl_s"], json.dumps(known), lease_id),
+            )
+        return self.lease(lease_id)
+
+    def release(self, caller: Caller, lease_id: str, now: float) -> tuple[dict, bool]:
+        """Release; returns the lease and whether this call ended it (False: it had already ended)."""
+        self._owned(caller, lease_id)
+        who = "its client" if self._row(lease_id)["client"] == caller.client else f"admin {caller.client}"
+        ended = self.end(lease_id, "released", f"released by {who}", now)
+        return self.lease(lease_id, owner_view=not caller.admin or ended is None), ended is not None
+
+    def end(self, lease_id: str, state: str, reason: str, now: float) -> dict | None:
+        """End an active lease (state released/expired/reclaimed); None when it had already ended."""
+        with self.store.transaction():
+            row = self._row(lease_id)
+            if row["state"] != "active":
+                return None
+            self.db.execute(
+                "UPDATE leases SET state = ?, reason = ?, ended = ? WHERE id = ?",
+                (state, reason, now, lease_id),
+            )
+            self.db.execute("UPDATE partitions SET active = 0 WHERE lease_id = ?", (lease_id,))
+        lease = self.lease(lease_id)
+        self.events.record(
+            {"released": "release", "expired": "expire", "reclaimed": "reclaim"}[state], lease, now
+        )
+        return lease
+
+    def set_worker(self, lease_id: str, worker: dict) -> None:
+        with self.store.transaction():
+            self.db.execute("UPDATE leases SET worker = ? WHERE id = ?", (json.dumps(worker), lease_id))
+
+    # --- liveness -----------------------------------------------------------------------------------
+    def active_leases(self) -> list[dict]:
+        """What the activity probe needs: id, local pids, remote flag, GPUs."""
+        out = []
+        for r in self.db.execute("SELECT * FROM leases WHERE state = 'active'").fetchall():
+            gpus = [
+                p[0]
+                for p in self.db.execute("SELECT gpu_index FROM partitions WHERE lease_id = ?", (r["id"],))
+            ]
+            out.append({"id": r["id"], "pids": [tuple(p) for p in json.loads(r["pids"])], "remote": bool(r["remote"]),
+                        "gpus": gpus, "worker": json.loads(r["worker"]) if r["worker"] else None})  # fmt: skip
+        return out
+
+    def reap(self, now: float, active_at: dict[str, float], dead_workers: dict[str, str]) -> list[dict]:
+        """End leases past their TTL, their maximum length, their idle timeout, or whose worker died."""
+        ended = []
+        policy = self.policy()
+        rows = self.db.execute("SELECT * FROM leases WHERE state = 'active'").fetchall()
+        for row in rows:
+            lid = row["id"]
+            if lid in dead_workers:
+                ended.append(self.end(lid, "expired", dead_workers[lid], now))
+                continue
+            if row["expires"] <= now:
+                reason = (
+                    f"no heartbeat for {human_seconds(row['ttl_s'])} (the client stopped or lost the network)"
+                )
+                ended.append(self.end(lid, "expired", reason, now))
+                continue
+            if row["max_end"] is not None and row["max_end"] <= now:
+                length = human_seconds(row["max_end"] - row["created"])
+                ended.append(self.end(lid, "expired", f"reached the maximum lease length of {length}", now))
+                continue
+            last = max(row["last_active"], active_at.get(lid, 0.0))
+            if last > row["last_active"]:
+                with self.store.transaction():
+                    self.db.execute("UPDATE leases SET last_active = ? WHERE id = ?", (last, lid))
+            idle = self.client_settings(row["client"], policy)["idle_timeout_s"]
+            if idle and now - last >= idle:
+                reason = (
+                    f"idle for {human_seconds(now - last)}: its GPUs did no work for the idle timeout of "
+                    f"client {row['client']} ({human_seconds(idle)})"
+                )
+                ended.append(self.end(lid, "reclaimed", reason, now))
+        return [e for e in ended if e is not None]
+
+    def recover(self, now: float) -> list[str]:
+        """After a restart: give live leases a fresh TTL, end those whose processes are gone."""
+        notes = []
+        for row in self.db.execute("SELECT * FROM leases WHERE state = 'active'").fetchall():
+            lid = row["id"]
+            pids = [tuple(p) for p in json.loads(row["pids"])]
+            worker = json.loads(row["worker"]) if row["worker"] else None
+            if pids and not alive_pids(pids):
+                self.end(lid, "expired", "its processes are gone (found when the server restarted)", now)
+                notes.append(f"{lid}: processes gone, ended")
+            elif row["remote"] and not (worker and alive_pids([(worker["pid"], worker.get("create_time"))])):
+                self.end(lid, "expired", "its remote worker is gone (found when the server restarted)", now)
+                notes.append(f"{lid}: worker gone, ended")
+            else:
+                # Clients could not heartbeat while the server was down: give each a fresh TTL.
+                with self.store.transaction():
+                    self.db.execute(
+                        "UPDATE leases SET expires = MAX(expires, ?), last_active = MAX(last_active, ?) WHERE id = ?",
+                        (now + row["ttl_s"], now, lid),
+                    )
+                notes.append(f"{lid}: kept ({row['client']})")
+        return notes
+
+    def active_count(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM leases WHERE state = 'active'").fetchone()[0]
+
+
+@functools.cache
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("gpupool")
+    except Exception:
+        return "0+unknown"

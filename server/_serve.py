@@ -1,0 +1,144 @@
+"""Start-up and shutdown of ``gpupool-server serve``: inventory, store, MPS, recovery, HTTP, loops."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import ssl
+import sys
+import threading
+import time
+
+from aiohttp import web
+
+from server._activity import NvmlActivity, SimulatedActivity
+from server._app import ServerState, make_app, reap_loop, stop_worker
+from server._config import ServerConfig
+from server._errors import PoolError
+from server._events import EventLog
+from server._inventory import GIB, default_addr, nvml_inventory, simulated_inventory
+from server._pool import Pool
+
+log = logging.getLogger("gpupool.server")
+
+
+def _inventory(cfg: ServerConfig):
+    hostname = socket.gethostname()
+    addr = cfg.advertise_addr or default_addr(cfg.host)
+    if cfg.simulate_gpus:
+        return simulated_inventory(cfg.simulate_gpus, hostname, addr)
+    from collector import CollectorError
+
+    try:
+        return nvml_inventory(hostname, addr)
+    except CollectorError as exc:
+        raise PoolError(
+            f"no GPUs to serve: {exc.title}",
+            "run on a GPU host, or try the control plane with --simulate-gpus 4xH100-80GB",
+        ) from None
+
+
+def _sampler(cfg: ServerConfig, events: EventLog, stop: threading.Event) -> None:
+    """This host's GPU samples into the telemetry directory, like gpustat-collect would write them."""
+    import datetime as dt
+
+    try:
+        from collector._nvml_source import NvmlSource
+
+        source = NvmlSource(interval_s=cfg.sample_interval_s)
+    except Exception as exc:
+        log.warning("GPU samples disabled: %s", exc)
+        return
+    while not stop.wait(cfg.sample_interval_s):
+        try:
+            tick = source.sample(dt.datetime.now(dt.UTC))
+            events.append_samples(tick.gpu_rows, tick.process_rows)
+        except Exception:
+            log.exception("GPU sample failed")
+
+
+async def serve(cfg: ServerConfig) -> int:
+    inv = _inventory(cfg)
+    if cfg.mps and inv.simulated:
+        raise PoolError("--mps needs real GPUs", "drop --mps with --simulate-gpus")
+    if bool(cfg.tls_cert) != bool(cfg.tls_key):
+        raise PoolError("TLS needs both --tls-cert and --tls-key", "give both, or neither for plain HTTP")
+    from server.cli import _open_store
+
+    store = _open_store(cfg.state_dir)
+    mps = None
+    if cfg.mps:
+        from server._mps import MpsDaemon
+
+        mps = MpsDaemon(cfg.state_dir, [g.uuid for g in inv.gpus], cfg.mps_pipe_dir)
+        await asyncio.to_thread(mps.start)
+    events = EventLog(
+        cfg.telemetry_dir, inv.hostname, simulated=inv.simulated, flush_interval_s=cfg.telemetry_flush_s
+    )
+    pool = Pool(store, inv, cfg, events, mps)
+    for note in pool.recover(time.time()):
+        log.info("recovered lease %s", note)
+    if not any(r["admin"] for r in store.tokens()):
+        log.warning("no admin token yet: create one with `gpupool-server token create admin --admin`")
+    probe = SimulatedActivity() if inv.simulated else NvmlActivity(cfg.activity_window_s)
+    st = ServerState(
+        pool, probe, cfg.host if cfg.host not in ("", "0.0.0.0", "::") else inv.addr, cfg.reap_interval_s
+    )
+    st.bind_host = cfg.host or "0.0.0.0"
+
+    ssl_ctx = None
+    if cfg.tls_cert:
+        ssl_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            ssl_ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise PoolError(
+                f"cannot load TLS certificate/key: {exc}", "check --tls-cert and --tls-key (PEM files)"
+            ) from None
+
+    runner = web.AppRunner(make_app(st), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port, ssl_context=ssl_ctx, reuse_address=True, backlog=1024)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise PoolError(
+            f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror}",
+            "pick another --port or stop the other server",
+        ) from None
+    pool.port = site._server.sockets[0].getsockname()[1]  # the real one when --port 0
+    scheme = "https" if ssl_ctx else "http"
+    gpus = ", ".join(f"{g.index}:{g.name} {g.mem_total_bytes / GIB:.0f}GiB" for g in inv.gpus)
+    label = " [SIMULATED GPUs: control plane only]" if inv.simulated else ""
+    print(f"gpupool-server listening on {scheme}://{inv.addr}:{pool.port} (bound {cfg.host}) with "
+          f"{len(inv.gpus)} GPUs{label}{' [MPS]' if mps else ''}: {gpus}", flush=True)  # fmt: skip
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    reaper = asyncio.create_task(reap_loop(st))
+    sampler_stop = threading.Event()
+    if cfg.telemetry_dir and not inv.simulated:
+        threading.Thread(
+            target=_sampler, args=(cfg, events, sampler_stop), daemon=True, name="gpu-samples"
+        ).start()
+    await stop.wait()
+
+    log.info("shutting down: leases stay stored and are recovered at the next start")
+    st.stopping.set()
+    sampler_stop.set()
+    reaper.cancel()
+    await runner.cleanup()
+    for lease_id in list(st.workers):
+        await stop_worker(st, lease_id)
+    if mps is not None and pool.active_count() == 0:
+        await asyncio.to_thread(mps.stop)
+    events.close()
+    st.db_thread.shutdown(wait=True)
+    store.close()
+    print("gpupool-server stopped", file=sys.stderr, flush=True)
+    return 0

@@ -1,0 +1,207 @@
+"""``gpupool-server``: serve this host's GPUs to the pool, and manage its tokens.
+
+    gpupool-server [serve] [--config server.toml] [--simulate-gpus 4xH100-80GB] [--mps] ...
+    gpupool-server token create CLIENT [--admin] [--expires 365d]
+    gpupool-server token list | token revoke TOKEN_ID
+
+Heavy imports (aiohttp, msgspec, the collector) load only when a command needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+SUBCOMMANDS = ("serve", "token")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpupool-server",
+        description="The GPU server of the pool: inventory, leases of GPU partitions, limits, tokens, idle "
+        "reclaim, HTTP/JSON API (OpenAPI at /openapi.json). See docs/pool.md.",
+    )
+    sub = p.add_subparsers(dest="command", metavar="{serve,token}")
+    s = sub.add_parser("serve", help="serve leases (the default command)")
+    s.add_argument("--config", type=Path, help="TOML config file (see deploy/server.toml)")
+    s.add_argument("--host", help="address to bind (default 0.0.0.0)")
+    s.add_argument("--port", type=int, help="port to bind, 0 for any free one (default 56001)")
+    s.add_argument(
+        "--advertise-addr", help="address clients reach this server at (what server.addr filters match)"
+    )
+    s.add_argument(
+        "--state-dir", type=Path, help="where leases, policy and tokens are stored (default /var/lib/gpupool)"
+    )
+    s.add_argument(
+        "--simulate-gpus",
+        metavar="SPEC",
+        help="serve a labelled simulated fleet, e.g. 4xH100-80GB,2xA100-40GB (control plane only)",
+    )
+    s.add_argument(
+        "--mps",
+        action="store_true",
+        default=None,
+        help="enforce partitions with CUDA MPS (start or join the MPS daemon)",
+    )
+    s.add_argument(
+        "--mps-pipe-dir", type=Path, help="join the MPS daemon already running with this pipe directory"
+    )
+    s.add_argument(
+        "--telemetry", type=Path, help="telemetry directory for pool events and this host's GPU samples"
+    )
+    s.add_argument("--tls-cert", type=Path, help="serve HTTPS with this certificate (PEM)")
+    s.add_argument("--tls-key", type=Path, help="private key of --tls-cert (PEM)")
+    s.add_argument("--lease-ttl", metavar="DURATION", help="heartbeat TTL of leases (default 30s)")
+    s.add_argument(
+        "--default-limit",
+        type=float,
+        metavar="GPUS",
+        help="GPU limit (sum of fractions) of clients without their own",
+    )
+    s.add_argument(
+        "--idle-timeout",
+        metavar="DURATION",
+        help="default idle timeout before a lease is reclaimed (e.g. 30m)",
+    )
+    s.add_argument("--max-lease", metavar="DURATION", help="maximum lease length (e.g. 24h)")
+    s.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", type=Path, help="TOML config file (for its state_dir)")
+    common.add_argument(
+        "--state-dir", type=Path, help="the server's state directory (default /var/lib/gpupool)"
+    )
+    t = sub.add_parser(
+        "token", help="create, list or revoke client tokens (works with the server running or not)"
+    )
+    tsub = t.add_subparsers(dest="token_command", metavar="{create,list,revoke}", required=True)
+    tc = tsub.add_parser(
+        "create", parents=[common], help="print a new token for CLIENT (only its hash is stored)"
+    )
+    tc.add_argument(
+        "client", help="client name the token authenticates (limits and idle timeouts are per client)"
+    )
+    tc.add_argument(
+        "--admin", action="store_true", help="an admin token (admin API: clients, policy, tokens)"
+    )
+    tc.add_argument("--expires", metavar="DURATION", help="lifetime, e.g. 365d, 12h (default: never)")
+    tsub.add_parser("list", parents=[common], help="list tokens (ids, clients, expiry; never the secrets)")
+    tr = tsub.add_parser("revoke", parents=[common], help="revoke a token by its id")
+    tr.add_argument("token_id")
+    return p
+
+
+def _fail(title: str, hint: str = "") -> int:
+    print(f"gpupool-server: error: {title}" + (f" ({hint})" if hint else ""), file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help")):
+        argv.insert(0, "serve")
+    args = _parser().parse_args(argv)
+    from server._errors import PoolError
+
+    try:
+        if args.command == "token":
+            return _token(args)
+        return _serve(args)
+    except PoolError as exc:
+        return _fail(exc.message, exc.hint)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _config(args):
+    from server._config import load_config, parse_duration
+
+    cfg = load_config(args.config)
+    if args.state_dir:
+        cfg.state_dir = args.state_dir
+    if args.command == "token":
+        return cfg
+    for name in ("host", "port", "advertise_addr", "simulate_gpus", "mps_pipe_dir", "tls_cert", "tls_key"):
+        if getattr(args, name) is not None:
+            setattr(cfg, name, getattr(args, name))
+    if args.mps:
+        cfg.mps = True
+    if args.telemetry:
+        cfg.telemetry_dir = args.telemetry
+    if args.lease_ttl:
+        cfg.lease_ttl_s = parse_duration(args.lease_ttl, "--lease-ttl")
+    if args.default_limit is not None:
+        cfg.default_limit = args.default_limit
+    if args.idle_timeout:
+        cfg.default_idle_timeout_s = parse_duration(args.idle_timeout, "--idle-timeout")
+    if args.max_lease:
+        cfg.max_lease_s = parse_duration(args.max_lease, "--max-lease")
+    return cfg
+
+
+def _token(args) -> int:
+    from server._config import parse_duration
+    from server._pool import iso
+
+    cfg = _config(args)
+    store = _open_store(cfg.state_dir)
+    if args.token_command == "create":
+        import re
+
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}", args.client):
+            return _fail(
+                f"client name {args.client!r} is not allowed", "use letters, digits and _ . @ - (max 64)"
+            )
+        expires = parse_duration(args.expires, "--expires") if args.expires else None
+        row = store.create_token(args.client, admin=args.admin, expires_in_s=expires)
+        print(row["token"])
+        what = "admin token" if args.admin else "token"
+        until = f", expires {iso(row['expires'])}" if row["expires"] else ""
+        print(
+            f"{what} {row['id']} for client {args.client}{until}; the server keeps only its hash",
+            file=sys.stderr,
+        )
+    elif args.token_command == "list":
+        print(f"{'ID':<14} {'CLIENT':<20} {'ADMIN':<6} {'CREATED':<21} {'EXPIRES':<21} REVOKED")
+        for r in store.tokens():
+            print(f"{r['id']:<14} {r['client']:<20} {'yes' if r['admin'] else 'no':<6} {iso(r['created']):<21} "
+                  f"{iso(r['expires']) or 'never':<21} {iso(r['revoked']) or '-'}")  # fmt: skip
+    else:
+        row = store.revoke_token(args.token_id)
+        if row is None:
+            return _fail(f"no token {args.token_id}", "gpupool-server token list shows the ids")
+        print(f"revoked {row['id']} (client {row['client']})")
+    return 0
+
+
+def _open_store(state_dir: Path):
+    import sqlite3
+
+    from server._store import Store
+
+    try:
+        return Store(state_dir / "pool.sqlite")
+    except (OSError, sqlite3.Error) as exc:
+        from server._errors import PoolError
+
+        raise PoolError(
+            f"cannot open the state directory {state_dir}: {exc}", "pass --state-dir to a writable directory"
+        ) from None
+
+
+def _serve(args) -> int:
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    cfg = _config(args)
+    import asyncio
+
+    from server._serve import serve
+
+    return asyncio.run(serve(cfg))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
