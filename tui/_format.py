@@ -1,0 +1,89 @@
+"""How the console writes numbers: sizes, ratios, durations, ages and text sparklines.
+
+Pure functions (no Textual), so they are tested directly and the views stay declarative.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+
+MISSING = "–"  # a metric the GPU or server does not report: never shown as 0
+SPARK_LEVELS = "▁▂▃▄▅▆▇█"
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$", re.IGNORECASE)
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``text``: ``500ms``, ``2s``, ``5m``, ``1h``, ``7d``, ``2w`` or a plain number of seconds."""
+    match = _DURATION.match(text or "")
+    if not match:
+        raise ValueError(f"not a duration: {text!r} (examples: 2s, 500ms, 5m, 1h, 7d)")
+    value, unit = match.groups()
+    return float(value) * _UNIT_S[(unit or "s").lower()]
+
+
+def ratio(value: float | None) -> str:
+    return MISSING if value is None or math.isnan(value) else f"{value * 100:.0f}%"
+
+
+def gib(value: int | float | None) -> str:
+    if value is None:
+        return MISSING
+    return f"{value / (1 << 30):.1f}"
+
+
+def mem_used_total(used: int | None, total: int | None) -> str:
+    """``12.5/80.0 GiB``: both numbers in GiB, as nvidia-smi users read them."""
+    if used is None and total is None:
+        return MISSING
+    return f"{gib(used)}/{gib(total)} GiB"
+
+
+def mib(value: int | None) -> str:
+    return MISSING if value is None else f"{value / (1 << 20):,.0f} MiB"
+
+
+def watts(value: float | None) -> str:
+    return MISSING if value is None else f"{value:.0f} W"
+
+
+def celsius(value: float | None) -> str:
+    return MISSING if value is None else f"{value:.0f} °C"
+
+
+def duration(seconds: float | None) -> str:
+    """A short human duration: ``45s``, ``12m05s``, ``3h20m``, ``2d04h``."""
+    if seconds is None:
+        return MISSING
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def sparkline(values: Sequence[float | None], *, low: float = 0.0, high: float = 1.0) -> str:
+    """One character per value on a fixed scale; a gap (None) is a space, so missing data never looks idle."""
+    span = high - low
+    out = []
+    for v in values:
+        if v is None or math.isnan(v):
+            out.append(" ")
+            continue
+        level = 0 if span <= 0 else (min(max(v, low), high) - low) / span
+        out.append(SPARK_LEVELS[min(len(SPARK_LEVELS) - 1, int(level * len(SPARK_LEVELS)))])
+    return "".join(out)
+
+
+def limit(value: float | None) -> str:
+    return "unlimited" if value is None else f"{value:g}"
+
+
+def idle_timeout(seconds: float | None) -> str:
+    return "never" if not seconds else duration(seconds)

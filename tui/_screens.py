@@ -1,0 +1,128 @@
+"""Modal screens: help, a yes/no confirmation, and a one-field prompt with validation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Markdown
+
+HELP = """\
+# gpupool console — keys
+
+| key | what it does |
+| --- | --- |
+| `1` `2` `3` | Fleet, Pool, History view |
+| `tab` / `shift+tab` | next / previous table |
+| `↑` `↓` `pgup` `pgdn` | move in a table |
+| `/` | filter the rows of this view (words, any column); `esc` clears |
+| `s` / `S` | sort this table by the next column / reverse it (or click a header) |
+| `r` | refresh now (also retries unreachable servers) |
+| `ctrl+p` | command palette: every action by name |
+| `?` | this help |
+| `q` | quit |
+
+## Pool view (admin token needed)
+
+| key | what it does |
+| --- | --- |
+| `x` | release the selected lease (asks first) |
+| `l` | set the selected client's GPU limit (sum of fractions; `default` clears) |
+| `i` | set the selected client's idle timeout (`30m`, `0` = never, `default` clears) |
+| `I` | set the default idle timeout of the selected server |
+
+## History view
+
+| key | what it does |
+| --- | --- |
+| `[` `]` | shorter / longer range (1h, 6h, 24h, 7d, 30d) |
+
+A failed action says why in a red notice; nothing changes on the server then.
+Utilization is the driver's duty cycle (a kernel was running); **SM** is GPM SM activity (how much
+of the GPU was busy), the better measure of real use on Hopper and later.
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,question_mark", "dismiss", "Close")]
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="help-box"):
+            yield Markdown(HELP)
+
+    def action_dismiss(self) -> None:
+        self.dismiss(None)
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """Ask one question; `y`/enter on Yes confirms, `n`/esc cancels."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("y", "answer(True)", "Yes"),
+        Binding("n,escape", "answer(False)", "No"),
+    ]
+
+    def __init__(self, question: str, *, yes: str = "Yes"):
+        super().__init__()
+        self.question = question
+        self.yes_label = yes
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self.question, classes="question")
+            with Horizontal(classes="buttons"):
+                yield Button(f"{self.yes_label} (y)", id="yes", variant="error")
+                yield Button("Cancel (n)", id="no", variant="primary")
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()  # the safe answer is the default
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+
+CANCELLED = object()  # what PromptScreen answers on escape (None can be a real answer: "default")
+
+
+class PromptScreen(ModalScreen[Any]):
+    """Ask for one value; ``parse`` turns the text into it or raises ValueError with the reason."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, question: str, parse: Callable[[str], Any], *, value: str = "", placeholder: str = ""):
+        super().__init__()
+        self.question = question
+        self.parse = parse
+        self.value = value
+        self.placeholder = placeholder
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self.question, classes="question")
+            yield Input(value=self.value, placeholder=self.placeholder, id="prompt-input")
+            yield Label("", id="prompt-error", classes="error")
+            yield Label("enter: apply   esc: cancel", classes="hint")
+
+    def on_mount(self) -> None:
+        self.query_one(Input).focus()
+
+    @on(Input.Submitted)
+    def _submitted(self, event: Input.Submitted) -> None:
+        try:
+            result = self.parse(event.value)
+        except ValueError as exc:
+            self.query_one("#prompt-error", Label).update(str(exc))
+            return
+        self.dismiss(result)
+
+    def action_cancel(self) -> None:
+        self.dismiss(CANCELLED)

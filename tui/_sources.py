@@ -1,0 +1,186 @@
+"""Where the console's data comes from: one seam per view, called from worker threads only.
+
+- ``TelemetryFleet``: telemetry directories, through ``analytics.live`` (DuckDB stays in analytics).
+- ``PrometheusFleet`` (in ``_prometheus``): a collector's /metrics endpoint, for hosts without a
+  shared telemetry directory.
+- ``Pool``: one ``PoolClient`` per server; an unreachable server becomes a state, never an error.
+
+Each returns plain snapshots (dataclasses) that the views lay out; none holds a Textual object.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Protocol
+
+from analytics import live
+from analytics.live import GpuNow, ProcessNow
+from tui._pool_client import PoolClient, PoolError
+
+GpuKey = tuple[str, str]  # (host, gpu_uuid)
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class FleetSnapshot:
+    """The fleet as one refresh saw it."""
+
+    source: str
+    gpus: list[GpuNow]
+    util_series: dict[GpuKey, list[float | None]] = field(default_factory=dict)
+    sm_series: dict[GpuKey, list[float | None]] = field(default_factory=dict)
+    newest: datetime | None = None
+    error: str | None = None
+
+
+class FleetSource(Protocol):
+    label: str
+
+    def snapshot(self) -> FleetSnapshot: ...
+
+    def processes(self, key: GpuKey) -> list[ProcessNow]: ...
+
+
+@dataclass(frozen=True)
+class SeriesOptions:
+    minutes: float = 10.0  # how far back the sparklines reach
+    buckets: int = 20  # characters per sparkline
+
+
+class TelemetryFleet:
+    """The fleet from telemetry directories (local, NFS, or synced from every host)."""
+
+    def __init__(
+        self, dirs: Sequence[str | Path], series: SeriesOptions | None = None, *, label: str | None = None
+    ):
+        self.dirs = [Path(d) for d in dirs]
+        self.series = series or SeriesOptions()
+        self.label = label or "telemetry: " + ", ".join(str(d) for d in self.dirs)
+        self._con = None
+        self._opened_empty = True
+        self._lock = threading.Lock()  # one DuckDB connection, used by one worker at a time
+
+    def _connection(self):
+        # A table with no segments yet is opened as an empty view that never sees later files, so
+        # reopen until every table has data (cheap: versions are checked on the first open only).
+        if self._con is None or self._opened_empty:
+            from analytics import open_telemetry
+
+            first = self._con is None
+            self._con = open_telemetry(self.dirs, require_data=False, check_versions=first)
+            self._opened_empty = any(
+                self._con.execute(f"SELECT count(*) = 0 FROM (SELECT 1 FROM {t} LIMIT 1)").fetchone()[0]
+                for t in ("gpu_samples", "process_samples")
+            )
+        return self._con
+
+    def snapshot(self) -> FleetSnapshot:
+        with self._lock:
+            try:
+                con = self._connection()
+                newest = live.newest_sample_time(con)
+                gpus = live.latest_gpu_samples(con, at=newest) if newest else []
+                opts = dict(minutes=self.series.minutes, buckets=self.series.buckets, at=newest)
+                util = live.gpu_series(con, "util_gpu_mean", **opts) if newest else {}
+                sm = live.gpu_series(con, "sm_activity", **opts) if newest else {}
+            except Exception as exc:  # a half-written or foreign file must not kill the console
+                return FleetSnapshot(self.label, [], error=f"telemetry unreadable: {_one_line(exc)}")
+        return FleetSnapshot(self.label, gpus, util, sm, newest)
+
+    def processes(self, key: GpuKey) -> list[ProcessNow]:
+        with self._lock:
+            try:
+                return live.gpu_processes(self._connection(), key[0], key[1])
+            except Exception:
+                return []
+
+
+@dataclass
+class ServerState:
+    """One pool server as the last refresh saw it."""
+
+    url: str
+    reachable: bool = False
+    error: str | None = None  # why it is unreachable or why admin data is missing
+    health: dict[str, Any] | None = None
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    leases: list[dict[str, Any]] = field(default_factory=list)
+    clients: list[dict[str, Any]] = field(default_factory=list)
+    policy: dict[str, Any] | None = None
+    checked_at: datetime | None = None
+    failures: int = 0  # consecutive failed refreshes (drives the retry back-off)
+
+    @property
+    def hostname(self) -> str:
+        return (self.health or {}).get("server", {}).get("hostname") or self.url
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+class Pool:
+    """All servers given to the console, refreshed concurrently; retries dead ones with back-off."""
+
+    MAX_BACKOFF_S = 30.0
+
+    def __init__(self, clients: Sequence[PoolClient], clock: Clock = utc_now):
+        self.clients = list(clients)
+        self.clock = clock
+        self.states: dict[str, ServerState] = {c.url: ServerState(c.url) for c in self.clients}
+        self._next_try: dict[str, datetime] = {}
+
+    @property
+    def has_admin_token(self) -> bool:
+        return any(c.token for c in self.clients)
+
+    def client(self, url: str) -> PoolClient:
+        return next(c for c in self.clients if c.url == url)
+
+    def refresh(self, *, force: bool = False) -> list[ServerState]:
+        now = self.clock()
+        due = [c for c in self.clients if force or self._next_try.get(c.url, now) <= now]
+        if due:
+            with ThreadPoolExecutor(max_workers=min(8, len(due)), thread_name_prefix="pool") as ex:
+                for state in ex.map(self._fetch, due):
+                    self.states[state.url] = state
+        return [self.states[c.url] for c in self.clients]
+
+    def _fetch(self, client: PoolClient) -> ServerState:
+        previous = self.states.get(client.url) or ServerState(client.url)
+        state = ServerState(client.url, checked_at=self.clock())
+        try:
+            state.health = client.health()
+        except PoolError as exc:
+            state.error = exc.title
+            state.failures = previous.failures + 1
+            backoff = min(self.MAX_BACKOFF_S, 2.0 ** min(state.failures, 5))
+            self._next_try[client.url] = state.checked_at + timedelta(seconds=backoff)
+            return state
+        state.reachable = True
+        self._next_try.pop(client.url, None)
+        if not client.token:
+            state.error = "no admin token: health only (give --admin-token or GPUPOOL_ADMIN_TOKEN)"
+            return state
+        try:
+            state.gpus = client.gpus().get("gpus", [])
+            state.leases = client.leases()
+            state.clients = client.clients()
+            state.policy = client.policy()
+        except PoolError as exc:
+            state.error = str(exc)
+            if exc.unreachable:
+                state.reachable = False
+                state.failures = previous.failures + 1
+        return state

@@ -1,0 +1,449 @@
+"""The gpupool ops console: a Textual app over the fleet's telemetry and the pool servers' API.
+
+Dependencies come in through the constructor (a fleet source, a pool, a history source, a clock),
+so tests and the CLI build the same app from different parts. All I/O runs in thread workers that
+post a Message back; handlers on the UI thread only lay data out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
+
+from textual import on, work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding, BindingType
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Input, TabbedContent, TabPane
+
+from tui import _format as fmt
+from tui._history import HistorySource, HistoryView
+from tui._pool_client import PoolClient, PoolError
+from tui._screens import CANCELLED, ConfirmScreen, HelpScreen, PromptScreen
+from tui._sources import Clock, FleetSnapshot, FleetSource, GpuKey, Pool, ServerState, utc_now
+from tui._table import SyncTable
+from tui._views import FleetView, PoolView, View, split_row_key
+
+VIEWS = ("fleet", "pool", "history")
+
+
+class ConsoleApp(App):
+    CSS_PATH = "console.tcss"
+    TITLE = "gpupool console"
+    ENABLE_COMMAND_PALETTE = True
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("1", "show_view('fleet')", "Fleet"),
+        Binding("2", "show_view('pool')", "Pool"),
+        Binding("3", "show_view('history')", "History"),
+        Binding("slash", "filter", "Filter"),
+        Binding("s", "sort", "Sort"),
+        Binding("S", "reverse_sort", "Reverse", show=False),
+        Binding("r", "refresh", "Refresh"),
+        Binding("question_mark", "help", "Help"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    # Messages from workers -----------------------------------------------------------------------
+    class FleetLoaded(Message):
+        def __init__(self, snapshot: FleetSnapshot):
+            super().__init__()
+            self.snapshot = snapshot
+
+    class ProcessesLoaded(Message):
+        def __init__(self, key: GpuKey, processes: list):
+            super().__init__()
+            self.key = key
+            self.processes = processes
+
+    class PoolLoaded(Message):
+        def __init__(self, states: list[ServerState]):
+            super().__init__()
+            self.states = states
+
+    class ActionDone(Message):
+        """An operator action finished: ``error`` is None on success, else the one line why not."""
+
+        def __init__(self, what: str, error: str | None):
+            super().__init__()
+            self.what = what
+            self.error = error
+
+    def __init__(
+        self,
+        *,
+        fleet: FleetSource | None = None,
+        pool: Pool | None = None,
+        history: HistorySource | None = None,
+        history_range: str = "24h",
+        refresh_s: float | None = 2.0,
+        clock: Clock = utc_now,
+        start_view: str | None = None,
+    ):
+        super().__init__()
+        self.fleet = fleet
+        self.pool = pool
+        self.history = history
+        self.history_range = history_range
+        self.refresh_s = refresh_s
+        self.clock = clock
+        self.start_view = start_view or ("fleet" if fleet else "pool" if pool else "history")
+        self.last_fleet: FleetSnapshot | None = None
+        self.last_pool: list[ServerState] = []
+        self.action_log: list[tuple[str, str | None]] = []  # (what, error) of every operator action
+
+    # Layout --------------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        with TabbedContent(initial=self.start_view, id="views"):
+            with TabPane("Fleet [1]", id="fleet"):
+                yield FleetView(id="fleet-view")
+            with TabPane("Pool [2]", id="pool"):
+                yield PoolView(id="pool-view")
+            with TabPane("History [3]", id="history"):
+                yield HistoryView(self.history, range_label=self.history_range, id="history-view")
+        yield Input(placeholder="filter: words that every row shown must contain", id="filter")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = self._subtitle()
+        filter_input = self.query_one("#filter", Input)
+        filter_input.display = False
+        if self.fleet is None:
+            self.query_one(FleetView).show_unavailable(
+                "No telemetry: start with --telemetry DIR (a directory gpustat-collect writes) "
+                "or --prometheus URL."
+            )
+        if self.pool is None:
+            self.query_one(PoolView).show_unavailable("No pool servers: start with --server URL.")
+        self.refresh_all(force=True)
+        if self.refresh_s:
+            self.set_interval(self.refresh_s, self.refresh_all)
+        self.call_after_refresh(self._focus_view)
+
+    def _subtitle(self) -> str:
+        parts = []
+        if self.fleet is not None:
+            parts.append(self.fleet.label)
+        if self.pool is not None:
+            parts.append(f"{len(self.pool.clients)} server(s)")
+        return " · ".join(parts) or "nothing configured"
+
+    @property
+    def active_view(self) -> View:
+        active = self.query_one("#views", TabbedContent).active or self.start_view
+        return self.query_one(f"#{active}-view", View)
+
+    def _focus_view(self) -> None:
+        tables = self.active_view.tables
+        if tables:
+            # The most useful table of each view first: the GPUs, the leases.
+            preferred = {"fleet": "fleet-gpus", "pool": "pool-leases"}.get(self.active_view.id[:-5])
+            pick = next((t for t in tables if t.id == preferred), tables[0])
+            pick.focus()
+
+    # Refreshing ----------------------------------------------------------------------------------
+    def refresh_all(self, force: bool = False) -> None:
+        if self.fleet is not None:
+            self.load_fleet(self.query_one(FleetView).selected_gpu)
+        if self.pool is not None:
+            self.load_pool(force)
+        if self.history is not None and force:
+            self.query_one(HistoryView).reload()
+
+    @work(thread=True, exclusive=True, group="fleet")
+    def load_fleet(self, selected: GpuKey | None) -> None:
+        snapshot = self.fleet.snapshot()
+        self.post_message(self.FleetLoaded(snapshot))
+        if selected is None and snapshot.gpus:
+            selected = (snapshot.gpus[0].host, snapshot.gpus[0].gpu_uuid)
+        if selected is not None:
+            self.post_message(self.ProcessesLoaded(selected, self.fleet.processes(selected)))
+
+    @work(thread=True, exclusive=True, group="processes")
+    def load_processes(self, key: GpuKey) -> None:
+        self.post_message(self.ProcessesLoaded(key, self.fleet.processes(key)))
+
+    @work(thread=True, exclusive=True, group="pool")
+    def load_pool(self, force: bool = False) -> None:
+        self.post_message(self.PoolLoaded(self.pool.refresh(force=force)))
+
+    @on(FleetLoaded)
+    def _fleet_loaded(self, message: FleetLoaded) -> None:
+        self.last_fleet = message.snapshot
+        self.query_one(FleetView).update_fleet(message.snapshot, self.clock())
+
+    @on(ProcessesLoaded)
+    def _processes_loaded(self, message: ProcessesLoaded) -> None:
+        view = self.query_one(FleetView)
+        if view.selected_gpu in (None, message.key):
+            view.update_processes(message.processes)
+
+    @on(PoolLoaded)
+    def _pool_loaded(self, message: PoolLoaded) -> None:
+        self.last_pool = message.states
+        self.query_one(PoolView).update_pool(
+            message.states, self.clock(), has_token=self.pool.has_admin_token
+        )
+
+    @on(DataTable.RowHighlighted, "#fleet-gpus")
+    def _gpu_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        key = self.query_one(FleetView).selected_gpu
+        if key is not None and self.fleet is not None:
+            self.load_processes(key)
+
+    @on(TabbedContent.TabActivated)
+    def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        text = self.query_one("#filter", Input).value
+        self.active_view.set_filter(text)
+        self.call_after_refresh(self._focus_view)
+
+    # Keys ----------------------------------------------------------------------------------------
+    def action_show_view(self, view: str) -> None:
+        self.query_one("#views", TabbedContent).active = view
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_refresh(self) -> None:
+        self.refresh_all(force=True)
+        self.notify("refreshing", timeout=1.5)
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.focus()
+
+    @on(Input.Changed, "#filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        self.active_view.set_filter(event.value)
+
+    @on(Input.Submitted, "#filter")
+    def _filter_submitted(self, event: Input.Submitted) -> None:
+        if not event.value.strip():
+            event.input.display = False
+        self._focus_view()
+
+    def on_key(self, event) -> None:
+        box = self.query_one("#filter", Input)
+        if event.key == "escape" and (box.has_focus or box.value) and isinstance(self.screen, Screen):
+            if self.screen is not self.screen_stack[0]:
+                return
+            box.value = ""
+            box.display = False
+            self.active_view.set_filter("")
+            self._focus_view()
+            event.stop()
+
+    def _focused_table(self) -> SyncTable | None:
+        focused = self.focused
+        if isinstance(focused, SyncTable):
+            return focused
+        tables = self.active_view.tables
+        return tables[0] if tables else None
+
+    def action_sort(self) -> None:
+        table = self._focused_table()
+        if table is not None:
+            self.notify(f"{table.border_title}: sorted by {table.cycle_sort()}", timeout=2)
+
+    def action_reverse_sort(self) -> None:
+        table = self._focused_table()
+        if table is not None:
+            table.reverse_sort()
+
+    # Operator actions ----------------------------------------------------------------------------
+    def _admin_client(self, server: str) -> PoolClient | None:
+        client = self.pool.client(server) if self.pool else None
+        if client is None or not client.token:
+            self.notify(
+                "This action needs an admin token: start the console with --admin-token TOKEN "
+                "or set GPUPOOL_ADMIN_TOKEN.",
+                title="No admin token",
+                severity="error",
+                timeout=8,
+            )
+            return None
+        return client
+
+    def _selected(self, table_id: str, what: str) -> tuple[str, str] | None:
+        if self.pool is None:
+            self.notify("No pool servers: start with --server URL.", severity="error")
+            return None
+        row = self.query_one(f"#{table_id}", SyncTable).selected
+        if row is None:
+            self.notify(f"Select a {what} first (in the Pool view).", severity="warning")
+            return None
+        return split_row_key(row.key) if "\x1f" in row.key else (row.key, "")
+
+    def action_release_lease(self) -> None:
+        picked = self._selected("pool-leases", "lease")
+        if picked is None:
+            return
+        server, lease_id = picked
+        client = self._admin_client(server)
+        if client is None:
+            return
+        lease = next(
+            (x for s in self.last_pool if s.url == server for x in s.leases if x["id"] == lease_id), {}
+        )
+        question = (
+            f"Release lease {lease_id} of client {lease.get('client', '?')} on {server}?\n"
+            "Its holder loses the GPUs at once; running work on them fails."
+        )
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.pool_action(server, f"released lease {lease_id}", lambda c: c.release(lease_id))
+
+        self.push_screen(ConfirmScreen(question, yes="Release"), answered)
+
+    def action_set_client_limit(self) -> None:
+        self._client_prompt(
+            "limit",
+            "GPU limit of {client} on {server} (sum of fractions, e.g. 2.5; 'default' clears):",
+            parse_limit,
+        )
+
+    def action_set_client_idle_timeout(self) -> None:
+        self._client_prompt(
+            "idle_timeout_s",
+            "Idle timeout of {client} on {server} (e.g. 30m; 0 = never reclaim; 'default' clears):",
+            parse_idle_timeout,
+        )
+
+    def _client_prompt(self, field: str, question: str, parse: Callable[[str], Any]) -> None:
+        picked = self._selected("pool-clients", "client")
+        if picked is None:
+            return
+        server, name = picked
+        if self._admin_client(server) is None:
+            return
+
+        def answered(value: Any) -> None:
+            if value is CANCELLED:
+                return
+            shown = _shown_value(field, value)
+            self.pool_action(
+                server, f"set {field} of {name} to {shown}", lambda c: c.update_client(name, **{field: value})
+            )
+
+        self.push_screen(PromptScreen(question.format(client=name, server=server), parse), answered)
+
+    def action_set_default_idle_timeout(self) -> None:
+        picked = self._selected("pool-servers", "server")
+        if picked is None:
+            return
+        server = picked[0]
+        if self._admin_client(server) is None:
+            return
+
+        def answered(value: Any) -> None:
+            if value is CANCELLED:
+                return
+            self.pool_action(
+                server,
+                f"set the default idle timeout of {server} to {_shown_value('idle_timeout_s', value)}",
+                lambda c: c.update_policy(default_idle_timeout_s=value),
+            )
+
+        question = (
+            f"Default idle timeout of {server} (e.g. 30m; 0 = no idle reclaim; 'default' = config file):"
+        )
+        self.push_screen(PromptScreen(question, parse_idle_timeout), answered)
+
+    @work(thread=True, group="actions")
+    def pool_action(self, server: str, what: str, call: Callable[[PoolClient], Any]) -> None:
+        try:
+            call(self.pool.client(server))
+        except PoolError as exc:
+            self.post_message(self.ActionDone(what, str(exc)))
+        else:
+            self.post_message(self.ActionDone(what, None))
+
+    @on(ActionDone)
+    def _action_done(self, message: ActionDone) -> None:
+        self.action_log.append((message.what, message.error))
+        if message.error:
+            self.notify(message.error, title="Action failed", severity="error", timeout=10)
+        else:
+            self.notify(message.what, title="Done", timeout=4)
+        self.load_pool(True)
+
+    # Command palette -----------------------------------------------------------------------------
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand(
+            "Fleet view", "Hosts, GPUs and processes from telemetry", lambda: self.action_show_view("fleet")
+        )
+        yield SystemCommand(
+            "Pool view", "Servers, partitions, leases and clients", lambda: self.action_show_view("pool")
+        )
+        yield SystemCommand(
+            "History view",
+            "Fleet summary and idle holders for a range",
+            lambda: self.action_show_view("history"),
+        )
+        yield SystemCommand(
+            "Refresh now", "Reload everything and retry unreachable servers", self.action_refresh
+        )
+        yield SystemCommand("Filter rows", "Show only rows containing some words", self.action_filter)
+        yield SystemCommand("Sort table", "Sort the focused table by the next column", self.action_sort)
+        yield SystemCommand(
+            "Release lease", "Release the selected lease (admin, asks first)", self.action_release_lease
+        )
+        yield SystemCommand(
+            "Set client limit", "GPU limit of the selected client (admin)", self.action_set_client_limit
+        )
+        yield SystemCommand(
+            "Set client idle timeout",
+            "Idle timeout of the selected client (admin)",
+            self.action_set_client_idle_timeout,
+        )
+        yield SystemCommand(
+            "Set default idle timeout",
+            "Default idle timeout of the selected server (admin)",
+            self.action_set_default_idle_timeout,
+        )
+        for label in HistoryView.RANGES:
+            yield SystemCommand(
+                f"History range {label}",
+                f"Show the last {label} in History",
+                lambda r=label: self._history_range(r),
+            )
+        yield SystemCommand("Keys", "Every key of the console", self.action_help)
+
+    def _history_range(self, label: str) -> None:
+        self.action_show_view("history")
+        self.query_one(HistoryView).set_range(label)
+
+
+def parse_limit(text: str) -> float | None:
+    t = text.strip().lower()
+    if t in ("default", ""):
+        return None
+    try:
+        value = float(t)
+    except ValueError:
+        raise ValueError(f"not a number: {text!r} (e.g. 2.5, or 'default')") from None
+    if value < 0:
+        raise ValueError("a limit cannot be negative")
+    return value
+
+
+def parse_idle_timeout(text: str) -> float | None:
+    t = text.strip().lower()
+    if t in ("default", ""):
+        return None
+    if t == "never":
+        return 0.0
+    return fmt.parse_duration(t)
+
+
+def _shown_value(field: str, value: float | None) -> str:
+    if value is None:
+        return "the default"
+    if field == "limit":
+        return f"{value:g}"
+    return fmt.idle_timeout(value)
