@@ -60,7 +60,7 @@ def read_inventory() -> list[GpuInfo]:
 
 
 def activity_from(backend, gpu_index: int, window_s: float) -> list[ProcessActivity]:
-    from collector._nvml import now_us
+    from collector._source import now_us
 
     procs = backend.processes(gpu_index) or []
     util = backend.process_utilization(gpu_index, now_us() - int(window_s * 1e6))

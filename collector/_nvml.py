@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import atexit
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -185,6 +184,11 @@ class NvmlBackend:
         field = _SAMPLE_FIELDS.get(value_type, "uiVal")
         return [(int(s.timeStamp), float(getattr(s.sampleValue, field))) for s in samples]
 
+    def utilization_rates(self, index: int) -> tuple[float, float] | None:
+        """Instantaneous (gpu %, memory %) for GPUs whose sample ring has nothing new."""
+        rates = query(pynvml.nvmlDeviceGetUtilizationRates, self._handle(index))
+        return None if rates is None else (float(rates.gpu), float(rates.memory))
+
     def energy_j(self, index: int) -> float | None:
         """Energy since the driver loaded; ~4 ms per call on an H100, so read it rarely."""
         mj = query(pynvml.nvmlDeviceGetTotalEnergyConsumption, self._handle(index))
@@ -271,8 +275,3 @@ _SAMPLE_FIELDS = {
     pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
     pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
 }
-
-
-def now_us() -> int:
-    """Wall-clock time in microseconds, the clock NVML stamps its samples with."""
-    return time.time_ns() // 1000

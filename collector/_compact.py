@@ -1,0 +1,150 @@
+"""Merge a day's small segments into one, without ever losing or doubling rows.
+
+The collector writes a segment per table per flush (8 640 a day at the default 10 s). Compaction
+rewrites each ``<table>/date=D/host=H/`` folder as one segment. It is safe against a crash at any
+point, by a journal written before anything visible changes:
+
+1. write the merged segment under a hidden temporary name and fsync it;
+2. write the journal ``.compact-<id>.json`` (the merged name and the originals it replaces) atomically:
+   this is the commit point;
+3. rename the merged segment into place, remove the originals, remove the journal.
+
+A crash before step 2 leaves only a hidden temporary file (removed by the next run; the originals are
+untouched). A crash after it is rolled forward by the next run (``recover``), which completes step 3.
+Readers see, for the few milliseconds of step 3, the merged rows and some originals at once; after a
+crash, until the next compaction or collector start recovers.
+
+Segments the live collector writes while compaction runs are not in the journal and are left alone.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from collector.schema import TABLES
+from collector.writer import _fsync_dir, conform
+
+JOURNAL_GLOB = ".compact-*.json"
+
+
+@dataclass
+class CompactResult:
+    folders: int = 0
+    segments_in: int = 0
+    segments_out: int = 0
+    rows: int = 0
+    recovered: int = 0
+
+
+def _segments(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob("*.parquet") if not p.name.startswith("."))
+
+
+def _partition_folders(root: Path, date: dt.date | None) -> list[Path]:
+    folders = []
+    for table in TABLES:
+        pattern = f"date={date.isoformat()}" if date else "date=*"
+        folders.extend(p for p in sorted((root / table).glob(f"{pattern}/host=*")) if p.is_dir())
+    return folders
+
+
+def recover(root: Path) -> int:
+    """Finish (or clean up after) compactions that a crash interrupted; returns how many were found."""
+    found = 0
+    for table in TABLES:
+        for journal in sorted((root / table).glob(f"date=*/host=*/{JOURNAL_GLOB}")):
+            found += 1
+            _roll_forward(journal)
+        for orphan in (root / table).glob("date=*/host=*/.compacted-*.tmp"):
+            # a merged segment whose journal was never committed: the originals are intact
+            if not any(orphan.parent.glob(JOURNAL_GLOB)):
+                orphan.unlink(missing_ok=True)
+    return found
+
+
+def _roll_forward(journal: Path) -> None:
+    folder = journal.parent
+    plan = json.loads(journal.read_text())
+    merged = folder / plan["merged"]
+    tmp = folder / plan["tmp"]
+    if tmp.exists():
+        os.replace(tmp, merged)
+    if merged.exists():  # only then is it safe to drop what it replaces
+        for name in plan["originals"]:
+            (folder / name).unlink(missing_ok=True)
+    _fsync_dir(folder)
+    journal.unlink()
+    _fsync_dir(folder)
+
+
+def compact_folder(
+    folder: Path, table_name: str, *, hook: Callable[[str], None] | None = None
+) -> tuple[int, int]:
+    """Merge the segments of one partition folder; returns (segments merged, rows)."""
+    originals = _segments(folder)
+    if len(originals) < 2:
+        return 0, 0
+    step = hook or (lambda _name: None)
+    table = TABLES[table_name]
+    parts = [conform(table, pq.read_table(p, partitioning=None)) for p in originals]
+    merged_data = pa.concat_tables(parts).sort_by("ts")
+    token = f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}-{secrets.token_hex(4)}"
+    merged = folder / f"{table_name}-compacted-{token}.parquet"
+    tmp = folder / f".compacted-{token}.tmp"
+    with open(tmp, "wb") as fh:
+        pq.write_table(merged_data, fh, compression="zstd")
+        fh.flush()
+        os.fsync(fh.fileno())
+    step("merged-written")
+    journal = folder / f".compact-{token}.json"
+    plan = {"merged": merged.name, "tmp": tmp.name, "originals": [p.name for p in originals]}
+    write_journal = folder / f".compact-{token}.json.tmp"
+    write_journal.write_text(json.dumps(plan))
+    os.replace(write_journal, journal)
+    _fsync_dir(folder)
+    step("journal-committed")
+    os.replace(tmp, merged)
+    step("merged-visible")
+    for i, p in enumerate(originals):
+        p.unlink(missing_ok=True)
+        if i == 0:
+            step("originals-removing")
+    journal.unlink()
+    _fsync_dir(folder)
+    return len(originals), merged_data.num_rows
+
+
+def compact(
+    root: str | os.PathLike,
+    *,
+    date: dt.date | None = None,
+    before: dt.date | None = None,
+    hook: Callable[[str], None] | None = None,
+    progress: Callable[[Path, int, int], None] | None = None,
+) -> CompactResult:
+    """Compact every partition of ``date`` (or of every day before ``before``) under ``root``."""
+    root = Path(root)
+    result = CompactResult(recovered=recover(root))
+    for folder in _partition_folders(root, date):
+        day = dt.date.fromisoformat(folder.parent.name.removeprefix("date="))
+        if date is None and before is not None and day >= before:
+            continue
+        table_name = folder.parent.parent.name
+        n_in, rows = compact_folder(folder, table_name, hook=hook)
+        if n_in:
+            result.folders += 1
+            result.segments_in += n_in
+            result.segments_out += 1
+            result.rows += rows
+            if progress:
+                progress(folder, n_in, rows)
+    return result

@@ -1,0 +1,189 @@
+"""Import ``nvidia-smi --query-gpu=... --format=csv`` logs into gpu_samples.
+
+Handles: units in the header and values (``utilization.gpu [%]``, ``35 %``, ``1234 MiB``) or not
+(``--format=csv,nounits``), the header repeated by ``-l`` loops, ``[N/A]`` / ``[Not Supported]`` /
+``N/A`` as null. Percent becomes a ratio 0–1, MiB bytes, MHz hertz. A line that does not parse is
+counted and reported, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import re
+from collections.abc import Callable
+from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from collector._errors import InputError
+from collector._import_common import ImportReport, read_text
+from collector.writer import TelemetryWriter
+
+KIND = "nvidia-smi"
+_NULLS = {
+    "[n/a]",
+    "n/a",
+    "[not supported]",
+    "not supported",
+    "[unknown error]",
+    "[gpu is lost]",
+    "",
+    "[insufficient permissions]",
+}
+_UNIT_FACTORS = {
+    "%": 0.01,
+    "mib": 2**20,
+    "gib": 2**30,
+    "kib": 2**10,
+    "b": 1,
+    "w": 1.0,
+    "mhz": 1e6,
+    "ghz": 1e9,
+    "c": 1.0,
+}
+
+
+def _number(text: str, default_factor: float) -> float | None:
+    """'35 %' -> 0.35 (with factor), '[N/A]' -> None; ValueError for anything else."""
+    value = text.strip()
+    if value.lower() in _NULLS:
+        return None
+    match = re.fullmatch(r"([-+]?\d+(?:\.\d+)?)\s*([A-Za-z%]*)", value)
+    if not match:
+        raise ValueError(f"not a number: {value!r}")
+    unit = match.group(2).lower()
+    factor = _UNIT_FACTORS.get(unit) if unit else default_factor
+    if factor is None:
+        raise ValueError(f"unknown unit {match.group(2)!r} in {value!r}")
+    return float(match.group(1)) * factor
+
+
+def _text(text: str) -> str | None:
+    value = text.strip()
+    return None if value.lower() in _NULLS else value
+
+
+# nvidia-smi field -> (column, parser(value text) -> python value)
+def _num(column_factor: float, kind: type = float) -> Callable[[str], object]:
+    def parse(text: str):
+        value = _number(text, column_factor)
+        return None if value is None else kind(round(value) if kind is int else value)
+
+    return parse
+
+
+FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
+    "index": ("gpu_index", _num(1, int)),
+    "uuid": ("gpu_uuid", _text),
+    "gpu_uuid": ("gpu_uuid", _text),
+    "name": ("gpu_name", _text),
+    "gpu_name": ("gpu_name", _text),
+    "utilization.gpu": ("util_gpu_mean", _num(0.01)),
+    "utilization.memory": ("util_mem_mean", _num(0.01)),
+    "memory.used": ("mem_used_bytes", _num(2**20, int)),
+    "memory.total": ("mem_total_bytes", _num(2**20, int)),
+    "power.draw": ("power_w", _num(1.0)),
+    "power.draw.instant": ("power_w", _num(1.0)),
+    "power.draw.average": ("power_w", _num(1.0)),
+    "temperature.gpu": ("temperature_c", _num(1.0)),
+    "clocks.sm": ("sm_clock_hz", _num(1e6)),
+    "clocks.current.sm": ("sm_clock_hz", _num(1e6)),
+}
+_TS_FORMATS = ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%d %H:%M:%S")
+
+
+def _field_name(header_cell: str) -> str:
+    return re.sub(r"\s*\[.*\]\s*$", "", header_cell.strip()).lower()
+
+
+def _zone(tz: str | None) -> dt.tzinfo:
+    if tz is None:
+        return dt.datetime.now().astimezone().tzinfo  # this machine's zone, as nvidia-smi printed it
+    if tz.upper() == "UTC":
+        return dt.UTC
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InputError(
+            f"unknown time zone {tz!r}", "use an IANA name such as UTC or Europe/Berlin"
+        ) from None
+
+
+def _timestamp(text: str, zone: dt.tzinfo) -> dt.datetime:
+    value = text.strip()
+    for fmt in _TS_FORMATS:
+        try:
+            return dt.datetime.strptime(value, fmt).replace(tzinfo=zone).astimezone(dt.UTC)
+        except ValueError:
+            continue
+    raise ValueError(f"not a timestamp: {value!r}")
+
+
+def parse(text: str, name: str, report: ImportReport, zone: dt.tzinfo) -> list[dict]:
+    """Rows of one nvidia-smi CSV text; malformed lines are counted in ``report``."""
+    rows: list[dict] = []
+    header: list[str] | None = None
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            cells = next(csv.reader(io.StringIO(line), skipinitialspace=True))
+        except (csv.Error, StopIteration) as exc:
+            report.bad(f"{name}:line {lineno}", str(exc))
+            continue
+        fields = [_field_name(c) for c in cells]
+        if "timestamp" in fields and ("index" in fields or "uuid" in fields or "gpu_uuid" in fields):
+            header = fields  # the first header, or one repeated by an `-l` loop
+            report.ignored_columns.update(f for f in fields if f not in FIELDS and f != "timestamp")
+            continue
+        if header is None:
+            report.bad(
+                f"{name}:line {lineno}",
+                "data before any header line (needs --format=csv with a timestamp column)",
+            )
+            continue
+        if len(cells) != len(header):
+            report.bad(f"{name}:line {lineno}", f"{len(cells)} fields where the header has {len(header)}")
+            continue
+        try:
+            row: dict = {"state": "ok", "source": KIND, "simulated": False}
+            for field, cell in zip(header, cells, strict=True):
+                if field == "timestamp":
+                    row["ts"] = _timestamp(cell, zone)
+                elif field in FIELDS:
+                    column, parse_cell = FIELDS[field]
+                    row[column] = parse_cell(cell)
+        except ValueError as exc:
+            report.bad(f"{name}:line {lineno}", str(exc))
+            continue
+        if row.get("gpu_index") is None and row.get("gpu_uuid") is None:
+            report.bad(f"{name}:line {lineno}", "no GPU index or uuid")
+            continue
+        rows.append(row)
+    return rows
+
+
+def _fill_index(rows: list[dict]) -> None:
+    # Logs with uuid but no index: number GPUs in order of first appearance.
+    order: dict[str, int] = {}
+    for row in rows:
+        if row.get("gpu_index") is None:
+            row["gpu_index"] = order.setdefault(row["gpu_uuid"], len(order))
+
+
+def import_files(files: list[Path], out: Path, *, host: str, tz: str | None = None) -> ImportReport:
+    zone = _zone(tz)
+    report = ImportReport(hosts={host})
+    all_rows: list[dict] = []
+    for path in files:
+        text = read_text(path)
+        report.files += 1
+        all_rows.extend(parse(text, path.name, report, zone))
+    _fill_index(all_rows)
+    if all_rows:
+        writer = TelemetryWriter(out, host, flush_interval_s=0)
+        writer.append("gpu_samples", all_rows)
+        writer.close()
+    report.rows = len(all_rows)
+    return report

@@ -1,0 +1,271 @@
+"""Sample this host's GPUs through NVML, one tick at a time.
+
+What a tick costs (H100 figures from DESIGN.md) shapes what it reads:
+
+- utilization.gpu and memory-controller utilization come from the driver's sample ring
+  (``nvmlDeviceGetSamples`` since the previous tick), summarised as mean and max, so the ~200 ms driver
+  samples between two ticks are all counted rather than one of them picked;
+- memory, power, temperature, SM clock: microseconds each, every tick;
+- GPM (Hopper+): one ~39 µs sample per tick, metrics computed between consecutive samples at least
+  100 ms apart (NVML's minimum);
+- the energy counter costs ~4 ms, so it is read once a minute and null on other ticks;
+- per process: memory and busy share (``nvmlDeviceGetProcessUtilization`` since the previous tick),
+  with user and container id from /proc.
+
+A GPU that stops answering is recorded with ``state='lost'`` and the others keep being sampled; it is
+re-probed every ``lost_retry_s``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import time
+from typing import Any, Protocol
+
+from collector._errors import GpuLost
+from collector._inventory import inventory_from
+from collector._procinfo import ProcessInfo
+from collector._source import Tick, now_us
+from collector._types import GpuInfo
+
+
+class NvmlApi(Protocol):
+    """What NvmlSource needs from NVML: ``collector._nvml.NvmlBackend``, or a fake in tests."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def driver_version(self) -> str: ...
+    def cuda_version(self) -> str: ...
+    def device_count(self) -> int: ...
+    def uuid(self, index: int) -> str | None: ...
+    def name(self, index: int) -> str | None: ...
+    def compute_capability(self, index: int) -> tuple[int, int] | None: ...
+    def memory(self, index: int) -> tuple[int, int] | None: ...
+    def power_w(self, index: int) -> float | None: ...
+    def temperature_c(self, index: int) -> float | None: ...
+    def sm_clock_hz(self, index: int) -> float | None: ...
+    def utilization_samples(self, index: int, kind: str, since_us: int) -> list[tuple[int, float]] | None: ...
+    def utilization_rates(self, index: int) -> tuple[float, float] | None: ...
+    def energy_j(self, index: int) -> float | None: ...
+    def processes(self, index: int) -> list[tuple[int, int | None]] | None: ...
+    def process_utilization(self, index: int, since_us: int) -> list[tuple[int, int, float]] | None: ...
+    def gpm_supported(self, index: int) -> bool: ...
+    def gpm_sample(self, index: int) -> Any | None: ...
+    def gpm_free(self, sample: Any) -> None: ...
+    def gpm_metrics(self, older: Any, newer: Any) -> dict[str, float | None]: ...
+
+
+GPM_COLUMNS = ("sm_activity", "sm_occupancy", "tensor_activity", "dram_bw_util")
+
+
+def _summary(samples: list[tuple[int, float]]) -> tuple[float, float]:
+    values = [v for _, v in samples]
+    return sum(values) / len(values) / 100.0, max(values) / 100.0
+
+
+class _GpuState:
+    """What the source remembers about one GPU between ticks."""
+
+    def __init__(self, info: GpuInfo, since_us: int, gpm: bool):
+        self.info = info
+        self.util_since_us = since_us
+        self.mem_since_us = since_us
+        self.proc_since_us = since_us
+        self.gpm = gpm
+        self.gpm_prev: Any | None = None
+        self.gpm_prev_at = 0.0
+        self.energy_at: float | None = None  # monotonic time of the last energy read
+        self.lost_since: float | None = None
+        self.lost_probe_at = 0.0
+
+
+class NvmlSource:
+    kind = "nvml"
+    simulated = False
+
+    def __init__(
+        self,
+        backend: NvmlApi | None = None,
+        *,
+        interval_s: float = 1.0,
+        energy_every_s: float = 60.0,
+        gpm_min_gap_s: float = 0.1,
+        lost_retry_s: float = 30.0,
+        procinfo: ProcessInfo | None = None,
+        clock=time.monotonic,
+        wall_us=None,
+    ):
+        if backend is None:
+            from collector._nvml import NvmlBackend
+
+            backend = NvmlBackend()
+        self._backend = backend
+        self._wall_us = wall_us or now_us
+        self._clock = clock
+        self._energy_every_s = energy_every_s
+        self._gpm_min_gap_s = gpm_min_gap_s
+        self._lost_retry_s = lost_retry_s
+        self._procinfo = procinfo or ProcessInfo()
+        backend.start()  # raises NvmlUnavailable
+        self._inventory = inventory_from(backend)
+        first_since = self._wall_us() - int(interval_s * 1e6)
+        self._gpus = []
+        for info in self._inventory:
+            try:
+                gpm = backend.gpm_supported(info.index)
+            except GpuLost:
+                gpm = False
+            self._gpus.append(_GpuState(info, first_since, gpm))
+
+    def inventory(self) -> list[GpuInfo]:
+        return list(self._inventory)
+
+    @property
+    def exhausted(self) -> bool:
+        return False
+
+    def sample(self, now: dt.datetime) -> Tick:
+        tick = Tick()
+        live_pids: set[int] = set()
+        for gpu in self._gpus:
+            try:
+                if gpu.lost_since is not None and not self._probe_lost(gpu):
+                    tick.gpu_rows.append(self._lost_row(gpu, now))
+                    continue
+                row, procs = self._sample_gpu(gpu, now)
+            except GpuLost:
+                if gpu.lost_since is None:
+                    gpu.lost_since = self._clock()
+                    gpu.lost_probe_at = gpu.lost_since
+                    gpu.gpm_prev = None  # its handle died with the GPU
+                tick.gpu_rows.append(self._lost_row(gpu, now))
+                continue
+            tick.gpu_rows.append(row)
+            tick.process_rows.extend(procs)
+            live_pids.update(p["pid"] for p in procs)
+        self._procinfo.forget_except(live_pids)
+        return tick
+
+    def _probe_lost(self, gpu: _GpuState) -> bool:
+        """Re-probe a lost GPU now and then; True once it answers again."""
+        if self._clock() - gpu.lost_probe_at < self._lost_retry_s:
+            return False
+        gpu.lost_probe_at = self._clock()
+        try:
+            if self._backend.memory(gpu.info.index) is None:
+                return False
+        except GpuLost:
+            return False
+        gpu.lost_since = None
+        gpu.util_since_us = gpu.mem_since_us = gpu.proc_since_us = self._wall_us() - 1_000_000
+        return True
+
+    def _base_row(self, gpu: _GpuState, now: dt.datetime, state: str) -> dict:
+        return {
+            "ts": now,
+            "gpu_index": gpu.info.index,
+            "gpu_uuid": gpu.info.uuid,
+            "gpu_name": gpu.info.name,
+            "state": state,
+            "mem_total_bytes": gpu.info.mem_total_bytes or None,
+            "source": self.kind,
+            "simulated": False,
+        }
+
+    def _lost_row(self, gpu: _GpuState, now: dt.datetime) -> dict:
+        return self._base_row(gpu, now, "lost")
+
+    def _sample_gpu(self, gpu: _GpuState, now: dt.datetime) -> tuple[dict, list[dict]]:
+        b, i = self._backend, gpu.info.index
+        row = self._base_row(gpu, now, "ok")
+        self._utilization(gpu, row)
+        memory = b.memory(i)
+        if memory is not None:
+            row["mem_used_bytes"], row["mem_total_bytes"] = memory
+        row["power_w"] = b.power_w(i)
+        row["temperature_c"] = b.temperature_c(i)
+        row["sm_clock_hz"] = b.sm_clock_hz(i)
+        mono = self._clock()
+        if gpu.energy_at is None or mono - gpu.energy_at >= self._energy_every_s:
+            row["energy_j"] = b.energy_j(i)
+            gpu.energy_at = mono
+        if gpu.gpm:
+            row.update(self._gpm(gpu, mono))
+        return row, self._processes(gpu, now)
+
+    def _utilization(self, gpu: _GpuState, row: dict) -> None:
+        b, i = self._backend, gpu.info.index
+        fallback = None
+        for kind, attr, prefix in (
+            ("gpu", "util_since_us", "util_gpu"),
+            ("memory", "mem_since_us", "util_mem"),
+        ):
+            samples = b.utilization_samples(i, kind, getattr(gpu, attr))
+            if samples:
+                setattr(gpu, attr, max(ts for ts, _ in samples))
+                row[f"{prefix}_mean"], row[f"{prefix}_max"] = _summary(samples)
+                continue
+            # No ring sample since the last tick (or no ring on this GPU): the instantaneous rate.
+            if fallback is None:
+                fallback = b.utilization_rates(i) or (None, None)
+            value = fallback[0] if kind == "gpu" else fallback[1]
+            if value is not None:
+                row[f"{prefix}_mean"] = row[f"{prefix}_max"] = value / 100.0
+
+    def _gpm(self, gpu: _GpuState, mono: float) -> dict:
+        b, i = self._backend, gpu.info.index
+        if gpu.gpm_prev is not None and mono - gpu.gpm_prev_at < self._gpm_min_gap_s:
+            return {}  # too soon after the previous sample: NVML needs ≥ 100 ms between the two
+        sample = b.gpm_sample(i)
+        if sample is None:
+            return {}
+        out = {}
+        if gpu.gpm_prev is not None:
+            out = {k: v for k, v in b.gpm_metrics(gpu.gpm_prev, sample).items() if k in GPM_COLUMNS}
+            b.gpm_free(gpu.gpm_prev)
+        gpu.gpm_prev, gpu.gpm_prev_at = sample, mono
+        return out
+
+    def _processes(self, gpu: _GpuState, now: dt.datetime) -> list[dict]:
+        b, i = self._backend, gpu.info.index
+        procs = b.processes(i)
+        if not procs:
+            return []
+        util = b.process_utilization(i, gpu.proc_since_us)
+        shares: dict[int, list[float]] = {}
+        for pid, ts, sm in util or []:
+            shares.setdefault(pid, []).append(sm / 100.0)
+            gpu.proc_since_us = max(gpu.proc_since_us, ts)
+        rows = []
+        for pid, mem in procs:
+            name, user, container = self._procinfo.describe(pid)
+            if util is None:
+                sm_util = None  # not reported here (MIG, older GPUs)
+            else:
+                s = shares.get(pid)
+                sm_util = sum(s) / len(s) if s else 0.0
+            rows.append(
+                {
+                    "ts": now,
+                    "gpu_index": i,
+                    "gpu_uuid": gpu.info.uuid,
+                    "pid": pid,
+                    "process_name": name,
+                    "user": user,
+                    "container_id": container,
+                    "mem_used_bytes": mem,
+                    "sm_util": sm_util,
+                    "source": self.kind,
+                    "simulated": False,
+                }
+            )
+        return rows
+
+    def close(self) -> None:
+        for gpu in self._gpus:
+            if gpu.gpm_prev is not None:
+                with contextlib.suppress(GpuLost):
+                    self._backend.gpm_free(gpu.gpm_prev)
+                gpu.gpm_prev = None
+        self._backend.stop()

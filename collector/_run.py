@@ -1,0 +1,114 @@
+"""The collector loop: tick the source, hand rows to the writer, keep the live state and status."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+from collector._prometheus import LiveState
+from collector._source import Source
+from collector.writer import TelemetryWriter
+
+
+@dataclass
+class RunOptions:
+    interval_s: float = 1.0
+    duration_s: float | None = None  # None: until stopped
+
+
+@dataclass
+class RunStats:
+    ticks: int = 0
+    gpu_rows: int = 0
+    process_rows: int = 0
+
+
+def _ago(t: float | None) -> str:
+    return "never" if t is None else f"{max(0.0, time.time() - t):.0f} s ago"
+
+
+class Status:
+    """One self-rewriting line on a terminal; a plain log line per flush otherwise (or nothing, -q)."""
+
+    def __init__(self, stream: TextIO = sys.stderr, *, quiet: bool = False, label: str = ""):
+        self.stream = stream
+        self.quiet = quiet
+        self.tty = stream.isatty()
+        self.label = label
+        self._last_logged_flush: float | None = None
+
+    def line(self, gpus: int, writer: TelemetryWriter, ticks: int) -> str:
+        return (
+            f"gpustat-collect{self.label}: {gpus} GPUs · {ticks} ticks · {writer.rows_written} samples written "
+            f"· {writer.buffered_rows} buffered · last flush {_ago(writer.last_flush)}"
+        )
+
+    def update(self, gpus: int, writer: TelemetryWriter, ticks: int) -> None:
+        if self.quiet:
+            return
+        if self.tty:
+            self.stream.write("\r\x1b[K" + self.line(gpus, writer, ticks))
+            self.stream.flush()
+        elif writer.last_flush != self._last_logged_flush:
+            self._last_logged_flush = writer.last_flush
+            stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            print(f"{stamp} {self.line(gpus, writer, ticks)}", file=self.stream, flush=True)
+
+    def finish(self) -> None:
+        if self.tty and not self.quiet:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def run(
+    source: Source,
+    writer: TelemetryWriter,
+    options: RunOptions,
+    *,
+    stop: threading.Event,
+    state: LiveState | None = None,
+    status: Status | None = None,
+) -> RunStats:
+    """Tick until ``duration_s`` passes, ``stop`` is set or a finite source runs out.
+
+    Raises the writer's error (TelemetryWriteError) as soon as a background flush fails, so the CLI can
+    report it; buffered rows stay in the writer.
+    """
+    stats = RunStats()
+    gpus = len(source.inventory())
+    started = time.monotonic()
+    next_tick = started
+    while not stop.is_set():
+        now = dt.datetime.now(dt.UTC)
+        tick = source.sample(now)
+        writer.append("gpu_samples", tick.gpu_rows)
+        writer.append("process_samples", tick.process_rows)
+        stats.ticks += 1
+        stats.gpu_rows += len(tick.gpu_rows)
+        stats.process_rows += len(tick.process_rows)
+        if state is not None:
+            state.update(tick.gpu_rows, tick.process_rows)
+            state.samples_written = writer.rows_written
+            state.last_flush = writer.last_flush
+        if writer.error is not None:
+            raise writer.error
+        if status is not None:
+            status.update(gpus, writer, stats.ticks)
+        if source.exhausted:
+            break
+        elapsed = time.monotonic() - started
+        if options.duration_s is not None and elapsed >= options.duration_s:
+            break
+        next_tick += options.interval_s
+        if next_tick < time.monotonic():  # we fell behind (suspend, slow disk): skip, do not burst
+            next_tick = time.monotonic() + options.interval_s
+        wait = next_tick - time.monotonic()
+        if options.duration_s is not None:
+            wait = min(wait, max(0.0, started + options.duration_s - time.monotonic()))
+        if wait > 0:
+            stop.wait(wait)
+    return stats

@@ -1,0 +1,432 @@
+"""`gpustat-collect`: sample GPUs into telemetry; import nvidia-smi / dcgm logs; compact segments.
+
+Heavy modules (pyarrow, numpy, pynvml, prometheus_client) are imported inside the commands, so
+``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+
+PROG = "gpustat-collect"
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+def parse_duration(text: str) -> float:
+    """'500ms', '1s', '10m', '2h', '7d', or plain seconds -> seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|min|m|h|d|w)?\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 500ms, 1s, 10m, 2h, 7d)")
+    value = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"duration must be positive: {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of GPUs: {text!r}") from None
+    if not 1 <= value <= 4096:
+        raise argparse.ArgumentTypeError(f"number of GPUs must be 1..4096, not {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0..65535, not {value}")
+    return value
+
+
+def default_host() -> str:
+    name = socket.gethostname().split(".")[0] or "localhost"
+    return re.sub(r"[^A-Za-z0-9._-]", "-", name)
+
+
+def default_out() -> Path:
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("gpupool")) / "telemetry"
+
+
+def _err(title: str, hint: str = "") -> int:
+    print(f"{PROG}: error: {title}" + (f"; {hint}" if hint else ""), file=sys.stderr)
+    return 2
+
+
+# -- collect ------------------------------------------------------------------------------------------
+def collect_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description=(
+            "Sample every GPU of this host (NVML) into Parquet telemetry segments that DuckDB reads: "
+            "utilization (driver sample ring, mean and max per tick), memory, power, energy, temperature, "
+            "SM clock, GPM SM activity/occupancy/tensor/DRAM on Hopper+, and per-process memory, busy "
+            "share, user and container."
+        ),
+        epilog=(
+            "other commands:\n"
+            f"  {PROG} import nvidia-smi FILE... --out DIR [--host H]   import nvidia-smi --query-gpu CSV logs\n"
+            f"  {PROG} import dcgm FILE... --out DIR [--host H]         import dcgm-exporter /metrics dumps\n"
+            f"  {PROG} compact DIR [--date YYYY-MM-DD]                   merge a day's small segments\n"
+            "\nexamples:\n"
+            f"  {PROG} --out /var/lib/gpupool/telemetry --prometheus 9401\n"
+            f"  {PROG} --simulate 8 --duration 10m          # no GPU here: a labelled simulated fleet\n"
+            f"  {PROG} --fallback-simulate 8 --backfill 7d --duration 60\n"
+            "\ndurations: 500ms, 1s, 10m, 2h, 7d (a plain number is seconds)"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--out", type=Path, metavar="DIR", help=f"telemetry directory (default: {default_out()})")
+    p.add_argument(
+        "--interval", type=parse_duration, default=1.0, metavar="D", help="time between samples (default 1s)"
+    )
+    p.add_argument(
+        "--duration", type=parse_duration, metavar="D", help="stop after this long (default: until Ctrl-C)"
+    )
+    p.add_argument(
+        "--flush",
+        type=parse_duration,
+        default=10.0,
+        metavar="D",
+        help="write buffered samples this often; a crash loses at most this much (default 10s)",
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument(
+        "--simulate", type=_positive_int, metavar="N", help="sample a SIMULATED fleet of N GPUs, not NVML"
+    )
+    src.add_argument(
+        "--replay", type=Path, metavar="DIR", help="re-emit recorded telemetry from DIR (source='replay')"
+    )
+    src.add_argument(
+        "--fallback-simulate",
+        type=_positive_int,
+        metavar="N",
+        help="use NVML if it starts, else say so and simulate N GPUs",
+    )
+    p.add_argument(
+        "--replay-speed", type=float, default=1.0, metavar="X", help="replay X times faster (default 1)"
+    )
+    p.add_argument("--replay-host", metavar="NAME", help="which host of a multi-host recording to replay")
+    p.add_argument(
+        "--backfill",
+        type=parse_duration,
+        metavar="D",
+        help="simulated fleet only: first write D of simulated history ending now (e.g. 7d)",
+    )
+    p.add_argument(
+        "--backfill-step",
+        type=parse_duration,
+        default=10.0,
+        metavar="D",
+        help="time between backfilled samples (default 10s)",
+    )
+    p.add_argument("--seed", type=int, default=7, help="simulated fleet: seed of its patterns (default 7)")
+    p.add_argument(
+        "--prometheus", type=_port, metavar="PORT", help="also serve /metrics on PORT (0: any free port)"
+    )
+    p.add_argument(
+        "--prometheus-addr", default="0.0.0.0", metavar="ADDR", help="address for /metrics (default 0.0.0.0)"
+    )
+    p.add_argument(
+        "--host", default=None, metavar="NAME", help="host name in the telemetry path (default: this host's)"
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no status line or log lines, errors only")
+    p.set_defaults(out=None)
+    return p
+
+
+def _banner(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _simulated_banner(n: int) -> None:
+    _banner(
+        f"*** SIMULATED FLEET: {n} simulated GPUs — NOT real measurements. "
+        "Every row is written with simulated=true, source='simulated'. ***"
+    )
+
+
+def _open_source(args):
+    """(source, fleet or None) for the options given; raises CollectorError subclasses."""
+    from collector._errors import InputError, NvmlUnavailable
+
+    if args.replay is not None:
+        from collector._replay import ReplaySource
+
+        if args.backfill:
+            raise InputError("--backfill writes simulated history", "it cannot be combined with --replay")
+        source = ReplaySource(args.replay, speed=args.replay_speed, host=args.replay_host)
+        if source.simulated:
+            _banner("*** REPLAY of SIMULATED telemetry: rows keep simulated=true. ***")
+        return source, None
+    n = args.simulate
+    if n is None:
+        try:
+            from collector._nvml_source import NvmlSource
+
+            source = NvmlSource(interval_s=args.interval)
+        except NvmlUnavailable as exc:
+            if args.fallback_simulate is None:
+                raise
+            n = args.fallback_simulate
+            _banner(
+                f"notice: {exc.title}; --fallback-simulate: collecting a SIMULATED fleet of {n} GPUs instead"
+            )
+        else:
+            if args.backfill:
+                if args.fallback_simulate is None:
+                    raise InputError(
+                        "--backfill writes simulated history and this host has real GPUs (NVML started)",
+                        "drop --backfill, or use --simulate N to build a simulated dataset",
+                    )
+                _banner(
+                    "notice: NVML started: sampling the real GPUs; --backfill applies to a simulated fleet only, skipped"
+                )
+            return source, None
+    from collector._simulated import SimulatedFleet
+
+    _simulated_banner(n)
+    return None, SimulatedFleet(n, args.host, seed=args.seed)
+
+
+def _install_signals(stop: threading.Event) -> None:
+    def handler(signum, frame):
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def cmd_collect(argv: list[str]) -> int:
+    args = collect_parser().parse_args(argv)
+    from collector._errors import CollectorError
+
+    args.host = args.host or default_host()
+    args.out = args.out or default_out()
+    stop = threading.Event()
+    _install_signals(stop)
+    try:
+        return _collect(args, stop)
+    except CollectorError as exc:
+        return _err(exc.title, exc.hint)
+
+
+def _collect(args, stop: threading.Event) -> int:
+    from collector._compact import recover
+    from collector._errors import TelemetryWriteError
+    from collector._prometheus import LiveState, serve
+    from collector._run import RunOptions, Status, run
+    from collector.writer import TelemetryWriter, check_host
+
+    check_host(args.host)
+    source, fleet = _open_source(args)
+    writer = TelemetryWriter(args.out, args.host, flush_interval_s=args.flush)
+    recover(Path(args.out))
+    status = Status(
+        quiet=args.quiet, label=" [SIMULATED]" if (fleet or getattr(source, "simulated", False)) else ""
+    )
+    try:
+        if fleet is not None:
+            from collector._simulated_source import SimulatedSource
+
+            energy = None
+            if args.backfill:
+                energy = _backfill(fleet, writer, args, stop)
+            source = SimulatedSource(fleet, energy_start_j=energy)
+        state = LiveState(args.host, source.kind, source.simulated, args.interval)
+        gpus = source.inventory()
+        if not args.quiet:
+            names = ", ".join(sorted({g.name for g in gpus})) or "none"
+            _banner(f"{PROG}: {len(gpus)} GPUs ({names}) via {source.kind} -> {args.out} (host={args.host})")
+        if args.prometheus is not None:
+            server = serve(state, args.prometheus, args.prometheus_addr)
+            if not args.quiet:
+                _banner(
+                    f"{PROG}: serving /metrics on http://{args.prometheus_addr}:{server.server_address[1]}/metrics"
+                )
+        stats = None
+        if not stop.is_set():
+            stats = run(
+                source,
+                writer,
+                RunOptions(args.interval, args.duration),
+                stop=stop,
+                state=state,
+                status=status,
+            )
+    except TelemetryWriteError as exc:
+        status.finish()
+        lost = writer.buffered_rows
+        return _err(exc.title, f"{exc.hint} ({lost} unwritten rows dropped at exit)" if lost else exc.hint)
+    finally:
+        if source is not None:
+            source.close()
+    status.finish()
+    writer.close()  # raises TelemetryWriteError -> one line from cmd_collect
+    if not args.quiet:
+        ticks = stats.ticks if stats else 0
+        _banner(
+            f"{PROG}: stopped after {ticks} ticks; {writer.rows_written} rows in {writer.segments_written} segments under {args.out}"
+        )
+    return 0
+
+
+def _backfill(fleet, writer, args, stop: threading.Event) -> list[float]:
+    from collector._simulated_source import backfill
+
+    end = dt.datetime.now(dt.UTC)
+    start = end - dt.timedelta(seconds=args.backfill)
+    days = args.backfill / 86400
+    if not args.quiet:
+        _banner(
+            f"{PROG}: backfilling {days:.1f} days of SIMULATED history ({fleet.n} GPUs, one sample per {args.backfill_step:g} s)"
+        )
+
+    def progress(upto: dt.datetime) -> None:
+        if not args.quiet:
+            _banner(f"{PROG}: backfilled up to {upto:%Y-%m-%d %H:%M} UTC")
+
+    return backfill(fleet, writer.write_table, start, end, step_s=args.backfill_step, progress=progress)
+
+
+# -- import -------------------------------------------------------------------------------------------
+def import_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=f"{PROG} import",
+        description="Import logs you already have into gpupool telemetry (same schema, source column says which).",
+    )
+    sub = p.add_subparsers(dest="format", required=True, metavar="FORMAT")
+    smi = sub.add_parser(
+        "nvidia-smi",
+        help="CSV from nvidia-smi --query-gpu=... --format=csv[,nounits] [-l N]",
+        description=(
+            "Import CSV written by `nvidia-smi --query-gpu=timestamp,index,uuid,name,utilization.gpu,"
+            "utilization.memory,memory.used,memory.total,power.draw,temperature.gpu,clocks.sm --format=csv -l 1`. "
+            "Needs a header line and a timestamp column; units are optional; [N/A] and [Not Supported] become null."
+        ),
+    )
+    dcgm = sub.add_parser(
+        "dcgm",
+        help="text dumps of a dcgm-exporter /metrics page",
+        description=(
+            "Import text dumps of a dcgm-exporter /metrics page (e.g. curl -s host:9400/metrics > dump.txt). "
+            "A sample's timestamp is used when present, else the file's modification time."
+        ),
+    )
+    for q in (smi, dcgm):
+        q.add_argument("files", nargs="+", type=Path, metavar="FILE")
+        q.add_argument("--out", type=Path, required=True, metavar="DIR", help="telemetry directory to write")
+        q.add_argument(
+            "--host",
+            metavar="NAME",
+            help="host the logs come from (default: this host's, or dcgm's Hostname label)",
+        )
+    smi.add_argument(
+        "--tz", default=None, metavar="ZONE", help="time zone of the timestamps (default: this machine's)"
+    )
+    dcgm.add_argument(
+        "--interval",
+        type=parse_duration,
+        default=None,
+        metavar="D",
+        help="several scrapes in one file without timestamps: time between them (ending at the file's mtime)",
+    )
+    return p
+
+
+def cmd_import(argv: list[str]) -> int:
+    args = import_parser().parse_args(argv)
+    from collector._errors import CollectorError
+
+    try:
+        if args.format == "nvidia-smi":
+            from collector._import_smi import import_files
+
+            report = import_files(args.files, args.out, host=args.host or default_host(), tz=args.tz)
+        else:
+            from collector._import_dcgm import import_files
+
+            report = import_files(args.files, args.out, host=args.host, interval_s=args.interval)
+    except CollectorError as exc:
+        return _err(exc.title, exc.hint)
+    print(report.summary())
+    return 1 if report.rows == 0 else 0
+
+
+# -- compact ------------------------------------------------------------------------------------------
+def compact_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=f"{PROG} compact",
+        description=(
+            "Merge each day's small segments (one per flush) into one segment per table and host. Safe "
+            "against crashes (journaled) and while a collector writes. Default: every day before today."
+        ),
+    )
+    p.add_argument("dir", type=Path, metavar="DIR", help="telemetry directory")
+    p.add_argument(
+        "--date",
+        type=dt.date.fromisoformat,
+        metavar="YYYY-MM-DD",
+        help="compact only this day (today allowed)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the summary")
+    return p
+
+
+def cmd_compact(argv: list[str]) -> int:
+    args = compact_parser().parse_args(argv)
+    if not args.dir.is_dir():
+        return _err(
+            f"telemetry directory not found: {args.dir}", "pass the directory gpustat-collect --out wrote"
+        )
+    from collector._compact import compact
+
+    def progress(folder: Path, n_in: int, rows: int) -> None:
+        if not args.quiet:
+            print(f"compacted {folder.relative_to(args.dir)}: {n_in} segments -> 1 ({rows} rows)")
+
+    try:
+        result = compact(args.dir, date=args.date, before=dt.datetime.now(dt.UTC).date(), progress=progress)
+    except OSError as exc:
+        return _err(
+            f"compaction failed under {args.dir}: {exc.strerror or exc}",
+            "nothing was lost; fix the cause and run it again",
+        )
+    extra = f", finished {result.recovered} interrupted compaction(s)" if result.recovered else ""
+    print(
+        f"compacted {result.folders} partitions: {result.segments_in} segments -> {result.segments_out} ({result.rows} rows){extra}"
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] == "import":
+            return cmd_import(argv[1:])
+        if argv and argv[0] == "compact":
+            return cmd_compact(argv[1:])
+        return cmd_collect(argv)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
