@@ -152,13 +152,14 @@ def backfill(
     names = np.array([g.name for g in fleet.inventory], dtype=object)
     proc_names = np.array([fleet.process_name(i) for i in range(fleet.n)], dtype=object)
     users = np.array(USERS, dtype=object)
-    day_start = t0
-    while day_start < t1:
-        day_end = min(t1, (np.floor(day_start / 86400.0) + 1) * 86400.0)
-        t = np.arange(day_start, day_end, step_s)
-        day_start = day_end
-        if t.size == 0:
-            continue
+    # One grid t0 + k*step for the whole span, cut at UTC midnights into one segment per day.
+    n_steps = int(np.ceil((t1 - t0) / step_s))
+    k = 0
+    while k < n_steps:
+        day_end = (np.floor((t0 + k * step_s) / 86400.0) + 1) * 86400.0
+        k_end = min(n_steps, int(np.ceil((day_end - t0) / step_s)))
+        t = t0 + np.arange(k, k_end) * step_s
+        k = k_end
         state = fleet.state(t)
         cols = fleet.gpu_columns(t, state)
         # energy: integrate power, publish once a minute (as the live sources do)

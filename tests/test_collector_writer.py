@@ -1,0 +1,291 @@
+"""The telemetry writer and compaction, on real files: atomic segments, kill -9, disk full, crashes."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+import analytics
+from collector._compact import compact, recover
+from collector._errors import TelemetryWriteError
+from collector._simulated import SimulatedFleet
+from collector._simulated_source import SimulatedSource, backfill
+from collector.schema import METADATA_VERSION_KEY, SCHEMA_VERSION
+from collector.writer import TelemetryWriter
+
+CLI = [sys.executable, "-m", "collector.cli"]
+T0 = dt.datetime(2026, 3, 4, 23, 59, 58, tzinfo=dt.UTC)
+
+
+def rows(n: int, start: dt.datetime = T0, gpu: int = 0) -> list[dict]:
+    return [
+        {"ts": start + dt.timedelta(seconds=k), "gpu_index": gpu, "gpu_uuid": f"GPU-{gpu}", "state": "ok",
+         "util_gpu_mean": 0.5, "source": "nvml", "simulated": False}
+        for k in range(n)
+    ]  # fmt: skip
+
+
+def count(root: Path, table: str = "gpu_samples") -> int:
+    return analytics.open_telemetry(root).execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+def hidden_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob(".*") if p.is_file()]
+
+
+def test_segments_land_in_hive_partitions_with_the_schema_version(tmp_path):
+    with TelemetryWriter(tmp_path, "node-1", flush_interval_s=0) as w:
+        w.append("gpu_samples", rows(4))  # crosses midnight: two date partitions
+    dates = sorted(p.name for p in (tmp_path / "gpu_samples").iterdir())
+    assert dates == ["date=2026-03-04", "date=2026-03-05"]
+    seg = next((tmp_path / "gpu_samples" / "date=2026-03-04" / "host=node-1").glob("*.parquet"))
+    assert pq.read_schema(seg).metadata[METADATA_VERSION_KEY] == str(SCHEMA_VERSION).encode()
+    assert "host" not in pq.read_schema(seg).names and "date" not in pq.read_schema(seg).names
+    con = analytics.open_telemetry(tmp_path)
+    assert con.execute("SELECT count(*), min(host), min(schema_version) FROM gpu_samples").fetchone() == (
+        4,
+        "node-1",
+        SCHEMA_VERSION,
+    )
+    assert con.execute("SELECT count(*) FROM gpu_samples WHERE date = DATE '2026-03-05'").fetchone()[0] == 2
+    assert hidden_files(tmp_path) == []
+
+
+def test_background_flush_and_many_threads_appending(tmp_path):
+    w = TelemetryWriter(tmp_path, "h", flush_interval_s=0.1)
+    threads = [
+        threading.Thread(target=lambda g=g: [w.append("gpu_samples", rows(10, gpu=g)) for _ in range(20)])
+        for g in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    deadline = time.monotonic() + 10
+    while w.rows_written < 800 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert w.rows_written == 800, "the background flush did not write everything"
+    w.close()
+    assert count(tmp_path) == 800
+
+
+def test_a_failed_flush_keeps_the_rows_and_the_next_one_writes_them(tmp_path):
+    root = tmp_path / "t"
+    w = TelemetryWriter(root, "h", flush_interval_s=0)
+    w.append("gpu_samples", rows(3))
+    shutil.rmtree(root)
+    root.write_text("now a file")  # the directory is gone and a file is in its place
+    with pytest.raises(TelemetryWriteError, match="not writable"):
+        w.flush()
+    assert w.buffered_rows == 3 and w.error is not None
+    root.unlink()
+    w.append("gpu_samples", rows(2, start=T0 + dt.timedelta(hours=1)))
+    assert w.flush() == 5 and w.error is None
+    assert count(root) == 5
+
+
+def test_unwritable_directory_is_one_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(TelemetryWriteError, match=r"telemetry directory not writable: .*file/telemetry"):
+        TelemetryWriter(blocker / "telemetry", "h")
+    proc = subprocess.run(
+        [*CLI, "--simulate", "2", "--duration", "1", "--out", str(blocker / "telemetry")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith("gpustat-collect: error: telemetry directory not writable")
+    )
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"), reason="needs root to mount a tiny tmpfs")
+def test_disk_full_is_reported_and_leaves_readable_segments(tmp_path):
+    disk = tmp_path / "small"
+    disk.mkdir()
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=160k", "tmpfs", str(disk)], capture_output=True
+    ).returncode:
+        pytest.skip("cannot mount tmpfs here")
+    try:
+        w = TelemetryWriter(disk, "h", flush_interval_s=0)
+        with pytest.raises(TelemetryWriteError, match="disk full"):
+            for k in range(200):
+                w.append("gpu_samples", rows(2000, start=T0 + dt.timedelta(hours=k)))
+                w.flush()
+        assert w.buffered_rows >= 2000  # kept for a retry, not dropped
+        assert hidden_files(disk) == []  # no half-written temporary segment left behind
+        for seg in disk.rglob("*.parquet"):
+            pq.read_table(seg)  # every visible segment is whole
+        # the CLI: one line, non-zero exit
+        proc = subprocess.run(
+            [*CLI, "--simulate", "64", "--interval", "0.05s", "--flush", "0.2s", "--duration", "20", "--out", str(disk)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode != 0
+        assert "gpustat-collect: error: disk full writing telemetry" in proc.stderr.strip().splitlines()[-1]
+        assert "Traceback" not in proc.stderr
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def test_kill_9_mid_run_loses_at_most_the_unflushed_interval(tmp_path):
+    out = tmp_path / "tele"
+    flush = 0.5
+    proc = subprocess.Popen(
+        [*CLI, "--simulate", "4", "--interval", "0.1s", "--flush", f"{flush}s", "--out", str(out), "-q"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    reader_errors: list[str] = []
+    reads = 0
+    stop = threading.Event()
+
+    def reader():
+        # A reader working while the collector writes must never see a half file.
+        nonlocal reads
+        while not stop.is_set():
+            for seg in out.rglob("*.parquet"):
+                try:
+                    pq.read_table(seg)
+                    reads += 1
+                except FileNotFoundError:
+                    pass
+                except Exception as exc:
+                    reader_errors.append(f"{seg.name}: {exc}")
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(out.rglob("gpu_samples-*.parquet"))) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read().decode()
+        time.sleep(0.23)  # somewhere between two flushes
+        killed_at = dt.datetime.now(dt.UTC)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        if proc.poll() is None:
+            proc.kill()
+    assert reader_errors == [] and reads > 0
+    con = analytics.open_telemetry(out)
+    n, newest_us, ticks = con.execute(
+        "SELECT count(*), epoch_us(max(ts)), count(DISTINCT ts) FROM gpu_samples"
+    ).fetchone()
+    newest = dt.datetime.fromtimestamp(newest_us / 1e6, dt.UTC)
+    assert n == 4 * ticks  # whole ticks only
+    # what was lost is at most the unflushed interval (plus scheduling slack on a busy machine)
+    assert killed_at - newest < dt.timedelta(seconds=flush + 1.0)
+
+
+def test_sigterm_flushes_and_exits_0(tmp_path):
+    out = tmp_path / "tele"
+    proc = subprocess.Popen(
+        [*CLI, "--simulate", "2", "--interval", "0.1s", "--flush", "60s", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "SIMULATED FLEET" in err
+    # nothing was flushed before the signal (60 s interval): everything came from the final flush
+    assert count(out) >= 2 * 5
+
+
+# -- compaction ---------------------------------------------------------------------------------------
+def _small_segments(root: Path, days: int = 2, flushes: int = 6) -> int:
+    fleet = SimulatedFleet(3, "h")
+    src = SimulatedSource(fleet)
+    w = TelemetryWriter(root, "h", flush_interval_s=0)
+    total = 0
+    for d in range(days):
+        for f in range(flushes):
+            for k in range(5):
+                tick = src.sample(T0 - dt.timedelta(days=d + 1, minutes=f, seconds=k))
+                w.append("gpu_samples", tick.gpu_rows)
+                w.append("process_samples", tick.process_rows)
+                total += len(tick.gpu_rows)
+            w.flush()
+    w.close()
+    return total
+
+
+def test_compaction_merges_each_day_and_keeps_every_row(tmp_path):
+    total = _small_segments(tmp_path)
+    before = count(tmp_path, "process_samples")
+    segs_before = len(list(tmp_path.rglob("*.parquet")))
+    result = compact(tmp_path, before=T0.date())
+    assert result.segments_in == segs_before
+    assert len(list(tmp_path.rglob("*.parquet"))) == result.segments_out == 4  # 2 tables x 2 days
+    assert count(tmp_path) == total and count(tmp_path, "process_samples") == before
+    con = analytics.open_telemetry(tmp_path)
+    assert (
+        con.execute("SELECT count(*) FROM (SELECT DISTINCT ts, gpu_index FROM gpu_samples)").fetchone()[0]
+        == total
+    )
+    assert compact(tmp_path, before=T0.date()).segments_in == 0  # idempotent
+
+
+@pytest.mark.parametrize(
+    "crash_at", ["merged-written", "journal-committed", "merged-visible", "originals-removing"]
+)
+def test_a_crash_mid_compaction_neither_loses_nor_doubles_rows(tmp_path, crash_at):
+    total = _small_segments(tmp_path, days=1)
+
+    class Crash(Exception):
+        pass
+
+    def hook(step):
+        if step == crash_at:
+            raise Crash(step)
+
+    with pytest.raises(Crash):
+        compact(tmp_path, hook=hook)
+    recovered = recover(tmp_path)
+    assert recovered == (0 if crash_at == "merged-written" else 1)
+    assert hidden_files(tmp_path) == []
+    assert count(tmp_path) == total
+    con = analytics.open_telemetry(tmp_path)
+    assert (
+        con.execute("SELECT count(*) FROM (SELECT DISTINCT ts, gpu_index FROM gpu_samples)").fetchone()[0]
+        == total
+    )
+    # and a later compaction completes normally
+    compact(tmp_path)
+    assert count(tmp_path) == total and len(list(tmp_path.rglob("*.parquet"))) == 2
+
+
+def test_compact_cli(tmp_path):
+    total = _small_segments(tmp_path, days=1)
+    proc = subprocess.run([*CLI, "compact", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "compacted 2 partitions" in proc.stdout
+    assert count(tmp_path) == total
+    missing = subprocess.run(
+        [*CLI, "compact", str(tmp_path / "nope")], capture_output=True, text=True, timeout=60
+    )
+    assert missing.returncode != 0 and missing.stderr.count("\n") == 1 and "not found" in missing.stderr
+
+
+def test_backfill_writes_one_segment_per_day(tmp_path):
+    w = TelemetryWriter(tmp_path, "h", flush_interval_s=0)
+    backfill(SimulatedFleet(2, "h"), w.write_table, T0 - dt.timedelta(days=2), T0, step_s=60.0)
+    segs = list((tmp_path / "gpu_samples").rglob("*.parquet"))
+    assert len(segs) == 3  # two partial days and one full day
+    assert count(tmp_path) == 2 * 2 * 24 * 60
