@@ -379,7 +379,7 @@ class Pool:
                 ttl = min(req.ttl_s or policy["lease_ttl_s"], self.cfg.max_ttl_s)
                 lease_id = "lease-" + secrets.token_hex(6)
                 max_end = now + policy["max_lease_s"] if policy["max_lease_s"] else None
-                env = self.lease_env(lease_id, placement, req.sm_share) if req.local else {}
+                env = self.lease_env(lease_id, placement, req.sm_share)
                 self.db.execute(
                     "INSERT INTO leases(id, client, state, label, created, expires, max_end, ttl_s, last_active,"
                     " local, remote, pids, env) VALUES (?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -487,7 +487,7 @@ class Pool:
         row = self._owned(caller, lease_id)
         return self.lease(lease_id, owner_view=row["client"] == caller.client)
 
-    def list(self, caller: Caller, *, everyone: bool, state: str) -> list[dict]:
+    def list(self, caller: Caller, everyone: bool, state: str) -> list[dict]:
         if everyone and not caller.admin:
             raise Forbidden("only an admin token lists every client's leases", "drop all=true")
         where, args = [], []

@@ -1,0 +1,639 @@
+"""``gpuattach``: attach GPUs from the pool for a run, or for a session of runs.
+
+    gpuattach list-gpus | servers | smi [LEASE] | leases
+    gpuattach run -n 2 -p 0.5 [--filter device.name=H100] [--local] [--timeout 10m] -- python train.py
+    gpuattach request -n 1 -m 8192      # prints a lease id; a small keeper process heartbeats it
+    gpuattach run --lease LEASE -- python step1.py
+    gpuattach release LEASE
+
+Exit codes of ``run``: the command's own code (128+N when a signal N ended it); 125 when gpuattach
+itself failed (no GPUs within --timeout, server unreachable, bad token, …); 126 when the command
+cannot be executed; 127 when it is not found. Other subcommands exit 1 on error, 2 on bad usage.
+
+Imports stay light (standard library only) so ``gpuattach --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+EXIT_FAILED, EXIT_CANNOT_EXEC, EXIT_NOT_FOUND = 125, 126, 127
+MIB = 1 << 20
+
+
+def _parser() -> argparse.ArgumentParser:
+    def pool_options(suppress: bool) -> argparse.ArgumentParser:
+        # Given before or after the subcommand; after it, absent options must not overwrite ones given before.
+        extra = {"default": argparse.SUPPRESS} if suppress else {}
+        parent = argparse.ArgumentParser(add_help=False)
+        g = parent.add_argument_group("pool")
+        g.add_argument(
+            "--config",
+            help="client config file (default $GPUPOOL_CONFIG or ~/.config/gpupool/client.toml)",
+            **extra,
+        )
+        g.add_argument(
+            "--server",
+            action="append",
+            metavar="URL",
+            help="a server of the pool (repeatable, or comma-separated); replaces the config's list",
+            **extra,
+        )
+        g.add_argument(
+            "--token", help="the client token (default: from the config, or $GPUPOOL_TOKEN)", **extra
+        )
+        return parent
+
+    common = pool_options(suppress=True)
+    p = argparse.ArgumentParser(
+        prog="gpuattach",
+        description="Attach GPUs (whole or partitions) from a pool of gpupool-server hosts. See docs/pool.md.",
+        parents=[pool_options(suppress=False)],
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    lg = sub.add_parser("list-gpus", parents=[common], help="the pool's GPUs and their free memory")
+    lg.add_argument("--json", action="store_true", help="print the servers' answers as JSON")
+    sv = sub.add_parser("servers", parents=[common], help="health of every server of the pool")
+    sv.add_argument("--json", action="store_true", help="print the servers' answers as JSON")
+    sm = sub.add_parser("smi", parents=[common], help="an nvidia-smi-like table of the pool, or of one lease")
+    sm.add_argument("lease", nargs="?", help="show only this lease")
+    ls = sub.add_parser("leases", parents=[common], help="your leases on every server")
+    ls.add_argument("--ended", action="store_true", help="include ended leases (with why they ended)")
+    ls.add_argument("--json", action="store_true", help="print the leases as JSON")
+
+    def sizing(sp, required: bool):
+        sp.add_argument(
+            "-n",
+            "--num-gpus",
+            type=int,
+            required=required,
+            metavar="N",
+            help="number of GPUs, each a separate physical GPU of one server",
+        )
+        size = sp.add_mutually_exclusive_group()
+        size.add_argument(
+            "-p",
+            "--partial",
+            type=float,
+            metavar="P",
+            help="partition size as a fraction of each GPU's memory, 0 < P <= 1 (default 1)",
+        )
+        size.add_argument(
+            "-m", "--memory", type=int, metavar="MIB", help="partition size in MiB of GPU memory"
+        )
+        sp.add_argument(
+            "--sm-share",
+            type=float,
+            metavar="S",
+            help="share of the GPU's SMs, 0 < S <= 1 (enforced with MPS)",
+        )
+        sp.add_argument("--filter", action="append", default=[], metavar="KEY OP VALUE",
+                        help="only servers/GPUs that match, e.g. device.name=H100, device.phy-memory>=40000 (repeatable)")  # fmt: skip
+        sp.add_argument(
+            "--timeout",
+            metavar="DURATION",
+            help="how long to wait for free GPUs (default: config's timeout, 10m)",
+        )
+        sp.add_argument(
+            "--local",
+            action="store_true",
+            help="run on the GPU host itself (CUDA_VISIBLE_DEVICES + MPS limits) instead of remotely",
+        )
+
+    rq = sub.add_parser("request", parents=[common], help="take a lease for a session of runs; prints its id")
+    sizing(rq, required=True)
+    rq.add_argument(
+        "--no-keeper",
+        action="store_true",
+        help="do not start the keeper process (you heartbeat the lease yourself)",
+    )
+    rl = sub.add_parser("release", parents=[common], help="release leases")
+    rl.add_argument("leases", nargs="+", metavar="LEASE")
+    rn = sub.add_parser("run", parents=[common], help="run a command on leased GPUs and release them after",
+                        usage="gpuattach run [-n N (-p P | -m MIB) | --lease LEASE] [options] -- COMMAND [ARGS...]")  # fmt: skip
+    sizing(rn, required=False)
+    rn.add_argument(
+        "--lease", help="use this lease (from gpuattach request) instead of taking one; it is not released"
+    )
+    rn.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run")
+    kp = sub.add_parser("_keep")  # the detached keeper of `request` (not listed)
+    kp.add_argument("--lease-server", required=True)
+    kp.add_argument("--lease-id", required=True)
+    kp.add_argument("--interval", type=float, required=True)
+    kp.add_argument("--ttl", type=float, required=True)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    # Hide the keeper from --help without argparse's "==SUPPRESS==" artefacts.
+    parser._subparsers._group_actions[0]._choices_actions = [
+        a for a in parser._subparsers._group_actions[0]._choices_actions if a.dest != "_keep"
+    ]
+    args = parser.parse_args(argv)
+    from virtualize.client import PoolClientError
+    from virtualize.config import ConfigError
+
+    handler = {
+        "list-gpus": cmd_list_gpus,
+        "servers": cmd_servers,
+        "smi": cmd_smi,
+        "leases": cmd_leases,
+        "request": cmd_request,
+        "release": cmd_release,
+        "run": cmd_run,
+        "_keep": cmd_keep,
+    }[args.command]
+    try:
+        return handler(args)
+    except (PoolClientError, ConfigError) as exc:
+        return _fail(exc.title, exc.hint, EXIT_FAILED if args.command == "run" else 1)
+    except KeyboardInterrupt:
+        print("gpuattach: interrupted", file=sys.stderr)
+        return 130
+
+
+def _fail(title: str, hint: str = "", code: int = 1) -> int:
+    print(f"gpuattach: error: {title}" + (f" (hint: {hint})" if hint else ""), file=sys.stderr, flush=True)
+    return code
+
+
+def _client(args):
+    from virtualize.client import PoolClient
+    from virtualize.config import load
+
+    return PoolClient(load(args.config, args.server, args.token))
+
+
+def _human(n: int | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n / (1 << 30):.1f}GiB" if n >= 1 << 30 else f"{n // MIB}MiB"
+
+
+def _short(url: str) -> str:
+    return url.split("://", 1)[-1]
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths, strict=True)).rstrip()]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def _report_unreachable(answers) -> int:
+    bad = 0
+    for server, a in answers:
+        if isinstance(a, Exception):
+            bad += 1
+            print(f"gpuattach: warning: {_short(server.url)}: {getattr(a, 'title', a)}", file=sys.stderr)
+    return bad
+
+
+# --- read-only commands ---------------------------------------------------------------------------------
+def cmd_list_gpus(args) -> int:
+    client = _client(args)
+    answers = client.each("GET", "/v1/gpus")
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {"server": s.url, **a} if isinstance(a, dict) else {"server": s.url, "error": a.title}
+                    for s, a in answers
+                ],
+                indent=1,
+            )
+        )
+        return 0 if any(isinstance(a, dict) for _, a in answers) else 1
+    rows = []
+    for server, a in answers:
+        if not isinstance(a, dict):
+            continue
+        tag = " (simulated)" if a["simulated"] else ""
+        for g in a["gpus"]:
+            rows.append([_short(server.url), a["server"]["hostname"] + tag, str(g["index"]), g["name"],
+                         _human(g["mem_total_bytes"]), _human(g["mem_free_bytes"]), f"{g['free_fraction']:.2f}",
+                         str(len(g["partitions"]))])  # fmt: skip
+    bad = _report_unreachable(answers)
+    if rows:
+        print(_table(rows, ["SERVER", "HOST", "GPU", "NAME", "MEMORY", "FREE", "FREE_FRAC", "LEASES"]))
+    return 1 if bad == len(answers) else 0
+
+
+def cmd_servers(args) -> int:
+    client = _client(args)
+    start = time.perf_counter()
+    answers = client.each("GET", "/v1/health", auth=False)
+    took = time.perf_counter() - start
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {"server": s.url, **a} if isinstance(a, dict) else {"server": s.url, "error": a.title}
+                    for s, a in answers
+                ],
+                indent=1,
+            )
+        )
+        return 0 if all(isinstance(a, dict) for _, a in answers) else 1
+    rows = []
+    for server, a in answers:
+        if isinstance(a, dict):
+            info = a["server"]
+            flags = ",".join(
+                f
+                for f, on in (
+                    ("simulated", info["simulated"]),
+                    ("mps", info["mps"]),
+                    ("tls", info.get("tls")),
+                )
+                if on
+            )
+            rows.append([_short(server.url), "up", info["hostname"], str(info["gpu_count"]), str(a["leases_active"]),
+                         info.get("driver_version") or "-", info.get("cuda_version") or "-", flags or "-"])  # fmt: skip
+        else:
+            rows.append([_short(server.url), "DOWN", "-", "-", "-", "-", "-", getattr(a, "title", str(a))])
+    print(_table(rows, ["SERVER", "STATUS", "HOST", "GPUS", "LEASES", "DRIVER", "CUDA", "NOTES"]))
+    print(f"({len(answers)} servers asked at once in {took * 1000:.0f} ms)", file=sys.stderr)
+    return 0 if all(isinstance(a, dict) for _, a in answers) else 1
+
+
+def _lease_rows(leases: list[tuple[str, dict]]) -> list[list[str]]:
+    rows = []
+    for url, lease in leases:
+        parts = ", ".join(
+            f"GPU{p['gpu_index']}:{_human(p['mem_bytes'])}({p['fraction']:.2f})" for p in lease["partitions"]
+        )
+        state = lease["state"] + (
+            f": {lease['reason']}" if lease["state"] != "active" and lease.get("reason") else ""
+        )
+        rows.append([lease["id"], _short(url), lease["client"], parts, lease["expires_at"][11:19] if lease["state"] == "active" else "-",
+                     "local" if lease["local"] else ("remote" if lease["remote"] else "-"), state])  # fmt: skip
+    return rows
+
+
+def cmd_leases(args) -> int:
+    client = _client(args)
+    answers = client.each("GET", f"/v1/leases?state={'any' if args.ended else 'active'}")
+    leases = [(s.url, lease) for s, a in answers if isinstance(a, dict) for lease in a["leases"]]
+    bad = _report_unreachable(answers)
+    if args.json:
+        print(json.dumps([{"server": u, **lease} for u, lease in leases], indent=1))
+    elif leases:
+        print(
+            _table(
+                _lease_rows(leases), ["LEASE", "SERVER", "CLIENT", "PARTITIONS", "EXPIRES", "KIND", "STATE"]
+            )
+        )
+    else:
+        print("no leases", file=sys.stderr)
+    return 1 if bad == len(answers) else 0
+
+
+def _box(sections: list[list[str]]) -> str:
+    """nvidia-smi's look: sections of lines in one box, as wide as the widest line."""
+    width = max(len(line) for sec in sections for line in sec) + 2
+    bar = "+" + "-" * width + "+"
+    out = [bar]
+    for sec in sections:
+        out += ["| " + line.ljust(width - 2) + " |" for line in sec]
+        out.append(bar)
+    return "\n".join(out)
+
+
+def cmd_smi(args) -> int:
+    client = _client(args)
+    now = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    if args.lease:
+        server, lease = client.find_lease(args.lease)
+        head = [f"gpuattach smi — lease {lease['id']}   {now}"]
+        info = [
+            f"server {_short(server.url)} ({lease['server']['hostname']})  client {lease['client']}  state {lease['state']}"
+            + ("  SIMULATED" if lease["simulated"] else ""),
+            f"created {lease['created_at']}  expires {lease['expires_at']}  idle timeout "
+            f"{_secs(lease['idle_timeout_s'])}  memory limit {'enforced by MPS' if lease['mps'] else 'advisory (no MPS)'}",
+        ]
+        if lease.get("reason"):
+            info.append(f"reason: {lease['reason']}")
+        rows = [f"{'GPU':>3}  {'Name':<30} {'Partition':>26}  {'SM share':>8}  UUID"]
+        for p in lease["partitions"]:
+            part = f"{_human(p['mem_bytes'])} / {_human(p['mem_total_bytes'])} ({p['fraction']:.2f})"
+            rows.append(
+                f"{p['gpu_index']:>3}  {p['gpu_name'][:30]:<30} {part:>26}  {p['sm_share'] or '-':>8}  {p['gpu_uuid']}"
+            )
+        print(_box([head, info, rows]))
+        return 0
+    answers = client.each("GET", "/v1/gpus")
+    bad = _report_unreachable(answers)
+    ok = [(s, a) for s, a in answers if isinstance(a, dict)]
+    n_gpus = sum(len(a["gpus"]) for _, a in ok)
+    sections = [[f"gpuattach smi — pool of {len(answers)} servers ({len(ok)} up), {n_gpus} GPUs   {now}"]]
+    for server, a in ok:
+        info = a["server"]
+        sec = [
+            f"{info['hostname']}  {_short(server.url)}  driver {info.get('driver_version') or '-'}  "
+            f"CUDA {info.get('cuda_version') or '-'}{'  MPS' if info['mps'] else ''}{'  SIMULATED' if a['simulated'] else ''}",
+            f"{'GPU':>3}  {'Name':<30} {'Leased / Total':>20}  {'Use':>4}         Partitions (client:fraction)",
+        ]
+        for g in a["gpus"]:
+            used = g["mem_total_bytes"] - g["mem_free_bytes"]
+            pct = 100 * used / g["mem_total_bytes"] if g["mem_total_bytes"] else 0
+            meter = "#" * round(pct / 20)
+            parts = " ".join(f"{p['client']}:{p['fraction']:.2f}" for p in g["partitions"]) or "-"
+            mem = _human(used) + " / " + _human(g["mem_total_bytes"])
+            sec.append(
+                f"{g['index']:>3}  {g['name'][:30]:<30} {mem:>20}  {pct:>3.0f}%  [{meter:<5}]  {parts}"
+            )
+        sections.append(sec)
+    print(_box(sections))
+    return 1 if bad == len(answers) else 0
+
+
+def _secs(value) -> str:
+    return "none" if not value else f"{value:g}s"
+
+
+# --- leases ----------------------------------------------------------------------------------------------
+def _request_from(args, *, local: bool, remote: bool, pids=(), label=None):
+    from virtualize.client import Request
+
+    if args.num_gpus is None:
+        raise _usage("give -n N (and -p P or -m MIB), or --lease LEASE")
+    if args.num_gpus < 1:
+        raise _usage(f"-n {args.num_gpus}: ask for at least 1 GPU")
+    if args.partial is not None and not 0 < args.partial <= 1:
+        raise _usage(f"-p {args.partial:g}: a partition is a fraction 0 < P <= 1 of a GPU's memory")
+    if args.memory is not None and args.memory < 1:
+        raise _usage(f"-m {args.memory}: give the partition's memory in MiB (at least 1)")
+    if args.sm_share is not None and not 0 < args.sm_share <= 1:
+        raise _usage(f"--sm-share {args.sm_share:g}: a share 0 < S <= 1")
+    fraction = args.partial if args.partial is not None else (None if args.memory is not None else 1.0)
+    return Request(n=args.num_gpus, fraction=fraction, mem_mib=args.memory, sm_share=args.sm_share,
+                   filters=tuple(args.filter), local=local, remote=remote, pids=tuple(pids), label=label)  # fmt: skip
+
+
+def _usage(title: str):
+    from virtualize.client import PoolClientError
+
+    return PoolClientError(title, "see gpuattach run --help")
+
+
+def _timeout(args, client) -> float:
+    from virtualize.config import parse_duration
+
+    return parse_duration(args.timeout, "--timeout") if args.timeout else client.cfg.timeout_s
+
+
+def _on_this_host(info: dict) -> str | None:
+    """--local runs need a server on this very host (the command gets its GPUs directly)."""
+    if info["hostname"] == socket.gethostname() or info["addr"].startswith("127.") or info["addr"] == "::1":
+        return None
+    return f"--local needs a server on this host; {info['hostname']} is another machine"
+
+
+def _wait_note(msg: str) -> None:
+    print(f"gpuattach: {msg}", file=sys.stderr, flush=True)
+
+
+def cmd_request(args) -> int:
+    client = _client(args)
+    req = _request_from(args, local=args.local, remote=False, label="session (gpuattach request)")
+    server, lease = client.acquire(
+        req,
+        timeout_s=_timeout(args, client),
+        accept=_on_this_host if args.local else None,
+        on_wait=_wait_note,
+    )
+    if not args.no_keeper:
+        _start_keeper(client, server, lease)
+    print(lease["id"])
+    parts = ", ".join(f"GPU{p['gpu_index']} {_human(p['mem_bytes'])}" for p in lease["partitions"])
+    keeper = (
+        "a keeper process heartbeats it" if not args.no_keeper else f"heartbeat it within {lease['ttl_s']:g}s"
+    )
+    print(f"gpuattach: lease {lease['id']} on {_short(server.url)} ({parts}); {keeper}; "
+          f"gpuattach release {lease['id']} when done", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def _start_keeper(client, server, lease) -> None:
+    """A detached process that heartbeats the session lease until it is released or ends."""
+    cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "gpupool")
+    os.makedirs(cache, exist_ok=True)
+    logf = open(os.path.join(cache, f"keeper-{lease['id']}.log"), "ab")  # noqa: SIM115 (handed to the child)
+    env = {**os.environ, "GPUPOOL_TOKEN": client.cfg.token_for(server) or ""}  # never on the command line
+    interval = max(0.2, min(lease["ttl_s"] / 3, 10.0))
+    subprocess.Popen(
+        [sys.executable, "-m", "virtualize.cli", "_keep", "--lease-server", server.url, "--lease-id", lease["id"],
+         "--interval", str(interval), "--ttl", str(lease["ttl_s"])],
+        env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True, close_fds=True,
+    )  # fmt: skip
+    logf.close()
+
+
+def cmd_keep(args) -> int:
+    from virtualize.client import ApiError, PoolClient, PoolClientError
+    from virtualize.config import ClientConfig, ServerRef
+
+    server = ServerRef(args.lease_server, os.environ.get("GPUPOOL_TOKEN"))
+    client = PoolClient(ClientConfig(servers=[server], token=server.token))
+    last_ok = time.monotonic()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        try:
+            client.heartbeat(server, args.lease_id)
+            last_ok = time.monotonic()
+        except ApiError as exc:
+            print(f"{time.ctime()}: lease {args.lease_id} ended: {exc.message}", flush=True)
+            return 0
+        except PoolClientError as exc:
+            if time.monotonic() - last_ok > args.ttl * 3:
+                print(f"{time.ctime()}: giving up on {args.lease_id}: {exc.title}", flush=True)
+                return 1
+        time.sleep(args.interval)
+
+
+def cmd_release(args) -> int:
+    client = _client(args)
+    failed = 0
+    for lease_id in args.leases:
+        try:
+            server, _ = client.find_lease(lease_id)
+            lease = client.release(server, lease_id)
+            how = (
+                "released"
+                if "released by" in (lease.get("reason") or "") and lease["state"] == "released"
+                else lease["state"]
+            )
+            print(f"{lease_id}: {how}" + (f" ({lease['reason']})" if lease.get("reason") else ""))
+        except Exception as exc:
+            failed += 1
+            print(f"gpuattach: error: {lease_id}: {getattr(exc, 'title', exc)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+# --- run --------------------------------------------------------------------------------------------------
+class _Run:
+    """Runs the command under a lease: environment, heartbeats, signal forwarding, release."""
+
+    def __init__(self, client, server, lease, owned: bool):
+        self.client, self.server, self.lease, self.owned = client, server, lease, owned
+        self.child: subprocess.Popen | None = None
+        self.ended_reason: str | None = None
+        self._killer: threading.Timer | None = None
+
+    def on_lease_end(self, state: str, reason: str) -> None:
+        self.ended_reason = f"lease {self.lease['id']} was {state}: {reason}"
+        print(f"gpuattach: {self.ended_reason}; stopping the command", file=sys.stderr, flush=True)
+        self._signal_child(signal.SIGTERM)
+        self._killer = threading.Timer(10.0, self._signal_child, args=(signal.SIGKILL,))
+        self._killer.daemon = True
+        self._killer.start()
+
+    def _signal_child(self, sig: int) -> None:
+        if self.child is not None and self.child.poll() is None:
+            # the command and everything it started
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.child.pid, sig)
+
+    def forward(self, signum, _frame) -> None:
+        self._signal_child(signum)
+
+
+def cmd_run(args) -> int:
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        return _fail(
+            "no command to run", "put it after --, e.g. gpuattach run -n 1 -p 0.5 -- python train.py", 2
+        )
+    remote_env = None
+    if not args.local:
+        try:
+            from virtualize.remote import remote_env
+        except ImportError as exc:
+            return _fail(f"remote execution is not available in this installation ({exc})",
+                         "run on a GPU host with --local, or install gpupool's client with the shim", EXIT_FAILED)  # fmt: skip
+    client = _client(args)
+    if args.lease:
+        if args.num_gpus is not None or args.partial is not None or args.memory is not None:
+            return _fail("--lease takes an existing lease; drop -n/-p/-m", "", 2)
+        server, lease = client.find_lease(args.lease)
+        if lease["state"] != "active":
+            return _fail(
+                f"lease {lease['id']} is {lease['state']}: {lease.get('reason')}",
+                "request a new lease",
+                EXIT_FAILED,
+            )
+        owned = False
+    else:
+        req = _request_from(args, local=args.local, remote=not args.local,
+                            pids=(os.getpid(),) if args.local else (), label=shlex.join(cmd)[:200])  # fmt: skip
+        server, lease = client.acquire(
+            req,
+            timeout_s=_timeout(args, client),
+            accept=_on_this_host if args.local else None,
+            on_wait=_wait_note,
+        )
+        owned = True
+    run = _Run(client, server, lease, owned)
+    try:
+        return _run_under_lease(args, cmd, run, remote_env)
+    finally:
+        if owned:
+            try:
+                client.release(server, lease["id"])
+            except Exception as exc:
+                if run.ended_reason is None:
+                    print(f"gpuattach: warning: could not release {lease['id']} ({getattr(exc, 'title', exc)}); "
+                          f"it expires {lease['ttl_s']:g}s after the last heartbeat", file=sys.stderr)  # fmt: skip
+
+
+def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
+    from virtualize.client import Heartbeater
+
+    lease = run.lease
+    env = dict(os.environ)
+    if args.local:
+        if _on_this_host(lease["server"]):
+            return _fail(_on_this_host(lease["server"]), "drop --local to run remotely", EXIT_FAILED)
+        env.update(lease.get("env") or {})
+        if not lease["mps"]:
+            limits = ", ".join(_human(p["mem_bytes"]) for p in lease["partitions"])
+            print(f"gpuattach: note: {lease['server']['hostname']} runs without MPS: the partition's memory limit ({limits}) is advisory",
+                  file=sys.stderr)  # fmt: skip
+    else:
+        env.update(remote_env(lease))
+    if lease["simulated"]:
+        print(
+            f"gpuattach: note: lease {lease['id']} is on SIMULATED GPUs (control plane only)", file=sys.stderr
+        )
+    hb = Heartbeater(run.client, run.server, lease, run.on_lease_end)
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
+    tty = _foreground_tty()
+    try:
+        for s in old:
+            signal.signal(s, run.forward)
+        try:
+            # Its own process group: a signal reaches the command once (from us, or from the terminal
+            # when we hand it the foreground), and the whole group can be stopped on a reclaim.
+            run.child = subprocess.Popen(cmd, env=env, process_group=0)
+        except FileNotFoundError:
+            return _fail(f"command not found: {cmd[0]}", "check the command after --", EXIT_NOT_FOUND)
+        except PermissionError:
+            return _fail(f"cannot execute {cmd[0]}: permission denied", "", EXIT_CANNOT_EXEC)
+        if tty is not None:
+            _give_foreground(tty, run.child.pid)
+        hb.start(pids=[os.getpid(), run.child.pid] if args.local else None)
+        if args.local:
+            threading.Thread(target=_quiet, args=(hb.beat_now,), daemon=True).start()  # register the pid now
+        rc = run.child.wait()
+    finally:
+        hb.stop()
+        if run._killer:
+            run._killer.cancel()
+        if tty is not None:
+            _give_foreground(tty, os.getpgrp())
+        for s, h in old.items():
+            signal.signal(s, h)
+    return 128 - rc if rc < 0 else rc
+
+
+def _quiet(fn) -> None:
+    with contextlib.suppress(Exception):
+        fn()
+
+
+def _foreground_tty() -> int | None:
+    try:
+        fd = sys.stdin.fileno()
+        if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
+            return fd
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _give_foreground(fd: int, pgrp: int) -> None:
+    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # we may be in the background for a moment
+    try:
+        os.tcsetpgrp(fd, pgrp)
+    except OSError:
+        pass
+    finally:
+        signal.signal(signal.SIGTTOU, old)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,350 @@
+"""The pool client: ask every server at once, choose, claim, keep alive, release.
+
+Errors (each a one-line ``title`` and a ``hint``; the CLI prints them and exits non-zero):
+
+    PoolClientError
+    ├── ConfigError        (virtualize.config) no servers, unreadable config
+    ├── Unreachable        a server did not answer (refused, timeout, TLS)
+    ├── ApiError           a server answered an error (status, code, message, hint)
+    │   └── LeaseEnded     the lease was released, expired or reclaimed (carries the reason)
+    ├── CannotFit          no server can ever serve the request (or the client's limit forbids it)
+    └── WaitTimeout        the pool could serve it, but not within --timeout
+
+Only the standard library: ``gpuattach`` starts fast and installs anywhere.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import ssl
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from virtualize.backoff import delays
+from virtualize.config import ClientConfig, ConfigError, ServerRef
+
+
+class PoolClientError(Exception):
+    def __init__(self, title: str, hint: str = ""):
+        super().__init__(title)
+        self.title, self.hint = title, hint
+
+
+class Unreachable(PoolClientError):
+    def __init__(self, url: str, reason: str):
+        super().__init__(
+            f"server {url} unreachable: {reason}",
+            "check the address in client.toml and that gpupool-server runs there",
+        )
+        self.url = url
+
+
+class ApiError(PoolClientError):
+    def __init__(self, url: str, status: int, body: dict):
+        self.url, self.status, self.body = url, status, body
+        self.code = body.get("code", "unknown")
+        self.message = body.get("error") or f"HTTP {status}"
+        super().__init__(f"{self.message} [{_host(url)}]", body.get("hint", ""))
+
+
+class LeaseEnded(ApiError):
+    pass
+
+
+class CannotFit(PoolClientError):
+    pass
+
+
+class WaitTimeout(PoolClientError):
+    pass
+
+
+def _host(url: str) -> str:
+    return urllib.parse.urlsplit(url).netloc
+
+
+@dataclass
+class Request:
+    n: int
+    fraction: float | None = None
+    mem_mib: int | None = None
+    sm_share: float | None = None
+    filters: tuple[str, ...] = ()
+    local: bool = False
+    remote: bool = False
+    ttl_s: float | None = None
+    pids: tuple[int, ...] = ()
+    label: str | None = None
+
+    def body(self) -> dict:
+        out: dict = {"n": self.n, "filters": list(self.filters), "local": self.local, "remote": self.remote}
+        for key in ("fraction", "mem_mib", "sm_share", "ttl_s", "label"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.pids:
+            out["pids"] = list(self.pids)
+        return out
+
+    def describe(self) -> str:
+        size = f"{self.mem_mib} MiB" if self.mem_mib is not None else f"{self.fraction:g} of a GPU"
+        text = f"{self.n} GPU{'s' if self.n > 1 else ''} × {size}"
+        return text + (f" [{', '.join(self.filters)}]" if self.filters else "")
+
+
+class PoolClient:
+    def __init__(self, cfg: ClientConfig, *, http_timeout_s: float = 10.0):
+        if not cfg.servers:
+            raise ConfigError(
+                "no servers configured",
+                f'list them in {cfg.path or "~/.config/gpupool/client.toml"} (servers = ["host:56001"]) or pass --server',
+            )
+        self.cfg = cfg
+        self.servers = cfg.servers
+        self.http_timeout_s = http_timeout_s
+        self._ssl = (
+            ssl.create_default_context(cafile=cfg.ca_cert) if cfg.ca_cert else ssl.create_default_context()
+        )
+        self._pool = ThreadPoolExecutor(max_workers=max(4, len(self.servers)), thread_name_prefix="gpuattach")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+
+    def server(self, url: str) -> ServerRef:
+        return next((s for s in self.servers if s.url == url), ServerRef(url, None))
+
+    # --- one call ---------------------------------------------------------------------------------------
+    def call(
+        self, server: ServerRef, method: str, path: str, body: dict | None = None, *, auth: bool = True
+    ) -> dict:
+        parts = urllib.parse.urlsplit(server.url)
+        try:
+            if parts.scheme == "https":
+                conn = http.client.HTTPSConnection(
+                    parts.hostname, parts.port, timeout=self.http_timeout_s, context=self._ssl
+                )
+            else:
+                conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=self.http_timeout_s)
+            headers = {"Content-Type": "application/json", "Accept": "application/json"}
+            token = self.cfg.token_for(server)
+            if auth:
+                if not token:
+                    raise ConfigError(
+                        "no token configured",
+                        'put token = "gp_..." in client.toml, or pass --token / GPUPOOL_TOKEN',
+                    )
+                headers["Authorization"] = f"Bearer {token}"
+            payload = json.dumps(body).encode() if body is not None else None
+            try:
+                conn.request(method, parts.path.rstrip("/") + path, body=payload, headers=headers)
+                resp = conn.getresponse()
+                raw = resp.read()
+            finally:
+                conn.close()
+        except ssl.SSLError as exc:
+            raise Unreachable(
+                server.url, f"TLS failed ({exc.reason or exc}); set ca_cert in client.toml for a private CA"
+            ) from None
+        except (OSError, http.client.HTTPException) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            raise Unreachable(server.url, reason) from None
+        try:
+            data = json.loads(raw) if raw else {}
+        except ValueError:
+            raise Unreachable(
+                server.url, f"HTTP {resp.status} with a body that is not JSON (is this a gpupool-server?)"
+            ) from None
+        if resp.status >= 400:
+            cls = LeaseEnded if data.get("code") == "lease_ended" else ApiError
+            raise cls(server.url, resp.status, data if isinstance(data, dict) else {})
+        return data
+
+    def each(
+        self, method: str, path: str, body: dict | None = None, *, auth: bool = True, servers=None
+    ) -> list[tuple[ServerRef, dict | Exception]]:
+        """The same call on every server at once; answers in the servers' order (errors as values)."""
+        servers = servers or self.servers
+
+        def one(s: ServerRef):
+            try:
+                return s, self.call(s, method, path, body, auth=auth)
+            except PoolClientError as exc:
+                return s, exc
+
+        return list(self._pool.map(one, servers))
+
+    # --- leases -----------------------------------------------------------------------------------------
+    def find_lease(self, lease_id: str) -> tuple[ServerRef, dict]:
+        answers = self.each("GET", f"/v1/leases/{urllib.parse.quote(lease_id)}")
+        for server, answer in answers:
+            if isinstance(answer, dict):
+                return server, answer
+        for _, answer in answers:
+            if isinstance(answer, ApiError) and answer.code != "not_found":
+                raise answer
+        unreachable = [a for _, a in answers if isinstance(a, Unreachable)]
+        note = f" ({len(unreachable)} server(s) unreachable)" if unreachable else ""
+        raise PoolClientError(
+            f"no lease {lease_id} on any server of the pool{note}", "gpuattach leases lists yours"
+        )
+
+    def release(self, server: ServerRef, lease_id: str) -> dict:
+        return self.call(server, "DELETE", f"/v1/leases/{urllib.parse.quote(lease_id)}")
+
+    def heartbeat(self, server: ServerRef, lease_id: str, pids: list[int] | None = None) -> dict:
+        return self.call(
+            server, "POST", f"/v1/leases/{urllib.parse.quote(lease_id)}/heartbeat", {"pids": pids or []}
+        )
+
+    def acquire(
+        self,
+        req: Request,
+        *,
+        timeout_s: float,
+        accept: Callable[[dict], str | None] | None = None,
+        on_wait: Callable[[str], None] | None = None,
+        rng: random.Random | None = None,
+    ) -> tuple[ServerRef, dict]:
+        """Ask every server, claim on the best that fits; back off and retry until ``timeout_s``.
+
+        ``accept(server_info)`` may refuse a server with a reason (``--local`` keeps only this host).
+        Choice among servers that fit now: the tightest fit (lowest ``score``: least memory left on the
+        chosen GPUs), so partial GPUs fill up and whole GPUs stay free for whole-GPU requests; ties are
+        broken at random so concurrent clients spread over equal servers instead of racing for one.
+        """
+        rng = rng or random.Random()
+        deadline = time.monotonic() + timeout_s
+        waits = delays(rng=rng)
+        body = req.body()
+        told = False
+        while True:
+            answers = self.each("POST", "/v1/fit", body)
+            fits, busy, never, limits, unreachable = [], [], [], [], []
+            for server, a in answers:
+                if isinstance(a, Unreachable):
+                    unreachable.append(a)
+                elif isinstance(a, ApiError):
+                    if a.status in (400, 401, 403):
+                        raise a  # bad request or bad token: retrying cannot help
+                    unreachable.append(a)
+                else:
+                    refusal = accept(a["server"]) if accept else None
+                    if refusal:
+                        never.append((server, refusal, a["server"]))
+                    elif a["fits_now"]:
+                        fits.append((a["score"], rng.random(), server))
+                    elif a["code"] == "busy":
+                        busy.append((server, a["reason"]))
+                    elif a["code"] == "limit_exceeded":
+                        limits.append((server, a["reason"]))
+                    else:
+                        never.append((server, a["reason"], a["server"]))
+            for _, _, server in sorted(fits, key=lambda t: (t[0], t[1])):
+                try:
+                    lease = self.call(server, "POST", "/v1/leases", body)
+                    return server, lease
+                except ApiError as exc:
+                    if exc.code == "busy":
+                        continue  # another client took it between fit and claim: try the next one
+                    if exc.code == "limit_exceeded":
+                        limits.append((server, exc.message))
+                        continue
+                    raise
+                except Unreachable as exc:
+                    unreachable.append(exc)
+            if not busy and not fits:
+                if limits:
+                    raise CannotFit(
+                        limits[0][1],
+                        "release a lease (gpuattach release LEASE) or ask the admin to raise your limit",
+                    )
+                if never and not unreachable:
+                    raise CannotFit(
+                        _impossible_summary(req, never),
+                        "ask for fewer or smaller partitions, or loosen the filters",
+                    )
+                if unreachable and not never:
+                    if len(unreachable) == 1:
+                        raise unreachable[0]
+                    raise PoolClientError(f"no server of the pool answered ({len(unreachable)} tried): {unreachable[0].title}",
+                                          "check the servers in client.toml (gpuattach servers)")  # fmt: skip
+            left = deadline - time.monotonic()
+            if left <= 0:
+                why = "; ".join(f"{_host(s.url)}: {r}" for s, r in busy[:3]) or "servers unreachable"
+                raise WaitTimeout(
+                    f"waited {_fmt(timeout_s)} for {req.describe()}; none became free ({why})",
+                    "try again later, wait longer (--timeout), or ask for less",
+                )
+            if on_wait and not told:
+                on_wait(
+                    f"no server has {req.describe()} free now; waiting up to {_fmt(timeout_s)} (Ctrl-C to stop)"
+                )
+                told = True
+            time.sleep(min(next(waits), max(0.0, left)))
+
+
+def _impossible_summary(req: Request, never: list) -> str:
+    sizes = [info.get("gpu_count", 0) for _, _, info in never]
+    if sizes and req.n > max(sizes):
+        biggest = max(never, key=lambda t: t[2].get("gpu_count", 0))
+        return (f"asks for {req.n} GPUs but the largest server of the pool has {max(sizes)} "
+                f"({_host(biggest[0].url)}); a request's GPUs all come from one server")  # fmt: skip
+    reasons = "; ".join(f"{_host(s.url)}: {r}" for s, r, _ in never[:4])
+    return f"no server of the pool can ever serve {req.describe()} ({reasons})"
+
+
+def _fmt(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:g}h"
+    if seconds >= 60:
+        return f"{seconds / 60:g}m"
+    return f"{seconds:g}s"
+
+
+class Heartbeater:
+    """Keeps a lease alive from a thread; reports the end of the lease (reclaim, expiry) once."""
+
+    def __init__(
+        self, client: PoolClient, server: ServerRef, lease: dict, on_end: Callable[[str, str], None]
+    ):
+        self.client, self.server, self.lease_id = client, server, lease["id"]
+        self.interval = max(0.2, min(lease["ttl_s"] / 3, 10.0))
+        self.on_end = on_end
+        self.pids: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpuattach-heartbeat", daemon=True)
+        self.warned = False
+
+    def start(self, pids: list[int] | None = None) -> None:
+        self.pids = list(pids or [])
+        self._thread.start()
+
+    def beat_now(self) -> None:
+        self.client.heartbeat(self.server, self.lease_id, self.pids)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.beat_now()
+                self.warned = False
+            except LeaseEnded as exc:
+                self.on_end(exc.body.get("state", "ended"), exc.body.get("reason") or exc.message)
+                return
+            except PoolClientError as exc:
+                if not self.warned:
+                    import sys
+
+                    print(
+                        f"gpuattach: warning: heartbeat failed ({exc.title}); retrying",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    self.warned = True
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,122 @@
+"""gpuattach's configuration: the pool (a list of servers) and the client's token.
+
+Looked up in order: ``--config PATH``, ``$GPUPOOL_CONFIG``, ``~/.config/gpupool/client.toml``
+(``$XDG_CONFIG_HOME`` respected). ``--server`` and ``--token`` (or ``$GPUPOOL_TOKEN``) override it.
+
+    token = "gp_..."                         # the client's token (gpupool-server token create NAME)
+    servers = ["gpu1:56001", "https://gpu2:56001"]
+    # a server with its own token:  servers = [{ url = "gpu3:56001", token = "gp_..." }]
+    ca_cert = "/etc/gpupool/ca.pem"          # to trust a server's self-signed TLS certificate
+    timeout = "10m"                          # how long run/request wait for GPUs by default
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_PORT = 56001
+DEFAULT_TIMEOUT_S = 600.0
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class ConfigError(Exception):
+    def __init__(self, title: str, hint: str = ""):
+        super().__init__(title)
+        self.title, self.hint = title, hint
+
+
+@dataclass(frozen=True)
+class ServerRef:
+    url: str
+    token: str | None
+
+
+@dataclass
+class ClientConfig:
+    servers: list[ServerRef] = field(default_factory=list)
+    token: str | None = None
+    ca_cert: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    path: Path | None = None
+
+    def token_for(self, server: ServerRef) -> str | None:
+        return server.token or self.token
+
+
+def parse_duration(value: object, what: str) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", str(value))
+    if not m:
+        raise ConfigError(f"{what}: {value!r} is not a duration", "write e.g. 90, 90s, 10m, 2h")
+    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+
+
+def normalize_url(text: str) -> str:
+    """``gpu1`` -> ``http://gpu1:56001``; ``gpu1:7000`` -> ``http://gpu1:7000``; URLs stay."""
+    text = text.strip().rstrip("/")
+    if not text:
+        raise ConfigError("empty server address", "write host:port or http(s)://host:port")
+    if "://" not in text:
+        text = "http://" + text
+    scheme, rest = text.split("://", 1)
+    if scheme not in ("http", "https"):
+        raise ConfigError(
+            f"server {text!r}: scheme {scheme!r} is not http or https", "e.g. https://gpu1:56001"
+        )
+    host = rest.split("/", 1)[0]
+    if not re.search(r":\d+$", host) and not host.endswith("]"):
+        rest = host + f":{DEFAULT_PORT}" + rest[len(host) :]
+    return f"{scheme}://{rest}"
+
+
+def default_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "gpupool" / "client.toml"
+
+
+def load(path: str | None = None, servers: list[str] | None = None, token: str | None = None) -> ClientConfig:
+    chosen = path or os.environ.get("GPUPOOL_CONFIG")
+    cfg = ClientConfig()
+    file = Path(chosen) if chosen else default_path()
+    if file.exists():
+        try:
+            data = tomllib.loads(file.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{file} is not valid TOML: {exc}", "see deploy/client.toml") from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read {file}: {exc.strerror}", "check its permissions") from None
+        cfg.path = file
+        unknown = set(data) - {"token", "servers", "ca_cert", "timeout"}
+        if unknown:
+            raise ConfigError(
+                f"{file}: unknown key(s) {', '.join(sorted(unknown))}",
+                "known: token, servers, ca_cert, timeout",
+            )
+        cfg.token = data.get("token")
+        cfg.ca_cert = data.get("ca_cert")
+        if "timeout" in data:
+            cfg.timeout_s = parse_duration(data["timeout"], f"{file}: timeout")
+        for entry in data.get("servers", []):
+            if isinstance(entry, str):
+                cfg.servers.append(ServerRef(normalize_url(entry), None))
+            elif isinstance(entry, dict) and "url" in entry:
+                cfg.servers.append(ServerRef(normalize_url(entry["url"]), entry.get("token")))
+            else:
+                raise ConfigError(
+                    f"{file}: servers entry {entry!r} is neither a string nor {{url = ...}}",
+                    "see deploy/client.toml",
+                )
+    elif chosen:
+        raise ConfigError(
+            f"config file {file} not found", "create it (see docs/pool.md) or drop --config/GPUPOOL_CONFIG"
+        )
+    if servers:
+        cfg.servers = [ServerRef(normalize_url(u), None) for s in servers for u in s.split(",") if u.strip()]
+    if token or os.environ.get("GPUPOOL_TOKEN"):
+        cfg.token = token or os.environ.get("GPUPOOL_TOKEN")
+    return cfg
