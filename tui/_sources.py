@@ -45,6 +45,7 @@ class FleetSnapshot:
 
 class FleetSource(Protocol):
     label: str
+    process_details: bool  # False: the source knows no processes (Prometheus)
 
     def snapshot(self) -> FleetSnapshot: ...
 
@@ -66,6 +67,7 @@ class TelemetryFleet:
         self.dirs = [Path(d) for d in dirs]
         self.series = series or SeriesOptions()
         self.label = label or "telemetry: " + ", ".join(str(d) for d in self.dirs)
+        self.process_details = True
         self._con = None
         self._opened_empty = True
         self._lock = threading.Lock()  # one DuckDB connection, used by one worker at a time
@@ -119,6 +121,7 @@ class ServerState:
     policy: dict[str, Any] | None = None
     checked_at: datetime | None = None
     failures: int = 0  # consecutive failed refreshes (drives the retry back-off)
+    down_since: datetime | None = None  # first failure of the current outage
 
     @property
     def hostname(self) -> str:
@@ -165,6 +168,7 @@ class Pool:
         except PoolError as exc:
             state.error = exc.title
             state.failures = previous.failures + 1
+            state.down_since = previous.down_since or state.checked_at
             backoff = min(self.MAX_BACKOFF_S, 2.0 ** min(state.failures, 5))
             self._next_try[client.url] = state.checked_at + timedelta(seconds=backoff)
             return state
@@ -173,14 +177,24 @@ class Pool:
         if not client.token:
             state.error = "no admin token: health only (give --admin-token or GPUPOOL_ADMIN_TOKEN)"
             return state
-        try:
-            state.gpus = client.gpus().get("gpus", [])
-            state.leases = client.leases()
-            state.clients = client.clients()
-            state.policy = client.policy()
-        except PoolError as exc:
-            state.error = str(exc)
-            if exc.unreachable:
-                state.reachable = False
-                state.failures = previous.failures + 1
+        # Each route on its own: one failing answer (a 403, a server bug) must not hide the others.
+        errors = []
+        for name, call in (
+            ("gpus", lambda: client.gpus().get("gpus", [])),
+            ("leases", client.leases),
+            ("clients", client.clients),
+            ("policy", client.policy),
+        ):
+            try:
+                setattr(state, name, call())
+            except PoolError as exc:
+                errors.append(str(exc))
+                if exc.unreachable:  # it went away mid-refresh: the rest would time out too
+                    state.reachable = False
+                    state.failures = previous.failures + 1
+                    state.down_since = previous.down_since or state.checked_at
+                    break
+        if errors:
+            more = f" (and {len(errors) - 1} more failing call(s))" if len(errors) > 1 else ""
+            state.error = errors[0] + more
         return state

@@ -133,6 +133,12 @@ class SyncTable(DataTable):
         if not self.is_mounted:
             return
         wanted = self._visible()
+        if wanted:
+            self.border_subtitle = ""
+        elif self._rows and self.filter_text:
+            self.border_subtitle = f"no row matches the filter {self.filter_text!r}"
+        else:
+            self.border_subtitle = self.empty_message
         if wanted == self._shown:
             for key in wanted:
                 row = self._rows[key]
@@ -150,7 +156,6 @@ class SyncTable(DataTable):
             self._shown = wanted
             if keep in wanted:
                 self.move_cursor(row=wanted.index(keep), animate=False)
-        self.border_subtitle = self.empty_message if not wanted and self.empty_message else ""
 
     def _style_changed(self, key: str, column: str, cell: Any) -> bool:
         old = self.get_cell(key, column)

@@ -338,8 +338,9 @@ class PoolView(View):
         if s.reachable:
             status = Text("ok", style="bold green")
         else:
-            since = fmt.duration(_age(now, s.checked_at)) if s.checked_at else "never"
-            status = Text(f"unreachable ({s.failures}x, {since})", style="bold red")
+            down = fmt.duration(_age(now, s.down_since)) if s.down_since else fmt.MISSING
+            tries = "1 try" if s.failures == 1 else f"{s.failures} tries"
+            status = Text(f"unreachable {down} ({tries})", style="bold red")
         mode = []
         if (s.health or {}).get("simulated") or info.get("simulated"):
             mode.append("simulated")
@@ -378,7 +379,7 @@ class PoolView(View):
 
     def _gpu_row(self, s: ServerState, g: dict) -> Row:
         parts = [
-            f"{p.get('lease_id', '?')[:8]} {p.get('client', '?')} {p.get('fraction', 0):g}"
+            f"{p.get('lease_id', '?')} {p.get('client', '?')} {p.get('fraction', 0):g}"
             for p in g.get("partitions") or []
         ]
         free = g.get("free_fraction")

@@ -115,6 +115,9 @@ class ConsoleApp(App):
                 "No telemetry: start with --telemetry DIR (a directory gpustat-collect writes) "
                 "or --prometheus URL."
             )
+        elif not self.fleet.process_details:
+            procs = self.query_one("#fleet-procs", SyncTable)
+            procs.empty_message = "Prometheus has no per-process details: use --telemetry DIR for them"
         if self.pool is None:
             self.query_one(PoolView).show_unavailable("No pool servers: start with --server URL.")
         self.refresh_all(force=True)
@@ -255,7 +258,7 @@ class ConsoleApp(App):
 
     # Operator actions ----------------------------------------------------------------------------
     def _admin_client(self, server: str) -> PoolClient | None:
-        client = self.pool.client(server) if self.pool else None
+        client = self.pool.client(server) if self.pool and server else None
         if client is None or not client.token:
             self.notify(
                 "This action needs an admin token: start the console with --admin-token TOKEN "
@@ -270,6 +273,9 @@ class ConsoleApp(App):
     def _selected(self, table_id: str, what: str) -> tuple[str, str] | None:
         if self.pool is None:
             self.notify("No pool servers: start with --server URL.", severity="error")
+            return None
+        if not self.pool.has_admin_token:
+            self._admin_client("")
             return None
         row = self.query_one(f"#{table_id}", SyncTable).selected
         if row is None:
