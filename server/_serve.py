@@ -113,7 +113,8 @@ async def serve(cfg: ServerConfig) -> int:
     scheme = "https" if ssl_ctx else "http"
     gpus = ", ".join(f"{g.index}:{g.name} {g.mem_total_bytes / GIB:.0f}GiB" for g in inv.gpus)
     label = " [SIMULATED GPUs: control plane only]" if inv.simulated else ""
-    print(f"gpupool-server listening on {scheme}://{inv.addr}:{pool.port} (bound {cfg.host}) with "
+    shown = cfg.host if cfg.host not in ("", "0.0.0.0", "::") else inv.addr
+    print(f"gpupool-server listening on {scheme}://{shown}:{pool.port} (advertised address {inv.addr}) with "
           f"{len(inv.gpus)} GPUs{label}{' [MPS]' if mps else ''}: {gpus}", flush=True)  # fmt: skip
 
     stop = asyncio.Event()
