@@ -1,0 +1,153 @@
+"""Control-plane benchmark: request-to-lease and release latency, leases/s, on loopback.
+
+Starts 1 and then 3 real ``gpupool-server`` processes (simulated GPUs: the control plane does the
+same work either way) and 200 concurrent clients, each looping: acquire a lease the way ``gpuattach``
+does (ask every server at once with /v1/fit, claim on the best, back off when none fits), then
+release it. Clients run in several processes (threads within each) so the client side's GIL does
+not cap the servers.
+
+    python bench/bench_control_plane.py [--clients 200] [--duration 15] [--servers 1 3]
+
+Prints one Markdown table row per configuration (paste into bench/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def _client_proc(urls, token, threads, start_at, stop_at, out):
+    from virtualize.client import PoolClient, Request
+    from virtualize.config import ClientConfig, ServerRef
+
+    lat_lease, lat_release, errors = [], [], []
+    lock = threading.Lock()
+
+    def loop():
+        client = PoolClient(ClientConfig(servers=[ServerRef(u, None) for u in urls], token=token))
+        req = Request(n=1, fraction=0.01)
+        while time.time() < start_at:
+            time.sleep(0.005)
+        while time.time() < stop_at:
+            t0 = time.perf_counter()
+            try:
+                server, lease = client.acquire(req, timeout_s=30)
+            except Exception as exc:
+                with lock:
+                    errors.append(type(exc).__name__ + ": " + str(exc)[:100])
+                continue
+            t1 = time.perf_counter()
+            client.release(server, lease["id"])
+            t2 = time.perf_counter()
+            with lock:
+                lat_lease.append(t1 - t0)
+                lat_release.append(t2 - t1)
+        client.close()
+
+    ts = [threading.Thread(target=loop) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    out.put((lat_lease, lat_release, errors))
+
+
+def _pct(values, p):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(p / 100 * len(values)))] if values else float("nan")
+
+
+def run(n_servers: int, clients: int, duration: float, procs: int) -> dict:
+    from pool_harness import ServerProc
+
+    tmp = Path(tempfile.mkdtemp(prefix="gpupool-bench-"))
+    servers = [
+        ServerProc(tmp / f"s{i}", "8xH100-80GB", extra=("--log-level", "WARNING")).start()
+        for i in range(n_servers)
+    ]
+    try:
+        token = servers[0].token("bench")
+        from server._store import Store, hash_token
+
+        for s in servers[1:]:  # the same token on every server
+            st = Store(s.state_dir / "pool.sqlite")
+            with st.transaction():
+                st.db.execute(
+                    "INSERT INTO tokens VALUES ('tok_bench', 'bench', ?, 0, ?, NULL, NULL)",
+                    (hash_token(token), time.time()),
+                )
+            st.close()
+        q = mp.Queue()
+        start_at = time.time() + 2.0
+        stop_at = start_at + duration
+        per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
+        ps = [
+            mp.Process(target=_client_proc, args=([s.url for s in servers], token, k, start_at, stop_at, q))
+            for k in per
+        ]
+        for p in ps:
+            p.start()
+        results = [q.get(timeout=duration + 120) for _ in ps]
+        for p in ps:
+            p.join(timeout=30)
+        lease = [x for r in results for x in r[0]]
+        release = [x for r in results for x in r[1]]
+        errors = [x for r in results for x in r[2]]
+        return {
+            "servers": n_servers,
+            "clients": clients,
+            "leases": len(lease),
+            "leases_per_s": len(lease) / duration,
+            "lease_p50_ms": _pct(lease, 50) * 1e3,
+            "lease_p99_ms": _pct(lease, 99) * 1e3,
+            "release_p50_ms": _pct(release, 50) * 1e3,
+            "release_p99_ms": _pct(release, 99) * 1e3,
+            "errors": len(errors),
+            "error_sample": errors[:3],
+            "mean_lease_ms": statistics.fmean(lease) * 1e3 if lease else float("nan"),
+        }
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, default=200)
+    ap.add_argument("--duration", type=float, default=15.0, help="seconds of measurement per configuration")
+    ap.add_argument("--servers", type=int, nargs="+", default=[1, 3])
+    ap.add_argument(
+        "--client-procs", type=int, default=4, help="client processes the clients are spread over"
+    )
+    args = ap.parse_args()
+    machine = f"{platform.node()}: {os.cpu_count()} cores, {platform.python_version()}"
+    print(
+        f"# control plane on loopback ({machine}); {args.clients} concurrent clients, {args.duration:g}s each",
+        flush=True,
+    )
+    print("| servers | clients | leases/s | request→lease p50 | p99 | release p50 | p99 | errors |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for n in args.servers:
+        r = run(n, args.clients, args.duration, args.client_procs)
+        print(f"| {r['servers']} | {r['clients']} | {r['leases_per_s']:.0f} | {r['lease_p50_ms']:.1f} ms | {r['lease_p99_ms']:.1f} ms | "
+              f"{r['release_p50_ms']:.1f} ms | {r['release_p99_ms']:.1f} ms | {r['errors']} |", flush=True)  # fmt: skip
+        if r["errors"]:
+            print(f"  errors, e.g.: {r['error_sample']}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
