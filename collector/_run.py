@@ -34,10 +34,10 @@ def _ago(t: float | None) -> str:
 class Status:
     """One self-rewriting line on a terminal; a plain log line per flush otherwise (or nothing, -q)."""
 
-    def __init__(self, stream: TextIO = sys.stderr, *, quiet: bool = False, label: str = ""):
-        self.stream = stream
+    def __init__(self, stream: TextIO | None = None, *, quiet: bool = False, label: str = ""):
+        self.stream = stream if stream is not None else sys.stderr
         self.quiet = quiet
-        self.tty = stream.isatty()
+        self.tty = self.stream.isatty()
         self.label = label
         self._last_logged_flush: float | None = None
 
