@@ -1,0 +1,422 @@
+"""The lease guard in front of an executor: decodes each forwarded call, checks it, runs it, answers.
+
+Everything a client names is checked against what its own lease created before an executor sees it:
+handles (a garbage handle would crash the driver, and so the worker), device pointers and the byte
+ranges of copies and memsets (a guessed address gets CUDA_ERROR_INVALID_VALUE), and the partition's
+memory quota (CUDA_ERROR_OUT_OF_MEMORY beyond it). Memory queries report the partition, not the GPU.
+
+Calls of mode ASYNC get no reply; their first error is kept and returned by the next synchronising
+call (`sync_point` in the table), as CUDA reports asynchronous errors.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from server._executor import (
+    INVALID_CONTEXT,
+    INVALID_HANDLE,
+    INVALID_VALUE,
+    OUT_OF_MEMORY,
+    CudaError,
+    Executor,
+)
+from virtualize import _wire
+from virtualize._calls import CALLS, HANDLE_TYPES, Call, Mode
+
+log = logging.getLogger("gpupool.worker")
+
+BUILTIN_STREAMS = frozenset({0, 1, 2})  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
+MEMSET_WIDTH = {"cuMemsetD8": 1, "cuMemsetD16": 2, "cuMemsetD32": 4}
+LAUNCH_ATTRIBUTE_BYTES = 72
+
+
+@dataclass
+class Allocation:
+    base: int
+    size: int
+    device: int
+    owned: bool  # False: a module global (not freed by the client, not counted against the quota)
+
+
+@dataclass
+class LeaseState:
+    """What one lease created, shared by all connections of the lease (a program and its children)."""
+
+    limits: list[int]
+    used: list[int] = field(default_factory=list)
+    allocations: dict[int, Allocation] = field(default_factory=dict)
+    bases: list[int] = field(default_factory=list)
+    handles: dict[str, set[int]] = field(default_factory=lambda: {t: set() for t in HANDLE_TYPES})
+    children: dict[int, set[int]] = field(default_factory=dict)  # module/library -> functions/kernels
+    ctx_device: dict[int, int] = field(default_factory=dict)
+    layouts: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.used = [0] * len(self.limits)
+
+    def find(self, ptr: int) -> Allocation | None:
+        i = bisect.bisect_right(self.bases, ptr)
+        if i == 0:
+            return None
+        a = self.allocations[self.bases[i - 1]]
+        return a if ptr < a.base + max(a.size, 1) else None
+
+    def add(self, a: Allocation) -> None:
+        with self.lock:
+            if a.base in self.allocations:
+                self._drop(a.base)
+            self.allocations[a.base] = a
+            bisect.insort(self.bases, a.base)
+            if a.owned:
+                self.used[a.device] += a.size
+
+    def remove(self, base: int) -> Allocation | None:
+        with self.lock:
+            return self._drop(base)
+
+    def _drop(self, base: int) -> Allocation | None:
+        a = self.allocations.pop(base, None)
+        if a is not None:
+            self.bases.pop(bisect.bisect_left(self.bases, base))
+            if a.owned:
+                self.used[a.device] -= a.size
+        return a
+
+    def reserve(self, device: int, size: int) -> None:
+        """Refuse an allocation that would take the lease past its partition of `device`."""
+        if self.used[device] + size > self.limits[device]:
+            raise CudaError(OUT_OF_MEMORY, f"partition of device {device} is {self.limits[device]} bytes")
+
+
+class Session:
+    """One client connection: its current context, its pending asynchronous error, its calls."""
+
+    def __init__(self, lease: LeaseState, executor: Executor, channel) -> None:
+        self.lease = lease
+        self.executor = executor
+        self.channel = channel
+        self.ctx = 0
+        self.pending = 0
+        self.calls = 0
+        self.special: dict[str, Callable] = {
+            "gpSetContext": self._set_context,
+            "gpParamLayout": self._param_layout,
+            "cuDevicePrimaryCtxRetain": self._primary_ctx_retain,
+            "cuDeviceTotalMem_v2": self._total_mem,
+            "cuMemGetInfo_v2": self._mem_get_info,
+            "cuCtxSynchronize_v2": self._ctx_synchronize_v2,
+            "cuStreamGetCtx_v2": self._stream_get_ctx_v2,
+            "cuMemAlloc_v2": self._alloc,
+            "cuMemAllocAsync": self._alloc,
+            "cuMemAllocFromPoolAsync": self._alloc,
+            "cuMemFree_v2": self._free,
+            "cuMemFreeAsync": self._free,
+            "cuMemcpyHtoD_v2": self._htod,
+            "cuMemcpyHtoDAsync_v2": self._htod,
+            "cuMemcpyDtoH_v2": self._dtoh,
+            "cuMemcpyDtoHAsync_v2": self._dtoh,
+            "cuMemcpyDtoD_v2": self._dtod,
+            "cuMemcpyDtoDAsync_v2": self._dtod,
+            "cuMemcpyPeer": self._peer,
+            "cuMemcpyPeerAsync": self._peer,
+            "cuModuleGetGlobal_v2": self._get_global,
+            "cuLibraryGetGlobal": self._get_global,
+            "cuLaunchKernel": self._launch,
+            "cuLaunchKernelEx": self._launch,
+        }
+        for name in ("cuMemsetD8_v2", "cuMemsetD16_v2", "cuMemsetD32_v2"):
+            self.special[name] = self._memset
+        for name in ("cuMemsetD8Async", "cuMemsetD16Async", "cuMemsetD32Async"):
+            self.special[name] = self._memset
+
+    # -- the loop body -------------------------------------------------------------------------------
+
+    def dispatch(self, call_id: int, flags: int, args: bytes, bulk_len: int) -> None:
+        """Run one request; consumes its bulk bytes and answers it when it wants an answer."""
+        self.calls += 1
+        wants_reply = bool(flags & _wire.FLAG_WANTS_REPLY)
+        if not 0 <= call_id < len(CALLS) or CALLS[call_id].name == "gpHello":
+            self.channel.skip(bulk_len)
+            self._answer(wants_reply, None, INVALID_VALUE)
+            return
+        call = CALLS[call_id]
+        self.channel.bulk_left = bulk_len
+        try:
+            ins = struct.unpack(call.in_format, args) if call.ins else ()
+            handler = self.special.get(call.symbol if call.symbol != "-" else call.name, self._plain)
+            answer = handler(call, ins)
+            result = 0
+        except CudaError as exc:
+            answer, result = None, exc.code
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s -> %s", call.symbol, exc)
+        except struct.error:
+            answer, result = None, INVALID_VALUE
+        self.channel.skip(self.channel.bulk_left)
+        if answer is _ANSWERED:
+            return
+        if call.sync_point and self.pending:
+            result, self.pending = result or self.pending, 0
+        if call.mode is Mode.ASYNC or not wants_reply:
+            if result and not self.pending:
+                self.pending = result
+            return
+        self._answer(True, answer, result)
+
+    def _answer(self, wants_reply: bool, answer, result: int) -> None:
+        if not wants_reply:
+            return
+        outs, bulk = answer if (answer and result == 0) else (b"", b"")
+        self.channel.send(_wire.REPLY.pack(result, len(outs), len(bulk)), outs, bulk)
+
+    # -- checks --------------------------------------------------------------------------------------
+
+    def _check(self, call: Call, ins: tuple) -> None:
+        for param, value in zip(call.ins, ins, strict=True):
+            t = param.type
+            if t == "dptr":
+                if self.lease.find(value) is None:
+                    raise CudaError(INVALID_VALUE, f"0x{value:x} is not memory of this lease")
+            elif t == "stream":
+                if value not in BUILTIN_STREAMS and value not in self.lease.handles["stream"]:
+                    raise CudaError(INVALID_HANDLE, "stream")
+            elif t == "ctx":
+                if value and value not in self.lease.handles["ctx"]:
+                    raise CudaError(INVALID_CONTEXT, "context")
+            elif t == "func":
+                if value not in self.lease.handles["func"] and value not in self.lease.handles["kernel"]:
+                    raise CudaError(INVALID_HANDLE, "function")
+            elif t in HANDLE_TYPES and value not in self.lease.handles[t]:
+                raise CudaError(INVALID_HANDLE, t)
+
+    def _check_range(self, ptr: int, count: int) -> Allocation:
+        a = self.lease.find(ptr)
+        if a is None or count > a.base + a.size - ptr:
+            raise CudaError(INVALID_VALUE, f"[0x{ptr:x}, +{count}) is not memory of this lease")
+        return a
+
+    def _device(self) -> int:
+        if not self.ctx:
+            raise CudaError(INVALID_CONTEXT, "no current context")
+        return self.lease.ctx_device[self.ctx]
+
+    # -- plain calls: the table says everything ------------------------------------------------------
+
+    def _plain(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        args = list(ins)
+        for p in call.wire_params:
+            if p.type == "cstr":
+                args.append(self.channel.read_bulk(limit=4096).rstrip(b"\0").decode())
+            elif p.type == "bytes":
+                args.append(self.channel.read_bulk(limit=_wire.MAX_SMALL_BULK_BYTES))
+        result = getattr(self.executor, call.name)(*args)
+        outs = call.outs
+        values = () if not outs else (result if len(outs) > 1 else (result,))
+        self._note_created(call, ins, values)
+        fixed = [v for p, v in zip(outs, values, strict=True) if p.struct_code]
+        bulk = b""
+        for p, v in zip(outs, values, strict=True):
+            if p.type == "buf":
+                limit = ins[[q.name for q in call.ins].index(p.length_from)]
+                data = v.encode() if isinstance(v, str) else bytes(v)
+                bulk = (data + b"\0")[: max(limit, 0)]
+            elif p.type == "b16":
+                bulk = bytes(v)[:16].ljust(16, b"\0")
+        return struct.pack(call.out_format, *fixed), bulk
+
+    def _note_created(self, call: Call, ins: tuple, values: tuple) -> None:
+        handles = self.lease.handles
+        for p, v in zip(call.outs, values, strict=True):
+            if p.type in HANDLE_TYPES and v:
+                handles[p.type].add(v)
+                parent = next(
+                    (i for q, i in zip(call.ins, ins, strict=True) if q.type in ("module", "library")), None
+                )
+                if parent is not None:
+                    self.lease.children.setdefault(parent, set()).add(v)
+        gone = {
+            "cuStreamDestroy": "stream",
+            "cuEventDestroy": "event",
+            "cuModuleUnload": "module",
+            "cuLibraryUnload": "library",
+        }.get(call.name)
+        if gone:
+            handles[gone].discard(ins[0])
+            for child in self.lease.children.pop(ins[0], ()):
+                handles["func"].discard(child)
+                handles["kernel"].discard(child)
+                self.lease.layouts.pop(child, None)
+
+    # -- calls that need the lease's state -----------------------------------------------------------
+
+    def _set_context(self, call: Call, ins: tuple):
+        (ctx,) = ins
+        self._check(call, ins)
+        self.executor.set_context(ctx)
+        self.ctx = ctx
+
+    def _primary_ctx_retain(self, call: Call, ins: tuple):
+        (dev,) = ins
+        if not 0 <= dev < len(self.lease.limits):
+            raise CudaError(101, "device ordinal")
+        ctx = self.executor.cuDevicePrimaryCtxRetain(dev)
+        self.lease.handles["ctx"].add(ctx)
+        self.lease.ctx_device[ctx] = dev
+        return struct.pack("<Q", ctx), b""
+
+    def _total_mem(self, call: Call, ins: tuple):
+        (dev,) = ins
+        if not 0 <= dev < len(self.lease.limits):
+            raise CudaError(101, "device ordinal")
+        real = self.executor.cuDeviceTotalMem(dev)
+        return struct.pack("<Q", min(real, self.lease.limits[dev])), b""
+
+    def _mem_get_info(self, call: Call, ins: tuple):
+        dev = self._device()
+        free, total = self.executor.cuMemGetInfo()
+        limit = min(total, self.lease.limits[dev])
+        return struct.pack("<QQ", max(0, min(free, limit - self.lease.used[dev])), limit), b""
+
+    def _ctx_synchronize_v2(self, call: Call, ins: tuple):
+        (ctx,) = ins
+        self._check(call, ins)
+        if ctx and ctx != self.ctx:
+            self.executor.set_context(ctx)
+            try:
+                self.executor.cuCtxSynchronize()
+            finally:
+                self.executor.set_context(self.ctx)
+        else:
+            self.executor.cuCtxSynchronize()
+
+    def _stream_get_ctx_v2(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        return struct.pack("<QQ", self.executor.cuStreamGetCtx(ins[0]), 0), b""
+
+    def _alloc(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        size = ins[0]
+        dev = self._device()
+        with self.lease.lock:
+            self.lease.reserve(dev, size)
+            self.lease.used[dev] += size  # held while the executor allocates, so racing threads see it
+        try:
+            ptr = getattr(self.executor, call.name)(*ins)
+        finally:
+            with self.lease.lock:
+                self.lease.used[dev] -= size
+        self.lease.add(Allocation(ptr, size, dev, owned=True))
+        return struct.pack("<Q", ptr), b""
+
+    def _free(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        ptr = ins[0]
+        a = self.lease.allocations.get(ptr)
+        if a is None or not a.owned:
+            raise CudaError(INVALID_VALUE, f"0x{ptr:x} is not an allocation of this lease")
+        getattr(self.executor, call.name)(*ins)
+        self.lease.remove(ptr)
+
+    def _htod(self, call: Call, ins: tuple):
+        dst, count, stream = ins
+        self._check(call, ins)
+        if count != self.channel.bulk_left:
+            raise CudaError(INVALID_VALUE, "copy size and data differ")
+        self._check_range(dst, count)
+        is_async = call.name.endswith("Async")
+        offset = 0
+        for chunk in self.channel.bulk_chunks():
+            self.executor.memcpy_htod(dst + offset, chunk, stream if is_async else None)
+            offset += len(chunk)
+
+    def _dtoh(self, call: Call, ins: tuple):
+        src, count, stream = ins
+        self._check(call, ins)
+        self._check_range(src, count)
+        is_async = call.name.endswith("Async")
+        buf = self.channel.scratch(min(count, _wire.CHUNK_BYTES))
+        first = min(count, len(buf))
+        # The first chunk is copied before answering, so the common errors still reach the result.
+        self.executor.memcpy_dtoh(buf[:first], src, stream if is_async else None)
+        result, self.pending = (self.pending, 0) if call.sync_point else (0, self.pending)
+        self.channel.send(_wire.REPLY.pack(result, 0, count), buf[:first])
+        offset = first
+        while offset < count:
+            n = min(count - offset, len(buf))
+            try:
+                self.executor.memcpy_dtoh(buf[:n], src + offset, stream if is_async else None)
+            except CudaError as exc:  # the header is out: send the length promised, keep the error
+                buf[:n] = bytes(n)
+                self.pending = self.pending or exc.code
+            self.channel.send(buf[:n])
+            offset += n
+        return _ANSWERED
+
+    def _dtod(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        dst, src, count = ins[:3]
+        self._check_range(dst, count)
+        self._check_range(src, count)
+        getattr(self.executor, call.name)(*ins)
+
+    def _peer(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        dst, _dst_ctx, src, _src_ctx, count = ins[:5]
+        self._check_range(dst, count)
+        self._check_range(src, count)
+        getattr(self.executor, call.name)(*ins)
+
+    def _memset(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        dst, value, count = ins[:3]
+        width = MEMSET_WIDTH[call.name.removesuffix("Async")]
+        self._check_range(dst, count * width)
+        self.executor.memset(dst, value, width, count, ins[3] if len(ins) > 3 else None)
+
+    def _get_global(self, call: Call, ins: tuple):
+        answer = self._plain(call, ins)
+        ptr, size = struct.unpack("<QQ", answer[0])
+        dev = self.lease.ctx_device.get(self.ctx, 0)
+        if self.lease.find(ptr) is None:
+            self.lease.add(Allocation(ptr, size, dev, owned=False))
+        return answer
+
+    def _layout(self, func: int) -> list[tuple[int, int]]:
+        layout = self.lease.layouts.get(func)
+        if layout is None:
+            layout = self.executor.param_layout(func, func in self.lease.handles["kernel"])
+            self.lease.layouts[func] = layout
+        return layout
+
+    def _param_layout(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        layout = self._layout(ins[0])
+        flat = [x for pair in layout for x in pair]
+        return struct.pack("<I", len(layout)), struct.pack(f"<{len(flat)}I", *flat)
+
+    def _launch(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        func, gx, gy, gz, bx, by, bz, smem, stream = ins[:9]
+        n_attrs = ins[9] if len(ins) > 9 else 0
+        bulk = self.channel.read_bulk(limit=1 << 20)
+        layout = self._layout(func)
+        split = len(bulk) - n_attrs * LAUNCH_ATTRIBUTE_BYTES
+        if split < 0:
+            raise CudaError(INVALID_VALUE, "launch attributes")
+        params, raw = bulk[:split], bulk[split:]
+        attributes = [
+            (struct.unpack_from("<i", raw, i)[0], raw[i + 8 : i + LAUNCH_ATTRIBUTE_BYTES])
+            for i in range(0, len(raw), LAUNCH_ATTRIBUTE_BYTES)
+        ]
+        self.executor.launch(func, (gx, gy, gz), (bx, by, bz), smem, stream, params, layout, attributes)
+
+
+_ANSWERED = object()  # a handler that streamed its own reply

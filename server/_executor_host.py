@@ -1,0 +1,397 @@
+"""A host-memory executor, FOR TESTS ONLY: it lets CI run the shim and the worker end to end without a GPU.
+
+It emulates what a CUDA program can observe through the driver API: device queries (a made-up
+device with the lease's partitions), allocations at device-like addresses (GPUPOOL_HOST_EXECUTOR_BASE,
+default 0x5e0000000000) backed by bytearrays, copies, memsets, pools, streams and events (everything
+runs at once, in order; elapsed times are host clock times), modules and pointer attributes.
+Kernels: any image loads, and three built-in functions run on host memory —
+`fill_u32(u32 *ptr, u32 value, u32 n)`, `add_u32(u32 *ptr, u32 value, u32 n)` and `fault()`,
+which fails the way a GPU kernel that touches a wild address does (CUDA_ERROR_ILLEGAL_ADDRESS,
+reported at the next synchronising call). Any other function name is CUDA_ERROR_NOT_FOUND.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import os
+import struct
+import threading
+import time
+
+from server._executor import INVALID_HANDLE, INVALID_VALUE, NOT_FOUND, CudaError, Executor
+
+DEVICE_TOTAL = 80 << 30
+ALIGN = 1 << 21
+HOST_KERNELS = {
+    "fill_u32": [(0, 8), (8, 4), (12, 4)],
+    "add_u32": [(0, 8), (8, 4), (12, 4)],
+    "fault": [],
+}
+# A few attributes programs ask for; the rest read 0 (cuda.h numbering).
+ATTRIBUTES = {1: 1024, 2: 1024, 3: 1024, 4: 64, 5: 2**31 - 1, 8: 49152, 10: 32, 16: 4, 75: 9, 76: 0, 39: 2048}
+
+
+class HostExecutor(Executor):
+    name = "host (tests only)"
+
+    def __init__(self, devices) -> None:
+        self.n = len(devices)
+        base = int(os.environ.get("GPUPOOL_HOST_EXECUTOR_BASE", "0x5e0000000000"), 0)
+        self.next_address = [base + i * (1 << 40) for i in range(self.n)]
+        self.memory: dict[int, bytearray] = {}
+        self.bases: list[int] = []
+        self.owner: dict[int, int] = {}  # base -> device
+        self.ids = itertools.count(0x1000)
+        self.contexts = {0xC0000 + d: d for d in range(self.n)}
+        self.pools = {0xB0000 + d: d for d in range(self.n)}
+        self.functions: dict[int, str] = {}
+        self.events: dict[int, float | None] = {}
+        self.local = threading.local()
+        self.lock = threading.Lock()
+
+    # -- helpers -------------------------------------------------------------------------------------
+
+    def _ctx_device(self) -> int:
+        ctx = getattr(self.local, "ctx", 0)
+        if not ctx:
+            raise CudaError(201, "no current context")
+        return self.contexts[ctx]
+
+    def _find(self, ptr: int, count: int) -> tuple[bytearray, int]:
+        with self.lock:
+            i = bisect.bisect_right(self.bases, ptr)
+            if i:
+                base = self.bases[i - 1]
+                mem = self.memory[base]
+                if ptr - base + count <= len(mem):
+                    return mem, ptr - base
+        raise CudaError(700, f"illegal address 0x{ptr:x}")
+
+    def _alloc(self, size: int) -> int:
+        dev = self._ctx_device()
+        with self.lock:
+            ptr = self.next_address[dev]
+            self.next_address[dev] += (max(size, 1) + ALIGN - 1) // ALIGN * ALIGN
+            self.memory[ptr] = bytearray(size)
+            self.owner[ptr] = dev
+            bisect.insort(self.bases, ptr)
+        return ptr
+
+    def _free(self, ptr: int) -> None:
+        with self.lock:
+            if self.memory.pop(ptr, None) is None:
+                raise CudaError(INVALID_VALUE)
+            self.bases.remove(ptr)
+            self.owner.pop(ptr)
+
+    # -- the seam ------------------------------------------------------------------------------------
+
+    def set_context(self, ctx: int) -> None:
+        self.local.ctx = ctx
+
+    def memcpy_htod(self, dst: int, data: memoryview, stream: int | None) -> None:
+        mem, off = self._find(dst, len(data))
+        mem[off : off + len(data)] = data
+
+    def memcpy_dtoh(self, out: memoryview, src: int, stream: int | None) -> None:
+        mem, off = self._find(src, len(out))
+        out[:] = mem[off : off + len(out)]
+
+    def memset(self, dst: int, value: int, element_size: int, count: int, stream: int | None) -> None:
+        mem, off = self._find(dst, element_size * count)
+        mem[off : off + element_size * count] = value.to_bytes(element_size, "little") * count
+
+    def param_layout(self, func: int, is_kernel: bool) -> list[tuple[int, int]]:
+        return HOST_KERNELS[self.functions[func]]
+
+    def launch(self, func, grid, block, shared_mem, stream, params, layout, attributes) -> None:
+        name = self.functions[func]
+        if name == "fault":
+            raise CudaError(700, "the fault kernel touched a wild address")
+        ptr, value, n = struct.unpack_from("<QII", params)
+        mem, off = self._find(ptr, 4 * n)
+        words = memoryview(mem)[off : off + 4 * n].cast("I")
+        for i in range(min(n, grid[0] * block[0])):
+            words[i] = value if name == "fill_u32" else (words[i] + value) & 0xFFFFFFFF
+
+    # -- the calls -----------------------------------------------------------------------------------
+
+    def cuInit(self, flags):
+        return None
+
+    def cuDriverGetVersion(self):
+        return 13000
+
+    def cuDeviceGet(self, ordinal):
+        if not 0 <= ordinal < self.n:
+            raise CudaError(101)
+        return ordinal
+
+    def cuDeviceGetCount(self):
+        return self.n
+
+    def cuDeviceGetName(self, length, dev):
+        return f"gpupool host executor {dev} (tests only)"
+
+    def cuDeviceGetUuid(self, dev):
+        return bytes([0x60 + dev] * 16)
+
+    def cuDeviceGetPCIBusId(self, length, dev):
+        return f"0000:{dev:02x}:00.0"
+
+    def cuDeviceTotalMem(self, dev):
+        return DEVICE_TOTAL
+
+    def cuDeviceGetAttribute(self, attrib, dev):
+        return ATTRIBUTES.get(attrib, 0)
+
+    def cuDeviceComputeCapability(self, dev):
+        return 9, 0
+
+    def cuDeviceCanAccessPeer(self, dev, peer):
+        return 1
+
+    def cuDeviceGetMemPool(self, dev):
+        return 0xB0000 + dev
+
+    cuDeviceGetDefaultMemPool = cuDeviceGetMemPool
+
+    def cuDevicePrimaryCtxRetain(self, dev):
+        return 0xC0000 + dev
+
+    def cuDevicePrimaryCtxRelease(self, dev):
+        return None
+
+    def cuDevicePrimaryCtxGetState(self, dev):
+        return 0, 1
+
+    def cuDevicePrimaryCtxSetFlags(self, dev, flags):
+        return None
+
+    def cuDevicePrimaryCtxReset(self, dev):
+        return None
+
+    def cuCtxSynchronize(self):
+        self._ctx_device()
+
+    def cuCtxGetApiVersion(self, ctx):
+        return 13000
+
+    def cuCtxGetFlags(self):
+        return 0
+
+    def cuCtxGetLimit(self, limit):
+        return 1024
+
+    def cuCtxSetLimit(self, limit, value):
+        return None
+
+    def cuCtxGetStreamPriorityRange(self):
+        return 0, -5
+
+    def cuCtxGetId(self, ctx):
+        return ctx
+
+    def cuMemGetInfo(self):
+        dev = self._ctx_device()
+        used = sum(len(m) for b, m in self.memory.items() if self.owner[b] == dev)
+        return DEVICE_TOTAL - used, DEVICE_TOTAL
+
+    def cuMemAlloc(self, size):
+        return self._alloc(size)
+
+    def cuMemAllocAsync(self, size, stream):
+        return self._alloc(size)
+
+    def cuMemAllocFromPoolAsync(self, size, pool, stream):
+        return self._alloc(size)
+
+    def cuMemFree(self, ptr):
+        self._free(ptr)
+
+    def cuMemFreeAsync(self, ptr, stream):
+        self._free(ptr)
+
+    def cuMemGetAddressRange(self, ptr):
+        mem, off = self._find(ptr, 0)
+        return ptr - off, len(mem)
+
+    def cuMemPoolSetAttribute(self, pool, attr, value):
+        return None
+
+    def cuMemPoolGetAttribute(self, pool, attr):
+        return 0
+
+    def cuMemPoolTrimTo(self, pool, keep):
+        return None
+
+    def cuMemcpyDtoD(self, dst, src, count):
+        smem, soff = self._find(src, count)
+        data = bytes(smem[soff : soff + count])
+        dmem, doff = self._find(dst, count)
+        dmem[doff : doff + count] = data
+
+    def cuMemcpyDtoDAsync(self, dst, src, count, stream):
+        self.cuMemcpyDtoD(dst, src, count)
+
+    def cuMemcpyPeer(self, dst, dst_ctx, src, src_ctx, count):
+        self.cuMemcpyDtoD(dst, src, count)
+
+    def cuMemcpyPeerAsync(self, dst, dst_ctx, src, src_ctx, count, stream):
+        self.cuMemcpyDtoD(dst, src, count)
+
+    def cuPointerGetAttribute(self, attr, ptr):
+        mem, off = self._find(ptr, 0)
+        base = ptr - off
+        dev = self.owner[base]
+        return {1: 0xC0000 + dev, 2: 2, 3: ptr, 9: dev, 11: base, 12: len(mem), 17: 0xB0000 + dev}.get(
+            attr, 0
+        )
+
+    def _load(self, image: bytes) -> int:
+        if not image:
+            raise CudaError(200, "empty image")
+        return next(self.ids)
+
+    def cuModuleLoadData(self, image):
+        return self._load(image)
+
+    cuModuleLoadDataEx = cuModuleLoadFatBinary = cuLibraryLoadData = cuModuleLoadData
+
+    def cuModuleUnload(self, module):
+        return None
+
+    cuLibraryUnload = cuModuleUnload
+
+    def _function(self, name: str) -> int:
+        if name not in HOST_KERNELS:
+            raise CudaError(NOT_FOUND, name)
+        handle = next(self.ids)
+        self.functions[handle] = name
+        return handle
+
+    def cuModuleGetFunction(self, module, name):
+        return self._function(name)
+
+    def cuLibraryGetKernel(self, library, name):
+        return self._function(name)
+
+    def cuLibraryGetModule(self, library):
+        return library
+
+    def cuKernelGetFunction(self, kernel):
+        handle = next(self.ids)
+        self.functions[handle] = self.functions[kernel]
+        return handle
+
+    def cuModuleGetGlobal(self, module, name):
+        raise CudaError(NOT_FOUND, name)
+
+    cuLibraryGetGlobal = cuModuleGetGlobal
+
+    def _param_info(self, func, index):
+        layout = HOST_KERNELS[self.functions[func]]
+        if index >= len(layout):
+            raise CudaError(INVALID_VALUE)
+        return layout[index]
+
+    def cuKernelGetParamInfo(self, kernel, index):
+        return self._param_info(kernel, index)
+
+    def cuFuncGetParamInfo(self, func, index):
+        return self._param_info(func, index)
+
+    def cuFuncGetAttribute(self, attrib, func):
+        return {0: 1024, 4: 32}.get(attrib, 0)
+
+    def cuKernelGetAttribute(self, attrib, kernel, dev):
+        return self.cuFuncGetAttribute(attrib, kernel)
+
+    def cuFuncSetAttribute(self, func, attrib, value):
+        return None
+
+    def cuKernelSetAttribute(self, attrib, value, kernel, dev):
+        return None
+
+    def cuFuncSetCacheConfig(self, func, config):
+        return None
+
+    def cuFuncGetModule(self, func):
+        raise CudaError(INVALID_HANDLE)
+
+    def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, func, block_size, smem):
+        return 2048 // max(block_size, 1)
+
+    def cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(self, func, block_size, smem, flags):
+        return 2048 // max(block_size, 1)
+
+    def cuOccupancyMaxPotentialBlockSize(self, func, callback, smem, limit):
+        if callback:
+            raise CudaError(801, "a block-size callback runs in the client")
+        return 8, min(limit or 1024, 1024)
+
+    def cuOccupancyAvailableDynamicSMemPerBlock(self, func, num_blocks, block_size):
+        return 49152
+
+    def cuStreamCreate(self, flags):
+        return next(self.ids)
+
+    def cuStreamCreateWithPriority(self, flags, priority):
+        return next(self.ids)
+
+    def cuStreamDestroy(self, stream):
+        return None
+
+    def cuStreamQuery(self, stream):
+        return None
+
+    def cuStreamSynchronize(self, stream):
+        return None
+
+    def cuStreamWaitEvent(self, stream, event, flags):
+        return None
+
+    def cuStreamIsCapturing(self, stream):
+        return 0
+
+    def cuStreamGetPriority(self, stream):
+        return 0
+
+    def cuStreamGetFlags(self, stream):
+        return 0
+
+    def cuStreamGetCtx(self, stream):
+        return getattr(self.local, "ctx", 0)
+
+    def cuStreamGetId(self, stream):
+        return stream
+
+    def cuStreamGetDevice(self, stream):
+        return self._ctx_device()
+
+    def cuEventCreate(self, flags):
+        handle = next(self.ids)
+        self.events[handle] = None
+        return handle
+
+    def cuEventRecord(self, event, stream):
+        self.events[event] = time.perf_counter()
+
+    def cuEventRecordWithFlags(self, event, stream, flags):
+        self.cuEventRecord(event, stream)
+
+    def cuEventQuery(self, event):
+        return None
+
+    def cuEventSynchronize(self, event):
+        return None
+
+    def cuEventDestroy(self, event):
+        self.events.pop(event, None)
+
+    def cuEventElapsedTime(self, start, end):
+        t0, t1 = self.events.get(start), self.events.get(end)
+        if t0 is None or t1 is None:
+            raise CudaError(600, "event not recorded")
+        return (t1 - t0) * 1000.0

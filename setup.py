@@ -1,0 +1,25 @@
+"""Builds gpupool's libcuda.so.1 (the remote-execution shim) with the package; everything else is in pyproject.toml.
+
+The shim is plain C with no CUDA headers and no Python API: it is compiled as an extension module
+only so that `pip install .` and `pip install -e .` build it wherever a C compiler exists;
+`virtualize.remote` links it into a directory as `libcuda.so.1`.
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "virtualize._libcuda_shim",
+            sources=["virtualize/shim/shim.c", "virtualize/shim/shim_calls.c"],
+            depends=[
+                "virtualize/shim/shim.h",
+                "virtualize/shim/calls_gen.h",
+                "virtualize/shim/calls_gen_types.h",
+            ],
+            extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread", "-std=gnu11"],
+            extra_link_args=["-pthread", "-Wl,-soname,libcuda.so.1"],
+            py_limited_api=False,
+        )
+    ]
+)

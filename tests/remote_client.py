@@ -1,0 +1,288 @@
+"""A CUDA driver-API program for the remote-execution tests: it loads `libcuda.so.1` from the library
+path the way cuda.bindings does (dlopen, then every entry point through cuGetProcAddress_v2) and runs
+one scenario, printing `name value` lines. With gpupool's shim first on LD_LIBRARY_PATH its calls go
+to a lease's worker. Run: python tests/remote_client.py SCENARIO
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+c_u64 = ctypes.c_uint64
+VERSION = 12080  # below 13000: cuCtxSynchronize and cuCtxGetDevice without a context argument
+MiB = 1 << 20
+
+lib = ctypes.CDLL("libcuda.so.1")
+
+
+class Driver:
+    def __getattr__(self, name):
+        pfn = ctypes.c_void_p()
+        status = ctypes.c_int()
+        rc = lib.cuGetProcAddress_v2(
+            name.encode(), ctypes.byref(pfn), VERSION, c_u64(0), ctypes.byref(status)
+        )
+        assert rc == 0 and pfn.value, (name, rc)
+        fn = ctypes.CFUNCTYPE(ctypes.c_int)(pfn.value)
+        setattr(self, name, fn)
+        return fn
+
+
+cu = Driver()
+
+
+def say(name, value):
+    print(name, value, flush=True)
+
+
+def check(rc, what):
+    if rc != 0:
+        say("FAILED", f"{what} rc={rc}")
+        sys.exit(1)
+
+
+def setup():
+    check(cu.cuInit(0), "cuInit")
+    ctx = c_u64()
+    check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "retain")
+    check(cu.cuCtxSetCurrent(ctx), "set current")
+    return ctx
+
+
+def alloc(n):
+    p = c_u64()
+    rc = cu.cuMemAlloc(ctypes.byref(p), c_u64(n))
+    return rc, p.value
+
+
+def dtoh(ptr, n):
+    buf = ctypes.create_string_buffer(n)
+    rc = cu.cuMemcpyDtoH(buf, c_u64(ptr), c_u64(n))
+    return rc, buf.raw
+
+
+def scenario_devices():
+    check(cu.cuInit(0), "cuInit")
+    n = ctypes.c_int()
+    check(cu.cuDeviceGetCount(ctypes.byref(n)), "count")
+    say("count", n.value)
+    name = ctypes.create_string_buffer(256)
+    check(cu.cuDeviceGetName(name, 256, 0), "name")
+    say("name", name.value.decode())
+    total = c_u64()
+    check(cu.cuDeviceTotalMem(ctypes.byref(total), 0), "total")
+    say("total", total.value)
+    major = ctypes.c_int()
+    check(cu.cuDeviceGetAttribute(ctypes.byref(major), 75, 0), "attribute")
+    say("cc_major", major.value)
+    uuid = ctypes.create_string_buffer(16)
+    check(cu.cuDeviceGetUuid(uuid, 0), "uuid")
+    say("uuid", uuid.raw.hex())
+    setup()
+    free, total2 = c_u64(), c_u64()
+    check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total2)), "info")
+    say("info_total", total2.value)
+    say("info_free", free.value)
+    check(alloc(8 * MiB)[0], "alloc")
+    check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total2)), "info")
+    say("info_free_after", free.value)
+    dev = ctypes.c_int(-1)
+    check(cu.cuCtxGetDevice(ctypes.byref(dev)), "ctx device")
+    say("ctx_device", dev.value)
+    err = ctypes.c_char_p()
+    check(cu.cuGetErrorName(2, ctypes.byref(err)), "error name")
+    say("error_name", err.value.decode())
+
+
+def scenario_copies():
+    setup()
+    n = 10 * MiB + 123  # several chunks, not a multiple of anything
+    data = os.urandom(n)
+    rc, a = alloc(n)
+    check(rc, "alloc a")
+    rc, b = alloc(n)
+    check(rc, "alloc b")
+    check(cu.cuMemcpyHtoD(c_u64(a), data, c_u64(n)), "htod")
+    rc, back = dtoh(a, n)
+    say("htod_dtoh", rc == 0 and back == data)
+    check(cu.cuMemcpyDtoD(c_u64(b), c_u64(a), c_u64(n)), "dtod")
+    rc, back = dtoh(b, n)
+    say("dtod", back == data)
+    # The generic cuMemcpy tells host from device pointers by address.
+    small = bytes(range(256)) * 4
+    src = ctypes.create_string_buffer(small, len(small))
+    check(cu.cuMemcpy(c_u64(a + 100), c_u64(ctypes.addressof(src)), c_u64(len(small))), "memcpy htod")
+    out = ctypes.create_string_buffer(len(small))
+    check(cu.cuMemcpy(c_u64(ctypes.addressof(out)), c_u64(a + 100), c_u64(len(small))), "memcpy dtoh")
+    say("generic", out.raw == small)
+    stream = c_u64()
+    check(cu.cuStreamCreateWithPriority(ctypes.byref(stream), 1, -1), "stream")
+    check(cu.cuMemsetD32Async(c_u64(b), ctypes.c_uint32(0xDEADBEEF), c_u64(4), stream), "memset32")
+    check(cu.cuMemsetD16Async(c_u64(b + 16), 0x1234, c_u64(2), stream), "memset16")
+    check(cu.cuMemsetD8(c_u64(b + 20), 0x7F, c_u64(3)), "memset8")
+    host = ctypes.create_string_buffer(24)
+    check(cu.cuMemcpyAsync(c_u64(ctypes.addressof(host)), c_u64(b), c_u64(24), stream), "memcpy async")
+    check(cu.cuStreamSynchronize(stream), "stream sync")
+    say("memsets", host.raw.hex())
+    # Host to device from a buffer the caller overwrites right after the call returns.
+    scratch = ctypes.create_string_buffer(b"A" * 64, 64)
+    check(cu.cuMemcpyHtoDAsync(c_u64(a), scratch, c_u64(64), stream), "htod async")
+    ctypes.memset(scratch, ord("B"), 64)
+    check(cu.cuStreamSynchronize(stream), "sync")
+    rc, back = dtoh(a, 64)
+    say("htod_async_took_bytes", back == b"A" * 64)
+    ptr_type = ctypes.c_uint(0)
+    check(cu.cuPointerGetAttribute(ctypes.byref(ptr_type), 2, c_u64(a)), "attribute")
+    say("device_memory_type", ptr_type.value)
+    pinned = c_u64()
+    check(cu.cuMemAllocHost(ctypes.byref(pinned), c_u64(4096)), "alloc host")
+    ctypes.memset(pinned.value, 0x5A, 4096)  # host memory stays in this process
+    check(cu.cuMemcpyHtoD(c_u64(a), c_u64(pinned.value), c_u64(4096)), "htod pinned")
+    check(cu.cuPointerGetAttribute(ctypes.byref(ptr_type), 2, pinned), "attribute host")
+    say("host_memory_type", ptr_type.value)
+    rc, back = dtoh(a, 4096)
+    say("pinned_copy", back == b"\x5a" * 4096)
+    check(cu.cuMemFreeHost(c_u64(pinned.value)), "free host")
+    check(cu.cuMemFree(c_u64(a)), "free")
+    say("double_free", cu.cuMemFree(c_u64(a)))
+
+
+def scenario_events():
+    setup()
+    start, end = c_u64(), c_u64()
+    check(cu.cuEventCreate(ctypes.byref(start), 0), "event")
+    check(cu.cuEventCreate(ctypes.byref(end), 0), "event")
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    check(cu.cuEventRecord(start, stream), "record")
+    check(cu.cuEventRecord(end, stream), "record")
+    check(cu.cuStreamWaitEvent(stream, end, 0), "wait")
+    check(cu.cuEventSynchronize(end), "event sync")
+    say("query", cu.cuEventQuery(end))
+    ms = ctypes.c_float(-1)
+    check(cu.cuEventElapsedTime(ctypes.byref(ms), start, end), "elapsed")
+    say("elapsed_ok", ms.value >= 0)
+    capturing = ctypes.c_int(-1)
+    check(cu.cuStreamIsCapturing(stream, ctypes.byref(capturing)), "capturing")
+    say("capturing", capturing.value)
+    check(cu.cuStreamDestroy(stream), "destroy")
+    say("destroyed_stream_sync", cu.cuStreamSynchronize(stream))
+
+
+def scenario_quota():
+    setup()
+    rc, a = alloc(40 * MiB)
+    say("first", rc)
+    rc, _ = alloc(30 * MiB)
+    say("second", rc)
+    pool = c_u64()
+    check(cu.cuDeviceGetMemPool(ctypes.byref(pool), 0), "pool")
+    p = c_u64()
+    say("pool_over", cu.cuMemAllocFromPoolAsync(ctypes.byref(p), c_u64(30 * MiB), pool, c_u64(0)))
+    check(cu.cuMemFree(c_u64(a)), "free")
+    rc, _ = alloc(30 * MiB)
+    say("after_free", rc)
+    say("pool_fits", cu.cuMemAllocFromPoolAsync(ctypes.byref(p), c_u64(1 * MiB), pool, c_u64(0)))
+    check(cu.cuMemFreeAsync(p, c_u64(0)), "free async")
+    say("sync", cu.cuCtxSynchronize())
+
+
+def scenario_isolation():
+    setup()
+    guessed = int(os.environ["GUESSED_ADDRESS"], 0)
+    rc, mine = alloc(1 * MiB)
+    check(rc, "alloc")
+    say("mine", hex(mine))
+    # Memsets are asynchronous: the worker refuses the foreign address, the next sync reports it.
+    check(cu.cuMemsetD8(c_u64(guessed), 0, c_u64(16)), "memset")
+    say("sync_after_foreign_memset", cu.cuCtxSynchronize())
+    say("sync_again", cu.cuCtxSynchronize())
+    say("attribute_of_foreign", cu.cuMemGetAddressRange(None, None, c_u64(guessed)))
+    say("overrun", cu.cuMemsetD32(c_u64(mine), 0, c_u64(1 * MiB)))
+    say("sync_after_overrun", cu.cuCtxSynchronize())
+    say("bad_stream", cu.cuStreamSynchronize(c_u64(0xDEAD0000)))
+
+
+def scenario_alloc_for_other():
+    setup()
+    check(alloc(1 * MiB)[0], "alloc")
+    rc, b = alloc(1 * MiB)
+    check(rc, "alloc")
+    say("address", hex(b))
+    sys.stdin.readline()
+
+
+def scenario_kernels():
+    setup()
+    module = c_u64()
+    check(
+        cu.cuModuleLoadData(ctypes.byref(module), b"// host-executor module\n.visible .entry fill_u32()\n"),
+        "load",
+    )
+    fill = c_u64()
+    check(cu.cuModuleGetFunction(ctypes.byref(fill), module, b"fill_u32"), "get function")
+    say("missing_function", cu.cuModuleGetFunction(ctypes.byref(c_u64()), module, b"nope"))
+    rc, buf = alloc(4096)
+    check(rc, "alloc")
+    ptr, value, n = c_u64(buf), ctypes.c_uint32(7), ctypes.c_uint32(100)
+    params = (ctypes.c_void_p * 3)(ctypes.addressof(ptr), ctypes.addressof(value), ctypes.addressof(n))
+    check(cu.cuLaunchKernel(fill, 1, 1, 1, 128, 1, 1, 0, c_u64(0), params, None), "launch")
+    library = c_u64()
+    check(cu.cuLibraryLoadData(ctypes.byref(library), b"// lib\n", None, None, 0, None, None, 0), "library")
+    add = c_u64()
+    check(cu.cuLibraryGetKernel(ctypes.byref(add), library, b"add_u32"), "kernel")
+    value.value = 5
+
+    class Config(ctypes.Structure):
+        _fields_ = [
+            ("dims", ctypes.c_uint * 7),
+            ("stream", c_u64),
+            ("attrs", ctypes.c_void_p),
+            ("n", ctypes.c_uint),
+        ]
+
+    cfg = Config((ctypes.c_uint * 7)(1, 1, 1, 64, 1, 1, 0), 0, None, 0)
+    check(cu.cuLaunchKernelEx(ctypes.byref(cfg), add, params, None), "launch ex")
+    check(cu.cuCtxSynchronize(), "sync")
+    rc, back = dtoh(buf, 400)
+    words = list(memoryview(back).cast("I"))
+    say("first", words[0])
+    say("last_added", words[63])
+    say("not_added", words[64])
+    say("beyond", words[99])
+    offset, size = c_u64(), c_u64()
+    check(cu.cuKernelGetParamInfo(add, c_u64(1), ctypes.byref(offset), ctypes.byref(size)), "param info")
+    say("param1", f"{offset.value}+{size.value}")
+    fault = c_u64()
+    check(cu.cuModuleGetFunction(ctypes.byref(fault), module, b"fault"), "fault fn")
+    say("fault_launch", cu.cuLaunchKernel(fault, 1, 1, 1, 1, 1, 1, 0, c_u64(0), None, None))
+    say("sync_after_fault", cu.cuCtxSynchronize())
+
+
+def scenario_unknown():
+    check(cu.cuInit(0), "init")
+    graph = c_u64()
+    say("first_call", cu.cuGraphCreate(ctypes.byref(graph), 0))
+    say("second_call", cu.cuGraphCreate(ctypes.byref(graph), 0))
+
+
+def scenario_no_lease():
+    say("init", cu.cuInit(0))
+    say("count", cu.cuDeviceGetCount(ctypes.byref(ctypes.c_int())))
+
+
+def scenario_worker_dies():
+    setup()
+    rc, a = alloc(1 * MiB)
+    check(rc, "alloc")
+    say("ready", 1)
+    sys.stdin.readline()  # the test kills the worker now
+    say("memset", cu.cuMemsetD8(c_u64(a), 1, c_u64(16)))
+    say("sync", cu.cuCtxSynchronize())
+    say("again", cu.cuCtxSynchronize())
+
+
+if __name__ == "__main__":
+    globals()[f"scenario_{sys.argv[1]}"]()

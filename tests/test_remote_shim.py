@@ -1,0 +1,229 @@
+"""Remote execution end to end without a GPU: gpupool's libcuda.so.1 built from source, loaded by a
+real program (tests/remote_client.py, which resolves every call through cuGetProcAddress_v2 as
+cuda.bindings does), talking over TCP to a real worker process whose executor is the host-memory one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from server.worker import WorkerDevice, start_worker
+from virtualize.remote import remote_env
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIM = ROOT / "virtualize" / "shim"
+CLIENT = Path(__file__).with_name("remote_client.py")
+MiB = 1 << 20
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+
+
+@pytest.fixture(scope="session")
+def shim_dir(tmp_path_factory) -> Path:
+    """The shim compiled from the sources in this tree, warnings as errors."""
+    out = tmp_path_factory.mktemp("shim")
+    subprocess.run(
+        ["cc", "-O1", "-g", "-shared", "-fPIC", "-fvisibility=hidden", "-pthread", "-std=gnu11", "-Wall",
+         "-Wextra", "-Werror", "-Wl,-soname,libcuda.so.1", "-o", str(out / "libcuda.so.1"),
+         str(SHIM / "shim.c"), str(SHIM / "shim_calls.c")],
+        check=True, timeout=120,
+    )  # fmt: skip
+    (out / "libcuda.so").symlink_to("libcuda.so.1")
+    return out
+
+
+@pytest.fixture
+def worker():
+    handle = start_worker(
+        "test-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1", env={}, executor="host"
+    )
+    yield handle
+    handle.stop()
+
+
+def client_env(shim_dir: Path, handle=None, **extra) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    if handle is not None:
+        answer = {
+            "id": "test-lease",
+            "worker": {"host": handle.host, "port": handle.port, "secret": handle.secret},
+        }
+        env.update(remote_env(answer, cache_root=shim_dir.parent / "cache"))
+    env["LD_LIBRARY_PATH"] = str(shim_dir)  # the sources under test, not an installed build
+    env.update(extra)
+    return env
+
+
+def run_client(scenario: str, env: dict[str, str], timeout: float = 60) -> tuple[dict[str, str], str]:
+    proc = subprocess.run(
+        [sys.executable, str(CLIENT), scenario], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return parse(proc.stdout), proc.stderr
+
+
+def parse(stdout: str) -> dict[str, str]:
+    return dict(line.split(" ", 1) for line in stdout.splitlines() if " " in line)
+
+
+def test_devices_show_the_partition_not_the_gpu(shim_dir, worker):
+    out, _ = run_client("devices", client_env(shim_dir, worker))
+    assert out["count"] == "1"
+    assert out["name"].startswith("gpupool host executor 0")
+    assert out["total"] == str(64 * MiB)  # the partition, while the emulated GPU has 80 GiB
+    assert out["info_total"] == str(64 * MiB)
+    assert out["info_free"] == str(64 * MiB)
+    assert out["info_free_after"] == str(56 * MiB)
+    assert out["cc_major"] == "9"
+    assert out["uuid"] == "60" * 16
+    assert out["ctx_device"] == "0"
+    assert out["error_name"] == "CUDA_ERROR_OUT_OF_MEMORY"
+
+
+def test_copies_memsets_and_host_memory(shim_dir, worker):
+    out, _ = run_client("copies", client_env(shim_dir, worker))
+    assert out["htod_dtoh"] == "True"  # 10 MiB: several chunks each way
+    assert out["dtod"] == "True"
+    assert out["generic"] == "True"
+    # D32 x4, D16 x2, D8 x3 (then one byte of the earlier copy)
+    assert out["memsets"][:46] == "efbeadde" * 4 + "34123412" + "7f7f7f"
+    assert out["htod_async_took_bytes"] == "True"
+    assert out["device_memory_type"] == "2"
+    assert out["host_memory_type"] == "1"
+    assert out["pinned_copy"] == "True"
+    assert out["double_free"] == "1"  # CUDA_ERROR_INVALID_VALUE
+
+
+def test_streams_and_events(shim_dir, worker):
+    out, _ = run_client("events", client_env(shim_dir, worker))
+    assert out == {
+        "query": "0",
+        "elapsed_ok": "True",
+        "capturing": "0",
+        "destroyed_stream_sync": "400",  # CUDA_ERROR_INVALID_HANDLE: the worker forgot it
+    }
+
+
+def test_allocations_beyond_the_partition_run_out_of_memory(shim_dir, worker):
+    out, _ = run_client("quota", client_env(shim_dir, worker))
+    assert out == {
+        "first": "0",
+        "second": "2",  # 40 + 30 MiB > 64 MiB: CUDA_ERROR_OUT_OF_MEMORY
+        "pool_over": "2",
+        "after_free": "0",
+        "pool_fits": "0",
+        "sync": "0",
+    }
+
+
+def test_a_lease_cannot_touch_another_leases_memory(shim_dir, worker):
+    other = start_worker("other-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1", env={},
+                         executor="host")  # fmt: skip
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, str(CLIENT), "alloc_for_other"],
+            env=client_env(shim_dir, other),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        foreign = proc.stdout.readline().split()[1]  # a live allocation of the other lease
+        out, _ = run_client("isolation", client_env(shim_dir, worker, GUESSED_ADDRESS=foreign))
+        proc.communicate("\n", timeout=30)
+    finally:
+        other.stop()
+    assert out["sync_after_foreign_memset"] == "1"  # refused by the worker, reported at the sync
+    assert out["sync_again"] == "0"  # reported once
+    assert out["attribute_of_foreign"] == "1"
+    assert out["overrun"] == "0"  # asynchronous: the next sync says
+    assert out["sync_after_overrun"] == "1"
+    assert out["bad_stream"] == "400"
+
+
+def test_kernels_launch_with_parameters_and_faults_surface_at_the_next_sync(shim_dir, worker):
+    out, _ = run_client("kernels", client_env(shim_dir, worker))
+    assert out["missing_function"] == "500"
+    assert out["first"] == "12"  # filled with 7 by cuLaunchKernel, then +5 by cuLaunchKernelEx
+    assert out["last_added"] == "12"
+    assert out["not_added"] == "7"  # past the 64 threads of the second launch
+    assert out["beyond"] == "7"
+    assert out["param1"] == "8+4"
+    assert out["fault_launch"] == "0"  # launches do not wait ...
+    assert out["sync_after_fault"] == "700"  # ... the fault is reported by the next sync
+
+
+def test_a_call_that_is_not_forwarded_fails_and_says_so_once(shim_dir, worker):
+    out, err = run_client("unknown", client_env(shim_dir, worker))
+    assert out == {"first_call": "801", "second_call": "801"}
+    assert err.count("cuGraphCreate is not forwarded") == 1
+
+
+def test_without_a_lease_the_shim_refuses_at_once(shim_dir):
+    started = time.monotonic()
+    out, err = run_client("no_lease", client_env(shim_dir), timeout=20)
+    assert out == {"init": "100", "count": "100"}  # CUDA_ERROR_NO_DEVICE
+    assert "no GPU lease for this process" in err and "gpuattach run" in err
+    assert err.count("gpupool:") == 1
+    assert time.monotonic() - started < 15
+
+
+def test_a_wrong_secret_is_refused(shim_dir, worker):
+    env = client_env(shim_dir, worker, GPUPOOL_SECRET="guessed")
+    out, err = run_client("no_lease", env)
+    assert out == {"init": "800", "count": "800"}  # CUDA_ERROR_NOT_PERMITTED
+    assert "refused this process" in err
+
+
+def test_when_the_worker_dies_the_next_call_fails_and_says_why(shim_dir, worker):
+    proc = subprocess.Popen(
+        [sys.executable, str(CLIENT), "worker_dies"],
+        env=client_env(shim_dir, worker),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "ready 1"
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.proc.wait(10)
+    stdout, stderr = proc.communicate("\n", timeout=30)
+    out = parse(stdout)
+    assert out["sync"] == "46"  # CUDA_ERROR_DEVICE_UNAVAILABLE
+    assert out["again"] == "46"
+    assert out["memset"] in ("0", "46")  # may still fit in the socket buffer
+    assert stderr.count("lost the connection to the lease's worker") == 1
+
+
+def test_a_c_program_links_against_the_shim(shim_dir, worker, tmp_path):
+    source = tmp_path / "prog.c"
+    source.write_text(
+        r"""
+        #include <stdio.h>
+        #include <string.h>
+        int cuInit(unsigned); int cuDeviceGetCount(int *); int cuDevicePrimaryCtxRetain(unsigned long long *, int);
+        int cuCtxSetCurrent(unsigned long long); int cuMemAlloc_v2(unsigned long long *, size_t);
+        int cuMemsetD8_v2(unsigned long long, unsigned char, size_t);
+        int cuMemcpyDtoH_v2(void *, unsigned long long, size_t);
+        int main(void) {
+            int n = 0; unsigned long long ctx, p; unsigned char b[8];
+            if (cuInit(0) || cuDeviceGetCount(&n) || cuDevicePrimaryCtxRetain(&ctx, 0) || cuCtxSetCurrent(ctx)) return 1;
+            if (cuMemAlloc_v2(&p, 8) || cuMemsetD8_v2(p, 0xab, 8) || cuMemcpyDtoH_v2(b, p, 8)) return 2;
+            printf("devices %d byte %02x\n", n, b[7]);
+            return 0;
+        }
+        """
+    )
+    exe = tmp_path / "prog"
+    subprocess.run(["cc", "-o", str(exe), str(source), f"-L{shim_dir}", "-lcuda"], check=True, timeout=60)
+    proc = subprocess.run(
+        [str(exe)], env=client_env(shim_dir, worker), capture_output=True, text=True, timeout=30
+    )
+    assert proc.stdout.strip() == "devices 1 byte ab", proc.stderr

@@ -1,0 +1,50 @@
+"""The shim's generated C matches the call table, and the package's install built the shim."""
+
+from __future__ import annotations
+
+import ctypes
+
+from virtualize import _shimgen
+from virtualize._calls import CALLS, Mode
+from virtualize.remote import remote_env, shim_dir, shim_library_path
+
+
+def test_generated_c_is_up_to_date():
+    for path, text in _shimgen.generated().items():
+        assert path.read_text() == text, f"{path.name} is stale: run python -m virtualize._shimgen"
+
+
+def test_every_call_has_one_abi_per_version():
+    seen = {(c.name, c.since) for c in CALLS}
+    assert len(seen) == len(CALLS)
+    assert all(c.mode is not Mode.LOCAL or c.custom for c in CALLS)
+
+
+def test_the_install_built_a_loadable_shim_exporting_every_forwarded_call(tmp_path):
+    library = ctypes.CDLL(str(shim_library_path()))
+    for call in CALLS:
+        if call.symbol != "-":
+            assert hasattr(library, call.symbol), call.symbol
+    assert hasattr(library, "cuGetProcAddress_v2")
+
+
+def test_remote_env_puts_the_shim_first(tmp_path, monkeypatch):
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/lib/elsewhere")
+    env = remote_env(
+        {"id": "L1", "worker": {"host": "10.0.0.5", "port": 4100, "secret": "s3"}}, cache_root=tmp_path
+    )
+    first = env["LD_LIBRARY_PATH"].split(":")[0]
+    assert env["LD_LIBRARY_PATH"].endswith(":/usr/lib/elsewhere")
+    assert (tmp_path / "gpupool").exists() and first.startswith(str(tmp_path))
+    assert ctypes.CDLL(f"{first}/libcuda.so.1")  # the link resolves to the built shim
+    assert env["GPUPOOL_WORKER"] == "10.0.0.5:4100"
+    assert env["GPUPOOL_SECRET"] == "s3"
+    assert env["GPUPOOL_LEASE"] == "L1"
+    assert shim_dir(tmp_path) == shim_dir(tmp_path)  # idempotent
+
+
+def test_a_lease_without_a_worker_is_a_clear_error():
+    import pytest
+
+    with pytest.raises(ValueError, match="remote=true"):
+        remote_env({"id": "L2"})

@@ -1,0 +1,380 @@
+"""The one table of CUDA driver calls gpupool's `libcuda.so.1` forwards, and how each crosses the wire.
+
+Both sides read this table: `virtualize._shimgen` turns it into the shim's C (`shim/calls_gen.h`:
+call ids, packed wire structs, and the body of every plain call), and the worker decodes requests,
+checks handles and pointers, and dispatches with it. Change a call here, run
+`python -m virtualize._shimgen`, commit both; a test fails while the generated C is stale.
+
+A parameter is written `type name`. Wire types: `i32 u32 u64 u8 u16 f32`; handles (8 bytes on the wire,
+checked on the worker against the lease's own objects): `ctx stream event module func kernel library
+pool`; `dptr` is a device pointer (checked against the lease's allocations). A leading `o_` marks an
+out parameter (a pointer in C, a value in the reply); a trailing `?` lets that pointer be NULL.
+`cstr` is a NUL-terminated string sent in the request's bulk part, `obuf:LEN` an out buffer of the
+length held by parameter LEN, `ob16` a 16-byte out struct (a UUID), `ptr` a raw client pointer that
+only hand-written code reads.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+HANDLE_TYPES = ("ctx", "stream", "event", "module", "func", "kernel", "library", "pool")
+SCALAR_TYPES = {"i32": "i", "u32": "I", "u64": "Q", "u8": "B", "u16": "H", "f32": "f", "dptr": "Q"}
+SCALAR_TYPES.update(dict.fromkeys(HANDLE_TYPES, "Q"))
+
+
+class Mode(enum.Enum):
+    REPLY = "reply"  # the shim waits for the worker's answer
+    ASYNC = "async"  # sent without waiting; an error surfaces at the next synchronising call
+    LOCAL = "local"  # served inside the client (host memory, context stack, error strings)
+
+
+@dataclass(frozen=True)
+class Param:
+    type: str  # wire type without the `o_` prefix and `?` suffix
+    name: str
+    out: bool = False
+    optional: bool = False
+    length_from: str | None = None  # obuf: the in-parameter that holds the length
+
+    @property
+    def struct_code(self) -> str:
+        return SCALAR_TYPES.get(self.type, "")
+
+
+@dataclass(frozen=True)
+class Call:
+    name: str  # what cuGetProcAddress is asked for; internal calls start with "gp"
+    since: int  # the CUDA version whose ABI this is (cuGetProcAddress picks the newest <= asked)
+    symbol: str  # exported C symbol ("" for internal calls)
+    params: tuple[Param, ...]
+    mode: Mode
+    sync_point: bool = False  # reports errors left by earlier asynchronous calls
+    custom: bool = False  # body hand-written in shim/shim_calls.c (its wire layout is still here)
+    wire: tuple[Param, ...] | None = None  # the wire layout when it differs from the C parameters
+
+    @property
+    def wire_params(self) -> tuple[Param, ...]:
+        return self.params if self.wire is None else self.wire
+
+    @property
+    def ins(self) -> tuple[Param, ...]:
+        return tuple(p for p in self.wire_params if not p.out and p.struct_code)
+
+    @property
+    def outs(self) -> tuple[Param, ...]:
+        return tuple(p for p in self.wire_params if p.out)
+
+    @property
+    def in_format(self) -> str:
+        return "<" + "".join(p.struct_code for p in self.ins)
+
+    @property
+    def out_format(self) -> str:
+        """Fixed-size outs only; `obuf`/`ob16` bytes follow them in the reply's bulk part."""
+        return "<" + "".join(p.struct_code for p in self.outs if p.struct_code)
+
+    @property
+    def bulk_in(self) -> bool:
+        return any(p.type in ("cstr", "bytes") for p in self.wire_params if not p.out)
+
+
+def _params(spec: str) -> tuple[Param, ...]:
+    out = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        typ, name = item.split()
+        is_out = typ.startswith("o_")
+        typ = typ.removeprefix("o_")
+        optional = typ.endswith("?")
+        typ = typ.rstrip("?")
+        length_from = None
+        if typ.startswith("buf:"):
+            typ, length_from = "buf", typ.split(":", 1)[1]
+        out.append(Param(typ, name, is_out, optional, length_from))
+    return tuple(out)
+
+
+def _c(
+    name: str,
+    since: int,
+    params: str,
+    mode: Mode = Mode.REPLY,
+    *,
+    symbol: str = "",
+    sync: bool = False,
+    custom: bool = False,
+    wire: str | None = None,
+) -> Call:
+    return Call(
+        name=name,
+        since=since,
+        symbol=symbol or name,
+        params=_params(params),
+        mode=mode,
+        sync_point=sync,
+        custom=custom,
+        wire=None if wire is None else _params(wire),
+    )
+
+
+R, A, L = Mode.REPLY, Mode.ASYNC, Mode.LOCAL
+
+# fmt: off
+CALLS: tuple[Call, ...] = (
+    # -- internal: the handshake, the thread's current context, a kernel's parameter layout ----------
+    _c("gpHello", 0, "u32 version, o_u32 device_count, bytes secret", symbol="-"),
+    _c("gpSetContext", 0, "ctx ctx", A, symbol="-"),
+    _c("gpParamLayout", 0, "func func, o_u32 count, o_buf:count layout", symbol="-"),
+    # -- initialisation and devices -----------------------------------------------------------------
+    _c("cuInit", 2000, "u32 flags"),
+    _c("cuDriverGetVersion", 2020, "o_i32 version"),
+    _c("cuDeviceGet", 2000, "o_i32 device, i32 ordinal"),
+    _c("cuDeviceGetCount", 2000, "o_i32 count"),
+    _c("cuDeviceGetName", 2000, "o_buf:length name, i32 length, i32 dev"),
+    _c("cuDeviceGetUuid", 9020, "o_b16 uuid, i32 dev"),
+    _c("cuDeviceGetUuid", 11040, "o_b16 uuid, i32 dev", symbol="cuDeviceGetUuid_v2"),
+    _c("cuDeviceGetPCIBusId", 4010, "o_buf:length bus_id, i32 length, i32 dev"),
+    _c("cuDeviceTotalMem", 3020, "o_u64 bytes, i32 dev", symbol="cuDeviceTotalMem_v2"),
+    _c("cuDeviceGetAttribute", 2000, "o_i32 value, i32 attrib, i32 dev"),
+    _c("cuDeviceComputeCapability", 2000, "o_i32 major, o_i32 minor, i32 dev"),
+    _c("cuDeviceCanAccessPeer", 4000, "o_i32 can_access, i32 dev, i32 peer_dev"),
+    _c("cuDeviceGetMemPool", 11020, "o_pool pool, i32 dev"),
+    _c("cuDeviceGetDefaultMemPool", 11020, "o_pool pool, i32 dev"),
+    # -- contexts: primary contexts on the worker, the per-thread current context in the client -------
+    _c("cuDevicePrimaryCtxRetain", 7000, "o_ctx ctx, i32 dev", custom=True),
+    _c("cuDevicePrimaryCtxRelease", 11000, "i32 dev", symbol="cuDevicePrimaryCtxRelease_v2"),
+    _c("cuDevicePrimaryCtxGetState", 7000, "i32 dev, o_u32 flags, o_i32 active"),
+    _c("cuDevicePrimaryCtxSetFlags", 11000, "i32 dev, u32 flags", symbol="cuDevicePrimaryCtxSetFlags_v2"),
+    _c("cuDevicePrimaryCtxReset", 11000, "i32 dev", symbol="cuDevicePrimaryCtxReset_v2"),
+    _c("cuCtxGetCurrent", 4000, "o_ctx ctx", L, custom=True),
+    _c("cuCtxSetCurrent", 4000, "ctx ctx", L, custom=True),
+    _c("cuCtxPushCurrent", 4000, "ctx ctx", L, symbol="cuCtxPushCurrent_v2", custom=True),
+    _c("cuCtxPopCurrent", 4000, "o_ctx? ctx", L, symbol="cuCtxPopCurrent_v2", custom=True),
+    _c("cuCtxGetDevice", 2000, "o_i32 device", L, custom=True),
+    _c("cuCtxGetDevice", 13000, "o_i32 device, ctx ctx", L, symbol="cuCtxGetDevice_v2", custom=True),
+    _c("cuCtxSynchronize", 2000, "", sync=True),
+    _c("cuCtxSynchronize", 13000, "ctx ctx", symbol="cuCtxSynchronize_v2", sync=True),
+    _c("cuCtxGetApiVersion", 3020, "ctx ctx, o_u32 version"),
+    _c("cuCtxGetFlags", 7000, "o_u32 flags"),
+    _c("cuCtxGetLimit", 3010, "o_u64 value, i32 limit"),
+    _c("cuCtxSetLimit", 3010, "i32 limit, u64 value"),
+    _c("cuCtxGetStreamPriorityRange", 5050, "o_i32? least, o_i32? greatest"),
+    _c("cuCtxGetId", 12000, "ctx ctx, o_u64 id"),
+    # -- device memory: allocations are reserved in the client's address space ------------------------
+    _c("cuMemGetInfo", 3020, "o_u64 free, o_u64 total", symbol="cuMemGetInfo_v2"),
+    _c("cuMemAlloc", 3020, "o_dptr dptr, u64 bytesize", symbol="cuMemAlloc_v2", custom=True),
+    _c("cuMemFree", 3020, "dptr dptr", symbol="cuMemFree_v2", custom=True),
+    _c("cuMemGetAddressRange", 3020, "o_dptr? base, o_u64? size, dptr dptr", symbol="cuMemGetAddressRange_v2"),
+    _c("cuMemAllocAsync", 11020, "o_dptr dptr, u64 bytesize, stream stream", custom=True),
+    _c("cuMemAllocFromPoolAsync", 11020, "o_dptr dptr, u64 bytesize, pool pool, stream stream", custom=True),
+    _c("cuMemFreeAsync", 11020, "dptr dptr, stream stream", A, custom=True),
+    _c("cuMemPoolSetAttribute", 11020, "pool pool, i32 attr, ptr value", custom=True,
+       wire="pool pool, i32 attr, u64 value"),
+    _c("cuMemPoolGetAttribute", 11020, "pool pool, i32 attr, ptr value", custom=True,
+       wire="pool pool, i32 attr, o_u64 value"),
+    _c("cuMemPoolTrimTo", 11020, "pool pool, u64 min_bytes_to_keep"),
+    # -- host memory stays in the client --------------------------------------------------------------
+    _c("cuMemAllocHost", 3020, "o_u64 pp, u64 bytesize", L, symbol="cuMemAllocHost_v2", custom=True),
+    _c("cuMemHostAlloc", 2020, "o_u64 pp, u64 bytesize, u32 flags", L, custom=True),
+    _c("cuMemFreeHost", 2000, "ptr p", L, custom=True),
+    _c("cuMemHostRegister", 6050, "ptr p, u64 bytesize, u32 flags", L, symbol="cuMemHostRegister_v2", custom=True),
+    _c("cuMemHostUnregister", 4000, "ptr p", L, custom=True),
+    _c("cuMemHostGetFlags", 2030, "o_u32 flags, ptr p", L, custom=True),
+    # -- copies: bytes to the device travel in the request, bytes from it in the reply ----------------
+    _c("cuMemcpyHtoD", 3020, "dptr dst, ptr src, u64 count", A, symbol="cuMemcpyHtoD_v2", custom=True,
+       wire="dptr dst, u64 count, stream stream, bytes data"),
+    _c("cuMemcpyHtoDAsync", 3020, "dptr dst, ptr src, u64 count, stream stream", A,
+       symbol="cuMemcpyHtoDAsync_v2", custom=True, wire="dptr dst, u64 count, stream stream, bytes data"),
+    _c("cuMemcpyDtoH", 3020, "ptr dst, dptr src, u64 count", symbol="cuMemcpyDtoH_v2", sync=True,
+       custom=True, wire="dptr src, u64 count, stream stream, o_buf:count data"),
+    _c("cuMemcpyDtoHAsync", 3020, "ptr dst, dptr src, u64 count, stream stream",
+       symbol="cuMemcpyDtoHAsync_v2", sync=True, custom=True,
+       wire="dptr src, u64 count, stream stream, o_buf:count data"),
+    _c("cuMemcpyDtoD", 3020, "dptr dst, dptr src, u64 count", A, symbol="cuMemcpyDtoD_v2"),
+    _c("cuMemcpyDtoDAsync", 3020, "dptr dst, dptr src, u64 count, stream stream", A,
+       symbol="cuMemcpyDtoDAsync_v2"),
+    _c("cuMemcpy", 4000, "u64 dst, u64 src, u64 count", custom=True),
+    _c("cuMemcpyAsync", 4000, "u64 dst, u64 src, u64 count, stream stream", custom=True),
+    _c("cuMemcpyPeer", 4000, "dptr dst, ctx dst_ctx, dptr src, ctx src_ctx, u64 count", A),
+    _c("cuMemcpyPeerAsync", 4000, "dptr dst, ctx dst_ctx, dptr src, ctx src_ctx, u64 count, stream stream", A),
+    # -- memsets -------------------------------------------------------------------------------------
+    _c("cuMemsetD8", 3020, "dptr dst, u8 value, u64 count", A, symbol="cuMemsetD8_v2"),
+    _c("cuMemsetD16", 3020, "dptr dst, u16 value, u64 count", A, symbol="cuMemsetD16_v2"),
+    _c("cuMemsetD32", 3020, "dptr dst, u32 value, u64 count", A, symbol="cuMemsetD32_v2"),
+    _c("cuMemsetD8Async", 3020, "dptr dst, u8 value, u64 count, stream stream", A),
+    _c("cuMemsetD16Async", 3020, "dptr dst, u16 value, u64 count, stream stream", A),
+    _c("cuMemsetD32Async", 3020, "dptr dst, u32 value, u64 count, stream stream", A),
+    # -- pointer attributes: host pointers answered locally, device pointers by the worker ------------
+    _c("cuPointerGetAttribute", 4000, "ptr data, i32 attr, u64 ptr", custom=True,
+       wire="i32 attr, dptr ptr, o_u64 value"),
+    _c("cuPointerGetAttributes", 7000, "u32 count, ptr attrs, ptr data, u64 ptr", custom=True),
+    # -- modules and libraries: the image travels once, functions and globals are handles ------------
+    _c("cuModuleLoadData", 2000, "o_module module, ptr image", custom=True, wire="o_module module, bytes image"),
+    _c("cuModuleLoadDataEx", 2010, "o_module module, ptr image, u32 n, ptr options, ptr values", custom=True,
+       wire="o_module module, bytes image"),
+    _c("cuModuleLoadFatBinary", 2000, "o_module module, ptr image", custom=True,
+       wire="o_module module, bytes image"),
+    _c("cuModuleUnload", 2000, "module module"),
+    _c("cuModuleGetFunction", 2000, "o_func func, module module, cstr name"),
+    _c("cuModuleGetGlobal", 3020, "o_dptr? dptr, o_u64? bytes, module module, cstr name",
+       symbol="cuModuleGetGlobal_v2", custom=True),
+    _c("cuLibraryLoadData", 12000,
+       "o_library library, ptr code, ptr jit_opts, ptr jit_vals, u32 n_jit, ptr lib_opts, ptr lib_vals, u32 n_lib",
+       custom=True, wire="o_library library, bytes image"),
+    _c("cuLibraryUnload", 12000, "library library"),
+    _c("cuLibraryGetKernel", 12000, "o_kernel kernel, library library, cstr name"),
+    _c("cuLibraryGetModule", 12000, "o_module module, library library"),
+    _c("cuLibraryGetGlobal", 12000, "o_dptr? dptr, o_u64? bytes, library library, cstr name", custom=True),
+    _c("cuKernelGetFunction", 12000, "o_func func, kernel kernel"),
+    _c("cuKernelGetAttribute", 12000, "o_i32 value, i32 attrib, kernel kernel, i32 dev"),
+    _c("cuKernelSetAttribute", 12000, "i32 attrib, i32 value, kernel kernel, i32 dev"),
+    _c("cuKernelGetParamInfo", 12040, "kernel kernel, u64 index, o_u64? offset, o_u64? size"),
+    _c("cuFuncGetParamInfo", 12040, "func func, u64 index, o_u64? offset, o_u64? size"),
+    _c("cuFuncGetAttribute", 2020, "o_i32 value, i32 attrib, func func"),
+    _c("cuFuncSetAttribute", 9000, "func func, i32 attrib, i32 value"),
+    _c("cuFuncSetCacheConfig", 3000, "func func, i32 config"),
+    _c("cuFuncGetModule", 11000, "o_module module, func func"),
+    _c("cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050,
+       "o_i32 num_blocks, func func, i32 block_size, u64 dynamic_smem"),
+    _c("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 7000,
+       "o_i32 num_blocks, func func, i32 block_size, u64 dynamic_smem, u32 flags"),
+    _c("cuOccupancyMaxPotentialBlockSize", 6050,
+       "o_i32 min_grid_size, o_i32 block_size, func func, u64 smem_callback, u64 dynamic_smem, i32 block_size_limit"),
+    _c("cuOccupancyAvailableDynamicSMemPerBlock", 10020,
+       "o_u64 dynamic_smem, func func, i32 num_blocks, i32 block_size"),
+    # -- launches: parameters packed at the offsets the worker reported once per function -------------
+    _c("cuLaunchKernel", 4000,
+       "func f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, stream stream, ptr params, ptr extra",
+       A, custom=True,
+       wire="func f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, stream stream, bytes params"),
+    _c("cuLaunchKernelEx", 11060, "ptr config, func f, ptr params, ptr extra", A, custom=True,
+       wire="func f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, stream stream, u32 n_attrs, "
+            "bytes params"),
+    # -- streams and events ---------------------------------------------------------------------------
+    _c("cuStreamCreate", 2000, "o_stream stream, u32 flags"),
+    _c("cuStreamCreateWithPriority", 5050, "o_stream stream, u32 flags, i32 priority"),
+    _c("cuStreamDestroy", 4000, "stream stream", A, symbol="cuStreamDestroy_v2"),
+    _c("cuStreamQuery", 2000, "stream stream", sync=True),
+    _c("cuStreamSynchronize", 2000, "stream stream", sync=True),
+    _c("cuStreamWaitEvent", 3020, "stream stream, event event, u32 flags", A),
+    _c("cuStreamIsCapturing", 10000, "stream stream, o_i32 status"),
+    _c("cuStreamGetPriority", 5050, "stream stream, o_i32 priority"),
+    _c("cuStreamGetFlags", 5050, "stream stream, o_u32 flags"),
+    _c("cuStreamGetCtx", 9020, "stream stream, o_ctx ctx"),
+    _c("cuStreamGetCtx", 12050, "stream stream, o_ctx? ctx, o_u64? green_ctx", symbol="cuStreamGetCtx_v2"),
+    _c("cuStreamGetId", 12000, "stream stream, o_u64 id"),
+    _c("cuStreamGetDevice", 12080, "stream stream, o_i32 device"),
+    _c("cuEventCreate", 2000, "o_event event, u32 flags"),
+    _c("cuEventRecord", 2000, "event event, stream stream", A),
+    _c("cuEventRecordWithFlags", 11010, "event event, stream stream, u32 flags", A),
+    _c("cuEventQuery", 2000, "event event", sync=True),
+    _c("cuEventSynchronize", 2000, "event event", sync=True),
+    _c("cuEventDestroy", 4000, "event event", A, symbol="cuEventDestroy_v2"),
+    _c("cuEventElapsedTime", 2000, "o_f32 ms, event start, event end"),
+    _c("cuEventElapsedTime", 12080, "o_f32 ms, event start, event end", symbol="cuEventElapsedTime_v2"),
+    # -- error strings, answered in the client --------------------------------------------------------
+    _c("cuGetErrorName", 6000, "i32 error, ptr str", L, custom=True),
+    _c("cuGetErrorString", 6000, "i32 error, ptr str", L, custom=True),
+)
+# fmt: on
+
+CALL_IDS: dict[Call, int] = {call: index for index, call in enumerate(CALLS)}
+BY_SYMBOL: dict[str, Call] = {call.symbol: call for call in CALLS if call.symbol != "-"}
+INTERNAL: dict[str, Call] = {call.name: call for call in CALLS if call.symbol == "-"}
+
+# CUresult values the shim and the worker name (cuda.h's numbering).
+RESULTS: dict[str, int] = {
+    "CUDA_SUCCESS": 0,
+    "CUDA_ERROR_INVALID_VALUE": 1,
+    "CUDA_ERROR_OUT_OF_MEMORY": 2,
+    "CUDA_ERROR_NOT_INITIALIZED": 3,
+    "CUDA_ERROR_DEINITIALIZED": 4,
+    "CUDA_ERROR_STUB_LIBRARY": 34,
+    "CUDA_ERROR_DEVICE_UNAVAILABLE": 46,
+    "CUDA_ERROR_NO_DEVICE": 100,
+    "CUDA_ERROR_INVALID_DEVICE": 101,
+    "CUDA_ERROR_INVALID_IMAGE": 200,
+    "CUDA_ERROR_INVALID_CONTEXT": 201,
+    "CUDA_ERROR_NO_BINARY_FOR_GPU": 209,
+    "CUDA_ERROR_INVALID_PTX": 218,
+    "CUDA_ERROR_INVALID_SOURCE": 300,
+    "CUDA_ERROR_FILE_NOT_FOUND": 301,
+    "CUDA_ERROR_INVALID_HANDLE": 400,
+    "CUDA_ERROR_NOT_FOUND": 500,
+    "CUDA_ERROR_NOT_READY": 600,
+    "CUDA_ERROR_ILLEGAL_ADDRESS": 700,
+    "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES": 701,
+    "CUDA_ERROR_LAUNCH_TIMEOUT": 702,
+    "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED": 712,
+    "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED": 713,
+    "CUDA_ERROR_ILLEGAL_INSTRUCTION": 715,
+    "CUDA_ERROR_MISALIGNED_ADDRESS": 716,
+    "CUDA_ERROR_INVALID_ADDRESS_SPACE": 717,
+    "CUDA_ERROR_INVALID_PC": 718,
+    "CUDA_ERROR_LAUNCH_FAILED": 719,
+    "CUDA_ERROR_NOT_PERMITTED": 800,
+    "CUDA_ERROR_NOT_SUPPORTED": 801,
+    "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED": 900,
+    "CUDA_ERROR_UNKNOWN": 999,
+}
+RESULT_TEXT: dict[int, str] = {
+    0: "no error",
+    1: "invalid argument",
+    2: "out of memory",
+    3: "initialization error",
+    4: "driver shutting down",
+    34: "CUDA driver is a stub library",
+    46: "CUDA-capable device(s) is/are busy or unavailable",
+    100: "no CUDA-capable device is detected",
+    101: "invalid device ordinal",
+    200: "device kernel image is invalid",
+    201: "invalid device context",
+    209: "no kernel image is available for execution on the device",
+    218: "a PTX JIT compilation failed",
+    300: "device kernel image is invalid",
+    301: "file not found",
+    400: "invalid resource handle",
+    500: "named symbol not found",
+    600: "device not ready",
+    700: "an illegal memory access was encountered",
+    701: "too many resources requested for launch",
+    702: "the launch timed out and was terminated",
+    712: "part or all of the requested memory range is already mapped",
+    713: "pointer does not correspond to a registered memory region",
+    715: "an illegal instruction was encountered",
+    716: "misaligned address",
+    717: "operation not supported on global/shared address space",
+    718: "invalid program counter",
+    719: "unspecified launch failure",
+    800: "operation not permitted",
+    801: "operation not supported",
+    900: "operation not permitted when stream is capturing",
+    999: "unknown error",
+}
+
+# Bytes behind each CUpointer_attribute (cuda.h), for cuPointerGetAttribute(s).
+POINTER_ATTRIBUTE_SIZES: dict[int, int] = {
+    1: 8,  # CONTEXT
+    2: 4,  # MEMORY_TYPE
+    3: 8,  # DEVICE_POINTER
+    4: 8,  # HOST_POINTER
+    6: 4,  # SYNC_MEMOPS
+    7: 8,  # BUFFER_ID
+    8: 4,  # IS_MANAGED
+    9: 4,  # DEVICE_ORDINAL
+    10: 4,  # IS_LEGACY_CUDA_IPC_CAPABLE
+    11: 8,  # RANGE_START_ADDR
+    12: 8,  # RANGE_SIZE
+    13: 4,  # MAPPED
+    14: 8,  # ALLOWED_HANDLE_TYPES
+    15: 4,  # IS_GPU_DIRECT_RDMA_CAPABLE
+    16: 4,  # ACCESS_FLAGS
+    17: 8,  # MEMPOOL_HANDLE
+    18: 8,  # MAPPING_SIZE
+    19: 8,  # MAPPING_BASE_ADDR
+    20: 8,  # MEMORY_BLOCK_ID
+    21: 4,  # IS_HW_DECOMPRESS_CAPABLE
+}
+# Which CUmemPool_attribute values are ints (the rest are cuuint64_t).
+POOL_INT_ATTRIBUTES = (1, 2, 3)

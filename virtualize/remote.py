@@ -1,0 +1,80 @@
+"""Remote execution, client side: the environment that sends a program's CUDA calls to its lease.
+
+`gpuattach run` (without --local) starts the command with `remote_env(lease_answer)` added to its
+environment: gpupool's own `libcuda.so.1` first on LD_LIBRARY_PATH, and the worker's address and
+secret for it to connect to. See docs/remote.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+
+from virtualize import _wire
+
+SHIM_MODULE = "virtualize._libcuda_shim"
+
+
+class ShimNotBuilt(RuntimeError):
+    """gpupool's libcuda.so.1 was not compiled with this installation."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "gpupool's libcuda.so.1 is not built: reinstall with a C compiler present "
+            "(pip install -e . or pip install .; on Debian/Ubuntu: apt-get install gcc)"
+        )
+
+
+def shim_library_path() -> Path:
+    """The compiled shim (an extension module file; it is a plain shared library)."""
+    spec = importlib.util.find_spec(SHIM_MODULE)
+    if spec is None or not spec.origin or not Path(spec.origin).is_file():
+        raise ShimNotBuilt()
+    return Path(spec.origin)
+
+
+def shim_dir(cache_root: Path | None = None) -> Path:
+    """A per-user directory holding `libcuda.so.1` -> the shim (what LD_LIBRARY_PATH names first)."""
+    library = shim_library_path()
+    root = cache_root or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    tag = hashlib.sha256(str(library).encode()).hexdigest()[:12]
+    directory = root / "gpupool" / f"shim-{tag}"
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in ("libcuda.so.1", "libcuda.so"):
+        link = directory / name
+        if link.is_symlink() and os.readlink(link) == str(library):
+            continue
+        tmp = directory / f".{name}.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(library)
+        tmp.replace(link)  # atomic: a program starting meanwhile sees the old link or the new one
+    return directory
+
+
+def remote_env(lease_answer: dict, *, cache_root: Path | None = None) -> dict[str, str]:
+    """Environment variables that make a child process's CUDA calls run on the lease's worker.
+
+    `lease_answer` is the pool server's answer for a lease created with remote=true; its "worker"
+    holds host, port and secret.
+    """
+    worker = lease_answer.get("worker")
+    if not worker:
+        raise ValueError("the lease has no worker: it was not created for remote execution (remote=true)")
+    directory = shim_dir(cache_root)
+    host = str(worker["host"])
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    old = os.environ.get("LD_LIBRARY_PATH", "")
+    env = {
+        "LD_LIBRARY_PATH": f"{directory}:{old}" if old else str(directory),
+        _wire.ENV_WORKER: f"{host}:{int(worker['port'])}",
+        _wire.ENV_SECRET: str(worker["secret"]),
+        # numba-cuda's ctypes binding opens the driver by path when told to.
+        "NUMBA_CUDA_DRIVER": str(directory / "libcuda.so.1"),
+    }
+    lease_id = lease_answer.get("id") or lease_answer.get("lease_id")
+    if lease_id:
+        env[_wire.ENV_LEASE] = str(lease_id)
+    return env

@@ -1,0 +1,464 @@
+/* gpupool's libcuda.so.1, part 1: the connection to the lease's worker, the client-side tables.
+ *
+ * One TCP connection per process (TCP_NODELAY, keep-alive), opened at the first forwarded call and
+ * guarded by one mutex. Calls that want no reply are written and forgotten; the worker keeps their
+ * first error and reports it at the next synchronising call. When the connection breaks, every later
+ * call fails with CUDA_ERROR_DEVICE_UNAVAILABLE and the shim says once on stderr what happened. */
+#define _GNU_SOURCE
+#include "shim.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+
+int gp_trace_enabled;
+
+void gp_say(const char *fmt, ...) {
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "gpupool: %s\n", line);
+    fflush(stderr);
+}
+
+void gp_trace(const char *name) { fprintf(stderr, "gpupool: call %s\n", name); }
+
+/* ---- the connection ---------------------------------------------------------------------------- */
+
+static pthread_mutex_t conn_lock = PTHREAD_MUTEX_INITIALIZER;
+static int conn_fd = -1;
+static CUresult conn_failure; /* sticky: once set, every call returns it */
+static uint64_t conn_ctx;     /* the context the worker's thread has current */
+static char conn_where[300];
+
+static void after_fork_in_child(void) {
+    /* The child must not share the parent's stream of frames; it opens its own on first use. */
+    if (conn_fd >= 0) close(conn_fd);
+    conn_fd = -1;
+    conn_ctx = 0;
+    pthread_mutex_init(&conn_lock, NULL);
+}
+
+__attribute__((constructor)) static void shim_init(void) {
+    const char *trace = getenv(GP_ENV_TRACE);
+    gp_trace_enabled = trace && *trace && strcmp(trace, "0") != 0;
+    pthread_atfork(NULL, NULL, after_fork_in_child);
+}
+
+static CUresult fail(CUresult code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static CUresult fail(CUresult code, const char *fmt, ...) {
+    char line[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (!conn_failure) gp_say("%s", line);
+    conn_failure = code;
+    if (conn_fd >= 0) close(conn_fd);
+    conn_fd = -1;
+    return code;
+}
+
+static CUresult lost(const char *what) {
+    return fail(CUDA_ERROR_DEVICE_UNAVAILABLE,
+                "lost the connection to the lease's worker at %s (%s): the remote GPU is gone, CUDA calls "
+                "fail from now on (check the lease with `gpuattach list`, then run again)",
+                conn_where, what);
+}
+
+static int send_iov(struct iovec *iov, int n) {
+    while (n > 0) {
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        ssize_t sent = sendmsg(conn_fd, &msg, MSG_NOSIGNAL);
+        if (sent < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        while (n > 0 && (size_t)sent >= iov->iov_len) {
+            sent -= (ssize_t)iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (char *)iov->iov_base + sent;
+            iov->iov_len -= (size_t)sent;
+        }
+    }
+    return 0;
+}
+
+static int recv_all(void *buf, uint64_t len) {
+    char *p = buf;
+    while (len > 0) {
+        ssize_t got = recv(conn_fd, p, len > (1u << 30) ? (1u << 30) : (size_t)len, 0);
+        if (got == 0) {
+            errno = ECONNRESET;
+            return -1;
+        }
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += got;
+        len -= (uint64_t)got;
+    }
+    return 0;
+}
+
+static int discard(uint64_t len) {
+    char scratch[16384];
+    while (len > 0) {
+        uint64_t n = len < sizeof scratch ? len : sizeof scratch;
+        if (recv_all(scratch, n) < 0) return -1;
+        len -= n;
+    }
+    return 0;
+}
+
+static int send_frame(uint32_t call, uint32_t flags, const void *args, uint32_t args_len, const void *b1,
+                      uint64_t b1_len, const void *b2, uint64_t b2_len) {
+    struct gp_request hdr = {call, flags, args_len, 0, b1_len + b2_len};
+    struct iovec iov[4];
+    int n = 0;
+    iov[n++] = (struct iovec){&hdr, sizeof hdr};
+    if (args_len) iov[n++] = (struct iovec){(void *)args, args_len};
+    if (b1_len) iov[n++] = (struct iovec){(void *)b1, b1_len};
+    if (b2_len) iov[n++] = (struct iovec){(void *)b2, b2_len};
+    return send_iov(iov, n);
+}
+
+/* Reads one reply; returns its result, or -1 on a broken connection. */
+static int recv_reply(int32_t *result, void *outs, uint32_t outs_len, void *bulk_out, uint64_t bulk_out_len) {
+    struct gp_reply rep;
+    if (recv_all(&rep, sizeof rep) < 0) return -1;
+    uint32_t take = rep.outs_len < outs_len ? rep.outs_len : outs_len;
+    if (take && recv_all(outs, take) < 0) return -1;
+    if (discard(rep.outs_len - take) < 0) return -1;
+    uint64_t btake = rep.bulk_len < bulk_out_len ? rep.bulk_len : bulk_out_len;
+    if (btake && recv_all(bulk_out, btake) < 0) return -1;
+    if (discard(rep.bulk_len - btake) < 0) return -1;
+    *result = rep.result;
+    return 0;
+}
+
+static CUresult connect_worker(void) {
+    const char *where = getenv(GP_ENV_WORKER);
+    const char *secret = getenv(GP_ENV_SECRET);
+    if (!where || !*where || !secret) {
+        return fail(CUDA_ERROR_NO_DEVICE,
+                    "no GPU lease for this process: this libcuda.so.1 is gpupool's remote-execution shim and "
+                    "%s is not set; run the program under `gpuattach run -- ...`",
+                    GP_ENV_WORKER);
+    }
+    snprintf(conn_where, sizeof conn_where, "%s", where);
+    char host[256];
+    const char *colon = strrchr(where, ':');
+    if (!colon || colon == where || (size_t)(colon - where) >= sizeof host) {
+        return fail(CUDA_ERROR_NO_DEVICE, "%s=%s is not HOST:PORT", GP_ENV_WORKER, where);
+    }
+    memcpy(host, where, (size_t)(colon - where));
+    host[colon - where] = 0;
+    if (host[0] == '[' && host[strlen(host) - 1] == ']') {
+        memmove(host, host + 1, strlen(host));
+        host[strlen(host) - 1] = 0;
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    int rc = getaddrinfo(host, colon + 1, &hints, &res);
+    if (rc != 0) return fail(CUDA_ERROR_NO_DEVICE, "cannot resolve the lease's worker %s: %s", where, gai_strerror(rc));
+    int fd = -1;
+    int err = 0;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0) continue;
+        /* Connect with a deadline: a firewalled worker must not hang the program. */
+        int fl = fcntl(fd, F_GETFL);
+        fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 || errno == EINPROGRESS) {
+            struct pollfd pfd = {fd, POLLOUT, 0};
+            socklen_t len = sizeof err;
+            if (poll(&pfd, 1, 10000) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) {
+                fcntl(fd, F_SETFL, fl);
+                break;
+            }
+            if (!err) err = ETIMEDOUT;
+        } else {
+            err = errno;
+        }
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    if (fd < 0) {
+        return fail(CUDA_ERROR_DEVICE_UNAVAILABLE,
+                    "cannot reach the lease's worker at %s (%s): the lease may have ended", where, strerror(err));
+    }
+    int one = 1, idle = 10, interval = 5, count = 3;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+    conn_fd = fd;
+    conn_ctx = 0;
+    struct gp_in_gpHello hello = {.version = GP_PROTOCOL_VERSION};
+    struct gp_out_gpHello out;
+    int32_t result;
+    if (send_frame(GP_CALL_gpHello, GP_FLAG_WANTS_REPLY, &hello, sizeof hello, secret, strlen(secret), NULL, 0) < 0 ||
+        recv_reply(&result, &out, sizeof out, NULL, 0) < 0) {
+        return lost(strerror(errno));
+    }
+    if (result != 0) {
+        return fail(CUDA_ERROR_NOT_PERMITTED,
+                    "the lease's worker at %s refused this process (%s): wrong lease secret or protocol version",
+                    where, result == CUDA_ERROR_NOT_SUPPORTED ? "protocol version" : "secret");
+    }
+    return CUDA_SUCCESS;
+}
+
+static __thread uint64_t ctx_stack[32];
+static __thread int ctx_depth;
+
+static CUresult call_locked(uint32_t call, uint32_t flags, const void *args, uint32_t args_len, const void *b1,
+                            uint64_t b1_len, const void *b2, uint64_t b2_len, void *outs, uint32_t outs_len,
+                            void *bulk_out, uint64_t bulk_out_len) {
+    if (conn_failure) return conn_failure;
+    if (conn_fd < 0) {
+        CUresult r = connect_worker();
+        if (r) return r;
+    }
+    uint64_t want = gp_ctx_current();
+    if (want != conn_ctx) {
+        struct gp_in_gpSetContext in = {.ctx = want};
+        if (send_frame(GP_CALL_gpSetContext, 0, &in, sizeof in, NULL, 0, NULL, 0) < 0) return lost(strerror(errno));
+        conn_ctx = want;
+    }
+    if (send_frame(call, flags, args, args_len, b1, b1_len, b2, b2_len) < 0) return lost(strerror(errno));
+    if (!(flags & GP_FLAG_WANTS_REPLY)) return CUDA_SUCCESS;
+    int32_t result;
+    if (recv_reply(&result, outs, outs_len, bulk_out, bulk_out_len) < 0) return lost(strerror(errno));
+    return result;
+}
+
+CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args_len, const void *bulk1,
+                  uint64_t bulk1_len, const void *bulk2, uint64_t bulk2_len, void *outs, uint32_t outs_len,
+                  void *bulk_out, uint64_t bulk_out_len) {
+    pthread_mutex_lock(&conn_lock);
+    CUresult r = call_locked(call, flags, args, args_len, bulk1, bulk1_len, bulk2, bulk2_len, outs, outs_len,
+                             bulk_out, bulk_out_len);
+    pthread_mutex_unlock(&conn_lock);
+    return r;
+}
+
+CUresult gp_call(uint32_t call, uint32_t flags, const void *args, uint32_t args_len, const void *bulk,
+                 uint64_t bulk_len, void *outs, uint32_t outs_len, void *bulk_out, uint64_t bulk_out_len) {
+    return gp_call2(call, flags, args, args_len, bulk, bulk_len, NULL, 0, outs, outs_len, bulk_out, bulk_out_len);
+}
+
+/* ---- contexts ---------------------------------------------------------------------------------- */
+
+uint64_t gp_ctx_current(void) { return ctx_depth ? ctx_stack[ctx_depth - 1] : 0; }
+
+void gp_ctx_set(uint64_t ctx) {
+    if (ctx_depth == 0) {
+        if (ctx) ctx_stack[ctx_depth++] = ctx;
+    } else if (ctx) {
+        ctx_stack[ctx_depth - 1] = ctx;
+    } else {
+        ctx_depth--; /* cuCtxSetCurrent(NULL) unbinds the top of the stack */
+    }
+}
+
+int gp_ctx_push(uint64_t ctx) {
+    if (ctx_depth == (int)(sizeof ctx_stack / sizeof ctx_stack[0])) return -1;
+    ctx_stack[ctx_depth++] = ctx;
+    return 0;
+}
+
+uint64_t gp_ctx_pop(int *ok) {
+    *ok = ctx_depth > 0;
+    return ctx_depth ? ctx_stack[--ctx_depth] : 0;
+}
+
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct { uint64_t ctx; int device; } ctx_devices[64];
+static int n_ctx_devices;
+
+void gp_ctx_note_device(uint64_t ctx, int device) {
+    pthread_mutex_lock(&table_lock);
+    int i;
+    for (i = 0; i < n_ctx_devices && ctx_devices[i].ctx != ctx; i++) {
+    }
+    if (i < (int)(sizeof ctx_devices / sizeof ctx_devices[0])) {
+        ctx_devices[i].ctx = ctx;
+        ctx_devices[i].device = device;
+        if (i == n_ctx_devices) n_ctx_devices++;
+    }
+    pthread_mutex_unlock(&table_lock);
+}
+
+int gp_ctx_device(uint64_t ctx, int *device) {
+    int found = 0;
+    pthread_mutex_lock(&table_lock);
+    for (int i = 0; i < n_ctx_devices; i++) {
+        if (ctx_devices[i].ctx == ctx) {
+            *device = ctx_devices[i].device;
+            found = 1;
+        }
+    }
+    pthread_mutex_unlock(&table_lock);
+    return found;
+}
+
+/* ---- ranges: device allocations and page-locked host memory, each a sorted array --------------- */
+
+struct range { uint64_t base, size; unsigned flags; int owned; };
+struct ranges { struct range *v; size_t n, cap; };
+static struct ranges dev_ranges, host_ranges, reserved;
+
+static size_t ranges_upper(const struct ranges *r, uint64_t ptr) { /* first index with base > ptr */
+    size_t lo = 0, hi = r->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (r->v[mid].base <= ptr) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+static const struct range *ranges_find(const struct ranges *r, uint64_t ptr) {
+    size_t i = ranges_upper(r, ptr);
+    if (i == 0) return NULL;
+    const struct range *x = &r->v[i - 1];
+    return ptr - x->base < (x->size ? x->size : 1) ? x : NULL;
+}
+
+static int ranges_insert(struct ranges *r, struct range x) {
+    if (r->n == r->cap) {
+        size_t cap = r->cap ? r->cap * 2 : 64;
+        struct range *v = realloc(r->v, cap * sizeof *v);
+        if (!v) return -1;
+        r->v = v;
+        r->cap = cap;
+    }
+    size_t i = ranges_upper(r, x.base);
+    if (i > 0 && r->v[i - 1].base == x.base) { /* the same base again (a reused address): replace */
+        r->v[i - 1] = x;
+        return 0;
+    }
+    memmove(&r->v[i + 1], &r->v[i], (r->n - i) * sizeof x);
+    r->v[i] = x;
+    r->n++;
+    return 0;
+}
+
+static int ranges_remove(struct ranges *r, uint64_t base, struct range *removed) {
+    size_t i = ranges_upper(r, base);
+    if (i == 0 || r->v[i - 1].base != base) return -1;
+    if (removed) *removed = r->v[i - 1];
+    memmove(&r->v[i - 1], &r->v[i], (r->n - i) * sizeof *r->v);
+    r->n--;
+    return 0;
+}
+
+/* Reserve [base, base+size) of this process's address space (PROT_NONE, nothing committed) in 2 MiB
+ * chunks, so no host allocation of the client can ever land on a lease's device address. Chunks stay
+ * reserved until exit: pools hand the same addresses out again. */
+#define CHUNK (2ull << 20)
+static int reserve(uint64_t base, uint64_t size) {
+    uint64_t a = base & ~(CHUNK - 1), end = (base + size + CHUNK - 1) & ~(CHUNK - 1);
+    while (a < end) {
+        const struct range *r = ranges_find(&reserved, a);
+        if (r) {
+            a = r->base + r->size;
+            continue;
+        }
+        size_t next = ranges_upper(&reserved, a);
+        uint64_t stop = next < reserved.n && reserved.v[next].base < end ? reserved.v[next].base : end;
+        void *p = mmap((void *)a, stop - a, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE,
+                       -1, 0);
+        if (p == MAP_FAILED) return -1;
+        if ((uint64_t)p != a) { /* an old kernel took the address as a hint */
+            munmap(p, stop - a);
+            return -1;
+        }
+        ranges_insert(&reserved, (struct range){a, stop - a, 0, 0});
+        a = stop;
+    }
+    return 0;
+}
+
+int gp_dev_add(uint64_t base, uint64_t size, int owned) {
+    pthread_mutex_lock(&table_lock);
+    int rc = reserve(base, size ? size : 1);
+    if (rc == 0 || !owned) ranges_insert(&dev_ranges, (struct range){base, size, 0, owned});
+    pthread_mutex_unlock(&table_lock);
+    return rc;
+}
+
+void gp_dev_remove(uint64_t base) {
+    pthread_mutex_lock(&table_lock);
+    ranges_remove(&dev_ranges, base, NULL);
+    pthread_mutex_unlock(&table_lock);
+}
+
+int gp_dev_lookup(uint64_t ptr, uint64_t *base, uint64_t *size, int *owned) {
+    pthread_mutex_lock(&table_lock);
+    const struct range *r = ranges_find(&dev_ranges, ptr);
+    if (r) {
+        if (base) *base = r->base;
+        if (size) *size = r->size;
+        if (owned) *owned = r->owned;
+    }
+    pthread_mutex_unlock(&table_lock);
+    return r != NULL;
+}
+
+int gp_host_add(uint64_t base, uint64_t size, unsigned flags, int allocated) {
+    pthread_mutex_lock(&table_lock);
+    int rc = -1;
+    const struct range *before = ranges_find(&host_ranges, base);
+    size_t next = ranges_upper(&host_ranges, base);
+    int overlaps = before || (next < host_ranges.n && host_ranges.v[next].base < base + size);
+    if (!overlaps) rc = ranges_insert(&host_ranges, (struct range){base, size, flags, allocated});
+    pthread_mutex_unlock(&table_lock);
+    return rc;
+}
+
+int gp_host_remove(uint64_t base, int allocated) {
+    pthread_mutex_lock(&table_lock);
+    struct range r;
+    int rc = -1;
+    const struct range *x = ranges_find(&host_ranges, base);
+    if (x && x->base == base && x->owned == allocated) rc = ranges_remove(&host_ranges, base, &r);
+    pthread_mutex_unlock(&table_lock);
+    return rc;
+}
+
+int gp_host_lookup(uint64_t ptr, uint64_t *base, uint64_t *size, unsigned *flags) {
+    pthread_mutex_lock(&table_lock);
+    const struct range *r = ranges_find(&host_ranges, ptr);
+    if (r) {
+        if (base) *base = r->base;
+        if (size) *size = r->size;
+        if (flags) *flags = r->flags;
+    }
+    pthread_mutex_unlock(&table_lock);
+    return r != NULL;
+}

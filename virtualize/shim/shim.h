@@ -1,0 +1,47 @@
+/* gpupool's libcuda.so.1: shared declarations of the transport (shim.c) and the calls (shim_calls.c).
+ * No cuda.h: the few CUDA types the shim needs are declared here, handles travel as 64-bit values. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef int CUresult;
+#define GP_EXPORT __attribute__((visibility("default")))
+
+struct gp_proc { const char *name; int since; void *fn; };
+struct gp_result_text { int code; const char *name; const char *text; };
+
+#include "calls_gen_types.h"
+
+extern int gp_trace_enabled;
+void gp_trace(const char *name);
+#define GP_TRACE(n) do { if (gp_trace_enabled) gp_trace(n); } while (0)
+
+/* One call on the wire. Sends the request; with GP_FLAG_WANTS_REPLY waits for the reply and copies
+ * its fixed outs into `outs` and its bulk into `bulk_out` (each up to the given size). */
+CUresult gp_call(uint32_t call, uint32_t flags, const void *args, uint32_t args_len, const void *bulk,
+                 uint64_t bulk_len, void *outs, uint32_t outs_len, void *bulk_out, uint64_t bulk_out_len);
+/* Same, with the bulk in two pieces (kernel parameters then launch attributes). */
+CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args_len, const void *bulk1,
+                  uint64_t bulk1_len, const void *bulk2, uint64_t bulk2_len, void *outs, uint32_t outs_len,
+                  void *bulk_out, uint64_t bulk_out_len);
+
+/* The current context of the calling thread (kept in the client; the worker is told on change). */
+uint64_t gp_ctx_current(void);
+void gp_ctx_set(uint64_t ctx);
+int gp_ctx_push(uint64_t ctx);
+uint64_t gp_ctx_pop(int *ok);
+void gp_ctx_note_device(uint64_t ctx, int device);
+int gp_ctx_device(uint64_t ctx, int *device);
+
+/* The lease's device ranges known to this process: allocations (owned) and module globals. */
+int gp_dev_add(uint64_t base, uint64_t size, int owned); /* 0, or -1 when the range is host memory here */
+void gp_dev_remove(uint64_t base);
+int gp_dev_lookup(uint64_t ptr, uint64_t *base, uint64_t *size, int *owned);
+
+/* Page-locked host memory served locally. */
+int gp_host_add(uint64_t base, uint64_t size, unsigned flags, int allocated);
+int gp_host_remove(uint64_t base, int allocated);
+int gp_host_lookup(uint64_t ptr, uint64_t *base, uint64_t *size, unsigned *flags);
+
+void gp_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -1,0 +1,677 @@
+/* gpupool's libcuda.so.1, part 2: the exported CUDA calls.
+ *
+ * Plain calls are generated from virtualize/_calls.py (calls_gen.h). The ones written here need the
+ * client's own state: host memory and the context stack stay local, allocations are reserved in this
+ * address space, generic copies are sorted into host/device by address, kernel parameters are packed
+ * at the offsets the worker reported once per function, and module images are measured before sending. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "shim.h"
+#include "calls_gen.h"
+
+#define WANT GP_FLAG_WANTS_REPLY
+#define CALL(key, flags, in, out) gp_call(GP_CALL_##key, flags, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0)
+
+/* ---- cuGetProcAddress: every name resolves; unknown names to a stub that says so once ------------ */
+
+#define N_STUBS 1024
+static const char *stub_names[N_STUBS];
+static int stub_said[N_STUBS];
+static int n_stub_names;
+static pthread_mutex_t stub_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static CUresult stub_hit(int slot) {
+    pthread_mutex_lock(&stub_lock);
+    int first = !stub_said[slot];
+    stub_said[slot] = 1;
+    pthread_mutex_unlock(&stub_lock);
+    if (first) {
+        gp_say("%s is not forwarded to the remote GPU; it returns CUDA_ERROR_NOT_SUPPORTED (docs/remote.md lists "
+               "what is forwarded)",
+               stub_names[slot] ? stub_names[slot] : "an unknown CUDA call");
+    }
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+#define STUB1(n) static CUresult stub_##n(void) { return stub_hit(n); }
+#define STUB4(n) STUB1(n##0) STUB1(n##1) STUB1(n##2) STUB1(n##3)
+#define STUB16(n) STUB4(n##0) STUB4(n##1) STUB4(n##2) STUB4(n##3)
+#define STUB64(n) STUB16(n##0) STUB16(n##1) STUB16(n##2) STUB16(n##3)
+#define STUB256(n) STUB64(n##0) STUB64(n##1) STUB64(n##2) STUB64(n##3)
+/* Each stub's slot is its name's digits after the leading 1, read in base 4: 0..1023. */
+#define stub_hit(n) stub_hit(base4(#n + 1))
+static int base4(const char *digits) {
+    int v = 0;
+    for (const char *d = digits; *d; d++) v = v * 4 + (*d - '0');
+    return v;
+}
+STUB256(10) STUB256(11) STUB256(12) STUB256(13)
+#undef stub_hit
+#define REF1(n) (void *)stub_##n,
+#define REF4(n) REF1(n##0) REF1(n##1) REF1(n##2) REF1(n##3)
+#define REF16(n) REF4(n##0) REF4(n##1) REF4(n##2) REF4(n##3)
+#define REF64(n) REF16(n##0) REF16(n##1) REF16(n##2) REF16(n##3)
+#define REF256(n) REF64(n##0) REF64(n##1) REF64(n##2) REF64(n##3)
+static void *const stubs[N_STUBS] = {REF256(10) REF256(11) REF256(12) REF256(13)};
+
+static void *stub_for(const char *name) {
+    pthread_mutex_lock(&stub_lock);
+    int slot = -1;
+    for (int i = 0; i < n_stub_names; i++) {
+        if (strcmp(stub_names[i], name) == 0) slot = i;
+    }
+    if (slot < 0 && n_stub_names < N_STUBS) {
+        slot = n_stub_names++;
+        stub_names[slot] = strdup(name);
+    }
+    pthread_mutex_unlock(&stub_lock);
+    return stubs[slot < 0 ? N_STUBS - 1 : slot];
+}
+
+static void *lookup_proc(const char *name, int version);
+
+GP_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, uint64_t flags, int *status) {
+    (void)flags; /* per-thread default stream variants: the worker runs one thread per connection */
+    if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
+    void *fn = lookup_proc(symbol, version);
+    *pfn = fn ? fn : stub_for(symbol);
+    if (status) *status = 0; /* CU_GET_PROC_ADDRESS_SUCCESS */
+    return CUDA_SUCCESS;
+}
+
+GP_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, uint64_t flags) {
+    return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+}
+
+static void *lookup_proc(const char *name, int version) {
+    if (strcmp(name, "cuGetProcAddress") == 0) return version >= 12000 ? (void *)cuGetProcAddress_v2 : (void *)cuGetProcAddress;
+    void *best = NULL;
+    size_t n = sizeof gp_procs / sizeof gp_procs[0];
+    for (size_t i = 0; i < n; i++) { /* sorted by name then version: the last fitting one wins */
+        if (strcmp(gp_procs[i].name, name) == 0 && gp_procs[i].since <= version) best = gp_procs[i].fn;
+    }
+    return best;
+}
+
+/* ---- error strings ----------------------------------------------------------------------------- */
+
+static const struct gp_result_text *result_text(int code) {
+    for (size_t i = 0; i < sizeof gp_result_texts / sizeof gp_result_texts[0]; i++) {
+        if (gp_result_texts[i].code == code) return &gp_result_texts[i];
+    }
+    return NULL;
+}
+
+CUresult cuGetErrorName(int32_t error, void *str) {
+    const struct gp_result_text *t = result_text(error);
+    if (!str) return CUDA_ERROR_INVALID_VALUE;
+    *(const char **)str = t ? t->name : NULL;
+    return t ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGetErrorString(int32_t error, void *str) {
+    const struct gp_result_text *t = result_text(error);
+    if (!str) return CUDA_ERROR_INVALID_VALUE;
+    *(const char **)str = t ? t->text : NULL;
+    return t ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- contexts ---------------------------------------------------------------------------------- */
+
+CUresult cuDevicePrimaryCtxRetain(uint64_t *ctx, int32_t dev) {
+    GP_TRACE("cuDevicePrimaryCtxRetain");
+    if (!ctx) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuDevicePrimaryCtxRetain in = {.dev = dev};
+    struct gp_out_cuDevicePrimaryCtxRetain out;
+    CUresult r = CALL(cuDevicePrimaryCtxRetain, WANT, in, out);
+    if (r == CUDA_SUCCESS) {
+        *ctx = out.ctx;
+        gp_ctx_note_device(out.ctx, dev);
+    }
+    return r;
+}
+
+CUresult cuCtxGetCurrent(uint64_t *ctx) {
+    GP_TRACE("cuCtxGetCurrent");
+    if (!ctx) return CUDA_ERROR_INVALID_VALUE;
+    *ctx = gp_ctx_current();
+    return CUDA_SUCCESS;
+}
+
+static int known_ctx(uint64_t ctx) {
+    int dev;
+    return gp_ctx_device(ctx, &dev);
+}
+
+CUresult cuCtxSetCurrent(uint64_t ctx) {
+    GP_TRACE("cuCtxSetCurrent");
+    if (ctx && !known_ctx(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+    gp_ctx_set(ctx);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPushCurrent_v2(uint64_t ctx) {
+    GP_TRACE("cuCtxPushCurrent_v2");
+    if (!ctx || !known_ctx(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+    return gp_ctx_push(ctx) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuCtxPopCurrent_v2(uint64_t *ctx) {
+    GP_TRACE("cuCtxPopCurrent_v2");
+    int ok;
+    uint64_t popped = gp_ctx_pop(&ok);
+    if (!ok) return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx) *ctx = popped;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetDevice_v2(int32_t *device, uint64_t ctx) {
+    GP_TRACE("cuCtxGetDevice_v2");
+    if (!device) return CUDA_ERROR_INVALID_VALUE;
+    if (!ctx) ctx = gp_ctx_current();
+    int dev;
+    if (!ctx || !gp_ctx_device(ctx, &dev)) return CUDA_ERROR_INVALID_CONTEXT;
+    *device = dev;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetDevice(int32_t *device) { return cuCtxGetDevice_v2(device, 0); }
+
+/* ---- device memory ----------------------------------------------------------------------------- */
+
+/* An allocation whose address is already host memory in this process is kept aside and the worker
+ * asked again, so the client can always tell host from device pointers; the ones kept aside are freed. */
+#define MAX_TRIES 8
+
+static CUresult free_remote(uint64_t ptr, uint64_t stream, int async) {
+    if (async) {
+        struct gp_in_cuMemFreeAsync in = {.dptr = ptr, .stream = stream};
+        return gp_call(GP_CALL_cuMemFreeAsync, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    }
+    struct gp_in_cuMemFree_v2 in = {.dptr = ptr};
+    return gp_call(GP_CALL_cuMemFree_v2, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
+static CUresult alloc_reserved(uint64_t *dptr, uint64_t bytesize, int kind, uint64_t pool, uint64_t stream) {
+    if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t aside[MAX_TRIES];
+    int n_aside = 0;
+    CUresult r = CUDA_SUCCESS;
+    for (;;) {
+        uint64_t ptr = 0;
+        if (kind == 0) {
+            struct gp_in_cuMemAlloc_v2 in = {.bytesize = bytesize};
+            struct gp_out_cuMemAlloc_v2 out;
+            r = CALL(cuMemAlloc_v2, WANT, in, out);
+            ptr = out.dptr;
+        } else if (kind == 1) {
+            struct gp_in_cuMemAllocAsync in = {.bytesize = bytesize, .stream = stream};
+            struct gp_out_cuMemAllocAsync out;
+            r = CALL(cuMemAllocAsync, WANT, in, out);
+            ptr = out.dptr;
+        } else {
+            struct gp_in_cuMemAllocFromPoolAsync in = {.bytesize = bytesize, .pool = pool, .stream = stream};
+            struct gp_out_cuMemAllocFromPoolAsync out;
+            r = CALL(cuMemAllocFromPoolAsync, WANT, in, out);
+            ptr = out.dptr;
+        }
+        if (r != CUDA_SUCCESS) break;
+        if (gp_dev_add(ptr, bytesize, 1) == 0) {
+            *dptr = ptr;
+            break;
+        }
+        if (n_aside == MAX_TRIES) {
+            gp_say("device address 0x%llx is host memory in this process, and so were %d more: allocation refused",
+                   (unsigned long long)ptr, MAX_TRIES);
+            free_remote(ptr, stream, kind != 0);
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+            break;
+        }
+        aside[n_aside++] = ptr;
+    }
+    for (int i = 0; i < n_aside; i++) free_remote(aside[i], stream, kind != 0);
+    return r;
+}
+
+CUresult cuMemAlloc_v2(uint64_t *dptr, uint64_t bytesize) {
+    GP_TRACE("cuMemAlloc_v2");
+    return alloc_reserved(dptr, bytesize, 0, 0, 0);
+}
+
+CUresult cuMemAllocAsync(uint64_t *dptr, uint64_t bytesize, uint64_t stream) {
+    GP_TRACE("cuMemAllocAsync");
+    return alloc_reserved(dptr, bytesize, 1, 0, stream);
+}
+
+CUresult cuMemAllocFromPoolAsync(uint64_t *dptr, uint64_t bytesize, uint64_t pool, uint64_t stream) {
+    GP_TRACE("cuMemAllocFromPoolAsync");
+    return alloc_reserved(dptr, bytesize, 2, pool, stream);
+}
+
+CUresult cuMemFree_v2(uint64_t dptr) {
+    GP_TRACE("cuMemFree_v2");
+    CUresult r = free_remote(dptr, 0, 0);
+    if (r == CUDA_SUCCESS) gp_dev_remove(dptr);
+    return r;
+}
+
+CUresult cuMemFreeAsync(uint64_t dptr, uint64_t stream) {
+    GP_TRACE("cuMemFreeAsync");
+    int owned = 0;
+    uint64_t base = 0;
+    if (!gp_dev_lookup(dptr, &base, NULL, &owned) || base != dptr || !owned) return CUDA_ERROR_INVALID_VALUE;
+    gp_dev_remove(dptr);
+    return free_remote(dptr, stream, 1);
+}
+
+CUresult cuMemPoolSetAttribute(uint64_t pool, int32_t attr, void *value) {
+    GP_TRACE("cuMemPoolSetAttribute");
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t v = GP_POOL_ATTRIBUTE_IS_INT(attr) ? (uint64_t)(uint32_t) * (int *)value : *(uint64_t *)value;
+    struct gp_in_cuMemPoolSetAttribute in = {.pool = pool, .attr = attr, .value = v};
+    return gp_call(GP_CALL_cuMemPoolSetAttribute, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
+CUresult cuMemPoolGetAttribute(uint64_t pool, int32_t attr, void *value) {
+    GP_TRACE("cuMemPoolGetAttribute");
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuMemPoolGetAttribute in = {.pool = pool, .attr = attr};
+    struct gp_out_cuMemPoolGetAttribute out;
+    CUresult r = CALL(cuMemPoolGetAttribute, WANT, in, out);
+    if (r == CUDA_SUCCESS) {
+        if (GP_POOL_ATTRIBUTE_IS_INT(attr)) *(int *)value = (int)out.value;
+        else *(uint64_t *)value = out.value;
+    }
+    return r;
+}
+
+static void note_global(uint64_t *dptr, uint64_t *bytes, uint64_t d, uint64_t n) {
+    gp_dev_add(d, n, 0);
+    if (dptr) *dptr = d;
+    if (bytes) *bytes = n;
+}
+
+CUresult cuModuleGetGlobal_v2(uint64_t *dptr, uint64_t *bytes, uint64_t module, const char *name) {
+    GP_TRACE("cuModuleGetGlobal_v2");
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuModuleGetGlobal_v2 in = {.module = module};
+    struct gp_out_cuModuleGetGlobal_v2 out;
+    CUresult r = gp_call(GP_CALL_cuModuleGetGlobal_v2, WANT, &in, sizeof in, name, strlen(name) + 1, &out, sizeof out,
+                         NULL, 0);
+    if (r == CUDA_SUCCESS) note_global(dptr, bytes, out.dptr, out.bytes);
+    return r;
+}
+
+CUresult cuLibraryGetGlobal(uint64_t *dptr, uint64_t *bytes, uint64_t library, const char *name) {
+    GP_TRACE("cuLibraryGetGlobal");
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuLibraryGetGlobal in = {.library = library};
+    struct gp_out_cuLibraryGetGlobal out;
+    CUresult r = gp_call(GP_CALL_cuLibraryGetGlobal, WANT, &in, sizeof in, name, strlen(name) + 1, &out, sizeof out,
+                         NULL, 0);
+    if (r == CUDA_SUCCESS) note_global(dptr, bytes, out.dptr, out.bytes);
+    return r;
+}
+
+/* ---- host memory stays here ---------------------------------------------------------------------- */
+
+static CUresult host_alloc(uint64_t *pp, uint64_t bytesize, unsigned flags) {
+    if (!pp || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, bytesize) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    gp_host_add((uint64_t)p, bytesize, flags, 1);
+    *pp = (uint64_t)p;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAllocHost_v2(uint64_t *pp, uint64_t bytesize) {
+    GP_TRACE("cuMemAllocHost_v2");
+    return host_alloc(pp, bytesize, 0);
+}
+
+CUresult cuMemHostAlloc(uint64_t *pp, uint64_t bytesize, uint32_t flags) {
+    GP_TRACE("cuMemHostAlloc");
+    return host_alloc(pp, bytesize, flags);
+}
+
+CUresult cuMemFreeHost(void *p) {
+    GP_TRACE("cuMemFreeHost");
+    if (gp_host_remove((uint64_t)p, 1) != 0) return CUDA_ERROR_INVALID_VALUE;
+    free(p);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostRegister_v2(void *p, uint64_t bytesize, uint32_t flags) {
+    GP_TRACE("cuMemHostRegister_v2");
+    if (!p || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+    return gp_host_add((uint64_t)p, bytesize, flags, 0) == 0 ? CUDA_SUCCESS : CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+}
+
+CUresult cuMemHostUnregister(void *p) {
+    GP_TRACE("cuMemHostUnregister");
+    return gp_host_remove((uint64_t)p, 0) == 0 ? CUDA_SUCCESS : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+}
+
+CUresult cuMemHostGetFlags(uint32_t *flags, void *p) {
+    GP_TRACE("cuMemHostGetFlags");
+    unsigned f;
+    if (!flags || !gp_host_lookup((uint64_t)p, NULL, NULL, &f)) return CUDA_ERROR_INVALID_VALUE;
+    *flags = f;
+    return CUDA_SUCCESS;
+}
+
+/* ---- copies ------------------------------------------------------------------------------------ */
+
+static int device_range(uint64_t ptr, uint64_t count) {
+    uint64_t base, size;
+    return gp_dev_lookup(ptr, &base, &size, NULL) && count <= size - (ptr - base);
+}
+
+static int is_device(uint64_t ptr) { return gp_dev_lookup(ptr, NULL, NULL, NULL); }
+
+static CUresult htod(uint32_t call, uint64_t dst, const void *src, uint64_t count, uint64_t stream) {
+    if (count == 0) return CUDA_SUCCESS;
+    if (!src || !device_range(dst, count)) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuMemcpyHtoD_v2 in = {.dst = dst, .count = count, .stream = stream};
+    /* Returns once the bytes are in the socket: the caller may reuse its buffer at once. */
+    return gp_call(call, 0, &in, sizeof in, src, count, NULL, 0, NULL, 0);
+}
+
+static CUresult dtoh(uint32_t call, void *dst, uint64_t src, uint64_t count, uint64_t stream) {
+    if (count == 0) return CUDA_SUCCESS;
+    if (!dst || !device_range(src, count)) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuMemcpyDtoH_v2 in = {.src = src, .count = count, .stream = stream};
+    /* The reply streams straight into the caller's buffer. */
+    return gp_call(call, WANT, &in, sizeof in, NULL, 0, NULL, 0, dst, count);
+}
+
+CUresult cuMemcpyHtoD_v2(uint64_t dst, void *src, uint64_t count) {
+    GP_TRACE("cuMemcpyHtoD_v2");
+    return htod(GP_CALL_cuMemcpyHtoD_v2, dst, src, count, 0);
+}
+
+CUresult cuMemcpyHtoDAsync_v2(uint64_t dst, void *src, uint64_t count, uint64_t stream) {
+    GP_TRACE("cuMemcpyHtoDAsync_v2");
+    return htod(GP_CALL_cuMemcpyHtoDAsync_v2, dst, src, count, stream);
+}
+
+CUresult cuMemcpyDtoH_v2(void *dst, uint64_t src, uint64_t count) {
+    GP_TRACE("cuMemcpyDtoH_v2");
+    return dtoh(GP_CALL_cuMemcpyDtoH_v2, dst, src, count, 0);
+}
+
+CUresult cuMemcpyDtoHAsync_v2(void *dst, uint64_t src, uint64_t count, uint64_t stream) {
+    GP_TRACE("cuMemcpyDtoHAsync_v2");
+    return dtoh(GP_CALL_cuMemcpyDtoHAsync_v2, dst, src, count, stream);
+}
+
+static CUresult generic_copy(uint64_t dst, uint64_t src, uint64_t count, uint64_t stream, int async) {
+    int d = is_device(dst), s = is_device(src);
+    if (d && s) {
+        if (async) return cuMemcpyDtoDAsync_v2(dst, src, count, stream);
+        return cuMemcpyDtoD_v2(dst, src, count);
+    }
+    if (d) return htod(async ? GP_CALL_cuMemcpyHtoDAsync_v2 : GP_CALL_cuMemcpyHtoD_v2, dst, (void *)src, count, stream);
+    if (s) return dtoh(async ? GP_CALL_cuMemcpyDtoHAsync_v2 : GP_CALL_cuMemcpyDtoH_v2, (void *)dst, src, count, stream);
+    if (count && (!dst || !src)) return CUDA_ERROR_INVALID_VALUE;
+    memmove((void *)dst, (const void *)src, count); /* host to host, as unified addressing allows */
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpy(uint64_t dst, uint64_t src, uint64_t count) {
+    GP_TRACE("cuMemcpy");
+    return generic_copy(dst, src, count, 0, 0);
+}
+
+CUresult cuMemcpyAsync(uint64_t dst, uint64_t src, uint64_t count, uint64_t stream) {
+    GP_TRACE("cuMemcpyAsync");
+    return generic_copy(dst, src, count, stream, 1);
+}
+
+/* ---- pointer attributes ------------------------------------------------------------------------ */
+
+static CUresult host_attribute(void *data, int attr, uint64_t ptr) {
+    uint64_t base, size;
+    unsigned flags;
+    if (!gp_host_lookup(ptr, &base, &size, &flags)) return CUDA_ERROR_INVALID_VALUE;
+    switch (attr) {
+    case 2: *(unsigned *)data = 1; return CUDA_SUCCESS; /* CU_MEMORYTYPE_HOST */
+    case 4: *(uint64_t *)data = ptr; return CUDA_SUCCESS;
+    case 11: *(uint64_t *)data = base; return CUDA_SUCCESS;
+    case 12: *(uint64_t *)data = size; return CUDA_SUCCESS;
+    case 8: case 13: *(unsigned *)data = 0; return CUDA_SUCCESS; /* not managed, not mapped */
+    case 9: *(int *)data = -1; return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+CUresult cuPointerGetAttribute(void *data, int32_t attr, uint64_t ptr) {
+    GP_TRACE("cuPointerGetAttribute");
+    if (!data) return CUDA_ERROR_INVALID_VALUE;
+    if (!is_device(ptr)) return host_attribute(data, attr, ptr);
+    unsigned size = attr >= 0 && attr < 32 ? gp_pointer_attribute_size[attr] : 0;
+    if (!size) return CUDA_ERROR_NOT_SUPPORTED;
+    struct gp_in_cuPointerGetAttribute in = {.attr = attr, .ptr = ptr};
+    struct gp_out_cuPointerGetAttribute out;
+    CUresult r = CALL(cuPointerGetAttribute, WANT, in, out);
+    if (r == CUDA_SUCCESS) {
+        if (size == 4) *(uint32_t *)data = (uint32_t)out.value;
+        else *(uint64_t *)data = out.value;
+    }
+    return r;
+}
+
+CUresult cuPointerGetAttributes(uint32_t count, void *attrs, void *data, uint64_t ptr) {
+    GP_TRACE("cuPointerGetAttributes");
+    if (!attrs || !data) return CUDA_ERROR_INVALID_VALUE;
+    for (uint32_t i = 0; i < count; i++) {
+        int attr = ((int *)attrs)[i];
+        void *slot = ((void **)data)[i];
+        if (!slot) continue;
+        unsigned size = attr >= 0 && attr < 32 ? gp_pointer_attribute_size[attr] : 0;
+        if (!size) size = 8;
+        CUresult r = cuPointerGetAttribute(slot, attr, ptr);
+        /* Like CUDA: an attribute that does not apply to this pointer reads as zero. */
+        if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_NOT_SUPPORTED) memset(slot, 0, size);
+        else if (r != CUDA_SUCCESS) return r;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* ---- modules ----------------------------------------------------------------------------------- */
+
+/* How many bytes a module image spans: ELF (cubin), fatbin, a fatbin wrapper, or NUL-terminated PTX. */
+static uint64_t image_size(const void *image, const void **start) {
+    const unsigned char *p = image;
+    uint32_t magic;
+    memcpy(&magic, p, 4);
+    *start = image;
+    if (magic == 0x466243b1u) { /* __fatBinC_Wrapper_t { int magic; int version; const void *data; ... } */
+        const void *data;
+        memcpy(&data, p + 8, sizeof data);
+        return image_size(data, start);
+    }
+    if (magic == 0xba55ed50u) { /* fatbin header: magic, u16 version, u16 header size, u64 payload size */
+        uint16_t header;
+        uint64_t payload;
+        memcpy(&header, p + 6, 2);
+        memcpy(&payload, p + 8, 8);
+        return header + payload;
+    }
+    if (p[0] == 0x7f && p[1] == 'E' && p[2] == 'L' && p[3] == 'F' && p[4] == 2) { /* 64-bit ELF */
+        uint64_t phoff, shoff, end;
+        uint16_t phentsize, phnum, shentsize, shnum;
+        memcpy(&phoff, p + 0x20, 8);
+        memcpy(&shoff, p + 0x28, 8);
+        memcpy(&phentsize, p + 0x36, 2);
+        memcpy(&phnum, p + 0x38, 2);
+        memcpy(&shentsize, p + 0x3a, 2);
+        memcpy(&shnum, p + 0x3c, 2);
+        end = shoff + (uint64_t)shentsize * shnum;
+        if (phoff + (uint64_t)phentsize * phnum > end) end = phoff + (uint64_t)phentsize * phnum;
+        for (unsigned i = 0; i < shnum; i++) { /* section contents may follow the headers */
+            const unsigned char *sh = p + shoff + (uint64_t)i * shentsize;
+            uint32_t type;
+            uint64_t off, size;
+            memcpy(&type, sh + 4, 4);
+            memcpy(&off, sh + 0x18, 8);
+            memcpy(&size, sh + 0x20, 8);
+            if (type != 8 && off + size > end) end = off + size; /* 8: SHT_NOBITS */
+        }
+        return end;
+    }
+    return strlen((const char *)p) + 1;
+}
+
+static CUresult load_image(uint32_t call, uint64_t *handle, const void *image) {
+    if (!handle || !image) return CUDA_ERROR_INVALID_VALUE;
+    const void *start;
+    uint64_t size = image_size(image, &start);
+    struct { uint64_t handle; } __attribute__((packed)) out;
+    CUresult r = gp_call(call, WANT, NULL, 0, start, size, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) *handle = out.handle;
+    return r;
+}
+
+CUresult cuModuleLoadData(uint64_t *module, void *image) {
+    GP_TRACE("cuModuleLoadData");
+    return load_image(GP_CALL_cuModuleLoadData, module, image);
+}
+
+CUresult cuModuleLoadDataEx(uint64_t *module, void *image, uint32_t n, void *options, void *values) {
+    GP_TRACE("cuModuleLoadDataEx");
+    (void)n, (void)options, (void)values; /* JIT options (log buffers, levels) are not forwarded */
+    return load_image(GP_CALL_cuModuleLoadDataEx, module, image);
+}
+
+CUresult cuModuleLoadFatBinary(uint64_t *module, void *image) {
+    GP_TRACE("cuModuleLoadFatBinary");
+    return load_image(GP_CALL_cuModuleLoadFatBinary, module, image);
+}
+
+CUresult cuLibraryLoadData(uint64_t *library, void *code, void *jit_opts, void *jit_vals, uint32_t n_jit,
+                           void *lib_opts, void *lib_vals, uint32_t n_lib) {
+    GP_TRACE("cuLibraryLoadData");
+    (void)jit_opts, (void)jit_vals, (void)n_jit, (void)lib_opts, (void)lib_vals, (void)n_lib;
+    return load_image(GP_CALL_cuLibraryLoadData, library, code);
+}
+
+/* ---- launches ---------------------------------------------------------------------------------- */
+
+struct layout { uint64_t func; uint32_t count, total; uint32_t *offset_size; };
+static struct layout *layouts;
+static size_t n_layouts, cap_layouts;
+static pthread_mutex_t layout_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Parameter offsets and sizes of a function (or kernel), asked of the worker once. */
+static CUresult layout_of(uint64_t func, struct layout *result) {
+    pthread_mutex_lock(&layout_lock);
+    for (size_t i = 0; i < n_layouts; i++) {
+        if (layouts[i].func == func) {
+            *result = layouts[i];
+            pthread_mutex_unlock(&layout_lock);
+            return CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&layout_lock);
+    uint32_t pairs[2 * 1024];
+    struct gp_in_gpParamLayout in = {.func = func};
+    struct gp_out_gpParamLayout out;
+    CUresult r = gp_call(GP_CALL_gpParamLayout, WANT, &in, sizeof in, NULL, 0, &out, sizeof out, pairs, sizeof pairs);
+    if (r != CUDA_SUCCESS) return r;
+    if (out.count > 1024) return CUDA_ERROR_NOT_SUPPORTED;
+    struct layout l = {func, out.count, 0, malloc(sizeof(uint32_t) * 2 * (out.count ? out.count : 1))};
+    if (!l.offset_size) return CUDA_ERROR_OUT_OF_MEMORY;
+    memcpy(l.offset_size, pairs, sizeof(uint32_t) * 2 * out.count);
+    for (uint32_t i = 0; i < out.count; i++) {
+        uint32_t end = pairs[2 * i] + pairs[2 * i + 1];
+        if (end > l.total) l.total = end;
+    }
+    pthread_mutex_lock(&layout_lock);
+    if (n_layouts == cap_layouts) {
+        cap_layouts = cap_layouts ? cap_layouts * 2 : 64;
+        layouts = realloc(layouts, cap_layouts * sizeof *layouts);
+    }
+    layouts[n_layouts++] = l;
+    pthread_mutex_unlock(&layout_lock);
+    *result = l;
+    return CUDA_SUCCESS;
+}
+
+/* Packs kernelParams (or the `extra` buffer) into `buf`; returns its length or -1. */
+static int64_t pack_params(const struct layout *l, void **params, void **extra, unsigned char *buf, size_t cap) {
+    if (params) {
+        if (l->total > cap) return -1;
+        memset(buf, 0, l->total);
+        for (uint32_t i = 0; i < l->count; i++) {
+            if (!params[i]) return -1;
+            memcpy(buf + l->offset_size[2 * i], params[i], l->offset_size[2 * i + 1]);
+        }
+        return l->total;
+    }
+    if (extra) { /* CU_LAUNCH_PARAM_BUFFER_POINTER (1), CU_LAUNCH_PARAM_BUFFER_SIZE (2), END (0) */
+        const void *pointer = NULL;
+        size_t size = 0;
+        for (size_t i = 0; extra[i] != NULL; i += 2) {
+            if (extra[i] == (void *)1) pointer = extra[i + 1];
+            else if (extra[i] == (void *)2) size = *(size_t *)extra[i + 1];
+            else return -1;
+        }
+        if (!pointer || size > cap) return -1;
+        memcpy(buf, pointer, size);
+        return (int64_t)size;
+    }
+    return l->count == 0 ? 0 : -1;
+}
+
+static CUresult launch(uint64_t f, const uint32_t dims[7], uint64_t stream, void **params, void **extra,
+                       const void *attrs, uint32_t n_attrs) {
+    struct layout l;
+    CUresult r = layout_of(f, &l);
+    if (r != CUDA_SUCCESS) return r;
+    unsigned char small[4096];
+    size_t cap = l.total > sizeof small ? l.total : sizeof small;
+    if (extra && !params) cap = 1 << 16;
+    unsigned char *buf = cap > sizeof small ? malloc(cap) : small;
+    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    int64_t len = pack_params(&l, params, extra, buf, cap);
+    if (len < 0) {
+        if (buf != small) free(buf);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    struct gp_in_cuLaunchKernelEx in = {.f = f, .gx = dims[0], .gy = dims[1], .gz = dims[2], .bx = dims[3],
+                                        .by = dims[4], .bz = dims[5], .smem = dims[6], .stream = stream,
+                                        .n_attrs = n_attrs};
+    r = gp_call2(GP_CALL_cuLaunchKernelEx, 0, &in, sizeof in, buf, (uint64_t)len, attrs, (uint64_t)n_attrs * 72, NULL,
+                 0, NULL, 0);
+    if (buf != small) free(buf);
+    return r;
+}
+
+CUresult cuLaunchKernel(uint64_t f, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t bx, uint32_t by, uint32_t bz,
+                        uint32_t smem, uint64_t stream, void *params, void *extra) {
+    GP_TRACE("cuLaunchKernel");
+    const uint32_t dims[7] = {gx, gy, gz, bx, by, bz, smem};
+    return launch(f, dims, stream, params, extra, NULL, 0);
+}
+
+/* CUlaunchConfig: seven unsigned ints, then CUstream at 32, CUlaunchAttribute* at 40, unsigned at 48;
+ * each CUlaunchAttribute is 72 bytes (id, padding, a 64-byte value union). */
+CUresult cuLaunchKernelEx(void *config, uint64_t f, void *params, void *extra) {
+    GP_TRACE("cuLaunchKernelEx");
+    if (!config) return CUDA_ERROR_INVALID_VALUE;
+    const unsigned char *c = config;
+    uint32_t dims[7];
+    uint64_t stream;
+    const void *attrs;
+    uint32_t n_attrs;
+    memcpy(dims, c, sizeof dims);
+    memcpy(&stream, c + 32, 8);
+    memcpy(&attrs, c + 40, 8);
+    memcpy(&n_attrs, c + 48, 4);
+    if (n_attrs && !attrs) return CUDA_ERROR_INVALID_VALUE;
+    return launch(f, dims, stream, params, extra, attrs, n_attrs);
+}
