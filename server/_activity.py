@@ -29,14 +29,30 @@ class NvmlActivity:
         wanted = {lease["id"]: with_descendants(lease["pids"]) for lease in leases if lease["pids"]}
         gpus = sorted({g for lease in leases if lease["id"] in wanted for g in lease["gpus"]})
         busy: set[int] = set()
+        mps_busy: set[int] = set()  # GPUs whose MPS server did work
         for index in gpus:
             try:
-                for p in process_activity(index, window_s=self.window_s):
-                    if p.sm_util is None or p.sm_util > 0:
-                        busy.add(p.pid)
+                procs = process_activity(index, window_s=self.window_s)
             except Exception as exc:  # a lost GPU or NVML hiccup: no evidence of work this round
                 log.warning("activity probe on GPU %d failed: %s", index, exc)
-        return {lid: now for lid, pids in wanted.items() if pids & busy}
+                continue
+            working = {p.pid for p in procs if p.sm_util is None or p.sm_util > 0}
+            busy |= working
+            # Under MPS the driver may book the work of MPS clients to the MPS server process: when it
+            # is busy, every lease with live processes on that GPU counts as busy (no wrongful reclaim).
+            if any(_is_mps_server(pid) for pid in working):
+                mps_busy.add(index)
+        gpus_of = {lease["id"]: set(lease["gpus"]) for lease in leases}
+        return {lid: now for lid, pids in wanted.items() if pids & busy or (pids and gpus_of[lid] & mps_busy)}
+
+
+def _is_mps_server(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).name().startswith("nvidia-cuda-mps")
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
 
 
 class SimulatedActivity:

@@ -55,8 +55,19 @@ class ServerProc:
         self.log = self.state_dir / "server.log"
 
     def start(self, timeout: float = 20.0) -> ServerProc:
-        args = [*server_cmd(), "serve", "--simulate-gpus", self.gpus, "--host", "127.0.0.1", "--port", str(self.port),
-                "--state-dir", str(self.state_dir), *self.extra]  # fmt: skip
+        args = [
+            *server_cmd(),
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--state-dir",
+            str(self.state_dir),
+            *self.extra,
+        ]
+        if self.gpus:  # None: the host's real GPUs (tests/gpu)
+            args += ["--simulate-gpus", self.gpus]
         if self.config_path:
             args += ["--config", str(self.config_path)]
         logf = open(self.log, "ab")  # noqa: SIM115
