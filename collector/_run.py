@@ -58,6 +58,13 @@ class Status:
             stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             print(f"{stamp} {self.line(gpus, writer, ticks)}", file=self.stream, flush=True)
 
+    def event(self, message: str) -> None:
+        """A line that matters (a GPU lost or back), shown even with -q."""
+        if self.tty and not self.quiet:
+            self.stream.write("\r\x1b[K")
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        print(f"{stamp} gpustat-collect: {message}", file=self.stream, flush=True)
+
     def finish(self) -> None:
         if self.tty and not self.quiet:
             self.stream.write("\n")
@@ -80,6 +87,7 @@ def run(
     """
     stats = RunStats()
     gpus = len(source.inventory())
+    states: dict[int, str] = {}
     started = time.monotonic()
     next_tick = started
     while not stop.is_set():
@@ -97,6 +105,7 @@ def run(
         if writer.error is not None:
             raise writer.error
         if status is not None:
+            _report_state_changes(tick.gpu_rows, states, status)
             status.update(gpus, writer, stats.ticks)
         if source.exhausted:
             break
@@ -112,3 +121,19 @@ def run(
         if wait > 0:
             stop.wait(wait)
     return stats
+
+
+def _report_state_changes(rows: list[dict], states: dict[int, str], status: Status) -> None:
+    for row in rows:
+        index, state = row["gpu_index"], row.get("state") or "ok"
+        before = states.get(index, "ok")
+        states[index] = state
+        if state == before:
+            continue
+        who = f"GPU {index} ({row.get('gpu_uuid') or 'no uuid'})"
+        if state == "lost":
+            status.event(
+                f"{who} stopped answering (fell off the bus?): recorded as state=lost; sampling the other GPUs"
+            )
+        else:
+            status.event(f"{who} answers again (state={state})")

@@ -153,3 +153,28 @@ def test_help_is_fast_and_imports_nothing_heavy():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip().splitlines()[-1] == "[]"
     assert "--fallback-simulate" in proc.stdout and "compact DIR" in proc.stdout
+
+
+class LosingFake(FakeNvml):
+    """GPU 1 falls off the bus after a few ticks."""
+
+    def memory(self, i):
+        if i == 1 and self.calls["memory"] > 6:
+            self.lost.add(1)
+        return super().memory(i)
+
+
+def test_a_gpu_falling_off_the_bus_is_reported_and_the_others_continue(tmp_path, monkeypatch, capsys):
+    argv = ["--out", str(tmp_path), "--duration", "1", "--interval", "0.1s", "--flush", "0.2s"]
+    assert _run_in_process(monkeypatch, argv, LosingFake(3)) == 0
+    err = capsys.readouterr().err
+    assert "GPU 1 (GPU-fake-1) stopped answering (fell off the bus?): recorded as state=lost" in err
+    con = analytics.open_telemetry(tmp_path)
+    per_gpu = dict(
+        con.execute(
+            "SELECT gpu_index, list(DISTINCT state ORDER BY state) FROM gpu_samples GROUP BY 1"
+        ).fetchall()
+    )
+    assert per_gpu == {0: ["ok"], 1: ["lost", "ok"], 2: ["ok"]}
+    ticks = con.execute("SELECT count(DISTINCT ts) FROM gpu_samples").fetchone()[0]
+    assert con.execute("SELECT count(*) FROM gpu_samples WHERE gpu_index = 2").fetchone()[0] == ticks
