@@ -1,9 +1,58 @@
 """Analytics over gpupool telemetry: plain functions over DuckDB, no UI code.
 
-``reports`` and ``tui`` read telemetry only through this package.
+``reports`` and ``tui`` read telemetry only through this package. Every function takes a connection
+from ``open_telemetry`` and a ``Scope`` (time range, hosts, GPUs) and returns a frozen dataclass
+whose field names carry their units (``_hours``, ``_bytes``, ``_s``; utilizations are ratios 0-1)
+and a ``simulated`` flag, so every page can say when the data is not real.
 """
 
 from analytics import live as live  # the console's queries: latest sample, series, processes
+from analytics._attribution import BY as ATTRIBUTION_KEYS
+from analytics._attribution import Attribution, AttributionRow, attribution
+from analytics._patterns import (
+    DAYS,
+    HourOfWeek,
+    Period,
+    Periods,
+    Timeline,
+    TimePoint,
+    busiest_idlest,
+    hour_of_week,
+    utilization_timeline,
+)
+from analytics._scope import Extent, GpuInfo, Scope, data_extent
+from analytics._summary import Distribution, FleetSummary, GpuStat, SummaryOptions, fleet_summary
 from analytics._telemetry import TelemetryError, open_telemetry
+from analytics._whatif import GRANULARITIES, POLICIES, PoolOptions, WhatIf, what_if
 
-__all__ = ["TelemetryError", "open_telemetry"]
+__all__ = [
+    "ATTRIBUTION_KEYS",
+    "DAYS",
+    "GRANULARITIES",
+    "POLICIES",
+    "Attribution",
+    "AttributionRow",
+    "Distribution",
+    "Extent",
+    "FleetSummary",
+    "GpuInfo",
+    "GpuStat",
+    "HourOfWeek",
+    "Period",
+    "Periods",
+    "PoolOptions",
+    "Scope",
+    "SummaryOptions",
+    "TelemetryError",
+    "TimePoint",
+    "Timeline",
+    "WhatIf",
+    "attribution",
+    "busiest_idlest",
+    "data_extent",
+    "fleet_summary",
+    "hour_of_week",
+    "open_telemetry",
+    "utilization_timeline",
+    "what_if",
+]

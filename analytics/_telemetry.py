@@ -94,6 +94,8 @@ def open_telemetry(
                 "run gpustat-collect --out DIR first, or check the path",
             )
     con = con if con is not None else duckdb.connect()
+    # Long scans would otherwise draw a progress bar on the terminal of whoever runs a report.
+    con.execute("SET enable_progress_bar = false")
     found_any = False
     for table in TABLES.values():
         per_root = {root: _segments(root, table.name) for root in roots}

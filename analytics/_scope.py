@@ -1,0 +1,120 @@
+"""What a question is asked about: a time range, a set of hosts, a set of GPUs.
+
+Every analytics function takes a ``Scope`` and turns it into a WHERE clause with ``?`` placeholders;
+values are always parameters, never spliced into SQL. The clause also bounds the ``date`` hive
+partition so DuckDB skips whole days of segments outside the range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import duckdb
+
+from analytics._telemetry import TelemetryError
+
+
+def utc(ts: datetime | None) -> datetime | None:
+    """An aware UTC datetime (naive input is taken to be UTC already)."""
+    if ts is None:
+        return None
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Rows with ``start <= ts < end`` on the given hosts and GPUs (empty tuple: all of them)."""
+
+    start: datetime | None = None
+    end: datetime | None = None
+    hosts: tuple[str, ...] = ()
+    gpus: tuple[str, ...] = field(default=())  # GPU UUIDs
+
+    def where(self) -> tuple[str, list]:
+        """SQL predicate over a telemetry view and its parameters."""
+        clauses: list[str] = ["true"]
+        params: list = []
+        start, end = utc(self.start), utc(self.end)
+        if start is not None:
+            clauses += ["date >= ?", "ts >= ?"]
+            params += [start.date(), start]
+        if end is not None:
+            clauses += ["date <= ?", "ts < ?"]
+            params += [end.date(), end]
+        if self.hosts:
+            clauses.append(f"host IN ({', '.join('?' for _ in self.hosts)})")
+            params += list(self.hosts)
+        if self.gpus:
+            clauses.append(f"gpu_uuid IN ({', '.join('?' for _ in self.gpus)})")
+            params += list(self.gpus)
+        return " AND ".join(clauses), params
+
+    def describe(self) -> str:
+        start, end = utc(self.start), utc(self.end)
+        span = f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC" if start and end else "all time"
+        hosts = ", ".join(self.hosts) if self.hosts else "all hosts"
+        gpus = f", {len(self.gpus)} selected GPUs" if self.gpus else ""
+        return f"{span}, {hosts}{gpus}"
+
+
+ALL = Scope()  # everything in the telemetry (a shared default: Scope is frozen)
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    host: str
+    gpu_index: int
+    gpu_uuid: str
+    gpu_name: str
+    mem_total_bytes: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.host} / GPU {self.gpu_index} ({self.gpu_name})"
+
+
+@dataclass(frozen=True)
+class Extent:
+    """What the telemetry holds: its time span, hosts and GPUs, and whether any row is simulated."""
+
+    start: datetime | None
+    end: datetime | None
+    hosts: tuple[str, ...]
+    gpus: tuple[GpuInfo, ...]
+    simulated: bool
+    gpu_rows: int
+    process_rows: int
+
+
+def data_extent(con: duckdb.DuckDBPyConnection) -> Extent:
+    """The span, hosts and GPUs present in ``gpu_samples`` (for filters and for error hints)."""
+    start, end, rows, simulated = con.execute(
+        "SELECT min(ts) AT TIME ZONE 'UTC', max(ts) AT TIME ZONE 'UTC', count(*), coalesce(bool_or(simulated), false) "
+        "FROM gpu_samples"
+    ).fetchone()
+    gpus = con.execute(
+        "SELECT host, arg_max(gpu_index, ts), gpu_uuid, arg_max(gpu_name, ts), max(mem_total_bytes) "
+        "FROM gpu_samples GROUP BY host, gpu_uuid ORDER BY host, 2"
+    ).fetchall()
+    (process_rows,) = con.execute("SELECT count(*) FROM process_samples").fetchone()
+    return Extent(
+        start=utc(start),
+        end=utc(end),
+        hosts=tuple(sorted({g[0] for g in gpus})),
+        gpus=tuple(GpuInfo(h, int(i), u, n or "", int(m or 0)) for h, i, u, n, m in gpus),
+        simulated=bool(simulated),
+        gpu_rows=int(rows),
+        process_rows=int(process_rows),
+    )
+
+
+def no_data_error(con: duckdb.DuckDBPyConnection, scope: Scope, table: str = "gpu_samples") -> TelemetryError:
+    """The error for a scope that matches no rows, with the span that does hold data as the hint."""
+    row = con.execute(
+        f"SELECT min(ts) AT TIME ZONE 'UTC', max(ts) AT TIME ZONE 'UTC', string_agg(DISTINCT host, ', ') FROM {table}"
+    ).fetchone()
+    if row[0] is None:
+        return TelemetryError(f"no {table} rows in this telemetry", "is the collector writing there?")
+    hint = f"the telemetry holds {row[0]:%Y-%m-%d %H:%M} to {row[1]:%Y-%m-%d %H:%M} UTC on hosts {row[2]}"
+    return TelemetryError(f"no {table} rows for {scope.describe()}", hint)

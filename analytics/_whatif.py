@@ -1,0 +1,405 @@
+"""What-if pooling: replay the observed demand onto a pool of GPUs cut into partitions.
+
+The demand is read from telemetry and cut into *requests*, the way Bitfusion clients asked for GPUs:
+
+- ``demand="process"``: each process's continuous presence on a GPU is one request; its size is the
+  most memory it held during that run, its busy share per step is its ``sm_util`` (or, where NVML
+  gave none, its GPU's utilization.gpu split among such processes).
+- ``demand="gpu"``: each GPU's continuous stretch of holding at least ``held_mem_bytes`` (or being
+  busy) is one request, sized by the peak memory of the stretch — for telemetry without process rows.
+
+A request's memory is rounded up to whole partitions (``1/granularity`` of a pool GPU; Bitfusion
+allowed down to 1/20) and held, unmoved, for its whole run: partitions are fixed at allocation and
+leases do not migrate. Compute is shared: tenants of one GPU add their busy shares, capped at 1.
+
+Two replays, step by step (``step_s``):
+
+1. An unbounded pool: arrivals are placed by the packing policy, a new GPU opens when none has room.
+   The GPUs holding at least one partition at each step give the *need*: its 95th and 99th
+   percentile over time are the pool sizes that would have served the demand 95 % / 99 % of the time.
+2. A pool of ``pool_gpus`` (default: the p95 need): a request that does not fit waits and retries
+   each step (as a Bitfusion client backs off and retries) until partitions free up, then runs for
+   its full duration. This gives how often a request would have waited, and how busy the pooled
+   GPUs would be.
+
+Packing policies: ``first-fit`` (lowest-numbered GPU with room), ``best-fit`` (the GPU left with the
+least room), ``first-fit-decreasing`` (the requests arriving in one step placed largest first, each
+first-fit).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import insort
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import duckdb
+
+from analytics._scope import ALL, Scope, no_data_error
+from analytics._summary import GIB
+from analytics._telemetry import TelemetryError
+
+POLICIES = ("first-fit", "best-fit", "first-fit-decreasing")
+DEMANDS = ("process", "gpu")
+GRANULARITIES = (1, 2, 4, 5, 8, 10, 20)
+_AUTO_STEPS = (60, 300, 900, 3600)
+MAX_STEPS = 20_000
+
+
+@dataclass(frozen=True)
+class PoolOptions:
+    """Inputs of the what-if. Sizes in bytes, time in seconds, price per GPU-hour in ``currency``."""
+
+    granularity: int = 20  # partitions per GPU: a request takes whole 1/granularity slices
+    policy: str = "best-fit"
+    demand: str = "process"
+    step_s: int | None = None  # replay resolution; None: 60 s, coarser for long ranges (<= 20,000 steps)
+    pool_gpus: int | None = None  # size of the pool replayed with waiting; None: the p95 need
+    gpu_mem_bytes: int | None = None  # memory of one pool GPU; None: the largest GPU observed
+    held_mem_bytes: int = 1 * GIB  # demand="gpu": a GPU holding less (and idle) has no request
+    idle_below: float = 0.05
+    price_per_gpu_hour: float = 2.50
+    currency: str = "USD"
+
+    def check(self) -> None:
+        if self.policy not in POLICIES:
+            raise TelemetryError(
+                f"unknown packing policy {self.policy!r}", "use one of: " + ", ".join(POLICIES)
+            )
+        if self.demand not in DEMANDS:
+            raise TelemetryError(f"unknown demand basis {self.demand!r}", "use one of: " + ", ".join(DEMANDS))
+        if not 1 <= self.granularity <= 20:
+            raise TelemetryError(
+                f"granularity {self.granularity} out of range", "partitions per GPU go from 1 to 20"
+            )
+        if self.pool_gpus is not None and self.pool_gpus < 1:
+            raise TelemetryError("pool size must be at least 1 GPU", "leave it empty to use the p95 need")
+
+
+DEFAULT_POOL = PoolOptions()
+
+
+@dataclass
+class Request:
+    """One observed use of a GPU, replayed as one partition request."""
+
+    source: str  # "host / GPU n / pid p" or "host / GPU n"
+    start: int  # step index
+    busy: list[float]  # busy share per step of the run (ratio 0-1)
+    mem_bytes: int
+    parts: int = 0  # partitions of one pool GPU (set by the replay)
+    placed: int = -1  # step the pool placed it (replay 2)
+
+    @property
+    def steps(self) -> int:
+        return len(self.busy)
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """The pool that would have served the observed demand. Ratios 0-1; cost in ``options.currency``."""
+
+    options: PoolOptions
+    step_s: int
+    span_hours: float
+    requests: int
+    observed_gpus: int
+    observed_util_mean: float | None  # utilization.gpu of the observed GPUs over the span
+    gpus_needed_p95: int
+    gpus_needed_p99: int
+    gpus_needed_peak: int
+    gpus_needed_ideal_p95: int  # if partitions could be repacked every step (a lower bound)
+    pool_gpus: int  # the pool replayed with waiting
+    pooled_util_mean: float  # mean over the pool's GPUs and steps of min(1, sum of tenants' busy)
+    pooled_mem_allocated_mean: float  # partitions held / partitions in the pool
+    oversubscribed_share: float  # GPU-steps where tenants' busy shares sum above 1 (they would slow)
+    waited_requests: int
+    waited_share: float  # of requests, on the pool of pool_gpus
+    wait_p95_s: float  # among requests that waited
+    wait_max_s: float
+    cost_observed: float  # observed GPUs x span x price
+    cost_pooled: float  # pool_gpus x span x price
+    need_over_time: tuple[tuple[datetime, int], ...] = field(repr=False)
+    assumptions: tuple[str, ...] = field(repr=False, default=())
+    simulated: bool = False
+
+    @property
+    def cost_saving(self) -> float:
+        return self.cost_observed - self.cost_pooled
+
+    @property
+    def gpus_saved(self) -> int:
+        return self.observed_gpus - self.pool_gpus
+
+
+def _auto_step(span_s: float) -> int:
+    for step in _AUTO_STEPS:
+        if span_s / step <= MAX_STEPS:
+            return step
+    return math.ceil(span_s / MAX_STEPS / 3600) * 3600
+
+
+_GPU_STEPS = """
+    SELECT host, gpu_uuid, any_value(gpu_index) AS gpu_index, epoch_us(ts) // ? AS step,
+           avg(util_gpu_mean) AS util, max(mem_used_bytes) AS mem, max(mem_total_bytes) AS mem_total,
+           bool_or(simulated) AS sim
+    FROM gpu_samples WHERE {where} GROUP BY host, gpu_uuid, step
+"""
+
+_PROCESS_STEPS = """
+    WITH gs AS ({gpu_steps}),
+    ps AS (
+        SELECT host, gpu_uuid, any_value(gpu_index) AS gpu_index, pid, epoch_us(ts) // ? AS step,
+               max(mem_used_bytes) AS mem, avg(sm_util) AS busy, bool_or(simulated) AS sim
+        FROM process_samples WHERE {where} GROUP BY host, gpu_uuid, pid, step
+    ),
+    unknown AS (SELECT host, gpu_uuid, step, count(*) AS n FROM ps WHERE busy IS NULL GROUP BY ALL)
+    SELECT ps.host, ps.gpu_index, ps.pid, ps.step, ps.mem,
+           coalesce(ps.busy, gs.util / unknown.n, 0.0) AS busy, ps.sim
+    FROM ps LEFT JOIN gs USING (host, gpu_uuid, step) LEFT JOIN unknown USING (host, gpu_uuid, step)
+    ORDER BY ps.host, ps.gpu_uuid, ps.pid, ps.step
+"""
+
+
+def _runs(rows, key_of, first_step: int) -> list[Request]:
+    """Cut (key, step, mem, busy) rows sorted by key and step into continuous runs."""
+    out: list[Request] = []
+    cur: Request | None = None
+    last_key, last_step = None, None
+    for row in rows:
+        key, step, mem, busy = key_of(row)
+        if cur is None or key != last_key or step != last_step + 1:
+            cur = Request(key, step - first_step, [], 0)
+            out.append(cur)
+        cur.busy.append(min(max(float(busy or 0.0), 0.0), 1.0))
+        cur.mem_bytes = max(cur.mem_bytes, int(mem or 0))
+        last_key, last_step = key, step
+    return out
+
+
+class _Pool:
+    """GPUs of ``size`` partitions; ``free[i]`` partitions left on GPU i."""
+
+    def __init__(self, size: int, gpus: int = 0, growable: bool = True):
+        self.size, self.growable = size, growable
+        self.free = [size] * gpus
+
+    def place(self, parts: int, policy: str) -> int | None:
+        fits = [i for i, f in enumerate(self.free) if f >= parts]
+        if fits:
+            gpu = min(fits, key=lambda i: (self.free[i], i)) if policy == "best-fit" else fits[0]
+        elif self.growable:
+            self.free.append(self.size)
+            gpu = len(self.free) - 1
+        else:
+            return None
+        self.free[gpu] -= parts
+        return gpu
+
+    def in_use(self) -> int:
+        return sum(1 for f in self.free if f < self.size)
+
+
+def _order(arrivals: list[Request], policy: str) -> list[Request]:
+    return sorted(arrivals, key=lambda r: -r.parts) if policy == "first-fit-decreasing" else arrivals
+
+
+def _percentile(values: list[int], p: float) -> int:
+    ordered = sorted(values)
+    return ordered[max(math.ceil(p * len(ordered)) - 1, 0)] if ordered else 0
+
+
+def what_if(
+    con: duckdb.DuckDBPyConnection, scope: Scope = ALL, options: PoolOptions = DEFAULT_POOL
+) -> WhatIf:
+    """Replay the demand of ``scope`` onto a partitioned pool (see the module docstring)."""
+    options.check()
+    where, params = scope.where()
+    lo, hi, gpu_mem = con.execute(
+        f"SELECT min(epoch_us(ts)), max(epoch_us(ts)), max(mem_total_bytes) FROM gpu_samples WHERE {where}",
+        params,
+    ).fetchone()
+    if lo is None:
+        raise no_data_error(con, scope)
+    step_s = options.step_s or _auto_step((hi - lo) / 1e6)
+    step_us = step_s * 1_000_000
+    first, last = lo // step_us, hi // step_us
+    horizon = int(last - first + 1)
+    gpu_mem = options.gpu_mem_bytes or gpu_mem
+    if not gpu_mem:
+        raise TelemetryError(
+            "no GPU memory size in the telemetry", "give the pool GPU's memory (gpu_mem_bytes)"
+        )
+
+    gpu_steps = con.execute(
+        f"{_GPU_STEPS.format(where=where)} ORDER BY host, gpu_uuid, step", [step_us, *params]
+    ).fetchall()
+    observed_gpus = len({(r[0], r[1]) for r in gpu_steps})
+    utils = [r[4] for r in gpu_steps if r[4] is not None]
+    simulated = any(r[7] for r in gpu_steps)
+
+    if options.demand == "process":
+        rows = con.execute(
+            _PROCESS_STEPS.format(gpu_steps=_GPU_STEPS.format(where=where), where=where),
+            [step_us, *params, step_us, *params],
+        ).fetchall()
+        if not rows:
+            raise TelemetryError(
+                f"no process rows for {scope.describe()}",
+                "the what-if needs per-process telemetry; use demand 'gpu' to replay whole GPUs instead",
+            )
+        simulated = simulated or any(r[6] for r in rows)
+        requests = _runs(rows, lambda r: (f"{r[0]} / GPU {r[1]} / pid {r[2]}", r[3], r[4], r[5]), first)
+    else:
+        in_use = [
+            r
+            for r in gpu_steps
+            if (r[5] or 0) >= options.held_mem_bytes or (r[4] or 0.0) >= options.idle_below
+        ]
+        requests = _runs(in_use, lambda r: (f"{r[0]} / GPU {r[2]}", r[3], r[5], r[4]), first)
+
+    g = options.granularity
+    pieces: list[Request] = []
+    for req in requests:
+        # A request larger than one pool GPU takes whole GPUs for the excess (same lifetime).
+        whole, rest = divmod(req.mem_bytes, gpu_mem)
+        for _ in range(int(whole)):
+            pieces.append(Request(req.source, req.start, list(req.busy), gpu_mem, g))
+        if rest or not whole:
+            parts = max(1, math.ceil(rest / gpu_mem * g - 1e-9))
+            pieces.append(Request(req.source, req.start, list(req.busy), int(rest), parts))
+    pieces.sort(key=lambda r: (r.start, r.source))
+
+    need, ideal = _replay_unbounded(pieces, horizon, g, options.policy)
+    p95, p99 = _percentile(need, 0.95), _percentile(need, 0.99)
+    pool_gpus = options.pool_gpus or max(p95, 1)
+    bounded = _replay_bounded(pieces, horizon, pool_gpus, g, options.policy)
+
+    span_hours = horizon * step_s / 3600.0
+    price = options.price_per_gpu_hour
+    waits = sorted((r.placed - r.start) * step_s for r in pieces if r.placed > r.start)
+    return WhatIf(
+        options=options,
+        step_s=step_s,
+        span_hours=span_hours,
+        requests=len(requests),
+        observed_gpus=observed_gpus,
+        observed_util_mean=sum(utils) / len(utils) if utils else None,
+        gpus_needed_p95=p95,
+        gpus_needed_p99=p99,
+        gpus_needed_peak=max(need, default=0),
+        gpus_needed_ideal_p95=_percentile(ideal, 0.95),
+        pool_gpus=pool_gpus,
+        pooled_util_mean=bounded["util"],
+        pooled_mem_allocated_mean=bounded["mem"],
+        oversubscribed_share=bounded["oversubscribed"],
+        waited_requests=len(waits),
+        waited_share=len(waits) / len(pieces) if pieces else 0.0,
+        wait_p95_s=float(_percentile(waits, 0.95)),
+        wait_max_s=float(max(waits, default=0)),
+        cost_observed=observed_gpus * span_hours * price,
+        cost_pooled=pool_gpus * span_hours * price,
+        need_over_time=tuple(
+            (datetime.fromtimestamp((first + t) * step_s, UTC), n) for t, n in enumerate(need)
+        ),
+        assumptions=_assumptions(options, step_s, gpu_mem),
+        simulated=simulated,
+    )
+
+
+def _replay_unbounded(
+    pieces: list[Request], horizon: int, g: int, policy: str
+) -> tuple[list[int], list[int]]:
+    """GPUs in use per step when every arrival is placed at once, and the repacked lower bound."""
+    pool = _Pool(g)
+    by_start: dict[int, list[Request]] = {}
+    for r in pieces:
+        by_start.setdefault(r.start, []).append(r)
+    leaving: dict[int, list[tuple[int, int]]] = {}
+    need, ideal = [], []
+    held = 0
+    for t in range(horizon):
+        for gpu, parts in leaving.pop(t, []):
+            pool.free[gpu] += parts
+            held -= parts
+        for r in _order(by_start.get(t, []), policy):
+            gpu = pool.place(r.parts, policy)
+            leaving.setdefault(t + r.steps, []).append((gpu, r.parts))
+            held += r.parts
+        need.append(pool.in_use())
+        ideal.append(math.ceil(held / g))
+    return need, ideal
+
+
+def _replay_bounded(pieces: list[Request], horizon: int, gpus: int, g: int, policy: str) -> dict[str, float]:
+    """Replay onto a fixed pool; requests that do not fit wait. Sets ``placed``; returns the pool's
+    means over the observed span, or longer where waiting pushed work past its end."""
+    pool = _Pool(g, gpus, growable=False)
+    pending = sorted(pieces, key=lambda r: (r.start, r.source), reverse=True)  # pop() takes the earliest
+    waiting: list[tuple[int, int, Request]] = []  # (arrival step, order, request): oldest first
+    running: dict[int, list[tuple[Request, int]]] = {}  # gpu -> [(request, placed step)]
+    order = 0
+    util_sum = mem_sum = 0.0
+    over = steps = 0
+    t = 0
+    for r in pieces:
+        r.placed = -1
+    while True:
+        # Departures first: a run that ended frees its partitions for this step's arrivals.
+        for gpu, tenants in running.items():
+            keep = [(r, s) for r, s in tenants if t < s + r.steps]
+            for r, s in tenants:
+                if t >= s + r.steps:
+                    pool.free[gpu] += r.parts
+            running[gpu] = keep
+        if t >= horizon and not (pending or waiting or any(running.values())):
+            break
+        arrivals = []
+        while pending and pending[-1].start <= t:
+            arrivals.append(pending.pop())
+        for r in _order(arrivals, policy):
+            insort(waiting, (r.start, order, r), key=lambda w: (w[0], w[1]))
+            order += 1
+        still = []
+        for item in waiting:
+            r = item[2]
+            gpu = pool.place(r.parts, policy)
+            if gpu is None:
+                still.append(item)
+            else:
+                r.placed = t
+                running.setdefault(gpu, []).append((r, t))
+        waiting = still
+        busy = [sum(r.busy[t - s] for r, s in running.get(i, [])) for i in range(gpus)]
+        util_sum += sum(min(b, 1.0) for b in busy) / gpus
+        mem_sum += sum(g - f for f in pool.free) / (gpus * g)
+        over += sum(1 for b in busy if b > 1.0 + 1e-9)
+        steps += 1
+        t += 1
+        if t > 10_000_000:  # pragma: no cover - guards a bug, not data
+            raise RuntimeError("what-if replay did not finish")
+    return {
+        "util": util_sum / steps if steps else 0.0,
+        "mem": mem_sum / steps if steps else 0.0,
+        "oversubscribed": over / (steps * gpus) if steps else 0.0,
+    }
+
+
+def _assumptions(options: PoolOptions, step_s: int, gpu_mem: int) -> tuple[str, ...]:
+    basis = (
+        "each process's continuous run on a GPU is one request"
+        if options.demand == "process"
+        else f"each GPU's continuous stretch holding >= {options.held_mem_bytes / GIB:g} GiB (or busy) is one request"
+    )
+    return (
+        "Memory is the binding constraint: a request takes its peak memory, rounded up to whole "
+        f"1/{options.granularity} partitions of a {gpu_mem / GIB:.0f} GiB GPU, for its whole run.",
+        "Compute is shared: tenants of one GPU add their busy shares; above 1 they would slow each other "
+        "(counted as oversubscribed), not fail.",
+        f"Demand: {basis}; replayed in {step_s} s steps with the '{options.policy}' packing policy; "
+        "partitions never move once placed.",
+        "A request that does not fit waits and retries each step, then runs for its observed duration.",
+        "Network cost of remote GPUs is not modelled: jobs are assumed to run as fast remotely.",
+        f"Cost: GPUs x observed span x {options.price_per_gpu_hour:g} {options.currency} per GPU-hour.",
+    )

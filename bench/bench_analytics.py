@@ -1,0 +1,86 @@
+"""Time the analytics over a large telemetry directory (make one with bench/gen_telemetry.py).
+
+    python bench/gen_telemetry.py --out /tmp/gpupool-month --days 30 --processes
+    python bench/bench_analytics.py /tmp/gpupool-month [--repeat 3] [--all]
+
+Prints wall time per call (the first call reads cold from the page cache as it is; later calls are
+warm) and the process's peak resident memory, which shows the data is streamed, not loaded: the
+month is ~166 M rows, several GiB uncompressed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import analytics as A
+
+
+def _rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)  # ru_maxrss is KiB on Linux
+
+
+def _timed(label: str, fn, repeat: int) -> None:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    best = min(times)
+    print(
+        f"{label:<34} first {times[0]:7.2f} s   best {best:7.2f} s   peak RSS {_rss_gib():5.2f} GiB",
+        flush=True,
+    )
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dir", type=Path, help="telemetry directory")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per query (default 3)")
+    ap.add_argument("--all", action="store_true", help="also time patterns, attribution and the what-if")
+    args = ap.parse_args(argv)
+
+    con = A.open_telemetry(args.dir)
+    rows, gpus = con.execute("SELECT count(*), count(DISTINCT gpu_uuid) FROM gpu_samples").fetchone()
+    (prows,) = con.execute("SELECT count(*) FROM process_samples").fetchone()
+    size = sum(f.stat().st_size for f in args.dir.rglob("*.parquet")) / (1 << 30)
+    threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
+    print(f"{args.dir}: {rows:,} gpu rows, {prows:,} process rows, {gpus} GPUs, {size:.2f} GiB Parquet")
+    print(f"cores {os.cpu_count()}, duckdb threads {threads}, duckdb {_duckdb()}")
+
+    s = _timed("fleet_summary (whole range)", lambda: A.fleet_summary(con), args.repeat)
+    print(
+        f"  -> {s.gpus} GPUs, {s.gpu_hours:,.0f} GPU-h, util mean {s.util_gpu_mean:.3f} p95 {s.util_gpu_p95:.3f}, "
+        f"SM mean {s.sm_activity_mean:.3f}, idle {s.idle_gpu_hours:,.0f} h, held-idle {s.held_idle_gpu_hours:,.0f} h"
+    )
+    week = A.Scope(s.first_sample, s.first_sample + (s.last_sample - s.first_sample) / 4)
+    _timed("fleet_summary (first week)", lambda: A.fleet_summary(con, week), args.repeat)
+    one_host = A.Scope(hosts=(s.per_gpu[0].host,))
+    _timed("fleet_summary (one host)", lambda: A.fleet_summary(con, one_host), args.repeat)
+    if args.all:
+        _timed("utilization_timeline", lambda: A.utilization_timeline(con), 1)
+        _timed("hour_of_week (per host)", lambda: A.hour_of_week(con, level="host"), 1)
+        _timed("busiest_idlest", lambda: A.busiest_idlest(con), 1)
+        _timed("attribution (user)", lambda: A.attribution(con, by="user"), 1)
+        w = _timed("what_if (process demand)", lambda: A.what_if(con), 1)
+        print(
+            f"  -> {w.requests} requests, {w.step_s} s steps, need p95 {w.gpus_needed_p95} p99 {w.gpus_needed_p99} "
+            f"of {w.observed_gpus}, waited {w.waited_share:.1%}, pooled busy {w.pooled_util_mean:.1%}"
+        )
+    return 0
+
+
+def _duckdb() -> str:
+    import duckdb
+
+    return duckdb.__version__
+
+
+if __name__ == "__main__":
+    sys.exit(main())

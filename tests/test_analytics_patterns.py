@@ -1,0 +1,122 @@
+"""Time patterns and attribution, against hand-computed expectations on small constructed telemetry."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from test_analytics_data import GIB, T0, gpu_rows, process_rows, write_rows
+
+import analytics as A
+
+
+@pytest.fixture
+def week(tmp_path):
+    # Monday 09:00 UTC: two GPUs of host a, 10 min at 1-minute ticks, 60 % and 20 %, SM 30 % on a0.
+    # Tuesday 14:00 UTC: host b, 10 min at 90 %.
+    rows = gpu_rows("a", 0, [0.6] * 10, tick_s=60, sm=[0.3] * 10)
+    rows += gpu_rows("a", 1, [0.2] * 10, tick_s=60)
+    rows += gpu_rows("b", 0, [0.9] * 10, tick_s=60, start=T0 + timedelta(days=1, hours=5))
+    write_rows(tmp_path, "gpu_samples", rows)
+    return A.open_telemetry(tmp_path)
+
+
+def test_hour_of_week_fleet(week):
+    [grid] = A.hour_of_week(week)
+    assert grid.key == "fleet"
+    assert grid.util[0][9] == pytest.approx(0.4)  # Monday 09: mean of 60 % and 20 %
+    assert grid.sm[0][9] == pytest.approx(0.3)  # only a0 has GPM
+    assert grid.gpu_hours[0][9] == pytest.approx(20 / 60)
+    assert grid.util[1][14] == pytest.approx(0.9)  # Tuesday 14
+    filled = [(d, h) for d in range(7) for h in range(24) if grid.util[d][h] is not None]
+    assert filled == [(0, 9), (1, 14)]
+
+
+def test_hour_of_week_per_host_and_gpu_and_time_zone(week):
+    per_host = {g.key: g for g in A.hour_of_week(week, level="host")}
+    assert set(per_host) == {"a", "b"}
+    assert per_host["a"].util[1][14] is None and per_host["b"].util[1][14] == pytest.approx(0.9)
+    per_gpu = {g.key for g in A.hour_of_week(week, level="gpu")}
+    assert per_gpu == {"a / GPU 0", "a / GPU 1", "b / GPU 0"}
+    # Berlin is UTC+1 in early March: Monday 09:00 UTC is 10:00 there.
+    [berlin] = A.hour_of_week(week, tz="Europe/Berlin")
+    assert berlin.util[0][10] == pytest.approx(0.4) and berlin.util[0][9] is None
+    with pytest.raises(A.TelemetryError, match="time zone"):
+        A.hour_of_week(week, tz="Mars/Olympus")
+
+
+def test_timeline_buckets_and_both_metrics(week):
+    t = A.utilization_timeline(week, A.Scope(hosts=("a",)), bucket_s=300)
+    assert t.bucket_s == 300
+    assert [p.start for p in t.points] == [T0, T0 + timedelta(minutes=5)]
+    assert all(p.util_gpu_mean == pytest.approx(0.4) for p in t.points)
+    assert all(p.sm_activity_mean == pytest.approx(0.3) for p in t.points)
+    assert [p.gpus for p in t.points] == [2, 2]
+    auto = A.utilization_timeline(week, max_points=100)
+    # 29 h 9 min of span in at most 100 buckets: the smallest round bucket is 30 min.
+    assert auto.bucket_s == 1800
+
+
+def test_busiest_and_idlest_periods(week):
+    p = A.busiest_idlest(week, bucket_s=300, n=2)
+    assert p.busiest[0].start == T0 + timedelta(days=1, hours=5)
+    assert p.busiest[0].util_gpu_mean == pytest.approx(0.9)
+    assert p.idlest[0].util_gpu_mean == pytest.approx(0.4)
+    assert p.idlest[0].end - p.idlest[0].start == timedelta(minutes=5)
+
+
+@pytest.fixture
+def holders(tmp_path):
+    # GPU a0 (1 s ticks): alice's trainer busy at 80 % with 40 GiB for 60 s, then bob's notebook
+    # holding 10 GiB at 0 % for 120 s. GPU a1: carol's inference server in a container, no busy
+    # share from NVML, 20 GiB for 60 s while the GPU reads 0 % (so it counts as idle holding).
+    g = gpu_rows("a", 0, [0.8] * 60 + [0.0] * 120) + gpu_rows("a", 1, [0.0] * 60)
+    p = process_rows("a", 0, 11, range(60), mem=40 * GIB, sm_util=0.8, user="alice", name="torchrun")
+    p += process_rows("a", 0, 12, range(60, 180), mem=10 * GIB, sm_util=0.0, user="bob", name="python3")
+    p += process_rows(
+        "a",
+        1,
+        13,
+        range(60),
+        mem=20 * GIB,
+        sm_util=None,
+        user="carol",
+        name="tritonserver",
+        container="ctr-1",
+    )
+    write_rows(tmp_path, "gpu_samples", g)
+    write_rows(tmp_path, "process_samples", p)
+    return A.open_telemetry(tmp_path)
+
+
+def test_attribution_per_user(holders):
+    a = A.attribution(holders, by="user")
+    rows = {r.key: r for r in a.rows}
+    assert [r.key for r in a.rows] == ["bob", "alice", "carol"]  # most GPU-hours first
+    assert rows["alice"].gpu_hours == pytest.approx(60 / 3600)
+    assert rows["alice"].busy_gpu_hours == pytest.approx(0.8 * 60 / 3600)
+    assert rows["alice"].memory_gib_hours == pytest.approx(40 * 60 / 3600)
+    assert rows["alice"].idle_holding_hours == 0
+    assert rows["bob"].idle_holding_hours == pytest.approx(120 / 3600)
+    assert rows["bob"].idle_holding_share == pytest.approx(1.0)
+    # carol has no sm_util: her GPU's 0 % decides, so she idles while holding 20 GiB.
+    assert rows["carol"].idle_holding_hours == pytest.approx(60 / 3600)
+    assert rows["carol"].mem_peak_bytes == 20 * GIB
+    assert not a.simulated
+
+
+def test_attribution_per_process_and_container(holders):
+    by_name = {r.key: r for r in A.attribution(holders, by="process").rows}
+    assert set(by_name) == {"torchrun", "python3", "tritonserver"}
+    by_container = {r.key: r for r in A.attribution(holders, by="container").rows}
+    assert by_container["ctr-1"].gpu_hours == pytest.approx(60 / 3600)
+    assert by_container["(no container)"].processes == 2
+    assert by_container["(no container)"].gpu_hours == pytest.approx(180 / 3600)
+
+
+def test_attribution_errors(holders, tmp_path):
+    with pytest.raises(A.TelemetryError, match="unknown attribution key"):
+        A.attribution(holders, by="team")
+    write_rows(tmp_path / "gpu-only", "gpu_samples", gpu_rows("x", 0, [0.1]))
+    with pytest.raises(A.TelemetryError, match="no process_samples rows"):
+        A.attribution(A.open_telemetry(tmp_path / "gpu-only"))

@@ -1,0 +1,133 @@
+"""Fleet summary and errors, against hand-computed expectations on small constructed telemetry."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from test_analytics_data import GIB, T0, gpu_rows, write_rows
+
+import analytics as A
+
+H = 3600.0
+
+
+@pytest.fixture
+def two_gpus(tmp_path):
+    # GPU a0: 1 s ticks, 4 samples; GPM on three of them; 2 GiB held on the first two.
+    # GPU b0: 10 s ticks, 3 samples at 20 % with no GPM and no memory in use.
+    rows = gpu_rows("a", 0, [0.0, 0.5, 1.0, 0.0], mem_used=[2 * GIB, 2 * GIB, 0, 0], sm=[0.0, 0.1, 0.2, None])
+    rows += gpu_rows("b", 0, [0.2, 0.2, 0.2], tick_s=10)
+    write_rows(tmp_path, "gpu_samples", rows)
+    return A.open_telemetry(tmp_path)
+
+
+def test_gpu_hours_use_each_gpus_own_tick(two_gpus):
+    s = A.fleet_summary(two_gpus)
+    assert (s.gpus, s.hosts) == (2, 2)
+    # 4 samples x 1 s + 3 samples x 10 s = 34 s.
+    assert s.gpu_hours == pytest.approx(34 / H)
+    ticks = {g.host: g.tick_s for g in s.per_gpu}
+    assert ticks == {"a": pytest.approx(1.0), "b": pytest.approx(10.0)}
+
+
+def test_utilization_is_time_weighted_with_nearest_rank_percentiles(two_gpus):
+    s = A.fleet_summary(two_gpus)
+    # (0 + 0.5 + 1 + 0) x 1 s + 0.2 x 30 s = 7.5 over 34 s.
+    assert s.util_gpu_mean == pytest.approx(7.5 / 34)
+    # Weights: 0 -> 2 s, 0.2 -> 30 s, 0.5 -> 1 s, 1.0 -> 1 s. Cumulative 2, 32 (94 %), 33 (97 %), 34.
+    assert s.util_gpu_p50 == pytest.approx(0.2)
+    assert s.util_gpu_p95 == pytest.approx(0.5)
+
+
+def test_sm_activity_only_where_gpm_exists_and_compared_on_the_same_samples(two_gpus):
+    s = A.fleet_summary(two_gpus)
+    assert s.gpm_gpu_hours == pytest.approx(3 / H)
+    assert s.sm_activity_mean == pytest.approx(0.1)
+    assert s.sm_activity_p50 == pytest.approx(0.1)
+    assert s.sm_activity_p95 == pytest.approx(0.2)
+    # utilization.gpu on those same three samples: (0 + 0.5 + 1) / 3.
+    assert s.util_gpu_mean_where_gpm == pytest.approx(0.5)
+
+
+def test_idle_and_held_but_idle_hours(two_gpus):
+    s = A.fleet_summary(two_gpus)
+    # Idle (< 5 %): a0's first and last samples. Held but idle: only the first (2 GiB in use).
+    assert s.idle_gpu_hours == pytest.approx(2 / H)
+    assert s.held_idle_gpu_hours == pytest.approx(1 / H)
+    strict = A.fleet_summary(two_gpus, options=A.SummaryOptions(idle_below=0.25, held_mem_bytes=3 * GIB))
+    # Now b0's 20 % counts as idle too; nothing holds 3 GiB.
+    assert strict.idle_gpu_hours == pytest.approx(32 / H)
+    assert strict.held_idle_gpu_hours == 0
+
+
+def test_memory_headroom(two_gpus):
+    s = A.fleet_summary(two_gpus)
+    # Used ratio: 2/80 on 2 s of a0, 0 elsewhere -> (0.025 x 2) / 34.
+    assert s.mem_used_ratio_mean == pytest.approx(0.025 * 2 / 34)
+    assert s.mem_headroom_bytes_mean == pytest.approx((80 * GIB * 34 - 2 * GIB * 2) / 34, rel=1e-3)
+    assert s.mem_total_bytes == 160 * GIB
+
+
+def test_a_gap_in_collection_is_not_counted_as_observed(tmp_path):
+    rows = gpu_rows("a", 0, [0.5] * 10) + gpu_rows("a", 0, [0.5] * 10, start=T0 + timedelta(hours=2))
+    write_rows(tmp_path, "gpu_samples", rows)
+    s = A.fleet_summary(A.open_telemetry(tmp_path))
+    assert s.gpu_hours == pytest.approx(20 / H)  # not the 2 h between first and last sample
+    assert s.per_gpu[0].tick_s == pytest.approx(1.0)
+
+
+def test_scope_filters_time_hosts_and_gpus(two_gpus):
+    first_two_seconds = A.Scope(T0, T0 + timedelta(seconds=2))
+    s = A.fleet_summary(two_gpus, first_two_seconds)
+    # a0's samples at 0 s and 1 s, b0's at 0 s; the tick comes from the scope, b0's single sample
+    # borrows the fleet median.
+    assert s.gpus == 2
+    assert s.util_gpu_mean == pytest.approx((0.0 + 0.5 + 0.2) / 3)
+    only_b = A.fleet_summary(two_gpus, A.Scope(hosts=("b",)))
+    assert (only_b.gpus, only_b.util_gpu_mean) == (1, pytest.approx(0.2))
+    only_a0 = A.fleet_summary(two_gpus, A.Scope(gpus=("GPU-a-0",)))
+    assert only_a0.gpu_hours == pytest.approx(4 / H)
+
+
+def test_simulated_rows_are_flagged(tmp_path):
+    rows = gpu_rows("real", 0, [0.1] * 3) + gpu_rows("sim", 0, [0.1] * 3, simulated=True)
+    write_rows(tmp_path, "gpu_samples", rows)
+    con = A.open_telemetry(tmp_path)
+    s = A.fleet_summary(con)
+    assert s.simulated and s.simulated_share == pytest.approx(0.5)
+    assert not A.fleet_summary(con, A.Scope(hosts=("real",))).simulated
+    assert A.data_extent(con).simulated
+
+
+def test_extent_lists_hosts_gpus_and_span(two_gpus):
+    ext = A.data_extent(two_gpus)
+    assert ext.hosts == ("a", "b")
+    assert [g.label for g in ext.gpus] == [
+        "a / GPU 0 (NVIDIA H100 80GB HBM3)",
+        "b / GPU 0 (NVIDIA H100 80GB HBM3)",
+    ]
+    assert ext.start == T0 and ext.end == T0 + timedelta(seconds=20)
+    assert not ext.simulated
+
+
+def test_range_with_no_data_says_what_the_data_holds(two_gpus):
+    later = A.Scope(T0 + timedelta(days=3), T0 + timedelta(days=4))
+    with pytest.raises(A.TelemetryError) as err:
+        A.fleet_summary(two_gpus, later)
+    assert "no gpu_samples rows" in err.value.title
+    assert "2026-03-02 09:00" in err.value.hint
+
+
+def test_missing_and_empty_directories(tmp_path):
+    with pytest.raises(A.TelemetryError, match="not found"):
+        A.open_telemetry(tmp_path / "nope")
+    with pytest.raises(A.TelemetryError, match="no telemetry found"):
+        A.open_telemetry(tmp_path)
+
+
+def test_mixed_schema_versions_are_refused(tmp_path):
+    write_rows(tmp_path, "gpu_samples", gpu_rows("a", 0, [0.1]))
+    write_rows(tmp_path, "gpu_samples", gpu_rows("b", 0, [0.1]), version=2)
+    with pytest.raises(A.TelemetryError, match=r"schema version \[1, 2\]"):
+        A.open_telemetry(tmp_path)
