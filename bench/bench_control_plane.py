@@ -80,16 +80,8 @@ def run(n_servers: int, clients: int, duration: float, procs: int) -> dict:
     ]
     try:
         token = servers[0].token("bench")
-        from server._store import Store, hash_token
-
-        for s in servers[1:]:  # the same token on every server
-            st = Store(s.state_dir / "pool.sqlite")
-            with st.transaction():
-                st.db.execute(
-                    "INSERT INTO tokens VALUES ('tok_bench', 'bench', ?, 0, ?, NULL, NULL)",
-                    (hash_token(token), time.time()),
-                )
-            st.close()
+        for s in servers[1:]:  # the same token on every server (gpupool-server token import)
+            s.token("bench", token=token)
         q = mp.Queue()
         start_at = time.time() + 2.0
         stop_at = start_at + duration

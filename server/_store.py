@@ -112,8 +112,11 @@ class Store:
             )
 
     # --- tokens -----------------------------------------------------------------------------------
-    def create_token(self, client: str, *, admin: bool = False, expires_in_s: float | None = None) -> dict:
-        token = "gp_" + secrets.token_urlsafe(32)
+    def create_token(
+        self, client: str, *, admin: bool = False, expires_in_s: float | None = None, token: str | None = None
+    ) -> dict:
+        """A new token for ``client`` (or store the hash of ``token``, to use one token on many servers)."""
+        token = token or "gp_" + secrets.token_urlsafe(32)
         now = time.time()
         row = {
             "id": "tok_" + secrets.token_hex(4),

@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser(
         "token", help="create, list or revoke client tokens (works with the server running or not)"
     )
-    tsub = t.add_subparsers(dest="token_command", metavar="{create,list,revoke}", required=True)
+    tsub = t.add_subparsers(dest="token_command", metavar="{create,import,list,revoke}", required=True)
     tc = tsub.add_parser(
         "create", parents=[common], help="print a new token for CLIENT (only its hash is stored)"
     )
@@ -87,6 +87,14 @@ def _parser() -> argparse.ArgumentParser:
         "--admin", action="store_true", help="an admin token (admin API: clients, policy, tokens)"
     )
     tc.add_argument("--expires", metavar="DURATION", help="lifetime, e.g. 365d, 12h (default: never)")
+    ti = tsub.add_parser(
+        "import",
+        parents=[common],
+        help="store a token made on another server (read from stdin), so one token works on all",
+    )
+    ti.add_argument("client")
+    ti.add_argument("--admin", action="store_true", help="an admin token")
+    ti.add_argument("--expires", metavar="DURATION", help="lifetime from now (default: never)")
     tsub.add_parser("list", parents=[common], help="list tokens (ids, clients, expiry; never the secrets)")
     tr = tsub.add_parser("revoke", parents=[common], help="revoke a token by its id")
     tr.add_argument("token_id")
@@ -147,7 +155,7 @@ def _token(args) -> int:
 
     cfg = _config(args)
     store = _open_store(cfg.state_dir)
-    if args.token_command == "create":
+    if args.token_command in ("create", "import"):
         import re
 
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}", args.client):
@@ -155,12 +163,24 @@ def _token(args) -> int:
                 f"client name {args.client!r} is not allowed", "use letters, digits and _ . @ - (max 64)"
             )
         expires = parse_duration(args.expires, "--expires") if args.expires else None
-        row = store.create_token(args.client, admin=args.admin, expires_in_s=expires)
-        print(row["token"])
+        given = None
+        if args.token_command == "import":
+            given = sys.stdin.readline().strip()
+            if not re.fullmatch(r"gp_[A-Za-z0-9_-]{20,}", given):
+                return _fail(
+                    "stdin holds no gpupool token",
+                    "pipe one in: echo gp_... | gpupool-server token import CLIENT",
+                )
+            if store.find_token(given) is not None:
+                return _fail("this token is already stored here", "gpupool-server token list shows it")
+        row = store.create_token(args.client, admin=args.admin, expires_in_s=expires, token=given)
+        if given is None:
+            print(row["token"])
         what = "admin token" if args.admin else "token"
         until = f", expires {iso(row['expires'])}" if row["expires"] else ""
         print(
-            f"{what} {row['id']} for client {args.client}{until}; the server keeps only its hash",
+            f"{what} {row['id']} {'imported' if given else 'created'} for client {args.client}{until}; "
+            "the server keeps only its hash",
             file=sys.stderr,
         )
     elif args.token_command == "list":

@@ -105,12 +105,15 @@ class ServerProc:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
 
-    def token(self, client: str, *, admin: bool = False, expires_in_s: float | None = None) -> str:
+    def token(
+        self, client: str, *, admin: bool = False, expires_in_s: float | None = None, token: str | None = None
+    ) -> str:
+        """A new token (or ``token`` made on another server, as `gpupool-server token import` stores it)."""
         from server._store import Store
 
         store = Store(self.state_dir / "pool.sqlite")
         try:
-            return store.create_token(client, admin=admin, expires_in_s=expires_in_s)["token"]
+            return store.create_token(client, admin=admin, expires_in_s=expires_in_s, token=token)["token"]
         finally:
             store.close()
 

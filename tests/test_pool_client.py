@@ -29,15 +29,7 @@ def env_for(tmp_path, servers, client):
     # one client name on every server: each server has its own token store, so each gets the same token
     token = servers[0].token(client)
     for s in servers[1:]:
-        from server._store import Store, hash_token
-
-        st = Store(s.state_dir / "pool.sqlite")
-        with st.transaction():
-            st.db.execute(
-                "INSERT INTO tokens VALUES (?, ?, ?, 0, ?, NULL, NULL)",
-                (f"tok_{client}", client, hash_token(token), time.time()),
-            )
-        st.close()
+        s.token(client, token=token)
     return client_env(tmp_path, [s.url for s in servers], token), token
 
 
@@ -81,7 +73,8 @@ def test_more_gpus_than_any_server_fails_at_once(pool, tmp_path):
 def test_tightest_fit_wins_across_servers(pool, tmp_path):
     a, b = pool
     env, token = env_for(tmp_path, [a, b], "packer")
-    # B's A100s (40 GB) leave less free memory after a 0.25 partition than A's H100s: B is the tighter fit
+    # half of B's GPU 1 is taken: a quarter there leaves the least memory free anywhere in the pool
+    _, half = api(b.url, "POST", "/v1/leases", token, {"n": 1, "fraction": 0.5, "filters": ["device.id=1"]})
     out = gpuattach(
         "run",
         "-n",
@@ -95,9 +88,9 @@ def test_tightest_fit_wins_across_servers(pool, tmp_path):
         "import os; print(os.environ['GPUPOOL_LEASE_ID'])",
         env=env,
     )
-    lease_id = out.stdout.strip()
-    ended = api(b.url, "GET", f"/v1/leases/{lease_id}", token)
-    assert ended[0] == 200 and "A100" in ended[1]["partitions"][0]["gpu_name"]
+    status, ended = api(b.url, "GET", f"/v1/leases/{out.stdout.strip()}", token)
+    assert status == 200 and ended["partitions"][0]["gpu_index"] == 1
+    api(b.url, "DELETE", f"/v1/leases/{half['id']}", token)
     # a filter that only A can satisfy moves it
     out = gpuattach("run", "-n", "1", "-p", "0.25", "--local", "--filter", "device.name=H100", "--", PY, "-c",
                     "import os; print(os.environ['GPUPOOL_LEASE_ID'])", env=env)  # fmt: skip
