@@ -134,7 +134,7 @@ class TelemetryWriter:
         self.host = check_host(host)
         self.flush_interval_s = flush_interval_s
         self._on_flush = on_flush
-        self._buffers: dict[str, list[dict]] = {name: [] for name in TABLES}
+        self._buffers: dict[str, list[pa.Table]] = {name: [] for name in TABLES}
         self._buffer_lock = threading.Lock()
         self._write_lock = threading.Lock()  # one segment writer at a time
         self.rows_written = 0
@@ -160,32 +160,36 @@ class TelemetryWriter:
 
     # -- buffering -------------------------------------------------------------------------------
     def append(self, table_name: str, rows: Iterable[dict]) -> None:
+        """Buffer rows for the next flush. Rows are typed now, so a bad row fails here, in the caller."""
         if table_name not in TABLES:
             raise ValueError(f"unknown telemetry table {table_name!r}; known: {', '.join(TABLES)}")
         rows = list(rows)
         if not rows:
             return
+        if any(not isinstance(row.get("ts"), dt.datetime) for row in rows):
+            raise ValueError(f"{table_name}: every row needs 'ts' as a timezone-aware datetime")
+        data = rows_to_table(TABLES[table_name], rows)  # raises on a value of the wrong type
         with self._buffer_lock:
             if self._closed:
                 raise RuntimeError("TelemetryWriter is closed")
-            self._buffers[table_name].extend(rows)
+            self._buffers[table_name].append(data)
 
     @property
     def buffered_rows(self) -> int:
         with self._buffer_lock:
-            return sum(len(rows) for rows in self._buffers.values())
+            return sum(t.num_rows for parts in self._buffers.values() for t in parts)
 
     # -- writing ---------------------------------------------------------------------------------
     def flush(self) -> int:
         """Write every buffered row now; returns how many rows were written."""
         with self._write_lock:
             with self._buffer_lock:
-                pending = {name: rows for name, rows in self._buffers.items() if rows}
+                pending = {name: parts for name, parts in self._buffers.items() if parts}
                 self._buffers = {name: [] for name in TABLES}
             written = 0
             try:
-                for name, rows in list(pending.items()):
-                    written += self._write_rows(TABLES[name], rows)
+                for name, parts in list(pending.items()):
+                    written += self._write_days(TABLES[name], pa.concat_tables(parts))
                     del pending[name]
             except OSError as exc:
                 self._requeue(pending)
@@ -193,42 +197,42 @@ class TelemetryWriter:
                 raise self.error from None
             self.error = None
             self.last_flush = time.time()
-            if written and self._on_flush:
-                self._on_flush(written)
-            return written
+        if written and self._on_flush:
+            self._on_flush(written)
+        return written
 
-    def _requeue(self, pending: dict[str, list[dict]]) -> None:
+    def _requeue(self, pending: dict[str, list[pa.Table]]) -> None:
         # Rows that could not be written go back to the front of the buffer, in order.
         with self._buffer_lock:
-            for name, rows in pending.items():
-                self._buffers[name] = rows + self._buffers[name]
+            for name, parts in pending.items():
+                self._buffers[name] = parts + self._buffers[name]
 
-    def _write_rows(self, table: Table, rows: list[dict]) -> int:
-        by_date: dict[dt.date, list[dict]] = {}
-        for row in rows:
-            by_date.setdefault(_as_utc(row["ts"]).date(), []).append(row)
-        for day, day_rows in sorted(by_date.items()):
-            self._write_partition(table, day, rows_to_table(table, day_rows))
-        return len(rows)
+    def _write_days(self, table: Table, data: pa.Table) -> int:
+        """Write one segment per UTC day present in ``data`` (a partition is one day)."""
+        if data.num_rows == 0:
+            return 0
+        days = pc.cast(data.column("ts"), pa.date32())
+        unique = pc.unique(days)
+        if len(unique) == 1:
+            self._write_partition(table, unique[0].as_py(), data)
+        else:
+            for day in sorted(unique.to_pylist()):
+                self._write_partition(table, day, data.filter(pc.equal(days, pa.scalar(day, pa.date32()))))
+        return data.num_rows
 
     def write_table(self, table_name: str, data: pa.Table) -> int:
         """Write an Arrow table (already in memory, e.g. a backfill or an import) as segments now."""
         table = TABLES[table_name]
         data = conform(table, data)
-        if data.num_rows == 0:
-            return 0
-        days = pc.cast(pc.cast(data.column("ts"), pa.timestamp("us", tz="UTC")), pa.date32())
         with self._write_lock:
             try:
-                for day in pc.unique(days).to_pylist():
-                    part = data.filter(pc.equal(days, pa.scalar(day, pa.date32())))
-                    self._write_partition(table, day, part)
+                written = self._write_days(table, data)
             except OSError as exc:
                 raise _describe_os_error(exc, self.root) from None
             self.last_flush = time.time()
-        if self._on_flush:
-            self._on_flush(data.num_rows)
-        return data.num_rows
+        if written and self._on_flush:
+            self._on_flush(written)
+        return written
 
     def partition_dir(self, table_name: str, day: dt.date) -> Path:
         return self.root / table_name / f"date={day.isoformat()}" / f"host={self.host}"

@@ -289,3 +289,16 @@ def test_backfill_writes_one_segment_per_day(tmp_path):
     segs = list((tmp_path / "gpu_samples").rglob("*.parquet"))
     assert len(segs) == 3  # two partial days and one full day
     assert count(tmp_path) == 2 * 2 * 24 * 60
+
+
+def test_a_bad_row_fails_in_the_caller_and_the_writer_keeps_working(tmp_path):
+    w = TelemetryWriter(tmp_path, "h", flush_interval_s=0)
+    with pytest.raises(ValueError, match="ts"):
+        w.append("gpu_samples", [{"gpu_index": 0}])
+    with pytest.raises((TypeError, ValueError)):  # pyarrow's ArrowInvalid/ArrowTypeError are these
+        w.append("gpu_samples", [{**rows(1)[0], "gpu_index": "zero"}])
+    with pytest.raises(ValueError, match="unknown telemetry table"):
+        w.append("gpu_sample", rows(1))
+    w.append("gpu_samples", rows(2))
+    w.close()
+    assert count(tmp_path) == 2
