@@ -227,7 +227,7 @@ class Session:
             if p.type == "buf":
                 limit = ins[[q.name for q in call.ins].index(p.length_from)]
                 data = v.encode() if isinstance(v, str) else bytes(v)
-                bulk = (data + b"\0")[: max(limit, 0)]
+                bulk = data[: max(limit - 1, 0)].ljust(max(limit, 0), b"\0")  # NUL-padded, as the driver does
             elif p.type == "b16":
                 bulk = bytes(v)[:16].ljust(16, b"\0")
         return struct.pack(call.out_format, *fixed), bulk

@@ -29,7 +29,20 @@ HOST_KERNELS = {
     "fault": [],
 }
 # A few attributes programs ask for; the rest read 0 (cuda.h numbering).
-ATTRIBUTES = {1: 1024, 2: 1024, 3: 1024, 4: 64, 5: 2**31 - 1, 8: 49152, 10: 32, 16: 4, 75: 9, 76: 0, 39: 2048}
+ATTRIBUTES = {
+    1: 1024,
+    2: 1024,
+    3: 1024,
+    4: 64,
+    5: 2**31 - 1,
+    8: 49152,
+    10: 32,
+    16: 4,
+    39: 2048,
+    75: 9,
+    76: 0,
+    115: 1,
+}
 
 
 class HostExecutor(Executor):

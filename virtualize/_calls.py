@@ -276,6 +276,8 @@ CALLS: tuple[Call, ...] = (
     # -- error strings, answered in the client --------------------------------------------------------
     _c("cuGetErrorName", 6000, "i32 error, ptr str", L, custom=True),
     _c("cuGetErrorString", 6000, "i32 error, ptr str", L, custom=True),
+    # NVRTC and the CUDA runtime probe the driver's private tables; there are none to give.
+    _c("cuGetExportTable", 3000, "ptr table, ptr uuid", L, custom=True),
 )
 # fmt: on
 

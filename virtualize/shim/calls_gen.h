@@ -814,6 +814,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuFuncSetCacheConfig", 3000, (void *)cuFuncSetCacheConfig},
     {"cuGetErrorName", 6000, (void *)cuGetErrorName},
     {"cuGetErrorString", 6000, (void *)cuGetErrorString},
+    {"cuGetExportTable", 3000, (void *)cuGetExportTable},
     {"cuInit", 2000, (void *)cuInit},
     {"cuKernelGetAttribute", 12000, (void *)cuKernelGetAttribute},
     {"cuKernelGetFunction", 12000, (void *)cuKernelGetFunction},

@@ -167,6 +167,7 @@ _Static_assert(sizeof(struct gp_reply) == 16, "reply header");
 #define GP_CALL_cuEventElapsedTime_v2 116
 #define GP_CALL_cuGetErrorName 117
 #define GP_CALL_cuGetErrorString 118
+#define GP_CALL_cuGetExportTable 119
 
 struct gp_in_gpHello { uint32_t version; } __attribute__((packed));
 struct gp_out_gpHello { uint32_t device_count; } __attribute__((packed));
@@ -374,3 +375,4 @@ GP_EXPORT CUresult cuLaunchKernel(uint64_t f, uint32_t gx, uint32_t gy, uint32_t
 GP_EXPORT CUresult cuLaunchKernelEx(void *config, uint64_t f, void *params, void *extra);
 GP_EXPORT CUresult cuGetErrorName(int32_t error, void *str);
 GP_EXPORT CUresult cuGetErrorString(int32_t error, void *str);
+GP_EXPORT CUresult cuGetExportTable(void *table, void *uuid);

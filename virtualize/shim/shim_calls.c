@@ -119,6 +119,13 @@ CUresult cuGetErrorString(int32_t error, void *str) {
     return t ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+CUresult cuGetExportTable(void *table, void *uuid) {
+    GP_TRACE("cuGetExportTable");
+    (void)uuid;
+    if (table) *(const void **)table = NULL;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
 /* ---- contexts ---------------------------------------------------------------------------------- */
 
 CUresult cuDevicePrimaryCtxRetain(uint64_t *ctx, int32_t dev) {

@@ -1,0 +1,450 @@
+"""The CUDA executor: runs a lease's checked calls on the real GPU through cuda-python.
+
+The only module of gpupool that imports `cuda.bindings` (an import-linter contract says so). Handles
+travel as ints and are wrapped into cuda.bindings' types here; host buffers are passed by address.
+Every call returns its values or raises `CudaError` with the driver's CUresult.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+from cuda.bindings import driver
+
+from server._executor import INVALID_VALUE, NOT_SUPPORTED, CudaError, Executor
+
+_INVALID_VALUE_RESULT = driver.CUresult.CUDA_ERROR_INVALID_VALUE
+
+
+def _ok(result):
+    """(CUresult, values...) -> the values; raises CudaError for anything but CUDA_SUCCESS."""
+    err = result[0]
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise CudaError(int(err))
+    if len(result) == 1:
+        return None
+    if len(result) == 2:
+        return result[1]
+    return result[1:]
+
+
+def _int(value) -> int:
+    return int(value) if value is not None else 0
+
+
+def _enum(kind, value: int):
+    try:
+        return kind(value)
+    except ValueError as exc:
+        raise CudaError(INVALID_VALUE, f"{kind.__name__} {value}") from exc
+
+
+def _address(view: memoryview) -> int:
+    """The address of a writable buffer's first byte."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+
+class _Launchable:
+    """A function's parameter buffer and the kernelParams array pointing into it, built once."""
+
+    def __init__(self, func: int, layout: list[tuple[int, int]]) -> None:
+        size = max((offset + size for offset, size in layout), default=0)
+        self.buffer = ctypes.create_string_buffer(max(size, 1))
+        base = ctypes.addressof(self.buffer)
+        self.pointers = (ctypes.c_void_p * max(len(layout), 1))(*[base + offset for offset, _ in layout])
+        self.params = ctypes.addressof(self.pointers) if layout else 0
+        self.function = driver.CUfunction(func)
+        self.lock = threading.Lock()
+
+
+class CudaExecutor(Executor):
+    name = "cuda"
+
+    def __init__(self, device_count: int) -> None:
+        _ok(driver.cuInit(0))
+        visible = _ok(driver.cuDeviceGetCount())
+        if visible < device_count:
+            raise CudaError(101, f"the lease has {device_count} GPU(s), CUDA sees {visible}")
+        self.launchables: dict[int, _Launchable] = {}
+        self.streams: dict[int, driver.CUstream] = {}
+
+    # -- helpers -------------------------------------------------------------------------------------
+
+    def _stream(self, handle: int):
+        stream = self.streams.get(handle)
+        if stream is None:
+            stream = self.streams[handle] = driver.CUstream(handle)
+        return stream
+
+    # -- the seam ------------------------------------------------------------------------------------
+
+    def set_context(self, ctx: int) -> None:
+        _ok(driver.cuCtxSetCurrent(driver.CUcontext(ctx)))
+
+    def memcpy_htod(self, dst: int, data: memoryview, stream: int | None) -> None:
+        # From pageable memory the driver has taken the bytes when the call returns: the chunk
+        # buffer can be refilled at once.
+        if stream is None:
+            _ok(driver.cuMemcpyHtoD(dst, _address(data), len(data)))
+        else:
+            _ok(driver.cuMemcpyHtoDAsync(dst, _address(data), len(data), self._stream(stream)))
+
+    def memcpy_dtoh(self, out: memoryview, src: int, stream: int | None) -> None:
+        if stream is None:
+            _ok(driver.cuMemcpyDtoH(_address(out), src, len(out)))
+        else:
+            s = self._stream(stream)
+            _ok(driver.cuMemcpyDtoHAsync(_address(out), src, len(out), s))
+            _ok(driver.cuStreamSynchronize(s))
+
+    def memset(self, dst: int, value: int, element_size: int, count: int, stream: int | None) -> None:
+        name = {1: "cuMemsetD8", 2: "cuMemsetD16", 4: "cuMemsetD32"}[element_size]
+        if stream is None:
+            _ok(getattr(driver, name)(dst, value, count))
+        else:
+            _ok(getattr(driver, name + "Async")(dst, value, count, self._stream(stream)))
+
+    def param_layout(self, func: int, is_kernel: bool) -> list[tuple[int, int]]:
+        layout = []
+        handle = driver.CUkernel(func) if is_kernel else driver.CUfunction(func)
+        info = driver.cuKernelGetParamInfo if is_kernel else driver.cuFuncGetParamInfo
+        while True:
+            result = info(handle, len(layout))
+            if result[0] == _INVALID_VALUE_RESULT:  # one past the last parameter
+                return layout
+            offset, size = _ok(result)
+            layout.append((int(offset), int(size)))
+
+    def launch(self, func, grid, block, shared_mem, stream, params, layout, attributes) -> None:
+        target = self.launchables.get(func)
+        if target is None:
+            target = self.launchables[func] = _Launchable(func, layout)
+        with target.lock:  # the buffer is read by the driver during the call only
+            ctypes.memmove(target.buffer, params, min(len(params), len(target.buffer)))
+            if not attributes:
+                _ok(
+                    driver.cuLaunchKernel(
+                        target.function, *grid, *block, shared_mem, self._stream(stream), target.params, 0
+                    )
+                )
+                return
+            config = driver.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = grid
+            config.blockDimX, config.blockDimY, config.blockDimZ = block
+            config.sharedMemBytes = shared_mem
+            config.hStream = self._stream(stream)
+            config.attrs = [self._attribute(i, v) for i, v in attributes]
+            config.numAttrs = len(attributes)
+            _ok(driver.cuLaunchKernelEx(config, target.function, target.params, 0))
+
+    @staticmethod
+    def _attribute(attr_id: int, value: bytes):
+        ids = driver.CUlaunchAttributeID
+        attribute = driver.CUlaunchAttribute()
+        attribute.id = _enum(ids, attr_id)
+        ints = [int.from_bytes(value[i : i + 4], "little") for i in range(0, 12, 4)]
+        if attr_id == ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
+            attribute.value.cooperative = ints[0]
+        elif attr_id == ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+            dims = attribute.value.clusterDim
+            dims.x, dims.y, dims.z = ints
+        elif attr_id == ids.CU_LAUNCH_ATTRIBUTE_PRIORITY:
+            attribute.value.priority = ints[0]
+        else:
+            raise CudaError(NOT_SUPPORTED, f"launch attribute {attr_id} is not forwarded")
+        return attribute
+
+    # -- devices -------------------------------------------------------------------------------------
+
+    def cuInit(self, flags):
+        _ok(driver.cuInit(flags))
+
+    def cuDriverGetVersion(self):
+        return _ok(driver.cuDriverGetVersion())
+
+    def cuDeviceGet(self, ordinal):
+        return _int(_ok(driver.cuDeviceGet(ordinal)))
+
+    def cuDeviceGetCount(self):
+        return _ok(driver.cuDeviceGetCount())
+
+    def cuDeviceGetName(self, length, dev):
+        return bytes(_ok(driver.cuDeviceGetName(max(length, 1), dev))).split(b"\0", 1)[0]
+
+    def cuDeviceGetUuid(self, dev):
+        return bytes(_ok(driver.cuDeviceGetUuid(dev)).bytes)
+
+    def cuDeviceGetPCIBusId(self, length, dev):
+        return bytes(_ok(driver.cuDeviceGetPCIBusId(max(length, 1), dev))).split(b"\0", 1)[0]
+
+    def cuDeviceTotalMem(self, dev):
+        return _ok(driver.cuDeviceTotalMem(dev))
+
+    def cuDeviceGetAttribute(self, attrib, dev):
+        return _ok(driver.cuDeviceGetAttribute(_enum(driver.CUdevice_attribute, attrib), dev))
+
+    def cuDeviceComputeCapability(self, dev):
+        a = driver.CUdevice_attribute
+        major = _ok(driver.cuDeviceGetAttribute(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
+        minor = _ok(driver.cuDeviceGetAttribute(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
+        return major, minor
+
+    def cuDeviceCanAccessPeer(self, dev, peer):
+        return _ok(driver.cuDeviceCanAccessPeer(dev, peer))
+
+    def cuDeviceGetMemPool(self, dev):
+        return _int(_ok(driver.cuDeviceGetMemPool(dev)))
+
+    def cuDeviceGetDefaultMemPool(self, dev):
+        return _int(_ok(driver.cuDeviceGetDefaultMemPool(dev)))
+
+    # -- contexts ------------------------------------------------------------------------------------
+
+    def cuDevicePrimaryCtxRetain(self, dev):
+        return _int(_ok(driver.cuDevicePrimaryCtxRetain(dev)))
+
+    def cuDevicePrimaryCtxRelease(self, dev):
+        _ok(driver.cuDevicePrimaryCtxRelease(dev))
+
+    def cuDevicePrimaryCtxGetState(self, dev):
+        flags, active = _ok(driver.cuDevicePrimaryCtxGetState(dev))
+        return int(flags), int(active)
+
+    def cuDevicePrimaryCtxSetFlags(self, dev, flags):
+        _ok(driver.cuDevicePrimaryCtxSetFlags(dev, flags))
+
+    def cuDevicePrimaryCtxReset(self, dev):
+        _ok(driver.cuDevicePrimaryCtxReset(dev))
+
+    def cuCtxSynchronize(self):
+        _ok(driver.cuCtxSynchronize())
+
+    def cuCtxGetApiVersion(self, ctx):
+        return _ok(driver.cuCtxGetApiVersion(driver.CUcontext(ctx)))
+
+    def cuCtxGetFlags(self):
+        return int(_ok(driver.cuCtxGetFlags()))
+
+    def cuCtxGetLimit(self, limit):
+        return _ok(driver.cuCtxGetLimit(_enum(driver.CUlimit, limit)))
+
+    def cuCtxSetLimit(self, limit, value):
+        _ok(driver.cuCtxSetLimit(_enum(driver.CUlimit, limit), value))
+
+    def cuCtxGetStreamPriorityRange(self):
+        least, greatest = _ok(driver.cuCtxGetStreamPriorityRange())
+        return least, greatest
+
+    def cuCtxGetId(self, ctx):
+        return _ok(driver.cuCtxGetId(driver.CUcontext(ctx)))
+
+    # -- memory --------------------------------------------------------------------------------------
+
+    def cuMemGetInfo(self):
+        free, total = _ok(driver.cuMemGetInfo())
+        return free, total
+
+    def cuMemAlloc(self, size):
+        return _int(_ok(driver.cuMemAlloc(size)))
+
+    def cuMemAllocAsync(self, size, stream):
+        return _int(_ok(driver.cuMemAllocAsync(size, self._stream(stream))))
+
+    def cuMemAllocFromPoolAsync(self, size, pool, stream):
+        return _int(
+            _ok(driver.cuMemAllocFromPoolAsync(size, driver.CUmemoryPool(pool), self._stream(stream)))
+        )
+
+    def cuMemFree(self, ptr):
+        _ok(driver.cuMemFree(ptr))
+
+    def cuMemFreeAsync(self, ptr, stream):
+        _ok(driver.cuMemFreeAsync(ptr, self._stream(stream)))
+
+    def cuMemGetAddressRange(self, ptr):
+        base, size = _ok(driver.cuMemGetAddressRange(ptr))
+        return _int(base), int(size)
+
+    def cuMemPoolSetAttribute(self, pool, attr, value):
+        kind = _enum(driver.CUmemPool_attribute, attr)
+        wrapped = value if attr in (1, 2, 3) else driver.cuuint64_t(value)
+        _ok(driver.cuMemPoolSetAttribute(driver.CUmemoryPool(pool), kind, wrapped))
+
+    def cuMemPoolGetAttribute(self, pool, attr):
+        kind = _enum(driver.CUmemPool_attribute, attr)
+        return _int(_ok(driver.cuMemPoolGetAttribute(driver.CUmemoryPool(pool), kind)))
+
+    def cuMemPoolTrimTo(self, pool, keep):
+        _ok(driver.cuMemPoolTrimTo(driver.CUmemoryPool(pool), keep))
+
+    def cuMemcpyDtoD(self, dst, src, count):
+        _ok(driver.cuMemcpyDtoD(dst, src, count))
+
+    def cuMemcpyDtoDAsync(self, dst, src, count, stream):
+        _ok(driver.cuMemcpyDtoDAsync(dst, src, count, self._stream(stream)))
+
+    def cuMemcpyPeer(self, dst, dst_ctx, src, src_ctx, count):
+        _ok(driver.cuMemcpyPeer(dst, driver.CUcontext(dst_ctx), src, driver.CUcontext(src_ctx), count))
+
+    def cuMemcpyPeerAsync(self, dst, dst_ctx, src, src_ctx, count, stream):
+        _ok(
+            driver.cuMemcpyPeerAsync(
+                dst, driver.CUcontext(dst_ctx), src, driver.CUcontext(src_ctx), count, self._stream(stream)
+            )
+        )
+
+    def cuPointerGetAttribute(self, attr, ptr):
+        return _int(_ok(driver.cuPointerGetAttribute(_enum(driver.CUpointer_attribute, attr), ptr)))
+
+    # -- modules, libraries, functions ---------------------------------------------------------------
+
+    @staticmethod
+    def _image(image: bytes):
+        return ctypes.create_string_buffer(image, len(image))  # kept alive by the caller during the load
+
+    def cuModuleLoadData(self, image):
+        buf = self._image(image)
+        return _int(_ok(driver.cuModuleLoadData(ctypes.addressof(buf))))
+
+    cuModuleLoadDataEx = cuModuleLoadFatBinary = cuModuleLoadData
+
+    def cuLibraryLoadData(self, image):
+        buf = self._image(image)
+        return _int(_ok(driver.cuLibraryLoadData(ctypes.addressof(buf), None, None, 0, None, None, 0)))
+
+    def cuModuleUnload(self, module):
+        _ok(driver.cuModuleUnload(driver.CUmodule(module)))
+
+    def cuLibraryUnload(self, library):
+        _ok(driver.cuLibraryUnload(driver.CUlibrary(library)))
+
+    def cuModuleGetFunction(self, module, name):
+        return _int(_ok(driver.cuModuleGetFunction(driver.CUmodule(module), name.encode())))
+
+    def cuModuleGetGlobal(self, module, name):
+        ptr, size = _ok(driver.cuModuleGetGlobal(driver.CUmodule(module), name.encode()))
+        return _int(ptr), int(size)
+
+    def cuLibraryGetKernel(self, library, name):
+        return _int(_ok(driver.cuLibraryGetKernel(driver.CUlibrary(library), name.encode())))
+
+    def cuLibraryGetModule(self, library):
+        return _int(_ok(driver.cuLibraryGetModule(driver.CUlibrary(library))))
+
+    def cuLibraryGetGlobal(self, library, name):
+        ptr, size = _ok(driver.cuLibraryGetGlobal(driver.CUlibrary(library), name.encode()))
+        return _int(ptr), int(size)
+
+    def cuKernelGetFunction(self, kernel):
+        return _int(_ok(driver.cuKernelGetFunction(driver.CUkernel(kernel))))
+
+    def cuKernelGetAttribute(self, attrib, kernel, dev):
+        kind = _enum(driver.CUfunction_attribute, attrib)
+        return _ok(driver.cuKernelGetAttribute(kind, driver.CUkernel(kernel), dev))
+
+    def cuKernelSetAttribute(self, attrib, value, kernel, dev):
+        kind = _enum(driver.CUfunction_attribute, attrib)
+        _ok(driver.cuKernelSetAttribute(kind, value, driver.CUkernel(kernel), dev))
+
+    def cuKernelGetParamInfo(self, kernel, index):
+        offset, size = _ok(driver.cuKernelGetParamInfo(driver.CUkernel(kernel), index))
+        return int(offset), int(size)
+
+    def cuFuncGetParamInfo(self, func, index):
+        offset, size = _ok(driver.cuFuncGetParamInfo(driver.CUfunction(func), index))
+        return int(offset), int(size)
+
+    def cuFuncGetAttribute(self, attrib, func):
+        return _ok(
+            driver.cuFuncGetAttribute(_enum(driver.CUfunction_attribute, attrib), driver.CUfunction(func))
+        )
+
+    def cuFuncSetAttribute(self, func, attrib, value):
+        kind = _enum(driver.CUfunction_attribute, attrib)
+        _ok(driver.cuFuncSetAttribute(driver.CUfunction(func), kind, value))
+
+    def cuFuncSetCacheConfig(self, func, config):
+        _ok(driver.cuFuncSetCacheConfig(driver.CUfunction(func), _enum(driver.CUfunc_cache, config)))
+
+    def cuFuncGetModule(self, func):
+        return _int(_ok(driver.cuFuncGetModule(driver.CUfunction(func))))
+
+    def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, func, block_size, smem):
+        return _ok(
+            driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(driver.CUfunction(func), block_size, smem)
+        )
+
+    def cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(self, func, block_size, smem, flags):
+        f = driver.CUfunction(func)
+        return _ok(driver.cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(f, block_size, smem, flags))
+
+    def cuOccupancyMaxPotentialBlockSize(self, func, callback, smem, limit):
+        if callback:
+            raise CudaError(NOT_SUPPORTED, "a block-size callback runs in the client")
+        grid, block = _ok(driver.cuOccupancyMaxPotentialBlockSize(driver.CUfunction(func), None, smem, limit))
+        return grid, block
+
+    def cuOccupancyAvailableDynamicSMemPerBlock(self, func, num_blocks, block_size):
+        f = driver.CUfunction(func)
+        return _ok(driver.cuOccupancyAvailableDynamicSMemPerBlock(f, num_blocks, block_size))
+
+    # -- streams and events --------------------------------------------------------------------------
+
+    def cuStreamCreate(self, flags):
+        return _int(_ok(driver.cuStreamCreate(flags)))
+
+    def cuStreamCreateWithPriority(self, flags, priority):
+        return _int(_ok(driver.cuStreamCreateWithPriority(flags, priority)))
+
+    def cuStreamDestroy(self, stream):
+        _ok(driver.cuStreamDestroy(self._stream(stream)))
+        self.streams.pop(stream, None)
+
+    def cuStreamQuery(self, stream):
+        _ok(driver.cuStreamQuery(self._stream(stream)))
+
+    def cuStreamSynchronize(self, stream):
+        _ok(driver.cuStreamSynchronize(self._stream(stream)))
+
+    def cuStreamWaitEvent(self, stream, event, flags):
+        _ok(driver.cuStreamWaitEvent(self._stream(stream), driver.CUevent(event), flags))
+
+    def cuStreamIsCapturing(self, stream):
+        return int(_ok(driver.cuStreamIsCapturing(self._stream(stream))))
+
+    def cuStreamGetPriority(self, stream):
+        return _ok(driver.cuStreamGetPriority(self._stream(stream)))
+
+    def cuStreamGetFlags(self, stream):
+        return int(_ok(driver.cuStreamGetFlags(self._stream(stream))))
+
+    def cuStreamGetCtx(self, stream):
+        return _int(_ok(driver.cuStreamGetCtx(self._stream(stream))))
+
+    def cuStreamGetId(self, stream):
+        return int(_ok(driver.cuStreamGetId(self._stream(stream))))
+
+    def cuStreamGetDevice(self, stream):
+        return _int(_ok(driver.cuStreamGetDevice(self._stream(stream))))
+
+    def cuEventCreate(self, flags):
+        return _int(_ok(driver.cuEventCreate(flags)))
+
+    def cuEventRecord(self, event, stream):
+        _ok(driver.cuEventRecord(driver.CUevent(event), self._stream(stream)))
+
+    def cuEventRecordWithFlags(self, event, stream, flags):
+        _ok(driver.cuEventRecordWithFlags(driver.CUevent(event), self._stream(stream), flags))
+
+    def cuEventQuery(self, event):
+        _ok(driver.cuEventQuery(driver.CUevent(event)))
+
+    def cuEventSynchronize(self, event):
+        _ok(driver.cuEventSynchronize(driver.CUevent(event)))
+
+    def cuEventDestroy(self, event):
+        _ok(driver.cuEventDestroy(driver.CUevent(event)))
+
+    def cuEventElapsedTime(self, start, end):
+        return float(_ok(driver.cuEventElapsedTime(driver.CUevent(start), driver.CUevent(end))))

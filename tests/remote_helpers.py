@@ -1,0 +1,70 @@
+"""Shared pieces of the remote-execution tests: the shim built from this tree, a host-executor worker,
+and a way to run a client program against it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from server.worker import WorkerDevice, start_worker
+from virtualize.remote import remote_env
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIM = ROOT / "virtualize" / "shim"
+CLIENT = Path(__file__).with_name("remote_client.py")
+MiB = 1 << 20
+
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+
+
+@pytest.fixture(scope="session")
+def shim_dir(tmp_path_factory) -> Path:
+    """The shim compiled from the sources in this tree, warnings as errors."""
+    out = tmp_path_factory.mktemp("shim")
+    subprocess.run(
+        ["cc", "-O1", "-g", "-shared", "-fPIC", "-fvisibility=hidden", "-pthread", "-std=gnu11", "-Wall",
+         "-Wextra", "-Werror", "-Wl,-soname,libcuda.so.1", "-o", str(out / "libcuda.so.1"),
+         str(SHIM / "shim.c"), str(SHIM / "shim_calls.c")],
+        check=True, timeout=120,
+    )  # fmt: skip
+    (out / "libcuda.so").symlink_to("libcuda.so.1")
+    return out
+
+
+@pytest.fixture
+def worker():
+    handle = start_worker(
+        "test-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1", env={}, executor="host"
+    )
+    yield handle
+    handle.stop()
+
+
+def client_env(shim_dir: Path, handle=None, **extra) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    if handle is not None:
+        answer = {
+            "id": "test-lease",
+            "worker": {"host": handle.host, "port": handle.port, "secret": handle.secret},
+        }
+        env.update(remote_env(answer, cache_root=shim_dir.parent / "cache"))
+    env["LD_LIBRARY_PATH"] = str(shim_dir)  # the sources under test, not an installed build
+    env.update(extra)
+    return env
+
+
+def run_client(scenario: str, env: dict[str, str], timeout: float = 60) -> tuple[dict[str, str], str]:
+    proc = subprocess.run(
+        [sys.executable, str(CLIENT), scenario], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return parse(proc.stdout), proc.stderr
+
+
+def parse(stdout: str) -> dict[str, str]:
+    return dict(line.split(" ", 1) for line in stdout.splitlines() if " " in line)
