@@ -145,7 +145,9 @@ async def create_lease(request: web.Request) -> web.Response:
             await st.db(st.pool.end, lease["id"], "released", exc.message, time.time())
             raise
         st.workers[lease["id"]] = handle
-        worker = {"host": handle.host, "port": handle.port, "secret": handle.secret, "pid": handle.pid,
+        # A worker bound to every interface is reached at the server's advertised address.
+        host = st.pool.inv.addr if handle.host in ("", "0.0.0.0", "::") else handle.host
+        worker = {"host": host, "port": handle.port, "secret": handle.secret, "pid": handle.pid,
                   "create_time": (alive_pids([(handle.pid, None)]) or [(0, None)])[0][1]}  # fmt: skip
         await st.db(st.pool.set_worker, lease["id"], worker)
         lease = await st.db(st.pool.lease, lease["id"])

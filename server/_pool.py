@@ -538,10 +538,15 @@ class Pool:
 
     def release(self, caller: Caller, lease_id: str, now: float) -> tuple[dict, bool]:
         """Release; returns the lease and whether this call ended it (False: it had already ended)."""
-        self._owned(caller, lease_id)
-        who = "its client" if self._row(lease_id)["client"] == caller.client else f"admin {caller.client}"
-        ended = self.end(lease_id, "released", f"released by {who}", now)
-        return self.lease(lease_id, owner_view=not caller.admin or ended is None), ended is not None
+        row = self._owned(caller, lease_id)
+        own = row["client"] == caller.client
+        ended = self.end(
+            lease_id,
+            "released",
+            "released by its client" if own else f"released by admin {caller.client}",
+            now,
+        )
+        return self.lease(lease_id, owner_view=own), ended is not None
 
     def end(self, lease_id: str, state: str, reason: str, now: float) -> dict | None:
         """End an active lease (state released/expired/reclaimed); None when it had already ended."""

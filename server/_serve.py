@@ -83,10 +83,7 @@ async def serve(cfg: ServerConfig) -> int:
     if not any(r["admin"] for r in store.tokens()):
         log.warning("no admin token yet: create one with `gpupool-server token create admin --admin`")
     probe = SimulatedActivity() if inv.simulated else NvmlActivity(cfg.activity_window_s)
-    st = ServerState(
-        pool, probe, cfg.host if cfg.host not in ("", "0.0.0.0", "::") else inv.addr, cfg.reap_interval_s
-    )
-    st.bind_host = cfg.host or "0.0.0.0"
+    st = ServerState(pool, probe, cfg.host or "0.0.0.0", cfg.reap_interval_s)  # workers bind where we do
 
     ssl_ctx = None
     if cfg.tls_cert:
