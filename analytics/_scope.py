@@ -52,7 +52,12 @@ class Scope:
 
     def describe(self) -> str:
         start, end = utc(self.start), utc(self.end)
-        span = f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC" if start and end else "all time"
+        if start and end:
+            span = f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC"
+        elif start or end:
+            span = f"from {start:%Y-%m-%d %H:%M} UTC" if start else f"before {end:%Y-%m-%d %H:%M} UTC"
+        else:
+            span = "all time"
         hosts = ", ".join(self.hosts) if self.hosts else "all hosts"
         gpus = f", {len(self.gpus)} selected GPUs" if self.gpus else ""
         return f"{span}, {hosts}{gpus}"
@@ -117,4 +122,4 @@ def no_data_error(con: duckdb.DuckDBPyConnection, scope: Scope, table: str = "gp
     if row[0] is None:
         return TelemetryError(f"no {table} rows in this telemetry", "is the collector writing there?")
     hint = f"the telemetry holds {row[0]:%Y-%m-%d %H:%M} to {row[1]:%Y-%m-%d %H:%M} UTC on hosts {row[2]}"
-    return TelemetryError(f"no {table} rows for {scope.describe()}", hint)
+    return TelemetryError(f"no {table} rows in the selection ({scope.describe()})", hint)

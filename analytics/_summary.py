@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import duckdb
 
@@ -203,7 +203,10 @@ def fleet_summary(
         raise no_data_error(con, scope)
     cols = [d[0] for d in con.description]
     per = {(r[0], r[1]): dict(zip(cols, r, strict=True)) for r in rows}
-    last_day = min(datetime.fromtimestamp(g["last_us"] / 1e6, UTC).date() for g in per.values())
+    # A day back: a segment's date is when it was written, and a sample at midnight may sit in the day before.
+    last_day = min(datetime.fromtimestamp(g["last_us"] / 1e6, UTC).date() for g in per.values()) - timedelta(
+        days=1
+    )
     for host, uuid, index, name in con.execute(_NAMES.format(where=where), [*params, last_day]).fetchall():
         per[(host, uuid)].update(gpu_index=index, gpu_name=name)
 

@@ -111,3 +111,24 @@ def process_rows(
         }
         for i in ticks
     ]
+
+
+def generated_fleet(root: Path, *, days: int = 2, hosts: int = 2, gpus_per_host: int = 4) -> Path:
+    """A small simulated fleet from bench/gen_telemetry.py (1-minute ticks, with process rows)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "gen_telemetry.py"
+    spec = importlib.util.spec_from_file_location("gen_telemetry", path)
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    gen.generate(
+        root,
+        days=days,
+        hosts=hosts,
+        gpus_per_host=gpus_per_host,
+        interval_s=60.0,
+        start=datetime(2026, 1, 5, tzinfo=UTC).date(),
+        processes=True,
+        progress=lambda msg: None,
+    )
+    return root

@@ -27,6 +27,10 @@ def test_gpu_hours_use_each_gpus_own_tick(two_gpus):
     assert (s.gpus, s.hosts) == (2, 2)
     # 4 samples x 1 s + 3 samples x 10 s = 34 s.
     assert s.gpu_hours == pytest.approx(34 / H)
+    assert [(g.host, g.gpu_index, g.gpu_name) for g in s.per_gpu] == [
+        ("a", 0, "NVIDIA H100 80GB HBM3"),
+        ("b", 0, "NVIDIA H100 80GB HBM3"),
+    ]
     ticks = {g.host: g.tick_s for g in s.per_gpu}
     assert ticks == {"a": pytest.approx(1.0), "b": pytest.approx(10.0)}
 

@@ -1,0 +1,154 @@
+"""``gpustat-report build``: the report as ONE self-contained HTML file.
+
+plotly.js is inlined once in the page head (no CDN), every chart is a div drawing from it, tables
+are plain HTML: the file opens with no network, from a mail attachment or a USB stick.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+
+import analytics as A
+from reports import _present as P
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    scope: A.Scope = field(default_factory=A.Scope)
+    summary: A.SummaryOptions = field(default_factory=A.SummaryOptions)
+    pool: A.PoolOptions = field(default_factory=A.PoolOptions)
+    tz: str = "UTC"
+    heatmap_level: str = "fleet"
+
+
+_CSS = """
+body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0 auto; max-width: 1200px;
+       padding: 0 24px 48px; color: #222; }
+h1 { margin-top: 24px; }
+h2 { border-bottom: 1px solid #ddd; padding-bottom: 4px; margin-top: 40px; }
+.sim { color: #fff; background: #c62828; padding: 2px 8px; border-radius: 4px; font-size: 0.7em;
+       vertical-align: middle; letter-spacing: 0.05em; }
+.banner { background: #ffebee; border: 2px solid #c62828; padding: 12px 16px; border-radius: 6px; }
+.cards { display: grid; grid-template-columns: repeat(4, 1fr); gap: 12px; }
+.card { border: 1px solid #ddd; border-radius: 6px; padding: 10px 12px; }
+.card .label { color: #666; font-size: 0.85em; }
+.card .value { font-size: 1.5em; font-weight: 600; margin: 4px 0; }
+.card .help { color: #777; font-size: 0.75em; }
+table { border-collapse: collapse; font-size: 0.85em; margin: 8px 0; }
+th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: right; }
+th { background: #f5f5f5; }
+td:first-child, th:first-child { text-align: left; }
+.muted { color: #666; font-size: 0.85em; }
+"""
+
+
+def _section(title: str, simulated: bool) -> str:
+    badge = f' <span class="sim">{P.SIMULATED_LABEL}</span>' if simulated else ""
+    return f'<h2 id="{html.escape(title.lower().split(":")[0].replace(" ", "-"))}">{html.escape(title)}{badge}</h2>'
+
+
+def _fig(fig) -> str:
+    return pio.to_html(fig, full_html=False, include_plotlyjs=False, config={"displaylogo": False})
+
+
+def _kv_table(rows: list[tuple[str, str]]) -> str:
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f"<table>{body}</table>"
+
+
+def build_html(dirs: list[str], opts: BuildOptions | None = None, progress=lambda msg: None) -> str:
+    """Compute every finding for ``opts.scope`` and return the page. Raises ``TelemetryError``."""
+    opts = opts or BuildOptions()
+    con = A.open_telemetry(dirs)
+    progress("fleet summary")
+    s = A.fleet_summary(con, opts.scope, opts.summary)
+    sim = s.simulated
+    progress("time patterns")
+    timeline = A.utilization_timeline(con, opts.scope)
+    grids = A.hour_of_week(con, opts.scope, level=opts.heatmap_level, tz=opts.tz)
+    per = A.busiest_idlest(con, opts.scope)
+    progress("attribution")
+    attributions = []
+    for by in A.ATTRIBUTION_KEYS:
+        try:
+            attributions.append(A.attribution(con, opts.scope, by=by, options=opts.summary))
+        except A.TelemetryError as exc:
+            attributions.append(exc)
+    progress("what-if pool")
+    try:
+        whatif: A.WhatIf | A.TelemetryError = A.what_if(con, opts.scope, opts.pool)
+    except A.TelemetryError as exc:
+        whatif = exc
+
+    parts: list[str] = [
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>gpupool audit{' (SIMULATED DATA)' if sim else ''}</title>",
+        f"<style>{_CSS}</style>",
+        f"<script type='text/javascript'>{get_plotlyjs()}</script>",
+        "</head><body>",
+        f"<h1>GPU audit: how busy are the GPUs really?{' <span class=sim>' + P.SIMULATED_LABEL + '</span>' if sim else ''}</h1>",
+        f"<p class='muted'>{html.escape(', '.join(dirs))} · {html.escape(opts.scope.describe())} · "
+        f"generated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by gpustat-report</p>",
+    ]
+    if sim:
+        parts.append(
+            f"<div class='banner'><b>{P.SIMULATED_LABEL}</b> — {P.pct(s.simulated_share)} of these GPU-hours "
+            "come from gpupool's simulated fleet, not real GPUs. Do not draw conclusions about your hardware "
+            "from them.</div>"
+        )
+    parts.append(_section("Summary", sim))
+    cards = "".join(
+        f"<div class='card'><div class='label'>{html.escape(label)}</div><div class='value'>{html.escape(value)}"
+        f"</div><div class='help'>{html.escape(help_text)}</div></div>"
+        for label, value, help_text in P.headline(s)
+    )
+    parts.append(f"<div class='cards'>{cards}</div><ul>")
+    parts += [f"<li>{html.escape(line)}</li>" for line in P.findings(s)]
+    parts.append("</ul>")
+
+    parts += [_section("Utilization over time", sim), _fig(P.fig_timeline(timeline))]
+    parts.append(_section("When: hour of week", sim))
+    for g in grids[:16]:
+        parts.append(_fig(P.fig_heatmap(g, "util")))
+        if any(v is not None for row in g.sm for v in row):
+            parts.append(_fig(P.fig_heatmap(g, "sm")))
+    parts += ["<h3>Busiest and idlest hours</h3>", P.periods_table(per).to_html(index=False, na_rep="n/a")]
+    parts += [_section("Distribution", sim), _fig(P.fig_distribution(s))]
+
+    parts.append(_section("Who holds the GPUs", sim))
+    for a in attributions:
+        if isinstance(a, A.TelemetryError):
+            parts.append(f"<p class='muted'>{html.escape(a.title)}. {html.escape(a.hint)}</p>")
+            break
+        parts += [_fig(P.fig_attribution(a)), P.attribution_table(a).to_html(index=False, na_rep="n/a")]
+
+    parts.append(_section("What-if: a pool of fractional GPUs", sim))
+    if isinstance(whatif, A.TelemetryError):
+        parts.append(f"<p class='muted'>{html.escape(whatif.title)}. {html.escape(whatif.hint)}</p>")
+    else:
+        parts += [
+            _fig(P.fig_need(whatif)),
+            _kv_table(P.whatif_rows(whatif)),
+            "<h3>Assumptions</h3><ul>",
+            *[f"<li>{html.escape(x)}</li>" for x in whatif.assumptions],
+            "</ul>",
+        ]
+    parts += [_section("Per GPU", sim), P.per_gpu_table(s).to_html(index=False, na_rep="n/a")]
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_html(
+    dirs: list[str], out: Path, opts: BuildOptions | None = None, progress=lambda msg: None
+) -> Path:
+    page = build_html(dirs, opts, progress)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(out)
+    return out

@@ -1,0 +1,287 @@
+"""Turn analytics results into what a page shows: formatted numbers, tables, plotly figures.
+
+Shared by the Streamlit app and the HTML export so both say the same thing the same way. No numbers
+are computed here beyond unit conversion; the findings come from ``analytics``.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+import analytics as A
+
+SIMULATED_LABEL = "SIMULATED DATA"
+UTIL_COLOR = "#1f77b4"
+SM_COLOR = "#d62728"
+GIB = 1 << 30
+
+
+def pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:.1f} %"
+
+
+def hours(x: float) -> str:
+    return f"{x:,.1f} h" if x < 10_000 else f"{x:,.0f} h"
+
+
+def gib(x: float | None) -> str:
+    return "n/a" if x is None else f"{x / GIB:,.1f} GiB"
+
+
+def headline(s: A.FleetSummary) -> list[tuple[str, str, str]]:
+    """(label, value, help) for the headline figures."""
+    gap = ""
+    if s.sm_activity_mean is not None and s.util_gpu_mean_where_gpm is not None:
+        gap = f"; on the same samples utilization.gpu reads {pct(s.util_gpu_mean_where_gpm)}"
+    return [
+        (
+            "GPUs",
+            f"{s.gpus} on {s.hosts} host{'s' if s.hosts != 1 else ''}",
+            "GPUs with samples in the selection",
+        ),
+        (
+            "GPU-hours observed",
+            hours(s.gpu_hours),
+            f"samples x tick (median tick {s.tick_s_median:g} s); gaps in collection are not counted",
+        ),
+        (
+            "utilization.gpu mean",
+            pct(s.util_gpu_mean),
+            f"duty cycle: share of time any kernel ran. p50 {pct(s.util_gpu_p50)}, p95 {pct(s.util_gpu_p95)}",
+        ),
+        (
+            "SM activity mean",
+            pct(s.sm_activity_mean),
+            f"GPM (Hopper+), over {pct(s.gpm_share)} of the GPU-hours: share of SMs doing work. "
+            f"p50 {pct(s.sm_activity_p50)}, p95 {pct(s.sm_activity_p95)}{gap}",
+        ),
+        (
+            f"idle GPU-hours · {pct(s.idle_share)}",
+            hours(s.idle_gpu_hours),
+            f"utilization.gpu below {pct(s.options.idle_below)}",
+        ),
+        (
+            f"held but idle · {pct(s.held_idle_share)}",
+            hours(s.held_idle_gpu_hours),
+            f"idle while at least {gib(s.options.held_mem_bytes)} of memory is in use: nobody else can have it",
+        ),
+        (
+            "memory headroom",
+            gib(s.mem_headroom_bytes_mean),
+            f"free memory per GPU on average; memory used mean {pct(s.mem_used_ratio_mean)}, "
+            f"p95 {pct(s.mem_used_ratio_p95)}",
+        ),
+    ]
+
+
+def findings(s: A.FleetSummary) -> list[str]:
+    """A few sentences a reader takes away."""
+    out = [
+        f"{s.gpus} GPUs were observed for {hours(s.gpu_hours)} between {s.first_sample:%Y-%m-%d %H:%M} and "
+        f"{s.last_sample:%Y-%m-%d %H:%M} UTC.",
+        f"They were idle (utilization.gpu under {pct(s.options.idle_below)}) {pct(s.idle_share)} of the time; "
+        f"{hours(s.held_idle_gpu_hours)} of that with memory held, so no one else could use them.",
+    ]
+    if s.sm_activity_mean is not None and s.util_gpu_mean_where_gpm is not None:
+        out.append(
+            f"Where GPM data exists, utilization.gpu says {pct(s.util_gpu_mean_where_gpm)} busy but only "
+            f"{pct(s.sm_activity_mean)} of the SMs were doing work: the duty cycle overstates how busy they are."
+        )
+    return out
+
+
+def per_gpu_table(s: A.FleetSummary) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {
+                "host": g.host,
+                "gpu": g.gpu_index,
+                "name": g.gpu_name,
+                "uuid": g.gpu_uuid,
+                "tick (s)": round(g.tick_s, 3),
+                "GPU-hours": round(g.gpu_hours, 2),
+                "util.gpu mean %": _p(g.util_gpu_mean),
+                "SM activity mean %": _p(g.sm_activity_mean),
+                "idle h": round(g.idle_gpu_hours, 2),
+                "held-idle h": round(g.held_idle_gpu_hours, 2),
+                "memory used mean %": _p(g.mem_used_ratio_mean),
+                "memory (GiB)": round(g.mem_total_bytes / GIB, 1),
+                "simulated": g.simulated,
+            }
+            for g in s.per_gpu
+        ]
+    )
+
+
+def attribution_table(a: A.Attribution) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {
+                a.by: r.key,
+                "processes": r.processes,
+                "GPUs": r.gpus,
+                "GPU-hours held": round(r.gpu_hours, 2),
+                "busy GPU-hours": round(r.busy_gpu_hours, 2),
+                "memory GiB-hours": round(r.memory_gib_hours, 1),
+                "peak memory (GiB)": round(r.mem_peak_bytes / GIB, 1),
+                "idle while holding h": round(r.idle_holding_hours, 2),
+                "idle while holding %": _p(r.idle_holding_share),
+            }
+            for r in a.rows
+        ]
+    )
+
+
+def periods_table(p: A.Periods) -> pd.DataFrame:
+    rows = [("busiest", x) for x in p.busiest] + [("idlest", x) for x in p.idlest]
+    return pd.DataFrame(
+        [
+            {
+                "kind": kind,
+                "from (UTC)": f"{x.start:%Y-%m-%d %H:%M}",
+                "to (UTC)": f"{x.end:%Y-%m-%d %H:%M}",
+                "util.gpu mean %": _p(x.util_gpu_mean),
+                "SM activity mean %": _p(x.sm_activity_mean),
+                "GPUs": x.gpus,
+            }
+            for kind, x in rows
+        ]
+    )
+
+
+def whatif_rows(w: A.WhatIf) -> list[tuple[str, str]]:
+    cur = w.options.currency
+    return [
+        ("requests replayed", f"{w.requests:,} ({w.options.demand} demand, {w.step_s} s steps)"),
+        ("GPUs observed", f"{w.observed_gpus} (utilization.gpu mean {pct(w.observed_util_mean)})"),
+        (
+            "GPUs needed, p95 / p99 / peak",
+            f"{w.gpus_needed_p95} / {w.gpus_needed_p99} / {w.gpus_needed_peak}",
+        ),
+        ("if partitions could be repacked (p95)", f"{w.gpus_needed_ideal_p95}"),
+        ("pool replayed", f"{w.pool_gpus} GPUs, 1/{w.options.granularity} partitions, {w.options.policy}"),
+        ("pooled GPUs' busy share", pct(w.pooled_util_mean)),
+        ("pool memory allocated", pct(w.pooled_mem_allocated_mean)),
+        ("requests that would have waited", f"{w.waited_requests:,} ({pct(w.waited_share)})"),
+        ("wait p95 / max", f"{w.wait_p95_s:,.0f} s / {w.wait_max_s:,.0f} s"),
+        ("compute oversubscribed", f"{pct(w.oversubscribed_share)} of pool GPU-steps"),
+        (
+            f"cost over {hours(w.span_hours)} at {w.options.price_per_gpu_hour:g} {cur}/GPU-h",
+            f"{w.cost_observed:,.2f} {cur} observed vs {w.cost_pooled:,.2f} {cur} pooled "
+            f"(saves {w.cost_saving:,.2f} {cur}, {w.gpus_saved} GPUs)",
+        ),
+    ]
+
+
+def _p(x: float | None) -> float | None:
+    return None if x is None else round(x * 100, 1)
+
+
+def _layout(fig: go.Figure, title: str, simulated: bool, height: int = 360) -> go.Figure:
+    fig.update_layout(
+        title=title + (f"  [{SIMULATED_LABEL}]" if simulated else ""),
+        height=height,
+        margin={"l": 60, "r": 20, "t": 80, "b": 40},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
+        template="plotly_white",
+    )
+    return fig
+
+
+def fig_timeline(t: A.Timeline) -> go.Figure:
+    xs = [p.start for p in t.points]
+    fig = go.Figure()
+    fig.add_scatter(
+        x=xs,
+        y=[_p(p.util_gpu_mean) for p in t.points],
+        name="utilization.gpu (duty cycle)",
+        line_color=UTIL_COLOR,
+    )
+    if any(p.sm_activity_mean is not None for p in t.points):
+        fig.add_scatter(
+            x=xs, y=[_p(p.sm_activity_mean) for p in t.points], name="SM activity (GPM)", line_color=SM_COLOR
+        )
+    fig.update_yaxes(title="% (fleet mean)", range=[0, 100])
+    return _layout(fig, f"Utilization over time ({t.bucket_s} s buckets)", t.simulated)
+
+
+def fig_heatmap(h: A.HourOfWeek, metric: str = "util") -> go.Figure:
+    grid = h.util if metric == "util" else h.sm
+    name = "utilization.gpu" if metric == "util" else "SM activity"
+    fig = go.Figure(
+        go.Heatmap(
+            z=[[_p(v) for v in row] for row in grid],
+            x=[f"{hh:02d}" for hh in range(24)],
+            y=list(A.DAYS),
+            zmin=0,
+            zmax=100,
+            colorscale="Viridis",
+            colorbar={"title": "%"},
+            hovertemplate="%{y} %{x}:00 — %{z:.1f} %<extra></extra>",
+        )
+    )
+    fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(title=f"hour ({h.tz})")
+    return _layout(fig, f"{name} by hour of week — {h.key}", h.simulated, height=320)
+
+
+def fig_distribution(s: A.FleetSummary) -> go.Figure:
+    fig = go.Figure()
+    for d, color, name in (
+        (s.util_distribution, UTIL_COLOR, "utilization.gpu"),
+        (s.sm_distribution, SM_COLOR, "SM activity"),
+    ):
+        if sum(h for _, h in d.bins) > 0:
+            fig.add_bar(
+                x=[f"{lo * 100:.0f}–{(lo + d.width) * 100:.0f}" for lo, _ in d.bins],
+                y=[h for _, h in d.bins],
+                name=name,
+                marker_color=color,
+            )
+    fig.update_layout(barmode="group")
+    fig.update_xaxes(title="% busy")
+    fig.update_yaxes(title="GPU-hours")
+    return _layout(fig, "How busy, how often (GPU-hours per 5 % bin)", s.simulated)
+
+
+def fig_attribution(a: A.Attribution, top: int = 15) -> go.Figure:
+    rows = a.rows[:top]
+    keys = [r.key for r in rows]
+    fig = go.Figure()
+    fig.add_bar(
+        y=keys, x=[r.busy_gpu_hours for r in rows], name="busy", orientation="h", marker_color=UTIL_COLOR
+    )
+    fig.add_bar(
+        y=keys,
+        x=[r.idle_holding_hours for r in rows],
+        name="idle while holding memory",
+        orientation="h",
+        marker_color="#ff7f0e",
+    )
+    fig.add_bar(
+        y=keys,
+        x=[max(r.gpu_hours - r.busy_gpu_hours - r.idle_holding_hours, 0) for r in rows],
+        name="held, partly busy",
+        orientation="h",
+        marker_color="#c7c7c7",
+    )
+    fig.update_layout(barmode="stack")
+    fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(title="GPU-hours held")
+    return _layout(fig, f"GPU-hours per {a.by}", a.simulated, height=max(260, 40 + 28 * len(rows)))
+
+
+def fig_need(w: A.WhatIf) -> go.Figure:
+    fig = go.Figure()
+    fig.add_scatter(
+        x=[t for t, _ in w.need_over_time],
+        y=[n for _, n in w.need_over_time],
+        name="pool GPUs in use",
+        line_shape="hv",
+        line_color=UTIL_COLOR,
+    )
+    fig.add_hline(y=w.observed_gpus, line_dash="dot", annotation_text=f"observed: {w.observed_gpus} GPUs")
+    fig.add_hline(y=w.gpus_needed_p95, line_dash="dash", line_color=SM_COLOR, annotation_text="p95 need")
+    fig.update_yaxes(title="GPUs", rangemode="tozero")
+    return _layout(fig, "What-if: GPUs a pool would need over time", w.simulated)

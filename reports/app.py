@@ -1,0 +1,207 @@
+"""The Streamlit report: ``gpustat-report serve DIR...`` runs this script.
+
+It only lays out what ``analytics`` computes. The telemetry directories come from the environment
+variable ``GPUPOOL_REPORT_DIRS`` (``os.pathsep``-separated), which ``gpustat-report serve`` sets.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime, timedelta
+
+import streamlit as st
+
+import analytics as A
+from reports import _present as P
+
+DIRS_ENV = "GPUPOOL_REPORT_DIRS"
+CACHE_TTL_S = 60  # telemetry grows while the collector runs: recompute at most once a minute
+
+
+def _dirs() -> tuple[str, ...]:
+    return tuple(d for d in os.environ.get(DIRS_ENV, "").split(os.pathsep) if d)
+
+
+# Each function opens its own connection: a DuckDB connection must not be shared across the threads
+# Streamlit runs sessions in, and opening one is cheap (views over the Parquet globs).
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
+def extent(dirs):
+    return A.data_extent(A.open_telemetry(dirs))
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner="summarising...")
+def summary(dirs, scope, options):
+    return A.fleet_summary(A.open_telemetry(dirs), scope, options)
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
+def timeline(dirs, scope):
+    return A.utilization_timeline(A.open_telemetry(dirs), scope)
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
+def heatmaps(dirs, scope, level, tz):
+    return A.hour_of_week(A.open_telemetry(dirs), scope, level=level, tz=tz)
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
+def periods(dirs, scope):
+    return A.busiest_idlest(A.open_telemetry(dirs), scope)
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
+def attribution(dirs, scope, by, options):
+    return A.attribution(A.open_telemetry(dirs), scope, by=by, options=options)
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner="replaying demand onto the pool...")
+def whatif(dirs, scope, options):
+    return A.what_if(A.open_telemetry(dirs), scope, options)
+
+
+def section(title: str, simulated: bool) -> None:
+    st.header(title + (f"  ·  :red[{P.SIMULATED_LABEL}]" if simulated else ""))
+
+
+def download(df, name: str, key: str) -> None:
+    st.download_button(f"Download {name} (CSV)", df.to_csv(index=False), f"{name}.csv", "text/csv", key=key)
+
+
+def filters(ext: A.Extent) -> tuple[A.Scope, A.SummaryOptions, str]:
+    sb = st.sidebar
+    sb.title("Filters")
+    start, end = ext.start.replace(tzinfo=None), ext.end.replace(tzinfo=None) + timedelta(seconds=1)
+    span = end - start
+    step = timedelta(minutes=1) if span <= timedelta(days=2) else timedelta(hours=1)
+    lo, hi = sb.slider("Time range (UTC)", min_value=start, max_value=end, value=(start, end), step=step)
+    hosts = sb.multiselect("Hosts", ext.hosts, placeholder="all hosts")
+    choices = [g for g in ext.gpus if not hosts or g.host in hosts]
+    gpus = sb.multiselect("GPUs", choices, format_func=lambda g: g.label, placeholder="all GPUs")
+    sb.divider()
+    idle = sb.slider("Idle below utilization.gpu (%)", 0, 50, 5) / 100
+    held = sb.number_input("Held: memory in use at least (GiB)", 0.0, 1024.0, 1.0, 0.5)
+    tz = sb.text_input("Heatmap time zone", "UTC", help="IANA name, e.g. Europe/Berlin")
+    scope = A.Scope(
+        lo.replace(tzinfo=UTC), hi.replace(tzinfo=UTC), tuple(hosts), tuple(g.gpu_uuid for g in gpus)
+    )
+    return scope, A.SummaryOptions(idle_below=idle, held_mem_bytes=int(held * P.GIB)), tz
+
+
+def main() -> None:
+    st.set_page_config(page_title="gpupool audit", layout="wide")
+    dirs = _dirs()
+    if not dirs:
+        st.error(f"No telemetry directory given. Start with: gpustat-report serve DIR (or set {DIRS_ENV}).")
+        st.stop()
+    try:
+        ext = extent(dirs)
+        if ext.start is None:
+            raise A.TelemetryError("no GPU samples in " + ", ".join(dirs), "is the collector writing there?")
+        scope, options, tz = filters(ext)
+        s = summary(dirs, scope, options)
+    except A.TelemetryError as exc:
+        st.error(f"{exc.title}. {exc.hint}")
+        st.stop()
+
+    st.title("GPU audit: how busy are the GPUs really?")
+    st.caption(f"{', '.join(dirs)} · {scope.describe()} · generated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
+    if s.simulated:
+        st.error(
+            f"**{P.SIMULATED_LABEL}** — {P.pct(s.simulated_share)} of these GPU-hours come from gpupool's "
+            "simulated fleet, not real GPUs. Do not draw conclusions about your hardware from them.",
+            icon="⚠️",
+        )
+
+    section("Summary", s.simulated)
+    cols = st.columns(4)
+    for i, (label, value, help_text) in enumerate(P.headline(s)):
+        cols[i % 4].metric(label, value, help=help_text)
+    for line in P.findings(s):
+        st.markdown(f"- {line}")
+
+    section("Utilization over time", s.simulated)
+    st.plotly_chart(P.fig_timeline(timeline(dirs, scope)))
+
+    section("When: hour of week", s.simulated)
+    c1, c2 = st.columns([1, 1])
+    level = c1.radio("Heatmap per", ["fleet", "host", "gpu"], horizontal=True)
+    metric = c2.radio("Metric", ["utilization.gpu", "SM activity"], horizontal=True)
+    try:
+        grids = heatmaps(dirs, scope, level, tz)
+    except A.TelemetryError as exc:
+        st.error(f"{exc.title}. {exc.hint}")
+        grids = []
+    if len(grids) > 1:
+        pick = st.selectbox("Show", [g.key for g in grids])
+        grids = [g for g in grids if g.key == pick]
+    for g in grids:
+        st.plotly_chart(P.fig_heatmap(g, "util" if metric == "utilization.gpu" else "sm"))
+    per = P.periods_table(periods(dirs, scope))
+    st.subheader("Busiest and idlest hours")
+    st.dataframe(per, hide_index=True)
+    download(per, "periods", "dl-periods")
+
+    section("Distribution", s.simulated)
+    st.plotly_chart(P.fig_distribution(s))
+
+    section("Who holds the GPUs", s.simulated)
+    tabs = st.tabs(["per user", "per process name", "per container"])
+    for tab, by in zip(tabs, ["user", "process", "container"], strict=True):
+        with tab:
+            try:
+                a = attribution(dirs, scope, by, options)
+            except A.TelemetryError as exc:
+                st.info(f"{exc.title}. {exc.hint}")
+                continue
+            st.plotly_chart(P.fig_attribution(a), key=f"attr-{by}")
+            df = P.attribution_table(a)
+            st.dataframe(df, hide_index=True)
+            download(df, f"attribution-{by}", f"dl-attr-{by}")
+
+    section("What-if: a pool of fractional GPUs", s.simulated)
+    c = st.columns(5)
+    gran = c[0].selectbox("Partitions per GPU", A.GRANULARITIES, index=len(A.GRANULARITIES) - 1)
+    policy = c[1].selectbox("Packing policy", A.POLICIES, index=A.POLICIES.index("best-fit"))
+    demand = c[2].selectbox("Demand from", ["process", "gpu"], help="per-process rows, or whole GPUs' memory")
+    price = c[3].number_input("Price per GPU-hour", 0.0, 1000.0, 2.50, 0.25)
+    pool = c[4].number_input("Pool size (0: the p95 need)", 0, 10_000, 0)
+    opts = A.PoolOptions(
+        granularity=gran,
+        policy=policy,
+        demand=demand,
+        price_per_gpu_hour=price,
+        pool_gpus=pool or None,
+        held_mem_bytes=options.held_mem_bytes,
+        idle_below=options.idle_below,
+    )
+    try:
+        w = whatif(dirs, scope, opts)
+    except A.TelemetryError as exc:
+        st.info(f"{exc.title}. {exc.hint}")
+    else:
+        m = st.columns(4)
+        m[0].metric("GPUs needed (p95 / p99)", f"{w.gpus_needed_p95} / {w.gpus_needed_p99}")
+        m[1].metric(
+            "GPUs observed",
+            w.observed_gpus,
+            delta=f"{-w.gpus_saved:+d} with a pool of {w.pool_gpus}",
+            delta_color="inverse",
+        )
+        m[2].metric(
+            "pooled GPUs busy",
+            P.pct(w.pooled_util_mean),
+            help="compute shared among tenants, capped at 100 %",
+        )
+        m[3].metric("requests that waited", P.pct(w.waited_share))
+        st.plotly_chart(P.fig_need(w))
+        st.table({"": [k for k, _ in P.whatif_rows(w)], "value": [v for _, v in P.whatif_rows(w)]})
+        st.markdown("**Assumptions**\n" + "\n".join(f"- {a}" for a in w.assumptions))
+
+    section("Per GPU", s.simulated)
+    df = P.per_gpu_table(s)
+    st.dataframe(df, hide_index=True)
+    download(df, "per-gpu", "dl-gpus")
+
+
+if __name__ == "__main__":  # streamlit runs the script as __main__; importing it draws nothing
+    main()

@@ -1,0 +1,106 @@
+"""The Streamlit report, driven headless through streamlit.testing.v1.AppTest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_analytics_data import GIB, gpu_rows, process_rows, write_rows
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest
+
+from reports.app import DIRS_ENV
+
+APP = str(Path(__file__).resolve().parent.parent / "reports" / "app.py")
+
+
+@pytest.fixture(scope="module")
+def sim_dir(tmp_path_factory):
+    from test_analytics_data import generated_fleet
+
+    return generated_fleet(tmp_path_factory.mktemp("sim"))
+
+
+@pytest.fixture
+def real_dir(tmp_path):
+    # Two real (not simulated) GPUs on one host, 10 minutes at 10 s, one process each.
+    rows = gpu_rows("node-1", 0, [0.5] * 60, tick_s=10, mem_used=20 * GIB, sm=[0.2] * 60)
+    rows += gpu_rows("node-1", 1, [0.0] * 60, tick_s=10, mem_used=10 * GIB)
+    procs = process_rows("node-1", 0, 1, range(60), mem=20 * GIB, sm_util=0.5, user="alice", tick_s=10)
+    procs += process_rows("node-1", 1, 2, range(60), mem=10 * GIB, sm_util=0.0, user="bob", tick_s=10)
+    write_rows(tmp_path, "gpu_samples", rows)
+    write_rows(tmp_path, "process_samples", procs)
+    return tmp_path
+
+
+def _run(monkeypatch, *dirs) -> AppTest:
+    monkeypatch.setenv(DIRS_ENV, ":".join(str(d) for d in dirs))
+    at = AppTest.from_file(APP, default_timeout=60)
+    return at.run()
+
+
+def _metrics(at) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def test_real_data_page_lays_out_every_section(monkeypatch, real_dir):
+    at = _run(monkeypatch, real_dir)
+    assert not at.exception
+    headers = [h.value for h in at.header]
+    assert headers == [
+        "Summary",
+        "Utilization over time",
+        "When: hour of week",
+        "Distribution",
+        "Who holds the GPUs",
+        "What-if: a pool of fractional GPUs",
+        "Per GPU",
+    ]
+    m = _metrics(at)
+    assert m["GPUs"] == "2 on 1 host"
+    assert m["utilization.gpu mean"] == "25.0 %"  # 50 % and 0 %, equal time
+    assert m["SM activity mean"] == "20.0 %"
+    assert m["held but idle · 50.0 %"] == "0.2 h"  # GPU 1: 10 min idle holding 10 GiB
+    assert m["GPUs needed (p95 / p99)"] == "1 / 1"  # 20 + 10 GiB fit one 80 GiB GPU
+    assert not any("SIMULATED" in e.value for e in at.error)
+    assert len(at.get("plotly_chart")) >= 5
+    assert [d.label for d in at.get("download_button")][:1] == ["Download periods (CSV)"]
+
+
+def test_simulated_data_is_labelled_on_every_section(monkeypatch, sim_dir):
+    at = _run(monkeypatch, sim_dir)
+    assert not at.exception
+    assert any("SIMULATED DATA" in e.value for e in at.error)
+    assert at.header and all("SIMULATED DATA" in h.value for h in at.header)
+    assert _metrics(at)["GPUs"] == "8 on 2 hosts"
+
+
+def test_filters_and_whatif_controls_recompute(monkeypatch, sim_dir):
+    at = _run(monkeypatch, sim_dir)
+    at.sidebar.multiselect[0].set_value(["gpu-node-01"]).run()
+    assert not at.exception
+    assert _metrics(at)["GPUs"] == "4 on 1 host"
+    needed_fine = _metrics(at)["GPUs needed (p95 / p99)"]
+    [gran] = [s for s in at.selectbox if s.label == "Partitions per GPU"]
+    gran.set_value(1).run()
+    assert not at.exception
+    needed_whole = _metrics(at)["GPUs needed (p95 / p99)"]
+    # Whole GPUs per request can only need as many GPUs or more than 1/20 partitions.
+    assert int(needed_whole.split(" / ")[0]) >= int(needed_fine.split(" / ")[0])
+    assert "1/1 partitions" in " ".join(str(t.value) for t in at.table)
+
+
+def test_empty_directory_shows_one_clear_error(monkeypatch, tmp_path):
+    at = _run(monkeypatch, tmp_path)
+    assert not at.exception
+    assert [e.value for e in at.error] == [
+        f"no telemetry found in {tmp_path}. is the collector writing there? gpustat-collect --out DIR"
+    ]
+
+
+def test_no_directory_configured(monkeypatch):
+    monkeypatch.delenv(DIRS_ENV, raising=False)
+    at = AppTest.from_file(APP, default_timeout=30).run()
+    assert not at.exception
+    assert "No telemetry directory given" in at.error[0].value
