@@ -24,16 +24,20 @@ import json
 import os
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from collector.schema import TABLES
+from collector.schema import METADATA_VERSION_KEY, SCHEMA_VERSION, TABLES
 from collector.writer import _fsync_dir, conform
 
 JOURNAL_GLOB = ".compact-*.json"
+
+
+class CompactSkipped(Exception):
+    """A partition folder compaction leaves alone (and says why)."""
 
 
 @dataclass
@@ -43,6 +47,7 @@ class CompactResult:
     segments_out: int = 0
     rows: int = 0
     recovered: int = 0
+    skipped: list[str] = field(default_factory=list)
 
 
 def _segments(folder: Path) -> list[Path]:
@@ -95,15 +100,25 @@ def compact_folder(
         return 0, 0
     step = hook or (lambda _name: None)
     table = TABLES[table_name]
-    parts = [conform(table, pq.read_table(p, partitioning=None)) for p in originals]
-    merged_data = pa.concat_tables(parts).sort_by("ts")
+    versions = {(pq.read_schema(p).metadata or {}).get(METADATA_VERSION_KEY) for p in originals}
+    if versions != {str(SCHEMA_VERSION).encode()}:
+        # Merging would relabel rows of another schema version as this one: leave such folders alone.
+        raise CompactSkipped(
+            f"{folder}: segments of schema versions {sorted(v.decode() if v else '0' for v in versions)}"
+        )
+    parts = [pq.read_table(p, partitioning=None) for p in originals]
+    merged_data = pa.concat_tables([conform(table, t) for t in parts]).sort_by("ts")
     token = f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}-{secrets.token_hex(4)}"
     merged = folder / f"{table_name}-compacted-{token}.parquet"
     tmp = folder / f".compacted-{token}.tmp"
-    with open(tmp, "wb") as fh:
-        pq.write_table(merged_data, fh, compression="zstd")
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        with open(tmp, "wb") as fh:
+            pq.write_table(merged_data, fh, compression="zstd")
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # e.g. disk full: the originals are untouched
+        raise
     step("merged-written")
     journal = folder / f".compact-{token}.json"
     plan = {"merged": merged.name, "tmp": tmp.name, "originals": [p.name for p in originals]}
@@ -139,7 +154,11 @@ def compact(
         if date is None and before is not None and day >= before:
             continue
         table_name = folder.parent.parent.name
-        n_in, rows = compact_folder(folder, table_name, hook=hook)
+        try:
+            n_in, rows = compact_folder(folder, table_name, hook=hook)
+        except CompactSkipped as why:
+            result.skipped.append(str(why))
+            continue
         if n_in:
             result.folders += 1
             result.segments_in += n_in

@@ -23,7 +23,7 @@ import datetime as dt
 import time
 from typing import Any, Protocol
 
-from collector._errors import GpuLost
+from collector._errors import GpuLost, NvmlUnavailable
 from collector._inventory import inventory_from
 from collector._procinfo import ProcessInfo
 from collector._source import Tick, now_us
@@ -109,6 +109,13 @@ class NvmlSource:
         self._procinfo = procinfo or ProcessInfo()
         backend.start()  # raises NvmlUnavailable
         self._inventory = inventory_from(backend)
+        # GPUs NVML counts but that did not answer at start (lost before we came): reported, not sampled.
+        self.unanswered = sorted(set(range(backend.device_count())) - {g.index for g in self._inventory})
+        if not self._inventory:
+            backend.stop()
+            raise NvmlUnavailable(
+                "NVML started but no GPU answered" if self.unanswered else "NVML started but sees no GPU"
+            )
         first_since = self._wall_us() - int(interval_s * 1e6)
         self._gpus = []
         for info in self._inventory:

@@ -137,7 +137,15 @@ def serve(state: LiveState, port: int, addr: str = "0.0.0.0"):
     """Start the /metrics HTTP server in a daemon thread; returns the server (``.server_address``)."""
     from prometheus_client import start_http_server
 
+    from collector._errors import CollectorError
+
     registry = CollectorRegistry()
     registry.register(TelemetryCollector(state))
-    result = start_http_server(port, addr=addr, registry=registry)
+    try:
+        result = start_http_server(port, addr=addr, registry=registry)
+    except OSError as exc:
+        raise CollectorError(
+            f"cannot serve /metrics on {addr}:{port} ({exc.strerror or exc})",
+            "pick another --prometheus PORT (0 picks a free one) or --prometheus-addr",
+        ) from None
     return result[0] if isinstance(result, tuple) else result

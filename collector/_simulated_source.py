@@ -47,7 +47,7 @@ class SimulatedSource:
         state = fleet.state(np.array([t]))
         cols = {k: v[:, 0] for k, v in fleet.gpu_columns(None, state).items()}
         if self._energy is None:  # no backfill before us: start from a plausible counter
-            self._energy = list(cols["power_w"] * 0.0 + 250.0 * (t - _BOOT_EPOCH))
+            self._energy = [250.0 * (t - _BOOT_EPOCH)] * fleet.n
         dt_s = 0.0 if self._last_t is None else max(0.0, t - self._last_t)
         self._last_t = t
         tick = Tick()
@@ -139,6 +139,7 @@ def backfill(
     *,
     step_s: float = 10.0,
     progress: Callable[[dt.datetime], None] | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
 ) -> list[float]:
     """Write the fleet's history from ``start`` to ``end`` (exclusive), one day per segment.
 
@@ -155,7 +156,7 @@ def backfill(
     # One grid t0 + k*step for the whole span, cut at UTC midnights into one segment per day.
     n_steps = int(np.ceil((t1 - t0) / step_s))
     k = 0
-    while k < n_steps:
+    while k < n_steps and not should_stop():  # each day is one atomic segment: stopping loses nothing
         day_end = (np.floor((t0 + k * step_s) / 86400.0) + 1) * 86400.0
         k_end = min(n_steps, int(np.ceil((day_end - t0) / step_s)))
         t = t0 + np.arange(k, k_end) * step_s

@@ -248,6 +248,8 @@ def _collect(args, stop: threading.Event) -> int:
             if args.backfill:
                 energy = _backfill(fleet, writer, args, stop)
             source = SimulatedSource(fleet, energy_start_j=energy)
+        for index in getattr(source, "unanswered", []):
+            status.event(f"GPU {index} did not answer NVML at start (lost?): not sampled")
         state = LiveState(args.host, source.kind, source.simulated, args.interval)
         gpus = source.inventory()
         if not args.quiet:
@@ -301,7 +303,15 @@ def _backfill(fleet, writer, args, stop: threading.Event) -> list[float]:
         if not args.quiet:
             _banner(f"{PROG}: backfilled up to {upto:%Y-%m-%d %H:%M} UTC")
 
-    return backfill(fleet, writer.write_table, start, end, step_s=args.backfill_step, progress=progress)
+    return backfill(
+        fleet,
+        writer.write_table,
+        start,
+        end,
+        step_s=args.backfill_step,
+        progress=progress,
+        should_stop=stop.is_set,
+    )
 
 
 # -- import -------------------------------------------------------------------------------------------
@@ -408,6 +418,8 @@ def cmd_compact(argv: list[str]) -> int:
             "nothing was lost; fix the cause and run it again",
         )
     extra = f", finished {result.recovered} interrupted compaction(s)" if result.recovered else ""
+    for why in result.skipped:
+        print(f"skipped {why}", file=sys.stderr)
     print(
         f"compacted {result.folders} partitions: {result.segments_in} segments -> {result.segments_out} ({result.rows} rows){extra}"
     )

@@ -89,3 +89,25 @@ def test_up_is_0_when_the_collector_stopped_ticking():
     state.last_tick -= 60
     families = {f.name: f for f in TelemetryCollector(state).collect()}
     assert families["gpupool_collector_up"].samples[0].value == 0.0
+
+
+def test_a_port_in_use_is_one_clear_error(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [*CLI, "--simulate", "1", "--duration", "2", "--prometheus", str(port), "--prometheus-addr", "127.0.0.1",
+             "--out", str(tmp_path)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"gpustat-collect: error: cannot serve /metrics on 127.0.0.1:{port} (Address already in use)"
+        )
+    )

@@ -376,3 +376,21 @@ def test_replay_refuses_what_it_cannot_replay(tmp_path):
         ReplaySource(tmp_path / "nope")
     with pytest.raises(InputError, match="no gpu_samples"):
         ReplaySource(tmp_path)
+
+
+def test_a_gpu_lost_before_start_is_reported_not_sampled(tmp_path):
+    fake, clock = FakeNvml(3), Clock()
+    fake.lost.add(2)
+    src = make_source(fake, clock, tmp_path)
+    assert src.unanswered == [2]
+    assert [r["gpu_index"] for r in src.sample(NOW).gpu_rows] == [0, 1]
+
+
+def test_nvml_with_no_answering_gpu_is_unavailable(tmp_path):
+    from collector._errors import NvmlUnavailable
+
+    fake, clock = FakeNvml(1), Clock()
+    fake.lost.add(0)
+    with pytest.raises(NvmlUnavailable, match="no GPU answered"):
+        make_source(fake, clock, tmp_path)
+    assert fake.stopped == 1

@@ -302,3 +302,18 @@ def test_a_bad_row_fails_in_the_caller_and_the_writer_keeps_working(tmp_path):
     w.append("gpu_samples", rows(2))
     w.close()
     assert count(tmp_path) == 2
+
+
+def test_compaction_leaves_segments_of_another_schema_version_alone(tmp_path):
+    total = _small_segments(tmp_path, days=1)
+    folder = next((tmp_path / "gpu_samples").glob("date=*/host=h"))
+    seg = next(folder.glob("*.parquet"))
+    table = pq.read_table(seg, partitioning=None)
+    meta = {**table.schema.metadata, METADATA_VERSION_KEY: b"2"}
+    pq.write_table(table.replace_schema_metadata(meta), seg)
+    before = sorted(p.name for p in folder.glob("*.parquet"))
+    result = compact(tmp_path)
+    assert len(result.skipped) == 1 and "schema versions ['1', '2']" in result.skipped[0]
+    assert sorted(p.name for p in folder.glob("*.parquet")) == before  # untouched
+    assert result.folders == 1  # process_samples was compacted
+    assert sum(pq.read_table(p, partitioning=None).num_rows for p in folder.glob("*.parquet")) == total
