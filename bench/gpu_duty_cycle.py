@@ -77,14 +77,14 @@ def parse_dmon(log: Path) -> list[tuple[float, float]]:
     for line in log.read_text().splitlines():
         if line.startswith("#"):
             if columns is None:
-                columns = line.lstrip("#").split()
+                columns = [c.lower() for c in line.lstrip("#").split()]
             continue
         fields = line.split()
         if not columns or len(fields) != len(columns):
             continue
         row = dict(zip(columns, fields, strict=True))
         try:
-            when = dt.datetime.strptime(row["Date"] + row["Time"], "%Y%m%d%H:%M:%S").astimezone(dt.UTC)
+            when = dt.datetime.strptime(row["date"] + row["time"], "%Y%m%d%H:%M:%S").astimezone(dt.UTC)
             out.append((when.timestamp(), float(row["sm"])))
         except (KeyError, ValueError):
             continue  # "-" for unsupported, or a partial line
@@ -187,7 +187,7 @@ def main() -> int:
 
     device = torch.device("cuda", args.device)
     props = torch.cuda.get_device_properties(device)
-    uuid = f"GPU-{props.uuid}"
+    uuid = f"GPU-{props.uuid}" if getattr(props, "uuid", None) else None
     inventory = read_inventory()
     gpu = next((g for g in inventory if g.uuid == uuid), None)
     if gpu is None:

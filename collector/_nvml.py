@@ -221,7 +221,9 @@ class NvmlBackend:
         except pynvml.NVMLError as exc:
             if exc.value in _LOST_CODES:
                 raise GpuLost(str(exc)) from exc
-            return [] if exc.value == pynvml.NVML_ERROR_NOT_FOUND else None
+            # NOT_FOUND: no sample newer than since_us. SUCCESS: pynvml raises it when the size query
+            # finds zero samples. Both mean "no process ran a kernel", not "unsupported".
+            return [] if exc.value in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS) else None
         return [(int(s.pid), int(s.timeStamp), float(s.smUtil)) for s in samples]
 
     # -- GPM (Hopper+) ---------------------------------------------------------------------------

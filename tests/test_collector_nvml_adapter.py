@@ -130,3 +130,11 @@ def test_on_this_machine_without_a_driver_the_public_api_says_so():
         pytest.skip("NVML starts here")
     with pytest.raises(NvmlUnavailable, match="use --simulate N"):
         read_inventory()
+
+
+def test_no_process_samples_is_an_empty_list_not_unsupported(started, monkeypatch):
+    # pynvml raises NVMLError(SUCCESS) when the size query finds no sample at all
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetProcessUtilization", _raise(pynvml.NVML_SUCCESS))
+    assert started.process_utilization(0, 0) == []
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetProcessUtilization", _raise(pynvml.NVML_ERROR_NOT_SUPPORTED))
+    assert started.process_utilization(0, 0) is None
