@@ -7,6 +7,7 @@ connection is open are picked up by the next query (the glob is expanded at bind
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 from collections.abc import Iterable
@@ -95,7 +96,9 @@ def open_telemetry(
             )
     con = con if con is not None else duckdb.connect()
     # Long scans would otherwise draw a progress bar on the terminal of whoever runs a report.
-    con.execute("SET enable_progress_bar = false")
+    # (Inside Jupyter DuckDB refuses the setting unless ipywidgets is installed; it draws none there.)
+    with contextlib.suppress(duckdb.Error):
+        con.execute("SET enable_progress_bar = false")
     found_any = False
     for table in TABLES.values():
         per_root = {root: _segments(root, table.name) for root in roots}
