@@ -58,8 +58,12 @@ def default_host() -> str:
 
 
 def default_out() -> Path:
-    from platformdirs import user_data_dir
-
+    """<user data dir>/gpupool/telemetry (platformdirs; the XDG default where it is not installed)."""
+    try:
+        from platformdirs import user_data_dir
+    except ImportError:  # a bare GPU host: follow the XDG rule platformdirs applies on Linux
+        base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+        return Path(base) / "gpupool" / "telemetry"
     return Path(user_data_dir("gpupool")) / "telemetry"
 
 
