@@ -6,6 +6,8 @@ The public face, loaded lazily so ``gpustat-collect --help`` does not import pya
 - ``read_inventory() -> list[GpuInfo]`` and ``process_activity(gpu_index) -> list[ProcessActivity]``
   through NVML, raising ``NvmlUnavailable`` where NVML does not start.
 - ``simulated_inventory(n)``: the GPUs of the simulated fleet, for machines without GPUs.
+- ``NvmlSource``: one tick of this host's GPUs at a time (``.sample(now) -> Tick`` of schema rows), for
+  a process that writes its own telemetry (the pool server); ``SimulatedFleet`` the simulated model.
 - errors: ``CollectorError`` > ``NvmlUnavailable``, ``TelemetryWriteError``, ``InputError``; ``GpuLost``.
 """
 
@@ -26,6 +28,8 @@ _EXPORTS = {
     "TelemetryWriteError": "collector._errors",
     "InputError": "collector._errors",
     "GpuLost": "collector._errors",
+    "NvmlSource": "collector._nvml_source",
+    "SimulatedFleet": "collector._simulated",
 }
 
 __all__ = [
@@ -33,8 +37,10 @@ __all__ = [
     "GpuInfo",
     "GpuLost",
     "InputError",
+    "NvmlSource",
     "NvmlUnavailable",
     "ProcessActivity",
+    "SimulatedFleet",
     "TelemetryWriteError",
     "TelemetryWriter",
     "process_activity",
@@ -45,7 +51,8 @@ __all__ = [
 if TYPE_CHECKING:
     from collector._errors import CollectorError, GpuLost, InputError, NvmlUnavailable, TelemetryWriteError
     from collector._inventory import process_activity, read_inventory
-    from collector._simulated import simulated_inventory
+    from collector._nvml_source import NvmlSource
+    from collector._simulated import SimulatedFleet, simulated_inventory
     from collector._types import GpuInfo, ProcessActivity
     from collector.writer import TelemetryWriter
 

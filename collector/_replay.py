@@ -28,7 +28,9 @@ def _load(root: Path, table: Table, host: str | None) -> pa.Table | None:
     folder = root / table.name
     if not folder.is_dir() or not any(folder.rglob("*.parquet")):
         return None
-    dataset = ds.dataset(folder, format="parquet", partitioning="hive", exclude_invalid_files=True)
+    # Partition values stay strings: a host named "007" must not become the integer 7.
+    partitioning = ds.partitioning(pa.schema([("date", pa.string()), ("host", pa.string())]), flavor="hive")
+    dataset = ds.dataset(folder, format="parquet", partitioning=partitioning, exclude_invalid_files=True)
     data = dataset.to_table()
     if host is not None and "host" in data.column_names:
         data = data.filter(pc.equal(pc.cast(data.column("host"), pa.string()), host))

@@ -394,3 +394,16 @@ def test_nvml_with_no_answering_gpu_is_unavailable(tmp_path):
     with pytest.raises(NvmlUnavailable, match="no GPU answered"):
         make_source(fake, clock, tmp_path)
     assert fake.stopped == 1
+
+
+def test_replay_picks_one_host_of_several_and_keeps_host_names_as_text(tmp_path):
+    from collector._errors import InputError
+
+    rec = tmp_path / "rec"
+    for host in ("007", "node-b"):
+        w = TelemetryWriter(rec, host, flush_interval_s=0)
+        backfill(SimulatedFleet(1, host), w.write_table, NOW - dt.timedelta(seconds=20), NOW, step_s=10.0)
+    with pytest.raises(InputError, match=r"several hosts \(007, node-b\)"):
+        ReplaySource(rec)
+    src = ReplaySource(rec, host="007")
+    assert [g.uuid for g in src.inventory()] == [SimulatedFleet(1, "007").inventory[0].uuid]
