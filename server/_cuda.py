@@ -61,15 +61,34 @@ class _Launchable:
 class CudaExecutor(Executor):
     name = "cuda"
 
-    def __init__(self, device_count: int) -> None:
+    def __init__(self, devices) -> None:
+        """`devices`: the lease's GPUs (WorkerDevice), shown to the client as devices 0..n-1."""
         _ok(driver.cuInit(0))
-        visible = _ok(driver.cuDeviceGetCount())
-        if visible < device_count:
-            raise CudaError(101, f"the lease has {device_count} GPU(s), CUDA sees {visible}")
+        self.real = [self._find(d) for d in devices]
         self.launchables: dict[int, _Launchable] = {}
         self.streams: dict[int, driver.CUstream] = {}
 
+    @staticmethod
+    def _find(device) -> int:
+        """The CUDA ordinal of a lease GPU: by UUID (ordinals need not follow NVML's order), else index."""
+        count = _ok(driver.cuDeviceGetCount())
+        if device.uuid:
+            want = device.uuid.removeprefix("GPU-").replace("-", "").lower()
+            for ordinal in range(count):
+                if bytes(_ok(driver.cuDeviceGetUuid(ordinal)).bytes).hex() == want:
+                    return ordinal
+            raise CudaError(101, f"no CUDA device has UUID {device.uuid}")
+        if not 0 <= device.index < count:
+            raise CudaError(101, f"CUDA sees {count} device(s), the lease names index {device.index}")
+        return device.index
+
     # -- helpers -------------------------------------------------------------------------------------
+
+    def _d(self, dev: int) -> int:
+        """The client's device ordinal (0..n-1 of the lease) -> this host's CUDA ordinal."""
+        if not 0 <= dev < len(self.real):
+            raise CudaError(101, f"device {dev} is not part of this lease")
+        return self.real[dev]
 
     def _stream(self, handle: int):
         stream = self.streams.get(handle)
@@ -164,58 +183,60 @@ class CudaExecutor(Executor):
         return _ok(driver.cuDriverGetVersion())
 
     def cuDeviceGet(self, ordinal):
-        return _int(_ok(driver.cuDeviceGet(ordinal)))
+        self._d(ordinal)
+        return ordinal
 
     def cuDeviceGetCount(self):
-        return _ok(driver.cuDeviceGetCount())
+        return len(self.real)
 
     def cuDeviceGetName(self, length, dev):
-        return bytes(_ok(driver.cuDeviceGetName(max(length, 1), dev))).split(b"\0", 1)[0]
+        return bytes(_ok(driver.cuDeviceGetName(max(length, 1), self._d(dev)))).split(b"\0", 1)[0]
 
     def cuDeviceGetUuid(self, dev):
-        return bytes(_ok(driver.cuDeviceGetUuid(dev)).bytes)
+        return bytes(_ok(driver.cuDeviceGetUuid(self._d(dev))).bytes)
 
     def cuDeviceGetPCIBusId(self, length, dev):
-        return bytes(_ok(driver.cuDeviceGetPCIBusId(max(length, 1), dev))).split(b"\0", 1)[0]
+        return bytes(_ok(driver.cuDeviceGetPCIBusId(max(length, 1), self._d(dev)))).split(b"\0", 1)[0]
 
     def cuDeviceTotalMem(self, dev):
-        return _ok(driver.cuDeviceTotalMem(dev))
+        return _ok(driver.cuDeviceTotalMem(self._d(dev)))
 
     def cuDeviceGetAttribute(self, attrib, dev):
-        return _ok(driver.cuDeviceGetAttribute(_enum(driver.CUdevice_attribute, attrib), dev))
+        return _ok(driver.cuDeviceGetAttribute(_enum(driver.CUdevice_attribute, attrib), self._d(dev)))
 
     def cuDeviceComputeCapability(self, dev):
         a = driver.CUdevice_attribute
+        dev = self._d(dev)
         major = _ok(driver.cuDeviceGetAttribute(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
         minor = _ok(driver.cuDeviceGetAttribute(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
         return major, minor
 
     def cuDeviceCanAccessPeer(self, dev, peer):
-        return _ok(driver.cuDeviceCanAccessPeer(dev, peer))
+        return _ok(driver.cuDeviceCanAccessPeer(self._d(dev), self._d(peer)))
 
     def cuDeviceGetMemPool(self, dev):
-        return _int(_ok(driver.cuDeviceGetMemPool(dev)))
+        return _int(_ok(driver.cuDeviceGetMemPool(self._d(dev))))
 
     def cuDeviceGetDefaultMemPool(self, dev):
-        return _int(_ok(driver.cuDeviceGetDefaultMemPool(dev)))
+        return _int(_ok(driver.cuDeviceGetDefaultMemPool(self._d(dev))))
 
     # -- contexts ------------------------------------------------------------------------------------
 
     def cuDevicePrimaryCtxRetain(self, dev):
-        return _int(_ok(driver.cuDevicePrimaryCtxRetain(dev)))
+        return _int(_ok(driver.cuDevicePrimaryCtxRetain(self._d(dev))))
 
     def cuDevicePrimaryCtxRelease(self, dev):
-        _ok(driver.cuDevicePrimaryCtxRelease(dev))
+        _ok(driver.cuDevicePrimaryCtxRelease(self._d(dev)))
 
     def cuDevicePrimaryCtxGetState(self, dev):
-        flags, active = _ok(driver.cuDevicePrimaryCtxGetState(dev))
+        flags, active = _ok(driver.cuDevicePrimaryCtxGetState(self._d(dev)))
         return int(flags), int(active)
 
     def cuDevicePrimaryCtxSetFlags(self, dev, flags):
-        _ok(driver.cuDevicePrimaryCtxSetFlags(dev, flags))
+        _ok(driver.cuDevicePrimaryCtxSetFlags(self._d(dev), flags))
 
     def cuDevicePrimaryCtxReset(self, dev):
-        _ok(driver.cuDevicePrimaryCtxReset(dev))
+        _ok(driver.cuDevicePrimaryCtxReset(self._d(dev)))
 
     def cuCtxSynchronize(self):
         _ok(driver.cuCtxSynchronize())
@@ -341,11 +362,11 @@ class CudaExecutor(Executor):
 
     def cuKernelGetAttribute(self, attrib, kernel, dev):
         kind = _enum(driver.CUfunction_attribute, attrib)
-        return _ok(driver.cuKernelGetAttribute(kind, driver.CUkernel(kernel), dev))
+        return _ok(driver.cuKernelGetAttribute(kind, driver.CUkernel(kernel), self._d(dev)))
 
     def cuKernelSetAttribute(self, attrib, value, kernel, dev):
         kind = _enum(driver.CUfunction_attribute, attrib)
-        _ok(driver.cuKernelSetAttribute(kind, value, driver.CUkernel(kernel), dev))
+        _ok(driver.cuKernelSetAttribute(kind, value, driver.CUkernel(kernel), self._d(dev)))
 
     def cuKernelGetParamInfo(self, kernel, index):
         offset, size = _ok(driver.cuKernelGetParamInfo(driver.CUkernel(kernel), index))
@@ -426,7 +447,7 @@ class CudaExecutor(Executor):
         return int(_ok(driver.cuStreamGetId(self._stream(stream))))
 
     def cuStreamGetDevice(self, stream):
-        return _int(_ok(driver.cuStreamGetDevice(self._stream(stream))))
+        return self.real.index(_int(_ok(driver.cuStreamGetDevice(self._stream(stream)))))
 
     def cuEventCreate(self, flags):
         return _int(_ok(driver.cuEventCreate(flags)))

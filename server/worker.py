@@ -108,10 +108,9 @@ def start_worker(
     state_dir = Path(tempfile.mkdtemp(prefix=f"gpupool-worker-{_safe(lease_id)}-"))
     child_env = {**os.environ, **env, SECRET_ENV: secret}
     child_env[EXECUTOR_ENV] = executor or env.get(EXECUTOR_ENV) or os.environ.get(EXECUTOR_ENV, "cuda")
-    if devices and all(d.uuid for d in devices):
-        child_env["CUDA_VISIBLE_DEVICES"] = ",".join(d.uuid for d in devices)
-    elif devices:
-        child_env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d.index) for d in devices)
+    # CUDA numbers devices as NVML does (physical index), like the MPS limits in `env`; the worker
+    # finds the lease's GPUs by UUID and shows them to the client as devices 0..n-1.
+    child_env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     cmd = [
         sys.executable,
         "-m",
@@ -336,7 +335,7 @@ def make_executor(kind: str, devices: list[WorkerDevice]):
     if kind == "cuda":
         from server._cuda import CudaExecutor
 
-        return CudaExecutor(len(devices))
+        return CudaExecutor(devices)
     raise ValueError(f"unknown executor {kind!r} (cuda or host)")
 
 

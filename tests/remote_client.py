@@ -273,6 +273,33 @@ def scenario_no_lease():
     say("count", cu.cuDeviceGetCount(ctypes.byref(ctypes.c_int())))
 
 
+def scenario_two_devices():
+    check(cu.cuInit(0), "init")
+    n = ctypes.c_int()
+    check(cu.cuDeviceGetCount(ctypes.byref(n)), "count")
+    say("count", n.value)
+    ptrs, ctxs = [], []
+    for dev in range(n.value):
+        ctx = c_u64()
+        check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "retain")
+        check(cu.cuCtxSetCurrent(ctx), "set")
+        total = c_u64()
+        check(cu.cuDeviceTotalMem(ctypes.byref(total), dev), "total")
+        say(f"total{dev}", total.value)
+        rc, p = alloc(1 * MiB)
+        check(rc, "alloc")
+        check(cu.cuMemsetD8(c_u64(p), 0x10 + dev, c_u64(MiB)), "memset")
+        ptrs.append(p)
+        ctxs.append(ctx)
+        dev_of = ctypes.c_int(-1)
+        check(cu.cuCtxGetDevice(ctypes.byref(dev_of)), "ctx device")
+        say(f"ctx_device{dev}", dev_of.value)
+    check(cu.cuMemcpyPeer(c_u64(ptrs[0]), ctxs[0], c_u64(ptrs[1]), ctxs[1], c_u64(16)), "peer")
+    rc, back = dtoh(ptrs[0], 32)
+    say("peer_copy", back.hex())
+    say("bad_device", cu.cuDevicePrimaryCtxRetain(ctypes.byref(c_u64()), n.value))
+
+
 def scenario_worker_dies():
     setup()
     rc, a = alloc(1 * MiB)

@@ -55,9 +55,9 @@ def cuda_executor_worker(shim_dir, worker):
     """A worker with the real CUDA executor whose driver is the shim, pointed at the host worker."""
     answer = {"id": "inner", "worker": {"host": worker.host, "port": worker.port, "secret": worker.secret}}
     env = {**remote_env(answer, cache_root=shim_dir.parent / "cache"), "LD_LIBRARY_PATH": str(shim_dir)}
-    handle = start_worker(
-        "outer", [WorkerDevice(0, "", 48 * MiB)], bind_host="127.0.0.1", env=env, executor="cuda"
-    )
+    uuid = "GPU-60606060-6060-6060-6060-606060606060"  # the host executor's device 0, found by its UUID
+    device = WorkerDevice(7, uuid, 48 * MiB)
+    handle = start_worker("outer", [device], bind_host="127.0.0.1", env=env, executor="cuda")
     yield handle
     handle.stop()
 

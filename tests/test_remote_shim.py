@@ -172,3 +172,21 @@ def test_a_c_program_links_against_the_shim(shim_dir, worker, tmp_path):
         [str(exe)], env=client_env(shim_dir, worker), capture_output=True, text=True, timeout=30
     )
     assert proc.stdout.strip() == "devices 1 byte ab", proc.stderr
+
+
+def test_a_two_gpu_lease_shows_two_devices_each_with_its_partition(shim_dir):
+    devices = [WorkerDevice(0, "", 32 * MiB), WorkerDevice(1, "", 16 * MiB)]
+    handle = start_worker("two", devices, bind_host="127.0.0.1", env={}, executor="host")
+    try:
+        out, _ = run_client("two_devices", client_env(shim_dir, handle))
+    finally:
+        handle.stop()
+    assert out == {
+        "count": "2",
+        "total0": str(32 * MiB),
+        "ctx_device0": "0",
+        "total1": str(16 * MiB),
+        "ctx_device1": "1",
+        "peer_copy": "11" * 16 + "10" * 16,
+        "bad_device": "101",  # CUDA_ERROR_INVALID_DEVICE
+    }
