@@ -283,6 +283,10 @@ def test_simulated_personas_have_the_patterns_they_claim():
     it = by["interactive"][0]
     assert util[it][~work].max() == 0.0 and util[it][work].mean() > 0.05
     assert (util[it][work] == 0).mean() > 0.5
+    assert (mem[it][~work & (hour >= 19)] > 0).any()  # some nights the notebook is left open, memory held
+    # training: more jobs run in working hours than outside them, across the training GPUs
+    running = util[by["training"]] > 0
+    assert running[:, work].mean() > running[:, ~work].mean() + 0.1
     # idle but memory held: memory always held, almost never busy
     ih = by["idle_held"][0]
     assert mem[ih].min() > 0.5 and util[ih].mean() < 0.02
