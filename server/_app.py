@@ -20,7 +20,7 @@ from aiohttp import web
 from server._errors import BadRequest, Forbidden, PoolError, RemoteUnavailable
 from server._pool import Caller, Pool
 from server._procs import alive_pids, terminate
-from server._remote import start_remote_worker
+from server._remote import remote_refusal, start_remote_worker
 from server._requests import ClientUpdate, Heartbeat, LeaseRequest, PolicyUpdate, TokenCreate, decode
 
 log = logging.getLogger("gpupool.server")
@@ -115,8 +115,9 @@ async def gpus(request: web.Request) -> web.Response:
 
 
 def _refuse_remote_if_simulated(pool: Pool, req: LeaseRequest) -> None:
-    if req.remote and pool.inv.simulated:
-        start_remote_worker({}, simulated=True, bind_host="")  # raises the labelled RemoteUnavailable
+    refusal = remote_refusal(pool.inv.simulated) if req.remote else None
+    if refusal is not None:
+        raise refusal
 
 
 async def fit(request: web.Request) -> web.Response:

@@ -9,15 +9,21 @@ The contract the worker module provides:
                   .alive() -> bool, .stop()
 
 ``env`` carries the MPS client settings of the lease when the server runs MPS (pipe directory,
-``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` keyed by physical index, since the worker is not given a
-``CUDA_VISIBLE_DEVICES``; ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``). The import is lazy and guarded: a
-server without the worker module, or whose worker fails to start, answers 503 with the reason and
-keeps serving leases for local runs.
+``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` keyed 0..n-1, since the worker makes the lease's GPUs its
+``CUDA_VISIBLE_DEVICES`` in partition order; ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``). The import is
+lazy and guarded: a server without the worker module, or whose worker fails to start, answers 503
+with the reason and keeps serving leases for local runs.
+
+Simulated GPUs refuse remote leases, except when ``GPUPOOL_WORKER_EXECUTOR=host`` is set for the
+server: the worker then serves CUDA calls from host memory (the remote-execution component's test
+executor), so the whole ``gpuattach run`` path can be tested without a GPU. Such leases still say
+``"simulated": true``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
 from server._errors import RemoteUnavailable
 from server._inventory import MIB
@@ -30,7 +36,7 @@ def worker_env(lease: dict, mps) -> dict[str, str]:
         return {}
     env = dict(mps.client_env())
     env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
-        f"{p['gpu_index']}={p['mem_bytes'] // MIB}M" for p in lease["partitions"]
+        f"{i}={p['mem_bytes'] // MIB}M" for i, p in enumerate(lease["partitions"])
     )
     shares = {p["sm_share"] for p in lease["partitions"]} - {None}
     if shares:
@@ -38,13 +44,21 @@ def worker_env(lease: dict, mps) -> dict[str, str]:
     return env
 
 
-def start_remote_worker(lease: dict, *, simulated: bool, bind_host: str, mps=None):
-    """Start the lease's worker; raises RemoteUnavailable with a one-line reason."""
-    if simulated:
-        raise RemoteUnavailable(
+def remote_refusal(simulated: bool) -> RemoteUnavailable | None:
+    """Why this server cannot run remote leases at all, or None."""
+    if simulated and os.environ.get("GPUPOOL_WORKER_EXECUTOR") != "host":
+        return RemoteUnavailable(
             "remote execution unavailable: this server's GPUs are simulated (control plane only)",
             "use a server with real GPUs, or gpuattach run --local for control-plane tests",
         )
+    return None
+
+
+def start_remote_worker(lease: dict, *, simulated: bool, bind_host: str, mps=None):
+    """Start the lease's worker; raises RemoteUnavailable with a one-line reason."""
+    refusal = remote_refusal(simulated)
+    if refusal is not None:
+        raise refusal
     try:
         from server import worker
     except ImportError as exc:

@@ -37,10 +37,12 @@ class ServerProc:
     def __init__(
         self,
         state_dir: Path,
-        gpus: str = "4xH100-80GB",
+        gpus: str | None = "4xH100-80GB",
         config: str | None = None,
         extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ):
+        self.env = env  # added to the server's environment
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.gpus = gpus
@@ -71,7 +73,9 @@ class ServerProc:
         if self.config_path:
             args += ["--config", str(self.config_path)]
         logf = open(self.log, "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=logf, cwd=ROOT)
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=logf, cwd=ROOT, env={**os.environ, **(self.env or {})}
+        )
         logf.close()
         deadline = time.monotonic() + timeout
         line = b""

@@ -1,0 +1,93 @@
+"""The control plane's remote-execution hook, end to end without a GPU.
+
+The server runs on simulated GPUs with ``GPUPOOL_WORKER_EXECUTOR=host``: its lease workers (the
+remote-execution component's ``server/worker.py``) serve CUDA calls from host memory, so
+``gpuattach run`` without ``--local`` drives the real path: lease with a worker, the shim in the
+command's environment, heartbeats, release stopping the worker, idle reclaim from the worker's
+activity, a dying worker ending its lease.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+
+import psutil
+import pytest
+from pool_harness import ServerProc, api, client_env, gpuattach, wait_for
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(
+        importlib.util.find_spec("virtualize._libcuda_shim") is None, reason="the shim is not built"
+    ),
+]
+CLIENT = "tests/remote_client.py"
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    config = '[policy]\nreap_interval = 0.2\n[clients.idle-remote]\nidle_timeout = "1.5s"\n'
+    srv = ServerProc(
+        tmp_path_factory.mktemp("remote"),
+        "2xH100-80GB",
+        config=config,
+        env={"GPUPOOL_WORKER_EXECUTOR": "host"},
+    ).start()
+    yield srv
+    srv.stop()
+
+
+def workers_of(server) -> list[psutil.Process]:
+    return [p for p in psutil.Process(server.proc.pid).children() if "server.worker" in " ".join(p.cmdline())]
+
+
+def test_gpuattach_run_executes_remotely_and_the_worker_goes_with_the_lease(server, tmp_path):
+    env = client_env(tmp_path, [server.url], server.token("remote-run"))
+    out = gpuattach(
+        "run", "-n", "2", "-m", "64", "--", sys.executable, CLIENT, "devices", env=env, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    got = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    assert got["count"] == "2" and got["total"] == str(64 * MiB)  # the partition, not the 80 GB GPU
+    assert "advisory" not in out.stderr
+    wait_for(lambda: not workers_of(server), 10, what="the worker to stop with the lease")
+
+
+def test_lease_answer_carries_the_worker_and_release_stops_it(server):
+    tok = server.token("remote-api")
+    status, lease = api(server.url, "POST", "/v1/leases", tok, {"n": 1, "mem_mib": 64, "remote": True})
+    assert status == 201 and lease["remote"] and lease["simulated"]
+    w = lease["worker"]
+    assert w["host"] == "127.0.0.1" and w["port"] > 0 and len(w["secret"]) > 20
+    assert len(workers_of(server)) == 1
+    api(server.url, "DELETE", f"/v1/leases/{lease['id']}", tok)
+    wait_for(lambda: not workers_of(server), 10, what="the worker to stop")
+
+
+def test_a_dying_worker_ends_its_lease(server):
+    tok = server.token("remote-dies")
+    _, lease = api(server.url, "POST", "/v1/leases", tok, {"n": 1, "mem_mib": 64, "remote": True})
+    (worker,) = workers_of(server)
+    worker.kill()
+    got = wait_for(
+        lambda: (g := api(server.url, "GET", f"/v1/leases/{lease['id']}", tok)[1])["state"] != "active" and g,
+        10,
+        what="lease end",
+    )
+    assert got["state"] == "expired" and got["reason"] == "its remote worker exited"
+
+
+def test_idle_remote_lease_is_reclaimed_from_the_worker_activity(server):
+    tok = server.token("idle-remote")
+    _, lease = api(server.url, "POST", "/v1/leases", tok, {"n": 1, "mem_mib": 64, "remote": True})
+    start = time.monotonic()
+    got = wait_for(
+        lambda: (g := api(server.url, "GET", f"/v1/leases/{lease['id']}", tok)[1])["state"] != "active" and g,
+        10,
+        what="reclaim",
+    )
+    assert got["state"] == "reclaimed" and "idle for" in got["reason"] and time.monotonic() - start >= 1.0
+    wait_for(lambda: not workers_of(server), 10, what="the worker to stop")
