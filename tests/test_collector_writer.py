@@ -190,7 +190,7 @@ def test_kill_9_mid_run_loses_at_most_the_unflushed_interval(tmp_path):
     newest = dt.datetime.fromtimestamp(newest_us / 1e6, dt.UTC)
     assert n == 4 * ticks  # whole ticks only
     # what was lost is at most the unflushed interval (plus scheduling slack on a busy machine)
-    assert killed_at - newest < dt.timedelta(seconds=flush + 1.0)
+    assert killed_at - newest < dt.timedelta(seconds=flush + 2.0)
 
 
 def test_sigterm_flushes_and_exits_0(tmp_path):
