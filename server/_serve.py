@@ -68,15 +68,20 @@ async def serve(cfg: ServerConfig) -> int:
     from server.cli import _open_store
 
     store = _open_store(cfg.state_dir)
+    from collector import CollectorError
+
+    try:
+        events = EventLog(
+            cfg.telemetry_dir, inv.hostname, simulated=inv.simulated, flush_interval_s=cfg.telemetry_flush_s
+        )
+    except CollectorError as exc:  # the telemetry directory cannot be written
+        raise PoolError(f"--telemetry: {exc.title}", "pick a writable directory") from None
     mps = None
     if cfg.mps:
         from server._mps import MpsDaemon
 
         mps = MpsDaemon(cfg.state_dir, [g.uuid for g in inv.gpus], cfg.mps_pipe_dir)
         await asyncio.to_thread(mps.start)
-    events = EventLog(
-        cfg.telemetry_dir, inv.hostname, simulated=inv.simulated, flush_interval_s=cfg.telemetry_flush_s
-    )
     pool = Pool(store, inv, cfg, events, mps)
     for note in pool.recover(time.time()):
         log.info("recovered lease %s", note)
@@ -102,6 +107,8 @@ async def serve(cfg: ServerConfig) -> int:
         await site.start()
     except OSError as exc:
         await runner.cleanup()
+        if mps is not None:
+            await asyncio.to_thread(mps.stop)
         raise PoolError(
             f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror}",
             "pick another --port or stop the other server",

@@ -288,3 +288,26 @@ def test_tls_with_a_private_ca(tmp_path):
         assert out.returncode == 1 and "TLS failed" in out.stderr
     finally:
         srv.stop()
+
+
+def test_many_gpuattach_processes_race_for_the_last_partitions(tmp_path):
+    servers = [ServerProc(tmp_path / f"s{i}", "1xH100-80GB").start() for i in range(2)]
+    try:
+        env, token = env_for(tmp_path, servers, "racers")
+        # 2 servers × 1 GPU × 4 quarters = 8 partitions for 14 clients that do not wait
+        procs = [subprocess.Popen([*gpuattach_cmd(), "request", "-n", "1", "-p", "0.25", "--no-keeper", "--timeout", "0"],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                 for _ in range(14)]  # fmt: skip
+        results = [(p.wait(timeout=60), p.stdout.read().strip(), p.stderr.read()) for p in procs]
+        won = [out for rc, out, _ in results if rc == 0]
+        lost = [err for rc, _, err in results if rc != 0]
+        assert len(won) == 8 and len(set(won)) == 8
+        assert all("waited 0s" in err for err in lost), lost
+        leases = [lease for s in servers for lease in active(s, token)]
+        assert sorted(lease["id"] for lease in leases) == sorted(won)
+        for s in servers:
+            _, gpus = api(s.url, "GET", "/v1/gpus", token)
+            assert gpus["gpus"][0]["mem_free_bytes"] == 0  # full, and not one byte more
+    finally:
+        for s in servers:
+            s.stop()

@@ -467,3 +467,55 @@ def test_pool_events_land_in_telemetry(tmp_path):
         r["lease_id"] == lease["id"] and r["fraction"] == 0.5 and r["duration_s"] >= 0 for r in release
     )
     assert {r["host"] for r in rows} == {os.uname().nodename}
+
+
+def test_startup_errors_are_one_line(tmp_path, pool):
+    a, _ = pool
+    (tmp_path / "file").write_text("")
+    cases = [
+        ((), "no GPUs to serve"),  # no NVML on this machine (on a GPU host this case is skipped)
+        (("--simulate-gpus", "4xFOO"), "cannot read simulated GPU spec"),
+        (("--simulate-gpus", "1xH100-80GB", "--mps"), "--mps needs real GPUs"),
+        (
+            ("--simulate-gpus", "1xH100-80GB", "--port", str(a.port), "--host", "127.0.0.1"),
+            "cannot listen on",
+        ),
+        (
+            ("--simulate-gpus", "1xH100-80GB", "--telemetry", str(tmp_path / "file" / "x")),
+            "telemetry directory not writable",
+        ),
+        (
+            ("--simulate-gpus", "1xH100-80GB", "--tls-cert", str(tmp_path / "file")),
+            "needs both --tls-cert and --tls-key",
+        ),
+        (("--config", str(tmp_path / "nope.toml")), "config file"),
+    ]
+    for extra, words in cases:
+        out = subprocess.run([*server_cmd(), "serve", "--state-dir", str(tmp_path / "state"), "--port", "0", *extra],
+                             capture_output=True, text=True, timeout=30, cwd=ROOT)  # fmt: skip
+        if not extra and out.returncode == 0:
+            continue
+        assert out.returncode == 2, (extra, out.stderr)
+        errors = [line for line in out.stderr.splitlines() if line.startswith("gpupool-server: error: ")]
+        assert len(errors) == 1 and words in errors[0] and out.stderr.endswith(errors[0] + "\n"), (
+            extra,
+            out.stderr,
+        )
+        assert "Traceback" not in out.stderr
+
+
+def test_admin_sees_and_releases_any_lease_with_the_reason_saying_so(pool):
+    a, _ = pool
+    admin, tok = a.token("root-release", admin=True), a.token("victim")
+    _, lease = api(a.url, "POST", "/v1/leases", tok, lease_req(1, 0.1))
+    _, everyone = api(a.url, "GET", "/v1/leases?all=true", admin)
+    seen = next(x for x in everyone["leases"] if x["id"] == lease["id"])
+    assert "env" not in seen and "worker" not in seen  # another client's secrets stay hidden
+    status, other = api(a.url, "DELETE", f"/v1/leases/{lease['id']}", a.token("someone-else"))
+    assert status == 403 and other["code"] == "forbidden"
+    status, ended = api(a.url, "DELETE", f"/v1/leases/{lease['id']}", admin)
+    assert (
+        status == 200 and ended["state"] == "released" and ended["reason"] == "released by admin root-release"
+    )
+    _, mine = api(a.url, "GET", f"/v1/leases/{lease['id']}", tok)
+    assert mine["reason"] == "released by admin root-release"
