@@ -149,7 +149,12 @@ def collect_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--host", default=None, metavar="NAME", help="host name in the telemetry path (default: this host's)"
     )
-    p.add_argument("-q", "--quiet", action="store_true", help="no status line or log lines, errors only")
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no status line or log lines (errors and lost GPUs still print)",
+    )
     p.set_defaults(out=None)
     return p
 
@@ -342,14 +347,13 @@ def import_parser() -> argparse.ArgumentParser:
             "A sample's timestamp is used when present, else the file's modification time."
         ),
     )
-    for q in (smi, dcgm):
-        q.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    for q, what, host_default in (
+        (smi, "nvidia-smi CSV log files", "this host's name"),
+        (dcgm, "dcgm-exporter /metrics text dumps", "the Hostname label, else this host's name"),
+    ):
+        q.add_argument("files", nargs="+", type=Path, metavar="FILE", help=what)
         q.add_argument("--out", type=Path, required=True, metavar="DIR", help="telemetry directory to write")
-        q.add_argument(
-            "--host",
-            metavar="NAME",
-            help="host the logs come from (default: this host's, or dcgm's Hostname label)",
-        )
+        q.add_argument("--host", metavar="NAME", help=f"host the logs come from (default: {host_default})")
     smi.add_argument(
         "--tz", default=None, metavar="ZONE", help="time zone of the timestamps (default: this machine's)"
     )
