@@ -184,7 +184,7 @@ async def release(request: web.Request) -> web.Response:
     st: ServerState = request.app[STATE]
     caller = await _caller(request)
     lease, ended = await st.db(st.pool.release, caller, request.match_info["lease_id"], time.time())
-    if ended:
+    if ended and lease["remote"]:
         await stop_worker(st, lease["id"])
     return _json(lease)
 
