@@ -19,10 +19,12 @@ Segments the live collector writes while compaction runs are not in the journal 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +36,7 @@ from collector.schema import METADATA_VERSION_KEY, SCHEMA_VERSION, TABLES
 from collector.writer import _fsync_dir, conform
 
 JOURNAL_GLOB = ".compact-*.json"
+STALE_TMP_S = 600.0  # an unfinished segment this old belongs to a writer that died
 
 
 class CompactSkipped(Exception):
@@ -63,7 +66,8 @@ def _partition_folders(root: Path, date: dt.date | None) -> list[Path]:
 
 
 def recover(root: Path) -> int:
-    """Finish (or clean up after) compactions that a crash interrupted; returns how many were found."""
+    """Finish (or clean up after) compactions a crash interrupted, and remove segments a killed writer
+    left half-written; returns how many interrupted compactions were found."""
     found = 0
     for table in TABLES:
         for journal in sorted((root / table).glob(f"date=*/host=*/{JOURNAL_GLOB}")):
@@ -73,6 +77,12 @@ def recover(root: Path) -> int:
             # a merged segment whose journal was never committed: the originals are intact
             if not any(orphan.parent.glob(JOURNAL_GLOB)):
                 orphan.unlink(missing_ok=True)
+        for stale in (root / table).glob("date=*/host=*/.*.parquet.tmp"):
+            # a segment a killed writer never finished (writing one takes milliseconds): its rows were
+            # the unflushed interval, already counted as lost; the file itself is garbage
+            with contextlib.suppress(OSError):
+                if time.time() - stale.stat().st_mtime > STALE_TMP_S:
+                    stale.unlink()
     return found
 
 

@@ -145,7 +145,10 @@ class NvmlSource:
                 if gpu.lost_since is None:
                     gpu.lost_since = self._clock()
                     gpu.lost_probe_at = gpu.lost_since
-                    gpu.gpm_prev = None  # its handle died with the GPU
+                    if gpu.gpm_prev is not None:  # its samples died with the GPU
+                        with contextlib.suppress(GpuLost):
+                            self._backend.gpm_free(gpu.gpm_prev)
+                        gpu.gpm_prev = None
                 tick.gpu_rows.append(self._lost_row(gpu, now))
                 continue
             tick.gpu_rows.append(row)

@@ -317,3 +317,17 @@ def test_compaction_leaves_segments_of_another_schema_version_alone(tmp_path):
     assert sorted(p.name for p in folder.glob("*.parquet")) == before  # untouched
     assert result.folders == 1  # process_samples was compacted
     assert sum(pq.read_table(p, partitioning=None).num_rows for p in folder.glob("*.parquet")) == total
+
+
+def test_recover_removes_segments_a_killed_writer_left_half_written(tmp_path):
+    _small_segments(tmp_path, days=1)
+    folder = next((tmp_path / "gpu_samples").glob("date=*/host=h"))
+    old, fresh = (
+        folder / ".gpu_samples-x-1-000001-aa.parquet.tmp",
+        folder / ".gpu_samples-x-2-000002-bb.parquet.tmp",
+    )
+    old.write_bytes(b"PAR1 half")
+    fresh.write_bytes(b"PAR1 half")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    recover(tmp_path)
+    assert not old.exists() and fresh.exists()  # a fresh one may belong to a writer still at work
