@@ -41,9 +41,10 @@ idle_timeout = "8s"
 def server(tmp_path_factory):
     base = tmp_path_factory.mktemp("mps")
     tel = base / "telemetry"
-    srv = ServerProc(
-        base / "state", gpus=None, config=CONFIG, extra=("--mps", "--telemetry", str(tel))
-    ).start(timeout=90)
+    extra = ["--mps", "--telemetry", str(tel)]
+    if Path("/tmp/nvidia-mps/control").exists():  # an MPS daemon already runs with the default pipe: join it
+        extra += ["--mps-pipe-dir", "/tmp/nvidia-mps"]
+    srv = ServerProc(base / "state", gpus=None, config=CONFIG, extra=tuple(extra)).start(timeout=90)
     srv.telemetry = tel
     yield srv
     srv.stop()
