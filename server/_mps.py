@@ -28,12 +28,13 @@ class MpsError(PoolError):
 class MpsDaemon:
     def __init__(self, state_dir: Path, gpu_uuids: list[str], join_pipe_dir: Path | None = None):
         self.pipe_dir = Path(join_pipe_dir) if join_pipe_dir else state_dir / "mps" / "pipe"
-        self.log_dir = (Path(join_pipe_dir).parent / "log") if join_pipe_dir else state_dir / "mps" / "log"
+        self.log_dir = state_dir / "mps" / "log"  # used only when we start the daemon ourselves
         self.gpu_uuids = gpu_uuids
         self.started_here = False
 
     def client_env(self) -> dict[str, str]:
-        return {"CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir), "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir)}
+        # Clients need only the pipe; the log directory matters to the daemon (set when we start it).
+        return {"CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir)}
 
     def _running(self) -> bool:
         return (self.pipe_dir / "control").exists() and self._control(
@@ -61,7 +62,8 @@ class MpsDaemon:
             return
         self.pipe_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.client_env(), "CUDA_VISIBLE_DEVICES": ",".join(self.gpu_uuids)}
+        env = {**os.environ, **self.client_env(), "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir),
+               "CUDA_VISIBLE_DEVICES": ",".join(self.gpu_uuids)}  # fmt: skip
         res = subprocess.run(
             ["nvidia-cuda-mps-control", "-d"],
             env=env,
