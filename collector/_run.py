@@ -32,7 +32,8 @@ def _ago(t: float | None) -> str:
 
 
 class Status:
-    """One self-rewriting line on a terminal; a plain log line per flush otherwise (or nothing, -q)."""
+    """One self-rewriting line on a terminal; otherwise a plain log line per flush, at most one a minute
+    (or nothing with -q)."""
 
     def __init__(self, stream: TextIO | None = None, *, quiet: bool = False, label: str = ""):
         self.stream = stream if stream is not None else sys.stderr
@@ -40,6 +41,8 @@ class Status:
         self.tty = self.stream.isatty()
         self.label = label
         self._last_logged_flush: float | None = None
+        self._logged_at = -float("inf")
+        self.log_every_s = 60.0
 
     def line(self, gpus: int, writer: TelemetryWriter, ticks: int) -> str:
         return (
@@ -53,8 +56,13 @@ class Status:
         if self.tty:
             self.stream.write("\r\x1b[K" + self.line(gpus, writer, ticks))
             self.stream.flush()
-        elif writer.last_flush != self._last_logged_flush:
+        elif (
+            writer.last_flush != self._last_logged_flush
+            and time.monotonic() - self._logged_at >= self.log_every_s
+        ):
+            # a log line per flush, at most one a minute: readable in journald over months
             self._last_logged_flush = writer.last_flush
+            self._logged_at = time.monotonic()
             stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             print(f"{stamp} {self.line(gpus, writer, ticks)}", file=self.stream, flush=True)
 
