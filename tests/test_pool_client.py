@@ -311,3 +311,26 @@ def test_many_gpuattach_processes_race_for_the_last_partitions(tmp_path):
     finally:
         for s in servers:
             s.stop()
+
+
+def test_a_run_survives_a_server_kill9_and_restart(tmp_path):
+    srv = ServerProc(
+        tmp_path / "s", "1xH100-80GB", config='[policy]\nlease_ttl = "2s"\nreap_interval = 0.2\n'
+    ).start()
+    try:
+        env, token = env_for(tmp_path, [srv], "survivor")
+        child = "import time; print('ready', flush=True); time.sleep(5); print('done', flush=True)"
+        proc = subprocess.Popen([*gpuattach_cmd(), "run", "-n", "1", "-p", "0.5", "--local", "--", PY, "-c", child],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+        assert proc.stdout.readline().strip() == "ready"
+        (lease,) = active(srv, token)
+        srv.kill9()
+        time.sleep(1.5)  # the client's heartbeats fail meanwhile; it warns and keeps trying
+        srv.start()  # same state dir, same port
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0 and out.strip() == "done", err
+        assert "heartbeat failed" in err and "was expired" not in err
+        got = api(srv.url, "GET", f"/v1/leases/{lease['id']}", token)[1]
+        assert got["state"] == "released" and got["reason"] == "released by its client"
+    finally:
+        srv.stop()
