@@ -187,16 +187,16 @@ def main() -> int:
 
     device = torch.device("cuda", args.device)
     props = torch.cuda.get_device_properties(device)
-    uuid = f"GPU-{props.uuid}" if getattr(props, "uuid", None) else None
+    cuda_uuid = _norm_uuid(getattr(props, "uuid", ""))
     inventory = read_inventory()
-    gpu = next((g for g in inventory if g.uuid == uuid), None)
+    gpu = next((g for g in inventory if cuda_uuid and _norm_uuid(g.uuid) == cuda_uuid), None)
     if gpu is None:
+        gpu = inventory[min(args.device, len(inventory) - 1)]
         print(
-            f"could not match CUDA device {args.device} ({uuid}) to an NVML GPU; using NVML index 0",
+            f"could not match CUDA device {args.device} by UUID; assuming NVML index {gpu.index}",
             file=sys.stderr,
         )
-        gpu = inventory[0]
-        uuid = gpu.uuid
+    uuid = gpu.uuid
     print(f"GPU: NVML index {gpu.index}, {gpu.name}, {uuid}, driver {gpu.driver_version}", file=sys.stderr)
 
     tele = out / "telemetry"
@@ -279,6 +279,11 @@ def main() -> int:
     )
     print(f"raw data: {out}", file=sys.stderr)
     return 0 if all(checks.values()) else 1
+
+
+def _norm_uuid(value) -> str:
+    """torch prints a UUID with or without the "GPU-" prefix NVML uses."""
+    return str(value or "").strip().lower().removeprefix("gpu-")
 
 
 def _pct(value: float | None) -> float | None:

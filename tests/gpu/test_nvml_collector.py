@@ -80,8 +80,8 @@ def test_process_activity_sees_a_process_holding_memory():
         a @ a
     torch.cuda.synchronize()
     props = torch.cuda.get_device_properties(0)
-    uuid = f"GPU-{props.uuid}" if hasattr(props, "uuid") else None
-    index = next((g.index for g in read_inventory() if g.uuid == uuid), 0)
+    cuda_uuid = str(getattr(props, "uuid", "") or "").lower().removeprefix("gpu-")
+    index = next((g.index for g in read_inventory() if g.uuid.lower().removeprefix("gpu-") == cuda_uuid), 0)
     found = {p.pid: p for p in process_activity(index)}
     assert found, "no process listed on the GPU this test allocated on"
     # NVML reports host PIDs: inside a container with its own PID namespace ours differs
