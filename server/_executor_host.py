@@ -4,10 +4,11 @@ It emulates what a CUDA program can observe through the driver API: device queri
 device with the lease's partitions), allocations at device-like addresses (GPUPOOL_HOST_EXECUTOR_BASE,
 default 0x5e0000000000) backed by bytearrays, copies, memsets, pools, streams and events (everything
 runs at once, in order; elapsed times are host clock times), modules and pointer attributes.
-Kernels: any image loads, and three built-in functions run on host memory —
-`fill_u32(u32 *ptr, u32 value, u32 n)`, `add_u32(u32 *ptr, u32 value, u32 n)` and `fault()`,
-which fails the way a GPU kernel that touches a wild address does (CUDA_ERROR_ILLEGAL_ADDRESS,
-reported at the next synchronising call). Any other function name is CUDA_ERROR_NOT_FOUND.
+Kernels: any image loads, and four built-in functions run on host memory —
+`fill_u32(u32 *ptr, u32 value, u32 n)`, `add_u32(u32 *ptr, u32 value, u32 n)`, `spin(ptr, u32)`
+(sleeps 10 ms, a stand-in for a long kernel) and `fault()`, which fails the way a GPU kernel that
+touches a wild address does (CUDA_ERROR_ILLEGAL_ADDRESS, reported at the next synchronising call).
+Any other function name is CUDA_ERROR_NOT_FOUND.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ HOST_KERNELS = {
     "fill_u32": [(0, 8), (8, 4), (12, 4)],
     "add_u32": [(0, 8), (8, 4), (12, 4)],
     "fault": [],
+    "spin": [(0, 8), (8, 4)],  # stands for a long kernel: sleeps 10 ms
 }
 # A few attributes programs ask for; the rest read 0 (cuda.h numbering).
 ATTRIBUTES = {
@@ -122,6 +124,9 @@ class HostExecutor(Executor):
         name = self.functions[func]
         if name == "fault":
             raise CudaError(700, "the fault kernel touched a wild address")
+        if name == "spin":
+            time.sleep(0.01)
+            return
         ptr, value, n = struct.unpack_from("<QII", params)
         mem, off = self._find(ptr, 4 * n)
         words = memoryview(mem)[off : off + 4 * n].cast("I")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from server.worker import WorkerDevice, start_worker
-from virtualize.remote import remote_env
+from virtualize.remote import compile_shim, remote_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIM = ROOT / "virtualize" / "shim"
@@ -26,13 +26,7 @@ needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler"
 def shim_dir(tmp_path_factory) -> Path:
     """The shim compiled from the sources in this tree, warnings as errors."""
     out = tmp_path_factory.mktemp("shim")
-    subprocess.run(
-        ["cc", "-O1", "-g", "-shared", "-fPIC", "-fvisibility=hidden", "-pthread", "-std=gnu11", "-Wall",
-         "-Wextra", "-Werror", "-Wl,-soname,libcuda.so.1", "-o", str(out / "libcuda.so.1"),
-         str(SHIM / "shim.c"), str(SHIM / "shim_calls.c")],
-        check=True, timeout=120,
-    )  # fmt: skip
-    (out / "libcuda.so").symlink_to("libcuda.so.1")
+    compile_shim(out, extra_flags=("-g", "-Wall", "-Wextra", "-Werror"))
     return out
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 from virtualize import _wire
@@ -35,9 +37,36 @@ def shim_library_path() -> Path:
     return Path(spec.origin)
 
 
-def shim_dir(cache_root: Path | None = None) -> Path:
+SHIM_SOURCES = Path(__file__).parent / "shim"
+COMPILE_FLAGS = [
+    "-O2",
+    "-shared",
+    "-fPIC",
+    "-fvisibility=hidden",
+    "-pthread",
+    "-std=gnu11",
+    "-Wl,-soname,libcuda.so.1",
+]
+
+
+def compile_shim(dest_dir: Path, *, compiler: str | None = None, extra_flags: tuple[str, ...] = ()) -> Path:
+    """Compile the shim from its C sources into `dest_dir/libcuda.so.1` without pip (GPU hosts, tests)."""
+    cc = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise ShimNotBuilt()
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    out = dest_dir / "libcuda.so.1"
+    sources = [str(SHIM_SOURCES / "shim.c"), str(SHIM_SOURCES / "shim_calls.c")]
+    subprocess.run([cc, *COMPILE_FLAGS, *extra_flags, "-o", str(out), *sources], check=True, timeout=300)
+    link = dest_dir / "libcuda.so"
+    if not link.is_symlink():
+        link.symlink_to("libcuda.so.1")
+    return out
+
+
+def shim_dir(cache_root: Path | None = None, *, library: Path | None = None) -> Path:
     """A per-user directory holding `libcuda.so.1` -> the shim (what LD_LIBRARY_PATH names first)."""
-    library = shim_library_path()
+    library = library or shim_library_path()
     root = cache_root or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     tag = hashlib.sha256(str(library).encode()).hexdigest()[:12]
     directory = root / "gpupool" / f"shim-{tag}"
@@ -53,16 +82,18 @@ def shim_dir(cache_root: Path | None = None) -> Path:
     return directory
 
 
-def remote_env(lease_answer: dict, *, cache_root: Path | None = None) -> dict[str, str]:
+def remote_env(
+    lease_answer: dict, *, cache_root: Path | None = None, library: Path | None = None
+) -> dict[str, str]:
     """Environment variables that make a child process's CUDA calls run on the lease's worker.
 
     `lease_answer` is the pool server's answer for a lease created with remote=true; its "worker"
-    holds host, port and secret.
+    holds host, port and secret. `library` overrides the installed shim (e.g. from `compile_shim`).
     """
     worker = lease_answer.get("worker")
     if not worker:
         raise ValueError("the lease has no worker: it was not created for remote execution (remote=true)")
-    directory = shim_dir(cache_root)
+    directory = shim_dir(cache_root, library=library)
     host = str(worker["host"])
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"

@@ -79,7 +79,7 @@ static CUresult fail(CUresult code, const char *fmt, ...) {
 static CUresult lost(const char *what) {
     return fail(CUDA_ERROR_DEVICE_UNAVAILABLE,
                 "lost the connection to the lease's worker at %s (%s): the remote GPU is gone, CUDA calls "
-                "fail from now on (check the lease with `gpuattach list`, then run again)",
+                "fail from now on (check the lease with `gpuattach leases`, then run again)",
                 conn_where, what);
 }
 

@@ -1,0 +1,342 @@
+"""Remote execution on a real GPU, in one command: python tests/gpu/remote/run.py
+
+For each program here (raw cuda.bindings, cuda.core, numba-cuda) it runs the program natively, then
+remotely — gpupool's libcuda.so.1 first on LD_LIBRARY_PATH, talking to a lease worker started with
+start_worker on 127.0.0.1 with the real CUDA executor — and diffs the two outputs. Then, remotely:
+the quota refusal, the isolation check (a guessed address and another lease's live address), a
+worker killed mid-run, a two-GPU lease where the host has two GPUs, and, when gpupool-server and
+gpuattach are installed, the bindings program through a real pool server. Every step says what it
+does; the summary lists PASS/FAIL/SKIP; the exit status is 1 if anything failed. Results also go
+to $OUT/remote_gpu_results.json when $OUT is set.
+
+Needs: Python 3.12 with cuda-bindings, cuda-core (and NVRTC), numba-cuda, numpy; a C compiler to
+build the shim here (else a prebuilt virtualize/_libcuda_shim*.so from the tree is used).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+sys.path.insert(0, str(ROOT))
+
+from server.worker import WorkerDevice, start_worker  # noqa: E402
+from virtualize.remote import compile_shim, remote_env  # noqa: E402
+
+PROGRAMS = ["prog_bindings.py", "prog_core.py", "prog_numba.py"]
+results: list[dict] = []
+
+
+def step(title: str) -> None:
+    print(f"\n=== {title}", flush=True)
+
+
+def record(name: str, status: str, detail: str = "") -> None:
+    results.append({"check": name, "status": status, "detail": detail})
+    print(f"--> {status}: {name}" + (f" ({detail})" if detail else ""), flush=True)
+
+
+def gpus() -> list[tuple[int, str, int]]:
+    """(index, uuid, total MiB) of each GPU, from nvidia-smi."""
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    rows = [line.split(", ") for line in out.strip().splitlines()]
+    return [(int(i), u.strip(), int(m)) for i, u, m in rows]
+
+
+def find_shim(work: Path) -> Path:
+    try:
+        path = compile_shim(work / "shim")
+        print(f"shim compiled from source: {path}")
+        return path
+    except Exception as exc:
+        print(f"could not compile the shim here ({exc}); looking for a prebuilt one")
+    built = sorted((ROOT / "virtualize").glob("_libcuda_shim*.so"))
+    if not built:
+        raise SystemExit(
+            "no C compiler and no prebuilt virtualize/_libcuda_shim*.so: cannot test remote runs"
+        )
+    print(f"prebuilt shim: {built[0]}")
+    return built[0]
+
+
+def base_env(extra_pythonpath: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_") and k != "NUMBA_CUDA_DRIVER"}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(extra_pythonpath), str(HERE), str(ROOT), env.get("PYTHONPATH", "")]
+    )
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def lease_env(handle, shim: Path, work: Path, env: dict[str, str]) -> dict[str, str]:
+    answer = {"id": "gpu-test", "worker": {"host": handle.host, "port": handle.port, "secret": handle.secret}}
+    return {**env, **remote_env(answer, cache_root=work / "cache", library=shim)}
+
+
+def run(cmd: list[str], env: dict[str, str], timeout: float = 600, stdin=None):
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=HERE, input=stdin
+        )
+    except subprocess.TimeoutExpired as exc:
+        return 124, exc.stdout or "", (exc.stderr or "") + "\n(timed out)", time.monotonic() - started
+    return proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started
+
+
+def libcuda_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.startswith("libcuda ")]
+    return lines[-1].split(" ", 1)[1] if lines else "(not reported)"
+
+
+def show(label: str, rc: int, out: str, err: str, seconds: float) -> None:
+    print(f"[{label}] exit {rc} in {seconds:.1f} s; libcuda loaded: {libcuda_line(err)}")
+    for line in out.splitlines():
+        print(f"[{label}]   {line}")
+    noise = [line for line in err.splitlines() if not line.startswith("libcuda ")]
+    if rc != 0 or any("gpupool:" in line for line in noise):
+        for line in noise[-25:]:
+            print(f"[{label} stderr]   {line}")
+
+
+def native_vs_remote(name: str, cmd: list[str], native_env, remote_env_, shim: Path) -> None:
+    step(f"{name}: native run")
+    n = run(cmd, native_env)
+    show("native", *n)
+    step(f"{name}: remote run (gpupool libcuda.so.1 -> worker)")
+    r = run(cmd, remote_env_)
+    show("remote", *r)
+    remote_lib = libcuda_line(r[2])
+    problems = []
+    if n[0] != 0:
+        problems.append(f"native exit {n[0]}")
+    if r[0] != 0:
+        problems.append(f"remote exit {r[0]}")
+    if n[1] != r[1]:
+        problems.append("outputs differ")
+    if Path(remote_lib).resolve() != shim.resolve():
+        problems.append(f"remote run loaded {remote_lib}, not the shim")
+    native_lib = libcuda_line(n[2])
+    if "_libcuda_shim" in native_lib or Path(native_lib).resolve() == shim.resolve():
+        problems.append("native run loaded the shim")
+    detail = f"native {n[3]:.1f} s, remote {r[3]:.1f} s"
+    record(name, "FAIL" if problems else "PASS", "; ".join(problems) or detail)
+
+
+def expect(name: str, out: str, wanted: dict[str, str]) -> None:
+    got = {}
+    for line in out.splitlines():
+        key, _, value = line.partition(" ")
+        got[key] = value
+    bad = {k: got.get(k) for k, v in wanted.items() if not (got.get(k) or "").startswith(v)}
+    record(name, "FAIL" if bad else "PASS", f"unexpected {bad}" if bad else "")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--partition-mib", type=int, default=4096, help="memory of the test lease (default 4096)"
+    )
+    parser.add_argument("--only", nargs="*", help="run only these checks (bindings core numba quota ...)")
+    args = parser.parse_args()
+    want = set(args.only or [])
+
+    def selected(key: str) -> bool:
+        return not want or key in want
+
+    work = Path(tempfile.mkdtemp(prefix="gpupool-remote-"))
+    step("environment")
+    print("python", sys.version.split()[0], "at", sys.executable)
+    for mod in ("cuda.bindings", "cuda.core", "numba_cuda", "numba", "numpy"):
+        try:
+            m = __import__(mod, fromlist=["__version__"])
+            print(mod, getattr(m, "__version__", "?"))
+        except Exception as exc:
+            print(mod, "not importable:", exc)
+    devices = gpus()
+    for index, uuid, mib in devices:
+        print(f"GPU {index}: {uuid}, {mib} MiB")
+    shim = find_shim(work)
+    print("shim exports:", subprocess.run(["sh", "-c", f"nm -D --defined-only {shim} | grep -c ' T cu'"],
+                                          capture_output=True, text=True).stdout.strip(), "cu* symbols")  # fmt: skip
+
+    # numba-cuda 0.30 imports numpy.row_stack, removed in numpy 2.5.
+    site = work / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import numpy\nif not hasattr(numpy, 'row_stack'):\n    numpy.row_stack = numpy.vstack\n"
+    )
+    env = base_env(site)
+    os.environ["PYTHONPATH"] = env["PYTHONPATH"]  # the worker process imports server/ from this tree
+
+    partition = args.partition_mib << 20
+    step(f"start a worker: 1 GPU ({devices[0][1]}), partition {args.partition_mib} MiB, CUDA executor")
+    worker = start_worker("gpu-test", [WorkerDevice(devices[0][0], devices[0][1], partition)],
+                          bind_host="127.0.0.1", env={}, executor="cuda")  # fmt: skip
+    print(f"worker pid {worker.pid} listening on {worker.host}:{worker.port}")
+    remote = lease_env(worker, shim, work, env)
+    try:
+        for program in PROGRAMS:
+            key = program.removeprefix("prog_").removesuffix(".py")
+            if selected(key):
+                native_vs_remote(key, [sys.executable, program], env, remote, shim)
+
+        if selected("quota"):
+            step("quota: the program sees the partition, allocations beyond it fail")
+            rc, out, err, s = run([sys.executable, "prog_limits.py", "quota"], remote)
+            show("remote", rc, out, err, s)
+            expect("quota", out, {
+                "total_mem_bytes": str(partition), "mem_info_total_bytes": str(partition),
+                "alloc_beyond_partition": "CUDA_ERROR_OUT_OF_MEMORY",
+                "second_alloc_past_partition": "CUDA_ERROR_OUT_OF_MEMORY", "alloc_after_free": "CUDA_SUCCESS",
+            })  # fmt: skip
+
+        if selected("isolation"):
+            step("isolation: a guessed address and another lease's live address are refused")
+            other = start_worker("gpu-test-other", [WorkerDevice(devices[0][0], devices[0][1], 256 << 20)],
+                                 bind_host="127.0.0.1", env={}, executor="cuda")  # fmt: skip
+            holder = subprocess.Popen(
+                [sys.executable, "-c", HOLDER], env=lease_env(other, shim, work, env), cwd=HERE,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            foreign = holder.stdout.readline().strip()
+            print("the other lease holds", foreign)
+            for label, address in (("guessed", ""), ("other lease", foreign)):
+                rc, out, err, s = run(
+                    [sys.executable, "prog_limits.py", "isolation"], {**remote, "GUESSED_ADDRESS": address}
+                )
+                show("remote", rc, out, err, s)
+                expect(f"isolation ({label} address)", out, {
+                    "memset_foreign_returns": "CUDA_SUCCESS", "next_sync": "CUDA_ERROR_INVALID_VALUE",
+                    "copy_from_foreign": "CUDA_ERROR_INVALID_VALUE", "copy_past_own_end": "CUDA_ERROR_INVALID_VALUE",
+                    "own_memory_still_fine": "CUDA_SUCCESS CUDA_SUCCESS",
+                })  # fmt: skip
+            holder.communicate("\n", timeout=60)
+            other.stop()
+
+        if selected("kill"):
+            step("a worker killed mid-run: the next call fails, the shim says why, the program ends")
+            victim = start_worker("gpu-test-victim", [WorkerDevice(devices[0][0], devices[0][1], partition)],
+                                  bind_host="127.0.0.1", env={}, executor="cuda")  # fmt: skip
+            proc = subprocess.Popen([sys.executable, "prog_limits.py", "kill"], env=lease_env(victim, shim, work, env),
+                                    cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+            first = proc.stdout.readline().strip()
+            print("program:", first, "- killing worker pid", victim.pid)
+            os.kill(victim.pid, signal.SIGKILL)
+            out, err = proc.communicate(timeout=120)
+            show("remote", proc.returncode, first + "\n" + out, err, 0)
+            ok = (first == "running" and proc.returncode == 1 and "CUDA_ERROR_DEVICE_UNAVAILABLE" in out
+                  and "lost the connection to the lease's worker" in err)  # fmt: skip
+            record(
+                "worker killed mid-run", "PASS" if ok else "FAIL", out.strip().splitlines()[-1] if out else ""
+            )
+            victim.stop()
+
+        if selected("two_gpus"):
+            if len(devices) < 2:
+                record("two-GPU lease", "SKIP", "this host has one GPU")
+            else:
+                step("two-GPU lease: two devices, memory on each, a peer copy")
+                pair = [WorkerDevice(i, u, partition) for i, u, _ in devices[:2]]
+                two = start_worker("gpu-test-two", pair, bind_host="127.0.0.1", env={}, executor="cuda")
+                native = {**env, "CUDA_VISIBLE_DEVICES": ",".join(u for _, u, _ in devices[:2])}
+                native_vs_remote("two-GPU lease", [sys.executable, "prog_limits.py", "two_gpus"], native,
+                                 lease_env(two, shim, work, env), shim)  # fmt: skip
+                two.stop()
+    finally:
+        worker.stop()
+
+    if selected("pool"):
+        via_pool_server(work, env, shim)
+
+    step("summary")
+    for r in results:
+        print(f"{r['status']:5} {r['check']}" + (f"  -- {r['detail']}" if r["detail"] else ""))
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "remote_gpu_results.json").write_text(json.dumps(results, indent=2))
+    shutil.rmtree(work, ignore_errors=True)
+    return 1 if any(r["status"] == "FAIL" for r in results) else 0
+
+
+HOLDER = """
+from cuda.bindings import driver as cu
+cu.cuInit(0)
+ctx = cu.cuDevicePrimaryCtxRetain(0)[1]
+cu.cuCtxSetCurrent(ctx)
+err, p = cu.cuMemAlloc(1 << 20)
+print(hex(int(p)), flush=True)
+input()
+"""
+
+
+def via_pool_server(work: Path, env: dict[str, str], shim: Path) -> None:
+    bindir = Path(sys.executable).parent
+    server, client = (
+        shutil.which(n) or shutil.which(n, path=str(bindir)) for n in ("gpupool-server", "gpuattach")
+    )
+    if not server or not client:
+        record("through gpupool-server + gpuattach", "SKIP", "gpupool-server / gpuattach not installed")
+        return
+    step("through a real pool server: gpupool-server on 127.0.0.1 + gpuattach run -n 1 -p 0.25")
+    state = work / "state"
+    made = subprocess.run([server, "token", "create", "tester", "--state-dir", str(state)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    token = next((w for w in made.stdout.split() if w.startswith("gp_")), "")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([server, "serve", "--host", "127.0.0.1", "--port", str(port), "--state-dir", str(state)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        if proc.poll() is not None:
+            record(
+                "through gpupool-server + gpuattach", "FAIL", f"gpupool-server exited with {proc.returncode}"
+            )
+            return
+        cmd = [client, "run", "--server", f"http://127.0.0.1:{port}", "--token", token, "-n", "1", "-p", "0.25",
+               "--", sys.executable, "prog_bindings.py"]  # fmt: skip
+        native = run([sys.executable, "prog_bindings.py"], env)
+        pooled = run(cmd, env)  # gpuattach uses the shim the installation built
+        show("gpuattach", *pooled)
+        ok = (
+            native[0] == 0
+            and pooled[0] == 0
+            and native[1] == pooled[1]
+            and "_libcuda_shim" in libcuda_line(pooled[2])
+        )
+        record("through gpupool-server + gpuattach", "PASS" if ok else "FAIL",
+               f"exit {pooled[0]}, libcuda {libcuda_line(pooled[2])}")  # fmt: skip
+    finally:
+        proc.terminate()
+        try:
+            out = proc.communicate(timeout=20)[0]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out = proc.communicate()[0]
+        print("[gpupool-server log tail]\n" + "\n".join(out.splitlines()[-15:]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
