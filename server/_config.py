@@ -59,7 +59,7 @@ class ServerConfig:
     # loops
     reap_interval_s: float = 1.0
     activity_window_s: float = 5.0
-    sample_interval_s: float = 10.0
+    sample_interval_s: float = 5.0
     telemetry_flush_s: float = 10.0
 
 

@@ -85,6 +85,7 @@ class Pool:
         self.port = config.port
         self.tls = bool(config.tls_cert)
         self.started = time.time()
+        self.live: dict[int, dict] = {}  # newest NVML sample per GPU index (real GPUs only)
 
     # --- identity -----------------------------------------------------------------------------------
     def server_info(self) -> dict:
@@ -236,6 +237,7 @@ class Pool:
                     "free_fraction": round(free / g.mem_total_bytes, 6) if g.mem_total_bytes else 0.0,
                     "compute_capability": g.compute_capability,
                     "partitions": parts.get(g.index, []),
+                    "live": self.live.get(g.index),
                 }
             )
         return out

@@ -40,8 +40,12 @@ def _inventory(cfg: ServerConfig):
         ) from None
 
 
-def _sampler(cfg: ServerConfig, events: EventLog, stop: threading.Event) -> None:
-    """This host's GPU samples into the telemetry directory, like gpustat-collect would write them."""
+LIVE_FIELDS = ("state", "util_gpu_mean", "mem_used_bytes", "power_w", "temperature_c", "sm_activity")
+
+
+def _sampler(cfg: ServerConfig, events: EventLog, live: dict, stop: threading.Event) -> None:
+    """This host's GPU samples: the newest per GPU for /v1/gpus (what `gpuattach smi` shows), and all
+    of them into the telemetry directory when one is configured, as gpustat-collect would write them."""
     import datetime as dt
 
     try:
@@ -54,6 +58,8 @@ def _sampler(cfg: ServerConfig, events: EventLog, stop: threading.Event) -> None
     while not stop.wait(cfg.sample_interval_s):
         try:
             tick = source.sample(dt.datetime.now(dt.UTC))
+            for row in tick.gpu_rows:
+                live[row["gpu_index"]] = {k: row.get(k) for k in LIVE_FIELDS} | {"ts": row["ts"].isoformat()}
             events.append_samples(tick.gpu_rows, tick.process_rows)
         except Exception:
             log.exception("GPU sample failed")
@@ -127,9 +133,9 @@ async def serve(cfg: ServerConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
     reaper = asyncio.create_task(reap_loop(st))
     sampler_stop = threading.Event()
-    if cfg.telemetry_dir and not inv.simulated:
+    if not inv.simulated:  # live numbers for /v1/gpus; telemetry too when configured
         threading.Thread(
-            target=_sampler, args=(cfg, events, sampler_stop), daemon=True, name="gpu-samples"
+            target=_sampler, args=(cfg, events, pool.live, sampler_stop), daemon=True, name="gpu-samples"
         ).start()
     await stop.wait()
 

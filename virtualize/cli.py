@@ -345,7 +345,8 @@ def cmd_smi(args) -> int:
         sec = [
             f"{info['hostname']}  {_short(server.url)}  driver {info.get('driver_version') or '-'}  "
             f"CUDA {info.get('cuda_version') or '-'}{'  MPS' if info['mps'] else ''}{'  SIMULATED' if a['simulated'] else ''}",
-            f"{'GPU':>3}  {'Name':<30} {'Leased / Total':>20}  {'Use':>4}         Partitions (client:fraction)",
+            f"{'GPU':>3}  {'Name':<30} {'Leased / Total':>20}  {'Use':>4}         {'GPU-Util':>8}  {'Mem-Used':>9}"
+            "  Partitions (client:fraction)",
         ]
         for g in a["gpus"]:
             used = g["mem_total_bytes"] - g["mem_free_bytes"]
@@ -353,8 +354,11 @@ def cmd_smi(args) -> int:
             meter = "#" * round(pct / 20)
             parts = " ".join(f"{p['client']}:{p['fraction']:.2f}" for p in g["partitions"]) or "-"
             mem = _human(used) + " / " + _human(g["mem_total_bytes"])
+            live = g.get("live") or {}  # the server's newest NVML sample (real GPUs only)
+            util = f"{live['util_gpu_mean'] * 100:.0f}%" if live.get("util_gpu_mean") is not None else "-"
+            real = _human(live["mem_used_bytes"]) if live.get("mem_used_bytes") is not None else "-"
             sec.append(
-                f"{g['index']:>3}  {g['name'][:30]:<30} {mem:>20}  {pct:>3.0f}%  [{meter:<5}]  {parts}"
+                f"{g['index']:>3}  {g['name'][:30]:<30} {mem:>20}  {pct:>3.0f}%  [{meter:<5}]  {util:>8}  {real:>9}  {parts}"
             )
         sections.append(sec)
     print(_box(sections))

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from pool_harness import ROOT, ServerProc, client_env, gpuattach, gpuattach_cmd
+from pool_harness import ROOT, ServerProc, api, client_env, gpuattach, gpuattach_cmd
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -143,3 +143,6 @@ def test_pool_events_and_gpu_samples_written(server, tmp_path):
     assert {"grant", "release"} <= kinds and all(e["simulated"] is False for e in events)
     samples = ds.dataset(server.telemetry / "gpu_samples", format="parquet", partitioning="hive").to_table()
     assert samples.num_rows > 0
+    _, gpus = api(server.url, "GET", "/v1/gpus", server.token("smi"))
+    live = gpus["gpus"][0]["live"]  # what gpuattach smi shows as GPU-Util / Mem-Used
+    assert live["state"] == "ok" and live["mem_used_bytes"] > 0 and live["util_gpu_mean"] is not None
