@@ -334,3 +334,39 @@ def test_a_run_survives_a_server_kill9_and_restart(tmp_path):
         assert got["state"] == "released" and got["reason"] == "released by its client"
     finally:
         srv.stop()
+
+
+def test_ctrl_c_at_a_terminal_stops_the_command_and_releases(pool, tmp_path):
+    """A real pseudo-terminal: the command gets the foreground, ^C reaches it once, the lease goes."""
+    import os
+    import pty
+
+    a, _ = pool
+    env, token = env_for(tmp_path, [a], "terminal")
+    child = "import sys, time\nprint('ready', flush=True)\ntry:\n    time.sleep(30)\nexcept KeyboardInterrupt:\n    print('interrupted once', flush=True)\n    sys.exit(5)"
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: gpuattach on the terminal
+        os.chdir(ROOT)
+        os.execvpe(
+            gpuattach_cmd()[0],
+            [*gpuattach_cmd(), "run", "-n", "1", "-p", "0.1", "--local", "--", PY, "-c", child],
+            env,
+        )
+    output = b""
+    try:
+        deadline = time.monotonic() + 30
+        while b"ready" not in output and time.monotonic() < deadline:
+            output += os.read(fd, 1024)
+        assert b"ready" in output, output
+        os.write(fd, b"\x03")  # Ctrl-C typed at the terminal
+        _, status = os.waitpid(pid, 0)
+        try:
+            while chunk := os.read(fd, 1024):
+                output += chunk
+        except OSError:
+            pass  # the terminal closed
+    finally:
+        os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 5, output
+    assert output.count(b"interrupted once") == 1
+    assert active(a, token) == []
