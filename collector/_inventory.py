@@ -59,11 +59,28 @@ def read_inventory() -> list[GpuInfo]:
     return gpus
 
 
+def clock_offset_us(backend, indexes, wall_us) -> int:
+    """How far NVML's sample clock is behind the wall clock, in microseconds (~0 where it is epoch-based).
+
+    NVML stamps samples with "CPU timestamps"; rather than rely on which clock that is, read the newest
+    sample of the driver's utilization ring (refreshed every ~200 ms even when idle) and compare.
+    """
+    for index in indexes:
+        try:
+            samples = backend.utilization_samples(index, "gpu", 0)
+        except GpuLost:
+            continue
+        if samples:
+            return wall_us() - max(ts for ts, _ in samples)
+    return 0
+
+
 def activity_from(backend, gpu_index: int, window_s: float) -> list[ProcessActivity]:
     from collector._source import now_us
 
     procs = backend.processes(gpu_index) or []
-    util = backend.process_utilization(gpu_index, now_us() - int(window_s * 1e6))
+    nvml_now = now_us() - clock_offset_us(backend, [gpu_index], now_us)
+    util = backend.process_utilization(gpu_index, nvml_now - int(window_s * 1e6))
     per_pid: dict[int, list[float]] = {}
     for pid, _ts, sm_percent in util or []:
         per_pid.setdefault(pid, []).append(sm_percent / 100.0)

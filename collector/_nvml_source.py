@@ -24,7 +24,7 @@ import time
 from typing import Any, Protocol
 
 from collector._errors import GpuLost, NvmlUnavailable
-from collector._inventory import inventory_from
+from collector._inventory import clock_offset_us, inventory_from
 from collector._procinfo import ProcessInfo
 from collector._source import Tick, now_us
 from collector._types import GpuInfo
@@ -67,11 +67,12 @@ def _summary(samples: list[tuple[int, float]]) -> tuple[float, float]:
 class _GpuState:
     """What the source remembers about one GPU between ticks."""
 
-    def __init__(self, info: GpuInfo, since_us: int, gpm: bool):
+    def __init__(self, info: GpuInfo, gpm: bool):
         self.info = info
-        self.util_since_us = since_us
-        self.mem_since_us = since_us
-        self.proc_since_us = since_us
+        # Driver samples newer than these (NVML's clock) belong to the next tick; set at the first tick.
+        self.util_since_us: int | None = None
+        self.mem_since_us: int | None = None
+        self.proc_since_us: int | None = None
         self.gpm = gpm
         self.gpm_prev: Any | None = None
         self.gpm_prev_at = 0.0
@@ -116,14 +117,19 @@ class NvmlSource:
             raise NvmlUnavailable(
                 "NVML started but no GPU answered" if self.unanswered else "NVML started but sees no GPU"
             )
-        first_since = self._wall_us() - int(interval_s * 1e6)
+        # Sample timestamps come from NVML's clock: work in it (see clock_offset_us).
+        self._clock_offset_us = clock_offset_us(backend, [g.index for g in self._inventory], self._wall_us)
+        self._interval_us = int(interval_s * 1e6)
         self._gpus = []
         for info in self._inventory:
             try:
                 gpm = backend.gpm_supported(info.index)
             except GpuLost:
                 gpm = False
-            self._gpus.append(_GpuState(info, first_since, gpm))
+            self._gpus.append(_GpuState(info, gpm))
+
+    def _nvml_now_us(self) -> int:
+        return self._wall_us() - self._clock_offset_us
 
     def inventory(self) -> list[GpuInfo]:
         return list(self._inventory)
@@ -168,7 +174,7 @@ class NvmlSource:
         except GpuLost:
             return False
         gpu.lost_since = None
-        gpu.util_since_us = gpu.mem_since_us = gpu.proc_since_us = self._wall_us() - 1_000_000
+        gpu.util_since_us = gpu.mem_since_us = gpu.proc_since_us = None  # start afresh
         return True
 
     def _base_row(self, gpu: _GpuState, now: dt.datetime, state: str) -> dict:
@@ -188,6 +194,8 @@ class NvmlSource:
 
     def _sample_gpu(self, gpu: _GpuState, now: dt.datetime) -> tuple[dict, list[dict]]:
         b, i = self._backend, gpu.info.index
+        if gpu.util_since_us is None:  # the first tick summarises the interval before it
+            gpu.util_since_us = gpu.mem_since_us = gpu.proc_since_us = self._nvml_now_us() - self._interval_us
         row = self._base_row(gpu, now, "ok")
         self._utilization(gpu, row)
         memory = b.memory(i)

@@ -411,3 +411,16 @@ def test_replay_picks_one_host_of_several_and_keeps_host_names_as_text(tmp_path)
         ReplaySource(rec)
     src = ReplaySource(rec, host="007")
     assert [g.uuid for g in src.inventory()] == [SimulatedFleet(1, "007").inventory[0].uuid]
+
+
+def test_driver_samples_on_a_clock_other_than_the_wall_clock_are_still_summarised(tmp_path):
+    fake, clock = FakeNvml(1), Clock()
+    boot = 5_000_000_000  # NVML stamping samples with µs since boot, say: nowhere near the epoch
+    # the ring already holds 3 s of history when the collector starts: busy long ago, idle lately
+    fake.ring[(0, "gpu")] = [(boot - k * 200_000, 100.0 if k > 5 else 0.0) for k in range(15, -1, -1)]
+    src = make_source(fake, clock, tmp_path)
+    clock.advance(1.0)
+    fake.ring[(0, "gpu")] += [(boot + k * 200_000, 50.0) for k in range(1, 6)]
+    row = src.sample(NOW).gpu_rows[0]
+    # only the samples of the last interval, the five new ones: not the busy history before the start
+    assert row["util_gpu_mean"] == pytest.approx(0.5) and row["util_gpu_max"] == pytest.approx(0.5)
