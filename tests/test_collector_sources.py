@@ -424,3 +424,19 @@ def test_driver_samples_on_a_clock_other_than_the_wall_clock_are_still_summarise
     row = src.sample(NOW).gpu_rows[0]
     # only the samples of the last interval, the five new ones: not the busy history before the start
     assert row["util_gpu_mean"] == pytest.approx(0.5) and row["util_gpu_max"] == pytest.approx(0.5)
+
+
+def test_process_activity_counts_only_the_recent_window():
+    from collector._inventory import activity_from
+    from collector._source import now_us
+
+    fake = FakeNvml(1)
+    t = now_us()
+    fake.ring[(0, "gpu")] = [(t - 100_000, 0.0)]
+    fake.procs[0] = [(777, 2**30), (888, 2**29)]
+    fake.proc_util[0] = [(777, t - 1_000_000, 40.0), (777, t - 30_000_000, 100.0)]  # busy long ago, light now
+    got = {p.pid: p for p in activity_from(fake, 0, window_s=5.0)}
+    assert got[777].sm_util == pytest.approx(0.4) and got[777].mem_used_bytes == 2**30
+    assert got[888].sm_util == 0.0  # idle: an idle-reclaim candidate
+    fake.unsupported.add("process_utilization")
+    assert {p.sm_util for p in activity_from(fake, 0, window_s=5.0)} == {None}  # unknown, not idle
