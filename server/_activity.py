@@ -56,9 +56,15 @@ def _is_mps_server(pid: int) -> bool:
 
 
 class SimulatedActivity:
-    def __init__(self, threshold_cpu_s: float = 0.02):
-        self.threshold = threshold_cpu_s
-        self._last: dict[str, float] = {}
+    """Busy = the lease's processes used at least ``min_cpu_share`` of a core since the last look.
+
+    A share, not an amount, so a probe interval of any length means the same; 2 % lets a starved busy
+    loop count as work while a client's own heartbeats (a few ms every TTL/3) do not.
+    """
+
+    def __init__(self, min_cpu_share: float = 0.02):
+        self.min_cpu_share = min_cpu_share
+        self._last: dict[str, tuple[float, float]] = {}  # lease id -> (wall time, cpu seconds)
 
     def busy_leases(self, leases: list[dict], now: float) -> dict[str, float]:
         out = {}
@@ -70,8 +76,12 @@ class SimulatedActivity:
             seen.add(lid)
             used = cpu_seconds(with_descendants(lease["pids"]))
             before = self._last.get(lid)
-            self._last[lid] = used
-            if before is not None and used - before >= self.threshold:
+            self._last[lid] = (now, used)
+            if (
+                before is not None
+                and now > before[0]
+                and (used - before[1]) / (now - before[0]) >= self.min_cpu_share
+            ):
                 out[lid] = now
         for lid in set(self._last) - seen:
             del self._last[lid]

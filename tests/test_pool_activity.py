@@ -64,9 +64,11 @@ def test_simulated_probe_uses_cpu_time_as_stand_in(sleeper):
     try:
         probe = SimulatedActivity()
         leases = [lease([sleeper.pid], lid="idle"), lease([busy.pid], lid="busy")]
-        probe.busy_leases(leases, now=0.0)  # first look: a baseline
+        t0 = time.time()
+        probe.busy_leases(leases, now=t0)  # first look: a baseline
         time.sleep(0.5)
-        assert probe.busy_leases(leases, now=1.0) == {"busy": 1.0}
+        t1 = time.time()
+        assert probe.busy_leases(leases, now=t1) == {"busy": t1}
     finally:
         busy.kill()
         busy.wait()

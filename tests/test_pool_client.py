@@ -343,7 +343,7 @@ def test_ctrl_c_at_a_terminal_stops_the_command_and_releases(pool, tmp_path):
 
     a, _ = pool
     env, token = env_for(tmp_path, [a], "terminal")
-    child = "import sys, time\nprint('ready', flush=True)\ntry:\n    time.sleep(30)\nexcept KeyboardInterrupt:\n    print('interrupted once', flush=True)\n    sys.exit(5)"
+    child = "import sys, time\ntry:\n    print('ready', flush=True)\n    time.sleep(30)\nexcept KeyboardInterrupt:\n    print('interrupted once', flush=True)\n    sys.exit(5)"
     pid, fd = pty.fork()
     if pid == 0:  # the child: gpuattach on the terminal
         os.chdir(ROOT)
