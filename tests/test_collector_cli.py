@@ -178,3 +178,34 @@ def test_a_gpu_falling_off_the_bus_is_reported_and_the_others_continue(tmp_path,
     assert per_gpu == {0: ["ok"], 1: ["lost", "ok"], 2: ["ok"]}
     ticks = con.execute("SELECT count(DISTINCT ts) FROM gpu_samples").fetchone()[0]
     assert con.execute("SELECT count(*) FROM gpu_samples WHERE gpu_index = 2").fetchone()[0] == ticks
+
+
+def test_a_terminal_gets_one_self_rewriting_status_line(tmp_path):
+    import os
+    import pty
+    import select
+    import time
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the CLI with a terminal as stdout/stderr
+        os.execv(
+            sys.executable,
+            [*CLI, "--simulate", "2", "--duration", "2.5", "--flush", "1s", "--out", str(tmp_path)],
+        )
+    out, deadline = b"", time.monotonic() + 30
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 1.0)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+    os.waitpid(pid, 0)
+    text = out.decode(errors="replace")
+    updates = text.split("\r\x1b[K")[1:]
+    assert len(updates) >= 2, text  # rewritten in place, not one line per tick
+    assert "gpustat-collect [SIMULATED]: 2 GPUs · " in updates[-1]
+    assert "samples written" in updates[-1] and "last flush" in updates[-1]
