@@ -18,7 +18,7 @@ from importlib import resources
 from aiohttp import web
 
 from server._errors import BadRequest, Forbidden, PoolError, RemoteUnavailable
-from server._pool import Caller, Pool
+from server._pool import Caller, Pool, human_seconds
 from server._procs import alive_pids, terminate
 from server._remote import remote_refusal, start_remote_worker
 from server._requests import ClientUpdate, Heartbeat, LeaseRequest, PolicyUpdate, TokenCreate, decode
@@ -40,6 +40,7 @@ class ServerState:
         self.db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpupool-db")
         self.workers: dict[str, object] = {}  # lease id -> WorkerHandle
         self.stopping = threading.Event()
+        self.last_purge = float("-inf")
 
     async def db(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.db_thread, fn, *args)
@@ -305,6 +306,14 @@ async def reap_loop(st: ServerState) -> None:
                     else:
                         dead[lease["id"]] = "its remote worker exited"
             ended = await st.db(pool.reap, time.time(), active_at, dead)
+            if time.monotonic() - st.last_purge > 3600:
+                st.last_purge = time.monotonic()
+                if purged := await st.db(pool.purge_ended, time.time()):
+                    log.info(
+                        "forgot %d leases that ended over %s ago",
+                        purged,
+                        human_seconds(pool.cfg.ended_retention_s),
+                    )
             for lease in ended:
                 if lease["remote"]:
                     await stop_worker(st, lease["id"])

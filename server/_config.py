@@ -61,6 +61,7 @@ class ServerConfig:
     activity_window_s: float = 5.0
     sample_interval_s: float = 5.0
     telemetry_flush_s: float = 10.0
+    ended_retention_s: float = 30 * 86400  # ended leases stay queryable this long (telemetry keeps all)
 
 
 def load_config(path: Path | None) -> ServerConfig:
@@ -102,6 +103,7 @@ def load_config(path: Path | None) -> ServerConfig:
         "activity_window": "activity_window_s",
         "sample_interval": "sample_interval_s",
         "telemetry_flush": "telemetry_flush_s",
+        "ended_retention": "ended_retention_s",
     }
     for key, value in p.items():
         if key in durations:

@@ -617,6 +617,16 @@ class Pool:
                 ended.append(self.end(lid, "reclaimed", reason, now))
         return [e for e in ended if e is not None]
 
+    def purge_ended(self, now: float) -> int:
+        """Forget leases that ended more than ``ended_retention_s`` ago (their events stay in telemetry)."""
+        cutoff = now - self.cfg.ended_retention_s
+        with self.store.transaction():
+            old = "SELECT id FROM leases WHERE state != 'active' AND ended < ?"
+            self.db.execute(f"DELETE FROM partitions WHERE lease_id IN ({old})", (cutoff,))
+            return self.db.execute(
+                "DELETE FROM leases WHERE state != 'active' AND ended < ?", (cutoff,)
+            ).rowcount
+
     def recover(self, now: float) -> list[str]:
         """After a restart: give live leases a fresh TTL, end those whose processes are gone."""
         notes = []

@@ -1,0 +1,78 @@
+"""The lease logic in-process (a real sqlite store, no HTTP): placement rules, fractions, retention."""
+
+from __future__ import annotations
+
+import pytest
+
+from server._config import ServerConfig
+from server._errors import Busy, Impossible
+from server._events import EventLog
+from server._inventory import GIB, MIB, Gpu, Inventory
+from server._pool import Caller, Pool
+from server._requests import LeaseRequest
+from server._store import Store
+
+ALICE = Caller("alice", False)
+
+
+def make_pool(tmp_path, sizes_gib, **cfg) -> Pool:
+    gpus = tuple(
+        Gpu(i, f"GPU-{i}", f"GPU{size}", size * GIB, "9.0", "550", "12.4") for i, size in enumerate(sizes_gib)
+    )
+    return Pool(
+        Store(tmp_path / "pool.sqlite"),
+        Inventory("h", "127.0.0.1", gpus, True),
+        ServerConfig(**cfg),
+        EventLog(None, "h", simulated=True),
+    )
+
+
+def gpus_of(lease) -> list[int]:
+    return [p["gpu_index"] for p in lease["partitions"]]
+
+
+def test_best_fit_fills_partial_gpus_first(tmp_path):
+    pool = make_pool(tmp_path, [80, 80, 80])
+    first = pool.grant(ALICE, LeaseRequest(n=1, fraction=0.5, filters=["device.id=1"]), now=0)
+    assert gpus_of(first) == [1]
+    # a quarter goes where it leaves the least free: next to the half, not on an empty GPU
+    assert gpus_of(pool.grant(ALICE, LeaseRequest(n=1, fraction=0.25), now=0)) == [1]
+    # a whole GPU still fits, because the partial ones were packed
+    assert gpus_of(pool.grant(ALICE, LeaseRequest(n=2, fraction=1.0), now=0)) == [0, 2]
+
+
+def test_mixed_gpu_sizes_give_every_partition_the_smallest_share(tmp_path):
+    pool = make_pool(tmp_path, [80, 40])
+    lease = pool.grant(ALICE, LeaseRequest(n=2, fraction=0.5), now=0)
+    assert [p["mem_bytes"] for p in lease["partitions"]] == [20 * GIB, 20 * GIB]
+    assert [p["fraction"] for p in lease["partitions"]] == [0.25, 0.5]  # what counts against limits
+    assert lease["fraction_total"] == pytest.approx(0.75)
+
+
+def test_mib_partitions_count_as_their_share_of_the_gpu_they_land_on(tmp_path):
+    pool = make_pool(tmp_path, [80])
+    lease = pool.grant(ALICE, LeaseRequest(n=1, mem_mib=20 * 1024), now=0)
+    assert lease["partitions"][0]["mem_bytes"] == 20 * 1024 * MIB and lease["fraction_total"] == 0.25
+    assert pool.usage("alice") == pytest.approx(0.25)
+
+
+def test_busy_versus_impossible(tmp_path):
+    pool = make_pool(tmp_path, [80, 80])
+    pool.grant(ALICE, LeaseRequest(n=2, fraction=0.75), now=0)
+    with pytest.raises(Busy):
+        pool.grant(ALICE, LeaseRequest(n=1, fraction=0.5), now=0)
+    with pytest.raises(Impossible, match="has 2"):
+        pool.grant(ALICE, LeaseRequest(n=3, fraction=0.1), now=0)
+    with pytest.raises(Impossible, match="can hold 100000 MiB"):
+        pool.grant(ALICE, LeaseRequest(n=1, mem_mib=100_000), now=0)
+
+
+def test_ended_leases_are_forgotten_after_the_retention(tmp_path):
+    pool = make_pool(tmp_path, [80], ended_retention_s=100.0)
+    old = pool.grant(ALICE, LeaseRequest(n=1, fraction=0.25), now=0)
+    live = pool.grant(ALICE, LeaseRequest(n=1, fraction=0.25), now=0)
+    pool.end(old["id"], "released", "released by its client", now=10)
+    assert pool.purge_ended(now=50) == 0  # ended 40 s ago: kept
+    assert pool.purge_ended(now=200) == 1
+    assert [lease["id"] for lease in pool.list(ALICE, False, "any")] == [live["id"]]
+    assert pool.used_bytes() == {0: 20 * GIB}
