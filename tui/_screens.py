@@ -5,47 +5,61 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Markdown
+from textual.widgets import Button, Input, Label, Static
 
-HELP = """\
-# gpupool console — keys
+# (section, [(keys, what they do)]): the help screen and docs/console.md say the same.
+HELP: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    (
+        "Everywhere",
+        (
+            ("1  2  3", "Fleet, Pool, History view"),
+            ("tab  shift+tab", "next / previous table"),
+            ("↑ ↓ pgup pgdn home end", "move in a table"),
+            ("/", "filter the rows of this view (words, any column); esc clears"),
+            ("s  S", "sort this table by the next column / reverse it (or click a header)"),
+            ("r", "refresh now (also retries unreachable servers at once)"),
+            ("ctrl+p", "command palette: every action by name"),
+            ("?", "this help"),
+            ("q", "quit"),
+        ),
+    ),
+    (
+        "Pool view (admin token)",
+        (
+            ("x", "release the selected lease (asks first)"),
+            ("l", "set the selected client's GPU limit (sum of fractions; 'default' clears)"),
+            ("i", "set the selected client's idle timeout (30m; 0 = never; 'default' clears)"),
+            ("I", "set the default idle timeout of the selected server"),
+        ),
+    ),
+    ("History view", (("[  ]", "shorter / longer range: 1h 6h 24h 7d 30d all"),)),
+)
+HELP_NOTES = (
+    "A failed action says why in a red notice; nothing changed on the server then.\n"
+    "Util is the driver's duty cycle (some kernel was running); SM is GPM SM activity (how much of "
+    "the GPU was busy), the truer measure of use on Hopper and later. – means not reported."
+)
 
-| key | what it does |
-| --- | --- |
-| `1` `2` `3` | Fleet, Pool, History view |
-| `tab` / `shift+tab` | next / previous table |
-| `↑` `↓` `pgup` `pgdn` | move in a table |
-| `/` | filter the rows of this view (words, any column); `esc` clears |
-| `s` / `S` | sort this table by the next column / reverse it (or click a header) |
-| `r` | refresh now (also retries unreachable servers) |
-| `ctrl+p` | command palette: every action by name |
-| `?` | this help |
-| `q` | quit |
 
-## Pool view (admin token needed)
-
-| key | what it does |
-| --- | --- |
-| `x` | release the selected lease (asks first) |
-| `l` | set the selected client's GPU limit (sum of fractions; `default` clears) |
-| `i` | set the selected client's idle timeout (`30m`, `0` = never, `default` clears) |
-| `I` | set the default idle timeout of the selected server |
-
-## History view
-
-| key | what it does |
-| --- | --- |
-| `[` `]` | shorter / longer range (1h, 6h, 24h, 7d, 30d) |
-
-A failed action says why in a red notice; nothing changes on the server then.
-Utilization is the driver's duty cycle (a kernel was running); **SM** is GPM SM activity (how much
-of the GPU was busy), the better measure of real use on Hopper and later.
-"""
+def help_renderable() -> Group:
+    parts: list = [Text("gpupool console — keys", style="bold")]
+    for section, rows in HELP:
+        table = Table(title=section, title_justify="left", title_style="bold", expand=True, show_edge=False)
+        table.add_column("key", style="bold cyan", no_wrap=True)
+        table.add_column("what it does")
+        for keys, what in rows:
+            table.add_row(keys, what)
+        parts += [Text(""), table]
+    parts += [Text(""), Text(HELP_NOTES, style="dim")]
+    return Group(*parts)
 
 
 class HelpScreen(ModalScreen[None]):
@@ -53,7 +67,7 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help-box"):
-            yield Markdown(HELP)
+            yield Static(help_renderable())
 
     def action_dismiss(self) -> None:
         self.dismiss(None)

@@ -128,6 +128,11 @@ class ServerState:
         return (self.health or {}).get("server", {}).get("hostname") or self.url
 
 
+def _short(exc: PoolError, url: str) -> str:
+    # The server's row already names its URL; the note says only what went wrong.
+    return str(exc).replace(f" on {url}", "").replace(f"{url} ", "")
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
@@ -166,7 +171,7 @@ class Pool:
         try:
             state.health = client.health()
         except PoolError as exc:
-            state.error = exc.title
+            state.error = _short(exc, client.url)
             state.failures = previous.failures + 1
             state.down_since = previous.down_since or state.checked_at
             backoff = min(self.MAX_BACKOFF_S, 2.0 ** min(state.failures, 5))
@@ -188,7 +193,7 @@ class Pool:
             try:
                 setattr(state, name, call())
             except PoolError as exc:
-                errors.append(str(exc))
+                errors.append(_short(exc, client.url))
                 if exc.unreachable:  # it went away mid-refresh: the rest would time out too
                     state.reachable = False
                     state.failures = previous.failures + 1

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import DataTable
 
@@ -55,7 +56,10 @@ class SyncTable(DataTable):
 
     def on_mount(self) -> None:
         for col in self.spec:
-            self.add_column(col.label, key=col.key, width=col.width)
+            # Fixed widths that _sync keeps fitted to the content: DataTable would measure them only
+            # when idle, so a first frame (or a snapshot) could show columns as narrow as their labels.
+            self.add_column(col.label, key=col.key, width=col.width or cell_len(col.label))
+        self._sync()  # rows handed over before the columns existed
 
     # What to show -------------------------------------------------------------------------------
     def set_rows(self, rows: Sequence[Row]) -> None:
@@ -130,7 +134,7 @@ class SyncTable(DataTable):
         return all(word in haystack.lower() for word in self.filter_text.split())
 
     def _sync(self) -> None:
-        if not self.is_mounted:
+        if not self.is_mounted or len(self.columns) != len(self.spec):
             return
         wanted = self._visible()
         if wanted:
@@ -139,6 +143,7 @@ class SyncTable(DataTable):
             self.border_subtitle = f"no row matches the filter {self.filter_text!r}"
         else:
             self.border_subtitle = self.empty_message
+        self._fit_columns(wanted)
         if wanted == self._shown:
             for key in wanted:
                 row = self._rows[key]
@@ -157,6 +162,21 @@ class SyncTable(DataTable):
             if keep in wanted:
                 self.move_cursor(row=wanted.index(keep), animate=False)
 
+    def _fit_columns(self, keys: list[str]) -> None:
+        changed = False
+        for i, col in enumerate(self.spec):
+            if col.width is not None:
+                continue
+            label = str(self.columns[col.key].label)
+            need = max([cell_len(label), *(cell_len(_plain(self._rows[k].cells[i])) for k in keys)])
+            column = self.columns[col.key]
+            if column.width != need:
+                column.width = need
+                changed = True
+        if changed:
+            self._require_update_dimensions = True  # DataTable's own flag: recompute the virtual width
+            self.refresh(layout=True)
+
     def _style_changed(self, key: str, column: str, cell: Any) -> bool:
         old = self.get_cell(key, column)
         return isinstance(cell, Text) and (not isinstance(old, Text) or old.spans != cell.spans)
@@ -170,6 +190,7 @@ class SyncTable(DataTable):
             if col.key == self.sort_column:
                 arrow = " ▼" if self.sort_reverse else " ▲"
             self.columns[col.key].label = Text(col.label + arrow)
+        self._fit_columns(self._shown)
         self.refresh()
 
 

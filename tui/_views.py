@@ -361,7 +361,7 @@ class PoolView(View):
                 fmt.MISSING if leases is None else str(leases),
                 fmt.limit(policy.get("default_limit")) if s.policy else fmt.MISSING,
                 fmt.idle_timeout(policy.get("default_idle_timeout_s")) if s.policy else fmt.MISSING,
-                ", ".join(mode) or "nvml",
+                ", ".join(mode) or ("nvml" if s.health else fmt.MISSING),
                 Text(note, style="red" if not s.reachable else "yellow"),
             ),
             (
