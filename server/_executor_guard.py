@@ -105,6 +105,7 @@ class Session:
         self.ctx = 0
         self.pending = 0
         self.calls = 0
+        self.owned: set[int] = set()  # allocations made on this connection, freed when it closes
         self.special: dict[str, Callable] = {
             "gpSetContext": self._set_context,
             "gpParamLayout": self._param_layout,
@@ -135,23 +136,29 @@ class Session:
             self.special[name] = self._memset
         for name in ("cuMemsetD8Async", "cuMemsetD16Async", "cuMemsetD32Async"):
             self.special[name] = self._memset
+        # One handler per call id, looked up by index on every request (gpHello is the worker's).
+        self.handlers: list[Callable | None] = [
+            None
+            if c.name == "gpHello"
+            else self.special.get(c.name if c.symbol == "-" else c.symbol, self._plain)
+            for c in CALLS
+        ]
 
     # -- the loop body -------------------------------------------------------------------------------
 
     def dispatch(self, call_id: int, flags: int, args: bytes, bulk_len: int) -> None:
         """Run one request; consumes its bulk bytes and answers it when it wants an answer."""
         self.calls += 1
-        wants_reply = bool(flags & _wire.FLAG_WANTS_REPLY)
-        if not 0 <= call_id < len(CALLS) or CALLS[call_id].name == "gpHello":
+        wants_reply = flags & _wire.FLAG_WANTS_REPLY
+        handler = self.handlers[call_id] if 0 <= call_id < len(self.handlers) else None
+        if handler is None:
             self.channel.skip(bulk_len)
             self._answer(wants_reply, None, INVALID_VALUE)
             return
         call = CALLS[call_id]
         self.channel.bulk_left = bulk_len
         try:
-            ins = struct.unpack(call.in_format, args) if call.ins else ()
-            handler = self.special.get(call.symbol if call.symbol != "-" else call.name, self._plain)
-            answer = handler(call, ins)
+            answer = handler(call, call.in_struct.unpack(args) if call.ins else ())
             result = 0
         except CudaError as exc:
             answer, result = None, exc.code
@@ -159,12 +166,13 @@ class Session:
                 log.debug("%s -> %s", call.symbol, exc)
         except struct.error:
             answer, result = None, INVALID_VALUE
-        self.channel.skip(self.channel.bulk_left)
+        if self.channel.bulk_left:
+            self.channel.skip(self.channel.bulk_left)
         if answer is _ANSWERED:
             return
         if call.sync_point and self.pending:
             result, self.pending = result or self.pending, 0
-        if call.mode is Mode.ASYNC or not wants_reply:
+        if not wants_reply or call.mode is Mode.ASYNC:
             if result and not self.pending:
                 self.pending = result
             return
@@ -176,24 +184,44 @@ class Session:
         outs, bulk = answer if (answer and result == 0) else (b"", b"")
         self.channel.send(_wire.REPLY.pack(result, len(outs), len(bulk)), outs, bulk)
 
+    def close(self) -> None:
+        """The client is gone: free what it left allocated, as process exit does on a local GPU."""
+        contexts = {dev: ctx for ctx, dev in self.lease.ctx_device.items()}
+        left = [a for a in map(self.lease.allocations.get, self.owned) if a is not None]
+        for a in left:
+            try:
+                self.executor.set_context(contexts.get(a.device, 0))
+                self.executor.cuMemFree(a.base)
+            except CudaError as exc:
+                log.warning("could not free 0x%x after the client left: %s", a.base, exc)
+            self.lease.remove(a.base)
+        if left:
+            log.info(
+                "freed %d allocation(s), %d bytes, the client left behind",
+                len(left),
+                sum(a.size for a in left),
+            )
+        self.owned.clear()
+
     # -- checks --------------------------------------------------------------------------------------
 
     def _check(self, call: Call, ins: tuple) -> None:
-        for param, value in zip(call.ins, ins, strict=True):
-            t = param.type
+        handles = self.lease.handles
+        for i, t in call.checked:
+            value = ins[i]
             if t == "dptr":
                 if self.lease.find(value) is None:
                     raise CudaError(INVALID_VALUE, f"0x{value:x} is not memory of this lease")
             elif t == "stream":
-                if value not in BUILTIN_STREAMS and value not in self.lease.handles["stream"]:
+                if value not in BUILTIN_STREAMS and value not in handles["stream"]:
                     raise CudaError(INVALID_HANDLE, "stream")
             elif t == "ctx":
-                if value and value not in self.lease.handles["ctx"]:
+                if value and value not in handles["ctx"]:
                     raise CudaError(INVALID_CONTEXT, "context")
             elif t == "func":
-                if value not in self.lease.handles["func"] and value not in self.lease.handles["kernel"]:
+                if value not in handles["func"] and value not in handles["kernel"]:
                     raise CudaError(INVALID_HANDLE, "function")
-            elif t in HANDLE_TYPES and value not in self.lease.handles[t]:
+            elif value not in handles[t]:
                 raise CudaError(INVALID_HANDLE, t)
 
     def _check_range(self, ptr: int, count: int) -> Allocation:
@@ -219,7 +247,11 @@ class Session:
                 args.append(self.channel.read_bulk(limit=_wire.MAX_SMALL_BULK_BYTES))
         result = getattr(self.executor, call.name)(*args)
         outs = call.outs
-        values = () if not outs else (result if len(outs) > 1 else (result,))
+        if not outs:
+            if call.name in _DESTROYS:
+                self._note_created(call, ins, ())
+            return _EMPTY
+        values = result if len(outs) > 1 else (result,)
         self._note_created(call, ins, values)
         fixed = [v for p, v in zip(outs, values, strict=True) if p.struct_code]
         bulk = b""
@@ -230,7 +262,7 @@ class Session:
                 bulk = data[: max(limit - 1, 0)].ljust(max(limit, 0), b"\0")  # NUL-padded, as the driver does
             elif p.type == "b16":
                 bulk = bytes(v)[:16].ljust(16, b"\0")
-        return struct.pack(call.out_format, *fixed), bulk
+        return call.out_struct.pack(*fixed), bulk
 
     def _note_created(self, call: Call, ins: tuple, values: tuple) -> None:
         handles = self.lease.handles
@@ -242,12 +274,7 @@ class Session:
                 )
                 if parent is not None:
                     self.lease.children.setdefault(parent, set()).add(v)
-        gone = {
-            "cuStreamDestroy": "stream",
-            "cuEventDestroy": "event",
-            "cuModuleUnload": "module",
-            "cuLibraryUnload": "library",
-        }.get(call.name)
+        gone = _DESTROYS.get(call.name)
         if gone:
             handles[gone].discard(ins[0])
             for child in self.lease.children.pop(ins[0], ()):
@@ -314,6 +341,7 @@ class Session:
             with self.lease.lock:
                 self.lease.used[dev] -= size
         self.lease.add(Allocation(ptr, size, dev, owned=True))
+        self.owned.add(ptr)
         return struct.pack("<Q", ptr), b""
 
     def _free(self, call: Call, ins: tuple):
@@ -324,6 +352,7 @@ class Session:
             raise CudaError(INVALID_VALUE, f"0x{ptr:x} is not an allocation of this lease")
         getattr(self.executor, call.name)(*ins)
         self.lease.remove(ptr)
+        self.owned.discard(ptr)
 
     def _htod(self, call: Call, ins: tuple):
         dst, count, stream = ins
@@ -403,11 +432,18 @@ class Session:
         return struct.pack("<I", len(layout)), struct.pack(f"<{len(flat)}I", *flat)
 
     def _launch(self, call: Call, ins: tuple):
-        self._check(call, ins)
         func, gx, gy, gz, bx, by, bz, smem, stream = ins[:9]
+        handles = self.lease.handles
+        if func not in handles["func"] and func not in handles["kernel"]:
+            raise CudaError(INVALID_HANDLE, "function")
+        if stream not in BUILTIN_STREAMS and stream not in handles["stream"]:
+            raise CudaError(INVALID_HANDLE, "stream")
         n_attrs = ins[9] if len(ins) > 9 else 0
         bulk = self.channel.read_bulk(limit=1 << 20)
-        layout = self._layout(func)
+        layout = self.lease.layouts.get(func) or self._layout(func)
+        if not n_attrs:
+            self.executor.launch(func, (gx, gy, gz), (bx, by, bz), smem, stream, bulk, layout, ())
+            return None
         split = len(bulk) - n_attrs * LAUNCH_ATTRIBUTE_BYTES
         if split < 0:
             raise CudaError(INVALID_VALUE, "launch attributes")
@@ -417,6 +453,14 @@ class Session:
             for i in range(0, len(raw), LAUNCH_ATTRIBUTE_BYTES)
         ]
         self.executor.launch(func, (gx, gy, gz), (bx, by, bz), smem, stream, params, layout, attributes)
+        return None
 
 
 _ANSWERED = object()  # a handler that streamed its own reply
+_EMPTY = (b"", b"")
+_DESTROYS = {
+    "cuStreamDestroy": "stream",
+    "cuEventDestroy": "event",
+    "cuModuleUnload": "module",
+    "cuLibraryUnload": "library",
+}

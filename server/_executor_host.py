@@ -4,9 +4,10 @@ It emulates what a CUDA program can observe through the driver API: device queri
 device with the lease's partitions), allocations at device-like addresses (GPUPOOL_HOST_EXECUTOR_BASE,
 default 0x5e0000000000) backed by bytearrays, copies, memsets, pools, streams and events (everything
 runs at once, in order; elapsed times are host clock times), modules and pointer attributes.
-Kernels: any image loads, and four built-in functions run on host memory —
-`fill_u32(u32 *ptr, u32 value, u32 n)`, `add_u32(u32 *ptr, u32 value, u32 n)`, `spin(ptr, u32)`
-(sleeps 10 ms, a stand-in for a long kernel) and `fault()`, which fails the way a GPU kernel that
+Kernels: any image loads, and a few built-in functions run on host memory —
+`fill_u32(u32 *ptr, u32 value, u32 n)`, `add_u32(u32 *ptr, u32 value, u32 n)`,
+`saxpy(f32 *x, f32 *y, f32 a, u32 n)`, `empty()`, `spin(ptr, u32)` (sleeps 10 ms, a stand-in for
+a long kernel) and `fault()`, which fails the way a GPU kernel that
 touches a wild address does (CUDA_ERROR_ILLEGAL_ADDRESS, reported at the next synchronising call).
 Any other function name is CUDA_ERROR_NOT_FOUND.
 """
@@ -29,6 +30,8 @@ HOST_KERNELS = {
     "add_u32": [(0, 8), (8, 4), (12, 4)],
     "fault": [],
     "spin": [(0, 8), (8, 4)],  # stands for a long kernel: sleeps 10 ms
+    "empty": [],
+    "saxpy": [(0, 8), (8, 8), (16, 4), (20, 4)],  # y = a * x + y over float32
 }
 # A few attributes programs ask for; the rest read 0 (cuda.h numbering).
 ATTRIBUTES = {
@@ -126,6 +129,17 @@ class HostExecutor(Executor):
             raise CudaError(700, "the fault kernel touched a wild address")
         if name == "spin":
             time.sleep(0.01)
+            return
+        if name == "empty":
+            return
+        if name == "saxpy":
+            x_ptr, y_ptr, a, n = struct.unpack_from("<QQfI", params)
+            xm, xo = self._find(x_ptr, 4 * n)
+            ym, yo = self._find(y_ptr, 4 * n)
+            x = memoryview(xm)[xo : xo + 4 * n].cast("f")
+            y = memoryview(ym)[yo : yo + 4 * n].cast("f")
+            for i in range(n):
+                y[i] = a * x[i] + y[i]
             return
         ptr, value, n = struct.unpack_from("<QII", params)
         mem, off = self._find(ptr, 4 * n)

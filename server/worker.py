@@ -275,6 +275,7 @@ class Worker:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         channel = Channel(sock)
         who = f"{peer[0]}:{peer[1]}"
+        session = None
         try:
             if not self._hello(channel, who):
                 return
@@ -294,6 +295,8 @@ class Worker:
             log.exception("client %s: worker error; closing its connection", who)
         finally:
             sock.close()
+            if session is not None:
+                session.close()
 
     def _hello(self, channel: Channel, who: str) -> bool:
         hello = INTERNAL["gpHello"]

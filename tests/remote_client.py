@@ -300,6 +300,11 @@ def scenario_two_devices():
     say("bad_device", cu.cuDevicePrimaryCtxRetain(ctypes.byref(c_u64()), n.value))
 
 
+def scenario_leak():
+    setup()
+    say("alloc", alloc(40 * MiB)[0])
+
+
 def scenario_worker_dies():
     setup()
     rc, a = alloc(1 * MiB)

@@ -3,6 +3,7 @@ and a way to run a client program against it."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -22,12 +23,17 @@ MiB = 1 << 20
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 
 
-@pytest.fixture(scope="session")
-def shim_dir(tmp_path_factory) -> Path:
-    """The shim compiled from the sources in this tree, warnings as errors."""
-    out = tmp_path_factory.mktemp("shim")
+@functools.cache
+def _compiled_shim(base: Path) -> Path:
+    out = base / "shim"
     compile_shim(out, extra_flags=("-g", "-Wall", "-Wextra", "-Werror"))
     return out
+
+
+@pytest.fixture(scope="session")
+def shim_dir(tmp_path_factory) -> Path:
+    """The shim compiled from the sources in this tree, warnings as errors (once per test session)."""
+    return _compiled_shim(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture

@@ -190,3 +190,9 @@ def test_a_two_gpu_lease_shows_two_devices_each_with_its_partition(shim_dir):
         "peer_copy": "11" * 16 + "10" * 16,
         "bad_device": "101",  # CUDA_ERROR_INVALID_DEVICE
     }
+
+
+def test_memory_a_program_leaves_allocated_is_freed_when_it_exits(shim_dir, worker):
+    for _ in range(3):  # 40 MiB of a 64 MiB partition, never freed by the program
+        out, _ = run_client("leak", client_env(shim_dir, worker))
+        assert out == {"alloc": "0"}

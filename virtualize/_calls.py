@@ -17,7 +17,9 @@ only hand-written code reads.
 from __future__ import annotations
 
 import enum
+import struct
 from dataclasses import dataclass
+from functools import cached_property
 
 HANDLE_TYPES = ("ctx", "stream", "event", "module", "func", "kernel", "library", "pool")
 SCALAR_TYPES = {"i32": "i", "u32": "I", "u64": "Q", "u8": "B", "u16": "H", "f32": "f", "dptr": "Q"}
@@ -54,28 +56,43 @@ class Call:
     custom: bool = False  # body hand-written in shim/shim_calls.c (its wire layout is still here)
     wire: tuple[Param, ...] | None = None  # the wire layout when it differs from the C parameters
 
-    @property
+    # Derived once per call (the worker reads them on every request).
+    @cached_property
     def wire_params(self) -> tuple[Param, ...]:
         return self.params if self.wire is None else self.wire
 
-    @property
+    @cached_property
     def ins(self) -> tuple[Param, ...]:
         return tuple(p for p in self.wire_params if not p.out and p.struct_code)
 
-    @property
+    @cached_property
     def outs(self) -> tuple[Param, ...]:
         return tuple(p for p in self.wire_params if p.out)
 
-    @property
+    @cached_property
     def in_format(self) -> str:
         return "<" + "".join(p.struct_code for p in self.ins)
 
-    @property
+    @cached_property
     def out_format(self) -> str:
         """Fixed-size outs only; `obuf`/`ob16` bytes follow them in the reply's bulk part."""
         return "<" + "".join(p.struct_code for p in self.outs if p.struct_code)
 
-    @property
+    @cached_property
+    def in_struct(self) -> struct.Struct:
+        return struct.Struct(self.in_format)
+
+    @cached_property
+    def out_struct(self) -> struct.Struct:
+        return struct.Struct(self.out_format)
+
+    @cached_property
+    def checked(self) -> tuple[tuple[int, str], ...]:
+        """(position, type) of each in-parameter the worker checks: handles and device pointers."""
+        kinds = (*HANDLE_TYPES, "dptr")
+        return tuple((i, p.type) for i, p in enumerate(self.ins) if p.type in kinds)
+
+    @cached_property
     def bulk_in(self) -> bool:
         return any(p.type in ("cstr", "bytes") for p in self.wire_params if not p.out)
 

@@ -1,0 +1,228 @@
+"""Remote execution vs native, in one run: python bench/bench_remote.py  (GPU machine, < 4 min)
+
+Runs the same cuda.bindings program twice — natively, then with gpupool's libcuda.so.1 talking over
+loopback TCP to a lease worker (start_worker, CUDA executor) — and prints both and remote as % of
+native:
+
+  - synchronous round trip: cuCtxSynchronize on an idle GPU (µs, median)
+  - empty-kernel launches per second, pipelined (20 000 launches, then one sync)
+  - HtoD / DtoH bandwidth, synchronous copies from pageable memory, 4 KiB .. 1 GiB
+  - compute-bound: 40 launches of a ~2 ms kernel (wall time)
+  - launch-bound: 5 000 launches of a tiny kernel (wall time)
+
+Targets (issue 6): compute-bound >= 95 % of native, round trip <= 40 µs, >= 50 k launches/s,
+copies >= 2 GB/s. `--executor host` measures the protocol and the worker alone on a machine with no
+GPU (the host-memory test executor; no native run). Results: a table on stdout, JSON in $OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "gpu" / "remote"))
+
+SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 1 << 30]
+SIZES = [s for s in SIZES if s <= int(os.environ.get("GPUPOOL_BENCH_MAX_COPY", 1 << 30))]
+
+
+# ---- the measured program (runs in a child process, natively or remotely) ------------------------
+
+
+def child() -> None:
+    import numpy as np
+    from _common import PTX
+    from cuda.bindings import driver as cu
+
+    def ok(result):
+        if result[0] != cu.CUresult.CUDA_SUCCESS:
+            raise SystemExit(f"CUDA error {result[0].name}")
+        return result[1] if len(result) == 2 else (result[1:] if len(result) > 2 else None)
+
+    out: dict[str, object] = {}
+    ok(cu.cuInit(0))
+    ctx = ok(cu.cuDevicePrimaryCtxRetain(0))
+    ok(cu.cuCtxSetCurrent(ctx))
+    module = ok(cu.cuModuleLoadData(PTX.encode()))
+    empty = ok(cu.cuModuleGetFunction(module, b"empty"))
+    spin = ok(cu.cuModuleGetFunction(module, b"spin"))
+    saxpy = ok(cu.cuModuleGetFunction(module, b"saxpy"))
+    stream = ok(cu.cuStreamCreate(1))  # non-blocking
+
+    # Round trip: a synchronising call with nothing to wait for.
+    for _ in range(200):
+        ok(cu.cuCtxSynchronize())
+    samples = []
+    for _ in range(3000):
+        t = time.perf_counter()
+        ok(cu.cuCtxSynchronize())
+        samples.append(time.perf_counter() - t)
+    out["round_trip_us"] = statistics.median(samples) * 1e6
+
+    # Pipelined empty launches.
+    n_launch = 20000
+    for _ in range(500):
+        ok(cu.cuLaunchKernel(empty, 1, 1, 1, 32, 1, 1, 0, stream, 0, 0))
+    ok(cu.cuStreamSynchronize(stream))
+    t = time.perf_counter()
+    for _ in range(n_launch):
+        cu.cuLaunchKernel(empty, 1, 1, 1, 32, 1, 1, 0, stream, 0, 0)
+    ok(cu.cuStreamSynchronize(stream))
+    out["launches_per_s"] = n_launch / (time.perf_counter() - t)
+
+    # Copies, synchronous, pageable host memory.
+    dev = ok(cu.cuMemAlloc(SIZES[-1]))
+    host = np.ones(SIZES[-1], dtype=np.uint8)
+    bandwidth = {}
+    for size in SIZES:
+        reps = max(2, min(200, (256 << 20) // size))
+        row = {}
+        for direction in ("htod", "dtoh"):
+            copy = (
+                (lambda s=size: cu.cuMemcpyHtoD(dev, host.ctypes.data, s))
+                if direction == "htod"
+                else (lambda s=size: cu.cuMemcpyDtoH(host.ctypes.data, dev, s))
+            )
+            ok(copy())
+            t = time.perf_counter()
+            for _ in range(reps):
+                ok(copy())
+            ok(cu.cuCtxSynchronize())
+            row[direction] = size * reps / (time.perf_counter() - t) / 1e9
+        bandwidth[size] = row
+    out["bandwidth_gb_s"] = bandwidth
+    ok(cu.cuMemFree(dev))
+
+    # Compute-bound: ~2 ms kernels, back to back.
+    buf = ok(cu.cuMemAlloc(4 * 132 * 4 * 256))
+    iters = 2000
+    args = ((buf, iters), (None, ctypes.c_uint32))
+    start, end = ok(cu.cuEventCreate(0)), ok(cu.cuEventCreate(0))
+    for _ in range(3):  # calibrate iterations to ~2 ms per kernel
+        ok(cu.cuEventRecord(start, stream))
+        ok(cu.cuLaunchKernel(spin, 132 * 4, 1, 1, 256, 1, 1, 0, stream, args, 0))
+        ok(cu.cuEventRecord(end, stream))
+        ok(cu.cuEventSynchronize(end))
+        ms = ok(cu.cuEventElapsedTime(start, end))
+        iters = max(1, int(iters * 2.0 / max(ms, 1e-3)))
+        args = ((buf, iters), (None, ctypes.c_uint32))
+    out["compute_iters"] = iters
+    t = time.perf_counter()
+    for _ in range(40):
+        ok(cu.cuLaunchKernel(spin, 132 * 4, 1, 1, 256, 1, 1, 0, stream, args, 0))
+    ok(cu.cuStreamSynchronize(stream))
+    out["compute_bound_s"] = time.perf_counter() - t
+
+    # Launch-bound: many tiny kernels, one sync at the end.
+    x, y = ok(cu.cuMemAlloc(4096)), ok(cu.cuMemAlloc(4096))
+    sargs = ((x, y, 1.0, 1024), (None, None, ctypes.c_float, ctypes.c_uint32))
+    t = time.perf_counter()
+    for _ in range(5000):
+        cu.cuLaunchKernel(saxpy, 4, 1, 1, 256, 1, 1, 0, stream, sargs, 0)
+    ok(cu.cuStreamSynchronize(stream))
+    out["launch_bound_s"] = time.perf_counter() - t
+    print(json.dumps(out))
+
+
+# ---- the driver: native run, remote run, the comparison ----------------------------------------
+
+
+def run_child(env: dict[str, str]) -> dict:
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child"], env=env, capture_output=True, text=True, timeout=200
+    )
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"benchmark child failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--executor", choices=["cuda", "host"], default="cuda",
+                        help="cuda: a real GPU (default); host: protocol and worker only, no GPU")  # fmt: skip
+    parser.add_argument("--partition-mib", type=int, default=8192, help="memory of the benchmark lease")
+    parser.add_argument("--max-copy-mib", type=int, default=1024, help="largest copy measured (default 1024)")
+    args = parser.parse_args()
+    if args.child:
+        child()
+        return 0
+
+    from server.worker import WorkerDevice, start_worker
+    from virtualize.remote import compile_shim, remote_env
+
+    started = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="gpupool-bench-remote-"))
+    shim = compile_shim(work / "shim")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env["GPUPOOL_BENCH_MAX_COPY"] = str(args.max_copy_mib << 20)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    os.environ["PYTHONPATH"] = env["PYTHONPATH"]
+    results = {}
+    if args.executor == "cuda":
+        print("native run ...", flush=True)
+        results["native"] = run_child(env)
+        uuid = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader", "-i", "0"],
+                              capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        device = WorkerDevice(0, uuid, args.partition_mib << 20)
+    else:
+        device = WorkerDevice(0, "", args.partition_mib << 20)
+    worker = start_worker("bench", [device], bind_host="127.0.0.1", env={}, executor=args.executor)
+    try:
+        print(f"remote run (worker pid {worker.pid}, {args.executor} executor) ...", flush=True)
+        answer = {
+            "id": "bench",
+            "worker": {"host": worker.host, "port": worker.port, "secret": worker.secret},
+        }
+        results["remote"] = run_child({**env, **remote_env(answer, cache_root=work / "cache", library=shim)})
+    finally:
+        worker.stop()
+    report(results)
+    results["seconds"] = time.monotonic() - started
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "bench_remote.json").write_text(json.dumps(results, indent=2))
+    print(f"\n(benchmark took {results['seconds']:.0f} s)")
+    return 0
+
+
+def report(results: dict) -> None:
+    native, remote = results.get("native"), results["remote"]
+
+    def row(name, key, unit, better_high, fmt="{:.1f}"):
+        r = remote[key]
+        if native is None:
+            print(f"| {name} | - | {fmt.format(r)} {unit} | - |")
+            return
+        n = native[key]
+        pct = (r / n if better_high else n / r) * 100
+        print(f"| {name} | {fmt.format(n)} {unit} | {fmt.format(r)} {unit} | {pct:.0f} % |")
+
+    print("\n| measure | native | remote | remote as % of native |")
+    print("| --- | --- | --- | --- |")
+    row("cuCtxSynchronize round trip (median)", "round_trip_us", "µs", False)
+    row("empty-kernel launches, pipelined", "launches_per_s", "/s", True, "{:,.0f}")
+    row("compute-bound: 40 x ~2 ms kernels", "compute_bound_s", "s", False, "{:.3f}")
+    row("launch-bound: 5 000 tiny kernels", "launch_bound_s", "s", False, "{:.3f}")
+    for size in (s for s in SIZES if str(s) in remote["bandwidth_gb_s"]):
+        label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+        for direction in ("htod", "dtoh"):
+            r = remote["bandwidth_gb_s"][str(size)][direction]
+            n = native["bandwidth_gb_s"][str(size)][direction] if native else None
+            pct = f"{r / n * 100:.0f} %" if n else "-"
+            print(f"| {direction.upper()} {label} | {f'{n:.2f} GB/s' if n else '-'} | {r:.2f} GB/s | {pct} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
