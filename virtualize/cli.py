@@ -120,8 +120,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     rl = sub.add_parser("release", parents=[common], help="release leases")
     rl.add_argument("leases", nargs="+", metavar="LEASE")
-    rn = sub.add_parser("run", parents=[common], help="run a command on leased GPUs and release them after",
-                        usage="gpuattach run [-n N (-p P | -m MIB) | --lease LEASE] [options] -- COMMAND [ARGS...]")  # fmt: skip
+    rn = sub.add_parser(
+        "run", parents=[common], help="run a command on leased GPUs and release them after",
+        usage="gpuattach run [-n N (-p P | -m MIB) | --lease LEASE] [options] -- COMMAND [ARGS...]",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Take a lease (or use --lease), run COMMAND on it, release it when COMMAND ends, on Ctrl-C\n"
+        "or on SIGTERM (forwarded to COMMAND). Without --local, COMMAND's CUDA calls run remotely on the\n"
+        "lease (docs/remote.md); with --local it runs on this GPU host inside its partition.",
+        epilog="examples:\n  gpuattach run -n 2 -p 0.5 --filter device.name=H100 -- python train.py\n"
+        "  gpuattach run --local -n 1 -m 16384 --timeout 30m -- ./solver --big\n\n"
+        "exit status: COMMAND's (128+N when signal N ended it); 125 gpuattach failed (no GPUs within\n"
+        "--timeout, bad token, pool unreachable); 126 COMMAND not executable; 127 COMMAND not found",
+    )  # fmt: skip
     sizing(rn, required=False)
     rn.add_argument(
         "--lease", help="use this lease (from gpuattach request) instead of taking one; it is not released"
