@@ -258,6 +258,14 @@ def test_clear_errors(pool, tmp_path):
         "--server", f"{a.url},127.0.0.1:1", "run", "-n", "1", "-p", "0.1", "--local", "--", "true", env=env
     )
     assert out.returncode == 0, out.stderr  # one dead server does not stop the pool
+    out = gpuattach(
+        "run", "-n", "1", "-p", "0.5", "--", "true", env=env
+    )  # remote, but the GPUs are simulated
+    one_line_error(out.stderr, "no server of the pool runs remote leases", "simulated", "--local")
+    out = gpuattach(
+        "run", "-n", "1", "-p", "0.5", "--", "true", env=env
+    )  # remote, but the GPUs are simulated
+    one_line_error(out.stderr, "no server of the pool runs remote leases", "simulated", "--local")
     out = gpuattach("run", "-n", "1", "--local", "--", "no-such-command-xyz", env=env)
     assert out.returncode == 127 and "command not found" in out.stderr
     out = gpuattach("release", "lease-000000000000", env=env)

@@ -224,7 +224,7 @@ class PoolClient:
         told = False
         while True:
             answers = self.each("POST", "/v1/fit", body)
-            fits, busy, never, limits, unreachable = [], [], [], [], []
+            fits, busy, never, limits, unreachable, no_remote = [], [], [], [], [], []
             for server, a in answers:
                 if isinstance(a, Unreachable):
                     unreachable.append(a)
@@ -242,6 +242,8 @@ class PoolClient:
                         busy.append((server, a["reason"]))
                     elif a["code"] == "limit_exceeded":
                         limits.append((server, a["reason"]))
+                    elif a["code"] == "remote_unavailable":
+                        no_remote.append((server, a["reason"], a["server"]))
                     else:
                         never.append((server, a["reason"], a["server"]))
             for _, _, server in sorted(fits, key=lambda t: (t[0], t[1])):
@@ -263,6 +265,12 @@ class PoolClient:
                         limits[0][1],
                         "release a lease (gpuattach release LEASE) or ask the admin to raise your limit",
                     )
+                if no_remote and not never and not unreachable:
+                    raise CannotFit(
+                        f"no server of the pool runs remote leases: {no_remote[0][1]} [{_host(no_remote[0][0].url)}]",
+                        "run on a GPU host of the pool with --local, or add servers with real GPUs",
+                    )
+                never += no_remote
                 if never and not unreachable:
                     raise CannotFit(
                         _impossible_summary(req, never),
