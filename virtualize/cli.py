@@ -588,7 +588,12 @@ def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
             print(f"gpuattach: note: {lease['server']['hostname']} runs without MPS: the partition's memory limit ({limits}) is advisory",
                   file=sys.stderr)  # fmt: skip
     else:
-        env.update(remote_env(lease))
+        try:
+            env.update(remote_env(lease))
+        except (
+            Exception
+        ) as exc:  # the shim is not built, the lease has no worker, …: one line, lease released
+            return _fail(f"cannot set up remote execution: {exc}", "see docs/remote.md", EXIT_FAILED)
     if lease["simulated"]:
         print(
             f"gpuattach: note: lease {lease['id']} is on SIMULATED GPUs (control plane only)", file=sys.stderr
