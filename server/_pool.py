@@ -333,6 +333,20 @@ class Pool:
         sizes = [g.mem_total_bytes for g in self.inv.gpus if gpu_matches(g, filters)] or [1]
         return req.n * min(1.0, req.mem_mib * MIB / max(sizes))
 
+    def _decide(self, caller: Caller, req: LeaseRequest, filters: list) -> Placement:
+        """Where the request goes now, or why not: Impossible, LimitExceeded, Busy (in that order).
+
+        An impossible request is impossible whatever the limit; a request over the limit fails now
+        rather than after waiting for capacity it could never use.
+        """
+        try:
+            placement = self.place(req, filters, self.used_bytes())
+        except Busy:
+            self._check_limit(caller.client, self._estimated_fraction(req, filters))
+            raise
+        self._check_limit(caller.client, sum(placement.fractions))
+        return placement
+
     def fit(self, caller: Caller, req: LeaseRequest) -> dict:
         filters = self._check_request(req)
         out = {
@@ -344,15 +358,7 @@ class Pool:
             "server": self.server_info(),
         }
         try:
-            # An impossible request is impossible whatever the limit; a request over the limit fails
-            # now rather than after waiting for capacity it could never use.
-            used = self.used_bytes()
-            try:
-                placement = self.place(req, filters, used)
-            except Busy:
-                self._check_limit(caller.client, self._estimated_fraction(req, filters))
-                raise
-            self._check_limit(caller.client, sum(placement.fractions))
+            placement = self._decide(caller, req, filters)
         except (Impossible, Busy, LimitExceeded) as exc:
             out.update(code=exc.code, reason=exc.message, hint=exc.hint)
             return out
@@ -370,13 +376,7 @@ class Pool:
             )
         try:
             with self.store.transaction():
-                used = self.used_bytes()
-                try:
-                    placement = self.place(req, filters, used)
-                except Busy:
-                    self._check_limit(caller.client, self._estimated_fraction(req, filters))
-                    raise
-                self._check_limit(caller.client, sum(placement.fractions))
+                placement = self._decide(caller, req, filters)
                 policy = self.policy()
                 ttl = min(req.ttl_s or policy["lease_ttl_s"], self.cfg.max_ttl_s)
                 lease_id = "lease-" + secrets.token_hex(6)
