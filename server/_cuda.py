@@ -15,6 +15,8 @@ from cuda.bindings import driver
 from server._executor import INVALID_VALUE, NOT_SUPPORTED, CudaError, Executor
 
 _INVALID_VALUE_RESULT = driver.CUresult.CUDA_ERROR_INVALID_VALUE
+SMALL_COPY = 256 << 10  # up to this, copies go through pageable memory (one driver call)
+STAGING_CHUNK = 8 << 20
 
 
 def _ok(result):
@@ -58,6 +60,34 @@ class _Launchable:
         self.lock = threading.Lock()
 
 
+class _Staging:
+    """Two page-locked chunk buffers and their events, for one thread in one context."""
+
+    def __init__(self) -> None:
+        flags = 1  # CU_MEMHOSTALLOC_PORTABLE
+        self.addresses = [int(_ok(driver.cuMemHostAlloc(STAGING_CHUNK, flags))) for _ in range(2)]
+        self.views = [
+            memoryview((ctypes.c_char * STAGING_CHUNK).from_address(a)).cast("B") for a in self.addresses
+        ]
+        self.events = [_ok(driver.cuEventCreate(2)) for _ in range(2)]  # CU_EVENT_DISABLE_TIMING
+        self.busy = [False, False]
+
+    def record(self, k: int, stream) -> None:
+        _ok(driver.cuEventRecord(self.events[k], stream))
+        self.busy[k] = True
+
+    def wait(self, k: int) -> None:
+        if self.busy[k]:
+            _ok(driver.cuEventSynchronize(self.events[k]))
+            self.busy[k] = False
+
+    def free(self) -> None:
+        for k in range(2):
+            self.wait(k)
+            driver.cuEventDestroy(self.events[k])
+            driver.cuMemFreeHost(self.addresses[k])
+
+
 class CudaExecutor(Executor):
     name = "cuda"
 
@@ -67,6 +97,7 @@ class CudaExecutor(Executor):
         self.real = [self._find(d) for d in devices]
         self.launchables: dict[int, _Launchable] = {}
         self.streams: dict[int, driver.CUstream] = {}
+        self.local = threading.local()  # per connection thread: scratch and staging buffers
 
     @staticmethod
     def _find(device) -> int:
@@ -84,6 +115,22 @@ class CudaExecutor(Executor):
 
     # -- helpers -------------------------------------------------------------------------------------
 
+    def _local(self) -> threading.local:
+        local = self.local
+        if not hasattr(local, "scratch"):
+            local.scratch = memoryview(bytearray(SMALL_COPY))
+            local.staging = {}
+            local.ctx = 0
+        return local
+
+    def _staging(self) -> _Staging:
+        """This thread's staging buffers for the current context (events belong to a context)."""
+        local = self._local()
+        staging = local.staging.get(local.ctx)
+        if staging is None:
+            staging = local.staging[local.ctx] = _Staging()
+        return staging
+
     def _d(self, dev: int) -> int:
         """The client's device ordinal (0..n-1 of the lease) -> this host's CUDA ordinal."""
         if not 0 <= dev < len(self.real):
@@ -98,24 +145,71 @@ class CudaExecutor(Executor):
 
     # -- the seam ------------------------------------------------------------------------------------
 
+    def end_thread(self) -> None:
+        local = self._local()
+        for ctx, staging in local.staging.items():
+            self.set_context(ctx)
+            staging.free()
+        local.staging.clear()
+
     def set_context(self, ctx: int) -> None:
         _ok(driver.cuCtxSetCurrent(driver.CUcontext(ctx)))
+        self._local().ctx = ctx
 
-    def memcpy_htod(self, dst: int, data: memoryview, stream: int | None) -> None:
-        # From pageable memory the driver has taken the bytes when the call returns: the chunk
-        # buffer can be refilled at once.
+    def copy_to_device(self, dst, count, stream, fill) -> None:
+        s = self._stream(stream or 0)  # None (the synchronous copy) runs on the legacy default stream
+        if count <= SMALL_COPY:
+            # Pageable memory: the driver has taken the bytes when the call returns.
+            view = self._local().scratch[:count]
+            fill(view)
+            if stream is None:
+                _ok(driver.cuMemcpyHtoD(dst, _address(view), count))
+            else:
+                _ok(driver.cuMemcpyHtoDAsync(dst, _address(view), count, s))
+            return
+        # Large: page-locked chunks, two in flight, so receiving chunk k+1 overlaps the DMA of chunk k.
+        staging = self._staging()
+        offset, k = 0, 0
+        while offset < count:
+            n = min(STAGING_CHUNK, count - offset)
+            staging.wait(k)
+            fill(staging.views[k][:n])
+            _ok(driver.cuMemcpyHtoDAsync(dst + offset, staging.addresses[k], n, s))
+            staging.record(k, s)
+            offset += n
+            k ^= 1
         if stream is None:
-            _ok(driver.cuMemcpyHtoD(dst, _address(data), len(data)))
-        else:
-            _ok(driver.cuMemcpyHtoDAsync(dst, _address(data), len(data), self._stream(stream)))
+            staging.wait(k ^ 1)  # synchronous: on the device before the next call runs
 
-    def memcpy_dtoh(self, out: memoryview, src: int, stream: int | None) -> None:
-        if stream is None:
-            _ok(driver.cuMemcpyDtoH(_address(out), src, len(out)))
-        else:
-            s = self._stream(stream)
-            _ok(driver.cuMemcpyDtoHAsync(_address(out), src, len(out), s))
-            _ok(driver.cuStreamSynchronize(s))
+    def copy_from_device(self, src, count, stream, send) -> None:
+        s = self._stream(stream or 0)
+        if count <= SMALL_COPY:
+            view = self._local().scratch[:count]
+            if stream is None:
+                _ok(driver.cuMemcpyDtoH(_address(view), src, count))
+            else:
+                _ok(driver.cuMemcpyDtoHAsync(_address(view), src, count, s))
+                _ok(driver.cuStreamSynchronize(s))
+            send(view)
+            return
+        # Large: the DMA of chunk k+1 runs while chunk k goes out on the socket.
+        staging = self._staging()
+        sizes = []
+        offset, k = 0, 0
+        while offset < count or sizes:
+            if offset < count:
+                n = min(STAGING_CHUNK, count - offset)
+                staging.wait(k)  # its previous chunk has been sent (send() returns when it has)
+                _ok(driver.cuMemcpyDtoHAsync(staging.addresses[k], src + offset, n, s))
+                staging.record(k, s)
+                sizes.append((k, n))
+                offset += n
+                k ^= 1
+                if len(sizes) < 2 and offset < count:
+                    continue
+            j, n = sizes.pop(0)
+            staging.wait(j)
+            send(staging.views[j][:n])
 
     def memset(self, dst: int, value: int, element_size: int, count: int, stream: int | None) -> None:
         name = {1: "cuMemsetD8", 2: "cuMemsetD16", 4: "cuMemsetD32"}[element_size]

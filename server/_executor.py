@@ -7,13 +7,16 @@ and memoryviews, and raise `CudaError` with the CUresult when CUDA says no.
 
 Most methods carry the name of the CUDA call they execute, take its in-parameters in order (a name
 as `str`, an image as `bytes`) and return its out-parameters (one value, a tuple, or None). The few
-below with lower-case names are the shapes the wire needs: copies that stream, memsets of any width,
+below with lower-case names are the shapes the wire needs: copies that stream chunk by chunk between
+the socket and the device (the executor owns the buffers, so the CUDA one can use page-locked
+memory and overlap the network with the DMA), memsets of any width,
 launches with packed parameters, and a kernel's parameter layout.
 """
 
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 
 
 class CudaError(Exception):
@@ -47,12 +50,19 @@ class Executor(abc.ABC):
         """Make `ctx` (0: none) current on the calling thread."""
 
     @abc.abstractmethod
-    def memcpy_htod(self, dst: int, data: memoryview, stream: int | None) -> None:
-        """Copy `data` to device address `dst`; stream None is the synchronous copy."""
+    def copy_to_device(
+        self, dst: int, count: int, stream: int | None, fill: Callable[[memoryview], None]
+    ) -> None:
+        """Copy `count` bytes to device address `dst`, chunk by chunk: `fill(view)` puts the next
+        len(view) bytes of the client's data into a buffer of the executor's. Stream None is the
+        synchronous copy (done before the next call runs)."""
 
     @abc.abstractmethod
-    def memcpy_dtoh(self, out: memoryview, src: int, stream: int | None) -> None:
-        """Fill `out` from device address `src`; returns when the bytes are in `out`."""
+    def copy_from_device(
+        self, src: int, count: int, stream: int | None, send: Callable[[memoryview], None]
+    ) -> None:
+        """Copy `count` bytes from device address `src`, handing each chunk to `send` in order,
+        once the chunk's bytes are in host memory."""
 
     @abc.abstractmethod
     def memset(self, dst: int, value: int, element_size: int, count: int, stream: int | None) -> None: ...
@@ -74,6 +84,9 @@ class Executor(abc.ABC):
         attributes: list[tuple[int, bytes]],
     ) -> None:
         """Launch `func` with `params` packed at `layout`'s offsets and launch attributes (id, 64-byte value)."""
+
+    def end_thread(self) -> None:  # noqa: B027 - optional hook
+        """A connection's thread is done: release what the executor keeps for it."""
 
     def close(self) -> None:  # noqa: B027 - optional hook: most executors hold nothing to release
         """Release what the executor holds (the worker is ending)."""

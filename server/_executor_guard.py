@@ -360,33 +360,39 @@ class Session:
         if count != self.channel.bulk_left:
             raise CudaError(INVALID_VALUE, "copy size and data differ")
         self._check_range(dst, count)
-        is_async = call.name.endswith("Async")
-        offset = 0
-        for chunk in self.channel.bulk_chunks():
-            self.executor.memcpy_htod(dst + offset, chunk, stream if is_async else None)
-            offset += len(chunk)
+        channel = self.channel
+
+        def fill(view: memoryview) -> None:
+            channel.read_into(view)
+            channel.bulk_left -= len(view)
+
+        self.executor.copy_to_device(dst, count, stream if call.name.endswith("Async") else None, fill)
 
     def _dtoh(self, call: Call, ins: tuple):
         src, count, stream = ins
         self._check(call, ins)
         self._check_range(src, count)
-        is_async = call.name.endswith("Async")
-        buf = self.channel.scratch(min(count, _wire.CHUNK_BYTES))
-        first = min(count, len(buf))
-        # The first chunk is copied before answering, so the common errors still reach the result.
-        self.executor.memcpy_dtoh(buf[:first], src, stream if is_async else None)
-        result, self.pending = (self.pending, 0) if call.sync_point else (0, self.pending)
-        self.channel.send(_wire.REPLY.pack(result, 0, count), buf[:first])
-        offset = first
-        while offset < count:
-            n = min(count - offset, len(buf))
-            try:
-                self.executor.memcpy_dtoh(buf[:n], src + offset, stream if is_async else None)
-            except CudaError as exc:  # the header is out: send the length promised, keep the error
-                buf[:n] = bytes(n)
-                self.pending = self.pending or exc.code
-            self.channel.send(buf[:n])
-            offset += n
+        if count == 0:
+            return _EMPTY
+        sent = 0
+
+        def send(view: memoryview) -> None:
+            nonlocal sent
+            if sent == 0:  # the first chunk is in: the call has worked so far, answer with the header
+                result, self.pending = (self.pending, 0) if call.sync_point else (0, self.pending)
+                self.channel.send(_wire.REPLY.pack(result, 0, count), view)
+            else:
+                self.channel.send(view)
+            sent += len(view)
+
+        try:
+            self.executor.copy_from_device(src, count, stream if call.name.endswith("Async") else None, send)
+        except CudaError as exc:
+            if sent == 0:
+                raise  # nothing sent yet: the reply carries the error
+            self.pending = self.pending or exc.code  # the header is out: send the length promised
+            while sent < count:
+                send(memoryview(bytes(min(count - sent, _wire.CHUNK_BYTES))))
         return _ANSWERED
 
     def _dtod(self, call: Call, ins: tuple):

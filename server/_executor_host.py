@@ -24,6 +24,7 @@ import time
 from server._executor import INVALID_HANDLE, INVALID_VALUE, NOT_FOUND, CudaError, Executor
 
 DEVICE_TOTAL = 80 << 30
+CHUNK = 4 << 20
 ALIGN = 1 << 21
 HOST_KERNELS = {
     "fill_u32": [(0, 8), (8, 4), (12, 4)],
@@ -108,13 +109,16 @@ class HostExecutor(Executor):
     def set_context(self, ctx: int) -> None:
         self.local.ctx = ctx
 
-    def memcpy_htod(self, dst: int, data: memoryview, stream: int | None) -> None:
-        mem, off = self._find(dst, len(data))
-        mem[off : off + len(data)] = data
+    def copy_to_device(self, dst, count, stream, fill) -> None:
+        mem, off = self._find(dst, count)
+        view = memoryview(mem)
+        for start in range(0, count, CHUNK):
+            fill(view[off + start : off + min(count, start + CHUNK)])
 
-    def memcpy_dtoh(self, out: memoryview, src: int, stream: int | None) -> None:
-        mem, off = self._find(src, len(out))
-        out[:] = mem[off : off + len(out)]
+    def copy_from_device(self, src, count, stream, send) -> None:
+        mem, off = self._find(src, count)
+        for start in range(0, count, CHUNK):
+            send(memoryview(bytes(mem[off + start : off + min(count, start + CHUNK)])))
 
     def memset(self, dst: int, value: int, element_size: int, count: int, stream: int | None) -> None:
         mem, off = self._find(dst, element_size * count)

@@ -300,6 +300,32 @@ def scenario_two_devices():
     say("bad_device", cu.cuDevicePrimaryCtxRetain(ctypes.byref(c_u64()), n.value))
 
 
+def scenario_collision():
+    # Host memory of this process where the worker will put its first allocation.
+    base = int(os.environ["TAKEN_ADDRESS"], 0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    got = libc.mmap(base, 2 * MiB, 3, 0x22 | 0x100000, -1, 0)  # RW, private|anonymous|fixed_noreplace
+    say("host_mapping_at_base", got == base)
+    setup()
+    rc, ptr = alloc(1 * MiB)
+    say("alloc", rc)
+    say("moved_off_host_memory", ptr != base)
+    free, total = c_u64(), c_u64()
+    check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
+    say("used_mib", (total.value - free.value) // MiB)  # the colliding allocation was given back
+    ctypes.memset(base, 7, 16)  # the host mapping is untouched and usable
+    say("host_memory_ok", ctypes.string_at(base, 2) == b"\x07\x07")
+
+
 def scenario_leak():
     setup()
     say("alloc", alloc(40 * MiB)[0])

@@ -196,3 +196,22 @@ def test_memory_a_program_leaves_allocated_is_freed_when_it_exits(shim_dir, work
     for _ in range(3):  # 40 MiB of a 64 MiB partition, never freed by the program
         out, _ = run_client("leak", client_env(shim_dir, worker))
         assert out == {"alloc": "0"}
+
+
+def test_a_device_address_that_is_host_memory_here_is_never_handed_to_the_program(shim_dir):
+    taken = "0x5f0000000000"
+    env = {"GPUPOOL_HOST_EXECUTOR_BASE": taken}
+    handle = start_worker(
+        "collide", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1", env=env, executor="host"
+    )
+    try:
+        out, _ = run_client("collision", client_env(shim_dir, handle, TAKEN_ADDRESS=taken))
+    finally:
+        handle.stop()
+    assert out == {
+        "host_mapping_at_base": "True",
+        "alloc": "0",
+        "moved_off_host_memory": "True",
+        "used_mib": "1",
+        "host_memory_ok": "True",
+    }
