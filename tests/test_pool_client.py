@@ -282,7 +282,10 @@ def test_tls_with_a_private_ca(tmp_path):
                     "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
                    check=True, capture_output=True, timeout=60)  # fmt: skip
     srv = ServerProc(
-        tmp_path / "s", "1xH100-80GB", extra=("--tls-cert", str(cert), "--tls-key", str(key))
+        tmp_path / "s",
+        "1xH100-80GB",
+        config='[policy]\nlease_ttl = "1s"\n',
+        extra=("--tls-cert", str(cert), "--tls-key", str(key)),
     ).start()
     try:
         assert srv.url.startswith("https://")
@@ -292,6 +295,13 @@ def test_tls_with_a_private_ca(tmp_path):
         env = client_env(tmp_path, [srv.url], token)
         out = gpuattach("--config", str(cfg), "run", "-n", "1", "-p", "0.5", "--local", "--", "true", env=env)
         assert out.returncode == 0, out.stderr
+        out = gpuattach("--config", str(cfg), "request", "-n", "1", "-p", "0.25", env=env)
+        lease_id = out.stdout.strip()
+        time.sleep(0.5)  # the keeper heartbeats over TLS too (it was given the CA)
+        out = gpuattach("--config", str(cfg), "release", lease_id, env=env)
+        assert out.returncode == 0
+        log = tmp_path / "cache" / "gpupool" / f"keeper-{lease_id}.log"
+        wait_for(lambda: log.exists() and "released" in log.read_text(), 40, what="keeper over TLS")
         out = gpuattach("list-gpus", env=env)  # without the CA: refused, one line
         assert out.returncode == 1 and "TLS failed" in out.stderr
     finally:

@@ -448,6 +448,8 @@ def _start_keeper(client, server, lease) -> None:
     os.makedirs(cache, exist_ok=True)
     logf = open(os.path.join(cache, f"keeper-{lease['id']}.log"), "ab")  # noqa: SIM115 (handed to the child)
     env = {**os.environ, "GPUPOOL_TOKEN": client.cfg.token_for(server) or ""}  # never on the command line
+    if client.cfg.ca_cert:
+        env["GPUPOOL_KEEPER_CA_CERT"] = client.cfg.ca_cert
     interval = max(0.2, min(lease["ttl_s"] / 3, 10.0))
     subprocess.Popen(
         [sys.executable, "-m", "virtualize.cli", "_keep", "--lease-server", server.url, "--lease-id", lease["id"],
@@ -462,7 +464,9 @@ def cmd_keep(args) -> int:
     from virtualize.config import ClientConfig, ServerRef
 
     server = ServerRef(args.lease_server, os.environ.get("GPUPOOL_TOKEN"))
-    client = PoolClient(ClientConfig(servers=[server], token=server.token))
+    client = PoolClient(
+        ClientConfig(servers=[server], token=server.token, ca_cert=os.environ.get("GPUPOOL_KEEPER_CA_CERT"))
+    )
     last_ok = time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     while True:
