@@ -146,6 +146,10 @@ class PoolClient:
                 raw = resp.read()
             finally:
                 conn.close()
+        except ValueError as exc:  # http.client refuses a header with control characters
+            raise ConfigError(
+                f"cannot send the request: {exc}", "check the token for stray characters"
+            ) from None
         except ssl.SSLError as exc:
             raise Unreachable(
                 server.url, f"TLS failed ({exc.reason or exc}); set ca_cert in client.toml for a private CA"

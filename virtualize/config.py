@@ -97,7 +97,7 @@ def load(path: str | None = None, servers: list[str] | None = None, token: str |
                 f"{file}: unknown key(s) {', '.join(sorted(unknown))}",
                 "known: token, servers, ca_cert, timeout",
             )
-        cfg.token = data.get("token")
+        cfg.token = (data.get("token") or "").strip() or None
         cfg.ca_cert = data.get("ca_cert")
         if "timeout" in data:
             cfg.timeout_s = parse_duration(data["timeout"], f"{file}: timeout")
@@ -118,5 +118,5 @@ def load(path: str | None = None, servers: list[str] | None = None, token: str |
     if servers:
         cfg.servers = [ServerRef(normalize_url(u), None) for s in servers for u in s.split(",") if u.strip()]
     if token or os.environ.get("GPUPOOL_TOKEN"):
-        cfg.token = token or os.environ.get("GPUPOOL_TOKEN")
+        cfg.token = (token or os.environ.get("GPUPOOL_TOKEN") or "").strip() or None
     return cfg
