@@ -108,8 +108,6 @@ class ConsoleApp(App):
 
     def on_mount(self) -> None:
         self.sub_title = self._subtitle()
-        filter_input = self.query_one("#filter", Input)
-        filter_input.display = False
         if self.fleet is None:
             self.query_one(FleetView).show_unavailable(
                 "No telemetry: start with --telemetry DIR (a directory gpustat-collect writes) "
@@ -138,7 +136,10 @@ class ConsoleApp(App):
         active = self.query_one("#views", TabbedContent).active or self.start_view
         return self.query_one(f"#{active}-view", View)
 
-    def _focus_view(self) -> None:
+    def _focus_view(self, *, force: bool = False) -> None:
+        box = self.query_one("#filter", Input)
+        if not force and box.display and box.has_focus:
+            return  # the operator is typing a filter (a tab switch just before must not steal it)
         tables = self.active_view.tables
         if tables:
             # The most useful table of each view first: the GPUs, the leases.
@@ -226,7 +227,7 @@ class ConsoleApp(App):
     def _filter_submitted(self, event: Input.Submitted) -> None:
         if not event.value.strip():
             event.input.display = False
-        self._focus_view()
+        self._focus_view(force=True)
 
     def on_key(self, event) -> None:
         box = self.query_one("#filter", Input)
@@ -236,7 +237,7 @@ class ConsoleApp(App):
             box.value = ""
             box.display = False
             self.active_view.set_filter("")
-            self._focus_view()
+            self._focus_view(force=True)
             event.stop()
 
     def _focused_table(self) -> SyncTable | None:
