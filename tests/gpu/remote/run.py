@@ -278,8 +278,10 @@ from cuda.bindings import driver as cu
 cu.cuInit(0)
 ctx = cu.cuDevicePrimaryCtxRetain(0)[1]
 cu.cuCtxSetCurrent(ctx)
-err, p = cu.cuMemAlloc(1 << 20)
-print(hex(int(p)), flush=True)
+# Four 64 MiB buffers; report an address inside the last, far from where the tested program's
+# single 1 MiB buffer will be (separate processes may hand out the same virtual addresses).
+buffers = [cu.cuMemAlloc(64 << 20)[1] for _ in range(4)]
+print(hex(int(buffers[-1]) + (8 << 20)), flush=True)
 input()
 """
 
