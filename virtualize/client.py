@@ -146,13 +146,13 @@ class PoolClient:
                 raw = resp.read()
             finally:
                 conn.close()
-        except ValueError as exc:  # http.client refuses a header with control characters
-            raise ConfigError(
-                f"cannot send the request: {exc}", "check the token for stray characters"
-            ) from None
         except ssl.SSLError as exc:
             raise Unreachable(
                 server.url, f"TLS failed ({exc.reason or exc}); set ca_cert in client.toml for a private CA"
+            ) from None
+        except ValueError as exc:  # after SSLError (a certificate error is also a ValueError): a bad header
+            raise ConfigError(
+                f"cannot send the request: {exc}", "check the token for stray characters"
             ) from None
         except (OSError, http.client.HTTPException) as exc:
             reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
