@@ -3,7 +3,7 @@
 Read from ``process_samples`` (one row per process per GPU per tick). A process's row counts for the
 tick of its GPU's process rows (derived like the GPU tick, see ``_ticks``). A process is *idle while
 holding* on a tick where it holds at least ``held_mem_bytes`` and is busy less than ``idle_below``:
-its own busy share (``sm_util``) where NVML gave one, else its GPU's utilization.gpu on that tick.
+its own busy share (``sm_util``) where NVML gave one, else its GPU's utilization.gpu in that minute.
 """
 
 from __future__ import annotations
@@ -60,15 +60,28 @@ def attribution(
         raise TelemetryError(f"unknown attribution key {by!r}", "use one of: " + ", ".join(BY))
     where, params = scope.where()
     col = BY[by]
+    (unknown,) = con.execute(
+        f"SELECT count(*) FROM process_samples WHERE {where} AND sm_util IS NULL", params
+    ).fetchone()
+    # Where NVML gave no busy share, the GPU's utilization.gpu in that minute stands in. Joined per
+    # minute, not per sample: a per-sample join would hold a month of GPU samples in a hash table.
+    fallback = (
+        f"""LEFT JOIN (
+                SELECT host, gpu_uuid, epoch_us(ts) // 60000000 AS minute, avg(util_gpu_mean) AS gpu_util
+                FROM gpu_samples WHERE {where} GROUP BY ALL
+            ) g ON g.host = p.host AND g.gpu_uuid = p.gpu_uuid AND g.minute = epoch_us(p.ts) // 60000000"""
+        if unknown
+        else ""
+    )
+    busy = "coalesce(p.sm_util, g.gpu_util)" if unknown else "p.sm_util"
     rows = con.execute(
         f"""
         WITH p AS NOT MATERIALIZED (SELECT * FROM process_samples WHERE {where}),
         ticks AS ({tick_cte("p", bucket_key=", pid")}),
         filled AS ({filled_tick_cte("ticks")}),
-        g AS NOT MATERIALIZED (SELECT host, gpu_uuid, ts, util_gpu_mean AS util FROM gpu_samples WHERE {where}),
         j AS (
-            SELECT p.*, filled.tick_s, coalesce(p.sm_util, g.util) AS busy
-            FROM p JOIN filled USING (host, gpu_uuid) LEFT JOIN g USING (host, gpu_uuid, ts)
+            SELECT p.*, filled.tick_s, {busy} AS busy
+            FROM p JOIN filled ON filled.host = p.host AND filled.gpu_uuid = p.gpu_uuid {fallback}
         )
         SELECT {col} AS key,
                count(DISTINCT (host, pid)) AS processes,
@@ -81,7 +94,7 @@ def attribution(
                bool_or(simulated) AS simulated
         FROM j GROUP BY key ORDER BY gpu_hours DESC, key
         """,
-        [*params, *params, options.held_mem_bytes, options.idle_below],
+        [*params, *(params if unknown else []), options.held_mem_bytes, options.idle_below],
     ).fetchall()
     if not rows:
         raise no_data_error(con, scope, "process_samples")

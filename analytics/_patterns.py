@@ -1,43 +1,65 @@
 """When the GPUs are busy: utilization over time, the hour-of-week heatmap, busiest and idlest periods.
 
 Means are time-weighted: each sample counts for its GPU's tick (see ``_ticks``), so a host sampled
-every 10 s weighs as much per hour as one sampled every second.
+every 10 s weighs as much per hour as one sampled every second. Each query aggregates per GPU and
+group in one streaming pass and applies the ticks to those few rows afterwards.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import duckdb
 
 from analytics._scope import ALL, Scope, no_data_error
 from analytics._telemetry import TelemetryError
-from analytics._ticks import filled_tick_cte, tick_cte
+from analytics._ticks import gpu_ticks
 
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
-LEVELS = {"fleet": "'fleet'", "host": "host", "gpu": "host || ' / GPU ' || gpu_index"}
+LEVELS = {
+    "fleet": lambda host, index: "fleet",
+    "host": lambda host, index: host,
+    "gpu": lambda host, index: f"{host} / GPU {index}",
+}
+QUARTER_US = 900_000_000
 
 
-def _with_ticks(where: str) -> str:
-    # Samples of the scope joined with their GPU's tick; `s` is the relation every query reads.
-    return f"""
-        scoped AS NOT MATERIALIZED (SELECT * FROM gpu_samples WHERE {where}),
-        ticks AS ({tick_cte("scoped")}),
-        filled AS ({filled_tick_cte("ticks")}),
-        s AS (SELECT scoped.*, filled.tick_s FROM scoped JOIN filled USING (host, gpu_uuid))
-    """
-
-
-_METRICS = """
-    sum(util_gpu_mean * tick_s) / nullif(sum(tick_s) FILTER (WHERE util_gpu_mean IS NOT NULL), 0) AS util,
-    sum(sm_activity * tick_s) / nullif(sum(tick_s) FILTER (WHERE sm_activity IS NOT NULL), 0) AS sm,
-    sum(mem_used_bytes / nullif(mem_total_bytes, 0) * tick_s)
-        / nullif(sum(tick_s) FILTER (WHERE mem_total_bytes > 0), 0) AS mem,
-    sum(tick_s) / 3600.0 AS gpu_hours,
-    count(DISTINCT gpu_uuid) AS gpus,
-    bool_or(simulated) AS simulated
+# Per GPU and group: sample counts and sums. Weighting by each GPU's tick happens afterwards, on
+# these few rows, in ``_weighted``.
+_SUMS = """
+    count(*) AS n,
+    count(util_gpu_mean) AS n_u, sum(util_gpu_mean) AS s_u,
+    count(sm_activity) AS n_a, sum(sm_activity) AS s_a,
+    count(*) FILTER (WHERE mem_total_bytes > 0) AS n_m, sum(mem_used_bytes / nullif(mem_total_bytes, 0)) AS s_m,
+    sum(simulated::INTEGER) AS n_sim
 """
+
+
+def _weighted(rows, ticks: dict, key_of) -> dict:
+    """Fold (host, gpu_uuid, *key, n, n_u, s_u, n_a, s_a, n_m, s_m, n_sim) rows into time-weighted
+    means per key: {key: (util, sm, mem, gpu_hours, gpus, simulated)}."""
+    acc: dict = {}
+    for host, uuid, *rest in rows:
+        *key, n, n_u, s_u, n_a, s_a, n_m, s_m, n_sim = rest
+        w = ticks.get((host, uuid), 0.0)
+        a = acc.setdefault(key_of(host, uuid, *key), [0.0] * 7 + [set(), False])
+        for i, v in enumerate((n, n_u, s_u or 0, n_a, s_a or 0, n_m, s_m or 0)):
+            a[i] += v * w
+        a[7].add((host, uuid))
+        a[8] = a[8] or bool(n_sim)
+    return {
+        k: (
+            a[2] / a[1] if a[1] else None,
+            a[4] / a[3] if a[3] else None,
+            a[6] / a[5] if a[5] else None,
+            a[0] / 3600.0,
+            len(a[7]),
+            a[8],
+        )
+        for k, a in acc.items()
+    }
 
 
 @dataclass(frozen=True)
@@ -100,18 +122,19 @@ def utilization_timeline(
     """Fleet means per time bucket (``bucket_s``, or the smallest round bucket giving <= max_points)."""
     bucket_s = bucket_s or _bucket_for(con, scope, max_points)
     where, params = scope.where()
+    ticks = gpu_ticks(con, where, params)
     rows = con.execute(
-        f"""WITH {_with_ticks(where)}
-            SELECT (epoch_us(ts) // ?) * ? AS b, {_METRICS}
-            FROM s GROUP BY b ORDER BY b""",
-        [*params, bucket_s * 1_000_000, bucket_s * 1_000_000],
+        f"SELECT host, gpu_uuid, epoch_us(ts) // ? AS b, {_SUMS} FROM gpu_samples WHERE {where} GROUP BY ALL",
+        [bucket_s * 1_000_000, *params],
     ).fetchall()
     if not rows:
         raise no_data_error(con, scope)
+    per = _weighted(rows, ticks, lambda host, uuid, b: b)
     points = tuple(
-        TimePoint(datetime.fromtimestamp(b / 1e6, UTC), u, a, m, h, int(n)) for b, u, a, m, h, n, _ in rows
+        TimePoint(datetime.fromtimestamp(b * bucket_s, UTC), u, a, m, h, n)
+        for b, (u, a, m, h, n, _) in sorted(per.items())
     )
-    return Timeline(bucket_s, points, any(r[-1] for r in rows))
+    return Timeline(bucket_s, points, any(v[-1] for v in per.values()))
 
 
 @dataclass(frozen=True)
@@ -138,24 +161,34 @@ def hour_of_week(
     """Hour-of-week heatmaps for the fleet, each host or each GPU (``level``)."""
     if level not in LEVELS:
         raise TelemetryError(f"unknown heatmap level {level!r}", "use one of: " + ", ".join(LEVELS))
-    where, params = scope.where()
     try:
-        rows = con.execute(
-            f"""WITH {_with_ticks(where)}
-                SELECT {LEVELS[level]} AS key, isodow(timezone(?, ts)) - 1 AS d, hour(timezone(?, ts)) AS h, {_METRICS}
-                FROM s GROUP BY ALL ORDER BY key""",
-            [*params, tz, tz],
-        ).fetchall()
-    except duckdb.Error as exc:
-        if "time zone" in str(exc).lower():
-            raise TelemetryError(
-                f"unknown time zone {tz!r}", "use an IANA name such as Europe/Berlin"
-            ) from None
-        raise
+        zone = ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise TelemetryError(f"unknown time zone {tz!r}", "use an IANA name such as Europe/Berlin") from None
+    where, params = scope.where()
+    ticks = gpu_ticks(con, where, params)
+    # Quarter hours of UTC, mapped to local hours of the week here: every zone's offset is a whole
+    # number of quarter hours, and converting a few thousand bucket starts is cheaper than
+    # converting every sample.
+    rows = con.execute(
+        f"SELECT host, gpu_uuid, any_value(gpu_index) AS gpu_index, epoch_us(ts) // {QUARTER_US} AS q, {_SUMS} "
+        f"FROM gpu_samples WHERE {where} GROUP BY host, gpu_uuid, q",
+        params,
+    ).fetchall()
     if not rows:
         raise no_data_error(con, scope)
+    label = LEVELS[level]
+    local: dict[int, tuple[int, int]] = {}
+
+    def key_of(host, uuid, index, q):
+        if q not in local:
+            t = datetime.fromtimestamp(q * QUARTER_US / 1e6, UTC).astimezone(zone)
+            local[q] = (t.weekday(), t.hour)
+        return (label(host, index), *local[q])
+
+    per = _weighted(rows, ticks, key_of)
     grids: dict[str, dict] = {}
-    for key, d, h, u, a, _m, hours, _n, sim in rows:
+    for (key, d, h), (u, a, _m, hours, _n, sim) in sorted(per.items()):
         g = grids.setdefault(
             key,
             {

@@ -3,11 +3,15 @@
 Two passes over ``gpu_samples``, both streaming aggregates (nothing is loaded whole):
 
 1. per GPU and hour bucket: sample counts and first/last time, which give each GPU's tick (see
-   ``_ticks``), plus the few quantities that need two columns of a row together (held but idle).
-2. per GPU: histograms of utilization.gpu, SM activity and memory used at 1/1000 resolution.
-   Means, idle counts and percentiles all come from these (weighted by each GPU's tick). Values
-   are taken rounded to 0.001 (0.1 %): NVML reports whole percents, so a reader loses nothing,
-   and a histogram costs one group-by where exact quantiles would sort every sample.
+   ``_ticks``), memory sums, and the few quantities that need two columns of a row together (held
+   but idle; utilization.gpu on the samples that carry SM activity).
+2. per GPU: histograms of utilization.gpu and SM activity at 1/1000 resolution. Their means, idle
+   counts and percentiles come from these (weighted by each GPU's tick). Values are taken rounded
+   to 0.001 (0.1 %): NVML reports whole percents, so a reader loses nothing, and a histogram costs
+   one group-by where exact quantiles would sort every sample.
+
+Every aggregate is an update per row, so the passes carry only what they must: on one month of 64
+GPUs at 1 Hz that is the difference between seconds and minutes (bench/bench_analytics.py).
 
 "Idle" is utilization.gpu, rounded to 0.1 %, below ``idle_below``.
 
@@ -91,7 +95,7 @@ class FleetSummary:
     idle_gpu_hours: float
     held_idle_gpu_hours: float  # idle while at least options.held_mem_bytes of memory is in use
     mem_used_ratio_mean: float | None
-    mem_used_ratio_p95: float | None
+    mem_used_ratio_peak: float | None  # the fullest any GPU got
     mem_headroom_bytes_mean: float | None  # free memory per GPU, averaged over observed time
     mem_total_bytes: int  # all GPUs' memory together
     lost_gpu_hours: float  # samples where a GPU had fallen off the bus
@@ -127,7 +131,8 @@ def _buckets_sql(where: str) -> str:
                count(util_gpu_mean) FILTER (WHERE sm_activity IS NOT NULL) AS n_u_a,
                sum((state = 'lost')::INTEGER) AS n_lost,
                sum(simulated::INTEGER) AS n_sim,
-               max(mem_total_bytes) AS mem_total
+               max(mem_total_bytes) AS mem_total,
+               count(mem_used_bytes) AS n_m, sum(mem_used_bytes) AS s_mu, max(mem_used_bytes) AS mu_peak
         FROM gpu_samples WHERE {where}
         GROUP BY ALL
     """
@@ -144,6 +149,7 @@ _PER_GPU = f"""
     g AS (
         SELECT host, gpu_uuid, max(mem_total) AS mem_total, sum(n) AS n, sum(n_held) AS n_held,
                sum(s_u_a) AS s_u_a, sum(n_u_a) AS n_u_a, sum(n_lost) AS n_lost, sum(n_sim) AS n_sim,
+               sum(n_m) AS n_m, sum(s_mu) AS s_mu, max(mu_peak) AS mu_peak,
                min(lo) AS first_us, max(hi) AS last_us
         FROM b GROUP BY ALL
     )
@@ -158,19 +164,16 @@ _NAMES = """
 """
 
 _HISTOGRAMS = """
-    SELECT host, gpu_uuid, GROUPING(ub, ab, mb) AS which, coalesce(ub, ab, mb) AS bin, count(*) AS n
+    SELECT host, gpu_uuid, GROUPING(ub, ab) AS which, coalesce(ub, ab) AS bin, count(*) AS n
     FROM (
-        SELECT host, gpu_uuid,
-               round(util_gpu_mean * ?)::INTEGER AS ub,
-               round(sm_activity * ?)::INTEGER AS ab,
-               CASE WHEN mem_total_bytes > 0 THEN round(mem_used_bytes / mem_total_bytes * ?)::INTEGER END AS mb
+        SELECT host, gpu_uuid, round(util_gpu_mean * ?)::INTEGER AS ub, round(sm_activity * ?)::INTEGER AS ab
         FROM gpu_samples WHERE {where}
     )
-    GROUP BY GROUPING SETS ((host, gpu_uuid, ub), (host, gpu_uuid, ab), (host, gpu_uuid, mb))
-    HAVING coalesce(ub, ab, mb) IS NOT NULL
+    GROUP BY GROUPING SETS ((host, gpu_uuid, ub), (host, gpu_uuid, ab))
+    HAVING coalesce(ub, ab) IS NOT NULL
 """
-# GROUPING(ub, ab, mb) is a bitmask of the columns *not* grouped: 0b011 -> ub, 0b101 -> ab, 0b110 -> mb.
-_WHICH = {0b011: "util", 0b101: "sm", 0b110: "mem"}
+# GROUPING(ub, ab) is a bitmask of the columns *not* grouped: 0b01 -> grouped by ub, 0b10 -> by ab.
+_WHICH = {0b01: "util", 0b10: "sm"}
 
 
 def percentile(weighted_bins: dict[int, float], p: float) -> float | None:
@@ -211,8 +214,8 @@ def fleet_summary(
         per[(host, uuid)].update(gpu_index=index, gpu_name=name)
 
     # Per GPU: bin -> samples, for each metric. Means, idle counts and percentiles all come from these.
-    bins: dict[tuple, dict[str, dict[int, int]]] = {k: {"util": {}, "sm": {}, "mem": {}} for k in per}
-    hist_rows = con.execute(_HISTOGRAMS.format(where=where), [HIST_RESOLUTION] * 3 + params).fetchall()
+    bins: dict[tuple, dict[str, dict[int, int]]] = {k: {"util": {}, "sm": {}} for k in per}
+    hist_rows = con.execute(_HISTOGRAMS.format(where=where), [HIST_RESOLUTION] * 2 + params).fetchall()
     for host, uuid, which, b, n in hist_rows:
         bins[(host, uuid)][_WHICH[which]][b] = n
     idle_bin = options.idle_below * HIST_RESOLUTION
@@ -224,13 +227,14 @@ def fleet_summary(
         )
         g["n_idle"] = sum(n for b, n in h["util"].items() if b < idle_bin - 1e-9)
         g["n_a"], g["s_a"] = sum(h["sm"].values()), sum(b * n for b, n in h["sm"].items()) / HIST_RESOLUTION
-        g["n_m"], g["s_m"] = sum(h["mem"].values()), sum(b * n for b, n in h["mem"].items()) / HIST_RESOLUTION
-        g["s_head"] = (g["n_m"] - g["s_m"]) * (g["mem_total"] or 0)
+        # A GPU's memory size does not change, so its used ratio is its bytes over its size.
+        total = g["mem_total"] or 0
+        g["s_m"] = g["s_mu"] / total if total else None
+        g["s_head"] = (g["n_m"] * total - g["s_mu"]) if total else None
 
     hists: dict[str, dict[int, float]] = {
         "util": defaultdict(float),
         "sm": defaultdict(float),
-        "mem": defaultdict(float),
     }
     for key, h in bins.items():
         for metric, counts in h.items():
@@ -285,7 +289,9 @@ def fleet_summary(
         idle_gpu_hours=wsum("n_idle"),
         held_idle_gpu_hours=wsum("n_held"),
         mem_used_ratio_mean=_ratio(sum(hours(g, "s_m") for g in per_list), m_hours),
-        mem_used_ratio_p95=percentile(hists["mem"], 0.95),
+        mem_used_ratio_peak=max(
+            (g["mu_peak"] / g["mem_total"] for g in per_list if g["mem_total"]), default=None
+        ),
         mem_headroom_bytes_mean=_ratio(sum(hours(g, "s_head") for g in per_list), m_hours),
         mem_total_bytes=sum(s.mem_total_bytes for s in per_gpu),
         lost_gpu_hours=wsum("n_lost"),

@@ -43,3 +43,17 @@ def filled_tick_cte(ticks: str) -> str:
         SELECT * REPLACE (coalesce(tick_s, (SELECT median(tick_s) FROM {ticks}), 0.0) AS tick_s)
         FROM {ticks}
     """
+
+
+def gpu_ticks(con, where: str, params: list) -> dict[tuple[str, str], float]:
+    """{(host, gpu_uuid): tick in seconds} for the GPU samples matching ``where``.
+
+    One streaming group-by (count, first, last per GPU and hour); queries that need per-GPU weights
+    aggregate per GPU first and apply these afterwards, instead of joining a tick onto every sample.
+    """
+    rows = con.execute(
+        f"WITH ticks AS ({tick_cte(f'(SELECT host, gpu_uuid, ts FROM gpu_samples WHERE {where})')}), "
+        f"filled AS ({filled_tick_cte('ticks')}) SELECT host, gpu_uuid, tick_s FROM filled",
+        params,
+    ).fetchall()
+    return {(h, u): t for h, u, t in rows}

@@ -3,9 +3,10 @@
     python bench/gen_telemetry.py --out /tmp/gpupool-month --days 30 --processes
     python bench/bench_analytics.py /tmp/gpupool-month [--repeat 3] [--all]
 
-Prints wall time per call (the first call reads cold from the page cache as it is; later calls are
-warm) and the process's peak resident memory, which shows the data is streamed, not loaded: the
-month is ~166 M rows, several GiB uncompressed.
+Prints wall time per call (the first call reads from the page cache as it is; later calls are
+warm), the CPU time it took (all threads: on a shared machine, CPU / cores is the wall time an idle
+machine would see), the 1-minute load average, and the process's peak resident memory, which shows
+the data is streamed, not loaded: the month is ~166 M rows, several GiB uncompressed.
 """
 
 from __future__ import annotations
@@ -25,15 +26,23 @@ def _rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)  # ru_maxrss is KiB on Linux
 
 
-def _timed(label: str, fn, repeat: int) -> None:
-    times = []
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _timed(label: str, fn, repeat: int):
+    # Wall time depends on what else the machine runs; CPU time (all threads) does not, and CPU / cores
+    # is what the wall time would be on an otherwise idle machine.
+    times, cpus = [], []
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu_s()
         result = fn()
         times.append(time.perf_counter() - t0)
-    best = min(times)
+        cpus.append(_cpu_s() - c0)
     print(
-        f"{label:<34} first {times[0]:7.2f} s   best {best:7.2f} s   peak RSS {_rss_gib():5.2f} GiB",
+        f"{label:<30} wall first {times[0]:6.2f} s, best {min(times):6.2f} s   "
+        f"CPU {min(cpus):6.2f} s   peak RSS {_rss_gib():4.2f} GiB   load {os.getloadavg()[0]:.1f}",
         flush=True,
     )
     return result

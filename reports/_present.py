@@ -70,7 +70,7 @@ def headline(s: A.FleetSummary) -> list[tuple[str, str, str]]:
             "memory headroom",
             gib(s.mem_headroom_bytes_mean),
             f"free memory per GPU on average; memory used mean {pct(s.mem_used_ratio_mean)}, "
-            f"p95 {pct(s.mem_used_ratio_p95)}",
+            f"the fullest a GPU got {pct(s.mem_used_ratio_peak)}",
         ),
     ]
 
