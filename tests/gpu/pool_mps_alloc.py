@@ -27,7 +27,8 @@ def try_alloc(nbytes: int) -> bool:
         del x
         torch.cuda.empty_cache()
         return True
-    except torch.OutOfMemoryError:
+    except (torch.cuda.OutOfMemoryError, RuntimeError) as exc:  # MPS may surface it as a CUDA error
+        result.setdefault("refusals", []).append(str(exc).splitlines()[0][:200])
         torch.cuda.empty_cache()
         return False
 
