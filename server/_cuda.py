@@ -410,7 +410,10 @@ class CudaExecutor(Executor):
         )
 
     def cuPointerGetAttribute(self, attr, ptr):
-        return _int(_ok(driver.cuPointerGetAttribute(_enum(driver.CUpointer_attribute, attr), ptr)))
+        value = _int(_ok(driver.cuPointerGetAttribute(_enum(driver.CUpointer_attribute, attr), ptr)))
+        if attr == driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+            return self.real.index(value)  # the client numbers the lease's devices 0..n-1
+        return value
 
     # -- modules, libraries, functions ---------------------------------------------------------------
 

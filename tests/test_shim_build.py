@@ -51,3 +51,13 @@ def test_remote_env_puts_the_shim_first(tmp_path, monkeypatch):
 def test_a_lease_without_a_worker_is_a_clear_error():
     with pytest.raises(ValueError, match="remote=true"):
         remote_env({"id": "L2"})
+
+
+def test_without_a_built_shim_the_error_says_how_to_get_one(monkeypatch):
+    import importlib.util
+
+    from virtualize.remote import ShimNotBuilt
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ShimNotBuilt, match="reinstall with a C compiler"):
+        shim_library_path()
