@@ -76,3 +76,41 @@ def test_ended_leases_are_forgotten_after_the_retention(tmp_path):
     assert pool.purge_ended(now=200) == 1
     assert [lease["id"] for lease in pool.list(ALICE, False, "any")] == [live["id"]]
     assert pool.used_bytes() == {0: 20 * GIB}
+
+
+def test_the_example_configs_in_deploy_load(tmp_path):
+    from pathlib import Path
+
+    from server._config import load_config
+    from virtualize.config import load
+
+    root = Path(__file__).resolve().parent.parent
+    cfg = load_config(root / "deploy" / "server.toml")
+    assert cfg.mps and cfg.clients["alice"].limit == 2.5 and cfg.clients["alice"].idle_timeout_s == 1800
+    assert cfg.max_lease_s == 7 * 86400 and cfg.lease_ttl_s == 30
+    client = load(str(root / "deploy" / "client.toml"))
+    assert [s.url for s in client.servers] == [
+        "http://gpu1.example.org:56001",
+        "https://gpu2.example.org:56001",
+    ]
+    assert client.timeout_s == 600
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("[server]\nprot = 1\n", "unknown key server.prot"),
+        ('[policy]\nlease_ttl = "soon"\n', "policy.lease_ttl: 'soon' is not a duration"),
+        ("[sever]\n", "unknown section"),
+        ("[server\n", "not valid TOML"),
+    ],
+)
+def test_config_mistakes_are_named(tmp_path, text, words):
+    from server._config import load_config
+    from server._errors import BadRequest
+
+    path = tmp_path / "server.toml"
+    path.write_text(text)
+    with pytest.raises(BadRequest) as err:
+        load_config(path)
+    assert words in err.value.message
