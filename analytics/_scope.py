@@ -7,7 +7,7 @@ partition so DuckDB skips whole days of segments outside the range.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import duckdb
@@ -29,7 +29,7 @@ class Scope:
     start: datetime | None = None
     end: datetime | None = None
     hosts: tuple[str, ...] = ()
-    gpus: tuple[str, ...] = field(default=())  # GPU UUIDs
+    gpus: tuple[str, ...] = ()  # GPU UUIDs
 
     def where(self) -> tuple[str, list]:
         """SQL predicate over a telemetry view and its parameters."""

@@ -73,7 +73,14 @@ def filters(ext: A.Extent) -> tuple[A.Scope, A.SummaryOptions, str]:
     start, end = ext.start.replace(tzinfo=None), ext.end.replace(tzinfo=None) + timedelta(seconds=1)
     span = end - start
     step = timedelta(minutes=1) if span <= timedelta(days=2) else timedelta(hours=1)
-    lo, hi = sb.slider("Time range (UTC)", min_value=start, max_value=end, value=(start, end), step=step)
+    lo, hi = sb.slider(
+        "Time range (UTC)",
+        min_value=start,
+        max_value=end,
+        value=(start, end),
+        step=step,
+        format="YYYY-MM-DD HH:mm",
+    )
     hosts = sb.multiselect("Hosts", ext.hosts, placeholder="all hosts")
     choices = [g for g in ext.gpus if not hosts or g.host in hosts]
     gpus = sb.multiselect("GPUs", choices, format_func=lambda g: g.label, placeholder="all GPUs")
