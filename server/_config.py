@@ -74,6 +74,16 @@ def load_config(path: Path | None) -> ServerConfig:
         raise BadRequest(f"config file {path} not found", "pass --config PATH of an existing file") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise BadRequest(f"config file {path} is not valid TOML: {exc}", "see deploy/server.toml") from None
+    try:
+        _apply(cfg, data, path)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise BadRequest(
+            f"config file {path}: a value has the wrong type ({exc})", "see deploy/server.toml"
+        ) from None
+    return cfg
+
+
+def _apply(cfg: ServerConfig, data: dict, path: Path) -> None:
     known_sections = {"server", "policy", "clients"}
     unknown = set(data) - known_sections
     if unknown:
@@ -119,4 +129,3 @@ def load_config(path: Path | None) -> ServerConfig:
             if "idle_timeout" in c
             else None,
         )
-    return cfg

@@ -103,6 +103,8 @@ def test_the_example_configs_in_deploy_load(tmp_path):
         ('[policy]\nlease_ttl = "soon"\n', "policy.lease_ttl: 'soon' is not a duration"),
         ("[sever]\n", "unknown section"),
         ("[server\n", "not valid TOML"),
+        ('[server]\nport = "fifty"\n', "wrong type"),
+        ("[clients]\nbob = 3\n", "wrong type"),
     ],
 )
 def test_config_mistakes_are_named(tmp_path, text, words):
