@@ -94,14 +94,15 @@ class CudaExecutor(Executor):
     def __init__(self, devices) -> None:
         """`devices`: the lease's GPUs (WorkerDevice), shown to the client as devices 0..n-1."""
         _ok(driver.cuInit(0))
-        self.real = [self._find(d) for d in devices]
+        self.real = [self._find(d, position) for position, d in enumerate(devices)]
         self.launchables: dict[int, _Launchable] = {}
         self.streams: dict[int, driver.CUstream] = {}
         self.local = threading.local()  # per connection thread: scratch and staging buffers
 
     @staticmethod
-    def _find(device) -> int:
-        """The CUDA ordinal of a lease GPU: by UUID (ordinals need not follow NVML's order), else index."""
+    def _find(device, position: int) -> int:
+        """The CUDA ordinal of a lease GPU: by UUID, else its position (start_worker makes the lease's
+        GPUs the process's CUDA_VISIBLE_DEVICES, in order)."""
         count = _ok(driver.cuDeviceGetCount())
         if device.uuid:
             want = device.uuid.removeprefix("GPU-").replace("-", "").lower()
@@ -109,9 +110,9 @@ class CudaExecutor(Executor):
                 if bytes(_ok(driver.cuDeviceGetUuid(ordinal)).bytes).hex() == want:
                     return ordinal
             raise CudaError(101, f"no CUDA device has UUID {device.uuid}")
-        if not 0 <= device.index < count:
-            raise CudaError(101, f"CUDA sees {count} device(s), the lease names index {device.index}")
-        return device.index
+        if not 0 <= position < count:
+            raise CudaError(101, f"CUDA sees {count} device(s), the lease has more")
+        return position
 
     # -- helpers -------------------------------------------------------------------------------------
 

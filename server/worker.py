@@ -108,9 +108,10 @@ def start_worker(
     state_dir = Path(tempfile.mkdtemp(prefix=f"gpupool-worker-{_safe(lease_id)}-"))
     child_env = {**os.environ, **env, SECRET_ENV: secret}
     child_env[EXECUTOR_ENV] = executor or env.get(EXECUTOR_ENV) or os.environ.get(EXECUTOR_ENV, "cuda")
-    # CUDA numbers devices as NVML does (physical index), like the MPS limits in `env`; the worker
-    # finds the lease's GPUs by UUID and shows them to the client as devices 0..n-1.
-    child_env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    # The worker sees exactly the lease's GPUs, as devices 0..n-1 in the lease's order (the MPS limits
+    # in `env` are keyed that way) and shows them to the client in that order.
+    if devices:
+        child_env["CUDA_VISIBLE_DEVICES"] = ",".join(d.uuid or str(d.index) for d in devices)
     cmd = [
         sys.executable,
         "-m",
