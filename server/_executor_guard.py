@@ -170,8 +170,8 @@ class Session:
             self.channel.skip(self.channel.bulk_left)
         if answer is _ANSWERED:
             return
-        if call.sync_point and self.pending:
-            result, self.pending = result or self.pending, 0
+        if call.sync_point and self.pending:  # the earlier asynchronous error comes first
+            result, self.pending = self.pending, 0
         if not wants_reply or call.mode is Mode.ASYNC:
             if result and not self.pending:
                 self.pending = result
