@@ -118,6 +118,10 @@ def native_vs_remote(name: str, cmd: list[str], native_env, remote_env_, shim: P
     step(f"{name}: native run")
     n = run(cmd, native_env)
     show("native", *n)
+    if n[0] != 0 and "ModuleNotFoundError" in n[2]:
+        missing = [line for line in n[2].splitlines() if "ModuleNotFoundError" in line][-1]
+        record(name, "SKIP", f"not installed here: {missing.strip()}")
+        return
     step(f"{name}: remote run (gpupool libcuda.so.1 -> worker)")
     r = run(cmd, remote_env_)
     show("remote", *r)
