@@ -194,11 +194,12 @@ def main() -> int:
                           bind_host="127.0.0.1", env={}, executor="cuda")  # fmt: skip
     print(f"worker pid {worker.pid} listening on {worker.host}:{worker.port}")
     remote = lease_env(worker, shim, work, env)
+    native_one = {**env, "CUDA_VISIBLE_DEVICES": devices[0][1]}  # natively, the same single GPU
     try:
         for program in PROGRAMS:
             key = program.removeprefix("prog_").removesuffix(".py")
             if selected(key):
-                native_vs_remote(key, [sys.executable, program], env, remote, shim)
+                native_vs_remote(key, [sys.executable, program], native_one, remote, shim)
 
         if selected("quota"):
             step("quota: the program sees the partition, allocations beyond it fail")
