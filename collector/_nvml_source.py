@@ -3,8 +3,13 @@
 What a tick costs (H100 figures from DESIGN.md) shapes what it reads:
 
 - utilization.gpu and memory-controller utilization come from the driver's sample ring
-  (``nvmlDeviceGetSamples`` since the previous tick), summarised as mean and max, so the ~200 ms driver
-  samples between two ticks are all counted rather than one of them picked;
+  (``nvmlDeviceGetSamples``), summarised per tick as mean and max, so the ~200 ms driver samples
+  between two ticks are all counted rather than one of them picked. A ring read costs ~1-2 ms of CPU
+  (measured on an H200: bench/nvml_call_costs.py), far more than every other per-tick query together,
+  so the rings (and the per-process busy-share ring) are read every ``ring_every_s`` (5 s), which the
+  ring's history easily covers, and each tick's samples are sorted into it by their timestamps. A GPU's
+  rows therefore leave the source in batches, up to ``ring_every_s`` late; ``drain()`` hands out the
+  last batch when the collector stops;
 - memory, power, temperature, SM clock: microseconds each, every tick;
 - GPM (Hopper+): one ~39 µs sample per tick, metrics computed between consecutive samples at least
   100 ms apart (NVML's minimum);
@@ -77,6 +82,12 @@ class _GpuState:
         self.gpm_prev: Any | None = None
         self.gpm_prev_at = 0.0
         self.energy_at: float | None = None  # monotonic time of the last energy read
+        # Ticks whose rows wait for the next ring read: (gpu row, process rows, start µs, end µs].
+        self.pending: list[tuple[dict, list[dict], int, int]] = []
+        self.tick_end_us: int | None = None
+        self.ring_read_at: float | None = None  # monotonic time of the last ring read
+        # The newest ring sample seen, per kind: what a tick with no sample of its own carries forward.
+        self.last_sample: dict[str, float] = {}
         self.lost_since: float | None = None
         self.lost_probe_at = 0.0
 
@@ -93,6 +104,7 @@ class NvmlSource:
         energy_every_s: float = 60.0,
         gpm_min_gap_s: float = 0.1,
         lost_retry_s: float = 30.0,
+        ring_every_s: float = 5.0,
         procinfo: ProcessInfo | None = None,
         clock=time.monotonic,
         wall_us=None,
@@ -107,6 +119,7 @@ class NvmlSource:
         self._energy_every_s = energy_every_s
         self._gpm_min_gap_s = gpm_min_gap_s
         self._lost_retry_s = lost_retry_s
+        self._ring_every_s = ring_every_s
         self._procinfo = procinfo or ProcessInfo()
         backend.start()  # raises NvmlUnavailable
         self._inventory = inventory_from(backend)
@@ -146,8 +159,13 @@ class NvmlSource:
                 if gpu.lost_since is not None and not self._probe_lost(gpu):
                     tick.gpu_rows.append(self._lost_row(gpu, now))
                     continue
-                row, procs = self._sample_gpu(gpu, now)
+                ready = self._sample_gpu(gpu, now)
             except GpuLost:
+                # Ticks sampled before it went: kept, without the ring values that died with it.
+                for row, procs, _, _ in gpu.pending:
+                    tick.gpu_rows.append(row)
+                    tick.process_rows.extend(procs)
+                gpu.pending.clear()
                 if gpu.lost_since is None:
                     gpu.lost_since = self._clock()
                     gpu.lost_probe_at = gpu.lost_since
@@ -157,10 +175,29 @@ class NvmlSource:
                         gpu.gpm_prev = None
                 tick.gpu_rows.append(self._lost_row(gpu, now))
                 continue
-            tick.gpu_rows.append(row)
-            tick.process_rows.extend(procs)
-            live_pids.update(p["pid"] for p in procs)
-        self._procinfo.forget_except(live_pids)
+            for row, procs in ready:
+                tick.gpu_rows.append(row)
+                tick.process_rows.extend(procs)
+                live_pids.update(p["pid"] for p in procs)
+        # Processes of ticks still waiting for their ring read keep their cached names too.
+        waiting = {p["pid"] for g in self._gpus for _, procs, _, _ in g.pending for p in procs}
+        self._procinfo.forget_except(live_pids | waiting)
+        return tick
+
+    def drain(self) -> Tick:
+        """The ticks still waiting for a ring read, resolved now (the collector is stopping)."""
+        tick = Tick()
+        for gpu in self._gpus:
+            if not gpu.pending:
+                continue
+            try:
+                ready = self._resolve(gpu)
+            except GpuLost:
+                ready = [(row, procs) for row, procs, _, _ in gpu.pending]
+                gpu.pending.clear()
+            for row, procs in ready:
+                tick.gpu_rows.append(row)
+                tick.process_rows.extend(procs)
         return tick
 
     def _probe_lost(self, gpu: _GpuState) -> bool:
@@ -192,12 +229,15 @@ class NvmlSource:
     def _lost_row(self, gpu: _GpuState, now: dt.datetime) -> dict:
         return self._base_row(gpu, now, "lost")
 
-    def _sample_gpu(self, gpu: _GpuState, now: dt.datetime) -> tuple[dict, list[dict]]:
+    def _sample_gpu(self, gpu: _GpuState, now: dt.datetime) -> list[tuple[dict, list[dict]]]:
+        """Sample one GPU's cheap fields now; return the ticks whose ring values are known by now."""
         b, i = self._backend, gpu.info.index
+        end_us = self._nvml_now_us()
         if gpu.util_since_us is None:  # the first tick summarises the interval before it
-            gpu.util_since_us = gpu.mem_since_us = gpu.proc_since_us = self._nvml_now_us() - self._interval_us
+            gpu.util_since_us = gpu.mem_since_us = gpu.proc_since_us = end_us - self._interval_us
+            gpu.tick_end_us = end_us - self._interval_us
+        start_us, gpu.tick_end_us = gpu.tick_end_us, end_us
         row = self._base_row(gpu, now, "ok")
-        self._utilization(gpu, row)
         memory = b.memory(i)
         if memory is not None:
             row["mem_used_bytes"], row["mem_total_bytes"] = memory
@@ -210,26 +250,50 @@ class NvmlSource:
             gpu.energy_at = mono
         if gpu.gpm:
             row.update(self._gpm(gpu, mono))
-        return row, self._processes(gpu, now)
+        gpu.pending.append((row, self._processes(gpu, now), start_us, end_us))
+        if gpu.ring_read_at is not None and mono - gpu.ring_read_at < self._ring_every_s:
+            return []
+        gpu.ring_read_at = mono
+        return self._resolve(gpu)
 
-    def _utilization(self, gpu: _GpuState, row: dict) -> None:
+    def _resolve(self, gpu: _GpuState) -> list[tuple[dict, list[dict]]]:
+        """Read the rings once and give every waiting tick the samples of its own interval."""
+        self._utilization(gpu)
+        self._process_shares(gpu)
+        ready = [(row, procs) for row, procs, _, _ in gpu.pending]
+        gpu.pending.clear()
+        return ready
+
+    def _utilization(self, gpu: _GpuState) -> None:
         b, i = self._backend, gpu.info.index
         fallback = None
         for kind, attr, prefix in (
             ("gpu", "util_since_us", "util_gpu"),
             ("memory", "mem_since_us", "util_mem"),
         ):
-            samples = b.utilization_samples(i, kind, getattr(gpu, attr))
+            # Samples newer than the last waiting tick belong to the next one: leave them in the ring.
+            last_end = gpu.pending[-1][3]
+            samples = [
+                x for x in b.utilization_samples(i, kind, getattr(gpu, attr)) or [] if x[0] <= last_end
+            ]
             if samples:
                 setattr(gpu, attr, max(ts for ts, _ in samples))
-                row[f"{prefix}_mean"], row[f"{prefix}_max"] = _summary(samples)
-                continue
-            # No ring sample since the last tick (or no ring on this GPU): the instantaneous rate.
-            if fallback is None:
-                fallback = b.utilization_rates(i) or (None, None)
-            value = fallback[0] if kind == "gpu" else fallback[1]
-            if value is not None:
-                row[f"{prefix}_mean"] = row[f"{prefix}_max"] = value / 100.0
+            for row, _, start_us, end_us in gpu.pending:
+                own = [s for s in samples if start_us < s[0] <= end_us]
+                if own:
+                    row[f"{prefix}_mean"], row[f"{prefix}_max"] = _summary(own)
+                    gpu.last_sample[kind] = own[-1][1] / 100.0
+                    continue
+                # No driver sample in this tick (ticks shorter than the driver's sample period, or a
+                # GPU without a ring): the value in effect, else the instantaneous rate.
+                value = gpu.last_sample.get(kind)
+                if value is None:
+                    if fallback is None:
+                        fallback = b.utilization_rates(i) or (None, None)
+                    raw = fallback[0] if kind == "gpu" else fallback[1]
+                    value = None if raw is None else raw / 100.0
+                if value is not None:
+                    row[f"{prefix}_mean"] = row[f"{prefix}_max"] = value
 
     def _gpm(self, gpu: _GpuState, mono: float) -> dict:
         b, i = self._backend, gpu.info.index
@@ -246,23 +310,14 @@ class NvmlSource:
         return out
 
     def _processes(self, gpu: _GpuState, now: dt.datetime) -> list[dict]:
-        b, i = self._backend, gpu.info.index
-        procs = b.processes(i)
+        """Process rows of this tick; their busy share is filled in when the ring is read."""
+        i = gpu.info.index
+        procs = self._backend.processes(i)
         if not procs:
             return []
-        util = b.process_utilization(i, gpu.proc_since_us)
-        shares: dict[int, list[float]] = {}
-        for pid, ts, sm in util or []:
-            shares.setdefault(pid, []).append(sm / 100.0)
-            gpu.proc_since_us = max(gpu.proc_since_us, ts)
         rows = []
         for pid, mem in procs:
             name, user, container = self._procinfo.describe(pid)
-            if util is None:
-                sm_util = None  # not reported here (MIG, older GPUs)
-            else:
-                s = shares.get(pid)
-                sm_util = sum(s) / len(s) if s else 0.0
             rows.append(
                 {
                     "ts": now,
@@ -273,12 +328,31 @@ class NvmlSource:
                     "user": user,
                     "container_id": container,
                     "mem_used_bytes": mem,
-                    "sm_util": sm_util,
+                    "sm_util": None,
                     "source": self.kind,
                     "simulated": False,
                 }
             )
         return rows
+
+    def _process_shares(self, gpu: _GpuState) -> None:
+        if not any(procs for _, procs, _, _ in gpu.pending):
+            return
+        util = self._backend.process_utilization(gpu.info.index, gpu.proc_since_us)
+        if util is None:
+            return  # not reported here (MIG, older GPUs): sm_util stays null
+        last_end = gpu.pending[-1][3]
+        util = [x for x in util if x[1] <= last_end]  # newer ones belong to the next tick
+        for _, ts, _ in util:
+            gpu.proc_since_us = max(gpu.proc_since_us, ts)
+        for _, procs, start_us, end_us in gpu.pending:
+            shares: dict[int, list[float]] = {}
+            for pid, ts, sm in util:
+                if start_us < ts <= end_us:
+                    shares.setdefault(pid, []).append(sm / 100.0)
+            for row in procs:
+                s = shares.get(row["pid"])
+                row["sm_util"] = sum(s) / len(s) if s else 0.0
 
     def close(self) -> None:
         for gpu in self._gpus:

@@ -66,12 +66,19 @@ class LiveState:
         self.last_flush: float | None = None
 
     def update(self, gpu_rows: list[dict], process_rows: list[dict]) -> None:
-        counts: dict[int, int] = {}
+        """Take one tick's rows. The NVML source hands out rows in batches (several ticks of a GPU at
+        once, nothing in between), so the newest row of each GPU is kept until a newer one comes."""
+        newest = {r["gpu_index"]: r for r in gpu_rows}  # rows come in time order: the last one wins
+        counts: dict[int, int] = dict.fromkeys(newest, 0)
         for p in process_rows:
-            counts[p["gpu_index"]] = counts.get(p["gpu_index"], 0) + 1
+            row = newest.get(p["gpu_index"])
+            if row is not None and p.get("ts") == row.get("ts"):
+                counts[p["gpu_index"]] += 1
         with self._lock:
-            self._gpu_rows = gpu_rows
-            self._process_counts = counts
+            if newest:
+                merged = {r["gpu_index"]: r for r in self._gpu_rows} | newest
+                self._gpu_rows = [merged[i] for i in sorted(merged)]
+                self._process_counts = self._process_counts | counts
             self.last_tick = time.time()
 
     def snapshot(self) -> tuple[list[dict], dict[int, int], float | None]:

@@ -108,6 +108,9 @@ class ReplaySource:
                 )
         return tick
 
+    def drain(self) -> Tick:
+        return Tick()  # every tick's rows leave with the tick
+
     def close(self) -> None:
         pass
 

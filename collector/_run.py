@@ -128,6 +128,11 @@ def run(
             wait = min(wait, max(0.0, started + options.duration_s - time.monotonic()))
         if wait > 0:
             stop.wait(wait)
+    last = source.drain()
+    writer.append("gpu_samples", last.gpu_rows)
+    writer.append("process_samples", last.process_rows)
+    stats.gpu_rows += len(last.gpu_rows)
+    stats.process_rows += len(last.process_rows)
     return stats
 
 

@@ -104,6 +104,9 @@ class SimulatedSource:
                 )
         return tick
 
+    def drain(self) -> Tick:
+        return Tick()  # every tick's rows leave with the tick
+
     def close(self) -> None:
         pass
 

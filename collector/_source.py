@@ -36,6 +36,10 @@ class Source(Protocol):
         """One round of samples, stamped ``now`` (UTC): the end of the interval they summarise."""
         ...
 
+    def drain(self) -> Tick:
+        """Rows the source still holds back (NVML batches ring reads), handed out when the loop stops."""
+        ...
+
     @property
     def exhausted(self) -> bool:
         """True once a finite source (a replay) has nothing more to give."""

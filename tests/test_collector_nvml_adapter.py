@@ -25,6 +25,8 @@ def started(monkeypatch):
     monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
     monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: f"handle{i}")
     monkeypatch.setattr(_nvml, "_refs", 0)
+    # No driver library behind the stubs: the ring reads take pynvml's own (stubbed) functions.
+    monkeypatch.setattr(_nvml._ring, "direct", False)
     backend = _nvml.NvmlBackend()
     backend.start()
     yield backend

@@ -44,7 +44,10 @@ def collector(tmp_path):
         match = re.search(r"serving /metrics on (http://127\.0\.0\.1:\d+/metrics)", line)
         url = match.group(1) if match else None
     assert url, "the collector did not announce its /metrics address"
-    time.sleep(0.5)  # a few ticks
+    while time.monotonic() < deadline:  # until the first ticks are in (a loaded machine may take a while)
+        if scrape(url)["gpupool_collector_up"][0].value == 1.0:
+            break
+        time.sleep(0.2)
     yield url
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 0
@@ -76,6 +79,28 @@ def test_values_are_built_at_scrape_time(collector):
     time.sleep(1.2)
     second = {s.labels["gpu"]: s.value for s in scrape(collector)["gpupool_gpu_power_watts"]}
     assert first != second  # the simulated power jitters every second; a frozen page would not
+
+
+def test_gpus_keep_their_newest_row_between_batches():
+    # NVML rows arrive in batches of several ticks, with ticks of no rows in between
+    state = LiveState("h", "nvml", False, interval_s=1.0)
+    batch = [
+        {
+            "gpu_index": g,
+            "gpu_uuid": f"GPU-{g}",
+            "gpu_name": "X",
+            "state": "ok",
+            "ts": t,
+            "power_w": 100.0 + t,
+        }
+        for t in (1, 2)
+        for g in (0, 1)
+    ]
+    state.update(batch, [{"gpu_index": 0, "ts": 1}, {"gpu_index": 0, "ts": 2}, {"gpu_index": 0, "ts": 2}])
+    state.update([], [])  # a tick whose rows wait for the next ring read
+    rows, procs, _ = state.snapshot()
+    assert [(r["gpu_index"], r["power_w"]) for r in rows] == [(0, 102.0), (1, 102.0)]
+    assert procs == {0: 2, 1: 0}  # the processes of the newest tick, not of the whole batch
 
 
 def test_up_is_0_when_the_collector_stopped_ticking():

@@ -120,6 +120,8 @@ class Clock:
 
 
 def make_source(fake: FakeNvml, clock: Clock, tmp_path, **kw) -> NvmlSource:
+    # Most tests look at one tick at a time: read the rings every tick unless a test says otherwise.
+    kw.setdefault("ring_every_s", 0.0)
     return NvmlSource(
         fake, clock=lambda: clock.mono, wall_us=lambda: clock.wall_us, procinfo=ProcessInfo(tmp_path), **kw
     )
@@ -144,6 +146,61 @@ def test_utilization_summarises_the_driver_samples_since_the_last_tick(tmp_path)
     clock.advance(1.0)
     row = src.sample(NOW).gpu_rows[0]
     assert (row["util_gpu_mean"], row["util_gpu_max"]) == (pytest.approx(0.5), pytest.approx(0.5))
+
+
+def test_rings_are_read_once_per_batch_and_each_tick_keeps_its_own_samples(tmp_path):
+    # A ring read costs ~2 ms of CPU on a real GPU: read every 5 s, sort samples into their ticks.
+    fake, clock = FakeNvml(1), Clock()
+    src = make_source(fake, clock, tmp_path, ring_every_s=5.0)
+    t = clock.wall_us
+    busy = [0, 25, 50, 75, 100, 100]  # tick k's five 200 ms samples all read busy[k] %
+    fake.ring[(0, "gpu")] = [
+        (t + k * 1_000_000 + j * 200_000, busy[k]) for k in range(6) for j in range(1, 6)
+    ]
+    fake.procs[0] = [(777, 2**30)]
+    fake.proc_util[0] = [(777, t + k * 1_000_000 + 500_000, float(busy[k])) for k in range(6)]
+    rows, procs = [], []
+    reads_at_start = fake.calls["utilization_samples"]  # the clock-offset probe at start reads it too
+    for _ in range(6):
+        clock.advance(1.0)
+        tick = src.sample(NOW)
+        rows += tick.gpu_rows
+        procs += tick.process_rows
+    # tick 0 read the rings (first read), ticks 1-4 waited, tick 5 read them again: 2 reads, not 6
+    assert fake.calls["utilization_samples"] - reads_at_start == 2 * 2  # gpu and memory rings
+    assert fake.calls["process_utilization"] == 2
+    assert [round(r["util_gpu_mean"], 2) for r in rows] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+    assert [round(p["sm_util"], 2) for p in procs] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+
+
+def test_rows_waiting_for_the_ring_are_drained_when_the_collector_stops(tmp_path):
+    fake, clock = FakeNvml(1), Clock()
+    src = make_source(fake, clock, tmp_path, ring_every_s=5.0)
+    t = clock.wall_us
+    fake.ring[(0, "gpu")] = [(t + k * 200_000, 40.0) for k in range(1, 16)]
+    emitted = []
+    for _ in range(3):
+        clock.advance(1.0)
+        emitted += src.sample(NOW).gpu_rows
+    assert len(emitted) == 1  # the first tick; two wait for the next ring read
+    last = src.drain().gpu_rows
+    assert len(last) == 2 and all(r["util_gpu_mean"] == pytest.approx(0.4) for r in last)
+    assert src.drain().gpu_rows == []
+
+
+def test_ticks_waiting_when_a_gpu_is_lost_are_kept(tmp_path):
+    fake, clock = FakeNvml(2), Clock()
+    src = make_source(fake, clock, tmp_path, ring_every_s=5.0)
+    for _ in range(2):
+        clock.advance(1.0)
+        src.sample(NOW)
+    fake.lost.add(1)
+    clock.advance(1.0)
+    rows = src.sample(NOW).gpu_rows
+    gpu1 = [r for r in rows if r["gpu_index"] == 1]
+    # the tick that waited (memory known, ring values gone with the GPU) and the lost tick itself
+    assert [r["state"] for r in gpu1] == ["ok", "lost"]
+    assert gpu1[0]["mem_used_bytes"] == 2 * 2**30
 
 
 def test_no_new_ring_sample_falls_back_to_the_instant_rate(tmp_path):

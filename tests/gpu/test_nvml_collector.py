@@ -38,7 +38,7 @@ def test_inventory_describes_every_gpu(inventory):
 def test_one_tick_reports_utilization_memory_and_power(inventory):
     from collector._nvml_source import NvmlSource
 
-    source = NvmlSource(interval_s=1.0)
+    source = NvmlSource(interval_s=1.0, ring_every_s=0.0)  # rings read every tick: rows leave at once
     try:
         time.sleep(1.2)  # let the driver's sample ring fill
         first = source.sample(dt.datetime.now(dt.UTC))
@@ -68,6 +68,24 @@ def test_one_tick_reports_utilization_memory_and_power(inventory):
         if row["gpu_index"] in hopper:
             assert row.get("sm_activity") is not None, "GPM SM activity missing on a Hopper+ GPU"
             assert 0.0 <= row["sm_activity"] <= 1.0
+
+
+def test_batched_ring_reads_give_every_tick_its_own_utilization(inventory):
+    from collector._nvml_source import NvmlSource
+
+    source = NvmlSource(interval_s=1.0)  # the default: rings read every 5 s
+    rows = []
+    try:
+        for _ in range(7):
+            time.sleep(1.0)
+            rows += source.sample(dt.datetime.now(dt.UTC)).gpu_rows
+        rows += source.drain().gpu_rows
+    finally:
+        source.close()
+    for gpu in inventory:
+        mine = [r for r in rows if r["gpu_index"] == gpu.index]
+        assert len(mine) == 7, f"GPU {gpu.index}: {len(mine)} rows for 7 ticks"
+        assert all(r["util_gpu_mean"] is not None and r["util_mem_mean"] is not None for r in mine)
 
 
 def test_process_activity_sees_a_process_holding_memory():
