@@ -267,7 +267,7 @@ def main() -> int:
         worker.stop()
 
     if selected("pool"):
-        via_pool_server(work, env, shim)
+        via_pool_server(work, env, shim, devices[0][1])
 
     step("summary")
     for r in results:
@@ -291,7 +291,7 @@ input()
 """
 
 
-def via_pool_server(work: Path, env: dict[str, str], shim: Path) -> None:
+def via_pool_server(work: Path, env: dict[str, str], shim: Path, first_gpu: str) -> None:
     bindir = Path(sys.executable).parent
     server, client = (
         shutil.which(n) or shutil.which(n, path=str(bindir)) for n in ("gpupool-server", "gpuattach")
@@ -324,7 +324,7 @@ def via_pool_server(work: Path, env: dict[str, str], shim: Path) -> None:
             return
         cmd = [client, "run", "--server", f"http://127.0.0.1:{port}", "--token", token, "-n", "1", "-p", "0.25",
                "--", sys.executable, "prog_bindings.py"]  # fmt: skip
-        native = run([sys.executable, "prog_bindings.py"], env)
+        native = run([sys.executable, "prog_bindings.py"], {**env, "CUDA_VISIBLE_DEVICES": first_gpu})
         pooled = run(cmd, env)  # gpuattach uses the shim the installation built
         show("gpuattach", *pooled)
         ok = (
