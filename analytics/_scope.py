@@ -8,7 +8,7 @@ partition so DuckDB skips whole days of segments outside the range.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import duckdb
 
@@ -93,22 +93,40 @@ class Extent:
 
 
 def data_extent(con: duckdb.DuckDBPyConnection) -> Extent:
-    """The span, hosts and GPUs present in ``gpu_samples`` (for filters and for error hints)."""
-    start, end, rows, simulated = con.execute(
-        "SELECT min(ts) AT TIME ZONE 'UTC', max(ts) AT TIME ZONE 'UTC', count(*), coalesce(bool_or(simulated), false) "
-        "FROM gpu_samples"
-    ).fetchone()
-    gpus = con.execute(
-        "SELECT host, arg_max(gpu_index, ts), gpu_uuid, arg_max(gpu_name, ts), max(mem_total_bytes) "
-        "FROM gpu_samples GROUP BY host, gpu_uuid ORDER BY host, 2"
+    """The span, hosts and GPUs present in ``gpu_samples`` (for filters and for error hints).
+
+    One streaming pass for the span and the list of GPUs; names, indexes and sizes are read from
+    the days where each GPU last reported only (string aggregates over every sample are the slow part).
+    """
+    per_gpu = con.execute(
+        "SELECT host, gpu_uuid, min(epoch_us(ts)), max(epoch_us(ts)), sum(simulated::INTEGER) "
+        "FROM gpu_samples GROUP BY host, gpu_uuid"
     ).fetchall()
     (process_rows,) = con.execute("SELECT count(*) FROM process_samples").fetchone()
+    if not per_gpu:
+        return Extent(None, None, (), (), False, 0, int(process_rows))
+    (rows,) = con.execute("SELECT count(*) FROM gpu_samples").fetchone()
+    # A day back: a sample at midnight may sit in the segment of the day before.
+    since = min(datetime.fromtimestamp(last / 1e6, UTC).date() for *_, last, _ in per_gpu) - timedelta(days=1)
+    details = {
+        (h, u): (i, n, m)
+        for h, u, i, n, m in con.execute(
+            "SELECT host, gpu_uuid, arg_max(gpu_index, ts), arg_max(gpu_name, ts), max(mem_total_bytes) "
+            "FROM gpu_samples WHERE date >= ? GROUP BY host, gpu_uuid",
+            [since],
+        ).fetchall()
+    }
+    gpus = []
+    for host, uuid, *_ in per_gpu:
+        index, name, mem = details.get((host, uuid), (0, "", 0))
+        gpus.append(GpuInfo(host, int(index or 0), uuid, name or "", int(mem or 0)))
+    gpus.sort(key=lambda g: (g.host, g.gpu_index, g.gpu_uuid))
     return Extent(
-        start=utc(start),
-        end=utc(end),
-        hosts=tuple(sorted({g[0] for g in gpus})),
-        gpus=tuple(GpuInfo(h, int(i), u, n or "", int(m or 0)) for h, i, u, n, m in gpus),
-        simulated=bool(simulated),
+        start=datetime.fromtimestamp(min(r[2] for r in per_gpu) / 1e6, UTC),
+        end=datetime.fromtimestamp(max(r[3] for r in per_gpu) / 1e6, UTC),
+        hosts=tuple(sorted({g.host for g in gpus})),
+        gpus=tuple(gpus),
+        simulated=any(r[4] for r in per_gpu),
         gpu_rows=int(rows),
         process_rows=int(process_rows),
     )

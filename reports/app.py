@@ -152,18 +152,17 @@ def main() -> None:
     st.plotly_chart(P.fig_distribution(s))
 
     section("Who holds the GPUs", s.simulated)
-    tabs = st.tabs(["per user", "per process name", "per container"])
-    for tab, by in zip(tabs, ["user", "process", "container"], strict=True):
-        with tab:
-            try:
-                a = attribution(dirs, scope, by, options)
-            except A.TelemetryError as exc:
-                st.info(f"{exc.title}. {exc.hint}")
-                continue
-            st.plotly_chart(P.fig_attribution(a), key=f"attr-{by}")
-            df = P.attribution_table(a)
-            st.dataframe(df, hide_index=True)
-            download(df, f"attribution-{by}", f"dl-attr-{by}")
+    # One breakdown at a time: each is a pass over the process rows, so only the chosen one is computed.
+    by = st.radio("Per", ["user", "process", "container"], horizontal=True, format_func=lambda b: f"per {b}")
+    try:
+        a = attribution(dirs, scope, by, options)
+    except A.TelemetryError as exc:
+        st.info(f"{exc.title}. {exc.hint}")
+    else:
+        st.plotly_chart(P.fig_attribution(a), key=f"attr-{by}")
+        df = P.attribution_table(a)
+        st.dataframe(df, hide_index=True)
+        download(df, f"attribution-{by}", f"dl-attr-{by}")
 
     section("What-if: a pool of fractional GPUs", s.simulated)
     c = st.columns(5)

@@ -104,3 +104,16 @@ def test_no_directory_configured(monkeypatch):
     at = AppTest.from_file(APP, default_timeout=30).run()
     assert not at.exception
     assert "No telemetry directory given" in at.error[0].value
+
+
+def test_attribution_breakdown_switches(monkeypatch, real_dir):
+    at = _run(monkeypatch, real_dir)
+    [per] = [r for r in at.radio if r.label == "Per"]
+    assert per.value == "user"
+    users = next(d for d in at.dataframe if "user" in d.value.columns).value
+    assert list(users["user"]) == ["alice", "bob"]
+    assert list(users["idle while holding h"]) == [0.0, pytest.approx(0.17, abs=0.01)]  # bob idles 10 min
+    per.set_value("container").run()
+    assert not at.exception
+    containers = next(d for d in at.dataframe if "container" in d.value.columns).value
+    assert list(containers["container"]) == ["(no container)"]
