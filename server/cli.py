@@ -14,7 +14,7 @@ import logging
 import sys
 from pathlib import Path
 
-SUBCOMMANDS = ("serve", "token")
+SUBCOMMANDS = ("serve", "token", "client")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -98,6 +98,20 @@ def _parser() -> argparse.ArgumentParser:
     tsub.add_parser("list", parents=[common], help="list tokens (ids, clients, expiry; never the secrets)")
     tr = tsub.add_parser("revoke", parents=[common], help="revoke a token by its id")
     tr.add_argument("token_id")
+
+    c = sub.add_parser(
+        "client", help="list clients, set a client's GPU limit and idle timeout (live, stored)"
+    )
+    csub = c.add_subparsers(dest="client_command", metavar="{list,set}", required=True)
+    csub.add_parser("list", parents=[common], help="clients with their limit, idle timeout and usage")
+    cs = csub.add_parser(
+        "set", parents=[common], help="set a client's own limit / idle timeout ('default' clears it)"
+    )
+    cs.add_argument("client")
+    cs.add_argument("--limit", metavar="GPUS|default", help="GPU limit, a sum of fractions (e.g. 2.5)")
+    cs.add_argument(
+        "--idle-timeout", metavar="DURATION|default", help="idle timeout (e.g. 30m; 0 = never reclaim)"
+    )
     return p
 
 
@@ -116,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "token":
             return _token(args)
+        if args.command == "client":
+            return _client(args)
         return _serve(args)
     except PoolError as exc:
         return _fail(exc.message, exc.hint)
@@ -129,7 +145,7 @@ def _config(args):
     cfg = load_config(args.config)
     if args.state_dir:
         cfg.state_dir = args.state_dir
-    if args.command == "token":
+    if args.command in ("token", "client"):
         return cfg
     for name in ("host", "port", "advertise_addr", "simulate_gpus", "mps_pipe_dir", "tls_cert", "tls_key"):
         if getattr(args, name) is not None:
@@ -193,6 +209,53 @@ def _token(args) -> int:
         if row is None:
             return _fail(f"no token {args.token_id}", "gpupool-server token list shows the ids")
         print(f"revoked {row['id']} (client {row['client']})")
+    return 0
+
+
+def _client(args) -> int:
+    """Client policy straight in the state directory: a running server applies it at its next decision."""
+    import socket
+
+    from server._config import parse_duration
+    from server._events import EventLog
+    from server._inventory import Inventory
+    from server._pool import Pool
+    from server._requests import ClientUpdate
+
+    cfg = _config(args)
+    store = _open_store(cfg.state_dir)
+    pool = Pool(
+        store, Inventory(socket.gethostname(), "", (), False), cfg, EventLog(None, "cli", simulated=False)
+    )
+    if args.client_command == "set":
+        if args.limit is None and args.idle_timeout is None:
+            return _fail("nothing to set", "give --limit and/or --idle-timeout")
+        update = ClientUpdate()
+        if args.limit is not None:
+            try:
+                update.limit = None if args.limit == "default" else float(args.limit)
+            except ValueError:
+                return _fail(
+                    f"--limit {args.limit!r} is not a number", "e.g. --limit 2.5, or --limit default"
+                )
+            if update.limit is not None and update.limit < 0:
+                return _fail("--limit must be 0 or more", "e.g. --limit 2.5")
+        if args.idle_timeout is not None:
+            update.idle_timeout_s = (
+                None
+                if args.idle_timeout == "default"
+                else parse_duration(args.idle_timeout, "--idle-timeout")
+            )
+        pool.set_client(args.client, update)
+    rows = [c for c in pool.clients() if args.client_command == "list" or c["client"] == args.client]
+    print(
+        f"{'CLIENT':<20} {'LIMIT':>8} {'(from)':<8} {'IDLE TIMEOUT':>12} {'(from)':<8} {'USAGE':>7} {'LEASES':>6}"
+    )
+    for r in rows:
+        limit = "none" if r["limit"] is None else f"{r['limit']:g}"
+        idle = "never" if not r["idle_timeout_s"] else f"{r['idle_timeout_s']:g}s"
+        print(f"{r['client']:<20} {limit:>8} {r['limit_source']:<8} {idle:>12} {r['idle_timeout_source']:<8} "
+              f"{r['usage']:>7.2f} {r['leases_active']:>6}")  # fmt: skip
     return 0
 
 

@@ -519,3 +519,31 @@ def test_admin_sees_and_releases_any_lease_with_the_reason_saying_so(pool):
     )
     _, mine = api(a.url, "GET", f"/v1/leases/{lease['id']}", tok)
     assert mine["reason"] == "released by admin root-release"
+
+
+def test_client_cli_changes_policy_of_a_running_server(pool):
+    a, _ = pool
+    tok = a.token("cli-limited")
+    run = [
+        *server_cmd(),
+        "client",
+        "set",
+        "cli-limited",
+        "--limit",
+        "0.5",
+        "--idle-timeout",
+        "1h",
+        "--state-dir",
+        str(a.state_dir),
+    ]
+    out = subprocess.run(run, capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert out.returncode == 0 and "cli-limited" in out.stdout and "3600s" in out.stdout, out.stderr
+    status, ans = api(a.url, "POST", "/v1/leases", tok, lease_req(1, 0.75))
+    assert status == 403 and "limit of 0.50" in ans["error"]
+    listing = subprocess.run(
+        [*server_cmd(), "client", "list", "--state-dir", str(a.state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert any(line.split()[:2] == ["cli-limited", "0.5"] for line in listing.stdout.splitlines())
