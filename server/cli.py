@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
         description="The GPU server of the pool: inventory, leases of GPU partitions, limits, tokens, idle "
         "reclaim, HTTP/JSON API (OpenAPI at /openapi.json). See docs/pool.md.",
     )
-    sub = p.add_subparsers(dest="command", metavar="{serve,token}")
+    sub = p.add_subparsers(dest="command", metavar="{serve,token,client}")
     s = sub.add_parser("serve", help="serve leases (the default command)")
     s.add_argument("--config", type=Path, help="TOML config file (see deploy/server.toml)")
     s.add_argument("--host", help="address to bind (default 0.0.0.0)")
