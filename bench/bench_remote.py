@@ -168,11 +168,12 @@ def main() -> int:
         return 0
 
     from server.worker import WorkerDevice, start_worker
-    from virtualize.remote import compile_shim, remote_env
+    from virtualize.remote import fresh_shim, remote_env
 
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="gpupool-bench-remote-"))
-    shim = compile_shim(work / "shim")
+    shim = fresh_shim(work / "shim")
+    print(f"shim: {shim}", flush=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     env["GPUPOOL_BENCH_MAX_COPY"] = str(args.max_copy_mib << 20)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])

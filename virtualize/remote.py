@@ -64,6 +64,22 @@ def compile_shim(dest_dir: Path, *, compiler: str | None = None, extra_flags: tu
     return out
 
 
+def fresh_shim(dest_dir: Path) -> Path:
+    """The shim for test and benchmark runs: compiled from this tree's sources when a compiler is
+    here, else the installed build, else any `_libcuda_shim*.so` beside the sources (carried in)."""
+    try:
+        return compile_shim(dest_dir)
+    except (ShimNotBuilt, subprocess.CalledProcessError, OSError):
+        pass
+    try:
+        return shim_library_path()
+    except ShimNotBuilt:
+        built = sorted(Path(__file__).parent.glob("_libcuda_shim*.so"))
+        if built:
+            return built[0]
+        raise
+
+
 def shim_dir(cache_root: Path | None = None, *, library: Path | None = None) -> Path:
     """A per-user directory holding `libcuda.so.1` -> the shim (what LD_LIBRARY_PATH names first)."""
     library = library or shim_library_path()

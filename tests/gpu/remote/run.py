@@ -33,7 +33,7 @@ ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 
 from server.worker import WorkerDevice, start_worker  # noqa: E402
-from virtualize.remote import compile_shim, remote_env  # noqa: E402
+from virtualize.remote import fresh_shim, remote_env  # noqa: E402
 
 PROGRAMS = ["prog_bindings.py", "prog_core.py", "prog_numba.py"]
 results: list[dict] = []
@@ -59,19 +59,12 @@ def gpus() -> list[tuple[int, str, int]]:
 
 
 def find_shim(work: Path) -> Path:
-    try:
-        path = compile_shim(work / "shim")
-        print(f"shim compiled from source: {path}")
-        return path
-    except Exception as exc:
-        print(f"could not compile the shim here ({exc}); looking for a prebuilt one")
-    built = sorted((ROOT / "virtualize").glob("_libcuda_shim*.so"))
-    if not built:
-        raise SystemExit(
-            "no C compiler and no prebuilt virtualize/_libcuda_shim*.so: cannot test remote runs"
-        )
-    print(f"prebuilt shim: {built[0]}")
-    return built[0]
+    path = fresh_shim(work / "shim")
+    how = (
+        "compiled from this tree's sources" if path.is_relative_to(work) else "prebuilt (no C compiler here)"
+    )
+    print(f"shim {how}: {path}")
+    return path
 
 
 def base_env(extra_pythonpath: Path) -> dict[str, str]:
