@@ -128,6 +128,9 @@ class HostExecutor(Executor):
         return HOST_KERNELS[self.functions[func]]
 
     def launch(self, func, grid, block, shared_mem, stream, params, layout, attributes) -> None:
+        for attr_id, _value in attributes:
+            if attr_id not in (2, 4, 8):  # cooperative, cluster dimension, priority
+                raise CudaError(801, f"launch attribute {attr_id} is not forwarded")
         name = self.functions[func]
         if name == "fault":
             raise CudaError(700, "the fault kernel touched a wild address")

@@ -243,8 +243,16 @@ def scenario_kernels():
             ("n", ctypes.c_uint),
         ]
 
-    cfg = Config((ctypes.c_uint * 7)(1, 1, 1, 64, 1, 1, 0), 0, None, 0)
+    class Attribute(ctypes.Structure):  # CUlaunchAttribute: id, padding, a 64-byte value union
+        _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+    priority = Attribute(8, b"", (ctypes.c_int * 16)(1))  # CU_LAUNCH_ATTRIBUTE_PRIORITY
+    cfg = Config((ctypes.c_uint * 7)(1, 1, 1, 64, 1, 1, 0), 0, ctypes.addressof(priority), 1)
     check(cu.cuLaunchKernelEx(ctypes.byref(cfg), add, params, None), "launch ex")
+    unknown = Attribute(1, b"", (ctypes.c_int * 16)())  # ACCESS_POLICY_WINDOW: not forwarded
+    cfg_unknown = Config((ctypes.c_uint * 7)(1, 1, 1, 1, 1, 1, 0), 0, ctypes.addressof(unknown), 1)
+    say("launch_unknown_attribute", cu.cuLaunchKernelEx(ctypes.byref(cfg_unknown), add, params, None))
+    say("sync_after_unknown_attribute", cu.cuCtxSynchronize())
     check(cu.cuCtxSynchronize(), "sync")
     rc, back = dtoh(buf, 400)
     words = list(memoryview(back).cast("I"))

@@ -51,25 +51,48 @@ def test_a_cuda_core_program_runs_unmodified(shim_dir, worker, tmp_path):
 
 
 @pytest.fixture
-def cuda_executor_worker(shim_dir, worker):
-    """A worker with the real CUDA executor whose driver is the shim, pointed at the host worker."""
-    answer = {"id": "inner", "worker": {"host": worker.host, "port": worker.port, "secret": worker.secret}}
+def cuda_executor_worker(shim_dir):
+    """A worker with the real CUDA executor whose driver is the shim, pointed at a host worker."""
+    inner = start_worker("inner", [WorkerDevice(i, "", 64 * MiB) for i in range(2)], bind_host="127.0.0.1",
+                         env={}, executor="host")  # fmt: skip
+    answer = {"id": "inner", "worker": {"host": inner.host, "port": inner.port, "secret": inner.secret}}
     env = {**remote_env(answer, cache_root=shim_dir.parent / "cache"), "LD_LIBRARY_PATH": str(shim_dir)}
-    uuid = "GPU-60606060-6060-6060-6060-606060606060"  # the host executor's device 0, found by its UUID
-    device = WorkerDevice(7, uuid, 48 * MiB)
-    handle = start_worker("outer", [device], bind_host="127.0.0.1", env=env, executor="cuda")
+    # The host executor's devices 1 and 0 (UUIDs 61.. and 60..), in that order, found by UUID.
+    devices = [
+        WorkerDevice(7, f"GPU-{b * 4}-{b * 2}-{b * 2}-{b * 2}-{b * 6}", 48 * MiB) for b in ("61", "60")
+    ]
+    handle = start_worker("outer", devices, bind_host="127.0.0.1", env=env, executor="cuda")
     yield handle
     handle.stop()
+    inner.stop()
 
 
-@pytest.mark.parametrize("scenario", ["devices", "copies", "events", "kernels", "quota"])
+@pytest.mark.parametrize("scenario", ["devices", "copies", "events", "kernels", "quota", "two_devices"])
 def test_the_cuda_executor_serves_every_scenario(shim_dir, cuda_executor_worker, scenario):
+    """server/_cuda.py through real cuda.bindings: the lease's device 0 is the host worker's device 1."""
     out, _ = run_client(scenario, client_env(shim_dir, cuda_executor_worker))
     expected = {
-        "devices": {"total": str(48 * MiB), "info_free_after": str(40 * MiB), "cc_major": "9"},
+        "devices": {
+            "total": str(48 * MiB),
+            "info_free_after": str(40 * MiB),
+            "cc_major": "9",
+            "uuid": "61" * 16,
+        },
         "copies": {"htod_dtoh": "True", "dtod": "True", "generic": "True", "pinned_copy": "True"},
         "events": {"query": "0", "elapsed_ok": "True", "destroyed_stream_sync": "400"},
-        "kernels": {"first": "12", "not_added": "7", "param1": "8+4", "sync_after_fault": "700"},
+        "kernels": {
+            "first": "12",
+            "not_added": "7",
+            "param1": "8+4",
+            "sync_after_unknown_attribute": "801",
+            "sync_after_fault": "700",
+        },
+        "two_devices": {
+            "count": "2",
+            "ctx_device1": "1",
+            "peer_copy": "11" * 16 + "10" * 16,
+            "bad_device": "101",
+        },
         "quota": {"first": "0", "second": "2", "pool_over": "2", "after_free": "0"},  # 48 MiB partition
     }[scenario]
     assert {k: out.get(k) for k in expected} == expected

@@ -101,6 +101,8 @@ def test_kernels_launch_with_parameters_and_faults_surface_at_the_next_sync(shim
     assert out["not_added"] == "7"  # past the 64 threads of the second launch
     assert out["beyond"] == "7"
     assert out["param1"] == "8+4"
+    assert out["launch_unknown_attribute"] == "0"  # launches do not wait ...
+    assert out["sync_after_unknown_attribute"] == "801"  # ... CUDA_ERROR_NOT_SUPPORTED comes at the sync
     assert out["fault_launch"] == "0"  # launches do not wait ...
     assert out["sync_after_fault"] == "700"  # ... the fault is reported by the next sync
 
