@@ -188,7 +188,8 @@ class Channel:
                 self.buf[: self.end - self.start] = self.buf[self.start : self.end]
                 self.end -= self.start
                 self.start = 0
-            if n > len(self.buf):
+            if n > len(self.buf):  # a large module image: grow (the view must go before the resize)
+                self.view.release()
                 self.buf.extend(bytes(n - len(self.buf)))
                 self.view = memoryview(self.buf)
             got = self.sock.recv_into(self.view[self.end :])

@@ -221,6 +221,8 @@ def scenario_kernels():
         cu.cuModuleLoadData(ctypes.byref(module), b"// host-executor module\n.visible .entry fill_u32()\n"),
         "load",
     )
+    big = c_u64()  # a 3 MiB image: more than the worker's receive buffer
+    check(cu.cuModuleLoadData(ctypes.byref(big), b"// " + b"x" * (3 * MiB) + b"\n"), "load big")
     fill = c_u64()
     check(cu.cuModuleGetFunction(ctypes.byref(fill), module, b"fill_u32"), "get function")
     say("missing_function", cu.cuModuleGetFunction(ctypes.byref(c_u64()), module, b"nope"))
