@@ -25,6 +25,15 @@ def hours(x: float) -> str:
     return f"{x:,.1f} h" if x < 10_000 else f"{x:,.0f} h"
 
 
+def duration(seconds: float) -> str:
+    """A bucket or wait length as a reader says it: 45 s, 10 min, 3 h, 1 day."""
+    for unit, size in (("day", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            n = int(seconds // size)
+            return f"{n} {unit}{'s' if unit == 'day' and n != 1 else ''}"
+    return f"{seconds:g} s"
+
+
 def gib(x: float | None) -> str:
     return "n/a" if x is None else f"{x / GIB:,.1f} GiB"
 
@@ -153,7 +162,7 @@ def periods_table(p: A.Periods) -> pd.DataFrame:
 def whatif_rows(w: A.WhatIf) -> list[tuple[str, str]]:
     cur = w.options.currency
     return [
-        ("requests replayed", f"{w.requests:,} ({w.options.demand} demand, {w.step_s} s steps)"),
+        ("requests replayed", f"{w.requests:,} ({w.options.demand} demand, {duration(w.step_s)} steps)"),
         ("GPUs observed", f"{w.observed_gpus} (utilization.gpu mean {pct(w.observed_util_mean)})"),
         (
             "GPUs needed, p95 / p99 / peak",
@@ -203,7 +212,7 @@ def fig_timeline(t: A.Timeline) -> go.Figure:
             x=xs, y=[_p(p.sm_activity_mean) for p in t.points], name="SM activity (GPM)", line_color=SM_COLOR
         )
     fig.update_yaxes(title="% (fleet mean)", range=[0, 100])
-    return _layout(fig, f"Utilization over time ({t.bucket_s} s buckets)", t.simulated)
+    return _layout(fig, f"Utilization over time ({duration(t.bucket_s)} buckets)", t.simulated)
 
 
 def fig_heatmap(h: A.HourOfWeek, metric: str = "util") -> go.Figure:

@@ -16,6 +16,7 @@ from reports import _present as P
 
 DIRS_ENV = "GPUPOOL_REPORT_DIRS"
 CACHE_TTL_S = 60  # telemetry grows while the collector runs: recompute at most once a minute
+DEFAULT_WINDOW = timedelta(days=7)
 
 
 def _dirs() -> tuple[str, ...]:
@@ -73,11 +74,13 @@ def filters(ext: A.Extent) -> tuple[A.Scope, A.SummaryOptions, str]:
     start, end = ext.start.replace(tzinfo=None), ext.end.replace(tzinfo=None) + timedelta(seconds=1)
     span = end - start
     step = timedelta(minutes=1) if span <= timedelta(days=2) else timedelta(hours=1)
+    # Long histories open on their last week: the first view stays quick, the slider widens it.
+    first = max(start, end - DEFAULT_WINDOW) if span > 2 * DEFAULT_WINDOW else start
     lo, hi = sb.slider(
         "Time range (UTC)",
         min_value=start,
         max_value=end,
-        value=(start, end),
+        value=(first, end),
         step=step,
         format="YYYY-MM-DD HH:mm",
     )

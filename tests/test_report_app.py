@@ -117,3 +117,21 @@ def test_attribution_breakdown_switches(monkeypatch, real_dir):
     assert not at.exception
     containers = next(d for d in at.dataframe if "container" in d.value.columns).value
     assert list(containers["container"]) == ["(no container)"]
+
+
+def test_long_history_opens_on_its_last_week(monkeypatch, tmp_path):
+    from datetime import timedelta
+
+    from test_analytics_data import T0
+
+    rows = gpu_rows("n", 0, [0.9] * 10, tick_s=60) + gpu_rows(
+        "n", 0, [0.1] * 10, tick_s=60, start=T0 + timedelta(days=30)
+    )
+    write_rows(tmp_path, "gpu_samples", rows)
+    at = _run(monkeypatch, tmp_path)
+    assert not at.exception
+    lo, hi = at.sidebar.slider[0].value
+    assert hi - lo == timedelta(days=7)
+    assert _metrics(at)["utilization.gpu mean"] == "10.0 %"  # only the last week's samples
+    at.sidebar.slider[0].set_range(T0.replace(tzinfo=None), hi).run()
+    assert _metrics(at)["utilization.gpu mean"] == "50.0 %"  # widened to all of it
