@@ -33,11 +33,7 @@ OUT_OF_MEMORY = 2
 INVALID_CONTEXT = 201
 INVALID_HANDLE = 400
 NOT_FOUND = 500
-NOT_READY = 600
-NOT_PERMITTED = 800
 NOT_SUPPORTED = 801
-# Errors after which a context is unusable (cuda.h calls them sticky).
-STICKY = frozenset({700, 714, 715, 716, 717, 718, 719, 720})
 
 
 class Executor(abc.ABC):

@@ -167,7 +167,9 @@ static CUresult connect_worker(void) {
                     "%s is not set; run the program under `gpuattach run -- ...`",
                     GP_ENV_WORKER);
     }
-    snprintf(conn_where, sizeof conn_where, "%s", where);
+    const char *lease = getenv(GP_ENV_LEASE);
+    if (lease && *lease) snprintf(conn_where, sizeof conn_where, "%s (lease %s)", where, lease);
+    else snprintf(conn_where, sizeof conn_where, "%s", where);
     char host[256];
     const char *colon = strrchr(where, ':');
     if (!colon || colon == where || (size_t)(colon - where) >= sizeof host) {
@@ -207,7 +209,7 @@ static CUresult connect_worker(void) {
     freeaddrinfo(res);
     if (fd < 0) {
         return fail(CUDA_ERROR_DEVICE_UNAVAILABLE,
-                    "cannot reach the lease's worker at %s (%s): the lease may have ended", where, strerror(err));
+                    "cannot reach the lease's worker at %s (%s): the lease may have ended", conn_where, strerror(err));
     }
     int one = 1, idle = 10, interval = 5, count = 3;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -227,7 +229,7 @@ static CUresult connect_worker(void) {
     if (result != 0) {
         return fail(CUDA_ERROR_NOT_PERMITTED,
                     "the lease's worker at %s refused this process (%s): wrong lease secret or protocol version",
-                    where, result == CUDA_ERROR_NOT_SUPPORTED ? "protocol version" : "secret");
+                    conn_where, result == CUDA_ERROR_NOT_SUPPORTED ? "protocol version" : "secret");
     }
     return CUDA_SUCCESS;
 }
