@@ -46,7 +46,10 @@ def bindings() -> None:
 
 
 def core() -> None:
-    from cuda.core import Device, LaunchConfig, ObjectCode, launch
+    try:
+        from cuda.core import Buffer, Device, LaunchConfig, ObjectCode, launch
+    except ImportError:  # cuda.core before 0.5 kept its API under .experimental
+        from cuda.core.experimental import Buffer, Device, LaunchConfig, ObjectCode, launch
 
     dev = Device(0)
     dev.set_current()
@@ -55,8 +58,6 @@ def core() -> None:
     kernel = ObjectCode.from_cubin(b"\0" * 64, name="fake").get_kernel("add_u32")
     host = np.arange(1000, dtype=np.uint32)
     buf = dev.memory_resource.allocate(host.nbytes, stream=stream)
-    from cuda.core import Buffer
-
     pinned = Buffer.from_handle(host.ctypes.data, host.nbytes)
     buf.copy_from(pinned, stream=stream)
     launch(stream, LaunchConfig(grid=4, block=256), kernel, buf, np.uint32(5), np.uint32(1000))

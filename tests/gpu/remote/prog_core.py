@@ -9,7 +9,11 @@ import sys
 
 import numpy as np
 from _common import loaded_libcuda
-from cuda.core import Buffer, Device, LaunchConfig, Program, ProgramOptions, launch
+
+try:
+    from cuda.core import Buffer, Device, LaunchConfig, Program, ProgramOptions, launch
+except ImportError:  # cuda.core before 0.5 kept its API under .experimental
+    from cuda.core.experimental import Buffer, Device, LaunchConfig, Program, ProgramOptions, launch
 
 SOURCE = r"""
 extern "C" __global__ void scale_add(float *out, const float *in, float a, unsigned n) {
