@@ -34,6 +34,7 @@ log = logging.getLogger("gpupool.worker")
 BUILTIN_STREAMS = frozenset({0, 1, 2})  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
 MEMSET_WIDTH = {"cuMemsetD8": 1, "cuMemsetD16": 2, "cuMemsetD32": 4}
 LAUNCH_ATTRIBUTE_BYTES = 72
+UNKNOWN = 999  # CUDA_ERROR_UNKNOWN
 
 
 @dataclass
@@ -166,6 +167,11 @@ class Session:
                 log.debug("%s -> %s", call.symbol, exc)
         except struct.error:
             answer, result = None, INVALID_VALUE
+        except (ConnectionError, OSError, EOFError):
+            raise  # the client is gone: the worker's loop ends this connection
+        except Exception:  # a bug here must not cost the client its connection: this call fails
+            log.exception("%s failed inside the worker", call.symbol if call.symbol != "-" else call.name)
+            answer, result = None, UNKNOWN
         if self.channel.bulk_left:
             self.channel.skip(self.channel.bulk_left)
         if answer is _ANSWERED:

@@ -167,7 +167,7 @@ def _safe(text: str) -> str:
 # ---- inside the worker process -------------------------------------------------------------------
 
 
-class ConnectionClosed(Exception):
+class ConnectionClosed(ConnectionError):
     pass
 
 

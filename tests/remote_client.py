@@ -271,6 +271,87 @@ def scenario_kernels():
     say("sync_after_fault", cu.cuCtxSynchronize())
 
 
+def scenario_queries():
+    """Queries programs and libraries make; each prints what it returned."""
+    ctx = setup()
+    module = c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    fn = c_u64()
+    check(cu.cuModuleGetFunction(ctypes.byref(fn), module, b"fill_u32"), "function")
+    i, j, u, q = ctypes.c_int(), ctypes.c_int(), ctypes.c_uint(), c_u64()
+    say("func_attribute", cu.cuFuncGetAttribute(ctypes.byref(i), 0, fn))
+    say("func_set_attribute", cu.cuFuncSetAttribute(fn, 8, 0))
+    say("occupancy", cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(i), fn, 128, c_u64(0)))
+    say(
+        "occupancy_flags",
+        cu.cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(ctypes.byref(i), fn, 128, c_u64(0), 0),
+    )
+    say(
+        "potential_block",
+        cu.cuOccupancyMaxPotentialBlockSize(ctypes.byref(i), ctypes.byref(j), fn, None, c_u64(0), 0),
+    )
+    say(
+        "potential_block_callback",
+        cu.cuOccupancyMaxPotentialBlockSize(ctypes.byref(i), ctypes.byref(j), fn, c_u64(0x1234), c_u64(0), 0),
+    )
+    say("dynamic_smem", cu.cuOccupancyAvailableDynamicSMemPerBlock(ctypes.byref(q), fn, 1, 128))
+    library, kernel = c_u64(), c_u64()
+    check(cu.cuLibraryLoadData(ctypes.byref(library), b"// lib\n", None, None, 0, None, None, 0), "library")
+    check(cu.cuLibraryGetKernel(ctypes.byref(kernel), library, b"add_u32"), "kernel")
+    say("kernel_attribute", cu.cuKernelGetAttribute(ctypes.byref(i), 0, kernel, 0))
+    say("kernel_set_attribute", cu.cuKernelSetAttribute(8, 0, kernel, 0))
+    kf = c_u64()
+    say("kernel_function", cu.cuKernelGetFunction(ctypes.byref(kf), kernel))
+    stream = c_u64()
+    check(cu.cuStreamCreateWithPriority(ctypes.byref(stream), 1, 0), "stream")
+    say("stream_priority", cu.cuStreamGetPriority(stream, ctypes.byref(i)))
+    say("stream_flags", cu.cuStreamGetFlags(stream, ctypes.byref(u)))
+    sctx = c_u64()
+    say("stream_ctx", cu.cuStreamGetCtx(stream, ctypes.byref(sctx)))
+    say("stream_ctx_is_current", sctx.value == ctx.value)
+    say("stream_id", cu.cuStreamGetId(stream, ctypes.byref(q)))
+    say(
+        "stream_device",
+        cu.cuStreamGetDevice(stream, ctypes.byref(i)),
+    )
+    say("stream_device_value", i.value)
+    say("priority_range", cu.cuCtxGetStreamPriorityRange(ctypes.byref(i), ctypes.byref(j)))
+    say("ctx_limit", cu.cuCtxGetLimit(ctypes.byref(q), 0))
+    say("ctx_set_limit", cu.cuCtxSetLimit(0, c_u64(1024)))
+    say("ctx_flags", cu.cuCtxGetFlags(ctypes.byref(u)))
+    say("ctx_api_version", cu.cuCtxGetApiVersion(ctx, ctypes.byref(u)))
+    say("ctx_id", cu.cuCtxGetId(ctx, ctypes.byref(q)))
+    say("primary_state", cu.cuDevicePrimaryCtxGetState(0, ctypes.byref(u), ctypes.byref(i)))
+    bus = ctypes.create_string_buffer(32)
+    say("pci_bus_id", cu.cuDeviceGetPCIBusId(bus, 32, 0))
+    v = ctypes.c_int()
+    say("driver_version", cu.cuDriverGetVersion(ctypes.byref(v)))
+    say("can_access_peer", cu.cuDeviceCanAccessPeer(ctypes.byref(i), 0, 0))
+    rc, p = alloc(MiB)
+    check(rc, "alloc")
+    base, size = c_u64(), c_u64()
+    say("address_range", cu.cuMemGetAddressRange(ctypes.byref(base), ctypes.byref(size), c_u64(p + 100)))
+    say("address_range_value", base.value == p and size.value == MiB)
+    attrs = (ctypes.c_int * 3)(2, 9, 12)  # memory type, device ordinal, range size
+    mtype, ordinal, rsize = ctypes.c_uint(), ctypes.c_int(-1), c_u64()
+    data = (ctypes.c_void_p * 3)(ctypes.addressof(mtype), ctypes.addressof(ordinal), ctypes.addressof(rsize))
+    say("pointer_attributes", cu.cuPointerGetAttributes(3, attrs, data, c_u64(p)))
+    say("pointer_attributes_values", f"{mtype.value},{ordinal.value},{rsize.value == MiB}")
+    pool = c_u64()
+    check(cu.cuDeviceGetDefaultMemPool(ctypes.byref(pool), 0), "pool")
+    threshold = c_u64(1 << 30)
+    say("pool_set_threshold", cu.cuMemPoolSetAttribute(pool, 4, ctypes.byref(threshold)))
+    reuse = ctypes.c_int(-1)
+    say("pool_get_reuse", cu.cuMemPoolGetAttribute(pool, 1, ctypes.byref(reuse)))
+    say("pool_trim", cu.cuMemPoolTrimTo(pool, c_u64(0)))
+    event = c_u64()
+    check(cu.cuEventCreate(ctypes.byref(event), 0), "event")
+    say("event_record_flags", cu.cuEventRecordWithFlags(event, stream, 0))
+    say("sync", cu.cuCtxSynchronize())
+    say("module_unload", cu.cuModuleUnload(module))
+    say("function_after_unload", cu.cuFuncGetAttribute(ctypes.byref(i), 0, fn))
+
+
 def scenario_unknown():
     check(cu.cuInit(0), "init")
     graph = c_u64()

@@ -68,3 +68,50 @@ def run_client(scenario: str, env: dict[str, str], timeout: float = 60) -> tuple
 
 def parse(stdout: str) -> dict[str, str]:
     return dict(line.split(" ", 1) for line in stdout.splitlines() if " " in line)
+
+
+def expected_queries() -> dict[str, str]:
+    """What tests/remote_client.py's `queries` scenario prints when every call works."""
+    zero = [
+        "func_attribute",
+        "func_set_attribute",
+        "occupancy",
+        "occupancy_flags",
+        "potential_block",
+        "dynamic_smem",
+        "kernel_attribute",
+        "kernel_set_attribute",
+        "kernel_function",
+        "stream_priority",
+        "stream_flags",
+        "stream_ctx",
+        "stream_id",
+        "stream_device",
+        "stream_device_value",
+        "priority_range",
+        "ctx_limit",
+        "ctx_set_limit",
+        "ctx_flags",
+        "ctx_api_version",
+        "ctx_id",
+        "primary_state",
+        "pci_bus_id",
+        "driver_version",
+        "can_access_peer",
+        "address_range",
+        "pointer_attributes",
+        "pool_set_threshold",
+        "pool_get_reuse",
+        "pool_trim",
+        "event_record_flags",
+        "sync",
+        "module_unload",
+    ]
+    return {
+        **dict.fromkeys(zero, "0"),
+        "potential_block_callback": "801",  # a block-size callback lives in the client
+        "stream_ctx_is_current": "True",
+        "address_range_value": "True",
+        "pointer_attributes_values": "2,0,True",  # device memory, device 0, the allocation's size
+        "function_after_unload": "400",  # the module's functions went with it
+    }

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from remote_helpers import MiB, client_env, needs_cc, parse, run_client, shim_dir, worker
+from remote_helpers import MiB, client_env, expected_queries, needs_cc, parse, run_client, shim_dir, worker
 
 from server.worker import WorkerDevice, start_worker
 from virtualize.remote import remote_env
@@ -67,7 +67,9 @@ def cuda_executor_worker(shim_dir):
     inner.stop()
 
 
-@pytest.mark.parametrize("scenario", ["devices", "copies", "events", "kernels", "quota", "two_devices"])
+@pytest.mark.parametrize(
+    "scenario", ["devices", "copies", "events", "kernels", "quota", "two_devices", "queries"]
+)
 def test_the_cuda_executor_serves_every_scenario(shim_dir, cuda_executor_worker, scenario):
     """server/_cuda.py through real cuda.bindings: the lease's device 0 is the host worker's device 1."""
     out, _ = run_client(scenario, client_env(shim_dir, cuda_executor_worker))
@@ -87,6 +89,7 @@ def test_the_cuda_executor_serves_every_scenario(shim_dir, cuda_executor_worker,
             "sync_after_unknown_attribute": "801",
             "sync_after_fault": "700",
         },
+        "queries": expected_queries(),
         "two_devices": {
             "count": "2",
             "ctx_device1": "1",

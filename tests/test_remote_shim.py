@@ -11,7 +11,17 @@ import subprocess
 import sys
 import time
 
-from remote_helpers import CLIENT, MiB, client_env, needs_cc, parse, run_client, shim_dir, worker
+from remote_helpers import (
+    CLIENT,
+    MiB,
+    client_env,
+    expected_queries,
+    needs_cc,
+    parse,
+    run_client,
+    shim_dir,
+    worker,
+)
 
 from server.worker import WorkerDevice, start_worker
 
@@ -217,3 +227,8 @@ def test_a_device_address_that_is_host_memory_here_is_never_handed_to_the_progra
         "used_mib": "1",
         "host_memory_ok": "True",
     }
+
+
+def test_queries_libraries_make_are_answered(shim_dir, worker):
+    out, _ = run_client("queries", client_env(shim_dir, worker))
+    assert out == expected_queries()
