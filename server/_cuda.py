@@ -57,6 +57,7 @@ class _Launchable:
         self.pointers = (ctypes.c_void_p * max(len(layout), 1))(*[base + offset for offset, _ in layout])
         self.params = ctypes.addressof(self.pointers) if layout else 0
         self.function = driver.CUfunction(func)
+        self.layout = layout
         self.lock = threading.Lock()
 
 
@@ -232,7 +233,7 @@ class CudaExecutor(Executor):
 
     def launch(self, func, grid, block, shared_mem, stream, params, layout, attributes) -> None:
         target = self.launchables.get(func)
-        if target is None:
+        if target is None or target.layout is not layout:  # new, or a reused handle of unloaded code
             target = self.launchables[func] = _Launchable(func, layout)
         with target.lock:  # the buffer is read by the driver during the call only
             ctypes.memmove(target.buffer, params, min(len(params), len(target.buffer)))

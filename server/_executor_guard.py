@@ -452,7 +452,9 @@ class Session:
             raise CudaError(INVALID_HANDLE, "stream")
         n_attrs = ins[9] if len(ins) > 9 else 0
         bulk = self.channel.read_bulk(limit=1 << 20)
-        layout = self.lease.layouts.get(func) or self._layout(func)
+        layout = self.lease.layouts.get(func)
+        if layout is None:
+            layout = self._layout(func)
         if not n_attrs:
             self.executor.launch(func, (gx, gy, gz), (bx, by, bz), smem, stream, bulk, layout, ())
             return None

@@ -363,13 +363,6 @@ GP_EXPORT CUresult cuMemsetD32Async(uint64_t dst, uint32_t value, uint64_t count
     return r;
 }
 
-GP_EXPORT CUresult cuModuleUnload(uint64_t module) {
-    GP_TRACE("cuModuleUnload");
-    struct gp_in_cuModuleUnload in = { .module = module };
-    CUresult r = gp_call(GP_CALL_cuModuleUnload, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
-    return r;
-}
-
 GP_EXPORT CUresult cuModuleGetFunction(uint64_t *func, uint64_t module, const char *name) {
     GP_TRACE("cuModuleGetFunction");
     if (!func) return CUDA_ERROR_INVALID_VALUE;
@@ -380,13 +373,6 @@ GP_EXPORT CUresult cuModuleGetFunction(uint64_t *func, uint64_t module, const ch
     if (r == CUDA_SUCCESS) {
         *func = (uint64_t)out.func;
     }
-    return r;
-}
-
-GP_EXPORT CUresult cuLibraryUnload(uint64_t library) {
-    GP_TRACE("cuLibraryUnload");
-    struct gp_in_cuLibraryUnload in = { .library = library };
-    CUresult r = gp_call(GP_CALL_cuLibraryUnload, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;
 }
 

@@ -368,8 +368,10 @@ GP_EXPORT CUresult cuPointerGetAttributes(uint32_t count, void *attrs, void *dat
 GP_EXPORT CUresult cuModuleLoadData(uint64_t *module, void *image);
 GP_EXPORT CUresult cuModuleLoadDataEx(uint64_t *module, void *image, uint32_t n, void *options, void *values);
 GP_EXPORT CUresult cuModuleLoadFatBinary(uint64_t *module, void *image);
+GP_EXPORT CUresult cuModuleUnload(uint64_t module);
 GP_EXPORT CUresult cuModuleGetGlobal_v2(uint64_t *dptr, uint64_t *bytes, uint64_t module, const char *name);
 GP_EXPORT CUresult cuLibraryLoadData(uint64_t *library, void *code, void *jit_opts, void *jit_vals, uint32_t n_jit, void *lib_opts, void *lib_vals, uint32_t n_lib);
+GP_EXPORT CUresult cuLibraryUnload(uint64_t library);
 GP_EXPORT CUresult cuLibraryGetGlobal(uint64_t *dptr, uint64_t *bytes, uint64_t library, const char *name);
 GP_EXPORT CUresult cuLaunchKernel(uint64_t f, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t bx, uint32_t by, uint32_t bz, uint32_t smem, uint64_t stream, void *params, void *extra);
 GP_EXPORT CUresult cuLaunchKernelEx(void *config, uint64_t f, void *params, void *extra);

@@ -608,6 +608,30 @@ static CUresult layout_of(uint64_t func, struct layout *result) {
     return CUDA_SUCCESS;
 }
 
+/* Unloading code may free function handles the driver hands out again: forget every layout. */
+static void forget_layouts(void) {
+    pthread_mutex_lock(&layout_lock);
+    for (size_t i = 0; i < n_layouts; i++) free(layouts[i].offset_size);
+    n_layouts = 0;
+    pthread_mutex_unlock(&layout_lock);
+}
+
+CUresult cuModuleUnload(uint64_t module) {
+    GP_TRACE("cuModuleUnload");
+    struct gp_in_cuModuleUnload in = {.module = module};
+    CUresult r = gp_call(GP_CALL_cuModuleUnload, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    forget_layouts();
+    return r;
+}
+
+CUresult cuLibraryUnload(uint64_t library) {
+    GP_TRACE("cuLibraryUnload");
+    struct gp_in_cuLibraryUnload in = {.library = library};
+    CUresult r = gp_call(GP_CALL_cuLibraryUnload, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    forget_layouts();
+    return r;
+}
+
 /* Packs kernelParams (or the `extra` buffer) into `buf`; returns its length or -1. */
 static int64_t pack_params(const struct layout *l, void **params, void **extra, unsigned char *buf, size_t cap) {
     if (params) {
