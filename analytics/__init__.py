@@ -20,6 +20,7 @@ from analytics._patterns import (
     hour_of_week,
     utilization_timeline,
 )
+from analytics._pool import ClientActivity, PoolActivity, pool_activity
 from analytics._scope import Extent, GpuInfo, Scope, data_extent
 from analytics._summary import Distribution, FleetSummary, GpuStat, SummaryOptions, fleet_summary
 from analytics._telemetry import TelemetryError, open_telemetry
@@ -32,6 +33,7 @@ __all__ = [
     "POLICIES",
     "Attribution",
     "AttributionRow",
+    "ClientActivity",
     "Distribution",
     "Extent",
     "FleetSummary",
@@ -40,6 +42,7 @@ __all__ = [
     "HourOfWeek",
     "Period",
     "Periods",
+    "PoolActivity",
     "PoolOptions",
     "Scope",
     "SummaryOptions",
@@ -53,6 +56,7 @@ __all__ = [
     "fleet_summary",
     "hour_of_week",
     "open_telemetry",
+    "pool_activity",
     "utilization_timeline",
     "what_if",
 ]

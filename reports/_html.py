@@ -139,6 +139,13 @@ def build_html(dirs: list[str], opts: BuildOptions | None = None, progress=lambd
             *[f"<li>{html.escape(x)}</li>" for x in whatif.assumptions],
             "</ul>",
         ]
+    activity = A.pool_activity(con, opts.scope)
+    if not activity.empty:  # only once gpupool-server runs and writes its lease events
+        parts += [
+            _section("Pool activity", activity.simulated),
+            f"<p>{html.escape(P.pool_summary(activity))}</p>",
+            P.pool_table(activity).to_html(index=False, na_rep="n/a"),
+        ]
     parts += [_section("Per GPU", sim), P.per_gpu_table(s).to_html(index=False, na_rep="n/a")]
     parts.append("</body></html>")
     return "\n".join(parts)

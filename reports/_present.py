@@ -183,6 +183,31 @@ def whatif_rows(w: A.WhatIf) -> list[tuple[str, str]]:
     ]
 
 
+def pool_summary(p: A.PoolActivity) -> str:
+    e = p.events
+    return (
+        f"{e['grant']:,} leases granted, {e['deny']:,} requests denied; {e['release']:,} released, "
+        f"{e['expire']:,} expired, {e['reclaim']:,} reclaimed for idleness. Leases held {hours(p.gpu_hours)} "
+        f"of GPU (fraction x time), {hours(p.reclaimed_gpu_hours)} of it in leases that idle reclaim ended."
+    )
+
+
+def pool_table(p: A.PoolActivity) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {
+                "client": c.client,
+                "leases": c.leases,
+                "denied requests": c.denials,
+                "reclaimed leases": c.reclaimed,
+                "GPU-hours leased": round(c.gpu_hours, 2),
+                "GPU-hours in reclaimed leases": round(c.reclaimed_gpu_hours, 2),
+            }
+            for c in p.clients
+        ]
+    )
+
+
 def _p(x: float | None) -> float | None:
     return None if x is None else round(x * 100, 1)
 

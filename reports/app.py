@@ -55,6 +55,11 @@ def attribution(dirs, scope, by, options):
     return A.attribution(A.open_telemetry(dirs), scope, by=by, options=options)
 
 
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
+def pool_activity(dirs, scope):
+    return A.pool_activity(A.open_telemetry(dirs), scope)
+
+
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner="replaying demand onto the pool...")
 def whatif(dirs, scope, options):
     return A.what_if(A.open_telemetry(dirs), scope, options)
@@ -205,6 +210,14 @@ def main() -> None:
         st.plotly_chart(P.fig_need(w))
         st.table({"": [k for k, _ in P.whatif_rows(w)], "value": [v for _, v in P.whatif_rows(w)]})
         st.markdown("**Assumptions**\n" + "\n".join(f"- {a}" for a in w.assumptions))
+
+    activity = pool_activity(dirs, scope)
+    if not activity.empty:  # only once gpupool-server runs and writes its lease events
+        section("Pool activity", activity.simulated)
+        st.markdown(P.pool_summary(activity))
+        df = P.pool_table(activity)
+        st.dataframe(df, hide_index=True)
+        download(df, "pool-clients", "dl-pool")
 
     section("Per GPU", s.simulated)
     df = P.per_gpu_table(s)

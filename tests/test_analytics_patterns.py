@@ -120,3 +120,43 @@ def test_attribution_errors(holders, tmp_path):
     write_rows(tmp_path / "gpu-only", "gpu_samples", gpu_rows("x", 0, [0.1]))
     with pytest.raises(A.TelemetryError, match="no process_samples rows"):
         A.attribution(A.open_telemetry(tmp_path / "gpu-only"))
+
+
+def test_pool_activity_from_lease_events(tmp_path):
+    def ev(event, lease, client, seconds, parts, duration=None, reason=None):
+        return [
+            {
+                "host": "srv",
+                "ts": T0 + timedelta(seconds=seconds),
+                "event": event,
+                "lease_id": lease,
+                "client": client,
+                "gpu_index": i,
+                "gpu_uuid": None if lease is None else f"GPU-srv-{i}",
+                "fraction": f,
+                "duration_s": duration,
+                "reason": reason,
+                "source": "server",
+            }
+            for i, f in enumerate(parts)
+        ]
+
+    rows = ev("grant", "L1", "ana", 0, [0.5, 0.5]) + ev("release", "L1", "ana", 3600, [0.5, 0.5], 3600)
+    rows += ev("grant", "L2", "ben", 0, [0.25]) + ev("reclaim", "L2", "ben", 7200, [0.25], 7200, "idle 600 s")
+    rows += ev("deny", None, "ben", 10, [None], reason="no GPU fits")
+    write_rows(tmp_path, "gpu_samples", gpu_rows("srv", 0, [0.1]))
+    write_rows(tmp_path, "pool_events", rows)
+    p = A.pool_activity(A.open_telemetry(tmp_path))
+    assert p.events == {"grant": 2, "deny": 1, "release": 1, "expire": 0, "reclaim": 1}
+    # ana: two halves for an hour = 1 GPU-hour; ben: a quarter for two hours = 0.5, reclaimed.
+    assert p.gpu_hours == pytest.approx(1.5)
+    assert p.reclaimed_gpu_hours == pytest.approx(0.5)
+    assert [(c.client, c.leases, c.denials, c.reclaimed) for c in p.clients] == [
+        ("ana", 1, 0, 0),
+        ("ben", 1, 1, 1),
+    ]
+    assert not p.empty and not p.simulated
+
+
+def test_pool_activity_is_empty_before_adoption(week):
+    assert A.pool_activity(week).empty

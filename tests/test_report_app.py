@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_analytics_data import GIB, gpu_rows, process_rows, write_rows
-
-pytest.importorskip("streamlit")
+import streamlit as st
 from streamlit.testing.v1 import AppTest
+from test_analytics_data import GIB, gpu_rows, process_rows, write_rows
 
 from reports.app import DIRS_ENV
 
@@ -135,3 +134,39 @@ def test_long_history_opens_on_its_last_week(monkeypatch, tmp_path):
     assert _metrics(at)["utilization.gpu mean"] == "10.0 %"  # only the last week's samples
     at.sidebar.slider[0].set_range(T0.replace(tzinfo=None), hi).run()
     assert _metrics(at)["utilization.gpu mean"] == "50.0 %"  # widened to all of it
+
+
+def test_pool_activity_appears_once_the_pool_writes_events(monkeypatch, real_dir):
+    from datetime import timedelta
+
+    from test_analytics_data import T0
+
+    at = _run(monkeypatch, real_dir)
+    assert "Pool activity" not in [h.value for h in at.header]  # before adoption: no such section
+    rows = [
+        {
+            "host": "node-1",
+            "ts": T0,
+            "event": "grant",
+            "lease_id": "L1",
+            "client": "ci-runner",
+            "fraction": 0.5,
+        },
+        {
+            "host": "node-1",
+            "ts": T0 + timedelta(minutes=6),  # inside the 10 minutes of samples the page shows
+            "event": "reclaim",
+            "lease_id": "L1",
+            "client": "ci-runner",
+            "fraction": 0.5,
+            "duration_s": 360.0,
+        },
+    ]
+    write_rows(real_dir, "pool_events", rows)
+    st.cache_data.clear()  # the app caches for a minute; a test does not wait that long
+    at = _run(monkeypatch, real_dir)
+    assert not at.exception
+    assert "Pool activity" in [h.value for h in at.header]
+    assert any("1 reclaimed for idleness" in m.value for m in at.markdown), [m.value for m in at.markdown]
+    table = next(d for d in at.dataframe if "client" in d.value.columns).value
+    assert table.iloc[0]["GPU-hours leased"] == 0.05  # half a GPU for 6 minutes
