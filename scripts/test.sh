@@ -4,11 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# System programs the tests drive for real: Chromium (report), tmux (console), etcd (cluster mode).
+# System programs the tests drive for real: Chromium (report), tmux (console), etcd (cluster mode),
+# a C compiler (the remote-execution shim).
 need=()
 command -v chromium >/dev/null || need+=(chromium)
 command -v tmux >/dev/null || need+=(tmux)
 command -v etcd >/dev/null || need+=(etcd-server)
+command -v cc >/dev/null || need+=(gcc)  # builds the remote-execution shim (libcuda.so.1)
 if ((${#need[@]})); then
   if [ "$(id -u)" = 0 ]; then
     echo "installing system packages: ${need[*]}"
