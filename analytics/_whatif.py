@@ -90,6 +90,7 @@ class Request:
     mem_bytes: int
     parts: int = 0  # partitions of one pool GPU (set by the replay)
     placed: int = -1  # step the pool placed it (replay 2)
+    origin: int = 0  # the observed request a piece belongs to (a request larger than a GPU is several)
 
     @property
     def steps(self) -> int:
@@ -261,14 +262,14 @@ def what_if(
 
     g = options.granularity
     pieces: list[Request] = []
-    for req in requests:
+    for n, req in enumerate(requests):
         # A request larger than one pool GPU takes whole GPUs for the excess (same lifetime).
         whole, rest = divmod(req.mem_bytes, gpu_mem)
         for _ in range(int(whole)):
-            pieces.append(Request(req.source, req.start, list(req.busy), gpu_mem, g))
+            pieces.append(Request(req.source, req.start, list(req.busy), gpu_mem, g, origin=n))
         if rest or not whole:
             parts = max(1, math.ceil(rest / gpu_mem * g - 1e-9))
-            pieces.append(Request(req.source, req.start, list(req.busy), int(rest), parts))
+            pieces.append(Request(req.source, req.start, list(req.busy), int(rest), parts, origin=n))
     pieces.sort(key=lambda r: (r.start, r.source))
 
     need, ideal = _replay_unbounded(pieces, horizon, g, options.policy)
@@ -278,7 +279,12 @@ def what_if(
 
     span_hours = horizon * step_s / 3600.0
     price = options.price_per_gpu_hour
-    waits = sorted((r.placed - r.start) * step_s for r in pieces if r.placed > r.start)
+    # A request waited as long as its longest-waiting piece.
+    waited: dict[int, int] = {}
+    for r in pieces:
+        if r.placed > r.start:
+            waited[r.origin] = max(waited.get(r.origin, 0), (r.placed - r.start) * step_s)
+    waits = sorted(waited.values())
     return WhatIf(
         options=options,
         step_s=step_s,
@@ -295,7 +301,7 @@ def what_if(
         pooled_mem_allocated_mean=bounded["mem"],
         oversubscribed_share=bounded["oversubscribed"],
         waited_requests=len(waits),
-        waited_share=len(waits) / len(pieces) if pieces else 0.0,
+        waited_share=len(waits) / len(requests) if requests else 0.0,
         wait_p95_s=float(_percentile(waits, 0.95)),
         wait_max_s=float(max(waits, default=0)),
         cost_observed=observed_gpus * span_hours * price,

@@ -142,3 +142,13 @@ def test_bad_options_are_refused(tmp_path):
         run(con, policy="random")
     with pytest.raises(A.TelemetryError, match="granularity"):
         run(con, granularity=40)
+
+
+def test_a_request_larger_than_a_pool_gpu_takes_whole_gpus(tmp_path):
+    # One 100 GiB process replayed onto 40 GiB pool GPUs: two whole GPUs and half of a third (1/2
+    # granularity), all for the same run, and still one request.
+    con = fleet(tmp_path, [(0, 0, 2, 100, 0.5)], gpus=1, steps=2)
+    w = run(con, gpu_mem_bytes=40 * GIB, granularity=2)
+    assert w.requests == 1
+    assert w.gpus_needed_peak == 3
+    assert w.pooled_mem_allocated_mean == pytest.approx(5 / 6)  # 2 whole + 1 half of 3 GPUs
