@@ -107,6 +107,9 @@ async def test_filter_narrows_every_table_and_escape_clears_it(tele):
         assert len(shown(app, "fleet-gpus")) == 3
         assert not app.query_one("#filter").display
 
+        await pilot.press("slash", *"a/b")  # inside the filter, / is text
+        assert app.query_one("#filter").value == "a/b"
+
 
 async def test_sort_cycles_columns_by_value_and_reverses(tele):
     app = make_app(tele)

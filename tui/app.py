@@ -37,7 +37,8 @@ class ConsoleApp(App):
         Binding("1", "show_view('fleet')", "Fleet"),
         Binding("2", "show_view('pool')", "Pool"),
         Binding("3", "show_view('history')", "History"),
-        Binding("slash", "filter", "Filter"),
+        # Priority: handled as the key arrives, so text typed right after `/` lands in the filter.
+        Binding("slash", "filter", "Filter", priority=True),
         Binding("s", "sort", "Sort"),
         Binding("S", "reverse_sort", "Reverse", show=False),
         Binding("r", "refresh", "Refresh"),
@@ -145,7 +146,9 @@ class ConsoleApp(App):
             # The most useful table of each view first: the GPUs, the leases.
             preferred = {"fleet": "fleet-gpus", "pool": "pool-leases"}.get(self.active_view.id[:-5])
             pick = next((t for t in tables if t.id == preferred), tables[0])
-            pick.focus()
+            # Synchronously: a deferred focus() landing after a quick view switch would pull the
+            # view back (TabbedContent follows focus into its pane).
+            self.screen.set_focus(pick)
 
     # Refreshing ----------------------------------------------------------------------------------
     def refresh_all(self, force: bool = False) -> None:
@@ -206,6 +209,7 @@ class ConsoleApp(App):
     # Keys ----------------------------------------------------------------------------------------
     def action_show_view(self, view: str) -> None:
         self.query_one("#views", TabbedContent).active = view
+        self._focus_view()
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
@@ -214,10 +218,16 @@ class ConsoleApp(App):
         self.refresh_all(force=True)
         self.notify("refreshing", timeout=1.5)
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # Inside an input or a dialog, `/` is text.
+        typing = isinstance(self.focused, Input) or len(self.screen_stack) > 1
+        return not (action == "filter" and typing)
+
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)
         box.display = True
-        box.focus()
+        # At once, not via focus() (which waits a turn): keys typed right after `/` are the filter's.
+        self.screen.set_focus(box)
 
     @on(Input.Changed, "#filter")
     def _filter_changed(self, event: Input.Changed) -> None:
