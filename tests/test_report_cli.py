@@ -123,3 +123,11 @@ def test_help_explains_each_option():
     ):
         assert option in proc.stdout
     assert "--port" in report("serve", "--help", timeout=30).stdout
+
+
+def test_installed_command_runs():
+    exe = Path(sys.executable).parent / "gpustat-report"
+    if not exe.exists():
+        pytest.skip("gpustat-report is not installed beside this interpreter (pip install -e '.[report]')")
+    proc = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and "serve" in proc.stdout and "build" in proc.stdout
