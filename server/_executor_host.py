@@ -9,7 +9,10 @@ Kernels: any image loads, and a few built-in functions run on host memory —
 `saxpy(f32 *x, f32 *y, f32 a, u32 n)`, `empty()`, `spin(ptr, u32)` (sleeps 10 ms, a stand-in for
 a long kernel) and `fault()`, which fails the way a GPU kernel that
 touches a wild address does (CUDA_ERROR_ILLEGAL_ADDRESS, reported at the next synchronising call).
-Any other function name is CUDA_ERROR_NOT_FOUND.
+A kernel that a PTX image declares (`.entry`) also loads, with its parameter layout read from the
+PTX, and runs as a no-op: programs that compile their own kernels (cuda.core, numba-cuda) go through
+their whole call sequence, though their results are not computed. Any other name is
+CUDA_ERROR_NOT_FOUND.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import os
+import re
 import struct
 import threading
 import time
@@ -51,6 +55,25 @@ ATTRIBUTES = {
 }
 
 
+_PTX_ENTRY = re.compile(rb"\.entry\s+([A-Za-z_$][\w$]*)\s*\(([^)]*)\)")
+_PTX_PARAM = re.compile(rb"\.param\s+(?:\.align\s+(\d+)\s+)?\.([busf])(\d+)\s+[\w$]+(?:\[(\d+)\])?")
+
+
+def ptx_layouts(image: bytes) -> dict[str, list[tuple[int, int]]]:
+    """Each `.entry` of a PTX image -> its parameters' (offset, size), laid out as the driver does."""
+    kernels = {}
+    for name, params in _PTX_ENTRY.findall(image):
+        layout, offset = [], 0
+        for align, _kind, bits, count in _PTX_PARAM.findall(params):
+            size = int(bits) // 8 * (int(count) if count else 1)
+            alignment = int(align) if align else int(bits) // 8
+            offset = (offset + alignment - 1) // alignment * alignment
+            layout.append((offset, size))
+            offset += size
+        kernels[name.decode()] = layout
+    return kernels
+
+
 class HostExecutor(Executor):
     name = "host (tests only)"
 
@@ -65,6 +88,8 @@ class HostExecutor(Executor):
         self.contexts = {0xC0000 + d: d for d in range(self.n)}
         self.pools = {0xB0000 + d: d for d in range(self.n)}
         self.functions: dict[int, str] = {}
+        self.ptx_kernels: dict[int, dict[str, list[tuple[int, int]]]] = {}  # module -> kernels it declares
+        self.layouts: dict[int, list[tuple[int, int]]] = {}  # PTX-declared functions -> parameter layout
         self.events: dict[int, float | None] = {}
         self.local = threading.local()
         self.lock = threading.Lock()
@@ -125,12 +150,14 @@ class HostExecutor(Executor):
         mem[off : off + element_size * count] = value.to_bytes(element_size, "little") * count
 
     def param_layout(self, func: int, is_kernel: bool) -> list[tuple[int, int]]:
-        return HOST_KERNELS[self.functions[func]]
+        return self.layouts.get(func) or HOST_KERNELS[self.functions[func]]
 
     def launch(self, func, grid, block, shared_mem, stream, params, layout, attributes) -> None:
         for attr_id, _value in attributes:
             if attr_id not in (2, 4, 8):  # cooperative, cluster dimension, priority
                 raise CudaError(801, f"launch attribute {attr_id} is not forwarded")
+        if func in self.layouts:
+            return  # a kernel of a PTX image: it runs as a no-op (its parameters did arrive)
         name = self.functions[func]
         if name == "fault":
             raise CudaError(700, "the fault kernel touched a wild address")
@@ -291,7 +318,9 @@ class HostExecutor(Executor):
     def _load(self, image: bytes) -> int:
         if not image:
             raise CudaError(200, "empty image")
-        return next(self.ids)
+        handle = next(self.ids)
+        self.ptx_kernels[handle] = ptx_layouts(image)
+        return handle
 
     def cuModuleLoadData(self, image):
         return self._load(image)
@@ -303,18 +332,21 @@ class HostExecutor(Executor):
 
     cuLibraryUnload = cuModuleUnload
 
-    def _function(self, name: str) -> int:
-        if name not in HOST_KERNELS:
+    def _function(self, module: int, name: str) -> int:
+        declared = self.ptx_kernels.get(module, {})
+        if name not in HOST_KERNELS and name not in declared:
             raise CudaError(NOT_FOUND, name)
         handle = next(self.ids)
         self.functions[handle] = name
+        if name not in HOST_KERNELS:
+            self.layouts[handle] = declared[name]
         return handle
 
     def cuModuleGetFunction(self, module, name):
-        return self._function(name)
+        return self._function(module, name)
 
     def cuLibraryGetKernel(self, library, name):
-        return self._function(name)
+        return self._function(library, name)
 
     def cuLibraryGetModule(self, library):
         return library
@@ -322,6 +354,8 @@ class HostExecutor(Executor):
     def cuKernelGetFunction(self, kernel):
         handle = next(self.ids)
         self.functions[handle] = self.functions[kernel]
+        if kernel in self.layouts:
+            self.layouts[handle] = self.layouts[kernel]
         return handle
 
     def cuModuleGetGlobal(self, module, name):
@@ -330,7 +364,7 @@ class HostExecutor(Executor):
     cuLibraryGetGlobal = cuModuleGetGlobal
 
     def _param_info(self, func, index):
-        layout = HOST_KERNELS[self.functions[func]]
+        layout = self.param_layout(func, False)
         if index >= len(layout):
             raise CudaError(INVALID_VALUE)
         return layout[index]

@@ -104,3 +104,31 @@ def test_the_cuda_executor_serves_every_scenario(shim_dir, cuda_executor_worker,
 def test_the_cuda_executor_serves_cuda_core(shim_dir, cuda_executor_worker, tmp_path):
     out = run_program("core", client_env(shim_dir, cuda_executor_worker), tmp_path)
     assert out["added"] == "True"
+
+
+def test_the_gpu_machines_raw_bindings_program_runs_here_on_the_host_executor(shim_dir, worker, tmp_path):
+    """tests/gpu/remote/prog_bindings.py itself (PTX module, launches, copies, events): its saxpy is
+    one of the host executor's built-in kernels, so even its numbers are checked."""
+    program = Path(__file__).parent / "gpu" / "remote" / "prog_bindings.py"
+    proc = subprocess.run([sys.executable, str(program)], env=client_env(shim_dir, worker), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    for line in (
+        "saxpy x10 matches numpy True",
+        "memset + dtod True",
+        "elapsed > 0 True",
+        "event query True",
+    ):
+        assert line in lines, proc.stdout
+    assert "libcuda" in proc.stderr and str(shim_dir) in proc.stderr  # it loaded the shim
+
+
+def test_ptx_kernels_are_known_to_the_host_executor_with_their_parameter_layout():
+    from server._executor_host import ptx_layouts
+
+    ptx = b""".visible .entry k(
+        .param .u64 k_param_0, .param .u32 k_param_1, .param .align 8 .b8 k_param_2[24], .param .u8 k_param_3)
+    { ret; }
+    .entry empty() { ret; }"""
+    assert ptx_layouts(ptx) == {"k": [(0, 8), (8, 4), (16, 24), (40, 1)], "empty": []}
