@@ -92,6 +92,17 @@ def run(cmd: list[str], env: dict[str, str], timeout: float = 600, stdin=None):
     return proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started
 
 
+def readline_within(proc: subprocess.Popen, seconds: float) -> str:
+    """One line of a child's stdout, or "" if none comes in time (never hang the runner)."""
+    import selectors
+
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(seconds):
+            return ""
+    return proc.stdout.readline().strip()
+
+
 def libcuda_line(stderr: str) -> str:
     lines = [line for line in stderr.splitlines() if line.startswith("libcuda ")]
     return lines[-1].split(" ", 1)[1] if lines else "(not reported)"
@@ -212,7 +223,7 @@ def main() -> int:
                 [sys.executable, "-c", HOLDER], env=lease_env(other, shim, work, env), cwd=HERE,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             )  # fmt: skip
-            foreign = holder.stdout.readline().strip()
+            foreign = readline_within(holder, 120)
             print("the other lease holds", foreign)
             for label, address in (("guessed", ""), ("other lease", foreign)):
                 rc, out, err, s = run(
@@ -224,7 +235,10 @@ def main() -> int:
                     "copy_from_foreign": "CUDA_ERROR_INVALID_VALUE", "copy_past_own_end": "CUDA_ERROR_INVALID_VALUE",
                     "own_memory_still_fine": "CUDA_SUCCESS CUDA_SUCCESS",
                 })  # fmt: skip
-            holder.communicate("\n", timeout=60)
+            try:
+                holder.communicate("\n", timeout=60)
+            except subprocess.TimeoutExpired:
+                holder.kill()
             other.stop()
 
         if selected("kill"):
@@ -233,10 +247,15 @@ def main() -> int:
                                   bind_host="127.0.0.1", env={}, executor="cuda")  # fmt: skip
             proc = subprocess.Popen([sys.executable, "prog_limits.py", "kill"], env=lease_env(victim, shim, work, env),
                                     cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-            first = proc.stdout.readline().strip()
+            first = readline_within(proc, 180)
             print("program:", first, "- killing worker pid", victim.pid)
             os.kill(victim.pid, signal.SIGKILL)
-            out, err = proc.communicate(timeout=120)
+            try:
+                out, err = proc.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+                out += "\n(the program did not end within 120 s of the kill)"
             show("remote", proc.returncode, first + "\n" + out, err, 0)
             ok = (first == "running" and proc.returncode == 1 and "CUDA_ERROR_DEVICE_UNAVAILABLE" in out
                   and "lost the connection to the lease's worker" in err)  # fmt: skip
@@ -276,9 +295,9 @@ from cuda.bindings import driver as cu
 cu.cuInit(0)
 ctx = cu.cuDevicePrimaryCtxRetain(0)[1]
 cu.cuCtxSetCurrent(ctx)
-# Four 64 MiB buffers; report an address inside the last, far from where the tested program's
+# Four 16 MiB buffers; report an address inside the last, far from where the tested program's
 # single 1 MiB buffer will be (separate processes may hand out the same virtual addresses).
-buffers = [cu.cuMemAlloc(64 << 20)[1] for _ in range(4)]
+buffers = [cu.cuMemAlloc(16 << 20)[1] for _ in range(4)]
 print(hex(int(buffers[-1]) + (8 << 20)), flush=True)
 input()
 """
