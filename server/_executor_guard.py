@@ -137,10 +137,11 @@ class Session:
             self.special[name] = self._memset
         for name in ("cuMemsetD8Async", "cuMemsetD16Async", "cuMemsetD32Async"):
             self.special[name] = self._memset
-        # One handler per call id, looked up by index on every request (gpHello is the worker's).
+        # One handler per call id, looked up by index on every request. None: not the client's to send
+        # (gpHello is the worker's own; LOCAL calls never leave the client).
         self.handlers: list[Callable | None] = [
             None
-            if c.name == "gpHello"
+            if c.name == "gpHello" or c.mode is Mode.LOCAL
             else self.special.get(c.name if c.symbol == "-" else c.symbol, self._plain)
             for c in CALLS
         ]
