@@ -58,6 +58,15 @@ def main() -> int:
         cpu, wall = timed(calls, func)
         print(f"| {name} | {cpu:.1f} | {wall:.1f} |")
 
+    # How much history each ring holds decides how rarely it may be read without losing samples.
+    for kind in ("gpu", "memory"):
+        ring = b.utilization_samples(0, kind, 0) or []
+        if ring:
+            span = (ring[-1][0] - ring[0][0]) / 1e6
+            print(
+                f"ring {kind}: {len(ring)} samples over {span:.1f} s (one per {span / max(len(ring) - 1, 1) * 1e3:.0f} ms)"
+            )
+
     from collector._nvml_source import NvmlSource
 
     source = NvmlSource(interval_s=1.0)
