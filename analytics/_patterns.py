@@ -15,7 +15,7 @@ import duckdb
 
 from analytics._scope import ALL, Scope, no_data_error
 from analytics._telemetry import TelemetryError
-from analytics._ticks import gpu_ticks
+from analytics._ticks import GPU_HASH, gpu_ticks, unhash
 
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 LEVELS = {
@@ -35,6 +35,12 @@ _SUMS = """
     count(*) FILTER (WHERE mem_total_bytes > 0) AS n_m, sum(mem_used_bytes / nullif(mem_total_bytes, 0)) AS s_m,
     sum(simulated::INTEGER) AS n_sim
 """
+
+
+def _unhashed(con, ticks: dict, rows: list) -> list:
+    """Rows grouped by GPU_HASH, with (host, gpu_uuid) back in front."""
+    names = unhash(con, ticks)
+    return [(*names[r[0]], *r[1:]) for r in rows]
 
 
 def _weighted(rows, ticks: dict, key_of) -> dict:
@@ -124,9 +130,10 @@ def utilization_timeline(
     where, params = scope.where()
     ticks = gpu_ticks(con, where, params)
     rows = con.execute(
-        f"SELECT host, gpu_uuid, epoch_us(ts) // ? AS b, {_SUMS} FROM gpu_samples WHERE {where} GROUP BY ALL",
+        f"SELECT {GPU_HASH} AS gpu, epoch_us(ts) // ? AS b, {_SUMS} FROM gpu_samples WHERE {where} GROUP BY ALL",
         [bucket_s * 1_000_000, *params],
     ).fetchall()
+    rows = _unhashed(con, ticks, rows)
     if not rows:
         raise no_data_error(con, scope)
     per = _weighted(rows, ticks, lambda host, uuid, b: b)
@@ -171,10 +178,11 @@ def hour_of_week(
     # number of quarter hours, and converting a few thousand bucket starts is cheaper than
     # converting every sample.
     rows = con.execute(
-        f"SELECT host, gpu_uuid, any_value(gpu_index) AS gpu_index, epoch_us(ts) // {QUARTER_US} AS q, {_SUMS} "
-        f"FROM gpu_samples WHERE {where} GROUP BY host, gpu_uuid, q",
+        f"SELECT {GPU_HASH} AS gpu, any_value(gpu_index) AS gpu_index, epoch_us(ts) // {QUARTER_US} AS q, "
+        f"{_SUMS} FROM gpu_samples WHERE {where} GROUP BY gpu, q",
         params,
     ).fetchall()
+    rows = _unhashed(con, ticks, rows)
     if not rows:
         raise no_data_error(con, scope)
     label = LEVELS[level]

@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 import duckdb
 
 from analytics._scope import ALL, Scope, no_data_error
-from analytics._ticks import BUCKET_US, filled_tick_cte
+from analytics._ticks import BUCKET_US, GPU_HASH, filled_tick_cte, unhash
 
 HIST_RESOLUTION = 1000  # bins per unit ratio: 0.001 steps
 GIB = 1 << 30
@@ -164,18 +164,18 @@ _NAMES = """
 """
 
 # Keyed by hash(host, gpu_uuid): one integer instead of two strings per row in the hash table
-# (a quarter less CPU on a month of samples). ``_KEYS`` maps the hashes back.
+# (a quarter less CPU on a month of samples); ``unhash`` maps the hashes back.
 _HISTOGRAMS = """
     SELECT gpu, GROUPING(ub, ab) AS which, coalesce(ub, ab) AS bin, count(*) AS n
     FROM (
-        SELECT hash(host, gpu_uuid) AS gpu, round(util_gpu_mean * ?)::INTEGER AS ub,
+        SELECT {gpu_hash} AS gpu, round(util_gpu_mean * ?)::INTEGER AS ub,
                round(sm_activity * ?)::INTEGER AS ab
         FROM gpu_samples WHERE {where}
     )
     GROUP BY GROUPING SETS ((gpu, ub), (gpu, ab))
     HAVING coalesce(ub, ab) IS NOT NULL
 """
-_KEYS = "SELECT h, u, hash(h, u) FROM (SELECT unnest(?::VARCHAR[]) AS h, unnest(?::VARCHAR[]) AS u)"
+
 # GROUPING(ub, ab) is a bitmask of the columns *not* grouped: 0b01 -> grouped by ub, 0b10 -> by ab.
 _WHICH = {0b01: "util", 0b10: "sm"}
 
@@ -219,12 +219,10 @@ def fleet_summary(
 
     # Per GPU: bin -> samples, for each metric. Means, idle counts and percentiles all come from these.
     bins: dict[tuple, dict[str, dict[int, int]]] = {k: {"util": {}, "sm": {}} for k in per}
-    keys = list(per)
-    by_hash = {
-        hashed: (h, u)
-        for h, u, hashed in con.execute(_KEYS, [[k[0] for k in keys], [k[1] for k in keys]]).fetchall()
-    }
-    hist_rows = con.execute(_HISTOGRAMS.format(where=where), [HIST_RESOLUTION] * 2 + params).fetchall()
+    by_hash = unhash(con, per)
+    hist_rows = con.execute(
+        _HISTOGRAMS.format(where=where, gpu_hash=GPU_HASH), [HIST_RESOLUTION] * 2 + params
+    ).fetchall()
     for gpu, which, b, n in hist_rows:
         bins[by_hash[gpu]][_WHICH[which]][b] = n
     idle_bin = options.idle_below * HIST_RESOLUTION

@@ -45,6 +45,21 @@ def filled_tick_cte(ticks: str) -> str:
     """
 
 
+GPU_HASH = "hash(host, gpu_uuid)"  # one integer per GPU: cheaper to group by than two strings
+
+
+def unhash(con, keys) -> dict[int, tuple[str, str]]:
+    """{GPU_HASH value: (host, gpu_uuid)} for the given GPUs, to read results grouped by GPU_HASH."""
+    keys = list(keys)
+    return {
+        hashed: (h, u)
+        for h, u, hashed in con.execute(
+            "SELECT h, u, hash(h, u) FROM (SELECT unnest(?::VARCHAR[]) AS h, unnest(?::VARCHAR[]) AS u)",
+            [[k[0] for k in keys], [k[1] for k in keys]],
+        ).fetchall()
+    }
+
+
 def gpu_ticks(con, where: str, params: list) -> dict[tuple[str, str], float]:
     """{(host, gpu_uuid): tick in seconds} for the GPU samples matching ``where``.
 
