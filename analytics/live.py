@@ -11,10 +11,16 @@ instead of scanning the whole history on each refresh.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import duckdb
+
+from analytics._telemetry import _empty_select
+from collector.schema import PARTITION_TYPES, TABLES
 
 # Series the console may ask for: column name -> what it is. A fixed list, because a column name
 # cannot be a query parameter and must never come from user text.
@@ -238,3 +244,119 @@ def gpu_processes(
 
 def _us(span: timedelta) -> int:
     return int(span / timedelta(microseconds=1))
+
+
+# Tailing ----------------------------------------------------------------------------------------
+
+_TAILED = ("gpu_samples", "process_samples")
+
+
+class LiveWindow:
+    """The last minutes of ``gpu_samples`` and ``process_samples``, kept in memory and fed incrementally.
+
+    A collector flushes a segment every few seconds, so a live directory holds thousands of small
+    files a day; querying them all on every refresh costs seconds. ``poll()`` reads only segments it
+    has not read before, from the newest date partitions, and drops rows older than ``window``. Its
+    ``con`` has tables of the same names and columns as ``open_telemetry``'s views, so every function
+    of this module runs on it unchanged.
+
+    Segments are found by their path (``<dir>/<table>/date=…/host=…/*.parquet``); on the first poll
+    only files written (mtime) within ``window`` + ``slack`` of the newest file of their host are read,
+    so opening a year of history costs what its last minutes cost. When a segment that was read
+    disappears (compaction merged it into a new one), the window is rebuilt from scratch rather than
+    read twice.
+    """
+
+    def __init__(
+        self,
+        dirs: str | os.PathLike | Sequence[str | os.PathLike],
+        window: timedelta = timedelta(minutes=15),
+        *,
+        slack: timedelta = timedelta(minutes=5),
+    ):
+        self.roots = [Path(dirs)] if isinstance(dirs, (str, os.PathLike)) else [Path(d) for d in dirs]
+        self.window = window
+        self.slack = slack
+        self.con = duckdb.connect()
+        self._seen: dict[str, set[str]] = {t: set() for t in _TAILED}
+        self._rebuild: dict[str, bool] = {t: False for t in _TAILED}
+        for name in _TAILED:
+            self.con.execute(f"CREATE TABLE {name} AS {_empty_select(TABLES[name])}")
+
+    def poll(self) -> int:
+        """Load segments that appeared since the last poll; returns how many were read."""
+        loaded = 0
+        for name in _TAILED:
+            load, skip = self._candidates(name)
+            if self._rebuild[name] or self._seen[name] - set(load) - set(skip):
+                # A segment we read is gone (compacted, deleted): start over rather than count twice.
+                self.con.execute(f"DELETE FROM {name}")
+                self._seen[name].clear()
+                self._rebuild[name] = False
+                load, skip = self._candidates(name)
+            new = [f for f in load if f not in self._seen[name]]
+            if new:
+                self._load(name, new)
+                loaded += len(new)
+            self._seen[name].update(new)
+            self._seen[name].update(skip)
+        self._prune()
+        return loaded
+
+    def _candidates(self, table: str) -> tuple[list[str], list[str]]:
+        """(segments to read, segments too old to matter): the latter only on a first read."""
+        first = not self._seen[table]
+        load: list[str] = []
+        skip: list[str] = []
+        for root in self.roots:
+            base = root / table
+            if not base.is_dir():
+                continue
+            dates = sorted(d for d in os.listdir(base) if d.startswith("date="))[-2:]  # around midnight
+            for date in dates:
+                for host in os.listdir(base / date):
+                    folder = base / date / host
+                    if not host.startswith("host=") or not folder.is_dir():
+                        continue
+                    with os.scandir(folder) as entries:
+                        segs = [(e.path, e.stat().st_mtime) for e in entries if e.name.endswith(".parquet")]
+                    if first and segs:
+                        horizon = max(m for _, m in segs) - (self.window + self.slack).total_seconds()
+                        skip += [p for p, m in segs if m < horizon]
+                        segs = [(p, m) for p, m in segs if m >= horizon]
+                    load += [p for p, _ in segs]
+        return load, skip
+
+    def _load(self, table: str, files: list[str]) -> None:
+        try:
+            self._insert(table, files)
+        except duckdb.Error:
+            # One bad file must not hide the others: read them one by one. A file that vanished
+            # between listing and reading (compaction) means a rebuild on the next poll; one that
+            # is there but unreadable is skipped (and stays skipped).
+            for path in files:
+                try:
+                    self._insert(table, [path])
+                except duckdb.Error:
+                    if not os.path.exists(path):
+                        self._rebuild[table] = True
+
+    def _insert(self, table: str, files: list[str]) -> None:
+        hive_types = ", ".join(f"'{k}': {v}" for k, v in PARTITION_TYPES.items())
+        columns = ", ".join([*TABLES[table].column_names, *PARTITION_TYPES])
+        self.con.execute(
+            f"INSERT INTO {table} SELECT {columns} FROM read_parquet(?, hive_partitioning = true, "
+            f"union_by_name = true, hive_types = {{{hive_types}}})",
+            [files],
+        )
+
+    def _prune(self) -> None:
+        # Per host, so a host whose collector stopped keeps its last minutes (and shows as stale).
+        for name in _TAILED:
+            self.con.execute(
+                f"DELETE FROM {name} t WHERE ts < (SELECT max(ts) FROM {name} h WHERE h.host = t.host) - ?",
+                [self.window],
+            )
+
+    def close(self) -> None:
+        self.con.close()

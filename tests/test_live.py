@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import time
 from datetime import timedelta
 
+import pyarrow.parquet as pq
 import pytest
 from test_live_fixtures import GIB, T0, gpu_row, proc_row, write_fleet, write_segment
 
 from analytics import open_telemetry
-from analytics.live import gpu_processes, gpu_series, latest_gpu_samples, newest_sample_time
+from analytics.live import LiveWindow, gpu_processes, gpu_series, latest_gpu_samples, newest_sample_time
 from collector.schema import GPU_SAMPLES, PROCESS_SAMPLES
 
 
@@ -99,3 +102,84 @@ def test_processes_only_table_without_gpu_rows_still_answers(tmp_path):
     write_segment(root, PROCESS_SAMPLES, [proc_row("h", 0, T0, 1, "dave", 1)])
     con = open_telemetry(root)
     assert gpu_processes(con, "h", "GPU-h-0", at=T0) != []
+
+
+# LiveWindow: the console's incremental tail of the newest segments ----------------------------------
+
+
+def _count(con, table: str) -> int:
+    return con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+def test_live_window_answers_like_the_full_views(tmp_path):
+    root = write_fleet(tmp_path / "tele")
+    tail = LiveWindow(root, timedelta(minutes=15))
+    assert tail.poll() == 4  # 2 hosts x (gpu_samples, process_samples)
+    assert latest_gpu_samples(tail.con) == latest_gpu_samples(open_telemetry(root))
+    assert gpu_processes(tail.con, "gpu-a", "GPU-gpu-a-0") == gpu_processes(
+        open_telemetry(root), "gpu-a", "GPU-gpu-a-0"
+    )
+    assert gpu_series(tail.con, minutes=10, buckets=5) == gpu_series(
+        open_telemetry(root), minutes=10, buckets=5
+    )
+
+
+def test_live_window_reads_only_new_segments_and_keeps_its_window(tmp_path):
+    root = write_fleet(tmp_path / "tele", minutes=30)
+    tail = LiveWindow(root, timedelta(minutes=5))
+    tail.poll()
+    assert _count(tail.con, "gpu_samples") == 3 * 31  # 5 minutes of 10 s ticks (and the edge), 3 GPUs
+    assert tail.poll() == 0  # nothing new: nothing read
+    later = T0 + timedelta(seconds=10)
+    write_segment(root, GPU_SAMPLES, [gpu_row("gpu-a", 0, later, 0.25)], name="seg-0002")
+    assert tail.poll() == 1
+    assert newest_sample_time(tail.con) == later
+    assert next(g for g in latest_gpu_samples(tail.con) if g.gpu_uuid == "GPU-gpu-a-0").util_gpu == 0.25
+
+
+def test_live_window_skips_old_segments_on_open_and_later(tmp_path):
+    root = write_fleet(tmp_path / "tele")
+    old = T0 - timedelta(hours=3)
+    write_segment(root, GPU_SAMPLES, [gpu_row("gpu-a", 0, old, 0.9)], name="seg-old")
+    old_file = next(root.glob("gpu_samples/**/host=gpu-a/seg-old.parquet"))
+    os.utime(old_file, (time.time() - 3 * 3600, time.time() - 3 * 3600))  # written 3 hours ago
+    tail = LiveWindow(root, timedelta(minutes=15))
+    tail.poll()
+    assert tail.con.execute("SELECT count(*) FROM gpu_samples WHERE ts = ?", [old]).fetchone()[0] == 0
+    tail.poll()  # still not read on later polls
+    assert tail.con.execute("SELECT count(*) FROM gpu_samples WHERE ts = ?", [old]).fetchone()[0] == 0
+
+
+def test_live_window_rebuilds_when_segments_are_compacted(tmp_path):
+    root = write_fleet(tmp_path / "tele")
+    tail = LiveWindow(root, timedelta(minutes=15))
+    tail.poll()
+    before = _count(tail.con, "gpu_samples")
+    # Compaction: the host's segments become one new file with the same rows.
+    folder = next(root.glob("gpu_samples/*/host=gpu-a"))
+    rows = pq.read_table(folder / "seg-0001.parquet")
+    (folder / "seg-0001.parquet").unlink()
+    pq.write_table(rows, folder / "compacted-0001.parquet")
+    tail.poll()
+    assert _count(tail.con, "gpu_samples") == before  # not read twice
+
+
+def test_live_window_skips_an_unreadable_file_and_reads_the_rest(tmp_path):
+    root = write_fleet(tmp_path / "tele")
+    folder = next(root.glob("gpu_samples/*/host=gpu-b"))
+    (folder / "broken.parquet").write_bytes(b"not parquet at all")
+    tail = LiveWindow(root, timedelta(minutes=15))
+    tail.poll()
+    assert {g.host for g in latest_gpu_samples(tail.con)} == {"gpu-a", "gpu-b"}
+    tail.poll()  # and it does not start over on every poll because of it
+    assert {g.host for g in latest_gpu_samples(tail.con)} == {"gpu-a", "gpu-b"}
+
+
+def test_live_window_keeps_a_silent_hosts_last_minutes(tmp_path):
+    root = write_fleet(tmp_path / "tele")
+    later = [gpu_row("gpu-b", 0, T0 + timedelta(minutes=m), 0.5) for m in range(1, 31)]
+    write_segment(root, GPU_SAMPLES, later, name="seg-0002")  # gpu-b goes on for 30 minutes, gpu-a stopped
+    tail = LiveWindow(root, timedelta(minutes=5))
+    tail.poll()
+    last = {(g.host, g.gpu_index): g.ts for g in latest_gpu_samples(tail.con)}
+    assert last[("gpu-a", 0)] == T0 and last[("gpu-b", 0)] == T0 + timedelta(minutes=30)

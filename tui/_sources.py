@@ -68,23 +68,16 @@ class TelemetryFleet:
         self.series = series or SeriesOptions()
         self.label = label or "telemetry: " + ", ".join(str(d) for d in self.dirs)
         self.process_details = True
-        self._con = None
-        self._opened_empty = True
+        self._live = None
         self._lock = threading.Lock()  # one DuckDB connection, used by one worker at a time
 
     def _connection(self):
-        # A table with no segments yet is opened as an empty view that never sees later files, so
-        # reopen until every table has data (cheap: versions are checked on the first open only).
-        if self._con is None or self._opened_empty:
-            from analytics import open_telemetry
-
-            first = self._con is None
-            self._con = open_telemetry(self.dirs, require_data=False, check_versions=first)
-            self._opened_empty = any(
-                self._con.execute(f"SELECT count(*) = 0 FROM (SELECT 1 FROM {t} LIMIT 1)").fetchone()[0]
-                for t in ("gpu_samples", "process_samples")
-            )
-        return self._con
+        # The last minutes in memory, fed only with new segments: a refresh costs the same over an
+        # hour or a year of telemetry (bench/bench_console.py).
+        if self._live is None:
+            self._live = live.LiveWindow(self.dirs, timedelta(minutes=self.series.minutes + 1))
+        self._live.poll()
+        return self._live.con
 
     def snapshot(self) -> FleetSnapshot:
         with self._lock:
@@ -102,7 +95,8 @@ class TelemetryFleet:
     def processes(self, key: GpuKey) -> list[ProcessNow]:
         with self._lock:
             try:
-                return live.gpu_processes(self._connection(), key[0], key[1])
+                con = self._live.con if self._live is not None else self._connection()
+                return live.gpu_processes(con, key[0], key[1])
             except Exception:
                 return []
 
