@@ -145,6 +145,9 @@ def scenario_copies():
     rc, back = dtoh(a, 4096)
     say("pinned_copy", back == b"\x5a" * 4096)
     check(cu.cuMemFreeHost(c_u64(pinned.value)), "free host")
+    say("htod_from_device_address", cu.cuMemcpyHtoD(c_u64(a), c_u64(b), c_u64(64)))
+    say("dtoh_into_device_address", cu.cuMemcpyDtoH(c_u64(b), c_u64(a), c_u64(64)))
+    say("still_connected", cu.cuCtxSynchronize())
     check(cu.cuMemFree(c_u64(a)), "free")
     say("double_free", cu.cuMemFree(c_u64(a)))
 

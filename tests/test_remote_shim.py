@@ -58,6 +58,9 @@ def test_copies_memsets_and_host_memory(shim_dir, worker):
     assert out["device_memory_type"] == "2"
     assert out["host_memory_type"] == "1"
     assert out["pinned_copy"] == "True"
+    assert out["htod_from_device_address"] == "1"  # a device pointer where host memory belongs ...
+    assert out["dtoh_into_device_address"] == "1"
+    assert out["still_connected"] == "0"  # ... is refused without harm
     assert out["double_free"] == "1"  # CUDA_ERROR_INVALID_VALUE
 
 

@@ -381,7 +381,8 @@ static int is_device(uint64_t ptr) { return gp_dev_lookup(ptr, NULL, NULL, NULL)
 
 static CUresult htod(uint32_t call, uint64_t dst, const void *src, uint64_t count, uint64_t stream) {
     if (count == 0) return CUDA_SUCCESS;
-    if (!src || !device_range(dst, count)) return CUDA_ERROR_INVALID_VALUE;
+    /* A device address as the host side would fault inside sendmsg and cost the connection. */
+    if (!src || !device_range(dst, count) || is_device((uint64_t)src)) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuMemcpyHtoD_v2 in = {.dst = dst, .count = count, .stream = stream};
     /* Returns once the bytes are in the socket: the caller may reuse its buffer at once. */
     return gp_call(call, 0, &in, sizeof in, src, count, NULL, 0, NULL, 0);
@@ -389,7 +390,7 @@ static CUresult htod(uint32_t call, uint64_t dst, const void *src, uint64_t coun
 
 static CUresult dtoh(uint32_t call, void *dst, uint64_t src, uint64_t count, uint64_t stream) {
     if (count == 0) return CUDA_SUCCESS;
-    if (!dst || !device_range(src, count)) return CUDA_ERROR_INVALID_VALUE;
+    if (!dst || !device_range(src, count) || is_device((uint64_t)dst)) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuMemcpyDtoH_v2 in = {.src = src, .count = count, .stream = stream};
     /* The reply streams straight into the caller's buffer. */
     return gp_call(call, WANT, &in, sizeof in, NULL, 0, NULL, 0, dst, count);
