@@ -7,7 +7,7 @@ runs at once, in order; elapsed times are host clock times), modules and pointer
 Kernels: any image loads, and a few built-in functions run on host memory —
 `fill_u32(u32 *ptr, u32 value, u32 n)`, `add_u32(u32 *ptr, u32 value, u32 n)`,
 `saxpy(f32 *x, f32 *y, f32 a, u32 n)`, `empty()`, `spin(ptr, u32)` (sleeps 10 ms, a stand-in for
-a long kernel) and `fault()`, which fails the way a GPU kernel that
+a long kernel), `sleep_ms(u32 ms)` and `fault()`, which fails the way a GPU kernel that
 touches a wild address does (CUDA_ERROR_ILLEGAL_ADDRESS, reported at the next synchronising call).
 A kernel that a PTX image declares (`.entry`) also loads, with its parameter layout read from the
 PTX, and runs as a no-op: programs that compile their own kernels (cuda.core, numba-cuda) go through
@@ -36,6 +36,7 @@ HOST_KERNELS = {
     "fault": [],
     "spin": [(0, 8), (8, 4)],  # stands for a long kernel: sleeps 10 ms
     "empty": [],
+    "sleep_ms": [(0, 4)],  # occupies the worker for a while, like a long kernel behind a sync
     "saxpy": [(0, 8), (8, 8), (16, 4), (20, 4)],  # y = a * x + y over float32
 }
 # A few attributes programs ask for; the rest read 0 (cuda.h numbering).
@@ -165,6 +166,9 @@ class HostExecutor(Executor):
             time.sleep(0.01)
             return
         if name == "empty":
+            return
+        if name == "sleep_ms":
+            time.sleep(struct.unpack_from("<I", params)[0] / 1000)
             return
         if name == "saxpy":
             x_ptr, y_ptr, a, n = struct.unpack_from("<QQfI", params)

@@ -4,7 +4,8 @@ The pool server calls `start_worker` when it grants a lease with remote=true and
 when the lease ends; the client's `libcuda.so.1` (virtualize/shim) connects to `host:port` and
 proves itself with `secret`. The process owns the lease's GPUs through `server._cuda` (cuda-python),
 listens on TCP, serves each connection on its own thread through `server._executor_guard`, touches
-`<state dir>/activity` at most once a second while calls arrive (the idle reclaimer reads its mtime),
+`<state dir>/activity` at most once a second while calls arrive or run (the idle reclaimer reads its
+mtime),
 and exits when its parent dies.
 
     python -m server.worker --lease ID --devices '[{"index":0,"uuid":"GPU-..","mem_limit_bytes":1073741824}]'
@@ -265,8 +266,10 @@ class Worker:
         self.activity = state_dir / "activity"
         self.secret = secret.encode()
         self._last_touch = 0.0
+        self.in_calls: set[int] = set()  # connections executing a call now (a long sync is use, not idleness)
 
     def serve(self, listener: socket.socket) -> None:
+        threading.Thread(target=self._touch_while_busy, daemon=True).start()
         while True:
             sock, peer = listener.accept()
             threading.Thread(target=self._connection, args=(sock, peer), daemon=True).start()
@@ -289,7 +292,11 @@ class Worker:
                 if args_len > _wire.MAX_ARGS_BYTES:
                     log.warning("client %s sent a corrupt frame; closing", who)
                     return
-                session.dispatch(call_id, flags, channel.read_exact(args_len), bulk_len)
+                self.in_calls.add(id(session))
+                try:
+                    session.dispatch(call_id, flags, channel.read_exact(args_len), bulk_len)
+                finally:
+                    self.in_calls.discard(id(session))
                 self._touch()
         except (ConnectionClosed, ConnectionError):
             log.info("client %s disconnected", who)
@@ -323,6 +330,13 @@ class Worker:
         outs = struct.pack(hello.out_format, len(self.devices))
         channel.send(_wire.REPLY.pack(0, len(outs), 0), outs)
         return True
+
+    def _touch_while_busy(self) -> None:
+        """A call that runs for minutes (a synchronise behind long kernels) keeps the lease in use."""
+        while True:
+            time.sleep(1.0)
+            if self.in_calls:
+                self._touch()
 
     def _touch(self) -> None:
         now = time.monotonic()

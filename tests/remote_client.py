@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import time
 
 c_u64 = ctypes.c_uint64
 VERSION = 12080  # below 13000: cuCtxSynchronize and cuCtxGetDevice without a context argument
@@ -418,6 +419,18 @@ def scenario_collision():
     say("used_mib", (total.value - free.value) // MiB)  # the colliding allocation was given back
     ctypes.memset(base, 7, 16)  # the host mapping is untouched and usable
     say("host_memory_ok", ctypes.string_at(base, 2) == b"\x07\x07")
+
+
+def scenario_long_call():
+    setup()
+    module, fn = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(fn), module, b"sleep_ms"), "function")
+    ms = ctypes.c_uint32(3000)
+    params = (ctypes.c_void_p * 1)(ctypes.addressof(ms))
+    say("launched", time.time())
+    check(cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, c_u64(0), params, None), "launch")
+    say("sync", cu.cuCtxSynchronize())
 
 
 def scenario_leak():

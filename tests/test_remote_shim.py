@@ -267,3 +267,12 @@ def test_the_worker_speaks_only_to_clients_that_open_with_the_lease_secret(worke
         assert result == 0 and struct.unpack(hello.out_format, recv_exact(sock, outs_len)) == (1,)
         sock.sendall(_wire.REQUEST.pack(60000, _wire.FLAG_WANTS_REPLY, 0, 0, 3) + b"xyz")
         assert _wire.REPLY.unpack(recv_exact(sock, _wire.REPLY.size))[0] == 1  # CUDA_ERROR_INVALID_VALUE
+
+
+def test_a_long_running_call_keeps_the_lease_active(shim_dir, worker):
+    proc = subprocess.Popen([sys.executable, str(CLIENT), "long_call"], env=client_env(shim_dir, worker),
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    launched = float(proc.stdout.readline().split()[1])
+    time.sleep(2.5)  # the worker is inside a 3 s call: no new calls arrive, yet the lease is in use
+    assert worker.last_activity() >= launched + 1.0
+    assert proc.communicate(timeout=30)[0].strip() == "sync 0"
