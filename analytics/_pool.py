@@ -2,7 +2,7 @@
 
 A lease event has one row per partition (GPU) of the lease, a denial one row without a GPU. A
 lease's partition-hours are its memory fraction x its age at release, expiry or reclaim, so a 0.25
-partition held for 4 hours counts as one GPU-hour.
+partition held for 4 hours counts as one GPU-hour; a lease still held counts once it ends.
 """
 
 from __future__ import annotations

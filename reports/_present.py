@@ -22,6 +22,8 @@ def pct(x: float | None) -> str:
 
 
 def hours(x: float) -> str:
+    if 0 < x < 0.1:
+        return f"{x:.2g} h"  # short spans keep two significant digits instead of reading "0.0 h"
     return f"{x:,.1f} h" if x < 10_000 else f"{x:,.0f} h"
 
 
