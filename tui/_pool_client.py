@@ -133,7 +133,7 @@ class PoolClient:
             payload = {}
         message = payload.get("error") or f"HTTP {exc.code} {exc.reason}"
         hint = payload.get("hint", "")
-        if exc.code in (401, 403) and not hint:
+        if exc.code in (401, 403):  # the server's hint speaks to gpuattach users; this is the console
             hint = "start the console with an admin token: --admin-token or GPUPOOL_ADMIN_TOKEN"
         if exc.code == 404 and not payload:
             hint = "is this URL a gpupool-server of this version?"

@@ -123,8 +123,9 @@ class ServerState:
 
 
 def _short(exc: PoolError, url: str) -> str:
-    # The server's row already names its URL; the note says only what went wrong.
-    return str(exc).replace(f" on {url}", "").replace(f"{url} ", "")
+    # The server's row already names its URL and says it is retried: the note says what went wrong.
+    text = exc.title if exc.unreachable else str(exc)
+    return text.replace(f" on {url}", "").replace(f"{url} ", "")
 
 
 def _one_line(exc: BaseException) -> str:
