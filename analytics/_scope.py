@@ -37,8 +37,10 @@ class Scope:
         params: list = []
         start, end = utc(self.start), utc(self.end)
         if start is not None:
+            # A day back: a segment's date is the day it covers, and the sample that closes a day
+            # (stamped at midnight) sits in that day's segment.
             clauses += ["date >= ?", "ts >= ?"]
-            params += [start.date(), start]
+            params += [start.date() - timedelta(days=1), start]
         if end is not None:
             clauses += ["date <= ?", "ts < ?"]
             params += [end.date(), end]

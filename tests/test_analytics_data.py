@@ -31,7 +31,8 @@ def write_rows(root: Path, table: str, rows: list[dict], version: int = SCHEMA_V
         schema = schema.with_metadata({**schema.metadata, METADATA_VERSION_KEY: str(version).encode()})
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for row in rows:
-        groups[(row["ts"].astimezone(UTC).date().isoformat(), row["host"])].append(row)
+        date = row.get("_date") or row["ts"].astimezone(UTC).date()  # "_date": a segment of another day
+        groups[(date.isoformat(), row["host"])].append(row)
     defaults = {"source": "replay", "simulated": False, "schema_version": version, "state": "ok"}
     for (date, host), group in groups.items():
         columns = {

@@ -136,3 +136,15 @@ def test_mixed_schema_versions_are_refused(tmp_path):
     write_rows(tmp_path, "gpu_samples", gpu_rows("b", 0, [0.1]), version=2)
     with pytest.raises(A.TelemetryError, match=r"schema version \[1, 2\]"):
         A.open_telemetry(tmp_path)
+
+
+def test_a_sample_stamped_at_midnight_in_the_previous_days_segment_is_kept(tmp_path):
+    # The tick that closes a day is stamped 00:00 of the next day but written with the day it closes.
+    midnight = T0.replace(hour=0) + timedelta(days=1)
+    rows = gpu_rows("a", 0, [0.5] * 3, start=midnight - timedelta(seconds=2))
+    rows[-1]["_date"] = (midnight - timedelta(days=1)).date()
+    rows += gpu_rows("a", 0, [0.5] * 2, start=midnight + timedelta(seconds=1))
+    write_rows(tmp_path, "gpu_samples", rows)
+    s = A.fleet_summary(A.open_telemetry(tmp_path), A.Scope(start=midnight))
+    assert s.first_sample == midnight
+    assert s.gpu_hours == pytest.approx(3 / H)
