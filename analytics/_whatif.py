@@ -400,7 +400,7 @@ def _assumptions(options: PoolOptions, step_s: int, gpu_mem: int) -> tuple[str, 
     )
     return (
         "Memory is the binding constraint: a request takes its peak memory, rounded up to whole "
-        f"1/{options.granularity} partitions of a {gpu_mem / GIB:.0f} GiB GPU, for its whole run.",
+        f"1/{options.granularity} partitions of a pool GPU of {gpu_mem / GIB:.0f} GiB, for its whole run.",
         "Compute is shared: tenants of one GPU add their busy shares; above 1 they would slow each other "
         "(counted as oversubscribed), not fail.",
         f"Demand: {basis}; replayed in {step_s} s steps with the '{options.policy}' packing policy; "
