@@ -35,12 +35,15 @@ def main() -> int:
     p.add_argument("--interval", type=float, default=1.0, help="seconds between ticks (default 1)")
     p.add_argument("--flush", type=float, default=10.0, help="flush interval (default 10)")
     p.add_argument("--json", type=Path, help="also write the result here")
+    p.add_argument(
+        "--ring-every", type=float, default=5.0, help="NVML: seconds between sample-ring reads (default 5)"
+    )
     args = p.parse_args()
 
     if args.nvml:
         from collector._nvml_source import NvmlSource
 
-        source = NvmlSource(interval_s=args.interval)
+        source = NvmlSource(interval_s=args.interval, ring_every_s=args.ring_every)
     else:
         from collector._simulated import SimulatedFleet
         from collector._simulated_source import SimulatedSource
@@ -64,7 +67,7 @@ def main() -> int:
     per_sample_s = cpu / (gpus * stats.ticks)
     core_share = per_sample_s / args.interval  # fraction of one core per GPU at this rate
     result = {
-        "mode": "nvml" if args.nvml else f"simulated x{gpus}",
+        "mode": f"nvml (rings every {args.ring_every:g} s)" if args.nvml else f"simulated x{gpus}",
         "gpus": gpus,
         "ticks": stats.ticks,
         "interval_s": args.interval,
