@@ -148,6 +148,13 @@ async def test_history_shows_the_summary_and_idle_holders_and_changes_range(tele
         assert summary["hosts / GPUs"] == "2 / 3"
         assert summary["held while idle (memory in use)"].endswith("(33%)")  # gpu-a GPU 1 of three
         assert [u[0] for u in shown(app, "history-users")] == ["bob"]
+        # The pool's lease events: who leased how much, and what idle reclaim took back.
+        pool = {row[0]: row for row in shown(app, "history-pool")}
+        assert pool["alice"][1:] == ("1", "0", "0", "0.07", "0.00")  # 2 x 0.25 for 8 minutes
+        assert pool["bob"][3:] == ("1", "0.04", "0.04")  # 0.5 for 5 minutes, reclaimed
+        assert pool["carol"][2] == "1"  # denied once
+        title = app.query_one("#history-pool").border_title
+        assert "2 granted, 1 denied, 1 released, 0 expired, 1 reclaimed" in title
         await pilot.press("left_square_bracket")
         await settle(pilot)
         assert app.query_one("#history-view").range_label == "6h"

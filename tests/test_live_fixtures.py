@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from collector.schema import GPU_SAMPLES, PROCESS_SAMPLES, SCHEMA_VERSION, Table
+from collector.schema import GPU_SAMPLES, POOL_EVENTS, PROCESS_SAMPLES, SCHEMA_VERSION, Table
 
 # Fixed "now" of the constructed fleet: snapshots and assertions never depend on the clock.
 T0 = datetime(2026, 3, 2, 12, 0, 0, tzinfo=UTC)
@@ -104,4 +104,36 @@ def write_fleet(root: Path, *, now: datetime = T0, minutes: int = 10, step_s: in
         procs.append(proc_row("gpu-b", 0, ts, 777, "carol", 40))
     write_segment(root, GPU_SAMPLES, gpus)
     write_segment(root, PROCESS_SAMPLES, procs)
+    write_segment(root, POOL_EVENTS, pool_events(now))
     return root
+
+
+def pool_events(now: datetime) -> list[dict]:
+    """gpu-a's server: alice held 2 x 0.25 for 8 minutes and released; bob's 0.5 was reclaimed after
+    5 idle minutes; carol was denied (over her limit)."""
+
+    def event(
+        kind: str, at_s: int, lease: str | None, client: str, gpu: int | None, frac: float | None, **kw
+    ):
+        return {
+            "host": "gpu-a",
+            "ts": now - timedelta(seconds=at_s),
+            "event": kind,
+            "lease_id": lease,
+            "client": client,
+            "gpu_index": gpu,
+            "gpu_uuid": None if gpu is None else f"GPU-gpu-a-{gpu}",
+            "fraction": frac,
+            "mem_bytes": None if frac is None else int(frac * 80 * GIB),
+            **kw,
+        }
+
+    return [
+        event("grant", 540, "lease-a", "alice", 0, 0.25),
+        event("grant", 540, "lease-a", "alice", 1, 0.25),
+        event("grant", 400, "lease-b", "bob", 1, 0.5),
+        event("deny", 300, None, "carol", None, None, reason="limit 0.5 reached: carol holds 0.5"),
+        event("release", 60, "lease-a", "alice", 0, 0.25, duration_s=480.0, reason="released by alice"),
+        event("release", 60, "lease-a", "alice", 1, 0.25, duration_s=480.0, reason="released by alice"),
+        event("reclaim", 100, "lease-b", "bob", 1, 0.5, duration_s=300.0, reason="idle for 5m"),
+    ]

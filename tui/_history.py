@@ -44,6 +44,7 @@ class HistorySnapshot:
     summary: Any | None  # analytics FleetSummary
     idle_users: tuple[Any, ...]  # analytics AttributionRow, most idle-while-holding hours first
     error: str | None = None
+    pool: Any | None = None  # analytics PoolActivity: what the pool servers' lease events say
 
 
 class HistorySource:
@@ -67,14 +68,18 @@ class HistorySource:
                 end = newest + timedelta(seconds=1)  # scopes are start <= ts < end
                 start = None if span is None else end - span
                 scope = analytics.Scope(start=start, end=end)
-                summary = analytics.fleet_summary(con, scope)
-                users = analytics.attribution(con, scope, by="user")
+                pool = analytics.pool_activity(con, scope)
             except analytics.TelemetryError as exc:
                 return HistorySnapshot(range_label, None, None, None, (), exc.title)
+            try:
+                summary = analytics.fleet_summary(con, scope)
+                users = analytics.attribution(con, scope, by="user")
+            except analytics.TelemetryError as exc:  # no GPU samples in range: the pool may still have events
+                return HistorySnapshot(range_label, start, end, None, (), exc.title, pool=pool)
         idle = sorted(
             (r for r in users.rows if r.idle_holding_hours > 0), key=lambda r: (-r.idle_holding_hours, r.key)
         )
-        return HistorySnapshot(range_label, start, end, summary, tuple(idle[:TOP_USERS]))
+        return HistorySnapshot(range_label, start, end, summary, tuple(idle[:TOP_USERS]), pool=pool)
 
 
 class HistoryView(View):
@@ -92,6 +97,15 @@ class HistoryView(View):
         Column("busy", "Busy GPU-hours"),
         Column("peak", "Memory peak"),
         Column("gpus", "GPUs"),
+    )
+
+    POOL = (
+        Column("client", "Client"),
+        Column("leases", "Leases"),
+        Column("denials", "Denied"),
+        Column("reclaimed", "Reclaimed (idle)"),
+        Column("hours", "GPU-hours leased"),
+        Column("reclaimed_hours", "GPU-hours reclaimed"),
     )
 
     class Loaded(Message):
@@ -112,6 +126,13 @@ class HistoryView(View):
         users = SyncTable(self.USERS, id="history-users", empty="nobody held a GPU idle in this range")
         users.border_title = f"Top {TOP_USERS} users holding GPUs idle"
         yield users
+        pool = SyncTable(
+            self.POOL,
+            id="history-pool",
+            empty="no lease events in this range (gpupool-server --telemetry DIR)",
+        )
+        pool.border_title = "Pool: leases by client"
+        yield pool
 
     def on_mount(self) -> None:
         if self.source is None:
@@ -159,6 +180,9 @@ class HistoryView(View):
         self._status(status)
         self.query_one("#history-summary", SyncTable).set_rows(summary_rows(snap.summary))
         self.query_one("#history-users", SyncTable).set_rows(user_rows(snap.idle_users))
+        pool_table = self.query_one("#history-pool", SyncTable)
+        pool_table.set_rows(pool_rows(snap.pool))
+        pool_table.border_title = pool_title(snap.pool)
 
 
 def summary_rows(s: Any | None) -> list[Row]:
@@ -207,4 +231,35 @@ def user_rows(users: Sequence[Any]) -> list[Row]:
             ),
         )
         for u in users
+    ]
+
+
+def pool_title(activity: Any | None) -> str:
+    if activity is None or activity.empty:
+        return "Pool: leases by client"
+    e = activity.events
+    return (
+        f"Pool: {e['grant']} granted, {e['deny']} denied, {e['release']} released, {e['expire']} expired, "
+        f"{e['reclaim']} reclaimed; {activity.gpu_hours:,.2f} GPU-h leased, "
+        f"{activity.reclaimed_gpu_hours:,.2f} GPU-h reclaimed"
+    )
+
+
+def pool_rows(activity: Any | None) -> list[Row]:
+    if activity is None:
+        return []
+    return [
+        Row(
+            c.client,
+            (
+                c.client,
+                str(c.leases),
+                str(c.denials),
+                Text(str(c.reclaimed), style="bold yellow" if c.reclaimed else ""),
+                f"{c.gpu_hours:,.2f}",
+                f"{c.reclaimed_gpu_hours:,.2f}",
+            ),
+            (c.client, c.leases, c.denials, c.reclaimed, c.gpu_hours, c.reclaimed_gpu_hours),
+        )
+        for c in activity.clients
     ]
