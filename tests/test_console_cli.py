@@ -30,6 +30,7 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
         (["--server", "h:7070", "--refresh", "0s"], "must be more than zero"),
         (["--server", "h:7070", "--bogus"], "unrecognized arguments: --bogus"),
         (["--server", "h:7070", "--admin-token-file", "/no/such/token"], "cannot read the admin token file"),
+        (["--server", "https://h:7070", "--ca-cert", "/no/such/ca.pem"], "CA certificate not found"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(args, message):
@@ -50,6 +51,7 @@ def test_help_explains_every_option_without_loading_textual():
         "--prometheus",
         "--admin-token",
         "--admin-token-file",
+        "--ca-cert",
         "--refresh",
         "--window",
         "--timeout",
@@ -115,3 +117,11 @@ def test_telemetry_of_an_unknown_schema_version_is_refused_up_front(tmp_path):
         build_app(parse_options(["--telemetry", str(root)], env={}))
     proc = run_cli("--telemetry", str(root))
     assert proc.returncode == 2 and "99] found" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_ca_file_that_is_not_pem_is_one_line(tmp_path):
+    bad = tmp_path / "ca.pem"
+    bad.write_text("not a certificate")
+    proc = run_cli("--server", "https://gpu1:56001", "--ca-cert", str(bad))
+    assert proc.returncode == 2 and "cannot use the CA certificate" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

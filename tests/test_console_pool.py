@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -38,7 +39,7 @@ def _server_cmd(*args: str) -> list[str]:
 class Server:
     """A real gpupool-server on a free loopback port, with an admin token and two client tokens."""
 
-    def __init__(self, state: Path):
+    def __init__(self, state: Path, *extra: str):
         self.state = state
         self.tokens = {name: self._token(name, admin=name == "ops") for name in ("ops", "alice", "bob")}
         self.proc = subprocess.Popen(
@@ -58,6 +59,7 @@ class Server:
                 "30m",
                 "--default-limit",
                 "2",
+                *extra,
             ),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -91,6 +93,7 @@ class Server:
         return found[0]
 
     def call(self, method: str, path: str, token: str, body: dict | None = None) -> dict:
+        assert self.url.startswith("http://"), "test helper speaks plain HTTP"
         req = urllib.request.Request(
             self.url + path,
             data=json.dumps(body).encode() if body is not None else None,
@@ -266,3 +269,42 @@ def test_pool_client_errors_carry_the_servers_message(server):
         PoolClient(server.url, "gp_wrong").clients()
     assert err.value.status == 401
     assert PoolClient(server.url).health()["simulated"] is True
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
+def test_tls_server_with_a_private_ca(tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    srv = Server(tmp_path / "state", "--tls-cert", str(cert), "--tls-key", str(key))
+    try:
+        assert srv.url.startswith("https://")
+        with pytest.raises(PoolError) as err:
+            PoolClient(srv.url).health()  # not trusted by the system's CAs
+        assert "TLS failed" in err.value.title and "--ca-cert" in err.value.hint
+        trusted = PoolClient(srv.url, srv.tokens["ops"], PoolClientOptions(ca_cert=str(cert)))
+        assert trusted.health()["server"]["tls"] is True
+        assert len(trusted.gpus()["gpus"]) == 4
+    finally:
+        srv.stop()

@@ -12,6 +12,7 @@ title and a hint, which the console shows as is.
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -41,6 +42,7 @@ class PoolError(Exception):
 class PoolClientOptions:
     timeout_s: float = 3.0  # per call: a dead server must not stall a refresh for long
     user_agent: str = "gpupool-console"
+    ca_cert: str | None = None  # PEM of the CA that signed the servers' certificates (private CA)
 
 
 def normalize_url(url: str) -> str:
@@ -65,6 +67,9 @@ class PoolClient:
         self.url = normalize_url(url)
         self.token = token
         self.options = options or PoolClientOptions()
+        self._tls = (
+            ssl.create_default_context(cafile=self.options.ca_cert) if self.url.startswith("https") else None
+        )
 
     def __repr__(self) -> str:
         return f"PoolClient({self.url!r}, token={'set' if self.token else 'none'})"
@@ -107,11 +112,19 @@ class PoolClient:
             headers["Authorization"] = f"Bearer {self.token}"
         request = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
         try:
-            with urllib.request.urlopen(request, timeout=self.options.timeout_s) as response:
+            with urllib.request.urlopen(
+                request, timeout=self.options.timeout_s, context=self._tls
+            ) as response:
                 raw = response.read()
         except urllib.error.HTTPError as exc:
             raise self._answered_error(exc, method, path) from None
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+            tls = exc if isinstance(exc, ssl.SSLError) else getattr(exc, "reason", None)
+            if isinstance(tls, ssl.SSLError):
+                raise PoolError(
+                    f"{self.url} TLS failed: {getattr(tls, 'verify_message', '') or tls}",
+                    "for a private CA pass --ca-cert PATH (the CA that signed the server's certificate)",
+                ) from None
             reason = getattr(exc, "reason", exc)
             raise PoolError(
                 f"{self.url} unreachable: {reason}",

@@ -48,6 +48,7 @@ class ConsoleOptions:
     refresh_s: float = 2.0
     window_s: float = 600.0
     request_timeout_s: float = 3.0
+    ca_cert: Path | None = None
     history_range: str = "24h"
     view: str | None = None
 
@@ -110,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         type=Path,
         help="read the admin token from a file (keeps it out of the process list)",
+    )
+    p.add_argument(
+        "--ca-cert",
+        metavar="PATH",
+        type=Path,
+        help="CA certificate (PEM) to trust for https:// servers signed by a private CA",
     )
     p.add_argument(
         "--refresh",
@@ -184,6 +191,11 @@ def parse_options(argv: list[str] | None = None, env: dict[str, str] | None = No
             prometheus.append(normalize_url(url))
         except ValueError as exc:
             raise UsageError(str(exc).replace("server URL", "Prometheus URL")) from None
+    ca_cert = args.ca_cert.expanduser() if args.ca_cert else None
+    if ca_cert is not None and not ca_cert.is_file():
+        raise UsageError(
+            f"CA certificate not found: {ca_cert}", "give the PEM file of the CA that signed the servers"
+        )
     dirs = [Path(d).expanduser() for d in args.telemetry]
     for d in dirs:
         if not d.is_dir():
@@ -199,6 +211,7 @@ def parse_options(argv: list[str] | None = None, env: dict[str, str] | None = No
         refresh_s=args.refresh,
         window_s=args.window,
         request_timeout_s=args.timeout,
+        ca_cert=ca_cert,
         history_range=args.history_range,
         view=args.view,
     )
@@ -227,8 +240,13 @@ def build_app(options: ConsoleOptions):
 
         fleet = PrometheusFleet(options.prometheus, series, timeout_s=options.request_timeout_s)
     if options.servers:
-        client_options = PoolClientOptions(timeout_s=options.request_timeout_s)
-        pool = Pool([PoolClient(url, options.admin_token, client_options) for url in options.servers])
+        ca = str(options.ca_cert) if options.ca_cert else None
+        try:
+            client_options = PoolClientOptions(timeout_s=options.request_timeout_s, ca_cert=ca)
+            clients = [PoolClient(url, options.admin_token, client_options) for url in options.servers]
+        except (OSError, ValueError) as exc:  # ssl: a CA file that is not PEM
+            raise UsageError(f"cannot use the CA certificate {ca}: {exc}", "give a PEM file") from None
+        pool = Pool(clients)
     return ConsoleApp(
         fleet=fleet,
         pool=pool,
