@@ -205,3 +205,43 @@ async def test_an_unreachable_server_is_shown_and_retried_never_a_crash():
         await settle(pilot)
         assert shown(app, "pool-servers")[0][1] == "unreachable 0s (2 tries)"
         assert "No telemetry" in str(app.query_one("#fleet-status").render())
+
+
+class OddServer(PoolClient):
+    """A server of another version: answers that are not what the OpenAPI document says."""
+
+    def _call(self, method, path, body=None, *, auth=True):
+        return {
+            "/v1/health": {"status": "ok", "server": {"hostname": "odd"}, "leases_active": 1},
+            "/v1/gpus": {"gpus": "not a list"},
+            "/v1/leases": {
+                "leases": [{"no": "id"}, "text", {"id": "lease-x", "partitions": [{"fraction": None}]}]
+            },
+            "/v1/admin/clients": {"clients": [{"client": "dave", "usage": None}]},
+            "/v1/admin/policy": {},
+        }[path.split("?")[0]]
+
+
+async def test_unexpected_answers_are_reported_not_fatal():
+    pool = Pool([OddServer("http://odd:1", "t")], clock=clock)
+    app = make_app(None, pool=pool)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        (srv,) = shown(app, "pool-servers")
+        assert srv[1] == "ok" and "gpus: unexpected answer" in srv[-1]
+        assert [row[0] for row in shown(app, "pool-leases")] == ["lease-x"]  # the usable one
+        assert shown(app, "pool-clients")[0][2].startswith("0 / ")
+
+
+async def test_refreshes_under_an_open_dialog_keep_the_views_current(tele):
+    app = make_app(tele)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("question_mark")
+        write_segment(
+            tele, GPU_SAMPLES, [gpu_row("gpu-b", 0, T0 + timedelta(seconds=10), 0.01)], name="seg-9"
+        )
+        app.refresh_all(force=True)
+        await settle(pilot)
+        assert isinstance(app.screen, HelpScreen)
+        assert shown(app, "fleet-gpus")[2][3] == "1%"

@@ -71,11 +71,17 @@ class HistorySource:
                 pool = analytics.pool_activity(con, scope)
             except analytics.TelemetryError as exc:
                 return HistorySnapshot(range_label, None, None, None, (), exc.title)
+            except Exception as exc:  # a damaged segment must not take the console down
+                return HistorySnapshot(range_label, None, None, None, (), f"telemetry unreadable: {exc}")
             try:
                 summary = analytics.fleet_summary(con, scope)
                 users = analytics.attribution(con, scope, by="user")
             except analytics.TelemetryError as exc:  # no GPU samples in range: the pool may still have events
                 return HistorySnapshot(range_label, start, end, None, (), exc.title, pool=pool)
+            except Exception as exc:
+                return HistorySnapshot(
+                    range_label, start, end, None, (), f"telemetry unreadable: {exc}", pool=pool
+                )
         idle = sorted(
             (r for r in users.rows if r.idle_holding_hours > 0), key=lambda r: (-r.idle_holding_hours, r.key)
         )

@@ -107,8 +107,10 @@ class PrometheusFleet:
         for url in self.urls:
             try:
                 gpus += parse_metrics(self._scrape(url), now)
-            except (urllib.error.URLError, OSError, ValueError) as exc:
+            except (urllib.error.URLError, OSError) as exc:
                 errors.append(f"{url} unreachable: {getattr(exc, 'reason', exc)}")
+            except Exception as exc:  # not a Prometheus page (or not gpustat-collect's)
+                errors.append(f"{url}: not a gpustat-collect /metrics page ({exc})")
         with self._lock:
             util, sm = self._remember(gpus, now)
         error = "; ".join(errors) + " (retrying)" if errors else None

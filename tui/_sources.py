@@ -122,6 +122,13 @@ class ServerState:
         return (self.health or {}).get("server", {}).get("hostname") or self.url
 
 
+def _records(items: Any, key: str) -> list[dict[str, Any]]:
+    """The objects of a list answer that carry ``key`` (what the views need to show a row)."""
+    if not isinstance(items, list):
+        raise TypeError(f"expected a list, got {type(items).__name__}")
+    return [item for item in items if isinstance(item, dict) and key in item]
+
+
 def _short(exc: PoolError, url: str) -> str:
     # The server's row already names its URL and says it is retried: the note says what went wrong.
     text = exc.title if exc.unreachable else str(exc)
@@ -180,13 +187,15 @@ class Pool:
         # Each route on its own: one failing answer (a 403, a server bug) must not hide the others.
         errors = []
         for name, call in (
-            ("gpus", lambda: client.gpus().get("gpus", [])),
-            ("leases", client.leases),
-            ("clients", client.clients),
+            ("gpus", lambda: _records(client.gpus().get("gpus"), "uuid")),
+            ("leases", lambda: _records(client.leases(), "id")),
+            ("clients", lambda: _records(client.clients(), "client")),
             ("policy", client.policy),
         ):
             try:
                 setattr(state, name, call())
+            except (KeyError, TypeError, AttributeError) as exc:  # a server of another version
+                errors.append(f"{name}: unexpected answer ({exc!r})")
             except PoolError as exc:
                 errors.append(_short(exc, client.url))
                 if exc.unreachable:  # it went away mid-refresh: the rest would time out too

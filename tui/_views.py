@@ -379,7 +379,7 @@ class PoolView(View):
 
     def _gpu_row(self, s: ServerState, g: dict) -> Row:
         parts = [
-            f"{p.get('lease_id', '?')} {p.get('client', '?')} {p.get('fraction', 0):g}"
+            f"{p.get('lease_id', '?')} {p.get('client', '?')} {p.get('fraction') or 0:g}"
             for p in g.get("partitions") or []
         ]
         free = g.get("free_fraction")
@@ -398,8 +398,8 @@ class PoolView(View):
 
     def _lease_row(self, s: ServerState, lease: dict, now: datetime) -> Row:
         parts = lease.get("partitions") or []
-        fractions = sorted({round(p.get("fraction", 0), 4) for p in parts})
-        mem = sum(p.get("mem_bytes", 0) for p in parts)
+        fractions = sorted({round(p.get("fraction") or 0, 4) for p in parts})
+        mem = sum(p.get("mem_bytes") or 0 for p in parts)
         share = f"{fractions[0]:g}" if len(fractions) == 1 else "+".join(f"{f:g}" for f in fractions)
         size = f"{len(parts)} × {share} ({fmt.mib(mem)})"
         created = _parse_time(lease.get("created_at"))
@@ -427,7 +427,7 @@ class PoolView(View):
                 lease["id"],
                 lease.get("client"),
                 s.hostname,
-                lease.get("fraction_total", sum(p.get("fraction", 0) for p in parts)),
+                lease.get("fraction_total") or sum(p.get("fraction") or 0 for p in parts),
                 _age(now, created),
                 idle_for,
                 expires,
@@ -436,7 +436,7 @@ class PoolView(View):
         )
 
     def _client_row(self, s: ServerState, c: dict) -> Row:
-        usage, limit = c.get("usage", 0.0), c.get("limit")
+        usage, limit = c.get("usage") or 0.0, c.get("limit")
         style = "bold red" if limit is not None and usage >= limit > 0 else ""
         source = lambda k: " (default)" if c.get(k) == "default" else ""  # noqa: E731
         return Row(
