@@ -86,6 +86,12 @@ async def test_fleet_lists_hosts_gpus_and_the_processes_of_the_selected_gpu(tele
         status = str(app.query_one("#fleet-status").render())
         assert "newest sample 2026-03-02 12:00:00 UTC (5s ago)" in status and "SIMULATED" in status
 
+        await pilot.press("shift+tab", "down", "enter")  # on the Hosts table: gpu-b, only its GPUs
+        assert [(g[0], g[1]) for g in shown(app, "fleet-gpus")] == [("gpu-b", "0")]
+        assert app.focused.id == "fleet-gpus" and app.query_one("#filter").value == "gpu-b"
+        await pilot.press("escape")
+        assert len(shown(app, "fleet-gpus")) == 3
+
 
 async def test_filter_narrows_every_table_and_escape_clears_it(tele):
     app = make_app(tele)

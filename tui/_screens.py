@@ -21,6 +21,7 @@ HELP: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         "Everywhere",
         (
             ("1  2  3", "Fleet, Pool, History view"),
+            ("enter", "on a host (Fleet): show only its GPUs"),
             ("tab  shift+tab", "next / previous table"),
             ("↑ ↓ pgup pgdn home end", "move in a table"),
             ("/", "filter the rows of this view (words, any column); esc clears"),

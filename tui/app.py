@@ -200,6 +200,15 @@ class ConsoleApp(App):
         if key is not None and self.fleet is not None:
             self.load_processes(key)
 
+    @on(DataTable.RowSelected, "#fleet-hosts")
+    def _host_selected(self, event: DataTable.RowSelected) -> None:
+        # enter on a host: show only its GPUs (the filter line says so; esc shows all again)
+        box = self.query_one("#filter", Input)
+        box.value = str(event.row_key.value)
+        box.display = True
+        self.active_view.set_filter(box.value)
+        self.screen.set_focus(self.query_one("#fleet-gpus", SyncTable))
+
     @on(TabbedContent.TabActivated)
     def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
         text = self.query_one("#filter", Input).value
