@@ -36,7 +36,10 @@ def main() -> int:
     p.add_argument("--flush", type=float, default=10.0, help="flush interval (default 10)")
     p.add_argument("--json", type=Path, help="also write the result here")
     p.add_argument(
-        "--ring-every", type=float, default=5.0, help="NVML: seconds between sample-ring reads (default 5)"
+        "--ring-every",
+        type=float,
+        default=None,
+        help="NVML: seconds between sample-ring reads (default: the collector's, from the ring's depth)",
     )
     args = p.parse_args()
 
@@ -67,7 +70,7 @@ def main() -> int:
     per_sample_s = cpu / (gpus * stats.ticks)
     core_share = per_sample_s / args.interval  # fraction of one core per GPU at this rate
     result = {
-        "mode": f"nvml (rings every {args.ring_every:g} s)" if args.nvml else f"simulated x{gpus}",
+        "mode": f"nvml (rings every {source._ring_every_s:g} s)" if args.nvml else f"simulated x{gpus}",
         "gpus": gpus,
         "ticks": stats.ticks,
         "interval_s": args.interval,

@@ -75,6 +75,18 @@ def clock_offset_us(backend, indexes, wall_us) -> int:
     return 0
 
 
+def ring_span_s(backend, indexes) -> float | None:
+    """How many seconds of history the driver's utilization ring holds (14 s on an H200), or None."""
+    for index in indexes:
+        try:
+            samples = backend.utilization_samples(index, "gpu", 0)
+        except GpuLost:
+            continue
+        if samples and len(samples) > 1:
+            return (max(ts for ts, _ in samples) - min(ts for ts, _ in samples)) / 1e6
+    return None
+
+
 def activity_from(backend, gpu_index: int, window_s: float) -> list[ProcessActivity]:
     from collector._source import now_us
 

@@ -173,6 +173,17 @@ def test_rings_are_read_once_per_batch_and_each_tick_keeps_its_own_samples(tmp_p
     assert [round(p["sm_util"], 2) for p in procs] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
 
 
+def test_rings_are_read_often_enough_for_their_depth(tmp_path):
+    fake, clock = FakeNvml(1), Clock()
+    t = clock.wall_us
+    fake.ring[(0, "gpu")] = [(t - 14_000_000 + k * 200_000, 0.0) for k in range(71)]  # an H200: 14 s held
+    assert make_source(fake, clock, tmp_path, ring_every_s=None)._ring_every_s == pytest.approx(8.4)
+    fake.ring[(0, "gpu")] = [(t - 60_000_000 + k * 200_000, 0.0) for k in range(301)]  # a deep ring
+    assert make_source(fake, clock, tmp_path, ring_every_s=None)._ring_every_s == 10.0  # rows wait ≤ 10 s
+    fake.ring[(0, "gpu")] = []
+    assert make_source(fake, clock, tmp_path, ring_every_s=None)._ring_every_s == 5.0  # depth unknown
+
+
 def test_rows_waiting_for_the_ring_are_drained_when_the_collector_stops(tmp_path):
     fake, clock = FakeNvml(1), Clock()
     src = make_source(fake, clock, tmp_path, ring_every_s=5.0)
