@@ -7,6 +7,13 @@ release it. Clients run in several processes (threads within each) so the client
 not cap the servers.
 
     python bench/bench_control_plane.py [--clients 200] [--duration 15] [--servers 1 3]
+    python bench/bench_control_plane.py --cluster [--tenants 20]   # cluster mode on a 3-member etcd
+
+``--cluster`` starts a 3-member etcd cluster on loopback (needs the ``etcd`` binary; or give
+``--cluster etcd://...`` of a running one) and the servers with ``--cluster``: every grant then also
+reads the client's cluster-wide sum and commits one etcd transaction. ``--tenants N`` spreads the
+clients over N client names (tokens): grants of one client name serialize on its etcd marker, so
+one name for all 200 clients is the worst case of cluster mode.
 
 Prints one Markdown table row per configuration (paste into bench/RESULTS.md).
 """
@@ -29,14 +36,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 
-def _client_proc(urls, token, threads, start_at, stop_at, out):
+def _client_proc(urls, tokens, threads, start_at, stop_at, out):
     from virtualize.client import PoolClient, Request
     from virtualize.config import ClientConfig, ServerRef
 
     lat_lease, lat_release, errors = [], [], []
     lock = threading.Lock()
 
-    def loop():
+    def loop(token):
         client = PoolClient(ClientConfig(servers=[ServerRef(u, None) for u in urls], token=token))
         req = Request(n=1, fraction=0.01)
         while time.time() < start_at:
@@ -57,7 +64,7 @@ def _client_proc(urls, token, threads, start_at, stop_at, out):
                 lat_release.append(t2 - t1)
         client.close()
 
-    ts = [threading.Thread(target=loop) for _ in range(threads)]
+    ts = [threading.Thread(target=loop, args=(tokens[i % len(tokens)],)) for i in range(threads)]
     for t in ts:
         t.start()
     for t in ts:
@@ -70,24 +77,31 @@ def _pct(values, p):
     return values[min(len(values) - 1, int(p / 100 * len(values)))] if values else float("nan")
 
 
-def run(n_servers: int, clients: int, duration: float, procs: int) -> dict:
+def run(n_servers: int, clients: int, duration: float, procs: int, cluster: str | None, tenants: int) -> dict:
     from pool_harness import ServerProc
 
     tmp = Path(tempfile.mkdtemp(prefix="gpupool-bench-"))
-    servers = [
-        ServerProc(tmp / f"s{i}", "8xH100-80GB", extra=("--log-level", "WARNING")).start()
-        for i in range(n_servers)
-    ]
+    extra = ("--log-level", "WARNING") + (("--cluster", cluster) if cluster else ())
+    servers = [ServerProc(tmp / f"s{i}", "8xH100-80GB", extra=extra).start() for i in range(n_servers)]
     try:
-        token = servers[0].token("bench")
-        for s in servers[1:]:  # the same token on every server (gpupool-server token import)
-            s.token("bench", token=token)
+        names = [f"bench{t}" for t in range(tenants)]
+        if cluster:  # issued once, in etcd, valid on every server
+            from server._cluster import open_cluster
+
+            c = open_cluster(cluster, "bench")
+            tokens = [c.create_token(n)["token"] for n in names]
+            time.sleep(3)  # the servers register
+        else:
+            tokens = [servers[0].token(n) for n in names]
+            for s in servers[1:]:  # the same token on every server (gpupool-server token import)
+                for n, t in zip(names, tokens, strict=True):
+                    s.token(n, token=t)
         q = mp.Queue()
         start_at = time.time() + 2.0
         stop_at = start_at + duration
         per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
         ps = [
-            mp.Process(target=_client_proc, args=([s.url for s in servers], token, k, start_at, stop_at, q))
+            mp.Process(target=_client_proc, args=([s.url for s in servers], tokens, k, start_at, stop_at, q))
             for k in per
         ]
         for p in ps:
@@ -124,16 +138,41 @@ def main() -> int:
     ap.add_argument(
         "--client-procs", type=int, default=4, help="client processes the clients are spread over"
     )
+    ap.add_argument(
+        "--cluster",
+        nargs="?",
+        const="start",
+        metavar="etcd://H:P,...",
+        help="cluster mode: the servers keep their shared state in etcd (alone: start a 3-member etcd here)",
+    )
+    ap.add_argument("--tenants", type=int, default=1, help="client names the clients are spread over")
     args = ap.parse_args()
+    etcd = None
+    if args.cluster == "start":
+        from etcd_cluster import EtcdCluster
+
+        root = Path(tempfile.mkdtemp(prefix="gpupool-bench-etcd-"))
+        etcd = EtcdCluster(root)
+        etcd.start()
+        args.cluster = etcd.url
+    try:
+        return _bench(args)
+    finally:
+        if etcd is not None:
+            etcd.stop()
+
+
+def _bench(args) -> int:
     machine = f"{platform.node()}: {os.cpu_count()} cores, {platform.python_version()}"
     print(
-        f"# control plane on loopback ({machine}); {args.clients} concurrent clients, {args.duration:g}s each",
+        f"# control plane on loopback ({machine}); {args.clients} concurrent clients, {args.duration:g}s each, "
+        f"{args.tenants} client name(s)" + (f", cluster mode on {args.cluster}" if args.cluster else ""),
         flush=True,
     )
     print("| servers | clients | leases/s | request→lease p50 | p99 | release p50 | p99 | errors |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for n in args.servers:
-        r = run(n, args.clients, args.duration, args.client_procs)
+        r = run(n, args.clients, args.duration, args.client_procs, args.cluster, args.tenants)
         print(f"| {r['servers']} | {r['clients']} | {r['leases_per_s']:.0f} | {r['lease_p50_ms']:.1f} ms | {r['lease_p99_ms']:.1f} ms | "
               f"{r['release_p50_ms']:.1f} ms | {r['release_p99_ms']:.1f} ms | {r['errors']} |", flush=True)  # fmt: skip
         if r["errors"]:

@@ -104,8 +104,11 @@ async def health(request: web.Request) -> web.Response:
     st: ServerState = request.app[STATE]
     count = await st.db(st.pool.active_count)
     info = st.pool.server_info()
-    return _json({"status": "ok", "server": info, "simulated": info["simulated"], "leases_active": count,
-                  "uptime_s": round(time.time() - st.pool.started, 3)})  # fmt: skip
+    out = {"status": "ok", "server": info, "simulated": info["simulated"], "leases_active": count,
+           "uptime_s": round(time.time() - st.pool.started, 3)}  # fmt: skip
+    if st.pool.cluster is not None:
+        out["cluster"] = st.pool.cluster.status()
+    return _json(out)
 
 
 async def gpus(request: web.Request) -> web.Response:
@@ -244,17 +247,17 @@ async def admin_tokens(request: web.Request) -> web.Response:
     if request.method == "POST":
         req = decode(await request.read(), TokenCreate)
         row = await st.db(
-            lambda: st.pool.store.create_token(req.client, admin=req.admin, expires_in_s=req.expires_in_s)
+            lambda: st.pool.tokens.create_token(req.client, admin=req.admin, expires_in_s=req.expires_in_s)
         )
         return _json({**_token_json(row), "token": row["token"]}, 201)
-    rows = await st.db(st.pool.store.tokens)
+    rows = await st.db(st.pool.tokens.tokens)
     return _json({"tokens": [_token_json(r) for r in rows]})
 
 
 async def admin_revoke(request: web.Request) -> web.Response:
     st: ServerState = request.app[STATE]
     await _admin(request)
-    row = await st.db(st.pool.store.revoke_token, request.match_info["token_id"])
+    row = await st.db(st.pool.tokens.revoke_token, request.match_info["token_id"])
     if row is None:
         from server._errors import NotFound
 

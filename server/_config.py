@@ -49,6 +49,10 @@ class ServerConfig:
     mps_pipe_dir: Path | None = None  # join an MPS daemon that is already running there
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    # cluster mode: shared state on etcd (etcd://h1:2379,h2:2379,h3:2379); None: the embedded store
+    cluster: str | None = None
+    cluster_name: str | None = None  # this server's member name (default hostname:port)
+    cluster_ttl_s: float = 10.0  # membership TTL: a dead server's leases leave the cluster this fast
     # policy (the config-file layer)
     lease_ttl_s: float = 30.0
     max_ttl_s: float = 3600.0
@@ -95,7 +99,9 @@ def _apply(cfg: ServerConfig, data: dict, path: Path) -> None:
     for key, value in s.items():
         if key in paths:
             setattr(cfg, "telemetry_dir" if key == "telemetry" else key, Path(value) if value else None)
-        elif key in ("host", "advertise_addr", "simulate_gpus"):
+        elif key == "cluster_ttl":
+            cfg.cluster_ttl_s = parse_duration(value, "server.cluster_ttl")
+        elif key in ("host", "advertise_addr", "simulate_gpus", "cluster", "cluster_name"):
             setattr(cfg, key, str(value))
         elif key == "port":
             cfg.port = int(value)

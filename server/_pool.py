@@ -74,8 +74,15 @@ class Placement:
 
 
 class Pool:
-    def __init__(self, store, inventory: Inventory, config: ServerConfig, events: EventLog, mps=None):
+    def __init__(
+        self, store, inventory: Inventory, config: ServerConfig, events: EventLog, mps=None, cluster=None
+    ):
         self.store = store
+        # Cluster mode (server._cluster.Cluster): tokens, policy, client settings and the limit sums
+        # live in etcd; leases and partitions stay here.
+        self.cluster = cluster
+        self.tokens = cluster if cluster is not None else store
+        self._snapshot = None  # the client's cluster-wide holdings read for the grant in progress
         self.db = store.db
         self.inv = inventory
         self.cfg = config
@@ -112,7 +119,7 @@ class Pool:
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthorized("malformed Authorization header", "send 'Authorization: Bearer <token>'")
-        row = self.store.find_token(token.strip())
+        row = self.tokens.find_token(token.strip())
         if row is None:
             raise Unauthorized(
                 "invalid token", "check the token in client.toml / --token; ask the admin for one"
@@ -132,10 +139,14 @@ class Pool:
             "max_lease_s": cfg.max_lease_s,
             "lease_ttl_s": cfg.lease_ttl_s,
         }
-        eff.update(self.store.policy_overrides())
+        eff.update(self.cluster.policy_overrides() if self.cluster else self.store.policy_overrides())
         return eff
 
     def set_policy(self, update) -> dict:
+        if self.cluster is not None:
+            keys = ("default_limit", "default_idle_timeout_s", "max_lease_s", "lease_ttl_s")
+            self.cluster.set_policy({k: getattr(update, k) for k in keys if getattr(update, k) is not _UNSET})
+            return self.policy()
         with self.store.transaction():
             for key in ("default_limit", "default_idle_timeout_s", "max_lease_s", "lease_ttl_s"):
                 value = getattr(update, key)
@@ -145,7 +156,15 @@ class Pool:
 
     def client_settings(self, client: str, policy: dict | None = None) -> dict:
         policy = policy or self.policy()
-        row = self.db.execute("SELECT * FROM clients WHERE name = ?", (client,)).fetchone()
+        if self.cluster is not None:
+            snap = self._snapshot  # during a grant: read with the client's sum, at one revision
+            row = (
+                snap.settings
+                if snap is not None and snap.client == client
+                else self.cluster.client_row(client)
+            )
+        else:
+            row = self.db.execute("SELECT * FROM clients WHERE name = ?", (client,)).fetchone()
         file = self.cfg.clients.get(client)
         limit, limit_src = policy["default_limit"], "default"
         idle, idle_src = policy["default_idle_timeout_s"], "default"
@@ -166,6 +185,11 @@ class Pool:
         }
 
     def usage(self, client: str) -> float:
+        if self.cluster is not None:  # cluster-wide: every server's leases of this client
+            snap = self._snapshot
+            if snap is not None and snap.client == client:
+                return snap.usage
+            return self.cluster.client_snapshot(client).usage
         row = self.db.execute(
             "SELECT COALESCE(SUM(p.fraction), 0) FROM partitions p JOIN leases l ON l.id = p.lease_id "
             "WHERE p.active = 1 AND l.client = ?",
@@ -177,6 +201,9 @@ class Pool:
         names = {r[0] for r in self.db.execute("SELECT name FROM clients")}
         names |= {r[0] for r in self.db.execute("SELECT DISTINCT client FROM leases")}
         names |= set(self.cfg.clients)
+        if self.cluster is not None:
+            tokens = [r for r in self.tokens.tokens() if r["revoked"] is None]
+            names |= self.cluster.client_names() | {r["client"] for r in tokens}
         policy = self.policy()
         out = []
         for name in sorted(names):
@@ -185,13 +212,20 @@ class Pool:
             c["leases_active"] = self.db.execute(
                 "SELECT COUNT(*) FROM leases WHERE client = ? AND state = 'active'", (name,)
             ).fetchone()[0]
-            c["tokens"] = self.db.execute(
-                "SELECT COUNT(*) FROM tokens WHERE client = ? AND revoked IS NULL", (name,)
-            ).fetchone()[0]
+            if self.cluster is not None:
+                c["tokens"] = sum(1 for r in tokens if r["client"] == name)
+            else:
+                c["tokens"] = self.db.execute(
+                    "SELECT COUNT(*) FROM tokens WHERE client = ? AND revoked IS NULL", (name,)
+                ).fetchone()[0]
             out.append(c)
         return out
 
     def set_client(self, client: str, update) -> dict:
+        if self.cluster is not None:
+            changes = {"limit_gpus": update.limit, "idle_timeout_s": update.idle_timeout_s}
+            self.cluster.set_client(client, {k: v for k, v in changes.items() if v is not _UNSET})
+            return next(c for c in self.clients() if c["client"] == client)
         with self.store.transaction():
             self.db.execute("INSERT OR IGNORE INTO clients(name) VALUES (?)", (client,))
             if update.limit is not _UNSET:
@@ -374,6 +408,28 @@ class Pool:
                 f"none of the processes {req.pids} runs on this server's host",
                 "local leases need local processes",
             )
+        for attempt in range(50):
+            try:
+                lease_id = self._grant_once(caller, req, filters, pids, now)
+                break
+            except _Conflict:  # another server granted to this client meanwhile: re-read its sum
+                time.sleep(min(0.05, 0.002 * 2**attempt) * secrets.randbelow(100) / 100)
+        else:
+            from server._cluster import ClusterBusy
+
+            raise ClusterBusy(
+                f"client {caller.client}'s cluster-wide usage kept changing during 50 attempts",
+                "gpuattach retries; many concurrent requests of one client cause this",
+            )
+        lease = self.lease(lease_id)
+        self.events.record("grant", lease, now)
+        return lease
+
+    def _grant_once(self, caller: Caller, req: LeaseRequest, filters: list, pids: list, now: float) -> str:
+        """One attempt: decide and store in one sqlite transaction; in cluster mode it commits only if
+        the etcd transaction (client's marker unchanged since its sum was read) succeeded."""
+        if self.cluster is not None:
+            self._snapshot = self.cluster.client_snapshot(caller.client)
         try:
             with self.store.transaction():
                 placement = self._decide(caller, req, filters)
@@ -399,12 +455,16 @@ class Pool:
                     ],
                 )
                 self.db.execute("INSERT OR IGNORE INTO clients(name) VALUES (?)", (caller.client,))
+                if self._snapshot is not None and not self.cluster.record_grant(
+                    self._snapshot, lease_id, round(sum(placement.fractions), 6)
+                ):
+                    raise _Conflict
         except (Impossible, Busy, LimitExceeded) as exc:
             self.events.deny(caller.client, exc.message, now)
             raise
-        lease = self.lease(lease_id)
-        self.events.record("grant", lease, now)
-        return lease
+        finally:
+            self._snapshot = None
+        return lease_id
 
     def lease_env(self, lease_id: str, placement: Placement, sm_share: float | None) -> dict[str, str]:
         """The environment a local run of the lease sets: its GPUs and, with MPS, the partition limits."""
@@ -561,6 +621,8 @@ class Pool:
                 (state, reason, now, lease_id),
             )
             self.db.execute("UPDATE partitions SET active = 0 WHERE lease_id = ?", (lease_id,))
+        if self.cluster is not None:
+            self.cluster.forget_lease(row["client"], lease_id)
         lease = self.lease(lease_id)
         self.events.record(
             {"released": "release", "expired": "expire", "reclaimed": "reclaim"}[state], lease, now
@@ -650,8 +712,20 @@ class Pool:
                 notes.append(f"{lid}: kept ({row['client']})")
         return notes
 
+    def cluster_records(self) -> list[dict]:
+        """Live leases as cluster records (id, client, fraction sum), for the cluster's reconcile."""
+        rows = self.db.execute(
+            "SELECT l.id, l.client, COALESCE(SUM(p.fraction), 0) AS fraction FROM leases l"
+            " LEFT JOIN partitions p ON p.lease_id = l.id WHERE l.state = 'active' GROUP BY l.id"
+        )
+        return [{"id": r["id"], "client": r["client"], "fraction": round(r["fraction"], 6)} for r in rows]
+
     def active_count(self) -> int:
         return self.db.execute("SELECT COUNT(*) FROM leases WHERE state = 'active'").fetchone()[0]
+
+
+class _Conflict(Exception):
+    """The etcd grant transaction lost a race; the sqlite transaction rolls back and grant retries."""
 
 
 @functools.cache

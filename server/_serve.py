@@ -88,10 +88,16 @@ async def serve(cfg: ServerConfig) -> int:
 
         mps = MpsDaemon(cfg.state_dir, [g.uuid for g in inv.gpus], cfg.mps_pipe_dir)
         await asyncio.to_thread(mps.start)
-    pool = Pool(store, inv, cfg, events, mps)
+    cluster = None
+    if cfg.cluster:
+        from server._cluster import open_cluster
+
+        cluster = open_cluster(cfg.cluster, cfg.cluster_name or "pending", cfg.cluster_ttl_s)
+        cluster.serving = True
+    pool = Pool(store, inv, cfg, events, mps, cluster)
     for note in pool.recover(time.time()):
         log.info("recovered lease %s", note)
-    if not any(r["admin"] for r in store.tokens()):
+    if cluster is None and not any(r["admin"] for r in store.tokens()):
         log.warning("no admin token yet: create one with `gpupool-server token create admin --admin`")
     probe = SimulatedActivity() if inv.simulated else NvmlActivity(cfg.activity_window_s)
     st = ServerState(pool, probe, cfg.host or "0.0.0.0", cfg.reap_interval_s)  # workers bind where we do
@@ -132,6 +138,24 @@ async def serve(cfg: ServerConfig) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     reaper = asyncio.create_task(reap_loop(st))
+    if cluster is not None:
+        from server._cluster import cluster_loop, member_name
+
+        if not cfg.cluster_name:
+            cluster.name = member_name(inv.hostname, pool.port)
+
+        def member_info() -> dict:
+            return {"name": cluster.name, "url": f"{scheme}://{inv.addr}:{pool.port}", "hostname": inv.hostname,
+                    "addr": inv.addr, "simulated": inv.simulated, "started_at": pool.server_info()["started_at"],
+                    "gpus": [{"index": g.index, "name": g.name, "mem_total_bytes": g.mem_total_bytes}
+                             for g in inv.gpus]}  # fmt: skip
+
+        looper = asyncio.create_task(cluster_loop(st, cluster, member_info))
+        print(
+            f"gpupool-server: cluster mode: member {cluster.name} of {cfg.cluster}",
+            file=sys.stderr,
+            flush=True,
+        )
     sampler_stop = threading.Event()
     if not inv.simulated:  # live numbers for /v1/gpus; telemetry too when configured
         threading.Thread(
@@ -143,6 +167,9 @@ async def serve(cfg: ServerConfig) -> int:
     st.stopping.set()
     sampler_stop.set()
     reaper.cancel()
+    if cluster is not None:
+        looper.cancel()
+        await asyncio.to_thread(cluster.leave)
     await runner.cleanup()
     for lease_id in list(st.workers):
         await stop_worker(st, lease_id)

@@ -3,6 +3,8 @@
     gpupool-server [serve] [--config server.toml] [--simulate-gpus 4xH100-80GB] [--mps] ...
     gpupool-server token create CLIENT [--admin] [--expires 365d]
     gpupool-server token list | token revoke TOKEN_ID
+    gpupool-server --cluster etcd://h1:2379,h2:2379,h3:2379 ...     (cluster mode: shared state on etcd)
+    gpupool-server cluster migrate --state-dir DIR --cluster etcd://... | cluster members --cluster ...
 
 Heavy imports (aiohttp, msgspec, the collector) load only when a command needs them.
 """
@@ -14,7 +16,7 @@ import logging
 import sys
 from pathlib import Path
 
-SUBCOMMANDS = ("serve", "token", "client")
+SUBCOMMANDS = ("serve", "token", "client", "cluster")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -23,7 +25,7 @@ def _parser() -> argparse.ArgumentParser:
         description="The GPU server of the pool: inventory, leases of GPU partitions, limits, tokens, idle "
         "reclaim, HTTP/JSON API (OpenAPI at /openapi.json). See docs/pool.md.",
     )
-    sub = p.add_subparsers(dest="command", metavar="{serve,token,client}")
+    sub = p.add_subparsers(dest="command", metavar="{serve,token,client,cluster}")
     s = sub.add_parser("serve", help="serve leases (the default command)")
     s.add_argument("--config", type=Path, help="TOML config file (see deploy/server.toml)")
     s.add_argument("--host", help="address to bind (default 0.0.0.0)")
@@ -66,12 +68,26 @@ def _parser() -> argparse.ArgumentParser:
         help="default idle timeout before a lease is reclaimed (e.g. 30m)",
     )
     s.add_argument("--max-lease", metavar="DURATION", help="maximum lease length (e.g. 24h)")
+    s.add_argument(
+        "--cluster",
+        metavar="etcd://H:P,...",
+        help="cluster mode: tokens, policy, limits and membership on this etcd cluster (docs/pool.md)",
+    )
+    s.add_argument("--cluster-name", help="this server's member name in the cluster (default hostname:port)")
+    s.add_argument(
+        "--cluster-ttl",
+        metavar="DURATION",
+        help="membership TTL: how soon a dead server's leases leave the cluster (default 10s)",
+    )
     s.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", type=Path, help="TOML config file (for its state_dir)")
     common.add_argument(
         "--state-dir", type=Path, help="the server's state directory (default /var/lib/gpupool)"
+    )
+    common.add_argument(
+        "--cluster", metavar="etcd://H:P,...", help="act on the cluster's shared state in etcd instead"
     )
     t = sub.add_parser(
         "token", help="create, list or revoke client tokens (works with the server running or not)"
@@ -112,6 +128,19 @@ def _parser() -> argparse.ArgumentParser:
     cs.add_argument(
         "--idle-timeout", metavar="DURATION|default", help="idle timeout (e.g. 30m; 0 = never reclaim)"
     )
+    k = sub.add_parser("cluster", help="cluster mode: move to etcd, list the cluster's servers")
+    ksub = k.add_subparsers(dest="cluster_command", metavar="{migrate,members}", required=True)
+    km = ksub.add_parser(
+        "migrate",
+        parents=[common],
+        help="copy tokens, clients, policy and live leases from the embedded store into etcd",
+    )
+    km.add_argument(
+        "--name",
+        help="the member name the server will run under (default hostname:port of its config); "
+        "its live leases are attached to it",
+    )
+    ksub.add_parser("members", parents=[common], help="the servers registered in the cluster now")
     return p
 
 
@@ -132,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             return _token(args)
         if args.command == "client":
             return _client(args)
+        if args.command == "cluster":
+            return _cluster(args)
         return _serve(args)
     except PoolError as exc:
         return _fail(exc.message, exc.hint)
@@ -145,8 +176,14 @@ def _config(args):
     cfg = load_config(args.config)
     if args.state_dir:
         cfg.state_dir = args.state_dir
-    if args.command in ("token", "client"):
+    if args.cluster:
+        cfg.cluster = args.cluster
+    if args.command in ("token", "client", "cluster"):
         return cfg
+    if args.cluster_name:
+        cfg.cluster_name = args.cluster_name
+    if args.cluster_ttl:
+        cfg.cluster_ttl_s = parse_duration(args.cluster_ttl, "--cluster-ttl")
     for name in ("host", "port", "advertise_addr", "simulate_gpus", "mps_pipe_dir", "tls_cert", "tls_key"):
         if getattr(args, name) is not None:
             setattr(cfg, name, getattr(args, name))
@@ -170,7 +207,7 @@ def _token(args) -> int:
     from server._pool import iso
 
     cfg = _config(args)
-    store = _open_store(cfg.state_dir)
+    store = _open_cluster(cfg) if cfg.cluster else _open_store(cfg.state_dir)
     if args.token_command in ("create", "import"):
         import re
 
@@ -224,8 +261,13 @@ def _client(args) -> int:
 
     cfg = _config(args)
     store = _open_store(cfg.state_dir)
+    cluster = _open_cluster(cfg) if cfg.cluster else None
     pool = Pool(
-        store, Inventory(socket.gethostname(), "", (), False), cfg, EventLog(None, "cli", simulated=False)
+        store,
+        Inventory(socket.gethostname(), "", (), False),
+        cfg,
+        EventLog(None, "cli", simulated=False),
+        cluster=cluster,
     )
     if args.client_command == "set":
         if args.limit is None and args.idle_timeout is None:
@@ -256,6 +298,46 @@ def _client(args) -> int:
         idle = "never" if not r["idle_timeout_s"] else f"{r['idle_timeout_s']:g}s"
         print(f"{r['client']:<20} {limit:>8} {r['limit_source']:<8} {idle:>12} {r['idle_timeout_source']:<8} "
               f"{r['usage']:>7.2f} {r['leases_active']:>6}")  # fmt: skip
+    return 0
+
+
+def _open_cluster(cfg):
+    import socket
+
+    from server._cluster import open_cluster
+
+    return open_cluster(cfg.cluster, cfg.cluster_name or f"{socket.gethostname()}:{cfg.port}")
+
+
+def _cluster(args) -> int:
+    cfg = _config(args)
+    if not cfg.cluster:
+        return _fail("no cluster given", "pass --cluster etcd://host1:2379,... (or cluster = in server.toml)")
+    cluster = _open_cluster(cfg)
+    if args.cluster_command == "members":
+        members = cluster.members()
+        print(f"{'MEMBER':<28} {'URL':<32} {'HOSTNAME':<20} GPUS")
+        for m in sorted(members, key=lambda m: m["name"]):
+            names = [g["name"] for g in m["gpus"]]
+            gpus = ", ".join(f"{names.count(n)}x {n}" for n in dict.fromkeys(names))
+            print(f"{m['name']:<28} {m['url']:<32} {m['hostname']:<20} {gpus}")
+        print(f"({len(members)} servers registered)", file=sys.stderr)
+        return 0
+    from server._cluster_migrate import migrate
+
+    if not (cfg.state_dir / "pool.sqlite").exists():
+        return _fail(f"no embedded store in {cfg.state_dir}", "pass --state-dir of the server to migrate")
+    store = _open_store(cfg.state_dir)
+    name = args.name or cluster.name
+    report = migrate(store, cluster, name)
+    for line in report["lines"]:
+        print(line)
+    print(
+        f"migrated {report['tokens']} tokens, {report['clients']} client settings, "
+        f"{report['policy']} policy values and {report['leases']} live leases to {cfg.cluster} "
+        f"(attached to member {name}: start that server with --cluster within {report['grace_h']:g}h)",
+        file=sys.stderr,
+    )
     return 0
 
 

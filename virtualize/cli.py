@@ -52,6 +52,12 @@ def _parser() -> argparse.ArgumentParser:
         g.add_argument(
             "--token", help="the client token (default: from the config, or $GPUPOOL_TOKEN)", **extra
         )
+        g.add_argument(
+            "--cluster",
+            metavar="etcd://H:P,...",
+            help="discover the pool's servers from this etcd cluster (gpupool-server --cluster)",
+            **extra,
+        )
         return parent
 
     common = pool_options(suppress=True)
@@ -183,7 +189,7 @@ def _client(args):
     from virtualize.client import PoolClient
     from virtualize.config import load
 
-    return PoolClient(load(args.config, args.server, args.token))
+    return PoolClient(load(args.config, args.server, args.token, getattr(args, "cluster", None)))
 
 
 def _human(n: int | None) -> str:

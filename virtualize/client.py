@@ -97,8 +97,49 @@ class Request:
         return text + (f" [{', '.join(self.filters)}]" if self.filters else "")
 
 
+QUORUM_HINT = "the etcd cluster has lost its majority; running leases keep running: try again when it is back"
+
+
+def discover(cluster: str, timeout_s: float = 3.0) -> list[ServerRef]:
+    """The servers registered in a cluster (their /gpupool/members/ keys), through etcd's JSON gateway."""
+    import base64
+
+    body = json.dumps({"key": base64.b64encode(b"/gpupool/members/").decode(),
+                       "range_end": base64.b64encode(b"/gpupool/members0").decode()}).encode()  # fmt: skip
+    failures = []
+    for endpoint in cluster.removeprefix("etcd://").split(","):
+        host, _, port = endpoint.rpartition(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
+        try:
+            conn.request("POST", "/v3/kv/range", body, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            data = json.loads(resp.read() or b"{}")
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            failures.append(f"{endpoint}: {getattr(exc, 'strerror', None) or exc or type(exc).__name__}")
+            continue
+        finally:
+            conn.close()
+        if resp.status != 200:
+            failures.append(f"{endpoint}: {data.get('message') or resp.status}")
+            continue
+        members = [json.loads(base64.b64decode(kv["value"])) for kv in data.get("kvs", [])]
+        return [ServerRef(m["url"], None) for m in sorted(members, key=lambda m: m["name"])]
+    raise PoolClientError(
+        f"pool state unavailable: no etcd quorum (cannot list the servers of {cluster}: {'; '.join(failures)})",
+        QUORUM_HINT,
+    )
+
+
 class PoolClient:
     def __init__(self, cfg: ClientConfig, *, http_timeout_s: float = 10.0):
+        if cfg.cluster:
+            found = [s for s in discover(cfg.cluster) if s.url not in {x.url for x in cfg.servers}]
+            cfg.servers = [*cfg.servers, *found]
+            if not cfg.servers:
+                raise ConfigError(
+                    f"no gpupool-server is registered in the cluster {cfg.cluster}",
+                    "start servers with gpupool-server --cluster (gpupool-server cluster members lists them)",
+                )
         if not cfg.servers:
             raise ConfigError(
                 "no servers configured",
@@ -229,12 +270,15 @@ class PoolClient:
         while True:
             answers = self.each("POST", "/v1/fit", body)
             fits, busy, never, limits, unreachable, no_remote = [], [], [], [], [], []
+            no_quorum = []
             for server, a in answers:
                 if isinstance(a, Unreachable):
                     unreachable.append(a)
                 elif isinstance(a, ApiError):
                     if a.status in (400, 401, 403):
                         raise a  # bad request or bad token: retrying cannot help
+                    if a.code == "no_quorum":  # cluster mode: the servers cannot reach etcd's majority
+                        no_quorum.append(a)
                     unreachable.append(a)
                 else:
                     refusal = accept(a["server"]) if accept else None
@@ -264,6 +308,10 @@ class PoolClient:
                 except Unreachable as exc:
                     unreachable.append(exc)
             if not busy and not fits:
+                if no_quorum:
+                    raise PoolClientError(
+                        f"pool state unavailable: no etcd quorum [{_host(no_quorum[0].url)}]", QUORUM_HINT
+                    )
                 if limits:
                     raise CannotFit(
                         limits[0][1],

@@ -5,6 +5,7 @@ Looked up in order: ``--config PATH``, ``$GPUPOOL_CONFIG``, ``~/.config/gpupool/
 
     token = "gp_..."                         # the client's token (gpupool-server token create NAME)
     servers = ["gpu1:56001", "https://gpu2:56001"]
+    cluster = "etcd://etcd1:2379,etcd2:2379,etcd3:2379"   # or: discover the servers of a cluster
     # a server with its own token:  servers = [{ url = "gpu3:56001", token = "gp_..." }]
     ca_cert = "/etc/gpupool/ca.pem"          # to trust a server's self-signed TLS certificate
     timeout = "10m"                          # how long run/request wait for GPUs by default
@@ -40,6 +41,7 @@ class ClientConfig:
     servers: list[ServerRef] = field(default_factory=list)
     token: str | None = None
     ca_cert: str | None = None
+    cluster: str | None = None  # etcd://h1:2379,...: the servers registered there join `servers`
     timeout_s: float = DEFAULT_TIMEOUT_S
     path: Path | None = None
 
@@ -79,7 +81,22 @@ def default_path() -> Path:
     return Path(base) / "gpupool" / "client.toml"
 
 
-def load(path: str | None = None, servers: list[str] | None = None, token: str | None = None) -> ClientConfig:
+def check_cluster_url(url: str) -> str:
+    url = url.strip()
+    hosts = url.removeprefix("etcd://").split(",")
+    if not url.startswith("etcd://") or not all(re.fullmatch(r"[^:/\s]+:\d+", h) for h in hosts):
+        raise ConfigError(
+            f"cluster {url!r} is not an etcd URL", "write etcd://host1:2379,host2:2379,host3:2379"
+        )
+    return url
+
+
+def load(
+    path: str | None = None,
+    servers: list[str] | None = None,
+    token: str | None = None,
+    cluster: str | None = None,
+) -> ClientConfig:
     chosen = path or os.environ.get("GPUPOOL_CONFIG")
     cfg = ClientConfig()
     file = Path(chosen) if chosen else default_path()
@@ -91,12 +108,14 @@ def load(path: str | None = None, servers: list[str] | None = None, token: str |
         except OSError as exc:
             raise ConfigError(f"cannot read {file}: {exc.strerror}", "check its permissions") from None
         cfg.path = file
-        unknown = set(data) - {"token", "servers", "ca_cert", "timeout"}
+        unknown = set(data) - {"token", "servers", "ca_cert", "timeout", "cluster"}
         if unknown:
             raise ConfigError(
                 f"{file}: unknown key(s) {', '.join(sorted(unknown))}",
-                "known: token, servers, ca_cert, timeout",
+                "known: token, servers, cluster, ca_cert, timeout",
             )
+        if data.get("cluster"):
+            cfg.cluster = check_cluster_url(str(data["cluster"]))
         cfg.token = (data.get("token") or "").strip() or None
         cfg.ca_cert = data.get("ca_cert")
         if "timeout" in data:
@@ -115,6 +134,9 @@ def load(path: str | None = None, servers: list[str] | None = None, token: str |
         raise ConfigError(
             f"config file {file} not found", "create it (see docs/pool.md) or drop --config/GPUPOOL_CONFIG"
         )
+    if cluster:  # --cluster: the servers come from the cluster (plus --server, if given too)
+        cfg.cluster = check_cluster_url(cluster)
+        cfg.servers = []
     if servers:
         cfg.servers = [ServerRef(normalize_url(u), None) for s in servers for u in s.split(",") if u.strip()]
     if token or os.environ.get("GPUPOOL_TOKEN"):
