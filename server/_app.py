@@ -133,7 +133,8 @@ async def fit(request: web.Request) -> web.Response:
     except RemoteUnavailable as exc:
         return _json({"fits_now": False, "code": exc.code, "reason": exc.message, "hint": exc.hint,
                       "score": None, "placement": [], "server": st.pool.server_info()})  # fmt: skip
-    return _json(await st.db(st.pool.fit, caller, req))
+    snapshot = await asyncio.to_thread(st.pool.prefetch, caller.client)
+    return _json(await st.db(st.pool.fit, caller, req, snapshot))
 
 
 async def create_lease(request: web.Request) -> web.Response:
@@ -141,6 +142,8 @@ async def create_lease(request: web.Request) -> web.Response:
     caller = await _caller(request)
     req = decode(await request.read(), LeaseRequest)
     _refuse_remote_if_simulated(st.pool, req)
+    # No prefetch here: the grant reads the client's sum on the database thread right before its
+    # etcd transaction, so grants on one server never conflict with each other (only across servers).
     lease = await st.db(st.pool.grant, caller, req, time.time())
     if req.remote:
         try:
@@ -188,6 +191,8 @@ async def release(request: web.Request) -> web.Response:
     st: ServerState = request.app[STATE]
     caller = await _caller(request)
     lease, ended = await st.db(st.pool.release, caller, request.match_info["lease_id"], time.time())
+    if st.pool.cluster is not None:  # its share leaves the cluster sum before the client hears back
+        await asyncio.to_thread(st.pool.cluster.flush)
     if ended and lease["remote"]:
         await stop_worker(st, lease["id"])
     return _json(lease)
@@ -309,6 +314,8 @@ async def reap_loop(st: ServerState) -> None:
                     else:
                         dead[lease["id"]] = "its remote worker exited"
             ended = await st.db(pool.reap, time.time(), active_at, dead)
+            if ended and pool.cluster is not None:
+                await asyncio.to_thread(pool.cluster.flush)
             if time.monotonic() - st.last_purge > 3600:
                 st.last_purge = time.monotonic()
                 if purged := await st.db(pool.purge_ended, time.time()):

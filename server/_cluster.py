@@ -46,6 +46,7 @@ from server._etcd import (
     _prefix_end,
     compare_mod_revision,
     compare_version,
+    op_delete,
     op_put,
 )
 
@@ -173,11 +174,7 @@ class Cluster:
                 clients[kv.key[len(CLIENT_SETTINGS) :]] = json.loads(kv.value)
         with self._lock:
             self._tokens, self._policy, self._clients = tokens, policy, clients
-            pending = set(self._pending_deletes)
-        for key in pending:
-            self._call(self.etcd.delete, key, retry_s=0)
-            with self._lock:
-                self._pending_deletes.discard(key)
+        self.flush()
 
     # --- tokens (the same interface as server._store.Store) ------------------------------------------
     def find_token(self, token: str) -> dict | None:
@@ -322,16 +319,23 @@ class Cluster:
         return self._call(self.etcd.get, key) is not None
 
     def forget_lease(self, client: str, lease_id: str) -> None:
-        """Drop an ended lease from the cluster sum; never fails (without quorum: done on reconnect)."""
-        key = _lease_key(client, lease_id)
-        if self.available:
-            try:
-                self._call(self.etcd.delete, key, retry_s=0.5)
-                return
-            except ClusterUnavailable:
-                pass
+        """Mark an ended lease's record for deletion; ``flush`` deletes it off the database thread
+        (the release answer waits for it; without quorum it waits for the reconnect)."""
         with self._lock:
-            self._pending_deletes.add(key)
+            self._pending_deletes.add(_lease_key(client, lease_id))
+
+    def flush(self) -> None:
+        """Delete the records of ended leases; never fails (what is left stays pending)."""
+        with self._lock:
+            pending = sorted(self._pending_deletes)
+        if not pending:
+            return
+        try:
+            self._call(self.etcd.txn, [], [op_delete(k) for k in pending], retry_s=0.5)
+        except ClusterUnavailable:
+            return
+        with self._lock:
+            self._pending_deletes.difference_update(pending)
 
     def own_records(self) -> dict[str, dict]:
         out = {}

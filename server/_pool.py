@@ -381,7 +381,19 @@ class Pool:
         self._check_limit(caller.client, sum(placement.fractions))
         return placement
 
-    def fit(self, caller: Caller, req: LeaseRequest) -> dict:
+    def prefetch(self, client: str):
+        """Cluster mode: the client's cluster-wide holdings, read *before* queueing for the database
+        thread, so that thread spends no etcd round trip on reads (None with the embedded store)."""
+        return self.cluster.client_snapshot(client) if self.cluster is not None else None
+
+    def fit(self, caller: Caller, req: LeaseRequest, snapshot=None) -> dict:
+        self._snapshot = snapshot
+        try:
+            return self._fit(caller, req)
+        finally:
+            self._snapshot = None
+
+    def _fit(self, caller: Caller, req: LeaseRequest) -> dict:
         filters = self._check_request(req)
         out = {
             "fits_now": False,
@@ -400,7 +412,7 @@ class Pool:
         return out
 
     # --- leases -------------------------------------------------------------------------------------
-    def grant(self, caller: Caller, req: LeaseRequest, now: float) -> dict:
+    def grant(self, caller: Caller, req: LeaseRequest, now: float, snapshot=None) -> dict:
         filters = self._check_request(req)
         pids = pid_identity(req.pids) if req.pids else []
         if req.pids and not pids:
@@ -410,9 +422,10 @@ class Pool:
             )
         for attempt in range(50):
             try:
-                lease_id = self._grant_once(caller, req, filters, pids, now)
+                lease_id = self._grant_once(caller, req, filters, pids, now, snapshot)
                 break
             except _Conflict:  # another server granted to this client meanwhile: re-read its sum
+                snapshot = None
                 time.sleep(min(0.05, 0.002 * 2**attempt) * secrets.randbelow(100) / 100)
         else:
             from server._cluster import ClusterBusy
@@ -425,11 +438,13 @@ class Pool:
         self.events.record("grant", lease, now)
         return lease
 
-    def _grant_once(self, caller: Caller, req: LeaseRequest, filters: list, pids: list, now: float) -> str:
+    def _grant_once(
+        self, caller: Caller, req: LeaseRequest, filters: list, pids: list, now: float, snapshot=None
+    ) -> str:
         """One attempt: decide and store in one sqlite transaction; in cluster mode it commits only if
         the etcd transaction (client's marker unchanged since its sum was read) succeeded."""
         if self.cluster is not None:
-            self._snapshot = self.cluster.client_snapshot(caller.client)
+            self._snapshot = snapshot or self.cluster.client_snapshot(caller.client)
         try:
             with self.store.transaction():
                 placement = self._decide(caller, req, filters)
