@@ -1,15 +1,19 @@
 """Cluster mode: a real 3-member etcd cluster and 3 gpupool-server processes on loopback (simulated GPUs).
 
 The tests share one cluster and run in file order: the later ones kill things (a gpupool server, then
-etcd members), so each starts from what the previous one left and says so.
+etcd members). A network partition of one server from etcd is made with TCP proxies the test cuts
+(no network namespaces needed, so it runs unprivileged).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -216,6 +220,99 @@ def test_etcd_minority_loss_changes_nothing_majority_loss_fails_clearly_then_rec
     out = gpuattach("request", "-n", "1", "-p", "0.25", "--no-keeper", env=env)
     assert out.returncode == 0, out.stderr
     assert usage(world, "frank") == pytest.approx(1.0)
+
+
+class CuttableProxy:
+    """A TCP proxy to one etcd member that the test can cut: a network partition between one
+    gpupool server and etcd, while etcd itself and the other servers stay healthy."""
+
+    def __init__(self, target: str):
+        self.target = target.rsplit(":", 1)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.cut = False
+        self.socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.cut:
+                conn.close()
+                continue
+            try:
+                up = socket.create_connection((self.target[0], int(self.target[1])), timeout=2)
+            except OSError:
+                conn.close()
+                continue
+            self.socks += [conn, up]
+            for a, b in ((conn, up), (up, conn)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst):
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def partition(self):
+        self.cut = True
+        for s in self.socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+        self.socks.clear()
+
+    def heal(self):
+        self.cut = False
+
+    def close(self):
+        self.partition()
+        self.listener.close()
+
+
+def test_partitioned_server_leaves_the_cluster_keeps_its_leases_and_rejoins(world, tmp_path):
+    etcd, others = world["etcd"], world["servers"]
+    proxies = [CuttableProxy(e) for e in etcd.endpoints]
+    url = "etcd://" + ",".join(p.endpoint for p in proxies)
+    island = ServerProc(tmp_path / "island", "2xA100-40GB", extra=("--cluster", url, "--cluster-ttl", TTL))
+    island.start()
+    try:
+        wait_for(lambda: registered(island), 10, what="the server behind the proxies to register")
+        tok = token(etcd.url, "hank")
+        status, lease = api(island.url, "POST", "/v1/leases", tok, {"n": 1, "fraction": 0.5, "ttl_s": 30})
+        assert status == 201
+        assert usage(world, "hank") == pytest.approx(0.5)
+
+        for p in proxies:
+            p.partition()
+        # For the rest of the cluster the server is gone: its lease leaves the sum, it leaves the members.
+        wait_for(lambda: usage(world, "hank") == 0.0, 10, what="the partitioned server's lease to leave")
+        assert island.url not in server_cli("cluster", "members", "--cluster", etcd.url).stdout
+        # On the island: its lease keeps running, new requests there fail clearly.
+        status, body = api(island.url, "POST", f"/v1/leases/{lease['id']}/heartbeat", tok, {})
+        assert status == 200 and body["state"] == "active"
+        status, body = api(island.url, "POST", "/v1/leases", tok, {"n": 1, "fraction": 0.25}, timeout=20)
+        assert status == 503 and body["error"] == "pool state unavailable: no etcd quorum"
+        assert api(others[0].url, "POST", "/v1/leases", tok, {"n": 1, "fraction": 0.25})[0] == 201
+
+        for p in proxies:
+            p.heal()
+        wait_for(lambda: registered(island), 15, what="the server to rejoin")
+        assert usage(world, "hank") == pytest.approx(0.75)  # its live lease counts again
+        assert island.url in server_cli("cluster", "members", "--cluster", etcd.url).stdout
+    finally:
+        island.stop()
+        for p in proxies:
+            p.close()
 
 
 def test_migrate_moves_tokens_policy_and_live_leases_into_etcd(world, tmp_path):
