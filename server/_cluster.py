@@ -129,7 +129,7 @@ class Cluster:
                 time.sleep(0.2)
 
     def _lost(self, detail: str) -> None:
-        if self.available or detail != self.last_error:
+        if self.serving and (self.available or detail != self.last_error):  # the CLI prints its own line
             log.error("pool state unavailable: no etcd quorum (%s)", detail)
         self.available = False
         self.ready = False
