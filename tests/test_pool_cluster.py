@@ -183,6 +183,25 @@ def test_killed_server_leaves_the_cluster_sum_and_returns_clean(world):
     assert api(servers[1].url, "DELETE", f"/v1/leases/{lease['id']}", tok)[0] == 200
 
 
+def test_restart_within_the_membership_ttl_keeps_live_leases(world, tmp_path):
+    # systemctl restart: the server stops cleanly and is back before its membership lease runs out.
+    server = cluster_server(tmp_path / "r", world["etcd"], "2xA100-40GB", "--cluster-ttl", "20s").start()
+    try:
+        wait_for(lambda: registered(server), 10, what="registration")
+        tok = token(world["etcd"].url, "ivan")
+        status, lease = api(server.url, "POST", "/v1/leases", tok, {"n": 1, "fraction": 0.5, "ttl_s": 60})
+        assert status == 201
+        server.stop()
+        assert usage(world, "ivan") == pytest.approx(0.5)  # still counted while it restarts
+        server.start()
+        wait_for(lambda: registered(server), 10, what="re-registration")
+        status, body = api(server.url, "GET", f"/v1/leases/{lease['id']}", tok)
+        assert body["state"] == "active"
+        assert usage(world, "ivan") == pytest.approx(0.5)
+    finally:
+        server.stop()
+
+
 def test_etcd_minority_loss_changes_nothing_majority_loss_fails_clearly_then_recovers(world, tmp_path):
     etcd, servers = world["etcd"], world["servers"]
     tok = token(etcd.url, "frank")
