@@ -312,11 +312,21 @@ class Cluster:
         record = {"id": lease_id, "client": snap.client, "fraction": fraction, "server": self.name}
         key = _lease_key(snap.client, lease_id)
         ops = [op_put(marker, lease_id), op_put(key, json.dumps(record), self.lease_id)]
-        if self._call(self.etcd.txn, [cond], ops):
-            return True
-        # Lost the race, or won it on a member whose answer timed out and the client re-sent the
-        # transaction elsewhere (the re-send then fails its comparison): the record tells which.
-        return self._call(self.etcd.get, key) is not None
+        try:
+            if self._call(self.etcd.txn, [cond], ops):
+                return True
+            # Lost the race, or won it on a member whose answer timed out and the client re-sent the
+            # transaction elsewhere (the re-send then fails its comparison): the record tells which.
+            return self._call(self.etcd.get, key) is not None
+        except EtcdError as exc:  # "requested lease not found": our membership expired under us
+            self.ready = False
+            raise ClusterUnavailable(f"membership lease lost ({exc}); re-registering") from None
+        except ClusterUnavailable:
+            # The transaction may have applied before the answer was lost; the grant is refused, so
+            # its record must go (deleted when etcd answers again; deleting nothing is harmless).
+            with self._lock:
+                self._pending_deletes.add(key)
+            raise
 
     def forget_lease(self, client: str, lease_id: str) -> None:
         """Mark an ended lease's record for deletion; ``flush`` deletes it off the database thread
