@@ -338,7 +338,7 @@ class Cluster:
         """Delete the records of ended leases; never fails (what is left stays pending)."""
         with self._lock:
             pending = sorted(self._pending_deletes)
-        if not pending:
+        if not pending or not self.available:  # without quorum: the loop's refresh flushes on return
             return
         try:
             self._call(self.etcd.txn, [], [op_delete(k) for k in pending], retry_s=0.5)
