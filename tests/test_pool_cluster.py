@@ -208,6 +208,8 @@ def test_etcd_minority_loss_changes_nothing_majority_loss_fails_clearly_then_rec
     env = client_env(tmp_path, etcd.url, tok)
     status, running = api(servers[2].url, "POST", "/v1/leases", tok, {"n": 1, "fraction": 0.5, "ttl_s": 30})
     assert status == 201
+    status, doomed = api(servers[0].url, "POST", "/v1/leases", tok, {"n": 1, "fraction": 0.125, "ttl_s": 30})
+    assert status == 201
 
     etcd.kill(etcd.members[0])
     out = gpuattach("request", "-n", "1", "-p", "0.25", "--no-keeper", env=env)
@@ -229,6 +231,10 @@ def test_etcd_minority_loss_changes_nothing_majority_loss_fails_clearly_then_rec
         status, body = api(servers[2].url, "POST", f"/v1/leases/{running['id']}/heartbeat", tok, {})
         assert status == 200 and body["state"] == "active", body
         time.sleep(0.5)
+    # A release needs no quorum either; its share leaves the cluster sum once quorum is back.
+    t0 = time.monotonic()
+    status, body = api(servers[0].url, "DELETE", f"/v1/leases/{doomed['id']}", tok)
+    assert status == 200 and body["state"] == "released" and time.monotonic() - t0 < 5
 
     etcd.restart(etcd.members[0])
     etcd.restart(etcd.members[1])
