@@ -10,4 +10,6 @@ The command is ``server.cli:main``. Inside, one module per job:
 - ``_activity``, ``_procs``: is a lease's GPU work happening (NVML per-process, or CPU on simulated)
 - ``_mps``: CUDA MPS daemon for partition enforcement; ``_events``: pool_events telemetry
 - ``_remote``: the one hook into remote execution (``worker``, ``_cuda``, ``_executor*``)
+- ``_cluster``, ``_cluster_migrate``, ``_etcd``: cluster mode — membership, shared tokens/policy and
+  cluster-wide limits on etcd (through its JSON gateway), and the move from the embedded store
 """

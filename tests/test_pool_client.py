@@ -233,7 +233,9 @@ def test_read_only_commands_show_the_pool(pool, tmp_path):
     out = gpuattach("smi", env=env)
     assert out.returncode == 0 and "6 GPUs" in out.stdout and "SIMULATED" in out.stdout
     out = gpuattach("list-gpus", "--json", env=env)
-    assert len(json.loads(out.stdout)) == 2
+    answers = json.loads(out.stdout)
+    assert sorted(a["url"] for a in answers) == sorted(s.url for s in pool)  # which server said what
+    assert all(a["server"]["hostname"] and a["gpus"] for a in answers)
 
 
 def test_clear_errors(pool, tmp_path):

@@ -209,6 +209,15 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _print_answers_json(answers) -> None:
+    """Each server's answer (or its error) as one JSON list, for --json."""
+    # "url" is the address asked; a server's own answer carries its identity under "server".
+    rows = [
+        {"url": s.url, **a} if isinstance(a, dict) else {"url": s.url, "error": a.title} for s, a in answers
+    ]
+    print(json.dumps(rows, indent=1))
+
+
 def _report_unreachable(answers) -> int:
     bad = 0
     for server, a in answers:
@@ -223,15 +232,7 @@ def cmd_list_gpus(args) -> int:
     client = _client(args)
     answers = client.each("GET", "/v1/gpus")
     if args.json:
-        print(
-            json.dumps(
-                [
-                    {"server": s.url, **a} if isinstance(a, dict) else {"server": s.url, "error": a.title}
-                    for s, a in answers
-                ],
-                indent=1,
-            )
-        )
+        _print_answers_json(answers)
         return 0 if any(isinstance(a, dict) for _, a in answers) else 1
     rows = []
     for server, a in answers:
@@ -254,15 +255,7 @@ def cmd_servers(args) -> int:
     answers = client.each("GET", "/v1/health", auth=False)
     took = time.perf_counter() - start
     if args.json:
-        print(
-            json.dumps(
-                [
-                    {"server": s.url, **a} if isinstance(a, dict) else {"server": s.url, "error": a.title}
-                    for s, a in answers
-                ],
-                indent=1,
-            )
-        )
+        _print_answers_json(answers)
         return 0 if all(isinstance(a, dict) for _, a in answers) else 1
     rows = []
     for server, a in answers:
