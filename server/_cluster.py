@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
-import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -49,6 +47,7 @@ from server._etcd import (
     op_delete,
     op_put,
 )
+from server._store import hash_token, new_token
 
 log = logging.getLogger("gpupool.cluster")
 
@@ -74,10 +73,6 @@ class ClusterUnavailable(PoolError):
 
 class ClusterBusy(PoolError):
     status, code = 503, "cluster_busy"
-
-
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def _lease_key(client: str, lease_id: str) -> str:
@@ -194,18 +189,10 @@ class Cluster:
     def create_token(
         self, client: str, *, admin: bool = False, expires_in_s: float | None = None, token: str | None = None
     ) -> dict:
-        token = token or "gp_" + secrets.token_urlsafe(32)
-        now = time.time()
-        row = {
-            "id": "tok_" + secrets.token_hex(4),
-            "client": client,
-            "admin": int(admin),
-            "created": now,
-            "expires": now + expires_in_s if expires_in_s else None,
-            "revoked": None,
-        }
-        self.put_token(hash_token(token), row)
-        return {**row, "hash": hash_token(token), "token": token}
+        token, row = new_token(client, admin=admin, expires_in_s=expires_in_s, token=token)
+        digest = row.pop("hash")  # the key of the record in etcd, not a field of it
+        self.put_token(digest, row)
+        return {**row, "hash": digest, "token": token}
 
     def put_token(self, digest: str, row: dict) -> None:
         self._call(self.etcd.put, TOKENS + digest, json.dumps(row))

@@ -73,6 +73,24 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def new_token(
+    client: str, *, admin: bool = False, expires_in_s: float | None = None, token: str | None = None
+) -> tuple[str, dict]:
+    """A token (new, or the one given, to use one token on many servers) and the row stored for it."""
+    token = token or "gp_" + secrets.token_urlsafe(32)
+    now = time.time()
+    row = {
+        "id": "tok_" + secrets.token_hex(4),
+        "client": client,
+        "hash": hash_token(token),
+        "admin": int(admin),
+        "created": now,
+        "expires": now + expires_in_s if expires_in_s else None,
+        "revoked": None,
+    }
+    return token, row
+
+
 class Store:
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -116,17 +134,7 @@ class Store:
         self, client: str, *, admin: bool = False, expires_in_s: float | None = None, token: str | None = None
     ) -> dict:
         """A new token for ``client`` (or store the hash of ``token``, to use one token on many servers)."""
-        token = token or "gp_" + secrets.token_urlsafe(32)
-        now = time.time()
-        row = {
-            "id": "tok_" + secrets.token_hex(4),
-            "client": client,
-            "hash": hash_token(token),
-            "admin": int(admin),
-            "created": now,
-            "expires": now + expires_in_s if expires_in_s else None,
-            "revoked": None,
-        }
+        token, row = new_token(client, admin=admin, expires_in_s=expires_in_s, token=token)
         with self.transaction():
             self.db.execute(
                 "INSERT INTO tokens VALUES (:id, :client, :hash, :admin, :created, :expires, :revoked)", row
