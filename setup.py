@@ -11,11 +11,16 @@ setup(
     ext_modules=[
         Extension(
             "virtualize._libcuda_shim",
-            sources=["virtualize/shim/shim.c", "virtualize/shim/shim_calls.c"],
+            sources=[
+                "virtualize/shim/shim.c",
+                "virtualize/shim/shim_calls.c",
+                "virtualize/shim/shim_exports.c",
+            ],
             depends=[
                 "virtualize/shim/shim.h",
                 "virtualize/shim/calls_gen.h",
                 "virtualize/shim/calls_gen_types.h",
+                "virtualize/shim/exports_gen.h",
             ],
             extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread", "-std=gnu11"],
             extra_link_args=["-pthread", "-Wl,-soname,libcuda.so.1"],

@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 
 def _client_proc(urls, tokens, threads, start_at, stop_at, out):
-    from virtualize.client import PoolClient, Request
-    from virtualize.config import ClientConfig, ServerRef
+    from server.client import PoolClient, Request
+    from server.client_config import ClientConfig, ServerRef
 
     lat_lease, lat_release, errors = [], [], []
     lock = threading.Lock()

@@ -167,7 +167,7 @@ def main() -> int:
         child()
         return 0
 
-    from server.worker import WorkerDevice, start_worker
+    from server.workers import WorkerDevice, start_worker
     from virtualize.remote import fresh_shim, remote_env
 
     started = time.monotonic()

@@ -8,6 +8,9 @@ The public face, loaded lazily so ``gpustat-collect --help`` does not import pya
 - ``simulated_inventory(n)``: the GPUs of the simulated fleet, for machines without GPUs.
 - ``NvmlSource``: one tick of this host's GPUs at a time (``.sample(now) -> Tick`` of schema rows), for
   a process that writes its own telemetry (the pool server); ``SimulatedFleet`` the simulated model.
+- ``GPU_METRICS`` (name, telemetry column, help), ``COLLECTOR_UP``, ``GPU_LOST``: the Prometheus metrics
+  the collector exports, named once (the console's ``--prometheus`` reads them back).
+- ``parse_duration(value) -> seconds``: the one duration parser of every command and config file.
 - errors: ``CollectorError`` > ``NvmlUnavailable``, ``TelemetryWriteError``, ``InputError``; ``GpuLost``.
 """
 
@@ -28,11 +31,18 @@ _EXPORTS = {
     "TelemetryWriteError": "collector._errors",
     "InputError": "collector._errors",
     "GpuLost": "collector._errors",
+    "parse_duration": "collector.durations",
+    "GPU_METRICS": "collector._prometheus",
+    "COLLECTOR_UP": "collector._prometheus",
+    "GPU_LOST": "collector._prometheus",
     "NvmlSource": "collector._nvml_source",
     "SimulatedFleet": "collector._simulated",
 }
 
 __all__ = [
+    "COLLECTOR_UP",
+    "GPU_LOST",
+    "GPU_METRICS",
     "CollectorError",
     "GpuInfo",
     "GpuLost",
@@ -43,6 +53,7 @@ __all__ = [
     "SimulatedFleet",
     "TelemetryWriteError",
     "TelemetryWriter",
+    "parse_duration",
     "process_activity",
     "read_inventory",
     "simulated_inventory",
@@ -52,8 +63,10 @@ if TYPE_CHECKING:
     from collector._errors import CollectorError, GpuLost, InputError, NvmlUnavailable, TelemetryWriteError
     from collector._inventory import process_activity, read_inventory
     from collector._nvml_source import NvmlSource
+    from collector._prometheus import COLLECTOR_UP, GPU_LOST, GPU_METRICS
     from collector._simulated import SimulatedFleet, simulated_inventory
     from collector._types import GpuInfo, ProcessActivity
+    from collector.durations import parse_duration
     from collector.writer import TelemetryWriter
 
 

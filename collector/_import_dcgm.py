@@ -15,7 +15,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector._import_common import ImportReport, read_text
-from collector.writer import TelemetryWriter
+from collector.writer import TelemetryWriter, default_host
 
 KIND = "dcgm"
 MIB = 2**20
@@ -122,7 +122,7 @@ def import_files(files: list[Path], out: Path, *, host: str | None, interval_s: 
                 if "DCGM_FI_DEV_FB_USED" in fb and "DCGM_FI_DEV_FB_FREE" in fb:
                     row["mem_total_bytes"] = round(sum(fb.values()) * MIB)
                 row["ts"] = stamp
-                by_host.setdefault(host or label_host or _default_host(), []).append(row)
+                by_host.setdefault(host or label_host or default_host(), []).append(row)
     for h, rows in by_host.items():
         order: dict[str, int] = {}
         for row in rows:
@@ -134,12 +134,6 @@ def import_files(files: list[Path], out: Path, *, host: str | None, interval_s: 
         report.rows += len(rows)
         report.hosts.add(_safe_host(h))
     return report
-
-
-def _default_host() -> str:
-    from collector.cli import default_host
-
-    return default_host()
 
 
 def _safe_host(name: str) -> str:

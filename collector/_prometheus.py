@@ -51,6 +51,8 @@ GPU_METRICS = (
     Metric("gpupool_gpu_dram_bandwidth_ratio", "dram_bw_util", "GPM DRAM bandwidth used / peak (Hopper+)."),
 )
 LABELS = ("host", "gpu", "uuid", "name")
+COLLECTOR_UP = "gpupool_collector_up"  # labels host, source, simulated
+GPU_LOST = "gpupool_gpu_lost"
 
 
 class LiveState:
@@ -97,7 +99,7 @@ class TelemetryCollector(Collector):
         rows, proc_counts, last_tick = state.snapshot()
         fresh = last_tick is not None and time.time() - last_tick < max(3 * state.interval_s, 5.0)
         up = GaugeMetricFamily(
-            "gpupool_collector_up",
+            COLLECTOR_UP,
             "1 while the collector produced a tick within the last 3 intervals.",
             labels=["host", "source", "simulated"],
         )
@@ -121,7 +123,7 @@ class TelemetryCollector(Collector):
             return [state.host, str(row["gpu_index"]), row.get("gpu_uuid") or "", row.get("gpu_name") or ""]
 
         lost = GaugeMetricFamily(
-            "gpupool_gpu_lost", "1 when the GPU stopped answering (fell off the bus).", labels=LABELS
+            GPU_LOST, "1 when the GPU stopped answering (fell off the bus).", labels=LABELS
         )
         procs = GaugeMetricFamily(
             "gpupool_gpu_processes", "Processes holding memory on the GPU.", labels=LABELS

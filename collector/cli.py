@@ -9,24 +9,22 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import re
 import signal
-import socket
 import sys
 import threading
 from pathlib import Path
 
-PROG = "gpustat-collect"
+from collector import durations
 
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+PROG = "gpustat-collect"
 
 
 def parse_duration(text: str) -> float:
-    """'500ms', '1s', '10m', '2h', '7d', or plain seconds -> seconds."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|min|m|h|d|w)?\s*", text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 500ms, 1s, 10m, 2h, 7d)")
-    value = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    """An argparse type: a positive duration (``collector.durations``)."""
+    try:
+        value = durations.parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"duration must be positive: {text!r}")
     return value
@@ -50,11 +48,6 @@ def _port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"port must be 0..65535, not {value}")
     return value
-
-
-def default_host() -> str:
-    name = socket.gethostname().split(".")[0] or "localhost"
-    return re.sub(r"[^A-Za-z0-9._-]", "-", name)
 
 
 def default_out() -> Path:
@@ -224,6 +217,7 @@ def _install_signals(stop: threading.Event) -> None:
 def cmd_collect(argv: list[str]) -> int:
     args = collect_parser().parse_args(argv)
     from collector._errors import CollectorError
+    from collector.writer import default_host
 
     args.host = args.host or default_host()
     args.out = args.out or default_out()
@@ -374,6 +368,7 @@ def cmd_import(argv: list[str]) -> int:
     try:
         if args.format == "nvidia-smi":
             from collector._import_smi import import_files
+            from collector.writer import default_host
 
             report = import_files(args.files, args.out, host=args.host or default_host(), tz=args.tz)
         else:

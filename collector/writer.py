@@ -20,6 +20,7 @@ import itertools
 import os
 import re
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -34,6 +35,12 @@ from collector.schema import SCHEMA_VERSION, TABLES, Table
 
 _HOST_OK = re.compile(r"^[A-Za-z0-9._-]+$")
 _seq = itertools.count()
+
+
+def default_host() -> str:
+    """This machine's short name as a telemetry host (what ``host=<host>`` holds without --host)."""
+    name = socket.gethostname().split(".")[0] or "localhost"
+    return re.sub(r"[^A-Za-z0-9._-]", "-", name)
 
 
 def check_host(host: str) -> str:

@@ -20,8 +20,8 @@ from aiohttp import web
 from server._errors import BadRequest, Forbidden, PoolError, RemoteUnavailable
 from server._pool import Caller, Pool, human_seconds
 from server._procs import alive_pids, terminate
-from server._remote import remote_refusal, start_remote_worker
-from server._requests import ClientUpdate, Heartbeat, LeaseRequest, PolicyUpdate, TokenCreate, decode
+from server.api import ClientUpdate, Heartbeat, LeaseRequest, PolicyUpdate, TokenCreate, decode
+from server.workers import remote_refusal, start_remote_worker
 
 log = logging.getLogger("gpupool.server")
 

@@ -8,27 +8,22 @@ fresh state directory starts from the file.
 
 from __future__ import annotations
 
-import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from collector import durations
 from server._errors import BadRequest
 
 DEFAULT_PORT = 56001  # Bitfusion's server port; any free port works
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
 
 
 def parse_duration(value: object, what: str = "duration") -> float:
-    """``90``, ``"90s"``, ``"30m"``, ``"8h"``, ``"365d"`` -> seconds."""
-    if isinstance(value, bool):
-        raise BadRequest(f"{what}: {value!r} is not a duration", "write e.g. 30s, 10m, 8h, 365d")
-    if isinstance(value, int | float):
-        return float(value)
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdwy]?)\s*", str(value))
-    if not m:
-        raise BadRequest(f"{what}: {value!r} is not a duration", "write e.g. 30s, 10m, 8h, 365d")
-    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+    """``collector.parse_duration`` answering a bad value with a 400 that names the setting."""
+    try:
+        return durations.parse_duration(value)
+    except ValueError:
+        raise BadRequest(f"{what}: {value!r} is not a duration", f"write e.g. {durations.EXAMPLES}") from None
 
 
 @dataclass

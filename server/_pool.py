@@ -34,7 +34,7 @@ from server._events import EventLog
 from server._filters import gpu_matches, parse_filters, server_matches
 from server._inventory import GIB, MIB, Gpu, Inventory
 from server._procs import alive_pids, pid_identity
-from server._requests import LeaseRequest
+from server.api import LeaseRequest
 
 EPS = 1e-9
 

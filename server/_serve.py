@@ -20,6 +20,7 @@ from server._errors import PoolError
 from server._events import EventLog
 from server._inventory import GIB, default_addr, nvml_inventory, simulated_inventory
 from server._pool import Pool
+from server._store import open_store
 
 log = logging.getLogger("gpupool.server")
 
@@ -71,9 +72,7 @@ async def serve(cfg: ServerConfig) -> int:
         raise PoolError("--mps needs real GPUs", "drop --mps with --simulate-gpus")
     if bool(cfg.tls_cert) != bool(cfg.tls_key):
         raise PoolError("TLS needs both --tls-cert and --tls-key", "give both, or neither for plain HTTP")
-    from server.cli import _open_store
-
-    store = _open_store(cfg.state_dir)
+    store = open_store(cfg.state_dir)
     from collector import CollectorError
 
     try:

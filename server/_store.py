@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from server._errors import PoolError
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (
     id TEXT PRIMARY KEY,
@@ -154,3 +156,13 @@ class Store:
                 "UPDATE tokens SET revoked = ? WHERE id = ? AND revoked IS NULL", (time.time(), token_id)
             )
             return self.db.execute("SELECT * FROM tokens WHERE id = ?", (token_id,)).fetchone()
+
+
+def open_store(state_dir: Path) -> Store:
+    """The store of a state directory; a PoolError with a hint when it cannot be opened."""
+    try:
+        return Store(state_dir / "pool.sqlite")
+    except (OSError, sqlite3.Error) as exc:
+        raise PoolError(
+            f"cannot open the state directory {state_dir}: {exc}", "pass --state-dir to a writable directory"
+        ) from None

@@ -205,9 +205,10 @@ def _config(args):
 def _token(args) -> int:
     from server._config import parse_duration
     from server._pool import iso
+    from server._store import open_store
 
     cfg = _config(args)
-    store = _open_cluster(cfg) if cfg.cluster else _open_store(cfg.state_dir)
+    store = _open_cluster(cfg) if cfg.cluster else open_store(cfg.state_dir)
     if args.token_command in ("create", "import"):
         import re
 
@@ -257,10 +258,11 @@ def _client(args) -> int:
     from server._events import EventLog
     from server._inventory import Inventory
     from server._pool import Pool
-    from server._requests import ClientUpdate
+    from server._store import open_store
+    from server.api import ClientUpdate
 
     cfg = _config(args)
-    store = _open_store(cfg.state_dir)
+    store = open_store(cfg.state_dir)
     cluster = _open_cluster(cfg) if cfg.cluster else None
     pool = Pool(
         store,
@@ -324,10 +326,11 @@ def _cluster(args) -> int:
         print(f"({len(members)} servers registered)", file=sys.stderr)
         return 0
     from server._cluster_migrate import migrate
+    from server._store import open_store
 
     if not (cfg.state_dir / "pool.sqlite").exists():
         return _fail(f"no embedded store in {cfg.state_dir}", "pass --state-dir of the server to migrate")
-    store = _open_store(cfg.state_dir)
+    store = open_store(cfg.state_dir)
     name = args.name or cluster.name
     report = migrate(store, cluster, name)
     for line in report["lines"]:
@@ -339,21 +342,6 @@ def _cluster(args) -> int:
         file=sys.stderr,
     )
     return 0
-
-
-def _open_store(state_dir: Path):
-    import sqlite3
-
-    from server._store import Store
-
-    try:
-        return Store(state_dir / "pool.sqlite")
-    except (OSError, sqlite3.Error) as exc:
-        from server._errors import PoolError
-
-        raise PoolError(
-            f"cannot open the state directory {state_dir}: {exc}", "pass --state-dir to a writable directory"
-        ) from None
 
 
 def _serve(args) -> int:

@@ -255,7 +255,10 @@ def scenario_kernels():
     priority = Attribute(8, b"", (ctypes.c_int * 16)(1))  # CU_LAUNCH_ATTRIBUTE_PRIORITY
     cfg = Config((ctypes.c_uint * 7)(1, 1, 1, 64, 1, 1, 0), 0, ctypes.addressof(priority), 1)
     check(cu.cuLaunchKernelEx(ctypes.byref(cfg), add, params, None), "launch ex")
-    unknown = Attribute(1, b"", (ctypes.c_int * 16)())  # ACCESS_POLICY_WINDOW: not forwarded
+    pdl = Attribute(6, b"", (ctypes.c_int * 16)(1))  # PROGRAMMATIC_STREAM_SERIALIZATION (cuDNN on Hopper)
+    cfg_pdl = Config((ctypes.c_uint * 7)(1, 1, 1, 64, 1, 1, 0), 0, ctypes.addressof(pdl), 1)
+    check(cu.cuLaunchKernelEx(ctypes.byref(cfg_pdl), add, params, None), "launch ex with PDL")
+    unknown = Attribute(13, b"", (ctypes.c_int * 16)())  # DEVICE_UPDATABLE_KERNEL_NODE: not forwarded
     cfg_unknown = Config((ctypes.c_uint * 7)(1, 1, 1, 1, 1, 1, 0), 0, ctypes.addressof(unknown), 1)
     say("launch_unknown_attribute", cu.cuLaunchKernelEx(ctypes.byref(cfg_unknown), add, params, None))
     say("sync_after_unknown_attribute", cu.cuCtxSynchronize())

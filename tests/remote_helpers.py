@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from server.worker import WorkerDevice, start_worker
+from server.workers import WorkerDevice, start_worker
 from virtualize.remote import compile_shim, remote_env
 
 ROOT = Path(__file__).resolve().parents[1]

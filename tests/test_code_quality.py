@@ -29,3 +29,62 @@ def _tool(name: str) -> str:
 def test_tool_passes(args):
     proc = subprocess.run([_tool(args[0]), *args[1:]], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+PACKAGES = ("collector", "analytics", "reports", "tui", "server", "virtualize")
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports (at the top or inside functions), read by grimp."""
+    grimp = pytest.importorskip("grimp")  # import-linter's graph builder
+    graph = grimp.build_graph(*PACKAGES)
+    return {
+        m: {x for x in graph.find_modules_directly_imported_by(m) if x.split(".")[0] in PACKAGES}
+        for m in graph.modules
+    }
+
+
+def test_no_import_circles():
+    edges = _import_graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                group.append(stack.pop())
+                if group[-1] == v:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    assert not circles, f"modules that import each other: {circles}"
+
+
+def test_nothing_imports_a_cli_module():
+    edges = _import_graph()
+    wrong = sorted(f"{m} -> {x}" for m, xs in edges.items() for x in xs if x.endswith(".cli") and x != m)
+    assert not wrong, wrong
+
+
+def test_the_private_modules_contract_lists_every_private_server_module():
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (contract,) = [c for c in contracts if c["name"].startswith("gpuattach and the console reach the pool")]
+    private = {f"server.{p.stem}" for p in (ROOT / "server").glob("_*.py") if p.stem != "__init__"}
+    assert set(contract["forbidden_modules"]) == private

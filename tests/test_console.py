@@ -9,8 +9,8 @@ import pytest
 from test_live_fixtures import T0, gpu_row, write_fleet, write_segment
 
 from collector.schema import GPU_SAMPLES
+from server.client import ServerClient, ServerClientOptions
 from tui._history import HistorySource
-from tui._pool_client import PoolClient, PoolClientOptions
 from tui._screens import HelpScreen
 from tui._sources import Pool, TelemetryFleet
 from tui.app import ConsoleApp
@@ -198,7 +198,7 @@ async def test_telemetry_only_pool_actions_say_why_they_cannot_run(tele):
 
 async def test_an_unreachable_server_is_shown_and_retried_never_a_crash():
     dead = f"http://127.0.0.1:{free_port()}"
-    pool = Pool([PoolClient(dead, "admin-token", PoolClientOptions(timeout_s=1))], clock=clock)
+    pool = Pool([ServerClient(dead, "admin-token", ServerClientOptions(timeout_s=1))], clock=clock)
     app = make_app(None, pool=pool)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
@@ -213,7 +213,7 @@ async def test_an_unreachable_server_is_shown_and_retried_never_a_crash():
         assert "No telemetry" in str(app.query_one("#fleet-status").render())
 
 
-class OddServer(PoolClient):
+class OddServer(ServerClient):
     """A server of another version: answers that are not what the OpenAPI document says."""
 
     def _call(self, method, path, body=None, *, auth=True):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_console import settle, shown
 
-from tui._pool_client import PoolClient, PoolClientOptions, PoolError
+from server.client import PoolClientError, ServerClient, ServerClientOptions
 from tui._screens import ConfirmScreen, PromptScreen
 from tui._sources import Pool
 from tui.app import ConsoleApp
@@ -127,7 +127,7 @@ def server(tmp_path):
 
 def make_app(server: Server, token: str | None = "ops") -> ConsoleApp:
     tok = server.tokens[token] if token else None
-    pool = Pool([PoolClient(server.url, tok, PoolClientOptions(timeout_s=5))])
+    pool = Pool([ServerClient(server.url, tok, ServerClientOptions(timeout_s=5))])
     return ConsoleApp(pool=pool, refresh_s=None)
 
 
@@ -260,15 +260,15 @@ async def test_a_client_token_is_refused_admin_data_with_the_servers_reason(serv
 
 
 def test_pool_client_errors_carry_the_servers_message(server):
-    client = PoolClient(server.url, server.tokens["ops"])
-    with pytest.raises(PoolError) as err:
+    client = ServerClient(server.url, server.tokens["ops"])
+    with pytest.raises(PoolClientError) as err:
         client.release("lease-does-not-exist")
     assert err.value.status == 404 and err.value.code == "not_found"
     assert "lease-does-not-exist" in err.value.title or "not found" in err.value.title.lower()
-    with pytest.raises(PoolError) as err:
-        PoolClient(server.url, "gp_wrong").clients()
+    with pytest.raises(PoolClientError) as err:
+        ServerClient(server.url, "gp_wrong").clients()
     assert err.value.status == 401
-    assert PoolClient(server.url).health()["simulated"] is True
+    assert ServerClient(server.url).health()["simulated"] is True
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
@@ -300,10 +300,10 @@ def test_tls_server_with_a_private_ca(tmp_path):
     srv = Server(tmp_path / "state", "--tls-cert", str(cert), "--tls-key", str(key))
     try:
         assert srv.url.startswith("https://")
-        with pytest.raises(PoolError) as err:
-            PoolClient(srv.url).health()  # not trusted by the system's CAs
+        with pytest.raises(PoolClientError) as err:
+            ServerClient(srv.url).health()  # not trusted by the system's CAs
         assert "TLS failed" in err.value.title and "--ca-cert" in err.value.hint
-        trusted = PoolClient(srv.url, srv.tokens["ops"], PoolClientOptions(ca_cert=str(cert)))
+        trusted = ServerClient(srv.url, srv.tokens["ops"], ServerClientOptions(ca_cert=str(cert)))
         assert trusted.health()["server"]["tls"] is True
         assert len(trusted.gpus()["gpus"]) == 4
     finally:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -71,10 +72,24 @@ def collector(tmp_path):
     if not found:
         proc.kill()
         pytest.fail("gpustat-collect did not serve /metrics:\n" + "".join(seen))
-    time.sleep(0.6)  # a few ticks, so every metric has a value
+    _wait_for_first_tick(found[0], proc)
     yield found[0]
     proc.terminate()
     proc.wait(timeout=10)
+
+
+def _wait_for_first_tick(url: str, proc: subprocess.Popen) -> None:
+    """The page is served before the first sample lands; a loaded CI machine may take seconds."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and proc.poll() is None:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            page = resp.read().decode()
+        if page.count("gpupool_gpu_power_watts{") >= 2:
+            time.sleep(0.4)  # one more tick, so the console's own history has two points
+            return
+        time.sleep(0.1)
+    proc.kill()
+    pytest.fail(f"gpustat-collect served {url} but no GPU sample reached it within 30 s")
 
 
 def test_a_real_collector_page_parses_into_gpus(collector):

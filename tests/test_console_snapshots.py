@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from test_live_fixtures import T0, write_fleet
 
+from server.client import ServerClient, Unreachable
 from tui._history import HistorySource
-from tui._pool_client import PoolClient, PoolError
 from tui._sources import Pool, TelemetryFleet
 from tui.app import ConsoleApp
 
@@ -131,17 +131,18 @@ ANSWERS: dict[str, Any] = {
 }
 
 
-class CannedServer(PoolClient):
-    """A pool server's documented answers, fixed: the seam is PoolClient._call (HTTP is tested elsewhere)."""
+class CannedServer(ServerClient):
+    """A pool server's documented answers, fixed: the seam is ServerClient._call (HTTP is tested elsewhere)."""
 
     def _call(self, method: str, path: str, body=None, *, auth: bool = True):
         return json.loads(json.dumps(ANSWERS[path.split("?")[0]]))
 
 
-class DeadServer(PoolClient):
+class DeadServer(ServerClient):
     def _call(self, method: str, path: str, body=None, *, auth: bool = True):
-        raise PoolError(
-            f"{self.url} unreachable: [Errno 111] Connection refused", "is gpupool-server running?"
+        reason = "[Errno 111] Connection refused"
+        raise Unreachable(
+            self.url, reason, title=f"{self.url} unreachable: {reason}", hint="is gpupool-server running?"
         )
 
 

@@ -9,8 +9,8 @@ from server._errors import Busy, Impossible
 from server._events import EventLog
 from server._inventory import GIB, MIB, Gpu, Inventory
 from server._pool import Caller, Pool
-from server._requests import LeaseRequest
 from server._store import Store
+from server.api import LeaseRequest
 
 ALICE = Caller("alice", False)
 
@@ -82,7 +82,7 @@ def test_the_example_configs_in_deploy_load(tmp_path):
     from pathlib import Path
 
     from server._config import load_config
-    from virtualize.config import load
+    from server.client_config import load
 
     root = Path(__file__).resolve().parent.parent
     cfg = load_config(root / "deploy" / "server.toml")

@@ -73,8 +73,8 @@ def test_lease_env_carries_the_partition_limits(tmp_path, fake_mps):
     from server._events import EventLog
     from server._inventory import Gpu, Inventory
     from server._pool import Caller, Pool
-    from server._requests import LeaseRequest
     from server._store import Store
+    from server.api import LeaseRequest
 
     gpus = tuple(Gpu(i, f"GPU-{i}", "H100", 80 << 30, "9.0", "550", "12.4") for i in range(2))
     mps = MpsDaemon(tmp_path / "state", [g.uuid for g in gpus])
@@ -91,6 +91,6 @@ def test_lease_env_carries_the_partition_limits(tmp_path, fake_mps):
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M,1=20480M"
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
     assert lease["mps"] is True
-    from server._remote import worker_env
+    from server.workers import worker_env
 
     assert worker_env(lease, mps)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M,1=20480M"

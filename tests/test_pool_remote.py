@@ -1,7 +1,7 @@
 """The control plane's remote-execution hook, end to end without a GPU.
 
 The server runs on simulated GPUs with ``GPUPOOL_WORKER_EXECUTOR=host``: its lease workers (the
-remote-execution component's ``server/worker.py``) serve CUDA calls from host memory, so
+remote-execution component's ``virtualize/worker.py``) serve CUDA calls from host memory, so
 ``gpuattach run`` without ``--local`` drives the real path: lease with a worker, the shim in the
 command's environment, heartbeats, release stopping the worker, idle reclaim from the worker's
 activity, a dying worker ending its lease.
@@ -41,7 +41,16 @@ def server(tmp_path_factory):
 
 
 def workers_of(server) -> list[psutil.Process]:
-    return [p for p in psutil.Process(server.proc.pid).children() if "server.worker" in " ".join(p.cmdline())]
+    """The server's live worker processes. A worker that has exited is a zombie for the moment between
+    its exit and the server's wait() that reaps it: that one is gone, not live."""
+    live = []
+    for p in psutil.Process(server.proc.pid).children():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "virtualize.worker" in " ".join(p.cmdline()):
+                live.append(p)
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            pass
+    return live
 
 
 def test_gpuattach_run_executes_remotely_and_the_worker_goes_with_the_lease(server, tmp_path):

@@ -1,6 +1,6 @@
 """Real cuda-python programs through the shim, and the CUDA executor itself, on a machine with no GPU.
 
-The chain test runs the worker's CUDA executor (server/_cuda.py, cuda.bindings) for real: its
+The chain test runs the worker's CUDA executor (virtualize/_cuda.py, cuda.bindings) for real: its
 cuda.bindings loads gpupool's libcuda.so.1 too, which forwards to a second worker with the host
 executor. So every call the executor makes goes through the real cuda.bindings API.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from remote_helpers import MiB, client_env, expected_queries, needs_cc, parse, run_client, shim_dir, worker
 
-from server.worker import WorkerDevice, start_worker
+from server.workers import WorkerDevice, start_worker
 from virtualize.remote import remote_env
 
 pytest.importorskip("cuda.bindings.driver")
@@ -71,7 +71,7 @@ def cuda_executor_worker(shim_dir):
     "scenario", ["devices", "copies", "events", "kernels", "quota", "two_devices", "queries"]
 )
 def test_the_cuda_executor_serves_every_scenario(shim_dir, cuda_executor_worker, scenario):
-    """server/_cuda.py through real cuda.bindings: the lease's device 0 is the host worker's device 1."""
+    """virtualize/_cuda.py through real cuda.bindings: the lease's device 0 is the host worker's device 1."""
     out, _ = run_client(scenario, client_env(shim_dir, cuda_executor_worker))
     expected = {
         "devices": {
@@ -83,7 +83,7 @@ def test_the_cuda_executor_serves_every_scenario(shim_dir, cuda_executor_worker,
         "copies": {"htod_dtoh": "True", "dtod": "True", "generic": "True", "pinned_copy": "True"},
         "events": {"query": "0", "elapsed_ok": "True", "destroyed_stream_sync": "400"},
         "kernels": {
-            "first": "12",
+            "first": "17",
             "not_added": "7",
             "param1": "8+4",
             "sync_after_unknown_attribute": "801",
@@ -125,7 +125,7 @@ def test_the_gpu_machines_raw_bindings_program_runs_here_on_the_host_executor(sh
 
 
 def test_ptx_kernels_are_known_to_the_host_executor_with_their_parameter_layout():
-    from server._executor_host import ptx_layouts
+    from virtualize._executor_host import ptx_layouts
 
     ptx = b""".visible .entry k(
         .param .u64 k_param_0, .param .u32 k_param_1, .param .align 8 .b8 k_param_2[24], .param .u8 k_param_3)

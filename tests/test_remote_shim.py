@@ -25,7 +25,7 @@ from remote_helpers import (
     worker,
 )
 
-from server.worker import WorkerDevice, start_worker
+from server.workers import WorkerDevice, start_worker
 from virtualize import _wire
 from virtualize._calls import CALL_IDS, INTERNAL
 
@@ -113,8 +113,9 @@ def test_a_lease_cannot_touch_another_leases_memory(shim_dir, worker):
 def test_kernels_launch_with_parameters_and_faults_surface_at_the_next_sync(shim_dir, worker):
     out, _ = run_client("kernels", client_env(shim_dir, worker))
     assert out["missing_function"] == "500"
-    assert out["first"] == "12"  # filled with 7 by cuLaunchKernel, then +5 by cuLaunchKernelEx
-    assert out["last_added"] == "12"
+    # filled with 7 by cuLaunchKernel, then +5 by each cuLaunchKernelEx (priority, PDL)
+    assert out["first"] == "17"
+    assert out["last_added"] == "17"
     assert out["not_added"] == "7"  # past the 64 threads of the second launch
     assert out["beyond"] == "7"
     assert out["param1"] == "8+4"

@@ -3,7 +3,7 @@
 The public face is small and loads lazily, so ``tui.cli`` (and ``--help``) start without Textual:
 
 - ``ConsoleApp``: the app; its parts (fleet source, pool, history source, clock) go to the constructor.
-- ``PoolClient``, ``PoolClientOptions``, ``PoolError``: the console's client of one gpupool-server.
+- the pool servers are reached through the pool's client library, ``server.client.ServerClient``.
 - ``main``: the command line.
 """
 
@@ -11,13 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ConsoleApp", "PoolClient", "PoolClientOptions", "PoolError", "main"]
+__all__ = ["ConsoleApp", "main"]
 
 _WHERE = {
     "ConsoleApp": "tui.app",
-    "PoolClient": "tui._pool_client",
-    "PoolClientOptions": "tui._pool_client",
-    "PoolError": "tui._pool_client",
     "main": "tui.cli",
 }
 

@@ -6,23 +6,10 @@ Pure functions (no Textual), so they are tested directly and the views stay decl
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 
 MISSING = "–"  # a metric the GPU or server does not report: never shown as 0
 SPARK_LEVELS = "▁▂▃▄▅▆▇█"
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$", re.IGNORECASE)
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in ``text``: ``500ms``, ``2s``, ``5m``, ``1h``, ``7d``, ``2w`` or a plain number of seconds."""
-    match = _DURATION.match(text or "")
-    if not match:
-        raise ValueError(f"not a duration: {text!r} (examples: 2s, 500ms, 5m, 1h, 7d)")
-    value, unit = match.groups()
-    return float(value) * _UNIT_S[(unit or "s").lower()]
 
 
 def ratio(value: float | None) -> str:

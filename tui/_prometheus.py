@@ -17,19 +17,20 @@ from datetime import datetime, timedelta
 from prometheus_client.parser import text_string_to_metric_families
 
 from analytics.live import GpuNow, ProcessNow
+from collector import COLLECTOR_UP, GPU_LOST, GPU_METRICS
 from tui._sources import Clock, FleetSnapshot, GpuKey, SeriesOptions, utc_now
 
-# Metric names of gpustat-collect's exporter (collector/_prometheus.py, GPU_METRICS) -> GpuNow field.
-# tests/test_console_prometheus.py scrapes a real collector, so a rename there fails the test here.
-METRICS = {
-    "gpupool_gpu_utilization_ratio": "util_gpu",
-    "gpupool_gpu_sm_activity_ratio": "sm_activity",
-    "gpupool_gpu_memory_used_bytes": "mem_used_bytes",
-    "gpupool_gpu_memory_total_bytes": "mem_total_bytes",
-    "gpupool_gpu_power_watts": "power_w",
-    "gpupool_gpu_temperature_celsius": "temperature_c",
-    "gpupool_gpu_lost": "lost",
+# The telemetry column behind each exported metric (collector.GPU_METRICS, named there once) -> GpuNow field.
+FIELD_OF_COLUMN = {
+    "util_gpu_mean": "util_gpu",
+    "sm_activity": "sm_activity",
+    "mem_used_bytes": "mem_used_bytes",
+    "mem_total_bytes": "mem_total_bytes",
+    "power_w": "power_w",
+    "temperature_c": "temperature_c",
 }
+METRICS = {m.name: FIELD_OF_COLUMN[m.column] for m in GPU_METRICS if m.column in FIELD_OF_COLUMN}
+METRICS[GPU_LOST] = "lost"
 INT_FIELDS = {"mem_used_bytes", "mem_total_bytes"}
 
 
@@ -45,7 +46,7 @@ def parse_metrics(text: str, at: datetime) -> list[GpuNow]:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             labels = sample.labels
-            if sample.name == "gpupool_collector_up" and labels.get("simulated") == "true":
+            if sample.name == COLLECTOR_UP and labels.get("simulated") == "true":
                 simulated_hosts.add(labels.get("host", ""))
             field = METRICS.get(sample.name)
             if field is None or "uuid" not in labels:

@@ -3,7 +3,7 @@
 - ``TelemetryFleet``: telemetry directories, through ``analytics.live`` (DuckDB stays in analytics).
 - ``PrometheusFleet`` (in ``_prometheus``): a collector's /metrics endpoint, for hosts without a
   shared telemetry directory.
-- ``Pool``: one ``PoolClient`` per server; an unreachable server becomes a state, never an error.
+- ``Pool``: one ``ServerClient`` per server; an unreachable server becomes a state, never an error.
 
 Each returns plain snapshots (dataclasses) that the views lay out; none holds a Textual object.
 """
@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from analytics import live
 from analytics.live import GpuNow, ProcessNow
-from tui._pool_client import PoolClient, PoolError
+from server.client import PoolClientError, ServerClient
 
 GpuKey = tuple[str, str]  # (host, gpu_uuid)
 
@@ -129,7 +129,7 @@ def _records(items: Any, key: str) -> list[dict[str, Any]]:
     return [item for item in items if isinstance(item, dict) and key in item]
 
 
-def _short(exc: PoolError, url: str) -> str:
+def _short(exc: PoolClientError, url: str) -> str:
     # The server's row already names its URL and says it is retried: the note says what went wrong.
     text = exc.title if exc.unreachable else str(exc)
     return text.replace(f" on {url}", "").replace(f"{url} ", "")
@@ -145,7 +145,7 @@ class Pool:
 
     MAX_BACKOFF_S = 30.0
 
-    def __init__(self, clients: Sequence[PoolClient], clock: Clock = utc_now):
+    def __init__(self, clients: Sequence[ServerClient], clock: Clock = utc_now):
         self.clients = list(clients)
         self.clock = clock
         self.states: dict[str, ServerState] = {c.url: ServerState(c.url) for c in self.clients}
@@ -155,7 +155,7 @@ class Pool:
     def has_admin_token(self) -> bool:
         return any(c.token for c in self.clients)
 
-    def client(self, url: str) -> PoolClient:
+    def client(self, url: str) -> ServerClient:
         return next(c for c in self.clients if c.url == url)
 
     def refresh(self, *, force: bool = False) -> list[ServerState]:
@@ -167,12 +167,12 @@ class Pool:
                     self.states[state.url] = state
         return [self.states[c.url] for c in self.clients]
 
-    def _fetch(self, client: PoolClient) -> ServerState:
+    def _fetch(self, client: ServerClient) -> ServerState:
         previous = self.states.get(client.url) or ServerState(client.url)
         state = ServerState(client.url, checked_at=self.clock())
         try:
             state.health = client.health()
-        except PoolError as exc:
+        except PoolClientError as exc:
             state.error = _short(exc, client.url)
             state.failures = previous.failures + 1
             state.down_since = previous.down_since or state.checked_at
@@ -196,7 +196,7 @@ class Pool:
                 setattr(state, name, call())
             except (KeyError, TypeError, AttributeError) as exc:  # a server of another version
                 errors.append(f"{name}: unexpected answer ({exc!r})")
-            except PoolError as exc:
+            except PoolClientError as exc:
                 errors.append(_short(exc, client.url))
                 if exc.unreachable:  # it went away mid-refresh: the rest would time out too
                     state.reachable = False

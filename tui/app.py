@@ -17,9 +17,10 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, TabbedContent, TabPane
 
+from collector.durations import parse_duration
+from server.client import PoolClientError, ServerClient
 from tui import _format as fmt
 from tui._history import HistorySource, HistoryView
-from tui._pool_client import PoolClient, PoolError
 from tui._screens import CANCELLED, ConfirmScreen, HelpScreen, PromptScreen
 from tui._sources import Clock, FleetSnapshot, FleetSource, GpuKey, Pool, ServerState, utc_now
 from tui._table import SyncTable
@@ -277,7 +278,7 @@ class ConsoleApp(App):
             table.reverse_sort()
 
     # Operator actions ----------------------------------------------------------------------------
-    def _admin_client(self, server: str) -> PoolClient | None:
+    def _admin_client(self, server: str) -> ServerClient | None:
         client = self.pool.client(server) if self.pool and server else None
         if client is None or not client.token:
             self.notify(
@@ -380,10 +381,10 @@ class ConsoleApp(App):
         self.push_screen(PromptScreen(question, parse_idle_timeout), answered)
 
     @work(thread=True, group="actions")
-    def pool_action(self, server: str, what: str, call: Callable[[PoolClient], Any]) -> None:
+    def pool_action(self, server: str, what: str, call: Callable[[ServerClient], Any]) -> None:
         try:
             call(self.pool.client(server))
-        except PoolError as exc:
+        except PoolClientError as exc:
             self.post_message(self.ActionDone(what, str(exc)))
         else:
             self.post_message(self.ActionDone(what, None))
@@ -464,7 +465,7 @@ def parse_idle_timeout(text: str) -> float | None:
         return None
     if t == "never":
         return 0.0
-    return fmt.parse_duration(t)
+    return parse_duration(t)
 
 
 def _shown_value(field: str, value: float | None) -> str:

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tui._format import parse_duration
+from collector.durations import parse_duration
 
 TOKEN_ENV = "GPUPOOL_ADMIN_TOKEN"
 RANGE_CHOICES = ("1h", "6h", "24h", "7d", "30d", "all")
@@ -177,20 +177,20 @@ def parse_options(argv: list[str] | None = None, env: dict[str, str] | None = No
             "give --telemetry or --prometheus for the Fleet view, not both",
             "telemetry directories also give History; Prometheus only the live Fleet",
         )
-    from tui._pool_client import normalize_url
+    from server.client import PoolClientError, normalize_url
 
     servers = []
     for url in args.server:
         try:
             servers.append(normalize_url(url))
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+        except PoolClientError as exc:
+            raise UsageError(exc.title, exc.hint) from None
     prometheus = []
     for url in args.prometheus:
         try:
-            prometheus.append(normalize_url(url))
-        except ValueError as exc:
-            raise UsageError(str(exc).replace("server URL", "Prometheus URL")) from None
+            prometheus.append(normalize_url(url, default_port=None))
+        except PoolClientError as exc:
+            raise UsageError(exc.title.replace("server URL", "Prometheus URL"), exc.hint) from None
     ca_cert = args.ca_cert.expanduser() if args.ca_cert else None
     if ca_cert is not None and not ca_cert.is_file():
         raise UsageError(
@@ -219,8 +219,8 @@ def parse_options(argv: list[str] | None = None, env: dict[str, str] | None = No
 
 def build_app(options: ConsoleOptions):
     """The console for these options (imports Textual and analytics)."""
+    from server.client import ServerClient, ServerClientOptions
     from tui._history import HistorySource
-    from tui._pool_client import PoolClient, PoolClientOptions
     from tui._sources import Pool, SeriesOptions, TelemetryFleet
     from tui.app import ConsoleApp
 
@@ -242,8 +242,8 @@ def build_app(options: ConsoleOptions):
     if options.servers:
         ca = str(options.ca_cert) if options.ca_cert else None
         try:
-            client_options = PoolClientOptions(timeout_s=options.request_timeout_s, ca_cert=ca)
-            clients = [PoolClient(url, options.admin_token, client_options) for url in options.servers]
+            client_options = ServerClientOptions(timeout_s=options.request_timeout_s, ca_cert=ca)
+            clients = [ServerClient(url, options.admin_token, client_options) for url in options.servers]
         except (OSError, ValueError) as exc:  # ssl: a CA file that is not PEM
             raise UsageError(f"cannot use the CA certificate {ca}: {exc}", "give a PEM file") from None
         pool = Pool(clients)

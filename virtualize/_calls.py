@@ -21,7 +21,7 @@ import struct
 from dataclasses import dataclass
 from functools import cached_property
 
-HANDLE_TYPES = ("ctx", "stream", "event", "module", "func", "kernel", "library", "pool")
+HANDLE_TYPES = ("ctx", "stream", "event", "module", "func", "kernel", "library", "pool", "graph", "graphexec")
 SCALAR_TYPES = {"i32": "i", "u32": "I", "u64": "Q", "u8": "B", "u16": "H", "f32": "f", "dptr": "Q"}
 SCALAR_TYPES.update(dict.fromkeys(HANDLE_TYPES, "Q"))
 
@@ -29,7 +29,8 @@ SCALAR_TYPES.update(dict.fromkeys(HANDLE_TYPES, "Q"))
 class Mode(enum.Enum):
     REPLY = "reply"  # the shim waits for the worker's answer
     ASYNC = "async"  # sent without waiting; an error surfaces at the next synchronising call
-    LOCAL = "local"  # served inside the client (host memory, context stack, error strings)
+    LOCAL = "local"  # served inside the client (host memory, context stack, error strings), or by
+    # sending other calls of the table (cuMemcpy: HtoD/DtoH/DtoD; cuLaunchKernel: cuLaunchKernelEx)
 
 
 @dataclass(frozen=True)
@@ -160,9 +161,12 @@ CALLS: tuple[Call, ...] = (
     _c("cuDeviceGetDefaultMemPool", 11020, "o_pool pool, i32 dev"),
     # -- contexts: primary contexts on the worker, the per-thread current context in the client -------
     _c("cuDevicePrimaryCtxRetain", 7000, "o_ctx ctx, i32 dev", custom=True),
+    _c("cuDevicePrimaryCtxRelease", 7000, "i32 dev"),
     _c("cuDevicePrimaryCtxRelease", 11000, "i32 dev", symbol="cuDevicePrimaryCtxRelease_v2"),
     _c("cuDevicePrimaryCtxGetState", 7000, "i32 dev, o_u32 flags, o_i32 active"),
+    _c("cuDevicePrimaryCtxSetFlags", 7000, "i32 dev, u32 flags"),
     _c("cuDevicePrimaryCtxSetFlags", 11000, "i32 dev, u32 flags", symbol="cuDevicePrimaryCtxSetFlags_v2"),
+    _c("cuDevicePrimaryCtxReset", 7000, "i32 dev"),
     _c("cuDevicePrimaryCtxReset", 11000, "i32 dev", symbol="cuDevicePrimaryCtxReset_v2"),
     _c("cuCtxGetCurrent", 4000, "o_ctx ctx", L, custom=True),
     _c("cuCtxSetCurrent", 4000, "ctx ctx", L, custom=True),
@@ -198,6 +202,8 @@ CALLS: tuple[Call, ...] = (
     _c("cuMemHostRegister", 6050, "ptr p, u64 bytesize, u32 flags", L, symbol="cuMemHostRegister_v2", custom=True),
     _c("cuMemHostUnregister", 4000, "ptr p", L, custom=True),
     _c("cuMemHostGetFlags", 2030, "o_u32 flags, ptr p", L, custom=True),
+    _c("cuMemHostGetDevicePointer", 3020, "o_u64 pdptr, ptr p, u32 flags", L,
+       symbol="cuMemHostGetDevicePointer_v2", custom=True),
     # -- copies: bytes to the device travel in the request, bytes from it in the reply ----------------
     _c("cuMemcpyHtoD", 3020, "dptr dst, ptr src, u64 count", A, symbol="cuMemcpyHtoD_v2", custom=True,
        wire="dptr dst, u64 count, stream stream, bytes data"),
@@ -211,8 +217,8 @@ CALLS: tuple[Call, ...] = (
     _c("cuMemcpyDtoD", 3020, "dptr dst, dptr src, u64 count", A, symbol="cuMemcpyDtoD_v2"),
     _c("cuMemcpyDtoDAsync", 3020, "dptr dst, dptr src, u64 count, stream stream", A,
        symbol="cuMemcpyDtoDAsync_v2"),
-    _c("cuMemcpy", 4000, "u64 dst, u64 src, u64 count", custom=True),
-    _c("cuMemcpyAsync", 4000, "u64 dst, u64 src, u64 count, stream stream", custom=True),
+    _c("cuMemcpy", 4000, "u64 dst, u64 src, u64 count", L, custom=True),  # sent as HtoD, DtoH or DtoD
+    _c("cuMemcpyAsync", 4000, "u64 dst, u64 src, u64 count, stream stream", L, custom=True),
     _c("cuMemcpyPeer", 4000, "dptr dst, ctx dst_ctx, dptr src, ctx src_ctx, u64 count", A),
     _c("cuMemcpyPeerAsync", 4000, "dptr dst, ctx dst_ctx, dptr src, ctx src_ctx, u64 count, stream stream", A),
     # -- memsets -------------------------------------------------------------------------------------
@@ -225,7 +231,7 @@ CALLS: tuple[Call, ...] = (
     # -- pointer attributes: host pointers answered locally, device pointers by the worker ------------
     _c("cuPointerGetAttribute", 4000, "ptr data, i32 attr, u64 ptr", custom=True,
        wire="i32 attr, dptr ptr, o_u64 value"),
-    _c("cuPointerGetAttributes", 7000, "u32 count, ptr attrs, ptr data, u64 ptr", custom=True),
+    _c("cuPointerGetAttributes", 7000, "u32 count, ptr attrs, ptr data, u64 ptr", L, custom=True),  # one by one
     # -- modules and libraries: the image travels once, functions and globals are handles ------------
     _c("cuModuleLoadData", 2000, "o_module module, ptr image", custom=True, wire="o_module module, bytes image"),
     _c("cuModuleLoadDataEx", 2010, "o_module module, ptr image, u32 n, ptr options, ptr values", custom=True,
@@ -233,6 +239,8 @@ CALLS: tuple[Call, ...] = (
     _c("cuModuleLoadFatBinary", 2000, "o_module module, ptr image", custom=True,
        wire="o_module module, bytes image"),
     _c("cuModuleUnload", 2000, "module module", custom=True),
+    _c("cuModuleGetLoadingMode", 11070, "o_i32 mode"),
+    _c("cuModuleLoad", 2000, "o_module module, cstr fname", L, custom=True),  # read here, sent as LoadData
     _c("cuModuleGetFunction", 2000, "o_func func, module module, cstr name"),
     _c("cuModuleGetGlobal", 3020, "o_dptr? dptr, o_u64? bytes, module module, cstr name",
        symbol="cuModuleGetGlobal_v2", custom=True),
@@ -258,13 +266,18 @@ CALLS: tuple[Call, ...] = (
        "o_i32 num_blocks, func func, i32 block_size, u64 dynamic_smem, u32 flags"),
     _c("cuOccupancyMaxPotentialBlockSize", 6050,
        "o_i32 min_grid_size, o_i32 block_size, func func, u64 smem_callback, u64 dynamic_smem, i32 block_size_limit"),
+    _c("cuOccupancyMaxActiveClusters", 11070, "o_i32 count, func func, ptr config", custom=True,
+       wire="func f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, stream stream, u32 n_attrs, "
+            "o_i32 count, bytes attrs"),
+    _c("cuOccupancyMaxPotentialClusterSize", 11070, "o_i32 size, func func, ptr config", custom=True,
+       wire="func f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, stream stream, u32 n_attrs, "
+            "o_i32 size, bytes attrs"),
     _c("cuOccupancyAvailableDynamicSMemPerBlock", 10020,
        "o_u64 dynamic_smem, func func, i32 num_blocks, i32 block_size"),
     # -- launches: parameters packed at the offsets the worker reported once per function -------------
     _c("cuLaunchKernel", 4000,
        "func f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, stream stream, ptr params, ptr extra",
-       A, custom=True,
-       wire="func f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, stream stream, bytes params"),
+       L, custom=True),  # sent as cuLaunchKernelEx
     _c("cuLaunchKernelEx", 11060, "ptr config, func f, ptr params, ptr extra", A, custom=True,
        wire="func f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, stream stream, u32 n_attrs, "
             "bytes params"),
@@ -282,6 +295,24 @@ CALLS: tuple[Call, ...] = (
     _c("cuStreamGetCtx", 12050, "stream stream, o_ctx? ctx, o_u64? green_ctx", symbol="cuStreamGetCtx_v2"),
     _c("cuStreamGetId", 12000, "stream stream, o_u64 id"),
     _c("cuStreamGetDevice", 12080, "stream stream, o_i32 device"),
+    # -- stream capture and graphs: capture happens on the worker, a graph travels as a handle --------
+    _c("cuStreamBeginCapture", 10010, "stream stream, i32 mode", symbol="cuStreamBeginCapture_v2"),
+    _c("cuStreamEndCapture", 10000, "stream stream, o_graph graph"),
+    _c("cuStreamGetCaptureInfo", 11030,
+       "stream stream, ptr status, ptr id, ptr graph, ptr deps, ptr num_deps",
+       symbol="cuStreamGetCaptureInfo_v2", custom=True,
+       wire="stream stream, o_i32 status, o_u64 id, o_graph graph, o_u64 num_deps"),
+    _c("cuStreamGetCaptureInfo", 12030,
+       "stream stream, ptr status, ptr id, ptr graph, ptr deps, ptr edges, ptr num_deps",
+       symbol="cuStreamGetCaptureInfo_v3", custom=True,
+       wire="stream stream, o_i32 status, o_u64 id, o_graph graph, o_u64 num_deps"),
+    _c("cuThreadExchangeStreamCaptureMode", 10010, "ptr mode", custom=True, wire="i32 mode, o_i32 previous"),
+    _c("cuGraphGetNodes", 10000, "graph graph, ptr nodes, ptr count", custom=True, wire="graph graph, o_u64 count"),
+    _c("cuGraphInstantiateWithFlags", 11040, "o_graphexec graph_exec, graph graph, u64 flags"),
+    _c("cuGraphLaunch", 10000, "graphexec graph_exec, stream stream", A),
+    _c("cuGraphUpload", 11010, "graphexec graph_exec, stream stream", A),
+    _c("cuGraphExecDestroy", 10000, "graphexec graph_exec", A),
+    _c("cuGraphDestroy", 10000, "graph graph", A),
     _c("cuEventCreate", 2000, "o_event event, u32 flags"),
     _c("cuEventRecord", 2000, "event event, stream stream", A),
     _c("cuEventRecordWithFlags", 11010, "event event, stream stream, u32 flags", A),
@@ -290,87 +321,25 @@ CALLS: tuple[Call, ...] = (
     _c("cuEventDestroy", 4000, "event event", A, symbol="cuEventDestroy_v2"),
     _c("cuEventElapsedTime", 2000, "o_f32 ms, event start, event end"),
     _c("cuEventElapsedTime", 12080, "o_f32 ms, event start, event end", symbol="cuEventElapsedTime_v2"),
+    # -- driver log callbacks: the driver's messages stay on the worker; a callback is kept, never called
+    _c("cuLogsRegisterCallback", 12080, "ptr callback, ptr user_data, o_u64 handle", L, custom=True),
+    _c("cuLogsUnregisterCallback", 12080, "u64 handle", L, custom=True),
     # -- error strings, answered in the client --------------------------------------------------------
     _c("cuGetErrorName", 6000, "i32 error, ptr str", L, custom=True),
     _c("cuGetErrorString", 6000, "i32 error, ptr str", L, custom=True),
-    # NVRTC and the CUDA runtime probe the driver's private tables; there are none to give.
+    # The driver's private tables, asked for by the CUDA runtime: answered from virtualize/_exports.py.
     _c("cuGetExportTable", 3000, "ptr table, ptr uuid", L, custom=True),
 )
 # fmt: on
 
+# Names cuGetProcAddress resolves to another call from an ABI version on: (name, since, symbol).
+ALIASES: tuple[tuple[str, int, str], ...] = (
+    ("cuGraphInstantiate", 12000, "cuGraphInstantiateWithFlags"),  # CUDA 12 gave it WithFlags' signature
+)
+
 CALL_IDS: dict[Call, int] = {call: index for index, call in enumerate(CALLS)}
 BY_SYMBOL: dict[str, Call] = {call.symbol: call for call in CALLS if call.symbol != "-"}
 INTERNAL: dict[str, Call] = {call.name: call for call in CALLS if call.symbol == "-"}
-
-# CUresult values the shim and the worker name (cuda.h's numbering).
-RESULTS: dict[str, int] = {
-    "CUDA_SUCCESS": 0,
-    "CUDA_ERROR_INVALID_VALUE": 1,
-    "CUDA_ERROR_OUT_OF_MEMORY": 2,
-    "CUDA_ERROR_NOT_INITIALIZED": 3,
-    "CUDA_ERROR_DEINITIALIZED": 4,
-    "CUDA_ERROR_STUB_LIBRARY": 34,
-    "CUDA_ERROR_DEVICE_UNAVAILABLE": 46,
-    "CUDA_ERROR_NO_DEVICE": 100,
-    "CUDA_ERROR_INVALID_DEVICE": 101,
-    "CUDA_ERROR_INVALID_IMAGE": 200,
-    "CUDA_ERROR_INVALID_CONTEXT": 201,
-    "CUDA_ERROR_NO_BINARY_FOR_GPU": 209,
-    "CUDA_ERROR_INVALID_PTX": 218,
-    "CUDA_ERROR_INVALID_SOURCE": 300,
-    "CUDA_ERROR_FILE_NOT_FOUND": 301,
-    "CUDA_ERROR_INVALID_HANDLE": 400,
-    "CUDA_ERROR_NOT_FOUND": 500,
-    "CUDA_ERROR_NOT_READY": 600,
-    "CUDA_ERROR_ILLEGAL_ADDRESS": 700,
-    "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES": 701,
-    "CUDA_ERROR_LAUNCH_TIMEOUT": 702,
-    "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED": 712,
-    "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED": 713,
-    "CUDA_ERROR_ILLEGAL_INSTRUCTION": 715,
-    "CUDA_ERROR_MISALIGNED_ADDRESS": 716,
-    "CUDA_ERROR_INVALID_ADDRESS_SPACE": 717,
-    "CUDA_ERROR_INVALID_PC": 718,
-    "CUDA_ERROR_LAUNCH_FAILED": 719,
-    "CUDA_ERROR_NOT_PERMITTED": 800,
-    "CUDA_ERROR_NOT_SUPPORTED": 801,
-    "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED": 900,
-    "CUDA_ERROR_UNKNOWN": 999,
-}
-RESULT_TEXT: dict[int, str] = {
-    0: "no error",
-    1: "invalid argument",
-    2: "out of memory",
-    3: "initialization error",
-    4: "driver shutting down",
-    34: "CUDA driver is a stub library",
-    46: "CUDA-capable device(s) is/are busy or unavailable",
-    100: "no CUDA-capable device is detected",
-    101: "invalid device ordinal",
-    200: "device kernel image is invalid",
-    201: "invalid device context",
-    209: "no kernel image is available for execution on the device",
-    218: "a PTX JIT compilation failed",
-    300: "device kernel image is invalid",
-    301: "file not found",
-    400: "invalid resource handle",
-    500: "named symbol not found",
-    600: "device not ready",
-    700: "an illegal memory access was encountered",
-    701: "too many resources requested for launch",
-    702: "the launch timed out and was terminated",
-    712: "part or all of the requested memory range is already mapped",
-    713: "pointer does not correspond to a registered memory region",
-    715: "an illegal instruction was encountered",
-    716: "misaligned address",
-    717: "operation not supported on global/shared address space",
-    718: "invalid program counter",
-    719: "unspecified launch failure",
-    800: "operation not permitted",
-    801: "operation not supported",
-    900: "operation not permitted when stream is capturing",
-    999: "unknown error",
-}
 
 # Bytes behind each CUpointer_attribute (cuda.h), for cuPointerGetAttribute(s).
 POINTER_ATTRIBUTE_SIZES: dict[int, int] = {

@@ -11,20 +11,23 @@ from pathlib import Path
 
 from virtualize import _wire
 from virtualize._calls import (
+    ALIASES,
     CALL_IDS,
     CALLS,
     POINTER_ATTRIBUTE_SIZES,
     POOL_INT_ATTRIBUTES,
-    RESULT_TEXT,
-    RESULTS,
     Call,
     Mode,
     Param,
 )
+from virtualize._exports import TABLES
+from virtualize._results import RESULT_TEXT, RESULTS
 
 SHIM_DIR = Path(__file__).parent / "shim"
 TYPES_OUTPUT = SHIM_DIR / "calls_gen_types.h"  # ids, wire structs, prototypes (every C file)
 BODIES_OUTPUT = SHIM_DIR / "calls_gen.h"  # plain call bodies and lookup tables (shim_calls.c only)
+EXPORTS_OUTPUT = SHIM_DIR / "exports_gen.h"  # the private export tables (shim_exports.c only)
+DRIVER_SYMBOLS = SHIM_DIR / "driver_symbols.txt"  # every name the real libcuda.so.1 exports
 
 C_TYPES = {"i32": "int32_t", "u32": "uint32_t", "u64": "uint64_t", "u8": "uint8_t", "u16": "uint16_t"}
 C_TYPES.update({"f32": "float", "dptr": "uint64_t"})
@@ -134,13 +137,16 @@ def generate_types() -> str:
     out.append("")
     for call in CALLS:
         out.append(f"#define GP_CALL_{key(call)} {CALL_IDS[call]}")
+    out.append(f"#define GP_N_CALLS {len(CALLS)}u")
+    names = ", ".join(f'"{key(call)}"' for call in CALLS)
+    out.append(f"static const char *const gp_call_names[GP_N_CALLS] __attribute__((unused)) = {{{names}}};")
     out.append("")
     for call in CALLS:
         out.extend(wire_structs(call))
     out.append("")
-    out.append("/* Hand-written in shim_calls.c. */")
+    out.append("/* Every exported call (custom ones are hand-written in shim_calls.c). */")
     for call in CALLS:
-        if call.custom:
+        if call.symbol != "-":
             out.append(f"GP_EXPORT {prototype(call)};")
     return "\n".join(out) + "\n"
 
@@ -152,11 +158,30 @@ def generate_bodies() -> str:
             out.extend(body(call))
             out.append("")
     out.append(
+        "/* Per-thread default-stream variants (_ptsz, _ptds) of forwarded calls: the worker runs each"
+    )
+    out.append(" * connection's calls in order, so they behave as the calls themselves (docs/remote.md). */")
+    by_symbol = {c.symbol: c for c in CALLS if c.symbol != "-"}
+    for name, base in per_thread_variants():
+        call = by_symbol[base]
+        args = ", ".join(p.name for p in call.params)
+        out.append(
+            f"GP_EXPORT {prototype(call).replace(base + '(', name + '(', 1)} {{ return {base}({args}); }}"
+        )
+    out.append("")
+    out.append("/* Every other name the real driver exports: found by dlsym, refused when called. */")
+    variants = {name for name, _ in per_thread_variants()}
+    for name in unforwarded_symbols():
+        if name not in variants:
+            out.append(f'GP_EXPORT CUresult {name}(void) {{ return gp_unforwarded("{name}"); }}')
+    out.append("")
+    out.append(
         "/* What cuGetProcAddress hands out: (name, ABI version) -> function, sorted by name then version. */"
     )
     out.append("static const struct gp_proc gp_procs[] = {")
-    for call in sorted((c for c in CALLS if c.symbol != "-"), key=lambda c: (c.name, c.since)):
-        out.append(f'    {{"{call.name}", {call.since}, (void *){call.symbol}}},')
+    procs = [(c.name, c.since, c.symbol) for c in CALLS if c.symbol != "-"] + list(ALIASES)
+    for name, since, symbol in sorted(procs):
+        out.append(f'    {{"{name}", {since}, (void *){symbol}}},')
     out.append("};")
     out.append("")
     out.append("static const struct gp_result_text gp_result_texts[] = {")
@@ -172,8 +197,62 @@ def generate_bodies() -> str:
     return "\n".join(out) + "\n"
 
 
+def per_thread_variants() -> list[tuple[str, str]]:
+    """(variant, forwarded symbol) for each _ptsz / _ptds name the driver exports."""
+    exported = {call.symbol for call in CALLS}
+    pairs = []
+    for name in unforwarded_symbols():
+        base = name.removesuffix("_ptsz").removesuffix("_ptds")
+        if base != name and base in exported:
+            pairs.append((name, base))
+    return pairs
+
+
+def unforwarded_symbols() -> list[str]:
+    exported = {call.symbol for call in CALLS} | {"cuGetProcAddress", "cuGetProcAddress_v2"}
+    names = (line.strip() for line in DRIVER_SYMBOLS.read_text().splitlines())
+    return sorted({n for n in names if n and not n.startswith("#") and n not in exported})
+
+
+def generate_exports() -> str:
+    """Each export table as an array of words: its size (when it has one), the hand-written functions
+    of shim_exports.c in the slots the table lists, and in every other slot a function that says which
+    table and slot the caller wanted and returns CUDA_ERROR_NOT_SUPPORTED."""
+    out = [HEADER, "#pragma once", ""]
+    for t, table in enumerate(TABLES):
+        listed = {slot.index for slot in table.slots}
+        first = 1 if table.sized else 0
+        for index in range(first, table.words):
+            if index not in listed:
+                out.append(
+                    f"static CUresult gp_x_refuse_{t}_{index}(uint64_t a, uint64_t b, uint64_t c, uint64_t d) "
+                    f"{{ return gp_export_refused({t}, {index}, a, b, c, d); }}"
+                )
+    out.append("")
+    for t, table in enumerate(TABLES):
+        by_index = {slot.index: slot.function for slot in table.slots}
+        words = [f"(void *)({table.words} * sizeof(void *))"] if table.sized else []
+        for index in range(1 if table.sized else 0, table.words):
+            words.append(f"(void *){by_index.get(index, f'gp_x_refuse_{t}_{index}') or 'NULL'}")
+        out.append(f"/* {table.name} {{{table.uuid}}} */")
+        out.append(f"static void *const gp_export_{table.name}[{table.words}] = {{")
+        out.extend(f"    {word}," for word in words)
+        out.append("};")
+    out.append("")
+    out.append("static const struct gp_export_table gp_export_tables[] = {")
+    for table in TABLES:
+        key = ", ".join(f"0x{b:02x}" for b in table.key)
+        out.append(f'    {{"{table.name}", {{{key}}}, gp_export_{table.name}}},')
+    out.append("};")
+    return "\n".join(out) + "\n"
+
+
 def generated() -> dict[Path, str]:
-    return {TYPES_OUTPUT: generate_types(), BODIES_OUTPUT: generate_bodies()}
+    return {
+        TYPES_OUTPUT: generate_types(),
+        BODIES_OUTPUT: generate_bodies(),
+        EXPORTS_OUTPUT: generate_exports(),
+    }
 
 
 def main() -> int:

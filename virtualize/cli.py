@@ -158,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         a for a in parser._subparsers._group_actions[0]._choices_actions if a.dest != "_keep"
     ]
     args = parser.parse_args(argv)
-    from virtualize.client import PoolClientError
-    from virtualize.config import ConfigError
+    from server.client import PoolClientError
+    from server.client_config import ConfigError
 
     handler = {
         "list-gpus": cmd_list_gpus,
@@ -186,8 +186,8 @@ def _fail(title: str, hint: str = "", code: int = 1) -> int:
 
 
 def _client(args):
-    from virtualize.client import PoolClient
-    from virtualize.config import load
+    from server.client import PoolClient
+    from server.client_config import load
 
     return PoolClient(load(args.config, args.server, args.token, getattr(args, "cluster", None)))
 
@@ -380,7 +380,7 @@ def _secs(value) -> str:
 
 # --- leases ----------------------------------------------------------------------------------------------
 def _request_from(args, *, local: bool, remote: bool, pids=(), label=None):
-    from virtualize.client import Request
+    from server.client import Request
 
     if args.num_gpus is None:
         raise _usage("give -n N (and -p P or -m MIB), or --lease LEASE")
@@ -398,13 +398,13 @@ def _request_from(args, *, local: bool, remote: bool, pids=(), label=None):
 
 
 def _usage(title: str):
-    from virtualize.client import PoolClientError
+    from server.client import PoolClientError
 
     return PoolClientError(title, "see gpuattach run --help")
 
 
 def _timeout(args, client) -> float:
-    from virtualize.config import parse_duration
+    from server.client_config import parse_duration
 
     return parse_duration(args.timeout, "--timeout") if args.timeout else client.cfg.timeout_s
 
@@ -459,8 +459,8 @@ def _start_keeper(client, server, lease) -> None:
 
 
 def cmd_keep(args) -> int:
-    from virtualize.client import ApiError, PoolClient, PoolClientError
-    from virtualize.config import ClientConfig, ServerRef
+    from server.client import ApiError, PoolClient, PoolClientError
+    from server.client_config import ClientConfig, ServerRef
 
     server = ServerRef(args.lease_server, os.environ.get("GPUPOOL_TOKEN"))
     client = PoolClient(
@@ -578,7 +578,7 @@ def cmd_run(args) -> int:
 
 
 def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
-    from virtualize.client import Heartbeater
+    from server.client import Heartbeater
 
     lease = run.lease
     env = dict(os.environ)

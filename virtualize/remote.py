@@ -38,6 +38,7 @@ def shim_library_path() -> Path:
 
 
 SHIM_SOURCES = Path(__file__).parent / "shim"
+SHIM_C_SOURCES = ("shim.c", "shim_calls.c", "shim_exports.c")  # setup.py lists the same
 COMPILE_FLAGS = [
     "-O2",
     "-shared",
@@ -56,7 +57,7 @@ def compile_shim(dest_dir: Path, *, compiler: str | None = None, extra_flags: tu
         raise ShimNotBuilt()
     dest_dir.mkdir(parents=True, exist_ok=True)
     out = dest_dir / "libcuda.so.1"
-    sources = [str(SHIM_SOURCES / "shim.c"), str(SHIM_SOURCES / "shim_calls.c")]
+    sources = [str(SHIM_SOURCES / name) for name in SHIM_C_SOURCES]
     subprocess.run([cc, *COMPILE_FLAGS, *extra_flags, "-o", str(out), *sources], check=True, timeout=300)
     link = dest_dir / "libcuda.so"
     if not link.is_symlink():

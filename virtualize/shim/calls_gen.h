@@ -148,6 +148,13 @@ GP_EXPORT CUresult cuDeviceGetDefaultMemPool(uint64_t *pool, int32_t dev) {
     return r;
 }
 
+GP_EXPORT CUresult cuDevicePrimaryCtxRelease(int32_t dev) {
+    GP_TRACE("cuDevicePrimaryCtxRelease");
+    struct gp_in_cuDevicePrimaryCtxRelease in = { .dev = dev };
+    CUresult r = gp_call(GP_CALL_cuDevicePrimaryCtxRelease, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
 GP_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(int32_t dev) {
     GP_TRACE("cuDevicePrimaryCtxRelease_v2");
     struct gp_in_cuDevicePrimaryCtxRelease_v2 in = { .dev = dev };
@@ -169,10 +176,24 @@ GP_EXPORT CUresult cuDevicePrimaryCtxGetState(int32_t dev, uint32_t *flags, int3
     return r;
 }
 
+GP_EXPORT CUresult cuDevicePrimaryCtxSetFlags(int32_t dev, uint32_t flags) {
+    GP_TRACE("cuDevicePrimaryCtxSetFlags");
+    struct gp_in_cuDevicePrimaryCtxSetFlags in = { .dev = dev, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuDevicePrimaryCtxSetFlags, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
 GP_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(int32_t dev, uint32_t flags) {
     GP_TRACE("cuDevicePrimaryCtxSetFlags_v2");
     struct gp_in_cuDevicePrimaryCtxSetFlags_v2 in = { .dev = dev, .flags = flags };
     CUresult r = gp_call(GP_CALL_cuDevicePrimaryCtxSetFlags_v2, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuDevicePrimaryCtxReset(int32_t dev) {
+    GP_TRACE("cuDevicePrimaryCtxReset");
+    struct gp_in_cuDevicePrimaryCtxReset in = { .dev = dev };
+    CUresult r = gp_call(GP_CALL_cuDevicePrimaryCtxReset, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;
 }
 
@@ -360,6 +381,17 @@ GP_EXPORT CUresult cuMemsetD32Async(uint64_t dst, uint32_t value, uint64_t count
     GP_TRACE("cuMemsetD32Async");
     struct gp_in_cuMemsetD32Async in = { .dst = dst, .value = value, .count = count, .stream = stream };
     CUresult r = gp_call(GP_CALL_cuMemsetD32Async, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuModuleGetLoadingMode(int32_t *mode) {
+    GP_TRACE("cuModuleGetLoadingMode");
+    if (!mode) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_out_cuModuleGetLoadingMode out;
+    CUresult r = gp_call(GP_CALL_cuModuleGetLoadingMode, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *mode = (int32_t)out.mode;
+    }
     return r;
 }
 
@@ -680,6 +712,65 @@ GP_EXPORT CUresult cuStreamGetDevice(uint64_t stream, int32_t *device) {
     return r;
 }
 
+GP_EXPORT CUresult cuStreamBeginCapture_v2(uint64_t stream, int32_t mode) {
+    GP_TRACE("cuStreamBeginCapture_v2");
+    struct gp_in_cuStreamBeginCapture_v2 in = { .stream = stream, .mode = mode };
+    CUresult r = gp_call(GP_CALL_cuStreamBeginCapture_v2, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuStreamEndCapture(uint64_t stream, uint64_t *graph) {
+    GP_TRACE("cuStreamEndCapture");
+    if (!graph) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuStreamEndCapture in = { .stream = stream };
+    struct gp_out_cuStreamEndCapture out;
+    CUresult r = gp_call(GP_CALL_cuStreamEndCapture, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *graph = (uint64_t)out.graph;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphInstantiateWithFlags(uint64_t *graph_exec, uint64_t graph, uint64_t flags) {
+    GP_TRACE("cuGraphInstantiateWithFlags");
+    if (!graph_exec) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphInstantiateWithFlags in = { .graph = graph, .flags = flags };
+    struct gp_out_cuGraphInstantiateWithFlags out;
+    CUresult r = gp_call(GP_CALL_cuGraphInstantiateWithFlags, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *graph_exec = (uint64_t)out.graph_exec;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphLaunch(uint64_t graph_exec, uint64_t stream) {
+    GP_TRACE("cuGraphLaunch");
+    struct gp_in_cuGraphLaunch in = { .graph_exec = graph_exec, .stream = stream };
+    CUresult r = gp_call(GP_CALL_cuGraphLaunch, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphUpload(uint64_t graph_exec, uint64_t stream) {
+    GP_TRACE("cuGraphUpload");
+    struct gp_in_cuGraphUpload in = { .graph_exec = graph_exec, .stream = stream };
+    CUresult r = gp_call(GP_CALL_cuGraphUpload, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphExecDestroy(uint64_t graph_exec) {
+    GP_TRACE("cuGraphExecDestroy");
+    struct gp_in_cuGraphExecDestroy in = { .graph_exec = graph_exec };
+    CUresult r = gp_call(GP_CALL_cuGraphExecDestroy, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphDestroy(uint64_t graph) {
+    GP_TRACE("cuGraphDestroy");
+    struct gp_in_cuGraphDestroy in = { .graph = graph };
+    CUresult r = gp_call(GP_CALL_cuGraphDestroy, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
 GP_EXPORT CUresult cuEventCreate(uint64_t *event, uint32_t flags) {
     GP_TRACE("cuEventCreate");
     if (!event) return CUDA_ERROR_INVALID_VALUE;
@@ -751,6 +842,553 @@ GP_EXPORT CUresult cuEventElapsedTime_v2(float *ms, uint64_t start, uint64_t end
     return r;
 }
 
+/* Per-thread default-stream variants (_ptsz, _ptds) of forwarded calls: the worker runs each
+ * connection's calls in order, so they behave as the calls themselves (docs/remote.md). */
+GP_EXPORT CUresult cuEventRecordWithFlags_ptsz(uint64_t event, uint64_t stream, uint32_t flags) { return cuEventRecordWithFlags(event, stream, flags); }
+GP_EXPORT CUresult cuEventRecord_ptsz(uint64_t event, uint64_t stream) { return cuEventRecord(event, stream); }
+GP_EXPORT CUresult cuGraphLaunch_ptsz(uint64_t graph_exec, uint64_t stream) { return cuGraphLaunch(graph_exec, stream); }
+GP_EXPORT CUresult cuGraphUpload_ptsz(uint64_t graph_exec, uint64_t stream) { return cuGraphUpload(graph_exec, stream); }
+GP_EXPORT CUresult cuLaunchKernelEx_ptsz(void *config, uint64_t f, void *params, void *extra) { return cuLaunchKernelEx(config, f, params, extra); }
+GP_EXPORT CUresult cuLaunchKernel_ptsz(uint64_t f, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t bx, uint32_t by, uint32_t bz, uint32_t smem, uint64_t stream, void *params, void *extra) { return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra); }
+GP_EXPORT CUresult cuMemAllocAsync_ptsz(uint64_t *dptr, uint64_t bytesize, uint64_t stream) { return cuMemAllocAsync(dptr, bytesize, stream); }
+GP_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(uint64_t *dptr, uint64_t bytesize, uint64_t pool, uint64_t stream) { return cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream); }
+GP_EXPORT CUresult cuMemFreeAsync_ptsz(uint64_t dptr, uint64_t stream) { return cuMemFreeAsync(dptr, stream); }
+GP_EXPORT CUresult cuMemcpyAsync_ptsz(uint64_t dst, uint64_t src, uint64_t count, uint64_t stream) { return cuMemcpyAsync(dst, src, count, stream); }
+GP_EXPORT CUresult cuMemcpyDtoDAsync_v2_ptsz(uint64_t dst, uint64_t src, uint64_t count, uint64_t stream) { return cuMemcpyDtoDAsync_v2(dst, src, count, stream); }
+GP_EXPORT CUresult cuMemcpyDtoD_v2_ptds(uint64_t dst, uint64_t src, uint64_t count) { return cuMemcpyDtoD_v2(dst, src, count); }
+GP_EXPORT CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, uint64_t src, uint64_t count, uint64_t stream) { return cuMemcpyDtoHAsync_v2(dst, src, count, stream); }
+GP_EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dst, uint64_t src, uint64_t count) { return cuMemcpyDtoH_v2(dst, src, count); }
+GP_EXPORT CUresult cuMemcpyHtoDAsync_v2_ptsz(uint64_t dst, void *src, uint64_t count, uint64_t stream) { return cuMemcpyHtoDAsync_v2(dst, src, count, stream); }
+GP_EXPORT CUresult cuMemcpyHtoD_v2_ptds(uint64_t dst, void *src, uint64_t count) { return cuMemcpyHtoD_v2(dst, src, count); }
+GP_EXPORT CUresult cuMemcpyPeerAsync_ptsz(uint64_t dst, uint64_t dst_ctx, uint64_t src, uint64_t src_ctx, uint64_t count, uint64_t stream) { return cuMemcpyPeerAsync(dst, dst_ctx, src, src_ctx, count, stream); }
+GP_EXPORT CUresult cuMemcpyPeer_ptds(uint64_t dst, uint64_t dst_ctx, uint64_t src, uint64_t src_ctx, uint64_t count) { return cuMemcpyPeer(dst, dst_ctx, src, src_ctx, count); }
+GP_EXPORT CUresult cuMemcpy_ptds(uint64_t dst, uint64_t src, uint64_t count) { return cuMemcpy(dst, src, count); }
+GP_EXPORT CUresult cuMemsetD16Async_ptsz(uint64_t dst, uint16_t value, uint64_t count, uint64_t stream) { return cuMemsetD16Async(dst, value, count, stream); }
+GP_EXPORT CUresult cuMemsetD16_v2_ptds(uint64_t dst, uint16_t value, uint64_t count) { return cuMemsetD16_v2(dst, value, count); }
+GP_EXPORT CUresult cuMemsetD32Async_ptsz(uint64_t dst, uint32_t value, uint64_t count, uint64_t stream) { return cuMemsetD32Async(dst, value, count, stream); }
+GP_EXPORT CUresult cuMemsetD32_v2_ptds(uint64_t dst, uint32_t value, uint64_t count) { return cuMemsetD32_v2(dst, value, count); }
+GP_EXPORT CUresult cuMemsetD8Async_ptsz(uint64_t dst, uint8_t value, uint64_t count, uint64_t stream) { return cuMemsetD8Async(dst, value, count, stream); }
+GP_EXPORT CUresult cuMemsetD8_v2_ptds(uint64_t dst, uint8_t value, uint64_t count) { return cuMemsetD8_v2(dst, value, count); }
+GP_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(uint64_t stream, int32_t mode) { return cuStreamBeginCapture_v2(stream, mode); }
+GP_EXPORT CUresult cuStreamEndCapture_ptsz(uint64_t stream, uint64_t *graph) { return cuStreamEndCapture(stream, graph); }
+GP_EXPORT CUresult cuStreamGetCaptureInfo_v2_ptsz(uint64_t stream, void *status, void *id, void *graph, void *deps, void *num_deps) { return cuStreamGetCaptureInfo_v2(stream, status, id, graph, deps, num_deps); }
+GP_EXPORT CUresult cuStreamGetCaptureInfo_v3_ptsz(uint64_t stream, void *status, void *id, void *graph, void *deps, void *edges, void *num_deps) { return cuStreamGetCaptureInfo_v3(stream, status, id, graph, deps, edges, num_deps); }
+GP_EXPORT CUresult cuStreamGetCtx_ptsz(uint64_t stream, uint64_t *ctx) { return cuStreamGetCtx(stream, ctx); }
+GP_EXPORT CUresult cuStreamGetCtx_v2_ptsz(uint64_t stream, uint64_t *ctx, uint64_t *green_ctx) { return cuStreamGetCtx_v2(stream, ctx, green_ctx); }
+GP_EXPORT CUresult cuStreamGetDevice_ptsz(uint64_t stream, int32_t *device) { return cuStreamGetDevice(stream, device); }
+GP_EXPORT CUresult cuStreamGetFlags_ptsz(uint64_t stream, uint32_t *flags) { return cuStreamGetFlags(stream, flags); }
+GP_EXPORT CUresult cuStreamGetId_ptsz(uint64_t stream, uint64_t *id) { return cuStreamGetId(stream, id); }
+GP_EXPORT CUresult cuStreamGetPriority_ptsz(uint64_t stream, int32_t *priority) { return cuStreamGetPriority(stream, priority); }
+GP_EXPORT CUresult cuStreamIsCapturing_ptsz(uint64_t stream, int32_t *status) { return cuStreamIsCapturing(stream, status); }
+GP_EXPORT CUresult cuStreamQuery_ptsz(uint64_t stream) { return cuStreamQuery(stream); }
+GP_EXPORT CUresult cuStreamSynchronize_ptsz(uint64_t stream) { return cuStreamSynchronize(stream); }
+GP_EXPORT CUresult cuStreamWaitEvent_ptsz(uint64_t stream, uint64_t event, uint32_t flags) { return cuStreamWaitEvent(stream, event, flags); }
+
+/* Every other name the real driver exports: found by dlsym, refused when called. */
+GP_EXPORT CUresult cuArray3DCreate(void) { return gp_unforwarded("cuArray3DCreate"); }
+GP_EXPORT CUresult cuArray3DCreate_v2(void) { return gp_unforwarded("cuArray3DCreate_v2"); }
+GP_EXPORT CUresult cuArray3DGetDescriptor(void) { return gp_unforwarded("cuArray3DGetDescriptor"); }
+GP_EXPORT CUresult cuArray3DGetDescriptor_v2(void) { return gp_unforwarded("cuArray3DGetDescriptor_v2"); }
+GP_EXPORT CUresult cuArrayCreate(void) { return gp_unforwarded("cuArrayCreate"); }
+GP_EXPORT CUresult cuArrayCreate_v2(void) { return gp_unforwarded("cuArrayCreate_v2"); }
+GP_EXPORT CUresult cuArrayDestroy(void) { return gp_unforwarded("cuArrayDestroy"); }
+GP_EXPORT CUresult cuArrayGetDescriptor(void) { return gp_unforwarded("cuArrayGetDescriptor"); }
+GP_EXPORT CUresult cuArrayGetDescriptor_v2(void) { return gp_unforwarded("cuArrayGetDescriptor_v2"); }
+GP_EXPORT CUresult cuArrayGetMemoryRequirements(void) { return gp_unforwarded("cuArrayGetMemoryRequirements"); }
+GP_EXPORT CUresult cuArrayGetPlane(void) { return gp_unforwarded("cuArrayGetPlane"); }
+GP_EXPORT CUresult cuArrayGetSparseProperties(void) { return gp_unforwarded("cuArrayGetSparseProperties"); }
+GP_EXPORT CUresult cuCheckpointProcessCheckpoint(void) { return gp_unforwarded("cuCheckpointProcessCheckpoint"); }
+GP_EXPORT CUresult cuCheckpointProcessGetRestoreThreadId(void) { return gp_unforwarded("cuCheckpointProcessGetRestoreThreadId"); }
+GP_EXPORT CUresult cuCheckpointProcessGetState(void) { return gp_unforwarded("cuCheckpointProcessGetState"); }
+GP_EXPORT CUresult cuCheckpointProcessLock(void) { return gp_unforwarded("cuCheckpointProcessLock"); }
+GP_EXPORT CUresult cuCheckpointProcessRestore(void) { return gp_unforwarded("cuCheckpointProcessRestore"); }
+GP_EXPORT CUresult cuCheckpointProcessUnlock(void) { return gp_unforwarded("cuCheckpointProcessUnlock"); }
+GP_EXPORT CUresult cuCoredumpGetAttribute(void) { return gp_unforwarded("cuCoredumpGetAttribute"); }
+GP_EXPORT CUresult cuCoredumpGetAttributeGlobal(void) { return gp_unforwarded("cuCoredumpGetAttributeGlobal"); }
+GP_EXPORT CUresult cuCoredumpSetAttribute(void) { return gp_unforwarded("cuCoredumpSetAttribute"); }
+GP_EXPORT CUresult cuCoredumpSetAttributeGlobal(void) { return gp_unforwarded("cuCoredumpSetAttributeGlobal"); }
+GP_EXPORT CUresult cuCtxAttach(void) { return gp_unforwarded("cuCtxAttach"); }
+GP_EXPORT CUresult cuCtxCreate(void) { return gp_unforwarded("cuCtxCreate"); }
+GP_EXPORT CUresult cuCtxCreate_v2(void) { return gp_unforwarded("cuCtxCreate_v2"); }
+GP_EXPORT CUresult cuCtxCreate_v3(void) { return gp_unforwarded("cuCtxCreate_v3"); }
+GP_EXPORT CUresult cuCtxCreate_v4(void) { return gp_unforwarded("cuCtxCreate_v4"); }
+GP_EXPORT CUresult cuCtxDestroy(void) { return gp_unforwarded("cuCtxDestroy"); }
+GP_EXPORT CUresult cuCtxDestroy_v2(void) { return gp_unforwarded("cuCtxDestroy_v2"); }
+GP_EXPORT CUresult cuCtxDetach(void) { return gp_unforwarded("cuCtxDetach"); }
+GP_EXPORT CUresult cuCtxDisablePeerAccess(void) { return gp_unforwarded("cuCtxDisablePeerAccess"); }
+GP_EXPORT CUresult cuCtxEnablePeerAccess(void) { return gp_unforwarded("cuCtxEnablePeerAccess"); }
+GP_EXPORT CUresult cuCtxFromGreenCtx(void) { return gp_unforwarded("cuCtxFromGreenCtx"); }
+GP_EXPORT CUresult cuCtxGetCacheConfig(void) { return gp_unforwarded("cuCtxGetCacheConfig"); }
+GP_EXPORT CUresult cuCtxGetDevResource(void) { return gp_unforwarded("cuCtxGetDevResource"); }
+GP_EXPORT CUresult cuCtxGetExecAffinity(void) { return gp_unforwarded("cuCtxGetExecAffinity"); }
+GP_EXPORT CUresult cuCtxGetSharedMemConfig(void) { return gp_unforwarded("cuCtxGetSharedMemConfig"); }
+GP_EXPORT CUresult cuCtxPopCurrent(void) { return gp_unforwarded("cuCtxPopCurrent"); }
+GP_EXPORT CUresult cuCtxPushCurrent(void) { return gp_unforwarded("cuCtxPushCurrent"); }
+GP_EXPORT CUresult cuCtxRecordEvent(void) { return gp_unforwarded("cuCtxRecordEvent"); }
+GP_EXPORT CUresult cuCtxResetPersistingL2Cache(void) { return gp_unforwarded("cuCtxResetPersistingL2Cache"); }
+GP_EXPORT CUresult cuCtxSetCacheConfig(void) { return gp_unforwarded("cuCtxSetCacheConfig"); }
+GP_EXPORT CUresult cuCtxSetFlags(void) { return gp_unforwarded("cuCtxSetFlags"); }
+GP_EXPORT CUresult cuCtxSetSharedMemConfig(void) { return gp_unforwarded("cuCtxSetSharedMemConfig"); }
+GP_EXPORT CUresult cuCtxWaitEvent(void) { return gp_unforwarded("cuCtxWaitEvent"); }
+GP_EXPORT CUresult cuDestroyExternalMemory(void) { return gp_unforwarded("cuDestroyExternalMemory"); }
+GP_EXPORT CUresult cuDestroyExternalSemaphore(void) { return gp_unforwarded("cuDestroyExternalSemaphore"); }
+GP_EXPORT CUresult cuDevResourceGenerateDesc(void) { return gp_unforwarded("cuDevResourceGenerateDesc"); }
+GP_EXPORT CUresult cuDevSmResourceSplitByCount(void) { return gp_unforwarded("cuDevSmResourceSplitByCount"); }
+GP_EXPORT CUresult cuDeviceGetByPCIBusId(void) { return gp_unforwarded("cuDeviceGetByPCIBusId"); }
+GP_EXPORT CUresult cuDeviceGetDevResource(void) { return gp_unforwarded("cuDeviceGetDevResource"); }
+GP_EXPORT CUresult cuDeviceGetExecAffinitySupport(void) { return gp_unforwarded("cuDeviceGetExecAffinitySupport"); }
+GP_EXPORT CUresult cuDeviceGetGraphMemAttribute(void) { return gp_unforwarded("cuDeviceGetGraphMemAttribute"); }
+GP_EXPORT CUresult cuDeviceGetHostAtomicCapabilities(void) { return gp_unforwarded("cuDeviceGetHostAtomicCapabilities"); }
+GP_EXPORT CUresult cuDeviceGetLuid(void) { return gp_unforwarded("cuDeviceGetLuid"); }
+GP_EXPORT CUresult cuDeviceGetNvSciSyncAttributes(void) { return gp_unforwarded("cuDeviceGetNvSciSyncAttributes"); }
+GP_EXPORT CUresult cuDeviceGetP2PAtomicCapabilities(void) { return gp_unforwarded("cuDeviceGetP2PAtomicCapabilities"); }
+GP_EXPORT CUresult cuDeviceGetP2PAttribute(void) { return gp_unforwarded("cuDeviceGetP2PAttribute"); }
+GP_EXPORT CUresult cuDeviceGetProperties(void) { return gp_unforwarded("cuDeviceGetProperties"); }
+GP_EXPORT CUresult cuDeviceGetTexture1DLinearMaxWidth(void) { return gp_unforwarded("cuDeviceGetTexture1DLinearMaxWidth"); }
+GP_EXPORT CUresult cuDeviceGraphMemTrim(void) { return gp_unforwarded("cuDeviceGraphMemTrim"); }
+GP_EXPORT CUresult cuDeviceRegisterAsyncNotification(void) { return gp_unforwarded("cuDeviceRegisterAsyncNotification"); }
+GP_EXPORT CUresult cuDeviceSetGraphMemAttribute(void) { return gp_unforwarded("cuDeviceSetGraphMemAttribute"); }
+GP_EXPORT CUresult cuDeviceSetMemPool(void) { return gp_unforwarded("cuDeviceSetMemPool"); }
+GP_EXPORT CUresult cuDeviceTotalMem(void) { return gp_unforwarded("cuDeviceTotalMem"); }
+GP_EXPORT CUresult cuDeviceUnregisterAsyncNotification(void) { return gp_unforwarded("cuDeviceUnregisterAsyncNotification"); }
+GP_EXPORT CUresult cuEGLApiInit(void) { return gp_unforwarded("cuEGLApiInit"); }
+GP_EXPORT CUresult cuEGLStreamConsumerAcquireFrame(void) { return gp_unforwarded("cuEGLStreamConsumerAcquireFrame"); }
+GP_EXPORT CUresult cuEGLStreamConsumerConnect(void) { return gp_unforwarded("cuEGLStreamConsumerConnect"); }
+GP_EXPORT CUresult cuEGLStreamConsumerConnectWithFlags(void) { return gp_unforwarded("cuEGLStreamConsumerConnectWithFlags"); }
+GP_EXPORT CUresult cuEGLStreamConsumerDisconnect(void) { return gp_unforwarded("cuEGLStreamConsumerDisconnect"); }
+GP_EXPORT CUresult cuEGLStreamConsumerReleaseFrame(void) { return gp_unforwarded("cuEGLStreamConsumerReleaseFrame"); }
+GP_EXPORT CUresult cuEGLStreamProducerConnect(void) { return gp_unforwarded("cuEGLStreamProducerConnect"); }
+GP_EXPORT CUresult cuEGLStreamProducerDisconnect(void) { return gp_unforwarded("cuEGLStreamProducerDisconnect"); }
+GP_EXPORT CUresult cuEGLStreamProducerPresentFrame(void) { return gp_unforwarded("cuEGLStreamProducerPresentFrame"); }
+GP_EXPORT CUresult cuEGLStreamProducerReturnFrame(void) { return gp_unforwarded("cuEGLStreamProducerReturnFrame"); }
+GP_EXPORT CUresult cuEventDestroy(void) { return gp_unforwarded("cuEventDestroy"); }
+GP_EXPORT CUresult cuExternalMemoryGetMappedBuffer(void) { return gp_unforwarded("cuExternalMemoryGetMappedBuffer"); }
+GP_EXPORT CUresult cuExternalMemoryGetMappedMipmappedArray(void) { return gp_unforwarded("cuExternalMemoryGetMappedMipmappedArray"); }
+GP_EXPORT CUresult cuFlushGPUDirectRDMAWrites(void) { return gp_unforwarded("cuFlushGPUDirectRDMAWrites"); }
+GP_EXPORT CUresult cuFuncGetName(void) { return gp_unforwarded("cuFuncGetName"); }
+GP_EXPORT CUresult cuFuncIsLoaded(void) { return gp_unforwarded("cuFuncIsLoaded"); }
+GP_EXPORT CUresult cuFuncLoad(void) { return gp_unforwarded("cuFuncLoad"); }
+GP_EXPORT CUresult cuFuncSetBlockShape(void) { return gp_unforwarded("cuFuncSetBlockShape"); }
+GP_EXPORT CUresult cuFuncSetSharedMemConfig(void) { return gp_unforwarded("cuFuncSetSharedMemConfig"); }
+GP_EXPORT CUresult cuFuncSetSharedSize(void) { return gp_unforwarded("cuFuncSetSharedSize"); }
+GP_EXPORT CUresult cuGLCtxCreate(void) { return gp_unforwarded("cuGLCtxCreate"); }
+GP_EXPORT CUresult cuGLCtxCreate_v2(void) { return gp_unforwarded("cuGLCtxCreate_v2"); }
+GP_EXPORT CUresult cuGLGetDevices(void) { return gp_unforwarded("cuGLGetDevices"); }
+GP_EXPORT CUresult cuGLGetDevices_v2(void) { return gp_unforwarded("cuGLGetDevices_v2"); }
+GP_EXPORT CUresult cuGLInit(void) { return gp_unforwarded("cuGLInit"); }
+GP_EXPORT CUresult cuGLMapBufferObject(void) { return gp_unforwarded("cuGLMapBufferObject"); }
+GP_EXPORT CUresult cuGLMapBufferObjectAsync(void) { return gp_unforwarded("cuGLMapBufferObjectAsync"); }
+GP_EXPORT CUresult cuGLMapBufferObjectAsync_v2(void) { return gp_unforwarded("cuGLMapBufferObjectAsync_v2"); }
+GP_EXPORT CUresult cuGLMapBufferObjectAsync_v2_ptsz(void) { return gp_unforwarded("cuGLMapBufferObjectAsync_v2_ptsz"); }
+GP_EXPORT CUresult cuGLMapBufferObject_v2(void) { return gp_unforwarded("cuGLMapBufferObject_v2"); }
+GP_EXPORT CUresult cuGLMapBufferObject_v2_ptds(void) { return gp_unforwarded("cuGLMapBufferObject_v2_ptds"); }
+GP_EXPORT CUresult cuGLRegisterBufferObject(void) { return gp_unforwarded("cuGLRegisterBufferObject"); }
+GP_EXPORT CUresult cuGLSetBufferObjectMapFlags(void) { return gp_unforwarded("cuGLSetBufferObjectMapFlags"); }
+GP_EXPORT CUresult cuGLUnmapBufferObject(void) { return gp_unforwarded("cuGLUnmapBufferObject"); }
+GP_EXPORT CUresult cuGLUnmapBufferObjectAsync(void) { return gp_unforwarded("cuGLUnmapBufferObjectAsync"); }
+GP_EXPORT CUresult cuGLUnregisterBufferObject(void) { return gp_unforwarded("cuGLUnregisterBufferObject"); }
+GP_EXPORT CUresult cuGraphAddBatchMemOpNode(void) { return gp_unforwarded("cuGraphAddBatchMemOpNode"); }
+GP_EXPORT CUresult cuGraphAddChildGraphNode(void) { return gp_unforwarded("cuGraphAddChildGraphNode"); }
+GP_EXPORT CUresult cuGraphAddDependencies(void) { return gp_unforwarded("cuGraphAddDependencies"); }
+GP_EXPORT CUresult cuGraphAddDependencies_v2(void) { return gp_unforwarded("cuGraphAddDependencies_v2"); }
+GP_EXPORT CUresult cuGraphAddEmptyNode(void) { return gp_unforwarded("cuGraphAddEmptyNode"); }
+GP_EXPORT CUresult cuGraphAddEventRecordNode(void) { return gp_unforwarded("cuGraphAddEventRecordNode"); }
+GP_EXPORT CUresult cuGraphAddEventWaitNode(void) { return gp_unforwarded("cuGraphAddEventWaitNode"); }
+GP_EXPORT CUresult cuGraphAddExternalSemaphoresSignalNode(void) { return gp_unforwarded("cuGraphAddExternalSemaphoresSignalNode"); }
+GP_EXPORT CUresult cuGraphAddExternalSemaphoresWaitNode(void) { return gp_unforwarded("cuGraphAddExternalSemaphoresWaitNode"); }
+GP_EXPORT CUresult cuGraphAddHostNode(void) { return gp_unforwarded("cuGraphAddHostNode"); }
+GP_EXPORT CUresult cuGraphAddKernelNode(void) { return gp_unforwarded("cuGraphAddKernelNode"); }
+GP_EXPORT CUresult cuGraphAddKernelNode_v2(void) { return gp_unforwarded("cuGraphAddKernelNode_v2"); }
+GP_EXPORT CUresult cuGraphAddMemAllocNode(void) { return gp_unforwarded("cuGraphAddMemAllocNode"); }
+GP_EXPORT CUresult cuGraphAddMemFreeNode(void) { return gp_unforwarded("cuGraphAddMemFreeNode"); }
+GP_EXPORT CUresult cuGraphAddMemcpyNode(void) { return gp_unforwarded("cuGraphAddMemcpyNode"); }
+GP_EXPORT CUresult cuGraphAddMemsetNode(void) { return gp_unforwarded("cuGraphAddMemsetNode"); }
+GP_EXPORT CUresult cuGraphAddNode(void) { return gp_unforwarded("cuGraphAddNode"); }
+GP_EXPORT CUresult cuGraphAddNode_v2(void) { return gp_unforwarded("cuGraphAddNode_v2"); }
+GP_EXPORT CUresult cuGraphBatchMemOpNodeGetParams(void) { return gp_unforwarded("cuGraphBatchMemOpNodeGetParams"); }
+GP_EXPORT CUresult cuGraphBatchMemOpNodeSetParams(void) { return gp_unforwarded("cuGraphBatchMemOpNodeSetParams"); }
+GP_EXPORT CUresult cuGraphChildGraphNodeGetGraph(void) { return gp_unforwarded("cuGraphChildGraphNodeGetGraph"); }
+GP_EXPORT CUresult cuGraphClone(void) { return gp_unforwarded("cuGraphClone"); }
+GP_EXPORT CUresult cuGraphConditionalHandleCreate(void) { return gp_unforwarded("cuGraphConditionalHandleCreate"); }
+GP_EXPORT CUresult cuGraphCreate(void) { return gp_unforwarded("cuGraphCreate"); }
+GP_EXPORT CUresult cuGraphDebugDotPrint(void) { return gp_unforwarded("cuGraphDebugDotPrint"); }
+GP_EXPORT CUresult cuGraphDestroyNode(void) { return gp_unforwarded("cuGraphDestroyNode"); }
+GP_EXPORT CUresult cuGraphEventRecordNodeGetEvent(void) { return gp_unforwarded("cuGraphEventRecordNodeGetEvent"); }
+GP_EXPORT CUresult cuGraphEventRecordNodeSetEvent(void) { return gp_unforwarded("cuGraphEventRecordNodeSetEvent"); }
+GP_EXPORT CUresult cuGraphEventWaitNodeGetEvent(void) { return gp_unforwarded("cuGraphEventWaitNodeGetEvent"); }
+GP_EXPORT CUresult cuGraphEventWaitNodeSetEvent(void) { return gp_unforwarded("cuGraphEventWaitNodeSetEvent"); }
+GP_EXPORT CUresult cuGraphExecBatchMemOpNodeSetParams(void) { return gp_unforwarded("cuGraphExecBatchMemOpNodeSetParams"); }
+GP_EXPORT CUresult cuGraphExecChildGraphNodeSetParams(void) { return gp_unforwarded("cuGraphExecChildGraphNodeSetParams"); }
+GP_EXPORT CUresult cuGraphExecEventRecordNodeSetEvent(void) { return gp_unforwarded("cuGraphExecEventRecordNodeSetEvent"); }
+GP_EXPORT CUresult cuGraphExecEventWaitNodeSetEvent(void) { return gp_unforwarded("cuGraphExecEventWaitNodeSetEvent"); }
+GP_EXPORT CUresult cuGraphExecExternalSemaphoresSignalNodeSetParams(void) { return gp_unforwarded("cuGraphExecExternalSemaphoresSignalNodeSetParams"); }
+GP_EXPORT CUresult cuGraphExecExternalSemaphoresWaitNodeSetParams(void) { return gp_unforwarded("cuGraphExecExternalSemaphoresWaitNodeSetParams"); }
+GP_EXPORT CUresult cuGraphExecGetFlags(void) { return gp_unforwarded("cuGraphExecGetFlags"); }
+GP_EXPORT CUresult cuGraphExecHostNodeSetParams(void) { return gp_unforwarded("cuGraphExecHostNodeSetParams"); }
+GP_EXPORT CUresult cuGraphExecKernelNodeSetParams(void) { return gp_unforwarded("cuGraphExecKernelNodeSetParams"); }
+GP_EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(void) { return gp_unforwarded("cuGraphExecKernelNodeSetParams_v2"); }
+GP_EXPORT CUresult cuGraphExecMemcpyNodeSetParams(void) { return gp_unforwarded("cuGraphExecMemcpyNodeSetParams"); }
+GP_EXPORT CUresult cuGraphExecMemsetNodeSetParams(void) { return gp_unforwarded("cuGraphExecMemsetNodeSetParams"); }
+GP_EXPORT CUresult cuGraphExecNodeSetParams(void) { return gp_unforwarded("cuGraphExecNodeSetParams"); }
+GP_EXPORT CUresult cuGraphExecUpdate(void) { return gp_unforwarded("cuGraphExecUpdate"); }
+GP_EXPORT CUresult cuGraphExecUpdate_v2(void) { return gp_unforwarded("cuGraphExecUpdate_v2"); }
+GP_EXPORT CUresult cuGraphExternalSemaphoresSignalNodeGetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresSignalNodeGetParams"); }
+GP_EXPORT CUresult cuGraphExternalSemaphoresSignalNodeSetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresSignalNodeSetParams"); }
+GP_EXPORT CUresult cuGraphExternalSemaphoresWaitNodeGetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresWaitNodeGetParams"); }
+GP_EXPORT CUresult cuGraphExternalSemaphoresWaitNodeSetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresWaitNodeSetParams"); }
+GP_EXPORT CUresult cuGraphGetEdges(void) { return gp_unforwarded("cuGraphGetEdges"); }
+GP_EXPORT CUresult cuGraphGetEdges_v2(void) { return gp_unforwarded("cuGraphGetEdges_v2"); }
+GP_EXPORT CUresult cuGraphGetRootNodes(void) { return gp_unforwarded("cuGraphGetRootNodes"); }
+GP_EXPORT CUresult cuGraphHostNodeGetParams(void) { return gp_unforwarded("cuGraphHostNodeGetParams"); }
+GP_EXPORT CUresult cuGraphHostNodeSetParams(void) { return gp_unforwarded("cuGraphHostNodeSetParams"); }
+GP_EXPORT CUresult cuGraphInstantiate(void) { return gp_unforwarded("cuGraphInstantiate"); }
+GP_EXPORT CUresult cuGraphInstantiateWithParams(void) { return gp_unforwarded("cuGraphInstantiateWithParams"); }
+GP_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(void) { return gp_unforwarded("cuGraphInstantiateWithParams_ptsz"); }
+GP_EXPORT CUresult cuGraphInstantiate_v2(void) { return gp_unforwarded("cuGraphInstantiate_v2"); }
+GP_EXPORT CUresult cuGraphKernelNodeCopyAttributes(void) { return gp_unforwarded("cuGraphKernelNodeCopyAttributes"); }
+GP_EXPORT CUresult cuGraphKernelNodeGetAttribute(void) { return gp_unforwarded("cuGraphKernelNodeGetAttribute"); }
+GP_EXPORT CUresult cuGraphKernelNodeGetParams(void) { return gp_unforwarded("cuGraphKernelNodeGetParams"); }
+GP_EXPORT CUresult cuGraphKernelNodeGetParams_v2(void) { return gp_unforwarded("cuGraphKernelNodeGetParams_v2"); }
+GP_EXPORT CUresult cuGraphKernelNodeSetAttribute(void) { return gp_unforwarded("cuGraphKernelNodeSetAttribute"); }
+GP_EXPORT CUresult cuGraphKernelNodeSetParams(void) { return gp_unforwarded("cuGraphKernelNodeSetParams"); }
+GP_EXPORT CUresult cuGraphKernelNodeSetParams_v2(void) { return gp_unforwarded("cuGraphKernelNodeSetParams_v2"); }
+GP_EXPORT CUresult cuGraphMemAllocNodeGetParams(void) { return gp_unforwarded("cuGraphMemAllocNodeGetParams"); }
+GP_EXPORT CUresult cuGraphMemFreeNodeGetParams(void) { return gp_unforwarded("cuGraphMemFreeNodeGetParams"); }
+GP_EXPORT CUresult cuGraphMemcpyNodeGetParams(void) { return gp_unforwarded("cuGraphMemcpyNodeGetParams"); }
+GP_EXPORT CUresult cuGraphMemcpyNodeSetParams(void) { return gp_unforwarded("cuGraphMemcpyNodeSetParams"); }
+GP_EXPORT CUresult cuGraphMemsetNodeGetParams(void) { return gp_unforwarded("cuGraphMemsetNodeGetParams"); }
+GP_EXPORT CUresult cuGraphMemsetNodeSetParams(void) { return gp_unforwarded("cuGraphMemsetNodeSetParams"); }
+GP_EXPORT CUresult cuGraphNodeFindInClone(void) { return gp_unforwarded("cuGraphNodeFindInClone"); }
+GP_EXPORT CUresult cuGraphNodeGetDependencies(void) { return gp_unforwarded("cuGraphNodeGetDependencies"); }
+GP_EXPORT CUresult cuGraphNodeGetDependencies_v2(void) { return gp_unforwarded("cuGraphNodeGetDependencies_v2"); }
+GP_EXPORT CUresult cuGraphNodeGetDependentNodes(void) { return gp_unforwarded("cuGraphNodeGetDependentNodes"); }
+GP_EXPORT CUresult cuGraphNodeGetDependentNodes_v2(void) { return gp_unforwarded("cuGraphNodeGetDependentNodes_v2"); }
+GP_EXPORT CUresult cuGraphNodeGetEnabled(void) { return gp_unforwarded("cuGraphNodeGetEnabled"); }
+GP_EXPORT CUresult cuGraphNodeGetType(void) { return gp_unforwarded("cuGraphNodeGetType"); }
+GP_EXPORT CUresult cuGraphNodeSetEnabled(void) { return gp_unforwarded("cuGraphNodeSetEnabled"); }
+GP_EXPORT CUresult cuGraphNodeSetParams(void) { return gp_unforwarded("cuGraphNodeSetParams"); }
+GP_EXPORT CUresult cuGraphReleaseUserObject(void) { return gp_unforwarded("cuGraphReleaseUserObject"); }
+GP_EXPORT CUresult cuGraphRemoveDependencies(void) { return gp_unforwarded("cuGraphRemoveDependencies"); }
+GP_EXPORT CUresult cuGraphRemoveDependencies_v2(void) { return gp_unforwarded("cuGraphRemoveDependencies_v2"); }
+GP_EXPORT CUresult cuGraphRetainUserObject(void) { return gp_unforwarded("cuGraphRetainUserObject"); }
+GP_EXPORT CUresult cuGraphicsEGLRegisterImage(void) { return gp_unforwarded("cuGraphicsEGLRegisterImage"); }
+GP_EXPORT CUresult cuGraphicsGLRegisterBuffer(void) { return gp_unforwarded("cuGraphicsGLRegisterBuffer"); }
+GP_EXPORT CUresult cuGraphicsGLRegisterImage(void) { return gp_unforwarded("cuGraphicsGLRegisterImage"); }
+GP_EXPORT CUresult cuGraphicsMapResources(void) { return gp_unforwarded("cuGraphicsMapResources"); }
+GP_EXPORT CUresult cuGraphicsMapResources_ptsz(void) { return gp_unforwarded("cuGraphicsMapResources_ptsz"); }
+GP_EXPORT CUresult cuGraphicsResourceGetMappedEglFrame(void) { return gp_unforwarded("cuGraphicsResourceGetMappedEglFrame"); }
+GP_EXPORT CUresult cuGraphicsResourceGetMappedMipmappedArray(void) { return gp_unforwarded("cuGraphicsResourceGetMappedMipmappedArray"); }
+GP_EXPORT CUresult cuGraphicsResourceGetMappedPointer(void) { return gp_unforwarded("cuGraphicsResourceGetMappedPointer"); }
+GP_EXPORT CUresult cuGraphicsResourceGetMappedPointer_v2(void) { return gp_unforwarded("cuGraphicsResourceGetMappedPointer_v2"); }
+GP_EXPORT CUresult cuGraphicsResourceSetMapFlags(void) { return gp_unforwarded("cuGraphicsResourceSetMapFlags"); }
+GP_EXPORT CUresult cuGraphicsResourceSetMapFlags_v2(void) { return gp_unforwarded("cuGraphicsResourceSetMapFlags_v2"); }
+GP_EXPORT CUresult cuGraphicsSubResourceGetMappedArray(void) { return gp_unforwarded("cuGraphicsSubResourceGetMappedArray"); }
+GP_EXPORT CUresult cuGraphicsUnmapResources(void) { return gp_unforwarded("cuGraphicsUnmapResources"); }
+GP_EXPORT CUresult cuGraphicsUnmapResources_ptsz(void) { return gp_unforwarded("cuGraphicsUnmapResources_ptsz"); }
+GP_EXPORT CUresult cuGraphicsUnregisterResource(void) { return gp_unforwarded("cuGraphicsUnregisterResource"); }
+GP_EXPORT CUresult cuGraphicsVDPAURegisterOutputSurface(void) { return gp_unforwarded("cuGraphicsVDPAURegisterOutputSurface"); }
+GP_EXPORT CUresult cuGraphicsVDPAURegisterVideoSurface(void) { return gp_unforwarded("cuGraphicsVDPAURegisterVideoSurface"); }
+GP_EXPORT CUresult cuGreenCtxCreate(void) { return gp_unforwarded("cuGreenCtxCreate"); }
+GP_EXPORT CUresult cuGreenCtxDestroy(void) { return gp_unforwarded("cuGreenCtxDestroy"); }
+GP_EXPORT CUresult cuGreenCtxGetDevResource(void) { return gp_unforwarded("cuGreenCtxGetDevResource"); }
+GP_EXPORT CUresult cuGreenCtxGetId(void) { return gp_unforwarded("cuGreenCtxGetId"); }
+GP_EXPORT CUresult cuGreenCtxRecordEvent(void) { return gp_unforwarded("cuGreenCtxRecordEvent"); }
+GP_EXPORT CUresult cuGreenCtxStreamCreate(void) { return gp_unforwarded("cuGreenCtxStreamCreate"); }
+GP_EXPORT CUresult cuGreenCtxWaitEvent(void) { return gp_unforwarded("cuGreenCtxWaitEvent"); }
+GP_EXPORT CUresult cuImportExternalMemory(void) { return gp_unforwarded("cuImportExternalMemory"); }
+GP_EXPORT CUresult cuImportExternalSemaphore(void) { return gp_unforwarded("cuImportExternalSemaphore"); }
+GP_EXPORT CUresult cuIpcCloseMemHandle(void) { return gp_unforwarded("cuIpcCloseMemHandle"); }
+GP_EXPORT CUresult cuIpcGetEventHandle(void) { return gp_unforwarded("cuIpcGetEventHandle"); }
+GP_EXPORT CUresult cuIpcGetMemHandle(void) { return gp_unforwarded("cuIpcGetMemHandle"); }
+GP_EXPORT CUresult cuIpcOpenEventHandle(void) { return gp_unforwarded("cuIpcOpenEventHandle"); }
+GP_EXPORT CUresult cuIpcOpenMemHandle(void) { return gp_unforwarded("cuIpcOpenMemHandle"); }
+GP_EXPORT CUresult cuIpcOpenMemHandle_v2(void) { return gp_unforwarded("cuIpcOpenMemHandle_v2"); }
+GP_EXPORT CUresult cuKernelGetLibrary(void) { return gp_unforwarded("cuKernelGetLibrary"); }
+GP_EXPORT CUresult cuKernelGetName(void) { return gp_unforwarded("cuKernelGetName"); }
+GP_EXPORT CUresult cuKernelSetCacheConfig(void) { return gp_unforwarded("cuKernelSetCacheConfig"); }
+GP_EXPORT CUresult cuLaunch(void) { return gp_unforwarded("cuLaunch"); }
+GP_EXPORT CUresult cuLaunchCooperativeKernel(void) { return gp_unforwarded("cuLaunchCooperativeKernel"); }
+GP_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(void) { return gp_unforwarded("cuLaunchCooperativeKernelMultiDevice"); }
+GP_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(void) { return gp_unforwarded("cuLaunchCooperativeKernel_ptsz"); }
+GP_EXPORT CUresult cuLaunchGrid(void) { return gp_unforwarded("cuLaunchGrid"); }
+GP_EXPORT CUresult cuLaunchGridAsync(void) { return gp_unforwarded("cuLaunchGridAsync"); }
+GP_EXPORT CUresult cuLaunchHostFunc(void) { return gp_unforwarded("cuLaunchHostFunc"); }
+GP_EXPORT CUresult cuLaunchHostFunc_ptsz(void) { return gp_unforwarded("cuLaunchHostFunc_ptsz"); }
+GP_EXPORT CUresult cuLibraryEnumerateKernels(void) { return gp_unforwarded("cuLibraryEnumerateKernels"); }
+GP_EXPORT CUresult cuLibraryGetKernelCount(void) { return gp_unforwarded("cuLibraryGetKernelCount"); }
+GP_EXPORT CUresult cuLibraryGetManaged(void) { return gp_unforwarded("cuLibraryGetManaged"); }
+GP_EXPORT CUresult cuLibraryGetUnifiedFunction(void) { return gp_unforwarded("cuLibraryGetUnifiedFunction"); }
+GP_EXPORT CUresult cuLibraryLoadFromFile(void) { return gp_unforwarded("cuLibraryLoadFromFile"); }
+GP_EXPORT CUresult cuLinkAddData(void) { return gp_unforwarded("cuLinkAddData"); }
+GP_EXPORT CUresult cuLinkAddData_v2(void) { return gp_unforwarded("cuLinkAddData_v2"); }
+GP_EXPORT CUresult cuLinkAddFile(void) { return gp_unforwarded("cuLinkAddFile"); }
+GP_EXPORT CUresult cuLinkAddFile_v2(void) { return gp_unforwarded("cuLinkAddFile_v2"); }
+GP_EXPORT CUresult cuLinkComplete(void) { return gp_unforwarded("cuLinkComplete"); }
+GP_EXPORT CUresult cuLinkCreate(void) { return gp_unforwarded("cuLinkCreate"); }
+GP_EXPORT CUresult cuLinkCreate_v2(void) { return gp_unforwarded("cuLinkCreate_v2"); }
+GP_EXPORT CUresult cuLinkDestroy(void) { return gp_unforwarded("cuLinkDestroy"); }
+GP_EXPORT CUresult cuLogsCurrent(void) { return gp_unforwarded("cuLogsCurrent"); }
+GP_EXPORT CUresult cuLogsDumpToFile(void) { return gp_unforwarded("cuLogsDumpToFile"); }
+GP_EXPORT CUresult cuLogsDumpToMemory(void) { return gp_unforwarded("cuLogsDumpToMemory"); }
+GP_EXPORT CUresult cuMemAddressFree(void) { return gp_unforwarded("cuMemAddressFree"); }
+GP_EXPORT CUresult cuMemAddressReserve(void) { return gp_unforwarded("cuMemAddressReserve"); }
+GP_EXPORT CUresult cuMemAdvise(void) { return gp_unforwarded("cuMemAdvise"); }
+GP_EXPORT CUresult cuMemAdvise_v2(void) { return gp_unforwarded("cuMemAdvise_v2"); }
+GP_EXPORT CUresult cuMemAlloc(void) { return gp_unforwarded("cuMemAlloc"); }
+GP_EXPORT CUresult cuMemAllocHost(void) { return gp_unforwarded("cuMemAllocHost"); }
+GP_EXPORT CUresult cuMemAllocManaged(void) { return gp_unforwarded("cuMemAllocManaged"); }
+GP_EXPORT CUresult cuMemAllocPitch(void) { return gp_unforwarded("cuMemAllocPitch"); }
+GP_EXPORT CUresult cuMemAllocPitch_v2(void) { return gp_unforwarded("cuMemAllocPitch_v2"); }
+GP_EXPORT CUresult cuMemBatchDecompressAsync(void) { return gp_unforwarded("cuMemBatchDecompressAsync"); }
+GP_EXPORT CUresult cuMemBatchDecompressAsync_ptsz(void) { return gp_unforwarded("cuMemBatchDecompressAsync_ptsz"); }
+GP_EXPORT CUresult cuMemCreate(void) { return gp_unforwarded("cuMemCreate"); }
+GP_EXPORT CUresult cuMemDiscardAndPrefetchBatchAsync(void) { return gp_unforwarded("cuMemDiscardAndPrefetchBatchAsync"); }
+GP_EXPORT CUresult cuMemDiscardAndPrefetchBatchAsync_ptsz(void) { return gp_unforwarded("cuMemDiscardAndPrefetchBatchAsync_ptsz"); }
+GP_EXPORT CUresult cuMemDiscardBatchAsync(void) { return gp_unforwarded("cuMemDiscardBatchAsync"); }
+GP_EXPORT CUresult cuMemDiscardBatchAsync_ptsz(void) { return gp_unforwarded("cuMemDiscardBatchAsync_ptsz"); }
+GP_EXPORT CUresult cuMemExportToShareableHandle(void) { return gp_unforwarded("cuMemExportToShareableHandle"); }
+GP_EXPORT CUresult cuMemFree(void) { return gp_unforwarded("cuMemFree"); }
+GP_EXPORT CUresult cuMemGetAccess(void) { return gp_unforwarded("cuMemGetAccess"); }
+GP_EXPORT CUresult cuMemGetAddressRange(void) { return gp_unforwarded("cuMemGetAddressRange"); }
+GP_EXPORT CUresult cuMemGetAllocationGranularity(void) { return gp_unforwarded("cuMemGetAllocationGranularity"); }
+GP_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(void) { return gp_unforwarded("cuMemGetAllocationPropertiesFromHandle"); }
+GP_EXPORT CUresult cuMemGetAttribute(void) { return gp_unforwarded("cuMemGetAttribute"); }
+GP_EXPORT CUresult cuMemGetAttribute_v2(void) { return gp_unforwarded("cuMemGetAttribute_v2"); }
+GP_EXPORT CUresult cuMemGetDefaultMemPool(void) { return gp_unforwarded("cuMemGetDefaultMemPool"); }
+GP_EXPORT CUresult cuMemGetHandleForAddressRange(void) { return gp_unforwarded("cuMemGetHandleForAddressRange"); }
+GP_EXPORT CUresult cuMemGetInfo(void) { return gp_unforwarded("cuMemGetInfo"); }
+GP_EXPORT CUresult cuMemGetMemPool(void) { return gp_unforwarded("cuMemGetMemPool"); }
+GP_EXPORT CUresult cuMemHostGetDevicePointer(void) { return gp_unforwarded("cuMemHostGetDevicePointer"); }
+GP_EXPORT CUresult cuMemHostRegister(void) { return gp_unforwarded("cuMemHostRegister"); }
+GP_EXPORT CUresult cuMemImportFromShareableHandle(void) { return gp_unforwarded("cuMemImportFromShareableHandle"); }
+GP_EXPORT CUresult cuMemMap(void) { return gp_unforwarded("cuMemMap"); }
+GP_EXPORT CUresult cuMemMapArrayAsync(void) { return gp_unforwarded("cuMemMapArrayAsync"); }
+GP_EXPORT CUresult cuMemMapArrayAsync_ptsz(void) { return gp_unforwarded("cuMemMapArrayAsync_ptsz"); }
+GP_EXPORT CUresult cuMemPoolCreate(void) { return gp_unforwarded("cuMemPoolCreate"); }
+GP_EXPORT CUresult cuMemPoolDestroy(void) { return gp_unforwarded("cuMemPoolDestroy"); }
+GP_EXPORT CUresult cuMemPoolExportPointer(void) { return gp_unforwarded("cuMemPoolExportPointer"); }
+GP_EXPORT CUresult cuMemPoolExportToShareableHandle(void) { return gp_unforwarded("cuMemPoolExportToShareableHandle"); }
+GP_EXPORT CUresult cuMemPoolGetAccess(void) { return gp_unforwarded("cuMemPoolGetAccess"); }
+GP_EXPORT CUresult cuMemPoolImportFromShareableHandle(void) { return gp_unforwarded("cuMemPoolImportFromShareableHandle"); }
+GP_EXPORT CUresult cuMemPoolImportPointer(void) { return gp_unforwarded("cuMemPoolImportPointer"); }
+GP_EXPORT CUresult cuMemPoolSetAccess(void) { return gp_unforwarded("cuMemPoolSetAccess"); }
+GP_EXPORT CUresult cuMemPrefetchAsync(void) { return gp_unforwarded("cuMemPrefetchAsync"); }
+GP_EXPORT CUresult cuMemPrefetchAsync_ptsz(void) { return gp_unforwarded("cuMemPrefetchAsync_ptsz"); }
+GP_EXPORT CUresult cuMemPrefetchAsync_v2(void) { return gp_unforwarded("cuMemPrefetchAsync_v2"); }
+GP_EXPORT CUresult cuMemPrefetchAsync_v2_ptsz(void) { return gp_unforwarded("cuMemPrefetchAsync_v2_ptsz"); }
+GP_EXPORT CUresult cuMemPrefetchBatchAsync(void) { return gp_unforwarded("cuMemPrefetchBatchAsync"); }
+GP_EXPORT CUresult cuMemPrefetchBatchAsync_ptsz(void) { return gp_unforwarded("cuMemPrefetchBatchAsync_ptsz"); }
+GP_EXPORT CUresult cuMemRangeGetAttribute(void) { return gp_unforwarded("cuMemRangeGetAttribute"); }
+GP_EXPORT CUresult cuMemRangeGetAttributes(void) { return gp_unforwarded("cuMemRangeGetAttributes"); }
+GP_EXPORT CUresult cuMemRelease(void) { return gp_unforwarded("cuMemRelease"); }
+GP_EXPORT CUresult cuMemRetainAllocationHandle(void) { return gp_unforwarded("cuMemRetainAllocationHandle"); }
+GP_EXPORT CUresult cuMemSetAccess(void) { return gp_unforwarded("cuMemSetAccess"); }
+GP_EXPORT CUresult cuMemSetMemPool(void) { return gp_unforwarded("cuMemSetMemPool"); }
+GP_EXPORT CUresult cuMemUnmap(void) { return gp_unforwarded("cuMemUnmap"); }
+GP_EXPORT CUresult cuMemcpy2D(void) { return gp_unforwarded("cuMemcpy2D"); }
+GP_EXPORT CUresult cuMemcpy2DAsync(void) { return gp_unforwarded("cuMemcpy2DAsync"); }
+GP_EXPORT CUresult cuMemcpy2DAsync_v2(void) { return gp_unforwarded("cuMemcpy2DAsync_v2"); }
+GP_EXPORT CUresult cuMemcpy2DAsync_v2_ptsz(void) { return gp_unforwarded("cuMemcpy2DAsync_v2_ptsz"); }
+GP_EXPORT CUresult cuMemcpy2DUnaligned(void) { return gp_unforwarded("cuMemcpy2DUnaligned"); }
+GP_EXPORT CUresult cuMemcpy2DUnaligned_v2(void) { return gp_unforwarded("cuMemcpy2DUnaligned_v2"); }
+GP_EXPORT CUresult cuMemcpy2DUnaligned_v2_ptds(void) { return gp_unforwarded("cuMemcpy2DUnaligned_v2_ptds"); }
+GP_EXPORT CUresult cuMemcpy2D_v2(void) { return gp_unforwarded("cuMemcpy2D_v2"); }
+GP_EXPORT CUresult cuMemcpy2D_v2_ptds(void) { return gp_unforwarded("cuMemcpy2D_v2_ptds"); }
+GP_EXPORT CUresult cuMemcpy3D(void) { return gp_unforwarded("cuMemcpy3D"); }
+GP_EXPORT CUresult cuMemcpy3DAsync(void) { return gp_unforwarded("cuMemcpy3DAsync"); }
+GP_EXPORT CUresult cuMemcpy3DAsync_v2(void) { return gp_unforwarded("cuMemcpy3DAsync_v2"); }
+GP_EXPORT CUresult cuMemcpy3DAsync_v2_ptsz(void) { return gp_unforwarded("cuMemcpy3DAsync_v2_ptsz"); }
+GP_EXPORT CUresult cuMemcpy3DBatchAsync(void) { return gp_unforwarded("cuMemcpy3DBatchAsync"); }
+GP_EXPORT CUresult cuMemcpy3DBatchAsync_ptsz(void) { return gp_unforwarded("cuMemcpy3DBatchAsync_ptsz"); }
+GP_EXPORT CUresult cuMemcpy3DBatchAsync_v2(void) { return gp_unforwarded("cuMemcpy3DBatchAsync_v2"); }
+GP_EXPORT CUresult cuMemcpy3DBatchAsync_v2_ptsz(void) { return gp_unforwarded("cuMemcpy3DBatchAsync_v2_ptsz"); }
+GP_EXPORT CUresult cuMemcpy3DPeer(void) { return gp_unforwarded("cuMemcpy3DPeer"); }
+GP_EXPORT CUresult cuMemcpy3DPeerAsync(void) { return gp_unforwarded("cuMemcpy3DPeerAsync"); }
+GP_EXPORT CUresult cuMemcpy3DPeerAsync_ptsz(void) { return gp_unforwarded("cuMemcpy3DPeerAsync_ptsz"); }
+GP_EXPORT CUresult cuMemcpy3DPeer_ptds(void) { return gp_unforwarded("cuMemcpy3DPeer_ptds"); }
+GP_EXPORT CUresult cuMemcpy3D_v2(void) { return gp_unforwarded("cuMemcpy3D_v2"); }
+GP_EXPORT CUresult cuMemcpy3D_v2_ptds(void) { return gp_unforwarded("cuMemcpy3D_v2_ptds"); }
+GP_EXPORT CUresult cuMemcpyAtoA(void) { return gp_unforwarded("cuMemcpyAtoA"); }
+GP_EXPORT CUresult cuMemcpyAtoA_v2(void) { return gp_unforwarded("cuMemcpyAtoA_v2"); }
+GP_EXPORT CUresult cuMemcpyAtoA_v2_ptds(void) { return gp_unforwarded("cuMemcpyAtoA_v2_ptds"); }
+GP_EXPORT CUresult cuMemcpyAtoD(void) { return gp_unforwarded("cuMemcpyAtoD"); }
+GP_EXPORT CUresult cuMemcpyAtoD_v2(void) { return gp_unforwarded("cuMemcpyAtoD_v2"); }
+GP_EXPORT CUresult cuMemcpyAtoD_v2_ptds(void) { return gp_unforwarded("cuMemcpyAtoD_v2_ptds"); }
+GP_EXPORT CUresult cuMemcpyAtoH(void) { return gp_unforwarded("cuMemcpyAtoH"); }
+GP_EXPORT CUresult cuMemcpyAtoHAsync(void) { return gp_unforwarded("cuMemcpyAtoHAsync"); }
+GP_EXPORT CUresult cuMemcpyAtoHAsync_v2(void) { return gp_unforwarded("cuMemcpyAtoHAsync_v2"); }
+GP_EXPORT CUresult cuMemcpyAtoHAsync_v2_ptsz(void) { return gp_unforwarded("cuMemcpyAtoHAsync_v2_ptsz"); }
+GP_EXPORT CUresult cuMemcpyAtoH_v2(void) { return gp_unforwarded("cuMemcpyAtoH_v2"); }
+GP_EXPORT CUresult cuMemcpyAtoH_v2_ptds(void) { return gp_unforwarded("cuMemcpyAtoH_v2_ptds"); }
+GP_EXPORT CUresult cuMemcpyBatchAsync(void) { return gp_unforwarded("cuMemcpyBatchAsync"); }
+GP_EXPORT CUresult cuMemcpyBatchAsync_ptsz(void) { return gp_unforwarded("cuMemcpyBatchAsync_ptsz"); }
+GP_EXPORT CUresult cuMemcpyBatchAsync_v2(void) { return gp_unforwarded("cuMemcpyBatchAsync_v2"); }
+GP_EXPORT CUresult cuMemcpyBatchAsync_v2_ptsz(void) { return gp_unforwarded("cuMemcpyBatchAsync_v2_ptsz"); }
+GP_EXPORT CUresult cuMemcpyDtoA(void) { return gp_unforwarded("cuMemcpyDtoA"); }
+GP_EXPORT CUresult cuMemcpyDtoA_v2(void) { return gp_unforwarded("cuMemcpyDtoA_v2"); }
+GP_EXPORT CUresult cuMemcpyDtoA_v2_ptds(void) { return gp_unforwarded("cuMemcpyDtoA_v2_ptds"); }
+GP_EXPORT CUresult cuMemcpyDtoD(void) { return gp_unforwarded("cuMemcpyDtoD"); }
+GP_EXPORT CUresult cuMemcpyDtoDAsync(void) { return gp_unforwarded("cuMemcpyDtoDAsync"); }
+GP_EXPORT CUresult cuMemcpyDtoH(void) { return gp_unforwarded("cuMemcpyDtoH"); }
+GP_EXPORT CUresult cuMemcpyDtoHAsync(void) { return gp_unforwarded("cuMemcpyDtoHAsync"); }
+GP_EXPORT CUresult cuMemcpyHtoA(void) { return gp_unforwarded("cuMemcpyHtoA"); }
+GP_EXPORT CUresult cuMemcpyHtoAAsync(void) { return gp_unforwarded("cuMemcpyHtoAAsync"); }
+GP_EXPORT CUresult cuMemcpyHtoAAsync_v2(void) { return gp_unforwarded("cuMemcpyHtoAAsync_v2"); }
+GP_EXPORT CUresult cuMemcpyHtoAAsync_v2_ptsz(void) { return gp_unforwarded("cuMemcpyHtoAAsync_v2_ptsz"); }
+GP_EXPORT CUresult cuMemcpyHtoA_v2(void) { return gp_unforwarded("cuMemcpyHtoA_v2"); }
+GP_EXPORT CUresult cuMemcpyHtoA_v2_ptds(void) { return gp_unforwarded("cuMemcpyHtoA_v2_ptds"); }
+GP_EXPORT CUresult cuMemcpyHtoD(void) { return gp_unforwarded("cuMemcpyHtoD"); }
+GP_EXPORT CUresult cuMemcpyHtoDAsync(void) { return gp_unforwarded("cuMemcpyHtoDAsync"); }
+GP_EXPORT CUresult cuMemsetD16(void) { return gp_unforwarded("cuMemsetD16"); }
+GP_EXPORT CUresult cuMemsetD2D16(void) { return gp_unforwarded("cuMemsetD2D16"); }
+GP_EXPORT CUresult cuMemsetD2D16Async(void) { return gp_unforwarded("cuMemsetD2D16Async"); }
+GP_EXPORT CUresult cuMemsetD2D16Async_ptsz(void) { return gp_unforwarded("cuMemsetD2D16Async_ptsz"); }
+GP_EXPORT CUresult cuMemsetD2D16_v2(void) { return gp_unforwarded("cuMemsetD2D16_v2"); }
+GP_EXPORT CUresult cuMemsetD2D16_v2_ptds(void) { return gp_unforwarded("cuMemsetD2D16_v2_ptds"); }
+GP_EXPORT CUresult cuMemsetD2D32(void) { return gp_unforwarded("cuMemsetD2D32"); }
+GP_EXPORT CUresult cuMemsetD2D32Async(void) { return gp_unforwarded("cuMemsetD2D32Async"); }
+GP_EXPORT CUresult cuMemsetD2D32Async_ptsz(void) { return gp_unforwarded("cuMemsetD2D32Async_ptsz"); }
+GP_EXPORT CUresult cuMemsetD2D32_v2(void) { return gp_unforwarded("cuMemsetD2D32_v2"); }
+GP_EXPORT CUresult cuMemsetD2D32_v2_ptds(void) { return gp_unforwarded("cuMemsetD2D32_v2_ptds"); }
+GP_EXPORT CUresult cuMemsetD2D8(void) { return gp_unforwarded("cuMemsetD2D8"); }
+GP_EXPORT CUresult cuMemsetD2D8Async(void) { return gp_unforwarded("cuMemsetD2D8Async"); }
+GP_EXPORT CUresult cuMemsetD2D8Async_ptsz(void) { return gp_unforwarded("cuMemsetD2D8Async_ptsz"); }
+GP_EXPORT CUresult cuMemsetD2D8_v2(void) { return gp_unforwarded("cuMemsetD2D8_v2"); }
+GP_EXPORT CUresult cuMemsetD2D8_v2_ptds(void) { return gp_unforwarded("cuMemsetD2D8_v2_ptds"); }
+GP_EXPORT CUresult cuMemsetD32(void) { return gp_unforwarded("cuMemsetD32"); }
+GP_EXPORT CUresult cuMemsetD8(void) { return gp_unforwarded("cuMemsetD8"); }
+GP_EXPORT CUresult cuMipmappedArrayCreate(void) { return gp_unforwarded("cuMipmappedArrayCreate"); }
+GP_EXPORT CUresult cuMipmappedArrayDestroy(void) { return gp_unforwarded("cuMipmappedArrayDestroy"); }
+GP_EXPORT CUresult cuMipmappedArrayGetLevel(void) { return gp_unforwarded("cuMipmappedArrayGetLevel"); }
+GP_EXPORT CUresult cuMipmappedArrayGetMemoryRequirements(void) { return gp_unforwarded("cuMipmappedArrayGetMemoryRequirements"); }
+GP_EXPORT CUresult cuMipmappedArrayGetSparseProperties(void) { return gp_unforwarded("cuMipmappedArrayGetSparseProperties"); }
+GP_EXPORT CUresult cuModuleEnumerateFunctions(void) { return gp_unforwarded("cuModuleEnumerateFunctions"); }
+GP_EXPORT CUresult cuModuleGetFunctionCount(void) { return gp_unforwarded("cuModuleGetFunctionCount"); }
+GP_EXPORT CUresult cuModuleGetGlobal(void) { return gp_unforwarded("cuModuleGetGlobal"); }
+GP_EXPORT CUresult cuModuleGetSurfRef(void) { return gp_unforwarded("cuModuleGetSurfRef"); }
+GP_EXPORT CUresult cuModuleGetTexRef(void) { return gp_unforwarded("cuModuleGetTexRef"); }
+GP_EXPORT CUresult cuMulticastAddDevice(void) { return gp_unforwarded("cuMulticastAddDevice"); }
+GP_EXPORT CUresult cuMulticastBindAddr(void) { return gp_unforwarded("cuMulticastBindAddr"); }
+GP_EXPORT CUresult cuMulticastBindMem(void) { return gp_unforwarded("cuMulticastBindMem"); }
+GP_EXPORT CUresult cuMulticastCreate(void) { return gp_unforwarded("cuMulticastCreate"); }
+GP_EXPORT CUresult cuMulticastGetGranularity(void) { return gp_unforwarded("cuMulticastGetGranularity"); }
+GP_EXPORT CUresult cuMulticastUnbind(void) { return gp_unforwarded("cuMulticastUnbind"); }
+GP_EXPORT CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(void) { return gp_unforwarded("cuOccupancyMaxPotentialBlockSizeWithFlags"); }
+GP_EXPORT CUresult cuParamSetSize(void) { return gp_unforwarded("cuParamSetSize"); }
+GP_EXPORT CUresult cuParamSetTexRef(void) { return gp_unforwarded("cuParamSetTexRef"); }
+GP_EXPORT CUresult cuParamSetf(void) { return gp_unforwarded("cuParamSetf"); }
+GP_EXPORT CUresult cuParamSeti(void) { return gp_unforwarded("cuParamSeti"); }
+GP_EXPORT CUresult cuParamSetv(void) { return gp_unforwarded("cuParamSetv"); }
+GP_EXPORT CUresult cuPointerSetAttribute(void) { return gp_unforwarded("cuPointerSetAttribute"); }
+GP_EXPORT CUresult cuProfilerInitialize(void) { return gp_unforwarded("cuProfilerInitialize"); }
+GP_EXPORT CUresult cuProfilerStart(void) { return gp_unforwarded("cuProfilerStart"); }
+GP_EXPORT CUresult cuProfilerStop(void) { return gp_unforwarded("cuProfilerStop"); }
+GP_EXPORT CUresult cuSignalExternalSemaphoresAsync(void) { return gp_unforwarded("cuSignalExternalSemaphoresAsync"); }
+GP_EXPORT CUresult cuSignalExternalSemaphoresAsync_ptsz(void) { return gp_unforwarded("cuSignalExternalSemaphoresAsync_ptsz"); }
+GP_EXPORT CUresult cuStreamAddCallback(void) { return gp_unforwarded("cuStreamAddCallback"); }
+GP_EXPORT CUresult cuStreamAddCallback_ptsz(void) { return gp_unforwarded("cuStreamAddCallback_ptsz"); }
+GP_EXPORT CUresult cuStreamAttachMemAsync(void) { return gp_unforwarded("cuStreamAttachMemAsync"); }
+GP_EXPORT CUresult cuStreamAttachMemAsync_ptsz(void) { return gp_unforwarded("cuStreamAttachMemAsync_ptsz"); }
+GP_EXPORT CUresult cuStreamBatchMemOp(void) { return gp_unforwarded("cuStreamBatchMemOp"); }
+GP_EXPORT CUresult cuStreamBatchMemOp_ptsz(void) { return gp_unforwarded("cuStreamBatchMemOp_ptsz"); }
+GP_EXPORT CUresult cuStreamBatchMemOp_v2(void) { return gp_unforwarded("cuStreamBatchMemOp_v2"); }
+GP_EXPORT CUresult cuStreamBatchMemOp_v2_ptsz(void) { return gp_unforwarded("cuStreamBatchMemOp_v2_ptsz"); }
+GP_EXPORT CUresult cuStreamBeginCapture(void) { return gp_unforwarded("cuStreamBeginCapture"); }
+GP_EXPORT CUresult cuStreamBeginCaptureToGraph(void) { return gp_unforwarded("cuStreamBeginCaptureToGraph"); }
+GP_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(void) { return gp_unforwarded("cuStreamBeginCaptureToGraph_ptsz"); }
+GP_EXPORT CUresult cuStreamBeginCapture_ptsz(void) { return gp_unforwarded("cuStreamBeginCapture_ptsz"); }
+GP_EXPORT CUresult cuStreamCopyAttributes(void) { return gp_unforwarded("cuStreamCopyAttributes"); }
+GP_EXPORT CUresult cuStreamCopyAttributes_ptsz(void) { return gp_unforwarded("cuStreamCopyAttributes_ptsz"); }
+GP_EXPORT CUresult cuStreamDestroy(void) { return gp_unforwarded("cuStreamDestroy"); }
+GP_EXPORT CUresult cuStreamGetAttribute(void) { return gp_unforwarded("cuStreamGetAttribute"); }
+GP_EXPORT CUresult cuStreamGetAttribute_ptsz(void) { return gp_unforwarded("cuStreamGetAttribute_ptsz"); }
+GP_EXPORT CUresult cuStreamGetCaptureInfo(void) { return gp_unforwarded("cuStreamGetCaptureInfo"); }
+GP_EXPORT CUresult cuStreamGetCaptureInfo_ptsz(void) { return gp_unforwarded("cuStreamGetCaptureInfo_ptsz"); }
+GP_EXPORT CUresult cuStreamGetGreenCtx(void) { return gp_unforwarded("cuStreamGetGreenCtx"); }
+GP_EXPORT CUresult cuStreamSetAttribute(void) { return gp_unforwarded("cuStreamSetAttribute"); }
+GP_EXPORT CUresult cuStreamSetAttribute_ptsz(void) { return gp_unforwarded("cuStreamSetAttribute_ptsz"); }
+GP_EXPORT CUresult cuStreamUpdateCaptureDependencies(void) { return gp_unforwarded("cuStreamUpdateCaptureDependencies"); }
+GP_EXPORT CUresult cuStreamUpdateCaptureDependencies_ptsz(void) { return gp_unforwarded("cuStreamUpdateCaptureDependencies_ptsz"); }
+GP_EXPORT CUresult cuStreamUpdateCaptureDependencies_v2(void) { return gp_unforwarded("cuStreamUpdateCaptureDependencies_v2"); }
+GP_EXPORT CUresult cuStreamUpdateCaptureDependencies_v2_ptsz(void) { return gp_unforwarded("cuStreamUpdateCaptureDependencies_v2_ptsz"); }
+GP_EXPORT CUresult cuStreamWaitValue32(void) { return gp_unforwarded("cuStreamWaitValue32"); }
+GP_EXPORT CUresult cuStreamWaitValue32_ptsz(void) { return gp_unforwarded("cuStreamWaitValue32_ptsz"); }
+GP_EXPORT CUresult cuStreamWaitValue32_v2(void) { return gp_unforwarded("cuStreamWaitValue32_v2"); }
+GP_EXPORT CUresult cuStreamWaitValue32_v2_ptsz(void) { return gp_unforwarded("cuStreamWaitValue32_v2_ptsz"); }
+GP_EXPORT CUresult cuStreamWaitValue64(void) { return gp_unforwarded("cuStreamWaitValue64"); }
+GP_EXPORT CUresult cuStreamWaitValue64_ptsz(void) { return gp_unforwarded("cuStreamWaitValue64_ptsz"); }
+GP_EXPORT CUresult cuStreamWaitValue64_v2(void) { return gp_unforwarded("cuStreamWaitValue64_v2"); }
+GP_EXPORT CUresult cuStreamWaitValue64_v2_ptsz(void) { return gp_unforwarded("cuStreamWaitValue64_v2_ptsz"); }
+GP_EXPORT CUresult cuStreamWriteValue32(void) { return gp_unforwarded("cuStreamWriteValue32"); }
+GP_EXPORT CUresult cuStreamWriteValue32_ptsz(void) { return gp_unforwarded("cuStreamWriteValue32_ptsz"); }
+GP_EXPORT CUresult cuStreamWriteValue32_v2(void) { return gp_unforwarded("cuStreamWriteValue32_v2"); }
+GP_EXPORT CUresult cuStreamWriteValue32_v2_ptsz(void) { return gp_unforwarded("cuStreamWriteValue32_v2_ptsz"); }
+GP_EXPORT CUresult cuStreamWriteValue64(void) { return gp_unforwarded("cuStreamWriteValue64"); }
+GP_EXPORT CUresult cuStreamWriteValue64_ptsz(void) { return gp_unforwarded("cuStreamWriteValue64_ptsz"); }
+GP_EXPORT CUresult cuStreamWriteValue64_v2(void) { return gp_unforwarded("cuStreamWriteValue64_v2"); }
+GP_EXPORT CUresult cuStreamWriteValue64_v2_ptsz(void) { return gp_unforwarded("cuStreamWriteValue64_v2_ptsz"); }
+GP_EXPORT CUresult cuSurfObjectCreate(void) { return gp_unforwarded("cuSurfObjectCreate"); }
+GP_EXPORT CUresult cuSurfObjectDestroy(void) { return gp_unforwarded("cuSurfObjectDestroy"); }
+GP_EXPORT CUresult cuSurfObjectGetResourceDesc(void) { return gp_unforwarded("cuSurfObjectGetResourceDesc"); }
+GP_EXPORT CUresult cuSurfRefGetArray(void) { return gp_unforwarded("cuSurfRefGetArray"); }
+GP_EXPORT CUresult cuSurfRefSetArray(void) { return gp_unforwarded("cuSurfRefSetArray"); }
+GP_EXPORT CUresult cuTensorMapEncodeIm2col(void) { return gp_unforwarded("cuTensorMapEncodeIm2col"); }
+GP_EXPORT CUresult cuTensorMapEncodeIm2colWide(void) { return gp_unforwarded("cuTensorMapEncodeIm2colWide"); }
+GP_EXPORT CUresult cuTensorMapEncodeTiled(void) { return gp_unforwarded("cuTensorMapEncodeTiled"); }
+GP_EXPORT CUresult cuTensorMapReplaceAddress(void) { return gp_unforwarded("cuTensorMapReplaceAddress"); }
+GP_EXPORT CUresult cuTexObjectCreate(void) { return gp_unforwarded("cuTexObjectCreate"); }
+GP_EXPORT CUresult cuTexObjectDestroy(void) { return gp_unforwarded("cuTexObjectDestroy"); }
+GP_EXPORT CUresult cuTexObjectGetResourceDesc(void) { return gp_unforwarded("cuTexObjectGetResourceDesc"); }
+GP_EXPORT CUresult cuTexObjectGetResourceViewDesc(void) { return gp_unforwarded("cuTexObjectGetResourceViewDesc"); }
+GP_EXPORT CUresult cuTexObjectGetTextureDesc(void) { return gp_unforwarded("cuTexObjectGetTextureDesc"); }
+GP_EXPORT CUresult cuTexRefCreate(void) { return gp_unforwarded("cuTexRefCreate"); }
+GP_EXPORT CUresult cuTexRefDestroy(void) { return gp_unforwarded("cuTexRefDestroy"); }
+GP_EXPORT CUresult cuTexRefGetAddress(void) { return gp_unforwarded("cuTexRefGetAddress"); }
+GP_EXPORT CUresult cuTexRefGetAddressMode(void) { return gp_unforwarded("cuTexRefGetAddressMode"); }
+GP_EXPORT CUresult cuTexRefGetAddress_v2(void) { return gp_unforwarded("cuTexRefGetAddress_v2"); }
+GP_EXPORT CUresult cuTexRefGetArray(void) { return gp_unforwarded("cuTexRefGetArray"); }
+GP_EXPORT CUresult cuTexRefGetBorderColor(void) { return gp_unforwarded("cuTexRefGetBorderColor"); }
+GP_EXPORT CUresult cuTexRefGetFilterMode(void) { return gp_unforwarded("cuTexRefGetFilterMode"); }
+GP_EXPORT CUresult cuTexRefGetFlags(void) { return gp_unforwarded("cuTexRefGetFlags"); }
+GP_EXPORT CUresult cuTexRefGetFormat(void) { return gp_unforwarded("cuTexRefGetFormat"); }
+GP_EXPORT CUresult cuTexRefGetMaxAnisotropy(void) { return gp_unforwarded("cuTexRefGetMaxAnisotropy"); }
+GP_EXPORT CUresult cuTexRefGetMipmapFilterMode(void) { return gp_unforwarded("cuTexRefGetMipmapFilterMode"); }
+GP_EXPORT CUresult cuTexRefGetMipmapLevelBias(void) { return gp_unforwarded("cuTexRefGetMipmapLevelBias"); }
+GP_EXPORT CUresult cuTexRefGetMipmapLevelClamp(void) { return gp_unforwarded("cuTexRefGetMipmapLevelClamp"); }
+GP_EXPORT CUresult cuTexRefGetMipmappedArray(void) { return gp_unforwarded("cuTexRefGetMipmappedArray"); }
+GP_EXPORT CUresult cuTexRefSetAddress(void) { return gp_unforwarded("cuTexRefSetAddress"); }
+GP_EXPORT CUresult cuTexRefSetAddress2D(void) { return gp_unforwarded("cuTexRefSetAddress2D"); }
+GP_EXPORT CUresult cuTexRefSetAddress2D_v2(void) { return gp_unforwarded("cuTexRefSetAddress2D_v2"); }
+GP_EXPORT CUresult cuTexRefSetAddress2D_v3(void) { return gp_unforwarded("cuTexRefSetAddress2D_v3"); }
+GP_EXPORT CUresult cuTexRefSetAddressMode(void) { return gp_unforwarded("cuTexRefSetAddressMode"); }
+GP_EXPORT CUresult cuTexRefSetAddress_v2(void) { return gp_unforwarded("cuTexRefSetAddress_v2"); }
+GP_EXPORT CUresult cuTexRefSetArray(void) { return gp_unforwarded("cuTexRefSetArray"); }
+GP_EXPORT CUresult cuTexRefSetBorderColor(void) { return gp_unforwarded("cuTexRefSetBorderColor"); }
+GP_EXPORT CUresult cuTexRefSetFilterMode(void) { return gp_unforwarded("cuTexRefSetFilterMode"); }
+GP_EXPORT CUresult cuTexRefSetFlags(void) { return gp_unforwarded("cuTexRefSetFlags"); }
+GP_EXPORT CUresult cuTexRefSetFormat(void) { return gp_unforwarded("cuTexRefSetFormat"); }
+GP_EXPORT CUresult cuTexRefSetMaxAnisotropy(void) { return gp_unforwarded("cuTexRefSetMaxAnisotropy"); }
+GP_EXPORT CUresult cuTexRefSetMipmapFilterMode(void) { return gp_unforwarded("cuTexRefSetMipmapFilterMode"); }
+GP_EXPORT CUresult cuTexRefSetMipmapLevelBias(void) { return gp_unforwarded("cuTexRefSetMipmapLevelBias"); }
+GP_EXPORT CUresult cuTexRefSetMipmapLevelClamp(void) { return gp_unforwarded("cuTexRefSetMipmapLevelClamp"); }
+GP_EXPORT CUresult cuTexRefSetMipmappedArray(void) { return gp_unforwarded("cuTexRefSetMipmappedArray"); }
+GP_EXPORT CUresult cuUserObjectCreate(void) { return gp_unforwarded("cuUserObjectCreate"); }
+GP_EXPORT CUresult cuUserObjectRelease(void) { return gp_unforwarded("cuUserObjectRelease"); }
+GP_EXPORT CUresult cuUserObjectRetain(void) { return gp_unforwarded("cuUserObjectRetain"); }
+GP_EXPORT CUresult cuVDPAUCtxCreate(void) { return gp_unforwarded("cuVDPAUCtxCreate"); }
+GP_EXPORT CUresult cuVDPAUCtxCreate_v2(void) { return gp_unforwarded("cuVDPAUCtxCreate_v2"); }
+GP_EXPORT CUresult cuVDPAUGetDevice(void) { return gp_unforwarded("cuVDPAUGetDevice"); }
+GP_EXPORT CUresult cuWaitExternalSemaphoresAsync(void) { return gp_unforwarded("cuWaitExternalSemaphoresAsync"); }
+GP_EXPORT CUresult cuWaitExternalSemaphoresAsync_ptsz(void) { return gp_unforwarded("cuWaitExternalSemaphoresAsync_ptsz"); }
+GP_EXPORT CUresult cudbgApiAttach(void) { return gp_unforwarded("cudbgApiAttach"); }
+GP_EXPORT CUresult cudbgApiDetach(void) { return gp_unforwarded("cudbgApiDetach"); }
+GP_EXPORT CUresult cudbgApiInit(void) { return gp_unforwarded("cudbgApiInit"); }
+GP_EXPORT CUresult cudbgGetAPI(void) { return gp_unforwarded("cudbgGetAPI"); }
+GP_EXPORT CUresult cudbgGetAPIVersion(void) { return gp_unforwarded("cudbgGetAPIVersion"); }
+GP_EXPORT CUresult cudbgMain(void) { return gp_unforwarded("cudbgMain"); }
+GP_EXPORT CUresult cudbgReportDriverApiError(void) { return gp_unforwarded("cudbgReportDriverApiError"); }
+GP_EXPORT CUresult cudbgReportDriverInternalError(void) { return gp_unforwarded("cudbgReportDriverInternalError"); }
+
 /* What cuGetProcAddress hands out: (name, ABI version) -> function, sorted by name then version. */
 static const struct gp_proc gp_procs[] = {
     {"cuCtxGetApiVersion", 3020, (void *)cuCtxGetApiVersion},
@@ -779,9 +1417,12 @@ static const struct gp_proc gp_procs[] = {
     {"cuDeviceGetUuid", 9020, (void *)cuDeviceGetUuid},
     {"cuDeviceGetUuid", 11040, (void *)cuDeviceGetUuid_v2},
     {"cuDevicePrimaryCtxGetState", 7000, (void *)cuDevicePrimaryCtxGetState},
+    {"cuDevicePrimaryCtxRelease", 7000, (void *)cuDevicePrimaryCtxRelease},
     {"cuDevicePrimaryCtxRelease", 11000, (void *)cuDevicePrimaryCtxRelease_v2},
+    {"cuDevicePrimaryCtxReset", 7000, (void *)cuDevicePrimaryCtxReset},
     {"cuDevicePrimaryCtxReset", 11000, (void *)cuDevicePrimaryCtxReset_v2},
     {"cuDevicePrimaryCtxRetain", 7000, (void *)cuDevicePrimaryCtxRetain},
+    {"cuDevicePrimaryCtxSetFlags", 7000, (void *)cuDevicePrimaryCtxSetFlags},
     {"cuDevicePrimaryCtxSetFlags", 11000, (void *)cuDevicePrimaryCtxSetFlags_v2},
     {"cuDeviceTotalMem", 3020, (void *)cuDeviceTotalMem_v2},
     {"cuDriverGetVersion", 2020, (void *)cuDriverGetVersion},
@@ -801,6 +1442,13 @@ static const struct gp_proc gp_procs[] = {
     {"cuGetErrorName", 6000, (void *)cuGetErrorName},
     {"cuGetErrorString", 6000, (void *)cuGetErrorString},
     {"cuGetExportTable", 3000, (void *)cuGetExportTable},
+    {"cuGraphDestroy", 10000, (void *)cuGraphDestroy},
+    {"cuGraphExecDestroy", 10000, (void *)cuGraphExecDestroy},
+    {"cuGraphGetNodes", 10000, (void *)cuGraphGetNodes},
+    {"cuGraphInstantiate", 12000, (void *)cuGraphInstantiateWithFlags},
+    {"cuGraphInstantiateWithFlags", 11040, (void *)cuGraphInstantiateWithFlags},
+    {"cuGraphLaunch", 10000, (void *)cuGraphLaunch},
+    {"cuGraphUpload", 11010, (void *)cuGraphUpload},
     {"cuInit", 2000, (void *)cuInit},
     {"cuKernelGetAttribute", 12000, (void *)cuKernelGetAttribute},
     {"cuKernelGetFunction", 12000, (void *)cuKernelGetFunction},
@@ -813,6 +1461,8 @@ static const struct gp_proc gp_procs[] = {
     {"cuLibraryGetModule", 12000, (void *)cuLibraryGetModule},
     {"cuLibraryLoadData", 12000, (void *)cuLibraryLoadData},
     {"cuLibraryUnload", 12000, (void *)cuLibraryUnload},
+    {"cuLogsRegisterCallback", 12080, (void *)cuLogsRegisterCallback},
+    {"cuLogsUnregisterCallback", 12080, (void *)cuLogsUnregisterCallback},
     {"cuMemAlloc", 3020, (void *)cuMemAlloc_v2},
     {"cuMemAllocAsync", 11020, (void *)cuMemAllocAsync},
     {"cuMemAllocFromPoolAsync", 11020, (void *)cuMemAllocFromPoolAsync},
@@ -823,6 +1473,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemGetAddressRange", 3020, (void *)cuMemGetAddressRange_v2},
     {"cuMemGetInfo", 3020, (void *)cuMemGetInfo_v2},
     {"cuMemHostAlloc", 2020, (void *)cuMemHostAlloc},
+    {"cuMemHostGetDevicePointer", 3020, (void *)cuMemHostGetDevicePointer_v2},
     {"cuMemHostGetFlags", 2030, (void *)cuMemHostGetFlags},
     {"cuMemHostRegister", 6050, (void *)cuMemHostRegister_v2},
     {"cuMemHostUnregister", 4000, (void *)cuMemHostUnregister},
@@ -847,6 +1498,8 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemsetD8Async", 3020, (void *)cuMemsetD8Async},
     {"cuModuleGetFunction", 2000, (void *)cuModuleGetFunction},
     {"cuModuleGetGlobal", 3020, (void *)cuModuleGetGlobal_v2},
+    {"cuModuleGetLoadingMode", 11070, (void *)cuModuleGetLoadingMode},
+    {"cuModuleLoad", 2000, (void *)cuModuleLoad},
     {"cuModuleLoadData", 2000, (void *)cuModuleLoadData},
     {"cuModuleLoadDataEx", 2010, (void *)cuModuleLoadDataEx},
     {"cuModuleLoadFatBinary", 2000, (void *)cuModuleLoadFatBinary},
@@ -854,12 +1507,18 @@ static const struct gp_proc gp_procs[] = {
     {"cuOccupancyAvailableDynamicSMemPerBlock", 10020, (void *)cuOccupancyAvailableDynamicSMemPerBlock},
     {"cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050, (void *)cuOccupancyMaxActiveBlocksPerMultiprocessor},
     {"cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 7000, (void *)cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags},
+    {"cuOccupancyMaxActiveClusters", 11070, (void *)cuOccupancyMaxActiveClusters},
     {"cuOccupancyMaxPotentialBlockSize", 6050, (void *)cuOccupancyMaxPotentialBlockSize},
+    {"cuOccupancyMaxPotentialClusterSize", 11070, (void *)cuOccupancyMaxPotentialClusterSize},
     {"cuPointerGetAttribute", 4000, (void *)cuPointerGetAttribute},
     {"cuPointerGetAttributes", 7000, (void *)cuPointerGetAttributes},
+    {"cuStreamBeginCapture", 10010, (void *)cuStreamBeginCapture_v2},
     {"cuStreamCreate", 2000, (void *)cuStreamCreate},
     {"cuStreamCreateWithPriority", 5050, (void *)cuStreamCreateWithPriority},
     {"cuStreamDestroy", 4000, (void *)cuStreamDestroy_v2},
+    {"cuStreamEndCapture", 10000, (void *)cuStreamEndCapture},
+    {"cuStreamGetCaptureInfo", 11030, (void *)cuStreamGetCaptureInfo_v2},
+    {"cuStreamGetCaptureInfo", 12030, (void *)cuStreamGetCaptureInfo_v3},
     {"cuStreamGetCtx", 9020, (void *)cuStreamGetCtx},
     {"cuStreamGetCtx", 12050, (void *)cuStreamGetCtx_v2},
     {"cuStreamGetDevice", 12080, (void *)cuStreamGetDevice},
@@ -870,6 +1529,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuStreamQuery", 2000, (void *)cuStreamQuery},
     {"cuStreamSynchronize", 2000, (void *)cuStreamSynchronize},
     {"cuStreamWaitEvent", 3020, (void *)cuStreamWaitEvent},
+    {"cuThreadExchangeStreamCaptureMode", 10010, (void *)cuThreadExchangeStreamCaptureMode},
 };
 
 static const struct gp_result_text gp_result_texts[] = {
@@ -904,6 +1564,10 @@ static const struct gp_result_text gp_result_texts[] = {
     {800, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
     {801, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
     {900, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"},
+    {901, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", "operation failed due to a previous error during capture"},
+    {903, "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED", "capture was not initiated in this stream"},
+    {904, "CUDA_ERROR_STREAM_CAPTURE_UNJOINED", "capturing stream has unjoined work"},
+    {906, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT", "operation would make the legacy stream depend on a capturing blocking stream"},
     {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 

@@ -46,6 +46,10 @@ _Static_assert(sizeof(struct gp_reply) == 16, "reply header");
 #define CUDA_ERROR_NOT_PERMITTED 800
 #define CUDA_ERROR_NOT_SUPPORTED 801
 #define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
+#define CUDA_ERROR_STREAM_CAPTURE_INVALIDATED 901
+#define CUDA_ERROR_STREAM_CAPTURE_UNMATCHED 903
+#define CUDA_ERROR_STREAM_CAPTURE_UNJOINED 904
+#define CUDA_ERROR_STREAM_CAPTURE_IMPLICIT 906
 #define CUDA_ERROR_UNKNOWN 999
 
 #define GP_CALL_gpHello 0
@@ -66,108 +70,131 @@ _Static_assert(sizeof(struct gp_reply) == 16, "reply header");
 #define GP_CALL_cuDeviceGetMemPool 15
 #define GP_CALL_cuDeviceGetDefaultMemPool 16
 #define GP_CALL_cuDevicePrimaryCtxRetain 17
-#define GP_CALL_cuDevicePrimaryCtxRelease_v2 18
-#define GP_CALL_cuDevicePrimaryCtxGetState 19
-#define GP_CALL_cuDevicePrimaryCtxSetFlags_v2 20
-#define GP_CALL_cuDevicePrimaryCtxReset_v2 21
-#define GP_CALL_cuCtxGetCurrent 22
-#define GP_CALL_cuCtxSetCurrent 23
-#define GP_CALL_cuCtxPushCurrent_v2 24
-#define GP_CALL_cuCtxPopCurrent_v2 25
-#define GP_CALL_cuCtxGetDevice 26
-#define GP_CALL_cuCtxGetDevice_v2 27
-#define GP_CALL_cuCtxSynchronize 28
-#define GP_CALL_cuCtxSynchronize_v2 29
-#define GP_CALL_cuCtxGetApiVersion 30
-#define GP_CALL_cuCtxGetFlags 31
-#define GP_CALL_cuCtxGetLimit 32
-#define GP_CALL_cuCtxSetLimit 33
-#define GP_CALL_cuCtxGetStreamPriorityRange 34
-#define GP_CALL_cuCtxGetId 35
-#define GP_CALL_cuMemGetInfo_v2 36
-#define GP_CALL_cuMemAlloc_v2 37
-#define GP_CALL_cuMemFree_v2 38
-#define GP_CALL_cuMemGetAddressRange_v2 39
-#define GP_CALL_cuMemAllocAsync 40
-#define GP_CALL_cuMemAllocFromPoolAsync 41
-#define GP_CALL_cuMemFreeAsync 42
-#define GP_CALL_cuMemPoolSetAttribute 43
-#define GP_CALL_cuMemPoolGetAttribute 44
-#define GP_CALL_cuMemPoolTrimTo 45
-#define GP_CALL_cuMemAllocHost_v2 46
-#define GP_CALL_cuMemHostAlloc 47
-#define GP_CALL_cuMemFreeHost 48
-#define GP_CALL_cuMemHostRegister_v2 49
-#define GP_CALL_cuMemHostUnregister 50
-#define GP_CALL_cuMemHostGetFlags 51
-#define GP_CALL_cuMemcpyHtoD_v2 52
-#define GP_CALL_cuMemcpyHtoDAsync_v2 53
-#define GP_CALL_cuMemcpyDtoH_v2 54
-#define GP_CALL_cuMemcpyDtoHAsync_v2 55
-#define GP_CALL_cuMemcpyDtoD_v2 56
-#define GP_CALL_cuMemcpyDtoDAsync_v2 57
-#define GP_CALL_cuMemcpy 58
-#define GP_CALL_cuMemcpyAsync 59
-#define GP_CALL_cuMemcpyPeer 60
-#define GP_CALL_cuMemcpyPeerAsync 61
-#define GP_CALL_cuMemsetD8_v2 62
-#define GP_CALL_cuMemsetD16_v2 63
-#define GP_CALL_cuMemsetD32_v2 64
-#define GP_CALL_cuMemsetD8Async 65
-#define GP_CALL_cuMemsetD16Async 66
-#define GP_CALL_cuMemsetD32Async 67
-#define GP_CALL_cuPointerGetAttribute 68
-#define GP_CALL_cuPointerGetAttributes 69
-#define GP_CALL_cuModuleLoadData 70
-#define GP_CALL_cuModuleLoadDataEx 71
-#define GP_CALL_cuModuleLoadFatBinary 72
-#define GP_CALL_cuModuleUnload 73
-#define GP_CALL_cuModuleGetFunction 74
-#define GP_CALL_cuModuleGetGlobal_v2 75
-#define GP_CALL_cuLibraryLoadData 76
-#define GP_CALL_cuLibraryUnload 77
-#define GP_CALL_cuLibraryGetKernel 78
-#define GP_CALL_cuLibraryGetModule 79
-#define GP_CALL_cuLibraryGetGlobal 80
-#define GP_CALL_cuKernelGetFunction 81
-#define GP_CALL_cuKernelGetAttribute 82
-#define GP_CALL_cuKernelSetAttribute 83
-#define GP_CALL_cuKernelGetParamInfo 84
-#define GP_CALL_cuFuncGetParamInfo 85
-#define GP_CALL_cuFuncGetAttribute 86
-#define GP_CALL_cuFuncSetAttribute 87
-#define GP_CALL_cuFuncSetCacheConfig 88
-#define GP_CALL_cuFuncGetModule 89
-#define GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessor 90
-#define GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags 91
-#define GP_CALL_cuOccupancyMaxPotentialBlockSize 92
-#define GP_CALL_cuOccupancyAvailableDynamicSMemPerBlock 93
-#define GP_CALL_cuLaunchKernel 94
-#define GP_CALL_cuLaunchKernelEx 95
-#define GP_CALL_cuStreamCreate 96
-#define GP_CALL_cuStreamCreateWithPriority 97
-#define GP_CALL_cuStreamDestroy_v2 98
-#define GP_CALL_cuStreamQuery 99
-#define GP_CALL_cuStreamSynchronize 100
-#define GP_CALL_cuStreamWaitEvent 101
-#define GP_CALL_cuStreamIsCapturing 102
-#define GP_CALL_cuStreamGetPriority 103
-#define GP_CALL_cuStreamGetFlags 104
-#define GP_CALL_cuStreamGetCtx 105
-#define GP_CALL_cuStreamGetCtx_v2 106
-#define GP_CALL_cuStreamGetId 107
-#define GP_CALL_cuStreamGetDevice 108
-#define GP_CALL_cuEventCreate 109
-#define GP_CALL_cuEventRecord 110
-#define GP_CALL_cuEventRecordWithFlags 111
-#define GP_CALL_cuEventQuery 112
-#define GP_CALL_cuEventSynchronize 113
-#define GP_CALL_cuEventDestroy_v2 114
-#define GP_CALL_cuEventElapsedTime 115
-#define GP_CALL_cuEventElapsedTime_v2 116
-#define GP_CALL_cuGetErrorName 117
-#define GP_CALL_cuGetErrorString 118
-#define GP_CALL_cuGetExportTable 119
+#define GP_CALL_cuDevicePrimaryCtxRelease 18
+#define GP_CALL_cuDevicePrimaryCtxRelease_v2 19
+#define GP_CALL_cuDevicePrimaryCtxGetState 20
+#define GP_CALL_cuDevicePrimaryCtxSetFlags 21
+#define GP_CALL_cuDevicePrimaryCtxSetFlags_v2 22
+#define GP_CALL_cuDevicePrimaryCtxReset 23
+#define GP_CALL_cuDevicePrimaryCtxReset_v2 24
+#define GP_CALL_cuCtxGetCurrent 25
+#define GP_CALL_cuCtxSetCurrent 26
+#define GP_CALL_cuCtxPushCurrent_v2 27
+#define GP_CALL_cuCtxPopCurrent_v2 28
+#define GP_CALL_cuCtxGetDevice 29
+#define GP_CALL_cuCtxGetDevice_v2 30
+#define GP_CALL_cuCtxSynchronize 31
+#define GP_CALL_cuCtxSynchronize_v2 32
+#define GP_CALL_cuCtxGetApiVersion 33
+#define GP_CALL_cuCtxGetFlags 34
+#define GP_CALL_cuCtxGetLimit 35
+#define GP_CALL_cuCtxSetLimit 36
+#define GP_CALL_cuCtxGetStreamPriorityRange 37
+#define GP_CALL_cuCtxGetId 38
+#define GP_CALL_cuMemGetInfo_v2 39
+#define GP_CALL_cuMemAlloc_v2 40
+#define GP_CALL_cuMemFree_v2 41
+#define GP_CALL_cuMemGetAddressRange_v2 42
+#define GP_CALL_cuMemAllocAsync 43
+#define GP_CALL_cuMemAllocFromPoolAsync 44
+#define GP_CALL_cuMemFreeAsync 45
+#define GP_CALL_cuMemPoolSetAttribute 46
+#define GP_CALL_cuMemPoolGetAttribute 47
+#define GP_CALL_cuMemPoolTrimTo 48
+#define GP_CALL_cuMemAllocHost_v2 49
+#define GP_CALL_cuMemHostAlloc 50
+#define GP_CALL_cuMemFreeHost 51
+#define GP_CALL_cuMemHostRegister_v2 52
+#define GP_CALL_cuMemHostUnregister 53
+#define GP_CALL_cuMemHostGetFlags 54
+#define GP_CALL_cuMemHostGetDevicePointer_v2 55
+#define GP_CALL_cuMemcpyHtoD_v2 56
+#define GP_CALL_cuMemcpyHtoDAsync_v2 57
+#define GP_CALL_cuMemcpyDtoH_v2 58
+#define GP_CALL_cuMemcpyDtoHAsync_v2 59
+#define GP_CALL_cuMemcpyDtoD_v2 60
+#define GP_CALL_cuMemcpyDtoDAsync_v2 61
+#define GP_CALL_cuMemcpy 62
+#define GP_CALL_cuMemcpyAsync 63
+#define GP_CALL_cuMemcpyPeer 64
+#define GP_CALL_cuMemcpyPeerAsync 65
+#define GP_CALL_cuMemsetD8_v2 66
+#define GP_CALL_cuMemsetD16_v2 67
+#define GP_CALL_cuMemsetD32_v2 68
+#define GP_CALL_cuMemsetD8Async 69
+#define GP_CALL_cuMemsetD16Async 70
+#define GP_CALL_cuMemsetD32Async 71
+#define GP_CALL_cuPointerGetAttribute 72
+#define GP_CALL_cuPointerGetAttributes 73
+#define GP_CALL_cuModuleLoadData 74
+#define GP_CALL_cuModuleLoadDataEx 75
+#define GP_CALL_cuModuleLoadFatBinary 76
+#define GP_CALL_cuModuleUnload 77
+#define GP_CALL_cuModuleGetLoadingMode 78
+#define GP_CALL_cuModuleLoad 79
+#define GP_CALL_cuModuleGetFunction 80
+#define GP_CALL_cuModuleGetGlobal_v2 81
+#define GP_CALL_cuLibraryLoadData 82
+#define GP_CALL_cuLibraryUnload 83
+#define GP_CALL_cuLibraryGetKernel 84
+#define GP_CALL_cuLibraryGetModule 85
+#define GP_CALL_cuLibraryGetGlobal 86
+#define GP_CALL_cuKernelGetFunction 87
+#define GP_CALL_cuKernelGetAttribute 88
+#define GP_CALL_cuKernelSetAttribute 89
+#define GP_CALL_cuKernelGetParamInfo 90
+#define GP_CALL_cuFuncGetParamInfo 91
+#define GP_CALL_cuFuncGetAttribute 92
+#define GP_CALL_cuFuncSetAttribute 93
+#define GP_CALL_cuFuncSetCacheConfig 94
+#define GP_CALL_cuFuncGetModule 95
+#define GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessor 96
+#define GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags 97
+#define GP_CALL_cuOccupancyMaxPotentialBlockSize 98
+#define GP_CALL_cuOccupancyMaxActiveClusters 99
+#define GP_CALL_cuOccupancyMaxPotentialClusterSize 100
+#define GP_CALL_cuOccupancyAvailableDynamicSMemPerBlock 101
+#define GP_CALL_cuLaunchKernel 102
+#define GP_CALL_cuLaunchKernelEx 103
+#define GP_CALL_cuStreamCreate 104
+#define GP_CALL_cuStreamCreateWithPriority 105
+#define GP_CALL_cuStreamDestroy_v2 106
+#define GP_CALL_cuStreamQuery 107
+#define GP_CALL_cuStreamSynchronize 108
+#define GP_CALL_cuStreamWaitEvent 109
+#define GP_CALL_cuStreamIsCapturing 110
+#define GP_CALL_cuStreamGetPriority 111
+#define GP_CALL_cuStreamGetFlags 112
+#define GP_CALL_cuStreamGetCtx 113
+#define GP_CALL_cuStreamGetCtx_v2 114
+#define GP_CALL_cuStreamGetId 115
+#define GP_CALL_cuStreamGetDevice 116
+#define GP_CALL_cuStreamBeginCapture_v2 117
+#define GP_CALL_cuStreamEndCapture 118
+#define GP_CALL_cuStreamGetCaptureInfo_v2 119
+#define GP_CALL_cuStreamGetCaptureInfo_v3 120
+#define GP_CALL_cuThreadExchangeStreamCaptureMode 121
+#define GP_CALL_cuGraphGetNodes 122
+#define GP_CALL_cuGraphInstantiateWithFlags 123
+#define GP_CALL_cuGraphLaunch 124
+#define GP_CALL_cuGraphUpload 125
+#define GP_CALL_cuGraphExecDestroy 126
+#define GP_CALL_cuGraphDestroy 127
+#define GP_CALL_cuEventCreate 128
+#define GP_CALL_cuEventRecord 129
+#define GP_CALL_cuEventRecordWithFlags 130
+#define GP_CALL_cuEventQuery 131
+#define GP_CALL_cuEventSynchronize 132
+#define GP_CALL_cuEventDestroy_v2 133
+#define GP_CALL_cuEventElapsedTime 134
+#define GP_CALL_cuEventElapsedTime_v2 135
+#define GP_CALL_cuLogsRegisterCallback 136
+#define GP_CALL_cuLogsUnregisterCallback 137
+#define GP_CALL_cuGetErrorName 138
+#define GP_CALL_cuGetErrorString 139
+#define GP_CALL_cuGetExportTable 140
+#define GP_N_CALLS 141u
+static const char *const gp_call_names[GP_N_CALLS] __attribute__((unused)) = {"gpHello", "gpSetContext", "gpParamLayout", "cuInit", "cuDriverGetVersion", "cuDeviceGet", "cuDeviceGetCount", "cuDeviceGetName", "cuDeviceGetUuid", "cuDeviceGetUuid_v2", "cuDeviceGetPCIBusId", "cuDeviceTotalMem_v2", "cuDeviceGetAttribute", "cuDeviceComputeCapability", "cuDeviceCanAccessPeer", "cuDeviceGetMemPool", "cuDeviceGetDefaultMemPool", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxGetState", "cuDevicePrimaryCtxSetFlags", "cuDevicePrimaryCtxSetFlags_v2", "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2", "cuCtxGetCurrent", "cuCtxSetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2", "cuCtxGetDevice", "cuCtxGetDevice_v2", "cuCtxSynchronize", "cuCtxSynchronize_v2", "cuCtxGetApiVersion", "cuCtxGetFlags", "cuCtxGetLimit", "cuCtxSetLimit", "cuCtxGetStreamPriorityRange", "cuCtxGetId", "cuMemGetInfo_v2", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetAddressRange_v2", "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemFreeAsync", "cuMemPoolSetAttribute", "cuMemPoolGetAttribute", "cuMemPoolTrimTo", "cuMemAllocHost_v2", "cuMemHostAlloc", "cuMemFreeHost", "cuMemHostRegister_v2", "cuMemHostUnregister", "cuMemHostGetFlags", "cuMemHostGetDevicePointer_v2", "cuMemcpyHtoD_v2", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoH_v2", "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoD_v2", "cuMemcpyDtoDAsync_v2", "cuMemcpy", "cuMemcpyAsync", "cuMemcpyPeer", "cuMemcpyPeerAsync", "cuMemsetD8_v2", "cuMemsetD16_v2", "cuMemsetD32_v2", "cuMemsetD8Async", "cuMemsetD16Async", "cuMemsetD32Async", "cuPointerGetAttribute", "cuPointerGetAttributes", "cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuModuleUnload", "cuModuleGetLoadingMode", "cuModuleLoad", "cuModuleGetFunction", "cuModuleGetGlobal_v2", "cuLibraryLoadData", "cuLibraryUnload", "cuLibraryGetKernel", "cuLibraryGetModule", "cuLibraryGetGlobal", "cuKernelGetFunction", "cuKernelGetAttribute", "cuKernelSetAttribute", "cuKernelGetParamInfo", "cuFuncGetParamInfo", "cuFuncGetAttribute", "cuFuncSetAttribute", "cuFuncSetCacheConfig", "cuFuncGetModule", "cuOccupancyMaxActiveBlocksPerMultiprocessor", "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", "cuOccupancyMaxPotentialBlockSize", "cuOccupancyMaxActiveClusters", "cuOccupancyMaxPotentialClusterSize", "cuOccupancyAvailableDynamicSMemPerBlock", "cuLaunchKernel", "cuLaunchKernelEx", "cuStreamCreate", "cuStreamCreateWithPriority", "cuStreamDestroy_v2", "cuStreamQuery", "cuStreamSynchronize", "cuStreamWaitEvent", "cuStreamIsCapturing", "cuStreamGetPriority", "cuStreamGetFlags", "cuStreamGetCtx", "cuStreamGetCtx_v2", "cuStreamGetId", "cuStreamGetDevice", "cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuStreamGetCaptureInfo_v2", "cuStreamGetCaptureInfo_v3", "cuThreadExchangeStreamCaptureMode", "cuGraphGetNodes", "cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphUpload", "cuGraphExecDestroy", "cuGraphDestroy", "cuEventCreate", "cuEventRecord", "cuEventRecordWithFlags", "cuEventQuery", "cuEventSynchronize", "cuEventDestroy_v2", "cuEventElapsedTime", "cuEventElapsedTime_v2", "cuLogsRegisterCallback", "cuLogsUnregisterCallback", "cuGetErrorName", "cuGetErrorString", "cuGetExportTable"};
 
 struct gp_in_gpHello { uint32_t version; } __attribute__((packed));
 struct gp_out_gpHello { uint32_t device_count; } __attribute__((packed));
@@ -197,10 +224,13 @@ struct gp_in_cuDeviceGetDefaultMemPool { int32_t dev; } __attribute__((packed));
 struct gp_out_cuDeviceGetDefaultMemPool { uint64_t pool; } __attribute__((packed));
 struct gp_in_cuDevicePrimaryCtxRetain { int32_t dev; } __attribute__((packed));
 struct gp_out_cuDevicePrimaryCtxRetain { uint64_t ctx; } __attribute__((packed));
+struct gp_in_cuDevicePrimaryCtxRelease { int32_t dev; } __attribute__((packed));
 struct gp_in_cuDevicePrimaryCtxRelease_v2 { int32_t dev; } __attribute__((packed));
 struct gp_in_cuDevicePrimaryCtxGetState { int32_t dev; } __attribute__((packed));
 struct gp_out_cuDevicePrimaryCtxGetState { uint32_t flags; int32_t active; } __attribute__((packed));
+struct gp_in_cuDevicePrimaryCtxSetFlags { int32_t dev; uint32_t flags; } __attribute__((packed));
 struct gp_in_cuDevicePrimaryCtxSetFlags_v2 { int32_t dev; uint32_t flags; } __attribute__((packed));
+struct gp_in_cuDevicePrimaryCtxReset { int32_t dev; } __attribute__((packed));
 struct gp_in_cuDevicePrimaryCtxReset_v2 { int32_t dev; } __attribute__((packed));
 struct gp_out_cuCtxGetCurrent { uint64_t ctx; } __attribute__((packed));
 struct gp_in_cuCtxSetCurrent { uint64_t ctx; } __attribute__((packed));
@@ -240,6 +270,8 @@ struct gp_in_cuMemHostAlloc { uint64_t bytesize; uint32_t flags; } __attribute__
 struct gp_out_cuMemHostAlloc { uint64_t pp; } __attribute__((packed));
 struct gp_in_cuMemHostRegister_v2 { uint64_t bytesize; uint32_t flags; } __attribute__((packed));
 struct gp_out_cuMemHostGetFlags { uint32_t flags; } __attribute__((packed));
+struct gp_in_cuMemHostGetDevicePointer_v2 { uint32_t flags; } __attribute__((packed));
+struct gp_out_cuMemHostGetDevicePointer_v2 { uint64_t pdptr; } __attribute__((packed));
 struct gp_in_cuMemcpyHtoD_v2 { uint64_t dst; uint64_t count; uint64_t stream; } __attribute__((packed));
 struct gp_in_cuMemcpyHtoDAsync_v2 { uint64_t dst; uint64_t count; uint64_t stream; } __attribute__((packed));
 struct gp_in_cuMemcpyDtoH_v2 { uint64_t src; uint64_t count; uint64_t stream; } __attribute__((packed));
@@ -263,6 +295,8 @@ struct gp_out_cuModuleLoadData { uint64_t module; } __attribute__((packed));
 struct gp_out_cuModuleLoadDataEx { uint64_t module; } __attribute__((packed));
 struct gp_out_cuModuleLoadFatBinary { uint64_t module; } __attribute__((packed));
 struct gp_in_cuModuleUnload { uint64_t module; } __attribute__((packed));
+struct gp_out_cuModuleGetLoadingMode { int32_t mode; } __attribute__((packed));
+struct gp_out_cuModuleLoad { uint64_t module; } __attribute__((packed));
 struct gp_in_cuModuleGetFunction { uint64_t module; } __attribute__((packed));
 struct gp_out_cuModuleGetFunction { uint64_t func; } __attribute__((packed));
 struct gp_in_cuModuleGetGlobal_v2 { uint64_t module; } __attribute__((packed));
@@ -296,6 +330,10 @@ struct gp_in_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags { uint64_t fun
 struct gp_out_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags { int32_t num_blocks; } __attribute__((packed));
 struct gp_in_cuOccupancyMaxPotentialBlockSize { uint64_t func; uint64_t smem_callback; uint64_t dynamic_smem; int32_t block_size_limit; } __attribute__((packed));
 struct gp_out_cuOccupancyMaxPotentialBlockSize { int32_t min_grid_size; int32_t block_size; } __attribute__((packed));
+struct gp_in_cuOccupancyMaxActiveClusters { uint64_t f; uint32_t gx; uint32_t gy; uint32_t gz; uint32_t bx; uint32_t by; uint32_t bz; uint32_t smem; uint64_t stream; uint32_t n_attrs; } __attribute__((packed));
+struct gp_out_cuOccupancyMaxActiveClusters { int32_t count; } __attribute__((packed));
+struct gp_in_cuOccupancyMaxPotentialClusterSize { uint64_t f; uint32_t gx; uint32_t gy; uint32_t gz; uint32_t bx; uint32_t by; uint32_t bz; uint32_t smem; uint64_t stream; uint32_t n_attrs; } __attribute__((packed));
+struct gp_out_cuOccupancyMaxPotentialClusterSize { int32_t size; } __attribute__((packed));
 struct gp_in_cuOccupancyAvailableDynamicSMemPerBlock { uint64_t func; int32_t num_blocks; int32_t block_size; } __attribute__((packed));
 struct gp_out_cuOccupancyAvailableDynamicSMemPerBlock { uint64_t dynamic_smem; } __attribute__((packed));
 struct gp_in_cuLaunchKernel { uint64_t f; uint32_t gx; uint32_t gy; uint32_t gz; uint32_t bx; uint32_t by; uint32_t bz; uint32_t smem; uint64_t stream; } __attribute__((packed));
@@ -322,6 +360,23 @@ struct gp_in_cuStreamGetId { uint64_t stream; } __attribute__((packed));
 struct gp_out_cuStreamGetId { uint64_t id; } __attribute__((packed));
 struct gp_in_cuStreamGetDevice { uint64_t stream; } __attribute__((packed));
 struct gp_out_cuStreamGetDevice { int32_t device; } __attribute__((packed));
+struct gp_in_cuStreamBeginCapture_v2 { uint64_t stream; int32_t mode; } __attribute__((packed));
+struct gp_in_cuStreamEndCapture { uint64_t stream; } __attribute__((packed));
+struct gp_out_cuStreamEndCapture { uint64_t graph; } __attribute__((packed));
+struct gp_in_cuStreamGetCaptureInfo_v2 { uint64_t stream; } __attribute__((packed));
+struct gp_out_cuStreamGetCaptureInfo_v2 { int32_t status; uint64_t id; uint64_t graph; uint64_t num_deps; } __attribute__((packed));
+struct gp_in_cuStreamGetCaptureInfo_v3 { uint64_t stream; } __attribute__((packed));
+struct gp_out_cuStreamGetCaptureInfo_v3 { int32_t status; uint64_t id; uint64_t graph; uint64_t num_deps; } __attribute__((packed));
+struct gp_in_cuThreadExchangeStreamCaptureMode { int32_t mode; } __attribute__((packed));
+struct gp_out_cuThreadExchangeStreamCaptureMode { int32_t previous; } __attribute__((packed));
+struct gp_in_cuGraphGetNodes { uint64_t graph; } __attribute__((packed));
+struct gp_out_cuGraphGetNodes { uint64_t count; } __attribute__((packed));
+struct gp_in_cuGraphInstantiateWithFlags { uint64_t graph; uint64_t flags; } __attribute__((packed));
+struct gp_out_cuGraphInstantiateWithFlags { uint64_t graph_exec; } __attribute__((packed));
+struct gp_in_cuGraphLaunch { uint64_t graph_exec; uint64_t stream; } __attribute__((packed));
+struct gp_in_cuGraphUpload { uint64_t graph_exec; uint64_t stream; } __attribute__((packed));
+struct gp_in_cuGraphExecDestroy { uint64_t graph_exec; } __attribute__((packed));
+struct gp_in_cuGraphDestroy { uint64_t graph; } __attribute__((packed));
 struct gp_in_cuEventCreate { uint32_t flags; } __attribute__((packed));
 struct gp_out_cuEventCreate { uint64_t event; } __attribute__((packed));
 struct gp_in_cuEventRecord { uint64_t event; uint64_t stream; } __attribute__((packed));
@@ -333,48 +388,147 @@ struct gp_in_cuEventElapsedTime { uint64_t start; uint64_t end; } __attribute__(
 struct gp_out_cuEventElapsedTime { float ms; } __attribute__((packed));
 struct gp_in_cuEventElapsedTime_v2 { uint64_t start; uint64_t end; } __attribute__((packed));
 struct gp_out_cuEventElapsedTime_v2 { float ms; } __attribute__((packed));
+struct gp_out_cuLogsRegisterCallback { uint64_t handle; } __attribute__((packed));
+struct gp_in_cuLogsUnregisterCallback { uint64_t handle; } __attribute__((packed));
 struct gp_in_cuGetErrorName { int32_t error; } __attribute__((packed));
 struct gp_in_cuGetErrorString { int32_t error; } __attribute__((packed));
 
-/* Hand-written in shim_calls.c. */
+/* Every exported call (custom ones are hand-written in shim_calls.c). */
+GP_EXPORT CUresult cuInit(uint32_t flags);
+GP_EXPORT CUresult cuDriverGetVersion(int32_t *version);
+GP_EXPORT CUresult cuDeviceGet(int32_t *device, int32_t ordinal);
+GP_EXPORT CUresult cuDeviceGetCount(int32_t *count);
+GP_EXPORT CUresult cuDeviceGetName(char *name, int32_t length, int32_t dev);
+GP_EXPORT CUresult cuDeviceGetUuid(void *uuid, int32_t dev);
+GP_EXPORT CUresult cuDeviceGetUuid_v2(void *uuid, int32_t dev);
+GP_EXPORT CUresult cuDeviceGetPCIBusId(char *bus_id, int32_t length, int32_t dev);
+GP_EXPORT CUresult cuDeviceTotalMem_v2(uint64_t *bytes, int32_t dev);
+GP_EXPORT CUresult cuDeviceGetAttribute(int32_t *value, int32_t attrib, int32_t dev);
+GP_EXPORT CUresult cuDeviceComputeCapability(int32_t *major, int32_t *minor, int32_t dev);
+GP_EXPORT CUresult cuDeviceCanAccessPeer(int32_t *can_access, int32_t dev, int32_t peer_dev);
+GP_EXPORT CUresult cuDeviceGetMemPool(uint64_t *pool, int32_t dev);
+GP_EXPORT CUresult cuDeviceGetDefaultMemPool(uint64_t *pool, int32_t dev);
 GP_EXPORT CUresult cuDevicePrimaryCtxRetain(uint64_t *ctx, int32_t dev);
+GP_EXPORT CUresult cuDevicePrimaryCtxRelease(int32_t dev);
+GP_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(int32_t dev);
+GP_EXPORT CUresult cuDevicePrimaryCtxGetState(int32_t dev, uint32_t *flags, int32_t *active);
+GP_EXPORT CUresult cuDevicePrimaryCtxSetFlags(int32_t dev, uint32_t flags);
+GP_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(int32_t dev, uint32_t flags);
+GP_EXPORT CUresult cuDevicePrimaryCtxReset(int32_t dev);
+GP_EXPORT CUresult cuDevicePrimaryCtxReset_v2(int32_t dev);
 GP_EXPORT CUresult cuCtxGetCurrent(uint64_t *ctx);
 GP_EXPORT CUresult cuCtxSetCurrent(uint64_t ctx);
 GP_EXPORT CUresult cuCtxPushCurrent_v2(uint64_t ctx);
 GP_EXPORT CUresult cuCtxPopCurrent_v2(uint64_t *ctx);
 GP_EXPORT CUresult cuCtxGetDevice(int32_t *device);
 GP_EXPORT CUresult cuCtxGetDevice_v2(int32_t *device, uint64_t ctx);
+GP_EXPORT CUresult cuCtxSynchronize(void);
+GP_EXPORT CUresult cuCtxSynchronize_v2(uint64_t ctx);
+GP_EXPORT CUresult cuCtxGetApiVersion(uint64_t ctx, uint32_t *version);
+GP_EXPORT CUresult cuCtxGetFlags(uint32_t *flags);
+GP_EXPORT CUresult cuCtxGetLimit(uint64_t *value, int32_t limit);
+GP_EXPORT CUresult cuCtxSetLimit(int32_t limit, uint64_t value);
+GP_EXPORT CUresult cuCtxGetStreamPriorityRange(int32_t *least, int32_t *greatest);
+GP_EXPORT CUresult cuCtxGetId(uint64_t ctx, uint64_t *id);
+GP_EXPORT CUresult cuMemGetInfo_v2(uint64_t *free, uint64_t *total);
 GP_EXPORT CUresult cuMemAlloc_v2(uint64_t *dptr, uint64_t bytesize);
 GP_EXPORT CUresult cuMemFree_v2(uint64_t dptr);
+GP_EXPORT CUresult cuMemGetAddressRange_v2(uint64_t *base, uint64_t *size, uint64_t dptr);
 GP_EXPORT CUresult cuMemAllocAsync(uint64_t *dptr, uint64_t bytesize, uint64_t stream);
 GP_EXPORT CUresult cuMemAllocFromPoolAsync(uint64_t *dptr, uint64_t bytesize, uint64_t pool, uint64_t stream);
 GP_EXPORT CUresult cuMemFreeAsync(uint64_t dptr, uint64_t stream);
 GP_EXPORT CUresult cuMemPoolSetAttribute(uint64_t pool, int32_t attr, void *value);
 GP_EXPORT CUresult cuMemPoolGetAttribute(uint64_t pool, int32_t attr, void *value);
+GP_EXPORT CUresult cuMemPoolTrimTo(uint64_t pool, uint64_t min_bytes_to_keep);
 GP_EXPORT CUresult cuMemAllocHost_v2(uint64_t *pp, uint64_t bytesize);
 GP_EXPORT CUresult cuMemHostAlloc(uint64_t *pp, uint64_t bytesize, uint32_t flags);
 GP_EXPORT CUresult cuMemFreeHost(void *p);
 GP_EXPORT CUresult cuMemHostRegister_v2(void *p, uint64_t bytesize, uint32_t flags);
 GP_EXPORT CUresult cuMemHostUnregister(void *p);
 GP_EXPORT CUresult cuMemHostGetFlags(uint32_t *flags, void *p);
+GP_EXPORT CUresult cuMemHostGetDevicePointer_v2(uint64_t *pdptr, void *p, uint32_t flags);
 GP_EXPORT CUresult cuMemcpyHtoD_v2(uint64_t dst, void *src, uint64_t count);
 GP_EXPORT CUresult cuMemcpyHtoDAsync_v2(uint64_t dst, void *src, uint64_t count, uint64_t stream);
 GP_EXPORT CUresult cuMemcpyDtoH_v2(void *dst, uint64_t src, uint64_t count);
 GP_EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, uint64_t src, uint64_t count, uint64_t stream);
+GP_EXPORT CUresult cuMemcpyDtoD_v2(uint64_t dst, uint64_t src, uint64_t count);
+GP_EXPORT CUresult cuMemcpyDtoDAsync_v2(uint64_t dst, uint64_t src, uint64_t count, uint64_t stream);
 GP_EXPORT CUresult cuMemcpy(uint64_t dst, uint64_t src, uint64_t count);
 GP_EXPORT CUresult cuMemcpyAsync(uint64_t dst, uint64_t src, uint64_t count, uint64_t stream);
+GP_EXPORT CUresult cuMemcpyPeer(uint64_t dst, uint64_t dst_ctx, uint64_t src, uint64_t src_ctx, uint64_t count);
+GP_EXPORT CUresult cuMemcpyPeerAsync(uint64_t dst, uint64_t dst_ctx, uint64_t src, uint64_t src_ctx, uint64_t count, uint64_t stream);
+GP_EXPORT CUresult cuMemsetD8_v2(uint64_t dst, uint8_t value, uint64_t count);
+GP_EXPORT CUresult cuMemsetD16_v2(uint64_t dst, uint16_t value, uint64_t count);
+GP_EXPORT CUresult cuMemsetD32_v2(uint64_t dst, uint32_t value, uint64_t count);
+GP_EXPORT CUresult cuMemsetD8Async(uint64_t dst, uint8_t value, uint64_t count, uint64_t stream);
+GP_EXPORT CUresult cuMemsetD16Async(uint64_t dst, uint16_t value, uint64_t count, uint64_t stream);
+GP_EXPORT CUresult cuMemsetD32Async(uint64_t dst, uint32_t value, uint64_t count, uint64_t stream);
 GP_EXPORT CUresult cuPointerGetAttribute(void *data, int32_t attr, uint64_t ptr);
 GP_EXPORT CUresult cuPointerGetAttributes(uint32_t count, void *attrs, void *data, uint64_t ptr);
 GP_EXPORT CUresult cuModuleLoadData(uint64_t *module, void *image);
 GP_EXPORT CUresult cuModuleLoadDataEx(uint64_t *module, void *image, uint32_t n, void *options, void *values);
 GP_EXPORT CUresult cuModuleLoadFatBinary(uint64_t *module, void *image);
 GP_EXPORT CUresult cuModuleUnload(uint64_t module);
+GP_EXPORT CUresult cuModuleGetLoadingMode(int32_t *mode);
+GP_EXPORT CUresult cuModuleLoad(uint64_t *module, const char *fname);
+GP_EXPORT CUresult cuModuleGetFunction(uint64_t *func, uint64_t module, const char *name);
 GP_EXPORT CUresult cuModuleGetGlobal_v2(uint64_t *dptr, uint64_t *bytes, uint64_t module, const char *name);
 GP_EXPORT CUresult cuLibraryLoadData(uint64_t *library, void *code, void *jit_opts, void *jit_vals, uint32_t n_jit, void *lib_opts, void *lib_vals, uint32_t n_lib);
 GP_EXPORT CUresult cuLibraryUnload(uint64_t library);
+GP_EXPORT CUresult cuLibraryGetKernel(uint64_t *kernel, uint64_t library, const char *name);
+GP_EXPORT CUresult cuLibraryGetModule(uint64_t *module, uint64_t library);
 GP_EXPORT CUresult cuLibraryGetGlobal(uint64_t *dptr, uint64_t *bytes, uint64_t library, const char *name);
+GP_EXPORT CUresult cuKernelGetFunction(uint64_t *func, uint64_t kernel);
+GP_EXPORT CUresult cuKernelGetAttribute(int32_t *value, int32_t attrib, uint64_t kernel, int32_t dev);
+GP_EXPORT CUresult cuKernelSetAttribute(int32_t attrib, int32_t value, uint64_t kernel, int32_t dev);
+GP_EXPORT CUresult cuKernelGetParamInfo(uint64_t kernel, uint64_t index, uint64_t *offset, uint64_t *size);
+GP_EXPORT CUresult cuFuncGetParamInfo(uint64_t func, uint64_t index, uint64_t *offset, uint64_t *size);
+GP_EXPORT CUresult cuFuncGetAttribute(int32_t *value, int32_t attrib, uint64_t func);
+GP_EXPORT CUresult cuFuncSetAttribute(uint64_t func, int32_t attrib, int32_t value);
+GP_EXPORT CUresult cuFuncSetCacheConfig(uint64_t func, int32_t config);
+GP_EXPORT CUresult cuFuncGetModule(uint64_t *module, uint64_t func);
+GP_EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int32_t *num_blocks, uint64_t func, int32_t block_size, uint64_t dynamic_smem);
+GP_EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int32_t *num_blocks, uint64_t func, int32_t block_size, uint64_t dynamic_smem, uint32_t flags);
+GP_EXPORT CUresult cuOccupancyMaxPotentialBlockSize(int32_t *min_grid_size, int32_t *block_size, uint64_t func, uint64_t smem_callback, uint64_t dynamic_smem, int32_t block_size_limit);
+GP_EXPORT CUresult cuOccupancyMaxActiveClusters(int32_t *count, uint64_t func, void *config);
+GP_EXPORT CUresult cuOccupancyMaxPotentialClusterSize(int32_t *size, uint64_t func, void *config);
+GP_EXPORT CUresult cuOccupancyAvailableDynamicSMemPerBlock(uint64_t *dynamic_smem, uint64_t func, int32_t num_blocks, int32_t block_size);
 GP_EXPORT CUresult cuLaunchKernel(uint64_t f, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t bx, uint32_t by, uint32_t bz, uint32_t smem, uint64_t stream, void *params, void *extra);
 GP_EXPORT CUresult cuLaunchKernelEx(void *config, uint64_t f, void *params, void *extra);
+GP_EXPORT CUresult cuStreamCreate(uint64_t *stream, uint32_t flags);
+GP_EXPORT CUresult cuStreamCreateWithPriority(uint64_t *stream, uint32_t flags, int32_t priority);
+GP_EXPORT CUresult cuStreamDestroy_v2(uint64_t stream);
+GP_EXPORT CUresult cuStreamQuery(uint64_t stream);
+GP_EXPORT CUresult cuStreamSynchronize(uint64_t stream);
+GP_EXPORT CUresult cuStreamWaitEvent(uint64_t stream, uint64_t event, uint32_t flags);
+GP_EXPORT CUresult cuStreamIsCapturing(uint64_t stream, int32_t *status);
+GP_EXPORT CUresult cuStreamGetPriority(uint64_t stream, int32_t *priority);
+GP_EXPORT CUresult cuStreamGetFlags(uint64_t stream, uint32_t *flags);
+GP_EXPORT CUresult cuStreamGetCtx(uint64_t stream, uint64_t *ctx);
+GP_EXPORT CUresult cuStreamGetCtx_v2(uint64_t stream, uint64_t *ctx, uint64_t *green_ctx);
+GP_EXPORT CUresult cuStreamGetId(uint64_t stream, uint64_t *id);
+GP_EXPORT CUresult cuStreamGetDevice(uint64_t stream, int32_t *device);
+GP_EXPORT CUresult cuStreamBeginCapture_v2(uint64_t stream, int32_t mode);
+GP_EXPORT CUresult cuStreamEndCapture(uint64_t stream, uint64_t *graph);
+GP_EXPORT CUresult cuStreamGetCaptureInfo_v2(uint64_t stream, void *status, void *id, void *graph, void *deps, void *num_deps);
+GP_EXPORT CUresult cuStreamGetCaptureInfo_v3(uint64_t stream, void *status, void *id, void *graph, void *deps, void *edges, void *num_deps);
+GP_EXPORT CUresult cuThreadExchangeStreamCaptureMode(void *mode);
+GP_EXPORT CUresult cuGraphGetNodes(uint64_t graph, void *nodes, void *count);
+GP_EXPORT CUresult cuGraphInstantiateWithFlags(uint64_t *graph_exec, uint64_t graph, uint64_t flags);
+GP_EXPORT CUresult cuGraphLaunch(uint64_t graph_exec, uint64_t stream);
+GP_EXPORT CUresult cuGraphUpload(uint64_t graph_exec, uint64_t stream);
+GP_EXPORT CUresult cuGraphExecDestroy(uint64_t graph_exec);
+GP_EXPORT CUresult cuGraphDestroy(uint64_t graph);
+GP_EXPORT CUresult cuEventCreate(uint64_t *event, uint32_t flags);
+GP_EXPORT CUresult cuEventRecord(uint64_t event, uint64_t stream);
+GP_EXPORT CUresult cuEventRecordWithFlags(uint64_t event, uint64_t stream, uint32_t flags);
+GP_EXPORT CUresult cuEventQuery(uint64_t event);
+GP_EXPORT CUresult cuEventSynchronize(uint64_t event);
+GP_EXPORT CUresult cuEventDestroy_v2(uint64_t event);
+GP_EXPORT CUresult cuEventElapsedTime(float *ms, uint64_t start, uint64_t end);
+GP_EXPORT CUresult cuEventElapsedTime_v2(float *ms, uint64_t start, uint64_t end);
+GP_EXPORT CUresult cuLogsRegisterCallback(void *callback, void *user_data, uint64_t *handle);
+GP_EXPORT CUresult cuLogsUnregisterCallback(uint64_t handle);
 GP_EXPORT CUresult cuGetErrorName(int32_t error, void *str);
 GP_EXPORT CUresult cuGetErrorString(int32_t error, void *str);
 GP_EXPORT CUresult cuGetExportTable(void *table, void *uuid);

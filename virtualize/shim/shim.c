@@ -270,7 +270,9 @@ CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args
 
 CUresult gp_call(uint32_t call, uint32_t flags, const void *args, uint32_t args_len, const void *bulk,
                  uint64_t bulk_len, void *outs, uint32_t outs_len, void *bulk_out, uint64_t bulk_out_len) {
-    return gp_call2(call, flags, args, args_len, bulk, bulk_len, NULL, 0, outs, outs_len, bulk_out, bulk_out_len);
+    CUresult r = gp_call2(call, flags, args, args_len, bulk, bulk_len, NULL, 0, outs, outs_len, bulk_out, bulk_out_len);
+    if (r && gp_trace_enabled) gp_say("call %s returned %d", call < GP_N_CALLS ? gp_call_names[call] : "?", r);
+    return r;
 }
 
 /* ---- contexts ---------------------------------------------------------------------------------- */

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "shim.h"
+static CUresult gp_unforwarded(const char *name); /* refuses a driver function not forwarded */
 #include "calls_gen.h"
 
 #define WANT GP_FLAG_WANTS_REPLY
@@ -73,6 +74,21 @@ static void *stub_for(const char *name) {
 
 static void *lookup_proc(const char *name, int version);
 
+/* What an exported but unforwarded driver function (driver_symbols.txt) answers when called. */
+static CUresult gp_unforwarded(const char *name) {
+    pthread_mutex_lock(&stub_lock);
+    int slot = -1;
+    for (int i = 0; i < n_stub_names && slot < 0; i++) {
+        if (strcmp(stub_names[i], name) == 0) slot = i;
+    }
+    if (slot < 0 && n_stub_names < N_STUBS) {
+        slot = n_stub_names++;
+        stub_names[slot] = name;
+    }
+    pthread_mutex_unlock(&stub_lock);
+    return stub_hit(slot < 0 ? N_STUBS - 1 : slot);
+}
+
 GP_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, uint64_t flags, int *status) {
     (void)flags; /* per-thread default stream variants: the worker runs one thread per connection */
     if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
@@ -117,13 +133,6 @@ CUresult cuGetErrorString(int32_t error, void *str) {
     if (!str) return CUDA_ERROR_INVALID_VALUE;
     *(const char **)str = t ? t->text : NULL;
     return t ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-}
-
-CUresult cuGetExportTable(void *table, void *uuid) {
-    GP_TRACE("cuGetExportTable");
-    (void)uuid;
-    if (table) *(const void **)table = NULL;
-    return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 /* ---- contexts ---------------------------------------------------------------------------------- */
@@ -260,6 +269,7 @@ CUresult cuMemAllocFromPoolAsync(uint64_t *dptr, uint64_t bytesize, uint64_t poo
 
 CUresult cuMemFree_v2(uint64_t dptr) {
     GP_TRACE("cuMemFree_v2");
+    if (!dptr) return CUDA_SUCCESS; /* as the driver does: cudart's cudaFree(NULL) idiom ends here */
     CUresult r = free_remote(dptr, 0, 0);
     if (r == CUDA_SUCCESS) gp_dev_remove(dptr);
     return r;
@@ -315,6 +325,7 @@ CUresult cuModuleGetGlobal_v2(uint64_t *dptr, uint64_t *bytes, uint64_t module, 
 CUresult cuLibraryGetGlobal(uint64_t *dptr, uint64_t *bytes, uint64_t library, const char *name) {
     GP_TRACE("cuLibraryGetGlobal");
     if (!name) return CUDA_ERROR_INVALID_VALUE;
+    if (gp_trace_enabled) gp_say("  global %s", name);
     struct gp_in_cuLibraryGetGlobal in = {.library = library};
     struct gp_out_cuLibraryGetGlobal out;
     CUresult r = gp_call(GP_CALL_cuLibraryGetGlobal, WANT, &in, sizeof in, name, strlen(name) + 1, &out, sizeof out,
@@ -367,6 +378,16 @@ CUresult cuMemHostGetFlags(uint32_t *flags, void *p) {
     unsigned f;
     if (!flags || !gp_host_lookup((uint64_t)p, NULL, NULL, &f)) return CUDA_ERROR_INVALID_VALUE;
     *flags = f;
+    return CUDA_SUCCESS;
+}
+
+/* Page-locked memory is mapped at its own address under unified addressing; here that address is the
+ * client's, so copies to and from it work and a kernel that dereferences it faults on the worker
+ * (CUDA_ERROR_ILLEGAL_ADDRESS at the next sync): zero-copy kernels do not run remotely (docs/remote.md). */
+CUresult cuMemHostGetDevicePointer_v2(uint64_t *pdptr, void *p, uint32_t flags) {
+    GP_TRACE("cuMemHostGetDevicePointer_v2");
+    if (!pdptr || flags != 0 || !gp_host_lookup((uint64_t)p, NULL, NULL, NULL)) return CUDA_ERROR_INVALID_VALUE;
+    *pdptr = (uint64_t)p;
     return CUDA_SUCCESS;
 }
 
@@ -706,4 +727,149 @@ CUresult cuLaunchKernelEx(void *config, uint64_t f, void *params, void *extra) {
     memcpy(&n_attrs, c + 48, 4);
     if (n_attrs && !attrs) return CUDA_ERROR_INVALID_VALUE;
     return launch(f, dims, stream, params, extra, attrs, n_attrs);
+}
+
+/* ---- stream capture: the worker captures; the client sees the status, the id and the graph ------- */
+
+static CUresult capture_info(uint64_t stream, int32_t *status, uint64_t *id, uint64_t *graph, const void **deps,
+                             const void **edges, size_t *num_deps) {
+    struct gp_in_cuStreamGetCaptureInfo_v3 in = {.stream = stream};
+    struct gp_out_cuStreamGetCaptureInfo_v3 out;
+    CUresult r = CALL(cuStreamGetCaptureInfo_v3, WANT, in, out);
+    if (r) return r;
+    if (status) *status = out.status;
+    if (id) *id = out.id;
+    if (graph) *graph = out.graph;
+    if (num_deps) *num_deps = (size_t)out.num_deps;
+    if ((deps || edges) && out.num_deps) {
+        /* The dependency nodes live in the worker; a program that walks them cannot run remotely. */
+        gp_say("cuStreamGetCaptureInfo: the capturing stream's dependency nodes are not forwarded to the client; "
+               "it returns CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    if (deps) *deps = NULL;
+    if (edges) *edges = NULL;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuStreamGetCaptureInfo_v2(uint64_t stream, void *status, void *id, void *graph, void *deps, void *num_deps) {
+    GP_TRACE("cuStreamGetCaptureInfo_v2");
+    return capture_info(stream, status, id, graph, deps, NULL, num_deps);
+}
+
+CUresult cuStreamGetCaptureInfo_v3(uint64_t stream, void *status, void *id, void *graph, void *deps, void *edges,
+                                   void *num_deps) {
+    GP_TRACE("cuStreamGetCaptureInfo_v3");
+    return capture_info(stream, status, id, graph, deps, edges, num_deps);
+}
+
+/* The capture mode belongs to the calling thread; the worker runs a connection's calls on one thread, so
+ * the exchange happens there, in the order the client's threads make it. */
+CUresult cuThreadExchangeStreamCaptureMode(void *mode) {
+    GP_TRACE("cuThreadExchangeStreamCaptureMode");
+    if (!mode) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuThreadExchangeStreamCaptureMode in = {.mode = *(int32_t *)mode};
+    struct gp_out_cuThreadExchangeStreamCaptureMode out;
+    CUresult r = CALL(cuThreadExchangeStreamCaptureMode, WANT, in, out);
+    if (r == CUDA_SUCCESS) *(int32_t *)mode = out.previous;
+    return r;
+}
+
+/* Node handles stay in the worker; the count is what programs ask for (PyTorch warns on empty graphs). */
+CUresult cuGraphGetNodes(uint64_t graph, void *nodes, void *count) {
+    GP_TRACE("cuGraphGetNodes");
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphGetNodes in = {.graph = graph};
+    struct gp_out_cuGraphGetNodes out;
+    CUresult r = CALL(cuGraphGetNodes, WANT, in, out);
+    if (r) return r;
+    if (nodes && out.count) {
+        gp_say("cuGraphGetNodes: a graph's nodes are not forwarded to the client; it returns "
+               "CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    *(size_t *)count = (size_t)out.count;
+    return CUDA_SUCCESS;
+}
+
+/* ---- module files: read in the client, sent as an image ------------------------------------------ */
+
+CUresult cuModuleLoad(uint64_t *module, const char *fname) {
+    GP_TRACE("cuModuleLoad");
+    if (!module || !fname) return CUDA_ERROR_INVALID_VALUE;
+    FILE *f = fopen(fname, "rb");
+    if (!f) return CUDA_ERROR_FILE_NOT_FOUND;
+    char *image = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len + 65536 + 1 > cap) {
+            cap = (len + 65536 + 1) * 2;
+            char *grown = realloc(image, cap);
+            if (!grown) break;
+            image = grown;
+        }
+        size_t got = fread(image + len, 1, cap - len - 1, f);
+        len += got;
+        if (got == 0) break;
+    }
+    int failed = ferror(f) || !image;
+    fclose(f);
+    if (failed) {
+        free(image);
+        return CUDA_ERROR_FILE_NOT_FOUND;
+    }
+    image[len] = 0; /* PTX is text: its size is its length */
+    CUresult r = load_image(GP_CALL_cuModuleLoadData, module, image);
+    free(image);
+    return r;
+}
+
+/* ---- driver log callbacks ------------------------------------------------------------------------- */
+
+CUresult cuLogsRegisterCallback(void *callback, void *user_data, uint64_t *handle) {
+    GP_TRACE("cuLogsRegisterCallback");
+    (void)user_data;
+    if (!callback || !handle) return CUDA_ERROR_INVALID_VALUE;
+    static uint64_t next_handle = 0x109;
+    *handle = __atomic_add_fetch(&next_handle, 1, __ATOMIC_RELAXED);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLogsUnregisterCallback(uint64_t handle) {
+    GP_TRACE("cuLogsUnregisterCallback");
+    return handle ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- cluster occupancy: the launch configuration travels as cuLaunchKernelEx's does --------------- */
+
+static CUresult cluster_occupancy(uint32_t call, int32_t *value, uint64_t f, const void *config) {
+    if (!value || !config) return CUDA_ERROR_INVALID_VALUE;
+    const unsigned char *c = config;
+    struct {
+        uint64_t f;
+        uint32_t dims[7];
+        uint64_t stream;
+        uint32_t n_attrs;
+    } __attribute__((packed)) in;
+    const void *attrs;
+    in.f = f;
+    memcpy(in.dims, c, sizeof in.dims);
+    memcpy(&in.stream, c + 32, 8);
+    memcpy(&attrs, c + 40, 8);
+    memcpy(&in.n_attrs, c + 48, 4);
+    if (in.n_attrs && !attrs) return CUDA_ERROR_INVALID_VALUE;
+    int32_t out;
+    CUresult r = gp_call(call, WANT, &in, sizeof in, attrs, (uint64_t)in.n_attrs * 72, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) *value = out;
+    return r;
+}
+
+CUresult cuOccupancyMaxActiveClusters(int32_t *count, uint64_t func, void *config) {
+    GP_TRACE("cuOccupancyMaxActiveClusters");
+    return cluster_occupancy(GP_CALL_cuOccupancyMaxActiveClusters, count, func, config);
+}
+
+CUresult cuOccupancyMaxPotentialClusterSize(int32_t *size, uint64_t func, void *config) {
+    GP_TRACE("cuOccupancyMaxPotentialClusterSize");
+    return cluster_occupancy(GP_CALL_cuOccupancyMaxPotentialClusterSize, size, func, config);
 }

@@ -79,6 +79,7 @@ def loaded_libcuda() -> str:
     with open("/proc/self/maps") as maps:
         for line in maps:
             path = line.split()[-1]
-            if "libcuda" in path or "_libcuda_shim" in path:
+            name = os.path.basename(path)
+            if name.startswith("libcuda.so") or "_libcuda_shim" in name:
                 return os.path.realpath(path)
     return "none"

@@ -32,10 +32,18 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 
-from server.worker import WorkerDevice, start_worker  # noqa: E402
+from server.workers import WorkerDevice, start_worker  # noqa: E402
 from virtualize.remote import fresh_shim, remote_env  # noqa: E402
 
-PROGRAMS = ["prog_bindings.py", "prog_core.py", "prog_numba.py"]
+PROGRAMS = [
+    "prog_bindings.py",
+    "prog_core.py",
+    "prog_numba.py",
+    # Through the CUDA runtime (libcudart and the copies of it inside cuBLAS, cuDNN ...).
+    "prog_runtime.py",
+    "prog_cupy.py",
+    "prog_torch.py",
+]
 results: list[dict] = []
 
 
@@ -170,7 +178,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="gpupool-remote-"))
     step("environment")
     print("python", sys.version.split()[0], "at", sys.executable)
-    for mod in ("cuda.bindings", "cuda.core", "numba_cuda", "numba", "numpy"):
+    for mod in ("cuda.bindings", "cuda.core", "numba_cuda", "numba", "numpy", "torch", "cupy"):
         try:
             m = __import__(mod, fromlist=["__version__"])
             print(mod, getattr(m, "__version__", "?"))
@@ -214,6 +222,27 @@ def main() -> int:
                 "alloc_beyond_partition": "CUDA_ERROR_OUT_OF_MEMORY",
                 "second_alloc_past_partition": "CUDA_ERROR_OUT_OF_MEMORY", "alloc_after_free": "CUDA_SUCCESS",
             })  # fmt: skip
+
+        if selected("torch_oom"):
+            step("PyTorch past the partition: torch.OutOfMemoryError, then work goes on")
+            rc, out, err, s = run([sys.executable, "prog_torch_oom.py"], remote)
+            show("remote", rc, out, err, s)
+            expect("torch OOM at the partition", out, {
+                "total_bytes": str(partition), "oom_raised": "OutOfMemoryError",
+                "filled_blocks_within_total": "True True", "after_oom_works": "1048576.0",
+            })  # fmt: skip
+
+        models = [m for m in ("resnet50", "gpt2") if selected("training") or selected(m)]
+        if models:
+            # Training needs more than the test lease: half the GPU, what `gpuattach run -p 0.5` gets.
+            half = (devices[0][2] << 20) // 2
+            trainer = start_worker("gpu-train", [WorkerDevice(devices[0][0], devices[0][1], half)],
+                                   bind_host="127.0.0.1", env={}, executor="cuda")  # fmt: skip
+            try:
+                for model in models:
+                    training(model, native_one, lease_env(trainer, shim, work, env))
+            finally:
+                trainer.stop()
 
         if selected("isolation"):
             step("isolation: a guessed address and another lease's live address are refused")
@@ -288,6 +317,32 @@ def main() -> int:
         Path(os.environ["OUT"], "remote_gpu_results.json").write_text(json.dumps(results, indent=2))
     shutil.rmtree(work, ignore_errors=True)
     return 1 if any(r["status"] == "FAIL" for r in results) else 0
+
+
+def training(model: str, native_env: dict[str, str], remote_env_: dict[str, str]) -> None:
+    """A real training run natively and remotely: losses step by step, throughput remote / native."""
+    step(f"training {model}: native, then remote (bench/train_models.py)")
+    script = str(ROOT / "bench" / "train_models.py")
+    runs = {}
+    for label, env in (("native", native_env), ("remote", remote_env_)):
+        rc, out, err, seconds = run([sys.executable, script, model], env, timeout=900)
+        losses = [float(line.split()[3]) for line in out.splitlines() if line.startswith("step ")]
+        summary = next((json.loads(line) for line in out.splitlines() if line.startswith("{")), {})
+        runs[label] = (rc, losses, summary)
+        print(f"[{label}] exit {rc} in {seconds:.1f} s: {summary}")
+        if rc != 0:
+            print("\n".join(f"[{label} stderr]   {line}" for line in err.splitlines()[-25:]))
+    (n_rc, n_loss, n_sum), (r_rc, r_loss, r_sum) = runs["native"], runs["remote"]
+    print(f"{'step':>5} {'native loss':>12} {'remote loss':>12}")
+    for i, (a, b) in enumerate(zip(n_loss, r_loss, strict=False)):
+        if i < 5 or i % 10 == 0 or i == len(n_loss) - 1:
+            print(f"{i:5d} {a:12.5f} {b:12.5f}")
+    worst = max((abs(a - b) / max(abs(a), 1e-6) for a, b in zip(n_loss, r_loss, strict=False)), default=1.0)
+    ratio = r_sum.get("throughput", 0) / n_sum["throughput"] if n_sum.get("throughput") else 0.0
+    detail = (f"{n_sum.get('throughput')} vs {r_sum.get('throughput')} {n_sum.get('unit', '')}: remote "
+              f"{100 * ratio:.1f} % of native; worst step loss difference {100 * worst:.3f} %")  # fmt: skip
+    ok = n_rc == 0 and r_rc == 0 and len(n_loss) == len(r_loss) > 0 and worst <= 0.02
+    record(f"training {model}", "PASS" if ok else "FAIL", detail)
 
 
 HOLDER = """

@@ -19,15 +19,11 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from collector import durations
+from server.client_errors import ConfigError
+
 DEFAULT_PORT = 56001
 DEFAULT_TIMEOUT_S = 600.0
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-class ConfigError(Exception):
-    def __init__(self, title: str, hint: str = ""):
-        super().__init__(title)
-        self.title, self.hint = title, hint
 
 
 @dataclass(frozen=True)
@@ -50,16 +46,20 @@ class ClientConfig:
 
 
 def parse_duration(value: object, what: str) -> float:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", str(value))
-    if not m:
-        raise ConfigError(f"{what}: {value!r} is not a duration", "write e.g. 90, 90s, 10m, 2h")
-    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+    """``collector.parse_duration`` answering a bad value with a ConfigError that names the setting."""
+    try:
+        return durations.parse_duration(value)
+    except ValueError:
+        raise ConfigError(
+            f"{what}: {value!r} is not a duration", f"write e.g. {durations.EXAMPLES}"
+        ) from None
 
 
-def normalize_url(text: str) -> str:
-    """``gpu1`` -> ``http://gpu1:56001``; ``gpu1:7000`` -> ``http://gpu1:7000``; URLs stay."""
+def normalize_url(text: str, default_port: int | None = DEFAULT_PORT) -> str:
+    """``gpu1`` -> ``http://gpu1:56001``; ``gpu1:7000`` -> ``http://gpu1:7000``; URLs stay.
+
+    The one normaliser of server URLs (gpuattach, its config, the console); ``default_port=None``
+    leaves a URL without a port as it is (the console's Prometheus endpoints)."""
     text = text.strip().rstrip("/")
     if not text:
         raise ConfigError("empty server address", "write host:port or http(s)://host:port")
@@ -68,11 +68,11 @@ def normalize_url(text: str) -> str:
     scheme, rest = text.split("://", 1)
     if scheme not in ("http", "https"):
         raise ConfigError(
-            f"server {text!r}: scheme {scheme!r} is not http or https", "e.g. https://gpu1:56001"
+            f"not a server URL: {text!r} (scheme {scheme!r} is not http or https)", "e.g. https://gpu1:56001"
         )
     host = rest.split("/", 1)[0]
-    if not re.search(r":\d+$", host) and not host.endswith("]"):
-        rest = host + f":{DEFAULT_PORT}" + rest[len(host) :]
+    if default_port is not None and not re.search(r":\d+$", host) and not host.endswith("]"):
+        rest = host + f":{default_port}" + rest[len(host) :]
     return f"{scheme}://{rest}"
 
 

@@ -12,7 +12,15 @@ import threading
 
 from cuda.bindings import driver
 
-from server._executor import INVALID_VALUE, NOT_SUPPORTED, CudaError, Executor
+from virtualize._executor import (
+    FORWARDED_LAUNCH_ATTRIBUTES,
+    INVALID_VALUE,
+    NOT_SUPPORTED,
+    CudaError,
+    Executor,
+    Launch,
+)
+from virtualize._results import CUresult
 
 _INVALID_VALUE_RESULT = driver.CUresult.CUDA_ERROR_INVALID_VALUE
 SMALL_COPY = 256 << 10  # up to this, copies go through pageable memory (one driver call)
@@ -110,9 +118,9 @@ class CudaExecutor(Executor):
             for ordinal in range(count):
                 if bytes(_ok(driver.cuDeviceGetUuid(ordinal)).bytes).hex() == want:
                     return ordinal
-            raise CudaError(101, f"no CUDA device has UUID {device.uuid}")
+            raise CudaError(CUresult.INVALID_DEVICE, f"no CUDA device has UUID {device.uuid}")
         if not 0 <= position < count:
-            raise CudaError(101, f"CUDA sees {count} device(s), the lease has more")
+            raise CudaError(CUresult.INVALID_DEVICE, f"CUDA sees {count} device(s), the lease has more")
         return position
 
     # -- helpers -------------------------------------------------------------------------------------
@@ -136,7 +144,7 @@ class CudaExecutor(Executor):
     def _d(self, dev: int) -> int:
         """The client's device ordinal (0..n-1 of the lease) -> this host's CUDA ordinal."""
         if not 0 <= dev < len(self.real):
-            raise CudaError(101, f"device {dev} is not part of this lease")
+            raise CudaError(CUresult.INVALID_DEVICE, f"device {dev} is not part of this lease")
         return self.real[dev]
 
     def _stream(self, handle: int):
@@ -231,43 +239,56 @@ class CudaExecutor(Executor):
             offset, size = _ok(result)
             layout.append((int(offset), int(size)))
 
-    def launch(self, func, grid, block, shared_mem, stream, params, layout, attributes) -> None:
+    def launch(self, launch: Launch) -> None:
+        func, layout, params = launch.func, launch.layout, launch.params
         target = self.launchables.get(func)
         if target is None or target.layout is not layout:  # new, or a reused handle of unloaded code
             target = self.launchables[func] = _Launchable(func, layout)
         with target.lock:  # the buffer is read by the driver during the call only
             ctypes.memmove(target.buffer, params, min(len(params), len(target.buffer)))
-            if not attributes:
+            stream = self._stream(launch.stream)
+            if not launch.attributes:
                 _ok(
                     driver.cuLaunchKernel(
-                        target.function, *grid, *block, shared_mem, self._stream(stream), target.params, 0
+                        target.function,
+                        *launch.grid,
+                        *launch.block,
+                        launch.shared_mem,
+                        stream,
+                        target.params,
+                        0,
                     )
                 )
                 return
-            config = driver.CUlaunchConfig()
-            config.gridDimX, config.gridDimY, config.gridDimZ = grid
-            config.blockDimX, config.blockDimY, config.blockDimZ = block
-            config.sharedMemBytes = shared_mem
-            config.hStream = self._stream(stream)
-            config.attrs = [self._attribute(i, v) for i, v in attributes]
-            config.numAttrs = len(attributes)
+            config = self._config(
+                launch.grid, launch.block, launch.shared_mem, launch.stream, launch.attributes
+            )
             _ok(driver.cuLaunchKernelEx(config, target.function, target.params, 0))
+
+    def _config(self, grid, block, shared_mem, stream, attributes):
+        config = driver.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = block
+        config.sharedMemBytes = shared_mem
+        config.hStream = self._stream(stream)
+        config.attrs = [self._attribute(i, v) for i, v in attributes]
+        config.numAttrs = len(attributes)
+        return config
+
+    def cluster_occupancy(self, name: str, launch: Launch) -> int:
+        config = self._config(launch.grid, launch.block, launch.shared_mem, launch.stream, launch.attributes)
+        return int(_ok(getattr(driver, name)(driver.CUfunction(launch.func), config)))
 
     @staticmethod
     def _attribute(attr_id: int, value: bytes):
+        """A launch attribute as the client built it: its 64-byte value goes over unchanged (addresses
+        and event handles in it are this worker's own; a bogus one can only hurt this lease's worker)."""
         ids = driver.CUlaunchAttributeID
+        if attr_id not in FORWARDED_LAUNCH_ATTRIBUTES:
+            raise CudaError(NOT_SUPPORTED, f"launch attribute {attr_id} is not forwarded")
         attribute = driver.CUlaunchAttribute()
         attribute.id = _enum(ids, attr_id)
-        ints = [int.from_bytes(value[i : i + 4], "little") for i in range(0, 12, 4)]
-        if attr_id == ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
-            attribute.value.cooperative = ints[0]
-        elif attr_id == ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
-            dims = attribute.value.clusterDim
-            dims.x, dims.y, dims.z = ints
-        elif attr_id == ids.CU_LAUNCH_ATTRIBUTE_PRIORITY:
-            attribute.value.priority = ints[0]
-        else:
-            raise CudaError(NOT_SUPPORTED, f"launch attribute {attr_id} is not forwarded")
+        ctypes.memmove(attribute.value.getPtr(), bytes(value[:64]).ljust(64, b"\0"), 64)
         return attribute
 
     # -- devices -------------------------------------------------------------------------------------
@@ -339,6 +360,9 @@ class CudaExecutor(Executor):
 
     def cuCtxGetApiVersion(self, ctx):
         return _ok(driver.cuCtxGetApiVersion(driver.CUcontext(ctx)))
+
+    def cuModuleGetLoadingMode(self):
+        return int(_ok(driver.cuModuleGetLoadingMode()))
 
     def cuCtxGetFlags(self):
         return int(_ok(driver.cuCtxGetFlags()))
@@ -547,6 +571,39 @@ class CudaExecutor(Executor):
 
     def cuStreamGetDevice(self, stream):
         return self.real.index(_int(_ok(driver.cuStreamGetDevice(self._stream(stream)))))
+
+    def cuStreamBeginCapture(self, stream, mode):
+        _ok(driver.cuStreamBeginCapture(self._stream(stream), _enum(driver.CUstreamCaptureMode, mode)))
+
+    def cuStreamEndCapture(self, stream):
+        return _int(_ok(driver.cuStreamEndCapture(self._stream(stream))))
+
+    def cuStreamGetCaptureInfo(self, stream):
+        status, capture_id, graph, _deps, _edges, count = _ok(
+            driver.cuStreamGetCaptureInfo(self._stream(stream))
+        )
+        return int(status), int(capture_id), _int(graph), int(count)
+
+    def cuThreadExchangeStreamCaptureMode(self, mode):
+        return int(_ok(driver.cuThreadExchangeStreamCaptureMode(_enum(driver.CUstreamCaptureMode, mode))))
+
+    def cuGraphGetNodes(self, graph):
+        return int(_ok(driver.cuGraphGetNodes(driver.CUgraph(graph)))[1])
+
+    def cuGraphInstantiateWithFlags(self, graph, flags):
+        return _int(_ok(driver.cuGraphInstantiate(driver.CUgraph(graph), flags)))
+
+    def cuGraphLaunch(self, graph_exec, stream):
+        _ok(driver.cuGraphLaunch(driver.CUgraphExec(graph_exec), self._stream(stream)))
+
+    def cuGraphUpload(self, graph_exec, stream):
+        _ok(driver.cuGraphUpload(driver.CUgraphExec(graph_exec), self._stream(stream)))
+
+    def cuGraphExecDestroy(self, graph_exec):
+        _ok(driver.cuGraphExecDestroy(driver.CUgraphExec(graph_exec)))
+
+    def cuGraphDestroy(self, graph):
+        _ok(driver.cuGraphDestroy(driver.CUgraph(graph)))
 
     def cuEventCreate(self, flags):
         return _int(_ok(driver.cuEventCreate(flags)))

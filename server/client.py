@@ -1,14 +1,10 @@
-"""The pool client: ask every server at once, choose, claim, keep alive, release.
+"""The pool's client library, used by ``gpuattach`` and the console (``tui``).
 
-Errors (each a one-line ``title`` and a ``hint``; the CLI prints them and exits non-zero):
-
-    PoolClientError
-    ├── ConfigError        (virtualize.config) no servers, unreadable config
-    ├── Unreachable        a server did not answer (refused, timeout, TLS)
-    ├── ApiError           a server answered an error (status, code, message, hint)
-    │   └── LeaseEnded     the lease was released, expired or reclaimed (carries the reason)
-    ├── CannotFit          no server can ever serve the request (or the client's limit forbids it)
-    └── WaitTimeout        the pool could serve it, but not within --timeout
+- ``PoolClient``: the whole pool as ``gpuattach`` sees it: ask every server at once, choose, claim,
+  keep alive (``Heartbeater``), release.
+- ``ServerClient``: one server's documented answers and admin actions, as the console shows them.
+- ``Request``: a lease request (the ``LeaseRequest`` body of ``server.api``).
+- errors: one tree, ``server.client_errors`` (``PoolClientError`` and below), re-exported here.
 
 Only the standard library: ``gpuattach`` starts fast and installs anywhere.
 """
@@ -21,52 +17,42 @@ import random
 import ssl
 import threading
 import time
+import urllib.error
 import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
-from virtualize.backoff import delays
-from virtualize.config import ClientConfig, ConfigError, ServerRef
+from server._backoff import delays
+from server.client_config import ClientConfig, ServerRef, normalize_url
+from server.client_errors import (
+    ApiError,
+    CannotFit,
+    ConfigError,
+    LeaseEnded,
+    PoolClientError,
+    Unreachable,
+    WaitTimeout,
+)
+from server.client_errors import host as _host
 
-
-class PoolClientError(Exception):
-    def __init__(self, title: str, hint: str = ""):
-        super().__init__(title)
-        self.title, self.hint = title, hint
-
-
-class Unreachable(PoolClientError):
-    def __init__(self, url: str, reason: str):
-        super().__init__(
-            f"server {url} unreachable: {reason}",
-            "check the address in client.toml and that gpupool-server runs there",
-        )
-        self.url = url
-
-
-class ApiError(PoolClientError):
-    def __init__(self, url: str, status: int, body: dict):
-        self.url, self.status, self.body = url, status, body
-        self.code = body.get("code", "unknown")
-        self.message = body.get("error") or f"HTTP {status}"
-        super().__init__(f"{self.message} [{_host(url)}]", body.get("hint", ""))
-
-
-class LeaseEnded(ApiError):
-    pass
-
-
-class CannotFit(PoolClientError):
-    pass
-
-
-class WaitTimeout(PoolClientError):
-    pass
-
-
-def _host(url: str) -> str:
-    return urllib.parse.urlsplit(url).netloc
+__all__ = [
+    "ApiError",
+    "CannotFit",
+    "ConfigError",
+    "Heartbeater",
+    "LeaseEnded",
+    "PoolClient",
+    "PoolClientError",
+    "Request",
+    "ServerClient",
+    "ServerClientOptions",
+    "Unreachable",
+    "WaitTimeout",
+    "normalize_url",
+]
 
 
 @dataclass
@@ -408,3 +394,122 @@ class Heartbeater:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+# --- one server, as the console sees it -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerClientOptions:
+    timeout_s: float = 3.0  # per call: a dead server must not stall a refresh for long
+    user_agent: str = "gpupool-console"
+    ca_cert: str | None = None  # PEM of the CA that signed the servers' certificates (private CA)
+
+
+class ServerClient:
+    """One server of the pool, as the console uses it. Methods return the decoded JSON of the documented
+    answers; failures are ``Unreachable`` or ``ApiError`` with the console's wording and hints."""
+
+    def __init__(self, url: str, token: str | None = None, options: ServerClientOptions | None = None):
+        self.url = normalize_url(url)
+        self.token = token
+        self.options = options or ServerClientOptions()
+        self._tls = (
+            ssl.create_default_context(cafile=self.options.ca_cert) if self.url.startswith("https") else None
+        )
+
+    def __repr__(self) -> str:
+        return f"ServerClient({self.url!r}, token={'set' if self.token else 'none'})"
+
+    # Reads ---------------------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/health", auth=False)
+
+    def gpus(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/gpus")
+
+    def leases(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/leases?all=true&state=active")["leases"]
+
+    def clients(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/admin/clients").get("clients", [])
+
+    def policy(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/admin/policy")
+
+    # Operator actions (admin token) --------------------------------------------------------------
+    def release(self, lease_id: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/leases/{urllib.parse.quote(lease_id, safe='')}")
+
+    def update_client(self, client: str, **fields: float | None) -> dict[str, Any]:
+        """Set ``limit`` and/or ``idle_timeout_s`` of a client; None clears it back to the default."""
+        return self._call("PUT", f"/v1/admin/clients/{urllib.parse.quote(client, safe='')}", fields)
+
+    def update_policy(self, **fields: float | None) -> dict[str, Any]:
+        return self._call("PUT", "/v1/admin/policy", fields)
+
+    # Transport -----------------------------------------------------------------------------------
+    def _call(self, method: str, path: str, body: dict | None = None, *, auth: bool = True) -> Any:
+        headers = {"Accept": "application/json", "User-Agent": self.options.user_agent}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if auth and self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        request = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(
+                request, timeout=self.options.timeout_s, context=self._tls
+            ) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as exc:
+            raise self._answered_error(exc, method, path) from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+            tls = exc if isinstance(exc, ssl.SSLError) else getattr(exc, "reason", None)
+            if isinstance(tls, ssl.SSLError):
+                reason = f"TLS failed: {getattr(tls, 'verify_message', '') or tls}"
+                raise Unreachable(
+                    self.url,
+                    reason,
+                    title=f"{self.url} {reason}",
+                    hint="for a private CA pass --ca-cert PATH (the CA that signed the server's certificate)",
+                ) from None
+            reason = getattr(exc, "reason", exc)
+            raise Unreachable(
+                self.url,
+                str(reason),
+                title=f"{self.url} unreachable: {reason}",
+                hint="is gpupool-server running there? the console keeps retrying",
+            ) from None
+        try:
+            return json.loads(raw) if raw else {}
+        except ValueError:
+            raise ApiError(
+                self.url,
+                200,
+                {},
+                title=f"{self.url}{path}: answer is not JSON",
+                hint="is this URL a gpupool-server?",
+            ) from None
+
+    def _answered_error(self, exc: urllib.error.HTTPError, method: str, path: str) -> ApiError:
+        try:
+            payload = json.loads(exc.read() or b"{}")
+        except ValueError:
+            payload = {}
+        if not isinstance(payload, dict):
+            payload = {}
+        message = payload.get("error") or f"HTTP {exc.code} {exc.reason}"
+        hint = payload.get("hint", "")
+        if exc.code in (401, 403):  # the server's hint speaks to gpuattach users; this is the console
+            hint = "start the console with an admin token: --admin-token or GPUPOOL_ADMIN_TOKEN"
+        if exc.code == 404 and not payload:
+            hint = "is this URL a gpupool-server of this version?"
+        return ApiError(
+            self.url,
+            exc.code,
+            payload,
+            title=f"{method} {path.split('?')[0]} on {self.url}: {message}",
+            hint=hint,
+        )

@@ -18,23 +18,24 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from server._executor import (
+from virtualize import _wire
+from virtualize._calls import CALLS, HANDLE_TYPES, Call, Mode
+from virtualize._executor import (
     INVALID_CONTEXT,
     INVALID_HANDLE,
     INVALID_VALUE,
     OUT_OF_MEMORY,
     CudaError,
     Executor,
+    Launch,
 )
-from virtualize import _wire
-from virtualize._calls import CALLS, HANDLE_TYPES, Call, Mode
+from virtualize._results import CUresult
 
 log = logging.getLogger("gpupool.worker")
 
 BUILTIN_STREAMS = frozenset({0, 1, 2})  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
 MEMSET_WIDTH = {"cuMemsetD8": 1, "cuMemsetD16": 2, "cuMemsetD32": 4}
 LAUNCH_ATTRIBUTE_BYTES = 72
-UNKNOWN = 999  # CUDA_ERROR_UNKNOWN
 
 
 @dataclass
@@ -130,8 +131,9 @@ class Session:
             "cuMemcpyPeerAsync": self._peer,
             "cuModuleGetGlobal_v2": self._get_global,
             "cuLibraryGetGlobal": self._get_global,
-            "cuLaunchKernel": self._launch,
             "cuLaunchKernelEx": self._launch,
+            "cuOccupancyMaxActiveClusters": self._cluster_occupancy,
+            "cuOccupancyMaxPotentialClusterSize": self._cluster_occupancy,
         }
         for name in ("cuMemsetD8_v2", "cuMemsetD16_v2", "cuMemsetD32_v2"):
             self.special[name] = self._memset
@@ -172,7 +174,7 @@ class Session:
             raise  # the client is gone: the worker's loop ends this connection
         except Exception:  # a bug here must not cost the client its connection: this call fails
             log.exception("%s failed inside the worker", call.symbol if call.symbol != "-" else call.name)
-            answer, result = None, UNKNOWN
+            answer, result = None, CUresult.UNKNOWN
         if self.channel.bulk_left:
             self.channel.skip(self.channel.bulk_left)
         if answer is _ANSWERED:
@@ -300,7 +302,7 @@ class Session:
     def _primary_ctx_retain(self, call: Call, ins: tuple):
         (dev,) = ins
         if not 0 <= dev < len(self.lease.limits):
-            raise CudaError(101, "device ordinal")
+            raise CudaError(CUresult.INVALID_DEVICE, "device ordinal")
         ctx = self.executor.cuDevicePrimaryCtxRetain(dev)
         self.lease.handles["ctx"].add(ctx)
         self.lease.ctx_device[ctx] = dev
@@ -309,7 +311,7 @@ class Session:
     def _total_mem(self, call: Call, ins: tuple):
         (dev,) = ins
         if not 0 <= dev < len(self.lease.limits):
-            raise CudaError(101, "device ordinal")
+            raise CudaError(CUresult.INVALID_DEVICE, "device ordinal")
         real = self.executor.cuDeviceTotalMem(dev)
         return struct.pack("<Q", min(real, self.lease.limits[dev])), b""
 
@@ -444,30 +446,45 @@ class Session:
         flat = [x for pair in layout for x in pair]
         return struct.pack("<I", len(layout)), struct.pack(f"<{len(flat)}I", *flat)
 
-    def _launch(self, call: Call, ins: tuple):
-        func, gx, gy, gz, bx, by, bz, smem, stream = ins[:9]
+    def _check_launch(self, func: int, stream: int) -> None:
         handles = self.lease.handles
         if func not in handles["func"] and func not in handles["kernel"]:
             raise CudaError(INVALID_HANDLE, "function")
         if stream not in BUILTIN_STREAMS and stream not in handles["stream"]:
             raise CudaError(INVALID_HANDLE, "stream")
+
+    @staticmethod
+    def _attributes(raw: bytes) -> list[tuple[int, bytes]]:
+        return [
+            (struct.unpack_from("<i", raw, i)[0], raw[i + 8 : i + LAUNCH_ATTRIBUTE_BYTES])
+            for i in range(0, len(raw) - LAUNCH_ATTRIBUTE_BYTES + 1, LAUNCH_ATTRIBUTE_BYTES)
+        ]
+
+    def _cluster_occupancy(self, call: Call, ins: tuple):
+        func, gx, gy, gz, bx, by, bz, smem, stream, n_attrs = ins
+        self._check_launch(func, stream)
+        raw = self.channel.read_bulk(limit=64 * LAUNCH_ATTRIBUTE_BYTES)
+        if len(raw) != n_attrs * LAUNCH_ATTRIBUTE_BYTES:
+            raise CudaError(INVALID_VALUE, "launch attributes")
+        config = Launch(func, (gx, gy, gz), (bx, by, bz), smem, stream, b"", [], tuple(self._attributes(raw)))
+        return struct.pack("<i", self.executor.cluster_occupancy(call.name, config)), b""
+
+    def _launch(self, call: Call, ins: tuple):
+        func, gx, gy, gz, bx, by, bz, smem, stream = ins[:9]
+        self._check_launch(func, stream)
         n_attrs = ins[9] if len(ins) > 9 else 0
         bulk = self.channel.read_bulk(limit=1 << 20)
         layout = self.lease.layouts.get(func)
         if layout is None:
             layout = self._layout(func)
-        if not n_attrs:
-            self.executor.launch(func, (gx, gy, gz), (bx, by, bz), smem, stream, bulk, layout, ())
-            return None
         split = len(bulk) - n_attrs * LAUNCH_ATTRIBUTE_BYTES
         if split < 0:
             raise CudaError(INVALID_VALUE, "launch attributes")
         params, raw = bulk[:split], bulk[split:]
-        attributes = [
-            (struct.unpack_from("<i", raw, i)[0], raw[i + 8 : i + LAUNCH_ATTRIBUTE_BYTES])
-            for i in range(0, len(raw), LAUNCH_ATTRIBUTE_BYTES)
-        ]
-        self.executor.launch(func, (gx, gy, gz), (bx, by, bz), smem, stream, params, layout, attributes)
+        attributes = tuple(self._attributes(raw))
+        self.executor.launch(
+            Launch(func, (gx, gy, gz), (bx, by, bz), smem, stream, params, layout, attributes)
+        )
         return None
 
 
@@ -478,4 +495,6 @@ _DESTROYS = {
     "cuEventDestroy": "event",
     "cuModuleUnload": "module",
     "cuLibraryUnload": "library",
+    "cuGraphDestroy": "graph",
+    "cuGraphExecDestroy": "graphexec",
 }

@@ -25,7 +25,16 @@ import struct
 import threading
 import time
 
-from server._executor import INVALID_HANDLE, INVALID_VALUE, NOT_FOUND, CudaError, Executor
+from virtualize._executor import (
+    FORWARDED_LAUNCH_ATTRIBUTES,
+    INVALID_HANDLE,
+    INVALID_VALUE,
+    NOT_FOUND,
+    CudaError,
+    Executor,
+    Launch,
+)
+from virtualize._results import CUresult
 
 DEVICE_TOTAL = 80 << 30
 CHUNK = 4 << 20
@@ -92,6 +101,8 @@ class HostExecutor(Executor):
         self.ptx_kernels: dict[int, dict[str, list[tuple[int, int]]]] = {}  # module -> kernels it declares
         self.layouts: dict[int, list[tuple[int, int]]] = {}  # PTX-declared functions -> parameter layout
         self.events: dict[int, float | None] = {}
+        self.capturing: dict[int, list] = {}  # stream -> the work recorded since cuStreamBeginCapture
+        self.graphs: dict[int, list] = {}  # graph or executable graph -> its work, in stream order
         self.local = threading.local()
         self.lock = threading.Lock()
 
@@ -100,7 +111,7 @@ class HostExecutor(Executor):
     def _ctx_device(self) -> int:
         ctx = getattr(self.local, "ctx", 0)
         if not ctx:
-            raise CudaError(201, "no current context")
+            raise CudaError(CUresult.INVALID_CONTEXT, "no current context")
         return self.contexts[ctx]
 
     def _find(self, ptr: int, count: int) -> tuple[bytearray, int]:
@@ -111,7 +122,7 @@ class HostExecutor(Executor):
                 mem = self.memory[base]
                 if ptr - base + count <= len(mem):
                     return mem, ptr - base
-        raise CudaError(700, f"illegal address 0x{ptr:x}")
+        raise CudaError(CUresult.ILLEGAL_ADDRESS, f"illegal address 0x{ptr:x}")
 
     def _alloc(self, size: int) -> int:
         dev = self._ctx_device()
@@ -146,22 +157,38 @@ class HostExecutor(Executor):
         for start in range(0, count, CHUNK):
             send(memoryview(bytes(mem[off + start : off + min(count, start + CHUNK)])))
 
+    def _on(self, stream, work) -> None:
+        """Run stream work now, or record it when the stream is being captured into a graph."""
+        recorded = self.capturing.get(stream)
+        if recorded is None:
+            work()
+        else:
+            recorded.append(work)
+
     def memset(self, dst: int, value: int, element_size: int, count: int, stream: int | None) -> None:
-        mem, off = self._find(dst, element_size * count)
-        mem[off : off + element_size * count] = value.to_bytes(element_size, "little") * count
+        def work():
+            mem, off = self._find(dst, element_size * count)
+            mem[off : off + element_size * count] = value.to_bytes(element_size, "little") * count
+
+        self._on(stream, work)
 
     def param_layout(self, func: int, is_kernel: bool) -> list[tuple[int, int]]:
         return self.layouts.get(func) or HOST_KERNELS[self.functions[func]]
 
-    def launch(self, func, grid, block, shared_mem, stream, params, layout, attributes) -> None:
-        for attr_id, _value in attributes:
-            if attr_id not in (2, 4, 8):  # cooperative, cluster dimension, priority
-                raise CudaError(801, f"launch attribute {attr_id} is not forwarded")
+    def launch(self, launch: Launch) -> None:
+        func, grid, block, params = launch.func, launch.grid, launch.block, launch.params
+        for attr_id, _value in launch.attributes:
+            if attr_id not in FORWARDED_LAUNCH_ATTRIBUTES:  # the same refusals as on a GPU
+                raise CudaError(CUresult.NOT_SUPPORTED, f"launch attribute {attr_id} is not forwarded")
+        params = bytes(params)  # a captured launch runs later, with the parameters of its capture
+        self._on(launch.stream, lambda: self._run_kernel(func, grid, block, params))
+
+    def _run_kernel(self, func, grid, block, params) -> None:
         if func in self.layouts:
             return  # a kernel of a PTX image: it runs as a no-op (its parameters did arrive)
         name = self.functions[func]
         if name == "fault":
-            raise CudaError(700, "the fault kernel touched a wild address")
+            raise CudaError(CUresult.ILLEGAL_ADDRESS, "the fault kernel touched a wild address")
         if name == "spin":
             time.sleep(0.01)
             return
@@ -185,6 +212,9 @@ class HostExecutor(Executor):
         for i in range(min(n, grid[0] * block[0])):
             words[i] = value if name == "fill_u32" else (words[i] + value) & 0xFFFFFFFF
 
+    def cluster_occupancy(self, name: str, launch: Launch) -> int:
+        return 1  # one cluster at a time, of one block
+
     # -- the calls -----------------------------------------------------------------------------------
 
     def cuInit(self, flags):
@@ -195,7 +225,7 @@ class HostExecutor(Executor):
 
     def cuDeviceGet(self, ordinal):
         if not 0 <= ordinal < self.n:
-            raise CudaError(101)
+            raise CudaError(CUresult.INVALID_DEVICE)
         return ordinal
 
     def cuDeviceGetCount(self):
@@ -303,7 +333,7 @@ class HostExecutor(Executor):
         dmem[doff : doff + count] = data
 
     def cuMemcpyDtoDAsync(self, dst, src, count, stream):
-        self.cuMemcpyDtoD(dst, src, count)
+        self._on(stream, lambda: self.cuMemcpyDtoD(dst, src, count))
 
     def cuMemcpyPeer(self, dst, dst_ctx, src, src_ctx, count):
         self.cuMemcpyDtoD(dst, src, count)
@@ -321,7 +351,7 @@ class HostExecutor(Executor):
 
     def _load(self, image: bytes) -> int:
         if not image:
-            raise CudaError(200, "empty image")
+            raise CudaError(CUresult.INVALID_IMAGE, "empty image")
         handle = next(self.ids)
         self.ptx_kernels[handle] = ptx_layouts(image)
         return handle
@@ -330,6 +360,9 @@ class HostExecutor(Executor):
         return self._load(image)
 
     cuModuleLoadDataEx = cuModuleLoadFatBinary = cuLibraryLoadData = cuModuleLoadData
+
+    def cuModuleGetLoadingMode(self):
+        return 2  # CU_MODULE_LAZY_LOADING, the driver's default since CUDA 12.2
 
     def cuModuleUnload(self, module):
         return None
@@ -405,7 +438,7 @@ class HostExecutor(Executor):
 
     def cuOccupancyMaxPotentialBlockSize(self, func, callback, smem, limit):
         if callback:
-            raise CudaError(801, "a block-size callback runs in the client")
+            raise CudaError(CUresult.NOT_SUPPORTED, "a block-size callback runs in the client")
         return 8, min(limit or 1024, 1024)
 
     def cuOccupancyAvailableDynamicSMemPerBlock(self, func, num_blocks, block_size):
@@ -430,7 +463,52 @@ class HostExecutor(Executor):
         return None
 
     def cuStreamIsCapturing(self, stream):
-        return 0
+        return 1 if stream in self.capturing else 0  # CU_STREAM_CAPTURE_STATUS_ACTIVE / NONE
+
+    def cuStreamBeginCapture(self, stream, mode):
+        if stream in (0, 1, 2):
+            raise CudaError(900, "the legacy stream cannot be captured")
+        if stream in self.capturing:
+            raise CudaError(INVALID_VALUE, "already capturing")
+        self.capturing[stream] = []
+
+    def cuStreamEndCapture(self, stream):
+        work = self.capturing.pop(stream, None)
+        if work is None:
+            raise CudaError(903, "not capturing")
+        graph = next(self.ids)
+        self.graphs[graph] = work
+        return graph
+
+    def cuStreamGetCaptureInfo(self, stream):
+        capturing = stream in self.capturing
+        return (1 if capturing else 0), (stream if capturing else 0), 0, 0
+
+    def cuThreadExchangeStreamCaptureMode(self, mode):
+        previous = getattr(self.local, "capture_mode", 0)
+        self.local.capture_mode = mode
+        return previous
+
+    def cuGraphGetNodes(self, graph):
+        return len(self.graphs[graph])
+
+    def cuGraphInstantiateWithFlags(self, graph, flags):
+        graph_exec = next(self.ids)
+        self.graphs[graph_exec] = list(self.graphs[graph])
+        return graph_exec
+
+    def cuGraphLaunch(self, graph_exec, stream):
+        for work in self.graphs[graph_exec]:
+            self._on(stream, work)
+
+    def cuGraphUpload(self, graph_exec, stream):
+        return None
+
+    def cuGraphExecDestroy(self, graph_exec):
+        self.graphs.pop(graph_exec, None)
+
+    def cuGraphDestroy(self, graph):
+        self.graphs.pop(graph, None)
 
     def cuStreamGetPriority(self, stream):
         return 0
@@ -470,5 +548,5 @@ class HostExecutor(Executor):
     def cuEventElapsedTime(self, start, end):
         t0, t1 = self.events.get(start), self.events.get(end)
         if t0 is None or t1 is None:
-            raise CudaError(600, "event not recorded")
+            raise CudaError(CUresult.NOT_READY, "event not recorded")
         return (t1 - t0) * 1000.0

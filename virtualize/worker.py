@@ -1,14 +1,14 @@
-"""A lease's worker: one process per remote lease that runs the lease's CUDA calls on its GPUs.
+"""A lease's worker process: runs the lease's CUDA calls on its GPUs (``python -m virtualize.worker``).
 
-The pool server calls `start_worker` when it grants a lease with remote=true and `WorkerHandle.stop()`
-when the lease ends; the client's `libcuda.so.1` (virtualize/shim) connects to `host:port` and
-proves itself with `secret`. The process owns the lease's GPUs through `server._cuda` (cuda-python),
-listens on TCP, serves each connection on its own thread through `server._executor_guard`, touches
-`<state dir>/activity` at most once a second while calls arrive or run (the idle reclaimer reads its
-mtime),
-and exits when its parent dies.
+The pool server starts it through ``server.workers`` (which never imports this module) and stops it
+when the lease ends; the client's ``libcuda.so.1`` (virtualize/shim) connects to ``host:port`` and
+proves itself with the lease's secret. The process owns the lease's GPUs through ``virtualize._cuda``
+(cuda-python), listens on TCP, serves each connection on its own thread through
+``virtualize._executor_guard``, touches ``<state dir>/activity`` at most once a second while calls
+arrive or run (the idle reclaimer reads its mtime), and exits when its parent dies. Its command line,
+environment and ready line are the interface ``server.workers`` declares.
 
-    python -m server.worker --lease ID --devices '[{"index":0,"uuid":"GPU-..","mem_limit_bytes":1073741824}]'
+    python -m virtualize.worker --lease ID --devices '[{"index":0,"uuid":"GPU-..","mem_limit_bytes":1073741824}]'
 """
 
 from __future__ import annotations
@@ -19,153 +19,22 @@ import hmac
 import json
 import logging
 import os
-import secrets
-import selectors
-import shutil
 import signal
 import socket
 import struct
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from server.workers import ACTIVITY_FILE, EXECUTOR_ENV, SECRET_ENV, WORKER_MODULE, WorkerDevice
 from virtualize import _wire
 from virtualize._calls import CALL_IDS, INTERNAL
+from virtualize._results import CUresult
 
 log = logging.getLogger("gpupool.worker")
 
-EXECUTOR_ENV = "GPUPOOL_WORKER_EXECUTOR"  # "cuda" (default) or "host" (tests only: no GPU)
-SECRET_ENV = "GPUPOOL_WORKER_SECRET"
-START_TIMEOUT_S = 60.0
 HELLO_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True)
-class WorkerDevice:
-    index: int  # the GPU's index on this host
-    uuid: str  # "GPU-…"; the worker sees the lease's GPUs as devices 0..n-1 in this order
-    mem_limit_bytes: int  # the partition
-
-
-class WorkerError(RuntimeError):
-    """The worker process could not be started."""
-
-
-class WorkerHandle:
-    """The server's view of a running worker."""
-
-    def __init__(self, proc: subprocess.Popen, host: str, port: int, secret: str, state_dir: Path) -> None:
-        self.proc = proc
-        self.host = host
-        self.port = port
-        self.secret = secret
-        self.pid = proc.pid
-        self.state_dir = state_dir
-        self._started = time.time()
-
-    def last_activity(self) -> float:
-        """time.time() of the last forwarded call (the start time before any)."""
-        try:
-            return (self.state_dir / "activity").stat().st_mtime
-        except OSError:
-            return self._started
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Terminate the worker (its GPU memory goes with it) and wait; kill if it does not go."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout)
-        shutil.rmtree(self.state_dir, ignore_errors=True)
-
-    def __repr__(self) -> str:
-        return f"WorkerHandle(pid={self.pid}, {self.host}:{self.port}, alive={self.alive()})"
-
-
-def start_worker(
-    lease_id: str,
-    devices: list[WorkerDevice],
-    *,
-    bind_host: str,
-    env: dict[str, str],
-    executor: str | None = None,
-) -> WorkerHandle:
-    """Start the worker process of one lease and return once it listens.
-
-    `env` is added to the worker's environment (the MPS limits of the partition). `executor` picks
-    the executor ("cuda", or "host" in tests); by default GPUPOOL_WORKER_EXECUTOR, else "cuda".
-    """
-    secret = secrets.token_urlsafe(32)
-    state_dir = Path(tempfile.mkdtemp(prefix=f"gpupool-worker-{_safe(lease_id)}-"))
-    child_env = {**os.environ, **env, SECRET_ENV: secret}
-    child_env[EXECUTOR_ENV] = executor or env.get(EXECUTOR_ENV) or os.environ.get(EXECUTOR_ENV, "cuda")
-    # The worker sees exactly the lease's GPUs, as devices 0..n-1 in the lease's order (the MPS limits
-    # in `env` are keyed that way) and shows them to the client in that order.
-    if devices:
-        child_env["CUDA_VISIBLE_DEVICES"] = ",".join(d.uuid or str(d.index) for d in devices)
-    cmd = [
-        sys.executable,
-        "-m",
-        "server.worker",
-        "--lease",
-        lease_id,
-        "--bind",
-        bind_host,
-        "--devices",
-        json.dumps([asdict(d) for d in devices]),
-        "--state-dir",
-        str(state_dir),
-        "--parent",
-        str(os.getpid()),
-    ]
-    proc = subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    ready = _read_ready_line(proc, START_TIMEOUT_S)
-    if "port" not in ready:
-        with contextlib.suppress(OSError):
-            proc.kill()
-        proc.wait(5)
-        shutil.rmtree(state_dir, ignore_errors=True)
-        raise WorkerError(f"the worker of lease {lease_id} did not start: {ready.get('error', 'no answer')}")
-    # A wildcard bind is reachable at this host's name; the pool server may advertise another.
-    host = socket.getfqdn() if bind_host in ("", "0.0.0.0", "::") else bind_host
-    return WorkerHandle(proc, host, int(ready["port"]), secret, state_dir)
-
-
-def _read_ready_line(proc: subprocess.Popen, timeout: float) -> dict:
-    deadline = time.monotonic() + timeout
-    line = b""
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        while not line.endswith(b"\n"):
-            left = deadline - time.monotonic()
-            if left <= 0 or not sel.select(left):
-                return {"error": f"no answer within {timeout:.0f} s"}
-            chunk = os.read(proc.stdout.fileno(), 4096)
-            if not chunk:
-                return {"error": f"the process exited (status {proc.wait()})"}
-            line += chunk
-    proc.stdout.close()
-    try:
-        return json.loads(line)
-    except ValueError:
-        return {"error": f"unreadable answer {line[:200]!r}"}
-
-
-def _safe(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in text)[:40]
-
-
-# ---- inside the worker process -------------------------------------------------------------------
 
 
 class ConnectionClosed(ConnectionError):
@@ -213,7 +82,7 @@ class Channel:
             pos += got
 
     def read_bulk(self, limit: int) -> bytes:
-        from server._executor import INVALID_VALUE, CudaError
+        from virtualize._executor import INVALID_VALUE, CudaError
 
         if self.bulk_left > limit:
             raise CudaError(INVALID_VALUE, f"{self.bulk_left} bytes of data is more than {limit}")
@@ -257,13 +126,13 @@ class Worker:
     def __init__(
         self, lease_id: str, devices: list[WorkerDevice], executor, state_dir: Path, secret: str
     ) -> None:
-        from server._executor_guard import LeaseState
+        from virtualize._executor_guard import LeaseState
 
         self.lease_id = lease_id
         self.devices = devices
         self.executor = executor
         self.lease = LeaseState([d.mem_limit_bytes for d in devices])
-        self.activity = state_dir / "activity"
+        self.activity = state_dir / ACTIVITY_FILE
         self.secret = secret.encode()
         self._last_touch = 0.0
         self.in_calls: set[int] = set()  # connections executing a call now (a long sync is use, not idleness)
@@ -275,7 +144,7 @@ class Worker:
             threading.Thread(target=self._connection, args=(sock, peer), daemon=True).start()
 
     def _connection(self, sock: socket.socket, peer) -> None:
-        from server._executor_guard import Session
+        from virtualize._executor_guard import Session
 
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         channel = Channel(sock)
@@ -319,16 +188,16 @@ class Worker:
         channel.sock.settimeout(None)
         if not hmac.compare_digest(secret, self.secret):
             log.warning("client %s gave a wrong lease secret; refused", who)
-            channel.send(_wire.REPLY.pack(800, 0, 0))
+            channel.send(_wire.REPLY.pack(CUresult.NOT_PERMITTED, 0, 0))
             return False
         if version != _wire.PROTOCOL_VERSION:
             log.warning(
                 "client %s speaks protocol %d, this worker %d; refused", who, version, _wire.PROTOCOL_VERSION
             )
-            channel.send(_wire.REPLY.pack(801, 0, 0))
+            channel.send(_wire.REPLY.pack(CUresult.NOT_SUPPORTED, 0, 0))
             return False
         outs = struct.pack(hello.out_format, len(self.devices))
-        channel.send(_wire.REPLY.pack(0, len(outs), 0), outs)
+        channel.send(_wire.REPLY.pack(CUresult.SUCCESS, len(outs), 0), outs)
         return True
 
     def _touch_while_busy(self) -> None:
@@ -348,11 +217,11 @@ class Worker:
 
 def make_executor(kind: str, devices: list[WorkerDevice]):
     if kind == "host":
-        from server._executor_host import HostExecutor
+        from virtualize._executor_host import HostExecutor
 
         return HostExecutor(devices)
     if kind == "cuda":
-        from server._cuda import CudaExecutor
+        from virtualize._cuda import CudaExecutor
 
         return CudaExecutor(devices)
     raise ValueError(f"unknown executor {kind!r} (cuda or host)")
@@ -367,7 +236,7 @@ def _watch_parent(parent: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m server.worker", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {WORKER_MODULE}", description=__doc__.split("\n\n")[0])
     parser.add_argument("--lease", required=True, help="the lease id (for logs)")
     parser.add_argument("--bind", default="127.0.0.1", help="address to listen on (port: any free one)")
     parser.add_argument("--devices", required=True, help="JSON list of {index, uuid, mem_limit_bytes}")

@@ -1,0 +1,95 @@
+"""Real training runs for remote-vs-native comparison: `python bench/train_models.py resnet50|gpt2`.
+
+ResNet-50 (torchvision, random init) on synthetic images, bf16 autocast, batch 64; a GPT-2-style model
+from a `transformers` config (random init, no download) on synthetic tokens, bf16 autocast. Both seeded
+and deterministic where PyTorch allows, so a native and a remote run print comparable losses. Prints
+one `step N loss` line per step and a final JSON line with throughput (steady state, after warm-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import torch
+
+
+def resnet50(batch: int):
+    import torchvision
+
+    model = torchvision.models.resnet50(num_classes=1000)
+    g = torch.Generator().manual_seed(0)
+    images = torch.randn(batch, 3, 224, 224, generator=g)
+    labels = torch.randint(0, 1000, (batch,), generator=g)
+
+    def data(step):
+        return images.to("cuda", non_blocking=True), labels.to("cuda", non_blocking=True)
+
+    def loss_fn(model, batch_data):
+        x, y = batch_data
+        return torch.nn.functional.cross_entropy(model(x), y)
+
+    return model, data, loss_fn, batch, "images/s"
+
+
+def gpt2(batch: int, seq: int = 512):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_positions=seq, n_embd=768, n_layer=12, n_head=12, vocab_size=50257)
+    model = GPT2LMHeadModel(config)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, config.vocab_size, (16, batch, seq), generator=g)
+
+    def data(step):
+        return tokens[step % 16].to("cuda", non_blocking=True)
+
+    def loss_fn(model, ids):
+        return model(input_ids=ids, labels=ids).loss
+
+    return model, data, loss_fn, batch * seq, "tokens/s"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", choices=["resnet50", "gpt2"])
+    parser.add_argument("--steps", type=int, default=None, help="default: 60 (resnet50), 200 (gpt2)")
+    parser.add_argument("--warmup", type=int, default=10, help="steps left out of the throughput")
+    parser.add_argument("--batch", type=int, default=None, help="default: 64 (resnet50), 8 (gpt2)")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    if args.model == "resnet50":
+        model, data, loss_fn, per_step, unit = resnet50(args.batch or 64)
+        steps = args.steps or 60
+    else:
+        model, data, loss_fn, per_step, unit = gpt2(args.batch or 8)
+        steps = args.steps or 200
+    model = model.cuda().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    started = None
+    for step in range(steps):
+        if step == args.warmup:
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+        batch_data = data(step)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_fn(model, batch_data)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        print(f"step {step} loss {loss.item():.5f}", flush=True)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    measured = steps - args.warmup
+    print(json.dumps({"model": args.model, "steps": measured, "seconds": round(seconds, 3),
+                      "throughput": round(measured * per_step / seconds, 1), "unit": unit}))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

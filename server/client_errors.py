@@ -1,0 +1,74 @@
+"""The errors of the pool's client library, one tree for ``gpuattach`` and the console.
+
+Each carries a one-line ``title`` and a ``hint`` (what to do); the commands print them and exit
+non-zero, the console shows them in place. ``str()`` is the title, then the hint in parentheses.
+
+    PoolClientError
+    ├── ConfigError        no servers or token configured, an unreadable client.toml, a bad URL
+    ├── Unreachable        a server did not answer (refused, timeout, TLS, not a gpupool-server)
+    ├── ApiError           a server answered with its Error object (status, code, message, hint)
+    │   └── LeaseEnded     the lease was released, expired or reclaimed (carries the reason)
+    ├── CannotFit          no server can ever serve the request (or the client's limit forbids it)
+    └── WaitTimeout        the pool could serve it, but not within --timeout
+
+The server's own refusals are ``server._errors.PoolError`` (one per HTTP status); a client sees them
+as ``ApiError`` with the same ``code``.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+
+
+class PoolClientError(Exception):
+    unreachable = False  # True for Unreachable: the server may answer later (the console retries)
+
+    def __init__(self, title: str, hint: str = ""):
+        super().__init__(title)
+        self.title, self.hint = title, hint
+
+    def __str__(self) -> str:
+        return f"{self.title} ({self.hint})" if self.hint else self.title
+
+
+class ConfigError(PoolClientError):
+    pass
+
+
+class Unreachable(PoolClientError):
+    unreachable = True
+
+    def __init__(self, url: str, reason: str, *, title: str | None = None, hint: str | None = None):
+        super().__init__(
+            title or f"server {url} unreachable: {reason}",
+            "check the address in client.toml and that gpupool-server runs there" if hint is None else hint,
+        )
+        self.url = url
+
+
+class ApiError(PoolClientError):
+    def __init__(
+        self, url: str, status: int, body: dict, *, title: str | None = None, hint: str | None = None
+    ):
+        self.url, self.status, self.body = url, status, body
+        self.code = body.get("code", "unknown")
+        self.message = body.get("error") or f"HTTP {status}"
+        super().__init__(
+            title or f"{self.message} [{host(url)}]", body.get("hint", "") if hint is None else hint
+        )
+
+
+class LeaseEnded(ApiError):
+    pass
+
+
+class CannotFit(PoolClientError):
+    pass
+
+
+class WaitTimeout(PoolClientError):
+    pass
+
+
+def host(url: str) -> str:
+    return urllib.parse.urlsplit(url).netloc

@@ -1,0 +1,211 @@
+"""Where the pool starts and stops a lease's worker: the process that runs the lease's CUDA calls.
+
+The pool never imports remote execution: it starts ``python -m virtualize.worker`` (``WORKER_MODULE``)
+by name and talks to it through the interface declared here, which the worker process implements:
+
+- command line: ``--lease ID --bind HOST --devices JSON --state-dir DIR --parent PID``, the devices
+  a JSON list of ``WorkerDevice`` (index: the physical NVML index; the worker sees the lease's GPUs as
+  devices 0..n-1 in this order, through ``CUDA_VISIBLE_DEVICES``)
+- environment: ``GPUPOOL_WORKER_SECRET`` (the lease's secret, removed by the worker on start),
+  ``GPUPOOL_WORKER_EXECUTOR`` (``cuda``, or ``host`` in tests), the MPS client settings of the lease
+- the ready line: one JSON object on stdout, ``{"host", "port", "pid"}`` or ``{"error"}``
+- activity: the mtime of ``<state dir>/activity`` is the time of its last call (``last_activity``)
+- it exits on SIGTERM (``WorkerHandle.stop``) or when its parent is gone
+
+``env`` carries the MPS client settings of the lease when the server runs MPS (pipe directory,
+``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` keyed 0..n-1, since the worker makes the lease's GPUs its
+``CUDA_VISIBLE_DEVICES`` in partition order; ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``). A worker that
+fails to start makes the lease answer 503 with the reason; the server keeps serving local leases.
+
+Simulated GPUs refuse remote leases, except when ``GPUPOOL_WORKER_EXECUTOR=host`` is set for the
+server: the worker then serves CUDA calls from host memory (the remote-execution component's test
+executor), so the whole ``gpuattach run`` path can be tested without a GPU. Such leases still say
+``"simulated": true``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import selectors
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from server._errors import RemoteUnavailable
+from server._inventory import MIB
+
+log = logging.getLogger("gpupool.server")
+
+WORKER_MODULE = "virtualize.worker"
+ACTIVITY_FILE = "activity"
+EXECUTOR_ENV = "GPUPOOL_WORKER_EXECUTOR"  # "cuda" (default) or "host" (tests only: no GPU)
+SECRET_ENV = "GPUPOOL_WORKER_SECRET"
+START_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class WorkerDevice:
+    index: int  # the GPU's index on this host
+    uuid: str  # "GPU-…"; the worker sees the lease's GPUs as devices 0..n-1 in this order
+    mem_limit_bytes: int  # the partition
+
+
+class WorkerError(RuntimeError):
+    """The worker process could not be started."""
+
+
+class WorkerHandle:
+    """The server's view of a running worker."""
+
+    def __init__(self, proc: subprocess.Popen, host: str, port: int, secret: str, state_dir: Path) -> None:
+        self.proc = proc
+        self.host = host
+        self.port = port
+        self.secret = secret
+        self.pid = proc.pid
+        self.state_dir = state_dir
+        self._started = time.time()
+
+    def last_activity(self) -> float:
+        """time.time() of the last forwarded call (the start time before any)."""
+        try:
+            return (self.state_dir / ACTIVITY_FILE).stat().st_mtime
+        except OSError:
+            return self._started
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Terminate the worker (its GPU memory goes with it) and wait; kill if it does not go."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return f"WorkerHandle(pid={self.pid}, {self.host}:{self.port}, alive={self.alive()})"
+
+
+def start_worker(
+    lease_id: str,
+    devices: list[WorkerDevice],
+    *,
+    bind_host: str,
+    env: dict[str, str],
+    executor: str | None = None,
+) -> WorkerHandle:
+    """Start the worker process of one lease and return once it listens.
+
+    `env` is added to the worker's environment (the MPS limits of the partition). `executor` picks
+    the executor ("cuda", or "host" in tests); by default GPUPOOL_WORKER_EXECUTOR, else "cuda".
+    """
+    secret = secrets.token_urlsafe(32)
+    state_dir = Path(tempfile.mkdtemp(prefix=f"gpupool-worker-{_safe(lease_id)}-"))
+    child_env = {**os.environ, **env, SECRET_ENV: secret}
+    child_env[EXECUTOR_ENV] = executor or env.get(EXECUTOR_ENV) or os.environ.get(EXECUTOR_ENV, "cuda")
+    # The worker sees exactly the lease's GPUs, as devices 0..n-1 in the lease's order (the MPS limits
+    # in `env` are keyed that way) and shows them to the client in that order.
+    if devices:
+        child_env["CUDA_VISIBLE_DEVICES"] = ",".join(d.uuid or str(d.index) for d in devices)
+    cmd = [
+        sys.executable,
+        "-m",
+        WORKER_MODULE,
+        "--lease",
+        lease_id,
+        "--bind",
+        bind_host,
+        "--devices",
+        json.dumps([asdict(d) for d in devices]),
+        "--state-dir",
+        str(state_dir),
+        "--parent",
+        str(os.getpid()),
+    ]
+    proc = subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    ready = _read_ready_line(proc, START_TIMEOUT_S)
+    if "port" not in ready:
+        with contextlib.suppress(OSError):
+            proc.kill()
+        proc.wait(5)
+        shutil.rmtree(state_dir, ignore_errors=True)
+        raise WorkerError(f"the worker of lease {lease_id} did not start: {ready.get('error', 'no answer')}")
+    # A wildcard bind is reachable at this host's name; the pool server may advertise another.
+    host = socket.getfqdn() if bind_host in ("", "0.0.0.0", "::") else bind_host
+    return WorkerHandle(proc, host, int(ready["port"]), secret, state_dir)
+
+
+def _read_ready_line(proc: subprocess.Popen, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    line = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while not line.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                return {"error": f"no answer within {timeout:.0f} s"}
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                return {"error": f"the process exited (status {proc.wait()})"}
+            line += chunk
+    proc.stdout.close()
+    try:
+        return json.loads(line)
+    except ValueError:
+        return {"error": f"unreadable answer {line[:200]!r}"}
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in text)[:40]
+
+
+def worker_env(lease: dict, mps) -> dict[str, str]:
+    if mps is None:
+        return {}
+    env = dict(mps.client_env())
+    env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
+        f"{i}={p['mem_bytes'] // MIB}M" for i, p in enumerate(lease["partitions"])
+    )
+    shares = {p["sm_share"] for p in lease["partitions"]} - {None}
+    if shares:
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, round(shares.pop() * 100)))
+    return env
+
+
+def remote_refusal(simulated: bool) -> RemoteUnavailable | None:
+    """Why this server cannot run remote leases at all, or None."""
+    if simulated and os.environ.get(EXECUTOR_ENV) != "host":
+        return RemoteUnavailable(
+            "remote execution unavailable: this server's GPUs are simulated (control plane only)",
+            "use a server with real GPUs, or gpuattach run --local for control-plane tests",
+        )
+    return None
+
+
+def start_remote_worker(lease: dict, *, simulated: bool, bind_host: str, mps=None):
+    """Start the lease's worker; raises RemoteUnavailable with a one-line reason."""
+    refusal = remote_refusal(simulated)
+    if refusal is not None:
+        raise refusal
+    devices = [WorkerDevice(p["gpu_index"], p["gpu_uuid"], p["mem_bytes"]) for p in lease["partitions"]]
+    try:
+        return start_worker(lease["id"], devices, bind_host=bind_host, env=worker_env(lease, mps))
+    except Exception as exc:  # the worker's own failure, whatever it is, is the lease's 503
+        log.exception("worker for %s failed to start", lease["id"])
+        raise RemoteUnavailable(
+            f"remote execution unavailable: the worker did not start ({exc})", "see the server log"
+        ) from None

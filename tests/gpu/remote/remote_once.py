@@ -1,0 +1,51 @@
+"""Run one command remotely against a lease worker on this GPU host: python remote_once.py [--mib N] -- CMD...
+
+For looking into one program: the shim is compiled from this tree, the worker runs the CUDA executor on
+GPU 0 with a partition of --mib MiB, and the command runs with the shim first on its library path
+(add GPUPOOL_SHIM_TRACE=1 to the environment to see every driver call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[2]))
+sys.path.insert(0, str(HERE))
+
+from run import gpus  # noqa: E402
+
+from server.workers import WorkerDevice, start_worker  # noqa: E402
+from virtualize.remote import fresh_shim, remote_env  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mib", type=int, default=8192, help="partition of GPU 0 (default 8192 MiB)")
+    parser.add_argument("--executor", default="cuda", choices=["cuda", "host"])
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    root = str(HERE.parents[2])  # the worker process imports server/ from this tree
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    work = Path(tempfile.mkdtemp(prefix="gpupool-once-"))
+    shim = fresh_shim(work / "shim")
+    uuid = gpus()[0][1] if args.executor == "cuda" else ""
+    worker = start_worker("once", [WorkerDevice(0, uuid, args.mib << 20)], bind_host="127.0.0.1", env={},
+                          executor=args.executor)  # fmt: skip
+    answer = {"id": "once", "worker": {"host": worker.host, "port": worker.port, "secret": worker.secret}}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_") or k == "GPUPOOL_SHIM_TRACE"}
+    env.update(remote_env(answer, cache_root=work / "cache", library=shim))
+    try:
+        return subprocess.run(command, env=env).returncode
+    finally:
+        worker.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""Programs that go through the CUDA runtime (libcudart, shared or static) start through the shim.
+
+Real CuPy, PyTorch (CUDA build) and cuda.bindings.runtime programs run in a child process with
+gpupool's libcuda.so.1 first on the library path, against a worker with the host-memory executor:
+the runtime's start-up (the driver's private export tables, its integrity check), device discovery
+and properties, allocations and copies both ways. Kernels do not run on the host executor; on a GPU
+host tests/gpu/remote runs the same programs to the end.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import remote_helpers
+from remote_helpers import MiB, client_env, needs_cc, parse
+
+from virtualize._exports import BY_KEY, TABLES
+
+pytestmark = needs_cc
+shim_dir = remote_helpers.shim_dir  # fixtures
+worker = remote_helpers.worker
+
+PARTITION = 64 * MiB  # the `worker` fixture's partition
+
+
+def run_program(source: str, env: dict[str, str]) -> tuple[dict[str, str], str]:
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(source)], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return parse(proc.stdout), proc.stderr
+
+
+def needs(module: str):
+    return pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=f"{module} is not installed")
+
+
+@needs("cupy")
+def test_cupy_starts_allocates_and_copies_through_the_shim(shim_dir, worker):
+    out, err = run_program(
+        """
+        import numpy as np, cupy as cp
+        print("count", cp.cuda.runtime.getDeviceCount())
+        props = cp.cuda.runtime.getDeviceProperties(0)
+        print("name", props["name"].decode())
+        print("total", props["totalGlobalMem"])
+        host = np.arange(1 << 18, dtype=np.float32)
+        dev = cp.asarray(host)
+        other = cp.empty_like(dev)
+        other.set(host[::-1].copy())
+        print("roundtrip", np.array_equal(cp.asnumpy(dev), host), np.array_equal(other.get(), host[::-1]))
+        free, total = cp.cuda.runtime.memGetInfo()
+        print("mem_info", total, free < total)
+        """,
+        client_env(shim_dir, worker),
+    )
+    assert out["count"] == "1"
+    assert out["name"] == "gpupool host executor 0 (tests only)"
+    assert out["total"] == str(PARTITION)
+    assert out["roundtrip"] == "True True"
+    assert out["mem_info"] == f"{PARTITION} True"
+    assert "not forwarded" not in err and "does not emulate" not in err, err
+
+
+@needs("torch")
+def test_pytorch_starts_allocates_and_copies_through_the_shim(shim_dir, worker):
+    torch = pytest.importorskip("torch")
+    if torch.version.cuda is None:
+        pytest.skip("this torch is a CPU build")
+    out, err = run_program(
+        """
+        import torch
+        print("available", torch.cuda.is_available(), torch.cuda.device_count())
+        p = torch.cuda.get_device_properties(0)
+        print("name", p.name)
+        print("total", p.total_memory)
+        x = torch.arange(1 << 18, dtype=torch.float32)
+        y = x.to("cuda")
+        pinned = torch.empty_like(x).pin_memory()
+        pinned.copy_(y, non_blocking=True)
+        torch.cuda.synchronize()
+        print("roundtrip", torch.equal(y.cpu(), x), torch.equal(pinned, x))
+        print("allocated", torch.cuda.memory_allocated() >= x.nbytes)
+        free, total = torch.cuda.mem_get_info()
+        print("mem_info", total, free < total)
+        """,
+        client_env(shim_dir, worker),
+    )
+    assert out["available"] == "True 1"
+    assert out["name"] == "gpupool host executor 0 (tests only)"
+    assert out["total"] == str(PARTITION)
+    assert out["roundtrip"] == "True True"
+    assert out["allocated"] == "True"
+    assert out["mem_info"] == f"{PARTITION} True"
+    assert "not forwarded" not in err and "does not emulate" not in err, err
+
+
+def test_cuda_bindings_runtime_api_runs_through_the_shim(shim_dir, worker):
+    out, _ = run_program(
+        """
+        import numpy as np
+        from cuda.bindings import runtime as rt
+        def ok(result):
+            assert result[0] == rt.cudaError_t.cudaSuccess, result[0]
+            return result[1] if len(result) == 2 else result[1:]
+        print("count", ok(rt.cudaGetDeviceCount()))
+        print("name", ok(rt.cudaGetDeviceProperties(0)).name.split(b"\\0")[0].decode())
+        host = np.arange(4096, dtype=np.float32)
+        back = np.zeros_like(host)
+        ptr = ok(rt.cudaMalloc(host.nbytes))
+        ok(rt.cudaMemcpy(ptr, host.ctypes.data, host.nbytes, rt.cudaMemcpyKind.cudaMemcpyHostToDevice))
+        ok(rt.cudaMemcpy(back.ctypes.data, ptr, host.nbytes, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost))
+        ok(rt.cudaDeviceSynchronize())
+        print("roundtrip", bool(np.array_equal(back, host)))
+        """,
+        client_env(shim_dir, worker),
+    )
+    assert out == {"count": "1", "name": "gpupool host executor 0 (tests only)", "roundtrip": "True"}
+
+
+def test_an_export_table_slot_gpupool_does_not_emulate_fails_with_one_line(shim_dir, worker):
+    """A slot of a known table that the table in virtualize/_exports.py does not list answers
+    CUDA_ERROR_NOT_SUPPORTED and names the table and slot once; an unknown table is refused."""
+    table = next(t for t in TABLES if t.name == "cudart_interface")
+    slot = next(i for i in range(1, table.words) if i not in {s.index for s in table.slots})
+    out, err = run_program(
+        f"""
+        import ctypes
+        lib = ctypes.CDLL("libcuda.so.1")
+        pointer = ctypes.c_void_p()
+        print("known", lib.cuGetExportTable(ctypes.byref(pointer), {table.key!r}))
+        words = ctypes.cast(pointer, ctypes.POINTER(ctypes.c_void_p))
+        print("size", words[0])
+        refused = ctypes.CFUNCTYPE(ctypes.c_int)(words[{slot}])
+        print("slot", refused(), refused())
+        other = ctypes.c_void_p(1)
+        print("unknown", lib.cuGetExportTable(ctypes.byref(other), bytes(range(16))), other.value)
+        """,
+        client_env(shim_dir, worker),
+    )
+    assert out == {"known": "0", "size": str(table.words * 8), "slot": "801 801", "unknown": "1 None"}
+    lines = [line for line in err.splitlines() if "export table" in line]
+    assert lines == [
+        f"gpupool: the CUDA runtime called slot {slot} of the driver's private export table cudart_interface "
+        f"{{{table.uuid.lower()}}}, which gpupool does not emulate; it returns CUDA_ERROR_NOT_SUPPORTED "
+        "(docs/remote.md)"
+    ]
+
+
+def test_every_export_table_has_a_distinct_uuid_and_fits_its_slots():
+    assert len(BY_KEY) == len(TABLES)
+    for table in TABLES:
+        assert all(0 <= s.index < table.words for s in table.slots), table.name
+        assert all(s.index > 0 for s in table.slots) or not table.sized, table.name
+
+
+def test_the_shim_exports_every_name_the_real_driver_exports(shim_dir):
+    """Libraries that resolve the driver with dlsym (cuBLASLt) find every name; unforwarded ones refuse."""
+    from virtualize._shimgen import DRIVER_SYMBOLS
+
+    names = [
+        n.strip() for n in DRIVER_SYMBOLS.read_text().splitlines() if n.strip() and not n.startswith("#")
+    ]
+    library = ctypes.CDLL(str(shim_dir / "libcuda.so.1"))
+    missing = [n for n in names if not hasattr(library, n)]
+    assert missing == []
+    assert len(names) > 600

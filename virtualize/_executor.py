@@ -1,0 +1,162 @@
+"""The executor seam of a lease's worker: what actually runs the CUDA calls a client forwards.
+
+Two executors plug in here: `virtualize._cuda.CudaExecutor` (the real GPU through cuda-python) and
+`virtualize._executor_host.HostExecutor` (host memory, for tests on machines without a GPU). Both get
+calls already checked by `virtualize._executor_guard` (handles, pointers, quota), with plain ints, bytes
+and memoryviews, and raise `CudaError` with the CUresult when CUDA says no.
+
+Most methods carry the name of the CUDA call they execute, take its in-parameters in order (a name
+as `str`, an image as `bytes`) and return its out-parameters (one value, a tuple, or None). The few
+below with lower-case names are the shapes the wire needs: copies that stream chunk by chunk between
+the socket and the device (the executor owns the buffers, so the CUDA one can use page-locked
+memory and overlap the network with the DMA), memsets of any width,
+launches with packed parameters, and a kernel's parameter layout.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from virtualize._calls import CALLS, Call, Mode
+from virtualize._results import CUresult
+
+
+class CudaError(Exception):
+    """A CUDA call failed with `code` (a CUresult)."""
+
+    def __init__(self, code: int, detail: str = "") -> None:
+        super().__init__(f"CUresult {code}" + (f": {detail}" if detail else ""))
+        self.code = int(code)
+
+
+# The CUresult codes the guard and the executors raise most (all codes: `virtualize._results`).
+INVALID_VALUE = CUresult.INVALID_VALUE
+OUT_OF_MEMORY = CUresult.OUT_OF_MEMORY
+INVALID_CONTEXT = CUresult.INVALID_CONTEXT
+INVALID_HANDLE = CUresult.INVALID_HANDLE
+NOT_FOUND = CUresult.NOT_FOUND
+NOT_SUPPORTED = CUresult.NOT_SUPPORTED
+
+# Launch attributes whose value is plain data (cuDNN and cuBLAS on Hopper use programmatic stream
+# serialization, cluster shapes, carve-outs). Not 13 (device-updatable kernel node): it writes a
+# device-side handle back, and graphs' device updates are not forwarded.
+FORWARDED_LAUNCH_ATTRIBUTES = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 16, 17, 18})
+
+
+# Forwarded calls that the seam's shaped methods (below) run; every other forwarded call of the table
+# runs through the executor method of its own name.
+SHAPED: dict[str, str] = {
+    "gpSetContext": "set_context",
+    "gpParamLayout": "param_layout",
+    "cuMemcpyHtoD": "copy_to_device",
+    "cuMemcpyHtoDAsync": "copy_to_device",
+    "cuMemcpyDtoH": "copy_from_device",
+    "cuMemcpyDtoHAsync": "copy_from_device",
+    **dict.fromkeys(
+        (
+            "cuMemsetD8",
+            "cuMemsetD16",
+            "cuMemsetD32",
+            "cuMemsetD8Async",
+            "cuMemsetD16Async",
+            "cuMemsetD32Async",
+        ),
+        "memset",
+    ),
+    "cuLaunchKernelEx": "launch",
+    "cuOccupancyMaxActiveClusters": "cluster_occupancy",
+    "cuOccupancyMaxPotentialClusterSize": "cluster_occupancy",
+}
+
+
+def executor_method(call: Call) -> str | None:
+    """The Executor method that runs `call` on the worker; None for calls that never reach one
+    (served in the client, or the worker's own hello)."""
+    if call.mode is Mode.LOCAL or call.name == "gpHello":
+        return None
+    return SHAPED.get(call.name, call.name)
+
+
+# One method per forwarded call, named as the call (several ABI versions of a call share one).
+PER_CALL: tuple[str, ...] = tuple(
+    sorted({m for m in map(executor_method, CALLS) if m is not None} - set(SHAPED.values()))
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """One kernel launch as the worker received it (cuLaunchKernelEx; cuLaunchKernel is one without
+    attributes)."""
+
+    func: int  # a CUfunction or CUkernel handle of the lease
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem: int
+    stream: int
+    params: bytes  # the parameters, packed at `layout`'s offsets
+    layout: list[tuple[int, int]]  # (offset, size) of each parameter, from `param_layout`
+    attributes: tuple[tuple[int, bytes], ...] = ()  # (CUlaunchAttributeID, its 64-byte value)
+
+
+class Executor(abc.ABC):
+    """Runs checked CUDA calls: the shaped methods below, and one abstract method per name in `PER_CALL`,
+    declared from the call table (an executor that misses one cannot be created)."""
+
+    name = "executor"
+
+    @abc.abstractmethod
+    def set_context(self, ctx: int) -> None:
+        """Make `ctx` (0: none) current on the calling thread."""
+
+    @abc.abstractmethod
+    def copy_to_device(
+        self, dst: int, count: int, stream: int | None, fill: Callable[[memoryview], None]
+    ) -> None:
+        """Copy `count` bytes to device address `dst`, chunk by chunk: `fill(view)` puts the next
+        len(view) bytes of the client's data into a buffer of the executor's. Stream None is the
+        synchronous copy (done before the next call runs)."""
+
+    @abc.abstractmethod
+    def copy_from_device(
+        self, src: int, count: int, stream: int | None, send: Callable[[memoryview], None]
+    ) -> None:
+        """Copy `count` bytes from device address `src`, handing each chunk to `send` in order,
+        once the chunk's bytes are in host memory."""
+
+    @abc.abstractmethod
+    def memset(self, dst: int, value: int, element_size: int, count: int, stream: int | None) -> None: ...
+
+    @abc.abstractmethod
+    def param_layout(self, func: int, is_kernel: bool) -> list[tuple[int, int]]:
+        """(offset, size) of each kernel parameter, in order."""
+
+    @abc.abstractmethod
+    def cluster_occupancy(self, name: str, launch: Launch) -> int:
+        """cuOccupancyMaxActiveClusters or cuOccupancyMaxPotentialClusterSize (`name`) of a launch
+        configuration (`launch` without parameters)."""
+
+    @abc.abstractmethod
+    def launch(self, launch: Launch) -> None:
+        """Launch `launch.func` as `launch` says (parameters already packed at the layout's offsets)."""
+
+    def end_thread(self) -> None:  # noqa: B027 - optional hook
+        """A connection's thread is done: release what the executor keeps for it."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook: most executors hold nothing to release
+        """Release what the executor holds (the worker is ending)."""
+
+
+def _declare(name: str) -> Callable:
+    def method(self, *args):
+        raise NotImplementedError(name)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"Run {name}: its in-parameters in the table's order; returns its out-parameters."
+    return abc.abstractmethod(method)
+
+
+for _name in PER_CALL:
+    setattr(Executor, _name, _declare(_name))
+abc.update_abstractmethods(Executor)
