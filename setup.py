@@ -15,6 +15,7 @@ setup(
                 "virtualize/shim/shim.c",
                 "virtualize/shim/shim_calls.c",
                 "virtualize/shim/shim_exports.c",
+                "virtualize/shim/shim_memo.c",
             ],
             depends=[
                 "virtualize/shim/shim.h",

@@ -359,6 +359,64 @@ def scenario_queries():
     say("function_after_unload", cu.cuFuncGetAttribute(ctypes.byref(i), 0, fn))
 
 
+def scenario_memo():
+    """Questions the runtime repeats: the answers stay right when something changes them."""
+    check(cu.cuInit(0), "cuInit")
+    value = ctypes.c_int()
+    for _ in range(50):
+        check(cu.cuDeviceGetAttribute(ctypes.byref(value), 16, 0), "device attribute")  # SM count
+    say("sm_count", value.value)
+
+    def state():
+        flags, active = ctypes.c_uint(), ctypes.c_int()
+        check(cu.cuDevicePrimaryCtxGetState(0, ctypes.byref(flags), ctypes.byref(active)), "state")
+        return f"{flags.value}/{active.value}"
+
+    say("state_before_retain", state())
+    ctx = c_u64()
+    check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "retain")
+    for _ in range(50):
+        retained = state()
+    say("state_retained", retained)
+    check(cu.cuDevicePrimaryCtxSetFlags(0, 4), "set flags")  # CU_CTX_SCHED_BLOCKING_SYNC
+    say("state_after_set_flags", state())
+    check(cu.cuDevicePrimaryCtxRelease(0), "release")
+    say("state_released", state())
+    check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "retain again")
+    check(cu.cuCtxSetCurrent(ctx), "set current")
+
+    module, func = c_u64(), c_u64()
+    check(
+        cu.cuModuleLoadData(ctypes.byref(module), b"// host-executor module\n.visible .entry fill_u32()\n"),
+        "load",
+    )
+    check(cu.cuModuleGetFunction(ctypes.byref(func), module, b"fill_u32"), "get function")
+
+    def shared():  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        check(cu.cuFuncGetAttribute(ctypes.byref(value), 8, func), "get attribute")
+        return value.value
+
+    seen = [shared()]
+    for size in (1000, 1000, 1000, 2000, 1000):
+        check(cu.cuFuncSetAttribute(func, 8, size), "set attribute")
+        seen.append(shared())
+    say("dynamic_shared", " ".join(map(str, seen)))
+
+    stream, graph, status = c_u64(), c_u64(), ctypes.c_int()
+
+    def capturing():
+        check(cu.cuStreamIsCapturing(stream, ctypes.byref(status)), "is capturing")
+        return status.value
+
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    seen = [capturing(), capturing()]
+    check(cu.cuStreamBeginCapture(stream, 0), "begin capture")
+    seen += [capturing(), capturing()]
+    check(cu.cuStreamEndCapture(stream, ctypes.byref(graph)), "end capture")
+    seen += [capturing(), capturing()]
+    say("capturing", " ".join(map(str, seen)))
+
+
 def scenario_unknown():
     check(cu.cuInit(0), "init")
     graph = c_u64()

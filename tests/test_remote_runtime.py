@@ -170,3 +170,40 @@ def test_the_shim_exports_every_name_the_real_driver_exports(shim_dir):
     missing = [n for n in names if not hasattr(library, n)]
     assert missing == []
     assert len(names) > 600
+
+
+def test_slots_cublas_and_the_runtime_use_answer_as_the_real_driver_does(shim_dir, worker):
+    """What cuBLAS(Lt) and the runtime were measured asking natively (docs/remote.md), answered the same
+    way and silently: the thread's tool-state object and a value of it, a declined object request, a
+    dropped runtime warning."""
+
+    def where(function: str) -> tuple[bytes, int]:
+        table, slot = next((t, s) for t in TABLES for s in t.slots if s.function == function)
+        return table.key, slot.index
+
+    out, err = run_program(
+        f"""
+        import ctypes
+        lib = ctypes.CDLL("libcuda.so.1")
+
+        def slot(key, index, *argtypes):
+            pointer = ctypes.c_void_p()
+            assert lib.cuGetExportTable(ctypes.byref(pointer), key) == 0
+            word = ctypes.cast(pointer, ctypes.POINTER(ctypes.c_void_p))[index]
+            return ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(word)
+
+        P = ctypes.c_void_p
+        obj, value = P(), ctypes.c_uint64()
+        rc = slot(*{where("gp_x_tools_state_object")!r}, P, ctypes.c_uint64, P)(None, 0, ctypes.byref(obj))
+        print("object", rc, obj.value is not None)
+        rc = slot(*{where("gp_x_tools_object_value")!r}, P, P, P)(None, obj, ctypes.byref(value))
+        print("value", rc, value.value)
+        a, b = P(), P()
+        print("declined", slot(*{where("gp_x_declined")!r}, P, P)(ctypes.byref(a), ctypes.byref(b)))
+        message = slot(*{where("gp_x_runtime_message")!r}, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, P)
+        print("message", message(1, 2, b"Duplicate entry kernels named %s", None))
+        """,
+        client_env(shim_dir, worker),
+    )
+    assert out == {"object": "0 True", "value": "0 7", "declined": "801", "message": "0"}
+    assert "gpupool" not in err  # nothing the user must read

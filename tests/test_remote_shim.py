@@ -277,3 +277,33 @@ def test_a_long_running_call_keeps_the_lease_active(shim_dir, worker):
     time.sleep(2.5)  # the worker is inside a 3 s call: no new calls arrive, yet the lease is in use
     assert worker.last_activity() >= launched + 1.0
     assert proc.communicate(timeout=30)[0].strip() == "sync 0"
+
+
+def forwarded_counts(stderr: str) -> dict[str, int]:
+    """Forwarded calls per name, from the table GPUPOOL_SHIM_PROFILE=1 prints at exit."""
+    rows = (line.split() for line in stderr.splitlines() if line.startswith("gpupool: cu"))
+    return {row[1]: int(row[2]) for row in rows}
+
+
+def test_answers_the_runtime_asks_again_are_kept_until_something_changes_them(shim_dir, worker):
+    out, err = run_client("memo", client_env(shim_dir, worker, GPUPOOL_SHIM_PROFILE="1"))
+    assert out["sm_count"] == "4"
+    assert out["state_before_retain"] == "0/0"
+    assert out["state_retained"] == "0/1"
+    assert out["state_after_set_flags"] == "4/1"
+    assert out["state_released"] == "4/0"
+    assert out["dynamic_shared"] == "0 1000 1000 1000 2000 1000"
+    assert out["capturing"] == "0 0 1 1 0 0"  # NONE, ACTIVE during the capture, NONE after it
+    calls = forwarded_counts(err)
+    assert calls["cuDeviceGetAttribute"] == 1  # asked 50 times, a fact of the device
+    assert calls["cuDevicePrimaryCtxGetState"] == 4  # once per change, not 54 times
+    assert calls["cuFuncSetAttribute"] == 3  # 1000, 2000, 1000: the repeats of 1000 are not sent
+    assert calls["cuFuncGetAttribute"] == 4  # after each setting that changed something
+    assert calls["cuStreamIsCapturing"] == 4  # during a capture every question goes to the worker
+
+
+def test_with_kept_answers_off_every_question_goes_to_the_worker(shim_dir, worker):
+    env = client_env(shim_dir, worker, GPUPOOL_SHIM_PROFILE="1", GPUPOOL_SHIM_MEMO="0")
+    out, err = run_client("memo", env)
+    assert out["dynamic_shared"] == "0 1000 1000 1000 2000 1000"
+    assert forwarded_counts(err)["cuDeviceGetAttribute"] == 50

@@ -56,6 +56,14 @@ class Call:
     sync_point: bool = False  # reports errors left by earlier asynchronous calls
     custom: bool = False  # body hand-written in shim/shim_calls.c (its wire layout is still here)
     wire: tuple[Param, ...] | None = None  # the wire layout when it differs from the C parameters
+    # Answers the client keeps (shim/shim_memo.c): the memo group whose answer this call's is, whether
+    # the answer depends on the current context, the groups this call can change, and the group whose
+    # answers are not to be trusted between this call and a `resumes` call (a stream capture).
+    memo: str = ""
+    memo_ctx: bool = False
+    invalidates: tuple[str, ...] = ()
+    pauses: str = ""
+    resumes: str = ""
 
     # Derived once per call (the worker reads them on every request).
     @cached_property
@@ -123,6 +131,11 @@ def _c(
     sync: bool = False,
     custom: bool = False,
     wire: str | None = None,
+    memo: str = "",
+    memo_ctx: bool = False,
+    invalidates: tuple[str, ...] = (),
+    pauses: str = "",
+    resumes: str = "",
 ) -> Call:
     return Call(
         name=name,
@@ -133,10 +146,28 @@ def _c(
         sync_point=sync,
         custom=custom,
         wire=None if wire is None else _params(wire),
+        memo=memo,
+        memo_ctx=memo_ctx,
+        invalidates=invalidates,
+        pauses=pauses,
+        resumes=resumes,
     )
 
 
+# Groups of answers the client keeps, and what each holds (virtualize/shim/shim_memo.c):
+MEMO_GROUPS = {
+    "constant": "facts of the device and driver that do not change while a process runs",
+    "primary_ctx": "a device's primary-context state, changed by retain, release, set-flags, reset",
+    "functions": "kernels' and functions' attributes, occupancies and the function of a kernel in a "
+    "context, changed by attribute setters and unloads",
+    "limits": "a context's limits, changed by cuCtxSetLimit and a primary-context reset",
+    "capture": "whether a stream captures: kept only while no capture is under way",
+}
+
+
 R, A, L = Mode.REPLY, Mode.ASYNC, Mode.LOCAL
+PRIMARY = ("primary_ctx",)
+RESET = ("primary_ctx", "functions", "limits", "capture")  # a reset destroys everything of the context
 
 # fmt: off
 CALLS: tuple[Call, ...] = (
@@ -146,28 +177,29 @@ CALLS: tuple[Call, ...] = (
     _c("gpParamLayout", 0, "func func, o_u32 count, o_buf:count layout", symbol="-"),
     # -- initialisation and devices -----------------------------------------------------------------
     _c("cuInit", 2000, "u32 flags"),
-    _c("cuDriverGetVersion", 2020, "o_i32 version"),
-    _c("cuDeviceGet", 2000, "o_i32 device, i32 ordinal"),
-    _c("cuDeviceGetCount", 2000, "o_i32 count"),
+    _c("cuDriverGetVersion", 2020, "o_i32 version", memo="constant"),
+    _c("cuDeviceGet", 2000, "o_i32 device, i32 ordinal", memo="constant"),
+    _c("cuDeviceGetCount", 2000, "o_i32 count", memo="constant"),
     _c("cuDeviceGetName", 2000, "o_buf:length name, i32 length, i32 dev"),
     _c("cuDeviceGetUuid", 9020, "o_b16 uuid, i32 dev"),
     _c("cuDeviceGetUuid", 11040, "o_b16 uuid, i32 dev", symbol="cuDeviceGetUuid_v2"),
     _c("cuDeviceGetPCIBusId", 4010, "o_buf:length bus_id, i32 length, i32 dev"),
-    _c("cuDeviceTotalMem", 3020, "o_u64 bytes, i32 dev", symbol="cuDeviceTotalMem_v2"),
-    _c("cuDeviceGetAttribute", 2000, "o_i32 value, i32 attrib, i32 dev"),
-    _c("cuDeviceComputeCapability", 2000, "o_i32 major, o_i32 minor, i32 dev"),
+    _c("cuDeviceTotalMem", 3020, "o_u64 bytes, i32 dev", symbol="cuDeviceTotalMem_v2", memo="constant"),
+    _c("cuDeviceGetAttribute", 2000, "o_i32 value, i32 attrib, i32 dev", memo="constant"),
+    _c("cuDeviceComputeCapability", 2000, "o_i32 major, o_i32 minor, i32 dev", memo="constant"),
     _c("cuDeviceCanAccessPeer", 4000, "o_i32 can_access, i32 dev, i32 peer_dev"),
     _c("cuDeviceGetMemPool", 11020, "o_pool pool, i32 dev"),
     _c("cuDeviceGetDefaultMemPool", 11020, "o_pool pool, i32 dev"),
     # -- contexts: primary contexts on the worker, the per-thread current context in the client -------
-    _c("cuDevicePrimaryCtxRetain", 7000, "o_ctx ctx, i32 dev", custom=True),
-    _c("cuDevicePrimaryCtxRelease", 7000, "i32 dev"),
-    _c("cuDevicePrimaryCtxRelease", 11000, "i32 dev", symbol="cuDevicePrimaryCtxRelease_v2"),
-    _c("cuDevicePrimaryCtxGetState", 7000, "i32 dev, o_u32 flags, o_i32 active"),
-    _c("cuDevicePrimaryCtxSetFlags", 7000, "i32 dev, u32 flags"),
-    _c("cuDevicePrimaryCtxSetFlags", 11000, "i32 dev, u32 flags", symbol="cuDevicePrimaryCtxSetFlags_v2"),
-    _c("cuDevicePrimaryCtxReset", 7000, "i32 dev"),
-    _c("cuDevicePrimaryCtxReset", 11000, "i32 dev", symbol="cuDevicePrimaryCtxReset_v2"),
+    _c("cuDevicePrimaryCtxRetain", 7000, "o_ctx ctx, i32 dev", custom=True, invalidates=PRIMARY),
+    _c("cuDevicePrimaryCtxRelease", 7000, "i32 dev", invalidates=PRIMARY),
+    _c("cuDevicePrimaryCtxRelease", 11000, "i32 dev", symbol="cuDevicePrimaryCtxRelease_v2", invalidates=PRIMARY),
+    _c("cuDevicePrimaryCtxGetState", 7000, "i32 dev, o_u32 flags, o_i32 active", memo="primary_ctx"),
+    _c("cuDevicePrimaryCtxSetFlags", 7000, "i32 dev, u32 flags", invalidates=PRIMARY),
+    _c("cuDevicePrimaryCtxSetFlags", 11000, "i32 dev, u32 flags", symbol="cuDevicePrimaryCtxSetFlags_v2",
+       invalidates=PRIMARY),
+    _c("cuDevicePrimaryCtxReset", 7000, "i32 dev", invalidates=RESET),
+    _c("cuDevicePrimaryCtxReset", 11000, "i32 dev", symbol="cuDevicePrimaryCtxReset_v2", invalidates=RESET),
     _c("cuCtxGetCurrent", 4000, "o_ctx ctx", L, custom=True),
     _c("cuCtxSetCurrent", 4000, "ctx ctx", L, custom=True),
     _c("cuCtxPushCurrent", 4000, "ctx ctx", L, symbol="cuCtxPushCurrent_v2", custom=True),
@@ -178,9 +210,9 @@ CALLS: tuple[Call, ...] = (
     _c("cuCtxSynchronize", 13000, "ctx ctx", symbol="cuCtxSynchronize_v2", sync=True),
     _c("cuCtxGetApiVersion", 3020, "ctx ctx, o_u32 version"),
     _c("cuCtxGetFlags", 7000, "o_u32 flags"),
-    _c("cuCtxGetLimit", 3010, "o_u64 value, i32 limit"),
-    _c("cuCtxSetLimit", 3010, "i32 limit, u64 value"),
-    _c("cuCtxGetStreamPriorityRange", 5050, "o_i32? least, o_i32? greatest"),
+    _c("cuCtxGetLimit", 3010, "o_u64 value, i32 limit", memo="limits", memo_ctx=True),
+    _c("cuCtxSetLimit", 3010, "i32 limit, u64 value", invalidates=("limits",)),
+    _c("cuCtxGetStreamPriorityRange", 5050, "o_i32? least, o_i32? greatest", memo="constant"),
     _c("cuCtxGetId", 12000, "ctx ctx, o_u64 id"),
     # -- device memory: allocations are reserved in the client's address space ------------------------
     _c("cuMemGetInfo", 3020, "o_u64 free, o_u64 total", symbol="cuMemGetInfo_v2"),
@@ -238,8 +270,8 @@ CALLS: tuple[Call, ...] = (
        wire="o_module module, bytes image"),
     _c("cuModuleLoadFatBinary", 2000, "o_module module, ptr image", custom=True,
        wire="o_module module, bytes image"),
-    _c("cuModuleUnload", 2000, "module module", custom=True),
-    _c("cuModuleGetLoadingMode", 11070, "o_i32 mode"),
+    _c("cuModuleUnload", 2000, "module module", custom=True, invalidates=("functions",)),
+    _c("cuModuleGetLoadingMode", 11070, "o_i32 mode", memo="constant"),
     _c("cuModuleLoad", 2000, "o_module module, cstr fname", L, custom=True),  # read here, sent as LoadData
     _c("cuModuleGetFunction", 2000, "o_func func, module module, cstr name"),
     _c("cuModuleGetGlobal", 3020, "o_dptr? dptr, o_u64? bytes, module module, cstr name",
@@ -247,23 +279,24 @@ CALLS: tuple[Call, ...] = (
     _c("cuLibraryLoadData", 12000,
        "o_library library, ptr code, ptr jit_opts, ptr jit_vals, u32 n_jit, ptr lib_opts, ptr lib_vals, u32 n_lib",
        custom=True, wire="o_library library, bytes image"),
-    _c("cuLibraryUnload", 12000, "library library", custom=True),
+    _c("cuLibraryUnload", 12000, "library library", custom=True, invalidates=("functions",)),
     _c("cuLibraryGetKernel", 12000, "o_kernel kernel, library library, cstr name"),
     _c("cuLibraryGetModule", 12000, "o_module module, library library"),
     _c("cuLibraryGetGlobal", 12000, "o_dptr? dptr, o_u64? bytes, library library, cstr name", custom=True),
-    _c("cuKernelGetFunction", 12000, "o_func func, kernel kernel"),
-    _c("cuKernelGetAttribute", 12000, "o_i32 value, i32 attrib, kernel kernel, i32 dev"),
-    _c("cuKernelSetAttribute", 12000, "i32 attrib, i32 value, kernel kernel, i32 dev"),
+    _c("cuKernelGetFunction", 12000, "o_func func, kernel kernel", memo="functions", memo_ctx=True),
+    _c("cuKernelGetAttribute", 12000, "o_i32 value, i32 attrib, kernel kernel, i32 dev", memo="functions"),
+    _c("cuKernelSetAttribute", 12000, "i32 attrib, i32 value, kernel kernel, i32 dev", memo="functions",
+       invalidates=("functions",)),
     _c("cuKernelGetParamInfo", 12040, "kernel kernel, u64 index, o_u64? offset, o_u64? size"),
     _c("cuFuncGetParamInfo", 12040, "func func, u64 index, o_u64? offset, o_u64? size"),
-    _c("cuFuncGetAttribute", 2020, "o_i32 value, i32 attrib, func func"),
-    _c("cuFuncSetAttribute", 9000, "func func, i32 attrib, i32 value"),
-    _c("cuFuncSetCacheConfig", 3000, "func func, i32 config"),
+    _c("cuFuncGetAttribute", 2020, "o_i32 value, i32 attrib, func func", memo="functions"),
+    _c("cuFuncSetAttribute", 9000, "func func, i32 attrib, i32 value", memo="functions", invalidates=("functions",)),
+    _c("cuFuncSetCacheConfig", 3000, "func func, i32 config", invalidates=("functions",)),
     _c("cuFuncGetModule", 11000, "o_module module, func func"),
     _c("cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050,
-       "o_i32 num_blocks, func func, i32 block_size, u64 dynamic_smem"),
+       "o_i32 num_blocks, func func, i32 block_size, u64 dynamic_smem", memo="functions"),
     _c("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 7000,
-       "o_i32 num_blocks, func func, i32 block_size, u64 dynamic_smem, u32 flags"),
+       "o_i32 num_blocks, func func, i32 block_size, u64 dynamic_smem, u32 flags", memo="functions"),
     _c("cuOccupancyMaxPotentialBlockSize", 6050,
        "o_i32 min_grid_size, o_i32 block_size, func func, u64 smem_callback, u64 dynamic_smem, i32 block_size_limit"),
     _c("cuOccupancyMaxActiveClusters", 11070, "o_i32 count, func func, ptr config", custom=True,
@@ -273,7 +306,7 @@ CALLS: tuple[Call, ...] = (
        wire="func f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, stream stream, u32 n_attrs, "
             "o_i32 size, bytes attrs"),
     _c("cuOccupancyAvailableDynamicSMemPerBlock", 10020,
-       "o_u64 dynamic_smem, func func, i32 num_blocks, i32 block_size"),
+       "o_u64 dynamic_smem, func func, i32 num_blocks, i32 block_size", memo="functions"),
     # -- launches: parameters packed at the offsets the worker reported once per function -------------
     _c("cuLaunchKernel", 4000,
        "func f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, stream stream, ptr params, ptr extra",
@@ -284,11 +317,11 @@ CALLS: tuple[Call, ...] = (
     # -- streams and events ---------------------------------------------------------------------------
     _c("cuStreamCreate", 2000, "o_stream stream, u32 flags"),
     _c("cuStreamCreateWithPriority", 5050, "o_stream stream, u32 flags, i32 priority"),
-    _c("cuStreamDestroy", 4000, "stream stream", A, symbol="cuStreamDestroy_v2"),
+    _c("cuStreamDestroy", 4000, "stream stream", A, symbol="cuStreamDestroy_v2", invalidates=("capture",)),
     _c("cuStreamQuery", 2000, "stream stream", sync=True),
     _c("cuStreamSynchronize", 2000, "stream stream", sync=True),
     _c("cuStreamWaitEvent", 3020, "stream stream, event event, u32 flags", A),
-    _c("cuStreamIsCapturing", 10000, "stream stream, o_i32 status"),
+    _c("cuStreamIsCapturing", 10000, "stream stream, o_i32 status", memo="capture"),
     _c("cuStreamGetPriority", 5050, "stream stream, o_i32 priority"),
     _c("cuStreamGetFlags", 5050, "stream stream, o_u32 flags"),
     _c("cuStreamGetCtx", 9020, "stream stream, o_ctx ctx"),
@@ -296,8 +329,9 @@ CALLS: tuple[Call, ...] = (
     _c("cuStreamGetId", 12000, "stream stream, o_u64 id"),
     _c("cuStreamGetDevice", 12080, "stream stream, o_i32 device"),
     # -- stream capture and graphs: capture happens on the worker, a graph travels as a handle --------
-    _c("cuStreamBeginCapture", 10010, "stream stream, i32 mode", symbol="cuStreamBeginCapture_v2"),
-    _c("cuStreamEndCapture", 10000, "stream stream, o_graph graph"),
+    _c("cuStreamBeginCapture", 10010, "stream stream, i32 mode", symbol="cuStreamBeginCapture_v2",
+       invalidates=("capture",), pauses="capture"),
+    _c("cuStreamEndCapture", 10000, "stream stream, o_graph graph", invalidates=("capture",), resumes="capture"),
     _c("cuStreamGetCaptureInfo", 11030,
        "stream stream, ptr status, ptr id, ptr graph, ptr deps, ptr num_deps",
        symbol="cuStreamGetCaptureInfo_v2", custom=True,

@@ -98,6 +98,11 @@ class HostExecutor(Executor):
         self.contexts = {0xC0000 + d: d for d in range(self.n)}
         self.pools = {0xB0000 + d: d for d in range(self.n)}
         self.functions: dict[int, str] = {}
+        self.function_attributes: dict[
+            tuple[int, int], int
+        ] = {}  # (function or kernel, attribute) -> set value
+        self.primary_retains: dict[int, int] = {}  # device -> retains of its primary context
+        self.primary_flags: dict[int, int] = {}
         self.ptx_kernels: dict[int, dict[str, list[tuple[int, int]]]] = {}  # module -> kernels it declares
         self.layouts: dict[int, list[tuple[int, int]]] = {}  # PTX-declared functions -> parameter layout
         self.events: dict[int, float | None] = {}
@@ -258,19 +263,20 @@ class HostExecutor(Executor):
     cuDeviceGetDefaultMemPool = cuDeviceGetMemPool
 
     def cuDevicePrimaryCtxRetain(self, dev):
+        self.primary_retains[dev] = self.primary_retains.get(dev, 0) + 1
         return 0xC0000 + dev
 
     def cuDevicePrimaryCtxRelease(self, dev):
-        return None
+        self.primary_retains[dev] = max(0, self.primary_retains.get(dev, 0) - 1)
 
     def cuDevicePrimaryCtxGetState(self, dev):
-        return 0, 1
+        return self.primary_flags.get(dev, 0), int(self.primary_retains.get(dev, 0) > 0)
 
     def cuDevicePrimaryCtxSetFlags(self, dev, flags):
-        return None
+        self.primary_flags[dev] = flags
 
     def cuDevicePrimaryCtxReset(self, dev):
-        return None
+        self.primary_retains[dev] = 0
 
     def cuCtxSynchronize(self):
         self._ctx_device()
@@ -413,16 +419,16 @@ class HostExecutor(Executor):
         return self._param_info(func, index)
 
     def cuFuncGetAttribute(self, attrib, func):
-        return {0: 1024, 4: 32}.get(attrib, 0)
+        return self.function_attributes.get((func, attrib), {0: 1024, 4: 32}.get(attrib, 0))
 
     def cuKernelGetAttribute(self, attrib, kernel, dev):
         return self.cuFuncGetAttribute(attrib, kernel)
 
     def cuFuncSetAttribute(self, func, attrib, value):
-        return None
+        self.function_attributes[func, attrib] = value
 
     def cuKernelSetAttribute(self, attrib, value, kernel, dev):
-        return None
+        self.function_attributes[kernel, attrib] = value
 
     def cuFuncSetCacheConfig(self, func, config):
         return None

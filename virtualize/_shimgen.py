@@ -14,6 +14,7 @@ from virtualize._calls import (
     ALIASES,
     CALL_IDS,
     CALLS,
+    MEMO_GROUPS,
     POINTER_ATTRIBUTE_SIZES,
     POOL_INT_ATTRIBUTES,
     Call,
@@ -65,6 +66,11 @@ def wire_structs(call: Call) -> list[str]:
     return lines
 
 
+def memo_mask(groups) -> str:
+    names = list(MEMO_GROUPS)
+    return f"0x{sum(1 << names.index(g) for g in groups):02x}"
+
+
 def body(call: Call) -> list[str]:
     ins = call.ins
     fixed_outs = [p for p in call.outs if p.struct_code]
@@ -91,9 +97,29 @@ def body(call: Call) -> list[str]:
     else:
         bulk_out = "NULL, 0"
     flags = "GP_FLAG_WANTS_REPLY" if call.mode is Mode.REPLY else "0"
-    lines.append(
-        f"    CUresult r = gp_call(GP_CALL_{key(call)}, {flags}, {in_args}, {bulk_args}, {out_args}, {bulk_out});"
-    )
+    if call.memo:
+        assert call.mode is Mode.REPLY and not bulk_in and not buf_outs, (
+            f"{call.name}: only plain calls keep answers"
+        )
+        memo = f"GP_CALL_{key(call)}, GP_MEMO_{call.memo}, {int(call.memo_ctx)}"
+        memo_out = "&out, sizeof out" if fixed_outs else "NULL, 0"
+        lines.append(f"    uint64_t generation = gp_memo_generation(GP_MEMO_{call.memo});")
+        lines.append(f"    int kept = gp_memo_get({memo}, {in_args}, {memo_out});")
+        lines.append(
+            f"    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_{key(call)}, {flags}, {in_args}, {bulk_args},"
+            f" {out_args}, {bulk_out});"
+        )
+        # A setter keeps its own success in the generation its call moved the group to.
+        after = "generation" if fixed_outs else f"gp_memo_generation(GP_MEMO_{call.memo})"
+        lines.append(
+            f"    if (!kept && r == CUDA_SUCCESS) gp_memo_put({memo}, {after}, {in_args}, {memo_out});"
+        )
+        if not fixed_outs:
+            lines.append("    (void)generation;")
+    else:
+        lines.append(
+            f"    CUresult r = gp_call(GP_CALL_{key(call)}, {flags}, {in_args}, {bulk_args}, {out_args}, {bulk_out});"
+        )
     if fixed_outs:
         lines.append("    if (r == CUDA_SUCCESS) {")
         for p in fixed_outs:
@@ -123,6 +149,8 @@ def generate_types() -> str:
         f'#define GP_ENV_SECRET "{_wire.ENV_SECRET}"',
         f'#define GP_ENV_LEASE "{_wire.ENV_LEASE}"',
         f'#define GP_ENV_TRACE "{_wire.ENV_TRACE}"',
+        f'#define GP_ENV_PROFILE "{_wire.ENV_PROFILE}"',
+        f'#define GP_ENV_MEMO "{_wire.ENV_MEMO}"',
         "",
         "/* Request: call id, flags, args_len, reserved, bulk_len. Reply: result, outs_len, bulk_len. */",
         "struct gp_request { uint32_t call; uint32_t flags; uint32_t args_len; uint32_t reserved; uint64_t bulk_len; }"
@@ -138,6 +166,20 @@ def generate_types() -> str:
     for call in CALLS:
         out.append(f"#define GP_CALL_{key(call)} {CALL_IDS[call]}")
     out.append(f"#define GP_N_CALLS {len(CALLS)}u")
+    out.append("")
+    out.append(
+        "/* Answers kept in the client (shim_memo.c): the groups, and per call the groups it changes. */"
+    )
+    for index, group in enumerate(MEMO_GROUPS):
+        out.append(f"#define GP_MEMO_{group} {index}")
+    out.append(f"#define GP_N_MEMO_GROUPS {len(MEMO_GROUPS)}u")
+    for table, groups_of in (
+        ("invalidates", lambda c: c.invalidates),
+        ("pauses", lambda c: (c.pauses,) if c.pauses else ()),
+        ("resumes", lambda c: (c.resumes,) if c.resumes else ()),
+    ):
+        masks = ", ".join(f"[{CALL_IDS[c]}] = {memo_mask(groups_of(c))}" for c in CALLS if groups_of(c))
+        out.append(f"static const uint8_t gp_call_{table}[GP_N_CALLS] __attribute__((unused)) = {{{masks}}};")
     names = ", ".join(f'"{key(call)}"' for call in CALLS)
     out.append(f"static const char *const gp_call_names[GP_N_CALLS] __attribute__((unused)) = {{{names}}};")
     out.append("")

@@ -29,3 +29,5 @@ ENV_WORKER = "GPUPOOL_WORKER"  # host:port of the lease's worker
 ENV_SECRET = "GPUPOOL_SECRET"  # the lease's worker secret
 ENV_LEASE = "GPUPOOL_LEASE"  # the lease id, for messages
 ENV_TRACE = "GPUPOOL_SHIM_TRACE"  # 1: the shim prints every call it handles to stderr
+ENV_PROFILE = "GPUPOOL_SHIM_PROFILE"  # 1: at exit, the shim prints where the process's time went
+ENV_MEMO = "GPUPOOL_SHIM_MEMO"  # 0: every question goes to the worker (answers are not kept)

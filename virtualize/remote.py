@@ -38,7 +38,7 @@ def shim_library_path() -> Path:
 
 
 SHIM_SOURCES = Path(__file__).parent / "shim"
-SHIM_C_SOURCES = ("shim.c", "shim_calls.c", "shim_exports.c")  # setup.py lists the same
+SHIM_C_SOURCES = ("shim.c", "shim_calls.c", "shim_exports.c", "shim_memo.c")  # setup.py lists the same
 COMPILE_FLAGS = [
     "-O2",
     "-shared",

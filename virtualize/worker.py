@@ -35,6 +35,7 @@ from virtualize._results import CUresult
 log = logging.getLogger("gpupool.worker")
 
 HELLO_TIMEOUT_S = 10.0
+PROFILE_ENV = "GPUPOOL_WORKER_PROFILE"  # a directory: each connection's cProfile, sorted by own time
 
 
 class ConnectionClosed(ConnectionError):
@@ -150,6 +151,7 @@ class Worker:
         channel = Channel(sock)
         who = f"{peer[0]}:{peer[1]}"
         session = None
+        profiler = _start_profile()
         try:
             if not self._hello(channel, who):
                 return
@@ -175,6 +177,8 @@ class Worker:
             sock.close()
             if session is not None:
                 session.close()
+            if profiler is not None:
+                _write_profile(profiler, who)
 
     def _hello(self, channel: Channel, who: str) -> bool:
         hello = INTERNAL["gpHello"]
@@ -213,6 +217,27 @@ class Worker:
             self._last_touch = now
             with contextlib.suppress(OSError):
                 self.activity.touch()
+
+
+def _start_profile():
+    """Under GPUPOOL_WORKER_PROFILE=DIR, profile this connection's thread (for finding where time goes)."""
+    if not os.environ.get(PROFILE_ENV):
+        return None
+    import cProfile
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    return profiler
+
+
+def _write_profile(profiler, who: str) -> None:
+    import pstats
+
+    profiler.disable()
+    path = Path(os.environ[PROFILE_ENV]) / f"worker-{os.getpid()}-{who.replace(':', '-')}.txt"
+    with contextlib.suppress(OSError), path.open("w") as out:
+        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(45)
+        log.info("profile of client %s written to %s", who, path)
 
 
 def make_executor(kind: str, devices: list[WorkerDevice]):

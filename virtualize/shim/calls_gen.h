@@ -12,7 +12,10 @@ GP_EXPORT CUresult cuDriverGetVersion(int32_t *version) {
     GP_TRACE("cuDriverGetVersion");
     if (!version) return CUDA_ERROR_INVALID_VALUE;
     struct gp_out_cuDriverGetVersion out;
-    CUresult r = gp_call(GP_CALL_cuDriverGetVersion, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
+    uint64_t generation = gp_memo_generation(GP_MEMO_constant);
+    int kept = gp_memo_get(GP_CALL_cuDriverGetVersion, GP_MEMO_constant, 0, NULL, 0, &out, sizeof out);
+    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuDriverGetVersion, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
+    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuDriverGetVersion, GP_MEMO_constant, 0, generation, NULL, 0, &out, sizeof out);
     if (r == CUDA_SUCCESS) {
         *version = (int32_t)out.version;
     }
@@ -24,7 +27,10 @@ GP_EXPORT CUresult cuDeviceGet(int32_t *device, int32_t ordinal) {
     if (!device) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuDeviceGet in = { .ordinal = ordinal };
     struct gp_out_cuDeviceGet out;
-    CUresult r = gp_call(GP_CALL_cuDeviceGet, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    uint64_t generation = gp_memo_generation(GP_MEMO_constant);
+    int kept = gp_memo_get(GP_CALL_cuDeviceGet, GP_MEMO_constant, 0, &in, sizeof in, &out, sizeof out);
+    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuDeviceGet, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuDeviceGet, GP_MEMO_constant, 0, generation, &in, sizeof in, &out, sizeof out);
     if (r == CUDA_SUCCESS) {
         *device = (int32_t)out.device;
     }
@@ -35,7 +41,10 @@ GP_EXPORT CUresult cuDeviceGetCount(int32_t *count) {
     GP_TRACE("cuDeviceGetCount");
     if (!count) return CUDA_ERROR_INVALID_VALUE;
     struct gp_out_cuDeviceGetCount out;
-    CUresult r = gp_call(GP_CALL_cuDeviceGetCount, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
+    uint64_t generation = gp_memo_generation(GP_MEMO_constant);
+    int kept = gp_memo_get(GP_CALL_cuDeviceGetCount, GP_MEMO_constant, 0, NULL, 0, &out, sizeof out);
+    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuDeviceGetCount, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
+    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuDeviceGetCount, GP_MEMO_constant, 0, generation, NULL, 0, &out, sizeof out);
     if (r == CUDA_SUCCESS) {
         *count = (int32_t)out.count;
     }
@@ -79,7 +88,10 @@ GP_EXPORT CUresult cuDeviceTotalMem_v2(uint64_t *bytes, int32_t dev) {
     if (!bytes) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuDeviceTotalMem_v2 in = { .dev = dev };
     struct gp_out_cuDeviceTotalMem_v2 out;
-    CUresult r = gp_call(GP_CALL_cuDeviceTotalMem_v2, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    uint64_t generation = gp_memo_generation(GP_MEMO_constant);
+    int kept = gp_memo_get(GP_CALL_cuDeviceTotalMem_v2, GP_MEMO_constant, 0, &in, sizeof in, &out, sizeof out);
+    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuDeviceTotalMem_v2, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuDeviceTotalMem_v2, GP_MEMO_constant, 0, generation, &in, sizeof in, &out, sizeof out);
     if (r == CUDA_SUCCESS) {
         *bytes = (uint64_t)out.bytes;
     }
@@ -91,7 +103,10 @@ GP_EXPORT CUresult cuDeviceGetAttribute(int32_t *value, int32_t attrib, int32_t 
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuDeviceGetAttribute in = { .attrib = attrib, .dev = dev };
     struct gp_out_cuDeviceGetAttribute out;
-    CUresult r = gp_call(GP_CALL_cuDeviceGetAttribute, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    uint64_t generation = gp_memo_generation(GP_MEMO_constant);
+    int kept = gp_memo_get(GP_CALL_cuDeviceGetAttribute, GP_MEMO_constant, 0, &in, sizeof in, &out, sizeof out);
+    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuDeviceGetAttribute, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuDeviceGetAttribute, GP_MEMO_constant, 0, generation, &in, sizeof in, &out, sizeof out);
     if (r == CUDA_SUCCESS) {
         *value = (int32_t)out.value;
     }
@@ -104,7 +119,10 @@ GP_EXPORT CUresult cuDeviceComputeCapability(int32_t *major, int32_t *minor, int
     if (!minor) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuDeviceComputeCapability in = { .dev = dev };
     struct gp_out_cuDeviceComputeCapability out;
-    CUresult r = gp_call(GP_CALL_cuDeviceComputeCapability, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    uint64_t generation = gp_memo_generation(GP_MEMO_constant);
+    int kept = gp_memo_get(GP_CALL_cuDeviceComputeCapability, GP_MEMO_constant, 0, &in, sizeof in, &out, sizeof out);
+    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuDeviceComputeCapability, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuDeviceComputeCapability, GP_MEMO_constant, 0, generation, &in, sizeof in, &out, sizeof out);
     if (r == CUDA_SUCCESS) {
         *major = (int32_t)out.major;
         *minor = (int32_t)out.minor;
@@ -168,7 +186,10 @@ GP_EXPORT CUresult cuDevicePrimaryCtxGetState(int32_t dev, uint32_t *flags, int3
     if (!active) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuDevicePrimaryCtxGetState in = { .dev = dev };
     struct gp_out_cuDevicePrimaryCtxGetState out;
-    CUresult r = gp_call(GP_CALL_cuDevicePrimaryCtxGetState, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    uint64_t generation = gp_memo_generation(GP_MEMO_primary_ctx);
+    int kept = gp_memo_get(GP_CALL_cuDevicePrimaryCtxGetState, GP_MEMO_primary_ctx, 0, &in, sizeof in, &out, sizeof out);
+    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuDevicePrimaryCtxGetState, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuDevicePrimaryCtxGetState, GP_MEMO_primary_ctx, 0, generation, &in, sizeof in, &out, sizeof out);
     if (r == CUDA_SUCCESS) {
         *flags = (uint32_t)out.flags;
         *active = (int32_t)out.active;
@@ -245,7 +266,10 @@ GP_EXPORT CUresult cuCtxGetLimit(uint64_t *value, int32_t limit) {
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuCtxGetLimit in = { .limit = limit };
     struct gp_out_cuCtxGetLimit out;
-    CUresult r = gp_call(GP_CALL_cuCtxGetLimit, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    uint64_t generation = gp_memo_generation(GP_MEMO_limits);
+    int kept = gp_memo_get(GP_CALL_cuCtxGetLimit, GP_MEMO_limits, 1, &in, sizeof in, &out, sizeof out);
+    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuCtxGetLimit, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuCtxGetLimit, GP_MEMO_limits, 1, generation, &in, sizeof in, &out, sizeof out);
     if (r == CUDA_SUCCESS) {
         *value = (uint64_t)out.value;
     }
@@ -262,7 +286,10 @@ GP_EXPORT CUresult cuCtxSetLimit(int32_t limit, uint64_t value) {
 GP_EXPORT CUresult cuCtxGetStreamPriorityRange(int32_t *least, int32_t *greatest) {
     GP_TRACE("cuCtxGetStreamPriorityRange");
     struct gp_out_cuCtxGetStreamPriorityRange out;
-    CUresult r = gp_call(GP_CALL_cuCtxGetStreamPriorityRange, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
+    uint64_t generation = gp_memo_generation(GP_MEMO_constant);
+    int kept = gp_memo_get(GP_CALL_cuCtxGetStreamPriorityRange, GP_MEMO_constant, 0, NULL, 0, &out, sizeof out);
+    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuCtxGetStreamPriorityRange, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
+    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuCtxGetStreamPriorityRange, GP_MEMO_constant, 0, generation, NULL, 0, &out, sizeof out);
     if (r == CUDA_SUCCESS) {
         if (least) *least = (int32_t)out.least;
         if (greatest) *greatest = (int32_t)out.greatest;
@@ -388,7 +415,10 @@ GP_EXPORT CUresult cuModuleGetLoadingMode(int32_t *mode) {
     GP_TRACE("cuModuleGetLoadingMode");
     if (!mode) return CUDA_ERROR_INVALID_VALUE;
     struct gp_out_cuModuleGetLoadingMode out;
-    CUresult r = gp_call(GP_CALL_cuModuleGetLoadingMode, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
+    uint64_t generation = gp_memo_generation(GP_MEMO_constant);
+    int kept = gp_memo_get(GP_CALL_cuModuleGetLoadingMode, GP_MEMO_constant, 0, NULL, 0, &out, sizeof out);
+    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuModuleGetLoadingMode, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
+    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuModuleGetLoadingMode, GP_MEMO_constant, 0, generation, NULL, 0, &out, sizeof out);
     if (r == CUDA_SUCCESS) {
         *mode = (int32_t)out.mode;
     }
@@ -438,7 +468,10 @@ GP_EXPORT CUresult cuKernelGetFunction(uint64_t *func, uint64_t kernel) {
     if (!func) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuKernelGetFunction in = { .kernel = kernel };
     struct gp_out_cuKernelGetFunction out;
-    CUresult r = gp_call(GP_CALL_cuKernelGetFunction, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    uint64_t generation = gp_memo_generation(GP_MEMO_functions);
+    int kept = gp_memo_get(GP_CALL_cuKernelGetFunction, GP_MEMO_functions, 1, &in, sizeof in, &out, sizeof out);
+    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuKernelGetFunction, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuKernelGetFunction, GP_MEMO_functions, 1, generation, &in, sizeof in, &out, sizeof out);
     if (r == CUDA_SUCCESS) {
         *func = (uint64_t)out.func;
     }
@@ -450,7 +483,10 @@ GP_EXPORT CUresult cuKernelGetAttribute(int32_t *value, int32_t attrib, uint64_t
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuKernelGetAttribute in = { .attrib = attrib, .kernel = kernel, .dev = dev };
     struct gp_out_cuKernelGetAttribute out;
-    CUresult r = gp_call(GP_CALL_cuKernelGetAttribute, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    uint64_t generation = gp_memo_generation(GP_MEMO_functions);
+    int kept = gp_memo_get(GP_CALL_cuKernelGetAttribute, GP_MEMO_functions, 0, &in, sizeof in, &out, sizeof out);
+    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuKernelGetAttribute, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuKernelGetAttribute, GP_MEMO_functions, 0, generation, &in, sizeof in, &out, sizeof out);
     if (r == CUDA_SUCCESS) {
         *value = (int32_t)out.value;
     }
@@ -460,7 +496,11 @@ GP_EXPORT CUresult cuKernelGetAttribute(int32_t *value, int32_t attrib, uint64_t
 GP_EXPORT CUresult cuKernelSetAttribute(int32_t attrib, int32_t value, uint64_t kernel, int32_t dev) {
     GP_TRACE("cuKernelSetAttribute");
     struct gp_in_cuKernelSetAttribute in = { .attrib = attrib, .value = value, .kernel = kernel, .dev = dev };
-    CUresult r = gp_call(GP_CALL_cuKernelSetAttribute, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    uint64_t generation = gp_memo_generation(GP_MEMO_functions);
+    int kept = gp_memo_get(GP_CALL_cuKernelSetAttribute, GP_MEMO_functions, 0, &in, sizeof in, NULL, 0);
+    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuKernelSetAttribute, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuKernelSetAttribute, GP_MEMO_functions, 0, gp_memo_generation(GP_MEMO_functions), &in, sizeof in, NULL, 0);
+    (void)generation;
     return r;
 }
 
@@ -493,7 +533,10 @@ GP_EXPORT CUresult cuFuncGetAttribute(int32_t *value, int32_t attrib, uint64_t f
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuFuncGetAttribute in = { .attrib = attrib, .func = func };
     struct gp_out_cuFuncGetAttribute out;
-    CUresult r = gp_call(GP_CALL_cuFuncGetAttribute, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    uint64_t generation = gp_memo_generation(GP_MEMO_functions);
+    int kept = gp_memo_get(GP_CALL_cuFuncGetAttribute, GP_MEMO_functions, 0, &in, sizeof in, &out, sizeof out);
+    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuFuncGetAttribute, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuFuncGetAttribute, GP_MEMO_functions, 0, generation, &in, sizeof in, &out, sizeof out);
     if (r == CUDA_SUCCESS) {
         *value = (int32_t)out.value;
     }
@@ -503,7 +546,11 @@ GP_EXPORT CUresult cuFuncGetAttribute(int32_t *value, int32_t attrib, uint64_t f
 GP_EXPORT CUresult cuFuncSetAttribute(uint64_t func, int32_t attrib, int32_t value) {
     GP_TRACE("cuFuncSetAttribute");
     struct gp_in_cuFuncSetAttribute in = { .func = func, .attrib = attrib, .value = value };
-    CUresult r = gp_call(GP_CALL_cuFuncSetAttribute, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    uint64_t generation = gp_memo_generation(GP_MEMO_functions);
+    int kept = gp_memo_get(GP_CALL_cuFuncSetAttribute, GP_MEMO_functions, 0, &in, sizeof in, NULL, 0);
+    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuFuncSetAttribute, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuFuncSetAttribute, GP_MEMO_functions, 0, gp_memo_generation(GP_MEMO_functions), &in, sizeof in, NULL, 0);
+    (void)generation;
     return r;
 }
 
@@ -531,7 +578,10 @@ GP_EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int32_t *num_bloc
     if (!num_blocks) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuOccupancyMaxActiveBlocksPerMultiprocessor in = { .func = func, .block_size = block_size, .dynamic_smem = dynamic_smem };
     struct gp_out_cuOccupancyMaxActiveBlocksPerMultiprocessor out;
-    CUresult r = gp_call(GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessor, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    uint64_t generation = gp_memo_generation(GP_MEMO_functions);
+    int kept = gp_memo_get(GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessor, GP_MEMO_functions, 0, &in, sizeof in, &out, sizeof out);
+    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessor, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessor, GP_MEMO_functions, 0, generation, &in, sizeof in, &out, sizeof out);
     if (r == CUDA_SUCCESS) {
         *num_blocks = (int32_t)out.num_blocks;
     }
@@ -543,7 +593,10 @@ GP_EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int32_t 
     if (!num_blocks) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags in = { .func = func, .block_size = block_size, .dynamic_smem = dynamic_smem, .flags = flags };
     struct gp_out_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags out;
-    CUresult r = gp_call(GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    uint64_t generation = gp_memo_generation(GP_MEMO_functions);
+    int kept = gp_memo_get(GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, GP_MEMO_functions, 0, &in, sizeof in, &out, sizeof out);
+    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, GP_MEMO_functions, 0, generation, &in, sizeof in, &out, sizeof out);
     if (r == CUDA_SUCCESS) {
         *num_blocks = (int32_t)out.num_blocks;
     }
@@ -569,7 +622,10 @@ GP_EXPORT CUresult cuOccupancyAvailableDynamicSMemPerBlock(uint64_t *dynamic_sme
     if (!dynamic_smem) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuOccupancyAvailableDynamicSMemPerBlock in = { .func = func, .num_blocks = num_blocks, .block_size = block_size };
     struct gp_out_cuOccupancyAvailableDynamicSMemPerBlock out;
-    CUresult r = gp_call(GP_CALL_cuOccupancyAvailableDynamicSMemPerBlock, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    uint64_t generation = gp_memo_generation(GP_MEMO_functions);
+    int kept = gp_memo_get(GP_CALL_cuOccupancyAvailableDynamicSMemPerBlock, GP_MEMO_functions, 0, &in, sizeof in, &out, sizeof out);
+    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuOccupancyAvailableDynamicSMemPerBlock, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuOccupancyAvailableDynamicSMemPerBlock, GP_MEMO_functions, 0, generation, &in, sizeof in, &out, sizeof out);
     if (r == CUDA_SUCCESS) {
         *dynamic_smem = (uint64_t)out.dynamic_smem;
     }
@@ -633,7 +689,10 @@ GP_EXPORT CUresult cuStreamIsCapturing(uint64_t stream, int32_t *status) {
     if (!status) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuStreamIsCapturing in = { .stream = stream };
     struct gp_out_cuStreamIsCapturing out;
-    CUresult r = gp_call(GP_CALL_cuStreamIsCapturing, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    uint64_t generation = gp_memo_generation(GP_MEMO_capture);
+    int kept = gp_memo_get(GP_CALL_cuStreamIsCapturing, GP_MEMO_capture, 0, &in, sizeof in, &out, sizeof out);
+    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuStreamIsCapturing, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuStreamIsCapturing, GP_MEMO_capture, 0, generation, &in, sizeof in, &out, sizeof out);
     if (r == CUDA_SUCCESS) {
         *status = (int32_t)out.status;
     }

@@ -8,6 +8,8 @@
 #define GP_ENV_SECRET "GPUPOOL_SECRET"
 #define GP_ENV_LEASE "GPUPOOL_LEASE"
 #define GP_ENV_TRACE "GPUPOOL_SHIM_TRACE"
+#define GP_ENV_PROFILE "GPUPOOL_SHIM_PROFILE"
+#define GP_ENV_MEMO "GPUPOOL_SHIM_MEMO"
 
 /* Request: call id, flags, args_len, reserved, bulk_len. Reply: result, outs_len, bulk_len. */
 struct gp_request { uint32_t call; uint32_t flags; uint32_t args_len; uint32_t reserved; uint64_t bulk_len; } __attribute__((packed));
@@ -194,6 +196,17 @@ _Static_assert(sizeof(struct gp_reply) == 16, "reply header");
 #define GP_CALL_cuGetErrorString 139
 #define GP_CALL_cuGetExportTable 140
 #define GP_N_CALLS 141u
+
+/* Answers kept in the client (shim_memo.c): the groups, and per call the groups it changes. */
+#define GP_MEMO_constant 0
+#define GP_MEMO_primary_ctx 1
+#define GP_MEMO_functions 2
+#define GP_MEMO_limits 3
+#define GP_MEMO_capture 4
+#define GP_N_MEMO_GROUPS 5u
+static const uint8_t gp_call_invalidates[GP_N_CALLS] __attribute__((unused)) = {[17] = 0x02, [18] = 0x02, [19] = 0x02, [21] = 0x02, [22] = 0x02, [23] = 0x1e, [24] = 0x1e, [36] = 0x08, [77] = 0x04, [83] = 0x04, [89] = 0x04, [93] = 0x04, [94] = 0x04, [106] = 0x10, [117] = 0x10, [118] = 0x10};
+static const uint8_t gp_call_pauses[GP_N_CALLS] __attribute__((unused)) = {[117] = 0x10};
+static const uint8_t gp_call_resumes[GP_N_CALLS] __attribute__((unused)) = {[118] = 0x10};
 static const char *const gp_call_names[GP_N_CALLS] __attribute__((unused)) = {"gpHello", "gpSetContext", "gpParamLayout", "cuInit", "cuDriverGetVersion", "cuDeviceGet", "cuDeviceGetCount", "cuDeviceGetName", "cuDeviceGetUuid", "cuDeviceGetUuid_v2", "cuDeviceGetPCIBusId", "cuDeviceTotalMem_v2", "cuDeviceGetAttribute", "cuDeviceComputeCapability", "cuDeviceCanAccessPeer", "cuDeviceGetMemPool", "cuDeviceGetDefaultMemPool", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxGetState", "cuDevicePrimaryCtxSetFlags", "cuDevicePrimaryCtxSetFlags_v2", "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2", "cuCtxGetCurrent", "cuCtxSetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2", "cuCtxGetDevice", "cuCtxGetDevice_v2", "cuCtxSynchronize", "cuCtxSynchronize_v2", "cuCtxGetApiVersion", "cuCtxGetFlags", "cuCtxGetLimit", "cuCtxSetLimit", "cuCtxGetStreamPriorityRange", "cuCtxGetId", "cuMemGetInfo_v2", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetAddressRange_v2", "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemFreeAsync", "cuMemPoolSetAttribute", "cuMemPoolGetAttribute", "cuMemPoolTrimTo", "cuMemAllocHost_v2", "cuMemHostAlloc", "cuMemFreeHost", "cuMemHostRegister_v2", "cuMemHostUnregister", "cuMemHostGetFlags", "cuMemHostGetDevicePointer_v2", "cuMemcpyHtoD_v2", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoH_v2", "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoD_v2", "cuMemcpyDtoDAsync_v2", "cuMemcpy", "cuMemcpyAsync", "cuMemcpyPeer", "cuMemcpyPeerAsync", "cuMemsetD8_v2", "cuMemsetD16_v2", "cuMemsetD32_v2", "cuMemsetD8Async", "cuMemsetD16Async", "cuMemsetD32Async", "cuPointerGetAttribute", "cuPointerGetAttributes", "cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuModuleUnload", "cuModuleGetLoadingMode", "cuModuleLoad", "cuModuleGetFunction", "cuModuleGetGlobal_v2", "cuLibraryLoadData", "cuLibraryUnload", "cuLibraryGetKernel", "cuLibraryGetModule", "cuLibraryGetGlobal", "cuKernelGetFunction", "cuKernelGetAttribute", "cuKernelSetAttribute", "cuKernelGetParamInfo", "cuFuncGetParamInfo", "cuFuncGetAttribute", "cuFuncSetAttribute", "cuFuncSetCacheConfig", "cuFuncGetModule", "cuOccupancyMaxActiveBlocksPerMultiprocessor", "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", "cuOccupancyMaxPotentialBlockSize", "cuOccupancyMaxActiveClusters", "cuOccupancyMaxPotentialClusterSize", "cuOccupancyAvailableDynamicSMemPerBlock", "cuLaunchKernel", "cuLaunchKernelEx", "cuStreamCreate", "cuStreamCreateWithPriority", "cuStreamDestroy_v2", "cuStreamQuery", "cuStreamSynchronize", "cuStreamWaitEvent", "cuStreamIsCapturing", "cuStreamGetPriority", "cuStreamGetFlags", "cuStreamGetCtx", "cuStreamGetCtx_v2", "cuStreamGetId", "cuStreamGetDevice", "cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuStreamGetCaptureInfo_v2", "cuStreamGetCaptureInfo_v3", "cuThreadExchangeStreamCaptureMode", "cuGraphGetNodes", "cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphUpload", "cuGraphExecDestroy", "cuGraphDestroy", "cuEventCreate", "cuEventRecord", "cuEventRecordWithFlags", "cuEventQuery", "cuEventSynchronize", "cuEventDestroy_v2", "cuEventElapsedTime", "cuEventElapsedTime_v2", "cuLogsRegisterCallback", "cuLogsUnregisterCallback", "cuGetErrorName", "cuGetErrorString", "cuGetExportTable"};
 
 struct gp_in_gpHello { uint32_t version; } __attribute__((packed));

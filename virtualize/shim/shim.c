@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef MAP_FIXED_NOREPLACE
@@ -54,11 +55,69 @@ static void after_fork_in_child(void) {
     conn_fd = -1;
     conn_ctx = 0;
     pthread_mutex_init(&conn_lock, NULL);
+    gp_memo_after_fork_in_child();
+}
+
+/* ---- the profile (GPUPOOL_SHIM_PROFILE=1): per forwarded call, how often and how long ----------- */
+
+static int profile_enabled;
+static struct {
+    uint64_t calls, waited, ns, bytes_out, bytes_in;
+} profile[GP_N_CALLS];
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void profile_note(uint32_t call, uint32_t flags, uint64_t ns, uint64_t out, uint64_t in) {
+    if (call >= GP_N_CALLS) return;
+    __atomic_fetch_add(&profile[call].calls, 1, __ATOMIC_RELAXED);
+    if (flags & GP_FLAG_WANTS_REPLY) __atomic_fetch_add(&profile[call].waited, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&profile[call].ns, ns, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&profile[call].bytes_out, out, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&profile[call].bytes_in, in, __ATOMIC_RELAXED);
+}
+
+static void profile_print(void) {
+    /* Sorted by time spent, the calls that cost this process the most first. */
+    uint32_t order[GP_N_CALLS], n = 0;
+    uint64_t total_ns = 0, total_calls = 0, total_waited = 0;
+    for (uint32_t i = 0; i < GP_N_CALLS; i++) {
+        if (!profile[i].calls) continue;
+        order[n++] = i;
+        total_ns += profile[i].ns;
+        total_calls += profile[i].calls;
+        total_waited += profile[i].waited;
+    }
+    for (uint32_t i = 1; i < n; i++)
+        for (uint32_t j = i; j > 0 && profile[order[j]].ns > profile[order[j - 1]].ns; j--) {
+            uint32_t t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    fprintf(stderr,
+            "gpupool: profile of pid %d: %llu forwarded calls (%llu waited for the worker), %.3f s inside them\n"
+            "gpupool: %-44s %10s %10s %11s %9s %12s %12s\n",
+            (int)getpid(), (unsigned long long)total_calls, (unsigned long long)total_waited, total_ns / 1e9,
+            "call", "calls", "waited", "total ms", "mean us", "bytes sent", "bytes recv");
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t i = order[k];
+        fprintf(stderr, "gpupool: %-44s %10llu %10llu %11.1f %9.1f %12llu %12llu\n", gp_call_names[i],
+                (unsigned long long)profile[i].calls, (unsigned long long)profile[i].waited, profile[i].ns / 1e6,
+                profile[i].ns / 1e3 / (double)profile[i].calls, (unsigned long long)profile[i].bytes_out,
+                (unsigned long long)profile[i].bytes_in);
+    }
+    fflush(stderr);
 }
 
 __attribute__((constructor)) static void shim_init(void) {
     const char *trace = getenv(GP_ENV_TRACE);
     gp_trace_enabled = trace && *trace && strcmp(trace, "0") != 0;
+    const char *prof = getenv(GP_ENV_PROFILE);
+    profile_enabled = prof && *prof && strcmp(prof, "0") != 0;
+    if (profile_enabled) atexit(profile_print);
     pthread_atfork(NULL, NULL, after_fork_in_child);
 }
 
@@ -261,10 +320,15 @@ static CUresult call_locked(uint32_t call, uint32_t flags, const void *args, uin
 CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args_len, const void *bulk1,
                   uint64_t bulk1_len, const void *bulk2, uint64_t bulk2_len, void *outs, uint32_t outs_len,
                   void *bulk_out, uint64_t bulk_out_len) {
+    uint64_t start = profile_enabled ? now_ns() : 0;
+    int changes = call < GP_N_CALLS && (gp_call_invalidates[call] | gp_call_pauses[call] | gp_call_resumes[call]);
+    if (changes) gp_memo_changing(call);
     pthread_mutex_lock(&conn_lock);
     CUresult r = call_locked(call, flags, args, args_len, bulk1, bulk1_len, bulk2, bulk2_len, outs, outs_len,
                              bulk_out, bulk_out_len);
     pthread_mutex_unlock(&conn_lock);
+    if (changes) gp_memo_changed(call, r);
+    if (profile_enabled) profile_note(call, flags, now_ns() - start, args_len + bulk1_len + bulk2_len, bulk_out_len);
     return r;
 }
 

@@ -26,6 +26,16 @@ CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args
                   uint64_t bulk1_len, const void *bulk2, uint64_t bulk2_len, void *outs, uint32_t outs_len,
                   void *bulk_out, uint64_t bulk_out_len);
 
+/* Answers kept in the client (shim_memo.c): a group's generation, a kept answer, keeping one, and
+ * what gp_call2 does around each call (the groups it changes, pausing a group during a capture). */
+uint64_t gp_memo_generation(int group);
+int gp_memo_get(uint32_t call, int group, int with_ctx, const void *in, uint32_t in_len, void *out, uint32_t out_len);
+void gp_memo_put(uint32_t call, int group, int with_ctx, uint64_t generation, const void *in, uint32_t in_len,
+                 const void *out, uint32_t out_len);
+void gp_memo_changing(uint32_t call);
+void gp_memo_changed(uint32_t call, CUresult result);
+void gp_memo_after_fork_in_child(void);
+
 /* The current context of the calling thread (kept in the client; the worker is told on change). */
 uint64_t gp_ctx_current(void);
 void gp_ctx_set(uint64_t ctx);

@@ -2,7 +2,8 @@
 
 For looking into one program: the shim is compiled from this tree, the worker runs the CUDA executor on
 GPU 0 with a partition of --mib MiB, and the command runs with the shim first on its library path
-(add GPUPOOL_SHIM_TRACE=1 to the environment to see every driver call).
+(add GPUPOOL_SHIM_TRACE=1 to the environment to see every driver call, GPUPOOL_SHIM_PROFILE=1 for a
+table of where the client's time went, GPUPOOL_WORKER_PROFILE=DIR for the worker's cProfile).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -39,11 +41,13 @@ def main() -> int:
     worker = start_worker("once", [WorkerDevice(0, uuid, args.mib << 20)], bind_host="127.0.0.1", env={},
                           executor=args.executor)  # fmt: skip
     answer = {"id": "once", "worker": {"host": worker.host, "port": worker.port, "secret": worker.secret}}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_") or k == "GPUPOOL_SHIM_TRACE"}
+    keep = ("GPUPOOL_SHIM_TRACE", "GPUPOOL_SHIM_PROFILE")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_") or k in keep}
     env.update(remote_env(answer, cache_root=work / "cache", library=shim))
     try:
         return subprocess.run(command, env=env).returncode
     finally:
+        time.sleep(0.5)  # the worker writes its profile when it sees the client go
         worker.stop()
 
 
