@@ -16,6 +16,7 @@ setup(
                 "virtualize/shim/shim_calls.c",
                 "virtualize/shim/shim_exports.c",
                 "virtualize/shim/shim_memo.c",
+                "virtualize/shim/shim_auth.c",
             ],
             depends=[
                 "virtualize/shim/shim.h",
@@ -24,7 +25,7 @@ setup(
                 "virtualize/shim/exports_gen.h",
             ],
             extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread", "-std=gnu11"],
-            extra_link_args=["-pthread", "-Wl,-soname,libcuda.so.1"],
+            extra_link_args=["-pthread", "-Wl,-soname,libcuda.so.1", "-ldl"],
             py_limited_api=False,
             # Without a C compiler the install goes on; remote runs then say the shim is not built.
             optional=True,

@@ -8,6 +8,7 @@ start/stop and NVML sampling run on the default thread pool.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -41,6 +42,22 @@ class ServerState:
         self.workers: dict[str, object] = {}  # lease id -> WorkerHandle
         self.stopping = threading.Event()
         self.last_purge = float("-inf")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reap_soon: asyncio.Event | None = None
+
+    def wake_reaper(self, *_) -> None:
+        """From any thread: sweep the leases now (a worker exited), not at the next interval."""
+        if self._loop is not None and self._reap_soon is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: the server is stopping
+                self._loop.call_soon_threadsafe(self._reap_soon.set)
+
+    async def reap_pause(self) -> None:
+        """Wait for the next sweep: the reap interval, or less when a worker exits."""
+        if self._reap_soon is None:
+            self._loop, self._reap_soon = asyncio.get_running_loop(), asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._reap_soon.wait(), self.reap_interval_s)
+        self._reap_soon.clear()
 
     async def db(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.db_thread, fn, *args)
@@ -153,6 +170,7 @@ async def create_lease(request: web.Request) -> web.Response:
             await st.db(st.pool.end, lease["id"], "released", exc.message, time.time())
             raise
         st.workers[lease["id"]] = handle
+        handle.on_exit(st.wake_reaper)
         # A worker bound to every interface is reached at the server's advertised address.
         host = st.pool.inv.addr if handle.host in ("", "0.0.0.0", "::") else handle.host
         worker = {"host": host, "port": handle.port, "secret": handle.secret, "pid": handle.pid,
@@ -294,7 +312,7 @@ ROUTES = [
 async def reap_loop(st: ServerState) -> None:
     pool = st.pool
     while not st.stopping.is_set():
-        await asyncio.sleep(st.reap_interval_s)
+        await st.reap_pause()
         try:
             now = time.time()
             leases = await st.db(pool.active_leases)

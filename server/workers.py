@@ -36,6 +36,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -84,6 +85,15 @@ class WorkerHandle:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def on_exit(self, callback) -> None:
+        """Reap the worker the moment it exits (no zombie waits for the next sweep) and call `callback`."""
+
+        def wait() -> None:
+            self.proc.wait()
+            callback(self)
+
+        threading.Thread(target=wait, name=f"gpupool-worker-{self.pid}", daemon=True).start()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Terminate the worker (its GPU memory goes with it) and wait; kill if it does not go."""

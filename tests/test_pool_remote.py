@@ -89,6 +89,31 @@ def test_a_dying_worker_ends_its_lease(server):
     assert got["state"] == "expired" and got["reason"] == "its remote worker exited"
 
 
+def test_a_worker_that_exits_is_reaped_at_once_and_its_lease_ends(tmp_path):
+    """With a sweep only every minute, a killed worker still ends its lease within seconds, leaving no zombie."""
+    srv = ServerProc(tmp_path, "1xH100-80GB", config="[policy]\nreap_interval = 60\n",
+                     env={"GPUPOOL_WORKER_EXECUTOR": "host"}).start()  # fmt: skip
+    try:
+        tok = srv.token("remote-exits")
+        _, lease = api(srv.url, "POST", "/v1/leases", tok, {"n": 1, "mem_mib": 64, "remote": True})
+        (worker,) = workers_of(srv)
+        started = time.monotonic()
+        worker.kill()
+        got = wait_for(
+            lambda: (
+                (g := api(srv.url, "GET", f"/v1/leases/{lease['id']}", tok)[1])["state"] != "active" and g
+            ),
+            10,
+            what="lease end",
+        )
+        assert got["reason"] == "its remote worker exited"
+        assert time.monotonic() - started < 10  # not the minute of the sweep
+        children = psutil.Process(srv.proc.pid).children()
+        assert not [p for p in children if p.pid == worker.pid]  # reaped: not even a zombie
+    finally:
+        srv.stop()
+
+
 def test_idle_remote_lease_is_reclaimed_from_the_worker_activity(server):
     tok = server.token("idle-remote")
     _, lease = api(server.url, "POST", "/v1/leases", tok, {"n": 1, "mem_mib": 64, "remote": True})

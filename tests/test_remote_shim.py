@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import time
@@ -26,8 +24,6 @@ from remote_helpers import (
 )
 
 from server.workers import WorkerDevice, start_worker
-from virtualize import _wire
-from virtualize._calls import CALL_IDS, INTERNAL
 
 pytestmark = needs_cc
 __all__ = ["shim_dir", "worker"]  # fixtures
@@ -240,34 +236,6 @@ def test_a_device_address_that_is_host_memory_here_is_never_handed_to_the_progra
 def test_queries_libraries_make_are_answered(shim_dir, worker):
     out, _ = run_client("queries", client_env(shim_dir, worker))
     assert out == expected_queries()
-
-
-def test_the_worker_speaks_only_to_clients_that_open_with_the_lease_secret(worker):
-    hello = INTERNAL["gpHello"]
-
-    def connect():
-        return socket.create_connection((worker.host, worker.port), timeout=10)
-
-    def recv_exact(sock, n):
-        data = b""
-        while len(data) < n:
-            chunk = sock.recv(n - len(data))
-            if not chunk:
-                return data
-            data += chunk
-        return data
-
-    with connect() as sock:  # no hello first: the connection is closed
-        sock.sendall(_wire.REQUEST.pack(5, _wire.FLAG_WANTS_REPLY, 0, 0, 0))
-        assert sock.recv(64) == b""
-    with connect() as sock:  # the right secret, then a call id that does not exist
-        args = struct.pack(hello.in_format, _wire.PROTOCOL_VERSION)
-        secret = worker.secret.encode()
-        sock.sendall(_wire.REQUEST.pack(CALL_IDS[hello], 1, len(args), 0, len(secret)) + args + secret)
-        result, outs_len, _ = _wire.REPLY.unpack(recv_exact(sock, _wire.REPLY.size))
-        assert result == 0 and struct.unpack(hello.out_format, recv_exact(sock, outs_len)) == (1,)
-        sock.sendall(_wire.REQUEST.pack(60000, _wire.FLAG_WANTS_REPLY, 0, 0, 3) + b"xyz")
-        assert _wire.REPLY.unpack(recv_exact(sock, _wire.REPLY.size))[0] == 1  # CUDA_ERROR_INVALID_VALUE
 
 
 def test_a_long_running_call_keeps_the_lease_active(shim_dir, worker):

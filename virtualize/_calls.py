@@ -172,7 +172,9 @@ RESET = ("primary_ctx", "functions", "limits", "capture")  # a reset destroys ev
 # fmt: off
 CALLS: tuple[Call, ...] = (
     # -- internal: the handshake, the thread's current context, a kernel's parameter layout ----------
-    _c("gpHello", 0, "u32 version, o_u32 device_count, bytes secret", symbol="-"),
+    # The handshake (virtualize/_wire.py): nonces both ways, each side proves it holds the lease secret.
+    _c("gpHello", 0, "u32 version, bytes nonce", symbol="-"),
+    _c("gpProve", 0, "o_u32 device_count, bytes proof", symbol="-"),
     _c("gpSetContext", 0, "ctx ctx", A, symbol="-"),
     _c("gpParamLayout", 0, "func func, o_u32 count, o_buf:count layout", symbol="-"),
     # -- initialisation and devices -----------------------------------------------------------------

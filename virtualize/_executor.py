@@ -71,10 +71,13 @@ SHAPED: dict[str, str] = {
 }
 
 
+HANDSHAKE = ("gpHello", "gpProve")  # the worker's own, before any call reaches an executor
+
+
 def executor_method(call: Call) -> str | None:
     """The Executor method that runs `call` on the worker; None for calls that never reach one
     (served in the client, or the worker's own hello)."""
-    if call.mode is Mode.LOCAL or call.name == "gpHello":
+    if call.mode is Mode.LOCAL or call.name in HANDSHAKE:
         return None
     return SHAPED.get(call.name, call.name)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from virtualize import _wire
 from virtualize._calls import CALLS, HANDLE_TYPES, Call, Mode
 from virtualize._executor import (
+    HANDSHAKE,
     INVALID_CONTEXT,
     INVALID_HANDLE,
     INVALID_VALUE,
@@ -140,10 +141,10 @@ class Session:
         for name in ("cuMemsetD8Async", "cuMemsetD16Async", "cuMemsetD32Async"):
             self.special[name] = self._memset
         # One handler per call id, looked up by index on every request. None: not the client's to send
-        # (gpHello is the worker's own; LOCAL calls never leave the client).
+        # (the handshake is the worker's own; LOCAL calls never leave the client).
         self.handlers: list[Callable | None] = [
             None
-            if c.name == "gpHello" or c.mode is Mode.LOCAL
+            if c.name in HANDSHAKE or c.mode is Mode.LOCAL
             else self.special.get(c.name if c.symbol == "-" else c.symbol, self._plain)
             for c in CALLS
         ]

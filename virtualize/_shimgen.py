@@ -66,6 +66,10 @@ def wire_structs(call: Call) -> list[str]:
     return lines
 
 
+def c_string(data: bytes) -> str:
+    return '"' + "".join(chr(b) if 32 <= b < 127 and b not in b'"\\' else f"\\{b:03o}" for b in data) + '"'
+
+
 def memo_mask(groups) -> str:
     names = list(MEMO_GROUPS)
     return f"0x{sum(1 << names.index(g) for g in groups):02x}"
@@ -151,6 +155,10 @@ def generate_types() -> str:
         f'#define GP_ENV_TRACE "{_wire.ENV_TRACE}"',
         f'#define GP_ENV_PROFILE "{_wire.ENV_PROFILE}"',
         f'#define GP_ENV_MEMO "{_wire.ENV_MEMO}"',
+        f"#define GP_NONCE_BYTES {_wire.NONCE_BYTES}u",
+        f"#define GP_PROOF_BYTES {_wire.PROOF_BYTES}u",
+        f"#define GP_WORKER_LABEL {c_string(_wire.WORKER_LABEL)}",
+        f"#define GP_CLIENT_LABEL {c_string(_wire.CLIENT_LABEL)}",
         "",
         "/* Request: call id, flags, args_len, reserved, bulk_len. Reply: result, outs_len, bulk_len. */",
         "struct gp_request { uint32_t call; uint32_t flags; uint32_t args_len; uint32_t reserved; uint64_t bulk_len; }"

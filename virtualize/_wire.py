@@ -6,15 +6,29 @@ Every request is a header, the call's fixed-size in-arguments (`virtualize._call
 bytes (copied data, a module image, a name). A reply, sent only for calls of mode REPLY, is a header,
 the fixed-size outs, then `bulk_len` bytes (data copied to the host, a device name). Requests and
 replies travel in order on one TCP connection, so replies need no ids. Integers are little-endian.
-The first request on a connection is `gpHello` carrying the lease's secret; anything else first
-closes the connection.
+The handshake proves, both ways, that each end holds the lease's secret without sending it (HMAC-SHA256
+over fresh nonces, so a recorded handshake cannot be replayed):
+
+    client -> gpHello {version} + nonce_c (32 random bytes)
+    worker -> reply: nonce_w (32 random bytes) + HMAC(secret, WORKER_LABEL + nonce_c + nonce_w)
+    client checks the worker's proof (else it is not the lease's worker), then
+    client -> gpProve + HMAC(secret, CLIENT_LABEL + nonce_w + nonce_c)
+    worker -> reply: CUDA_SUCCESS and the device count, or CUDA_ERROR_NOT_PERMITTED and the connection closes
+
+Anything else first closes the connection.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import struct
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+NONCE_BYTES = 32
+PROOF_BYTES = 32  # HMAC-SHA256
+WORKER_LABEL = b"gpupool worker proof 2\n"
+CLIENT_LABEL = b"gpupool client proof 2\n"
 REQUEST = struct.Struct("<IIIIQ")  # call id, flags, args_len, reserved, bulk_len
 REPLY = struct.Struct("<iIQ")  # CUresult, outs_len, bulk_len
 FLAG_WANTS_REPLY = 1
@@ -31,3 +45,8 @@ ENV_LEASE = "GPUPOOL_LEASE"  # the lease id, for messages
 ENV_TRACE = "GPUPOOL_SHIM_TRACE"  # 1: the shim prints every call it handles to stderr
 ENV_PROFILE = "GPUPOOL_SHIM_PROFILE"  # 1: at exit, the shim prints where the process's time went
 ENV_MEMO = "GPUPOOL_SHIM_MEMO"  # 0: every question goes to the worker (answers are not kept)
+
+
+def proof(secret: bytes, label: bytes, first: bytes, second: bytes) -> bytes:
+    """One side's proof that it holds the lease's secret, bound to both nonces of this connection."""
+    return hmac.new(secret, label + first + second, hashlib.sha256).digest()

@@ -38,7 +38,8 @@ def shim_library_path() -> Path:
 
 
 SHIM_SOURCES = Path(__file__).parent / "shim"
-SHIM_C_SOURCES = ("shim.c", "shim_calls.c", "shim_exports.c", "shim_memo.c")  # setup.py lists the same
+# setup.py lists the same
+SHIM_C_SOURCES = ("shim.c", "shim_calls.c", "shim_exports.c", "shim_memo.c", "shim_auth.c")
 COMPILE_FLAGS = [
     "-O2",
     "-shared",
@@ -48,6 +49,7 @@ COMPILE_FLAGS = [
     "-std=gnu11",
     "-Wl,-soname,libcuda.so.1",
 ]
+LINK_LIBRARIES = ["-ldl"]  # libcrypto is loaded at the first connection (shim_auth.c)
 
 
 def compile_shim(dest_dir: Path, *, compiler: str | None = None, extra_flags: tuple[str, ...] = ()) -> Path:
@@ -58,7 +60,9 @@ def compile_shim(dest_dir: Path, *, compiler: str | None = None, extra_flags: tu
     dest_dir.mkdir(parents=True, exist_ok=True)
     out = dest_dir / "libcuda.so.1"
     sources = [str(SHIM_SOURCES / name) for name in SHIM_C_SOURCES]
-    subprocess.run([cc, *COMPILE_FLAGS, *extra_flags, "-o", str(out), *sources], check=True, timeout=300)
+    subprocess.run(
+        [cc, *COMPILE_FLAGS, *extra_flags, "-o", str(out), *sources, *LINK_LIBRARIES], check=True, timeout=300
+    )
     link = dest_dir / "libcuda.so"
     if not link.is_symlink():
         link.symlink_to("libcuda.so.1")

@@ -19,6 +19,7 @@ import hmac
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import struct
@@ -181,18 +182,12 @@ class Worker:
                 _write_profile(profiler, who)
 
     def _hello(self, channel: Channel, who: str) -> bool:
-        hello = INTERNAL["gpHello"]
+        """The handshake of _wire: both ends prove they hold the lease secret; it never crosses the wire."""
         channel.sock.settimeout(HELLO_TIMEOUT_S)
-        call_id, _flags, args_len, _, bulk_len = _wire.REQUEST.unpack(channel.read_exact(_wire.REQUEST.size))
-        if call_id != CALL_IDS[hello] or args_len != struct.calcsize(hello.in_format) or bulk_len > 4096:
+        try:
+            (version,), nonce_c = self._frame(channel, "gpHello", _wire.NONCE_BYTES)
+        except ValueError:
             log.warning("client %s did not start with a hello; closing", who)
-            return False
-        (version,) = struct.unpack(hello.in_format, channel.read_exact(args_len))
-        secret = channel.read_exact(bulk_len)
-        channel.sock.settimeout(None)
-        if not hmac.compare_digest(secret, self.secret):
-            log.warning("client %s gave a wrong lease secret; refused", who)
-            channel.send(_wire.REPLY.pack(CUresult.NOT_PERMITTED, 0, 0))
             return False
         if version != _wire.PROTOCOL_VERSION:
             log.warning(
@@ -200,9 +195,31 @@ class Worker:
             )
             channel.send(_wire.REPLY.pack(CUresult.NOT_SUPPORTED, 0, 0))
             return False
-        outs = struct.pack(hello.out_format, len(self.devices))
+        nonce_w = secrets.token_bytes(_wire.NONCE_BYTES)
+        mine = _wire.proof(self.secret, _wire.WORKER_LABEL, nonce_c, nonce_w)
+        channel.send(_wire.REPLY.pack(CUresult.SUCCESS, 0, len(nonce_w) + len(mine)), nonce_w, mine)
+        try:
+            _, theirs = self._frame(channel, "gpProve", _wire.PROOF_BYTES)
+        except ValueError:
+            log.warning("client %s did not prove it holds the lease secret; closing", who)
+            return False
+        channel.sock.settimeout(None)
+        if not hmac.compare_digest(theirs, _wire.proof(self.secret, _wire.CLIENT_LABEL, nonce_w, nonce_c)):
+            log.warning("client %s does not hold the lease secret; refused", who)
+            channel.send(_wire.REPLY.pack(CUresult.NOT_PERMITTED, 0, 0))
+            return False
+        outs = struct.pack(INTERNAL["gpProve"].out_format, len(self.devices))
         channel.send(_wire.REPLY.pack(CUresult.SUCCESS, len(outs), 0), outs)
         return True
+
+    @staticmethod
+    def _frame(channel: Channel, name: str, bulk_bytes: int) -> tuple[tuple, bytes]:
+        """One handshake frame: exactly the call `name` with its in-arguments and `bulk_bytes` of bulk."""
+        call = INTERNAL[name]
+        call_id, _flags, args_len, _, bulk_len = _wire.REQUEST.unpack(channel.read_exact(_wire.REQUEST.size))
+        if call_id != CALL_IDS[call] or args_len != call.in_struct.size or bulk_len != bulk_bytes:
+            raise ValueError(name)
+        return call.in_struct.unpack(channel.read_exact(args_len)), channel.read_exact(bulk_len)
 
     def _touch_while_busy(self) -> None:
         """A call that runs for minutes (a synchronise behind long kernels) keeps the lease in use."""

@@ -278,17 +278,44 @@ static CUresult connect_worker(void) {
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
     conn_fd = fd;
     conn_ctx = 0;
+    /* The handshake of virtualize/_wire.py: the secret never crosses the wire. */
+    if (!gp_auth_ready()) {
+        return fail(CUDA_ERROR_NOT_INITIALIZED,
+                    "cannot load the system's OpenSSL (libcrypto.so.3 or .so.1.1), which the connection to the "
+                    "lease's worker needs to prove the lease secret: install OpenSSL (e.g. apt-get install libssl3)");
+    }
+    unsigned char nonce_c[GP_NONCE_BYTES], answer[GP_NONCE_BYTES + GP_PROOF_BYTES], expect[GP_PROOF_BYTES];
+    unsigned char mine[GP_PROOF_BYTES];
+    if (gp_auth_nonce(nonce_c, sizeof nonce_c) < 0) return fail(CUDA_ERROR_NOT_INITIALIZED, "no random bytes: %s", strerror(errno));
     struct gp_in_gpHello hello = {.version = GP_PROTOCOL_VERSION};
-    struct gp_out_gpHello out;
     int32_t result;
-    if (send_frame(GP_CALL_gpHello, GP_FLAG_WANTS_REPLY, &hello, sizeof hello, secret, strlen(secret), NULL, 0) < 0 ||
-        recv_reply(&result, &out, sizeof out, NULL, 0) < 0) {
+    if (send_frame(GP_CALL_gpHello, GP_FLAG_WANTS_REPLY, &hello, sizeof hello, nonce_c, sizeof nonce_c, NULL, 0) < 0 ||
+        recv_reply(&result, NULL, 0, answer, sizeof answer) < 0) {
+        return lost(strerror(errno));
+    }
+    if (result != 0) {
+        return fail(CUDA_ERROR_NOT_PERMITTED, "the lease's worker at %s refused this process: it speaks another protocol "
+                    "version (update gpupool on this machine or on the GPU server)", conn_where);
+    }
+    const unsigned char *nonce_w = answer, *theirs = answer + GP_NONCE_BYTES;
+    if (gp_auth_proof(secret, GP_WORKER_LABEL, nonce_c, nonce_w, expect) < 0 ||
+        !gp_auth_equal(expect, theirs, GP_PROOF_BYTES)) {
+        return fail(CUDA_ERROR_NOT_PERMITTED,
+                    "the lease's worker at %s refused this process: the two do not share the lease's secret (%s "
+                    "is not this lease's: run the program under `gpuattach run`; or something else listens there)",
+                    conn_where, GP_ENV_SECRET);
+    }
+    struct gp_out_gpProve proved;
+    if (gp_auth_proof(secret, GP_CLIENT_LABEL, nonce_w, nonce_c, mine) < 0)
+        return fail(CUDA_ERROR_NOT_INITIALIZED, "OpenSSL could not compute the lease proof");
+    if (send_frame(GP_CALL_gpProve, GP_FLAG_WANTS_REPLY, NULL, 0, mine, sizeof mine, NULL, 0) < 0 ||
+        recv_reply(&result, &proved, sizeof proved, NULL, 0) < 0) {
         return lost(strerror(errno));
     }
     if (result != 0) {
         return fail(CUDA_ERROR_NOT_PERMITTED,
-                    "the lease's worker at %s refused this process (%s): wrong lease secret or protocol version",
-                    conn_where, result == CUDA_ERROR_NOT_SUPPORTED ? "protocol version" : "secret");
+                    "the lease's worker at %s refused this process: wrong lease secret (%s does not belong to "
+                    "this lease; run the program under `gpuattach run`)", conn_where, GP_ENV_SECRET);
     }
     return CUDA_SUCCESS;
 }

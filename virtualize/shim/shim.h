@@ -36,6 +36,13 @@ void gp_memo_changing(uint32_t call);
 void gp_memo_changed(uint32_t call, CUresult result);
 void gp_memo_after_fork_in_child(void);
 
+/* The handshake's cryptography (shim_auth.c, the system's libcrypto loaded at first use). */
+int gp_auth_ready(void);
+int gp_auth_nonce(unsigned char *out, size_t len);
+int gp_auth_proof(const char *secret, const char *label, const unsigned char *first, const unsigned char *second,
+                  unsigned char out[GP_PROOF_BYTES]);
+int gp_auth_equal(const unsigned char *a, const unsigned char *b, size_t len);
+
 /* The current context of the calling thread (kept in the client; the worker is told on change). */
 uint64_t gp_ctx_current(void);
 void gp_ctx_set(uint64_t ctx);

@@ -1,0 +1,235 @@
+"""The data connection's handshake and frame decoder, at the socket level.
+
+The shim and a lease's worker prove to each other that they hold the lease's secret without sending it
+(virtualize/_wire.py); a recorded handshake replayed later is refused; a peer without the secret gets
+nothing; and whatever bytes a client sends after the handshake, the worker answers or closes that
+connection and keeps serving the others. Real worker processes (host executor), real sockets, the
+shim compiled from this tree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import socket
+import struct
+import threading
+
+import pytest
+import remote_helpers
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from remote_helpers import client_env, needs_cc, run_client
+
+from virtualize import _wire
+from virtualize._calls import CALL_IDS, CALLS, INTERNAL
+from virtualize._results import CUresult
+
+shim_dir = remote_helpers.shim_dir  # fixtures
+worker = remote_helpers.worker
+
+HELLO, PROVE = INTERNAL["gpHello"], INTERNAL["gpProve"]
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            return data
+        data += chunk
+    return data
+
+
+def reply(sock: socket.socket) -> tuple[int, bytes, bytes]:
+    header = recv_exact(sock, _wire.REPLY.size)
+    if len(header) < _wire.REPLY.size:
+        raise ConnectionResetError("closed")
+    result, outs_len, bulk_len = _wire.REPLY.unpack(header)
+    return result, recv_exact(sock, outs_len), recv_exact(sock, bulk_len)
+
+
+def frame(call, args: bytes = b"", bulk: bytes = b"", flags: int = _wire.FLAG_WANTS_REPLY) -> bytes:
+    return _wire.REQUEST.pack(CALL_IDS[call], flags, len(args), 0, len(bulk)) + args + bulk
+
+
+def hello(sock: socket.socket) -> tuple[bytes, bytes, bytes]:
+    """Send a hello; return our nonce, the worker's nonce and its proof."""
+    nonce_c = secrets.token_bytes(_wire.NONCE_BYTES)
+    sock.sendall(frame(HELLO, HELLO.in_struct.pack(_wire.PROTOCOL_VERSION), nonce_c))
+    result, _, answer = reply(sock)
+    assert result == 0
+    return nonce_c, answer[: _wire.NONCE_BYTES], answer[_wire.NONCE_BYTES :]
+
+
+def handshake(sock: socket.socket, secret: bytes) -> int:
+    """The client's side of the handshake; returns the worker's answer to the proof."""
+    nonce_c, nonce_w, _ = hello(sock)
+    sock.sendall(frame(PROVE, b"", _wire.proof(secret, _wire.CLIENT_LABEL, nonce_w, nonce_c)))
+    return reply(sock)[0]
+
+
+def connect(handle) -> socket.socket:
+    return socket.create_connection((handle.host, handle.port), timeout=10)
+
+
+def test_both_ends_prove_the_secret_and_a_joined_client_is_served(worker):
+    with connect(worker) as sock:
+        nonce_c, nonce_w, proof_w = hello(sock)
+        secret = worker.secret.encode()
+        assert proof_w == _wire.proof(secret, _wire.WORKER_LABEL, nonce_c, nonce_w)  # the worker holds it
+        sock.sendall(frame(PROVE, b"", _wire.proof(secret, _wire.CLIENT_LABEL, nonce_w, nonce_c)))
+        result, outs, _ = reply(sock)
+        assert result == 0 and PROVE.out_struct.unpack(outs) == (1,)  # one device in this lease
+        sock.sendall(_wire.REQUEST.pack(60000, _wire.FLAG_WANTS_REPLY, 0, 0, 3) + b"xyz")  # no such call
+        assert reply(sock)[0] == CUresult.INVALID_VALUE
+
+
+def test_a_client_that_does_not_open_with_the_handshake_is_closed_at_once(worker):
+    with connect(worker) as sock:
+        sock.sendall(_wire.REQUEST.pack(5, _wire.FLAG_WANTS_REPLY, 0, 0, 0))
+        assert sock.recv(64) == b""
+    with connect(worker) as sock:  # a hello, then a call instead of the proof
+        hello(sock)
+        sock.sendall(frame(INTERNAL["gpSetContext"], struct.pack("<Q", 0)))
+        assert sock.recv(64) == b""
+
+
+def test_a_client_without_the_secret_is_refused(worker):
+    with connect(worker) as sock:
+        assert handshake(sock, b"guessed") == CUresult.NOT_PERMITTED
+        assert sock.recv(64) == b""  # and the connection is closed
+
+
+class RecordingProxy:
+    """A TCP proxy on loopback that forwards a connection both ways and keeps every byte it saw."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.to_worker = bytearray()
+        self.to_client = bytearray()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            threading.Thread(target=self._pump, args=(client, upstream, self.to_worker), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, self.to_client), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket, record: bytearray) -> None:
+        try:
+            while data := src.recv(65536):
+                record += data
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@needs_cc
+def test_the_secret_never_crosses_the_wire_and_a_recorded_handshake_cannot_be_replayed(shim_dir, worker):
+    proxy = RecordingProxy((worker.host, worker.port))
+    try:
+        env = client_env(shim_dir, worker, GPUPOOL_WORKER=f"127.0.0.1:{proxy.port}")
+        out, _ = run_client("copies", env)
+        assert out  # the program ran through the proxy
+    finally:
+        proxy.close()
+    seen = bytes(proxy.to_worker) + bytes(proxy.to_client)
+    assert worker.secret.encode() not in seen
+    # Replay what the client sent, byte for byte, on a new connection: the worker's nonce is new, so
+    # the recorded proof is wrong and the worker refuses before any call runs.
+    handshake_bytes = _wire.REQUEST.size * 2 + HELLO.in_struct.size + _wire.NONCE_BYTES + _wire.PROOF_BYTES
+    with connect(worker) as sock:
+        sock.sendall(bytes(proxy.to_worker[:handshake_bytes]))
+        assert reply(sock)[0] == 0  # the hello is answered (with a fresh nonce) ...
+        assert reply(sock)[0] == CUresult.NOT_PERMITTED  # ... the replayed proof is not
+
+
+@needs_cc
+def test_the_shim_refuses_a_worker_that_cannot_prove_the_secret(shim_dir, worker):
+    """Something else listening at the lease's address (a stale port reused, an impostor) gets no calls."""
+    impostor = socket.create_server(("127.0.0.1", 0))
+    got = bytearray()
+
+    def answer() -> None:
+        sock, _ = impostor.accept()
+        with sock:
+            got.extend(recv_exact(sock, _wire.REQUEST.size + HELLO.in_struct.size + _wire.NONCE_BYTES))
+            bulk = os.urandom(_wire.NONCE_BYTES + _wire.PROOF_BYTES)
+            sock.sendall(_wire.REPLY.pack(0, 0, len(bulk)) + bulk)
+            got.extend(sock.recv(4096))  # the shim must close here, sending nothing more
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    env = client_env(shim_dir, worker, GPUPOOL_WORKER=f"127.0.0.1:{impostor.getsockname()[1]}")
+    out, err = run_client("no_lease", env)
+    thread.join(10)
+    impostor.close()
+    assert out == {"init": "800", "count": "800"}  # CUDA_ERROR_NOT_PERMITTED
+    assert "do not share the lease's secret" in err
+    assert len(got) == _wire.REQUEST.size + HELLO.in_struct.size + _wire.NONCE_BYTES  # no proof, no calls
+
+
+# -- the frame decoder under arbitrary input ---------------------------------------------------------------
+
+frames = st.lists(
+    st.tuples(
+        st.one_of(st.integers(0, len(CALLS) + 5), st.integers(0, 2**32 - 1)),  # call id: real ones mostly
+        st.integers(0, 3),  # flags
+        st.binary(max_size=96),  # in-arguments, of any length
+        st.binary(max_size=64),  # bulk
+        st.integers(-8, 8),  # how much the declared bulk length lies
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@pytest.fixture(scope="module")
+def fuzzed_worker():
+    handle = remote_helpers.start_worker(
+        "fuzzed-lease",
+        [remote_helpers.WorkerDevice(0, "", 64 * remote_helpers.MiB)],
+        bind_host="127.0.0.1",
+        env={},
+        executor="host",
+    )
+    yield handle
+    handle.stop()
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(frames=frames)
+def test_the_worker_survives_any_frames_after_the_handshake(fuzzed_worker, frames):
+    with connect(fuzzed_worker) as sock:
+        sock.settimeout(5)
+        assert handshake(sock, fuzzed_worker.secret.encode()) == 0
+        for call_id, flags, args, bulk, lie in frames:
+            declared = max(0, len(bulk) + lie)
+            try:
+                sock.sendall(_wire.REQUEST.pack(call_id, flags, len(args), 0, declared) + args + bulk)
+            except OSError:
+                break  # the worker closed this connection: allowed
+    # Whatever that connection did, the worker serves a new one.
+    with connect(fuzzed_worker) as sock:
+        assert handshake(sock, fuzzed_worker.secret.encode()) == 0
+        sock.sendall(frame(INTERNAL["gpSetContext"], struct.pack("<Q", 0), flags=0))
+        count = next(c for c in CALLS if c.name == "cuDeviceGetCount")
+        sock.sendall(frame(count))
+        result, outs, _ = reply(sock)
+        assert (result, outs) == (0, struct.pack("<i", 1))
