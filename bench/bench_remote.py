@@ -162,6 +162,8 @@ def main() -> int:
                         help="cuda: a real GPU (default); host: protocol and worker only, no GPU")  # fmt: skip
     parser.add_argument("--partition-mib", type=int, default=8192, help="memory of the benchmark lease")
     parser.add_argument("--max-copy-mib", type=int, default=1024, help="largest copy measured (default 1024)")
+    parser.add_argument("--encrypt", action="store_true",
+                        help="encrypt the data connection (TLS 1.3) as across hosts, though on loopback")  # fmt: skip
     args = parser.parse_args()
     if args.child:
         child()
@@ -192,11 +194,14 @@ def main() -> int:
         print(f"remote run (worker pid {worker.pid}, {args.executor} executor) ...", flush=True)
         answer = {
             "id": "bench",
-            "worker": {"host": worker.host, "port": worker.port, "secret": worker.secret},
+            "worker": worker.answer(),
         }
         if "native" in results:
             env["GPUPOOL_BENCH_ITERS"] = str(results["native"]["compute_iters"])
-        results["remote"] = run_child({**env, **remote_env(answer, cache_root=work / "cache", library=shim)})
+        remote = {**env, **remote_env(answer, cache_root=work / "cache", library=shim)}
+        if args.encrypt:
+            remote["GPUPOOL_DATA_ENCRYPTION"] = "always"
+        results["remote"] = run_child(remote)
     finally:
         worker.stop()
     report(results)

@@ -67,14 +67,28 @@ class WorkerError(RuntimeError):
 class WorkerHandle:
     """The server's view of a running worker."""
 
-    def __init__(self, proc: subprocess.Popen, host: str, port: int, secret: str, state_dir: Path) -> None:
+    def __init__(
+        self, proc: subprocess.Popen, host: str, port: int, secret: str, state_dir: Path, tls_sha256: str = ""
+    ) -> None:
         self.proc = proc
         self.host = host
         self.port = port
         self.secret = secret
+        self.tls_sha256 = (
+            tls_sha256  # the worker's certificate, pinned by the client ("": none, loopback only)
+        )
         self.pid = proc.pid
         self.state_dir = state_dir
         self._started = time.time()
+
+    def answer(self, host: str | None = None) -> dict:
+        """What the lease's owner needs to reach this worker (the lease answer's "worker")."""
+        return {
+            "host": host or self.host,
+            "port": self.port,
+            "secret": self.secret,
+            "tls_sha256": self.tls_sha256,
+        }
 
     def last_activity(self) -> float:
         """time.time() of the last forwarded call (the start time before any)."""
@@ -156,7 +170,7 @@ def start_worker(
         raise WorkerError(f"the worker of lease {lease_id} did not start: {ready.get('error', 'no answer')}")
     # A wildcard bind is reachable at this host's name; the pool server may advertise another.
     host = socket.getfqdn() if bind_host in ("", "0.0.0.0", "::") else bind_host
-    return WorkerHandle(proc, host, int(ready["port"]), secret, state_dir)
+    return WorkerHandle(proc, host, int(ready["port"]), secret, state_dir, str(ready.get("tls_sha256", "")))
 
 
 def _read_ready_line(proc: subprocess.Popen, timeout: float) -> dict:

@@ -50,7 +50,7 @@ def client_env(shim_dir: Path, handle=None, **extra) -> dict[str, str]:
     if handle is not None:
         answer = {
             "id": "test-lease",
-            "worker": {"host": handle.host, "port": handle.port, "secret": handle.secret},
+            "worker": handle.answer(),
         }
         env.update(remote_env(answer, cache_root=shim_dir.parent / "cache"))
     env["LD_LIBRARY_PATH"] = str(shim_dir)  # the sources under test, not an installed build

@@ -55,7 +55,7 @@ def cuda_executor_worker(shim_dir):
     """A worker with the real CUDA executor whose driver is the shim, pointed at a host worker."""
     inner = start_worker("inner", [WorkerDevice(i, "", 64 * MiB) for i in range(2)], bind_host="127.0.0.1",
                          env={}, executor="host")  # fmt: skip
-    answer = {"id": "inner", "worker": {"host": inner.host, "port": inner.port, "secret": inner.secret}}
+    answer = {"id": "inner", "worker": inner.answer()}
     env = {**remote_env(answer, cache_root=shim_dir.parent / "cache"), "LD_LIBRARY_PATH": str(shim_dir)}
     # The host executor's devices 1 and 0 (UUIDs 61.. and 60..), in that order, found by UUID.
     devices = [

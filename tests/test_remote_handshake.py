@@ -151,6 +151,7 @@ def test_the_secret_never_crosses_the_wire_and_a_recorded_handshake_cannot_be_re
         proxy.close()
     seen = bytes(proxy.to_worker) + bytes(proxy.to_client)
     assert worker.secret.encode() not in seen
+    assert KNOWN_PLAINTEXT in seen  # on loopback the data itself is not encrypted (next test)
     # Replay what the client sent, byte for byte, on a new connection: the worker's nonce is new, so
     # the recorded proof is wrong and the worker refuses before any call runs.
     handshake_bytes = _wire.REQUEST.size * 2 + HELLO.in_struct.size + _wire.NONCE_BYTES + _wire.PROOF_BYTES
@@ -158,6 +159,55 @@ def test_the_secret_never_crosses_the_wire_and_a_recorded_handshake_cannot_be_re
         sock.sendall(bytes(proxy.to_worker[:handshake_bytes]))
         assert reply(sock)[0] == 0  # the hello is answered (with a fresh nonce) ...
         assert reply(sock)[0] == CUresult.NOT_PERMITTED  # ... the replayed proof is not
+
+
+KNOWN_PLAINTEXT = bytes(range(256))  # what the `copies` scenario copies with cuMemcpy, among random data
+
+
+def recorded_run(shim_dir, worker, scenario: str, **env) -> tuple[dict[str, str], str, bytes]:
+    """Run a scenario through a recording proxy; its output, stderr and every byte the proxy saw."""
+    proxy = RecordingProxy((worker.host, worker.port))
+    try:
+        out, err = run_client(
+            scenario, client_env(shim_dir, worker, GPUPOOL_WORKER=f"127.0.0.1:{proxy.port}", **env)
+        )
+    finally:
+        proxy.close()
+    return out, err, bytes(proxy.to_worker) + bytes(proxy.to_client)
+
+
+@needs_cc
+def test_an_encrypted_run_shows_the_network_neither_the_secret_nor_the_data(shim_dir, worker):
+    """What the shim does whenever the worker is on another host, forced here on loopback."""
+    out, _, seen = recorded_run(shim_dir, worker, "copies", GPUPOOL_DATA_ENCRYPTION="always")
+    assert out["htod_dtoh"] == "True" and out["generic"] == "True"
+    assert len(seen) > 20 << 20  # the run's 10 MiB copies went through the proxy, both ways
+    assert worker.secret.encode() not in seen
+    assert KNOWN_PLAINTEXT not in seen
+    assert seen[:1] == b"\x16"  # a TLS record from the first byte
+
+
+@needs_cc
+def test_the_shim_refuses_a_worker_whose_certificate_is_not_the_pinned_one(shim_dir, worker):
+    env = {"GPUPOOL_DATA_ENCRYPTION": "always", "GPUPOOL_WORKER_TLS_SHA256": "00" * 32}
+    out, err = run_client("no_lease", client_env(shim_dir, worker, **env))
+    assert out == {"init": "800", "count": "800"}
+    assert "its TLS certificate is not the one the pool server gave for this lease" in err
+
+
+@needs_cc
+def test_a_worker_that_offers_no_encryption_is_refused_when_encryption_is_needed(shim_dir, worker):
+    env = {"GPUPOOL_DATA_ENCRYPTION": "always", "GPUPOOL_WORKER_TLS_SHA256": ""}
+    out, err = run_client("no_lease", client_env(shim_dir, worker, **env))
+    assert out == {"init": "800", "count": "800"}
+    assert "offers no encryption" in err
+
+
+def test_only_addresses_on_this_host_count_as_loopback():
+    from virtualize._data_tls import is_loopback
+
+    assert all(map(is_loopback, ["127.0.0.1", "127.3.4.5", "::1", "::ffff:127.0.0.1", "localhost"]))
+    assert not any(map(is_loopback, ["10.0.0.1", "192.168.1.2", "::ffff:10.0.0.1", "fe80::1", "gpu1"]))
 
 
 @needs_cc

@@ -109,7 +109,7 @@ def remote_env(
     """Environment variables that make a child process's CUDA calls run on the lease's worker.
 
     `lease_answer` is the pool server's answer for a lease created with remote=true; its "worker"
-    holds host, port and secret. `library` overrides the installed shim (e.g. from `compile_shim`).
+    holds host, port, secret and the fingerprint of the worker's certificate. `library` overrides the installed shim (e.g. from `compile_shim`).
     """
     worker = lease_answer.get("worker")
     if not worker:
@@ -126,6 +126,8 @@ def remote_env(
         # numba-cuda's ctypes binding opens the driver by path when told to.
         "NUMBA_CUDA_DRIVER": str(directory / "libcuda.so.1"),
     }
+    if worker.get("tls_sha256"):
+        env[_wire.ENV_TLS] = str(worker["tls_sha256"])
     lease_id = lease_answer.get("id") or lease_answer.get("lease_id")
     if lease_id:
         env[_wire.ENV_LEASE] = str(lease_id)

@@ -22,6 +22,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import struct
 import sys
 import threading
@@ -29,13 +30,14 @@ import time
 from pathlib import Path
 
 from server.workers import ACTIVITY_FILE, EXECUTOR_ENV, SECRET_ENV, WORKER_MODULE, WorkerDevice
-from virtualize import _wire
+from virtualize import _data_tls, _wire
 from virtualize._calls import CALL_IDS, INTERNAL
 from virtualize._results import CUresult
 
 log = logging.getLogger("gpupool.worker")
 
 HELLO_TIMEOUT_S = 10.0
+SMALL_REPLY_BYTES = 64 << 10
 PROFILE_ENV = "GPUPOOL_WORKER_PROFILE"  # a directory: each connection's cProfile, sorted by own time
 
 
@@ -115,6 +117,13 @@ class Channel:
 
     def send(self, *parts) -> None:
         views = [memoryview(p).cast("B") for p in parts if len(p)]
+        if isinstance(self.sock, ssl.SSLSocket):  # no sendmsg over TLS: small replies go as one record
+            if sum(map(len, views)) <= SMALL_REPLY_BYTES:
+                self.sock.sendall(b"".join(views))
+            else:
+                for view in views:
+                    self.sock.sendall(view)
+            return
         while views:
             sent = self.sock.sendmsg(views)
             while views and sent >= len(views[0]):
@@ -126,7 +135,13 @@ class Channel:
 
 class Worker:
     def __init__(
-        self, lease_id: str, devices: list[WorkerDevice], executor, state_dir: Path, secret: str
+        self,
+        lease_id: str,
+        devices: list[WorkerDevice],
+        executor,
+        state_dir: Path,
+        secret: str,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         from virtualize._executor_guard import LeaseState
 
@@ -136,6 +151,7 @@ class Worker:
         self.lease = LeaseState([d.mem_limit_bytes for d in devices])
         self.activity = state_dir / ACTIVITY_FILE
         self.secret = secret.encode()
+        self.tls = tls
         self._last_touch = 0.0
         self.in_calls: set[int] = set()  # connections executing a call now (a long sync is use, not idleness)
 
@@ -149,11 +165,15 @@ class Worker:
         from virtualize._executor_guard import Session
 
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        channel = Channel(sock)
         who = f"{peer[0]}:{peer[1]}"
         session = None
         profiler = _start_profile()
         try:
+            secured = self._secure(sock, peer[0], who)
+            if secured is None:
+                return
+            sock = secured
+            channel = Channel(sock)
             if not self._hello(channel, who):
                 return
             session = Session(self.lease, self.executor, channel)
@@ -170,7 +190,7 @@ class Worker:
                 finally:
                     self.in_calls.discard(id(session))
                 self._touch()
-        except (ConnectionClosed, ConnectionError):
+        except (ConnectionClosed, OSError):  # gone, reset, timed out in the hello, or a TLS failure
             log.info("client %s disconnected", who)
         except Exception:
             log.exception("client %s: worker error; closing its connection", who)
@@ -180,6 +200,27 @@ class Worker:
                 session.close()
             if profiler is not None:
                 _write_profile(profiler, who)
+
+    def _secure(self, sock: socket.socket, host: str, who: str):
+        """The connection to read frames from: TLS when the client opens with it (it must, from another
+        host), plaintext from this host. None: refused (and closed by the caller)."""
+        sock.settimeout(HELLO_TIMEOUT_S)
+        try:
+            first = sock.recv(1, socket.MSG_PEEK)
+        except OSError:
+            return None  # nothing within the hello's time, or gone
+        if first and first[0] == _data_tls.TLS_RECORD_FIRST_BYTE and self.tls is not None:
+            try:
+                return self.tls.wrap_socket(sock, server_side=True)
+            except (ssl.SSLError, OSError) as exc:
+                log.warning("client %s: TLS handshake failed (%s); closing", who, exc)
+                return None
+        if not _data_tls.is_loopback(host):
+            log.warning(
+                "client %s sent plaintext from another host; the data connection must be encrypted", who
+            )
+            return None
+        return sock
 
     def _hello(self, channel: Channel, who: str) -> bool:
         """The handshake of _wire: both ends prove they hold the lease secret; it never crosses the wire."""
@@ -306,15 +347,23 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         ready(error=f"{kind} executor: {exc}")
         return 2
+    try:
+        tls, fingerprint = _data_tls.server_context(Path(args.state_dir), args.lease)
+    except _data_tls.TlsUnavailable as exc:
+        if not _data_tls.is_loopback(args.bind):
+            ready(error=f"cannot encrypt the data connection: {exc}")
+            return 2
+        log.warning("%s: clients on this host only, unencrypted", exc)
+        tls, fingerprint = None, ""
     listener = socket.create_server((args.bind, 0), backlog=64)
     host, port = listener.getsockname()[:2]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if args.parent:
         threading.Thread(target=_watch_parent, args=(args.parent,), daemon=True).start()
     log.info("listening on %s:%d, %d device(s), %s executor", host, port, len(devices), executor.name)
-    ready(host=host, port=port, pid=os.getpid())
+    ready(host=host, port=port, pid=os.getpid(), tls_sha256=fingerprint)
     try:
-        Worker(args.lease, devices, executor, Path(args.state_dir), secret).serve(listener)
+        Worker(args.lease, devices, executor, Path(args.state_dir), secret, tls).serve(listener)
     finally:
         executor.close()
     return 0

@@ -12,6 +12,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <arpa/inet.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -19,6 +20,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -45,6 +47,7 @@ void gp_trace(const char *name) { fprintf(stderr, "gpupool: call %s\n", name); }
 
 static pthread_mutex_t conn_lock = PTHREAD_MUTEX_INITIALIZER;
 static int conn_fd = -1;
+static void *conn_ssl; /* the TLS session when the connection leaves this host (shim_auth.c) */
 static CUresult conn_failure; /* sticky: once set, every call returns it */
 static uint64_t conn_ctx;     /* the context the worker's thread has current */
 static char conn_where[300];
@@ -53,6 +56,7 @@ static void after_fork_in_child(void) {
     /* The child must not share the parent's stream of frames; it opens its own on first use. */
     if (conn_fd >= 0) close(conn_fd);
     conn_fd = -1;
+    conn_ssl = NULL; /* the parent's session: not ours to use or to end */
     conn_ctx = 0;
     pthread_mutex_init(&conn_lock, NULL);
     gp_memo_after_fork_in_child();
@@ -130,6 +134,8 @@ static CUresult fail(CUresult code, const char *fmt, ...) {
     va_end(ap);
     if (!conn_failure) gp_say("%s", line);
     conn_failure = code;
+    gp_tls_free(conn_ssl);
+    conn_ssl = NULL;
     if (conn_fd >= 0) close(conn_fd);
     conn_fd = -1;
     return code;
@@ -142,7 +148,26 @@ static CUresult lost(const char *what) {
                 conn_where, what);
 }
 
+static int send_tls(struct iovec *iov, int n) {
+    /* A frame's small pieces go as one TLS record; large bulk goes as it is. */
+    static unsigned char joined[64 << 10]; /* under conn_lock */
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += iov[i].iov_len;
+    if (total <= sizeof joined) {
+        size_t at = 0;
+        for (int i = 0; i < n; i++) {
+            memcpy(joined + at, iov[i].iov_base, iov[i].iov_len);
+            at += iov[i].iov_len;
+        }
+        return gp_tls_write(conn_ssl, joined, total);
+    }
+    for (int i = 0; i < n; i++)
+        if (gp_tls_write(conn_ssl, iov[i].iov_base, iov[i].iov_len) < 0) return -1;
+    return 0;
+}
+
 static int send_iov(struct iovec *iov, int n) {
+    if (conn_ssl) return send_tls(iov, n);
     while (n > 0) {
         struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
         ssize_t sent = sendmsg(conn_fd, &msg, MSG_NOSIGNAL);
@@ -166,7 +191,8 @@ static int send_iov(struct iovec *iov, int n) {
 static int recv_all(void *buf, uint64_t len) {
     char *p = buf;
     while (len > 0) {
-        ssize_t got = recv(conn_fd, p, len > (1u << 30) ? (1u << 30) : (size_t)len, 0);
+        size_t want = len > (1u << 30) ? (1u << 30) : (size_t)len;
+        ssize_t got = conn_ssl ? gp_tls_read(conn_ssl, p, want) : recv(conn_fd, p, want, 0);
         if (got == 0) {
             errno = ECONNRESET;
             return -1;
@@ -217,6 +243,15 @@ static int recv_reply(int32_t *result, void *outs, uint32_t outs_len, void *bulk
     return 0;
 }
 
+static int is_loopback(const struct sockaddr *addr) {
+    static const unsigned char v6_loopback[16] = {[15] = 1};
+    static const unsigned char v4_mapped[12] = {[10] = 0xff, [11] = 0xff};
+    if (addr->sa_family == AF_INET) return (ntohl(((const struct sockaddr_in *)addr)->sin_addr.s_addr) >> 24) == 127;
+    if (addr->sa_family != AF_INET6) return 0;
+    const unsigned char *a = ((const struct sockaddr_in6 *)addr)->sin6_addr.s6_addr;
+    return memcmp(a, v6_loopback, 16) == 0 || (memcmp(a, v4_mapped, 12) == 0 && a[12] == 127);
+}
+
 static CUresult connect_worker(void) {
     const char *where = getenv(GP_ENV_WORKER);
     const char *secret = getenv(GP_ENV_SECRET);
@@ -245,7 +280,9 @@ static CUresult connect_worker(void) {
     if (rc != 0) return fail(CUDA_ERROR_NO_DEVICE, "cannot resolve the lease's worker %s: %s", where, gai_strerror(rc));
     int fd = -1;
     int err = 0;
+    int loopback = 0;
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        loopback = is_loopback(ai->ai_addr);
         fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
         if (fd < 0) continue;
         /* Connect with a deadline: a firewalled worker must not hang the program. */
@@ -278,6 +315,26 @@ static CUresult connect_worker(void) {
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
     conn_fd = fd;
     conn_ctx = 0;
+    conn_ssl = NULL;
+    /* Encrypted unless the worker is on this host (loopback never leaves it), or always when asked. */
+    const char *pin = getenv(GP_ENV_TLS), *policy = getenv(GP_ENV_ENCRYPT);
+    int encrypt = !loopback || (policy && strcmp(policy, "always") == 0);
+    if (encrypt && !(pin && *pin)) {
+        return fail(CUDA_ERROR_NOT_PERMITTED,
+                    "the lease's worker at %s offers no encryption and the connection would leave this host "
+                    "unencrypted: refused (is the GPU server's gpupool older than this one, or %s not set?)",
+                    conn_where, GP_ENV_TLS);
+    }
+    if (encrypt) {
+        struct timeval limit = {10, 0}, none = {0, 0};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
+        char why[300];
+        conn_ssl = gp_tls_connect(fd, pin, why, sizeof why);
+        if (!conn_ssl) return fail(CUDA_ERROR_NOT_PERMITTED, "the lease's worker at %s refused: %s", conn_where, why);
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none);
+    }
     /* The handshake of virtualize/_wire.py: the secret never crosses the wire. */
     if (!gp_auth_ready()) {
         return fail(CUDA_ERROR_NOT_INITIALIZED,

@@ -42,6 +42,12 @@ int gp_auth_nonce(unsigned char *out, size_t len);
 int gp_auth_proof(const char *secret, const char *label, const unsigned char *first, const unsigned char *second,
                   unsigned char out[GP_PROOF_BYTES]);
 int gp_auth_equal(const unsigned char *a, const unsigned char *b, size_t len);
+/* TLS 1.3 over a connected socket, the peer's certificate pinned by its SHA-256 (hex); NULL and `why` on
+ * failure. Reads return bytes read, 0 at the end, -1 on error; writes 0 or -1. */
+void *gp_tls_connect(int fd, const char *pin_hex, char *why, size_t why_len);
+int gp_tls_write(void *ssl, const void *buf, size_t len);
+long gp_tls_read(void *ssl, void *buf, size_t len);
+void gp_tls_free(void *ssl);
 
 /* The current context of the calling thread (kept in the client; the worker is told on change). */
 uint64_t gp_ctx_current(void);

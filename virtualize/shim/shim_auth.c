@@ -1,15 +1,19 @@
-/* gpupool's libcuda.so.1, part 5: the handshake's cryptography, from the system's OpenSSL.
+/* gpupool's libcuda.so.1, part 5: the data connection's cryptography, from the system's OpenSSL.
  *
  * The shim proves it holds the lease secret with HMAC-SHA256 over both ends' nonces and checks the
  * worker's proof the same way (virtualize/_wire.py). libcrypto is loaded when the first connection is
  * made, not linked: the shim builds without OpenSSL's headers and loads wherever libcrypto 3 or 1.1 is
- * installed (every mainstream Linux distribution, conda, the CUDA containers). */
+ * installed (every mainstream Linux distribution, conda, the CUDA containers). When the connection leaves
+ * this host it runs over TLS 1.3 (libssl), and the worker must show the certificate whose SHA-256 the
+ * pool server gave with the lease. */
 #define _GNU_SOURCE
 #include "shim.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <strings.h>
 #include <sys/random.h>
 
 typedef const void *(*evp_md_fn)(void);
@@ -67,4 +71,146 @@ int gp_auth_proof(const char *secret, const char *label, const unsigned char *fi
 
 int gp_auth_equal(const unsigned char *a, const unsigned char *b, size_t len) {
     return gp_auth_ready() && crypto_memcmp(a, b, len) == 0;
+}
+
+/* ---- TLS 1.3 to a worker whose certificate the lease answer pinned (libssl, loaded at first use) ----- */
+
+typedef const void *(*method_fn)(void);
+typedef void *(*ctx_new_fn)(const void *method);
+typedef long (*ctx_ctrl_fn)(void *ctx, int cmd, long larg, void *parg);
+typedef void *(*ssl_new_fn)(void *ctx);
+typedef int (*ssl_int_fn)(void *ssl);
+typedef int (*ssl_set_fd_fn)(void *ssl, int fd);
+typedef int (*ssl_io_fn)(void *ssl, void *buf, int len);
+typedef int (*ssl_get_error_fn)(const void *ssl, int ret);
+typedef void *(*peer_cert_fn)(const void *ssl);
+typedef int (*x509_digest_fn)(const void *cert, const void *md, unsigned char *out, unsigned int *len);
+typedef void (*free_fn)(void *);
+typedef unsigned long (*err_get_fn)(void);
+typedef void (*err_string_fn)(unsigned long e, char *buf, size_t len);
+
+#define SSL_CTRL_SET_MIN_PROTO_VERSION 123
+#define TLS1_3_VERSION 0x0304
+#define SSL_ERROR_WANT_READ 2
+#define SSL_ERROR_WANT_WRITE 3
+#define SSL_ERROR_ZERO_RETURN 6
+
+static pthread_once_t tls_once = PTHREAD_ONCE_INIT;
+static struct {
+    method_fn client_method;
+    ctx_new_fn ctx_new;
+    ctx_ctrl_fn ctx_ctrl;
+    ssl_new_fn ssl_new;
+    ssl_set_fd_fn set_fd;
+    ssl_int_fn connect;
+    ssl_io_fn read, write;
+    ssl_get_error_fn get_error;
+    peer_cert_fn peer_cert;
+    x509_digest_fn digest;
+    free_fn x509_free, ssl_free;
+    err_get_fn err_get;
+    err_string_fn err_string;
+    void *ctx;
+} tls;
+
+static void load_tls(void) {
+    static const char *const names[] = {"libssl.so.3", "libssl.so.1.1", "libssl.so"};
+    if (!gp_auth_ready()) return;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        void *lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (!lib) continue;
+        tls.client_method = (method_fn)dlsym(lib, "TLS_client_method");
+        tls.ctx_new = (ctx_new_fn)dlsym(lib, "SSL_CTX_new");
+        tls.ctx_ctrl = (ctx_ctrl_fn)dlsym(lib, "SSL_CTX_ctrl");
+        tls.ssl_new = (ssl_new_fn)dlsym(lib, "SSL_new");
+        tls.set_fd = (ssl_set_fd_fn)dlsym(lib, "SSL_set_fd");
+        tls.connect = (ssl_int_fn)dlsym(lib, "SSL_connect");
+        tls.read = (ssl_io_fn)dlsym(lib, "SSL_read");
+        tls.write = (ssl_io_fn)dlsym(lib, "SSL_write");
+        tls.get_error = (ssl_get_error_fn)dlsym(lib, "SSL_get_error");
+        tls.peer_cert = (peer_cert_fn)dlsym(lib, "SSL_get1_peer_certificate"); /* OpenSSL 3 */
+        if (!tls.peer_cert) tls.peer_cert = (peer_cert_fn)dlsym(lib, "SSL_get_peer_certificate"); /* 1.1 */
+        tls.ssl_free = (free_fn)dlsym(lib, "SSL_free");
+        /* libcrypto's, found through libssl's dependencies */
+        tls.digest = (x509_digest_fn)dlsym(lib, "X509_digest");
+        tls.x509_free = (free_fn)dlsym(lib, "X509_free");
+        tls.err_get = (err_get_fn)dlsym(lib, "ERR_get_error");
+        tls.err_string = (err_string_fn)dlsym(lib, "ERR_error_string_n");
+        if (tls.client_method && tls.ctx_new && tls.ctx_ctrl && tls.ssl_new && tls.set_fd && tls.connect && tls.read &&
+            tls.write && tls.get_error && tls.peer_cert && tls.ssl_free && tls.digest && tls.x509_free && tls.err_get &&
+            tls.err_string) {
+            tls.ctx = tls.ctx_new(tls.client_method());
+            /* The peer is checked by its pinned fingerprint below, not by a CA: the default of no
+             * verification during the handshake is what that needs. */
+            if (tls.ctx && tls.ctx_ctrl(tls.ctx, SSL_CTRL_SET_MIN_PROTO_VERSION, TLS1_3_VERSION, NULL) == 1) return;
+        }
+        dlclose(lib);
+    }
+    tls.ctx = NULL;
+}
+
+static void tls_error(char *why, size_t why_len, const char *what) {
+    unsigned long e = tls.err_get ? tls.err_get() : 0;
+    char detail[200] = "";
+    if (e) tls.err_string(e, detail, sizeof detail);
+    snprintf(why, why_len, "%s%s%s", what, e ? ": " : "", detail);
+}
+
+void *gp_tls_connect(int fd, const char *pin_hex, char *why, size_t why_len) {
+    pthread_once(&tls_once, load_tls);
+    if (!tls.ctx) {
+        snprintf(why, why_len, "cannot load the system's OpenSSL (libssl.so.3 or .so.1.1)");
+        return NULL;
+    }
+    void *ssl = tls.ssl_new(tls.ctx);
+    if (!ssl || tls.set_fd(ssl, fd) != 1 || tls.connect(ssl) != 1) {
+        tls_error(why, why_len, "TLS handshake failed");
+        if (ssl) tls.ssl_free(ssl);
+        return NULL;
+    }
+    unsigned char md[32];
+    unsigned int md_len = 0;
+    void *cert = tls.peer_cert(ssl);
+    int ok = cert && tls.digest(cert, evp_sha256(), md, &md_len) == 1 && md_len == sizeof md;
+    if (cert) tls.x509_free(cert);
+    char hex[65];
+    for (unsigned i = 0; ok && i < sizeof md; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    if (!ok || strlen(pin_hex) != 64 || strncasecmp(hex, pin_hex, 64) != 0) {
+        snprintf(why, why_len, "its TLS certificate is not the one the pool server gave for this lease");
+        tls.ssl_free(ssl);
+        return NULL;
+    }
+    return ssl;
+}
+
+int gp_tls_write(void *ssl, const void *buf, size_t len) {
+    const char *p = buf;
+    while (len > 0) {
+        int n = tls.write(ssl, (void *)p, len > (1u << 30) ? (1 << 30) : (int)len);
+        if (n <= 0) {
+            int e = tls.get_error(ssl, n);
+            if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) continue;
+            errno = EPIPE;
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+long gp_tls_read(void *ssl, void *buf, size_t len) {
+    for (;;) {
+        int n = tls.read(ssl, buf, len > (1u << 30) ? (1 << 30) : (int)len);
+        if (n > 0) return n;
+        int e = tls.get_error(ssl, n);
+        if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) continue;
+        if (e == SSL_ERROR_ZERO_RETURN) return 0;
+        if (!errno) errno = ECONNRESET;
+        return -1;
+    }
+}
+
+void gp_tls_free(void *ssl) {
+    if (ssl && tls.ssl_free) tls.ssl_free(ssl);
 }

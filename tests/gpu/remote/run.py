@@ -85,7 +85,7 @@ def base_env(extra_pythonpath: Path) -> dict[str, str]:
 
 
 def lease_env(handle, shim: Path, work: Path, env: dict[str, str]) -> dict[str, str]:
-    answer = {"id": "gpu-test", "worker": {"host": handle.host, "port": handle.port, "secret": handle.secret}}
+    answer = {"id": "gpu-test", "worker": handle.answer()}
     return {**env, **remote_env(answer, cache_root=work / "cache", library=shim)}
 
 
