@@ -67,9 +67,42 @@ def _json(data, status: int = 200) -> web.Response:
     return web.Response(body=json.dumps(data).encode(), status=status, content_type="application/json")
 
 
+def _documented_queries() -> dict[tuple[str, str], frozenset[str]]:
+    """(METHOD, path template) -> the query parameters /openapi.json documents for it."""
+    document = json.loads(resources.files("server").joinpath("openapi.json").read_bytes())
+    return {
+        (method.upper(), path): frozenset(
+            p["name"]
+            for p in [*ops.get("parameters", []), *op.get("parameters", [])]
+            if p.get("in") == "query"
+        )
+        for path, ops in document["paths"].items()
+        for method, op in ops.items()
+        if isinstance(op, dict)
+    }
+
+
+QUERIES = _documented_queries()
+
+
+def _check_query(request: web.Request) -> None:
+    """A query parameter the route does not take is refused, not ignored (?al=true is a typo)."""
+    if not request.query:
+        return
+    route = request.match_info.route.resource
+    allowed = QUERIES.get((request.method, route.canonical)) if route is not None else None
+    unknown = sorted(set(request.query) - (allowed or frozenset()))
+    if allowed is not None and unknown:
+        raise BadRequest(
+            f"unknown query parameter {unknown[0]!r} for {request.method} {route.canonical}",
+            f"it takes: {', '.join(sorted(allowed)) or 'none'} (see /openapi.json)",
+        )
+
+
 @web.middleware
 async def errors(request: web.Request, handler):
     try:
+        _check_query(request)
         return await handler(request)
     except PoolError as exc:
         return _json(exc.body(), exc.status)
@@ -82,7 +115,10 @@ async def errors(request: web.Request, handler):
         }
         text = msg.get(exc.status, exc.reason)
         code = {404: "not_found", 413: "bad_request"}.get(exc.status, "bad_request")
-        return _json({"error": text, "code": code, "hint": "see /openapi.json"}, exc.status)
+        response = _json({"error": text, "code": code, "hint": "see /openapi.json"}, exc.status)
+        if "Allow" in exc.headers:  # a 405 names the methods the path takes (RFC 9110)
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
     except Exception as exc:
         log.exception("internal error on %s %s", request.method, request.path)
         return _json(

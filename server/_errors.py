@@ -9,7 +9,8 @@ PoolError                  every refusal the API answers with (never a traceback
 ├── Busy             409   fits this server, but not now: the client backs off and retries
 ├── LeaseEnded       410   heartbeat on a released, expired or reclaimed lease (carries the reason)
 ├── Impossible       422   can never fit this server (more GPUs than it has, filters leave too few)
-└── RemoteUnavailable 503  remote execution cannot start on this server
+│   └── RemoteNotOffered 422  a remote lease from a server whose GPUs are simulated
+└── RemoteUnavailable 503  remote execution cannot start on this server (its worker did not start)
 """
 
 from __future__ import annotations
@@ -71,3 +72,9 @@ class Impossible(PoolError):
 
 class RemoteUnavailable(PoolError):
     status, code = 503, "remote_unavailable"
+
+
+class RemoteNotOffered(RemoteUnavailable):
+    """Never possible on this server (simulated GPUs): 422 like Impossible, so no client retries it."""
+
+    status = 422

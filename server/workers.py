@@ -41,7 +41,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from server._errors import RemoteUnavailable
+from server._errors import RemoteNotOffered, RemoteUnavailable
 from server._inventory import MIB
 
 log = logging.getLogger("gpupool.server")
@@ -213,7 +213,7 @@ def worker_env(lease: dict, mps) -> dict[str, str]:
 def remote_refusal(simulated: bool) -> RemoteUnavailable | None:
     """Why this server cannot run remote leases at all, or None."""
     if simulated and os.environ.get(EXECUTOR_ENV) != "host":
-        return RemoteUnavailable(
+        return RemoteNotOffered(
             "remote execution unavailable: this server's GPUs are simulated (control plane only)",
             "use a server with real GPUs, or gpuattach run --local for control-plane tests",
         )

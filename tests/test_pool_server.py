@@ -429,7 +429,7 @@ def test_remote_lease_on_simulated_gpus_is_refused_clearly(pool):
     a, _ = pool
     tok = a.token("remote")
     status, ans = api(a.url, "POST", "/v1/leases", tok, lease_req(1, 0.5, remote=True))
-    assert status == 503 and ans["code"] == "remote_unavailable" and "simulated" in ans["error"]
+    assert status == 422 and ans["code"] == "remote_unavailable" and "simulated" in ans["error"]
     _, fit = api(a.url, "POST", "/v1/fit", tok, lease_req(1, 0.5, remote=True))
     assert fit["fits_now"] is False and fit["code"] == "remote_unavailable"
     assert api(a.url, "GET", "/v1/leases", tok)[1]["leases"] == []
@@ -547,3 +547,12 @@ def test_client_cli_changes_policy_of_a_running_server(pool):
         timeout=30,
     )
     assert any(line.split()[:2] == ["cli-limited", "0.5"] for line in listing.stdout.splitlines())
+
+
+def test_a_query_parameter_the_route_does_not_take_is_refused_not_ignored(pool):
+    a, _ = pool
+    tok = a.token("typo")
+    status, ans = api(a.url, "GET", "/v1/leases?al=true", tok)
+    assert status == 400 and ans["error"] == "unknown query parameter 'al' for GET /v1/leases"
+    assert "all" in ans["hint"]
+    assert api(a.url, "GET", "/v1/leases?all=false", tok)[0] == 200

@@ -283,3 +283,30 @@ def test_the_worker_survives_any_frames_after_the_handshake(fuzzed_worker, frame
         sock.sendall(frame(count))
         result, outs, _ = reply(sock)
         assert (result, outs) == (0, struct.pack("<i", 1))
+
+
+def test_kernel_parameters_shorter_than_the_functions_layout_are_refused(worker):
+    def call(name: str, *ins, bulk: bytes = b"", symbol: str | None = None):
+        c = next(c for c in CALLS if c.name == name and (symbol is None or c.symbol == symbol))
+        sock.sendall(frame(c, c.in_struct.pack(*ins) if c.ins else b"", bulk, flags=_wire.FLAG_WANTS_REPLY))
+        result, outs, _ = reply(sock)
+        return result, (c.out_struct.unpack(outs) if outs else ())
+
+    with connect(worker) as sock:
+        assert handshake(sock, worker.secret.encode()) == 0
+        assert call("cuInit", 0)[0] == 0
+        result, (ctx,) = call("cuDevicePrimaryCtxRetain", 0)
+        sock.sendall(frame(INTERNAL["gpSetContext"], struct.pack("<Q", ctx), flags=0))
+        ptx = b".visible .entry k(.param .u64 out, .param .u32 n)\n{ ret; }\n"  # 12 bytes of parameters
+        _, (module,) = call("cuModuleLoadData", bulk=ptx)
+        result, (func,) = call("cuModuleGetFunction", module, bulk=b"k\0")
+        assert result == 0
+        launch = next(c for c in CALLS if c.name == "cuLaunchKernelEx")
+        for params, expected in (
+            (struct.pack("<QI", 0, 1), 0),
+            (struct.pack("<Q", 0), CUresult.INVALID_VALUE),
+        ):
+            sock.sendall(
+                frame(launch, launch.in_struct.pack(func, 1, 1, 1, 1, 1, 1, 0, 0, 0), params, flags=0)
+            )
+            assert call("cuCtxSynchronize", symbol="cuCtxSynchronize")[0] == expected

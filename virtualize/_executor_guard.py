@@ -482,6 +482,8 @@ class Session:
         if split < 0:
             raise CudaError(INVALID_VALUE, "launch attributes")
         params, raw = bulk[:split], bulk[split:]
+        if len(params) < max((offset + size for offset, size in layout), default=0):
+            raise CudaError(INVALID_VALUE, "kernel parameters shorter than the function's parameter layout")
         attributes = tuple(self._attributes(raw))
         self.executor.launch(
             Launch(func, (gx, gy, gz), (bx, by, bz), smem, stream, params, layout, attributes)
