@@ -54,7 +54,7 @@ def headline(s: A.FleetSummary) -> list[tuple[str, str, str]]:
         (
             "GPU-hours observed",
             hours(s.gpu_hours),
-            f"samples x tick (median tick {s.tick_s_median:g} s); gaps in collection are not counted",
+            f"samples x tick (median tick {s.tick_s_median:.3g} s); gaps in collection are not counted",
         ),
         (
             "utilization.gpu mean",

@@ -12,9 +12,10 @@ from datetime import UTC, datetime, timedelta
 import streamlit as st
 
 import analytics as A
+from reports import DIRS_ENV
 from reports import _present as P
 
-DIRS_ENV = "GPUPOOL_REPORT_DIRS"
+__all__ = ["DIRS_ENV", "main"]
 CACHE_TTL_S = 60  # telemetry grows while the collector runs: recompute at most once a minute
 DEFAULT_WINDOW = timedelta(days=7)
 
