@@ -266,3 +266,60 @@ def test_plural_helper():
     ]
     assert plural(1, "process") == "1 process" and plural(3, "process") == "3 processes"
     assert plural(2.5, "GPU") == "2.5 GPUs"
+
+
+# --- the report: the answer first, readable names, capped tables ----------------------------------------
+@pytest.fixture(scope="module")
+def audit_html(tmp_path_factory):
+    """What scripts/audit.sh builds on a machine without GPUs: a simulated fleet with a backfill."""
+    base = tmp_path_factory.mktemp("audit")
+    out = cli(
+        "gpustat-collect",
+        "--out",
+        str(base / "t"),
+        "--simulate",
+        "8",
+        "--duration",
+        "1",
+        "--backfill",
+        "2d",
+        "-q",
+    )
+    assert out.returncode == 0, out.stderr
+    out = cli("gpustat-report", "build", str(base / "t"), "-o", str(base / "audit.html"))
+    assert out.returncode == 0, out.stderr
+    return (base / "audit.html").read_text()
+
+
+def _text(page: str) -> str:
+    import re
+
+    page = re.sub(r"<script.*?</script>", "", page, flags=re.S)
+    return re.sub(r"<[^>]+>", " ", page)
+
+
+def test_report_summary_is_the_answer(audit_html):
+    import re
+
+    summary = audit_html[audit_html.index("<div class='answer'>") :]
+    summary = summary[: summary.index("</div>\n")]
+    for label in ("How busy the GPUs really are", "Held but idle", "A pool would need", "and save"):
+        assert label in summary
+    assert re.search(r"\d+ of 8 GPUs", summary) and " USD" in summary
+    # the answer comes before any table and before the first chart
+    assert audit_html.index("A pool would need") < audit_html.index("<table")
+    assert audit_html.index("A pool would need") < audit_html.index("Plotly.newPlot")
+
+
+def test_report_names_are_readable_and_tables_capped(audit_html):
+    import re
+
+    shown = _text(re.sub(r"<details>.*?</details>", "", audit_html, flags=re.S))
+    assert "python3 train.py" in shown and "python3 train.p " not in shown
+    assert not re.search(r"\b[0-9a-f]{32,}\b", shown)  # container ids as docker ps shows them (12 hex)
+    assert re.search(r"\b[0-9a-f]{12}\b", shown)
+    assert "show all" in audit_html and "download attribution-container.csv" in audit_html
+    assert "wait p95 / max" not in audit_html
+    assert "how long those waited" in audit_html
+    assert "None" not in shown and "nan" not in shown.split()
+    assert "median tick 10 s" in audit_html
