@@ -427,7 +427,9 @@ def fig_need(w: A.WhatIf) -> go.Figure:
         line_shape="hv",
         line_color=UTIL_COLOR,
     )
-    fig.add_hline(y=w.observed_gpus, line_dash="dot", annotation_text=f"observed: {w.observed_gpus} GPUs")
+    fig.add_hline(
+        y=w.observed_gpus, line_dash="dot", annotation_text=f"observed: {plural(w.observed_gpus, 'GPU')}"
+    )
     fig.add_hline(y=w.gpus_needed_p95, line_dash="dash", line_color=SM_COLOR, annotation_text="p95 need")
     fig.update_yaxes(title="GPUs", rangemode="tozero")
     return _layout(fig, "What-if: GPUs a pool would need over time", w.simulated)
