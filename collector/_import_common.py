@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from collector._errors import InputError
+from collector.words import plural
 
 
 @dataclass
@@ -23,11 +24,11 @@ class ImportReport:
             self.first_malformed = f"{where}: {why}"
 
     def summary(self) -> str:
-        text = f"imported {self.rows} rows from {self.files} file(s)"
+        text = f"imported {plural(self.rows, 'row')} from {plural(self.files, 'file')}"
         if self.hosts:
             text += f" (host {', '.join(sorted(self.hosts))})"
         if self.malformed:
-            text += f", {self.malformed} malformed lines skipped (first: {self.first_malformed})"
+            text += f", {plural(self.malformed, 'malformed line')} skipped (first: {self.first_malformed})"
         else:
             text += ", no malformed lines"
         if self.ignored_columns:

@@ -54,7 +54,7 @@ class ProcessInfo:
         uid = uid_from_status(status) if status else None
         cgroup = _read(base / "cgroup")
         info = (
-            name.strip() if name else None,
+            command_name(_read(base / "cmdline"), name),
             _user_name(uid) if uid is not None else None,
             container_id_from_cgroup(cgroup) if cgroup else None,
         )
@@ -66,6 +66,28 @@ class ProcessInfo:
         for pid in list(self._cache):
             if pid not in live_pids:
                 del self._cache[pid]
+
+
+NAME_MAX = 60
+
+
+def command_name(cmdline: str | None, comm: str | None) -> str | None:
+    """The name a person recognises: the program and what it runs ("python3 train.py", "python3 -m
+    vllm.entrypoints"), from /proc/PID/cmdline; /proc/PID/comm (cut at 15 characters) when that is empty."""
+    args = [a for a in (cmdline or "").split("\0") if a]
+    if not args:
+        return comm.strip() or None if comm else None
+    words = [args[0].rsplit("/", 1)[-1]]
+    rest = iter(args[1:])
+    for a in rest:
+        if a == "-m":  # python -m module: the module is the name
+            words += ["-m", next(rest, "")]
+            break
+        if not a.startswith("-"):
+            words.append(a.rsplit("/", 1)[-1])
+            break
+    name = " ".join(w for w in words if w)
+    return name if len(name) <= NAME_MAX else name[: NAME_MAX - 1] + "…"
 
 
 def _read(path: Path) -> str | None:

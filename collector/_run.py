@@ -11,6 +11,7 @@ from typing import TextIO
 
 from collector._prometheus import LiveState
 from collector._source import Source
+from collector.words import plural
 from collector.writer import TelemetryWriter
 
 
@@ -46,7 +47,7 @@ class Status:
 
     def line(self, gpus: int, writer: TelemetryWriter, ticks: int) -> str:
         return (
-            f"gpustat-collect{self.label}: {gpus} GPUs · {ticks} ticks · {writer.rows_written} samples written "
+            f"gpustat-collect{self.label}: {plural(gpus, 'GPU')} · {plural(ticks, 'tick')} · {plural(writer.rows_written, 'sample')} written "
             f"· {writer.buffered_rows} buffered · last flush {_ago(writer.last_flush)}"
         )
 

@@ -256,7 +256,7 @@ class SimulatedFleet:
             "interactive": "python3 -m ipykernel",
             "inference": "tritonserver",
             "idle_held": "python3",
-        }.get(self.personas[gpu], "python3")[:15]
+        }.get(self.personas[gpu], "python3")
 
     def container_id(self, gpu: int, job_key: int) -> str | None:
         # Training jobs and model servers run in containers; notebooks and leftovers do not.

@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 from collector import durations
+from collector.words import plural
 
 PROG = "gpustat-collect"
 
@@ -187,7 +188,7 @@ def _open_source(args):
                 raise
             n = args.fallback_simulate
             _banner(
-                f"notice: {exc.title}; --fallback-simulate: collecting a SIMULATED fleet of {n} GPUs instead"
+                f"notice: {exc.title}; --fallback-simulate: collecting a SIMULATED fleet of {plural(n, 'GPU')} instead"
             )
         else:
             if args.backfill:
@@ -257,7 +258,9 @@ def _collect(args, stop: threading.Event) -> int:
         gpus = source.inventory()
         if not args.quiet:
             names = ", ".join(sorted({g.name for g in gpus})) or "none"
-            _banner(f"{PROG}: {len(gpus)} GPUs ({names}) via {source.kind} -> {args.out} (host={args.host})")
+            _banner(
+                f"{PROG}: {plural(len(gpus), 'GPU')} ({names}) via {source.kind} -> {args.out} (host={args.host})"
+            )
         if args.prometheus is not None:
             server = serve(state, args.prometheus, args.prometheus_addr)
             if not args.quiet:
@@ -286,20 +289,57 @@ def _collect(args, stop: threading.Event) -> int:
     if not args.quiet:
         ticks = stats.ticks if stats else 0
         _banner(
-            f"{PROG}: stopped after {ticks} ticks; {writer.rows_written} rows in {writer.segments_written} segments under {args.out}"
+            f"{PROG}: stopped after {plural(ticks, 'tick')}; {plural(writer.rows_written, 'row')} in {plural(writer.segments_written, 'segment')} under {args.out}"
         )
     return 0
 
 
-def _backfill(fleet, writer, args, stop: threading.Event) -> list[float]:
+def _newest_sample(root: Path, host: str, since: dt.datetime) -> dt.datetime | None:
+    """The newest gpu_samples timestamp of ``host`` under ``root`` from ``since`` on, or None."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    newest = None
+    for day in sorted((root / "gpu_samples").glob("date=*"), reverse=True):
+        if day.name[5:] < since.date().isoformat():
+            break
+        for seg in (day / f"host={host}").glob("*.parquet"):
+            try:
+                ts = pc.max(pq.read_table(seg, columns=["ts"]).column("ts")).as_py()
+            except Exception:  # a damaged segment: the readers skip it too
+                continue
+            if ts is not None:
+                ts = ts if ts.tzinfo else ts.replace(tzinfo=dt.UTC)
+                newest = ts if newest is None else max(newest, ts)
+        if newest is not None:
+            return newest
+    return newest
+
+
+def _backfill(fleet, writer, args, stop: threading.Event) -> list[float] | None:
     from collector._simulated_source import backfill
 
     end = dt.datetime.now(dt.UTC)
     start = end - dt.timedelta(seconds=args.backfill)
-    days = args.backfill / 86400
+    # Running the same command again must not write the history twice: start after what is there.
+    newest = _newest_sample(Path(args.out), args.host, start)
+    if newest is not None:
+        resume = newest + dt.timedelta(seconds=args.backfill_step)
+        if resume >= end - dt.timedelta(seconds=args.backfill_step):
+            if not args.quiet:
+                _banner(
+                    f"{PROG}: {args.out} already holds samples of {args.host} up to {newest:%Y-%m-%d %H:%M} UTC; no backfill needed"
+                )
+            return None
+        if not args.quiet:
+            _banner(
+                f"{PROG}: {args.out} already holds samples of {args.host} up to {newest:%Y-%m-%d %H:%M} UTC; backfilling only after them"
+            )
+        start = max(start, resume)
+    days = (end - start).total_seconds() / 86400
     if not args.quiet:
         _banner(
-            f"{PROG}: backfilling {days:.1f} days of SIMULATED history ({fleet.n} GPUs, one sample per {args.backfill_step:g} s)"
+            f"{PROG}: backfilling {days:.1f} days of SIMULATED history ({plural(fleet.n, 'GPU')}, one sample per {args.backfill_step:g} s)"
         )
 
     def progress(upto: dt.datetime) -> None:
@@ -411,7 +451,9 @@ def cmd_compact(argv: list[str]) -> int:
 
     def progress(folder: Path, n_in: int, rows: int) -> None:
         if not args.quiet:
-            print(f"compacted {folder.relative_to(args.dir)}: {n_in} segments -> 1 ({rows} rows)")
+            print(
+                f"compacted {folder.relative_to(args.dir)}: {plural(n_in, 'segment')} -> 1 ({plural(rows, 'row')})"
+            )
 
     try:
         result = compact(args.dir, date=args.date, before=dt.datetime.now(dt.UTC).date(), progress=progress)
@@ -424,7 +466,7 @@ def cmd_compact(argv: list[str]) -> int:
     for why in result.skipped:
         print(f"skipped {why}", file=sys.stderr)
     print(
-        f"compacted {result.folders} partitions: {result.segments_in} segments -> {result.segments_out} ({result.rows} rows){extra}"
+        f"compacted {plural(result.folders, 'partition')}: {plural(result.segments_in, 'segment')} -> {result.segments_out} ({plural(result.rows, 'row')}){extra}"
     )
     return 0
 

@@ -6,6 +6,7 @@ are plain HTML: the file opens with no network, from a mail attachment or a USB 
 
 from __future__ import annotations
 
+import base64
 import html
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -45,6 +46,11 @@ th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: right; }
 th { background: #f5f5f5; }
 td:first-child, th:first-child { text-align: left; }
 .muted { color: #666; font-size: 0.85em; }
+.answer { background: #f3f8fd; border: 1px solid #b6d4f0; border-radius: 8px; padding: 12px 16px; margin-top: 16px; }
+.answer h2 { margin-top: 4px; border: none; }
+.answer .value { font-size: 1.8em; }
+details { margin: 4px 0 12px; }
+summary { cursor: pointer; color: #1f5fa8; }
 """
 
 
@@ -55,6 +61,35 @@ def _section(title: str, simulated: bool) -> str:
 
 def _fig(fig) -> str:
     return pio.to_html(fig, full_html=False, include_plotlyjs=False, config={"displaylogo": False})
+
+
+def _cards(cards: list[tuple[str, str, str]]) -> str:
+    return (
+        "<div class='cards'>"
+        + "".join(
+            f"<div class='card'><div class='label'>{html.escape(label)}</div><div class='value'>{html.escape(value)}"
+            f"</div><div class='help'>{html.escape(help_text)}</div></div>"
+            for label, value, help_text in cards
+        )
+        + "</div>"
+    )
+
+
+def _table(df, name: str, csv=None) -> str:
+    """A table capped at ``P.TABLE_ROWS`` rows; the rest one click away, and all of it as a CSV download
+    (``csv``: the frame to download, default ``df``; numbers unformatted, ids in full)."""
+    shown = P.display(df).to_html(index=False, escape=True)
+    if len(df) <= P.TABLE_ROWS:
+        out = shown
+    else:
+        out = P.display(df.head(P.TABLE_ROWS)).to_html(index=False, escape=True) + (
+            f"<details><summary>show all {len(df):,} rows</summary>{shown}</details>"
+        )
+    data = base64.b64encode((df if csv is None else csv).to_csv(index=False).encode()).decode()
+    return out + (
+        f"<p class='muted'><a download='{html.escape(name)}.csv' href='data:text/csv;base64,{data}'>"
+        f"download {html.escape(name)}.csv</a></p>"
+    )
 
 
 def _kv_table(rows: list[tuple[str, str]]) -> str:
@@ -85,6 +120,7 @@ def build_html(dirs: list[str], opts: BuildOptions | None = None, progress=lambd
         whatif: A.WhatIf | A.TelemetryError = A.what_if(con, opts.scope, opts.pool)
     except A.TelemetryError as exc:
         whatif = exc
+    by_user = next((a for a in attributions if not isinstance(a, Exception) and a.by == "user"), None)
 
     parts: list[str] = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
@@ -102,32 +138,21 @@ def build_html(dirs: list[str], opts: BuildOptions | None = None, progress=lambd
             "come from gpupool's simulated fleet, not real GPUs. Do not draw conclusions about your hardware "
             "from them.</div>"
         )
-    parts.append(_section("Summary", sim))
-    cards = "".join(
-        f"<div class='card'><div class='label'>{html.escape(label)}</div><div class='value'>{html.escape(value)}"
-        f"</div><div class='help'>{html.escape(help_text)}</div></div>"
-        for label, value, help_text in P.headline(s)
-    )
-    parts.append(f"<div class='cards'>{cards}</div><ul>")
-    parts += [f"<li>{html.escape(line)}</li>" for line in P.findings(s)]
-    parts.append("</ul>")
+    holders = by_user if by_user is not None else A.TelemetryError("no process rows", "")
+    parts += [
+        "<div class='answer'>",
+        _section("Summary", sim),
+        _cards(P.answer(s, holders, whatif)),
+        "<ul>",
+        *[f"<li>{html.escape(line)}</li>" for line in P.findings(s)],
+        "</ul><p class='muted'>Sections below: "
+        "<a href='#what-if'>what-if pool</a> · <a href='#who-holds-the-gpus'>who holds the GPUs</a> · "
+        "<a href='#utilization-over-time'>over time</a> · <a href='#per-gpu'>per GPU</a></p></div>",
+        "<h3>The fleet in numbers</h3>",
+        _cards(P.headline(s)),
+    ]
 
-    parts += [_section("Utilization over time", sim), _fig(P.fig_timeline(timeline))]
-    parts.append(_section("When: hour of week", sim))
-    for g in grids[:16]:
-        parts.append(_fig(P.fig_heatmap(g, "util")))
-        if any(v is not None for row in g.sm for v in row):
-            parts.append(_fig(P.fig_heatmap(g, "sm")))
-    parts += ["<h3>Busiest and idlest hours</h3>", P.periods_table(per).to_html(index=False, na_rep="n/a")]
-    parts += [_section("Distribution", sim), _fig(P.fig_distribution(s))]
-
-    parts.append(_section("Who holds the GPUs", sim))
-    for a in attributions:
-        if isinstance(a, A.TelemetryError):
-            parts.append(f"<p class='muted'>{html.escape(a.title)}. {html.escape(a.hint)}</p>")
-            break
-        parts += [_fig(P.fig_attribution(a)), P.attribution_table(a).to_html(index=False, na_rep="n/a")]
-
+    # The answer's details first (what a pool would need, who holds the GPUs), then the when and how.
     parts.append(_section("What-if: a pool of fractional GPUs", sim))
     if isinstance(whatif, A.TelemetryError):
         parts.append(f"<p class='muted'>{html.escape(whatif.title)}. {html.escape(whatif.hint)}</p>")
@@ -139,14 +164,34 @@ def build_html(dirs: list[str], opts: BuildOptions | None = None, progress=lambd
             *[f"<li>{html.escape(x)}</li>" for x in whatif.assumptions],
             "</ul>",
         ]
+
+    parts.append(_section("Who holds the GPUs", sim))
+    for a in attributions:
+        if isinstance(a, A.TelemetryError):
+            parts.append(f"<p class='muted'>{html.escape(a.title)}. {html.escape(a.hint)}</p>")
+            break
+        parts += [
+            _fig(P.fig_attribution(a)),
+            _table(P.attribution_table(a), f"attribution-{a.by}", P.attribution_table(a, full_keys=True)),
+        ]
+
+    parts += [_section("Utilization over time", sim), _fig(P.fig_timeline(timeline))]
+    parts.append(_section("When: hour of week", sim))
+    for g in grids[:16]:
+        parts.append(_fig(P.fig_heatmap(g, "util")))
+        if any(v is not None for row in g.sm for v in row):
+            parts.append(_fig(P.fig_heatmap(g, "sm")))
+    parts += ["<h3>Busiest and idlest hours</h3>", _table(P.periods_table(per), "periods")]
+    parts += [_section("Distribution", sim), _fig(P.fig_distribution(s))]
+
     activity = A.pool_activity(con, opts.scope)
     if not activity.empty:  # only once gpupool-server runs and writes its lease events
         parts += [
             _section("Pool activity", activity.simulated),
             f"<p>{html.escape(P.pool_summary(activity))}</p>",
-            P.pool_table(activity).to_html(index=False, na_rep="n/a"),
+            _table(P.pool_table(activity), "pool-clients"),
         ]
-    parts += [_section("Per GPU", sim), P.per_gpu_table(s).to_html(index=False, na_rep="n/a")]
+    parts += [_section("Per GPU", sim), _table(P.per_gpu_table(s), "per-gpu", P.per_gpu_table(s, full=True))]
     parts.append("</body></html>")
     return "\n".join(parts)
 

@@ -6,19 +6,65 @@ are computed here beyond unit conversion; the findings come from ``analytics``.
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import plotly.graph_objects as go
 
 import analytics as A
+from collector.words import plural
 
 SIMULATED_LABEL = "SIMULATED DATA"
 UTIL_COLOR = "#1f77b4"
 SM_COLOR = "#d62728"
 GIB = 1 << 30
+NA = "n/a"
+TABLE_ROWS = 10  # rows a long table shows at first; the rest is one click (or one CSV download) away
+SHORT_ID = 12  # container ids as `docker ps` shows them
+TOP_HOLDERS = 3
 
 
 def pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x * 100:.1f} %"
+    return NA if x is None else f"{x * 100:.1f} %"
+
+
+def wait(seconds: float) -> str:
+    """A wait as a reader says it: 45 s, 12 min, 1.5 h."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def money(x: float, currency: str) -> str:
+    return f"{x:,.2f} {currency}"
+
+
+def short_key(by: str, key: str) -> str:
+    """A readable attribution key: a container's 64-hex id shortened as ``docker ps`` does."""
+    if by == "container" and len(key) > SHORT_ID and all(c in "0123456789abcdef" for c in key):
+        return key[:SHORT_ID]
+    return key
+
+
+def cell(x) -> str:
+    """One table cell, the same way in the app and the HTML: n/a for missing, 1 decimal (2 significant
+    digits under 0.1), thousands separated."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return NA
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return f"{x:,}"
+    if isinstance(x, float):
+        return f"{x:.2g}" if 0 < abs(x) < 0.1 else f"{x:,.1f}"  # as ``hours``: small values keep 2 digits
+    return str(x)
+
+
+def display(df: pd.DataFrame) -> pd.DataFrame:
+    """A table as shown (strings formatted by ``cell``); downloads keep ``df``'s numbers."""
+    return df.astype(object).apply(lambda col: col.map(cell)) if not df.empty else df
 
 
 def hours(x: float) -> str:
@@ -37,7 +83,63 @@ def duration(seconds: float) -> str:
 
 
 def gib(x: float | None) -> str:
-    return "n/a" if x is None else f"{x / GIB:,.1f} GiB"
+    return NA if x is None else f"{x / GIB:,.1f} GiB"
+
+
+def answer(
+    s: A.FleetSummary, holders: A.Attribution | Exception, w: A.WhatIf | Exception
+) -> list[tuple[str, str, str]]:
+    """The answer the audit is for, first on the page: (label, value, help) for how busy the GPUs really
+    are, who holds them idle, and what a pool would need and save."""
+    busy = s.sm_activity_mean if s.sm_activity_mean is not None else s.util_gpu_mean
+    if s.sm_activity_mean is not None:
+        busy_help = (
+            f"SM activity (GPM): share of the SMs doing work. utilization.gpu (any kernel running) "
+            f"reads {pct(s.util_gpu_mean_where_gpm)} on the same samples"
+        )
+    else:
+        busy_help = "utilization.gpu: share of time any kernel ran (no GPM data, so it overstates)"
+    cards = [("How busy the GPUs really are", pct(busy), busy_help)]
+    top = _idle_holders(holders)
+    cards.append(
+        (
+            "Held but idle",
+            f"{hours(s.held_idle_gpu_hours)} · {pct(s.held_idle_share)}",
+            f"idle with memory held, so no one else could use them; most by {top}"
+            if top
+            else "idle with memory held, so no one else could use them",
+        )
+    )
+    if isinstance(w, Exception):
+        reason = getattr(w, "title", str(w))
+        cards.append(("A pool would need", NA, f"no what-if: {reason}"))
+    else:
+        cur = w.options.currency
+        cards.append(
+            (
+                "A pool would need",
+                f"{w.gpus_needed_p95} of {plural(w.observed_gpus, 'GPU')}",
+                f"p95 of the observed demand replayed on 1/{w.options.granularity} partitions "
+                f"({w.options.policy}); {pct(w.waited_share)} of requests would have waited",
+            )
+        )
+        cards.append(
+            (
+                "and save",
+                money(w.cost_saving, cur),
+                f"{plural(w.gpus_saved, 'GPU')} fewer over {hours(w.span_hours)} at "
+                f"{w.options.price_per_gpu_hour:g} {cur}/GPU-h",
+            )
+        )
+    return cards
+
+
+def _idle_holders(holders: A.Attribution | Exception) -> str:
+    if isinstance(holders, Exception):
+        return ""
+    rows = sorted(holders.rows, key=lambda r: r.idle_holding_hours, reverse=True)
+    rows = [r for r in rows[:TOP_HOLDERS] if r.idle_holding_hours > 0]
+    return ", ".join(f"{short_key(holders.by, r.key)} ({hours(r.idle_holding_hours)})" for r in rows)
 
 
 def headline(s: A.FleetSummary) -> list[tuple[str, str, str]]:
@@ -48,13 +150,13 @@ def headline(s: A.FleetSummary) -> list[tuple[str, str, str]]:
     return [
         (
             "GPUs",
-            f"{s.gpus} on {s.hosts} host{'s' if s.hosts != 1 else ''}",
+            f"{s.gpus} on {plural(s.hosts, 'host')}",
             "GPUs with samples in the selection",
         ),
         (
             "GPU-hours observed",
             hours(s.gpu_hours),
-            f"samples x tick (median tick {s.tick_s_median:g} s); gaps in collection are not counted",
+            f"samples x tick (median tick {s.tick_s_median:.3g} s); gaps in collection are not counted",
         ),
         (
             "utilization.gpu mean",
@@ -89,7 +191,7 @@ def headline(s: A.FleetSummary) -> list[tuple[str, str, str]]:
 def findings(s: A.FleetSummary) -> list[str]:
     """A few sentences a reader takes away."""
     out = [
-        f"{s.gpus} GPUs were observed for {hours(s.gpu_hours)} between {s.first_sample:%Y-%m-%d %H:%M} and "
+        f"{plural(s.gpus, 'GPU')} {'was' if s.gpus == 1 else 'were'} observed for {hours(s.gpu_hours)} between {s.first_sample:%Y-%m-%d %H:%M} and "
         f"{s.last_sample:%Y-%m-%d %H:%M} UTC.",
         f"They were idle (utilization.gpu under {pct(s.options.idle_below)}) {pct(s.idle_share)} of the time; "
         f"{hours(s.held_idle_gpu_hours)} of that with memory held, so no one else could use them.",
@@ -102,22 +204,23 @@ def findings(s: A.FleetSummary) -> list[str]:
     return out
 
 
-def per_gpu_table(s: A.FleetSummary) -> pd.DataFrame:
+def per_gpu_table(s: A.FleetSummary, *, full: bool = False) -> pd.DataFrame:
+    """One row per GPU; ``full`` adds the UUID (the CSV download), which no screen has room for."""
     return pd.DataFrame(
         [
             {
                 "host": g.host,
                 "gpu": g.gpu_index,
                 "name": g.gpu_name,
-                "uuid": g.gpu_uuid,
+                **({"uuid": g.gpu_uuid} if full else {}),
                 "tick (s)": round(g.tick_s, 3),
-                "GPU-hours": round(g.gpu_hours, 2),
+                "GPU-hours": round(g.gpu_hours, 3),
                 "util.gpu mean %": _p(g.util_gpu_mean),
                 "SM activity mean %": _p(g.sm_activity_mean),
-                "idle h": round(g.idle_gpu_hours, 2),
-                "held-idle h": round(g.held_idle_gpu_hours, 2),
+                "idle h": round(g.idle_gpu_hours, 3),
+                "held-idle h": round(g.held_idle_gpu_hours, 3),
                 "memory used mean %": _p(g.mem_used_ratio_mean),
-                "memory (GiB)": round(g.mem_total_bytes / GIB, 1),
+                "memory (GiB)": round(g.mem_total_bytes / GIB, 3),
                 "simulated": g.simulated,
             }
             for g in s.per_gpu
@@ -125,18 +228,19 @@ def per_gpu_table(s: A.FleetSummary) -> pd.DataFrame:
     )
 
 
-def attribution_table(a: A.Attribution) -> pd.DataFrame:
+def attribution_table(a: A.Attribution, *, full_keys: bool = False) -> pd.DataFrame:
+    """Most GPU-hours first; container ids shortened (``full_keys`` for the CSV download)."""
     return pd.DataFrame(
         [
             {
-                a.by: r.key,
+                a.by: r.key if full_keys else short_key(a.by, r.key),
                 "processes": r.processes,
                 "GPUs": r.gpus,
-                "GPU-hours held": round(r.gpu_hours, 2),
-                "busy GPU-hours": round(r.busy_gpu_hours, 2),
-                "memory GiB-hours": round(r.memory_gib_hours, 1),
-                "peak memory (GiB)": round(r.mem_peak_bytes / GIB, 1),
-                "idle while holding h": round(r.idle_holding_hours, 2),
+                "GPU-hours held": round(r.gpu_hours, 3),
+                "busy GPU-hours": round(r.busy_gpu_hours, 3),
+                "memory GiB-hours": round(r.memory_gib_hours, 3),
+                "peak memory (GiB)": round(r.mem_peak_bytes / GIB, 3),
+                "idle while holding h": round(r.idle_holding_hours, 3),
                 "idle while holding %": _p(r.idle_holding_share),
             }
             for r in a.rows
@@ -171,16 +275,22 @@ def whatif_rows(w: A.WhatIf) -> list[tuple[str, str]]:
             f"{w.gpus_needed_p95} / {w.gpus_needed_p99} / {w.gpus_needed_peak}",
         ),
         ("if partitions could be repacked (p95)", f"{w.gpus_needed_ideal_p95}"),
-        ("pool replayed", f"{w.pool_gpus} GPUs, 1/{w.options.granularity} partitions, {w.options.policy}"),
+        (
+            "pool replayed",
+            f"{plural(w.pool_gpus, 'GPU')}, 1/{w.options.granularity} partitions, {w.options.policy}",
+        ),
         ("pooled GPUs' busy share", pct(w.pooled_util_mean)),
         ("pool memory allocated", pct(w.pooled_mem_allocated_mean)),
         ("requests that would have waited", f"{w.waited_requests:,} ({pct(w.waited_share)})"),
-        ("wait p95 / max", f"{w.wait_p95_s:,.0f} s / {w.wait_max_s:,.0f} s"),
+        (
+            "how long those waited, p95 / longest",
+            f"{wait(w.wait_p95_s)} / {wait(w.wait_max_s)}" if w.waited_requests else "no request waited",
+        ),
         ("compute oversubscribed", f"{pct(w.oversubscribed_share)} of pool GPU-steps"),
         (
             f"cost over {hours(w.span_hours)} at {w.options.price_per_gpu_hour:g} {cur}/GPU-h",
-            f"{w.cost_observed:,.2f} {cur} observed vs {w.cost_pooled:,.2f} {cur} pooled "
-            f"(saves {w.cost_saving:,.2f} {cur}, {w.gpus_saved} GPUs)",
+            f"{money(w.cost_observed, cur)} observed vs {money(w.cost_pooled, cur)} pooled "
+            f"(saves {money(w.cost_saving, cur)}, {plural(w.gpus_saved, 'GPU')})",
         ),
     ]
 
@@ -188,7 +298,7 @@ def whatif_rows(w: A.WhatIf) -> list[tuple[str, str]]:
 def pool_summary(p: A.PoolActivity) -> str:
     e = p.events
     return (
-        f"{e['grant']:,} leases granted, {e['deny']:,} requests denied; {e['release']:,} released, "
+        f"{plural(e['grant'], 'lease')} granted, {plural(e['deny'], 'request')} denied; {e['release']:,} released, "
         f"{e['expire']:,} expired, {e['reclaim']:,} reclaimed for idleness. Leases held {hours(p.gpu_hours)} "
         f"of GPU (fraction x time), {hours(p.reclaimed_gpu_hours)} of it in leases that idle reclaim ended."
     )
@@ -202,8 +312,8 @@ def pool_table(p: A.PoolActivity) -> pd.DataFrame:
                 "leases": c.leases,
                 "denied requests": c.denials,
                 "reclaimed leases": c.reclaimed,
-                "GPU-hours leased": round(c.gpu_hours, 2),
-                "GPU-hours in reclaimed leases": round(c.reclaimed_gpu_hours, 2),
+                "GPU-hours leased": round(c.gpu_hours, 3),
+                "GPU-hours in reclaimed leases": round(c.reclaimed_gpu_hours, 3),
             }
             for c in p.clients
         ]
@@ -283,7 +393,7 @@ def fig_distribution(s: A.FleetSummary) -> go.Figure:
 
 def fig_attribution(a: A.Attribution, top: int = 15) -> go.Figure:
     rows = a.rows[:top]
-    keys = [r.key for r in rows]
+    keys = [short_key(a.by, r.key) for r in rows]
     fig = go.Figure()
     fig.add_bar(
         y=keys, x=[r.busy_gpu_hours for r in rows], name="busy", orientation="h", marker_color=UTIL_COLOR
@@ -317,7 +427,9 @@ def fig_need(w: A.WhatIf) -> go.Figure:
         line_shape="hv",
         line_color=UTIL_COLOR,
     )
-    fig.add_hline(y=w.observed_gpus, line_dash="dot", annotation_text=f"observed: {w.observed_gpus} GPUs")
+    fig.add_hline(
+        y=w.observed_gpus, line_dash="dot", annotation_text=f"observed: {plural(w.observed_gpus, 'GPU')}"
+    )
     fig.add_hline(y=w.gpus_needed_p95, line_dash="dash", line_color=SM_COLOR, annotation_text="p95 need")
     fig.update_yaxes(title="GPUs", rangemode="tozero")
     return _layout(fig, "What-if: GPUs a pool would need over time", w.simulated)

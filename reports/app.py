@@ -12,9 +12,10 @@ from datetime import UTC, datetime, timedelta
 import streamlit as st
 
 import analytics as A
+from reports import DIRS_ENV
 from reports import _present as P
 
-DIRS_ENV = "GPUPOOL_REPORT_DIRS"
+__all__ = ["DIRS_ENV", "main"]
 CACHE_TTL_S = 60  # telemetry grows while the collector runs: recompute at most once a minute
 DEFAULT_WINDOW = timedelta(days=7)
 
@@ -73,6 +74,24 @@ def download(df, name: str, key: str) -> None:
     st.download_button(f"Download {name} (CSV)", df.to_csv(index=False), f"{name}.csv", "text/csv", key=key)
 
 
+def table(df, name: str, key: str, csv=None) -> None:
+    """A table as the HTML shows it: formatted the same way, capped at ``P.TABLE_ROWS`` rows with the
+    rest one click away, and all of it (numbers unformatted, ids in full) as a CSV download."""
+    if len(df) <= P.TABLE_ROWS:
+        st.dataframe(P.display(df), hide_index=True, width="stretch")
+    else:
+        st.dataframe(P.display(df.head(P.TABLE_ROWS)), hide_index=True, width="stretch")
+        with st.expander(f"show all {len(df):,} rows"):
+            st.dataframe(P.display(df), hide_index=True, width="stretch")
+    download(df if csv is None else csv, name, key)
+
+
+def cards(items, columns: int = 4) -> None:
+    cols = st.columns(columns)
+    for i, (label, value, help_text) in enumerate(items):
+        cols[i % columns].metric(label, value, help=help_text)
+
+
 def filters(ext: A.Extent) -> tuple[A.Scope, A.SummaryOptions, str]:
     sb = st.sidebar
     sb.title("Filters")
@@ -102,6 +121,34 @@ def filters(ext: A.Extent) -> tuple[A.Scope, A.SummaryOptions, str]:
     return scope, A.SummaryOptions(idle_below=idle, held_mem_bytes=int(held * P.GIB)), tz
 
 
+def pool_controls(options: A.SummaryOptions) -> A.PoolOptions:
+    """The what-if's inputs, in the sidebar: the summary at the top answers with the same pool."""
+    sb = st.sidebar
+    sb.divider()
+    sb.subheader("What-if pool")
+    gran = sb.selectbox("Partitions per GPU", A.GRANULARITIES, index=len(A.GRANULARITIES) - 1)
+    policy = sb.selectbox("Packing policy", A.POLICIES, index=A.POLICIES.index("best-fit"))
+    demand = sb.selectbox("Demand from", ["process", "gpu"], help="per-process rows, or whole GPUs' memory")
+    price = sb.number_input("Price per GPU-hour", 0.0, 1000.0, 2.50, 0.25)
+    pool = sb.number_input("Pool size (0: the p95 need)", 0, 10_000, 0)
+    return A.PoolOptions(
+        granularity=gran,
+        policy=policy,
+        demand=demand,
+        price_per_gpu_hour=price,
+        pool_gpus=pool or None,
+        held_mem_bytes=options.held_mem_bytes,
+        idle_below=options.idle_below,
+    )
+
+
+def _or_error(fn, *args):
+    try:
+        return fn(*args)
+    except A.TelemetryError as exc:
+        return exc
+
+
 def main() -> None:
     st.set_page_config(page_title="gpupool audit", layout="wide")
     dirs = _dirs()
@@ -113,6 +160,7 @@ def main() -> None:
         if ext.start is None:
             raise A.TelemetryError("no GPU samples in " + ", ".join(dirs), "is the collector writing there?")
         scope, options, tz = filters(ext)
+        opts = pool_controls(options)
         s = summary(dirs, scope, options)
     except A.TelemetryError as exc:
         st.error(f"{exc.title}. {exc.hint}")
@@ -127,71 +175,20 @@ def main() -> None:
             icon="⚠️",
         )
 
-    section("Summary", s.simulated)
-    cols = st.columns(4)
-    for i, (label, value, help_text) in enumerate(P.headline(s)):
-        cols[i % 4].metric(label, value, help=help_text)
-    for line in P.findings(s):
-        st.markdown(f"- {line}")
-
-    section("Utilization over time", s.simulated)
-    st.plotly_chart(P.fig_timeline(timeline(dirs, scope)))
-
-    section("When: hour of week", s.simulated)
-    c1, c2 = st.columns([1, 1])
-    level = c1.radio("Heatmap per", ["fleet", "host", "gpu"], horizontal=True)
-    metric = c2.radio("Metric", ["utilization.gpu", "SM activity"], horizontal=True)
-    try:
-        grids = heatmaps(dirs, scope, level, tz)
-    except A.TelemetryError as exc:
-        st.error(f"{exc.title}. {exc.hint}")
-        grids = []
-    if len(grids) > 1:
-        pick = st.selectbox("Show", [g.key for g in grids])
-        grids = [g for g in grids if g.key == pick]
-    for g in grids:
-        st.plotly_chart(P.fig_heatmap(g, "util" if metric == "utilization.gpu" else "sm"))
-    per = P.periods_table(periods(dirs, scope))
-    st.subheader("Busiest and idlest hours")
-    st.dataframe(per, hide_index=True)
-    download(per, "periods", "dl-periods")
-
-    section("Distribution", s.simulated)
-    st.plotly_chart(P.fig_distribution(s))
-
-    section("Who holds the GPUs", s.simulated)
-    # One breakdown at a time: each is a pass over the process rows, so only the chosen one is computed.
-    by = st.radio("Per", ["user", "process", "container"], horizontal=True, format_func=lambda b: f"per {b}")
-    try:
-        a = attribution(dirs, scope, by, options)
-    except A.TelemetryError as exc:
-        st.info(f"{exc.title}. {exc.hint}")
-    else:
-        st.plotly_chart(P.fig_attribution(a), key=f"attr-{by}")
-        df = P.attribution_table(a)
-        st.dataframe(df, hide_index=True)
-        download(df, f"attribution-{by}", f"dl-attr-{by}")
+    # The answer first: how busy, who holds them idle, what a pool would need and save.
+    w = _or_error(whatif, dirs, scope, opts)
+    by_user = _or_error(attribution, dirs, scope, "user", options)
+    with st.container(border=True):
+        section("Summary", s.simulated)
+        cards(P.answer(s, by_user, w))
+        for line in P.findings(s):
+            st.markdown(f"- {line}")
+    st.subheader("The fleet in numbers")
+    cards(P.headline(s))
 
     section("What-if: a pool of fractional GPUs", s.simulated)
-    c = st.columns(5)
-    gran = c[0].selectbox("Partitions per GPU", A.GRANULARITIES, index=len(A.GRANULARITIES) - 1)
-    policy = c[1].selectbox("Packing policy", A.POLICIES, index=A.POLICIES.index("best-fit"))
-    demand = c[2].selectbox("Demand from", ["process", "gpu"], help="per-process rows, or whole GPUs' memory")
-    price = c[3].number_input("Price per GPU-hour", 0.0, 1000.0, 2.50, 0.25)
-    pool = c[4].number_input("Pool size (0: the p95 need)", 0, 10_000, 0)
-    opts = A.PoolOptions(
-        granularity=gran,
-        policy=policy,
-        demand=demand,
-        price_per_gpu_hour=price,
-        pool_gpus=pool or None,
-        held_mem_bytes=options.held_mem_bytes,
-        idle_below=options.idle_below,
-    )
-    try:
-        w = whatif(dirs, scope, opts)
-    except A.TelemetryError as exc:
-        st.info(f"{exc.title}. {exc.hint}")
+    if isinstance(w, A.TelemetryError):
+        st.info(f"{w.title}. {w.hint}")
     else:
         m = st.columns(4)
         m[0].metric("GPUs needed (p95 / p99)", f"{w.gpus_needed_p95} / {w.gpus_needed_p99}")
@@ -211,18 +208,53 @@ def main() -> None:
         st.table({"": [k for k, _ in P.whatif_rows(w)], "value": [v for _, v in P.whatif_rows(w)]})
         st.markdown("**Assumptions**\n" + "\n".join(f"- {a}" for a in w.assumptions))
 
+    section("Who holds the GPUs", s.simulated)
+    # One breakdown at a time: each is a pass over the process rows, so only the chosen one is computed.
+    by = st.radio("Per", ["user", "process", "container"], horizontal=True, format_func=lambda b: f"per {b}")
+    try:
+        a = attribution(dirs, scope, by, options)
+    except A.TelemetryError as exc:
+        st.info(f"{exc.title}. {exc.hint}")
+    else:
+        st.plotly_chart(P.fig_attribution(a), key=f"attr-{by}")
+        table(
+            P.attribution_table(a),
+            f"attribution-{by}",
+            f"dl-attr-{by}",
+            P.attribution_table(a, full_keys=True),
+        )
+
+    section("Utilization over time", s.simulated)
+    st.plotly_chart(P.fig_timeline(timeline(dirs, scope)))
+
+    section("When: hour of week", s.simulated)
+    c1, c2 = st.columns([1, 1])
+    level = c1.radio("Heatmap per", ["fleet", "host", "gpu"], horizontal=True)
+    metric = c2.radio("Metric", ["utilization.gpu", "SM activity"], horizontal=True)
+    try:
+        grids = heatmaps(dirs, scope, level, tz)
+    except A.TelemetryError as exc:
+        st.error(f"{exc.title}. {exc.hint}")
+        grids = []
+    if len(grids) > 1:
+        pick = st.selectbox("Show", [g.key for g in grids])
+        grids = [g for g in grids if g.key == pick]
+    for g in grids:
+        st.plotly_chart(P.fig_heatmap(g, "util" if metric == "utilization.gpu" else "sm"))
+    st.subheader("Busiest and idlest hours")
+    table(P.periods_table(periods(dirs, scope)), "periods", "dl-periods")
+
+    section("Distribution", s.simulated)
+    st.plotly_chart(P.fig_distribution(s))
+
     activity = pool_activity(dirs, scope)
     if not activity.empty:  # only once gpupool-server runs and writes its lease events
         section("Pool activity", activity.simulated)
         st.markdown(P.pool_summary(activity))
-        df = P.pool_table(activity)
-        st.dataframe(df, hide_index=True)
-        download(df, "pool-clients", "dl-pool")
+        table(P.pool_table(activity), "pool-clients", "dl-pool")
 
     section("Per GPU", s.simulated)
-    df = P.per_gpu_table(s)
-    st.dataframe(df, hide_index=True)
-    download(df, "per-gpu", "dl-gpus")
+    table(P.per_gpu_table(s), "per-gpu", "dl-gpus", P.per_gpu_table(s, full=True))
 
 
 if __name__ == "__main__":  # streamlit runs the script as __main__; importing it draws nothing

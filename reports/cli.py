@@ -3,19 +3,66 @@
     gpustat-report serve telemetry/ [--port 8501]
     gpustat-report build telemetry/ other-host-telemetry/ -o report.html
 
-Errors a user can cause (a missing or empty directory, a range with no data, mixed schema versions)
-print one line on stderr and exit 2; heavy imports wait until a command runs so ``--help`` is fast.
+Errors a user can cause (a missing or empty directory, a range with no data, mixed schema versions,
+an option out of range, a port in use) print one line on stderr and exit 2, before anything starts;
+heavy imports wait until a command runs so ``--help`` is fast.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
+import socket
+import subprocess
 import sys
+import time
+import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 
+from reports import DIRS_ENV
+
 EXIT_USAGE = 2
+START_TIMEOUT_S = 60.0
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad usage is one line and exit 2, like every other error a user can cause."""
+
+    def error(self, message: str):
+        print(f"gpustat-report: error: {message} (hint: {self.prog} --help)", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USAGE)
+
+
+def _ranged(kind, lo: float | None = None, hi: float | None = None, what: str = ""):
+    """An argparse type: ``kind`` (int or float) within [lo, hi]; the message says the range."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"not {'a whole number' if kind is int else 'a number'}: {text!r}"
+            ) from None
+        if (lo is not None and value < lo) or (hi is not None and value > hi) or value != value:
+            span = f"{lo:g}-{hi:g}" if hi is not None else f"at least {lo:g}"
+            raise argparse.ArgumentTypeError(f"{text} is out of range: {what or 'give'} {span}")
+        return value
+
+    return parse
+
+
+def _tz(text: str) -> str:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(text)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"unknown time zone {text!r} (an IANA name, e.g. Europe/Berlin or UTC)"
+        ) from None
+    return text
 
 
 def _when(text: str) -> datetime:
@@ -30,7 +77,7 @@ def _when(text: str) -> datetime:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="gpustat-report",
         description="How busy are the GPUs really, when, who holds them idle, and what would a pool of "
         "fractional GPUs need? Reads telemetry directories written by gpustat-collect.",
@@ -41,7 +88,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "dirs", nargs="+", metavar="DIR", help="telemetry directories (one per host, or shared)"
     )
-    serve.add_argument("--port", type=int, default=8501, help="port to listen on (default 8501)")
+    serve.add_argument(
+        "--port",
+        type=_ranged(int, 1, 65535, "a port is"),
+        default=8501,
+        help="port to listen on, 1-65535 (default 8501)",
+    )
     serve.add_argument(
         "--address",
         default="127.0.0.1",
@@ -65,12 +117,20 @@ def _parser() -> argparse.ArgumentParser:
         "--hosts", nargs="+", default=[], metavar="HOST", help="only these hosts (default all)"
     )
     build.add_argument(
-        "--idle-below", type=float, default=5.0, help="utilization.gpu %% under which a GPU is idle (5)"
+        "--idle-below",
+        type=_ranged(float, 0, 100, "a percentage is"),
+        default=5.0,
+        help="utilization.gpu %% under which a GPU is idle (5)",
     )
     build.add_argument(
-        "--held-gib", type=float, default=1.0, help="memory in use (GiB) that makes an idle GPU 'held' (1)"
+        "--held-gib",
+        type=_ranged(float, 0),
+        default=1.0,
+        help="memory in use (GiB) that makes an idle GPU 'held' (1)",
     )
-    build.add_argument("--tz", default="UTC", help="time zone of the hour-of-week heatmap, IANA name (UTC)")
+    build.add_argument(
+        "--tz", type=_tz, default="UTC", help="time zone of the hour-of-week heatmap, IANA name (UTC)"
+    )
     build.add_argument(
         "--heatmap",
         choices=["fleet", "host", "gpu"],
@@ -79,7 +139,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     pool = build.add_argument_group("what-if pool")
     pool.add_argument(
-        "--granularity", type=int, default=20, help="partitions per GPU, 1-20 (20: 1/20 of a GPU)"
+        "--granularity",
+        type=_ranged(int, 1, 20, "partitions per GPU go"),
+        default=20,
+        help="partitions per GPU, 1-20 (20: 1/20 of a GPU)",
     )
     pool.add_argument(
         "--policy",
@@ -94,11 +157,14 @@ def _parser() -> argparse.ArgumentParser:
         help="replay each process (needs process rows) or each GPU's memory footprint (process)",
     )
     pool.add_argument(
-        "--price", type=float, default=2.50, help="price per GPU-hour for the cost comparison (2.50)"
+        "--price",
+        type=_ranged(float, 0),
+        default=2.50,
+        help="price per GPU-hour for the cost comparison (2.50)",
     )
     pool.add_argument("--currency", default="USD", help="currency label (USD)")
     pool.add_argument(
-        "--pool-gpus", type=int, help="pool size to replay with waiting (default: the p95 need)"
+        "--pool-gpus", type=_ranged(int, 1), help="pool size to replay with waiting (default: the p95 need)"
     )
     return ap
 
@@ -108,38 +174,78 @@ def _fail(title: str, hint: str = "") -> int:
     return EXIT_USAGE
 
 
+def _check_port(address: str, port: int) -> str | None:
+    """Why ``address:port`` cannot be listened on, or None: checked before anything says "serving"."""
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        return f"cannot listen on {address}: {exc.strerror}"
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the web server itself does
+        try:
+            s.bind(where)
+        except OSError as exc:
+            return f"cannot listen on {address}:{port}: {exc.strerror or exc}"
+    return None
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 def _serve(args) -> int:
     import analytics
 
     analytics.data_extent(analytics.open_telemetry(args.dirs))  # fail here, in one line, not in the browser
-    from reports import app
-
+    why = _check_port(args.address, args.port)
+    if why:
+        return _fail(why, "pick another --port, or stop what listens there")
     env = dict(os.environ)
-    env[app.DIRS_ENV] = os.pathsep.join(str(Path(d).resolve()) for d in args.dirs)
-    cmd = [
-        sys.executable,
-        "-m",
-        "streamlit",
-        "run",
-        app.__file__,
-        "--server.port",
-        str(args.port),
-        "--server.address",
-        args.address,
-        "--server.headless",
-        "true",
-        "--browser.gatherUsageStats",
-        "false",
-        "--client.toolbarMode",
-        "minimal",
-    ]
-    print(
-        f"gpustat-report: serving http://{args.address}:{args.port} (Ctrl-C to stop)",
-        file=sys.stderr,
-        flush=True,
+    env[DIRS_ENV] = os.pathsep.join(str(Path(d).resolve()) for d in args.dirs)
+    app = Path(__file__).with_name("app.py")  # not imported here: Streamlit warns outside its runtime
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(args.port),
+           "--server.address", args.address, "--server.headless", "true", "--browser.gatherUsageStats", "false",
+           "--client.toolbarMode", "minimal", "--logger.level", "warning"]  # fmt: skip
+    # Streamlit's own "you can now view" lines go to /dev/null; its errors and logs stay on stderr.
+    child = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+    stopping = []
+
+    def forward(signum, _frame) -> None:
+        stopping.append(signum)
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, forward)
+    probe = (
+        "127.0.0.1" if args.address in ("0.0.0.0", "") else ("::1" if args.address == "::" else args.address)
     )
-    os.execve(sys.executable, cmd, env)  # the server replaces this process: signals reach it directly
-    return 0  # pragma: no cover
+    host = f"[{probe}]" if ":" in probe else probe
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not _healthy(f"http://{host}:{args.port}/_stcore/health"):
+        if child.poll() is not None or stopping:
+            break
+        if time.monotonic() > deadline:
+            child.terminate()
+            break
+        time.sleep(0.2)
+    else:
+        shown = f"[{args.address}]" if ":" in args.address else args.address
+        print(
+            f"gpustat-report: serving http://{shown}:{args.port} (Ctrl-C to stop)",
+            file=sys.stderr,
+            flush=True,
+        )
+    rc = child.wait()
+    if stopping:
+        return 0
+    if rc != 0:
+        return _fail(f"the report server stopped (status {rc}); its messages are above")
+    return rc
 
 
 def _build(args) -> int:

@@ -9,8 +9,15 @@ duration=60
 out=${GPUPOOL_AUDIT_DIR:-telemetry}
 
 python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[report]'
+quiet() {  # a command's output only when it fails
+  local log
+  log=$(mktemp)
+  if ! "$@" >"$log" 2>&1; then cat "$log" >&2; rm -f "$log"; return 1; fi
+  rm -f "$log"
+}
+echo "installing gpupool's audit tools into .venv ..."
+quiet .venv/bin/python -m pip install -q --upgrade pip
+quiet .venv/bin/python -m pip install -q -e '.[report]'
 # Without NVML, --fallback-simulate writes a week of labelled simulated history first, so the report
 # has days and hours to show; with NVML it samples the real GPUs for the duration.
 .venv/bin/gpustat-collect --out "$out" --duration "$duration" --fallback-simulate 8 --backfill 7d

@@ -100,6 +100,10 @@ def _apply(cfg: ServerConfig, data: dict, path: Path) -> None:
             setattr(cfg, key, str(value))
         elif key == "port":
             cfg.port = int(value)
+            if not 0 <= cfg.port <= 65535:
+                raise BadRequest(
+                    f"config file {path}: server.port {cfg.port} is not 0-65535", "see deploy/server.toml"
+                )
         elif key == "mps":
             cfg.mps = bool(value)
         else:

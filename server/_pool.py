@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 
 from msgspec import UNSET as _UNSET
 
+from collector.words import plural
 from server._config import ServerConfig
 from server._errors import (
     BadRequest,
@@ -305,7 +306,7 @@ class Pool:
         n, total = req.n, len(self.inv.gpus)
         if n > total:
             raise Impossible(
-                f"asks for {n} GPUs; this server ({self.inv.hostname}) has {total}",
+                f"asks for {plural(n, 'GPU')}; this server ({self.inv.hostname}) has {total}",
                 "a request's GPUs all come from one server: ask for fewer, or split the work over several requests",
                 gpu_count=total,
             )
@@ -317,11 +318,11 @@ class Pool:
         matching = [g for g in self.inv.gpus if gpu_matches(g, filters)]
         able = [g for g in matching if self._need(req, g) <= g.mem_total_bytes]
         if len(able) < n:
-            detail = f"{len(matching)} of its {total} GPUs match the filters"
+            detail = f"{len(matching)} of its {plural(total, 'GPU')} match the filters"
             if len(able) < len(matching):
                 detail += f", {len(able)} of them can hold {self._size_text(req)}"
             raise Impossible(
-                f"asks for {n} GPUs; on this server ({self.inv.hostname}) {detail}",
+                f"asks for {plural(n, 'GPU')}; on this server ({self.inv.hostname}) {detail}",
                 "loosen the filters or ask for fewer or smaller partitions",
             )
         free = {g.index: g.mem_total_bytes - used.get(g.index, 0) for g in able}

@@ -13,6 +13,7 @@ import time
 
 from aiohttp import web
 
+from collector.words import plural
 from server._activity import NvmlActivity, SimulatedActivity
 from server._app import ServerState, make_app, reap_loop, stop_worker
 from server._config import ServerConfig
@@ -130,7 +131,7 @@ async def serve(cfg: ServerConfig) -> int:
     label = " [SIMULATED GPUs: control plane only]" if inv.simulated else ""
     shown = cfg.host if cfg.host not in ("", "0.0.0.0", "::") else inv.addr
     print(f"gpupool-server listening on {scheme}://{shown}:{pool.port} (advertised address {inv.addr}) with "
-          f"{len(inv.gpus)} GPUs{label}{' [MPS]' if mps else ''}: {gpus}", flush=True)  # fmt: skip
+          f"{plural(len(inv.gpus), 'GPU')}{label}{' [MPS]' if mps else ''}: {gpus}", flush=True)  # fmt: skip
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

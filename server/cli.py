@@ -16,11 +16,42 @@ import logging
 import sys
 from pathlib import Path
 
+from collector.words import plural
+
 SUBCOMMANDS = ("serve", "token", "client", "cluster")
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad usage is one line on stderr and exit 2, like every other error a user can cause."""
+
+    def error(self, message: str):
+        print(f"gpupool-server: error: {message} (see {self.prog} --help)", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USAGE)
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port}: a port is 0-65535 (0: any free one)")
+    return port
+
+
+def _non_negative(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not x >= 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be 0 or more")
+    return x
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="gpupool-server",
         description="The GPU server of the pool: inventory, leases of GPU partitions, limits, tokens, idle "
         "reclaim, HTTP/JSON API (OpenAPI at /openapi.json). See docs/pool.md.",
@@ -29,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve leases (the default command)")
     s.add_argument("--config", type=Path, help="TOML config file (see deploy/server.toml)")
     s.add_argument("--host", help="address to bind (default 0.0.0.0)")
-    s.add_argument("--port", type=int, help="port to bind, 0 for any free one (default 56001)")
+    s.add_argument("--port", type=_port, help="port to bind, 0 for any free one (default 56001)")
     s.add_argument(
         "--advertise-addr", help="address clients reach this server at (what server.addr filters match)"
     )
@@ -58,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--lease-ttl", metavar="DURATION", help="heartbeat TTL of leases (default 30s)")
     s.add_argument(
         "--default-limit",
-        type=float,
+        type=_non_negative,
         metavar="GPUS",
         help="GPU limit (sum of fractions) of clients without their own",
     )
@@ -81,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--config", type=Path, help="TOML config file (for its state_dir)")
     common.add_argument(
         "--state-dir", type=Path, help="the server's state directory (default /var/lib/gpupool)"
@@ -146,7 +177,26 @@ def _parser() -> argparse.ArgumentParser:
 
 def _fail(title: str, hint: str = "") -> int:
     print(f"gpupool-server: error: {title}" + (f" ({hint})" if hint else ""), file=sys.stderr)
-    return 2
+    return EXIT_USAGE
+
+
+def _existing_state(cfg, *, database: bool) -> None:
+    """token/client commands act on a server's state: a directory that does not exist (a typo) is an
+    error, not a new empty state. ``database``: the server must have run there (it creates pool.sqlite)."""
+    from server._errors import PoolError
+
+    where = cfg.state_dir
+    if not where.is_dir():
+        raise PoolError(
+            f"state directory {where} does not exist",
+            "pass the --state-dir the server runs with (default /var/lib/gpupool); "
+            "gpupool-server creates it when it starts",
+        )
+    if database and not (where / "pool.sqlite").exists():
+        raise PoolError(
+            f"no gpupool-server state in {where} (no pool.sqlite)",
+            "pass the --state-dir the server runs with, or start gpupool-server there once",
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,6 +258,8 @@ def _token(args) -> int:
     from server._store import open_store
 
     cfg = _config(args)
+    if not cfg.cluster:
+        _existing_state(cfg, database=args.token_command in ("list", "revoke"))
     store = _open_cluster(cfg) if cfg.cluster else open_store(cfg.state_dir)
     if args.token_command in ("create", "import"):
         import re
@@ -262,6 +314,7 @@ def _client(args) -> int:
     from server.api import ClientUpdate
 
     cfg = _config(args)
+    _existing_state(cfg, database=args.client_command == "list")
     store = open_store(cfg.state_dir)
     cluster = _open_cluster(cfg) if cfg.cluster else None
     pool = Pool(
@@ -323,7 +376,7 @@ def _cluster(args) -> int:
             names = [g["name"] for g in m["gpus"]]
             gpus = ", ".join(f"{names.count(n)}x {n}" for n in dict.fromkeys(names))
             print(f"{m['name']:<28} {m['url']:<32} {m['hostname']:<20} {gpus}")
-        print(f"({len(members)} servers registered)", file=sys.stderr)
+        print(f"({plural(len(members), 'server')} registered)", file=sys.stderr)
         return 0
     from server._cluster_migrate import migrate
     from server._store import open_store
@@ -336,8 +389,8 @@ def _cluster(args) -> int:
     for line in report["lines"]:
         print(line)
     print(
-        f"migrated {report['tokens']} tokens, {report['clients']} client settings, "
-        f"{report['policy']} policy values and {report['leases']} live leases to {cfg.cluster} "
+        f"migrated {plural(report['tokens'], 'token')}, {plural(report['clients'], 'client setting')}, "
+        f"{plural(report['policy'], 'policy value')} and {plural(report['leases'], 'live lease')} to {cfg.cluster} "
         f"(attached to member {name}: start that server with --cluster within {report['grace_h']:g}h)",
         file=sys.stderr,
     )

@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from collector.words import plural
 from server._backoff import delays
 from server.client_config import ClientConfig, ServerRef, normalize_url
 from server.client_errors import (
@@ -219,7 +220,7 @@ class PoolClient:
             if isinstance(answer, ApiError) and answer.code != "not_found":
                 raise answer
         unreachable = [a for _, a in answers if isinstance(a, Unreachable)]
-        note = f" ({len(unreachable)} server(s) unreachable)" if unreachable else ""
+        note = f" ({plural(len(unreachable), 'server')} unreachable)" if unreachable else ""
         raise PoolClientError(
             f"no lease {lease_id} on any server of the pool{note}", "gpuattach leases lists yours"
         )
@@ -338,7 +339,7 @@ def _impossible_summary(req: Request, never: list) -> str:
     sizes = [info.get("gpu_count", 0) for _, _, info in never]
     if sizes and req.n > max(sizes):
         biggest = max(never, key=lambda t: t[2].get("gpu_count", 0))
-        return (f"asks for {req.n} GPUs but the largest server of the pool has {max(sizes)} "
+        return (f"asks for {plural(req.n, 'GPU')} but the largest server of the pool has {max(sizes)} "
                 f"({_host(biggest[0].url)}); a request's GPUs all come from one server")  # fmt: skip
     reasons = "; ".join(f"{_host(s.url)}: {r}" for s, r, _ in never[:4])
     return f"no server of the pool can ever serve {req.describe()} ({reasons})"

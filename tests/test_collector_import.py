@@ -100,7 +100,7 @@ def test_nvidia_smi_import_cli(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert (
-        "imported 6 rows from 2 file(s) (host gpu-7), 4 malformed lines skipped (first: bad.csv:line 1"
+        "imported 6 rows from 2 files (host gpu-7), 4 malformed lines skipped (first: bad.csv:line 1"
         in proc.stdout
     )
     missing = subprocess.run(
@@ -180,7 +180,7 @@ def test_dcgm_malformed_lines_are_counted_and_the_rest_imported(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert (
-        "imported 2 rows from 1 file(s) (host node7), 2 malformed lines skipped (first: dcgm.txt:line 6:"
+        "imported 2 rows from 1 file (host node7), 2 malformed lines skipped (first: dcgm.txt:line 6:"
         in proc.stdout
     )
     assert query(tmp_path / "out", "SELECT count(*) FROM gpu_samples WHERE util_gpu_mean IS NOT NULL") == [

@@ -305,7 +305,7 @@ def test_process_rows_carry_busy_share_user_and_container(tmp_path):
     rows = {r["pid"]: r for r in src.sample(NOW).process_rows}
     assert rows[777]["sm_util"] == pytest.approx(0.7)
     assert rows[777]["user"] == "root" and rows[777]["container_id"] == cid
-    assert rows[777]["process_name"] == "python3"
+    assert rows[777]["process_name"] == "python3"  # no cmdline visible: /proc's comm
     assert rows[888]["sm_util"] == 0.0  # supported, but no kernel of it ran
     assert rows[888]["user"] is None  # not visible in /proc (another PID namespace)
 
@@ -508,3 +508,19 @@ def test_process_activity_counts_only_the_recent_window():
     assert got[888].sm_util == 0.0  # idle: an idle-reclaim candidate
     fake.unsupported.add("process_utilization")
     assert {p.sm_util for p in activity_from(fake, 0, window_s=5.0)} == {None}  # unknown, not idle
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "comm", "name"),
+    [
+        ("/usr/bin/python3\0/home/ana/train.py\0--epochs\0005\0", "python3\n", "python3 train.py"),
+        ("python3\0-u\0-m\0vllm.entrypoints.api\0", "python3", "python3 -m vllm.entrypoints.api"),
+        ("/opt/tritonserver/bin/tritonserver\0--model-repo=/m\0", "tritonserver", "tritonserver"),
+        ("", "python3 train.p\n", "python3 train.p"),  # kernel thread / no cmdline: comm
+        (None, None, None),
+    ],
+)
+def test_process_names_are_readable(cmdline, comm, name):
+    from collector._procinfo import command_name
+
+    assert command_name(cmdline, comm) == name

@@ -41,6 +41,7 @@ class Server:
 
     def __init__(self, state: Path, *extra: str):
         self.state = state
+        state.mkdir(parents=True, exist_ok=True)  # token create needs the server's state directory
         self.tokens = {name: self._token(name, admin=name == "ops") for name in ("ops", "alice", "bob")}
         self.proc = subprocess.Popen(
             _server_cmd(

@@ -193,17 +193,16 @@ def test_session_lease_is_kept_alive_by_its_keeper_and_released(tmp_path):
     ).start()
     try:
         env, token = env_for(tmp_path, [srv], "session")
-        out = gpuattach("request", "-n", "1", "-m", "8192", env=env)
+        out = gpuattach("request", "-n", "1", "-m", "8192", "--local", env=env)
         assert out.returncode == 0, out.stderr
         lease_id = out.stdout.strip()
         time.sleep(2.5)  # well past the 1 s TTL: the keeper heartbeats it
         lease = api(srv.url, "GET", f"/v1/leases/{lease_id}", token)[1]
         assert lease["state"] == "active" and lease["partitions"][0]["mem_bytes"] == 8192 << 20
-        out = gpuattach(
+        out = gpuattach(  # as docs/pool.md shows it: a --local lease runs locally without saying so again
             "run",
             "--lease",
             lease_id,
-            "--local",
             "--",
             PY,
             "-c",
@@ -247,15 +246,17 @@ def test_clear_errors(pool, tmp_path):
     assert out.returncode == 125
     one_line_error(out.stderr, "unknown filter key 'gpu.kind'", "device.phy-memory")
     out = gpuattach("run", "-n", "1", "-p", "1.5", "--local", "--", "true", env=env)
-    one_line_error(out.stderr, "-p 1.5")
+    one_line_error(out.stderr, "-p", "1.5", "0 < P <= 1")
+    assert out.returncode == 125
     out = gpuattach("--token", "gp_wrong", "list-gpus", env=env)
-    assert out.returncode == 1 and "invalid token" in out.stderr
+    assert out.returncode == 125
+    one_line_error(out.stderr, "invalid token")
     out = gpuattach("run", "-n", "1", "-p", "0.5", "--local", "--token", "gp_wrong", "--", "true", env=env)
     one_line_error(out.stderr, "invalid token")
     out = gpuattach("--server", "127.0.0.1:1", "run", "-n", "1", "--local", "--", "true", env=env)
     one_line_error(out.stderr, "unreachable", "127.0.0.1:1")
     out = gpuattach("--server", f"{a.url},127.0.0.1:1", "servers", env=env)
-    assert out.returncode == 1 and "DOWN" in out.stdout and " up " in out.stdout
+    assert out.returncode == 125 and "DOWN" in out.stdout and " up " in out.stdout
     out = gpuattach(
         "--server", f"{a.url},127.0.0.1:1", "run", "-n", "1", "-p", "0.1", "--local", "--", "true", env=env
     )
@@ -271,7 +272,7 @@ def test_clear_errors(pool, tmp_path):
     out = gpuattach("run", "-n", "1", "--local", "--", "no-such-command-xyz", env=env)
     assert out.returncode == 127 and "command not found" in out.stderr
     out = gpuattach("release", "lease-000000000000", env=env)
-    assert out.returncode == 1 and "no lease lease-000000000000" in out.stderr
+    assert out.returncode == 125 and "no lease lease-000000000000" in out.stderr
     bad = tmp_path / "bad.toml"
     bad.write_text("servers = [")
     out = gpuattach("--config", str(bad), "servers", env=env)
@@ -297,7 +298,7 @@ def test_tls_with_a_private_ca(tmp_path):
         env = client_env(tmp_path, [srv.url], token)
         out = gpuattach("--config", str(cfg), "run", "-n", "1", "-p", "0.5", "--local", "--", "true", env=env)
         assert out.returncode == 0, out.stderr
-        out = gpuattach("--config", str(cfg), "request", "-n", "1", "-p", "0.25", env=env)
+        out = gpuattach("--config", str(cfg), "request", "-n", "1", "-p", "0.25", "--local", env=env)
         lease_id = out.stdout.strip()
         time.sleep(0.5)  # the keeper heartbeats over TLS too (it was given the CA)
         out = gpuattach("--config", str(cfg), "release", lease_id, env=env)
@@ -305,7 +306,7 @@ def test_tls_with_a_private_ca(tmp_path):
         log = tmp_path / "cache" / "gpupool" / f"keeper-{lease_id}.log"
         wait_for(lambda: log.exists() and "released" in log.read_text(), 40, what="keeper over TLS")
         out = gpuattach("list-gpus", env=env)  # without the CA: refused, one line
-        assert out.returncode == 1 and "TLS failed" in out.stderr
+        assert out.returncode == 125 and "TLS failed" in out.stderr
     finally:
         srv.stop()
 
@@ -315,7 +316,7 @@ def test_many_gpuattach_processes_race_for_the_last_partitions(tmp_path):
     try:
         env, token = env_for(tmp_path, servers, "racers")
         # 2 servers × 1 GPU × 4 quarters = 8 partitions for 14 clients that do not wait
-        procs = [subprocess.Popen([*gpuattach_cmd(), "request", "-n", "1", "-p", "0.25", "--no-keeper", "--timeout", "0"],
+        procs = [subprocess.Popen([*gpuattach_cmd(), "request", "-n", "1", "-p", "0.25", "--local", "--no-keeper", "--timeout", "0"],
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
                  for _ in range(14)]  # fmt: skip
         results = [(p.wait(timeout=60), p.stdout.read().strip(), p.stderr.read()) for p in procs]

@@ -102,7 +102,7 @@ def test_servers_register_and_clients_discover_them_from_etcd(world, tmp_path):
     out = gpuattach("servers", "--json", env=env)
     assert out.returncode == 0, out.stderr
     assert sorted(a["server"]["port"] for a in json.loads(out.stdout)) == sorted(s.port for s in servers)
-    out = gpuattach("request", "-n", "1", "-p", "0.5", "--no-keeper", env=env)
+    out = gpuattach("request", "-n", "1", "-p", "0.5", "--local", "--no-keeper", env=env)
     assert out.returncode == 0, out.stderr
 
 
@@ -212,7 +212,7 @@ def test_etcd_minority_loss_changes_nothing_majority_loss_fails_clearly_then_rec
     assert status == 201
 
     etcd.kill(etcd.members[0])
-    out = gpuattach("request", "-n", "1", "-p", "0.25", "--no-keeper", env=env)
+    out = gpuattach("request", "-n", "1", "-p", "0.25", "--local", "--no-keeper", env=env)
     assert out.returncode == 0, out.stderr
 
     etcd.kill(etcd.members[1])
@@ -221,7 +221,7 @@ def test_etcd_minority_loss_changes_nothing_majority_loss_fails_clearly_then_rec
     static = static_env(tmp_path, [servers[1].url], tok)
     for how in (static, env):
         t0 = time.monotonic()
-        out = gpuattach("request", "-n", "1", "-p", "0.25", "--no-keeper", env=how)
+        out = gpuattach("request", "-n", "1", "-p", "0.25", "--local", "--no-keeper", env=how)
         assert out.returncode != 0
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and "pool state unavailable: no etcd quorum" in lines[0], out.stderr
@@ -242,7 +242,7 @@ def test_etcd_minority_loss_changes_nothing_majority_loss_fails_clearly_then_rec
     wait_for(lambda: all(registered(s) for s in servers), 20, what="servers to re-register")
     # Reconciled: the lease that ran through the outage counts again, and new requests work.
     assert usage(world, "frank") == pytest.approx(0.75)
-    out = gpuattach("request", "-n", "1", "-p", "0.25", "--no-keeper", env=env)
+    out = gpuattach("request", "-n", "1", "-p", "0.25", "--local", "--no-keeper", env=env)
     assert out.returncode == 0, out.stderr
     assert usage(world, "frank") == pytest.approx(1.0)
 

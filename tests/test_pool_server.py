@@ -403,6 +403,7 @@ def test_tokens_missing_wrong_revoked_expired(pool):
 
 def test_token_cli_prints_a_token_and_stores_only_its_hash(tmp_path):
     state = tmp_path / "state"
+    state.mkdir()  # a state directory that does not exist is a typo, not a new store
     out = subprocess.run([*server_cmd(), "token", "create", "frank", "--expires", "365d", "--state-dir", str(state)],
                          capture_output=True, text=True, timeout=30, cwd=ROOT)  # fmt: skip
     assert out.returncode == 0, out.stderr

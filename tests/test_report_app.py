@@ -48,12 +48,12 @@ def test_real_data_page_lays_out_every_section(monkeypatch, real_dir):
     assert not at.exception
     headers = [h.value for h in at.header]
     assert headers == [
-        "Summary",
+        "Summary",  # the answer first, then its details, then when and how
+        "What-if: a pool of fractional GPUs",
+        "Who holds the GPUs",
         "Utilization over time",
         "When: hour of week",
         "Distribution",
-        "Who holds the GPUs",
-        "What-if: a pool of fractional GPUs",
         "Per GPU",
     ]
     m = _metrics(at)
@@ -64,7 +64,7 @@ def test_real_data_page_lays_out_every_section(monkeypatch, real_dir):
     assert m["GPUs needed (p95 / p99)"] == "1 / 1"  # 20 + 10 GiB fit one 80 GiB GPU
     assert not any("SIMULATED" in e.value for e in at.error)
     assert len(at.get("plotly_chart")) >= 5
-    assert [d.label for d in at.get("download_button")][:1] == ["Download periods (CSV)"]
+    assert "Download periods (CSV)" in [d.label for d in at.get("download_button")]
 
 
 def test_simulated_data_is_labelled_on_every_section(monkeypatch, sim_dir):
@@ -111,7 +111,7 @@ def test_attribution_breakdown_switches(monkeypatch, real_dir):
     assert per.value == "user"
     users = next(d for d in at.dataframe if "user" in d.value.columns).value
     assert list(users["user"]) == ["alice", "bob"]
-    assert list(users["idle while holding h"]) == [0.0, pytest.approx(0.17, abs=0.01)]  # bob idles 10 min
+    assert list(users["idle while holding h"]) == ["0.0", "0.2"]  # bob idles 10 min, shown as the HTML does
     per.set_value("container").run()
     assert not at.exception
     containers = next(d for d in at.dataframe if "container" in d.value.columns).value
@@ -169,4 +169,4 @@ def test_pool_activity_appears_once_the_pool_writes_events(monkeypatch, real_dir
     assert "Pool activity" in [h.value for h in at.header]
     assert any("1 reclaimed for idleness" in m.value for m in at.markdown), [m.value for m in at.markdown]
     table = next(d for d in at.dataframe if "client" in d.value.columns).value
-    assert table.iloc[0]["GPU-hours leased"] == 0.05  # half a GPU for 6 minutes
+    assert table.iloc[0]["GPU-hours leased"] == "0.05"  # half a GPU for 6 minutes

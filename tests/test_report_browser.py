@@ -27,6 +27,10 @@ pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="chromium not installed (scripts/test.sh installs Debian's chromium as root)"
 )
 
+FIRST_SCREEN_PX = 900  # a laptop's browser window: the answer must be in it
+# The answer an IT manager came for, in the summary of both the app and the HTML.
+ANSWER = ("How busy the GPUs really are", "Held but idle", "A pool would need", "and save")
+
 # Counts the plotly charts that have drawn: an SVG and at least one trace of data.
 DRAWN_CHARTS = """
 (() => Array.from(document.querySelectorAll('.js-plotly-plot')).filter(
@@ -111,10 +115,23 @@ class Chromium:
     def open(self, url: str) -> None:
         self.call("Page.navigate", {"url": url})
 
-    def screenshot(self, path: Path) -> Path:
-        data = self.call("Page.captureScreenshot", {"format": "png"}, timeout=60)["data"]
+    def screenshot(self, path: Path, first_screen: bool = False) -> Path:
+        """The whole page, or (``first_screen``) what a 1400 x 900 window shows before any scrolling."""
+        params: dict = {"format": "png"}
+        if first_screen:
+            params["clip"] = {"x": 0, "y": 0, "width": 1400, "height": FIRST_SCREEN_PX, "scale": 1}
+        data = self.call("Page.captureScreenshot", params, timeout=60)["data"]
         path.write_bytes(base64.b64decode(data))
         return path
+
+    def top_of(self, text: str) -> float | None:
+        """Page y of the first element whose own text contains ``text`` (None when there is none)."""
+        return self.eval(
+            "(() => { const w = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);"
+            f" while (w.nextNode()) {{ if (w.currentNode.textContent.includes({json.dumps(text)})) {{"
+            " const r = w.currentNode.parentElement.getBoundingClientRect(); return r.top + window.scrollY; } }"
+            " return null; })()"
+        )
 
     def close(self) -> None:
         self.ws.close()
@@ -204,6 +221,11 @@ def test_served_app_renders_its_charts(browser, served, tmp_path):
     assert {"scatter+scatter", "heatmap"} <= set(kinds)  # both metrics over time; the hour-of-week map
     shot = browser.screenshot(_shot_path(tmp_path, "report-app.png"))
     assert shot.stat().st_size > 50_000
+    for label in ANSWER:  # the answer is on the first screen
+        top = browser.top_of(label)
+        assert top is not None and top < FIRST_SCREEN_PX, (label, top)
+    assert "None" not in browser.eval("document.body.innerText")  # missing values read n/a, as in the HTML
+    browser.screenshot(_shot_path(tmp_path, "report-app-first-screen.png"), first_screen=True)
 
 
 def test_built_html_renders_offline(browser, sim_dir, tmp_path):
@@ -225,3 +247,7 @@ def test_built_html_renders_offline(browser, sim_dir, tmp_path):
     assert text.count("SIMULATED DATA") >= 8
     shot = browser.screenshot(_shot_path(tmp_path, "report-html.png"))
     assert shot.stat().st_size > 50_000
+    for label in ANSWER:  # the answer is on the first screen
+        top = browser.top_of(label)
+        assert top is not None and top < FIRST_SCREEN_PX, (label, top)
+    browser.screenshot(_shot_path(tmp_path, "report-html-first-screen.png"), first_screen=True)

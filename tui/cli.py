@@ -20,8 +20,8 @@ RANGE_CHOICES = ("1h", "6h", "24h", "7d", "30d", "all")
 EPILOG = f"""\
 examples:
   gpupool-console --telemetry /var/lib/gpupool/telemetry
-  gpupool-console --server http://gpu1:7070 http://gpu2:7070 --admin-token-file ~/.config/gpupool/admin
-  gpupool-console --telemetry /shared/telemetry --server gpu1:7070 --refresh 5s
+  gpupool-console --server http://gpu1:56001 http://gpu2:56001 --admin-token-file ~/.config/gpupool/admin
+  gpupool-console --telemetry /shared/telemetry --server gpu1:56001 --refresh 5s
   gpupool-console --prometheus http://gpu1:9400/metrics
 
 Views: 1 Fleet (live GPUs from telemetry), 2 Pool (servers, partitions, leases, clients),

@@ -6,9 +6,11 @@
     gpuattach run --lease LEASE -- python step1.py
     gpuattach release LEASE
 
-Exit codes of ``run``: the command's own code (128+N when a signal N ended it); 125 when gpuattach
-itself failed (no GPUs within --timeout, server unreachable, bad token, …); 126 when the command
-cannot be executed; 127 when it is not found. Other subcommands exit 1 on error, 2 on bad usage.
+Exit codes, one scheme for every subcommand (docs/pool.md, "Exit codes"): 0 done; 125 gpuattach
+itself failed (bad usage or an argument out of range, refused before the pool is asked; config or
+token; pool unreachable; no GPUs within --timeout; a lease that cannot serve the run; ``servers``: a
+server is down); 130 interrupted before the command started. ``run`` also: 126 the command cannot be
+executed, 127 it is not found, anything else is the command's own status (128+N when signal N ended it).
 
 Imports stay light (standard library only) so ``gpuattach --help`` is instant.
 """
@@ -27,15 +29,48 @@ import sys
 import threading
 import time
 
-EXIT_FAILED, EXIT_CANNOT_EXEC, EXIT_NOT_FOUND = 125, 126, 127
+from collector.words import plural
+
+EXIT_OK, EXIT_FAILED, EXIT_CANNOT_EXEC, EXIT_NOT_FOUND, EXIT_INTERRUPTED = 0, 125, 126, 127, 130
 MIB = 1 << 20
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad usage is one line and exit 125, like every other failure of gpuattach's own (not argparse's 2,
+    which ``run`` could not tell from the command's own status 2)."""
+
+    def error(self, message: str):
+        print(f"gpuattach: error: {message} (hint: {self.prog} --help)", file=sys.stderr, flush=True)
+        sys.exit(EXIT_FAILED)
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: ask for at least 1")
+    return n
+
+
+def _share(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a number: {text!r} (a fraction 0 < P <= 1, e.g. 0.5)"
+        ) from None
+    if not 0 < x <= 1:
+        raise argparse.ArgumentTypeError(f"{text}: a fraction 0 < P <= 1 of a GPU, e.g. 0.5")
+    return x
 
 
 def _parser() -> argparse.ArgumentParser:
     def pool_options(suppress: bool) -> argparse.ArgumentParser:
         # Given before or after the subcommand; after it, absent options must not overwrite ones given before.
         extra = {"default": argparse.SUPPRESS} if suppress else {}
-        parent = argparse.ArgumentParser(add_help=False)
+        parent = _Parser(add_help=False)
         g = parent.add_argument_group("pool")
         g.add_argument(
             "--config",
@@ -61,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
         return parent
 
     common = pool_options(suppress=True)
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="gpuattach",
         description="Attach GPUs (whole or partitions) from a pool of gpupool-server hosts. See docs/pool.md.",
         parents=[pool_options(suppress=False)],
@@ -82,7 +117,7 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument(
             "-n",
             "--num-gpus",
-            type=int,
+            type=_count,
             required=required,
             metavar="N",
             help="number of GPUs, each a separate physical GPU of one server",
@@ -91,16 +126,16 @@ def _parser() -> argparse.ArgumentParser:
         size.add_argument(
             "-p",
             "--partial",
-            type=float,
+            type=_share,
             metavar="P",
             help="partition size as a fraction of each GPU's memory, 0 < P <= 1 (default 1)",
         )
         size.add_argument(
-            "-m", "--memory", type=int, metavar="MIB", help="partition size in MiB of GPU memory"
+            "-m", "--memory", type=_count, metavar="MIB", help="partition size in MiB of GPU memory"
         )
         sp.add_argument(
             "--sm-share",
-            type=float,
+            type=_share,
             metavar="S",
             help="share of the GPU's SMs, 0 < S <= 1 (enforced with MPS)",
         )
@@ -114,7 +149,8 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument(
             "--local",
             action="store_true",
-            help="run on the GPU host itself (CUDA_VISIBLE_DEVICES + MPS limits) instead of remotely",
+            help="run on the GPU host itself (CUDA_VISIBLE_DEVICES + MPS limits) instead of remotely; "
+            "a lease requested with --local is run with --local by itself",
         )
 
     rq = sub.add_parser("request", parents=[common], help="take a lease for a session of runs; prints its id")
@@ -134,30 +170,21 @@ def _parser() -> argparse.ArgumentParser:
         "or on SIGTERM (forwarded to COMMAND). Without --local, COMMAND's CUDA calls run remotely on the\n"
         "lease (docs/remote.md); with --local it runs on this GPU host inside its partition.",
         epilog="examples:\n  gpuattach run -n 2 -p 0.5 --filter device.name=H100 -- python train.py\n"
-        "  gpuattach run --local -n 1 -m 16384 --timeout 30m -- ./solver --big\n\n"
-        "exit status: COMMAND's (128+N when signal N ended it); 125 gpuattach failed (no GPUs within\n"
-        "--timeout, bad token, pool unreachable); 126 COMMAND not executable; 127 COMMAND not found",
+        "  gpuattach run --local -n 1 -m 16384 --timeout 30m -- ./solver --big\n"
+        "  gpuattach run --lease LEASE -- python step1.py   (local or remote, as the lease was requested)\n\n"
+        "exit status: COMMAND's (128+N when signal N ended it); 125 gpuattach failed (bad usage, no GPUs\n"
+        "within --timeout, bad token, pool unreachable); 126 COMMAND not executable; 127 COMMAND not found",
     )  # fmt: skip
     sizing(rn, required=False)
     rn.add_argument(
         "--lease", help="use this lease (from gpuattach request) instead of taking one; it is not released"
     )
     rn.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run")
-    kp = sub.add_parser("_keep")  # the detached keeper of `request` (not listed)
-    kp.add_argument("--lease-server", required=True)
-    kp.add_argument("--lease-id", required=True)
-    kp.add_argument("--interval", type=float, required=True)
-    kp.add_argument("--ttl", type=float, required=True)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
-    # Hide the keeper from --help without argparse's "==SUPPRESS==" artefacts.
-    parser._subparsers._group_actions[0]._choices_actions = [
-        a for a in parser._subparsers._group_actions[0]._choices_actions if a.dest != "_keep"
-    ]
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     from server.client import PoolClientError
     from server.client_config import ConfigError
 
@@ -169,18 +196,17 @@ def main(argv: list[str] | None = None) -> int:
         "request": cmd_request,
         "release": cmd_release,
         "run": cmd_run,
-        "_keep": cmd_keep,
     }[args.command]
     try:
         return handler(args)
     except (PoolClientError, ConfigError) as exc:
-        return _fail(exc.title, exc.hint, EXIT_FAILED if args.command == "run" else 1)
+        return _fail(exc.title, exc.hint)
     except KeyboardInterrupt:
         print("gpuattach: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
-def _fail(title: str, hint: str = "", code: int = 1) -> int:
+def _fail(title: str, hint: str = "", code: int = EXIT_FAILED) -> int:
     print(f"gpuattach: error: {title}" + (f" (hint: {hint})" if hint else ""), file=sys.stderr, flush=True)
     return code
 
@@ -218,13 +244,17 @@ def _print_answers_json(answers) -> None:
     print(json.dumps(rows, indent=1))
 
 
-def _report_unreachable(answers) -> int:
-    bad = 0
-    for server, a in answers:
-        if isinstance(a, Exception):
-            bad += 1
-            print(f"gpuattach: warning: {_short(server.url)}: {getattr(a, 'title', a)}", file=sys.stderr)
-    return bad
+def _answered(answers) -> list:
+    """The servers' answers that are not errors. Each error is a warning while some server answered;
+    when none did, the (last) error is raised: one error line, its hint, exit 125, never "no leases"."""
+    errors = [a for _, a in answers if isinstance(a, Exception)]
+    if errors and len(errors) == len(answers):
+        for a in errors[:-1]:
+            print(f"gpuattach: warning: {getattr(a, 'title', a)}", file=sys.stderr)
+        raise errors[-1]
+    for a in errors:  # each title names its server once
+        print(f"gpuattach: warning: {getattr(a, 'title', a)}", file=sys.stderr)
+    return [(s, a) for s, a in answers if not isinstance(a, Exception)]
 
 
 # --- read-only commands ---------------------------------------------------------------------------------
@@ -233,20 +263,19 @@ def cmd_list_gpus(args) -> int:
     answers = client.each("GET", "/v1/gpus")
     if args.json:
         _print_answers_json(answers)
-        return 0 if any(isinstance(a, dict) for _, a in answers) else 1
+        return EXIT_OK if any(isinstance(a, dict) for _, a in answers) else EXIT_FAILED
     rows = []
-    for server, a in answers:
-        if not isinstance(a, dict):
-            continue
+    for server, a in _answered(answers):
         tag = " (simulated)" if a["simulated"] else ""
         for g in a["gpus"]:
             rows.append([_short(server.url), a["server"]["hostname"] + tag, str(g["index"]), g["name"],
                          _human(g["mem_total_bytes"]), _human(g["mem_free_bytes"]), f"{g['free_fraction']:.2f}",
                          str(len(g["partitions"]))])  # fmt: skip
-    bad = _report_unreachable(answers)
     if rows:
         print(_table(rows, ["SERVER", "HOST", "GPU", "NAME", "MEMORY", "FREE", "FREE_FRAC", "LEASES"]))
-    return 1 if bad == len(answers) else 0
+    else:
+        print("no GPUs", file=sys.stderr)
+    return EXIT_OK
 
 
 def cmd_servers(args) -> int:
@@ -256,7 +285,7 @@ def cmd_servers(args) -> int:
     took = time.perf_counter() - start
     if args.json:
         _print_answers_json(answers)
-        return 0 if all(isinstance(a, dict) for _, a in answers) else 1
+        return EXIT_OK if all(isinstance(a, dict) for _, a in answers) else EXIT_FAILED
     rows = []
     for server, a in answers:
         if isinstance(a, dict):
@@ -275,8 +304,8 @@ def cmd_servers(args) -> int:
         else:
             rows.append([_short(server.url), "DOWN", "-", "-", "-", "-", "-", getattr(a, "title", str(a))])
     print(_table(rows, ["SERVER", "STATUS", "HOST", "GPUS", "LEASES", "DRIVER", "CUDA", "NOTES"]))
-    print(f"({len(answers)} servers asked at once in {took * 1000:.0f} ms)", file=sys.stderr)
-    return 0 if all(isinstance(a, dict) for _, a in answers) else 1
+    print(f"({plural(len(answers), 'server')} asked at once in {took * 1000:.0f} ms)", file=sys.stderr)
+    return EXIT_OK if all(isinstance(a, dict) for _, a in answers) else EXIT_FAILED
 
 
 def _lease_rows(leases: list[tuple[str, dict]]) -> list[list[str]]:
@@ -296,8 +325,7 @@ def _lease_rows(leases: list[tuple[str, dict]]) -> list[list[str]]:
 def cmd_leases(args) -> int:
     client = _client(args)
     answers = client.each("GET", f"/v1/leases?state={'any' if args.ended else 'active'}")
-    leases = [(s.url, lease) for s, a in answers if isinstance(a, dict) for lease in a["leases"]]
-    bad = _report_unreachable(answers)
+    leases = [(s.url, lease) for s, a in _answered(answers) for lease in a["leases"]]
     if args.json:
         print(json.dumps([{"server": u, **lease} for u, lease in leases], indent=1))
     elif leases:
@@ -308,7 +336,7 @@ def cmd_leases(args) -> int:
         )
     else:
         print("no leases", file=sys.stderr)
-    return 1 if bad == len(answers) else 0
+    return EXIT_OK
 
 
 def _box(sections: list[list[str]]) -> str:
@@ -343,12 +371,15 @@ def cmd_smi(args) -> int:
                 f"{p['gpu_index']:>3}  {p['gpu_name'][:30]:<30} {part:>26}  {p['sm_share'] or '-':>8}  {p['gpu_uuid']}"
             )
         print(_box([head, info, rows]))
-        return 0
+        return EXIT_OK
     answers = client.each("GET", "/v1/gpus")
-    bad = _report_unreachable(answers)
-    ok = [(s, a) for s, a in answers if isinstance(a, dict)]
+    ok = _answered(answers)
     n_gpus = sum(len(a["gpus"]) for _, a in ok)
-    sections = [[f"gpuattach smi — pool of {len(answers)} servers ({len(ok)} up), {n_gpus} GPUs   {now}"]]
+    sections = [
+        [
+            f"gpuattach smi — pool of {plural(len(answers), 'server')} ({len(ok)} up), {plural(n_gpus, 'GPU')}   {now}"
+        ]
+    ]
     for server, a in ok:
         info = a["server"]
         sec = [
@@ -371,7 +402,7 @@ def cmd_smi(args) -> int:
             )
         sections.append(sec)
     print(_box(sections))
-    return 1 if bad == len(answers) else 0
+    return EXIT_OK
 
 
 def _secs(value) -> str:
@@ -422,7 +453,9 @@ def _wait_note(msg: str) -> None:
 
 def cmd_request(args) -> int:
     client = _client(args)
-    req = _request_from(args, local=args.local, remote=False, label="session (gpuattach request)")
+    # A session lease is for `run --lease`: remote unless --local, so a server that cannot run remote
+    # work (simulated GPUs) refuses it now rather than at the first run.
+    req = _request_from(args, local=args.local, remote=not args.local, label="session (gpuattach request)")
     server, lease = client.acquire(
         req,
         timeout_s=_timeout(args, client),
@@ -436,9 +469,11 @@ def cmd_request(args) -> int:
     keeper = (
         "a keeper process heartbeats it" if not args.no_keeper else f"heartbeat it within {lease['ttl_s']:g}s"
     )
-    print(f"gpuattach: lease {lease['id']} on {_short(server.url)} ({parts}); {keeper}; "
-          f"gpuattach release {lease['id']} when done", file=sys.stderr)  # fmt: skip
-    return 0
+    kind = "local" if args.local else "remote"
+    print(f"gpuattach: {kind} lease {lease['id']} on {_short(server.url)} ({parts}); {keeper}; "
+          f"gpuattach run --lease {lease['id']} -- COMMAND runs on it; gpuattach release {lease['id']} when done",
+          file=sys.stderr)  # fmt: skip
+    return EXIT_OK
 
 
 def _start_keeper(client, server, lease) -> None:
@@ -451,35 +486,11 @@ def _start_keeper(client, server, lease) -> None:
         env["GPUPOOL_KEEPER_CA_CERT"] = client.cfg.ca_cert
     interval = max(0.2, min(lease["ttl_s"] / 3, 10.0))
     subprocess.Popen(
-        [sys.executable, "-m", "virtualize.cli", "_keep", "--lease-server", server.url, "--lease-id", lease["id"],
+        [sys.executable, "-m", "virtualize._keeper", "--lease-server", server.url, "--lease-id", lease["id"],
          "--interval", str(interval), "--ttl", str(lease["ttl_s"])],
         env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True, close_fds=True,
     )  # fmt: skip
     logf.close()
-
-
-def cmd_keep(args) -> int:
-    from server.client import ApiError, PoolClient, PoolClientError
-    from server.client_config import ClientConfig, ServerRef
-
-    server = ServerRef(args.lease_server, os.environ.get("GPUPOOL_TOKEN"))
-    client = PoolClient(
-        ClientConfig(servers=[server], token=server.token, ca_cert=os.environ.get("GPUPOOL_KEEPER_CA_CERT"))
-    )
-    last_ok = time.monotonic()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    while True:
-        try:
-            client.heartbeat(server, args.lease_id)
-            last_ok = time.monotonic()
-        except ApiError as exc:
-            print(f"{time.ctime()}: lease {args.lease_id} ended: {exc.message}", flush=True)
-            return 0
-        except PoolClientError as exc:
-            if time.monotonic() - last_ok > args.ttl * 3:
-                print(f"{time.ctime()}: giving up on {args.lease_id}: {exc.title}", flush=True)
-                return 1
-        time.sleep(args.interval)
 
 
 def cmd_release(args) -> int:
@@ -498,7 +509,7 @@ def cmd_release(args) -> int:
         except Exception as exc:
             failed += 1
             print(f"gpuattach: error: {lease_id}: {getattr(exc, 'title', exc)}", file=sys.stderr)
-    return 1 if failed else 0
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 # --- run --------------------------------------------------------------------------------------------------
@@ -533,25 +544,27 @@ def cmd_run(args) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         return _fail(
-            "no command to run", "put it after --, e.g. gpuattach run -n 1 -p 0.5 -- python train.py", 2
+            "no command to run", "put it after --, e.g. gpuattach run -n 1 -p 0.5 -- python train.py"
         )
-    remote_env = None
-    if not args.local:
-        try:
-            from virtualize.remote import remote_env
-        except ImportError as exc:
-            return _fail(f"remote execution is not available in this installation ({exc})",
-                         "run on a GPU host with --local, or install gpupool's client with the shim", EXIT_FAILED)  # fmt: skip
+    if args.lease and (args.num_gpus is not None or args.partial is not None or args.memory is not None):
+        return _fail(
+            "--lease takes an existing lease; drop -n/-p/-m", "gpuattach run --lease LEASE -- COMMAND"
+        )
+    if not args.lease and args.num_gpus is None:
+        return _fail("give -n N (and -p P or -m MIB), or --lease LEASE", "see gpuattach run --help")
     client = _client(args)
     if args.lease:
-        if args.num_gpus is not None or args.partial is not None or args.memory is not None:
-            return _fail("--lease takes an existing lease; drop -n/-p/-m", "", 2)
         server, lease = client.find_lease(args.lease)
         if lease["state"] != "active":
             return _fail(
-                f"lease {lease['id']} is {lease['state']}: {lease.get('reason')}",
-                "request a new lease",
-                EXIT_FAILED,
+                f"lease {lease['id']} is {lease['state']}: {lease.get('reason')}", "request a new lease"
+            )
+        if lease.get("local"):
+            args.local = True  # a lease requested with --local runs the way it was requested
+        elif args.local and lease.get("remote"):
+            return _fail(
+                f"lease {lease['id']} was requested for remote runs",
+                "drop --local, or request a lease with gpuattach request --local",
             )
         owned = False
     else:
@@ -564,6 +577,14 @@ def cmd_run(args) -> int:
             on_wait=_wait_note,
         )
         owned = True
+    remote_env = None
+    if not args.local:
+        try:
+            from virtualize.remote import remote_env
+        except ImportError as exc:
+            _release_quietly(client, server, lease, owned)
+            return _fail(f"remote execution is not available in this installation ({exc})",
+                         "run on a GPU host with --local, or install gpupool's client with the shim")  # fmt: skip
     run = _Run(client, server, lease, owned)
     try:
         return _run_under_lease(args, cmd, run, remote_env)
@@ -577,6 +598,12 @@ def cmd_run(args) -> int:
                           f"it expires {lease['ttl_s']:g}s after the last heartbeat", file=sys.stderr)  # fmt: skip
 
 
+def _release_quietly(client, server, lease, owned: bool) -> None:
+    if owned:
+        with contextlib.suppress(Exception):
+            client.release(server, lease["id"])
+
+
 def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
     from server.client import Heartbeater
 
@@ -584,7 +611,7 @@ def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
     env = dict(os.environ)
     if args.local:
         if _on_this_host(lease["server"]):
-            return _fail(_on_this_host(lease["server"]), "drop --local to run remotely", EXIT_FAILED)
+            return _fail(_on_this_host(lease["server"]), "drop --local to run remotely")
         env.update(lease.get("env") or {})
         if not lease["mps"]:
             limits = ", ".join(_human(p["mem_bytes"]) for p in lease["partitions"])
@@ -596,7 +623,10 @@ def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
         except (
             Exception
         ) as exc:  # the shim is not built, the lease has no worker, …: one line, lease released
-            return _fail(f"cannot set up remote execution: {exc}", "see docs/remote.md", EXIT_FAILED)
+            hint = "see docs/remote.md"
+            if not lease.get("remote"):
+                hint = "this lease was not requested for remote runs: pass --local on its GPU host, or request a new one"
+            return _fail(f"cannot set up remote execution: {exc}", hint)
     if lease["simulated"]:
         print(
             f"gpuattach: note: lease {lease['id']} is on SIMULATED GPUs (control plane only)", file=sys.stderr

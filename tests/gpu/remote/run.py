@@ -368,6 +368,7 @@ def via_pool_server(work: Path, env: dict[str, str], shim: Path, first_gpu: str)
         return
     step("through a real pool server: gpupool-server on 127.0.0.1 + gpuattach run -n 1 -p 0.25")
     state = work / "state"
+    state.mkdir(parents=True, exist_ok=True)
     made = subprocess.run([server, "token", "create", "tester", "--state-dir", str(state)],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     token = next((w for w in made.stdout.split() if w.startswith("gp_")), "")
