@@ -96,6 +96,7 @@ class Weighted:
 
     sets: tuple[list[tuple], ...]
     intervals: dict[tuple[int, int], int]
+    host_of: dict[int, str]  # entity hash -> its host
 
     def fleet_tick_s(self) -> float | None:
         """The fleet's typical tick: the median interval in scope, seconds."""
@@ -153,6 +154,7 @@ def weighted_query(
     columns_params: Sequence = (),
     entity: Sequence[str] = GPU_ENTITY,
     order_extra: str = "",
+    join: str = "",
 ) -> Weighted:
     """Run ``SELECT keys, fb, aggregates FROM wr GROUP BY GROUPING SETS (...)`` chunk by chunk.
 
@@ -160,10 +162,11 @@ def weighted_query(
     grouping set; every set is also grouped by ``fb``. ``aggregates`` are over ``wr``'s columns
     (weight ``w``), without parameters. ``columns`` is what is read from ``table`` (the entity
     columns, ``ts`` and what the keys and aggregates use; computed columns may take
-    ``columns_params``).
+    ``columns_params``). ``join`` is joined onto ``wr`` (no parameters).
     """
     sets: list[list[tuple]] = [[] for _ in key_sets]
     intervals: dict[tuple[int, int], int] = {}
+    host_of: dict[int, str] = {}
     cols = list(dict.fromkeys([*(k for ks in key_sets for k in ks), "e", "dq"]))
     grouping = ", ".join(f"({', '.join([*ks, 'fb'])})" for ks in key_sets)
 
@@ -178,7 +181,7 @@ def weighted_query(
             f"""
             WITH {weighted_rows_sql(source, entity, order_extra)}
             SELECT GROUPING({", ".join(cols)}) AS gid, {", ".join(cols)}, fb, count(*) AS n_rows, {aggregates}
-            FROM wr GROUP BY GROUPING SETS ({grouping}, (e, dq))
+            FROM wr {join} GROUP BY GROUPING SETS ({grouping}, (e, dq))
             """,
             [*columns_params, *params, *chunk_params],
         ).fetchall()
@@ -191,7 +194,9 @@ def weighted_query(
             else:
                 i = which[gid]
                 sets[i].append((*(values[k] for k in key_sets[i]), *rest[len(cols) :]))
-    return Weighted(tuple(sets), intervals)
+            if values["e"] is not None:
+                host_of[values["e"]] = chunk_params[0]
+    return Weighted(tuple(sets), intervals, host_of)
 
 
 def unhash(con, keys) -> dict[int, tuple]:

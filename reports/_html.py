@@ -111,6 +111,10 @@ def build_html(dirs: list[str], opts: BuildOptions | None = None, progress=lambd
     parts.append(f"<div class='cards'>{cards}</div><ul>")
     parts += [f"<li>{html.escape(line)}</li>" for line in P.findings(s)]
     parts.append("</ul>")
+    parts.append(f"<h3>Sampling</h3><p>{html.escape(P.sampling_note(s))}</p>")
+    if (warning := P.coarse_warning(s)) is not None:
+        parts.append(f"<div class='banner'>{html.escape(warning)}</div>")
+    parts.append(P.sampling_table(s).to_html(index=False, na_rep="n/a"))
 
     parts += [_section("Utilization over time", sim), _fig(P.fig_timeline(timeline))]
     parts.append(_section("When: hour of week", sim))
@@ -133,6 +137,7 @@ def build_html(dirs: list[str], opts: BuildOptions | None = None, progress=lambd
         parts.append(f"<p class='muted'>{html.escape(whatif.title)}. {html.escape(whatif.hint)}</p>")
     else:
         parts += [
+            f"<p>{html.escape(P.whatif_headline(whatif))}</p>",
             _fig(P.fig_need(whatif)),
             _kv_table(P.whatif_rows(whatif)),
             "<h3>Assumptions</h3><ul>",

@@ -133,6 +133,11 @@ def main() -> None:
         cols[i % 4].metric(label, value, help=help_text)
     for line in P.findings(s):
         st.markdown(f"- {line}")
+    st.subheader("Sampling")
+    st.markdown(P.sampling_note(s))
+    if (warning := P.coarse_warning(s)) is not None:
+        st.warning(warning)
+    st.dataframe(P.sampling_table(s), hide_index=True)
 
     section("Utilization over time", s.simulated)
     st.plotly_chart(P.fig_timeline(timeline(dirs, scope)))
@@ -176,7 +181,12 @@ def main() -> None:
     c = st.columns(5)
     gran = c[0].selectbox("Partitions per GPU", A.GRANULARITIES, index=len(A.GRANULARITIES) - 1)
     policy = c[1].selectbox("Packing policy", A.POLICIES, index=A.POLICIES.index("best-fit"))
-    demand = c[2].selectbox("Demand from", ["process", "gpu"], help="per-process rows, or whole GPUs' memory")
+    demand = c[2].selectbox(
+        "Demand from",
+        ["auto", "process", "gpu"],
+        help="per-process rows, or each GPU's utilization and memory held; auto: processes where the "
+        "telemetry has them, else GPUs",
+    )
     price = c[3].number_input("Price per GPU-hour", 0.0, 1000.0, 2.50, 0.25)
     pool = c[4].number_input("Pool size (0: the p95 need)", 0, 10_000, 0)
     opts = A.PoolOptions(
@@ -193,6 +203,7 @@ def main() -> None:
     except A.TelemetryError as exc:
         st.info(f"{exc.title}. {exc.hint}")
     else:
+        st.markdown(P.whatif_headline(w))
         m = st.columns(4)
         m[0].metric("GPUs needed (p95 / p99)", f"{w.gpus_needed_p95} / {w.gpus_needed_p99}")
         m[1].metric(
