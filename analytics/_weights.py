@@ -10,8 +10,10 @@ time order and each row gets a weight in seconds:
   are one instant: the instant's interval goes to one of its rows, the others weigh 0 (identical
   rows from overlapping files count once; a clock stepped back interleaves its samples with the
   earlier ones and the interval between neighbours is still the time between them).
-- ``tick``, its *local tick*: the shortest of the intervals around it — between the two rows before
-  it and between the two rows after it, not its own, zero intervals (duplicates) left out. Where there is none (an entity with a single instant in scope), or for the
+- ``tick``, its *local tick*: the lower median (the second shortest; the only one where there is one)
+  of the intervals around it — between the two rows before it and between the two rows after it,
+  not its own, zero intervals (duplicates) left out. A median, so that one short interval (two
+  files of one GPU interleaving, a sample written late) or one gap next to it does not decide it. Where there is none (an entity with a single instant in scope), or for the
   last row only the interval that ends at it (an entity with two instants), there is no local
   spacing to go by, and the fleet's typical tick stands in: the median of all intervals in scope.
 - A row's interval is a *gap* when it is longer than ``GAP_FACTOR`` (3) local ticks. Then the row
@@ -20,7 +22,7 @@ time order and each row gets a weight in seconds:
   row's interval either.
 
 So observed time is exact for regular sampling, a tick that changes (each side keeps its own tick;
-at most the two samples next to a restart count for the shorter one), gaps of any length, bursts,
+the sample before the restart counts for the local tick), gaps of any length, bursts,
 duplicates and interleaved files (where every instant is written three times or more, rows can find
 no spacing around them and take the fleet tick, capped at their interval); per entity it is at most its span from first to last sample plus
 one tick, and a fleet's observed time is the sum of its entities'.
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 GAP_FACTOR = 3  # an interval longer than this many local ticks is a gap in collection
 CHUNK_ROWS = 25_000_000  # rows per windowed query (a host larger than this is split by GPU)
 INTERVAL_RESOLUTION_US = 10_000  # intervals are binned to 10 ms for their medians
+_NONE = 1 << 62  # stands for a missing neighbouring interval (longer than any real one)
 
 GPU_ENTITY = ("host", "gpu_uuid")
 PROCESS_ENTITY = ("host", "gpu_uuid", "pid")
@@ -66,12 +69,23 @@ def weighted_rows_sql(source: str, entity: Sequence[str] = GPU_ENTITY, order_ext
                    nullif(lead(t, 3) OVER o - lead(t, 2) OVER o, 0) AS n2
             FROM wr0 WINDOW o AS (PARTITION BY e ORDER BY {order})
         ),
-        wr3 AS (
+        wr2 AS (
             SELECT * EXCLUDE (p1, p2, n1, n2),
-                   CASE WHEN (p1 IS NOT NULL)::INT + (p2 IS NOT NULL)::INT + (n1 IS NOT NULL)::INT
-                             + (n2 IS NOT NULL)::INT >= CASE WHEN final THEN 2 ELSE 1 END
-                        THEN least(p1, p2, n1, n2) END AS tick
+                   (p1 IS NOT NULL)::INT + (p2 IS NOT NULL)::INT + (n1 IS NOT NULL)::INT
+                   + (n2 IS NOT NULL)::INT AS around,
+                   coalesce(p1, {_NONE}) AS a1, coalesce(p2, {_NONE}) AS a2,
+                   coalesce(n1, {_NONE}) AS a3, coalesce(n2, {_NONE}) AS a4
             FROM wr1
+        ),
+        wr3 AS (
+            -- The local tick: the second shortest interval around the row (the shortest where
+            -- there is only one), so one short interval (two files interleaving) does not decide it.
+            SELECT * EXCLUDE (around, a1, a2, a3, a4),
+                   CASE WHEN around < CASE WHEN final THEN 2 ELSE 1 END THEN NULL
+                        WHEN around = 1 THEN least(a1, a2, a3, a4)
+                        ELSE least(greatest(a1, a2), greatest(a1, a3), greatest(a1, a4),
+                                   greatest(a2, a3), greatest(a2, a4), greatest(a3, a4)) END AS tick
+            FROM wr2
         ),
         wr AS (
             SELECT *,
