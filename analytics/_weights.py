@@ -10,8 +10,8 @@ time order and each row gets a weight in seconds:
   are one instant: the instant's interval goes to one of its rows, the others weigh 0 (identical
   rows from overlapping files count once; a clock stepped back interleaves its samples with the
   earlier ones and the interval between neighbours is still the time between them).
-- ``tick``, its *local tick*: the lower median (the second shortest; the only one where there is one)
-  of the intervals around it — between the two rows before it and between the two rows after it,
+- ``tick``, its *local tick*: the lower median (of three or four, the second shortest; of one or two,
+  the shortest) of the intervals around it — between the two rows before it and between the two rows after it,
   not its own, zero intervals (duplicates) left out. A median, so that one short interval (two
   files of one GPU interleaving, a sample written late) or one gap next to it does not decide it. Where there is none (an entity with a single instant in scope), or for the
   last row only the interval that ends at it (an entity with two instants), there is no local
@@ -78,11 +78,11 @@ def weighted_rows_sql(source: str, entity: Sequence[str] = GPU_ENTITY, order_ext
             FROM wr1
         ),
         wr3 AS (
-            -- The local tick: the second shortest interval around the row (the shortest where
-            -- there is only one), so one short interval (two files interleaving) does not decide it.
+            -- The local tick: the lower median of the intervals around the row (of three or four,
+            -- the second shortest; of one or two, the shortest).
             SELECT * EXCLUDE (around, a1, a2, a3, a4),
                    CASE WHEN around < CASE WHEN final THEN 2 ELSE 1 END THEN NULL
-                        WHEN around = 1 THEN least(a1, a2, a3, a4)
+                        WHEN around <= 2 THEN least(a1, a2, a3, a4)
                         ELSE least(greatest(a1, a2), greatest(a1, a3), greatest(a1, a4),
                                    greatest(a2, a3), greatest(a2, a4), greatest(a3, a4)) END AS tick
             FROM wr2

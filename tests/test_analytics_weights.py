@@ -59,14 +59,15 @@ def test_regular_ticks_count_samples_times_tick(tmp_path):
 
 
 def test_gaps_of_any_length_count_one_tick(tmp_path):
-    # 57 s sampling, 5 samples, a 3372 s gap, 5 samples, then a 2-day gap and 5 more.
+    # 57 s sampling, 5 samples, a 3372 s gap, 5 samples, a 2-day gap and one last, lone sample.
     first = [57.0 * i for i in range(5)]
     second = [3600 + 57.0 * i for i in range(5)]
-    third = [3600 + 2 * 86400 + 57.0 * i for i in range(5)]
-    s = summary(tmp_path, rows_at("a", first + second + third))
-    assert observed_s(s) == pytest.approx(15 * 57)
-    gaps = (3600 - 4 * 57 - 57) + (2 * 86400 - 4 * 57 - 57)
-    assert s.gap_hours * H == pytest.approx(gaps)
+    last = [3600 + 2 * 86400.0]
+    s = summary(tmp_path, rows_at("a", first + second + last))
+    # Each sample 57 s; the two before a gap count one local tick (57 s), the lone last one too (the
+    # shorter of the two intervals before it), not the two days before it.
+    assert observed_s(s) == pytest.approx(11 * 57)
+    assert s.gap_hours * H == pytest.approx((3600 - 4 * 57 - 57) + (2 * 86400 - 4 * 57 - 57))
     assert s.sampling[0].median_interval_s == pytest.approx(57)
 
 
@@ -186,7 +187,7 @@ def reference_weights(stamps: list[float], fleet_tick: float) -> list[float]:
         if len(around) < (2 if final else 1):
             out.append(fleet_tick if d[i] is None else min(d[i], fleet_tick))
             continue
-        tick = sorted(around)[1] if len(around) > 1 else around[0]
+        tick = sorted(around)[1] if len(around) > 2 else min(around)
         out.append(tick if final or d[i] > 3 * tick else d[i])
     return out
 
