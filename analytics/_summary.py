@@ -157,7 +157,7 @@ class FleetSummary:
 
 # Computed per row before the window (they take parameters): histogram bins and the held-but-idle flag.
 _COLUMNS = f"""
-    host, gpu_uuid, ts, util_gpu_mean, mem_used_bytes, mem_total_bytes,
+    host, gpu_uuid, ts, mem_used_bytes, mem_total_bytes,
     round(util_gpu_mean * {HIST_RESOLUTION})::INTEGER AS ub, round(sm_activity * {HIST_RESOLUTION})::INTEGER AS ab,
     (coalesce(util_gpu_mean < ? AND mem_used_bytes >= ?, false)::INTEGER
      + 2 * (sm_activity IS NOT NULL)::INTEGER + 4 * coalesce(state = 'lost', false)::INTEGER
@@ -171,11 +171,6 @@ _AGGREGATES = """
     max(mem_used_bytes) AS mu_peak, max(mem_total_bytes) AS mem_total, min(t) AS first_us, max(t) AS last_us,
     sum(gap) AS gap_s
 """
-# Tie-break for rows of one GPU stamped at the same instant, so the one that carries the time is
-# always the same one.
-_ORDER_EXTRA = "util_gpu_mean, mem_used_bytes"
-
-
 # The newest index and name of each GPU. Read only from the days where GPUs last reported, so it
 # touches one day of segments, not the whole range.
 _NAMES = """
@@ -183,22 +178,6 @@ _NAMES = """
            arg_max(gpu_name, ts) AS gpu_name
     FROM gpu_samples WHERE {where} AND date >= ? GROUP BY host, gpu_uuid
 """
-
-# Keyed by hash(host, gpu_uuid): one integer instead of two strings per row in the hash table
-# (a quarter less CPU on a month of samples); ``unhash`` maps the hashes back.
-_HISTOGRAMS = """
-    SELECT gpu, GROUPING(ub, ab) AS which, coalesce(ub, ab) AS bin, count(*) AS n
-    FROM (
-        SELECT {gpu_hash} AS gpu, round(util_gpu_mean * ?)::INTEGER AS ub,
-               round(sm_activity * ?)::INTEGER AS ab
-        FROM gpu_samples WHERE {where}
-    )
-    GROUP BY GROUPING SETS ((gpu, ub), (gpu, ab))
-    HAVING coalesce(ub, ab) IS NOT NULL
-"""
-
-# GROUPING(ub, ab) is a bitmask of the columns *not* grouped: 0b01 -> grouped by ub, 0b10 -> by ab.
-_WHICH = {0b01: "util", 0b10: "sm"}
 
 
 def percentile(weighted_bins: dict[int, float], p: float) -> float | None:
@@ -232,7 +211,6 @@ def fleet_summary(
         _AGGREGATES,
         columns=_COLUMNS,
         columns_params=[options.idle_below, options.held_mem_bytes],
-        order_extra=_ORDER_EXTRA,
     )
     util_rows, sm_rows = result.sets
     if not util_rows:

@@ -8,7 +8,8 @@ time order and each row gets a weight in seconds:
 
 - ``d``, its *interval*: the time to the entity's next later timestamp. Rows with the same timestamp
   are one instant: the instant's interval goes to one of its rows, the others weigh 0 (identical
-  rows from overlapping files count once; a clock stepped back interleaves its samples with the
+  rows from overlapping files count once; where such rows differ, which one carries the time is not
+  defined — ordering every sample by its values too would cost a fifth more; a clock stepped back interleaves its samples with the
   earlier ones and the interval between neighbours is still the time between them).
 - ``tick``, its *local tick*: the lower median (of three or four, the second shortest; of one or two,
   the shortest) of the intervals around it — between the two rows before it and between the two rows after it,
@@ -211,15 +212,3 @@ def weighted_query(
             if values["e"] is not None:
                 host_of[values["e"]] = chunk_params[0]
     return Weighted(tuple(sets), intervals, host_of)
-
-
-def unhash(con, keys) -> dict[int, tuple]:
-    """{hash(*key): key} for the given (host, gpu_uuid) keys: reads results grouped by entity hash."""
-    keys = list(keys)
-    return {
-        hashed: (h, u)
-        for h, u, hashed in con.execute(
-            "SELECT h, u, hash(h, u) FROM (SELECT unnest(?::VARCHAR[]) AS h, unnest(?::VARCHAR[]) AS u)",
-            [[k[0] for k in keys], [k[1] for k in keys]],
-        ).fetchall()
-    }

@@ -165,8 +165,10 @@ def test_time_weighted_figures_use_the_weights(tmp_path):
 
 
 def reference_weights(stamps: list[float], fleet_tick: float) -> list[float]:
-    """The definition, written out independently in plain Python, for one GPU (stamps in seconds)."""
-    t = sorted(stamps)
+    """The definition, written out independently in plain Python, for one GPU (stamps in seconds;
+    computed in whole microseconds, as the timestamps are stored, so boundaries compare exactly)."""
+    t = sorted(round(x * 1e6) for x in stamps)
+    fleet_tick = round(fleet_tick * 1e6)
     n = len(t)
     d = [t[i + 1] - t[i] if i + 1 < n and t[i + 1] > t[i] else None for i in range(n)]
 
@@ -189,7 +191,7 @@ def reference_weights(stamps: list[float], fleet_tick: float) -> list[float]:
             continue
         tick = sorted(around)[1] if len(around) > 2 else min(around)
         out.append(tick if final or d[i] > 3 * tick else d[i])
-    return out
+    return [w / 1e6 for w in out]
 
 
 def intervals_ms(stamps: list[float]) -> list[float]:
