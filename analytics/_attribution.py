@@ -92,6 +92,7 @@ def attribution(
         "sm_util, mem_used_bytes, simulated",
         entity=PROCESS_ENTITY,
         join=join,
+        intervals=False,
     )
     if unknown:
         con.execute("DROP TABLE IF EXISTS _gpu_minutes")

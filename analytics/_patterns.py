@@ -51,6 +51,7 @@ def _grouped(con, scope: Scope, key: str, params: list | None = None) -> list:
         _SUMS,
         columns=f"{_COLUMNS}, {key} AS k",
         columns_params=params or [],
+        intervals=False,
     )
     tick = result.fleet_tick_s()
     out = []
