@@ -22,13 +22,25 @@ from analytics._patterns import (
 )
 from analytics._pool import ClientActivity, PoolActivity, pool_activity
 from analytics._scope import Extent, GpuInfo, Scope, data_extent
-from analytics._summary import Distribution, FleetSummary, GpuStat, SummaryOptions, fleet_summary
+from analytics._summary import (
+    COARSE_INTERVAL_S,
+    Distribution,
+    FleetSummary,
+    GpuStat,
+    HostSampling,
+    SummaryOptions,
+    fleet_summary,
+)
 from analytics._telemetry import TelemetryError, open_telemetry
-from analytics._whatif import GRANULARITIES, POLICIES, PoolOptions, WhatIf, what_if
+from analytics._weights import GAP_FACTOR
+from analytics._whatif import DEMANDS, GRANULARITIES, POLICIES, PoolOptions, WhatIf, what_if
 
 __all__ = [
     "ATTRIBUTION_KEYS",
+    "COARSE_INTERVAL_S",
     "DAYS",
+    "DEMANDS",
+    "GAP_FACTOR",
     "GRANULARITIES",
     "POLICIES",
     "Attribution",
@@ -39,6 +51,7 @@ __all__ = [
     "FleetSummary",
     "GpuInfo",
     "GpuStat",
+    "HostSampling",
     "HourOfWeek",
     "Period",
     "Periods",

@@ -1,8 +1,9 @@
 """When the GPUs are busy: utilization over time, the hour-of-week heatmap, busiest and idlest periods.
 
-Means are time-weighted: each sample counts for its GPU's tick (see ``_ticks``), so a host sampled
-every 10 s weighs as much per hour as one sampled every second. Each query aggregates per GPU and
-group in one streaming pass and applies the ticks to those few rows afterwards.
+Means are time-weighted: each sample counts for its weight as ``_weights`` defines it (the time to
+its GPU's next sample, a gap counting one local tick), so a host sampled every 10 s weighs as much
+per hour as one sampled every second, and a gap adds nothing. Each query is one windowed pass that
+aggregates per GPU and group; the groups are folded together here.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import duckdb
 
 from analytics._scope import ALL, Scope, no_data_error
 from analytics._telemetry import TelemetryError
-from analytics._ticks import GPU_HASH, gpu_ticks, unhash
+from analytics._weights import weighted_query
 
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 LEVELS = {
@@ -26,35 +27,58 @@ LEVELS = {
 QUARTER_US = 900_000_000
 
 
-# Per GPU and group: sample counts and sums. Weighting by each GPU's tick happens afterwards, on
-# these few rows, in ``_weighted``.
+# Per GPU and group: weighted sums (``w`` is each sample's weight in seconds).
+_COLUMNS = (
+    "host, gpu_uuid, ts, gpu_index, util_gpu_mean, sm_activity, mem_used_bytes, mem_total_bytes, simulated"
+)
 _SUMS = """
-    count(*) AS n,
-    count(util_gpu_mean) AS n_u, sum(util_gpu_mean) AS s_u,
-    count(sm_activity) AS n_a, sum(sm_activity) AS s_a,
-    count(*) FILTER (WHERE mem_total_bytes > 0) AS n_m, sum(mem_used_bytes / nullif(mem_total_bytes, 0)) AS s_m,
-    sum(simulated::INTEGER) AS n_sim
+    sum(w) AS w, sum(w) FILTER (WHERE util_gpu_mean IS NOT NULL) AS w_u, sum(w * util_gpu_mean) AS s_u,
+    sum(w) FILTER (WHERE sm_activity IS NOT NULL) AS w_a, sum(w * sm_activity) AS s_a,
+    sum(w) FILTER (WHERE mem_total_bytes > 0) AS w_m, sum(w * mem_used_bytes / nullif(mem_total_bytes, 0)) AS s_m,
+    bool_or(simulated) AS sim, any_value(gpu_index) AS gpu_index
 """
 
 
-def _unhashed(con, ticks: dict, rows: list) -> list:
-    """Rows grouped by GPU_HASH, with (host, gpu_uuid) back in front."""
-    names = unhash(con, ticks)
-    return [(*names[r[0]], *r[1:]) for r in rows]
+def _grouped(con, scope: Scope, key: str, params: list | None = None) -> list:
+    """[(host, gpu_index, key value, w, w_u, s_u, w_a, s_a, w_m, s_m, sim)] per GPU and ``key``."""
+    where, wparams = scope.where()
+    result = weighted_query(
+        con,
+        "gpu_samples",
+        where,
+        wparams,
+        (("e", "k"),),
+        _SUMS,
+        columns=f"{_COLUMNS}, {key} AS k",
+        columns_params=params or [],
+        intervals=False,
+    )
+    tick = result.fleet_tick_s()
+    out = []
+    for e, k, fb, _n, w, w_u, s_u, w_a, s_a, w_m, s_m, sim, index in result.sets[0]:
+        f = result.scale(fb, tick)
+        out.append(
+            (
+                result.host_of[e],
+                index,
+                k,
+                *((v or 0.0) * f for v in (w, w_u, s_u, w_a, s_a, w_m, s_m)),
+                sim,
+                e,
+            )
+        )
+    return out
 
 
-def _weighted(rows, ticks: dict, key_of) -> dict:
-    """Fold (host, gpu_uuid, *key, n, n_u, s_u, n_a, s_a, n_m, s_m, n_sim) rows into time-weighted
-    means per key: {key: (util, sm, mem, gpu_hours, gpus, simulated)}."""
+def _weighted(rows, key_of) -> dict:
+    """Fold ``_grouped`` rows into time-weighted means per key: {key: (util, sm, mem, gpu_hours, gpus, simulated)}."""
     acc: dict = {}
-    for host, uuid, *rest in rows:
-        *key, n, n_u, s_u, n_a, s_a, n_m, s_m, n_sim = rest
-        w = ticks.get((host, uuid), 0.0)
-        a = acc.setdefault(key_of(host, uuid, *key), [0.0] * 7 + [set(), False])
-        for i, v in enumerate((n, n_u, s_u or 0, n_a, s_a or 0, n_m, s_m or 0)):
-            a[i] += v * w
-        a[7].add((host, uuid))
-        a[8] = a[8] or bool(n_sim)
+    for host, index, k, w, w_u, s_u, w_a, s_a, w_m, s_m, sim, e in rows:
+        a = acc.setdefault(key_of(host, index, k), [0.0] * 7 + [set(), False])
+        for i, v in enumerate((w, w_u, s_u, w_a, s_a, w_m, s_m)):
+            a[i] += v
+        a[7].add(e)
+        a[8] = a[8] or bool(sim)
     return {
         k: (
             a[2] / a[1] if a[1] else None,
@@ -127,16 +151,10 @@ def utilization_timeline(
 ) -> Timeline:
     """Fleet means per time bucket (``bucket_s``, or the smallest round bucket giving <= max_points)."""
     bucket_s = bucket_s or _bucket_for(con, scope, max_points)
-    where, params = scope.where()
-    ticks = gpu_ticks(con, where, params)
-    rows = con.execute(
-        f"SELECT {GPU_HASH} AS gpu, epoch_us(ts) // ? AS b, {_SUMS} FROM gpu_samples WHERE {where} GROUP BY ALL",
-        [bucket_s * 1_000_000, *params],
-    ).fetchall()
-    rows = _unhashed(con, ticks, rows)
+    rows = _grouped(con, scope, "epoch_us(ts) // ?", [bucket_s * 1_000_000])
     if not rows:
         raise no_data_error(con, scope)
-    per = _weighted(rows, ticks, lambda host, uuid, b: b)
+    per = _weighted(rows, lambda host, index, b: b)
     points = tuple(
         TimePoint(datetime.fromtimestamp(b * bucket_s, UTC), u, a, m, h, n)
         for b, (u, a, m, h, n, _) in sorted(per.items())
@@ -172,29 +190,22 @@ def hour_of_week(
         zone = ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError):
         raise TelemetryError(f"unknown time zone {tz!r}", "use an IANA name such as Europe/Berlin") from None
-    where, params = scope.where()
-    ticks = gpu_ticks(con, where, params)
     # Quarter hours of UTC, mapped to local hours of the week here: every zone's offset is a whole
     # number of quarter hours, and converting a few thousand bucket starts is cheaper than
     # converting every sample.
-    rows = con.execute(
-        f"SELECT {GPU_HASH} AS gpu, any_value(gpu_index) AS gpu_index, epoch_us(ts) // {QUARTER_US} AS q, "
-        f"{_SUMS} FROM gpu_samples WHERE {where} GROUP BY gpu, q",
-        params,
-    ).fetchall()
-    rows = _unhashed(con, ticks, rows)
+    rows = _grouped(con, scope, f"epoch_us(ts) // {QUARTER_US}")
     if not rows:
         raise no_data_error(con, scope)
     label = LEVELS[level]
     local: dict[int, tuple[int, int]] = {}
 
-    def key_of(host, uuid, index, q):
+    def key_of(host, index, q):
         if q not in local:
             t = datetime.fromtimestamp(q * QUARTER_US / 1e6, UTC).astimezone(zone)
             local[q] = (t.weekday(), t.hour)
         return (label(host, index), *local[q])
 
-    per = _weighted(rows, ticks, key_of)
+    per = _weighted(rows, key_of)
     grids: dict[str, dict] = {}
     for (key, d, h), (u, a, _m, hours, _n, sim) in sorted(per.items()):
         g = grids.setdefault(

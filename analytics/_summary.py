@@ -1,17 +1,17 @@
 """The fleet summary: how busy the GPUs in a scope really were.
 
-Two passes over ``gpu_samples``, both streaming aggregates (nothing is loaded whole):
+Every figure is weighted by observed time, each sample by its weight as ``_weights`` defines it
+(the time to the GPU's next sample; a gap in collection counts for one local tick, never for the
+gap). One windowed pass over ``gpu_samples``, chunk by chunk, grouped two ways per GPU:
 
-1. per GPU and hour bucket: sample counts and first/last time, which give each GPU's tick (see
-   ``_ticks``), memory sums, and the few quantities that need two columns of a row together (held
-   but idle; utilization.gpu on the samples that carry SM activity).
-2. per GPU: histograms of utilization.gpu and SM activity at 1/1000 resolution. Their means, idle
-   counts and percentiles come from these (weighted by each GPU's tick). Values are taken rounded
-   to 0.001 (0.1 %): NVML reports whole percents, so a reader loses nothing, and a histogram costs
-   one group-by where exact quantiles would sort every sample.
+1. by utilization.gpu at 1/1000 resolution (and the flags held-but-idle, has-GPM, lost,
+   simulated): weights, memory sums, first/last sample, gap time;
+2. by SM activity at 1/1000 resolution.
 
-Every aggregate is an update per row, so the passes carry only what they must: on one month of 64
-GPUs at 1 Hz that is the difference between seconds and minutes (bench/bench_analytics.py).
+Means, idle time and percentiles come from these weighted histograms. Values are taken rounded to
+0.001 (0.1 %): NVML reports whole percents, so a reader loses nothing, and a histogram costs one
+group-by where exact quantiles would sort every sample. The same pass bins every interval (10 ms)
+for the sampling the report states: the median interval per host and the share of time in gaps.
 
 "Idle" is utilization.gpu, rounded to 0.1 %, below ``idle_below``.
 
@@ -28,10 +28,11 @@ from datetime import UTC, datetime, timedelta
 import duckdb
 
 from analytics._scope import ALL, Scope, no_data_error
-from analytics._ticks import BUCKET_US, GPU_HASH, filled_tick_cte, unhash
+from analytics._weights import median_of, weighted_query
 
 HIST_RESOLUTION = 1000  # bins per unit ratio: 0.001 steps
 GIB = 1 << 30
+COARSE_INTERVAL_S = 10.0  # a median interval this long or longer: each sample is itself an average
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class GpuStat:
     gpu_index: int
     gpu_uuid: str
     gpu_name: str
-    tick_s: float
+    tick_s: float  # the GPU's median interval between samples
     gpu_hours: float
     util_gpu_mean: float | None
     sm_activity_mean: float | None
@@ -62,6 +63,28 @@ class GpuStat:
     mem_used_ratio_mean: float | None
     mem_total_bytes: int
     simulated: bool
+
+
+@dataclass(frozen=True)
+class HostSampling:
+    """How one host's GPUs were sampled: what a reader needs to judge the figures."""
+
+    host: str
+    gpus: int
+    samples: int
+    median_interval_s: float | None  # median time between a GPU's consecutive samples
+    observed_hours: float
+    gap_hours: float  # time inside gaps (intervals over GAP_FACTOR local ticks), not counted
+
+    @property
+    def gap_share(self) -> float:
+        """Share of the GPUs' sampled span that fell in gaps."""
+        total = self.observed_hours + self.gap_hours
+        return self.gap_hours / total if total else 0.0
+
+    @property
+    def coarse(self) -> bool:
+        return self.median_interval_s is not None and self.median_interval_s >= COARSE_INTERVAL_S
 
 
 @dataclass(frozen=True)
@@ -82,8 +105,9 @@ class FleetSummary:
     last_sample: datetime
     hosts: int
     gpus: int
-    gpu_hours: float  # observed: samples x each GPU's tick, so collection gaps are not counted
-    tick_s_median: float
+    gpu_hours: float  # observed: the sum of the samples' weights (see _weights); gaps are not counted
+    tick_s_median: float  # the median interval between consecutive samples, fleet-wide
+    gap_hours: float  # GPU time inside gaps in collection (not in gpu_hours)
     util_gpu_mean: float | None  # utilization.gpu (duty cycle: any kernel running)
     util_gpu_p50: float | None
     util_gpu_p95: float | None
@@ -105,6 +129,18 @@ class FleetSummary:
     per_gpu: tuple[GpuStat, ...] = field(repr=False)
     util_distribution: Distribution = field(repr=False)
     sm_distribution: Distribution = field(repr=False)
+    sampling: tuple[HostSampling, ...] = field(repr=False, default=())
+    samples: int = 0
+
+    @property
+    def gap_share(self) -> float:
+        total = self.gpu_hours + self.gap_hours
+        return self.gap_hours / total if total else 0.0
+
+    @property
+    def coarse_hosts(self) -> tuple[HostSampling, ...]:
+        """Hosts sampled every COARSE_INTERVAL_S or slower: a sample there is itself an average."""
+        return tuple(h for h in self.sampling if h.coarse)
 
     @property
     def idle_share(self) -> float:
@@ -119,65 +155,29 @@ class FleetSummary:
         return self.gpm_gpu_hours / self.gpu_hours if self.gpu_hours else 0.0
 
 
-def _buckets_sql(where: str) -> str:
-    # Only what the histograms cannot give: the tick (count, first, last per hour bucket) and the
-    # quantities that need two columns of one row at once. Aggregates are the cost here (each one is
-    # an update per row), so everything a histogram gives is taken from the histograms.
-    return f"""
-        SELECT host, gpu_uuid, epoch_us(ts) // {BUCKET_US} AS bucket,
-               count(*) AS n, min(epoch_us(ts)) AS lo, max(epoch_us(ts)) AS hi,
-               sum((util_gpu_mean < ? AND mem_used_bytes >= ?)::INTEGER) AS n_held,
-               sum(util_gpu_mean) FILTER (WHERE sm_activity IS NOT NULL) AS s_u_a,
-               count(util_gpu_mean) FILTER (WHERE sm_activity IS NOT NULL) AS n_u_a,
-               sum((state = 'lost')::INTEGER) AS n_lost,
-               sum(simulated::INTEGER) AS n_sim,
-               max(mem_total_bytes) AS mem_total,
-               count(mem_used_bytes) AS n_m, sum(mem_used_bytes) AS s_mu, max(mem_used_bytes) AS mu_peak
-        FROM gpu_samples WHERE {where}
-        GROUP BY ALL
-    """
-
-
-_PER_GPU = f"""
-    ticks AS (
-        SELECT host, gpu_uuid,
-               coalesce(median((hi - lo) / (n - 1)) FILTER (WHERE n > 1),
-                        (max(hi) - min(lo)) / nullif(sum(n) - 1, 0)) / 1e6 AS tick_s
-        FROM b GROUP BY ALL
-    ),
-    filled AS ({filled_tick_cte("ticks")}),
-    g AS (
-        SELECT host, gpu_uuid, max(mem_total) AS mem_total, sum(n) AS n, sum(n_held) AS n_held,
-               sum(s_u_a) AS s_u_a, sum(n_u_a) AS n_u_a, sum(n_lost) AS n_lost, sum(n_sim) AS n_sim,
-               sum(n_m) AS n_m, sum(s_mu) AS s_mu, max(mu_peak) AS mu_peak,
-               min(lo) AS first_us, max(hi) AS last_us
-        FROM b GROUP BY ALL
-    )
-    SELECT g.*, filled.tick_s FROM g JOIN filled USING (host, gpu_uuid)
+# Computed per row before the window (they take parameters): histogram bins and the held-but-idle flag.
+_COLUMNS = f"""
+    host, gpu_uuid, ts, mem_used_bytes, mem_total_bytes,
+    round(util_gpu_mean * {HIST_RESOLUTION})::INTEGER AS ub, round(sm_activity * {HIST_RESOLUTION})::INTEGER AS ab,
+    (coalesce(util_gpu_mean < ? AND mem_used_bytes >= ?, false)::INTEGER
+     + 2 * (sm_activity IS NOT NULL)::INTEGER + 4 * coalesce(state = 'lost', false)::INTEGER
+     + 8 * coalesce(simulated, false)::INTEGER)::UTINYINT AS flags
 """
-
+HELD, HAS_GPM, LOST, SIMULATED = 1, 2, 4, 8  # bits of ``flags``
+_UTIL_KEYS = ("e", "ub", "flags")
+_SM_KEYS = ("e", "ab")
+_AGGREGATES = """
+    sum(w) AS w, sum(w * mem_used_bytes) AS wmu, sum(w) FILTER (WHERE mem_used_bytes IS NOT NULL) AS wm,
+    max(mem_used_bytes) AS mu_peak, max(mem_total_bytes) AS mem_total, min(t) AS first_us, max(t) AS last_us,
+    sum(gap) AS gap_s
+"""
 # The newest index and name of each GPU. Read only from the days where GPUs last reported, so it
 # touches one day of segments, not the whole range.
 _NAMES = """
-    SELECT host, gpu_uuid, arg_max(gpu_index, ts) AS gpu_index, arg_max(gpu_name, ts) AS gpu_name
-    FROM gpu_samples WHERE {where} AND date >= ? GROUP BY ALL
+    SELECT hash(host, gpu_uuid), host, gpu_uuid, arg_max(gpu_index, ts) AS gpu_index,
+           arg_max(gpu_name, ts) AS gpu_name
+    FROM gpu_samples WHERE {where} AND date >= ? GROUP BY host, gpu_uuid
 """
-
-# Keyed by hash(host, gpu_uuid): one integer instead of two strings per row in the hash table
-# (a quarter less CPU on a month of samples); ``unhash`` maps the hashes back.
-_HISTOGRAMS = """
-    SELECT gpu, GROUPING(ub, ab) AS which, coalesce(ub, ab) AS bin, count(*) AS n
-    FROM (
-        SELECT {gpu_hash} AS gpu, round(util_gpu_mean * ?)::INTEGER AS ub,
-               round(sm_activity * ?)::INTEGER AS ab
-        FROM gpu_samples WHERE {where}
-    )
-    GROUP BY GROUPING SETS ((gpu, ub), (gpu, ab))
-    HAVING coalesce(ub, ab) IS NOT NULL
-"""
-
-# GROUPING(ub, ab) is a bitmask of the columns *not* grouped: 0b01 -> grouped by ub, 0b10 -> by ab.
-_WHICH = {0b01: "util", 0b10: "sm"}
 
 
 def percentile(weighted_bins: dict[int, float], p: float) -> float | None:
@@ -202,113 +202,178 @@ def fleet_summary(
 ) -> FleetSummary:
     """Summarise the GPUs of ``scope``; raises ``TelemetryError`` when the scope holds no samples."""
     where, params = scope.where()
-    rows = con.execute(
-        f"WITH b AS ({_buckets_sql(where)}), {_PER_GPU}",
-        [options.idle_below, options.held_mem_bytes, *params],
-    ).fetchall()
-    if not rows:
+    result = weighted_query(
+        con,
+        "gpu_samples",
+        where,
+        params,
+        (_UTIL_KEYS, _SM_KEYS),
+        _AGGREGATES,
+        columns=_COLUMNS,
+        columns_params=[options.idle_below, options.held_mem_bytes],
+    )
+    util_rows, sm_rows = result.sets
+    if not util_rows:
         raise no_data_error(con, scope)
-    cols = [d[0] for d in con.description]
-    per = {(r[0], r[1]): dict(zip(cols, r, strict=True)) for r in rows}
+    fleet_tick = result.fleet_tick_s()
+    per: dict[int, dict] = {}
+    hists: dict[str, dict[int, float]] = {"util": defaultdict(float), "sm": defaultdict(float)}
+    gpu_hist: dict[int, dict[str, dict[int, float]]] = {}
+    idle_bin = options.idle_below * HIST_RESOLUTION
+    for e, ub, flags, fb, n, w, wmu, wm, mu_peak, mem_total, lo, hi, gap in util_rows:
+        held, has_a, lost, sim = (bool(flags & bit) for bit in (HELD, HAS_GPM, LOST, SIMULATED))
+        k = result.scale(fb, fleet_tick)
+        w, wmu, wm = (w or 0.0) * k, (wmu or 0.0) * k, (wm or 0.0) * k
+        g = per.setdefault(
+            e,
+            dict.fromkeys(
+                ("n", "w", "w_u", "s_u", "w_idle", "w_held", "w_ua", "s_ua", "w_lost", "w_sim"), 0.0
+            )
+            | {"wm": 0.0, "wmu": 0.0, "gap": 0.0, "mu_peak": 0, "mem_total": 0, "lo": lo, "hi": hi}
+            | {"e": e},
+        )
+        g["n"] += n
+        g["w"] += w
+        g["wm"] += wm
+        g["wmu"] += wmu
+        g["gap"] += (gap or 0.0) if fb is None else 0.0
+        g["mu_peak"] = max(g["mu_peak"], mu_peak or 0)
+        g["mem_total"] = max(g["mem_total"], mem_total or 0)
+        g["lo"], g["hi"] = min(g["lo"], lo), max(g["hi"], hi)
+        if ub is not None:
+            g["w_u"] += w
+            g["s_u"] += w * ub / HIST_RESOLUTION
+            if ub < idle_bin - 1e-9:
+                g["w_idle"] += w
+            if has_a:
+                g["w_ua"] += w
+                g["s_ua"] += w * ub / HIST_RESOLUTION
+            gpu_hist.setdefault(e, {"util": defaultdict(float), "sm": defaultdict(float)})["util"][ub] += w
+            hists["util"][ub] += w
+        if held:
+            g["w_held"] += w
+        if lost:
+            g["w_lost"] += w
+        if sim:
+            g["w_sim"] += w
+    for e, ab, fb, _n, w, *_ in sm_rows:
+        if ab is None:
+            continue
+        w = (w or 0.0) * result.scale(fb, fleet_tick)
+        g = per[e]
+        g["w_a"] = g.get("w_a", 0.0) + w
+        g["s_a"] = g.get("s_a", 0.0) + w * ab / HIST_RESOLUTION
+        hists["sm"][ab] += w
+
+    # Each GPU's median interval; a GPU with none (a single sample) takes the fleet's.
+    by_gpu: dict[int, dict[int, int]] = defaultdict(dict)
+    for (e, dq), count in result.intervals.items():
+        by_gpu[e][dq] = count
+    for e, g in per.items():
+        tick = median_of(by_gpu[e].values(), by_gpu[e].keys()) if e in by_gpu else None
+        g["tick_s"] = tick / 1e6 if tick is not None else (fleet_tick or 0.0)
+
+    # Host, UUID, newest index and name of each GPU, read from the days where GPUs last reported.
     # A day back: a segment's date is when it was written, and a sample at midnight may sit in the day before.
-    last_day = min(datetime.fromtimestamp(g["last_us"] / 1e6, UTC).date() for g in per.values()) - timedelta(
+    last_day = min(datetime.fromtimestamp(g["hi"] / 1e6, UTC).date() for g in per.values()) - timedelta(
         days=1
     )
-    for host, uuid, index, name in con.execute(_NAMES.format(where=where), [*params, last_day]).fetchall():
-        per[(host, uuid)].update(gpu_index=index, gpu_name=name)
+    for e, host, uuid, index, name in con.execute(_NAMES.format(where=where), [*params, last_day]).fetchall():
+        if e in per:
+            per[e].update(host=host, gpu_uuid=uuid, gpu_index=index, gpu_name=name)
+    per_list = sorted(per.values(), key=lambda g: (g["host"], g["gpu_index"] or 0, g["gpu_uuid"]))
 
-    # Per GPU: bin -> samples, for each metric. Means, idle counts and percentiles all come from these.
-    bins: dict[tuple, dict[str, dict[int, int]]] = {k: {"util": {}, "sm": {}} for k in per}
-    by_hash = unhash(con, per)
-    hist_rows = con.execute(
-        _HISTOGRAMS.format(where=where, gpu_hash=GPU_HASH), [HIST_RESOLUTION] * 2 + params
-    ).fetchall()
-    for gpu, which, b, n in hist_rows:
-        bins[by_hash[gpu]][_WHICH[which]][b] = n
-    idle_bin = options.idle_below * HIST_RESOLUTION
-    for key, g in per.items():
-        h = bins[key]
-        g["n_u"], g["s_u"] = (
-            sum(h["util"].values()),
-            sum(b * n for b, n in h["util"].items()) / HIST_RESOLUTION,
-        )
-        g["n_idle"] = sum(n for b, n in h["util"].items() if b < idle_bin - 1e-9)
-        g["n_a"], g["s_a"] = sum(h["sm"].values()), sum(b * n for b, n in h["sm"].items()) / HIST_RESOLUTION
-        # A GPU's memory size does not change, so its used ratio is its bytes over its size.
-        total = g["mem_total"] or 0
-        g["s_m"] = g["s_mu"] / total if total else None
-        g["s_head"] = (g["n_m"] * total - g["s_mu"]) if total else None
+    def h(x: float) -> float:
+        return x / 3600.0
 
-    hists: dict[str, dict[int, float]] = {
-        "util": defaultdict(float),
-        "sm": defaultdict(float),
-    }
-    for key, h in bins.items():
-        for metric, counts in h.items():
-            for b, n in counts.items():
-                hists[metric][b] += n * per[key]["tick_s"] / 3600.0
+    def total(key: str) -> float:
+        return sum(g.get(key, 0.0) for g in per_list)
 
-    per_list = sorted(per.values(), key=lambda g: (g["host"], g.get("gpu_index") or 0))
+    def mem_ratio(g: dict) -> float | None:
+        return g["wmu"] / g["mem_total"] / g["wm"] if g["mem_total"] and g["wm"] else None
 
-    def hours(g: dict, key: str) -> float:
-        return (g[key] or 0) * g["tick_s"] / 3600.0
-
-    def wsum(key: str) -> float:
-        return sum(hours(g, key) for g in per_list)
-
-    gpu_hours = wsum("n")
-    u_hours, a_hours, m_hours, ua_hours = wsum("n_u"), wsum("n_a"), wsum("n_m"), wsum("n_u_a")
     per_gpu = tuple(
         GpuStat(
             host=g["host"],
-            gpu_index=int(g.get("gpu_index") or 0),
+            gpu_index=int(g["gpu_index"] or 0),
             gpu_uuid=g["gpu_uuid"],
-            gpu_name=g.get("gpu_name") or "",
+            gpu_name=g["gpu_name"] or "",
             tick_s=g["tick_s"],
-            gpu_hours=hours(g, "n"),
-            util_gpu_mean=_ratio(g["s_u"], g["n_u"]),
-            sm_activity_mean=_ratio(g["s_a"], g["n_a"]),
-            idle_gpu_hours=hours(g, "n_idle"),
-            held_idle_gpu_hours=hours(g, "n_held"),
-            mem_used_ratio_mean=_ratio(g["s_m"], g["n_m"]),
+            gpu_hours=h(g["w"]),
+            util_gpu_mean=_ratio(g["s_u"], g["w_u"]),
+            sm_activity_mean=_ratio(g.get("s_a"), g.get("w_a", 0.0)),
+            idle_gpu_hours=h(g["w_idle"]),
+            held_idle_gpu_hours=h(g["w_held"]),
+            mem_used_ratio_mean=mem_ratio(g),
             mem_total_bytes=int(g["mem_total"] or 0),
-            simulated=bool(g["n_sim"]),
+            simulated=bool(g["w_sim"]),
         )
         for g in per_list
     )
-    ticks = sorted(g["tick_s"] for g in per_list)
+    gpu_seconds = total("w")
+    # Memory: a GPU's used ratio is its bytes over its size (a GPU's memory size does not change).
+    m_seconds = sum(g["wm"] for g in per_list if g["mem_total"])
+    mem_used = sum(g["wmu"] / g["mem_total"] for g in per_list if g["mem_total"])
+    headroom = sum(g["wm"] * g["mem_total"] - g["wmu"] for g in per_list if g["mem_total"])
     return FleetSummary(
         scope=scope,
-        first_sample=datetime.fromtimestamp(min(g["first_us"] for g in per_list) / 1e6, UTC),
-        last_sample=datetime.fromtimestamp(max(g["last_us"] for g in per_list) / 1e6, UTC),
+        first_sample=datetime.fromtimestamp(min(g["lo"] for g in per_list) / 1e6, UTC),
+        last_sample=datetime.fromtimestamp(max(g["hi"] for g in per_list) / 1e6, UTC),
         hosts=len({g["host"] for g in per_list}),
         gpus=len(per_list),
-        gpu_hours=gpu_hours,
-        tick_s_median=ticks[len(ticks) // 2],
-        util_gpu_mean=_ratio(sum(hours(g, "s_u") for g in per_list), u_hours),
+        gpu_hours=h(gpu_seconds),
+        tick_s_median=fleet_tick or 0.0,
+        gap_hours=h(total("gap")),
+        util_gpu_mean=_ratio(total("s_u"), total("w_u")),
         util_gpu_p50=percentile(hists["util"], 0.50),
         util_gpu_p95=percentile(hists["util"], 0.95),
-        gpm_gpu_hours=a_hours,
-        sm_activity_mean=_ratio(sum(hours(g, "s_a") for g in per_list), a_hours),
+        gpm_gpu_hours=h(total("w_a")),
+        sm_activity_mean=_ratio(total("s_a"), total("w_a")),
         sm_activity_p50=percentile(hists["sm"], 0.50),
         sm_activity_p95=percentile(hists["sm"], 0.95),
-        util_gpu_mean_where_gpm=_ratio(sum(hours(g, "s_u_a") for g in per_list), ua_hours),
-        idle_gpu_hours=wsum("n_idle"),
-        held_idle_gpu_hours=wsum("n_held"),
-        mem_used_ratio_mean=_ratio(sum(hours(g, "s_m") for g in per_list), m_hours),
+        util_gpu_mean_where_gpm=_ratio(total("s_ua"), total("w_ua")),
+        idle_gpu_hours=h(total("w_idle")),
+        held_idle_gpu_hours=h(total("w_held")),
+        mem_used_ratio_mean=_ratio(mem_used, m_seconds),
         mem_used_ratio_peak=max(
             (g["mu_peak"] / g["mem_total"] for g in per_list if g["mem_total"]), default=None
         ),
-        mem_headroom_bytes_mean=_ratio(sum(hours(g, "s_head") for g in per_list), m_hours),
+        mem_headroom_bytes_mean=_ratio(headroom, m_seconds),
         mem_total_bytes=sum(s.mem_total_bytes for s in per_gpu),
-        lost_gpu_hours=wsum("n_lost"),
+        lost_gpu_hours=h(total("w_lost")),
         simulated=any(s.simulated for s in per_gpu),
-        simulated_share=wsum("n_sim") / gpu_hours if gpu_hours else 0.0,
+        simulated_share=total("w_sim") / gpu_seconds if gpu_seconds else 0.0,
         options=options,
         per_gpu=per_gpu,
-        util_distribution=_coarse("util_gpu_mean", hists["util"]),
-        sm_distribution=_coarse("sm_activity", hists["sm"]),
+        util_distribution=_coarse("util_gpu_mean", {b: h(w) for b, w in hists["util"].items()}),
+        sm_distribution=_coarse("sm_activity", {b: h(w) for b, w in hists["sm"].items()}),
+        sampling=_sampling(per_list, by_gpu),
+        samples=int(total("n")),
     )
+
+
+def _sampling(per_list: list[dict], by_gpu: dict[int, dict[int, int]]) -> tuple[HostSampling, ...]:
+    hosts: dict[str, list[dict]] = defaultdict(list)
+    for g in per_list:
+        hosts[g["host"]].append(g)
+    out = []
+    for host, gs in sorted(hosts.items()):
+        counts: dict[int, int] = defaultdict(int)
+        for g in gs:
+            for dq, c in by_gpu.get(g["e"], {}).items():
+                counts[dq] += c
+        med = median_of(counts.values(), counts.keys()) if counts else None
+        out.append(
+            HostSampling(
+                host=host,
+                gpus=len(gs),
+                samples=int(sum(g["n"] for g in gs)),
+                median_interval_s=None if med is None else med / 1e6,
+                observed_hours=sum(g["w"] for g in gs) / 3600.0,
+                gap_hours=sum(g["gap"] for g in gs) / 3600.0,
+            )
+        )
+    return tuple(out)
 
 
 def _coarse(metric: str, fine: dict[int, float], width: float = 0.05) -> Distribution:

@@ -6,7 +6,10 @@ The demand is read from telemetry and cut into *requests*, the way Bitfusion cli
   most memory it held during that run, its busy share per step is its ``sm_util`` (or, where NVML
   gave none, its GPU's utilization.gpu split among such processes).
 - ``demand="gpu"``: each GPU's continuous stretch of holding at least ``held_mem_bytes`` (or being
-  busy) is one request, sized by the peak memory of the stretch — for telemetry without process rows.
+  busy) is one request, sized by the peak memory of the stretch, busy by its utilization.gpu — for
+  telemetry without process rows (an nvidia-smi or DCGM log).
+- ``demand="auto"`` (the default): process demand where the scope has process rows, else GPU demand;
+  ``WhatIf.demand`` says which one was used.
 
 A request's memory is rounded up to whole partitions (``1/granularity`` of a pool GPU; Bitfusion
 allowed down to 1/20) and held, unmoved, for its whole run: partitions are fixed at allocation and
@@ -41,7 +44,7 @@ from analytics._summary import GIB
 from analytics._telemetry import TelemetryError
 
 POLICIES = ("first-fit", "best-fit", "first-fit-decreasing")
-DEMANDS = ("process", "gpu")
+DEMANDS = ("auto", "process", "gpu")
 GRANULARITIES = (1, 2, 4, 5, 8, 10, 20)
 _AUTO_STEPS = (60, 300, 900, 3600)
 MAX_STEPS = 20_000
@@ -53,8 +56,10 @@ class PoolOptions:
 
     granularity: int = 20  # partitions per GPU: a request takes whole 1/granularity slices
     policy: str = "best-fit"
-    demand: str = "process"
-    step_s: int | None = None  # replay resolution; None: 60 s, coarser for long ranges (<= 20,000 steps)
+    demand: str = "auto"  # "process", "gpu", or "auto": process rows where the scope has them
+    step_s: int | None = (
+        None  # replay resolution; None: 60 s or more (>= 2 sampling intervals, <= 20,000 steps)
+    )
     pool_gpus: int | None = None  # size of the pool replayed with waiting; None: the p95 need
     gpu_mem_bytes: int | None = None  # memory of one pool GPU; None: the largest GPU observed
     held_mem_bytes: int = 1 * GIB  # demand="gpu": a GPU holding less (and idle) has no request
@@ -124,6 +129,8 @@ class WhatIf:
     need_over_time: tuple[tuple[datetime, int], ...] = field(repr=False)
     assumptions: tuple[str, ...] = field(repr=False, default=())
     simulated: bool = False
+    demand: str = "process"  # the demand basis used: "process" or "gpu" (options.demand may say "auto")
+    sampling_s: float | None = None  # the typical interval between a GPU's samples
 
     @property
     def cost_saving(self) -> float:
@@ -134,9 +141,11 @@ class WhatIf:
         return self.observed_gpus - self.pool_gpus
 
 
-def _auto_step(span_s: float) -> int:
+def _auto_step(span_s: float, sampling_s: float = 0.0) -> int:
+    # At least two sampling intervals per step, so a GPU that ran through a step has a sample in it
+    # (an nvidia-smi log every 57 s would otherwise leave 60 s steps empty and cut runs in pieces).
     for step in _AUTO_STEPS:
-        if span_s / step <= MAX_STEPS:
+        if span_s / step <= MAX_STEPS and step >= 2 * sampling_s:
             return step
     return math.ceil(span_s / MAX_STEPS / 3600) * 3600
 
@@ -223,7 +232,20 @@ def what_if(
     ).fetchone()
     if lo is None:
         raise no_data_error(con, scope)
-    step_s = options.step_s or _auto_step((hi - lo) / 1e6)
+    # The typical spacing of a GPU's samples, to choose the step (not a weight: nothing here is
+    # weighted per sample; demand is averaged per step).
+    (sampling_s,) = con.execute(
+        f"SELECT median((hi - lo) / (n - 1)) / 1e6 FROM (SELECT count(*) AS n, min(epoch_us(ts)) AS lo, "
+        f"max(epoch_us(ts)) AS hi FROM gpu_samples WHERE {where} GROUP BY host, gpu_uuid) WHERE n > 1",
+        params,
+    ).fetchone()
+    step_s = options.step_s or _auto_step((hi - lo) / 1e6, sampling_s or 0.0)
+    demand = options.demand
+    if demand == "auto":
+        has_processes = con.execute(
+            f"SELECT count(*) > 0 FROM (SELECT 1 FROM process_samples WHERE {where} LIMIT 1)", params
+        ).fetchone()[0]
+        demand = "process" if has_processes else "gpu"
     step_us = step_s * 1_000_000
     first, last = lo // step_us, hi // step_us
     horizon = int(last - first + 1)
@@ -240,7 +262,7 @@ def what_if(
     utils = [r[4] for r in gpu_steps if r[4] is not None]
     simulated = any(r[7] for r in gpu_steps)
 
-    if options.demand == "process":
+    if demand == "process":
         rows = con.execute(
             _PROCESS_STEPS.format(gpu_steps=_GPU_STEPS.format(where=where), where=where),
             [step_us, *params, step_us, *params],
@@ -248,7 +270,8 @@ def what_if(
         if not rows:
             raise TelemetryError(
                 f"no process rows for {scope.describe()}",
-                "the what-if needs per-process telemetry; use demand 'gpu' to replay whole GPUs instead",
+                "demand 'process' needs per-process telemetry; use demand 'gpu' (or 'auto') to replay "
+                "each GPU's utilization and memory instead",
             )
         simulated = simulated or any(r[6] for r in rows)
         requests = _runs(rows, lambda r: (f"{r[0]} / GPU {r[1]} / pid {r[2]}", r[3], r[4], r[5]), first)
@@ -309,8 +332,10 @@ def what_if(
         need_over_time=tuple(
             (datetime.fromtimestamp((first + t) * step_s, UTC), n) for t, n in enumerate(need)
         ),
-        assumptions=_assumptions(options, step_s, gpu_mem),
+        assumptions=_assumptions(options, demand, step_s, gpu_mem, sampling_s),
         simulated=simulated,
+        demand=demand,
+        sampling_s=sampling_s,
     )
 
 
@@ -392,11 +417,27 @@ def _replay_bounded(pieces: list[Request], horizon: int, gpus: int, g: int, poli
     }
 
 
-def _assumptions(options: PoolOptions, step_s: int, gpu_mem: int) -> tuple[str, ...]:
-    basis = (
-        "each process's continuous run on a GPU is one request"
-        if options.demand == "process"
-        else f"each GPU's continuous stretch holding >= {options.held_mem_bytes / GIB:g} GiB (or busy) is one request"
+def _assumptions(
+    options: PoolOptions, demand: str, step_s: int, gpu_mem: int, sampling_s: float | None
+) -> tuple[str, ...]:
+    if demand == "process":
+        basis = (
+            "per-process rows: each process's continuous run on a GPU is one request, its busy share its "
+            "own sm_util (or its GPU's utilization.gpu split among such processes)"
+        )
+    else:
+        basis = (
+            "per-GPU demand (the telemetry has no process rows"
+            + (", or 'gpu' was asked for" if options.demand == "gpu" else "")
+            + f"): each GPU's continuous stretch holding >= {options.held_mem_bytes / GIB:g} GiB (or busy at "
+            f"least {options.idle_below:.0%}) is one request, sized by the peak memory of the stretch and busy "
+            "by the GPU's utilization.gpu. This assumes one tenant per GPU: what several processes on one GPU "
+            "did together is replayed as one request, so a pool could do better than shown"
+        )
+    sampling = (
+        f" Samples came every {sampling_s:.3g} s (typical): the demand of a step is the mean of the samples in it."
+        if sampling_s
+        else ""
     )
     return (
         "Memory is the binding constraint: a request takes its peak memory, rounded up to whole "
@@ -404,7 +445,7 @@ def _assumptions(options: PoolOptions, step_s: int, gpu_mem: int) -> tuple[str, 
         "Compute is shared: tenants of one GPU add their busy shares; above 1 they would slow each other "
         "(counted as oversubscribed), not fail.",
         f"Demand: {basis}; replayed in {step_s} s steps with the '{options.policy}' packing policy; "
-        "partitions never move once placed.",
+        f"partitions never move once placed.{sampling}",
         "A request that does not fit waits and retries each step, then runs for its observed duration.",
         "Network cost of remote GPUs is not modelled: jobs are assumed to run as fast remotely.",
         f"Cost: GPUs x observed span x {options.price_per_gpu_hour:g} {options.currency} per GPU-hour.",

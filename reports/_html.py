@@ -150,7 +150,11 @@ def build_html(dirs: list[str], opts: BuildOptions | None = None, progress=lambd
         "<a href='#utilization-over-time'>over time</a> · <a href='#per-gpu'>per GPU</a></p></div>",
         "<h3>The fleet in numbers</h3>",
         _cards(P.headline(s)),
+        f"<h3>Sampling</h3><p>{html.escape(P.sampling_note(s))}</p>",
     ]
+    if (warning := P.coarse_warning(s)) is not None:
+        parts.append(f"<div class='banner'>{html.escape(warning)}</div>")
+    parts.append(_table(P.sampling_table(s), "sampling"))
 
     # The answer's details first (what a pool would need, who holds the GPUs), then the when and how.
     parts.append(_section("What-if: a pool of fractional GPUs", sim))
@@ -158,6 +162,7 @@ def build_html(dirs: list[str], opts: BuildOptions | None = None, progress=lambd
         parts.append(f"<p class='muted'>{html.escape(whatif.title)}. {html.escape(whatif.hint)}</p>")
     else:
         parts += [
+            f"<p>{html.escape(P.whatif_headline(whatif))}</p>",
             _fig(P.fig_need(whatif)),
             _kv_table(P.whatif_rows(whatif)),
             "<h3>Assumptions</h3><ul>",

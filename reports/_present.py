@@ -82,6 +82,19 @@ def duration(seconds: float) -> str:
     return f"{seconds:g} s"
 
 
+def duration_s(seconds: float | None) -> str:
+    """An interval as measured: 57 s, 1.5 s, 250 ms, 2.5 min."""
+    if seconds is None:
+        return "n/a"
+    if seconds < 1:
+        return f"{seconds * 1000:.3g} ms"
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.3g} min"
+    return f"{seconds / 3600:.3g} h"
+
+
 def gib(x: float | None) -> str:
     return NA if x is None else f"{x / GIB:,.1f} GiB"
 
@@ -156,7 +169,8 @@ def headline(s: A.FleetSummary) -> list[tuple[str, str, str]]:
         (
             "GPU-hours observed",
             hours(s.gpu_hours),
-            f"samples x tick (median tick {s.tick_s_median:.3g} s); gaps in collection are not counted",
+            f"each sample counts for the time to its GPU's next sample (median interval {duration_s(s.tick_s_median)}); "
+            f"gaps in collection ({pct(s.gap_share)} of the sampled span) are not counted",
         ),
         (
             "utilization.gpu mean",
@@ -204,6 +218,49 @@ def findings(s: A.FleetSummary) -> list[str]:
     return out
 
 
+def sampling_note(s: A.FleetSummary) -> str:
+    """What sampling the figures rest on."""
+    return (
+        f"{s.samples:,} samples; a GPU's consecutive samples were {duration_s(s.tick_s_median)} apart (median). "
+        f"Each sample counts for the time to its GPU's next sample; an interval longer than {A.GAP_FACTOR} local "
+        f"ticks is a gap in collection and counts for one tick only: {hours(s.gap_hours)} "
+        f"({pct(s.gap_share)} of the sampled span) fell in gaps and is not counted as observed."
+    )
+
+
+def coarse_warning(s: A.FleetSummary) -> str | None:
+    """Where sampling is coarse enough (tens of seconds) to limit what a figure can mean."""
+    coarse = s.coarse_hosts
+    if coarse:
+        names = ", ".join(f"{h.host} ({duration_s(h.median_interval_s)})" for h in coarse[:8])
+        more = f" and {len(coarse) - 8} more" if len(coarse) > 8 else ""
+        return (
+            f"Coarse sampling on {len(coarse)} of {len(s.sampling)} hosts: {names}{more}. A sample there stands for "
+            "tens of seconds of use it did not see whole: utilization.gpu is a duty cycle over the driver's last "
+            "sample period, so bursts and idle moments shorter than the interval are missed or stretched over it. "
+            "Means and GPU-hours stay sound over many samples; percentiles, idle spells and the what-if's "
+            "per-step demand are only as fine as the interval."
+        )
+    return None
+
+
+def sampling_table(s: A.FleetSummary) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {
+                "host": h.host,
+                "GPUs": h.gpus,
+                "samples": h.samples,
+                "median interval (s)": None if h.median_interval_s is None else round(h.median_interval_s, 3),
+                "observed GPU-hours": round(h.observed_hours, 2),
+                "GPU-hours in gaps": round(h.gap_hours, 2),
+                "in gaps %": _p(h.gap_share),
+            }
+            for h in s.sampling
+        ]
+    )
+
+
 def per_gpu_table(s: A.FleetSummary, *, full: bool = False) -> pd.DataFrame:
     """One row per GPU; ``full`` adds the UUID (the CSV download), which no screen has room for."""
     return pd.DataFrame(
@@ -213,7 +270,7 @@ def per_gpu_table(s: A.FleetSummary, *, full: bool = False) -> pd.DataFrame:
                 "gpu": g.gpu_index,
                 "name": g.gpu_name,
                 **({"uuid": g.gpu_uuid} if full else {}),
-                "tick (s)": round(g.tick_s, 3),
+                "median interval (s)": round(g.tick_s, 3),
                 "GPU-hours": round(g.gpu_hours, 3),
                 "util.gpu mean %": _p(g.util_gpu_mean),
                 "SM activity mean %": _p(g.sm_activity_mean),
@@ -267,8 +324,16 @@ def periods_table(p: A.Periods) -> pd.DataFrame:
 
 def whatif_rows(w: A.WhatIf) -> list[tuple[str, str]]:
     cur = w.options.currency
+    basis = (
+        "per-process rows"
+        if w.demand == "process"
+        else "per-GPU utilization and memory held (no process rows)"
+    )
+    if w.demand == "gpu" and w.options.demand == "gpu":
+        basis = "per-GPU utilization and memory held (as asked)"
     return [
-        ("requests replayed", f"{w.requests:,} ({w.options.demand} demand, {duration(w.step_s)} steps)"),
+        ("demand replayed", basis),
+        ("requests replayed", f"{w.requests:,} ({w.demand} demand, {duration(w.step_s)} steps)"),
         ("GPUs observed", f"{w.observed_gpus} (utilization.gpu mean {pct(w.observed_util_mean)})"),
         (
             "GPUs needed, p95 / p99 / peak",
@@ -433,3 +498,17 @@ def fig_need(w: A.WhatIf) -> go.Figure:
     fig.add_hline(y=w.gpus_needed_p95, line_dash="dash", line_color=SM_COLOR, annotation_text="p95 need")
     fig.update_yaxes(title="GPUs", rangemode="tozero")
     return _layout(fig, "What-if: GPUs a pool would need over time", w.simulated)
+
+
+def whatif_headline(w: A.WhatIf) -> str:
+    """The pooling answer in one sentence, saying which demand it replayed."""
+    basis = (
+        "each process's observed runs"
+        if w.demand == "process"
+        else "each GPU's observed utilization and memory held (the telemetry has no per-process rows)"
+    )
+    return (
+        f"Replaying {basis} onto 1/{w.options.granularity} partitions: {w.gpus_needed_p95} pooled GPUs would "
+        f"have served the demand 95 % of the time ({w.gpus_needed_p99} for 99 %), against {w.observed_gpus} "
+        f"observed; a pool of {w.pool_gpus} would have made {pct(w.waited_share)} of requests wait."
+    )

@@ -128,7 +128,12 @@ def pool_controls(options: A.SummaryOptions) -> A.PoolOptions:
     sb.subheader("What-if pool")
     gran = sb.selectbox("Partitions per GPU", A.GRANULARITIES, index=len(A.GRANULARITIES) - 1)
     policy = sb.selectbox("Packing policy", A.POLICIES, index=A.POLICIES.index("best-fit"))
-    demand = sb.selectbox("Demand from", ["process", "gpu"], help="per-process rows, or whole GPUs' memory")
+    demand = sb.selectbox(
+        "Demand from",
+        ["auto", "process", "gpu"],
+        help="per-process rows, or each GPU's utilization and memory held; auto: processes where the "
+        "telemetry has them, else GPUs",
+    )
     price = sb.number_input("Price per GPU-hour", 0.0, 1000.0, 2.50, 0.25)
     pool = sb.number_input("Pool size (0: the p95 need)", 0, 10_000, 0)
     return A.PoolOptions(
@@ -185,11 +190,17 @@ def main() -> None:
             st.markdown(f"- {line}")
     st.subheader("The fleet in numbers")
     cards(P.headline(s))
+    st.subheader("Sampling")
+    st.markdown(P.sampling_note(s))
+    if (warning := P.coarse_warning(s)) is not None:
+        st.warning(warning)
+    st.dataframe(P.sampling_table(s), hide_index=True)
 
     section("What-if: a pool of fractional GPUs", s.simulated)
     if isinstance(w, A.TelemetryError):
         st.info(f"{w.title}. {w.hint}")
     else:
+        st.markdown(P.whatif_headline(w))
         m = st.columns(4)
         m[0].metric("GPUs needed (p95 / p99)", f"{w.gpus_needed_p95} / {w.gpus_needed_p99}")
         m[1].metric(

@@ -152,9 +152,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     pool.add_argument(
         "--demand",
-        choices=["process", "gpu"],
-        default="process",
-        help="replay each process (needs process rows) or each GPU's memory footprint (process)",
+        choices=["auto", "process", "gpu"],
+        default="auto",
+        help="replay each process (needs process rows), each GPU's utilization and memory held, or "
+        "auto: processes where the telemetry has them, else GPUs (auto)",
     )
     pool.add_argument(
         "--price",

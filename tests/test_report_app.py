@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -170,3 +172,40 @@ def test_pool_activity_appears_once_the_pool_writes_events(monkeypatch, real_dir
     assert any("1 reclaimed for idleness" in m.value for m in at.markdown), [m.value for m in at.markdown]
     table = next(d for d in at.dataframe if "client" in d.value.columns).value
     assert table.iloc[0]["GPU-hours leased"] == "0.05"  # half a GPU for 6 minutes
+
+
+def test_app_and_html_agree_on_sampling_and_the_pooling_answer_without_process_rows(monkeypatch, tmp_path):
+    # An nvidia-smi-like log: 57 s sampling with a gap, no process rows.
+    from test_analytics_data import T0
+
+    from reports import _present as P
+    from reports._html import BuildOptions, build_html
+
+    rows = gpu_rows("node-1", 0, [0.9] * 30, tick_s=57, mem_used=30 * GIB)
+    rows += gpu_rows("node-1", 0, [0.9] * 30, tick_s=57, mem_used=30 * GIB, start=T0 + timedelta(hours=3))
+    rows += gpu_rows("node-1", 1, [0.0] * 60, tick_s=57, mem_used=10 * GIB)
+    write_rows(tmp_path, "gpu_samples", rows)
+    at = _run(monkeypatch, tmp_path)
+    assert not at.exception
+    page = build_html([str(tmp_path)], BuildOptions(scope=_app_scope(tmp_path)))
+    markdown = " ".join(m.value for m in at.markdown)
+    warnings = " ".join(w.value for w in at.warning)
+    assert "Coarse sampling on 1 of 1 hosts" in warnings and "Coarse sampling on 1 of 1 hosts" in page
+    import analytics as A
+
+    con = A.open_telemetry(tmp_path)
+    s = A.fleet_summary(con, _app_scope(tmp_path))
+    w = A.what_if(con, _app_scope(tmp_path))
+    assert w.demand == "gpu"
+    for text in (P.sampling_note(s), P.whatif_headline(w)):
+        assert text in markdown
+        assert html.escape(text) in page
+    assert s.gpu_hours * 3600 == pytest.approx(120 * 57)  # gaps not counted
+
+
+def _app_scope(root):
+    # The app opens on the whole span (short histories): the same scope as the HTML export's.
+    import analytics as A
+
+    ext = A.data_extent(A.open_telemetry(root))
+    return A.Scope(ext.start.replace(second=0, microsecond=0), ext.end + timedelta(seconds=1))

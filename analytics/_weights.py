@@ -1,0 +1,225 @@
+"""How much time one sample stands for: the one definition every time-weighted figure uses.
+
+A collector may tick every second on one host and every minute on another, be restarted with another
+interval, stop for an hour, log in bursts, write the same instant twice (two files of one GPU that
+overlap) or have its clock stepped back. So a sample is never assumed to be one second, nor one
+"tick" of its GPU. Per *entity* (a GPU; for process rows, one process on one GPU), rows are put in
+time order and each row gets a weight in seconds:
+
+- ``d``, its *interval*: the time to the entity's next later timestamp. Rows with the same timestamp
+  are one instant: the instant's interval goes to one of its rows, the others weigh 0 (identical
+  rows from overlapping files count once; where such rows differ, which one carries the time is not
+  defined — ordering every sample by its values too would cost a fifth more; a clock stepped back interleaves its samples with the
+  earlier ones and the interval between neighbours is still the time between them).
+- ``tick``, its *local tick*: the lower median (of three or four, the second shortest; of one or two,
+  the shortest) of the intervals around it — between the two rows before it and between the two rows after it,
+  not its own, zero intervals (duplicates) left out. A median, so that one short interval (two
+  files of one GPU interleaving, a sample written late) or one gap next to it does not decide it. Where there is none (an entity with a single instant in scope), or for the
+  last row only the interval that ends at it (an entity with two instants), there is no local
+  spacing to go by, and the fleet's typical tick stands in: the median of all intervals in scope.
+- A row's interval is a *gap* when it is longer than ``GAP_FACTOR`` (3) local ticks. Then the row
+  counts for one local tick and the rest of the interval is unobserved; otherwise it counts for its
+  whole interval. The entity's last row counts for one local tick. Stand-in weights never exceed the
+  row's interval either.
+
+So observed time is exact for regular sampling, a tick that changes (each side keeps its own tick;
+the sample before the restart counts for the local tick), gaps of any length, bursts,
+duplicates and interleaved files (where every instant is written three times or more, rows can find
+no spacing around them and take the fleet tick, capped at their interval); per entity it is at most its span from first to last sample plus
+one tick, and a fleet's observed time is the sum of its entities'.
+
+The weights need each entity's rows in order: a window over the samples. To keep memory flat the
+window runs in chunks of whole entities (one host at a time, a large host split by GPU), each a
+few tens of millions of rows at most.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+GAP_FACTOR = 3  # an interval longer than this many local ticks is a gap in collection
+CHUNK_ROWS = 25_000_000  # rows per windowed query (a host larger than this is split by GPU)
+INTERVAL_RESOLUTION_US = 10_000  # intervals are binned to 10 ms for their medians
+_NONE = 1 << 62  # stands for a missing neighbouring interval (longer than any real one)
+
+GPU_ENTITY = ("host", "gpu_uuid")
+PROCESS_ENTITY = ("host", "gpu_uuid", "pid")
+
+
+def weighted_rows_sql(source: str, entity: Sequence[str] = GPU_ENTITY, order_extra: str = "") -> str:
+    """SQL (a sequence of CTEs, no leading WITH) ending in the relation ``wr``: the rows of
+    ``source`` with ``e`` (entity hash), ``t`` (epoch µs), ``d`` (interval, µs; NULL for a
+    duplicate and for the last row), ``w`` (weight, seconds; 1.0 for a row that takes the fleet
+    tick), ``fb`` (NULL, or for a row that takes the fleet tick its interval in µs, -1 if it has
+    none), ``gap`` (the unobserved rest of a gap interval, seconds) and ``dq`` (the interval binned
+    to ``INTERVAL_RESOLUTION_US``, only on rows that carry one).
+
+    Rows taking the fleet tick get the unit weight 1.0 and are told apart by ``fb``: callers group
+    by ``fb`` and scale those groups once the fleet tick is known (``Weighted.scale``), which is
+    what makes one pass enough.
+    """
+    ent = ", ".join(entity)
+    order = "t" + (f", {order_extra}" if order_extra else "")
+    return f"""
+        wr0 AS (SELECT * EXCLUDE ({ent}, ts), hash({ent}) AS e, epoch_us(ts) AS t FROM {source}),
+        wr1 AS (
+            SELECT *, nullif(lead(t) OVER o - t, 0) AS d, lead(t) OVER o IS NULL AS final,
+                   nullif(t - lag(t) OVER o, 0) AS p1, nullif(lag(t) OVER o - lag(t, 2) OVER o, 0) AS p2,
+                   nullif(lead(t, 2) OVER o - lead(t) OVER o, 0) AS n1,
+                   nullif(lead(t, 3) OVER o - lead(t, 2) OVER o, 0) AS n2
+            FROM wr0 WINDOW o AS (PARTITION BY e ORDER BY {order})
+        ),
+        wr2 AS (
+            SELECT * EXCLUDE (p1, p2, n1, n2),
+                   (p1 IS NOT NULL)::INT + (p2 IS NOT NULL)::INT + (n1 IS NOT NULL)::INT
+                   + (n2 IS NOT NULL)::INT AS around,
+                   coalesce(p1, {_NONE}) AS a1, coalesce(p2, {_NONE}) AS a2,
+                   coalesce(n1, {_NONE}) AS a3, coalesce(n2, {_NONE}) AS a4
+            FROM wr1
+        ),
+        wr3 AS (
+            -- The local tick: the lower median of the intervals around the row (of three or four,
+            -- the second shortest; of one or two, the shortest).
+            SELECT * EXCLUDE (around, a1, a2, a3, a4),
+                   CASE WHEN around < CASE WHEN final THEN 2 ELSE 1 END THEN NULL
+                        WHEN around <= 2 THEN least(a1, a2, a3, a4)
+                        ELSE least(greatest(a1, a2), greatest(a1, a3), greatest(a1, a4),
+                                   greatest(a2, a3), greatest(a2, a4), greatest(a3, a4)) END AS tick
+            FROM wr2
+        ),
+        wr AS (
+            SELECT *,
+                   CASE WHEN d IS NULL AND NOT final THEN 0.0
+                        WHEN tick IS NULL THEN 1.0
+                        WHEN final OR d > {GAP_FACTOR} * tick THEN tick / 1e6
+                        ELSE d / 1e6 END AS w,
+                   CASE WHEN tick IS NULL AND (d IS NOT NULL OR final) THEN coalesce(d, -1) END AS fb,
+                   CASE WHEN tick IS NOT NULL AND d > {GAP_FACTOR} * tick THEN (d - tick) / 1e6
+                        ELSE 0.0 END AS gap,
+                   d // {INTERVAL_RESOLUTION_US} * {INTERVAL_RESOLUTION_US} AS dq
+            FROM wr3
+        )
+    """
+
+
+@dataclass(frozen=True)
+class Weighted:
+    """Rows of one chunked query: ``sets[i]`` holds the rows of the i-th key set (its keys, then
+    ``fb``, ``n_rows`` and the aggregates), ``intervals`` the interval histogram
+    {(entity hash, interval binned, µs): count}."""
+
+    sets: tuple[list[tuple], ...]
+    intervals: dict[tuple[int, int], int]
+    host_of: dict[int, str]  # entity hash -> its host
+
+    def fleet_tick_s(self) -> float | None:
+        """The fleet's typical tick: the median interval in scope, seconds."""
+        tick = median_of(self.intervals.values(), [dq for _, dq in self.intervals])
+        return None if tick is None else tick / 1e6
+
+    def scale(self, fb: int | None, fleet_tick_s: float | None) -> float:
+        """Multiplier for a group's weighted sums: 1, or for rows taking the fleet tick the tick
+        itself, capped at their interval."""
+        if fb is None:
+            return 1.0
+        tick = fleet_tick_s or 0.0
+        return tick if fb < 0 else min(fb / 1e6, tick)
+
+
+def median_of(counts, values) -> float | None:
+    """Median (lower) of ``values`` repeated ``counts`` times."""
+    pairs = sorted(zip(values, counts, strict=True))
+    total = sum(c for _, c in pairs)
+    if not total:
+        return None
+    acc = 0
+    for v, c in pairs:
+        acc += c
+        if 2 * acc >= total:
+            return float(v)
+    return float(pairs[-1][0])
+
+
+def _chunks(con, source_where: str, params: list, table: str) -> list[tuple[str, list]]:
+    """(extra predicate, params) per chunk: whole entities, at most about CHUNK_ROWS rows each."""
+    counts = con.execute(
+        f"SELECT host, count(*) FROM {table} WHERE {source_where} GROUP BY host ORDER BY host", params
+    ).fetchall()
+    chunks: list[tuple[str, list]] = []
+    for host, n in counts:
+        parts = max(1, -(-n // CHUNK_ROWS))
+        if parts == 1:
+            chunks.append(("host = ?", [host]))
+        else:
+            for i in range(parts):
+                chunks.append(("host = ? AND hash(gpu_uuid) % ? = ?", [host, parts, i]))
+    return chunks
+
+
+def weighted_query(
+    con,
+    table: str,
+    where: str,
+    params: list,
+    key_sets: Sequence[Sequence[str]],
+    aggregates: str,
+    *,
+    columns: str = "*",
+    columns_params: Sequence = (),
+    entity: Sequence[str] = GPU_ENTITY,
+    order_extra: str = "",
+    join: str = "",
+    intervals: bool = True,
+) -> Weighted:
+    """Run ``SELECT keys, fb, aggregates FROM wr GROUP BY GROUPING SETS (...)`` chunk by chunk.
+
+    ``key_sets``: expressions over ``wr`` (and ``e``, the entity hash) to group by, one tuple per
+    grouping set; every set is also grouped by ``fb``. ``aggregates`` are over ``wr``'s columns
+    (weight ``w``), without parameters. ``columns`` is what is read from ``table`` (the entity
+    columns, ``ts`` and what the keys and aggregates use; computed columns may take
+    ``columns_params``). ``join`` is joined onto ``wr`` (no parameters). ``intervals=False`` leaves
+    out the interval histogram (a fifth of the cost) unless some rows need the fleet tick, which
+    then takes a second pass.
+    """
+    sets: list[list[tuple]] = [[] for _ in key_sets]
+    histogram: dict[tuple[int, int], int] = {}
+    host_of: dict[int, str] = {}
+    cols = list(dict.fromkeys([*(k for ks in key_sets for k in ks), *(("e", "dq") if intervals else ())]))
+    grouping = ", ".join(
+        [*(f"({', '.join([*ks, 'fb'])})" for ks in key_sets), *(["(e, dq)"] if intervals else [])]
+    )
+
+    def mask(grouped) -> int:  # GROUPING(cols): a 1 bit per column not grouped, the first one highest
+        return sum(1 << (len(cols) - 1 - j) for j, c in enumerate(cols) if c not in grouped)
+
+    which = {mask(ks): i for i, ks in enumerate(key_sets)}
+    interval_mask = mask({"e", "dq"})
+    for chunk, chunk_params in _chunks(con, where, params, table):
+        source = f"(SELECT {columns} FROM {table} WHERE {where} AND {chunk})"
+        rows = con.execute(
+            f"""
+            WITH {weighted_rows_sql(source, entity, order_extra)}
+            SELECT GROUPING({", ".join(cols)}) AS gid, {", ".join(cols)}, {"fb" if key_sets else "NULL AS fb"}, count(*) AS n_rows{", " + aggregates if aggregates else ""}
+            FROM wr {join} GROUP BY GROUPING SETS ({grouping})
+            """,
+            [*columns_params, *params, *chunk_params],
+        ).fetchall()
+        for gid, *rest in rows:
+            values = dict(zip(cols, rest, strict=False))
+            if intervals and gid == interval_mask:
+                if values["dq"] is not None:
+                    key = (values["e"], values["dq"])
+                    histogram[key] = histogram.get(key, 0) + rest[len(cols) + 1]
+            else:
+                i = which[gid]
+                sets[i].append((*(values[k] for k in key_sets[i]), *rest[len(cols) :]))
+            if values.get("e") is not None:
+                host_of[values["e"]] = chunk_params[0]
+    if not intervals and any(
+        row[len(ks)] is not None for ks, rows in zip(key_sets, sets, strict=True) for row in rows
+    ):
+        histogram = weighted_query(
+            con, table, where, params, (), "", columns=columns, columns_params=columns_params, entity=entity
+        ).intervals
+    return Weighted(tuple(sets), histogram, host_of)
