@@ -10,8 +10,10 @@ activity, a dying worker ending its lease.
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -24,6 +26,7 @@ pytestmark = [
     ),
 ]
 CLIENT = "tests/remote_client.py"
+ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 
 
@@ -74,6 +77,26 @@ def test_lease_answer_carries_the_worker_and_release_stops_it(server):
     assert len(workers_of(server)) == 1
     api(server.url, "DELETE", f"/v1/leases/{lease['id']}", tok)
     wait_for(lambda: not workers_of(server), 10, what="the worker to stop")
+
+
+def test_a_client_with_a_valid_token_cannot_join_another_clients_lease(server, tmp_path):
+    from virtualize.remote import remote_env
+
+    mine, theirs = server.token("lease-owner"), server.token("other-client")
+    _, lease = api(server.url, "POST", "/v1/leases", mine, {"n": 1, "mem_mib": 64, "remote": True})
+    _, other = api(server.url, "POST", "/v1/leases", theirs, {"n": 1, "mem_mib": 64, "remote": True})
+    status, seen = api(server.url, "GET", f"/v1/leases/{lease['id']}", theirs)
+    assert status in (403, 404) and "secret" not in str(seen)  # the API does not hand it out
+    # The other client points its own lease's answer at this lease's worker: refused at the handshake.
+    forged = {"id": other["id"], "worker": {**other["worker"], "port": lease["worker"]["port"]}}
+    env = {**client_env(tmp_path, [server.url], theirs), **remote_env(forged, cache_root=tmp_path / "cache")}
+    out = subprocess.run([sys.executable, CLIENT, "no_lease"], env=env, capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)  # fmt: skip
+    assert out.stdout.split() == ["init", "800", "count", "800"], out.stdout + out.stderr
+    assert "do not share the lease's secret" in out.stderr
+    for tok, held in ((mine, lease), (theirs, other)):
+        api(server.url, "DELETE", f"/v1/leases/{held['id']}", tok)
+    wait_for(lambda: not workers_of(server), 10, what="the workers to stop")
 
 
 def test_a_dying_worker_ends_its_lease(server):
