@@ -15,7 +15,10 @@ import threading
 from pathlib import Path
 
 from collector import durations
+from collector.argtypes import ranged
 from collector.words import plural
+
+GPU_COUNT = ranged(int, 1, 4096, "a number of GPUs")
 
 PROG = "gpustat-collect"
 
@@ -28,26 +31,6 @@ def parse_duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"duration must be positive: {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of GPUs: {text!r}") from None
-    if not 1 <= value <= 4096:
-        raise argparse.ArgumentTypeError(f"number of GPUs must be 1..4096, not {value}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port: {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be 0..65535, not {value}")
     return value
 
 
@@ -105,14 +88,14 @@ def collect_parser() -> argparse.ArgumentParser:
     )
     src = p.add_mutually_exclusive_group()
     src.add_argument(
-        "--simulate", type=_positive_int, metavar="N", help="sample a SIMULATED fleet of N GPUs, not NVML"
+        "--simulate", type=GPU_COUNT, metavar="N", help="sample a SIMULATED fleet of N GPUs, not NVML"
     )
     src.add_argument(
         "--replay", type=Path, metavar="DIR", help="re-emit recorded telemetry from DIR (source='replay')"
     )
     src.add_argument(
         "--fallback-simulate",
-        type=_positive_int,
+        type=GPU_COUNT,
         metavar="N",
         help="use NVML if it starts, else say so and simulate N GPUs",
     )
@@ -135,7 +118,10 @@ def collect_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=7, help="simulated fleet: seed of its patterns (default 7)")
     p.add_argument(
-        "--prometheus", type=_port, metavar="PORT", help="also serve /metrics on PORT (0: any free port)"
+        "--prometheus",
+        type=ranged(int, 0, 65535, "a port number"),
+        metavar="PORT",
+        help="also serve /metrics on PORT (0: any free port)",
     )
     p.add_argument(
         "--prometheus-addr", default="0.0.0.0", metavar="ADDR", help="address for /metrics (default 0.0.0.0)"

@@ -21,6 +21,7 @@ import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 
+from collector.argtypes import ranged
 from reports import DIRS_ENV
 
 EXIT_USAGE = 2
@@ -33,24 +34,6 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         print(f"gpustat-report: error: {message} (hint: {self.prog} --help)", file=sys.stderr, flush=True)
         sys.exit(EXIT_USAGE)
-
-
-def _ranged(kind, lo: float | None = None, hi: float | None = None, what: str = ""):
-    """An argparse type: ``kind`` (int or float) within [lo, hi]; the message says the range."""
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"not {'a whole number' if kind is int else 'a number'}: {text!r}"
-            ) from None
-        if (lo is not None and value < lo) or (hi is not None and value > hi) or value != value:
-            span = f"{lo:g}-{hi:g}" if hi is not None else f"at least {lo:g}"
-            raise argparse.ArgumentTypeError(f"{text} is out of range: {what or 'give'} {span}")
-        return value
-
-    return parse
 
 
 def _tz(text: str) -> str:
@@ -90,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--port",
-        type=_ranged(int, 1, 65535, "a port is"),
+        type=ranged(int, 1, 65535, "a port number"),
         default=8501,
         help="port to listen on, 1-65535 (default 8501)",
     )
@@ -118,13 +101,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     build.add_argument(
         "--idle-below",
-        type=_ranged(float, 0, 100, "a percentage is"),
+        type=ranged(float, 0, 100, "a percentage"),
         default=5.0,
         help="utilization.gpu %% under which a GPU is idle (5)",
     )
     build.add_argument(
         "--held-gib",
-        type=_ranged(float, 0),
+        type=ranged(float, 0),
         default=1.0,
         help="memory in use (GiB) that makes an idle GPU 'held' (1)",
     )
@@ -140,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     pool = build.add_argument_group("what-if pool")
     pool.add_argument(
         "--granularity",
-        type=_ranged(int, 1, 20, "partitions per GPU go"),
+        type=ranged(int, 1, 20, "partitions per GPU"),
         default=20,
         help="partitions per GPU, 1-20 (20: 1/20 of a GPU)",
     )
@@ -159,13 +142,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     pool.add_argument(
         "--price",
-        type=_ranged(float, 0),
+        type=ranged(float, 0),
         default=2.50,
         help="price per GPU-hour for the cost comparison (2.50)",
     )
     pool.add_argument("--currency", default="USD", help="currency label (USD)")
     pool.add_argument(
-        "--pool-gpus", type=_ranged(int, 1), help="pool size to replay with waiting (default: the p95 need)"
+        "--pool-gpus", type=ranged(int, 1), help="pool size to replay with waiting (default: the p95 need)"
     )
     return ap
 

@@ -16,6 +16,7 @@ import logging
 import sys
 from pathlib import Path
 
+from collector.argtypes import ranged
 from collector.words import plural
 
 SUBCOMMANDS = ("serve", "token", "client", "cluster")
@@ -30,26 +31,6 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{port}: a port is 0-65535 (0: any free one)")
-    return port
-
-
-def _non_negative(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not x >= 0:
-        raise argparse.ArgumentTypeError(f"{text}: must be 0 or more")
-    return x
-
-
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="gpupool-server",
@@ -60,7 +41,11 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve leases (the default command)")
     s.add_argument("--config", type=Path, help="TOML config file (see deploy/server.toml)")
     s.add_argument("--host", help="address to bind (default 0.0.0.0)")
-    s.add_argument("--port", type=_port, help="port to bind, 0 for any free one (default 56001)")
+    s.add_argument(
+        "--port",
+        type=ranged(int, 0, 65535, "a port number"),
+        help="port to bind, 0 for any free one (default 56001)",
+    )
     s.add_argument(
         "--advertise-addr", help="address clients reach this server at (what server.addr filters match)"
     )
@@ -89,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--lease-ttl", metavar="DURATION", help="heartbeat TTL of leases (default 30s)")
     s.add_argument(
         "--default-limit",
-        type=_non_negative,
+        type=ranged(float, 0),
         metavar="GPUS",
         help="GPU limit (sum of fractions) of clients without their own",
     )

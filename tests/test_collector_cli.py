@@ -133,7 +133,7 @@ def test_replay_cli_re_emits_a_recording(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--simulate", "0"], "number of GPUs must be 1..4096"),
+        (["--simulate", "0"], "0 is out of range: a number of GPUs is 1-4096"),
         (["--interval", "often"], "not a duration: 'often'"),
         (["--simulate", "2", "--replay", "x"], "not allowed with argument"),
         (["--simulate", "2", "--host", "a/b", "--duration", "1"], "invalid host name 'a/b'"),

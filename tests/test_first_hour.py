@@ -54,7 +54,7 @@ def telemetry(tmp_path_factory):
     [
         (["--port", "99999"], ["--port", "99999", "0-65535"]),
         (["--port", "http"], ["not a port number"]),
-        (["--default-limit", "-1"], ["must be 0 or more"]),
+        (["--default-limit", "-1"], ["-1 is out of range", "at least 0"]),
         (["token", "frob"], ["invalid choice"]),
     ],
 )
