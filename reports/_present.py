@@ -262,7 +262,9 @@ def sampling_table(s: A.FleetSummary) -> pd.DataFrame:
 
 
 def per_gpu_table(s: A.FleetSummary, *, full: bool = False) -> pd.DataFrame:
-    """One row per GPU; ``full`` adds the UUID (the CSV download), which no screen has room for."""
+    """One row per GPU, narrow enough for a laptop screen (means over the GPU's samples: util % is
+    utilization.gpu, SM % GPM SM activity); ``full`` adds the UUID and the simulated flag (the CSV
+    download), which no screen has room for (the page's banner says when data is simulated)."""
     return pd.DataFrame(
         [
             {
@@ -270,15 +272,15 @@ def per_gpu_table(s: A.FleetSummary, *, full: bool = False) -> pd.DataFrame:
                 "gpu": g.gpu_index,
                 "name": g.gpu_name,
                 **({"uuid": g.gpu_uuid} if full else {}),
-                "median interval (s)": round(g.tick_s, 3),
+                "interval s": round(g.tick_s, 3),
                 "GPU-hours": round(g.gpu_hours, 3),
-                "util.gpu mean %": _p(g.util_gpu_mean),
-                "SM activity mean %": _p(g.sm_activity_mean),
+                "util %": _p(g.util_gpu_mean),
+                "SM %": _p(g.sm_activity_mean),
                 "idle h": round(g.idle_gpu_hours, 3),
                 "held-idle h": round(g.held_idle_gpu_hours, 3),
-                "memory used mean %": _p(g.mem_used_ratio_mean),
-                "memory (GiB)": round(g.mem_total_bytes / GIB, 3),
-                "simulated": g.simulated,
+                "mem used %": _p(g.mem_used_ratio_mean),
+                "mem GiB": round(g.mem_total_bytes / GIB, 3),
+                **({"simulated": g.simulated} if full else {}),
             }
             for g in s.per_gpu
         ]
@@ -286,19 +288,21 @@ def per_gpu_table(s: A.FleetSummary, *, full: bool = False) -> pd.DataFrame:
 
 
 def attribution_table(a: A.Attribution, *, full_keys: bool = False) -> pd.DataFrame:
-    """Most GPU-hours first; container ids shortened (``full_keys`` for the CSV download)."""
+    """Most GPU-hours first; container ids shortened (``full_keys`` for the CSV download). Short headers
+    so the table fits a laptop screen: GPU-h are GPU-hours held and busy, idle holding is time held
+    (at least the held-memory threshold) while busy under the idle threshold."""
     return pd.DataFrame(
         [
             {
                 a.by: r.key if full_keys else short_key(a.by, r.key),
                 "processes": r.processes,
                 "GPUs": r.gpus,
-                "GPU-hours held": round(r.gpu_hours, 3),
-                "busy GPU-hours": round(r.busy_gpu_hours, 3),
-                "memory GiB-hours": round(r.memory_gib_hours, 3),
-                "peak memory (GiB)": round(r.mem_peak_bytes / GIB, 3),
-                "idle while holding h": round(r.idle_holding_hours, 3),
-                "idle while holding %": _p(r.idle_holding_share),
+                "held GPU-h": round(r.gpu_hours, 3),
+                "busy GPU-h": round(r.busy_gpu_hours, 3),
+                "mem GiB-h": round(r.memory_gib_hours, 3),
+                "peak GiB": round(r.mem_peak_bytes / GIB, 3),
+                "idle holding h": round(r.idle_holding_hours, 3),
+                "idle holding %": _p(r.idle_holding_share),
             }
             for r in a.rows
         ]

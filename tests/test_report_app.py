@@ -113,7 +113,7 @@ def test_attribution_breakdown_switches(monkeypatch, real_dir):
     assert per.value == "user"
     users = next(d for d in at.dataframe if "user" in d.value.columns).value
     assert list(users["user"]) == ["alice", "bob"]
-    assert list(users["idle while holding h"]) == ["0.0", "0.2"]  # bob idles 10 min, shown as the HTML does
+    assert list(users["idle holding h"]) == ["0.0", "0.2"]  # bob idles 10 min, shown as the HTML does
     per.set_value("container").run()
     assert not at.exception
     containers = next(d for d in at.dataframe if "container" in d.value.columns).value
