@@ -357,7 +357,7 @@ def test_migrate_moves_tokens_policy_and_live_leases_into_etcd(world, tmp_path):
         "cluster", "migrate", "--state-dir", str(embedded.state_dir), "--cluster", etcd.url, "--name", name
     )
     assert out.returncode == 0, out.stderr
-    assert "2 tokens, 1 client settings, 1 policy values and 1 live leases" in out.stderr
+    assert "2 tokens, 1 client setting, 1 policy value and 1 live lease" in out.stderr
     assert lease["id"] in out.stdout
 
     moved = cluster_server(embedded.state_dir, etcd, "2xA100-40GB", "--cluster-name", name)
