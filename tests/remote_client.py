@@ -417,6 +417,22 @@ def scenario_memo():
     say("capturing", " ".join(map(str, seen)))
 
 
+def scenario_printf():
+    """Kernel output reaches this process's stdout at the synchronise, in order with its own prints."""
+    setup()
+    module, func = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// host-executor module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(func), module, b"printf_u32"), "get function")
+    print("before launch", flush=True)
+    for n in (7, 8):
+        value = ctypes.c_uint32(n)
+        params = (ctypes.c_void_p * 1)(ctypes.addressof(value))
+        check(cu.cuLaunchKernel(func, 1, 1, 1, 1, 1, 1, 0, c_u64(0), params, None), "launch")
+    print("before sync", flush=True)
+    check(cu.cuCtxSynchronize(), "sync")
+    print("after sync", flush=True)
+
+
 def scenario_unknown():
     check(cu.cuInit(0), "init")
     graph = c_u64()

@@ -275,3 +275,12 @@ def test_with_kept_answers_off_every_question_goes_to_the_worker(shim_dir, worke
     out, err = run_client("memo", env)
     assert out["dynamic_shared"] == "0 1000 1000 1000 2000 1000"
     assert forwarded_counts(err)["cuDeviceGetAttribute"] == 50
+
+
+def test_what_kernels_print_reaches_the_program_in_order_at_the_synchronise(shim_dir, worker):
+    proc = subprocess.run([sys.executable, str(CLIENT), "printf"], env=client_env(shim_dir, worker),
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "before launch", "before sync", "kernel says 7", "kernel says 8", "after sync"
+    ]  # fmt: skip

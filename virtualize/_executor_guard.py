@@ -101,10 +101,13 @@ class LeaseState:
 class Session:
     """One client connection: its current context, its pending asynchronous error, its calls."""
 
-    def __init__(self, lease: LeaseState, executor: Executor, channel) -> None:
+    def __init__(self, lease: LeaseState, executor: Executor, channel, kernel_output=None) -> None:
         self.lease = lease
         self.executor = executor
         self.channel = channel
+        self.kernel_output = (
+            kernel_output  # () -> bytes kernels printed since the last call (worker's stdout)
+        )
         self.ctx = 0
         self.pending = 0
         self.calls = 0
@@ -182,11 +185,19 @@ class Session:
             return
         if call.sync_point and self.pending:  # the earlier asynchronous error comes first
             result, self.pending = self.pending, 0
+        if call.sync_point and wants_reply:
+            self._send_kernel_output()
         if not wants_reply or call.mode is Mode.ASYNC:
             if result and not self.pending:
                 self.pending = result
             return
         self._answer(True, answer, result)
+
+    def _send_kernel_output(self) -> None:
+        """What kernels printed (the driver writes it at synchronising calls), ahead of the reply."""
+        text = self.kernel_output() if self.kernel_output is not None else b""
+        if text:
+            self.channel.send(_wire.REPLY.pack(_wire.KERNEL_OUTPUT, 0, len(text)), text)
 
     def _answer(self, wants_reply: bool, answer, result: int) -> None:
         if not wants_reply:
@@ -390,6 +401,7 @@ class Session:
             nonlocal sent
             if sent == 0:  # the first chunk is in: the call has worked so far, answer with the header
                 result, self.pending = (self.pending, 0) if call.sync_point else (0, self.pending)
+                self._send_kernel_output()
                 self.channel.send(_wire.REPLY.pack(result, 0, count), view)
             else:
                 self.channel.send(view)

@@ -6,7 +6,8 @@ default 0x5e0000000000) backed by bytearrays, copies, memsets, pools, streams an
 runs at once, in order; elapsed times are host clock times), modules and pointer attributes.
 Kernels: any image loads, and a few built-in functions run on host memory —
 `fill_u32(u32 *ptr, u32 value, u32 n)`, `add_u32(u32 *ptr, u32 value, u32 n)`,
-`saxpy(f32 *x, f32 *y, f32 a, u32 n)`, `empty()`, `spin(ptr, u32)` (sleeps 10 ms, a stand-in for
+`saxpy(f32 *x, f32 *y, f32 a, u32 n)`, `printf_u32(u32)` (prints "kernel says N" as a device printf
+would), `empty()`, `spin(ptr, u32)` (sleeps 10 ms, a stand-in for
 a long kernel), `sleep_ms(u32 ms)` and `fault()`, which fails the way a GPU kernel that
 touches a wild address does (CUDA_ERROR_ILLEGAL_ADDRESS, reported at the next synchronising call).
 A kernel that a PTX image declares (`.entry`) also loads, with its parameter layout read from the
@@ -47,6 +48,7 @@ HOST_KERNELS = {
     "empty": [],
     "sleep_ms": [(0, 4)],  # occupies the worker for a while, like a long kernel behind a sync
     "saxpy": [(0, 8), (8, 8), (16, 4), (20, 4)],  # y = a * x + y over float32
+    "printf_u32": [(0, 4)],  # writes "kernel says N" to the worker's stdout, as a device printf does
 }
 # A few attributes programs ask for; the rest read 0 (cuda.h numbering).
 ATTRIBUTES = {
@@ -201,6 +203,9 @@ class HostExecutor(Executor):
             return
         if name == "sleep_ms":
             time.sleep(struct.unpack_from("<I", params)[0] / 1000)
+            return
+        if name == "printf_u32":  # the driver writes device printf output to the process's stdout
+            os.write(1, f"kernel says {struct.unpack_from('<I', params)[0]}\n".encode())
             return
         if name == "saxpy":
             x_ptr, y_ptr, a, n = struct.unpack_from("<QQfI", params)

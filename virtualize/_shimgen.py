@@ -158,6 +158,7 @@ def generate_types() -> str:
         f'#define GP_ENV_PROFILE "{_wire.ENV_PROFILE}"',
         f'#define GP_ENV_MEMO "{_wire.ENV_MEMO}"',
         f"#define GP_NONCE_BYTES {_wire.NONCE_BYTES}u",
+        f"#define GP_KERNEL_OUTPUT ({_wire.KERNEL_OUTPUT})",
         f"#define GP_PROOF_BYTES {_wire.PROOF_BYTES}u",
         f"#define GP_WORKER_LABEL {c_string(_wire.WORKER_LABEL)}",
         f"#define GP_CLIENT_LABEL {c_string(_wire.CLIENT_LABEL)}",

@@ -34,6 +34,10 @@ REPLY = struct.Struct("<iIQ")  # CUresult, outs_len, bulk_len
 FLAG_WANTS_REPLY = 1
 # Large copies move in chunks of this size: neither side holds more than one chunk of a copy.
 CHUNK_BYTES = 4 << 20
+# A reply header with this result carries text a kernel printed (device printf) as its bulk, for the
+# client's stdout; the call's own reply follows. Sent before the reply of a synchronising call or a copy
+# to the host, where the driver writes kernel output, so it lands in order with the program's own prints.
+KERNEL_OUTPUT = -2
 # A frame's fixed part is small; anything larger is a corrupt or hostile peer.
 MAX_ARGS_BYTES = 1 << 16
 # Module images and kernel parameters are bounded too (a fatbin of a big library is well under this).

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import secrets
+import select
 import signal
 import socket
 import ssl
@@ -133,6 +134,53 @@ class Channel:
                 views[0] = views[0][sent:]
 
 
+class KernelOutput:
+    """The worker's stdout, where the driver writes what kernels print (device printf), kept for the
+    client that synchronises next. Started after the ready line: from then on fd 1 is a pipe read here,
+    continuously (a full pipe would block the driver inside a synchronise)."""
+
+    LIMIT = 16 << 20  # kept while no client synchronises; older text is dropped
+
+    def __init__(self) -> None:
+        sys.stdout.flush()
+        read, write = os.pipe()
+        os.dup2(write, 1)
+        os.close(write)
+        os.set_blocking(read, False)
+        self.fd = read
+        self.lock = threading.Lock()
+        self.buffer = bytearray()
+        threading.Thread(target=self._pump, name="gpupool-kernel-output", daemon=True).start()
+
+    def _pump(self) -> None:
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        while True:
+            poller.poll()
+            with self.lock:
+                if not self._read_available():
+                    return  # the write end is gone: the process is ending
+
+    def _read_available(self) -> bool:
+        while True:
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                return True
+            if not chunk:
+                return False
+            self.buffer += chunk
+            if len(self.buffer) > self.LIMIT:
+                del self.buffer[: len(self.buffer) - self.LIMIT]
+
+    def take(self) -> bytes:
+        """Everything kernels printed so far (the driver's writes are done when a synchronise returns)."""
+        with self.lock:
+            self._read_available()
+            text, self.buffer = bytes(self.buffer), bytearray()
+        return text
+
+
 class Worker:
     def __init__(
         self,
@@ -142,6 +190,7 @@ class Worker:
         state_dir: Path,
         secret: str,
         tls: ssl.SSLContext | None = None,
+        kernel_output: KernelOutput | None = None,
     ) -> None:
         from virtualize._executor_guard import LeaseState
 
@@ -152,6 +201,7 @@ class Worker:
         self.activity = state_dir / ACTIVITY_FILE
         self.secret = secret.encode()
         self.tls = tls
+        self.kernel_output = kernel_output
         self._last_touch = 0.0
         self.in_calls: set[int] = set()  # connections executing a call now (a long sync is use, not idleness)
 
@@ -176,7 +226,8 @@ class Worker:
             channel = Channel(sock)
             if not self._hello(channel, who):
                 return
-            session = Session(self.lease, self.executor, channel)
+            take = self.kernel_output.take if self.kernel_output is not None else None
+            session = Session(self.lease, self.executor, channel, take)
             log.info("client %s connected", who)
             header = _wire.REQUEST
             while True:
@@ -362,8 +413,9 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=_watch_parent, args=(args.parent,), daemon=True).start()
     log.info("listening on %s:%d, %d device(s), %s executor", host, port, len(devices), executor.name)
     ready(host=host, port=port, pid=os.getpid(), tls_sha256=fingerprint)
+    output = KernelOutput()  # after the ready line, the last thing this process says on stdout
     try:
-        Worker(args.lease, devices, executor, Path(args.state_dir), secret, tls).serve(listener)
+        Worker(args.lease, devices, executor, Path(args.state_dir), secret, tls, output).serve(listener)
     finally:
         executor.close()
     return 0

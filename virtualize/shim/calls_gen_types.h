@@ -13,6 +13,7 @@
 #define GP_ENV_PROFILE "GPUPOOL_SHIM_PROFILE"
 #define GP_ENV_MEMO "GPUPOOL_SHIM_MEMO"
 #define GP_NONCE_BYTES 32u
+#define GP_KERNEL_OUTPUT (-2)
 #define GP_PROOF_BYTES 32u
 #define GP_WORKER_LABEL "gpupool worker proof 2\012"
 #define GP_CLIENT_LABEL "gpupool client proof 2\012"

@@ -230,9 +230,30 @@ static int send_frame(uint32_t call, uint32_t flags, const void *args, uint32_t 
 }
 
 /* Reads one reply; returns its result, or -1 on a broken connection. */
+/* What a kernel printed, sent ahead of a reply: onto this process's stdout, as the driver would write it. */
+static int kernel_output(uint64_t len) {
+    char chunk[16384];
+    while (len > 0) {
+        size_t n = len < sizeof chunk ? (size_t)len : sizeof chunk;
+        if (recv_all(chunk, n) < 0) return -1;
+        for (size_t done = 0; done < n;) {
+            ssize_t w = write(STDOUT_FILENO, chunk + done, n - done);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) break; /* stdout closed: the text is dropped, the call goes on */
+            done += (size_t)w;
+        }
+        len -= n;
+    }
+    return 0;
+}
+
 static int recv_reply(int32_t *result, void *outs, uint32_t outs_len, void *bulk_out, uint64_t bulk_out_len) {
     struct gp_reply rep;
     if (recv_all(&rep, sizeof rep) < 0) return -1;
+    while (rep.result == GP_KERNEL_OUTPUT && rep.outs_len == 0) {
+        fflush(stdout); /* what the program printf'ed before the synchronise comes first */
+        if (kernel_output(rep.bulk_len) < 0 || recv_all(&rep, sizeof rep) < 0) return -1;
+    }
     uint32_t take = rep.outs_len < outs_len ? rep.outs_len : outs_len;
     if (take && recv_all(outs, take) < 0) return -1;
     if (discard(rep.outs_len - take) < 0) return -1;

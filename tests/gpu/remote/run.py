@@ -39,6 +39,7 @@ PROGRAMS = [
     "prog_bindings.py",
     "prog_core.py",
     "prog_numba.py",
+    "prog_printf.py",  # kernel output at the synchronise, in order with the program's own prints
     # Through the CUDA runtime (libcudart and the copies of it inside cuBLAS, cuDNN ...).
     "prog_runtime.py",
     "prog_cupy.py",
