@@ -433,6 +433,35 @@ def scenario_printf():
     print("after sync", flush=True)
 
 
+def scenario_launch_errors():
+    """A launch the driver refuses on the spot fails from the launch call itself."""
+    setup()
+    module, fill, saxpy = c_u64(), c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// host-executor module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(fill), module, b"fill_u32"), "fill")
+    check(cu.cuModuleGetFunction(ctypes.byref(saxpy), module, b"saxpy"), "saxpy")
+    rc, buf = alloc(1 << 16)
+    check(rc, "alloc")
+    ptr, value, n = c_u64(buf), ctypes.c_uint32(7), ctypes.c_uint32(16)
+    fill_params = (ctypes.c_void_p * 3)(*map(ctypes.addressof, (ptr, value, n)))
+    a, count = ctypes.c_float(2.0), ctypes.c_uint32(0)
+    saxpy_params = (ctypes.c_void_p * 4)(*map(ctypes.addressof, (ptr, ptr, a, count)))
+
+    def launch(func, params, grid, block, smem=0):
+        return cu.cuLaunchKernel(func, *grid, *block, smem, c_u64(0), params, None)
+
+    say("too_many_threads", launch(fill, fill_params, (1, 1, 1), (2048, 1, 1)))
+    say("block_z_too_deep", launch(fill, fill_params, (1, 1, 1), (1, 1, 128)))
+    say("empty_block", launch(fill, fill_params, (1, 1, 1), (0, 1, 1)))
+    say("grid_y_too_tall", launch(fill, fill_params, (1, 70000, 1), (32, 1, 1)))
+    say("registers_allow_fewer", launch(saxpy, saxpy_params, (1, 1, 1), (512, 1, 1)))
+    say("saxpy_256", launch(saxpy, saxpy_params, (1, 1, 1), (256, 1, 1)))
+    say("shared_over_default", launch(fill, fill_params, (1, 1, 1), (32, 1, 1), 60000))
+    check(cu.cuFuncSetAttribute(fill, 8, 65536), "raise dynamic shared memory")
+    say("shared_after_raising", launch(fill, fill_params, (1, 1, 1), (32, 1, 1), 60000))
+    say("sync", cu.cuCtxSynchronize())
+
+
 def scenario_unknown():
     check(cu.cuInit(0), "init")
     graph = c_u64()

@@ -260,7 +260,7 @@ def test_answers_the_runtime_asks_again_are_kept_until_something_changes_them(sh
     assert out["state_retained"] == "0/1"
     assert out["state_after_set_flags"] == "4/1"
     assert out["state_released"] == "4/0"
-    assert out["dynamic_shared"] == "0 1000 1000 1000 2000 1000"
+    assert out["dynamic_shared"] == "49152 1000 1000 1000 2000 1000"
     assert out["capturing"] == "0 0 1 1 0 0"  # NONE, ACTIVE during the capture, NONE after it
     calls = forwarded_counts(err)
     assert calls["cuDeviceGetAttribute"] == 1  # asked 50 times, a fact of the device
@@ -273,7 +273,7 @@ def test_answers_the_runtime_asks_again_are_kept_until_something_changes_them(sh
 def test_with_kept_answers_off_every_question_goes_to_the_worker(shim_dir, worker):
     env = client_env(shim_dir, worker, GPUPOOL_SHIM_PROFILE="1", GPUPOOL_SHIM_MEMO="0")
     out, err = run_client("memo", env)
-    assert out["dynamic_shared"] == "0 1000 1000 1000 2000 1000"
+    assert out["dynamic_shared"] == "49152 1000 1000 1000 2000 1000"
     assert forwarded_counts(err)["cuDeviceGetAttribute"] == 50
 
 
@@ -284,3 +284,18 @@ def test_what_kernels_print_reaches_the_program_in_order_at_the_synchronise(shim
     assert proc.stdout.splitlines() == [
         "before launch", "before sync", "kernel says 7", "kernel says 8", "after sync"
     ]  # fmt: skip
+
+
+def test_a_launch_the_driver_refuses_fails_from_the_launch_call_itself(shim_dir, worker):
+    out, _ = run_client("launch_errors", client_env(shim_dir, worker))
+    assert out == {
+        "too_many_threads": "1",  # CUDA_ERROR_INVALID_VALUE, as the driver answers the launch
+        "block_z_too_deep": "1",
+        "empty_block": "1",
+        "grid_y_too_tall": "1",
+        "registers_allow_fewer": "701",  # CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
+        "saxpy_256": "0",
+        "shared_over_default": "1",
+        "shared_after_raising": "0",
+        "sync": "0",  # nothing refused was sent: no error waits at the synchronise
+    }

@@ -57,6 +57,8 @@ ATTRIBUTES = {
     3: 1024,
     4: 64,
     5: 2**31 - 1,
+    6: 65535,
+    7: 65535,
     8: 49152,
     10: 32,
     16: 4,
@@ -424,7 +426,10 @@ class HostExecutor(Executor):
         return self._param_info(func, index)
 
     def cuFuncGetAttribute(self, attrib, func):
-        return self.function_attributes.get((func, attrib), {0: 1024, 4: 32}.get(attrib, 0))
+        # MAX_THREADS_PER_BLOCK (0): saxpy stands for a kernel whose registers allow only 256 threads;
+        # MAX_DYNAMIC_SHARED_SIZE_BYTES (8): 48 KiB until a program raises it.
+        threads = 256 if self.functions.get(func) == "saxpy" else 1024
+        return self.function_attributes.get((func, attrib), {0: threads, 4: 32, 8: 49152}.get(attrib, 0))
 
     def cuKernelGetAttribute(self, attrib, kernel, dev):
         return self.cuFuncGetAttribute(attrib, kernel)

@@ -680,10 +680,42 @@ static int64_t pack_params(const struct layout *l, void **params, void **extra, 
     return l->count == 0 ? 0 : -1;
 }
 
+/* A launch the driver would refuse on the spot is refused here too, from the call itself, not at a
+ * later synchronise: block and grid dimensions against the device's limits, threads against what the
+ * function's registers allow, dynamic shared memory against the function's maximum. The limits are
+ * kept answers (shim_memo.c), so after a function's first launch this costs no round trip. A limit
+ * that cannot be learnt (0, or the query fails) is not checked: the worker's driver still is. */
+static int known_limit(CUresult r, int32_t value) { return r == CUDA_SUCCESS && value > 0; }
+
+static CUresult check_launch_config(uint64_t f, const uint32_t dims[7]) {
+    for (int i = 0; i < 6; i++)
+        if (dims[i] == 0) return CUDA_ERROR_INVALID_VALUE;
+    int dev;
+    int32_t v;
+    uint64_t threads = (uint64_t)dims[3] * dims[4] * dims[5];
+    if (gp_ctx_device(gp_ctx_current(), &dev)) {
+        /* CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK 1, MAX_BLOCK_DIM_X..Z 2-4, MAX_GRID_DIM_X..Z 5-7 */
+        if (known_limit(cuDeviceGetAttribute(&v, 1, dev), v) && threads > (uint64_t)v) return CUDA_ERROR_INVALID_VALUE;
+        for (int i = 0; i < 3; i++) {
+            if (known_limit(cuDeviceGetAttribute(&v, 2 + i, dev), v) && dims[3 + i] > (uint32_t)v)
+                return CUDA_ERROR_INVALID_VALUE;
+            if (known_limit(cuDeviceGetAttribute(&v, 5 + i, dev), v) && dims[i] > (uint32_t)v)
+                return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    /* CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK 0 (what the function's registers allow), and
+     * CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8 */
+    if (known_limit(cuFuncGetAttribute(&v, 0, f), v) && threads > (uint64_t)v) return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+    if (dims[6] && known_limit(cuFuncGetAttribute(&v, 8, f), v) && dims[6] > (uint32_t)v) return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
 static CUresult launch(uint64_t f, const uint32_t dims[7], uint64_t stream, void **params, void **extra,
                        const void *attrs, uint32_t n_attrs) {
     struct layout l;
-    CUresult r = layout_of(f, &l);
+    CUresult r = check_launch_config(f, dims);
+    if (r != CUDA_SUCCESS) return r;
+    r = layout_of(f, &l);
     if (r != CUDA_SUCCESS) return r;
     unsigned char small[4096];
     size_t cap = l.total > sizeof small ? l.total : sizeof small;
