@@ -209,7 +209,12 @@ _run = st.tuples(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(gpus=st.lists(st.lists(_run, min_size=1, max_size=5), min_size=1, max_size=3))
 def test_observed_time_matches_the_definition_on_random_patterns(tmp_path_factory, gpus):
     root = tmp_path_factory.mktemp("pattern")

@@ -263,7 +263,12 @@ def fuzzed_worker():
     handle.stop()
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=250,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(frames=frames)
 def test_the_worker_survives_any_frames_after_the_handshake(fuzzed_worker, frames):
     with connect(fuzzed_worker) as sock:
