@@ -462,6 +462,42 @@ def scenario_launch_errors():
     say("sync", cu.cuCtxSynchronize())
 
 
+def scenario_ipc_export():
+    """Allocate, fill, hand out an IPC handle (one line), wait for stdin, then show what is there now."""
+    setup()
+    rc, ptr = alloc(4096)
+    check(rc, "alloc")
+    check(cu.cuMemcpyHtoD(c_u64(ptr), bytes(range(256)) * 16, c_u64(4096)), "fill")
+    handle = ctypes.create_string_buffer(64)
+    check(cu.cuIpcGetMemHandle(handle, c_u64(ptr)), "get handle")
+    say("handle", handle.raw.hex())
+    sys.stdin.readline()
+    rc, data = dtoh(ptr, 4096)
+    say("after_import", data[:4].hex())
+
+
+def scenario_ipc_import():
+    """Open the handle in IPC_HANDLE, check what the exporter wrote, overwrite it, close."""
+    setup()
+    handle = bytes.fromhex(os.environ["IPC_HANDLE"])
+    ptr = c_u64()
+
+    class Handle(ctypes.Structure):  # CUipcMemHandle: 64 bytes, passed by value
+        _fields_ = [("reserved", ctypes.c_ubyte * 64)]
+
+    opened = cu.cuIpcOpenMemHandle
+    opened.argtypes = [ctypes.POINTER(c_u64), Handle, ctypes.c_uint]
+    rc = opened(ctypes.byref(ptr), Handle.from_buffer_copy(handle), 1)  # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+    say("open", rc)
+    if rc:
+        return
+    rc, data = dtoh(ptr.value, 4096)
+    say("sees_export", data == bytes(range(256)) * 16)
+    check(cu.cuMemcpyHtoD(ptr, b"\xab" * 4096, c_u64(4096)), "overwrite")
+    say("close", cu.cuIpcCloseMemHandle(ptr))
+    say("closed_twice", cu.cuIpcCloseMemHandle(ptr))
+
+
 def scenario_unknown():
     check(cu.cuInit(0), "init")
     graph = c_u64()

@@ -299,3 +299,28 @@ def test_a_launch_the_driver_refuses_fails_from_the_launch_call_itself(shim_dir,
         "shared_after_raising": "0",
         "sync": "0",  # nothing refused was sent: no error waits at the synchronise
     }
+
+
+def test_processes_of_one_lease_share_memory_through_ipc_handles_and_other_leases_cannot(shim_dir, worker):
+    exporter = subprocess.Popen([sys.executable, str(CLIENT), "ipc_export"], env=client_env(shim_dir, worker),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        handle = exporter.stdout.readline().split()[1]
+        out, _ = run_client("ipc_import", client_env(shim_dir, worker, IPC_HANDLE=handle))
+        assert out == {"open": "0", "sees_export": "True", "close": "0", "closed_twice": "1"}
+        # Another lease (its own worker) gets nothing from this lease's handle.
+        other = start_worker("other-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1", env={},
+                             executor="host")  # fmt: skip
+        try:
+            out, _ = run_client("ipc_import", client_env(shim_dir, other, IPC_HANDLE=handle))
+            assert out == {"open": "1"}  # CUDA_ERROR_INVALID_VALUE
+        finally:
+            other.stop()
+        garbage = client_env(shim_dir, worker, IPC_HANDLE="00" * 64)
+        assert run_client("ipc_import", garbage)[0] == {"open": "1"}
+        exporter.stdin.write("\n")
+        exporter.stdin.flush()
+        assert exporter.stdout.readline().split() == ["after_import", "abababab"]  # the importer's write
+    finally:
+        exporter.kill()
+        exporter.wait(10)

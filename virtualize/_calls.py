@@ -233,6 +233,13 @@ CALLS: tuple[Call, ...] = (
     _c("cuMemAllocHost", 3020, "o_u64 pp, u64 bytesize", L, symbol="cuMemAllocHost_v2", custom=True),
     _c("cuMemHostAlloc", 2020, "o_u64 pp, u64 bytesize, u32 flags", L, custom=True),
     _c("cuMemFreeHost", 2000, "ptr p", L, custom=True),
+    # IPC between the processes of one lease: they share the lease's worker, so a handle names the
+    # allocation itself, and the worker checks on open that it is this lease's memory.
+    _c("cuIpcGetMemHandle", 4010, "ptr handle, dptr dptr", L, custom=True),
+    _c("cuIpcOpenMemHandle", 4010, "o_dptr pdptr, ipc handle, u32 flags", L, custom=True),
+    _c("cuIpcOpenMemHandle", 11000, "o_dptr pdptr, ipc handle, u32 flags", L, symbol="cuIpcOpenMemHandle_v2",
+       custom=True),
+    _c("cuIpcCloseMemHandle", 4010, "dptr dptr", L, custom=True),
     _c("cuMemHostRegister", 6050, "ptr p, u64 bytesize, u32 flags", L, symbol="cuMemHostRegister_v2", custom=True),
     _c("cuMemHostUnregister", 4000, "ptr p", L, custom=True),
     _c("cuMemHostGetFlags", 2030, "o_u32 flags, ptr p", L, custom=True),

@@ -31,7 +31,7 @@ EXPORTS_OUTPUT = SHIM_DIR / "exports_gen.h"  # the private export tables (shim_e
 DRIVER_SYMBOLS = SHIM_DIR / "driver_symbols.txt"  # every name the real libcuda.so.1 exports
 
 C_TYPES = {"i32": "int32_t", "u32": "uint32_t", "u64": "uint64_t", "u8": "uint8_t", "u16": "uint16_t"}
-C_TYPES.update({"f32": "float", "dptr": "uint64_t"})
+C_TYPES.update({"f32": "float", "dptr": "uint64_t", "ipc": "struct gp_ipc_handle"})  # ipc: 64 bytes, by value
 
 
 def key(call: Call) -> str:

@@ -1156,12 +1156,8 @@ GP_EXPORT CUresult cuGreenCtxStreamCreate(void) { return gp_unforwarded("cuGreen
 GP_EXPORT CUresult cuGreenCtxWaitEvent(void) { return gp_unforwarded("cuGreenCtxWaitEvent"); }
 GP_EXPORT CUresult cuImportExternalMemory(void) { return gp_unforwarded("cuImportExternalMemory"); }
 GP_EXPORT CUresult cuImportExternalSemaphore(void) { return gp_unforwarded("cuImportExternalSemaphore"); }
-GP_EXPORT CUresult cuIpcCloseMemHandle(void) { return gp_unforwarded("cuIpcCloseMemHandle"); }
 GP_EXPORT CUresult cuIpcGetEventHandle(void) { return gp_unforwarded("cuIpcGetEventHandle"); }
-GP_EXPORT CUresult cuIpcGetMemHandle(void) { return gp_unforwarded("cuIpcGetMemHandle"); }
 GP_EXPORT CUresult cuIpcOpenEventHandle(void) { return gp_unforwarded("cuIpcOpenEventHandle"); }
-GP_EXPORT CUresult cuIpcOpenMemHandle(void) { return gp_unforwarded("cuIpcOpenMemHandle"); }
-GP_EXPORT CUresult cuIpcOpenMemHandle_v2(void) { return gp_unforwarded("cuIpcOpenMemHandle_v2"); }
 GP_EXPORT CUresult cuKernelGetLibrary(void) { return gp_unforwarded("cuKernelGetLibrary"); }
 GP_EXPORT CUresult cuKernelGetName(void) { return gp_unforwarded("cuKernelGetName"); }
 GP_EXPORT CUresult cuKernelSetCacheConfig(void) { return gp_unforwarded("cuKernelSetCacheConfig"); }
@@ -1509,6 +1505,10 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphLaunch", 10000, (void *)cuGraphLaunch},
     {"cuGraphUpload", 11010, (void *)cuGraphUpload},
     {"cuInit", 2000, (void *)cuInit},
+    {"cuIpcCloseMemHandle", 4010, (void *)cuIpcCloseMemHandle},
+    {"cuIpcGetMemHandle", 4010, (void *)cuIpcGetMemHandle},
+    {"cuIpcOpenMemHandle", 4010, (void *)cuIpcOpenMemHandle},
+    {"cuIpcOpenMemHandle", 11000, (void *)cuIpcOpenMemHandle_v2},
     {"cuKernelGetAttribute", 12000, (void *)cuKernelGetAttribute},
     {"cuKernelGetFunction", 12000, (void *)cuKernelGetFunction},
     {"cuKernelGetParamInfo", 12040, (void *)cuKernelGetParamInfo},

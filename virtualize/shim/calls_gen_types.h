@@ -114,96 +114,100 @@ _Static_assert(sizeof(struct gp_reply) == 16, "reply header");
 #define GP_CALL_cuMemAllocHost_v2 50
 #define GP_CALL_cuMemHostAlloc 51
 #define GP_CALL_cuMemFreeHost 52
-#define GP_CALL_cuMemHostRegister_v2 53
-#define GP_CALL_cuMemHostUnregister 54
-#define GP_CALL_cuMemHostGetFlags 55
-#define GP_CALL_cuMemHostGetDevicePointer_v2 56
-#define GP_CALL_cuMemcpyHtoD_v2 57
-#define GP_CALL_cuMemcpyHtoDAsync_v2 58
-#define GP_CALL_cuMemcpyDtoH_v2 59
-#define GP_CALL_cuMemcpyDtoHAsync_v2 60
-#define GP_CALL_cuMemcpyDtoD_v2 61
-#define GP_CALL_cuMemcpyDtoDAsync_v2 62
-#define GP_CALL_cuMemcpy 63
-#define GP_CALL_cuMemcpyAsync 64
-#define GP_CALL_cuMemcpyPeer 65
-#define GP_CALL_cuMemcpyPeerAsync 66
-#define GP_CALL_cuMemsetD8_v2 67
-#define GP_CALL_cuMemsetD16_v2 68
-#define GP_CALL_cuMemsetD32_v2 69
-#define GP_CALL_cuMemsetD8Async 70
-#define GP_CALL_cuMemsetD16Async 71
-#define GP_CALL_cuMemsetD32Async 72
-#define GP_CALL_cuPointerGetAttribute 73
-#define GP_CALL_cuPointerGetAttributes 74
-#define GP_CALL_cuModuleLoadData 75
-#define GP_CALL_cuModuleLoadDataEx 76
-#define GP_CALL_cuModuleLoadFatBinary 77
-#define GP_CALL_cuModuleUnload 78
-#define GP_CALL_cuModuleGetLoadingMode 79
-#define GP_CALL_cuModuleLoad 80
-#define GP_CALL_cuModuleGetFunction 81
-#define GP_CALL_cuModuleGetGlobal_v2 82
-#define GP_CALL_cuLibraryLoadData 83
-#define GP_CALL_cuLibraryUnload 84
-#define GP_CALL_cuLibraryGetKernel 85
-#define GP_CALL_cuLibraryGetModule 86
-#define GP_CALL_cuLibraryGetGlobal 87
-#define GP_CALL_cuKernelGetFunction 88
-#define GP_CALL_cuKernelGetAttribute 89
-#define GP_CALL_cuKernelSetAttribute 90
-#define GP_CALL_cuKernelGetParamInfo 91
-#define GP_CALL_cuFuncGetParamInfo 92
-#define GP_CALL_cuFuncGetAttribute 93
-#define GP_CALL_cuFuncSetAttribute 94
-#define GP_CALL_cuFuncSetCacheConfig 95
-#define GP_CALL_cuFuncGetModule 96
-#define GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessor 97
-#define GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags 98
-#define GP_CALL_cuOccupancyMaxPotentialBlockSize 99
-#define GP_CALL_cuOccupancyMaxActiveClusters 100
-#define GP_CALL_cuOccupancyMaxPotentialClusterSize 101
-#define GP_CALL_cuOccupancyAvailableDynamicSMemPerBlock 102
-#define GP_CALL_cuLaunchKernel 103
-#define GP_CALL_cuLaunchKernelEx 104
-#define GP_CALL_cuStreamCreate 105
-#define GP_CALL_cuStreamCreateWithPriority 106
-#define GP_CALL_cuStreamDestroy_v2 107
-#define GP_CALL_cuStreamQuery 108
-#define GP_CALL_cuStreamSynchronize 109
-#define GP_CALL_cuStreamWaitEvent 110
-#define GP_CALL_cuStreamIsCapturing 111
-#define GP_CALL_cuStreamGetPriority 112
-#define GP_CALL_cuStreamGetFlags 113
-#define GP_CALL_cuStreamGetCtx 114
-#define GP_CALL_cuStreamGetCtx_v2 115
-#define GP_CALL_cuStreamGetId 116
-#define GP_CALL_cuStreamGetDevice 117
-#define GP_CALL_cuStreamBeginCapture_v2 118
-#define GP_CALL_cuStreamEndCapture 119
-#define GP_CALL_cuStreamGetCaptureInfo_v2 120
-#define GP_CALL_cuStreamGetCaptureInfo_v3 121
-#define GP_CALL_cuThreadExchangeStreamCaptureMode 122
-#define GP_CALL_cuGraphGetNodes 123
-#define GP_CALL_cuGraphInstantiateWithFlags 124
-#define GP_CALL_cuGraphLaunch 125
-#define GP_CALL_cuGraphUpload 126
-#define GP_CALL_cuGraphExecDestroy 127
-#define GP_CALL_cuGraphDestroy 128
-#define GP_CALL_cuEventCreate 129
-#define GP_CALL_cuEventRecord 130
-#define GP_CALL_cuEventRecordWithFlags 131
-#define GP_CALL_cuEventQuery 132
-#define GP_CALL_cuEventSynchronize 133
-#define GP_CALL_cuEventDestroy_v2 134
-#define GP_CALL_cuEventElapsedTime 135
-#define GP_CALL_cuEventElapsedTime_v2 136
-#define GP_CALL_cuLogsRegisterCallback 137
-#define GP_CALL_cuLogsUnregisterCallback 138
-#define GP_CALL_cuGetErrorName 139
-#define GP_CALL_cuGetErrorString 140
-#define GP_CALL_cuGetExportTable 141
-#define GP_N_CALLS 142u
+#define GP_CALL_cuIpcGetMemHandle 53
+#define GP_CALL_cuIpcOpenMemHandle 54
+#define GP_CALL_cuIpcOpenMemHandle_v2 55
+#define GP_CALL_cuIpcCloseMemHandle 56
+#define GP_CALL_cuMemHostRegister_v2 57
+#define GP_CALL_cuMemHostUnregister 58
+#define GP_CALL_cuMemHostGetFlags 59
+#define GP_CALL_cuMemHostGetDevicePointer_v2 60
+#define GP_CALL_cuMemcpyHtoD_v2 61
+#define GP_CALL_cuMemcpyHtoDAsync_v2 62
+#define GP_CALL_cuMemcpyDtoH_v2 63
+#define GP_CALL_cuMemcpyDtoHAsync_v2 64
+#define GP_CALL_cuMemcpyDtoD_v2 65
+#define GP_CALL_cuMemcpyDtoDAsync_v2 66
+#define GP_CALL_cuMemcpy 67
+#define GP_CALL_cuMemcpyAsync 68
+#define GP_CALL_cuMemcpyPeer 69
+#define GP_CALL_cuMemcpyPeerAsync 70
+#define GP_CALL_cuMemsetD8_v2 71
+#define GP_CALL_cuMemsetD16_v2 72
+#define GP_CALL_cuMemsetD32_v2 73
+#define GP_CALL_cuMemsetD8Async 74
+#define GP_CALL_cuMemsetD16Async 75
+#define GP_CALL_cuMemsetD32Async 76
+#define GP_CALL_cuPointerGetAttribute 77
+#define GP_CALL_cuPointerGetAttributes 78
+#define GP_CALL_cuModuleLoadData 79
+#define GP_CALL_cuModuleLoadDataEx 80
+#define GP_CALL_cuModuleLoadFatBinary 81
+#define GP_CALL_cuModuleUnload 82
+#define GP_CALL_cuModuleGetLoadingMode 83
+#define GP_CALL_cuModuleLoad 84
+#define GP_CALL_cuModuleGetFunction 85
+#define GP_CALL_cuModuleGetGlobal_v2 86
+#define GP_CALL_cuLibraryLoadData 87
+#define GP_CALL_cuLibraryUnload 88
+#define GP_CALL_cuLibraryGetKernel 89
+#define GP_CALL_cuLibraryGetModule 90
+#define GP_CALL_cuLibraryGetGlobal 91
+#define GP_CALL_cuKernelGetFunction 92
+#define GP_CALL_cuKernelGetAttribute 93
+#define GP_CALL_cuKernelSetAttribute 94
+#define GP_CALL_cuKernelGetParamInfo 95
+#define GP_CALL_cuFuncGetParamInfo 96
+#define GP_CALL_cuFuncGetAttribute 97
+#define GP_CALL_cuFuncSetAttribute 98
+#define GP_CALL_cuFuncSetCacheConfig 99
+#define GP_CALL_cuFuncGetModule 100
+#define GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessor 101
+#define GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags 102
+#define GP_CALL_cuOccupancyMaxPotentialBlockSize 103
+#define GP_CALL_cuOccupancyMaxActiveClusters 104
+#define GP_CALL_cuOccupancyMaxPotentialClusterSize 105
+#define GP_CALL_cuOccupancyAvailableDynamicSMemPerBlock 106
+#define GP_CALL_cuLaunchKernel 107
+#define GP_CALL_cuLaunchKernelEx 108
+#define GP_CALL_cuStreamCreate 109
+#define GP_CALL_cuStreamCreateWithPriority 110
+#define GP_CALL_cuStreamDestroy_v2 111
+#define GP_CALL_cuStreamQuery 112
+#define GP_CALL_cuStreamSynchronize 113
+#define GP_CALL_cuStreamWaitEvent 114
+#define GP_CALL_cuStreamIsCapturing 115
+#define GP_CALL_cuStreamGetPriority 116
+#define GP_CALL_cuStreamGetFlags 117
+#define GP_CALL_cuStreamGetCtx 118
+#define GP_CALL_cuStreamGetCtx_v2 119
+#define GP_CALL_cuStreamGetId 120
+#define GP_CALL_cuStreamGetDevice 121
+#define GP_CALL_cuStreamBeginCapture_v2 122
+#define GP_CALL_cuStreamEndCapture 123
+#define GP_CALL_cuStreamGetCaptureInfo_v2 124
+#define GP_CALL_cuStreamGetCaptureInfo_v3 125
+#define GP_CALL_cuThreadExchangeStreamCaptureMode 126
+#define GP_CALL_cuGraphGetNodes 127
+#define GP_CALL_cuGraphInstantiateWithFlags 128
+#define GP_CALL_cuGraphLaunch 129
+#define GP_CALL_cuGraphUpload 130
+#define GP_CALL_cuGraphExecDestroy 131
+#define GP_CALL_cuGraphDestroy 132
+#define GP_CALL_cuEventCreate 133
+#define GP_CALL_cuEventRecord 134
+#define GP_CALL_cuEventRecordWithFlags 135
+#define GP_CALL_cuEventQuery 136
+#define GP_CALL_cuEventSynchronize 137
+#define GP_CALL_cuEventDestroy_v2 138
+#define GP_CALL_cuEventElapsedTime 139
+#define GP_CALL_cuEventElapsedTime_v2 140
+#define GP_CALL_cuLogsRegisterCallback 141
+#define GP_CALL_cuLogsUnregisterCallback 142
+#define GP_CALL_cuGetErrorName 143
+#define GP_CALL_cuGetErrorString 144
+#define GP_CALL_cuGetExportTable 145
+#define GP_N_CALLS 146u
 
 /* Answers kept in the client (shim_memo.c): the groups, and per call the groups it changes. */
 #define GP_MEMO_constant 0
@@ -212,10 +216,10 @@ _Static_assert(sizeof(struct gp_reply) == 16, "reply header");
 #define GP_MEMO_limits 3
 #define GP_MEMO_capture 4
 #define GP_N_MEMO_GROUPS 5u
-static const uint8_t gp_call_invalidates[GP_N_CALLS] __attribute__((unused)) = {[18] = 0x02, [19] = 0x02, [20] = 0x02, [22] = 0x02, [23] = 0x02, [24] = 0x1e, [25] = 0x1e, [37] = 0x08, [78] = 0x04, [84] = 0x04, [90] = 0x04, [94] = 0x04, [95] = 0x04, [107] = 0x10, [118] = 0x10, [119] = 0x10};
-static const uint8_t gp_call_pauses[GP_N_CALLS] __attribute__((unused)) = {[118] = 0x10};
-static const uint8_t gp_call_resumes[GP_N_CALLS] __attribute__((unused)) = {[119] = 0x10};
-static const char *const gp_call_names[GP_N_CALLS] __attribute__((unused)) = {"gpHello", "gpProve", "gpSetContext", "gpParamLayout", "cuInit", "cuDriverGetVersion", "cuDeviceGet", "cuDeviceGetCount", "cuDeviceGetName", "cuDeviceGetUuid", "cuDeviceGetUuid_v2", "cuDeviceGetPCIBusId", "cuDeviceTotalMem_v2", "cuDeviceGetAttribute", "cuDeviceComputeCapability", "cuDeviceCanAccessPeer", "cuDeviceGetMemPool", "cuDeviceGetDefaultMemPool", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxGetState", "cuDevicePrimaryCtxSetFlags", "cuDevicePrimaryCtxSetFlags_v2", "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2", "cuCtxGetCurrent", "cuCtxSetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2", "cuCtxGetDevice", "cuCtxGetDevice_v2", "cuCtxSynchronize", "cuCtxSynchronize_v2", "cuCtxGetApiVersion", "cuCtxGetFlags", "cuCtxGetLimit", "cuCtxSetLimit", "cuCtxGetStreamPriorityRange", "cuCtxGetId", "cuMemGetInfo_v2", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetAddressRange_v2", "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemFreeAsync", "cuMemPoolSetAttribute", "cuMemPoolGetAttribute", "cuMemPoolTrimTo", "cuMemAllocHost_v2", "cuMemHostAlloc", "cuMemFreeHost", "cuMemHostRegister_v2", "cuMemHostUnregister", "cuMemHostGetFlags", "cuMemHostGetDevicePointer_v2", "cuMemcpyHtoD_v2", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoH_v2", "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoD_v2", "cuMemcpyDtoDAsync_v2", "cuMemcpy", "cuMemcpyAsync", "cuMemcpyPeer", "cuMemcpyPeerAsync", "cuMemsetD8_v2", "cuMemsetD16_v2", "cuMemsetD32_v2", "cuMemsetD8Async", "cuMemsetD16Async", "cuMemsetD32Async", "cuPointerGetAttribute", "cuPointerGetAttributes", "cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuModuleUnload", "cuModuleGetLoadingMode", "cuModuleLoad", "cuModuleGetFunction", "cuModuleGetGlobal_v2", "cuLibraryLoadData", "cuLibraryUnload", "cuLibraryGetKernel", "cuLibraryGetModule", "cuLibraryGetGlobal", "cuKernelGetFunction", "cuKernelGetAttribute", "cuKernelSetAttribute", "cuKernelGetParamInfo", "cuFuncGetParamInfo", "cuFuncGetAttribute", "cuFuncSetAttribute", "cuFuncSetCacheConfig", "cuFuncGetModule", "cuOccupancyMaxActiveBlocksPerMultiprocessor", "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", "cuOccupancyMaxPotentialBlockSize", "cuOccupancyMaxActiveClusters", "cuOccupancyMaxPotentialClusterSize", "cuOccupancyAvailableDynamicSMemPerBlock", "cuLaunchKernel", "cuLaunchKernelEx", "cuStreamCreate", "cuStreamCreateWithPriority", "cuStreamDestroy_v2", "cuStreamQuery", "cuStreamSynchronize", "cuStreamWaitEvent", "cuStreamIsCapturing", "cuStreamGetPriority", "cuStreamGetFlags", "cuStreamGetCtx", "cuStreamGetCtx_v2", "cuStreamGetId", "cuStreamGetDevice", "cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuStreamGetCaptureInfo_v2", "cuStreamGetCaptureInfo_v3", "cuThreadExchangeStreamCaptureMode", "cuGraphGetNodes", "cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphUpload", "cuGraphExecDestroy", "cuGraphDestroy", "cuEventCreate", "cuEventRecord", "cuEventRecordWithFlags", "cuEventQuery", "cuEventSynchronize", "cuEventDestroy_v2", "cuEventElapsedTime", "cuEventElapsedTime_v2", "cuLogsRegisterCallback", "cuLogsUnregisterCallback", "cuGetErrorName", "cuGetErrorString", "cuGetExportTable"};
+static const uint8_t gp_call_invalidates[GP_N_CALLS] __attribute__((unused)) = {[18] = 0x02, [19] = 0x02, [20] = 0x02, [22] = 0x02, [23] = 0x02, [24] = 0x1e, [25] = 0x1e, [37] = 0x08, [82] = 0x04, [88] = 0x04, [94] = 0x04, [98] = 0x04, [99] = 0x04, [111] = 0x10, [122] = 0x10, [123] = 0x10};
+static const uint8_t gp_call_pauses[GP_N_CALLS] __attribute__((unused)) = {[122] = 0x10};
+static const uint8_t gp_call_resumes[GP_N_CALLS] __attribute__((unused)) = {[123] = 0x10};
+static const char *const gp_call_names[GP_N_CALLS] __attribute__((unused)) = {"gpHello", "gpProve", "gpSetContext", "gpParamLayout", "cuInit", "cuDriverGetVersion", "cuDeviceGet", "cuDeviceGetCount", "cuDeviceGetName", "cuDeviceGetUuid", "cuDeviceGetUuid_v2", "cuDeviceGetPCIBusId", "cuDeviceTotalMem_v2", "cuDeviceGetAttribute", "cuDeviceComputeCapability", "cuDeviceCanAccessPeer", "cuDeviceGetMemPool", "cuDeviceGetDefaultMemPool", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxGetState", "cuDevicePrimaryCtxSetFlags", "cuDevicePrimaryCtxSetFlags_v2", "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2", "cuCtxGetCurrent", "cuCtxSetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2", "cuCtxGetDevice", "cuCtxGetDevice_v2", "cuCtxSynchronize", "cuCtxSynchronize_v2", "cuCtxGetApiVersion", "cuCtxGetFlags", "cuCtxGetLimit", "cuCtxSetLimit", "cuCtxGetStreamPriorityRange", "cuCtxGetId", "cuMemGetInfo_v2", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetAddressRange_v2", "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemFreeAsync", "cuMemPoolSetAttribute", "cuMemPoolGetAttribute", "cuMemPoolTrimTo", "cuMemAllocHost_v2", "cuMemHostAlloc", "cuMemFreeHost", "cuIpcGetMemHandle", "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", "cuIpcCloseMemHandle", "cuMemHostRegister_v2", "cuMemHostUnregister", "cuMemHostGetFlags", "cuMemHostGetDevicePointer_v2", "cuMemcpyHtoD_v2", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoH_v2", "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoD_v2", "cuMemcpyDtoDAsync_v2", "cuMemcpy", "cuMemcpyAsync", "cuMemcpyPeer", "cuMemcpyPeerAsync", "cuMemsetD8_v2", "cuMemsetD16_v2", "cuMemsetD32_v2", "cuMemsetD8Async", "cuMemsetD16Async", "cuMemsetD32Async", "cuPointerGetAttribute", "cuPointerGetAttributes", "cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuModuleUnload", "cuModuleGetLoadingMode", "cuModuleLoad", "cuModuleGetFunction", "cuModuleGetGlobal_v2", "cuLibraryLoadData", "cuLibraryUnload", "cuLibraryGetKernel", "cuLibraryGetModule", "cuLibraryGetGlobal", "cuKernelGetFunction", "cuKernelGetAttribute", "cuKernelSetAttribute", "cuKernelGetParamInfo", "cuFuncGetParamInfo", "cuFuncGetAttribute", "cuFuncSetAttribute", "cuFuncSetCacheConfig", "cuFuncGetModule", "cuOccupancyMaxActiveBlocksPerMultiprocessor", "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", "cuOccupancyMaxPotentialBlockSize", "cuOccupancyMaxActiveClusters", "cuOccupancyMaxPotentialClusterSize", "cuOccupancyAvailableDynamicSMemPerBlock", "cuLaunchKernel", "cuLaunchKernelEx", "cuStreamCreate", "cuStreamCreateWithPriority", "cuStreamDestroy_v2", "cuStreamQuery", "cuStreamSynchronize", "cuStreamWaitEvent", "cuStreamIsCapturing", "cuStreamGetPriority", "cuStreamGetFlags", "cuStreamGetCtx", "cuStreamGetCtx_v2", "cuStreamGetId", "cuStreamGetDevice", "cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuStreamGetCaptureInfo_v2", "cuStreamGetCaptureInfo_v3", "cuThreadExchangeStreamCaptureMode", "cuGraphGetNodes", "cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphUpload", "cuGraphExecDestroy", "cuGraphDestroy", "cuEventCreate", "cuEventRecord", "cuEventRecordWithFlags", "cuEventQuery", "cuEventSynchronize", "cuEventDestroy_v2", "cuEventElapsedTime", "cuEventElapsedTime_v2", "cuLogsRegisterCallback", "cuLogsUnregisterCallback", "cuGetErrorName", "cuGetErrorString", "cuGetExportTable"};
 
 struct gp_in_gpHello { uint32_t version; } __attribute__((packed));
 struct gp_out_gpProve { uint32_t device_count; } __attribute__((packed));
@@ -289,6 +293,12 @@ struct gp_in_cuMemAllocHost_v2 { uint64_t bytesize; } __attribute__((packed));
 struct gp_out_cuMemAllocHost_v2 { uint64_t pp; } __attribute__((packed));
 struct gp_in_cuMemHostAlloc { uint64_t bytesize; uint32_t flags; } __attribute__((packed));
 struct gp_out_cuMemHostAlloc { uint64_t pp; } __attribute__((packed));
+struct gp_in_cuIpcGetMemHandle { uint64_t dptr; } __attribute__((packed));
+struct gp_in_cuIpcOpenMemHandle { uint32_t flags; } __attribute__((packed));
+struct gp_out_cuIpcOpenMemHandle { uint64_t pdptr; } __attribute__((packed));
+struct gp_in_cuIpcOpenMemHandle_v2 { uint32_t flags; } __attribute__((packed));
+struct gp_out_cuIpcOpenMemHandle_v2 { uint64_t pdptr; } __attribute__((packed));
+struct gp_in_cuIpcCloseMemHandle { uint64_t dptr; } __attribute__((packed));
 struct gp_in_cuMemHostRegister_v2 { uint64_t bytesize; uint32_t flags; } __attribute__((packed));
 struct gp_out_cuMemHostGetFlags { uint32_t flags; } __attribute__((packed));
 struct gp_in_cuMemHostGetDevicePointer_v2 { uint32_t flags; } __attribute__((packed));
@@ -464,6 +474,10 @@ GP_EXPORT CUresult cuMemPoolTrimTo(uint64_t pool, uint64_t min_bytes_to_keep);
 GP_EXPORT CUresult cuMemAllocHost_v2(uint64_t *pp, uint64_t bytesize);
 GP_EXPORT CUresult cuMemHostAlloc(uint64_t *pp, uint64_t bytesize, uint32_t flags);
 GP_EXPORT CUresult cuMemFreeHost(void *p);
+GP_EXPORT CUresult cuIpcGetMemHandle(void *handle, uint64_t dptr);
+GP_EXPORT CUresult cuIpcOpenMemHandle(uint64_t *pdptr, struct gp_ipc_handle handle, uint32_t flags);
+GP_EXPORT CUresult cuIpcOpenMemHandle_v2(uint64_t *pdptr, struct gp_ipc_handle handle, uint32_t flags);
+GP_EXPORT CUresult cuIpcCloseMemHandle(uint64_t dptr);
 GP_EXPORT CUresult cuMemHostRegister_v2(void *p, uint64_t bytesize, uint32_t flags);
 GP_EXPORT CUresult cuMemHostUnregister(void *p);
 GP_EXPORT CUresult cuMemHostGetFlags(uint32_t *flags, void *p);

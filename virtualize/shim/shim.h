@@ -11,6 +11,9 @@ typedef int CUresult;
 struct gp_proc { const char *name; int since; void *fn; };
 struct gp_result_text { int code; const char *name; const char *text; };
 
+/* CUipcMemHandle: 64 bytes, passed by value. gpupool's: a magic, then the allocation's base and size. */
+struct gp_ipc_handle { char reserved[64]; };
+
 #include "calls_gen_types.h"
 
 extern int gp_trace_enabled;

@@ -305,6 +305,61 @@ CUresult cuMemPoolGetAttribute(uint64_t pool, int32_t attr, void *value) {
     return r;
 }
 
+/* ---- IPC between the processes of one lease ------------------------------------------------------ */
+
+static const char ipc_magic[16] = "gpupool ipc 1";
+
+CUresult cuIpcGetMemHandle(void *handle, uint64_t dptr) {
+    GP_TRACE("cuIpcGetMemHandle");
+    uint64_t base, size;
+    int owned;
+    if (!handle || !gp_dev_lookup(dptr, &base, &size, &owned) || !owned) return CUDA_ERROR_INVALID_VALUE;
+    unsigned char h[64] = {0};
+    memcpy(h, ipc_magic, sizeof ipc_magic);
+    memcpy(h + 16, &base, 8);
+    memcpy(h + 24, &size, 8);
+    memcpy(handle, h, sizeof h);
+    return CUDA_SUCCESS;
+}
+
+static CUresult ipc_open(uint64_t *pdptr, struct gp_ipc_handle handle) {
+    uint64_t base, size;
+    if (!pdptr || memcmp(handle.reserved, ipc_magic, sizeof ipc_magic) != 0) return CUDA_ERROR_INVALID_VALUE;
+    memcpy(&base, handle.reserved + 16, 8);
+    memcpy(&size, handle.reserved + 24, 8);
+    /* The worker answers only for this lease's live memory: a handle of another lease, or of an
+     * allocation freed since, is refused there. */
+    uint64_t got_base = 0, got_size = 0;
+    CUresult r = cuMemGetAddressRange_v2(&got_base, &got_size, base);
+    if (r != CUDA_SUCCESS) return r;
+    if (got_base != base || got_size < size) return CUDA_ERROR_INVALID_VALUE; /* not that allocation any more */
+    int owned;
+    if (!gp_dev_lookup(base, NULL, NULL, &owned)) gp_dev_add(base, size, 0);
+    *pdptr = base;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuIpcOpenMemHandle(uint64_t *pdptr, struct gp_ipc_handle handle, uint32_t flags) {
+    GP_TRACE("cuIpcOpenMemHandle");
+    (void)flags;
+    return ipc_open(pdptr, handle);
+}
+
+CUresult cuIpcOpenMemHandle_v2(uint64_t *pdptr, struct gp_ipc_handle handle, uint32_t flags) {
+    GP_TRACE("cuIpcOpenMemHandle_v2");
+    (void)flags;
+    return ipc_open(pdptr, handle);
+}
+
+CUresult cuIpcCloseMemHandle(uint64_t dptr) {
+    GP_TRACE("cuIpcCloseMemHandle");
+    uint64_t base;
+    int owned;
+    if (!gp_dev_lookup(dptr, &base, NULL, &owned) || owned || base != dptr) return CUDA_ERROR_INVALID_VALUE;
+    gp_dev_remove(base);
+    return CUDA_SUCCESS;
+}
+
 static void note_global(uint64_t *dptr, uint64_t *bytes, uint64_t d, uint64_t n) {
     gp_dev_add(d, n, 0);
     if (dptr) *dptr = d;
