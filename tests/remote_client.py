@@ -328,6 +328,8 @@ def scenario_queries():
     say("ctx_flags", cu.cuCtxGetFlags(ctypes.byref(u)))
     say("ctx_api_version", cu.cuCtxGetApiVersion(ctx, ctypes.byref(u)))
     say("ctx_id", cu.cuCtxGetId(ctx, ctypes.byref(q)))
+    say("profiler_start", cu.cuProfilerStart())
+    say("profiler_stop", cu.cuProfilerStop())
     say("primary_state", cu.cuDevicePrimaryCtxGetState(0, ctypes.byref(u), ctypes.byref(i)))
     bus = ctypes.create_string_buffer(32)
     say("pci_bus_id", cu.cuDeviceGetPCIBusId(bus, 32, 0))

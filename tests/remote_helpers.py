@@ -94,6 +94,8 @@ def expected_queries() -> dict[str, str]:
         "ctx_flags",
         "ctx_api_version",
         "ctx_id",
+        "profiler_start",
+        "profiler_stop",
         "primary_state",
         "pci_bus_id",
         "driver_version",

@@ -368,6 +368,9 @@ CALLS: tuple[Call, ...] = (
     _c("cuLogsRegisterCallback", 12080, "ptr callback, ptr user_data, o_u64 handle", L, custom=True),
     _c("cuLogsUnregisterCallback", 12080, "u64 handle", L, custom=True),
     # -- error strings, answered in the client --------------------------------------------------------
+    # -- the profiler: a profiler attached to the worker (nsys, ncu) sees the program's range -----------
+    _c("cuProfilerStart", 4000, ""),
+    _c("cuProfilerStop", 4000, ""),
     _c("cuGetErrorName", 6000, "i32 error, ptr str", L, custom=True),
     _c("cuGetErrorString", 6000, "i32 error, ptr str", L, custom=True),
     # The driver's private tables, asked for by the CUDA runtime: answered from virtualize/_exports.py.

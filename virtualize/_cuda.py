@@ -380,6 +380,12 @@ class CudaExecutor(Executor):
     def cuCtxGetId(self, ctx):
         return _ok(driver.cuCtxGetId(driver.CUcontext(ctx)))
 
+    def cuProfilerStart(self):
+        _ok(driver.cuProfilerStart())
+
+    def cuProfilerStop(self):
+        _ok(driver.cuProfilerStop())
+
     # -- memory --------------------------------------------------------------------------------------
 
     def cuMemGetInfo(self):

@@ -306,6 +306,11 @@ class HostExecutor(Executor):
     def cuCtxGetId(self, ctx):
         return ctx
 
+    def cuProfilerStart(self):
+        return None  # no profiler here: a no-op, as on a GPU nothing profiles
+
+    cuProfilerStop = cuProfilerStart
+
     def cuMemGetInfo(self):
         dev = self._ctx_device()
         used = sum(len(m) for b, m in self.memory.items() if self.owner[b] == dev)

@@ -901,6 +901,18 @@ GP_EXPORT CUresult cuEventElapsedTime_v2(float *ms, uint64_t start, uint64_t end
     return r;
 }
 
+GP_EXPORT CUresult cuProfilerStart(void) {
+    GP_TRACE("cuProfilerStart");
+    CUresult r = gp_call(GP_CALL_cuProfilerStart, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuProfilerStop(void) {
+    GP_TRACE("cuProfilerStop");
+    CUresult r = gp_call(GP_CALL_cuProfilerStop, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
 /* Per-thread default-stream variants (_ptsz, _ptds) of forwarded calls: the worker runs each
  * connection's calls in order, so they behave as the calls themselves (docs/remote.md). */
 GP_EXPORT CUresult cuEventRecordWithFlags_ptsz(uint64_t event, uint64_t stream, uint32_t flags) { return cuEventRecordWithFlags(event, stream, flags); }
@@ -1336,8 +1348,6 @@ GP_EXPORT CUresult cuParamSeti(void) { return gp_unforwarded("cuParamSeti"); }
 GP_EXPORT CUresult cuParamSetv(void) { return gp_unforwarded("cuParamSetv"); }
 GP_EXPORT CUresult cuPointerSetAttribute(void) { return gp_unforwarded("cuPointerSetAttribute"); }
 GP_EXPORT CUresult cuProfilerInitialize(void) { return gp_unforwarded("cuProfilerInitialize"); }
-GP_EXPORT CUresult cuProfilerStart(void) { return gp_unforwarded("cuProfilerStart"); }
-GP_EXPORT CUresult cuProfilerStop(void) { return gp_unforwarded("cuProfilerStop"); }
 GP_EXPORT CUresult cuSignalExternalSemaphoresAsync(void) { return gp_unforwarded("cuSignalExternalSemaphoresAsync"); }
 GP_EXPORT CUresult cuSignalExternalSemaphoresAsync_ptsz(void) { return gp_unforwarded("cuSignalExternalSemaphoresAsync_ptsz"); }
 GP_EXPORT CUresult cuStreamAddCallback(void) { return gp_unforwarded("cuStreamAddCallback"); }
@@ -1571,6 +1581,8 @@ static const struct gp_proc gp_procs[] = {
     {"cuOccupancyMaxPotentialClusterSize", 11070, (void *)cuOccupancyMaxPotentialClusterSize},
     {"cuPointerGetAttribute", 4000, (void *)cuPointerGetAttribute},
     {"cuPointerGetAttributes", 7000, (void *)cuPointerGetAttributes},
+    {"cuProfilerStart", 4000, (void *)cuProfilerStart},
+    {"cuProfilerStop", 4000, (void *)cuProfilerStop},
     {"cuStreamBeginCapture", 10010, (void *)cuStreamBeginCapture_v2},
     {"cuStreamCreate", 2000, (void *)cuStreamCreate},
     {"cuStreamCreateWithPriority", 5050, (void *)cuStreamCreateWithPriority},
