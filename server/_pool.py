@@ -83,7 +83,6 @@ class Pool:
         # live in etcd; leases and partitions stay here.
         self.cluster = cluster
         self.tokens = cluster if cluster is not None else store
-        self._snapshot = None  # the client's cluster-wide holdings read for the grant in progress
         self.db = store.db
         self.inv = inventory
         self.cfg = config
@@ -155,10 +154,12 @@ class Pool:
                     self.store.set_policy(key, value)
         return self.policy()
 
-    def client_settings(self, client: str, policy: dict | None = None) -> dict:
+    def client_settings(self, client: str, policy: dict | None = None, snapshot=None) -> dict:
+        """The client's limit and idle timeout and where each comes from. In cluster mode a grant passes
+        the ``snapshot`` it read the client's sum with, so both come from one etcd revision."""
         policy = policy or self.policy()
         if self.cluster is not None:
-            snap = self._snapshot  # during a grant: read with the client's sum, at one revision
+            snap = snapshot
             row = (
                 snap.settings
                 if snap is not None and snap.client == client
@@ -185,11 +186,10 @@ class Pool:
             "idle_timeout_source": idle_src,
         }
 
-    def usage(self, client: str) -> float:
+    def usage(self, client: str, snapshot=None) -> float:
         if self.cluster is not None:  # cluster-wide: every server's leases of this client
-            snap = self._snapshot
-            if snap is not None and snap.client == client:
-                return snap.usage
+            if snapshot is not None and snapshot.client == client:
+                return snapshot.usage
             return self.cluster.client_snapshot(client).usage
         row = self.db.execute(
             "SELECT COALESCE(SUM(p.fraction), 0) FROM partitions p JOIN leases l ON l.id = p.lease_id "
@@ -349,11 +349,11 @@ class Pool:
         score = left / sum(g.mem_total_bytes for g in chosen)
         return Placement(tuple(chosen), tuple(mems), fractions, round(score, 6))
 
-    def _check_limit(self, client: str, needed: float) -> None:
-        limit = self.client_settings(client)["limit"]
+    def _check_limit(self, client: str, needed: float, snapshot=None) -> None:
+        limit = self.client_settings(client, snapshot=snapshot)["limit"]
         if limit is None:
             return
-        usage = self.usage(client)
+        usage = self.usage(client, snapshot)
         if usage + needed > limit + EPS:
             raise LimitExceeded(
                 f"client {client} holds {usage:.2f} GPUs of its limit of {limit:.2f}; this request needs {needed:.2f} more",
@@ -368,7 +368,7 @@ class Pool:
         sizes = [g.mem_total_bytes for g in self.inv.gpus if gpu_matches(g, filters)] or [1]
         return req.n * min(1.0, req.mem_mib * MIB / max(sizes))
 
-    def _decide(self, caller: Caller, req: LeaseRequest, filters: list) -> Placement:
+    def _decide(self, caller: Caller, req: LeaseRequest, filters: list, snapshot=None) -> Placement:
         """Where the request goes now, or why not: Impossible, LimitExceeded, Busy (in that order).
 
         An impossible request is impossible whatever the limit; a request over the limit fails now
@@ -377,9 +377,9 @@ class Pool:
         try:
             placement = self.place(req, filters, self.used_bytes())
         except Busy:
-            self._check_limit(caller.client, self._estimated_fraction(req, filters))
+            self._check_limit(caller.client, self._estimated_fraction(req, filters), snapshot)
             raise
-        self._check_limit(caller.client, sum(placement.fractions))
+        self._check_limit(caller.client, sum(placement.fractions), snapshot)
         return placement
 
     def prefetch(self, client: str):
@@ -388,13 +388,6 @@ class Pool:
         return self.cluster.client_snapshot(client) if self.cluster is not None else None
 
     def fit(self, caller: Caller, req: LeaseRequest, snapshot=None) -> dict:
-        self._snapshot = snapshot
-        try:
-            return self._fit(caller, req)
-        finally:
-            self._snapshot = None
-
-    def _fit(self, caller: Caller, req: LeaseRequest) -> dict:
         filters = self._check_request(req)
         out = {
             "fits_now": False,
@@ -405,7 +398,7 @@ class Pool:
             "server": self.server_info(),
         }
         try:
-            placement = self._decide(caller, req, filters)
+            placement = self._decide(caller, req, filters, snapshot)
         except (Impossible, Busy, LimitExceeded) as exc:
             out.update(code=exc.code, reason=exc.message, hint=exc.hint)
             return out
@@ -445,10 +438,10 @@ class Pool:
         """One attempt: decide and store in one sqlite transaction; in cluster mode it commits only if
         the etcd transaction (client's marker unchanged since its sum was read) succeeded."""
         if self.cluster is not None:
-            self._snapshot = snapshot or self.cluster.client_snapshot(caller.client)
+            snapshot = snapshot or self.cluster.client_snapshot(caller.client)
         try:
             with self.store.transaction():
-                placement = self._decide(caller, req, filters)
+                placement = self._decide(caller, req, filters, snapshot)
                 policy = self.policy()
                 ttl = min(req.ttl_s or policy["lease_ttl_s"], self.cfg.max_ttl_s)
                 lease_id = "lease-" + secrets.token_hex(6)
@@ -471,15 +464,13 @@ class Pool:
                     ],
                 )
                 self.db.execute("INSERT OR IGNORE INTO clients(name) VALUES (?)", (caller.client,))
-                if self._snapshot is not None and not self.cluster.record_grant(
-                    self._snapshot, lease_id, round(sum(placement.fractions), 6)
+                if snapshot is not None and not self.cluster.record_grant(
+                    snapshot, lease_id, round(sum(placement.fractions), 6)
                 ):
                     raise _Conflict
         except (Impossible, Busy, LimitExceeded) as exc:
             self.events.deny(caller.client, exc.message, now)
             raise
-        finally:
-            self._snapshot = None
         return lease_id
 
     def lease_env(self, lease_id: str, placement: Placement, sm_share: float | None) -> dict[str, str]:
