@@ -9,12 +9,7 @@ duration=60
 out=${GPUPOOL_AUDIT_DIR:-telemetry}
 
 python3 -m venv .venv
-quiet() {  # a command's output only when it fails
-  local log
-  log=$(mktemp)
-  if ! "$@" >"$log" 2>&1; then cat "$log" >&2; rm -f "$log"; return 1; fi
-  rm -f "$log"
-}
+source scripts/_quiet.sh
 echo "installing gpupool's audit tools into .venv ..."
 quiet .venv/bin/python -m pip install -q --upgrade pip
 quiet .venv/bin/python -m pip install -q -e '.[report]'

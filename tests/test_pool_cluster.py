@@ -7,19 +7,17 @@ etcd members). A network partition of one server from etcd is made with TCP prox
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from pool_harness import ROOT, ServerProc, api, gpuattach, server_cmd, wait_for
 from pool_harness import client_env as static_env
+from tcp_proxy import TcpProxy
 
 from tests.etcd_cluster import EtcdCluster
 
@@ -247,66 +245,9 @@ def test_etcd_minority_loss_changes_nothing_majority_loss_fails_clearly_then_rec
     assert usage(world, "frank") == pytest.approx(1.0)
 
 
-class CuttableProxy:
-    """A TCP proxy to one etcd member that the test can cut: a network partition between one
-    gpupool server and etcd, while etcd itself and the other servers stay healthy."""
-
-    def __init__(self, target: str):
-        self.target = target.rsplit(":", 1)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.endpoint = f"127.0.0.1:{self.listener.getsockname()[1]}"
-        self.cut = False
-        self.socks: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            if self.cut:
-                conn.close()
-                continue
-            try:
-                up = socket.create_connection((self.target[0], int(self.target[1])), timeout=2)
-            except OSError:
-                conn.close()
-                continue
-            self.socks += [conn, up]
-            for a, b in ((conn, up), (up, conn)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src, dst):
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-
-    def partition(self):
-        self.cut = True
-        for s in self.socks:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-        self.socks.clear()
-
-    def heal(self):
-        self.cut = False
-
-    def close(self):
-        self.partition()
-        self.listener.close()
-
-
 def test_partitioned_server_leaves_the_cluster_keeps_its_leases_and_rejoins(world, tmp_path):
     etcd, others = world["etcd"], world["servers"]
-    proxies = [CuttableProxy(e) for e in etcd.endpoints]
+    proxies = [_etcd_proxy(e) for e in etcd.endpoints]
     url = "etcd://" + ",".join(p.endpoint for p in proxies)
     island = ServerProc(tmp_path / "island", "2xA100-40GB", extra=("--cluster", url, "--cluster-ttl", TTL))
     island.start()
@@ -382,3 +323,9 @@ def test_migrate_moves_tokens_policy_and_live_leases_into_etcd(world, tmp_path):
         )
     finally:
         moved.stop()
+
+
+def _etcd_proxy(target: str) -> TcpProxy:
+    """A proxy to one etcd member that the test can cut: a partition between one gpupool server and etcd."""
+    host, port = target.rsplit(":", 1)
+    return TcpProxy(host, int(port))

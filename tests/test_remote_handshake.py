@@ -9,7 +9,6 @@ shim compiled from this tree.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import socket
@@ -21,6 +20,7 @@ import remote_helpers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from remote_helpers import client_env, needs_cc, run_client
+from tcp_proxy import TcpProxy
 
 from virtualize import _wire
 from virtualize._calls import CALL_IDS, CALLS, INTERNAL
@@ -102,61 +102,23 @@ def test_a_client_without_the_secret_is_refused(worker):
         assert sock.recv(64) == b""  # and the connection is closed
 
 
-class RecordingProxy:
-    """A TCP proxy on loopback that forwards a connection both ways and keeps every byte it saw."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.to_worker = bytearray()
-        self.to_client = bytearray()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            threading.Thread(target=self._pump, args=(client, upstream, self.to_worker), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, self.to_client), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket, record: bytearray) -> None:
-        try:
-            while data := src.recv(65536):
-                record += data
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self.listener.close()
-
-
 @needs_cc
 def test_the_secret_never_crosses_the_wire_and_a_recorded_handshake_cannot_be_replayed(shim_dir, worker):
-    proxy = RecordingProxy((worker.host, worker.port))
+    proxy = TcpProxy(worker.host, worker.port)
     try:
         env = client_env(shim_dir, worker, GPUPOOL_WORKER=f"127.0.0.1:{proxy.port}")
         out, _ = run_client("copies", env)
         assert out  # the program ran through the proxy
     finally:
         proxy.close()
-    seen = bytes(proxy.to_worker) + bytes(proxy.to_client)
+    seen = bytes(proxy.to_target) + bytes(proxy.to_client)
     assert worker.secret.encode() not in seen
     assert KNOWN_PLAINTEXT in seen  # on loopback the data itself is not encrypted (next test)
     # Replay what the client sent, byte for byte, on a new connection: the worker's nonce is new, so
     # the recorded proof is wrong and the worker refuses before any call runs.
     handshake_bytes = _wire.REQUEST.size * 2 + HELLO.in_struct.size + _wire.NONCE_BYTES + _wire.PROOF_BYTES
     with connect(worker) as sock:
-        sock.sendall(bytes(proxy.to_worker[:handshake_bytes]))
+        sock.sendall(bytes(proxy.to_target[:handshake_bytes]))
         assert reply(sock)[0] == 0  # the hello is answered (with a fresh nonce) ...
         assert reply(sock)[0] == CUresult.NOT_PERMITTED  # ... the replayed proof is not
 
@@ -166,14 +128,14 @@ KNOWN_PLAINTEXT = bytes(range(256))  # what the `copies` scenario copies with cu
 
 def recorded_run(shim_dir, worker, scenario: str, **env) -> tuple[dict[str, str], str, bytes]:
     """Run a scenario through a recording proxy; its output, stderr and every byte the proxy saw."""
-    proxy = RecordingProxy((worker.host, worker.port))
+    proxy = TcpProxy(worker.host, worker.port)
     try:
         out, err = run_client(
             scenario, client_env(shim_dir, worker, GPUPOOL_WORKER=f"127.0.0.1:{proxy.port}", **env)
         )
     finally:
         proxy.close()
-    return out, err, bytes(proxy.to_worker) + bytes(proxy.to_client)
+    return out, err, bytes(proxy.to_target) + bytes(proxy.to_client)
 
 
 @needs_cc
