@@ -263,8 +263,11 @@ def build_rollups(
     *,
     progress: Callable[[str], None] | None = None,
     hosts: tuple[str, ...] = (),
+    lag_s: float = LAG_S,
 ) -> RollupResult:
-    """(Re)build the minute and hour rollups of every host (or of ``hosts``) from the raw samples."""
+    """(Re)build the minute and hour rollups of every host (or of ``hosts``) from the raw samples,
+    up to ``lag_s`` before each host's newest sample (the weights of the last samples covered need
+    the few samples after them: keep it at least 3 ticks)."""
     root = Path(root)
     say = progress or (lambda _msg: None)
     result = RollupResult()
@@ -284,7 +287,7 @@ def build_rollups(
             ).fetchone()
             if not rows:
                 continue
-            watermark = (newest - LAG_S * 1_000_000) // MINUTE_US * MINUTE_US
+            watermark = (newest - int(lag_s * 1_000_000)) // MINUTE_US * MINUTE_US
             parts = max(1, -(-rows // CHUNK_ROWS))
             minutes = []
             for i in range(parts):
