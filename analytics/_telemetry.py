@@ -86,13 +86,15 @@ def open_telemetry(
     *,
     require_data: bool = True,
     check_versions: bool = True,
+    rollups: bool = True,
 ) -> duckdb.DuckDBPyConnection:
     """Return a DuckDB connection with one view per telemetry table over all of ``dirs``.
 
     Views: ``gpu_samples``, ``process_samples``, ``pool_events`` (see ``collector.schema``), each with
     the hive columns ``date`` and ``host``. Raises ``TelemetryError`` for a missing directory, for no
     data at all (unless ``require_data=False``) and for segments of a schema version this code does
-    not read.
+    not read. With ``rollups`` (the default) it also opens the rollup tables and their marks
+    (``analytics._rollup``); ``rollups=False`` answers everything from raw samples.
     """
     roots = [Path(dirs)] if isinstance(dirs, (str, os.PathLike)) else [Path(d) for d in dirs]
     if not roots:
@@ -111,7 +113,7 @@ def open_telemetry(
     with contextlib.suppress(duckdb.Error):
         con.execute("SET enable_progress_bar = false")
     found_any = False
-    for table in (*TABLES.values(), *ROLLUP_TABLES.values()):
+    for table in (*TABLES.values(), *(ROLLUP_TABLES.values() if rollups else ())):
         per_root = {root: _segments(root, table.name) for root in roots}
         files = [f for segs in per_root.values() for f in segs]
         if not files:
@@ -137,7 +139,10 @@ def open_telemetry(
             f"CREATE OR REPLACE TEMP VIEW {table.name} AS SELECT * FROM read_parquet([{globs}], "
             f"hive_partitioning = true, union_by_name = true, hive_types = {{{hive_types}}})"
         )
-    _register_rollup_marks(con, roots)
+    if rollups:
+        _register_rollup_marks(con, roots)
+    else:
+        con.execute("DROP TABLE IF EXISTS rollup_marks")
     if require_data and not found_any:
         raise TelemetryError(
             "no telemetry found in " + ", ".join(str(r) for r in roots),
