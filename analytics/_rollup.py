@@ -98,6 +98,9 @@ _AGGREGATES = """
     sum(w) FILTER (WHERE ub IS NOT NULL AND flags & 2 = 2) AS util_gpm_s,
     sum(w * ub) FILTER (WHERE ub IS NOT NULL AND flags & 2 = 2) / 1000 AS util_gpm_sum,
     sum(w) FILTER (WHERE ab IS NOT NULL) AS sm_s, sum(w * ab) FILTER (WHERE ab IS NOT NULL) / 1000 AS sm_sum,
+    sum(w * util_gpu_mean) AS util_raw_sum, sum(w * sm_activity) AS sm_raw_sum,
+    sum(w) FILTER (WHERE mem_total_bytes > 0) AS mem_ratio_s,
+    sum(w * mem_used_bytes / nullif(mem_total_bytes, 0)) AS mem_ratio_sum,
     sum(w) FILTER (WHERE mem_used_bytes IS NOT NULL) AS mem_s, sum(w * mem_used_bytes) AS mem_used_sum,
     max(mem_used_bytes) AS mem_used_peak, max(mem_total_bytes) AS mem_total,
     coalesce(sum(w) FILTER (WHERE ub < ?), 0) AS idle_s, coalesce(sum(w) FILTER (WHERE flags & 1 = 1), 0) AS held_idle_s,
@@ -120,6 +123,7 @@ _SUMS = [
     "lost_s",
     "simulated_s",
 ]
+_TIMELINE_SUMS = ("util_raw_sum", "sm_raw_sum", "mem_ratio_s", "mem_ratio_sum")  # the timeline's means
 
 # GROUPING(ubin, abin, dq) of each grouping set: the period's totals, its two histograms, its intervals.
 _G_TOTAL, _G_UTIL, _G_SM, _G_INTERVAL = 7, 3, 5, 6
@@ -168,8 +172,8 @@ def _hours_sql() -> str:
         cols += [f"l{i}.{key}", f"l{i}.{val}"]
     return _HOURS.format(
         hour=HOUR_US,
-        sums=", ".join(f"sum({c}) AS {c}" for c in _SUMS),
-        bsums=", ".join(f"b.{c}" for c in _SUMS),
+        sums=", ".join(f"sum({c}) AS {c}" for c in (*_SUMS, *_TIMELINE_SUMS)),
+        bsums=", ".join(f"b.{c}" for c in (*_SUMS, *_TIMELINE_SUMS)),
         lists=",\n".join(lists),
         list_cols=", ".join(cols),
         joins=" ".join(joins),
@@ -292,7 +296,8 @@ def build_rollups(
             minutes = []
             for i in range(parts):
                 source = (
-                    f"(SELECT {summary._COLUMNS}, gpu_uuid AS uuid, gpu_index, gpu_name FROM gpu_samples "
+                    f"(SELECT {summary._COLUMNS}, gpu_uuid AS uuid, gpu_index, gpu_name, util_gpu_mean, sm_activity "
+                    "FROM gpu_samples "
                     "WHERE host = ? AND hash(gpu_uuid) % ? = ?)"
                 )
                 con.execute(
@@ -318,7 +323,7 @@ def build_rollups(
                     util=_G_UTIL,
                     sm=_G_SM,
                     interval=_G_INTERVAL,
-                    sums=", ".join(f"b.{c}" for c in _SUMS),
+                    sums=", ".join(f"b.{c}" for c in (*_SUMS, *_TIMELINE_SUMS)),
                 )
                 minutes.append(con.sql(sql, params=[watermark]).to_arrow_table())
             con.execute("DROP TABLE IF EXISTS rollup_gs")
@@ -372,8 +377,11 @@ def _aligned(ts: dt.datetime | None, period_us: int) -> bool:
     return us % period_us == 0
 
 
-def plan(con: duckdb.DuckDBPyConnection, scope: Scope, options) -> tuple[Plan | None, str]:
-    """The rollups that can answer ``scope`` under ``options`` exactly, or (None, why not)."""
+def plan(
+    con: duckdb.DuckDBPyConnection, scope: Scope, options=None, bucket_s: int | None = None
+) -> tuple[Plan | None, str]:
+    """The rollups that can answer ``scope`` under ``options`` (None: no thresholds involved) in
+    buckets of ``bucket_s`` (None: one answer for the range) exactly, or (None, why not)."""
     try:
         rows = con.execute(
             "SELECT host, level, covers_to_us, idle_below, held_mem_bytes FROM rollup_marks"
@@ -384,7 +392,11 @@ def plan(con: duckdb.DuckDBPyConnection, scope: Scope, options) -> tuple[Plan | 
     for host, level, covers_to, idle_below, held in rows:
         if scope.hosts and host not in scope.hosts:
             continue
-        if covers_to is not None and (idle_below != options.idle_below or held != options.held_mem_bytes):
+        if (
+            covers_to is not None
+            and options is not None
+            and (idle_below != options.idle_below or held != options.held_mem_bytes)
+        ):
             return None, "thresholds differ from the rollups'"
         marks.setdefault(host, {})[level] = covers_to
     if not any(v is not None for m in marks.values() for v in m.values()):
@@ -392,9 +404,13 @@ def plan(con: duckdb.DuckDBPyConnection, scope: Scope, options) -> tuple[Plan | 
     levels = [
         lv
         for lv in ("1h", "1m")
-        if _aligned(scope.start, LEVELS[lv][1]) and _aligned(scope.end, LEVELS[lv][1])
+        if _aligned(scope.start, LEVELS[lv][1])
+        and _aligned(scope.end, LEVELS[lv][1])
+        and (bucket_s is None or bucket_s * 1_000_000 % LEVELS[lv][1] == 0)
     ]
     if not levels:
+        if bucket_s is not None and bucket_s % 60:
+            return None, "the buckets are not whole minutes"
         return None, "the range is not on minute boundaries"
     levels = levels[:1] + (["1m"] if levels[0] == "1h" else [])  # hours, then the minutes after the last hour
     raw_from = {h: m["1m"] for h, m in marks.items() if m.get("1m") is not None}
@@ -477,7 +493,33 @@ def read(con: duckdb.DuckDBPyConnection, p: Plan, where: str, params: list) -> R
                 rp,
             ).fetchall()
         )
-    intervals = {
+    return Rolled(gpus, hists[0], hists[1], read_intervals(con, p, where, params))
+
+
+SUM_NAMES = tuple(_SUMS)
+
+
+def read_buckets(
+    con: duckdb.DuckDBPyConnection, p: Plan, where: str, params: list, bucket_us: int
+) -> list[tuple]:
+    """Per GPU, bucket and ``fb``: (e, k, fb, host, gpu_index, observed_s, util_s, util_raw_sum, sm_s,
+    sm_raw_sum, mem_ratio_s, mem_ratio_sum, simulated) from the rollup rows (the timeline's sums)."""
+    rel, rp = rollup_relation(p, where, params)
+    return con.execute(
+        f"""SELECT e, epoch_us(ts) // ? AS k, fb, any_value(host), arg_max(gpu_index, last_ts), sum(observed_s),
+                   sum(util_s), sum(util_raw_sum), sum(sm_s), sum(sm_raw_sum), sum(mem_ratio_s), sum(mem_ratio_sum),
+                   sum(simulated_s) > 0
+            FROM {rel} GROUP BY e, k, fb""",
+        [bucket_us, *rp],
+    ).fetchall()
+
+
+def read_intervals(
+    con: duckdb.DuckDBPyConnection, p: Plan, where: str, params: list
+) -> dict[tuple[int, int], int]:
+    """The interval histogram {(entity hash, interval binned, µs): count} of the rollup rows."""
+    rel, rp = rollup_relation(p, where, params)
+    return {
         (e, dq): int(n)
         for e, dq, n in con.execute(
             f"""SELECT e, k, sum(v) FROM (SELECT e, unnest(interval_us) AS k, unnest(interval_n) AS v FROM {rel})
@@ -485,7 +527,3 @@ def read(con: duckdb.DuckDBPyConnection, p: Plan, where: str, params: list) -> R
             rp,
         ).fetchall()
     }
-    return Rolled(gpus, hists[0], hists[1], intervals)
-
-
-SUM_NAMES = tuple(_SUMS)

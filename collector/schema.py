@@ -193,6 +193,12 @@ def _rollup_table(name: str, period: str) -> Table:
             Column("util_gpm_sum", pa.float64(), "ratio x seconds", "Sum of weight x utilization.gpu there."),
             Column("sm_s", pa.float64(), secs, "Observed time with GPM SM activity."),
             Column("sm_sum", pa.float64(), "ratio x seconds", "Sum of weight x SM activity (0.001 steps)."),
+            Column(
+                "util_raw_sum", pa.float64(), "ratio x seconds", "Sum of weight x utilization.gpu as stored."
+            ),
+            Column("sm_raw_sum", pa.float64(), "ratio x seconds", "Sum of weight x SM activity as stored."),
+            Column("mem_ratio_s", pa.float64(), secs, "Observed time with a memory size."),
+            Column("mem_ratio_sum", pa.float64(), "ratio x seconds", "Sum of weight x memory used / size."),
             Column("mem_s", pa.float64(), secs, "Observed time with memory used."),
             Column("mem_used_sum", pa.float64(), "byte-seconds", "Sum of weight x memory used."),
             Column("mem_used_peak", pa.int64(), "bytes", "Most memory used."),

@@ -277,3 +277,26 @@ def test_kill_9_during_a_rollup_build_leaves_readers_consistent(tmp_path, kill_a
     assert not list(tmp_path.glob("gpu_rollup_*/date=*/host=*/.rollup.parquet.tmp"))
     check()
     assert os.path.exists(_rollup_file(tmp_path, "1m", "2026-03-04", "y"))
+
+
+@pytest.mark.parametrize("bucket_s", [600, 3600])
+def test_the_timeline_and_heatmap_from_rollups_agree_with_raw(tmp_path, bucket_s):
+    _irregular(tmp_path)
+    raw_con = A.open_telemetry(tmp_path)
+    raw = A.utilization_timeline(raw_con, bucket_s=bucket_s)
+    raw_heat = A.hour_of_week(raw_con, level="host")
+    A.build_rollups(tmp_path, lag_s=60)
+    con = A.open_telemetry(tmp_path)
+    s = A.utilization_timeline(con, bucket_s=bucket_s)
+    assert [p.start for p in s.points] == [p.start for p in raw.points]
+    for a, b in zip(s.points, raw.points, strict=True):
+        assert a.gpus == b.gpus
+        for name in ("util_gpu_mean", "sm_activity_mean", "mem_used_ratio_mean", "gpu_hours"):
+            assert getattr(a, name) == pytest.approx(getattr(b, name), rel=1e-9, abs=1e-12), (a.start, name)
+    heat = A.hour_of_week(con, level="host")
+    assert [h.key for h in heat] == [h.key for h in raw_heat]
+    for a, b in zip(heat, raw_heat, strict=True):
+        for d in range(7):
+            for hour in range(24):
+                assert a.gpu_hours[d][hour] == pytest.approx(b.gpu_hours[d][hour], abs=1e-12)
+                assert a.util[d][hour] == pytest.approx(b.util[d][hour], rel=1e-9)
