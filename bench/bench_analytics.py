@@ -117,6 +117,25 @@ def _rollups(args, raw: A.FleetSummary, week: A.Scope, one_host: A.Scope) -> Non
     w = _timed("fleet_summary rollups (week, h)", lambda: A.fleet_summary(con, hours), args.repeat)
     print(f"  -> {w.data_source}")
     _timed("fleet_summary rollups (host)", lambda: A.fleet_summary(con, one_host), args.repeat)
+    raw_con = A.open_telemetry(args.dir, rollups=False)
+    for label, fn in (
+        ("utilization_timeline", lambda c: A.utilization_timeline(c).points),
+        ("hour_of_week (per host)", lambda c: A.hour_of_week(c, level="host")),
+    ):
+        a = _timed(f"{label} raw", lambda fn=fn: fn(raw_con), 1)
+        b = _timed(f"{label} rollups", lambda fn=fn: fn(con), 1)
+        print(f"  -> same as raw: {_close(a, b)}")
+
+
+def _close(a, b) -> bool:
+    """Dataclasses, tuples and floats equal to 1e-9 relative."""
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-12)
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    if hasattr(a, "__dataclass_fields__"):
+        return all(_close(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__)
+    return a == b
 
 
 def _duckdb() -> str:
