@@ -14,6 +14,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import duckdb
 
+from analytics import _rollup
 from analytics._scope import ALL, Scope, no_data_error
 from analytics._telemetry import TelemetryError
 from analytics._weights import median_of, weighted_query
@@ -47,8 +48,6 @@ def _grouped(
     A ``key`` that is ``epoch_us(ts) // bucket_us`` may be answered from rollups where they cover
     the range (``_rollup.plan``): rollup rows before each host's mark, raw samples after it.
     """
-    from analytics import _rollup
-
     where, wparams = scope.where()
     plan = _rollup.plan(con, scope, None, bucket_us // 1_000_000)[0] if bucket_us else None
     raw_where, raw_params, extra_cols, extra_params, keep = (

@@ -57,6 +57,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from analytics import _rows
 from analytics._scope import Scope, utc
 from analytics._telemetry import open_telemetry
 from analytics._weights import CHUNK_ROWS, weighted_rows_sql
@@ -70,12 +71,6 @@ MARGIN_US = LAG_S * 1_000_000  # raw read from this long before a watermark, for
 HIST_PER_UNIT = 100  # histogram bins per unit ratio: 1 %
 FILE_NAME = "rollup.parquet"
 LEVELS = {"1m": ("gpu_rollup_1m", MINUTE_US), "1h": ("gpu_rollup_1h", HOUR_US)}
-
-
-def _summary():
-    from analytics import _summary  # the summary reads rollups; the build uses its row definitions
-
-    return _summary
 
 
 # -- building ----------------------------------------------------------------------------------------
@@ -217,7 +212,7 @@ def _write_days(
     days = pc.cast(data.column("ts"), pa.date32())
     last_day = dt.datetime.fromtimestamp((covered_to - 1) / 1e6, dt.UTC).date()
     todo = sorted({*pc.unique(days).to_pylist(), last_day})
-    options = _summary().DEFAULT_OPTIONS
+    options = _rows.DEFAULT_OPTIONS
     for day in todo:
         start, end = _day_us(day), _day_us(day + dt.timedelta(days=1))
         part = data.filter(pc.equal(days, pa.scalar(day, pa.date32())))
@@ -275,8 +270,7 @@ def build_rollups(
     root = Path(root)
     say = progress or (lambda _msg: None)
     result = RollupResult()
-    summary = _summary()
-    options = summary.DEFAULT_OPTIONS
+    options = _rows.DEFAULT_OPTIONS
     con = open_telemetry(root)  # a missing or empty directory: TelemetryError, before anything is written
     with _build_lock(root):
         _remove_stale_tmp(root)
@@ -296,7 +290,7 @@ def build_rollups(
             minutes = []
             for i in range(parts):
                 source = (
-                    f"(SELECT {summary._COLUMNS}, gpu_uuid AS uuid, gpu_index, gpu_name, util_gpu_mean, sm_activity "
+                    f"(SELECT {_rows.SAMPLE_COLUMNS}, gpu_uuid AS uuid, gpu_index, gpu_name, util_gpu_mean, sm_activity "
                     "FROM gpu_samples "
                     "WHERE host = ? AND hash(gpu_uuid) % ? = ?)"
                 )
@@ -315,7 +309,7 @@ def build_rollups(
                         host,
                         parts,
                         i,
-                        options.idle_below * summary.HIST_RESOLUTION - 1e-9,
+                        options.idle_below * _rows.HIST_RESOLUTION - 1e-9,
                     ],
                 )
                 sql = _ASSEMBLE.format(

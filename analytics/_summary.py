@@ -27,23 +27,23 @@ from datetime import UTC, datetime, timedelta
 
 import duckdb
 
+from analytics import _rollup
+from analytics._rows import (
+    DEFAULT_OPTIONS,
+    HAS_GPM,
+    HELD,
+    HIST_RESOLUTION,
+    LOST,
+    SIMULATED,
+    SummaryOptions,
+)
+from analytics._rows import (
+    SAMPLE_COLUMNS as _COLUMNS,
+)
 from analytics._scope import ALL, Scope, no_data_error
 from analytics._weights import median_of, weighted_query
 
-HIST_RESOLUTION = 1000  # bins per unit ratio: 0.001 steps
-GIB = 1 << 30
 COARSE_INTERVAL_S = 10.0  # a median interval this long or longer: each sample is itself an average
-
-
-@dataclass(frozen=True)
-class SummaryOptions:
-    """Thresholds that decide what counts as idle. Ratios 0-1, bytes."""
-
-    idle_below: float = 0.05  # utilization.gpu under this is idle
-    held_mem_bytes: int = 1 * GIB  # an idle GPU with at least this much memory in use is "held but idle"
-
-
-DEFAULT_OPTIONS = SummaryOptions()
 
 
 @dataclass(frozen=True)
@@ -156,15 +156,6 @@ class FleetSummary:
         return self.gpm_gpu_hours / self.gpu_hours if self.gpu_hours else 0.0
 
 
-# Computed per row before the window (they take parameters): histogram bins and the held-but-idle flag.
-_COLUMNS = f"""
-    host, gpu_uuid, ts, mem_used_bytes, mem_total_bytes,
-    round(util_gpu_mean * {HIST_RESOLUTION})::INTEGER AS ub, round(sm_activity * {HIST_RESOLUTION})::INTEGER AS ab,
-    (coalesce(util_gpu_mean < ? AND mem_used_bytes >= ?, false)::INTEGER
-     + 2 * (sm_activity IS NOT NULL)::INTEGER + 4 * coalesce(state = 'lost', false)::INTEGER
-     + 8 * coalesce(simulated, false)::INTEGER)::UTINYINT AS flags
-"""
-HELD, HAS_GPM, LOST, SIMULATED = 1, 2, 4, 8  # bits of ``flags``
 _UTIL_KEYS = ("e", "ub", "flags")
 _SM_KEYS = ("e", "ab")
 _AGGREGATES = """
@@ -206,8 +197,6 @@ def fleet_summary(
     Reads rollups where they answer exactly (``_rollup.plan``: the thresholds they fixed, a range on
     their period boundaries) and raw samples after each host's rollup mark; ``data_source`` says which.
     """
-    from analytics import _rollup
-
     where, params = scope.where()
     plan, why = _rollup.plan(con, scope, options)
     raw_where, raw_params, extra_cols, extra_params, keep = (
