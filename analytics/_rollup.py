@@ -393,7 +393,7 @@ def plan(
         ):
             return None, "thresholds differ from the rollups'"
         marks.setdefault(host, {})[level] = covers_to
-    if not any(v is not None for m in marks.values() for v in m.values()):
+    if not any(m.get("1m") is not None for m in marks.values()):  # hours are read only before minutes
         return None, "no rollups"
     levels = [
         lv
@@ -439,8 +439,13 @@ def rollup_relation(p: Plan, where: str, params: list) -> tuple[str, list]:
     """SQL of the rollup rows that answer (hours before each host's hour mark, minutes from there to
     its minute mark), with ``e`` the entity hash the raw rows use, and its parameters."""
     parts, all_params = [], []
-    hour_marks = {h: m["1h"] for h, m in p.marks.items() if m.get("1h") is not None}
     minute_marks = {h: m["1m"] for h, m in p.marks.items() if m.get("1m") is not None}
+    # Hours only where minutes carry on from them: raw samples start at the minute mark.
+    hour_marks = {
+        h: min(m["1h"], minute_marks[h])
+        for h, m in p.marks.items()
+        if m.get("1h") is not None and h in minute_marks
+    }
     if "1h" in p.levels and hour_marks:
         case, cp = _case(hour_marks, "NULL")
         parts.append(f"SELECT * FROM gpu_rollup_1h WHERE {where} AND epoch_us(ts) < {case}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -300,3 +301,16 @@ def test_the_timeline_and_heatmap_from_rollups_agree_with_raw(tmp_path, bucket_s
             for hour in range(24):
                 assert a.gpu_hours[d][hour] == pytest.approx(b.gpu_hours[d][hour], abs=1e-12)
                 assert a.util[d][hour] == pytest.approx(b.util[d][hour], rel=1e-9)
+
+
+def test_hour_rollups_without_minute_rollups_are_not_used(three_minutes, tmp_path_factory):
+    # Hours reach the raw samples only through the minutes after them: without the minute files,
+    # the host is all raw (else its first hours would count twice).
+    rows = gpu_rows("a", 0, [0.5] * 3 * 3600)
+    root = tmp_path_factory.mktemp("hours")
+    write_rows(root, "gpu_samples", rows)
+    raw = A.fleet_summary(A.open_telemetry(root))
+    A.build_rollups(root, lag_s=60)
+    shutil.rmtree(root / "gpu_rollup_1m")
+    s = A.fleet_summary(A.open_telemetry(root))
+    assert s.data_source.startswith("raw samples") and s.samples == raw.samples == 3 * 3600
