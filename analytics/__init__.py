@@ -21,6 +21,7 @@ from analytics._patterns import (
     utilization_timeline,
 )
 from analytics._pool import ClientActivity, PoolActivity, pool_activity
+from analytics._rollup import RollupResult, build_rollups
 from analytics._scope import Extent, GpuInfo, Scope, data_extent
 from analytics._summary import (
     COARSE_INTERVAL_S,
@@ -57,6 +58,7 @@ __all__ = [
     "Periods",
     "PoolActivity",
     "PoolOptions",
+    "RollupResult",
     "Scope",
     "SummaryOptions",
     "TelemetryError",
@@ -64,6 +66,7 @@ __all__ = [
     "Timeline",
     "WhatIf",
     "attribution",
+    "build_rollups",
     "busiest_idlest",
     "data_extent",
     "fleet_summary",

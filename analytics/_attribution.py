@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import duckdb
 
+from analytics._rows import DEFAULT_OPTIONS, GIB, SummaryOptions
 from analytics._scope import ALL, Scope, no_data_error
-from analytics._summary import DEFAULT_OPTIONS, GIB, SummaryOptions
 from analytics._telemetry import TelemetryError
 from analytics._weights import PROCESS_ENTITY, weighted_query
 

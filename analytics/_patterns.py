@@ -14,9 +14,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import duckdb
 
+from analytics import _rollup
 from analytics._scope import ALL, Scope, no_data_error
 from analytics._telemetry import TelemetryError
-from analytics._weights import weighted_query
+from analytics._weights import median_of, weighted_query
 
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 LEVELS = {
@@ -39,21 +40,39 @@ _SUMS = """
 """
 
 
-def _grouped(con, scope: Scope, key: str, params: list | None = None) -> list:
-    """[(host, gpu_index, key value, w, w_u, s_u, w_a, s_a, w_m, s_m, sim)] per GPU and ``key``."""
+def _grouped(
+    con, scope: Scope, key: str, params: list | None = None, *, bucket_us: int | None = None
+) -> list:
+    """[(host, gpu_index, key value, w, w_u, s_u, w_a, s_a, w_m, s_m, sim, e)] per GPU and ``key``.
+
+    A ``key`` that is ``epoch_us(ts) // bucket_us`` may be answered from rollups where they cover
+    the range (``_rollup.plan``): rollup rows before each host's mark, raw samples after it.
+    """
     where, wparams = scope.where()
+    plan = _rollup.plan(con, scope, None, bucket_us // 1_000_000)[0] if bucket_us else None
+    raw_where, raw_params, extra_cols, extra_params, keep = (
+        _rollup.raw_tail(plan) if plan is not None else ("", [], "", [], "")
+    )
     result = weighted_query(
         con,
         "gpu_samples",
-        where,
-        wparams,
+        where + raw_where,
+        [*wparams, *raw_params],
         (("e", "k"),),
         _SUMS,
-        columns=f"{_COLUMNS}, {key} AS k",
-        columns_params=params or [],
-        intervals=False,
+        columns=f"{_COLUMNS}, {key} AS k{extra_cols}",
+        columns_params=[*(params or []), *extra_params],
+        intervals=plan is not None,
+        keep=keep,
     )
-    tick = result.fleet_tick_s()
+    rolled = _rollup.read_buckets(con, plan, where, wparams, bucket_us) if plan is not None else []
+    intervals = result.intervals
+    if plan is not None:
+        intervals = dict(intervals)
+        for k, n in _rollup.read_intervals(con, plan, where, wparams).items():
+            intervals[k] = intervals.get(k, 0) + n
+    ticks = median_of(intervals.values(), [dq for _, dq in intervals])
+    tick = None if ticks is None else ticks / 1e6
     out = []
     for e, k, fb, _n, w, w_u, s_u, w_a, s_a, w_m, s_m, sim, index in result.sets[0]:
         f = result.scale(fb, tick)
@@ -67,6 +86,9 @@ def _grouped(con, scope: Scope, key: str, params: list | None = None) -> list:
                 e,
             )
         )
+    for e, k, fb, host, index, w, w_u, s_u, w_a, s_a, w_m, s_m, sim in rolled:
+        f = result.scale(fb, tick)
+        out.append((host, index, k, *((v or 0.0) * f for v in (w, w_u, s_u, w_a, s_a, w_m, s_m)), sim, e))
     return out
 
 
@@ -151,7 +173,7 @@ def utilization_timeline(
 ) -> Timeline:
     """Fleet means per time bucket (``bucket_s``, or the smallest round bucket giving <= max_points)."""
     bucket_s = bucket_s or _bucket_for(con, scope, max_points)
-    rows = _grouped(con, scope, "epoch_us(ts) // ?", [bucket_s * 1_000_000])
+    rows = _grouped(con, scope, "epoch_us(ts) // ?", [bucket_s * 1_000_000], bucket_us=bucket_s * 1_000_000)
     if not rows:
         raise no_data_error(con, scope)
     per = _weighted(rows, lambda host, index, b: b)
@@ -193,7 +215,7 @@ def hour_of_week(
     # Quarter hours of UTC, mapped to local hours of the week here: every zone's offset is a whole
     # number of quarter hours, and converting a few thousand bucket starts is cheaper than
     # converting every sample.
-    rows = _grouped(con, scope, f"epoch_us(ts) // {QUARTER_US}")
+    rows = _grouped(con, scope, f"epoch_us(ts) // {QUARTER_US}", bucket_us=QUARTER_US)
     if not rows:
         raise no_data_error(con, scope)
     label = LEVELS[level]

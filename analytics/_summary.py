@@ -27,23 +27,23 @@ from datetime import UTC, datetime, timedelta
 
 import duckdb
 
+from analytics import _rollup
+from analytics._rows import (
+    DEFAULT_OPTIONS,
+    HAS_GPM,
+    HELD,
+    HIST_RESOLUTION,
+    LOST,
+    SIMULATED,
+    SummaryOptions,
+)
+from analytics._rows import (
+    SAMPLE_COLUMNS as _COLUMNS,
+)
 from analytics._scope import ALL, Scope, no_data_error
 from analytics._weights import median_of, weighted_query
 
-HIST_RESOLUTION = 1000  # bins per unit ratio: 0.001 steps
-GIB = 1 << 30
 COARSE_INTERVAL_S = 10.0  # a median interval this long or longer: each sample is itself an average
-
-
-@dataclass(frozen=True)
-class SummaryOptions:
-    """Thresholds that decide what counts as idle. Ratios 0-1, bytes."""
-
-    idle_below: float = 0.05  # utilization.gpu under this is idle
-    held_mem_bytes: int = 1 * GIB  # an idle GPU with at least this much memory in use is "held but idle"
-
-
-DEFAULT_OPTIONS = SummaryOptions()
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,7 @@ class FleetSummary:
     sm_distribution: Distribution = field(repr=False)
     sampling: tuple[HostSampling, ...] = field(repr=False, default=())
     samples: int = 0
+    data_source: str = "raw samples"  # which data answered: raw samples and/or rollups (analytics._rollup)
 
     @property
     def gap_share(self) -> float:
@@ -155,15 +156,6 @@ class FleetSummary:
         return self.gpm_gpu_hours / self.gpu_hours if self.gpu_hours else 0.0
 
 
-# Computed per row before the window (they take parameters): histogram bins and the held-but-idle flag.
-_COLUMNS = f"""
-    host, gpu_uuid, ts, mem_used_bytes, mem_total_bytes,
-    round(util_gpu_mean * {HIST_RESOLUTION})::INTEGER AS ub, round(sm_activity * {HIST_RESOLUTION})::INTEGER AS ab,
-    (coalesce(util_gpu_mean < ? AND mem_used_bytes >= ?, false)::INTEGER
-     + 2 * (sm_activity IS NOT NULL)::INTEGER + 4 * coalesce(state = 'lost', false)::INTEGER
-     + 8 * coalesce(simulated, false)::INTEGER)::UTINYINT AS flags
-"""
-HELD, HAS_GPM, LOST, SIMULATED = 1, 2, 4, 8  # bits of ``flags``
 _UTIL_KEYS = ("e", "ub", "flags")
 _SM_KEYS = ("e", "ab")
 _AGGREGATES = """
@@ -200,38 +192,57 @@ def _ratio(num: float | None, den: float) -> float | None:
 def fleet_summary(
     con: duckdb.DuckDBPyConnection, scope: Scope = ALL, options: SummaryOptions = DEFAULT_OPTIONS
 ) -> FleetSummary:
-    """Summarise the GPUs of ``scope``; raises ``TelemetryError`` when the scope holds no samples."""
+    """Summarise the GPUs of ``scope``; raises ``TelemetryError`` when the scope holds no samples.
+
+    Reads rollups where they answer exactly (``_rollup.plan``: the thresholds they fixed, a range on
+    their period boundaries) and raw samples after each host's rollup mark; ``data_source`` says which.
+    """
     where, params = scope.where()
+    plan, why = _rollup.plan(con, scope, options)
+    raw_where, raw_params, extra_cols, extra_params, keep = (
+        _rollup.raw_tail(plan) if plan is not None else ("", [], "", [], "")
+    )
     result = weighted_query(
         con,
         "gpu_samples",
-        where,
-        params,
+        where + raw_where,
+        [*params, *raw_params],
         (_UTIL_KEYS, _SM_KEYS),
         _AGGREGATES,
-        columns=_COLUMNS,
-        columns_params=[options.idle_below, options.held_mem_bytes],
+        columns=_COLUMNS + extra_cols,
+        columns_params=[options.idle_below, options.held_mem_bytes, *extra_params],
+        keep=keep,
     )
+    rolled = _rollup.read(con, plan, where, params) if plan is not None else None
     util_rows, sm_rows = result.sets
-    if not util_rows:
+    if not util_rows and not (rolled and rolled.gpus):
         raise no_data_error(con, scope)
-    fleet_tick = result.fleet_tick_s()
+    intervals = dict(result.intervals)
+    for key, n in rolled.intervals.items() if rolled else ():
+        intervals[key] = intervals.get(key, 0) + n
+    tick = median_of(intervals.values(), [dq for _, dq in intervals])
+    fleet_tick = None if tick is None else tick / 1e6
     per: dict[int, dict] = {}
     hists: dict[str, dict[int, float]] = {"util": defaultdict(float), "sm": defaultdict(float)}
-    gpu_hist: dict[int, dict[str, dict[int, float]]] = {}
     idle_bin = options.idle_below * HIST_RESOLUTION
-    for e, ub, flags, fb, n, w, wmu, wm, mu_peak, mem_total, lo, hi, gap in util_rows:
-        held, has_a, lost, sim = (bool(flags & bit) for bit in (HELD, HAS_GPM, LOST, SIMULATED))
-        k = result.scale(fb, fleet_tick)
-        w, wmu, wm = (w or 0.0) * k, (wmu or 0.0) * k, (wm or 0.0) * k
+
+    def gpu(e: int, lo: int, hi: int) -> dict:
         g = per.setdefault(
             e,
             dict.fromkeys(
                 ("n", "w", "w_u", "s_u", "w_idle", "w_held", "w_ua", "s_ua", "w_lost", "w_sim"), 0.0
             )
             | {"wm": 0.0, "wmu": 0.0, "gap": 0.0, "mu_peak": 0, "mem_total": 0, "lo": lo, "hi": hi}
-            | {"e": e},
+            | {"e": e, "host": None, "gpu_uuid": None, "gpu_index": None, "gpu_name": None},
         )
+        g["lo"], g["hi"] = min(g["lo"], lo), max(g["hi"], hi)
+        return g
+
+    for e, ub, flags, fb, n, w, wmu, wm, mu_peak, mem_total, lo, hi, gap in util_rows:
+        held, has_a, lost, sim = (bool(flags & bit) for bit in (HELD, HAS_GPM, LOST, SIMULATED))
+        k = result.scale(fb, fleet_tick)
+        w, wmu, wm = (w or 0.0) * k, (wmu or 0.0) * k, (wm or 0.0) * k
+        g = gpu(e, lo, hi)
         g["n"] += n
         g["w"] += w
         g["wm"] += wm
@@ -239,7 +250,6 @@ def fleet_summary(
         g["gap"] += (gap or 0.0) if fb is None else 0.0
         g["mu_peak"] = max(g["mu_peak"], mu_peak or 0)
         g["mem_total"] = max(g["mem_total"], mem_total or 0)
-        g["lo"], g["hi"] = min(g["lo"], lo), max(g["hi"], hi)
         if ub is not None:
             g["w_u"] += w
             g["s_u"] += w * ub / HIST_RESOLUTION
@@ -248,7 +258,6 @@ def fleet_summary(
             if has_a:
                 g["w_ua"] += w
                 g["s_ua"] += w * ub / HIST_RESOLUTION
-            gpu_hist.setdefault(e, {"util": defaultdict(float), "sm": defaultdict(float)})["util"][ub] += w
             hists["util"][ub] += w
         if held:
             g["w_held"] += w
@@ -264,10 +273,12 @@ def fleet_summary(
         g["w_a"] = g.get("w_a", 0.0) + w
         g["s_a"] = g.get("s_a", 0.0) + w * ab / HIST_RESOLUTION
         hists["sm"][ab] += w
+    if rolled is not None:
+        _add_rolled(rolled, result.scale, fleet_tick, gpu, hists)
 
     # Each GPU's median interval; a GPU with none (a single sample) takes the fleet's.
     by_gpu: dict[int, dict[int, int]] = defaultdict(dict)
-    for (e, dq), count in result.intervals.items():
+    for (e, dq), count in intervals.items():
         by_gpu[e][dq] = count
     for e, g in per.items():
         tick = median_of(by_gpu[e].values(), by_gpu[e].keys()) if e in by_gpu else None
@@ -275,10 +286,12 @@ def fleet_summary(
 
     # Host, UUID, newest index and name of each GPU, read from the days where GPUs last reported.
     # A day back: a segment's date is when it was written, and a sample at midnight may sit in the day before.
+    # With rollups, only the raw samples after their marks are read (the rollups named the rest).
     last_day = min(datetime.fromtimestamp(g["hi"] / 1e6, UTC).date() for g in per.values()) - timedelta(
         days=1
     )
-    for e, host, uuid, index, name in con.execute(_NAMES.format(where=where), [*params, last_day]).fetchall():
+    names = con.execute(_NAMES.format(where=where + raw_where), [*params, *raw_params, last_day]).fetchall()
+    for e, host, uuid, index, name in names:
         if e in per:
             per[e].update(host=host, gpu_uuid=uuid, gpu_index=index, gpu_name=name)
     per_list = sorted(per.values(), key=lambda g: (g["host"], g["gpu_index"] or 0, g["gpu_uuid"]))
@@ -349,7 +362,48 @@ def fleet_summary(
         sm_distribution=_coarse("sm_activity", {b: h(w) for b, w in hists["sm"].items()}),
         sampling=_sampling(per_list, by_gpu),
         samples=int(total("n")),
+        data_source=plan.describe() if plan is not None else f"raw samples ({why})",
     )
+
+
+def _add_rolled(rolled, scale, fleet_tick: float | None, gpu, hists: dict[str, dict[int, float]]) -> None:
+    """Add rollup rows (``_rollup.read``) to the per-GPU sums and the fleet histograms."""
+    for e, fb, host, uuid, index, name, lo, hi, mu_peak, mem_total, *sums in rolled.gpus:
+        v = dict(zip(("n", *_SUM_KEYS[1:]), sums, strict=True))
+        k = scale(fb, fleet_tick)
+        g = gpu(e, lo, hi)
+        if g["host"] is None or hi >= g.get("name_at", 0):
+            g.update(host=host, gpu_uuid=uuid, gpu_index=index, gpu_name=name, name_at=hi)
+        g["n"] += v["n"] or 0
+        for key in _SUM_KEYS[1:]:
+            if key != "gap":
+                g[key] = g.get(key, 0.0) + (v[key] or 0.0) * k
+        g["gap"] += (v["gap"] or 0.0) if fb is None else 0.0
+        g["mu_peak"] = max(g["mu_peak"], mu_peak or 0)
+        g["mem_total"] = max(g["mem_total"], mem_total or 0)
+    for name, rows in (("util", rolled.util_hist), ("sm", rolled.sm_hist)):
+        for fb, b, w in rows:
+            hists[name][b] += (w or 0.0) * scale(fb, fleet_tick)
+
+
+# The rollup's sums (``_rollup.SUM_NAMES``, in that order) as the summary's per-GPU keys.
+_SUM_KEYS = (
+    "n",
+    "w",
+    "gap",
+    "w_u",
+    "s_u",
+    "w_ua",
+    "s_ua",
+    "w_a",
+    "s_a",
+    "wm",
+    "wmu",
+    "w_idle",
+    "w_held",
+    "w_lost",
+    "w_sim",
+)
 
 
 def _sampling(per_list: list[dict], by_gpu: dict[int, dict[int, int]]) -> tuple[HostSampling, ...]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,7 +18,15 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from collector.schema import METADATA_VERSION_KEY, PARTITION_TYPES, SCHEMA_VERSION, TABLES, Table
+from collector.schema import (
+    METADATA_ROLLUP_KEY,
+    METADATA_VERSION_KEY,
+    PARTITION_TYPES,
+    ROLLUP_TABLES,
+    SCHEMA_VERSION,
+    TABLES,
+    Table,
+)
 
 
 class TelemetryError(Exception):
@@ -46,6 +55,8 @@ def _empty_select(table: Table) -> str:
 
 
 def _duck_type(arrow_type: pa.DataType) -> str:
+    if pa.types.is_list(arrow_type):
+        return _duck_type(arrow_type.value_type) + "[]"
     if pa.types.is_timestamp(arrow_type):
         return "TIMESTAMPTZ" if arrow_type.tz else "TIMESTAMP"
     return {
@@ -75,13 +86,15 @@ def open_telemetry(
     *,
     require_data: bool = True,
     check_versions: bool = True,
+    rollups: bool = True,
 ) -> duckdb.DuckDBPyConnection:
     """Return a DuckDB connection with one view per telemetry table over all of ``dirs``.
 
     Views: ``gpu_samples``, ``process_samples``, ``pool_events`` (see ``collector.schema``), each with
     the hive columns ``date`` and ``host``. Raises ``TelemetryError`` for a missing directory, for no
     data at all (unless ``require_data=False``) and for segments of a schema version this code does
-    not read.
+    not read. With ``rollups`` (the default) it also opens the rollup tables and their marks
+    (``analytics._rollup``); ``rollups=False`` answers everything from raw samples.
     """
     roots = [Path(dirs)] if isinstance(dirs, (str, os.PathLike)) else [Path(d) for d in dirs]
     if not roots:
@@ -100,13 +113,13 @@ def open_telemetry(
     with contextlib.suppress(duckdb.Error):
         con.execute("SET enable_progress_bar = false")
     found_any = False
-    for table in TABLES.values():
+    for table in (*TABLES.values(), *(ROLLUP_TABLES.values() if rollups else ())):
         per_root = {root: _segments(root, table.name) for root in roots}
         files = [f for segs in per_root.values() for f in segs]
         if not files:
             con.execute(f"CREATE OR REPLACE TEMP VIEW {table.name} AS {_empty_select(table)}")
             continue
-        found_any = True
+        found_any = found_any or table.name in TABLES
         if check_versions:
             versions = schema_versions(files)
             unknown = versions - {SCHEMA_VERSION}
@@ -126,9 +139,54 @@ def open_telemetry(
             f"CREATE OR REPLACE TEMP VIEW {table.name} AS SELECT * FROM read_parquet([{globs}], "
             f"hive_partitioning = true, union_by_name = true, hive_types = {{{hive_types}}})"
         )
+    if rollups:
+        _register_rollup_marks(con, roots)
+    else:
+        con.execute("DROP TABLE IF EXISTS rollup_marks")
     if require_data and not found_any:
         raise TelemetryError(
             "no telemetry found in " + ", ".join(str(r) for r in roots),
             "is the collector writing there? gpustat-collect --out DIR",
         )
     return con
+
+
+def _host_of(path: str) -> str:
+    return next(p.removeprefix("host=") for p in reversed(Path(path).parts) if p.startswith("host="))
+
+
+def _register_rollup_marks(con: duckdb.DuckDBPyConnection, roots: list[Path]) -> None:
+    """The temp table ``rollup_marks(host, level, covers_to_us, idle_below, held_mem_bytes)``: per host
+    with raw samples and rollup level, how far its rollups reach (analytics._rollup: the newest day's
+    file says). NULL where a directory holds the host's raw samples but no rollups of it: all raw."""
+    marks: dict[tuple[str, str], tuple[int | None, float | None, int | None]] = {}
+    for root in roots:
+        raw_hosts = {p.name.removeprefix("host=") for p in root.glob("gpu_samples/date=*/host=*")}
+        for level, name in (("1m", "gpu_rollup_1m"), ("1h", "gpu_rollup_1h")):
+            newest: dict[str, str] = {}
+            for path in _segments(root, name):
+                host = _host_of(path)
+                if host not in newest or path > newest[host]:  # date=YYYY-MM-DD sorts as text
+                    newest[host] = path
+            for host in raw_hosts | set(newest):
+                mark: tuple[int | None, float | None, int | None] = (None, None, None)
+                if host in newest:
+                    meta = json.loads(
+                        (pq.read_schema(newest[host]).metadata or {}).get(METADATA_ROLLUP_KEY, b"{}")
+                    )
+                    if "covers_to_us" in meta:
+                        mark = (int(meta["covers_to_us"]), meta.get("idle_below"), meta.get("held_mem_bytes"))
+                old = marks.get((host, level))
+                if old is not None and (old[0] is None or mark[0] is None):
+                    mark = (None, None, None)  # one directory has this host's samples without rollups
+                elif old is not None and old[0] < mark[0]:
+                    mark = old  # several directories: the lowest mark (raw after it is in every one)
+                marks[(host, level)] = mark
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE rollup_marks (host VARCHAR, level VARCHAR, covers_to_us BIGINT, "
+        "idle_below DOUBLE, held_mem_bytes BIGINT)"
+    )
+    if marks:
+        con.executemany(
+            "INSERT INTO rollup_marks VALUES (?, ?, ?, ?, ?)", [(h, lv, *m) for (h, lv), m in marks.items()]
+        )

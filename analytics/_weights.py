@@ -171,6 +171,7 @@ def weighted_query(
     order_extra: str = "",
     join: str = "",
     intervals: bool = True,
+    keep: str = "",
 ) -> Weighted:
     """Run ``SELECT keys, fb, aggregates FROM wr GROUP BY GROUPING SETS (...)`` chunk by chunk.
 
@@ -180,7 +181,8 @@ def weighted_query(
     columns, ``ts`` and what the keys and aggregates use; computed columns may take
     ``columns_params``). ``join`` is joined onto ``wr`` (no parameters). ``intervals=False`` leaves
     out the interval histogram (a fifth of the cost) unless some rows need the fleet tick, which
-    then takes a second pass.
+    then takes a second pass. ``keep`` (a predicate over ``wr``, no parameters) leaves rows out of
+    the groups after their weights are known: rows read only as neighbours of the kept ones.
     """
     sets: list[list[tuple]] = [[] for _ in key_sets]
     histogram: dict[tuple[int, int], int] = {}
@@ -201,7 +203,7 @@ def weighted_query(
             f"""
             WITH {weighted_rows_sql(source, entity, order_extra)}
             SELECT GROUPING({", ".join(cols)}) AS gid, {", ".join(cols)}, {"fb" if key_sets else "NULL AS fb"}, count(*) AS n_rows{", " + aggregates if aggregates else ""}
-            FROM wr {join} GROUP BY GROUPING SETS ({grouping})
+            FROM wr {join} {f"WHERE {keep}" if keep else ""} GROUP BY GROUPING SETS ({grouping})
             """,
             [*columns_params, *params, *chunk_params],
         ).fetchall()
@@ -220,6 +222,15 @@ def weighted_query(
         row[len(ks)] is not None for ks, rows in zip(key_sets, sets, strict=True) for row in rows
     ):
         histogram = weighted_query(
-            con, table, where, params, (), "", columns=columns, columns_params=columns_params, entity=entity
+            con,
+            table,
+            where,
+            params,
+            (),
+            "",
+            columns=columns,
+            columns_params=columns_params,
+            entity=entity,
+            keep=keep,
         ).intervals
     return Weighted(tuple(sets), histogram, host_of)

@@ -39,8 +39,8 @@ from datetime import UTC, datetime
 
 import duckdb
 
+from analytics._rows import GIB
 from analytics._scope import ALL, Scope, no_data_error
-from analytics._summary import GIB
 from analytics._telemetry import TelemetryError
 
 POLICIES = ("first-fit", "best-fit", "first-fit-decreasing")

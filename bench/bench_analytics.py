@@ -2,11 +2,16 @@
 
     python bench/gen_telemetry.py --out /tmp/gpupool-month --days 30 --processes
     python bench/bench_analytics.py /tmp/gpupool-month [--repeat 3] [--all]
+    python bench/bench_analytics.py /tmp/gpupool-month --rollups   # build rollups, time the summary on them
 
 Prints wall time per call (the first call reads from the page cache as it is; later calls are
 warm), the CPU time it took (all threads: on a shared machine, CPU / cores is the wall time an idle
 machine would see), the 1-minute load average, and the process's peak resident memory, which shows
 the data is streamed, not loaded: the month is ~166 M rows, several GiB uncompressed.
+
+The raw queries always read raw samples (``open_telemetry(..., rollups=False)``). ``--rollups`` then
+(re)builds the rollups (``gpustat-report rollup``, timed), times the summary from them over the whole
+range, an hour-aligned first week and one host, and prints how far each differs from the raw answer.
 """
 
 from __future__ import annotations
@@ -53,12 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("dir", type=Path, help="telemetry directory")
     ap.add_argument("--repeat", type=int, default=3, help="runs per query (default 3)")
     ap.add_argument("--all", action="store_true", help="also time patterns, attribution and the what-if")
+    ap.add_argument("--rollups", action="store_true", help="also build rollups and time the summary on them")
+    ap.add_argument("--no-build", action="store_true", help="with --rollups: use the rollups already there")
     args = ap.parse_args(argv)
 
-    con = A.open_telemetry(args.dir)
+    con = A.open_telemetry(args.dir, rollups=False)
     rows, gpus = con.execute("SELECT count(*), count(DISTINCT gpu_uuid) FROM gpu_samples").fetchone()
     (prows,) = con.execute("SELECT count(*) FROM process_samples").fetchone()
-    size = sum(f.stat().st_size for f in args.dir.rglob("*.parquet")) / (1 << 30)
+    size = sum(f.stat().st_size for f in (args.dir / "gpu_samples").rglob("*.parquet")) / (1 << 30)
     threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
     print(f"{args.dir}: {rows:,} gpu rows, {prows:,} process rows, {gpus} GPUs, {size:.2f} GiB Parquet")
     print(f"cores {os.cpu_count()}, duckdb threads {threads}, duckdb {_duckdb()}")
@@ -82,7 +89,53 @@ def main(argv: list[str] | None = None) -> int:
             f"  -> {w.requests} requests, {w.step_s} s steps, need p95 {w.gpus_needed_p95} p99 {w.gpus_needed_p99} "
             f"of {w.observed_gpus}, waited {w.waited_share:.1%}, pooled busy {w.pooled_util_mean:.1%}"
         )
+    if args.rollups:
+        _rollups(args, s, week, one_host)
     return 0
+
+
+def _rollups(args, raw: A.FleetSummary, week: A.Scope, one_host: A.Scope) -> None:
+    if not args.no_build:
+        r = _timed("build_rollups (all hosts)", lambda: A.build_rollups(args.dir), 1)
+        print(
+            f"  -> {r.samples:,} samples -> {r.minute_rows:,} minute rows, {r.hour_rows:,} hour rows, {r.files} files"
+        )
+    size = sum(f.stat().st_size for f in args.dir.glob("gpu_rollup_*/**/*.parquet")) / (1 << 20)
+    print(f"rollups on disk: {size:.0f} MiB")
+    con = _timed("open_telemetry (with rollups)", lambda: A.open_telemetry(args.dir), 1)
+    s = _timed("fleet_summary rollups (whole)", lambda: A.fleet_summary(con), args.repeat)
+    print(f"  -> {s.data_source}")
+    print(
+        f"  -> samples {s.samples:,} (raw {raw.samples:,}), GPU-h {s.gpu_hours:,.6f} (raw {raw.gpu_hours:,.6f}), "
+        f"util mean {s.util_gpu_mean:.9f} (raw {raw.util_gpu_mean:.9f}), p50/p95 {s.util_gpu_p50}/{s.util_gpu_p95} "
+        f"(raw {raw.util_gpu_p50}/{raw.util_gpu_p95}), SM mean {s.sm_activity_mean:.9f} (raw {raw.sm_activity_mean:.9f}), "
+        f"idle {s.idle_gpu_hours:,.6f} h (raw {raw.idle_gpu_hours:,.6f}), held-idle {s.held_idle_gpu_hours:,.6f} h "
+        f"(raw {raw.held_idle_gpu_hours:,.6f})"
+    )
+    start = week.start.replace(minute=0, second=0, microsecond=0)
+    hours = A.Scope(start, week.end.replace(minute=0, second=0, microsecond=0))
+    w = _timed("fleet_summary rollups (week, h)", lambda: A.fleet_summary(con, hours), args.repeat)
+    print(f"  -> {w.data_source}")
+    _timed("fleet_summary rollups (host)", lambda: A.fleet_summary(con, one_host), args.repeat)
+    raw_con = A.open_telemetry(args.dir, rollups=False)
+    for label, fn in (
+        ("utilization_timeline", lambda c: A.utilization_timeline(c).points),
+        ("hour_of_week (per host)", lambda c: A.hour_of_week(c, level="host")),
+    ):
+        a = _timed(f"{label} raw", lambda fn=fn: fn(raw_con), 1)
+        b = _timed(f"{label} rollups", lambda fn=fn: fn(con), 1)
+        print(f"  -> same as raw: {_close(a, b)}")
+
+
+def _close(a, b) -> bool:
+    """Dataclasses, tuples and floats equal to 1e-9 relative."""
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-12)
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    if hasattr(a, "__dataclass_fields__"):
+        return all(_close(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__)
+    return a == b
 
 
 def _duckdb() -> str:

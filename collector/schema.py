@@ -153,5 +153,90 @@ POOL_EVENTS = Table(
 
 TABLES: dict[str, Table] = {t.name: t for t in (GPU_SAMPLES, PROCESS_SAMPLES, POOL_EVENTS)}
 
+
+def _rollup_table(name: str, period: str) -> Table:
+    # Every additive column is a sum over the period's samples of their weight (seconds, as
+    # analytics._weights defines it) or of weight x value, so periods add up exactly.
+    secs = "seconds"
+    return Table(
+        name,
+        f"gpu_samples pre-aggregated per GPU per {period} (analytics._rollup builds it from the raw rows).",
+        (
+            Column(
+                "ts",
+                TS,
+                "UTC",
+                f"Start of the {period}: the row sums the samples with ts in [ts, ts + 1 {period}).",
+            ),
+            Column("gpu_index", pa.int16(), "", "NVML index of the GPU (its newest in the period)."),
+            Column("gpu_uuid", pa.string(), "", "GPU UUID."),
+            Column("gpu_name", pa.string(), "", "Product name (its newest in the period)."),
+            Column(
+                "fb",
+                pa.int64(),
+                "microseconds",
+                "Null, or for samples that had no local spacing: their interval (-1: none). Such rows "
+                "hold weights in units of the fleet's tick, scaled when a query knows it (analytics._weights).",
+            ),
+            Column("samples", pa.int64(), "", "Number of samples."),
+            Column("first_ts", TS, "UTC", "First sample."),
+            Column("last_ts", TS, "UTC", "Last sample."),
+            Column("observed_s", pa.float64(), secs, "Observed time: the sum of the samples' weights."),
+            Column("gap_s", pa.float64(), secs, "Unobserved rest of gap intervals that start in the period."),
+            Column("util_s", pa.float64(), secs, "Observed time with utilization.gpu."),
+            Column(
+                "util_sum", pa.float64(), "ratio x seconds", "Sum of weight x utilization.gpu (0.001 steps)."
+            ),
+            Column(
+                "util_gpm_s", pa.float64(), secs, "Observed time with both utilization.gpu and SM activity."
+            ),
+            Column("util_gpm_sum", pa.float64(), "ratio x seconds", "Sum of weight x utilization.gpu there."),
+            Column("sm_s", pa.float64(), secs, "Observed time with GPM SM activity."),
+            Column("sm_sum", pa.float64(), "ratio x seconds", "Sum of weight x SM activity (0.001 steps)."),
+            Column(
+                "util_raw_sum", pa.float64(), "ratio x seconds", "Sum of weight x utilization.gpu as stored."
+            ),
+            Column("sm_raw_sum", pa.float64(), "ratio x seconds", "Sum of weight x SM activity as stored."),
+            Column("mem_ratio_s", pa.float64(), secs, "Observed time with a memory size."),
+            Column("mem_ratio_sum", pa.float64(), "ratio x seconds", "Sum of weight x memory used / size."),
+            Column("mem_s", pa.float64(), secs, "Observed time with memory used."),
+            Column("mem_used_sum", pa.float64(), "byte-seconds", "Sum of weight x memory used."),
+            Column("mem_used_peak", pa.int64(), "bytes", "Most memory used."),
+            Column("mem_total", pa.int64(), "bytes", "Memory size."),
+            Column("idle_s", pa.float64(), secs, "Observed time idle under the rollup's idle_below."),
+            Column(
+                "held_idle_s", pa.float64(), secs, "Idle with at least the rollup's held_mem_bytes in use."
+            ),
+            Column("lost_s", pa.float64(), secs, "Observed time with state 'lost'."),
+            Column("simulated_s", pa.float64(), secs, "Observed time of simulated rows."),
+            Column(
+                "util_hist_bin",
+                pa.list_(pa.int16()),
+                "percent",
+                "utilization.gpu histogram: 1 % bins (k: [k, k+1) %).",
+            ),
+            Column("util_hist_s", pa.list_(pa.float64()), secs, "Observed time per bin of util_hist_bin."),
+            Column("sm_hist_bin", pa.list_(pa.int16()), "percent", "SM activity histogram: 1 % bins."),
+            Column("sm_hist_s", pa.list_(pa.float64()), secs, "Observed time per bin of sm_hist_bin."),
+            Column(
+                "interval_us",
+                pa.list_(pa.int64()),
+                "microseconds",
+                "Intervals to the next sample, binned to 10 ms.",
+            ),
+            Column("interval_n", pa.list_(pa.int64()), "", "How many intervals per bin of interval_us."),
+            Column("schema_version", pa.int16(), "", "Version of this schema the row was written with."),
+        ),
+    )
+
+
+# Pre-aggregated telemetry (see analytics._rollup): same layout as the raw tables, one file per
+# date and host (``<table>/date=D/host=H/rollup.parquet``), replaced atomically on each build.
+GPU_ROLLUP_MINUTE = _rollup_table("gpu_rollup_1m", "minute")
+GPU_ROLLUP_HOUR = _rollup_table("gpu_rollup_1h", "hour")
+ROLLUP_TABLES: dict[str, Table] = {t.name: t for t in (GPU_ROLLUP_MINUTE, GPU_ROLLUP_HOUR)}
+# Footer metadata of a rollup file (JSON): the period it covers, the thresholds it fixed, the watermark.
+METADATA_ROLLUP_KEY = b"gpupool.rollup"
+
 # Hive partition columns and the types readers must give them (a host named "007" stays a string).
 PARTITION_TYPES = {"date": "DATE", "host": "VARCHAR"}

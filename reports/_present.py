@@ -224,7 +224,8 @@ def sampling_note(s: A.FleetSummary) -> str:
         f"{s.samples:,} samples; a GPU's consecutive samples were {duration_s(s.tick_s_median)} apart (median). "
         f"Each sample counts for the time to its GPU's next sample; an interval longer than {A.GAP_FACTOR} local "
         f"ticks is a gap in collection and counts for one tick only: {hours(s.gap_hours)} "
-        f"({pct(s.gap_share)} of the sampled span) fell in gaps and is not counted as observed."
+        f"({pct(s.gap_share)} of the sampled span) fell in gaps and is not counted as observed. "
+        f"Summary computed from {s.data_source}."
     )
 
 

@@ -2,6 +2,7 @@
 
     gpustat-report serve telemetry/ [--port 8501]
     gpustat-report build telemetry/ other-host-telemetry/ -o report.html
+    gpustat-report rollup telemetry/        # (re)build the minute and hour rollups the report reads
 
 Errors a user can cause (a missing or empty directory, a range with no data, mixed schema versions,
 an option out of range, a port in use) print one line on stderr and exit 2, before anything starts;
@@ -65,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
         description="How busy are the GPUs really, when, who holds them idle, and what would a pool of "
         "fractional GPUs need? Reads telemetry directories written by gpustat-collect.",
     )
-    sub = ap.add_subparsers(dest="command", required=True, metavar="{serve,build}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="{serve,build,rollup}")
 
     serve = sub.add_parser("serve", help="start the interactive report (Streamlit) in a web server")
     serve.add_argument(
@@ -120,6 +121,23 @@ def _parser() -> argparse.ArgumentParser:
         default="fleet",
         help="one heatmap for the fleet, or per host/GPU",
     )
+    rollup = sub.add_parser(
+        "rollup",
+        help="(re)build the per-minute and per-hour rollups of a telemetry directory from its raw samples",
+        description=(
+            "Pre-aggregate gpu_samples per GPU per minute and per hour (gpu_rollup_1m, gpu_rollup_1h, beside "
+            "the raw tables) so the summary over months answers in seconds. Covers each host up to 10 minutes "
+            "before its newest sample; the report reads raw samples after that. Safe to interrupt: each "
+            "file is replaced atomically. Run it again after new data or an import of older logs."
+        ),
+    )
+    rollup.add_argument(
+        "dir", type=Path, metavar="DIR", help="telemetry directory (written by gpustat-collect)"
+    )
+    rollup.add_argument(
+        "--hosts", nargs="+", default=[], metavar="HOST", help="only these hosts (default all)"
+    )
+    rollup.add_argument("-q", "--quiet", action="store_true", help="print only the summary")
     pool = build.add_argument_group("what-if pool")
     pool.add_argument(
         "--granularity",
@@ -263,11 +281,38 @@ def _build(args) -> int:
     return 0
 
 
+def _rollup(args) -> int:
+    import analytics
+
+    t0 = time.monotonic()
+    try:
+        result = analytics.build_rollups(
+            args.dir,
+            hosts=tuple(args.hosts),
+            progress=None
+            if args.quiet
+            else lambda msg: print(f"gpustat-report: rollup {msg}", file=sys.stderr),
+        )
+    except OSError as exc:
+        return _fail(
+            f"rollup failed under {args.dir}: {exc.strerror or exc}",
+            "readers stay consistent (each file is replaced whole); fix the cause and run it again",
+        )
+    print(
+        f"gpustat-report: rolled up {result.samples:,} samples of {result.hosts} host(s) into "
+        f"{result.minute_rows:,} minute rows and {result.hour_rows:,} hour rows ({result.files} files) "
+        f"in {time.monotonic() - t0:.1f} s"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from analytics import TelemetryError
 
     try:
+        if args.command == "rollup":
+            return _rollup(args)
         return _serve(args) if args.command == "serve" else _build(args)
     except TelemetryError as exc:
         return _fail(exc.title, exc.hint)

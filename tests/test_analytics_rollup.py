@@ -1,0 +1,316 @@
+"""Rollups (analytics._rollup) against hand-computed values and against the raw computation, and a
+kill -9 in the middle of a rollup build."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from test_analytics_data import GIB, T0, gpu_rows, write_rows
+
+import analytics as A
+from collector.schema import METADATA_ROLLUP_KEY
+from reports import cli as report_cli
+
+H = 3600.0
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _rollup_file(root: Path, level: str, day: str, host: str) -> Path:
+    return root / f"gpu_rollup_{level}" / f"date={day}" / f"host={host}" / "rollup.parquet"
+
+
+@pytest.fixture
+def three_minutes(tmp_path):
+    # GPU a/0, 1 s ticks from 09:00:00 to 09:02:59: 60 s at 50 % (SM 25 %), 60 s idle holding 2 GiB,
+    # 60 s at 100 %.
+    utils = [0.5] * 60 + [0.0] * 60 + [1.0] * 60
+    rows = gpu_rows(
+        "a", 0, utils, mem_used=[0] * 60 + [2 * GIB] * 60 + [0] * 60, sm=[0.25] * 60 + [None] * 120
+    )
+    write_rows(tmp_path, "gpu_samples", rows)
+    return tmp_path
+
+
+def test_a_minute_rollup_holds_hand_computed_sums(three_minutes):
+    raw = A.fleet_summary(A.open_telemetry(three_minutes))
+    result = A.build_rollups(three_minutes, lag_s=60)
+    # Newest sample 09:02:59, less 60 s, floored to the minute: minutes before 09:01 are rolled up.
+    assert (result.hosts, result.samples, result.minute_rows, result.hour_rows) == (1, 180, 1, 0)
+    path = _rollup_file(three_minutes, "1m", "2026-03-02", "a")
+    table = pq.read_table(path, partitioning=None)
+    (row,) = table.to_pylist()
+    assert row["ts"] == T0 and row["samples"] == 60 and row["fb"] is None
+    assert row["observed_s"] == pytest.approx(60.0)
+    assert row["util_s"] == pytest.approx(60.0) and row["util_sum"] == pytest.approx(30.0)
+    assert row["sm_s"] == pytest.approx(60.0) and row["sm_sum"] == pytest.approx(15.0)
+    assert row["idle_s"] == 0 and row["held_idle_s"] == 0
+    assert row["util_hist_bin"] == [50] and row["util_hist_s"] == pytest.approx([60.0])
+    assert row["interval_us"] == [1_000_000] and row["interval_n"] == [60]  # 09:00:59 -> 09:01:00 included
+    meta = json.loads(table.schema.metadata[METADATA_ROLLUP_KEY])
+    assert meta["covers_to"] == (T0 + timedelta(minutes=1)).isoformat()
+    assert (meta["idle_below"], meta["held_mem_bytes"], meta["period_s"]) == (0.05, GIB, 60)
+
+    s = A.fleet_summary(A.open_telemetry(three_minutes))
+    assert s.data_source.startswith("hourly rollups + minute rollups + raw samples")
+    assert raw.data_source.startswith("raw samples")
+    # Rollup (09:00) + raw (09:01 on): the same answer as raw alone, by hand too.
+    assert s.samples == raw.samples == 180
+    assert s.gpu_hours == pytest.approx(180 / H)
+    assert s.util_gpu_mean == pytest.approx(0.5)
+    assert s.idle_gpu_hours == pytest.approx(60 / H) and s.held_idle_gpu_hours == pytest.approx(60 / H)
+    assert s.sm_activity_mean == pytest.approx(0.25) and s.gpm_gpu_hours == pytest.approx(60 / H)
+    assert (s.util_gpu_p50, s.util_gpu_p95) == (0.5, 1.0)
+    assert (s.first_sample, s.last_sample) == (raw.first_sample, raw.last_sample)
+    assert s.per_gpu == raw.per_gpu
+
+
+def _irregular(root: Path, seed: int = 3) -> None:
+    """Two hosts over three hours: irregular ticks, a gap, duplicates, a GPU without GPM, one GPU
+    with a single sample (it takes the fleet tick), values at 0.2 % steps and 0.001 steps."""
+    rng = random.Random(seed)
+    rows = []
+    for host, gpus in (("h1", 2), ("h2", 1)):
+        for g in range(gpus):
+            t = T0 + timedelta(seconds=rng.random())
+            end = T0 + timedelta(hours=3)
+            while t < end:
+                u = rng.choice([0.0, 0.01, 0.04, 0.05, 0.3, round(rng.random(), 3), 1.0])
+                rows.append(
+                    {
+                        "host": host,
+                        "ts": t,
+                        "gpu_index": g,
+                        "gpu_uuid": f"GPU-{host}-{g}",
+                        "gpu_name": "H100",
+                        "util_gpu_mean": u,
+                        "mem_used_bytes": rng.choice([0, GIB // 2, 2 * GIB]),
+                        "mem_total_bytes": 80 * GIB,
+                        "sm_activity": None if g == 1 else round(rng.random(), 3),
+                        "simulated": host == "h2",
+                    }
+                )
+                if rng.random() < 0.02:
+                    rows.append(dict(rows[-1]))  # the same instant twice
+                step = rng.choice([1.0, 1.0, 1.0, 2.0, 0.5, 1.3])
+                if rng.random() < 0.001:
+                    step = 600.0  # a gap
+                t += timedelta(seconds=step)
+    rows.append({"host": "h3", "ts": T0 + timedelta(minutes=30), "gpu_index": 0, "gpu_uuid": "GPU-h3-0",
+                 "gpu_name": "H100", "util_gpu_mean": 0.5, "mem_total_bytes": 80 * GIB})  # fmt: skip
+    write_rows(root, "gpu_samples", rows)
+
+
+def _assert_agree(s: A.FleetSummary, raw: A.FleetSummary) -> None:
+    assert s.samples == raw.samples and (s.gpus, s.hosts) == (raw.gpus, raw.hosts)
+    for name in ("gpu_hours", "gap_hours", "idle_gpu_hours", "held_idle_gpu_hours", "gpm_gpu_hours",
+                 "lost_gpu_hours", "util_gpu_mean", "sm_activity_mean", "util_gpu_mean_where_gpm",
+                 "mem_used_ratio_mean", "mem_headroom_bytes_mean", "simulated_share", "tick_s_median"):  # fmt: skip
+        assert getattr(s, name) == pytest.approx(getattr(raw, name), rel=1e-9, abs=1e-12), name
+    for name in ("util_gpu_p50", "util_gpu_p95", "sm_activity_p50", "sm_activity_p95"):
+        # 1 % bins, reported at their lower edge: at most one bin below.
+        assert getattr(raw, name) - 0.01 - 1e-9 <= getattr(s, name) <= getattr(raw, name) + 1e-9, name
+    assert (s.first_sample, s.last_sample, s.mem_used_ratio_peak) == (
+        raw.first_sample,
+        raw.last_sample,
+        raw.mem_used_ratio_peak,
+    )
+    assert [(b, pytest.approx(h)) for b, h in raw.util_distribution.bins] == list(s.util_distribution.bins)
+    for a, b in zip(s.per_gpu, raw.per_gpu, strict=True):
+        assert (a.host, a.gpu_uuid, a.gpu_index, a.tick_s) == (b.host, b.gpu_uuid, b.gpu_index, b.tick_s)
+        assert a.gpu_hours == pytest.approx(b.gpu_hours) and a.idle_gpu_hours == pytest.approx(
+            b.idle_gpu_hours
+        )
+    assert [(h.host, h.samples, h.median_interval_s) for h in s.sampling] == [
+        (h.host, h.samples, h.median_interval_s) for h in raw.sampling
+    ]
+
+
+def test_rollups_agree_with_raw_on_irregular_samples(tmp_path):
+    _irregular(tmp_path)
+    raw = A.fleet_summary(A.open_telemetry(tmp_path))
+    A.build_rollups(tmp_path, lag_s=60)
+    con = A.open_telemetry(tmp_path)
+    s = A.fleet_summary(con)
+    assert "hourly rollups" in s.data_source
+    _assert_agree(s, raw)
+    # A range on hour boundaries inside the data: hours from the rollups, the rest raw. Sampling is
+    # irregular at the cuts, so compare with a range of regular data below; here: counts exactly.
+    scope = A.Scope(T0 + timedelta(hours=1), T0 + timedelta(hours=2))
+    assert A.fleet_summary(con, scope).samples == A.fleet_summary(A.open_telemetry(tmp_path), scope).samples
+
+
+def test_a_range_on_minute_boundaries_agrees_with_raw_on_regular_samples(tmp_path):
+    rng = random.Random(5)
+    rows = []
+    for g in range(2):
+        utils = [rng.choice([0.0, 0.02, 0.5, 0.996]) for _ in range(3 * 3600)]
+        rows += gpu_rows("a", g, utils, mem_used=[rng.choice([0, 3 * GIB]) for _ in utils], sm=utils)
+    write_rows(tmp_path, "gpu_samples", rows)
+    scopes = [
+        A.Scope(T0 + timedelta(minutes=17), T0 + timedelta(minutes=143)),  # minutes only
+        A.Scope(T0 + timedelta(hours=1), None),  # hours, then minutes, then raw
+        A.Scope(None, T0 + timedelta(hours=2)),
+    ]
+    raws = [A.fleet_summary(A.open_telemetry(tmp_path), sc) for sc in scopes]
+    A.build_rollups(tmp_path, lag_s=120)
+    con = A.open_telemetry(tmp_path)
+    for sc, raw in zip(scopes, raws, strict=True):
+        s = A.fleet_summary(con, sc)
+        assert "rollups" in s.data_source
+        _assert_agree(s, raw)
+    assert A.fleet_summary(con, scopes[0]).data_source.startswith("minute rollups + raw")
+
+
+def test_other_thresholds_or_ranges_off_the_minute_read_raw_samples(three_minutes):
+    A.build_rollups(three_minutes, lag_s=60)
+    con = A.open_telemetry(three_minutes)
+    other = A.fleet_summary(con, options=A.SummaryOptions(idle_below=0.10))
+    assert other.data_source == "raw samples (thresholds differ from the rollups')"
+    assert other.idle_gpu_hours == pytest.approx(60 / H)
+    off = A.fleet_summary(con, A.Scope(T0 + timedelta(seconds=30), None))
+    assert off.data_source == "raw samples (the range is not on minute boundaries)"
+    assert off.samples == 150
+
+
+def test_a_directory_with_the_hosts_samples_but_no_rollups_keeps_it_raw(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_rows(a, "gpu_samples", gpu_rows("h", 0, [0.5] * 600))
+    write_rows(b, "gpu_samples", gpu_rows("h", 0, [1.0] * 600, start=T0 + timedelta(hours=1)))
+    raw = A.fleet_summary(A.open_telemetry([a, b]))
+    A.build_rollups(a, lag_s=60)
+    s = A.fleet_summary(A.open_telemetry([a, b]))
+    assert s.data_source.startswith("raw samples")
+    assert s.samples == raw.samples == 1200
+
+
+def test_the_rollup_command_prints_progress_and_a_summary(three_minutes, capsys):
+    assert report_cli.main(["rollup", str(three_minutes)]) == 0
+    out, err = capsys.readouterr()
+    assert "rolled up 180 samples of 1 host(s)" in out
+    assert "[1/1] a: 180 samples" in err
+    assert report_cli.main(["rollup", str(three_minutes / "nope")]) == 2
+    assert "telemetry directory not found" in capsys.readouterr().err
+
+
+# -- kill -9 in the middle of a build -----------------------------------------------------------------
+
+_CHILD = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+    sys.path.insert(0, {root!r})
+    import analytics._rollup as R
+    from collector import writer
+
+    calls = [0]
+    kill_at, mode = {kill_at}, {mode!r}
+
+    def dying_write(path, table):
+        calls[0] += 1
+        if calls[0] == kill_at:
+            if mode == "mid-write":  # half a file under the temporary name, then the end
+                tmp = path.with_name(f".{{path.name}}.tmp")
+                tmp.write_bytes(b"PAR1" + b"x" * 1000)
+            else:  # the file is in place; die before the next one
+                writer.write_segment(path, table)
+            os.kill(os.getpid(), signal.SIGKILL)
+        writer.write_segment(path, table)
+
+    R.write_segment = dying_write
+    R.build_rollups({dir!r}, lag_s=120)
+    """
+)
+
+
+def _days(root: Path, first: datetime, days: int) -> None:
+    rows = []
+    for host in ("x", "y"):
+        for g in range(2):
+            utils = [((i * 7 + g) % 11) / 10 for i in range(days * 24 * 60)]
+            rows += gpu_rows(
+                host, g, utils, tick_s=60, start=first, mem_used=[(i % 3) * GIB for i in range(len(utils))]
+            )
+    write_rows(root, "gpu_samples", rows)
+
+
+@pytest.mark.parametrize(
+    ("kill_at", "mode"), [(1, "mid-write"), (3, "mid-write"), (3, "after"), (6, "mid-write")]
+)
+def test_kill_9_during_a_rollup_build_leaves_readers_consistent(tmp_path, kill_at, mode):
+    first = datetime(2026, 3, 1, tzinfo=UTC)
+    _days(tmp_path, first, 2)
+    A.build_rollups(tmp_path, lag_s=600)  # an old build over the first two days
+    # Two more days arrive; the new build is killed part way (files: per host, minutes then hours, by day).
+    _days(tmp_path, first + timedelta(days=2), 2)
+    expected = A.fleet_summary(A.open_telemetry(tmp_path), options=A.SummaryOptions(idle_below=0.0499))
+    code = _CHILD.format(root=str(ROOT), kill_at=kill_at, mode=mode, dir=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    if mode == "mid-write":
+        assert list(tmp_path.glob("gpu_rollup_*/date=*/host=*/.rollup.parquet.tmp"))
+
+    def check() -> None:
+        con = A.open_telemetry(tmp_path)
+        s = A.fleet_summary(con)
+        raw = A.fleet_summary(
+            con, options=A.SummaryOptions(idle_below=0.0499)
+        )  # the same thresholds in effect
+        assert "rollups" in s.data_source and raw.data_source.startswith("raw samples")
+        assert s.samples == expected.samples == raw.samples == 4 * 4 * 24 * 60
+        assert s.gpu_hours == pytest.approx(expected.gpu_hours, rel=1e-12)
+        assert s.util_gpu_mean == pytest.approx(expected.util_gpu_mean, rel=1e-12)
+        assert s.idle_gpu_hours == pytest.approx(expected.idle_gpu_hours, rel=1e-12)
+        assert s.held_idle_gpu_hours == pytest.approx(expected.held_idle_gpu_hours, rel=1e-12)
+
+    check()
+    A.build_rollups(tmp_path, lag_s=120)  # the next build finishes the job and removes the debris
+    assert not list(tmp_path.glob("gpu_rollup_*/date=*/host=*/.rollup.parquet.tmp"))
+    check()
+    assert os.path.exists(_rollup_file(tmp_path, "1m", "2026-03-04", "y"))
+
+
+@pytest.mark.parametrize("bucket_s", [600, 3600])
+def test_the_timeline_and_heatmap_from_rollups_agree_with_raw(tmp_path, bucket_s):
+    _irregular(tmp_path)
+    raw_con = A.open_telemetry(tmp_path)
+    raw = A.utilization_timeline(raw_con, bucket_s=bucket_s)
+    raw_heat = A.hour_of_week(raw_con, level="host")
+    A.build_rollups(tmp_path, lag_s=60)
+    con = A.open_telemetry(tmp_path)
+    s = A.utilization_timeline(con, bucket_s=bucket_s)
+    assert [p.start for p in s.points] == [p.start for p in raw.points]
+    for a, b in zip(s.points, raw.points, strict=True):
+        assert a.gpus == b.gpus
+        for name in ("util_gpu_mean", "sm_activity_mean", "mem_used_ratio_mean", "gpu_hours"):
+            assert getattr(a, name) == pytest.approx(getattr(b, name), rel=1e-9, abs=1e-12), (a.start, name)
+    heat = A.hour_of_week(con, level="host")
+    assert [h.key for h in heat] == [h.key for h in raw_heat]
+    for a, b in zip(heat, raw_heat, strict=True):
+        for d in range(7):
+            for hour in range(24):
+                assert a.gpu_hours[d][hour] == pytest.approx(b.gpu_hours[d][hour], abs=1e-12)
+                assert a.util[d][hour] == pytest.approx(b.util[d][hour], rel=1e-9)
+
+
+def test_hour_rollups_without_minute_rollups_are_not_used(three_minutes, tmp_path_factory):
+    # Hours reach the raw samples only through the minutes after them: without the minute files,
+    # the host is all raw (else its first hours would count twice).
+    rows = gpu_rows("a", 0, [0.5] * 3 * 3600)
+    root = tmp_path_factory.mktemp("hours")
+    write_rows(root, "gpu_samples", rows)
+    raw = A.fleet_summary(A.open_telemetry(root))
+    A.build_rollups(root, lag_s=60)
+    shutil.rmtree(root / "gpu_rollup_1m")
+    s = A.fleet_summary(A.open_telemetry(root))
+    assert s.data_source.startswith("raw samples") and s.samples == raw.samples == 3 * 3600
