@@ -50,9 +50,7 @@ def _grouped(
     """
     where, wparams = scope.where()
     plan = _rollup.plan(con, scope, None, bucket_us // 1_000_000)[0] if bucket_us else None
-    raw_where, raw_params, extra_cols, extra_params, keep = (
-        _rollup.raw_tail(plan) if plan is not None else ("", [], "", [], "")
-    )
+    raw_where, raw_params, extra_cols, extra_params, keep = _rollup.raw_tail(plan)
     result = weighted_query(
         con,
         "gpu_samples",

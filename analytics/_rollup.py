@@ -421,10 +421,12 @@ def _case(mapping: dict[str, int], default: str) -> tuple[str, list]:
     return f"CASE host {' '.join(parts)} ELSE {default} END", params
 
 
-def raw_tail(p: Plan) -> tuple[str, list, str, list, str]:
+def raw_tail(p: Plan | None) -> tuple[str, list, str, list, str]:
     """(extra WHERE over gpu_samples, its params, extra column, its params, keep predicate over wr):
     raw samples from each host's mark on, read from MARGIN_US earlier so the first ones find their
-    neighbours (``_weights``) but only kept from the mark."""
+    neighbours (``_weights``) but only kept from the mark. Without a plan: every raw sample."""
+    if p is None:
+        return "", [], "", [], ""
     case, case_params = _case(p.raw_from_us, "NULL")
     where = f" AND coalesce(epoch_us(ts) >= {case} - {MARGIN_US}, true)"
     params = list(case_params)

@@ -199,9 +199,7 @@ def fleet_summary(
     """
     where, params = scope.where()
     plan, why = _rollup.plan(con, scope, options)
-    raw_where, raw_params, extra_cols, extra_params, keep = (
-        _rollup.raw_tail(plan) if plan is not None else ("", [], "", [], "")
-    )
+    raw_where, raw_params, extra_cols, extra_params, keep = _rollup.raw_tail(plan)
     result = weighted_query(
         con,
         "gpu_samples",
