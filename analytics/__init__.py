@@ -21,7 +21,7 @@ from analytics._patterns import (
     utilization_timeline,
 )
 from analytics._pool import ClientActivity, PoolActivity, pool_activity
-from analytics._rollup import RollupResult, build_rollups
+from analytics._rollup import RollupResult, build_rollups, rollups_built
 from analytics._scope import Extent, GpuInfo, Scope, data_extent
 from analytics._summary import (
     COARSE_INTERVAL_S,
@@ -73,6 +73,7 @@ __all__ = [
     "hour_of_week",
     "open_telemetry",
     "pool_activity",
+    "rollups_built",
     "utilization_timeline",
     "what_if",
 ]

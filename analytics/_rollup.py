@@ -371,6 +371,16 @@ def _aligned(ts: dt.datetime | None, period_us: int) -> bool:
     return us % period_us == 0
 
 
+def rollups_built(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether some host's minute rollups exist (``gpustat-report rollup`` has run on this telemetry)."""
+    try:
+        return bool(
+            con.execute("SELECT count(*) FROM rollup_marks WHERE covers_to_us IS NOT NULL").fetchone()[0]
+        )
+    except duckdb.CatalogException:
+        return False
+
+
 def plan(
     con: duckdb.DuckDBPyConnection, scope: Scope, options=None, bucket_s: int | None = None
 ) -> tuple[Plan | None, str]:

@@ -31,6 +31,11 @@ def extent(dirs):
     return A.data_extent(A.open_telemetry(dirs))
 
 
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
+def has_rollups(dirs) -> bool:
+    return A.rollups_built(A.open_telemetry(dirs))
+
+
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner="summarising...")
 def summary(dirs, scope, options):
     return A.fleet_summary(A.open_telemetry(dirs), scope, options)
@@ -92,14 +97,21 @@ def cards(items, columns: int = 4) -> None:
         cols[i % columns].metric(label, value, help=help_text)
 
 
-def filters(ext: A.Extent) -> tuple[A.Scope, A.SummaryOptions, str]:
+def filters(ext: A.Extent, rollups: bool) -> tuple[A.Scope, A.SummaryOptions, str]:
     sb = st.sidebar
     sb.title("Filters")
     start, end = ext.start.replace(tzinfo=None), ext.end.replace(tzinfo=None) + timedelta(seconds=1)
     span = end - start
     step = timedelta(minutes=1) if span <= timedelta(days=2) else timedelta(hours=1)
-    # Long histories open on their last week: the first view stays quick, the slider widens it.
-    first = max(start, end - DEFAULT_WINDOW) if span > 2 * DEFAULT_WINDOW else start
+    if rollups:
+        # Whole minutes (the hour, for the coarse slider), so the range is one the rollups answer.
+        start = start.replace(
+            second=0, microsecond=0, minute=0 if step == timedelta(hours=1) else start.minute
+        )
+        end = (end + timedelta(seconds=59)).replace(second=0, microsecond=0)
+    # The whole history when rollups answer it in seconds; without them long histories open on their
+    # last week (raw samples of months take minutes), and the slider widens it.
+    first = max(start, end - DEFAULT_WINDOW) if span > 2 * DEFAULT_WINDOW and not rollups else start
     lo, hi = sb.slider(
         "Time range (UTC)",
         min_value=start,
@@ -164,7 +176,7 @@ def main() -> None:
         ext = extent(dirs)
         if ext.start is None:
             raise A.TelemetryError("no GPU samples in " + ", ".join(dirs), "is the collector writing there?")
-        scope, options, tz = filters(ext)
+        scope, options, tz = filters(ext, has_rollups(dirs))
         opts = pool_controls(options)
         s = summary(dirs, scope, options)
     except A.TelemetryError as exc:

@@ -138,6 +138,27 @@ def test_long_history_opens_on_its_last_week(monkeypatch, tmp_path):
     assert _metrics(at)["utilization.gpu mean"] == "50.0 %"  # widened to all of it
 
 
+def test_long_history_with_rollups_opens_on_all_of_it_from_the_rollups(monkeypatch, tmp_path):
+    from datetime import timedelta
+
+    from test_analytics_data import T0
+
+    import analytics as A
+
+    rows = gpu_rows("n", 0, [0.9] * 30, tick_s=60) + gpu_rows(
+        "n", 0, [0.1] * 30, tick_s=60, start=T0 + timedelta(days=30)
+    )
+    write_rows(tmp_path, "gpu_samples", rows)
+    A.build_rollups(tmp_path, lag_s=0)
+    st.cache_data.clear()
+    at = _run(monkeypatch, tmp_path)
+    assert not at.exception
+    lo, hi = at.sidebar.slider[0].value
+    assert lo <= T0.replace(tzinfo=None) and hi - lo > timedelta(days=30)  # the whole history
+    assert _metrics(at)["utilization.gpu mean"] == "50.0 %"
+    assert any("rollups" in m.value for m in at.markdown)  # the sampling note says what it read
+
+
 def test_pool_activity_appears_once_the_pool_writes_events(monkeypatch, real_dir):
     from datetime import timedelta
 
