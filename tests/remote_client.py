@@ -419,6 +419,48 @@ def scenario_memo():
     say("capturing", " ".join(map(str, seen)))
 
 
+def scenario_memo_kernels():
+    """A setter or an unload drops the kept answers about its own kernel, function or library only."""
+    setup()
+    library, ka, kb, fa, fb = c_u64(), c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuLibraryLoadData(ctypes.byref(library), b"// lib\n", None, None, 0, None, None, 0), "library")
+    check(cu.cuLibraryGetKernel(ctypes.byref(ka), library, b"add_u32"), "kernel a")
+    check(cu.cuLibraryGetKernel(ctypes.byref(kb), library, b"fill_u32"), "kernel b")
+    check(cu.cuKernelGetFunction(ctypes.byref(fa), ka), "function a")
+    check(cu.cuKernelGetFunction(ctypes.byref(fb), kb), "function b")
+    module, mf = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// host-executor module\n"), "module")
+    check(cu.cuModuleGetFunction(ctypes.byref(mf), module, b"fill_u32"), "module function")
+    value = ctypes.c_int()
+
+    def shared():  # MAX_DYNAMIC_SHARED_SIZE_BYTES of: a's function, b's function, kernel a as a function, the module's
+        seen = []
+        for handle in (fa, fb, ka, mf):
+            for _ in range(20):  # the runtime asks before every launch
+                check(cu.cuFuncGetAttribute(ctypes.byref(value), 8, handle), "get attribute")
+            seen.append(str(value.value))
+        return " ".join(seen)
+
+    say("at_first", shared())
+    check(cu.cuKernelSetAttribute(8, 3000, kb, 0), "set b")
+    check(cu.cuKernelSetAttribute(8, 3000, kb, 0), "set b again")
+    for _ in range(3):  # as cuDNN does before each launch: two attributes, each set to what it already is
+        check(cu.cuKernelSetAttribute(9, 50, kb, 0), "set b's shared memory carveout")
+        check(cu.cuKernelSetAttribute(8, 3000, kb, 0), "set b's dynamic shared memory")
+    say("after_setting_b", shared())
+    check(cu.cuFuncSetAttribute(fa, 8, 2000), "set a's function")
+    say("after_setting_a", shared())
+    check(cu.cuLibraryUnload(library), "unload")
+    for _ in range(20):
+        check(cu.cuFuncGetAttribute(ctypes.byref(value), 8, mf), "module function after the unload")
+    say("module_function_after_unload", value.value)
+    host_function = ctypes.cast(cu.cuInit, ctypes.c_void_p).value  # a host pointer is no handle
+    say(
+        "not_a_handle",
+        " ".join(str(cu.cuFuncGetAttribute(ctypes.byref(value), 0, c_u64(host_function))) for _ in range(20)),
+    )
+
+
 def scenario_printf():
     """Kernel output reaches this process's stdout at the synchronise, in order with its own prints."""
     setup()

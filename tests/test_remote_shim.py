@@ -270,6 +270,21 @@ def test_answers_the_runtime_asks_again_are_kept_until_something_changes_them(sh
     assert calls["cuStreamIsCapturing"] == 4  # during a capture every question goes to the worker
 
 
+def test_a_setter_or_an_unload_forgets_only_the_answers_about_its_own_kernel(shim_dir, worker):
+    out, err = run_client("memo_kernels", client_env(shim_dir, worker, GPUPOOL_SHIM_PROFILE="1"))
+    # function a, function b, kernel a passed as a function, a module's function
+    assert out["at_first"] == "49152 49152 49152 49152"
+    assert out["after_setting_b"] == "49152 3000 49152 49152"  # b's function follows its kernel
+    assert out["after_setting_a"] == "2000 3000 49152 49152"
+    assert out["module_function_after_unload"] == "49152"
+    assert out["not_a_handle"] == " ".join(["400"] * 20)  # CUDA_ERROR_INVALID_HANDLE, every time
+    calls = forwarded_counts(err)
+    assert calls["cuKernelSetAttribute"] == 2  # two attributes; their identical repeats are not sent
+    # 4 at first; b's function after b's setters; a's function and kernel a after a's function's
+    # setter; the host pointer once. Asked 260 times; a change anywhere re-asking everything: 13.
+    assert calls["cuFuncGetAttribute"] == 8
+
+
 def test_with_kept_answers_off_every_question_goes_to_the_worker(shim_dir, worker):
     env = client_env(shim_dir, worker, GPUPOOL_SHIM_PROFILE="1", GPUPOOL_SHIM_MEMO="0")
     out, err = run_client("memo", env)

@@ -24,6 +24,7 @@ from functools import cached_property
 HANDLE_TYPES = ("ctx", "stream", "event", "module", "func", "kernel", "library", "pool", "graph", "graphexec")
 SCALAR_TYPES = {"i32": "i", "u32": "I", "u64": "Q", "u8": "B", "u16": "H", "f32": "f", "dptr": "Q"}
 SCALAR_TYPES.update(dict.fromkeys(HANDLE_TYPES, "Q"))
+SUBJECT_TYPES = ("func", "kernel", "module", "library")  # what kept answers are about (shim_memo.c)
 
 
 class Mode(enum.Enum):
@@ -58,10 +59,14 @@ class Call:
     wire: tuple[Param, ...] | None = None  # the wire layout when it differs from the C parameters
     # Answers the client keeps (shim/shim_memo.c): the memo group whose answer this call's is, whether
     # the answer depends on the current context, the groups this call can change, and the group whose
-    # answers are not to be trusted between this call and a `resumes` call (a stream capture).
+    # answers are not to be trusted between this call and a `resumes` call (a stream capture); `forgets`:
+    # the group whose answers about this call's subject (its first function, kernel, module or library)
+    # it changes, and `links`: this call's out-handle came from its subject (a kernel from a library).
     memo: str = ""
     memo_ctx: bool = False
     invalidates: tuple[str, ...] = ()
+    forgets: str = ""
+    links: bool = False
     pauses: str = ""
     resumes: str = ""
 
@@ -102,6 +107,11 @@ class Call:
         return tuple((i, p.type) for i, p in enumerate(self.ins) if p.type in kinds)
 
     @cached_property
+    def subject(self) -> Param | None:
+        """The function, kernel, module or library the call's answer is about (kept answers, forgets)."""
+        return next((p for p in self.ins if p.type in SUBJECT_TYPES), None)
+
+    @cached_property
     def bulk_in(self) -> bool:
         return any(p.type in ("cstr", "bytes") for p in self.wire_params if not p.out)
 
@@ -134,6 +144,8 @@ def _c(
     memo: str = "",
     memo_ctx: bool = False,
     invalidates: tuple[str, ...] = (),
+    forgets: str = "",
+    links: bool = False,
     pauses: str = "",
     resumes: str = "",
 ) -> Call:
@@ -149,6 +161,8 @@ def _c(
         memo=memo,
         memo_ctx=memo_ctx,
         invalidates=invalidates,
+        forgets=forgets,
+        links=links,
         pauses=pauses,
         resumes=resumes,
     )
@@ -159,7 +173,7 @@ MEMO_GROUPS = {
     "constant": "facts of the device and driver that do not change while a process runs",
     "primary_ctx": "a device's primary-context state, changed by retain, release, set-flags, reset",
     "functions": "kernels' and functions' attributes, occupancies and the function of a kernel in a "
-    "context, changed by attribute setters and unloads",
+    "context, changed by attribute setters (of that kernel or function) and unloads (of its library or module)",
     "limits": "a context's limits, changed by cuCtxSetLimit and a primary-context reset",
     "capture": "whether a stream captures: kept only while no capture is under way",
 }
@@ -279,28 +293,28 @@ CALLS: tuple[Call, ...] = (
        wire="o_module module, bytes image"),
     _c("cuModuleLoadFatBinary", 2000, "o_module module, ptr image", custom=True,
        wire="o_module module, bytes image"),
-    _c("cuModuleUnload", 2000, "module module", custom=True, invalidates=("functions",)),
+    _c("cuModuleUnload", 2000, "module module", custom=True, forgets="functions"),
     _c("cuModuleGetLoadingMode", 11070, "o_i32 mode", memo="constant"),
     _c("cuModuleLoad", 2000, "o_module module, cstr fname", L, custom=True),  # read here, sent as LoadData
-    _c("cuModuleGetFunction", 2000, "o_func func, module module, cstr name"),
+    _c("cuModuleGetFunction", 2000, "o_func func, module module, cstr name", links=True),
     _c("cuModuleGetGlobal", 3020, "o_dptr? dptr, o_u64? bytes, module module, cstr name",
        symbol="cuModuleGetGlobal_v2", custom=True),
     _c("cuLibraryLoadData", 12000,
        "o_library library, ptr code, ptr jit_opts, ptr jit_vals, u32 n_jit, ptr lib_opts, ptr lib_vals, u32 n_lib",
        custom=True, wire="o_library library, bytes image"),
-    _c("cuLibraryUnload", 12000, "library library", custom=True, invalidates=("functions",)),
-    _c("cuLibraryGetKernel", 12000, "o_kernel kernel, library library, cstr name"),
-    _c("cuLibraryGetModule", 12000, "o_module module, library library"),
+    _c("cuLibraryUnload", 12000, "library library", custom=True, forgets="functions"),
+    _c("cuLibraryGetKernel", 12000, "o_kernel kernel, library library, cstr name", links=True),
+    _c("cuLibraryGetModule", 12000, "o_module module, library library", links=True),
     _c("cuLibraryGetGlobal", 12000, "o_dptr? dptr, o_u64? bytes, library library, cstr name", custom=True),
-    _c("cuKernelGetFunction", 12000, "o_func func, kernel kernel", memo="functions", memo_ctx=True),
+    _c("cuKernelGetFunction", 12000, "o_func func, kernel kernel", memo="functions", memo_ctx=True, links=True),
     _c("cuKernelGetAttribute", 12000, "o_i32 value, i32 attrib, kernel kernel, i32 dev", memo="functions"),
     _c("cuKernelSetAttribute", 12000, "i32 attrib, i32 value, kernel kernel, i32 dev", memo="functions",
-       invalidates=("functions",)),
+       forgets="functions"),
     _c("cuKernelGetParamInfo", 12040, "kernel kernel, u64 index, o_u64? offset, o_u64? size"),
     _c("cuFuncGetParamInfo", 12040, "func func, u64 index, o_u64? offset, o_u64? size"),
     _c("cuFuncGetAttribute", 2020, "o_i32 value, i32 attrib, func func", memo="functions"),
-    _c("cuFuncSetAttribute", 9000, "func func, i32 attrib, i32 value", memo="functions", invalidates=("functions",)),
-    _c("cuFuncSetCacheConfig", 3000, "func func, i32 config", invalidates=("functions",)),
+    _c("cuFuncSetAttribute", 9000, "func func, i32 attrib, i32 value", memo="functions", forgets="functions"),
+    _c("cuFuncSetCacheConfig", 3000, "func func, i32 config", forgets="functions"),
     _c("cuFuncGetModule", 11000, "o_module module, func func"),
     _c("cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050,
        "o_i32 num_blocks, func func, i32 block_size, u64 dynamic_smem", memo="functions"),

@@ -102,6 +102,7 @@ class HostExecutor(Executor):
         self.contexts = {0xC0000 + d: d for d in range(self.n)}
         self.pools = {0xB0000 + d: d for d in range(self.n)}
         self.functions: dict[int, str] = {}
+        self.kernel_of: dict[int, int] = {}  # a kernel's function in a context -> the kernel
         self.function_attributes: dict[
             tuple[int, int], int
         ] = {}  # (function or kernel, attribute) -> set value
@@ -409,6 +410,7 @@ class HostExecutor(Executor):
     def cuKernelGetFunction(self, kernel):
         handle = next(self.ids)
         self.functions[handle] = self.functions[kernel]
+        self.kernel_of[handle] = kernel  # a kernel's attribute, set on the kernel, is its functions' too
         if kernel in self.layouts:
             self.layouts[handle] = self.layouts[kernel]
         return handle
@@ -434,7 +436,9 @@ class HostExecutor(Executor):
         # MAX_THREADS_PER_BLOCK (0): saxpy stands for a kernel whose registers allow only 256 threads;
         # MAX_DYNAMIC_SHARED_SIZE_BYTES (8): 48 KiB until a program raises it.
         threads = 256 if self.functions.get(func) == "saxpy" else 1024
-        return self.function_attributes.get((func, attrib), {0: threads, 4: 32, 8: 49152}.get(attrib, 0))
+        default = {0: threads, 4: 32, 8: 49152}.get(attrib, 0)
+        kernel_value = self.function_attributes.get((self.kernel_of.get(func), attrib), default)
+        return self.function_attributes.get((func, attrib), kernel_value)
 
     def cuKernelGetAttribute(self, attrib, kernel, dev):
         return self.cuFuncGetAttribute(attrib, kernel)

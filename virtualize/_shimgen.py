@@ -17,6 +17,7 @@ from virtualize._calls import (
     MEMO_GROUPS,
     POINTER_ATTRIBUTE_SIZES,
     POOL_INT_ATTRIBUTES,
+    SUBJECT_TYPES,
     Call,
     Mode,
     Param,
@@ -101,28 +102,46 @@ def body(call: Call) -> list[str]:
     else:
         bulk_out = "NULL, 0"
     flags = "GP_FLAG_WANTS_REPLY" if call.mode is Mode.REPLY else "0"
+    send = f"gp_call(GP_CALL_{key(call)}, {flags}, {in_args}, {bulk_args}, {out_args}, {bulk_out})"
+    forget = ""
+    if call.forgets:
+        assert call.subject, (
+            f"{call.name}: a call that forgets answers needs a function, kernel, module or library"
+        )
+        attrib = "attrib" if any(p.name == "attrib" for p in call.ins) else "-1"  # -1: may change any
+        forget = f"gp_memo_forget(GP_MEMO_{call.forgets}, {call.subject.name}, GP_HANDLE_{call.subject.type}, {attrib});"
     if call.memo:
         assert call.mode is Mode.REPLY and not bulk_in and not buf_outs, (
             f"{call.name}: only plain calls keep answers"
         )
         memo = f"GP_CALL_{key(call)}, GP_MEMO_{call.memo}, {int(call.memo_ctx)}"
         memo_out = "&out, sizeof out" if fixed_outs else "NULL, 0"
-        lines.append(f"    uint64_t generation = gp_memo_generation(GP_MEMO_{call.memo});")
-        lines.append(f"    int kept = gp_memo_get({memo}, {in_args}, {memo_out});")
-        lines.append(
-            f"    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_{key(call)}, {flags}, {in_args}, {bulk_args},"
-            f" {out_args}, {bulk_out});"
-        )
-        # A setter keeps its own success in the generation its call moved the group to.
-        after = "generation" if fixed_outs else f"gp_memo_generation(GP_MEMO_{call.memo})"
-        lines.append(
-            f"    if (!kept && r == CUDA_SUCCESS) gp_memo_put({memo}, {after}, {in_args}, {memo_out});"
-        )
-        if not fixed_outs:
-            lines.append("    (void)generation;")
+        subject = call.subject.name if call.subject else "0"
+        lines.append(f"    uint64_t epoch = gp_memo_epoch(GP_MEMO_{call.memo});")
+        lines.append("    CUresult r = CUDA_SUCCESS;")
+        lines.append(f"    int kept = gp_memo_get({memo}, {in_args}, {memo_out}, &r);")
+        lines.append("    if (!kept) {")
+        if forget:  # a setter: what it changes goes before and after, then its own success is kept
+            lines += [f"        {forget}", f"        r = {send};", f"        {forget}"]
+            lines.append(f"        epoch = gp_memo_epoch(GP_MEMO_{call.memo});")
+        else:
+            lines.append(f"        r = {send};")
+        record = (
+            "attrib" if forget and any(p.name == "attrib" for p in call.ins) else "-1"
+        )  # a setter's record
+        lines.append(f"        gp_memo_put({memo}, epoch, {subject}, {record}, r, {in_args}, {memo_out});")
+        lines.append("    }")
+    elif forget:
+        lines += [f"    {forget}", f"    CUresult r = {send};", f"    {forget}"]
     else:
+        lines.append(f"    CUresult r = {send};")
+    if call.links:
+        child = next(p for p in fixed_outs if p.type in SUBJECT_TYPES)
+        assert call.subject, f"{call.name}: a call that links handles needs the handle it came from"
+        guard = "!kept && " if call.memo else ""
         lines.append(
-            f"    CUresult r = gp_call(GP_CALL_{key(call)}, {flags}, {in_args}, {bulk_args}, {out_args}, {bulk_out});"
+            f"    if ({guard}r == CUDA_SUCCESS) gp_memo_link(out.{child.name}, {call.subject.name},"
+            f" GP_HANDLE_{call.subject.type});"
         )
     if fixed_outs:
         lines.append("    if (r == CUDA_SUCCESS) {")

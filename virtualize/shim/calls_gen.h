@@ -12,10 +12,13 @@ GP_EXPORT CUresult cuDriverGetVersion(int32_t *version) {
     GP_TRACE("cuDriverGetVersion");
     if (!version) return CUDA_ERROR_INVALID_VALUE;
     struct gp_out_cuDriverGetVersion out;
-    uint64_t generation = gp_memo_generation(GP_MEMO_constant);
-    int kept = gp_memo_get(GP_CALL_cuDriverGetVersion, GP_MEMO_constant, 0, NULL, 0, &out, sizeof out);
-    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuDriverGetVersion, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
-    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuDriverGetVersion, GP_MEMO_constant, 0, generation, NULL, 0, &out, sizeof out);
+    uint64_t epoch = gp_memo_epoch(GP_MEMO_constant);
+    CUresult r = CUDA_SUCCESS;
+    int kept = gp_memo_get(GP_CALL_cuDriverGetVersion, GP_MEMO_constant, 0, NULL, 0, &out, sizeof out, &r);
+    if (!kept) {
+        r = gp_call(GP_CALL_cuDriverGetVersion, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
+        gp_memo_put(GP_CALL_cuDriverGetVersion, GP_MEMO_constant, 0, epoch, 0, -1, r, NULL, 0, &out, sizeof out);
+    }
     if (r == CUDA_SUCCESS) {
         *version = (int32_t)out.version;
     }
@@ -27,10 +30,13 @@ GP_EXPORT CUresult cuDeviceGet(int32_t *device, int32_t ordinal) {
     if (!device) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuDeviceGet in = { .ordinal = ordinal };
     struct gp_out_cuDeviceGet out;
-    uint64_t generation = gp_memo_generation(GP_MEMO_constant);
-    int kept = gp_memo_get(GP_CALL_cuDeviceGet, GP_MEMO_constant, 0, &in, sizeof in, &out, sizeof out);
-    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuDeviceGet, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
-    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuDeviceGet, GP_MEMO_constant, 0, generation, &in, sizeof in, &out, sizeof out);
+    uint64_t epoch = gp_memo_epoch(GP_MEMO_constant);
+    CUresult r = CUDA_SUCCESS;
+    int kept = gp_memo_get(GP_CALL_cuDeviceGet, GP_MEMO_constant, 0, &in, sizeof in, &out, sizeof out, &r);
+    if (!kept) {
+        r = gp_call(GP_CALL_cuDeviceGet, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+        gp_memo_put(GP_CALL_cuDeviceGet, GP_MEMO_constant, 0, epoch, 0, -1, r, &in, sizeof in, &out, sizeof out);
+    }
     if (r == CUDA_SUCCESS) {
         *device = (int32_t)out.device;
     }
@@ -41,10 +47,13 @@ GP_EXPORT CUresult cuDeviceGetCount(int32_t *count) {
     GP_TRACE("cuDeviceGetCount");
     if (!count) return CUDA_ERROR_INVALID_VALUE;
     struct gp_out_cuDeviceGetCount out;
-    uint64_t generation = gp_memo_generation(GP_MEMO_constant);
-    int kept = gp_memo_get(GP_CALL_cuDeviceGetCount, GP_MEMO_constant, 0, NULL, 0, &out, sizeof out);
-    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuDeviceGetCount, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
-    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuDeviceGetCount, GP_MEMO_constant, 0, generation, NULL, 0, &out, sizeof out);
+    uint64_t epoch = gp_memo_epoch(GP_MEMO_constant);
+    CUresult r = CUDA_SUCCESS;
+    int kept = gp_memo_get(GP_CALL_cuDeviceGetCount, GP_MEMO_constant, 0, NULL, 0, &out, sizeof out, &r);
+    if (!kept) {
+        r = gp_call(GP_CALL_cuDeviceGetCount, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
+        gp_memo_put(GP_CALL_cuDeviceGetCount, GP_MEMO_constant, 0, epoch, 0, -1, r, NULL, 0, &out, sizeof out);
+    }
     if (r == CUDA_SUCCESS) {
         *count = (int32_t)out.count;
     }
@@ -88,10 +97,13 @@ GP_EXPORT CUresult cuDeviceTotalMem_v2(uint64_t *bytes, int32_t dev) {
     if (!bytes) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuDeviceTotalMem_v2 in = { .dev = dev };
     struct gp_out_cuDeviceTotalMem_v2 out;
-    uint64_t generation = gp_memo_generation(GP_MEMO_constant);
-    int kept = gp_memo_get(GP_CALL_cuDeviceTotalMem_v2, GP_MEMO_constant, 0, &in, sizeof in, &out, sizeof out);
-    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuDeviceTotalMem_v2, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
-    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuDeviceTotalMem_v2, GP_MEMO_constant, 0, generation, &in, sizeof in, &out, sizeof out);
+    uint64_t epoch = gp_memo_epoch(GP_MEMO_constant);
+    CUresult r = CUDA_SUCCESS;
+    int kept = gp_memo_get(GP_CALL_cuDeviceTotalMem_v2, GP_MEMO_constant, 0, &in, sizeof in, &out, sizeof out, &r);
+    if (!kept) {
+        r = gp_call(GP_CALL_cuDeviceTotalMem_v2, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+        gp_memo_put(GP_CALL_cuDeviceTotalMem_v2, GP_MEMO_constant, 0, epoch, 0, -1, r, &in, sizeof in, &out, sizeof out);
+    }
     if (r == CUDA_SUCCESS) {
         *bytes = (uint64_t)out.bytes;
     }
@@ -103,10 +115,13 @@ GP_EXPORT CUresult cuDeviceGetAttribute(int32_t *value, int32_t attrib, int32_t 
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuDeviceGetAttribute in = { .attrib = attrib, .dev = dev };
     struct gp_out_cuDeviceGetAttribute out;
-    uint64_t generation = gp_memo_generation(GP_MEMO_constant);
-    int kept = gp_memo_get(GP_CALL_cuDeviceGetAttribute, GP_MEMO_constant, 0, &in, sizeof in, &out, sizeof out);
-    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuDeviceGetAttribute, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
-    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuDeviceGetAttribute, GP_MEMO_constant, 0, generation, &in, sizeof in, &out, sizeof out);
+    uint64_t epoch = gp_memo_epoch(GP_MEMO_constant);
+    CUresult r = CUDA_SUCCESS;
+    int kept = gp_memo_get(GP_CALL_cuDeviceGetAttribute, GP_MEMO_constant, 0, &in, sizeof in, &out, sizeof out, &r);
+    if (!kept) {
+        r = gp_call(GP_CALL_cuDeviceGetAttribute, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+        gp_memo_put(GP_CALL_cuDeviceGetAttribute, GP_MEMO_constant, 0, epoch, 0, -1, r, &in, sizeof in, &out, sizeof out);
+    }
     if (r == CUDA_SUCCESS) {
         *value = (int32_t)out.value;
     }
@@ -119,10 +134,13 @@ GP_EXPORT CUresult cuDeviceComputeCapability(int32_t *major, int32_t *minor, int
     if (!minor) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuDeviceComputeCapability in = { .dev = dev };
     struct gp_out_cuDeviceComputeCapability out;
-    uint64_t generation = gp_memo_generation(GP_MEMO_constant);
-    int kept = gp_memo_get(GP_CALL_cuDeviceComputeCapability, GP_MEMO_constant, 0, &in, sizeof in, &out, sizeof out);
-    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuDeviceComputeCapability, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
-    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuDeviceComputeCapability, GP_MEMO_constant, 0, generation, &in, sizeof in, &out, sizeof out);
+    uint64_t epoch = gp_memo_epoch(GP_MEMO_constant);
+    CUresult r = CUDA_SUCCESS;
+    int kept = gp_memo_get(GP_CALL_cuDeviceComputeCapability, GP_MEMO_constant, 0, &in, sizeof in, &out, sizeof out, &r);
+    if (!kept) {
+        r = gp_call(GP_CALL_cuDeviceComputeCapability, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+        gp_memo_put(GP_CALL_cuDeviceComputeCapability, GP_MEMO_constant, 0, epoch, 0, -1, r, &in, sizeof in, &out, sizeof out);
+    }
     if (r == CUDA_SUCCESS) {
         *major = (int32_t)out.major;
         *minor = (int32_t)out.minor;
@@ -186,10 +204,13 @@ GP_EXPORT CUresult cuDevicePrimaryCtxGetState(int32_t dev, uint32_t *flags, int3
     if (!active) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuDevicePrimaryCtxGetState in = { .dev = dev };
     struct gp_out_cuDevicePrimaryCtxGetState out;
-    uint64_t generation = gp_memo_generation(GP_MEMO_primary_ctx);
-    int kept = gp_memo_get(GP_CALL_cuDevicePrimaryCtxGetState, GP_MEMO_primary_ctx, 0, &in, sizeof in, &out, sizeof out);
-    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuDevicePrimaryCtxGetState, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
-    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuDevicePrimaryCtxGetState, GP_MEMO_primary_ctx, 0, generation, &in, sizeof in, &out, sizeof out);
+    uint64_t epoch = gp_memo_epoch(GP_MEMO_primary_ctx);
+    CUresult r = CUDA_SUCCESS;
+    int kept = gp_memo_get(GP_CALL_cuDevicePrimaryCtxGetState, GP_MEMO_primary_ctx, 0, &in, sizeof in, &out, sizeof out, &r);
+    if (!kept) {
+        r = gp_call(GP_CALL_cuDevicePrimaryCtxGetState, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+        gp_memo_put(GP_CALL_cuDevicePrimaryCtxGetState, GP_MEMO_primary_ctx, 0, epoch, 0, -1, r, &in, sizeof in, &out, sizeof out);
+    }
     if (r == CUDA_SUCCESS) {
         *flags = (uint32_t)out.flags;
         *active = (int32_t)out.active;
@@ -266,10 +287,13 @@ GP_EXPORT CUresult cuCtxGetLimit(uint64_t *value, int32_t limit) {
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuCtxGetLimit in = { .limit = limit };
     struct gp_out_cuCtxGetLimit out;
-    uint64_t generation = gp_memo_generation(GP_MEMO_limits);
-    int kept = gp_memo_get(GP_CALL_cuCtxGetLimit, GP_MEMO_limits, 1, &in, sizeof in, &out, sizeof out);
-    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuCtxGetLimit, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
-    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuCtxGetLimit, GP_MEMO_limits, 1, generation, &in, sizeof in, &out, sizeof out);
+    uint64_t epoch = gp_memo_epoch(GP_MEMO_limits);
+    CUresult r = CUDA_SUCCESS;
+    int kept = gp_memo_get(GP_CALL_cuCtxGetLimit, GP_MEMO_limits, 1, &in, sizeof in, &out, sizeof out, &r);
+    if (!kept) {
+        r = gp_call(GP_CALL_cuCtxGetLimit, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+        gp_memo_put(GP_CALL_cuCtxGetLimit, GP_MEMO_limits, 1, epoch, 0, -1, r, &in, sizeof in, &out, sizeof out);
+    }
     if (r == CUDA_SUCCESS) {
         *value = (uint64_t)out.value;
     }
@@ -286,10 +310,13 @@ GP_EXPORT CUresult cuCtxSetLimit(int32_t limit, uint64_t value) {
 GP_EXPORT CUresult cuCtxGetStreamPriorityRange(int32_t *least, int32_t *greatest) {
     GP_TRACE("cuCtxGetStreamPriorityRange");
     struct gp_out_cuCtxGetStreamPriorityRange out;
-    uint64_t generation = gp_memo_generation(GP_MEMO_constant);
-    int kept = gp_memo_get(GP_CALL_cuCtxGetStreamPriorityRange, GP_MEMO_constant, 0, NULL, 0, &out, sizeof out);
-    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuCtxGetStreamPriorityRange, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
-    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuCtxGetStreamPriorityRange, GP_MEMO_constant, 0, generation, NULL, 0, &out, sizeof out);
+    uint64_t epoch = gp_memo_epoch(GP_MEMO_constant);
+    CUresult r = CUDA_SUCCESS;
+    int kept = gp_memo_get(GP_CALL_cuCtxGetStreamPriorityRange, GP_MEMO_constant, 0, NULL, 0, &out, sizeof out, &r);
+    if (!kept) {
+        r = gp_call(GP_CALL_cuCtxGetStreamPriorityRange, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
+        gp_memo_put(GP_CALL_cuCtxGetStreamPriorityRange, GP_MEMO_constant, 0, epoch, 0, -1, r, NULL, 0, &out, sizeof out);
+    }
     if (r == CUDA_SUCCESS) {
         if (least) *least = (int32_t)out.least;
         if (greatest) *greatest = (int32_t)out.greatest;
@@ -415,10 +442,13 @@ GP_EXPORT CUresult cuModuleGetLoadingMode(int32_t *mode) {
     GP_TRACE("cuModuleGetLoadingMode");
     if (!mode) return CUDA_ERROR_INVALID_VALUE;
     struct gp_out_cuModuleGetLoadingMode out;
-    uint64_t generation = gp_memo_generation(GP_MEMO_constant);
-    int kept = gp_memo_get(GP_CALL_cuModuleGetLoadingMode, GP_MEMO_constant, 0, NULL, 0, &out, sizeof out);
-    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuModuleGetLoadingMode, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
-    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuModuleGetLoadingMode, GP_MEMO_constant, 0, generation, NULL, 0, &out, sizeof out);
+    uint64_t epoch = gp_memo_epoch(GP_MEMO_constant);
+    CUresult r = CUDA_SUCCESS;
+    int kept = gp_memo_get(GP_CALL_cuModuleGetLoadingMode, GP_MEMO_constant, 0, NULL, 0, &out, sizeof out, &r);
+    if (!kept) {
+        r = gp_call(GP_CALL_cuModuleGetLoadingMode, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
+        gp_memo_put(GP_CALL_cuModuleGetLoadingMode, GP_MEMO_constant, 0, epoch, 0, -1, r, NULL, 0, &out, sizeof out);
+    }
     if (r == CUDA_SUCCESS) {
         *mode = (int32_t)out.mode;
     }
@@ -432,6 +462,7 @@ GP_EXPORT CUresult cuModuleGetFunction(uint64_t *func, uint64_t module, const ch
     struct gp_in_cuModuleGetFunction in = { .module = module };
     struct gp_out_cuModuleGetFunction out;
     CUresult r = gp_call(GP_CALL_cuModuleGetFunction, GP_FLAG_WANTS_REPLY, &in, sizeof in, name, strlen(name) + 1, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) gp_memo_link(out.func, module, GP_HANDLE_module);
     if (r == CUDA_SUCCESS) {
         *func = (uint64_t)out.func;
     }
@@ -445,6 +476,7 @@ GP_EXPORT CUresult cuLibraryGetKernel(uint64_t *kernel, uint64_t library, const 
     struct gp_in_cuLibraryGetKernel in = { .library = library };
     struct gp_out_cuLibraryGetKernel out;
     CUresult r = gp_call(GP_CALL_cuLibraryGetKernel, GP_FLAG_WANTS_REPLY, &in, sizeof in, name, strlen(name) + 1, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) gp_memo_link(out.kernel, library, GP_HANDLE_library);
     if (r == CUDA_SUCCESS) {
         *kernel = (uint64_t)out.kernel;
     }
@@ -457,6 +489,7 @@ GP_EXPORT CUresult cuLibraryGetModule(uint64_t *module, uint64_t library) {
     struct gp_in_cuLibraryGetModule in = { .library = library };
     struct gp_out_cuLibraryGetModule out;
     CUresult r = gp_call(GP_CALL_cuLibraryGetModule, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) gp_memo_link(out.module, library, GP_HANDLE_library);
     if (r == CUDA_SUCCESS) {
         *module = (uint64_t)out.module;
     }
@@ -468,10 +501,14 @@ GP_EXPORT CUresult cuKernelGetFunction(uint64_t *func, uint64_t kernel) {
     if (!func) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuKernelGetFunction in = { .kernel = kernel };
     struct gp_out_cuKernelGetFunction out;
-    uint64_t generation = gp_memo_generation(GP_MEMO_functions);
-    int kept = gp_memo_get(GP_CALL_cuKernelGetFunction, GP_MEMO_functions, 1, &in, sizeof in, &out, sizeof out);
-    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuKernelGetFunction, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
-    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuKernelGetFunction, GP_MEMO_functions, 1, generation, &in, sizeof in, &out, sizeof out);
+    uint64_t epoch = gp_memo_epoch(GP_MEMO_functions);
+    CUresult r = CUDA_SUCCESS;
+    int kept = gp_memo_get(GP_CALL_cuKernelGetFunction, GP_MEMO_functions, 1, &in, sizeof in, &out, sizeof out, &r);
+    if (!kept) {
+        r = gp_call(GP_CALL_cuKernelGetFunction, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+        gp_memo_put(GP_CALL_cuKernelGetFunction, GP_MEMO_functions, 1, epoch, kernel, -1, r, &in, sizeof in, &out, sizeof out);
+    }
+    if (!kept && r == CUDA_SUCCESS) gp_memo_link(out.func, kernel, GP_HANDLE_kernel);
     if (r == CUDA_SUCCESS) {
         *func = (uint64_t)out.func;
     }
@@ -483,10 +520,13 @@ GP_EXPORT CUresult cuKernelGetAttribute(int32_t *value, int32_t attrib, uint64_t
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuKernelGetAttribute in = { .attrib = attrib, .kernel = kernel, .dev = dev };
     struct gp_out_cuKernelGetAttribute out;
-    uint64_t generation = gp_memo_generation(GP_MEMO_functions);
-    int kept = gp_memo_get(GP_CALL_cuKernelGetAttribute, GP_MEMO_functions, 0, &in, sizeof in, &out, sizeof out);
-    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuKernelGetAttribute, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
-    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuKernelGetAttribute, GP_MEMO_functions, 0, generation, &in, sizeof in, &out, sizeof out);
+    uint64_t epoch = gp_memo_epoch(GP_MEMO_functions);
+    CUresult r = CUDA_SUCCESS;
+    int kept = gp_memo_get(GP_CALL_cuKernelGetAttribute, GP_MEMO_functions, 0, &in, sizeof in, &out, sizeof out, &r);
+    if (!kept) {
+        r = gp_call(GP_CALL_cuKernelGetAttribute, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+        gp_memo_put(GP_CALL_cuKernelGetAttribute, GP_MEMO_functions, 0, epoch, kernel, -1, r, &in, sizeof in, &out, sizeof out);
+    }
     if (r == CUDA_SUCCESS) {
         *value = (int32_t)out.value;
     }
@@ -496,11 +536,16 @@ GP_EXPORT CUresult cuKernelGetAttribute(int32_t *value, int32_t attrib, uint64_t
 GP_EXPORT CUresult cuKernelSetAttribute(int32_t attrib, int32_t value, uint64_t kernel, int32_t dev) {
     GP_TRACE("cuKernelSetAttribute");
     struct gp_in_cuKernelSetAttribute in = { .attrib = attrib, .value = value, .kernel = kernel, .dev = dev };
-    uint64_t generation = gp_memo_generation(GP_MEMO_functions);
-    int kept = gp_memo_get(GP_CALL_cuKernelSetAttribute, GP_MEMO_functions, 0, &in, sizeof in, NULL, 0);
-    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuKernelSetAttribute, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
-    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuKernelSetAttribute, GP_MEMO_functions, 0, gp_memo_generation(GP_MEMO_functions), &in, sizeof in, NULL, 0);
-    (void)generation;
+    uint64_t epoch = gp_memo_epoch(GP_MEMO_functions);
+    CUresult r = CUDA_SUCCESS;
+    int kept = gp_memo_get(GP_CALL_cuKernelSetAttribute, GP_MEMO_functions, 0, &in, sizeof in, NULL, 0, &r);
+    if (!kept) {
+        gp_memo_forget(GP_MEMO_functions, kernel, GP_HANDLE_kernel, attrib);
+        r = gp_call(GP_CALL_cuKernelSetAttribute, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+        gp_memo_forget(GP_MEMO_functions, kernel, GP_HANDLE_kernel, attrib);
+        epoch = gp_memo_epoch(GP_MEMO_functions);
+        gp_memo_put(GP_CALL_cuKernelSetAttribute, GP_MEMO_functions, 0, epoch, kernel, attrib, r, &in, sizeof in, NULL, 0);
+    }
     return r;
 }
 
@@ -533,10 +578,13 @@ GP_EXPORT CUresult cuFuncGetAttribute(int32_t *value, int32_t attrib, uint64_t f
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuFuncGetAttribute in = { .attrib = attrib, .func = func };
     struct gp_out_cuFuncGetAttribute out;
-    uint64_t generation = gp_memo_generation(GP_MEMO_functions);
-    int kept = gp_memo_get(GP_CALL_cuFuncGetAttribute, GP_MEMO_functions, 0, &in, sizeof in, &out, sizeof out);
-    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuFuncGetAttribute, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
-    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuFuncGetAttribute, GP_MEMO_functions, 0, generation, &in, sizeof in, &out, sizeof out);
+    uint64_t epoch = gp_memo_epoch(GP_MEMO_functions);
+    CUresult r = CUDA_SUCCESS;
+    int kept = gp_memo_get(GP_CALL_cuFuncGetAttribute, GP_MEMO_functions, 0, &in, sizeof in, &out, sizeof out, &r);
+    if (!kept) {
+        r = gp_call(GP_CALL_cuFuncGetAttribute, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+        gp_memo_put(GP_CALL_cuFuncGetAttribute, GP_MEMO_functions, 0, epoch, func, -1, r, &in, sizeof in, &out, sizeof out);
+    }
     if (r == CUDA_SUCCESS) {
         *value = (int32_t)out.value;
     }
@@ -546,18 +594,25 @@ GP_EXPORT CUresult cuFuncGetAttribute(int32_t *value, int32_t attrib, uint64_t f
 GP_EXPORT CUresult cuFuncSetAttribute(uint64_t func, int32_t attrib, int32_t value) {
     GP_TRACE("cuFuncSetAttribute");
     struct gp_in_cuFuncSetAttribute in = { .func = func, .attrib = attrib, .value = value };
-    uint64_t generation = gp_memo_generation(GP_MEMO_functions);
-    int kept = gp_memo_get(GP_CALL_cuFuncSetAttribute, GP_MEMO_functions, 0, &in, sizeof in, NULL, 0);
-    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuFuncSetAttribute, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
-    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuFuncSetAttribute, GP_MEMO_functions, 0, gp_memo_generation(GP_MEMO_functions), &in, sizeof in, NULL, 0);
-    (void)generation;
+    uint64_t epoch = gp_memo_epoch(GP_MEMO_functions);
+    CUresult r = CUDA_SUCCESS;
+    int kept = gp_memo_get(GP_CALL_cuFuncSetAttribute, GP_MEMO_functions, 0, &in, sizeof in, NULL, 0, &r);
+    if (!kept) {
+        gp_memo_forget(GP_MEMO_functions, func, GP_HANDLE_func, attrib);
+        r = gp_call(GP_CALL_cuFuncSetAttribute, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+        gp_memo_forget(GP_MEMO_functions, func, GP_HANDLE_func, attrib);
+        epoch = gp_memo_epoch(GP_MEMO_functions);
+        gp_memo_put(GP_CALL_cuFuncSetAttribute, GP_MEMO_functions, 0, epoch, func, attrib, r, &in, sizeof in, NULL, 0);
+    }
     return r;
 }
 
 GP_EXPORT CUresult cuFuncSetCacheConfig(uint64_t func, int32_t config) {
     GP_TRACE("cuFuncSetCacheConfig");
     struct gp_in_cuFuncSetCacheConfig in = { .func = func, .config = config };
+    gp_memo_forget(GP_MEMO_functions, func, GP_HANDLE_func, -1);
     CUresult r = gp_call(GP_CALL_cuFuncSetCacheConfig, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    gp_memo_forget(GP_MEMO_functions, func, GP_HANDLE_func, -1);
     return r;
 }
 
@@ -578,10 +633,13 @@ GP_EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int32_t *num_bloc
     if (!num_blocks) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuOccupancyMaxActiveBlocksPerMultiprocessor in = { .func = func, .block_size = block_size, .dynamic_smem = dynamic_smem };
     struct gp_out_cuOccupancyMaxActiveBlocksPerMultiprocessor out;
-    uint64_t generation = gp_memo_generation(GP_MEMO_functions);
-    int kept = gp_memo_get(GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessor, GP_MEMO_functions, 0, &in, sizeof in, &out, sizeof out);
-    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessor, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
-    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessor, GP_MEMO_functions, 0, generation, &in, sizeof in, &out, sizeof out);
+    uint64_t epoch = gp_memo_epoch(GP_MEMO_functions);
+    CUresult r = CUDA_SUCCESS;
+    int kept = gp_memo_get(GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessor, GP_MEMO_functions, 0, &in, sizeof in, &out, sizeof out, &r);
+    if (!kept) {
+        r = gp_call(GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessor, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+        gp_memo_put(GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessor, GP_MEMO_functions, 0, epoch, func, -1, r, &in, sizeof in, &out, sizeof out);
+    }
     if (r == CUDA_SUCCESS) {
         *num_blocks = (int32_t)out.num_blocks;
     }
@@ -593,10 +651,13 @@ GP_EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int32_t 
     if (!num_blocks) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags in = { .func = func, .block_size = block_size, .dynamic_smem = dynamic_smem, .flags = flags };
     struct gp_out_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags out;
-    uint64_t generation = gp_memo_generation(GP_MEMO_functions);
-    int kept = gp_memo_get(GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, GP_MEMO_functions, 0, &in, sizeof in, &out, sizeof out);
-    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
-    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, GP_MEMO_functions, 0, generation, &in, sizeof in, &out, sizeof out);
+    uint64_t epoch = gp_memo_epoch(GP_MEMO_functions);
+    CUresult r = CUDA_SUCCESS;
+    int kept = gp_memo_get(GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, GP_MEMO_functions, 0, &in, sizeof in, &out, sizeof out, &r);
+    if (!kept) {
+        r = gp_call(GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+        gp_memo_put(GP_CALL_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, GP_MEMO_functions, 0, epoch, func, -1, r, &in, sizeof in, &out, sizeof out);
+    }
     if (r == CUDA_SUCCESS) {
         *num_blocks = (int32_t)out.num_blocks;
     }
@@ -622,10 +683,13 @@ GP_EXPORT CUresult cuOccupancyAvailableDynamicSMemPerBlock(uint64_t *dynamic_sme
     if (!dynamic_smem) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuOccupancyAvailableDynamicSMemPerBlock in = { .func = func, .num_blocks = num_blocks, .block_size = block_size };
     struct gp_out_cuOccupancyAvailableDynamicSMemPerBlock out;
-    uint64_t generation = gp_memo_generation(GP_MEMO_functions);
-    int kept = gp_memo_get(GP_CALL_cuOccupancyAvailableDynamicSMemPerBlock, GP_MEMO_functions, 0, &in, sizeof in, &out, sizeof out);
-    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuOccupancyAvailableDynamicSMemPerBlock, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
-    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuOccupancyAvailableDynamicSMemPerBlock, GP_MEMO_functions, 0, generation, &in, sizeof in, &out, sizeof out);
+    uint64_t epoch = gp_memo_epoch(GP_MEMO_functions);
+    CUresult r = CUDA_SUCCESS;
+    int kept = gp_memo_get(GP_CALL_cuOccupancyAvailableDynamicSMemPerBlock, GP_MEMO_functions, 0, &in, sizeof in, &out, sizeof out, &r);
+    if (!kept) {
+        r = gp_call(GP_CALL_cuOccupancyAvailableDynamicSMemPerBlock, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+        gp_memo_put(GP_CALL_cuOccupancyAvailableDynamicSMemPerBlock, GP_MEMO_functions, 0, epoch, func, -1, r, &in, sizeof in, &out, sizeof out);
+    }
     if (r == CUDA_SUCCESS) {
         *dynamic_smem = (uint64_t)out.dynamic_smem;
     }
@@ -689,10 +753,13 @@ GP_EXPORT CUresult cuStreamIsCapturing(uint64_t stream, int32_t *status) {
     if (!status) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuStreamIsCapturing in = { .stream = stream };
     struct gp_out_cuStreamIsCapturing out;
-    uint64_t generation = gp_memo_generation(GP_MEMO_capture);
-    int kept = gp_memo_get(GP_CALL_cuStreamIsCapturing, GP_MEMO_capture, 0, &in, sizeof in, &out, sizeof out);
-    CUresult r = kept ? CUDA_SUCCESS : gp_call(GP_CALL_cuStreamIsCapturing, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
-    if (!kept && r == CUDA_SUCCESS) gp_memo_put(GP_CALL_cuStreamIsCapturing, GP_MEMO_capture, 0, generation, &in, sizeof in, &out, sizeof out);
+    uint64_t epoch = gp_memo_epoch(GP_MEMO_capture);
+    CUresult r = CUDA_SUCCESS;
+    int kept = gp_memo_get(GP_CALL_cuStreamIsCapturing, GP_MEMO_capture, 0, &in, sizeof in, &out, sizeof out, &r);
+    if (!kept) {
+        r = gp_call(GP_CALL_cuStreamIsCapturing, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+        gp_memo_put(GP_CALL_cuStreamIsCapturing, GP_MEMO_capture, 0, epoch, 0, -1, r, &in, sizeof in, &out, sizeof out);
+    }
     if (r == CUDA_SUCCESS) {
         *status = (int32_t)out.status;
     }

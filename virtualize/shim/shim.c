@@ -89,7 +89,7 @@ static void profile_print(void) {
     uint32_t order[GP_N_CALLS], n = 0;
     uint64_t total_ns = 0, total_calls = 0, total_waited = 0;
     for (uint32_t i = 0; i < GP_N_CALLS; i++) {
-        if (!profile[i].calls) continue;
+        if (!profile[i].calls && !gp_memo_kept(i)) continue;
         order[n++] = i;
         total_ns += profile[i].ns;
         total_calls += profile[i].calls;
@@ -103,16 +103,18 @@ static void profile_print(void) {
         }
     fprintf(stderr,
             "gpupool: profile of pid %d: %llu forwarded calls (%llu waited for the worker), %.3f s inside them\n"
-            "gpupool: %-44s %10s %10s %11s %9s %12s %12s\n",
+            "gpupool: %-44s %10s %10s %11s %9s %12s %12s %10s\n",
             (int)getpid(), (unsigned long long)total_calls, (unsigned long long)total_waited, total_ns / 1e9,
-            "call", "calls", "waited", "total ms", "mean us", "bytes sent", "bytes recv");
+            "call", "calls", "waited", "total ms", "mean us", "bytes sent", "bytes recv", "kept");
     for (uint32_t k = 0; k < n; k++) {
         uint32_t i = order[k];
-        fprintf(stderr, "gpupool: %-44s %10llu %10llu %11.1f %9.1f %12llu %12llu\n", gp_call_names[i],
+        fprintf(stderr, "gpupool: %-44s %10llu %10llu %11.1f %9.1f %12llu %12llu %10llu\n", gp_call_names[i],
                 (unsigned long long)profile[i].calls, (unsigned long long)profile[i].waited, profile[i].ns / 1e6,
-                profile[i].ns / 1e3 / (double)profile[i].calls, (unsigned long long)profile[i].bytes_out,
-                (unsigned long long)profile[i].bytes_in);
+                profile[i].calls ? profile[i].ns / 1e3 / (double)profile[i].calls : 0.0,
+                (unsigned long long)profile[i].bytes_out, (unsigned long long)profile[i].bytes_in,
+                (unsigned long long)gp_memo_kept(i));
     }
+    gp_memo_print_outcomes();
     fflush(stderr);
 }
 
@@ -440,7 +442,11 @@ CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args
 CUresult gp_call(uint32_t call, uint32_t flags, const void *args, uint32_t args_len, const void *bulk,
                  uint64_t bulk_len, void *outs, uint32_t outs_len, void *bulk_out, uint64_t bulk_out_len) {
     CUresult r = gp_call2(call, flags, args, args_len, bulk, bulk_len, NULL, 0, outs, outs_len, bulk_out, bulk_out_len);
-    if (r && gp_trace_enabled) gp_say("call %s returned %d", call < GP_N_CALLS ? gp_call_names[call] : "?", r);
+    if (r && gp_trace_enabled) { /* with its in-arguments in hex: what the program asked that the driver refused */
+        char hex[2 * 64 + 1] = "";
+        for (uint32_t i = 0; i < args_len && i < 64; i++) snprintf(hex + 2 * i, 3, "%02x", ((const unsigned char *)args)[i]);
+        gp_say("call %s returned %d (arguments %s)", call < GP_N_CALLS ? gp_call_names[call] : "?", r, hex);
+    }
     return r;
 }
 

@@ -29,14 +29,22 @@ CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args
                   uint64_t bulk1_len, const void *bulk2, uint64_t bulk2_len, void *outs, uint32_t outs_len,
                   void *bulk_out, uint64_t bulk_out_len);
 
-/* Answers kept in the client (shim_memo.c): a group's generation, a kept answer, keeping one, and
- * what gp_call2 does around each call (the groups it changes, pausing a group during a capture). */
-uint64_t gp_memo_generation(int group);
-int gp_memo_get(uint32_t call, int group, int with_ctx, const void *in, uint32_t in_len, void *out, uint32_t out_len);
-void gp_memo_put(uint32_t call, int group, int with_ctx, uint64_t generation, const void *in, uint32_t in_len,
-                 const void *out, uint32_t out_len);
+/* Answers kept in the client (shim_memo.c): a group's epoch, a kept answer, keeping one, forgetting
+ * the answers about one function, kernel, module or library, where a handle came from, what gp_call2
+ * does around each call (the groups it changes, pausing a group during a capture), and how many
+ * answers of a call were kept (for the profile). */
+enum gp_handle_kind { GP_HANDLE_func = 1, GP_HANDLE_kernel, GP_HANDLE_module, GP_HANDLE_library };
+uint64_t gp_memo_epoch(int group);
+int gp_memo_get(uint32_t call, int group, int with_ctx, const void *in, uint32_t in_len, void *out, uint32_t out_len,
+                CUresult *result);
+void gp_memo_put(uint32_t call, int group, int with_ctx, uint64_t epoch, uint64_t subject, int32_t attrib,
+                 CUresult result, const void *in, uint32_t in_len, const void *out, uint32_t out_len);
+void gp_memo_forget(int group, uint64_t subject, int kind, int32_t attrib);
+void gp_memo_link(uint64_t child, uint64_t parent, int parent_kind);
 void gp_memo_changing(uint32_t call);
 void gp_memo_changed(uint32_t call, CUresult result);
+uint64_t gp_memo_kept(uint32_t call);
+void gp_memo_print_outcomes(void);
 void gp_memo_after_fork_in_child(void);
 
 /* The handshake's cryptography (shim_auth.c, the system's libcrypto loaded at first use). */

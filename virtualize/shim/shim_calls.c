@@ -696,7 +696,9 @@ static void forget_layouts(void) {
 CUresult cuModuleUnload(uint64_t module) {
     GP_TRACE("cuModuleUnload");
     struct gp_in_cuModuleUnload in = {.module = module};
+    gp_memo_forget(GP_MEMO_functions, module, GP_HANDLE_module, -1); /* the kept answers of its functions go */
     CUresult r = gp_call(GP_CALL_cuModuleUnload, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    gp_memo_forget(GP_MEMO_functions, module, GP_HANDLE_module, -1);
     forget_layouts();
     return r;
 }
@@ -704,7 +706,9 @@ CUresult cuModuleUnload(uint64_t module) {
 CUresult cuLibraryUnload(uint64_t library) {
     GP_TRACE("cuLibraryUnload");
     struct gp_in_cuLibraryUnload in = {.library = library};
+    gp_memo_forget(GP_MEMO_functions, library, GP_HANDLE_library, -1); /* the kept answers of its functions go */
     CUresult r = gp_call(GP_CALL_cuLibraryUnload, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    gp_memo_forget(GP_MEMO_functions, library, GP_HANDLE_library, -1);
     forget_layouts();
     return r;
 }
