@@ -228,7 +228,8 @@ class Worker:
                 return
             take = self.kernel_output.take if self.kernel_output is not None else None
             session = Session(self.lease, self.executor, channel, take)
-            log.info("client %s connected", who)
+            how = sock.version() if isinstance(sock, ssl.SSLSocket) else "unencrypted, this host"
+            log.info("client %s connected (%s)", who, how)
             header = _wire.REQUEST
             while True:
                 call_id, flags, args_len, _, bulk_len = header.unpack(channel.read_exact(header.size))

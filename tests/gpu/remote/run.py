@@ -33,6 +33,7 @@ ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 
 from server.workers import WorkerDevice, start_worker  # noqa: E402
+from virtualize import _wire  # noqa: E402
 from virtualize.remote import fresh_shim, remote_env  # noqa: E402
 
 PROGRAMS = [
@@ -85,9 +86,12 @@ def base_env(extra_pythonpath: Path) -> dict[str, str]:
     return env
 
 
+ENCRYPT: dict[str, str] = {}  # --encrypt: GPUPOOL_DATA_ENCRYPTION=always for every remote run
+
+
 def lease_env(handle, shim: Path, work: Path, env: dict[str, str]) -> dict[str, str]:
     answer = {"id": "gpu-test", "worker": handle.answer()}
-    return {**env, **remote_env(answer, cache_root=work / "cache", library=shim)}
+    return {**env, **remote_env(answer, cache_root=work / "cache", library=shim), **ENCRYPT}
 
 
 def run(cmd: list[str], env: dict[str, str], timeout: float = 600, stdin=None):
@@ -170,7 +174,11 @@ def main() -> int:
         "--partition-mib", type=int, default=4096, help="memory of the test lease (default 4096)"
     )
     parser.add_argument("--only", nargs="*", help="run only these checks (bindings core numba quota ...)")
+    parser.add_argument("--encrypt", action="store_true",
+                        help="every remote run over TLS 1.3, as across hosts, though on loopback")  # fmt: skip
     args = parser.parse_args()
+    if args.encrypt:
+        ENCRYPT.update({_wire.ENV_ENCRYPT: "always"})
     want = set(args.only or [])
 
     def selected(key: str) -> bool:
