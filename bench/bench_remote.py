@@ -1,8 +1,9 @@
 """Remote execution vs native, in one run: python bench/bench_remote.py  (GPU machine, < 4 min)
 
-Runs the same cuda.bindings program twice — natively, then with gpupool's libcuda.so.1 talking over
-loopback TCP to a lease worker (start_worker, CUDA executor) — and prints both and remote as % of
-native:
+Runs the same cuda.bindings program twice — natively, then with gpupool's libcuda.so.1 talking to a
+lease worker on the same host (start_worker, CUDA executor) over its local socket, as a client on the
+GPU server does (`--tcp`: loopback TCP, `--encrypt`: TLS 1.3, as across hosts) — and prints both and
+remote as % of native:
 
   - synchronous round trip: cuCtxSynchronize on an idle GPU (µs, median)
   - empty-kernel launches per second, pipelined (20 000 launches, then one sync)
@@ -164,6 +165,8 @@ def main() -> int:
     parser.add_argument("--max-copy-mib", type=int, default=1024, help="largest copy measured (default 1024)")
     parser.add_argument("--encrypt", action="store_true",
                         help="encrypt the data connection (TLS 1.3) as across hosts, though on loopback")  # fmt: skip
+    parser.add_argument("--tcp", action="store_true",
+                        help="loopback TCP, not the worker's local socket that a client on its host uses")  # fmt: skip
     args = parser.parse_args()
     if args.child:
         child()
@@ -201,6 +204,8 @@ def main() -> int:
         remote = {**env, **remote_env(answer, cache_root=work / "cache", library=shim)}
         if args.encrypt:
             remote["GPUPOOL_DATA_ENCRYPTION"] = "always"
+        if args.tcp:
+            remote.pop("GPUPOOL_WORKER_LOCAL", None)
         results["remote"] = run_child(remote)
     finally:
         worker.stop()

@@ -543,7 +543,9 @@ class Pool:
         }
         if owner_view:
             out["env"] = json.loads(row["env"])
-            out["worker"] = {k: worker[k] for k in ("host", "port", "secret")} if worker else None
+            # What the owner's shim needs: where, the secret, the certificate to pin, the local socket.
+            keys = ("host", "port", "secret", "tls_sha256", "local")
+            out["worker"] = {k: worker.get(k, "") for k in keys} if worker else None
         return out
 
     def _owned(self, caller: Caller, lease_id: str):

@@ -68,7 +68,14 @@ class WorkerHandle:
     """The server's view of a running worker."""
 
     def __init__(
-        self, proc: subprocess.Popen, host: str, port: int, secret: str, state_dir: Path, tls_sha256: str = ""
+        self,
+        proc: subprocess.Popen,
+        host: str,
+        port: int,
+        secret: str,
+        state_dir: Path,
+        tls_sha256: str = "",
+        local: str = "",
     ) -> None:
         self.proc = proc
         self.host = host
@@ -77,6 +84,7 @@ class WorkerHandle:
         self.tls_sha256 = (
             tls_sha256  # the worker's certificate, pinned by the client ("": none, loopback only)
         )
+        self.local = local  # its Unix socket (abstract namespace) for clients on this host ("": none)
         self.pid = proc.pid
         self.state_dir = state_dir
         self._started = time.time()
@@ -88,6 +96,7 @@ class WorkerHandle:
             "port": self.port,
             "secret": self.secret,
             "tls_sha256": self.tls_sha256,
+            "local": self.local,
         }
 
     def last_activity(self) -> float:
@@ -170,7 +179,8 @@ def start_worker(
         raise WorkerError(f"the worker of lease {lease_id} did not start: {ready.get('error', 'no answer')}")
     # A wildcard bind is reachable at this host's name; the pool server may advertise another.
     host = socket.getfqdn() if bind_host in ("", "0.0.0.0", "::") else bind_host
-    return WorkerHandle(proc, host, int(ready["port"]), secret, state_dir, str(ready.get("tls_sha256", "")))
+    return WorkerHandle(proc, host, int(ready["port"]), secret, state_dir, str(ready.get("tls_sha256", "")),
+                        str(ready.get("local", "")))  # fmt: skip
 
 
 def _read_ready_line(proc: subprocess.Popen, timeout: float) -> dict:

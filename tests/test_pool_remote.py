@@ -68,6 +68,27 @@ def test_gpuattach_run_executes_remotely_and_the_worker_goes_with_the_lease(serv
     wait_for(lambda: not workers_of(server), 10, what="the worker to stop with the lease")
 
 
+def test_a_client_on_the_gpu_server_uses_the_local_socket_and_encrypts_when_told_to(server, tmp_path):
+    """The lease answer carries what the shim needs for both: the worker's local socket and the
+    fingerprint of its certificate (as a client on another host would use it)."""
+    env = client_env(tmp_path, [server.url], server.token("local-or-tls"))
+    start = server.log.stat().st_size
+
+    def worker_log() -> str:
+        return server.log.read_bytes()[start:].decode(errors="replace")
+
+    for extra, how in (
+        ({}, "connected (local socket)"),
+        ({"GPUPOOL_DATA_ENCRYPTION": "always"}, "connected (TLSv1.3)"),
+    ):
+        out = gpuattach("run", "-n", "1", "-m", "64", "--", sys.executable, CLIENT, "copies",
+                        env={**env, **extra}, timeout=60)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert "htod_dtoh True" in out.stdout
+        wait_for(lambda how=how: how in worker_log(), 10, what=how)
+    assert "unencrypted, this host" not in worker_log()
+
+
 def test_lease_answer_carries_the_worker_and_release_stops_it(server):
     tok = server.token("remote-api")
     status, lease = api(server.url, "POST", "/v1/leases", tok, {"n": 1, "mem_mib": 64, "remote": True})
@@ -87,13 +108,18 @@ def test_a_client_with_a_valid_token_cannot_join_another_clients_lease(server, t
     _, other = api(server.url, "POST", "/v1/leases", theirs, {"n": 1, "mem_mib": 64, "remote": True})
     status, seen = api(server.url, "GET", f"/v1/leases/{lease['id']}", theirs)
     assert status in (403, 404) and "secret" not in str(seen)  # the API does not hand it out
-    # The other client points its own lease's answer at this lease's worker: refused at the handshake.
-    forged = {"id": other["id"], "worker": {**other["worker"], "port": lease["worker"]["port"]}}
-    env = {**client_env(tmp_path, [server.url], theirs), **remote_env(forged, cache_root=tmp_path / "cache")}
-    out = subprocess.run([sys.executable, CLIENT, "no_lease"], env=env, capture_output=True, text=True,
-                         timeout=60, cwd=ROOT)  # fmt: skip
-    assert out.stdout.split() == ["init", "800", "count", "800"], out.stdout + out.stderr
-    assert "do not share the lease's secret" in out.stderr
+    # The other client points its own lease's answer at this lease's worker, by its TCP port or by its
+    # local socket (whose name any process on the host can read in /proc/net/unix): refused at the handshake.
+    for way in ({"port": lease["worker"]["port"], "local": ""}, {"local": lease["worker"]["local"]}):
+        forged = {"id": other["id"], "worker": {**other["worker"], **way}}
+        env = {
+            **client_env(tmp_path, [server.url], theirs),
+            **remote_env(forged, cache_root=tmp_path / "cache"),
+        }
+        out = subprocess.run([sys.executable, CLIENT, "no_lease"], env=env, capture_output=True, text=True,
+                             timeout=60, cwd=ROOT)  # fmt: skip
+        assert out.stdout.split() == ["init", "800", "count", "800"], out.stdout + out.stderr
+        assert "do not share the lease's secret" in out.stderr
     for tok, held in ((mine, lease), (theirs, other)):
         api(server.url, "DELETE", f"/v1/leases/{held['id']}", tok)
     wait_for(lambda: not workers_of(server), 10, what="the workers to stop")

@@ -106,7 +106,7 @@ def test_a_client_without_the_secret_is_refused(worker):
 def test_the_secret_never_crosses_the_wire_and_a_recorded_handshake_cannot_be_replayed(shim_dir, worker):
     proxy = TcpProxy(worker.host, worker.port)
     try:
-        env = client_env(shim_dir, worker, GPUPOOL_WORKER=f"127.0.0.1:{proxy.port}")
+        env = client_env(shim_dir, worker, **through(proxy))
         out, _ = run_client("copies", env)
         assert out  # the program ran through the proxy
     finally:
@@ -126,13 +126,17 @@ def test_the_secret_never_crosses_the_wire_and_a_recorded_handshake_cannot_be_re
 KNOWN_PLAINTEXT = bytes(range(256))  # what the `copies` scenario copies with cuMemcpy, among random data
 
 
+def through(proxy: TcpProxy) -> dict[str, str]:
+    """The client's environment for reaching the worker through `proxy`, which stands for the network
+    between two hosts: so no local socket either."""
+    return {"GPUPOOL_WORKER": f"127.0.0.1:{proxy.port}", "GPUPOOL_WORKER_LOCAL": ""}
+
+
 def recorded_run(shim_dir, worker, scenario: str, **env) -> tuple[dict[str, str], str, bytes]:
     """Run a scenario through a recording proxy; its output, stderr and every byte the proxy saw."""
     proxy = TcpProxy(worker.host, worker.port)
     try:
-        out, err = run_client(
-            scenario, client_env(shim_dir, worker, GPUPOOL_WORKER=f"127.0.0.1:{proxy.port}", **env)
-        )
+        out, err = run_client(scenario, client_env(shim_dir, worker, **through(proxy), **env))
     finally:
         proxy.close()
     return out, err, bytes(proxy.to_target) + bytes(proxy.to_client)
@@ -188,7 +192,9 @@ def test_the_shim_refuses_a_worker_that_cannot_prove_the_secret(shim_dir, worker
 
     thread = threading.Thread(target=answer, daemon=True)
     thread.start()
-    env = client_env(shim_dir, worker, GPUPOOL_WORKER=f"127.0.0.1:{impostor.getsockname()[1]}")
+    env = client_env(
+        shim_dir, worker, GPUPOOL_WORKER=f"127.0.0.1:{impostor.getsockname()[1]}", GPUPOOL_WORKER_LOCAL=""
+    )
     out, err = run_client("no_lease", env)
     thread.join(10)
     impostor.close()

@@ -109,7 +109,7 @@ def remote_env(
     """Environment variables that make a child process's CUDA calls run on the lease's worker.
 
     `lease_answer` is the pool server's answer for a lease created with remote=true; its "worker"
-    holds host, port, secret and the fingerprint of the worker's certificate. `library` overrides the installed shim (e.g. from `compile_shim`).
+    holds host, port, secret, the fingerprint of the worker's certificate and its local socket's name. `library` overrides the installed shim (e.g. from `compile_shim`).
     """
     worker = lease_answer.get("worker")
     if not worker:
@@ -128,6 +128,8 @@ def remote_env(
     }
     if worker.get("tls_sha256"):
         env[_wire.ENV_TLS] = str(worker["tls_sha256"])
+    if worker.get("local"):
+        env[_wire.ENV_LOCAL] = str(worker["local"])
     lease_id = lease_answer.get("id") or lease_answer.get("lease_id")
     if lease_id:
         env[_wire.ENV_LEASE] = str(lease_id)

@@ -19,6 +19,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import secrets
 import select
 import signal
@@ -205,8 +206,13 @@ class Worker:
         self._last_touch = 0.0
         self.in_calls: set[int] = set()  # connections executing a call now (a long sync is use, not idleness)
 
-    def serve(self, listener: socket.socket) -> None:
+    def serve(self, listener: socket.socket, local: socket.socket | None = None) -> None:
         threading.Thread(target=self._touch_while_busy, daemon=True).start()
+        if local is not None:
+            threading.Thread(target=self._accept, args=(local,), daemon=True).start()
+        self._accept(listener)
+
+    def _accept(self, listener: socket.socket) -> None:
         while True:
             sock, peer = listener.accept()
             threading.Thread(target=self._connection, args=(sock, peer), daemon=True).start()
@@ -214,12 +220,16 @@ class Worker:
     def _connection(self, sock: socket.socket, peer) -> None:
         from virtualize._executor_guard import Session
 
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        who = f"{peer[0]}:{peer[1]}"
+        if sock.family == socket.AF_UNIX:  # a process on this host: name it by its pid and user
+            pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            who = f"pid {pid} (uid {uid}, this host)"
+        else:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            who = f"{peer[0]}:{peer[1]}"
         session = None
         profiler = _start_profile()
         try:
-            secured = self._secure(sock, peer[0], who)
+            secured = sock if sock.family == socket.AF_UNIX else self._secure(sock, peer[0], who)
             if secured is None:
                 return
             sock = secured
@@ -228,7 +238,13 @@ class Worker:
                 return
             take = self.kernel_output.take if self.kernel_output is not None else None
             session = Session(self.lease, self.executor, channel, take)
-            how = sock.version() if isinstance(sock, ssl.SSLSocket) else "unencrypted, this host"
+            how = (
+                sock.version()
+                if isinstance(sock, ssl.SSLSocket)
+                else "local socket"
+                if sock.family == socket.AF_UNIX
+                else "unencrypted, this host"
+            )
             log.info("client %s connected (%s)", who, how)
             header = _wire.REQUEST
             while True:
@@ -344,7 +360,7 @@ def _write_profile(profiler, who: str) -> None:
     import pstats
 
     profiler.disable()
-    path = Path(os.environ[PROFILE_ENV]) / f"worker-{os.getpid()}-{who.replace(':', '-')}.txt"
+    path = Path(os.environ[PROFILE_ENV]) / f"worker-{os.getpid()}-{re.sub(r'[^0-9A-Za-z.]+', '-', who)}.txt"
     with contextlib.suppress(OSError), path.open("w") as out:
         pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(45)
         log.info("profile of client %s written to %s", who, path)
@@ -368,6 +384,21 @@ def _watch_parent(parent: int) -> None:
             log.warning("the pool server (pid %d) is gone; worker exits", parent)
             os._exit(3)
         time.sleep(1.0)
+
+
+def _local_listener(lease: str) -> tuple[socket.socket | None, str]:
+    """A Unix socket in the abstract namespace for clients on this host: it skips the TCP stack (about
+    twice the bulk rate of loopback TCP) and, never leaving the kernel, needs no encryption. Clients
+    still prove the lease secret on it. (None, "") where there is none (not Linux)."""
+    name = f"gpupool-worker-{lease}-{secrets.token_hex(8)}"
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind("\0" + name)
+        sock.listen(64)
+    except OSError as exc:
+        log.info("no local socket (%s): clients on this host use TCP", exc)
+        return None, ""
+    return sock, name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -409,14 +440,17 @@ def main(argv: list[str] | None = None) -> int:
         tls, fingerprint = None, ""
     listener = socket.create_server((args.bind, 0), backlog=64)
     host, port = listener.getsockname()[:2]
+    local, local_name = _local_listener(args.lease)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if args.parent:
         threading.Thread(target=_watch_parent, args=(args.parent,), daemon=True).start()
     log.info("listening on %s:%d, %d device(s), %s executor", host, port, len(devices), executor.name)
-    ready(host=host, port=port, pid=os.getpid(), tls_sha256=fingerprint)
+    ready(host=host, port=port, pid=os.getpid(), tls_sha256=fingerprint, local=local_name)
     output = KernelOutput()  # after the ready line, the last thing this process says on stdout
     try:
-        Worker(args.lease, devices, executor, Path(args.state_dir), secret, tls, output).serve(listener)
+        Worker(args.lease, devices, executor, Path(args.state_dir), secret, tls, output).serve(
+            listener, local
+        )
     finally:
         executor.close()
     return 0
