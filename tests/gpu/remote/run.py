@@ -1,11 +1,13 @@
 """Remote execution on a real GPU, in one command: python tests/gpu/remote/run.py
 
-For each program here (raw cuda.bindings, cuda.core, numba-cuda) it runs the program natively, then
-remotely — gpupool's libcuda.so.1 first on LD_LIBRARY_PATH, talking to a lease worker started with
-start_worker on 127.0.0.1 with the real CUDA executor — and diffs the two outputs. Then, remotely:
-the quota refusal, the isolation check (a guessed address and another lease's live address), a
-worker killed mid-run, a two-GPU lease where the host has two GPUs, and, when gpupool-server and
-gpuattach are installed, the bindings program through a real pool server. Every step says what it
+For each program here (raw cuda.bindings, cuda.core, numba-cuda, kernel printf, the CUDA runtime,
+CuPy, PyTorch) it runs the program natively, then remotely — gpupool's libcuda.so.1 first on
+LD_LIBRARY_PATH, talking to a lease worker started with start_worker with the real CUDA executor —
+and diffs the two outputs. Then, remotely: the quota refusal, PyTorch's OOM at the partition, the
+ResNet-50 and GPT-2-style trainings (losses step by step, throughput), the isolation check (a
+guessed address and another lease's live address), a worker killed mid-run, a two-GPU lease where
+the host has two GPUs, and, when gpupool-server and gpuattach are installed, the same programs and
+trainings as a user runs them: a real pool server and `gpuattach run -n 1 -p 0.5`. Every step says what it
 does; the summary lists PASS/FAIL/SKIP; the exit status is 1 if anything failed. Results also go
 to $OUT/remote_gpu_results.json when $OUT is set.
 
@@ -131,9 +133,14 @@ def show(label: str, rc: int, out: str, err: str, seconds: float) -> None:
             print(f"[{label} stderr]   {line}")
 
 
+# Native runs, kept for the same programs' runs through a real pool server (via_pool_server).
+NATIVE: dict[str, tuple[int, str, str, float]] = {}
+NATIVE_TRAINING: dict[str, tuple[int, list[float], dict]] = {}
+
+
 def native_vs_remote(name: str, cmd: list[str], native_env, remote_env_, shim: Path) -> None:
     step(f"{name}: native run")
-    n = run(cmd, native_env)
+    n = NATIVE[name] = run(cmd, native_env)
     show("native", *n)
     if n[0] != 0 and "ModuleNotFoundError" in n[2]:
         missing = [line for line in n[2].splitlines() if "ModuleNotFoundError" in line][-1]
@@ -317,7 +324,9 @@ def main() -> int:
         worker.stop()
 
     if selected("pool"):
-        via_pool_server(work, env, shim, devices[0][1])
+        # Through the product's own path: every program selected above, and the trainings.
+        chosen = [p for p in PROGRAMS if p == "prog_bindings.py" or selected(p.removeprefix("prog_")[:-3])]
+        via_pool_server(work, env, native_one, shim, chosen, models)
 
     step("summary")
     for r in results:
@@ -328,16 +337,27 @@ def main() -> int:
     return 1 if any(r["status"] == "FAIL" for r in results) else 0
 
 
-def training(model: str, native_env: dict[str, str], remote_env_: dict[str, str]) -> None:
-    """A real training run natively and remotely: losses step by step, throughput remote / native."""
-    step(f"training {model}: native, then remote (bench/train_models.py)")
+def training(
+    model: str, native_env: dict[str, str], remote_env_: dict[str, str], via: list[str] = ()
+) -> None:
+    """A real training run natively and remotely: losses step by step, throughput remote / native.
+    `via`: the command that runs the remote one (gpuattach run ... --), else the lease's environment does."""
+    name = f"training {model}" + (" through gpuattach" if via else "")
+    step(f"{name}: native, then remote (bench/train_models.py)")
     script = str(ROOT / "bench" / "train_models.py")
     runs = {}
     for label, env in (("native", native_env), ("remote", remote_env_)):
-        rc, out, err, seconds = run([sys.executable, script, model], env, timeout=900)
+        if label == "native" and model in NATIVE_TRAINING:
+            runs[label] = NATIVE_TRAINING[model]
+            print(f"[native] as measured above: {runs[label][2]}")
+            continue
+        rc, out, err, seconds = run([*via, sys.executable, script, model] if label == "remote" else
+                                    [sys.executable, script, model], env, timeout=900)  # fmt: skip
         losses = [float(line.split()[3]) for line in out.splitlines() if line.startswith("step ")]
         summary = next((json.loads(line) for line in out.splitlines() if line.startswith("{")), {})
         runs[label] = (rc, losses, summary)
+        if label == "native":
+            NATIVE_TRAINING[model] = runs[label]
         print(f"[{label}] exit {rc} in {seconds:.1f} s: {summary}")
         if rc != 0:
             print("\n".join(f"[{label} stderr]   {line}" for line in err.splitlines()[-25:]))
@@ -351,7 +371,7 @@ def training(model: str, native_env: dict[str, str], remote_env_: dict[str, str]
     detail = (f"{n_sum.get('throughput')} vs {r_sum.get('throughput')} {n_sum.get('unit', '')}: remote "
               f"{100 * ratio:.1f} % of native; worst step loss difference {100 * worst:.3f} %")  # fmt: skip
     ok = n_rc == 0 and r_rc == 0 and len(n_loss) == len(r_loss) > 0 and worst <= 0.02
-    record(f"training {model}", "PASS" if ok else "FAIL", detail)
+    record(name, "PASS" if ok else "FAIL", detail)
 
 
 HOLDER = """
@@ -367,7 +387,10 @@ input()
 """
 
 
-def via_pool_server(work: Path, env: dict[str, str], shim: Path, first_gpu: str) -> None:
+def via_pool_server(work: Path, env: dict[str, str], native_env: dict[str, str], shim: Path, programs: list[str],
+                    models: list[str]) -> None:  # fmt: skip
+    """gpupool-server on this GPU and `gpuattach run -n 1 -p F -- python PROGRAM`, as a user runs it:
+    each program's output against its native run, the trainings' losses and throughput."""
     bindir = Path(sys.executable).parent
     server, client = (
         shutil.which(n) or shutil.which(n, path=str(bindir)) for n in ("gpupool-server", "gpuattach")
@@ -375,7 +398,7 @@ def via_pool_server(work: Path, env: dict[str, str], shim: Path, first_gpu: str)
     if not server or not client:
         record("through gpupool-server + gpuattach", "SKIP", "gpupool-server / gpuattach not installed")
         return
-    step("through a real pool server: gpupool-server on 127.0.0.1 + gpuattach run -n 1 -p 0.25")
+    step("through a real pool server: gpupool-server on 127.0.0.1 + gpuattach run -n 1 -p F")
     state = work / "state"
     state.mkdir(parents=True, exist_ok=True)
     made = subprocess.run([server, "token", "create", "tester", "--state-dir", str(state)],
@@ -395,23 +418,29 @@ def via_pool_server(work: Path, env: dict[str, str], shim: Path, first_gpu: str)
             except OSError:
                 time.sleep(0.5)
         if proc.poll() is not None:
-            record(
-                "through gpupool-server + gpuattach", "FAIL", f"gpupool-server exited with {proc.returncode}"
-            )
+            record("gpupool-server", "FAIL", f"gpupool-server exited with {proc.returncode}")
             return
-        cmd = [client, "run", "--server", f"http://127.0.0.1:{port}", "--token", token, "-n", "1", "-p", "0.25",
-               "--", sys.executable, "prog_bindings.py"]  # fmt: skip
-        native = run([sys.executable, "prog_bindings.py"], {**env, "CUDA_VISIBLE_DEVICES": first_gpu})
-        pooled = run(cmd, env)  # gpuattach uses the shim the installation built
-        show("gpuattach", *pooled)
-        ok = (
-            native[0] == 0
-            and pooled[0] == 0
-            and native[1] == pooled[1]
-            and "_libcuda_shim" in libcuda_line(pooled[2])
-        )
-        record("through gpupool-server + gpuattach", "PASS" if ok else "FAIL",
-               f"exit {pooled[0]}, libcuda {libcuda_line(pooled[2])}")  # fmt: skip
+
+        def attach(fraction: str) -> list[str]:
+            return [client, "run", "--server", f"http://127.0.0.1:{port}", "--token", token, "-n", "1",
+                    "-p", fraction, "--"]  # fmt: skip
+
+        for program in programs:
+            key = program.removeprefix("prog_").removesuffix(".py")
+            step(f"{key} through gpuattach run -n 1 -p 0.5")
+            native = NATIVE.get(key) or run([sys.executable, program], native_env)
+            pooled = run([*attach("0.5"), sys.executable, program], env)  # the shim the installation built
+            show("gpuattach", *pooled)
+            problems = [f"native exit {native[0]}"] if native[0] else []
+            problems += [f"exit {pooled[0]}"] if pooled[0] else []
+            problems += ["outputs differ"] if native[1] != pooled[1] else []
+            problems += (
+                [] if "_libcuda_shim" in libcuda_line(pooled[2]) else [f"loaded {libcuda_line(pooled[2])}"]
+            )
+            record(f"{key} through gpupool-server + gpuattach", "FAIL" if problems else "PASS",
+                   "; ".join(problems) or f"same output as native, {pooled[3]:.1f} s")  # fmt: skip
+        for model in models:
+            training(model, native_env, env, via=attach("0.5"))
     finally:
         proc.terminate()
         try:
