@@ -461,6 +461,29 @@ def scenario_memo_kernels():
     )
 
 
+def scenario_link():
+    """The driver's linker: inputs from memory and from a file, the linked image loaded as a module."""
+    setup()
+    state, cubin, size = c_u64(), ctypes.c_void_p(), ctypes.c_size_t()
+    check(cu.cuLinkCreate(0, None, None, ctypes.byref(state)), "link create")
+    ptx = b"// part a\n.visible .entry from_memory(\n.param .u64 p\n)\n"
+    check(
+        cu.cuLinkAddData(state, 1, ptx, c_u64(len(ptx)), b"a.ptx", 0, None, None), "add data"
+    )  # CU_JIT_INPUT_PTX
+    check(cu.cuLinkAddFile(state, 1, os.environ["LINK_FILE"].encode(), 0, None, None), "add file")
+    check(cu.cuLinkComplete(state, ctypes.byref(cubin), ctypes.byref(size)), "complete")
+    image = ctypes.string_at(cubin.value, size.value)
+    say("image_holds_both", b"from_memory" in image and b"from_file" in image)
+    module, fn = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(image)), "load the linked image")
+    say("function_from_file", cu.cuModuleGetFunction(ctypes.byref(fn), module, b"from_file"))
+    say("destroy", cu.cuLinkDestroy(state))
+    say("after_destroy", cu.cuLinkAddData(state, 1, ptx, c_u64(len(ptx)), b"a.ptx", 0, None, None))
+    check(cu.cuLinkCreate(0, None, None, ctypes.byref(state)), "link create again")
+    say("missing_file", cu.cuLinkAddFile(state, 1, b"/nonexistent/x.ptx", 0, None, None))
+    say("nothing_to_link", cu.cuLinkComplete(state, ctypes.byref(cubin), ctypes.byref(size)))
+
+
 def scenario_printf():
     """Kernel output reaches this process's stdout at the synchronise, in order with its own prints."""
     setup()

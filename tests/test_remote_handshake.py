@@ -23,7 +23,7 @@ from remote_helpers import client_env, needs_cc, run_client
 from tcp_proxy import TcpProxy
 
 from virtualize import _wire
-from virtualize._calls import CALL_IDS, CALLS, INTERNAL
+from virtualize._calls import CALL_IDS, CALLS, INTERNAL, WIRE_VERSION
 from virtualize._results import CUresult
 
 shim_dir = remote_helpers.shim_dir  # fixtures
@@ -57,7 +57,7 @@ def frame(call, args: bytes = b"", bulk: bytes = b"", flags: int = _wire.FLAG_WA
 def hello(sock: socket.socket) -> tuple[bytes, bytes, bytes]:
     """Send a hello; return our nonce, the worker's nonce and its proof."""
     nonce_c = secrets.token_bytes(_wire.NONCE_BYTES)
-    sock.sendall(frame(HELLO, HELLO.in_struct.pack(_wire.PROTOCOL_VERSION), nonce_c))
+    sock.sendall(frame(HELLO, HELLO.in_struct.pack(WIRE_VERSION), nonce_c))
     result, _, answer = reply(sock)
     assert result == 0
     return nonce_c, answer[: _wire.NONCE_BYTES], answer[_wire.NONCE_BYTES :]

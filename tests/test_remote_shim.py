@@ -285,6 +285,20 @@ def test_a_setter_or_an_unload_forgets_only_the_answers_about_its_own_kernel(shi
     assert calls["cuFuncGetAttribute"] == 8
 
 
+def test_the_drivers_linker_runs_on_the_worker_and_its_image_comes_back(shim_dir, worker, tmp_path):
+    part = tmp_path / "b.ptx"
+    part.write_text("// part b\n.visible .entry from_file(\n.param .u64 p\n)\n")
+    out, _ = run_client("link", client_env(shim_dir, worker, LINK_FILE=str(part)))
+    assert out == {
+        "image_holds_both": "True",
+        "function_from_file": "0",  # the file's kernel is in the module loaded from the linked image
+        "destroy": "0",
+        "after_destroy": "400",  # CUDA_ERROR_INVALID_HANDLE: the state is gone
+        "missing_file": "301",  # CUDA_ERROR_FILE_NOT_FOUND
+        "nothing_to_link": "1",  # CUDA_ERROR_INVALID_VALUE
+    }
+
+
 def test_with_kept_answers_off_every_question_goes_to_the_worker(shim_dir, worker):
     env = client_env(shim_dir, worker, GPUPOOL_SHIM_PROFILE="1", GPUPOOL_SHIM_MEMO="0")
     out, err = run_client("memo", env)

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import enum
 import struct
+import zlib
 from dataclasses import dataclass
 from functools import cached_property
 
-HANDLE_TYPES = ("ctx", "stream", "event", "module", "func", "kernel", "library", "pool", "graph", "graphexec")
+HANDLE_TYPES = (
+    "ctx", "stream", "event", "module", "func", "kernel", "library", "pool", "graph", "graphexec", "link"
+)  # fmt: skip
 SCALAR_TYPES = {"i32": "i", "u32": "I", "u64": "Q", "u8": "B", "u16": "H", "f32": "f", "dptr": "Q"}
 SCALAR_TYPES.update(dict.fromkeys(HANDLE_TYPES, "Q"))
 SUBJECT_TYPES = ("func", "kernel", "module", "library")  # what kept answers are about (shim_memo.c)
@@ -299,6 +302,17 @@ CALLS: tuple[Call, ...] = (
     _c("cuModuleGetFunction", 2000, "o_func func, module module, cstr name", links=True),
     _c("cuModuleGetGlobal", 3020, "o_dptr? dptr, o_u64? bytes, module module, cstr name",
        symbol="cuModuleGetGlobal_v2", custom=True),
+    # -- the driver's linker: it runs on the worker; the linked image comes back to the client -------
+    # (JIT options, such as log buffers, are not forwarded, as for cuModuleLoadDataEx)
+    _c("cuLinkCreate", 6050, "u32 n, ptr options, ptr values, o_link state", custom=True, symbol="cuLinkCreate_v2",
+       wire="o_link state"),
+    _c("cuLinkAddData", 6050, "link state, i32 type, ptr data, u64 size, cstr name, u32 n, ptr options, ptr values",
+       custom=True, symbol="cuLinkAddData_v2", wire="link state, i32 type, bytes data"),
+    _c("cuLinkAddFile", 6050, "link state, i32 type, cstr path, u32 n, ptr options, ptr values", L, custom=True,
+       symbol="cuLinkAddFile_v2"),  # read here, sent as cuLinkAddData
+    _c("cuLinkComplete", 5050, "link state, ptr cubin_out, ptr size_out", custom=True, wire="link state, o_u64 size"),
+    _c("gpLinkImage", 0, "link state, u64 size, o_buf:size image", symbol="-"),  # the image cuLinkComplete made
+    _c("cuLinkDestroy", 5050, "link state", custom=True),
     _c("cuLibraryLoadData", 12000,
        "o_library library, ptr code, ptr jit_opts, ptr jit_vals, u32 n_jit, ptr lib_opts, ptr lib_vals, u32 n_lib",
        custom=True, wire="o_library library, bytes image"),
@@ -398,6 +412,13 @@ ALIASES: tuple[tuple[str, int, str], ...] = (
 )
 
 CALL_IDS: dict[Call, int] = {call: index for index, call in enumerate(CALLS)}
+# What the shim and the worker say in their hello: the protocol's generation and a digest of this
+# table (call ids are positions in it), so a shim and a worker built from different tables refuse
+# each other instead of running one call as another.
+PROTOCOL_GENERATION = 2
+WIRE_VERSION = (PROTOCOL_GENERATION << 24) | (
+    zlib.crc32(repr([(c.name, c.mode.value, c.wire_params) for c in CALLS]).encode()) & 0xFFFFFF
+)
 BY_SYMBOL: dict[str, Call] = {call.symbol: call for call in CALLS if call.symbol != "-"}
 INTERNAL: dict[str, Call] = {call.name: call for call in CALLS if call.symbol == "-"}
 

@@ -107,6 +107,7 @@ class CudaExecutor(Executor):
         self.launchables: dict[int, _Launchable] = {}
         self.streams: dict[int, driver.CUstream] = {}
         self.local = threading.local()  # per connection thread: scratch and staging buffers
+        self.linked: dict[int, bytes] = {}  # link state -> the image cuLinkComplete made
 
     @staticmethod
     def _find(device, position: int) -> int:
@@ -462,6 +463,31 @@ class CudaExecutor(Executor):
     def cuLibraryLoadData(self, image):
         buf = self._image(image)
         return _int(_ok(driver.cuLibraryLoadData(ctypes.addressof(buf), None, None, 0, None, None, 0)))
+
+    # The driver's linker: inputs are copied by the driver; the linked image belongs to the link state
+    # until cuLinkDestroy, so a copy is kept here for gpLinkImage.
+    def cuLinkCreate(self):
+        return _int(_ok(driver.cuLinkCreate(0, [], [])))
+
+    def cuLinkAddData(self, state, kind, data):
+        buf = self._image(data)
+        _ok(driver.cuLinkAddData(driver.CUlinkState(state), _enum(driver.CUjitInputType, kind),
+                                 ctypes.addressof(buf), len(data), b"input", 0, [], []))  # fmt: skip
+
+    def cuLinkComplete(self, state):
+        cubin, size = _ok(driver.cuLinkComplete(driver.CUlinkState(state)))
+        self.linked[state] = ctypes.string_at(int(cubin), size)
+        return size
+
+    def gpLinkImage(self, state, size):
+        image = self.linked.get(state)
+        if image is None or size != len(image):
+            raise CudaError(INVALID_VALUE, "no linked image of that size")
+        return image
+
+    def cuLinkDestroy(self, state):
+        self.linked.pop(state, None)
+        _ok(driver.cuLinkDestroy(driver.CUlinkState(state)))
 
     def cuModuleUnload(self, module):
         _ok(driver.cuModuleUnload(driver.CUmodule(module)))

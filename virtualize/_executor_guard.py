@@ -115,6 +115,7 @@ class Session:
         self.special: dict[str, Callable] = {
             "gpSetContext": self._set_context,
             "gpParamLayout": self._param_layout,
+            "gpLinkImage": self._link_image,
             "cuDevicePrimaryCtxRetain": self._primary_ctx_retain,
             "cuDeviceTotalMem_v2": self._total_mem,
             "cuMemGetInfo_v2": self._mem_get_info,
@@ -459,6 +460,10 @@ class Session:
         flat = [x for pair in layout for x in pair]
         return struct.pack("<I", len(layout)), struct.pack(f"<{len(flat)}I", *flat)
 
+    def _link_image(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        return b"", self.executor.gpLinkImage(*ins)  # the bytes as they are (not a NUL-padded string)
+
     def _check_launch(self, func: int, stream: int) -> None:
         handles = self.lease.handles
         if func not in handles["func"] and func not in handles["kernel"]:
@@ -512,4 +517,5 @@ _DESTROYS = {
     "cuLibraryUnload": "library",
     "cuGraphDestroy": "graph",
     "cuGraphExecDestroy": "graphexec",
+    "cuLinkDestroy": "link",
 }

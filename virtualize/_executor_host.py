@@ -103,6 +103,8 @@ class HostExecutor(Executor):
         self.pools = {0xB0000 + d: d for d in range(self.n)}
         self.functions: dict[int, str] = {}
         self.kernel_of: dict[int, int] = {}  # a kernel's function in a context -> the kernel
+        self.links: dict[int, list[bytes]] = {}  # link state -> its inputs
+        self.linked: dict[int, bytes] = {}  # link state -> the image cuLinkComplete made
         self.function_attributes: dict[
             tuple[int, int], int
         ] = {}  # (function or kernel, attribute) -> set value
@@ -379,6 +381,33 @@ class HostExecutor(Executor):
         return self._load(image)
 
     cuModuleLoadDataEx = cuModuleLoadFatBinary = cuLibraryLoadData = cuModuleLoadData
+
+    # The linker: an image is its inputs one after the other (the module loader reads PTX declarations).
+    def cuLinkCreate(self):
+        handle = next(self.ids)
+        self.links[handle] = []
+        return handle
+
+    def cuLinkAddData(self, state, kind, data):
+        if not data:
+            raise CudaError(INVALID_VALUE, "empty link input")
+        self.links[state].append(bytes(data).rstrip(b"\0") + b"\n")
+
+    def cuLinkComplete(self, state):
+        if not self.links[state]:
+            raise CudaError(INVALID_VALUE, "nothing to link")
+        self.linked[state] = b"".join(self.links[state]) + b"\0"
+        return len(self.linked[state])
+
+    def gpLinkImage(self, state, size):
+        image = self.linked.get(state)
+        if image is None or size != len(image):
+            raise CudaError(INVALID_VALUE, "no linked image of that size")
+        return image
+
+    def cuLinkDestroy(self, state):
+        self.links.pop(state, None)
+        self.linked.pop(state, None)
 
     def cuModuleGetLoadingMode(self):
         return 2  # CU_MODULE_LAZY_LOADING, the driver's default since CUDA 12.2

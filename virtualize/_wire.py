@@ -9,7 +9,7 @@ replies travel in order on one TCP connection, so replies need no ids. Integers 
 The handshake proves, both ways, that each end holds the lease's secret without sending it (HMAC-SHA256
 over fresh nonces, so a recorded handshake cannot be replayed):
 
-    client -> gpHello {version} + nonce_c (32 random bytes)
+    client -> gpHello {version: _calls.WIRE_VERSION, the table's digest} + nonce_c (32 random bytes)
     worker -> reply: nonce_w (32 random bytes) + HMAC(secret, WORKER_LABEL + nonce_c + nonce_w)
     client checks the worker's proof (else it is not the lease's worker), then
     client -> gpProve + HMAC(secret, CLIENT_LABEL + nonce_w + nonce_c)
@@ -24,7 +24,6 @@ import hashlib
 import hmac
 import struct
 
-PROTOCOL_VERSION = 2
 NONCE_BYTES = 32
 PROOF_BYTES = 32  # HMAC-SHA256
 WORKER_LABEL = b"gpupool worker proof 2\n"

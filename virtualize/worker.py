@@ -33,7 +33,7 @@ from pathlib import Path
 
 from server.workers import ACTIVITY_FILE, EXECUTOR_ENV, SECRET_ENV, WORKER_MODULE, WorkerDevice
 from virtualize import _data_tls, _wire
-from virtualize._calls import CALL_IDS, INTERNAL
+from virtualize._calls import CALL_IDS, INTERNAL, WIRE_VERSION
 from virtualize._results import CUresult
 
 log = logging.getLogger("gpupool.worker")
@@ -298,9 +298,12 @@ class Worker:
         except ValueError:
             log.warning("client %s did not start with a hello; closing", who)
             return False
-        if version != _wire.PROTOCOL_VERSION:
+        if version != WIRE_VERSION:
             log.warning(
-                "client %s speaks protocol %d, this worker %d; refused", who, version, _wire.PROTOCOL_VERSION
+                "client %s speaks protocol %#x, this worker %#x (another gpupool version); refused",
+                who,
+                version,
+                WIRE_VERSION,
             )
             channel.send(_wire.REPLY.pack(CUresult.NOT_SUPPORTED, 0, 0))
             return False

@@ -1254,13 +1254,8 @@ GP_EXPORT CUresult cuLibraryGetManaged(void) { return gp_unforwarded("cuLibraryG
 GP_EXPORT CUresult cuLibraryGetUnifiedFunction(void) { return gp_unforwarded("cuLibraryGetUnifiedFunction"); }
 GP_EXPORT CUresult cuLibraryLoadFromFile(void) { return gp_unforwarded("cuLibraryLoadFromFile"); }
 GP_EXPORT CUresult cuLinkAddData(void) { return gp_unforwarded("cuLinkAddData"); }
-GP_EXPORT CUresult cuLinkAddData_v2(void) { return gp_unforwarded("cuLinkAddData_v2"); }
 GP_EXPORT CUresult cuLinkAddFile(void) { return gp_unforwarded("cuLinkAddFile"); }
-GP_EXPORT CUresult cuLinkAddFile_v2(void) { return gp_unforwarded("cuLinkAddFile_v2"); }
-GP_EXPORT CUresult cuLinkComplete(void) { return gp_unforwarded("cuLinkComplete"); }
 GP_EXPORT CUresult cuLinkCreate(void) { return gp_unforwarded("cuLinkCreate"); }
-GP_EXPORT CUresult cuLinkCreate_v2(void) { return gp_unforwarded("cuLinkCreate_v2"); }
-GP_EXPORT CUresult cuLinkDestroy(void) { return gp_unforwarded("cuLinkDestroy"); }
 GP_EXPORT CUresult cuLogsCurrent(void) { return gp_unforwarded("cuLogsCurrent"); }
 GP_EXPORT CUresult cuLogsDumpToFile(void) { return gp_unforwarded("cuLogsDumpToFile"); }
 GP_EXPORT CUresult cuLogsDumpToMemory(void) { return gp_unforwarded("cuLogsDumpToMemory"); }
@@ -1597,6 +1592,11 @@ static const struct gp_proc gp_procs[] = {
     {"cuLibraryGetModule", 12000, (void *)cuLibraryGetModule},
     {"cuLibraryLoadData", 12000, (void *)cuLibraryLoadData},
     {"cuLibraryUnload", 12000, (void *)cuLibraryUnload},
+    {"cuLinkAddData", 6050, (void *)cuLinkAddData_v2},
+    {"cuLinkAddFile", 6050, (void *)cuLinkAddFile_v2},
+    {"cuLinkComplete", 5050, (void *)cuLinkComplete},
+    {"cuLinkCreate", 6050, (void *)cuLinkCreate_v2},
+    {"cuLinkDestroy", 5050, (void *)cuLinkDestroy},
     {"cuLogsRegisterCallback", 12080, (void *)cuLogsRegisterCallback},
     {"cuLogsUnregisterCallback", 12080, (void *)cuLogsUnregisterCallback},
     {"cuMemAlloc", 3020, (void *)cuMemAlloc_v2},

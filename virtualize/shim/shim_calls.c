@@ -883,35 +883,128 @@ CUresult cuGraphGetNodes(uint64_t graph, void *nodes, void *count) {
     return CUDA_SUCCESS;
 }
 
-/* ---- module files: read in the client, sent as an image ------------------------------------------ */
+/* ---- module and link input files: read in the client, sent as an image ---------------------------- */
 
-CUresult cuModuleLoad(uint64_t *module, const char *fname) {
-    GP_TRACE("cuModuleLoad");
-    if (!module || !fname) return CUDA_ERROR_INVALID_VALUE;
-    FILE *f = fopen(fname, "rb");
-    if (!f) return CUDA_ERROR_FILE_NOT_FOUND;
-    char *image = NULL;
+/* The whole file, NUL-terminated (PTX is text: its size is its length); NULL if it cannot be read. */
+static char *read_whole(const char *path, size_t *length) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *data = NULL;
     size_t len = 0, cap = 0;
     for (;;) {
         if (len + 65536 + 1 > cap) {
             cap = (len + 65536 + 1) * 2;
-            char *grown = realloc(image, cap);
+            char *grown = realloc(data, cap);
             if (!grown) break;
-            image = grown;
+            data = grown;
         }
-        size_t got = fread(image + len, 1, cap - len - 1, f);
+        size_t got = fread(data + len, 1, cap - len - 1, f);
         len += got;
         if (got == 0) break;
     }
-    int failed = ferror(f) || !image;
+    int failed = ferror(f) || !data;
     fclose(f);
     if (failed) {
-        free(image);
-        return CUDA_ERROR_FILE_NOT_FOUND;
+        free(data);
+        return NULL;
     }
-    image[len] = 0; /* PTX is text: its size is its length */
+    data[len] = 0;
+    *length = len;
+    return data;
+}
+
+CUresult cuModuleLoad(uint64_t *module, const char *fname) {
+    GP_TRACE("cuModuleLoad");
+    if (!module || !fname) return CUDA_ERROR_INVALID_VALUE;
+    size_t len;
+    char *image = read_whole(fname, &len);
+    if (!image) return CUDA_ERROR_FILE_NOT_FOUND;
     CUresult r = load_image(GP_CALL_cuModuleLoadData, module, image);
     free(image);
+    return r;
+}
+
+/* ---- the driver's linker: it runs on the worker; the image it makes is copied here --------------- */
+
+/* Each link state's image, owned here until cuLinkDestroy (as the driver owns it natively). */
+struct linked { uint64_t state; void *image; };
+static struct linked *linked;
+static size_t n_linked;
+static pthread_mutex_t linked_lock = PTHREAD_MUTEX_INITIALIZER;
+
+CUresult cuLinkCreate_v2(uint32_t n, void *options, void *values, uint64_t *state) {
+    GP_TRACE("cuLinkCreate_v2");
+    (void)n, (void)options, (void)values; /* JIT options (log buffers, levels) are not forwarded */
+    if (!state) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_out_cuLinkCreate_v2 out;
+    CUresult r = gp_call(GP_CALL_cuLinkCreate_v2, WANT, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) *state = out.state;
+    return r;
+}
+
+CUresult cuLinkAddData_v2(uint64_t state, int32_t type, void *data, uint64_t size, const char *name, uint32_t n,
+                          void *options, void *values) {
+    GP_TRACE("cuLinkAddData_v2");
+    (void)name, (void)n, (void)options, (void)values;
+    if (!data || !size) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuLinkAddData_v2 in = {.state = state, .type = type};
+    return gp_call(GP_CALL_cuLinkAddData_v2, WANT, &in, sizeof in, data, size, NULL, 0, NULL, 0);
+}
+
+CUresult cuLinkAddFile_v2(uint64_t state, int32_t type, const char *path, uint32_t n, void *options, void *values) {
+    GP_TRACE("cuLinkAddFile_v2");
+    if (!path) return CUDA_ERROR_INVALID_VALUE;
+    size_t len;
+    char *data = read_whole(path, &len);
+    if (!data) return CUDA_ERROR_FILE_NOT_FOUND;
+    CUresult r = cuLinkAddData_v2(state, type, data, len + 1, path, n, options, values); /* with its NUL */
+    free(data);
+    return r;
+}
+
+CUresult cuLinkComplete(uint64_t state, void *cubin_out_, void *size_out_) {
+    GP_TRACE("cuLinkComplete");
+    void **cubin_out = cubin_out_;
+    size_t *size_out = size_out_;
+    if (!cubin_out || !size_out) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuLinkComplete in = {.state = state};
+    struct gp_out_cuLinkComplete out;
+    CUresult r = gp_call(GP_CALL_cuLinkComplete, WANT, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r != CUDA_SUCCESS) return r;
+    void *image = malloc(out.size ? out.size : 1);
+    if (!image) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct gp_in_gpLinkImage ask = {.state = state, .size = out.size};
+    r = gp_call(GP_CALL_gpLinkImage, WANT, &ask, sizeof ask, NULL, 0, NULL, 0, image, out.size);
+    pthread_mutex_lock(&linked_lock);
+    struct linked *grown = r == CUDA_SUCCESS ? realloc(linked, (n_linked + 1) * sizeof *linked) : NULL;
+    if (grown) {
+        linked = grown;
+        linked[n_linked++] = (struct linked){state, image};
+    }
+    pthread_mutex_unlock(&linked_lock);
+    if (!grown) {
+        free(image);
+        return r != CUDA_SUCCESS ? r : CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *cubin_out = image;
+    *size_out = (size_t)out.size;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLinkDestroy(uint64_t state) {
+    GP_TRACE("cuLinkDestroy");
+    struct gp_in_cuLinkDestroy in = {.state = state};
+    CUresult r = gp_call(GP_CALL_cuLinkDestroy, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    pthread_mutex_lock(&linked_lock);
+    for (size_t i = 0; i < n_linked;) {
+        if (linked[i].state == state) {
+            free(linked[i].image);
+            linked[i] = linked[--n_linked];
+        } else {
+            i++;
+        }
+    }
+    pthread_mutex_unlock(&linked_lock);
     return r;
 }
 

@@ -43,6 +43,7 @@ PROGRAMS = [
     "prog_core.py",
     "prog_numba.py",
     "prog_printf.py",  # kernel output at the synchronise, in order with the program's own prints
+    "prog_link.py",  # the driver's linker: relocatable PTX from NVRTC, linked on the worker
     # Through the CUDA runtime (libcudart and the copies of it inside cuBLAS, cuDNN ...).
     "prog_runtime.py",
     "prog_cupy.py",
