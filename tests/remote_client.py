@@ -484,6 +484,33 @@ def scenario_link():
     say("nothing_to_link", cu.cuLinkComplete(state, ctypes.byref(cubin), ctypes.byref(size)))
 
 
+def scenario_contexts():
+    """A context the program creates: current at once, its memory counted, gone with it on destroy."""
+    primary = setup()
+    created, current, free, total = c_u64(), c_u64(), c_u64(), c_u64()
+
+    def free_mib():
+        check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "mem info")
+        return free.value // MiB
+
+    before = free_mib()
+    check(cu.cuCtxCreate(ctypes.byref(created), None, 0, 0), "create")  # v4: params, flags, device
+    check(cu.cuCtxGetCurrent(ctypes.byref(current)), "current")
+    say("created_is_current", current.value == created.value != primary.value)
+    rc, _ = alloc(20 * MiB)
+    say("alloc_in_created", rc)
+    say("free_drops_by", before - free_mib())
+    say("destroy", cu.cuCtxDestroy(created))
+    check(cu.cuCtxGetCurrent(ctypes.byref(current)), "current after")
+    say("current_after_destroy", "primary" if current.value == primary.value else hex(current.value))
+    say("free_back", free_mib() == before)
+    say("destroy_again", cu.cuCtxDestroy(created))
+    say("destroy_primary", cu.cuCtxDestroy(primary))
+    say("primary_still_works", alloc(MiB)[0])
+    check(cu.cuCtxCreate(ctypes.byref(created), None, 0, 0), "create, left for the exit")
+    say("left_alloc", alloc(20 * MiB)[0])
+
+
 def scenario_printf():
     """Kernel output reaches this process's stdout at the synchronise, in order with its own prints."""
     setup()

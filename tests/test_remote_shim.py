@@ -299,6 +299,23 @@ def test_the_drivers_linker_runs_on_the_worker_and_its_image_comes_back(shim_dir
     }
 
 
+def test_a_context_the_program_creates_lives_on_the_worker_and_takes_its_memory_with_it(shim_dir, worker):
+    for _ in range(3):  # each run leaves a context with 20 MiB of a 64 MiB partition: gone at its exit
+        out, _ = run_client("contexts", client_env(shim_dir, worker))
+        assert out == {
+            "created_is_current": "True",
+            "alloc_in_created": "0",
+            "free_drops_by": "20",
+            "destroy": "0",
+            "current_after_destroy": "primary",  # the primary was under it on the stack
+            "free_back": "True",
+            "destroy_again": "201",  # CUDA_ERROR_INVALID_CONTEXT
+            "destroy_primary": "201",  # not a context the program created
+            "primary_still_works": "0",
+            "left_alloc": "0",
+        }
+
+
 def test_with_kept_answers_off_every_question_goes_to_the_worker(shim_dir, worker):
     env = client_env(shim_dir, worker, GPUPOOL_SHIM_PROFILE="1", GPUPOOL_SHIM_MEMO="0")
     out, err = run_client("memo", env)

@@ -219,6 +219,13 @@ CALLS: tuple[Call, ...] = (
        invalidates=PRIMARY),
     _c("cuDevicePrimaryCtxReset", 7000, "i32 dev", invalidates=RESET),
     _c("cuDevicePrimaryCtxReset", 11000, "i32 dev", symbol="cuDevicePrimaryCtxReset_v2", invalidates=RESET),
+    # Contexts a program creates live on the worker; the context stack stays in the client.
+    _c("cuCtxCreate", 3020, "o_ctx ctx, u32 flags, i32 dev", custom=True, symbol="cuCtxCreate_v2"),
+    _c("cuCtxCreate", 11040, "o_ctx ctx, ptr affinity, i32 n, u32 flags, i32 dev", L, custom=True,
+       symbol="cuCtxCreate_v3"),  # sent as v2 (execution affinity is not forwarded)
+    _c("cuCtxCreate", 12050, "o_ctx ctx, ptr params, u32 flags, i32 dev", L, custom=True,
+       symbol="cuCtxCreate_v4"),  # sent as v2 (execution affinity and CIG are not forwarded)
+    _c("cuCtxDestroy", 4000, "ctx ctx", custom=True, symbol="cuCtxDestroy_v2"),
     _c("cuCtxGetCurrent", 4000, "o_ctx ctx", L, custom=True),
     _c("cuCtxSetCurrent", 4000, "ctx ctx", L, custom=True),
     _c("cuCtxPushCurrent", 4000, "ctx ctx", L, symbol="cuCtxPushCurrent_v2", custom=True),

@@ -343,6 +343,19 @@ class CudaExecutor(Executor):
     def cuDevicePrimaryCtxRetain(self, dev):
         return _int(_ok(driver.cuDevicePrimaryCtxRetain(self._d(dev))))
 
+    def cuCtxCreate(self, flags, dev):
+        try:  # cuda-bindings 13: cuCtxCreate(params, flags, dev); 12: cuCtxCreate(flags, dev)
+            ctx = _ok(driver.cuCtxCreate(None, flags, self._d(dev)))
+        except TypeError:
+            ctx = _ok(driver.cuCtxCreate(flags, self._d(dev)))
+        _ok(driver.cuCtxPopCurrent())  # it was pushed on this thread; the client's stack says what is current
+        return _int(ctx)
+
+    def cuCtxDestroy(self, ctx):
+        _ok(driver.cuCtxDestroy(driver.CUcontext(ctx)))
+        if getattr(self._local(), "ctx", 0) == ctx:
+            self._local().ctx = 0
+
     def cuDevicePrimaryCtxRelease(self, dev):
         _ok(driver.cuDevicePrimaryCtxRelease(self._d(dev)))
 

@@ -45,6 +45,7 @@ class Allocation:
     size: int
     device: int
     owned: bool  # False: a module global (not freed by the client, not counted against the quota)
+    ctx: int = 0  # the context it was made in (a destroyed context takes its memory with it)
 
 
 @dataclass
@@ -58,6 +59,7 @@ class LeaseState:
     handles: dict[str, set[int]] = field(default_factory=lambda: {t: set() for t in HANDLE_TYPES})
     children: dict[int, set[int]] = field(default_factory=dict)  # module/library -> functions/kernels
     ctx_device: dict[int, int] = field(default_factory=dict)
+    primary_ctx: dict[int, int] = field(default_factory=dict)  # device -> its primary context
     layouts: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -112,6 +114,7 @@ class Session:
         self.pending = 0
         self.calls = 0
         self.owned: set[int] = set()  # allocations made on this connection, freed when it closes
+        self.created_contexts: set[int] = set()  # cuCtxCreate's on this connection, destroyed when it closes
         self.special: dict[str, Callable] = {
             "gpSetContext": self._set_context,
             "gpParamLayout": self._param_layout,
@@ -122,6 +125,8 @@ class Session:
             "cuCtxSynchronize_v2": self._ctx_synchronize_v2,
             "cuStreamGetCtx_v2": self._stream_get_ctx_v2,
             "cuMemAlloc_v2": self._alloc,
+            "cuCtxCreate_v2": self._ctx_create,
+            "cuCtxDestroy_v2": self._ctx_destroy,
             "cuMemAllocAsync": self._alloc,
             "cuMemAllocFromPoolAsync": self._alloc,
             "cuMemFree_v2": self._free,
@@ -208,7 +213,13 @@ class Session:
 
     def close(self) -> None:
         """The client is gone: free what it left allocated, as process exit does on a local GPU."""
-        contexts = {dev: ctx for ctx, dev in self.lease.ctx_device.items()}
+        for ctx in list(self.created_contexts):  # their memory goes with them
+            try:
+                self.executor.set_context(0)
+                self._destroy_context(ctx)
+            except CudaError as exc:
+                log.warning("could not destroy context 0x%x after the client left: %s", ctx, exc)
+        contexts = self.lease.primary_ctx
         left = [a for a in map(self.lease.allocations.get, self.owned) if a is not None]
         for a in left:
             try:
@@ -319,6 +330,7 @@ class Session:
         ctx = self.executor.cuDevicePrimaryCtxRetain(dev)
         self.lease.handles["ctx"].add(ctx)
         self.lease.ctx_device[ctx] = dev
+        self.lease.primary_ctx[dev] = ctx
         return struct.pack("<Q", ctx), b""
 
     def _total_mem(self, call: Call, ins: tuple):
@@ -362,9 +374,37 @@ class Session:
         finally:
             with self.lease.lock:
                 self.lease.used[dev] -= size
-        self.lease.add(Allocation(ptr, size, dev, owned=True))
+        self.lease.add(Allocation(ptr, size, dev, owned=True, ctx=self.ctx))
         self.owned.add(ptr)
         return struct.pack("<Q", ptr), b""
+
+    def _ctx_create(self, call: Call, ins: tuple):
+        flags, dev = ins
+        if not 0 <= dev < len(self.lease.limits):
+            raise CudaError(CUresult.INVALID_DEVICE, "device ordinal")
+        ctx = self.executor.cuCtxCreate(flags, dev)
+        self.lease.handles["ctx"].add(ctx)
+        self.lease.ctx_device[ctx] = dev
+        self.created_contexts.add(ctx)
+        return struct.pack("<Q", ctx), b""
+
+    def _ctx_destroy(self, call: Call, ins: tuple):
+        (ctx,) = ins
+        if ctx not in self.created_contexts:  # a primary context, another process's, or none
+            raise CudaError(INVALID_CONTEXT, "not a context this process created")
+        self._destroy_context(ctx)
+
+    def _destroy_context(self, ctx: int) -> None:
+        """As the driver does: the context's memory goes with it, and comes back to the quota."""
+        self.executor.cuCtxDestroy(ctx)
+        self.created_contexts.discard(ctx)
+        self.lease.handles["ctx"].discard(ctx)
+        self.lease.ctx_device.pop(ctx, None)
+        for base in [b for b in self.owned if getattr(self.lease.allocations.get(b), "ctx", None) == ctx]:
+            self.lease.remove(base)
+            self.owned.discard(base)
+        if self.ctx == ctx:
+            self.ctx = 0
 
     def _free(self, call: Call, ins: tuple):
         self._check(call, ins)

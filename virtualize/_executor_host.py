@@ -276,6 +276,15 @@ class HostExecutor(Executor):
         self.primary_retains[dev] = self.primary_retains.get(dev, 0) + 1
         return 0xC0000 + dev
 
+    def cuCtxCreate(self, flags, dev):
+        ctx = next(self.ids)
+        self.contexts[ctx] = dev
+        return ctx
+
+    def cuCtxDestroy(self, ctx):
+        if self.contexts.pop(ctx, None) is None:
+            raise CudaError(CUresult.INVALID_CONTEXT, "context")
+
     def cuDevicePrimaryCtxRelease(self, dev):
         self.primary_retains[dev] = max(0, self.primary_retains.get(dev, 0) - 1)
 

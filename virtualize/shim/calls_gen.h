@@ -1047,11 +1047,7 @@ GP_EXPORT CUresult cuCoredumpSetAttribute(void) { return gp_unforwarded("cuCored
 GP_EXPORT CUresult cuCoredumpSetAttributeGlobal(void) { return gp_unforwarded("cuCoredumpSetAttributeGlobal"); }
 GP_EXPORT CUresult cuCtxAttach(void) { return gp_unforwarded("cuCtxAttach"); }
 GP_EXPORT CUresult cuCtxCreate(void) { return gp_unforwarded("cuCtxCreate"); }
-GP_EXPORT CUresult cuCtxCreate_v2(void) { return gp_unforwarded("cuCtxCreate_v2"); }
-GP_EXPORT CUresult cuCtxCreate_v3(void) { return gp_unforwarded("cuCtxCreate_v3"); }
-GP_EXPORT CUresult cuCtxCreate_v4(void) { return gp_unforwarded("cuCtxCreate_v4"); }
 GP_EXPORT CUresult cuCtxDestroy(void) { return gp_unforwarded("cuCtxDestroy"); }
-GP_EXPORT CUresult cuCtxDestroy_v2(void) { return gp_unforwarded("cuCtxDestroy_v2"); }
 GP_EXPORT CUresult cuCtxDetach(void) { return gp_unforwarded("cuCtxDetach"); }
 GP_EXPORT CUresult cuCtxDisablePeerAccess(void) { return gp_unforwarded("cuCtxDisablePeerAccess"); }
 GP_EXPORT CUresult cuCtxEnablePeerAccess(void) { return gp_unforwarded("cuCtxEnablePeerAccess"); }
@@ -1518,6 +1514,10 @@ GP_EXPORT CUresult cudbgReportDriverInternalError(void) { return gp_unforwarded(
 
 /* What cuGetProcAddress hands out: (name, ABI version) -> function, sorted by name then version. */
 static const struct gp_proc gp_procs[] = {
+    {"cuCtxCreate", 3020, (void *)cuCtxCreate_v2},
+    {"cuCtxCreate", 11040, (void *)cuCtxCreate_v3},
+    {"cuCtxCreate", 12050, (void *)cuCtxCreate_v4},
+    {"cuCtxDestroy", 4000, (void *)cuCtxDestroy_v2},
     {"cuCtxGetApiVersion", 3020, (void *)cuCtxGetApiVersion},
     {"cuCtxGetCurrent", 4000, (void *)cuCtxGetCurrent},
     {"cuCtxGetDevice", 2000, (void *)cuCtxGetDevice},

@@ -549,6 +549,19 @@ void gp_ctx_note_device(uint64_t ctx, int device) {
     pthread_mutex_unlock(&table_lock);
 }
 
+/* A destroyed context: no longer known, and off the calling thread's stack (other threads' use of it
+ * fails at the worker, as natively). */
+void gp_ctx_forget(uint64_t ctx) {
+    pthread_mutex_lock(&table_lock);
+    for (int i = 0; i < n_ctx_devices; i++)
+        if (ctx_devices[i].ctx == ctx) ctx_devices[i] = ctx_devices[--n_ctx_devices];
+    pthread_mutex_unlock(&table_lock);
+    int w = 0;
+    for (int i = 0; i < ctx_depth; i++)
+        if (ctx_stack[i] != ctx) ctx_stack[w++] = ctx_stack[i];
+    ctx_depth = w;
+}
+
 int gp_ctx_device(uint64_t ctx, int *device) {
     int found = 0;
     pthread_mutex_lock(&table_lock);

@@ -67,6 +67,7 @@ int gp_ctx_push(uint64_t ctx);
 uint64_t gp_ctx_pop(int *ok);
 void gp_ctx_note_device(uint64_t ctx, int device);
 int gp_ctx_device(uint64_t ctx, int *device);
+void gp_ctx_forget(uint64_t ctx);
 
 /* The lease's device ranges known to this process: allocations (owned) and module globals. */
 int gp_dev_add(uint64_t base, uint64_t size, int owned); /* 0, or -1 when the range is host memory here */

@@ -150,6 +150,49 @@ CUresult cuDevicePrimaryCtxRetain(uint64_t *ctx, int32_t dev) {
     return r;
 }
 
+/* A context the program creates lives on the worker and becomes current here, as natively. */
+CUresult cuCtxCreate_v2(uint64_t *ctx, uint32_t flags, int32_t dev) {
+    GP_TRACE("cuCtxCreate_v2");
+    if (!ctx) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuCtxCreate_v2 in = {.flags = flags, .dev = dev};
+    struct gp_out_cuCtxCreate_v2 out;
+    CUresult r = CALL(cuCtxCreate_v2, WANT, in, out);
+    if (r != CUDA_SUCCESS) return r;
+    gp_ctx_note_device(out.ctx, dev);
+    if (gp_ctx_push(out.ctx) != 0) return CUDA_ERROR_INVALID_VALUE;
+    *ctx = out.ctx;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxCreate_v3(uint64_t *ctx, void *affinity, int32_t n, uint32_t flags, int32_t dev) {
+    GP_TRACE("cuCtxCreate_v3");
+    if (affinity && n > 0) return CUDA_ERROR_NOT_SUPPORTED; /* execution affinity (SM partitions) */
+    return cuCtxCreate_v2(ctx, flags, dev);
+}
+
+CUresult cuCtxCreate_v4(uint64_t *ctx, void *params, uint32_t flags, int32_t dev) {
+    GP_TRACE("cuCtxCreate_v4");
+    if (params) { /* CUctxCreateParams { CUexecAffinityParam *, int n, CUctxCigParam * } */
+        const unsigned char *p = params;
+        void *affinity, *cig;
+        int32_t n;
+        memcpy(&affinity, p, sizeof affinity);
+        memcpy(&n, p + 8, sizeof n);
+        memcpy(&cig, p + 16, sizeof cig);
+        if ((affinity && n > 0) || cig) return CUDA_ERROR_NOT_SUPPORTED; /* affinity, CUDA-in-graphics */
+    }
+    return cuCtxCreate_v2(ctx, flags, dev);
+}
+
+CUresult cuCtxDestroy_v2(uint64_t ctx) {
+    GP_TRACE("cuCtxDestroy_v2");
+    if (!ctx) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuCtxDestroy_v2 in = {.ctx = ctx};
+    CUresult r = gp_call(GP_CALL_cuCtxDestroy_v2, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    if (r == CUDA_SUCCESS) gp_ctx_forget(ctx);
+    return r;
+}
+
 CUresult cuCtxGetCurrent(uint64_t *ctx) {
     GP_TRACE("cuCtxGetCurrent");
     if (!ctx) return CUDA_ERROR_INVALID_VALUE;

@@ -45,6 +45,7 @@ PROGRAMS = [
     "prog_numba_small.py",  # one-element results and small host arrays copied back
     "prog_printf.py",  # kernel output at the synchronise, in order with the program's own prints
     "prog_processes.py",  # several processes of one lease share its memory, each freed at exit
+    "prog_contexts.py",  # cuCtxCreate / cuCtxDestroy
     "prog_link.py",  # the driver's linker: relocatable PTX from NVRTC, linked on the worker
     # Through the CUDA runtime (libcudart and the copies of it inside cuBLAS, cuDNN ...).
     "prog_runtime.py",
