@@ -564,10 +564,16 @@ def scenario_ipc_export():
     check(cu.cuMemcpyHtoD(c_u64(ptr), bytes(range(256)) * 16, c_u64(4096)), "fill")
     handle = ctypes.create_string_buffer(64)
     check(cu.cuIpcGetMemHandle(handle, c_u64(ptr)), "get handle")
+    event, event_handle = c_u64(), ctypes.create_string_buffer(64)
+    check(cu.cuEventCreate(ctypes.byref(event), 6), "event")  # DISABLE_TIMING | INTERPROCESS
+    check(cu.cuEventRecord(event, c_u64(0)), "record")
+    check(cu.cuIpcGetEventHandle(event_handle, event), "get event handle")
     say("handle", handle.raw.hex())
+    say("event_handle", event_handle.raw.hex())
     sys.stdin.readline()
     rc, data = dtoh(ptr, 4096)
     say("after_import", data[:4].hex())
+    say("event_after_import", cu.cuEventQuery(event))  # the importer's destroy closed only its own
 
 
 def scenario_ipc_import():
@@ -583,13 +589,23 @@ def scenario_ipc_import():
     opened.argtypes = [ctypes.POINTER(c_u64), Handle, ctypes.c_uint]
     rc = opened(ctypes.byref(ptr), Handle.from_buffer_copy(handle), 1)  # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
     say("open", rc)
-    if rc:
-        return
-    rc, data = dtoh(ptr.value, 4096)
-    say("sees_export", data == bytes(range(256)) * 16)
-    check(cu.cuMemcpyHtoD(ptr, b"\xab" * 4096, c_u64(4096)), "overwrite")
-    say("close", cu.cuIpcCloseMemHandle(ptr))
-    say("closed_twice", cu.cuIpcCloseMemHandle(ptr))
+    if rc == 0:
+        rc, data = dtoh(ptr.value, 4096)
+        say("sees_export", data == bytes(range(256)) * 16)
+        check(cu.cuMemcpyHtoD(ptr, b"\xab" * 4096, c_u64(4096)), "overwrite")
+        say("close", cu.cuIpcCloseMemHandle(ptr))
+        say("closed_twice", cu.cuIpcCloseMemHandle(ptr))
+    if "IPC_EVENT_HANDLE" in os.environ:
+        event = c_u64()
+        open_event = cu.cuIpcOpenEventHandle
+        open_event.argtypes = [ctypes.POINTER(c_u64), Handle]
+        rc = open_event(
+            ctypes.byref(event), Handle.from_buffer_copy(bytes.fromhex(os.environ["IPC_EVENT_HANDLE"]))
+        )
+        say("event_open", rc)
+        if rc == 0:
+            say("event_wait", cu.cuStreamWaitEvent(c_u64(0), event, 0))
+            say("event_destroy", cu.cuEventDestroy(event))
 
 
 def scenario_unknown():

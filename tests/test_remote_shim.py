@@ -347,26 +347,35 @@ def test_a_launch_the_driver_refuses_fails_from_the_launch_call_itself(shim_dir,
     }
 
 
-def test_processes_of_one_lease_share_memory_through_ipc_handles_and_other_leases_cannot(shim_dir, worker):
+def test_processes_of_one_lease_share_memory_and_events_through_ipc_handles_and_other_leases_cannot(
+    shim_dir, worker
+):
     exporter = subprocess.Popen([sys.executable, str(CLIENT), "ipc_export"], env=client_env(shim_dir, worker),
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         handle = exporter.stdout.readline().split()[1]
-        out, _ = run_client("ipc_import", client_env(shim_dir, worker, IPC_HANDLE=handle))
-        assert out == {"open": "0", "sees_export": "True", "close": "0", "closed_twice": "1"}
+        event_handle = exporter.stdout.readline().split()[1]
+        env = client_env(shim_dir, worker, IPC_HANDLE=handle, IPC_EVENT_HANDLE=event_handle)
+        out, _ = run_client("ipc_import", env)
+        assert out == {
+            "open": "0", "sees_export": "True", "close": "0", "closed_twice": "1",
+            "event_open": "0", "event_wait": "0", "event_destroy": "0",
+        }  # fmt: skip
         # Another lease (its own worker) gets nothing from this lease's handle.
         other = start_worker("other-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1", env={},
                              executor="host")  # fmt: skip
         try:
-            out, _ = run_client("ipc_import", client_env(shim_dir, other, IPC_HANDLE=handle))
-            assert out == {"open": "1"}  # CUDA_ERROR_INVALID_VALUE
+            env = client_env(shim_dir, other, IPC_HANDLE=handle, IPC_EVENT_HANDLE=event_handle)
+            out, _ = run_client("ipc_import", env)
+            assert out == {"open": "1", "event_open": "400"}  # CUDA_ERROR_INVALID_VALUE, _INVALID_HANDLE
         finally:
             other.stop()
-        garbage = client_env(shim_dir, worker, IPC_HANDLE="00" * 64)
-        assert run_client("ipc_import", garbage)[0] == {"open": "1"}
+        garbage = client_env(shim_dir, worker, IPC_HANDLE="00" * 64, IPC_EVENT_HANDLE="00" * 64)
+        assert run_client("ipc_import", garbage)[0] == {"open": "1", "event_open": "1"}
         exporter.stdin.write("\n")
         exporter.stdin.flush()
         assert exporter.stdout.readline().split() == ["after_import", "abababab"]  # the importer's write
+        assert exporter.stdout.readline().split() == ["event_after_import", "0"]  # still the exporter's
     finally:
         exporter.kill()
         exporter.wait(10)

@@ -264,6 +264,9 @@ CALLS: tuple[Call, ...] = (
     _c("cuIpcOpenMemHandle", 11000, "o_dptr pdptr, ipc handle, u32 flags", L, symbol="cuIpcOpenMemHandle_v2",
        custom=True),
     _c("cuIpcCloseMemHandle", 4010, "dptr dptr", L, custom=True),
+    # An event's handle names the worker's event itself; the importer's cuEventDestroy closes only its own.
+    _c("cuIpcGetEventHandle", 4010, "ptr handle, event event", L, custom=True),
+    _c("cuIpcOpenEventHandle", 4010, "o_event event, ipc handle", L, custom=True),
     _c("cuMemHostRegister", 6050, "ptr p, u64 bytesize, u32 flags", L, symbol="cuMemHostRegister_v2", custom=True),
     _c("cuMemHostUnregister", 4000, "ptr p", L, custom=True),
     _c("cuMemHostGetFlags", 2030, "o_u32 flags, ptr p", L, custom=True),
@@ -396,7 +399,7 @@ CALLS: tuple[Call, ...] = (
     _c("cuEventRecordWithFlags", 11010, "event event, stream stream, u32 flags", A),
     _c("cuEventQuery", 2000, "event event", sync=True),
     _c("cuEventSynchronize", 2000, "event event", sync=True),
-    _c("cuEventDestroy", 4000, "event event", A, symbol="cuEventDestroy_v2"),
+    _c("cuEventDestroy", 4000, "event event", A, symbol="cuEventDestroy_v2", custom=True),  # IPC-opened: local
     _c("cuEventElapsedTime", 2000, "o_f32 ms, event start, event end"),
     _c("cuEventElapsedTime", 12080, "o_f32 ms, event start, event end", symbol="cuEventElapsedTime_v2"),
     # -- driver log callbacks: the driver's messages stay on the worker; a callback is kept, never called

@@ -937,13 +937,6 @@ GP_EXPORT CUresult cuEventSynchronize(uint64_t event) {
     return r;
 }
 
-GP_EXPORT CUresult cuEventDestroy_v2(uint64_t event) {
-    GP_TRACE("cuEventDestroy_v2");
-    struct gp_in_cuEventDestroy_v2 in = { .event = event };
-    CUresult r = gp_call(GP_CALL_cuEventDestroy_v2, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
-    return r;
-}
-
 GP_EXPORT CUresult cuEventElapsedTime(float *ms, uint64_t start, uint64_t end) {
     GP_TRACE("cuEventElapsedTime");
     if (!ms) return CUDA_ERROR_INVALID_VALUE;
@@ -1231,8 +1224,6 @@ GP_EXPORT CUresult cuGreenCtxStreamCreate(void) { return gp_unforwarded("cuGreen
 GP_EXPORT CUresult cuGreenCtxWaitEvent(void) { return gp_unforwarded("cuGreenCtxWaitEvent"); }
 GP_EXPORT CUresult cuImportExternalMemory(void) { return gp_unforwarded("cuImportExternalMemory"); }
 GP_EXPORT CUresult cuImportExternalSemaphore(void) { return gp_unforwarded("cuImportExternalSemaphore"); }
-GP_EXPORT CUresult cuIpcGetEventHandle(void) { return gp_unforwarded("cuIpcGetEventHandle"); }
-GP_EXPORT CUresult cuIpcOpenEventHandle(void) { return gp_unforwarded("cuIpcOpenEventHandle"); }
 GP_EXPORT CUresult cuKernelGetLibrary(void) { return gp_unforwarded("cuKernelGetLibrary"); }
 GP_EXPORT CUresult cuKernelGetName(void) { return gp_unforwarded("cuKernelGetName"); }
 GP_EXPORT CUresult cuKernelSetCacheConfig(void) { return gp_unforwarded("cuKernelSetCacheConfig"); }
@@ -1578,7 +1569,9 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphUpload", 11010, (void *)cuGraphUpload},
     {"cuInit", 2000, (void *)cuInit},
     {"cuIpcCloseMemHandle", 4010, (void *)cuIpcCloseMemHandle},
+    {"cuIpcGetEventHandle", 4010, (void *)cuIpcGetEventHandle},
     {"cuIpcGetMemHandle", 4010, (void *)cuIpcGetMemHandle},
+    {"cuIpcOpenEventHandle", 4010, (void *)cuIpcOpenEventHandle},
     {"cuIpcOpenMemHandle", 4010, (void *)cuIpcOpenMemHandle},
     {"cuIpcOpenMemHandle", 11000, (void *)cuIpcOpenMemHandle_v2},
     {"cuKernelGetAttribute", 12000, (void *)cuKernelGetAttribute},

@@ -403,6 +403,64 @@ CUresult cuIpcCloseMemHandle(uint64_t dptr) {
     return CUDA_SUCCESS;
 }
 
+/* Events: the importing process gets the exporter's own event (both talk to the lease's worker), so
+ * its cuEventDestroy must close only its opening of it. Opened events, with how often, are kept here. */
+static const char ipc_event_magic[16] = "gpupool ipcev 1";
+static struct { uint64_t event; int opens; } ipc_events[256];
+static int n_ipc_events;
+static pthread_mutex_t ipc_event_lock = PTHREAD_MUTEX_INITIALIZER;
+
+CUresult cuIpcGetEventHandle(void *handle, uint64_t event) {
+    GP_TRACE("cuIpcGetEventHandle");
+    if (!handle || !event) return CUDA_ERROR_INVALID_VALUE;
+    unsigned char h[64] = {0};
+    memcpy(h, ipc_event_magic, sizeof ipc_event_magic);
+    memcpy(h + 16, &event, 8);
+    memcpy(handle, h, sizeof h);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuIpcOpenEventHandle(uint64_t *event, struct gp_ipc_handle handle) {
+    GP_TRACE("cuIpcOpenEventHandle");
+    if (!event || memcmp(handle.reserved, ipc_event_magic, sizeof ipc_event_magic) != 0) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t e;
+    memcpy(&e, handle.reserved + 16, 8);
+    /* The worker answers for this lease's events only: another lease's is CUDA_ERROR_INVALID_HANDLE. */
+    CUresult r = cuEventQuery(e);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) return r;
+    pthread_mutex_lock(&ipc_event_lock);
+    int i;
+    for (i = 0; i < n_ipc_events && ipc_events[i].event != e; i++) {
+    }
+    if (i == n_ipc_events && n_ipc_events < (int)(sizeof ipc_events / sizeof ipc_events[0])) {
+        ipc_events[n_ipc_events].event = e;
+        ipc_events[n_ipc_events++].opens = 0;
+    }
+    int kept = i < n_ipc_events;
+    if (kept) ipc_events[i].opens++;
+    pthread_mutex_unlock(&ipc_event_lock);
+    if (!kept) return CUDA_ERROR_OUT_OF_MEMORY;
+    *event = e;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventDestroy_v2(uint64_t event) {
+    GP_TRACE("cuEventDestroy_v2");
+    int opened = 0;
+    pthread_mutex_lock(&ipc_event_lock);
+    for (int i = 0; i < n_ipc_events; i++) {
+        if (ipc_events[i].event == event) {
+            opened = 1;
+            if (--ipc_events[i].opens == 0) ipc_events[i] = ipc_events[--n_ipc_events];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&ipc_event_lock);
+    if (opened) return CUDA_SUCCESS; /* the exporter's event stays */
+    struct gp_in_cuEventDestroy_v2 in = {.event = event};
+    return gp_call(GP_CALL_cuEventDestroy_v2, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
 static void note_global(uint64_t *dptr, uint64_t *bytes, uint64_t d, uint64_t n) {
     gp_dev_add(d, n, 0);
     if (dptr) *dptr = d;

@@ -41,7 +41,7 @@ def main() -> int:
     n = 1 << 16
     x, y = np.arange(n, dtype=np.float32), np.ones(n, dtype=np.float32)
     dx, dy = ok(cu.cuMemAlloc(x.nbytes)), ok(cu.cuMemAlloc(y.nbytes))
-    big = ok(cu.cuMemAlloc(256 << 20))
+    ok(cu.cuMemAlloc(256 << 20))  # held until the destroy frees it with the context
     ok(cu.cuMemcpyHtoD(dx, x.ctypes.data, x.nbytes))
     ok(cu.cuMemcpyHtoD(dy, y.ctypes.data, y.nbytes))
     args = ((dx, dy, 2.0, n), (None, None, ctypes.c_float, ctypes.c_uint32))

@@ -51,6 +51,7 @@ PROGRAMS = [
     "prog_runtime.py",
     "prog_cupy.py",
     "prog_torch.py",
+    "prog_torch_ipc.py",  # CUDA tensors between processes: IPC memory and event handles
 ]
 results: list[dict] = []
 
