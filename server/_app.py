@@ -260,11 +260,8 @@ async def stop_worker(st: ServerState, lease_id: str) -> None:
         except Exception:
             log.exception("stopping the worker of %s failed", lease_id)
         return
-    row = await st.db(
-        lambda: st.pool.db.execute("SELECT worker FROM leases WHERE id = ?", (lease_id,)).fetchone()
-    )
-    if row and row[0]:  # a worker left from before a restart: we have no handle, only its pid
-        w = json.loads(row[0])
+    w = await st.db(st.pool.stored_worker, lease_id)
+    if w is not None:  # a worker left from before a restart: we have no handle, only its pid
         await asyncio.to_thread(terminate, w["pid"], w.get("create_time"))
 
 

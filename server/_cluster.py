@@ -171,7 +171,7 @@ class Cluster:
             self._tokens, self._policy, self._clients = tokens, policy, clients
         self.flush()
 
-    # --- tokens (the same interface as server._store.Store) ------------------------------------------
+    # --- tokens (server._store_api.TokenStore, as server._store.Store) --------------------------------
     def find_token(self, token: str) -> dict | None:
         digest = hash_token(token)
         with self._lock:
@@ -214,7 +214,7 @@ class Cluster:
             return row
         return None
 
-    # --- policy and clients -------------------------------------------------------------------------
+    # --- policy and clients (server._store_api.SettingsStore, as server._store.Store) ----------------
     def policy_overrides(self) -> dict:
         with self._lock:
             policy = self._policy

@@ -17,12 +17,12 @@ import json
 
 from server._cluster import CLIENTS, TOKENS, Cluster
 from server._etcd import compare_version, op_put
+from server._store import Store
 
 GRACE_S = 3600
 
 
-def migrate(store, cluster: Cluster, member: str) -> dict:
-    db = store.db
+def migrate(store: Store, cluster: Cluster, member: str) -> dict:
     lines = []
     report = {"tokens": 0, "clients": 0, "policy": 0, "leases": 0, "grace_h": GRACE_S / 3600}
 
@@ -35,7 +35,7 @@ def migrate(store, cluster: Cluster, member: str) -> dict:
         else:
             lines.append(f"token {r['id']} already in the cluster: left as it is")
 
-    for r in db.execute("SELECT * FROM clients WHERE limit_gpus IS NOT NULL OR idle_timeout_s IS NOT NULL"):
+    for r in store.client_overrides():
         cluster.set_client(r["name"], {"limit_gpus": r["limit_gpus"], "idle_timeout_s": r["idle_timeout_s"]})
         report["clients"] += 1
         lines.append(f"client {r['name']}: limit {r['limit_gpus']}, idle timeout {r['idle_timeout_s']}")
@@ -46,10 +46,7 @@ def migrate(store, cluster: Cluster, member: str) -> dict:
         report["policy"] = len(overrides)
         lines.append("policy: " + ", ".join(f"{k}={v}" for k, v in sorted(overrides.items())))
 
-    live = db.execute(
-        "SELECT l.id, l.client, COALESCE(SUM(p.fraction), 0) AS fraction FROM leases l"
-        " LEFT JOIN partitions p ON p.lease_id = l.id WHERE l.state = 'active' GROUP BY l.id"
-    ).fetchall()
+    live = store.live_fractions()
     if live:
         grace = cluster._call(cluster.etcd.lease_grant, GRACE_S)
         for r in live:

@@ -9,12 +9,12 @@ caller (``server._app``) does that around these calls (starting workers, measuri
 from __future__ import annotations
 
 import functools
-import json
 import math
 import secrets
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from msgspec import UNSET as _UNSET
 
@@ -35,7 +35,11 @@ from server._events import EventLog
 from server._filters import gpu_matches, parse_filters, server_matches
 from server._inventory import GIB, MIB, Gpu, Inventory
 from server._procs import alive_pids, pid_identity
+from server._store_api import LeaseStore, SettingsStore, TokenStore
 from server.api import LeaseRequest
+
+if TYPE_CHECKING:
+    from server._cluster import Cluster
 
 EPS = 1e-9
 
@@ -76,14 +80,20 @@ class Placement:
 
 class Pool:
     def __init__(
-        self, store, inventory: Inventory, config: ServerConfig, events: EventLog, mps=None, cluster=None
+        self,
+        store: LeaseStore,
+        inventory: Inventory,
+        config: ServerConfig,
+        events: EventLog,
+        mps=None,
+        cluster: Cluster | None = None,
     ):
+        # Leases and partitions stay in the embedded store; in cluster mode tokens, policy, client
+        # settings and the limit sums live in etcd (server._store_api says who keeps what).
         self.store = store
-        # Cluster mode (server._cluster.Cluster): tokens, policy, client settings and the limit sums
-        # live in etcd; leases and partitions stay here.
         self.cluster = cluster
-        self.tokens = cluster if cluster is not None else store
-        self.db = store.db
+        self.tokens: TokenStore = cluster if cluster is not None else store
+        self.settings: SettingsStore = cluster if cluster is not None else store
         self.inv = inventory
         self.cfg = config
         self.events = events
@@ -139,34 +149,22 @@ class Pool:
             "max_lease_s": cfg.max_lease_s,
             "lease_ttl_s": cfg.lease_ttl_s,
         }
-        eff.update(self.cluster.policy_overrides() if self.cluster else self.store.policy_overrides())
+        eff.update(self.settings.policy_overrides())
         return eff
 
     def set_policy(self, update) -> dict:
-        if self.cluster is not None:
-            keys = ("default_limit", "default_idle_timeout_s", "max_lease_s", "lease_ttl_s")
-            self.cluster.set_policy({k: getattr(update, k) for k in keys if getattr(update, k) is not _UNSET})
-            return self.policy()
-        with self.store.transaction():
-            for key in ("default_limit", "default_idle_timeout_s", "max_lease_s", "lease_ttl_s"):
-                value = getattr(update, key)
-                if value is not _UNSET:
-                    self.store.set_policy(key, value)
+        keys = ("default_limit", "default_idle_timeout_s", "max_lease_s", "lease_ttl_s")
+        self.settings.set_policy({k: getattr(update, k) for k in keys if getattr(update, k) is not _UNSET})
         return self.policy()
 
     def client_settings(self, client: str, policy: dict | None = None, snapshot=None) -> dict:
         """The client's limit and idle timeout and where each comes from. In cluster mode a grant passes
         the ``snapshot`` it read the client's sum with, so both come from one etcd revision."""
         policy = policy or self.policy()
-        if self.cluster is not None:
-            snap = snapshot
-            row = (
-                snap.settings
-                if snap is not None and snap.client == client
-                else self.cluster.client_row(client)
-            )
+        if snapshot is not None and snapshot.client == client:
+            row = snapshot.settings
         else:
-            row = self.db.execute("SELECT * FROM clients WHERE name = ?", (client,)).fetchone()
+            row = self.settings.client_row(client)
         file = self.cfg.clients.get(client)
         limit, limit_src = policy["default_limit"], "default"
         idle, idle_src = policy["default_idle_timeout_s"], "default"
@@ -191,65 +189,36 @@ class Pool:
             if snapshot is not None and snapshot.client == client:
                 return snapshot.usage
             return self.cluster.client_snapshot(client).usage
-        row = self.db.execute(
-            "SELECT COALESCE(SUM(p.fraction), 0) FROM partitions p JOIN leases l ON l.id = p.lease_id "
-            "WHERE p.active = 1 AND l.client = ?",
-            (client,),
-        ).fetchone()
-        return float(row[0])
+        return self.store.client_usage(client)
 
     def clients(self) -> list[dict]:
-        names = {r[0] for r in self.db.execute("SELECT name FROM clients")}
-        names |= {r[0] for r in self.db.execute("SELECT DISTINCT client FROM leases")}
-        names |= set(self.cfg.clients)
+        names = self.store.known_clients() | set(self.cfg.clients)
+        tokens = [r for r in self.tokens.tokens() if r["revoked"] is None]
         if self.cluster is not None:
-            tokens = [r for r in self.tokens.tokens() if r["revoked"] is None]
             names |= self.cluster.client_names() | {r["client"] for r in tokens}
         policy = self.policy()
         out = []
         for name in sorted(names):
             c = self.client_settings(name, policy)
             c["usage"] = round(self.usage(name), 6)
-            c["leases_active"] = self.db.execute(
-                "SELECT COUNT(*) FROM leases WHERE client = ? AND state = 'active'", (name,)
-            ).fetchone()[0]
-            if self.cluster is not None:
-                c["tokens"] = sum(1 for r in tokens if r["client"] == name)
-            else:
-                c["tokens"] = self.db.execute(
-                    "SELECT COUNT(*) FROM tokens WHERE client = ? AND revoked IS NULL", (name,)
-                ).fetchone()[0]
+            c["leases_active"] = self.store.active_lease_count(name)
+            c["tokens"] = sum(1 for r in tokens if r["client"] == name)
             out.append(c)
         return out
 
     def set_client(self, client: str, update) -> dict:
-        if self.cluster is not None:
-            changes = {"limit_gpus": update.limit, "idle_timeout_s": update.idle_timeout_s}
-            self.cluster.set_client(client, {k: v for k, v in changes.items() if v is not _UNSET})
-            return next(c for c in self.clients() if c["client"] == client)
-        with self.store.transaction():
-            self.db.execute("INSERT OR IGNORE INTO clients(name) VALUES (?)", (client,))
-            if update.limit is not _UNSET:
-                self.db.execute("UPDATE clients SET limit_gpus = ? WHERE name = ?", (update.limit, client))
-            if update.idle_timeout_s is not _UNSET:
-                self.db.execute(
-                    "UPDATE clients SET idle_timeout_s = ? WHERE name = ?", (update.idle_timeout_s, client)
-                )
+        changes = {"limit_gpus": update.limit, "idle_timeout_s": update.idle_timeout_s}
+        self.settings.set_client(client, {k: v for k, v in changes.items() if v is not _UNSET})
         return next(c for c in self.clients() if c["client"] == client)
 
     # --- capacity and placement ---------------------------------------------------------------------
     def used_bytes(self) -> dict[int, int]:
-        rows = self.db.execute(
-            "SELECT gpu_index, SUM(mem_bytes) FROM partitions WHERE active = 1 GROUP BY gpu_index"
-        )
-        return {r[0]: r[1] for r in rows}
+        return self.store.used_bytes()
 
     def gpus_view(self) -> list[dict]:
         used = self.used_bytes()
         parts: dict[int, list[dict]] = {}
-        for r in self.db.execute(
-            "SELECT p.*, l.client FROM partitions p JOIN leases l ON l.id = p.lease_id WHERE p.active = 1"
-        ):
+        for r in self.store.active_partitions():
             parts.setdefault(r["gpu_index"], []).append(
                 {
                     "lease_id": r["lease_id"],
@@ -447,23 +416,20 @@ class Pool:
                 lease_id = "lease-" + secrets.token_hex(6)
                 max_end = now + policy["max_lease_s"] if policy["max_lease_s"] else None
                 env = self.lease_env(lease_id, placement, req.sm_share)
-                self.db.execute(
-                    "INSERT INTO leases(id, client, state, label, created, expires, max_end, ttl_s, last_active,"
-                    " local, remote, pids, env) VALUES (?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (lease_id, caller.client, req.label, now, now + ttl, max_end, ttl, now,
-                     int(req.local), int(req.remote), json.dumps(pids), json.dumps(env)),
-                )  # fmt: skip
-                self.db.executemany(
-                    "INSERT INTO partitions(lease_id, gpu_index, gpu_uuid, mem_bytes, fraction, sm_share)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    [
-                        (lease_id, g.index, g.uuid, m, f, req.sm_share)
-                        for g, m, f in zip(
-                            placement.gpus, placement.mem_bytes, placement.fractions, strict=True
-                        )
-                    ],
-                )
-                self.db.execute("INSERT OR IGNORE INTO clients(name) VALUES (?)", (caller.client,))
+                lease = {"id": lease_id, "client": caller.client, "label": req.label, "created": now,
+                         "expires": now + ttl, "max_end": max_end, "ttl_s": ttl, "last_active": now,
+                         "local": req.local, "remote": req.remote, "pids": pids, "env": env}  # fmt: skip
+                partitions = [
+                    {
+                        "gpu_index": g.index,
+                        "gpu_uuid": g.uuid,
+                        "mem_bytes": m,
+                        "fraction": f,
+                        "sm_share": req.sm_share,
+                    }
+                    for g, m, f in zip(placement.gpus, placement.mem_bytes, placement.fractions, strict=True)
+                ]
+                self.store.insert_lease(lease, partitions)
                 if snapshot is not None and not self.cluster.record_grant(
                     snapshot, lease_id, round(sum(placement.fractions), 6)
                 ):
@@ -491,16 +457,14 @@ class Pool:
         return env
 
     def _row(self, lease_id: str):
-        row = self.db.execute("SELECT * FROM leases WHERE id = ?", (lease_id,)).fetchone()
+        row = self.store.lease_row(lease_id)
         if row is None:
             raise NotFound(f"no lease {lease_id} on {self.inv.hostname}", "gpuattach list shows your leases")
         return row
 
     def lease(self, lease_id: str, *, owner_view: bool = True) -> dict:
         row = self._row(lease_id)
-        parts = self.db.execute(
-            "SELECT * FROM partitions WHERE lease_id = ? ORDER BY gpu_index", (lease_id,)
-        ).fetchall()
+        parts = self.store.partitions([lease_id]).get(lease_id, [])
         return self._lease_json(row, parts, owner_view)
 
     def _lease_json(self, row, parts, owner_view: bool) -> dict:
@@ -518,7 +482,7 @@ class Pool:
                     "sm_share": p["sm_share"],
                 }
             )
-        worker = json.loads(row["worker"]) if row["worker"] else None
+        worker = row["worker"]
         out = {
             "id": row["id"],
             "client": row["client"],
@@ -534,7 +498,7 @@ class Pool:
             "last_active_at": iso(row["last_active"]),
             "local": bool(row["local"]),
             "remote": bool(row["remote"]),
-            "pids": [p for p, _ in json.loads(row["pids"])],
+            "pids": [p for p, _ in row["pids"]],
             "simulated": self.inv.simulated,
             "mps": self.mps is not None,
             "server": self.server_info(),
@@ -542,7 +506,7 @@ class Pool:
             "fraction_total": round(sum(p["fraction"] for p in partitions), 6),
         }
         if owner_view:
-            out["env"] = json.loads(row["env"])
+            out["env"] = row["env"]
             # What the owner's shim needs: where, the secret, the certificate to pin, the local socket.
             keys = ("host", "port", "secret", "tls_sha256", "local")
             out["worker"] = {k: worker.get(k, "") for k in keys} if worker else None
@@ -561,25 +525,8 @@ class Pool:
     def list(self, caller: Caller, everyone: bool, state: str) -> list[dict]:
         if everyone and not caller.admin:
             raise Forbidden("only an admin token lists every client's leases", "drop all=true")
-        where, args = [], []
-        if not everyone:
-            where.append("client = ?")
-            args.append(caller.client)
-        if state == "active":
-            where.append("state = 'active'")
-        elif state == "ended":
-            where.append("state != 'active'")
-        sql = (
-            "SELECT * FROM leases" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY created"
-        )
-        rows = self.db.execute(sql, args).fetchall()
-        parts: dict[str, list] = {}
-        ids = [r["id"] for r in rows]
-        for chunk in range(0, len(ids), 500):
-            sub = ids[chunk : chunk + 500]
-            q = f"SELECT * FROM partitions WHERE lease_id IN ({','.join('?' * len(sub))}) ORDER BY gpu_index"
-            for p in self.db.execute(q, sub):
-                parts.setdefault(p["lease_id"], []).append(p)
+        rows = self.store.lease_rows(None if everyone else caller.client, state)
+        parts = self.store.partitions(r["id"] for r in rows)
         return [self._lease_json(r, parts.get(r["id"], []), r["client"] == caller.client) for r in rows]
 
     def heartbeat(self, caller: Caller, lease_id: str, pids: list[int], now: float) -> dict:
@@ -592,7 +539,7 @@ class Pool:
                     state=row["state"],
                     reason=row["reason"],
                 )
-            known = [tuple(p) for p in json.loads(row["pids"])]
+            known = row["pids"]
             if pids:
                 fresh = pid_identity(pids)
                 if not fresh:
@@ -601,10 +548,7 @@ class Pool:
                         "local leases need local processes",
                     )
                 known = sorted(set(alive_pids(known)) | set(fresh))
-            self.db.execute(
-                "UPDATE leases SET expires = ?, pids = ? WHERE id = ?",
-                (now + row["ttl_s"], json.dumps(known), lease_id),
-            )
+            self.store.renew_lease(lease_id, now + row["ttl_s"], known)
         return self.lease(lease_id)
 
     def release(self, caller: Caller, lease_id: str, now: float) -> tuple[dict, bool]:
@@ -625,11 +569,7 @@ class Pool:
             row = self._row(lease_id)
             if row["state"] != "active":
                 return None
-            self.db.execute(
-                "UPDATE leases SET state = ?, reason = ?, ended = ? WHERE id = ?",
-                (state, reason, now, lease_id),
-            )
-            self.db.execute("UPDATE partitions SET active = 0 WHERE lease_id = ?", (lease_id,))
+            self.store.end_lease(lease_id, state, reason, now)
         if self.cluster is not None:
             self.cluster.forget_lease(row["client"], lease_id)
         lease = self.lease(lease_id)
@@ -640,27 +580,26 @@ class Pool:
 
     def set_worker(self, lease_id: str, worker: dict) -> None:
         with self.store.transaction():
-            self.db.execute("UPDATE leases SET worker = ? WHERE id = ?", (json.dumps(worker), lease_id))
+            self.store.set_worker(lease_id, worker)
+
+    def stored_worker(self, lease_id: str) -> dict | None:
+        """The worker recorded for a lease: after a restart, its pid is all there is to stop it by."""
+        return self.store.lease_worker(lease_id)
 
     # --- liveness -----------------------------------------------------------------------------------
     def active_leases(self) -> list[dict]:
         """What the activity probe needs: id, local pids, remote flag, GPUs."""
-        out = []
-        for r in self.db.execute("SELECT * FROM leases WHERE state = 'active'").fetchall():
-            gpus = [
-                p[0]
-                for p in self.db.execute("SELECT gpu_index FROM partitions WHERE lease_id = ?", (r["id"],))
-            ]
-            out.append({"id": r["id"], "pids": [tuple(p) for p in json.loads(r["pids"])], "remote": bool(r["remote"]),
-                        "gpus": gpus, "worker": json.loads(r["worker"]) if r["worker"] else None})  # fmt: skip
-        return out
+        rows = self.store.lease_rows(None, "active")
+        parts = self.store.partitions(r["id"] for r in rows)
+        return [{"id": r["id"], "pids": r["pids"], "remote": bool(r["remote"]),
+                 "gpus": [p["gpu_index"] for p in parts.get(r["id"], [])], "worker": r["worker"]}
+                for r in rows]  # fmt: skip
 
     def reap(self, now: float, active_at: dict[str, float], dead_workers: dict[str, str]) -> list[dict]:
         """End leases past their TTL, their maximum length, their idle timeout, or whose worker died."""
         ended = []
         policy = self.policy()
-        rows = self.db.execute("SELECT * FROM leases WHERE state = 'active'").fetchall()
-        for row in rows:
+        for row in self.store.lease_rows(None, "active"):
             lid = row["id"]
             if lid in dead_workers:
                 ended.append(self.end(lid, "expired", dead_workers[lid], now))
@@ -678,7 +617,7 @@ class Pool:
             last = max(row["last_active"], active_at.get(lid, 0.0))
             if last > row["last_active"]:
                 with self.store.transaction():
-                    self.db.execute("UPDATE leases SET last_active = ? WHERE id = ?", (last, lid))
+                    self.store.set_last_active(lid, last)
             idle = self.client_settings(row["client"], policy)["idle_timeout_s"]
             if idle and now - last >= idle:
                 reason = (
@@ -692,19 +631,13 @@ class Pool:
         """Forget leases that ended more than ``ended_retention_s`` ago (their events stay in telemetry)."""
         cutoff = now - self.cfg.ended_retention_s
         with self.store.transaction():
-            old = "SELECT id FROM leases WHERE state != 'active' AND ended < ?"
-            self.db.execute(f"DELETE FROM partitions WHERE lease_id IN ({old})", (cutoff,))
-            return self.db.execute(
-                "DELETE FROM leases WHERE state != 'active' AND ended < ?", (cutoff,)
-            ).rowcount
+            return self.store.purge_ended(cutoff)
 
     def recover(self, now: float) -> list[str]:
         """After a restart: give live leases a fresh TTL, end those whose processes are gone."""
         notes = []
-        for row in self.db.execute("SELECT * FROM leases WHERE state = 'active'").fetchall():
-            lid = row["id"]
-            pids = [tuple(p) for p in json.loads(row["pids"])]
-            worker = json.loads(row["worker"]) if row["worker"] else None
+        for row in self.store.lease_rows(None, "active"):
+            lid, pids, worker = row["id"], row["pids"], row["worker"]
             if pids and not alive_pids(pids):
                 self.end(lid, "expired", "its processes are gone (found when the server restarted)", now)
                 notes.append(f"{lid}: processes gone, ended")
@@ -714,23 +647,16 @@ class Pool:
             else:
                 # Clients could not heartbeat while the server was down: give each a fresh TTL.
                 with self.store.transaction():
-                    self.db.execute(
-                        "UPDATE leases SET expires = MAX(expires, ?), last_active = MAX(last_active, ?) WHERE id = ?",
-                        (now + row["ttl_s"], now, lid),
-                    )
+                    self.store.extend_after_restart(lid, now + row["ttl_s"], now)
                 notes.append(f"{lid}: kept ({row['client']})")
         return notes
 
     def cluster_records(self) -> list[dict]:
         """Live leases as cluster records (id, client, fraction sum), for the cluster's reconcile."""
-        rows = self.db.execute(
-            "SELECT l.id, l.client, COALESCE(SUM(p.fraction), 0) AS fraction FROM leases l"
-            " LEFT JOIN partitions p ON p.lease_id = l.id WHERE l.state = 'active' GROUP BY l.id"
-        )
-        return [{"id": r["id"], "client": r["client"], "fraction": round(r["fraction"], 6)} for r in rows]
+        return self.store.live_fractions()
 
     def active_count(self) -> int:
-        return self.db.execute("SELECT COUNT(*) FROM leases WHERE state = 'active'").fetchone()[0]
+        return self.store.active_lease_count()
 
 
 class _Conflict(Exception):

@@ -1,5 +1,7 @@
 """The server's embedded, transactional store: leases, partitions, clients, policy, tokens (sqlite3).
 
+Every SQL statement of the pool lives here; ``server._store_api`` declares what the pool calls.
+
 Why sqlite: nothing to install or start, and a transaction per decision makes double booking
 impossible: every grant runs in ``BEGIN IMMEDIATE`` (one writer at a time, also across processes
 such as ``gpupool-server token create`` run beside a live server), reads the free capacity and
@@ -15,7 +17,7 @@ import json
 import secrets
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -94,6 +96,8 @@ def new_token(
 
 
 class Store:
+    """The sqlite store: a ``TokenStore``, ``SettingsStore`` and ``LeaseStore`` (server._store_api)."""
+
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
@@ -118,20 +122,41 @@ class Store:
     def close(self) -> None:
         self.db.close()
 
-    # --- policy overrides -------------------------------------------------------------------------
+    # --- settings (server._store_api.SettingsStore) ------------------------------------------------
     def policy_overrides(self) -> dict[str, float | None]:
         return {r["key"]: json.loads(r["value"]) for r in self.db.execute("SELECT key, value FROM policy")}
 
-    def set_policy(self, key: str, value: float | None) -> None:
-        if value is None:
-            self.db.execute("DELETE FROM policy WHERE key = ?", (key,))
-        else:
-            self.db.execute(
-                "INSERT INTO policy(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (key, json.dumps(value)),
-            )
+    def set_policy(self, changes: dict[str, float | None]) -> None:
+        with self.transaction():
+            for key, value in changes.items():
+                if value is None:
+                    self.db.execute("DELETE FROM policy WHERE key = ?", (key,))
+                else:
+                    self.db.execute(
+                        "INSERT INTO policy(key, value) VALUES (?, ?)"
+                        " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                        (key, json.dumps(value)),
+                    )
 
-    # --- tokens -----------------------------------------------------------------------------------
+    def client_row(self, client: str) -> sqlite3.Row | None:
+        return self.db.execute("SELECT * FROM clients WHERE name = ?", (client,)).fetchone()
+
+    def set_client(self, client: str, changes: dict[str, float | None]) -> None:
+        with self.transaction():
+            self.db.execute("INSERT OR IGNORE INTO clients(name) VALUES (?)", (client,))
+            for column in ("limit_gpus", "idle_timeout_s"):  # never a column name from the caller
+                if column in changes:
+                    self.db.execute(
+                        f"UPDATE clients SET {column} = ? WHERE name = ?", (changes[column], client)
+                    )
+
+    def client_overrides(self) -> list[sqlite3.Row]:
+        """Clients with a limit or idle timeout of their own (what ``cluster migrate`` copies)."""
+        return self.db.execute(
+            "SELECT * FROM clients WHERE limit_gpus IS NOT NULL OR idle_timeout_s IS NOT NULL"
+        ).fetchall()
+
+    # --- tokens (server._store_api.TokenStore) -----------------------------------------------------
     def create_token(
         self, client: str, *, admin: bool = False, expires_in_s: float | None = None, token: str | None = None
     ) -> dict:
@@ -156,6 +181,131 @@ class Store:
                 "UPDATE tokens SET revoked = ? WHERE id = ? AND revoked IS NULL", (time.time(), token_id)
             )
             return self.db.execute("SELECT * FROM tokens WHERE id = ?", (token_id,)).fetchone()
+
+    # --- writing leases (server._store_api.LeaseStore) ---------------------------------------------
+    def insert_lease(self, lease: dict, partitions: list[dict]) -> None:
+        row = {**lease, "local": int(lease["local"]), "remote": int(lease["remote"]),
+               "pids": json.dumps(lease["pids"]), "env": json.dumps(lease["env"])}  # fmt: skip
+        self.db.execute(
+            "INSERT INTO leases(id, client, state, label, created, expires, max_end, ttl_s, last_active,"
+            " local, remote, pids, env) VALUES (:id, :client, 'active', :label, :created, :expires, :max_end,"
+            " :ttl_s, :last_active, :local, :remote, :pids, :env)",
+            row,
+        )
+        self.db.executemany(
+            "INSERT INTO partitions(lease_id, gpu_index, gpu_uuid, mem_bytes, fraction, sm_share)"
+            " VALUES (:lease_id, :gpu_index, :gpu_uuid, :mem_bytes, :fraction, :sm_share)",
+            [{"lease_id": lease["id"], **p} for p in partitions],
+        )
+        self.db.execute("INSERT OR IGNORE INTO clients(name) VALUES (?)", (lease["client"],))
+
+    def end_lease(self, lease_id: str, state: str, reason: str, ended: float) -> None:
+        self.db.execute(
+            "UPDATE leases SET state = ?, reason = ?, ended = ? WHERE id = ?",
+            (state, reason, ended, lease_id),
+        )
+        self.db.execute("UPDATE partitions SET active = 0 WHERE lease_id = ?", (lease_id,))
+
+    def renew_lease(self, lease_id: str, expires: float, pids: list[tuple]) -> None:
+        self.db.execute(
+            "UPDATE leases SET expires = ?, pids = ? WHERE id = ?", (expires, json.dumps(pids), lease_id)
+        )
+
+    def set_last_active(self, lease_id: str, last_active: float) -> None:
+        self.db.execute("UPDATE leases SET last_active = ? WHERE id = ?", (last_active, lease_id))
+
+    def extend_after_restart(self, lease_id: str, expires: float, now: float) -> None:
+        self.db.execute(
+            "UPDATE leases SET expires = MAX(expires, ?), last_active = MAX(last_active, ?) WHERE id = ?",
+            (expires, now, lease_id),
+        )
+
+    def set_worker(self, lease_id: str, worker: dict) -> None:
+        self.db.execute("UPDATE leases SET worker = ? WHERE id = ?", (json.dumps(worker), lease_id))
+
+    def purge_ended(self, cutoff: float) -> int:
+        old = "SELECT id FROM leases WHERE state != 'active' AND ended < ?"
+        self.db.execute(f"DELETE FROM partitions WHERE lease_id IN ({old})", (cutoff,))
+        return self.db.execute("DELETE FROM leases WHERE state != 'active' AND ended < ?", (cutoff,)).rowcount
+
+    # --- reading leases ----------------------------------------------------------------------------
+    def lease_row(self, lease_id: str) -> dict | None:
+        row = self.db.execute("SELECT * FROM leases WHERE id = ?", (lease_id,)).fetchone()
+        return _lease(row) if row is not None else None
+
+    def lease_worker(self, lease_id: str) -> dict | None:
+        row = self.db.execute("SELECT worker FROM leases WHERE id = ?", (lease_id,)).fetchone()
+        return json.loads(row[0]) if row and row[0] else None
+
+    def lease_rows(self, client: str | None, state: str) -> list[dict]:
+        where, args = [], []
+        if client is not None:
+            where.append("client = ?")
+            args.append(client)
+        if state == "active":
+            where.append("state = 'active'")
+        elif state == "ended":
+            where.append("state != 'active'")
+        sql = (
+            "SELECT * FROM leases" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY created"
+        )
+        return [_lease(r) for r in self.db.execute(sql, args).fetchall()]
+
+    def partitions(self, lease_ids: Iterable[str]) -> dict[str, list[sqlite3.Row]]:
+        ids, out = list(lease_ids), {}
+        for chunk in range(0, len(ids), 500):  # below sqlite's limit on bound parameters
+            sub = ids[chunk : chunk + 500]
+            q = f"SELECT * FROM partitions WHERE lease_id IN ({','.join('?' * len(sub))}) ORDER BY gpu_index"
+            for p in self.db.execute(q, sub):
+                out.setdefault(p["lease_id"], []).append(p)
+        return out
+
+    def active_lease_count(self, client: str | None = None) -> int:
+        if client is None:
+            return self.db.execute("SELECT COUNT(*) FROM leases WHERE state = 'active'").fetchone()[0]
+        return self.db.execute(
+            "SELECT COUNT(*) FROM leases WHERE client = ? AND state = 'active'", (client,)
+        ).fetchone()[0]
+
+    def live_fractions(self) -> list[dict]:
+        rows = self.db.execute(
+            "SELECT l.id, l.client, COALESCE(SUM(p.fraction), 0) AS fraction FROM leases l"
+            " LEFT JOIN partitions p ON p.lease_id = l.id WHERE l.state = 'active' GROUP BY l.id"
+        )
+        return [{"id": r["id"], "client": r["client"], "fraction": round(r["fraction"], 6)} for r in rows]
+
+    # --- capacity ----------------------------------------------------------------------------------
+    def used_bytes(self) -> dict[int, int]:
+        rows = self.db.execute(
+            "SELECT gpu_index, SUM(mem_bytes) FROM partitions WHERE active = 1 GROUP BY gpu_index"
+        )
+        return {r[0]: r[1] for r in rows}
+
+    def active_partitions(self) -> list[sqlite3.Row]:
+        return self.db.execute(
+            "SELECT p.*, l.client FROM partitions p JOIN leases l ON l.id = p.lease_id WHERE p.active = 1"
+        ).fetchall()
+
+    def client_usage(self, client: str) -> float:
+        row = self.db.execute(
+            "SELECT COALESCE(SUM(p.fraction), 0) FROM partitions p JOIN leases l ON l.id = p.lease_id "
+            "WHERE p.active = 1 AND l.client = ?",
+            (client,),
+        ).fetchone()
+        return float(row[0])
+
+    def known_clients(self) -> set[str]:
+        names = {r[0] for r in self.db.execute("SELECT name FROM clients")}
+        return names | {r[0] for r in self.db.execute("SELECT DISTINCT client FROM leases")}
+
+
+def _lease(row: sqlite3.Row) -> dict:
+    """A lease row with its JSON columns decoded (the pool never sees how they are stored)."""
+    out = dict(row)
+    out["pids"] = [tuple(p) for p in json.loads(row["pids"])]
+    out["worker"] = json.loads(row["worker"]) if row["worker"] else None
+    out["env"] = json.loads(row["env"])
+    return out
 
 
 def open_store(state_dir: Path) -> Store:
