@@ -53,6 +53,9 @@ class SettingsStore(Protocol):
 
 @runtime_checkable
 class LeaseStore(Protocol):
+    """Leases and partitions. Its writes run inside the caller's ``transaction()``, so a decision and
+    what it writes commit together; token and settings writes commit on their own."""
+
     def transaction(self) -> AbstractContextManager[Any]:
         """One writer at a time: every decision that reads and then changes capacity runs in one."""
 
