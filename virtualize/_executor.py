@@ -71,6 +71,14 @@ SHAPED: dict[str, str] = {
 }
 
 
+def linked_image(linked: dict[int, bytes], state: int, size: int) -> bytes:
+    """gpLinkImage in every executor: the image cuLinkComplete made for `state`, asked for by its size."""
+    image = linked.get(state)
+    if image is None or size != len(image):
+        raise CudaError(INVALID_VALUE, "no linked image of that size")
+    return image
+
+
 HANDSHAKE = ("gpHello", "gpProve")  # the worker's own, before any call reaches an executor
 
 

@@ -34,6 +34,7 @@ from virtualize._executor import (
     CudaError,
     Executor,
     Launch,
+    linked_image,
 )
 from virtualize._results import CUresult
 
@@ -409,10 +410,7 @@ class HostExecutor(Executor):
         return len(self.linked[state])
 
     def gpLinkImage(self, state, size):
-        image = self.linked.get(state)
-        if image is None or size != len(image):
-            raise CudaError(INVALID_VALUE, "no linked image of that size")
-        return image
+        return linked_image(self.linked, state, size)
 
     def cuLinkDestroy(self, state):
         self.links.pop(state, None)

@@ -72,6 +72,14 @@ LOOP:
 """
 
 
+def ok(result):
+    """The values of a cuda.bindings call's result (driver or NVRTC); exits with the error's name otherwise."""
+    err = result[0]
+    if int(err) != 0:
+        raise SystemExit(f"CUDA error {err.name} in {result}")
+    return result[1] if len(result) == 2 else (result[1:] if len(result) > 2 else None)
+
+
 def loaded_libcuda() -> str:
     """The file this process mapped as libcuda (gpupool's shim when run remotely)."""
     import os

@@ -9,15 +9,8 @@ import ctypes
 import sys
 
 import numpy as np
-from _common import PTX, loaded_libcuda
+from _common import PTX, loaded_libcuda, ok
 from cuda.bindings import driver as cu
-
-
-def ok(result):
-    err = result[0]
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise SystemExit(f"CUDA error {err.name} in {result}")
-    return result[1] if len(result) == 2 else (result[1:] if len(result) > 2 else None)
 
 
 def main() -> int:

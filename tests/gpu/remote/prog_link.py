@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from _common import loaded_libcuda
+from _common import loaded_libcuda, ok
 from cuda.bindings import driver as cu
 from cuda.bindings import nvrtc
 
@@ -23,13 +23,6 @@ extern "C" __global__ void apply(float *v, unsigned n) {
     if (i < n) v[i] = scale(v[i]);
 }
 """
-
-
-def ok(result):
-    err = result[0]
-    if err not in (cu.CUresult.CUDA_SUCCESS, nvrtc.nvrtcResult.NVRTC_SUCCESS):
-        raise SystemExit(f"error {err.name} in {result}")
-    return result[1] if len(result) == 2 else (result[1:] if len(result) > 2 else None)
 
 
 def ptx(source: str, name: bytes, arch: str) -> bytes:
