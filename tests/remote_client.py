@@ -647,9 +647,7 @@ def scenario_two_devices():
     say("bad_device", cu.cuDevicePrimaryCtxRetain(ctypes.byref(c_u64()), n.value))
 
 
-def scenario_collision():
-    # Host memory of this process where the worker will put its first allocation.
-    base = int(os.environ["TAKEN_ADDRESS"], 0)
+def _mmap(base, size, prot, flags):
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [
@@ -660,7 +658,81 @@ def scenario_collision():
         ctypes.c_int,
         ctypes.c_long,
     ]
-    got = libc.mmap(base, 2 * MiB, 3, 0x22 | 0x100000, -1, 0)  # RW, private|anonymous|fixed_noreplace
+    return libc.mmap(base, size, prot, flags, -1, 0)
+
+
+PRIVATE_ANONYMOUS, FIXED_NOREPLACE, NORESERVE = 0x22, 0x100000, 0x4000
+WINDOW_REGION = (0x1000_0000_0000, 0x5000_0000_0000)  # where workers place windows (_address_window)
+
+
+def _mapping(addr):
+    """The line of /proc/self/maps that holds `addr`: (start, end, permissions)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            span, perms = line.split()[:2]
+            start, end = (int(x, 16) for x in span.split("-"))
+            if start <= addr < end:
+                return start, end, perms
+    return None
+
+
+def scenario_window():
+    setup()
+    sizes = [1, 100, 4096, 1 * MiB, 1 * MiB + 1, 3 * MiB, 9 * MiB]
+    ptrs = []
+    for i, n in enumerate(sizes):
+        rc, p = alloc(n)
+        check(rc, f"alloc {n}")
+        check(cu.cuMemsetD8(c_u64(p), i + 1, c_u64(n)), "memset")
+        ptrs.append(p)
+    maps = {_mapping(p) for p in ptrs}
+    say("one_reservation", len(maps) == 1)
+    start, end, perms = maps.pop()
+    say("reserved_here", perms.startswith("---p") and end - start >= 64 << 30)
+    say("aligned", all(p % (2 * MiB if n > MiB else 512) == 0 for p, n in zip(ptrs, sizes, strict=True)))
+    say("small_share_a_page", ptrs[1] // (2 * MiB) == ptrs[0] // (2 * MiB))
+    say(
+        "contents",
+        all(dtoh(p, n)[1] == bytes([i + 1]) * n for i, (p, n) in enumerate(zip(ptrs, sizes, strict=True))),
+    )
+    base, size = c_u64(), c_u64()
+    check(cu.cuMemGetAddressRange(ctypes.byref(base), ctypes.byref(size), c_u64(ptrs[2] + 10)), "range")
+    say("address_range", (base.value, size.value) == (ptrs[2], 4096))
+    attrs = []
+    for attr in (11, 12):  # RANGE_START_ADDR, RANGE_SIZE
+        value = c_u64()
+        check(cu.cuPointerGetAttribute(ctypes.byref(value), attr, c_u64(ptrs[5] + 1)), "attribute")
+        attrs.append(value.value)
+    say("pointer_range", attrs == [ptrs[5], 3 * MiB])
+    for p in ptrs:
+        check(cu.cuMemFree(c_u64(p)), "free")
+    many = []  # many small buffers fill pages, not the partition
+    for _ in range(3000):
+        rc, p = alloc(1000)
+        check(rc, "many")
+        many.append(p)
+    say("many_inside", all(start <= p < end for p in many) and len(set(many)) == len(many))
+    stream, pool_ptr = c_u64(), c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    check(cu.cuMemAllocAsync(ctypes.byref(pool_ptr), c_u64(5 * MiB), stream), "alloc async")
+    say("async_inside", start <= pool_ptr.value < end)
+    check(cu.cuMemFreeAsync(c_u64(pool_ptr.value), stream), "free async")
+    check(cu.cuStreamSynchronize(stream), "stream sync")
+    free, total = c_u64(), c_u64()
+    check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
+    say("used_kib", (total.value - free.value) // 1024)  # the 3000 buffers of 1000 bytes
+
+
+def scenario_collision():
+    # Host memory of this process where a worker without a window would put its first allocation, and
+    # every range where workers place windows taken as well: the shim must fall back.
+    base = int(os.environ["TAKEN_ADDRESS"], 0)
+    low, high = WINDOW_REGION
+    say(
+        "window_region_taken",
+        _mmap(low, high - low, 0, PRIVATE_ANONYMOUS | FIXED_NOREPLACE | NORESERVE) == low,
+    )
+    got = _mmap(base, 2 * MiB, 3, PRIVATE_ANONYMOUS | FIXED_NOREPLACE)  # read-write
     say("host_mapping_at_base", got == base)
     setup()
     rc, ptr = alloc(1 * MiB)

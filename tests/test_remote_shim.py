@@ -221,16 +221,35 @@ def test_a_device_address_that_is_host_memory_here_is_never_handed_to_the_progra
         "collide", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1", env=env, executor="host"
     )
     try:
-        out, _ = run_client("collision", client_env(shim_dir, handle, TAKEN_ADDRESS=taken))
+        out, err = run_client("collision", client_env(shim_dir, handle, TAKEN_ADDRESS=taken))
     finally:
         handle.stop()
+    assert "no window of device addresses could be reserved (8 offered ranges were host memory here)" in err
     assert out == {
+        "window_region_taken": "True",
         "host_mapping_at_base": "True",
         "alloc": "0",
         "moved_off_host_memory": "True",
         "used_mib": "1",
         "host_memory_ok": "True",
     }
+
+
+def test_allocations_land_in_a_window_the_program_reserved_before_its_first_allocation(shim_dir, worker):
+    out, err = run_client("window", client_env(shim_dir, worker))
+    assert out == {
+        "one_reservation": "True",
+        "reserved_here": "True",
+        "aligned": "True",
+        "small_share_a_page": "True",
+        "contents": "True",
+        "address_range": "True",
+        "pointer_range": "True",
+        "many_inside": "True",
+        "async_inside": "True",
+        "used_kib": str(3000 * 1000 // 1024),
+    }
+    assert "gpupool:" not in err
 
 
 def test_queries_libraries_make_are_answered(shim_dir, worker):

@@ -321,6 +321,10 @@ CALLS: tuple[Call, ...] = (
     _c("cuLinkAddFile", 6050, "link state, i32 type, cstr path, u32 n, ptr options, ptr values", L, custom=True,
        symbol="cuLinkAddFile_v2"),  # read here, sent as cuLinkAddData
     _c("cuLinkComplete", 5050, "link state, ptr cubin_out, ptr size_out", custom=True, wire="link state, o_u64 size"),
+    # A window of device addresses for this client process's allocations (virtualize/_address_window.py):
+    # offered by the worker, reserved by the client in its own address space, then accepted.
+    _c("gpWindowOffer", 0, "o_u64 base, o_u64 size", symbol="-"),
+    _c("gpWindowAccept", 0, "u64 base", symbol="-"),
     _c("gpLinkImage", 0, "link state, u64 size, o_buf:size image", symbol="-"),  # the image cuLinkComplete made
     _c("cuLinkDestroy", 5050, "link state", custom=True),
     _c("cuLibraryLoadData", 12000,

@@ -277,6 +277,49 @@ class CudaExecutor(Executor):
         config.numAttrs = len(attributes)
         return config
 
+    def reserve_addresses(self, size: int, hint: int) -> int:
+        return _int(_ok(driver.cuMemAddressReserve(size, 1 << 30, hint, 0)))
+
+    def release_addresses(self, base: int, size: int) -> None:
+        _ok(driver.cuMemAddressFree(base, size))
+
+    def map_memory(self, base: int, size: int, device: int):
+        prop = driver.CUmemAllocationProp()
+        prop.type = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = self._d(device)
+        handle = _ok(driver.cuMemCreate(size, prop, 0))
+        mapped = False
+        try:
+            _ok(driver.cuMemMap(base, size, 0, handle, 0))
+            mapped = True
+            access = self._access(device)
+            _ok(driver.cuMemSetAccess(base, size, access, len(access)))
+        except BaseException:
+            if mapped:
+                driver.cuMemUnmap(base, size)
+            driver.cuMemRelease(handle)
+            raise
+        return handle
+
+    def _access(self, device: int) -> list:
+        """Who may touch `device`'s memory: the device, and each lease device that can reach it as a peer
+        (cuMemAlloc memory needs cuCtxEnablePeerAccess first; mapped memory is granted here, once)."""
+        descs = []
+        for other, real in enumerate(self.real):
+            if other != device and not _ok(driver.cuDeviceCanAccessPeer(real, self.real[device])):
+                continue
+            desc = driver.CUmemAccessDesc()
+            desc.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+            desc.location.id = real
+            desc.flags = driver.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            descs.append(desc)
+        return descs
+
+    def unmap_memory(self, base: int, size: int, backing) -> None:
+        _ok(driver.cuMemUnmap(base, size))
+        _ok(driver.cuMemRelease(backing))
+
     def cluster_occupancy(self, name: str, launch: Launch) -> int:
         config = self._config(launch.grid, launch.block, launch.shared_mem, launch.stream, launch.attributes)
         return int(_ok(getattr(driver, name)(driver.CUfunction(launch.func), config)))

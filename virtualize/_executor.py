@@ -7,7 +7,8 @@ and memoryviews, and raise `CudaError` with the CUresult when CUDA says no.
 
 Most methods carry the name of the CUDA call they execute, take its in-parameters in order (a name
 as `str`, an image as `bytes`) and return its out-parameters (one value, a tuple, or None). The few
-below with lower-case names are the shapes the wire needs: copies that stream chunk by chunk between
+below with lower-case names are the shapes the wire needs, and the address windows each client
+process's allocations live in: copies that stream chunk by chunk between
 the socket and the device (the executor owns the buffers, so the CUDA one can use page-locked
 memory and overlap the network with the DMA), memsets of any width,
 launches with packed parameters, and a kernel's parameter layout.
@@ -80,12 +81,13 @@ def linked_image(linked: dict[int, bytes], state: int, size: int) -> bytes:
 
 
 HANDSHAKE = ("gpHello", "gpProve")  # the worker's own, before any call reaches an executor
+WINDOW_CALLS = ("gpWindowOffer", "gpWindowAccept")  # the guard's own (virtualize._address_window)
 
 
 def executor_method(call: Call) -> str | None:
     """The Executor method that runs `call` on the worker; None for calls that never reach one
     (served in the client, or the worker's own hello)."""
-    if call.mode is Mode.LOCAL or call.name in HANDSHAKE:
+    if call.mode is Mode.LOCAL or call.name in HANDSHAKE or call.name in WINDOW_CALLS:
         return None
     return SHAPED.get(call.name, call.name)
 
@@ -151,6 +153,24 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def launch(self, launch: Launch) -> None:
         """Launch `launch.func` as `launch` says (parameters already packed at the layout's offsets)."""
+
+    # Device address windows (`virtualize._address_window`): reserved ranges of device addresses that
+    # the worker maps memory into at addresses it chooses.
+    @abc.abstractmethod
+    def reserve_addresses(self, size: int, hint: int) -> int:
+        """Reserve `size` bytes of device address space, at `hint` where it is free; returns the start."""
+
+    @abc.abstractmethod
+    def release_addresses(self, base: int, size: int) -> None: ...
+
+    @abc.abstractmethod
+    def map_memory(self, base: int, size: int, device: int) -> object:
+        """Back [base, base+size) of a reserved range (2 MiB multiples) with new memory of lease device
+        `device`, readable and writable from every device of the lease that can reach it; returns what
+        `unmap_memory` needs."""
+
+    @abc.abstractmethod
+    def unmap_memory(self, base: int, size: int, backing: object) -> None: ...
 
     def end_thread(self) -> None:  # noqa: B027 - optional hook
         """A connection's thread is done: release what the executor keeps for it."""

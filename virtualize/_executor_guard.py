@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from virtualize import _wire
+from virtualize._address_window import WindowFull, WindowMemory
 from virtualize._calls import CALLS, HANDLE_TYPES, Call, Mode
 from virtualize._executor import (
     HANDSHAKE,
@@ -37,6 +38,19 @@ log = logging.getLogger("gpupool.worker")
 BUILTIN_STREAMS = frozenset({0, 1, 2})  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
 MEMSET_WIDTH = {"cuMemsetD8": 1, "cuMemsetD16": 2, "cuMemsetD32": 4}
 LAUNCH_ATTRIBUTE_BYTES = 72
+# CUpointer_attribute values the guard answers for memory in a window (cuda.h numbering).
+POINTER_CONTEXT, POINTER_DEVICE_ORDINAL, POINTER_LEGACY_IPC = 1, 9, 10
+POINTER_RANGE_START, POINTER_RANGE_SIZE, POINTER_MEMPOOL = 11, 12, 17
+WINDOW_POINTER_ATTRIBUTES = frozenset(
+    {
+        POINTER_CONTEXT,
+        POINTER_DEVICE_ORDINAL,
+        POINTER_LEGACY_IPC,
+        POINTER_RANGE_START,
+        POINTER_RANGE_SIZE,
+        POINTER_MEMPOOL,
+    }
+)
 
 
 @dataclass
@@ -46,6 +60,7 @@ class Allocation:
     device: int
     owned: bool  # False: a module global (not freed by the client, not counted against the quota)
     ctx: int = 0  # the context it was made in (a destroyed context takes its memory with it)
+    window: WindowMemory | None = None  # the client process's window it lives in; None: the driver's
 
 
 @dataclass
@@ -115,10 +130,15 @@ class Session:
         self.calls = 0
         self.owned: set[int] = set()  # allocations made on this connection, freed when it closes
         self.created_contexts: set[int] = set()  # cuCtxCreate's on this connection, destroyed when it closes
+        self.window = WindowMemory(executor, lease.limits)  # this client process's device addresses
         self.special: dict[str, Callable] = {
             "gpSetContext": self._set_context,
             "gpParamLayout": self._param_layout,
             "gpLinkImage": self._link_image,
+            "gpWindowOffer": self._window_offer,
+            "gpWindowAccept": self._window_accept,
+            "cuMemGetAddressRange_v2": self._address_range,
+            "cuPointerGetAttribute": self._pointer_attribute,
             "cuDevicePrimaryCtxRetain": self._primary_ctx_retain,
             "cuDeviceTotalMem_v2": self._total_mem,
             "cuMemGetInfo_v2": self._mem_get_info,
@@ -224,10 +244,17 @@ class Session:
         for a in left:
             try:
                 self.executor.set_context(contexts.get(a.device, 0))
-                self.executor.cuMemFree(a.base)
+                if a.window is not None:
+                    a.window.free(a.base)
+                else:
+                    self.executor.cuMemFree(a.base)
             except CudaError as exc:
                 log.warning("could not free 0x%x after the client left: %s", a.base, exc)
             self.lease.remove(a.base)
+        try:
+            self.window.close()
+        except CudaError as exc:
+            log.warning("could not release the client's device address window: %s", exc)
         if left:
             log.info(
                 "freed %d allocation(s), %d bytes, the client left behind",
@@ -369,14 +396,62 @@ class Session:
         with self.lease.lock:
             self.lease.reserve(dev, size)
             self.lease.used[dev] += size  # held while the executor allocates, so racing threads see it
+        window = self.window if self._in_window(call, ins) else None
         try:
-            ptr = getattr(self.executor, call.name)(*ins)
+            if window is not None:
+                try:
+                    ptr = window.allocate(size, dev)
+                except WindowFull as exc:
+                    log.warning("%s: the driver allocates instead", exc)
+                    window = None
+            if window is None:
+                ptr = getattr(self.executor, call.name)(*ins)
         finally:
             with self.lease.lock:
                 self.lease.used[dev] -= size
-        self.lease.add(Allocation(ptr, size, dev, owned=True, ctx=self.ctx))
+        self.lease.add(Allocation(ptr, size, dev, owned=True, ctx=self.ctx, window=window))
         self.owned.add(ptr)
         return struct.pack("<Q", ptr), b""
+
+    def _in_window(self, call: Call, ins: tuple) -> bool:
+        """Whether this allocation comes from the client's window: all of them once it has one, but a
+        stream-ordered one during a capture (the graph's memory node places it, the driver picks)."""
+        if not self.window.ready:
+            return False
+        return call.name == "cuMemAlloc" or not self.executor.cuStreamIsCapturing(ins[-1])
+
+    def _window_offer(self, call: Call, ins: tuple):
+        return struct.pack("<QQ", *self.window.offer()), b""
+
+    def _window_accept(self, call: Call, ins: tuple):
+        self.window.accept(ins[0])
+
+    def _address_range(self, call: Call, ins: tuple):
+        """The allocation's own range (a window's pages hold several small ones)."""
+        a = self.lease.find(ins[0])
+        if a is None:
+            raise CudaError(INVALID_VALUE, f"0x{ins[0]:x} is not memory of this lease")
+        return struct.pack("<QQ", a.base, a.size), b""
+
+    def _pointer_attribute(self, call: Call, ins: tuple):
+        """What cuMemAlloc memory answers, for memory mapped into a window as well (the driver would
+        give the window's range and no context)."""
+        attr, ptr = ins
+        a = self.lease.find(ptr)
+        if a is None:
+            raise CudaError(INVALID_VALUE, f"0x{ptr:x} is not memory of this lease")
+        if a.window is not None and attr in WINDOW_POINTER_ATTRIBUTES:
+            value = {
+                POINTER_CONTEXT: a.ctx or self.lease.primary_ctx.get(a.device, 0),
+                POINTER_DEVICE_ORDINAL: a.device,
+                POINTER_LEGACY_IPC: 1,
+                POINTER_RANGE_START: a.base,
+                POINTER_RANGE_SIZE: a.size,
+                POINTER_MEMPOOL: 0,
+            }[attr]
+        else:
+            value = self.executor.cuPointerGetAttribute(attr, ptr)
+        return struct.pack("<Q", value), b""
 
     def _ctx_create(self, call: Call, ins: tuple):
         flags, dev = ins
@@ -401,7 +476,9 @@ class Session:
         self.lease.handles["ctx"].discard(ctx)
         self.lease.ctx_device.pop(ctx, None)
         for base in [b for b in self.owned if getattr(self.lease.allocations.get(b), "ctx", None) == ctx]:
-            self.lease.remove(base)
+            a = self.lease.remove(base)
+            if a is not None and a.window is not None:  # mapped memory outlives contexts: unmap it here
+                a.window.free(base, wait=False)
             self.owned.discard(base)
         if self.ctx == ctx:
             self.ctx = 0
@@ -412,7 +489,12 @@ class Session:
         a = self.lease.allocations.get(ptr)
         if a is None or not a.owned:
             raise CudaError(INVALID_VALUE, f"0x{ptr:x} is not an allocation of this lease")
-        getattr(self.executor, call.name)(*ins)
+        if a.window is None:
+            getattr(self.executor, call.name)(*ins)
+        elif call.name == "cuMemFreeAsync":
+            a.window.free_after(ptr, ins[1])
+        else:
+            a.window.free(ptr)
         self.lease.remove(ptr)
         self.owned.discard(ptr)
 

@@ -99,6 +99,7 @@ class HostExecutor(Executor):
         self.memory: dict[int, bytearray] = {}
         self.bases: list[int] = []
         self.owner: dict[int, int] = {}  # base -> device
+        self.reserved: dict[int, int] = {}  # reserved address ranges: base -> size
         self.ids = itertools.count(0x1000)
         self.contexts = {0xC0000 + d: d for d in range(self.n)}
         self.pools = {0xB0000 + d: d for d in range(self.n)}
@@ -142,10 +143,14 @@ class HostExecutor(Executor):
         with self.lock:
             ptr = self.next_address[dev]
             self.next_address[dev] += (max(size, 1) + ALIGN - 1) // ALIGN * ALIGN
+        self._place(ptr, size, dev)
+        return ptr
+
+    def _place(self, ptr: int, size: int, dev: int) -> None:
+        with self.lock:
             self.memory[ptr] = bytearray(size)
             self.owner[ptr] = dev
             bisect.insort(self.bases, ptr)
-        return ptr
 
     def _free(self, ptr: int) -> None:
         with self.lock:
@@ -155,6 +160,26 @@ class HostExecutor(Executor):
             self.owner.pop(ptr)
 
     # -- the seam ------------------------------------------------------------------------------------
+
+    def reserve_addresses(self, size: int, hint: int) -> int:
+        with self.lock:  # at `hint` unless it overlaps a range reserved before, as the driver does
+            while any(b < hint + size and hint < b + n for b, n in self.reserved.items()):
+                hint += 1 << 40
+            self.reserved[hint] = size
+        return hint
+
+    def release_addresses(self, base: int, size: int) -> None:
+        with self.lock:
+            if self.reserved.get(base) != size:
+                raise CudaError(INVALID_VALUE, "not a reserved range")
+            del self.reserved[base]
+
+    def map_memory(self, base: int, size: int, device: int):
+        self._place(base, size, device)
+        return base
+
+    def unmap_memory(self, base: int, size: int, backing) -> None:
+        self._free(base)
 
     def set_context(self, ctx: int) -> None:
         self.local.ctx = ctx

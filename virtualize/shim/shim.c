@@ -54,6 +54,8 @@ static CUresult conn_failure; /* sticky: once set, every call returns it */
 static uint64_t conn_ctx;     /* the context the worker's thread has current */
 static char conn_where[300];
 
+static int window_state; /* gp_window_ensure: 0 not asked yet, 1 reserved, -1 none to be had */
+
 static void after_fork_in_child(void) {
     /* The child must not share the parent's stream of frames; it opens its own on first use. */
     if (conn_fd >= 0) close(conn_fd);
@@ -62,6 +64,7 @@ static void after_fork_in_child(void) {
     conn_ctx = 0;
     pthread_mutex_init(&conn_lock, NULL);
     gp_memo_after_fork_in_child();
+    window_state = 0; /* the child's connection is a new client process to the worker: its own window */
 }
 
 /* ---- the profile (GPUPOOL_SHIM_PROFILE=1): per forwarded call, how often and how long ----------- */
@@ -651,6 +654,41 @@ static int reserve(uint64_t base, uint64_t size) {
         a = stop;
     }
     return 0;
+}
+
+/* The worker offers a range it reserved for this process (virtualize/_address_window.py); a range this
+ * process cannot reserve (some of it is already mapped here) is passed over and another asked for. */
+#define WINDOW_TRIES 8
+static pthread_mutex_t window_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void gp_window_ensure(void) {
+    if (__atomic_load_n(&window_state, __ATOMIC_ACQUIRE)) return;
+    pthread_mutex_lock(&window_lock);
+    if (!window_state) {
+        int state = -1, taken = 0;
+        for (int i = 0; i < WINDOW_TRIES && state < 0; i++) {
+            struct gp_out_gpWindowOffer offer;
+            if (gp_call(GP_CALL_gpWindowOffer, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &offer, sizeof offer, NULL, 0))
+                break;
+            pthread_mutex_lock(&table_lock);
+            int rc = reserve(offer.base, offer.size);
+            pthread_mutex_unlock(&table_lock);
+            if (rc != 0) {
+                taken++;
+                continue;
+            }
+            struct gp_in_gpWindowAccept accept = {.base = offer.base};
+            if (gp_call(GP_CALL_gpWindowAccept, GP_FLAG_WANTS_REPLY, &accept, sizeof accept, NULL, 0, NULL, 0, NULL, 0))
+                break;
+            state = 1;
+        }
+        if (state < 0)
+            gp_say("no window of device addresses could be reserved (%d offered ranges were host memory here): "
+                   "each allocation's addresses are reserved as it arrives",
+                   taken);
+        __atomic_store_n(&window_state, state, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&window_lock);
 }
 
 int gp_dev_add(uint64_t base, uint64_t size, int owned) {

@@ -69,6 +69,10 @@ void gp_ctx_note_device(uint64_t ctx, int device);
 int gp_ctx_device(uint64_t ctx, int *device);
 void gp_ctx_forget(uint64_t ctx);
 
+/* This process's window of device addresses: asked of the worker and reserved here before the first
+ * allocation, so allocations never land on (or later under) host memory of this process. */
+void gp_window_ensure(void);
+
 /* The lease's device ranges known to this process: allocations (owned) and module globals. */
 int gp_dev_add(uint64_t base, uint64_t size, int owned); /* 0, or -1 when the range is host memory here */
 void gp_dev_remove(uint64_t base);

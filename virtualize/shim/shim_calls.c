@@ -241,8 +241,10 @@ CUresult cuCtxGetDevice(int32_t *device) { return cuCtxGetDevice_v2(device, 0); 
 
 /* ---- device memory ----------------------------------------------------------------------------- */
 
-/* An allocation whose address is already host memory in this process is kept aside and the worker
- * asked again, so the client can always tell host from device pointers; the ones kept aside are freed. */
+/* Allocations land in this process's window of device addresses (gp_window_ensure), reserved here in
+ * advance. Where one cannot (no window, a capture's memory node, a full window) and its address is
+ * already host memory in this process, it is kept aside and the worker asked again, so the client can
+ * always tell host from device pointers; the ones kept aside are freed. */
 #define MAX_TRIES 8
 
 static CUresult free_remote(uint64_t ptr, uint64_t stream, int async) {
@@ -256,6 +258,7 @@ static CUresult free_remote(uint64_t ptr, uint64_t stream, int async) {
 
 static CUresult alloc_reserved(uint64_t *dptr, uint64_t bytesize, int kind, uint64_t pool, uint64_t stream) {
     if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+    gp_window_ensure();
     uint64_t aside[MAX_TRIES];
     int n_aside = 0;
     CUresult r = CUDA_SUCCESS;

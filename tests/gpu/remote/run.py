@@ -52,6 +52,7 @@ PROGRAMS = [
     "prog_cupy.py",
     "prog_torch.py",
     "prog_torch_ipc.py",  # CUDA tensors between processes: IPC memory and event handles
+    "prog_window.py",  # allocations of many sizes churned: contents kept, addresses reserved here
 ]
 results: list[dict] = []
 
