@@ -419,6 +419,24 @@ def scenario_memo():
     say("capturing", " ".join(map(str, seen)))
 
 
+def scenario_capture_copy():
+    """Copies between this process's memory and the GPU cannot be captured into a graph: the capture
+    fails at its end, as the driver does for an operation a capture does not allow; work goes on."""
+    setup()
+    rc, dev = alloc(64)
+    check(rc, "alloc")
+    stream, graph = c_u64(), c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    data = ctypes.create_string_buffer(b"x" * 64)
+    check(cu.cuStreamBeginCapture(stream, 2), "begin capture")  # relaxed
+    say("htod_in_capture", cu.cuMemcpyHtoDAsync(c_u64(dev), data, c_u64(64), stream))
+    say("dtoh_in_capture", cu.cuMemcpyDtoHAsync(data, c_u64(dev), c_u64(64), stream))
+    say("end_capture", cu.cuStreamEndCapture(stream, ctypes.byref(graph)))
+    say("htod_after", cu.cuMemcpyHtoDAsync(c_u64(dev), data, c_u64(64), stream))
+    say("sync", cu.cuStreamSynchronize(stream))
+    say("readback", dtoh(dev, 4)[1] == b"xxxx")
+
+
 def scenario_memo_kernels():
     """A setter or an unload drops the kept answers about its own kernel, function or library only."""
     setup()

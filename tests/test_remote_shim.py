@@ -252,6 +252,18 @@ def test_allocations_land_in_a_window_the_program_reserved_before_its_first_allo
     assert "gpupool:" not in err
 
 
+def test_a_copy_from_the_programs_memory_inside_a_capture_fails_the_capture_not_the_replays(shim_dir, worker):
+    out, _ = run_client("capture_copy", client_env(shim_dir, worker))
+    assert out == {
+        "htod_in_capture": "0",  # sent without waiting, as every asynchronous call
+        "dtoh_in_capture": "900",  # CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+        "end_capture": "901",  # CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        "htod_after": "0",
+        "sync": "0",
+        "readback": "True",
+    }
+
+
 def test_queries_libraries_make_are_answered(shim_dir, worker):
     out, _ = run_client("queries", client_env(shim_dir, worker))
     assert out == expected_queries()

@@ -131,10 +131,12 @@ class Session:
         self.owned: set[int] = set()  # allocations made on this connection, freed when it closes
         self.created_contexts: set[int] = set()  # cuCtxCreate's on this connection, destroyed when it closes
         self.window = WindowMemory(executor, lease.limits)  # this client process's device addresses
+        self.spoiled_captures: set[int] = set()  # streams whose capture met a copy it cannot hold
         self.special: dict[str, Callable] = {
             "gpSetContext": self._set_context,
             "gpParamLayout": self._param_layout,
             "gpLinkImage": self._link_image,
+            "cuStreamEndCapture": self._end_capture,
             "gpWindowOffer": self._window_offer,
             "gpWindowAccept": self._window_accept,
             "cuMemGetAddressRange_v2": self._address_range,
@@ -498,12 +500,39 @@ class Session:
         self.lease.remove(ptr)
         self.owned.discard(ptr)
 
+    def _capturing(self, call: Call, stream: int) -> bool:
+        """A copy between the client's memory and the GPU on a stream being captured cannot become a
+        graph node (the worker cannot read or write the client's memory when the graph is launched):
+        the capture is spoiled, and cuStreamEndCapture says so, as the driver does after a call that
+        a capture does not allow. Never a copy done once at capture time and missing from the replays."""
+        if not call.name.endswith("Async") or not self.executor.cuStreamIsCapturing(stream):
+            return False
+        self.spoiled_captures.add(stream)
+        log.warning(
+            "%s during a stream capture: copies from or to the client's memory cannot be captured; "
+            "the capture fails at cuStreamEndCapture (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)",
+            call.symbol,
+        )
+        return True
+
+    def _end_capture(self, call: Call, ins: tuple):
+        answer = self._plain(call, ins)
+        if ins[0] in self.spoiled_captures:
+            self.spoiled_captures.discard(ins[0])
+            (graph,) = struct.unpack("<Q", answer[0])
+            self.executor.cuGraphDestroy(graph)
+            self.lease.handles["graph"].discard(graph)
+            raise CudaError(CUresult.STREAM_CAPTURE_INVALIDATED, "a copy from or to the client's memory")
+        return answer
+
     def _htod(self, call: Call, ins: tuple):
         dst, count, stream = ins
         self._check(call, ins)
         if count != self.channel.bulk_left:
             raise CudaError(INVALID_VALUE, "copy size and data differ")
         self._check_range(dst, count)
+        if self._capturing(call, stream):
+            return _EMPTY  # the bytes are skipped
         channel = self.channel
 
         def fill(view: memoryview) -> None:
@@ -516,6 +545,8 @@ class Session:
         src, count, stream = ins
         self._check(call, ins)
         self._check_range(src, count)
+        if self._capturing(call, stream):
+            raise CudaError(CUresult.STREAM_CAPTURE_UNSUPPORTED, "a copy to the client's memory")
         if count == 0:
             return _EMPTY
         sent = 0
