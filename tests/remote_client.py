@@ -741,6 +741,52 @@ def scenario_window():
     say("used_kib", (total.value - free.value) // 1024)  # the 3000 buffers of 1000 bytes
 
 
+class AllocationProp(ctypes.Structure):  # CUmemAllocationProp
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("handle_types", ctypes.c_int),
+        ("location_type", ctypes.c_int),
+        ("location_id", ctypes.c_int),
+        ("win32", ctypes.c_void_p),
+        ("flags", ctypes.c_uint64),
+    ]
+
+
+class AccessDesc(ctypes.Structure):  # CUmemAccessDesc
+    _fields_ = [("location_type", ctypes.c_int), ("location_id", ctypes.c_int), ("flags", ctypes.c_int)]
+
+
+def scenario_vmm():
+    """The virtual memory API, as PyTorch's expandable segments use it: reserve, create, map, grant
+    access, use, then undo it all; the partition counts created memory."""
+    setup()
+    prop = AllocationProp(1, 0, 1, 0)  # pinned, on device 0
+    granularity = c_u64()
+    check(cu.cuMemGetAllocationGranularity(ctypes.byref(granularity), ctypes.byref(prop), 0), "granularity")
+    say("granularity", granularity.value)
+    base, handle, second = c_u64(), c_u64(), c_u64()
+    check(
+        cu.cuMemAddressReserve(ctypes.byref(base), c_u64(16 * MiB), c_u64(0), c_u64(0), c_u64(0)), "reserve"
+    )
+    check(cu.cuMemCreate(ctypes.byref(handle), c_u64(4 * MiB), ctypes.byref(prop), c_u64(0)), "create")
+    say("past_partition", cu.cuMemCreate(ctypes.byref(second), c_u64(64 * MiB), ctypes.byref(prop), c_u64(0)))
+    say("map_outside", cu.cuMemMap(c_u64(0x1000), c_u64(4 * MiB), c_u64(0), handle, c_u64(0)))
+    check(cu.cuMemMap(base, c_u64(4 * MiB), c_u64(0), handle, c_u64(0)), "map")
+    access = AccessDesc(1, 0, 3)  # device 0, read-write
+    check(cu.cuMemSetAccess(base, c_u64(4 * MiB), ctypes.byref(access), c_u64(1)), "access")
+    check(cu.cuMemsetD8(base, 9, c_u64(4 * MiB)), "memset")
+    say("contents", dtoh(base.value + 4 * MiB - 8, 8)[1] == b"\x09" * 8)
+    free, total = c_u64(), c_u64()
+    check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
+    say("used_mib", (total.value - free.value) // MiB)
+    say("free_while_mapped", cu.cuMemAddressFree(base, c_u64(16 * MiB)))
+    check(cu.cuMemUnmap(base, c_u64(4 * MiB)), "unmap")
+    check(cu.cuMemRelease(handle), "release")
+    check(cu.cuMemAddressFree(base, c_u64(16 * MiB)), "address free")
+    check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
+    say("used_mib_after", (total.value - free.value) // MiB)
+
+
 def scenario_collision():
     # Host memory of this process where a worker without a window would put its first allocation, and
     # every range where workers place windows taken as well: the shim must fall back.

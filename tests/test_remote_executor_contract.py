@@ -8,7 +8,7 @@ import inspect
 import pytest
 
 from virtualize._calls import CALLS, Mode
-from virtualize._executor import PER_CALL, SHAPED, WINDOW_CALLS, Executor, executor_method
+from virtualize._executor import GUARD_CALLS, PER_CALL, SHAPED, Executor, executor_method
 from virtualize._executor_guard import LeaseState, Session
 from virtualize._executor_host import HostExecutor
 
@@ -28,7 +28,7 @@ def test_the_table_forwards_calls_and_serves_the_rest_in_the_client():
 def test_the_guard_has_a_handler_for_every_forwarded_call_and_none_for_the_others():
     session = Session(LeaseState([1 << 20]), executor=None, channel=None)
     for call, handler in zip(CALLS, session.handlers, strict=True):
-        served = executor_method(call) is not None or call.name in WINDOW_CALLS  # the guard's own
+        served = executor_method(call) is not None or call.name in GUARD_CALLS  # the guard's own
         assert (handler is not None) == served, call.name
 
 

@@ -264,6 +264,20 @@ def test_a_copy_from_the_programs_memory_inside_a_capture_fails_the_capture_not_
     }
 
 
+def test_the_virtual_memory_api_maps_memory_in_ranges_the_program_reserved(shim_dir, worker):
+    out, err = run_client("vmm", client_env(shim_dir, worker))
+    assert out == {
+        "granularity": str(2 * MiB),
+        "past_partition": "2",  # CUDA_ERROR_OUT_OF_MEMORY: the 64 MiB partition holds 4 MiB already
+        "map_outside": "1",  # CUDA_ERROR_INVALID_VALUE: not a range this process reserved
+        "contents": "True",
+        "used_mib": "4",
+        "free_while_mapped": "1",
+        "used_mib_after": "0",
+    }
+    assert "gpupool:" not in err
+
+
 def test_queries_libraries_make_are_answered(shim_dir, worker):
     out, _ = run_client("queries", client_env(shim_dir, worker))
     assert out == expected_queries()

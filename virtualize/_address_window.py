@@ -26,7 +26,7 @@ import random
 import threading
 from dataclasses import dataclass, field
 
-from virtualize._executor import OUT_OF_MEMORY, CudaError, Executor
+from virtualize._executor import INVALID_VALUE, OUT_OF_MEMORY, CudaError, Executor
 
 log = logging.getLogger("gpupool.worker")
 
@@ -40,6 +40,12 @@ MIN_WINDOW = 64 << 30
 # (the first TiB).
 HINT_LOW, HINT_HIGH = 0x1000_0000_0000, 0x5000_0000_0000
 MARKER_EVENT_FLAGS = 2  # CU_EVENT_DISABLE_TIMING: a marker, not a timer
+
+
+def _hint(size: int) -> int:
+    """A spot for `size` bytes in the windows' region, 1 GiB aligned, chosen at random."""
+    slots = (HINT_HIGH - HINT_LOW - size) // WINDOW_ALIGN
+    return HINT_LOW + random.randrange(max(slots, 1)) * WINDOW_ALIGN
 
 
 class WindowFull(Exception):
@@ -58,24 +64,25 @@ class FreeRanges:
         self.starts = [base]
         self.sizes = {base: size}
 
-    def take(self, size: int) -> int | None:
+    def take(self, size: int, align: int = 1) -> int | None:
         best = None
         for start in self.starts:
             free = self.sizes[start]
-            if free >= size and (best is None or free < self.sizes[best]):
+            skip = -start % align
+            if free >= size + skip and (best is None or free < self.sizes[best]):
                 best = start
-                if free == size:
+                if free == size and not skip:
                     break
         if best is None:
             return None
-        left = self.sizes.pop(best) - size
-        i = bisect.bisect_left(self.starts, best)
-        if left:
-            self.starts[i] = best + size
-            self.sizes[best + size] = left
-        else:
-            self.starts.pop(i)
-        return best
+        free = self.sizes.pop(best)
+        self.starts.pop(bisect.bisect_left(self.starts, best))
+        at = best + (-best % align)
+        if at > best:  # the part before the aligned start stays free
+            self.give(best, at - best)
+        if free - (at - best) > size:
+            self.give(at + size, free - (at - best) - size)
+        return at
 
     def give(self, start: int, size: int) -> None:
         i = bisect.bisect_left(self.starts, start)
@@ -126,6 +133,7 @@ class WindowMemory:
         self.slabs: dict[int, list[Mapping]] = {}  # device -> its slabs
         self.small_sizes: dict[int, int] = {}  # small allocation -> its size in its slab
         self.pending: list[tuple[int, int]] = []  # (allocation, event): freed once the event is reached
+        self.ranges: dict[int, tuple[int, Window | None]] = {}  # cuMemAddressReserve'd: base -> size, window
         self.lock = threading.Lock()
 
     @property
@@ -138,9 +146,7 @@ class WindowMemory:
         """Reserve a new window (dropping one offered and not taken) and say where it is."""
         with self.lock:
             self._drop_offer()
-            slots = (HINT_HIGH - HINT_LOW - self.size) // WINDOW_ALIGN
-            hint = HINT_LOW + random.randrange(max(slots, 1)) * WINDOW_ALIGN
-            base = self.executor.reserve_addresses(self.size, hint)
+            base = self.executor.reserve_addresses(self.size, _hint(self.size))
             self.offered = Window(base, self.size)
             return base, self.size
 
@@ -171,6 +177,31 @@ class WindowMemory:
             self._reclaim(wait=True)  # memory freed on streams not yet done: wait for it, once
             return self._small(size, device) if size <= SMALL else self._big(size, device)
 
+    def reserve_range(self, size: int, align: int) -> int:
+        """cuMemAddressReserve: `size` bytes of the window for the program to map memory into itself (or,
+        with no room left, a range of its own that the client reserves when it arrives)."""
+        with self.lock:
+            for w in self.windows:
+                base = w.pages.take(size, max(align, GRANULE))
+                if base is not None:
+                    self.ranges[base] = (size, w)
+                    return base
+            base = self.executor.reserve_addresses(size, _hint(size))
+            self.ranges[base] = (size, None)
+            return base
+
+    def release_range(self, base: int, size: int) -> None:
+        with self.lock:
+            if self.ranges.get(base, (0,))[0] != size:
+                raise CudaError(
+                    INVALID_VALUE, f"[0x{base:x}, +{size}) is not a range cuMemAddressReserve gave"
+                )
+            _, w = self.ranges.pop(base)
+            if w is None:
+                self.executor.release_addresses(base, size)
+            else:
+                w.pages.give(base, size)
+
     def owns(self, ptr: int) -> bool:
         return ptr in self.mappings
 
@@ -196,6 +227,10 @@ class WindowMemory:
                 for m in slabs:
                     self._unmap(m)
             self.slabs.clear()
+            for base, (size, w) in self.ranges.items():
+                if w is None:
+                    self.executor.release_addresses(base, size)
+            self.ranges.clear()
             self._drop_offer()
             for w in self.windows:
                 self.executor.release_addresses(w.base, w.size)

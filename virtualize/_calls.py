@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 HANDLE_TYPES = (
-    "ctx", "stream", "event", "module", "func", "kernel", "library", "pool", "graph", "graphexec", "link"
+    "ctx", "stream", "event", "module", "func", "kernel", "library", "pool", "graph", "graphexec", "link",
+    "vmem",  # a CUmemGenericAllocationHandle (cuMemCreate)
 )  # fmt: skip
 SCALAR_TYPES = {"i32": "i", "u32": "I", "u64": "Q", "u8": "B", "u16": "H", "f32": "f", "dptr": "Q"}
 SCALAR_TYPES.update(dict.fromkeys(HANDLE_TYPES, "Q"))
@@ -253,6 +254,19 @@ CALLS: tuple[Call, ...] = (
     _c("cuMemPoolGetAttribute", 11020, "pool pool, i32 attr, ptr value", custom=True,
        wire="pool pool, i32 attr, o_u64 value"),
     _c("cuMemPoolTrimTo", 11020, "pool pool, u64 min_bytes_to_keep"),
+    # -- the virtual memory API: address ranges come from the process's window, memory is created, mapped
+    # and released on the worker (PyTorch's expandable segments); the worker checks every range and handle.
+    _c("cuMemAddressReserve", 10020, "o_dptr ptr, u64 size, u64 alignment, u64 addr, u64 flags", custom=True),
+    _c("cuMemAddressFree", 10020, "dptr ptr, u64 size", custom=True),
+    _c("cuMemCreate", 10020, "o_vmem handle, u64 size, ptr prop, u64 flags", custom=True,
+       wire="o_vmem handle, u64 size, u64 flags, bytes prop"),
+    _c("cuMemRelease", 10020, "vmem handle"),
+    _c("cuMemMap", 10020, "dptr ptr, u64 size, u64 offset, vmem handle, u64 flags"),
+    _c("cuMemUnmap", 10020, "dptr ptr, u64 size"),
+    _c("cuMemSetAccess", 10020, "dptr ptr, u64 size, ptr desc, u64 count", custom=True,
+       wire="dptr ptr, u64 size, u64 count, bytes desc"),
+    _c("cuMemGetAllocationGranularity", 10020, "o_u64 granularity, ptr prop, i32 option", custom=True,
+       wire="o_u64 granularity, i32 option, bytes prop"),
     # -- host memory stays in the client --------------------------------------------------------------
     _c("cuMemAllocHost", 3020, "o_u64 pp, u64 bytesize", L, symbol="cuMemAllocHost_v2", custom=True),
     _c("cuMemHostAlloc", 2020, "o_u64 pp, u64 bytesize, u32 flags", L, custom=True),

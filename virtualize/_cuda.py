@@ -283,12 +283,17 @@ class CudaExecutor(Executor):
     def release_addresses(self, base: int, size: int) -> None:
         _ok(driver.cuMemAddressFree(base, size))
 
-    def map_memory(self, base: int, size: int, device: int):
+    def _prop(self, device: int, handle_types: int = 0):
         prop = driver.CUmemAllocationProp()
         prop.type = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
         prop.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
         prop.location.id = self._d(device)
-        handle = _ok(driver.cuMemCreate(size, prop, 0))
+        if handle_types:
+            prop.requestedHandleTypes = _enum(driver.CUmemAllocationHandleType, handle_types)
+        return prop
+
+    def map_memory(self, base: int, size: int, device: int):
+        handle = _ok(driver.cuMemCreate(size, self._prop(device), 0))
         mapped = False
         try:
             _ok(driver.cuMemMap(base, size, 0, handle, 0))
@@ -305,16 +310,44 @@ class CudaExecutor(Executor):
     def _access(self, device: int) -> list:
         """Who may touch `device`'s memory: the device, and each lease device that can reach it as a peer
         (cuMemAlloc memory needs cuCtxEnablePeerAccess first; mapped memory is granted here, once)."""
+        return self._descs(
+            [
+                (other, 3)  # CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                for other, real in enumerate(self.real)
+                if other == device or _ok(driver.cuDeviceCanAccessPeer(real, self.real[device]))
+            ]
+        )
+
+    def _descs(self, access: list[tuple[int, int]]) -> list:
         descs = []
-        for other, real in enumerate(self.real):
-            if other != device and not _ok(driver.cuDeviceCanAccessPeer(real, self.real[device])):
-                continue
+        for device, flags in access:
             desc = driver.CUmemAccessDesc()
             desc.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-            desc.location.id = real
-            desc.flags = driver.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            desc.location.id = self._d(device)
+            desc.flags = _enum(driver.CUmemAccess_flags, flags)
             descs.append(desc)
         return descs
+
+    # The virtual memory API as the program calls it (the guard checked ranges and handles).
+    def cuMemCreate(self, size, device, handle_types):
+        return _int(_ok(driver.cuMemCreate(size, self._prop(device, handle_types), 0)))
+
+    def cuMemRelease(self, handle):
+        _ok(driver.cuMemRelease(driver.CUmemGenericAllocationHandle(handle)))
+
+    def cuMemMap(self, ptr, size, offset, handle, flags):
+        _ok(driver.cuMemMap(ptr, size, offset, driver.CUmemGenericAllocationHandle(handle), flags))
+
+    def cuMemUnmap(self, ptr, size):
+        _ok(driver.cuMemUnmap(ptr, size))
+
+    def cuMemSetAccess(self, ptr, size, access):
+        descs = self._descs(access)
+        _ok(driver.cuMemSetAccess(ptr, size, descs, len(descs)))
+
+    def cuMemGetAllocationGranularity(self, device, option):
+        kind = _enum(driver.CUmemAllocationGranularity_flags, option)
+        return int(_ok(driver.cuMemGetAllocationGranularity(self._prop(device), kind)))
 
     def unmap_memory(self, base: int, size: int, backing) -> None:
         _ok(driver.cuMemUnmap(base, size))

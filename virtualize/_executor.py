@@ -81,13 +81,14 @@ def linked_image(linked: dict[int, bytes], state: int, size: int) -> bytes:
 
 
 HANDSHAKE = ("gpHello", "gpProve")  # the worker's own, before any call reaches an executor
-WINDOW_CALLS = ("gpWindowOffer", "gpWindowAccept")  # the guard's own (virtualize._address_window)
+# Served by the guard itself from the client process's address window (virtualize._address_window).
+GUARD_CALLS = ("gpWindowOffer", "gpWindowAccept", "cuMemAddressReserve", "cuMemAddressFree")
 
 
 def executor_method(call: Call) -> str | None:
     """The Executor method that runs `call` on the worker; None for calls that never reach one
     (served in the client, or the worker's own hello)."""
-    if call.mode is Mode.LOCAL or call.name in HANDSHAKE or call.name in WINDOW_CALLS:
+    if call.mode is Mode.LOCAL or call.name in HANDSHAKE or call.name in GUARD_CALLS:
         return None
     return SHAPED.get(call.name, call.name)
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from virtualize import _wire
-from virtualize._address_window import WindowFull, WindowMemory
+from virtualize._address_window import GRANULE, WindowFull, WindowMemory
 from virtualize._calls import CALLS, HANDLE_TYPES, Call, Mode
 from virtualize._executor import (
     HANDSHAKE,
@@ -38,6 +38,7 @@ log = logging.getLogger("gpupool.worker")
 BUILTIN_STREAMS = frozenset({0, 1, 2})  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
 MEMSET_WIDTH = {"cuMemsetD8": 1, "cuMemsetD16": 2, "cuMemsetD32": 4}
 LAUNCH_ATTRIBUTE_BYTES = 72
+ALLOCATION_PROP_BYTES, ACCESS_DESC_BYTES = 32, 12  # CUmemAllocationProp, CUmemAccessDesc
 # CUpointer_attribute values the guard answers for memory in a window (cuda.h numbering).
 POINTER_CONTEXT, POINTER_DEVICE_ORDINAL, POINTER_LEGACY_IPC = 1, 9, 10
 POINTER_RANGE_START, POINTER_RANGE_SIZE, POINTER_MEMPOOL = 11, 12, 17
@@ -132,11 +133,23 @@ class Session:
         self.created_contexts: set[int] = set()  # cuCtxCreate's on this connection, destroyed when it closes
         self.window = WindowMemory(executor, lease.limits)  # this client process's device addresses
         self.spoiled_captures: set[int] = set()  # streams whose capture met a copy it cannot hold
+        # The virtual memory API on this connection: reserved ranges, mappings, and created memory.
+        self.vm_ranges: dict[int, int] = {}  # base -> size
+        self.vm_mapped: dict[int, int] = {}  # mapped address -> size
+        self.vm_handles: dict[int, tuple[int, int]] = {}  # handle -> (size, device)
         self.special: dict[str, Callable] = {
             "gpSetContext": self._set_context,
             "gpParamLayout": self._param_layout,
             "gpLinkImage": self._link_image,
             "cuStreamEndCapture": self._end_capture,
+            "cuMemAddressReserve": self._vm_reserve,
+            "cuMemAddressFree": self._vm_address_free,
+            "cuMemCreate": self._vm_create,
+            "cuMemRelease": self._vm_release,
+            "cuMemMap": self._vm_map,
+            "cuMemUnmap": self._vm_unmap,
+            "cuMemSetAccess": self._vm_set_access,
+            "cuMemGetAllocationGranularity": self._vm_granularity,
             "gpWindowOffer": self._window_offer,
             "gpWindowAccept": self._window_accept,
             "cuMemGetAddressRange_v2": self._address_range,
@@ -253,6 +266,7 @@ class Session:
             except CudaError as exc:
                 log.warning("could not free 0x%x after the client left: %s", a.base, exc)
             self.lease.remove(a.base)
+        self._vm_close()
         try:
             self.window.close()
         except CudaError as exc:
@@ -421,6 +435,124 @@ class Session:
         if not self.window.ready:
             return False
         return call.name == "cuMemAlloc" or not self.executor.cuStreamIsCapturing(ins[-1])
+
+    # -- the virtual memory API ----------------------------------------------------------------------
+
+    def _vm_reserve(self, call: Call, ins: tuple):
+        size, align = ins[:2]
+        if not size or size % GRANULE or (align & (align - 1)):
+            raise CudaError(INVALID_VALUE, "size must be a multiple of 2 MiB, alignment a power of two")
+        base = self.window.reserve_range(size, align)
+        self.vm_ranges[base] = size
+        self.lease.add(Allocation(base, size, 0, owned=False))  # copies and launches may name it
+        return struct.pack("<Q", base), b""
+
+    def _vm_address_free(self, call: Call, ins: tuple):
+        base, size = ins
+        if self.vm_ranges.get(base) != size:
+            raise CudaError(INVALID_VALUE, f"[0x{base:x}, +{size}) is not a range this process reserved")
+        if any(base <= m < base + size for m in self.vm_mapped):
+            raise CudaError(INVALID_VALUE, "memory is still mapped in the range")
+        self.window.release_range(base, size)
+        del self.vm_ranges[base]
+        self.lease.remove(base)
+
+    def _vm_inside(self, ptr: int, size: int) -> None:
+        """[ptr, +size) lies inside one range this process reserved."""
+        for base, n in self.vm_ranges.items():
+            if base <= ptr and ptr + size <= base + n:
+                return
+        raise CudaError(INVALID_VALUE, f"[0x{ptr:x}, +{size}) is not inside a range this process reserved")
+
+    def _vm_device(self, prop: bytes) -> tuple[int, int]:
+        """A CUmemAllocationProp's device (of the lease) and requested handle types; pinned device memory only."""
+        if len(prop) != ALLOCATION_PROP_BYTES:
+            raise CudaError(INVALID_VALUE, "CUmemAllocationProp")
+        kind, handle_types, location, device = struct.unpack_from("<iiii", prop)
+        if kind != 1 or location != 1:  # CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE
+            raise CudaError(CUresult.NOT_SUPPORTED, "only pinned device memory is created remotely")
+        if not 0 <= device < len(self.lease.limits):
+            raise CudaError(CUresult.INVALID_DEVICE, "device ordinal")
+        return device, handle_types
+
+    def _vm_create(self, call: Call, ins: tuple):
+        size, _flags = ins  # flags: reserved by CUDA, 0
+        device, handle_types = self._vm_device(self.channel.read_bulk(limit=ALLOCATION_PROP_BYTES))
+        if not size or size % GRANULE:
+            raise CudaError(INVALID_VALUE, "size must be a multiple of the granularity (2 MiB)")
+        with self.lease.lock:
+            self.lease.reserve(device, size)
+            self.lease.used[device] += size
+        try:
+            handle = self.executor.cuMemCreate(size, device, handle_types)
+        except BaseException:
+            with self.lease.lock:
+                self.lease.used[device] -= size
+            raise
+        self.vm_handles[handle] = (size, device)
+        self.lease.handles["vmem"].add(handle)
+        return struct.pack("<Q", handle), b""
+
+    def _vm_release(self, call: Call, ins: tuple):
+        (handle,) = ins
+        if handle not in self.vm_handles:
+            raise CudaError(INVALID_VALUE, "not memory this process created")
+        self.executor.cuMemRelease(handle)
+        size, device = self.vm_handles.pop(handle)
+        self.lease.handles["vmem"].discard(handle)
+        with self.lease.lock:
+            self.lease.used[device] -= size
+
+    def _vm_map(self, call: Call, ins: tuple):
+        ptr, size, offset, handle, flags = ins
+        if handle not in self.vm_handles or offset + size > self.vm_handles[handle][0]:
+            raise CudaError(INVALID_VALUE, "not memory this process created, or past its end")
+        self._vm_inside(ptr, size)
+        self.executor.cuMemMap(ptr, size, offset, handle, flags)
+        self.vm_mapped[ptr] = size
+
+    def _vm_unmap(self, call: Call, ins: tuple):
+        ptr, size = ins
+        inside = [m for m, n in self.vm_mapped.items() if ptr <= m and m + n <= ptr + size]
+        if not inside or sum(self.vm_mapped[m] for m in inside) != size:
+            raise CudaError(INVALID_VALUE, f"[0x{ptr:x}, +{size}) is not whole mappings of this process")
+        self.executor.cuMemUnmap(ptr, size)
+        for m in inside:
+            del self.vm_mapped[m]
+
+    def _vm_set_access(self, call: Call, ins: tuple):
+        ptr, size, count = ins
+        raw = self.channel.read_bulk(limit=64 * ACCESS_DESC_BYTES)
+        if len(raw) != count * ACCESS_DESC_BYTES:
+            raise CudaError(INVALID_VALUE, "CUmemAccessDesc")
+        self._vm_inside(ptr, size)
+        access = []
+        for i in range(count):
+            location, device, flags = struct.unpack_from("<iii", raw, i * ACCESS_DESC_BYTES)
+            if location != 1 or not 0 <= device < len(self.lease.limits):
+                raise CudaError(CUresult.INVALID_DEVICE, "access descriptor's device")
+            access.append((device, flags))
+        self.executor.cuMemSetAccess(ptr, size, access)
+
+    def _vm_granularity(self, call: Call, ins: tuple):
+        (option,) = ins
+        device, _ = self._vm_device(self.channel.read_bulk(limit=ALLOCATION_PROP_BYTES))
+        return struct.pack("<Q", self.executor.cuMemGetAllocationGranularity(device, option)), b""
+
+    def _vm_close(self) -> None:
+        """The client is gone: unmap, release and free what it left of the virtual memory API."""
+        try:
+            if self.vm_mapped:
+                self.executor.cuCtxSynchronize()
+            for ptr, size in list(self.vm_mapped.items()):
+                self.executor.cuMemUnmap(ptr, size)
+                del self.vm_mapped[ptr]
+            for handle in list(self.vm_handles):
+                self._vm_release(None, (handle,))
+            for base, size in list(self.vm_ranges.items()):
+                self._vm_address_free(None, (base, size))
+        except CudaError as exc:
+            log.warning("could not release the client's mapped memory: %s", exc)
 
     def _window_offer(self, call: Call, ins: tuple):
         return struct.pack("<QQ", *self.window.offer()), b""

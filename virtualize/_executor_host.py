@@ -100,6 +100,7 @@ class HostExecutor(Executor):
         self.bases: list[int] = []
         self.owner: dict[int, int] = {}  # base -> device
         self.reserved: dict[int, int] = {}  # reserved address ranges: base -> size
+        self.created: dict[int, int] = {}  # cuMemCreate handle -> device
         self.ids = itertools.count(0x1000)
         self.contexts = {0xC0000 + d: d for d in range(self.n)}
         self.pools = {0xB0000 + d: d for d in range(self.n)}
@@ -180,6 +181,30 @@ class HostExecutor(Executor):
 
     def unmap_memory(self, base: int, size: int, backing) -> None:
         self._free(base)
+
+    # The virtual memory API: each mapping is memory of its own here (two mappings of one handle do
+    # not share bytes, as they do on a GPU).
+    def cuMemCreate(self, size, device, handle_types):
+        handle = next(self.ids)
+        self.created[handle] = device
+        return handle
+
+    def cuMemRelease(self, handle):
+        if self.created.pop(handle, None) is None:
+            raise CudaError(INVALID_VALUE)
+
+    def cuMemMap(self, ptr, size, offset, handle, flags):
+        self._place(ptr, size, self.created[handle])
+
+    def cuMemUnmap(self, ptr, size):
+        for base in [b for b in self.bases if ptr <= b < ptr + size]:
+            self._free(base)
+
+    def cuMemSetAccess(self, ptr, size, access):
+        return None
+
+    def cuMemGetAllocationGranularity(self, device, option):
+        return ALIGN
 
     def set_context(self, ctx: int) -> None:
         self.local.ctx = ctx

@@ -368,6 +368,27 @@ GP_EXPORT CUresult cuMemPoolTrimTo(uint64_t pool, uint64_t min_bytes_to_keep) {
     return r;
 }
 
+GP_EXPORT CUresult cuMemRelease(uint64_t handle) {
+    GP_TRACE("cuMemRelease");
+    struct gp_in_cuMemRelease in = { .handle = handle };
+    CUresult r = gp_call(GP_CALL_cuMemRelease, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuMemMap(uint64_t ptr, uint64_t size, uint64_t offset, uint64_t handle, uint64_t flags) {
+    GP_TRACE("cuMemMap");
+    struct gp_in_cuMemMap in = { .ptr = ptr, .size = size, .offset = offset, .handle = handle, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuMemMap, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuMemUnmap(uint64_t ptr, uint64_t size) {
+    GP_TRACE("cuMemUnmap");
+    struct gp_in_cuMemUnmap in = { .ptr = ptr, .size = size };
+    CUresult r = gp_call(GP_CALL_cuMemUnmap, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
 GP_EXPORT CUresult cuMemcpyDtoD_v2(uint64_t dst, uint64_t src, uint64_t count) {
     GP_TRACE("cuMemcpyDtoD_v2");
     struct gp_in_cuMemcpyDtoD_v2 in = { .dst = dst, .src = src, .count = count };
@@ -1246,8 +1267,6 @@ GP_EXPORT CUresult cuLinkCreate(void) { return gp_unforwarded("cuLinkCreate"); }
 GP_EXPORT CUresult cuLogsCurrent(void) { return gp_unforwarded("cuLogsCurrent"); }
 GP_EXPORT CUresult cuLogsDumpToFile(void) { return gp_unforwarded("cuLogsDumpToFile"); }
 GP_EXPORT CUresult cuLogsDumpToMemory(void) { return gp_unforwarded("cuLogsDumpToMemory"); }
-GP_EXPORT CUresult cuMemAddressFree(void) { return gp_unforwarded("cuMemAddressFree"); }
-GP_EXPORT CUresult cuMemAddressReserve(void) { return gp_unforwarded("cuMemAddressReserve"); }
 GP_EXPORT CUresult cuMemAdvise(void) { return gp_unforwarded("cuMemAdvise"); }
 GP_EXPORT CUresult cuMemAdvise_v2(void) { return gp_unforwarded("cuMemAdvise_v2"); }
 GP_EXPORT CUresult cuMemAlloc(void) { return gp_unforwarded("cuMemAlloc"); }
@@ -1257,7 +1276,6 @@ GP_EXPORT CUresult cuMemAllocPitch(void) { return gp_unforwarded("cuMemAllocPitc
 GP_EXPORT CUresult cuMemAllocPitch_v2(void) { return gp_unforwarded("cuMemAllocPitch_v2"); }
 GP_EXPORT CUresult cuMemBatchDecompressAsync(void) { return gp_unforwarded("cuMemBatchDecompressAsync"); }
 GP_EXPORT CUresult cuMemBatchDecompressAsync_ptsz(void) { return gp_unforwarded("cuMemBatchDecompressAsync_ptsz"); }
-GP_EXPORT CUresult cuMemCreate(void) { return gp_unforwarded("cuMemCreate"); }
 GP_EXPORT CUresult cuMemDiscardAndPrefetchBatchAsync(void) { return gp_unforwarded("cuMemDiscardAndPrefetchBatchAsync"); }
 GP_EXPORT CUresult cuMemDiscardAndPrefetchBatchAsync_ptsz(void) { return gp_unforwarded("cuMemDiscardAndPrefetchBatchAsync_ptsz"); }
 GP_EXPORT CUresult cuMemDiscardBatchAsync(void) { return gp_unforwarded("cuMemDiscardBatchAsync"); }
@@ -1266,7 +1284,6 @@ GP_EXPORT CUresult cuMemExportToShareableHandle(void) { return gp_unforwarded("c
 GP_EXPORT CUresult cuMemFree(void) { return gp_unforwarded("cuMemFree"); }
 GP_EXPORT CUresult cuMemGetAccess(void) { return gp_unforwarded("cuMemGetAccess"); }
 GP_EXPORT CUresult cuMemGetAddressRange(void) { return gp_unforwarded("cuMemGetAddressRange"); }
-GP_EXPORT CUresult cuMemGetAllocationGranularity(void) { return gp_unforwarded("cuMemGetAllocationGranularity"); }
 GP_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(void) { return gp_unforwarded("cuMemGetAllocationPropertiesFromHandle"); }
 GP_EXPORT CUresult cuMemGetAttribute(void) { return gp_unforwarded("cuMemGetAttribute"); }
 GP_EXPORT CUresult cuMemGetAttribute_v2(void) { return gp_unforwarded("cuMemGetAttribute_v2"); }
@@ -1277,7 +1294,6 @@ GP_EXPORT CUresult cuMemGetMemPool(void) { return gp_unforwarded("cuMemGetMemPoo
 GP_EXPORT CUresult cuMemHostGetDevicePointer(void) { return gp_unforwarded("cuMemHostGetDevicePointer"); }
 GP_EXPORT CUresult cuMemHostRegister(void) { return gp_unforwarded("cuMemHostRegister"); }
 GP_EXPORT CUresult cuMemImportFromShareableHandle(void) { return gp_unforwarded("cuMemImportFromShareableHandle"); }
-GP_EXPORT CUresult cuMemMap(void) { return gp_unforwarded("cuMemMap"); }
 GP_EXPORT CUresult cuMemMapArrayAsync(void) { return gp_unforwarded("cuMemMapArrayAsync"); }
 GP_EXPORT CUresult cuMemMapArrayAsync_ptsz(void) { return gp_unforwarded("cuMemMapArrayAsync_ptsz"); }
 GP_EXPORT CUresult cuMemPoolCreate(void) { return gp_unforwarded("cuMemPoolCreate"); }
@@ -1296,11 +1312,8 @@ GP_EXPORT CUresult cuMemPrefetchBatchAsync(void) { return gp_unforwarded("cuMemP
 GP_EXPORT CUresult cuMemPrefetchBatchAsync_ptsz(void) { return gp_unforwarded("cuMemPrefetchBatchAsync_ptsz"); }
 GP_EXPORT CUresult cuMemRangeGetAttribute(void) { return gp_unforwarded("cuMemRangeGetAttribute"); }
 GP_EXPORT CUresult cuMemRangeGetAttributes(void) { return gp_unforwarded("cuMemRangeGetAttributes"); }
-GP_EXPORT CUresult cuMemRelease(void) { return gp_unforwarded("cuMemRelease"); }
 GP_EXPORT CUresult cuMemRetainAllocationHandle(void) { return gp_unforwarded("cuMemRetainAllocationHandle"); }
-GP_EXPORT CUresult cuMemSetAccess(void) { return gp_unforwarded("cuMemSetAccess"); }
 GP_EXPORT CUresult cuMemSetMemPool(void) { return gp_unforwarded("cuMemSetMemPool"); }
-GP_EXPORT CUresult cuMemUnmap(void) { return gp_unforwarded("cuMemUnmap"); }
 GP_EXPORT CUresult cuMemcpy2D(void) { return gp_unforwarded("cuMemcpy2D"); }
 GP_EXPORT CUresult cuMemcpy2DAsync(void) { return gp_unforwarded("cuMemcpy2DAsync"); }
 GP_EXPORT CUresult cuMemcpy2DAsync_v2(void) { return gp_unforwarded("cuMemcpy2DAsync_v2"); }
@@ -1592,23 +1605,31 @@ static const struct gp_proc gp_procs[] = {
     {"cuLinkDestroy", 5050, (void *)cuLinkDestroy},
     {"cuLogsRegisterCallback", 12080, (void *)cuLogsRegisterCallback},
     {"cuLogsUnregisterCallback", 12080, (void *)cuLogsUnregisterCallback},
+    {"cuMemAddressFree", 10020, (void *)cuMemAddressFree},
+    {"cuMemAddressReserve", 10020, (void *)cuMemAddressReserve},
     {"cuMemAlloc", 3020, (void *)cuMemAlloc_v2},
     {"cuMemAllocAsync", 11020, (void *)cuMemAllocAsync},
     {"cuMemAllocFromPoolAsync", 11020, (void *)cuMemAllocFromPoolAsync},
     {"cuMemAllocHost", 3020, (void *)cuMemAllocHost_v2},
+    {"cuMemCreate", 10020, (void *)cuMemCreate},
     {"cuMemFree", 3020, (void *)cuMemFree_v2},
     {"cuMemFreeAsync", 11020, (void *)cuMemFreeAsync},
     {"cuMemFreeHost", 2000, (void *)cuMemFreeHost},
     {"cuMemGetAddressRange", 3020, (void *)cuMemGetAddressRange_v2},
+    {"cuMemGetAllocationGranularity", 10020, (void *)cuMemGetAllocationGranularity},
     {"cuMemGetInfo", 3020, (void *)cuMemGetInfo_v2},
     {"cuMemHostAlloc", 2020, (void *)cuMemHostAlloc},
     {"cuMemHostGetDevicePointer", 3020, (void *)cuMemHostGetDevicePointer_v2},
     {"cuMemHostGetFlags", 2030, (void *)cuMemHostGetFlags},
     {"cuMemHostRegister", 6050, (void *)cuMemHostRegister_v2},
     {"cuMemHostUnregister", 4000, (void *)cuMemHostUnregister},
+    {"cuMemMap", 10020, (void *)cuMemMap},
     {"cuMemPoolGetAttribute", 11020, (void *)cuMemPoolGetAttribute},
     {"cuMemPoolSetAttribute", 11020, (void *)cuMemPoolSetAttribute},
     {"cuMemPoolTrimTo", 11020, (void *)cuMemPoolTrimTo},
+    {"cuMemRelease", 10020, (void *)cuMemRelease},
+    {"cuMemSetAccess", 10020, (void *)cuMemSetAccess},
+    {"cuMemUnmap", 10020, (void *)cuMemUnmap},
     {"cuMemcpy", 4000, (void *)cuMemcpy},
     {"cuMemcpyAsync", 4000, (void *)cuMemcpyAsync},
     {"cuMemcpyDtoD", 3020, (void *)cuMemcpyDtoD_v2},

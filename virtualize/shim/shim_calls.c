@@ -325,9 +325,71 @@ CUresult cuMemFreeAsync(uint64_t dptr, uint64_t stream) {
     GP_TRACE("cuMemFreeAsync");
     int owned = 0;
     uint64_t base = 0;
-    if (!gp_dev_lookup(dptr, &base, NULL, &owned) || base != dptr || !owned) return CUDA_ERROR_INVALID_VALUE;
+    if (!gp_dev_lookup(dptr, &base, NULL, &owned) || base != dptr || owned != 1) return CUDA_ERROR_INVALID_VALUE;
     gp_dev_remove(dptr);
     return free_remote(dptr, stream, 1);
+}
+
+/* ---- the virtual memory API: ranges from this process's window, memory created on the worker ------- */
+
+#define ALLOCATION_PROP_BYTES 32 /* CUmemAllocationProp */
+#define ACCESS_DESC_BYTES 12     /* CUmemAccessDesc: location type, location id, flags */
+#define RESERVED_RANGE 2         /* gp_dev_add's `owned` for an address range (not an allocation) */
+
+CUresult cuMemAddressReserve(uint64_t *ptr, uint64_t size, uint64_t alignment, uint64_t addr, uint64_t flags) {
+    GP_TRACE("cuMemAddressReserve");
+    if (!ptr || !size) return CUDA_ERROR_INVALID_VALUE;
+    gp_window_ensure();
+    struct gp_in_cuMemAddressReserve in = {.size = size, .alignment = alignment, .addr = addr, .flags = flags};
+    struct gp_out_cuMemAddressReserve out;
+    CUresult r = CALL(cuMemAddressReserve, WANT, in, out);
+    if (r != CUDA_SUCCESS) return r;
+    if (gp_dev_add(out.ptr, size, RESERVED_RANGE) != 0) { /* outside the window and host memory here */
+        gp_say("device address range 0x%llx is host memory in this process: reservation refused",
+               (unsigned long long)out.ptr);
+        struct gp_in_cuMemAddressFree back = {.ptr = out.ptr, .size = size};
+        gp_call(GP_CALL_cuMemAddressFree, WANT, &back, sizeof back, NULL, 0, NULL, 0, NULL, 0);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *ptr = out.ptr;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAddressFree(uint64_t ptr, uint64_t size) {
+    GP_TRACE("cuMemAddressFree");
+    struct gp_in_cuMemAddressFree in = {.ptr = ptr, .size = size};
+    CUresult r = gp_call(GP_CALL_cuMemAddressFree, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    if (r == CUDA_SUCCESS) gp_dev_remove(ptr);
+    return r;
+}
+
+CUresult cuMemCreate(uint64_t *handle, uint64_t size, void *prop, uint64_t flags) {
+    GP_TRACE("cuMemCreate");
+    if (!handle || !prop) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuMemCreate in = {.size = size, .flags = flags};
+    struct gp_out_cuMemCreate out;
+    CUresult r = gp_call(GP_CALL_cuMemCreate, WANT, &in, sizeof in, prop, ALLOCATION_PROP_BYTES, &out, sizeof out,
+                         NULL, 0);
+    if (r == CUDA_SUCCESS) *handle = out.handle;
+    return r;
+}
+
+CUresult cuMemSetAccess(uint64_t ptr, uint64_t size, void *desc, uint64_t count) {
+    GP_TRACE("cuMemSetAccess");
+    if ((!desc && count) || count > 64) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuMemSetAccess in = {.ptr = ptr, .size = size, .count = count};
+    return gp_call(GP_CALL_cuMemSetAccess, WANT, &in, sizeof in, desc, count * ACCESS_DESC_BYTES, NULL, 0, NULL, 0);
+}
+
+CUresult cuMemGetAllocationGranularity(uint64_t *granularity, void *prop, int32_t option) {
+    GP_TRACE("cuMemGetAllocationGranularity");
+    if (!granularity || !prop) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuMemGetAllocationGranularity in = {.option = option};
+    struct gp_out_cuMemGetAllocationGranularity out;
+    CUresult r = gp_call(GP_CALL_cuMemGetAllocationGranularity, WANT, &in, sizeof in, prop, ALLOCATION_PROP_BYTES,
+                         &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) *granularity = out.granularity;
+    return r;
 }
 
 CUresult cuMemPoolSetAttribute(uint64_t pool, int32_t attr, void *value) {
@@ -359,7 +421,7 @@ CUresult cuIpcGetMemHandle(void *handle, uint64_t dptr) {
     GP_TRACE("cuIpcGetMemHandle");
     uint64_t base, size;
     int owned;
-    if (!handle || !gp_dev_lookup(dptr, &base, &size, &owned) || !owned) return CUDA_ERROR_INVALID_VALUE;
+    if (!handle || !gp_dev_lookup(dptr, &base, &size, &owned) || owned != 1) return CUDA_ERROR_INVALID_VALUE;
     unsigned char h[64] = {0};
     memcpy(h, ipc_magic, sizeof ipc_magic);
     memcpy(h + 16, &base, 8);

@@ -1,5 +1,5 @@
-"""PyTorch allocations of many sizes, freed and made again, under its caching allocator and under
-`cudaMallocAsync`: every byte keeps what was written, and every device address this process sees is
+"""PyTorch allocations of many sizes, freed and made again, under its caching allocator, under
+`cudaMallocAsync` and with expandable segments (the driver's virtual memory API): every byte keeps what was written, and every device address this process sees is
 address space it holds reserved (a `---p` range of /proc/self/maps), natively (CUDA's unified
 addressing) and remotely (the lease's window, issue 10). A device address that is host memory of the
 program would break the shim's host/device test; this checks it never happens.
@@ -59,11 +59,13 @@ def main() -> None:
         return
     print("libcuda", loaded_libcuda(), file=sys.stderr)
     churn("caching")
-    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}
-    child = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True, text=True)
-    sys.stdout.write(child.stdout)
-    sys.stderr.write(child.stderr)
-    print("child exit", child.returncode)
+    # Stream-ordered allocation (cuMemAllocAsync), and the virtual memory API (cuMemCreate, cuMemMap).
+    for conf in ("backend:cudaMallocAsync", "expandable_segments:True"):
+        env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": conf}
+        child = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True, text=True)
+        sys.stdout.write(child.stdout)
+        sys.stderr.write(child.stderr)
+        print("child exit", child.returncode)
 
 
 if __name__ == "__main__":
