@@ -22,17 +22,17 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
+
+from _pool import installed, pool_server  # noqa: E402
 
 from server.workers import WorkerDevice, start_worker  # noqa: E402
 from virtualize import _wire  # noqa: E402
@@ -397,64 +397,34 @@ def via_pool_server(work: Path, env: dict[str, str], native_env: dict[str, str],
                     models: list[str]) -> None:  # fmt: skip
     """gpupool-server on this GPU and `gpuattach run -n 1 -p F -- python PROGRAM`, as a user runs it:
     each program's output against its native run, the trainings' losses and throughput."""
-    bindir = Path(sys.executable).parent
-    server, client = (
-        shutil.which(n) or shutil.which(n, path=str(bindir)) for n in ("gpupool-server", "gpuattach")
-    )
-    if not server or not client:
+    if not all(installed()):
         record("through gpupool-server + gpuattach", "SKIP", "gpupool-server / gpuattach not installed")
         return
     step("through a real pool server: gpupool-server on 127.0.0.1 + gpuattach run -n 1 -p F")
-    state = work / "state"
-    state.mkdir(parents=True, exist_ok=True)
-    made = subprocess.run([server, "token", "create", "tester", "--state-dir", str(state)],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
-    token = next((w for w in made.stdout.split() if w.startswith("gp_")), "")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([server, "serve", "--host", "127.0.0.1", "--port", str(port), "--state-dir", str(state)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(0.5)
-        if proc.poll() is not None:
-            record("gpupool-server", "FAIL", f"gpupool-server exited with {proc.returncode}")
-            return
-
-        def attach(fraction: str) -> list[str]:
-            return [client, "run", "--server", f"http://127.0.0.1:{port}", "--token", token, "-n", "1",
-                    "-p", fraction, "--"]  # fmt: skip
-
-        for program in programs:
-            key = program.removeprefix("prog_").removesuffix(".py")
-            step(f"{key} through gpuattach run -n 1 -p 0.5")
-            native = NATIVE.get(key) or run([sys.executable, program], native_env)
-            pooled = run([*attach("0.5"), sys.executable, program], env)  # the shim the installation built
-            show("gpuattach", *pooled)
-            problems = [f"native exit {native[0]}"] if native[0] else []
-            problems += [f"exit {pooled[0]}"] if pooled[0] else []
-            problems += ["outputs differ"] if native[1] != pooled[1] else []
-            problems += (
-                [] if "_libcuda_shim" in libcuda_line(pooled[2]) else [f"loaded {libcuda_line(pooled[2])}"]
-            )
-            record(f"{key} through gpupool-server + gpuattach", "FAIL" if problems else "PASS",
-                   "; ".join(problems) or f"same output as native, {pooled[3]:.1f} s")  # fmt: skip
-        for model in models:
-            training(model, native_env, env, via=attach("0.5"))
-    finally:
-        proc.terminate()
-        try:
-            out = proc.communicate(timeout=20)[0]
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out = proc.communicate()[0]
-        print("[gpupool-server log tail]\n" + "\n".join(out.splitlines()[-15:]))
+        with pool_server(work, env) as attach:
+            for program in programs:
+                key = program.removeprefix("prog_").removesuffix(".py")
+                step(f"{key} through gpuattach run -n 1 -p 0.5")
+                native = NATIVE.get(key) or run([sys.executable, program], native_env)
+                pooled = run(
+                    [*attach("0.5"), sys.executable, program], env
+                )  # the shim the installation built
+                show("gpuattach", *pooled)
+                problems = [f"native exit {native[0]}"] if native[0] else []
+                problems += [f"exit {pooled[0]}"] if pooled[0] else []
+                problems += ["outputs differ"] if native[1] != pooled[1] else []
+                problems += (
+                    []
+                    if "_libcuda_shim" in libcuda_line(pooled[2])
+                    else [f"loaded {libcuda_line(pooled[2])}"]
+                )
+                record(f"{key} through gpupool-server + gpuattach", "FAIL" if problems else "PASS",
+                       "; ".join(problems) or f"same output as native, {pooled[3]:.1f} s")  # fmt: skip
+            for model in models:
+                training(model, native_env, env, via=attach("0.5"))
+    except RuntimeError as exc:
+        record("gpupool-server", "FAIL", str(exc))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,65 @@
+"""A real gpupool-server on this GPU host for the GPU checks and benchmarks: started on 127.0.0.1 with
+its own state directory and a token, stopped (its log tail printed) on exit."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+
+def installed() -> tuple[str | None, str | None]:
+    """gpupool-server and gpuattach, on PATH or beside this Python."""
+    bindir = Path(sys.executable).parent
+    return tuple(
+        shutil.which(n) or shutil.which(n, path=str(bindir)) for n in ("gpupool-server", "gpuattach")
+    )
+
+
+@contextlib.contextmanager
+def pool_server(work: Path, env: dict[str, str], extra: list[str] = ()) -> Iterator[Callable[..., list[str]]]:
+    """Yields attach(fraction) -> the `gpuattach run -n 1 -p F --` command line for this server.
+    Raises RuntimeError when the server does not come up."""
+    server, client = installed()
+    if not server or not client:
+        raise RuntimeError("gpupool-server / gpuattach not installed")
+    state = work / "state"
+    state.mkdir(parents=True, exist_ok=True)
+    made = subprocess.run([server, "token", "create", "tester", "--state-dir", str(state)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    token = next((w for w in made.stdout.split() if w.startswith("gp_")), "")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [server, "serve", "--host", "127.0.0.1", "--port", str(port), "--state-dir", str(state), *extra]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        if proc.poll() is not None:
+            raise RuntimeError(f"gpupool-server exited with {proc.returncode}")
+
+        def attach(fraction: str, *options: str) -> list[str]:
+            return [client, "run", "--server", f"http://127.0.0.1:{port}", "--token", token, "-n", "1",
+                    "-p", fraction, *options, "--"]  # fmt: skip
+
+        yield attach
+    finally:
+        proc.terminate()
+        try:
+            out = proc.communicate(timeout=20)[0]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out = proc.communicate()[0]
+        print("[gpupool-server log tail]\n" + "\n".join(out.splitlines()[-15:]), flush=True)
