@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
 import sys
 import time
 
@@ -624,6 +625,62 @@ def scenario_ipc_import():
         if rc == 0:
             say("event_wait", cu.cuStreamWaitEvent(c_u64(0), event, 0))
             say("event_destroy", cu.cuEventDestroy(event))
+
+
+class PoolProps(ctypes.Structure):  # CUmemPoolProps
+    _fields_ = [
+        ("alloc_type", ctypes.c_int),
+        ("handle_types", ctypes.c_int),
+        ("location_type", ctypes.c_int),
+        ("location_id", ctypes.c_int),
+        ("win32", ctypes.c_void_p),
+        ("max_size", ctypes.c_size_t),
+        ("usage", ctypes.c_ushort),
+        ("reserved", ctypes.c_ubyte * 54),
+    ]
+
+
+def scenario_pool_export():
+    """A pool made for sharing: allocate from it, export the pool (a file descriptor) and the pointer,
+    let a child process of the lease import both, read and overwrite; then see its write."""
+    setup()
+    pool, ptr, fd = c_u64(), c_u64(), ctypes.c_int(-1)
+    props = PoolProps(1, 1, 1, 0)  # pinned, POSIX file descriptor, device 0
+    check(cu.cuMemPoolCreate(ctypes.byref(pool), ctypes.byref(props)), "pool create")
+    check(cu.cuMemAllocFromPoolAsync(ctypes.byref(ptr), c_u64(4096), pool, c_u64(0)), "alloc from pool")
+    check(cu.cuMemcpyHtoD(ptr, b"\x5a" * 4096, c_u64(4096)), "fill")
+    check(cu.cuMemPoolExportToShareableHandle(ctypes.byref(fd), pool, 1, c_u64(0)), "export pool")
+    data = ctypes.create_string_buffer(64)
+    check(cu.cuMemPoolExportPointer(data, ptr), "export pointer")
+    env = {**os.environ, "POOL_FD": str(fd.value), "POOL_DATA": data.raw.hex()}
+    child = subprocess.run([sys.executable, __file__, "pool_import"], env=env, pass_fds=(fd.value,),
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    sys.stdout.write(child.stdout)
+    say("after_import", dtoh(ptr.value, 4)[1].hex())
+    say("free", cu.cuMemFreeAsync(ptr, c_u64(0)))
+    say("destroy", cu.cuMemPoolDestroy(pool))
+
+
+def scenario_pool_import():
+    setup()
+    pool, ptr = c_u64(), c_u64()
+    fd = int(os.environ["POOL_FD"])
+    say(
+        "import_pool",
+        cu.cuMemPoolImportFromShareableHandle(ctypes.byref(pool), ctypes.c_void_p(fd), 1, c_u64(0)),
+    )
+    data = ctypes.create_string_buffer(bytes.fromhex(os.environ["POOL_DATA"]), 64)
+    say("import_pointer", cu.cuMemPoolImportPointer(ctypes.byref(ptr), pool, data))
+    say("sees_export", dtoh(ptr.value, 4096)[1] == b"\x5a" * 4096)
+    check(cu.cuMemcpyHtoD(ptr, b"\xcd" * 4096, c_u64(4096)), "overwrite")
+    say("free_import", cu.cuMemFree(ptr))
+    with open(os.devnull) as other:  # a file that is not an exported pool
+        say(
+            "import_other_fd",
+            cu.cuMemPoolImportFromShareableHandle(
+                ctypes.byref(pool), ctypes.c_void_p(other.fileno()), 1, c_u64(0)
+            ),
+        )
 
 
 def scenario_unknown():

@@ -278,6 +278,20 @@ def test_the_virtual_memory_api_maps_memory_in_ranges_the_program_reserved(shim_
     assert "gpupool:" not in err
 
 
+def test_a_pool_and_its_pointers_are_shared_with_another_process_of_the_lease(shim_dir, worker):
+    out, _ = run_client("pool_export", client_env(shim_dir, worker))
+    assert out == {
+        "import_pool": "0",
+        "import_pointer": "0",
+        "sees_export": "True",
+        "free_import": "0",  # ends the child's use; the exporter's allocation stays
+        "import_other_fd": "1",  # CUDA_ERROR_INVALID_VALUE
+        "after_import": "cdcdcdcd",
+        "free": "0",
+        "destroy": "0",
+    }
+
+
 def test_queries_libraries_make_are_answered(shim_dir, worker):
     out, _ = run_client("queries", client_env(shim_dir, worker))
     assert out == expected_queries()

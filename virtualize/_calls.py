@@ -254,6 +254,15 @@ CALLS: tuple[Call, ...] = (
     _c("cuMemPoolGetAttribute", 11020, "pool pool, i32 attr, ptr value", custom=True,
        wire="pool pool, i32 attr, o_u64 value"),
     _c("cuMemPoolTrimTo", 11020, "pool pool, u64 min_bytes_to_keep"),
+    _c("cuMemPoolCreate", 11020, "o_pool pool, ptr props", custom=True, wire="o_pool pool, bytes props"),
+    _c("cuMemPoolDestroy", 11020, "pool pool"),
+    # Pools and their allocations shared between processes of one lease: an exported pool is a file
+    # descriptor naming the lease's pool, an exported pointer 64 bytes naming the allocation.
+    _c("cuMemPoolExportToShareableHandle", 11020, "ptr handle, pool pool, i32 type, u64 flags", L, custom=True),
+    _c("cuMemPoolImportFromShareableHandle", 11020, "o_pool pool, ptr handle, i32 type, u64 flags", L,
+       custom=True),
+    _c("cuMemPoolExportPointer", 11020, "ptr data, dptr ptr", L, custom=True),
+    _c("cuMemPoolImportPointer", 11020, "o_dptr ptr, pool pool, ptr data", L, custom=True),
     # -- the virtual memory API: address ranges come from the process's window, memory is created, mapped
     # and released on the worker (PyTorch's expandable segments); the worker checks every range and handle.
     _c("cuMemAddressReserve", 10020, "o_dptr ptr, u64 size, u64 alignment, u64 addr, u64 flags", custom=True),

@@ -415,6 +415,18 @@ class CudaExecutor(Executor):
     def cuDeviceGetDefaultMemPool(self, dev):
         return _int(_ok(driver.cuDeviceGetDefaultMemPool(self._d(dev))))
 
+    def cuMemPoolCreate(self, device, handle_types, max_size):
+        props = driver.CUmemPoolProps()
+        props.allocType = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        props.handleTypes = _enum(driver.CUmemAllocationHandleType, handle_types)
+        props.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        props.location.id = self._d(device)
+        props.maxSize = max_size
+        return _int(_ok(driver.cuMemPoolCreate(props)))
+
+    def cuMemPoolDestroy(self, pool):
+        _ok(driver.cuMemPoolDestroy(driver.CUmemoryPool(pool)))
+
     # -- contexts ------------------------------------------------------------------------------------
 
     def cuDevicePrimaryCtxRetain(self, dev):

@@ -39,6 +39,7 @@ BUILTIN_STREAMS = frozenset({0, 1, 2})  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_
 MEMSET_WIDTH = {"cuMemsetD8": 1, "cuMemsetD16": 2, "cuMemsetD32": 4}
 LAUNCH_ATTRIBUTE_BYTES = 72
 ALLOCATION_PROP_BYTES, ACCESS_DESC_BYTES = 32, 12  # CUmemAllocationProp, CUmemAccessDesc
+POOL_PROPS_BYTES = 88  # CUmemPoolProps
 # CUpointer_attribute values the guard answers for memory in a window (cuda.h numbering).
 POINTER_CONTEXT, POINTER_DEVICE_ORDINAL, POINTER_LEGACY_IPC = 1, 9, 10
 POINTER_RANGE_START, POINTER_RANGE_SIZE, POINTER_MEMPOOL = 11, 12, 17
@@ -142,6 +143,7 @@ class Session:
             "gpParamLayout": self._param_layout,
             "gpLinkImage": self._link_image,
             "cuStreamEndCapture": self._end_capture,
+            "cuMemPoolCreate": self._pool_create,
             "cuMemAddressReserve": self._vm_reserve,
             "cuMemAddressFree": self._vm_address_free,
             "cuMemCreate": self._vm_create,
@@ -435,6 +437,22 @@ class Session:
         if not self.window.ready:
             return False
         return call.name == "cuMemAlloc" or not self.executor.cuStreamIsCapturing(ins[-1])
+
+    def _pool_create(self, call: Call, ins: tuple):
+        """cuMemPoolCreate: a pool of the lease's device (its allocations come from the process's window,
+        like the default pool's; the pool carries the attributes and the export)."""
+        props = self.channel.read_bulk(limit=POOL_PROPS_BYTES)
+        if len(props) != POOL_PROPS_BYTES:
+            raise CudaError(INVALID_VALUE, "CUmemPoolProps")
+        kind, handle_types, location, device = struct.unpack_from("<iiii", props)
+        (max_size,) = struct.unpack_from("<Q", props, 24)
+        if kind != 1 or location != 1:  # pinned, on a device
+            raise CudaError(CUresult.NOT_SUPPORTED, "only pools of device memory are created remotely")
+        if not 0 <= device < len(self.lease.limits):
+            raise CudaError(CUresult.INVALID_DEVICE, "device ordinal")
+        pool = self.executor.cuMemPoolCreate(device, handle_types, max_size)
+        self.lease.handles["pool"].add(pool)
+        return struct.pack("<Q", pool), b""
 
     # -- the virtual memory API ----------------------------------------------------------------------
 
@@ -803,4 +821,5 @@ _DESTROYS = {
     "cuGraphDestroy": "graph",
     "cuGraphExecDestroy": "graphexec",
     "cuLinkDestroy": "link",
+    "cuMemPoolDestroy": "pool",
 }

@@ -323,6 +323,15 @@ class HostExecutor(Executor):
 
     cuDeviceGetDefaultMemPool = cuDeviceGetMemPool
 
+    def cuMemPoolCreate(self, device, handle_types, max_size):
+        pool = next(self.ids)
+        self.pools[pool] = device
+        return pool
+
+    def cuMemPoolDestroy(self, pool):
+        if 0xB0000 <= pool < 0xB0000 + self.n or self.pools.pop(pool, None) is None:
+            raise CudaError(INVALID_VALUE, "a device's own pool, or not a pool")
+
     def cuDevicePrimaryCtxRetain(self, dev):
         self.primary_retains[dev] = self.primary_retains.get(dev, 0) + 1
         return 0xC0000 + dev

@@ -368,6 +368,13 @@ GP_EXPORT CUresult cuMemPoolTrimTo(uint64_t pool, uint64_t min_bytes_to_keep) {
     return r;
 }
 
+GP_EXPORT CUresult cuMemPoolDestroy(uint64_t pool) {
+    GP_TRACE("cuMemPoolDestroy");
+    struct gp_in_cuMemPoolDestroy in = { .pool = pool };
+    CUresult r = gp_call(GP_CALL_cuMemPoolDestroy, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
 GP_EXPORT CUresult cuMemRelease(uint64_t handle) {
     GP_TRACE("cuMemRelease");
     struct gp_in_cuMemRelease in = { .handle = handle };
@@ -1296,13 +1303,7 @@ GP_EXPORT CUresult cuMemHostRegister(void) { return gp_unforwarded("cuMemHostReg
 GP_EXPORT CUresult cuMemImportFromShareableHandle(void) { return gp_unforwarded("cuMemImportFromShareableHandle"); }
 GP_EXPORT CUresult cuMemMapArrayAsync(void) { return gp_unforwarded("cuMemMapArrayAsync"); }
 GP_EXPORT CUresult cuMemMapArrayAsync_ptsz(void) { return gp_unforwarded("cuMemMapArrayAsync_ptsz"); }
-GP_EXPORT CUresult cuMemPoolCreate(void) { return gp_unforwarded("cuMemPoolCreate"); }
-GP_EXPORT CUresult cuMemPoolDestroy(void) { return gp_unforwarded("cuMemPoolDestroy"); }
-GP_EXPORT CUresult cuMemPoolExportPointer(void) { return gp_unforwarded("cuMemPoolExportPointer"); }
-GP_EXPORT CUresult cuMemPoolExportToShareableHandle(void) { return gp_unforwarded("cuMemPoolExportToShareableHandle"); }
 GP_EXPORT CUresult cuMemPoolGetAccess(void) { return gp_unforwarded("cuMemPoolGetAccess"); }
-GP_EXPORT CUresult cuMemPoolImportFromShareableHandle(void) { return gp_unforwarded("cuMemPoolImportFromShareableHandle"); }
-GP_EXPORT CUresult cuMemPoolImportPointer(void) { return gp_unforwarded("cuMemPoolImportPointer"); }
 GP_EXPORT CUresult cuMemPoolSetAccess(void) { return gp_unforwarded("cuMemPoolSetAccess"); }
 GP_EXPORT CUresult cuMemPrefetchAsync(void) { return gp_unforwarded("cuMemPrefetchAsync"); }
 GP_EXPORT CUresult cuMemPrefetchAsync_ptsz(void) { return gp_unforwarded("cuMemPrefetchAsync_ptsz"); }
@@ -1624,7 +1625,13 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemHostRegister", 6050, (void *)cuMemHostRegister_v2},
     {"cuMemHostUnregister", 4000, (void *)cuMemHostUnregister},
     {"cuMemMap", 10020, (void *)cuMemMap},
+    {"cuMemPoolCreate", 11020, (void *)cuMemPoolCreate},
+    {"cuMemPoolDestroy", 11020, (void *)cuMemPoolDestroy},
+    {"cuMemPoolExportPointer", 11020, (void *)cuMemPoolExportPointer},
+    {"cuMemPoolExportToShareableHandle", 11020, (void *)cuMemPoolExportToShareableHandle},
     {"cuMemPoolGetAttribute", 11020, (void *)cuMemPoolGetAttribute},
+    {"cuMemPoolImportFromShareableHandle", 11020, (void *)cuMemPoolImportFromShareableHandle},
+    {"cuMemPoolImportPointer", 11020, (void *)cuMemPoolImportPointer},
     {"cuMemPoolSetAttribute", 11020, (void *)cuMemPoolSetAttribute},
     {"cuMemPoolTrimTo", 11020, (void *)cuMemPoolTrimTo},
     {"cuMemRelease", 10020, (void *)cuMemRelease},

@@ -8,6 +8,8 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "shim.h"
 static CUresult gp_unforwarded(const char *name); /* refuses a driver function not forwarded */
@@ -313,9 +315,21 @@ CUresult cuMemAllocFromPoolAsync(uint64_t *dptr, uint64_t bytesize, uint64_t poo
     return alloc_reserved(dptr, bytesize, 2, pool, stream);
 }
 
+/* Memory another process of the lease exported (an IPC handle, a pool's pointer): freeing it here ends
+ * this process's use of it, as the driver does for an imported pointer; the owner's allocation stays. */
+static int imported(uint64_t dptr) {
+    uint64_t base;
+    int owned;
+    return gp_dev_lookup(dptr, &base, NULL, &owned) && base == dptr && owned == 0;
+}
+
 CUresult cuMemFree_v2(uint64_t dptr) {
     GP_TRACE("cuMemFree_v2");
     if (!dptr) return CUDA_SUCCESS; /* as the driver does: cudart's cudaFree(NULL) idiom ends here */
+    if (imported(dptr)) {
+        gp_dev_remove(dptr);
+        return CUDA_SUCCESS;
+    }
     CUresult r = free_remote(dptr, 0, 0);
     if (r == CUDA_SUCCESS) gp_dev_remove(dptr);
     return r;
@@ -323,6 +337,10 @@ CUresult cuMemFree_v2(uint64_t dptr) {
 
 CUresult cuMemFreeAsync(uint64_t dptr, uint64_t stream) {
     GP_TRACE("cuMemFreeAsync");
+    if (imported(dptr)) {
+        gp_dev_remove(dptr);
+        return CUDA_SUCCESS;
+    }
     int owned = 0;
     uint64_t base = 0;
     if (!gp_dev_lookup(dptr, &base, NULL, &owned) || base != dptr || owned != 1) return CUDA_ERROR_INVALID_VALUE;
@@ -392,6 +410,16 @@ CUresult cuMemGetAllocationGranularity(uint64_t *granularity, void *prop, int32_
     return r;
 }
 
+CUresult cuMemPoolCreate(uint64_t *pool, void *props) {
+    GP_TRACE("cuMemPoolCreate");
+    if (!pool || !props) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_out_cuMemPoolCreate out;
+    CUresult r = gp_call(GP_CALL_cuMemPoolCreate, WANT, NULL, 0, props, 88 /* CUmemPoolProps */, &out, sizeof out,
+                         NULL, 0);
+    if (r == CUDA_SUCCESS) *pool = out.pool;
+    return r;
+}
+
 CUresult cuMemPoolSetAttribute(uint64_t pool, int32_t attr, void *value) {
     GP_TRACE("cuMemPoolSetAttribute");
     if (!value) return CUDA_ERROR_INVALID_VALUE;
@@ -457,6 +485,70 @@ CUresult cuIpcOpenMemHandle_v2(uint64_t *pdptr, struct gp_ipc_handle handle, uin
     GP_TRACE("cuIpcOpenMemHandle_v2");
     (void)flags;
     return ipc_open(pdptr, handle);
+}
+
+/* Pools shared between processes of one lease. The exported pool is a real file descriptor (a memfd
+ * naming the lease's pool), so a program passes it over a Unix socket as it would the driver's; the
+ * exported pointer is 64 bytes naming the allocation, opened as an IPC memory handle is. */
+static const char pool_magic[16] = "gpupool pool 1";
+#define POSIX_FILE_DESCRIPTOR 1 /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+#define POOL_ATTR_RELEASE_THRESHOLD 4
+
+static CUresult pool_of_lease(uint64_t pool) { /* the worker refuses a pool that is not the lease's */
+    uint64_t threshold;
+    return cuMemPoolGetAttribute(pool, POOL_ATTR_RELEASE_THRESHOLD, &threshold);
+}
+
+CUresult cuMemPoolExportToShareableHandle(void *handle, uint64_t pool, int32_t type, uint64_t flags) {
+    GP_TRACE("cuMemPoolExportToShareableHandle");
+    (void)flags;
+    if (!handle) return CUDA_ERROR_INVALID_VALUE;
+    if (type != POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult r = pool_of_lease(pool);
+    if (r != CUDA_SUCCESS) return r;
+    int fd = (int)syscall(SYS_memfd_create, "gpupool-pool", 0);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    unsigned char data[24];
+    memcpy(data, pool_magic, sizeof pool_magic);
+    memcpy(data + 16, &pool, 8);
+    if (pwrite(fd, data, sizeof data, 0) != (ssize_t)sizeof data) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *(int *)handle = fd;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolImportFromShareableHandle(uint64_t *pool, void *handle, int32_t type, uint64_t flags) {
+    GP_TRACE("cuMemPoolImportFromShareableHandle");
+    (void)flags;
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    if (type != POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+    unsigned char data[24];
+    int fd = (int)(intptr_t)handle;
+    if (pread(fd, data, sizeof data, 0) != (ssize_t)sizeof data || memcmp(data, pool_magic, sizeof pool_magic) != 0)
+        return CUDA_ERROR_INVALID_VALUE; /* not a pool exported by a process of a gpupool lease */
+    uint64_t p;
+    memcpy(&p, data + 16, 8);
+    CUresult r = pool_of_lease(p);
+    if (r != CUDA_SUCCESS) return r;
+    *pool = p;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolExportPointer(void *data, uint64_t ptr) {
+    GP_TRACE("cuMemPoolExportPointer");
+    return cuIpcGetMemHandle(data, ptr);
+}
+
+CUresult cuMemPoolImportPointer(uint64_t *ptr, uint64_t pool, void *data) {
+    GP_TRACE("cuMemPoolImportPointer");
+    if (!data) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = pool_of_lease(pool);
+    if (r != CUDA_SUCCESS) return r;
+    struct gp_ipc_handle handle;
+    memcpy(&handle, data, sizeof handle);
+    return ipc_open(ptr, handle);
 }
 
 CUresult cuIpcCloseMemHandle(uint64_t dptr) {
