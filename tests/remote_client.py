@@ -683,6 +683,44 @@ def scenario_pool_import():
         )
 
 
+def scenario_callbacks():
+    """Host functions and stream callbacks run in this process, in stream order, on a thread of their
+    own, and later work on the stream waits for them."""
+    import threading
+
+    setup()
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    rc, dev = alloc(16)
+    check(rc, "alloc")
+    seen, threads = [], set()
+    host_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+    stream_fn = ctypes.CFUNCTYPE(None, c_u64, ctypes.c_int, ctypes.c_void_p)
+
+    def host(data):
+        time.sleep(0.05 if data == 1 else 0)  # a slow one: the next must still come after it
+        seen.append(f"host{data}")
+        threads.add(threading.get_ident())
+
+    def callback(s, status, data):
+        seen.append(f"callback{data}:{status}:{s == stream.value}")
+        threads.add(threading.get_ident())
+
+    keep = [host_fn(host), stream_fn(callback)]
+    check(cu.cuMemsetD8Async(c_u64(dev), 1, c_u64(16), stream), "memset")
+    check(cu.cuLaunchHostFunc(stream, keep[0], ctypes.c_void_p(1)), "host func 1")
+    check(cu.cuStreamAddCallback(stream, keep[1], ctypes.c_void_p(2), 0), "callback 2")
+    check(cu.cuLaunchHostFunc(stream, keep[0], ctypes.c_void_p(3)), "host func 3")
+    say("flags_refused", cu.cuStreamAddCallback(stream, keep[1], None, 1))
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("order", ",".join(seen))
+    say("own_thread", threading.get_ident() not in threads and len(threads) == 1)
+    for i in range(200):  # many, quickly
+        check(cu.cuLaunchHostFunc(stream, keep[0], ctypes.c_void_p(10 + i)), "many")
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("many", len(seen) == 203 and seen[-1] == "host209")
+
+
 def scenario_unknown():
     check(cu.cuInit(0), "init")
     graph = c_u64()

@@ -143,6 +143,13 @@ def recorded_run(shim_dir, worker, scenario: str, **env) -> tuple[dict[str, str]
 
 
 @needs_cc
+def test_host_functions_come_back_over_an_encrypted_callback_connection(shim_dir, worker):
+    out, err, _ = recorded_run(shim_dir, worker, "callbacks", GPUPOOL_DATA_ENCRYPTION="always")
+    assert out["order"] == "host1,callback2:0:True,host3" and out["many"] == "True", out
+    assert "gpupool:" not in err
+
+
+@needs_cc
 def test_an_encrypted_run_shows_the_network_neither_the_secret_nor_the_data(shim_dir, worker):
     """What the shim does whenever the worker is on another host, forced here on loopback."""
     out, _, seen = recorded_run(shim_dir, worker, "copies", GPUPOOL_DATA_ENCRYPTION="always")

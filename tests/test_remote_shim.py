@@ -292,6 +292,17 @@ def test_a_pool_and_its_pointers_are_shared_with_another_process_of_the_lease(sh
     }
 
 
+def test_host_functions_run_in_the_program_in_stream_order_and_the_stream_waits_for_them(shim_dir, worker):
+    out, err = run_client("callbacks", client_env(shim_dir, worker))
+    assert out == {
+        "flags_refused": "1",
+        "order": "host1,callback2:0:True,host3",
+        "own_thread": "True",
+        "many": "True",
+    }
+    assert "gpupool:" not in err
+
+
 def test_queries_libraries_make_are_answered(shim_dir, worker):
     out, _ = run_client("queries", client_env(shim_dir, worker))
     assert out == expected_queries()

@@ -348,6 +348,10 @@ CALLS: tuple[Call, ...] = (
     # offered by the worker, reserved by the client in its own address space, then accepted.
     _c("gpWindowOffer", 0, "o_u64 base, o_u64 size", symbol="-"),
     _c("gpWindowAccept", 0, "u64 base", symbol="-"),
+    # Host functions (cuLaunchHostFunc, cuStreamAddCallback) run in the client: a second connection
+    # of the process, attached to the first by a token, on which the worker calls back.
+    _c("gpCallbackToken", 0, "o_u64 token", symbol="-"),
+    _c("gpCallbackAttach", 0, "u64 token", symbol="-"),
     _c("gpLinkImage", 0, "link state, u64 size, o_buf:size image", symbol="-"),  # the image cuLinkComplete made
     _c("cuLinkDestroy", 5050, "link state", custom=True),
     _c("cuLibraryLoadData", 12000,
@@ -395,6 +399,9 @@ CALLS: tuple[Call, ...] = (
     _c("cuStreamQuery", 2000, "stream stream", sync=True),
     _c("cuStreamSynchronize", 2000, "stream stream", sync=True),
     _c("cuStreamWaitEvent", 3020, "stream stream, event event, u32 flags", A),
+    _c("cuLaunchHostFunc", 10000, "stream stream, ptr fn, ptr data", A, custom=True, wire="stream stream, u64 id"),
+    _c("cuStreamAddCallback", 5000, "stream stream, ptr callback, ptr data, u32 flags", A, custom=True,
+       wire="stream stream, u64 id"),
     _c("cuStreamIsCapturing", 10000, "stream stream, o_i32 status", memo="capture"),
     _c("cuStreamGetPriority", 5050, "stream stream, o_i32 priority"),
     _c("cuStreamGetFlags", 5050, "stream stream, o_u32 flags"),

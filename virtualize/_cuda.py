@@ -8,7 +8,10 @@ Every call returns its values or raises `CudaError` with the driver's CUresult.
 from __future__ import annotations
 
 import ctypes
+import itertools
+import logging
 import threading
+from collections.abc import Callable
 
 from cuda.bindings import driver
 
@@ -26,6 +29,7 @@ from virtualize._results import CUresult
 _INVALID_VALUE_RESULT = driver.CUresult.CUDA_ERROR_INVALID_VALUE
 SMALL_COPY = 256 << 10  # up to this, copies go through pageable memory (one driver call)
 STAGING_CHUNK = 8 << 20
+_HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_size_t)  # CUhostFn: void (*)(void *userData)
 
 
 def _ok(result):
@@ -109,6 +113,11 @@ class CudaExecutor(Executor):
         self.streams: dict[int, driver.CUstream] = {}
         self.local = threading.local()  # per connection thread: scratch and staging buffers
         self.linked: dict[int, bytes] = {}  # link state -> the image cuLinkComplete made
+        # Host functions: one C thunk for the process's life (the driver calls it with a key).
+        self.host_funcs: dict[int, Callable[[], None]] = {}
+        self._host_keys = itertools.count(1)
+        self._host_thunk = _HOST_FN(self._run_host_func)
+        self._host_thunk_fn = driver.CUhostFn(ctypes.cast(self._host_thunk, ctypes.c_void_p).value)
 
     @staticmethod
     def _find(device, position: int) -> int:
@@ -276,6 +285,24 @@ class CudaExecutor(Executor):
         config.attrs = [self._attribute(i, v) for i, v in attributes]
         config.numAttrs = len(attributes)
         return config
+
+    def launch_host_func(self, stream, fn) -> None:
+        key = next(self._host_keys)
+        self.host_funcs[key] = fn
+        try:
+            _ok(driver.cuLaunchHostFunc(self._stream(stream), self._host_thunk_fn, key))
+        except BaseException:
+            self.host_funcs.pop(key, None)
+            raise
+
+    def _run_host_func(self, key) -> None:
+        """On the driver's callback thread: no CUDA call may be made here (none is)."""
+        fn = self.host_funcs.pop(key, None)
+        if fn is not None:
+            try:
+                fn()
+            except Exception:  # a failure here must not take the driver's thread down
+                logging.getLogger("gpupool.worker").exception("host function failed")
 
     def reserve_addresses(self, size: int, hint: int) -> int:
         return _int(_ok(driver.cuMemAddressReserve(size, 1 << 30, hint, 0)))

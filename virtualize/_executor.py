@@ -81,8 +81,12 @@ def linked_image(linked: dict[int, bytes], state: int, size: int) -> bytes:
 
 
 HANDSHAKE = ("gpHello", "gpProve")  # the worker's own, before any call reaches an executor
-# Served by the guard itself from the client process's address window (virtualize._address_window).
-GUARD_CALLS = ("gpWindowOffer", "gpWindowAccept", "cuMemAddressReserve", "cuMemAddressFree")
+# Served by the guard itself: from the client process's address window (virtualize._address_window),
+# and host functions (through `Executor.launch_host_func`).
+GUARD_CALLS = (
+    *("gpWindowOffer", "gpWindowAccept", "cuMemAddressReserve", "cuMemAddressFree"),
+    *("gpCallbackToken", "gpCallbackAttach", "cuLaunchHostFunc", "cuStreamAddCallback"),  # host functions
+)
 
 
 def executor_method(call: Call) -> str | None:
@@ -154,6 +158,11 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def launch(self, launch: Launch) -> None:
         """Launch `launch.func` as `launch` says (parameters already packed at the layout's offsets)."""
+
+    @abc.abstractmethod
+    def launch_host_func(self, stream: int, fn: Callable[[], None]) -> None:
+        """Call `fn` (on a thread of the executor's) when `stream` reaches this point; later work on the
+        stream waits until it returns (cuLaunchHostFunc)."""
 
     # Device address windows (`virtualize._address_window`): reserved ranges of device addresses that
     # the worker maps memory into at addresses it chooses.

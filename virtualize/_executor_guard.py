@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import secrets
 import struct
 import threading
 from collections.abc import Callable
@@ -78,6 +79,7 @@ class LeaseState:
     ctx_device: dict[int, int] = field(default_factory=dict)
     primary_ctx: dict[int, int] = field(default_factory=dict)  # device -> its primary context
     layouts: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    callback_tokens: dict[int, Session] = field(default_factory=dict)  # token -> connection to call back for
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -117,6 +119,27 @@ class LeaseState:
             raise CudaError(OUT_OF_MEMORY, f"partition of device {device} is {self.limits[device]} bytes")
 
 
+class HostCallbacks:
+    """The client process's callback connection: the worker's driver thread sends a host function's id
+    when its stream reaches it and waits until the client answers that it has run (one at a time)."""
+
+    def __init__(self, channel) -> None:
+        self.channel = channel
+        self.lock = threading.Lock()
+        self.closed = threading.Event()  # the process's connection has ended: stop calling back
+
+    def call(self, ident: int, status: int = 0) -> None:
+        with self.lock:
+            if self.closed.is_set():
+                return
+            try:
+                self.channel.send(_wire.REPLY.pack(status, 8, 0), struct.pack("<Q", ident))
+                self.channel.read_exact(8)  # the id again: the function has returned
+            except (OSError, ConnectionError, EOFError) as exc:
+                log.info("the client's callback connection is gone (%s); host functions are skipped", exc)
+                self.closed.set()
+
+
 class Session:
     """One client connection: its current context, its pending asynchronous error, its calls."""
 
@@ -134,6 +157,9 @@ class Session:
         self.created_contexts: set[int] = set()  # cuCtxCreate's on this connection, destroyed when it closes
         self.window = WindowMemory(executor, lease.limits)  # this client process's device addresses
         self.spoiled_captures: set[int] = set()  # streams whose capture met a copy it cannot hold
+        self.callbacks: HostCallbacks | None = None  # this process's callback connection, once attached
+        self.callback_token = 0
+        self.calls_back_for: Session | None = None  # set on a callback connection: stop reading it
         # The virtual memory API on this connection: reserved ranges, mappings, and created memory.
         self.vm_ranges: dict[int, int] = {}  # base -> size
         self.vm_mapped: dict[int, int] = {}  # mapped address -> size
@@ -144,6 +170,10 @@ class Session:
             "gpLinkImage": self._link_image,
             "cuStreamEndCapture": self._end_capture,
             "cuMemPoolCreate": self._pool_create,
+            "gpCallbackToken": self._callback_token,
+            "gpCallbackAttach": self._callback_attach,
+            "cuLaunchHostFunc": self._host_function,
+            "cuStreamAddCallback": self._host_function,
             "cuMemAddressReserve": self._vm_reserve,
             "cuMemAddressFree": self._vm_address_free,
             "cuMemCreate": self._vm_create,
@@ -250,6 +280,10 @@ class Session:
 
     def close(self) -> None:
         """The client is gone: free what it left allocated, as process exit does on a local GPU."""
+        if self.callbacks is not None:
+            self.callbacks.closed.set()  # its callback connection's thread ends, host functions are skipped
+        with self.lease.lock:
+            self.lease.callback_tokens.pop(self.callback_token, None)
         for ctx in list(self.created_contexts):  # their memory goes with them
             try:
                 self.executor.set_context(0)
@@ -437,6 +471,34 @@ class Session:
         if not self.window.ready:
             return False
         return call.name == "cuMemAlloc" or not self.executor.cuStreamIsCapturing(ins[-1])
+
+    # -- host functions ------------------------------------------------------------------------------
+
+    def _callback_token(self, call: Call, ins: tuple):
+        """What this process's callback connection shows to be attached to this one."""
+        with self.lease.lock:
+            if not self.callback_token:
+                self.callback_token = secrets.randbits(63) | 1
+                self.lease.callback_tokens[self.callback_token] = self
+        return struct.pack("<Q", self.callback_token), b""
+
+    def _callback_attach(self, call: Call, ins: tuple):
+        """This connection becomes `token`'s callback connection; the worker stops reading requests
+        from it after this answer (the driver thread that calls back reads the answers)."""
+        with self.lease.lock:
+            owner = self.lease.callback_tokens.get(ins[0])
+            if owner is None or owner.callbacks is not None:
+                raise CudaError(INVALID_VALUE, "not a connection waiting for its callback connection")
+            owner.callbacks = HostCallbacks(self.channel)
+        self.calls_back_for = owner
+
+    def _host_function(self, call: Call, ins: tuple):
+        stream, ident = ins
+        self._check(call, ins)
+        callbacks = self.callbacks
+        if callbacks is None:
+            raise CudaError(CUresult.NOT_SUPPORTED, "no callback connection")
+        self.executor.launch_host_func(stream, lambda: callbacks.call(ident))
 
     def _pool_create(self, call: Call, ins: tuple):
         """cuMemPoolCreate: a pool of the lease's device (its allocations come from the process's window,

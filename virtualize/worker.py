@@ -258,6 +258,10 @@ class Worker:
                 finally:
                     self.in_calls.discard(id(session))
                 self._touch()
+                if session.calls_back_for is not None:  # the process's callback connection from now on
+                    log.info("client %s: callback connection of its process", who)
+                    session.calls_back_for.callbacks.closed.wait()
+                    return
         except (ConnectionClosed, OSError):  # gone, reset, timed out in the hello, or a TLS failure
             log.info("client %s disconnected", who)
         except Exception:

@@ -1007,6 +1007,7 @@ GP_EXPORT CUresult cuEventRecordWithFlags_ptsz(uint64_t event, uint64_t stream, 
 GP_EXPORT CUresult cuEventRecord_ptsz(uint64_t event, uint64_t stream) { return cuEventRecord(event, stream); }
 GP_EXPORT CUresult cuGraphLaunch_ptsz(uint64_t graph_exec, uint64_t stream) { return cuGraphLaunch(graph_exec, stream); }
 GP_EXPORT CUresult cuGraphUpload_ptsz(uint64_t graph_exec, uint64_t stream) { return cuGraphUpload(graph_exec, stream); }
+GP_EXPORT CUresult cuLaunchHostFunc_ptsz(uint64_t stream, void *fn, void *data) { return cuLaunchHostFunc(stream, fn, data); }
 GP_EXPORT CUresult cuLaunchKernelEx_ptsz(void *config, uint64_t f, void *params, void *extra) { return cuLaunchKernelEx(config, f, params, extra); }
 GP_EXPORT CUresult cuLaunchKernel_ptsz(uint64_t f, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t bx, uint32_t by, uint32_t bz, uint32_t smem, uint64_t stream, void *params, void *extra) { return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra); }
 GP_EXPORT CUresult cuMemAllocAsync_ptsz(uint64_t *dptr, uint64_t bytesize, uint64_t stream) { return cuMemAllocAsync(dptr, bytesize, stream); }
@@ -1028,6 +1029,7 @@ GP_EXPORT CUresult cuMemsetD32Async_ptsz(uint64_t dst, uint32_t value, uint64_t 
 GP_EXPORT CUresult cuMemsetD32_v2_ptds(uint64_t dst, uint32_t value, uint64_t count) { return cuMemsetD32_v2(dst, value, count); }
 GP_EXPORT CUresult cuMemsetD8Async_ptsz(uint64_t dst, uint8_t value, uint64_t count, uint64_t stream) { return cuMemsetD8Async(dst, value, count, stream); }
 GP_EXPORT CUresult cuMemsetD8_v2_ptds(uint64_t dst, uint8_t value, uint64_t count) { return cuMemsetD8_v2(dst, value, count); }
+GP_EXPORT CUresult cuStreamAddCallback_ptsz(uint64_t stream, void *callback, void *data, uint32_t flags) { return cuStreamAddCallback(stream, callback, data, flags); }
 GP_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(uint64_t stream, int32_t mode) { return cuStreamBeginCapture_v2(stream, mode); }
 GP_EXPORT CUresult cuStreamEndCapture_ptsz(uint64_t stream, uint64_t *graph) { return cuStreamEndCapture(stream, graph); }
 GP_EXPORT CUresult cuStreamGetCaptureInfo_v2_ptsz(uint64_t stream, void *status, void *id, void *graph, void *deps, void *num_deps) { return cuStreamGetCaptureInfo_v2(stream, status, id, graph, deps, num_deps); }
@@ -1261,8 +1263,6 @@ GP_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(void) { return gp_unforw
 GP_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(void) { return gp_unforwarded("cuLaunchCooperativeKernel_ptsz"); }
 GP_EXPORT CUresult cuLaunchGrid(void) { return gp_unforwarded("cuLaunchGrid"); }
 GP_EXPORT CUresult cuLaunchGridAsync(void) { return gp_unforwarded("cuLaunchGridAsync"); }
-GP_EXPORT CUresult cuLaunchHostFunc(void) { return gp_unforwarded("cuLaunchHostFunc"); }
-GP_EXPORT CUresult cuLaunchHostFunc_ptsz(void) { return gp_unforwarded("cuLaunchHostFunc_ptsz"); }
 GP_EXPORT CUresult cuLibraryEnumerateKernels(void) { return gp_unforwarded("cuLibraryEnumerateKernels"); }
 GP_EXPORT CUresult cuLibraryGetKernelCount(void) { return gp_unforwarded("cuLibraryGetKernelCount"); }
 GP_EXPORT CUresult cuLibraryGetManaged(void) { return gp_unforwarded("cuLibraryGetManaged"); }
@@ -1413,8 +1413,6 @@ GP_EXPORT CUresult cuPointerSetAttribute(void) { return gp_unforwarded("cuPointe
 GP_EXPORT CUresult cuProfilerInitialize(void) { return gp_unforwarded("cuProfilerInitialize"); }
 GP_EXPORT CUresult cuSignalExternalSemaphoresAsync(void) { return gp_unforwarded("cuSignalExternalSemaphoresAsync"); }
 GP_EXPORT CUresult cuSignalExternalSemaphoresAsync_ptsz(void) { return gp_unforwarded("cuSignalExternalSemaphoresAsync_ptsz"); }
-GP_EXPORT CUresult cuStreamAddCallback(void) { return gp_unforwarded("cuStreamAddCallback"); }
-GP_EXPORT CUresult cuStreamAddCallback_ptsz(void) { return gp_unforwarded("cuStreamAddCallback_ptsz"); }
 GP_EXPORT CUresult cuStreamAttachMemAsync(void) { return gp_unforwarded("cuStreamAttachMemAsync"); }
 GP_EXPORT CUresult cuStreamAttachMemAsync_ptsz(void) { return gp_unforwarded("cuStreamAttachMemAsync_ptsz"); }
 GP_EXPORT CUresult cuStreamBatchMemOp(void) { return gp_unforwarded("cuStreamBatchMemOp"); }
@@ -1592,6 +1590,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuKernelGetFunction", 12000, (void *)cuKernelGetFunction},
     {"cuKernelGetParamInfo", 12040, (void *)cuKernelGetParamInfo},
     {"cuKernelSetAttribute", 12000, (void *)cuKernelSetAttribute},
+    {"cuLaunchHostFunc", 10000, (void *)cuLaunchHostFunc},
     {"cuLaunchKernel", 4000, (void *)cuLaunchKernel},
     {"cuLaunchKernelEx", 11060, (void *)cuLaunchKernelEx},
     {"cuLibraryGetGlobal", 12000, (void *)cuLibraryGetGlobal},
@@ -1671,6 +1670,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuPointerGetAttributes", 7000, (void *)cuPointerGetAttributes},
     {"cuProfilerStart", 4000, (void *)cuProfilerStart},
     {"cuProfilerStop", 4000, (void *)cuProfilerStop},
+    {"cuStreamAddCallback", 5000, (void *)cuStreamAddCallback},
     {"cuStreamBeginCapture", 10010, (void *)cuStreamBeginCapture_v2},
     {"cuStreamCreate", 2000, (void *)cuStreamCreate},
     {"cuStreamCreateWithPriority", 5050, (void *)cuStreamCreateWithPriority},

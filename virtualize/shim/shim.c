@@ -48,19 +48,27 @@ void gp_trace(const char *name) { fprintf(stderr, "gpupool: call %s\n", name); }
 /* ---- the connection ---------------------------------------------------------------------------- */
 
 static pthread_mutex_t conn_lock = PTHREAD_MUTEX_INITIALIZER;
-static int conn_fd = -1;
-static void *conn_ssl; /* the TLS session when the connection leaves this host (shim_auth.c) */
+/* A connection to the worker: the process's own (every call), or the callback thread's (host functions
+ * the worker calls back, shim_calls.c). The I/O below works on the calling thread's connection. */
+struct gp_conn { int fd; void *ssl; /* the TLS session when the connection leaves this host (shim_auth.c) */ };
+static struct gp_conn main_conn = {-1, NULL};
+static __thread struct gp_conn *thread_conn;
+static struct gp_conn *conn(void) { return thread_conn ? thread_conn : &main_conn; }
+#define conn_fd (conn()->fd)
+#define conn_ssl (conn()->ssl)
 static CUresult conn_failure; /* sticky: once set, every call returns it */
 static uint64_t conn_ctx;     /* the context the worker's thread has current */
 static char conn_where[300];
 
 static int window_state; /* gp_window_ensure: 0 not asked yet, 1 reserved, -1 none to be had */
+static void callbacks_after_fork_in_child(void);
 
 static void after_fork_in_child(void) {
     /* The child must not share the parent's stream of frames; it opens its own on first use. */
-    if (conn_fd >= 0) close(conn_fd);
-    conn_fd = -1;
-    conn_ssl = NULL; /* the parent's session: not ours to use or to end */
+    if (main_conn.fd >= 0) close(main_conn.fd);
+    main_conn.fd = -1;
+    main_conn.ssl = NULL; /* the parent's session: not ours to use or to end */
+    callbacks_after_fork_in_child();
     conn_ctx = 0;
     pthread_mutex_init(&conn_lock, NULL);
     gp_memo_after_fork_in_child();
@@ -508,6 +516,129 @@ CUresult gp_call(uint32_t call, uint32_t flags, const void *args, uint32_t args_
         gp_say("call %s returned %d (arguments %s)", call < GP_N_CALLS ? gp_call_names[call] : "?", r, hex);
     }
     return r;
+}
+
+/* ---- host functions the worker calls back (cuLaunchHostFunc, cuStreamAddCallback) ---------------
+ *
+ * When a stream reaches a host function, the worker's driver thread sends its id on a second
+ * connection of this process, kept by the callback thread, and waits: the thread runs the function
+ * here and answers with the id, and only then does the stream go on, as natively. A second connection,
+ * so that a host function runs while the program's own threads wait in a synchronise on the first. */
+
+struct host_call { uint64_t id, stream; int kind; void *fn, *data; struct host_call *next; };
+static pthread_mutex_t host_calls_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t callbacks_cond = PTHREAD_COND_INITIALIZER;
+static struct host_call *host_calls;
+static uint64_t next_host_call = 1;
+static struct gp_conn callback_conn = {-1, NULL};
+static int callbacks_state; /* 0 not started, 1 starting, 2 running, or the CUresult that stopped it (< 0) */
+static CUresult callbacks_result;
+
+uint64_t gp_host_call_add(int kind, void *fn, void *data, uint64_t stream) {
+    struct host_call *c = malloc(sizeof *c);
+    if (!c) return 0;
+    pthread_mutex_lock(&host_calls_lock);
+    *c = (struct host_call){next_host_call++, stream, kind, fn, data, host_calls};
+    host_calls = c;
+    pthread_mutex_unlock(&host_calls_lock);
+    return c->id;
+}
+
+static struct host_call *host_call_take(uint64_t id) {
+    pthread_mutex_lock(&host_calls_lock);
+    struct host_call **at = &host_calls;
+    while (*at && (*at)->id != id) at = &(*at)->next;
+    struct host_call *c = *at;
+    if (c) *at = c->next;
+    pthread_mutex_unlock(&host_calls_lock);
+    return c;
+}
+
+void gp_host_call_drop(uint64_t id) { free(host_call_take(id)); }
+
+static int callback_send(const void *buf, size_t len) {
+    if (callback_conn.ssl) return gp_tls_write(callback_conn.ssl, buf, len);
+    for (const char *p = buf; len > 0;) {
+        ssize_t n = send(callback_conn.fd, p, len, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static void *callback_thread(void *arg) {
+    uint64_t token = *(uint64_t *)arg;
+    thread_conn = &callback_conn;
+    pthread_mutex_lock(&conn_lock); /* the handshake's I/O shares buffers with the process's connection */
+    CUresult r = connect_worker();
+    if (r == CUDA_SUCCESS) {
+        struct gp_in_gpCallbackAttach in = {.token = token};
+        int32_t result = -1;
+        if (send_frame(GP_CALL_gpCallbackAttach, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0) < 0 ||
+            recv_reply(&result, NULL, 0, NULL, 0) < 0)
+            r = CUDA_ERROR_DEVICE_UNAVAILABLE;
+        else
+            r = result;
+    }
+    pthread_mutex_unlock(&conn_lock);
+    pthread_mutex_lock(&host_calls_lock);
+    callbacks_result = r;
+    callbacks_state = r == CUDA_SUCCESS ? 2 : -1;
+    pthread_cond_broadcast(&callbacks_cond);
+    pthread_mutex_unlock(&host_calls_lock);
+    while (r == CUDA_SUCCESS) {
+        struct gp_reply rep;
+        uint64_t id;
+        if (recv_all(&rep, sizeof rep) < 0 || rep.outs_len != sizeof id || recv_all(&id, sizeof id) < 0) break;
+        struct host_call *c = host_call_take(id);
+        if (c && c->kind == 0) ((void (*)(void *))c->fn)(c->data);
+        else if (c) ((void (*)(uint64_t, CUresult, void *))c->fn)(c->stream, rep.result, c->data);
+        free(c);
+        if (callback_send(&id, sizeof id) < 0) break; /* the function returned: the stream goes on */
+    }
+    return NULL; /* the worker closed it: the process's connection is ending */
+}
+
+CUresult gp_callbacks_start(void) {
+    pthread_mutex_lock(&host_calls_lock);
+    int state = callbacks_state;
+    if (state == 0) callbacks_state = 1;
+    pthread_mutex_unlock(&host_calls_lock);
+    if (state == 0) {
+        static uint64_t token;
+        struct gp_out_gpCallbackToken out;
+        CUresult r = gp_call(GP_CALL_gpCallbackToken, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
+        token = out.token;
+        pthread_t thread;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        if (r == CUDA_SUCCESS && pthread_create(&thread, &attr, callback_thread, &token) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+        pthread_attr_destroy(&attr);
+        if (r != CUDA_SUCCESS) {
+            pthread_mutex_lock(&host_calls_lock);
+            callbacks_result = r;
+            callbacks_state = -1;
+            pthread_cond_broadcast(&callbacks_cond);
+            pthread_mutex_unlock(&host_calls_lock);
+        }
+    }
+    pthread_mutex_lock(&host_calls_lock);
+    while (callbacks_state == 1) pthread_cond_wait(&callbacks_cond, &host_calls_lock);
+    CUresult r = callbacks_state == 2 ? CUDA_SUCCESS : callbacks_result;
+    pthread_mutex_unlock(&host_calls_lock);
+    return r;
+}
+
+static void callbacks_after_fork_in_child(void) {
+    /* The callback thread and its connection stay with the parent; the child starts its own. */
+    callback_conn = (struct gp_conn){-1, NULL};
+    callbacks_state = 0;
+    host_calls = NULL;
+    pthread_mutex_init(&host_calls_lock, NULL);
+    pthread_cond_init(&callbacks_cond, NULL);
 }
 
 /* ---- contexts ---------------------------------------------------------------------------------- */

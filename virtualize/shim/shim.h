@@ -73,6 +73,12 @@ void gp_ctx_forget(uint64_t ctx);
  * allocation, so allocations never land on (or later under) host memory of this process. */
 void gp_window_ensure(void);
 
+/* Host functions the worker calls back (shim.c): the callback connection started once, each function
+ * registered under an id until it has run (kind 0: a CUhostFn, 1: a CUstreamCallback). */
+CUresult gp_callbacks_start(void);
+uint64_t gp_host_call_add(int kind, void *fn, void *data, uint64_t stream);
+void gp_host_call_drop(uint64_t id);
+
 /* The lease's device ranges known to this process: allocations (owned) and module globals. */
 int gp_dev_add(uint64_t base, uint64_t size, int owned); /* 0, or -1 when the range is host memory here */
 void gp_dev_remove(uint64_t base);

@@ -420,6 +420,31 @@ CUresult cuMemPoolCreate(uint64_t *pool, void *props) {
     return r;
 }
 
+/* ---- host functions: run here when the worker's stream reaches them (shim.c) ------------------------ */
+
+static CUresult host_call(int kind, uint32_t call, uint64_t stream, void *fn, void *data) {
+    if (!fn) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = gp_callbacks_start();
+    if (r != CUDA_SUCCESS) return r;
+    uint64_t id = gp_host_call_add(kind, fn, data, stream);
+    if (!id) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct gp_in_cuLaunchHostFunc in = {.stream = stream, .id = id};
+    r = gp_call(call, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    if (r != CUDA_SUCCESS) gp_host_call_drop(id);
+    return r;
+}
+
+CUresult cuLaunchHostFunc(uint64_t stream, void *fn, void *data) {
+    GP_TRACE("cuLaunchHostFunc");
+    return host_call(0, GP_CALL_cuLaunchHostFunc, stream, fn, data);
+}
+
+CUresult cuStreamAddCallback(uint64_t stream, void *callback, void *data, uint32_t flags) {
+    GP_TRACE("cuStreamAddCallback");
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE; /* reserved, as the driver says */
+    return host_call(1, GP_CALL_cuStreamAddCallback, stream, callback, data);
+}
+
 CUresult cuMemPoolSetAttribute(uint64_t pool, int32_t attr, void *value) {
     GP_TRACE("cuMemPoolSetAttribute");
     if (!value) return CUDA_ERROR_INVALID_VALUE;

@@ -1,0 +1,53 @@
+"""Host callbacks (issue 11): CuPy's `Stream.launch_host_func` (cudaLaunchHostFunc) and `add_callback`
+(cudaStreamAddCallback) between kernels: each runs in this process once the stream reaches it, in
+stream order, on a thread other than the caller's, and the stream's later work waits for it (a slow
+callback sets a value a later copy on the stream depends on being written first).
+
+Runs unchanged on a local GPU or, under gpupool's libcuda.so.1, on a leased one; prints the same.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import cupy as cp
+from _common import loaded_libcuda
+
+
+def main() -> int:
+    print("libcuda", loaded_libcuda(), file=sys.stderr)
+    stream = cp.cuda.Stream(non_blocking=True)
+    seen, threads = [], set()
+    host = cp.zeros(1, dtype=cp.int64).get()  # a host array a callback fills
+
+    def slow(arg):
+        time.sleep(0.2)
+        host[0] = 41
+        seen.append(f"host {arg}")
+        threads.add(threading.get_ident())
+
+    def callback(s, status, arg):
+        seen.append(f"callback {arg} status {status}")
+        threads.add(threading.get_ident())
+
+    with stream:
+        x = cp.arange(1 << 20, dtype=cp.float32)
+        stream.launch_host_func(slow, "first")
+        y = (x * 2).sum()
+        stream.add_callback(callback, "second")
+        stream.launch_host_func(lambda arg: seen.append(f"host {arg} sees {int(host[0])}"), "third")
+    stream.synchronize()
+    print("order:", "; ".join(seen))
+    print("sum", float(y))
+    print("on another thread", threading.get_ident() not in threads)
+    for i in range(100):
+        stream.launch_host_func(seen.append, i)
+    stream.synchronize()
+    print("a hundred more in order", seen[-100:] == list(range(100)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
