@@ -17,6 +17,7 @@ setup(
                 "virtualize/shim/shim_exports.c",
                 "virtualize/shim/shim_memo.c",
                 "virtualize/shim/shim_auth.c",
+                "virtualize/shim/shim_managed.c",
             ],
             depends=[
                 "virtualize/shim/shim.h",

@@ -721,6 +721,43 @@ def scenario_callbacks():
     say("many", len(seen) == 203 and seen[-1] == "host209")
 
 
+def scenario_managed():
+    """Managed memory: what the host writes before a launch is what the kernel reads; what the kernel
+    writes is what the host reads after the synchronisation; copies in and out of it see the same."""
+    setup()
+    n = 100_000  # u32 elements: several 64 KiB chunks
+    ptr, plain = c_u64(), c_u64()
+    check(cu.cuMemAllocManaged(ctypes.byref(ptr), c_u64(4 * n), 1), "alloc managed")
+    p = ptr.value
+    say("zeroed", ctypes.string_at(p, 8) == bytes(8))
+    ctypes.memset(p, 5, 4 * n)  # the host writes every byte
+    module, fn = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(fn), module, b"add_u32"), "function")
+    value, count = ctypes.c_uint32(1), ctypes.c_uint32(n)
+    params = (ctypes.c_void_p * 3)(ctypes.addressof(ptr), ctypes.addressof(value), ctypes.addressof(count))
+    check(cu.cuLaunchKernel(fn, (n + 255) // 256, 1, 1, 256, 1, 1, 0, c_u64(0), params, None), "launch")
+    check(cu.cuCtxSynchronize(), "sync")
+    words = (ctypes.c_uint32 * n).from_address(p)
+    say("kernel_saw_host_writes", all(w == 0x05050506 for w in words))
+    words[0] = 9  # one host write, then the device's view of it through a copy
+    _, data = dtoh(p, 8)
+    say("copy_out_sees_host_write", data.hex())
+    check(cu.cuMemcpyHtoD(c_u64(p + 4), b"\x01\x02\x03\x04", c_u64(4)), "copy in")
+    say("host_sees_copy_in", ctypes.string_at(p + 4, 4).hex())
+    attribute = ctypes.c_uint32()
+    check(cu.cuPointerGetAttribute(ctypes.byref(attribute), 8, c_u64(p + 100)), "is managed")
+    managed_flag = attribute.value
+    _, other = alloc(64)
+    check(cu.cuPointerGetAttribute(ctypes.byref(attribute), 8, c_u64(other)), "is managed")
+    say("is_managed", f"{managed_flag} {attribute.value}")
+    concurrent = ctypes.c_int(-1)
+    check(cu.cuDeviceGetAttribute(ctypes.byref(concurrent), 89, 0), "attribute")
+    say("concurrent_managed_access", concurrent.value)
+    say("free", cu.cuMemFree(ptr))
+    say("bad_flags", cu.cuMemAllocManaged(ctypes.byref(plain), c_u64(64), 4))
+
+
 def scenario_unknown():
     check(cu.cuInit(0), "init")
     graph = c_u64()

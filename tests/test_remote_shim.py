@@ -303,6 +303,21 @@ def test_host_functions_run_in_the_program_in_stream_order_and_the_stream_waits_
     assert "gpupool:" not in err
 
 
+def test_managed_memory_is_the_same_bytes_for_the_program_and_its_kernels(shim_dir, worker):
+    out, err = run_client("managed", client_env(shim_dir, worker))
+    assert out == {
+        "zeroed": "True",
+        "kernel_saw_host_writes": "True",
+        "copy_out_sees_host_write": "0900000006050505",
+        "host_sees_copy_in": "01020304",
+        "is_managed": "1 0",
+        "concurrent_managed_access": "0",
+        "free": "0",
+        "bad_flags": "1",
+    }
+    assert "gpupool:" not in err
+
+
 def test_queries_libraries_make_are_answered(shim_dir, worker):
     out, _ = run_client("queries", client_env(shim_dir, worker))
     assert out == expected_queries()

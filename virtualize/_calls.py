@@ -246,6 +246,8 @@ CALLS: tuple[Call, ...] = (
     _c("cuMemAlloc", 3020, "o_dptr dptr, u64 bytesize", symbol="cuMemAlloc_v2", custom=True),
     _c("cuMemFree", 3020, "dptr dptr", symbol="cuMemFree_v2", custom=True),
     _c("cuMemGetAddressRange", 3020, "o_dptr? base, o_u64? size, dptr dptr", symbol="cuMemGetAddressRange_v2"),
+    # Managed memory: a device allocation mirrored by host pages at the same address (shim_managed.c).
+    _c("cuMemAllocManaged", 6000, "o_dptr dptr, u64 bytesize, u32 flags", L, custom=True),
     _c("cuMemAllocAsync", 11020, "o_dptr dptr, u64 bytesize, stream stream", custom=True),
     _c("cuMemAllocFromPoolAsync", 11020, "o_dptr dptr, u64 bytesize, pool pool, stream stream", custom=True),
     _c("cuMemFreeAsync", 11020, "dptr dptr, stream stream", A, custom=True),

@@ -41,6 +41,9 @@ MEMSET_WIDTH = {"cuMemsetD8": 1, "cuMemsetD16": 2, "cuMemsetD32": 4}
 LAUNCH_ATTRIBUTE_BYTES = 72
 ALLOCATION_PROP_BYTES, ACCESS_DESC_BYTES = 32, 12  # CUmemAllocationProp, CUmemAccessDesc
 POOL_PROPS_BYTES = 88  # CUmemPoolProps
+# CUdevice_attribute: PAGEABLE_MEMORY_ACCESS, CONCURRENT_MANAGED_ACCESS, PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
+# DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: 0 remotely (docs/remote.md, managed memory).
+NOT_COHERENT_ATTRIBUTES = frozenset({88, 89, 100, 101})
 # CUpointer_attribute values the guard answers for memory in a window (cuda.h numbering).
 POINTER_CONTEXT, POINTER_DEVICE_ORDINAL, POINTER_LEGACY_IPC = 1, 9, 10
 POINTER_RANGE_START, POINTER_RANGE_SIZE, POINTER_MEMPOOL = 11, 12, 17
@@ -169,6 +172,7 @@ class Session:
             "gpParamLayout": self._param_layout,
             "gpLinkImage": self._link_image,
             "cuStreamEndCapture": self._end_capture,
+            "cuDeviceGetAttribute": self._device_attribute,
             "cuMemPoolCreate": self._pool_create,
             "gpCallbackToken": self._callback_token,
             "gpCallbackAttach": self._callback_attach,
@@ -471,6 +475,14 @@ class Session:
         if not self.window.ready:
             return False
         return call.name == "cuMemAlloc" or not self.executor.cuStreamIsCapturing(ins[-1])
+
+    def _device_attribute(self, call: Call, ins: tuple):
+        """The device's answer, but no host access to managed or pageable memory while kernels run:
+        the client's mirror of managed memory is kept in step at launches and synchronisations only."""
+        if ins[0] in NOT_COHERENT_ATTRIBUTES:
+            self._check(call, ins)
+            return struct.pack("<i", 0), b""
+        return self._plain(call, ins)
 
     # -- host functions ------------------------------------------------------------------------------
 

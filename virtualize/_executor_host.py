@@ -66,6 +66,7 @@ ATTRIBUTES = {
     39: 2048,
     75: 9,
     76: 0,
+    83: 1,  # MANAGED_MEMORY
     115: 1,
 }
 

@@ -1278,7 +1278,6 @@ GP_EXPORT CUresult cuMemAdvise(void) { return gp_unforwarded("cuMemAdvise"); }
 GP_EXPORT CUresult cuMemAdvise_v2(void) { return gp_unforwarded("cuMemAdvise_v2"); }
 GP_EXPORT CUresult cuMemAlloc(void) { return gp_unforwarded("cuMemAlloc"); }
 GP_EXPORT CUresult cuMemAllocHost(void) { return gp_unforwarded("cuMemAllocHost"); }
-GP_EXPORT CUresult cuMemAllocManaged(void) { return gp_unforwarded("cuMemAllocManaged"); }
 GP_EXPORT CUresult cuMemAllocPitch(void) { return gp_unforwarded("cuMemAllocPitch"); }
 GP_EXPORT CUresult cuMemAllocPitch_v2(void) { return gp_unforwarded("cuMemAllocPitch_v2"); }
 GP_EXPORT CUresult cuMemBatchDecompressAsync(void) { return gp_unforwarded("cuMemBatchDecompressAsync"); }
@@ -1611,6 +1610,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemAllocAsync", 11020, (void *)cuMemAllocAsync},
     {"cuMemAllocFromPoolAsync", 11020, (void *)cuMemAllocFromPoolAsync},
     {"cuMemAllocHost", 3020, (void *)cuMemAllocHost_v2},
+    {"cuMemAllocManaged", 6000, (void *)cuMemAllocManaged},
     {"cuMemCreate", 10020, (void *)cuMemCreate},
     {"cuMemFree", 3020, (void *)cuMemFree_v2},
     {"cuMemFreeAsync", 11020, (void *)cuMemFreeAsync},

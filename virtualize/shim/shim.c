@@ -498,6 +498,7 @@ CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args
     uint64_t start = profile_enabled ? now_ns() : 0;
     int changes = call < GP_N_CALLS && (gp_call_invalidates[call] | gp_call_pauses[call] | gp_call_resumes[call]);
     if (changes) gp_memo_changing(call);
+    gp_managed_before(call);
     pthread_mutex_lock(&conn_lock);
     CUresult r = call_locked(call, flags, args, args_len, bulk1, bulk1_len, bulk2, bulk2_len, outs, outs_len,
                              bulk_out, bulk_out_len);

@@ -79,6 +79,13 @@ CUresult gp_callbacks_start(void);
 uint64_t gp_host_call_add(int kind, void *fn, void *data, uint64_t stream);
 void gp_host_call_drop(uint64_t id);
 
+/* Managed memory (shim_managed.c): host pages mirroring device allocations, kept in step around the
+ * calls that make the GPU work (gp_managed_before, from gp_call2). */
+int gp_managed_add(uint64_t base, uint64_t size);
+int gp_managed_remove(uint64_t base);
+int gp_managed_lookup(uint64_t ptr);
+void gp_managed_before(uint32_t call);
+
 /* The lease's device ranges known to this process: allocations (owned) and module globals. */
 int gp_dev_add(uint64_t base, uint64_t size, int owned); /* 0, or -1 when the range is host memory here */
 void gp_dev_remove(uint64_t base);

@@ -323,9 +323,32 @@ static int imported(uint64_t dptr) {
     return gp_dev_lookup(dptr, &base, NULL, &owned) && base == dptr && owned == 0;
 }
 
+/* Managed memory: a device allocation of its own 2 MiB pages (so no other allocation shares its host
+ * pages), zeroed, mirrored by host pages at the same address (shim_managed.c). */
+#define MANAGED_MIN ((1u << 20) + 1) /* past the worker's small allocations, which share pages */
+
+CUresult cuMemAllocManaged(uint64_t *dptr, uint64_t bytesize, uint32_t flags) {
+    GP_TRACE("cuMemAllocManaged");
+    if (!dptr || !bytesize || (flags & ~3u) || !flags) return CUDA_ERROR_INVALID_VALUE; /* ATTACH_GLOBAL|HOST */
+    uint64_t ptr;
+    CUresult r = alloc_reserved(&ptr, bytesize < MANAGED_MIN ? MANAGED_MIN : bytesize, 0, 0, 0);
+    if (r != CUDA_SUCCESS) return r;
+    struct gp_in_cuMemsetD8_v2 zero = {.dst = ptr, .value = 0, .count = bytesize};
+    r = gp_call(GP_CALL_cuMemsetD8_v2, 0, &zero, sizeof zero, NULL, 0, NULL, 0, NULL, 0);
+    if (r == CUDA_SUCCESS && gp_managed_add(ptr, bytesize) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r != CUDA_SUCCESS) {
+        free_remote(ptr, 0, 0);
+        gp_dev_remove(ptr);
+        return r;
+    }
+    *dptr = ptr;
+    return CUDA_SUCCESS;
+}
+
 CUresult cuMemFree_v2(uint64_t dptr) {
     GP_TRACE("cuMemFree_v2");
     if (!dptr) return CUDA_SUCCESS; /* as the driver does: cudart's cudaFree(NULL) idiom ends here */
+    gp_managed_remove(dptr);
     if (imported(dptr)) {
         gp_dev_remove(dptr);
         return CUDA_SUCCESS;
@@ -740,6 +763,9 @@ static int is_device(uint64_t ptr) { return gp_dev_lookup(ptr, NULL, NULL, NULL)
 
 static CUresult htod(uint32_t call, uint64_t dst, const void *src, uint64_t count, uint64_t stream) {
     if (count == 0) return CUDA_SUCCESS;
+    if (gp_managed_lookup((uint64_t)src)) /* managed memory as the source: the device copy of it */
+        return call == GP_CALL_cuMemcpyHtoD_v2 ? cuMemcpyDtoD_v2(dst, (uint64_t)src, count)
+                                               : cuMemcpyDtoDAsync_v2(dst, (uint64_t)src, count, stream);
     /* A device address as the host side would fault inside sendmsg and cost the connection. */
     if (!src || !device_range(dst, count) || is_device((uint64_t)src)) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuMemcpyHtoD_v2 in = {.dst = dst, .count = count, .stream = stream};
@@ -749,6 +775,9 @@ static CUresult htod(uint32_t call, uint64_t dst, const void *src, uint64_t coun
 
 static CUresult dtoh(uint32_t call, void *dst, uint64_t src, uint64_t count, uint64_t stream) {
     if (count == 0) return CUDA_SUCCESS;
+    if (gp_managed_lookup((uint64_t)dst)) /* into managed memory: into its device copy */
+        return call == GP_CALL_cuMemcpyDtoH_v2 ? cuMemcpyDtoD_v2((uint64_t)dst, src, count)
+                                               : cuMemcpyDtoDAsync_v2((uint64_t)dst, src, count, stream);
     if (!dst || !device_range(src, count) || is_device((uint64_t)dst)) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuMemcpyDtoH_v2 in = {.src = src, .count = count, .stream = stream};
     /* The reply streams straight into the caller's buffer. */
@@ -819,6 +848,10 @@ CUresult cuPointerGetAttribute(void *data, int32_t attr, uint64_t ptr) {
     GP_TRACE("cuPointerGetAttribute");
     if (!data) return CUDA_ERROR_INVALID_VALUE;
     if (!is_device(ptr)) return host_attribute(data, attr, ptr);
+    if (attr == 8 /* IS_MANAGED */) {
+        *(unsigned *)data = gp_managed_lookup(ptr) ? 1 : 0;
+        return CUDA_SUCCESS;
+    }
     unsigned size = attr >= 0 && attr < 32 ? gp_pointer_attribute_size[attr] : 0;
     if (!size) return CUDA_ERROR_NOT_SUPPORTED;
     struct gp_in_cuPointerGetAttribute in = {.attr = attr, .ptr = ptr};
