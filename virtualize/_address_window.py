@@ -277,7 +277,7 @@ class WindowMemory:
         m = self.mappings.pop(ptr)
         if m.slab is None:
             if wait:
-                self.executor.cuCtxSynchronize()  # as cuMemFree: no kernel may still use the pages
+                self._synchronize()
             self._unmap(m)
             return
         m.slab.give(ptr, self.small_sizes.pop(ptr))
@@ -285,9 +285,17 @@ class WindowMemory:
         slabs = self.slabs[m.device]
         if m.users == 0 and sum(1 for s in slabs if s.users == 0) > 1:  # keep one empty slab a device
             if wait:
-                self.executor.cuCtxSynchronize()
+                self._synchronize()
             slabs.remove(m)
             self._unmap(m)
+
+    def _synchronize(self) -> None:
+        """As cuMemFree: no kernel may still use pages about to be unmapped. Mapped memory outlives
+        contexts: with the program's context gone (released, destroyed), nothing of it runs."""
+        try:
+            self.executor.cuCtxSynchronize()
+        except CudaError as exc:
+            log.debug("unmapping without a synchronise: %s", exc)
 
     def _unmap(self, m: Mapping) -> None:
         self.executor.unmap_memory(m.base, m.size, m.backing)

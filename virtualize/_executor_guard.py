@@ -298,8 +298,12 @@ class Session:
         left = [a for a in map(self.lease.allocations.get, self.owned) if a is not None]
         for a in left:
             try:
-                self.executor.set_context(contexts.get(a.device, 0))
-                if a.window is not None:
+                try:
+                    self.executor.set_context(contexts.get(a.device, 0))
+                except CudaError:
+                    if a.window is None:
+                        raise
+                if a.window is not None:  # mapped memory outlives a released context: unmap it anyway
                     a.window.free(a.base)
                 else:
                     self.executor.cuMemFree(a.base)
