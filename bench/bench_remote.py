@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "gpu" / "remote"))
 sys.path.insert(0, str(ROOT / "tests"))  # netem_link
 
+RAW_REPEATS = 3  # --netem: the link's raw capacity is the median of this many 256 MiB streams each way
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 1 << 30]
 SIZES = [s for s in SIZES if s <= int(os.environ.get("GPUPOOL_BENCH_MAX_COPY", 1 << 30))]
 SIZES = [s for s in SIZES if s >= int(os.environ.get("GPUPOOL_BENCH_MIN_COPY", 0))] or SIZES[-1:]
@@ -309,14 +310,14 @@ def netem_main(args) -> int:
         results["link"] = link.shaping
         results["link_bits_per_s"] = _bits(args.link_rate)
         print(f"link: {link.shaping}", flush=True)
-        raw_bytes = min(args.max_copy_mib << 20, 1 << 30)
+        raw_bytes = min(args.max_copy_mib << 20, 256 << 20)
         raw = {}
         for mode in ("plain", "tls"):
             for direction in ("htod", "dtoh"):
-                rate = raw_transfer(link, raw_bytes, to_worker=direction == "htod", tls=mode == "tls",
-                                    loopback=mode == "plain")  # fmt: skip
-                raw[f"{mode}_{direction}"] = rate / 1e9
-                print(f"raw {mode} {direction}: {rate / 1e9:.2f} GB/s", flush=True)
+                rates = [raw_transfer(link, raw_bytes, to_worker=direction == "htod", tls=mode == "tls",
+                                      loopback=mode == "plain") for _ in range(RAW_REPEATS)]  # fmt: skip
+                raw[f"{mode}_{direction}"] = statistics.median(rates) / 1e9
+                print(f"raw {mode} {direction}: {' '.join(f'{r / 1e9:.2f}' for r in rates)} GB/s", flush=True)
         results["raw_gb_s"] = raw
         device = WorkerDevice(0, "", args.partition_mib << 20)
         worker = start_worker("bench", [device], bind_host="0.0.0.0", env={}, executor=args.executor,
@@ -358,7 +359,7 @@ def report_netem(results: dict) -> None:
     print(f"link: {results['link']}")
     link = results["link_bits_per_s"] / 8e9
     raw = results["raw_gb_s"]
-    print(f"raw capacity (one Python TCP stream, GB/s): plain HtoD {raw['plain_htod']:.2f}, DtoH "
+    print(f"raw capacity (one Python TCP stream, median of {RAW_REPEATS}, GB/s): plain HtoD {raw['plain_htod']:.2f}, DtoH "
           f"{raw['plain_dtoh']:.2f}; TLS HtoD {raw['tls_htod']:.2f}, DtoH {raw['tls_dtoh']:.2f}")  # fmt: skip
     print("\n| measure | plaintext | TLS 1.3 |")
     print("| --- | --- | --- |")
@@ -382,6 +383,18 @@ def report_netem(results: dict) -> None:
                     f"{c['client']:.2f}, {c['worker']:.2f}" if c else "-",
                 ]
             print(f"| {direction.upper()} {label} | {' | '.join(cells)} |")
+
+    # Small copies: one copy and one cuCtxSynchronize each, against the round trip alone. A copy to the
+    # device is sent and not waited for (its bytes in the frame), so copy + sync is one round trip plus
+    # the bytes; a copy to the host waits for its reply (bytes inline), so copy + sync is two.
+    for mode in ("plain", "tls"):
+        r = results[mode]
+        small = [s for s in SIZES if s <= 64 << 10 and str(s) in r["bandwidth_gb_s"]]
+        cells = [f"{d.upper()} {s >> 10} KiB {s / r['bandwidth_gb_s'][str(s)][d] / 1e3:.0f} µs"
+                 for s in small for d in ("htod", "dtoh")]  # fmt: skip
+        if cells:
+            print(f"\nsmall copies, {mode}, copy + sync (median): {', '.join(cells)}; "
+                  f"round trip {r['round_trip_us']:.0f} µs")  # fmt: skip
 
 
 def report(results: dict) -> None:
