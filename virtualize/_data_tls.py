@@ -81,7 +81,8 @@ class TlsStream:
     writes each 16 KiB record with one more: ~200 000 system calls per GiB each way, which held a
     copy across a 25 Gbit/s link to a fraction of what the cipher does (bench/RESULTS.md, issue 12).
     Here OpenSSL en- and decrypts between memory BIOs and the socket moves up to `IO_BYTES` per call.
-    It offers what the worker uses of a socket: recv_into, sendall, settimeout, version, close."""
+    It offers what the worker uses of a socket: recv_into, sendall, settimeout, version, close; and
+    recv_into_all, a copy's bulk decrypted record after record in one loop."""
 
     IO_BYTES = 1 << 20
 
@@ -121,6 +122,25 @@ class TlsStream:
             if self._out.pending:  # a post-handshake answer (a key update): out before anything else
                 self._flush()
             return got
+
+    def recv_into_all(self, view: memoryview) -> bool:
+        """Fill all of `view` with decrypted bytes (a copy's bulk); False if the stream ends first."""
+        read, n, pos = self._tls.read, len(view), 0
+        while pos < n:
+            try:
+                got = read(n - pos, view[pos:])
+            except ssl.SSLWantReadError:
+                if not self._fill():
+                    return False
+                continue
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                return False
+            if not got:
+                return False
+            pos += got
+        if self._out.pending:
+            self._flush()
+        return True
 
     def sendall(self, data) -> None:
         view = memoryview(data).cast("B")
