@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import socket
 import subprocess
 import uuid
 from dataclasses import dataclass
@@ -215,6 +216,7 @@ def _run(cmd: list[str]) -> str:
 # ---- raw capacity: the link measured with plain sockets, the yardstick for "% of the link" ----------
 
 RAW_CHUNK = 4 << 20
+RAW_WARMUP = 256 << 20
 
 
 def raw_transfer(
@@ -224,7 +226,8 @@ def raw_transfer(
     other (client to worker when `to_worker`, as a copy to the device), each side a plain loop of
     `sendall` / `recv_into` over 4 MiB buffers, optionally inside TLS 1.3 (AES-GCM, through the
     worker's `_data_tls.TlsStream`, whose large socket reads and writes are the fastest TLS stream
-    Python has here). Timed by the sender, from its first byte to the receiver's acknowledgement."""
+    Python has here). After a 256 MiB warm-up on the same connection, timed by the sender from its
+    first byte to the receiver's acknowledgement."""
     import json
     import sys
 
@@ -251,7 +254,6 @@ def raw_transfer(
 
 def _raw_main(argv: list[str]) -> None:
     import json
-    import socket
     import ssl
     import tempfile
     import time
@@ -272,12 +274,10 @@ def _raw_main(argv: list[str]) -> None:
         if tls:
             conn = _data_tls.TlsStream(conn, context, server_side=True)
             conn.do_handshake()
-        left = int.from_bytes(_exact(conn, 8), "little")
-        while left:
-            got = conn.recv_into(view[: min(left, RAW_CHUNK)])
-            if not got:
-                raise SystemExit("the sender went away")
-            left -= got
+        warm, total = int.from_bytes(_exact(conn, 8), "little"), int.from_bytes(_exact(conn, 8), "little")
+        _receive(conn, view, warm, tls)
+        conn.sendall(b"w")
+        _receive(conn, view, total, tls)
         conn.sendall(b"k")
         return
     port, nbytes = int(argv[2]), int(argv[3])
@@ -291,16 +291,39 @@ def _raw_main(argv: list[str]) -> None:
 
         conn = _data_tls.TlsStream(conn, context, server_side=False)
         conn.do_handshake()
+    # A warm-up first, as long-lived as a program's connection: TCP's buffers grow, the stream settles.
+    conn.sendall(RAW_WARMUP.to_bytes(8, "little") + nbytes.to_bytes(8, "little"))
+    _send(conn, view, RAW_WARMUP)
+    if _exact(conn, 1) != b"w":
+        raise SystemExit("no acknowledgement")
     start = time.perf_counter()
-    conn.sendall(nbytes.to_bytes(8, "little"))
+    _send(conn, view, nbytes)
+    if _exact(conn, 1) != b"k":
+        raise SystemExit("no acknowledgement")
+    print(json.dumps({"bytes_per_s": nbytes / (time.perf_counter() - start)}))
+
+
+def _send(conn, view: memoryview, nbytes: int) -> None:
     left = nbytes
     while left:
         n = min(left, RAW_CHUNK)
         conn.sendall(view[:n])
         left -= n
-    if _exact(conn, 1) != b"k":
-        raise SystemExit("no acknowledgement")
-    print(json.dumps({"bytes_per_s": nbytes / (time.perf_counter() - start)}))
+
+
+def _receive(conn, view: memoryview, nbytes: int, tls: bool) -> None:
+    left = nbytes
+    while left:  # as the worker receives a copy: a chunk per call
+        n = min(left, RAW_CHUNK)
+        if tls:
+            if not conn.recv_into_all(view[:n]):
+                raise SystemExit("the sender went away")
+            got = n
+        else:
+            got = conn.recv_into(view[:n], 0, socket.MSG_WAITALL)
+        if not got:
+            raise SystemExit("the sender went away")
+        left -= got
 
 
 def _exact(conn, n: int) -> bytes:

@@ -67,10 +67,17 @@ def assert_copies_arrived(out: dict[str, str], err: str) -> None:
 
 def test_copies_cross_the_link_encrypted(shim_dir, link, far_worker):
     before = link.qdisc_stats()[link.client_ns]
-    out, err = run_across(link, client_env(shim_dir, _At(far_worker, link.worker_ip)))
+    env = client_env(shim_dir, _At(far_worker, link.worker_ip), GPUPOOL_SHIM_PROFILE="1")
+    out, err = run_across(link, env)
     assert_copies_arrived(out, err)
     after = link.qdisc_stats()[link.client_ns]
     assert _sent_bytes(after) - _sent_bytes(before) > 10 * MiB  # through the shaped link, not around it
+    # Round trips: a copy to the device never waits (its bytes ride in its frame), a copy to the host
+    # waits exactly once (its bytes ride in the reply), whatever the size.
+    rows = _profile(err)
+    htod, dtoh = rows["cuMemcpyHtoD_v2"], rows["cuMemcpyDtoH_v2"]
+    assert htod["calls"] >= 2 and htod["waited"] == 0
+    assert dtoh["calls"] >= 3 and dtoh["waited"] == dtoh["calls"]
 
 
 def test_copies_cross_the_link_in_plaintext_between_loopback_addresses(shim_dir, link, far_worker):
@@ -88,3 +95,13 @@ def test_the_worker_refuses_plaintext_from_the_links_real_address(shim_dir, link
 def _sent_bytes(stats: str) -> int:
     words = stats.split()
     return int(words[words.index("Sent") + 1])
+
+
+def _profile(stderr: str) -> dict[str, dict[str, int]]:
+    """The shim's GPUPOOL_SHIM_PROFILE rows: call name -> calls, waited."""
+    rows = {}
+    for line in stderr.splitlines():
+        words = line.split()
+        if len(words) == 9 and words[0] == "gpupool:" and words[2].isdigit() and words[3].isdigit():
+            rows[words[1]] = {"calls": int(words[2]), "waited": int(words[3])}
+    return rows
