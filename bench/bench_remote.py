@@ -352,6 +352,14 @@ def _bits(rate: str) -> float:
     return float(rate)
 
 
+def cpu_of(run: dict, size: int, direction: str) -> dict | None:
+    """CPU s/GB of one row, where it means something: /proc counts 10 ms ticks, so only copies of
+    16 MiB and up (256 MiB or more moved per row) are shown."""
+    if size < 16 << 20:
+        return None
+    return run.get("cpu_s_per_gb", {}).get(str(size), {}).get(direction)
+
+
 def report_netem(results: dict) -> None:
     m = results["machine_before"]
     print(f"\nmachine: {m['cpus']} CPUs ({m['cpu']}), kernel {m['kernel']}, load average "
@@ -375,7 +383,7 @@ def report_netem(results: dict) -> None:
             cells = []
             for mode in ("plain", "tls"):
                 r = results[mode]["bandwidth_gb_s"][str(size)][direction]
-                c = results[mode].get("cpu_s_per_gb", {}).get(str(size), {}).get(direction)
+                c = cpu_of(results[mode], size, direction)
                 cells += [
                     f"{r:.2f}",
                     f"{r / link * 100:.0f} %",
@@ -423,7 +431,7 @@ def report(results: dict) -> None:
             r = remote["bandwidth_gb_s"][str(size)][direction]
             n = native["bandwidth_gb_s"][str(size)][direction] if native else None
             pct = f"{r / n * 100:.0f} %" if n else "-"
-            c = remote.get("cpu_s_per_gb", {}).get(str(size), {}).get(direction)
+            c = cpu_of(remote, size, direction)
             cpu = f" (CPU s/GB: client {c['client']:.2f}, worker {c['worker']:.2f})" if c else ""
             print(
                 f"| {direction.upper()} {label} | {f'{n:.2f} GB/s' if n else '-'} | {r:.2f} GB/s{cpu} | {pct} |"

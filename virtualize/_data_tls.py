@@ -111,6 +111,8 @@ class TlsStream:
         """Up to `nbytes` (default: len(buffer)) decrypted bytes into `buffer`; 0 at the end of the stream."""
         want = nbytes or len(buffer)
         while True:
+            if not (self._in.pending or self._tls.pending()) and not self._fill():
+                return 0  # nothing buffered: read the socket first rather than fail a read (an exception)
             try:
                 got = self._tls.read(want, buffer)
             except ssl.SSLWantReadError:
@@ -143,6 +145,10 @@ class TlsStream:
         return True
 
     def sendall(self, data) -> None:
+        if len(data) <= self.IO_BYTES and isinstance(data, bytes):  # a reply: one record, one send
+            self._tls.write(data)
+            self._flush()
+            return
         view = memoryview(data).cast("B")
         for start in range(0, len(view), self.IO_BYTES):
             self._tls.write(view[start : start + self.IO_BYTES])
