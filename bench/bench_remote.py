@@ -25,6 +25,10 @@ loopback addresses routed across the same link), and measures the link's raw cap
 this machine can push through it:
 
   sudo python bench/bench_remote.py --netem --executor host
+
+Each copy row also reports the CPU seconds the program and the worker spent per GB moved (from
+/proc; 16 MiB and up), the fairer measure on a shared machine. `--copies-only` stops after the copies
+and `--min-copy-mib` / `--max-copy-mib` pick the sizes, e.g. to profile the copy path.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import argparse
 import ctypes
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -294,6 +299,7 @@ def netem_main(args) -> int:
     why = unavailable()
     if why:
         raise SystemExit(f"--netem: cannot make a link here: {why}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the link's namespaces go with it
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="gpupool-bench-netem-"))
     shim = fresh_shim(work / "shim")
@@ -319,7 +325,11 @@ def netem_main(args) -> int:
                 raw[f"{mode}_{direction}"] = statistics.median(rates) / 1e9
                 print(f"raw {mode} {direction}: {' '.join(f'{r / 1e9:.2f}' for r in rates)} GB/s", flush=True)
         results["raw_gb_s"] = raw
-        device = WorkerDevice(0, "", args.partition_mib << 20)
+        uuid = ""
+        if args.executor == "cuda":
+            uuid = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader", "-i", "0"],
+                                  capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        device = WorkerDevice(0, uuid, args.partition_mib << 20)
         worker = start_worker("bench", [device], bind_host="0.0.0.0", env={}, executor=args.executor,
                               prefix=link.prefix(link.worker_ns))  # fmt: skip
         try:
