@@ -15,6 +15,20 @@ remote as % of native:
 Targets (issue 6): compute-bound >= 95 % of native, round trip <= 40 µs, >= 50 k launches/s,
 copies >= 2 GB/s. `--executor host` measures the protocol and the worker alone on a machine with no
 GPU (the host-memory test executor; no native run). Results: a table on stdout, JSON in $OUT.
+
+`--netem` (issue 12; root, iproute2) runs the remote side across a real network link instead: the
+worker in one network namespace, the program in another, joined by a veth pair shaped by `tc netem`
+(`--link-rate`, default 25gbit, and `--link-delay`, default 20us, each way; tests/netem_link.py). It
+runs the program twice, over the data connection's TLS (as between hosts) and in plaintext (over
+loopback addresses routed across the same link), and measures the link's raw capacity the same way
+(one Python TCP stream each way, plain and TLS), so copies read as % of the nominal link and % of what
+this machine can push through it:
+
+  sudo python bench/bench_remote.py --netem --executor host
+
+Each copy row also reports the CPU seconds the program and the worker spent per GB moved (from
+/proc; 16 MiB and up), the fairer measure on a shared machine. `--copies-only` stops after the copies
+and `--min-copy-mib` / `--max-copy-mib` pick the sizes, e.g. to profile the copy path.
 """
 
 from __future__ import annotations
@@ -23,6 +37,7 @@ import argparse
 import ctypes
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -33,9 +48,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "gpu" / "remote"))
+sys.path.insert(0, str(ROOT / "tests"))  # netem_link
 
+RAW_REPEATS = 3  # --netem: the link's raw capacity is the median of this many 256 MiB streams each way
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 1 << 30]
 SIZES = [s for s in SIZES if s <= int(os.environ.get("GPUPOOL_BENCH_MAX_COPY", 1 << 30))]
+SIZES = [s for s in SIZES if s >= int(os.environ.get("GPUPOOL_BENCH_MIN_COPY", 0))] or SIZES[-1:]
 
 
 # ---- the measured program (runs in a child process, natively or remotely) ------------------------
@@ -85,10 +103,10 @@ def child() -> None:
     # Copies, synchronous, pageable host memory.
     dev = ok(cu.cuMemAlloc(SIZES[-1]))
     host = np.ones(SIZES[-1], dtype=np.uint8)
-    bandwidth = {}
+    bandwidth, cpu = {}, {}
     for size in SIZES:
         reps = max(3, min(200, (256 << 20) // size))
-        row = {}
+        row, cpu_row = {}, {}
         for direction in ("htod", "dtoh"):
             copy = (
                 (lambda s=size: cu.cuMemcpyHtoD(dev, host.ctypes.data, s))
@@ -97,15 +115,24 @@ def child() -> None:
             )
             ok(copy())
             times = []
+            cpu_start = (time.process_time(), worker_cpu_s())
             for _ in range(reps):
                 t = time.perf_counter()
                 ok(copy())
                 ok(cu.cuCtxSynchronize())  # a copy to the device counts once it is there
                 times.append(time.perf_counter() - t)
             row[direction] = size / statistics.median(times) / 1e9
+            gb = size * reps / 1e9
+            cpu_row[direction] = {"client": (time.process_time() - cpu_start[0]) / gb,
+                                  "worker": (worker_cpu_s() - cpu_start[1]) / gb}  # fmt: skip
         bandwidth[size] = row
+        cpu[size] = cpu_row
     out["bandwidth_gb_s"] = bandwidth
+    out["cpu_s_per_gb"] = cpu  # CPU seconds per GB moved, each side (a loaded machine's fairer measure)
     ok(cu.cuMemFree(dev))
+    if os.environ.get("GPUPOOL_BENCH_ONLY") == "copies":  # --copies-only: e.g. to profile the copy path
+        print(json.dumps(out))
+        return
 
     # Compute-bound: ~2 ms kernels, back to back.
     buf = ok(cu.cuMemAlloc(4 * 132 * 4 * 256))
@@ -142,12 +169,25 @@ def child() -> None:
     print(json.dumps(out))
 
 
+def worker_cpu_s() -> float:
+    """CPU seconds the worker process has used (user + system), where the parent said which it is."""
+    pid = os.environ.get("GPUPOOL_BENCH_WORKER_PID")
+    if not pid:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 # ---- the driver: native run, remote run, the comparison ----------------------------------------
 
 
-def run_child(env: dict[str, str]) -> dict:
+def run_child(env: dict[str, str], prefix: list[str] | None = None) -> dict:
     proc = subprocess.run(
-        [sys.executable, __file__, "--child"], env=env, capture_output=True, text=True, timeout=200
+        [*(prefix or []), sys.executable, __file__, "--child"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     if proc.returncode != 0:
         raise SystemExit(
@@ -163,14 +203,24 @@ def main() -> int:
                         help="cuda: a real GPU (default); host: protocol and worker only, no GPU")  # fmt: skip
     parser.add_argument("--partition-mib", type=int, default=8192, help="memory of the benchmark lease")
     parser.add_argument("--max-copy-mib", type=int, default=1024, help="largest copy measured (default 1024)")
+    parser.add_argument("--min-copy-mib", type=int, default=0, help="smallest copy measured (default: 4 KiB)")
     parser.add_argument("--encrypt", action="store_true",
                         help="encrypt the data connection (TLS 1.3) as across hosts, though on loopback")  # fmt: skip
     parser.add_argument("--tcp", action="store_true",
                         help="loopback TCP, not the worker's local socket that a client on its host uses")  # fmt: skip
+    parser.add_argument("--copies-only", action="store_true",
+                        help="stop after the copies (round trip, launches, copies): to profile the copy path")  # fmt: skip
+    parser.add_argument("--netem", action="store_true",
+                        help="across a tc-shaped veth link between two network namespaces (root)")  # fmt: skip
+    parser.add_argument("--link-rate", default="25gbit", help="--netem: the link's rate each way (tc units)")
+    parser.add_argument("--link-delay", default="20us", help="--netem: the link's one-way delay (tc units)")
+    parser.add_argument("--mtu", type=int, default=1500, help="--netem: the link's MTU")
     args = parser.parse_args()
     if args.child:
         child()
         return 0
+    if args.netem:
+        return netem_main(args)
 
     from server.workers import WorkerDevice, start_worker
     from virtualize.remote import fresh_shim, remote_env
@@ -181,6 +231,9 @@ def main() -> int:
     print(f"shim: {shim}", flush=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     env["GPUPOOL_BENCH_MAX_COPY"] = str(args.max_copy_mib << 20)
+    env["GPUPOOL_BENCH_MIN_COPY"] = str(args.min_copy_mib << 20)
+    if args.copies_only:
+        env["GPUPOOL_BENCH_ONLY"] = "copies"
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     os.environ["PYTHONPATH"] = env["PYTHONPATH"]
     results = {}
@@ -206,6 +259,7 @@ def main() -> int:
             remote["GPUPOOL_DATA_ENCRYPTION"] = "always"
         if args.tcp:
             remote.pop("GPUPOOL_WORKER_LOCAL", None)
+        remote["GPUPOOL_BENCH_WORKER_PID"] = str(worker.pid)
         results["remote"] = run_child(remote)
     finally:
         worker.stop()
@@ -217,10 +271,156 @@ def main() -> int:
     return 0
 
 
+def machine() -> dict:
+    """What the numbers ran on (a shared machine's load changes them)."""
+    import platform
+
+    model = next(
+        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+         if line.startswith("model name")),
+        platform.processor(),
+    )  # fmt: skip
+    return {
+        "cpus": os.cpu_count(),
+        "cpu": model,
+        "kernel": platform.release(),
+        "load_average": os.getloadavg(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+    }
+
+
+def netem_main(args) -> int:
+    """The remote run across a shaped link between two network namespaces (module docstring)."""
+    from netem_link import LinkOptions, NetemLink, raw_transfer, unavailable
+
+    from server.workers import WorkerDevice, start_worker
+    from virtualize.remote import fresh_shim, remote_env
+
+    why = unavailable()
+    if why:
+        raise SystemExit(f"--netem: cannot make a link here: {why}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the link's namespaces go with it
+    started = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="gpupool-bench-netem-"))
+    shim = fresh_shim(work / "shim")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env["GPUPOOL_BENCH_MAX_COPY"] = str(args.max_copy_mib << 20)
+    env["GPUPOOL_BENCH_MIN_COPY"] = str(args.min_copy_mib << 20)
+    if args.copies_only:
+        env["GPUPOOL_BENCH_ONLY"] = "copies"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    os.environ["PYTHONPATH"] = env["PYTHONPATH"]
+    results: dict = {"machine_before": machine()}
+    options = LinkOptions(rate=args.link_rate, delay=args.link_delay, mtu=args.mtu)
+    with NetemLink(options) as link:
+        results["link"] = link.shaping
+        results["link_bits_per_s"] = _bits(args.link_rate)
+        print(f"link: {link.shaping}", flush=True)
+        raw_bytes = min(args.max_copy_mib << 20, 256 << 20)
+        raw = {}
+        for mode in ("plain", "tls"):
+            for direction in ("htod", "dtoh"):
+                rates = [raw_transfer(link, raw_bytes, to_worker=direction == "htod", tls=mode == "tls",
+                                      loopback=mode == "plain") for _ in range(RAW_REPEATS)]  # fmt: skip
+                raw[f"{mode}_{direction}"] = statistics.median(rates) / 1e9
+                print(f"raw {mode} {direction}: {' '.join(f'{r / 1e9:.2f}' for r in rates)} GB/s", flush=True)
+        results["raw_gb_s"] = raw
+        uuid = ""
+        if args.executor == "cuda":
+            uuid = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader", "-i", "0"],
+                                  capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        device = WorkerDevice(0, uuid, args.partition_mib << 20)
+        worker = start_worker("bench", [device], bind_host="0.0.0.0", env={}, executor=args.executor,
+                              prefix=link.prefix(link.worker_ns))  # fmt: skip
+        try:
+            for mode, host in (("tls", link.worker_ip), ("plain", link.worker_loopback_ip)):
+                print(f"remote run across the link ({mode}, worker pid {worker.pid}) ...", flush=True)
+                answer = {"id": "bench", "worker": worker.answer(host=host)}
+                remote = {**env, **remote_env(answer, cache_root=work / "cache", library=shim)}
+                remote.pop("GPUPOOL_WORKER_LOCAL", None)  # another namespace: TCP across the link
+                remote["GPUPOOL_BENCH_WORKER_PID"] = str(worker.pid)
+                results[mode] = run_child(remote, prefix=link.prefix(link.client_ns))
+        finally:
+            worker.stop()
+        results["qdisc"] = link.qdisc_stats()
+    results["machine_after"] = machine()
+    report_netem(results)
+    results["seconds"] = time.monotonic() - started
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "bench_remote_netem.json").write_text(json.dumps(results, indent=2))
+    print(f"\n(benchmark took {results['seconds']:.0f} s)")
+    return 0
+
+
+def _bits(rate: str) -> float:
+    """tc's rate units (25gbit, 100mbit, 1gbps) in bits per second."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12, "bit": 1, "kbps": 8e3, "mbps": 8e6,
+             "gbps": 8e9, "bps": 8}  # fmt: skip
+    for unit, scale in units.items():
+        if rate.lower().endswith(unit):
+            return float(rate[: -len(unit)]) * scale
+    return float(rate)
+
+
+def cpu_of(run: dict, size: int, direction: str) -> dict | None:
+    """CPU s/GB of one row, where it means something: /proc counts 10 ms ticks, so only copies of
+    16 MiB and up (256 MiB or more moved per row) are shown."""
+    if size < 16 << 20:
+        return None
+    return run.get("cpu_s_per_gb", {}).get(str(size), {}).get(direction)
+
+
+def report_netem(results: dict) -> None:
+    m = results["machine_before"]
+    print(f"\nmachine: {m['cpus']} CPUs ({m['cpu']}), kernel {m['kernel']}, load average "
+          f"{m['load_average'][0]:.2f} before, {results['machine_after']['load_average'][0]:.2f} after")  # fmt: skip
+    print(f"link: {results['link']}")
+    link = results["link_bits_per_s"] / 8e9
+    raw = results["raw_gb_s"]
+    print(f"raw capacity (one Python TCP stream, median of {RAW_REPEATS}, GB/s): plain HtoD {raw['plain_htod']:.2f}, DtoH "
+          f"{raw['plain_dtoh']:.2f}; TLS HtoD {raw['tls_htod']:.2f}, DtoH {raw['tls_dtoh']:.2f}")  # fmt: skip
+    print("\n| measure | plaintext | TLS 1.3 |")
+    print("| --- | --- | --- |")
+    for name, key, fmt in (("cuCtxSynchronize round trip (median)", "round_trip_us", "{:.1f} µs"),
+                           ("empty-kernel launches, pipelined", "launches_per_s", "{:,.0f} /s")):  # fmt: skip
+        print(f"| {name} | {fmt.format(results['plain'][key])} | {fmt.format(results['tls'][key])} |")
+    print(f"\n| copy | plaintext GB/s | % of {link * 8:.0f} Gbit/s | % of raw | CPU s/GB client, worker | TLS GB/s "
+          f"| % of {link * 8:.0f} Gbit/s | % of raw TLS | CPU s/GB client, worker |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for size in (s for s in SIZES if str(s) in results["plain"]["bandwidth_gb_s"]):
+        label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+        for direction in ("htod", "dtoh"):
+            cells = []
+            for mode in ("plain", "tls"):
+                r = results[mode]["bandwidth_gb_s"][str(size)][direction]
+                c = cpu_of(results[mode], size, direction)
+                cells += [
+                    f"{r:.2f}",
+                    f"{r / link * 100:.0f} %",
+                    f"{r / raw[f'{mode}_{direction}'] * 100:.0f} %",
+                    f"{c['client']:.2f}, {c['worker']:.2f}" if c else "-",
+                ]
+            print(f"| {direction.upper()} {label} | {' | '.join(cells)} |")
+
+    # Small copies: one copy and one cuCtxSynchronize each, against the round trip alone. A copy to the
+    # device is sent and not waited for (its bytes in the frame), so copy + sync is one round trip plus
+    # the bytes; a copy to the host waits for its reply (bytes inline), so copy + sync is two.
+    for mode in ("plain", "tls"):
+        r = results[mode]
+        small = [s for s in SIZES if s <= 64 << 10 and str(s) in r["bandwidth_gb_s"]]
+        cells = [f"{d.upper()} {s >> 10} KiB {s / r['bandwidth_gb_s'][str(s)][d] / 1e3:.0f} µs"
+                 for s in small for d in ("htod", "dtoh")]  # fmt: skip
+        if cells:
+            print(f"\nsmall copies, {mode}, copy + sync (median): {', '.join(cells)}; "
+                  f"round trip {r['round_trip_us']:.0f} µs")  # fmt: skip
+
+
 def report(results: dict) -> None:
     native, remote = results.get("native"), results["remote"]
 
     def row(name, key, unit, better_high, fmt="{:.1f}"):
+        if key not in remote:  # --copies-only
+            return
         r = remote[key]
         if native is None:
             print(f"| {name} | - | {fmt.format(r)} {unit} | - |")
@@ -241,7 +441,11 @@ def report(results: dict) -> None:
             r = remote["bandwidth_gb_s"][str(size)][direction]
             n = native["bandwidth_gb_s"][str(size)][direction] if native else None
             pct = f"{r / n * 100:.0f} %" if n else "-"
-            print(f"| {direction.upper()} {label} | {f'{n:.2f} GB/s' if n else '-'} | {r:.2f} GB/s | {pct} |")
+            c = cpu_of(remote, size, direction)
+            cpu = f" (CPU s/GB: client {c['client']:.2f}, worker {c['worker']:.2f})" if c else ""
+            print(
+                f"| {direction.upper()} {label} | {f'{n:.2f} GB/s' if n else '-'} | {r:.2f} GB/s{cpu} | {pct} |"
+            )
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -140,11 +141,14 @@ def start_worker(
     bind_host: str,
     env: dict[str, str],
     executor: str | None = None,
+    prefix: Sequence[str] = (),
 ) -> WorkerHandle:
     """Start the worker process of one lease and return once it listens.
 
     `env` is added to the worker's environment (the MPS limits of the partition). `executor` picks
     the executor ("cuda", or "host" in tests); by default GPUPOOL_WORKER_EXECUTOR, else "cuda".
+    `prefix` runs the worker under another command that then execs it (the benchmark's
+    `ip netns exec NS`, to put it on the far side of a network link).
     """
     secret = secrets.token_urlsafe(32)
     state_dir = Path(tempfile.mkdtemp(prefix=f"gpupool-worker-{_safe(lease_id)}-"))
@@ -155,6 +159,7 @@ def start_worker(
     if devices:
         child_env["CUDA_VISIBLE_DEVICES"] = ",".join(d.uuid or str(d.index) for d in devices)
     cmd = [
+        *prefix,
         sys.executable,
         "-m",
         WORKER_MODULE,

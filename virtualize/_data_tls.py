@@ -71,3 +71,106 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
     mapped = getattr(address, "ipv4_mapped", None)
     return address.is_loopback or bool(mapped and mapped.is_loopback)
+
+
+class TlsStream:
+    """The worker's end of an encrypted data connection: TLS through memory buffers, the socket read
+    and written in large pieces.
+
+    `SSLContext.wrap_socket` reads a record's 5-byte header and its body in two system calls and
+    writes each 16 KiB record with one more: ~200 000 system calls per GiB each way, which held a
+    copy across a 25 Gbit/s link to a fraction of what the cipher does (bench/RESULTS.md, issue 12).
+    Here OpenSSL en- and decrypts between memory BIOs and the socket moves up to `IO_BYTES` per call.
+    It offers what the worker uses of a socket: recv_into, sendall, settimeout, version, close; and
+    recv_into_all, a copy's bulk decrypted record after record in one loop."""
+
+    IO_BYTES = 1 << 20
+
+    def __init__(self, sock, context: ssl.SSLContext, *, server_side: bool) -> None:
+        self.sock = sock
+        self.family = sock.family
+        self._in, self._out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self._tls = context.wrap_bio(self._in, self._out, server_side=server_side)
+        self._buf = bytearray(self.IO_BYTES)
+        self._view = memoryview(self._buf)
+
+    def do_handshake(self) -> None:
+        while True:
+            try:
+                self._tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                self._flush()
+                if not self._fill():
+                    raise ConnectionResetError(
+                        "the peer closed the connection during the TLS handshake"
+                    ) from None
+        self._flush()
+
+    def recv_into(self, buffer, nbytes: int = 0) -> int:
+        """Up to `nbytes` (default: len(buffer)) decrypted bytes into `buffer`; 0 at the end of the stream."""
+        want = nbytes or len(buffer)
+        while True:
+            if not (self._in.pending or self._tls.pending()) and not self._fill():
+                return 0  # nothing buffered: read the socket first rather than fail a read (an exception)
+            try:
+                got = self._tls.read(want, buffer)
+            except ssl.SSLWantReadError:
+                if not self._fill():
+                    return 0
+                continue
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                return 0
+            if self._out.pending:  # a post-handshake answer (a key update): out before anything else
+                self._flush()
+            return got
+
+    def recv_into_all(self, view: memoryview) -> bool:
+        """Fill all of `view` with decrypted bytes (a copy's bulk); False if the stream ends first."""
+        read, n, pos = self._tls.read, len(view), 0
+        while pos < n:
+            try:
+                got = read(n - pos, view[pos:])
+            except ssl.SSLWantReadError:
+                if not self._fill():
+                    return False
+                continue
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                return False
+            if not got:
+                return False
+            pos += got
+        if self._out.pending:
+            self._flush()
+        return True
+
+    def sendall(self, data) -> None:
+        if len(data) <= self.IO_BYTES and isinstance(data, bytes):  # a reply: one record, one send
+            self._tls.write(data)
+            self._flush()
+            return
+        view = memoryview(data).cast("B")
+        for start in range(0, len(view), self.IO_BYTES):
+            self._tls.write(view[start : start + self.IO_BYTES])
+            self._flush()
+
+    def _fill(self) -> bool:
+        got = self.sock.recv_into(self._view)
+        if not got:
+            self._in.write_eof()
+            return False
+        self._in.write(self._view[:got])
+        return True
+
+    def _flush(self) -> None:
+        if self._out.pending:
+            self.sock.sendall(self._out.read())
+
+    def version(self) -> str | None:
+        return self._tls.version()
+
+    def settimeout(self, timeout: float | None) -> None:
+        self.sock.settimeout(timeout)
+
+    def close(self) -> None:
+        self.sock.close()

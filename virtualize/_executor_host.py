@@ -221,8 +221,9 @@ class HostExecutor(Executor):
 
     def copy_from_device(self, src, count, stream, send) -> None:
         mem, off = self._find(src, count)
+        view = memoryview(mem)  # sent from where it lies, as the CUDA executor sends its staging buffer
         for start in range(0, count, CHUNK):
-            send(memoryview(bytes(mem[off + start : off + min(count, start + CHUNK)])))
+            send(view[off + start : off + min(count, start + CHUNK)])
 
     def _on(self, stream, work) -> None:
         """Run stream work now, or record it when the stream is being captured into a graph."""

@@ -80,9 +80,17 @@ class Channel:
         have = min(self.end - self.start, len(out))
         out[:have] = self.view[self.start : self.start + have]
         self.start += have
+        if have == len(out):
+            return
+        # The rest is bulk the client is sending now: filled in one call (MSG_WAITALL; the TLS stream
+        # decrypts record after record in one loop), not one round of Python per segment received.
+        if isinstance(self.sock, _data_tls.TlsStream):
+            if not self.sock.recv_into_all(out[have:]):
+                raise ConnectionClosed
+            return
         pos = have
         while pos < len(out):
-            got = self.sock.recv_into(out[pos:])
+            got = self.sock.recv_into(out[pos:], 0, socket.MSG_WAITALL)
             if not got:
                 raise ConnectionClosed
             pos += got
@@ -119,7 +127,7 @@ class Channel:
 
     def send(self, *parts) -> None:
         views = [memoryview(p).cast("B") for p in parts if len(p)]
-        if isinstance(self.sock, ssl.SSLSocket):  # no sendmsg over TLS: small replies go as one record
+        if isinstance(self.sock, _data_tls.TlsStream):  # no sendmsg over TLS: small replies go as one record
             if sum(map(len, views)) <= SMALL_REPLY_BYTES:
                 self.sock.sendall(b"".join(views))
             else:
@@ -240,7 +248,7 @@ class Worker:
             session = Session(self.lease, self.executor, channel, take)
             how = (
                 sock.version()
-                if isinstance(sock, ssl.SSLSocket)
+                if isinstance(sock, _data_tls.TlsStream)
                 else "local socket"
                 if sock.family == socket.AF_UNIX
                 else "unencrypted, this host"
@@ -283,7 +291,9 @@ class Worker:
             return None  # nothing within the hello's time, or gone
         if first and first[0] == _data_tls.TLS_RECORD_FIRST_BYTE and self.tls is not None:
             try:
-                return self.tls.wrap_socket(sock, server_side=True)
+                stream = _data_tls.TlsStream(sock, self.tls, server_side=True)
+                stream.do_handshake()
+                return stream
             except (ssl.SSLError, OSError) as exc:
                 log.warning("client %s: TLS handshake failed (%s); closing", who, exc)
                 return None

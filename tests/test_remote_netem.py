@@ -1,0 +1,107 @@
+"""The data connection across a real network link (issue 12): the lease's worker in one network
+namespace, the program in another, joined by a shaped veth pair (tests/netem_link.py; netem where the
+kernel has it, else tbf at the same rate). The `copies` scenario's bytes (10 MiB each way, a generic
+cuMemcpy, memsets, an async copy from a buffer overwritten after the call) arrive intact over TLS, as
+between two hosts, and in plaintext over loopback addresses routed across the same link; and the worker
+refuses plaintext from the link's real address. `bench/bench_remote.py --netem` measures the same path.
+Needs root and iproute2; a few seconds.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import netem_link
+import pytest
+import remote_helpers
+from remote_helpers import CLIENT, MiB, client_env, needs_cc, parse
+
+from server.workers import WorkerDevice, start_worker
+
+shim_dir = remote_helpers.shim_dir  # fixture
+
+_why = netem_link.unavailable()
+pytestmark = [needs_cc, pytest.mark.skipif(_why is not None, reason=f"no network link here: {_why}")]
+
+
+@pytest.fixture(scope="module")
+def link():
+    with netem_link.NetemLink() as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def far_worker(link):
+    """A host-executor worker on the far side of the link, listening on all its addresses."""
+    handle = start_worker("netem-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="0.0.0.0", env={},
+                          executor="host", prefix=link.prefix(link.worker_ns))  # fmt: skip
+    yield handle
+    handle.stop()
+
+
+class _At:
+    """The worker as a client on the link's other side reaches it."""
+
+    def __init__(self, handle, host: str) -> None:
+        self.handle, self.host = handle, host
+
+    def answer(self) -> dict:
+        return self.handle.answer(host=self.host)
+
+
+def run_across(link, env: dict[str, str], scenario: str = "copies") -> tuple[dict[str, str], str]:
+    env.pop("GPUPOOL_WORKER_LOCAL", None)  # another namespace: its abstract socket is out of reach anyway
+    proc = subprocess.run([*link.prefix(link.client_ns), sys.executable, str(CLIENT), scenario], env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    return parse(proc.stdout), proc.stderr
+
+
+def assert_copies_arrived(out: dict[str, str], err: str) -> None:
+    assert out.get("htod_dtoh") == "True", err
+    assert out["dtod"] == "True" and out["generic"] == "True" and out["pinned_copy"] == "True"
+    assert out["htod_async_took_bytes"] == "True"
+    assert out["memsets"][:46] == "efbeadde" * 4 + "34123412" + "7f7f7f"  # D32 x4, D16 x2, D8 x3
+    assert out["still_connected"] == "0"
+
+
+def test_copies_cross_the_link_encrypted(shim_dir, link, far_worker):
+    before = link.qdisc_stats()[link.client_ns]
+    env = client_env(shim_dir, _At(far_worker, link.worker_ip), GPUPOOL_SHIM_PROFILE="1")
+    out, err = run_across(link, env)
+    assert_copies_arrived(out, err)
+    after = link.qdisc_stats()[link.client_ns]
+    assert _sent_bytes(after) - _sent_bytes(before) > 10 * MiB  # through the shaped link, not around it
+    # Round trips: a copy to the device never waits (its bytes ride in its frame), a copy to the host
+    # waits exactly once (its bytes ride in the reply), whatever the size.
+    rows = _profile(err)
+    htod, dtoh = rows["cuMemcpyHtoD_v2"], rows["cuMemcpyDtoH_v2"]
+    assert htod["calls"] >= 2 and htod["waited"] == 0
+    assert dtoh["calls"] >= 3 and dtoh["waited"] == dtoh["calls"]
+
+
+def test_copies_cross_the_link_in_plaintext_between_loopback_addresses(shim_dir, link, far_worker):
+    out, err = run_across(link, client_env(shim_dir, _At(far_worker, link.worker_loopback_ip)))
+    assert_copies_arrived(out, err)
+
+
+def test_the_worker_refuses_plaintext_from_the_links_real_address(shim_dir, link, far_worker):
+    env = client_env(shim_dir, _At(far_worker, link.worker_ip), GPUPOOL_WORKER_TLS_SHA256="")
+    out, err = run_across(link, env, "no_lease")
+    assert out == {"init": "800", "count": "800"}  # the shim will not send plaintext off the host
+    assert "offers no encryption" in err
+
+
+def _sent_bytes(stats: str) -> int:
+    words = stats.split()
+    return int(words[words.index("Sent") + 1])
+
+
+def _profile(stderr: str) -> dict[str, dict[str, int]]:
+    """The shim's GPUPOOL_SHIM_PROFILE rows: call name -> calls, waited."""
+    rows = {}
+    for line in stderr.splitlines():
+        words = line.split()
+        if len(words) == 9 and words[0] == "gpupool:" and words[2].isdigit() and words[3].isdigit():
+            rows[words[1]] = {"calls": int(words[2]), "waited": int(words[3])}
+    return rows
