@@ -758,6 +758,33 @@ def scenario_managed():
     say("bad_flags", cu.cuMemAllocManaged(ctypes.byref(plain), c_u64(64), 4))
 
 
+def scenario_tensor_maps():
+    """cuTensorMapEncodeTiled / Im2col / ReplaceAddress: encoded by the worker (the host executor's
+    stand-in descriptor holds the type, rank, address and dimensions); an address that is not the
+    lease's memory is refused."""
+    import struct
+
+    setup()
+    rc, ptr = alloc(1 << 20)
+    check(rc, "alloc")
+    tensor_map = ctypes.create_string_buffer(128)
+    dims, strides = (c_u64 * 2)(256, 128), (c_u64 * 1)(512)
+    box, element = (ctypes.c_uint32 * 2)(64, 32), (ctypes.c_uint32 * 2)(1, 1)
+    encode = cu.cuTensorMapEncodeTiled
+    rc = encode(tensor_map, 7, 2, c_u64(ptr), dims, strides, box, element, 0, 0, 0, 0)
+    dtype, rank, address = struct.unpack_from("<iIQ", tensor_map.raw)
+    say("tiled", f"{rc} {dtype} {rank} {address == ptr} {struct.unpack_from('<2Q', tensor_map.raw, 32)}")
+    say("foreign_address", encode(tensor_map, 7, 2, c_u64(0x1000), dims, strides, box, element, 0, 0, 0, 0))
+    rc = cu.cuTensorMapReplaceAddress(tensor_map, c_u64(ptr + 4096))
+    say("replaced", f"{rc} {struct.unpack_from('<Q', tensor_map.raw, 8)[0] == ptr + 4096}")
+    dims3, strides3 = (c_u64 * 3)(8, 16, 16), (c_u64 * 2)(64, 1024)
+    lower, upper = (ctypes.c_int * 1)(-1), (ctypes.c_int * 1)(1)
+    element3 = (ctypes.c_uint32 * 3)(1, 1, 1)
+    rc = cu.cuTensorMapEncodeIm2col(tensor_map, 7, 3, c_u64(ptr), dims3, strides3, lower, upper, 8, 16, element3,
+                                    0, 0, 0, 0)  # fmt: skip
+    say("im2col", f"{rc} {struct.unpack_from('<3Q', tensor_map.raw, 32)}")
+
+
 def scenario_unknown():
     check(cu.cuInit(0), "init")
     graph = c_u64()

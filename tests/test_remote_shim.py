@@ -318,6 +318,16 @@ def test_managed_memory_is_the_same_bytes_for_the_program_and_its_kernels(shim_d
     assert "gpupool:" not in err
 
 
+def test_tensor_maps_are_encoded_by_the_worker_for_the_leases_memory_only(shim_dir, worker):
+    out, _ = run_client("tensor_maps", client_env(shim_dir, worker))
+    assert out == {
+        "tiled": "0 7 2 True (256, 128)",
+        "foreign_address": "1",  # CUDA_ERROR_INVALID_VALUE: not memory of this lease
+        "replaced": "0 True",
+        "im2col": "0 (8, 16, 16)",
+    }
+
+
 def test_queries_libraries_make_are_answered(shim_dir, worker):
     out, _ = run_client("queries", client_env(shim_dir, worker))
     assert out == expected_queries()

@@ -404,6 +404,16 @@ CALLS: tuple[Call, ...] = (
     _c("cuLaunchHostFunc", 10000, "stream stream, ptr fn, ptr data", A, custom=True, wire="stream stream, u64 id"),
     _c("cuStreamAddCallback", 5000, "stream stream, ptr callback, ptr data, u32 flags", A, custom=True,
        wire="stream stream, u64 id"),
+    # Tensor maps (Hopper's TMA descriptors): encoded by the worker's driver; 128 opaque bytes come back.
+    _c("cuTensorMapEncodeTiled", 12000, "ptr map, i32 dtype, u32 rank, ptr address, ptr dims, ptr strides, "
+       "ptr box, ptr element_strides, i32 interleave, i32 swizzle, i32 l2, i32 oob", custom=True,
+       wire="i32 dtype, u32 rank, dptr address, i32 interleave, i32 swizzle, i32 l2, i32 oob, bytes shape"),
+    _c("cuTensorMapEncodeIm2col", 12000, "ptr map, i32 dtype, u32 rank, ptr address, ptr dims, ptr strides, "
+       "ptr lower, ptr upper, u32 channels, u32 pixels, ptr element_strides, i32 interleave, i32 swizzle, "
+       "i32 l2, i32 oob", custom=True,
+       wire="i32 dtype, u32 rank, dptr address, u32 channels, u32 pixels, i32 interleave, i32 swizzle, i32 l2, "
+            "i32 oob, bytes shape"),
+    _c("cuTensorMapReplaceAddress", 12000, "ptr map, ptr address", custom=True, wire="dptr address, bytes map"),
     _c("cuStreamIsCapturing", 10000, "stream stream, o_i32 status", memo="capture"),
     _c("cuStreamGetPriority", 5050, "stream stream, o_i32 priority"),
     _c("cuStreamGetFlags", 5050, "stream stream, o_u32 flags"),

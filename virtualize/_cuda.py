@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import logging
+import struct
 import threading
 from collections.abc import Callable
 
@@ -285,6 +286,30 @@ class CudaExecutor(Executor):
         config.attrs = [self._attribute(i, v) for i, v in attributes]
         config.numAttrs = len(attributes)
         return config
+
+    def tensor_map(self, name: str, ins: tuple, arrays: list[list[int]]) -> bytes:
+        u64 = [driver.cuuint64_t(x) for x in arrays[0]], [driver.cuuint64_t(x) for x in arrays[1]]
+        if name == "cuTensorMapEncodeTiled":
+            dtype, rank, address, interleave, swizzle, l2, oob = ins
+            box, element = ([driver.cuuint32_t(x) for x in a] for a in arrays[2:])
+            encoded = _ok(driver.cuTensorMapEncodeTiled(
+                _enum(driver.CUtensorMapDataType, dtype), rank, address, *u64, box, element,
+                _enum(driver.CUtensorMapInterleave, interleave), _enum(driver.CUtensorMapSwizzle, swizzle),
+                _enum(driver.CUtensorMapL2promotion, l2), _enum(driver.CUtensorMapFloatOOBfill, oob)))  # fmt: skip
+        else:
+            dtype, rank, address, channels, pixels, interleave, swizzle, l2, oob = ins
+            lower, upper, element = arrays[2], arrays[3], [driver.cuuint32_t(x) for x in arrays[4]]
+            encoded = _ok(driver.cuTensorMapEncodeIm2col(
+                _enum(driver.CUtensorMapDataType, dtype), rank, address, *u64, lower, upper, channels, pixels,
+                element, _enum(driver.CUtensorMapInterleave, interleave), _enum(driver.CUtensorMapSwizzle, swizzle),
+                _enum(driver.CUtensorMapL2promotion, l2), _enum(driver.CUtensorMapFloatOOBfill, oob)))  # fmt: skip
+        return struct.pack("<16Q", *encoded.opaque)
+
+    def tensor_map_address(self, encoded: bytes, address: int) -> bytes:
+        tensor_map = driver.CUtensorMap()
+        tensor_map.opaque = list(struct.unpack("<16Q", encoded))
+        _ok(driver.cuTensorMapReplaceAddress(tensor_map, address))
+        return struct.pack("<16Q", *tensor_map.opaque)
 
     def launch_host_func(self, stream, fn) -> None:
         key = next(self._host_keys)

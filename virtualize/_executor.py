@@ -82,10 +82,11 @@ def linked_image(linked: dict[int, bytes], state: int, size: int) -> bytes:
 
 HANDSHAKE = ("gpHello", "gpProve")  # the worker's own, before any call reaches an executor
 # Served by the guard itself: from the client process's address window (virtualize._address_window),
-# and host functions (through `Executor.launch_host_func`).
+# host functions (through `Executor.launch_host_func`) and tensor maps (`Executor.tensor_map`).
 GUARD_CALLS = (
     *("gpWindowOffer", "gpWindowAccept", "cuMemAddressReserve", "cuMemAddressFree"),
     *("gpCallbackToken", "gpCallbackAttach", "cuLaunchHostFunc", "cuStreamAddCallback"),  # host functions
+    *("cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuTensorMapReplaceAddress"),  # tensor maps
 )
 
 
@@ -158,6 +159,16 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def launch(self, launch: Launch) -> None:
         """Launch `launch.func` as `launch` says (parameters already packed at the layout's offsets)."""
+
+    @abc.abstractmethod
+    def tensor_map(self, name: str, ins: tuple, arrays: list[list[int]]) -> bytes:
+        """cuTensorMapEncodeTiled or cuTensorMapEncodeIm2col (`name`): the table's in-parameters and the
+        shape arrays in the C order (dims, strides, box or lower/upper corners, element strides); the
+        128-byte CUtensorMap."""
+
+    @abc.abstractmethod
+    def tensor_map_address(self, encoded: bytes, address: int) -> bytes:
+        """cuTensorMapReplaceAddress on a 128-byte CUtensorMap."""
 
     @abc.abstractmethod
     def launch_host_func(self, stream: int, fn: Callable[[], None]) -> None:

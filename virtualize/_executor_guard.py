@@ -41,6 +41,7 @@ MEMSET_WIDTH = {"cuMemsetD8": 1, "cuMemsetD16": 2, "cuMemsetD32": 4}
 LAUNCH_ATTRIBUTE_BYTES = 72
 ALLOCATION_PROP_BYTES, ACCESS_DESC_BYTES = 32, 12  # CUmemAllocationProp, CUmemAccessDesc
 POOL_PROPS_BYTES = 88  # CUmemPoolProps
+TENSOR_MAP_BYTES, TENSOR_RANK_MAX = 128, 5  # CUtensorMap
 # CUdevice_attribute: PAGEABLE_MEMORY_ACCESS, CONCURRENT_MANAGED_ACCESS, PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
 # DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: 0 remotely (docs/remote.md, managed memory).
 NOT_COHERENT_ATTRIBUTES = frozenset({88, 89, 100, 101})
@@ -173,6 +174,9 @@ class Session:
             "gpLinkImage": self._link_image,
             "cuStreamEndCapture": self._end_capture,
             "cuDeviceGetAttribute": self._device_attribute,
+            "cuTensorMapEncodeTiled": self._tensor_map,
+            "cuTensorMapEncodeIm2col": self._tensor_map,
+            "cuTensorMapReplaceAddress": self._tensor_map_address,
             "cuMemPoolCreate": self._pool_create,
             "gpCallbackToken": self._callback_token,
             "gpCallbackAttach": self._callback_attach,
@@ -487,6 +491,34 @@ class Session:
             self._check(call, ins)
             return struct.pack("<i", 0), b""
         return self._plain(call, ins)
+
+    # -- tensor maps -----------------------------------------------------------------------------------
+
+    def _tensor_map(self, call: Call, ins: tuple):
+        """cuTensorMapEncodeTiled / Im2col: the shape arrays from the bulk; the 128 bytes go back as bulk."""
+        self._check(call, ins)
+        rank = ins[1]
+        if not 1 <= rank <= TENSOR_RANK_MAX:
+            raise CudaError(INVALID_VALUE, "tensor rank")
+        raw = self.channel.read_bulk(limit=TENSOR_RANK_MAX * 24)
+        tiled = call.name == "cuTensorMapEncodeTiled"
+        counts = (rank, rank - 1, rank, rank) if tiled else (rank, rank - 1, rank - 2, rank - 2, rank)
+        codes = ("Q", "Q", "I", "I") if tiled else ("Q", "Q", "i", "i", "I")
+        arrays, at = [], 0
+        for n, code in zip(counts, codes, strict=True):
+            n = max(n, 0)
+            if at + n * struct.calcsize(code) > len(raw):
+                raise CudaError(INVALID_VALUE, "tensor shape arrays")
+            arrays.append(list(struct.unpack_from(f"<{n}{code}", raw, at)))
+            at += n * struct.calcsize(code)
+        return b"", self.executor.tensor_map(call.name, ins, arrays)
+
+    def _tensor_map_address(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        encoded = self.channel.read_bulk(limit=TENSOR_MAP_BYTES)
+        if len(encoded) != TENSOR_MAP_BYTES:
+            raise CudaError(INVALID_VALUE, "a tensor map is 128 bytes")
+        return b"", self.executor.tensor_map_address(encoded, ins[0])
 
     # -- host functions ------------------------------------------------------------------------------
 

@@ -1457,10 +1457,7 @@ GP_EXPORT CUresult cuSurfObjectDestroy(void) { return gp_unforwarded("cuSurfObje
 GP_EXPORT CUresult cuSurfObjectGetResourceDesc(void) { return gp_unforwarded("cuSurfObjectGetResourceDesc"); }
 GP_EXPORT CUresult cuSurfRefGetArray(void) { return gp_unforwarded("cuSurfRefGetArray"); }
 GP_EXPORT CUresult cuSurfRefSetArray(void) { return gp_unforwarded("cuSurfRefSetArray"); }
-GP_EXPORT CUresult cuTensorMapEncodeIm2col(void) { return gp_unforwarded("cuTensorMapEncodeIm2col"); }
 GP_EXPORT CUresult cuTensorMapEncodeIm2colWide(void) { return gp_unforwarded("cuTensorMapEncodeIm2colWide"); }
-GP_EXPORT CUresult cuTensorMapEncodeTiled(void) { return gp_unforwarded("cuTensorMapEncodeTiled"); }
-GP_EXPORT CUresult cuTensorMapReplaceAddress(void) { return gp_unforwarded("cuTensorMapReplaceAddress"); }
 GP_EXPORT CUresult cuTexObjectCreate(void) { return gp_unforwarded("cuTexObjectCreate"); }
 GP_EXPORT CUresult cuTexObjectDestroy(void) { return gp_unforwarded("cuTexObjectDestroy"); }
 GP_EXPORT CUresult cuTexObjectGetResourceDesc(void) { return gp_unforwarded("cuTexObjectGetResourceDesc"); }
@@ -1688,6 +1685,9 @@ static const struct gp_proc gp_procs[] = {
     {"cuStreamQuery", 2000, (void *)cuStreamQuery},
     {"cuStreamSynchronize", 2000, (void *)cuStreamSynchronize},
     {"cuStreamWaitEvent", 3020, (void *)cuStreamWaitEvent},
+    {"cuTensorMapEncodeIm2col", 12000, (void *)cuTensorMapEncodeIm2col},
+    {"cuTensorMapEncodeTiled", 12000, (void *)cuTensorMapEncodeTiled},
+    {"cuTensorMapReplaceAddress", 12000, (void *)cuTensorMapReplaceAddress},
     {"cuThreadExchangeStreamCaptureMode", 10010, (void *)cuThreadExchangeStreamCaptureMode},
 };
 

@@ -443,6 +443,55 @@ CUresult cuMemPoolCreate(uint64_t *pool, void *props) {
     return r;
 }
 
+/* ---- tensor maps: encoded by the worker's driver (the address is the lease's), 128 bytes back ------ */
+
+#define TENSOR_MAP_BYTES 128
+#define TENSOR_RANK_MAX 5
+
+CUresult cuTensorMapEncodeTiled(void *map, int32_t dtype, uint32_t rank, void *address, void *dims, void *strides,
+                                void *box, void *element_strides, int32_t interleave, int32_t swizzle, int32_t l2,
+                                int32_t oob) {
+    GP_TRACE("cuTensorMapEncodeTiled");
+    if (!map || !dims || !box || !element_strides || rank < 1 || rank > TENSOR_RANK_MAX || (rank > 1 && !strides))
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned char shape[TENSOR_RANK_MAX * 24];
+    size_t at = 0;
+    memcpy(shape + at, dims, 8 * rank), at += 8 * rank;
+    if (rank > 1) memcpy(shape + at, strides, 8 * (rank - 1)), at += 8 * (rank - 1);
+    memcpy(shape + at, box, 4 * rank), at += 4 * rank;
+    memcpy(shape + at, element_strides, 4 * rank), at += 4 * rank;
+    struct gp_in_cuTensorMapEncodeTiled in = {dtype, rank, (uint64_t)address, interleave, swizzle, l2, oob};
+    return gp_call(GP_CALL_cuTensorMapEncodeTiled, WANT, &in, sizeof in, shape, at, NULL, 0, map, TENSOR_MAP_BYTES);
+}
+
+CUresult cuTensorMapEncodeIm2col(void *map, int32_t dtype, uint32_t rank, void *address, void *dims, void *strides,
+                                 void *lower, void *upper, uint32_t channels, uint32_t pixels, void *element_strides,
+                                 int32_t interleave, int32_t swizzle, int32_t l2, int32_t oob) {
+    GP_TRACE("cuTensorMapEncodeIm2col");
+    if (!map || !dims || !strides || !lower || !upper || !element_strides || rank < 3 || rank > TENSOR_RANK_MAX)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned char shape[TENSOR_RANK_MAX * 24];
+    size_t at = 0;
+    memcpy(shape + at, dims, 8 * rank), at += 8 * rank;
+    memcpy(shape + at, strides, 8 * (rank - 1)), at += 8 * (rank - 1);
+    memcpy(shape + at, lower, 4 * (rank - 2)), at += 4 * (rank - 2);
+    memcpy(shape + at, upper, 4 * (rank - 2)), at += 4 * (rank - 2);
+    memcpy(shape + at, element_strides, 4 * rank), at += 4 * rank;
+    struct gp_in_cuTensorMapEncodeIm2col in = {dtype, rank, (uint64_t)address, channels, pixels, interleave, swizzle,
+                                               l2, oob};
+    return gp_call(GP_CALL_cuTensorMapEncodeIm2col, WANT, &in, sizeof in, shape, at, NULL, 0, map, TENSOR_MAP_BYTES);
+}
+
+CUresult cuTensorMapReplaceAddress(void *map, void *address) {
+    GP_TRACE("cuTensorMapReplaceAddress");
+    if (!map) return CUDA_ERROR_INVALID_VALUE;
+    unsigned char before[TENSOR_MAP_BYTES];
+    memcpy(before, map, sizeof before);
+    struct gp_in_cuTensorMapReplaceAddress in = {(uint64_t)address};
+    return gp_call(GP_CALL_cuTensorMapReplaceAddress, WANT, &in, sizeof in, before, sizeof before, NULL, 0, map,
+                   TENSOR_MAP_BYTES);
+}
+
 /* ---- host functions: run here when the worker's stream reaches them (shim.c) ------------------------ */
 
 static CUresult host_call(int kind, uint32_t call, uint64_t stream, void *fn, void *data) {
