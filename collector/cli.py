@@ -44,6 +44,11 @@ def default_out() -> Path:
     return Path(user_data_dir("gpupool")) / "telemetry"
 
 
+def default_spool() -> Path:
+    """<user data dir>/gpupool/spool: rows an object store did not take by exit, sent at the next start."""
+    return default_out().parent / "spool"
+
+
 def _err(title: str, hint: str = "") -> int:
     print(f"{PROG}: error: {title}" + (f"; {hint}" if hint else ""), file=sys.stderr)
     return 2
@@ -72,7 +77,19 @@ def collect_parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--out", type=Path, metavar="DIR", help=f"telemetry directory (default: {default_out()})")
+    p.add_argument(
+        "--out",
+        metavar="DIR|s3://BUCKET/PREFIX",
+        help=f"telemetry directory, or an S3-compatible bucket (credentials and endpoint from AWS_* "
+        f"variables; see docs/collector.md) (default: {default_out()})",
+    )
+    p.add_argument(
+        "--spool",
+        type=Path,
+        metavar="DIR",
+        help="with --out s3://: where rows the bucket did not take by exit are kept, and sent from at the "
+        f"next start (default: {default_spool()})",
+    )
     p.add_argument(
         "--interval", type=parse_duration, default=1.0, metavar="D", help="time between samples (default 1s)"
     )
@@ -207,10 +224,13 @@ def cmd_collect(argv: list[str]) -> int:
     from collector.writer import default_host
 
     args.host = args.host or default_host()
-    args.out = args.out or default_out()
+    args.spool = args.spool or default_spool()
     stop = threading.Event()
     _install_signals(stop)
     try:
+        from collector.location import parse_location
+
+        args.out = parse_location(args.out or default_out())
         return _collect(args, stop)
     except CollectorError as exc:
         return _err(exc.title, exc.hint)
@@ -221,12 +241,22 @@ def _collect(args, stop: threading.Event) -> int:
     from collector._errors import TelemetryWriteError
     from collector._prometheus import LiveState, serve
     from collector._run import RunOptions, Status, run
+    from collector.location import S3Location
     from collector.writer import TelemetryWriter, check_host
 
     check_host(args.host)
     source, fleet = _open_source(args)
+    # A bucket that is missing, refuses the credentials or does not answer stops the run here, in
+    # one line, before anything is sampled (so nothing is lost).
     writer = TelemetryWriter(args.out, args.host, flush_interval_s=args.flush)
-    recover(Path(args.out))
+    if isinstance(args.out, S3Location):
+        sent = writer.upload_spool(args.spool) if args.spool.is_dir() else 0
+        if sent and not args.quiet:
+            _banner(
+                f"{PROG}: sent {plural(sent, 'segment')} kept in {args.spool} by an earlier run to {args.out}"
+            )
+    else:
+        recover(args.out)
     status = Status(
         quiet=args.quiet, label=" [SIMULATED]" if (fleet or getattr(source, "simulated", False)) else ""
     )
@@ -271,7 +301,16 @@ def _collect(args, stop: threading.Event) -> int:
         if source is not None:
             source.close()
     status.finish()
-    writer.close()  # raises TelemetryWriteError -> one line from cmd_collect
+    try:
+        writer.close()
+    except TelemetryWriteError as exc:
+        if not writer.keeps_rows_on_error:
+            raise  # one line from cmd_collect
+        rows = writer.spill(args.spool)  # raises TelemetryWriteError -> one line from cmd_collect
+        return _err(
+            exc.title,
+            f"{plural(rows, 'row')} kept in {args.spool}; the next gpustat-collect --out {args.out} sends them",
+        )
     if not args.quiet:
         ticks = stats.ticks if stats else 0
         _banner(
@@ -280,18 +319,33 @@ def _collect(args, stop: threading.Event) -> int:
     return 0
 
 
-def _newest_sample(root: Path, host: str, since: dt.datetime) -> dt.datetime | None:
-    """The newest gpu_samples timestamp of ``host`` under ``root`` from ``since`` on, or None."""
+def _newest_sample(root, host: str, since: dt.datetime) -> dt.datetime | None:
+    """The newest gpu_samples timestamp of ``host`` under ``root`` (a directory or a bucket location)
+    from ``since`` on, or None."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
+    from pyarrow.fs import FileSelector, FileType
+
+    from collector.location import filesystem
+
+    fs, base = filesystem(root)
+
+    def listing(path: str, kind: FileType) -> list:
+        found = fs.get_file_info(FileSelector(path, allow_not_found=True))
+        return [f for f in found if f.type == kind and not f.base_name.startswith(".")]
 
     newest = None
-    for day in sorted((root / "gpu_samples").glob("date=*"), reverse=True):
-        if day.name[5:] < since.date().isoformat():
+    days = listing(f"{base}/gpu_samples", FileType.Directory)
+    for day in sorted(
+        (d for d in days if d.base_name.startswith("date=")), key=lambda d: d.base_name, reverse=True
+    ):
+        if day.base_name[5:] < since.date().isoformat():
             break
-        for seg in (day / f"host={host}").glob("*.parquet"):
+        for seg in listing(f"{day.path}/host={host}", FileType.File):
+            if not seg.base_name.endswith(".parquet"):
+                continue
             try:
-                ts = pc.max(pq.read_table(seg, columns=["ts"]).column("ts")).as_py()
+                ts = pc.max(pq.read_table(seg.path, columns=["ts"], filesystem=fs).column("ts")).as_py()
             except Exception:  # a damaged segment: the readers skip it too
                 continue
             if ts is not None:
@@ -308,7 +362,7 @@ def _backfill(fleet, writer, args, stop: threading.Event) -> list[float] | None:
     end = dt.datetime.now(dt.UTC)
     start = end - dt.timedelta(seconds=args.backfill)
     # Running the same command again must not write the history twice: start after what is there.
-    newest = _newest_sample(Path(args.out), args.host, start)
+    newest = _newest_sample(args.out, args.host, start)
     if newest is not None:
         resume = newest + dt.timedelta(seconds=args.backfill_step)
         if resume >= end - dt.timedelta(seconds=args.backfill_step):
