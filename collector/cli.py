@@ -72,6 +72,7 @@ def collect_parser() -> argparse.ArgumentParser:
             "\nexamples:\n"
             f"  {PROG} --out /var/lib/gpupool/telemetry --prometheus 9401\n"
             f"  {PROG} --simulate 8 --duration 10m          # no GPU here: a labelled simulated fleet\n"
+            f"  {PROG} --out s3://telemetry/fleet           # a fleet's shared bucket (AWS_* variables)\n"
             f"  {PROG} --fallback-simulate 8 --backfill 7d --duration 60\n"
             "\ndurations: 500ms, 1s, 10m, 2h, 7d (a plain number is seconds)"
         ),
@@ -301,20 +302,23 @@ def _collect(args, stop: threading.Event) -> int:
         if source is not None:
             source.close()
     status.finish()
+    failed = None
     try:
         writer.close()
     except TelemetryWriteError as exc:
         if not writer.keeps_rows_on_error:
             raise  # one line from cmd_collect
-        rows = writer.spill(args.spool)  # raises TelemetryWriteError -> one line from cmd_collect
-        return _err(
-            exc.title,
-            f"{plural(rows, 'row')} kept in {args.spool}; the next gpustat-collect --out {args.out} sends them",
-        )
+        failed = exc
+        spilled = writer.spill(args.spool)  # raises TelemetryWriteError -> one line from cmd_collect
     if not args.quiet:
         ticks = stats.ticks if stats else 0
         _banner(
             f"{PROG}: stopped after {plural(ticks, 'tick')}; {plural(writer.rows_written, 'row')} in {plural(writer.segments_written, 'segment')} under {args.out}"
+        )
+    if failed is not None:
+        return _err(
+            failed.title,
+            f"{plural(spilled, 'row')} kept in {args.spool}; the next gpustat-collect --out {args.out} sends them",
         )
     return 0
 
@@ -426,7 +430,12 @@ def import_parser() -> argparse.ArgumentParser:
         (dcgm, "dcgm-exporter /metrics text dumps", "the Hostname label, else this host's name"),
     ):
         q.add_argument("files", nargs="+", type=Path, metavar="FILE", help=what)
-        q.add_argument("--out", type=Path, required=True, metavar="DIR", help="telemetry directory to write")
+        q.add_argument(
+            "--out",
+            required=True,
+            metavar="DIR|s3://BUCKET/PREFIX",
+            help="telemetry directory (or bucket) to write",
+        )
         q.add_argument("--host", metavar="NAME", help=f"host the logs come from (default: {host_default})")
     smi.add_argument(
         "--tz", default=None, metavar="ZONE", help="time zone of the timestamps (default: this machine's)"
@@ -470,7 +479,7 @@ def compact_parser() -> argparse.ArgumentParser:
             "against crashes (journaled) and while a collector writes. Default: every day before today."
         ),
     )
-    p.add_argument("dir", type=Path, metavar="DIR", help="telemetry directory")
+    p.add_argument("dir", metavar="DIR", help="telemetry directory (not a bucket)")
     p.add_argument(
         "--date",
         type=dt.date.fromisoformat,
@@ -483,6 +492,14 @@ def compact_parser() -> argparse.ArgumentParser:
 
 def cmd_compact(argv: list[str]) -> int:
     args = compact_parser().parse_args(argv)
+    from collector.location import is_s3
+
+    if is_s3(args.dir):
+        return _err(
+            f"compaction works on a telemetry directory, not a bucket: {args.dir}",
+            "objects in a bucket are written whole and never merged; readers take the many small ones as they are",
+        )
+    args.dir = Path(args.dir)
     if not args.dir.is_dir():
         return _err(
             f"telemetry directory not found: {args.dir}", "pass the directory gpustat-collect --out wrote"

@@ -218,6 +218,7 @@ class TelemetryWriter:
         self.flush_interval_s = flush_interval_s
         self._on_flush = on_flush
         self._buffers: dict[str, list[pa.Table]] = {name: [] for name in TABLES}
+        self._retry_names: dict[tuple[str, dt.date], str] = {}  # (table, day) -> a failed segment's name
         self._buffer_lock = threading.Lock()
         self._write_lock = threading.Lock()  # one segment writer at a time
         self.rows_written = 0
@@ -327,10 +328,18 @@ class TelemetryWriter:
         return self.location.joinpath(*self._parts(table_name, day))
 
     def _write_partition(self, table: Table, day: dt.date, data: pa.Table, sink) -> None:
-        first = pc.min(data.column("ts")).as_py()
-        stamp = _as_utc(first).strftime("%Y%m%dT%H%M%S") if first else "unknown"
-        name = f"{table.name}-{stamp}-{os.getpid()}-{next(_seq):06d}-{secrets.token_hex(3)}.parquet"
+        # A segment whose write failed is written again under the same name, with the rows that came
+        # since after its own (they wait at the front of the buffer). When the failure was only the
+        # answer getting lost (the store did take the object), the new object replaces it: no row
+        # is stored twice. The spool keeps the name too, so its later upload replaces it as well.
+        name = self._retry_names.get((table.name, day))
+        if name is None:
+            first = pc.min(data.column("ts")).as_py()
+            stamp = _as_utc(first).strftime("%Y%m%dT%H%M%S") if first else "unknown"
+            name = f"{table.name}-{stamp}-{os.getpid()}-{next(_seq):06d}-{secrets.token_hex(3)}.parquet"
+            self._retry_names[(table.name, day)] = name
         sink.write(self._parts(table.name, day), name, data)
+        del self._retry_names[(table.name, day)]
         if sink is self._sink:
             self.rows_written += data.num_rows
             self.segments_written += 1

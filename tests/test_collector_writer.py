@@ -331,3 +331,27 @@ def test_recover_removes_segments_a_killed_writer_left_half_written(tmp_path):
     os.utime(old, (time.time() - 3600, time.time() - 3600))
     recover(tmp_path)
     assert not old.exists() and fresh.exists()  # a fresh one may belong to a writer still at work
+
+
+def test_a_write_whose_answer_was_lost_is_replaced_not_doubled(tmp_path):
+    # The store took the segment but the writer heard a failure (an object store's lost answer): the
+    # retry, holding those rows and the next ones, goes under the same name and replaces it.
+    w = TelemetryWriter(tmp_path, "h", flush_interval_s=0)
+    real, lost = w._sink.write, []
+
+    def write_then_fail(parts, name, table):
+        real(parts, name, table)
+        if not lost:
+            lost.append(name)
+            raise OSError("connection reset by peer")
+
+    w._sink.write = write_then_fail
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    w.append("gpu_samples", [{"ts": t0, "gpu_index": 0, "gpu_uuid": "GPU-0"}])
+    with pytest.raises(TelemetryWriteError):
+        w.flush()
+    w.append("gpu_samples", [{"ts": t0 + dt.timedelta(seconds=1), "gpu_index": 0, "gpu_uuid": "GPU-0"}])
+    w.close()
+    segments = list(tmp_path.rglob("*.parquet"))
+    assert [p.name for p in segments] == lost
+    assert analytics.open_telemetry(tmp_path).execute("SELECT count(*) FROM gpu_samples").fetchone()[0] == 2
