@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from s3_server import S3Server
@@ -149,6 +150,7 @@ def _comparable(page: str) -> str:
     return re.sub(r"\d+\.\d{9,}(e-?\d+)?", lambda m: f"{float(m.group()):.9g}", page)
 
 
+@pytest.mark.slow
 def test_report_build_from_the_bucket_is_the_directorys_report(s3, fleet, tmp_path):
     env = s3.env()
     out_s3, out_dir = tmp_path / "s3.html", tmp_path / "dir.html"
@@ -195,6 +197,7 @@ def test_refused_credentials_are_one_line(tmp_path):
         server.stop()
 
 
+@pytest.mark.slow
 def test_an_outage_mid_run_loses_no_sample(s3, tmp_path, monkeypatch):
     """The network to the store breaks twice while a collector runs: it keeps sampling and says so;
     the first time the rows wait in memory until the store answers again, the second time the run
@@ -278,3 +281,23 @@ def test_commands_that_need_a_directory_refuse_a_bucket_in_one_line(main, argv, 
     assert importlib.import_module(main).main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0] and LOCATION in err[0]
+
+
+@pytest.mark.slow
+def test_the_interactive_report_reads_the_bucket(s3, fleet, monkeypatch):
+    # gpustat-report serve hands the app its locations os.pathsep-separated: an s3:// one keeps its ':'
+    from streamlit.testing.v1 import AppTest
+
+    from reports.app import DIRS_ENV
+
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    metrics = []
+    for location in (LOCATION, str(fleet)):
+        monkeypatch.setenv(DIRS_ENV, location)
+        at = AppTest.from_file(str(Path(__file__).parent.parent / "reports" / "app.py"), default_timeout=60)
+        at.run()
+        assert not at.exception
+        assert at.caption[0].value.startswith(location)
+        metrics.append({m.label: m.value for m in at.metric})
+    assert metrics[0] and metrics[0] == metrics[1]
