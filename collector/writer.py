@@ -286,10 +286,13 @@ class TelemetryWriter:
         return written
 
     def _requeue(self, pending: dict[str, list[pa.Table]]) -> None:
-        # Rows that could not be written go back to the front of the buffer, in order.
+        # Rows that could not be written go back to the front of the buffer, in order, as one table:
+        # through a long outage of an object store thousands of one-tick tables would cost ten times
+        # their data in memory (~190 MB an hour of 8 GPUs at 1 Hz, instead of ~15 MB).
+        merged = {name: pa.concat_tables(parts).combine_chunks() for name, parts in pending.items()}
         with self._buffer_lock:
-            for name, parts in pending.items():
-                self._buffers[name] = parts + self._buffers[name]
+            for name, data in merged.items():
+                self._buffers[name] = [data, *self._buffers[name]]
 
     def _write_days(self, table: Table, data: pa.Table, sink) -> int:
         """Write one segment per UTC day present in ``data`` (a partition is one day)."""
