@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -92,8 +93,33 @@ def region() -> str:
     return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
 
 
+_ENV_KEYS = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_ENDPOINT_URL",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+)
+_clients: dict[tuple, object] = {}
+_clients_lock = threading.Lock()
+
+
 def s3_filesystem():
-    """A ``pyarrow.fs.S3FileSystem`` configured from the AWS environment variables (module doc)."""
+    """A ``pyarrow.fs.S3FileSystem`` configured from the AWS environment variables (module doc): one
+    per set of their values, shared (pyarrow's client is thread-safe; making one costs milliseconds,
+    and a reader asks for one per segment footer)."""
+    key = tuple(os.environ.get(k) for k in _ENV_KEYS)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            client = _clients[key] = _new_s3_filesystem()
+        return client
+
+
+def _new_s3_filesystem():
     from pyarrow import fs
 
     options: dict = {
