@@ -330,12 +330,21 @@ def _newest_sample(root, host: str, since: dt.datetime) -> dt.datetime | None:
     import pyarrow.parquet as pq
     from pyarrow.fs import FileSelector, FileType
 
-    from collector.location import filesystem
+    from collector._errors import TelemetryWriteError
+    from collector.location import S3Location, describe_s3_error, filesystem
 
     fs, base = filesystem(root)
 
     def listing(path: str, kind: FileType) -> list:
-        found = fs.get_file_info(FileSelector(path, allow_not_found=True))
+        try:
+            found = fs.get_file_info(FileSelector(path, allow_not_found=True))
+        except OSError as exc:
+            if not isinstance(root, S3Location):
+                raise
+            problem = describe_s3_error(exc, root, reading=True)
+            raise TelemetryWriteError(
+                f"--backfill reads what {root} holds of {host} first: {problem.title}", problem.hint
+            ) from None
         return [f for f in found if f.type == kind and not f.base_name.startswith(".")]
 
     newest = None
