@@ -162,6 +162,12 @@ def _sink(location: Location) -> _DirSink | _S3Sink:
     return _S3Sink(location) if isinstance(location, S3Location) else _DirSink(location)
 
 
+def _segment_name(table: Table, data: pa.Table) -> str:
+    first = pc.min(data.column("ts")).as_py()
+    stamp = _as_utc(first).strftime("%Y%m%dT%H%M%S") if first else "unknown"
+    return f"{table.name}-{stamp}-{os.getpid()}-{next(_seq):06d}-{secrets.token_hex(3)}.parquet"
+
+
 def _as_utc(ts: dt.datetime) -> dt.datetime:
     return ts.replace(tzinfo=dt.UTC) if ts.tzinfo is None else ts.astimezone(dt.UTC)
 
@@ -294,18 +300,33 @@ class TelemetryWriter:
             for name, data in merged.items():
                 self._buffers[name] = [data, *self._buffers[name]]
 
-    def _write_days(self, table: Table, data: pa.Table, sink) -> int:
-        """Write one segment per UTC day present in ``data`` (a partition is one day)."""
+    def _write_days(self, table: Table, data: pa.Table, sink, *, retry: bool = True) -> int:
+        """Write one segment per UTC day present in ``data`` (a partition is one day).
+
+        With ``retry`` (buffered rows, which go back to the buffer when a write fails) a segment
+        keeps its name until every day of ``data`` is written: the next attempt, holding those rows
+        and the ones that came since after them, writes under the same names and replaces what the
+        failed attempt may have stored (a day written before another failed; an object store that
+        took the object but whose answer was lost). So no row is stored twice. The spool keeps the
+        names too, so its later upload replaces such an object as well."""
         if data.num_rows == 0:
             return 0
         days = pc.cast(data.column("ts"), pa.date32())
         unique = pc.unique(days)
-        if len(unique) == 1:
-            self._write_partition(table, unique[0].as_py(), data, sink)
-        else:
-            for day in sorted(unique.to_pylist()):
-                part = data.filter(pc.equal(days, pa.scalar(day, pa.date32())))
-                self._write_partition(table, day, part, sink)
+        for day in sorted(unique.to_pylist()):
+            part = data if len(unique) == 1 else data.filter(pc.equal(days, pa.scalar(day, pa.date32())))
+            name = self._retry_names.get((table.name, day)) if retry else None
+            if name is None:
+                name = _segment_name(table, part)
+                if retry:
+                    self._retry_names[(table.name, day)] = name
+            sink.write(self._parts(table.name, day), name, part)
+            if sink is self._sink:
+                self.rows_written += part.num_rows
+                self.segments_written += 1
+        if retry:
+            for day in unique.to_pylist():
+                del self._retry_names[(table.name, day)]
         return data.num_rows
 
     def write_table(self, table_name: str, data: pa.Table) -> int:
@@ -314,7 +335,7 @@ class TelemetryWriter:
         data = conform(table, data)
         with self._write_lock:
             try:
-                written = self._write_days(table, data, self._sink)
+                written = self._write_days(table, data, self._sink, retry=False)
             except OSError as exc:
                 raise self._sink.describe(exc) from None
             self.last_flush = time.time()
@@ -329,23 +350,6 @@ class TelemetryWriter:
         if isinstance(self.location, S3Location):
             raise TypeError(f"{self.location} is a bucket, not a directory")
         return self.location.joinpath(*self._parts(table_name, day))
-
-    def _write_partition(self, table: Table, day: dt.date, data: pa.Table, sink) -> None:
-        # A segment whose write failed is written again under the same name, with the rows that came
-        # since after its own (they wait at the front of the buffer). When the failure was only the
-        # answer getting lost (the store did take the object), the new object replaces it: no row
-        # is stored twice. The spool keeps the name too, so its later upload replaces it as well.
-        name = self._retry_names.get((table.name, day))
-        if name is None:
-            first = pc.min(data.column("ts")).as_py()
-            stamp = _as_utc(first).strftime("%Y%m%dT%H%M%S") if first else "unknown"
-            name = f"{table.name}-{stamp}-{os.getpid()}-{next(_seq):06d}-{secrets.token_hex(3)}.parquet"
-            self._retry_names[(table.name, day)] = name
-        sink.write(self._parts(table.name, day), name, data)
-        del self._retry_names[(table.name, day)]
-        if sink is self._sink:
-            self.rows_written += data.num_rows
-            self.segments_written += 1
 
     # -- a local spool for an object store that is down at exit ------------------------------------
     def spill(self, folder: str | os.PathLike) -> int:
