@@ -13,6 +13,7 @@ import math
 import os
 import queue
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -301,3 +302,27 @@ def test_the_interactive_report_reads_the_bucket(s3, fleet, monkeypatch):
         assert at.caption[0].value.startswith(location)
         metrics.append({m.label: m.value for m in at.metric})
     assert metrics[0] and metrics[0] == metrics[1]
+
+
+@pytest.mark.slow
+def test_the_pool_server_writes_its_events_to_the_bucket(s3, tmp_path, monkeypatch):
+    from pool_harness import ROOT, ServerProc, api, server_cmd
+
+    where = f"s3://{BUCKET}/pool"
+    srv = ServerProc(tmp_path / "s", "1xH100-80GB", extra=("--telemetry", where), env=s3.env()).start()
+    tok = srv.token("events")
+    _, lease = api(srv.url, "POST", "/v1/leases", tok, {"n": 1, "fraction": 0.5})
+    api(srv.url, "DELETE", f"/v1/leases/{lease['id']}", tok)
+    srv.proc.send_signal(signal.SIGTERM)  # a clean stop flushes the buffered events
+    assert srv.proc.wait(timeout=20) == 0
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    events = analytics.open_telemetry(where).execute("SELECT event FROM pool_events ORDER BY ts").fetchall()
+    assert events == [("grant",), ("release",)]
+    out = subprocess.run(
+        [*server_cmd(), "serve", "--state-dir", str(tmp_path / "b"), "--port", "0",
+         "--simulate-gpus", "1xH100-80GB", "--telemetry", "s3://no-such-bucket/p"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, env={**os.environ, **s3.env()},
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "--telemetry: bucket 'no-such-bucket' does not exist" in out.stderr
