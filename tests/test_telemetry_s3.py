@@ -326,3 +326,23 @@ def test_the_pool_server_writes_its_events_to_the_bucket(s3, tmp_path, monkeypat
     )  # fmt: skip
     assert out.returncode == 2, out.stderr
     assert "--telemetry: bucket 'no-such-bucket' does not exist" in out.stderr
+
+
+def test_an_nvidia_smi_log_imports_into_the_bucket(s3, tmp_path, monkeypatch):
+    from test_collector_import import SMI_UNITS
+
+    log = tmp_path / "smi.csv"
+    log.write_text(SMI_UNITS)
+    where = f"s3://{BUCKET}/imported"
+    proc = run(
+        [*COLLECT, "import", "nvidia-smi", str(log), "--out", where, "--host", "old", "--tz", "UTC"], s3.env()
+    )
+    assert proc.returncode == 0, proc.stderr
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    con = analytics.open_telemetry(where)
+    assert con.execute("SELECT count(*), min(host), min(source) FROM gpu_samples").fetchone() == (
+        4,
+        "old",
+        "nvidia-smi",
+    )
