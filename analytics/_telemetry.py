@@ -3,6 +3,12 @@
 Readers never load telemetry into memory: each table becomes a view over the Parquet segments of
 every directory given, and DuckDB streams them at query time. New segments that land while a
 connection is open are picked up by the next query (the glob is expanded at bind time).
+
+A location may also be an S3-compatible bucket, ``s3://bucket/prefix``, that collectors write with
+``gpustat-collect --out s3://…`` (``collector.location``: credentials and endpoint from the AWS
+environment variables). DuckDB reads it through an fsspec wrapper of pyarrow's S3 client registered
+on the connection (``_S3Files``): the duckdb wheel has no httpfs extension built in, and its
+extension repository need not be reachable from where the report runs.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from collector.location import Location, S3Location, filesystem, is_s3, parse_location
 from collector.schema import (
     METADATA_ROLLUP_KEY,
     METADATA_VERSION_KEY,
@@ -43,8 +50,97 @@ def _sql_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _segments(root: Path, table: str) -> list[str]:
+def _segments(root: Location, table: str) -> list[str]:
+    if isinstance(root, S3Location):
+        return _s3_segments(root, table)
     return glob.glob(os.path.join(glob.escape(str(root)), table, "**", "*.parquet"), recursive=True)
+
+
+# -- S3-compatible buckets ----------------------------------------------------------------------------
+_S3_READERS = 16  # footers read at once from a bucket (each is a request of its own)
+
+
+def _s3_error(exc: OSError, loc: S3Location) -> TelemetryError:
+    from collector.location import describe_s3_error
+
+    problem = describe_s3_error(exc, loc, reading=True)
+    return TelemetryError(problem.title, problem.hint)
+
+
+def _s3_segments(loc: S3Location, table: str) -> list[str]:
+    """``s3://`` URLs of the table's segments under ``loc`` (a listing of the bucket)."""
+    from pyarrow.fs import FileSelector, FileType
+
+    fs, base = filesystem(loc)
+    try:
+        found = fs.get_file_info(FileSelector(f"{base}/{table}", recursive=True, allow_not_found=True))
+    except OSError as exc:
+        raise _s3_error(exc, loc) from None
+    return sorted(
+        "s3://" + f.path
+        for f in found
+        if f.type == FileType.File and f.base_name.endswith(".parquet") and not f.base_name.startswith(".")
+    )
+
+
+def _s3_files(loc: S3Location):
+    """An fsspec filesystem over pyarrow's S3 client, for ``DuckDBPyConnection.register_filesystem``."""
+    try:
+        from fsspec.implementations.arrow import ArrowFSWrapper
+    except ImportError:
+        raise TelemetryError(f"reading {loc} needs fsspec", "install it: pip install 'gpupool[s3]'") from None
+
+    class _S3Files(ArrowFSWrapper):
+        protocol = ("s3",)  # the paths DuckDB hands it: s3://bucket/key
+
+    return _S3Files(filesystem(loc)[0])
+
+
+def _read_schema(path: str):
+    if path.startswith("s3://"):
+        loc = parse_location(path)
+        try:
+            return pq.read_schema(path.removeprefix("s3://"), filesystem=filesystem(loc)[0])
+        except OSError as exc:
+            raise _s3_error(exc, loc) from None
+    return pq.read_schema(path)
+
+
+def _check_location(root: Location) -> None:
+    if isinstance(root, S3Location):
+        from pyarrow.fs import FileSelector, FileType
+
+        from collector.location import where
+
+        fs, base = filesystem(root)
+        try:  # one listing: the bucket answers, takes the credentials, and holds something there
+            found = fs.get_file_info(FileSelector(base, allow_not_found=True))
+        except OSError as exc:
+            raise _s3_error(exc, root) from None
+        if not found and fs.get_file_info(root.bucket).type == FileType.NotFound:
+            raise TelemetryError(
+                f"bucket {root.bucket!r} does not exist ({where(root)})",
+                "check the name in s3://BUCKET/PREFIX and AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL",
+            )
+        if not found:
+            raise TelemetryError(
+                f"telemetry location not found: {root} (nothing under it)",
+                "run gpustat-collect --out s3://BUCKET/PREFIX first, or check the prefix",
+            )
+    elif not root.is_dir():
+        raise TelemetryError(
+            f"telemetry directory not found: {root}",
+            "run gpustat-collect --out DIR first, or check the path",
+        )
+
+
+def _location(text: str | os.PathLike) -> Location:
+    from collector import TelemetryWriteError
+
+    try:
+        return parse_location(text)
+    except TelemetryWriteError as exc:
+        raise TelemetryError(exc.title, exc.hint) from None
 
 
 def _empty_select(table: Table) -> str:
@@ -71,11 +167,19 @@ def _duck_type(arrow_type: pa.DataType) -> str:
 
 
 def schema_versions(paths: Iterable[str]) -> set[int]:
-    """Schema versions found in the footers of the given segments (cheap: footers only)."""
+    """Schema versions found in the footers of the given segments (cheap: footers only; those of
+    ``s3://`` segments are read several at a time)."""
+    paths = list(paths)
+    if any(p.startswith("s3://") for p in paths):
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(_S3_READERS) as pool:
+            schemas = list(pool.map(_read_schema, paths))
+    else:
+        schemas = [pq.read_schema(p) for p in paths]
     versions: set[int] = set()
-    for path in paths:
-        meta = pq.read_schema(path).metadata or {}
-        raw = meta.get(METADATA_VERSION_KEY)
+    for schema in schemas:
+        raw = (schema.metadata or {}).get(METADATA_VERSION_KEY)
         versions.add(int(raw) if raw is not None else 0)
     return versions
 
@@ -90,24 +194,26 @@ def open_telemetry(
 ) -> duckdb.DuckDBPyConnection:
     """Return a DuckDB connection with one view per telemetry table over all of ``dirs``.
 
+    ``dirs`` are directories or ``s3://bucket/prefix`` locations, mixed as wished.
+
     Views: ``gpu_samples``, ``process_samples``, ``pool_events`` (see ``collector.schema``), each with
     the hive columns ``date`` and ``host``. Raises ``TelemetryError`` for a missing directory, for no
     data at all (unless ``require_data=False``) and for segments of a schema version this code does
     not read. With ``rollups`` (the default) it also opens the rollup tables and their marks
     (``analytics._rollup``); ``rollups=False`` answers everything from raw samples.
     """
-    roots = [Path(dirs)] if isinstance(dirs, (str, os.PathLike)) else [Path(d) for d in dirs]
+    given = [dirs] if isinstance(dirs, (str, os.PathLike, S3Location)) else list(dirs)
+    roots = [_location(d) for d in given]
     if not roots:
         raise TelemetryError(
             "no telemetry directory given", "pass one or more directories written by gpustat-collect"
         )
     for root in roots:
-        if not root.is_dir():
-            raise TelemetryError(
-                f"telemetry directory not found: {root}",
-                "run gpustat-collect --out DIR first, or check the path",
-            )
+        _check_location(root)
     con = con if con is not None else duckdb.connect()
+    s3 = next((r for r in roots if isinstance(r, S3Location)), None)
+    if s3 is not None and "s3" not in con.list_filesystems():
+        con.register_filesystem(_s3_files(s3))
     # Long scans would otherwise draw a progress bar on the terminal of whoever runs a report.
     # (Inside Jupyter DuckDB refuses the setting unless ipywidgets is installed; it draws none there.)
     with contextlib.suppress(duckdb.Error):
@@ -130,7 +236,11 @@ def open_telemetry(
                     "upgrade gpupool, or point it at directories written by one version",
                 )
         globs = ", ".join(
-            _sql_literal(os.path.join(str(root), table.name, "**", "*.parquet"))
+            _sql_literal(
+                f"{root}/{table.name}/**/*.parquet"
+                if is_s3(root)
+                else os.path.join(str(root), table.name, "**", "*.parquet")
+            )
             for root, segs in per_root.items()
             if segs
         )
@@ -155,13 +265,19 @@ def _host_of(path: str) -> str:
     return next(p.removeprefix("host=") for p in reversed(Path(path).parts) if p.startswith("host="))
 
 
-def _register_rollup_marks(con: duckdb.DuckDBPyConnection, roots: list[Path]) -> None:
+def _raw_hosts(root: Location) -> set[str]:
+    if isinstance(root, S3Location):
+        return {_host_of(p) for p in _segments(root, "gpu_samples")}
+    return {p.name.removeprefix("host=") for p in root.glob("gpu_samples/date=*/host=*")}
+
+
+def _register_rollup_marks(con: duckdb.DuckDBPyConnection, roots: list[Location]) -> None:
     """The temp table ``rollup_marks(host, level, covers_to_us, idle_below, held_mem_bytes)``: per host
     with raw samples and rollup level, how far its rollups reach (analytics._rollup: the newest day's
     file says). NULL where a directory holds the host's raw samples but no rollups of it: all raw."""
     marks: dict[tuple[str, str], tuple[int | None, float | None, int | None]] = {}
     for root in roots:
-        raw_hosts = {p.name.removeprefix("host=") for p in root.glob("gpu_samples/date=*/host=*")}
+        raw_hosts = _raw_hosts(root)
         for level, name in (("1m", "gpu_rollup_1m"), ("1h", "gpu_rollup_1h")):
             newest: dict[str, str] = {}
             for path in _segments(root, name):
@@ -172,7 +288,7 @@ def _register_rollup_marks(con: duckdb.DuckDBPyConnection, roots: list[Path]) ->
                 mark: tuple[int | None, float | None, int | None] = (None, None, None)
                 if host in newest:
                     meta = json.loads(
-                        (pq.read_schema(newest[host]).metadata or {}).get(METADATA_ROLLUP_KEY, b"{}")
+                        (_read_schema(newest[host]).metadata or {}).get(METADATA_ROLLUP_KEY, b"{}")
                     )
                     if "covers_to_us" in meta:
                         mark = (int(meta["covers_to_us"]), meta.get("idle_below"), meta.get("held_mem_bytes"))

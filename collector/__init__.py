@@ -2,7 +2,8 @@
 
 The public face, loaded lazily so ``gpustat-collect --help`` does not import pyarrow or pynvml:
 
-- ``TelemetryWriter(root, host, *, flush_interval_s=10.0)``: buffered, atomic Parquet segments.
+- ``TelemetryWriter(root, host, *, flush_interval_s=10.0)``: buffered, atomic Parquet segments, in a
+  directory or an S3-compatible bucket (``root="s3://bucket/prefix"``, ``collector.location``).
 - ``read_inventory() -> list[GpuInfo]`` and ``process_activity(gpu_index) -> list[ProcessActivity]``
   through NVML, raising ``NvmlUnavailable`` where NVML does not start.
 - ``simulated_inventory(n)``: the GPUs of the simulated fleet, for machines without GPUs.

@@ -2,7 +2,8 @@
 
 CollectorError                 anything the CLI reports as one line and a non-zero exit
 ├── NvmlUnavailable            NVML did not start (no driver, no library, no GPU)
-├── TelemetryWriteError        the telemetry directory cannot be written (permissions, disk full)
+├── TelemetryWriteError        the telemetry directory or bucket cannot be written (permissions, disk
+│                              full; a missing bucket, refused credentials, a store that does not answer)
 └── InputError                 a file or option given by the user cannot be used
 
 GpuLost                        one GPU stopped answering; recorded as state='lost', not fatal

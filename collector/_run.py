@@ -92,11 +92,14 @@ def run(
     """Tick until ``duration_s`` passes, ``stop`` is set or a finite source runs out.
 
     Raises the writer's error (TelemetryWriteError) as soon as a background flush fails, so the CLI can
-    report it; buffered rows stay in the writer.
+    report it; buffered rows stay in the writer. A writer that ``keeps_rows_on_error`` (an object
+    store) is not given up on: the failure is told once as an event, sampling goes on, and the rows
+    wait in memory for a flush that succeeds.
     """
     stats = RunStats()
     gpus = len(source.inventory())
     states: dict[int, str] = {}
+    failing: str | None = None  # the write error last told, while an object store is failing
     started = time.monotonic()
     next_tick = started
     while not stop.is_set():
@@ -111,8 +114,9 @@ def run(
             state.update(tick.gpu_rows, tick.process_rows)
             state.samples_written = writer.rows_written
             state.last_flush = writer.last_flush
-        if writer.error is not None:
+        if writer.error is not None and not writer.keeps_rows_on_error:
             raise writer.error
+        failing = _report_write_state(writer, failing, status)
         if status is not None:
             _report_state_changes(tick.gpu_rows, states, status)
             status.update(gpus, writer, stats.ticks)
@@ -135,6 +139,22 @@ def run(
     stats.gpu_rows += len(last.gpu_rows)
     stats.process_rows += len(last.process_rows)
     return stats
+
+
+def _report_write_state(writer: TelemetryWriter, failing: str | None, status: Status | None) -> str | None:
+    error = writer.error
+    if error is not None and error.title != failing:
+        if status is not None:
+            status.event(
+                f"{error.title}; {writer.buffered_rows} rows kept in memory and retried at every flush, "
+                "sampling goes on"
+            )
+        return error.title
+    if error is None and failing is not None:
+        if status is not None:
+            status.event(f"telemetry written again to {writer.location}")
+        return None
+    return failing
 
 
 def _report_state_changes(rows: list[dict], states: dict[int, str], status: Status) -> None:

@@ -44,6 +44,11 @@ def default_out() -> Path:
     return Path(user_data_dir("gpupool")) / "telemetry"
 
 
+def default_spool() -> Path:
+    """<user data dir>/gpupool/spool: rows an object store did not take by exit, sent at the next start."""
+    return default_out().parent / "spool"
+
+
 def _err(title: str, hint: str = "") -> int:
     print(f"{PROG}: error: {title}" + (f"; {hint}" if hint else ""), file=sys.stderr)
     return 2
@@ -67,12 +72,25 @@ def collect_parser() -> argparse.ArgumentParser:
             "\nexamples:\n"
             f"  {PROG} --out /var/lib/gpupool/telemetry --prometheus 9401\n"
             f"  {PROG} --simulate 8 --duration 10m          # no GPU here: a labelled simulated fleet\n"
+            f"  {PROG} --out s3://telemetry/fleet           # a fleet's shared bucket (AWS_* variables)\n"
             f"  {PROG} --fallback-simulate 8 --backfill 7d --duration 60\n"
             "\ndurations: 500ms, 1s, 10m, 2h, 7d (a plain number is seconds)"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--out", type=Path, metavar="DIR", help=f"telemetry directory (default: {default_out()})")
+    p.add_argument(
+        "--out",
+        metavar="DIR|s3://BUCKET/PREFIX",
+        help=f"telemetry directory, or an S3-compatible bucket (credentials and endpoint from AWS_* "
+        f"variables; see docs/collector.md) (default: {default_out()})",
+    )
+    p.add_argument(
+        "--spool",
+        type=Path,
+        metavar="DIR",
+        help="with --out s3://: where rows the bucket did not take by exit are kept, and sent from at the "
+        f"next start (default: {default_spool()})",
+    )
     p.add_argument(
         "--interval", type=parse_duration, default=1.0, metavar="D", help="time between samples (default 1s)"
     )
@@ -207,10 +225,13 @@ def cmd_collect(argv: list[str]) -> int:
     from collector.writer import default_host
 
     args.host = args.host or default_host()
-    args.out = args.out or default_out()
+    args.spool = args.spool or default_spool()
     stop = threading.Event()
     _install_signals(stop)
     try:
+        from collector.location import parse_location
+
+        args.out = parse_location(args.out or default_out())
         return _collect(args, stop)
     except CollectorError as exc:
         return _err(exc.title, exc.hint)
@@ -221,12 +242,22 @@ def _collect(args, stop: threading.Event) -> int:
     from collector._errors import TelemetryWriteError
     from collector._prometheus import LiveState, serve
     from collector._run import RunOptions, Status, run
+    from collector.location import S3Location
     from collector.writer import TelemetryWriter, check_host
 
     check_host(args.host)
     source, fleet = _open_source(args)
+    # A bucket that is missing, refuses the credentials or does not answer stops the run here, in
+    # one line, before anything is sampled (so nothing is lost).
     writer = TelemetryWriter(args.out, args.host, flush_interval_s=args.flush)
-    recover(Path(args.out))
+    if isinstance(args.out, S3Location):
+        sent = writer.upload_spool(args.spool) if args.spool.is_dir() else 0
+        if sent and not args.quiet:
+            _banner(
+                f"{PROG}: sent {plural(sent, 'segment')} kept in {args.spool} by an earlier run to {args.out}"
+            )
+    else:
+        recover(args.out)
     status = Status(
         quiet=args.quiet, label=" [SIMULATED]" if (fleet or getattr(source, "simulated", False)) else ""
     )
@@ -271,27 +302,63 @@ def _collect(args, stop: threading.Event) -> int:
         if source is not None:
             source.close()
     status.finish()
-    writer.close()  # raises TelemetryWriteError -> one line from cmd_collect
+    failed = None
+    try:
+        writer.close()
+    except TelemetryWriteError as exc:
+        if not writer.keeps_rows_on_error:
+            raise  # one line from cmd_collect
+        failed = exc
+        spilled = writer.spill(args.spool)  # raises TelemetryWriteError -> one line from cmd_collect
     if not args.quiet:
         ticks = stats.ticks if stats else 0
         _banner(
             f"{PROG}: stopped after {plural(ticks, 'tick')}; {plural(writer.rows_written, 'row')} in {plural(writer.segments_written, 'segment')} under {args.out}"
         )
+    if failed is not None:
+        return _err(
+            failed.title,
+            f"{plural(spilled, 'row')} kept in {args.spool}; the next gpustat-collect --out {args.out} sends them",
+        )
     return 0
 
 
-def _newest_sample(root: Path, host: str, since: dt.datetime) -> dt.datetime | None:
-    """The newest gpu_samples timestamp of ``host`` under ``root`` from ``since`` on, or None."""
+def _newest_sample(root, host: str, since: dt.datetime) -> dt.datetime | None:
+    """The newest gpu_samples timestamp of ``host`` under ``root`` (a directory or a bucket location)
+    from ``since`` on, or None."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
+    from pyarrow.fs import FileSelector, FileType
+
+    from collector._errors import TelemetryWriteError
+    from collector.location import S3Location, describe_s3_error, filesystem
+
+    fs, base = filesystem(root)
+
+    def listing(path: str, kind: FileType) -> list:
+        try:
+            found = fs.get_file_info(FileSelector(path, allow_not_found=True))
+        except OSError as exc:
+            if not isinstance(root, S3Location):
+                raise
+            problem = describe_s3_error(exc, root, reading=True)
+            raise TelemetryWriteError(
+                f"--backfill reads what {root} holds of {host} first: {problem.title}", problem.hint
+            ) from None
+        return [f for f in found if f.type == kind and not f.base_name.startswith(".")]
 
     newest = None
-    for day in sorted((root / "gpu_samples").glob("date=*"), reverse=True):
-        if day.name[5:] < since.date().isoformat():
+    days = listing(f"{base}/gpu_samples", FileType.Directory)
+    for day in sorted(
+        (d for d in days if d.base_name.startswith("date=")), key=lambda d: d.base_name, reverse=True
+    ):
+        if day.base_name[5:] < since.date().isoformat():
             break
-        for seg in (day / f"host={host}").glob("*.parquet"):
+        for seg in listing(f"{day.path}/host={host}", FileType.File):
+            if not seg.base_name.endswith(".parquet"):
+                continue
             try:
-                ts = pc.max(pq.read_table(seg, columns=["ts"]).column("ts")).as_py()
+                ts = pc.max(pq.read_table(seg.path, columns=["ts"], filesystem=fs).column("ts")).as_py()
             except Exception:  # a damaged segment: the readers skip it too
                 continue
             if ts is not None:
@@ -308,7 +375,7 @@ def _backfill(fleet, writer, args, stop: threading.Event) -> list[float] | None:
     end = dt.datetime.now(dt.UTC)
     start = end - dt.timedelta(seconds=args.backfill)
     # Running the same command again must not write the history twice: start after what is there.
-    newest = _newest_sample(Path(args.out), args.host, start)
+    newest = _newest_sample(args.out, args.host, start)
     if newest is not None:
         resume = newest + dt.timedelta(seconds=args.backfill_step)
         if resume >= end - dt.timedelta(seconds=args.backfill_step):
@@ -372,7 +439,12 @@ def import_parser() -> argparse.ArgumentParser:
         (dcgm, "dcgm-exporter /metrics text dumps", "the Hostname label, else this host's name"),
     ):
         q.add_argument("files", nargs="+", type=Path, metavar="FILE", help=what)
-        q.add_argument("--out", type=Path, required=True, metavar="DIR", help="telemetry directory to write")
+        q.add_argument(
+            "--out",
+            required=True,
+            metavar="DIR|s3://BUCKET/PREFIX",
+            help="telemetry directory (or bucket) to write",
+        )
         q.add_argument("--host", metavar="NAME", help=f"host the logs come from (default: {host_default})")
     smi.add_argument(
         "--tz", default=None, metavar="ZONE", help="time zone of the timestamps (default: this machine's)"
@@ -416,7 +488,7 @@ def compact_parser() -> argparse.ArgumentParser:
             "against crashes (journaled) and while a collector writes. Default: every day before today."
         ),
     )
-    p.add_argument("dir", type=Path, metavar="DIR", help="telemetry directory")
+    p.add_argument("dir", metavar="DIR", help="telemetry directory (not a bucket)")
     p.add_argument(
         "--date",
         type=dt.date.fromisoformat,
@@ -429,6 +501,14 @@ def compact_parser() -> argparse.ArgumentParser:
 
 def cmd_compact(argv: list[str]) -> int:
     args = compact_parser().parse_args(argv)
+    from collector.location import is_s3
+
+    if is_s3(args.dir):
+        return _err(
+            f"compaction works on a telemetry directory, not a bucket: {args.dir}",
+            "objects in a bucket are written whole and never merged; readers take the many small ones as they are",
+        )
+    args.dir = Path(args.dir)
     if not args.dir.is_dir():
         return _err(
             f"telemetry directory not found: {args.dir}", "pass the directory gpustat-collect --out wrote"

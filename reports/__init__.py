@@ -1,3 +1,3 @@
 """gpupool reports."""
 
-DIRS_ENV = "GPUPOOL_REPORT_DIRS"  # the telemetry directories the app reads (os.pathsep-separated)
+DIRS_ENV = "GPUPOOL_REPORT_DIRS"  # the telemetry directories the app reads (os.pathsep-separated; s3:// locations keep their ':')

@@ -7,6 +7,7 @@ variable ``GPUPOOL_REPORT_DIRS`` (``os.pathsep``-separated), which ``gpustat-rep
 from __future__ import annotations
 
 import os
+import re
 from datetime import UTC, datetime, timedelta
 
 import streamlit as st
@@ -21,7 +22,8 @@ DEFAULT_WINDOW = timedelta(days=7)
 
 
 def _dirs() -> tuple[str, ...]:
-    return tuple(d for d in os.environ.get(DIRS_ENV, "").split(os.pathsep) if d)
+    # os.pathsep-separated; the ':' of an s3:// location is not a separator
+    return tuple(d for d in re.split(re.escape(os.pathsep) + "(?!//)", os.environ.get(DIRS_ENV, "")) if d)
 
 
 # Each function opens its own connection: a DuckDB connection must not be shared across the threads

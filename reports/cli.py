@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from collector.argtypes import ranged
+from collector.location import is_s3
 from reports import DIRS_ENV
 
 EXIT_USAGE = 2
@@ -60,18 +61,23 @@ def _when(text: str) -> datetime:
     return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts
 
 
+DIRS_HELP = (
+    "telemetry directories (one per host, or shared), or s3://BUCKET/PREFIX locations (credentials and "
+    "endpoint from AWS_* variables; see docs/report.md)"
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = _Parser(
         prog="gpustat-report",
         description="How busy are the GPUs really, when, who holds them idle, and what would a pool of "
-        "fractional GPUs need? Reads telemetry directories written by gpustat-collect.",
+        "fractional GPUs need? Reads telemetry directories (or s3://BUCKET/PREFIX locations) written by "
+        "gpustat-collect.",
     )
     sub = ap.add_subparsers(dest="command", required=True, metavar="{serve,build,rollup}")
 
     serve = sub.add_parser("serve", help="start the interactive report (Streamlit) in a web server")
-    serve.add_argument(
-        "dirs", nargs="+", metavar="DIR", help="telemetry directories (one per host, or shared)"
-    )
+    serve.add_argument("dirs", nargs="+", metavar="DIR", help=DIRS_HELP)
     serve.add_argument(
         "--port",
         type=ranged(int, 1, 65535, "a port number"),
@@ -87,9 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     build = sub.add_parser(
         "build", help="write the report as one self-contained HTML file (no network needed)"
     )
-    build.add_argument(
-        "dirs", nargs="+", metavar="DIR", help="telemetry directories (one per host, or shared)"
-    )
+    build.add_argument("dirs", nargs="+", metavar="DIR", help=DIRS_HELP)
     build.add_argument(
         "-o", "--output", type=Path, default=Path("report.html"), help="file to write (report.html)"
     )
@@ -132,7 +136,7 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     rollup.add_argument(
-        "dir", type=Path, metavar="DIR", help="telemetry directory (written by gpustat-collect)"
+        "dir", metavar="DIR", help="telemetry directory (written by gpustat-collect; not a bucket)"
     )
     rollup.add_argument(
         "--hosts", nargs="+", default=[], metavar="HOST", help="only these hosts (default all)"
@@ -207,7 +211,7 @@ def _serve(args) -> int:
     if why:
         return _fail(why, "pick another --port, or stop what listens there")
     env = dict(os.environ)
-    env[DIRS_ENV] = os.pathsep.join(str(Path(d).resolve()) for d in args.dirs)
+    env[DIRS_ENV] = os.pathsep.join(d if is_s3(d) else str(Path(d).resolve()) for d in args.dirs)
     app = Path(__file__).with_name("app.py")  # not imported here: Streamlit warns outside its runtime
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(args.port),
            "--server.address", args.address, "--server.headless", "true", "--browser.gatherUsageStats", "false",
@@ -284,6 +288,12 @@ def _build(args) -> int:
 def _rollup(args) -> int:
     import analytics
 
+    if is_s3(args.dir):
+        return _fail(
+            f"rollups are built in a telemetry directory, not in a bucket: {args.dir}",
+            "the report reads a bucket's raw samples; for rollups copy it to a directory (aws s3 sync) "
+            "and run gpustat-report rollup DIR there",
+        )
     t0 = time.monotonic()
     try:
         result = analytics.build_rollups(

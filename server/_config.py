@@ -38,7 +38,7 @@ class ServerConfig:
     port: int = DEFAULT_PORT
     advertise_addr: str | None = None  # what server.addr filters see; default: the outward interface
     state_dir: Path = Path("/var/lib/gpupool")
-    telemetry_dir: Path | None = None
+    telemetry_dir: Path | str | None = None  # a directory, or an s3://BUCKET/PREFIX location
     simulate_gpus: str | None = None
     mps: bool = False
     mps_pipe_dir: Path | None = None  # join an MPS daemon that is already running there
@@ -82,6 +82,12 @@ def load_config(path: Path | None) -> ServerConfig:
     return cfg
 
 
+def telemetry_location(value: str) -> Path | str:
+    """``--telemetry``/``telemetry =``: a directory, or ``s3://BUCKET/PREFIX`` kept as written (the
+    telemetry writer checks it, ``collector.location``)."""
+    return str(value) if str(value).startswith("s3://") else Path(value)
+
+
 def _apply(cfg: ServerConfig, data: dict, path: Path) -> None:
     known_sections = {"server", "policy", "clients"}
     unknown = set(data) - known_sections
@@ -93,7 +99,10 @@ def _apply(cfg: ServerConfig, data: dict, path: Path) -> None:
     paths = {"state_dir", "telemetry", "mps_pipe_dir", "tls_cert", "tls_key"}
     for key, value in s.items():
         if key in paths:
-            setattr(cfg, "telemetry_dir" if key == "telemetry" else key, Path(value) if value else None)
+            if key == "telemetry":
+                cfg.telemetry_dir = telemetry_location(value) if value else None
+            else:
+                setattr(cfg, key, Path(value) if value else None)
         elif key == "cluster_ttl":
             cfg.cluster_ttl_s = parse_duration(value, "server.cluster_ttl")
         elif key in ("host", "advertise_addr", "simulate_gpus", "cluster", "cluster_name"):

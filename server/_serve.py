@@ -80,8 +80,11 @@ async def serve(cfg: ServerConfig) -> int:
         events = EventLog(
             cfg.telemetry_dir, inv.hostname, simulated=inv.simulated, flush_interval_s=cfg.telemetry_flush_s
         )
-    except CollectorError as exc:  # the telemetry directory cannot be written
-        raise PoolError(f"--telemetry: {exc.title}", "pick a writable directory") from None
+    except CollectorError as exc:  # the telemetry directory or bucket cannot be written
+        bucket = str(cfg.telemetry_dir).startswith("s3://")
+        raise PoolError(
+            f"--telemetry: {exc.title}", exc.hint if bucket else "pick a writable directory"
+        ) from None
     mps = None
     if cfg.mps:
         from server._mps import MpsDaemon

@@ -31,6 +31,12 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
+def _telemetry_arg(text: str):
+    from server._config import telemetry_location
+
+    return telemetry_location(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="gpupool-server",
@@ -67,7 +73,10 @@ def _parser() -> argparse.ArgumentParser:
         "--mps-pipe-dir", type=Path, help="join the MPS daemon already running with this pipe directory"
     )
     s.add_argument(
-        "--telemetry", type=Path, help="telemetry directory for pool events and this host's GPU samples"
+        "--telemetry",
+        type=_telemetry_arg,
+        metavar="DIR|s3://BUCKET/PREFIX",
+        help="telemetry directory (or S3-compatible bucket) for pool events and this host's GPU samples",
     )
     s.add_argument("--tls-cert", type=Path, help="serve HTTPS with this certificate (PEM)")
     s.add_argument("--tls-key", type=Path, help="private key of --tls-cert (PEM)")

@@ -331,3 +331,49 @@ def test_recover_removes_segments_a_killed_writer_left_half_written(tmp_path):
     os.utime(old, (time.time() - 3600, time.time() - 3600))
     recover(tmp_path)
     assert not old.exists() and fresh.exists()  # a fresh one may belong to a writer still at work
+
+
+def test_a_write_whose_answer_was_lost_is_replaced_not_doubled(tmp_path):
+    # The store took the segment but the writer heard a failure (an object store's lost answer): the
+    # retry, holding those rows and the next ones, goes under the same name and replaces it.
+    w = TelemetryWriter(tmp_path, "h", flush_interval_s=0)
+    real, lost = w._sink.write, []
+
+    def write_then_fail(parts, name, table):
+        real(parts, name, table)
+        if not lost:
+            lost.append(name)
+            raise OSError("connection reset by peer")
+
+    w._sink.write = write_then_fail
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    w.append("gpu_samples", [{"ts": t0, "gpu_index": 0, "gpu_uuid": "GPU-0"}])
+    with pytest.raises(TelemetryWriteError):
+        w.flush()
+    w.append("gpu_samples", [{"ts": t0 + dt.timedelta(seconds=1), "gpu_index": 0, "gpu_uuid": "GPU-0"}])
+    w.close()
+    segments = list(tmp_path.rglob("*.parquet"))
+    assert [p.name for p in segments] == lost
+    assert analytics.open_telemetry(tmp_path).execute("SELECT count(*) FROM gpu_samples").fetchone()[0] == 2
+
+
+def test_a_flush_across_midnight_that_fails_on_the_second_day_stores_the_first_once(tmp_path):
+    w = TelemetryWriter(tmp_path, "h", flush_interval_s=0)
+    real, failed = w._sink.write, []
+
+    def second_day_fails_once(parts, name, table):
+        if parts[1] == "date=2026-01-02" and not failed:
+            failed.append(name)
+            raise OSError("connection reset by peer")
+        real(parts, name, table)
+
+    w._sink.write = second_day_fails_once
+    midnight = dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
+    for s in (-2, -1, 1, 2):
+        w.append("gpu_samples", [{"ts": midnight + dt.timedelta(seconds=s), "gpu_index": 0, "gpu_uuid": "G"}])
+    with pytest.raises(TelemetryWriteError):
+        w.flush()  # 2026-01-01 written, 2026-01-02 not: every row goes back to the buffer
+    w.close()
+    con = analytics.open_telemetry(tmp_path)
+    assert con.execute("SELECT count(*), count(DISTINCT ts) FROM gpu_samples").fetchone() == (4, 4)
+    assert len(list(tmp_path.rglob("*.parquet"))) == 2

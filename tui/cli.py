@@ -196,6 +196,14 @@ def parse_options(argv: list[str] | None = None, env: dict[str, str] | None = No
         raise UsageError(
             f"CA certificate not found: {ca_cert}", "give the PEM file of the CA that signed the servers"
         )
+    for d in args.telemetry:
+        if str(d).startswith("s3://"):
+            raise UsageError(
+                f"the console tails telemetry directories, not buckets: {d}",
+                "for a fleet that writes to a bucket, watch its collectors' /metrics "
+                "(gpupool-console --prometheus HOST:9401 ...) and build the report from the bucket "
+                "(gpustat-report build s3://BUCKET/PREFIX)",
+            )
     dirs = [Path(d).expanduser() for d in args.telemetry]
     for d in dirs:
         if not d.is_dir():
