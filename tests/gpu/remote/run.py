@@ -1,7 +1,9 @@
 """Remote execution on a real GPU, in one command: python tests/gpu/remote/run.py
 
 For each program here (raw cuda.bindings, cuda.core, numba-cuda, kernel printf, the CUDA runtime,
-CuPy, PyTorch) it runs the program natively, then remotely — gpupool's libcuda.so.1 first on
+CuPy, PyTorch, and what issue 11 lists: several processes, contexts, the linker, IPC memory, pools and
+events, allocations of every size in the process's address window and under expandable segments,
+host callbacks, managed memory) it runs the program natively, then remotely — gpupool's libcuda.so.1 first on
 LD_LIBRARY_PATH, talking to a lease worker started with start_worker with the real CUDA executor —
 and diffs the two outputs. Then, remotely: the quota refusal, PyTorch's OOM at the partition, the
 ResNet-50 and GPT-2-style trainings (losses step by step, throughput), the isolation check (a
@@ -9,7 +11,9 @@ guessed address and another lease's live address), a worker killed mid-run, a tw
 the host has two GPUs, and, when gpupool-server and gpuattach are installed, the same programs and
 trainings as a user runs them: a real pool server and `gpuattach run -n 1 -p 0.5`. Every step says what it
 does; the summary lists PASS/FAIL/SKIP; the exit status is 1 if anything failed. Results also go
-to $OUT/remote_gpu_results.json when $OUT is set.
+to $OUT/remote_gpu_results.json when $OUT is set. The whole run takes about 8 minutes on an H100;
+`--only KEY ...` runs a part (keys: the programs' names without `prog_`, and quota torch_oom
+training resnet50 gpt2 isolation kill two_gpus pool).
 
 Needs: Python 3.12 with cuda-bindings, cuda-core (and NVRTC), numba-cuda, numpy; a C compiler to
 build the shim here (else a prebuilt virtualize/_libcuda_shim*.so from the tree is used).
