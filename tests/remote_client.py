@@ -754,6 +754,13 @@ def scenario_managed():
     concurrent = ctypes.c_int(-1)
     check(cu.cuDeviceGetAttribute(ctypes.byref(concurrent), 89, 0), "attribute")
     say("concurrent_managed_access", concurrent.value)
+    words[5] = 77  # a prefetch to the device sends it; advice is accepted; plain memory is refused
+    device0 = c_u64(1)  # CUmemLocation {CU_MEM_LOCATION_TYPE_DEVICE, 0}, by value (the 12.2 ABI asked for)
+    say("prefetch", cu.cuMemPrefetchAsync(ptr, c_u64(4 * n), device0, 0, c_u64(0)))
+    say("advise", cu.cuMemAdvise(ptr, c_u64(4 * n), 1, device0))
+    say("prefetch_plain", cu.cuMemPrefetchAsync(c_u64(other), c_u64(64), device0, 0, c_u64(0)))
+    check(cu.cuMemsetD8(c_u64(other), 0, c_u64(64)), "unrelated device work")
+    say("device_has_prefetched", dtoh(p + 20, 4)[1].hex())
     say("free", cu.cuMemFree(ptr))
     say("bad_flags", cu.cuMemAllocManaged(ctypes.byref(plain), c_u64(64), 4))
 

@@ -312,6 +312,10 @@ def test_managed_memory_is_the_same_bytes_for_the_program_and_its_kernels(shim_d
         "host_sees_copy_in": "01020304",
         "is_managed": "1 0",
         "concurrent_managed_access": "0",
+        "prefetch": "0",
+        "advise": "0",
+        "prefetch_plain": "1",
+        "device_has_prefetched": "4d000000",
         "free": "0",
         "bad_flags": "1",
     }

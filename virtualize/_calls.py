@@ -248,6 +248,13 @@ CALLS: tuple[Call, ...] = (
     _c("cuMemGetAddressRange", 3020, "o_dptr? base, o_u64? size, dptr dptr", symbol="cuMemGetAddressRange_v2"),
     # Managed memory: a device allocation mirrored by host pages at the same address (shim_managed.c).
     _c("cuMemAllocManaged", 6000, "o_dptr dptr, u64 bytesize, u32 flags", L, custom=True),
+    # Prefetch and advice: hints; a prefetch to a device sends what the host wrote (CUmemLocation by value).
+    _c("cuMemPrefetchAsync", 8000, "dptr dptr, u64 count, i32 device, stream stream", L, custom=True),
+    _c("cuMemPrefetchAsync", 12020, "dptr dptr, u64 count, u64 location, u32 flags, stream stream", L,
+       symbol="cuMemPrefetchAsync_v2", custom=True),
+    _c("cuMemAdvise", 8000, "dptr dptr, u64 count, i32 advice, i32 device", L, custom=True),
+    _c("cuMemAdvise", 12020, "dptr dptr, u64 count, i32 advice, u64 location", L, symbol="cuMemAdvise_v2",
+       custom=True),
     _c("cuMemAllocAsync", 11020, "o_dptr dptr, u64 bytesize, stream stream", custom=True),
     _c("cuMemAllocFromPoolAsync", 11020, "o_dptr dptr, u64 bytesize, pool pool, stream stream", custom=True),
     _c("cuMemFreeAsync", 11020, "dptr dptr, stream stream", A, custom=True),

@@ -1013,6 +1013,8 @@ GP_EXPORT CUresult cuLaunchKernel_ptsz(uint64_t f, uint32_t gx, uint32_t gy, uin
 GP_EXPORT CUresult cuMemAllocAsync_ptsz(uint64_t *dptr, uint64_t bytesize, uint64_t stream) { return cuMemAllocAsync(dptr, bytesize, stream); }
 GP_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(uint64_t *dptr, uint64_t bytesize, uint64_t pool, uint64_t stream) { return cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream); }
 GP_EXPORT CUresult cuMemFreeAsync_ptsz(uint64_t dptr, uint64_t stream) { return cuMemFreeAsync(dptr, stream); }
+GP_EXPORT CUresult cuMemPrefetchAsync_ptsz(uint64_t dptr, uint64_t count, int32_t device, uint64_t stream) { return cuMemPrefetchAsync(dptr, count, device, stream); }
+GP_EXPORT CUresult cuMemPrefetchAsync_v2_ptsz(uint64_t dptr, uint64_t count, uint64_t location, uint32_t flags, uint64_t stream) { return cuMemPrefetchAsync_v2(dptr, count, location, flags, stream); }
 GP_EXPORT CUresult cuMemcpyAsync_ptsz(uint64_t dst, uint64_t src, uint64_t count, uint64_t stream) { return cuMemcpyAsync(dst, src, count, stream); }
 GP_EXPORT CUresult cuMemcpyDtoDAsync_v2_ptsz(uint64_t dst, uint64_t src, uint64_t count, uint64_t stream) { return cuMemcpyDtoDAsync_v2(dst, src, count, stream); }
 GP_EXPORT CUresult cuMemcpyDtoD_v2_ptds(uint64_t dst, uint64_t src, uint64_t count) { return cuMemcpyDtoD_v2(dst, src, count); }
@@ -1274,8 +1276,6 @@ GP_EXPORT CUresult cuLinkCreate(void) { return gp_unforwarded("cuLinkCreate"); }
 GP_EXPORT CUresult cuLogsCurrent(void) { return gp_unforwarded("cuLogsCurrent"); }
 GP_EXPORT CUresult cuLogsDumpToFile(void) { return gp_unforwarded("cuLogsDumpToFile"); }
 GP_EXPORT CUresult cuLogsDumpToMemory(void) { return gp_unforwarded("cuLogsDumpToMemory"); }
-GP_EXPORT CUresult cuMemAdvise(void) { return gp_unforwarded("cuMemAdvise"); }
-GP_EXPORT CUresult cuMemAdvise_v2(void) { return gp_unforwarded("cuMemAdvise_v2"); }
 GP_EXPORT CUresult cuMemAlloc(void) { return gp_unforwarded("cuMemAlloc"); }
 GP_EXPORT CUresult cuMemAllocHost(void) { return gp_unforwarded("cuMemAllocHost"); }
 GP_EXPORT CUresult cuMemAllocPitch(void) { return gp_unforwarded("cuMemAllocPitch"); }
@@ -1304,10 +1304,6 @@ GP_EXPORT CUresult cuMemMapArrayAsync(void) { return gp_unforwarded("cuMemMapArr
 GP_EXPORT CUresult cuMemMapArrayAsync_ptsz(void) { return gp_unforwarded("cuMemMapArrayAsync_ptsz"); }
 GP_EXPORT CUresult cuMemPoolGetAccess(void) { return gp_unforwarded("cuMemPoolGetAccess"); }
 GP_EXPORT CUresult cuMemPoolSetAccess(void) { return gp_unforwarded("cuMemPoolSetAccess"); }
-GP_EXPORT CUresult cuMemPrefetchAsync(void) { return gp_unforwarded("cuMemPrefetchAsync"); }
-GP_EXPORT CUresult cuMemPrefetchAsync_ptsz(void) { return gp_unforwarded("cuMemPrefetchAsync_ptsz"); }
-GP_EXPORT CUresult cuMemPrefetchAsync_v2(void) { return gp_unforwarded("cuMemPrefetchAsync_v2"); }
-GP_EXPORT CUresult cuMemPrefetchAsync_v2_ptsz(void) { return gp_unforwarded("cuMemPrefetchAsync_v2_ptsz"); }
 GP_EXPORT CUresult cuMemPrefetchBatchAsync(void) { return gp_unforwarded("cuMemPrefetchBatchAsync"); }
 GP_EXPORT CUresult cuMemPrefetchBatchAsync_ptsz(void) { return gp_unforwarded("cuMemPrefetchBatchAsync_ptsz"); }
 GP_EXPORT CUresult cuMemRangeGetAttribute(void) { return gp_unforwarded("cuMemRangeGetAttribute"); }
@@ -1603,6 +1599,8 @@ static const struct gp_proc gp_procs[] = {
     {"cuLogsUnregisterCallback", 12080, (void *)cuLogsUnregisterCallback},
     {"cuMemAddressFree", 10020, (void *)cuMemAddressFree},
     {"cuMemAddressReserve", 10020, (void *)cuMemAddressReserve},
+    {"cuMemAdvise", 8000, (void *)cuMemAdvise},
+    {"cuMemAdvise", 12020, (void *)cuMemAdvise_v2},
     {"cuMemAlloc", 3020, (void *)cuMemAlloc_v2},
     {"cuMemAllocAsync", 11020, (void *)cuMemAllocAsync},
     {"cuMemAllocFromPoolAsync", 11020, (void *)cuMemAllocFromPoolAsync},
@@ -1630,6 +1628,8 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemPoolImportPointer", 11020, (void *)cuMemPoolImportPointer},
     {"cuMemPoolSetAttribute", 11020, (void *)cuMemPoolSetAttribute},
     {"cuMemPoolTrimTo", 11020, (void *)cuMemPoolTrimTo},
+    {"cuMemPrefetchAsync", 8000, (void *)cuMemPrefetchAsync},
+    {"cuMemPrefetchAsync", 12020, (void *)cuMemPrefetchAsync_v2},
     {"cuMemRelease", 10020, (void *)cuMemRelease},
     {"cuMemSetAccess", 10020, (void *)cuMemSetAccess},
     {"cuMemUnmap", 10020, (void *)cuMemUnmap},

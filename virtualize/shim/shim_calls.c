@@ -345,6 +345,41 @@ CUresult cuMemAllocManaged(uint64_t *dptr, uint64_t bytesize, uint32_t flags) {
     return CUDA_SUCCESS;
 }
 
+/* Prefetch and advice are hints to the driver's page migration; the mirror has none to give. A prefetch
+ * to a device sends what the host wrote (as the next launch would); one to the host waits for the
+ * next touch. Memory that is not managed is refused, as the driver does. */
+#define LOCATION_HOST 2 /* CU_MEM_LOCATION_TYPE_HOST */
+
+static CUresult managed_hint(uint64_t dptr, uint64_t count, int to_device) {
+    if (!gp_managed_lookup(dptr) || (count && !gp_managed_lookup(dptr + count - 1))) return CUDA_ERROR_INVALID_VALUE;
+    if (to_device) gp_managed_before(GP_CALL_cuMemsetD8_v2); /* as before any device work */
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemPrefetchAsync(uint64_t dptr, uint64_t count, int32_t device, uint64_t stream) {
+    GP_TRACE("cuMemPrefetchAsync");
+    (void)stream;
+    return managed_hint(dptr, count, device >= 0); /* CU_DEVICE_CPU is -1 */
+}
+
+CUresult cuMemPrefetchAsync_v2(uint64_t dptr, uint64_t count, uint64_t location, uint32_t flags, uint64_t stream) {
+    GP_TRACE("cuMemPrefetchAsync_v2");
+    (void)flags, (void)stream;
+    return managed_hint(dptr, count, (int32_t)(location & 0xffffffffu) != LOCATION_HOST);
+}
+
+CUresult cuMemAdvise(uint64_t dptr, uint64_t count, int32_t advice, int32_t device) {
+    GP_TRACE("cuMemAdvise");
+    (void)advice, (void)device;
+    return managed_hint(dptr, count, 0);
+}
+
+CUresult cuMemAdvise_v2(uint64_t dptr, uint64_t count, int32_t advice, uint64_t location) {
+    GP_TRACE("cuMemAdvise_v2");
+    (void)advice, (void)location;
+    return managed_hint(dptr, count, 0);
+}
+
 CUresult cuMemFree_v2(uint64_t dptr) {
     GP_TRACE("cuMemFree_v2");
     if (!dptr) return CUDA_SUCCESS; /* as the driver does: cudart's cudaFree(NULL) idiom ends here */
