@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -792,11 +793,66 @@ def scenario_tensor_maps():
     say("im2col", f"{rc} {struct.unpack_from('<3Q', tensor_map.raw, 32)}")
 
 
+class KernelNodeParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v2
+    _fields_ = [("func", c_u64), ("dims", ctypes.c_uint32 * 6), ("smem", ctypes.c_uint32), ("pad", ctypes.c_uint32),
+                ("params", ctypes.c_void_p), ("extra", ctypes.c_void_p), ("kern", c_u64), ("ctx", c_u64)]  # fmt: skip
+
+
+def scenario_graph_nodes():
+    """A graph built node by node: two kernel nodes created in one order, a dependency that runs them in
+    the other, a memset node and an empty node; instantiated, launched, a kernel node's parameters
+    changed in the instantiated graph, launched again."""
+    setup()
+    rc, ptr = alloc(256)
+    check(rc, "alloc")
+    module, add, fill = c_u64(), c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(add), module, b"add_u32"), "add")
+    check(cu.cuModuleGetFunction(ctypes.byref(fill), module, b"fill_u32"), "fill")
+    graph, a, b, m, e, exe = c_u64(), c_u64(), c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
+    keep = []
+
+    def kernel(func, value):
+        args = [c_u64(ptr), ctypes.c_uint32(value), ctypes.c_uint32(64)]
+        pointers = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in args])
+        keep.append((args, pointers))
+        return KernelNodeParams(func.value, (ctypes.c_uint32 * 6)(1, 1, 1, 64, 1, 1), 0, 0,
+                                ctypes.cast(pointers, ctypes.c_void_p))  # fmt: skip
+
+    check(
+        cu.cuGraphAddKernelNode(ctypes.byref(a), graph, None, c_u64(0), ctypes.byref(kernel(add, 1))),
+        "node a",
+    )
+    check(
+        cu.cuGraphAddKernelNode(ctypes.byref(b), graph, None, c_u64(0), ctypes.byref(kernel(fill, 10))),
+        "node b",
+    )
+    edge_from, edge_to = (c_u64 * 1)(b.value), (c_u64 * 1)(a.value)
+    check(cu.cuGraphAddDependencies(graph, edge_from, edge_to, None, c_u64(1)), "b before a")
+    memset = (ctypes.c_uint64 * 5)(
+        ptr + 256 - 16, 0, 0x01010101 | (4 << 32), 4, 1
+    )  # dst, pitch, value|size, width, height
+    after_a = (c_u64 * 1)(a.value)
+    check(cu.cuGraphAddMemsetNode(ctypes.byref(m), graph, after_a, c_u64(1), memset, c_u64(0)), "memset node")
+    check(cu.cuGraphAddEmptyNode(ctypes.byref(e), graph, after_a, c_u64(1)), "empty node")
+    say("foreign_dependency", cu.cuGraphAddEmptyNode(ctypes.byref(e), graph, (c_u64 * 1)(12345), c_u64(1)))
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, c_u64(0)), "instantiate")
+    check(cu.cuGraphLaunch(exe, c_u64(0)), "launch")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("first", struct.unpack("<I", dtoh(ptr, 4)[1])[0])
+    say("memset", dtoh(ptr + 256 - 16, 4)[1].hex())
+    check(cu.cuGraphExecKernelNodeSetParams(exe, a, ctypes.byref(kernel(add, 5))), "set params")
+    check(cu.cuGraphLaunch(exe, c_u64(0)), "launch again")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("second", struct.unpack("<I", dtoh(ptr, 4)[1])[0])
+
+
 def scenario_unknown():
     check(cu.cuInit(0), "init")
-    graph = c_u64()
-    say("first_call", cu.cuGraphCreate(ctypes.byref(graph), 0))
-    say("second_call", cu.cuGraphCreate(ctypes.byref(graph), 0))
+    texture = c_u64()  # texture objects are not forwarded (docs/remote.md)
+    say("first_call", cu.cuTexObjectCreate(ctypes.byref(texture), None, None, None))
+    say("second_call", cu.cuTexObjectCreate(ctypes.byref(texture), None, None, None))
 
 
 def scenario_no_lease():

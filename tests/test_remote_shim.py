@@ -124,7 +124,7 @@ def test_kernels_launch_with_parameters_and_faults_surface_at_the_next_sync(shim
 def test_a_call_that_is_not_forwarded_fails_and_says_so_once(shim_dir, worker):
     out, err = run_client("unknown", client_env(shim_dir, worker))
     assert out == {"first_call": "801", "second_call": "801"}
-    assert err.count("cuGraphCreate is not forwarded") == 1
+    assert err.count("cuTexObjectCreate is not forwarded") == 1
 
 
 def test_without_a_lease_the_shim_refuses_at_once(shim_dir):
@@ -330,6 +330,17 @@ def test_tensor_maps_are_encoded_by_the_worker_for_the_leases_memory_only(shim_d
         "replaced": "0 True",
         "im2col": "0 (8, 16, 16)",
     }
+
+
+def test_a_graph_built_node_by_node_runs_its_nodes_in_dependency_order(shim_dir, worker):
+    out, err = run_client("graph_nodes", client_env(shim_dir, worker))
+    assert out == {
+        "foreign_dependency": "1",  # CUDA_ERROR_INVALID_VALUE: not a node of this lease
+        "first": "11",  # fill 10, then add 1: the dependency, not the order of creation
+        "memset": "01010101",
+        "second": "15",  # the instantiated graph's add node now adds 5
+    }
+    assert "gpupool:" not in err
 
 
 def test_queries_libraries_make_are_answered(shim_dir, worker):

@@ -25,6 +25,7 @@ from functools import cached_property
 HANDLE_TYPES = (
     "ctx", "stream", "event", "module", "func", "kernel", "library", "pool", "graph", "graphexec", "link",
     "vmem",  # a CUmemGenericAllocationHandle (cuMemCreate)
+    "node",  # a CUgraphNode
 )  # fmt: skip
 SCALAR_TYPES = {"i32": "i", "u32": "I", "u64": "Q", "u8": "B", "u16": "H", "f32": "f", "dptr": "Q"}
 SCALAR_TYPES.update(dict.fromkeys(HANDLE_TYPES, "Q"))
@@ -442,6 +443,27 @@ CALLS: tuple[Call, ...] = (
        wire="stream stream, o_i32 status, o_u64 id, o_graph graph, o_u64 num_deps"),
     _c("cuThreadExchangeStreamCaptureMode", 10010, "ptr mode", custom=True, wire="i32 mode, o_i32 previous"),
     _c("cuGraphGetNodes", 10000, "graph graph, ptr nodes, ptr count", custom=True, wire="graph graph, o_u64 count"),
+    # Graphs built node by node: the nodes live on the worker; a kernel node's parameters are packed by
+    # the shim as a launch's are; the dependency arrays travel after them in the bulk.
+    _c("cuGraphCreate", 10000, "o_graph graph, u32 flags"),
+    _c("cuGraphAddKernelNode", 12000, "o_node node, graph graph, ptr deps, u64 num_deps, ptr params", custom=True,
+       symbol="cuGraphAddKernelNode_v2",
+       wire="o_node node, graph graph, func func, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, "
+            "u64 num_deps, bytes data"),
+    _c("cuGraphAddMemsetNode", 10000, "o_node node, graph graph, ptr deps, u64 num_deps, ptr params, ctx ctx",
+       custom=True, wire="o_node node, graph graph, dptr dst, u64 pitch, u32 value, u32 element_size, u64 width, "
+                         "u64 height, u64 num_deps, bytes deps"),
+    _c("cuGraphAddEmptyNode", 10000, "o_node node, graph graph, ptr deps, u64 num_deps", custom=True,
+       wire="o_node node, graph graph, u64 num_deps, bytes deps"),
+    _c("cuGraphAddDependencies", 10000, "graph graph, ptr from, ptr to, u64 count", custom=True,
+       wire="graph graph, u64 count, bytes edges"),
+    _c("cuGraphAddDependencies", 12030, "graph graph, ptr from, ptr to, ptr edge_data, u64 count", custom=True,
+       symbol="cuGraphAddDependencies_v2", wire="graph graph, u64 count, bytes edges"),
+    _c("cuGraphExecKernelNodeSetParams", 12000, "graphexec exec, node node, ptr params", custom=True,
+       symbol="cuGraphExecKernelNodeSetParams_v2",
+       wire="graphexec exec, node node, func func, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, "
+            "bytes data"),
+    _c("cuGraphDestroyNode", 10000, "node node"),
     _c("cuGraphInstantiateWithFlags", 11040, "o_graphexec graph_exec, graph graph, u64 flags"),
     _c("cuGraphLaunch", 10000, "graphexec graph_exec, stream stream", A),
     _c("cuGraphUpload", 11010, "graphexec graph_exec, stream stream", A),

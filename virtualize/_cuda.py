@@ -788,6 +788,59 @@ class CudaExecutor(Executor):
     def cuGraphDestroy(self, graph):
         _ok(driver.cuGraphDestroy(driver.CUgraph(graph)))
 
+    def cuGraphCreate(self, flags):
+        return _int(_ok(driver.cuGraphCreate(flags)))
+
+    def cuGraphDestroyNode(self, node):
+        _ok(driver.cuGraphDestroyNode(driver.CUgraphNode(node)))
+
+    @staticmethod
+    def _kernel_node(launch: Launch):
+        """CUDA_KERNEL_NODE_PARAMS over a buffer of its own (the driver copies the parameters)."""
+        target = _Launchable(launch.func, launch.layout)
+        ctypes.memmove(target.buffer, launch.params, min(len(launch.params), len(target.buffer)))
+        params = driver.CUDA_KERNEL_NODE_PARAMS()
+        params.func = target.function
+        params.gridDimX, params.gridDimY, params.gridDimZ = launch.grid
+        params.blockDimX, params.blockDimY, params.blockDimZ = launch.block
+        params.sharedMemBytes = launch.shared_mem
+        params.kernelParams = target.params
+        return params, target
+
+    @staticmethod
+    def _deps(deps: list[int]) -> list:
+        return [driver.CUgraphNode(d) for d in deps]
+
+    def graph_add_kernel_node(self, graph, deps, launch) -> int:
+        params, _keep = self._kernel_node(launch)
+        return _int(
+            _ok(driver.cuGraphAddKernelNode(driver.CUgraph(graph), self._deps(deps), len(deps), params))
+        )
+
+    def graph_exec_kernel_node(self, graph_exec, node, launch) -> None:
+        params, _keep = self._kernel_node(launch)
+        _ok(
+            driver.cuGraphExecKernelNodeSetParams(
+                driver.CUgraphExec(graph_exec), driver.CUgraphNode(node), params
+            )
+        )
+
+    def graph_add_memset_node(self, graph, deps, dst, pitch, value, element_size, width, height) -> int:
+        params = driver.CUDA_MEMSET_NODE_PARAMS()
+        params.dst, params.pitch, params.value = dst, pitch, value
+        params.elementSize, params.width, params.height = element_size, width, height
+        ctx = _ok(driver.cuCtxGetCurrent())
+        return _int(
+            _ok(driver.cuGraphAddMemsetNode(driver.CUgraph(graph), self._deps(deps), len(deps), params, ctx))
+        )
+
+    def graph_add_empty_node(self, graph, deps) -> int:
+        return _int(_ok(driver.cuGraphAddEmptyNode(driver.CUgraph(graph), self._deps(deps), len(deps))))
+
+    def graph_add_dependencies(self, graph, edges) -> None:
+        sources, targets = self._deps([a for a, _ in edges]), self._deps([b for _, b in edges])
+        _ok(driver.cuGraphAddDependencies(driver.CUgraph(graph), sources, targets, None, len(edges)))
+
     def cuEventCreate(self, flags):
         return _int(_ok(driver.cuEventCreate(flags)))
 

@@ -87,6 +87,13 @@ GUARD_CALLS = (
     *("gpWindowOffer", "gpWindowAccept", "cuMemAddressReserve", "cuMemAddressFree"),
     *("gpCallbackToken", "gpCallbackAttach", "cuLaunchHostFunc", "cuStreamAddCallback"),  # host functions
     *("cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuTensorMapReplaceAddress"),  # tensor maps
+    *(
+        "cuGraphAddKernelNode",
+        "cuGraphExecKernelNodeSetParams",
+        "cuGraphAddMemsetNode",
+        "cuGraphAddEmptyNode",
+    ),
+    "cuGraphAddDependencies",  # graphs built node by node
 )
 
 
@@ -159,6 +166,24 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def launch(self, launch: Launch) -> None:
         """Launch `launch.func` as `launch` says (parameters already packed at the layout's offsets)."""
+
+    # Graphs built node by node (the guard checked the graph, the nodes and the memory).
+    @abc.abstractmethod
+    def graph_add_kernel_node(self, graph: int, deps: list[int], launch: Launch) -> int:
+        """cuGraphAddKernelNode: `launch` (its stream unused) as a node after `deps`; the node."""
+
+    @abc.abstractmethod
+    def graph_exec_kernel_node(self, graph_exec: int, node: int, launch: Launch) -> None:
+        """cuGraphExecKernelNodeSetParams."""
+
+    @abc.abstractmethod
+    def graph_add_memset_node(self, graph, deps, dst, pitch, value, element_size, width, height) -> int: ...
+
+    @abc.abstractmethod
+    def graph_add_empty_node(self, graph: int, deps: list[int]) -> int: ...
+
+    @abc.abstractmethod
+    def graph_add_dependencies(self, graph: int, edges: list[tuple[int, int]]) -> None: ...
 
     @abc.abstractmethod
     def tensor_map(self, name: str, ins: tuple, arrays: list[list[int]]) -> bytes:

@@ -42,6 +42,7 @@ LAUNCH_ATTRIBUTE_BYTES = 72
 ALLOCATION_PROP_BYTES, ACCESS_DESC_BYTES = 32, 12  # CUmemAllocationProp, CUmemAccessDesc
 POOL_PROPS_BYTES = 88  # CUmemPoolProps
 TENSOR_MAP_BYTES, TENSOR_RANK_MAX = 128, 5  # CUtensorMap
+MAX_NODE_DEPS = 4096  # dependencies of one graph node (the shim's limit too)
 # CUdevice_attribute: PAGEABLE_MEMORY_ACCESS, CONCURRENT_MANAGED_ACCESS, PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
 # DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: 0 remotely (docs/remote.md, managed memory).
 NOT_COHERENT_ATTRIBUTES = frozenset({88, 89, 100, 101})
@@ -174,6 +175,12 @@ class Session:
             "gpLinkImage": self._link_image,
             "cuStreamEndCapture": self._end_capture,
             "cuDeviceGetAttribute": self._device_attribute,
+            "cuGraphAddKernelNode_v2": self._graph_kernel_node,
+            "cuGraphExecKernelNodeSetParams_v2": self._graph_kernel_node,
+            "cuGraphAddMemsetNode": self._graph_memset_node,
+            "cuGraphAddEmptyNode": self._graph_empty_node,
+            "cuGraphAddDependencies": self._graph_dependencies,
+            "cuGraphAddDependencies_v2": self._graph_dependencies,
             "cuTensorMapEncodeTiled": self._tensor_map,
             "cuTensorMapEncodeIm2col": self._tensor_map,
             "cuTensorMapReplaceAddress": self._tensor_map_address,
@@ -491,6 +498,64 @@ class Session:
             self._check(call, ins)
             return struct.pack("<i", 0), b""
         return self._plain(call, ins)
+
+    # -- graphs built node by node -------------------------------------------------------------------
+
+    def _nodes(self, raw: bytes, count: int) -> list[int]:
+        """`count` node handles of this lease from the front of `raw`."""
+        if len(raw) < 8 * count:
+            raise CudaError(INVALID_VALUE, "dependency array")
+        nodes = list(struct.unpack_from(f"<{count}Q", raw))
+        if any(n not in self.lease.handles["node"] for n in nodes):
+            raise CudaError(INVALID_VALUE, "a node that is not this lease's")
+        return nodes
+
+    def _new_node(self, node: int, graph: int):
+        self.lease.handles["node"].add(node)
+        self.lease.children.setdefault(graph, set()).add(node)
+        return struct.pack("<Q", node), b""
+
+    def _graph_kernel_node(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        adding = call.name == "cuGraphAddKernelNode"
+        owner, func, dims = ins[0], ins[1 + (not adding)], ins[2 + (not adding) : 9 + (not adding)]
+        node = None if adding else ins[1]
+        num_deps = ins[-1] if adding else 0
+        data = self.channel.read_bulk(limit=MAX_NODE_DEPS * 8 + (1 << 20))
+        deps = self._nodes(data, num_deps)
+        params = data[8 * num_deps :]
+        layout = self._layout(func)
+        if len(params) < max((offset + size for offset, size in layout), default=0):
+            raise CudaError(INVALID_VALUE, "kernel parameters shorter than the function's parameter layout")
+        launch = Launch(func, tuple(dims[:3]), tuple(dims[3:6]), dims[6], 0, params, layout)
+        if not adding:
+            self.executor.graph_exec_kernel_node(owner, node, launch)
+            return _EMPTY
+        return self._new_node(self.executor.graph_add_kernel_node(owner, deps, launch), owner)
+
+    def _graph_memset_node(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        graph, dst, pitch, value, element_size, width, height, num_deps = ins
+        if element_size not in (1, 2, 4) or height < 1:
+            raise CudaError(INVALID_VALUE, "memset node shape")
+        self._check_range(dst, pitch * (height - 1) + width * element_size)
+        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        node = self.executor.graph_add_memset_node(
+            graph, deps, dst, pitch, value, element_size, width, height
+        )
+        return self._new_node(node, graph)
+
+    def _graph_empty_node(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        graph, num_deps = ins
+        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        return self._new_node(self.executor.graph_add_empty_node(graph, deps), graph)
+
+    def _graph_dependencies(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        graph, count = ins
+        nodes = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 16), 2 * count)
+        self.executor.graph_add_dependencies(graph, list(zip(nodes[::2], nodes[1::2], strict=True)))
 
     # -- tensor maps -----------------------------------------------------------------------------------
 
@@ -932,4 +997,5 @@ _DESTROYS = {
     "cuGraphExecDestroy": "graphexec",
     "cuLinkDestroy": "link",
     "cuMemPoolDestroy": "pool",
+    "cuGraphDestroyNode": "node",
 }

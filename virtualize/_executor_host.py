@@ -102,6 +102,10 @@ class HostExecutor(Executor):
         self.owner: dict[int, int] = {}  # base -> device
         self.reserved: dict[int, int] = {}  # reserved address ranges: base -> size
         self.created: dict[int, int] = {}  # cuMemCreate handle -> device
+        self.nodes: dict[int, tuple[int, object]] = {}  # graph node -> (its graph, its work)
+        self.edges: list[tuple[int, int]] = []  # (from, to) between nodes
+        self.node_order: dict[int, list[int]] = {}  # graph -> its nodes in the order they run
+        self.exec_order: dict[int, list[int]] = {}  # graph exec -> its graph's nodes at instantiation
         self.ids = itertools.count(0x1000)
         self.contexts = {0xC0000 + d: d for d in range(self.n)}
         self.pools = {0xB0000 + d: d for d in range(self.n)}
@@ -630,7 +634,69 @@ class HostExecutor(Executor):
     def cuGraphInstantiateWithFlags(self, graph, flags):
         graph_exec = next(self.ids)
         self.graphs[graph_exec] = list(self.graphs[graph])
+        self.exec_order[graph_exec] = list(self.node_order.get(graph, []))
         return graph_exec
+
+    # Graphs built node by node: each node is its work; a graph runs its nodes in an order that keeps
+    # every dependency (insertion order where none says otherwise).
+    def cuGraphCreate(self, flags):
+        graph = next(self.ids)
+        self.graphs[graph] = []
+        return graph
+
+    def _add_node(self, graph, deps, work) -> int:
+        node = next(self.ids)
+        self.nodes[node] = (graph, work)
+        self.edges.extend((d, node) for d in deps)
+        self._order(graph)
+        return node
+
+    def _order(self, graph) -> None:
+        mine = [n for n, (g, _) in self.nodes.items() if g == graph]
+        before = {n: {a for a, b in self.edges if b == n} for n in mine}
+        order = []
+        while before:
+            ready = [n for n in mine if n in before and not before[n] - set(order)]
+            if not ready:
+                raise CudaError(INVALID_VALUE, "the graph's dependencies form a cycle")
+            order.append(ready[0])
+            del before[ready[0]]
+        self.node_order[graph] = order
+        self.graphs[graph] = [self.nodes[n][1] for n in order]
+
+    def graph_add_kernel_node(self, graph, deps, launch) -> int:
+        params = bytes(launch.params)
+        return self._add_node(
+            graph, deps, lambda: self._run_kernel(launch.func, launch.grid, launch.block, params)
+        )
+
+    def graph_exec_kernel_node(self, graph_exec, node, launch) -> None:
+        order = self.exec_order.get(graph_exec, [])
+        if node not in order:
+            raise CudaError(INVALID_VALUE, "not a node of that graph")
+        params = bytes(launch.params)
+        work = lambda: self._run_kernel(launch.func, launch.grid, launch.block, params)  # noqa: E731
+        self.graphs[graph_exec][order.index(node)] = work
+
+    def graph_add_memset_node(self, graph, deps, dst, pitch, value, element_size, width, height) -> int:
+        def work():
+            for row in range(height):
+                mem, off = self._find(dst + row * pitch, element_size * width)
+                mem[off : off + element_size * width] = value.to_bytes(element_size, "little") * width
+
+        return self._add_node(graph, deps, work)
+
+    def graph_add_empty_node(self, graph, deps) -> int:
+        return self._add_node(graph, deps, lambda: None)
+
+    def graph_add_dependencies(self, graph, edges) -> None:
+        self.edges.extend(edges)
+        self._order(graph)
+
+    def cuGraphDestroyNode(self, node):
+        graph, _ = self.nodes.pop(node)
+        self.edges[:] = [(a, b) for a, b in self.edges if node not in (a, b)]
+        self._order(graph)
 
     def cuGraphLaunch(self, graph_exec, stream):
         for work in self.graphs[graph_exec]:

@@ -885,6 +885,25 @@ GP_EXPORT CUresult cuStreamEndCapture(uint64_t stream, uint64_t *graph) {
     return r;
 }
 
+GP_EXPORT CUresult cuGraphCreate(uint64_t *graph, uint32_t flags) {
+    GP_TRACE("cuGraphCreate");
+    if (!graph) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphCreate in = { .flags = flags };
+    struct gp_out_cuGraphCreate out;
+    CUresult r = gp_call(GP_CALL_cuGraphCreate, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *graph = (uint64_t)out.graph;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphDestroyNode(uint64_t node) {
+    GP_TRACE("cuGraphDestroyNode");
+    struct gp_in_cuGraphDestroyNode in = { .node = node };
+    CUresult r = gp_call(GP_CALL_cuGraphDestroyNode, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
 GP_EXPORT CUresult cuGraphInstantiateWithFlags(uint64_t *graph_exec, uint64_t graph, uint64_t flags) {
     GP_TRACE("cuGraphInstantiateWithFlags");
     if (!graph_exec) return CUDA_ERROR_INVALID_VALUE;
@@ -1148,20 +1167,15 @@ GP_EXPORT CUresult cuGLUnmapBufferObjectAsync(void) { return gp_unforwarded("cuG
 GP_EXPORT CUresult cuGLUnregisterBufferObject(void) { return gp_unforwarded("cuGLUnregisterBufferObject"); }
 GP_EXPORT CUresult cuGraphAddBatchMemOpNode(void) { return gp_unforwarded("cuGraphAddBatchMemOpNode"); }
 GP_EXPORT CUresult cuGraphAddChildGraphNode(void) { return gp_unforwarded("cuGraphAddChildGraphNode"); }
-GP_EXPORT CUresult cuGraphAddDependencies(void) { return gp_unforwarded("cuGraphAddDependencies"); }
-GP_EXPORT CUresult cuGraphAddDependencies_v2(void) { return gp_unforwarded("cuGraphAddDependencies_v2"); }
-GP_EXPORT CUresult cuGraphAddEmptyNode(void) { return gp_unforwarded("cuGraphAddEmptyNode"); }
 GP_EXPORT CUresult cuGraphAddEventRecordNode(void) { return gp_unforwarded("cuGraphAddEventRecordNode"); }
 GP_EXPORT CUresult cuGraphAddEventWaitNode(void) { return gp_unforwarded("cuGraphAddEventWaitNode"); }
 GP_EXPORT CUresult cuGraphAddExternalSemaphoresSignalNode(void) { return gp_unforwarded("cuGraphAddExternalSemaphoresSignalNode"); }
 GP_EXPORT CUresult cuGraphAddExternalSemaphoresWaitNode(void) { return gp_unforwarded("cuGraphAddExternalSemaphoresWaitNode"); }
 GP_EXPORT CUresult cuGraphAddHostNode(void) { return gp_unforwarded("cuGraphAddHostNode"); }
 GP_EXPORT CUresult cuGraphAddKernelNode(void) { return gp_unforwarded("cuGraphAddKernelNode"); }
-GP_EXPORT CUresult cuGraphAddKernelNode_v2(void) { return gp_unforwarded("cuGraphAddKernelNode_v2"); }
 GP_EXPORT CUresult cuGraphAddMemAllocNode(void) { return gp_unforwarded("cuGraphAddMemAllocNode"); }
 GP_EXPORT CUresult cuGraphAddMemFreeNode(void) { return gp_unforwarded("cuGraphAddMemFreeNode"); }
 GP_EXPORT CUresult cuGraphAddMemcpyNode(void) { return gp_unforwarded("cuGraphAddMemcpyNode"); }
-GP_EXPORT CUresult cuGraphAddMemsetNode(void) { return gp_unforwarded("cuGraphAddMemsetNode"); }
 GP_EXPORT CUresult cuGraphAddNode(void) { return gp_unforwarded("cuGraphAddNode"); }
 GP_EXPORT CUresult cuGraphAddNode_v2(void) { return gp_unforwarded("cuGraphAddNode_v2"); }
 GP_EXPORT CUresult cuGraphBatchMemOpNodeGetParams(void) { return gp_unforwarded("cuGraphBatchMemOpNodeGetParams"); }
@@ -1169,9 +1183,7 @@ GP_EXPORT CUresult cuGraphBatchMemOpNodeSetParams(void) { return gp_unforwarded(
 GP_EXPORT CUresult cuGraphChildGraphNodeGetGraph(void) { return gp_unforwarded("cuGraphChildGraphNodeGetGraph"); }
 GP_EXPORT CUresult cuGraphClone(void) { return gp_unforwarded("cuGraphClone"); }
 GP_EXPORT CUresult cuGraphConditionalHandleCreate(void) { return gp_unforwarded("cuGraphConditionalHandleCreate"); }
-GP_EXPORT CUresult cuGraphCreate(void) { return gp_unforwarded("cuGraphCreate"); }
 GP_EXPORT CUresult cuGraphDebugDotPrint(void) { return gp_unforwarded("cuGraphDebugDotPrint"); }
-GP_EXPORT CUresult cuGraphDestroyNode(void) { return gp_unforwarded("cuGraphDestroyNode"); }
 GP_EXPORT CUresult cuGraphEventRecordNodeGetEvent(void) { return gp_unforwarded("cuGraphEventRecordNodeGetEvent"); }
 GP_EXPORT CUresult cuGraphEventRecordNodeSetEvent(void) { return gp_unforwarded("cuGraphEventRecordNodeSetEvent"); }
 GP_EXPORT CUresult cuGraphEventWaitNodeGetEvent(void) { return gp_unforwarded("cuGraphEventWaitNodeGetEvent"); }
@@ -1185,7 +1197,6 @@ GP_EXPORT CUresult cuGraphExecExternalSemaphoresWaitNodeSetParams(void) { return
 GP_EXPORT CUresult cuGraphExecGetFlags(void) { return gp_unforwarded("cuGraphExecGetFlags"); }
 GP_EXPORT CUresult cuGraphExecHostNodeSetParams(void) { return gp_unforwarded("cuGraphExecHostNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecKernelNodeSetParams(void) { return gp_unforwarded("cuGraphExecKernelNodeSetParams"); }
-GP_EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(void) { return gp_unforwarded("cuGraphExecKernelNodeSetParams_v2"); }
 GP_EXPORT CUresult cuGraphExecMemcpyNodeSetParams(void) { return gp_unforwarded("cuGraphExecMemcpyNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecMemsetNodeSetParams(void) { return gp_unforwarded("cuGraphExecMemsetNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecNodeSetParams(void) { return gp_unforwarded("cuGraphExecNodeSetParams"); }
@@ -1564,8 +1575,16 @@ static const struct gp_proc gp_procs[] = {
     {"cuGetErrorName", 6000, (void *)cuGetErrorName},
     {"cuGetErrorString", 6000, (void *)cuGetErrorString},
     {"cuGetExportTable", 3000, (void *)cuGetExportTable},
+    {"cuGraphAddDependencies", 10000, (void *)cuGraphAddDependencies},
+    {"cuGraphAddDependencies", 12030, (void *)cuGraphAddDependencies_v2},
+    {"cuGraphAddEmptyNode", 10000, (void *)cuGraphAddEmptyNode},
+    {"cuGraphAddKernelNode", 12000, (void *)cuGraphAddKernelNode_v2},
+    {"cuGraphAddMemsetNode", 10000, (void *)cuGraphAddMemsetNode},
+    {"cuGraphCreate", 10000, (void *)cuGraphCreate},
     {"cuGraphDestroy", 10000, (void *)cuGraphDestroy},
+    {"cuGraphDestroyNode", 10000, (void *)cuGraphDestroyNode},
     {"cuGraphExecDestroy", 10000, (void *)cuGraphExecDestroy},
+    {"cuGraphExecKernelNodeSetParams", 12000, (void *)cuGraphExecKernelNodeSetParams_v2},
     {"cuGraphGetNodes", 10000, (void *)cuGraphGetNodes},
     {"cuGraphInstantiate", 12000, (void *)cuGraphInstantiateWithFlags},
     {"cuGraphInstantiateWithFlags", 11040, (void *)cuGraphInstantiateWithFlags},

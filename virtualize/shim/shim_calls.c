@@ -1220,6 +1220,122 @@ CUresult cuLaunchKernelEx(void *config, uint64_t f, void *params, void *extra) {
     return launch(f, dims, stream, params, extra, attrs, n_attrs);
 }
 
+/* ---- graphs built node by node: the nodes are the worker's; parameters packed as a launch's -------- */
+
+#define MAX_NODE_DEPS 4096
+
+/* CUDA_KERNEL_NODE_PARAMS_v2: func at 0, grid and block dimensions at 8..31, shared memory at 32,
+ * kernelParams at 40, extra at 48, kern at 56, ctx at 64. */
+static CUresult kernel_node(uint32_t call, const void *head, uint32_t head_len, const void *deps, uint64_t num_deps,
+                            const void *params, uint64_t *node) {
+    if (!params || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    const unsigned char *p = params;
+    uint64_t func, kern;
+    void **kernel_params, **extra;
+    memcpy(&func, p, 8);
+    memcpy(&kernel_params, p + 40, 8);
+    memcpy(&extra, p + 48, 8);
+    memcpy(&kern, p + 56, 8);
+    uint64_t f = func ? func : kern;
+    struct layout l;
+    CUresult r = layout_of(f, &l);
+    if (r != CUDA_SUCCESS) return r;
+    size_t cap = l.total > 4096 ? l.total : 4096;
+    if (extra && !kernel_params) cap = 1 << 16;
+    unsigned char *buf = malloc(cap);
+    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    int64_t len = pack_params(&l, kernel_params, extra, buf, cap);
+    if (len < 0) {
+        free(buf);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    unsigned char in[sizeof(struct gp_in_cuGraphAddKernelNode_v2)];
+    memcpy(in, head, head_len); /* the graph or exec and node handles */
+    size_t at = head_len;
+    memcpy(in + at, &f, 8), at += 8;
+    memcpy(in + at, p + 8, 7 * 4), at += 7 * 4; /* grid, block, shared memory */
+    if (call == GP_CALL_cuGraphAddKernelNode_v2) memcpy(in + at, &num_deps, 8), at += 8;
+    struct gp_out_cuGraphAddKernelNode_v2 out;
+    r = gp_call2(call, WANT, in, (uint32_t)at, deps, num_deps * 8, buf, (uint64_t)len, node ? &out : NULL,
+                 node ? sizeof out : 0, NULL, 0);
+    free(buf);
+    if (r == CUDA_SUCCESS && node) *node = out.node;
+    return r;
+}
+
+CUresult cuGraphAddKernelNode_v2(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params) {
+    GP_TRACE("cuGraphAddKernelNode_v2");
+    if (!node) return CUDA_ERROR_INVALID_VALUE;
+    return kernel_node(GP_CALL_cuGraphAddKernelNode_v2, &graph, 8, deps, num_deps, params, node);
+}
+
+CUresult cuGraphExecKernelNodeSetParams_v2(uint64_t exec, uint64_t node, void *params) {
+    GP_TRACE("cuGraphExecKernelNodeSetParams_v2");
+    uint64_t head[2] = {exec, node};
+    return kernel_node(GP_CALL_cuGraphExecKernelNodeSetParams_v2, head, sizeof head, NULL, 0, params, NULL);
+}
+
+/* CUDA_MEMSET_NODE_PARAMS: dst, pitch, value, elementSize, width, height (40 bytes). */
+CUresult cuGraphAddMemsetNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params,
+                              uint64_t ctx) {
+    GP_TRACE("cuGraphAddMemsetNode");
+    (void)ctx; /* the current context's, as for every forwarded call */
+    if (!node || !params || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphAddMemsetNode in = {.graph = graph, .num_deps = num_deps};
+    const unsigned char *p = params;
+    memcpy(&in.dst, p, 8);
+    memcpy(&in.pitch, p + 8, 8);
+    memcpy(&in.value, p + 16, 4);
+    memcpy(&in.element_size, p + 20, 4);
+    memcpy(&in.width, p + 24, 8);
+    memcpy(&in.height, p + 32, 8);
+    struct gp_out_cuGraphAddMemsetNode out;
+    CUresult r = gp_call(GP_CALL_cuGraphAddMemsetNode, WANT, &in, sizeof in, deps, num_deps * 8, &out, sizeof out,
+                         NULL, 0);
+    if (r == CUDA_SUCCESS) *node = out.node;
+    return r;
+}
+
+CUresult cuGraphAddEmptyNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps) {
+    GP_TRACE("cuGraphAddEmptyNode");
+    if (!node || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphAddEmptyNode in = {.graph = graph, .num_deps = num_deps};
+    struct gp_out_cuGraphAddEmptyNode out;
+    CUresult r = gp_call(GP_CALL_cuGraphAddEmptyNode, WANT, &in, sizeof in, deps, num_deps * 8, &out, sizeof out,
+                         NULL, 0);
+    if (r == CUDA_SUCCESS) *node = out.node;
+    return r;
+}
+
+/* Edges travel as `count` (from, to) pairs; edge data other than the default is not forwarded. */
+static CUresult add_dependencies(uint32_t call, uint64_t graph, const uint64_t *from, const uint64_t *to,
+                                 const void *edge_data, uint64_t count) {
+    if (count && (!from || !to)) return CUDA_ERROR_INVALID_VALUE;
+    if (count > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    if (edge_data) {
+        static const unsigned char none[8];
+        for (uint64_t i = 0; i < count; i++)
+            if (memcmp((const unsigned char *)edge_data + 8 * i, none, 8) != 0) return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    uint64_t *edges = malloc(16 * (count ? count : 1));
+    if (!edges) return CUDA_ERROR_OUT_OF_MEMORY;
+    for (uint64_t i = 0; i < count; i++) edges[2 * i] = from[i], edges[2 * i + 1] = to[i];
+    struct gp_in_cuGraphAddDependencies in = {.graph = graph, .count = count};
+    CUresult r = gp_call(call, WANT, &in, sizeof in, edges, 16 * count, NULL, 0, NULL, 0);
+    free(edges);
+    return r;
+}
+
+CUresult cuGraphAddDependencies(uint64_t graph, void *from, void *to, uint64_t count) {
+    GP_TRACE("cuGraphAddDependencies");
+    return add_dependencies(GP_CALL_cuGraphAddDependencies, graph, from, to, NULL, count);
+}
+
+CUresult cuGraphAddDependencies_v2(uint64_t graph, void *from, void *to, void *edge_data, uint64_t count) {
+    GP_TRACE("cuGraphAddDependencies_v2");
+    return add_dependencies(GP_CALL_cuGraphAddDependencies_v2, graph, from, to, edge_data, count);
+}
+
 /* ---- stream capture: the worker captures; the client sees the status, the id and the graph ------- */
 
 static CUresult capture_info(uint64_t stream, int32_t *status, uint64_t *id, uint64_t *graph, const void **deps,
