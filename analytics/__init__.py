@@ -21,7 +21,7 @@ from analytics._patterns import (
     utilization_timeline,
 )
 from analytics._pool import ClientActivity, PoolActivity, pool_activity
-from analytics._rollup import RollupResult, build_rollups, rollups_built
+from analytics._rollup import ExpireResult, RollupResult, build_rollups, expire_raw, rollups_built
 from analytics._scope import Extent, GpuInfo, Scope, data_extent
 from analytics._summary import (
     COARSE_INTERVAL_S,
@@ -48,6 +48,7 @@ __all__ = [
     "AttributionRow",
     "ClientActivity",
     "Distribution",
+    "ExpireResult",
     "Extent",
     "FleetSummary",
     "GpuInfo",
@@ -69,6 +70,7 @@ __all__ = [
     "build_rollups",
     "busiest_idlest",
     "data_extent",
+    "expire_raw",
     "fleet_summary",
     "hour_of_week",
     "open_telemetry",

@@ -34,11 +34,23 @@ on (``plan``), so a rollup and the samples it summarises are never both counted.
 day by day in date order, each to a hidden temporary name, fsynced and renamed over the previous
 build's file (``collector.writer.write_segment``): a kill -9 leaves whole files of the new build for
 earlier days and of the old build for later ones, both covering every minute before the newest file's
-mark. A build reads neighbouring samples past the watermark (the weights need them); raw samples that
-arrive later for times before the watermark (an import of old logs) are seen after the next build.
-One build at a time per directory (a lock file).
+mark. One build at a time per directory (a lock file).
 
-Raw samples are kept; expiring them (``--keep-raw``) is not part of this slice.
+**Incremental.** A build starts, per host, at its previous hour mark (the hours after it are made
+again from minutes) and leaves the files of earlier days as they are; the first day it writes keeps
+the previous file's rows before its start. It runs in steps of whole days (about ``STEP_ROWS`` raw
+rows each, a larger day split by GPU), so memory stays flat whatever the history. A sample's weight
+looks at the two rows before it and the three after it: each step reads, per GPU, from its second
+sample before the step to its third after it (``MARGIN_US`` either side, further for a GPU with a
+gap there), so the result equals a build from scratch over the same raw samples (tested).
+Raw samples that arrive later for times before a mark (an import of old logs) are rolled up by a
+build with ``since`` (the import's first sample) or ``rebuild`` (from the oldest raw sample kept).
+
+**Retention** (``expire_raw``, ``--keep-raw``): a raw ``gpu_samples`` day partition older than the
+setting is deleted only when both levels' marks of its host are at least ``MARGIN_US`` past the
+day's end; a day no rollup covers is kept whatever its age. Readers then answer from the rollups
+before the mark as before. ``process_samples`` and ``pool_events`` are kept: attribution and the
+what-if read them and no rollup summarises them.
 """
 
 from __future__ import annotations
@@ -46,21 +58,24 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import fcntl
+import glob
 import json
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from dataclasses import field as dc_field
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from analytics import _rows
 from analytics._scope import Scope, utc
 from analytics._telemetry import open_telemetry
-from analytics._weights import CHUNK_ROWS, weighted_rows_sql
+from analytics._weights import weighted_rows_sql
 from collector.schema import METADATA_ROLLUP_KEY, ROLLUP_TABLES, SCHEMA_VERSION
 from collector.writer import write_segment
 
@@ -70,6 +85,7 @@ LAG_S = 600  # a build leaves the last 10 minutes of each host raw-only: their w
 MARGIN_US = LAG_S * 1_000_000  # raw read from this long before a watermark, for the first rows' neighbours
 HIST_PER_UNIT = 100  # histogram bins per unit ratio: 1 %
 FILE_NAME = "rollup.parquet"
+STEP_ROWS = 4_000_000  # raw rows per windowed step of a build (whole days; keeps its memory flat)
 LEVELS = {"1m": ("gpu_rollup_1m", MINUTE_US), "1h": ("gpu_rollup_1h", HOUR_US)}
 
 
@@ -197,42 +213,87 @@ def _day_us(day: dt.date) -> int:
     return int(dt.datetime.combine(day, dt.time(), dt.UTC).timestamp()) * 1_000_000
 
 
+def _day_of(us: int) -> dt.date:
+    return dt.datetime.fromtimestamp(us / 1e6, dt.UTC).date()
+
+
 def _iso(us: int) -> str:
     return dt.datetime.fromtimestamp(us / 1e6, dt.UTC).isoformat()
 
 
+def _ts(us: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(us // 1_000_000, dt.UTC) + dt.timedelta(microseconds=us % 1_000_000)
+
+
+def _rollup_path(root: Path, name: str, day: dt.date, host: str) -> Path:
+    return root / name / f"date={day.isoformat()}" / f"host={host}" / FILE_NAME
+
+
+def host_marks(root: Path, host: str) -> dict[str, int | None]:
+    """{level: covered up to (epoch µs) or None} of one host's rollups in ``root``: the newest day's
+    file of each level says (its footer)."""
+    marks: dict[str, int | None] = {}
+    for level, (name, _) in LEVELS.items():
+        files = sorted((root / name).glob(f"date=*/host={glob.escape(host)}/{FILE_NAME}"))
+        meta = {}
+        if files:
+            meta = json.loads((pq.read_schema(files[-1]).metadata or {}).get(METADATA_ROLLUP_KEY, b"{}"))
+        marks[level] = int(meta["covers_to_us"]) if "covers_to_us" in meta else None
+    return marks
+
+
+def _write_day(
+    root: Path,
+    name: str,
+    host: str,
+    day: dt.date,
+    rows: pa.Table,
+    keep_before: int,
+    covered_to: int,
+    period_us: int,
+) -> None:
+    """Write one day's file of ``name``: the previous file's rows before ``keep_before`` (a build that
+    starts inside the day leaves them as they are), then ``rows``; the footer records the span covered."""
+    path = _rollup_path(root, name, day, host)
+    start, end = _day_us(day), _day_us(day + dt.timedelta(days=1))
+    if keep_before > start and path.exists():
+        old = pq.read_table(path, partitioning=None)
+        old = old.filter(pc.less(old.column("ts"), pa.scalar(_ts(keep_before), old.schema.field("ts").type)))
+        rows = pa.concat_tables([old.replace_schema_metadata(None), rows.replace_schema_metadata(None)])
+    rows = rows.sort_by([("gpu_uuid", "ascending"), ("ts", "ascending")])
+    options = _rows.DEFAULT_OPTIONS
+    meta = {
+        "period_s": period_us // 1_000_000,
+        "covers_from": _iso(start),
+        "covers_to": _iso(min(end, covered_to)),
+        "covers_to_us": min(end, covered_to),
+        "idle_below": options.idle_below,
+        "held_mem_bytes": options.held_mem_bytes,
+        "hist_bins_per_unit": HIST_PER_UNIT,
+        "built": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    schema = ROLLUP_TABLES[name].arrow_schema
+    rows = rows.cast(schema).replace_schema_metadata(
+        {**(schema.metadata or {}), METADATA_ROLLUP_KEY: json.dumps(meta).encode()}
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_segment(path, rows)
+
+
 def _write_days(
-    root: Path, name: str, host: str, data: pa.Table, covered_to: int, watermark: int, period_us: int
+    root: Path, name: str, host: str, data: pa.Table, start: int, covered_to: int, period_us: int
 ) -> int:
-    """One file per day of ``data`` (in date order), each recording the span it covers; the day of
-    the last covered instant always gets a file, so the host's mark is on record."""
-    if covered_to <= 0:
+    """One file per day of ``[start, covered_to)`` that has rows (in date order), and always one for
+    the day of the last covered instant, so the host's mark is on record."""
+    if covered_to <= start:
         return 0
     data = _to_schema(name, data)
     days = pc.cast(data.column("ts"), pa.date32())
-    last_day = dt.datetime.fromtimestamp((covered_to - 1) / 1e6, dt.UTC).date()
+    last_day = _day_of(covered_to - 1)
     todo = sorted({*pc.unique(days).to_pylist(), last_day})
-    options = _rows.DEFAULT_OPTIONS
     for day in todo:
-        start, end = _day_us(day), _day_us(day + dt.timedelta(days=1))
         part = data.filter(pc.equal(days, pa.scalar(day, pa.date32())))
-        meta = {
-            "period_s": period_us // 1_000_000,
-            "covers_from": _iso(start),
-            "covers_to": _iso(min(end, covered_to)),
-            "covers_to_us": min(end, covered_to),
-            "watermark": _iso(watermark),
-            "idle_below": options.idle_below,
-            "held_mem_bytes": options.held_mem_bytes,
-            "hist_bins_per_unit": HIST_PER_UNIT,
-            "built": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        }
-        part = part.replace_schema_metadata(
-            {**part.schema.metadata, METADATA_ROLLUP_KEY: json.dumps(meta).encode()}
-        )
-        folder = root / name / f"date={day.isoformat()}" / f"host={host}"
-        folder.mkdir(parents=True, exist_ok=True)
-        write_segment(folder / FILE_NAME, part)
+        _write_day(root, name, host, day, part, start, covered_to, period_us)
     return len(todo)
 
 
@@ -257,21 +318,211 @@ def _remove_stale_tmp(root: Path) -> None:
             tmp.unlink(missing_ok=True)
 
 
+def _raw_days(root: Path, host: str) -> list[dt.date]:
+    return sorted(
+        dt.date.fromisoformat(p.parent.name.removeprefix("date="))
+        for p in (root / "gpu_samples").glob(f"date=*/host={glob.escape(host)}")
+        if p.is_dir()
+    )
+
+
+def _read_bounds(con, host: str, a: int, b: int, final: bool) -> tuple[int | None, int | None]:
+    """Which raw rows a step that rolls up ``[a, b)`` reads: each kept sample's weight looks at the
+    two rows before it and the three after it (``_weights``), so per GPU with samples in the step,
+    from its second sample before ``a`` to its third at or after ``b`` (None: no bound). Usually
+    ``MARGIN_US`` either side holds them; a GPU with a gap there is looked up further."""
+    lo, hi = a - MARGIN_US, b + MARGIN_US
+    host_days = "host = ? AND date >= ? AND date <= ?"
+    rows = con.execute(
+        f"""SELECT gpu_uuid, count(*) FILTER (WHERE ts < ?), count(*) FILTER (WHERE ts >= ? AND ts < ?),
+                   count(*) FILTER (WHERE ts >= ?)
+            FROM gpu_samples WHERE {host_days} AND ts >= ? AND ts < ? GROUP BY gpu_uuid""",
+        [
+            _ts(a),
+            _ts(a),
+            _ts(b),
+            _ts(b),
+            host,
+            _day_of(lo) - dt.timedelta(days=1),
+            _day_of(hi),
+            _ts(lo),
+            _ts(hi),
+        ],
+    ).fetchall()
+    read_lo: int | None = lo
+    read_hi: int | None = None if final else hi
+    for uuid, before, inside, after in rows:
+        if not inside:
+            continue
+        if before < 2:
+            (t,) = con.execute(
+                "SELECT min(t) FROM (SELECT epoch_us(ts) AS t FROM gpu_samples "
+                "WHERE host = ? AND gpu_uuid = ? AND ts < ? ORDER BY ts DESC LIMIT 2)",
+                [host, uuid, _ts(a)],
+            ).fetchone()
+            if t is not None and read_lo is not None:
+                read_lo = min(read_lo, t)
+        if after < 3 and read_hi is not None:
+            t, n = con.execute(
+                "SELECT max(t), count(*) FROM (SELECT epoch_us(ts) AS t FROM gpu_samples "
+                "WHERE host = ? AND gpu_uuid = ? AND ts >= ? ORDER BY ts LIMIT 3)",
+                [host, uuid, _ts(b)],
+            ).fetchone()
+            read_hi = None if n < 3 else max(read_hi, t + 1)
+    return read_lo, read_hi
+
+
+def _step_minutes(
+    con, host: str, a: int, b: int, read: tuple[int | None, int | None], parts: int
+) -> pa.Table:
+    """The minute rows of ``[a, b)`` of one host, from the raw rows in ``read`` (whole GPUs at a time:
+    ``parts`` windowed queries)."""
+    options = _rows.DEFAULT_OPTIONS
+    bounds, bound_params = "", []
+    if read[0] is not None:
+        bounds += " AND date >= ? AND ts >= ?"
+        bound_params += [_day_of(read[0]) - dt.timedelta(days=1), _ts(read[0])]
+    if read[1] is not None:
+        bounds += " AND date <= ? AND ts < ?"
+        bound_params += [_day_of(read[1]), _ts(read[1])]
+    minutes = []
+    for i in range(parts):
+        source = (
+            f"(SELECT {_rows.SAMPLE_COLUMNS}, gpu_uuid AS uuid, gpu_index, gpu_name, util_gpu_mean, sm_activity "
+            f"FROM gpu_samples WHERE host = ?{bounds} AND hash(gpu_uuid) % ? = ?)"
+        )
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE rollup_gs AS
+            WITH {weighted_rows_sql(source)}
+            SELECT GROUPING(ubin, abin, dq) AS gid, uuid, m, fbk, ubin, abin, dq, {_AGGREGATES}
+            FROM (SELECT *, t // {MINUTE_US} * {MINUTE_US} AS m, coalesce(fb, -2) AS fbk,
+                         ub // {1000 // HIST_PER_UNIT} AS ubin, ab // {1000 // HIST_PER_UNIT} AS abin
+                  FROM wr WHERE t >= ? AND t < ?)
+            GROUP BY GROUPING SETS ((uuid, m, fbk), (uuid, m, fbk, ubin), (uuid, m, fbk, abin), (uuid, m, fbk, dq))
+            """,
+            [
+                options.idle_below,
+                options.held_mem_bytes,
+                host,
+                *bound_params,
+                parts,
+                i,
+                options.idle_below * _rows.HIST_RESOLUTION - 1e-9,
+                a,
+                b,
+            ],
+        )
+        sql = _ASSEMBLE.format(
+            total=_G_TOTAL,
+            util=_G_UTIL,
+            sm=_G_SM,
+            interval=_G_INTERVAL,
+            sums=", ".join(f"b.{c}" for c in (*_SUMS, *_TIMELINE_SUMS)),
+        )
+        minutes.append(con.sql(sql, params=[b]).to_arrow_table())
+    con.execute("DROP TABLE IF EXISTS rollup_gs")
+    return pa.concat_tables(minutes)
+
+
+def _steps(con, host: str, lo: int, watermark: int) -> list[tuple[int, int, int, int]]:
+    """[(a, b, raw rows, windowed queries)]: ``[lo, watermark)`` cut at day boundaries into steps of
+    about ``STEP_ROWS`` raw rows (a day larger than that is one step, split by GPU)."""
+    counts = dict(
+        con.execute(
+            "SELECT date, count(*) FROM gpu_samples WHERE host = ? AND date >= ? AND date <= ? GROUP BY date",
+            [host, _day_of(lo), _day_of(watermark)],
+        ).fetchall()
+    )
+    steps, a, acc = [], lo, 0
+    day = _day_of(lo)
+    while True:
+        acc += counts.get(day, 0)
+        day += dt.timedelta(days=1)
+        b = min(_day_us(day), watermark)
+        if b >= watermark or acc >= STEP_ROWS:
+            steps.append((a, b, acc, max(1, -(-acc // STEP_ROWS))))
+            if b >= watermark:
+                return steps
+            a, acc = b, 0
+
+
+def _build_host(
+    con, root: Path, host: str, lag_s: float, rebuild: bool, since_us: int | None, say, result
+) -> None:
+    days = _raw_days(root, host)
+    if not days:
+        return
+    newest, first = con.execute(
+        "SELECT max(epoch_us(ts)), min(epoch_us(ts)) FILTER (WHERE date <= ?) FROM gpu_samples "
+        "WHERE host = ? AND (date >= ? OR date <= ?)",
+        [days[0], host, days[-1] - dt.timedelta(days=1), days[0]],
+    ).fetchone()
+    if newest is None:
+        return
+    watermark = (newest - int(lag_s * 1_000_000)) // MINUTE_US * MINUTE_US
+    marks = host_marks(root, host)
+    start = first // HOUR_US * HOUR_US
+    resume = None  # on from the previous build's hour mark: the hours after it are made from minutes again
+    if not rebuild and None not in marks.values():
+        resume = min(marks.values()) // HOUR_US * HOUR_US
+    lo = start if resume is None else resume  # start: the whole raw history (rollups of expired days stay)
+    if resume is not None and since_us is not None:
+        lo = max(start, min(lo, since_us // HOUR_US * HOUR_US))
+    if lo >= watermark or (lo == resume and marks["1m"] >= watermark):
+        say(f"{host}: nothing new to roll up (raw after {_iso(max(lo, watermark))})")
+        return
+    t0 = time.monotonic()
+    samples = minute_n = hour_n = 0
+    for a, b, n, parts in _steps(con, host, lo, watermark):
+        minute_rows = _step_minutes(con, host, a, b, _read_bounds(con, host, a, b, b == watermark), parts)
+        hour_mark = b // HOUR_US * HOUR_US
+        con.register("minute_rows", minute_rows)
+        hour_rows = con.sql(_hours_sql(), params=[hour_mark]).to_arrow_table()
+        con.unregister("minute_rows")
+        # Minutes first: a reader that finds the hour level's mark also finds the minutes before it.
+        result.files += _write_days(root, "gpu_rollup_1m", host, minute_rows, a, b, MINUTE_US)
+        result.files += _write_days(root, "gpu_rollup_1h", host, hour_rows, a, hour_mark, HOUR_US)
+        samples += n
+        minute_n += minute_rows.num_rows
+        hour_n += hour_rows.num_rows
+    result.hosts += 1
+    result.samples += samples
+    result.minute_rows += minute_n
+    result.hour_rows += hour_n
+    say(
+        f"{host}: {samples:,} samples from {_iso(lo)} -> {minute_n:,} minute rows, "
+        f"{hour_n:,} hour rows, raw after {_iso(watermark)} ({time.monotonic() - t0:.1f} s)"
+    )
+
+
 def build_rollups(
     root: str | os.PathLike,
     *,
     progress: Callable[[str], None] | None = None,
     hosts: tuple[str, ...] = (),
     lag_s: float = LAG_S,
+    rebuild: bool = False,
+    since: dt.datetime | None = None,
 ) -> RollupResult:
-    """(Re)build the minute and hour rollups of every host (or of ``hosts``) from the raw samples,
-    up to ``lag_s`` before each host's newest sample (the weights of the last samples covered need
-    the few samples after them: keep it at least 3 ticks)."""
+    """Bring the minute and hour rollups of every host (or of ``hosts``) up to date with the raw
+    samples, up to ``lag_s`` before each host's newest sample (the weights of the last samples
+    covered need the few samples after them: keep it at least 3 ticks).
+
+    Incremental: a host's build starts at its previous hour mark (days before it stay as they are);
+    ``since`` starts it no later than that (raw samples that arrived for older times, e.g. an import);
+    ``rebuild`` recomputes from the host's oldest raw sample. Either way the result equals a build
+    from scratch over the same raw samples. Memory stays flat: steps of whole days, about
+    ``STEP_ROWS`` raw rows each."""
     root = Path(root)
     say = progress or (lambda _msg: None)
     result = RollupResult()
-    options = _rows.DEFAULT_OPTIONS
-    con = open_telemetry(root)  # a missing or empty directory: TelemetryError, before anything is written
+    con = open_telemetry(
+        root, rollups=False
+    )  # a missing or empty directory: TelemetryError, before anything is written
+    with contextlib.suppress(duckdb.Error):
+        con.execute("SET preserve_insertion_order = false")
+    since_us = None if since is None else int(utc(since).timestamp() * 1_000_000)
     with _build_lock(root):
         _remove_stale_tmp(root)
         all_hosts = sorted(
@@ -279,68 +530,15 @@ def build_rollups(
         )
         todo = [h for h in all_hosts if not hosts or h in hosts]
         for number, host in enumerate(todo, 1):
-            t0 = time.monotonic()
-            newest, rows = con.execute(
-                "SELECT max(epoch_us(ts)), count(*) FROM gpu_samples WHERE host = ?", [host]
-            ).fetchone()
-            if not rows:
-                continue
-            watermark = (newest - int(lag_s * 1_000_000)) // MINUTE_US * MINUTE_US
-            parts = max(1, -(-rows // CHUNK_ROWS))
-            minutes = []
-            for i in range(parts):
-                source = (
-                    f"(SELECT {_rows.SAMPLE_COLUMNS}, gpu_uuid AS uuid, gpu_index, gpu_name, util_gpu_mean, sm_activity "
-                    "FROM gpu_samples "
-                    "WHERE host = ? AND hash(gpu_uuid) % ? = ?)"
-                )
-                con.execute(
-                    f"""
-                    CREATE OR REPLACE TEMP TABLE rollup_gs AS
-                    WITH {weighted_rows_sql(source)}
-                    SELECT GROUPING(ubin, abin, dq) AS gid, uuid, m, fbk, ubin, abin, dq, {_AGGREGATES}
-                    FROM (SELECT *, t // {MINUTE_US} * {MINUTE_US} AS m, coalesce(fb, -2) AS fbk,
-                                 ub // {1000 // HIST_PER_UNIT} AS ubin, ab // {1000 // HIST_PER_UNIT} AS abin FROM wr)
-                    GROUP BY GROUPING SETS ((uuid, m, fbk), (uuid, m, fbk, ubin), (uuid, m, fbk, abin), (uuid, m, fbk, dq))
-                    """,
-                    [
-                        options.idle_below,
-                        options.held_mem_bytes,
-                        host,
-                        parts,
-                        i,
-                        options.idle_below * _rows.HIST_RESOLUTION - 1e-9,
-                    ],
-                )
-                sql = _ASSEMBLE.format(
-                    total=_G_TOTAL,
-                    util=_G_UTIL,
-                    sm=_G_SM,
-                    interval=_G_INTERVAL,
-                    sums=", ".join(f"b.{c}" for c in (*_SUMS, *_TIMELINE_SUMS)),
-                )
-                minutes.append(con.sql(sql, params=[watermark]).to_arrow_table())
-            con.execute("DROP TABLE IF EXISTS rollup_gs")
-            minute_rows = pa.concat_tables(minutes).sort_by(
-                [("gpu_uuid", "ascending"), ("ts_us", "ascending")]
-            )
-            hour_mark = watermark // HOUR_US * HOUR_US
-            con.register("minute_rows", minute_rows)
-            hour_rows = con.sql(_hours_sql(), params=[hour_mark]).to_arrow_table()
-            con.unregister("minute_rows")
-            hour_rows = hour_rows.sort_by([("gpu_uuid", "ascending"), ("ts_us", "ascending")])
-            # Minutes first: a reader that finds the hour level's mark also finds the minutes before it.
-            result.files += _write_days(
-                root, "gpu_rollup_1m", host, minute_rows, watermark, watermark, MINUTE_US
-            )
-            result.files += _write_days(root, "gpu_rollup_1h", host, hour_rows, hour_mark, watermark, HOUR_US)
-            result.hosts += 1
-            result.samples += int(rows)
-            result.minute_rows += minute_rows.num_rows
-            result.hour_rows += hour_rows.num_rows
-            say(
-                f"[{number}/{len(todo)}] {host}: {rows:,} samples -> {minute_rows.num_rows:,} minute rows, "
-                f"{hour_rows.num_rows:,} hour rows, raw after {_iso(watermark)} ({time.monotonic() - t0:.1f} s)"
+            _build_host(
+                con,
+                root,
+                host,
+                lag_s,
+                rebuild,
+                since_us,
+                lambda msg, n=number: say(f"[{n}/{len(todo)}] {msg}"),
+                result,
             )
     return result
 
@@ -471,8 +669,13 @@ def rollup_relation(p: Plan, where: str, params: list) -> tuple[str, list]:
         else:
             lo = "true"
         case, cp = _case(minute_marks, "NULL")
-        parts.append(f"SELECT * FROM gpu_rollup_1m WHERE {where} AND {lo} AND epoch_us(ts) < {case}")
-        all_params += [*params, *lo_params, *cp]
+        prune, prune_params = "", []
+        if "1h" in p.levels and hour_marks and set(hour_marks) == set(minute_marks):
+            # Only the minutes after the hour marks: skip the days before them (a rollup file's date
+            # is its rows' day).
+            prune, prune_params = " AND date >= ?", [_day_of(min(hour_marks.values()))]
+        parts.append(f"SELECT * FROM gpu_rollup_1m WHERE {where}{prune} AND {lo} AND epoch_us(ts) < {case}")
+        all_params += [*params, *prune_params, *lo_params, *cp]
     body = " UNION ALL BY NAME ".join(parts)
     return f"(SELECT *, hash(host, gpu_uuid) AS e FROM ({body}))", all_params
 
@@ -538,3 +741,62 @@ def read_intervals(
             rp,
         ).fetchall()
     }
+
+
+# -- retention ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class ExpireResult:
+    partitions: int = 0  # raw gpu_samples (date, host) folders removed
+    files: int = 0
+    bytes: int = 0
+    # "host date": old enough, but no rollup covers it yet
+    kept_no_rollup: list[str] = dc_field(default_factory=list)
+
+
+def expire_raw(
+    root: str | os.PathLike,
+    keep_s: float,
+    *,
+    now: dt.datetime | None = None,
+    hosts: tuple[str, ...] = (),
+    progress: Callable[[str], None] | None = None,
+) -> ExpireResult:
+    """Delete raw ``gpu_samples`` day partitions older than ``keep_s`` whose whole day the host's
+    rollups cover: both levels' marks at least ``MARGIN_US`` past the day's end (an incremental build
+    reads the samples just before its start). A day no rollup covers yet is kept, whatever its age.
+    ``process_samples`` and ``pool_events`` are kept (attribution and the what-if read them; no
+    rollup summarises them)."""
+    root = Path(root)
+    say = progress or (lambda _msg: None)
+    result = ExpireResult()
+    cutoff = int(utc(now or dt.datetime.now(dt.UTC)).timestamp() * 1_000_000) - int(keep_s * 1_000_000)
+    with _build_lock(root):  # not while a build reads them
+        by_host: dict[str, list[Path]] = {}
+        for folder in sorted((root / "gpu_samples").glob("date=*/host=*")):
+            if folder.is_dir():
+                by_host.setdefault(folder.name.removeprefix("host="), []).append(folder)
+        for host, folders in by_host.items():
+            if hosts and host not in hosts:
+                continue
+            marks = host_marks(root, host)
+            covered = None if None in marks.values() else min(marks.values())
+            for folder in folders:
+                day = dt.date.fromisoformat(folder.parent.name.removeprefix("date="))
+                end = _day_us(day + dt.timedelta(days=1))
+                if end > cutoff:
+                    continue
+                if covered is None or end + MARGIN_US > covered:
+                    result.kept_no_rollup.append(f"{host} {day.isoformat()}")
+                    continue
+                for f in sorted(folder.iterdir()):
+                    result.files += 1
+                    result.bytes += f.stat().st_size
+                    f.unlink()
+                folder.rmdir()
+                with contextlib.suppress(OSError):
+                    folder.parent.rmdir()  # the date folder, once no host is left in it
+                result.partitions += 1
+                say(f"{host}: removed the raw samples of {day.isoformat()}")
+    return result
