@@ -467,3 +467,22 @@ def test_retention_never_deletes_raw_samples_without_a_rollup(tmp_path):
     A.build_rollups(tmp_path, lag_s=600)
     full = A.fleet_summary(A.open_telemetry(tmp_path))
     assert full.samples == 4 * 7 * 24 * 60
+
+
+def test_the_rollup_command_rebuilds_and_expires(tmp_path, capsys):
+    first = datetime(2026, 3, 1, tzinfo=UTC)
+    _days(tmp_path, first, 3)
+    assert report_cli.main(["rollup", str(tmp_path), "--keep-raw", "1d"]) == 0
+    out, err = capsys.readouterr()
+    assert "from 2026-03-01T00:00:00+00:00" in err
+    assert "expired 4 raw day partition(s)" in out and "2 older one(s) kept" in out  # the last day: to 23:50
+    assert report_cli.main(["rollup", str(tmp_path), "--rebuild"]) == 0
+    out, err = capsys.readouterr()
+    # The raw samples of the first two days are gone: a rebuild starts at the oldest kept, and the
+    # rollups of the days before stay.
+    assert "from 2026-03-03T00:00:00+00:00" in err
+    s = A.fleet_summary(A.open_telemetry(tmp_path))
+    assert s.samples == 4 * 3 * 24 * 60
+    with pytest.raises(SystemExit) as bad:
+        report_cli.main(["rollup", str(tmp_path), "--keep-raw", "soon"])
+    assert bad.value.code == 2 and "not a duration: 'soon'" in capsys.readouterr().err
