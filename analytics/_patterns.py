@@ -26,6 +26,19 @@ LEVELS = {
     "gpu": lambda host, index: f"{host} / GPU {index}",
 }
 QUARTER_US = 900_000_000
+HOUR_US = 3_600_000_000
+
+
+def _whole_hour_zone(zone: ZoneInfo) -> bool:
+    """Whether ``zone``'s offset from UTC is a whole number of hours (sampled twice a month over
+    1990-2050; changes of offset then fall on whole UTC hours too), so a UTC hour is one local hour."""
+    for year in range(1990, 2051):
+        for month in range(1, 13):
+            for day in (1, 15):
+                off = datetime(year, month, day, tzinfo=UTC).astimezone(zone).utcoffset()
+                if off is not None and off.total_seconds() % 3600:
+                    return False
+    return True
 
 
 # Per GPU and group: weighted sums (``w`` is each sample's weight in seconds).
@@ -133,9 +146,13 @@ class Timeline:
 
 def _bucket_for(con: duckdb.DuckDBPyConnection, scope: Scope, max_points: int) -> int:
     where, params = scope.where()
-    lo, hi = con.execute(
-        f"SELECT min(epoch(ts)), max(epoch(ts)) FROM gpu_samples WHERE {where}", params
-    ).fetchone()
+    plan = _rollup.plan(con, scope)[0]
+    if plan is not None:  # the span from the rollups and the raw samples after them
+        lo, hi = _rollup.span(con, plan, where, params)
+    else:
+        lo, hi = con.execute(
+            f"SELECT min(epoch(ts)), max(epoch(ts)) FROM gpu_samples WHERE {where}", params
+        ).fetchone()
     if lo is None:
         raise no_data_error(con, scope)
     span = max(hi - lo, 1.0)
@@ -210,10 +227,12 @@ def hour_of_week(
         zone = ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError):
         raise TelemetryError(f"unknown time zone {tz!r}", "use an IANA name such as Europe/Berlin") from None
-    # Quarter hours of UTC, mapped to local hours of the week here: every zone's offset is a whole
-    # number of quarter hours, and converting a few thousand bucket starts is cheaper than
-    # converting every sample.
-    rows = _grouped(con, scope, f"epoch_us(ts) // {QUARTER_US}", bucket_us=QUARTER_US)
+    # Hours (quarter hours in zones whose offset is not a whole number of hours) of UTC, mapped to
+    # local hours of the week here: every zone's offset is a whole number of quarter hours, and
+    # converting a few thousand bucket starts is cheaper than converting every sample. Whole hours
+    # are read from hourly rollups where they exist.
+    bucket_us = HOUR_US if _whole_hour_zone(zone) else QUARTER_US
+    rows = _grouped(con, scope, f"epoch_us(ts) // {bucket_us}", bucket_us=bucket_us)
     if not rows:
         raise no_data_error(con, scope)
     label = LEVELS[level]
@@ -221,7 +240,7 @@ def hour_of_week(
 
     def key_of(host, index, q):
         if q not in local:
-            t = datetime.fromtimestamp(q * QUARTER_US / 1e6, UTC).astimezone(zone)
+            t = datetime.fromtimestamp(q * bucket_us / 1e6, UTC).astimezone(zone)
             local[q] = (t.weekday(), t.hour)
         return (label(host, index), *local[q])
 

@@ -639,9 +639,12 @@ def raw_tail(p: Plan | None) -> tuple[str, list, str, list, str]:
     where = f" AND coalesce(epoch_us(ts) >= {case} - {MARGIN_US}, true)"
     params = list(case_params)
     if p.raw_from_us and all(h in p.raw_from_us for h in p.marks):
+        # Prune by partition and by time: a date=D partition holds samples from D 00:00 up to and
+        # including D+1 00:00, so a bound at midnight also reads the day before. The plain ``ts``
+        # bound lets the Parquet reader skip row groups (compacted segments are in time order).
         first = min(p.raw_from_us.values()) - MARGIN_US
-        where += " AND date >= ?"
-        params.append(dt.datetime.fromtimestamp(first / 1e6, dt.UTC).date() - dt.timedelta(days=1))
+        where += " AND date >= ? AND ts >= ?"
+        params += [_day_of(first - 1), _ts(first)]
     return where, params, f", {case} AS raw_from_us", case_params, "coalesce(t >= raw_from_us, true)"
 
 
@@ -678,6 +681,21 @@ def rollup_relation(p: Plan, where: str, params: list) -> tuple[str, list]:
         all_params += [*params, *prune_params, *lo_params, *cp]
     body = " UNION ALL BY NAME ".join(parts)
     return f"(SELECT *, hash(host, gpu_uuid) AS e FROM ({body}))", all_params
+
+
+def span(
+    con: duckdb.DuckDBPyConnection, p: Plan, where: str, params: list
+) -> tuple[float | None, float | None]:
+    """First and last sample (epoch seconds) in ``where``: the rollups' first/last before the marks,
+    the raw samples after them (no scan of the raw history)."""
+    rel, rp = rollup_relation(p, where, params)
+    raw_where, raw_params, *_ = raw_tail(p)
+    return con.execute(
+        f"""SELECT min(lo), max(hi) FROM (
+                SELECT epoch(min(first_ts)) AS lo, epoch(max(last_ts)) AS hi FROM {rel}
+                UNION ALL SELECT epoch(min(ts)), epoch(max(ts)) FROM gpu_samples WHERE {where}{raw_where})""",
+        [*rp, *params, *raw_params],
+    ).fetchone()
 
 
 @dataclass
