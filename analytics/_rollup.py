@@ -110,6 +110,7 @@ _AGGREGATES = """
     sum(w * ub) FILTER (WHERE ub IS NOT NULL AND flags & 2 = 2) / 1000 AS util_gpm_sum,
     sum(w) FILTER (WHERE ab IS NOT NULL) AS sm_s, sum(w * ab) FILTER (WHERE ab IS NOT NULL) / 1000 AS sm_sum,
     sum(w * util_gpu_mean) AS util_raw_sum, sum(w * sm_activity) AS sm_raw_sum,
+    count(util_gpu_mean) AS util_n, sum(util_gpu_mean) AS util_plain_sum,
     sum(w) FILTER (WHERE mem_total_bytes > 0) AS mem_ratio_s,
     sum(w * mem_used_bytes / nullif(mem_total_bytes, 0)) AS mem_ratio_sum,
     sum(w) FILTER (WHERE mem_used_bytes IS NOT NULL) AS mem_s, sum(w * mem_used_bytes) AS mem_used_sum,
@@ -134,7 +135,8 @@ _SUMS = [
     "lost_s",
     "simulated_s",
 ]
-_TIMELINE_SUMS = ("util_raw_sum", "sm_raw_sum", "mem_ratio_s", "mem_ratio_sum")  # the timeline's means
+# The timeline's means, and the what-if's plain (unweighted) per-step means of utilization.gpu.
+_TIMELINE_SUMS = ("util_raw_sum", "sm_raw_sum", "mem_ratio_s", "mem_ratio_sum", "util_n", "util_plain_sum")
 
 # GROUPING(ubin, abin, dq) of each grouping set: the period's totals, its two histograms, its intervals.
 _G_TOTAL, _G_UTIL, _G_SM, _G_INTERVAL = 7, 3, 5, 6
@@ -646,6 +648,18 @@ def raw_tail(p: Plan | None) -> tuple[str, list, str, list, str]:
         where += " AND date >= ? AND ts >= ?"
         params += [_day_of(first - 1), _ts(first)]
     return where, params, f", {case} AS raw_from_us", case_params, "coalesce(t >= raw_from_us, true)"
+
+
+def raw_after(p: Plan) -> tuple[str, list]:
+    """(extra WHERE over gpu_samples, its params): exactly the raw samples from each host's mark on
+    (for figures that need no neighbours: plain per-step aggregates)."""
+    case, params = _case(p.raw_from_us, "NULL")
+    where = f" AND coalesce(epoch_us(ts) >= {case}, true)"
+    if p.raw_from_us and all(h in p.raw_from_us for h in p.marks):
+        first = min(p.raw_from_us.values())
+        where += " AND date >= ? AND ts >= ?"
+        params += [_day_of(first - 1), _ts(first)]
+    return where, list(params)
 
 
 def rollup_relation(p: Plan, where: str, params: list) -> tuple[str, list]:

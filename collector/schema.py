@@ -197,6 +197,10 @@ def _rollup_table(name: str, period: str) -> Table:
                 "util_raw_sum", pa.float64(), "ratio x seconds", "Sum of weight x utilization.gpu as stored."
             ),
             Column("sm_raw_sum", pa.float64(), "ratio x seconds", "Sum of weight x SM activity as stored."),
+            Column(
+                "util_n", pa.int64(), "", "Samples with utilization.gpu (the what-if's plain per-step means)."
+            ),
+            Column("util_plain_sum", pa.float64(), "ratio", "Sum of utilization.gpu as stored, unweighted."),
             Column("mem_ratio_s", pa.float64(), secs, "Observed time with a memory size."),
             Column("mem_ratio_sum", pa.float64(), "ratio x seconds", "Sum of weight x memory used / size."),
             Column("mem_s", pa.float64(), secs, "Observed time with memory used."),

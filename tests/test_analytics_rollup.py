@@ -486,3 +486,24 @@ def test_the_rollup_command_rebuilds_and_expires(tmp_path, capsys):
     with pytest.raises(SystemExit) as bad:
         report_cli.main(["rollup", str(tmp_path), "--keep-raw", "soon"])
     assert bad.value.code == 2 and "not a duration: 'soon'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("step_s", [None, 60, 300, 3600])
+def test_the_what_if_replays_gpu_demand_from_rollups_as_from_raw(tmp_path, step_s):
+    _irregular(tmp_path)
+    options = A.PoolOptions(step_s=step_s)
+    raw = A.what_if(A.open_telemetry(tmp_path), options=options)
+    A.build_rollups(tmp_path, lag_s=600)
+    s = A.what_if(A.open_telemetry(tmp_path), options=options)
+    assert raw.demand == s.demand == "gpu" and raw.data_source == "raw samples"
+    assert "rollups + raw samples" in s.data_source
+    for name in ("step_s", "requests", "observed_gpus", "gpus_needed_p95", "gpus_needed_p99", "gpus_needed_peak",
+                 "pool_gpus", "waited_requests", "need_over_time", "simulated", "sampling_s", "span_hours"):  # fmt: skip
+        assert getattr(s, name) == getattr(raw, name), name
+    for name in (
+        "observed_util_mean",
+        "pooled_util_mean",
+        "pooled_mem_allocated_mean",
+        "oversubscribed_share",
+    ):
+        assert getattr(s, name) == pytest.approx(getattr(raw, name), rel=1e-9, abs=1e-12), name
