@@ -112,6 +112,9 @@ def open_telemetry(
     # (Inside Jupyter DuckDB refuses the setting unless ipywidgets is installed; it draws none there.)
     with contextlib.suppress(duckdb.Error):
         con.execute("SET enable_progress_bar = false")
+    with contextlib.suppress(duckdb.Error):
+        # Each query binds its views again: keep the files' footers instead of reading them each time.
+        con.execute("SET parquet_metadata_cache = true")
     found_any = False
     for table in (*TABLES.values(), *(ROLLUP_TABLES.values() if rollups else ())):
         per_root = {root: _segments(root, table.name) for root in roots}
@@ -120,7 +123,8 @@ def open_telemetry(
             con.execute(f"CREATE OR REPLACE TEMP VIEW {table.name} AS {_empty_select(table)}")
             continue
         found_any = found_any or table.name in TABLES
-        if check_versions:
+        derived = table.name in ROLLUP_TABLES
+        if check_versions and not derived:
             versions = schema_versions(files)
             unknown = versions - {SCHEMA_VERSION}
             if unknown:
@@ -135,9 +139,13 @@ def open_telemetry(
             if segs
         )
         hive_types = ", ".join(f"'{k}': {v}" for k, v in PARTITION_TYPES.items())
+        # Rollup files all have the one schema the build writes (one file per host and day: thousands
+        # over months), so they are read by position without opening every footer at each bind; a
+        # file of another layout is an error, never a silent null (gpustat-report rollup --rebuild).
+        # Their version is checked where their marks are read (``_register_rollup_marks``).
         con.execute(
             f"CREATE OR REPLACE TEMP VIEW {table.name} AS SELECT * FROM read_parquet([{globs}], "
-            f"hive_partitioning = true, union_by_name = true, hive_types = {{{hive_types}}})"
+            f"hive_partitioning = true, union_by_name = {str(not derived).lower()}, hive_types = {{{hive_types}}})"
         )
     if rollups:
         _register_rollup_marks(con, roots)
@@ -171,9 +179,10 @@ def _register_rollup_marks(con: duckdb.DuckDBPyConnection, roots: list[Path]) ->
             for host in raw_hosts | set(newest):
                 mark: tuple[int | None, float | None, int | None] = (None, None, None)
                 if host in newest:
-                    meta = json.loads(
-                        (pq.read_schema(newest[host]).metadata or {}).get(METADATA_ROLLUP_KEY, b"{}")
-                    )
+                    footer = pq.read_schema(newest[host]).metadata or {}
+                    meta = json.loads(footer.get(METADATA_ROLLUP_KEY, b"{}"))
+                    if footer.get(METADATA_VERSION_KEY) != str(SCHEMA_VERSION).encode():
+                        meta = {}  # rollups of another schema version: this host reads raw samples
                     if "covers_to_us" in meta:
                         mark = (int(meta["covers_to_us"]), meta.get("idle_below"), meta.get("held_mem_bytes"))
                 old = marks.get((host, level))
