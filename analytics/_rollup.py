@@ -439,14 +439,16 @@ def _steps(con, host: str, lo: int, watermark: int) -> list[tuple[int, int, int,
     steps, a, acc = [], lo, 0
     day = _day_of(lo)
     while True:
-        acc += counts.get(day, 0)
+        n = counts.get(day, 0)
+        if acc and acc + n > STEP_ROWS:  # the step so far ends before this day
+            steps.append((a, _day_us(day), acc, max(1, -(-acc // STEP_ROWS))))
+            a, acc = _day_us(day), 0
+        acc += n
         day += dt.timedelta(days=1)
         b = min(_day_us(day), watermark)
-        if b >= watermark or acc >= STEP_ROWS:
+        if b >= watermark:
             steps.append((a, b, acc, max(1, -(-acc // STEP_ROWS))))
-            if b >= watermark:
-                return steps
-            a, acc = b, 0
+            return steps
 
 
 def _build_host(

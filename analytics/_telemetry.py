@@ -70,13 +70,30 @@ def _duck_type(arrow_type: pa.DataType) -> str:
     }[arrow_type]
 
 
+# path -> ((mtime ns, size), version): a segment's footer is read once per process, not at every
+# open (the report opens the telemetry for each figure; a directory holds thousands of segments).
+_VERSIONS: dict[str, tuple[tuple[int, int], int]] = {}
+
+
 def schema_versions(paths: Iterable[str]) -> set[int]:
-    """Schema versions found in the footers of the given segments (cheap: footers only)."""
+    """Schema versions found in the footers of the given segments (cheap: footers only, each read
+    once per process while the file stays the same)."""
     versions: set[int] = set()
     for path in paths:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:  # removed since the glob (compaction, retention): not read either
+            continue
+        key = (st.st_mtime_ns, st.st_size)
+        known = _VERSIONS.get(path)
+        if known is not None and known[0] == key:
+            versions.add(known[1])
+            continue
         meta = pq.read_schema(path).metadata or {}
         raw = meta.get(METADATA_VERSION_KEY)
-        versions.add(int(raw) if raw is not None else 0)
+        version = int(raw) if raw is not None else 0
+        _VERSIONS[path] = (key, version)
+        versions.add(version)
     return versions
 
 

@@ -144,6 +144,11 @@ def _rollups_only(args) -> int:
     if not args.no_build:
         r = _timed("build_rollups (from scratch)", lambda: A.build_rollups(args.dir, rebuild=True), 1)
         print(f"  -> {r.samples:,} samples -> {r.minute_rows:,} minute rows, {r.hour_rows:,} hour rows")
+    # An incremental build: the last day again (as after an import of that day's logs).
+    last = A.data_extent(A.open_telemetry(args.dir)).end
+    since = last.replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
+    r = _timed("build_rollups (the last day)", lambda: A.build_rollups(args.dir, since=since), 1)
+    print(f"  -> {r.samples:,} samples -> {r.minute_rows:,} minute rows, {r.hour_rows:,} hour rows")
     rsize = sum(f.stat().st_size for f in args.dir.glob("gpu_rollup_*/**/*.parquet")) / (1 << 20)
     print(f"rollups on disk: {rsize:.0f} MiB")
     con = _timed("open_telemetry", lambda: A.open_telemetry(args.dir), 1)
@@ -165,6 +170,9 @@ def _rollups_only(args) -> int:
     print(f"  -> {len(t.points)} points of {t.bucket_s} s")
     _timed("hour_of_week (fleet)", lambda: A.hour_of_week(con), args.repeat)
     _timed("hour_of_week (per host)", lambda: A.hour_of_week(con, level="host"), args.repeat)
+    _timed("busiest_idlest", lambda: A.busiest_idlest(con), args.repeat)
+    w = _timed("what_if (GPU demand)", lambda: A.what_if(con), args.repeat)
+    print(f"  -> {w.data_source}; {w.requests} requests, {w.step_s} s steps, need p95 {w.gpus_needed_p95}")
     if args.app:
         _time_app(args.dir)
     if args.report:
