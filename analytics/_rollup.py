@@ -623,6 +623,16 @@ def plan(
     return Plan((*levels, "raw"), marks, raw_from), ""
 
 
+def _values(mapping: dict) -> tuple[str, list]:
+    """``(VALUES (?, ?[, ?]), ...)`` of host -> mark (or a tuple of marks), and its parameters."""
+    rows, params = [], []
+    for host, v in mapping.items():
+        v = v if isinstance(v, tuple) else (v,)
+        rows.append(f"(?, {', '.join('?::BIGINT' for _ in v)})")
+        params += [host, *v]
+    return f"(VALUES {', '.join(rows)})", params
+
+
 def _case(mapping: dict[str, int], default: str) -> tuple[str, list]:
     if not mapping:
         return default, []
@@ -675,26 +685,30 @@ def rollup_relation(p: Plan, where: str, params: list) -> tuple[str, list]:
         for h, m in p.marks.items()
         if m.get("1h") is not None and h in minute_marks
     }
+    # Each host's marks joined in (a hash join: a CASE over the hosts per row costs seconds at 64 hosts).
     if "1h" in p.levels and hour_marks:
-        case, cp = _case(hour_marks, "NULL")
-        parts.append(f"SELECT * FROM gpu_rollup_1h WHERE {where} AND epoch_us(ts) < {case}")
-        all_params += [*params, *cp]
+        values, vp = _values(hour_marks)
+        parts.append(
+            f"SELECT r.* FROM gpu_rollup_1h r JOIN {values} AS m(mh, hi) ON r.host = m.mh "
+            f"WHERE {where} AND ts < ? AND epoch_us(ts) < m.hi"
+        )
+        all_params += [*vp, *params, _ts(max(hour_marks.values()))]
     if minute_marks:
-        lo = "NULL"
-        lo_params: list = []
-        if "1h" in p.levels and hour_marks:
-            lo, lo_params = _case(hour_marks, "NULL")
-            lo = f"coalesce(epoch_us(ts) >= {lo}, true)"
-        else:
-            lo = "true"
-        case, cp = _case(minute_marks, "NULL")
+        from_hours = "1h" in p.levels and bool(hour_marks)
+        values, vp = _values(
+            {h: (hour_marks.get(h) if from_hours else None, m) for h, m in minute_marks.items()}
+        )
         prune, prune_params = "", []
-        if "1h" in p.levels and hour_marks and set(hour_marks) == set(minute_marks):
+        if from_hours and set(hour_marks) == set(minute_marks):
             # Only the minutes after the hour marks: skip the days before them (a rollup file's date
-            # is its rows' day).
-            prune, prune_params = " AND date >= ?", [_day_of(min(hour_marks.values()))]
-        parts.append(f"SELECT * FROM gpu_rollup_1m WHERE {where}{prune} AND {lo} AND epoch_us(ts) < {case}")
-        all_params += [*params, *prune_params, *lo_params, *cp]
+            # is its rows' day) and the row groups before them.
+            first = min(hour_marks.values())
+            prune, prune_params = " AND date >= ? AND ts >= ?", [_day_of(first), _ts(first)]
+        parts.append(
+            f"SELECT r.* FROM gpu_rollup_1m r JOIN {values} AS m(mh, lo, hi) ON r.host = m.mh "
+            f"WHERE {where}{prune} AND coalesce(epoch_us(ts) >= m.lo, true) AND epoch_us(ts) < m.hi"
+        )
+        all_params += [*vp, *params, *prune_params]
     body = " UNION ALL BY NAME ".join(parts)
     return f"(SELECT *, hash(host, gpu_uuid) AS e FROM ({body}))", all_params
 
