@@ -5,6 +5,10 @@ A month of 64 GPUs at 1 Hz is 166 M raw rows; its minute rollup is 2.8 M rows an
 (``collector.schema``: ``gpu_rollup_1m`` and ``gpu_rollup_1h``), one file per date and host::
 
     <dir>/gpu_rollup_1m/date=YYYY-MM-DD/host=<host>/rollup.parquet
+    <dir>/gpu_rollup_1h/date=YYYY-MM-01/host=<host>/rollup.parquet   (hours: a file per month)
+
+(A file per day and host for hours too would be 5 760 files of ~200 rows for 512 GPUs over 90 days:
+reading them costs more than their rows.)
 
 **What a row holds.** Per GPU and period (and ``fb``, see below): the sample count, the observed
 seconds — the sum of the samples' weights exactly as ``_weights`` defines them, computed over the
@@ -254,13 +258,23 @@ def _write_day(
     covered_to: int,
     period_us: int,
 ) -> None:
-    """Write one day's file of ``name``: the previous file's rows before ``keep_before`` (a build that
-    starts inside the day leaves them as they are), then ``rows``; the footer records the span covered."""
+    """Write the file of ``name`` that starts on ``day`` (a day; for hours a month): the previous
+    file's rows before ``keep_before`` (a build that starts inside it leaves them as they are), then
+    ``rows``; the footer records the span covered."""
     path = _rollup_path(root, name, day, host)
-    start, end = _day_us(day), _day_us(day + dt.timedelta(days=1))
-    if keep_before > start and path.exists():
+    start, end = _day_us(day), _day_us(_file_end(name, day))
+    if (keep_before > start or covered_to < end) and path.exists():
+        # Only [keep_before, covered_to) is replaced: a step that ends inside the file (an hour file
+        # holds a month) leaves the previous build's later rows, so a crash before the next step
+        # still leaves every period before the newest file's mark in some file.
         old = pq.read_table(path, partitioning=None)
-        old = old.filter(pc.less(old.column("ts"), pa.scalar(_ts(keep_before), old.schema.field("ts").type)))
+        kind = old.schema.field("ts").type
+        old = old.filter(
+            pc.or_(
+                pc.less(old.column("ts"), pa.scalar(_ts(keep_before), kind)),
+                pc.greater_equal(old.column("ts"), pa.scalar(_ts(covered_to), kind)),
+            )
+        )
         rows = pa.concat_tables([old.replace_schema_metadata(None), rows.replace_schema_metadata(None)])
     rows = rows.sort_by([("gpu_uuid", "ascending"), ("ts", "ascending")])
     options = _rows.DEFAULT_OPTIONS
@@ -291,12 +305,30 @@ def _write_days(
         return 0
     data = _to_schema(name, data)
     days = pc.cast(data.column("ts"), pa.date32())
-    last_day = _day_of(covered_to - 1)
+    if name == HOUR_FILE_TABLE:  # hours: a file per month (its first day), not thousands of small ones
+        days = pc.cast(
+            pc.strptime(pc.strftime(days, format="%Y-%m-01"), format="%Y-%m-%d", unit="s"), pa.date32()
+        )
+    last_day = _file_start(name, _day_of(covered_to - 1))
     todo = sorted({*pc.unique(days).to_pylist(), last_day})
     for day in todo:
         part = data.filter(pc.equal(days, pa.scalar(day, pa.date32())))
         _write_day(root, name, host, day, part, start, covered_to, period_us)
     return len(todo)
+
+
+HOUR_FILE_TABLE = "gpu_rollup_1h"
+
+
+def _file_start(name: str, day: dt.date) -> dt.date:
+    """The first day of the file of ``name`` that holds ``day``'s rows: the day, or for hours its month."""
+    return day.replace(day=1) if name == HOUR_FILE_TABLE else day
+
+
+def _file_end(name: str, start: dt.date) -> dt.date:
+    if name != HOUR_FILE_TABLE:
+        return start + dt.timedelta(days=1)
+    return (start.replace(day=28) + dt.timedelta(days=4)).replace(day=1)
 
 
 @contextlib.contextmanager
@@ -689,7 +721,10 @@ def rollup_relation(p: Plan, where: str, params: list) -> tuple[str, list]:
     if "1h" in p.levels and hour_marks:
         values, vp = _values(hour_marks)
         parts.append(
-            f"SELECT r.* FROM gpu_rollup_1h r JOIN {values} AS m(mh, hi) ON r.host = m.mh "
+            # An hour file holds a month (date = its first day): the scope's day bounds apply to
+            # each row's own day.
+            "SELECT r.* FROM (SELECT * REPLACE (CAST(timezone('UTC', ts) AS DATE) AS date) FROM gpu_rollup_1h) r "
+            f"JOIN {values} AS m(mh, hi) ON r.host = m.mh "
             f"WHERE {where} AND ts < ? AND epoch_us(ts) < m.hi"
         )
         all_params += [*vp, *params, _ts(max(hour_marks.values()))]
