@@ -54,7 +54,7 @@ _SUMS = """
 
 
 def _grouped(
-    con, scope: Scope, key: str, params: list | None = None, *, bucket_us: int | None = None
+    con, scope: Scope, key: str, params: list | None = None, *, bucket_us: int | None = None, per: str = "gpu"
 ) -> list:
     """[(host, gpu_index, key value, w, w_u, s_u, w_a, s_a, w_m, s_m, sim, e)] per GPU and ``key``.
 
@@ -76,7 +76,7 @@ def _grouped(
         intervals=plan is not None,
         keep=keep,
     )
-    rolled = _rollup.read_buckets(con, plan, where, wparams, bucket_us) if plan is not None else []
+    rolled = _rollup.read_buckets(con, plan, where, wparams, bucket_us, per) if plan is not None else []
     intervals = result.intervals
     if plan is not None:
         intervals = dict(intervals)
@@ -110,7 +110,10 @@ def _weighted(rows, key_of) -> dict:
         a = acc.setdefault(key_of(host, index, k), [0.0] * 7 + [set(), False])
         for i, v in enumerate((w, w_u, s_u, w_a, s_a, w_m, s_m)):
             a[i] += v
-        a[7].add(e)
+        if isinstance(e, list):  # rollup rows of the whole fleet: the GPUs present (read_buckets)
+            a[7].update(e)
+        else:
+            a[7].add(e)
         a[8] = a[8] or bool(sim)
     return {
         k: (
@@ -188,7 +191,14 @@ def utilization_timeline(
 ) -> Timeline:
     """Fleet means per time bucket (``bucket_s``, or the smallest round bucket giving <= max_points)."""
     bucket_s = bucket_s or _bucket_for(con, scope, max_points)
-    rows = _grouped(con, scope, "epoch_us(ts) // ?", [bucket_s * 1_000_000], bucket_us=bucket_s * 1_000_000)
+    rows = _grouped(
+        con,
+        scope,
+        "epoch_us(ts) // ?",
+        [bucket_s * 1_000_000],
+        bucket_us=bucket_s * 1_000_000,
+        per="fleet-gpus",
+    )
     if not rows:
         raise no_data_error(con, scope)
     per = _weighted(rows, lambda host, index, b: b)
@@ -232,7 +242,9 @@ def hour_of_week(
     # converting a few thousand bucket starts is cheaper than converting every sample. Whole hours
     # are read from hourly rollups where they exist.
     bucket_us = HOUR_US if _whole_hour_zone(zone) else QUARTER_US
-    rows = _grouped(con, scope, f"epoch_us(ts) // {bucket_us}", bucket_us=bucket_us)
+    # The grid shows no GPU counts: rollup rows are added up per host (or fleet) in the query.
+    per = {"fleet": "fleet", "host": "host"}.get(level, "gpu")
+    rows = _grouped(con, scope, f"epoch_us(ts) // {bucket_us}", bucket_us=bucket_us, per=per)
     if not rows:
         raise no_data_error(con, scope)
     label = LEVELS[level]

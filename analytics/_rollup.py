@@ -797,16 +797,26 @@ SUM_NAMES = tuple(_SUMS)
 
 
 def read_buckets(
-    con: duckdb.DuckDBPyConnection, p: Plan, where: str, params: list, bucket_us: int
+    con: duckdb.DuckDBPyConnection, p: Plan, where: str, params: list, bucket_us: int, per: str = "gpu"
 ) -> list[tuple]:
     """Per GPU, bucket and ``fb``: (e, k, fb, host, gpu_index, observed_s, util_s, util_raw_sum, sm_s,
-    sm_raw_sum, mem_ratio_s, mem_ratio_sum, simulated) from the rollup rows (the timeline's sums)."""
+    sm_raw_sum, mem_ratio_s, mem_ratio_sum, simulated) from the rollup rows (the timeline's sums).
+    ``per="host"`` or ``"fleet"`` adds the GPUs of a host (of the fleet) together first (``e`` then
+    stands for the host, ``gpu_index`` is 0): far fewer rows where GPU counts are not asked for;
+    ``"fleet-gpus"`` too, with ``e`` the list of the GPUs' entity hashes."""
     rel, rp = rollup_relation(p, where, params)
+    key, ident, who = {
+        "gpu": ("e", "e", "any_value(host), arg_max(gpu_index, last_ts)"),
+        "host": ("host", "hash(host)", "host, 0"),
+        "fleet": ("NULL", "0", "'fleet', 0"),
+        # The fleet per bucket, with the GPUs present as a list (the timeline counts them).
+        "fleet-gpus": ("NULL", "list(DISTINCT e)", "'fleet', 0"),
+    }[per]
     return con.execute(
-        f"""SELECT e, epoch_us(ts) // ? AS k, fb, any_value(host), arg_max(gpu_index, last_ts), sum(observed_s),
+        f"""SELECT {ident}, k, fb, {who}, sum(observed_s),
                    sum(util_s), sum(util_raw_sum), sum(sm_s), sum(sm_raw_sum), sum(mem_ratio_s), sum(mem_ratio_sum),
                    sum(simulated_s) > 0
-            FROM {rel} GROUP BY e, k, fb""",
+            FROM (SELECT *, epoch_us(ts) // ? AS k FROM {rel}) GROUP BY {key}, k, fb""",
         [bucket_us, *rp],
     ).fetchall()
 

@@ -60,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs per query (default 3)")
     ap.add_argument("--all", action="store_true", help="also time patterns, attribution and the what-if")
     ap.add_argument("--rollups", action="store_true", help="also build rollups and time the summary on them")
-    ap.add_argument("--no-build", action="store_true", help="with --rollups: use the rollups already there")
+    ap.add_argument(
+        "--no-build", action="store_true", help="with --rollups or --skip-raw: use the rollups already there"
+    )
     ap.add_argument(
         "--skip-raw",
         action="store_true",
@@ -144,11 +146,11 @@ def _rollups_only(args) -> int:
     if not args.no_build:
         r = _timed("build_rollups (from scratch)", lambda: A.build_rollups(args.dir, rebuild=True), 1)
         print(f"  -> {r.samples:,} samples -> {r.minute_rows:,} minute rows, {r.hour_rows:,} hour rows")
-    # An incremental build: the last day again (as after an import of that day's logs).
-    last = A.data_extent(A.open_telemetry(args.dir)).end
-    since = last.replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
-    r = _timed("build_rollups (the last day)", lambda: A.build_rollups(args.dir, since=since), 1)
-    print(f"  -> {r.samples:,} samples -> {r.minute_rows:,} minute rows, {r.hour_rows:,} hour rows")
+        # An incremental build: the last day again (as after an import of that day's logs).
+        last = A.data_extent(A.open_telemetry(args.dir)).end
+        since = last.replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
+        r = _timed("build_rollups (the last day)", lambda: A.build_rollups(args.dir, since=since), 1)
+        print(f"  -> {r.samples:,} samples -> {r.minute_rows:,} minute rows, {r.hour_rows:,} hour rows")
     rsize = sum(f.stat().st_size for f in args.dir.glob("gpu_rollup_*/**/*.parquet")) / (1 << 20)
     print(f"rollups on disk: {rsize:.0f} MiB")
     con = _timed("open_telemetry", lambda: A.open_telemetry(args.dir), 1)
