@@ -9,6 +9,7 @@ and a ``simulated`` flag, so every page can say when the data is not real.
 from analytics import live as live  # the console's queries: latest sample, series, processes
 from analytics._attribution import BY as ATTRIBUTION_KEYS
 from analytics._attribution import Attribution, AttributionRow, attribution
+from analytics._extent import data_extent
 from analytics._patterns import (
     DAYS,
     HourOfWeek,
@@ -22,7 +23,7 @@ from analytics._patterns import (
 )
 from analytics._pool import ClientActivity, PoolActivity, pool_activity
 from analytics._rollup import ExpireResult, RollupResult, build_rollups, expire_raw, rollups_built
-from analytics._scope import Extent, GpuInfo, Scope, data_extent
+from analytics._scope import Extent, GpuInfo, Scope
 from analytics._summary import (
     COARSE_INTERVAL_S,
     Distribution,
