@@ -81,7 +81,7 @@ from analytics._scope import Scope, utc
 from analytics._telemetry import open_telemetry
 from analytics._weights import weighted_rows_sql
 from collector.schema import METADATA_ROLLUP_KEY, ROLLUP_TABLES, SCHEMA_VERSION
-from collector.writer import write_segment
+from collector.writer import conform, write_segment
 
 MINUTE_US = 60_000_000
 HOUR_US = 3_600_000_000
@@ -275,6 +275,7 @@ def _write_day(
                 pc.greater_equal(old.column("ts"), pa.scalar(_ts(covered_to), kind)),
             )
         )
+        old = conform(ROLLUP_TABLES[name], old)  # rows of an earlier layout get its new columns (null)
         rows = pa.concat_tables([old.replace_schema_metadata(None), rows.replace_schema_metadata(None)])
     rows = rows.sort_by([("gpu_uuid", "ascending"), ("ts", "ascending")])
     options = _rows.DEFAULT_OPTIONS
@@ -483,6 +484,21 @@ def _steps(con, host: str, lo: int, watermark: int) -> list[tuple[int, int, int,
             return steps
 
 
+def _drop_legacy(root: Path, host: str) -> bool:
+    """Whether ``host`` has rollups of the first layout (hour files per day, rows without the
+    what-if's columns), which the build must redo from the raw samples. Its hour files are removed
+    first: per-day ones kept beside monthly ones would count twice. Until the rebuild writes them
+    again, readers take the host's minute rows, which cover the same time."""
+    hours = list((root / HOUR_FILE_TABLE).glob(f"date=*/host={glob.escape(host)}/{FILE_NAME}"))
+    per_day = any(not p.parent.parent.name.endswith("-01") for p in hours)
+    minutes = sorted((root / "gpu_rollup_1m").glob(f"date=*/host={glob.escape(host)}/{FILE_NAME}"))
+    old_rows = any("util_n" not in pq.read_schema(p).names for p in {*minutes[:1], *minutes[-1:]})
+    if per_day or old_rows:
+        for p in hours:
+            p.unlink()
+    return per_day or old_rows
+
+
 def _build_host(
     con, root: Path, host: str, lag_s: float, rebuild: bool, since_us: int | None, say, result
 ) -> None:
@@ -497,6 +513,9 @@ def _build_host(
     if newest is None:
         return
     watermark = (newest - int(lag_s * 1_000_000)) // MINUTE_US * MINUTE_US
+    if _drop_legacy(root, host):
+        say(f"{host}: rollups of an earlier layout found: rebuilding them")
+        rebuild = True
     marks = host_marks(root, host)
     start = first // HOUR_US * HOUR_US
     resume = None  # on from the previous build's hour mark: the hours after it are made from minutes again

@@ -509,3 +509,31 @@ def test_the_what_if_replays_gpu_demand_from_rollups_as_from_raw(tmp_path, step_
         "oversubscribed_share",
     ):
         assert getattr(s, name) == pytest.approx(getattr(raw, name), rel=1e-9, abs=1e-12), name
+
+
+def test_rollups_of_the_first_layout_are_rebuilt_not_counted_twice(tmp_path):
+    # The first slice wrote hours as a file per day and rows without util_n / util_plain_sum.
+    first = datetime(2026, 3, 1, tzinfo=UTC)
+    _days(tmp_path, first, 3)
+    raw = A.fleet_summary(A.open_telemetry(tmp_path, rollups=False))
+    A.build_rollups(tmp_path, lag_s=600)
+    for path in tmp_path.glob("gpu_rollup_1h/date=*/host=*/rollup.parquet"):
+        t = pq.read_table(path, partitioning=None)
+        for day in ("2026-03-02", "2026-03-03"):  # the month's rows again under per-day names
+            legacy = path.parent.parent.parent / f"date={day}" / path.parent.name / path.name
+            legacy.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(t, legacy)
+    for path in tmp_path.glob("gpu_rollup_1m/date=*/host=*/rollup.parquet"):
+        t = pq.read_table(path, partitioning=None)
+        pq.write_table(
+            t.drop_columns(["util_n", "util_plain_sum"]).replace_schema_metadata(t.schema.metadata), path
+        )
+    lines: list[str] = []
+    A.build_rollups(tmp_path, lag_s=600, progress=lines.append)
+    assert sum("an earlier layout" in line for line in lines) == 2
+    assert sorted(p.parent.parent.name for p in tmp_path.glob("gpu_rollup_1h/date=*/host=x/*")) == [
+        "date=2026-03-01"
+    ]
+    s = A.fleet_summary(A.open_telemetry(tmp_path))
+    assert "hourly rollups" in s.data_source
+    _assert_agree(s, raw)
