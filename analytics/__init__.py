@@ -9,6 +9,7 @@ and a ``simulated`` flag, so every page can say when the data is not real.
 from analytics import live as live  # the console's queries: latest sample, series, processes
 from analytics._attribution import BY as ATTRIBUTION_KEYS
 from analytics._attribution import Attribution, AttributionRow, attribution
+from analytics._extent import data_extent
 from analytics._patterns import (
     DAYS,
     HourOfWeek,
@@ -21,8 +22,8 @@ from analytics._patterns import (
     utilization_timeline,
 )
 from analytics._pool import ClientActivity, PoolActivity, pool_activity
-from analytics._rollup import RollupResult, build_rollups, rollups_built
-from analytics._scope import Extent, GpuInfo, Scope, data_extent
+from analytics._rollup import ExpireResult, RollupResult, build_rollups, expire_raw, rollups_built
+from analytics._scope import Extent, GpuInfo, Scope
 from analytics._summary import (
     COARSE_INTERVAL_S,
     Distribution,
@@ -48,6 +49,7 @@ __all__ = [
     "AttributionRow",
     "ClientActivity",
     "Distribution",
+    "ExpireResult",
     "Extent",
     "FleetSummary",
     "GpuInfo",
@@ -69,6 +71,7 @@ __all__ = [
     "build_rollups",
     "busiest_idlest",
     "data_extent",
+    "expire_raw",
     "fleet_summary",
     "hour_of_week",
     "open_telemetry",

@@ -26,6 +26,19 @@ LEVELS = {
     "gpu": lambda host, index: f"{host} / GPU {index}",
 }
 QUARTER_US = 900_000_000
+HOUR_US = 3_600_000_000
+
+
+def _whole_hour_zone(zone: ZoneInfo) -> bool:
+    """Whether ``zone``'s offset from UTC is a whole number of hours (sampled twice a month over
+    1990-2050; changes of offset then fall on whole UTC hours too), so a UTC hour is one local hour."""
+    for year in range(1990, 2051):
+        for month in range(1, 13):
+            for day in (1, 15):
+                off = datetime(year, month, day, tzinfo=UTC).astimezone(zone).utcoffset()
+                if off is not None and off.total_seconds() % 3600:
+                    return False
+    return True
 
 
 # Per GPU and group: weighted sums (``w`` is each sample's weight in seconds).
@@ -41,7 +54,7 @@ _SUMS = """
 
 
 def _grouped(
-    con, scope: Scope, key: str, params: list | None = None, *, bucket_us: int | None = None
+    con, scope: Scope, key: str, params: list | None = None, *, bucket_us: int | None = None, per: str = "gpu"
 ) -> list:
     """[(host, gpu_index, key value, w, w_u, s_u, w_a, s_a, w_m, s_m, sim, e)] per GPU and ``key``.
 
@@ -63,7 +76,7 @@ def _grouped(
         intervals=plan is not None,
         keep=keep,
     )
-    rolled = _rollup.read_buckets(con, plan, where, wparams, bucket_us) if plan is not None else []
+    rolled = _rollup.read_buckets(con, plan, where, wparams, bucket_us, per) if plan is not None else []
     intervals = result.intervals
     if plan is not None:
         intervals = dict(intervals)
@@ -97,7 +110,10 @@ def _weighted(rows, key_of) -> dict:
         a = acc.setdefault(key_of(host, index, k), [0.0] * 7 + [set(), False])
         for i, v in enumerate((w, w_u, s_u, w_a, s_a, w_m, s_m)):
             a[i] += v
-        a[7].add(e)
+        if isinstance(e, list):  # rollup rows of the whole fleet: the GPUs present (read_buckets)
+            a[7].update(e)
+        else:
+            a[7].add(e)
         a[8] = a[8] or bool(sim)
     return {
         k: (
@@ -133,9 +149,13 @@ class Timeline:
 
 def _bucket_for(con: duckdb.DuckDBPyConnection, scope: Scope, max_points: int) -> int:
     where, params = scope.where()
-    lo, hi = con.execute(
-        f"SELECT min(epoch(ts)), max(epoch(ts)) FROM gpu_samples WHERE {where}", params
-    ).fetchone()
+    plan = _rollup.plan(con, scope)[0]
+    if plan is not None:  # the span from the rollups and the raw samples after them
+        lo, hi = _rollup.span(con, plan, where, params)
+    else:
+        lo, hi = con.execute(
+            f"SELECT min(epoch(ts)), max(epoch(ts)) FROM gpu_samples WHERE {where}", params
+        ).fetchone()
     if lo is None:
         raise no_data_error(con, scope)
     span = max(hi - lo, 1.0)
@@ -171,7 +191,14 @@ def utilization_timeline(
 ) -> Timeline:
     """Fleet means per time bucket (``bucket_s``, or the smallest round bucket giving <= max_points)."""
     bucket_s = bucket_s or _bucket_for(con, scope, max_points)
-    rows = _grouped(con, scope, "epoch_us(ts) // ?", [bucket_s * 1_000_000], bucket_us=bucket_s * 1_000_000)
+    rows = _grouped(
+        con,
+        scope,
+        "epoch_us(ts) // ?",
+        [bucket_s * 1_000_000],
+        bucket_us=bucket_s * 1_000_000,
+        per="fleet-gpus",
+    )
     if not rows:
         raise no_data_error(con, scope)
     per = _weighted(rows, lambda host, index, b: b)
@@ -210,10 +237,14 @@ def hour_of_week(
         zone = ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError):
         raise TelemetryError(f"unknown time zone {tz!r}", "use an IANA name such as Europe/Berlin") from None
-    # Quarter hours of UTC, mapped to local hours of the week here: every zone's offset is a whole
-    # number of quarter hours, and converting a few thousand bucket starts is cheaper than
-    # converting every sample.
-    rows = _grouped(con, scope, f"epoch_us(ts) // {QUARTER_US}", bucket_us=QUARTER_US)
+    # Hours (quarter hours in zones whose offset is not a whole number of hours) of UTC, mapped to
+    # local hours of the week here: every zone's offset is a whole number of quarter hours, and
+    # converting a few thousand bucket starts is cheaper than converting every sample. Whole hours
+    # are read from hourly rollups where they exist.
+    bucket_us = HOUR_US if _whole_hour_zone(zone) else QUARTER_US
+    # The grid shows no GPU counts: rollup rows are added up per host (or fleet) in the query.
+    per = {"fleet": "fleet", "host": "host"}.get(level, "gpu")
+    rows = _grouped(con, scope, f"epoch_us(ts) // {bucket_us}", bucket_us=bucket_us, per=per)
     if not rows:
         raise no_data_error(con, scope)
     label = LEVELS[level]
@@ -221,7 +252,7 @@ def hour_of_week(
 
     def key_of(host, index, q):
         if q not in local:
-            t = datetime.fromtimestamp(q * QUARTER_US / 1e6, UTC).astimezone(zone)
+            t = datetime.fromtimestamp(q * bucket_us / 1e6, UTC).astimezone(zone)
             local[q] = (t.weekday(), t.hour)
         return (label(host, index), *local[q])
 

@@ -5,6 +5,10 @@ A month of 64 GPUs at 1 Hz is 166 M raw rows; its minute rollup is 2.8 M rows an
 (``collector.schema``: ``gpu_rollup_1m`` and ``gpu_rollup_1h``), one file per date and host::
 
     <dir>/gpu_rollup_1m/date=YYYY-MM-DD/host=<host>/rollup.parquet
+    <dir>/gpu_rollup_1h/date=YYYY-MM-01/host=<host>/rollup.parquet   (hours: a file per month)
+
+(A file per day and host for hours too would be 5 760 files of ~200 rows for 512 GPUs over 90 days:
+reading them costs more than their rows.)
 
 **What a row holds.** Per GPU and period (and ``fb``, see below): the sample count, the observed
 seconds — the sum of the samples' weights exactly as ``_weights`` defines them, computed over the
@@ -34,11 +38,23 @@ on (``plan``), so a rollup and the samples it summarises are never both counted.
 day by day in date order, each to a hidden temporary name, fsynced and renamed over the previous
 build's file (``collector.writer.write_segment``): a kill -9 leaves whole files of the new build for
 earlier days and of the old build for later ones, both covering every minute before the newest file's
-mark. A build reads neighbouring samples past the watermark (the weights need them); raw samples that
-arrive later for times before the watermark (an import of old logs) are seen after the next build.
-One build at a time per directory (a lock file).
+mark. One build at a time per directory (a lock file).
 
-Raw samples are kept; expiring them (``--keep-raw``) is not part of this slice.
+**Incremental.** A build starts, per host, at its previous hour mark (the hours after it are made
+again from minutes) and leaves the files of earlier days as they are; the first day it writes keeps
+the previous file's rows before its start. It runs in steps of whole days (about ``STEP_ROWS`` raw
+rows each, a larger day split by GPU), so memory stays flat whatever the history. A sample's weight
+looks at the two rows before it and the three after it: each step reads, per GPU, from its second
+sample before the step to its third after it (``MARGIN_US`` either side, further for a GPU with a
+gap there), so the result equals a build from scratch over the same raw samples (tested).
+Raw samples that arrive later for times before a mark (an import of old logs) are rolled up by a
+build with ``since`` (the import's first sample) or ``rebuild`` (from the oldest raw sample kept).
+
+**Retention** (``expire_raw``, ``--keep-raw``): a raw ``gpu_samples`` day partition older than the
+setting is deleted only when both levels' marks of its host are at least ``MARGIN_US`` past the
+day's end; a day no rollup covers is kept whatever its age. Readers then answer from the rollups
+before the mark as before. ``process_samples`` and ``pool_events`` are kept: attribution and the
+what-if read them and no rollup summarises them.
 """
 
 from __future__ import annotations
@@ -46,23 +62,26 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import fcntl
+import glob
 import json
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from dataclasses import field as dc_field
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from analytics import _rows
 from analytics._scope import Scope, utc
 from analytics._telemetry import open_telemetry
-from analytics._weights import CHUNK_ROWS, weighted_rows_sql
+from analytics._weights import weighted_rows_sql
 from collector.schema import METADATA_ROLLUP_KEY, ROLLUP_TABLES, SCHEMA_VERSION
-from collector.writer import write_segment
+from collector.writer import conform, write_segment
 
 MINUTE_US = 60_000_000
 HOUR_US = 3_600_000_000
@@ -70,6 +89,7 @@ LAG_S = 600  # a build leaves the last 10 minutes of each host raw-only: their w
 MARGIN_US = LAG_S * 1_000_000  # raw read from this long before a watermark, for the first rows' neighbours
 HIST_PER_UNIT = 100  # histogram bins per unit ratio: 1 %
 FILE_NAME = "rollup.parquet"
+STEP_ROWS = 4_000_000  # raw rows per windowed step of a build (whole days; keeps its memory flat)
 LEVELS = {"1m": ("gpu_rollup_1m", MINUTE_US), "1h": ("gpu_rollup_1h", HOUR_US)}
 
 
@@ -94,6 +114,7 @@ _AGGREGATES = """
     sum(w * ub) FILTER (WHERE ub IS NOT NULL AND flags & 2 = 2) / 1000 AS util_gpm_sum,
     sum(w) FILTER (WHERE ab IS NOT NULL) AS sm_s, sum(w * ab) FILTER (WHERE ab IS NOT NULL) / 1000 AS sm_sum,
     sum(w * util_gpu_mean) AS util_raw_sum, sum(w * sm_activity) AS sm_raw_sum,
+    count(util_gpu_mean) AS util_n, sum(util_gpu_mean) AS util_plain_sum,
     sum(w) FILTER (WHERE mem_total_bytes > 0) AS mem_ratio_s,
     sum(w * mem_used_bytes / nullif(mem_total_bytes, 0)) AS mem_ratio_sum,
     sum(w) FILTER (WHERE mem_used_bytes IS NOT NULL) AS mem_s, sum(w * mem_used_bytes) AS mem_used_sum,
@@ -118,7 +139,8 @@ _SUMS = [
     "lost_s",
     "simulated_s",
 ]
-_TIMELINE_SUMS = ("util_raw_sum", "sm_raw_sum", "mem_ratio_s", "mem_ratio_sum")  # the timeline's means
+# The timeline's means, and the what-if's plain (unweighted) per-step means of utilization.gpu.
+_TIMELINE_SUMS = ("util_raw_sum", "sm_raw_sum", "mem_ratio_s", "mem_ratio_sum", "util_n", "util_plain_sum")
 
 # GROUPING(ubin, abin, dq) of each grouping set: the period's totals, its two histograms, its intervals.
 _G_TOTAL, _G_UTIL, _G_SM, _G_INTERVAL = 7, 3, 5, 6
@@ -197,43 +219,117 @@ def _day_us(day: dt.date) -> int:
     return int(dt.datetime.combine(day, dt.time(), dt.UTC).timestamp()) * 1_000_000
 
 
+def _day_of(us: int) -> dt.date:
+    return dt.datetime.fromtimestamp(us / 1e6, dt.UTC).date()
+
+
 def _iso(us: int) -> str:
     return dt.datetime.fromtimestamp(us / 1e6, dt.UTC).isoformat()
 
 
+def _ts(us: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(us // 1_000_000, dt.UTC) + dt.timedelta(microseconds=us % 1_000_000)
+
+
+def _rollup_path(root: Path, name: str, day: dt.date, host: str) -> Path:
+    return root / name / f"date={day.isoformat()}" / f"host={host}" / FILE_NAME
+
+
+def host_marks(root: Path, host: str) -> dict[str, int | None]:
+    """{level: covered up to (epoch µs) or None} of one host's rollups in ``root``: the newest day's
+    file of each level says (its footer)."""
+    marks: dict[str, int | None] = {}
+    for level, (name, _) in LEVELS.items():
+        files = sorted((root / name).glob(f"date=*/host={glob.escape(host)}/{FILE_NAME}"))
+        meta = {}
+        if files:
+            meta = json.loads((pq.read_schema(files[-1]).metadata or {}).get(METADATA_ROLLUP_KEY, b"{}"))
+        marks[level] = int(meta["covers_to_us"]) if "covers_to_us" in meta else None
+    return marks
+
+
+def _write_day(
+    root: Path,
+    name: str,
+    host: str,
+    day: dt.date,
+    rows: pa.Table,
+    keep_before: int,
+    covered_to: int,
+    period_us: int,
+) -> None:
+    """Write the file of ``name`` that starts on ``day`` (a day; for hours a month): the previous
+    file's rows before ``keep_before`` (a build that starts inside it leaves them as they are), then
+    ``rows``; the footer records the span covered."""
+    path = _rollup_path(root, name, day, host)
+    start, end = _day_us(day), _day_us(_file_end(name, day))
+    if (keep_before > start or covered_to < end) and path.exists():
+        # Only [keep_before, covered_to) is replaced: a step that ends inside the file (an hour file
+        # holds a month) leaves the previous build's later rows, so a crash before the next step
+        # still leaves every period before the newest file's mark in some file.
+        old = pq.read_table(path, partitioning=None)
+        kind = old.schema.field("ts").type
+        old = old.filter(
+            pc.or_(
+                pc.less(old.column("ts"), pa.scalar(_ts(keep_before), kind)),
+                pc.greater_equal(old.column("ts"), pa.scalar(_ts(covered_to), kind)),
+            )
+        )
+        old = conform(ROLLUP_TABLES[name], old)  # rows of an earlier layout get its new columns (null)
+        rows = pa.concat_tables([old.replace_schema_metadata(None), rows.replace_schema_metadata(None)])
+    rows = rows.sort_by([("gpu_uuid", "ascending"), ("ts", "ascending")])
+    options = _rows.DEFAULT_OPTIONS
+    meta = {
+        "period_s": period_us // 1_000_000,
+        "covers_from": _iso(start),
+        "covers_to": _iso(min(end, covered_to)),
+        "covers_to_us": min(end, covered_to),
+        "idle_below": options.idle_below,
+        "held_mem_bytes": options.held_mem_bytes,
+        "hist_bins_per_unit": HIST_PER_UNIT,
+        "built": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    schema = ROLLUP_TABLES[name].arrow_schema
+    rows = rows.cast(schema).replace_schema_metadata(
+        {**(schema.metadata or {}), METADATA_ROLLUP_KEY: json.dumps(meta).encode()}
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_segment(path, rows)
+
+
 def _write_days(
-    root: Path, name: str, host: str, data: pa.Table, covered_to: int, watermark: int, period_us: int
+    root: Path, name: str, host: str, data: pa.Table, start: int, covered_to: int, period_us: int
 ) -> int:
-    """One file per day of ``data`` (in date order), each recording the span it covers; the day of
-    the last covered instant always gets a file, so the host's mark is on record."""
-    if covered_to <= 0:
+    """One file per day of ``[start, covered_to)`` that has rows (in date order), and always one for
+    the day of the last covered instant, so the host's mark is on record."""
+    if covered_to <= start:
         return 0
     data = _to_schema(name, data)
     days = pc.cast(data.column("ts"), pa.date32())
-    last_day = dt.datetime.fromtimestamp((covered_to - 1) / 1e6, dt.UTC).date()
-    todo = sorted({*pc.unique(days).to_pylist(), last_day})
-    options = _rows.DEFAULT_OPTIONS
-    for day in todo:
-        start, end = _day_us(day), _day_us(day + dt.timedelta(days=1))
-        part = data.filter(pc.equal(days, pa.scalar(day, pa.date32())))
-        meta = {
-            "period_s": period_us // 1_000_000,
-            "covers_from": _iso(start),
-            "covers_to": _iso(min(end, covered_to)),
-            "covers_to_us": min(end, covered_to),
-            "watermark": _iso(watermark),
-            "idle_below": options.idle_below,
-            "held_mem_bytes": options.held_mem_bytes,
-            "hist_bins_per_unit": HIST_PER_UNIT,
-            "built": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        }
-        part = part.replace_schema_metadata(
-            {**part.schema.metadata, METADATA_ROLLUP_KEY: json.dumps(meta).encode()}
+    if name == HOUR_FILE_TABLE:  # hours: a file per month (its first day), not thousands of small ones
+        days = pc.cast(
+            pc.strptime(pc.strftime(days, format="%Y-%m-01"), format="%Y-%m-%d", unit="s"), pa.date32()
         )
-        folder = root / name / f"date={day.isoformat()}" / f"host={host}"
-        folder.mkdir(parents=True, exist_ok=True)
-        write_segment(folder / FILE_NAME, part)
+    last_day = _file_start(name, _day_of(covered_to - 1))
+    todo = sorted({*pc.unique(days).to_pylist(), last_day})
+    for day in todo:
+        part = data.filter(pc.equal(days, pa.scalar(day, pa.date32())))
+        _write_day(root, name, host, day, part, start, covered_to, period_us)
     return len(todo)
+
+
+HOUR_FILE_TABLE = "gpu_rollup_1h"
+
+
+def _file_start(name: str, day: dt.date) -> dt.date:
+    """The first day of the file of ``name`` that holds ``day``'s rows: the day, or for hours its month."""
+    return day.replace(day=1) if name == HOUR_FILE_TABLE else day
+
+
+def _file_end(name: str, start: dt.date) -> dt.date:
+    if name != HOUR_FILE_TABLE:
+        return start + dt.timedelta(days=1)
+    return (start.replace(day=28) + dt.timedelta(days=4)).replace(day=1)
 
 
 @contextlib.contextmanager
@@ -257,21 +353,231 @@ def _remove_stale_tmp(root: Path) -> None:
             tmp.unlink(missing_ok=True)
 
 
+def _raw_days(root: Path, host: str) -> list[dt.date]:
+    return sorted(
+        dt.date.fromisoformat(p.parent.name.removeprefix("date="))
+        for p in (root / "gpu_samples").glob(f"date=*/host={glob.escape(host)}")
+        if p.is_dir()
+    )
+
+
+def _read_bounds(con, host: str, a: int, b: int, final: bool) -> tuple[int | None, int | None]:
+    """Which raw rows a step that rolls up ``[a, b)`` reads: each kept sample's weight looks at the
+    two rows before it and the three after it (``_weights``), so per GPU with samples in the step,
+    from its second sample before ``a`` to its third at or after ``b`` (None: no bound). Usually
+    ``MARGIN_US`` either side holds them; a GPU with a gap there is looked up further."""
+    lo, hi = a - MARGIN_US, b + MARGIN_US
+    host_days = "host = ? AND date >= ? AND date <= ?"
+    rows = con.execute(
+        f"""SELECT gpu_uuid, count(*) FILTER (WHERE ts < ?), count(*) FILTER (WHERE ts >= ? AND ts < ?),
+                   count(*) FILTER (WHERE ts >= ?)
+            FROM gpu_samples WHERE {host_days} AND ts >= ? AND ts < ? GROUP BY gpu_uuid""",
+        [
+            _ts(a),
+            _ts(a),
+            _ts(b),
+            _ts(b),
+            host,
+            _day_of(lo) - dt.timedelta(days=1),
+            _day_of(hi),
+            _ts(lo),
+            _ts(hi),
+        ],
+    ).fetchall()
+    read_lo: int | None = lo
+    read_hi: int | None = None if final else hi
+    for uuid, before, inside, after in rows:
+        if not inside:
+            continue
+        if before < 2:
+            (t,) = con.execute(
+                "SELECT min(t) FROM (SELECT epoch_us(ts) AS t FROM gpu_samples "
+                "WHERE host = ? AND gpu_uuid = ? AND ts < ? ORDER BY ts DESC LIMIT 2)",
+                [host, uuid, _ts(a)],
+            ).fetchone()
+            if t is not None and read_lo is not None:
+                read_lo = min(read_lo, t)
+        if after < 3 and read_hi is not None:
+            t, n = con.execute(
+                "SELECT max(t), count(*) FROM (SELECT epoch_us(ts) AS t FROM gpu_samples "
+                "WHERE host = ? AND gpu_uuid = ? AND ts >= ? ORDER BY ts LIMIT 3)",
+                [host, uuid, _ts(b)],
+            ).fetchone()
+            read_hi = None if n < 3 else max(read_hi, t + 1)
+    return read_lo, read_hi
+
+
+def _step_minutes(
+    con, host: str, a: int, b: int, read: tuple[int | None, int | None], parts: int
+) -> pa.Table:
+    """The minute rows of ``[a, b)`` of one host, from the raw rows in ``read`` (whole GPUs at a time:
+    ``parts`` windowed queries)."""
+    options = _rows.DEFAULT_OPTIONS
+    bounds, bound_params = "", []
+    if read[0] is not None:
+        bounds += " AND date >= ? AND ts >= ?"
+        bound_params += [_day_of(read[0]) - dt.timedelta(days=1), _ts(read[0])]
+    if read[1] is not None:
+        bounds += " AND date <= ? AND ts < ?"
+        bound_params += [_day_of(read[1]), _ts(read[1])]
+    minutes = []
+    for i in range(parts):
+        source = (
+            f"(SELECT {_rows.SAMPLE_COLUMNS}, gpu_uuid AS uuid, gpu_index, gpu_name, util_gpu_mean, sm_activity "
+            f"FROM gpu_samples WHERE host = ?{bounds} AND hash(gpu_uuid) % ? = ?)"
+        )
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE rollup_gs AS
+            WITH {weighted_rows_sql(source)}
+            SELECT GROUPING(ubin, abin, dq) AS gid, uuid, m, fbk, ubin, abin, dq, {_AGGREGATES}
+            FROM (SELECT *, t // {MINUTE_US} * {MINUTE_US} AS m, coalesce(fb, -2) AS fbk,
+                         ub // {1000 // HIST_PER_UNIT} AS ubin, ab // {1000 // HIST_PER_UNIT} AS abin
+                  FROM wr WHERE t >= ? AND t < ?)
+            GROUP BY GROUPING SETS ((uuid, m, fbk), (uuid, m, fbk, ubin), (uuid, m, fbk, abin), (uuid, m, fbk, dq))
+            """,
+            [
+                options.idle_below,
+                options.held_mem_bytes,
+                host,
+                *bound_params,
+                parts,
+                i,
+                options.idle_below * _rows.HIST_RESOLUTION - 1e-9,
+                a,
+                b,
+            ],
+        )
+        sql = _ASSEMBLE.format(
+            total=_G_TOTAL,
+            util=_G_UTIL,
+            sm=_G_SM,
+            interval=_G_INTERVAL,
+            sums=", ".join(f"b.{c}" for c in (*_SUMS, *_TIMELINE_SUMS)),
+        )
+        minutes.append(con.sql(sql, params=[b]).to_arrow_table())
+    con.execute("DROP TABLE IF EXISTS rollup_gs")
+    return pa.concat_tables(minutes)
+
+
+def _steps(con, host: str, lo: int, watermark: int) -> list[tuple[int, int, int, int]]:
+    """[(a, b, raw rows, windowed queries)]: ``[lo, watermark)`` cut at day boundaries into steps of
+    about ``STEP_ROWS`` raw rows (a day larger than that is one step, split by GPU)."""
+    counts = dict(
+        con.execute(
+            "SELECT date, count(*) FROM gpu_samples WHERE host = ? AND date >= ? AND date <= ? GROUP BY date",
+            [host, _day_of(lo), _day_of(watermark)],
+        ).fetchall()
+    )
+    steps, a, acc = [], lo, 0
+    day = _day_of(lo)
+    while True:
+        n = counts.get(day, 0)
+        if acc and acc + n > STEP_ROWS:  # the step so far ends before this day
+            steps.append((a, _day_us(day), acc, max(1, -(-acc // STEP_ROWS))))
+            a, acc = _day_us(day), 0
+        acc += n
+        day += dt.timedelta(days=1)
+        b = min(_day_us(day), watermark)
+        if b >= watermark:
+            steps.append((a, b, acc, max(1, -(-acc // STEP_ROWS))))
+            return steps
+
+
+def _drop_legacy(root: Path, host: str) -> bool:
+    """Whether ``host`` has rollups of the first layout (hour files per day, rows without the
+    what-if's columns), which the build must redo from the raw samples. Its hour files are removed
+    first: per-day ones kept beside monthly ones would count twice. Until the rebuild writes them
+    again, readers take the host's minute rows, which cover the same time."""
+    hours = list((root / HOUR_FILE_TABLE).glob(f"date=*/host={glob.escape(host)}/{FILE_NAME}"))
+    per_day = any(not p.parent.parent.name.endswith("-01") for p in hours)
+    minutes = sorted((root / "gpu_rollup_1m").glob(f"date=*/host={glob.escape(host)}/{FILE_NAME}"))
+    old_rows = any("util_n" not in pq.read_schema(p).names for p in {*minutes[:1], *minutes[-1:]})
+    if per_day or old_rows:
+        for p in hours:
+            p.unlink()
+    return per_day or old_rows
+
+
+def _build_host(
+    con, root: Path, host: str, lag_s: float, rebuild: bool, since_us: int | None, say, result
+) -> None:
+    days = _raw_days(root, host)
+    if not days:
+        return
+    newest, first = con.execute(
+        "SELECT max(epoch_us(ts)), min(epoch_us(ts)) FILTER (WHERE date <= ?) FROM gpu_samples "
+        "WHERE host = ? AND (date >= ? OR date <= ?)",
+        [days[0], host, days[-1] - dt.timedelta(days=1), days[0]],
+    ).fetchone()
+    if newest is None:
+        return
+    watermark = (newest - int(lag_s * 1_000_000)) // MINUTE_US * MINUTE_US
+    if _drop_legacy(root, host):
+        say(f"{host}: rollups of an earlier layout found: rebuilding them")
+        rebuild = True
+    marks = host_marks(root, host)
+    start = first // HOUR_US * HOUR_US
+    resume = None  # on from the previous build's hour mark: the hours after it are made from minutes again
+    if not rebuild and None not in marks.values():
+        resume = min(marks.values()) // HOUR_US * HOUR_US
+    lo = start if resume is None else resume  # start: the whole raw history (rollups of expired days stay)
+    if resume is not None and since_us is not None:
+        lo = max(start, min(lo, since_us // HOUR_US * HOUR_US))
+    if lo >= watermark or (lo == resume and marks["1m"] >= watermark):
+        say(f"{host}: nothing new to roll up (raw after {_iso(max(lo, watermark))})")
+        return
+    t0 = time.monotonic()
+    samples = minute_n = hour_n = 0
+    for a, b, n, parts in _steps(con, host, lo, watermark):
+        minute_rows = _step_minutes(con, host, a, b, _read_bounds(con, host, a, b, b == watermark), parts)
+        hour_mark = b // HOUR_US * HOUR_US
+        con.register("minute_rows", minute_rows)
+        hour_rows = con.sql(_hours_sql(), params=[hour_mark]).to_arrow_table()
+        con.unregister("minute_rows")
+        # Minutes first: a reader that finds the hour level's mark also finds the minutes before it.
+        result.files += _write_days(root, "gpu_rollup_1m", host, minute_rows, a, b, MINUTE_US)
+        result.files += _write_days(root, "gpu_rollup_1h", host, hour_rows, a, hour_mark, HOUR_US)
+        samples += n
+        minute_n += minute_rows.num_rows
+        hour_n += hour_rows.num_rows
+    result.hosts += 1
+    result.samples += samples
+    result.minute_rows += minute_n
+    result.hour_rows += hour_n
+    say(
+        f"{host}: {samples:,} samples from {_iso(lo)} -> {minute_n:,} minute rows, "
+        f"{hour_n:,} hour rows, raw after {_iso(watermark)} ({time.monotonic() - t0:.1f} s)"
+    )
+
+
 def build_rollups(
     root: str | os.PathLike,
     *,
     progress: Callable[[str], None] | None = None,
     hosts: tuple[str, ...] = (),
     lag_s: float = LAG_S,
+    rebuild: bool = False,
+    since: dt.datetime | None = None,
 ) -> RollupResult:
-    """(Re)build the minute and hour rollups of every host (or of ``hosts``) from the raw samples,
-    up to ``lag_s`` before each host's newest sample (the weights of the last samples covered need
-    the few samples after them: keep it at least 3 ticks)."""
+    """Bring the minute and hour rollups of every host (or of ``hosts``) up to date with the raw
+    samples, up to ``lag_s`` before each host's newest sample (the weights of the last samples
+    covered need the few samples after them: keep it at least 3 ticks).
+
+    Incremental: a host's build starts at its previous hour mark (days before it stay as they are);
+    ``since`` starts it no later than that (raw samples that arrived for older times, e.g. an import);
+    ``rebuild`` recomputes from the host's oldest raw sample. Either way the result equals a build
+    from scratch over the same raw samples. Memory stays flat: steps of whole days, about
+    ``STEP_ROWS`` raw rows each."""
     root = Path(root)
     say = progress or (lambda _msg: None)
     result = RollupResult()
-    options = _rows.DEFAULT_OPTIONS
-    con = open_telemetry(root)  # a missing or empty directory: TelemetryError, before anything is written
+    con = open_telemetry(
+        root, rollups=False
+    )  # a missing or empty directory: TelemetryError, before anything is written
+    with contextlib.suppress(duckdb.Error):
+        con.execute("SET preserve_insertion_order = false")
+    since_us = None if since is None else int(utc(since).timestamp() * 1_000_000)
     with _build_lock(root):
         _remove_stale_tmp(root)
         all_hosts = sorted(
@@ -279,68 +585,15 @@ def build_rollups(
         )
         todo = [h for h in all_hosts if not hosts or h in hosts]
         for number, host in enumerate(todo, 1):
-            t0 = time.monotonic()
-            newest, rows = con.execute(
-                "SELECT max(epoch_us(ts)), count(*) FROM gpu_samples WHERE host = ?", [host]
-            ).fetchone()
-            if not rows:
-                continue
-            watermark = (newest - int(lag_s * 1_000_000)) // MINUTE_US * MINUTE_US
-            parts = max(1, -(-rows // CHUNK_ROWS))
-            minutes = []
-            for i in range(parts):
-                source = (
-                    f"(SELECT {_rows.SAMPLE_COLUMNS}, gpu_uuid AS uuid, gpu_index, gpu_name, util_gpu_mean, sm_activity "
-                    "FROM gpu_samples "
-                    "WHERE host = ? AND hash(gpu_uuid) % ? = ?)"
-                )
-                con.execute(
-                    f"""
-                    CREATE OR REPLACE TEMP TABLE rollup_gs AS
-                    WITH {weighted_rows_sql(source)}
-                    SELECT GROUPING(ubin, abin, dq) AS gid, uuid, m, fbk, ubin, abin, dq, {_AGGREGATES}
-                    FROM (SELECT *, t // {MINUTE_US} * {MINUTE_US} AS m, coalesce(fb, -2) AS fbk,
-                                 ub // {1000 // HIST_PER_UNIT} AS ubin, ab // {1000 // HIST_PER_UNIT} AS abin FROM wr)
-                    GROUP BY GROUPING SETS ((uuid, m, fbk), (uuid, m, fbk, ubin), (uuid, m, fbk, abin), (uuid, m, fbk, dq))
-                    """,
-                    [
-                        options.idle_below,
-                        options.held_mem_bytes,
-                        host,
-                        parts,
-                        i,
-                        options.idle_below * _rows.HIST_RESOLUTION - 1e-9,
-                    ],
-                )
-                sql = _ASSEMBLE.format(
-                    total=_G_TOTAL,
-                    util=_G_UTIL,
-                    sm=_G_SM,
-                    interval=_G_INTERVAL,
-                    sums=", ".join(f"b.{c}" for c in (*_SUMS, *_TIMELINE_SUMS)),
-                )
-                minutes.append(con.sql(sql, params=[watermark]).to_arrow_table())
-            con.execute("DROP TABLE IF EXISTS rollup_gs")
-            minute_rows = pa.concat_tables(minutes).sort_by(
-                [("gpu_uuid", "ascending"), ("ts_us", "ascending")]
-            )
-            hour_mark = watermark // HOUR_US * HOUR_US
-            con.register("minute_rows", minute_rows)
-            hour_rows = con.sql(_hours_sql(), params=[hour_mark]).to_arrow_table()
-            con.unregister("minute_rows")
-            hour_rows = hour_rows.sort_by([("gpu_uuid", "ascending"), ("ts_us", "ascending")])
-            # Minutes first: a reader that finds the hour level's mark also finds the minutes before it.
-            result.files += _write_days(
-                root, "gpu_rollup_1m", host, minute_rows, watermark, watermark, MINUTE_US
-            )
-            result.files += _write_days(root, "gpu_rollup_1h", host, hour_rows, hour_mark, watermark, HOUR_US)
-            result.hosts += 1
-            result.samples += int(rows)
-            result.minute_rows += minute_rows.num_rows
-            result.hour_rows += hour_rows.num_rows
-            say(
-                f"[{number}/{len(todo)}] {host}: {rows:,} samples -> {minute_rows.num_rows:,} minute rows, "
-                f"{hour_rows.num_rows:,} hour rows, raw after {_iso(watermark)} ({time.monotonic() - t0:.1f} s)"
+            _build_host(
+                con,
+                root,
+                host,
+                lag_s,
+                rebuild,
+                since_us,
+                lambda msg, n=number: say(f"[{n}/{len(todo)}] {msg}"),
+                result,
             )
     return result
 
@@ -421,6 +674,16 @@ def plan(
     return Plan((*levels, "raw"), marks, raw_from), ""
 
 
+def _values(mapping: dict) -> tuple[str, list]:
+    """``(VALUES (?, ?[, ?]), ...)`` of host -> mark (or a tuple of marks), and its parameters."""
+    rows, params = [], []
+    for host, v in mapping.items():
+        v = v if isinstance(v, tuple) else (v,)
+        rows.append(f"(?, {', '.join('?::BIGINT' for _ in v)})")
+        params += [host, *v]
+    return f"(VALUES {', '.join(rows)})", params
+
+
 def _case(mapping: dict[str, int], default: str) -> tuple[str, list]:
     if not mapping:
         return default, []
@@ -441,10 +704,25 @@ def raw_tail(p: Plan | None) -> tuple[str, list, str, list, str]:
     where = f" AND coalesce(epoch_us(ts) >= {case} - {MARGIN_US}, true)"
     params = list(case_params)
     if p.raw_from_us and all(h in p.raw_from_us for h in p.marks):
+        # Prune by partition and by time: a date=D partition holds samples from D 00:00 up to and
+        # including D+1 00:00, so a bound at midnight also reads the day before. The plain ``ts``
+        # bound lets the Parquet reader skip row groups (compacted segments are in time order).
         first = min(p.raw_from_us.values()) - MARGIN_US
-        where += " AND date >= ?"
-        params.append(dt.datetime.fromtimestamp(first / 1e6, dt.UTC).date() - dt.timedelta(days=1))
+        where += " AND date >= ? AND ts >= ?"
+        params += [_day_of(first - 1), _ts(first)]
     return where, params, f", {case} AS raw_from_us", case_params, "coalesce(t >= raw_from_us, true)"
+
+
+def raw_after(p: Plan) -> tuple[str, list]:
+    """(extra WHERE over gpu_samples, its params): exactly the raw samples from each host's mark on
+    (for figures that need no neighbours: plain per-step aggregates)."""
+    case, params = _case(p.raw_from_us, "NULL")
+    where = f" AND coalesce(epoch_us(ts) >= {case}, true)"
+    if p.raw_from_us and all(h in p.raw_from_us for h in p.marks):
+        first = min(p.raw_from_us.values())
+        where += " AND date >= ? AND ts >= ?"
+        params += [_day_of(first - 1), _ts(first)]
+    return where, list(params)
 
 
 def rollup_relation(p: Plan, where: str, params: list) -> tuple[str, list]:
@@ -458,23 +736,50 @@ def rollup_relation(p: Plan, where: str, params: list) -> tuple[str, list]:
         for h, m in p.marks.items()
         if m.get("1h") is not None and h in minute_marks
     }
+    # Each host's marks joined in (a hash join: a CASE over the hosts per row costs seconds at 64 hosts).
     if "1h" in p.levels and hour_marks:
-        case, cp = _case(hour_marks, "NULL")
-        parts.append(f"SELECT * FROM gpu_rollup_1h WHERE {where} AND epoch_us(ts) < {case}")
-        all_params += [*params, *cp]
+        values, vp = _values(hour_marks)
+        parts.append(
+            # An hour file holds a month (date = its first day): the scope's day bounds apply to
+            # each row's own day.
+            "SELECT r.* FROM (SELECT * REPLACE (CAST(timezone('UTC', ts) AS DATE) AS date) FROM gpu_rollup_1h) r "
+            f"JOIN {values} AS m(mh, hi) ON r.host = m.mh "
+            f"WHERE {where} AND ts < ? AND epoch_us(ts) < m.hi"
+        )
+        all_params += [*vp, *params, _ts(max(hour_marks.values()))]
     if minute_marks:
-        lo = "NULL"
-        lo_params: list = []
-        if "1h" in p.levels and hour_marks:
-            lo, lo_params = _case(hour_marks, "NULL")
-            lo = f"coalesce(epoch_us(ts) >= {lo}, true)"
-        else:
-            lo = "true"
-        case, cp = _case(minute_marks, "NULL")
-        parts.append(f"SELECT * FROM gpu_rollup_1m WHERE {where} AND {lo} AND epoch_us(ts) < {case}")
-        all_params += [*params, *lo_params, *cp]
+        from_hours = "1h" in p.levels and bool(hour_marks)
+        values, vp = _values(
+            {h: (hour_marks.get(h) if from_hours else None, m) for h, m in minute_marks.items()}
+        )
+        prune, prune_params = "", []
+        if from_hours and set(hour_marks) == set(minute_marks):
+            # Only the minutes after the hour marks: skip the days before them (a rollup file's date
+            # is its rows' day) and the row groups before them.
+            first = min(hour_marks.values())
+            prune, prune_params = " AND date >= ? AND ts >= ?", [_day_of(first), _ts(first)]
+        parts.append(
+            f"SELECT r.* FROM gpu_rollup_1m r JOIN {values} AS m(mh, lo, hi) ON r.host = m.mh "
+            f"WHERE {where}{prune} AND coalesce(epoch_us(ts) >= m.lo, true) AND epoch_us(ts) < m.hi"
+        )
+        all_params += [*vp, *params, *prune_params]
     body = " UNION ALL BY NAME ".join(parts)
     return f"(SELECT *, hash(host, gpu_uuid) AS e FROM ({body}))", all_params
+
+
+def span(
+    con: duckdb.DuckDBPyConnection, p: Plan, where: str, params: list
+) -> tuple[float | None, float | None]:
+    """First and last sample (epoch seconds) in ``where``: the rollups' first/last before the marks,
+    the raw samples after them (no scan of the raw history)."""
+    rel, rp = rollup_relation(p, where, params)
+    raw_where, raw_params, *_ = raw_tail(p)
+    return con.execute(
+        f"""SELECT min(lo), max(hi) FROM (
+                SELECT epoch(min(first_ts)) AS lo, epoch(max(last_ts)) AS hi FROM {rel}
+                UNION ALL SELECT epoch(min(ts)), epoch(max(ts)) FROM gpu_samples WHERE {where}{raw_where})""",
+        [*rp, *params, *raw_params],
+    ).fetchone()
 
 
 @dataclass
@@ -511,16 +816,26 @@ SUM_NAMES = tuple(_SUMS)
 
 
 def read_buckets(
-    con: duckdb.DuckDBPyConnection, p: Plan, where: str, params: list, bucket_us: int
+    con: duckdb.DuckDBPyConnection, p: Plan, where: str, params: list, bucket_us: int, per: str = "gpu"
 ) -> list[tuple]:
     """Per GPU, bucket and ``fb``: (e, k, fb, host, gpu_index, observed_s, util_s, util_raw_sum, sm_s,
-    sm_raw_sum, mem_ratio_s, mem_ratio_sum, simulated) from the rollup rows (the timeline's sums)."""
+    sm_raw_sum, mem_ratio_s, mem_ratio_sum, simulated) from the rollup rows (the timeline's sums).
+    ``per="host"`` or ``"fleet"`` adds the GPUs of a host (of the fleet) together first (``e`` then
+    stands for the host, ``gpu_index`` is 0): far fewer rows where GPU counts are not asked for;
+    ``"fleet-gpus"`` too, with ``e`` the list of the GPUs' entity hashes."""
     rel, rp = rollup_relation(p, where, params)
+    key, ident, who = {
+        "gpu": ("e", "e", "any_value(host), arg_max(gpu_index, last_ts)"),
+        "host": ("host", "hash(host)", "host, 0"),
+        "fleet": ("NULL", "0", "'fleet', 0"),
+        # The fleet per bucket, with the GPUs present as a list (the timeline counts them).
+        "fleet-gpus": ("NULL", "list(DISTINCT e)", "'fleet', 0"),
+    }[per]
     return con.execute(
-        f"""SELECT e, epoch_us(ts) // ? AS k, fb, any_value(host), arg_max(gpu_index, last_ts), sum(observed_s),
+        f"""SELECT {ident}, k, fb, {who}, sum(observed_s),
                    sum(util_s), sum(util_raw_sum), sum(sm_s), sum(sm_raw_sum), sum(mem_ratio_s), sum(mem_ratio_sum),
                    sum(simulated_s) > 0
-            FROM {rel} GROUP BY e, k, fb""",
+            FROM (SELECT *, epoch_us(ts) // ? AS k FROM {rel}) GROUP BY {key}, k, fb""",
         [bucket_us, *rp],
     ).fetchall()
 
@@ -538,3 +853,62 @@ def read_intervals(
             rp,
         ).fetchall()
     }
+
+
+# -- retention ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class ExpireResult:
+    partitions: int = 0  # raw gpu_samples (date, host) folders removed
+    files: int = 0
+    bytes: int = 0
+    # "host date": old enough, but no rollup covers it yet
+    kept_no_rollup: list[str] = dc_field(default_factory=list)
+
+
+def expire_raw(
+    root: str | os.PathLike,
+    keep_s: float,
+    *,
+    now: dt.datetime | None = None,
+    hosts: tuple[str, ...] = (),
+    progress: Callable[[str], None] | None = None,
+) -> ExpireResult:
+    """Delete raw ``gpu_samples`` day partitions older than ``keep_s`` whose whole day the host's
+    rollups cover: both levels' marks at least ``MARGIN_US`` past the day's end (an incremental build
+    reads the samples just before its start). A day no rollup covers yet is kept, whatever its age.
+    ``process_samples`` and ``pool_events`` are kept (attribution and the what-if read them; no
+    rollup summarises them)."""
+    root = Path(root)
+    say = progress or (lambda _msg: None)
+    result = ExpireResult()
+    cutoff = int(utc(now or dt.datetime.now(dt.UTC)).timestamp() * 1_000_000) - int(keep_s * 1_000_000)
+    with _build_lock(root):  # not while a build reads them
+        by_host: dict[str, list[Path]] = {}
+        for folder in sorted((root / "gpu_samples").glob("date=*/host=*")):
+            if folder.is_dir():
+                by_host.setdefault(folder.name.removeprefix("host="), []).append(folder)
+        for host, folders in by_host.items():
+            if hosts and host not in hosts:
+                continue
+            marks = host_marks(root, host)
+            covered = None if None in marks.values() else min(marks.values())
+            for folder in folders:
+                day = dt.date.fromisoformat(folder.parent.name.removeprefix("date="))
+                end = _day_us(day + dt.timedelta(days=1))
+                if end > cutoff:
+                    continue
+                if covered is None or end + MARGIN_US > covered:
+                    result.kept_no_rollup.append(f"{host} {day.isoformat()}")
+                    continue
+                for f in sorted(folder.iterdir()):
+                    result.files += 1
+                    result.bytes += f.stat().st_size
+                    f.unlink()
+                folder.rmdir()
+                with contextlib.suppress(OSError):
+                    folder.parent.rmdir()  # the date folder, once no host is left in it
+                result.partitions += 1
+                say(f"{host}: removed the raw samples of {day.isoformat()}")
+    return result

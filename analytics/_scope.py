@@ -94,46 +94,6 @@ class Extent:
     process_rows: int
 
 
-def data_extent(con: duckdb.DuckDBPyConnection) -> Extent:
-    """The span, hosts and GPUs present in ``gpu_samples`` (for filters and for error hints).
-
-    One streaming pass for the span and the list of GPUs; names, indexes and sizes are read from
-    the days where each GPU last reported only (string aggregates over every sample are the slow part).
-    """
-    per_gpu = con.execute(
-        "SELECT host, gpu_uuid, min(epoch_us(ts)), max(epoch_us(ts)), sum(simulated::INTEGER) "
-        "FROM gpu_samples GROUP BY host, gpu_uuid"
-    ).fetchall()
-    (process_rows,) = con.execute("SELECT count(*) FROM process_samples").fetchone()
-    if not per_gpu:
-        return Extent(None, None, (), (), False, 0, int(process_rows))
-    (rows,) = con.execute("SELECT count(*) FROM gpu_samples").fetchone()
-    # A day back: a sample at midnight may sit in the segment of the day before.
-    since = min(datetime.fromtimestamp(last / 1e6, UTC).date() for *_, last, _ in per_gpu) - timedelta(days=1)
-    details = {
-        (h, u): (i, n, m)
-        for h, u, i, n, m in con.execute(
-            "SELECT host, gpu_uuid, arg_max(gpu_index, ts), arg_max(gpu_name, ts), max(mem_total_bytes) "
-            "FROM gpu_samples WHERE date >= ? GROUP BY host, gpu_uuid",
-            [since],
-        ).fetchall()
-    }
-    gpus = []
-    for host, uuid, *_ in per_gpu:
-        index, name, mem = details.get((host, uuid), (0, "", 0))
-        gpus.append(GpuInfo(host, int(index or 0), uuid, name or "", int(mem or 0)))
-    gpus.sort(key=lambda g: (g.host, g.gpu_index, g.gpu_uuid))
-    return Extent(
-        start=datetime.fromtimestamp(min(r[2] for r in per_gpu) / 1e6, UTC),
-        end=datetime.fromtimestamp(max(r[3] for r in per_gpu) / 1e6, UTC),
-        hosts=tuple(sorted({g.host for g in gpus})),
-        gpus=tuple(gpus),
-        simulated=any(r[4] for r in per_gpu),
-        gpu_rows=int(rows),
-        process_rows=int(process_rows),
-    )
-
-
 def no_data_error(con: duckdb.DuckDBPyConnection, scope: Scope, table: str = "gpu_samples") -> TelemetryError:
     """The error for a scope that matches no rows, with the span that does hold data as the hint."""
     row = con.execute(

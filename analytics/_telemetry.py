@@ -166,21 +166,41 @@ def _duck_type(arrow_type: pa.DataType) -> str:
     }[arrow_type]
 
 
+# path -> ((mtime ns, size), version): a segment's footer is read once per process, not at every
+# open (the report opens the telemetry for each figure; a directory holds thousands of segments).
+_VERSIONS: dict[str, tuple[tuple[int, int], int]] = {}
+
+
 def schema_versions(paths: Iterable[str]) -> set[int]:
-    """Schema versions found in the footers of the given segments (cheap: footers only; those of
-    ``s3://`` segments are read several at a time)."""
+    """Schema versions found in the footers of the given segments (cheap: footers only; a local one
+    read once per process while the file stays the same, those of ``s3://`` segments several at a time)."""
     paths = list(paths)
-    if any(p.startswith("s3://") for p in paths):
+    versions: set[int] = set()
+    remote = [p for p in paths if p.startswith("s3://")]
+    if remote:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(_S3_READERS) as pool:
-            schemas = list(pool.map(_read_schema, paths))
-    else:
-        schemas = [pq.read_schema(p) for p in paths]
-    versions: set[int] = set()
-    for schema in schemas:
-        raw = (schema.metadata or {}).get(METADATA_VERSION_KEY)
-        versions.add(int(raw) if raw is not None else 0)
+            for schema in pool.map(_read_schema, remote):
+                raw = (schema.metadata or {}).get(METADATA_VERSION_KEY)
+                versions.add(int(raw) if raw is not None else 0)
+    for path in paths:
+        if path.startswith("s3://"):
+            continue
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:  # removed since the glob (compaction, retention): not read either
+            continue
+        key = (st.st_mtime_ns, st.st_size)
+        known = _VERSIONS.get(path)
+        if known is not None and known[0] == key:
+            versions.add(known[1])
+            continue
+        meta = pq.read_schema(path).metadata or {}
+        raw = meta.get(METADATA_VERSION_KEY)
+        version = int(raw) if raw is not None else 0
+        _VERSIONS[path] = (key, version)
+        versions.add(version)
     return versions
 
 
@@ -218,6 +238,9 @@ def open_telemetry(
     # (Inside Jupyter DuckDB refuses the setting unless ipywidgets is installed; it draws none there.)
     with contextlib.suppress(duckdb.Error):
         con.execute("SET enable_progress_bar = false")
+    with contextlib.suppress(duckdb.Error):
+        # Each query binds its views again: keep the files' footers instead of reading them each time.
+        con.execute("SET parquet_metadata_cache = true")
     found_any = False
     for table in (*TABLES.values(), *(ROLLUP_TABLES.values() if rollups else ())):
         per_root = {root: _segments(root, table.name) for root in roots}
@@ -226,7 +249,8 @@ def open_telemetry(
             con.execute(f"CREATE OR REPLACE TEMP VIEW {table.name} AS {_empty_select(table)}")
             continue
         found_any = found_any or table.name in TABLES
-        if check_versions:
+        derived = table.name in ROLLUP_TABLES
+        if check_versions and not derived:
             versions = schema_versions(files)
             unknown = versions - {SCHEMA_VERSION}
             if unknown:
@@ -245,9 +269,13 @@ def open_telemetry(
             if segs
         )
         hive_types = ", ".join(f"'{k}': {v}" for k, v in PARTITION_TYPES.items())
+        # Rollup files all have the one schema the build writes (one file per host and day: thousands
+        # over months), so they are read by position without opening every footer at each bind; a
+        # file of another layout is an error, never a silent null (gpustat-report rollup --rebuild).
+        # Their version is checked where their marks are read (``_register_rollup_marks``).
         con.execute(
             f"CREATE OR REPLACE TEMP VIEW {table.name} AS SELECT * FROM read_parquet([{globs}], "
-            f"hive_partitioning = true, union_by_name = true, hive_types = {{{hive_types}}})"
+            f"hive_partitioning = true, union_by_name = {str(not derived).lower()}, hive_types = {{{hive_types}}})"
         )
     if rollups:
         _register_rollup_marks(con, roots)
@@ -287,9 +315,10 @@ def _register_rollup_marks(con: duckdb.DuckDBPyConnection, roots: list[Location]
             for host in raw_hosts | set(newest):
                 mark: tuple[int | None, float | None, int | None] = (None, None, None)
                 if host in newest:
-                    meta = json.loads(
-                        (_read_schema(newest[host]).metadata or {}).get(METADATA_ROLLUP_KEY, b"{}")
-                    )
+                    footer = _read_schema(newest[host]).metadata or {}
+                    meta = json.loads(footer.get(METADATA_ROLLUP_KEY, b"{}"))
+                    if footer.get(METADATA_VERSION_KEY) != str(SCHEMA_VERSION).encode():
+                        meta = {}  # rollups of another schema version: this host reads raw samples
                     if "covers_to_us" in meta:
                         mark = (int(meta["covers_to_us"]), meta.get("idle_below"), meta.get("held_mem_bytes"))
                 old = marks.get((host, level))

@@ -141,19 +141,37 @@ def median_of(counts, values) -> float | None:
     return float(pairs[-1][0])
 
 
-def _chunks(con, source_where: str, params: list, table: str) -> list[tuple[str, list]]:
-    """(extra predicate, params) per chunk: whole entities, at most about CHUNK_ROWS rows each."""
-    counts = con.execute(
-        f"SELECT host, count(*) FROM {table} WHERE {source_where} GROUP BY host ORDER BY host", params
+def _chunks(
+    con, source_where: str, params: list, table: str, entity: Sequence[str], host_of: dict[int, str]
+) -> list[tuple[str, list]]:
+    """(extra predicate, params) per chunk: whole entities, at most about CHUNK_ROWS rows each (hosts
+    together while they fit: a scope of a few rows per host is one query, not one per host). Fills
+    ``host_of`` (entity hash -> host)."""
+    per_entity = con.execute(
+        f"SELECT host, hash({', '.join(entity)}), count(*) FROM {table} WHERE {source_where} GROUP BY ALL",
+        params,
     ).fetchall()
+    by_host: dict[str, int] = {}
+    for host, e, n in per_entity:
+        host_of[e] = host
+        by_host[host] = by_host.get(host, 0) + n
+    counts = sorted(by_host.items())
     chunks: list[tuple[str, list]] = []
+    group: list[str] = []
+    rows = 0
     for host, n in counts:
         parts = max(1, -(-n // CHUNK_ROWS))
         if parts == 1:
-            chunks.append(("host = ?", [host]))
+            if group and rows + n > CHUNK_ROWS:
+                chunks.append((f"host IN ({', '.join('?' for _ in group)})", group))
+                group, rows = [], 0
+            group.append(host)
+            rows += n
         else:
             for i in range(parts):
                 chunks.append(("host = ? AND hash(gpu_uuid) % ? = ?", [host, parts, i]))
+    if group:
+        chunks.append((f"host IN ({', '.join('?' for _ in group)})", group))
     return chunks
 
 
@@ -197,7 +215,7 @@ def weighted_query(
 
     which = {mask(ks): i for i, ks in enumerate(key_sets)}
     interval_mask = mask({"e", "dq"})
-    for chunk, chunk_params in _chunks(con, where, params, table):
+    for chunk, chunk_params in _chunks(con, where, params, table, entity, host_of):
         source = f"(SELECT {columns} FROM {table} WHERE {where} AND {chunk})"
         rows = con.execute(
             f"""
@@ -216,8 +234,6 @@ def weighted_query(
             else:
                 i = which[gid]
                 sets[i].append((*(values[k] for k in key_sets[i]), *rest[len(cols) :]))
-            if values.get("e") is not None:
-                host_of[values["e"]] = chunk_params[0]
     if not intervals and any(
         row[len(ks)] is not None for ks, rows in zip(key_sets, sets, strict=True) for row in rows
     ):

@@ -33,12 +33,14 @@ first-fit).
 from __future__ import annotations
 
 import math
+import statistics
 from bisect import insort
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import duckdb
 
+from analytics import _rollup
 from analytics._rows import GIB
 from analytics._scope import ALL, Scope, no_data_error
 from analytics._telemetry import TelemetryError
@@ -131,6 +133,7 @@ class WhatIf:
     simulated: bool = False
     demand: str = "process"  # the demand basis used: "process" or "gpu" (options.demand may say "auto")
     sampling_s: float | None = None  # the typical interval between a GPU's samples
+    data_source: str = "raw samples"  # which data answered: rollups (GPU demand) and/or raw samples
 
     @property
     def cost_saving(self) -> float:
@@ -155,6 +158,24 @@ _GPU_STEPS = """
            avg(util_gpu_mean) AS util, max(mem_used_bytes) AS mem, max(mem_total_bytes) AS mem_total,
            bool_or(simulated) AS sim
     FROM gpu_samples WHERE {where} GROUP BY host, gpu_uuid, step
+"""
+
+# The same from rollup rows before each host's mark (plain sums and counts: the same means) and
+# raw samples after it; a step that straddles a mark adds both.
+_GPU_STEPS_ROLLED = """
+    SELECT host, gpu_uuid, arg_max(gpu_index, t) AS gpu_index, step,
+           sum(util_sum) / nullif(sum(util_n), 0) AS util, max(mem) AS mem, max(mem_total) AS mem_total,
+           bool_or(sim) AS sim
+    FROM (
+        SELECT host, gpu_uuid, gpu_index, epoch_us(last_ts) AS t, epoch_us(ts) // ? AS step,
+               util_plain_sum AS util_sum, util_n, mem_used_peak AS mem, mem_total, simulated_s > 0 AS sim
+        FROM {rel}
+        UNION ALL
+        SELECT host, gpu_uuid, gpu_index, epoch_us(ts), epoch_us(ts) // ? AS step, util_gpu_mean,
+               (util_gpu_mean IS NOT NULL)::BIGINT, mem_used_bytes, mem_total_bytes, simulated
+        FROM gpu_samples WHERE {where}
+    )
+    GROUP BY host, gpu_uuid, step ORDER BY host, gpu_uuid, step
 """
 
 _PROCESS_STEPS = """
@@ -226,26 +247,19 @@ def what_if(
     """Replay the demand of ``scope`` onto a partitioned pool (see the module docstring)."""
     options.check()
     where, params = scope.where()
-    lo, hi, gpu_mem = con.execute(
-        f"SELECT min(epoch_us(ts)), max(epoch_us(ts)), max(mem_total_bytes) FROM gpu_samples WHERE {where}",
-        params,
-    ).fetchone()
-    if lo is None:
-        raise no_data_error(con, scope)
-    # The typical spacing of a GPU's samples, to choose the step (not a weight: nothing here is
-    # weighted per sample; demand is averaged per step).
-    (sampling_s,) = con.execute(
-        f"SELECT median((hi - lo) / (n - 1)) / 1e6 FROM (SELECT count(*) AS n, min(epoch_us(ts)) AS lo, "
-        f"max(epoch_us(ts)) AS hi FROM gpu_samples WHERE {where} GROUP BY host, gpu_uuid) WHERE n > 1",
-        params,
-    ).fetchone()
-    step_s = options.step_s or _auto_step((hi - lo) / 1e6, sampling_s or 0.0)
     demand = options.demand
     if demand == "auto":
         has_processes = con.execute(
             f"SELECT count(*) > 0 FROM (SELECT 1 FROM process_samples WHERE {where} LIMIT 1)", params
         ).fetchone()[0]
         demand = "process" if has_processes else "gpu"
+    # GPU demand is plain per-step aggregates: rollups answer it where they cover the range (before
+    # each host's mark; raw samples after it). Process demand reads process rows, which have none.
+    whole = _rollup.plan(con, scope)[0] if demand == "gpu" else None
+    lo, hi, gpu_mem, sampling_s = _extent(con, where, params, whole)
+    if lo is None:
+        raise no_data_error(con, scope)
+    step_s = options.step_s or _auto_step((hi - lo) / 1e6, sampling_s or 0.0)
     step_us = step_s * 1_000_000
     first, last = lo // step_us, hi // step_us
     horizon = int(last - first + 1)
@@ -255,9 +269,20 @@ def what_if(
             "no GPU memory size in the telemetry", "give the pool GPU's memory (gpu_mem_bytes)"
         )
 
-    gpu_steps = con.execute(
-        f"{_GPU_STEPS.format(where=where)} ORDER BY host, gpu_uuid, step", [step_us, *params]
-    ).fetchall()
+    plan = _rollup.plan(con, scope, None, step_s)[0] if whole is not None else None
+    if plan is not None:
+        rel, rp = _rollup.rollup_relation(plan, where, params)
+        after, ap = _rollup.raw_after(plan)
+        try:
+            gpu_steps = con.execute(
+                _GPU_STEPS_ROLLED.format(rel=rel, where=where + after), [step_us, *rp, step_us, *params, *ap]
+            ).fetchall()
+        except duckdb.BinderException:  # rollups built before they held util_n: raw samples answer
+            plan = None
+    if plan is None:
+        gpu_steps = con.execute(
+            f"{_GPU_STEPS.format(where=where)} ORDER BY host, gpu_uuid, step", [step_us, *params]
+        ).fetchall()
     observed_gpus = len({(r[0], r[1]) for r in gpu_steps})
     utils = [r[4] for r in gpu_steps if r[4] is not None]
     simulated = any(r[7] for r in gpu_steps)
@@ -336,6 +361,42 @@ def what_if(
         simulated=simulated,
         demand=demand,
         sampling_s=sampling_s,
+        data_source=plan.describe() if plan is not None else "raw samples",
+    )
+
+
+def _extent(con, where: str, params: list, plan) -> tuple[int | None, int | None, int | None, float | None]:
+    """(first, last sample in µs, largest GPU memory, the typical spacing of a GPU's samples in s).
+
+    The spacing chooses the step (it is not a weight: nothing here is weighted per sample; demand is
+    averaged per step): the median over GPUs of their span over their samples less one.
+    """
+    per_gpu = (
+        f"SELECT host, gpu_uuid, count(*) AS n, min(epoch_us(ts)) AS lo, max(epoch_us(ts)) AS hi, "
+        f"max(mem_total_bytes) AS mem FROM gpu_samples WHERE {where}{{after}} GROUP BY host, gpu_uuid"
+    )
+    if plan is None:
+        rows = con.execute(per_gpu.format(after=""), params).fetchall()
+    else:
+        rel, rp = _rollup.rollup_relation(plan, where, params)
+        after, ap = _rollup.raw_after(plan)
+        rows = con.execute(
+            f"""SELECT host, gpu_uuid, sum(n), min(lo), max(hi), max(mem) FROM (
+                    SELECT host, gpu_uuid, sum(samples) AS n, epoch_us(min(first_ts)) AS lo,
+                           epoch_us(max(last_ts)) AS hi, max(mem_total) AS mem
+                    FROM {rel} GROUP BY host, gpu_uuid
+                    UNION ALL {per_gpu.format(after=after)}) GROUP BY host, gpu_uuid""",
+            [*rp, *params, *ap],
+        ).fetchall()
+    if not rows:
+        return None, None, None, None
+    spacing = [(hi - lo) / (n - 1) for _, _, n, lo, hi, _ in rows if n > 1]
+    mems = [m for *_, m in rows if m is not None]
+    return (
+        min(r[3] for r in rows),
+        max(r[4] for r in rows),
+        max(mems) if mems else None,
+        statistics.median(spacing) / 1e6 if spacing else None,
     )
 
 

@@ -21,6 +21,7 @@ import os
 import resource
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -59,8 +60,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs per query (default 3)")
     ap.add_argument("--all", action="store_true", help="also time patterns, attribution and the what-if")
     ap.add_argument("--rollups", action="store_true", help="also build rollups and time the summary on them")
-    ap.add_argument("--no-build", action="store_true", help="with --rollups: use the rollups already there")
+    ap.add_argument(
+        "--no-build", action="store_true", help="with --rollups or --skip-raw: use the rollups already there"
+    )
+    ap.add_argument(
+        "--skip-raw",
+        action="store_true",
+        help="with --rollups: leave out the raw-sample timings (and the comparison)",
+    )
+    ap.add_argument("--app", action="store_true", help="also time the Streamlit app's first page (AppTest)")
+    ap.add_argument("--report", action="store_true", help="also time `gpustat-report build` (a subprocess)")
     args = ap.parse_args(argv)
+    if args.skip_raw:
+        return _rollups_only(args)
 
     con = A.open_telemetry(args.dir, rollups=False)
     rows, gpus = con.execute("SELECT count(*), count(DISTINCT gpu_uuid) FROM gpu_samples").fetchone()
@@ -125,6 +137,77 @@ def _rollups(args, raw: A.FleetSummary, week: A.Scope, one_host: A.Scope) -> Non
         a = _timed(f"{label} raw", lambda fn=fn: fn(raw_con), 1)
         b = _timed(f"{label} rollups", lambda fn=fn: fn(con), 1)
         print(f"  -> same as raw: {_close(a, b)}")
+
+
+def _rollups_only(args) -> int:
+    """The rollup path alone: (re)build or not, then each figure the app's first page shows."""
+    size = sum(f.stat().st_size for f in (args.dir / "gpu_samples").rglob("*.parquet")) / (1 << 30)
+    print(f"{args.dir}: {size:.2f} GiB raw Parquet; cores {os.cpu_count()}, duckdb {_duckdb()}")
+    if not args.no_build:
+        r = _timed("build_rollups (from scratch)", lambda: A.build_rollups(args.dir, rebuild=True), 1)
+        print(f"  -> {r.samples:,} samples -> {r.minute_rows:,} minute rows, {r.hour_rows:,} hour rows")
+        # An incremental build: the last day again (as after an import of that day's logs).
+        last = A.data_extent(A.open_telemetry(args.dir)).end
+        since = last.replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
+        r = _timed("build_rollups (the last day)", lambda: A.build_rollups(args.dir, since=since), 1)
+        print(f"  -> {r.samples:,} samples -> {r.minute_rows:,} minute rows, {r.hour_rows:,} hour rows")
+    rsize = sum(f.stat().st_size for f in args.dir.glob("gpu_rollup_*/**/*.parquet")) / (1 << 20)
+    print(f"rollups on disk: {rsize:.0f} MiB")
+    con = _timed("open_telemetry", lambda: A.open_telemetry(args.dir), 1)
+    ext = _timed("data_extent", lambda: A.data_extent(con), args.repeat)
+    print(
+        f"  -> {ext.start:%Y-%m-%d %H:%M} to {ext.end:%Y-%m-%d %H:%M}, {len(ext.hosts)} hosts, {len(ext.gpus)} GPUs"
+    )
+    s = _timed("fleet_summary (whole)", lambda: A.fleet_summary(con), args.repeat)
+    print(
+        f"  -> {s.data_source}; {s.samples:,} samples, {s.gpu_hours:,.1f} GPU-h, util mean {s.util_gpu_mean:.6f}"
+    )
+    start = s.first_sample.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+    week = A.Scope(start, start + timedelta(days=7))
+    _timed("fleet_summary (a week, on the hour)", lambda: A.fleet_summary(con, week), args.repeat)
+    _timed(
+        "fleet_summary (one host)", lambda: A.fleet_summary(con, A.Scope(hosts=(ext.hosts[0],))), args.repeat
+    )
+    t = _timed("utilization_timeline", lambda: A.utilization_timeline(con), args.repeat)
+    print(f"  -> {len(t.points)} points of {t.bucket_s} s")
+    _timed("hour_of_week (fleet)", lambda: A.hour_of_week(con), args.repeat)
+    _timed("hour_of_week (per host)", lambda: A.hour_of_week(con, level="host"), args.repeat)
+    _timed("busiest_idlest", lambda: A.busiest_idlest(con), args.repeat)
+    w = _timed("what_if (GPU demand)", lambda: A.what_if(con), args.repeat)
+    print(f"  -> {w.data_source}; {w.requests} requests, {w.step_s} s steps, need p95 {w.gpus_needed_p95}")
+    if args.app:
+        _time_app(args.dir)
+    if args.report:
+        _time_report(args.dir)
+    return 0
+
+
+def _time_app(root: Path) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    from reports import DIRS_ENV
+
+    os.environ[DIRS_ENV] = str(root)
+    app = Path(__file__).resolve().parent.parent / "reports" / "app.py"
+    at = _timed(
+        "app: first page (AppTest)", lambda: AppTest.from_file(str(app), default_timeout=600).run(), 1
+    )
+    print(f"  -> exceptions: {[e.message[:200] for e in at.exception] or 'none'}")
+
+
+def _time_report(root: Path) -> None:
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "reports.cli", "build", str(root), "-o", f"{tmp}/report.html"]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        print(
+            f"{'gpustat-report build':<30} wall {time.perf_counter() - t0:6.2f} s   rc {proc.returncode}   "
+            f"load {os.getloadavg()[0]:.1f}   {proc.stderr.strip().splitlines()[-1:] if proc.returncode else ''}",
+            flush=True,
+        )
 
 
 def _close(a, b) -> bool:

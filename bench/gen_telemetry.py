@@ -6,6 +6,16 @@ writes one month of 64 GPUs at 1 Hz (~166 M gpu_samples rows, plus process rows 
 the collector's layout (``<out>/<table>/date=.../host=.../*.parquet``, ``collector.schema``). Every row
 says ``simulated = true`` and ``source = 'simulated'``. Keep the output out of git (write under /tmp).
 
+The fleet of issue 14 (512 GPUs x 90 days, rollups plus the last 14 days raw), in a time one can wait for:
+
+    python bench/gen_telemetry.py --out /tmp/gpupool-512 --days 90 --hosts 1 --keep-raw 14 --replicate-hosts 64
+
+generates one host of 8 GPUs day by day, brings its rollups up to date after each day and expires
+its raw days older than 14 (the real ``build_rollups`` and ``expire_raw``, as a collector with
+``--keep-raw 14d`` would), then hard-links that host's files under 63 more host names: 64 hosts
+whose samples are copies of one another's. Queries cost the same as over 64 different hosts (DuckDB
+reads every file); the build is timed for the one host.
+
 Vectorised: each GPU's month is planned at minute resolution first (jobs, sessions, a daily and
 weekly rhythm), then each (day, host) segment is expanded to ticks with numpy and written as one
 Parquet file. Four kinds of GPU make the report worth reading:
@@ -189,7 +199,9 @@ def segment(
             "schema_version": np.full(n, SCHEMA_VERSION, np.int16),
         }
     ).select(GPU_SAMPLES.column_names)
-    g_table = g_table.cast(GPU_SAMPLES.arrow_schema)
+    # In time order, as `gpustat-collect compact` leaves a day (and as the collector's segments are):
+    # readers then skip row groups by time, not only whole days.
+    g_table = g_table.cast(GPU_SAMPLES.arrow_schema).sort_by("ts")
     p_table = None
     if processes:
         m = sum(len(a) for a in p_cols["ts"])
@@ -224,8 +236,10 @@ def generate(
     processes: bool,
     seed: int = 7,
     progress=print,
+    after_day=None,
 ) -> int:
-    """Write the telemetry; returns the number of gpu_samples rows."""
+    """Write the telemetry; returns the number of gpu_samples rows. ``after_day(day)`` runs once each
+    day's segments are written (the rollup build and retention of ``--keep-raw``)."""
     rng = np.random.default_rng(seed)
     start_dt = datetime(start.year, start.month, start.day, tzinfo=UTC)
     fleet = []
@@ -252,6 +266,8 @@ def generate(
                 pq.write_table(t, tmp, compression="zstd", row_group_size=256 * 1024)
                 tmp.rename(folder / "sim-000000.parquet")
             rows += g_table.num_rows
+        if after_day is not None:
+            after_day(day)
         progress(f"day {d + 1}/{days}: {rows:,} gpu rows, {time.monotonic() - t0:.0f} s")
     return rows
 
@@ -268,11 +284,39 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start", type=date.fromisoformat, default=date(2026, 1, 5), help="first day (a Monday)")
     ap.add_argument("--processes", action="store_true", help="also write process_samples")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument(
+        "--keep-raw",
+        type=float,
+        metavar="DAYS",
+        help="as a collector with --keep-raw would: after each day, bring the rollups up to date "
+        "(analytics.build_rollups, incremental) and expire raw gpu_samples days older than DAYS "
+        "(analytics.expire_raw, 'now' being the end of the generated history)",
+    )
+    ap.add_argument(
+        "--replicate-hosts",
+        type=int,
+        default=1,
+        metavar="N",
+        help="then copy every host's folders (hard links) as N times as many hosts: the same samples "
+        "under other host names, a large fleet in seconds (the data is N copies: say so when you report it)",
+    )
     args = ap.parse_args(argv)
     if args.out.exists() and any(args.out.iterdir()):
         print(f"error: {args.out} is not empty; give a new directory", file=sys.stderr)
         return 2
     t0 = time.monotonic()
+    after_day = None
+    timings: list[float] = []
+    if args.keep_raw is not None:
+        import analytics
+
+        def after_day(day: date) -> None:
+            t = time.monotonic()
+            analytics.build_rollups(args.out)
+            now = datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(days=1)
+            analytics.expire_raw(args.out, args.keep_raw * 86400, now=now)
+            timings.append(time.monotonic() - t)
+
     rows = generate(
         args.out,
         days=args.days,
@@ -283,9 +327,34 @@ def main(argv: list[str] | None = None) -> int:
         processes=args.processes,
         seed=args.seed,
         progress=lambda m: print(m, file=sys.stderr),
+        after_day=after_day,
     )
     print(f"wrote {rows:,} gpu_samples rows to {args.out} in {time.monotonic() - t0:.0f} s")
+    if timings:
+        print(
+            f"rollups built and raw expired after each day: {sum(timings):.0f} s in all, "
+            f"{max(timings):.1f} s for the slowest day"
+        )
+    if args.replicate_hosts > 1:
+        copies = replicate_hosts(args.out, args.replicate_hosts)
+        print(f"replicated every host {args.replicate_hosts} times: {copies:,} files hard-linked")
     return 0
+
+
+def replicate_hosts(out: Path, factor: int) -> int:
+    """Hard-link each ``host=H`` folder of every table as ``host=H-rK`` (K = 2..factor)."""
+    import os
+
+    copies = 0
+    for folder in sorted(out.glob("*/date=*/host=*")):
+        for k in range(2, factor + 1):
+            twin = folder.with_name(f"{folder.name}-r{k:03d}")
+            twin.mkdir(exist_ok=True)
+            for f in folder.iterdir():
+                if f.is_file() and not f.name.startswith("."):
+                    os.link(f, twin / f.name)
+                    copies += 1
+    return copies
 
 
 if __name__ == "__main__":

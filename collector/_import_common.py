@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +18,12 @@ class ImportReport:
     first_malformed: str | None = None  # "file:line N: why"
     hosts: set[str] = field(default_factory=set)
     ignored_columns: set[str] = field(default_factory=set)
+    first_ts: dt.datetime | None = None  # the oldest sample imported (rollups are brought up to date from it)
+
+    def saw(self, rows: list[dict]) -> None:
+        if rows:
+            first = min(r["ts"] for r in rows)
+            self.first_ts = first if self.first_ts is None else min(self.first_ts, first)
 
     def bad(self, where: str, why: str) -> None:
         self.malformed += 1

@@ -132,6 +132,7 @@ def import_files(files: list[Path], out: Path, *, host: str | None, interval_s: 
         writer.append("gpu_samples", rows)
         writer.close()
         report.rows += len(rows)
+        report.saw(rows)
         report.hosts.add(_safe_host(h))
     return report
 

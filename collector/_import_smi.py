@@ -186,4 +186,5 @@ def import_files(files: list[Path], out: Path, *, host: str, tz: str | None = No
         writer.append("gpu_samples", all_rows)
         writer.close()
     report.rows = len(all_rows)
+    report.saw(all_rows)
     return report

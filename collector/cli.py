@@ -34,6 +34,14 @@ def parse_duration(text: str) -> float:
     return value
 
 
+def parse_period(text: str) -> float:
+    """An argparse type: a duration, where 0 means never."""
+    try:
+        return durations.parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def default_out() -> Path:
     """<user data dir>/gpupool/telemetry (platformdirs; the XDG default where it is not installed)."""
     try:
@@ -47,6 +55,19 @@ def default_out() -> Path:
 def default_spool() -> Path:
     """<user data dir>/gpupool/spool: rows an object store did not take by exit, sent at the next start."""
     return default_out().parent / "spool"
+
+
+def _keep_raw_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--keep-raw",
+        type=parse_duration,
+        default=None,
+        metavar="D",
+        help=(
+            "delete raw gpu_samples days older than D (e.g. 14d) once the rollups cover them; days no rollup "
+            "covers yet are kept, and so are process_samples (default: keep everything)"
+        ),
+    )
 
 
 def _err(title: str, hint: str = "") -> int:
@@ -68,7 +89,7 @@ def collect_parser() -> argparse.ArgumentParser:
             "other commands:\n"
             f"  {PROG} import nvidia-smi FILE... --out DIR [--host H]   import nvidia-smi --query-gpu CSV logs\n"
             f"  {PROG} import dcgm FILE... --out DIR [--host H]         import dcgm-exporter /metrics dumps\n"
-            f"  {PROG} compact DIR [--date YYYY-MM-DD]                   merge a day's small segments\n"
+            f"  {PROG} compact DIR [--date D] [--keep-raw 14d]          merge a day's small segments, update rollups\n"
             "\nexamples:\n"
             f"  {PROG} --out /var/lib/gpupool/telemetry --prometheus 9401\n"
             f"  {PROG} --simulate 8 --duration 10m          # no GPU here: a labelled simulated fleet\n"
@@ -147,6 +168,14 @@ def collect_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--host", default=None, metavar="NAME", help="host name in the telemetry path (default: this host's)"
     )
+    p.add_argument(
+        "--rollup-every",
+        type=parse_period,
+        default=3600.0,
+        metavar="D",
+        help="bring this host's minute and hour rollups up to date this often (default 1h; 0: never)",
+    )
+    _keep_raw_option(p)
     p.add_argument(
         "-q",
         "--quiet",
@@ -258,6 +287,7 @@ def _collect(args, stop: threading.Event) -> int:
             )
     else:
         recover(args.out)
+    keeper = None
     status = Status(
         quiet=args.quiet, label=" [SIMULATED]" if (fleet or getattr(source, "simulated", False)) else ""
     )
@@ -285,6 +315,12 @@ def _collect(args, stop: threading.Event) -> int:
                     f"{PROG}: serving /metrics on http://{args.prometheus_addr}:{server.server_address[1]}/metrics"
                 )
         stats = None
+        if args.rollup_every > 0 and not isinstance(args.out, S3Location):  # a bucket's rollups: elsewhere
+            from collector._rollups import RollupKeeper, RollupOptions
+
+            keeper = RollupKeeper(
+                args.out, args.host, RollupOptions(args.rollup_every, args.keep_raw), report=status.event
+            ).start()
         if not stop.is_set():
             stats = run(
                 source,
@@ -299,6 +335,8 @@ def _collect(args, stop: threading.Event) -> int:
         lost = writer.buffered_rows
         return _err(exc.title, f"{exc.hint} ({lost} unwritten rows dropped at exit)" if lost else exc.hint)
     finally:
+        if keeper is not None:
+            keeper.stop()
         if source is not None:
             source.close()
     status.finish()
@@ -446,6 +484,11 @@ def import_parser() -> argparse.ArgumentParser:
             help="telemetry directory (or bucket) to write",
         )
         q.add_argument("--host", metavar="NAME", help=f"host the logs come from (default: {host_default})")
+        q.add_argument(
+            "--no-rollups",
+            action="store_true",
+            help="do not bring the imported hosts' minute and hour rollups up to date afterwards",
+        )
     smi.add_argument(
         "--tz", default=None, metavar="ZONE", help="time zone of the timestamps (default: this machine's)"
     )
@@ -476,7 +519,30 @@ def cmd_import(argv: list[str]) -> int:
     except CollectorError as exc:
         return _err(exc.title, exc.hint)
     print(report.summary())
-    return 1 if report.rows == 0 else 0
+    if report.rows == 0:
+        return 1
+    from collector.location import is_s3
+
+    if not args.no_rollups and not is_s3(str(args.out)):  # a bucket's rollups are built elsewhere
+        return _update_rollups(args.out, tuple(sorted(report.hosts)), since=report.first_ts)
+    return 0
+
+
+def _update_rollups(root: Path, hosts: tuple[str, ...] = (), *, keep_raw_s=None, since=None) -> int:
+    from collector._rollups import update
+
+    try:
+        print(update(root, hosts, keep_raw_s=keep_raw_s, since=since))
+    except OSError as exc:
+        return _err(
+            f"rollups not updated under {root}: {exc.strerror or exc}",
+            "the raw samples are all there; fix the cause and run gpustat-collect compact DIR (or gpustat-report rollup DIR)",
+        )
+    except Exception as exc:  # analytics' TelemetryError: one line, never a traceback
+        if not hasattr(exc, "title"):
+            raise
+        return _err(f"rollups not updated: {exc.title}", getattr(exc, "hint", ""))
+    return 0
 
 
 # -- compact ------------------------------------------------------------------------------------------
@@ -495,6 +561,12 @@ def compact_parser() -> argparse.ArgumentParser:
         metavar="YYYY-MM-DD",
         help="compact only this day (today allowed)",
     )
+    p.add_argument(
+        "--no-rollups",
+        action="store_true",
+        help="only merge segments; do not bring the minute and hour rollups up to date",
+    )
+    _keep_raw_option(p)
     p.add_argument("-q", "--quiet", action="store_true", help="print only the summary")
     return p
 
@@ -534,7 +606,11 @@ def cmd_compact(argv: list[str]) -> int:
     print(
         f"compacted {plural(result.folders, 'partition')}: {plural(result.segments_in, 'segment')} -> {result.segments_out} ({plural(result.rows, 'row')}){extra}"
     )
-    return 0
+    if args.no_rollups:
+        return 0
+    if not any((args.dir / "gpu_samples").glob("date=*/host=*")):
+        return 0  # no GPU samples (only pool events, say): nothing to roll up
+    return _update_rollups(args.dir, keep_raw_s=args.keep_raw)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -197,6 +197,10 @@ def _rollup_table(name: str, period: str) -> Table:
                 "util_raw_sum", pa.float64(), "ratio x seconds", "Sum of weight x utilization.gpu as stored."
             ),
             Column("sm_raw_sum", pa.float64(), "ratio x seconds", "Sum of weight x SM activity as stored."),
+            Column(
+                "util_n", pa.int64(), "", "Samples with utilization.gpu (the what-if's plain per-step means)."
+            ),
+            Column("util_plain_sum", pa.float64(), "ratio", "Sum of utilization.gpu as stored, unweighted."),
             Column("mem_ratio_s", pa.float64(), secs, "Observed time with a memory size."),
             Column("mem_ratio_sum", pa.float64(), "ratio x seconds", "Sum of weight x memory used / size."),
             Column("mem_s", pa.float64(), secs, "Observed time with memory used."),
@@ -231,7 +235,8 @@ def _rollup_table(name: str, period: str) -> Table:
 
 
 # Pre-aggregated telemetry (see analytics._rollup): same layout as the raw tables, one file per
-# date and host (``<table>/date=D/host=H/rollup.parquet``), replaced atomically on each build.
+# date and host (``<table>/date=D/host=H/rollup.parquet``; hours: D is the first day of a month),
+# replaced atomically when a build writes it.
 GPU_ROLLUP_MINUTE = _rollup_table("gpu_rollup_1m", "minute")
 GPU_ROLLUP_HOUR = _rollup_table("gpu_rollup_1h", "hour")
 ROLLUP_TABLES: dict[str, Table] = {t.name: t for t in (GPU_ROLLUP_MINUTE, GPU_ROLLUP_HOUR)}

@@ -50,6 +50,15 @@ def _tz(text: str) -> str:
     return text
 
 
+def _duration(text: str) -> float:
+    from collector.durations import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _when(text: str) -> datetime:
     """ISO date or date-time; naive means UTC."""
     try:
@@ -132,7 +141,8 @@ def _parser() -> argparse.ArgumentParser:
             "Pre-aggregate gpu_samples per GPU per minute and per hour (gpu_rollup_1m, gpu_rollup_1h, beside "
             "the raw tables) so the summary over months answers in seconds. Covers each host up to 10 minutes "
             "before its newest sample; the report reads raw samples after that. Safe to interrupt: each "
-            "file is replaced atomically. Run it again after new data or an import of older logs."
+            "file is replaced atomically. Incremental: each host goes on from its previous mark (--rebuild: "
+            "from its oldest raw sample). gpustat-collect keeps them up to date by itself (docs/collector.md)."
         ),
     )
     rollup.add_argument(
@@ -140,6 +150,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     rollup.add_argument(
         "--hosts", nargs="+", default=[], metavar="HOST", help="only these hosts (default all)"
+    )
+    rollup.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="recompute from each host's oldest raw sample (default: go on from the previous build's mark)",
+    )
+    rollup.add_argument(
+        "--keep-raw",
+        type=_duration,
+        default=None,
+        metavar="D",
+        help="then delete raw gpu_samples days older than D (e.g. 14d) that the rollups cover (never others)",
     )
     rollup.add_argument("-q", "--quiet", action="store_true", help="print only the summary")
     pool = build.add_argument_group("what-if pool")
@@ -299,10 +321,14 @@ def _rollup(args) -> int:
         result = analytics.build_rollups(
             args.dir,
             hosts=tuple(args.hosts),
+            rebuild=args.rebuild,
             progress=None
             if args.quiet
             else lambda msg: print(f"gpustat-report: rollup {msg}", file=sys.stderr),
         )
+        gone = None
+        if args.keep_raw is not None:
+            gone = analytics.expire_raw(args.dir, args.keep_raw, hosts=tuple(args.hosts))
     except OSError as exc:
         return _fail(
             f"rollup failed under {args.dir}: {exc.strerror or exc}",
@@ -313,6 +339,11 @@ def _rollup(args) -> int:
         f"{result.minute_rows:,} minute rows and {result.hour_rows:,} hour rows ({result.files} files) "
         f"in {time.monotonic() - t0:.1f} s"
     )
+    if gone is not None:
+        print(
+            f"gpustat-report: expired {gone.partitions} raw day partition(s) ({gone.bytes / (1 << 20):,.0f} MiB); "
+            f"{len(gone.kept_no_rollup)} older one(s) kept: no rollup covers them yet"
+        )
     return 0
 
 

@@ -61,6 +61,8 @@ class ServerConfig:
     sample_interval_s: float = 5.0
     telemetry_flush_s: float = 10.0
     ended_retention_s: float = 30 * 86400  # ended leases stay queryable this long (telemetry keeps all)
+    rollup_every_s: float = 3600.0  # the GPU samples' minute and hour rollups brought up to date (0: never)
+    keep_raw_s: float | None = None  # raw gpu_samples days older than this go once rolled up (None: kept)
 
 
 def load_config(path: Path | None) -> ServerConfig:
@@ -128,6 +130,8 @@ def _apply(cfg: ServerConfig, data: dict, path: Path) -> None:
         "sample_interval": "sample_interval_s",
         "telemetry_flush": "telemetry_flush_s",
         "ended_retention": "ended_retention_s",
+        "rollup_every": "rollup_every_s",
+        "keep_raw": "keep_raw_s",
     }
     for key, value in p.items():
         if key in durations:

@@ -18,6 +18,7 @@ log = logging.getLogger("gpupool.server")
 class EventLog:
     def __init__(self, telemetry_dir, host: str, *, simulated: bool, flush_interval_s: float = 10.0):
         self.simulated = simulated
+        self.host = host
         self.writer = None
         if telemetry_dir is not None:
             from collector import TelemetryWriter

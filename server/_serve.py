@@ -57,6 +57,13 @@ def _sampler(cfg: ServerConfig, events: EventLog, live: dict, stop: threading.Ev
     except Exception as exc:
         log.warning("GPU samples disabled: %s", exc)
         return
+    keeper = None
+    if cfg.telemetry_dir is not None and cfg.rollup_every_s > 0:
+        from collector._rollups import RollupKeeper, RollupOptions
+
+        keeper = RollupKeeper(
+            cfg.telemetry_dir, events.host, RollupOptions(cfg.rollup_every_s, cfg.keep_raw_s), report=log.info
+        ).start()
     while not stop.wait(cfg.sample_interval_s):
         try:
             tick = source.sample(dt.datetime.now(dt.UTC))
@@ -65,6 +72,8 @@ def _sampler(cfg: ServerConfig, events: EventLog, live: dict, stop: threading.Ev
             events.append_samples(tick.gpu_rows, tick.process_rows)
         except Exception:
             log.exception("GPU sample failed")
+    if keeper is not None:
+        keeper.stop()
 
 
 async def serve(cfg: ServerConfig) -> int:
