@@ -58,7 +58,12 @@ def _sampler(cfg: ServerConfig, events: EventLog, live: dict, stop: threading.Ev
         log.warning("GPU samples disabled: %s", exc)
         return
     keeper = None
-    if cfg.telemetry_dir is not None and cfg.rollup_every_s > 0:
+    # Rollups where the server writes to a directory (a bucket's are built from a copy of it).
+    if (
+        cfg.telemetry_dir is not None
+        and not str(cfg.telemetry_dir).startswith("s3://")
+        and cfg.rollup_every_s > 0
+    ):
         from collector._rollups import RollupKeeper, RollupOptions
 
         keeper = RollupKeeper(
