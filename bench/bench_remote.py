@@ -196,6 +196,18 @@ def run_child(env: dict[str, str], prefix: list[str] | None = None) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def bench_env(args) -> dict[str, str]:
+    """The child runs' environment: no lease of the caller's, the copy sizes asked for, this tree first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env["GPUPOOL_BENCH_MAX_COPY"] = str(args.max_copy_mib << 20)
+    env["GPUPOOL_BENCH_MIN_COPY"] = str(args.min_copy_mib << 20)
+    if args.copies_only:
+        env["GPUPOOL_BENCH_ONLY"] = "copies"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    os.environ["PYTHONPATH"] = env["PYTHONPATH"]  # the worker, started from here, imports this tree
+    return env
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -229,13 +241,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="gpupool-bench-remote-"))
     shim = fresh_shim(work / "shim")
     print(f"shim: {shim}", flush=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env["GPUPOOL_BENCH_MAX_COPY"] = str(args.max_copy_mib << 20)
-    env["GPUPOOL_BENCH_MIN_COPY"] = str(args.min_copy_mib << 20)
-    if args.copies_only:
-        env["GPUPOOL_BENCH_ONLY"] = "copies"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    os.environ["PYTHONPATH"] = env["PYTHONPATH"]
+    env = bench_env(args)
     results = {}
     if args.executor == "cuda":
         print("native run ...", flush=True)
@@ -303,13 +309,7 @@ def netem_main(args) -> int:
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="gpupool-bench-netem-"))
     shim = fresh_shim(work / "shim")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env["GPUPOOL_BENCH_MAX_COPY"] = str(args.max_copy_mib << 20)
-    env["GPUPOOL_BENCH_MIN_COPY"] = str(args.min_copy_mib << 20)
-    if args.copies_only:
-        env["GPUPOOL_BENCH_ONLY"] = "copies"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    os.environ["PYTHONPATH"] = env["PYTHONPATH"]
+    env = bench_env(args)
     results: dict = {"machine_before": machine()}
     options = LinkOptions(rate=args.link_rate, delay=args.link_delay, mtu=args.mtu)
     with NetemLink(options) as link:

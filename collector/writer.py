@@ -273,16 +273,9 @@ class TelemetryWriter:
     def flush(self) -> int:
         """Write every buffered row now; returns how many rows were written."""
         with self._write_lock:
-            with self._buffer_lock:
-                pending = {name: parts for name, parts in self._buffers.items() if parts}
-                self._buffers = {name: [] for name in TABLES}
-            written = 0
             try:
-                for name, parts in list(pending.items()):
-                    written += self._write_days(TABLES[name], pa.concat_tables(parts), self._sink)
-                    del pending[name]
+                written = self._drain(self._sink)
             except OSError as exc:
-                self._requeue(pending)
                 self.error = self._sink.describe(exc)
                 raise self.error from None
             self.error = None
@@ -290,6 +283,22 @@ class TelemetryWriter:
         if written and self._on_flush:
             self._on_flush(written)
         return written
+
+    def _drain(self, sink) -> int:
+        """Write every buffered row to `sink` (the caller holds the write lock); rows it refuses go back
+        to the buffer and the OSError is raised."""
+        with self._buffer_lock:
+            pending = {name: parts for name, parts in self._buffers.items() if parts}
+            self._buffers = {name: [] for name in TABLES}
+        rows = 0
+        try:
+            for name, parts in list(pending.items()):
+                rows += self._write_days(TABLES[name], pa.concat_tables(parts), sink)
+                del pending[name]
+        except OSError:
+            self._requeue(pending)
+            raise
+        return rows
 
     def _requeue(self, pending: dict[str, list[pa.Table]]) -> None:
         # Rows that could not be written go back to the front of the buffer, in order, as one table:
@@ -358,18 +367,10 @@ class TelemetryWriter:
         ``TelemetryWriteError`` if the directory refuses too; the rows then stay buffered)."""
         spool = _DirSink(Path(folder))
         with self._write_lock:
-            with self._buffer_lock:
-                pending = {name: parts for name, parts in self._buffers.items() if parts}
-                self._buffers = {name: [] for name in TABLES}
-            rows = 0
             try:
-                for name, parts in list(pending.items()):
-                    rows += self._write_days(TABLES[name], pa.concat_tables(parts), spool)
-                    del pending[name]
+                return self._drain(spool)
             except OSError as exc:
-                self._requeue(pending)
                 raise spool.describe(exc) from None
-        return rows
 
     def upload_spool(self, folder: str | os.PathLike) -> int:
         """Upload the segments a previous run spilled under ``folder`` (any host's), deleting each

@@ -46,6 +46,7 @@ static struct managed *find(uint64_t addr) {
 }
 
 int gp_managed_lookup(uint64_t ptr) {
+    if (!gp_managed_count()) return 0; /* every copy asks: no lock while the process has none */
     pthread_mutex_lock(&managed_lock);
     int found = find(ptr) != NULL;
     pthread_mutex_unlock(&managed_lock);
