@@ -766,6 +766,73 @@ def scenario_managed():
     say("bad_flags", cu.cuMemAllocManaged(ctypes.byref(plain), c_u64(64), 4))
 
 
+def scenario_mapped():
+    """Mapped page-locked memory: a DEVICEMAP allocation is the same address for the program and its
+    kernels; registered memory and a plain page-locked allocation get a device pointer once asked for
+    it; host writes before a launch reach the kernel, kernel writes reach the host after the sync,
+    over several allocations and streams; unregistering leaves the kernel's bytes in the memory."""
+    setup()
+    module, fn = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(fn), module, b"add_u32"), "function")
+    streams = [c_u64(), c_u64()]
+    for s in streams:
+        check(cu.cuStreamCreate(ctypes.byref(s), 0), "stream")
+
+    def add(device_ptr, n, value, stream):
+        ptr, v, count = c_u64(device_ptr), ctypes.c_uint32(value), ctypes.c_uint32(n)
+        params = (ctypes.c_void_p * 3)(ctypes.addressof(ptr), ctypes.addressof(v), ctypes.addressof(count))
+        check(cu.cuLaunchKernel(fn, (n + 255) // 256, 1, 1, 256, 1, 1, 0, stream, params, None), "launch")
+
+    n = 50_000  # u32 elements: several 64 KiB chunks
+    mapped, dev = c_u64(), c_u64()
+    check(cu.cuMemHostAlloc(ctypes.byref(mapped), c_u64(4 * n), 0x02), "host alloc mapped")
+    check(cu.cuMemHostGetDevicePointer(ctypes.byref(dev), c_u64(mapped.value + 8), 0), "device pointer")
+    say("mapped_same_address", dev.value == mapped.value + 8)
+    words = (ctypes.c_uint32 * n).from_address(mapped.value)
+    for i in range(n):
+        words[i] = i
+    registered_buf = (ctypes.c_uint32 * n)(*([7] * n))
+    check(cu.cuMemHostRegister(ctypes.byref(registered_buf), c_u64(4 * n), 0x02), "register")
+    registered_dev = c_u64()
+    check(
+        cu.cuMemHostGetDevicePointer(ctypes.byref(registered_dev), ctypes.byref(registered_buf), 0), "dev ptr"
+    )
+    pinned = c_u64()  # a plain page-locked allocation, mapped later, as the runtime's cudaHostAlloc(0)
+    check(cu.cuMemAllocHost(ctypes.byref(pinned), c_u64(4 * 1000)), "alloc host")
+    ctypes.memset(pinned.value, 0, 4000)
+    pinned_dev = c_u64()
+    check(cu.cuMemHostGetDevicePointer(ctypes.byref(pinned_dev), c_u64(pinned.value), 0), "dev ptr")
+    flags = ctypes.c_uint32()
+    check(cu.cuMemHostGetFlags(ctypes.byref(flags), c_u64(mapped.value)), "flags")
+    say("flags", flags.value)
+    for step in range(3):  # the host touches a little each step; kernels on two streams
+        words[step] += 1000
+        registered_buf[n - 1 - step] = 100
+        add(mapped.value, n, 1, streams[0])
+        add(registered_dev.value, n, 2, streams[1])
+        add(pinned_dev.value, 1000, 3, streams[step % 2])
+        check(cu.cuCtxSynchronize(), "sync")
+    say("mapped_words", [words[0], words[1], words[2], words[3], words[n - 1]])
+    say("registered_words", [registered_buf[0], registered_buf[n - 3], registered_buf[n - 1]])
+    say("pinned_word", (ctypes.c_uint32 * 1000).from_address(pinned.value)[999])
+    memory_type, is_mapped = ctypes.c_uint32(), ctypes.c_uint32()
+    check(cu.cuPointerGetAttribute(ctypes.byref(memory_type), 2, c_u64(mapped.value)), "memory type")
+    check(cu.cuPointerGetAttribute(ctypes.byref(is_mapped), 13, c_u64(pinned.value)), "mapped")
+    say("attributes", f"{memory_type.value} {is_mapped.value}")
+    _, data = dtoh(registered_dev.value, 8)  # a copy out of the device pointer sees the kernels' writes
+    say("copy_of_registered", data.hex())
+    check(cu.cuMemcpyHtoD(c_u64(mapped.value), b"\xaa\xbb\xcc\xdd", c_u64(4)), "copy into mapped memory")
+    say("host_sees_copy_in", ctypes.string_at(mapped.value, 4).hex())
+    add(registered_dev.value, n, 1, streams[0])
+    check(cu.cuStreamSynchronize(streams[0]), "sync")
+    check(cu.cuMemHostUnregister(ctypes.byref(registered_buf)), "unregister")
+    say("after_unregister", registered_buf[0])  # the kernel's bytes stay in the program's memory
+    say("free_mapped", cu.cuMemFreeHost(c_u64(mapped.value)))
+    say("free_pinned", cu.cuMemFreeHost(c_u64(pinned.value)))
+    say("free_device_ptr", cu.cuMemFree(c_u64(pinned_dev.value)))  # refused: host memory's, gone with it
+
+
 def scenario_tensor_maps():
     """cuTensorMapEncodeTiled / Im2col / ReplaceAddress: encoded by the worker (the host executor's
     stand-in descriptor holds the type, rank, address and dimensions); an address that is not the

@@ -322,6 +322,27 @@ def test_managed_memory_is_the_same_bytes_for_the_program_and_its_kernels(shim_d
     assert "gpupool:" not in err
 
 
+def test_mapped_host_memory_is_the_same_bytes_for_the_program_and_its_kernels(shim_dir, worker):
+    out, err = run_client("mapped", client_env(shim_dir, worker))
+    assert out == {
+        "mapped_same_address": "True",
+        "flags": "2",
+        # each step: the host's write, then +1 by a kernel; word 0 got 1000 at step 0 before three adds
+        "mapped_words": "[1003, 1004, 1005, 6, 50002]",
+        # 7 + 3 x 2; the host's 100 at step 2 (one add after it) and at step 0 (three)
+        "registered_words": "[13, 102, 106]",
+        "pinned_word": "9",
+        "attributes": "1 1",  # host memory, mapped
+        "copy_of_registered": "0d0000000d000000",
+        "host_sees_copy_in": "aabbccdd",
+        "after_unregister": "14",
+        "free_mapped": "0",
+        "free_pinned": "0",
+        "free_device_ptr": "1",
+    }
+    assert "gpupool:" not in err
+
+
 def test_tensor_maps_are_encoded_by_the_worker_for_the_leases_memory_only(shim_dir, worker):
     out, _ = run_client("tensor_maps", client_env(shim_dir, worker))
     assert out == {

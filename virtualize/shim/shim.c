@@ -503,6 +503,7 @@ CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args
     CUresult r = call_locked(call, flags, args, args_len, bulk1, bulk1_len, bulk2, bulk2_len, outs, outs_len,
                              bulk_out, bulk_out_len);
     pthread_mutex_unlock(&conn_lock);
+    gp_managed_after(call, r);
     if (changes) gp_memo_changed(call, r);
     if (profile_enabled) profile_note(call, flags, now_ns() - start, args_len + bulk1_len + bulk2_len, bulk_out_len);
     return r;

@@ -323,19 +323,18 @@ static int imported(uint64_t dptr) {
     return gp_dev_lookup(dptr, &base, NULL, &owned) && base == dptr && owned == 0;
 }
 
-/* Managed memory: a device allocation of its own 2 MiB pages (so no other allocation shares its host
- * pages), zeroed, mirrored by host pages at the same address (shim_managed.c). */
+/* Managed memory and DEVICEMAP host memory: a device allocation of its own 2 MiB pages (so no other
+ * allocation shares its host pages), zeroed, mirrored by host pages at the same address
+ * (shim_managed.c). */
 #define MANAGED_MIN ((1u << 20) + 1) /* past the worker's small allocations, which share pages */
 
-CUresult cuMemAllocManaged(uint64_t *dptr, uint64_t bytesize, uint32_t flags) {
-    GP_TRACE("cuMemAllocManaged");
-    if (!dptr || !bytesize || (flags & ~3u) || !flags) return CUDA_ERROR_INVALID_VALUE; /* ATTACH_GLOBAL|HOST */
+static CUresult mirrored_alloc(uint64_t *dptr, uint64_t bytesize, int kind) {
     uint64_t ptr;
     CUresult r = alloc_reserved(&ptr, bytesize < MANAGED_MIN ? MANAGED_MIN : bytesize, 0, 0, 0);
     if (r != CUDA_SUCCESS) return r;
     struct gp_in_cuMemsetD8_v2 zero = {.dst = ptr, .value = 0, .count = bytesize};
     r = gp_call(GP_CALL_cuMemsetD8_v2, 0, &zero, sizeof zero, NULL, 0, NULL, 0, NULL, 0);
-    if (r == CUDA_SUCCESS && gp_managed_add(ptr, bytesize) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r == CUDA_SUCCESS && gp_managed_add(ptr, bytesize, kind) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
     if (r != CUDA_SUCCESS) {
         free_remote(ptr, 0, 0);
         gp_dev_remove(ptr);
@@ -345,13 +344,20 @@ CUresult cuMemAllocManaged(uint64_t *dptr, uint64_t bytesize, uint32_t flags) {
     return CUDA_SUCCESS;
 }
 
+CUresult cuMemAllocManaged(uint64_t *dptr, uint64_t bytesize, uint32_t flags) {
+    GP_TRACE("cuMemAllocManaged");
+    if (!dptr || !bytesize || (flags & ~3u) || !flags) return CUDA_ERROR_INVALID_VALUE; /* ATTACH_GLOBAL|HOST */
+    return mirrored_alloc(dptr, bytesize, GP_MIRROR_MANAGED);
+}
+
 /* Prefetch and advice are hints to the driver's page migration; the mirror has none to give. A prefetch
  * to a device sends what the host wrote (as the next launch would); one to the host waits for the
  * next touch. Memory that is not managed is refused, as the driver does. */
 #define LOCATION_HOST 2 /* CU_MEM_LOCATION_TYPE_HOST */
 
 static CUresult managed_hint(uint64_t dptr, uint64_t count, int to_device) {
-    if (!gp_managed_lookup(dptr) || (count && !gp_managed_lookup(dptr + count - 1))) return CUDA_ERROR_INVALID_VALUE;
+    if (gp_managed_lookup(dptr) != GP_MIRROR_MANAGED || (count && gp_managed_lookup(dptr + count - 1) != GP_MIRROR_MANAGED))
+        return CUDA_ERROR_INVALID_VALUE;
     if (to_device) gp_managed_before(GP_CALL_cuMemsetD8_v2); /* as before any device work */
     return CUDA_SUCCESS;
 }
@@ -383,7 +389,9 @@ CUresult cuMemAdvise_v2(uint64_t dptr, uint64_t count, int32_t advice, uint64_t 
 CUresult cuMemFree_v2(uint64_t dptr) {
     GP_TRACE("cuMemFree_v2");
     if (!dptr) return CUDA_SUCCESS; /* as the driver does: cudart's cudaFree(NULL) idiom ends here */
-    gp_managed_remove(dptr);
+    int mirror = gp_managed_lookup(dptr);
+    if (mirror == GP_MIRROR_MAPPED) return CUDA_ERROR_INVALID_VALUE; /* host memory: cuMemFreeHost's */
+    if (mirror == GP_MIRROR_MANAGED) gp_managed_remove(dptr);
     if (imported(dptr)) {
         gp_dev_remove(dptr);
         return CUDA_SUCCESS;
@@ -781,10 +789,21 @@ CUresult cuLibraryGetGlobal(uint64_t *dptr, uint64_t *bytes, uint64_t library, c
 
 /* ---- host memory stays here ---------------------------------------------------------------------- */
 
+/* Page-locked memory is host memory of this process. What kernels are to read as well (DEVICEMAP, or
+ * memory whose device pointer is asked for) is mirrored by device memory of the lease, which counts
+ * against the partition (shim_managed.c). */
+#define HOSTALLOC_DEVICEMAP 0x02
+
 static CUresult host_alloc(uint64_t *pp, uint64_t bytesize, unsigned flags) {
     if (!pp || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
-    void *p = NULL;
-    if (posix_memalign(&p, 4096, bytesize) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (flags & HOSTALLOC_DEVICEMAP) { /* at its device address, as unified addressing has it */
+        CUresult r = mirrored_alloc(pp, bytesize, GP_MIRROR_MAPPED);
+        if (r == CUDA_SUCCESS) gp_host_add(*pp, bytesize, flags, 1);
+        return r;
+    }
+    void *p = NULL; /* whole pages of its own, so that it can be mirrored page by page */
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    if (posix_memalign(&p, page, (bytesize + page - 1) / page * page) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     gp_host_add((uint64_t)p, bytesize, flags, 1);
     *pp = (uint64_t)p;
     return CUDA_SUCCESS;
@@ -800,10 +819,22 @@ CUresult cuMemHostAlloc(uint64_t *pp, uint64_t bytesize, uint32_t flags) {
     return host_alloc(pp, bytesize, flags);
 }
 
+/* The device side of mirrored host memory at base goes (its bytes back in the host pages first). */
+static void unmirror(uint64_t base) {
+    uint64_t dev = gp_managed_remove(base);
+    if (!dev) return;
+    free_remote(dev, 0, 0);
+    gp_dev_remove(dev);
+}
+
 CUresult cuMemFreeHost(void *p) {
     GP_TRACE("cuMemFreeHost");
-    if (gp_host_remove((uint64_t)p, 1) != 0) return CUDA_ERROR_INVALID_VALUE;
-    free(p);
+    uint64_t at = (uint64_t)p;
+    int mirror = gp_managed_lookup(at);
+    if (mirror == GP_MIRROR_MANAGED) return CUDA_ERROR_INVALID_VALUE;
+    if (gp_host_remove(at, 1) != 0) return CUDA_ERROR_INVALID_VALUE;
+    unmirror(at);
+    if (mirror != GP_MIRROR_MAPPED) free(p); /* a mapped allocation's pages were the window's */
     return CUDA_SUCCESS;
 }
 
@@ -815,7 +846,9 @@ CUresult cuMemHostRegister_v2(void *p, uint64_t bytesize, uint32_t flags) {
 
 CUresult cuMemHostUnregister(void *p) {
     GP_TRACE("cuMemHostUnregister");
-    return gp_host_remove((uint64_t)p, 0) == 0 ? CUDA_SUCCESS : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    if (gp_host_remove((uint64_t)p, 0) != 0) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    unmirror((uint64_t)p);
+    return CUDA_SUCCESS;
 }
 
 CUresult cuMemHostGetFlags(uint32_t *flags, void *p) {
@@ -826,13 +859,25 @@ CUresult cuMemHostGetFlags(uint32_t *flags, void *p) {
     return CUDA_SUCCESS;
 }
 
-/* Page-locked memory is mapped at its own address under unified addressing; here that address is the
- * client's, so copies to and from it work and a kernel that dereferences it faults on the worker
- * (CUDA_ERROR_ILLEGAL_ADDRESS at the next sync): zero-copy kernels do not run remotely (docs/remote.md). */
+/* A DEVICEMAP allocation's device pointer is its own address. Other page-locked memory is mirrored from
+ * the first time its device pointer is asked for, by a device allocation of the lease: the pointer is
+ * that allocation's (a kernel given the host address itself faults, CUDA_ERROR_ILLEGAL_ADDRESS at the
+ * next sync; docs/remote.md). */
 CUresult cuMemHostGetDevicePointer_v2(uint64_t *pdptr, void *p, uint32_t flags) {
     GP_TRACE("cuMemHostGetDevicePointer_v2");
-    if (!pdptr || flags != 0 || !gp_host_lookup((uint64_t)p, NULL, NULL, NULL)) return CUDA_ERROR_INVALID_VALUE;
-    *pdptr = (uint64_t)p;
+    uint64_t at = (uint64_t)p, base, size, dev;
+    if (!pdptr || flags != 0 || !gp_host_lookup(at, &base, &size, NULL)) return CUDA_ERROR_INVALID_VALUE;
+    if (gp_mirror_device(at, pdptr)) return CUDA_SUCCESS;
+    CUresult r = alloc_reserved(&dev, size, 0, 0, 0);
+    if (r != CUDA_SUCCESS) return r;
+    if (gp_mirror_host(base, size, dev) != 0) {
+        gp_say("page-locked memory at 0x%llx shares a page with other mapped memory (or 4096 are mapped): "
+               "it cannot be mapped for kernels", (unsigned long long)base);
+        free_remote(dev, 0, 0);
+        gp_dev_remove(dev);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    *pdptr = dev + (at - base);
     return CUDA_SUCCESS;
 }
 
@@ -846,10 +891,11 @@ static int device_range(uint64_t ptr, uint64_t count) {
 static int is_device(uint64_t ptr) { return gp_dev_lookup(ptr, NULL, NULL, NULL); }
 
 static CUresult htod(uint32_t call, uint64_t dst, const void *src, uint64_t count, uint64_t stream) {
+    uint64_t mirrored;
     if (count == 0) return CUDA_SUCCESS;
-    if (gp_managed_lookup((uint64_t)src)) /* managed memory as the source: the device copy of it */
-        return call == GP_CALL_cuMemcpyHtoD_v2 ? cuMemcpyDtoD_v2(dst, (uint64_t)src, count)
-                                               : cuMemcpyDtoDAsync_v2(dst, (uint64_t)src, count, stream);
+    if (gp_mirror_device((uint64_t)src, &mirrored)) /* mirrored memory as the source: the device copy of it */
+        return call == GP_CALL_cuMemcpyHtoD_v2 ? cuMemcpyDtoD_v2(dst, mirrored, count)
+                                               : cuMemcpyDtoDAsync_v2(dst, mirrored, count, stream);
     /* A device address as the host side would fault inside sendmsg and cost the connection. */
     if (!src || !device_range(dst, count) || is_device((uint64_t)src)) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuMemcpyHtoD_v2 in = {.dst = dst, .count = count, .stream = stream};
@@ -858,10 +904,11 @@ static CUresult htod(uint32_t call, uint64_t dst, const void *src, uint64_t coun
 }
 
 static CUresult dtoh(uint32_t call, void *dst, uint64_t src, uint64_t count, uint64_t stream) {
+    uint64_t mirrored;
     if (count == 0) return CUDA_SUCCESS;
-    if (gp_managed_lookup((uint64_t)dst)) /* into managed memory: into its device copy */
-        return call == GP_CALL_cuMemcpyDtoH_v2 ? cuMemcpyDtoD_v2((uint64_t)dst, src, count)
-                                               : cuMemcpyDtoDAsync_v2((uint64_t)dst, src, count, stream);
+    if (gp_mirror_device((uint64_t)dst, &mirrored)) /* into mirrored memory: into its device copy */
+        return call == GP_CALL_cuMemcpyDtoH_v2 ? cuMemcpyDtoD_v2(mirrored, src, count)
+                                               : cuMemcpyDtoDAsync_v2(mirrored, src, count, stream);
     if (!dst || !device_range(src, count) || is_device((uint64_t)dst)) return CUDA_ERROR_INVALID_VALUE;
     struct gp_in_cuMemcpyDtoH_v2 in = {.src = src, .count = count, .stream = stream};
     /* The reply streams straight into the caller's buffer. */
@@ -914,15 +961,21 @@ CUresult cuMemcpyAsync(uint64_t dst, uint64_t src, uint64_t count, uint64_t stre
 /* ---- pointer attributes ------------------------------------------------------------------------ */
 
 static CUresult host_attribute(void *data, int attr, uint64_t ptr) {
-    uint64_t base, size;
+    uint64_t base, size, dev;
     unsigned flags;
     if (!gp_host_lookup(ptr, &base, &size, &flags)) return CUDA_ERROR_INVALID_VALUE;
+    int mapped = gp_mirror_device(ptr, &dev);
     switch (attr) {
     case 2: *(unsigned *)data = 1; return CUDA_SUCCESS; /* CU_MEMORYTYPE_HOST */
+    case 3: /* the device pointer: only memory mapped for kernels has one */
+        if (!mapped) return CUDA_ERROR_INVALID_VALUE;
+        *(uint64_t *)data = dev;
+        return CUDA_SUCCESS;
     case 4: *(uint64_t *)data = ptr; return CUDA_SUCCESS;
     case 11: *(uint64_t *)data = base; return CUDA_SUCCESS;
     case 12: *(uint64_t *)data = size; return CUDA_SUCCESS;
-    case 8: case 13: *(unsigned *)data = 0; return CUDA_SUCCESS; /* not managed, not mapped */
+    case 8: *(unsigned *)data = 0; return CUDA_SUCCESS; /* not managed */
+    case 13: *(unsigned *)data = (unsigned)mapped; return CUDA_SUCCESS;
     case 9: *(int *)data = -1; return CUDA_SUCCESS;
     default: return CUDA_ERROR_INVALID_VALUE;
     }
@@ -931,9 +984,10 @@ static CUresult host_attribute(void *data, int attr, uint64_t ptr) {
 CUresult cuPointerGetAttribute(void *data, int32_t attr, uint64_t ptr) {
     GP_TRACE("cuPointerGetAttribute");
     if (!data) return CUDA_ERROR_INVALID_VALUE;
-    if (!is_device(ptr)) return host_attribute(data, attr, ptr);
+    int mirror = gp_managed_lookup(ptr);
+    if (!is_device(ptr) || mirror == GP_MIRROR_MAPPED) return host_attribute(data, attr, ptr);
     if (attr == 8 /* IS_MANAGED */) {
-        *(unsigned *)data = gp_managed_lookup(ptr) ? 1 : 0;
+        *(unsigned *)data = mirror == GP_MIRROR_MANAGED;
         return CUDA_SUCCESS;
     }
     unsigned size = attr >= 0 && attr < 32 ? gp_pointer_attribute_size[attr] : 0;

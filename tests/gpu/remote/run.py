@@ -60,6 +60,7 @@ PROGRAMS = [
     "prog_pool_ipc.py",  # a pool and its pointer exported to a child process (file descriptor, 64 bytes)
     "prog_callbacks.py",  # host functions and stream callbacks run in the program, in stream order
     "prog_managed.py",  # managed memory written and read by the host and by kernels (numba, CuPy)
+    "prog_mapped.py",  # mapped page-locked memory: DEVICEMAP, registered arrays, a kernel given the host address
     "prog_graph_nodes.py",  # a graph built node by node: kernel, memset, empty nodes, dependencies
 ]
 results: list[dict] = []
