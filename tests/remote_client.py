@@ -915,6 +915,116 @@ def scenario_graph_nodes():
     say("second", struct.unpack("<I", dtoh(ptr, 4)[1])[0])
 
 
+def scenario_graph_conditionals():
+    """What cuda.core's graph builder does: a conditional node added to a capturing stream's graph after
+    the capture's dependency nodes, its body captured into from another stream (a while loop counting
+    down), then an if/else node whose condition a kernel sets, a child graph node, and the instantiated
+    graph updated from a graph of the same shape (and refused one of another)."""
+    ctx = setup()
+    rc, ptr = alloc(256)
+    check(rc, "alloc")
+    check(cu.cuMemsetD8(c_u64(ptr), 0, c_u64(256)), "zero")
+    module, add, count_down, set_condition = c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    for fn, name in ((add, b"add_u32"), (count_down, b"count_down"), (set_condition, b"set_condition")):
+        check(cu.cuModuleGetFunction(ctypes.byref(fn), module, name), name.decode())
+    stream, body_stream = c_u64(), c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    check(cu.cuStreamCreate(ctypes.byref(body_stream), 1), "body stream")
+    keep, ran = [], []
+    recorder = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(ran.append)  # a host node: the value it was given
+
+    def launch(fn, s, *args):
+        pointers = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+        keep.append((args, pointers))
+        check(cu.cuLaunchKernel(fn, 1, 1, 1, 4, 1, 1, 0, s, pointers, None), "launch")
+
+    def captured_graph(value):
+        """add `value` to word 0, then a while loop: add 1 to word 1 and count word 2 down from 3."""
+        check(cu.cuStreamBeginCapture(stream, 0), "begin capture")
+        launch(add, stream, c_u64(ptr), ctypes.c_uint32(value), ctypes.c_uint32(1))
+        status, capture_id, graph, deps, count = ctypes.c_int(), c_u64(), c_u64(), ctypes.c_void_p(), c_u64()
+        check(cu.cuStreamGetCaptureInfo(stream, ctypes.byref(status), ctypes.byref(capture_id),
+                                           ctypes.byref(graph), ctypes.byref(deps), None, ctypes.byref(count)),
+              "capture info")  # fmt: skip
+        say("capture_deps", f"{status.value} {count.value} {bool(deps.value)}")
+        handle = c_u64()
+        check(cu.cuGraphConditionalHandleCreate(ctypes.byref(handle), graph, ctx, 1, 1), "handle")
+        params = (ctypes.c_uint8 * 256)()
+        struct.pack_into("<I", params, 0, 13)  # CU_GRAPH_NODE_TYPE_CONDITIONAL
+        struct.pack_into("<QII", params, 16, handle.value, 1, 1)  # handle, CU_GRAPH_COND_TYPE_WHILE, size
+        struct.pack_into("<Q", params, 40, ctx.value)
+        node = c_u64()
+        check(cu.cuGraphAddNode(ctypes.byref(node), graph, deps, None, count, params), "while node")
+        bodies = ctypes.cast(struct.unpack_from("<Q", params, 32)[0], ctypes.POINTER(c_u64))
+        check(cu.cuStreamUpdateCaptureDependencies(stream, ctypes.byref(node), None, c_u64(1), 1), "deps")
+        check(cu.cuStreamBeginCaptureToGraph(body_stream, bodies[0], None, None, c_u64(0), 0), "capture body")
+        launch(add, body_stream, c_u64(ptr + 4), ctypes.c_uint32(1), ctypes.c_uint32(1))
+        launch(count_down, body_stream, handle, c_u64(ptr + 8))
+        body = c_u64()
+        check(cu.cuStreamEndCapture(body_stream, ctypes.byref(body)), "end body")
+        say("body_is_the_nodes_graph", body.value == bodies[0])
+        check(cu.cuLaunchHostFunc(stream, recorder, ctypes.c_void_p(value)), "host node")
+        finished = c_u64()
+        check(cu.cuStreamEndCapture(stream, ctypes.byref(finished)), "end capture")
+        return finished
+
+    graph = captured_graph(100)
+    exe = c_u64()
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, c_u64(0)), "instantiate")
+    check(cu.cuMemsetD32(c_u64(ptr + 8), 3, c_u64(1)), "counter")
+    check(cu.cuGraphLaunch(exe, stream), "launch graph")
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("after_while", list(struct.unpack("<III", dtoh(ptr, 12)[1])))
+
+    # if/else on a condition a kernel sets; a child graph; node by node
+    g, child, handle = c_u64(), c_u64(), c_u64()
+    check(cu.cuGraphCreate(ctypes.byref(g), 0), "graph")
+    check(cu.cuGraphCreate(ctypes.byref(child), 0), "child")
+    empty = c_u64()
+    check(cu.cuGraphAddEmptyNode(ctypes.byref(empty), child, None, c_u64(0)), "child's node")
+    check(cu.cuGraphConditionalHandleCreate(ctypes.byref(handle), g, ctx, 0, 0), "handle")
+    setter, cond, child_node = c_u64(), c_u64(), c_u64()
+    value = ctypes.c_uint32(0)
+    args = (handle, value)
+    pointers = (ctypes.c_void_p * 2)(*[ctypes.addressof(a) for a in args])
+    kernel = KernelNodeParams(set_condition.value, (ctypes.c_uint32 * 6)(1, 1, 1, 1, 1, 1), 0, 0,
+                              ctypes.cast(pointers, ctypes.c_void_p))  # fmt: skip
+    check(cu.cuGraphAddKernelNode(ctypes.byref(setter), g, None, c_u64(0), ctypes.byref(kernel)), "setter")
+    params = (ctypes.c_uint8 * 256)()
+    struct.pack_into("<I", params, 0, 13)
+    struct.pack_into("<QII", params, 16, handle.value, 0, 2)  # CU_GRAPH_COND_TYPE_IF with an else
+    check(
+        cu.cuGraphAddNode(ctypes.byref(cond), g, ctypes.byref(setter), None, c_u64(1), params), "if/else node"
+    )
+    bodies = ctypes.cast(struct.unpack_from("<Q", params, 32)[0], ctypes.POINTER(c_u64))
+    for i, word in ((0, 12), (1, 16)):  # the if body adds to word 3, the else body to word 4
+        memset = (ctypes.c_uint64 * 5)(ptr + word, 0, 7 | (4 << 32), 1, 1)
+        n = c_u64()
+        check(cu.cuGraphAddMemsetNode(ctypes.byref(n), bodies[i], None, c_u64(0), memset, c_u64(0)), "body")
+    check(
+        cu.cuGraphAddChildGraphNode(ctypes.byref(child_node), g, ctypes.byref(cond), c_u64(1), child), "child"
+    )
+    ge = c_u64()
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(ge), g, c_u64(0)), "instantiate")
+    check(cu.cuGraphLaunch(ge, c_u64(0)), "launch")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("if_else_with_0", list(struct.unpack("<II", dtoh(ptr + 12, 8)[1])))
+
+    # the while graph updated from one of the same shape adding 5; one of another shape refused
+    info = (ctypes.c_uint8 * 24)()
+    say("update", cu.cuGraphExecUpdate(exe, captured_graph(5), info))
+    for _ in range(2):
+        check(cu.cuMemsetD32(c_u64(ptr + 8), 3, c_u64(1)), "counter")
+        check(cu.cuGraphLaunch(exe, stream), "launch updated")
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("after_update", list(struct.unpack("<III", dtoh(ptr, 12)[1])))
+    say("host_nodes_ran", ran)
+    say("other_shape", f"{cu.cuGraphExecUpdate(exe, child, info)} {struct.unpack_from('<I', info)[0]}")
+    say("foreign_node", cu.cuStreamUpdateCaptureDependencies(stream, ctypes.byref(c_u64(4242)), None,
+                                                                c_u64(1), 1))  # fmt: skip
+
+
 def scenario_unknown():
     check(cu.cuInit(0), "init")
     texture = c_u64()  # texture objects are not forwarded (docs/remote.md)

@@ -343,6 +343,24 @@ def test_mapped_host_memory_is_the_same_bytes_for_the_program_and_its_kernels(sh
     assert "gpupool:" not in err
 
 
+def test_conditional_nodes_captured_bodies_child_graphs_and_updates_run_as_cuda_core_builds_them(
+    shim_dir, worker
+):
+    out, err = run_client("graph_conditionals", client_env(shim_dir, worker))
+    assert out == {
+        "capture_deps": "1 1 True",  # capturing, one dependency node handed to the program
+        "body_is_the_nodes_graph": "True",
+        "after_while": "[100, 3, 0]",  # the loop body ran while the counter counted down from 3
+        "if_else_with_0": "[0, 7]",  # the kernel set the condition to 0: the else body ran
+        "update": "0",
+        "after_update": "[110, 9, 0]",  # the updated graph adds 5, its loop ran again; launched twice
+        "host_nodes_ran": "[100, 5, 5]",  # a captured host function runs at every launch
+        "other_shape": "910 2",  # CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, TOPOLOGY_CHANGED
+        "foreign_node": "1",  # a node handle that is not the lease's
+    }
+    assert "gpupool:" not in err
+
+
 def test_tensor_maps_are_encoded_by_the_worker_for_the_leases_memory_only(shim_dir, worker):
     out, _ = run_client("tensor_maps", client_env(shim_dir, worker))
     assert out == {

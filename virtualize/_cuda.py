@@ -116,6 +116,7 @@ class CudaExecutor(Executor):
         self.linked: dict[int, bytes] = {}  # link state -> the image cuLinkComplete made
         # Host functions: one C thunk for the process's life (the driver calls it with a key).
         self.host_funcs: dict[int, Callable[[], None]] = {}
+        self.kept_host_funcs: set[int] = set()  # host functions captured into graphs (never popped)
         self._host_keys = itertools.count(1)
         self._host_thunk = _HOST_FN(self._run_host_func)
         self._host_thunk_fn = driver.CUhostFn(ctypes.cast(self._host_thunk, ctypes.c_void_p).value)
@@ -314,6 +315,9 @@ class CudaExecutor(Executor):
     def launch_host_func(self, stream, fn) -> None:
         key = next(self._host_keys)
         self.host_funcs[key] = fn
+        capturing = _ok(driver.cuStreamIsCapturing(self._stream(stream)))
+        if capturing != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE:
+            self.kept_host_funcs.add(key)  # a graph's host node: it runs at every launch
         try:
             _ok(driver.cuLaunchHostFunc(self._stream(stream), self._host_thunk_fn, key))
         except BaseException:
@@ -322,7 +326,7 @@ class CudaExecutor(Executor):
 
     def _run_host_func(self, key) -> None:
         """On the driver's callback thread: no CUDA call may be made here (none is)."""
-        fn = self.host_funcs.pop(key, None)
+        fn = self.host_funcs.get(key) if key in self.kept_host_funcs else self.host_funcs.pop(key, None)
         if fn is not None:
             try:
                 fn()
@@ -761,11 +765,24 @@ class CudaExecutor(Executor):
     def cuStreamEndCapture(self, stream):
         return _int(_ok(driver.cuStreamEndCapture(self._stream(stream))))
 
-    def cuStreamGetCaptureInfo(self, stream):
-        status, capture_id, graph, _deps, _edges, count = _ok(
+    def capture_info(self, stream):
+        status, capture_id, graph, deps, _edges, count = _ok(
             driver.cuStreamGetCaptureInfo(self._stream(stream))
         )
-        return int(status), int(capture_id), _int(graph), int(count)
+        return int(status), int(capture_id), _int(graph), [_int(n) for n in list(deps)[:count]]
+
+    def capture_to_graph(self, stream, graph, deps, mode):
+        _ok(driver.cuStreamBeginCaptureToGraph(
+            self._stream(stream), driver.CUgraph(graph), self._deps(deps), None, len(deps),
+            _enum(driver.CUstreamCaptureMode, mode),
+        ))  # fmt: skip
+
+    def update_capture_dependencies(self, stream, deps, flags):
+        _ok(
+            driver.cuStreamUpdateCaptureDependencies(
+                self._stream(stream), self._deps(deps), None, len(deps), flags
+            )
+        )
 
     def cuThreadExchangeStreamCaptureMode(self, mode):
         return int(_ok(driver.cuThreadExchangeStreamCaptureMode(_enum(driver.CUstreamCaptureMode, mode))))
@@ -836,6 +853,33 @@ class CudaExecutor(Executor):
 
     def graph_add_empty_node(self, graph, deps) -> int:
         return _int(_ok(driver.cuGraphAddEmptyNode(driver.CUgraph(graph), self._deps(deps), len(deps))))
+
+    def graph_add_child_node(self, graph, deps, child) -> int:
+        return _int(_ok(driver.cuGraphAddChildGraphNode(
+            driver.CUgraph(graph), self._deps(deps), len(deps), driver.CUgraph(child)
+        )))  # fmt: skip
+
+    def cuGraphChildGraphNodeGetGraph(self, node):
+        return _int(_ok(driver.cuGraphChildGraphNodeGetGraph(driver.CUgraphNode(node))))
+
+    def cuGraphConditionalHandleCreate(self, graph, ctx, default_value, flags):
+        return _int(_ok(driver.cuGraphConditionalHandleCreate(
+            driver.CUgraph(graph), driver.CUcontext(ctx) if ctx else _ok(driver.cuCtxGetCurrent()), default_value, flags
+        )))  # fmt: skip
+
+    def graph_add_conditional_node(self, graph, deps, handle, kind, size, ctx):
+        params = driver.CUgraphNodeParams()
+        params.type = driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
+        params.conditional.handle = driver.CUgraphConditionalHandle(handle)
+        params.conditional.type = _enum(driver.CUgraphConditionalNodeType, kind)
+        params.conditional.size = size
+        params.conditional.ctx = driver.CUcontext(ctx) if ctx else _ok(driver.cuCtxGetCurrent())
+        node = _ok(driver.cuGraphAddNode(driver.CUgraph(graph), self._deps(deps), None, len(deps), params))
+        return _int(node), [_int(params.conditional.phGraph_out[i]) for i in range(size)]
+
+    def graph_exec_update(self, graph_exec, graph):
+        err, info = driver.cuGraphExecUpdate(driver.CUgraphExec(graph_exec), driver.CUgraph(graph))
+        return int(info.result) if info is not None else 0, int(err)
 
     def graph_add_dependencies(self, graph, edges) -> None:
         sources, targets = self._deps([a for a, _ in edges]), self._deps([b for _, b in edges])

@@ -69,6 +69,12 @@ SHAPED: dict[str, str] = {
     "cuLaunchKernelEx": "launch",
     "cuOccupancyMaxActiveClusters": "cluster_occupancy",
     "cuOccupancyMaxPotentialClusterSize": "cluster_occupancy",
+    "cuStreamGetCaptureInfo": "capture_info",
+    "cuStreamBeginCaptureToGraph": "capture_to_graph",
+    "cuStreamUpdateCaptureDependencies": "update_capture_dependencies",
+    "cuGraphAddChildGraphNode": "graph_add_child_node",
+    "gpGraphAddConditionalNode": "graph_add_conditional_node",
+    "cuGraphExecUpdate": "graph_exec_update",
 }
 
 
@@ -184,6 +190,33 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     def graph_add_dependencies(self, graph: int, edges: list[tuple[int, int]]) -> None: ...
+
+    @abc.abstractmethod
+    def graph_add_child_node(self, graph: int, deps: list[int], child: int) -> int:
+        """cuGraphAddChildGraphNode: a copy of graph `child` as a node after `deps`; the node."""
+
+    @abc.abstractmethod
+    def graph_add_conditional_node(
+        self, graph: int, deps: list[int], handle: int, kind: int, size: int, ctx: int
+    ) -> tuple[int, list[int]]:
+        """A conditional node (CU_GRAPH_COND_TYPE_IF 0, WHILE 1, SWITCH 2) on condition `handle` with
+        `size` body graphs; the node and the body graphs (owned by the node)."""
+
+    @abc.abstractmethod
+    def graph_exec_update(self, graph_exec: int, graph: int) -> tuple[int, int]:
+        """cuGraphExecUpdate: (CUgraphExecUpdateResult, CUresult); a refused update is no exception."""
+
+    @abc.abstractmethod
+    def capture_info(self, stream: int) -> tuple[int, int, int, list[int]]:
+        """cuStreamGetCaptureInfo: status, capture id, the capturing graph, the dependency nodes."""
+
+    @abc.abstractmethod
+    def capture_to_graph(self, stream: int, graph: int, deps: list[int], mode: int) -> None:
+        """cuStreamBeginCaptureToGraph: capture into `graph`, after `deps`."""
+
+    @abc.abstractmethod
+    def update_capture_dependencies(self, stream: int, deps: list[int], flags: int) -> None:
+        """cuStreamUpdateCaptureDependencies (CU_STREAM_ADD_CAPTURE_DEPENDENCIES 0, SET 1)."""
 
     @abc.abstractmethod
     def tensor_map(self, name: str, ins: tuple, arrays: list[list[int]]) -> bytes:

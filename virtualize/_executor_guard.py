@@ -43,6 +43,7 @@ ALLOCATION_PROP_BYTES, ACCESS_DESC_BYTES = 32, 12  # CUmemAllocationProp, CUmemA
 POOL_PROPS_BYTES = 88  # CUmemPoolProps
 TENSOR_MAP_BYTES, TENSOR_RANK_MAX = 128, 5  # CUtensorMap
 MAX_NODE_DEPS = 4096  # dependencies of one graph node (the shim's limit too)
+MAX_CONDITIONAL_BODIES = 64  # body graphs of one conditional node (a switch's cases; the shim's limit too)
 # CUdevice_attribute: PAGEABLE_MEMORY_ACCESS, CONCURRENT_MANAGED_ACCESS, PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
 # DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: 0 remotely (docs/remote.md, managed memory).
 NOT_COHERENT_ATTRIBUTES = frozenset({88, 89, 100, 101})
@@ -181,6 +182,14 @@ class Session:
             "cuGraphAddEmptyNode": self._graph_empty_node,
             "cuGraphAddDependencies": self._graph_dependencies,
             "cuGraphAddDependencies_v2": self._graph_dependencies,
+            "cuGraphAddChildGraphNode": self._graph_child_node,
+            "gpGraphAddConditionalNode": self._graph_conditional_node,
+            "cuGraphExecUpdate_v2": self._graph_exec_update,
+            "cuStreamGetCaptureInfo_v2": self._capture_info,
+            "cuStreamGetCaptureInfo_v3": self._capture_info,
+            "cuStreamBeginCaptureToGraph": self._capture_to_graph,
+            "cuStreamUpdateCaptureDependencies": self._capture_dependencies,
+            "cuStreamUpdateCaptureDependencies_v2": self._capture_dependencies,
             "cuTensorMapEncodeTiled": self._tensor_map,
             "cuTensorMapEncodeIm2col": self._tensor_map,
             "cuTensorMapReplaceAddress": self._tensor_map_address,
@@ -408,9 +417,9 @@ class Session:
         gone = _DESTROYS.get(call.name)
         if gone:
             handles[gone].discard(ins[0])
-            for child in self.lease.children.pop(ins[0], ()):
-                handles["func"].discard(child)
-                handles["kernel"].discard(child)
+            for child in self.lease.children.pop(ins[0], ()):  # a module's functions, a graph's nodes
+                for kind in ("func", "kernel", "node", "graph"):
+                    handles[kind].discard(child)
                 self.lease.layouts.pop(child, None)
 
     # -- calls that need the lease's state -----------------------------------------------------------
@@ -556,6 +565,58 @@ class Session:
         graph, count = ins
         nodes = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 16), 2 * count)
         self.executor.graph_add_dependencies(graph, list(zip(nodes[::2], nodes[1::2], strict=True)))
+
+    def _graph_child_node(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        graph, child, num_deps = ins
+        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        return self._new_node(self.executor.graph_add_child_node(graph, deps, child), graph)
+
+    def _graph_conditional_node(self, call: Call, ins: tuple):
+        """A conditional node; its body graphs (the driver's, owned by the node's graph) become this
+        lease's graphs, sent after the node's handle."""
+        self._check(call, ins)
+        graph, handle, kind, size, ctx, num_deps = ins
+        if not 1 <= size <= MAX_CONDITIONAL_BODIES:
+            raise CudaError(INVALID_VALUE, "conditional node size")
+        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        node, bodies = self.executor.graph_add_conditional_node(graph, deps, handle, kind, size, ctx)
+        self.lease.handles["graph"].update(bodies)
+        self.lease.children.setdefault(graph, set()).update(bodies)
+        out, _ = self._new_node(node, graph)
+        return out, struct.pack(f"<{len(bodies)}Q", *bodies)
+
+    def _graph_exec_update(self, call: Call, ins: tuple):
+        """The update's result and status both travel: a refused update says why (its result)."""
+        self._check(call, ins)
+        result, status = self.executor.graph_exec_update(*ins)
+        return call.out_struct.pack(result, status), b""
+
+    def _capture_info(self, call: Call, ins: tuple):
+        """Status, id, graph and the count; the dependency nodes (now this lease's) in the bulk."""
+        self._check(call, ins)
+        status, capture_id, graph, deps = self.executor.capture_info(ins[0])
+        self.lease.handles["node"].update(deps)
+        if graph:  # the graph being captured: nodes may be added to it (the one cuStreamEndCapture gives)
+            self.lease.handles["graph"].add(graph)
+            self.lease.children.setdefault(graph, set()).update(deps)
+        return call.out_struct.pack(status, capture_id, graph, len(deps)), struct.pack(
+            f"<{len(deps)}Q", *deps
+        )
+
+    def _capture_to_graph(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        stream, graph, num_deps, mode = ins
+        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        self.executor.capture_to_graph(stream, graph, deps, mode)
+        return _EMPTY
+
+    def _capture_dependencies(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        stream, num_deps, flags = ins
+        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        self.executor.update_capture_dependencies(stream, deps, flags)
+        return _EMPTY
 
     # -- tensor maps -----------------------------------------------------------------------------------
 

@@ -76,7 +76,7 @@ void gp_window_ensure(void);
 /* Host functions the worker calls back (shim.c): the callback connection started once, each function
  * registered under an id until it has run (kind 0: a CUhostFn, 1: a CUstreamCallback). */
 CUresult gp_callbacks_start(void);
-uint64_t gp_host_call_add(int kind, void *fn, void *data, uint64_t stream);
+uint64_t gp_host_call_add(int kind, void *fn, void *data, uint64_t stream, int keep);
 void gp_host_call_drop(uint64_t id);
 
 /* Managed and mapped host memory (shim_managed.c): host pages mirroring device allocations, kept in

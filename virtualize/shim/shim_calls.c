@@ -541,7 +541,9 @@ static CUresult host_call(int kind, uint32_t call, uint64_t stream, void *fn, vo
     if (!fn) return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_callbacks_start();
     if (r != CUDA_SUCCESS) return r;
-    uint64_t id = gp_host_call_add(kind, fn, data, stream);
+    int32_t capturing = 0; /* a host node of the graph being captured: it runs at every launch */
+    if (cuStreamIsCapturing(stream, &capturing) != CUDA_SUCCESS) capturing = 0;
+    uint64_t id = gp_host_call_add(kind, fn, data, stream, capturing != 0);
     if (!id) return CUDA_ERROR_OUT_OF_MEMORY;
     struct gp_in_cuLaunchHostFunc in = {.stream = stream, .id = id};
     r = gp_call(call, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
@@ -1361,16 +1363,20 @@ CUresult cuGraphAddEmptyNode(uint64_t *node, uint64_t graph, void *deps, uint64_
     return r;
 }
 
-/* Edges travel as `count` (from, to) pairs; edge data other than the default is not forwarded. */
+/* Edge data (CUgraphEdgeData, 8 bytes each) other than the default is not forwarded. */
+static int default_edges(const void *edge_data, uint64_t count) {
+    static const unsigned char none[8];
+    for (uint64_t i = 0; edge_data && i < count; i++)
+        if (memcmp((const unsigned char *)edge_data + 8 * i, none, 8) != 0) return 0;
+    return 1;
+}
+
+/* Edges travel as `count` (from, to) pairs. */
 static CUresult add_dependencies(uint32_t call, uint64_t graph, const uint64_t *from, const uint64_t *to,
                                  const void *edge_data, uint64_t count) {
     if (count && (!from || !to)) return CUDA_ERROR_INVALID_VALUE;
     if (count > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
-    if (edge_data) {
-        static const unsigned char none[8];
-        for (uint64_t i = 0; i < count; i++)
-            if (memcmp((const unsigned char *)edge_data + 8 * i, none, 8) != 0) return CUDA_ERROR_NOT_SUPPORTED;
-    }
+    if (!default_edges(edge_data, count)) return CUDA_ERROR_NOT_SUPPORTED;
     uint64_t *edges = malloc(16 * (count ? count : 1));
     if (!edges) return CUDA_ERROR_OUT_OF_MEMORY;
     for (uint64_t i = 0; i < count; i++) edges[2 * i] = from[i], edges[2 * i + 1] = to[i];
@@ -1390,26 +1396,229 @@ CUresult cuGraphAddDependencies_v2(uint64_t graph, void *from, void *to, void *e
     return add_dependencies(GP_CALL_cuGraphAddDependencies_v2, graph, from, to, edge_data, count);
 }
 
-/* ---- stream capture: the worker captures; the client sees the status, the id and the graph ------- */
+CUresult cuGraphAddChildGraphNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, uint64_t child) {
+    GP_TRACE("cuGraphAddChildGraphNode");
+    if (!node || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphAddChildGraphNode in = {.graph = graph, .child = child, .num_deps = num_deps};
+    struct gp_out_cuGraphAddChildGraphNode out;
+    CUresult r = gp_call(GP_CALL_cuGraphAddChildGraphNode, WANT, &in, sizeof in, deps, num_deps * 8, &out,
+                         sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) *node = out.node;
+    return r;
+}
+
+/* A conditional node's body graphs, in an array the program reads through the node parameters'
+ * phGraph_out (the driver's own, as long as the process lives; a few bytes per node). */
+#define MAX_CONDITIONAL_BODIES 64
+
+static CUresult conditional_node(uint64_t *node, uint64_t graph, const void *deps, uint64_t num_deps,
+                                 unsigned char *p) {
+    struct gp_in_gpGraphAddConditionalNode in = {.graph = graph, .num_deps = num_deps};
+    memcpy(&in.handle, p, 8);
+    memcpy(&in.kind, p + 8, 4);
+    memcpy(&in.size, p + 12, 4);
+    memcpy(&in.ctx, p + 24, 8);
+    if (in.size < 1 || in.size > MAX_CONDITIONAL_BODIES) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t *bodies = calloc(in.size, 8);
+    if (!bodies) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct gp_out_gpGraphAddConditionalNode out;
+    CUresult r = gp_call(GP_CALL_gpGraphAddConditionalNode, WANT, &in, sizeof in, deps, num_deps * 8, &out,
+                         sizeof out, bodies, 8 * (uint64_t)in.size);
+    if (r != CUDA_SUCCESS) {
+        free(bodies);
+        return r;
+    }
+    *node = out.node;
+    memcpy(p + 16, &bodies, 8); /* phGraph_out */
+    return CUDA_SUCCESS;
+}
+
+/* CUgraphNodeParams: the type at 0, the type's parameters at 16 (each the newest version of the node
+ * call's structure, which starts as the older one does). */
+enum { NODE_KERNEL = 0, NODE_MEMSET = 2, NODE_GRAPH = 4, NODE_EMPTY = 5, NODE_CONDITIONAL = 13 };
+
+static CUresult add_node(uint64_t *node, uint64_t graph, void *deps, const void *edges, uint64_t num_deps,
+                         void *params) {
+    if (!node || !params || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    if (!default_edges(edges, num_deps)) return CUDA_ERROR_NOT_SUPPORTED;
+    unsigned char *p = params;
+    uint32_t type;
+    memcpy(&type, p, 4);
+    uint64_t u64;
+    switch (type) {
+    case NODE_KERNEL:
+        return cuGraphAddKernelNode_v2(node, graph, deps, num_deps, p + 16);
+    case NODE_MEMSET:
+        memcpy(&u64, p + 16 + 40, 8); /* CUDA_MEMSET_NODE_PARAMS_v2's context */
+        return cuGraphAddMemsetNode(node, graph, deps, num_deps, p + 16, u64);
+    case NODE_GRAPH:
+        memcpy(&u64, p + 16, 8);
+        uint32_t ownership;
+        memcpy(&ownership, p + 24, 4);
+        if (ownership != 0) break; /* only CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE */
+        return cuGraphAddChildGraphNode(node, graph, deps, num_deps, u64);
+    case NODE_EMPTY:
+        return cuGraphAddEmptyNode(node, graph, deps, num_deps);
+    case NODE_CONDITIONAL:
+        return conditional_node(node, graph, deps, num_deps, p + 16);
+    }
+    gp_say("cuGraphAddNode: nodes of type %u are not forwarded to the remote GPU; it returns "
+           "CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)", type);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+CUresult cuGraphAddNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params) {
+    GP_TRACE("cuGraphAddNode");
+    return add_node(node, graph, deps, NULL, num_deps, params);
+}
+
+CUresult cuGraphAddNode_v2(uint64_t *node, uint64_t graph, void *deps, void *edges, uint64_t num_deps, void *params) {
+    GP_TRACE("cuGraphAddNode_v2");
+    return add_node(node, graph, deps, edges, num_deps, params);
+}
+
+/* CUgraphExecUpdateResultInfo: the result, then the error node and the node it came from (not forwarded:
+ * they are left empty). */
+CUresult cuGraphExecUpdate_v2(uint64_t exec, uint64_t graph, void *info) {
+    GP_TRACE("cuGraphExecUpdate_v2");
+    struct gp_in_cuGraphExecUpdate_v2 in = {.exec = exec, .graph = graph};
+    struct gp_out_cuGraphExecUpdate_v2 out;
+    CUresult r = CALL(cuGraphExecUpdate_v2, WANT, in, out);
+    if (r != CUDA_SUCCESS) return r;
+    if (info) {
+        memset(info, 0, 24);
+        memcpy(info, &out.result, 4);
+    }
+    return (CUresult)out.status;
+}
+
+/* CUDA_GRAPH_INSTANTIATE_PARAMS: flags, the upload stream, then the error node and the result (out). */
+#define INSTANTIATE_FLAG_UPLOAD 2
+
+CUresult cuGraphInstantiateWithParams(uint64_t *exec, uint64_t graph, void *params) {
+    GP_TRACE("cuGraphInstantiateWithParams");
+    if (!exec || !params) return CUDA_ERROR_INVALID_VALUE;
+    unsigned char *p = params;
+    uint64_t flags, stream, none = 0;
+    memcpy(&flags, p, 8);
+    memcpy(&stream, p + 8, 8);
+    struct gp_in_cuGraphInstantiateWithFlags in = {.graph = graph, .flags = flags & ~(uint64_t)INSTANTIATE_FLAG_UPLOAD};
+    struct gp_out_cuGraphInstantiateWithFlags out;
+    CUresult r = CALL(cuGraphInstantiateWithFlags, WANT, in, out);
+    if (r == CUDA_SUCCESS && (flags & INSTANTIATE_FLAG_UPLOAD)) {
+        struct gp_in_cuGraphUpload up = {.graph_exec = out.graph_exec, .stream = stream};
+        r = gp_call(GP_CALL_cuGraphUpload, 0, &up, sizeof up, NULL, 0, NULL, 0, NULL, 0);
+    }
+    uint32_t result = r == CUDA_SUCCESS ? 0 : 1; /* CUDA_GRAPH_INSTANTIATE_SUCCESS, _ERROR */
+    memcpy(p + 16, &none, 8);
+    memcpy(p + 24, &result, 4);
+    if (r == CUDA_SUCCESS) *exec = out.graph_exec;
+    return r;
+}
+
+/* ---- user objects: a reference count and a destructor, here in the client ----------------------------
+ *
+ * Programs tie what a graph's host nodes need (cuda.core: the Python callable) to the graph with a user
+ * object. The references a graph holds are kept as long as the process lives — the worker's graphs and
+ * the executable graphs made from them would otherwise have to report their destruction back — so the
+ * destructor of an object a graph holds does not run (a few bytes per graph). */
+struct user_object { void *ptr, *destroy; uint32_t refs; };
+
+CUresult cuUserObjectCreate(uint64_t *obj, void *ptr, void *destroy, uint32_t refs, uint32_t flags) {
+    GP_TRACE("cuUserObjectCreate");
+    if (!obj || !destroy || !refs || flags != 1) return CUDA_ERROR_INVALID_VALUE; /* NO_DESTRUCTOR_SYNC */
+    struct user_object *o = malloc(sizeof *o);
+    if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
+    *o = (struct user_object){ptr, destroy, refs};
+    *obj = (uint64_t)o;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuUserObjectRetain(uint64_t obj, uint32_t count) {
+    GP_TRACE("cuUserObjectRetain");
+    if (!obj || !count) return CUDA_ERROR_INVALID_VALUE;
+    __atomic_add_fetch(&((struct user_object *)obj)->refs, count, __ATOMIC_ACQ_REL);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuUserObjectRelease(uint64_t obj, uint32_t count) {
+    GP_TRACE("cuUserObjectRelease");
+    if (!obj || !count) return CUDA_ERROR_INVALID_VALUE;
+    struct user_object *o = (struct user_object *)obj;
+    if (__atomic_sub_fetch(&o->refs, count, __ATOMIC_ACQ_REL) == 0) {
+        ((void (*)(void *))o->destroy)(o->ptr);
+        free(o);
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphRetainUserObject(uint64_t graph, uint64_t obj, uint32_t count, uint32_t flags) {
+    GP_TRACE("cuGraphRetainUserObject");
+    if (!graph || !obj || !count || flags > 1) return CUDA_ERROR_INVALID_VALUE;
+    /* CU_GRAPH_USER_OBJECT_MOVE hands the caller's references to the graph, which keeps them. */
+    return flags ? CUDA_SUCCESS : cuUserObjectRetain(obj, count);
+}
+
+CUresult cuGraphReleaseUserObject(uint64_t graph, uint64_t obj, uint32_t count) {
+    GP_TRACE("cuGraphReleaseUserObject");
+    if (!graph || !obj || !count) return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS; /* the graph's references are kept (above) */
+}
+
+/* ---- stream capture: the worker captures; the client sees the status, the id, the graph and the
+ * nodes the next captured work will depend on ------------------------------------------------------ */
+
+static CUresult capture_deps(uint32_t call, uint64_t stream, uint64_t graph, const void *deps, const void *edges,
+                             uint64_t num_deps, uint32_t flags_or_mode) {
+    if ((num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    if (!default_edges(edges, num_deps)) return CUDA_ERROR_NOT_SUPPORTED;
+    if (call == GP_CALL_cuStreamBeginCaptureToGraph) {
+        struct gp_in_cuStreamBeginCaptureToGraph in = {
+            .stream = stream, .graph = graph, .num_deps = num_deps, .mode = (int32_t)flags_or_mode};
+        return gp_call(call, WANT, &in, sizeof in, deps, num_deps * 8, NULL, 0, NULL, 0);
+    }
+    struct gp_in_cuStreamUpdateCaptureDependencies in = {.stream = stream, .num_deps = num_deps, .flags = flags_or_mode};
+    return gp_call(call, WANT, &in, sizeof in, deps, num_deps * 8, NULL, 0, NULL, 0);
+}
+
+CUresult cuStreamBeginCaptureToGraph(uint64_t stream, uint64_t graph, void *deps, void *edges, uint64_t num_deps,
+                                     int32_t mode) {
+    GP_TRACE("cuStreamBeginCaptureToGraph");
+    return capture_deps(GP_CALL_cuStreamBeginCaptureToGraph, stream, graph, deps, edges, num_deps, (uint32_t)mode);
+}
+
+CUresult cuStreamUpdateCaptureDependencies(uint64_t stream, void *deps, uint64_t num_deps, uint32_t flags) {
+    GP_TRACE("cuStreamUpdateCaptureDependencies");
+    return capture_deps(GP_CALL_cuStreamUpdateCaptureDependencies, stream, 0, deps, NULL, num_deps, flags);
+}
+
+CUresult cuStreamUpdateCaptureDependencies_v2(uint64_t stream, void *deps, void *edges, uint64_t num_deps,
+                                              uint32_t flags) {
+    GP_TRACE("cuStreamUpdateCaptureDependencies_v2");
+    return capture_deps(GP_CALL_cuStreamUpdateCaptureDependencies_v2, stream, 0, deps, edges, num_deps, flags);
+}
+
+/* The dependency nodes, in arrays of this thread's, valid until its next call (as the driver's). */
+static __thread uint64_t capture_nodes[MAX_NODE_DEPS];
+static __thread unsigned char capture_edges[8 * 64];
 
 static CUresult capture_info(uint64_t stream, int32_t *status, uint64_t *id, uint64_t *graph, const void **deps,
                              const void **edges, size_t *num_deps) {
     struct gp_in_cuStreamGetCaptureInfo_v3 in = {.stream = stream};
     struct gp_out_cuStreamGetCaptureInfo_v3 out;
-    CUresult r = CALL(cuStreamGetCaptureInfo_v3, WANT, in, out);
+    CUresult r = gp_call(GP_CALL_cuStreamGetCaptureInfo_v3, WANT, &in, sizeof in, NULL, 0, &out, sizeof out,
+                         capture_nodes, sizeof capture_nodes);
     if (r) return r;
     if (status) *status = out.status;
     if (id) *id = out.id;
     if (graph) *graph = out.graph;
     if (num_deps) *num_deps = (size_t)out.num_deps;
-    if ((deps || edges) && out.num_deps) {
-        /* The dependency nodes live in the worker; a program that walks them cannot run remotely. */
-        gp_say("cuStreamGetCaptureInfo: the capturing stream's dependency nodes are not forwarded to the client; "
-               "it returns CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)");
-        return CUDA_ERROR_NOT_SUPPORTED;
+    if (deps) *deps = out.num_deps ? capture_nodes : NULL;
+    if (edges) { /* the default edge data, which is all a capture makes here */
+        if (out.num_deps > sizeof capture_edges / 8) return CUDA_ERROR_NOT_SUPPORTED;
+        memset(capture_edges, 0, sizeof capture_edges);
+        *edges = out.num_deps ? capture_edges : NULL;
     }
-    if (deps) *deps = NULL;
-    if (edges) *edges = NULL;
     return CUDA_SUCCESS;
 }
 
