@@ -1025,6 +1025,93 @@ def scenario_graph_conditionals():
                                                                 c_u64(1), 1))  # fmt: skip
 
 
+def scenario_graph_explicit_nodes():
+    """An explicit graph with copy, event record and wait, and host nodes; its nodes and edges read back
+    as handles, a clone and a node found in it; a copy node from the program's own memory refused."""
+    setup()
+    rc, ptr = alloc(256)
+    check(rc, "alloc")
+    check(cu.cuMemsetD8(c_u64(ptr), 0, c_u64(256)), "zero")
+    check(cu.cuMemsetD8(c_u64(ptr), 9, c_u64(16)), "source")
+    graph, event = c_u64(), c_u64()
+    check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
+    check(cu.cuEventCreate(ctypes.byref(event), 0), "event")
+
+    def memcpy3d(src, dst, width, host=False):
+        params = (ctypes.c_uint8 * 200)()
+        struct.pack_into("<IxxxxQQ", params, 32, 1 if host else 2, src if host else 0, 0 if host else src)
+        struct.pack_into("<IxxxxQQ", params, 120, 2, 0, dst)
+        struct.pack_into("<QQQ", params, 176, width, 1, 1)
+        return params
+
+    copy, record, wait, host = c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuGraphAddMemcpyNode(ctypes.byref(copy), graph, None, c_u64(0), memcpy3d(ptr, ptr + 64, 16), c_u64(0)),
+          "copy node")  # fmt: skip
+    check(
+        cu.cuGraphAddEventRecordNode(ctypes.byref(record), graph, ctypes.byref(copy), c_u64(1), event),
+        "record",
+    )
+    check(
+        cu.cuGraphAddEventWaitNode(ctypes.byref(wait), graph, ctypes.byref(record), c_u64(1), event), "wait"
+    )
+    ran = []
+    recorder = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda data: ran.append(data))
+    host_params = (ctypes.c_void_p * 2)(ctypes.cast(recorder, ctypes.c_void_p), 7)
+    check(
+        cu.cuGraphAddHostNode(ctypes.byref(host), graph, ctypes.byref(wait), c_u64(1), host_params),
+        "host node",
+    )
+    by_type = (ctypes.c_uint8 * 256)()  # cuGraphAddNode of the memcpy type: CUDA_MEMCPY_NODE_PARAMS
+    struct.pack_into("<I", by_type, 0, 1)
+    by_type[32:232] = bytes(memcpy3d(ptr + 64, ptr + 128, 16))
+    second = c_u64()
+    check(
+        cu.cuGraphAddNode(ctypes.byref(second), graph, ctypes.byref(host), None, c_u64(1), by_type),
+        "copy by type",
+    )
+    own = (ctypes.c_uint8 * 16)()
+    refused = c_u64()
+    say("copy_from_program_memory",
+        cu.cuGraphAddMemcpyNode(ctypes.byref(refused), graph, None, c_u64(0),
+                                memcpy3d(ctypes.addressof(own), ptr, 16, host=True), c_u64(0)))  # fmt: skip
+    count = c_u64(0)
+    check(cu.cuGraphGetNodes(graph, None, ctypes.byref(count)), "count")
+    nodes = (c_u64 * 8)()
+    room = c_u64(8)
+    check(cu.cuGraphGetNodes(graph, nodes, ctypes.byref(room)), "nodes")
+    say(
+        "nodes",
+        f"{count.value} {room.value} {sorted(nodes[:5]) == sorted([copy.value, record.value, wait.value, host.value, second.value])} {nodes[5]}",
+    )
+    sources, targets, edges = (c_u64 * 8)(), (c_u64 * 8)(), c_u64(8)
+    check(cu.cuGraphGetEdges(graph, sources, targets, None, ctypes.byref(edges)), "edges")
+    say(
+        "edges",
+        sorted(zip(sources[: edges.value], targets[: edges.value], strict=True))
+        == sorted(
+            [
+                (copy.value, record.value),
+                (record.value, wait.value),
+                (wait.value, host.value),
+                (host.value, second.value),
+            ]
+        ),
+    )
+    clone, twin = c_u64(), c_u64()
+    check(cu.cuGraphClone(ctypes.byref(clone), graph), "clone")
+    check(cu.cuGraphNodeFindInClone(ctypes.byref(twin), host, clone), "find in clone")
+    kind = ctypes.c_int()
+    check(cu.cuGraphNodeGetType(twin, ctypes.byref(kind)), "type")
+    say("twin_type", kind.value)  # CU_GRAPH_NODE_TYPE_HOST
+    exe = c_u64()
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), clone, c_u64(0)), "instantiate")
+    for _ in range(2):
+        check(cu.cuGraphLaunch(exe, c_u64(0)), "launch")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("copied", dtoh(ptr + 128, 16)[1].hex())
+    say("host_node_ran", ran)
+
+
 def scenario_unknown():
     check(cu.cuInit(0), "init")
     texture = c_u64()  # texture objects are not forwarded (docs/remote.md)

@@ -361,6 +361,19 @@ def test_conditional_nodes_captured_bodies_child_graphs_and_updates_run_as_cuda_
     assert "gpupool:" not in err
 
 
+def test_explicit_graphs_copy_event_and_host_nodes_read_back_and_clone(shim_dir, worker):
+    out, err = run_client("graph_explicit_nodes", client_env(shim_dir, worker))
+    assert out == {
+        "copy_from_program_memory": "801",  # CUDA_ERROR_NOT_SUPPORTED, said on stderr
+        "nodes": "5 5 True 0",  # the count, the five handles, the rest of the array NULL
+        "edges": "True",
+        "twin_type": "3",
+        "copied": "09" * 16,  # through two copy nodes, in the clone
+        "host_node_ran": "[7, 7]",  # at each launch, in the program
+    }
+    assert "copy node from or to the program's own host memory" in err
+
+
 def test_tensor_maps_are_encoded_by_the_worker_for_the_leases_memory_only(shim_dir, worker):
     out, _ = run_client("tensor_maps", client_env(shim_dir, worker))
     assert out == {

@@ -452,7 +452,12 @@ CALLS: tuple[Call, ...] = (
        custom=True, symbol="cuStreamUpdateCaptureDependencies_v2",
        wire="stream stream, u64 num_deps, u32 flags, bytes deps"),
     _c("cuThreadExchangeStreamCaptureMode", 10010, "ptr mode", custom=True, wire="i32 mode, o_i32 previous"),
+    # A graph's nodes and edges: their handles follow the count in the reply's bulk (now the lease's).
     _c("cuGraphGetNodes", 10000, "graph graph, ptr nodes, ptr count", custom=True, wire="graph graph, o_u64 count"),
+    _c("cuGraphGetEdges", 10000, "graph graph, ptr from, ptr to, ptr count", custom=True,
+       wire="graph graph, o_u64 count"),
+    _c("cuGraphGetEdges", 12030, "graph graph, ptr from, ptr to, ptr edge_data, ptr count", custom=True,
+       symbol="cuGraphGetEdges_v2", wire="graph graph, o_u64 count"),
     # Graphs built node by node: the nodes live on the worker; a kernel node's parameters are packed by
     # the shim as a launch's are; the dependency arrays travel after them in the bulk.
     _c("cuGraphCreate", 10000, "o_graph graph, u32 flags"),
@@ -482,6 +487,21 @@ CALLS: tuple[Call, ...] = (
     _c("cuGraphAddChildGraphNode", 10000, "o_node node, graph graph, ptr deps, u64 num_deps, graph child",
        custom=True, wire="o_node node, graph graph, graph child, u64 num_deps, bytes deps"),
     _c("cuGraphChildGraphNodeGetGraph", 10000, "node node, o_graph graph"),  # the node's own copy
+    _c("cuGraphAddEventRecordNode", 11010, "o_node node, graph graph, ptr deps, u64 num_deps, event event",
+       custom=True, wire="o_node node, graph graph, event event, u64 num_deps, bytes deps"),
+    _c("cuGraphAddEventWaitNode", 11010, "o_node node, graph graph, ptr deps, u64 num_deps, event event",
+       custom=True, wire="o_node node, graph graph, event event, u64 num_deps, bytes deps"),
+    # A host node's function runs in the program at every launch, as a captured host function does.
+    _c("cuGraphAddHostNode", 10000, "o_node node, graph graph, ptr deps, u64 num_deps, ptr params",
+       custom=True, wire="o_node node, graph graph, u64 id, u64 num_deps, bytes deps"),
+    # A copy node between memory of the lease (a mirror's host pointer is its device memory); the shim
+    # sends each side's first byte and pitches, from CUDA_MEMCPY3D.
+    _c("cuGraphAddMemcpyNode", 10000, "o_node node, graph graph, ptr deps, u64 num_deps, ptr params, ctx ctx",
+       custom=True, wire="o_node node, graph graph, u64 src, u64 src_pitch, u64 src_height, u64 dst, "
+                         "u64 dst_pitch, u64 dst_height, u64 width, u64 height, u64 depth, u64 num_deps, bytes deps"),
+    _c("cuGraphClone", 10000, "o_graph clone, graph graph"),
+    _c("cuGraphNodeFindInClone", 10000, "o_node node, node original, graph clone"),
+    _c("cuGraphNodeGetType", 10000, "node node, o_i32 type"),
     # User objects (what keeps a host node's function alive) live in the client: a graph's references
     # are kept for the life of the process (shim_calls.c says why).
     _c("cuUserObjectCreate", 11030, "o_u64 obj, ptr ptr, ptr destroy, u32 refs, u32 flags", L, custom=True),

@@ -20,6 +20,7 @@ from virtualize._executor import (
     FORWARDED_LAUNCH_ATTRIBUTES,
     INVALID_VALUE,
     NOT_SUPPORTED,
+    Copy3D,
     CudaError,
     Executor,
     Launch,
@@ -787,8 +788,47 @@ class CudaExecutor(Executor):
     def cuThreadExchangeStreamCaptureMode(self, mode):
         return int(_ok(driver.cuThreadExchangeStreamCaptureMode(_enum(driver.CUstreamCaptureMode, mode))))
 
-    def cuGraphGetNodes(self, graph):
-        return int(_ok(driver.cuGraphGetNodes(driver.CUgraph(graph)))[1])
+    def graph_nodes(self, graph):
+        return [_int(n) for n in _ok(driver.cuGraphGetNodes(driver.CUgraph(graph)))[0]]
+
+    def graph_edges(self, graph):
+        sources, targets, _data, count = _ok(driver.cuGraphGetEdges(driver.CUgraph(graph)))
+        return [(_int(a), _int(b)) for a, b in list(zip(sources, targets, strict=True))[:count]]
+
+    def cuGraphClone(self, graph):
+        return _int(_ok(driver.cuGraphClone(driver.CUgraph(graph))))
+
+    def cuGraphNodeFindInClone(self, original, clone):
+        return _int(_ok(driver.cuGraphNodeFindInClone(driver.CUgraphNode(original), driver.CUgraph(clone))))
+
+    def cuGraphNodeGetType(self, node):
+        return int(_ok(driver.cuGraphNodeGetType(driver.CUgraphNode(node))))
+
+    def graph_add_event_node(self, graph, deps, event, wait):
+        add = driver.cuGraphAddEventWaitNode if wait else driver.cuGraphAddEventRecordNode
+        return _int(_ok(add(driver.CUgraph(graph), self._deps(deps), len(deps), driver.CUevent(event))))
+
+    def graph_add_memcpy_node(self, graph, deps, copy: Copy3D):
+        params = driver.CUDA_MEMCPY3D()
+        params.srcMemoryType = params.dstMemoryType = driver.CUmemorytype.CU_MEMORYTYPE_DEVICE
+        params.srcDevice, params.srcPitch, params.srcHeight = copy.src, copy.src_pitch, copy.src_height
+        params.dstDevice, params.dstPitch, params.dstHeight = copy.dst, copy.dst_pitch, copy.dst_height
+        params.WidthInBytes, params.Height, params.Depth = copy.width, copy.height, copy.depth
+        ctx = _ok(driver.cuCtxGetCurrent())
+        return _int(
+            _ok(driver.cuGraphAddMemcpyNode(driver.CUgraph(graph), self._deps(deps), len(deps), params, ctx))
+        )
+
+    def graph_add_host_node(self, graph, deps, fn):
+        key = next(self._host_keys)
+        self.host_funcs[key] = fn
+        self.kept_host_funcs.add(key)  # it runs at every launch
+        params = driver.CUDA_HOST_NODE_PARAMS()
+        params.fn = self._host_thunk_fn
+        params.userData = key
+        return _int(
+            _ok(driver.cuGraphAddHostNode(driver.CUgraph(graph), self._deps(deps), len(deps), params))
+        )
 
     def cuGraphInstantiateWithFlags(self, graph, flags):
         return _int(_ok(driver.cuGraphInstantiate(driver.CUgraph(graph), flags)))

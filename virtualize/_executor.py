@@ -75,6 +75,12 @@ SHAPED: dict[str, str] = {
     "cuGraphAddChildGraphNode": "graph_add_child_node",
     "gpGraphAddConditionalNode": "graph_add_conditional_node",
     "cuGraphExecUpdate": "graph_exec_update",
+    "cuGraphAddEventRecordNode": "graph_add_event_node",
+    "cuGraphAddEventWaitNode": "graph_add_event_node",
+    "cuGraphAddHostNode": "graph_add_host_node",
+    "cuGraphAddMemcpyNode": "graph_add_memcpy_node",
+    "cuGraphGetNodes": "graph_nodes",
+    "cuGraphGetEdges": "graph_edges",
 }
 
 
@@ -115,6 +121,34 @@ def executor_method(call: Call) -> str | None:
 PER_CALL: tuple[str, ...] = tuple(
     sorted({m for m in map(executor_method, CALLS) if m is not None} - set(SHAPED.values()))
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Copy3D:
+    """A copy node's copy: each side's first byte, pitch and height (rows per slice); the extent."""
+
+    src: int
+    src_pitch: int
+    src_height: int
+    dst: int
+    dst_pitch: int
+    dst_height: int
+    width: int
+    height: int
+    depth: int
+
+    def span(self, pitch: int, rows: int) -> int:
+        """Bytes from a side's first byte to the end of the last row the copy touches there."""
+        return (self.depth - 1) * pitch * rows + (self.height - 1) * pitch + self.width
+
+    def rows(self):
+        """(source, destination) address of each row."""
+        for z in range(self.depth):
+            for y in range(self.height):
+                yield (
+                    self.src + (z * self.src_height + y) * self.src_pitch,
+                    self.dst + (z * self.dst_height + y) * self.dst_pitch,
+                )
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +235,26 @@ class Executor(abc.ABC):
     ) -> tuple[int, list[int]]:
         """A conditional node (CU_GRAPH_COND_TYPE_IF 0, WHILE 1, SWITCH 2) on condition `handle` with
         `size` body graphs; the node and the body graphs (owned by the node)."""
+
+    @abc.abstractmethod
+    def graph_add_event_node(self, graph: int, deps: list[int], event: int, wait: bool) -> int:
+        """cuGraphAddEventRecordNode, or cuGraphAddEventWaitNode when `wait`; the node."""
+
+    @abc.abstractmethod
+    def graph_add_memcpy_node(self, graph: int, deps: list[int], copy: Copy3D) -> int:
+        """cuGraphAddMemcpyNode between device memory of the lease (`copy` checked); the node."""
+
+    @abc.abstractmethod
+    def graph_add_host_node(self, graph: int, deps: list[int], fn: Callable[[], None]) -> int:
+        """cuGraphAddHostNode: `fn` runs (on a thread of the executor's) at every launch; the node."""
+
+    @abc.abstractmethod
+    def graph_nodes(self, graph: int) -> list[int]:
+        """cuGraphGetNodes: the graph's nodes."""
+
+    @abc.abstractmethod
+    def graph_edges(self, graph: int) -> list[tuple[int, int]]:
+        """cuGraphGetEdges: (from, to) of each edge."""
 
     @abc.abstractmethod
     def graph_exec_update(self, graph_exec: int, graph: int) -> tuple[int, int]:

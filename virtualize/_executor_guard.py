@@ -28,6 +28,7 @@ from virtualize._executor import (
     INVALID_HANDLE,
     INVALID_VALUE,
     OUT_OF_MEMORY,
+    Copy3D,
     CudaError,
     Executor,
     Launch,
@@ -183,6 +184,13 @@ class Session:
             "cuGraphAddDependencies": self._graph_dependencies,
             "cuGraphAddDependencies_v2": self._graph_dependencies,
             "cuGraphAddChildGraphNode": self._graph_child_node,
+            "cuGraphAddEventRecordNode": self._graph_event_node,
+            "cuGraphAddEventWaitNode": self._graph_event_node,
+            "cuGraphAddHostNode": self._graph_host_node,
+            "cuGraphAddMemcpyNode": self._graph_memcpy_node,
+            "cuGraphGetNodes": self._graph_nodes,
+            "cuGraphGetEdges": self._graph_edges,
+            "cuGraphGetEdges_v2": self._graph_edges,
             "gpGraphAddConditionalNode": self._graph_conditional_node,
             "cuGraphExecUpdate_v2": self._graph_exec_update,
             "cuStreamGetCaptureInfo_v2": self._capture_info,
@@ -571,6 +579,54 @@ class Session:
         graph, child, num_deps = ins
         deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
         return self._new_node(self.executor.graph_add_child_node(graph, deps, child), graph)
+
+    def _graph_event_node(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        graph, event, num_deps = ins
+        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        node = self.executor.graph_add_event_node(graph, deps, event, call.name == "cuGraphAddEventWaitNode")
+        return self._new_node(node, graph)
+
+    def _graph_memcpy_node(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        graph, *shape, num_deps = ins
+        copy = Copy3D(*shape)
+        if copy.width == 0 or copy.height == 0 or copy.depth == 0:
+            raise CudaError(INVALID_VALUE, "memcpy node extent")
+        if copy.height > 1 and (copy.src_pitch < copy.width or copy.dst_pitch < copy.width):
+            raise CudaError(INVALID_VALUE, "memcpy node pitch")
+        self._check_range(copy.src, copy.span(copy.src_pitch, copy.src_height))
+        self._check_range(copy.dst, copy.span(copy.dst_pitch, copy.dst_height))
+        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        return self._new_node(self.executor.graph_add_memcpy_node(graph, deps, copy), graph)
+
+    def _graph_host_node(self, call: Call, ins: tuple):
+        """A host node: the program's function `ident` (kept by its shim), called back at every launch."""
+        self._check(call, ins)
+        graph, ident, num_deps = ins
+        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        callbacks = self.callbacks
+        if callbacks is None:
+            raise CudaError(CUresult.NOT_SUPPORTED, "no callback connection")
+        return self._new_node(
+            self.executor.graph_add_host_node(graph, deps, lambda: callbacks.call(ident)), graph
+        )
+
+    def _graph_nodes(self, call: Call, ins: tuple):
+        """The count; the nodes (now this lease's) in the bulk."""
+        self._check(call, ins)
+        nodes = self.executor.graph_nodes(ins[0])
+        self.lease.handles["node"].update(nodes)
+        self.lease.children.setdefault(ins[0], set()).update(nodes)
+        return call.out_struct.pack(len(nodes)), struct.pack(f"<{len(nodes)}Q", *nodes)
+
+    def _graph_edges(self, call: Call, ins: tuple):
+        """The count; the (from, to) pairs in the bulk."""
+        self._check(call, ins)
+        edges = self.executor.graph_edges(ins[0])
+        flat = [n for edge in edges for n in edge]
+        self.lease.handles["node"].update(flat)
+        return call.out_struct.pack(len(edges)), struct.pack(f"<{len(flat)}Q", *flat)
 
     def _graph_conditional_node(self, call: Call, ins: tuple):
         """A conditional node; its body graphs (the driver's, owned by the node's graph) become this

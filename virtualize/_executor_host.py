@@ -31,6 +31,7 @@ from virtualize._executor import (
     INVALID_HANDLE,
     INVALID_VALUE,
     NOT_FOUND,
+    Copy3D,
     CudaError,
     Executor,
     Launch,
@@ -128,6 +129,8 @@ class HostExecutor(Executor):
         self.capturing: dict[int, list] = {}
         self.conditions: dict[int, list[int]] = {}  # conditional handle -> [value, default, flags]
         self.child_graphs: dict[int, int] = {}  # child graph node -> its copy of the graph
+        self.clones: dict[int, dict[int, int]] = {}  # cloned graph -> {original node: its twin}
+        self.node_types: dict[int, int] = {}  # node -> CUgraphNodeType, where not a kernel's (0)
         self.graphs: dict[int, list] = {}  # graph or executable graph -> its work, in stream order
         self.local = threading.local()
         self.lock = threading.Lock()
@@ -654,8 +657,52 @@ class HostExecutor(Executor):
         self.local.capture_mode = mode
         return previous
 
-    def cuGraphGetNodes(self, graph):
-        return len(self.graphs[graph])
+    def graph_nodes(self, graph):
+        return list(self.node_order.get(graph, []))
+
+    def graph_edges(self, graph):
+        mine = set(self.node_order.get(graph, []))
+        return [(a, b) for a, b in self.edges if a in mine]
+
+    def cuGraphClone(self, graph):
+        clone = self.cuGraphCreate(0)
+        twins = {n: self._add_node(clone, [], self.nodes[n][1]) for n in self.node_order.get(graph, [])}
+        self.graph_add_dependencies(clone, [(twins[a], twins[b]) for a, b in self.graph_edges(graph)])
+        self.clones[clone] = twins
+        for original, twin in twins.items():
+            if original in self.node_types:
+                self.node_types[twin] = self.node_types[original]
+        return clone
+
+    def cuGraphNodeFindInClone(self, original, clone):
+        twin = self.clones.get(clone, {}).get(original)
+        if twin is None:
+            raise CudaError(INVALID_VALUE, "not a node of the graph that clone was made from")
+        return twin
+
+    def cuGraphNodeGetType(self, node):
+        return self.node_types.get(node, 0)
+
+    def graph_add_event_node(self, graph, deps, event, wait):
+        node = self._add_node(graph, deps, lambda: None)  # everything here is done at once
+        self.node_types[node] = 6 if wait else 7  # CU_GRAPH_NODE_TYPE_WAIT_EVENT / EVENT_RECORD
+        return node
+
+    def graph_add_memcpy_node(self, graph, deps, copy: Copy3D):
+        def work():
+            for src, dst in copy.rows():
+                sm, so = self._find(src, copy.width)
+                dm, do = self._find(dst, copy.width)
+                dm[do : do + copy.width] = sm[so : so + copy.width]
+
+        node = self._add_node(graph, deps, work)
+        self.node_types[node] = 1  # CU_GRAPH_NODE_TYPE_MEMCPY
+        return node
+
+    def graph_add_host_node(self, graph, deps, fn):
+        node = self._add_node(graph, deps, fn)
+        self.node_types[node] = 3  # CU_GRAPH_NODE_TYPE_HOST
+        return node
 
     def cuGraphInstantiateWithFlags(self, graph, flags):
         graph_exec = next(self.ids)
@@ -721,8 +768,7 @@ class HostExecutor(Executor):
         return self._add_node(graph, deps, lambda: None)
 
     def graph_add_child_node(self, graph, deps, child) -> int:
-        copy = self.cuGraphCreate(0)  # a copy of the child as it is now, as the driver takes
-        self.graphs[copy] = list(self.graphs[child])
+        copy = self.cuGraphClone(child)  # a copy of the child as it is now, as the driver takes
         node = self._add_node(graph, deps, lambda: [work() for work in list(self.graphs[copy])])
         self.child_graphs[node] = copy
         return node

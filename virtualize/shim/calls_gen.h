@@ -928,6 +928,42 @@ GP_EXPORT CUresult cuGraphChildGraphNodeGetGraph(uint64_t node, uint64_t *graph)
     return r;
 }
 
+GP_EXPORT CUresult cuGraphClone(uint64_t *clone, uint64_t graph) {
+    GP_TRACE("cuGraphClone");
+    if (!clone) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphClone in = { .graph = graph };
+    struct gp_out_cuGraphClone out;
+    CUresult r = gp_call(GP_CALL_cuGraphClone, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *clone = (uint64_t)out.clone;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphNodeFindInClone(uint64_t *node, uint64_t original, uint64_t clone) {
+    GP_TRACE("cuGraphNodeFindInClone");
+    if (!node) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphNodeFindInClone in = { .original = original, .clone = clone };
+    struct gp_out_cuGraphNodeFindInClone out;
+    CUresult r = gp_call(GP_CALL_cuGraphNodeFindInClone, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *node = (uint64_t)out.node;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphNodeGetType(uint64_t node, int32_t *type) {
+    GP_TRACE("cuGraphNodeGetType");
+    if (!type) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphNodeGetType in = { .node = node };
+    struct gp_out_cuGraphNodeGetType out;
+    CUresult r = gp_call(GP_CALL_cuGraphNodeGetType, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *type = (int32_t)out.type;
+    }
+    return r;
+}
+
 GP_EXPORT CUresult cuGraphInstantiateWithFlags(uint64_t *graph_exec, uint64_t graph, uint64_t flags) {
     GP_TRACE("cuGraphInstantiateWithFlags");
     if (!graph_exec) return CUDA_ERROR_INVALID_VALUE;
@@ -1194,18 +1230,13 @@ GP_EXPORT CUresult cuGLUnmapBufferObject(void) { return gp_unforwarded("cuGLUnma
 GP_EXPORT CUresult cuGLUnmapBufferObjectAsync(void) { return gp_unforwarded("cuGLUnmapBufferObjectAsync"); }
 GP_EXPORT CUresult cuGLUnregisterBufferObject(void) { return gp_unforwarded("cuGLUnregisterBufferObject"); }
 GP_EXPORT CUresult cuGraphAddBatchMemOpNode(void) { return gp_unforwarded("cuGraphAddBatchMemOpNode"); }
-GP_EXPORT CUresult cuGraphAddEventRecordNode(void) { return gp_unforwarded("cuGraphAddEventRecordNode"); }
-GP_EXPORT CUresult cuGraphAddEventWaitNode(void) { return gp_unforwarded("cuGraphAddEventWaitNode"); }
 GP_EXPORT CUresult cuGraphAddExternalSemaphoresSignalNode(void) { return gp_unforwarded("cuGraphAddExternalSemaphoresSignalNode"); }
 GP_EXPORT CUresult cuGraphAddExternalSemaphoresWaitNode(void) { return gp_unforwarded("cuGraphAddExternalSemaphoresWaitNode"); }
-GP_EXPORT CUresult cuGraphAddHostNode(void) { return gp_unforwarded("cuGraphAddHostNode"); }
 GP_EXPORT CUresult cuGraphAddKernelNode(void) { return gp_unforwarded("cuGraphAddKernelNode"); }
 GP_EXPORT CUresult cuGraphAddMemAllocNode(void) { return gp_unforwarded("cuGraphAddMemAllocNode"); }
 GP_EXPORT CUresult cuGraphAddMemFreeNode(void) { return gp_unforwarded("cuGraphAddMemFreeNode"); }
-GP_EXPORT CUresult cuGraphAddMemcpyNode(void) { return gp_unforwarded("cuGraphAddMemcpyNode"); }
 GP_EXPORT CUresult cuGraphBatchMemOpNodeGetParams(void) { return gp_unforwarded("cuGraphBatchMemOpNodeGetParams"); }
 GP_EXPORT CUresult cuGraphBatchMemOpNodeSetParams(void) { return gp_unforwarded("cuGraphBatchMemOpNodeSetParams"); }
-GP_EXPORT CUresult cuGraphClone(void) { return gp_unforwarded("cuGraphClone"); }
 GP_EXPORT CUresult cuGraphDebugDotPrint(void) { return gp_unforwarded("cuGraphDebugDotPrint"); }
 GP_EXPORT CUresult cuGraphEventRecordNodeGetEvent(void) { return gp_unforwarded("cuGraphEventRecordNodeGetEvent"); }
 GP_EXPORT CUresult cuGraphEventRecordNodeSetEvent(void) { return gp_unforwarded("cuGraphEventRecordNodeSetEvent"); }
@@ -1228,8 +1259,6 @@ GP_EXPORT CUresult cuGraphExternalSemaphoresSignalNodeGetParams(void) { return g
 GP_EXPORT CUresult cuGraphExternalSemaphoresSignalNodeSetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresSignalNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExternalSemaphoresWaitNodeGetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresWaitNodeGetParams"); }
 GP_EXPORT CUresult cuGraphExternalSemaphoresWaitNodeSetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresWaitNodeSetParams"); }
-GP_EXPORT CUresult cuGraphGetEdges(void) { return gp_unforwarded("cuGraphGetEdges"); }
-GP_EXPORT CUresult cuGraphGetEdges_v2(void) { return gp_unforwarded("cuGraphGetEdges_v2"); }
 GP_EXPORT CUresult cuGraphGetRootNodes(void) { return gp_unforwarded("cuGraphGetRootNodes"); }
 GP_EXPORT CUresult cuGraphHostNodeGetParams(void) { return gp_unforwarded("cuGraphHostNodeGetParams"); }
 GP_EXPORT CUresult cuGraphHostNodeSetParams(void) { return gp_unforwarded("cuGraphHostNodeSetParams"); }
@@ -1248,13 +1277,11 @@ GP_EXPORT CUresult cuGraphMemcpyNodeGetParams(void) { return gp_unforwarded("cuG
 GP_EXPORT CUresult cuGraphMemcpyNodeSetParams(void) { return gp_unforwarded("cuGraphMemcpyNodeSetParams"); }
 GP_EXPORT CUresult cuGraphMemsetNodeGetParams(void) { return gp_unforwarded("cuGraphMemsetNodeGetParams"); }
 GP_EXPORT CUresult cuGraphMemsetNodeSetParams(void) { return gp_unforwarded("cuGraphMemsetNodeSetParams"); }
-GP_EXPORT CUresult cuGraphNodeFindInClone(void) { return gp_unforwarded("cuGraphNodeFindInClone"); }
 GP_EXPORT CUresult cuGraphNodeGetDependencies(void) { return gp_unforwarded("cuGraphNodeGetDependencies"); }
 GP_EXPORT CUresult cuGraphNodeGetDependencies_v2(void) { return gp_unforwarded("cuGraphNodeGetDependencies_v2"); }
 GP_EXPORT CUresult cuGraphNodeGetDependentNodes(void) { return gp_unforwarded("cuGraphNodeGetDependentNodes"); }
 GP_EXPORT CUresult cuGraphNodeGetDependentNodes_v2(void) { return gp_unforwarded("cuGraphNodeGetDependentNodes_v2"); }
 GP_EXPORT CUresult cuGraphNodeGetEnabled(void) { return gp_unforwarded("cuGraphNodeGetEnabled"); }
-GP_EXPORT CUresult cuGraphNodeGetType(void) { return gp_unforwarded("cuGraphNodeGetType"); }
 GP_EXPORT CUresult cuGraphNodeSetEnabled(void) { return gp_unforwarded("cuGraphNodeSetEnabled"); }
 GP_EXPORT CUresult cuGraphNodeSetParams(void) { return gp_unforwarded("cuGraphNodeSetParams"); }
 GP_EXPORT CUresult cuGraphRemoveDependencies(void) { return gp_unforwarded("cuGraphRemoveDependencies"); }
@@ -1588,11 +1615,16 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphAddDependencies", 10000, (void *)cuGraphAddDependencies},
     {"cuGraphAddDependencies", 12030, (void *)cuGraphAddDependencies_v2},
     {"cuGraphAddEmptyNode", 10000, (void *)cuGraphAddEmptyNode},
+    {"cuGraphAddEventRecordNode", 11010, (void *)cuGraphAddEventRecordNode},
+    {"cuGraphAddEventWaitNode", 11010, (void *)cuGraphAddEventWaitNode},
+    {"cuGraphAddHostNode", 10000, (void *)cuGraphAddHostNode},
     {"cuGraphAddKernelNode", 12000, (void *)cuGraphAddKernelNode_v2},
+    {"cuGraphAddMemcpyNode", 10000, (void *)cuGraphAddMemcpyNode},
     {"cuGraphAddMemsetNode", 10000, (void *)cuGraphAddMemsetNode},
     {"cuGraphAddNode", 12020, (void *)cuGraphAddNode},
     {"cuGraphAddNode", 12030, (void *)cuGraphAddNode_v2},
     {"cuGraphChildGraphNodeGetGraph", 10000, (void *)cuGraphChildGraphNodeGetGraph},
+    {"cuGraphClone", 10000, (void *)cuGraphClone},
     {"cuGraphConditionalHandleCreate", 12030, (void *)cuGraphConditionalHandleCreate},
     {"cuGraphCreate", 10000, (void *)cuGraphCreate},
     {"cuGraphDestroy", 10000, (void *)cuGraphDestroy},
@@ -1600,11 +1632,15 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphExecDestroy", 10000, (void *)cuGraphExecDestroy},
     {"cuGraphExecKernelNodeSetParams", 12000, (void *)cuGraphExecKernelNodeSetParams_v2},
     {"cuGraphExecUpdate", 12000, (void *)cuGraphExecUpdate_v2},
+    {"cuGraphGetEdges", 10000, (void *)cuGraphGetEdges},
+    {"cuGraphGetEdges", 12030, (void *)cuGraphGetEdges_v2},
     {"cuGraphGetNodes", 10000, (void *)cuGraphGetNodes},
     {"cuGraphInstantiate", 12000, (void *)cuGraphInstantiateWithFlags},
     {"cuGraphInstantiateWithFlags", 11040, (void *)cuGraphInstantiateWithFlags},
     {"cuGraphInstantiateWithParams", 12000, (void *)cuGraphInstantiateWithParams},
     {"cuGraphLaunch", 10000, (void *)cuGraphLaunch},
+    {"cuGraphNodeFindInClone", 10000, (void *)cuGraphNodeFindInClone},
+    {"cuGraphNodeGetType", 10000, (void *)cuGraphNodeGetType},
     {"cuGraphReleaseUserObject", 11030, (void *)cuGraphReleaseUserObject},
     {"cuGraphRetainUserObject", 11030, (void *)cuGraphRetainUserObject},
     {"cuGraphUpload", 11010, (void *)cuGraphUpload},

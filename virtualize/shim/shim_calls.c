@@ -1407,6 +1407,86 @@ CUresult cuGraphAddChildGraphNode(uint64_t *node, uint64_t graph, void *deps, ui
     return r;
 }
 
+static CUresult event_node(uint32_t call, uint64_t *node, uint64_t graph, const void *deps, uint64_t num_deps,
+                           uint64_t event) {
+    if (!node || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphAddEventRecordNode in = {.graph = graph, .event = event, .num_deps = num_deps};
+    struct gp_out_cuGraphAddEventRecordNode out;
+    CUresult r = gp_call(call, WANT, &in, sizeof in, deps, num_deps * 8, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) *node = out.node;
+    return r;
+}
+
+CUresult cuGraphAddEventRecordNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, uint64_t event) {
+    GP_TRACE("cuGraphAddEventRecordNode");
+    return event_node(GP_CALL_cuGraphAddEventRecordNode, node, graph, deps, num_deps, event);
+}
+
+CUresult cuGraphAddEventWaitNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, uint64_t event) {
+    GP_TRACE("cuGraphAddEventWaitNode");
+    return event_node(GP_CALL_cuGraphAddEventWaitNode, node, graph, deps, num_deps, event);
+}
+
+/* CUDA_HOST_NODE_PARAMS: the function and its argument, kept here (shim.c) and run at every launch. */
+CUresult cuGraphAddHostNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params) {
+    GP_TRACE("cuGraphAddHostNode");
+    if (!node || !params || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    void *fn, *data;
+    memcpy(&fn, params, 8);
+    memcpy(&data, (unsigned char *)params + 8, 8);
+    if (!fn) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = gp_callbacks_start();
+    if (r != CUDA_SUCCESS) return r;
+    uint64_t id = gp_host_call_add(0, fn, data, 0, 1);
+    if (!id) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct gp_in_cuGraphAddHostNode in = {.graph = graph, .id = id, .num_deps = num_deps};
+    struct gp_out_cuGraphAddHostNode out;
+    r = gp_call(GP_CALL_cuGraphAddHostNode, WANT, &in, sizeof in, deps, num_deps * 8, &out, sizeof out, NULL, 0);
+    if (r != CUDA_SUCCESS) gp_host_call_drop(id);
+    else *node = out.node;
+    return r;
+}
+
+/* One side of a CUDA_MEMCPY3D as a device address of the lease: device or unified memory, or mirrored
+ * host memory (its device copy); 0 for what the worker cannot reach (host memory, arrays). */
+static uint64_t copy_side(const unsigned char *p, uint64_t *pitch, uint64_t *height) {
+    uint64_t x, y, z, host, device;
+    uint32_t type;
+    memcpy(&x, p, 8), memcpy(&y, p + 8, 8), memcpy(&z, p + 16, 8);
+    memcpy(&type, p + 32, 4), memcpy(&host, p + 40, 8), memcpy(&device, p + 48, 8);
+    memcpy(pitch, p + 72, 8), memcpy(height, p + 80, 8);
+    uint64_t at = type == 1 ? host : type == 2 || type == 4 ? device : 0, mirrored;
+    if (!at) return 0;
+    if (gp_mirror_device(at, &mirrored)) at = mirrored;
+    else if (!is_device(at)) return 0;
+    return at + (z * *height + y) * *pitch + x;
+}
+
+/* CUDA_MEMCPY3D (200 bytes): the source side at 0, the destination side at 88, the extent at 176. */
+CUresult cuGraphAddMemcpyNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params,
+                              uint64_t ctx) {
+    GP_TRACE("cuGraphAddMemcpyNode");
+    (void)ctx; /* the current context's, as for every forwarded call */
+    if (!node || !params || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    const unsigned char *p = params;
+    struct gp_in_cuGraphAddMemcpyNode in = {.graph = graph, .num_deps = num_deps};
+    uint64_t src_pitch, src_height, dst_pitch, dst_height;
+    in.src = copy_side(p, &src_pitch, &src_height);
+    in.dst = copy_side(p + 88, &dst_pitch, &dst_height);
+    in.src_pitch = src_pitch, in.src_height = src_height, in.dst_pitch = dst_pitch, in.dst_height = dst_height;
+    memcpy(&in.width, p + 176, 8), memcpy(&in.height, p + 184, 8), memcpy(&in.depth, p + 192, 8);
+    if (!in.src || !in.dst) {
+        gp_say("cuGraphAddMemcpyNode: a copy node from or to the program's own host memory (or a CUDA array) cannot "
+               "run on the remote GPU; it returns CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    struct gp_out_cuGraphAddMemcpyNode out;
+    CUresult r = gp_call(GP_CALL_cuGraphAddMemcpyNode, WANT, &in, sizeof in, deps, num_deps * 8, &out, sizeof out,
+                         NULL, 0);
+    if (r == CUDA_SUCCESS) *node = out.node;
+    return r;
+}
+
 /* A conditional node's body graphs, in an array the program reads through the node parameters'
  * phGraph_out (the driver's own, as long as the process lives; a few bytes per node). */
 #define MAX_CONDITIONAL_BODIES 64
@@ -1435,7 +1515,10 @@ static CUresult conditional_node(uint64_t *node, uint64_t graph, const void *dep
 
 /* CUgraphNodeParams: the type at 0, the type's parameters at 16 (each the newest version of the node
  * call's structure, which starts as the older one does). */
-enum { NODE_KERNEL = 0, NODE_MEMSET = 2, NODE_GRAPH = 4, NODE_EMPTY = 5, NODE_CONDITIONAL = 13 };
+enum {
+    NODE_KERNEL = 0, NODE_MEMCPY = 1, NODE_MEMSET = 2, NODE_HOST = 3, NODE_GRAPH = 4, NODE_EMPTY = 5, NODE_WAIT_EVENT = 6,
+    NODE_EVENT_RECORD = 7, NODE_CONDITIONAL = 13
+};
 
 static CUresult add_node(uint64_t *node, uint64_t graph, void *deps, const void *edges, uint64_t num_deps,
                          void *params) {
@@ -1459,6 +1542,15 @@ static CUresult add_node(uint64_t *node, uint64_t graph, void *deps, const void 
         return cuGraphAddChildGraphNode(node, graph, deps, num_deps, u64);
     case NODE_EMPTY:
         return cuGraphAddEmptyNode(node, graph, deps, num_deps);
+    case NODE_HOST:
+        return cuGraphAddHostNode(node, graph, deps, num_deps, p + 16);
+    case NODE_MEMCPY: /* CUDA_MEMCPY_NODE_PARAMS: flags, reserved, the context, then CUDA_MEMCPY3D */
+        memcpy(&u64, p + 16 + 8, 8);
+        return cuGraphAddMemcpyNode(node, graph, deps, num_deps, p + 32, u64);
+    case NODE_WAIT_EVENT: case NODE_EVENT_RECORD:
+        memcpy(&u64, p + 16, 8);
+        return event_node(type == NODE_WAIT_EVENT ? GP_CALL_cuGraphAddEventWaitNode : GP_CALL_cuGraphAddEventRecordNode,
+                          node, graph, deps, num_deps, u64);
     case NODE_CONDITIONAL:
         return conditional_node(node, graph, deps, num_deps, p + 16);
     }
@@ -1645,21 +1737,47 @@ CUresult cuThreadExchangeStreamCaptureMode(void *mode) {
     return r;
 }
 
-/* Node handles stay in the worker; the count is what programs ask for (PyTorch warns on empty graphs). */
-CUresult cuGraphGetNodes(uint64_t graph, void *nodes, void *count) {
-    GP_TRACE("cuGraphGetNodes");
+/* A graph's nodes (or edges): the count, then the handles; the caller's arrays take at most *count. */
+static CUresult graph_list(uint32_t call, uint64_t graph, uint64_t *a, uint64_t *b, void *edge_data, size_t *count) {
     if (!count) return CUDA_ERROR_INVALID_VALUE;
+    int edges = call != GP_CALL_cuGraphGetNodes;
+    uint64_t room = (a || b) ? *count : 0, per = edges ? 2 : 1;
+    uint64_t *got = malloc(8 * per * (MAX_NODE_DEPS > room ? MAX_NODE_DEPS : room) + 8);
+    if (!got) return CUDA_ERROR_OUT_OF_MEMORY;
     struct gp_in_cuGraphGetNodes in = {.graph = graph};
     struct gp_out_cuGraphGetNodes out;
-    CUresult r = CALL(cuGraphGetNodes, WANT, in, out);
-    if (r) return r;
-    if (nodes && out.count) {
-        gp_say("cuGraphGetNodes: a graph's nodes are not forwarded to the client; it returns "
-               "CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)");
-        return CUDA_ERROR_NOT_SUPPORTED;
+    uint64_t cap = MAX_NODE_DEPS > room ? MAX_NODE_DEPS : room;
+    CUresult r = gp_call(call, WANT, &in, sizeof in, NULL, 0, &out, sizeof out, got, 8 * per * cap);
+    if (r == CUDA_SUCCESS) {
+        uint64_t n = out.count < room ? out.count : room;
+        for (uint64_t i = 0; i < n; i++) {
+            if (a) a[i] = got[per * i];
+            if (b && edges) b[i] = got[per * i + 1];
+        }
+        for (uint64_t i = n; i < room; i++) { /* entries past the graph's read NULL, as the driver's */
+            if (a) a[i] = 0;
+            if (b && edges) b[i] = 0;
+        }
+        if (edge_data && n) memset(edge_data, 0, 8 * n); /* the default edges */
+        *count = n < out.count && (a || b) ? n : out.count;
     }
-    *(size_t *)count = (size_t)out.count;
-    return CUDA_SUCCESS;
+    free(got);
+    return r;
+}
+
+CUresult cuGraphGetNodes(uint64_t graph, void *nodes, void *count) {
+    GP_TRACE("cuGraphGetNodes");
+    return graph_list(GP_CALL_cuGraphGetNodes, graph, nodes, NULL, NULL, count);
+}
+
+CUresult cuGraphGetEdges(uint64_t graph, void *from, void *to, void *count) {
+    GP_TRACE("cuGraphGetEdges");
+    return graph_list(GP_CALL_cuGraphGetEdges, graph, from, to, NULL, count);
+}
+
+CUresult cuGraphGetEdges_v2(uint64_t graph, void *from, void *to, void *edge_data, void *count) {
+    GP_TRACE("cuGraphGetEdges_v2");
+    return graph_list(GP_CALL_cuGraphGetEdges_v2, graph, from, to, edge_data, count);
 }
 
 /* ---- module and link input files: read in the client, sent as an image ---------------------------- */

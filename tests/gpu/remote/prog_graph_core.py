@@ -1,7 +1,8 @@
 """cuda.core's graph builder (issue 11): a graph captured from a stream with a while loop whose
 condition a kernel counts down, an if/else whose condition a kernel sets from memory, a child graph
 embedded, and a Python host callback; launched, then updated from a graph of the same shape built
-with other values and launched again.
+with other values and launched again. Then an explicit graph (GraphDefinition): kernel, copy, event
+record and wait, callback, if and child graph nodes.
 
 Runs unchanged on a local GPU or, under gpupool's libcuda.so.1, on a leased one; prints the same.
 """
@@ -83,6 +84,28 @@ def main() -> int:
     print("after update", run(graph, 5, 0))
     print("host callbacks", seen)
     graph.close()
+
+    # The same kind of work as an explicit graph (GraphDefinition): node by node, with a copy node, an
+    # event recorded and waited for, a Python callback, an if node on a default condition, a child graph.
+    from cuda.core.graph import GraphDefinition
+
+    definition = GraphDefinition()
+    first = definition.launch(four, add, a, np.int32(2))
+    copied = first.memcpy(b, a, 16)  # b[:4] = a[:4]
+    event = dev.create_event()
+    waited = copied.record(event).wait(event)
+    later = waited.launch(four, add, c, np.int32(3))
+    later.callback(lambda: seen.append("definition callback"))
+    branch = later.if_then(definition.create_condition(default_value=1))
+    branch.launch(four, add, c, np.int32(40))
+    sub = GraphDefinition()
+    sub.launch(four, add, a, np.int32(500))
+    later.embed(sub)
+    explicit = definition.instantiate()
+    for _ in range(2):
+        print("explicit graph", run(explicit, 0, 0)[:12])
+    print("host callbacks", seen)
+    explicit.close()
     words.close(stream)
     stream.sync()
     print("libcuda", loaded_libcuda(), file=sys.stderr)
