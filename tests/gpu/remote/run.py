@@ -48,6 +48,7 @@ PROGRAMS = [
     "prog_numba.py",
     "prog_numba_small.py",  # one-element results and small host arrays copied back
     "prog_printf.py",  # kernel output at the synchronise, in order with the program's own prints
+    "prog_launch_errors.py",  # launches the GPU refuses: refused by the launch call, the context unspoiled
     "prog_processes.py",  # several processes of one lease share its memory, each freed at exit
     "prog_contexts.py",  # cuCtxCreate / cuCtxDestroy
     "prog_link.py",  # the driver's linker: relocatable PTX from NVRTC, linked on the worker
