@@ -503,6 +503,7 @@ def test_a_launch_the_driver_refuses_fails_from_the_launch_call_itself(shim_dir,
         "grid_y_too_tall": "1",
         "registers_allow_fewer": "701",  # CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
         "saxpy_256": "0",
+        "past_launch_bounds": "1",  # CUDA_ERROR_INVALID_VALUE, as the driver answers (measured on an H100)
         "shared_over_default": "1",
         "shared_after_raising": "0",
         "sync": "0",  # nothing refused was sent: no error waits at the synchronise

@@ -854,7 +854,10 @@ class CudaExecutor(Executor):
     @staticmethod
     def _kernel_node(launch: Launch):
         """CUDA_KERNEL_NODE_PARAMS over a buffer of its own (the driver copies the parameters)."""
-        target = _Launchable(launch.func, launch.layout)
+        func = launch.func
+        if launch.is_kernel:  # a kernel node names a function (of the current context), not a CUkernel
+            func = _int(_ok(driver.cuKernelGetFunction(driver.CUkernel(func))))
+        target = _Launchable(func, launch.layout)
         ctypes.memmove(target.buffer, launch.params, min(len(launch.params), len(target.buffer)))
         params = driver.CUDA_KERNEL_NODE_PARAMS()
         params.func = target.function

@@ -164,6 +164,7 @@ class Launch:
     params: bytes  # the parameters, packed at `layout`'s offsets
     layout: list[tuple[int, int]]  # (offset, size) of each parameter, from `param_layout`
     attributes: tuple[tuple[int, bytes], ...] = ()  # (CUlaunchAttributeID, its 64-byte value)
+    is_kernel: bool = False  # `func` is a CUkernel (a graph's kernel node needs its function)
 
 
 class Executor(abc.ABC):

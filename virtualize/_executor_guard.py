@@ -544,7 +544,10 @@ class Session:
         layout = self._layout(func)
         if len(params) < max((offset + size for offset, size in layout), default=0):
             raise CudaError(INVALID_VALUE, "kernel parameters shorter than the function's parameter layout")
-        launch = Launch(func, tuple(dims[:3]), tuple(dims[3:6]), dims[6], 0, params, layout)
+        is_kernel = func in self.lease.handles["kernel"]
+        launch = Launch(
+            func, tuple(dims[:3]), tuple(dims[3:6]), dims[6], 0, params, layout, is_kernel=is_kernel
+        )
         if not adding:
             self.executor.graph_exec_kernel_node(owner, node, launch)
             return _EMPTY

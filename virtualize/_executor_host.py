@@ -45,6 +45,7 @@ ALIGN = 1 << 21
 HOST_KERNELS = {
     "fill_u32": [(0, 8), (8, 4), (12, 4)],
     "add_u32": [(0, 8), (8, 4), (12, 4)],
+    "bounded_add_u32": [(0, 8), (8, 4), (12, 4)],  # add_u32 under __launch_bounds__(128)
     "fault": [],
     "spin": [(0, 8), (8, 4)],  # stands for a long kernel: sleeps 10 ms
     "empty": [],
@@ -66,6 +67,7 @@ ATTRIBUTES = {
     7: 65535,
     8: 49152,
     10: 32,
+    12: 65536,  # MAX_REGISTERS_PER_BLOCK
     16: 4,
     39: 2048,
     75: 9,
@@ -565,10 +567,12 @@ class HostExecutor(Executor):
         return self._param_info(func, index)
 
     def cuFuncGetAttribute(self, attrib, func):
-        # MAX_THREADS_PER_BLOCK (0): saxpy stands for a kernel whose registers allow only 256 threads;
+        # MAX_THREADS_PER_BLOCK (0): saxpy stands for a kernel whose registers (NUM_REGS, 4) allow only
+        # 256 threads, bounded_add_u32 for one whose launch bounds allow 128;
         # MAX_DYNAMIC_SHARED_SIZE_BYTES (8): 48 KiB until a program raises it.
-        threads = 256 if self.functions.get(func) == "saxpy" else 1024
-        default = {0: threads, 4: 32, 8: 49152}.get(attrib, 0)
+        name = self.functions.get(func)
+        limit = {"saxpy": 256, "bounded_add_u32": 128}.get(name, 1024)
+        default = {0: limit, 4: 255 if name == "saxpy" else 32, 8: 49152}.get(attrib, 0)  # 4: NUM_REGS
         kernel_value = self.function_attributes.get((self.kernel_of.get(func), attrib), default)
         return self.function_attributes.get((func, attrib), kernel_value)
 

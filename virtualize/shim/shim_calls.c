@@ -1200,7 +1200,8 @@ static int64_t pack_params(const struct layout *l, void **params, void **extra, 
  * function's registers allow, dynamic shared memory against the function's maximum. The limits are
  * kept answers (shim_memo.c), so after a function's first launch this costs no round trip. A limit
  * that cannot be learnt (0, or the query fails) is not checked: the worker's driver still is. */
-static int known_limit(CUresult r, int32_t value) { return r == CUDA_SUCCESS && value > 0; }
+/* By pointer: the query has run (and written it) before the value is read. */
+static int known_limit(CUresult r, const int32_t *value) { return r == CUDA_SUCCESS && *value > 0; }
 
 static CUresult check_launch_config(uint64_t f, const uint32_t dims[7]) {
     for (int i = 0; i < 6; i++)
@@ -1210,18 +1211,27 @@ static CUresult check_launch_config(uint64_t f, const uint32_t dims[7]) {
     uint64_t threads = (uint64_t)dims[3] * dims[4] * dims[5];
     if (gp_ctx_device(gp_ctx_current(), &dev)) {
         /* CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK 1, MAX_BLOCK_DIM_X..Z 2-4, MAX_GRID_DIM_X..Z 5-7 */
-        if (known_limit(cuDeviceGetAttribute(&v, 1, dev), v) && threads > (uint64_t)v) return CUDA_ERROR_INVALID_VALUE;
+        if (known_limit(cuDeviceGetAttribute(&v, 1, dev), &v) && threads > (uint64_t)v) return CUDA_ERROR_INVALID_VALUE;
         for (int i = 0; i < 3; i++) {
-            if (known_limit(cuDeviceGetAttribute(&v, 2 + i, dev), v) && dims[3 + i] > (uint32_t)v)
+            if (known_limit(cuDeviceGetAttribute(&v, 2 + i, dev), &v) && dims[3 + i] > (uint32_t)v)
                 return CUDA_ERROR_INVALID_VALUE;
-            if (known_limit(cuDeviceGetAttribute(&v, 5 + i, dev), v) && dims[i] > (uint32_t)v)
+            if (known_limit(cuDeviceGetAttribute(&v, 5 + i, dev), &v) && dims[i] > (uint32_t)v)
                 return CUDA_ERROR_INVALID_VALUE;
         }
     }
-    /* CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK 0 (what the function's registers allow), and
-     * CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8 */
-    if (known_limit(cuFuncGetAttribute(&v, 0, f), v) && threads > (uint64_t)v) return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
-    if (dims[6] && known_limit(cuFuncGetAttribute(&v, 8, f), v) && dims[6] > (uint32_t)v) return CUDA_ERROR_INVALID_VALUE;
+    /* CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK 0: past it, the driver says "too many resources" when the
+     * function's registers (NUM_REGS 4) for that many threads exceed the block's (the device's
+     * MAX_REGISTERS_PER_BLOCK 12), and "invalid value" when a launch bound set the limit (measured).
+     * CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8. */
+    if (known_limit(cuFuncGetAttribute(&v, 0, f), &v) && threads > (uint64_t)v) {
+        int32_t regs, block_regs;
+        int by_registers = known_limit(cuFuncGetAttribute(&regs, 4, f), &regs) &&
+                           gp_ctx_device(gp_ctx_current(), &dev) &&
+                           known_limit(cuDeviceGetAttribute(&block_regs, 12, dev), &block_regs) &&
+                           (uint64_t)regs * threads > (uint64_t)block_regs;
+        return by_registers ? CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES : CUDA_ERROR_INVALID_VALUE;
+    }
+    if (dims[6] && known_limit(cuFuncGetAttribute(&v, 8, f), &v) && dims[6] > (uint32_t)v) return CUDA_ERROR_INVALID_VALUE;
     return CUDA_SUCCESS;
 }
 

@@ -20,7 +20,7 @@ SOURCE = r"""
 extern "C" __global__ void scale(float *x, int n) {
     extern __shared__ float scratch[];
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) { scratch[threadIdx.x % 32] = x[i]; x[i] = 2.0f * scratch[threadIdx.x % 32]; }
+    if (i < n) { scratch[threadIdx.x] = x[i]; x[i] = 2.0f * scratch[threadIdx.x]; }
 }
 extern "C" __global__ void __launch_bounds__(128) bounded(float *x, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -52,12 +52,12 @@ def main() -> int:
         return err.name
 
     def good() -> str:
-        launched = launch(scale, n // 256, 256, 128)
+        launched = launch(scale, n // 256, 256, 1024)
         return f"{launched}, sync {cu.cuCtxSynchronize()[0].name}"
 
-    print("1024 threads", launch(scale, 4, 1024, 128), "| after:", good())
-    print("2048 threads", launch(scale, 2, 2048, 128), "| after:", good())
-    print("empty grid", launch(scale, 0, 256, 128), "| after:", good())
+    print("1024 threads", launch(scale, 4, 1024, 4096), "| after:", good())
+    print("2048 threads", launch(scale, 2, 2048, 8192), "| after:", good())
+    print("empty grid", launch(scale, 0, 256, 1024), "| after:", good())
     print("200 KiB dynamic shared memory", launch(scale, 16, 256, 200 << 10), "| after:", good())
     ok(
         cu.cuFuncSetAttribute(
