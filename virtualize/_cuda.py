@@ -20,9 +20,11 @@ from virtualize._executor import (
     FORWARDED_LAUNCH_ATTRIBUTES,
     INVALID_VALUE,
     NOT_SUPPORTED,
+    CopiedBytes,
     CudaError,
     Executor,
     Launch,
+    StagedCopy,
     linked_image,
 )
 from virtualize._results import CUresult
@@ -31,6 +33,18 @@ _INVALID_VALUE_RESULT = driver.CUresult.CUDA_ERROR_INVALID_VALUE
 SMALL_COPY = 256 << 10  # up to this, copies go through pageable memory (one driver call)
 STAGING_CHUNK = 8 << 20
 _HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_size_t)  # CUhostFn: void (*)(void *userData)
+# Asynchronous copies to the client: each one's own page-locked buffer, kept for reuse up to this much;
+# a larger copy is staged before the call returns (as every copy to the host was before).
+ASYNC_STAGING_MAX = 256 << 20
+ASYNC_STAGING_KEPT = 512 << 20
+_libc = ctypes.CDLL(None, use_errno=True)
+_SEM_BYTES = 32  # sizeof(sem_t), 64-bit Linux
+# A copy's completion mark: the driver calls sem_post(userData) when the stream gets past the copy. A C
+# function, not a Python one, so the stream never waits for the GIL, and the flag can be read without a
+# CUDA call (the host-function thread that calls clients back may make none). sem_post returns an int
+# the driver ignores: fine on the 64-bit ABIs CUDA runs on.
+_SEM_POST = driver.CUhostFn(ctypes.cast(_libc.sem_post, ctypes.c_void_p).value)
+_kept_semaphores: list = []  # marks whose host function never ran (a dead context): never freed
 
 
 def _ok(result):
@@ -103,6 +117,103 @@ class _Staging:
             driver.cuMemFreeHost(self.addresses[k])
 
 
+class _PinnedPool:
+    """Page-locked buffers of copies in flight to the client, by power-of-two size. Buffers come back
+    on any thread (the host-function thread may make no CUDA call), so freeing waits for the next take."""
+
+    def __init__(self) -> None:
+        self.free: dict[int, list[int]] = {}
+        self.kept = 0
+        self.doomed: list[int] = []
+        self.lock = threading.Lock()
+
+    def take(self, count: int) -> tuple[int, int]:
+        size = max(64 << 10, 1 << (count - 1).bit_length())
+        with self.lock:
+            doomed, self.doomed = self.doomed, []
+            free = self.free.get(size)
+            address = free.pop() if free else 0
+            self.kept -= size if address else 0
+        for old in doomed:
+            driver.cuMemFreeHost(old)
+        if not address:
+            address = int(_ok(driver.cuMemHostAlloc(size, 1)))  # CU_MEMHOSTALLOC_PORTABLE
+        return address, size
+
+    def give(self, address: int, size: int) -> None:
+        with self.lock:
+            if self.kept + size <= ASYNC_STAGING_KEPT:
+                self.free.setdefault(size, []).append(address)
+                self.kept += size
+            else:
+                self.doomed.append(address)
+
+
+class _InFlight(StagedCopy):
+    """A copy queued on a stream into a page-locked buffer, an event and a completion mark after it."""
+
+    def __init__(self, executor: CudaExecutor, src: int, count: int, stream) -> None:
+        self.executor, self.count = executor, count
+        self.ctx = executor._local().ctx
+        self.address, self.size = executor.pinned.take(count)
+        self.sem = (ctypes.c_char * _SEM_BYTES)()
+        _libc.sem_init(self.sem, 0, 0)
+        self.event = executor._copy_event(self.ctx)
+        self.error = 0
+        self.done = False
+        try:
+            _ok(driver.cuMemcpyDtoHAsync(self.address, src, count, stream))
+            _ok(driver.cuEventRecord(self.event, stream))
+            _ok(driver.cuLaunchHostFunc(stream, _SEM_POST, ctypes.addressof(self.sem)))
+        except CudaError:
+            driver.cuStreamSynchronize(stream)  # nothing of ours left in flight on it
+            self.done = True
+            self.release()
+            raise
+
+    def _marked(self) -> bool:
+        value = ctypes.c_int()
+        _libc.sem_getvalue(self.sem, ctypes.byref(value))
+        return value.value > 0
+
+    def ready(self) -> bool:
+        return self.done or self._marked()
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        _ok(driver.cuCtxPushCurrent(driver.CUcontext(self.ctx)))
+        try:
+            err = driver.cuEventSynchronize(self.event)[0]
+        finally:
+            driver.cuCtxPopCurrent()
+        if err != driver.CUresult.CUDA_SUCCESS:  # the context failed: the mark will never come
+            self.error = int(err)
+        else:
+            while _libc.sem_wait(self.sem) != 0:  # the mark follows the event at once
+                pass
+            _libc.sem_post(self.sem)
+        self.done = True
+
+    def view(self) -> memoryview:
+        if self.error:
+            raise CudaError(self.error, "the copy to the host failed")
+        return memoryview((ctypes.c_char * self.count).from_address(self.address)).cast("B")
+
+    def release(self) -> None:
+        if self.address == 0:
+            return
+        if not self.ready():
+            self.wait()  # the client is gone: the buffer goes back once the DMA is over
+        if self.error or not self._marked():
+            _kept_semaphores.append(self.sem)  # the driver may still post it
+        else:
+            _libc.sem_destroy(self.sem)
+        self.executor.pinned.give(self.address, self.size)
+        self.executor._copy_events.setdefault(self.ctx, []).append(self.event)
+        self.address = 0
+
+
 class CudaExecutor(Executor):
     name = "cuda"
 
@@ -119,6 +230,8 @@ class CudaExecutor(Executor):
         self._host_keys = itertools.count(1)
         self._host_thunk = _HOST_FN(self._run_host_func)
         self._host_thunk_fn = driver.CUhostFn(ctypes.cast(self._host_thunk, ctypes.c_void_p).value)
+        self.pinned = _PinnedPool()  # buffers of asynchronous copies to the client
+        self._copy_events: dict[int, list] = {}  # context -> events of finished asynchronous copies
 
     @staticmethod
     def _find(device, position: int) -> int:
@@ -232,6 +345,24 @@ class CudaExecutor(Executor):
             j, n = sizes.pop(0)
             staging.wait(j)
             send(staging.views[j][:n])
+
+    def copy_from_device_async(self, src, count, stream) -> StagedCopy:
+        if count > ASYNC_STAGING_MAX:  # not worth pinning that much: staged now, the stream waited for
+            data = bytearray(count)
+            at = 0
+
+            def keep(view: memoryview) -> None:
+                nonlocal at
+                data[at : at + len(view)] = view
+                at += len(view)
+
+            self.copy_from_device(src, count, stream, keep)
+            return CopiedBytes(data)
+        return _InFlight(self, src, count, self._stream(stream))
+
+    def _copy_event(self, ctx: int):
+        events = self._copy_events.get(ctx)
+        return events.pop() if events else _ok(driver.cuEventCreate(2))  # CU_EVENT_DISABLE_TIMING
 
     def memset(self, dst: int, value: int, element_size: int, count: int, stream: int | None) -> None:
         name = {1: "cuMemsetD8", 2: "cuMemsetD16", 4: "cuMemsetD32"}[element_size]

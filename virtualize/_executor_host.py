@@ -31,9 +31,11 @@ from virtualize._executor import (
     INVALID_HANDLE,
     INVALID_VALUE,
     NOT_FOUND,
+    CopiedBytes,
     CudaError,
     Executor,
     Launch,
+    StagedCopy,
     linked_image,
 )
 from virtualize._results import CUresult
@@ -238,6 +240,10 @@ class HostExecutor(Executor):
         view = memoryview(mem)  # sent from where it lies, as the CUDA executor sends its staging buffer
         for start in range(0, count, CHUNK):
             send(view[off + start : off + min(count, start + CHUNK)])
+
+    def copy_from_device_async(self, src, count, stream) -> StagedCopy:
+        mem, off = self._find(src, count)
+        return CopiedBytes(bytes(mem[off : off + count]))  # streams run at once here: the copy is done
 
     def _on(self, stream, work) -> None:
         """Run stream work now, or record it when the stream is being captured into a graph."""
