@@ -47,6 +47,8 @@ class Deliveries:
 
     def add(self, ident: int, staged: StagedCopy) -> None:
         self._push(_Copy(ident, staged))
+        if staged.transient:  # its bytes are the device's own: out before another call can change them
+            self.flush()
 
     def failed(self, ident: int, error: int) -> None:
         """A copy refused before it was queued: the client hears of it too, so it stops waiting."""

@@ -144,6 +144,11 @@ class StagedCopy(abc.ABC):
     def view(self) -> memoryview:
         """The copied bytes, once ready; raises CudaError if the copy failed."""
 
+    # True: `view()` is the device memory itself, valid only until the executor runs another call, so
+    # the bytes are sent before the call that queued the copy returns (an executor whose streams run at
+    # once needs no copy of its own).
+    transient = False
+
     def release(self) -> None:  # noqa: B027 - optional hook: a buffer that is plain memory needs nothing
         """The bytes have been sent: the buffer may be reused."""
 
@@ -151,7 +156,7 @@ class StagedCopy(abc.ABC):
 class CopiedBytes(StagedCopy):
     """A copy whose bytes were taken before the call returned (nothing left in flight)."""
 
-    def __init__(self, data: bytes | bytearray) -> None:
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
         self.data = data
 
     def ready(self) -> bool:

@@ -93,18 +93,9 @@ def ptx_layouts(image: bytes) -> dict[str, list[tuple[int, int]]]:
 
 
 class _Copied(CopiedBytes):
-    """A copy's bytes in a buffer that goes back to the executor once sent (fresh memory costs page
-    faults, as much as the copy)."""
+    """A copy done at once, its bytes where they lie: sent before the next call can change them."""
 
-    def __init__(self, data: bytearray, executor: HostExecutor) -> None:
-        super().__init__(data)
-        self.executor = executor
-
-    def release(self) -> None:
-        with self.executor.lock:
-            free = self.executor.copy_buffers.setdefault(len(self.data), [])
-            if len(free) < 16:  # as many as a pipeline keeps in flight
-                free.append(self.data)
+    transient = True
 
 
 class HostExecutor(Executor):
@@ -142,7 +133,6 @@ class HostExecutor(Executor):
         self.graphs: dict[int, list] = {}  # graph or executable graph -> its work, in stream order
         self.local = threading.local()
         self.lock = threading.Lock()
-        self.copy_buffers: dict[int, list[bytearray]] = {}  # by size: buffers of copies sent to clients
 
     # -- helpers -------------------------------------------------------------------------------------
 
@@ -259,11 +249,7 @@ class HostExecutor(Executor):
 
     def copy_from_device_async(self, src, count, stream) -> StagedCopy:
         mem, off = self._find(src, count)
-        with self.lock:  # streams run at once here: the copy is done, into a buffer used before
-            free = self.copy_buffers.get(count)
-            buf = free.pop() if free else bytearray(count)
-        buf[:] = memoryview(mem)[off : off + count]
-        return _Copied(buf, self)
+        return _Copied(memoryview(mem)[off : off + count])  # streams run at once here: the copy is done
 
     def _on(self, stream, work) -> None:
         """Run stream work now, or record it when the stream is being captured into a graph."""
