@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import logging
+import mmap
 import struct
 import threading
 from collections.abc import Callable
@@ -117,36 +118,57 @@ class _Staging:
             driver.cuMemFreeHost(self.addresses[k])
 
 
+class _Buffer:
+    """Host memory of the worker's own (mmap), registered with the driver: it outlives any context, so
+    a context the client destroys or resets leaves it valid (a copy into it is then merely synchronous)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.memory = mmap.mmap(-1, size)
+        self.anchor = ctypes.c_char.from_buffer(self.memory)
+        self.address = ctypes.addressof(self.anchor)
+        # PORTABLE: page-locked for every context. Refused (no context, no room): pageable, still correct.
+        self.registered = driver.cuMemHostRegister(self.address, size, 1)[0] == driver.CUresult.CUDA_SUCCESS
+
+    def drop(self) -> None:
+        if self.registered:
+            driver.cuMemHostUnregister(self.address)
+
+
 class _PinnedPool:
-    """Page-locked buffers of copies in flight to the client, by power-of-two size. Buffers come back
-    on any thread (the host-function thread may make no CUDA call), so freeing waits for the next take."""
+    """Page-locked buffers of copies in flight to the client, by power-of-two size, and their events.
+    Both come back on any thread (the host-function thread may make no CUDA call), so what is not kept
+    is unregistered or destroyed at the next take, on a connection's thread."""
 
     def __init__(self) -> None:
-        self.free: dict[int, list[int]] = {}
+        self.free: dict[int, list[_Buffer]] = {}
         self.kept = 0
-        self.doomed: list[int] = []
+        self.doomed: list[_Buffer] = []
+        self.doomed_events: list = []
         self.lock = threading.Lock()
 
-    def take(self, count: int) -> tuple[int, int]:
+    def take(self, count: int) -> _Buffer:
         size = max(64 << 10, 1 << (count - 1).bit_length())
         with self.lock:
             doomed, self.doomed = self.doomed, []
+            events, self.doomed_events = self.doomed_events, []
             free = self.free.get(size)
-            address = free.pop() if free else 0
-            self.kept -= size if address else 0
+            buffer = free.pop() if free else None
+            self.kept -= size if buffer else 0
         for old in doomed:
-            driver.cuMemFreeHost(old)
-        if not address:
-            address = int(_ok(driver.cuMemHostAlloc(size, 1)))  # CU_MEMHOSTALLOC_PORTABLE
-        return address, size
+            old.drop()
+        for event in events:
+            driver.cuEventDestroy(event)  # a context gone since: an error, and nothing to do
+        return buffer or _Buffer(size)
 
-    def give(self, address: int, size: int) -> None:
+    def give(self, buffer: _Buffer, event) -> None:
         with self.lock:
-            if self.kept + size <= ASYNC_STAGING_KEPT:
-                self.free.setdefault(size, []).append(address)
-                self.kept += size
+            self.doomed_events.append(event)
+            if self.kept + buffer.size <= ASYNC_STAGING_KEPT:
+                self.free.setdefault(buffer.size, []).append(buffer)
+                self.kept += buffer.size
             else:
-                self.doomed.append(address)
+                self.doomed.append(buffer)
 
 
 class _InFlight(StagedCopy):
@@ -155,10 +177,11 @@ class _InFlight(StagedCopy):
     def __init__(self, executor: CudaExecutor, src: int, count: int, stream) -> None:
         self.executor, self.count = executor, count
         self.ctx = executor._local().ctx
-        self.address, self.size = executor.pinned.take(count)
+        self.buffer = executor.pinned.take(count)
+        self.address = self.buffer.address
         self.sem = (ctypes.c_char * _SEM_BYTES)()
         _libc.sem_init(self.sem, 0, 0)
-        self.event = executor._copy_event(self.ctx)
+        self.event = _ok(driver.cuEventCreate(2))  # CU_EVENT_DISABLE_TIMING
         self.error = 0
         self.done = False
         try:
@@ -182,18 +205,13 @@ class _InFlight(StagedCopy):
     def wait(self) -> None:
         if self.done:
             return
-        _ok(driver.cuCtxPushCurrent(driver.CUcontext(self.ctx)))
-        try:
+        err = driver.cuCtxPushCurrent(driver.CUcontext(self.ctx))[0]  # any thread: the copy's context
+        if err == driver.CUresult.CUDA_SUCCESS:
             err = driver.cuEventSynchronize(self.event)[0]
-        finally:
             driver.cuCtxPopCurrent()
-        if err != driver.CUresult.CUDA_SUCCESS:  # the context failed: the mark will never come
+        if err != driver.CUresult.CUDA_SUCCESS:  # the context failed or is gone: no bytes to send
             self.error = int(err)
-        else:
-            while _libc.sem_wait(self.sem) != 0:  # the mark follows the event at once
-                pass
-            _libc.sem_post(self.sem)
-        self.done = True
+        self.done = True  # the event says the bytes are in; the mark may come later
 
     def view(self) -> memoryview:
         if self.error:
@@ -209,8 +227,7 @@ class _InFlight(StagedCopy):
             _kept_semaphores.append(self.sem)  # the driver may still post it
         else:
             _libc.sem_destroy(self.sem)
-        self.executor.pinned.give(self.address, self.size)
-        self.executor._copy_events.setdefault(self.ctx, []).append(self.event)
+        self.executor.pinned.give(self.buffer, self.event)
         self.address = 0
 
 
@@ -231,7 +248,6 @@ class CudaExecutor(Executor):
         self._host_thunk = _HOST_FN(self._run_host_func)
         self._host_thunk_fn = driver.CUhostFn(ctypes.cast(self._host_thunk, ctypes.c_void_p).value)
         self.pinned = _PinnedPool()  # buffers of asynchronous copies to the client
-        self._copy_events: dict[int, list] = {}  # context -> events of finished asynchronous copies
 
     @staticmethod
     def _find(device, position: int) -> int:
@@ -359,10 +375,6 @@ class CudaExecutor(Executor):
             self.copy_from_device(src, count, stream, keep)
             return CopiedBytes(data)
         return _InFlight(self, src, count, self._stream(stream))
-
-    def _copy_event(self, ctx: int):
-        events = self._copy_events.get(ctx)
-        return events.pop() if events else _ok(driver.cuEventCreate(2))  # CU_EVENT_DISABLE_TIMING
 
     def memset(self, dst: int, value: int, element_size: int, count: int, stream: int | None) -> None:
         name = {1: "cuMemsetD8", 2: "cuMemsetD16", 4: "cuMemsetD32"}[element_size]

@@ -111,9 +111,9 @@ class Deliveries:
                 if self._closed:
                     return
                 head = self._queue[0]
-            if head.staged is not None:
-                head.staged.wait()
             try:
+                if head.staged is not None:
+                    head.staged.wait()
                 self.flush()
             except Exception:  # a bug here must not leave the client waiting for ever
                 log.exception("sending a copy to the client failed")
