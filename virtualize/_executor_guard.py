@@ -136,7 +136,7 @@ class HostCallbacks:
         self.lock = threading.Lock()  # one host function at a time
         self.send_lock = threading.Lock()  # frames whole: host function ids and copies share the channel
         self.closed = threading.Event()  # the process's connection has ended: stop calling back
-        self.deliveries = Deliveries(self.send)
+        self.deliveries = Deliveries(self.send, self.lock)
 
     def send(self, *parts) -> bool:
         with self.send_lock:
@@ -152,7 +152,7 @@ class HostCallbacks:
 
     def call(self, ident: int, status: int = 0) -> None:
         with self.lock:
-            self.deliveries.flush()
+            self.deliveries.send_done()  # copies done by now land before the function runs
             if not self.send(_wire.REPLY.pack(status, 8, 0), struct.pack("<Q", ident)):
                 return
             try:
@@ -325,7 +325,7 @@ class Session:
         callbacks = self.callbacks
         if callbacks is None:
             return
-        sent = callbacks.deliveries.flush(wait)
+        sent = callbacks.deliveries.flush(wait, inline=self.channel.send)
         if sent != self.copies_announced:
             self.copies_announced = sent
             count = _wire.COPIES_COUNT.pack(sent)

@@ -263,6 +263,7 @@ static int kernel_output(uint64_t len) {
 }
 
 static void copies_wait(uint64_t need);
+static int land_copy(const struct gp_reply *rep, int counted);
 
 static int recv_reply(int32_t *result, void *outs, uint32_t outs_len, void *bulk_out, uint64_t bulk_out_len) {
     struct gp_reply rep;
@@ -277,6 +278,8 @@ static int recv_reply(int32_t *result, void *outs, uint32_t outs_len, void *bulk
             uint64_t need;
             if (recv_all(&need, sizeof need) < 0) return -1;
             copies_wait(need);
+        } else if (rep.result == GP_COPY_DATA) { /* a copy sent here while a host function runs */
+            if (land_copy(&rep, 0) < 0) return -1;
         } else {
             break;
         }
@@ -638,20 +641,21 @@ int gp_copies_into(const void *p, uint64_t count) {
     return hit;
 }
 
-/* One copy's frame, on the callback thread: its bytes straight into the destination. */
-static int land_copy(const struct gp_reply *rep) {
+/* One copy's frame: its bytes straight into the destination. `counted`: it came on the callback
+ * connection (the frames the worker counts in GP_COPIES_SENT), else ahead of a reply. */
+static int land_copy(const struct gp_reply *rep, int counted) {
     struct gp_copy_head head;
     if (rep->outs_len != sizeof head || recv_all(&head, sizeof head) < 0) return -1;
     pthread_mutex_lock(&copies_lock);
     struct pending_copy *c = copies;
     while (c && c->id != head.id) c = c->next;
-    pthread_mutex_unlock(&copies_lock); /* only this thread takes entries out once sent */
+    pthread_mutex_unlock(&copies_lock); /* only the frame's reader takes it out once it was sent */
     uint64_t take = c && rep->bulk_len <= c->count ? rep->bulk_len : 0;
     if (take && recv_all(c->dst, take) < 0) return -1;
     if (discard(rep->bulk_len - take) < 0) return -1;
     pthread_mutex_lock(&copies_lock);
     free(copy_unlink(head.id));
-    copies_landed++;
+    copies_landed += counted != 0;
     pthread_cond_broadcast(&copies_cond);
     pthread_mutex_unlock(&copies_lock);
     return 0;
@@ -706,7 +710,7 @@ static void *callback_thread(void *arg) {
         uint64_t id;
         if (recv_all(&rep, sizeof rep) < 0) break;
         if (rep.result == GP_COPY_DATA) {
-            if (land_copy(&rep) < 0) break;
+            if (land_copy(&rep, 1) < 0) break;
             continue;
         }
         if (rep.outs_len != sizeof id || recv_all(&id, sizeof id) < 0) break;
