@@ -839,6 +839,11 @@ def scenario_async_copies():
     check(cu.cuMemcpyDtoHAsync(c_u64(target.value), c_u64(back), c_u64(chunk), streams[1]), "second")
     check(cu.cuStreamSynchronize(streams[1]), "sync")
     say("later_copy_wins", ctypes.string_at(target.value, chunk) == old[:chunk])
+    # A synchronous host-to-host cuMemcpy after it on a blocking stream reads the landed bytes.
+    check(cu.cuMemcpyDtoHAsync(c_u64(target.value), c_u64(big), c_u64(chunk), stream), "dtoh")
+    copied = ctypes.create_string_buffer(chunk)
+    check(cu.cuMemcpy(c_u64(ctypes.addressof(copied)), c_u64(target.value), c_u64(chunk)), "host to host")
+    say("host_to_host_after", copied.raw == new[:chunk])
     # Freed while copies land in it: they land first (no write into freed memory).
     for _ in range(8):
         check(cu.cuMemcpyDtoHAsync(c_u64(target.value), c_u64(big), c_u64(chunk), streams[2]), "dtoh")

@@ -503,7 +503,7 @@ def test_copies_to_page_locked_memory_return_at_once_and_land_before_anything_sh
     assert out["host_function_saw"] == "True"  # a host function after the copy sees its bytes
     assert out["generic_async"] == "True,True"  # cuMemcpyAsync, as cuda.core copies
     assert out["many_landed"] == out["many_overwritten_after"] == out["many_sent_back"] == "True"
-    assert out["later_copy_wins"] == "True"
+    assert out["later_copy_wins"] == out["host_to_host_after"] == "True"
     assert out["free_host"] == "0"
     assert out["pageable_waits"] == "True"
     assert out["bad_source"] == out["past_the_end"] == "1"  # CUDA_ERROR_INVALID_VALUE, from the call

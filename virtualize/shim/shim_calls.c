@@ -941,6 +941,9 @@ static CUresult generic_copy(uint64_t dst, uint64_t src, uint64_t count, uint64_
     if (d) return htod(async ? GP_CALL_cuMemcpyHtoDAsync_v2 : GP_CALL_cuMemcpyHtoD_v2, dst, (void *)src, count, stream);
     if (s) return dtoh(async ? GP_CALL_cuMemcpyDtoHAsync_v2 : GP_CALL_cuMemcpyDtoH_v2, (void *)dst, src, count, stream);
     if (count && (!dst || !src)) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = copies_settle((const void *)src, count); /* copies to the host still landing there first */
+    if (r == CUDA_SUCCESS) r = copies_settle((const void *)dst, count);
+    if (r != CUDA_SUCCESS) return r;
     memmove((void *)dst, (const void *)src, count); /* host to host, as unified addressing allows */
     return CUDA_SUCCESS;
 }
