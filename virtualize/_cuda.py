@@ -38,14 +38,18 @@ _HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_size_t)  # CUhostFn: void (*)(void *u
 # a larger copy is staged before the call returns (as every copy to the host was before).
 ASYNC_STAGING_MAX = 256 << 20
 ASYNC_STAGING_KEPT = 512 << 20
+# A copy's completion mark, which the host-function thread calling clients back reads (it may make no
+# CUDA call): the stream writes a word into host memory behind the copy (cuStreamWriteValue32, no host
+# thread involved), or, where stream memory operations are refused, the driver calls sem_post on a
+# semaphore — a C function, so the stream never waits for the GIL (its int result, ignored, is fine on
+# the 64-bit ABIs CUDA runs on). Other threads ask the copy's event.
 _libc = ctypes.CDLL(None, use_errno=True)
 _SEM_BYTES = 32  # sizeof(sem_t), 64-bit Linux
-# A copy's completion mark: the driver calls sem_post(userData) when the stream gets past the copy. A C
-# function, not a Python one, so the stream never waits for the GIL, and the flag can be read without a
-# CUDA call (the host-function thread that calls clients back may make none). sem_post returns an int
-# the driver ignores: fine on the 64-bit ABIs CUDA runs on.
 _SEM_POST = driver.CUhostFn(ctypes.cast(_libc.sem_post, ctypes.c_void_p).value)
-_kept_semaphores: list = []  # marks whose host function never ran (a dead context): never freed
+_kept: list = []  # marks a dead context never wrote or posted, and their memory: never freed
+_MARK_BYTES = 4096  # after each staging buffer: the word the stream writes
+_marks = itertools.count(1)
+_driver_thread = threading.local()  # `calling_back` while the driver's thread runs a host function
 
 
 def _ok(result):
@@ -124,11 +128,18 @@ class _Buffer:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.memory = mmap.mmap(-1, size)
+        self.memory = mmap.mmap(-1, size + _MARK_BYTES)
         self.anchor = ctypes.c_char.from_buffer(self.memory)
         self.address = ctypes.addressof(self.anchor)
-        # PORTABLE: page-locked for every context. Refused (no context, no room): pageable, still correct.
-        self.registered = driver.cuMemHostRegister(self.address, size, 1)[0] == driver.CUresult.CUDA_SUCCESS
+        self.mark = ctypes.c_uint32.from_address(self.address + size)
+        # PORTABLE | DEVICEMAP: page-locked for every context, the mark word reachable by the stream.
+        # Refused (no room): pageable, still correct, marked by a host function.
+        flags = 3
+        self.registered = driver.cuMemHostRegister(self.address, size + _MARK_BYTES, flags)[0] == 0
+        self.mark_device = 0
+        if self.registered:
+            found = driver.cuMemHostGetDevicePointer(self.address + size, 0)
+            self.mark_device = int(found[1]) if found[0] == 0 else 0
 
     def drop(self) -> None:
         if self.registered:
@@ -161,9 +172,12 @@ class _PinnedPool:
             driver.cuEventDestroy(event)  # a context gone since: an error, and nothing to do
         return buffer or _Buffer(size)
 
-    def give(self, buffer: _Buffer, event) -> None:
+    def give(self, buffer: _Buffer | None, event) -> None:
+        """`buffer` None: only the event comes back."""
         with self.lock:
             self.doomed_events.append(event)
+            if buffer is None:
+                return
             if self.kept + buffer.size <= ASYNC_STAGING_KEPT:
                 self.free.setdefault(buffer.size, []).append(buffer)
                 self.kept += buffer.size
@@ -172,22 +186,29 @@ class _PinnedPool:
 
 
 class _InFlight(StagedCopy):
-    """A copy queued on a stream into a page-locked buffer, an event and a completion mark after it."""
+    """A copy queued on a stream into a page-locked buffer, with an event and a mark behind it."""
 
     def __init__(self, executor: CudaExecutor, src: int, count: int, stream) -> None:
         self.executor, self.count = executor, count
         self.ctx = executor._local().ctx
         self.buffer = executor.pinned.take(count)
         self.address = self.buffer.address
-        self.sem = (ctypes.c_char * _SEM_BYTES)()
-        _libc.sem_init(self.sem, 0, 0)
+        self.sem = None
+        self.seq = next(_marks) & 0xFFFFFFFF or 1
+        self.buffer.mark.value = 0
         self.event = _ok(driver.cuEventCreate(2))  # CU_EVENT_DISABLE_TIMING
         self.error = 0
         self.done = False
         try:
             _ok(driver.cuMemcpyDtoHAsync(self.address, src, count, stream))
             _ok(driver.cuEventRecord(self.event, stream))
-            _ok(driver.cuLaunchHostFunc(stream, _SEM_POST, ctypes.addressof(self.sem)))
+            marked = bool(executor.stream_marks and self.buffer.mark_device)
+            if marked and driver.cuStreamWriteValue32(stream, self.buffer.mark_device, self.seq, 0)[0]:
+                executor.stream_marks = marked = False  # refused (no stream memory operations): not again
+            if not marked:
+                self.sem = (ctypes.c_char * _SEM_BYTES)()
+                _libc.sem_init(self.sem, 0, 0)
+                _ok(driver.cuLaunchHostFunc(stream, _SEM_POST, ctypes.addressof(self.sem)))
         except CudaError:
             driver.cuStreamSynchronize(stream)  # nothing of ours left in flight on it
             self.done = True
@@ -195,20 +216,31 @@ class _InFlight(StagedCopy):
             raise
 
     def _marked(self) -> bool:
+        if self.sem is None:
+            return self.buffer.mark.value == self.seq
         value = ctypes.c_int()
         _libc.sem_getvalue(self.sem, ctypes.byref(value))
         return value.value > 0
 
     def ready(self) -> bool:
-        return self.done or self._marked()
+        if self.done or self._marked():
+            return True
+        if getattr(_driver_thread, "calling_back", False):
+            return False  # the mark comes soon after the event; no CUDA call on the driver's thread
+        return self._in_context(driver.cuEventQuery) == driver.CUresult.CUDA_SUCCESS
+
+    def _in_context(self, ask):
+        """`ask(event)`'s result, made in the copy's context from any thread."""
+        err = driver.cuCtxPushCurrent(driver.CUcontext(self.ctx))[0]
+        if err == driver.CUresult.CUDA_SUCCESS:
+            err = ask(self.event)[0]
+            driver.cuCtxPopCurrent()
+        return err
 
     def wait(self) -> None:
         if self.done:
             return
-        err = driver.cuCtxPushCurrent(driver.CUcontext(self.ctx))[0]  # any thread: the copy's context
-        if err == driver.CUresult.CUDA_SUCCESS:
-            err = driver.cuEventSynchronize(self.event)[0]
-            driver.cuCtxPopCurrent()
+        err = self._in_context(driver.cuEventSynchronize)
         if err != driver.CUresult.CUDA_SUCCESS:  # the context failed or is gone: no bytes to send
             self.error = int(err)
         self.done = True  # the event says the bytes are in; the mark may come later
@@ -223,11 +255,13 @@ class _InFlight(StagedCopy):
             return
         if not self.ready():
             self.wait()  # the client is gone: the buffer goes back once the DMA is over
-        if self.error or not self._marked():
-            _kept_semaphores.append(self.sem)  # the driver may still post it
-        else:
-            _libc.sem_destroy(self.sem)
-        self.executor.pinned.give(self.buffer, self.event)
+        if self._marked():
+            if self.sem is not None:
+                _libc.sem_destroy(self.sem)
+            self.executor.pinned.give(self.buffer, self.event)
+        else:  # the stream may still write its mark or the driver post it (a context that failed)
+            _kept.append((self.sem, self.buffer))
+            self.executor.pinned.give(None, self.event)
         self.address = 0
 
 
@@ -248,6 +282,7 @@ class CudaExecutor(Executor):
         self._host_thunk = _HOST_FN(self._run_host_func)
         self._host_thunk_fn = driver.CUhostFn(ctypes.cast(self._host_thunk, ctypes.c_void_p).value)
         self.pinned = _PinnedPool()  # buffers of asynchronous copies to the client
+        self.stream_marks = True  # whether the streams write copies' marks (stream memory operations)
 
     @staticmethod
     def _find(device, position: int) -> int:
@@ -467,10 +502,13 @@ class CudaExecutor(Executor):
         """On the driver's callback thread: no CUDA call may be made here (none is)."""
         fn = self.host_funcs.pop(key, None)
         if fn is not None:
+            _driver_thread.calling_back = True
             try:
                 fn()
             except Exception:  # a failure here must not take the driver's thread down
                 logging.getLogger("gpupool.worker").exception("host function failed")
+            finally:
+                _driver_thread.calling_back = False
 
     def reserve_addresses(self, size: int, hint: int) -> int:
         return _int(_ok(driver.cuMemAddressReserve(size, 1 << 30, hint, 0)))
