@@ -1,4 +1,4 @@
-"""Managed memory remote vs native: python bench/bench_managed.py  (GPU machine, < 1 min)
+"""Managed (or mapped) memory remote vs native: python bench/bench_managed.py [--mapped]  (GPU machine, < 1 min)
 
 An iterative numba-cuda program on a `cuda.managed_array` (64 MiB of float32): each step the host
 writes one element, a kernel updates the whole array, the host synchronises and reads one element
@@ -6,6 +6,8 @@ back — the pattern of issue 11's benchmark ("host touches a little each step")
 driver migrates pages), then remotely with gpupool's libcuda.so.1 and a lease worker on this host
 (the shim's mirror: the written 64 KiB chunk goes out before each launch, the read one comes back
 after the synchronise). Prints steps per second both ways and remote as % of native; JSON in $OUT.
+--mapped: the same on a `cuda.mapped_array` (page-locked host memory the kernel reads over PCIe
+natively; remotely the same mirror as managed memory).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 STEPS, N = 300, 16 << 20
 
 
-def child() -> None:
+def child(mapped: bool) -> None:
     import numpy as np
     from numba import cuda
 
@@ -36,7 +38,7 @@ def child() -> None:
         if i < x.size:
             x[i] = x[i] * 0.5 + step
 
-    a = cuda.managed_array(N, dtype=np.float32)
+    a = (cuda.mapped_array if mapped else cuda.managed_array)(N, dtype=np.float32)
     a[:] = 1.0
     blocks = (N + 255) // 256
     update[blocks, 256](a, 0.0)  # compile and warm up
@@ -53,8 +55,9 @@ def child() -> None:
 
 
 def main() -> int:
+    mapped = "--mapped" in sys.argv
     if "--child" in sys.argv:
-        child()
+        child(mapped)
         return 0
     from run import base_env, find_shim, gpus, lease_env  # tests/gpu/remote/run.py
 
@@ -69,7 +72,7 @@ def main() -> int:
     env = base_env(site)
     os.environ["PYTHONPATH"] = env["PYTHONPATH"]
     index, uuid, _ = gpus()[0]
-    cmd = [sys.executable, __file__, "--child"]
+    cmd = [sys.executable, __file__, "--child", *(["--mapped"] if mapped else [])]
     native = subprocess.run(cmd, env={**env, "CUDA_VISIBLE_DEVICES": uuid}, capture_output=True, text=True)
     worker = start_worker("bench-managed", [WorkerDevice(index, uuid, 8 << 30)], bind_host="127.0.0.1", env={},
                           executor="cuda")  # fmt: skip
@@ -88,12 +91,13 @@ def main() -> int:
         results[label] = json.loads(line)
     ratio = results["remote"]["steps_per_s"] / results["native"]["steps_per_s"]
     same = results["remote"]["checksum"] == results["native"]["checksum"]
-    print("| steps/s native | steps/s remote | remote / native | same results |")
-    print("| --- | --- | --- | --- |")
-    print(f"| {results['native']['steps_per_s']:.0f} | {results['remote']['steps_per_s']:.0f} | "
+    kind = "mapped" if mapped else "managed"
+    print("| memory | steps/s native | steps/s remote | remote / native | same results |")
+    print("| --- | --- | --- | --- | --- |")
+    print(f"| {kind} | {results['native']['steps_per_s']:.0f} | {results['remote']['steps_per_s']:.0f} | "
           f"{100 * ratio:.1f} % | {same} |")  # fmt: skip
     if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "managed.json").write_text(json.dumps({**results, "ratio": ratio}, indent=2))
+        Path(os.environ["OUT"], f"{kind}.json").write_text(json.dumps({**results, "ratio": ratio}, indent=2))
     return 0 if same else 1
 
 

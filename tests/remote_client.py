@@ -554,6 +554,8 @@ def scenario_launch_errors():
     check(cu.cuModuleLoadData(ctypes.byref(module), b"// host-executor module\n"), "load")
     check(cu.cuModuleGetFunction(ctypes.byref(fill), module, b"fill_u32"), "fill")
     check(cu.cuModuleGetFunction(ctypes.byref(saxpy), module, b"saxpy"), "saxpy")
+    bounded = c_u64()
+    check(cu.cuModuleGetFunction(ctypes.byref(bounded), module, b"bounded_add_u32"), "bounded")
     rc, buf = alloc(1 << 16)
     check(rc, "alloc")
     ptr, value, n = c_u64(buf), ctypes.c_uint32(7), ctypes.c_uint32(16)
@@ -570,6 +572,7 @@ def scenario_launch_errors():
     say("grid_y_too_tall", launch(fill, fill_params, (1, 70000, 1), (32, 1, 1)))
     say("registers_allow_fewer", launch(saxpy, saxpy_params, (1, 1, 1), (512, 1, 1)))
     say("saxpy_256", launch(saxpy, saxpy_params, (1, 1, 1), (256, 1, 1)))
+    say("past_launch_bounds", launch(bounded, fill_params, (1, 1, 1), (256, 1, 1)))
     say("shared_over_default", launch(fill, fill_params, (1, 1, 1), (32, 1, 1), 60000))
     check(cu.cuFuncSetAttribute(fill, 8, 65536), "raise dynamic shared memory")
     say("shared_after_raising", launch(fill, fill_params, (1, 1, 1), (32, 1, 1), 60000))
@@ -907,6 +910,73 @@ def scenario_managed():
     say("bad_flags", cu.cuMemAllocManaged(ctypes.byref(plain), c_u64(64), 4))
 
 
+def scenario_mapped():
+    """Mapped page-locked memory: a DEVICEMAP allocation is the same address for the program and its
+    kernels; registered memory and a plain page-locked allocation get a device pointer once asked for
+    it; host writes before a launch reach the kernel, kernel writes reach the host after the sync,
+    over several allocations and streams; unregistering leaves the kernel's bytes in the memory."""
+    setup()
+    module, fn = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(fn), module, b"add_u32"), "function")
+    streams = [c_u64(), c_u64()]
+    for s in streams:
+        check(cu.cuStreamCreate(ctypes.byref(s), 0), "stream")
+
+    def add(device_ptr, n, value, stream):
+        ptr, v, count = c_u64(device_ptr), ctypes.c_uint32(value), ctypes.c_uint32(n)
+        params = (ctypes.c_void_p * 3)(ctypes.addressof(ptr), ctypes.addressof(v), ctypes.addressof(count))
+        check(cu.cuLaunchKernel(fn, (n + 255) // 256, 1, 1, 256, 1, 1, 0, stream, params, None), "launch")
+
+    n = 50_000  # u32 elements: several 64 KiB chunks
+    mapped, dev = c_u64(), c_u64()
+    check(cu.cuMemHostAlloc(ctypes.byref(mapped), c_u64(4 * n), 0x02), "host alloc mapped")
+    check(cu.cuMemHostGetDevicePointer(ctypes.byref(dev), c_u64(mapped.value + 8), 0), "device pointer")
+    say("mapped_same_address", dev.value == mapped.value + 8)
+    words = (ctypes.c_uint32 * n).from_address(mapped.value)
+    for i in range(n):
+        words[i] = i
+    registered_buf = (ctypes.c_uint32 * n)(*([7] * n))
+    check(cu.cuMemHostRegister(ctypes.byref(registered_buf), c_u64(4 * n), 0x02), "register")
+    registered_dev = c_u64()
+    check(
+        cu.cuMemHostGetDevicePointer(ctypes.byref(registered_dev), ctypes.byref(registered_buf), 0), "dev ptr"
+    )
+    pinned = c_u64()  # a plain page-locked allocation, mapped later, as the runtime's cudaHostAlloc(0)
+    check(cu.cuMemAllocHost(ctypes.byref(pinned), c_u64(4 * 1000)), "alloc host")
+    ctypes.memset(pinned.value, 0, 4000)
+    pinned_dev = c_u64()
+    check(cu.cuMemHostGetDevicePointer(ctypes.byref(pinned_dev), c_u64(pinned.value), 0), "dev ptr")
+    flags = ctypes.c_uint32()
+    check(cu.cuMemHostGetFlags(ctypes.byref(flags), c_u64(mapped.value)), "flags")
+    say("flags", flags.value)
+    for step in range(3):  # the host touches a little each step; kernels on two streams
+        words[step] += 1000
+        registered_buf[n - 1 - step] = 100
+        add(mapped.value, n, 1, streams[0])
+        add(registered_dev.value, n, 2, streams[1])
+        add(pinned_dev.value, 1000, 3, streams[step % 2])
+        check(cu.cuCtxSynchronize(), "sync")
+    say("mapped_words", [words[0], words[1], words[2], words[3], words[n - 1]])
+    say("registered_words", [registered_buf[0], registered_buf[n - 3], registered_buf[n - 1]])
+    say("pinned_word", (ctypes.c_uint32 * 1000).from_address(pinned.value)[999])
+    memory_type, is_mapped = ctypes.c_uint32(), ctypes.c_uint32()
+    check(cu.cuPointerGetAttribute(ctypes.byref(memory_type), 2, c_u64(mapped.value)), "memory type")
+    check(cu.cuPointerGetAttribute(ctypes.byref(is_mapped), 13, c_u64(pinned.value)), "mapped")
+    say("attributes", f"{memory_type.value} {is_mapped.value}")
+    _, data = dtoh(registered_dev.value, 8)  # a copy out of the device pointer sees the kernels' writes
+    say("copy_of_registered", data.hex())
+    check(cu.cuMemcpyHtoD(c_u64(mapped.value), b"\xaa\xbb\xcc\xdd", c_u64(4)), "copy into mapped memory")
+    say("host_sees_copy_in", ctypes.string_at(mapped.value, 4).hex())
+    add(registered_dev.value, n, 1, streams[0])
+    check(cu.cuStreamSynchronize(streams[0]), "sync")
+    check(cu.cuMemHostUnregister(ctypes.byref(registered_buf)), "unregister")
+    say("after_unregister", registered_buf[0])  # the kernel's bytes stay in the program's memory
+    say("free_mapped", cu.cuMemFreeHost(c_u64(mapped.value)))
+    say("free_pinned", cu.cuMemFreeHost(c_u64(pinned.value)))
+    say("free_device_ptr", cu.cuMemFree(c_u64(pinned_dev.value)))  # refused: host memory's, gone with it
+
+
 def scenario_tensor_maps():
     """cuTensorMapEncodeTiled / Im2col / ReplaceAddress: encoded by the worker (the host executor's
     stand-in descriptor holds the type, rank, address and dimensions); an address that is not the
@@ -987,6 +1057,203 @@ def scenario_graph_nodes():
     check(cu.cuGraphLaunch(exe, c_u64(0)), "launch again")
     check(cu.cuCtxSynchronize(), "sync")
     say("second", struct.unpack("<I", dtoh(ptr, 4)[1])[0])
+
+
+def scenario_graph_conditionals():
+    """What cuda.core's graph builder does: a conditional node added to a capturing stream's graph after
+    the capture's dependency nodes, its body captured into from another stream (a while loop counting
+    down), then an if/else node whose condition a kernel sets, a child graph node, and the instantiated
+    graph updated from a graph of the same shape (and refused one of another)."""
+    ctx = setup()
+    rc, ptr = alloc(256)
+    check(rc, "alloc")
+    check(cu.cuMemsetD8(c_u64(ptr), 0, c_u64(256)), "zero")
+    module, add, count_down, set_condition = c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    for fn, name in ((add, b"add_u32"), (count_down, b"count_down"), (set_condition, b"set_condition")):
+        check(cu.cuModuleGetFunction(ctypes.byref(fn), module, name), name.decode())
+    stream, body_stream = c_u64(), c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    check(cu.cuStreamCreate(ctypes.byref(body_stream), 1), "body stream")
+    keep, ran = [], []
+    recorder = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(ran.append)  # a host node: the value it was given
+
+    def launch(fn, s, *args):
+        pointers = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+        keep.append((args, pointers))
+        check(cu.cuLaunchKernel(fn, 1, 1, 1, 4, 1, 1, 0, s, pointers, None), "launch")
+
+    def captured_graph(value):
+        """add `value` to word 0, then a while loop: add 1 to word 1 and count word 2 down from 3."""
+        check(cu.cuStreamBeginCapture(stream, 0), "begin capture")
+        launch(add, stream, c_u64(ptr), ctypes.c_uint32(value), ctypes.c_uint32(1))
+        status, capture_id, graph, deps, count = ctypes.c_int(), c_u64(), c_u64(), ctypes.c_void_p(), c_u64()
+        check(cu.cuStreamGetCaptureInfo(stream, ctypes.byref(status), ctypes.byref(capture_id),
+                                           ctypes.byref(graph), ctypes.byref(deps), None, ctypes.byref(count)),
+              "capture info")  # fmt: skip
+        say("capture_deps", f"{status.value} {count.value} {bool(deps.value)}")
+        handle = c_u64()
+        check(cu.cuGraphConditionalHandleCreate(ctypes.byref(handle), graph, ctx, 1, 1), "handle")
+        params = (ctypes.c_uint8 * 256)()
+        struct.pack_into("<I", params, 0, 13)  # CU_GRAPH_NODE_TYPE_CONDITIONAL
+        struct.pack_into("<QII", params, 16, handle.value, 1, 1)  # handle, CU_GRAPH_COND_TYPE_WHILE, size
+        struct.pack_into("<Q", params, 40, ctx.value)
+        node = c_u64()
+        check(cu.cuGraphAddNode(ctypes.byref(node), graph, deps, None, count, params), "while node")
+        bodies = ctypes.cast(struct.unpack_from("<Q", params, 32)[0], ctypes.POINTER(c_u64))
+        check(cu.cuStreamUpdateCaptureDependencies(stream, ctypes.byref(node), None, c_u64(1), 1), "deps")
+        check(cu.cuStreamBeginCaptureToGraph(body_stream, bodies[0], None, None, c_u64(0), 0), "capture body")
+        launch(add, body_stream, c_u64(ptr + 4), ctypes.c_uint32(1), ctypes.c_uint32(1))
+        launch(count_down, body_stream, handle, c_u64(ptr + 8))
+        body = c_u64()
+        check(cu.cuStreamEndCapture(body_stream, ctypes.byref(body)), "end body")
+        say("body_is_the_nodes_graph", body.value == bodies[0])
+        check(cu.cuLaunchHostFunc(stream, recorder, ctypes.c_void_p(value)), "host node")
+        finished = c_u64()
+        check(cu.cuStreamEndCapture(stream, ctypes.byref(finished)), "end capture")
+        return finished
+
+    graph = captured_graph(100)
+    exe = c_u64()
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, c_u64(0)), "instantiate")
+    check(cu.cuMemsetD32(c_u64(ptr + 8), 3, c_u64(1)), "counter")
+    check(cu.cuGraphLaunch(exe, stream), "launch graph")
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("after_while", list(struct.unpack("<III", dtoh(ptr, 12)[1])))
+
+    # if/else on a condition a kernel sets; a child graph; node by node
+    g, child, handle = c_u64(), c_u64(), c_u64()
+    check(cu.cuGraphCreate(ctypes.byref(g), 0), "graph")
+    check(cu.cuGraphCreate(ctypes.byref(child), 0), "child")
+    empty = c_u64()
+    check(cu.cuGraphAddEmptyNode(ctypes.byref(empty), child, None, c_u64(0)), "child's node")
+    check(cu.cuGraphConditionalHandleCreate(ctypes.byref(handle), g, ctx, 0, 0), "handle")
+    setter, cond, child_node = c_u64(), c_u64(), c_u64()
+    value = ctypes.c_uint32(0)
+    args = (handle, value)
+    pointers = (ctypes.c_void_p * 2)(*[ctypes.addressof(a) for a in args])
+    kernel = KernelNodeParams(set_condition.value, (ctypes.c_uint32 * 6)(1, 1, 1, 1, 1, 1), 0, 0,
+                              ctypes.cast(pointers, ctypes.c_void_p))  # fmt: skip
+    check(cu.cuGraphAddKernelNode(ctypes.byref(setter), g, None, c_u64(0), ctypes.byref(kernel)), "setter")
+    params = (ctypes.c_uint8 * 256)()
+    struct.pack_into("<I", params, 0, 13)
+    struct.pack_into("<QII", params, 16, handle.value, 0, 2)  # CU_GRAPH_COND_TYPE_IF with an else
+    check(
+        cu.cuGraphAddNode(ctypes.byref(cond), g, ctypes.byref(setter), None, c_u64(1), params), "if/else node"
+    )
+    bodies = ctypes.cast(struct.unpack_from("<Q", params, 32)[0], ctypes.POINTER(c_u64))
+    for i, word in ((0, 12), (1, 16)):  # the if body adds to word 3, the else body to word 4
+        memset = (ctypes.c_uint64 * 5)(ptr + word, 0, 7 | (4 << 32), 1, 1)
+        n = c_u64()
+        check(cu.cuGraphAddMemsetNode(ctypes.byref(n), bodies[i], None, c_u64(0), memset, c_u64(0)), "body")
+    check(
+        cu.cuGraphAddChildGraphNode(ctypes.byref(child_node), g, ctypes.byref(cond), c_u64(1), child), "child"
+    )
+    ge = c_u64()
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(ge), g, c_u64(0)), "instantiate")
+    check(cu.cuGraphLaunch(ge, c_u64(0)), "launch")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("if_else_with_0", list(struct.unpack("<II", dtoh(ptr + 12, 8)[1])))
+
+    # the while graph updated from one of the same shape adding 5; one of another shape refused
+    info = (ctypes.c_uint8 * 24)()
+    say("update", cu.cuGraphExecUpdate(exe, captured_graph(5), info))
+    for _ in range(2):
+        check(cu.cuMemsetD32(c_u64(ptr + 8), 3, c_u64(1)), "counter")
+        check(cu.cuGraphLaunch(exe, stream), "launch updated")
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("after_update", list(struct.unpack("<III", dtoh(ptr, 12)[1])))
+    say("host_nodes_ran", ran)
+    say("other_shape", f"{cu.cuGraphExecUpdate(exe, child, info)} {struct.unpack_from('<I', info)[0]}")
+    say("foreign_node", cu.cuStreamUpdateCaptureDependencies(stream, ctypes.byref(c_u64(4242)), None,
+                                                                c_u64(1), 1))  # fmt: skip
+
+
+def scenario_graph_explicit_nodes():
+    """An explicit graph with copy, event record and wait, and host nodes; its nodes and edges read back
+    as handles, a clone and a node found in it; a copy node from the program's own memory refused."""
+    setup()
+    rc, ptr = alloc(256)
+    check(rc, "alloc")
+    check(cu.cuMemsetD8(c_u64(ptr), 0, c_u64(256)), "zero")
+    check(cu.cuMemsetD8(c_u64(ptr), 9, c_u64(16)), "source")
+    graph, event = c_u64(), c_u64()
+    check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
+    check(cu.cuEventCreate(ctypes.byref(event), 0), "event")
+
+    def memcpy3d(src, dst, width, host=False):
+        params = (ctypes.c_uint8 * 200)()
+        struct.pack_into("<IxxxxQQ", params, 32, 1 if host else 2, src if host else 0, 0 if host else src)
+        struct.pack_into("<IxxxxQQ", params, 120, 2, 0, dst)
+        struct.pack_into("<QQQ", params, 176, width, 1, 1)
+        return params
+
+    copy, record, wait, host = c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuGraphAddMemcpyNode(ctypes.byref(copy), graph, None, c_u64(0), memcpy3d(ptr, ptr + 64, 16), c_u64(0)),
+          "copy node")  # fmt: skip
+    check(
+        cu.cuGraphAddEventRecordNode(ctypes.byref(record), graph, ctypes.byref(copy), c_u64(1), event),
+        "record",
+    )
+    check(
+        cu.cuGraphAddEventWaitNode(ctypes.byref(wait), graph, ctypes.byref(record), c_u64(1), event), "wait"
+    )
+    ran = []
+    recorder = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda data: ran.append(data))
+    host_params = (ctypes.c_void_p * 2)(ctypes.cast(recorder, ctypes.c_void_p), 7)
+    check(
+        cu.cuGraphAddHostNode(ctypes.byref(host), graph, ctypes.byref(wait), c_u64(1), host_params),
+        "host node",
+    )
+    by_type = (ctypes.c_uint8 * 256)()  # cuGraphAddNode of the memcpy type: CUDA_MEMCPY_NODE_PARAMS
+    struct.pack_into("<I", by_type, 0, 1)
+    by_type[32:232] = bytes(memcpy3d(ptr + 64, ptr + 128, 16))
+    second = c_u64()
+    check(
+        cu.cuGraphAddNode(ctypes.byref(second), graph, ctypes.byref(host), None, c_u64(1), by_type),
+        "copy by type",
+    )
+    own = (ctypes.c_uint8 * 16)()
+    refused = c_u64()
+    say("copy_from_program_memory",
+        cu.cuGraphAddMemcpyNode(ctypes.byref(refused), graph, None, c_u64(0),
+                                memcpy3d(ctypes.addressof(own), ptr, 16, host=True), c_u64(0)))  # fmt: skip
+    count = c_u64(0)
+    check(cu.cuGraphGetNodes(graph, None, ctypes.byref(count)), "count")
+    nodes = (c_u64 * 8)()
+    room = c_u64(8)
+    check(cu.cuGraphGetNodes(graph, nodes, ctypes.byref(room)), "nodes")
+    say(
+        "nodes",
+        f"{count.value} {room.value} {sorted(nodes[:5]) == sorted([copy.value, record.value, wait.value, host.value, second.value])} {nodes[5]}",
+    )
+    sources, targets, edges = (c_u64 * 8)(), (c_u64 * 8)(), c_u64(8)
+    check(cu.cuGraphGetEdges(graph, sources, targets, None, ctypes.byref(edges)), "edges")
+    say(
+        "edges",
+        sorted(zip(sources[: edges.value], targets[: edges.value], strict=True))
+        == sorted(
+            [
+                (copy.value, record.value),
+                (record.value, wait.value),
+                (wait.value, host.value),
+                (host.value, second.value),
+            ]
+        ),
+    )
+    clone, twin = c_u64(), c_u64()
+    check(cu.cuGraphClone(ctypes.byref(clone), graph), "clone")
+    check(cu.cuGraphNodeFindInClone(ctypes.byref(twin), host, clone), "find in clone")
+    kind = ctypes.c_int()
+    check(cu.cuGraphNodeGetType(twin, ctypes.byref(kind)), "type")
+    say("twin_type", kind.value)  # CU_GRAPH_NODE_TYPE_HOST
+    exe = c_u64()
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), clone, c_u64(0)), "instantiate")
+    for _ in range(2):
+        check(cu.cuGraphLaunch(exe, c_u64(0)), "launch")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("copied", dtoh(ptr + 128, 16)[1].hex())
+    say("host_node_ran", ran)
 
 
 def scenario_unknown():

@@ -322,6 +322,58 @@ def test_managed_memory_is_the_same_bytes_for_the_program_and_its_kernels(shim_d
     assert "gpupool:" not in err
 
 
+def test_mapped_host_memory_is_the_same_bytes_for_the_program_and_its_kernels(shim_dir, worker):
+    out, err = run_client("mapped", client_env(shim_dir, worker))
+    assert out == {
+        "mapped_same_address": "True",
+        "flags": "2",
+        # each step: the host's write, then +1 by a kernel; word 0 got 1000 at step 0 before three adds
+        "mapped_words": "[1003, 1004, 1005, 6, 50002]",
+        # 7 + 3 x 2; the host's 100 at step 2 (one add after it) and at step 0 (three)
+        "registered_words": "[13, 102, 106]",
+        "pinned_word": "9",
+        "attributes": "1 1",  # host memory, mapped
+        "copy_of_registered": "0d0000000d000000",
+        "host_sees_copy_in": "aabbccdd",
+        "after_unregister": "14",
+        "free_mapped": "0",
+        "free_pinned": "0",
+        "free_device_ptr": "1",
+    }
+    assert "gpupool:" not in err
+
+
+def test_conditional_nodes_captured_bodies_child_graphs_and_updates_run_as_cuda_core_builds_them(
+    shim_dir, worker
+):
+    out, err = run_client("graph_conditionals", client_env(shim_dir, worker))
+    assert out == {
+        "capture_deps": "1 1 True",  # capturing, one dependency node handed to the program
+        "body_is_the_nodes_graph": "True",
+        "after_while": "[100, 3, 0]",  # the loop body ran while the counter counted down from 3
+        "if_else_with_0": "[0, 7]",  # the kernel set the condition to 0: the else body ran
+        "update": "0",
+        "after_update": "[110, 9, 0]",  # the updated graph adds 5, its loop ran again; launched twice
+        "host_nodes_ran": "[100, 5, 5]",  # a captured host function runs at every launch
+        "other_shape": "910 2",  # CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, TOPOLOGY_CHANGED
+        "foreign_node": "1",  # a node handle that is not the lease's
+    }
+    assert "gpupool:" not in err
+
+
+def test_explicit_graphs_copy_event_and_host_nodes_read_back_and_clone(shim_dir, worker):
+    out, err = run_client("graph_explicit_nodes", client_env(shim_dir, worker))
+    assert out == {
+        "copy_from_program_memory": "801",  # CUDA_ERROR_NOT_SUPPORTED, said on stderr
+        "nodes": "5 5 True 0",  # the count, the five handles, the rest of the array NULL
+        "edges": "True",
+        "twin_type": "3",
+        "copied": "09" * 16,  # through two copy nodes, in the clone
+        "host_node_ran": "[7, 7]",  # at each launch, in the program
+    }
+    assert "copy node from or to the program's own host memory" in err
+
+
 def test_tensor_maps_are_encoded_by_the_worker_for_the_leases_memory_only(shim_dir, worker):
     out, _ = run_client("tensor_maps", client_env(shim_dir, worker))
     assert out == {
@@ -451,6 +503,7 @@ def test_a_launch_the_driver_refuses_fails_from_the_launch_call_itself(shim_dir,
         "grid_y_too_tall": "1",
         "registers_allow_fewer": "701",  # CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
         "saxpy_256": "0",
+        "past_launch_bounds": "1",  # CUDA_ERROR_INVALID_VALUE, as the driver answers (measured on an H100)
         "shared_over_default": "1",
         "shared_after_raising": "0",
         "sync": "0",  # nothing refused was sent: no error waits at the synchronise

@@ -446,8 +446,23 @@ CALLS: tuple[Call, ...] = (
        "stream stream, ptr status, ptr id, ptr graph, ptr deps, ptr edges, ptr num_deps",
        symbol="cuStreamGetCaptureInfo_v3", custom=True,
        wire="stream stream, o_i32 status, o_u64 id, o_graph graph, o_u64 num_deps"),
+    # Capture into a graph the program made (a conditional node's body), and the capture's dependencies
+    # replaced by nodes the program added to the capturing graph itself (cuda.core's conditionals).
+    _c("cuStreamBeginCaptureToGraph", 12030, "stream stream, graph graph, ptr deps, ptr edges, u64 num_deps, i32 mode",
+       custom=True, wire="stream stream, graph graph, u64 num_deps, i32 mode, bytes deps",
+       invalidates=("capture",), pauses="capture"),
+    _c("cuStreamUpdateCaptureDependencies", 11030, "stream stream, ptr deps, u64 num_deps, u32 flags", custom=True,
+       wire="stream stream, u64 num_deps, u32 flags, bytes deps"),
+    _c("cuStreamUpdateCaptureDependencies", 12030, "stream stream, ptr deps, ptr edges, u64 num_deps, u32 flags",
+       custom=True, symbol="cuStreamUpdateCaptureDependencies_v2",
+       wire="stream stream, u64 num_deps, u32 flags, bytes deps"),
     _c("cuThreadExchangeStreamCaptureMode", 10010, "ptr mode", custom=True, wire="i32 mode, o_i32 previous"),
+    # A graph's nodes and edges: their handles follow the count in the reply's bulk (now the lease's).
     _c("cuGraphGetNodes", 10000, "graph graph, ptr nodes, ptr count", custom=True, wire="graph graph, o_u64 count"),
+    _c("cuGraphGetEdges", 10000, "graph graph, ptr from, ptr to, ptr count", custom=True,
+       wire="graph graph, o_u64 count"),
+    _c("cuGraphGetEdges", 12030, "graph graph, ptr from, ptr to, ptr edge_data, ptr count", custom=True,
+       symbol="cuGraphGetEdges_v2", wire="graph graph, o_u64 count"),
     # Graphs built node by node: the nodes live on the worker; a kernel node's parameters are packed by
     # the shim as a launch's are; the dependency arrays travel after them in the bulk.
     _c("cuGraphCreate", 10000, "o_graph graph, u32 flags"),
@@ -469,7 +484,46 @@ CALLS: tuple[Call, ...] = (
        wire="graphexec exec, node node, func func, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, "
             "bytes data"),
     _c("cuGraphDestroyNode", 10000, "node node"),
+    # Conditional nodes: the condition's handle lives on the worker; the body graphs come back as
+    # graph handles the program fills (node by node, or by capturing into them).
+    _c("cuGraphConditionalHandleCreate", 12030, "o_u64 handle, graph graph, ctx ctx, u32 default_value, u32 flags"),
+    _c("gpGraphAddConditionalNode", 0, "o_node node, graph graph, u64 handle, u32 kind, u32 size, ctx ctx, "
+       "u64 num_deps, bytes deps", symbol="-"),  # the body graphs follow in the reply's bulk
+    _c("cuGraphAddChildGraphNode", 10000, "o_node node, graph graph, ptr deps, u64 num_deps, graph child",
+       custom=True, wire="o_node node, graph graph, graph child, u64 num_deps, bytes deps"),
+    _c("cuGraphChildGraphNodeGetGraph", 10000, "node node, o_graph graph"),  # the node's own copy
+    _c("cuGraphAddEventRecordNode", 11010, "o_node node, graph graph, ptr deps, u64 num_deps, event event",
+       custom=True, wire="o_node node, graph graph, event event, u64 num_deps, bytes deps"),
+    _c("cuGraphAddEventWaitNode", 11010, "o_node node, graph graph, ptr deps, u64 num_deps, event event",
+       custom=True, wire="o_node node, graph graph, event event, u64 num_deps, bytes deps"),
+    # A host node's function runs in the program at every launch, as a captured host function does.
+    _c("cuGraphAddHostNode", 10000, "o_node node, graph graph, ptr deps, u64 num_deps, ptr params",
+       custom=True, wire="o_node node, graph graph, u64 id, u64 num_deps, bytes deps"),
+    # A copy node between memory of the lease (a mirror's host pointer is its device memory); the shim
+    # sends each side's first byte and pitches, from CUDA_MEMCPY3D.
+    _c("cuGraphAddMemcpyNode", 10000, "o_node node, graph graph, ptr deps, u64 num_deps, ptr params, ctx ctx",
+       custom=True, wire="o_node node, graph graph, u64 src, u64 src_pitch, u64 src_height, u64 dst, "
+                         "u64 dst_pitch, u64 dst_height, u64 width, u64 height, u64 depth, u64 num_deps, bytes deps"),
+    _c("cuGraphClone", 10000, "o_graph clone, graph graph"),
+    _c("cuGraphNodeFindInClone", 10000, "o_node node, node original, graph clone"),
+    _c("cuGraphNodeGetType", 10000, "node node, o_i32 type"),
+    # User objects (what keeps a host node's function alive) live in the client: a graph's references
+    # are kept for the life of the process (shim_calls.c says why).
+    _c("cuUserObjectCreate", 11030, "o_u64 obj, ptr ptr, ptr destroy, u32 refs, u32 flags", L, custom=True),
+    _c("cuUserObjectRetain", 11030, "u64 obj, u32 count", L, custom=True),
+    _c("cuUserObjectRelease", 11030, "u64 obj, u32 count", L, custom=True),
+    _c("cuGraphRetainUserObject", 11030, "graph graph, u64 obj, u32 count, u32 flags", L, custom=True),
+    _c("cuGraphReleaseUserObject", 11030, "graph graph, u64 obj, u32 count", L, custom=True),
+    # The generic node call: by its type, one of the node calls above (kernel, memset, empty, child
+    # graph, conditional); other types are refused with a message.
+    _c("cuGraphAddNode", 12020, "o_node node, graph graph, ptr deps, u64 num_deps, ptr params", L, custom=True),
+    _c("cuGraphAddNode", 12030, "o_node node, graph graph, ptr deps, ptr edges, u64 num_deps, ptr params", L,
+       symbol="cuGraphAddNode_v2", custom=True),
+    _c("cuGraphExecUpdate", 12000, "graphexec exec, graph graph, ptr info", custom=True,
+       symbol="cuGraphExecUpdate_v2", wire="graphexec exec, graph graph, o_u32 result, o_i32 status"),
     _c("cuGraphInstantiateWithFlags", 11040, "o_graphexec graph_exec, graph graph, u64 flags"),
+    # CUDA_GRAPH_INSTANTIATE_PARAMS: the flags and the upload stream go as WithFlags and cuGraphUpload.
+    _c("cuGraphInstantiateWithParams", 12000, "o_graphexec graph_exec, graph graph, ptr params", L, custom=True),
     _c("cuGraphLaunch", 10000, "graphexec graph_exec, stream stream", A),
     _c("cuGraphUpload", 11010, "graphexec graph_exec, stream stream", A),
     _c("cuGraphExecDestroy", 10000, "graphexec graph_exec", A),

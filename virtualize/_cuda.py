@@ -22,6 +22,7 @@ from virtualize._executor import (
     INVALID_VALUE,
     NOT_SUPPORTED,
     CopiedBytes,
+    Copy3D,
     CudaError,
     Executor,
     Launch,
@@ -124,7 +125,9 @@ class _Staging:
 
 class _Buffer:
     """Host memory of the worker's own (mmap), registered with the driver: it outlives any context, so
-    a context the client destroys or resets leaves it valid (a copy into it is then merely synchronous)."""
+    a context the client destroys or resets leaves it valid (a copy into it is then merely synchronous).
+    A page after it holds the word streams write as copies' marks, registered on its own, mapped for
+    the device, once a stream is to write there."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -132,18 +135,27 @@ class _Buffer:
         self.anchor = ctypes.c_char.from_buffer(self.memory)
         self.address = ctypes.addressof(self.anchor)
         self.mark = ctypes.c_uint32.from_address(self.address + size)
-        # PORTABLE | DEVICEMAP: page-locked for every context, the mark word reachable by the stream.
-        # Refused (no room): pageable, still correct, marked by a host function.
-        flags = 3
-        self.registered = driver.cuMemHostRegister(self.address, size + _MARK_BYTES, flags)[0] == 0
-        self.mark_device = 0
-        if self.registered:
-            found = driver.cuMemHostGetDevicePointer(self.address + size, 0)
-            self.mark_device = int(found[1]) if found[0] == 0 else 0
+        # PORTABLE: page-locked for every context. Refused (no room): pageable, still correct.
+        self.registered = driver.cuMemHostRegister(self.address, size, 1)[0] == 0
+        self._mark_device: int | None = None
+        self._mark_registered = False
+
+    def mark_device(self) -> int:
+        """The mark's device address (0: none to be had)."""
+        if self._mark_device is None:
+            self._mark_device = 0
+            flags = 3  # PORTABLE | DEVICEMAP
+            if driver.cuMemHostRegister(self.address + self.size, _MARK_BYTES, flags)[0] == 0:
+                found = driver.cuMemHostGetDevicePointer(self.address + self.size, 0)
+                self._mark_device = int(found[1]) if found[0] == 0 else 0
+                self._mark_registered = True
+        return self._mark_device
 
     def drop(self) -> None:
         if self.registered:
             driver.cuMemHostUnregister(self.address)
+        if self._mark_registered:
+            driver.cuMemHostUnregister(self.address + self.size)
 
 
 class _PinnedPool:
@@ -194,16 +206,15 @@ class _InFlight(StagedCopy):
         self.buffer = executor.pinned.take(count)
         self.address = self.buffer.address
         self.sem = None
-        self.seq = next(_marks) & 0xFFFFFFFF or 1
-        self.buffer.mark.value = 0
+        self.seq = next(_marks) & 0xFFFFFFFF or 1  # never the word left there before: no reset needed
         self.event = _ok(driver.cuEventCreate(2))  # CU_EVENT_DISABLE_TIMING
         self.error = 0
         self.done = False
         try:
             _ok(driver.cuMemcpyDtoHAsync(self.address, src, count, stream))
             _ok(driver.cuEventRecord(self.event, stream))
-            marked = bool(executor.stream_marks and self.buffer.mark_device)
-            if marked and driver.cuStreamWriteValue32(stream, self.buffer.mark_device, self.seq, 0)[0]:
+            marked = bool(executor.stream_marks and self.buffer.mark_device())
+            if marked and driver.cuStreamWriteValue32(stream, self.buffer.mark_device(), self.seq, 0)[0]:
                 executor.stream_marks = marked = False  # refused (no stream memory operations): not again
             if not marked:
                 self.sem = (ctypes.c_char * _SEM_BYTES)()
@@ -278,6 +289,7 @@ class CudaExecutor(Executor):
         self.linked: dict[int, bytes] = {}  # link state -> the image cuLinkComplete made
         # Host functions: one C thunk for the process's life (the driver calls it with a key).
         self.host_funcs: dict[int, Callable[[], None]] = {}
+        self.kept_host_funcs: set[int] = set()  # host functions captured into graphs (never popped)
         self._host_keys = itertools.count(1)
         self._host_thunk = _HOST_FN(self._run_host_func)
         self._host_thunk_fn = driver.CUhostFn(ctypes.cast(self._host_thunk, ctypes.c_void_p).value)
@@ -492,6 +504,9 @@ class CudaExecutor(Executor):
     def launch_host_func(self, stream, fn) -> None:
         key = next(self._host_keys)
         self.host_funcs[key] = fn
+        capturing = _ok(driver.cuStreamIsCapturing(self._stream(stream)))
+        if capturing != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE:
+            self.kept_host_funcs.add(key)  # a graph's host node: it runs at every launch
         try:
             _ok(driver.cuLaunchHostFunc(self._stream(stream), self._host_thunk_fn, key))
         except BaseException:
@@ -500,7 +515,7 @@ class CudaExecutor(Executor):
 
     def _run_host_func(self, key) -> None:
         """On the driver's callback thread: no CUDA call may be made here (none is)."""
-        fn = self.host_funcs.pop(key, None)
+        fn = self.host_funcs.get(key) if key in self.kept_host_funcs else self.host_funcs.pop(key, None)
         if fn is not None:
             _driver_thread.calling_back = True
             try:
@@ -942,17 +957,69 @@ class CudaExecutor(Executor):
     def cuStreamEndCapture(self, stream):
         return _int(_ok(driver.cuStreamEndCapture(self._stream(stream))))
 
-    def cuStreamGetCaptureInfo(self, stream):
-        status, capture_id, graph, _deps, _edges, count = _ok(
+    def capture_info(self, stream):
+        status, capture_id, graph, deps, _edges, count = _ok(
             driver.cuStreamGetCaptureInfo(self._stream(stream))
         )
-        return int(status), int(capture_id), _int(graph), int(count)
+        return int(status), int(capture_id), _int(graph), [_int(n) for n in list(deps)[:count]]
+
+    def capture_to_graph(self, stream, graph, deps, mode):
+        _ok(driver.cuStreamBeginCaptureToGraph(
+            self._stream(stream), driver.CUgraph(graph), self._deps(deps), None, len(deps),
+            _enum(driver.CUstreamCaptureMode, mode),
+        ))  # fmt: skip
+
+    def update_capture_dependencies(self, stream, deps, flags):
+        _ok(
+            driver.cuStreamUpdateCaptureDependencies(
+                self._stream(stream), self._deps(deps), None, len(deps), flags
+            )
+        )
 
     def cuThreadExchangeStreamCaptureMode(self, mode):
         return int(_ok(driver.cuThreadExchangeStreamCaptureMode(_enum(driver.CUstreamCaptureMode, mode))))
 
-    def cuGraphGetNodes(self, graph):
-        return int(_ok(driver.cuGraphGetNodes(driver.CUgraph(graph)))[1])
+    def graph_nodes(self, graph):
+        return [_int(n) for n in _ok(driver.cuGraphGetNodes(driver.CUgraph(graph)))[0]]
+
+    def graph_edges(self, graph):
+        sources, targets, _data, count = _ok(driver.cuGraphGetEdges(driver.CUgraph(graph)))
+        return [(_int(a), _int(b)) for a, b in list(zip(sources, targets, strict=True))[:count]]
+
+    def cuGraphClone(self, graph):
+        return _int(_ok(driver.cuGraphClone(driver.CUgraph(graph))))
+
+    def cuGraphNodeFindInClone(self, original, clone):
+        return _int(_ok(driver.cuGraphNodeFindInClone(driver.CUgraphNode(original), driver.CUgraph(clone))))
+
+    def cuGraphNodeGetType(self, node):
+        return int(_ok(driver.cuGraphNodeGetType(driver.CUgraphNode(node))))
+
+    def graph_add_event_node(self, graph, deps, event, wait):
+        add = driver.cuGraphAddEventWaitNode if wait else driver.cuGraphAddEventRecordNode
+        return _int(_ok(add(driver.CUgraph(graph), self._deps(deps), len(deps), driver.CUevent(event))))
+
+    def graph_add_memcpy_node(self, graph, deps, copy: Copy3D):
+        params = driver.CUDA_MEMCPY3D()
+        params.srcMemoryType = params.dstMemoryType = driver.CUmemorytype.CU_MEMORYTYPE_DEVICE
+        params.srcDevice, params.srcPitch, params.srcHeight = copy.src, copy.src_pitch, copy.src_height
+        params.dstDevice, params.dstPitch, params.dstHeight = copy.dst, copy.dst_pitch, copy.dst_height
+        params.WidthInBytes, params.Height, params.Depth = copy.width, copy.height, copy.depth
+        ctx = _ok(driver.cuCtxGetCurrent())
+        return _int(
+            _ok(driver.cuGraphAddMemcpyNode(driver.CUgraph(graph), self._deps(deps), len(deps), params, ctx))
+        )
+
+    def graph_add_host_node(self, graph, deps, fn):
+        key = next(self._host_keys)
+        self.host_funcs[key] = fn
+        self.kept_host_funcs.add(key)  # it runs at every launch
+        params = driver.CUDA_HOST_NODE_PARAMS()
+        params.fn = self._host_thunk_fn
+        params.userData = key
+        return _int(
+            _ok(driver.cuGraphAddHostNode(driver.CUgraph(graph), self._deps(deps), len(deps), params))
+        )
 
     def cuGraphInstantiateWithFlags(self, graph, flags):
         return _int(_ok(driver.cuGraphInstantiate(driver.CUgraph(graph), flags)))
@@ -978,7 +1045,10 @@ class CudaExecutor(Executor):
     @staticmethod
     def _kernel_node(launch: Launch):
         """CUDA_KERNEL_NODE_PARAMS over a buffer of its own (the driver copies the parameters)."""
-        target = _Launchable(launch.func, launch.layout)
+        func = launch.func
+        if launch.is_kernel:  # a kernel node names a function (of the current context), not a CUkernel
+            func = _int(_ok(driver.cuKernelGetFunction(driver.CUkernel(func))))
+        target = _Launchable(func, launch.layout)
         ctypes.memmove(target.buffer, launch.params, min(len(launch.params), len(target.buffer)))
         params = driver.CUDA_KERNEL_NODE_PARAMS()
         params.func = target.function
@@ -1017,6 +1087,33 @@ class CudaExecutor(Executor):
 
     def graph_add_empty_node(self, graph, deps) -> int:
         return _int(_ok(driver.cuGraphAddEmptyNode(driver.CUgraph(graph), self._deps(deps), len(deps))))
+
+    def graph_add_child_node(self, graph, deps, child) -> int:
+        return _int(_ok(driver.cuGraphAddChildGraphNode(
+            driver.CUgraph(graph), self._deps(deps), len(deps), driver.CUgraph(child)
+        )))  # fmt: skip
+
+    def cuGraphChildGraphNodeGetGraph(self, node):
+        return _int(_ok(driver.cuGraphChildGraphNodeGetGraph(driver.CUgraphNode(node))))
+
+    def cuGraphConditionalHandleCreate(self, graph, ctx, default_value, flags):
+        return _int(_ok(driver.cuGraphConditionalHandleCreate(
+            driver.CUgraph(graph), driver.CUcontext(ctx) if ctx else _ok(driver.cuCtxGetCurrent()), default_value, flags
+        )))  # fmt: skip
+
+    def graph_add_conditional_node(self, graph, deps, handle, kind, size, ctx):
+        params = driver.CUgraphNodeParams()
+        params.type = driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
+        params.conditional.handle = driver.CUgraphConditionalHandle(handle)
+        params.conditional.type = _enum(driver.CUgraphConditionalNodeType, kind)
+        params.conditional.size = size
+        params.conditional.ctx = driver.CUcontext(ctx) if ctx else _ok(driver.cuCtxGetCurrent())
+        node = _ok(driver.cuGraphAddNode(driver.CUgraph(graph), self._deps(deps), None, len(deps), params))
+        return _int(node), [_int(params.conditional.phGraph_out[i]) for i in range(size)]
+
+    def graph_exec_update(self, graph_exec, graph):
+        err, info = driver.cuGraphExecUpdate(driver.CUgraphExec(graph_exec), driver.CUgraph(graph))
+        return int(info.result) if info is not None else 0, int(err)
 
     def graph_add_dependencies(self, graph, edges) -> None:
         sources, targets = self._deps([a for a, _ in edges]), self._deps([b for _, b in edges])

@@ -70,6 +70,18 @@ SHAPED: dict[str, str] = {
     "cuLaunchKernelEx": "launch",
     "cuOccupancyMaxActiveClusters": "cluster_occupancy",
     "cuOccupancyMaxPotentialClusterSize": "cluster_occupancy",
+    "cuStreamGetCaptureInfo": "capture_info",
+    "cuStreamBeginCaptureToGraph": "capture_to_graph",
+    "cuStreamUpdateCaptureDependencies": "update_capture_dependencies",
+    "cuGraphAddChildGraphNode": "graph_add_child_node",
+    "gpGraphAddConditionalNode": "graph_add_conditional_node",
+    "cuGraphExecUpdate": "graph_exec_update",
+    "cuGraphAddEventRecordNode": "graph_add_event_node",
+    "cuGraphAddEventWaitNode": "graph_add_event_node",
+    "cuGraphAddHostNode": "graph_add_host_node",
+    "cuGraphAddMemcpyNode": "graph_add_memcpy_node",
+    "cuGraphGetNodes": "graph_nodes",
+    "cuGraphGetEdges": "graph_edges",
 }
 
 
@@ -114,6 +126,34 @@ PER_CALL: tuple[str, ...] = tuple(
 
 
 @dataclass(frozen=True, slots=True)
+class Copy3D:
+    """A copy node's copy: each side's first byte, pitch and height (rows per slice); the extent."""
+
+    src: int
+    src_pitch: int
+    src_height: int
+    dst: int
+    dst_pitch: int
+    dst_height: int
+    width: int
+    height: int
+    depth: int
+
+    def span(self, pitch: int, rows: int) -> int:
+        """Bytes from a side's first byte to the end of the last row the copy touches there."""
+        return (self.depth - 1) * pitch * rows + (self.height - 1) * pitch + self.width
+
+    def rows(self):
+        """(source, destination) address of each row."""
+        for z in range(self.depth):
+            for y in range(self.height):
+                yield (
+                    self.src + (z * self.src_height + y) * self.src_pitch,
+                    self.dst + (z * self.dst_height + y) * self.dst_pitch,
+                )
+
+
+@dataclass(frozen=True, slots=True)
 class Launch:
     """One kernel launch as the worker received it (cuLaunchKernelEx; cuLaunchKernel is one without
     attributes)."""
@@ -126,6 +166,7 @@ class Launch:
     params: bytes  # the parameters, packed at `layout`'s offsets
     layout: list[tuple[int, int]]  # (offset, size) of each parameter, from `param_layout`
     attributes: tuple[tuple[int, bytes], ...] = ()  # (CUlaunchAttributeID, its 64-byte value)
+    is_kernel: bool = False  # `func` is a CUkernel (a graph's kernel node needs its function)
 
 
 class StagedCopy(abc.ABC):
@@ -232,6 +273,53 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     def graph_add_dependencies(self, graph: int, edges: list[tuple[int, int]]) -> None: ...
+
+    @abc.abstractmethod
+    def graph_add_child_node(self, graph: int, deps: list[int], child: int) -> int:
+        """cuGraphAddChildGraphNode: a copy of graph `child` as a node after `deps`; the node."""
+
+    @abc.abstractmethod
+    def graph_add_conditional_node(
+        self, graph: int, deps: list[int], handle: int, kind: int, size: int, ctx: int
+    ) -> tuple[int, list[int]]:
+        """A conditional node (CU_GRAPH_COND_TYPE_IF 0, WHILE 1, SWITCH 2) on condition `handle` with
+        `size` body graphs; the node and the body graphs (owned by the node)."""
+
+    @abc.abstractmethod
+    def graph_add_event_node(self, graph: int, deps: list[int], event: int, wait: bool) -> int:
+        """cuGraphAddEventRecordNode, or cuGraphAddEventWaitNode when `wait`; the node."""
+
+    @abc.abstractmethod
+    def graph_add_memcpy_node(self, graph: int, deps: list[int], copy: Copy3D) -> int:
+        """cuGraphAddMemcpyNode between device memory of the lease (`copy` checked); the node."""
+
+    @abc.abstractmethod
+    def graph_add_host_node(self, graph: int, deps: list[int], fn: Callable[[], None]) -> int:
+        """cuGraphAddHostNode: `fn` runs (on a thread of the executor's) at every launch; the node."""
+
+    @abc.abstractmethod
+    def graph_nodes(self, graph: int) -> list[int]:
+        """cuGraphGetNodes: the graph's nodes."""
+
+    @abc.abstractmethod
+    def graph_edges(self, graph: int) -> list[tuple[int, int]]:
+        """cuGraphGetEdges: (from, to) of each edge."""
+
+    @abc.abstractmethod
+    def graph_exec_update(self, graph_exec: int, graph: int) -> tuple[int, int]:
+        """cuGraphExecUpdate: (CUgraphExecUpdateResult, CUresult); a refused update is no exception."""
+
+    @abc.abstractmethod
+    def capture_info(self, stream: int) -> tuple[int, int, int, list[int]]:
+        """cuStreamGetCaptureInfo: status, capture id, the capturing graph, the dependency nodes."""
+
+    @abc.abstractmethod
+    def capture_to_graph(self, stream: int, graph: int, deps: list[int], mode: int) -> None:
+        """cuStreamBeginCaptureToGraph: capture into `graph`, after `deps`."""
+
+    @abc.abstractmethod
+    def update_capture_dependencies(self, stream: int, deps: list[int], flags: int) -> None:
+        """cuStreamUpdateCaptureDependencies (CU_STREAM_ADD_CAPTURE_DEPENDENCIES 0, SET 1)."""
 
     @abc.abstractmethod
     def tensor_map(self, name: str, ins: tuple, arrays: list[list[int]]) -> bytes:

@@ -29,6 +29,7 @@ from virtualize._executor import (
     INVALID_HANDLE,
     INVALID_VALUE,
     OUT_OF_MEMORY,
+    Copy3D,
     CudaError,
     Executor,
     Launch,
@@ -44,6 +45,7 @@ ALLOCATION_PROP_BYTES, ACCESS_DESC_BYTES = 32, 12  # CUmemAllocationProp, CUmemA
 POOL_PROPS_BYTES = 88  # CUmemPoolProps
 TENSOR_MAP_BYTES, TENSOR_RANK_MAX = 128, 5  # CUtensorMap
 MAX_NODE_DEPS = 4096  # dependencies of one graph node (the shim's limit too)
+MAX_CONDITIONAL_BODIES = 64  # body graphs of one conditional node (a switch's cases; the shim's limit too)
 # CUdevice_attribute: PAGEABLE_MEMORY_ACCESS, CONCURRENT_MANAGED_ACCESS, PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
 # DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: 0 remotely (docs/remote.md, managed memory).
 NOT_COHERENT_ATTRIBUTES = frozenset({88, 89, 100, 101})
@@ -203,6 +205,21 @@ class Session:
             "cuGraphAddEmptyNode": self._graph_empty_node,
             "cuGraphAddDependencies": self._graph_dependencies,
             "cuGraphAddDependencies_v2": self._graph_dependencies,
+            "cuGraphAddChildGraphNode": self._graph_child_node,
+            "cuGraphAddEventRecordNode": self._graph_event_node,
+            "cuGraphAddEventWaitNode": self._graph_event_node,
+            "cuGraphAddHostNode": self._graph_host_node,
+            "cuGraphAddMemcpyNode": self._graph_memcpy_node,
+            "cuGraphGetNodes": self._graph_nodes,
+            "cuGraphGetEdges": self._graph_edges,
+            "cuGraphGetEdges_v2": self._graph_edges,
+            "gpGraphAddConditionalNode": self._graph_conditional_node,
+            "cuGraphExecUpdate_v2": self._graph_exec_update,
+            "cuStreamGetCaptureInfo_v2": self._capture_info,
+            "cuStreamGetCaptureInfo_v3": self._capture_info,
+            "cuStreamBeginCaptureToGraph": self._capture_to_graph,
+            "cuStreamUpdateCaptureDependencies": self._capture_dependencies,
+            "cuStreamUpdateCaptureDependencies_v2": self._capture_dependencies,
             "cuTensorMapEncodeTiled": self._tensor_map,
             "cuTensorMapEncodeIm2col": self._tensor_map,
             "cuTensorMapReplaceAddress": self._tensor_map_address,
@@ -446,9 +463,9 @@ class Session:
         gone = _DESTROYS.get(call.name)
         if gone:
             handles[gone].discard(ins[0])
-            for child in self.lease.children.pop(ins[0], ()):
-                handles["func"].discard(child)
-                handles["kernel"].discard(child)
+            for child in self.lease.children.pop(ins[0], ()):  # a module's functions, a graph's nodes
+                for kind in ("func", "kernel", "node", "graph"):
+                    handles[kind].discard(child)
                 self.lease.layouts.pop(child, None)
 
     # -- calls that need the lease's state -----------------------------------------------------------
@@ -565,7 +582,10 @@ class Session:
         layout = self._layout(func)
         if len(params) < max((offset + size for offset, size in layout), default=0):
             raise CudaError(INVALID_VALUE, "kernel parameters shorter than the function's parameter layout")
-        launch = Launch(func, tuple(dims[:3]), tuple(dims[3:6]), dims[6], 0, params, layout)
+        is_kernel = func in self.lease.handles["kernel"]
+        launch = Launch(
+            func, tuple(dims[:3]), tuple(dims[3:6]), dims[6], 0, params, layout, is_kernel=is_kernel
+        )
         if not adding:
             self.executor.graph_exec_kernel_node(owner, node, launch)
             return _EMPTY
@@ -594,6 +614,106 @@ class Session:
         graph, count = ins
         nodes = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 16), 2 * count)
         self.executor.graph_add_dependencies(graph, list(zip(nodes[::2], nodes[1::2], strict=True)))
+
+    def _graph_child_node(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        graph, child, num_deps = ins
+        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        return self._new_node(self.executor.graph_add_child_node(graph, deps, child), graph)
+
+    def _graph_event_node(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        graph, event, num_deps = ins
+        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        node = self.executor.graph_add_event_node(graph, deps, event, call.name == "cuGraphAddEventWaitNode")
+        return self._new_node(node, graph)
+
+    def _graph_memcpy_node(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        graph, *shape, num_deps = ins
+        copy = Copy3D(*shape)
+        if copy.width == 0 or copy.height == 0 or copy.depth == 0:
+            raise CudaError(INVALID_VALUE, "memcpy node extent")
+        if copy.height > 1 and (copy.src_pitch < copy.width or copy.dst_pitch < copy.width):
+            raise CudaError(INVALID_VALUE, "memcpy node pitch")
+        self._check_range(copy.src, copy.span(copy.src_pitch, copy.src_height))
+        self._check_range(copy.dst, copy.span(copy.dst_pitch, copy.dst_height))
+        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        return self._new_node(self.executor.graph_add_memcpy_node(graph, deps, copy), graph)
+
+    def _graph_host_node(self, call: Call, ins: tuple):
+        """A host node: the program's function `ident` (kept by its shim), called back at every launch."""
+        self._check(call, ins)
+        graph, ident, num_deps = ins
+        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        callbacks = self.callbacks
+        if callbacks is None:
+            raise CudaError(CUresult.NOT_SUPPORTED, "no callback connection")
+        return self._new_node(
+            self.executor.graph_add_host_node(graph, deps, lambda: callbacks.call(ident)), graph
+        )
+
+    def _graph_nodes(self, call: Call, ins: tuple):
+        """The count; the nodes (now this lease's) in the bulk."""
+        self._check(call, ins)
+        nodes = self.executor.graph_nodes(ins[0])
+        self.lease.handles["node"].update(nodes)
+        self.lease.children.setdefault(ins[0], set()).update(nodes)
+        return call.out_struct.pack(len(nodes)), struct.pack(f"<{len(nodes)}Q", *nodes)
+
+    def _graph_edges(self, call: Call, ins: tuple):
+        """The count; the (from, to) pairs in the bulk."""
+        self._check(call, ins)
+        edges = self.executor.graph_edges(ins[0])
+        flat = [n for edge in edges for n in edge]
+        self.lease.handles["node"].update(flat)
+        return call.out_struct.pack(len(edges)), struct.pack(f"<{len(flat)}Q", *flat)
+
+    def _graph_conditional_node(self, call: Call, ins: tuple):
+        """A conditional node; its body graphs (the driver's, owned by the node's graph) become this
+        lease's graphs, sent after the node's handle."""
+        self._check(call, ins)
+        graph, handle, kind, size, ctx, num_deps = ins
+        if not 1 <= size <= MAX_CONDITIONAL_BODIES:
+            raise CudaError(INVALID_VALUE, "conditional node size")
+        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        node, bodies = self.executor.graph_add_conditional_node(graph, deps, handle, kind, size, ctx)
+        self.lease.handles["graph"].update(bodies)
+        self.lease.children.setdefault(graph, set()).update(bodies)
+        out, _ = self._new_node(node, graph)
+        return out, struct.pack(f"<{len(bodies)}Q", *bodies)
+
+    def _graph_exec_update(self, call: Call, ins: tuple):
+        """The update's result and status both travel: a refused update says why (its result)."""
+        self._check(call, ins)
+        result, status = self.executor.graph_exec_update(*ins)
+        return call.out_struct.pack(result, status), b""
+
+    def _capture_info(self, call: Call, ins: tuple):
+        """Status, id, graph and the count; the dependency nodes (now this lease's) in the bulk."""
+        self._check(call, ins)
+        status, capture_id, graph, deps = self.executor.capture_info(ins[0])
+        self.lease.handles["node"].update(deps)
+        if graph:  # the graph being captured: nodes may be added to it (the one cuStreamEndCapture gives)
+            self.lease.handles["graph"].add(graph)
+            self.lease.children.setdefault(graph, set()).update(deps)
+        return call.out_struct.pack(status, capture_id, graph, len(deps)), struct.pack(
+            f"<{len(deps)}Q", *deps
+        )
+
+    def _capture_to_graph(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        stream, graph, num_deps, mode = ins
+        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        self.executor.capture_to_graph(stream, graph, deps, mode)
+        return _EMPTY
+
+    def _capture_dependencies(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        stream, num_deps, flags = ins
+        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        self.executor.update_capture_dependencies(stream, deps, flags)
+        return _EMPTY
 
     # -- tensor maps -----------------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from virtualize._executor import (
     INVALID_VALUE,
     NOT_FOUND,
     CopiedBytes,
+    Copy3D,
     CudaError,
     Executor,
     Launch,
@@ -46,12 +47,16 @@ ALIGN = 1 << 21
 HOST_KERNELS = {
     "fill_u32": [(0, 8), (8, 4), (12, 4)],
     "add_u32": [(0, 8), (8, 4), (12, 4)],
+    "bounded_add_u32": [(0, 8), (8, 4), (12, 4)],  # add_u32 under __launch_bounds__(128)
     "fault": [],
     "spin": [(0, 8), (8, 4)],  # stands for a long kernel: sleeps 10 ms
     "empty": [],
     "sleep_ms": [(0, 4)],  # occupies the worker for a while, like a long kernel behind a sync
     "saxpy": [(0, 8), (8, 8), (16, 4), (20, 4)],  # y = a * x + y over float32
     "printf_u32": [(0, 4)],  # writes "kernel says N" to the worker's stdout, as a device printf does
+    # Conditional nodes' conditions, as device code sets them (cudaGraphSetConditional):
+    "set_condition": [(0, 8), (8, 4)],  # (handle, value)
+    "count_down": [(0, 8), (8, 8)],  # (handle, u32 *counter): --*counter, the condition is *counter != 0
 }
 # A few attributes programs ask for; the rest read 0 (cuda.h numbering).
 ATTRIBUTES = {
@@ -64,6 +69,7 @@ ATTRIBUTES = {
     7: 65535,
     8: 49152,
     10: 32,
+    12: 65536,  # MAX_REGISTERS_PER_BLOCK
     16: 4,
     39: 2048,
     75: 9,
@@ -129,7 +135,12 @@ class HostExecutor(Executor):
         self.ptx_kernels: dict[int, dict[str, list[tuple[int, int]]]] = {}  # module -> kernels it declares
         self.layouts: dict[int, list[tuple[int, int]]] = {}  # PTX-declared functions -> parameter layout
         self.events: dict[int, float | None] = {}
-        self.capturing: dict[int, list] = {}  # stream -> the work recorded since cuStreamBeginCapture
+        # stream -> [its capture's graph, the nodes the next captured work depends on]
+        self.capturing: dict[int, list] = {}
+        self.conditions: dict[int, list[int]] = {}  # conditional handle -> [value, default, flags]
+        self.child_graphs: dict[int, int] = {}  # child graph node -> its copy of the graph
+        self.clones: dict[int, dict[int, int]] = {}  # cloned graph -> {original node: its twin}
+        self.node_types: dict[int, int] = {}  # node -> CUgraphNodeType, where not a kernel's (0)
         self.graphs: dict[int, list] = {}  # graph or executable graph -> its work, in stream order
         self.local = threading.local()
         self.lock = threading.Lock()
@@ -186,7 +197,7 @@ class HostExecutor(Executor):
         return encoded[:8] + struct.pack("<Q", address) + encoded[16:]
 
     def launch_host_func(self, stream, fn) -> None:
-        fn()  # everything here runs at once, in order
+        self._on(stream, fn)  # everything here runs at once, in order (or at each launch of a graph)
 
     def reserve_addresses(self, size: int, hint: int) -> int:
         with self.lock:  # at `hint` unless it overlaps a range reserved before, as the driver does
@@ -253,11 +264,11 @@ class HostExecutor(Executor):
 
     def _on(self, stream, work) -> None:
         """Run stream work now, or record it when the stream is being captured into a graph."""
-        recorded = self.capturing.get(stream)
-        if recorded is None:
+        capture = self.capturing.get(stream)
+        if capture is None:
             work()
-        else:
-            recorded.append(work)
+        else:  # a node after the capture's dependencies, and the next work after it
+            capture[1] = [self._add_node(capture[0], capture[1], work)]
 
     def memset(self, dst: int, value: int, element_size: int, count: int, stream: int | None) -> None:
         def work():
@@ -293,6 +304,15 @@ class HostExecutor(Executor):
             return
         if name == "printf_u32":  # the driver writes device printf output to the process's stdout
             os.write(1, f"kernel says {struct.unpack_from('<I', params)[0]}\n".encode())
+            return
+        if name in ("set_condition", "count_down"):
+            handle, arg = struct.unpack_from("<QQ", params.ljust(16, b"\0"))
+            if name == "count_down":
+                mem, off = self._find(arg, 4)
+                counter = memoryview(mem)[off : off + 4].cast("I")
+                counter[0] = max(counter[0] - 1, 0)
+                arg = counter[0]
+            self.conditions[handle][0] = 1 if arg & 0xFFFFFFFF else 0
             return
         if name == "saxpy":
             x_ptr, y_ptr, a, n = struct.unpack_from("<QQfI", params)
@@ -559,10 +579,12 @@ class HostExecutor(Executor):
         return self._param_info(func, index)
 
     def cuFuncGetAttribute(self, attrib, func):
-        # MAX_THREADS_PER_BLOCK (0): saxpy stands for a kernel whose registers allow only 256 threads;
+        # MAX_THREADS_PER_BLOCK (0): saxpy stands for a kernel whose registers (NUM_REGS, 4) allow only
+        # 256 threads, bounded_add_u32 for one whose launch bounds allow 128;
         # MAX_DYNAMIC_SHARED_SIZE_BYTES (8): 48 KiB until a program raises it.
-        threads = 256 if self.functions.get(func) == "saxpy" else 1024
-        default = {0: threads, 4: 32, 8: 49152}.get(attrib, 0)
+        name = self.functions.get(func)
+        limit = {"saxpy": 256, "bounded_add_u32": 128}.get(name, 1024)
+        default = {0: limit, 4: 255 if name == "saxpy" else 32, 8: 49152}.get(attrib, 0)  # 4: NUM_REGS
         kernel_value = self.function_attributes.get((self.kernel_of.get(func), attrib), default)
         return self.function_attributes.get((func, attrib), kernel_value)
 
@@ -621,27 +643,82 @@ class HostExecutor(Executor):
             raise CudaError(900, "the legacy stream cannot be captured")
         if stream in self.capturing:
             raise CudaError(INVALID_VALUE, "already capturing")
-        self.capturing[stream] = []
+        self.capturing[stream] = [self.cuGraphCreate(0), []]
+
+    def capture_to_graph(self, stream, graph, deps, mode):
+        if stream in (0, 1, 2) or stream in self.capturing or graph not in self.graphs:
+            raise CudaError(INVALID_VALUE, "cannot capture there")
+        self.capturing[stream] = [graph, list(deps)]
 
     def cuStreamEndCapture(self, stream):
-        work = self.capturing.pop(stream, None)
-        if work is None:
+        capture = self.capturing.pop(stream, None)
+        if capture is None:
             raise CudaError(903, "not capturing")
-        graph = next(self.ids)
-        self.graphs[graph] = work
-        return graph
+        return capture[0]
 
-    def cuStreamGetCaptureInfo(self, stream):
-        capturing = stream in self.capturing
-        return (1 if capturing else 0), (stream if capturing else 0), 0, 0
+    def capture_info(self, stream):
+        capture = self.capturing.get(stream)
+        if capture is None:
+            return 0, 0, 0, []
+        return 1, stream, capture[0], list(capture[1])
+
+    def update_capture_dependencies(self, stream, deps, flags):
+        capture = self.capturing.get(stream)
+        if capture is None:
+            raise CudaError(401, "not capturing")  # CUDA_ERROR_ILLEGAL_STATE
+        capture[1] = list(deps) if flags == 1 else capture[1] + [d for d in deps if d not in capture[1]]
 
     def cuThreadExchangeStreamCaptureMode(self, mode):
         previous = getattr(self.local, "capture_mode", 0)
         self.local.capture_mode = mode
         return previous
 
-    def cuGraphGetNodes(self, graph):
-        return len(self.graphs[graph])
+    def graph_nodes(self, graph):
+        return list(self.node_order.get(graph, []))
+
+    def graph_edges(self, graph):
+        mine = set(self.node_order.get(graph, []))
+        return [(a, b) for a, b in self.edges if a in mine]
+
+    def cuGraphClone(self, graph):
+        clone = self.cuGraphCreate(0)
+        twins = {n: self._add_node(clone, [], self.nodes[n][1]) for n in self.node_order.get(graph, [])}
+        self.graph_add_dependencies(clone, [(twins[a], twins[b]) for a, b in self.graph_edges(graph)])
+        self.clones[clone] = twins
+        for original, twin in twins.items():
+            if original in self.node_types:
+                self.node_types[twin] = self.node_types[original]
+        return clone
+
+    def cuGraphNodeFindInClone(self, original, clone):
+        twin = self.clones.get(clone, {}).get(original)
+        if twin is None:
+            raise CudaError(INVALID_VALUE, "not a node of the graph that clone was made from")
+        return twin
+
+    def cuGraphNodeGetType(self, node):
+        return self.node_types.get(node, 0)
+
+    def graph_add_event_node(self, graph, deps, event, wait):
+        node = self._add_node(graph, deps, lambda: None)  # everything here is done at once
+        self.node_types[node] = 6 if wait else 7  # CU_GRAPH_NODE_TYPE_WAIT_EVENT / EVENT_RECORD
+        return node
+
+    def graph_add_memcpy_node(self, graph, deps, copy: Copy3D):
+        def work():
+            for src, dst in copy.rows():
+                sm, so = self._find(src, copy.width)
+                dm, do = self._find(dst, copy.width)
+                dm[do : do + copy.width] = sm[so : so + copy.width]
+
+        node = self._add_node(graph, deps, work)
+        self.node_types[node] = 1  # CU_GRAPH_NODE_TYPE_MEMCPY
+        return node
+
+    def graph_add_host_node(self, graph, deps, fn):
+        node = self._add_node(graph, deps, fn)
+        self.node_types[node] = 3  # CU_GRAPH_NODE_TYPE_HOST
+        return node
 
     def cuGraphInstantiateWithFlags(self, graph, flags):
         graph_exec = next(self.ids)
@@ -660,7 +737,12 @@ class HostExecutor(Executor):
         node = next(self.ids)
         self.nodes[node] = (graph, work)
         self.edges.extend((d, node) for d in deps)
-        self._order(graph)
+        order = self.node_order.setdefault(graph, [])
+        if set(deps) <= set(order):  # after all it depends on: the order stays one that keeps them
+            order.append(node)
+            self.graphs[graph].append(work)
+        else:
+            self._order(graph)
         return node
 
     def _order(self, graph) -> None:
@@ -701,6 +783,53 @@ class HostExecutor(Executor):
     def graph_add_empty_node(self, graph, deps) -> int:
         return self._add_node(graph, deps, lambda: None)
 
+    def graph_add_child_node(self, graph, deps, child) -> int:
+        copy = self.cuGraphClone(child)  # a copy of the child as it is now, as the driver takes
+        node = self._add_node(graph, deps, lambda: [work() for work in list(self.graphs[copy])])
+        self.child_graphs[node] = copy
+        return node
+
+    def cuGraphChildGraphNodeGetGraph(self, node):
+        if node not in self.child_graphs:
+            raise CudaError(INVALID_VALUE, "not a child graph node")
+        return self.child_graphs[node]
+
+    def cuGraphConditionalHandleCreate(self, graph, ctx, default_value, flags):
+        handle = next(self.ids)
+        self.conditions[handle] = [default_value if flags & 1 else 0, default_value, flags]
+        return handle
+
+    def graph_add_conditional_node(self, graph, deps, handle, kind, size, ctx):
+        if handle not in self.conditions or kind not in (0, 1, 2) or (kind == 1 and size != 1):
+            raise CudaError(INVALID_VALUE, "conditional node")
+        bodies = [self.cuGraphCreate(0) for _ in range(size)]
+        condition = self.conditions[handle]
+
+        def work():
+            def run(body):
+                for body_work in list(self.graphs[body]):
+                    body_work()
+
+            if kind == 0:  # if (and else, with two bodies)
+                if condition[0] or size == 2:
+                    run(bodies[0 if condition[0] else 1])
+            elif kind == 1:  # while
+                for _ in range(1_000_000):
+                    if not condition[0]:
+                        break
+                    run(bodies[0])
+            elif condition[0] < size:  # switch
+                run(bodies[condition[0]])
+
+        return self._add_node(graph, deps, work), bodies
+
+    def graph_exec_update(self, graph_exec, graph):
+        if len(self.graphs.get(graph, [])) != len(self.graphs.get(graph_exec, [])):
+            return 2, 910  # CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE
+        self.graphs[graph_exec] = list(self.graphs[graph])
+        self.exec_order[graph_exec] = list(self.node_order.get(graph, []))
+        return 0, 0
+
     def graph_add_dependencies(self, graph, edges) -> None:
         self.edges.extend(edges)
         self._order(graph)
@@ -711,6 +840,9 @@ class HostExecutor(Executor):
         self._order(graph)
 
     def cuGraphLaunch(self, graph_exec, stream):
+        for condition in self.conditions.values():  # CU_GRAPH_COND_ASSIGN_DEFAULT: at each launch
+            if condition[2] & 1:
+                condition[0] = condition[1]
         for work in self.graphs[graph_exec]:
             self._on(stream, work)
 

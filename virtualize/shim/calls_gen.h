@@ -904,6 +904,66 @@ GP_EXPORT CUresult cuGraphDestroyNode(uint64_t node) {
     return r;
 }
 
+GP_EXPORT CUresult cuGraphConditionalHandleCreate(uint64_t *handle, uint64_t graph, uint64_t ctx, uint32_t default_value, uint32_t flags) {
+    GP_TRACE("cuGraphConditionalHandleCreate");
+    if (!handle) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphConditionalHandleCreate in = { .graph = graph, .ctx = ctx, .default_value = default_value, .flags = flags };
+    struct gp_out_cuGraphConditionalHandleCreate out;
+    CUresult r = gp_call(GP_CALL_cuGraphConditionalHandleCreate, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *handle = (uint64_t)out.handle;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphChildGraphNodeGetGraph(uint64_t node, uint64_t *graph) {
+    GP_TRACE("cuGraphChildGraphNodeGetGraph");
+    if (!graph) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphChildGraphNodeGetGraph in = { .node = node };
+    struct gp_out_cuGraphChildGraphNodeGetGraph out;
+    CUresult r = gp_call(GP_CALL_cuGraphChildGraphNodeGetGraph, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *graph = (uint64_t)out.graph;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphClone(uint64_t *clone, uint64_t graph) {
+    GP_TRACE("cuGraphClone");
+    if (!clone) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphClone in = { .graph = graph };
+    struct gp_out_cuGraphClone out;
+    CUresult r = gp_call(GP_CALL_cuGraphClone, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *clone = (uint64_t)out.clone;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphNodeFindInClone(uint64_t *node, uint64_t original, uint64_t clone) {
+    GP_TRACE("cuGraphNodeFindInClone");
+    if (!node) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphNodeFindInClone in = { .original = original, .clone = clone };
+    struct gp_out_cuGraphNodeFindInClone out;
+    CUresult r = gp_call(GP_CALL_cuGraphNodeFindInClone, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *node = (uint64_t)out.node;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphNodeGetType(uint64_t node, int32_t *type) {
+    GP_TRACE("cuGraphNodeGetType");
+    if (!type) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphNodeGetType in = { .node = node };
+    struct gp_out_cuGraphNodeGetType out;
+    CUresult r = gp_call(GP_CALL_cuGraphNodeGetType, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *type = (int32_t)out.type;
+    }
+    return r;
+}
+
 GP_EXPORT CUresult cuGraphInstantiateWithFlags(uint64_t *graph_exec, uint64_t graph, uint64_t flags) {
     GP_TRACE("cuGraphInstantiateWithFlags");
     if (!graph_exec) return CUDA_ERROR_INVALID_VALUE;
@@ -1024,6 +1084,7 @@ GP_EXPORT CUresult cuProfilerStop(void) {
  * connection's calls in order, so they behave as the calls themselves (docs/remote.md). */
 GP_EXPORT CUresult cuEventRecordWithFlags_ptsz(uint64_t event, uint64_t stream, uint32_t flags) { return cuEventRecordWithFlags(event, stream, flags); }
 GP_EXPORT CUresult cuEventRecord_ptsz(uint64_t event, uint64_t stream) { return cuEventRecord(event, stream); }
+GP_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(uint64_t *graph_exec, uint64_t graph, void *params) { return cuGraphInstantiateWithParams(graph_exec, graph, params); }
 GP_EXPORT CUresult cuGraphLaunch_ptsz(uint64_t graph_exec, uint64_t stream) { return cuGraphLaunch(graph_exec, stream); }
 GP_EXPORT CUresult cuGraphUpload_ptsz(uint64_t graph_exec, uint64_t stream) { return cuGraphUpload(graph_exec, stream); }
 GP_EXPORT CUresult cuLaunchHostFunc_ptsz(uint64_t stream, void *fn, void *data) { return cuLaunchHostFunc(stream, fn, data); }
@@ -1051,6 +1112,7 @@ GP_EXPORT CUresult cuMemsetD32_v2_ptds(uint64_t dst, uint32_t value, uint64_t co
 GP_EXPORT CUresult cuMemsetD8Async_ptsz(uint64_t dst, uint8_t value, uint64_t count, uint64_t stream) { return cuMemsetD8Async(dst, value, count, stream); }
 GP_EXPORT CUresult cuMemsetD8_v2_ptds(uint64_t dst, uint8_t value, uint64_t count) { return cuMemsetD8_v2(dst, value, count); }
 GP_EXPORT CUresult cuStreamAddCallback_ptsz(uint64_t stream, void *callback, void *data, uint32_t flags) { return cuStreamAddCallback(stream, callback, data, flags); }
+GP_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(uint64_t stream, uint64_t graph, void *deps, void *edges, uint64_t num_deps, int32_t mode) { return cuStreamBeginCaptureToGraph(stream, graph, deps, edges, num_deps, mode); }
 GP_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(uint64_t stream, int32_t mode) { return cuStreamBeginCapture_v2(stream, mode); }
 GP_EXPORT CUresult cuStreamEndCapture_ptsz(uint64_t stream, uint64_t *graph) { return cuStreamEndCapture(stream, graph); }
 GP_EXPORT CUresult cuStreamGetCaptureInfo_v2_ptsz(uint64_t stream, void *status, void *id, void *graph, void *deps, void *num_deps) { return cuStreamGetCaptureInfo_v2(stream, status, id, graph, deps, num_deps); }
@@ -1064,6 +1126,8 @@ GP_EXPORT CUresult cuStreamGetPriority_ptsz(uint64_t stream, int32_t *priority) 
 GP_EXPORT CUresult cuStreamIsCapturing_ptsz(uint64_t stream, int32_t *status) { return cuStreamIsCapturing(stream, status); }
 GP_EXPORT CUresult cuStreamQuery_ptsz(uint64_t stream) { return cuStreamQuery(stream); }
 GP_EXPORT CUresult cuStreamSynchronize_ptsz(uint64_t stream) { return cuStreamSynchronize(stream); }
+GP_EXPORT CUresult cuStreamUpdateCaptureDependencies_ptsz(uint64_t stream, void *deps, uint64_t num_deps, uint32_t flags) { return cuStreamUpdateCaptureDependencies(stream, deps, num_deps, flags); }
+GP_EXPORT CUresult cuStreamUpdateCaptureDependencies_v2_ptsz(uint64_t stream, void *deps, void *edges, uint64_t num_deps, uint32_t flags) { return cuStreamUpdateCaptureDependencies_v2(stream, deps, edges, num_deps, flags); }
 GP_EXPORT CUresult cuStreamWaitEvent_ptsz(uint64_t stream, uint64_t event, uint32_t flags) { return cuStreamWaitEvent(stream, event, flags); }
 
 /* Every other name the real driver exports: found by dlsym, refused when called. */
@@ -1166,23 +1230,13 @@ GP_EXPORT CUresult cuGLUnmapBufferObject(void) { return gp_unforwarded("cuGLUnma
 GP_EXPORT CUresult cuGLUnmapBufferObjectAsync(void) { return gp_unforwarded("cuGLUnmapBufferObjectAsync"); }
 GP_EXPORT CUresult cuGLUnregisterBufferObject(void) { return gp_unforwarded("cuGLUnregisterBufferObject"); }
 GP_EXPORT CUresult cuGraphAddBatchMemOpNode(void) { return gp_unforwarded("cuGraphAddBatchMemOpNode"); }
-GP_EXPORT CUresult cuGraphAddChildGraphNode(void) { return gp_unforwarded("cuGraphAddChildGraphNode"); }
-GP_EXPORT CUresult cuGraphAddEventRecordNode(void) { return gp_unforwarded("cuGraphAddEventRecordNode"); }
-GP_EXPORT CUresult cuGraphAddEventWaitNode(void) { return gp_unforwarded("cuGraphAddEventWaitNode"); }
 GP_EXPORT CUresult cuGraphAddExternalSemaphoresSignalNode(void) { return gp_unforwarded("cuGraphAddExternalSemaphoresSignalNode"); }
 GP_EXPORT CUresult cuGraphAddExternalSemaphoresWaitNode(void) { return gp_unforwarded("cuGraphAddExternalSemaphoresWaitNode"); }
-GP_EXPORT CUresult cuGraphAddHostNode(void) { return gp_unforwarded("cuGraphAddHostNode"); }
 GP_EXPORT CUresult cuGraphAddKernelNode(void) { return gp_unforwarded("cuGraphAddKernelNode"); }
 GP_EXPORT CUresult cuGraphAddMemAllocNode(void) { return gp_unforwarded("cuGraphAddMemAllocNode"); }
 GP_EXPORT CUresult cuGraphAddMemFreeNode(void) { return gp_unforwarded("cuGraphAddMemFreeNode"); }
-GP_EXPORT CUresult cuGraphAddMemcpyNode(void) { return gp_unforwarded("cuGraphAddMemcpyNode"); }
-GP_EXPORT CUresult cuGraphAddNode(void) { return gp_unforwarded("cuGraphAddNode"); }
-GP_EXPORT CUresult cuGraphAddNode_v2(void) { return gp_unforwarded("cuGraphAddNode_v2"); }
 GP_EXPORT CUresult cuGraphBatchMemOpNodeGetParams(void) { return gp_unforwarded("cuGraphBatchMemOpNodeGetParams"); }
 GP_EXPORT CUresult cuGraphBatchMemOpNodeSetParams(void) { return gp_unforwarded("cuGraphBatchMemOpNodeSetParams"); }
-GP_EXPORT CUresult cuGraphChildGraphNodeGetGraph(void) { return gp_unforwarded("cuGraphChildGraphNodeGetGraph"); }
-GP_EXPORT CUresult cuGraphClone(void) { return gp_unforwarded("cuGraphClone"); }
-GP_EXPORT CUresult cuGraphConditionalHandleCreate(void) { return gp_unforwarded("cuGraphConditionalHandleCreate"); }
 GP_EXPORT CUresult cuGraphDebugDotPrint(void) { return gp_unforwarded("cuGraphDebugDotPrint"); }
 GP_EXPORT CUresult cuGraphEventRecordNodeGetEvent(void) { return gp_unforwarded("cuGraphEventRecordNodeGetEvent"); }
 GP_EXPORT CUresult cuGraphEventRecordNodeSetEvent(void) { return gp_unforwarded("cuGraphEventRecordNodeSetEvent"); }
@@ -1201,19 +1255,14 @@ GP_EXPORT CUresult cuGraphExecMemcpyNodeSetParams(void) { return gp_unforwarded(
 GP_EXPORT CUresult cuGraphExecMemsetNodeSetParams(void) { return gp_unforwarded("cuGraphExecMemsetNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecNodeSetParams(void) { return gp_unforwarded("cuGraphExecNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecUpdate(void) { return gp_unforwarded("cuGraphExecUpdate"); }
-GP_EXPORT CUresult cuGraphExecUpdate_v2(void) { return gp_unforwarded("cuGraphExecUpdate_v2"); }
 GP_EXPORT CUresult cuGraphExternalSemaphoresSignalNodeGetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresSignalNodeGetParams"); }
 GP_EXPORT CUresult cuGraphExternalSemaphoresSignalNodeSetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresSignalNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExternalSemaphoresWaitNodeGetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresWaitNodeGetParams"); }
 GP_EXPORT CUresult cuGraphExternalSemaphoresWaitNodeSetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresWaitNodeSetParams"); }
-GP_EXPORT CUresult cuGraphGetEdges(void) { return gp_unforwarded("cuGraphGetEdges"); }
-GP_EXPORT CUresult cuGraphGetEdges_v2(void) { return gp_unforwarded("cuGraphGetEdges_v2"); }
 GP_EXPORT CUresult cuGraphGetRootNodes(void) { return gp_unforwarded("cuGraphGetRootNodes"); }
 GP_EXPORT CUresult cuGraphHostNodeGetParams(void) { return gp_unforwarded("cuGraphHostNodeGetParams"); }
 GP_EXPORT CUresult cuGraphHostNodeSetParams(void) { return gp_unforwarded("cuGraphHostNodeSetParams"); }
 GP_EXPORT CUresult cuGraphInstantiate(void) { return gp_unforwarded("cuGraphInstantiate"); }
-GP_EXPORT CUresult cuGraphInstantiateWithParams(void) { return gp_unforwarded("cuGraphInstantiateWithParams"); }
-GP_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(void) { return gp_unforwarded("cuGraphInstantiateWithParams_ptsz"); }
 GP_EXPORT CUresult cuGraphInstantiate_v2(void) { return gp_unforwarded("cuGraphInstantiate_v2"); }
 GP_EXPORT CUresult cuGraphKernelNodeCopyAttributes(void) { return gp_unforwarded("cuGraphKernelNodeCopyAttributes"); }
 GP_EXPORT CUresult cuGraphKernelNodeGetAttribute(void) { return gp_unforwarded("cuGraphKernelNodeGetAttribute"); }
@@ -1228,19 +1277,15 @@ GP_EXPORT CUresult cuGraphMemcpyNodeGetParams(void) { return gp_unforwarded("cuG
 GP_EXPORT CUresult cuGraphMemcpyNodeSetParams(void) { return gp_unforwarded("cuGraphMemcpyNodeSetParams"); }
 GP_EXPORT CUresult cuGraphMemsetNodeGetParams(void) { return gp_unforwarded("cuGraphMemsetNodeGetParams"); }
 GP_EXPORT CUresult cuGraphMemsetNodeSetParams(void) { return gp_unforwarded("cuGraphMemsetNodeSetParams"); }
-GP_EXPORT CUresult cuGraphNodeFindInClone(void) { return gp_unforwarded("cuGraphNodeFindInClone"); }
 GP_EXPORT CUresult cuGraphNodeGetDependencies(void) { return gp_unforwarded("cuGraphNodeGetDependencies"); }
 GP_EXPORT CUresult cuGraphNodeGetDependencies_v2(void) { return gp_unforwarded("cuGraphNodeGetDependencies_v2"); }
 GP_EXPORT CUresult cuGraphNodeGetDependentNodes(void) { return gp_unforwarded("cuGraphNodeGetDependentNodes"); }
 GP_EXPORT CUresult cuGraphNodeGetDependentNodes_v2(void) { return gp_unforwarded("cuGraphNodeGetDependentNodes_v2"); }
 GP_EXPORT CUresult cuGraphNodeGetEnabled(void) { return gp_unforwarded("cuGraphNodeGetEnabled"); }
-GP_EXPORT CUresult cuGraphNodeGetType(void) { return gp_unforwarded("cuGraphNodeGetType"); }
 GP_EXPORT CUresult cuGraphNodeSetEnabled(void) { return gp_unforwarded("cuGraphNodeSetEnabled"); }
 GP_EXPORT CUresult cuGraphNodeSetParams(void) { return gp_unforwarded("cuGraphNodeSetParams"); }
-GP_EXPORT CUresult cuGraphReleaseUserObject(void) { return gp_unforwarded("cuGraphReleaseUserObject"); }
 GP_EXPORT CUresult cuGraphRemoveDependencies(void) { return gp_unforwarded("cuGraphRemoveDependencies"); }
 GP_EXPORT CUresult cuGraphRemoveDependencies_v2(void) { return gp_unforwarded("cuGraphRemoveDependencies_v2"); }
-GP_EXPORT CUresult cuGraphRetainUserObject(void) { return gp_unforwarded("cuGraphRetainUserObject"); }
 GP_EXPORT CUresult cuGraphicsEGLRegisterImage(void) { return gp_unforwarded("cuGraphicsEGLRegisterImage"); }
 GP_EXPORT CUresult cuGraphicsGLRegisterBuffer(void) { return gp_unforwarded("cuGraphicsGLRegisterBuffer"); }
 GP_EXPORT CUresult cuGraphicsGLRegisterImage(void) { return gp_unforwarded("cuGraphicsGLRegisterImage"); }
@@ -1426,8 +1471,6 @@ GP_EXPORT CUresult cuStreamBatchMemOp_ptsz(void) { return gp_unforwarded("cuStre
 GP_EXPORT CUresult cuStreamBatchMemOp_v2(void) { return gp_unforwarded("cuStreamBatchMemOp_v2"); }
 GP_EXPORT CUresult cuStreamBatchMemOp_v2_ptsz(void) { return gp_unforwarded("cuStreamBatchMemOp_v2_ptsz"); }
 GP_EXPORT CUresult cuStreamBeginCapture(void) { return gp_unforwarded("cuStreamBeginCapture"); }
-GP_EXPORT CUresult cuStreamBeginCaptureToGraph(void) { return gp_unforwarded("cuStreamBeginCaptureToGraph"); }
-GP_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(void) { return gp_unforwarded("cuStreamBeginCaptureToGraph_ptsz"); }
 GP_EXPORT CUresult cuStreamBeginCapture_ptsz(void) { return gp_unforwarded("cuStreamBeginCapture_ptsz"); }
 GP_EXPORT CUresult cuStreamCopyAttributes(void) { return gp_unforwarded("cuStreamCopyAttributes"); }
 GP_EXPORT CUresult cuStreamCopyAttributes_ptsz(void) { return gp_unforwarded("cuStreamCopyAttributes_ptsz"); }
@@ -1439,10 +1482,6 @@ GP_EXPORT CUresult cuStreamGetCaptureInfo_ptsz(void) { return gp_unforwarded("cu
 GP_EXPORT CUresult cuStreamGetGreenCtx(void) { return gp_unforwarded("cuStreamGetGreenCtx"); }
 GP_EXPORT CUresult cuStreamSetAttribute(void) { return gp_unforwarded("cuStreamSetAttribute"); }
 GP_EXPORT CUresult cuStreamSetAttribute_ptsz(void) { return gp_unforwarded("cuStreamSetAttribute_ptsz"); }
-GP_EXPORT CUresult cuStreamUpdateCaptureDependencies(void) { return gp_unforwarded("cuStreamUpdateCaptureDependencies"); }
-GP_EXPORT CUresult cuStreamUpdateCaptureDependencies_ptsz(void) { return gp_unforwarded("cuStreamUpdateCaptureDependencies_ptsz"); }
-GP_EXPORT CUresult cuStreamUpdateCaptureDependencies_v2(void) { return gp_unforwarded("cuStreamUpdateCaptureDependencies_v2"); }
-GP_EXPORT CUresult cuStreamUpdateCaptureDependencies_v2_ptsz(void) { return gp_unforwarded("cuStreamUpdateCaptureDependencies_v2_ptsz"); }
 GP_EXPORT CUresult cuStreamWaitValue32(void) { return gp_unforwarded("cuStreamWaitValue32"); }
 GP_EXPORT CUresult cuStreamWaitValue32_ptsz(void) { return gp_unforwarded("cuStreamWaitValue32_ptsz"); }
 GP_EXPORT CUresult cuStreamWaitValue32_v2(void) { return gp_unforwarded("cuStreamWaitValue32_v2"); }
@@ -1501,9 +1540,6 @@ GP_EXPORT CUresult cuTexRefSetMipmapFilterMode(void) { return gp_unforwarded("cu
 GP_EXPORT CUresult cuTexRefSetMipmapLevelBias(void) { return gp_unforwarded("cuTexRefSetMipmapLevelBias"); }
 GP_EXPORT CUresult cuTexRefSetMipmapLevelClamp(void) { return gp_unforwarded("cuTexRefSetMipmapLevelClamp"); }
 GP_EXPORT CUresult cuTexRefSetMipmappedArray(void) { return gp_unforwarded("cuTexRefSetMipmappedArray"); }
-GP_EXPORT CUresult cuUserObjectCreate(void) { return gp_unforwarded("cuUserObjectCreate"); }
-GP_EXPORT CUresult cuUserObjectRelease(void) { return gp_unforwarded("cuUserObjectRelease"); }
-GP_EXPORT CUresult cuUserObjectRetain(void) { return gp_unforwarded("cuUserObjectRetain"); }
 GP_EXPORT CUresult cuVDPAUCtxCreate(void) { return gp_unforwarded("cuVDPAUCtxCreate"); }
 GP_EXPORT CUresult cuVDPAUCtxCreate_v2(void) { return gp_unforwarded("cuVDPAUCtxCreate_v2"); }
 GP_EXPORT CUresult cuVDPAUGetDevice(void) { return gp_unforwarded("cuVDPAUGetDevice"); }
@@ -1575,20 +1611,38 @@ static const struct gp_proc gp_procs[] = {
     {"cuGetErrorName", 6000, (void *)cuGetErrorName},
     {"cuGetErrorString", 6000, (void *)cuGetErrorString},
     {"cuGetExportTable", 3000, (void *)cuGetExportTable},
+    {"cuGraphAddChildGraphNode", 10000, (void *)cuGraphAddChildGraphNode},
     {"cuGraphAddDependencies", 10000, (void *)cuGraphAddDependencies},
     {"cuGraphAddDependencies", 12030, (void *)cuGraphAddDependencies_v2},
     {"cuGraphAddEmptyNode", 10000, (void *)cuGraphAddEmptyNode},
+    {"cuGraphAddEventRecordNode", 11010, (void *)cuGraphAddEventRecordNode},
+    {"cuGraphAddEventWaitNode", 11010, (void *)cuGraphAddEventWaitNode},
+    {"cuGraphAddHostNode", 10000, (void *)cuGraphAddHostNode},
     {"cuGraphAddKernelNode", 12000, (void *)cuGraphAddKernelNode_v2},
+    {"cuGraphAddMemcpyNode", 10000, (void *)cuGraphAddMemcpyNode},
     {"cuGraphAddMemsetNode", 10000, (void *)cuGraphAddMemsetNode},
+    {"cuGraphAddNode", 12020, (void *)cuGraphAddNode},
+    {"cuGraphAddNode", 12030, (void *)cuGraphAddNode_v2},
+    {"cuGraphChildGraphNodeGetGraph", 10000, (void *)cuGraphChildGraphNodeGetGraph},
+    {"cuGraphClone", 10000, (void *)cuGraphClone},
+    {"cuGraphConditionalHandleCreate", 12030, (void *)cuGraphConditionalHandleCreate},
     {"cuGraphCreate", 10000, (void *)cuGraphCreate},
     {"cuGraphDestroy", 10000, (void *)cuGraphDestroy},
     {"cuGraphDestroyNode", 10000, (void *)cuGraphDestroyNode},
     {"cuGraphExecDestroy", 10000, (void *)cuGraphExecDestroy},
     {"cuGraphExecKernelNodeSetParams", 12000, (void *)cuGraphExecKernelNodeSetParams_v2},
+    {"cuGraphExecUpdate", 12000, (void *)cuGraphExecUpdate_v2},
+    {"cuGraphGetEdges", 10000, (void *)cuGraphGetEdges},
+    {"cuGraphGetEdges", 12030, (void *)cuGraphGetEdges_v2},
     {"cuGraphGetNodes", 10000, (void *)cuGraphGetNodes},
     {"cuGraphInstantiate", 12000, (void *)cuGraphInstantiateWithFlags},
     {"cuGraphInstantiateWithFlags", 11040, (void *)cuGraphInstantiateWithFlags},
+    {"cuGraphInstantiateWithParams", 12000, (void *)cuGraphInstantiateWithParams},
     {"cuGraphLaunch", 10000, (void *)cuGraphLaunch},
+    {"cuGraphNodeFindInClone", 10000, (void *)cuGraphNodeFindInClone},
+    {"cuGraphNodeGetType", 10000, (void *)cuGraphNodeGetType},
+    {"cuGraphReleaseUserObject", 11030, (void *)cuGraphReleaseUserObject},
+    {"cuGraphRetainUserObject", 11030, (void *)cuGraphRetainUserObject},
     {"cuGraphUpload", 11010, (void *)cuGraphUpload},
     {"cuInit", 2000, (void *)cuInit},
     {"cuIpcCloseMemHandle", 4010, (void *)cuIpcCloseMemHandle},
@@ -1688,6 +1742,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuProfilerStop", 4000, (void *)cuProfilerStop},
     {"cuStreamAddCallback", 5000, (void *)cuStreamAddCallback},
     {"cuStreamBeginCapture", 10010, (void *)cuStreamBeginCapture_v2},
+    {"cuStreamBeginCaptureToGraph", 12030, (void *)cuStreamBeginCaptureToGraph},
     {"cuStreamCreate", 2000, (void *)cuStreamCreate},
     {"cuStreamCreateWithPriority", 5050, (void *)cuStreamCreateWithPriority},
     {"cuStreamDestroy", 4000, (void *)cuStreamDestroy_v2},
@@ -1703,11 +1758,16 @@ static const struct gp_proc gp_procs[] = {
     {"cuStreamIsCapturing", 10000, (void *)cuStreamIsCapturing},
     {"cuStreamQuery", 2000, (void *)cuStreamQuery},
     {"cuStreamSynchronize", 2000, (void *)cuStreamSynchronize},
+    {"cuStreamUpdateCaptureDependencies", 11030, (void *)cuStreamUpdateCaptureDependencies},
+    {"cuStreamUpdateCaptureDependencies", 12030, (void *)cuStreamUpdateCaptureDependencies_v2},
     {"cuStreamWaitEvent", 3020, (void *)cuStreamWaitEvent},
     {"cuTensorMapEncodeIm2col", 12000, (void *)cuTensorMapEncodeIm2col},
     {"cuTensorMapEncodeTiled", 12000, (void *)cuTensorMapEncodeTiled},
     {"cuTensorMapReplaceAddress", 12000, (void *)cuTensorMapReplaceAddress},
     {"cuThreadExchangeStreamCaptureMode", 10010, (void *)cuThreadExchangeStreamCaptureMode},
+    {"cuUserObjectCreate", 11030, (void *)cuUserObjectCreate},
+    {"cuUserObjectRelease", 11030, (void *)cuUserObjectRelease},
+    {"cuUserObjectRetain", 11030, (void *)cuUserObjectRetain},
 };
 
 static const struct gp_result_text gp_result_texts[] = {

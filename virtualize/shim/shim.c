@@ -519,6 +519,7 @@ CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args
     CUresult r = call_locked(call, flags, args, args_len, bulk1, bulk1_len, bulk2, bulk2_len, outs, outs_len,
                              bulk_out, bulk_out_len);
     pthread_mutex_unlock(&conn_lock);
+    gp_managed_after(call, r);
     if (changes) gp_memo_changed(call, r);
     if (profile_enabled) profile_note(call, flags, now_ns() - start, args_len + bulk1_len + bulk2_len, bulk_out_len);
     return r;
@@ -542,7 +543,8 @@ CUresult gp_call(uint32_t call, uint32_t flags, const void *args, uint32_t args_
  * here and answers with the id, and only then does the stream go on, as natively. A second connection,
  * so that a host function runs while the program's own threads wait in a synchronise on the first. */
 
-struct host_call { uint64_t id, stream; int kind; void *fn, *data; struct host_call *next; };
+/* keep: captured into a graph, so it runs at every launch of it (kept as long as the process lives). */
+struct host_call { uint64_t id, stream; int kind, keep; void *fn, *data; struct host_call *next; };
 static pthread_mutex_t host_calls_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t callbacks_cond = PTHREAD_COND_INITIALIZER;
 static struct host_call *host_calls;
@@ -551,27 +553,35 @@ static struct gp_conn callback_conn = {-1, NULL};
 static int callbacks_state; /* 0 not started, 1 starting, 2 running, or the CUresult that stopped it (< 0) */
 static CUresult callbacks_result;
 
-uint64_t gp_host_call_add(int kind, void *fn, void *data, uint64_t stream) {
+uint64_t gp_host_call_add(int kind, void *fn, void *data, uint64_t stream, int keep) {
     struct host_call *c = malloc(sizeof *c);
     if (!c) return 0;
     pthread_mutex_lock(&host_calls_lock);
-    *c = (struct host_call){next_host_call++, stream, kind, fn, data, host_calls};
+    *c = (struct host_call){next_host_call++, stream, kind, keep, fn, data, host_calls};
     host_calls = c;
     pthread_mutex_unlock(&host_calls_lock);
     return c->id;
 }
 
-static struct host_call *host_call_take(uint64_t id) {
+/* The host call `id` (taken out unless it is kept); 0 when there is none. */
+static int host_call_take(uint64_t id, struct host_call *copy, int drop) {
     pthread_mutex_lock(&host_calls_lock);
     struct host_call **at = &host_calls;
     while (*at && (*at)->id != id) at = &(*at)->next;
     struct host_call *c = *at;
-    if (c) *at = c->next;
+    if (c) *copy = *c;
+    if (c && (drop || !c->keep)) {
+        *at = c->next;
+        free(c);
+    }
     pthread_mutex_unlock(&host_calls_lock);
-    return c;
+    return c != NULL;
 }
 
-void gp_host_call_drop(uint64_t id) { free(host_call_take(id)); }
+void gp_host_call_drop(uint64_t id) {
+    struct host_call c;
+    host_call_take(id, &c, 1);
+}
 
 static int callback_send(const void *buf, size_t len) {
     if (callback_conn.ssl) return gp_tls_write(callback_conn.ssl, buf, len);
@@ -714,10 +724,11 @@ static void *callback_thread(void *arg) {
             continue;
         }
         if (rep.outs_len != sizeof id || recv_all(&id, sizeof id) < 0) break;
-        struct host_call *c = host_call_take(id);
-        if (c && c->kind == 0) ((void (*)(void *))c->fn)(c->data);
-        else if (c) ((void (*)(uint64_t, CUresult, void *))c->fn)(c->stream, rep.result, c->data);
-        free(c);
+        struct host_call c;
+        if (host_call_take(id, &c, 0)) {
+            if (c.kind == 0) ((void (*)(void *))c.fn)(c.data);
+            else ((void (*)(uint64_t, CUresult, void *))c.fn)(c.stream, rep.result, c.data);
+        }
         if (callback_send(&id, sizeof id) < 0) break; /* the function returned: the stream goes on */
     }
     copies_stop(); /* nothing more lands: no call waits for it */

@@ -76,7 +76,7 @@ void gp_window_ensure(void);
 /* Host functions the worker calls back (shim.c): the callback connection started once, each function
  * registered under an id until it has run (kind 0: a CUhostFn, 1: a CUstreamCallback). */
 CUresult gp_callbacks_start(void);
-uint64_t gp_host_call_add(int kind, void *fn, void *data, uint64_t stream);
+uint64_t gp_host_call_add(int kind, void *fn, void *data, uint64_t stream, int keep);
 void gp_host_call_drop(uint64_t id);
 /* Copies into page-locked memory that complete later (shim.c): each registered before its request is
  * sent (its id; 0: no memory) and dropped if it could not be sent; whether any is in flight, and whether
@@ -86,12 +86,16 @@ void gp_copy_drop(uint64_t id);
 int gp_copies_in_flight(void);
 int gp_copies_into(const void *p, uint64_t count);
 
-/* Managed memory (shim_managed.c): host pages mirroring device allocations, kept in step around the
- * calls that make the GPU work (gp_managed_before, from gp_call2). */
-int gp_managed_add(uint64_t base, uint64_t size);
-int gp_managed_remove(uint64_t base);
-int gp_managed_lookup(uint64_t ptr);
+/* Managed and mapped host memory (shim_managed.c): host pages mirroring device allocations, kept in
+ * step around the calls that make the GPU work (gp_managed_before, from gp_call2). Kinds: */
+enum { GP_MIRROR_MANAGED = 1, GP_MIRROR_MAPPED = 2, GP_MIRROR_HOST = 3 };
+int gp_managed_add(uint64_t base, uint64_t size, int kind);
+int gp_mirror_host(uint64_t base, uint64_t size, uint64_t dev);
+uint64_t gp_managed_remove(uint64_t base);
+int gp_managed_lookup(uint64_t ptr);               /* the kind of the mirror holding ptr, or 0 */
+int gp_mirror_device(uint64_t ptr, uint64_t *dev); /* ptr's device address when a mirror holds it */
 void gp_managed_before(uint32_t call);
+void gp_managed_after(uint32_t call, CUresult r);
 
 /* The lease's device ranges known to this process: allocations (owned) and module globals. */
 int gp_dev_add(uint64_t base, uint64_t size, int owned); /* 0, or -1 when the range is host memory here */

@@ -324,19 +324,18 @@ static int imported(uint64_t dptr) {
     return gp_dev_lookup(dptr, &base, NULL, &owned) && base == dptr && owned == 0;
 }
 
-/* Managed memory: a device allocation of its own 2 MiB pages (so no other allocation shares its host
- * pages), zeroed, mirrored by host pages at the same address (shim_managed.c). */
+/* Managed memory and DEVICEMAP host memory: a device allocation of its own 2 MiB pages (so no other
+ * allocation shares its host pages), zeroed, mirrored by host pages at the same address
+ * (shim_managed.c). */
 #define MANAGED_MIN ((1u << 20) + 1) /* past the worker's small allocations, which share pages */
 
-CUresult cuMemAllocManaged(uint64_t *dptr, uint64_t bytesize, uint32_t flags) {
-    GP_TRACE("cuMemAllocManaged");
-    if (!dptr || !bytesize || (flags & ~3u) || !flags) return CUDA_ERROR_INVALID_VALUE; /* ATTACH_GLOBAL|HOST */
+static CUresult mirrored_alloc(uint64_t *dptr, uint64_t bytesize, int kind) {
     uint64_t ptr;
     CUresult r = alloc_reserved(&ptr, bytesize < MANAGED_MIN ? MANAGED_MIN : bytesize, 0, 0, 0);
     if (r != CUDA_SUCCESS) return r;
     struct gp_in_cuMemsetD8_v2 zero = {.dst = ptr, .value = 0, .count = bytesize};
     r = gp_call(GP_CALL_cuMemsetD8_v2, 0, &zero, sizeof zero, NULL, 0, NULL, 0, NULL, 0);
-    if (r == CUDA_SUCCESS && gp_managed_add(ptr, bytesize) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r == CUDA_SUCCESS && gp_managed_add(ptr, bytesize, kind) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
     if (r != CUDA_SUCCESS) {
         free_remote(ptr, 0, 0);
         gp_dev_remove(ptr);
@@ -346,13 +345,20 @@ CUresult cuMemAllocManaged(uint64_t *dptr, uint64_t bytesize, uint32_t flags) {
     return CUDA_SUCCESS;
 }
 
+CUresult cuMemAllocManaged(uint64_t *dptr, uint64_t bytesize, uint32_t flags) {
+    GP_TRACE("cuMemAllocManaged");
+    if (!dptr || !bytesize || (flags & ~3u) || !flags) return CUDA_ERROR_INVALID_VALUE; /* ATTACH_GLOBAL|HOST */
+    return mirrored_alloc(dptr, bytesize, GP_MIRROR_MANAGED);
+}
+
 /* Prefetch and advice are hints to the driver's page migration; the mirror has none to give. A prefetch
  * to a device sends what the host wrote (as the next launch would); one to the host waits for the
  * next touch. Memory that is not managed is refused, as the driver does. */
 #define LOCATION_HOST 2 /* CU_MEM_LOCATION_TYPE_HOST */
 
 static CUresult managed_hint(uint64_t dptr, uint64_t count, int to_device) {
-    if (!gp_managed_lookup(dptr) || (count && !gp_managed_lookup(dptr + count - 1))) return CUDA_ERROR_INVALID_VALUE;
+    if (gp_managed_lookup(dptr) != GP_MIRROR_MANAGED || (count && gp_managed_lookup(dptr + count - 1) != GP_MIRROR_MANAGED))
+        return CUDA_ERROR_INVALID_VALUE;
     if (to_device) gp_managed_before(GP_CALL_cuMemsetD8_v2); /* as before any device work */
     return CUDA_SUCCESS;
 }
@@ -384,7 +390,9 @@ CUresult cuMemAdvise_v2(uint64_t dptr, uint64_t count, int32_t advice, uint64_t 
 CUresult cuMemFree_v2(uint64_t dptr) {
     GP_TRACE("cuMemFree_v2");
     if (!dptr) return CUDA_SUCCESS; /* as the driver does: cudart's cudaFree(NULL) idiom ends here */
-    gp_managed_remove(dptr);
+    int mirror = gp_managed_lookup(dptr);
+    if (mirror == GP_MIRROR_MAPPED) return CUDA_ERROR_INVALID_VALUE; /* host memory: cuMemFreeHost's */
+    if (mirror == GP_MIRROR_MANAGED) gp_managed_remove(dptr);
     if (imported(dptr)) {
         gp_dev_remove(dptr);
         return CUDA_SUCCESS;
@@ -534,7 +542,9 @@ static CUresult host_call(int kind, uint32_t call, uint64_t stream, void *fn, vo
     if (!fn) return CUDA_ERROR_INVALID_VALUE;
     CUresult r = gp_callbacks_start();
     if (r != CUDA_SUCCESS) return r;
-    uint64_t id = gp_host_call_add(kind, fn, data, stream);
+    int32_t capturing = 0; /* a host node of the graph being captured: it runs at every launch */
+    if (cuStreamIsCapturing(stream, &capturing) != CUDA_SUCCESS) capturing = 0;
+    uint64_t id = gp_host_call_add(kind, fn, data, stream, capturing != 0);
     if (!id) return CUDA_ERROR_OUT_OF_MEMORY;
     struct gp_in_cuLaunchHostFunc in = {.stream = stream, .id = id};
     r = gp_call(call, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
@@ -782,10 +792,21 @@ CUresult cuLibraryGetGlobal(uint64_t *dptr, uint64_t *bytes, uint64_t library, c
 
 /* ---- host memory stays here ---------------------------------------------------------------------- */
 
+/* Page-locked memory is host memory of this process. What kernels are to read as well (DEVICEMAP, or
+ * memory whose device pointer is asked for) is mirrored by device memory of the lease, which counts
+ * against the partition (shim_managed.c). */
+#define HOSTALLOC_DEVICEMAP 0x02
+
 static CUresult host_alloc(uint64_t *pp, uint64_t bytesize, unsigned flags) {
     if (!pp || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
-    void *p = NULL;
-    if (posix_memalign(&p, 4096, bytesize) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (flags & HOSTALLOC_DEVICEMAP) { /* at its device address, as unified addressing has it */
+        CUresult r = mirrored_alloc(pp, bytesize, GP_MIRROR_MAPPED);
+        if (r == CUDA_SUCCESS) gp_host_add(*pp, bytesize, flags, 1);
+        return r;
+    }
+    void *p = NULL; /* whole pages of its own, so that it can be mirrored page by page */
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    if (posix_memalign(&p, page, (bytesize + page - 1) / page * page) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     gp_host_add((uint64_t)p, bytesize, flags, 1);
     *pp = (uint64_t)p;
     return CUDA_SUCCESS;
@@ -801,11 +822,23 @@ CUresult cuMemHostAlloc(uint64_t *pp, uint64_t bytesize, uint32_t flags) {
     return host_alloc(pp, bytesize, flags);
 }
 
+/* The device side of mirrored host memory at base goes (its bytes back in the host pages first). */
+static void unmirror(uint64_t base) {
+    uint64_t dev = gp_managed_remove(base);
+    if (!dev) return;
+    free_remote(dev, 0, 0);
+    gp_dev_remove(dev);
+}
+
 CUresult cuMemFreeHost(void *p) {
     GP_TRACE("cuMemFreeHost");
     copies_settle_host(p);
-    if (gp_host_remove((uint64_t)p, 1) != 0) return CUDA_ERROR_INVALID_VALUE;
-    free(p);
+    uint64_t at = (uint64_t)p;
+    int mirror = gp_managed_lookup(at);
+    if (mirror == GP_MIRROR_MANAGED) return CUDA_ERROR_INVALID_VALUE;
+    if (gp_host_remove(at, 1) != 0) return CUDA_ERROR_INVALID_VALUE;
+    unmirror(at);
+    if (mirror != GP_MIRROR_MAPPED) free(p); /* a mapped allocation's pages were the window's */
     return CUDA_SUCCESS;
 }
 
@@ -818,7 +851,9 @@ CUresult cuMemHostRegister_v2(void *p, uint64_t bytesize, uint32_t flags) {
 CUresult cuMemHostUnregister(void *p) {
     GP_TRACE("cuMemHostUnregister");
     copies_settle_host(p);
-    return gp_host_remove((uint64_t)p, 0) == 0 ? CUDA_SUCCESS : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    if (gp_host_remove((uint64_t)p, 0) != 0) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    unmirror((uint64_t)p);
+    return CUDA_SUCCESS;
 }
 
 CUresult cuMemHostGetFlags(uint32_t *flags, void *p) {
@@ -829,13 +864,25 @@ CUresult cuMemHostGetFlags(uint32_t *flags, void *p) {
     return CUDA_SUCCESS;
 }
 
-/* Page-locked memory is mapped at its own address under unified addressing; here that address is the
- * client's, so copies to and from it work and a kernel that dereferences it faults on the worker
- * (CUDA_ERROR_ILLEGAL_ADDRESS at the next sync): zero-copy kernels do not run remotely (docs/remote.md). */
+/* A DEVICEMAP allocation's device pointer is its own address. Other page-locked memory is mirrored from
+ * the first time its device pointer is asked for, by a device allocation of the lease: the pointer is
+ * that allocation's (a kernel given the host address itself faults, CUDA_ERROR_ILLEGAL_ADDRESS at the
+ * next sync; docs/remote.md). */
 CUresult cuMemHostGetDevicePointer_v2(uint64_t *pdptr, void *p, uint32_t flags) {
     GP_TRACE("cuMemHostGetDevicePointer_v2");
-    if (!pdptr || flags != 0 || !gp_host_lookup((uint64_t)p, NULL, NULL, NULL)) return CUDA_ERROR_INVALID_VALUE;
-    *pdptr = (uint64_t)p;
+    uint64_t at = (uint64_t)p, base, size, dev;
+    if (!pdptr || flags != 0 || !gp_host_lookup(at, &base, &size, NULL)) return CUDA_ERROR_INVALID_VALUE;
+    if (gp_mirror_device(at, pdptr)) return CUDA_SUCCESS;
+    CUresult r = alloc_reserved(&dev, size, 0, 0, 0);
+    if (r != CUDA_SUCCESS) return r;
+    if (gp_mirror_host(base, size, dev) != 0) {
+        gp_say("page-locked memory at 0x%llx shares a page with other mapped memory (or 4096 are mapped): "
+               "it cannot be mapped for kernels", (unsigned long long)base);
+        free_remote(dev, 0, 0);
+        gp_dev_remove(dev);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    *pdptr = dev + (at - base);
     return CUDA_SUCCESS;
 }
 
@@ -863,10 +910,11 @@ static CUresult copies_settle_host(const void *p) { /* before page-locked memory
 }
 
 static CUresult htod(uint32_t call, uint64_t dst, const void *src, uint64_t count, uint64_t stream) {
+    uint64_t mirrored;
     if (count == 0) return CUDA_SUCCESS;
-    if (gp_managed_lookup((uint64_t)src)) /* managed memory as the source: the device copy of it */
-        return call == GP_CALL_cuMemcpyHtoD_v2 ? cuMemcpyDtoD_v2(dst, (uint64_t)src, count)
-                                               : cuMemcpyDtoDAsync_v2(dst, (uint64_t)src, count, stream);
+    if (gp_mirror_device((uint64_t)src, &mirrored)) /* mirrored memory as the source: the device copy of it */
+        return call == GP_CALL_cuMemcpyHtoD_v2 ? cuMemcpyDtoD_v2(dst, mirrored, count)
+                                               : cuMemcpyDtoDAsync_v2(dst, mirrored, count, stream);
     /* A device address as the host side would fault inside sendmsg and cost the connection. */
     if (!src || !device_range(dst, count) || is_device((uint64_t)src)) return CUDA_ERROR_INVALID_VALUE;
     /* The bytes are read now, so a copy to the host still landing in them must be there first (on a
@@ -890,10 +938,11 @@ static int page_locked(const void *p, uint64_t count) {
 }
 
 static CUresult dtoh(uint32_t call, void *dst, uint64_t src, uint64_t count, uint64_t stream) {
+    uint64_t mirrored;
     if (count == 0) return CUDA_SUCCESS;
-    if (gp_managed_lookup((uint64_t)dst)) /* into managed memory: into its device copy */
-        return call == GP_CALL_cuMemcpyDtoH_v2 ? cuMemcpyDtoD_v2((uint64_t)dst, src, count)
-                                               : cuMemcpyDtoDAsync_v2((uint64_t)dst, src, count, stream);
+    if (gp_mirror_device((uint64_t)dst, &mirrored)) /* into mirrored memory: into its device copy */
+        return call == GP_CALL_cuMemcpyDtoH_v2 ? cuMemcpyDtoD_v2(mirrored, src, count)
+                                               : cuMemcpyDtoDAsync_v2(mirrored, src, count, stream);
     if (!dst || !device_range(src, count) || is_device((uint64_t)dst)) return CUDA_ERROR_INVALID_VALUE;
     if (call == GP_CALL_cuMemcpyDtoHAsync_v2 && page_locked(dst, count) && gp_callbacks_start() == CUDA_SUCCESS) {
         /* Into page-locked memory the call returns at once, as natively; the bytes come on the callback
@@ -961,15 +1010,21 @@ CUresult cuMemcpyAsync(uint64_t dst, uint64_t src, uint64_t count, uint64_t stre
 /* ---- pointer attributes ------------------------------------------------------------------------ */
 
 static CUresult host_attribute(void *data, int attr, uint64_t ptr) {
-    uint64_t base, size;
+    uint64_t base, size, dev;
     unsigned flags;
     if (!gp_host_lookup(ptr, &base, &size, &flags)) return CUDA_ERROR_INVALID_VALUE;
+    int mapped = gp_mirror_device(ptr, &dev);
     switch (attr) {
     case 2: *(unsigned *)data = 1; return CUDA_SUCCESS; /* CU_MEMORYTYPE_HOST */
+    case 3: /* the device pointer: only memory mapped for kernels has one */
+        if (!mapped) return CUDA_ERROR_INVALID_VALUE;
+        *(uint64_t *)data = dev;
+        return CUDA_SUCCESS;
     case 4: *(uint64_t *)data = ptr; return CUDA_SUCCESS;
     case 11: *(uint64_t *)data = base; return CUDA_SUCCESS;
     case 12: *(uint64_t *)data = size; return CUDA_SUCCESS;
-    case 8: case 13: *(unsigned *)data = 0; return CUDA_SUCCESS; /* not managed, not mapped */
+    case 8: *(unsigned *)data = 0; return CUDA_SUCCESS; /* not managed */
+    case 13: *(unsigned *)data = (unsigned)mapped; return CUDA_SUCCESS;
     case 9: *(int *)data = -1; return CUDA_SUCCESS;
     default: return CUDA_ERROR_INVALID_VALUE;
     }
@@ -978,9 +1033,10 @@ static CUresult host_attribute(void *data, int attr, uint64_t ptr) {
 CUresult cuPointerGetAttribute(void *data, int32_t attr, uint64_t ptr) {
     GP_TRACE("cuPointerGetAttribute");
     if (!data) return CUDA_ERROR_INVALID_VALUE;
-    if (!is_device(ptr)) return host_attribute(data, attr, ptr);
+    int mirror = gp_managed_lookup(ptr);
+    if (!is_device(ptr) || mirror == GP_MIRROR_MAPPED) return host_attribute(data, attr, ptr);
     if (attr == 8 /* IS_MANAGED */) {
-        *(unsigned *)data = gp_managed_lookup(ptr) ? 1 : 0;
+        *(unsigned *)data = mirror == GP_MIRROR_MANAGED;
         return CUDA_SUCCESS;
     }
     unsigned size = attr >= 0 && attr < 32 ? gp_pointer_attribute_size[attr] : 0;
@@ -1191,7 +1247,8 @@ static int64_t pack_params(const struct layout *l, void **params, void **extra, 
  * function's registers allow, dynamic shared memory against the function's maximum. The limits are
  * kept answers (shim_memo.c), so after a function's first launch this costs no round trip. A limit
  * that cannot be learnt (0, or the query fails) is not checked: the worker's driver still is. */
-static int known_limit(CUresult r, int32_t value) { return r == CUDA_SUCCESS && value > 0; }
+/* By pointer: the query has run (and written it) before the value is read. */
+static int known_limit(CUresult r, const int32_t *value) { return r == CUDA_SUCCESS && *value > 0; }
 
 static CUresult check_launch_config(uint64_t f, const uint32_t dims[7]) {
     for (int i = 0; i < 6; i++)
@@ -1201,18 +1258,27 @@ static CUresult check_launch_config(uint64_t f, const uint32_t dims[7]) {
     uint64_t threads = (uint64_t)dims[3] * dims[4] * dims[5];
     if (gp_ctx_device(gp_ctx_current(), &dev)) {
         /* CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK 1, MAX_BLOCK_DIM_X..Z 2-4, MAX_GRID_DIM_X..Z 5-7 */
-        if (known_limit(cuDeviceGetAttribute(&v, 1, dev), v) && threads > (uint64_t)v) return CUDA_ERROR_INVALID_VALUE;
+        if (known_limit(cuDeviceGetAttribute(&v, 1, dev), &v) && threads > (uint64_t)v) return CUDA_ERROR_INVALID_VALUE;
         for (int i = 0; i < 3; i++) {
-            if (known_limit(cuDeviceGetAttribute(&v, 2 + i, dev), v) && dims[3 + i] > (uint32_t)v)
+            if (known_limit(cuDeviceGetAttribute(&v, 2 + i, dev), &v) && dims[3 + i] > (uint32_t)v)
                 return CUDA_ERROR_INVALID_VALUE;
-            if (known_limit(cuDeviceGetAttribute(&v, 5 + i, dev), v) && dims[i] > (uint32_t)v)
+            if (known_limit(cuDeviceGetAttribute(&v, 5 + i, dev), &v) && dims[i] > (uint32_t)v)
                 return CUDA_ERROR_INVALID_VALUE;
         }
     }
-    /* CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK 0 (what the function's registers allow), and
-     * CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8 */
-    if (known_limit(cuFuncGetAttribute(&v, 0, f), v) && threads > (uint64_t)v) return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
-    if (dims[6] && known_limit(cuFuncGetAttribute(&v, 8, f), v) && dims[6] > (uint32_t)v) return CUDA_ERROR_INVALID_VALUE;
+    /* CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK 0: past it, the driver says "too many resources" when the
+     * function's registers (NUM_REGS 4) for that many threads exceed the block's (the device's
+     * MAX_REGISTERS_PER_BLOCK 12), and "invalid value" when a launch bound set the limit (measured).
+     * CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8. */
+    if (known_limit(cuFuncGetAttribute(&v, 0, f), &v) && threads > (uint64_t)v) {
+        int32_t regs, block_regs;
+        int by_registers = known_limit(cuFuncGetAttribute(&regs, 4, f), &regs) &&
+                           gp_ctx_device(gp_ctx_current(), &dev) &&
+                           known_limit(cuDeviceGetAttribute(&block_regs, 12, dev), &block_regs) &&
+                           (uint64_t)regs * threads > (uint64_t)block_regs;
+        return by_registers ? CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES : CUDA_ERROR_INVALID_VALUE;
+    }
+    if (dims[6] && known_limit(cuFuncGetAttribute(&v, 8, f), &v) && dims[6] > (uint32_t)v) return CUDA_ERROR_INVALID_VALUE;
     return CUDA_SUCCESS;
 }
 
@@ -1354,16 +1420,20 @@ CUresult cuGraphAddEmptyNode(uint64_t *node, uint64_t graph, void *deps, uint64_
     return r;
 }
 
-/* Edges travel as `count` (from, to) pairs; edge data other than the default is not forwarded. */
+/* Edge data (CUgraphEdgeData, 8 bytes each) other than the default is not forwarded. */
+static int default_edges(const void *edge_data, uint64_t count) {
+    static const unsigned char none[8];
+    for (uint64_t i = 0; edge_data && i < count; i++)
+        if (memcmp((const unsigned char *)edge_data + 8 * i, none, 8) != 0) return 0;
+    return 1;
+}
+
+/* Edges travel as `count` (from, to) pairs. */
 static CUresult add_dependencies(uint32_t call, uint64_t graph, const uint64_t *from, const uint64_t *to,
                                  const void *edge_data, uint64_t count) {
     if (count && (!from || !to)) return CUDA_ERROR_INVALID_VALUE;
     if (count > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
-    if (edge_data) {
-        static const unsigned char none[8];
-        for (uint64_t i = 0; i < count; i++)
-            if (memcmp((const unsigned char *)edge_data + 8 * i, none, 8) != 0) return CUDA_ERROR_NOT_SUPPORTED;
-    }
+    if (!default_edges(edge_data, count)) return CUDA_ERROR_NOT_SUPPORTED;
     uint64_t *edges = malloc(16 * (count ? count : 1));
     if (!edges) return CUDA_ERROR_OUT_OF_MEMORY;
     for (uint64_t i = 0; i < count; i++) edges[2 * i] = from[i], edges[2 * i + 1] = to[i];
@@ -1383,26 +1453,321 @@ CUresult cuGraphAddDependencies_v2(uint64_t graph, void *from, void *to, void *e
     return add_dependencies(GP_CALL_cuGraphAddDependencies_v2, graph, from, to, edge_data, count);
 }
 
-/* ---- stream capture: the worker captures; the client sees the status, the id and the graph ------- */
+CUresult cuGraphAddChildGraphNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, uint64_t child) {
+    GP_TRACE("cuGraphAddChildGraphNode");
+    if (!node || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphAddChildGraphNode in = {.graph = graph, .child = child, .num_deps = num_deps};
+    struct gp_out_cuGraphAddChildGraphNode out;
+    CUresult r = gp_call(GP_CALL_cuGraphAddChildGraphNode, WANT, &in, sizeof in, deps, num_deps * 8, &out,
+                         sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) *node = out.node;
+    return r;
+}
+
+static CUresult event_node(uint32_t call, uint64_t *node, uint64_t graph, const void *deps, uint64_t num_deps,
+                           uint64_t event) {
+    if (!node || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphAddEventRecordNode in = {.graph = graph, .event = event, .num_deps = num_deps};
+    struct gp_out_cuGraphAddEventRecordNode out;
+    CUresult r = gp_call(call, WANT, &in, sizeof in, deps, num_deps * 8, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) *node = out.node;
+    return r;
+}
+
+CUresult cuGraphAddEventRecordNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, uint64_t event) {
+    GP_TRACE("cuGraphAddEventRecordNode");
+    return event_node(GP_CALL_cuGraphAddEventRecordNode, node, graph, deps, num_deps, event);
+}
+
+CUresult cuGraphAddEventWaitNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, uint64_t event) {
+    GP_TRACE("cuGraphAddEventWaitNode");
+    return event_node(GP_CALL_cuGraphAddEventWaitNode, node, graph, deps, num_deps, event);
+}
+
+/* CUDA_HOST_NODE_PARAMS: the function and its argument, kept here (shim.c) and run at every launch. */
+CUresult cuGraphAddHostNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params) {
+    GP_TRACE("cuGraphAddHostNode");
+    if (!node || !params || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    void *fn, *data;
+    memcpy(&fn, params, 8);
+    memcpy(&data, (unsigned char *)params + 8, 8);
+    if (!fn) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = gp_callbacks_start();
+    if (r != CUDA_SUCCESS) return r;
+    uint64_t id = gp_host_call_add(0, fn, data, 0, 1);
+    if (!id) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct gp_in_cuGraphAddHostNode in = {.graph = graph, .id = id, .num_deps = num_deps};
+    struct gp_out_cuGraphAddHostNode out;
+    r = gp_call(GP_CALL_cuGraphAddHostNode, WANT, &in, sizeof in, deps, num_deps * 8, &out, sizeof out, NULL, 0);
+    if (r != CUDA_SUCCESS) gp_host_call_drop(id);
+    else *node = out.node;
+    return r;
+}
+
+/* One side of a CUDA_MEMCPY3D as a device address of the lease: device or unified memory, or mirrored
+ * host memory (its device copy); 0 for what the worker cannot reach (host memory, arrays). */
+static uint64_t copy_side(const unsigned char *p, uint64_t *pitch, uint64_t *height) {
+    uint64_t x, y, z, host, device;
+    uint32_t type;
+    memcpy(&x, p, 8), memcpy(&y, p + 8, 8), memcpy(&z, p + 16, 8);
+    memcpy(&type, p + 32, 4), memcpy(&host, p + 40, 8), memcpy(&device, p + 48, 8);
+    memcpy(pitch, p + 72, 8), memcpy(height, p + 80, 8);
+    uint64_t at = type == 1 ? host : type == 2 || type == 4 ? device : 0, mirrored;
+    if (!at) return 0;
+    if (gp_mirror_device(at, &mirrored)) at = mirrored;
+    else if (!is_device(at)) return 0;
+    return at + (z * *height + y) * *pitch + x;
+}
+
+/* CUDA_MEMCPY3D (200 bytes): the source side at 0, the destination side at 88, the extent at 176. */
+CUresult cuGraphAddMemcpyNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params,
+                              uint64_t ctx) {
+    GP_TRACE("cuGraphAddMemcpyNode");
+    (void)ctx; /* the current context's, as for every forwarded call */
+    if (!node || !params || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    const unsigned char *p = params;
+    struct gp_in_cuGraphAddMemcpyNode in = {.graph = graph, .num_deps = num_deps};
+    uint64_t src_pitch, src_height, dst_pitch, dst_height;
+    in.src = copy_side(p, &src_pitch, &src_height);
+    in.dst = copy_side(p + 88, &dst_pitch, &dst_height);
+    in.src_pitch = src_pitch, in.src_height = src_height, in.dst_pitch = dst_pitch, in.dst_height = dst_height;
+    memcpy(&in.width, p + 176, 8), memcpy(&in.height, p + 184, 8), memcpy(&in.depth, p + 192, 8);
+    if (!in.src || !in.dst) {
+        gp_say("cuGraphAddMemcpyNode: a copy node from or to the program's own host memory (or a CUDA array) cannot "
+               "run on the remote GPU; it returns CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    struct gp_out_cuGraphAddMemcpyNode out;
+    CUresult r = gp_call(GP_CALL_cuGraphAddMemcpyNode, WANT, &in, sizeof in, deps, num_deps * 8, &out, sizeof out,
+                         NULL, 0);
+    if (r == CUDA_SUCCESS) *node = out.node;
+    return r;
+}
+
+/* A conditional node's body graphs, in an array the program reads through the node parameters'
+ * phGraph_out (the driver's own, as long as the process lives; a few bytes per node). */
+#define MAX_CONDITIONAL_BODIES 64
+
+static CUresult conditional_node(uint64_t *node, uint64_t graph, const void *deps, uint64_t num_deps,
+                                 unsigned char *p) {
+    struct gp_in_gpGraphAddConditionalNode in = {.graph = graph, .num_deps = num_deps};
+    memcpy(&in.handle, p, 8);
+    memcpy(&in.kind, p + 8, 4);
+    memcpy(&in.size, p + 12, 4);
+    memcpy(&in.ctx, p + 24, 8);
+    if (in.size < 1 || in.size > MAX_CONDITIONAL_BODIES) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t *bodies = calloc(in.size, 8);
+    if (!bodies) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct gp_out_gpGraphAddConditionalNode out;
+    CUresult r = gp_call(GP_CALL_gpGraphAddConditionalNode, WANT, &in, sizeof in, deps, num_deps * 8, &out,
+                         sizeof out, bodies, 8 * (uint64_t)in.size);
+    if (r != CUDA_SUCCESS) {
+        free(bodies);
+        return r;
+    }
+    *node = out.node;
+    memcpy(p + 16, &bodies, 8); /* phGraph_out */
+    return CUDA_SUCCESS;
+}
+
+/* CUgraphNodeParams: the type at 0, the type's parameters at 16 (each the newest version of the node
+ * call's structure, which starts as the older one does). */
+enum {
+    NODE_KERNEL = 0, NODE_MEMCPY = 1, NODE_MEMSET = 2, NODE_HOST = 3, NODE_GRAPH = 4, NODE_EMPTY = 5, NODE_WAIT_EVENT = 6,
+    NODE_EVENT_RECORD = 7, NODE_CONDITIONAL = 13
+};
+
+static CUresult add_node(uint64_t *node, uint64_t graph, void *deps, const void *edges, uint64_t num_deps,
+                         void *params) {
+    if (!node || !params || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    if (!default_edges(edges, num_deps)) return CUDA_ERROR_NOT_SUPPORTED;
+    unsigned char *p = params;
+    uint32_t type;
+    memcpy(&type, p, 4);
+    uint64_t u64;
+    switch (type) {
+    case NODE_KERNEL:
+        return cuGraphAddKernelNode_v2(node, graph, deps, num_deps, p + 16);
+    case NODE_MEMSET:
+        memcpy(&u64, p + 16 + 40, 8); /* CUDA_MEMSET_NODE_PARAMS_v2's context */
+        return cuGraphAddMemsetNode(node, graph, deps, num_deps, p + 16, u64);
+    case NODE_GRAPH:
+        memcpy(&u64, p + 16, 8);
+        uint32_t ownership;
+        memcpy(&ownership, p + 24, 4);
+        if (ownership != 0) break; /* only CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE */
+        return cuGraphAddChildGraphNode(node, graph, deps, num_deps, u64);
+    case NODE_EMPTY:
+        return cuGraphAddEmptyNode(node, graph, deps, num_deps);
+    case NODE_HOST:
+        return cuGraphAddHostNode(node, graph, deps, num_deps, p + 16);
+    case NODE_MEMCPY: /* CUDA_MEMCPY_NODE_PARAMS: flags, reserved, the context, then CUDA_MEMCPY3D */
+        memcpy(&u64, p + 16 + 8, 8);
+        return cuGraphAddMemcpyNode(node, graph, deps, num_deps, p + 32, u64);
+    case NODE_WAIT_EVENT: case NODE_EVENT_RECORD:
+        memcpy(&u64, p + 16, 8);
+        return event_node(type == NODE_WAIT_EVENT ? GP_CALL_cuGraphAddEventWaitNode : GP_CALL_cuGraphAddEventRecordNode,
+                          node, graph, deps, num_deps, u64);
+    case NODE_CONDITIONAL:
+        return conditional_node(node, graph, deps, num_deps, p + 16);
+    }
+    gp_say("cuGraphAddNode: nodes of type %u are not forwarded to the remote GPU; it returns "
+           "CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)", type);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+CUresult cuGraphAddNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params) {
+    GP_TRACE("cuGraphAddNode");
+    return add_node(node, graph, deps, NULL, num_deps, params);
+}
+
+CUresult cuGraphAddNode_v2(uint64_t *node, uint64_t graph, void *deps, void *edges, uint64_t num_deps, void *params) {
+    GP_TRACE("cuGraphAddNode_v2");
+    return add_node(node, graph, deps, edges, num_deps, params);
+}
+
+/* CUgraphExecUpdateResultInfo: the result, then the error node and the node it came from (not forwarded:
+ * they are left empty). */
+CUresult cuGraphExecUpdate_v2(uint64_t exec, uint64_t graph, void *info) {
+    GP_TRACE("cuGraphExecUpdate_v2");
+    struct gp_in_cuGraphExecUpdate_v2 in = {.exec = exec, .graph = graph};
+    struct gp_out_cuGraphExecUpdate_v2 out;
+    CUresult r = CALL(cuGraphExecUpdate_v2, WANT, in, out);
+    if (r != CUDA_SUCCESS) return r;
+    if (info) {
+        memset(info, 0, 24);
+        memcpy(info, &out.result, 4);
+    }
+    return (CUresult)out.status;
+}
+
+/* CUDA_GRAPH_INSTANTIATE_PARAMS: flags, the upload stream, then the error node and the result (out). */
+#define INSTANTIATE_FLAG_UPLOAD 2
+
+CUresult cuGraphInstantiateWithParams(uint64_t *exec, uint64_t graph, void *params) {
+    GP_TRACE("cuGraphInstantiateWithParams");
+    if (!exec || !params) return CUDA_ERROR_INVALID_VALUE;
+    unsigned char *p = params;
+    uint64_t flags, stream, none = 0;
+    memcpy(&flags, p, 8);
+    memcpy(&stream, p + 8, 8);
+    struct gp_in_cuGraphInstantiateWithFlags in = {.graph = graph, .flags = flags & ~(uint64_t)INSTANTIATE_FLAG_UPLOAD};
+    struct gp_out_cuGraphInstantiateWithFlags out;
+    CUresult r = CALL(cuGraphInstantiateWithFlags, WANT, in, out);
+    if (r == CUDA_SUCCESS && (flags & INSTANTIATE_FLAG_UPLOAD)) {
+        struct gp_in_cuGraphUpload up = {.graph_exec = out.graph_exec, .stream = stream};
+        r = gp_call(GP_CALL_cuGraphUpload, 0, &up, sizeof up, NULL, 0, NULL, 0, NULL, 0);
+    }
+    uint32_t result = r == CUDA_SUCCESS ? 0 : 1; /* CUDA_GRAPH_INSTANTIATE_SUCCESS, _ERROR */
+    memcpy(p + 16, &none, 8);
+    memcpy(p + 24, &result, 4);
+    if (r == CUDA_SUCCESS) *exec = out.graph_exec;
+    return r;
+}
+
+/* ---- user objects: a reference count and a destructor, here in the client ----------------------------
+ *
+ * Programs tie what a graph's host nodes need (cuda.core: the Python callable) to the graph with a user
+ * object. The references a graph holds are kept as long as the process lives — the worker's graphs and
+ * the executable graphs made from them would otherwise have to report their destruction back — so the
+ * destructor of an object a graph holds does not run (a few bytes per graph). */
+struct user_object { void *ptr, *destroy; uint32_t refs; };
+
+CUresult cuUserObjectCreate(uint64_t *obj, void *ptr, void *destroy, uint32_t refs, uint32_t flags) {
+    GP_TRACE("cuUserObjectCreate");
+    if (!obj || !destroy || !refs || flags != 1) return CUDA_ERROR_INVALID_VALUE; /* NO_DESTRUCTOR_SYNC */
+    struct user_object *o = malloc(sizeof *o);
+    if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
+    *o = (struct user_object){ptr, destroy, refs};
+    *obj = (uint64_t)o;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuUserObjectRetain(uint64_t obj, uint32_t count) {
+    GP_TRACE("cuUserObjectRetain");
+    if (!obj || !count) return CUDA_ERROR_INVALID_VALUE;
+    __atomic_add_fetch(&((struct user_object *)obj)->refs, count, __ATOMIC_ACQ_REL);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuUserObjectRelease(uint64_t obj, uint32_t count) {
+    GP_TRACE("cuUserObjectRelease");
+    if (!obj || !count) return CUDA_ERROR_INVALID_VALUE;
+    struct user_object *o = (struct user_object *)obj;
+    if (__atomic_sub_fetch(&o->refs, count, __ATOMIC_ACQ_REL) == 0) {
+        ((void (*)(void *))o->destroy)(o->ptr);
+        free(o);
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphRetainUserObject(uint64_t graph, uint64_t obj, uint32_t count, uint32_t flags) {
+    GP_TRACE("cuGraphRetainUserObject");
+    if (!graph || !obj || !count || flags > 1) return CUDA_ERROR_INVALID_VALUE;
+    /* CU_GRAPH_USER_OBJECT_MOVE hands the caller's references to the graph, which keeps them. */
+    return flags ? CUDA_SUCCESS : cuUserObjectRetain(obj, count);
+}
+
+CUresult cuGraphReleaseUserObject(uint64_t graph, uint64_t obj, uint32_t count) {
+    GP_TRACE("cuGraphReleaseUserObject");
+    if (!graph || !obj || !count) return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS; /* the graph's references are kept (above) */
+}
+
+/* ---- stream capture: the worker captures; the client sees the status, the id, the graph and the
+ * nodes the next captured work will depend on ------------------------------------------------------ */
+
+static CUresult capture_deps(uint32_t call, uint64_t stream, uint64_t graph, const void *deps, const void *edges,
+                             uint64_t num_deps, uint32_t flags_or_mode) {
+    if ((num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    if (!default_edges(edges, num_deps)) return CUDA_ERROR_NOT_SUPPORTED;
+    if (call == GP_CALL_cuStreamBeginCaptureToGraph) {
+        struct gp_in_cuStreamBeginCaptureToGraph in = {
+            .stream = stream, .graph = graph, .num_deps = num_deps, .mode = (int32_t)flags_or_mode};
+        return gp_call(call, WANT, &in, sizeof in, deps, num_deps * 8, NULL, 0, NULL, 0);
+    }
+    struct gp_in_cuStreamUpdateCaptureDependencies in = {.stream = stream, .num_deps = num_deps, .flags = flags_or_mode};
+    return gp_call(call, WANT, &in, sizeof in, deps, num_deps * 8, NULL, 0, NULL, 0);
+}
+
+CUresult cuStreamBeginCaptureToGraph(uint64_t stream, uint64_t graph, void *deps, void *edges, uint64_t num_deps,
+                                     int32_t mode) {
+    GP_TRACE("cuStreamBeginCaptureToGraph");
+    return capture_deps(GP_CALL_cuStreamBeginCaptureToGraph, stream, graph, deps, edges, num_deps, (uint32_t)mode);
+}
+
+CUresult cuStreamUpdateCaptureDependencies(uint64_t stream, void *deps, uint64_t num_deps, uint32_t flags) {
+    GP_TRACE("cuStreamUpdateCaptureDependencies");
+    return capture_deps(GP_CALL_cuStreamUpdateCaptureDependencies, stream, 0, deps, NULL, num_deps, flags);
+}
+
+CUresult cuStreamUpdateCaptureDependencies_v2(uint64_t stream, void *deps, void *edges, uint64_t num_deps,
+                                              uint32_t flags) {
+    GP_TRACE("cuStreamUpdateCaptureDependencies_v2");
+    return capture_deps(GP_CALL_cuStreamUpdateCaptureDependencies_v2, stream, 0, deps, edges, num_deps, flags);
+}
+
+/* The dependency nodes, in arrays of this thread's, valid until its next call (as the driver's). */
+static __thread uint64_t capture_nodes[MAX_NODE_DEPS];
+static __thread unsigned char capture_edges[8 * 64];
 
 static CUresult capture_info(uint64_t stream, int32_t *status, uint64_t *id, uint64_t *graph, const void **deps,
                              const void **edges, size_t *num_deps) {
     struct gp_in_cuStreamGetCaptureInfo_v3 in = {.stream = stream};
     struct gp_out_cuStreamGetCaptureInfo_v3 out;
-    CUresult r = CALL(cuStreamGetCaptureInfo_v3, WANT, in, out);
+    CUresult r = gp_call(GP_CALL_cuStreamGetCaptureInfo_v3, WANT, &in, sizeof in, NULL, 0, &out, sizeof out,
+                         capture_nodes, sizeof capture_nodes);
     if (r) return r;
     if (status) *status = out.status;
     if (id) *id = out.id;
     if (graph) *graph = out.graph;
     if (num_deps) *num_deps = (size_t)out.num_deps;
-    if ((deps || edges) && out.num_deps) {
-        /* The dependency nodes live in the worker; a program that walks them cannot run remotely. */
-        gp_say("cuStreamGetCaptureInfo: the capturing stream's dependency nodes are not forwarded to the client; "
-               "it returns CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)");
-        return CUDA_ERROR_NOT_SUPPORTED;
+    if (deps) *deps = out.num_deps ? capture_nodes : NULL;
+    if (edges) { /* the default edge data, which is all a capture makes here */
+        if (out.num_deps > sizeof capture_edges / 8) return CUDA_ERROR_NOT_SUPPORTED;
+        memset(capture_edges, 0, sizeof capture_edges);
+        *edges = out.num_deps ? capture_edges : NULL;
     }
-    if (deps) *deps = NULL;
-    if (edges) *edges = NULL;
     return CUDA_SUCCESS;
 }
 
@@ -1429,21 +1794,47 @@ CUresult cuThreadExchangeStreamCaptureMode(void *mode) {
     return r;
 }
 
-/* Node handles stay in the worker; the count is what programs ask for (PyTorch warns on empty graphs). */
-CUresult cuGraphGetNodes(uint64_t graph, void *nodes, void *count) {
-    GP_TRACE("cuGraphGetNodes");
+/* A graph's nodes (or edges): the count, then the handles; the caller's arrays take at most *count. */
+static CUresult graph_list(uint32_t call, uint64_t graph, uint64_t *a, uint64_t *b, void *edge_data, size_t *count) {
     if (!count) return CUDA_ERROR_INVALID_VALUE;
+    int edges = call != GP_CALL_cuGraphGetNodes;
+    uint64_t room = (a || b) ? *count : 0, per = edges ? 2 : 1;
+    uint64_t *got = malloc(8 * per * (MAX_NODE_DEPS > room ? MAX_NODE_DEPS : room) + 8);
+    if (!got) return CUDA_ERROR_OUT_OF_MEMORY;
     struct gp_in_cuGraphGetNodes in = {.graph = graph};
     struct gp_out_cuGraphGetNodes out;
-    CUresult r = CALL(cuGraphGetNodes, WANT, in, out);
-    if (r) return r;
-    if (nodes && out.count) {
-        gp_say("cuGraphGetNodes: a graph's nodes are not forwarded to the client; it returns "
-               "CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)");
-        return CUDA_ERROR_NOT_SUPPORTED;
+    uint64_t cap = MAX_NODE_DEPS > room ? MAX_NODE_DEPS : room;
+    CUresult r = gp_call(call, WANT, &in, sizeof in, NULL, 0, &out, sizeof out, got, 8 * per * cap);
+    if (r == CUDA_SUCCESS) {
+        uint64_t n = out.count < room ? out.count : room;
+        for (uint64_t i = 0; i < n; i++) {
+            if (a) a[i] = got[per * i];
+            if (b && edges) b[i] = got[per * i + 1];
+        }
+        for (uint64_t i = n; i < room; i++) { /* entries past the graph's read NULL, as the driver's */
+            if (a) a[i] = 0;
+            if (b && edges) b[i] = 0;
+        }
+        if (edge_data && n) memset(edge_data, 0, 8 * n); /* the default edges */
+        *count = n < out.count && (a || b) ? n : out.count;
     }
-    *(size_t *)count = (size_t)out.count;
-    return CUDA_SUCCESS;
+    free(got);
+    return r;
+}
+
+CUresult cuGraphGetNodes(uint64_t graph, void *nodes, void *count) {
+    GP_TRACE("cuGraphGetNodes");
+    return graph_list(GP_CALL_cuGraphGetNodes, graph, nodes, NULL, NULL, count);
+}
+
+CUresult cuGraphGetEdges(uint64_t graph, void *from, void *to, void *count) {
+    GP_TRACE("cuGraphGetEdges");
+    return graph_list(GP_CALL_cuGraphGetEdges, graph, from, to, NULL, count);
+}
+
+CUresult cuGraphGetEdges_v2(uint64_t graph, void *from, void *to, void *edge_data, void *count) {
+    GP_TRACE("cuGraphGetEdges_v2");
+    return graph_list(GP_CALL_cuGraphGetEdges_v2, graph, from, to, edge_data, count);
 }
 
 /* ---- module and link input files: read in the client, sent as an image ---------------------------- */

@@ -1,19 +1,25 @@
-/* gpupool's libcuda.so.1, part 5: managed memory (cuMemAllocManaged) — one address, written and read
- * by the program's host code and by its kernels, though the kernels run on another machine.
+/* gpupool's libcuda.so.1, part 5: memory both sides touch — managed memory (cuMemAllocManaged) and
+ * mapped page-locked host memory (cuMemHostAlloc with DEVICEMAP, cuMemHostGetDevicePointer) — written
+ * and read by the program's host code and by its kernels, though the kernels run on another machine.
  *
- * The device side is an ordinary allocation of the lease, in this process's window of device
- * addresses; the host side is anonymous memory mapped at the same address here (the window reserves
- * it), so a pointer means the same on both sides. The host view is kept per 64 KiB chunk, in one of
- * three states: DEVICE (no access here: the device copy is the one), CLEAN (readable, equal to the
- * device's) and DIRTY (written here since). A touch of a DEVICE chunk faults (SIGSEGV); the handler
- * fetches the chunk from the worker and makes it readable; a write to a CLEAN chunk faults too and
- * marks it DIRTY. Before each call that makes the GPU work on memory (a launch, a copy, a memset, a
- * graph launch), DIRTY chunks are sent to the worker and every chunk goes back to DEVICE, because the
- * kernel may write them: so what the host wrote before a launch is what the kernel reads, and what the
- * kernel wrote is what the host reads after the synchronisation (the fetch is ordered after it).
- * Costs: a launch with managed memory in the process costs an mprotect per allocation and one copy per
- * run of written chunks; each chunk the host touches after it costs one round trip and 64 KiB.
- * The device reports no concurrent managed access (host access while kernels run is not kept
+ * The device side is an ordinary allocation of the lease; the host side is host pages of this process
+ * (a mirror). For managed memory and DEVICEMAP allocations the host pages are anonymous memory mapped
+ * at the device allocation's own address (this process's window of device addresses reserves it), so
+ * a pointer means the same on both sides, as under unified addressing. Page-locked memory the program
+ * already holds (cuMemAllocHost, cuMemHostRegister) is mirrored where it is, once the program asks for
+ * its device pointer: that pointer is then the device allocation's; pages it shares with other data
+ * (the first and last of a registered range need not be its own) are never protected — their bytes
+ * are sent before every device work and fetched after each synchronisation. The host view is kept per 64 KiB
+ * chunk, in one of three states: DEVICE (no access here: the device copy is the one), CLEAN (readable,
+ * equal to the device's) and DIRTY (written here since). A touch of a DEVICE chunk faults (SIGSEGV);
+ * the handler fetches the chunk from the worker and makes it readable; a write to a CLEAN chunk faults
+ * too and marks it DIRTY. Before each call that makes the GPU work on memory (a launch, a copy, a
+ * memset, a graph launch), DIRTY chunks are sent to the worker and every chunk goes back to DEVICE,
+ * because the kernel may write them: so what the host wrote before a launch is what the kernel reads,
+ * and what the kernel wrote is what the host reads after the synchronisation (the fetch is ordered
+ * after it). Costs: a launch with mirrored memory in the process costs an mprotect per allocation and
+ * one copy per run of written chunks; each chunk the host touches after it costs one round trip and
+ * 64 KiB. The device reports no concurrent managed access (host access while kernels run is not kept
  * coherent, as on GPUs without it: a program synchronises first). */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -29,7 +35,11 @@
 #define MAX_MANAGED 4096
 enum { DEVICE = 0, CLEAN = 1, DIRTY = 2 };
 
-struct managed { uint64_t base, size, mapped; uint8_t *state; };
+/* The data [base, base + size) is the device's [dev, dev + size); the host pages [lo, lo + mapped) of
+ * it (whole pages, the data's own) are kept by page protection, chunk i being [lo + i * CHUNK, ...);
+ * the bytes outside them (edges: [base, lo) and [lo + mapped, base + size)) by copies both ways. For
+ * memory mapped at its device address lo == base == dev and there are no edges. */
+struct managed { uint64_t lo, mapped, base, size, dev; int kind; uint8_t *state; int edges_stale; };
 static struct managed managed[MAX_MANAGED];
 static int n_managed;
 static pthread_mutex_t managed_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -39,39 +49,86 @@ static __thread int in_managed; /* this thread is moving managed memory: no hook
 
 int gp_managed_count(void) { return __atomic_load_n(&n_managed, __ATOMIC_ACQUIRE); }
 
+/* The mirror whose protected host pages hold addr. */
 static struct managed *find(uint64_t addr) {
     for (int i = 0; i < n_managed; i++)
-        if (addr - managed[i].base < managed[i].mapped) return &managed[i];
+        if (addr - managed[i].lo < managed[i].mapped) return &managed[i];
+    return NULL;
+}
+
+/* The mirror whose data holds ptr. */
+static struct managed *find_data(uint64_t ptr) {
+    for (int i = 0; i < n_managed; i++)
+        if (ptr - managed[i].base < managed[i].size) return &managed[i];
     return NULL;
 }
 
 int gp_managed_lookup(uint64_t ptr) {
     if (!gp_managed_count()) return 0; /* every copy asks: no lock while the process has none */
     pthread_mutex_lock(&managed_lock);
-    int found = find(ptr) != NULL;
+    struct managed *m = find_data(ptr);
+    int kind = m ? m->kind : 0;
     pthread_mutex_unlock(&managed_lock);
-    return found;
+    return kind;
 }
 
-static uint64_t chunk_bytes(const struct managed *m, uint64_t i) {
-    uint64_t at = i * CHUNK;
-    return at >= m->size ? 0 : (m->size - at < CHUNK ? m->size - at : CHUNK);
+int gp_mirror_device(uint64_t ptr, uint64_t *dev) {
+    if (!gp_managed_count()) return 0;
+    pthread_mutex_lock(&managed_lock);
+    struct managed *m = find_data(ptr);
+    if (m && dev) *dev = m->dev + (ptr - m->base);
+    pthread_mutex_unlock(&managed_lock);
+    return m != NULL;
+}
+
+static uint64_t chunks_of(const struct managed *m) { return m->mapped / CHUNK + (m->mapped % CHUNK != 0); }
+
+static uint64_t span_of(const struct managed *m, uint64_t i) {
+    return m->mapped - i * CHUNK < CHUNK ? m->mapped - i * CHUNK : CHUNK;
+}
+
+/* The data bytes [*from, *to) of chunks [i, j); none when *to <= *from. */
+static void data_of(const struct managed *m, uint64_t i, uint64_t j, uint64_t *from, uint64_t *to) {
+    uint64_t a = m->lo + i * CHUNK, b = m->lo + j * CHUNK;
+    *from = a > m->base ? a : m->base;
+    *to = b < m->base + m->size ? b : m->base + m->size;
+}
+
+/* The bytes [from, to) of m's data between the host and the device, as the caller asks. */
+static CUresult move(struct managed *m, uint64_t from, uint64_t to, int to_device) {
+    if (to <= from) return CUDA_SUCCESS;
+    in_managed++;
+    CUresult r;
+    if (to_device) {
+        struct gp_in_cuMemcpyHtoD_v2 in = {.dst = m->dev + (from - m->base), .count = to - from};
+        r = gp_call(GP_CALL_cuMemcpyHtoD_v2, 0, &in, sizeof in, (void *)from, to - from, NULL, 0, NULL, 0);
+    } else {
+        struct gp_in_cuMemcpyDtoH_v2 in = {.src = m->dev + (from - m->base), .count = to - from};
+        r = gp_call(GP_CALL_cuMemcpyDtoH_v2, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, (void *)from,
+                    to - from);
+    }
+    in_managed--;
+    return r;
+}
+
+/* The edges of m (bytes on pages it shares), one way. */
+static void move_edges(struct managed *m, int to_device) {
+    if (m->lo == m->base && m->mapped >= m->size) return;
+    uint64_t end = m->base + m->size, inner = m->mapped ? m->lo + m->mapped : m->lo;
+    move(m, m->base, m->mapped ? m->lo : end, to_device);
+    if (m->mapped) move(m, inner, end, to_device);
 }
 
 /* The device copy of chunk i into the host pages (made writable for it), then readable only. */
 static int fetch(struct managed *m, uint64_t i) {
-    void *at = (void *)(m->base + i * CHUNK);
-    uint64_t span = m->mapped - i * CHUNK < CHUNK ? m->mapped - i * CHUNK : CHUNK;
-    if (mprotect(at, span, PROT_READ | PROT_WRITE) != 0) return -1;
-    uint64_t n = chunk_bytes(m, i);
-    struct gp_in_cuMemcpyDtoH_v2 in = {.src = m->base + i * CHUNK, .count = n};
-    in_managed++;
-    CUresult r = n ? gp_call(GP_CALL_cuMemcpyDtoH_v2, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, at, n)
-                   : CUDA_SUCCESS;
-    in_managed--;
-    if (r != CUDA_SUCCESS) gp_say("could not fetch managed memory at 0x%llx from the worker (%d): it reads as it was",
-                                  (unsigned long long)(m->base + i * CHUNK), r);
-    mprotect(at, span, PROT_READ);
+    void *at = (void *)(m->lo + i * CHUNK);
+    uint64_t from, to;
+    if (mprotect(at, span_of(m, i), PROT_READ | PROT_WRITE) != 0) return -1;
+    data_of(m, i, i + 1, &from, &to);
+    CUresult r = move(m, from, to, 0);
+    if (r != CUDA_SUCCESS) gp_say("could not fetch mirrored memory at 0x%llx from the worker (%d): it reads as it was",
+                                  (unsigned long long)from, r);
+    mprotect(at, span_of(m, i), PROT_READ);
     m->state[i] = CLEAN;
     return 0;
 }
@@ -82,11 +139,10 @@ static void on_fault(int sig, siginfo_t *info, void *context) {
     pthread_mutex_lock(&managed_lock);
     struct managed *m = find(addr);
     if (m) {
-        uint64_t i = (addr - m->base) / CHUNK;
+        uint64_t i = (addr - m->lo) / CHUNK;
         if (m->state[i] == DEVICE) handled = fetch(m, i) == 0; /* a write faults again, below */
         else if (m->state[i] == CLEAN) {
-            uint64_t span = m->mapped - i * CHUNK < CHUNK ? m->mapped - i * CHUNK : CHUNK;
-            handled = mprotect((void *)(m->base + i * CHUNK), span, PROT_READ | PROT_WRITE) == 0;
+            handled = mprotect((void *)(m->lo + i * CHUNK), span_of(m, i), PROT_READ | PROT_WRITE) == 0;
             if (handled) m->state[i] = DIRTY;
         }
     }
@@ -128,7 +184,7 @@ void gp_managed_before(uint32_t call) {
     pthread_mutex_lock(&managed_lock);
     for (int k = 0; k < n_managed; k++) {
         struct managed *m = &managed[k];
-        uint64_t chunks = m->mapped / CHUNK + (m->mapped % CHUNK != 0), any = 0;
+        uint64_t chunks = chunks_of(m), any = 0;
         for (uint64_t i = 0; i < chunks;) {
             if (m->state[i] != DIRTY) {
                 any |= m->state[i] != DEVICE;
@@ -137,27 +193,77 @@ void gp_managed_before(uint32_t call) {
             }
             uint64_t j = i;
             while (j < chunks && m->state[j] == DIRTY) j++;
-            uint64_t from = i * CHUNK, to = j * CHUNK < m->size ? j * CHUNK : m->size;
-            if (to > from) {
-                struct gp_in_cuMemcpyHtoD_v2 in = {.dst = m->base + from, .count = to - from};
-                gp_call(GP_CALL_cuMemcpyHtoD_v2, 0, &in, sizeof in, (void *)(m->base + from), to - from, NULL, 0,
-                        NULL, 0);
-            }
+            uint64_t from, to;
+            data_of(m, i, j, &from, &to);
+            move(m, from, to, 1);
             any = 1;
             i = j;
         }
         if (any) {
-            mprotect((void *)m->base, m->mapped, PROT_NONE);
+            mprotect((void *)m->lo, m->mapped, PROT_NONE);
             memset(m->state, DEVICE, chunks);
+        }
+        if (m->kind == GP_MIRROR_HOST && !m->edges_stale) {
+            move_edges(m, 1);
+            m->edges_stale = 1;
         }
     }
     pthread_mutex_unlock(&managed_lock);
     in_managed--;
 }
 
-/* A managed allocation at `base` (an allocation of the lease in this process's window): host pages
- * mapped over the window's reservation there, zero on both sides. */
-int gp_managed_add(uint64_t base, uint64_t size) {
+/* After a call that can tell the program that device work is done (a synchronise, a query that
+ * succeeds): the edges of registered memory get the device's bytes, as its pages would on a touch. */
+void gp_managed_after(uint32_t call, CUresult r) {
+    if (r != CUDA_SUCCESS || in_managed || !gp_managed_count()) return;
+    switch (call) {
+    case GP_CALL_cuCtxSynchronize: case GP_CALL_cuCtxSynchronize_v2: case GP_CALL_cuStreamSynchronize:
+    case GP_CALL_cuStreamQuery: case GP_CALL_cuEventSynchronize: case GP_CALL_cuEventQuery: case GP_CALL_cuMemcpyDtoH_v2:
+        break;
+    default:
+        return;
+    }
+    in_managed++;
+    pthread_mutex_lock(&managed_lock);
+    for (int k = 0; k < n_managed; k++) {
+        if (!managed[k].edges_stale) continue;
+        move_edges(&managed[k], 0);
+        managed[k].edges_stale = 0;
+    }
+    pthread_mutex_unlock(&managed_lock);
+    in_managed--;
+}
+
+static void install_handler(void) {
+    if (handler_installed) return;
+    struct sigaction sa = {0};
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    handler_installed = sigaction(SIGSEGV, &sa, &previous) == 0;
+}
+
+/* A mirror of m's kind, unless the table is full or its pages are another mirror's (two registrations
+ * sharing a page could not be told apart when it faults). */
+static int insert(struct managed m) {
+    pthread_mutex_lock(&managed_lock);
+    int rc = n_managed < MAX_MANAGED ? 0 : -1;
+    for (int k = 0; rc == 0 && k < n_managed; k++)
+        if (m.lo < managed[k].lo + managed[k].mapped && managed[k].lo < m.lo + m.mapped) rc = -1;
+    if (rc == 0) {
+        managed[n_managed] = m;
+        __atomic_store_n(&n_managed, n_managed + 1, __ATOMIC_RELEASE);
+        install_handler();
+    }
+    pthread_mutex_unlock(&managed_lock);
+    return rc;
+}
+
+/* Memory at `base` mirrored at its device address (an allocation of the lease in this process's
+ * window: managed memory, GP_MIRROR_MANAGED, or a DEVICEMAP host allocation,
+ * GP_MIRROR_MAPPED): host pages mapped over the
+ * window's reservation there, zero on both sides. */
+int gp_managed_add(uint64_t base, uint64_t size, int kind) {
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), mapped = (size + page - 1) / page * page;
     uint64_t chunks = mapped / CHUNK + (mapped % CHUNK != 0);
     uint8_t *state = malloc(chunks ? chunks : 1);
@@ -168,41 +274,54 @@ int gp_managed_add(uint64_t base, uint64_t size) {
         free(state);
         return -1;
     }
-    pthread_mutex_lock(&managed_lock);
-    int rc = -1;
-    if (n_managed < MAX_MANAGED) {
-        managed[n_managed] = (struct managed){base, size, mapped, state};
-        __atomic_store_n(&n_managed, n_managed + 1, __ATOMIC_RELEASE);
-        rc = 0;
-        if (!handler_installed) {
-            struct sigaction sa = {0};
-            sa.sa_sigaction = on_fault;
-            sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
-            sigemptyset(&sa.sa_mask);
-            handler_installed = sigaction(SIGSEGV, &sa, &previous) == 0;
-        }
-    }
-    pthread_mutex_unlock(&managed_lock);
-    if (rc != 0) {
+    if (insert((struct managed){base, mapped, base, size, base, kind, state, 0}) != 0) {
         mmap(p, mapped, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
         free(state);
+        return -1;
     }
-    return rc;
+    return 0;
 }
 
-/* cuMemFree of a managed allocation: its host pages go back to being the window's reservation. */
-int gp_managed_remove(uint64_t base) {
+/* Page-locked memory the program holds at [base, base + size), mirrored by the device allocation at
+ * dev (GP_MIRROR_HOST): the host's bytes are the ones until the next device work sends them. Only the
+ * pages wholly inside it are protected. */
+int gp_mirror_host(uint64_t base, uint64_t size, uint64_t dev) {
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), lo = (base + page - 1) / page * page;
+    uint64_t hi = (base + size) / page * page, mapped = hi > lo ? hi - lo : 0;
+    uint64_t chunks = mapped / CHUNK + (mapped % CHUNK != 0);
+    uint8_t *state = malloc(chunks ? chunks : 1);
+    if (!state) return -1;
+    memset(state, DIRTY, chunks);
+    if (insert((struct managed){mapped ? lo : base, mapped, base, size, dev, GP_MIRROR_HOST, state, 0}) != 0) {
+        free(state);
+        return -1;
+    }
+    return 0;
+}
+
+/* The end of the mirror at `base` (its data's start). Memory the program keeps (GP_MIRROR_HOST) gets the
+ * device's bytes back and its pages their access; the others' pages go back to being the window's
+ * reservation. Returns the mirror's device address, or 0 when there is none. */
+uint64_t gp_managed_remove(uint64_t base) {
     pthread_mutex_lock(&managed_lock);
-    int found = -1;
+    uint64_t dev = 0;
     for (int i = 0; i < n_managed; i++) {
-        if (managed[i].base != base) continue;
-        mmap((void *)base, managed[i].mapped, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
-        free(managed[i].state);
+        struct managed *m = &managed[i];
+        if (m->base != base) continue;
+        dev = m->dev;
+        if (m->kind == GP_MIRROR_HOST) {
+            for (uint64_t k = 0; k < chunks_of(m); k++)
+                if (m->state[k] == DEVICE) fetch(m, k);
+            if (m->edges_stale) move_edges(m, 0);
+            if (m->mapped) mprotect((void *)m->lo, m->mapped, PROT_READ | PROT_WRITE);
+        } else {
+            mmap((void *)base, m->mapped, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+        }
+        free(m->state);
         managed[i] = managed[n_managed - 1];
         __atomic_store_n(&n_managed, n_managed - 1, __ATOMIC_RELEASE);
-        found = 0;
         break;
     }
     pthread_mutex_unlock(&managed_lock);
-    return found;
+    return dev;
 }

@@ -48,6 +48,7 @@ PROGRAMS = [
     "prog_numba.py",
     "prog_numba_small.py",  # one-element results and small host arrays copied back
     "prog_printf.py",  # kernel output at the synchronise, in order with the program's own prints
+    "prog_launch_errors.py",  # launches the GPU refuses: refused by the launch call, the context unspoiled
     "prog_processes.py",  # several processes of one lease share its memory, each freed at exit
     "prog_contexts.py",  # cuCtxCreate / cuCtxDestroy
     "prog_link.py",  # the driver's linker: relocatable PTX from NVRTC, linked on the worker
@@ -60,7 +61,9 @@ PROGRAMS = [
     "prog_pool_ipc.py",  # a pool and its pointer exported to a child process (file descriptor, 64 bytes)
     "prog_callbacks.py",  # host functions and stream callbacks run in the program, in stream order
     "prog_managed.py",  # managed memory written and read by the host and by kernels (numba, CuPy)
+    "prog_mapped.py",  # mapped page-locked memory: DEVICEMAP, registered arrays, a kernel given the host address
     "prog_graph_nodes.py",  # a graph built node by node: kernel, memset, empty nodes, dependencies
+    "prog_graph_core.py",  # cuda.core graph builder: while and if/else conditionals, embed, callback, update
 ]
 results: list[dict] = []
 
