@@ -64,16 +64,15 @@ class Deliveries:
 
     def _push(self, copy: _Copy) -> None:
         with self._changed:
-            if self._closed:
+            if self._closed:  # the client is gone: its buffer goes back
+                if copy.staged is not None:
+                    copy.staged.release()
                 return
             self._queue.append(copy)
             self._changed.notify()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="gpupool-deliveries", daemon=True)
                 self._thread.start()
-
-    def pending(self) -> bool:
-        return bool(self._queue)
 
     def flush(self, wait: bool = False, inline: Callable[..., None] | None = None) -> int:
         """Send every copy that is done by now (`wait`: every copy queued, once it is done) on the
