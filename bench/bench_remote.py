@@ -9,6 +9,8 @@ remote as % of native:
   - empty-kernel launches per second, pipelined (20 000 launches, then one sync)
   - HtoD / DtoH bandwidth, synchronous copies from pageable memory, 4 KiB .. 1 GiB (median of
     repeated copies, each followed by cuCtxSynchronize, so small sizes include one round trip)
+  - cuMemcpyDtoHAsync into page-locked memory, 64 KiB .. 16 MiB: how long the call takes to return,
+    and the rate of 16 copies in flight then one cuStreamSynchronize (issue 12)
   - compute-bound: 40 launches of a ~2 ms kernel (wall time)
   - launch-bound: 5 000 launches of a tiny kernel (wall time)
 
@@ -129,6 +131,7 @@ def child() -> None:
         cpu[size] = cpu_row
     out["bandwidth_gb_s"] = bandwidth
     out["cpu_s_per_gb"] = cpu  # CPU seconds per GB moved, each side (a loaded machine's fairer measure)
+    out["dtoh_async_pinned"] = dtoh_async_pinned(cu, ok, dev, stream)
     ok(cu.cuMemFree(dev))
     if os.environ.get("GPUPOOL_BENCH_ONLY") == "copies":  # --copies-only: e.g. to profile the copy path
         print(json.dumps(out))
@@ -167,6 +170,27 @@ def child() -> None:
     ok(cu.cuStreamSynchronize(stream))
     out["launch_bound_s"] = time.perf_counter() - t
     print(json.dumps(out))
+
+
+def dtoh_async_pinned(cu, ok, dev, stream) -> dict:
+    """cuMemcpyDtoHAsync into page-locked memory (as tensor.to('cpu', non_blocking=True) does): how long
+    the call takes to return (median; natively it queues the copy and returns) and the rate of 16 copies
+    in flight on one stream, then one cuStreamSynchronize."""
+    rows = {}
+    for size in (s for s in (64 << 10, 1 << 20, 16 << 20) if s <= SIZES[-1]):
+        pinned = ok(cu.cuMemHostAlloc(16 * size, 0))
+        calls, rates = [], []
+        for _ in range(max(3, min(50, (256 << 20) // (16 * size)))):
+            t = time.perf_counter()
+            for k in range(16):
+                c = time.perf_counter()
+                ok(cu.cuMemcpyDtoHAsync(pinned + k * size, dev, size, stream))
+                calls.append(time.perf_counter() - c)
+            ok(cu.cuStreamSynchronize(stream))
+            rates.append(16 * size / (time.perf_counter() - t) / 1e9)
+        ok(cu.cuMemFreeHost(pinned))
+        rows[size] = {"call_us": statistics.median(calls) * 1e6, "gb_s": statistics.median(rates)}
+    return rows
 
 
 def worker_cpu_s() -> float:
@@ -446,6 +470,16 @@ def report(results: dict) -> None:
             print(
                 f"| {direction.upper()} {label} | {f'{n:.2f} GB/s' if n else '-'} | {r:.2f} GB/s{cpu} | {pct} |"
             )
+    for size, r in remote.get("dtoh_async_pinned", {}).items():
+        label = f"{int(size) >> 20} MiB" if int(size) >= 1 << 20 else f"{int(size) >> 10} KiB"
+        n = native["dtoh_async_pinned"][size] if native else None
+        for what, key, unit in (
+            ("call returns in (median)", "call_us", "µs"),
+            ("16 in flight", "gb_s", "GB/s"),
+        ):
+            nat = f"{n[key]:.2f} {unit}" if n else "-"
+            pct = f"{(r[key] / n[key] if key == 'gb_s' else n[key] / r[key]) * 100:.0f} %" if n else "-"
+            print(f"| DtoH async into page-locked, {label}: {what} | {nat} | {r[key]:.2f} {unit} | {pct} |")
 
 
 if __name__ == "__main__":

@@ -725,6 +725,147 @@ def scenario_callbacks():
     say("many", len(seen) == 203 and seen[-1] == "host209")
 
 
+def scenario_async_copies():
+    """Copies to page-locked memory return at once and land before anything shows they are done;
+    copies to pageable memory wait, as natively."""
+    import threading
+
+    setup()
+    n = 3 * MiB + 5  # past the worker's small copies, not a multiple of anything
+    streams = []
+    for _ in range(4):
+        s = c_u64()
+        check(cu.cuStreamCreate(ctypes.byref(s), 1), "stream")
+        streams.append(s)
+    stream, other = streams[0], streams[1]
+    rc, dev = alloc(n)
+    check(rc, "alloc")
+    pinned = c_u64()
+    check(cu.cuMemAllocHost(ctypes.byref(pinned), c_u64(n)), "pinned")
+    view = (ctypes.c_char * n).from_address(pinned.value)
+    host_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+    gate = threading.Event()
+    keep = [host_fn(lambda _: gate.wait(60))]  # holds the stream until the program opens the gate
+    seen_by_host_function = []
+    keep.append(host_fn(lambda _: seen_by_host_function.append(view[:16])))
+
+    def put(pattern):
+        check(cu.cuMemcpyHtoD(c_u64(dev), pattern, c_u64(n)), "htod")
+
+    def copy_then(observe, name, pattern_byte):
+        """The stream held at a gate, a copy behind it: not there when the call returns; there once
+        `observe` says the stream got past it."""
+        pattern = bytes([pattern_byte]) * 7 + os.urandom(n - 7)
+        put(pattern)
+        ctypes.memset(pinned.value, 0xEE, n)
+        gate.clear()
+        check(cu.cuLaunchHostFunc(stream, keep[0], None), "gate")
+        check(cu.cuMemcpyDtoHAsync(c_u64(pinned.value), c_u64(dev), c_u64(n), stream), "dtoh async")
+        before = view[:n] == b"\xee" * n
+        gate.set()
+        observe()
+        say(name, f"{before},{view[:n] == pattern}")
+        return pattern
+
+    def event_query():
+        event = c_u64()
+        check(cu.cuEventCreate(ctypes.byref(event), 0), "event")
+        check(cu.cuEventRecord(event, stream), "record")
+        while (rc := cu.cuEventQuery(event)) == 600:  # CUDA_ERROR_NOT_READY: nothing is claimed yet
+            time.sleep(0.001)
+        check(rc, "query")
+
+    def event_sync():
+        event = c_u64()
+        check(cu.cuEventCreate(ctypes.byref(event), 0), "event")
+        check(cu.cuEventRecord(event, stream), "record")
+        check(cu.cuEventSynchronize(event), "event sync")
+
+    def waited_by_other_stream():
+        event = c_u64()
+        check(cu.cuEventCreate(ctypes.byref(event), 0), "event")
+        check(cu.cuEventRecord(event, stream), "record")
+        check(cu.cuStreamWaitEvent(other, event, 0), "wait event")
+        check(cu.cuStreamSynchronize(other), "other sync")
+
+    def host_function_after():
+        check(cu.cuLaunchHostFunc(stream, keep[1], None), "host fn")
+        check(cu.cuStreamSynchronize(stream), "sync")
+
+    def synchronous_copy():
+        check(dtoh(dev, 16)[0], "sync dtoh")  # on the default stream, which waits for blocking streams
+
+    check(cu.cuStreamDestroy(stream), "destroy")  # the legacy default stream for the synchronous copy
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 0), "blocking stream")
+    streams[0] = stream
+    copy_then(lambda: check(cu.cuStreamSynchronize(stream), "sync"), "stream_sync", 1)
+    copy_then(event_sync, "event_sync", 2)
+    copy_then(event_query, "event_query", 3)
+    copy_then(lambda: check(cu.cuCtxSynchronize(), "ctx sync"), "ctx_sync", 4)
+    copy_then(waited_by_other_stream, "stream_wait_event", 5)
+    pattern = copy_then(host_function_after, "host_function", 6)
+    say("host_function_saw", seen_by_host_function == [pattern[:16]])
+    pattern = copy_then(synchronous_copy, "synchronous_copy", 7)
+    ctypes.memset(pinned.value, 0xEE, 16)  # a generic cuMemcpyAsync into page-locked memory: the same
+    gate.clear()
+    check(cu.cuLaunchHostFunc(stream, keep[0], None), "gate")
+    check(cu.cuMemcpyAsync(c_u64(pinned.value), c_u64(dev), c_u64(16), stream), "memcpy async")
+    before = view[:16] == b"\xee" * 16
+    gate.set()
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("generic_async", f"{before},{view[:16] == pattern[:16]}")
+
+    # Many copies in flight on several streams, each followed on its stream by a copy that overwrites
+    # its source and one that sends its destination back to the device: stream order holds.
+    chunk, count = 64 << 10, 40
+    big, back = alloc(chunk * count)[1], alloc(chunk * count)[1]
+    old, new = os.urandom(chunk * count), os.urandom(chunk * count)
+    check(cu.cuMemcpyHtoD(c_u64(big), old, c_u64(chunk * count)), "htod old")
+    target = c_u64()
+    check(cu.cuMemHostAlloc(ctypes.byref(target), c_u64(chunk * count), 0), "host alloc")
+    ctypes.memset(target.value, 0, chunk * count)
+    for i in range(count):
+        s, at = streams[i % 4], i * chunk
+        check(cu.cuMemcpyDtoHAsync(c_u64(target.value + at), c_u64(big + at), c_u64(chunk), s), "dtoh")
+        check(cu.cuMemcpyHtoDAsync(c_u64(big + at), new[at : at + chunk], c_u64(chunk), s), "htod new")
+        check(cu.cuMemcpyHtoDAsync(c_u64(back + at), c_u64(target.value + at), c_u64(chunk), s), "back")
+    for s in streams[1:]:
+        check(cu.cuStreamSynchronize(s), "sync")
+    check(cu.cuCtxSynchronize(), "ctx sync")
+    landed = ctypes.string_at(target.value, chunk * count)
+    say("many_landed", landed == old)
+    say("many_overwritten_after", dtoh(big, chunk * count)[1] == new)
+    say("many_sent_back", dtoh(back, chunk * count)[1] == old)
+    # Two copies into one buffer on one stream: the later one's bytes stay.
+    check(cu.cuMemcpyDtoHAsync(c_u64(target.value), c_u64(big), c_u64(chunk), streams[1]), "first")
+    check(cu.cuMemcpyDtoHAsync(c_u64(target.value), c_u64(back), c_u64(chunk), streams[1]), "second")
+    check(cu.cuStreamSynchronize(streams[1]), "sync")
+    say("later_copy_wins", ctypes.string_at(target.value, chunk) == old[:chunk])
+    # A synchronous host-to-host cuMemcpy after it on a blocking stream reads the landed bytes.
+    check(cu.cuMemcpyDtoHAsync(c_u64(target.value), c_u64(big), c_u64(chunk), stream), "dtoh")
+    copied = ctypes.create_string_buffer(chunk)
+    check(cu.cuMemcpy(c_u64(ctypes.addressof(copied)), c_u64(target.value), c_u64(chunk)), "host to host")
+    say("host_to_host_after", copied.raw == new[:chunk])
+    # Freed while copies land in it: they land first (no write into freed memory).
+    for _ in range(8):
+        check(cu.cuMemcpyDtoHAsync(c_u64(target.value), c_u64(big), c_u64(chunk), streams[2]), "dtoh")
+    say("free_host", cu.cuMemFreeHost(c_u64(target.value)))
+
+    # Pageable memory: the call waits for the bytes, as the driver's copy does.
+    pageable = ctypes.create_string_buffer(n)
+    put(old[:n] if len(old) >= n else (old * 2)[:n])
+    check(cu.cuMemcpyDtoHAsync(pageable, c_u64(dev), c_u64(n), stream), "pageable")
+    say("pageable_waits", pageable.raw == (old * 2)[:n])
+    # Bad sources: refused by the call itself, as before.
+    say("bad_source", cu.cuMemcpyDtoHAsync(c_u64(pinned.value), c_u64(0xDEAD0000), c_u64(16), stream))
+    say("past_the_end", cu.cuMemcpyDtoHAsync(c_u64(pinned.value), c_u64(dev + n - 8), c_u64(16), stream))
+    # A stream that is not the lease's: the worker refuses it; the next synchronise says so.
+    say("bad_stream", cu.cuMemcpyDtoHAsync(c_u64(pinned.value), c_u64(dev), c_u64(16), c_u64(0x1234)))
+    say("bad_stream_sync", cu.cuCtxSynchronize())
+    say("after", cu.cuCtxSynchronize())
+
+
 def scenario_managed():
     """Managed memory: what the host writes before a launch is what the kernel reads; what the kernel
     writes is what the host reads after the synchronisation; copies in and out of it see the same."""

@@ -68,7 +68,7 @@ def cuda_executor_worker(shim_dir):
 
 
 @pytest.mark.parametrize(
-    "scenario", ["devices", "copies", "events", "kernels", "quota", "two_devices", "queries"]
+    "scenario", ["devices", "copies", "events", "kernels", "quota", "two_devices", "queries", "async_copies"]
 )
 def test_the_cuda_executor_serves_every_scenario(shim_dir, cuda_executor_worker, scenario):
     """virtualize/_cuda.py through real cuda.bindings: the lease's device 0 is the host worker's device 1."""
@@ -97,6 +97,18 @@ def test_the_cuda_executor_serves_every_scenario(shim_dir, cuda_executor_worker,
             "bad_device": "101",
         },
         "quota": {"first": "0", "second": "2", "pool_over": "2", "after_free": "0"},  # 48 MiB partition
+        "async_copies": {  # queued on the stream behind an event and a mark, sent once both are passed
+            **{
+                k: "True,True"
+                for k in ("stream_sync", "event_sync", "event_query", "ctx_sync", "host_function")
+            },
+            "host_function_saw": "True",
+            "many_landed": "True",
+            "many_sent_back": "True",
+            "later_copy_wins": "True",
+            "pageable_waits": "True",
+            "bad_stream_sync": "400",
+        },
     }[scenario]
     assert {k: out.get(k) for k in expected} == expected
 

@@ -150,6 +150,16 @@ def test_host_functions_come_back_over_an_encrypted_callback_connection(shim_dir
 
 
 @needs_cc
+def test_copies_to_page_locked_memory_come_back_over_an_encrypted_callback_connection(shim_dir, worker):
+    """Their bytes share the callback connection with host functions, sent while the worker waits for
+    a host function's answer on it: one TLS session, written and read at once."""
+    out, err, _ = recorded_run(shim_dir, worker, "async_copies", GPUPOOL_DATA_ENCRYPTION="always")
+    assert out["stream_sync"] == out["host_function"] == "True,True", out
+    assert out["many_landed"] == out["many_sent_back"] == out["host_function_saw"] == "True", out
+    assert "gpupool:" not in err
+
+
+@needs_cc
 def test_an_encrypted_run_shows_the_network_neither_the_secret_nor_the_data(shim_dir, worker):
     """What the shim does whenever the worker is on another host, forced here on loopback."""
     out, _, seen = recorded_run(shim_dir, worker, "copies", GPUPOOL_DATA_ENCRYPTION="always")

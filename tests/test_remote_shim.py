@@ -542,3 +542,23 @@ def test_processes_of_one_lease_share_memory_and_events_through_ipc_handles_and_
     finally:
         exporter.kill()
         exporter.wait(10)
+
+
+def test_copies_to_page_locked_memory_return_at_once_and_land_before_anything_shows_them_done(
+    shim_dir, worker
+):
+    """The stream held at a host function: the copy's call returns before its bytes are there; each
+    way a program learns the stream got past it shows the bytes in place."""
+    out, err = run_client("async_copies", client_env(shim_dir, worker))
+    shown_done = ("stream_sync", "event_sync", "event_query", "ctx_sync", "stream_wait_event")
+    assert {k: out[k] for k in shown_done} == dict.fromkeys(shown_done, "True,True")
+    assert out["host_function"] == out["synchronous_copy"] == "True,True"
+    assert out["host_function_saw"] == "True"  # a host function after the copy sees its bytes
+    assert out["generic_async"] == "True,True"  # cuMemcpyAsync, as cuda.core copies
+    assert out["many_landed"] == out["many_overwritten_after"] == out["many_sent_back"] == "True"
+    assert out["later_copy_wins"] == out["host_to_host_after"] == "True"
+    assert out["free_host"] == "0"
+    assert out["pageable_waits"] == "True"
+    assert out["bad_source"] == out["past_the_end"] == "1"  # CUDA_ERROR_INVALID_VALUE, from the call
+    assert out["bad_stream"] == "0" and out["bad_stream_sync"] == "400" and out["after"] == "0"
+    assert "gpupool:" not in err

@@ -315,6 +315,11 @@ CALLS: tuple[Call, ...] = (
     _c("cuMemcpyDtoHAsync", 3020, "ptr dst, dptr src, u64 count, stream stream",
        symbol="cuMemcpyDtoHAsync_v2", sync=True, custom=True,
        wire="dptr src, u64 count, stream stream, o_buf:count data"),
+    # An asynchronous copy into page-locked memory returns at once; its bytes come on the callback
+    # connection when the stream gets there (virtualize/_wire.py COPY_DATA). Flush: the worker sends
+    # every such copy done by now (`wait`: every one, waiting for each) before it answers.
+    _c("gpMemcpyDtoHAsync", 0, "dptr src, u64 count, stream stream, u64 id", A, symbol="-"),
+    _c("gpCopiesFlush", 0, "u32 wait", symbol="-"),
     _c("cuMemcpyDtoD", 3020, "dptr dst, dptr src, u64 count", A, symbol="cuMemcpyDtoD_v2"),
     _c("cuMemcpyDtoDAsync", 3020, "dptr dst, dptr src, u64 count, stream stream", A,
        symbol="cuMemcpyDtoDAsync_v2"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import logging
+import mmap
 import struct
 import threading
 from collections.abc import Callable
@@ -20,10 +21,12 @@ from virtualize._executor import (
     FORWARDED_LAUNCH_ATTRIBUTES,
     INVALID_VALUE,
     NOT_SUPPORTED,
+    CopiedBytes,
     Copy3D,
     CudaError,
     Executor,
     Launch,
+    StagedCopy,
     linked_image,
 )
 from virtualize._results import CUresult
@@ -32,6 +35,22 @@ _INVALID_VALUE_RESULT = driver.CUresult.CUDA_ERROR_INVALID_VALUE
 SMALL_COPY = 256 << 10  # up to this, copies go through pageable memory (one driver call)
 STAGING_CHUNK = 8 << 20
 _HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_size_t)  # CUhostFn: void (*)(void *userData)
+# Asynchronous copies to the client: each one's own page-locked buffer, kept for reuse up to this much;
+# a larger copy is staged before the call returns (as every copy to the host was before).
+ASYNC_STAGING_MAX = 256 << 20
+ASYNC_STAGING_KEPT = 512 << 20
+# A copy's completion mark, which the host-function thread calling clients back reads (it may make no
+# CUDA call): the stream writes a word into host memory behind the copy (cuStreamWriteValue32, no host
+# thread involved), or, where stream memory operations are refused, the driver calls sem_post on a
+# semaphore — a C function, so the stream never waits for the GIL (its int result, ignored, is fine on
+# the 64-bit ABIs CUDA runs on). Other threads ask the copy's event.
+_libc = ctypes.CDLL(None, use_errno=True)
+_SEM_BYTES = 32  # sizeof(sem_t), 64-bit Linux
+_SEM_POST = driver.CUhostFn(ctypes.cast(_libc.sem_post, ctypes.c_void_p).value)
+_kept: list = []  # marks a dead context never wrote or posted, and their memory: never freed
+_MARK_BYTES = 4096  # after each staging buffer: the word the stream writes
+_marks = itertools.count(1)
+_driver_thread = threading.local()  # `calling_back` while the driver's thread runs a host function
 
 
 def _ok(result):
@@ -104,6 +123,159 @@ class _Staging:
             driver.cuMemFreeHost(self.addresses[k])
 
 
+class _Buffer:
+    """Host memory of the worker's own (mmap), registered with the driver: it outlives any context, so
+    a context the client destroys or resets leaves it valid (a copy into it is then merely synchronous).
+    A page after it holds the word streams write as copies' marks, registered on its own, mapped for
+    the device, once a stream is to write there."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.memory = mmap.mmap(-1, size + _MARK_BYTES)
+        self.anchor = ctypes.c_char.from_buffer(self.memory)
+        self.address = ctypes.addressof(self.anchor)
+        self.mark = ctypes.c_uint32.from_address(self.address + size)
+        # PORTABLE: page-locked for every context. Refused (no room): pageable, still correct.
+        self.registered = driver.cuMemHostRegister(self.address, size, 1)[0] == 0
+        self._mark_device: int | None = None
+        self._mark_registered = False
+
+    def mark_device(self) -> int:
+        """The mark's device address (0: none to be had)."""
+        if self._mark_device is None:
+            self._mark_device = 0
+            flags = 3  # PORTABLE | DEVICEMAP
+            if driver.cuMemHostRegister(self.address + self.size, _MARK_BYTES, flags)[0] == 0:
+                found = driver.cuMemHostGetDevicePointer(self.address + self.size, 0)
+                self._mark_device = int(found[1]) if found[0] == 0 else 0
+                self._mark_registered = True
+        return self._mark_device
+
+    def drop(self) -> None:
+        if self.registered:
+            driver.cuMemHostUnregister(self.address)
+        if self._mark_registered:
+            driver.cuMemHostUnregister(self.address + self.size)
+
+
+class _PinnedPool:
+    """Page-locked buffers of copies in flight to the client, by power-of-two size, and their events.
+    Both come back on any thread (the host-function thread may make no CUDA call), so what is not kept
+    is unregistered or destroyed at the next take, on a connection's thread."""
+
+    def __init__(self) -> None:
+        self.free: dict[int, list[_Buffer]] = {}
+        self.kept = 0
+        self.doomed: list[_Buffer] = []
+        self.doomed_events: list = []
+        self.lock = threading.Lock()
+
+    def take(self, count: int) -> _Buffer:
+        size = max(64 << 10, 1 << (count - 1).bit_length())
+        with self.lock:
+            doomed, self.doomed = self.doomed, []
+            events, self.doomed_events = self.doomed_events, []
+            free = self.free.get(size)
+            buffer = free.pop() if free else None
+            self.kept -= size if buffer else 0
+        for old in doomed:
+            old.drop()
+        for event in events:
+            driver.cuEventDestroy(event)  # a context gone since: an error, and nothing to do
+        return buffer or _Buffer(size)
+
+    def give(self, buffer: _Buffer | None, event) -> None:
+        """`buffer` None: only the event comes back."""
+        with self.lock:
+            self.doomed_events.append(event)
+            if buffer is None:
+                return
+            if self.kept + buffer.size <= ASYNC_STAGING_KEPT:
+                self.free.setdefault(buffer.size, []).append(buffer)
+                self.kept += buffer.size
+            else:
+                self.doomed.append(buffer)
+
+
+class _InFlight(StagedCopy):
+    """A copy queued on a stream into a page-locked buffer, with an event and a mark behind it."""
+
+    def __init__(self, executor: CudaExecutor, src: int, count: int, stream) -> None:
+        self.executor, self.count = executor, count
+        self.ctx = executor._local().ctx
+        self.buffer = executor.pinned.take(count)
+        self.address = self.buffer.address
+        self.sem = None
+        self.seq = next(_marks) & 0xFFFFFFFF or 1  # never the word left there before: no reset needed
+        self.event = _ok(driver.cuEventCreate(2))  # CU_EVENT_DISABLE_TIMING
+        self.error = 0
+        self.done = False
+        try:
+            _ok(driver.cuMemcpyDtoHAsync(self.address, src, count, stream))
+            _ok(driver.cuEventRecord(self.event, stream))
+            marked = bool(executor.stream_marks and self.buffer.mark_device())
+            if marked and driver.cuStreamWriteValue32(stream, self.buffer.mark_device(), self.seq, 0)[0]:
+                executor.stream_marks = marked = False  # refused (no stream memory operations): not again
+            if not marked:
+                self.sem = (ctypes.c_char * _SEM_BYTES)()
+                _libc.sem_init(self.sem, 0, 0)
+                _ok(driver.cuLaunchHostFunc(stream, _SEM_POST, ctypes.addressof(self.sem)))
+        except CudaError:
+            driver.cuStreamSynchronize(stream)  # nothing of ours left in flight on it
+            self.done = True
+            self.release()
+            raise
+
+    def _marked(self) -> bool:
+        if self.sem is None:
+            return self.buffer.mark.value == self.seq
+        value = ctypes.c_int()
+        _libc.sem_getvalue(self.sem, ctypes.byref(value))
+        return value.value > 0
+
+    def ready(self) -> bool:
+        if self.done or self._marked():
+            return True
+        if getattr(_driver_thread, "calling_back", False):
+            return False  # the mark comes soon after the event; no CUDA call on the driver's thread
+        return self._in_context(driver.cuEventQuery) == driver.CUresult.CUDA_SUCCESS
+
+    def _in_context(self, ask):
+        """`ask(event)`'s result, made in the copy's context from any thread."""
+        err = driver.cuCtxPushCurrent(driver.CUcontext(self.ctx))[0]
+        if err == driver.CUresult.CUDA_SUCCESS:
+            err = ask(self.event)[0]
+            driver.cuCtxPopCurrent()
+        return err
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        err = self._in_context(driver.cuEventSynchronize)
+        if err != driver.CUresult.CUDA_SUCCESS:  # the context failed or is gone: no bytes to send
+            self.error = int(err)
+        self.done = True  # the event says the bytes are in; the mark may come later
+
+    def view(self) -> memoryview:
+        if self.error:
+            raise CudaError(self.error, "the copy to the host failed")
+        return memoryview((ctypes.c_char * self.count).from_address(self.address)).cast("B")
+
+    def release(self) -> None:
+        if self.address == 0:
+            return
+        if not self.ready():
+            self.wait()  # the client is gone: the buffer goes back once the DMA is over
+        if self._marked():
+            if self.sem is not None:
+                _libc.sem_destroy(self.sem)
+            self.executor.pinned.give(self.buffer, self.event)
+        else:  # the stream may still write its mark or the driver post it (a context that failed)
+            _kept.append((self.sem, self.buffer))
+            self.executor.pinned.give(None, self.event)
+        self.address = 0
+
+
 class CudaExecutor(Executor):
     name = "cuda"
 
@@ -121,6 +293,8 @@ class CudaExecutor(Executor):
         self._host_keys = itertools.count(1)
         self._host_thunk = _HOST_FN(self._run_host_func)
         self._host_thunk_fn = driver.CUhostFn(ctypes.cast(self._host_thunk, ctypes.c_void_p).value)
+        self.pinned = _PinnedPool()  # buffers of asynchronous copies to the client
+        self.stream_marks = True  # whether the streams write copies' marks (stream memory operations)
 
     @staticmethod
     def _find(device, position: int) -> int:
@@ -235,6 +409,20 @@ class CudaExecutor(Executor):
             staging.wait(j)
             send(staging.views[j][:n])
 
+    def copy_from_device_async(self, src, count, stream) -> StagedCopy:
+        if count > ASYNC_STAGING_MAX:  # not worth pinning that much: staged now, the stream waited for
+            data = bytearray(count)
+            at = 0
+
+            def keep(view: memoryview) -> None:
+                nonlocal at
+                data[at : at + len(view)] = view
+                at += len(view)
+
+            self.copy_from_device(src, count, stream, keep)
+            return CopiedBytes(data)
+        return _InFlight(self, src, count, self._stream(stream))
+
     def memset(self, dst: int, value: int, element_size: int, count: int, stream: int | None) -> None:
         name = {1: "cuMemsetD8", 2: "cuMemsetD16", 4: "cuMemsetD32"}[element_size]
         if stream is None:
@@ -329,10 +517,13 @@ class CudaExecutor(Executor):
         """On the driver's callback thread: no CUDA call may be made here (none is)."""
         fn = self.host_funcs.get(key) if key in self.kept_host_funcs else self.host_funcs.pop(key, None)
         if fn is not None:
+            _driver_thread.calling_back = True
             try:
                 fn()
             except Exception:  # a failure here must not take the driver's thread down
                 logging.getLogger("gpupool.worker").exception("host function failed")
+            finally:
+                _driver_thread.calling_back = False
 
     def reserve_addresses(self, size: int, hint: int) -> int:
         return _int(_ok(driver.cuMemAddressReserve(size, 1 << 30, hint, 0)))

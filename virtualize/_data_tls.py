@@ -15,6 +15,7 @@ import hashlib
 import ipaddress
 import os
 import ssl
+import threading
 from pathlib import Path
 
 TLS_RECORD_FIRST_BYTE = 0x16  # a TLS handshake record; the plaintext protocol starts with gpHello's id 0
@@ -82,7 +83,9 @@ class TlsStream:
     copy across a 25 Gbit/s link to a fraction of what the cipher does (bench/RESULTS.md, issue 12).
     Here OpenSSL en- and decrypts between memory BIOs and the socket moves up to `IO_BYTES` per call.
     It offers what the worker uses of a socket: recv_into, sendall, settimeout, version, close; and
-    recv_into_all, a copy's bulk decrypted record after record in one loop."""
+    recv_into_all, a copy's bulk decrypted record after record in one loop. One thread may read while
+    another writes (a callback connection carries copies out while an answer is awaited): the TLS
+    session and its buffers are used under a lock, the socket's blocking reads outside it."""
 
     IO_BYTES = 1 << 20
 
@@ -93,6 +96,7 @@ class TlsStream:
         self._tls = context.wrap_bio(self._in, self._out, server_side=server_side)
         self._buf = bytearray(self.IO_BYTES)
         self._view = memoryview(self._buf)
+        self._lock = threading.Lock()
 
     def do_handshake(self) -> None:
         while True:
@@ -111,55 +115,66 @@ class TlsStream:
         """Up to `nbytes` (default: len(buffer)) decrypted bytes into `buffer`; 0 at the end of the stream."""
         want = nbytes or len(buffer)
         while True:
-            if not (self._in.pending or self._tls.pending()) and not self._fill():
+            with self._lock:
+                buffered = self._in.pending or self._tls.pending()
+            if not buffered and not self._fill():
                 return 0  # nothing buffered: read the socket first rather than fail a read (an exception)
-            try:
-                got = self._tls.read(want, buffer)
-            except ssl.SSLWantReadError:
-                if not self._fill():
+            with self._lock:
+                try:
+                    got = self._tls.read(want, buffer)
+                except ssl.SSLWantReadError:
+                    got = -1
+                except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
                     return 0
-                continue
-            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                if self._out.pending:  # a post-handshake answer (a key update): out before anything else
+                    self._flush()
+            if got >= 0:
+                return got
+            if not self._fill():
                 return 0
-            if self._out.pending:  # a post-handshake answer (a key update): out before anything else
-                self._flush()
-            return got
 
     def recv_into_all(self, view: memoryview) -> bool:
         """Fill all of `view` with decrypted bytes (a copy's bulk); False if the stream ends first."""
         read, n, pos = self._tls.read, len(view), 0
         while pos < n:
-            try:
-                got = read(n - pos, view[pos:])
-            except ssl.SSLWantReadError:
+            with self._lock:
+                try:
+                    got = read(n - pos, view[pos:])
+                except ssl.SSLWantReadError:
+                    got = -1
+                except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                    return False
+            if got < 0:
                 if not self._fill():
                     return False
                 continue
-            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
-                return False
             if not got:
                 return False
             pos += got
-        if self._out.pending:
-            self._flush()
+        with self._lock:
+            if self._out.pending:
+                self._flush()
         return True
 
     def sendall(self, data) -> None:
         if len(data) <= self.IO_BYTES and isinstance(data, bytes):  # a reply: one record, one send
-            self._tls.write(data)
-            self._flush()
+            with self._lock:
+                self._tls.write(data)
+                self._flush()
             return
         view = memoryview(data).cast("B")
         for start in range(0, len(view), self.IO_BYTES):
-            self._tls.write(view[start : start + self.IO_BYTES])
-            self._flush()
+            with self._lock:
+                self._tls.write(view[start : start + self.IO_BYTES])
+                self._flush()
 
     def _fill(self) -> bool:
-        got = self.sock.recv_into(self._view)
-        if not got:
-            self._in.write_eof()
-            return False
-        self._in.write(self._view[:got])
+        got = self.sock.recv_into(self._view)  # the blocking part, outside the lock
+        with self._lock:
+            if not got:
+                self._in.write_eof()
+                return False
+            self._in.write(self._view[:got])
         return True
 
     def _flush(self) -> None:

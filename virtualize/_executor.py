@@ -55,6 +55,7 @@ SHAPED: dict[str, str] = {
     "cuMemcpyHtoDAsync": "copy_to_device",
     "cuMemcpyDtoH": "copy_from_device",
     "cuMemcpyDtoHAsync": "copy_from_device",
+    "gpMemcpyDtoHAsync": "copy_from_device_async",
     **dict.fromkeys(
         (
             "cuMemsetD8",
@@ -106,6 +107,7 @@ GUARD_CALLS = (
         "cuGraphAddEmptyNode",
     ),
     "cuGraphAddDependencies",  # graphs built node by node
+    "gpCopiesFlush",  # asynchronous copies to the client's page-locked memory (virtualize._deliveries)
 )
 
 
@@ -167,6 +169,47 @@ class Launch:
     is_kernel: bool = False  # `func` is a CUkernel (a graph's kernel node needs its function)
 
 
+class StagedCopy(abc.ABC):
+    """A copy from the device queued behind its stream into a host buffer of the executor's
+    (`Executor.copy_from_device_async`): safe to ask from any thread."""
+
+    @abc.abstractmethod
+    def ready(self) -> bool:
+        """Whether the stream has got past the copy (its bytes are in host memory, or it failed)."""
+
+    @abc.abstractmethod
+    def wait(self) -> None:
+        """Block until `ready()`."""
+
+    @abc.abstractmethod
+    def view(self) -> memoryview:
+        """The copied bytes, once ready; raises CudaError if the copy failed."""
+
+    # True: `view()` is the device memory itself, valid only until the executor runs another call, so
+    # the bytes are sent before the call that queued the copy returns (an executor whose streams run at
+    # once needs no copy of its own).
+    transient = False
+
+    def release(self) -> None:  # noqa: B027 - optional hook: a buffer that is plain memory needs nothing
+        """The bytes have been sent: the buffer may be reused."""
+
+
+class CopiedBytes(StagedCopy):
+    """A copy whose bytes were taken before the call returned (nothing left in flight)."""
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        self.data = data
+
+    def ready(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        return None
+
+    def view(self) -> memoryview:
+        return memoryview(self.data)
+
+
 class Executor(abc.ABC):
     """Runs checked CUDA calls: the shaped methods below, and one abstract method per name in `PER_CALL`,
     declared from the call table (an executor that misses one cannot be created)."""
@@ -191,6 +234,11 @@ class Executor(abc.ABC):
     ) -> None:
         """Copy `count` bytes from device address `src`, handing each chunk to `send` in order,
         once the chunk's bytes are in host memory."""
+
+    @abc.abstractmethod
+    def copy_from_device_async(self, src: int, count: int, stream: int) -> StagedCopy:
+        """Queue a copy of `count` bytes from device address `src` behind `stream`'s work and return at
+        once, without waiting for the stream: the bytes are the device's as the stream reaches the copy."""
 
     @abc.abstractmethod
     def memset(self, dst: int, value: int, element_size: int, count: int, stream: int | None) -> None: ...

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from virtualize import _wire
 from virtualize._address_window import GRANULE, WindowFull, WindowMemory
 from virtualize._calls import CALLS, HANDLE_TYPES, Call, Mode
+from virtualize._deliveries import Deliveries
 from virtualize._executor import (
     HANDSHAKE,
     INVALID_CONTEXT,
@@ -128,23 +129,43 @@ class LeaseState:
 
 class HostCallbacks:
     """The client process's callback connection: the worker's driver thread sends a host function's id
-    when its stream reaches it and waits until the client answers that it has run (one at a time)."""
+    when its stream reaches it and waits until the client answers that it has run (one at a time).
+    Copies to the client's page-locked memory travel on it too (`virtualize._deliveries`); those done
+    by then go first, so a host function after a copy sees its bytes."""
 
     def __init__(self, channel) -> None:
         self.channel = channel
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # one host function at a time
+        self.send_lock = threading.Lock()  # frames whole: host function ids and copies share the channel
         self.closed = threading.Event()  # the process's connection has ended: stop calling back
+        self.deliveries = Deliveries(self.send, self.lock)
+
+    def send(self, *parts) -> bool:
+        with self.send_lock:
+            if self.closed.is_set():
+                return False
+            try:
+                self.channel.send(*parts)
+                return True
+            except (OSError, ConnectionError, EOFError) as exc:
+                log.info("the client's callback connection is gone (%s); host functions are skipped", exc)
+                self.closed.set()
+                return False
 
     def call(self, ident: int, status: int = 0) -> None:
         with self.lock:
-            if self.closed.is_set():
+            self.deliveries.send_done()  # copies done by now land before the function runs
+            if not self.send(_wire.REPLY.pack(status, 8, 0), struct.pack("<Q", ident)):
                 return
             try:
-                self.channel.send(_wire.REPLY.pack(status, 8, 0), struct.pack("<Q", ident))
                 self.channel.read_exact(8)  # the id again: the function has returned
             except (OSError, ConnectionError, EOFError) as exc:
                 log.info("the client's callback connection is gone (%s); host functions are skipped", exc)
                 self.closed.set()
+
+    def close(self) -> None:
+        self.closed.set()
+        self.deliveries.close()
 
 
 class Session:
@@ -165,6 +186,7 @@ class Session:
         self.window = WindowMemory(executor, lease.limits)  # this client process's device addresses
         self.spoiled_captures: set[int] = set()  # streams whose capture met a copy it cannot hold
         self.callbacks: HostCallbacks | None = None  # this process's callback connection, once attached
+        self.copies_announced = 0  # copy frames the client was last told to wait for (_wire.COPIES_SENT)
         self.callback_token = 0
         self.calls_back_for: Session | None = None  # set on a callback connection: stop reading it
         # The virtual memory API on this connection: reserved ranges, mappings, and created memory.
@@ -234,6 +256,8 @@ class Session:
             "cuMemcpyHtoDAsync_v2": self._htod,
             "cuMemcpyDtoH_v2": self._dtoh,
             "cuMemcpyDtoHAsync_v2": self._dtoh,
+            "gpMemcpyDtoHAsync": self._dtoh_async,
+            "gpCopiesFlush": self._copies_flush,
             "cuMemcpyDtoD_v2": self._dtod,
             "cuMemcpyDtoDAsync_v2": self._dtod,
             "cuMemcpyPeer": self._peer,
@@ -307,13 +331,27 @@ class Session:
     def _answer(self, wants_reply: bool, answer, result: int) -> None:
         if not wants_reply:
             return
+        self._announce_copies()
         outs, bulk = answer if (answer and result == 0) else (b"", b"")
         self.channel.send(_wire.REPLY.pack(result, len(outs), len(bulk)), outs, bulk)
+
+    def _announce_copies(self, wait: bool = False) -> None:
+        """Before any reply: the copies to the client's page-locked memory that are done by now go out,
+        and the client hears how many it is to wait for — whatever the reply says (a synchronise, a
+        query that says done), it returns with those bytes in place."""
+        callbacks = self.callbacks
+        if callbacks is None:
+            return
+        sent = callbacks.deliveries.flush(wait, inline=self.channel.send)
+        if sent != self.copies_announced:
+            self.copies_announced = sent
+            count = _wire.COPIES_COUNT.pack(sent)
+            self.channel.send(_wire.REPLY.pack(_wire.COPIES_SENT, len(count), 0), count)
 
     def close(self) -> None:
         """The client is gone: free what it left allocated, as process exit does on a local GPU."""
         if self.callbacks is not None:
-            self.callbacks.closed.set()  # its callback connection's thread ends, host functions are skipped
+            self.callbacks.close()  # its callback connection's thread ends, host functions are skipped
         with self.lease.lock:
             self.lease.callback_tokens.pop(self.callback_token, None)
         for ctx in list(self.created_contexts):  # their memory goes with them
@@ -1001,6 +1039,7 @@ class Session:
             if sent == 0:  # the first chunk is in: the call has worked so far, answer with the header
                 result, self.pending = (self.pending, 0) if call.sync_point else (0, self.pending)
                 self._send_kernel_output()
+                self._announce_copies()
                 self.channel.send(_wire.REPLY.pack(result, 0, count), view)
             else:
                 self.channel.send(view)
@@ -1015,6 +1054,27 @@ class Session:
             while sent < count:
                 send(memoryview(bytes(min(count - sent, _wire.CHUNK_BYTES))))
         return _ANSWERED
+
+    def _dtoh_async(self, call: Call, ins: tuple):
+        """gpMemcpyDtoHAsync: queued behind its stream; its bytes (or its error) go to the client later."""
+        src, count, stream, ident = ins
+        callbacks = self.callbacks
+        if callbacks is None:  # the shim starts the callback connection first
+            raise CudaError(CUresult.NOT_SUPPORTED, "no callback connection")
+        try:
+            self._check(call, ins)
+            self._check_range(src, count)
+            if self._capturing(call, stream):
+                raise CudaError(CUresult.STREAM_CAPTURE_UNSUPPORTED, "a copy to the client's memory")
+            staged = self.executor.copy_from_device_async(src, count, stream)
+        except Exception as exc:  # the client stops waiting for it either way
+            callbacks.deliveries.failed(ident, getattr(exc, "code", CUresult.UNKNOWN))
+            raise  # and kept for the next synchronising call, as an asynchronous error is
+        callbacks.deliveries.add(ident, staged)
+
+    def _copies_flush(self, call: Call, ins: tuple):
+        """Every copy done by now reaches the client before this answer (`wait`: every copy queued)."""
+        self._announce_copies(wait=bool(ins[0]))
 
     def _dtod(self, call: Call, ins: tuple):
         self._check(call, ins)

@@ -31,10 +31,12 @@ from virtualize._executor import (
     INVALID_HANDLE,
     INVALID_VALUE,
     NOT_FOUND,
+    CopiedBytes,
     Copy3D,
     CudaError,
     Executor,
     Launch,
+    StagedCopy,
     linked_image,
 )
 from virtualize._results import CUresult
@@ -94,6 +96,12 @@ def ptx_layouts(image: bytes) -> dict[str, list[tuple[int, int]]]:
             offset += size
         kernels[name.decode()] = layout
     return kernels
+
+
+class _Copied(CopiedBytes):
+    """A copy done at once, its bytes where they lie: sent before the next call can change them."""
+
+    transient = True
 
 
 class HostExecutor(Executor):
@@ -249,6 +257,10 @@ class HostExecutor(Executor):
         view = memoryview(mem)  # sent from where it lies, as the CUDA executor sends its staging buffer
         for start in range(0, count, CHUNK):
             send(view[off + start : off + min(count, start + CHUNK)])
+
+    def copy_from_device_async(self, src, count, stream) -> StagedCopy:
+        mem, off = self._find(src, count)
+        return _Copied(memoryview(mem)[off : off + count])  # streams run at once here: the copy is done
 
     def _on(self, stream, work) -> None:
         """Run stream work now, or record it when the stream is being captured into a graph."""

@@ -180,6 +180,8 @@ def generate_types() -> str:
         f'#define GP_ENV_MEMO "{_wire.ENV_MEMO}"',
         f"#define GP_NONCE_BYTES {_wire.NONCE_BYTES}u",
         f"#define GP_KERNEL_OUTPUT ({_wire.KERNEL_OUTPUT})",
+        f"#define GP_COPY_DATA ({_wire.COPY_DATA})",
+        f"#define GP_COPIES_SENT ({_wire.COPIES_SENT})",
         f"#define GP_PROOF_BYTES {_wire.PROOF_BYTES}u",
         f"#define GP_WORKER_LABEL {c_string(_wire.WORKER_LABEL)}",
         f"#define GP_CLIENT_LABEL {c_string(_wire.CLIENT_LABEL)}",
@@ -190,6 +192,9 @@ def generate_types() -> str:
         "struct gp_reply { int32_t result; uint32_t outs_len; uint64_t bulk_len; } __attribute__((packed));",
         f'_Static_assert(sizeof(struct gp_request) == {_wire.REQUEST.size}, "request header");',
         f'_Static_assert(sizeof(struct gp_reply) == {_wire.REPLY.size}, "reply header");',
+        "/* An asynchronous copy's frame on the callback connection: its id and result (_wire.COPY_HEAD). */",
+        "struct gp_copy_head { uint64_t id; int32_t result; uint32_t reserved; } __attribute__((packed));",
+        f'_Static_assert(sizeof(struct gp_copy_head) == {_wire.COPY_HEAD.size}, "copy head");',
         "",
     ]
     for name, value in RESULTS.items():

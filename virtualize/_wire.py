@@ -37,6 +37,15 @@ CHUNK_BYTES = 4 << 20
 # client's stdout; the call's own reply follows. Sent before the reply of a synchronising call or a copy
 # to the host, where the driver writes kernel output, so it lands in order with the program's own prints.
 KERNEL_OUTPUT = -2
+# Copies into the client's page-locked memory that complete later (cuMemcpyDtoHAsync): the worker sends
+# each one's bytes, once they are in its host memory, on the process's callback connection as a header
+# with COPY_DATA, outs COPY_HEAD (the client's copy id, the copy's CUresult) and the bytes as bulk.
+# Before any reply on the process's connection it says how many such frames it has sent by then
+# (COPIES_SENT, outs COPIES_COUNT), and the client lets no call return before that many have landed.
+COPY_DATA = -3
+COPY_HEAD = struct.Struct("<QiI")  # copy id, CUresult, 0
+COPIES_SENT = -4
+COPIES_COUNT = struct.Struct("<Q")
 # A frame's fixed part is small; anything larger is a corrupt or hostile peer.
 MAX_ARGS_BYTES = 1 << 16
 # Module images and kernel parameters are bounded too (a fatbin of a big library is well under this).

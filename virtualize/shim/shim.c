@@ -262,12 +262,28 @@ static int kernel_output(uint64_t len) {
     return 0;
 }
 
+static void copies_wait(uint64_t need);
+static int land_copy(const struct gp_reply *rep, int counted);
+
 static int recv_reply(int32_t *result, void *outs, uint32_t outs_len, void *bulk_out, uint64_t bulk_out_len) {
     struct gp_reply rep;
     if (recv_all(&rep, sizeof rep) < 0) return -1;
-    while (rep.result == GP_KERNEL_OUTPUT && rep.outs_len == 0) {
-        fflush(stdout); /* what the program printf'ed before the synchronise comes first */
-        if (kernel_output(rep.bulk_len) < 0 || recv_all(&rep, sizeof rep) < 0) return -1;
+    for (;;) {
+        if (rep.result == GP_KERNEL_OUTPUT && rep.outs_len == 0) {
+            fflush(stdout); /* what the program printf'ed before the synchronise comes first */
+            if (kernel_output(rep.bulk_len) < 0) return -1;
+        } else if (rep.result == GP_COPIES_SENT && rep.outs_len == sizeof(uint64_t) && rep.bulk_len == 0) {
+            /* Copies the worker finished before this reply: in place before the reply is read (it may
+             * say they are done, or carry newer bytes for the same buffer). */
+            uint64_t need;
+            if (recv_all(&need, sizeof need) < 0) return -1;
+            copies_wait(need);
+        } else if (rep.result == GP_COPY_DATA) { /* a copy sent here while a host function runs */
+            if (land_copy(&rep, 0) < 0) return -1;
+        } else {
+            break;
+        }
+        if (recv_all(&rep, sizeof rep) < 0) return -1;
     }
     uint32_t take = rep.outs_len < outs_len ? rep.outs_len : outs_len;
     if (take && recv_all(outs, take) < 0) return -1;
@@ -579,6 +595,106 @@ static int callback_send(const void *buf, size_t len) {
     return 0;
 }
 
+/* ---- copies into page-locked memory that complete later (cuMemcpyDtoHAsync, cuMemcpyAsync) --------
+ *
+ * The call returns once its request is sent. The worker queues the copy behind its stream and, once
+ * its bytes are in host memory there, sends them on the callback connection, where the callback thread
+ * writes them into the destination. Before any reply on the process's connection the worker says how
+ * many such frames it has sent (GP_COPIES_SENT) and recv_reply waits until as many have landed, so no
+ * synchronise, query that says done, or copy returns before the bytes it could show the program. */
+
+struct pending_copy { uint64_t id; void *dst; uint64_t count; struct pending_copy *next; };
+static pthread_mutex_t copies_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t copies_cond = PTHREAD_COND_INITIALIZER;
+static struct pending_copy *copies;
+static uint64_t next_copy = 1, copies_landed, copies_in_flight;
+static int copies_stopped; /* the callback connection ended: nothing more will land */
+
+uint64_t gp_copy_expect(void *dst, uint64_t count) {
+    struct pending_copy *c = malloc(sizeof *c);
+    if (!c) return 0;
+    pthread_mutex_lock(&copies_lock);
+    *c = (struct pending_copy){next_copy++, dst, count, copies};
+    copies = c;
+    __atomic_add_fetch(&copies_in_flight, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&copies_lock);
+    return c->id;
+}
+
+static struct pending_copy *copy_unlink(uint64_t id) { /* under copies_lock */
+    struct pending_copy **at = &copies;
+    while (*at && (*at)->id != id) at = &(*at)->next;
+    struct pending_copy *c = *at;
+    if (c) {
+        *at = c->next;
+        __atomic_sub_fetch(&copies_in_flight, 1, __ATOMIC_RELEASE);
+    }
+    return c;
+}
+
+void gp_copy_drop(uint64_t id) { /* its request never left: nothing will come for it */
+    pthread_mutex_lock(&copies_lock);
+    free(copy_unlink(id));
+    pthread_mutex_unlock(&copies_lock);
+}
+
+int gp_copies_in_flight(void) { return __atomic_load_n(&copies_in_flight, __ATOMIC_ACQUIRE) != 0; }
+
+int gp_copies_into(const void *p, uint64_t count) {
+    if (!gp_copies_in_flight()) return 0;
+    uint64_t lo = (uint64_t)p, hi = lo + count;
+    int hit = 0;
+    pthread_mutex_lock(&copies_lock);
+    for (struct pending_copy *c = copies; c && !hit; c = c->next)
+        hit = (uint64_t)c->dst < hi && lo < (uint64_t)c->dst + c->count;
+    pthread_mutex_unlock(&copies_lock);
+    return hit;
+}
+
+/* One copy's frame: its bytes straight into the destination. `counted`: it came on the callback
+ * connection (the frames the worker counts in GP_COPIES_SENT), else ahead of a reply. */
+static int land_copy(const struct gp_reply *rep, int counted) {
+    struct gp_copy_head head;
+    if (rep->outs_len != sizeof head || recv_all(&head, sizeof head) < 0) return -1;
+    pthread_mutex_lock(&copies_lock);
+    struct pending_copy *c = copies;
+    while (c && c->id != head.id) c = c->next;
+    pthread_mutex_unlock(&copies_lock); /* only the frame's reader takes it out once it was sent */
+    uint64_t take = c && rep->bulk_len <= c->count ? rep->bulk_len : 0;
+    if (take && recv_all(c->dst, take) < 0) return -1;
+    if (discard(rep->bulk_len - take) < 0) return -1;
+    pthread_mutex_lock(&copies_lock);
+    free(copy_unlink(head.id));
+    copies_landed += counted != 0;
+    pthread_cond_broadcast(&copies_cond);
+    pthread_mutex_unlock(&copies_lock);
+    return 0;
+}
+
+static void copies_wait(uint64_t need) {
+    pthread_mutex_lock(&copies_lock);
+    while (copies_landed < need && !copies_stopped) pthread_cond_wait(&copies_cond, &copies_lock);
+    pthread_mutex_unlock(&copies_lock);
+}
+
+static void copies_stop(void) {
+    pthread_mutex_lock(&copies_lock);
+    copies_stopped = 1;
+    pthread_cond_broadcast(&copies_cond);
+    pthread_mutex_unlock(&copies_lock);
+}
+
+static void copies_after_fork_in_child(void) {
+    /* The parent's copies land in the parent; the child starts with none (their entries are the
+     * parent's memory, left as they are). */
+    copies = NULL;
+    next_copy = 1;
+    copies_landed = copies_in_flight = 0;
+    copies_stopped = 0;
+    pthread_mutex_init(&copies_lock, NULL);
+    pthread_cond_init(&copies_cond, NULL);
+}
+
 static void *callback_thread(void *arg) {
     uint64_t token = *(uint64_t *)arg;
     thread_conn = &callback_conn;
@@ -602,7 +718,12 @@ static void *callback_thread(void *arg) {
     while (r == CUDA_SUCCESS) {
         struct gp_reply rep;
         uint64_t id;
-        if (recv_all(&rep, sizeof rep) < 0 || rep.outs_len != sizeof id || recv_all(&id, sizeof id) < 0) break;
+        if (recv_all(&rep, sizeof rep) < 0) break;
+        if (rep.result == GP_COPY_DATA) {
+            if (land_copy(&rep, 1) < 0) break;
+            continue;
+        }
+        if (rep.outs_len != sizeof id || recv_all(&id, sizeof id) < 0) break;
         struct host_call c;
         if (host_call_take(id, &c, 0)) {
             if (c.kind == 0) ((void (*)(void *))c.fn)(c.data);
@@ -610,6 +731,7 @@ static void *callback_thread(void *arg) {
         }
         if (callback_send(&id, sizeof id) < 0) break; /* the function returned: the stream goes on */
     }
+    copies_stop(); /* nothing more lands: no call waits for it */
     return NULL; /* the worker closed it: the process's connection is ending */
 }
 
@@ -646,6 +768,7 @@ CUresult gp_callbacks_start(void) {
 
 static void callbacks_after_fork_in_child(void) {
     /* The callback thread and its connection stay with the parent; the child starts its own. */
+    copies_after_fork_in_child();
     callback_conn = (struct gp_conn){-1, NULL};
     callbacks_state = 0;
     host_calls = NULL;

@@ -78,6 +78,13 @@ void gp_window_ensure(void);
 CUresult gp_callbacks_start(void);
 uint64_t gp_host_call_add(int kind, void *fn, void *data, uint64_t stream, int keep);
 void gp_host_call_drop(uint64_t id);
+/* Copies into page-locked memory that complete later (shim.c): each registered before its request is
+ * sent (its id; 0: no memory) and dropped if it could not be sent; whether any is in flight, and whether
+ * one lands in [p, p+count). The callback thread writes each one's bytes when the worker sends them. */
+uint64_t gp_copy_expect(void *dst, uint64_t count);
+void gp_copy_drop(uint64_t id);
+int gp_copies_in_flight(void);
+int gp_copies_into(const void *p, uint64_t count);
 
 /* Managed and mapped host memory (shim_managed.c): host pages mirroring device allocations, kept in
  * step around the calls that make the GPU work (gp_managed_before, from gp_call2). Kinds: */

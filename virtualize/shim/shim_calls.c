@@ -13,6 +13,7 @@
 
 #include "shim.h"
 static CUresult gp_unforwarded(const char *name); /* refuses a driver function not forwarded */
+static CUresult copies_settle_host(const void *p); /* copies landing in p's page-locked range first */
 #include "calls_gen.h"
 
 #define WANT GP_FLAG_WANTS_REPLY
@@ -831,6 +832,7 @@ static void unmirror(uint64_t base) {
 
 CUresult cuMemFreeHost(void *p) {
     GP_TRACE("cuMemFreeHost");
+    copies_settle_host(p);
     uint64_t at = (uint64_t)p;
     int mirror = gp_managed_lookup(at);
     if (mirror == GP_MIRROR_MANAGED) return CUDA_ERROR_INVALID_VALUE;
@@ -848,6 +850,7 @@ CUresult cuMemHostRegister_v2(void *p, uint64_t bytesize, uint32_t flags) {
 
 CUresult cuMemHostUnregister(void *p) {
     GP_TRACE("cuMemHostUnregister");
+    copies_settle_host(p);
     if (gp_host_remove((uint64_t)p, 0) != 0) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
     unmirror((uint64_t)p);
     return CUDA_SUCCESS;
@@ -892,6 +895,20 @@ static int device_range(uint64_t ptr, uint64_t count) {
 
 static int is_device(uint64_t ptr) { return gp_dev_lookup(ptr, NULL, NULL, NULL); }
 
+/* Copies to the host still landing in [p, p+count) are in place before the caller reads or frees it
+ * (the worker sends every copy in flight, each once done; natively the stream order or the free's
+ * synchronisation gives the same). Nothing to ask while none lands there. */
+static CUresult copies_settle(const void *p, uint64_t count) {
+    if (!gp_copies_into(p, count)) return CUDA_SUCCESS;
+    struct gp_in_gpCopiesFlush in = {.wait = 1};
+    return gp_call(GP_CALL_gpCopiesFlush, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
+static CUresult copies_settle_host(const void *p) { /* before page-locked memory is given back */
+    uint64_t base, size;
+    return gp_host_lookup((uint64_t)p, &base, &size, NULL) ? copies_settle((void *)base, size) : CUDA_SUCCESS;
+}
+
 static CUresult htod(uint32_t call, uint64_t dst, const void *src, uint64_t count, uint64_t stream) {
     uint64_t mirrored;
     if (count == 0) return CUDA_SUCCESS;
@@ -900,9 +917,24 @@ static CUresult htod(uint32_t call, uint64_t dst, const void *src, uint64_t coun
                                                : cuMemcpyDtoDAsync_v2(dst, mirrored, count, stream);
     /* A device address as the host side would fault inside sendmsg and cost the connection. */
     if (!src || !device_range(dst, count) || is_device((uint64_t)src)) return CUDA_ERROR_INVALID_VALUE;
+    /* The bytes are read now, so a copy to the host still landing in them must be there first (on a
+     * GPU the stream orders the two). */
+    CUresult r = copies_settle(src, count);
+    if (r != CUDA_SUCCESS) return r;
     struct gp_in_cuMemcpyHtoD_v2 in = {.dst = dst, .count = count, .stream = stream};
     /* Returns once the bytes are in the socket: the caller may reuse its buffer at once. */
-    return gp_call(call, 0, &in, sizeof in, src, count, NULL, 0, NULL, 0);
+    r = gp_call(call, 0, &in, sizeof in, src, count, NULL, 0, NULL, 0);
+    if (r == CUDA_SUCCESS && call == GP_CALL_cuMemcpyHtoD_v2 && gp_copies_in_flight()) {
+        /* A synchronous copy waits for the default stream: copies to the host done by then land first. */
+        struct gp_in_gpCopiesFlush flush = {.wait = 0};
+        r = gp_call(GP_CALL_gpCopiesFlush, WANT, &flush, sizeof flush, NULL, 0, NULL, 0, NULL, 0);
+    }
+    return r;
+}
+
+static int page_locked(const void *p, uint64_t count) {
+    uint64_t base, size;
+    return gp_host_lookup((uint64_t)p, &base, &size, NULL) && count <= size - ((uint64_t)p - base);
 }
 
 static CUresult dtoh(uint32_t call, void *dst, uint64_t src, uint64_t count, uint64_t stream) {
@@ -912,8 +944,20 @@ static CUresult dtoh(uint32_t call, void *dst, uint64_t src, uint64_t count, uin
         return call == GP_CALL_cuMemcpyDtoH_v2 ? cuMemcpyDtoD_v2(mirrored, src, count)
                                                : cuMemcpyDtoDAsync_v2(mirrored, src, count, stream);
     if (!dst || !device_range(src, count) || is_device((uint64_t)dst)) return CUDA_ERROR_INVALID_VALUE;
+    if (call == GP_CALL_cuMemcpyDtoHAsync_v2 && page_locked(dst, count) && gp_callbacks_start() == CUDA_SUCCESS) {
+        /* Into page-locked memory the call returns at once, as natively; the bytes come on the callback
+         * connection once the worker's stream gets there (shim.c). */
+        gp_managed_before(call); /* as before any copy: what the host wrote to managed memory first */
+        uint64_t id = gp_copy_expect(dst, count);
+        if (!id) return CUDA_ERROR_OUT_OF_MEMORY;
+        struct gp_in_gpMemcpyDtoHAsync in = {.src = src, .count = count, .stream = stream, .id = id};
+        CUresult r = gp_call(GP_CALL_gpMemcpyDtoHAsync, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+        if (r != CUDA_SUCCESS) gp_copy_drop(id);
+        return r;
+    }
+    /* Into pageable memory the driver's copy is synchronous too: the reply streams straight into the
+     * caller's buffer. */
     struct gp_in_cuMemcpyDtoH_v2 in = {.src = src, .count = count, .stream = stream};
-    /* The reply streams straight into the caller's buffer. */
     return gp_call(call, WANT, &in, sizeof in, NULL, 0, NULL, 0, dst, count);
 }
 
@@ -946,6 +990,9 @@ static CUresult generic_copy(uint64_t dst, uint64_t src, uint64_t count, uint64_
     if (d) return htod(async ? GP_CALL_cuMemcpyHtoDAsync_v2 : GP_CALL_cuMemcpyHtoD_v2, dst, (void *)src, count, stream);
     if (s) return dtoh(async ? GP_CALL_cuMemcpyDtoHAsync_v2 : GP_CALL_cuMemcpyDtoH_v2, (void *)dst, src, count, stream);
     if (count && (!dst || !src)) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = copies_settle((const void *)src, count); /* copies to the host still landing there first */
+    if (r == CUDA_SUCCESS) r = copies_settle((const void *)dst, count);
+    if (r != CUDA_SUCCESS) return r;
     memmove((void *)dst, (const void *)src, count); /* host to host, as unified addressing allows */
     return CUDA_SUCCESS;
 }

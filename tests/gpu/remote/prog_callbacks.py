@@ -13,6 +13,7 @@ import threading
 import time
 
 import cupy as cp
+import numpy
 from _common import loaded_libcuda
 
 
@@ -46,6 +47,19 @@ def main() -> int:
         stream.launch_host_func(seen.append, i)
     stream.synchronize()
     print("a hundred more in order", seen[-100:] == list(range(100)))
+
+    # A callback that waits for the program's other work: a copy to pinned memory on another stream and
+    # its synchronise (issue 12: those bytes must not queue behind the waiting callback).
+    other = cp.cuda.Stream(non_blocking=True)
+    released = threading.Event()
+    pinned = cp.cuda.alloc_pinned_memory(x.nbytes)
+    out = numpy.frombuffer(pinned, dtype=numpy.float32, count=x.size)
+    stream.launch_host_func(lambda _: released.wait(30), None)
+    x.get(stream=other, out=out)  # cudaMemcpyAsync into page-locked memory
+    other.synchronize()
+    print("copy beside a waiting callback", bool((out == cp.asnumpy(x)).all()))
+    released.set()
+    stream.synchronize()
     return 0
 
 

@@ -42,6 +42,21 @@ def copies():
     pinned.copy_(y, non_blocking=True)
     torch.cuda.synchronize()
     print("copies", torch.equal(back, x), torch.equal(pinned, x), digest(y))
+    # Non-blocking copies to pinned memory return at once and are there once an event says so (issue 12).
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    outs = [torch.empty_like(x).pin_memory() for _ in range(4)]
+    with torch.cuda.stream(side):
+        for k, out in enumerate(outs):
+            out.copy_(y * k, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(side)
+        moved = y.to("cpu", non_blocking=True)
+    done.synchronize()
+    print("non_blocking_event", all(torch.equal(o, x * k) for k, o in enumerate(outs)))
+    while not side.query():
+        pass
+    print("non_blocking_query", torch.equal(moved, x), moved.is_pinned())
     gen = torch.Generator(device=DEV).manual_seed(1234)
     print("curand", digest(torch.rand(4096, device=DEV, generator=gen)))
 

@@ -1,0 +1,70 @@
+"""Which connection a copy to the client's page-locked memory travels on (virtualize/_deliveries.py),
+with a staged copy the test finishes by hand: the callback connection, counted, unless a host function
+is out there; then ahead of the reply, on the process's own connection."""
+
+from __future__ import annotations
+
+import threading
+
+from virtualize import _wire
+from virtualize._deliveries import Deliveries
+from virtualize._executor import StagedCopy
+
+
+class Staged(StagedCopy):
+    """A copy the test says is done (the worker's delivery thread waits for it meanwhile)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.done, self.released = data, threading.Event(), False
+
+    def ready(self) -> bool:
+        return self.done.is_set()
+
+    def wait(self) -> None:
+        self.done.wait()
+
+    def view(self) -> memoryview:
+        return memoryview(self.data)
+
+    def release(self) -> None:
+        self.released = True
+
+
+def frames(sent: list[bytes]) -> list[tuple[int, bytes]]:
+    """(copy id, bytes) of each COPY_DATA frame written."""
+    out = []
+    for frame in sent:
+        result, outs_len, _ = _wire.REPLY.unpack_from(frame)
+        assert result == _wire.COPY_DATA
+        ident, error, _ = _wire.COPY_HEAD.unpack_from(frame, _wire.REPLY.size)
+        assert error == 0
+        out.append((ident, frame[_wire.REPLY.size + outs_len :]))
+    return out
+
+
+def test_a_copy_goes_once_it_is_done_and_the_count_covers_it():
+    callback, outlet = [], threading.Lock()
+    deliveries = Deliveries(lambda *parts: callback.append(b"".join(map(bytes, parts))) or True, outlet)
+    first, second = Staged(b"one"), Staged(b"two")
+    deliveries.add(1, first)
+    deliveries.add(2, second)
+    second.done.set()  # a later copy on another stream finishes first
+    assert deliveries.flush() == 1
+    assert frames(callback) == [(2, b"two")] and second.released and not first.released
+    first.done.set()
+    assert deliveries.flush(wait=True) == 2
+    assert frames(callback) == [(2, b"two"), (1, b"one")]
+    deliveries.close()
+
+
+def test_while_a_host_function_is_out_copies_go_ahead_of_the_reply_uncounted():
+    callback, reply, outlet = [], [], threading.Lock()
+    deliveries = Deliveries(lambda *parts: callback.append(b"".join(map(bytes, parts))) or True, outlet)
+    staged = Staged(b"bytes")
+    staged.done.set()
+    with outlet:  # a host function's id was sent; its answer is awaited
+        deliveries.add(7, staged)
+        sent = deliveries.flush(inline=lambda *parts: reply.append(b"".join(map(bytes, parts))))
+    assert sent == 0 and callback == []  # nothing the client's callback thread could be stuck behind
+    assert frames(reply) == [(7, b"bytes")]
+    deliveries.close()
