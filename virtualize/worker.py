@@ -369,7 +369,11 @@ def _start_profile():
     import cProfile
 
     profiler = cProfile.Profile()
-    profiler.enable()
+    try:
+        profiler.enable()
+    except ValueError:  # Python 3.12+: one profiler at a time; the first connection (the program's) has it
+        log.info("%s: another connection of this worker is being profiled; this one is not", PROFILE_ENV)
+        return None
     return profiler
 
 
