@@ -736,35 +736,67 @@ def rollup_relation(p: Plan, where: str, params: list) -> tuple[str, list]:
         for h, m in p.marks.items()
         if m.get("1h") is not None and h in minute_marks
     }
-    # Each host's marks joined in (a hash join: a CASE over the hosts per row costs seconds at 64 hosts).
     if "1h" in p.levels and hour_marks:
-        values, vp = _values(hour_marks)
-        parts.append(
-            # An hour file holds a month (date = its first day): the scope's day bounds apply to
-            # each row's own day.
-            "SELECT r.* FROM (SELECT * REPLACE (CAST(timezone('UTC', ts) AS DATE) AS date) FROM gpu_rollup_1h) r "
-            f"JOIN {values} AS m(mh, hi) ON r.host = m.mh "
-            f"WHERE {where} AND ts < ? AND epoch_us(ts) < m.hi"
-        )
-        all_params += [*vp, *params, _ts(max(hour_marks.values()))]
+        # An hour file holds a month (date = its first day): the scope's day bounds apply to each
+        # row's own day.
+        table = "(SELECT * REPLACE (CAST(timezone('UTC', ts) AS DATE) AS date) FROM gpu_rollup_1h)"
+        sql, sp = _between_marks(table, where, params, {h: (None, hi) for h, hi in hour_marks.items()})
+        parts.append(sql)
+        all_params += sp
     if minute_marks:
         from_hours = "1h" in p.levels and bool(hour_marks)
-        values, vp = _values(
-            {h: (hour_marks.get(h) if from_hours else None, m) for h, m in minute_marks.items()}
+        sql, sp = _between_marks(
+            "gpu_rollup_1m",
+            where,
+            params,
+            {h: (hour_marks.get(h) if from_hours else None, m) for h, m in minute_marks.items()},
         )
-        prune, prune_params = "", []
-        if from_hours and set(hour_marks) == set(minute_marks):
-            # Only the minutes after the hour marks: skip the days before them (a rollup file's date
-            # is its rows' day) and the row groups before them.
-            first = min(hour_marks.values())
-            prune, prune_params = " AND date >= ? AND ts >= ?", [_day_of(first), _ts(first)]
-        parts.append(
-            f"SELECT r.* FROM gpu_rollup_1m r JOIN {values} AS m(mh, lo, hi) ON r.host = m.mh "
-            f"WHERE {where}{prune} AND coalesce(epoch_us(ts) >= m.lo, true) AND epoch_us(ts) < m.hi"
-        )
-        all_params += [*vp, *params, *prune_params]
+        parts.append(sql)
+        all_params += sp
     body = " UNION ALL BY NAME ".join(parts)
     return f"(SELECT *, hash(host, gpu_uuid) AS e FROM ({body}))", all_params
+
+
+def _between_marks(
+    table: str, where: str, params: list, marks: dict[str, tuple[int | None, int]]
+) -> tuple[str, list]:
+    """Rows of ``table`` from each host's first mark (None: its oldest row) to before its second.
+
+    Most rows lie between the latest first mark and the earliest second one, where every host
+    takes its rows: those are read with the hosts as a file filter (``host`` is a partition). Only
+    the rows outside (the hours around the marks) are matched to their host's marks, a hash join
+    that costs seconds per 10 M rows."""
+    lows = [lo for lo, _ in marks.values() if lo is not None]
+    lo_all = max(lows) if lows else None
+    hi_all = min(hi for _, hi in marks.values())
+    hosts = ", ".join("?" for _ in marks)
+    sql, out = [], []
+    if lo_all is None or lo_all < hi_all:
+        bulk = f"SELECT * FROM {table} WHERE {where} AND host IN ({hosts}) AND date <= ? AND ts < ?"
+        out += [*params, *marks, _day_of(hi_all), _ts(hi_all)]
+        if lo_all is not None:
+            bulk += " AND date >= ? AND ts >= ?"
+            out += [_day_of(lo_all), _ts(lo_all)]
+        sql.append(bulk)
+    # The rest, matched to each host's marks: after the earliest second mark, before the latest
+    # first one (from the earliest first one on), or everything when there is no common span.
+    if lo_all is not None and lo_all >= hi_all:
+        edges = [("true", [])]
+    else:
+        edges = [("date >= ? AND ts >= ?", [_day_of(hi_all), _ts(hi_all)])]
+        if lo_all is not None and len(lows) == len(marks):
+            lo_min = min(lows)
+            edges.append(("date >= ? AND ts >= ? AND ts < ?", [_day_of(lo_min), _ts(lo_min), _ts(lo_all)]))
+        elif lo_all is not None:  # a host from its oldest row
+            edges.append(("ts < ?", [_ts(lo_all)]))
+    values, vp = _values(marks)
+    for edge, ep in edges:
+        sql.append(
+            f"SELECT r.* FROM {table} r JOIN {values} AS m(mh, lo, hi) ON r.host = m.mh "
+            f"WHERE {where} AND {edge} AND coalesce(epoch_us(ts) >= m.lo, true) AND epoch_us(ts) < m.hi"
+        )
+        out += [*vp, *params, *ep]
+    return " UNION ALL ".join(sql), out
 
 
 def span(
