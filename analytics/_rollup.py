@@ -762,41 +762,28 @@ def _between_marks(
 ) -> tuple[str, list]:
     """Rows of ``table`` from each host's first mark (None: its oldest row) to before its second.
 
-    Most rows lie between the latest first mark and the earliest second one, where every host
-    takes its rows: those are read with the hosts as a file filter (``host`` is a partition). Only
-    the rows outside (the hours around the marks) are matched to their host's marks, a hash join
-    that costs seconds per 10 M rows."""
+    One scan (each scan of a view lists and filters its thousands of files again: about a second at
+    512 GPUs x 90 days). Most rows lie between the latest first mark and the earliest second one,
+    where every host takes its rows: they pass on a plain time test; only the others (the hours
+    around the marks) look up their host's marks (a join or a CASE over every row costs seconds per
+    10 M rows)."""
     lows = [lo for lo, _ in marks.values() if lo is not None]
     lo_all = max(lows) if lows else None
     hi_all = min(hi for _, hi in marks.values())
     hosts = ", ".join("?" for _ in marks)
-    sql, out = [], []
-    if lo_all is None or lo_all < hi_all:
-        bulk = f"SELECT * FROM {table} WHERE {where} AND host IN ({hosts}) AND date <= ? AND ts < ?"
-        out += [*params, *marks, _day_of(hi_all), _ts(hi_all)]
-        if lo_all is not None:
-            bulk += " AND date >= ? AND ts >= ?"
-            out += [_day_of(lo_all), _ts(lo_all)]
-        sql.append(bulk)
-    # The rest, matched to each host's marks: after the earliest second mark, before the latest
-    # first one (from the earliest first one on), or everything when there is no common span.
-    if lo_all is not None and lo_all >= hi_all:
-        edges = [("true", [])]
-    else:
-        edges = [("date >= ? AND ts >= ?", [_day_of(hi_all), _ts(hi_all)])]
-        if lo_all is not None and len(lows) == len(marks):
-            lo_min = min(lows)
-            edges.append(("date >= ? AND ts >= ? AND ts < ?", [_day_of(lo_min), _ts(lo_min), _ts(lo_all)]))
-        elif lo_all is not None:  # a host from its oldest row
-            edges.append(("ts < ?", [_ts(lo_all)]))
-    values, vp = _values(marks)
-    for edge, ep in edges:
-        sql.append(
-            f"SELECT r.* FROM {table} r JOIN {values} AS m(mh, lo, hi) ON r.host = m.mh "
-            f"WHERE {where} AND {edge} AND coalesce(epoch_us(ts) >= m.lo, true) AND epoch_us(ts) < m.hi"
-        )
-        out += [*vp, *params, *ep]
-    return " UNION ALL ".join(sql), out
+    hi_case, hi_params = _case({h: hi for h, (_, hi) in marks.items()}, "NULL")
+    lo_case, lo_params = _case({h: lo for h, (lo, _) in marks.items() if lo is not None}, "NULL")
+    common = "ts < ?" + (" AND ts >= ?" if lo_all is not None else "")
+    common_params = [_ts(hi_all)] + ([_ts(lo_all)] if lo_all is not None else [])
+    sql = (
+        f"SELECT * FROM {table} WHERE {where} AND host IN ({hosts}) AND (({common}) OR "
+        f"(epoch_us(ts) < {hi_case} AND coalesce(epoch_us(ts) >= {lo_case}, true)))"
+    )
+    out = [*params, *marks, *common_params, *hi_params, *lo_params]
+    if lows and len(lows) == len(marks):  # no row before the earliest first mark: skip its days
+        sql += " AND date >= ? AND ts >= ?"
+        out += [_day_of(min(lows)), _ts(min(lows))]
+    return sql, out
 
 
 def span(
