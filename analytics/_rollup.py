@@ -736,54 +736,35 @@ def rollup_relation(p: Plan, where: str, params: list) -> tuple[str, list]:
         for h, m in p.marks.items()
         if m.get("1h") is not None and h in minute_marks
     }
+    # Each host's marks joined in (a hash join: a CASE over the hosts per row costs seconds at 64 hosts).
     if "1h" in p.levels and hour_marks:
-        # An hour file holds a month (date = its first day): the scope's day bounds apply to each
-        # row's own day.
-        table = "(SELECT * REPLACE (CAST(timezone('UTC', ts) AS DATE) AS date) FROM gpu_rollup_1h)"
-        sql, sp = _between_marks(table, where, params, {h: (None, hi) for h, hi in hour_marks.items()})
-        parts.append(sql)
-        all_params += sp
+        values, vp = _values(hour_marks)
+        parts.append(
+            # An hour file holds a month (date = its first day): the scope's day bounds apply to
+            # each row's own day.
+            "SELECT r.* FROM (SELECT * REPLACE (CAST(timezone('UTC', ts) AS DATE) AS date) FROM gpu_rollup_1h) r "
+            f"JOIN {values} AS m(mh, hi) ON r.host = m.mh "
+            f"WHERE {where} AND ts < ? AND epoch_us(ts) < m.hi"
+        )
+        all_params += [*vp, *params, _ts(max(hour_marks.values()))]
     if minute_marks:
         from_hours = "1h" in p.levels and bool(hour_marks)
-        sql, sp = _between_marks(
-            "gpu_rollup_1m",
-            where,
-            params,
-            {h: (hour_marks.get(h) if from_hours else None, m) for h, m in minute_marks.items()},
+        values, vp = _values(
+            {h: (hour_marks.get(h) if from_hours else None, m) for h, m in minute_marks.items()}
         )
-        parts.append(sql)
-        all_params += sp
+        prune, prune_params = "", []
+        if from_hours and set(hour_marks) == set(minute_marks):
+            # Only the minutes after the hour marks: skip the days before them (a rollup file's date
+            # is its rows' day) and the row groups before them.
+            first = min(hour_marks.values())
+            prune, prune_params = " AND date >= ? AND ts >= ?", [_day_of(first), _ts(first)]
+        parts.append(
+            f"SELECT r.* FROM gpu_rollup_1m r JOIN {values} AS m(mh, lo, hi) ON r.host = m.mh "
+            f"WHERE {where}{prune} AND coalesce(epoch_us(ts) >= m.lo, true) AND epoch_us(ts) < m.hi"
+        )
+        all_params += [*vp, *params, *prune_params]
     body = " UNION ALL BY NAME ".join(parts)
     return f"(SELECT *, hash(host, gpu_uuid) AS e FROM ({body}))", all_params
-
-
-def _between_marks(
-    table: str, where: str, params: list, marks: dict[str, tuple[int | None, int]]
-) -> tuple[str, list]:
-    """Rows of ``table`` from each host's first mark (None: its oldest row) to before its second.
-
-    One scan (each scan of a view lists and filters its thousands of files again: about a second at
-    512 GPUs x 90 days). Most rows lie between the latest first mark and the earliest second one,
-    where every host takes its rows: they pass on a plain time test; only the others (the hours
-    around the marks) look up their host's marks (a join or a CASE over every row costs seconds per
-    10 M rows)."""
-    lows = [lo for lo, _ in marks.values() if lo is not None]
-    lo_all = max(lows) if lows else None
-    hi_all = min(hi for _, hi in marks.values())
-    hosts = ", ".join("?" for _ in marks)
-    hi_case, hi_params = _case({h: hi for h, (_, hi) in marks.items()}, "NULL")
-    lo_case, lo_params = _case({h: lo for h, (lo, _) in marks.items() if lo is not None}, "NULL")
-    common = "ts < ?" + (" AND ts >= ?" if lo_all is not None else "")
-    common_params = [_ts(hi_all)] + ([_ts(lo_all)] if lo_all is not None else [])
-    sql = (
-        f"SELECT * FROM {table} WHERE {where} AND host IN ({hosts}) AND (({common}) OR "
-        f"(epoch_us(ts) < {hi_case} AND coalesce(epoch_us(ts) >= {lo_case}, true)))"
-    )
-    out = [*params, *marks, *common_params, *hi_params, *lo_params]
-    if lows and len(lows) == len(marks):  # no row before the earliest first mark: skip its days
-        sql += " AND date >= ? AND ts >= ?"
-        out += [_day_of(min(lows)), _ts(min(lows))]
-    return sql, out
 
 
 def span(
