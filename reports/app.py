@@ -20,9 +20,9 @@ from reports import _present as P
 __all__ = ["DIRS_ENV", "main"]
 CACHE_TTL_S = 60  # telemetry grows while the collector runs: recompute at most once a minute
 DEFAULT_WINDOW = timedelta(days=7)
-# The what-if replays on its own once asked when the range holds more GPU-minutes than this (a
-# month of 64 GPUs is 2.8 M: about a second; 512 GPUs over 90 days are 66 M: half a minute on two
-# cores), so the page still opens on the whole history in seconds.
+# Above this many GPU-minutes in the range the what-if waits for a button (a month of 64 GPUs is
+# 2.8 M: about a second; 512 GPUs over 90 days are 66 M: half a minute on two cores), so the page
+# still opens on the whole history; the environment variable moves the limit.
 WHATIF_AUTO_ENV = "GPUPOOL_REPORT_WHATIF_AUTO_GPU_MINUTES"
 WHATIF_AUTO_GPU_MINUTES = 10_000_000
 
