@@ -800,16 +800,25 @@ def read(con: duckdb.DuckDBPyConnection, p: Plan, where: str, params: list) -> R
             FROM {rel} GROUP BY e, fb""",
         rp,
     ).fetchall()
-    hists = []
-    for key, val in (("util_hist_bin", "util_hist_s"), ("sm_hist_bin", "sm_hist_s")):
-        hists.append(
-            con.execute(
-                f"""SELECT fb, k * {step}, sum(v) FROM (SELECT fb, unnest({key}) AS k, unnest({val}) AS v FROM {rel})
-                    GROUP BY fb, k""",
-                rp,
-            ).fetchall()
-        )
-    return Rolled(gpus, hists[0], hists[1], read_intervals(con, p, where, params))
+    # The two histograms and the intervals in one scan: the three list pairs unnested side by side
+    # (the shorter ones padded with NULLs, left out below), added up per grouping set.
+    util_hist, sm_hist, intervals = [], [], {}
+    for g, fb, ub, ab, e, dq, us, a_s, dn in con.execute(
+        f"""SELECT grouping(fb, ub, ab, e, dq), fb, ub, ab, e, dq, sum(us), sum(a_s), sum(dn) FROM (
+                SELECT e, fb, unnest(util_hist_bin) AS ub, unnest(util_hist_s) AS us,
+                       unnest(sm_hist_bin) AS ab, unnest(sm_hist_s) AS a_s,
+                       unnest(interval_us) AS dq, unnest(interval_n) AS dn
+                FROM {rel})
+            GROUP BY GROUPING SETS ((fb, ub), (fb, ab), (e, dq))""",
+        rp,
+    ).fetchall():
+        if g == 0b00111 and ub is not None:  # (fb, ub)
+            util_hist.append((fb, ub * step, us))
+        elif g == 0b01011 and ab is not None:  # (fb, ab)
+            sm_hist.append((fb, ab * step, a_s))
+        elif g == 0b11100 and dq is not None:  # (e, dq)
+            intervals[(e, dq)] = int(dn)
+    return Rolled(gpus, util_hist, sm_hist, intervals)
 
 
 SUM_NAMES = tuple(_SUMS)

@@ -268,6 +268,11 @@ def open_telemetry(
             for root, segs in per_root.items()
             if segs
         )
+        if derived and not any(is_s3(r) for r in roots):
+            # Rollup views name their files, listed here as their marks are read here (what a query
+            # reads of them is cut at those marks anyway): a glob lists them again at every query,
+            # 0.3 s for the 5,760 minute files of 512 GPUs over 90 days.
+            globs = ", ".join(_sql_literal(f) for f in sorted(files))
         hive_types = ", ".join(f"'{k}': {v}" for k, v in PARTITION_TYPES.items())
         # Rollup files all have the one schema the build writes (one file per host and day: thousands
         # over months), so they are read by position without opening every footer at each bind; a

@@ -15,7 +15,8 @@ A request's memory is rounded up to whole partitions (``1/granularity`` of a poo
 allowed down to 1/20) and held, unmoved, for its whole run: partitions are fixed at allocation and
 leases do not migrate. Compute is shared: tenants of one GPU add their busy shares, capped at 1.
 
-Two replays, step by step (``step_s``):
+Two replays in steps of ``step_s`` (a minute unless sampling is coarser; ``_replay`` visits only
+the steps where a request arrives or leaves, so a minute over months costs no more than an hour):
 
 1. An unbounded pool: arrivals are placed by the packing policy, a new GPU opens when none has room.
    The GPUs holding at least one partition at each step give the *need*: its 95th and 99th
@@ -32,15 +33,14 @@ first-fit).
 
 from __future__ import annotations
 
-import math
 import statistics
-from bisect import insort
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import duckdb
+import numpy as np
 
-from analytics import _rollup
+from analytics import _replay, _rollup
 from analytics._rows import GIB
 from analytics._scope import ALL, Scope, no_data_error
 from analytics._telemetry import TelemetryError
@@ -49,7 +49,12 @@ POLICIES = ("first-fit", "best-fit", "first-fit-decreasing")
 DEMANDS = ("auto", "process", "gpu")
 GRANULARITIES = (1, 2, 4, 5, 8, 10, 20)
 _AUTO_STEPS = (60, 300, 900, 3600)
-MAX_STEPS = 20_000
+# Minutes over more than a year: the replay visits arrivals and departures, not steps, and holds
+# a busy share per GPU-step in use (8 bytes), so the step only grows past a year of minutes.
+MAX_STEPS = 600_000
+# GPU demand is added up on a dense (GPU, step) grid of 15 bytes a cell: 512 GPUs x 90 days of
+# minutes is 66 M cells; beyond this many the step grows.
+MAX_CELLS = 80_000_000
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,7 @@ class PoolOptions:
     policy: str = "best-fit"
     demand: str = "auto"  # "process", "gpu", or "auto": process rows where the scope has them
     step_s: int | None = (
-        None  # replay resolution; None: 60 s or more (>= 2 sampling intervals, <= 20,000 steps)
+        None  # replay resolution; None: 60 s or more (>= 2 sampling intervals, <= 600,000 steps)
     )
     pool_gpus: int | None = None  # size of the pool replayed with waiting; None: the p95 need
     gpu_mem_bytes: int | None = None  # memory of one pool GPU; None: the largest GPU observed
@@ -87,23 +92,6 @@ class PoolOptions:
 DEFAULT_POOL = PoolOptions()
 
 
-@dataclass
-class Request:
-    """One observed use of a GPU, replayed as one partition request."""
-
-    source: str  # "host / GPU n / pid p" or "host / GPU n"
-    start: int  # step index
-    busy: list[float]  # busy share per step of the run (ratio 0-1)
-    mem_bytes: int
-    parts: int = 0  # partitions of one pool GPU (set by the replay)
-    placed: int = -1  # step the pool placed it (replay 2)
-    origin: int = 0  # the observed request a piece belongs to (a request larger than a GPU is several)
-
-    @property
-    def steps(self) -> int:
-        return len(self.busy)
-
-
 @dataclass(frozen=True)
 class WhatIf:
     """The pool that would have served the observed demand. Ratios 0-1; cost in ``options.currency``."""
@@ -128,12 +116,20 @@ class WhatIf:
     wait_max_s: float
     cost_observed: float  # observed GPUs x span x price
     cost_pooled: float  # pool_gpus x span x price
-    need_over_time: tuple[tuple[datetime, int], ...] = field(repr=False)
+    need: tuple[int, ...] = field(repr=False)  # pool GPUs in use per step, the first at need_start
     assumptions: tuple[str, ...] = field(repr=False, default=())
     simulated: bool = False
     demand: str = "process"  # the demand basis used: "process" or "gpu" (options.demand may say "auto")
     sampling_s: float | None = None  # the typical interval between a GPU's samples
     data_source: str = "raw samples"  # which data answered: rollups (GPU demand) and/or raw samples
+    need_start: datetime | None = None
+
+    @property
+    def need_over_time(self) -> tuple[tuple[datetime, int], ...]:
+        """(start of the step, pool GPUs in use) per step (made on demand: 129,600 of them over 90
+        days of minutes)."""
+        step = timedelta(seconds=self.step_s)
+        return tuple((self.need_start + t * step, n) for t, n in enumerate(self.need))
 
     @property
     def cost_saving(self) -> float:
@@ -144,38 +140,46 @@ class WhatIf:
         return self.observed_gpus - self.pool_gpus
 
 
-def _auto_step(span_s: float, sampling_s: float = 0.0) -> int:
+def _auto_step(span_s: float, sampling_s: float = 0.0, gpus: int = 1) -> int:
     # At least two sampling intervals per step, so a GPU that ran through a step has a sample in it
     # (an nvidia-smi log every 57 s would otherwise leave 60 s steps empty and cut runs in pieces).
+    def fits(step: float) -> bool:
+        return span_s / step <= MAX_STEPS and gpus * span_s / step <= MAX_CELLS
+
     for step in _AUTO_STEPS:
-        if span_s / step <= MAX_STEPS and step >= 2 * sampling_s:
+        if fits(step) and step >= 2 * sampling_s:
             return step
-    return math.ceil(span_s / MAX_STEPS / 3600) * 3600
+    hours = 1
+    while not fits(hours * 3600):
+        hours += 1
+    return hours * 3600
 
 
-_GPU_STEPS = """
-    SELECT host, gpu_uuid, any_value(gpu_index) AS gpu_index, epoch_us(ts) // ? AS step,
-           avg(util_gpu_mean) AS util, max(mem_used_bytes) AS mem, max(mem_total_bytes) AS mem_total,
-           bool_or(simulated) AS sim
-    FROM gpu_samples WHERE {where} GROUP BY host, gpu_uuid, step
-"""
-
-# The same from rollup rows before each host's mark (plain sums and counts: the same means) and
-# raw samples after it; a step that straddles a mark adds both.
-_GPU_STEPS_ROLLED = """
-    SELECT host, gpu_uuid, arg_max(gpu_index, t) AS gpu_index, step,
-           sum(util_sum) / nullif(sum(util_n), 0) AS util, max(mem) AS mem, max(mem_total) AS mem_total,
-           bool_or(sim) AS sim
-    FROM (
-        SELECT host, gpu_uuid, gpu_index, epoch_us(last_ts) AS t, epoch_us(ts) // ? AS step,
-               util_plain_sum AS util_sum, util_n, mem_used_peak AS mem, mem_total, simulated_s > 0 AS sim
+# Per GPU and step, the sums that make its mean utilization, whether memory was held and the peak
+# units (``_Cut``): rows of rollups (before each host's mark) and raw samples (after it) in any
+# order, added up per step in numpy (a DuckDB GROUP BY of 66 M GPU-minutes is minutes of CPU;
+# adding into a dense array is seconds). ``{gpu}`` numbers the GPU, ``{units}`` and ``{held}`` read
+# column ``m``: DuckDB computes them on its threads while numpy adds up the previous batch.
+_GPU_ROWS_ROLLED = """
+    SELECT {gpu} AS gpu, step, u, n, {held} AS held, {units} AS units, sim FROM (
+        SELECT host, gpu_uuid, epoch_us(ts) // ? AS step, coalesce(util_plain_sum, 0) AS u, util_n AS n,
+               coalesce(mem_used_peak, 0) AS m, coalesce(simulated_s > 0, false) AS sim
         FROM {rel}
         UNION ALL
-        SELECT host, gpu_uuid, gpu_index, epoch_us(ts), epoch_us(ts) // ? AS step, util_gpu_mean,
-               (util_gpu_mean IS NOT NULL)::BIGINT, mem_used_bytes, mem_total_bytes, simulated
-        FROM gpu_samples WHERE {where}
-    )
-    GROUP BY host, gpu_uuid, step ORDER BY host, gpu_uuid, step
+        SELECT host, gpu_uuid, epoch_us(ts) // ?, coalesce(util_gpu_mean, 0), (util_gpu_mean IS NOT NULL)::BIGINT,
+               coalesce(mem_used_bytes, 0), coalesce(simulated, false)
+        FROM gpu_samples WHERE {where})
+"""
+# Raw samples only: grouped per step first (one row per GPU-step instead of a row per sample).
+_GPU_ROWS_RAW = """
+    SELECT {gpu} AS gpu, step, u, n, {held} AS held, {units} AS units, sim FROM (
+        SELECT host, gpu_uuid, epoch_us(ts) // ? AS step, coalesce(sum(util_gpu_mean), 0) AS u,
+               count(util_gpu_mean) AS n, coalesce(max(mem_used_bytes), 0) AS m, coalesce(bool_or(simulated), false) AS sim
+        FROM gpu_samples WHERE {where} GROUP BY host, gpu_uuid, step)
+"""
+_GPU_STEPS = """
+    SELECT host, gpu_uuid, epoch_us(ts) // ? AS step, avg(util_gpu_mean) AS util, bool_or(simulated) AS sim
+    FROM gpu_samples WHERE {where} GROUP BY host, gpu_uuid, step
 """
 
 _PROCESS_STEPS = """
@@ -186,59 +190,179 @@ _PROCESS_STEPS = """
         FROM process_samples WHERE {where} GROUP BY host, gpu_uuid, pid, step
     ),
     unknown AS (SELECT host, gpu_uuid, step, count(*) AS n FROM ps WHERE busy IS NULL GROUP BY ALL)
-    SELECT ps.host, ps.gpu_index, ps.pid, ps.step, ps.mem,
-           coalesce(ps.busy, gs.util / unknown.n, 0.0) AS busy, ps.sim
+    -- A run is one "host / GPU n / pid p" on consecutive steps; its number follows that name.
+    SELECT dense_rank() OVER (ORDER BY ps.host || ' / GPU ' || coalesce(ps.gpu_index::VARCHAR, 'None') || ' / pid '
+                              || coalesce(ps.pid::VARCHAR, 'None'), ps.gpu_uuid) AS k,
+           ps.step, coalesce(ps.mem, 0), coalesce(ps.busy, gs.util / unknown.n, 0.0) AS busy, coalesce(ps.sim, false)
     FROM ps LEFT JOIN gs USING (host, gpu_uuid, step) LEFT JOIN unknown USING (host, gpu_uuid, step)
-    ORDER BY ps.host, ps.gpu_uuid, ps.pid, ps.step
+    ORDER BY k, ps.step
 """
 
-
-def _runs(rows, key_of, first_step: int) -> list[Request]:
-    """Cut (key, step, mem, busy) rows sorted by key and step into continuous runs."""
-    out: list[Request] = []
-    cur: Request | None = None
-    last_key, last_step = None, None
-    for row in rows:
-        key, step, mem, busy = key_of(row)
-        if cur is None or key != last_key or step != last_step + 1:
-            cur = Request(key, step - first_step, [], 0)
-            out.append(cur)
-        cur.busy.append(min(max(float(busy or 0.0), 0.0), 1.0))
-        cur.mem_bytes = max(cur.mem_bytes, int(mem or 0))
-        last_key, last_step = key, step
-    return out
+_STREAM_ROWS = 1_000_000  # rows fetched at a time
 
 
-class _Pool:
-    """GPUs of ``size`` partitions; ``free[i]`` partitions left on GPU i."""
-
-    def __init__(self, size: int, gpus: int = 0, growable: bool = True):
-        self.size, self.growable = size, growable
-        self.free = [size] * gpus
-
-    def place(self, parts: int, policy: str) -> int | None:
-        fits = [i for i, f in enumerate(self.free) if f >= parts]
-        if fits:
-            gpu = min(fits, key=lambda i: (self.free[i], i)) if policy == "best-fit" else fits[0]
-        elif self.growable:
-            self.free.append(self.size)
-            gpu = len(self.free) - 1
-        else:
-            return None
-        self.free[gpu] -= parts
-        return gpu
-
-    def in_use(self) -> int:
-        return sum(1 for f in self.free if f < self.size)
+def _stream(con, sql: str, params: list):
+    """The query's rows as numpy columns, a batch at a time (nulls as given by the query's coalesce)."""
+    for batch in con.sql(sql, params=params).to_arrow_reader(_STREAM_ROWS):
+        yield [c.to_numpy(zero_copy_only=False) for c in batch.columns]
 
 
-def _order(arrivals: list[Request], policy: str) -> list[Request]:
-    return sorted(arrivals, key=lambda r: -r.parts) if policy == "first-fit-decreasing" else arrivals
+@dataclass
+class _Cut:
+    """How a request's peak memory becomes partitions: ``units`` = its whole pool GPUs x granularity
+    plus the rest rounded up to partitions (at least one). It grows with the memory, so the peak of a
+    run's units is the units of its peak memory, and the pieces follow from it."""
+
+    gpu_mem: int
+    g: int
+
+    def units(self, mem: np.ndarray) -> np.ndarray:
+        whole, rest = np.divmod(mem.astype(np.int64), self.gpu_mem)
+        part = np.maximum(1, np.ceil(rest / self.gpu_mem * self.g - 1e-9)).astype(np.int64)
+        return whole * self.g + np.where((rest > 0) | (whole == 0), part, 0)
+
+    def units_sql(self, m: str) -> str:
+        """The same over column ``m`` in DuckDB (the same double operations, in the same order)."""
+        gm, g = int(self.gpu_mem), int(self.g)
+        return (
+            f"({m} // {gm} * {g} + CASE WHEN {m} % {gm} > 0 OR {m} < {gm} "
+            f"THEN greatest(1, ceil(({m} % {gm})::DOUBLE / {gm} * {g} - 1e-9))::BIGINT ELSE 0 END)"
+        )
 
 
-def _percentile(values: list[int], p: float) -> int:
-    ordered = sorted(values)
-    return ordered[max(math.ceil(p * len(ordered)) - 1, 0)] if ordered else 0
+def _gpu_numbers(hashes: np.ndarray) -> tuple[int, np.ndarray]:
+    """(shift, table): GPU i is ``table[(hash >> shift) & (len(table) - 1)]``, the 20 bits chosen so
+    that no two GPUs' hashes share them (a lookup per row instead of a search)."""
+    for bits in (20, 22, 24):
+        mask = (1 << bits) - 1
+        for shift in range(0, 64 - bits):
+            slot = (hashes >> np.uint64(shift)) & np.uint64(mask)
+            if len(np.unique(slot)) == len(hashes):
+                table = np.full(mask + 1, -1, np.int32)
+                table[slot.astype(np.int64)] = np.arange(len(hashes), dtype=np.int32)
+                return shift, table
+    raise RuntimeError("no distinct bits among the GPUs' hashes")  # pragma: no cover - 2^-40 odds
+
+
+class _Runs:
+    """Continuous runs of (key, step) rows arriving in (key, step) order, batch by batch (process
+    demand): a run is one key on consecutive steps. Keeps per run its key, first step, length and
+    peak units, and every step's busy share, run after run."""
+
+    def __init__(self) -> None:
+        self.key, self.start, self.steps, self.units = [], [], [], []
+        self.busy: list[np.ndarray] = []
+        self._last: tuple[int, int] | None = None  # (key, step) of the last row seen
+
+    def add(self, key: np.ndarray, step: np.ndarray, units: np.ndarray, busy: np.ndarray) -> None:
+        if not len(key):
+            return
+        prev_key = np.concatenate([[-1 if self._last is None else self._last[0]], key[:-1]])
+        prev_step = np.concatenate([[-2 if self._last is None else self._last[1]], step[:-1]])
+        new = (key != prev_key) | (step != prev_step + 1)
+        starts = np.flatnonzero(new)
+        if not new[0]:  # the first rows carry on the previous batch's last run
+            head = starts[0] if len(starts) else len(key)
+            self.steps[-1][-1] += head
+            self.units[-1][-1] = max(self.units[-1][-1], units[:head].max())
+        if len(starts):
+            self.key.append(key[starts])
+            self.start.append(step[starts])
+            self.steps.append(np.diff(np.append(starts, len(key))))
+            self.units.append(np.maximum.reduceat(units, starts))
+        self.busy.append(np.clip(busy, 0.0, 1.0).astype(np.float64))
+        self._last = (int(key[-1]), int(step[-1]))
+
+    def requests(self) -> tuple[np.ndarray, ...]:
+        """(key, start, steps, units, busy, offset of each run's busy shares)."""
+
+        def cat(parts, kind):
+            return np.concatenate(parts).astype(kind) if parts else np.zeros(0, kind)
+
+        steps = cat(self.steps, np.int64)
+        return (
+            cat(self.key, np.int64),
+            cat(self.start, np.int64),
+            steps,
+            cat(self.units, np.int64),
+            cat(self.busy, np.float64),
+            np.cumsum(steps) - steps,
+        )
+
+
+class _Cells:
+    """GPU demand on a dense (GPU, step) grid: per cell the utilization sum and count, whether
+    memory was held, and the peak units; rows may come in any order and several per cell."""
+
+    def __init__(self, gpus: int, horizon: int, first: int):
+        self.horizon, self.first = horizon, first
+        cells = gpus * horizon
+        self.util_sum = np.zeros(cells, np.float64)
+        self.util_n = np.zeros(cells, np.float32)  # exact counts up to 2^24 samples per cell
+        self.held = np.zeros(cells, bool)
+        self.units = np.zeros(cells, np.int16)
+        self.simulated = False
+
+    def add(self, gpu, step, u, n, held, units, sim) -> None:
+        cell = gpu.astype(np.int64) * self.horizon + (step - self.first)
+        np.add.at(self.util_sum, cell, u)
+        np.add.at(self.util_n, cell, n.astype(np.float32))
+        self.held[cell[held]] = True
+        if len(units) and units.max() > np.iinfo(self.units.dtype).max:
+            self.units = self.units.astype(np.int64)
+        np.maximum.at(self.units, cell, units.astype(self.units.dtype))
+        self.simulated = self.simulated or bool(sim.any())
+
+    def requests(self, idle_below: float):
+        """(key, start, steps, units, busy, offset) of the runs of cells in use (memory held or busy),
+        the busy shares being the grid itself, and (sum, count) of the cells' mean utilization."""
+        busy, n = self.util_sum, self.util_n
+        np.divide(busy, n, out=busy, where=n > 0)
+        observed = (float(busy.sum()), int(np.count_nonzero(n)))
+        self.util_n = n = None
+        use = self.held
+        use |= busy >= idle_below
+        np.clip(busy, 0.0, 1.0, out=busy)
+        grid = use.reshape(-1, self.horizon)
+        before = np.zeros_like(grid)
+        before[:, 1:] = grid[:, :-1]
+        starts = np.flatnonzero(grid & ~before)
+        before[:, :-1] = grid[:, 1:]  # now: the cell after
+        before[:, -1] = False
+        ends = np.flatnonzero(grid & ~before)
+        del before, grid
+        self.units[~use] = 0
+        units = np.maximum.reduceat(self.units, starts).astype(np.int64) if len(starts) else starts
+        self.held = self.units = None
+        return (
+            starts // self.horizon,
+            starts % self.horizon,
+            ends - starts + 1,
+            units,
+            busy,
+            starts,
+        ), observed
+
+
+def _pieces(requests: tuple[np.ndarray, ...], first: int, g: int) -> _replay.Pieces:
+    """The requests as pieces of one pool GPU in arrival order (step, then source, then piece):
+    whole GPUs for the units beyond a GPU, then the rest in partitions."""
+    key, start, steps, units, busy, offset = requests
+    whole, rest = np.divmod(units, g)
+    per_request = whole + (rest > 0)
+    origin = np.repeat(np.arange(len(key)), per_request)
+    k = np.arange(len(origin)) - np.repeat(np.cumsum(per_request) - per_request, per_request)
+    parts = np.where(k < whole[origin], g, rest[origin])
+    order = np.lexsort((k, key[origin], start[origin]))
+    origin = origin[order]
+    return _replay.Pieces(
+        start=start[origin] - first,
+        steps=steps[origin],
+        parts=parts[order].astype(np.int64),
+        origin=origin,
+        busy=busy,
+        offset=offset,
+    )
 
 
 def what_if(
@@ -251,231 +375,154 @@ def what_if(
     if demand == "auto":
         has_processes = con.execute(
             f"SELECT count(*) > 0 FROM (SELECT 1 FROM process_samples WHERE {where} LIMIT 1)", params
-        ).fetchone()[0]
+        ).fetchall()[0][0]
         demand = "process" if has_processes else "gpu"
     # GPU demand is plain per-step aggregates: rollups answer it where they cover the range (before
     # each host's mark; raw samples after it). Process demand reads process rows, which have none.
     whole = _rollup.plan(con, scope)[0] if demand == "gpu" else None
-    lo, hi, gpu_mem, sampling_s = _extent(con, where, params, whole)
-    if lo is None:
+    gpus, sampling_s = _extent(con, where, params, whole)
+    if not gpus:
         raise no_data_error(con, scope)
-    step_s = options.step_s or _auto_step((hi - lo) / 1e6, sampling_s or 0.0)
+    lo, hi = min(r[3] for r in gpus), max(r[4] for r in gpus)
+    mems = [r[5] for r in gpus if r[5] is not None]
+    step_s = options.step_s or _auto_step((hi - lo) / 1e6, sampling_s or 0.0, len(gpus))
     step_us = step_s * 1_000_000
     first, last = lo // step_us, hi // step_us
     horizon = int(last - first + 1)
-    gpu_mem = options.gpu_mem_bytes or gpu_mem
+    gpu_mem = options.gpu_mem_bytes or (max(mems) if mems else None)
     if not gpu_mem:
         raise TelemetryError(
             "no GPU memory size in the telemetry", "give the pool GPU's memory (gpu_mem_bytes)"
         )
+    cut = _Cut(gpu_mem, options.granularity)
 
     plan = _rollup.plan(con, scope, None, step_s)[0] if whole is not None else None
     if plan is not None:
         rel, rp = _rollup.rollup_relation(plan, where, params)
-        after, ap = _rollup.raw_after(plan)
         try:
-            gpu_steps = con.execute(
-                _GPU_STEPS_ROLLED.format(rel=rel, where=where + after), [step_us, *rp, step_us, *params, *ap]
-            ).fetchall()
+            con.execute(f"DESCRIBE SELECT util_n, util_plain_sum FROM {rel}", rp).fetchall()
         except duckdb.BinderException:  # rollups built before they held util_n: raw samples answer
             plan = None
-    if plan is None:
-        gpu_steps = con.execute(
-            f"{_GPU_STEPS.format(where=where)} ORDER BY host, gpu_uuid, step", [step_us, *params]
-        ).fetchall()
-    observed_gpus = len({(r[0], r[1]) for r in gpu_steps})
-    utils = [r[4] for r in gpu_steps if r[4] is not None]
-    simulated = any(r[7] for r in gpu_steps)
-
-    if demand == "process":
-        rows = con.execute(
-            _PROCESS_STEPS.format(gpu_steps=_GPU_STEPS.format(where=where), where=where),
-            [step_us, *params, step_us, *params],
-        ).fetchall()
-        if not rows:
+    if demand == "gpu":
+        # Each GPU's number in the order of its name ("host / GPU n"): arrivals of one step are
+        # placed in that order.
+        ranked = sorted(gpus, key=lambda r: (f"{r[0]} / GPU {r[6]}", r[1]))
+        shift, table = _gpu_numbers(np.array([r[7] for r in ranked], np.uint64))
+        cells = _Cells(len(ranked), horizon, first)
+        sql = _GPU_ROWS_ROLLED if plan is not None else _GPU_ROWS_RAW
+        cols = {
+            "gpu": f"((hash(host, gpu_uuid) >> {shift}) & {len(table) - 1})::INTEGER",
+            "held": f"m >= {int(options.held_mem_bytes)}",
+            "units": cut.units_sql("m"),
+        }
+        if plan is not None:
+            after, ap = _rollup.raw_after(plan)
+            sql, sp = sql.format(rel=rel, where=where + after, **cols), [step_us, *rp, step_us, *params, *ap]
+        else:
+            sql, sp = sql.format(where=where, **cols), [step_us, *params]
+        for gpu, *rest in _stream(con, sql, sp):
+            number = table[gpu]
+            if len(number) and number.min() < 0:  # pragma: no cover - the extent lists every GPU
+                raise RuntimeError("what-if: a GPU's rows without its extent")
+            cells.add(number, *rest)
+        requests, (util_sum, util_n) = cells.requests(options.idle_below)
+        simulated = cells.simulated
+        del cells
+    else:
+        # Observed utilization from the GPU rows, demand from the process rows.
+        util_sum, util_n, simulated = con.execute(
+            f"SELECT sum(util), count(util), coalesce(bool_or(sim), false) FROM ({_GPU_STEPS.format(where=where)})",
+            [step_us, *params],
+        ).fetchall()[0]
+        runs = _Runs()
+        sql = _PROCESS_STEPS.format(gpu_steps=_GPU_STEPS.format(where=where), where=where)
+        for key, step, mem, busy, sim in _stream(con, sql, [step_us, *params, step_us, *params]):
+            simulated = simulated or bool(sim.any())
+            runs.add(key, step, cut.units(mem), busy)
+        requests = runs.requests()
+        if not len(requests[0]):
             raise TelemetryError(
                 f"no process rows for {scope.describe()}",
                 "demand 'process' needs per-process telemetry; use demand 'gpu' (or 'auto') to replay "
                 "each GPU's utilization and memory instead",
             )
-        simulated = simulated or any(r[6] for r in rows)
-        requests = _runs(rows, lambda r: (f"{r[0]} / GPU {r[1]} / pid {r[2]}", r[3], r[4], r[5]), first)
-    else:
-        in_use = [
-            r
-            for r in gpu_steps
-            if (r[5] or 0) >= options.held_mem_bytes or (r[4] or 0.0) >= options.idle_below
-        ]
-        requests = _runs(in_use, lambda r: (f"{r[0]} / GPU {r[2]}", r[3], r[5], r[4]), first)
 
     g = options.granularity
-    pieces: list[Request] = []
-    for n, req in enumerate(requests):
-        # A request larger than one pool GPU takes whole GPUs for the excess (same lifetime).
-        whole, rest = divmod(req.mem_bytes, gpu_mem)
-        for _ in range(int(whole)):
-            pieces.append(Request(req.source, req.start, list(req.busy), gpu_mem, g, origin=n))
-        if rest or not whole:
-            parts = max(1, math.ceil(rest / gpu_mem * g - 1e-9))
-            pieces.append(Request(req.source, req.start, list(req.busy), int(rest), parts, origin=n))
-    pieces.sort(key=lambda r: (r.start, r.source))
-
-    need, ideal = _replay_unbounded(pieces, horizon, g, options.policy)
-    p95, p99 = _percentile(need, 0.95), _percentile(need, 0.99)
+    n_requests = len(requests[0])
+    pieces = _pieces(requests, 0 if demand == "gpu" else first, g)  # the grid's steps start at 0
+    del requests
+    need, ideal = _replay.unbounded(pieces, horizon, g, options.policy)
+    p95, p99 = _replay.percentile(need, 0.95), _replay.percentile(need, 0.99)
     pool_gpus = options.pool_gpus or max(p95, 1)
-    bounded = _replay_bounded(pieces, horizon, pool_gpus, g, options.policy)
+    bounded = _replay.bounded(pieces, horizon, pool_gpus, g, options.policy)
 
     span_hours = horizon * step_s / 3600.0
     price = options.price_per_gpu_hour
     # A request waited as long as its longest-waiting piece.
-    waited: dict[int, int] = {}
-    for r in pieces:
-        if r.placed > r.start:
-            waited[r.origin] = max(waited.get(r.origin, 0), (r.placed - r.start) * step_s)
-    waits = sorted(waited.values())
+    waited = np.zeros(n_requests, np.int64)
+    np.maximum.at(waited, pieces.origin, bounded.placed - pieces.start)
+    waits = waited[waited > 0] * step_s
     return WhatIf(
         options=options,
         step_s=step_s,
         span_hours=span_hours,
-        requests=len(requests),
-        observed_gpus=observed_gpus,
-        observed_util_mean=sum(utils) / len(utils) if utils else None,
+        requests=n_requests,
+        observed_gpus=len(gpus),
+        observed_util_mean=util_sum / util_n if util_n else None,
         gpus_needed_p95=p95,
         gpus_needed_p99=p99,
-        gpus_needed_peak=max(need, default=0),
-        gpus_needed_ideal_p95=_percentile(ideal, 0.95),
+        gpus_needed_peak=int(need.max(initial=0)),
+        gpus_needed_ideal_p95=_replay.percentile(ideal, 0.95),
         pool_gpus=pool_gpus,
-        pooled_util_mean=bounded["util"],
-        pooled_mem_allocated_mean=bounded["mem"],
-        oversubscribed_share=bounded["oversubscribed"],
+        pooled_util_mean=bounded.util,
+        pooled_mem_allocated_mean=bounded.mem,
+        oversubscribed_share=bounded.oversubscribed,
         waited_requests=len(waits),
-        waited_share=len(waits) / len(requests) if requests else 0.0,
-        wait_p95_s=float(_percentile(waits, 0.95)),
-        wait_max_s=float(max(waits, default=0)),
-        cost_observed=observed_gpus * span_hours * price,
+        waited_share=len(waits) / n_requests if n_requests else 0.0,
+        wait_p95_s=float(_replay.percentile(waits, 0.95)),
+        wait_max_s=float(waits.max(initial=0)),
+        cost_observed=len(gpus) * span_hours * price,
         cost_pooled=pool_gpus * span_hours * price,
-        need_over_time=tuple(
-            (datetime.fromtimestamp((first + t) * step_s, UTC), n) for t, n in enumerate(need)
-        ),
+        need=tuple(need.tolist()),
+        need_start=datetime.fromtimestamp(first * step_s, UTC),
         assumptions=_assumptions(options, demand, step_s, gpu_mem, sampling_s),
         simulated=simulated,
         demand=demand,
         sampling_s=sampling_s,
-        data_source=plan.describe() if plan is not None else "raw samples",
+        data_source=plan.describe() if plan is not None and demand == "gpu" else "raw samples",
     )
 
 
-def _extent(con, where: str, params: list, plan) -> tuple[int | None, int | None, int | None, float | None]:
-    """(first, last sample in µs, largest GPU memory, the typical spacing of a GPU's samples in s).
+def _extent(con, where: str, params: list, plan) -> tuple[list[tuple], float | None]:
+    """Per GPU (host, uuid, samples, first and last sample in µs, memory, latest index, the hash the
+    demand rows carry), and the typical spacing of a GPU's samples in s.
 
     The spacing chooses the step (it is not a weight: nothing here is weighted per sample; demand is
     averaged per step): the median over GPUs of their span over their samples less one.
     """
     per_gpu = (
         f"SELECT host, gpu_uuid, count(*) AS n, min(epoch_us(ts)) AS lo, max(epoch_us(ts)) AS hi, "
-        f"max(mem_total_bytes) AS mem FROM gpu_samples WHERE {where}{{after}} GROUP BY host, gpu_uuid"
+        f"max(mem_total_bytes) AS mem, arg_max(gpu_index, ts) AS idx "
+        f"FROM gpu_samples WHERE {where}{{after}} GROUP BY host, gpu_uuid"
     )
     if plan is None:
-        rows = con.execute(per_gpu.format(after=""), params).fetchall()
+        rows = con.execute(
+            f"SELECT *, hash(host, gpu_uuid) FROM ({per_gpu.format(after='')})", params
+        ).fetchall()
     else:
         rel, rp = _rollup.rollup_relation(plan, where, params)
         after, ap = _rollup.raw_after(plan)
         rows = con.execute(
-            f"""SELECT host, gpu_uuid, sum(n), min(lo), max(hi), max(mem) FROM (
+            f"""SELECT host, gpu_uuid, sum(n), min(lo), max(hi), max(mem), arg_max(idx, hi), hash(host, gpu_uuid)
+                FROM (
                     SELECT host, gpu_uuid, sum(samples) AS n, epoch_us(min(first_ts)) AS lo,
-                           epoch_us(max(last_ts)) AS hi, max(mem_total) AS mem
+                           epoch_us(max(last_ts)) AS hi, max(mem_total) AS mem, arg_max(gpu_index, last_ts) AS idx
                     FROM {rel} GROUP BY host, gpu_uuid
                     UNION ALL {per_gpu.format(after=after)}) GROUP BY host, gpu_uuid""",
             [*rp, *params, *ap],
         ).fetchall()
-    if not rows:
-        return None, None, None, None
-    spacing = [(hi - lo) / (n - 1) for _, _, n, lo, hi, _ in rows if n > 1]
-    mems = [m for *_, m in rows if m is not None]
-    return (
-        min(r[3] for r in rows),
-        max(r[4] for r in rows),
-        max(mems) if mems else None,
-        statistics.median(spacing) / 1e6 if spacing else None,
-    )
-
-
-def _replay_unbounded(
-    pieces: list[Request], horizon: int, g: int, policy: str
-) -> tuple[list[int], list[int]]:
-    """GPUs in use per step when every arrival is placed at once, and the repacked lower bound."""
-    pool = _Pool(g)
-    by_start: dict[int, list[Request]] = {}
-    for r in pieces:
-        by_start.setdefault(r.start, []).append(r)
-    leaving: dict[int, list[tuple[int, int]]] = {}
-    need, ideal = [], []
-    held = 0
-    for t in range(horizon):
-        for gpu, parts in leaving.pop(t, []):
-            pool.free[gpu] += parts
-            held -= parts
-        for r in _order(by_start.get(t, []), policy):
-            gpu = pool.place(r.parts, policy)
-            leaving.setdefault(t + r.steps, []).append((gpu, r.parts))
-            held += r.parts
-        need.append(pool.in_use())
-        ideal.append(math.ceil(held / g))
-    return need, ideal
-
-
-def _replay_bounded(pieces: list[Request], horizon: int, gpus: int, g: int, policy: str) -> dict[str, float]:
-    """Replay onto a fixed pool; requests that do not fit wait. Sets ``placed``; returns the pool's
-    means over the observed span, or longer where waiting pushed work past its end."""
-    pool = _Pool(g, gpus, growable=False)
-    pending = sorted(pieces, key=lambda r: (r.start, r.source), reverse=True)  # pop() takes the earliest
-    waiting: list[tuple[int, int, Request]] = []  # (arrival step, order, request): oldest first
-    running: dict[int, list[tuple[Request, int]]] = {}  # gpu -> [(request, placed step)]
-    order = 0
-    util_sum = mem_sum = 0.0
-    over = steps = 0
-    t = 0
-    for r in pieces:
-        r.placed = -1
-    while True:
-        # Departures first: a run that ended frees its partitions for this step's arrivals.
-        for gpu, tenants in running.items():
-            keep = [(r, s) for r, s in tenants if t < s + r.steps]
-            for r, s in tenants:
-                if t >= s + r.steps:
-                    pool.free[gpu] += r.parts
-            running[gpu] = keep
-        if t >= horizon and not (pending or waiting or any(running.values())):
-            break
-        arrivals = []
-        while pending and pending[-1].start <= t:
-            arrivals.append(pending.pop())
-        for r in _order(arrivals, policy):
-            insort(waiting, (r.start, order, r), key=lambda w: (w[0], w[1]))
-            order += 1
-        still = []
-        for item in waiting:
-            r = item[2]
-            gpu = pool.place(r.parts, policy)
-            if gpu is None:
-                still.append(item)
-            else:
-                r.placed = t
-                running.setdefault(gpu, []).append((r, t))
-        waiting = still
-        busy = [sum(r.busy[t - s] for r, s in running.get(i, [])) for i in range(gpus)]
-        util_sum += sum(min(b, 1.0) for b in busy) / gpus
-        mem_sum += sum(g - f for f in pool.free) / (gpus * g)
-        over += sum(1 for b in busy if b > 1.0 + 1e-9)
-        steps += 1
-        t += 1
-        if t > 10_000_000:  # pragma: no cover - guards a bug, not data
-            raise RuntimeError("what-if replay did not finish")
-    return {
-        "util": util_sum / steps if steps else 0.0,
-        "mem": mem_sum / steps if steps else 0.0,
-        "oversubscribed": over / (steps * gpus) if steps else 0.0,
-    }
+    spacing = [(r[4] - r[3]) / (r[2] - 1) for r in rows if r[2] > 1]
+    return rows, statistics.median(spacing) / 1e6 if spacing else None
 
 
 def _assumptions(

@@ -7,7 +7,9 @@ are computed here beyond unit conversion; the findings come from ``analytics``.
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
@@ -488,12 +490,27 @@ def fig_attribution(a: A.Attribution, top: int = 15) -> go.Figure:
     return _layout(fig, f"GPU-hours per {a.by}", a.simulated, height=max(260, 40 + 28 * len(rows)))
 
 
+NEED_POINTS = 2000  # the need chart's most points: minutes over 90 days are 129,600
+
+
+def need_series(w: A.WhatIf, points: int = NEED_POINTS) -> tuple[list, list[int], int]:
+    """(times, GPUs, steps per point) of the need chart: each step, or where there are more than
+    ``points`` steps, the most GPUs in use in each run of steps (the peaks stay visible)."""
+    per = max(1, math.ceil(len(w.need) / points))
+    need = np.asarray(w.need, np.int64)
+    if per > 1:
+        need = np.maximum.reduceat(need, np.arange(0, len(need), per))
+    step = timedelta(seconds=w.step_s * per)
+    return [w.need_start + i * step for i in range(len(need))], need.tolist(), per
+
+
 def fig_need(w: A.WhatIf) -> go.Figure:
     fig = go.Figure()
+    times, need, per = need_series(w)
     fig.add_scatter(
-        x=[t for t, _ in w.need_over_time],
-        y=[n for _, n in w.need_over_time],
-        name="pool GPUs in use",
+        x=times,
+        y=need,
+        name="pool GPUs in use" if per == 1 else f"pool GPUs in use (most per {duration(w.step_s * per)})",
         line_shape="hv",
         line_color=UTIL_COLOR,
     )

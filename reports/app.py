@@ -6,6 +6,7 @@ variable ``GPUPOOL_REPORT_DIRS`` (``os.pathsep``-separated), which ``gpustat-rep
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from datetime import UTC, datetime, timedelta
@@ -19,6 +20,11 @@ from reports import _present as P
 __all__ = ["DIRS_ENV", "main"]
 CACHE_TTL_S = 60  # telemetry grows while the collector runs: recompute at most once a minute
 DEFAULT_WINDOW = timedelta(days=7)
+# Above this many GPU-minutes in the range the what-if waits for a button (a month of 64 GPUs is
+# 2.8 M: about a second; 512 GPUs over 90 days are 66 M: half a minute on two cores), so the page
+# still opens on the whole history; the environment variable moves the limit.
+WHATIF_AUTO_ENV = "GPUPOOL_REPORT_WHATIF_AUTO_GPU_MINUTES"
+WHATIF_AUTO_GPU_MINUTES = 10_000_000
 
 
 def _dirs() -> tuple[str, ...]:
@@ -26,51 +32,65 @@ def _dirs() -> tuple[str, ...]:
     return tuple(d for d in re.split(re.escape(os.pathsep) + "(?!//)", os.environ.get(DIRS_ENV, "")) if d)
 
 
-# Each function opens its own connection: a DuckDB connection must not be shared across the threads
-# Streamlit runs sessions in, and opening one is cheap (views over the Parquet globs).
+class Telemetry:
+    """One connection for one run of the script, opened at its first use: a cached answer needs
+    none, and opening is a listing of every file (seconds over months of a large fleet). A run's
+    calls are all in its thread; a DuckDB connection is never shared across the threads Streamlit
+    runs sessions in."""
+
+    def __init__(self, dirs: tuple[str, ...]):
+        self.dirs, self._con = dirs, None
+
+    def __call__(self):
+        if self._con is None:
+            self._con = A.open_telemetry(self.dirs)
+        return self._con
+
+
+# Cached on ``dirs`` and the question; ``_t`` (not hashed) gives the run's connection.
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
-def extent(dirs):
-    return A.data_extent(A.open_telemetry(dirs))
+def extent(dirs, _t):
+    return A.data_extent(_t())
 
 
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
-def has_rollups(dirs) -> bool:
-    return A.rollups_built(A.open_telemetry(dirs))
+def has_rollups(dirs, _t) -> bool:
+    return A.rollups_built(_t())
 
 
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner="summarising...")
-def summary(dirs, scope, options):
-    return A.fleet_summary(A.open_telemetry(dirs), scope, options)
+def summary(dirs, scope, options, _t):
+    return A.fleet_summary(_t(), scope, options)
 
 
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
-def timeline(dirs, scope):
-    return A.utilization_timeline(A.open_telemetry(dirs), scope)
+def timeline(dirs, scope, _t):
+    return A.utilization_timeline(_t(), scope)
 
 
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
-def heatmaps(dirs, scope, level, tz):
-    return A.hour_of_week(A.open_telemetry(dirs), scope, level=level, tz=tz)
+def heatmaps(dirs, scope, level, tz, _t):
+    return A.hour_of_week(_t(), scope, level=level, tz=tz)
 
 
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
-def periods(dirs, scope):
-    return A.busiest_idlest(A.open_telemetry(dirs), scope)
+def periods(dirs, scope, _t):
+    return A.busiest_idlest(_t(), scope)
 
 
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
-def attribution(dirs, scope, by, options):
-    return A.attribution(A.open_telemetry(dirs), scope, by=by, options=options)
+def attribution(dirs, scope, by, options, _t):
+    return A.attribution(_t(), scope, by=by, options=options)
 
 
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
-def pool_activity(dirs, scope):
-    return A.pool_activity(A.open_telemetry(dirs), scope)
+def pool_activity(dirs, scope, _t):
+    return A.pool_activity(_t(), scope)
 
 
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner="replaying demand onto the pool...")
-def whatif(dirs, scope, options):
-    return A.what_if(A.open_telemetry(dirs), scope, options)
+def whatif(dirs, scope, options, _t):
+    return A.what_if(_t(), scope, options)
 
 
 def section(title: str, simulated: bool) -> None:
@@ -99,6 +119,12 @@ def cards(items, columns: int = 4) -> None:
         cols[i % columns].metric(label, value, help=help_text)
 
 
+def _round(t: datetime, step: timedelta, how) -> datetime:
+    """Naive UTC ``t`` rounded (``math.floor`` or ``math.ceil``) to a whole ``step`` since the epoch."""
+    s = step.total_seconds()
+    return datetime.fromtimestamp(how(t.replace(tzinfo=UTC).timestamp() / s) * s, UTC).replace(tzinfo=None)
+
+
 def filters(ext: A.Extent, rollups: bool) -> tuple[A.Scope, A.SummaryOptions, str]:
     sb = st.sidebar
     sb.title("Filters")
@@ -106,11 +132,9 @@ def filters(ext: A.Extent, rollups: bool) -> tuple[A.Scope, A.SummaryOptions, st
     span = end - start
     step = timedelta(minutes=1) if span <= timedelta(days=2) else timedelta(hours=1)
     if rollups:
-        # Whole minutes (the hour, for the coarse slider), so the range is one the rollups answer.
-        start = start.replace(
-            second=0, microsecond=0, minute=0 if step == timedelta(hours=1) else start.minute
-        )
-        end = (end + timedelta(seconds=59)).replace(second=0, microsecond=0)
+        # Whole minutes (hours, for the coarse slider), so the range is one the rollups answer: on
+        # the hour at both ends, or a summary of months would read minute rows instead of hourly ones.
+        start, end = _round(start, step, math.floor), _round(end, step, math.ceil)
     # The whole history when rollups answer it in seconds; without them long histories open on their
     # last week (raw samples of months take minutes), and the slider widens it.
     first = max(start, end - DEFAULT_WINDOW) if span > 2 * DEFAULT_WINDOW and not rollups else start
@@ -175,12 +199,13 @@ def main() -> None:
         st.error(f"No telemetry directory given. Start with: gpustat-report serve DIR (or set {DIRS_ENV}).")
         st.stop()
     try:
-        ext = extent(dirs)
+        t = Telemetry(dirs)
+        ext = extent(dirs, t)
         if ext.start is None:
             raise A.TelemetryError("no GPU samples in " + ", ".join(dirs), "is the collector writing there?")
-        scope, options, tz = filters(ext, has_rollups(dirs))
+        scope, options, tz = filters(ext, has_rollups(dirs, t))
         opts = pool_controls(options)
-        s = summary(dirs, scope, options)
+        s = summary(dirs, scope, options, t)
     except A.TelemetryError as exc:
         st.error(f"{exc.title}. {exc.hint}")
         st.stop()
@@ -195,8 +220,17 @@ def main() -> None:
         )
 
     # The answer first: how busy, who holds them idle, what a pool would need and save.
-    w = _or_error(whatif, dirs, scope, opts)
-    by_user = _or_error(attribution, dirs, scope, "user", options)
+    gpu_minutes = s.gpus * (s.last_sample - s.first_sample).total_seconds() / 60
+    auto = float(os.environ.get(WHATIF_AUTO_ENV, WHATIF_AUTO_GPU_MINUTES))
+    replay = gpu_minutes <= auto or st.session_state.get("replay", False)
+    if replay:
+        w = _or_error(whatif, dirs, scope, opts, t)
+    else:
+        w = A.TelemetryError(
+            "not replayed yet",
+            f"{gpu_minutes / 1e6:,.0f} M GPU-minutes: press 'Replay the demand' in the what-if section",
+        )
+    by_user = _or_error(attribution, dirs, scope, "user", options, t)
     with st.container(border=True):
         section("Summary", s.simulated)
         cards(P.answer(s, by_user, w))
@@ -211,7 +245,16 @@ def main() -> None:
     st.dataframe(P.sampling_table(s), hide_index=True)
 
     section("What-if: a pool of fractional GPUs", s.simulated)
-    if isinstance(w, A.TelemetryError):
+    if not replay:
+        st.info(
+            f"The range holds {gpu_minutes / 1e6:,.0f} M GPU-minutes: the replay at minute resolution "
+            "reads each of them (about half a minute for 512 GPUs over 90 days on two cores), so it runs "
+            "when asked. It then stays for the session, and follows the filters."
+        )
+        st.button(
+            "Replay the demand", key="replay-button", on_click=lambda: st.session_state.update(replay=True)
+        )
+    elif isinstance(w, A.TelemetryError):
         st.info(f"{w.title}. {w.hint}")
     else:
         st.markdown(P.whatif_headline(w))
@@ -237,7 +280,7 @@ def main() -> None:
     # One breakdown at a time: each is a pass over the process rows, so only the chosen one is computed.
     by = st.radio("Per", ["user", "process", "container"], horizontal=True, format_func=lambda b: f"per {b}")
     try:
-        a = attribution(dirs, scope, by, options)
+        a = attribution(dirs, scope, by, options, t)
     except A.TelemetryError as exc:
         st.info(f"{exc.title}. {exc.hint}")
     else:
@@ -250,14 +293,14 @@ def main() -> None:
         )
 
     section("Utilization over time", s.simulated)
-    st.plotly_chart(P.fig_timeline(timeline(dirs, scope)))
+    st.plotly_chart(P.fig_timeline(timeline(dirs, scope, t)))
 
     section("When: hour of week", s.simulated)
     c1, c2 = st.columns([1, 1])
     level = c1.radio("Heatmap per", ["fleet", "host", "gpu"], horizontal=True)
     metric = c2.radio("Metric", ["utilization.gpu", "SM activity"], horizontal=True)
     try:
-        grids = heatmaps(dirs, scope, level, tz)
+        grids = heatmaps(dirs, scope, level, tz, t)
     except A.TelemetryError as exc:
         st.error(f"{exc.title}. {exc.hint}")
         grids = []
@@ -267,12 +310,12 @@ def main() -> None:
     for g in grids:
         st.plotly_chart(P.fig_heatmap(g, "util" if metric == "utilization.gpu" else "sm"))
     st.subheader("Busiest and idlest hours")
-    table(P.periods_table(periods(dirs, scope)), "periods", "dl-periods")
+    table(P.periods_table(periods(dirs, scope, t)), "periods", "dl-periods")
 
     section("Distribution", s.simulated)
     st.plotly_chart(P.fig_distribution(s))
 
-    activity = pool_activity(dirs, scope)
+    activity = pool_activity(dirs, scope, t)
     if not activity.empty:  # only once gpupool-server runs and writes its lease events
         section("Pool activity", activity.simulated)
         st.markdown(P.pool_summary(activity))

@@ -11,7 +11,7 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 from test_analytics_data import GIB, gpu_rows, process_rows, write_rows
 
-from reports.app import DIRS_ENV
+from reports.app import DIRS_ENV, WHATIF_AUTO_ENV
 
 APP = str(Path(__file__).resolve().parent.parent / "reports" / "app.py")
 
@@ -67,6 +67,22 @@ def test_real_data_page_lays_out_every_section(monkeypatch, real_dir):
     assert not any("SIMULATED" in e.value for e in at.error)
     assert len(at.get("plotly_chart")) >= 5
     assert "Download periods (CSV)" in [d.label for d in at.get("download_button")]
+
+
+def test_a_large_range_replays_the_what_if_when_asked(monkeypatch, real_dir):
+    # Above the GPU-minutes the what-if replays on its own (set low here), the page opens with
+    # everything else and a button; pressed, the replay answers and stays for the session.
+    monkeypatch.setenv(WHATIF_AUTO_ENV, "1")
+    at = _run(monkeypatch, real_dir)
+    assert not at.exception
+    m = _metrics(at)
+    assert m["A pool would need"] == "n/a" and "GPUs needed (p95 / p99)" not in m
+    assert any("GPU-minutes" in i.value for i in at.info)
+    at.button(key="replay-button").click().run()
+    assert not at.exception
+    assert _metrics(at)["GPUs needed (p95 / p99)"] == "1 / 1"
+    at.sidebar.slider[1].set_value(10).run()  # another idle threshold: the replay follows
+    assert _metrics(at)["GPUs needed (p95 / p99)"] == "1 / 1"
 
 
 def test_simulated_data_is_labelled_on_every_section(monkeypatch, sim_dir):
