@@ -25,21 +25,26 @@ def scale_add(x, factor, offset):
         x[i] = x[i] * factor + offset
 
 
-def main() -> int:
-    warnings.simplefilter("ignore")  # numba's performance hints on small grids
-    print("libcuda", loaded_libcuda(), file=sys.stderr)
-    a = cuda.managed_array(N, dtype=np.float64)
-    a[:] = np.arange(N, dtype=np.float64)  # the host writes it all
-    blocks = (N + 255) // 256
+def host_and_kernels(a, steps: int) -> None:
+    """Memory both sides touch (prog_mapped.py too): the host writes it all, a kernel scales it, the host
+    reads; then `steps` rounds of a host write, a kernel, a synchronise and a host read."""
+    a[:] = np.arange(a.size, dtype=np.float64)
+    blocks = (a.size + 255) // 256
     scale_add[blocks, 256](a, 2.0, 1.0)
     cuda.synchronize()
     print("after one kernel", a[:3].tolist(), float(a.sum()))
-    for step in range(50):  # the host touches a little each step
+    for step in range(steps):
         a[step * 1000] = -1.0
         scale_add[blocks, 256](a, 1.0, 0.5)
         cuda.synchronize()
         _ = a[step * 1000 + 1]
-    print("after 50 steps", a[:2].tolist(), a[1000:1002].tolist(), float(a.sum()))
+    print(f"after {steps} steps", a[:2].tolist(), a[1000:1002].tolist(), float(a.sum()))
+
+
+def main() -> int:
+    warnings.simplefilter("ignore")  # numba's performance hints on small grids
+    print("libcuda", loaded_libcuda(), file=sys.stderr)
+    host_and_kernels(cuda.managed_array(N, dtype=np.float64), 50)
     try:
         import cupy as cp
 

@@ -17,32 +17,15 @@ import warnings
 import numpy as np
 from _common import loaded_libcuda
 from numba import cuda
+from prog_managed import host_and_kernels, scale_add
 
 N = 1 << 18
-
-
-@cuda.jit
-def scale_add(x, factor, offset):
-    i = cuda.grid(1)
-    if i < x.size:
-        x[i] = x[i] * factor + offset
 
 
 def main() -> int:
     warnings.simplefilter("ignore")  # numba's performance hints on small grids
     print("libcuda", loaded_libcuda(), file=sys.stderr)
-    blocks = (N + 255) // 256
-    a = cuda.mapped_array(N, dtype=np.float64)
-    a[:] = np.arange(N, dtype=np.float64)  # the host writes it all
-    scale_add[blocks, 256](a, 2.0, 1.0)
-    cuda.synchronize()
-    print("mapped_array after one kernel", a[:3].tolist(), float(a.sum()))
-    for step in range(20):  # the host touches a little each step
-        a[step * 1000] = -1.0
-        scale_add[blocks, 256](a, 1.0, 0.5)
-        cuda.synchronize()
-        _ = a[step * 1000 + 1]
-    print("mapped_array after 20 steps", a[:2].tolist(), a[1000:1002].tolist(), float(a.sum()))
+    host_and_kernels(cuda.mapped_array(N, dtype=np.float64), 20)
 
     held = np.full(100_003, 3.0, dtype=np.float32)  # an odd size: its first and last pages are shared
     with cuda.mapped(held) as d:
