@@ -232,6 +232,15 @@ def bench_env(args) -> dict[str, str]:
     return env
 
 
+def finish(results: dict, started: float, name: str) -> int:
+    """The run's time, the results as JSON under $OUT (when set) as `name`."""
+    results["seconds"] = time.monotonic() - started
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], name).write_text(json.dumps(results, indent=2))
+    print(f"\n(benchmark took {results['seconds']:.0f} s)")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -294,11 +303,7 @@ def main() -> int:
     finally:
         worker.stop()
     report(results)
-    results["seconds"] = time.monotonic() - started
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "bench_remote.json").write_text(json.dumps(results, indent=2))
-    print(f"\n(benchmark took {results['seconds']:.0f} s)")
-    return 0
+    return finish(results, started, "bench_remote.json")
 
 
 def machine() -> dict:
@@ -369,11 +374,7 @@ def netem_main(args) -> int:
         results["qdisc"] = link.qdisc_stats()
     results["machine_after"] = machine()
     report_netem(results)
-    results["seconds"] = time.monotonic() - started
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "bench_remote_netem.json").write_text(json.dumps(results, indent=2))
-    print(f"\n(benchmark took {results['seconds']:.0f} s)")
-    return 0
+    return finish(results, started, "bench_remote_netem.json")
 
 
 def _bits(rate: str) -> float:

@@ -42,6 +42,19 @@ def three_minutes(tmp_path):
     return tmp_path
 
 
+def assert_same_what_if(s, raw, exact: tuple[str, ...]) -> None:
+    """The what-if from rollups is the raw one: `exact` fields equal, the means within float rounding."""
+    for name in exact:
+        assert getattr(s, name) == getattr(raw, name), name
+    for name in (
+        "observed_util_mean",
+        "pooled_util_mean",
+        "pooled_mem_allocated_mean",
+        "oversubscribed_share",
+    ):
+        assert getattr(s, name) == pytest.approx(getattr(raw, name), rel=1e-9, abs=1e-12), name
+
+
 def test_a_minute_rollup_holds_hand_computed_sums(three_minutes):
     raw = A.fleet_summary(A.open_telemetry(three_minutes))
     result = A.build_rollups(three_minutes, lag_s=60)
@@ -499,16 +512,9 @@ def test_the_what_if_replays_gpu_demand_from_rollups_as_from_raw(tmp_path, step_
     s = A.what_if(A.open_telemetry(tmp_path), options=options)
     assert raw.demand == s.demand == "gpu" and raw.data_source == "raw samples"
     assert "rollups + raw samples" in s.data_source
-    for name in ("step_s", "requests", "observed_gpus", "gpus_needed_p95", "gpus_needed_p99", "gpus_needed_peak",
-                 "pool_gpus", "waited_requests", "need_over_time", "simulated", "sampling_s", "span_hours"):  # fmt: skip
-        assert getattr(s, name) == getattr(raw, name), name
-    for name in (
-        "observed_util_mean",
-        "pooled_util_mean",
-        "pooled_mem_allocated_mean",
-        "oversubscribed_share",
-    ):
-        assert getattr(s, name) == pytest.approx(getattr(raw, name), rel=1e-9, abs=1e-12), name
+    assert_same_what_if(s, raw, ("step_s", "requests", "observed_gpus", "gpus_needed_p95", "gpus_needed_p99",
+                                 "gpus_needed_peak", "pool_gpus", "waited_requests", "need_over_time", "simulated",
+                                 "sampling_s", "span_hours"))  # fmt: skip
 
 
 def test_rollups_of_the_first_layout_are_rebuilt_not_counted_twice(tmp_path):
@@ -555,14 +561,6 @@ def test_the_what_if_replays_minutes_of_days_from_rollups_after_retention(tmp_pa
     s = A.what_if(A.open_telemetry(tmp_path), options=options)
     assert raw.data_source == "raw samples" and s.data_source.startswith("minute rollups + raw samples")
     assert s.step_s == 60 and len(s.need) == 6 * 24 * 60
-    for name in ("requests", "observed_gpus", "gpus_needed_p95", "gpus_needed_p99", "gpus_needed_peak",
-                 "gpus_needed_ideal_p95", "pool_gpus", "waited_requests", "wait_max_s", "need", "need_start",
-                 "span_hours"):  # fmt: skip
-        assert getattr(s, name) == getattr(raw, name), name
-    for name in (
-        "observed_util_mean",
-        "pooled_util_mean",
-        "pooled_mem_allocated_mean",
-        "oversubscribed_share",
-    ):
-        assert getattr(s, name) == pytest.approx(getattr(raw, name), rel=1e-9, abs=1e-12), name
+    assert_same_what_if(s, raw, ("requests", "observed_gpus", "gpus_needed_p95", "gpus_needed_p99",
+                                 "gpus_needed_peak", "gpus_needed_ideal_p95", "pool_gpus", "waited_requests",
+                                 "wait_max_s", "need", "need_start", "span_hours"))  # fmt: skip
