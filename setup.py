@@ -30,6 +30,16 @@ setup(
             py_limited_api=False,
             # Without a C compiler the install goes on; remote runs then say the shim is not built.
             optional=True,
-        )
+        ),
+        # The worker's native hot path (virtualize/_native_dispatch.py loads it with ctypes; no Python
+        # API either). Without it the worker serves every call in Python.
+        Extension(
+            "virtualize._dispatch",
+            sources=["virtualize/native/dispatch.c"],
+            extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread", "-std=gnu11"],
+            extra_link_args=["-pthread", "-ldl"],
+            py_limited_api=False,
+            optional=True,
+        ),
     ]
 )

@@ -579,6 +579,60 @@ def scenario_launch_errors():
     say("sync", cu.cuCtxSynchronize())
 
 
+def scenario_native_dispatch():
+    """The calls a training loop repeats — launches of a kernel launched before, event records and
+    waits, stream and event synchronises and queries — answered as always (the worker serves them in
+    its native loop once a kernel has been launched), errors and kernel output included."""
+    setup()
+    module, fill, printf = c_u64(), c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// host-executor module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(fill), module, b"fill_u32"), "fill")
+    check(cu.cuModuleGetFunction(ctypes.byref(printf), module, b"printf_u32"), "printf")
+    rc, buf = alloc(4096)
+    check(rc, "alloc")
+    stream, event = c_u64(), c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    check(cu.cuEventCreate(ctypes.byref(event), 0), "event")
+    ptr, value, n = c_u64(buf), ctypes.c_uint32(0), ctypes.c_uint32(64)
+    params = (ctypes.c_void_p * 3)(*map(ctypes.addressof, (ptr, value, n)))
+
+    def launch(func, params, on, block=64):
+        return cu.cuLaunchKernel(func, 1, 1, 1, block, 1, 1, 0, on, params, None)
+
+    for i in range(1, 501):
+        value.value = i
+        check(launch(fill, params, stream), "launch")
+        if i % 250 == 0:
+            check(cu.cuEventRecord(event, stream), "record")
+            check(cu.cuStreamWaitEvent(c_u64(0), event, 0), "wait")
+            say(f"event_query_{i}", cu.cuEventQuery(event))
+            say(f"event_sync_{i}", cu.cuEventSynchronize(event))
+    say("stream_sync", cu.cuStreamSynchronize(stream))
+    say("stream_query", cu.cuStreamQuery(stream))
+    rc, back = dtoh(buf, 256)
+    words = list(memoryview(back).cast("I"))
+    say("last_launch_wrote", f"{words[0]} {words[63]}")
+    wild = c_u64(0x7E0000000000)  # not memory of this lease: the kernel faults
+    wild_params = (ctypes.c_void_p * 3)(*map(ctypes.addressof, (wild, value, n)))
+    say("wild_launch", launch(fill, wild_params, stream))  # asynchronous: the error comes later
+    say("sync_after_wild", cu.cuStreamSynchronize(stream))
+    say("sync_again", cu.cuCtxSynchronize())
+    check(cu.cuStreamDestroy(stream), "destroy stream")
+    say("launch_on_destroyed_stream", launch(fill, params, stream))
+    say("sync_after_destroyed_stream", cu.cuCtxSynchronize())
+    say("query_destroyed_stream", cu.cuStreamQuery(stream))
+    check(cu.cuEventDestroy(event), "destroy event")
+    say("query_destroyed_event", cu.cuEventQuery(event))
+    say("record_destroyed_event", cu.cuEventRecord(event, c_u64(0)))
+    say("sync_after_destroyed_event", cu.cuCtxSynchronize())
+    for k in (1, 2):
+        value.value = k
+        check(launch(printf, (ctypes.c_void_p * 1)(ctypes.addressof(value)), c_u64(0), 1), "printf")
+    print("printed before sync", flush=True)
+    check(cu.cuCtxSynchronize(), "sync")
+    print("printed after sync", flush=True)
+
+
 def scenario_ipc_export():
     """Allocate, fill, hand out an IPC handle (one line), wait for stdin, then show what is there now."""
     setup()

@@ -18,6 +18,7 @@ import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from virtualize import _wire
 from virtualize._address_window import GRANULE, WindowFull, WindowMemory
@@ -89,6 +90,7 @@ class LeaseState:
     layouts: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     callback_tokens: dict[int, Session] = field(default_factory=dict)  # token -> connection to call back for
     lock: threading.Lock = field(default_factory=threading.Lock)
+    native: Any = None  # the worker's native hot path (a virtualize._native_dispatch.NativeLease), if any
 
     def __post_init__(self) -> None:
         self.used = [0] * len(self.limits)
@@ -1163,6 +1165,8 @@ class Session:
         self.executor.launch(
             Launch(func, (gx, gy, gz), (bx, by, bz), smem, stream, params, layout, attributes)
         )
+        if self.lease.native is not None:  # checked and launched once: the native loop may launch it now
+            self.lease.native.learn(func, layout)
         return None
 
 

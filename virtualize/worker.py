@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from server.workers import ACTIVITY_FILE, EXECUTOR_ENV, SECRET_ENV, WORKER_MODULE, WorkerDevice
-from virtualize import _data_tls, _wire
+from virtualize import _data_tls, _native_dispatch, _wire
 from virtualize._calls import CALL_IDS, INTERNAL, WIRE_VERSION
 from virtualize._results import CUresult
 
@@ -159,6 +159,9 @@ class KernelOutput:
         self.fd = read
         self.lock = threading.Lock()
         self.buffer = bytearray()
+        # The native loop answers a synchronise itself only when nothing was printed: it looks at the
+        # pipe, and at this mark, set before this thread reads and cleared when the text is taken.
+        self.mark = _native_dispatch.watch_kernel_output(read) or (lambda seen: None)
         threading.Thread(target=self._pump, name="gpupool-kernel-output", daemon=True).start()
 
     def _pump(self) -> None:
@@ -166,6 +169,7 @@ class KernelOutput:
         poller.register(self.fd, select.POLLIN)
         while True:
             poller.poll()
+            self.mark(1)
             with self.lock:
                 if not self._read_available():
                     return  # the write end is gone: the process is ending
@@ -187,6 +191,7 @@ class KernelOutput:
         with self.lock:
             self._read_available()
             text, self.buffer = bytes(self.buffer), bytearray()
+            self.mark(0)
         return text
 
 
@@ -213,6 +218,8 @@ class Worker:
         self.kernel_output = kernel_output
         self._last_touch = 0.0
         self.in_calls: set[int] = set()  # connections executing a call now (a long sync is use, not idleness)
+        self.native = _native_dispatch.for_worker(self.lease, executor)
+        self.native_sessions: set = set()  # connections' native loops (their calls are activity too)
 
     def serve(self, listener: socket.socket, local: socket.socket | None = None) -> None:
         threading.Thread(target=self._touch_while_busy, daemon=True).start()
@@ -234,7 +241,7 @@ class Worker:
         else:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             who = f"{peer[0]}:{peer[1]}"
-        session = None
+        session = native = None
         profiler = _start_profile()
         try:
             secured = sock if sock.family == socket.AF_UNIX else self._secure(sock, peer[0], who)
@@ -253,9 +260,14 @@ class Worker:
                 if sock.family == socket.AF_UNIX
                 else "unencrypted, this host"
             )
-            log.info("client %s connected (%s)", who, how)
+            native = self.native.session() if self.native and _native_dispatch.can_serve(sock) else None
+            if native is not None:
+                self.native_sessions.add(native)
+            log.info("client %s connected (%s%s)", who, how, ", native dispatch" if native else "")
             header = _wire.REQUEST
             while True:
+                if native is not None:
+                    native.serve(channel, session, self._touch)
                 call_id, flags, args_len, _, bulk_len = header.unpack(channel.read_exact(header.size))
                 if args_len > _wire.MAX_ARGS_BYTES:
                     log.warning("client %s sent a corrupt frame; closing", who)
@@ -276,6 +288,9 @@ class Worker:
             log.exception("client %s: worker error; closing its connection", who)
         finally:
             sock.close()
+            if native is not None:
+                self.native_sessions.discard(native)
+                native.close()
             if session is not None:
                 session.close()
             if profiler is not None:
@@ -351,7 +366,7 @@ class Worker:
         """A call that runs for minutes (a synchronise behind long kernels) keeps the lease in use."""
         while True:
             time.sleep(1.0)
-            if self.in_calls:
+            if self.in_calls or any([n.active() for n in list(self.native_sessions)]):
                 self._touch()
 
     def _touch(self) -> None:

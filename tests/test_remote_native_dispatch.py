@@ -1,0 +1,220 @@
+"""The worker's native loop (virtualize/native/dispatch.c): what it serves itself, and what it leaves to
+the Python path, at the socket level; and a whole program answered the same with it and without it.
+
+The socket-level tests drive the loop as the worker does (a real socket pair, the worker's `Channel`)
+with a recording executor at the executor seam, so each test sees exactly which calls ran in C. The
+program-level test runs tests/remote_client.py through the shim against a host-executor worker with
+the loop on and off.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from types import SimpleNamespace
+
+import pytest
+import remote_helpers
+from remote_helpers import client_env, needs_cc, run_client
+
+from server.workers import WorkerDevice, start_worker
+from virtualize import _native_dispatch, _wire
+from virtualize._calls import CALL_IDS, CALLS
+from virtualize._executor import CudaError
+from virtualize._executor_guard import LeaseState
+from virtualize.worker import Channel
+
+shim_dir = remote_helpers.shim_dir  # fixture
+BY_SYMBOL = {c.symbol: c for c in CALLS}
+STREAM, EVENT, FUNC, OTHER_FUNC = 0x5000, 0x6000, 0xF00, 0xF08
+LAYOUT = [(0, 8), (8, 4)]  # a pointer and a u32: 12 bytes of parameters
+
+pytestmark = pytest.mark.skipif(_native_dispatch._load() is None, reason="the native loop is not built")
+
+
+class Recorder:
+    """The executor seam: records what reaches it; a launch whose u32 parameter is 700 fails."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.ran: list[tuple] = []
+
+    def launch(self, launch) -> None:
+        self.ran.append(
+            ("launch", launch.func, launch.grid, launch.block, launch.stream, bytes(launch.params))
+        )
+        if struct.unpack_from("<I", launch.params, 8)[0] == 700:
+            raise CudaError(700, "illegal address")
+
+    def __getattr__(self, name):
+        if not name.startswith("cu"):
+            raise AttributeError(name)
+        return lambda *args: self.ran.append((name, *args))
+
+
+def frame(symbol: str, *args, bulk: bytes = b"", flags: int = 0) -> bytes:
+    call = BY_SYMBOL[symbol]
+    packed = call.in_struct.pack(*args)
+    return _wire.REQUEST.pack(CALL_IDS[call], flags, len(packed), 0, len(bulk)) + packed + bulk
+
+
+def launch(func: int, stream: int, word: int, block: int = 64) -> bytes:
+    params = struct.pack("<QI", 0x1000, word)
+    return frame("cuLaunchKernelEx", func, 1, 1, 1, block, 1, 1, 0, stream, 0, bulk=params)
+
+
+def sync(symbol: str, *args) -> bytes:
+    return frame(symbol, *args, flags=_wire.FLAG_WANTS_REPLY)
+
+
+def python_frame() -> bytes:
+    """A frame the loop never serves (a device count): it ends a batch."""
+    return frame("cuDeviceGetCount", flags=_wire.FLAG_WANTS_REPLY)
+
+
+@pytest.fixture
+def loop():
+    lease = LeaseState([1 << 30])
+    executor = Recorder()
+    native = _native_dispatch.for_worker(lease, executor)
+    lease.handles["stream"].add(STREAM)
+    lease.handles["event"].add(EVENT)
+    lease.handles["func"].update({FUNC, OTHER_FUNC})
+    native.learn(FUNC, LAYOUT)
+    client, served = socket.socketpair()
+    channel = Channel(served)
+    session = SimpleNamespace(pending=0, callbacks=None, calls=0, _send_kernel_output=lambda: None)
+    native_session = native.session()
+
+    def serve(*frames: bytes) -> bytes:
+        """Send the frames and a last one only Python serves; serve until Python's turn; return the
+        header Python reads next, and skip what is left (the batches stay apart)."""
+        sent = b"".join(frames) + python_frame()
+        before = channel.start  # small batches: the 1 MiB buffer is never compacted here
+        client.sendall(sent)
+        native_session.serve(channel, session, touch=lambda: None)
+        at = channel.start - before
+        header = channel.read_exact(_wire.REQUEST.size)
+        channel.read_exact(len(sent) - at - _wire.REQUEST.size)
+        return header
+
+    yield SimpleNamespace(
+        lease=lease, executor=executor, native=native, client=client, channel=channel, session=session,
+        serve=serve,
+    )  # fmt: skip
+    native_session.close()
+    client.close()
+    served.close()
+
+
+def reply(sock: socket.socket) -> int:
+    data = b""
+    while len(data) < _wire.REPLY.size:
+        data += sock.recv(_wire.REPLY.size - len(data))
+    return _wire.REPLY.unpack(data)[0]
+
+
+def call_id_of(header: bytes) -> int:
+    return _wire.REQUEST.unpack(header)[0]
+
+
+def test_a_known_kernel_and_events_run_in_c_and_the_first_unknown_frame_waits_for_python(loop):
+    unknown = launch(0xBAD, STREAM, 1)
+    header = loop.serve(
+        launch(FUNC, STREAM, 1, block=128),
+        frame("cuEventRecord", EVENT, STREAM),
+        frame("cuStreamWaitEvent", 2, EVENT, 0),
+        unknown,
+        launch(FUNC, STREAM, 2),  # after Python's frame: not run yet
+    )
+    assert loop.executor.ran == [
+        ("launch", FUNC, (1, 1, 1), (128, 1, 1), STREAM, struct.pack("<QI", 0x1000, 1)),
+        ("cuEventRecord", EVENT, STREAM),
+        ("cuStreamWaitEvent", 2, EVENT, 0),
+    ]
+    assert header == unknown[: _wire.REQUEST.size]  # untouched, for the Python path to refuse
+    assert loop.session.calls == 3
+
+
+def test_a_function_python_has_not_launched_or_a_short_parameter_block_goes_to_python(loop):
+    header = loop.serve(launch(OTHER_FUNC, STREAM, 1))  # a handle of the lease, never launched
+    assert call_id_of(header) == CALL_IDS[BY_SYMBOL["cuLaunchKernelEx"]] and loop.executor.ran == []
+    short = frame("cuLaunchKernelEx", FUNC, 1, 1, 1, 1, 1, 1, 0, STREAM, 0, bulk=b"\0" * 8)
+    assert loop.serve(short) == short[: _wire.REQUEST.size] and loop.executor.ran == []
+
+
+def test_a_handle_the_guard_forgets_is_never_passed_to_the_driver_again(loop):
+    loop.lease.handles["stream"].discard(STREAM)
+    stale = launch(FUNC, STREAM, 1)
+    assert loop.serve(stale) == stale[: _wire.REQUEST.size]
+    loop.lease.handles["func"].discard(FUNC)  # its module unloaded
+    again = launch(FUNC, 0, 1)
+    assert loop.serve(again) == again[: _wire.REQUEST.size]
+    loop.lease.handles["event"].clear()
+    record = frame("cuEventRecord", EVENT, 0)
+    assert loop.serve(record) == record[: _wire.REQUEST.size]
+    assert loop.executor.ran == []
+
+
+def test_synchronising_calls_are_answered_in_c_unless_an_error_is_owed_first(loop):
+    loop.serve(sync("cuStreamSynchronize", STREAM), sync("cuEventQuery", EVENT), sync("cuCtxSynchronize"))
+    assert [reply(loop.client) for _ in range(3)] == [0, 0, 0]
+    assert [r[0] for r in loop.executor.ran] == ["cuStreamSynchronize", "cuEventQuery", "cuCtxSynchronize"]
+    loop.executor.ran.clear()
+    # A launch that fails: served in C, its error kept for Python's next synchronising call.
+    owed = sync("cuStreamSynchronize", STREAM)
+    assert loop.serve(launch(FUNC, STREAM, 700), launch(FUNC, STREAM, 1), owed) == owed[: _wire.REQUEST.size]
+    assert loop.session.pending == 700
+    assert [r[0] for r in loop.executor.ran] == ["launch", "launch"]  # the second still ran, as on a GPU
+
+
+def test_a_synchronise_after_kernel_output_sends_the_output_first(loop):
+    read, write = os.pipe()
+    sent = []
+    loop.session._send_kernel_output = lambda: sent.append(os.read(read, 100))
+    _native_dispatch.watch_kernel_output(read)
+    try:
+        os.write(write, b"kernel says 1\n")
+        loop.serve(sync("cuCtxSynchronize"))
+    finally:
+        _native_dispatch._load().gpf_output_watch(-1)
+        os.close(read)
+        os.close(write)
+    assert sent == [b"kernel says 1\n"] and reply(loop.client) == 0
+
+
+@needs_cc
+def test_a_program_gets_the_same_answers_with_the_native_loop_and_without(shim_dir):
+    outputs = {}
+    for native in ("1", "0"):
+        handle = start_worker(
+            "native", [WorkerDevice(0, "", 64 << 20)], bind_host="127.0.0.1",
+            env={_native_dispatch.ENV: native}, executor="host",
+        )  # fmt: skip
+        try:
+            outputs[native], _ = run_client("native_dispatch", client_env(shim_dir, handle))
+        finally:
+            handle.stop()
+    assert outputs["1"] == outputs["0"]
+    assert outputs["1"] == {
+        "event_query_250": "0",
+        "event_sync_250": "0",
+        "event_query_500": "0",
+        "event_sync_500": "0",
+        "stream_sync": "0",
+        "stream_query": "0",
+        "last_launch_wrote": "500 500",
+        "wild_launch": "0",
+        "sync_after_wild": "700",  # CUDA_ERROR_ILLEGAL_ADDRESS at the next synchronise
+        "sync_again": "0",
+        "launch_on_destroyed_stream": "0",
+        "sync_after_destroyed_stream": "400",  # CUDA_ERROR_INVALID_HANDLE
+        "query_destroyed_stream": "400",
+        "query_destroyed_event": "400",
+        "record_destroyed_event": "0",
+        "sync_after_destroyed_event": "400",
+        "kernel": "says 2",
+        "printed": "after sync",
+    }

@@ -1,0 +1,497 @@
+/* The worker's native hot path: frames of the calls a training loop sends most, served in C.
+ *
+ * The worker's Python loop (virtualize/worker.py) hands its connection's socket and receive buffer to
+ * gpf_serve, which reads frames and runs, without Python, the ones it can answer exactly as the Python
+ * path would: kernel launches of functions the Python path has already launched once (their parameter
+ * layout is known), event records and waits, and the synchronising calls (stream/event/context
+ * synchronise and query) when no earlier asynchronous error and nothing else is to be said first. Handles
+ * are checked against the lease's own objects, mirrored here by virtualize/_native_dispatch.py from the
+ * guard's tables: a handle the guard has never seen, or has forgotten, is never passed to the driver.
+ * Every other frame, and every case the Python path answers differently, goes back to Python untouched:
+ * gpf_serve returns with the buffer positioned at that frame's header.
+ *
+ * Frame and call ids come from the one call table (virtualize/_calls.py) through gpf_set_ids. No Python
+ * API and no CUDA headers: the Python side drives it through ctypes (which lets go of the GIL for the
+ * whole call), and the driver's entry points are looked up in the libcuda.so.1 the worker has loaded. A
+ * worker without a GPU (the host executor) passes its own functions instead, so the same loop is tested
+ * where there is no driver. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+enum { HEADER = 24, REPLY = 16, ATTR_BYTES = 72, MAX_ARGS = 1 << 16 };
+enum { KIND_STREAM, KIND_EVENT, KIND_FUNC, KINDS };
+/* Why gpf_serve returned. */
+enum { TO_PYTHON = 0, ASYNC_ERROR = 1, CLOSED = 2, IO_ERROR = 3, SERVED = 4, REPLY_AFTER_OUTPUT = 5 };
+/* The calls served here, in the order gpf_set_ids takes their ids. */
+enum {
+    C_LAUNCH, C_CTX_SYNC, C_STREAM_SYNC, C_STREAM_QUERY, C_EVENT_SYNC, C_EVENT_QUERY, C_EVENT_RECORD,
+    C_EVENT_RECORD_FLAGS, C_STREAM_WAIT_EVENT, C_COUNT
+};
+static const uint32_t ARGS_BYTES[C_COUNT] = {48, 0, 8, 8, 8, 8, 16, 20, 20};
+static const int IS_SYNC[C_COUNT] = {0, 1, 1, 1, 1, 1, 0, 0, 0};
+
+static uint32_t call_ids[C_COUNT];
+static uint64_t forwarded_attributes; /* bit i: launch attribute id i may be passed on */
+static uint32_t wants_reply_flag = 1;
+
+/* -- how calls are executed: the driver's entry points, or the host executor's functions ------------- */
+
+typedef int (*launch_fn)(uint64_t func, const uint32_t dims[7], uint64_t stream, void **args,
+                         const uint8_t *params, uint64_t params_len, const void *attrs, uint32_t n_attrs);
+typedef int (*call_fn)(uint32_t which, uint64_t a, uint64_t b, uint32_t c);
+
+struct ops {
+    launch_fn launch;
+    call_fn call;
+};
+
+static int (*drv_launch)(uint64_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, uint64_t,
+                         void **, void **);
+static int (*drv_launch_ex)(const void *, uint64_t, void **, void **);
+static int (*drv_ctx_sync)(void);
+static int (*drv_stream_sync)(uint64_t);  /* cuStreamSynchronize */
+static int (*drv_stream_query)(uint64_t);
+static int (*drv_event_sync)(uint64_t);
+static int (*drv_event_query)(uint64_t);
+static int (*drv_event_record)(uint64_t, uint64_t);
+static int (*drv_event_record_flags)(uint64_t, uint64_t, uint32_t);
+static int (*drv_stream_wait)(uint64_t, uint64_t, uint32_t);
+
+struct launch_config { /* CUlaunchConfig */
+    uint32_t dims[7];
+    uint32_t pad;
+    uint64_t stream;
+    const void *attrs;
+    uint32_t n_attrs;
+};
+
+static int driver_launch(uint64_t func, const uint32_t d[7], uint64_t stream, void **args, const uint8_t *params,
+                         uint64_t params_len, const void *attrs, uint32_t n_attrs) {
+    (void)params, (void)params_len;
+    if (!n_attrs) return drv_launch(func, d[0], d[1], d[2], d[3], d[4], d[5], d[6], stream, args, NULL);
+    struct launch_config config = {.stream = stream, .attrs = attrs, .n_attrs = n_attrs};
+    memcpy(config.dims, d, sizeof config.dims);
+    return drv_launch_ex(&config, func, args, NULL);
+}
+
+static int driver_call(uint32_t which, uint64_t a, uint64_t b, uint32_t c) {
+    switch (which) {
+    case C_CTX_SYNC: return drv_ctx_sync();
+    case C_STREAM_SYNC: return drv_stream_sync(a);
+    case C_STREAM_QUERY: return drv_stream_query(a);
+    case C_EVENT_SYNC: return drv_event_sync(a);
+    case C_EVENT_QUERY: return drv_event_query(a);
+    case C_EVENT_RECORD: return drv_event_record(a, b);
+    case C_EVENT_RECORD_FLAGS: return drv_event_record_flags(a, b, c);
+    case C_STREAM_WAIT_EVENT: return drv_stream_wait(a, b, c);
+    }
+    return 1; /* CUDA_ERROR_INVALID_VALUE */
+}
+
+static const struct ops driver_ops = {driver_launch, driver_call};
+
+/* The driver the worker's process has loaded (cuda-python opened it): 0, or -1 where there is none. */
+EXPORT int gpf_use_driver(void) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!lib) return -1;
+    struct {
+        void **slot;
+        const char *name;
+    } want[] = {
+        {(void **)&drv_launch, "cuLaunchKernel"},           {(void **)&drv_launch_ex, "cuLaunchKernelEx"},
+        {(void **)&drv_ctx_sync, "cuCtxSynchronize"},       {(void **)&drv_stream_sync, "cuStreamSynchronize"},
+        {(void **)&drv_stream_query, "cuStreamQuery"},      {(void **)&drv_event_sync, "cuEventSynchronize"},
+        {(void **)&drv_event_query, "cuEventQuery"},        {(void **)&drv_event_record, "cuEventRecord"},
+        {(void **)&drv_event_record_flags, "cuEventRecordWithFlags"},
+        {(void **)&drv_stream_wait, "cuStreamWaitEvent"},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        *want[i].slot = dlsym(lib, want[i].name);
+        if (!*want[i].slot) return -1;
+    }
+    return 0;
+}
+
+EXPORT void gpf_set_ids(const uint32_t ids[C_COUNT], uint64_t attributes, uint32_t reply_flag) {
+    memcpy(call_ids, ids, sizeof call_ids);
+    forwarded_attributes = attributes;
+    wants_reply_flag = reply_flag;
+}
+
+/* -- the lease's handles: open-addressed sets of 64-bit keys, a function's layout as the value ------- */
+
+#define TOMB UINT64_MAX
+
+struct layout {
+    uint32_t n, min_len;
+    uint32_t offsets[];
+};
+
+struct table {
+    uint64_t *keys; /* 0: empty slot, TOMB: removed */
+    struct layout **values;
+    size_t cap, used; /* used counts tombstones too */
+};
+
+struct lease {
+    pthread_mutex_t lock;
+    struct table kinds[KINDS];
+    struct ops ops;
+};
+
+static size_t slot_of(const struct table *t, uint64_t key) {
+    size_t mask = t->cap - 1, i = (size_t)(key * 0x9E3779B97F4A7C15ull >> 17) & mask;
+    while (t->keys[i] && t->keys[i] != key) i = (i + 1) & mask;
+    return i;
+}
+
+static int table_has(const struct table *t, uint64_t key, struct layout **value) {
+    if (!t->cap || !key || key == TOMB) return 0;
+    size_t i = slot_of(t, key);
+    if (t->keys[i] != key) return 0;
+    if (value) *value = t->values[i];
+    return 1;
+}
+
+static void table_put(struct table *t, uint64_t key, struct layout *value);
+
+static int table_grow(struct table *t) {
+    struct table bigger = {0};
+    bigger.cap = t->cap ? t->cap * 2 : 64;
+    while (bigger.cap / 2 < t->used) bigger.cap *= 2;
+    bigger.keys = calloc(bigger.cap, sizeof *bigger.keys);
+    bigger.values = calloc(bigger.cap, sizeof *bigger.values);
+    if (!bigger.keys || !bigger.values) {
+        free(bigger.keys), free(bigger.values);
+        return -1;
+    }
+    for (size_t i = 0; i < t->cap; i++)
+        if (t->keys[i] && t->keys[i] != TOMB) table_put(&bigger, t->keys[i], t->values[i]);
+    free(t->keys), free(t->values);
+    *t = bigger;
+    return 0;
+}
+
+static void table_put(struct table *t, uint64_t key, struct layout *value) {
+    if (!key || key == TOMB) {
+        free(value);
+        return;
+    }
+    if ((t->used + 1) * 2 > t->cap && table_grow(t) < 0) {
+        free(value);
+        return; /* not mirrored: its calls take the Python path */
+    }
+    size_t mask = t->cap - 1, i = (size_t)(key * 0x9E3779B97F4A7C15ull >> 17) & mask, tomb = SIZE_MAX;
+    while (t->keys[i] && t->keys[i] != key) {
+        if (t->keys[i] == TOMB && tomb == SIZE_MAX) tomb = i;
+        i = (i + 1) & mask;
+    }
+    if (t->keys[i] == key) {
+        free(t->values[i]);
+        t->values[i] = value;
+        return;
+    }
+    if (tomb != SIZE_MAX) i = tomb;
+    else t->used++;
+    t->keys[i] = key;
+    t->values[i] = value;
+}
+
+static void table_drop(struct table *t, uint64_t key) {
+    if (!t->cap || !key || key == TOMB) return;
+    size_t i = slot_of(t, key);
+    if (t->keys[i] != key) return;
+    t->keys[i] = TOMB;
+    free(t->values[i]);
+    t->values[i] = NULL;
+}
+
+static void table_clear(struct table *t) {
+    for (size_t i = 0; i < t->cap; i++) free(t->values[i]);
+    free(t->keys), free(t->values);
+    memset(t, 0, sizeof *t);
+}
+
+/* ops: NULL for the driver (gpf_use_driver first), else the host executor's functions. */
+EXPORT struct lease *gpf_lease_new(launch_fn launch, call_fn call) {
+    struct lease *l = calloc(1, sizeof *l);
+    if (!l) return NULL;
+    pthread_mutex_init(&l->lock, NULL);
+    l->ops = launch && call ? (struct ops){launch, call} : driver_ops;
+    return l;
+}
+
+EXPORT void gpf_lease_free(struct lease *l) {
+    for (int k = 0; k < KINDS; k++) table_clear(&l->kinds[k]);
+    pthread_mutex_destroy(&l->lock);
+    free(l);
+}
+
+EXPORT void gpf_handle_add(struct lease *l, int kind, uint64_t handle) {
+    if (kind < 0 || kind >= KINDS || kind == KIND_FUNC) return;
+    pthread_mutex_lock(&l->lock);
+    table_put(&l->kinds[kind], handle, NULL);
+    pthread_mutex_unlock(&l->lock);
+}
+
+EXPORT void gpf_handle_drop(struct lease *l, int kind, uint64_t handle) {
+    if (kind < 0 || kind >= KINDS) return;
+    pthread_mutex_lock(&l->lock);
+    table_drop(&l->kinds[kind], handle);
+    pthread_mutex_unlock(&l->lock);
+}
+
+EXPORT void gpf_handle_clear(struct lease *l, int kind) {
+    if (kind < 0 || kind >= KINDS) return;
+    pthread_mutex_lock(&l->lock);
+    table_clear(&l->kinds[kind]);
+    pthread_mutex_unlock(&l->lock);
+}
+
+/* A function the Python path has launched: its parameters' offsets and the bytes they need. */
+EXPORT void gpf_function_add(struct lease *l, uint64_t func, uint32_t n, const uint32_t *offsets, uint32_t min_len) {
+    struct layout *layout = malloc(sizeof *layout + (size_t)n * sizeof(uint32_t));
+    if (!layout) return;
+    layout->n = n;
+    layout->min_len = min_len;
+    memcpy(layout->offsets, offsets, (size_t)n * sizeof(uint32_t));
+    pthread_mutex_lock(&l->lock);
+    table_put(&l->kinds[KIND_FUNC], func, layout);
+    pthread_mutex_unlock(&l->lock);
+}
+
+/* -- kernel output: the worker's stdout pipe, read by a Python thread ------------------------------- */
+
+static int output_fd = -1;
+static int output_seen; /* set (atomically) by that thread before it reads, cleared when it is taken */
+
+EXPORT void gpf_output_watch(int fd) { output_fd = fd; }
+EXPORT void gpf_output_mark(int seen) { __atomic_store_n(&output_seen, seen, __ATOMIC_SEQ_CST); }
+
+/* Whether a kernel printed something not yet sent: bytes in the pipe, or the reader holding some. */
+static int output_waiting(void) {
+    if (output_fd < 0) return 0;
+    if (__atomic_load_n(&output_seen, __ATOMIC_SEQ_CST)) return 1;
+    int n = 0;
+    return ioctl(output_fd, FIONREAD, &n) == 0 ? n > 0 : 1;
+}
+
+/* -- one connection --------------------------------------------------------------------------------- */
+
+struct session {
+    struct lease *lease;
+    int busy;        /* inside a driver call now (a long synchronise is use of the lease) */
+    uint64_t calls;  /* frames served here, ever */
+    uint8_t *scratch; /* a launch's parameters, aligned */
+    size_t scratch_cap;
+};
+
+EXPORT struct session *gpf_session_new(struct lease *l) {
+    struct session *s = calloc(1, sizeof *s);
+    if (s) s->lease = l;
+    return s;
+}
+
+EXPORT void gpf_session_free(struct session *s) {
+    if (!s) return;
+    free(s->scratch);
+    free(s);
+}
+
+EXPORT int gpf_session_busy(const struct session *s) { return __atomic_load_n(&s->busy, __ATOMIC_RELAXED); }
+EXPORT uint64_t gpf_session_calls(const struct session *s) { return __atomic_load_n(&s->calls, __ATOMIC_RELAXED); }
+
+struct buffer {
+    uint8_t *data;
+    uint64_t cap, start, end;
+};
+
+struct outcome {
+    int32_t result; /* ASYNC_ERROR: the call's error; REPLY_AFTER_OUTPUT: the reply's result */
+    uint32_t served;
+};
+
+static uint32_t u32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static uint64_t u64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* At least `need` bytes from start: reads more (waiting), moving what is kept to the front first when
+ * the buffer's end is in the way. 0, CLOSED or IO_ERROR. */
+static int fill(int fd, struct buffer *b, uint64_t need) {
+    while (b->end - b->start < need) {
+        if (b->cap - b->start < need) {
+            memmove(b->data, b->data + b->start, b->end - b->start);
+            b->end -= b->start;
+            b->start = 0;
+        }
+        ssize_t got = recv(fd, b->data + b->end, b->cap - b->end, 0);
+        if (got == 0) return CLOSED;
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            return IO_ERROR;
+        }
+        b->end += (uint64_t)got;
+    }
+    return 0;
+}
+
+static int which_call(uint32_t id) {
+    for (int c = 0; c < C_COUNT; c++)
+        if (call_ids[c] == id) return c;
+    return -1;
+}
+
+static int stream_known(struct lease *l, uint64_t stream) {
+    return stream <= 2 || table_has(&l->kinds[KIND_STREAM], stream, NULL); /* NULL, legacy, per-thread */
+}
+
+static int send_all(int fd, const void *p, size_t n) {
+    const uint8_t *c = p;
+    while (n) {
+        ssize_t sent = send(fd, c, n, MSG_NOSIGNAL);
+        if (sent < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        c += sent, n -= (size_t)sent;
+    }
+    return 0;
+}
+
+/* A launch's frame (args at `a`, parameters then attributes at `bulk`): run, or -1 for the Python path. */
+static int launch(struct session *s, const uint8_t *a, const uint8_t *bulk, uint64_t bulk_len, int *result) {
+    struct lease *l = s->lease;
+    uint64_t func = u64(a), stream = u64(a + 36);
+    uint32_t dims[7], n_attrs = u32(a + 44);
+    for (int i = 0; i < 7; i++) dims[i] = u32(a + 8 + 4 * i);
+    if ((uint64_t)n_attrs * ATTR_BYTES > bulk_len || n_attrs > 64) return -1;
+    uint64_t params_len = bulk_len - (uint64_t)n_attrs * ATTR_BYTES;
+    uint64_t attrs[64 * ATTR_BYTES / 8]; /* aligned copies of the attributes */
+    for (uint32_t i = 0; i < n_attrs; i++) {
+        uint32_t id = u32(bulk + params_len + (uint64_t)i * ATTR_BYTES);
+        if (id >= 64 || !(forwarded_attributes >> id & 1)) return -1;
+    }
+    memcpy(attrs, bulk + params_len, (size_t)n_attrs * ATTR_BYTES);
+    pthread_mutex_lock(&l->lock);
+    struct layout *layout = NULL;
+    int known = table_has(&l->kinds[KIND_FUNC], func, &layout) && layout && stream_known(l, stream) &&
+                params_len >= layout->min_len;
+    uint32_t n = known ? layout->n : 0;
+    void *small[64], **args = small;
+    if (known && n > 64 && !(args = malloc(n * sizeof *args))) known = 0;
+    if (known && s->scratch_cap < params_len + 1) {
+        size_t cap = params_len + 1 > 4096 ? params_len + 1 : 4096;
+        void *bigger = NULL;
+        if (posix_memalign(&bigger, 16, cap) == 0) {
+            free(s->scratch);
+            s->scratch = bigger, s->scratch_cap = cap;
+        } else {
+            known = 0;
+        }
+    }
+    if (known) {
+        memcpy(s->scratch, bulk, params_len);
+        for (uint32_t i = 0; i < n; i++) args[i] = s->scratch + layout->offsets[i];
+    }
+    pthread_mutex_unlock(&l->lock);
+    if (!known) {
+        if (args != small) free(args);
+        return -1;
+    }
+    __atomic_store_n(&s->busy, 1, __ATOMIC_RELAXED);
+    *result = l->ops.launch(func, dims, stream, n ? args : NULL, s->scratch, params_len, n_attrs ? attrs : NULL,
+                            n_attrs);
+    __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
+    if (args != small) free(args);
+    return 0;
+}
+
+/* Any other call served here: checked, run; -1 for the Python path. */
+static int other(struct session *s, int c, const uint8_t *a, int *result) {
+    struct lease *l = s->lease;
+    uint64_t x = ARGS_BYTES[c] >= 8 ? u64(a) : 0, y = ARGS_BYTES[c] >= 16 ? u64(a + 8) : 0;
+    uint32_t z = ARGS_BYTES[c] >= 20 ? u32(a + 16) : 0;
+    pthread_mutex_lock(&l->lock);
+    int ok;
+    switch (c) {
+    case C_CTX_SYNC: ok = 1; break;
+    case C_STREAM_SYNC:
+    case C_STREAM_QUERY: ok = stream_known(l, x); break;
+    case C_EVENT_SYNC:
+    case C_EVENT_QUERY: ok = table_has(&l->kinds[KIND_EVENT], x, NULL); break;
+    case C_EVENT_RECORD:
+    case C_EVENT_RECORD_FLAGS: ok = table_has(&l->kinds[KIND_EVENT], x, NULL) && stream_known(l, y); break;
+    case C_STREAM_WAIT_EVENT: ok = stream_known(l, x) && table_has(&l->kinds[KIND_EVENT], y, NULL); break;
+    default: ok = 0;
+    }
+    pthread_mutex_unlock(&l->lock);
+    if (!ok) return -1;
+    __atomic_store_n(&s->busy, 1, __ATOMIC_RELAXED);
+    *result = l->ops.call((uint32_t)c, x, y, z);
+    __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
+    return 0;
+}
+
+/* Serve frames from `fd` until one is Python's (TO_PYTHON: b->start is its header), an asynchronous call
+ * failed (ASYNC_ERROR, its frame consumed: the Python path keeps it for the next synchronising call),
+ * a synchronising call's reply must follow kernel output (REPLY_AFTER_OUTPUT: Python sends both), the
+ * client is gone, or `budget` frames were served (SERVED). `may_reply`: no earlier asynchronous error is
+ * pending and nothing else is owed before a reply, so synchronising calls are answered here. */
+EXPORT int gpf_serve(struct session *s, int fd, struct buffer *b, int may_reply, uint32_t budget,
+                     struct outcome *out) {
+    out->served = 0;
+    out->result = 0;
+    while (out->served < budget) {
+        int r = fill(fd, b, HEADER);
+        if (r) return r;
+        const uint8_t *h = b->data + b->start;
+        uint32_t id = u32(h), flags = u32(h + 4), args_len = u32(h + 8);
+        uint64_t bulk_len = u64(h + 16);
+        int c = which_call(id);
+        if (c < 0 || args_len != ARGS_BYTES[c] || HEADER + args_len + bulk_len > b->cap) return TO_PYTHON;
+        if (IS_SYNC[c] && (!may_reply || !(flags & wants_reply_flag) || bulk_len)) return TO_PYTHON;
+        if (c != C_LAUNCH && bulk_len) return TO_PYTHON;
+        if ((r = fill(fd, b, HEADER + args_len + bulk_len))) return r;
+        h = b->data + b->start;
+        int result = 0;
+        if ((c == C_LAUNCH ? launch(s, h + HEADER, h + HEADER + args_len, bulk_len, &result)
+                           : other(s, c, h + HEADER, &result)) < 0)
+            return TO_PYTHON;
+        b->start += HEADER + args_len + bulk_len;
+        out->served++;
+        __atomic_fetch_add(&s->calls, 1, __ATOMIC_RELAXED);
+        if (!IS_SYNC[c]) {
+            if (result) {
+                out->result = result;
+                return ASYNC_ERROR;
+            }
+            continue;
+        }
+        if (output_waiting()) {
+            out->result = result;
+            return REPLY_AFTER_OUTPUT;
+        }
+        uint8_t reply[REPLY] = {0};
+        memcpy(reply, &result, 4);
+        if (send_all(fd, reply, sizeof reply) < 0) return IO_ERROR;
+    }
+    return SERVED;
+}
