@@ -222,7 +222,10 @@ def run_child(env: dict[str, str], prefix: list[str] | None = None) -> dict:
 
 def bench_env(args) -> dict[str, str]:
     """The child runs' environment: no lease of the caller's, the copy sizes asked for, this tree first."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    # (the shim's own knobs, GPUPOOL_SHIM_*, pass: for comparing with a feature off)
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_") or k.startswith("GPUPOOL_SHIM_")
+    }
     env["GPUPOOL_BENCH_MAX_COPY"] = str(args.max_copy_mib << 20)
     env["GPUPOOL_BENCH_MIN_COPY"] = str(args.min_copy_mib << 20)
     if args.copies_only:

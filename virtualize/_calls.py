@@ -320,6 +320,16 @@ CALLS: tuple[Call, ...] = (
     # every such copy done by now (`wait`: every one, waiting for each) before it answers.
     _c("gpMemcpyDtoHAsync", 0, "dptr src, u64 count, stream stream, u64 id", A, symbol="-"),
     _c("gpCopiesFlush", 0, "u32 wait", symbol="-"),
+    # Large copies between a process and a worker on the same host go through memory both map (the
+    # worker's, page-locked; its file descriptor comes with gpShmAttach's reply): one memcpy on the
+    # client and a DMA on the worker instead of two trips through the socket. gpShmHtoD: `count` bytes
+    # at `offset` in it to `dst` (flags: 1 the call's last piece, which is answered; 2 an Async copy);
+    # gpShmDtoH: `count` bytes of `src` into it from offset 0, answered once per `chunk` as each lands
+    # (outs: offset, bytes). See virtualize/shim/shim.c (gp_shm_copy).
+    _c("gpShmAttach", 0, "o_u64 size", symbol="-"),
+    _c("gpShmHtoD", 0, "dptr dst, u64 count, stream stream, u64 offset, u32 flags", symbol="-"),
+    _c("gpShmDtoH", 0, "dptr src, u64 count, stream stream, u32 flags, u32 chunk, o_u64 offset, o_u64 size",
+       symbol="-"),
     _c("cuMemcpyDtoD", 3020, "dptr dst, dptr src, u64 count", A, symbol="cuMemcpyDtoD_v2"),
     _c("cuMemcpyDtoDAsync", 3020, "dptr dst, dptr src, u64 count, stream stream", A,
        symbol="cuMemcpyDtoDAsync_v2"),

@@ -26,6 +26,7 @@ from virtualize._executor import (
     CudaError,
     Executor,
     Launch,
+    SharedHostMemory,
     StagedCopy,
     linked_image,
 )
@@ -318,6 +319,7 @@ class CudaExecutor(Executor):
         if not hasattr(local, "scratch"):
             local.scratch = memoryview(bytearray(SMALL_COPY))
             local.staging = {}
+            local.copy_events = {}  # ctx -> events of copies through shared memory
             local.ctx = 0
         return local
 
@@ -349,6 +351,11 @@ class CudaExecutor(Executor):
             self.set_context(ctx)
             staging.free()
         local.staging.clear()
+        for ctx, events in local.copy_events.items():
+            self.set_context(ctx)
+            for event in events:
+                driver.cuEventDestroy(event)
+        local.copy_events.clear()
 
     def set_context(self, ctx: int) -> None:
         _ok(driver.cuCtxSetCurrent(driver.CUcontext(ctx)))
@@ -408,6 +415,50 @@ class CudaExecutor(Executor):
             j, n = sizes.pop(0)
             staging.wait(j)
             send(staging.views[j][:n])
+
+    def shared_host_memory(self, size: int) -> SharedHostMemory:
+        shared = super().shared_host_memory(size)
+        shared.address = _address(shared.view)
+        try:
+            _ok(driver.cuMemHostRegister(shared.address, size, 1))  # CU_MEMHOSTREGISTER_PORTABLE
+        except CudaError:
+            shared.close()
+            raise
+        return shared
+
+    def release_shared_host_memory(self, shared: SharedHostMemory) -> None:
+        driver.cuMemHostUnregister(shared.address)
+        shared.close()
+
+    def copy_in_from(self, dst, shared, offset, count, stream, last) -> None:
+        s = self._stream(stream or 0)
+        _ok(driver.cuMemcpyHtoDAsync(dst, shared.address + offset, count, s))
+        if last:  # the client writes the memory again once answered: every piece read by then
+            event = self._copy_events()[0]
+            _ok(driver.cuEventRecord(event, s))
+            _ok(driver.cuEventSynchronize(event))
+
+    def copy_out_to(self, shared, src, count, stream, chunk, ready) -> None:
+        s = self._stream(stream or 0)
+        events = self._copy_events()
+        pieces = [(at, min(chunk, count - at)) for at in range(0, count, chunk)]
+        issued = 0
+        for i, (at, n) in enumerate(pieces):  # up to len(events) DMAs ahead of the piece handed over
+            while issued < len(pieces) and issued < i + len(events):
+                start, size = pieces[issued]
+                _ok(driver.cuMemcpyDtoHAsync(shared.address + start, src + start, size, s))
+                _ok(driver.cuEventRecord(events[issued % len(events)], s))
+                issued += 1
+            _ok(driver.cuEventSynchronize(events[i % len(events)]))
+            ready(at, n)
+
+    def _copy_events(self) -> list:
+        """This thread's events for copies through shared memory, in the current context."""
+        local = self._local()
+        events = local.copy_events.get(local.ctx)
+        if events is None:
+            events = local.copy_events[local.ctx] = [_ok(driver.cuEventCreate(2)) for _ in range(16)]
+        return events
 
     def copy_from_device_async(self, src, count, stream) -> StagedCopy:
         if count > ASYNC_STAGING_MAX:  # not worth pinning that much: staged now, the stream waited for

@@ -17,6 +17,8 @@ launches with packed parameters, and a kernel's parameter layout.
 from __future__ import annotations
 
 import abc
+import mmap
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -108,6 +110,8 @@ GUARD_CALLS = (
     ),
     "cuGraphAddDependencies",  # graphs built node by node
     "gpCopiesFlush",  # asynchronous copies to the client's page-locked memory (virtualize._deliveries)
+    # copies through memory shared with a client on this host (`Executor.copy_in_from`, `copy_out_to`)
+    *("gpShmAttach", "gpShmHtoD", "gpShmDtoH"),
 )
 
 
@@ -167,6 +171,24 @@ class Launch:
     layout: list[tuple[int, int]]  # (offset, size) of each parameter, from `param_layout`
     attributes: tuple[tuple[int, bytes], ...] = ()  # (CUlaunchAttributeID, its 64-byte value)
     is_kernel: bool = False  # `func` is a CUkernel (a graph's kernel node needs its function)
+
+
+class SharedHostMemory:
+    """Memory a client process on this host maps too (an anonymous file: its descriptor goes to the
+    client over the local socket). Copies through it skip the socket (the guard's gpShm* calls)."""
+
+    def __init__(self, size: int) -> None:
+        self.fd = os.memfd_create("gpupool-copies", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, size)
+        self.size = size
+        self.map = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+        self.view = memoryview(self.map)
+        self.address = 0  # set by an executor that pins it (its DMAs read and write it directly)
+
+    def close(self) -> None:
+        self.view.release()
+        self.map.close()
+        os.close(self.fd)
 
 
 class StagedCopy(abc.ABC):
@@ -234,6 +256,49 @@ class Executor(abc.ABC):
     ) -> None:
         """Copy `count` bytes from device address `src`, handing each chunk to `send` in order,
         once the chunk's bytes are in host memory."""
+
+    def shared_host_memory(self, size: int) -> SharedHostMemory:
+        """Memory to copy through with a client on this host (an executor with DMA pins it)."""
+        return SharedHostMemory(size)
+
+    def release_shared_host_memory(self, shared: SharedHostMemory) -> None:
+        shared.close()
+
+    def copy_in_from(
+        self, dst: int, shared: SharedHostMemory, offset: int, count: int, stream, last: bool
+    ) -> None:
+        """`count` bytes of `shared` at `offset` to device address `dst`; `last`: the client's call ends
+        here, so every piece of it must have been read from `shared` on return."""
+        at = offset
+
+        def fill(view: memoryview) -> None:
+            nonlocal at
+            view[:] = shared.view[at : at + len(view)]
+            at += len(view)
+
+        self.copy_to_device(dst, count, stream, fill)
+
+    def copy_out_to(
+        self,
+        shared: SharedHostMemory,
+        src: int,
+        count: int,
+        stream,
+        chunk: int,
+        ready: Callable[[int, int], None],
+    ) -> None:
+        """`count` bytes of device address `src` into `shared` from offset 0; `ready(offset, n)` as each
+        piece of at most `chunk` bytes is there, in order."""
+        at = 0
+
+        def send(view: memoryview) -> None:
+            nonlocal at
+            shared.view[at : at + len(view)] = view
+            for piece in range(at, at + len(view), chunk):
+                ready(piece, min(chunk, at + len(view) - piece))
+            at += len(view)
+
+        self.copy_from_device(src, count, stream, send)
 
     @abc.abstractmethod
     def copy_from_device_async(self, src: int, count: int, stream: int) -> StagedCopy:

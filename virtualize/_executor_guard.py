@@ -34,6 +34,7 @@ from virtualize._executor import (
     CudaError,
     Executor,
     Launch,
+    SharedHostMemory,
 )
 from virtualize._results import CUresult
 
@@ -195,6 +196,8 @@ class Session:
         self.vm_ranges: dict[int, int] = {}  # base -> size
         self.vm_mapped: dict[int, int] = {}  # mapped address -> size
         self.vm_handles: dict[int, tuple[int, int]] = {}  # handle -> (size, device)
+        self.shared: SharedHostMemory | None = None  # memory the client maps too (gpShmAttach)
+        self.shared_error = 0  # the first error of the pieces of a copy through it, for its answer
         self.special: dict[str, Callable] = {
             "gpSetContext": self._set_context,
             "gpParamLayout": self._param_layout,
@@ -260,6 +263,9 @@ class Session:
             "cuMemcpyDtoHAsync_v2": self._dtoh,
             "gpMemcpyDtoHAsync": self._dtoh_async,
             "gpCopiesFlush": self._copies_flush,
+            "gpShmAttach": self._shm_attach,
+            "gpShmHtoD": self._shm_htod,
+            "gpShmDtoH": self._shm_dtoh,
             "cuMemcpyDtoD_v2": self._dtod,
             "cuMemcpyDtoDAsync_v2": self._dtod,
             "cuMemcpyPeer": self._peer,
@@ -379,6 +385,12 @@ class Session:
                 log.warning("could not free 0x%x after the client left: %s", a.base, exc)
             self.lease.remove(a.base)
         self._vm_close()
+        if self.shared is not None:
+            try:
+                self.executor.release_shared_host_memory(self.shared)
+            except (CudaError, OSError) as exc:
+                log.warning("could not release the memory shared with the client: %s", exc)
+            self.shared = None
         try:
             self.window.close()
         except CudaError as exc:
@@ -1057,6 +1069,68 @@ class Session:
                 send(memoryview(bytes(min(count - sent, _wire.CHUNK_BYTES))))
         return _ANSWERED
 
+    # -- copies through memory the client maps too (a process on this host) ------------------------
+
+    def _shm_attach(self, call: Call, ins: tuple):
+        if not self.channel.local:
+            raise CudaError(CUresult.NOT_SUPPORTED, "shared memory is for a process on this host")
+        if self.shared is None:
+            self.shared = self.executor.shared_host_memory(SHARED_COPY_BYTES)
+        outs = call.out_struct.pack(self.shared.size)
+        self._announce_copies()
+        self.channel.send_with_fd(self.shared.fd, _wire.REPLY.pack(0, len(outs), 0), outs)
+        return _ANSWERED
+
+    def _shm_htod(self, call: Call, ins: tuple):
+        """One piece of a copy to the device; the last piece is answered with the first error of all."""
+        dst, count, stream, offset, flags = ins
+        last, is_async = flags & 1, flags & 2
+        try:
+            self._check(call, ins)
+            self._check_range(dst, count)
+            if self.shared is None or offset + count > self.shared.size:
+                raise CudaError(INVALID_VALUE, "not in the shared memory")
+            if not self.shared_error and not (is_async and self._capturing(_HTOD_ASYNC, stream)):
+                self.executor.copy_in_from(
+                    dst, self.shared, offset, count, stream if is_async else None, bool(last)
+                )
+        except CudaError as exc:
+            self.shared_error = self.shared_error or exc.code
+        if last:
+            result, self.shared_error = self.shared_error, 0
+            self._answer(True, _EMPTY, result)
+        return _ANSWERED
+
+    def _shm_dtoh(self, call: Call, ins: tuple):
+        """A copy to the client: answered once per `chunk` bytes as each is in the shared memory."""
+        src, count, stream, flags, chunk = ins
+        is_async = flags & 2
+        self._check(call, ins)
+        self._check_range(src, count)
+        if self.shared is None or count > self.shared.size or not chunk:
+            raise CudaError(INVALID_VALUE, "not in the shared memory")
+        if is_async and self._capturing(_DTOH_ASYNC, stream):
+            raise CudaError(CUresult.STREAM_CAPTURE_UNSUPPORTED, "a copy to the client's memory")
+        if not is_async and self.pending:  # a synchronous copy reports the earlier asynchronous error
+            result, self.pending = self.pending, 0
+            raise CudaError(result, "an earlier asynchronous error")
+        answered = False
+
+        def ready(offset: int, n: int) -> None:
+            nonlocal answered
+            if not answered:
+                self._send_kernel_output()
+                self._announce_copies()
+                answered = True
+            outs = call.out_struct.pack(offset, n)
+            self.channel.send(_wire.REPLY.pack(0, len(outs), 0), outs)
+
+        try:
+            self.executor.copy_out_to(self.shared, src, count, stream if is_async else None, chunk, ready)
+        except CudaError as exc:
+            self._answer(True, None, exc.code)
+        return _ANSWERED
+
     def _dtoh_async(self, call: Call, ins: tuple):
         """gpMemcpyDtoHAsync: queued behind its stream; its bytes (or its error) go to the client later."""
         src, count, stream, ident = ins
@@ -1171,6 +1245,9 @@ class Session:
 
 
 _ANSWERED = object()  # a handler that streamed its own reply
+_HTOD_ASYNC = next(c for c in CALLS if c.symbol == "cuMemcpyHtoDAsync_v2")
+_DTOH_ASYNC = next(c for c in CALLS if c.symbol == "cuMemcpyDtoHAsync_v2")
+SHARED_COPY_BYTES = 64 << 20  # per client connection on this host: the largest piece of one copy
 _EMPTY = (b"", b"")
 _DESTROYS = {
     "cuStreamDestroy": "stream",

@@ -34,6 +34,7 @@ from virtualize._results import CUresult
 log = logging.getLogger("gpupool.worker")
 
 ENV = "GPUPOOL_WORKER_NATIVE"
+SPIN_ENV = "GPUPOOL_WORKER_SPIN_US"  # how long the loop polls for the next frame before it sleeps
 LIBRARY_MODULE = "virtualize._dispatch"
 # The calls C serves, in the order of its ids table (dispatch.c's C_LAUNCH ...), by exported symbol.
 SYMBOLS = (
@@ -105,6 +106,7 @@ def _load() -> ctypes.CDLL | None:
     for name, args, res in (
         ("gpf_use_driver", [], i),
         ("gpf_set_ids", [ctypes.POINTER(u32), u64, u32], None),
+        ("gpf_set_spin", [u64], None),
         ("gpf_lease_new", [_LAUNCH, _CALL], p),
         ("gpf_lease_free", [p], None),
         ("gpf_handle_add", [p, i, u64], None),
@@ -124,8 +126,17 @@ def _load() -> ctypes.CDLL | None:
     by_symbol = {c.symbol: CALL_IDS[c] for c in CALLS}
     ids = (ctypes.c_uint32 * len(SYMBOLS))(*(by_symbol[s] for s in SYMBOLS))
     lib.gpf_set_ids(ids, sum(1 << a for a in FORWARDED_LAUNCH_ATTRIBUTES if a < 64), _wire.FLAG_WANTS_REPLY)
+    lib.gpf_set_spin(_spin_ns())
     _library = lib
     return lib
+
+
+def _spin_ns() -> int:
+    try:
+        return max(int(float(os.environ.get(SPIN_ENV, "40")) * 1000), 0)
+    except ValueError:
+        log.warning("%s=%r is not a number of microseconds; polling 40 µs", SPIN_ENV, os.environ[SPIN_ENV])
+        return 40_000
 
 
 def enabled() -> bool:

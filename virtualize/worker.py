@@ -52,6 +52,7 @@ class Channel:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        self.local = getattr(sock, "family", None) == socket.AF_UNIX  # a process on this host
         self.buf = bytearray(1 << 20)
         self.view = memoryview(self.buf)
         self.start = self.end = 0
@@ -124,6 +125,10 @@ class Channel:
             self.read_into(self.scratch(take)[:take])
             n -= take
         self.bulk_left = 0
+
+    def send_with_fd(self, fd: int, *parts) -> None:
+        """A small reply and a file descriptor for the client (a local socket only)."""
+        socket.send_fds(self.sock, [b"".join(parts)], [fd])
 
     def send(self, *parts) -> None:
         views = [memoryview(p).cast("B") for p in parts if len(p)]
@@ -263,7 +268,7 @@ class Worker:
             native = self.native.session() if self.native and _native_dispatch.can_serve(sock) else None
             if native is not None:
                 self.native_sessions.add(native)
-            log.info("client %s connected (%s%s)", who, how, ", native dispatch" if native else "")
+            log.info("client %s connected (%s)%s", who, how, ", native dispatch" if native else "")
             header = _wire.REQUEST
             while True:
                 if native is not None:

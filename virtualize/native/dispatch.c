@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -333,18 +334,37 @@ static uint64_t u64(const uint8_t *p) {
     return v;
 }
 
+/* How long the loop polls the socket for the next frame before its thread sleeps in recv: a program
+ * between calls sends the next one within microseconds, and waking a sleeping thread costs as much
+ * again (GPUPOOL_WORKER_SPIN_US, default 40; 0: never poll). */
+static uint64_t spin_ns = 40000;
+
+EXPORT void gpf_set_spin(uint64_t ns) { spin_ns = ns; }
+
+static uint64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
 /* At least `need` bytes from start: reads more (waiting), moving what is kept to the front first when
  * the buffer's end is in the way. 0, CLOSED or IO_ERROR. */
 static int fill(int fd, struct buffer *b, uint64_t need) {
+    uint64_t until = 0;
     while (b->end - b->start < need) {
         if (b->cap - b->start < need) {
             memmove(b->data, b->data + b->start, b->end - b->start);
             b->end -= b->start;
             b->start = 0;
         }
-        ssize_t got = recv(fd, b->data + b->end, b->cap - b->end, 0);
+        int polling = spin_ns && (!until || now_ns() < until);
+        ssize_t got = recv(fd, b->data + b->end, b->cap - b->end, polling ? MSG_DONTWAIT : 0);
         if (got == 0) return CLOSED;
         if (got < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                if (!until) until = now_ns() + spin_ns;
+                continue;
+            }
             if (errno == EINTR) continue;
             return IO_ERROR;
         }

@@ -57,11 +57,13 @@ static struct gp_conn *conn(void) { return thread_conn ? thread_conn : &main_con
 #define conn_fd (conn()->fd)
 #define conn_ssl (conn()->ssl)
 static CUresult conn_failure; /* sticky: once set, every call returns it */
+static int conn_local;        /* the process's connection is the worker's Unix socket (same host) */
 static uint64_t conn_ctx;     /* the context the worker's thread has current */
 static char conn_where[300];
 
 static int window_state; /* gp_window_ensure: 0 not asked yet, 1 reserved, -1 none to be had */
 static void callbacks_after_fork_in_child(void);
+static void shm_after_fork_in_child(void);
 
 static void after_fork_in_child(void) {
     /* The child must not share the parent's stream of frames; it opens its own on first use. */
@@ -73,6 +75,7 @@ static void after_fork_in_child(void) {
     pthread_mutex_init(&conn_lock, NULL);
     gp_memo_after_fork_in_child();
     window_state = 0; /* the child's connection is a new client process to the worker: its own window */
+    shm_after_fork_in_child();
 }
 
 /* ---- the profile (GPUPOOL_SHIM_PROFILE=1): per forwarded call, how often and how long ----------- */
@@ -203,11 +206,35 @@ static int send_iov(struct iovec *iov, int n) {
     return 0;
 }
 
+/* A file descriptor the worker sent with a reply (gpShmAttach's), taken by whoever asked for it. */
+static int received_fd = -1;
+
+/* recv on a plain socket, keeping a descriptor that comes with the bytes (recv would drop it). */
+static ssize_t recv_plain(void *p, size_t want, int flags) {
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } control;
+    struct iovec iov = {p, want};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                         .msg_controllen = sizeof control.buf};
+    ssize_t got = recvmsg(conn_fd, &msg, flags | MSG_CMSG_CLOEXEC);
+    for (struct cmsghdr *c = got > 0 ? CMSG_FIRSTHDR(&msg) : NULL; c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int))) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c), sizeof fd);
+            if (received_fd >= 0) close(received_fd);
+            received_fd = fd;
+        }
+    }
+    return got;
+}
+
 static int recv_all(void *buf, uint64_t len) {
     char *p = buf;
     while (len > 0) {
         size_t want = len > (1u << 30) ? (1u << 30) : (size_t)len;
-        ssize_t got = conn_ssl ? gp_tls_read(conn_ssl, p, want) : recv(conn_fd, p, want, 0);
+        ssize_t got = conn_ssl ? gp_tls_read(conn_ssl, p, want) : recv_plain(p, want, 0);
         if (got == 0) {
             errno = ECONNRESET;
             return -1;
@@ -220,6 +247,34 @@ static int recv_all(void *buf, uint64_t len) {
         len -= (uint64_t)got;
     }
     return 0;
+}
+
+/* A reply's header: on a plain socket, polled for a few microseconds before the thread sleeps in recv
+ * (a worker answering a synchronise or a query replies within microseconds, and a sleeping thread
+ * takes about as long again to wake; GPUPOOL_SHIM_SPIN_US, default 40, 0 = never poll). */
+static long spin_ns = -1;
+
+static int recv_header(void *buf, uint64_t len) {
+    if (spin_ns < 0) {
+        const char *env = getenv("GPUPOOL_SHIM_SPIN_US");
+        spin_ns = env ? atol(env) * 1000 : 40000;
+    }
+    if (conn_ssl || spin_ns <= 0) return recv_all(buf, len);
+    uint64_t until = 0;
+    for (;;) {
+        ssize_t got = recv_plain(buf, len, MSG_DONTWAIT);
+        if (got > 0) return (uint64_t)got == len ? 0 : recv_all((char *)buf + got, len - (uint64_t)got);
+        if (got == 0) {
+            errno = ECONNRESET;
+            return -1;
+        }
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        uint64_t now = (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+        if (!until) until = now + (uint64_t)spin_ns;
+        else if (now >= until) return recv_all(buf, len);
+    }
 }
 
 static int discard(uint64_t len) {
@@ -267,7 +322,7 @@ static int land_copy(const struct gp_reply *rep, int counted);
 
 static int recv_reply(int32_t *result, void *outs, uint32_t outs_len, void *bulk_out, uint64_t bulk_out_len) {
     struct gp_reply rep;
-    if (recv_all(&rep, sizeof rep) < 0) return -1;
+    if (recv_header(&rep, sizeof rep) < 0) return -1;
     for (;;) {
         if (rep.result == GP_KERNEL_OUTPUT && rep.outs_len == 0) {
             fflush(stdout); /* what the program printf'ed before the synchronise comes first */
@@ -383,8 +438,10 @@ static CUresult connect_worker(void) {
         conn_fd = fd;
         conn_ctx = 0;
         conn_ssl = NULL;
+        conn_local = 1;
         return handshake(secret);
     }
+    conn_local = 0;
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
         loopback = is_loopback(ai->ai_addr);
         fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
@@ -487,9 +544,8 @@ static CUresult handshake(const char *secret) {
 static __thread uint64_t ctx_stack[32];
 static __thread int ctx_depth;
 
-static CUresult call_locked(uint32_t call, uint32_t flags, const void *args, uint32_t args_len, const void *b1,
-                            uint64_t b1_len, const void *b2, uint64_t b2_len, void *outs, uint32_t outs_len,
-                            void *bulk_out, uint64_t bulk_out_len) {
+/* Connected, and the worker's thread in this thread's context: before any frame (under conn_lock). */
+static CUresult prepare_locked(void) {
     if (conn_failure) return conn_failure;
     if (conn_fd < 0) {
         CUresult r = connect_worker();
@@ -501,6 +557,14 @@ static CUresult call_locked(uint32_t call, uint32_t flags, const void *args, uin
         if (send_frame(GP_CALL_gpSetContext, 0, &in, sizeof in, NULL, 0, NULL, 0) < 0) return lost(strerror(errno));
         conn_ctx = want;
     }
+    return CUDA_SUCCESS;
+}
+
+static CUresult call_locked(uint32_t call, uint32_t flags, const void *args, uint32_t args_len, const void *b1,
+                            uint64_t b1_len, const void *b2, uint64_t b2_len, void *outs, uint32_t outs_len,
+                            void *bulk_out, uint64_t bulk_out_len) {
+    CUresult r = prepare_locked();
+    if (r) return r;
     if (send_frame(call, flags, args, args_len, b1, b1_len, b2, b2_len) < 0) return lost(strerror(errno));
     if (!(flags & GP_FLAG_WANTS_REPLY)) return CUDA_SUCCESS;
     int32_t result;
@@ -523,6 +587,126 @@ CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args
     if (changes) gp_memo_changed(call, r);
     if (profile_enabled) profile_note(call, flags, now_ns() - start, args_len + bulk1_len + bulk2_len, bulk_out_len);
     return r;
+}
+
+/* ---- large copies through memory the worker maps too (a worker on this host) --------------------
+ * Over the socket a copy's bytes are copied into the kernel and out again into the worker's page-locked
+ * buffer before its DMA: two memcpys of every byte on two processes, about half of what a local
+ * pageable copy reaches. With a worker on this host it hands over page-locked memory of its own
+ * (gpShmAttach: a file descriptor with the reply); a copy to the device is then one memcpy here into
+ * it, piece by piece, each piece's DMA running while the next is written; a copy to the host is the
+ * worker's DMAs into it, each piece copied out here as soon as the worker says it has landed. A copy
+ * larger than the memory goes in parts. Once per process connection; never over TLS or TCP. */
+static uint8_t *shm_base;
+static uint64_t shm_size;
+static int shm_state; /* 0 not asked yet, 1 attached, -1 none: every copy through the socket */
+
+static void shm_after_fork_in_child(void) {
+    if (shm_base) munmap(shm_base, shm_size); /* the parent's: its worker connection, not ours */
+    shm_base = NULL;
+    shm_size = 0;
+    shm_state = 0;
+}
+
+static void shm_attach_locked(void) {
+    shm_state = -1;
+    struct gp_out_gpShmAttach out;
+    int32_t result;
+    if (send_frame(GP_CALL_gpShmAttach, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, NULL, 0) < 0 ||
+        recv_reply(&result, &out, sizeof out, NULL, 0) < 0) {
+        lost(strerror(errno));
+        return;
+    }
+    int fd = received_fd;
+    received_fd = -1;
+    if (result != CUDA_SUCCESS || fd < 0 || !out.size) {
+        if (fd >= 0) close(fd);
+        return;
+    }
+    void *p = mmap(NULL, out.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return;
+    shm_base = p;
+    shm_size = out.size;
+    shm_state = 1;
+}
+
+static uint64_t shm_piece(uint64_t count) { /* a copy's pieces: about 8 of them, 256 KiB to 4 MiB */
+    uint64_t chunk = count / 8;
+    chunk = chunk < (256u << 10) ? (256u << 10) : chunk > (4u << 20) ? (4u << 20) : chunk;
+    return (chunk + 4095) & ~(uint64_t)4095;
+}
+
+static CUresult shm_htod_locked(uint64_t dst, const uint8_t *src, uint64_t count, uint64_t stream, int is_async) {
+    CUresult r = CUDA_SUCCESS;
+    for (uint64_t done = 0; done < count && r == CUDA_SUCCESS;) {
+        uint64_t part = count - done < shm_size ? count - done : shm_size, chunk = shm_piece(part);
+        for (uint64_t at = 0; at < part; at += chunk) {
+            uint64_t n = part - at < chunk ? part - at : chunk;
+            memcpy(shm_base + at, src + done + at, n);
+            int last = at + n == part;
+            struct gp_in_gpShmHtoD in = {.dst = dst + done + at, .count = n, .stream = stream, .offset = at,
+                                         .flags = (uint32_t)(last | (is_async ? 2 : 0))};
+            if (send_frame(GP_CALL_gpShmHtoD, last ? GP_FLAG_WANTS_REPLY : 0, &in, sizeof in, NULL, 0, NULL, 0) < 0)
+                return lost(strerror(errno));
+        }
+        int32_t result;
+        if (recv_reply(&result, NULL, 0, NULL, 0) < 0) return lost(strerror(errno));
+        r = result;
+        done += part;
+    }
+    return r;
+}
+
+static CUresult shm_dtoh_locked(uint8_t *dst, uint64_t src, uint64_t count, uint64_t stream, int is_async) {
+    for (uint64_t done = 0; done < count;) {
+        uint64_t part = count - done < shm_size ? count - done : shm_size;
+        struct gp_in_gpShmDtoH in = {.src = src + done, .count = part, .stream = stream,
+                                     .flags = is_async ? 2u : 0u, .chunk = (uint32_t)shm_piece(part)};
+        if (send_frame(GP_CALL_gpShmDtoH, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0) < 0)
+            return lost(strerror(errno));
+        for (uint64_t got = 0; got < part;) { /* a reply per piece as it lands, in order */
+            struct gp_out_gpShmDtoH out;
+            int32_t result;
+            if (recv_reply(&result, &out, sizeof out, NULL, 0) < 0) return lost(strerror(errno));
+            if (result != CUDA_SUCCESS) return result;
+            if (out.offset != got || !out.size || out.size > part - got) return lost("a copy's pieces out of order");
+            memcpy(dst + done + got, shm_base + got, out.size);
+            got += out.size;
+        }
+        done += part;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* A copy between pageable memory here and the device through the shared memory: 1 with *result set,
+ * or 0 where it is not for it (small, no worker on this host, a callback thread): the socket then. */
+int gp_shm_copy(uint32_t call, uint64_t device, void *host, uint64_t count, uint64_t stream, CUresult *result) {
+    if (count < GP_SHM_MIN_COPY || shm_state < 0 || thread_conn) return 0;
+    if (shm_state == 0) {
+        const char *env = getenv("GPUPOOL_SHIM_SHARED_COPIES"); /* 0: every copy through the socket */
+        if (env && strcmp(env, "0") == 0) shm_state = -1;
+        if (shm_state < 0) return 0;
+    }
+    int to_device = call == GP_CALL_cuMemcpyHtoD_v2 || call == GP_CALL_cuMemcpyHtoDAsync_v2;
+    int is_async = call == GP_CALL_cuMemcpyHtoDAsync_v2 || call == GP_CALL_cuMemcpyDtoHAsync_v2;
+    uint64_t start = profile_enabled ? now_ns() : 0;
+    gp_managed_before(call);
+    pthread_mutex_lock(&conn_lock);
+    CUresult r = prepare_locked();
+    if (r == CUDA_SUCCESS && shm_state == 0 && conn_local && !conn_ssl) shm_attach_locked();
+    if (r == CUDA_SUCCESS && shm_state != 1) {
+        pthread_mutex_unlock(&conn_lock);
+        return 0;
+    }
+    if (r == CUDA_SUCCESS)
+        r = to_device ? shm_htod_locked(device, host, count, stream, is_async)
+                      : shm_dtoh_locked(host, device, count, stream, is_async);
+    pthread_mutex_unlock(&conn_lock);
+    gp_managed_after(call, r);
+    if (profile_enabled) profile_note(call, GP_FLAG_WANTS_REPLY, now_ns() - start, to_device ? count : 0, to_device ? 0 : count);
+    *result = r;
+    return 1;
 }
 
 CUresult gp_call(uint32_t call, uint32_t flags, const void *args, uint32_t args_len, const void *bulk,
