@@ -633,6 +633,38 @@ def scenario_native_dispatch():
     print("printed after sync", flush=True)
 
 
+def scenario_shared_copies():
+    """Large copies (through memory the worker shares with this process when it runs on this host):
+    every byte lands, synchronous and on a stream, at odd offsets and sizes, and a copy larger than
+    that memory in parts."""
+    setup()
+    sizes = [256 << 10, (1 << 20) + 1, 67 << 20]
+    rc, dev = alloc(sizes[-1] + (1 << 20))
+    check(rc, "alloc")
+    equal = []
+    for size in sizes:
+        data = os.urandom(size)
+        check(cu.cuMemcpyHtoD(c_u64(dev), ctypes.create_string_buffer(data, size), c_u64(size)), "htod")
+        rc, back = dtoh(dev, size)
+        check(rc, "dtoh")
+        equal.append(back == data)
+    say("sizes", " ".join(map(str, sizes)))
+    say("htod_dtoh_equal", " ".join(map(str, equal)))
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    data = os.urandom(3 << 20)
+    back = ctypes.create_string_buffer(len(data))
+    check(cu.cuMemcpyHtoDAsync(c_u64(dev), ctypes.create_string_buffer(data, len(data)), c_u64(len(data)), stream),
+          "htod async")  # fmt: skip
+    check(cu.cuMemcpyDtoHAsync(back, c_u64(dev), c_u64(len(data)), stream), "dtoh async")
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("async_equal", back.raw == data)
+    rc, part = dtoh(dev + 12345, 1 << 20)
+    say("offset_equal", rc == 0 and part == data[12345 : 12345 + (1 << 20)])
+    past = ctypes.create_string_buffer(1 << 20)
+    say("past_allocation", cu.cuMemcpyHtoD(c_u64(dev + sizes[-1] + (1 << 20) - 4096), past, c_u64(1 << 20)))
+
+
 def scenario_ipc_export():
     """Allocate, fill, hand out an IPC handle (one line), wait for stdin, then show what is there now."""
     setup()

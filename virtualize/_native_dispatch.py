@@ -132,11 +132,13 @@ def _load() -> ctypes.CDLL | None:
 
 
 def _spin_ns() -> int:
+    """40 µs where there are 4 CPUs or more; on fewer, polling takes the CPU the client needs."""
+    default = 40_000 if (os.cpu_count() or 1) >= 4 else 0
     try:
-        return max(int(float(os.environ.get(SPIN_ENV, "40")) * 1000), 0)
+        return max(int(float(os.environ[SPIN_ENV]) * 1000), 0) if SPIN_ENV in os.environ else default
     except ValueError:
-        log.warning("%s=%r is not a number of microseconds; polling 40 µs", SPIN_ENV, os.environ[SPIN_ENV])
-        return 40_000
+        log.warning("%s=%r is not a number of microseconds; the default", SPIN_ENV, os.environ[SPIN_ENV])
+        return default
 
 
 def enabled() -> bool:

@@ -251,13 +251,14 @@ static int recv_all(void *buf, uint64_t len) {
 
 /* A reply's header: on a plain socket, polled for a few microseconds before the thread sleeps in recv
  * (a worker answering a synchronise or a query replies within microseconds, and a sleeping thread
- * takes about as long again to wake; GPUPOOL_SHIM_SPIN_US, default 40, 0 = never poll). */
+ * takes about as long again to wake). GPUPOOL_SHIM_SPIN_US: how long (0: never); by default 40 µs
+ * where there are 4 CPUs or more, else never (there polling takes the CPU the worker needs). */
 static long spin_ns = -1;
 
 static int recv_header(void *buf, uint64_t len) {
     if (spin_ns < 0) {
         const char *env = getenv("GPUPOOL_SHIM_SPIN_US");
-        spin_ns = env ? atol(env) * 1000 : 40000;
+        spin_ns = env ? atol(env) * 1000 : sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? 40000 : 0;
     }
     if (conn_ssl || spin_ns <= 0) return recv_all(buf, len);
     uint64_t until = 0;
@@ -631,9 +632,9 @@ static void shm_attach_locked(void) {
     shm_state = 1;
 }
 
-static uint64_t shm_piece(uint64_t count) { /* a copy's pieces: about 8 of them, 256 KiB to 4 MiB */
+static uint64_t shm_piece(uint64_t count) { /* a copy's pieces: about 8 of them, 512 KiB to 4 MiB */
     uint64_t chunk = count / 8;
-    chunk = chunk < (256u << 10) ? (256u << 10) : chunk > (4u << 20) ? (4u << 20) : chunk;
+    chunk = chunk < (512u << 10) ? (512u << 10) : chunk > (4u << 20) ? (4u << 20) : chunk;
     return (chunk + 4095) & ~(uint64_t)4095;
 }
 
