@@ -13,7 +13,6 @@ import os
 import socket
 import struct
 
-import pytest
 import remote_helpers
 from remote_helpers import client_env, needs_cc, run_client
 from test_remote_handshake import handshake, reply
