@@ -1,0 +1,32 @@
+"""bench/bench_remote.py with the host executor, as CI runs it: the protocol benchmark on a machine with
+no GPU still runs end to end (shim, local socket, the worker's native loop and shared-memory copies)
+and writes its numbers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from remote_helpers import needs_cc
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@needs_cc
+def test_the_host_executor_benchmark_runs_and_reports_every_row(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_remote.py"), "--executor", "host", "--copies-only",
+         "--max-copy-mib", "1", "--partition-mib", "64"],
+        env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    remote = json.loads((tmp_path / "bench_remote.json").read_text())["remote"]
+    assert remote["round_trip_us"] > 0 and remote["launches_per_s"] > 0
+    rates = remote["bandwidth_gb_s"]
+    assert {int(size) for size in rates} >= {4096, 1 << 20}  # a socket copy and one through shared memory
+    assert all(row["htod"] > 0 and row["dtoh"] > 0 for row in rates.values())
+    assert "cuCtxSynchronize round trip" in proc.stdout
