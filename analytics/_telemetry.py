@@ -14,7 +14,6 @@ extension repository need not be reachable from where the report runs.
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
 from collections.abc import Iterable
@@ -53,7 +52,25 @@ def _sql_literal(text: str) -> str:
 def _segments(root: Location, table: str) -> list[str]:
     if isinstance(root, S3Location):
         return _s3_segments(root, table)
-    return glob.glob(os.path.join(glob.escape(str(root)), table, "**", "*.parquet"), recursive=True)
+    return _walk(os.path.join(str(root), table))
+
+
+def _walk(folder: str) -> list[str]:
+    """The ``*.parquet`` files under ``folder`` at any depth, hidden names left out: what the glob
+    ``folder/**/*.parquet`` finds, in a fifth of its time (thousands of rollup files per table)."""
+    found: list[str] = []
+    try:
+        entries = list(os.scandir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return found
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        if entry.is_dir():
+            found += _walk(entry.path)
+        elif entry.name.endswith(".parquet"):
+            found.append(entry.path)
+    return found
 
 
 # -- S3-compatible buckets ----------------------------------------------------------------------------
@@ -242,8 +259,10 @@ def open_telemetry(
         # Each query binds its views again: keep the files' footers instead of reading them each time.
         con.execute("SET parquet_metadata_cache = true")
     found_any = False
+    listed: dict[tuple[Location, str], list[str]] = {}  # each table of each root listed once
     for table in (*TABLES.values(), *(ROLLUP_TABLES.values() if rollups else ())):
         per_root = {root: _segments(root, table.name) for root in roots}
+        listed.update(((root, table.name), segs) for root, segs in per_root.items())
         files = [f for segs in per_root.values() for f in segs]
         if not files:
             con.execute(f"CREATE OR REPLACE TEMP VIEW {table.name} AS {_empty_select(table)}")
@@ -283,7 +302,7 @@ def open_telemetry(
             f"hive_partitioning = true, union_by_name = {str(not derived).lower()}, hive_types = {{{hive_types}}})"
         )
     if rollups:
-        _register_rollup_marks(con, roots)
+        _register_rollup_marks(con, roots, listed)
     else:
         con.execute("DROP TABLE IF EXISTS rollup_marks")
     if require_data and not found_any:
@@ -298,29 +317,33 @@ def _host_of(path: str) -> str:
     return next(p.removeprefix("host=") for p in reversed(Path(path).parts) if p.startswith("host="))
 
 
-def _raw_hosts(root: Location) -> set[str]:
+def _raw_hosts(root: Location, segments: list[str]) -> set[str]:
     if isinstance(root, S3Location):
-        return {_host_of(p) for p in _segments(root, "gpu_samples")}
+        return {_host_of(p) for p in segments}
     return {p.name.removeprefix("host=") for p in root.glob("gpu_samples/date=*/host=*")}
 
 
-def _register_rollup_marks(con: duckdb.DuckDBPyConnection, roots: list[Location]) -> None:
+def _register_rollup_marks(
+    con: duckdb.DuckDBPyConnection, roots: list[Location], listed: dict[tuple[Location, str], list[str]]
+) -> None:
     """The temp table ``rollup_marks(host, level, covers_to_us, idle_below, held_mem_bytes)``: per host
     with raw samples and rollup level, how far its rollups reach (analytics._rollup: the newest day's
     file says). NULL where a directory holds the host's raw samples but no rollups of it: all raw."""
     marks: dict[tuple[str, str], tuple[int | None, float | None, int | None]] = {}
     for root in roots:
-        raw_hosts = _raw_hosts(root)
+        raw_hosts = _raw_hosts(root, listed[(root, "gpu_samples")])
         for level, name in (("1m", "gpu_rollup_1m"), ("1h", "gpu_rollup_1h")):
-            newest: dict[str, str] = {}
-            for path in _segments(root, name):
-                host = _host_of(path)
-                if host not in newest or path > newest[host]:  # date=YYYY-MM-DD sorts as text
-                    newest[host] = path
+            newest: dict[str, tuple[str, str]] = {}  # host -> (date=YYYY-MM-DD, path): dates sort as text
+            for path in listed[(root, name)]:
+                host_dir, _ = os.path.split(path)
+                date_dir, host = os.path.split(host_dir)
+                host, date = host.removeprefix("host="), os.path.basename(date_dir)
+                if host not in newest or date > newest[host][0]:
+                    newest[host] = (date, path)
             for host in raw_hosts | set(newest):
                 mark: tuple[int | None, float | None, int | None] = (None, None, None)
                 if host in newest:
-                    footer = _read_schema(newest[host]).metadata or {}
+                    footer = _read_schema(newest[host][1]).metadata or {}
                     meta = json.loads(footer.get(METADATA_ROLLUP_KEY, b"{}"))
                     if footer.get(METADATA_VERSION_KEY) != str(SCHEMA_VERSION).encode():
                         meta = {}  # rollups of another schema version: this host reads raw samples
@@ -336,7 +359,9 @@ def _register_rollup_marks(con: duckdb.DuckDBPyConnection, roots: list[Location]
         "CREATE OR REPLACE TEMP TABLE rollup_marks (host VARCHAR, level VARCHAR, covers_to_us BIGINT, "
         "idle_below DOUBLE, held_mem_bytes BIGINT)"
     )
-    if marks:
-        con.executemany(
-            "INSERT INTO rollup_marks VALUES (?, ?, ?, ?, ?)", [(h, lv, *m) for (h, lv), m in marks.items()]
+    if marks:  # one statement (executemany: a statement per row, 0.2 s for 64 hosts)
+        rows = ", ".join("(?, ?, ?::BIGINT, ?::DOUBLE, ?::BIGINT)" for _ in marks)
+        con.execute(
+            f"INSERT INTO rollup_marks VALUES {rows}",
+            [v for (h, lv), m in marks.items() for v in (h, lv, *m)],
         )
