@@ -20,10 +20,11 @@ def data_extent(con: duckdb.DuckDBPyConnection) -> Extent:
     sample once old raw days have expired.
     """
     plan = _rollup.plan(con, ALL)[0]
-    raw_where, raw_params, *_ = _rollup.raw_tail(plan)
+    windowed, (raw_where, raw_params, *_) = _rollup.raw_source(con, plan, ALL)
+    raw_table = windowed or "gpu_samples"  # the raw tail, windowed once per connection
     parts = [
         f"SELECT host, gpu_uuid, epoch_us(min(ts)) AS lo, epoch_us(max(ts)) AS hi, sum(simulated::INTEGER) AS sim, "
-        f"true AS raw FROM gpu_samples WHERE true{raw_where} GROUP BY host, gpu_uuid"
+        f"true AS raw FROM {raw_table} WHERE true{raw_where} GROUP BY host, gpu_uuid"
     ]
     params = list(raw_params)
     if plan is not None:
@@ -65,7 +66,7 @@ def data_extent(con: duckdb.DuckDBPyConnection) -> Extent:
                 (h, u): (i, n, m)
                 for h, u, i, n, m in con.execute(
                     "SELECT host, gpu_uuid, arg_max(gpu_index, ts), arg_max(gpu_name, ts), max(mem_total_bytes) "
-                    f"FROM gpu_samples WHERE date >= ?{raw_where} GROUP BY host, gpu_uuid",
+                    f"FROM {raw_table} WHERE date >= ?{raw_where} GROUP BY host, gpu_uuid",
                     [since, *raw_params],
                 ).fetchall()
             }

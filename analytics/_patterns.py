@@ -63,22 +63,24 @@ def _grouped(
     """
     where, wparams = scope.where()
     plan = _rollup.plan(con, scope, None, bucket_us // 1_000_000)[0] if bucket_us else None
-    raw_where, raw_params, extra_cols, extra_params, keep = _rollup.raw_tail(plan)
-    result = weighted_query(
-        con,
-        "gpu_samples",
-        where + raw_where,
-        [*wparams, *raw_params],
-        (("e", "k"),),
-        _SUMS,
-        columns=f"{_COLUMNS}, {key} AS k{extra_cols}",
-        columns_params=[*(params or []), *extra_params],
-        intervals=plan is not None,
-        keep=keep,
-    )
+    windowed, (raw_where, raw_params, extra_cols, extra_params, keep) = _rollup.raw_source(con, plan, scope)
+    raw = {
+        "table": "gpu_samples",
+        "where": where + raw_where,
+        "params": [*wparams, *raw_params],
+        "columns": f"{_COLUMNS}, {key} AS k{extra_cols}",
+        "columns_params": [*(params or []), *extra_params],
+        "keep": keep,
+        "windowed": windowed,
+    }
+    # The interval histogram only gives the fleet tick, which only rows without a local spacing
+    # (``fb``, rare) take: it is read (raw and rollups) only where some row needs it.
+    result = weighted_query(con, key_sets=(("e", "k"),), aggregates=_SUMS, intervals=False, **raw)
     rolled = _rollup.read_buckets(con, plan, where, wparams, bucket_us, per) if plan is not None else []
     intervals = result.intervals
-    if plan is not None:
+    if plan is not None and any(r[2] is not None for rows in (result.sets[0], rolled) for r in rows):
+        if not intervals:
+            intervals = weighted_query(con, key_sets=(), aggregates="", **raw).intervals
         intervals = dict(intervals)
         for k, n in _rollup.read_intervals(con, plan, where, wparams).items():
             intervals[k] = intervals.get(k, 0) + n
@@ -151,7 +153,7 @@ def _bucket_for(con: duckdb.DuckDBPyConnection, scope: Scope, max_points: int) -
     where, params = scope.where()
     plan = _rollup.plan(con, scope)[0]
     if plan is not None:  # the span from the rollups and the raw samples after them
-        lo, hi = _rollup.span(con, plan, where, params)
+        lo, hi = _rollup.span(con, plan, where, params, _rollup.raw_source(con, plan, scope)[0])
     else:
         lo, hi = con.execute(
             f"SELECT min(epoch(ts)), max(epoch(ts)) FROM gpu_samples WHERE {where}", params

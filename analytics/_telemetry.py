@@ -305,6 +305,12 @@ def open_telemetry(
         _register_rollup_marks(con, roots, listed)
     else:
         con.execute("DROP TABLE IF EXISTS rollup_marks")
+    # The directories read (NULL: some location is a bucket), for listings after the open
+    # (``analytics._rollup.windowed_tail``); and no cached raw tail of an earlier open.
+    local = None if any(is_s3(r) for r in roots) else [str(r) for r in roots]
+    con.execute("CREATE OR REPLACE TEMP TABLE telemetry_roots AS SELECT ?::VARCHAR[] AS roots", [local])
+    con.execute("DROP TABLE IF EXISTS raw_tail_windowed")
+    con.execute("DROP TABLE IF EXISTS raw_tail_meta")
     if require_data and not found_any:
         raise TelemetryError(
             "no telemetry found in " + ", ".join(str(r) for r in roots),
@@ -332,7 +338,7 @@ def _register_rollup_marks(
     marks: dict[tuple[str, str], tuple[int | None, float | None, int | None]] = {}
     for root in roots:
         raw_hosts = _raw_hosts(root, listed[(root, "gpu_samples")])
-        for level, name in (("1m", "gpu_rollup_1m"), ("1h", "gpu_rollup_1h")):
+        for level, name in (("1m", "gpu_rollup_1m"), ("1h", "gpu_rollup_1h"), ("1d", "gpu_rollup_1d")):
             newest: dict[str, tuple[str, str]] = {}  # host -> (date=YYYY-MM-DD, path): dates sort as text
             for path in listed[(root, name)]:
                 host_dir, _ = os.path.split(path)
