@@ -885,23 +885,39 @@ def raw_source(
     return windowed, (("", [], "", [], "") if windowed else raw_tail(p))
 
 
+# What readers of the windowed tail take of the raw samples (the summary, patterns, the extent).
+TAIL_COLUMNS = (
+    "host, gpu_uuid, ts, date, gpu_index, gpu_name, util_gpu_mean, sm_activity, mem_used_bytes, "
+    "mem_total_bytes, state, simulated"
+)
+
+
 def _window_tail(con: duckdb.DuckDBPyConnection, full: Plan, signature: str) -> tuple:
     where, params, cols, col_params, keep = raw_tail(full)
+    # One read: at most TAIL_CACHE_ROWS + 1 rows (more: a host whose rollups lag far behind; then
+    # each query windows its own, in chunks), the rows read only as neighbours flagged.
+    source = (
+        f"(SELECT {TAIL_COLUMNS}, host AS host_, gpu_uuid AS uuid_, ts AS ts_{cols} "
+        f"FROM gpu_samples WHERE true{where} LIMIT {TAIL_CACHE_ROWS + 1})"
+    )
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE raw_tail_read AS
+            WITH {weighted_rows_sql(source)}
+            SELECT * EXCLUDE (host_, uuid_, ts_, final, tick), host_ AS host, uuid_ AS gpu_uuid, ts_ AS ts,
+                   {keep} AS kept
+            FROM wr""",
+        [*col_params, *params],
+    )
     (n, t_lo, t_hi, d_lo, d_hi) = con.execute(
-        f"SELECT count(*), min(epoch_us(ts)), max(epoch_us(ts)), min(date), max(date) FROM gpu_samples WHERE true{where}",
-        params,
+        "SELECT count(*), min(t), max(t), min(date), max(date) FROM raw_tail_read"
     ).fetchall()[0]
-    con.execute("DROP TABLE IF EXISTS raw_tail_windowed")
     if n > TAIL_CACHE_ROWS:
         n = None
+        con.execute("DROP TABLE raw_tail_read")
+        con.execute("DROP VIEW IF EXISTS raw_tail_windowed")
     else:
-        source = f"(SELECT *, host AS host_, gpu_uuid AS uuid_, ts AS ts_{cols} FROM gpu_samples WHERE true{where})"
         con.execute(
-            f"""CREATE TEMP TABLE raw_tail_windowed AS
-                WITH {weighted_rows_sql(source)}
-                SELECT * EXCLUDE (host_, uuid_, ts_), host_ AS host, uuid_ AS gpu_uuid, ts_ AS ts
-                FROM wr WHERE {keep}""",
-            [*col_params, *params],
+            "CREATE OR REPLACE TEMP VIEW raw_tail_windowed AS SELECT * EXCLUDE (kept) FROM raw_tail_read WHERE kept"
         )
     meta = (signature, n, t_lo, t_hi, d_lo, d_hi)
     con.execute(
@@ -979,14 +995,16 @@ def rollup_relation(p: Plan, where: str, params: list) -> tuple[str, list]:
         values, vp = _values(
             {h: (hour_marks.get(h) if from_hours else None, m) for h, m in minute_marks.items()}
         )
-        prune, prune_params = "", []
+        prune, prune_params, minutes = "", [], "gpu_rollup_1m"
         if from_hours and set(hour_marks) == set(minute_marks):
-            # Only the minutes after the hour marks: skip the days before them (a rollup file's date
-            # is its rows' day) and the row groups before them.
+            # Only the minutes after the hour marks: the files from the day of the lowest hour mark
+            # on (named at open: ``_telemetry``), their days from that day on (a rollup file's date
+            # is its rows' day) and the row groups after it.
             first = min(hour_marks.values())
             prune, prune_params = " AND date >= ? AND ts >= ?", [_day_of(first), _ts(first)]
+            minutes = "gpu_rollup_1m_recent"
         parts.append(
-            f"SELECT r.* FROM gpu_rollup_1m r JOIN {values} AS m(mh, lo, hi) ON r.host = m.mh "
+            f"SELECT r.* FROM {minutes} r JOIN {values} AS m(mh, lo, hi) ON r.host = m.mh "
             f"WHERE {where}{prune} AND coalesce(epoch_us(ts) >= m.lo, true) AND epoch_us(ts) < m.hi"
         )
         all_params += [*vp, *params, *prune_params]

@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
@@ -292,15 +293,11 @@ def open_telemetry(
             # reads of them is cut at those marks anyway): a glob lists them again at every query,
             # 0.3 s for the 5,760 minute files of 512 GPUs over 90 days.
             globs = ", ".join(_sql_literal(f) for f in sorted(files))
-        hive_types = ", ".join(f"'{k}': {v}" for k, v in PARTITION_TYPES.items())
         # Rollup files all have the one schema the build writes (one file per host and day: thousands
         # over months), so they are read by position without opening every footer at each bind; a
         # file of another layout is an error, never a silent null (gpustat-report rollup --rebuild).
         # Their version is checked where their marks are read (``_register_rollup_marks``).
-        con.execute(
-            f"CREATE OR REPLACE TEMP VIEW {table.name} AS SELECT * FROM read_parquet([{globs}], "
-            f"hive_partitioning = true, union_by_name = {str(not derived).lower()}, hive_types = {{{hive_types}}})"
-        )
+        _parquet_view(con, table.name, globs, union_by_name=not derived)
     if rollups:
         _register_rollup_marks(con, roots, listed)
     else:
@@ -309,7 +306,8 @@ def open_telemetry(
     # (``analytics._rollup.windowed_tail``); and no cached raw tail of an earlier open.
     local = None if any(is_s3(r) for r in roots) else [str(r) for r in roots]
     con.execute("CREATE OR REPLACE TEMP TABLE telemetry_roots AS SELECT ?::VARCHAR[] AS roots", [local])
-    con.execute("DROP TABLE IF EXISTS raw_tail_windowed")
+    con.execute("DROP VIEW IF EXISTS raw_tail_windowed")
+    con.execute("DROP TABLE IF EXISTS raw_tail_read")
     con.execute("DROP TABLE IF EXISTS raw_tail_meta")
     if require_data and not found_any:
         raise TelemetryError(
@@ -317,6 +315,15 @@ def open_telemetry(
             "is the collector writing there? gpustat-collect --out DIR",
         )
     return con
+
+
+def _parquet_view(con: duckdb.DuckDBPyConnection, name: str, sources: str, *, union_by_name: bool) -> None:
+    """``name``: a view over the Parquet files or globs ``sources`` (SQL string literals, comma-separated)."""
+    hive_types = ", ".join(f"'{k}': {v}" for k, v in PARTITION_TYPES.items())
+    con.execute(
+        f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT * FROM read_parquet([{sources}], "
+        f"hive_partitioning = true, union_by_name = {str(union_by_name).lower()}, hive_types = {{{hive_types}}})"
+    )
 
 
 def _host_of(path: str) -> str:
@@ -327,6 +334,32 @@ def _raw_hosts(root: Location, segments: list[str]) -> set[str]:
     if isinstance(root, S3Location):
         return {_host_of(p) for p in segments}
     return {p.name.removeprefix("host=") for p in root.glob("gpu_samples/date=*/host=*")}
+
+
+def _register_recent_minutes(
+    con: duckdb.DuckDBPyConnection,
+    roots: list[Location],
+    listed: dict[tuple[Location, str], list[str]],
+    marks: dict[tuple[str, str], tuple],
+) -> None:
+    """The view ``gpu_rollup_1m_recent``: the minute rollup files from the day of the lowest hour mark
+    on, all that a range answered from hours reads of minutes (``analytics._rollup.rollup_relation``).
+    Binding 5,760 minute files (512 GPUs over 90 days) costs more than reading the few it keeps."""
+    firsts = [
+        min(m[0], marks[(h, "1m")][0])
+        for (h, level), m in marks.items()
+        if level == "1h" and m[0] is not None and marks.get((h, "1m"), (None,))[0] is not None
+    ]
+    files = [f for r in roots for f in listed.get((r, "gpu_rollup_1m"), [])]
+    if firsts and files and not any(is_s3(r) for r in roots):
+        first = "date=" + datetime.fromtimestamp(min(firsts) / 1e6, UTC).date().isoformat()
+        recent = sorted(f for f in files if os.path.basename(os.path.dirname(os.path.dirname(f))) >= first)
+        if recent:
+            _parquet_view(
+                con, "gpu_rollup_1m_recent", ", ".join(map(_sql_literal, recent)), union_by_name=False
+            )
+            return
+    con.execute("CREATE OR REPLACE TEMP VIEW gpu_rollup_1m_recent AS SELECT * FROM gpu_rollup_1m")
 
 
 def _register_rollup_marks(
@@ -361,6 +394,7 @@ def _register_rollup_marks(
                 elif old is not None and old[0] < mark[0]:
                     mark = old  # several directories: the lowest mark (raw after it is in every one)
                 marks[(host, level)] = mark
+    _register_recent_minutes(con, roots, listed, marks)
     con.execute(
         "CREATE OR REPLACE TEMP TABLE rollup_marks (host VARCHAR, level VARCHAR, covers_to_us BIGINT, "
         "idle_below DOUBLE, held_mem_bytes BIGINT)"
