@@ -203,7 +203,12 @@ def utilization_timeline(
     )
     if not rows:
         raise no_data_error(con, scope)
-    per = _weighted(rows, lambda host, index, b: b)
+    return _timeline(rows, bucket_s)
+
+
+def _timeline(rows: list, bucket_s: int, fold: int = 1) -> Timeline:
+    """``_grouped`` rows of buckets of ``bucket_s / fold`` as a timeline of buckets of ``bucket_s``."""
+    per = _weighted(rows, lambda host, index, b: b // fold)
     points = tuple(
         TimePoint(datetime.fromtimestamp(b * bucket_s, UTC), u, a, m, h, n)
         for b, (u, a, m, h, n, _) in sorted(per.items())
@@ -235,10 +240,7 @@ def hour_of_week(
     """Hour-of-week heatmaps for the fleet, each host or each GPU (``level``)."""
     if level not in LEVELS:
         raise TelemetryError(f"unknown heatmap level {level!r}", "use one of: " + ", ".join(LEVELS))
-    try:
-        zone = ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise TelemetryError(f"unknown time zone {tz!r}", "use an IANA name such as Europe/Berlin") from None
+    zone = _zone(tz)
     # Hours (quarter hours in zones whose offset is not a whole number of hours) of UTC, mapped to
     # local hours of the week here: every zone's offset is a whole number of quarter hours, and
     # converting a few thousand bucket starts is cheaper than converting every sample. Whole hours
@@ -249,6 +251,18 @@ def hour_of_week(
     rows = _grouped(con, scope, f"epoch_us(ts) // {bucket_us}", bucket_us=bucket_us, per=per)
     if not rows:
         raise no_data_error(con, scope)
+    return _grids(rows, level, tz, zone, bucket_us)
+
+
+def _zone(tz: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise TelemetryError(f"unknown time zone {tz!r}", "use an IANA name such as Europe/Berlin") from None
+
+
+def _grids(rows: list, level: str, tz: str, zone: ZoneInfo, bucket_us: int) -> list[HourOfWeek]:
+    """``_grouped`` rows of UTC buckets of ``bucket_us`` folded into hour-of-week grids."""
     label = LEVELS[level]
     local: dict[int, tuple[int, int]] = {}
 
@@ -302,7 +316,11 @@ def busiest_idlest(
     con: duckdb.DuckDBPyConnection, scope: Scope = ALL, *, bucket_s: int = 3600, n: int = 5
 ) -> Periods:
     """Busiest and idlest periods: buckets ranked by their time-weighted fleet mean, ties by time."""
-    timeline = utilization_timeline(con, scope, bucket_s=bucket_s)
+    return _periods(con, scope, utilization_timeline(con, scope, bucket_s=bucket_s), n)
+
+
+def _periods(con, scope: Scope, timeline: Timeline, n: int) -> Periods:
+    bucket_s = timeline.bucket_s
     candidates = [p for p in timeline.points if p.util_gpu_mean is not None]
     if not candidates:
         raise no_data_error(con, scope)
@@ -317,4 +335,38 @@ def busiest_idlest(
         busiest=tuple(period(p) for p in sorted(by_util, key=lambda p: (-p.util_gpu_mean, p.start))[:n]),
         idlest=tuple(period(p) for p in by_util[:n]),
         simulated=timeline.simulated,
+    )
+
+
+@dataclass(frozen=True)
+class FleetPatterns:
+    """The fleet's timeline, busiest and idlest hours and hour-of-week heatmap (``fleet_patterns``)."""
+
+    timeline: Timeline
+    periods: Periods
+    heatmap: list[HourOfWeek]
+
+
+def fleet_patterns(
+    con: duckdb.DuckDBPyConnection, scope: Scope = ALL, *, tz: str = "UTC", max_points: int = 400, n: int = 5
+) -> FleetPatterns:
+    """``utilization_timeline``, ``busiest_idlest`` (hours) and ``hour_of_week`` of the fleet in one
+    read where they allow it: the timeline's buckets whole hours and ``tz`` a whole-hour zone. Then
+    the three fold the same hourly fleet buckets (with the GPUs present in each) instead of each
+    reading and adding up the rows again; otherwise they are computed one by one. Same answers."""
+    zone = _zone(tz)
+    bucket_s = _bucket_for(con, scope, max_points)
+    if bucket_s % 3600 or not _whole_hour_zone(zone):
+        return FleetPatterns(
+            utilization_timeline(con, scope, bucket_s=bucket_s),
+            busiest_idlest(con, scope, n=n),
+            hour_of_week(con, scope, tz=tz),
+        )
+    rows = _grouped(con, scope, "epoch_us(ts) // ?", [HOUR_US], bucket_us=HOUR_US, per="fleet-gpus")
+    if not rows:
+        raise no_data_error(con, scope)
+    return FleetPatterns(
+        _timeline(rows, bucket_s, bucket_s // 3600),
+        _periods(con, scope, _timeline(rows, 3600), n),
+        _grids(rows, "fleet", tz, zone, HOUR_US),
     )

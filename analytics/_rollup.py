@@ -1082,8 +1082,8 @@ def read_buckets(
         "gpu": ("e", "e", "any_value(host), arg_max(gpu_index, last_ts)"),
         "host": ("host", "hash(host)", "host, 0"),
         "fleet": ("NULL", "0", "'fleet', 0"),
-        # The fleet per bucket, with the GPUs present as a list (the timeline counts them).
-        "fleet-gpus": ("NULL", "list(DISTINCT e)", "'fleet', 0"),
+        # The fleet per bucket, with the GPUs present as a list (repeats kept: the timeline counts distinct ones).
+        "fleet-gpus": ("NULL", "list(e)", "'fleet', 0"),
     }[per]
     return con.execute(
         f"""SELECT {ident}, k, fb, {who}, sum(observed_s),

@@ -404,6 +404,36 @@ def test_rollups_without_days_answer_from_hours_until_the_next_build_makes_them(
     _assert_agree(s, raw)
 
 
+@pytest.mark.parametrize("rollups", [False, True])
+def test_fleet_patterns_from_one_hourly_read_are_the_three_figures(tmp_path, rollups):
+    _irregular_days(tmp_path, datetime(2026, 3, 1, tzinfo=UTC), 3, seed=6)
+    if rollups:
+        A.build_rollups(tmp_path, lag_s=600)
+    con = A.open_telemetry(tmp_path)
+    scope = A.Scope(datetime(2026, 3, 1, 2, tzinfo=UTC), datetime(2026, 3, 5, tzinfo=UTC))
+    for tz in ("UTC", "Europe/Berlin", "Asia/Kolkata"):  # Kolkata: half hours, the three one by one
+        p = A.fleet_patterns(con, scope, tz=tz, max_points=40)
+        tl = A.utilization_timeline(con, scope, max_points=40)
+        assert p.timeline.bucket_s == tl.bucket_s == 3 * 3600
+        assert [(x.start, x.gpus) for x in p.timeline.points] == [(x.start, x.gpus) for x in tl.points]
+        for a, b in zip(p.timeline.points, tl.points, strict=True):
+            for name in ("util_gpu_mean", "sm_activity_mean", "mem_used_ratio_mean", "gpu_hours"):
+                assert getattr(a, name) == pytest.approx(getattr(b, name), rel=1e-9, abs=1e-12), name
+        periods = A.busiest_idlest(con, scope)
+        for mine, theirs in ((p.periods.busiest, periods.busiest), (p.periods.idlest, periods.idlest)):
+            assert [(x.start, x.gpus) for x in mine] == [(x.start, x.gpus) for x in theirs]
+            assert [x.util_gpu_mean for x in mine] == pytest.approx(
+                [x.util_gpu_mean for x in theirs], rel=1e-9
+            )
+        (heat,) = A.hour_of_week(con, scope, tz=tz)
+        (mine,) = p.heatmap
+        for d in range(7):
+            assert list(mine.gpu_hours[d]) == pytest.approx(list(heat.gpu_hours[d]), rel=1e-9, abs=1e-12)
+            assert [u or 0.0 for u in mine.util[d]] == pytest.approx(
+                [u or 0.0 for u in heat.util[d]], rel=1e-9
+            )
+
+
 # -- the raw tail, windowed once per connection ----------------------------------------------------------
 
 
