@@ -184,42 +184,74 @@ def _duck_type(arrow_type: pa.DataType) -> str:
     }[arrow_type]
 
 
-# path -> ((mtime ns, size), version): a segment's footer is read once per process, not at every
-# open (the report opens the telemetry for each figure; a directory holds thousands of segments).
-_VERSIONS: dict[str, tuple[tuple[int, int], int]] = {}
+# path -> ((mtime ns, size), version, columns, rows): a segment's footer is read once per process, not
+# at every open (the report opens the telemetry for each figure; a directory holds thousands of segments).
+_VERSIONS: dict[str, tuple[tuple[int, int], int, tuple, int]] = {}
+
+
+def _facts(schema: pa.Schema) -> tuple[int, tuple]:
+    raw = (schema.metadata or {}).get(METADATA_VERSION_KEY)
+    return (int(raw) if raw is not None else 0), tuple((f.name, str(f.type)) for f in schema)
 
 
 def schema_versions(paths: Iterable[str]) -> set[int]:
     """Schema versions found in the footers of the given segments (cheap: footers only; a local one
     read once per process while the file stays the same, those of ``s3://`` segments several at a time)."""
+    return _segment_facts(paths)[0]
+
+
+def _local_footer(path: str) -> tuple[tuple[int, int], int, tuple, int] | None:
+    """(file key, schema version, column layout, rows) of a local segment, from its footer read once
+    per process while the file stays the same; None for a file gone since it was listed."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:  # removed since the listing (compaction, retention): not read either
+        return None
+    key = (st.st_mtime_ns, st.st_size)
+    known = _VERSIONS.get(path)
+    if known is None or known[0] != key:
+        meta = pq.read_metadata(path)
+        known = (key, *_facts(meta.schema.to_arrow_schema()), meta.num_rows)
+        _VERSIONS[path] = known
+    return known
+
+
+def segment_rows(con: duckdb.DuckDBPyConnection, table: str) -> int | None:
+    """Rows in ``table``'s segments now (their footers: no scan), or None where a location is a
+    bucket. Lists the table again, so segments written since the open count."""
+    try:
+        (roots,) = con.execute("SELECT roots FROM telemetry_roots").fetchall()[0]
+    except duckdb.CatalogException:
+        return None
+    if roots is None:
+        return None
+    footers = (_local_footer(p) for root in roots for p in _walk(os.path.join(root, table)))
+    return sum(f[3] for f in footers if f is not None)
+
+
+def _segment_facts(paths: Iterable[str]) -> tuple[set[int], set[tuple]]:
+    """(schema versions, column layouts (name, type)) found in the footers of the given segments."""
     paths = list(paths)
     versions: set[int] = set()
+    layouts: set[tuple] = set()
     remote = [p for p in paths if p.startswith("s3://")]
     if remote:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(_S3_READERS) as pool:
             for schema in pool.map(_read_schema, remote):
-                raw = (schema.metadata or {}).get(METADATA_VERSION_KEY)
-                versions.add(int(raw) if raw is not None else 0)
+                version, layout = _facts(schema)
+                versions.add(version)
+                layouts.add(layout)
     for path in paths:
         if path.startswith("s3://"):
             continue
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:  # removed since the glob (compaction, retention): not read either
+        known = _local_footer(path)
+        if known is None:
             continue
-        key = (st.st_mtime_ns, st.st_size)
-        known = _VERSIONS.get(path)
-        if known is not None and known[0] == key:
-            versions.add(known[1])
-            continue
-        meta = pq.read_schema(path).metadata or {}
-        raw = meta.get(METADATA_VERSION_KEY)
-        version = int(raw) if raw is not None else 0
-        _VERSIONS[path] = (key, version)
-        versions.add(version)
-    return versions
+        versions.add(known[1])
+        layouts.add(known[2])
+    return versions, layouts
 
 
 def open_telemetry(
@@ -270,8 +302,13 @@ def open_telemetry(
             continue
         found_any = found_any or table.name in TABLES
         derived = table.name in ROLLUP_TABLES
+        # Segments of one column layout are read by position: binding a view by name opens every
+        # footer at every query (0.25 s for 900 segments); several layouts (segments written by
+        # different versions of the collector) are read by name.
+        by_name = not derived
         if check_versions and not derived:
-            versions = schema_versions(files)
+            versions, layouts = _segment_facts(files)
+            by_name = len(layouts) > 1
             unknown = versions - {SCHEMA_VERSION}
             if unknown:
                 raise TelemetryError(
@@ -297,7 +334,7 @@ def open_telemetry(
         # over months), so they are read by position without opening every footer at each bind; a
         # file of another layout is an error, never a silent null (gpustat-report rollup --rebuild).
         # Their version is checked where their marks are read (``_register_rollup_marks``).
-        _parquet_view(con, table.name, globs, union_by_name=not derived)
+        _parquet_view(con, table.name, globs, union_by_name=by_name)
     if rollups:
         _register_rollup_marks(con, roots, listed)
     else:
