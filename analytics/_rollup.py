@@ -104,7 +104,6 @@ STEP_ROWS = 4_000_000  # raw rows per windowed step of a build (whole days; keep
 # daily level, made from the hour rows (its mark: the hour mark floored to the UTC day).
 LEVELS = {"1m": ("gpu_rollup_1m", MINUTE_US), "1h": ("gpu_rollup_1h", HOUR_US)}
 DAY_TABLE = "gpu_rollup_1d"
-ALL_LEVELS = {**LEVELS, "1d": (DAY_TABLE, DAY_US)}
 
 
 # -- building ----------------------------------------------------------------------------------------
@@ -373,9 +372,8 @@ def _write_days(
         return 0
     data = _to_schema(name, data)
     days = pc.cast(data.column("ts"), pa.date32())
-    if (
-        name in MONTH_FILE_TABLES
-    ):  # hours, days: a file per month (its first day), not thousands of small ones
+    # Hours, days: a file per month (its first day), not thousands of small ones.
+    if name in MONTH_FILE_TABLES:
         days = pc.cast(
             pc.strptime(pc.strftime(days, format="%Y-%m-01"), format="%Y-%m-%d", unit="s"), pa.date32()
         )
@@ -836,9 +834,9 @@ def _tail_listing(roots: list[str], first_day: dt.date) -> str:
 
 
 def windowed_tail(con: duckdb.DuckDBPyConnection, p: Plan | None, scope: Scope) -> str | None:
-    """The name of a temp table of the raw samples after every host's minute mark with their weights
-    (``_weights``: ``wr``'s columns beside the samples' own), or None where ``scope`` must window
-    them itself. Every summary, timeline and heatmap of a connection reads the same raw tail (after
+    """The name of a relation of the raw samples after every host's minute mark with their weights
+    (``_weights``: ``wr``'s columns beside the samples' own; a view over a temp table), or None
+    where ``scope`` must window them itself. Every summary, timeline and heatmap of a connection reads the same raw tail (after
     the marks), so it is windowed once and kept while the segments it came from stay the same (a
     listing of the last days' folders, checked at each call). Valid for a scope whose time bounds cut
     none of the rows read (per GPU, a window is the same over all of them or the scope's); host and
@@ -857,6 +855,11 @@ def windowed_tail(con: duckdb.DuckDBPyConnection, p: Plan | None, scope: Scope) 
         return None
     full = Plan(("1m", "raw"), {h: {"1m": m} for h, m in marks}, dict(marks))
     first = min(full.raw_from_us.values()) - MARGIN_US
+    start, end = utc(scope.start), utc(scope.end)
+    if (start is not None and _epoch_us(start) > first) or (
+        end is not None and _epoch_us(end) <= max(full.raw_from_us.values())
+    ):
+        return None  # the range cuts the tail or ends before it: nothing to window for it
     signature = _tail_listing(roots, _day_of(first - 1))
     meta = None
     with contextlib.suppress(duckdb.CatalogException):
@@ -866,7 +869,6 @@ def windowed_tail(con: duckdb.DuckDBPyConnection, p: Plan | None, scope: Scope) 
     _, rows, t_lo, t_hi, d_lo, d_hi = meta
     if rows is None:
         return None  # too many raw rows after the marks to keep: each query windows its own
-    start, end = utc(scope.start), utc(scope.end)
     if start is not None and (
         t_lo is None or _epoch_us(start) > t_lo or start.date() - dt.timedelta(days=1) > d_lo
     ):
