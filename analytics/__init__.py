@@ -12,12 +12,14 @@ from analytics._attribution import Attribution, AttributionRow, attribution
 from analytics._extent import data_extent
 from analytics._patterns import (
     DAYS,
+    FleetPatterns,
     HourOfWeek,
     Period,
     Periods,
     Timeline,
     TimePoint,
     busiest_idlest,
+    fleet_patterns,
     hour_of_week,
     utilization_timeline,
 )
@@ -51,6 +53,7 @@ __all__ = [
     "Distribution",
     "ExpireResult",
     "Extent",
+    "FleetPatterns",
     "FleetSummary",
     "GpuInfo",
     "GpuStat",
@@ -72,6 +75,7 @@ __all__ = [
     "busiest_idlest",
     "data_extent",
     "expire_raw",
+    "fleet_patterns",
     "fleet_summary",
     "hour_of_week",
     "open_telemetry",

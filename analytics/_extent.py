@@ -8,6 +8,7 @@ import duckdb
 
 from analytics import _rollup
 from analytics._scope import ALL, Extent, GpuInfo
+from analytics._telemetry import segment_rows
 
 
 def data_extent(con: duckdb.DuckDBPyConnection) -> Extent:
@@ -20,10 +21,11 @@ def data_extent(con: duckdb.DuckDBPyConnection) -> Extent:
     sample once old raw days have expired.
     """
     plan = _rollup.plan(con, ALL)[0]
-    raw_where, raw_params, *_ = _rollup.raw_tail(plan)
+    windowed, (raw_where, raw_params, *_) = _rollup.raw_source(con, plan, ALL)
+    raw_table = windowed or "gpu_samples"  # the raw tail, windowed once per connection
     parts = [
         f"SELECT host, gpu_uuid, epoch_us(min(ts)) AS lo, epoch_us(max(ts)) AS hi, sum(simulated::INTEGER) AS sim, "
-        f"true AS raw FROM gpu_samples WHERE true{raw_where} GROUP BY host, gpu_uuid"
+        f"true AS raw FROM {raw_table} WHERE true{raw_where} GROUP BY host, gpu_uuid"
     ]
     params = list(raw_params)
     if plan is not None:
@@ -41,10 +43,10 @@ def data_extent(con: duckdb.DuckDBPyConnection) -> Extent:
         if raw:
             m[5] = hi if m[5] is None else max(m[5], hi)
     per_gpu = list(merged.values())
-    (process_rows,) = con.execute("SELECT count(*) FROM process_samples").fetchone()
+    process_rows = _rows_in(con, "process_samples")
     if not per_gpu:
         return Extent(None, None, (), (), False, 0, int(process_rows))
-    (rows_n,) = con.execute("SELECT count(*) FROM gpu_samples").fetchone()
+    rows_n = _rows_in(con, "gpu_samples")
     details: dict[tuple[str, str], tuple] = {}
     if plan is not None:
         rel, rel_params = _rollup.rollup_relation(plan, "true", [])
@@ -65,7 +67,7 @@ def data_extent(con: duckdb.DuckDBPyConnection) -> Extent:
                 (h, u): (i, n, m)
                 for h, u, i, n, m in con.execute(
                     "SELECT host, gpu_uuid, arg_max(gpu_index, ts), arg_max(gpu_name, ts), max(mem_total_bytes) "
-                    f"FROM gpu_samples WHERE date >= ?{raw_where} GROUP BY host, gpu_uuid",
+                    f"FROM {raw_table} WHERE date >= ?{raw_where} GROUP BY host, gpu_uuid",
                     [since, *raw_params],
                 ).fetchall()
             }
@@ -84,3 +86,9 @@ def data_extent(con: duckdb.DuckDBPyConnection) -> Extent:
         gpu_rows=int(rows_n),
         process_rows=int(process_rows),
     )
+
+
+def _rows_in(con: duckdb.DuckDBPyConnection, table: str) -> int:
+    """Rows of a raw table: from its segments' footers (read once per process), else counted."""
+    rows = segment_rows(con, table)
+    return rows if rows is not None else con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]

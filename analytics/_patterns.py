@@ -63,22 +63,24 @@ def _grouped(
     """
     where, wparams = scope.where()
     plan = _rollup.plan(con, scope, None, bucket_us // 1_000_000)[0] if bucket_us else None
-    raw_where, raw_params, extra_cols, extra_params, keep = _rollup.raw_tail(plan)
-    result = weighted_query(
-        con,
-        "gpu_samples",
-        where + raw_where,
-        [*wparams, *raw_params],
-        (("e", "k"),),
-        _SUMS,
-        columns=f"{_COLUMNS}, {key} AS k{extra_cols}",
-        columns_params=[*(params or []), *extra_params],
-        intervals=plan is not None,
-        keep=keep,
-    )
+    windowed, (raw_where, raw_params, extra_cols, extra_params, keep) = _rollup.raw_source(con, plan, scope)
+    raw = {
+        "table": "gpu_samples",
+        "where": where + raw_where,
+        "params": [*wparams, *raw_params],
+        "columns": f"{_COLUMNS}, {key} AS k{extra_cols}",
+        "columns_params": [*(params or []), *extra_params],
+        "keep": keep,
+        "windowed": windowed,
+    }
+    # The interval histogram only gives the fleet tick, which only rows without a local spacing
+    # (``fb``, rare) take: it is read (raw and rollups) only where some row needs it.
+    result = weighted_query(con, key_sets=(("e", "k"),), aggregates=_SUMS, intervals=False, **raw)
     rolled = _rollup.read_buckets(con, plan, where, wparams, bucket_us, per) if plan is not None else []
     intervals = result.intervals
-    if plan is not None:
+    if plan is not None and any(r[2] is not None for rows in (result.sets[0], rolled) for r in rows):
+        if not intervals:
+            intervals = weighted_query(con, key_sets=(), aggregates="", **raw).intervals
         intervals = dict(intervals)
         for k, n in _rollup.read_intervals(con, plan, where, wparams).items():
             intervals[k] = intervals.get(k, 0) + n
@@ -97,9 +99,12 @@ def _grouped(
                 e,
             )
         )
-    for e, k, fb, host, index, w, w_u, s_u, w_a, s_a, w_m, s_m, sim in rolled:
-        f = result.scale(fb, tick)
-        out.append((host, index, k, *((v or 0.0) * f for v in (w, w_u, s_u, w_a, s_a, w_m, s_m)), sim, e))
+    for e, k, fb, host, index, w, w_u, s_u, w_a, s_a, w_m, s_m, sim in rolled:  # 100 k+ rows: kept tight
+        f = 1.0 if fb is None else result.scale(fb, tick)
+        out.append(
+            (host, index, k, (w or 0.0) * f, (w_u or 0.0) * f, (s_u or 0.0) * f, (w_a or 0.0) * f,
+             (s_a or 0.0) * f, (w_m or 0.0) * f, (s_m or 0.0) * f, sim, e)
+        )  # fmt: skip
     return out
 
 
@@ -107,9 +112,17 @@ def _weighted(rows, key_of) -> dict:
     """Fold ``_grouped`` rows into time-weighted means per key: {key: (util, sm, mem, gpu_hours, gpus, simulated)}."""
     acc: dict = {}
     for host, index, k, w, w_u, s_u, w_a, s_a, w_m, s_m, sim, e in rows:
-        a = acc.setdefault(key_of(host, index, k), [0.0] * 7 + [set(), False])
-        for i, v in enumerate((w, w_u, s_u, w_a, s_a, w_m, s_m)):
-            a[i] += v
+        key = key_of(host, index, k)
+        a = acc.get(key)
+        if a is None:
+            a = acc[key] = [0.0] * 7 + [set(), False]
+        a[0] += w
+        a[1] += w_u
+        a[2] += s_u
+        a[3] += w_a
+        a[4] += s_a
+        a[5] += w_m
+        a[6] += s_m
         if isinstance(e, list):  # rollup rows of the whole fleet: the GPUs present (read_buckets)
             a[7].update(e)
         else:
@@ -151,7 +164,7 @@ def _bucket_for(con: duckdb.DuckDBPyConnection, scope: Scope, max_points: int) -
     where, params = scope.where()
     plan = _rollup.plan(con, scope)[0]
     if plan is not None:  # the span from the rollups and the raw samples after them
-        lo, hi = _rollup.span(con, plan, where, params)
+        lo, hi = _rollup.span(con, plan, where, params, _rollup.raw_source(con, plan, scope)[0])
     else:
         lo, hi = con.execute(
             f"SELECT min(epoch(ts)), max(epoch(ts)) FROM gpu_samples WHERE {where}", params
@@ -201,7 +214,12 @@ def utilization_timeline(
     )
     if not rows:
         raise no_data_error(con, scope)
-    per = _weighted(rows, lambda host, index, b: b)
+    return _timeline(rows, bucket_s)
+
+
+def _timeline(rows: list, bucket_s: int, fold: int = 1) -> Timeline:
+    """``_grouped`` rows of buckets of ``bucket_s / fold`` as a timeline of buckets of ``bucket_s``."""
+    per = _weighted(rows, lambda host, index, b: b // fold)
     points = tuple(
         TimePoint(datetime.fromtimestamp(b * bucket_s, UTC), u, a, m, h, n)
         for b, (u, a, m, h, n, _) in sorted(per.items())
@@ -233,10 +251,7 @@ def hour_of_week(
     """Hour-of-week heatmaps for the fleet, each host or each GPU (``level``)."""
     if level not in LEVELS:
         raise TelemetryError(f"unknown heatmap level {level!r}", "use one of: " + ", ".join(LEVELS))
-    try:
-        zone = ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise TelemetryError(f"unknown time zone {tz!r}", "use an IANA name such as Europe/Berlin") from None
+    zone = _zone(tz)
     # Hours (quarter hours in zones whose offset is not a whole number of hours) of UTC, mapped to
     # local hours of the week here: every zone's offset is a whole number of quarter hours, and
     # converting a few thousand bucket starts is cheaper than converting every sample. Whole hours
@@ -247,6 +262,18 @@ def hour_of_week(
     rows = _grouped(con, scope, f"epoch_us(ts) // {bucket_us}", bucket_us=bucket_us, per=per)
     if not rows:
         raise no_data_error(con, scope)
+    return _grids(rows, level, tz, zone, bucket_us)
+
+
+def _zone(tz: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise TelemetryError(f"unknown time zone {tz!r}", "use an IANA name such as Europe/Berlin") from None
+
+
+def _grids(rows: list, level: str, tz: str, zone: ZoneInfo, bucket_us: int) -> list[HourOfWeek]:
+    """``_grouped`` rows of UTC buckets of ``bucket_us`` folded into hour-of-week grids."""
     label = LEVELS[level]
     local: dict[int, tuple[int, int]] = {}
 
@@ -300,7 +327,11 @@ def busiest_idlest(
     con: duckdb.DuckDBPyConnection, scope: Scope = ALL, *, bucket_s: int = 3600, n: int = 5
 ) -> Periods:
     """Busiest and idlest periods: buckets ranked by their time-weighted fleet mean, ties by time."""
-    timeline = utilization_timeline(con, scope, bucket_s=bucket_s)
+    return _periods(con, scope, utilization_timeline(con, scope, bucket_s=bucket_s), n)
+
+
+def _periods(con, scope: Scope, timeline: Timeline, n: int) -> Periods:
+    bucket_s = timeline.bucket_s
     candidates = [p for p in timeline.points if p.util_gpu_mean is not None]
     if not candidates:
         raise no_data_error(con, scope)
@@ -315,4 +346,38 @@ def busiest_idlest(
         busiest=tuple(period(p) for p in sorted(by_util, key=lambda p: (-p.util_gpu_mean, p.start))[:n]),
         idlest=tuple(period(p) for p in by_util[:n]),
         simulated=timeline.simulated,
+    )
+
+
+@dataclass(frozen=True)
+class FleetPatterns:
+    """The fleet's timeline, busiest and idlest hours and hour-of-week heatmap (``fleet_patterns``)."""
+
+    timeline: Timeline
+    periods: Periods
+    heatmap: list[HourOfWeek]
+
+
+def fleet_patterns(
+    con: duckdb.DuckDBPyConnection, scope: Scope = ALL, *, tz: str = "UTC", max_points: int = 400, n: int = 5
+) -> FleetPatterns:
+    """``utilization_timeline``, ``busiest_idlest`` (hours) and ``hour_of_week`` of the fleet in one
+    read where they allow it: the timeline's buckets whole hours and ``tz`` a whole-hour zone. Then
+    the three fold the same hourly fleet buckets (with the GPUs present in each) instead of each
+    reading and adding up the rows again; otherwise they are computed one by one. Same answers."""
+    zone = _zone(tz)
+    bucket_s = _bucket_for(con, scope, max_points)
+    if bucket_s % 3600 or not _whole_hour_zone(zone):
+        return FleetPatterns(
+            utilization_timeline(con, scope, bucket_s=bucket_s),
+            busiest_idlest(con, scope, n=n),
+            hour_of_week(con, scope, tz=tz),
+        )
+    rows = _grouped(con, scope, "epoch_us(ts) // ?", [HOUR_US], bucket_us=HOUR_US, per="fleet-gpus")
+    if not rows:
+        raise no_data_error(con, scope)
+    return FleetPatterns(
+        _timeline(rows, bucket_s, bucket_s // 3600),
+        _periods(con, scope, _timeline(rows, 3600), n),
+        _grids(rows, "fleet", tz, zone, HOUR_US),
     )

@@ -1,14 +1,23 @@
-"""Rollups: ``gpu_samples`` pre-aggregated per GPU per minute and per hour.
+"""Rollups: ``gpu_samples`` pre-aggregated per GPU per minute, per hour and per day.
 
-A month of 64 GPUs at 1 Hz is 166 M raw rows; its minute rollup is 2.8 M rows and its hourly one 46 k.
-``build_rollups`` (``gpustat-report rollup DIR``) writes them beside the raw tables, in the same layout
-(``collector.schema``: ``gpu_rollup_1m`` and ``gpu_rollup_1h``), one file per date and host::
+A month of 64 GPUs at 1 Hz is 166 M raw rows; its minute rollup is 2.8 M rows, its hourly one 46 k and
+its daily one 1,920. ``build_rollups`` (``gpustat-report rollup DIR``) writes them beside the raw
+tables, in the same layout (``collector.schema``: ``gpu_rollup_1m``, ``gpu_rollup_1h``,
+``gpu_rollup_1d``), one file per date and host::
 
     <dir>/gpu_rollup_1m/date=YYYY-MM-DD/host=<host>/rollup.parquet
     <dir>/gpu_rollup_1h/date=YYYY-MM-01/host=<host>/rollup.parquet   (hours: a file per month)
+    <dir>/gpu_rollup_1d/date=YYYY-MM-01/host=<host>/rollup.parquet   (UTC days: a file per month)
 
 (A file per day and host for hours too would be 5 760 files of ~200 rows for 512 GPUs over 90 days:
 reading them costs more than their rows.)
+
+**Days** are made from the hour rows after each build (``_build_days``: sums add, histograms merge),
+up to the hour mark floored to the day, and answer the whole days of a range on the hour; the hours
+around them come from hourly rows (``rollup_relation``). Over 90 days of 512 GPUs a summary reads 46 k
+day rows instead of 1.1 M hour rows. A directory whose rollups have no days yet answers from hours;
+its next build makes them (``nothing new to roll up`` included). Retention looks at the minute and
+hour marks only: days are never made from raw samples.
 
 **What a row holds.** Per GPU and period (and ``fb``, see below): the sample count, the observed
 seconds — the sum of the samples' weights exactly as ``_weights`` defines them, computed over the
@@ -85,12 +94,16 @@ from collector.writer import conform, write_segment
 
 MINUTE_US = 60_000_000
 HOUR_US = 3_600_000_000
+DAY_US = 86_400_000_000
 LAG_S = 600  # a build leaves the last 10 minutes of each host raw-only: their weights need later samples
 MARGIN_US = LAG_S * 1_000_000  # raw read from this long before a watermark, for the first rows' neighbours
 HIST_PER_UNIT = 100  # histogram bins per unit ratio: 1 %
 FILE_NAME = "rollup.parquet"
 STEP_ROWS = 4_000_000  # raw rows per windowed step of a build (whole days; keeps its memory flat)
+# The levels built from raw samples (their marks decide what is raw and what may expire) and the
+# daily level, made from the hour rows (its mark: the hour mark floored to the UTC day).
 LEVELS = {"1m": ("gpu_rollup_1m", MINUTE_US), "1h": ("gpu_rollup_1h", HOUR_US)}
+DAY_TABLE = "gpu_rollup_1d"
 
 
 # -- building ----------------------------------------------------------------------------------------
@@ -102,6 +115,7 @@ class RollupResult:
     samples: int = 0
     minute_rows: int = 0
     hour_rows: int = 0
+    day_rows: int = 0
     files: int = 0
 
 
@@ -160,9 +174,9 @@ _ASSEMBLE = """
     WHERE b.m < ?
 """
 
-# Hours from minutes: sums add, histograms and interval counts merge bin by bin.
+# Hours from minutes (days from hours): sums add, histograms and interval counts merge bin by bin.
 _HOURS = """
-    WITH mins AS (SELECT *, ts_us // {hour} * {hour} AS h FROM minute_rows WHERE ts_us < ?),
+    WITH mins AS (SELECT *, ts_us // {hour} * {hour} AS h FROM {source} WHERE ts_us < ?),
     b AS (SELECT gpu_uuid, h, fbk, arg_max(gpu_index, last_us) AS gpu_index, arg_max(gpu_name, last_us) AS gpu_name,
                  {sums}, min(first_us) AS first_us, max(last_us) AS last_us,
                  max(mem_used_peak) AS mem_used_peak, max(mem_total) AS mem_total
@@ -175,7 +189,9 @@ _HOURS = """
 _LISTS = (("util_hist_bin", "util_hist_s"), ("sm_hist_bin", "sm_hist_s"), ("interval_us", "interval_n"))
 
 
-def _hours_sql() -> str:
+def _hours_sql(period_us: int = HOUR_US, source: str = "minute_rows") -> str:
+    """SQL merging the rows of ``source`` (the build's working form) into periods of ``period_us``
+    before its one parameter."""
     lists, joins, cols = [], [], []
     for i, (key, val) in enumerate(_LISTS):
         lists.append(
@@ -188,7 +204,8 @@ def _hours_sql() -> str:
         joins.append(f"LEFT JOIN l{i} USING (gpu_uuid, h, fbk)")
         cols += [f"l{i}.{key}", f"l{i}.{val}"]
     return _HOURS.format(
-        hour=HOUR_US,
+        hour=period_us,
+        source=source,
         sums=", ".join(f"sum({c}) AS {c}" for c in (*_SUMS, *_TIMELINE_SUMS)),
         bsums=", ".join(f"b.{c}" for c in (*_SUMS, *_TIMELINE_SUMS)),
         lists=",\n".join(lists),
@@ -238,14 +255,63 @@ def _rollup_path(root: Path, name: str, day: dt.date, host: str) -> Path:
 def host_marks(root: Path, host: str) -> dict[str, int | None]:
     """{level: covered up to (epoch µs) or None} of one host's rollups in ``root``: the newest day's
     file of each level says (its footer)."""
-    marks: dict[str, int | None] = {}
-    for level, (name, _) in LEVELS.items():
-        files = sorted((root / name).glob(f"date=*/host={glob.escape(host)}/{FILE_NAME}"))
-        meta = {}
-        if files:
-            meta = json.loads((pq.read_schema(files[-1]).metadata or {}).get(METADATA_ROLLUP_KEY, b"{}"))
-        marks[level] = int(meta["covers_to_us"]) if "covers_to_us" in meta else None
-    return marks
+    return {level: _mark(root, name, host) for level, (name, _) in LEVELS.items()}
+
+
+def _files(root: Path, name: str, host: str) -> list[Path]:
+    return sorted((root / name).glob(f"date=*/host={glob.escape(host)}/{FILE_NAME}"))
+
+
+def _mark(root: Path, name: str, host: str) -> int | None:
+    files = _files(root, name, host)
+    meta = {}
+    if files:
+        meta = json.loads((pq.read_schema(files[-1]).metadata or {}).get(METADATA_ROLLUP_KEY, b"{}"))
+    return int(meta["covers_to_us"]) if "covers_to_us" in meta else None
+
+
+def _build_days(con, root: Path, host: str, redo_from: int | None) -> tuple[int, int]:
+    """Bring the host's daily rows up to date with its hour rows: the UTC days before its hour mark
+    floored to the day, from its previous day mark on (from ``redo_from``'s day where the build made
+    hours again before it). Day rows merge the day's hour rows as hour rows merge minutes. Returns
+    (rows, files) written."""
+    hour_mark = _mark(root, HOUR_FILE_TABLE, host)
+    if hour_mark is None:
+        return 0, 0
+    day_mark = hour_mark // DAY_US * DAY_US
+    start = _mark(root, DAY_TABLE, host)
+    if redo_from is not None:
+        start = min(start if start is not None else redo_from, redo_from) // DAY_US * DAY_US
+    if start is not None and start >= day_mark:
+        return 0, 0
+    files = _files(root, HOUR_FILE_TABLE, host)
+    if start is not None:  # hour files are monthly: from the month of the first day made again
+        first = _file_start(HOUR_FILE_TABLE, _day_of(start)).isoformat()
+        files = [f for f in files if f.parent.parent.name.removeprefix("date=") >= first]
+    if not files:
+        return 0, 0
+    hours = pa.concat_tables(
+        [pq.read_table(f, partitioning=None).replace_schema_metadata(None) for f in files]
+    )
+    con.register("hour_src", hours)
+    lo = start if start is not None else -(1 << 62)
+    con.register(
+        "hour_rows",
+        con.sql(
+            "SELECT * EXCLUDE (ts, fb, first_ts, last_ts, schema_version), epoch_us(ts) AS ts_us, "
+            "coalesce(fb, -2) AS fbk, epoch_us(first_ts) AS first_us, epoch_us(last_ts) AS last_us "
+            "FROM hour_src WHERE epoch_us(ts) >= ?",
+            params=[lo],
+        ).to_arrow_table(),
+    )
+    days = con.sql(_hours_sql(DAY_US, "hour_rows"), params=[day_mark]).to_arrow_table()
+    con.unregister("hour_rows")
+    con.unregister("hour_src")
+    if start is None:
+        if not days.num_rows:
+            return 0, 0
+        start = pc.min(days.column("ts_us")).as_py()
+    return days.num_rows, _write_days(root, DAY_TABLE, host, days, start, day_mark, DAY_US)
 
 
 def _write_day(
@@ -306,7 +372,8 @@ def _write_days(
         return 0
     data = _to_schema(name, data)
     days = pc.cast(data.column("ts"), pa.date32())
-    if name == HOUR_FILE_TABLE:  # hours: a file per month (its first day), not thousands of small ones
+    # Hours, days: a file per month (its first day), not thousands of small ones.
+    if name in MONTH_FILE_TABLES:
         days = pc.cast(
             pc.strptime(pc.strftime(days, format="%Y-%m-01"), format="%Y-%m-%d", unit="s"), pa.date32()
         )
@@ -319,15 +386,17 @@ def _write_days(
 
 
 HOUR_FILE_TABLE = "gpu_rollup_1h"
+MONTH_FILE_TABLES = (HOUR_FILE_TABLE, DAY_TABLE)
 
 
 def _file_start(name: str, day: dt.date) -> dt.date:
-    """The first day of the file of ``name`` that holds ``day``'s rows: the day, or for hours its month."""
-    return day.replace(day=1) if name == HOUR_FILE_TABLE else day
+    """The first day of the file of ``name`` that holds ``day``'s rows: the day, or for hours and
+    days its month."""
+    return day.replace(day=1) if name in MONTH_FILE_TABLES else day
 
 
 def _file_end(name: str, start: dt.date) -> dt.date:
-    if name != HOUR_FILE_TABLE:
+    if name not in MONTH_FILE_TABLES:
         return start + dt.timedelta(days=1)
     return (start.replace(day=28) + dt.timedelta(days=4)).replace(day=1)
 
@@ -509,7 +578,7 @@ def _build_host(
         "SELECT max(epoch_us(ts)), min(epoch_us(ts)) FILTER (WHERE date <= ?) FROM gpu_samples "
         "WHERE host = ? AND (date >= ? OR date <= ?)",
         [days[0], host, days[-1] - dt.timedelta(days=1), days[0]],
-    ).fetchone()
+    ).fetchall()[0]
     if newest is None:
         return
     watermark = (newest - int(lag_s * 1_000_000)) // MINUTE_US * MINUTE_US
@@ -526,6 +595,11 @@ def _build_host(
         lo = max(start, min(lo, since_us // HOUR_US * HOUR_US))
     if lo >= watermark or (lo == resume and marks["1m"] >= watermark):
         say(f"{host}: nothing new to roll up (raw after {_iso(max(lo, watermark))})")
+        day_n, files = _build_days(con, root, host, None)  # hours of an earlier build not in days yet
+        result.day_rows += day_n
+        result.files += files
+        if day_n:
+            say(f"{host}: {day_n:,} day rows made from the hour rows")
         return
     t0 = time.monotonic()
     samples = minute_n = hour_n = 0
@@ -541,13 +615,17 @@ def _build_host(
         samples += n
         minute_n += minute_rows.num_rows
         hour_n += hour_rows.num_rows
+    # Days last: a reader that finds the day level's mark also finds the hours before it.
+    day_n, files = _build_days(con, root, host, lo)
+    result.files += files
     result.hosts += 1
     result.samples += samples
     result.minute_rows += minute_n
     result.hour_rows += hour_n
+    result.day_rows += day_n
     say(
         f"{host}: {samples:,} samples from {_iso(lo)} -> {minute_n:,} minute rows, "
-        f"{hour_n:,} hour rows, raw after {_iso(watermark)} ({time.monotonic() - t0:.1f} s)"
+        f"{hour_n:,} hour rows, {day_n:,} day rows, raw after {_iso(watermark)} ({time.monotonic() - t0:.1f} s)"
     )
 
 
@@ -605,23 +683,28 @@ def build_rollups(
 class Plan:
     """Which data answers a summary: rollup rows before each host's marks, raw samples after."""
 
-    levels: tuple[str, ...]  # "1h", "1m" and/or "raw", coarsest first
+    levels: tuple[str, ...]  # "1d", "1h", "1m" and/or "raw", coarsest first
     marks: dict[str, dict[str, int | None]]  # host -> {level: covered up to (epoch µs) or None}
     raw_from_us: dict[str, int]  # host -> raw samples from here on (hosts not listed: all raw)
+    # With "1d": the whole UTC days of the range, [days_from_us, days_to_us) (None: unbounded); hours
+    # answer its parts before and after them (the range is on the hour).
+    days_from_us: int | None = None
+    days_to_us: int | None = None
 
     def describe(self) -> str:
-        names = {"1h": "hourly rollups", "1m": "minute rollups", "raw": "raw samples"}
+        names = {"1d": "daily rollups", "1h": "hourly rollups", "1m": "minute rollups", "raw": "raw samples"}
         text = " + ".join(names[lv] for lv in self.levels)
         if "raw" in self.levels and self.raw_from_us:
             text += f" (raw from {dt.datetime.fromtimestamp(min(self.raw_from_us.values()) / 1e6, dt.UTC):%Y-%m-%d %H:%M} UTC)"
         return text
 
 
+def _epoch_us(ts: dt.datetime) -> int:
+    return (utc(ts) - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
+
+
 def _aligned(ts: dt.datetime | None, period_us: int) -> bool:
-    if ts is None:
-        return True
-    us = (utc(ts) - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
-    return us % period_us == 0
+    return ts is None or _epoch_us(ts) % period_us == 0
 
 
 def rollups_built(con: duckdb.DuckDBPyConnection) -> bool:
@@ -670,8 +753,20 @@ def plan(
             return None, "the buckets are not whole minutes"
         return None, "the range is not on minute boundaries"
     levels = levels[:1] + (["1m"] if levels[0] == "1h" else [])  # hours, then the minutes after the last hour
+    days_from = days_to = None
+    if (
+        levels[0] == "1h"
+        and (bucket_s is None or bucket_s * 1_000_000 % DAY_US == 0)
+        and any(m.get("1d") is not None for m in marks.values())
+    ):
+        # Whole days inside the range from daily rows, the hours around them from hourly ones.
+        levels = ["1d", *levels]
+        if scope.start is not None:
+            days_from = -(-_epoch_us(scope.start) // DAY_US) * DAY_US
+        if scope.end is not None:
+            days_to = _epoch_us(scope.end) // DAY_US * DAY_US
     raw_from = {h: m["1m"] for h, m in marks.items() if m.get("1m") is not None}
-    return Plan((*levels, "raw"), marks, raw_from), ""
+    return Plan((*levels, "raw"), marks, raw_from, days_from, days_to), ""
 
 
 def _values(mapping: dict) -> tuple[str, list]:
@@ -713,6 +808,128 @@ def raw_tail(p: Plan | None) -> tuple[str, list, str, list, str]:
     return where, params, f", {case} AS raw_from_us", case_params, "coalesce(t >= raw_from_us, true)"
 
 
+TAIL_CACHE_ROWS = 4_000_000  # the most raw rows after the marks kept windowed per connection
+
+
+def _tail_listing(roots: list[str], first_day: dt.date) -> str:
+    """A signature of the raw segments from ``first_day`` on (names, sizes, mtimes): it changes when
+    a segment lands, grows or goes."""
+    import hashlib
+
+    entries = []
+    for root in roots:
+        folder = os.path.join(root, "gpu_samples")
+        try:
+            days = [d for d in os.scandir(folder) if d.name >= f"date={first_day.isoformat()}"]
+        except FileNotFoundError:
+            continue
+        for day in days:
+            for dirpath, _dirs, files in os.walk(day.path):
+                for name in files:
+                    if name.endswith(".parquet") and not name.startswith("."):
+                        with contextlib.suppress(FileNotFoundError):
+                            st = os.stat(os.path.join(dirpath, name))
+                            entries.append(f"{dirpath}/{name}:{st.st_size}:{st.st_mtime_ns}")
+    return hashlib.sha1("\n".join(sorted(entries)).encode()).hexdigest()
+
+
+def windowed_tail(con: duckdb.DuckDBPyConnection, p: Plan | None, scope: Scope) -> str | None:
+    """The name of a relation of the raw samples after every host's minute mark with their weights
+    (``_weights``: ``wr``'s columns beside the samples' own; a view over a temp table), or None
+    where ``scope`` must window them itself. Every summary, timeline and heatmap of a connection reads the same raw tail (after
+    the marks), so it is windowed once and kept while the segments it came from stay the same (a
+    listing of the last days' folders, checked at each call). Valid for a scope whose time bounds cut
+    none of the rows read (per GPU, a window is the same over all of them or the scope's); host and
+    GPU filters pick whole GPUs, so they apply after the window as before it."""
+    if p is None or not p.raw_from_us or not all(h in p.raw_from_us for h in p.marks):
+        return None
+    try:
+        (roots,) = con.execute("SELECT roots FROM telemetry_roots").fetchall()[0]
+        marks = con.execute(
+            "SELECT host, covers_to_us FROM rollup_marks WHERE level = '1m' AND covers_to_us IS NOT NULL"
+        ).fetchall()
+        all_hosts = con.execute("SELECT count(DISTINCT host) FROM rollup_marks").fetchall()[0][0]
+    except duckdb.CatalogException:
+        return None
+    if roots is None or not marks or len(marks) < all_hosts:  # a bucket, or a host all raw
+        return None
+    full = Plan(("1m", "raw"), {h: {"1m": m} for h, m in marks}, dict(marks))
+    first = min(full.raw_from_us.values()) - MARGIN_US
+    start, end = utc(scope.start), utc(scope.end)
+    if (start is not None and _epoch_us(start) > first) or (
+        end is not None and _epoch_us(end) <= max(full.raw_from_us.values())
+    ):
+        return None  # the range cuts the tail or ends before it: nothing to window for it
+    signature = _tail_listing(roots, _day_of(first - 1))
+    meta = None
+    with contextlib.suppress(duckdb.CatalogException):
+        meta = con.execute("SELECT * FROM raw_tail_meta").fetchall()[0]
+    if meta is None or meta[0] != signature:
+        meta = _window_tail(con, full, signature)
+    _, rows, t_lo, t_hi, d_lo, d_hi = meta
+    if rows is None:
+        return None  # too many raw rows after the marks to keep: each query windows its own
+    if start is not None and (
+        t_lo is None or _epoch_us(start) > t_lo or start.date() - dt.timedelta(days=1) > d_lo
+    ):
+        return None
+    if end is not None and (t_hi is None or _epoch_us(end) <= t_hi or end.date() < d_hi):
+        return None
+    return "raw_tail_windowed"
+
+
+def raw_source(
+    con: duckdb.DuckDBPyConnection, p: Plan | None, scope: Scope
+) -> tuple[str | None, tuple[str, list, str, list, str]]:
+    """(``windowed_tail``'s table or None, ``raw_tail``'s fragments): none are needed over that table,
+    which holds exactly the rows they keep, with their weights."""
+    windowed = windowed_tail(con, p, scope)
+    return windowed, (("", [], "", [], "") if windowed else raw_tail(p))
+
+
+# What readers of the windowed tail take of the raw samples (the summary, patterns, the extent).
+TAIL_COLUMNS = (
+    "host, gpu_uuid, ts, date, gpu_index, gpu_name, util_gpu_mean, sm_activity, mem_used_bytes, "
+    "mem_total_bytes, state, simulated"
+)
+
+
+def _window_tail(con: duckdb.DuckDBPyConnection, full: Plan, signature: str) -> tuple:
+    where, params, cols, col_params, keep = raw_tail(full)
+    # One read: at most TAIL_CACHE_ROWS + 1 rows (more: a host whose rollups lag far behind; then
+    # each query windows its own, in chunks), the rows read only as neighbours flagged.
+    source = (
+        f"(SELECT {TAIL_COLUMNS}, host AS host_, gpu_uuid AS uuid_, ts AS ts_{cols} "
+        f"FROM gpu_samples WHERE true{where} LIMIT {TAIL_CACHE_ROWS + 1})"
+    )
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE raw_tail_read AS
+            WITH {weighted_rows_sql(source)}
+            SELECT * EXCLUDE (host_, uuid_, ts_, final, tick), host_ AS host, uuid_ AS gpu_uuid, ts_ AS ts,
+                   {keep} AS kept
+            FROM wr""",
+        [*col_params, *params],
+    )
+    (n, t_lo, t_hi, d_lo, d_hi) = con.execute(
+        "SELECT count(*), min(t), max(t), min(date), max(date) FROM raw_tail_read"
+    ).fetchall()[0]
+    if n > TAIL_CACHE_ROWS:
+        n = None
+        con.execute("DROP TABLE raw_tail_read")
+        con.execute("DROP VIEW IF EXISTS raw_tail_windowed")
+    else:
+        con.execute(
+            "CREATE OR REPLACE TEMP VIEW raw_tail_windowed AS SELECT * EXCLUDE (kept) FROM raw_tail_read WHERE kept"
+        )
+    meta = (signature, n, t_lo, t_hi, d_lo, d_hi)
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE raw_tail_meta AS SELECT ? AS signature, ?::BIGINT AS rows, "
+        "?::BIGINT AS t_lo, ?::BIGINT AS t_hi, ?::DATE AS d_lo, ?::DATE AS d_hi",
+        list(meta),
+    )
+    return meta
+
+
 def raw_after(p: Plan) -> tuple[str, list]:
     """(extra WHERE over gpu_samples, its params): exactly the raw samples from each host's mark on
     (for figures that need no neighbours: plain per-step aggregates)."""
@@ -726,8 +943,9 @@ def raw_after(p: Plan) -> tuple[str, list]:
 
 
 def rollup_relation(p: Plan, where: str, params: list) -> tuple[str, list]:
-    """SQL of the rollup rows that answer (hours before each host's hour mark, minutes from there to
-    its minute mark), with ``e`` the entity hash the raw rows use, and its parameters."""
+    """SQL of the rollup rows that answer (days inside the range before each host's day mark, hours
+    around them up to its hour mark, minutes from there to its minute mark), with ``e`` the entity
+    hash the raw rows use, and its parameters."""
     parts, all_params = [], []
     minute_marks = {h: m["1m"] for h, m in p.marks.items() if m.get("1m") is not None}
     # Hours only where minutes carry on from them: raw samples start at the minute mark.
@@ -736,30 +954,59 @@ def rollup_relation(p: Plan, where: str, params: list) -> tuple[str, list]:
         for h, m in p.marks.items()
         if m.get("1h") is not None and h in minute_marks
     }
+    # Days only where hours carry on from them, and only inside the range: per host [lo, hi).
+    never, always = -(1 << 62), 1 << 62
+    day_lo = p.days_from_us if p.days_from_us is not None else never
+    days = {
+        h: (day_lo, max(day_lo, min(m["1d"], hour_marks[h], p.days_to_us or always)))
+        for h, m in p.marks.items()
+        if "1d" in p.levels and m.get("1d") is not None and h in hour_marks
+    }
+    days = {h: w for h, w in days.items() if w[1] > w[0]}
+    # Hour and day files hold a month each (date = its first day): the scope's day bounds apply to
+    # each row's own day.
+    by_row_day = "(SELECT * REPLACE (CAST(timezone('UTC', ts) AS DATE) AS date) FROM {table}{prune})"
     # Each host's marks joined in (a hash join: a CASE over the hosts per row costs seconds at 64 hosts).
-    if "1h" in p.levels and hour_marks:
-        values, vp = _values(hour_marks)
+    if days:
+        values, vp = _values(days)
         parts.append(
-            # An hour file holds a month (date = its first day): the scope's day bounds apply to
-            # each row's own day.
-            "SELECT r.* FROM (SELECT * REPLACE (CAST(timezone('UTC', ts) AS DATE) AS date) FROM gpu_rollup_1h) r "
-            f"JOIN {values} AS m(mh, hi) ON r.host = m.mh "
-            f"WHERE {where} AND ts < ? AND epoch_us(ts) < m.hi"
+            f"SELECT r.* FROM {by_row_day.format(table=DAY_TABLE, prune='')} r "
+            f"JOIN {values} AS m(mh, lo, hi) ON r.host = m.mh "
+            f"WHERE {where} AND epoch_us(ts) >= m.lo AND epoch_us(ts) < m.hi"
         )
-        all_params += [*vp, *params, _ts(max(hour_marks.values()))]
+        all_params += [*vp, *params]
+    if "1h" in p.levels and hour_marks:
+        values, vp = _values({h: (hi, *days.get(h, (None, None))) for h, hi in hour_marks.items()})
+        prune, prune_params = "", []
+        if days and set(days) == set(hour_marks):
+            # Only the months of the hours around the days: before the first day (the range's
+            # start is within a day of it) and from the day marks on.
+            prune = " WHERE date >= ?" + (" OR date <= ?" if p.days_from_us is not None else "")
+            prune_params = [_file_start(HOUR_FILE_TABLE, _day_of(min(w[1] for w in days.values())))]
+            if p.days_from_us is not None:
+                prune_params.append(_file_start(HOUR_FILE_TABLE, _day_of(p.days_from_us - 1)))
+        parts.append(
+            f"SELECT r.* FROM {by_row_day.format(table=HOUR_FILE_TABLE, prune=prune)} r "
+            f"JOIN {values} AS m(mh, hi, dlo, dhi) ON r.host = m.mh "
+            f"WHERE {where} AND ts < ? AND epoch_us(ts) < m.hi "
+            "AND NOT coalesce(epoch_us(ts) >= m.dlo AND epoch_us(ts) < m.dhi, false)"
+        )
+        all_params += [*prune_params, *vp, *params, _ts(max(hour_marks.values()))]
     if minute_marks:
         from_hours = "1h" in p.levels and bool(hour_marks)
         values, vp = _values(
             {h: (hour_marks.get(h) if from_hours else None, m) for h, m in minute_marks.items()}
         )
-        prune, prune_params = "", []
+        prune, prune_params, minutes = "", [], "gpu_rollup_1m"
         if from_hours and set(hour_marks) == set(minute_marks):
-            # Only the minutes after the hour marks: skip the days before them (a rollup file's date
-            # is its rows' day) and the row groups before them.
+            # Only the minutes after the hour marks: the files from the day of the lowest hour mark
+            # on (named at open: ``_telemetry``), their days from that day on (a rollup file's date
+            # is its rows' day) and the row groups after it.
             first = min(hour_marks.values())
             prune, prune_params = " AND date >= ? AND ts >= ?", [_day_of(first), _ts(first)]
+            minutes = "gpu_rollup_1m_recent"
         parts.append(
-            f"SELECT r.* FROM gpu_rollup_1m r JOIN {values} AS m(mh, lo, hi) ON r.host = m.mh "
+            f"SELECT r.* FROM {minutes} r JOIN {values} AS m(mh, lo, hi) ON r.host = m.mh "
             f"WHERE {where}{prune} AND coalesce(epoch_us(ts) >= m.lo, true) AND epoch_us(ts) < m.hi"
         )
         all_params += [*vp, *params, *prune_params]
@@ -768,16 +1015,16 @@ def rollup_relation(p: Plan, where: str, params: list) -> tuple[str, list]:
 
 
 def span(
-    con: duckdb.DuckDBPyConnection, p: Plan, where: str, params: list
+    con: duckdb.DuckDBPyConnection, p: Plan, where: str, params: list, windowed: str | None = None
 ) -> tuple[float | None, float | None]:
     """First and last sample (epoch seconds) in ``where``: the rollups' first/last before the marks,
-    the raw samples after them (no scan of the raw history)."""
+    the raw samples after them (no scan of the raw history; ``windowed``: they are kept there)."""
     rel, rp = rollup_relation(p, where, params)
-    raw_where, raw_params, *_ = raw_tail(p)
+    raw_where, raw_params, *_ = raw_tail(p) if windowed is None else ("", [])
     return con.execute(
         f"""SELECT min(lo), max(hi) FROM (
                 SELECT epoch(min(first_ts)) AS lo, epoch(max(last_ts)) AS hi FROM {rel}
-                UNION ALL SELECT epoch(min(ts)), epoch(max(ts)) FROM gpu_samples WHERE {where}{raw_where})""",
+                UNION ALL SELECT epoch(min(ts)), epoch(max(ts)) FROM {windowed or "gpu_samples"} WHERE {where}{raw_where})""",
         [*rp, *params, *raw_params],
     ).fetchone()
 
@@ -837,8 +1084,8 @@ def read_buckets(
         "gpu": ("e", "e", "any_value(host), arg_max(gpu_index, last_ts)"),
         "host": ("host", "hash(host)", "host, 0"),
         "fleet": ("NULL", "0", "'fleet', 0"),
-        # The fleet per bucket, with the GPUs present as a list (the timeline counts them).
-        "fleet-gpus": ("NULL", "list(DISTINCT e)", "'fleet', 0"),
+        # The fleet per bucket, with the GPUs present as a list (repeats kept: the timeline counts distinct ones).
+        "fleet-gpus": ("NULL", "list(e)", "'fleet', 0"),
     }[per]
     return con.execute(
         f"""SELECT {ident}, k, fb, {who}, sum(observed_s),

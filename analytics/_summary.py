@@ -168,7 +168,7 @@ _AGGREGATES = """
 _NAMES = """
     SELECT hash(host, gpu_uuid), host, gpu_uuid, arg_max(gpu_index, ts) AS gpu_index,
            arg_max(gpu_name, ts) AS gpu_name
-    FROM gpu_samples WHERE {where} AND date >= ? GROUP BY host, gpu_uuid
+    FROM {table} WHERE {where} AND date >= ? GROUP BY host, gpu_uuid
 """
 
 
@@ -199,7 +199,8 @@ def fleet_summary(
     """
     where, params = scope.where()
     plan, why = _rollup.plan(con, scope, options)
-    raw_where, raw_params, extra_cols, extra_params, keep = _rollup.raw_tail(plan)
+    # The raw samples after the rollups' marks: windowed once per connection where the scope allows.
+    windowed, (raw_where, raw_params, extra_cols, extra_params, keep) = _rollup.raw_source(con, plan, scope)
     result = weighted_query(
         con,
         "gpu_samples",
@@ -210,6 +211,7 @@ def fleet_summary(
         columns=_COLUMNS + extra_cols,
         columns_params=[options.idle_below, options.held_mem_bytes, *extra_params],
         keep=keep,
+        windowed=windowed,
     )
     rolled = _rollup.read(con, plan, where, params) if plan is not None else None
     util_rows, sm_rows = result.sets
@@ -288,7 +290,10 @@ def fleet_summary(
     last_day = min(datetime.fromtimestamp(g["hi"] / 1e6, UTC).date() for g in per.values()) - timedelta(
         days=1
     )
-    names = con.execute(_NAMES.format(where=where + raw_where), [*params, *raw_params, last_day]).fetchall()
+    names = con.execute(
+        _NAMES.format(table=windowed or "gpu_samples", where=where + raw_where),
+        [*params, *raw_params, last_day],
+    ).fetchall()
     for e, host, uuid, index, name in names:
         if e in per:
             per[e].update(host=host, gpu_uuid=uuid, gpu_index=index, gpu_name=name)

@@ -190,6 +190,7 @@ def weighted_query(
     join: str = "",
     intervals: bool = True,
     keep: str = "",
+    windowed: str | None = None,
 ) -> Weighted:
     """Run ``SELECT keys, fb, aggregates FROM wr GROUP BY GROUPING SETS (...)`` chunk by chunk.
 
@@ -201,6 +202,9 @@ def weighted_query(
     out the interval histogram (a fifth of the cost) unless some rows need the fleet tick, which
     then takes a second pass. ``keep`` (a predicate over ``wr``, no parameters) leaves rows out of
     the groups after their weights are known: rows read only as neighbours of the kept ones.
+    ``windowed`` names a relation of rows whose weights are already known (``wr``'s columns beside
+    the table's own: ``_rollup.windowed_tail``): ``where``, ``columns`` and ``keep`` apply to it as
+    they would to ``table``, without the window.
     """
     sets: list[list[tuple]] = [[] for _ in key_sets]
     histogram: dict[tuple[int, int], int] = {}
@@ -215,11 +219,21 @@ def weighted_query(
 
     which = {mask(ks): i for i, ks in enumerate(key_sets)}
     interval_mask = mask({"e", "dq"})
-    for chunk, chunk_params in _chunks(con, where, params, table, entity, host_of):
+    if windowed is not None:
+        host_of.update(
+            con.execute(f"SELECT DISTINCT e, host FROM {windowed} WHERE {where}", params).fetchall()
+        )
+        chunks: list[tuple[str, list]] = [("true", [])]
+    else:
+        chunks = _chunks(con, where, params, table, entity, host_of)
+    for chunk, chunk_params in chunks:
         source = f"(SELECT {columns} FROM {table} WHERE {where} AND {chunk})"
+        ctes = weighted_rows_sql(source, entity, order_extra)
+        if windowed is not None:
+            ctes = f"wr AS (SELECT {columns}, e, t, d, w, fb, gap, dq FROM {windowed} WHERE {where})"
         rows = con.execute(
             f"""
-            WITH {weighted_rows_sql(source, entity, order_extra)}
+            WITH {ctes}
             SELECT GROUPING({", ".join(cols)}) AS gid, {", ".join(cols)}, {"fb" if key_sets else "NULL AS fb"}, count(*) AS n_rows{", " + aggregates if aggregates else ""}
             FROM wr {join} {f"WHERE {keep}" if keep else ""} GROUP BY GROUPING SETS ({grouping})
             """,
@@ -248,5 +262,6 @@ def weighted_query(
             columns_params=columns_params,
             entity=entity,
             keep=keep,
+            windowed=windowed,
         ).intervals
     return Weighted(tuple(sets), histogram, host_of)

@@ -173,6 +173,8 @@ def _rollups_only(args) -> int:
     _timed("hour_of_week (fleet)", lambda: A.hour_of_week(con), args.repeat)
     _timed("hour_of_week (per host)", lambda: A.hour_of_week(con, level="host"), args.repeat)
     _timed("busiest_idlest", lambda: A.busiest_idlest(con), args.repeat)
+    # The app's first page and gpustat-report build: the three above from one hourly read.
+    _timed("fleet_patterns (the 3 above)", lambda: A.fleet_patterns(con), args.repeat)
     w = _timed("what_if (GPU demand)", lambda: A.what_if(con), args.repeat)
     print(f"  -> {w.data_source}; {w.requests} requests, {w.step_s} s steps, need p95 {w.gpus_needed_p95}")
     if args.app:

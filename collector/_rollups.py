@@ -47,7 +47,7 @@ def update(
     built = build_rollups(root, hosts=hosts, since=since, progress=progress)
     text = (
         f"rollups: {plural(built.samples, 'sample')} of {plural(built.hosts, 'host')} rolled up "
-        f"({built.minute_rows:,} minute rows, {built.hour_rows:,} hour rows)"
+        f"({built.minute_rows:,} minute rows, {built.hour_rows:,} hour rows, {built.day_rows:,} day rows)"
     )
     if keep_raw_s is not None:
         gone = expire_raw(root, keep_raw_s, hosts=hosts, progress=progress)

@@ -235,11 +235,12 @@ def _rollup_table(name: str, period: str) -> Table:
 
 
 # Pre-aggregated telemetry (see analytics._rollup): same layout as the raw tables, one file per
-# date and host (``<table>/date=D/host=H/rollup.parquet``; hours: D is the first day of a month),
+# date and host (``<table>/date=D/host=H/rollup.parquet``; hours and days: D is the first day of a month),
 # replaced atomically when a build writes it.
 GPU_ROLLUP_MINUTE = _rollup_table("gpu_rollup_1m", "minute")
 GPU_ROLLUP_HOUR = _rollup_table("gpu_rollup_1h", "hour")
-ROLLUP_TABLES: dict[str, Table] = {t.name: t for t in (GPU_ROLLUP_MINUTE, GPU_ROLLUP_HOUR)}
+GPU_ROLLUP_DAY = _rollup_table("gpu_rollup_1d", "day")  # made from the hour rows (UTC days)
+ROLLUP_TABLES: dict[str, Table] = {t.name: t for t in (GPU_ROLLUP_MINUTE, GPU_ROLLUP_HOUR, GPU_ROLLUP_DAY)}
 # Footer metadata of a rollup file (JSON): the period it covers, the thresholds it fixed, the watermark.
 METADATA_ROLLUP_KEY = b"gpupool.rollup"
 

@@ -105,9 +105,13 @@ def build_html(dirs: list[str], opts: BuildOptions | None = None, progress=lambd
     s = A.fleet_summary(con, opts.scope, opts.summary)
     sim = s.simulated
     progress("time patterns")
-    timeline = A.utilization_timeline(con, opts.scope)
-    grids = A.hour_of_week(con, opts.scope, level=opts.heatmap_level, tz=opts.tz)
-    per = A.busiest_idlest(con, opts.scope)
+    if opts.heatmap_level == "fleet":  # the three from one read of hourly buckets where they allow it
+        pat = A.fleet_patterns(con, opts.scope, tz=opts.tz)
+        timeline, grids, per = pat.timeline, pat.heatmap, pat.periods
+    else:
+        timeline = A.utilization_timeline(con, opts.scope)
+        grids = A.hour_of_week(con, opts.scope, level=opts.heatmap_level, tz=opts.tz)
+        per = A.busiest_idlest(con, opts.scope)
     progress("attribution")
     attributions = []
     for by in A.ATTRIBUTION_KEYS:

@@ -79,6 +79,12 @@ def periods(dirs, scope, _t):
 
 
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
+def patterns(dirs, scope, tz, _t):
+    """The timeline, busiest hours and fleet heatmap from one read (``A.fleet_patterns``)."""
+    return A.fleet_patterns(_t(), scope, tz=tz)
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
 def attribution(dirs, scope, by, options, _t):
     return A.attribution(_t(), scope, by=by, options=options)
 
@@ -293,14 +299,18 @@ def main() -> None:
         )
 
     section("Utilization over time", s.simulated)
-    st.plotly_chart(P.fig_timeline(timeline(dirs, scope, t)))
+    try:
+        pat = patterns(dirs, scope, tz, t)
+    except A.TelemetryError:  # an unknown time zone: the heatmap below says so
+        pat = None
+    st.plotly_chart(P.fig_timeline(pat.timeline if pat else timeline(dirs, scope, t)))
 
     section("When: hour of week", s.simulated)
     c1, c2 = st.columns([1, 1])
     level = c1.radio("Heatmap per", ["fleet", "host", "gpu"], horizontal=True)
     metric = c2.radio("Metric", ["utilization.gpu", "SM activity"], horizontal=True)
     try:
-        grids = heatmaps(dirs, scope, level, tz, t)
+        grids = pat.heatmap if pat and level == "fleet" else heatmaps(dirs, scope, level, tz, t)
     except A.TelemetryError as exc:
         st.error(f"{exc.title}. {exc.hint}")
         grids = []
@@ -310,7 +320,7 @@ def main() -> None:
     for g in grids:
         st.plotly_chart(P.fig_heatmap(g, "util" if metric == "utilization.gpu" else "sm"))
     st.subheader("Busiest and idlest hours")
-    table(P.periods_table(periods(dirs, scope, t)), "periods", "dl-periods")
+    table(P.periods_table(pat.periods if pat else periods(dirs, scope, t)), "periods", "dl-periods")
 
     section("Distribution", s.simulated)
     st.plotly_chart(P.fig_distribution(s))

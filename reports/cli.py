@@ -336,7 +336,8 @@ def _rollup(args) -> int:
         )
     print(
         f"gpustat-report: rolled up {result.samples:,} samples of {result.hosts} host(s) into "
-        f"{result.minute_rows:,} minute rows and {result.hour_rows:,} hour rows ({result.files} files) "
+        f"{result.minute_rows:,} minute rows, {result.hour_rows:,} hour rows and {result.day_rows:,} day rows "
+        f"({result.files} files) "
         f"in {time.monotonic() - t0:.1f} s"
     )
     if gone is not None:

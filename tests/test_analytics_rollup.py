@@ -231,11 +231,12 @@ _CHILD = textwrap.dedent(
     from collector import writer
 
     calls = [0]
-    kill_at, mode = {kill_at}, {mode!r}
+    kill_at, mode = {kill_at!r}, {mode!r}
 
     def dying_write(path, table):
         calls[0] += 1
-        if calls[0] == kill_at:
+        # kill_at: the n-th file written, or the first file of the table named
+        if calls[0] == kill_at if isinstance(kill_at, int) else kill_at in str(path):
             if mode == "mid-write":  # half a file under the temporary name, then the end
                 tmp = path.with_name(f".{{path.name}}.tmp")
                 tmp.write_bytes(b"PAR1" + b"x" * 1000)
@@ -262,7 +263,8 @@ def _days(root: Path, first: datetime, days: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("kill_at", "mode"), [(1, "mid-write"), (3, "mid-write"), (3, "after"), (6, "mid-write")]
+    ("kill_at", "mode"),
+    [(1, "mid-write"), (3, "mid-write"), (3, "after"), (6, "mid-write"), ("gpu_rollup_1d", "mid-write")],
 )
 def test_kill_9_during_a_rollup_build_leaves_readers_consistent(tmp_path, kill_at, mode):
     first = datetime(2026, 3, 1, tzinfo=UTC)
@@ -333,13 +335,157 @@ def test_hour_rollups_without_minute_rollups_are_not_used(three_minutes, tmp_pat
     assert s.data_source.startswith("raw samples") and s.samples == raw.samples == 3 * 3600
 
 
+# -- daily rollups ------------------------------------------------------------------------------------
+
+
+def test_a_day_row_merges_its_hour_rows_and_days_answer_as_raw(tmp_path):
+    first = datetime(2026, 3, 1, 5, tzinfo=UTC)  # from 05:00: the first day is a partial one
+    _days(tmp_path, first, 3)
+    raw_con = A.open_telemetry(tmp_path, rollups=False)
+    A.build_rollups(tmp_path, lag_s=600)
+    rows = _rollup_rows(tmp_path)
+    # Days before the hour mark floored to the day: 1, 2 and 3 March of each GPU (the hours reach 4 March 04:00).
+    assert sorted({r["ts"].day for r in rows["1d"]}) == [1, 2, 3] and len(rows["1d"]) == 4 * 3
+    for day in rows["1d"]:
+        hours = [
+            r
+            for r in rows["1h"]
+            if (r["host"], r["gpu_uuid"], r["fb"]) == (day["host"], day["gpu_uuid"], day["fb"])
+            and r["ts"].date() == day["ts"].date()
+        ]
+        assert len(hours) == (19 if day["ts"].day == 1 else 24)
+        assert day["samples"] == sum(h["samples"] for h in hours) == len(hours) * 60
+        for name in ("observed_s", "util_sum", "idle_s", "held_idle_s", "mem_used_sum", "util_plain_sum"):
+            assert day[name] == pytest.approx(sum(h[name] for h in hours), rel=1e-12), name
+        assert (day["first_ts"], day["last_ts"]) == (hours[0]["first_ts"], hours[-1]["last_ts"])
+        merged: dict[int, float] = {}
+        for h in hours:
+            for b, sec in zip(h["util_hist_bin"], h["util_hist_s"], strict=True):
+                merged[b] = merged.get(b, 0.0) + sec
+        assert day["util_hist_bin"] == sorted(merged)
+        assert day["util_hist_s"] == pytest.approx([merged[b] for b in sorted(merged)])
+        assert sum(day["interval_n"]) == sum(sum(h["interval_n"]) for h in hours)
+    con = A.open_telemetry(tmp_path)
+    # The whole range, and a range on the hour that is not on the day: whole days from daily rows,
+    # the hours around them from hourly ones.
+    for scope in (A.Scope(), A.Scope(first + timedelta(hours=7), first + timedelta(days=2, hours=3))):
+        s = A.fleet_summary(con, scope)
+        assert s.data_source.startswith("daily rollups + hourly rollups + minute rollups"), s.data_source
+        _assert_agree(s, A.fleet_summary(raw_con, scope))
+    # Buckets of whole days read days too; buckets of hours do not.
+    for bucket_s in (86400, 3600):
+        a = A.utilization_timeline(con, bucket_s=bucket_s).points
+        b = A.utilization_timeline(raw_con, bucket_s=bucket_s).points
+        assert [(p.start, p.gpus) for p in a] == [(p.start, p.gpus) for p in b]
+        for x, y in zip(a, b, strict=True):
+            assert x.util_gpu_mean == pytest.approx(y.util_gpu_mean, rel=1e-9)
+            assert x.gpu_hours == pytest.approx(y.gpu_hours, rel=1e-9)
+    plan = A._rollup.plan(con, A.Scope(), None, 3600)[0]
+    assert plan.levels == ("1h", "1m", "raw")
+
+
+def test_rollups_without_days_answer_from_hours_until_the_next_build_makes_them(tmp_path):
+    # Rollups built before the daily level: hours answer; the next build, with nothing new to roll
+    # up, makes the days from the hour rows.
+    first = datetime(2026, 3, 1, tzinfo=UTC)
+    _days(tmp_path, first, 3)
+    raw = A.fleet_summary(A.open_telemetry(tmp_path, rollups=False))
+    A.build_rollups(tmp_path, lag_s=600)
+    shutil.rmtree(tmp_path / "gpu_rollup_1d")
+    s = A.fleet_summary(A.open_telemetry(tmp_path))
+    assert s.data_source.startswith("hourly rollups + minute rollups")
+    _assert_agree(s, raw)
+    lines: list[str] = []
+    r = A.build_rollups(tmp_path, lag_s=600, progress=lines.append)
+    assert r.hosts == 0 and r.day_rows == 2 * 2 * 2  # 1 and 2 March (the hours end on 3 March 23:00)
+    assert sum("day rows made from the hour rows" in line for line in lines) == 2
+    s = A.fleet_summary(A.open_telemetry(tmp_path))
+    assert s.data_source.startswith("daily rollups")
+    _assert_agree(s, raw)
+
+
+@pytest.mark.parametrize("rollups", [False, True])
+def test_fleet_patterns_from_one_hourly_read_are_the_three_figures(tmp_path, rollups):
+    _irregular_days(tmp_path, datetime(2026, 3, 1, tzinfo=UTC), 3, seed=6)
+    if rollups:
+        A.build_rollups(tmp_path, lag_s=600)
+    con = A.open_telemetry(tmp_path)
+    scope = A.Scope(datetime(2026, 3, 1, 2, tzinfo=UTC), datetime(2026, 3, 5, tzinfo=UTC))
+    for tz in ("UTC", "Europe/Berlin", "Asia/Kolkata"):  # Kolkata: half hours, the three one by one
+        p = A.fleet_patterns(con, scope, tz=tz, max_points=40)
+        tl = A.utilization_timeline(con, scope, max_points=40)
+        assert p.timeline.bucket_s == tl.bucket_s == 3 * 3600
+        assert [(x.start, x.gpus) for x in p.timeline.points] == [(x.start, x.gpus) for x in tl.points]
+        for a, b in zip(p.timeline.points, tl.points, strict=True):
+            for name in ("util_gpu_mean", "sm_activity_mean", "mem_used_ratio_mean", "gpu_hours"):
+                assert getattr(a, name) == pytest.approx(getattr(b, name), rel=1e-9, abs=1e-12), name
+        periods = A.busiest_idlest(con, scope)
+        for mine, theirs in ((p.periods.busiest, periods.busiest), (p.periods.idlest, periods.idlest)):
+            assert [(x.start, x.gpus) for x in mine] == [(x.start, x.gpus) for x in theirs]
+            assert [x.util_gpu_mean for x in mine] == pytest.approx(
+                [x.util_gpu_mean for x in theirs], rel=1e-9
+            )
+        (heat,) = A.hour_of_week(con, scope, tz=tz)
+        (mine,) = p.heatmap
+        for d in range(7):
+            assert list(mine.gpu_hours[d]) == pytest.approx(list(heat.gpu_hours[d]), rel=1e-9, abs=1e-12)
+            assert [u or 0.0 for u in mine.util[d]] == pytest.approx(
+                [u or 0.0 for u in heat.util[d]], rel=1e-9
+            )
+
+
+# -- the raw tail, windowed once per connection ----------------------------------------------------------
+
+
+def test_the_raw_tail_is_windowed_once_and_again_when_a_segment_lands(tmp_path):
+    first = datetime(2026, 3, 1, tzinfo=UTC)
+    _days(tmp_path, first, 2)
+    A.build_rollups(tmp_path, lag_s=600)
+    con = A.open_telemetry(tmp_path)
+    s = A.fleet_summary(con)
+    assert s.samples == 4 * 2 * 24 * 60
+    plan = A._rollup.plan(con, A.Scope())[0]
+    assert A._rollup.windowed_tail(con, plan, A.Scope()) == "raw_tail_windowed"
+    # The tail: each GPU's samples from its mark (23:49, its newest less 10 minutes) on, with their weights.
+    assert con.execute("SELECT count(*), sum(w) FROM raw_tail_windowed").fetchall() == [
+        (4 * 11, 4 * 11 * 60.0)
+    ]
+    # Samples that land while the connection is open are seen by its next query, as without the cache.
+    _days(tmp_path, first + timedelta(days=2), 1)
+    again = A.fleet_summary(con)
+    raw = A.fleet_summary(A.open_telemetry(tmp_path, rollups=False))
+    assert again.samples == raw.samples == 4 * 3 * 24 * 60
+    _assert_agree(again, raw)
+    tl = A.utilization_timeline(con, bucket_s=3600)
+    assert (
+        tl.points == A.utilization_timeline(A.open_telemetry(tmp_path, rollups=False), bucket_s=3600).points
+    )
+
+
+def test_a_range_that_cuts_the_raw_tail_windows_its_own_rows(tmp_path):
+    # Irregular samples: a range ending inside the raw tail weighs its last samples as the raw
+    # computation does (one local tick), not as the connection's windowed tail does (the time to the next).
+    _irregular_days(tmp_path, datetime(2026, 3, 1, tzinfo=UTC), 1, seed=4)
+    A.build_rollups(tmp_path, lag_s=1800)
+    con = A.open_telemetry(tmp_path)
+    plan = A._rollup.plan(con, A.Scope())[0]
+    mark = min(plan.raw_from_us.values())
+    end = datetime.fromtimestamp(mark / 1e6 + 900, UTC)
+    cut = A.Scope(end=end)
+    assert A._rollup.windowed_tail(con, plan, A.Scope()) is not None
+    assert A._rollup.windowed_tail(con, A._rollup.plan(con, cut)[0], cut) is None
+    s = A.fleet_summary(con, cut)
+    raw = A.fleet_summary(A.open_telemetry(tmp_path, rollups=False), cut)
+    assert s.samples == raw.samples and s.gpu_hours == pytest.approx(raw.gpu_hours, rel=1e-9)
+
+
 # -- incremental builds ---------------------------------------------------------------------------------
 
 
 def _rollup_rows(root: Path) -> dict[str, list[dict]]:
     """Every rollup row of ``root`` per level, in a stable order."""
     out = {}
-    for level in ("1m", "1h"):
+    for level in ("1m", "1h", "1d"):
         rows = []
         for path in sorted(root.glob(f"gpu_rollup_{level}/date=*/host=*/rollup.parquet")):
             host = path.parent.name.removeprefix("host=")
@@ -363,6 +509,7 @@ def _assert_same_rollups(a: Path, b: Path) -> None:
                     assert x[k] == y[k], (level, k, x["ts"])
     for host in ("x", "y"):
         assert A._rollup.host_marks(a, host) == A._rollup.host_marks(b, host)
+        assert A._rollup._mark(a, "gpu_rollup_1d", host) == A._rollup._mark(b, "gpu_rollup_1d", host)
 
 
 def _irregular_days(root: Path, first: datetime, days: int, seed: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pyarrow.parquet as pq
 import pytest
 from test_analytics_data import GIB, T0, gpu_rows, write_rows
 
@@ -148,3 +149,19 @@ def test_a_sample_stamped_at_midnight_in_the_previous_days_segment_is_kept(tmp_p
     s = A.fleet_summary(A.open_telemetry(tmp_path), A.Scope(start=midnight))
     assert s.first_sample == midnight
     assert s.gpu_hours == pytest.approx(3 / H)
+
+
+def test_segments_of_another_column_layout_are_read_by_name_and_rows_counted_from_footers(tmp_path):
+    # One layout: read by position; a segment without a column (an older collector) among them: by
+    # name, its missing column null. The extent's row counts come from the footers, new segments included.
+    write_rows(tmp_path, "gpu_samples", gpu_rows("a", 0, [0.5] * 60))
+    con = A.open_telemetry(tmp_path)
+    assert A.data_extent(con).gpu_rows == 60
+    write_rows(tmp_path, "gpu_samples", gpu_rows("a", 0, [0.25] * 30, start=T0 + timedelta(minutes=5)))
+    assert A.data_extent(con).gpu_rows == 90  # written after the open
+    folder = next((tmp_path / "gpu_samples").glob("date=*/host=a"))
+    old = pq.read_table(next(folder.glob("*.parquet")), partitioning=None).drop_columns(["sm_activity"])
+    pq.write_table(old.slice(0, 10), folder / "old-layout.parquet")
+    con = A.open_telemetry(tmp_path)
+    assert con.execute("SELECT count(*), count(sm_activity) FROM gpu_samples").fetchall() == [(100, 0)]
+    assert A.data_extent(con).gpu_rows == 100
