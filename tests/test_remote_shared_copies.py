@@ -104,10 +104,11 @@ def test_a_program_copies_the_same_with_the_shared_memory_and_without(shim_dir):
     )
     try:
         with_shared, _ = run_client("shared_copies", client_env(shim_dir, big))
+        two_threads, _ = run_client("shared_copies", client_env(shim_dir, big, GPUPOOL_SHIM_COPY_THREADS="2"))
         without, _ = run_client("shared_copies", client_env(shim_dir, big, GPUPOOL_SHIM_SHARED_COPIES="0"))
     finally:
         big.stop()
-    assert with_shared == without
+    assert with_shared == two_threads == without
     assert with_shared == {
         "sizes": "262144 1048577 70254592",
         "htod_dtoh_equal": "True True True",

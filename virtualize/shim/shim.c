@@ -602,7 +602,73 @@ static uint8_t *shm_base;
 static uint64_t shm_size;
 static int shm_state; /* 0 not asked yet, 1 attached, -1 none: every copy through the socket */
 
+/* The bytes of a large piece are copied by two threads (this one and a helper kept for it): one
+ * thread's memcpy (6-8 GB/s measured) is what held copies through the shared memory below a local
+ * pageable copy. Under conn_lock: one piece at a time. Only where there are 4 CPUs or more
+ * (GPUPOOL_SHIM_COPY_THREADS=1 or 2 decides instead). */
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    void *dst;
+    const void *src;
+    size_t n;
+    uint64_t asked, done; /* jobs handed over and finished (atomics) */
+    int state;            /* 0 not started, 1 running, -1 none (few CPUs, or no thread) */
+} helper = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+
+static void *helper_main(void *unused) {
+    (void)unused;
+    uint64_t seen = 0;
+    for (;;) {
+        uint64_t until = now_ns() + 200000; /* the next piece usually follows within microseconds */
+        while (__atomic_load_n(&helper.asked, __ATOMIC_ACQUIRE) == seen && now_ns() < until) {}
+        pthread_mutex_lock(&helper.lock);
+        while (__atomic_load_n(&helper.asked, __ATOMIC_ACQUIRE) == seen) pthread_cond_wait(&helper.cond, &helper.lock);
+        pthread_mutex_unlock(&helper.lock);
+        seen = __atomic_load_n(&helper.asked, __ATOMIC_ACQUIRE);
+        memcpy(helper.dst, helper.src, helper.n);
+        __atomic_store_n(&helper.done, seen, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
+static void copy_bytes(void *dst, const void *src, size_t n) {
+    if (n < (2u << 20) || helper.state < 0) {
+        memcpy(dst, src, n);
+        return;
+    }
+    if (helper.state == 0) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        const char *env = getenv("GPUPOOL_SHIM_COPY_THREADS"); /* 1: this thread alone; 2: two, whatever the CPUs */
+        int two = env ? strcmp(env, "2") == 0 : sysconf(_SC_NPROCESSORS_ONLN) >= 4;
+        helper.state = two && pthread_create(&t, &attr, helper_main, NULL) == 0 ? 1 : -1;
+        pthread_attr_destroy(&attr);
+        if (helper.state < 0) {
+            memcpy(dst, src, n);
+            return;
+        }
+    }
+    size_t half = (n / 2 + 4095) & ~(size_t)4095;
+    helper.dst = (char *)dst + half;
+    helper.src = (const char *)src + half;
+    helper.n = n - half;
+    pthread_mutex_lock(&helper.lock);
+    uint64_t job = __atomic_add_fetch(&helper.asked, 1, __ATOMIC_RELEASE);
+    pthread_cond_signal(&helper.cond);
+    pthread_mutex_unlock(&helper.lock);
+    memcpy(dst, src, half);
+    while (__atomic_load_n(&helper.done, __ATOMIC_ACQUIRE) != job) {}
+}
+
 static void shm_after_fork_in_child(void) {
+    /* The helper thread is not in the child: a new one when needed. */
+    pthread_mutex_init(&helper.lock, NULL);
+    pthread_cond_init(&helper.cond, NULL);
+    helper.asked = helper.done = 0;
+    if (helper.state > 0) helper.state = 0;
     if (shm_base) munmap(shm_base, shm_size); /* the parent's: its worker connection, not ours */
     shm_base = NULL;
     shm_size = 0;
@@ -644,7 +710,7 @@ static CUresult shm_htod_locked(uint64_t dst, const uint8_t *src, uint64_t count
         uint64_t part = count - done < shm_size ? count - done : shm_size, chunk = shm_piece(part);
         for (uint64_t at = 0; at < part; at += chunk) {
             uint64_t n = part - at < chunk ? part - at : chunk;
-            memcpy(shm_base + at, src + done + at, n);
+            copy_bytes(shm_base + at, src + done + at, n);
             int last = at + n == part;
             struct gp_in_gpShmHtoD in = {.dst = dst + done + at, .count = n, .stream = stream, .offset = at,
                                          .flags = (uint32_t)(last | (is_async ? 2 : 0))};
@@ -672,7 +738,7 @@ static CUresult shm_dtoh_locked(uint8_t *dst, uint64_t src, uint64_t count, uint
             if (recv_reply(&result, &out, sizeof out, NULL, 0) < 0) return lost(strerror(errno));
             if (result != CUDA_SUCCESS) return result;
             if (out.offset != got || !out.size || out.size > part - got) return lost("a copy's pieces out of order");
-            memcpy(dst + done + got, shm_base + got, out.size);
+            copy_bytes(dst + done + got, shm_base + got, out.size);
             got += out.size;
         }
         done += part;
