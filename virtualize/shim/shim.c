@@ -602,7 +602,7 @@ static uint8_t *shm_base;
 static uint64_t shm_size;
 static int shm_state; /* 0 not asked yet, 1 attached, -1 none: every copy through the socket */
 
-/* The bytes of a large piece are copied by two threads (this one and a helper kept for it): one
+/* The bytes of a piece of 512 KiB or more are copied by two threads (this one and a helper kept for it): one
  * thread's memcpy (6-8 GB/s measured) is what held copies through the shared memory below a local
  * pageable copy. Under conn_lock: one piece at a time. Only where there are 4 CPUs or more
  * (GPUPOOL_SHIM_COPY_THREADS=1 or 2 decides instead). */
@@ -633,7 +633,7 @@ static void *helper_main(void *unused) {
 }
 
 static void copy_bytes(void *dst, const void *src, size_t n) {
-    if (n < (2u << 20) || helper.state < 0) {
+    if (n < (512u << 10) || helper.state < 0) {
         memcpy(dst, src, n);
         return;
     }
