@@ -22,12 +22,12 @@ from server.workers import WorkerDevice, start_worker
 from virtualize import _native_dispatch, _wire
 from virtualize._calls import CALL_IDS, CALLS
 from virtualize._executor import CudaError
-from virtualize._executor_guard import LeaseState
+from virtualize._executor_guard import Allocation, LeaseState
 from virtualize.worker import Channel
 
 shim_dir = remote_helpers.shim_dir  # fixture
 BY_SYMBOL = {c.symbol: c for c in CALLS}
-STREAM, EVENT, FUNC, OTHER_FUNC = 0x5000, 0x6000, 0xF00, 0xF08
+STREAM, EVENT, FUNC, OTHER_FUNC, CAPTURING = 0x5000, 0x6000, 0xF00, 0xF08, 0x5008
 LAYOUT = [(0, 8), (8, 4)]  # a pointer and a u32: 12 bytes of parameters
 
 pytestmark = pytest.mark.skipif(_native_dispatch._load() is None, reason="the native loop is not built")
@@ -47,6 +47,18 @@ class Recorder:
         )
         if struct.unpack_from("<I", launch.params, 8)[0] == 700:
             raise CudaError(700, "illegal address")
+
+    def copy_to_device(self, dst, count, stream, fill) -> None:
+        data = bytearray(count)
+        fill(memoryview(data))
+        self.ran.append(("htod", dst, bytes(data), stream))
+
+    def copy_from_device(self, src, count, stream, send) -> None:
+        self.ran.append(("dtoh", src, count, stream))
+        send(memoryview(bytes(i % 251 for i in range(count))))
+
+    def cuStreamIsCapturing(self, stream) -> int:
+        return int(stream == CAPTURING)
 
     def __getattr__(self, name):
         if not name.startswith("cu"):
@@ -79,7 +91,7 @@ def loop():
     lease = LeaseState([1 << 30])
     executor = Recorder()
     native = _native_dispatch.for_worker(lease, executor)
-    lease.handles["stream"].add(STREAM)
+    lease.handles["stream"].update({STREAM, CAPTURING})
     lease.handles["event"].add(EVENT)
     lease.handles["func"].update({FUNC, OTHER_FUNC})
     native.learn(FUNC, LAYOUT)
@@ -168,6 +180,28 @@ def test_synchronising_calls_are_answered_in_c_unless_an_error_is_owed_first(loo
     assert loop.serve(launch(FUNC, STREAM, 700), launch(FUNC, STREAM, 1), owed) == owed[: _wire.REQUEST.size]
     assert loop.session.pending == 700
     assert [r[0] for r in loop.executor.ran] == ["launch", "launch"]  # the second still ran, as on a GPU
+
+
+def test_small_copies_within_the_leases_memory_run_in_c_and_the_rest_goes_to_python(loop):
+    loop.lease.add(Allocation(0x10000, 4096, 0, owned=True))
+    data = bytes(range(256)) * 4
+    outside = frame("cuMemcpyHtoD_v2", 0x10000 + 4000, 200, 0, bulk=bytes(200))  # past the allocation's end
+    header = loop.serve(
+        frame("cuMemcpyHtoDAsync_v2", 0x10000, len(data), STREAM, bulk=data),
+        sync("cuMemcpyDtoH_v2", 0x10000 + 8, 64, 0),
+        outside,
+    )
+    assert header == outside[: _wire.REQUEST.size]
+    assert loop.executor.ran == [("htod", 0x10000, data, STREAM), ("dtoh", 0x10008, 64, None)]
+    head = loop.client.recv(_wire.REPLY.size, socket.MSG_WAITALL)
+    assert _wire.REPLY.unpack(head) == (0, 0, 64)
+    assert loop.client.recv(64, socket.MSG_WAITALL) == bytes(range(64))
+    loop.executor.ran.clear()
+    on_capture = frame("cuMemcpyHtoDAsync_v2", 0x10000, 4, CAPTURING, bulk=b"1234")  # the guard spoils it
+    assert loop.serve(on_capture) == on_capture[: _wire.REQUEST.size]
+    loop.lease.remove(0x10000)  # freed: no longer the lease's
+    freed = frame("cuMemcpyHtoD_v2", 0x10000, 4, 0, bulk=b"1234")
+    assert loop.serve(freed) == freed[: _wire.REQUEST.size] and loop.executor.ran == []
 
 
 def test_a_synchronise_after_kernel_output_sends_the_output_first(loop):

@@ -111,12 +111,16 @@ class LeaseState:
             bisect.insort(self.bases, a.base)
             if a.owned:
                 self.used[a.device] += a.size
+            if self.native is not None:  # the native loop checks small copies against the same ranges
+                self.native.range_added(a.base, a.size)
 
     def remove(self, base: int) -> Allocation | None:
         with self.lock:
             return self._drop(base)
 
     def _drop(self, base: int) -> Allocation | None:
+        if self.native is not None:  # out of the native loop's ranges before it is freed
+            self.native.range_dropped(base)
         a = self.allocations.pop(base, None)
         if a is not None:
             self.bases.pop(bisect.bisect_left(self.bases, base))

@@ -47,7 +47,12 @@ SYMBOLS = (
     "cuEventRecord",
     "cuEventRecordWithFlags",
     "cuStreamWaitEvent",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoH_v2",
+    "cuMemcpyDtoHAsync_v2",
 )
+COPIES = {9: (True, False), 10: (True, True), 11: (False, False), 12: (False, True)}  # to device, on a stream
 # What the host executor runs for each of those but the launch (the C loop's `which`).
 HOST_METHODS = {
     1: ("cuCtxSynchronize", 0),
@@ -75,6 +80,10 @@ _LAUNCH = ctypes.CFUNCTYPE(
     ctypes.c_uint32,
 )
 _CALL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32)
+_COPY = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64
+)
+_CAPTURING = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.POINTER(ctypes.c_int))
 
 
 class _Buffer(ctypes.Structure):
@@ -87,7 +96,12 @@ class _Buffer(ctypes.Structure):
 
 
 class _Outcome(ctypes.Structure):
-    _fields_ = [("result", ctypes.c_int32), ("served", ctypes.c_uint32)]
+    _fields_ = [
+        ("result", ctypes.c_int32),
+        ("served", ctypes.c_uint32),
+        ("data", ctypes.c_void_p),  # REPLY_AFTER_OUTPUT of a copy to the host: its bytes
+        ("data_len", ctypes.c_uint64),
+    ]
 
 
 _library: ctypes.CDLL | None = None
@@ -107,7 +121,9 @@ def _load() -> ctypes.CDLL | None:
         ("gpf_use_driver", [], i),
         ("gpf_set_ids", [ctypes.POINTER(u32), u64, u32], None),
         ("gpf_set_spin", [u64], None),
-        ("gpf_lease_new", [_LAUNCH, _CALL], p),
+        ("gpf_lease_new", [_LAUNCH, _CALL, _COPY, _CAPTURING], p),
+        ("gpf_range_add", [p, u64, u64], None),
+        ("gpf_range_drop", [p, u64], None),
         ("gpf_lease_free", [p], None),
         ("gpf_handle_add", [p, i, u64], None),
         ("gpf_handle_drop", [p, i, u64], None),
@@ -218,10 +234,15 @@ class NativeLease:
         self.lease = lease
         self._callbacks = None
         if executor.name != "cuda":  # no driver: C calls back into the executor (the host one: tests, CI)
-            self._callbacks = (_LAUNCH(self._host_launch), _CALL(self._host_call))
+            self._callbacks = (
+                _LAUNCH(self._host_launch),
+                _CALL(self._host_call),
+                _COPY(self._host_copy),
+                _CAPTURING(self._host_capturing),
+            )
             self.ptr = lib.gpf_lease_new(*self._callbacks)
         else:
-            self.ptr = lib.gpf_lease_new(_LAUNCH(), _CALL())
+            self.ptr = lib.gpf_lease_new(_LAUNCH(), _CALL(), _COPY(), _CAPTURING())
         self.executor = executor
         self.learned: dict[int, list[tuple[int, int]]] = {}  # functions C launches -> their layout
         for name, kind in KINDS.items():
@@ -231,7 +252,16 @@ class NativeLease:
                 (lambda h, k=kind: lib.gpf_handle_add(self.ptr, k, h)) if keep else (lambda h: None),
                 lambda h, k=kind: self._forget(k, h),
             )
-        lease.native = self
+        with lease.lock:  # its memory: copies into it may be served in C (LeaseState keeps this up to date)
+            for a in lease.allocations.values():
+                lib.gpf_range_add(self.ptr, a.base, a.size)
+            lease.native = self
+
+    def range_added(self, base: int, size: int) -> None:
+        self.lib.gpf_range_add(self.ptr, base, size)
+
+    def range_dropped(self, base: int) -> None:
+        self.lib.gpf_range_drop(self.ptr, base)
 
     def _forget(self, kind: int, handle: int) -> None:
         self.lib.gpf_handle_drop(self.ptr, kind, handle)
@@ -267,6 +297,34 @@ class NativeLease:
     def _host_call(self, which, a, b, c) -> int:
         name, count = HOST_METHODS[which]
         return self._run(lambda: getattr(self.executor, name)(*(a, b, c)[:count]))
+
+    def _host_copy(self, which, device, host, count, stream) -> int:
+        to_device, on_stream = COPIES[which]
+        window = (ctypes.c_char * count).from_address(host)
+        view = memoryview(window).cast("B")
+        at = 0
+
+        def move(piece: memoryview) -> None:
+            nonlocal at
+            if to_device:
+                piece[:] = view[at : at + len(piece)]
+            else:
+                view[at : at + len(piece)] = piece
+            at += len(piece)
+
+        if to_device:
+            return self._run(
+                lambda: self.executor.copy_to_device(device, count, stream if on_stream else None, move)
+            )
+        return self._run(
+            lambda: self.executor.copy_from_device(device, count, stream if on_stream else None, move)
+        )
+
+    def _host_capturing(self, stream, capturing) -> int:
+        def ask() -> None:
+            capturing[0] = int(bool(self.executor.cuStreamIsCapturing(stream)))
+
+        return self._run(ask)
 
     @staticmethod
     def _run(fn) -> int:
@@ -325,9 +383,10 @@ class NativeSession:
             elif reason == ASYNC_ERROR:
                 if not session.pending:
                     session.pending = outcome.result
-            elif reason == REPLY_AFTER_OUTPUT:
+            elif reason == REPLY_AFTER_OUTPUT:  # (a copy to the host: its bytes after the header)
                 session._send_kernel_output()
-                channel.send(_wire.REPLY.pack(outcome.result, 0, 0))
+                data = ctypes.string_at(outcome.data, outcome.data_len) if outcome.data_len else b""
+                channel.send(_wire.REPLY.pack(outcome.result, 0, len(data)), data)
             elif reason == CLOSED:
                 raise ConnectionResetError("the client closed the connection")
             else:

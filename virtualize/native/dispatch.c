@@ -33,13 +33,16 @@ enum { HEADER = 24, REPLY = 16, ATTR_BYTES = 72, MAX_ARGS = 1 << 16 };
 enum { KIND_STREAM, KIND_EVENT, KIND_FUNC, KINDS };
 /* Why gpf_serve returned. */
 enum { TO_PYTHON = 0, ASYNC_ERROR = 1, CLOSED = 2, IO_ERROR = 3, SERVED = 4, REPLY_AFTER_OUTPUT = 5 };
+/* REPLY_AFTER_OUTPUT with bytes: a copy to the host whose reply (result, then the bytes at
+ * outcome.data) follows the kernel output. */
 /* The calls served here, in the order gpf_set_ids takes their ids. */
 enum {
     C_LAUNCH, C_CTX_SYNC, C_STREAM_SYNC, C_STREAM_QUERY, C_EVENT_SYNC, C_EVENT_QUERY, C_EVENT_RECORD,
-    C_EVENT_RECORD_FLAGS, C_STREAM_WAIT_EVENT, C_COUNT
+    C_EVENT_RECORD_FLAGS, C_STREAM_WAIT_EVENT, C_HTOD, C_HTOD_ASYNC, C_DTOH, C_DTOH_ASYNC, C_COUNT
 };
-static const uint32_t ARGS_BYTES[C_COUNT] = {48, 0, 8, 8, 8, 8, 16, 20, 20};
-static const int IS_SYNC[C_COUNT] = {0, 1, 1, 1, 1, 1, 0, 0, 0};
+static const uint32_t ARGS_BYTES[C_COUNT] = {48, 0, 8, 8, 8, 8, 16, 20, 20, 24, 24, 24, 24};
+static const int IS_SYNC[C_COUNT] = {0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1};
+enum { SMALL_COPY = 256 << 10 }; /* larger copies go through shared memory or Python's chunked path */
 
 static uint32_t call_ids[C_COUNT];
 static uint64_t forwarded_attributes; /* bit i: launch attribute id i may be passed on */
@@ -50,10 +53,16 @@ static uint32_t wants_reply_flag = 1;
 typedef int (*launch_fn)(uint64_t func, const uint32_t dims[7], uint64_t stream, void **args,
                          const uint8_t *params, uint64_t params_len, const void *attrs, uint32_t n_attrs);
 typedef int (*call_fn)(uint32_t which, uint64_t a, uint64_t b, uint32_t c);
+/* C_HTOD..C_DTOH_ASYNC: `count` bytes between device address `device` and `host` (on `stream`, and
+ * done on return); C_STREAM_IS_CAPTURING (which = C_COUNT): *capturing set. */
+typedef int (*copy_fn)(uint32_t which, uint64_t device, void *host, uint64_t count, uint64_t stream);
+typedef int (*capturing_fn)(uint64_t stream, int *capturing);
 
 struct ops {
     launch_fn launch;
     call_fn call;
+    copy_fn copy;
+    capturing_fn capturing;
 };
 
 static int (*drv_launch)(uint64_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, uint64_t,
@@ -67,6 +76,11 @@ static int (*drv_event_query)(uint64_t);
 static int (*drv_event_record)(uint64_t, uint64_t);
 static int (*drv_event_record_flags)(uint64_t, uint64_t, uint32_t);
 static int (*drv_stream_wait)(uint64_t, uint64_t, uint32_t);
+static int (*drv_htod)(uint64_t, const void *, size_t);
+static int (*drv_htod_async)(uint64_t, const void *, size_t, uint64_t);
+static int (*drv_dtoh)(void *, uint64_t, size_t);
+static int (*drv_dtoh_async)(void *, uint64_t, size_t, uint64_t);
+static int (*drv_is_capturing)(uint64_t, int *);
 
 struct launch_config { /* CUlaunchConfig */
     uint32_t dims[7];
@@ -99,7 +113,24 @@ static int driver_call(uint32_t which, uint64_t a, uint64_t b, uint32_t c) {
     return 1; /* CUDA_ERROR_INVALID_VALUE */
 }
 
-static const struct ops driver_ops = {driver_launch, driver_call};
+/* Pageable host memory, as the Python path copies it: the driver has taken (or written) the bytes on
+ * return; a copy to the host on a stream is waited for. */
+static int driver_copy(uint32_t which, uint64_t device, void *host, uint64_t count, uint64_t stream) {
+    switch (which) {
+    case C_HTOD: return drv_htod(device, host, count);
+    case C_HTOD_ASYNC: return drv_htod_async(device, host, count, stream);
+    case C_DTOH: return drv_dtoh(host, device, count);
+    case C_DTOH_ASYNC: {
+        int r = drv_dtoh_async(host, device, count, stream);
+        return r ? r : drv_stream_sync(stream);
+    }
+    }
+    return 1;
+}
+
+static int driver_capturing(uint64_t stream, int *capturing) { return drv_is_capturing(stream, capturing); }
+
+static const struct ops driver_ops = {driver_launch, driver_call, driver_copy, driver_capturing};
 
 /* The driver the worker's process has loaded (cuda-python opened it): 0, or -1 where there is none. */
 EXPORT int gpf_use_driver(void) {
@@ -115,6 +146,11 @@ EXPORT int gpf_use_driver(void) {
         {(void **)&drv_event_query, "cuEventQuery"},        {(void **)&drv_event_record, "cuEventRecord"},
         {(void **)&drv_event_record_flags, "cuEventRecordWithFlags"},
         {(void **)&drv_stream_wait, "cuStreamWaitEvent"},
+        {(void **)&drv_htod, "cuMemcpyHtoD_v2"},
+        {(void **)&drv_htod_async, "cuMemcpyHtoDAsync_v2"},
+        {(void **)&drv_dtoh, "cuMemcpyDtoH_v2"},
+        {(void **)&drv_dtoh_async, "cuMemcpyDtoHAsync_v2"},
+        {(void **)&drv_is_capturing, "cuStreamIsCapturing"},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         *want[i].slot = dlsym(lib, want[i].name);
@@ -144,9 +180,15 @@ struct table {
     size_t cap, used; /* used counts tombstones too */
 };
 
+struct range {
+    uint64_t base, size;
+};
+
 struct lease {
     pthread_mutex_t lock;
     struct table kinds[KINDS];
+    struct range *ranges; /* the lease's memory (the guard's allocations), sorted by base */
+    size_t n_ranges, cap_ranges;
     struct ops ops;
 };
 
@@ -224,15 +266,64 @@ static void table_clear(struct table *t) {
 }
 
 /* ops: NULL for the driver (gpf_use_driver first), else the host executor's functions. */
-EXPORT struct lease *gpf_lease_new(launch_fn launch, call_fn call) {
+EXPORT struct lease *gpf_lease_new(launch_fn launch, call_fn call, copy_fn copy, capturing_fn capturing) {
     struct lease *l = calloc(1, sizeof *l);
     if (!l) return NULL;
     pthread_mutex_init(&l->lock, NULL);
-    l->ops = launch && call ? (struct ops){launch, call} : driver_ops;
+    l->ops = launch && call && copy && capturing ? (struct ops){launch, call, copy, capturing} : driver_ops;
     return l;
 }
 
+/* The first range whose base is above `ptr` (under the lock). */
+static size_t range_after(const struct lease *l, uint64_t ptr) {
+    size_t lo = 0, hi = l->n_ranges;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (l->ranges[mid].base <= ptr) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* [ptr, ptr + count) inside one allocation of the lease, as the guard's _check_range says. */
+static int range_ok(const struct lease *l, uint64_t ptr, uint64_t count) {
+    size_t i = range_after(l, ptr);
+    if (!i) return 0;
+    const struct range *r = &l->ranges[i - 1];
+    return ptr < r->base + (r->size ? r->size : 1) && count <= r->base + r->size - ptr;
+}
+
+EXPORT void gpf_range_drop(struct lease *l, uint64_t base) {
+    pthread_mutex_lock(&l->lock);
+    size_t i = range_after(l, base);
+    if (i && l->ranges[i - 1].base == base) {
+        memmove(&l->ranges[i - 1], &l->ranges[i], (l->n_ranges - i) * sizeof *l->ranges);
+        l->n_ranges--;
+    }
+    pthread_mutex_unlock(&l->lock);
+}
+
+EXPORT void gpf_range_add(struct lease *l, uint64_t base, uint64_t size) {
+    gpf_range_drop(l, base);
+    pthread_mutex_lock(&l->lock);
+    if (l->n_ranges == l->cap_ranges) {
+        size_t cap = l->cap_ranges ? l->cap_ranges * 2 : 256;
+        struct range *bigger = realloc(l->ranges, cap * sizeof *bigger);
+        if (!bigger) { /* not mirrored: copies into it take the Python path */
+            pthread_mutex_unlock(&l->lock);
+            return;
+        }
+        l->ranges = bigger, l->cap_ranges = cap;
+    }
+    size_t i = range_after(l, base);
+    memmove(&l->ranges[i + 1], &l->ranges[i], (l->n_ranges - i) * sizeof *l->ranges);
+    l->ranges[i] = (struct range){base, size};
+    l->n_ranges++;
+    pthread_mutex_unlock(&l->lock);
+}
+
 EXPORT void gpf_lease_free(struct lease *l) {
+    free(l->ranges);
     for (int k = 0; k < KINDS; k++) table_clear(&l->kinds[k]);
     pthread_mutex_destroy(&l->lock);
     free(l);
@@ -295,6 +386,7 @@ struct session {
     uint64_t calls;  /* frames served here, ever */
     uint8_t *scratch; /* a launch's parameters, aligned */
     size_t scratch_cap;
+    uint8_t *copied; /* a small copy to the host: [REPLY header][bytes], SMALL_COPY + REPLY */
 };
 
 EXPORT struct session *gpf_session_new(struct lease *l) {
@@ -306,6 +398,7 @@ EXPORT struct session *gpf_session_new(struct lease *l) {
 EXPORT void gpf_session_free(struct session *s) {
     if (!s) return;
     free(s->scratch);
+    free(s->copied);
     free(s);
 }
 
@@ -320,6 +413,8 @@ struct buffer {
 struct outcome {
     int32_t result; /* ASYNC_ERROR: the call's error; REPLY_AFTER_OUTPUT: the reply's result */
     uint32_t served;
+    const uint8_t *data; /* REPLY_AFTER_OUTPUT of a copy to the host: its bytes */
+    uint64_t data_len;
 };
 
 static uint32_t u32(const uint8_t *p) {
@@ -470,6 +565,29 @@ static int other(struct session *s, int c, const uint8_t *a, int *result) {
     return 0;
 }
 
+/* A small copy (args: device address, count, stream; a copy to the device's bytes at `bulk`): checked
+ * as the guard checks it, run; -1 for the Python path (outside the lease's memory, a capture, ...).
+ * A copy to the host leaves [reply header][bytes] at s->copied. */
+static int copy(struct session *s, int c, const uint8_t *a, const uint8_t *bulk, uint64_t bulk_len, int *result) {
+    struct lease *l = s->lease;
+    uint64_t device = u64(a), count = u64(a + 8), stream = u64(a + 16);
+    int to_device = c == C_HTOD || c == C_HTOD_ASYNC, on_stream = c == C_HTOD_ASYNC || c == C_DTOH_ASYNC;
+    if (count > SMALL_COPY || (to_device ? bulk_len != count : bulk_len != 0) || !count) return -1;
+    pthread_mutex_lock(&l->lock);
+    int ok = range_ok(l, device, count) && stream_known(l, stream);
+    pthread_mutex_unlock(&l->lock);
+    if (!ok) return -1;
+    if (on_stream) { /* a copy on a capturing stream is the guard's to refuse or spoil */
+        int capturing = 1;
+        if (l->ops.capturing(stream, &capturing) || capturing) return -1;
+    }
+    if (!to_device && !s->copied && !(s->copied = malloc(REPLY + SMALL_COPY))) return -1;
+    __atomic_store_n(&s->busy, 1, __ATOMIC_RELAXED);
+    *result = l->ops.copy((uint32_t)c, device, to_device ? (void *)bulk : s->copied + REPLY, count, stream);
+    __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
+    return 0;
+}
+
 /* Serve frames from `fd` until one is Python's (TO_PYTHON: b->start is its header), an asynchronous call
  * failed (ASYNC_ERROR, its frame consumed: the Python path keeps it for the next synchronising call),
  * a synchronising call's reply must follow kernel output (REPLY_AFTER_OUTPUT: Python sends both), the
@@ -487,13 +605,16 @@ EXPORT int gpf_serve(struct session *s, int fd, struct buffer *b, int may_reply,
         uint64_t bulk_len = u64(h + 16);
         int c = which_call(id);
         if (c < 0 || args_len != ARGS_BYTES[c] || HEADER + args_len + bulk_len > b->cap) return TO_PYTHON;
+        int copying = c >= C_HTOD;
         if (IS_SYNC[c] && (!may_reply || !(flags & wants_reply_flag) || bulk_len)) return TO_PYTHON;
-        if (c != C_LAUNCH && bulk_len) return TO_PYTHON;
+        if (c != C_LAUNCH && !copying && bulk_len) return TO_PYTHON;
         if ((r = fill(fd, b, HEADER + args_len + bulk_len))) return r;
         h = b->data + b->start;
         int result = 0;
-        if ((c == C_LAUNCH ? launch(s, h + HEADER, h + HEADER + args_len, bulk_len, &result)
-                           : other(s, c, h + HEADER, &result)) < 0)
+        const uint8_t *a = h + HEADER, *bulk = h + HEADER + args_len;
+        if ((c == C_LAUNCH ? launch(s, a, bulk, bulk_len, &result)
+             : copying     ? copy(s, c, a, bulk, bulk_len, &result)
+                           : other(s, c, a, &result)) < 0)
             return TO_PYTHON;
         b->start += HEADER + args_len + bulk_len;
         out->served++;
@@ -505,13 +626,18 @@ EXPORT int gpf_serve(struct session *s, int fd, struct buffer *b, int may_reply,
             }
             continue;
         }
+        uint64_t count = copying ? u64(a + 8) : 0, sent = result ? 0 : count; /* bytes of a copy to the host */
         if (output_waiting()) {
             out->result = result;
+            out->data = sent ? s->copied + REPLY : NULL;
+            out->data_len = sent;
             return REPLY_AFTER_OUTPUT;
         }
-        uint8_t reply[REPLY] = {0};
+        uint8_t head[REPLY] = {0}, *reply = copying ? s->copied : head;
+        memset(reply, 0, REPLY);
         memcpy(reply, &result, 4);
-        if (send_all(fd, reply, sizeof reply) < 0) return IO_ERROR;
+        memcpy(reply + 8, &sent, 8);
+        if (send_all(fd, reply, REPLY + sent) < 0) return IO_ERROR;
     }
     return SERVED;
 }
