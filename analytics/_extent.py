@@ -25,19 +25,26 @@ def data_extent(con: duckdb.DuckDBPyConnection) -> Extent:
     raw_table = windowed or "gpu_samples"  # the raw tail, windowed once per connection
     parts = [
         f"SELECT host, gpu_uuid, epoch_us(min(ts)) AS lo, epoch_us(max(ts)) AS hi, sum(simulated::INTEGER) AS sim, "
-        f"true AS raw FROM {raw_table} WHERE true{raw_where} GROUP BY host, gpu_uuid"
+        f"true AS raw, NULL::SMALLINT AS i, NULL::VARCHAR AS n, NULL::BIGINT AS m "
+        f"FROM {raw_table} WHERE true{raw_where} GROUP BY host, gpu_uuid"
     ]
     params = list(raw_params)
     if plan is not None:
         rel, rel_params = _rollup.rollup_relation(plan, "true", [])
+        # The GPUs' names, indexes and sizes from the same read of the rollup rows (a second read
+        # binds and filters the rollup files again: 0.3-0.4 s at 512 GPUs over 90 days).
         parts.append(
             "SELECT host, gpu_uuid, epoch_us(min(first_ts)), epoch_us(max(last_ts)), "
-            f"sum((simulated_s > 0)::INTEGER), false FROM {rel} GROUP BY host, gpu_uuid"
+            "sum((simulated_s > 0)::INTEGER), false, arg_max(gpu_index, last_ts), arg_max(gpu_name, last_ts), "
+            f"max(mem_total) FROM {rel} GROUP BY host, gpu_uuid"
         )
         params += rel_params
     rows = con.execute(" UNION ALL ".join(parts), params).fetchall()
     merged: dict[tuple[str, str], list] = {}
-    for host, uuid, lo, hi, sim, raw in rows:
+    details: dict[tuple[str, str], tuple] = {}
+    for host, uuid, lo, hi, sim, raw, index, name, mem in rows:
+        if not raw:
+            details[(host, uuid)] = (index, name, mem)
         m = merged.setdefault((host, uuid), [host, uuid, lo, hi, 0, None])
         m[2], m[3], m[4] = min(m[2], lo), max(m[3], hi), m[4] + (sim or 0)
         if raw:
@@ -47,17 +54,6 @@ def data_extent(con: duckdb.DuckDBPyConnection) -> Extent:
     if not per_gpu:
         return Extent(None, None, (), (), False, 0, int(process_rows))
     rows_n = _rows_in(con, "gpu_samples")
-    details: dict[tuple[str, str], tuple] = {}
-    if plan is not None:
-        rel, rel_params = _rollup.rollup_relation(plan, "true", [])
-        details = {
-            (h, u): (i, n, m)
-            for h, u, i, n, m in con.execute(
-                f"SELECT host, gpu_uuid, arg_max(gpu_index, last_ts), arg_max(gpu_name, last_ts), max(mem_total) "
-                f"FROM {rel} GROUP BY host, gpu_uuid",
-                rel_params,
-            ).fetchall()
-        }
     raw_last = [m[5] for m in per_gpu if m[5] is not None]
     if raw_last:
         # A day back: a sample at midnight may sit in the segment of the day before.

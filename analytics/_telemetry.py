@@ -399,6 +399,23 @@ def _register_recent_minutes(
     con.execute("CREATE OR REPLACE TEMP VIEW gpu_rollup_1m_recent AS SELECT * FROM gpu_rollup_1m")
 
 
+# path -> ((mtime ns, size), key-value metadata): a local rollup file's footer read once per process
+# while the file stays the same (every open reads the newest file of each host and level: 192 at 64 hosts).
+_ROLLUP_FOOTERS: dict[str, tuple[tuple[int, int], dict]] = {}
+
+
+def _rollup_footer(path: str) -> dict:
+    if path.startswith("s3://"):
+        return _read_schema(path).metadata or {}
+    st = os.stat(path)
+    key = (st.st_mtime_ns, st.st_size)
+    known = _ROLLUP_FOOTERS.get(path)
+    if known is None or known[0] != key:
+        known = (key, _read_schema(path).metadata or {})
+        _ROLLUP_FOOTERS[path] = known
+    return known[1]
+
+
 def _register_rollup_marks(
     con: duckdb.DuckDBPyConnection, roots: list[Location], listed: dict[tuple[Location, str], list[str]]
 ) -> None:
@@ -419,7 +436,7 @@ def _register_rollup_marks(
             for host in raw_hosts | set(newest):
                 mark: tuple[int | None, float | None, int | None] = (None, None, None)
                 if host in newest:
-                    footer = _read_schema(newest[host][1]).metadata or {}
+                    footer = _rollup_footer(newest[host][1])
                     meta = json.loads(footer.get(METADATA_ROLLUP_KEY, b"{}"))
                     if footer.get(METADATA_VERSION_KEY) != str(SCHEMA_VERSION).encode():
                         meta = {}  # rollups of another schema version: this host reads raw samples

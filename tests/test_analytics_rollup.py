@@ -434,6 +434,27 @@ def test_fleet_patterns_from_one_hourly_read_are_the_three_figures(tmp_path, rol
             )
 
 
+def test_fleet_patterns_span_from_the_hourly_read_picks_the_timelines_bucket(tmp_path):
+    """From rollups the span that picks the timeline's bucket comes with the hourly rows: the same
+    bucket as ``utilization_timeline``'s own span, also where it is under an hour (a range wider than
+    the data: the figures are then made one by one after that read)."""
+    _irregular_days(tmp_path, datetime(2026, 3, 1, tzinfo=UTC), 3, seed=7)
+    A.build_rollups(tmp_path, lag_s=600)
+    con = A.open_telemetry(tmp_path)
+    wide = A.Scope(datetime(2026, 2, 20, tzinfo=UTC), datetime(2026, 3, 6, tzinfo=UTC))
+    for scope, max_points, hourly in ((wide, 200, False), (wide, 60, True), (A.Scope(), 30, True)):
+        p = A.fleet_patterns(con, scope, max_points=max_points)
+        tl = A.utilization_timeline(con, scope, max_points=max_points)
+        assert p.timeline.bucket_s == tl.bucket_s
+        assert (tl.bucket_s % 3600 == 0) is hourly, tl.bucket_s
+        assert [(x.start, x.gpus) for x in p.timeline.points] == [(x.start, x.gpus) for x in tl.points]
+        for a, b in zip(p.timeline.points, tl.points, strict=True):
+            assert a.util_gpu_mean == pytest.approx(b.util_gpu_mean, rel=1e-9, abs=1e-12)
+            assert a.gpu_hours == pytest.approx(b.gpu_hours, rel=1e-9, abs=1e-12)
+    with pytest.raises(A.TelemetryError):
+        A.fleet_patterns(con, A.Scope(datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 2, 1, tzinfo=UTC)))
+
+
 # -- the raw tail, windowed once per connection ----------------------------------------------------------
 
 
