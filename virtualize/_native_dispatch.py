@@ -115,7 +115,11 @@ def _load() -> ctypes.CDLL | None:
     spec = importlib.util.find_spec(LIBRARY_MODULE)
     if spec is None or not spec.origin or not Path(spec.origin).is_file():
         return None
-    lib = ctypes.CDLL(spec.origin)
+    try:
+        lib = ctypes.CDLL(spec.origin)
+    except OSError as exc:  # built for another machine or Python: the Python path serves every call
+        log.warning("native dispatch not loaded (%s): every call through Python", exc)
+        return None
     p, u64, u32, i = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_int
     for name, args, res in (
         ("gpf_use_driver", [], i),
