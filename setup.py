@@ -31,11 +31,13 @@ setup(
             # Without a C compiler the install goes on; remote runs then say the shim is not built.
             optional=True,
         ),
-        # The worker's native hot path (virtualize/_native_dispatch.py loads it with ctypes; no Python
-        # API either). Without it the worker serves every call in Python.
+        # The worker's native hot path and its TLS stream (virtualize/_native_dispatch.py and
+        # _native_tls.py load it with ctypes; no Python API either). Without it the worker serves
+        # every call, and runs TLS, in Python.
         Extension(
             "virtualize._dispatch",
-            sources=["virtualize/native/dispatch.c"],
+            sources=["virtualize/native/dispatch.c", "virtualize/native/tls.c"],
+            depends=["virtualize/native/native.h"],
             extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread", "-std=gnu11"],
             extra_link_args=["-pthread", "-ldl"],
             py_limited_api=False,

@@ -1,17 +1,20 @@
 """The worker's native loop (virtualize/native/dispatch.c): what it serves itself, and what it leaves to
 the Python path, at the socket level; and a whole program answered the same with it and without it.
 
-The socket-level tests drive the loop as the worker does (a real socket pair, the worker's `Channel`)
-with a recording executor at the executor seam, so each test sees exactly which calls ran in C. The
-program-level test runs tests/remote_client.py through the shim against a host-executor worker with
-the loop on and off.
+The socket-level tests drive the loop as the worker does (a real socket pair, the worker's `Channel`;
+plain, and encrypted through the worker's TLS in C against Python's ssl as the client) with a recording
+executor at the executor seam, so each test sees exactly which calls ran in C. The program-level test
+runs tests/remote_client.py through the shim against a host-executor worker with the loop on and off,
+in plaintext and over TLS.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import ssl
 import struct
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -19,7 +22,7 @@ import remote_helpers
 from remote_helpers import client_env, needs_cc, run_client
 
 from server.workers import WorkerDevice, start_worker
-from virtualize import _native_dispatch, _wire
+from virtualize import _data_tls, _native_dispatch, _native_tls, _wire
 from virtualize._calls import CALL_IDS, CALLS
 from virtualize._executor import CudaError
 from virtualize._executor_guard import Allocation, LeaseState
@@ -86,8 +89,27 @@ def python_frame() -> bytes:
     return frame("cuDeviceGetCount", flags=_wire.FLAG_WANTS_REPLY)
 
 
-@pytest.fixture
-def loop():
+def encrypted_pair(state_dir) -> tuple[ssl.SSLSocket, _native_tls.NativeTlsStream]:
+    """A socket pair with TLS 1.3 on it: the worker's end in C, the client's Python's ssl."""
+    _data_tls.server_context(state_dir, "test")
+    context = _native_tls.server_context(state_dir)
+    assert context is not None, "libssl did not load"
+    raw_client, raw_served = socket.socketpair()
+    accepted = {}
+    thread = threading.Thread(
+        target=lambda: accepted.setdefault("stream", _native_tls.NativeTlsStream(context, raw_served, 10.0))
+    )
+    thread.start()
+    client_context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client_context.check_hostname, client_context.verify_mode = False, ssl.CERT_NONE
+    client = client_context.wrap_socket(raw_client)
+    thread.join(10)
+    accepted["stream"].settimeout(None)
+    return client, accepted["stream"]
+
+
+@pytest.fixture(params=["plain", "tls"])
+def loop(request, tmp_path):
     lease = LeaseState([1 << 30])
     executor = Recorder()
     native = _native_dispatch.for_worker(lease, executor)
@@ -95,7 +117,7 @@ def loop():
     lease.handles["event"].add(EVENT)
     lease.handles["func"].update({FUNC, OTHER_FUNC})
     native.learn(FUNC, LAYOUT)
-    client, served = socket.socketpair()
+    client, served = socket.socketpair() if request.param == "plain" else encrypted_pair(tmp_path)
     channel = Channel(served)
     session = SimpleNamespace(pending=0, callbacks=None, calls=0, _send_kernel_output=lambda: None)
     native_session = native.session()
@@ -121,11 +143,17 @@ def loop():
     served.close()
 
 
-def reply(sock: socket.socket) -> int:
+def recv_exact(sock: socket.socket, n: int) -> bytes:
     data = b""
-    while len(data) < _wire.REPLY.size:
-        data += sock.recv(_wire.REPLY.size - len(data))
-    return _wire.REPLY.unpack(data)[0]
+    while len(data) < n:
+        got = sock.recv(n - len(data))
+        assert got, "the worker closed the connection"
+        data += got
+    return data
+
+
+def reply(sock: socket.socket) -> int:
+    return _wire.REPLY.unpack(recv_exact(sock, _wire.REPLY.size))[0]
 
 
 def call_id_of(header: bytes) -> int:
@@ -193,9 +221,8 @@ def test_small_copies_within_the_leases_memory_run_in_c_and_the_rest_goes_to_pyt
     )
     assert header == outside[: _wire.REQUEST.size]
     assert loop.executor.ran == [("htod", 0x10000, data, STREAM), ("dtoh", 0x10008, 64, None)]
-    head = loop.client.recv(_wire.REPLY.size, socket.MSG_WAITALL)
-    assert _wire.REPLY.unpack(head) == (0, 0, 64)
-    assert loop.client.recv(64, socket.MSG_WAITALL) == bytes(range(64))
+    assert _wire.REPLY.unpack(recv_exact(loop.client, _wire.REPLY.size)) == (0, 0, 64)
+    assert recv_exact(loop.client, 64) == bytes(range(64))
     loop.executor.ran.clear()
     on_capture = frame("cuMemcpyHtoDAsync_v2", 0x10000, 4, CAPTURING, bulk=b"1234")  # the guard spoils it
     assert loop.serve(on_capture) == on_capture[: _wire.REQUEST.size]
@@ -220,15 +247,17 @@ def test_a_synchronise_after_kernel_output_sends_the_output_first(loop):
 
 
 @needs_cc
-def test_a_program_gets_the_same_answers_with_the_native_loop_and_without(shim_dir):
+@pytest.mark.parametrize("encryption", ["never", "always"])
+def test_a_program_gets_the_same_answers_with_the_native_loop_and_without(shim_dir, encryption):
     outputs = {}
-    for native in ("1", "0"):
+    for native in ("1", "0"):  # over TLS: the loop and TLS in C, or both in Python
         handle = start_worker(
             "native", [WorkerDevice(0, "", 64 << 20)], bind_host="127.0.0.1",
             env={_native_dispatch.ENV: native}, executor="host",
         )  # fmt: skip
         try:
-            outputs[native], _ = run_client("native_dispatch", client_env(shim_dir, handle))
+            env = client_env(shim_dir, handle, GPUPOOL_DATA_ENCRYPTION=encryption)
+            outputs[native], _ = run_client("native_dispatch", env)
         finally:
             handle.stop()
     assert outputs["1"] == outputs["0"]

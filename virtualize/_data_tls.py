@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 
 TLS_RECORD_FIRST_BYTE = 0x16  # a TLS handshake record; the plaintext protocol starts with gpHello's id 0
+CERT_FILE, KEY_FILE = "worker.crt", "worker.key"  # in the worker's state directory
 
 
 class TlsUnavailable(RuntimeError):
@@ -49,7 +50,7 @@ def server_context(state_dir: Path, lease_id: str) -> tuple[ssl.SSLContext, str]
         .not_valid_after(now + datetime.timedelta(days=366))  # pinned by fingerprint: no expiry to manage
         .sign(key, hashes.SHA256())
     )
-    cert_path, key_path = state_dir / "worker.crt", state_dir / "worker.key"
+    cert_path, key_path = state_dir / CERT_FILE, state_dir / KEY_FILE
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as out:

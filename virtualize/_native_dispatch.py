@@ -139,7 +139,7 @@ def _load() -> ctypes.CDLL | None:
         ("gpf_session_free", [p], None),
         ("gpf_session_busy", [p], i),
         ("gpf_session_calls", [p], u64),
-        ("gpf_serve", [p, i, ctypes.POINTER(_Buffer), i, u32, ctypes.POINTER(_Outcome)], i),
+        ("gpf_serve", [p, i, p, ctypes.POINTER(_Buffer), i, u32, ctypes.POINTER(_Outcome)], i),
     ):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, res
@@ -366,6 +366,7 @@ class NativeSession:
     def serve(self, channel, session, touch: Callable[[], None]) -> None:
         """Frames served in C until the next one is Python's (the channel's buffer starts with it)."""
         fd = channel.sock.fileno()
+        tls = getattr(channel.sock, "native_stream", None)  # an encrypted connection's stream in C
         outcome = self._outcome
         while True:
             may_reply = not session.pending and session.callbacks is None
@@ -374,7 +375,7 @@ class NativeSession:
             b = _Buffer(ctypes.addressof(window), len(buf), channel.start, channel.end)
             try:
                 reason = self.lib.gpf_serve(
-                    self.ptr, fd, ctypes.byref(b), may_reply, BUDGET, ctypes.byref(outcome)
+                    self.ptr, fd, tls, ctypes.byref(b), may_reply, BUDGET, ctypes.byref(outcome)
                 )
             finally:
                 del window  # the bytearray may grow again (read_exact)
@@ -419,8 +420,8 @@ def for_worker(lease, executor) -> NativeLease | None:
 
 
 def can_serve(sock) -> bool:
-    """Plain sockets only: a TLS connection's bytes are decrypted in Python."""
-    return isinstance(sock, socket.socket)
+    """Plain sockets, and TLS streams in C (`_native_tls`); not a TLS connection decrypted in Python."""
+    return isinstance(sock, socket.socket) or getattr(sock, "native_stream", None) is not None
 
 
 def watch_kernel_output(fd: int) -> Callable[[int], None] | None:

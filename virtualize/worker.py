@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from server.workers import ACTIVITY_FILE, EXECUTOR_ENV, SECRET_ENV, WORKER_MODULE, WorkerDevice
-from virtualize import _data_tls, _native_dispatch, _wire
+from virtualize import _data_tls, _native_dispatch, _native_tls, _wire
 from virtualize._calls import CALL_IDS, INTERNAL, WIRE_VERSION
 from virtualize._results import CUresult
 
@@ -53,6 +53,7 @@ class Channel:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.local = getattr(sock, "family", None) == socket.AF_UNIX  # a process on this host
+        self.encrypted = not isinstance(sock, socket.socket)  # a TLS stream, in C or in Python
         self.buf = bytearray(1 << 20)
         self.view = memoryview(self.buf)
         self.start = self.end = 0
@@ -85,7 +86,7 @@ class Channel:
             return
         # The rest is bulk the client is sending now: filled in one call (MSG_WAITALL; the TLS stream
         # decrypts record after record in one loop), not one round of Python per segment received.
-        if isinstance(self.sock, _data_tls.TlsStream):
+        if self.encrypted:
             if not self.sock.recv_into_all(out[have:]):
                 raise ConnectionClosed
             return
@@ -132,7 +133,7 @@ class Channel:
 
     def send(self, *parts) -> None:
         views = [memoryview(p).cast("B") for p in parts if len(p)]
-        if isinstance(self.sock, _data_tls.TlsStream):  # no sendmsg over TLS: small replies go as one record
+        if self.encrypted:  # no sendmsg over TLS: small replies go as one record
             if sum(map(len, views)) <= SMALL_REPLY_BYTES:
                 self.sock.sendall(b"".join(views))
             else:
@@ -220,6 +221,8 @@ class Worker:
         self.activity = state_dir / ACTIVITY_FILE
         self.secret = secret.encode()
         self.tls = tls
+        # The same certificate served from C where it can be (the Python stream otherwise).
+        self.native_tls = _native_tls.server_context(state_dir) if tls is not None else None
         self.kernel_output = kernel_output
         self._last_touch = 0.0
         self.in_calls: set[int] = set()  # connections executing a call now (a long sync is use, not idleness)
@@ -260,7 +263,7 @@ class Worker:
             session = Session(self.lease, self.executor, channel, take)
             how = (
                 sock.version()
-                if isinstance(sock, _data_tls.TlsStream)
+                if channel.encrypted
                 else "local socket"
                 if sock.family == socket.AF_UNIX
                 else "unencrypted, this host"
@@ -311,6 +314,8 @@ class Worker:
             return None  # nothing within the hello's time, or gone
         if first and first[0] == _data_tls.TLS_RECORD_FIRST_BYTE and self.tls is not None:
             try:
+                if self.native_tls is not None:
+                    return _native_tls.NativeTlsStream(self.native_tls, sock, HELLO_TIMEOUT_S)
                 stream = _data_tls.TlsStream(sock, self.tls, server_side=True)
                 stream.do_handshake()
                 return stream

@@ -1,10 +1,11 @@
 /* The worker's native hot path: frames of the calls a training loop sends most, served in C.
  *
- * The worker's Python loop (virtualize/worker.py) hands its connection's socket and receive buffer to
- * gpf_serve, which reads frames and runs, without Python, the ones it can answer exactly as the Python
- * path would: kernel launches of functions the Python path has already launched once (their parameter
- * layout is known), event records and waits, and the synchronising calls (stream/event/context
- * synchronise and query) when no earlier asynchronous error and nothing else is to be said first. Handles
+ * The worker's Python loop (virtualize/worker.py) hands its connection's socket (and its TLS stream,
+ * tls.c, when the connection is encrypted) and receive buffer to gpf_serve, which reads frames and
+ * runs, without Python, the ones it can answer exactly as the Python path would: kernel launches of
+ * functions the Python path has already launched once (their parameter layout is known), event records
+ * and waits, and the synchronising calls (stream/event/context synchronise and query) when no earlier
+ * asynchronous error and nothing else is to be said first. Handles
  * are checked against the lease's own objects, mirrored here by virtualize/_native_dispatch.py from the
  * guard's tables: a handle the guard has never seen, or has forgotten, is never passed to the driver.
  * Every other frame, and every case the Python path answers differently, goes back to Python untouched:
@@ -26,6 +27,8 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "native.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -442,9 +445,24 @@ static uint64_t now_ns(void) {
     return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
+/* The connection: a plain socket, or the TLS stream over it (tls.c). */
+struct io {
+    int fd;
+    struct gpt_stream *tls;
+};
+
+/* Like recv(2), MSG_DONTWAIT when `nowait`. */
+static ssize_t io_recv(const struct io *io, void *p, size_t n, int nowait) {
+    if (!io->tls) return recv(io->fd, p, n, nowait ? MSG_DONTWAIT : 0);
+    long got = gpt_recv(io->tls, p, n, nowait ? 0 : -1);
+    if (got >= 0) return got;
+    errno = got == -2 ? EAGAIN : EIO;
+    return -1;
+}
+
 /* At least `need` bytes from start: reads more (waiting), moving what is kept to the front first when
  * the buffer's end is in the way. 0, CLOSED or IO_ERROR. */
-static int fill(int fd, struct buffer *b, uint64_t need) {
+static int fill(const struct io *io, struct buffer *b, uint64_t need) {
     uint64_t until = 0;
     while (b->end - b->start < need) {
         if (b->cap - b->start < need) {
@@ -453,7 +471,7 @@ static int fill(int fd, struct buffer *b, uint64_t need) {
             b->start = 0;
         }
         int polling = spin_ns && (!until || now_ns() < until);
-        ssize_t got = recv(fd, b->data + b->end, b->cap - b->end, polling ? MSG_DONTWAIT : 0);
+        ssize_t got = io_recv(io, b->data + b->end, b->cap - b->end, polling);
         if (got == 0) return CLOSED;
         if (got < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -478,10 +496,11 @@ static int stream_known(struct lease *l, uint64_t stream) {
     return stream <= 2 || table_has(&l->kinds[KIND_STREAM], stream, NULL); /* NULL, legacy, per-thread */
 }
 
-static int send_all(int fd, const void *p, size_t n) {
+static int send_all(const struct io *io, const void *p, size_t n) {
+    if (io->tls) return gpt_send_all(io->tls, p, n);
     const uint8_t *c = p;
     while (n) {
-        ssize_t sent = send(fd, c, n, MSG_NOSIGNAL);
+        ssize_t sent = send(io->fd, c, n, MSG_NOSIGNAL);
         if (sent < 0) {
             if (errno == EINTR) continue;
             return -1;
@@ -588,17 +607,18 @@ static int copy(struct session *s, int c, const uint8_t *a, const uint8_t *bulk,
     return 0;
 }
 
-/* Serve frames from `fd` until one is Python's (TO_PYTHON: b->start is its header), an asynchronous call
+/* Serve frames from `fd` (through `tls` when the connection is encrypted: NULL for a plain socket) until one is Python's (TO_PYTHON: b->start is its header), an asynchronous call
  * failed (ASYNC_ERROR, its frame consumed: the Python path keeps it for the next synchronising call),
  * a synchronising call's reply must follow kernel output (REPLY_AFTER_OUTPUT: Python sends both), the
  * client is gone, or `budget` frames were served (SERVED). `may_reply`: no earlier asynchronous error is
  * pending and nothing else is owed before a reply, so synchronising calls are answered here. */
-EXPORT int gpf_serve(struct session *s, int fd, struct buffer *b, int may_reply, uint32_t budget,
-                     struct outcome *out) {
+EXPORT int gpf_serve(struct session *s, int fd, struct gpt_stream *tls, struct buffer *b, int may_reply,
+                     uint32_t budget, struct outcome *out) {
+    const struct io io = {fd, tls};
     out->served = 0;
     out->result = 0;
     while (out->served < budget) {
-        int r = fill(fd, b, HEADER);
+        int r = fill(&io, b, HEADER);
         if (r) return r;
         const uint8_t *h = b->data + b->start;
         uint32_t id = u32(h), flags = u32(h + 4), args_len = u32(h + 8);
@@ -608,7 +628,7 @@ EXPORT int gpf_serve(struct session *s, int fd, struct buffer *b, int may_reply,
         int copying = c >= C_HTOD;
         if (IS_SYNC[c] && (!may_reply || !(flags & wants_reply_flag) || bulk_len)) return TO_PYTHON;
         if (c != C_LAUNCH && !copying && bulk_len) return TO_PYTHON;
-        if ((r = fill(fd, b, HEADER + args_len + bulk_len))) return r;
+        if ((r = fill(&io, b, HEADER + args_len + bulk_len))) return r;
         h = b->data + b->start;
         int result = 0;
         const uint8_t *a = h + HEADER, *bulk = h + HEADER + args_len;
@@ -637,7 +657,7 @@ EXPORT int gpf_serve(struct session *s, int fd, struct buffer *b, int may_reply,
         memset(reply, 0, REPLY);
         memcpy(reply, &result, 4);
         memcpy(reply + 8, &sent, 8);
-        if (send_all(fd, reply, REPLY + sent) < 0) return IO_ERROR;
+        if (send_all(&io, reply, REPLY + sent) < 0) return IO_ERROR;
     }
     return SERVED;
 }
