@@ -106,6 +106,9 @@ def child() -> None:
     dev = ok(cu.cuMemAlloc(SIZES[-1]))
     host = np.ones(SIZES[-1], dtype=np.uint8)
     bandwidth, cpu = {}, {}
+    sides = {"client": "self"}
+    if os.environ.get("GPUPOOL_BENCH_WORKER_PID"):
+        sides["worker"] = os.environ["GPUPOOL_BENCH_WORKER_PID"]
     for size in SIZES:
         reps = max(3, min(200, (256 << 20) // size))
         row, cpu_row = {}, {}
@@ -117,7 +120,7 @@ def child() -> None:
             )
             ok(copy())
             times = []
-            cpu_start = (time.process_time(), worker_cpu_s())
+            start = {side: usage(pid) for side, pid in sides.items()}
             for _ in range(reps):
                 t = time.perf_counter()
                 ok(copy())
@@ -125,8 +128,12 @@ def child() -> None:
                 times.append(time.perf_counter() - t)
             row[direction] = size / statistics.median(times) / 1e9
             gb = size * reps / 1e9
-            cpu_row[direction] = {"client": (time.process_time() - cpu_start[0]) / gb,
-                                  "worker": (worker_cpu_s() - cpu_start[1]) / gb}  # fmt: skip
+            cpu_row[direction] = {}
+            for side, pid in sides.items():  # CPU s/GB (user + system), of it system, system calls per MB
+                (user, system, calls), (user0, system0, calls0) = usage(pid), start[side]
+                cpu_row[direction][side] = (user - user0 + system - system0) / gb
+                cpu_row[direction][f"{side}_system"] = (system - system0) / gb
+                cpu_row[direction][f"{side}_calls_per_mb"] = (calls - calls0) / gb / 1000
         bandwidth[size] = row
         cpu[size] = cpu_row
     out["bandwidth_gb_s"] = bandwidth
@@ -193,13 +200,13 @@ def dtoh_async_pinned(cu, ok, dev, stream) -> dict:
     return rows
 
 
-def worker_cpu_s() -> float:
-    """CPU seconds the worker process has used (user + system), where the parent said which it is."""
-    pid = os.environ.get("GPUPOOL_BENCH_WORKER_PID")
-    if not pid:
-        return 0.0
+def usage(pid: str) -> tuple[float, float, int]:
+    """A process's CPU seconds in user space and in the kernel, and its system calls that read or
+    write (/proc: `self`, or the worker's pid, which the parent passes on)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+    return int(fields[11]) / tick, int(fields[12]) / tick, int(io["syscr"]) + int(io["syscw"])
 
 
 # ---- the driver: native run, remote run, the comparison ----------------------------------------
@@ -398,6 +405,20 @@ def cpu_of(run: dict, size: int, direction: str) -> dict | None:
     return run.get("cpu_s_per_gb", {}).get(str(size), {}).get(direction)
 
 
+def cpu_sides(c: dict) -> str:
+    """client 0.61 (kernel 0.40, 64 calls/MB), worker ...: where each side's CPU per GB went."""
+    return ", ".join(
+        f"{side} {c[side]:.2f}"
+        + (
+            f" (kernel {c[side + '_system']:.2f}, {c[side + '_calls_per_mb']:.0f} calls/MB)"
+            if side + "_system" in c
+            else ""
+        )
+        for side in ("client", "worker")
+        if side in c
+    )
+
+
 def report_netem(results: dict) -> None:
     m = results["machine_before"]
     print(f"\nmachine: {m['cpus']} CPUs ({m['cpu']}), kernel {m['kernel']}, load average "
@@ -470,7 +491,7 @@ def report(results: dict) -> None:
             n = native["bandwidth_gb_s"][str(size)][direction] if native else None
             pct = f"{r / n * 100:.0f} %" if n else "-"
             c = cpu_of(remote, size, direction)
-            cpu = f" (CPU s/GB: client {c['client']:.2f}, worker {c['worker']:.2f})" if c else ""
+            cpu = f" (CPU s/GB: {cpu_sides(c)})" if c else ""
             print(
                 f"| {direction.upper()} {label} | {f'{n:.2f} GB/s' if n else '-'} | {r:.2f} GB/s{cpu} | {pct} |"
             )

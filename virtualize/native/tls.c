@@ -29,7 +29,10 @@
 enum { SSL_ERROR_SSL = 1, SSL_ERROR_WANT_READ = 2, SSL_ERROR_WANT_WRITE = 3, SSL_ERROR_SYSCALL = 5, SSL_ERROR_ZERO_RETURN = 6 };
 enum { SSL_CTRL_MODE = 33, SSL_CTRL_SET_READ_AHEAD = 41, SSL_CTRL_SET_MIN_PROTO_VERSION = 123, TLS1_3_VERSION = 0x0304 };
 enum { SSL_MODE_ENABLE_PARTIAL_WRITE = 1, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER = 2, SSL_FILETYPE_PEM = 1 };
-enum { READ_BUFFER = 256 << 10, MOST_PER_CALL = 1 << 30 };
+enum { BIO_CTRL_FLUSH = 11, BIO_C_SET_BUFF_SIZE = 117, BIO_FLAGS_SHOULD_RETRY = 8 };
+/* A copy's records are read many per system call and written through a buffer sent in large pieces:
+ * one system call per 16 KiB record each way cost about as much as the cipher. */
+enum { IO_BUFFER = 256 << 10, MOST_PER_CALL = 1 << 30 };
 #define SSL_OP_IGNORE_UNEXPECTED_EOF (1ull << 7) /* OpenSSL 3 */
 
 static struct {
@@ -54,6 +57,15 @@ static struct {
     unsigned long (*err_get)(void);
     void (*err_clear)(void);
     void (*err_string)(unsigned long, char *, size_t);
+    const void *(*f_buffer)(void);
+    void *(*bio_new)(const void *);
+    void *(*bio_push)(void *, void *);
+    long (*bio_ctrl)(void *, int, long, void *);
+    int (*bio_test_flags)(const void *, int);
+    int (*bio_up_ref)(void *);
+    int (*bio_free)(void *);
+    void *(*get_wbio)(const void *);
+    void (*set0_wbio)(void *, void *);
 } ossl;
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static int loaded;
@@ -90,6 +102,15 @@ static void load(void) {
             {(void **)&ossl.err_get, "ERR_get_error", 0},
             {(void **)&ossl.err_clear, "ERR_clear_error", 0},
             {(void **)&ossl.err_string, "ERR_error_string_n", 0},
+            {(void **)&ossl.f_buffer, "BIO_f_buffer", 0},
+            {(void **)&ossl.bio_new, "BIO_new", 0},
+            {(void **)&ossl.bio_push, "BIO_push", 0},
+            {(void **)&ossl.bio_ctrl, "BIO_ctrl", 0},
+            {(void **)&ossl.bio_test_flags, "BIO_test_flags", 0},
+            {(void **)&ossl.bio_up_ref, "BIO_up_ref", 0},
+            {(void **)&ossl.bio_free, "BIO_free", 0},
+            {(void **)&ossl.get_wbio, "SSL_get_wbio", 0},
+            {(void **)&ossl.set0_wbio, "SSL_set0_wbio", 0},
         };
         int ok = 1;
         for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
@@ -136,10 +157,10 @@ EXPORT void *gpt_context_new(const char *cert, const char *key, char *why, size_
     /* A client that closes its socket without TLS's goodbye has ended the stream, not broken it (the
      * frames say where each call ends); OpenSSL 1.1 reads it that way already. */
     if (ossl.set_options) ossl.set_options(ctx, SSL_OP_IGNORE_UNEXPECTED_EOF);
-    /* A copy's records read many per system call; a write may return after part of a large buffer
-     * (the socket is non-blocking) and continue from a moved pointer. */
+    /* A write may return after part of a large buffer (the socket is non-blocking) and continue from a
+     * moved pointer. */
     ossl.ctx_ctrl(ctx, SSL_CTRL_SET_READ_AHEAD, 1, NULL);
-    if (ossl.set_read_buffer) ossl.set_read_buffer(ctx, READ_BUFFER);
+    if (ossl.set_read_buffer) ossl.set_read_buffer(ctx, IO_BUFFER);
     ossl.ctx_ctrl(ctx, SSL_CTRL_MODE, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER, NULL);
     return ctx;
 }
@@ -184,6 +205,19 @@ static int wait_for(int fd, short events, int wait_ms) {
         pthread_mutex_unlock(&(s)->lock);                                                                    \
     } while (0)
 
+/* Records written into a buffer on the socket, sent when it fills or is flushed (gpt_send_all). */
+static void buffer_writes(void *ssl) {
+    void *socket_bio = ossl.get_wbio(ssl), *buffer = ossl.bio_new(ossl.f_buffer());
+    int for_writing = 1;
+    if (buffer && ossl.bio_ctrl(buffer, BIO_C_SET_BUFF_SIZE, IO_BUFFER, &for_writing) == 1 &&
+        ossl.bio_up_ref(socket_bio) == 1) {
+        ossl.bio_push(buffer, socket_bio);
+        ossl.set0_wbio(ssl, buffer);
+    } else if (buffer) {
+        ossl.bio_free(buffer); /* written record by record */
+    }
+}
+
 /* The server's handshake on an accepted connection (which becomes non-blocking); NULL and `why` if it
  * fails or the client says nothing within timeout_ms. The caller keeps and closes the socket. */
 EXPORT struct gpt_stream *gpt_accept(void *ctx, int fd, int timeout_ms, char *why, size_t why_len) {
@@ -205,7 +239,10 @@ EXPORT struct gpt_stream *gpt_accept(void *ctx, int fd, int timeout_ms, char *wh
     for (;;) {
         int r, e;
         UNDER_LOCK(s, ossl.accept(s->ssl), r, e);
-        if (r == 1) return s;
+        if (r == 1) {
+            buffer_writes(s->ssl);
+            return s;
+        }
         int w = e == SSL_ERROR_WANT_READ ? wait_for(fd, POLLIN, timeout_ms)
                 : e == SSL_ERROR_WANT_WRITE ? wait_for(fd, POLLOUT, timeout_ms)
                                             : -1;
@@ -256,7 +293,15 @@ int gpt_send_all(struct gpt_stream *s, const void *p, size_t n) {
                                            : -1;
         if (w) return -1;
     }
-    return 0;
+    for (;;) { /* what the buffer holds, out */
+        pthread_mutex_lock(&s->lock);
+        void *wbio = ossl.get_wbio(s->ssl);
+        long r = ossl.bio_ctrl(wbio, BIO_CTRL_FLUSH, 0, NULL);
+        int again = r <= 0 && ossl.bio_test_flags(wbio, BIO_FLAGS_SHOULD_RETRY);
+        pthread_mutex_unlock(&s->lock);
+        if (r > 0) return 0;
+        if (!again || wait_for(s->fd, POLLOUT, s->timeout_ms)) return -1;
+    }
 }
 
 EXPORT long gpt_read(struct gpt_stream *s, void *buf, uint64_t n) { return gpt_recv(s, buf, n, -1); }

@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <strings.h>
 #include <sys/random.h>
 
@@ -90,7 +91,13 @@ typedef unsigned long (*err_get_fn)(void);
 typedef void (*err_string_fn)(unsigned long e, char *buf, size_t len);
 
 #define SSL_CTRL_SET_MIN_PROTO_VERSION 123
+#define SSL_CTRL_SET_READ_AHEAD 41
+#define BIO_CTRL_FLUSH 11
+#define BIO_C_SET_BUFF_SIZE 117
 #define TLS1_3_VERSION 0x0304
+/* A copy's records: read many per system call, written through a buffer sent in large pieces (one
+ * system call per 16 KiB record each way held a copy to about a core's worth of system calls). */
+#define TLS_IO_BUFFER (256 << 10)
 #define SSL_ERROR_WANT_READ 2
 #define SSL_ERROR_WANT_WRITE 3
 #define SSL_ERROR_ZERO_RETURN 6
@@ -110,6 +117,17 @@ static struct {
     free_fn x509_free, ssl_free;
     err_get_fn err_get;
     err_string_fn err_string;
+    /* optional: the buffering (GPUPOOL_SHIM_TLS_BUFFER=0 leaves it off) */
+    void (*set_read_buffer)(void *ctx, size_t len);
+    const void *(*f_buffer)(void);
+    void *(*bio_new)(const void *method);
+    void *(*bio_push)(void *bio, void *next);
+    long (*bio_ctrl)(void *bio, int cmd, long larg, void *parg);
+    int (*bio_up_ref)(void *bio);
+    int (*bio_free)(void *bio);
+    void *(*get_wbio)(const void *ssl);
+    void (*set0_wbio)(void *ssl, void *bio);
+    int buffered;
     void *ctx;
 } tls;
 
@@ -136,13 +154,32 @@ static void load_tls(void) {
         tls.x509_free = (free_fn)dlsym(lib, "X509_free");
         tls.err_get = (err_get_fn)dlsym(lib, "ERR_get_error");
         tls.err_string = (err_string_fn)dlsym(lib, "ERR_error_string_n");
+        tls.set_read_buffer = (void (*)(void *, size_t))dlsym(lib, "SSL_CTX_set_default_read_buffer_len");
+        tls.f_buffer = (const void *(*)(void))dlsym(lib, "BIO_f_buffer");
+        tls.bio_new = (void *(*)(const void *))dlsym(lib, "BIO_new");
+        tls.bio_push = (void *(*)(void *, void *))dlsym(lib, "BIO_push");
+        tls.bio_ctrl = (long (*)(void *, int, long, void *))dlsym(lib, "BIO_ctrl");
+        tls.bio_up_ref = (int (*)(void *))dlsym(lib, "BIO_up_ref");
+        tls.bio_free = (int (*)(void *))dlsym(lib, "BIO_free");
+        tls.get_wbio = (void *(*)(const void *))dlsym(lib, "SSL_get_wbio");
+        tls.set0_wbio = (void (*)(void *, void *))dlsym(lib, "SSL_set0_wbio");
+        const char *buffer_env = getenv("GPUPOOL_SHIM_TLS_BUFFER");
+        tls.buffered = !(buffer_env && !strcmp(buffer_env, "0")) && tls.set_read_buffer && tls.f_buffer &&
+                       tls.bio_new && tls.bio_push && tls.bio_ctrl && tls.bio_up_ref && tls.bio_free && tls.get_wbio &&
+                       tls.set0_wbio;
         if (tls.client_method && tls.ctx_new && tls.ctx_ctrl && tls.ssl_new && tls.set_fd && tls.connect && tls.read &&
             tls.write && tls.get_error && tls.peer_cert && tls.ssl_free && tls.digest && tls.x509_free && tls.err_get &&
             tls.err_string) {
             tls.ctx = tls.ctx_new(tls.client_method());
             /* The peer is checked by its pinned fingerprint below, not by a CA: the default of no
              * verification during the handshake is what that needs. */
-            if (tls.ctx && tls.ctx_ctrl(tls.ctx, SSL_CTRL_SET_MIN_PROTO_VERSION, TLS1_3_VERSION, NULL) == 1) return;
+            if (tls.ctx && tls.ctx_ctrl(tls.ctx, SSL_CTRL_SET_MIN_PROTO_VERSION, TLS1_3_VERSION, NULL) == 1) {
+                if (tls.buffered) {
+                    tls.ctx_ctrl(tls.ctx, SSL_CTRL_SET_READ_AHEAD, 1, NULL);
+                    tls.set_read_buffer(tls.ctx, TLS_IO_BUFFER);
+                }
+                return;
+            }
         }
         dlclose(lib);
     }
@@ -180,6 +217,17 @@ void *gp_tls_connect(int fd, const char *pin_hex, char *why, size_t why_len) {
         tls.ssl_free(ssl);
         return NULL;
     }
+    if (tls.buffered) { /* records written into a buffer on the socket, sent when full or flushed */
+        void *socket_bio = tls.get_wbio(ssl), *buffer = tls.bio_new(tls.f_buffer());
+        int for_writing = 1;
+        if (buffer && tls.bio_ctrl(buffer, BIO_C_SET_BUFF_SIZE, TLS_IO_BUFFER, &for_writing) == 1 &&
+            tls.bio_up_ref(socket_bio) == 1) {
+            tls.bio_push(buffer, socket_bio);
+            tls.set0_wbio(ssl, buffer);
+        } else if (buffer) {
+            tls.bio_free(buffer); /* written record by record, as without the buffer */
+        }
+    }
     return ssl;
 }
 
@@ -195,6 +243,10 @@ int gp_tls_write(void *ssl, const void *buf, size_t len) {
         }
         p += n;
         len -= (size_t)n;
+    }
+    if (tls.buffered && tls.bio_ctrl(tls.get_wbio(ssl), BIO_CTRL_FLUSH, 0, NULL) <= 0) { /* all of it out */
+        errno = EPIPE;
+        return -1;
     }
     return 0;
 }
