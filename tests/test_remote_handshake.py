@@ -14,6 +14,7 @@ import secrets
 import socket
 import struct
 import threading
+from typing import ClassVar
 
 import pytest
 import remote_helpers
@@ -300,3 +301,29 @@ def test_kernel_parameters_shorter_than_the_functions_layout_are_refused(worker)
                 frame(launch, launch.in_struct.pack(func, 1, 1, 1, 1, 1, 1, 0, 0, 0), params, flags=0)
             )
             assert call("cuCtxSynchronize", symbol="cuCtxSynchronize")[0] == expected
+
+
+def test_each_connections_thread_state_is_freed_when_its_client_goes(tmp_path):
+    """The executor's per-thread state (the CUDA executor's page-locked staging buffers) goes with the
+    connection: a worker serving many short runs would otherwise pin memory for every run it served."""
+    from virtualize._executor_host import HostExecutor
+    from virtualize.worker import Worker
+
+    class Spy(HostExecutor):
+        ended: ClassVar[list[int]] = []
+
+        def end_thread(self) -> None:
+            self.ended.append(threading.get_ident())
+
+    devices = [remote_helpers.WorkerDevice(0, "", 64 * remote_helpers.MiB)]
+    worker = Worker("spy", devices, Spy(devices), tmp_path, "the secret")
+    served_by = []
+    for _ in range(3):
+        client, served = socket.socketpair()
+        thread = threading.Thread(target=worker._connection, args=(served, None))
+        thread.start()
+        assert handshake(client, b"the secret") == 0
+        client.close()
+        thread.join(10)
+        served_by.append(thread.ident)
+    assert Spy.ended == served_by  # once per connection, on its own thread, after it ended

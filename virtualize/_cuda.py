@@ -7,6 +7,7 @@ Every call returns its values or raises `CudaError` with the driver's CUresult.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import logging
@@ -346,15 +347,20 @@ class CudaExecutor(Executor):
     # -- the seam ------------------------------------------------------------------------------------
 
     def end_thread(self) -> None:
+        """A connection's thread is done: its page-locked staging buffers and copy events go (each pins
+        host memory; a worker serving many short runs would otherwise keep every run's). A context the
+        client destroyed took its own with it."""
         local = self._local()
         for ctx, staging in local.staging.items():
-            self.set_context(ctx)
-            staging.free()
+            with contextlib.suppress(CudaError):
+                self.set_context(ctx)
+                staging.free()
         local.staging.clear()
         for ctx, events in local.copy_events.items():
-            self.set_context(ctx)
-            for event in events:
-                driver.cuEventDestroy(event)
+            with contextlib.suppress(CudaError):
+                self.set_context(ctx)
+                for event in events:
+                    driver.cuEventDestroy(event)
         local.copy_events.clear()
 
     def set_context(self, ctx: int) -> None:

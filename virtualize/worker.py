@@ -300,9 +300,18 @@ class Worker:
                 self.native_sessions.discard(native)
                 native.close()
             if session is not None:
+                self._end_thread(who)
                 session.close()
             if profiler is not None:
                 _write_profile(profiler, who)
+
+    def _end_thread(self, who: str) -> None:
+        """This connection's per-thread executor state (page-locked staging), before its session frees
+        the client's contexts."""
+        try:
+            self.executor.end_thread()
+        except Exception:  # never stops the cleanup that follows
+            log.exception("client %s: freeing the connection's staging buffers failed", who)
 
     def _secure(self, sock: socket.socket, host: str, who: str):
         """The connection to read frames from: TLS when the client opens with it (it must, from another
