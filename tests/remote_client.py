@@ -665,6 +665,38 @@ def scenario_shared_copies():
     say("past_allocation", cu.cuMemcpyHtoD(c_u64(dev + sizes[-1] + (1 << 20) - 4096), past, c_u64(1 << 20)))
 
 
+def scenario_lanes():
+    """Copies large enough to be striped across connections when the data connection is encrypted:
+    every byte lands, both ways, synchronous and on a stream, at an odd size and offset; a refused
+    copy says so and the connection goes on."""
+    setup()
+    big = (40 << 20) + 3
+    rc, dev = alloc(big + (1 << 20))
+    check(rc, "alloc")
+    data = os.urandom(big)
+    say("htod", cu.cuMemcpyHtoD(c_u64(dev), ctypes.create_string_buffer(data, big), c_u64(big)))
+    rc, back = dtoh(dev, big)
+    say("dtoh", rc)
+    say("both_ways_equal", back == data)
+    rc, part = dtoh(dev + 12345, 17 << 20)
+    say("offset_equal", rc == 0 and part == data[12345 : 12345 + (17 << 20)])
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    more = os.urandom(20 << 20)
+    back = ctypes.create_string_buffer(len(more))
+    say("htod_async", cu.cuMemcpyHtoDAsync(c_u64(dev + 4096), ctypes.create_string_buffer(more, len(more)),
+                                            c_u64(len(more)), stream))  # fmt: skip
+    say("dtoh_async", cu.cuMemcpyDtoHAsync(back, c_u64(dev + 4096), c_u64(len(more)), stream))
+    say("stream_sync", cu.cuStreamSynchronize(stream))
+    say("async_equal", back.raw == more)
+    past = ctypes.create_string_buffer(17 << 20)
+    say("dtoh_past_allocation", cu.cuMemcpyDtoH(past, c_u64(dev + big), c_u64(17 << 20)))
+    say("htod_past_allocation", cu.cuMemcpyHtoD(c_u64(dev + big), past, c_u64(17 << 20)))
+    say("sync_after", cu.cuCtxSynchronize())
+    rc, again = dtoh(dev, 1 << 20)
+    say("still_works", rc == 0 and again == data[:4096] + more[: (1 << 20) - 4096])
+
+
 def scenario_ipc_export():
     """Allocate, fill, hand out an IPC handle (one line), wait for stdin, then show what is there now."""
     setup()

@@ -330,6 +330,14 @@ CALLS: tuple[Call, ...] = (
     _c("gpShmHtoD", 0, "dptr dst, u64 count, stream stream, u64 offset, u32 flags", symbol="-"),
     _c("gpShmDtoH", 0, "dptr src, u64 count, stream stream, u32 flags, u32 chunk, o_u64 offset, o_u64 size",
        symbol="-"),
+    # Large copies over an encrypted connection, striped across the process's extra connections
+    # (virtualize/_lanes.py). gpLaneAttach, on a new connection: a lane of the connection whose
+    # gpCallbackToken it shows. gpLaneCopy, on the process's connection (flags: 1 to the device, 2 an
+    # Async copy): the copy, checked in order, done when its `pieces` are. gpLanePiece, on a lane: bytes
+    # `offset`.. of copy `id` (to the device: its bulk, unanswered; to the host: answered with them).
+    _c("gpLaneAttach", 0, "u64 token", symbol="-"),
+    _c("gpLaneCopy", 0, "dptr device, u64 count, stream stream, u32 flags, u32 pieces, u64 id", symbol="-"),
+    _c("gpLanePiece", 0, "u64 id, u64 offset, u64 count", symbol="-"),
     _c("cuMemcpyDtoD", 3020, "dptr dst, dptr src, u64 count", A, symbol="cuMemcpyDtoD_v2"),
     _c("cuMemcpyDtoDAsync", 3020, "dptr dst, dptr src, u64 count, stream stream", A,
        symbol="cuMemcpyDtoDAsync_v2"),

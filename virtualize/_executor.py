@@ -112,6 +112,7 @@ GUARD_CALLS = (
     "gpCopiesFlush",  # asynchronous copies to the client's page-locked memory (virtualize._deliveries)
     # copies through memory shared with a client on this host (`Executor.copy_in_from`, `copy_out_to`)
     *("gpShmAttach", "gpShmHtoD", "gpShmDtoH"),
+    *("gpLaneAttach", "gpLaneCopy", "gpLanePiece"),  # copies striped across a process's connections
 )
 
 

@@ -36,6 +36,7 @@ from virtualize._executor import (
     Launch,
     SharedHostMemory,
 )
+from virtualize._lanes import Lanes
 from virtualize._results import CUresult
 
 log = logging.getLogger("gpupool.worker")
@@ -202,6 +203,8 @@ class Session:
         self.vm_handles: dict[int, tuple[int, int]] = {}  # handle -> (size, device)
         self.shared: SharedHostMemory | None = None  # memory the client maps too (gpShmAttach)
         self.shared_error = 0  # the first error of the pieces of a copy through it, for its answer
+        self.lanes: Lanes | None = None  # this process's extra connections' copies, once one attached
+        self.lane_of: Session | None = None  # set on a lane: the connection whose copies it carries
         self.special: dict[str, Callable] = {
             "gpSetContext": self._set_context,
             "gpParamLayout": self._param_layout,
@@ -270,6 +273,9 @@ class Session:
             "gpShmAttach": self._shm_attach,
             "gpShmHtoD": self._shm_htod,
             "gpShmDtoH": self._shm_dtoh,
+            "gpLaneAttach": self._lane_attach,
+            "gpLaneCopy": self._lane_copy,
+            "gpLanePiece": self._lane_piece,
             "cuMemcpyDtoD_v2": self._dtod,
             "cuMemcpyDtoDAsync_v2": self._dtod,
             "cuMemcpyPeer": self._peer,
@@ -364,6 +370,9 @@ class Session:
         """The client is gone: free what it left allocated, as process exit does on a local GPU."""
         if self.callbacks is not None:
             self.callbacks.close()  # its callback connection's thread ends, host functions are skipped
+        for lanes in (self.lanes, self.lane_of.lanes if self.lane_of is not None else None):
+            if lanes is not None:
+                lanes.lane_lost()  # copies waiting for pieces fail rather than wait
         with self.lease.lock:
             self.lease.callback_tokens.pop(self.callback_token, None)
         for ctx in list(self.created_contexts):  # their memory goes with them
@@ -1135,6 +1144,109 @@ class Session:
             self._answer(True, None, exc.code)
         return _ANSWERED
 
+    # -- copies striped across the process's connections (virtualize/_lanes.py) ----------------------
+
+    def _lane_attach(self, call: Call, ins: tuple):
+        with self.lease.lock:
+            owner = self.lease.callback_tokens.get(ins[0])
+            if owner is None:
+                raise CudaError(INVALID_VALUE, "not a connection of this lease")
+            if owner.lanes is None:
+                owner.lanes = Lanes()
+            owner.lanes.attached += 1
+        self.lane_of = owner
+
+    def _lane_copy(self, call: Call, ins: tuple):
+        """Checked like any copy, in order; answered (or its error kept) once every piece is done."""
+        device, count, stream, flags, pieces, ident = ins
+        to_device, is_async = bool(flags & 1), bool(flags & 2)
+        lanes = self.lanes
+        if lanes is None or lanes.lost:
+            raise CudaError(INVALID_VALUE, "this connection has no lanes")
+        allowed, error = True, 0
+        try:
+            self._check(call, ins)
+            self._check_range(device, count)
+            if not 0 < pieces <= MAX_LANE_PIECES:
+                raise CudaError(INVALID_VALUE, "pieces")
+            if is_async and self._capturing(_HTOD_ASYNC if to_device else _DTOH_ASYNC, stream):
+                if not to_device:
+                    raise CudaError(CUresult.STREAM_CAPTURE_UNSUPPORTED, "a copy to the client's memory")
+                allowed = False  # the capture is spoiled; the bytes are consumed
+            if not to_device and not is_async and self.pending:  # the earlier asynchronous error first
+                result, self.pending = self.pending, 0
+                raise CudaError(result, "an earlier asynchronous error")
+        except CudaError as exc:
+            allowed, error = False, exc.code
+        where = {"device": device, "count": count, "stream": stream if is_async else None, "ctx": self.ctx}
+        lanes.release(ident, pieces, allowed, error, to_device=to_device, **where)
+        copy = lanes.wait_done(ident)
+        if not to_device:
+            self._send_kernel_output()  # a copy to the host is a synchronising call
+        if copy.error:
+            raise CudaError(copy.error, "a striped copy")
+        return _EMPTY
+
+    def _lane_piece(self, call: Call, ins: tuple):
+        ident, offset, count = ins
+        owner = self.lane_of
+        if owner is None or owner.lanes is None:
+            raise CudaError(INVALID_VALUE, "not a lane")
+        copy = owner.lanes.piece(ident)
+        if copy is None:
+            raise CudaError(CUresult.DEVICE_UNAVAILABLE, "the copy was never checked")
+        error = 0
+        try:
+            if offset + count > copy.count or (copy.to_device and count != self.channel.bulk_left):
+                raise CudaError(INVALID_VALUE, "a piece outside its copy")
+            if not copy.allowed:
+                if copy.to_device:
+                    return _EMPTY  # refused or spoiled: its bytes are consumed, nothing is written
+                raise CudaError(copy.error or INVALID_VALUE, "the copy was refused")
+            if self.ctx != copy.ctx:  # the copy runs in its connection's context
+                self.executor.set_context(copy.ctx)
+                self.ctx = copy.ctx
+            if copy.to_device:
+                channel = self.channel
+
+                def fill(view: memoryview) -> None:
+                    channel.read_into(view)
+                    channel.bulk_left -= len(view)
+
+                self.executor.copy_to_device(copy.device + offset, count, copy.stream, fill)
+                return _EMPTY
+            error = self._lane_send(copy.device + offset, count, copy.stream)
+            return _ANSWERED
+        except CudaError as exc:
+            error = exc.code
+            raise
+        finally:
+            owner.lanes.piece_done(copy, error)
+
+    def _lane_send(self, src: int, count: int, stream: int | None) -> int:
+        """A piece to the host: the reply header once its first chunk is in, then the bytes. Raises if
+        it fails before anything is sent (the reply says so); later, the bytes promised are sent and the
+        error returned (the copy's answer says so)."""
+        sent = 0
+
+        def send(view: memoryview) -> None:
+            nonlocal sent
+            if sent == 0:
+                self.channel.send(_wire.REPLY.pack(0, 0, count), view)
+            else:
+                self.channel.send(view)
+            sent += len(view)
+
+        try:
+            self.executor.copy_from_device(src, count, stream, send)
+        except CudaError as exc:
+            if sent == 0:
+                raise
+            while sent < count:
+                send(memoryview(bytes(min(count - sent, _wire.CHUNK_BYTES))))
+            return exc.code
+        return 0
+
     def _dtoh_async(self, call: Call, ins: tuple):
         """gpMemcpyDtoHAsync: queued behind its stream; its bytes (or its error) go to the client later."""
         src, count, stream, ident = ins
@@ -1249,6 +1361,7 @@ class Session:
 
 
 _ANSWERED = object()  # a handler that streamed its own reply
+MAX_LANE_PIECES = 64
 _HTOD_ASYNC = next(c for c in CALLS if c.symbol == "cuMemcpyHtoDAsync_v2")
 _DTOH_ASYNC = next(c for c in CALLS if c.symbol == "cuMemcpyDtoHAsync_v2")
 SHARED_COPY_BYTES = 64 << 20  # per client connection on this host: the largest piece of one copy

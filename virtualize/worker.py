@@ -272,7 +272,7 @@ class Worker:
             if native is not None:
                 self.native_sessions.add(native)
             log.info("client %s connected (%s)%s", who, how, ", native dispatch" if native else "")
-            header = _wire.REQUEST
+            header, lane_logged = _wire.REQUEST, False
             while True:
                 if native is not None:
                     native.serve(channel, session, self._touch)
@@ -286,6 +286,9 @@ class Worker:
                 finally:
                     self.in_calls.discard(id(session))
                 self._touch()
+                if session.lane_of is not None and not lane_logged:
+                    log.info("client %s: a copy lane of its process's connection", who)
+                    lane_logged = True
                 if session.calls_back_for is not None:  # the process's callback connection from now on
                     log.info("client %s: callback connection of its process", who)
                     session.calls_back_for.callbacks.closed.wait()

@@ -64,6 +64,7 @@ static char conn_where[300];
 static int window_state; /* gp_window_ensure: 0 not asked yet, 1 reserved, -1 none to be had */
 static void callbacks_after_fork_in_child(void);
 static void shm_after_fork_in_child(void);
+static void lanes_after_fork_in_child(void);
 
 static void after_fork_in_child(void) {
     /* The child must not share the parent's stream of frames; it opens its own on first use. */
@@ -71,6 +72,7 @@ static void after_fork_in_child(void) {
     main_conn.fd = -1;
     main_conn.ssl = NULL; /* the parent's session: not ours to use or to end */
     callbacks_after_fork_in_child();
+    lanes_after_fork_in_child();
     conn_ctx = 0;
     pthread_mutex_init(&conn_lock, NULL);
     gp_memo_after_fork_in_child();
@@ -81,6 +83,8 @@ static void after_fork_in_child(void) {
 /* ---- the profile (GPUPOOL_SHIM_PROFILE=1): per forwarded call, how often and how long ----------- */
 
 static int profile_enabled;
+static uint64_t profile_lane_copies, profile_lane_bytes; /* copies striped across the lanes (below) */
+static int profile_lanes;
 static struct {
     uint64_t calls, waited, ns, bytes_out, bytes_in;
 } profile[GP_N_CALLS];
@@ -130,6 +134,9 @@ static void profile_print(void) {
                 (unsigned long long)profile[i].bytes_out, (unsigned long long)profile[i].bytes_in,
                 (unsigned long long)gp_memo_kept(i));
     }
+    if (profile_lane_copies)
+        fprintf(stderr, "gpupool: %llu of these copies (%.1f MiB) went in pieces across %d connections at once\n",
+                (unsigned long long)profile_lane_copies, profile_lane_bytes / 1048576.0, profile_lanes);
     gp_memo_print_outcomes();
     fflush(stderr);
 }
@@ -772,6 +779,163 @@ int gp_shm_copy(uint32_t call, uint64_t device, void *host, uint64_t count, uint
     pthread_mutex_unlock(&conn_lock);
     gp_managed_after(call, r);
     if (profile_enabled) profile_note(call, GP_FLAG_WANTS_REPLY, now_ns() - start, to_device ? count : 0, to_device ? 0 : count);
+    *result = r;
+    return 1;
+}
+
+/* ---- large copies over an encrypted connection, striped across more connections ("lanes") ---------
+ * One TLS connection is one core's record layer at each end: 1.2-1.9 GB/s on a fast host, less than a
+ * 25 Gbit/s link carries. A copy of GP_LANE_MIN_COPY or more over an encrypted connection goes as one
+ * frame on the process's connection (in order with everything sent before it; the worker goes on with
+ * the next frame when the copy is done) and its bytes in pieces, one per lane, each lane's TLS on its
+ * own thread here and on the worker (virtualize/_lanes.py). The lanes open at the first such copy
+ * (each proves the lease secret like any connection); where they cannot, copies go through the
+ * process's connection as before. GPUPOOL_SHIM_LANES: how many (default 3; 0 or 1: none). */
+#define GP_LANE_MIN_COPY (16u << 20)
+#define GP_MAX_LANES 8
+static struct gp_conn lane_conns[GP_MAX_LANES];
+static int lanes_state; /* 0 not tried, n > 0 lanes open, -1 none (under conn_lock) */
+static uint64_t next_lane_copy = 1;
+
+static void lane_close(struct gp_conn *c) {
+    gp_tls_free(c->ssl);
+    if (c->fd >= 0) close(c->fd);
+    *c = (struct gp_conn){-1, NULL};
+}
+
+static void lanes_close_locked(void) {
+    for (int i = 0; i < lanes_state; i++) lane_close(&lane_conns[i]);
+    lanes_state = -1;
+}
+
+static void lanes_after_fork_in_child(void) {
+    /* The parent's lanes: the child drops its copies of their sockets and opens its own if it needs. */
+    for (int i = 0; i < lanes_state; i++) {
+        if (lane_conns[i].fd >= 0) close(lane_conns[i].fd);
+        lane_conns[i] = (struct gp_conn){-1, NULL};
+    }
+    lanes_state = 0;
+    next_lane_copy = 1;
+}
+
+/* Under conn_lock, the process's connection up and encrypted: lanes_state set. A lane that cannot
+ * connect leaves the process's connection as it was (its failure is not the process's). */
+static void lanes_open_locked(void) {
+    const char *env = getenv("GPUPOOL_SHIM_LANES");
+    int want = env ? atoi(env) : 3;
+    if (want > GP_MAX_LANES) want = GP_MAX_LANES;
+    struct gp_out_gpCallbackToken token;
+    if (want < 2 || call_locked(GP_CALL_gpCallbackToken, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, NULL, 0, &token,
+                                sizeof token, NULL, 0) != CUDA_SUCCESS) {
+        lanes_state = -1;
+        return;
+    }
+    CUresult failure = conn_failure;
+    uint64_t ctx = conn_ctx;
+    int opened = 0;
+    for (; opened < want; opened++) {
+        lane_conns[opened] = (struct gp_conn){-1, NULL};
+        thread_conn = &lane_conns[opened];
+        struct gp_in_gpLaneAttach in = {.token = token.token};
+        int32_t result = -1;
+        int ok = connect_worker() == CUDA_SUCCESS && conn_ssl &&
+                 send_frame(GP_CALL_gpLaneAttach, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0) == 0 &&
+                 recv_reply(&result, NULL, 0, NULL, 0) == 0 && result == 0;
+        thread_conn = NULL;
+        if (!ok) {
+            lane_close(&lane_conns[opened]);
+            break;
+        }
+    }
+    conn_failure = failure;
+    conn_ctx = ctx;
+    lanes_state = opened;
+    if (opened < want) {
+        lanes_close_locked();
+        gp_say("the copy lanes to the lease's worker did not open: large copies go through one connection");
+    }
+}
+
+struct lane_piece {
+    int lane, to_device, failed;
+    int32_t result;
+    uint64_t id, offset, count;
+    char *host;
+};
+
+static void *lane_run(void *arg) {
+    struct lane_piece *p = arg;
+    thread_conn = &lane_conns[p->lane];
+    struct gp_in_gpLanePiece in = {.id = p->id, .offset = p->offset, .count = p->count};
+    if (p->to_device)
+        p->failed = send_frame(GP_CALL_gpLanePiece, 0, &in, sizeof in, p->host, p->count, NULL, 0) < 0;
+    else /* the reply carries the bytes, straight into the caller's buffer; an error reply none */
+        p->failed = send_frame(GP_CALL_gpLanePiece, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0) < 0 ||
+                    recv_reply(&p->result, NULL, 0, p->host, p->count) < 0;
+    thread_conn = NULL;
+    return NULL;
+}
+
+static CUresult lane_copy_locked(int to_device, int is_async, uint64_t device, char *host, uint64_t count,
+                                 uint64_t stream) {
+    int n = lanes_state;
+    struct gp_in_gpLaneCopy in = {.device = device, .count = count, .stream = stream,
+                                  .flags = (to_device ? 1u : 0u) | (is_async ? 2u : 0u), .pieces = (uint32_t)n,
+                                  .id = next_lane_copy++};
+    if (send_frame(GP_CALL_gpLaneCopy, to_device ? 0 : GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0) < 0)
+        return lost(strerror(errno));
+    struct lane_piece pieces[GP_MAX_LANES];
+    pthread_t threads[GP_MAX_LANES];
+    int started[GP_MAX_LANES];
+    uint64_t each = (count / (uint64_t)n + 4095) & ~4095ull, at = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t len = i == n - 1 ? count - at : each;
+        pieces[i] = (struct lane_piece){.lane = i, .to_device = to_device, .id = in.id, .offset = at, .count = len,
+                                        .host = host + at};
+        at += len;
+        started[i] = pthread_create(&threads[i], NULL, lane_run, &pieces[i]) == 0;
+        if (!started[i]) lane_run(&pieces[i]); /* no thread to be had: this one carries the piece */
+    }
+    int failed = 0;
+    for (int i = 0; i < n; i++) {
+        if (started[i]) pthread_join(threads[i], NULL);
+        failed |= pieces[i].failed;
+    }
+    if (failed) { /* the worker hears the lanes close and fails the copy; so does this process */
+        lanes_close_locked();
+        return lost("a copy lane failed");
+    }
+    if (to_device) return CUDA_SUCCESS; /* every byte is sent: an error comes with the next synchronise */
+    int32_t result;
+    if (recv_reply(&result, NULL, 0, NULL, 0) < 0) return lost(strerror(errno));
+    return result;
+}
+
+/* A copy between pageable memory here and the device across the lanes: 1 with *result set, or 0
+ * where it is not for them (small, not encrypted, no lanes, a callback thread): one connection then. */
+int gp_lane_copy(uint32_t call, uint64_t device, void *host, uint64_t count, uint64_t stream, CUresult *result) {
+    if (count < GP_LANE_MIN_COPY || lanes_state < 0 || thread_conn) return 0;
+    int to_device = call == GP_CALL_cuMemcpyHtoD_v2 || call == GP_CALL_cuMemcpyHtoDAsync_v2;
+    int is_async = call == GP_CALL_cuMemcpyHtoDAsync_v2 || call == GP_CALL_cuMemcpyDtoHAsync_v2;
+    uint64_t start = profile_enabled ? now_ns() : 0;
+    gp_managed_before(call);
+    pthread_mutex_lock(&conn_lock);
+    CUresult r = prepare_locked();
+    if (r == CUDA_SUCCESS && (!conn_ssl || conn_local)) lanes_state = -1; /* plaintext: one connection is fast */
+    if (r == CUDA_SUCCESS && lanes_state == 0) lanes_open_locked();
+    if (r == CUDA_SUCCESS && lanes_state <= 0) {
+        pthread_mutex_unlock(&conn_lock);
+        return 0;
+    }
+    if (r == CUDA_SUCCESS) r = lane_copy_locked(to_device, is_async, device, host, count, stream);
+    pthread_mutex_unlock(&conn_lock);
+    gp_managed_after(call, r);
+    if (profile_enabled) {
+        profile_note(call, to_device ? 0 : GP_FLAG_WANTS_REPLY, now_ns() - start, to_device ? count : 0, to_device ? 0 : count);
+        __atomic_fetch_add(&profile_lane_copies, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&profile_lane_bytes, count, __ATOMIC_RELAXED);
+        profile_lanes = lanes_state > 0 ? lanes_state : profile_lanes;
+    }
     *result = r;
     return 1;
 }

@@ -1,0 +1,84 @@
+"""Large copies over an encrypted connection striped across more connections of the process ("lanes":
+virtualize/_lanes.py on the worker, gp_lane_copy in the shim): a program gets the same bytes and answers
+with lanes and without, and the copies' pieces meet their copy whatever order they arrive in, with
+nothing left waiting when a lane goes away."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import remote_helpers
+from remote_helpers import client_env, needs_cc, run_client
+
+from virtualize._lanes import WAIT_S, Lanes
+from virtualize._results import CUresult
+
+shim_dir = remote_helpers.shim_dir  # fixture
+worker = remote_helpers.worker  # fixture
+
+EXPECTED = {
+    "htod": "0",
+    "dtoh": "0",
+    "both_ways_equal": "True",
+    "offset_equal": "True",
+    "htod_async": "0",
+    "dtoh_async": "0",
+    "stream_sync": "0",
+    "async_equal": "True",
+    "dtoh_past_allocation": "1",  # CUDA_ERROR_INVALID_VALUE
+    "htod_past_allocation": "1",
+    "sync_after": "0",
+    "still_works": "True",
+}
+
+
+@needs_cc
+@pytest.mark.parametrize("lanes", ["3", "5"])
+def test_striped_copies_land_as_through_one_connection(shim_dir, worker, lanes):
+    runs = {}
+    for name, env in {
+        "lanes": {"GPUPOOL_DATA_ENCRYPTION": "always", "GPUPOOL_SHIM_LANES": lanes},
+        "one connection": {"GPUPOOL_DATA_ENCRYPTION": "always", "GPUPOOL_SHIM_LANES": "0"},
+        "plaintext": {"GPUPOOL_DATA_ENCRYPTION": "never"},
+    }.items():
+        runs[name] = run_client("lanes", client_env(shim_dir, worker, GPUPOOL_SHIM_PROFILE="1", **env))
+    for name, (out, _) in runs.items():
+        assert out == EXPECTED, name
+    assert f"went in pieces across {lanes} connections" in runs["lanes"][1]
+    assert "went in pieces" not in runs["one connection"][1] + runs["plaintext"][1]
+
+
+def test_a_piece_that_comes_before_its_copy_waits_for_it():
+    lanes, got = Lanes(), {}
+    thread = threading.Thread(target=lambda: got.setdefault("copy", lanes.piece(7)))
+    thread.start()
+    time.sleep(0.05)
+    assert "copy" not in got  # not checked yet: the piece must not touch memory
+    lanes.release(7, pieces=1, allowed=True, error=0, device=0x1000, count=10)
+    thread.join(5)
+    assert got["copy"].allowed and got["copy"].device == 0x1000
+    lanes.piece_done(got["copy"])
+    assert lanes.wait_done(7).error == 0
+
+
+def test_a_refused_copy_lets_its_pieces_through_and_answers_with_its_error():
+    lanes = Lanes()
+    copy = lanes.release(1, pieces=2, allowed=False, error=int(CUresult.INVALID_VALUE), count=10)
+    for _ in range(2):
+        piece = lanes.piece(1)
+        assert piece is copy and not piece.allowed
+        lanes.piece_done(piece)
+    assert lanes.wait_done(1).error == CUresult.INVALID_VALUE
+
+
+def test_a_lane_that_goes_away_fails_the_copy_waiting_for_it():
+    lanes = Lanes()
+    lanes.release(3, pieces=3, allowed=True, error=0, count=30)
+    lanes.piece_done(lanes.piece(3))
+    threading.Timer(0.1, lanes.lane_lost).start()
+    started = time.monotonic()
+    assert lanes.wait_done(3).error == CUresult.DEVICE_UNAVAILABLE
+    assert time.monotonic() - started < WAIT_S / 2
+    assert lanes.piece(4) is None  # and a piece of a copy never checked does not wait either
