@@ -680,6 +680,9 @@ def scenario_lanes():
     say("both_ways_equal", back == data)
     rc, part = dtoh(dev + 12345, 17 << 20)
     say("offset_equal", rc == 0 and part == data[12345 : 12345 + (17 << 20)])
+    reads = [dtoh(dev + at, 16 << 20) for at in range(0, 8 << 20, 1 << 20)]  # the lanes' requests at once
+    say("reads_equal", all(rc == 0 and got == data[at : at + (16 << 20)]
+                           for at, (rc, got) in zip(range(0, 8 << 20, 1 << 20), reads, strict=True)))  # fmt: skip
     stream = c_u64()
     check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
     more = os.urandom(20 << 20)

@@ -23,6 +23,7 @@ EXPECTED = {
     "dtoh": "0",
     "both_ways_equal": "True",
     "offset_equal": "True",
+    "reads_equal": "True",
     "htod_async": "0",
     "dtoh_async": "0",
     "stream_sync": "0",

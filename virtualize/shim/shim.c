@@ -50,8 +50,12 @@ void gp_trace(const char *name) { fprintf(stderr, "gpupool: call %s\n", name); }
 static pthread_mutex_t conn_lock = PTHREAD_MUTEX_INITIALIZER;
 /* A connection to the worker: the process's own (every call), or the callback thread's (host functions
  * the worker calls back, shim_calls.c). The I/O below works on the calling thread's connection. */
-struct gp_conn { int fd; void *ssl; /* the TLS session when the connection leaves this host (shim_auth.c) */ };
-static struct gp_conn main_conn = {-1, NULL};
+struct gp_conn {
+    int fd;
+    void *ssl;              /* the TLS session when the connection leaves this host (shim_auth.c) */
+    unsigned char *joined;  /* a frame's small pieces joined into one TLS record (send_tls) */
+};
+static struct gp_conn main_conn = {-1, NULL, NULL};
 static __thread struct gp_conn *thread_conn;
 static struct gp_conn *conn(void) { return thread_conn ? thread_conn : &main_conn; }
 #define conn_fd (conn()->fd)
@@ -174,17 +178,19 @@ static CUresult lost(const char *what) {
 }
 
 static int send_tls(struct iovec *iov, int n) {
-    /* A frame's small pieces go as one TLS record; large bulk goes as it is. */
-    static unsigned char joined[64 << 10]; /* under conn_lock */
+    /* A frame's small pieces go as one TLS record; large bulk goes as it is. Each connection has its
+     * own buffer for joining: the copy lanes send on theirs at the same time. */
+    enum { JOINED = 64 << 10 };
     size_t total = 0;
     for (int i = 0; i < n; i++) total += iov[i].iov_len;
-    if (total <= sizeof joined) {
+    struct gp_conn *c = conn();
+    if (total <= JOINED && (c->joined || (c->joined = malloc(JOINED)))) {
         size_t at = 0;
         for (int i = 0; i < n; i++) {
-            memcpy(joined + at, iov[i].iov_base, iov[i].iov_len);
+            memcpy(c->joined + at, iov[i].iov_base, iov[i].iov_len);
             at += iov[i].iov_len;
         }
-        return gp_tls_write(conn_ssl, joined, total);
+        return gp_tls_write(conn_ssl, c->joined, total);
     }
     for (int i = 0; i < n; i++)
         if (gp_tls_write(conn_ssl, iov[i].iov_base, iov[i].iov_len) < 0) return -1;
@@ -800,7 +806,8 @@ static uint64_t next_lane_copy = 1;
 static void lane_close(struct gp_conn *c) {
     gp_tls_free(c->ssl);
     if (c->fd >= 0) close(c->fd);
-    *c = (struct gp_conn){-1, NULL};
+    free(c->joined);
+    *c = (struct gp_conn){-1, NULL, NULL};
 }
 
 static void lanes_close_locked(void) {
@@ -812,7 +819,8 @@ static void lanes_after_fork_in_child(void) {
     /* The parent's lanes: the child drops its copies of their sockets and opens its own if it needs. */
     for (int i = 0; i < lanes_state; i++) {
         if (lane_conns[i].fd >= 0) close(lane_conns[i].fd);
-        lane_conns[i] = (struct gp_conn){-1, NULL};
+        free(lane_conns[i].joined);
+        lane_conns[i] = (struct gp_conn){-1, NULL, NULL};
     }
     lanes_state = 0;
     next_lane_copy = 1;
@@ -834,7 +842,7 @@ static void lanes_open_locked(void) {
     uint64_t ctx = conn_ctx;
     int opened = 0;
     for (; opened < want; opened++) {
-        lane_conns[opened] = (struct gp_conn){-1, NULL};
+        lane_conns[opened] = (struct gp_conn){-1, NULL, NULL};
         thread_conn = &lane_conns[opened];
         struct gp_in_gpLaneAttach in = {.token = token.token};
         int32_t result = -1;
@@ -964,7 +972,7 @@ static pthread_mutex_t host_calls_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t callbacks_cond = PTHREAD_COND_INITIALIZER;
 static struct host_call *host_calls;
 static uint64_t next_host_call = 1;
-static struct gp_conn callback_conn = {-1, NULL};
+static struct gp_conn callback_conn = {-1, NULL, NULL};
 static int callbacks_state; /* 0 not started, 1 starting, 2 running, or the CUresult that stopped it (< 0) */
 static CUresult callbacks_result;
 
@@ -1184,7 +1192,7 @@ CUresult gp_callbacks_start(void) {
 static void callbacks_after_fork_in_child(void) {
     /* The callback thread and its connection stay with the parent; the child starts its own. */
     copies_after_fork_in_child();
-    callback_conn = (struct gp_conn){-1, NULL};
+    callback_conn = (struct gp_conn){-1, NULL, callback_conn.joined};
     callbacks_state = 0;
     host_calls = NULL;
     pthread_mutex_init(&host_calls_lock, NULL);
