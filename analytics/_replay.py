@@ -21,7 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_CELLS = 8_000_000  # (pool GPU, step) cells of busy shares added up at once: 64 MiB of float64
+# (pool GPU, step) cells of busy shares added up at once: 16 MiB of float64, and several index
+# arrays of the busy cells beside them (8 M cells took the replay's peak 0.1 GiB above the grid's).
+_CELLS = 2_000_000
 
 
 @dataclass

@@ -894,6 +894,18 @@ TAIL_COLUMNS = (
 )
 
 
+@contextlib.contextmanager
+def _any_order(con: duckdb.DuckDBPyConnection):
+    """The statements inside may produce their rows in any order: the LIMIT over a parallel scan
+    then keeps no order across the files (a quarter of the raw tail's window at 512 GPUs)."""
+    (was,) = con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()
+    con.execute("SET preserve_insertion_order = false")
+    try:
+        yield
+    finally:
+        con.execute(f"SET preserve_insertion_order = {'true' if was else 'false'}")
+
+
 def _window_tail(con: duckdb.DuckDBPyConnection, full: Plan, signature: str) -> tuple:
     where, params, cols, col_params, keep = raw_tail(full)
     # One read: at most TAIL_CACHE_ROWS + 1 rows (more: a host whose rollups lag far behind; then
@@ -902,14 +914,15 @@ def _window_tail(con: duckdb.DuckDBPyConnection, full: Plan, signature: str) -> 
         f"(SELECT {TAIL_COLUMNS}, host AS host_, gpu_uuid AS uuid_, ts AS ts_{cols} "
         f"FROM gpu_samples WHERE true{where} LIMIT {TAIL_CACHE_ROWS + 1})"
     )
-    con.execute(
-        f"""CREATE OR REPLACE TEMP TABLE raw_tail_read AS
-            WITH {weighted_rows_sql(source)}
-            SELECT * EXCLUDE (host_, uuid_, ts_, final, tick), host_ AS host, uuid_ AS gpu_uuid, ts_ AS ts,
-                   {keep} AS kept
-            FROM wr""",
-        [*col_params, *params],
-    )
+    with _any_order(con):
+        con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE raw_tail_read AS
+                WITH {weighted_rows_sql(source)}
+                SELECT * EXCLUDE (host_, uuid_, ts_, final, tick), host_ AS host, uuid_ AS gpu_uuid, ts_ AS ts,
+                       {keep} AS kept
+                FROM wr""",
+            [*col_params, *params],
+        )
     (n, t_lo, t_hi, d_lo, d_hi) = con.execute(
         "SELECT count(*), min(t), max(t), min(date), max(date) FROM raw_tail_read"
     ).fetchall()[0]
