@@ -125,10 +125,10 @@ def _grouped(
     return out
 
 
-def _accumulate(rows, key_of, gpus: bool = True) -> dict:
-    """Add ``_grouped`` rows up per key: {key: [w, w_u, s_u, w_a, s_a, w_m, s_m, GPUs present, simulated]}.
-    ``gpus=False`` leaves the set of GPUs empty (the heatmap shows no GPU counts: a million set
-    insertions fewer at 512 GPUs over 90 days)."""
+def _weighted(rows, key_of, gpus: bool = True) -> dict:
+    """Fold ``_grouped`` rows into time-weighted means per key: {key: (util, sm, mem, gpu_hours, gpus, simulated)}.
+    ``gpus=False`` counts no GPUs (0): the heatmap shows none, and at 512 GPUs over 90 days their
+    sets are a million insertions."""
     acc: dict = {}
     for host, index, k, w, w_u, s_u, w_a, s_a, w_m, s_m, sim, e in rows:
         key = key_of(host, index, k)
@@ -147,28 +147,6 @@ def _accumulate(rows, key_of, gpus: bool = True) -> dict:
         elif gpus:
             a[7].add(e)
         a[8] = a[8] or bool(sim)
-    return acc
-
-
-def _fold(acc: dict, fold: int) -> dict:
-    """``_accumulate``'s buckets ``fold`` at a time (bucket // fold): sums added, GPU sets joined."""
-    if fold == 1:
-        return acc
-    out: dict = {}
-    for k, a in acc.items():
-        b = out.get(k // fold)
-        if b is None:
-            out[k // fold] = [*a[:7], set(a[7]), a[8]]
-            continue
-        for i in range(7):
-            b[i] += a[i]
-        b[7] |= a[7]
-        b[8] = b[8] or a[8]
-    return out
-
-
-def _means(acc: dict) -> dict:
-    """{key: (util, sm, mem, gpu_hours, gpus, simulated)}: ``_accumulate``'s sums as time-weighted means."""
     return {
         k: (
             a[2] / a[1] if a[1] else None,
@@ -180,11 +158,6 @@ def _means(acc: dict) -> dict:
         )
         for k, a in acc.items()
     }
-
-
-def _weighted(rows, key_of, gpus: bool = True) -> dict:
-    """Fold ``_grouped`` rows into time-weighted means per key: {key: (util, sm, mem, gpu_hours, gpus, simulated)}."""
-    return _means(_accumulate(rows, key_of, gpus))
 
 
 @dataclass(frozen=True)
@@ -267,14 +240,9 @@ def utilization_timeline(
     return _timeline(rows, bucket_s)
 
 
-def _timeline(rows: list, bucket_s: int) -> Timeline:
-    """``_grouped`` rows of buckets of ``bucket_s`` as a timeline."""
-    return _timeline_of(_accumulate(rows, lambda host, index, b: b), bucket_s)
-
-
-def _timeline_of(acc: dict, bucket_s: int) -> Timeline:
-    """``_accumulate``'s buckets of ``bucket_s`` as a timeline."""
-    per = _means(acc)
+def _timeline(rows: list, bucket_s: int, fold: int = 1) -> Timeline:
+    """``_grouped`` rows of buckets of ``bucket_s / fold`` as a timeline of buckets of ``bucket_s``."""
+    per = _weighted(rows, lambda host, index, b: b // fold)
     points = tuple(
         TimePoint(datetime.fromtimestamp(b * bucket_s, UTC), u, a, m, h, n)
         for b, (u, a, m, h, n, _) in sorted(per.items())
@@ -442,7 +410,11 @@ def fleet_patterns(
             raise no_data_error(con, scope)
         bucket_s = _round_bucket(lo, hi, max_points)
         if bucket_s % 3600 == 0:
-            return _from_hours(con, scope, rows, bucket_s, n, tz, zone)
+            return FleetPatterns(
+                _timeline(rows, bucket_s, bucket_s // 3600),
+                _periods(con, scope, _timeline(rows, 3600), n),
+                _grids(rows, "fleet", tz, zone, HOUR_US),
+            )
     else:
         bucket_s = _bucket_for(con, scope, max_points)
     if bucket_s % 3600 or not _whole_hour_zone(zone):
@@ -454,17 +426,8 @@ def fleet_patterns(
     rows = _grouped(con, scope, "epoch_us(ts) // ?", [HOUR_US], bucket_us=HOUR_US, per="fleet-gpus")
     if not rows:
         raise no_data_error(con, scope)
-    return _from_hours(con, scope, rows, bucket_s, n, tz, zone)
-
-
-def _from_hours(
-    con, scope: Scope, rows: list, bucket_s: int, n: int, tz: str, zone: ZoneInfo
-) -> FleetPatterns:
-    """The three figures from hourly fleet rows: the hours added up once (with the GPUs present),
-    the timeline's buckets folded from them."""
-    hours = _accumulate(rows, lambda host, index, k: k)
     return FleetPatterns(
-        _timeline_of(_fold(hours, bucket_s // 3600), bucket_s),
-        _periods(con, scope, _timeline_of(hours, 3600), n),
+        _timeline(rows, bucket_s, bucket_s // 3600),
+        _periods(con, scope, _timeline(rows, 3600), n),
         _grids(rows, "fleet", tz, zone, HOUR_US),
     )
