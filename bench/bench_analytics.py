@@ -70,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--app", action="store_true", help="also time the Streamlit app's first page (AppTest)")
     ap.add_argument(
+        "--app-cold",
+        action="store_true",
+        help="only time the app's first page in a fresh process (AppTest; footers, imports and the "
+        "first reads of the files inside it, as after `gpustat-report serve` starts)",
+    )
+    ap.add_argument(
         "--page-calls",
         action="store_true",
         help="only time the analytics calls of the app's first page, one by one (no Streamlit)",
@@ -78,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.page_calls:
         _page_calls(args.dir)
+        return 0
+    if args.app_cold:
+        _time_app_cold(args.dir)
         return 0
     if args.skip_raw:
         return _rollups_only(args)
@@ -235,6 +244,32 @@ def _time_app(root: Path) -> None:
         "app: first page (AppTest)", lambda: AppTest.from_file(str(app), default_timeout=600).run(), 1
     )
     print(f"  -> exceptions: {[e.message[:200] for e in at.exception] or 'none'}")
+
+
+def _time_app_cold(root: Path) -> None:
+    import subprocess
+
+    # The child imports AppTest first (a running server has Streamlit loaded), then times one run.
+    child = f"""
+import os, resource, sys, time
+sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+from streamlit.testing.v1 import AppTest
+from reports import DIRS_ENV
+os.environ[DIRS_ENV] = {str(root)!r}
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+t0, c0 = time.perf_counter(), cpu()
+at = AppTest.from_file({str(Path(__file__).resolve().parent.parent / "reports" / "app.py")!r}, default_timeout=600).run()
+print(f"{{time.perf_counter() - t0:.2f}} {{cpu() - c0:.2f}} {{len(at.exception)}}")
+"""
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True).stdout
+    wall, cpu, errors = out.split()[-3:]
+    print(
+        f"{'app: first page, fresh process':<30} wall {float(wall):6.2f} s   CPU {float(cpu):6.2f} s   "
+        f"exceptions {errors}   load {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
 
 
 def _time_report(root: Path) -> None:
