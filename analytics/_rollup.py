@@ -894,6 +894,18 @@ TAIL_COLUMNS = (
 )
 
 
+@contextlib.contextmanager
+def _any_order(con: duckdb.DuckDBPyConnection):
+    """The statements inside may produce their rows in any order: the LIMIT over a parallel scan
+    then keeps no order across the files (a quarter of the raw tail's window at 512 GPUs)."""
+    (was,) = con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()
+    con.execute("SET preserve_insertion_order = false")
+    try:
+        yield
+    finally:
+        con.execute(f"SET preserve_insertion_order = {'true' if was else 'false'}")
+
+
 def _window_tail(con: duckdb.DuckDBPyConnection, full: Plan, signature: str) -> tuple:
     where, params, cols, col_params, keep = raw_tail(full)
     # One read: at most TAIL_CACHE_ROWS + 1 rows (more: a host whose rollups lag far behind; then
@@ -902,14 +914,15 @@ def _window_tail(con: duckdb.DuckDBPyConnection, full: Plan, signature: str) -> 
         f"(SELECT {TAIL_COLUMNS}, host AS host_, gpu_uuid AS uuid_, ts AS ts_{cols} "
         f"FROM gpu_samples WHERE true{where} LIMIT {TAIL_CACHE_ROWS + 1})"
     )
-    con.execute(
-        f"""CREATE OR REPLACE TEMP TABLE raw_tail_read AS
-            WITH {weighted_rows_sql(source)}
-            SELECT * EXCLUDE (host_, uuid_, ts_, final, tick), host_ AS host, uuid_ AS gpu_uuid, ts_ AS ts,
-                   {keep} AS kept
-            FROM wr""",
-        [*col_params, *params],
-    )
+    with _any_order(con):
+        con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE raw_tail_read AS
+                WITH {weighted_rows_sql(source)}
+                SELECT * EXCLUDE (host_, uuid_, ts_, final, tick), host_ AS host, uuid_ AS gpu_uuid, ts_ AS ts,
+                       {keep} AS kept
+                FROM wr""",
+            [*col_params, *params],
+        )
     (n, t_lo, t_hi, d_lo, d_hi) = con.execute(
         "SELECT count(*), min(t), max(t), min(date), max(date) FROM raw_tail_read"
     ).fetchall()[0]
@@ -1050,38 +1063,41 @@ def read(con: duckdb.DuckDBPyConnection, p: Plan, where: str, params: list) -> R
     rel, rp = rollup_relation(p, where, params)
     step = 1000 // HIST_PER_UNIT
     # One read of the rollup rows (binding and filtering the files costs more than adding up 83 k
-    # rows: 0.15-0.2 s of 1.7 at 512 GPUs over 90 days), kept for two aggregates in one statement:
-    # per GPU the sums (a row value ``gv``, g = -1), and the two histograms and the intervals, the
-    # three list pairs unnested side by side (the shorter ones padded with NULLs, left out below),
-    # added up per grouping set.
+    # rows: 0.15-0.2 s of 1.7 at 512 GPUs over 90 days), kept for four aggregates in one statement:
+    # per GPU the sums (a row value ``gv``, g = -1), then each list pair unnested on its own and
+    # added up (g = 0, 1, 2; 12 % faster than the three unnested side by side in grouping sets).
     gpus, util_hist, sm_hist, intervals = [], [], [], {}
-    for g, fb, ub, ab, e, dq, us, a_s, dn, gv in con.execute(
+    for g, fb, k, e, v, n, gv in con.execute(
         f"""WITH r AS MATERIALIZED (
                 SELECT e, fb, host, gpu_uuid, gpu_index, gpu_name, first_ts, last_ts, mem_used_peak, mem_total,
                        {", ".join(_SUMS)}, util_hist_bin, util_hist_s, sm_hist_bin, sm_hist_s, interval_us, interval_n
                 FROM {rel})
-            SELECT -1, fb, NULL::SMALLINT, NULL::SMALLINT, e, NULL::BIGINT, NULL::DOUBLE, NULL::DOUBLE, NULL::HUGEINT,
+            SELECT -1 AS g, fb, NULL::BIGINT AS k, e, NULL::DOUBLE AS v, NULL::HUGEINT AS n,
                    row(any_value(host), any_value(gpu_uuid), arg_max(gpu_index, last_ts), arg_max(gpu_name, last_ts),
                        min(epoch_us(first_ts)), max(epoch_us(last_ts)), max(mem_used_peak), max(mem_total),
-                       {", ".join(f"sum({c})" for c in _SUMS)})
+                       {", ".join(f"sum({c})" for c in _SUMS)}) AS gv
             FROM r GROUP BY e, fb
             UNION ALL
-            SELECT grouping(fb, ub, ab, e, dq), fb, ub, ab, e, dq, sum(us), sum(a_s), sum(dn), NULL FROM (
-                SELECT e, fb, unnest(util_hist_bin) AS ub, unnest(util_hist_s) AS us,
-                       unnest(sm_hist_bin) AS ab, unnest(sm_hist_s) AS a_s,
-                       unnest(interval_us) AS dq, unnest(interval_n) AS dn
-                FROM r)
-            GROUP BY GROUPING SETS ((fb, ub), (fb, ab), (e, dq))""",
+            SELECT 0, fb, k, NULL, sum(v), NULL, NULL
+            FROM (SELECT fb, unnest(util_hist_bin) AS k, unnest(util_hist_s) AS v FROM r) GROUP BY fb, k
+            UNION ALL
+            SELECT 1, fb, k, NULL, sum(v), NULL, NULL
+            FROM (SELECT fb, unnest(sm_hist_bin) AS k, unnest(sm_hist_s) AS v FROM r) GROUP BY fb, k
+            UNION ALL
+            SELECT 2, NULL, k, e, NULL, sum(n), NULL
+            FROM (SELECT e, unnest(interval_us) AS k, unnest(interval_n) AS n FROM r) GROUP BY e, k""",
         rp,
     ).fetchall():
         if g == -1:
             gpus.append((e, fb, *gv))
-        elif g == 0b00111 and ub is not None:  # (fb, ub)
-            util_hist.append((fb, ub * step, us))
-        elif g == 0b01011 and ab is not None:  # (fb, ab)
-            sm_hist.append((fb, ab * step, a_s))
-        elif g == 0b11100 and dq is not None:  # (e, dq)
-            intervals[(e, dq)] = int(dn)
+        elif k is None:  # a NULL inside a list
+            continue
+        elif g == 0:
+            util_hist.append((fb, k * step, v))
+        elif g == 1:
+            sm_hist.append((fb, k * step, v))
+        else:
+            intervals[(e, k)] = int(n)
     return Rolled(gpus, util_hist, sm_hist, intervals)
 
 

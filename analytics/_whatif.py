@@ -198,7 +198,9 @@ _PROCESS_STEPS = """
     ORDER BY k, ps.step
 """
 
-_STREAM_ROWS = 1_000_000  # rows fetched at a time
+# Rows fetched at a time: the batches in flight are the what-if's memory beside its grid (1 M rows:
+# 0.55 GiB at 512 GPUs over 90 days, 250 k: 0.4 GiB, in the same time).
+_STREAM_ROWS = 250_000
 
 
 def _stream(con, sql: str, params: list):

@@ -21,7 +21,7 @@ import os
 import resource
 import sys
 import time
-from datetime import timedelta
+from datetime import UTC, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -69,8 +69,25 @@ def main(argv: list[str] | None = None) -> int:
         help="with --rollups: leave out the raw-sample timings (and the comparison)",
     )
     ap.add_argument("--app", action="store_true", help="also time the Streamlit app's first page (AppTest)")
+    ap.add_argument(
+        "--app-cold",
+        action="store_true",
+        help="only time the app's first page in a fresh process (AppTest; footers, imports and the "
+        "first reads of the files inside it, as after `gpustat-report serve` starts)",
+    )
+    ap.add_argument(
+        "--page-calls",
+        action="store_true",
+        help="only time the analytics calls of the app's first page, one by one (no Streamlit)",
+    )
     ap.add_argument("--report", action="store_true", help="also time `gpustat-report build` (a subprocess)")
     args = ap.parse_args(argv)
+    if args.page_calls:
+        _page_calls(args.dir)
+        return 0
+    if args.app_cold:
+        _time_app_cold(args.dir)
+        return 0
     if args.skip_raw:
         return _rollups_only(args)
 
@@ -184,6 +201,38 @@ def _rollups_only(args) -> int:
     return 0
 
 
+def _page_calls(root: Path) -> None:
+    """The calls of the app's first page, in its order, on one fresh connection (as ``reports/app.py``
+    makes them, the what-if on its button): where the page's time goes."""
+    import math
+
+    from reports.app import _round
+
+    t0, c0 = time.perf_counter(), _cpu_s()
+    con = _timed("page: open_telemetry", lambda: A.open_telemetry(root), 1)
+    ext = _timed("page: data_extent", lambda: A.data_extent(con), 1)
+    _timed("page: rollups_built", lambda: A.rollups_built(con), 1)
+    start, end = ext.start.replace(tzinfo=None), ext.end.replace(tzinfo=None) + timedelta(seconds=1)
+    step = timedelta(hours=1) if end - start > timedelta(days=2) else timedelta(minutes=1)
+    start, end = _round(start, step, math.floor), _round(end, step, math.ceil)
+    scope = A.Scope(start.replace(tzinfo=UTC), end.replace(tzinfo=UTC))
+    s = _timed("page: fleet_summary", lambda: A.fleet_summary(con, scope), 1)
+    _timed("page: attribution (user)", lambda: _or_none(lambda: A.attribution(con, scope, by="user")), 1)
+    _timed("page: fleet_patterns", lambda: A.fleet_patterns(con, scope), 1)
+    _timed("page: pool_activity", lambda: A.pool_activity(con, scope), 1)
+    print(
+        f"  -> {s.samples:,} samples, {s.gpu_hours:,.1f} GPU-h, util mean {s.util_gpu_mean:.6f}; "
+        f"the page's analytics: {time.perf_counter() - t0:.2f} s wall, {_cpu_s() - c0:.2f} s CPU"
+    )
+
+
+def _or_none(fn):
+    try:
+        return fn()
+    except A.TelemetryError:
+        return None
+
+
 def _time_app(root: Path) -> None:
     from streamlit.testing.v1 import AppTest
 
@@ -195,6 +244,32 @@ def _time_app(root: Path) -> None:
         "app: first page (AppTest)", lambda: AppTest.from_file(str(app), default_timeout=600).run(), 1
     )
     print(f"  -> exceptions: {[e.message[:200] for e in at.exception] or 'none'}")
+
+
+def _time_app_cold(root: Path) -> None:
+    import subprocess
+
+    # The child imports AppTest first (a running server has Streamlit loaded), then times one run.
+    child = f"""
+import os, resource, sys, time
+sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+from streamlit.testing.v1 import AppTest
+from reports import DIRS_ENV
+os.environ[DIRS_ENV] = {str(root)!r}
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+t0, c0 = time.perf_counter(), cpu()
+at = AppTest.from_file({str(Path(__file__).resolve().parent.parent / "reports" / "app.py")!r}, default_timeout=600).run()
+print(f"{{time.perf_counter() - t0:.2f}} {{cpu() - c0:.2f}} {{len(at.exception)}}")
+"""
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True).stdout
+    wall, cpu, errors = out.split()[-3:]
+    print(
+        f"{'app: first page, fresh process':<30} wall {float(wall):6.2f} s   CPU {float(cpu):6.2f} s   "
+        f"exceptions {errors}   load {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
 
 
 def _time_report(root: Path) -> None:

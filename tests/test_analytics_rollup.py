@@ -14,6 +14,7 @@ import textwrap
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import duckdb
 import pyarrow.parquet as pq
 import pytest
 from test_analytics_data import GIB, T0, gpu_rows, write_rows
@@ -481,6 +482,20 @@ def test_the_raw_tail_is_windowed_once_and_again_when_a_segment_lands(tmp_path):
     assert (
         tl.points == A.utilization_timeline(A.open_telemetry(tmp_path, rollups=False), bucket_s=3600).points
     )
+
+
+def test_windowing_the_raw_tail_leaves_the_connections_settings_as_they_were(tmp_path):
+    # The tail is windowed with insertion order off (faster); a caller's connection keeps its setting.
+    _days(tmp_path, datetime(2026, 3, 1, tzinfo=UTC), 1)
+    A.build_rollups(tmp_path, lag_s=600)
+    for setting in ("true", "false"):
+        con = duckdb.connect()
+        con.execute(f"SET preserve_insertion_order = {setting}")
+        A.fleet_summary(A.open_telemetry(tmp_path, con=con))
+        assert con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()[0] is (
+            setting == "true"
+        )
+        assert con.execute("SELECT count(*) FROM raw_tail_windowed").fetchone()[0] == 4 * 11
 
 
 def test_a_range_that_cuts_the_raw_tail_windows_its_own_rows(tmp_path):
