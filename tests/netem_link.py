@@ -1,8 +1,9 @@
 """A real network link between two processes of this host: two network namespaces joined by a veth
 pair, shaped by `tc netem` in both directions (rate and one-way delay), for the remote-execution
-benchmark and tests. Needs root and `ip` / `tc` (iproute2); `unavailable()` says why not. On a kernel
-built without `sch_netem` the link is shaped by `tbf` instead: the same rate, no added delay
-(`NetemLink.shaping` says which one a link got).
+benchmark and tests. Needs root and `ip` / `tc` (iproute2), or where those are missing pyroute2 and
+`nsenter` (tests/netem_netlink.py: the same link through netlink; GPUPOOL_NETEM_NETLINK=1 picks it
+anyway); `unavailable()` says why not. On a kernel built without `sch_netem` the link is shaped by
+`tbf` instead: the same rate, no added delay (`NetemLink.shaping` says which one a link got).
 
     with NetemLink(LinkOptions(rate="25gbit", delay="20us")) as link:
         link.popen(link.worker_ns, [...])          # e.g. the lease's worker, listening on link.worker_ip
@@ -26,6 +27,8 @@ import socket
 import subprocess
 import uuid
 from dataclasses import dataclass
+
+import netem_netlink
 
 WORKER_IP, CLIENT_IP = "10.77.0.1", "10.77.0.2"
 WORKER_LOOPBACK_IP, CLIENT_LOOPBACK_IP = "127.77.0.1", "127.77.0.2"
@@ -51,10 +54,21 @@ class LinkOptions:
         return ["tbf", "rate", self.rate, "burst", str(self.tbf_burst), "limit", str(self.tbf_limit)]
 
 
+def netlink() -> bool:
+    """Whether the link is built through netlink (pyroute2) rather than iproute2's commands."""
+    wanted = os.environ.get("GPUPOOL_NETEM_NETLINK") == "1"
+    return wanted or shutil.which("ip") is None or shutil.which("tc") is None
+
+
 def unavailable() -> str | None:
     """Why a link cannot be made here (None: it can)."""
     if os.geteuid() != 0:
         return "network namespaces need root"
+    if netlink():
+        why = netem_netlink.available()
+        if why is None and not (has_qdisc("netem") or has_qdisc("tbf")):
+            return "neither the netem nor the tbf qdisc is in this kernel"
+        return why
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             return f"no `{tool}` (iproute2)"
@@ -71,6 +85,8 @@ def unavailable() -> str | None:
 @functools.cache
 def has_qdisc(kind: str) -> bool:
     """Whether this kernel has the qdisc `kind` (tried on lo of a throw-away namespace)."""
+    if netlink():
+        return netem_netlink.has_qdisc(kind)
     probe = f"gpnetem-probe-{uuid.uuid4().hex[:8]}"
     if subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode != 0:
         return False
@@ -118,6 +134,12 @@ class NetemLink:
     def _create(self) -> None:
         o = self.options
         vw, vc = self._veth
+        if netlink():
+            for ns in (self.worker_ns, self.client_ns):
+                netem_netlink.add_namespace(ns)
+                self._made.append(ns)
+            netem_netlink.build(self)
+            return
         for ns in (self.worker_ns, self.client_ns):
             _ip("netns", "add", ns)
             self._made.append(ns)
@@ -172,7 +194,10 @@ class NetemLink:
                     proc.wait(5)
         self._procs.clear()
         for ns in reversed(self._made):  # the veth pair and its qdiscs go with the namespace
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            if netlink():
+                netem_netlink.delete_namespace(ns)
+            else:
+                subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         self._made.clear()
 
     # ---- running things on either side -------------------------------------------------------------
@@ -180,7 +205,7 @@ class NetemLink:
     @staticmethod
     def prefix(ns: str) -> list[str]:
         """The command prefix that runs a program inside namespace `ns`."""
-        return ["ip", "netns", "exec", ns]
+        return netem_netlink.prefix(ns) if netlink() else ["ip", "netns", "exec", ns]
 
     def sh(self, ns: str, *cmd: str) -> str:
         return _run([*self.prefix(ns), *cmd])
@@ -196,6 +221,11 @@ class NetemLink:
 
     def qdisc_stats(self) -> dict[str, str]:
         """Each side's qdisc statistics (bytes and packets sent, drops, overlimits), as tc prints them."""
+        if netlink():
+            return {
+                ns: netem_netlink.qdisc_stats(ns, dev)
+                for ns, dev in zip((self.worker_ns, self.client_ns), self._veth, strict=True)
+            }
         return {
             ns: " ".join(self.sh(ns, "tc", "-s", "qdisc", "show", "dev", dev).split())
             for ns, dev in zip((self.worker_ns, self.client_ns), self._veth, strict=True)

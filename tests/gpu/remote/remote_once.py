@@ -41,7 +41,13 @@ def main() -> int:
     worker = start_worker("once", [WorkerDevice(0, uuid, args.mib << 20)], bind_host="127.0.0.1", env={},
                           executor=args.executor)  # fmt: skip
     answer = {"id": "once", "worker": worker.answer()}
-    keep = ("GPUPOOL_SHIM_TRACE", "GPUPOOL_SHIM_PROFILE", "GPUPOOL_SHIM_MEMO", "GPUPOOL_DATA_ENCRYPTION")
+    keep = (
+        "GPUPOOL_SHIM_TRACE",
+        "GPUPOOL_SHIM_PROFILE",
+        "GPUPOOL_SHIM_MEMO",
+        "GPUPOOL_DATA_ENCRYPTION",
+        "GPUPOOL_SHIM_LANES",
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_") or k in keep}
     env.update(remote_env(answer, cache_root=work / "cache", library=shim))
     try:
