@@ -1,8 +1,8 @@
 """A real network link between two processes of this host: two network namespaces joined by a veth
 pair, shaped by `tc netem` in both directions (rate and one-way delay), for the remote-execution
 benchmark and tests. Needs root and `ip` / `tc` (iproute2), or where those are missing pyroute2 and
-`nsenter` (tests/netem_netlink.py: the same link through netlink; GPUPOOL_NETEM_NETLINK=1 picks it
-anyway); `unavailable()` says why not. On a kernel built without `sch_netem` the link is shaped by
+`nsenter` (tests/netem_netlink.py: the same link through netlink; GPUPOOL_NETEM_NETLINK=1 or 0
+picks one); `unavailable()` says why not. On a kernel built without `sch_netem` the link is shaped by
 `tbf` instead: the same rate, no added delay (`NetemLink.shaping` says which one a link got).
 
     with NetemLink(LinkOptions(rate="25gbit", delay="20us")) as link:
@@ -56,8 +56,10 @@ class LinkOptions:
 
 def netlink() -> bool:
     """Whether the link is built through netlink (pyroute2) rather than iproute2's commands."""
-    wanted = os.environ.get("GPUPOOL_NETEM_NETLINK") == "1"
-    return wanted or shutil.which("ip") is None or shutil.which("tc") is None
+    wanted = os.environ.get("GPUPOOL_NETEM_NETLINK")
+    if wanted in ("0", "1"):
+        return wanted == "1"
+    return shutil.which("ip") is None or shutil.which("tc") is None
 
 
 def unavailable() -> str | None:

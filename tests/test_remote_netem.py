@@ -3,12 +3,17 @@ namespace, the program in another, joined by a shaped veth pair (tests/netem_lin
 kernel has it, else tbf at the same rate). The `copies` scenario's bytes (10 MiB each way, a generic
 cuMemcpy, memsets, an async copy from a buffer overwritten after the call) arrive intact over TLS, as
 between two hosts, and in plaintext over loopback addresses routed across the same link; and the worker
-refuses plaintext from the link's real address. `bench/bench_remote.py --netem` measures the same path.
-Needs root and iproute2; a few seconds.
+refuses plaintext from the link's real address; copies large enough to be striped cross it on the
+process's extra connections. Each test runs on a link built by iproute2's commands and on one built
+through netlink (pyroute2), the way hosts without iproute2 get theirs. `bench/bench_remote.py --netem`
+measures the same path. Needs root; a few seconds.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import shutil
 import subprocess
 import sys
 
@@ -25,10 +30,26 @@ _why = netem_link.unavailable()
 pytestmark = [needs_cc, pytest.mark.skipif(_why is not None, reason=f"no network link here: {_why}")]
 
 
-@pytest.fixture(scope="module")
-def link():
-    with netem_link.NetemLink() as made:
-        yield made
+BACKENDS = {
+    "iproute2": shutil.which("ip") is not None and shutil.which("tc") is not None,
+    "netlink": importlib.util.find_spec("pyroute2") is not None,
+}
+
+
+@pytest.fixture(scope="module", params=list(BACKENDS))
+def link(request):
+    if not BACKENDS[request.param]:
+        pytest.skip(f"no {request.param} here")
+    before = os.environ.get("GPUPOOL_NETEM_NETLINK")
+    os.environ["GPUPOOL_NETEM_NETLINK"] = "1" if request.param == "netlink" else "0"
+    try:
+        with netem_link.NetemLink() as made:
+            yield made
+    finally:
+        if before is None:
+            os.environ.pop("GPUPOOL_NETEM_NETLINK", None)
+        else:
+            os.environ["GPUPOOL_NETEM_NETLINK"] = before
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +99,15 @@ def test_copies_cross_the_link_encrypted(shim_dir, link, far_worker):
     htod, dtoh = rows["cuMemcpyHtoD_v2"], rows["cuMemcpyDtoH_v2"]
     assert htod["calls"] >= 2 and htod["waited"] == 0
     assert dtoh["calls"] >= 3 and dtoh["waited"] == dtoh["calls"]
+
+
+def test_striped_copies_cross_the_link_on_the_processs_extra_connections(shim_dir, link, far_worker):
+    from test_remote_lanes import EXPECTED
+
+    env = client_env(shim_dir, _At(far_worker, link.worker_ip), GPUPOOL_SHIM_PROFILE="1")
+    out, err = run_across(link, env, "lanes")
+    assert out == EXPECTED, err
+    assert "went in pieces across 3 connections" in err
 
 
 def test_copies_cross_the_link_in_plaintext_between_loopback_addresses(shim_dir, link, far_worker):
