@@ -1,5 +1,5 @@
 """Large copies over an encrypted connection striped across more connections of the process ("lanes":
-virtualize/_lanes.py on the worker, gp_lane_copy in the shim): a program gets the same bytes and answers
+virtualize/_lanes.py on the worker, gp_bulk_copy in the shim): a program gets the same bytes and answers
 with lanes and without, and the copies' pieces meet their copy whatever order they arrive in, with
 nothing left waiting when a lane goes away."""
 

@@ -325,7 +325,7 @@ CALLS: tuple[Call, ...] = (
     # client and a DMA on the worker instead of two trips through the socket. gpShmHtoD: `count` bytes
     # at `offset` in it to `dst` (flags: 1 the call's last piece, which is answered; 2 an Async copy);
     # gpShmDtoH: `count` bytes of `src` into it from offset 0, answered once per `chunk` as each lands
-    # (outs: offset, bytes). See virtualize/shim/shim.c (gp_shm_copy).
+    # (outs: offset, bytes). See virtualize/shim/shim.c (gp_bulk_copy).
     _c("gpShmAttach", 0, "o_u64 size", symbol="-"),
     _c("gpShmHtoD", 0, "dptr dst, u64 count, stream stream, u64 offset, u32 flags", symbol="-"),
     _c("gpShmDtoH", 0, "dptr src, u64 count, stream stream, u32 flags, u32 chunk, o_u64 offset, o_u64 size",

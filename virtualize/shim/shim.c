@@ -759,36 +759,6 @@ static CUresult shm_dtoh_locked(uint8_t *dst, uint64_t src, uint64_t count, uint
     return CUDA_SUCCESS;
 }
 
-/* A copy between pageable memory here and the device through the shared memory: 1 with *result set,
- * or 0 where it is not for it (small, no worker on this host, a callback thread): the socket then. */
-int gp_shm_copy(uint32_t call, uint64_t device, void *host, uint64_t count, uint64_t stream, CUresult *result) {
-    if (count < GP_SHM_MIN_COPY || shm_state < 0 || thread_conn) return 0;
-    if (shm_state == 0) {
-        const char *env = getenv("GPUPOOL_SHIM_SHARED_COPIES"); /* 0: every copy through the socket */
-        if (env && strcmp(env, "0") == 0) shm_state = -1;
-        if (shm_state < 0) return 0;
-    }
-    int to_device = call == GP_CALL_cuMemcpyHtoD_v2 || call == GP_CALL_cuMemcpyHtoDAsync_v2;
-    int is_async = call == GP_CALL_cuMemcpyHtoDAsync_v2 || call == GP_CALL_cuMemcpyDtoHAsync_v2;
-    uint64_t start = profile_enabled ? now_ns() : 0;
-    gp_managed_before(call);
-    pthread_mutex_lock(&conn_lock);
-    CUresult r = prepare_locked();
-    if (r == CUDA_SUCCESS && shm_state == 0 && conn_local && !conn_ssl) shm_attach_locked();
-    if (r == CUDA_SUCCESS && shm_state != 1) {
-        pthread_mutex_unlock(&conn_lock);
-        return 0;
-    }
-    if (r == CUDA_SUCCESS)
-        r = to_device ? shm_htod_locked(device, host, count, stream, is_async)
-                      : shm_dtoh_locked(host, device, count, stream, is_async);
-    pthread_mutex_unlock(&conn_lock);
-    gp_managed_after(call, r);
-    if (profile_enabled) profile_note(call, GP_FLAG_WANTS_REPLY, now_ns() - start, to_device ? count : 0, to_device ? 0 : count);
-    *result = r;
-    return 1;
-}
-
 /* ---- large copies over an encrypted connection, striped across more connections ("lanes") ---------
  * One TLS connection is one core's record layer at each end: 1.2-1.9 GB/s on a fast host, less than a
  * 25 Gbit/s link carries. A copy of GP_LANE_MIN_COPY or more over an encrypted connection goes as one
@@ -919,30 +889,48 @@ static CUresult lane_copy_locked(int to_device, int is_async, uint64_t device, c
     return result;
 }
 
-/* A copy between pageable memory here and the device across the lanes: 1 with *result set, or 0
- * where it is not for them (small, not encrypted, no lanes, a callback thread): one connection then. */
-int gp_lane_copy(uint32_t call, uint64_t device, void *host, uint64_t count, uint64_t stream, CUresult *result) {
-    if (count < GP_LANE_MIN_COPY || lanes_state < 0 || thread_conn) return 0;
+/* A large copy between pageable memory here and the device, through the memory shared with a worker on
+ * this host or across the lanes of an encrypted connection: 1 with *result set, or 0 where neither is
+ * for it (small, plaintext TCP, turned off, a callback thread): the process's connection then. */
+int gp_bulk_copy(uint32_t call, uint64_t device, void *host, uint64_t count, uint64_t stream, CUresult *result) {
+    int lanes_fit = count >= GP_LANE_MIN_COPY && lanes_state >= 0;
+    if (count < GP_SHM_MIN_COPY || thread_conn || (shm_state < 0 && !lanes_fit)) return 0;
+    if (shm_state == 0) {
+        const char *env = getenv("GPUPOOL_SHIM_SHARED_COPIES"); /* 0: every copy through the socket */
+        if (env && strcmp(env, "0") == 0) shm_state = -1;
+    }
     int to_device = call == GP_CALL_cuMemcpyHtoD_v2 || call == GP_CALL_cuMemcpyHtoDAsync_v2;
     int is_async = call == GP_CALL_cuMemcpyHtoDAsync_v2 || call == GP_CALL_cuMemcpyDtoHAsync_v2;
     uint64_t start = profile_enabled ? now_ns() : 0;
     gp_managed_before(call);
     pthread_mutex_lock(&conn_lock);
     CUresult r = prepare_locked();
-    if (r == CUDA_SUCCESS && (!conn_ssl || conn_local)) lanes_state = -1; /* plaintext: one connection is fast */
-    if (r == CUDA_SUCCESS && lanes_state == 0) lanes_open_locked();
-    if (r == CUDA_SUCCESS && lanes_state <= 0) {
-        pthread_mutex_unlock(&conn_lock);
-        return 0;
+    int lanes = 0;
+    if (r == CUDA_SUCCESS) {
+        if (shm_state == 0 && conn_local && !conn_ssl) shm_attach_locked();
+        if (shm_state != 1 && lanes_fit) {
+            if (!conn_ssl || conn_local) lanes_state = -1; /* plaintext: one connection is fast enough */
+            else if (lanes_state == 0) lanes_open_locked();
+            lanes = lanes_state > 0;
+        }
+        if (shm_state != 1 && !lanes) {
+            pthread_mutex_unlock(&conn_lock);
+            return 0;
+        }
+        if (lanes) r = lane_copy_locked(to_device, is_async, device, host, count, stream);
+        else r = to_device ? shm_htod_locked(device, host, count, stream, is_async)
+                           : shm_dtoh_locked(host, device, count, stream, is_async);
     }
-    if (r == CUDA_SUCCESS) r = lane_copy_locked(to_device, is_async, device, host, count, stream);
     pthread_mutex_unlock(&conn_lock);
     gp_managed_after(call, r);
     if (profile_enabled) {
-        profile_note(call, to_device ? 0 : GP_FLAG_WANTS_REPLY, now_ns() - start, to_device ? count : 0, to_device ? 0 : count);
-        __atomic_fetch_add(&profile_lane_copies, 1, __ATOMIC_RELAXED);
-        __atomic_fetch_add(&profile_lane_bytes, count, __ATOMIC_RELAXED);
-        profile_lanes = lanes_state > 0 ? lanes_state : profile_lanes;
+        uint32_t waited = lanes && to_device ? 0 : GP_FLAG_WANTS_REPLY; /* striped to the device: no answer */
+        profile_note(call, waited, now_ns() - start, to_device ? count : 0, to_device ? 0 : count);
+        if (lanes) {
+            __atomic_fetch_add(&profile_lane_copies, 1, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&profile_lane_bytes, count, __ATOMIC_RELAXED);
+            profile_lanes = lanes_state > 0 ? lanes_state : profile_lanes;
+        }
     }
     *result = r;
     return 1;

@@ -924,8 +924,7 @@ static CUresult htod(uint32_t call, uint64_t dst, const void *src, uint64_t coun
     struct gp_in_cuMemcpyHtoD_v2 in = {.dst = dst, .count = count, .stream = stream};
     /* Returns once the bytes are in the socket (or the worker's DMA has read them from the memory it
      * shares with this process): the caller may reuse its buffer at once. */
-    if (!gp_shm_copy(call, dst, (void *)src, count, stream, &r) && !gp_lane_copy(call, dst, (void *)src, count, stream, &r))
-        r = gp_call(call, 0, &in, sizeof in, src, count, NULL, 0, NULL, 0);
+    if (!gp_bulk_copy(call, dst, (void *)src, count, stream, &r)) r = gp_call(call, 0, &in, sizeof in, src, count, NULL, 0, NULL, 0);
     if (r == CUDA_SUCCESS && call == GP_CALL_cuMemcpyHtoD_v2 && gp_copies_in_flight()) {
         /* A synchronous copy waits for the default stream: copies to the host done by then land first. */
         struct gp_in_gpCopiesFlush flush = {.wait = 0};
@@ -960,7 +959,7 @@ static CUresult dtoh(uint32_t call, void *dst, uint64_t src, uint64_t count, uin
     /* Into pageable memory the driver's copy is synchronous too: the reply streams straight into the
      * caller's buffer. */
     CUresult r;
-    if (gp_shm_copy(call, src, dst, count, stream, &r) || gp_lane_copy(call, src, dst, count, stream, &r)) return r;
+    if (gp_bulk_copy(call, src, dst, count, stream, &r)) return r;
     struct gp_in_cuMemcpyDtoH_v2 in = {.src = src, .count = count, .stream = stream};
     return gp_call(call, WANT, &in, sizeof in, NULL, 0, NULL, 0, dst, count);
 }
