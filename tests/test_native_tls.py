@@ -118,3 +118,27 @@ def test_a_certificate_that_does_not_load_is_reported(tmp_path, caplog):
     (tmp_path / _data_tls.KEY_FILE).write_text("not a key")
     assert _native_tls.server_context(tmp_path) is None
     assert "cannot load the worker's certificate and key" in caplog.text
+
+
+def test_closing_from_another_thread_ends_a_waiting_read_without_harm(tmp_path):
+    """The callback connection's stream is closed by its own thread while the driver's thread may be
+    waiting on it for an answer: the wait ends, the TLS session is freed only after it has."""
+    client, served = encrypted_pair(tmp_path)
+    outcome = {}
+
+    def read() -> None:
+        try:
+            outcome["got"] = served.recv_into(bytearray(10))
+        except OSError as exc:
+            outcome["error"] = exc
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    time.sleep(0.1)  # the reader is waiting inside C
+    served.close()
+    reader.join(5)
+    assert not reader.is_alive()
+    assert outcome.get("got") == 0 or isinstance(outcome.get("error"), ConnectionError)
+    with pytest.raises(ConnectionError):
+        served.sendall(b"after close")
+    client.close()

@@ -12,9 +12,11 @@ the worker then uses `_data_tls.TlsStream`. ``GPUPOOL_WORKER_NATIVE=0`` turns th
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import socket
+import threading
 from pathlib import Path
 
 from virtualize import _data_tls, _native_dispatch
@@ -80,21 +82,39 @@ def _address(buffer, nbytes: int) -> tuple[int, object]:
 class NativeTlsStream:
     """An accepted connection after the server's handshake in C. It offers what the worker uses of a
     socket (recv_into, recv_into_all, sendall, settimeout, version, fileno, close) and hands the native
-    loop its stream (`native_stream`). One thread may read while another writes."""
+    loop its stream (`native_stream`). One thread may read while another writes, and `close` from
+    another thread waits for them to leave C (the socket shut down first wakes a blocked read) before
+    the TLS session is freed."""
 
     def __init__(self, context: NativeServerContext, sock: socket.socket, timeout: float | None) -> None:
         self.lib = context.lib
         self.sock = sock
         self.family = sock.family
+        self._inside = 0  # threads in a C call on this stream now
+        self._cond = threading.Condition()
         why = ctypes.create_string_buffer(256)
         self.ptr = self.lib.gpt_accept(context.ptr, sock.fileno(), _millis(timeout), why, len(why))
         if not self.ptr:
             raise ConnectionError(why.value.decode() or "TLS handshake failed")
 
+    @contextlib.contextmanager
+    def _using(self):
+        with self._cond:
+            if not self.ptr:
+                raise ConnectionResetError("the connection is closed")
+            self._inside += 1
+        try:
+            yield self.ptr
+        finally:
+            with self._cond:
+                self._inside -= 1
+                self._cond.notify_all()
+
     def recv_into(self, buffer, nbytes: int = 0) -> int:
         want = nbytes or len(buffer)
         address, keep = _address(buffer, want)
-        got = self.lib.gpt_read(self.ptr, address, want)
+        with self._using() as ptr:
+            got = self.lib.gpt_read(ptr, address, want)
         del keep
         return self._checked(got)
 
@@ -103,7 +123,8 @@ class NativeTlsStream:
         if not len(view):
             return True
         address, keep = _address(view, len(view))
-        done = self.lib.gpt_read_all(self.ptr, address, len(view))
+        with self._using() as ptr:
+            done = self.lib.gpt_read_all(ptr, address, len(view))
         del keep
         return bool(self._checked(done))
 
@@ -116,7 +137,8 @@ class NativeTlsStream:
             address = ctypes.cast(ctypes.c_char_p(keep), ctypes.c_void_p).value
         else:
             address, keep = _address(view, len(view))
-        failed = self.lib.gpt_write(self.ptr, address, len(view))
+        with self._using() as ptr:
+            failed = self.lib.gpt_write(ptr, address, len(view))
         del keep
         if failed:
             raise ConnectionResetError("the client's connection failed while sending")
@@ -130,10 +152,12 @@ class NativeTlsStream:
         return got
 
     def settimeout(self, timeout: float | None) -> None:
-        self.lib.gpt_set_timeout(self.ptr, _millis(timeout))
+        with self._using() as ptr:
+            self.lib.gpt_set_timeout(ptr, _millis(timeout))
 
     def version(self) -> str | None:
-        return self.lib.gpt_version(self.ptr).decode()
+        with self._using() as ptr:
+            return self.lib.gpt_version(ptr).decode()
 
     @property
     def native_stream(self) -> int | None:
@@ -143,9 +167,14 @@ class NativeTlsStream:
         return self.sock.fileno()
 
     def close(self) -> None:
-        if self.ptr:
-            self.lib.gpt_free(self.ptr)
-            self.ptr = None
+        with self._cond:
+            ptr, self.ptr = self.ptr, None  # no new call starts
+        if ptr:
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)  # a read waiting in C returns
+            with self._cond:
+                if self._cond.wait_for(lambda: self._inside == 0, timeout=10):
+                    self.lib.gpt_free(ptr)  # (else kept: a leak rather than a crash)
         self.sock.close()
 
 
