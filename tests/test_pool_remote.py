@@ -10,6 +10,7 @@ activity, a dying worker ending its lease.
 from __future__ import annotations
 
 import importlib.util
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 from pool_harness import ServerProc, api, client_env, gpuattach, wait_for
+from raw_wire_client import connect_local, handshake
+
+from virtualize._results import CUresult
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -120,6 +124,19 @@ def test_a_client_with_a_valid_token_cannot_join_another_clients_lease(server, t
                              timeout=60, cwd=ROOT)  # fmt: skip
         assert out.stdout.split() == ["init", "800", "count", "800"], out.stdout + out.stderr
         assert "do not share the lease's secret" in out.stderr
+    # The shim above gives up as soon as the worker cannot prove the secret. A client that does not check
+    # the worker (written by hand) goes on to prove its own lease's secret: the worker itself refuses it,
+    # on either way in, and closes the connection before any call.
+    target = lease["worker"]
+    for sock in (socket.create_connection((target["host"], target["port"]), timeout=10),
+                 connect_local(target["local"])):  # fmt: skip
+        with sock:
+            assert handshake(sock, other["worker"]["secret"].encode()) == CUresult.NOT_PERMITTED
+            assert sock.recv(64) == b""
+    with socket.create_connection(
+        (target["host"], target["port"]), timeout=10
+    ) as sock:  # the owner is served
+        assert handshake(sock, lease["worker"]["secret"].encode()) == CUresult.SUCCESS
     for tok, held in ((mine, lease), (theirs, other)):
         api(server.url, "DELETE", f"/v1/leases/{held['id']}", tok)
     wait_for(lambda: not workers_of(server), 10, what="the workers to stop")
