@@ -65,6 +65,10 @@ PROGRAMS = [
     "prog_mapped.py",  # mapped page-locked memory: DEVICEMAP, registered arrays, a kernel given the host address
     "prog_graph_nodes.py",  # a graph built node by node: kernel, memset, empty nodes, dependencies
     "prog_graph_core.py",  # cuda.core graph builder: while and if/else conditionals, embed, callback, update
+    # Frameworks and libraries beyond PyTorch's defaults (issue 25).
+    "prog_jax.py",  # XLA with its autotuner: jit, grad, lax.scan, FFT, an optax training loop
+    "prog_cupy_libs.py",  # cuFFT, cuSOLVER, cuSPARSE, cuRAND, CUB/Thrust, pinned and async copies
+    "prog_cudnn_bn.py",  # cuDNN batch norm fp16 channels-last (a cooperative launch), ResNet-18 with AMP
 ]
 results: list[dict] = []
 
