@@ -371,6 +371,13 @@ class Pool:
         except (Impossible, Busy, LimitExceeded) as exc:
             out.update(code=exc.code, reason=exc.message, hint=exc.hint)
             return out
+        if not self.store.condition()["writable"]:  # it fits, but a grant could not be stored now
+            out.update(
+                code="storage_full",
+                reason=f"this server's state disk is full ({self.inv.hostname}): no new leases until it has room",
+                hint="gpuattach asks the other servers and retries this one later",
+            )
+            return out
         out.update(fits_now=True, score=placement.score, placement=[g.index for g in placement.gpus])
         return out
 
