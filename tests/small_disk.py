@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,28 +21,40 @@ class SmallDisk:
     def __init__(self, path: Path):
         self.path = path
         self.filler = path / ".filler"
+        self._stop = threading.Event()
+        self._keeper: threading.Thread | None = None
 
-    def fill(self) -> None:
-        """Take every free byte (one file, appended 4 KiB at a time until ENOSPC)."""
+    def fill(self, *, keep: bool = False) -> None:
+        """Take every free byte. ``keep``: go on taking whatever a writer frees again (a failed
+        write that deletes its temporary file) until ``free()``, so the disk stays full."""
+        self._top_up()
+        assert shutil.disk_usage(self.path).free < 4096, "the small disk did not fill"
+        if keep:
+            self._stop.clear()
+            self._keeper = threading.Thread(target=self._keep_full, daemon=True)
+            self._keeper.start()
+
+    def _top_up(self) -> None:
         fd = os.open(self.filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            with contextlib.suppress(OSError):
-                while True:
-                    os.write(fd, b"\0" * 4096)
-            with contextlib.suppress(OSError):  # a last partial block
-                while True:
-                    os.write(fd, b"\0")
+            for size in (4096, 1):  # whole blocks, then the last partial one
+                with contextlib.suppress(OSError):
+                    while True:
+                        os.write(fd, b"\0" * size)
         finally:
             os.close(fd)
-        assert shutil.disk_usage(self.path).free < 4096, "the small disk did not fill"
+
+    def _keep_full(self) -> None:
+        while not self._stop.wait(0.01):
+            self._top_up()
 
     def free(self) -> None:
+        self._stop.set()
+        if self._keeper is not None:
+            self._keeper.join(timeout=10)
+            self._keeper = None
         with contextlib.suppress(FileNotFoundError):
             self.filler.unlink()
-
-    @property
-    def free_bytes(self) -> int:
-        return shutil.disk_usage(self.path).free
 
 
 @contextlib.contextmanager
@@ -55,7 +68,9 @@ def small_disk(where: Path, size: str = "4m"):
     )
     if made.returncode:
         pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
+    disk = SmallDisk(where)
     try:
-        yield SmallDisk(where)
+        yield disk
     finally:
+        disk.free()
         subprocess.run(["umount", "-l", str(where)], capture_output=True)
