@@ -114,6 +114,8 @@ def test_unwritable_directory_is_one_clear_error(tmp_path):
 
 
 def test_disk_full_is_reported_and_leaves_readable_segments(tmp_path):
+    """A flush on a full disk raises one clear error, keeps its rows, leaves no temporary file and only
+    whole segments; the CLI stopped on a still-full disk says in one line how many rows were dropped."""
     with small_disk(tmp_path / "small", size="160k") as disk:
         w = TelemetryWriter(disk.path, "h", flush_interval_s=0)
         with pytest.raises(TelemetryWriteError, match="disk full"):

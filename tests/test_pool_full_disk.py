@@ -41,6 +41,9 @@ def full_disk_server(tmp_path, disk, *extra) -> ServerProc:
 
 
 def test_a_full_disk_refuses_new_writes_and_loses_no_release_or_heartbeat(tmp_path):
+    """Disk full: grants, settings and tokens are refused (507, one CLI line, no token printed); a
+    release, heartbeats and an expiry through two TTLs answer as with room and reach the database file
+    once space is freed; health says degraded, then ok; new grants work again."""
     with small_disk(tmp_path / "disk") as disk:
         server = full_disk_server(tmp_path, disk, "--lease-ttl", "3s").start()
         try:
@@ -104,6 +107,9 @@ def test_a_full_disk_refuses_new_writes_and_loses_no_release_or_heartbeat(tmp_pa
 
 
 def test_a_server_restarted_on_a_full_disk_serves_read_only_and_says_so(tmp_path):
+    """A restart on a full disk (no room even for SQLite's shared-memory index) comes up read-only,
+    says so on its ready line and in health, serves its leases, keeps a release until there is room,
+    then grants again and lets the token CLI work beside it."""
     with small_disk(tmp_path / "disk") as disk:
         server = full_disk_server(tmp_path, disk).start()
         try:
@@ -132,6 +138,8 @@ def test_a_server_restarted_on_a_full_disk_serves_read_only_and_says_so(tmp_path
 
 
 def test_a_second_server_on_the_same_state_dir_is_refused_with_the_first_ones_pid(tmp_path):
+    """Two real server processes on one state directory: the second exits non-zero with one line
+    naming the first one's PID; after kill -9 of the first, a new one starts (no stale lock)."""
     first = ServerProc(tmp_path / "state").start()
     try:
         second = subprocess.run(
