@@ -28,6 +28,7 @@ from server._errors import (
     LeaseEnded,
     LimitExceeded,
     NotFound,
+    StorageFull,
     TokenExpired,
     Unauthorized,
 )
@@ -415,6 +416,7 @@ class Pool:
         the etcd transaction (client's marker unchanged since its sum was read) succeeded."""
         if self.cluster is not None:
             snapshot = snapshot or self.cluster.client_snapshot(caller.client)
+        lease_id, recorded = None, False
         try:
             with self.store.transaction():
                 placement = self._decide(caller, req, filters, snapshot)
@@ -437,12 +439,18 @@ class Pool:
                     for g, m, f in zip(placement.gpus, placement.mem_bytes, placement.fractions, strict=True)
                 ]
                 self.store.insert_lease(lease, partitions)
-                if snapshot is not None and not self.cluster.record_grant(
-                    snapshot, lease_id, round(sum(placement.fractions), 6)
-                ):
-                    raise _Conflict
+                if snapshot is not None:
+                    recorded = self.cluster.record_grant(
+                        snapshot, lease_id, round(sum(placement.fractions), 6)
+                    )
+                    if not recorded:
+                        raise _Conflict
         except (Impossible, Busy, LimitExceeded) as exc:
             self.events.deny(caller.client, exc.message, now)
+            raise
+        except StorageFull:
+            if recorded:  # etcd counts a lease the disk could not store: take its share back
+                self.cluster.forget_lease(caller.client, lease_id)
             raise
         return lease_id
 
