@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import datetime as dt
 import subprocess
+import sys
 import time
 
 import pytest
-from pool_harness import ROOT, ServerProc, api, server_cmd, wait_for
+from pool_harness import ROOT, ServerProc, api, client_env, gpuattach, server_cmd, wait_for
 from small_disk import small_disk
 
 pytestmark = pytest.mark.timeout(120)
@@ -135,6 +136,38 @@ def test_a_server_restarted_on_a_full_disk_serves_read_only_and_says_so(tmp_path
             assert cli.returncode == 0 and cli.stdout.startswith("gp_"), cli.stderr
         finally:
             server.stop()
+
+
+def test_gpuattach_passes_over_a_full_disk_server_and_waits_when_it_is_the_only_one(tmp_path):
+    """gpuattach takes its lease from a server with room while another's disk is full; with only the
+    full one it waits and retries up to --timeout (the disk may get room) instead of refusing at once."""
+    with small_disk(tmp_path / "disk") as disk:
+        full = full_disk_server(tmp_path, disk).start()
+        roomy = ServerProc(tmp_path / "roomy").start()
+        try:
+            token = full.token("alice")
+            roomy.token("alice", token=token)
+            disk.fill(keep=True)
+            show_lease = "import os; print(os.environ['GPUPOOL_LEASE_ID'])"
+            env = client_env(tmp_path, [full.url, roomy.url], token)
+            out = gpuattach(
+                "run", "-n", "1", "-p", "0.25", "--local", "--", sys.executable, "-c", show_lease, env=env
+            )
+            assert out.returncode == 0, out.stderr
+            lease_id = out.stdout.strip().splitlines()[-1]
+            assert api(roomy.url, "GET", f"/v1/leases/{lease_id}", token)[0] == 200
+
+            only_full = client_env(tmp_path, [full.url], token)
+            started = time.monotonic()
+            out = gpuattach(
+                "run", "-n", "1", "-p", "0.25", "--local", "--timeout", "2s", "--", "true", env=only_full
+            )
+            assert out.returncode == 125 and time.monotonic() - started >= 2, out.stderr
+            assert out.stderr.strip().splitlines()[-1].startswith("gpuattach: error: ")  # one line at the end
+            assert "Traceback" not in out.stderr
+        finally:
+            full.stop()
+            roomy.stop()
 
 
 def test_a_second_server_on_the_same_state_dir_is_refused_with_the_first_ones_pid(tmp_path):
