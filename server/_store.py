@@ -270,14 +270,13 @@ class Store:
             return
         took = time.time() - self.full_since
         self.full_since, self.problem = None, None
-        if self.exclusive:
-            self._reopen_shared()
         if self.report:
             self.report(f"state disk has room again after {took:.0f}s: every kept change is written")
 
     def _reopen_shared(self) -> None:
         """Back from the exclusive connection of a full-disk start to a normal one (other processes,
-        such as ``gpupool-server token create``, can use the database again)."""
+        such as ``gpupool-server token create``, can use the database again). The shared-memory index
+        needs more room than a write: until it fits, the exclusive connection stays."""
         self.db.close()
         try:
             self.db = self._connect(exclusive=False)
@@ -288,7 +287,7 @@ class Store:
     def retry_writes(self, probe: bool = False) -> bool:
         """While the disk is (or was last seen) full, or with ``probe``: write what waits in memory and
         find out by one small real write whether the disk has room. True when the store is writable."""
-        if self.full_since is None and not self._unsaved and not probe:
+        if self.full_since is None and not self._unsaved and not probe and not self.exclusive:
             return True
         with self.transaction():
             if self._memory_only is None:
@@ -300,6 +299,8 @@ class Store:
                     if not disk_full(exc, self.folder):
                         raise
                     self._memory_only = exc
+        if self.exclusive and self.full_since is None:
+            self._reopen_shared()
         return self.full_since is None
 
     def condition(self) -> dict:
@@ -535,7 +536,7 @@ def open_store(state_dir: Path, report: Callable[[str], None] | None = None) -> 
         if disk_full(exc, state_dir):
             raise StorageFull(
                 f"the disk of the state directory {state_dir} is full: cannot create or open the store",
-                "free space on that disk (df shows it), or pass --state-dir on another disk",
+                "free space on that disk, or pass --state-dir on another disk",
             ) from None
         if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
             raise PoolError(
