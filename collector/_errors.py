@@ -32,7 +32,15 @@ class NvmlUnavailable(CollectorError):
 
 
 class TelemetryWriteError(CollectorError):
-    """A telemetry segment could not be written; the rows stay buffered for the next attempt."""
+    """A telemetry segment could not be written; the rows stay buffered for the next attempt.
+
+    ``passes``: the cause is expected to pass by itself (a full disk gets space back, an object store
+    comes back): a live collector keeps sampling and retries at every flush instead of stopping.
+    """
+
+    def __init__(self, title: str, hint: str = "", *, passes: bool = False):
+        super().__init__(title, hint)
+        self.passes = passes
 
 
 class InputError(CollectorError):

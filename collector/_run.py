@@ -92,9 +92,9 @@ def run(
     """Tick until ``duration_s`` passes, ``stop`` is set or a finite source runs out.
 
     Raises the writer's error (TelemetryWriteError) as soon as a background flush fails, so the CLI can
-    report it; buffered rows stay in the writer. A writer that ``keeps_rows_on_error`` (an object
-    store) is not given up on: the failure is told once as an event, sampling goes on, and the rows
-    wait in memory for a flush that succeeds.
+    report it; buffered rows stay in the writer. A failure expected to pass (``error.passes``: a full
+    disk, an object store's outage) is not given up on: it is told once as an event, sampling goes on,
+    and the rows wait in memory for a flush that succeeds.
     """
     stats = RunStats()
     gpus = len(source.inventory())
@@ -114,7 +114,7 @@ def run(
             state.update(tick.gpu_rows, tick.process_rows)
             state.samples_written = writer.rows_written
             state.last_flush = writer.last_flush
-        if writer.error is not None and not writer.keeps_rows_on_error:
+        if writer.error is not None and not writer.error.passes:
             raise writer.error
         failing = _report_write_state(writer, failing, status)
         if status is not None:

@@ -332,8 +332,7 @@ def _collect(args, stop: threading.Event) -> int:
             )
     except TelemetryWriteError as exc:
         status.finish()
-        lost = writer.buffered_rows
-        return _err(exc.title, f"{exc.hint} ({lost} unwritten rows dropped at exit)" if lost else exc.hint)
+        return _err(exc.title, _dropped(exc, writer))
     finally:
         if keeper is not None:
             keeper.stop()
@@ -344,8 +343,8 @@ def _collect(args, stop: threading.Event) -> int:
     try:
         writer.close()
     except TelemetryWriteError as exc:
-        if not writer.keeps_rows_on_error:
-            raise  # one line from cmd_collect
+        if not writer.keeps_rows_on_error:  # a directory still full or unwritable at exit
+            return _err(exc.title, _dropped(exc, writer))
         failed = exc
         spilled = writer.spill(args.spool)  # raises TelemetryWriteError -> one line from cmd_collect
     if not args.quiet:
@@ -359,6 +358,12 @@ def _collect(args, stop: threading.Event) -> int:
             f"{plural(spilled, 'row')} kept in {args.spool}; the next gpustat-collect --out {args.out} sends them",
         )
     return 0
+
+
+def _dropped(exc, writer) -> str:
+    """The hint of a write error that ends the run, with what it costs: the rows never written."""
+    lost = writer.buffered_rows
+    return f"{exc.hint} ({plural(lost, 'unwritten row')} dropped at exit)" if lost else exc.hint
 
 
 def _newest_sample(root, host: str, since: dt.datetime) -> dt.datetime | None:

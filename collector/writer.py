@@ -13,10 +13,12 @@ and a ``kill -9`` loses at most the rows of the current interval. ``date`` and `
 the path; every segment carries ``schema_version`` as a column and in its footer metadata.
 
 In a bucket each segment is one object, serialized in memory first and uploaded whole: S3 makes an
-object visible only once its upload completes, so readers never see part of one either. A failed
-upload keeps the rows buffered (``keeps_rows_on_error``): a collector goes on sampling through an
-outage of the object store and writes them at a later flush; ``spill`` puts what is still buffered
-at exit into a local directory, and ``upload_spool`` sends such a directory up at the next start.
+object visible only once its upload completes, so readers never see part of one either.
+
+A failed write keeps the rows buffered. Where the failure is expected to pass (``error.passes``: a
+full disk, any failure of an object store) a collector goes on sampling and writes them at a later
+flush. ``spill`` puts what a bucket did not take by exit into a local directory
+(``keeps_rows_on_error``), and ``upload_spool`` sends such a directory up at the next start.
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ def _describe_os_error(exc: OSError, root: Path) -> TelemetryWriteError:
     if exc.errno == errno.ENOSPC or exc.errno == errno.EDQUOT:
         return TelemetryWriteError(
             f"disk full writing telemetry under {root}",
-            "free some space or point --out at another disk; unwritten rows stay in memory and are retried",
+            "free some space or point --out at another disk",
+            passes=True,
         )
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST):
         return TelemetryWriteError(
@@ -155,7 +158,9 @@ class _S3Sink:
             out.write(data)
 
     def describe(self, exc: OSError) -> TelemetryWriteError:
-        return describe_s3_error(exc, self.loc)
+        error = describe_s3_error(exc, self.loc)
+        error.passes = True  # mid-run, an object store's failure is waited out (docs/collector.md)
+        return error
 
 
 def _sink(location: Location) -> _DirSink | _S3Sink:
@@ -244,8 +249,8 @@ class TelemetryWriter:
 
     @property
     def keeps_rows_on_error(self) -> bool:
-        """True where a failed write is expected to pass (an object store's outage): the owner keeps
-        sampling and the rows wait in memory; False for a directory (a full or read-only disk)."""
+        """True for a bucket: what it did not take by exit is spilled to a local spool, not dropped.
+        (While running, any writer whose ``error.passes`` keeps its rows in memory and retries.)"""
         return isinstance(self.location, S3Location)
 
     # -- buffering -------------------------------------------------------------------------------

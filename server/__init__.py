@@ -6,7 +6,9 @@ for the console), ``client_config`` (client.toml), ``client_errors`` (the client
 ``server.cli:main``. Inside, one private module per job:
 
 - ``_inventory``: the host and its GPUs (NVML through the collector, or a labelled simulated fleet)
-- ``_store``: the embedded transactional store (sqlite, WAL): leases, partitions, policy, token hashes
+- ``_store``: the embedded transactional store (sqlite, WAL): leases, partitions, policy, token hashes;
+  on a full disk it keeps lease changes in memory until they can be written
+- ``_lock``: one server per state directory (an flock on the directory)
 - ``_pool``: the lease logic (fit, grant, heartbeat, release, expiry, idle reclaim, limits, auth)
 - ``_filters``, ``_errors``: request filters, the error tree of the server's refusals
 - ``_app``, ``_serve``: the HTTP/JSON API (``openapi.json``) and start-up/shutdown

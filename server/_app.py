@@ -18,8 +18,8 @@ from importlib import resources
 
 from aiohttp import web
 
-from server._errors import BadRequest, Forbidden, PoolError, RemoteUnavailable
-from server._pool import Caller, Pool, human_seconds
+from server._errors import BadRequest, Forbidden, PoolError, RemoteUnavailable, StorageFull
+from server._pool import Caller, Pool, human_seconds, iso
 from server._procs import alive_pids, terminate
 from server.api import ClientUpdate, Heartbeat, LeaseRequest, PolicyUpdate, TokenCreate, decode
 from server.workers import remote_refusal, start_remote_worker
@@ -156,12 +156,26 @@ async def openapi(request: web.Request) -> web.Response:
 async def health(request: web.Request) -> web.Response:
     st: ServerState = request.app[STATE]
     count = await st.db(st.pool.active_count)
+    condition = await st.db(st.pool.store.condition)
     info = st.pool.server_info()
-    out = {"status": "ok", "server": info, "simulated": info["simulated"], "leases_active": count,
-           "uptime_s": round(time.time() - st.pool.started, 3)}  # fmt: skip
+    out = {"status": "ok" if condition["writable"] else "degraded", "server": info,
+           "simulated": info["simulated"], "leases_active": count,
+           "uptime_s": round(time.time() - st.pool.started, 3), "store": _store_health(condition)}  # fmt: skip
     if st.pool.cluster is not None:
         out["cluster"] = st.pool.cluster.status()
     return _json(out)
+
+
+def _store_health(condition: dict) -> dict:
+    out = {"writable": condition["writable"], "unsaved_leases": len(condition["unsaved_leases"])}
+    if not condition["writable"]:
+        out.update(
+            problem=condition["problem"],
+            since=iso(condition["full_since"]),
+            hint="free space on the state directory's disk: running leases go on, nothing new is granted; "
+            "kept releases and heartbeats are written as soon as it has room",
+        )
+    return out
 
 
 async def gpus(request: web.Request) -> web.Response:
@@ -347,6 +361,7 @@ async def reap_loop(st: ServerState) -> None:
     while not st.stopping.is_set():
         await st.reap_pause()
         try:
+            await st.db(pool.store.retry_writes)  # a full disk: what waits in memory, as soon as it has room
             now = time.time()
             leases = await st.db(pool.active_leases)
             active_at = await asyncio.to_thread(st.probe.busy_leases, leases, now)
@@ -369,12 +384,13 @@ async def reap_loop(st: ServerState) -> None:
                 await asyncio.to_thread(pool.cluster.flush)
             if time.monotonic() - st.last_purge > 3600:
                 st.last_purge = time.monotonic()
-                if purged := await st.db(pool.purge_ended, time.time()):
-                    log.info(
-                        "forgot %d leases that ended over %s ago",
-                        purged,
-                        human_seconds(pool.cfg.ended_retention_s),
-                    )
+                with contextlib.suppress(StorageFull):  # on a full disk forgetting waits an hour more
+                    if purged := await st.db(pool.purge_ended, time.time()):
+                        log.info(
+                            "forgot %d leases that ended over %s ago",
+                            purged,
+                            human_seconds(pool.cfg.ended_retention_s),
+                        )
             for lease in ended:
                 if lease["remote"]:
                     await stop_worker(st, lease["id"])

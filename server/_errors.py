@@ -10,7 +10,10 @@ PoolError                  every refusal the API answers with (never a traceback
 ├── LeaseEnded       410   heartbeat on a released, expired or reclaimed lease (carries the reason)
 ├── Impossible       422   can never fit this server (more GPUs than it has, filters leave too few)
 │   └── RemoteNotOffered 422  a remote lease from a server whose GPUs are simulated
-└── RemoteUnavailable 503  remote execution cannot start on this server (its worker did not start)
+├── RemoteUnavailable 503  remote execution cannot start on this server (its worker did not start)
+└── StorageFull      507   the state directory's disk is full: a write (a grant, a token, a setting)
+                           cannot be stored; running leases, heartbeats and releases go on (kept in
+                           memory until the disk has room, server._store)
 """
 
 from __future__ import annotations
@@ -78,3 +81,9 @@ class RemoteNotOffered(RemoteUnavailable):
     """Never possible on this server (simulated GPUs): 422 like Impossible, so no client retries it."""
 
     status = 422
+
+
+class StorageFull(PoolError):
+    """507 Insufficient Storage: nothing new can be stored until the state disk has room again."""
+
+    status, code = 507, "storage_full"

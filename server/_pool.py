@@ -28,6 +28,7 @@ from server._errors import (
     LeaseEnded,
     LimitExceeded,
     NotFound,
+    StorageFull,
     TokenExpired,
     Unauthorized,
 )
@@ -371,6 +372,13 @@ class Pool:
         except (Impossible, Busy, LimitExceeded) as exc:
             out.update(code=exc.code, reason=exc.message, hint=exc.hint)
             return out
+        if not self.store.condition()["writable"]:  # it fits, but a grant could not be stored now
+            out.update(
+                code="storage_full",
+                reason=f"this server's state disk is full ({self.inv.hostname}): no new leases until it has room",
+                hint="gpuattach asks the other servers and retries this one later",
+            )
+            return out
         out.update(fits_now=True, score=placement.score, placement=[g.index for g in placement.gpus])
         return out
 
@@ -408,6 +416,7 @@ class Pool:
         the etcd transaction (client's marker unchanged since its sum was read) succeeded."""
         if self.cluster is not None:
             snapshot = snapshot or self.cluster.client_snapshot(caller.client)
+        lease_id, recorded = None, False
         try:
             with self.store.transaction():
                 placement = self._decide(caller, req, filters, snapshot)
@@ -430,12 +439,18 @@ class Pool:
                     for g, m, f in zip(placement.gpus, placement.mem_bytes, placement.fractions, strict=True)
                 ]
                 self.store.insert_lease(lease, partitions)
-                if snapshot is not None and not self.cluster.record_grant(
-                    snapshot, lease_id, round(sum(placement.fractions), 6)
-                ):
-                    raise _Conflict
+                if snapshot is not None:
+                    recorded = self.cluster.record_grant(
+                        snapshot, lease_id, round(sum(placement.fractions), 6)
+                    )
+                    if not recorded:
+                        raise _Conflict
         except (Impossible, Busy, LimitExceeded) as exc:
             self.events.deny(caller.client, exc.message, now)
+            raise
+        except StorageFull:
+            if recorded:  # etcd counts a lease the disk could not store: take its share back
+                self.cluster.forget_lease(caller.client, lease_id)
             raise
         return lease_id
 

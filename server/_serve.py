@@ -20,6 +20,7 @@ from server._config import ServerConfig
 from server._errors import PoolError
 from server._events import EventLog
 from server._inventory import GIB, default_addr, nvml_inventory, simulated_inventory
+from server._lock import StateDirLock
 from server._pool import Pool
 from server._store import open_store
 
@@ -82,12 +83,23 @@ def _sampler(cfg: ServerConfig, events: EventLog, live: dict, stop: threading.Ev
 
 
 async def serve(cfg: ServerConfig) -> int:
+    lock = StateDirLock(cfg.state_dir).acquire()  # first: a second server on this state stops here
+    try:
+        return await _serve(cfg)
+    finally:
+        lock.release()
+
+
+async def _serve(cfg: ServerConfig) -> int:
     inv = _inventory(cfg)
     if cfg.mps and inv.simulated:
         raise PoolError("--mps needs real GPUs", "drop --mps with --simulate-gpus")
     if bool(cfg.tls_cert) != bool(cfg.tls_key):
         raise PoolError("TLS needs both --tls-cert and --tls-key", "give both, or neither for plain HTTP")
-    store = open_store(cfg.state_dir)
+    store = open_store(cfg.state_dir, report=log.warning)
+    # One small real write tells a full disk now, not at the first grant: then the server starts
+    # read-only (running leases served, nothing new granted) and says so.
+    read_only = not store.retry_writes(probe=True)
     from collector import CollectorError
 
     try:
@@ -146,6 +158,8 @@ async def serve(cfg: ServerConfig) -> int:
     scheme = "https" if ssl_ctx else "http"
     gpus = ", ".join(f"{g.index}:{g.name} {g.mem_total_bytes / GIB:.0f}GiB" for g in inv.gpus)
     label = " [SIMULATED GPUs: control plane only]" if inv.simulated else ""
+    if read_only:
+        label += f" [READ-ONLY: the disk of {cfg.state_dir} is full; new leases once it has room]"
     shown = cfg.host if cfg.host not in ("", "0.0.0.0", "::") else inv.addr
     print(f"gpupool-server listening on {scheme}://{shown}:{pool.port} (advertised address {inv.addr}) with "
           f"{plural(len(inv.gpus), 'GPU')}{label}{' [MPS]' if mps else ''}: {gpus}", flush=True)  # fmt: skip
@@ -194,6 +208,15 @@ async def serve(cfg: ServerConfig) -> int:
         await asyncio.to_thread(mps.stop)
     events.close()
     st.db_thread.shutdown(wait=True)
+    store.retry_writes()  # a last try for what waits in memory
+    if unsaved := store.condition()["unsaved_leases"]:
+        log.error(
+            "state disk still full: changes of %s not written and lost with this process (%s); at the "
+            "next start a lease whose release was lost ends when its processes or worker are found "
+            "gone, or one TTL later, as its client no longer heartbeats",
+            plural(len(unsaved), "lease"),
+            ", ".join(unsaved),
+        )
     store.close()
     print("gpupool-server stopped", file=sys.stderr, flush=True)
     return 0

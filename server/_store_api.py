@@ -76,6 +76,14 @@ class LeaseStore(Protocol):
 
     def set_worker(self, lease_id: str, worker: dict) -> None: ...
 
+    # On a full disk the lease writes above are kept in memory, applied by every read and written
+    # when the disk has room; every other write raises StorageFull (server._store's docstring).
+    def retry_writes(self, probe: bool = False) -> bool:
+        """Write what waits in memory (``probe``: also test the disk by a real write); True if writable."""
+
+    def condition(self) -> dict:
+        """``writable``, ``problem``, ``full_since`` (epoch s or None), ``unsaved_leases`` (ids)."""
+
     def purge_ended(self, cutoff: float) -> int:
         """Forget leases (and their partitions) that ended before ``cutoff``; how many went."""
 

@@ -56,7 +56,11 @@ def _parser() -> argparse.ArgumentParser:
         "--advertise-addr", help="address clients reach this server at (what server.addr filters match)"
     )
     s.add_argument(
-        "--state-dir", type=Path, help="where leases, policy and tokens are stored (default /var/lib/gpupool)"
+        "--state-dir",
+        type=Path,
+        help="where leases, policy and tokens are stored (default /var/lib/gpupool); one server per "
+        "directory (a second is refused with the first one's PID); on a full disk the server serves "
+        "read-only (docs/pool.md, A full disk)",
     )
     s.add_argument(
         "--simulate-gpus",

@@ -273,7 +273,7 @@ class PoolClient:
                         never.append((server, refusal, a["server"]))
                     elif a["fits_now"]:
                         fits.append((a["score"], rng.random(), server))
-                    elif a["code"] == "busy":
+                    elif a["code"] in ("busy", "storage_full"):  # not now; this server may grant later
                         busy.append((server, a["reason"]))
                     elif a["code"] == "limit_exceeded":
                         limits.append((server, a["reason"]))
@@ -286,8 +286,8 @@ class PoolClient:
                     lease = self.call(server, "POST", "/v1/leases", body)
                     return server, lease
                 except ApiError as exc:
-                    if exc.code == "busy":
-                        continue  # another client took it between fit and claim: try the next one
+                    if exc.code in ("busy", "storage_full"):
+                        continue  # taken between fit and claim, or its disk filled: try the next one
                     if exc.code == "limit_exceeded":
                         limits.append((server, exc.message))
                         continue

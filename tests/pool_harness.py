@@ -92,6 +92,7 @@ class ServerProc:
         else:
             self.proc.kill()
             raise RuntimeError(f"gpupool-server did not start in {timeout}s: {self.log.read_text()[-2000:]}")
+        self.banner = line.decode().strip()  # what the server says it serves, and how
         self.url = line.split(b"listening on ")[1].split()[0].decode()
         self.port = int(self.url.rsplit(":", 1)[1])  # a restart comes back on the same port
         return self

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from small_disk import small_disk
 
 import analytics
 from collector._compact import compact, recover
@@ -112,34 +113,73 @@ def test_unwritable_directory_is_one_clear_error(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"), reason="needs root to mount a tiny tmpfs")
 def test_disk_full_is_reported_and_leaves_readable_segments(tmp_path):
-    disk = tmp_path / "small"
-    disk.mkdir()
-    if subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=160k", "tmpfs", str(disk)], capture_output=True
-    ).returncode:
-        pytest.skip("cannot mount tmpfs here")
-    try:
-        w = TelemetryWriter(disk, "h", flush_interval_s=0)
+    """A flush on a full disk raises one clear error, keeps its rows, leaves no temporary file and only
+    whole segments; the CLI stopped on a still-full disk says in one line how many rows were dropped."""
+    with small_disk(tmp_path / "small", size="160k") as disk:
+        w = TelemetryWriter(disk.path, "h", flush_interval_s=0)
         with pytest.raises(TelemetryWriteError, match="disk full"):
             for k in range(200):
                 w.append("gpu_samples", rows(2000, start=T0 + dt.timedelta(hours=k)))
                 w.flush()
         assert w.buffered_rows >= 2000  # kept for a retry, not dropped
-        assert hidden_files(disk) == []  # no half-written temporary segment left behind
-        for seg in disk.rglob("*.parquet"):
+        assert hidden_files(disk.path) == []  # no half-written temporary segment left behind
+        for seg in disk.path.rglob("*.parquet"):
             pq.read_table(seg)  # every visible segment is whole
-        # the CLI: one line, non-zero exit
+        # the CLI samples on, and when it stops with the disk still full says what it could not write:
+        # one line, non-zero exit
         proc = subprocess.run(
-            [*CLI, "--simulate", "64", "--interval", "0.05s", "--flush", "0.2s", "--duration", "20", "--out", str(disk)],
+            [*CLI, "--simulate", "64", "--interval", "0.05s", "--flush", "0.2s", "--duration", "2", "--out", str(disk.path)],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert proc.returncode != 0
-        assert "gpustat-collect: error: disk full writing telemetry" in proc.stderr.strip().splitlines()[-1]
+        last = proc.stderr.strip().splitlines()[-1]
+        assert (
+            last.startswith("gpustat-collect: error: disk full writing telemetry")
+            and "dropped at exit" in last
+        )
         assert "Traceback" not in proc.stderr
-    finally:
-        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def test_live_sampling_through_a_full_disk_keeps_its_rows_and_writes_them_when_space_returns(tmp_path):
+    """The collector does what its message says: on a full disk it samples on, keeps the rows in memory
+    and writes them once there is room; no tick of the full period is missing afterwards."""
+    with small_disk(tmp_path / "small") as disk:
+        out = disk.path / "tele"
+        proc = subprocess.Popen(
+            [*CLI, "--simulate", "4", "--interval", "0.1s", "--flush", "0.3s", "--rollup-every", "0", "--out", str(out)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 30
+            while not list(out.rglob("gpu_samples-*.parquet")) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            disk.fill(keep=True)
+            full_from = dt.datetime.now(dt.UTC)
+            time.sleep(2.5)  # about 25 ticks that cannot be written
+            assert proc.poll() is None, "the collector stopped on a full disk"
+            full_until = dt.datetime.now(dt.UTC)
+            disk.free()
+            time.sleep(1.5)  # several flushes with room again
+            proc.send_signal(signal.SIGTERM)
+            _, stderr = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 0, stderr
+        assert "kept in memory" in stderr and "telemetry written again" in stderr
+        con = analytics.open_telemetry(out)
+        n, ticks = con.execute("SELECT count(*), count(DISTINCT ts) FROM gpu_samples").fetchone()
+        assert n == 4 * ticks  # whole ticks, none written twice
+        during = con.execute(
+            "SELECT count(DISTINCT ts) FROM gpu_samples WHERE ts BETWEEN ? AND ?", [full_from, full_until]
+        ).fetchone()[0]
+        assert during >= 10  # the full period's ticks are there (25 at 10 Hz; fewer on a busy machine)
+        widest = con.execute(
+            "SELECT max(gap) FROM (SELECT epoch(ts) - lag(epoch(ts)) OVER (ORDER BY ts) AS gap"
+            " FROM (SELECT DISTINCT ts FROM gpu_samples))"
+        ).fetchone()[0]
+        assert widest < 1.0  # no hole where the disk was full
 
 
 def test_kill_9_mid_run_loses_at_most_the_unflushed_interval(tmp_path):

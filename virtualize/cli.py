@@ -296,10 +296,12 @@ def cmd_servers(args) -> int:
                     ("simulated", info["simulated"]),
                     ("mps", info["mps"]),
                     ("tls", info.get("tls")),
+                    ("state disk full: no new leases", not a.get("store", {}).get("writable", True)),
                 )
                 if on
             )
-            rows.append([_short(server.url), "up", info["hostname"], str(info["gpu_count"]), str(a["leases_active"]),
+            up = "up" if a.get("status", "ok") == "ok" else a["status"]  # degraded: its state disk is full
+            rows.append([_short(server.url), up, info["hostname"], str(info["gpu_count"]), str(a["leases_active"]),
                          info.get("driver_version") or "-", info.get("cuda_version") or "-", flags or "-"])  # fmt: skip
         else:
             rows.append([_short(server.url), "DOWN", "-", "-", "-", "-", "-", getattr(a, "title", str(a))])
