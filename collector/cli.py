@@ -519,8 +519,8 @@ def cmd_import(argv: list[str]) -> int:
     except CollectorError as exc:
         return _err(exc.title, exc.hint)
     print(report.summary())
-    if report.rows == 0:
-        return 1
+    if report.rows == 0:  # nothing new: fine where all of it was stored before, else nothing usable
+        return 0 if report.duplicates else 1
     from collector.location import is_s3
 
     if not args.no_rollups and not is_s3(str(args.out)):  # a bucket's rollups are built elsewhere
