@@ -603,6 +603,8 @@ def cmd_compact(argv: list[str]) -> int:
     extra = f", finished {result.recovered} interrupted compaction(s)" if result.recovered else ""
     for why in result.skipped:
         print(f"skipped {why}", file=sys.stderr)
+    for where, why in result.moved_aside:
+        print(f"{PROG}: warning: damaged segment moved aside to {where} ({why})", file=sys.stderr)
     print(
         f"compacted {plural(result.folders, 'partition')}: {plural(result.segments_in, 'segment')} -> {result.segments_out} ({plural(result.rows, 'row')}){extra}"
     )

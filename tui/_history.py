@@ -45,6 +45,7 @@ class HistorySnapshot:
     idle_users: tuple[Any, ...]  # analytics AttributionRow, most idle-while-holding hours first
     error: str | None = None
     pool: Any | None = None  # analytics PoolActivity: what the pool servers' lease events say
+    notes: tuple[str, ...] = ()  # analytics.telemetry_notes: damaged segments, hosts without rollups
 
 
 class HistorySource:
@@ -62,6 +63,7 @@ class HistorySource:
         with self._lock:
             try:
                 con = analytics.open_telemetry(self.dirs, require_data=False, check_versions=False)
+                notes = tuple(analytics.telemetry_notes(con))
                 newest = live.newest_sample_time(con)
                 if newest is None:
                     return HistorySnapshot(range_label, None, None, None, (), "no telemetry in range yet")
@@ -85,7 +87,9 @@ class HistorySource:
         idle = sorted(
             (r for r in users.rows if r.idle_holding_hours > 0), key=lambda r: (-r.idle_holding_hours, r.key)
         )
-        return HistorySnapshot(range_label, start, end, summary, tuple(idle[:TOP_USERS]), pool=pool)
+        return HistorySnapshot(
+            range_label, start, end, summary, tuple(idle[:TOP_USERS]), pool=pool, notes=notes
+        )
 
 
 class HistoryView(View):
@@ -183,6 +187,8 @@ class HistoryView(View):
             status.append("   SIMULATED data", style="bold magenta")
         if snap.error:
             status.append(f"   {snap.error}", style="bold yellow")
+        for note in snap.notes:
+            status.append(f"\n{note}", style="yellow")
         self._status(status)
         self.query_one("#history-summary", SyncTable).set_rows(summary_rows(snap.summary))
         self.query_one("#history-users", SyncTable).set_rows(user_rows(snap.idle_users))
