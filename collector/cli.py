@@ -34,6 +34,21 @@ def parse_duration(text: str) -> float:
     return value
 
 
+def parse_backfill(text: str) -> float:
+    """An argparse type: a span of simulated history ending now that starts within the schema's time
+    range (``collector.schema.TS_RANGE``: no sample is older)."""
+    from collector.schema import TS_RANGE
+
+    value = parse_duration(text)
+    longest = (dt.datetime.now(dt.UTC) - TS_RANGE[0]).total_seconds()
+    if value > longest:
+        raise argparse.ArgumentTypeError(
+            f"{text} is out of range: history starts in {TS_RANGE[0].year} at the earliest "
+            f"(at most {longest // 86400:.0f}d)"
+        )
+    return value
+
+
 def parse_period(text: str) -> float:
     """An argparse type: a duration, where 0 means never."""
     try:
@@ -57,6 +72,14 @@ def default_spool() -> Path:
     return default_out().parent / "spool"
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad usage is one line and exit 2, like every other error a user can cause."""
+
+    def error(self, message: str):
+        print(f"{PROG}: error: {message}; see {self.prog} --help", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
 def _keep_raw_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--keep-raw",
@@ -77,7 +100,7 @@ def _err(title: str, hint: str = "") -> int:
 
 # -- collect ------------------------------------------------------------------------------------------
 def collect_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog=PROG,
         description=(
             "Sample every GPU of this host (NVML) into Parquet telemetry segments that DuckDB reads: "
@@ -144,7 +167,7 @@ def collect_parser() -> argparse.ArgumentParser:
     p.add_argument("--replay-host", metavar="NAME", help="which host of a multi-host recording to replay")
     p.add_argument(
         "--backfill",
-        type=parse_duration,
+        type=parse_backfill,
         metavar="D",
         help="simulated fleet only: first write D of simulated history ending now (e.g. 7d)",
     )
@@ -450,7 +473,7 @@ def _backfill(fleet, writer, args, stop: threading.Event) -> list[float] | None:
 
 # -- import -------------------------------------------------------------------------------------------
 def import_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog=f"{PROG} import",
         description="Import logs you already have into gpupool telemetry (same schema, source column says which).",
     )
@@ -547,7 +570,7 @@ def _update_rollups(root: Path, hosts: tuple[str, ...] = (), *, keep_raw_s=None,
 
 # -- compact ------------------------------------------------------------------------------------------
 def compact_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog=f"{PROG} compact",
         description=(
             "Merge each day's small segments (one per flush) into one segment per table and host. Safe "
