@@ -124,7 +124,11 @@ def _stored_keys(out: str | Path, host: str, days: set[dt.date]) -> set[tuple]:
     keys: set[tuple] = set()
     for day in sorted(days):
         folder = f"{base}/gpu_samples/date={day.isoformat()}/host={host}"
-        for info in fs.get_file_info(FileSelector(folder, allow_not_found=True)):
+        try:
+            listing = fs.get_file_info(FileSelector(folder, allow_not_found=True))
+        except NotADirectoryError:  # nothing stored there (and the write will say why it cannot be)
+            continue
+        for info in listing:
             if info.type != FileType.File or info.base_name.startswith("."):
                 continue
             if not info.base_name.endswith(".parquet"):
