@@ -66,7 +66,9 @@ class HistorySource:
                 notes = tuple(analytics.telemetry_notes(con))
                 newest = live.newest_sample_time(con)
                 if newest is None:
-                    return HistorySnapshot(range_label, None, None, None, (), "no telemetry in range yet")
+                    return HistorySnapshot(
+                        range_label, None, None, None, (), "no telemetry in range yet", notes=notes
+                    )
                 end = newest + timedelta(seconds=1)  # scopes are start <= ts < end
                 start = None if span is None else end - span
                 scope = analytics.Scope(start=start, end=end)
@@ -79,10 +81,10 @@ class HistorySource:
                 summary = analytics.fleet_summary(con, scope)
                 users = analytics.attribution(con, scope, by="user")
             except analytics.TelemetryError as exc:  # no GPU samples in range: the pool may still have events
-                return HistorySnapshot(range_label, start, end, None, (), exc.title, pool=pool)
+                return HistorySnapshot(range_label, start, end, None, (), exc.title, pool=pool, notes=notes)
             except Exception as exc:
                 return HistorySnapshot(
-                    range_label, start, end, None, (), f"telemetry unreadable: {exc}", pool=pool
+                    range_label, start, end, None, (), f"telemetry unreadable: {exc}", pool=pool, notes=notes
                 )
         idle = sorted(
             (r for r in users.rows if r.idle_holding_hours > 0), key=lambda r: (-r.idle_holding_hours, r.key)
