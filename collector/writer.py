@@ -25,6 +25,7 @@ import contextlib
 import datetime as dt
 import errno
 import itertools
+import logging
 import os
 import re
 import secrets
@@ -42,6 +43,7 @@ from collector._errors import TelemetryWriteError
 from collector.location import Location, S3Location, describe_s3_error, parse_location
 from collector.schema import SCHEMA_VERSION, TABLES, Table, row_problem, valid_mask
 
+log = logging.getLogger("gpupool.telemetry")
 _HOST_OK = re.compile(r"^[A-Za-z0-9._-]+$")
 _seq = itertools.count()
 
@@ -281,6 +283,12 @@ class TelemetryWriter:
             self.rows_rejected += len(rows) - data.num_rows
             if self.first_rejected is None:
                 self.first_rejected = next(filter(None, (row_problem(table, r) for r in rows)), None)
+                log.warning(
+                    "telemetry: a %s row with an impossible value was not stored (%s); later ones are "
+                    "counted, not logged",
+                    table_name,
+                    self.first_rejected,
+                )
         with self._buffer_lock:
             if self._closed:
                 raise RuntimeError("TelemetryWriter is closed")
