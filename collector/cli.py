@@ -475,7 +475,12 @@ def _backfill(fleet, writer, args, stop: threading.Event) -> list[float] | None:
 def import_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog=f"{PROG} import",
-        description="Import logs you already have into gpupool telemetry (same schema, source column says which).",
+        description=(
+            "Import logs you already have into gpupool telemetry (same schema, source column says which). "
+            "Rows that do not parse, or hold a value outside its column's physical range (999999 %, "
+            "-300 C, NaN, year 9999), are skipped and counted with the first reason; a sample already "
+            "read or stored is kept once; a failed import leaves nothing written (docs/collector.md)."
+        ),
     )
     sub = p.add_subparsers(dest="format", required=True, metavar="FORMAT")
     smi = sub.add_parser(

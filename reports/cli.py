@@ -105,7 +105,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     build.add_argument("dirs", nargs="+", metavar="DIR", help=DIRS_HELP)
     build.add_argument(
-        "-o", "--output", type=Path, default=Path("report.html"), help="file to write (report.html)"
+        "-o",
+        "--output",
+        type=Path,
+        default=Path("report.html"),
+        help="file to write, not a directory (report.html)",
     )
     build.add_argument(
         "--start", type=_when, help="first time to include, ISO (UTC unless given); default: all"
