@@ -36,11 +36,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from collector.schema import METADATA_VERSION_KEY, SCHEMA_VERSION, TABLES
+from collector.schema import DAMAGED_DIR, METADATA_VERSION_KEY, SCHEMA_VERSION, TABLES
 from collector.writer import _fsync_dir, conform
 
 JOURNAL_GLOB = ".compact-*.json"
-DAMAGED_DIR = "damaged"  # under the telemetry root: not a table, so no reader lists it
 STALE_TMP_S = 600.0  # an unfinished segment this old belongs to a writer that died
 
 

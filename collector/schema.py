@@ -348,5 +348,9 @@ ROLLUP_TABLES: dict[str, Table] = {t.name: t for t in (GPU_ROLLUP_MINUTE, GPU_RO
 # Footer metadata of a rollup file (JSON): the period it covers, the thresholds it fixed, the watermark.
 METADATA_ROLLUP_KEY = b"gpupool.rollup"
 
+# Where damaged segments are moved aside (``<root>/damaged/<table>/date=D/host=H/<name>``): not a table,
+# so no reader lists it.
+DAMAGED_DIR = "damaged"
+
 # Hive partition columns and the types readers must give them (a host named "007" stays a string).
 PARTITION_TYPES = {"date": "DATE", "host": "VARCHAR"}

@@ -212,3 +212,25 @@ def test_report_build_builds_missing_rollups_once(tmp_path):
         timeout=300,
     )
     assert second.returncode == 0 and "without rollups" not in second.stderr, second.stderr
+
+
+def test_a_damaged_rollup_file_is_moved_aside_and_made_again(tmp_path):
+    """A rollup file cut short is skipped by the report and, at the next rollup build, moved to
+    DIR/damaged/ and made again from the raw samples: the figures then equal those before the damage."""
+    root = tmp_path / "telemetry"
+    make_telemetry(root)
+    analytics.build_rollups(root)
+    before = analytics.fleet_summary(analytics.open_telemetry(root), analytics.Scope()).gpu_hours
+    newest = sorted(root.glob("gpu_rollup_1m/date=*/host=h1/rollup.parquet"))[-1]
+    truncate(newest)
+    out = tmp_path / "r.html"
+    built = subprocess.run(
+        [*REPORT, "build", str(root), "-o", str(out)], capture_output=True, text=True, timeout=120
+    )
+    assert built.returncode == 0 and str(newest) in built.stderr, built.stderr
+    proc = subprocess.run([*REPORT, "rollup", str(root)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert (root / "damaged" / newest.relative_to(root)).is_file()
+    con = analytics.open_telemetry(root)
+    assert analytics.damaged_segments(con) == []
+    assert analytics.fleet_summary(con, analytics.Scope()).gpu_hours == pytest.approx(before)
