@@ -107,9 +107,13 @@ def read_text(path: Path) -> str:
     return data.decode("utf-8-sig", errors="replace")
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_US = dt.timedelta(microseconds=1)
+
+
 def sample_key(row: dict) -> tuple:
-    """What makes a sample one: its time and its GPU (uuid where known, else index)."""
-    return (row["ts"], row.get("gpu_uuid") or row.get("gpu_index"))
+    """What makes a sample one: its time (µs since 1970, as stored) and its GPU (uuid, else index)."""
+    return ((row["ts"] - _EPOCH) // _US, row.get("gpu_uuid") or row.get("gpu_index"))
 
 
 def _stored_keys(out: str | Path, host: str, days: set[dt.date]) -> set[tuple]:
@@ -137,8 +141,11 @@ def _stored_keys(out: str | Path, host: str, days: set[dt.date]) -> set[tuple]:
                 got = pq.read_table(info.path, columns=["ts", "gpu_uuid", "gpu_index"], filesystem=fs)
             except (pa.ArrowInvalid, OSError):  # a damaged segment: the readers skip it too
                 continue
-            for ts, uuid, index in zip(*(got.column(c).to_pylist() for c in got.column_names), strict=True):
-                keys.add((ts, uuid or index))
+            us = got.column("ts").cast(pa.int64()).to_pylist()  # integers: 20x faster than datetimes
+            for t, uuid, index in zip(
+                us, got.column("gpu_uuid").to_pylist(), got.column("gpu_index").to_pylist(), strict=True
+            ):
+                keys.add((t, uuid or index))
     return keys
 
 

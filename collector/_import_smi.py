@@ -141,7 +141,8 @@ def parse(text: str, name: str, report: ImportReport, zone: dt.tzinfo) -> list[d
             report.read += 1
             report.bad(f"{name}:line {lineno}", str(exc))
             continue
-        fields = [_field_name(c) for c in cells]
+        # only a line naming "timestamp" can be a header: data lines skip the parse of field names
+        fields = [_field_name(c) for c in cells] if "timestamp" in line.lower() else ()
         if "timestamp" in fields and ("index" in fields or "uuid" in fields or "gpu_uuid" in fields):
             header = fields  # the first header, or one repeated by an `-l` loop
             report.ignored_columns.update(f for f in fields if f not in FIELDS and f != "timestamp")

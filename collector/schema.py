@@ -218,22 +218,36 @@ def _shown(value, unit: str) -> str:
 def row_problem(table: Table, row: dict) -> str | None:
     """Why ``row`` cannot be stored in ``table`` (a value outside its column's ``valid`` range, NaN,
     infinite, a text too long to be a name), or None. One line, in the column's terms."""
-    for c in table.columns:
-        value = row.get(c.name)
-        if value is None:
+    checks = _checks(table)
+    for name, value in row.items():
+        column = checks.get(name)
+        if column is None or value is None:
             continue
         if isinstance(value, str):
             if len(value) > TEXT_MAX:
-                return f"{c.name} is {len(value)} characters long (at most {TEXT_MAX})"
+                return f"{name} is {len(value)} characters long (at most {TEXT_MAX})"
             continue
-        if c.valid is None:
+        if column.valid is None:
             continue
         if isinstance(value, float) and math.isnan(value):
-            return f"{c.name} is NaN"
-        lo, hi = c.valid
+            return f"{name} is NaN"
+        lo, hi = column.valid
         if not lo <= value <= hi:
-            return f"{c.name} {_shown(value, c.unit)} is outside {_shown(lo, c.unit)} to {_shown(hi, c.unit)}"
+            return f"{name} {_shown(value, column.unit)} is outside {_shown(lo, column.unit)} to {_shown(hi, column.unit)}"
     return None
+
+
+_CHECKS: dict[str, dict[str, Column]] = {}
+
+
+def _checks(table: Table) -> dict[str, Column]:
+    # The columns a row's values are checked against: ranged ones and texts (an importer checks
+    # every row: one dict lookup per value).
+    known = _CHECKS.get(table.name)
+    if known is None:
+        known = {c.name: c for c in table.columns if c.valid is not None or pa.types.is_string(c.type)}
+        _CHECKS[table.name] = known
+    return known
 
 
 def valid_mask(table: Table, data: pa.Table) -> pa.ChunkedArray | None:
