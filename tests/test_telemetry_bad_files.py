@@ -234,3 +234,19 @@ def test_a_damaged_rollup_file_is_moved_aside_and_made_again(tmp_path):
     con = analytics.open_telemetry(root)
     assert analytics.damaged_segments(con) == []
     assert analytics.fleet_summary(con, analytics.Scope()).gpu_hours == pytest.approx(before)
+
+
+def test_the_app_shows_the_damaged_segment_above_the_figures(damaged, monkeypatch):
+    """The Streamlit report opens on telemetry with a damaged segment, names it in a warning and
+    lays out its figures from the rest."""
+    from streamlit.testing.v1 import AppTest
+
+    from reports.app import DIRS_ENV
+
+    root, bad = damaged
+    monkeypatch.setenv(DIRS_ENV, str(root))
+    app = Path(__file__).resolve().parent.parent / "reports" / "app.py"
+    at = AppTest.from_file(str(app), default_timeout=90).run()
+    assert not at.exception and not at.error
+    assert any(bad.name in w.value for w in at.warning)
+    assert [h.value for h in at.header][:1] == ["Summary"]
