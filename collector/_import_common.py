@@ -66,7 +66,9 @@ class ImportReport:
                 f"first: {self.first_rejected})"
             )
         if self.duplicates:
-            text += f", {plural(self.duplicates, 'sample')} already read or stored kept once"
+            text += (
+                f", {plural(self.duplicates, 'duplicate sample')} skipped (already read or already stored)"
+            )
         if self.ignored_columns:
             text += f"; columns not in the schema, ignored: {', '.join(sorted(self.ignored_columns))}"
         return text
