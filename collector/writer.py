@@ -276,23 +276,29 @@ class TelemetryWriter:
         if any(not isinstance(row.get("ts"), dt.datetime) for row in rows):
             raise ValueError(f"{table_name}: every row needs 'ts' as a timezone-aware datetime")
         table = TABLES[table_name]
-        data = rows_to_table(table, rows)  # raises on a value of the wrong type
-        ok = valid_mask(table, data)
-        if ok is not None:
-            data = data.filter(ok)
-            self.rows_rejected += len(rows) - data.num_rows
-            if self.first_rejected is None:
-                self.first_rejected = next(filter(None, (row_problem(table, r) for r in rows)), None)
-                log.warning(
-                    "telemetry: a %s row with an impossible value was not stored (%s); later ones are "
-                    "counted, not logged",
-                    table_name,
-                    self.first_rejected,
-                )
+        data = self._sane(table, rows_to_table(table, rows))  # raises on a value of the wrong type
         with self._buffer_lock:
             if self._closed:
                 raise RuntimeError("TelemetryWriter is closed")
             self._buffers[table_name].append(data)
+
+    def _sane(self, table: Table, data: pa.Table) -> pa.Table:
+        """``data`` less its rows with a value outside its column's range, counted (the first logged)."""
+        ok = valid_mask(table, data)
+        if ok is None:
+            return data
+        kept = data.filter(ok)
+        self.rows_rejected += data.num_rows - kept.num_rows
+        if self.first_rejected is None:
+            bad = data.filter(pc.invert(ok)).slice(0, 1).to_pylist()
+            self.first_rejected = row_problem(table, bad[0])
+            log.warning(
+                "telemetry: a %s row with an impossible value was not stored (%s); later ones are "
+                "counted, not logged",
+                table.name,
+                self.first_rejected,
+            )
+        return kept
 
     @property
     def buffered_rows(self) -> int:
@@ -373,7 +379,7 @@ class TelemetryWriter:
     def write_table(self, table_name: str, data: pa.Table) -> int:
         """Write an Arrow table (already in memory, e.g. a backfill or an import) as segments now."""
         table = TABLES[table_name]
-        data = conform(table, data)
+        data = self._sane(table, conform(table, data))
         with self._write_lock:
             try:
                 written = self._write_days(table, data, self._sink, retry=False)

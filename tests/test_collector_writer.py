@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -391,3 +392,10 @@ def test_writer_never_stores_a_value_outside_its_physical_range(tmp_path):
     assert writer.rows_rejected == 3 and writer.first_rejected.startswith("temperature_c")
     stored = pq.read_table(tmp_path / "gpu_samples", partitioning=None)
     assert sorted(stored.column("ts").to_pylist()) == sorted(batch[i]["ts"] for i in (0, 4))
+
+    # the same rule for a table written whole (a backfill)
+    later = rows(2, start=T0 + dt.timedelta(days=2))
+    later[0]["mem_used_bytes"] = -1
+    direct = TelemetryWriter(tmp_path / "direct", "h", flush_interval_s=0)
+    assert direct.write_table("gpu_samples", pa.Table.from_pylist(later)) == 1
+    assert direct.rows_rejected == 1 and direct.first_rejected.startswith("mem_used_bytes")
