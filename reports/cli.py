@@ -250,10 +250,11 @@ def _ensure_rollups(dirs: list[str]) -> None:
             continue
         try:
             analytics.build_rollups(d, hosts=hosts)
-        except OSError as exc:
+        except (OSError, analytics.TelemetryError) as exc:
+            why = getattr(exc, "title", None) or getattr(exc, "strerror", None) or exc
             print(
-                f"gpustat-report: warning: rollups not built in {d} ({exc.strerror or exc}); the report "
-                f"reads raw samples (slow): run gpustat-report rollup {d} where it can write",
+                f"gpustat-report: warning: rollups not built in {d} ({why}); the report reads raw "
+                f"samples (slow): run gpustat-report rollup {d} where it can write",
                 file=sys.stderr,
                 flush=True,
             )
