@@ -35,7 +35,13 @@ from analytics._summary import (
     SummaryOptions,
     fleet_summary,
 )
-from analytics._telemetry import TelemetryError, open_telemetry
+from analytics._telemetry import (
+    TelemetryError,
+    damaged_segments,
+    open_telemetry,
+    telemetry_notes,
+    unrolled_hosts,
+)
 from analytics._weights import GAP_FACTOR
 from analytics._whatif import DEMANDS, GRANULARITIES, POLICIES, PoolOptions, WhatIf, what_if
 
@@ -73,6 +79,7 @@ __all__ = [
     "attribution",
     "build_rollups",
     "busiest_idlest",
+    "damaged_segments",
     "data_extent",
     "expire_raw",
     "fleet_patterns",
@@ -81,6 +88,8 @@ __all__ = [
     "open_telemetry",
     "pool_activity",
     "rollups_built",
+    "telemetry_notes",
+    "unrolled_hosts",
     "utilization_timeline",
     "what_if",
 ]

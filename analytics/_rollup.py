@@ -87,9 +87,9 @@ import pyarrow.parquet as pq
 
 from analytics import _rows
 from analytics._scope import Scope, utc
-from analytics._telemetry import open_telemetry
+from analytics._telemetry import _intact, open_telemetry
 from analytics._weights import weighted_rows_sql
-from collector.schema import METADATA_ROLLUP_KEY, ROLLUP_TABLES, SCHEMA_VERSION
+from collector.schema import DAMAGED_DIR, METADATA_ROLLUP_KEY, ROLLUP_TABLES, SCHEMA_VERSION
 from collector.writer import conform, write_segment
 
 MINUTE_US = 60_000_000
@@ -568,6 +568,20 @@ def _drop_legacy(root: Path, host: str) -> bool:
     return per_day or old_rows
 
 
+def _move_damaged(root: Path, host: str) -> int:
+    """Move the host's rollup files cut short (a full disk, a partial copy) to ``<root>/damaged/``,
+    same relative path; returns how many. They are derived data: the build then makes them again."""
+    moved = 0
+    for name in ROLLUP_TABLES:
+        for path in _files(root, name, host):
+            if not _intact(str(path)):
+                target = root / DAMAGED_DIR / path.relative_to(root)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, target)
+                moved += 1
+    return moved
+
+
 def _build_host(
     con, root: Path, host: str, lag_s: float, rebuild: bool, since_us: int | None, say, result
 ) -> None:
@@ -582,6 +596,10 @@ def _build_host(
     if newest is None:
         return
     watermark = (newest - int(lag_s * 1_000_000)) // MINUTE_US * MINUTE_US
+    moved = _move_damaged(root, host)
+    if moved:
+        say(f"{host}: {moved} damaged rollup file(s) moved aside to {root / DAMAGED_DIR}: rebuilding them")
+        rebuild = True
     if _drop_legacy(root, host):
         say(f"{host}: rollups of an earlier layout found: rebuilding them")
         rebuild = True

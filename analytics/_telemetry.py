@@ -9,12 +9,17 @@ A location may also be an S3-compatible bucket, ``s3://bucket/prefix``, that col
 environment variables). DuckDB reads it through an fsspec wrapper of pyarrow's S3 client registered
 on the connection (``_S3Files``): the duckdb wheel has no httpfs extension built in, and its
 extension repository need not be reachable from where the report runs.
+
+A damaged segment (truncated by a full disk or a partial copy: no Parquet footer) is left out of the
+views with a warning naming it (logged once per process, and listed in the temp table
+``damaged_segments`` for pages to show): one bad file never stops a report.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -34,6 +39,8 @@ from collector.schema import (
     TABLES,
     Table,
 )
+
+log = logging.getLogger("gpupool.telemetry")
 
 
 class TelemetryError(Exception):
@@ -184,6 +191,59 @@ def _duck_type(arrow_type: pa.DataType) -> str:
     }[arrow_type]
 
 
+# path -> ((mtime ns, size), why): segments found damaged, each warned about once per process.
+_DAMAGED: dict[str, tuple[tuple[int, int], str]] = {}
+_INTACT: dict[str, tuple[int, int]] = {}  # path -> (mtime ns, size) of a segment found whole
+_PARQUET_MAGIC = b"PAR1"
+
+
+def _damaged(path: str, key: tuple[int, int], why: str) -> None:
+    if path not in _DAMAGED:
+        log.warning(
+            "skipping damaged telemetry segment %s (%s); gpustat-collect compact DIR moves it aside",
+            path,
+            why,
+        )
+    _DAMAGED[path] = (key, why)
+
+
+def _intact(path: str) -> bool:
+    """Whether a local segment ends with Parquet's footer magic: a file cut short (a full disk, a
+    partial copy) does not. Cheap (its last bytes), remembered while the file stays the same."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return True  # gone since the listing: nothing to skip
+    key = (st.st_mtime_ns, st.st_size)
+    if _INTACT.get(path) == key:
+        return True
+    known = _DAMAGED.get(path)
+    if known is not None and known[0] == key:
+        return False
+    try:
+        with open(path, "rb") as fh:
+            if st.st_size >= 12:
+                fh.seek(-4, os.SEEK_END)
+            tail = fh.read(4)
+    except OSError as exc:
+        _damaged(path, key, exc.strerror or str(exc))
+        return False
+    if st.st_size < 12 or tail != _PARQUET_MAGIC:
+        _damaged(path, key, f"not a whole Parquet file: {st.st_size} bytes, no footer")
+        return False
+    _DAMAGED.pop(path, None)
+    _INTACT[path] = key
+    return True
+
+
+def damaged_segments(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
+    """(path, why) of the segments the last ``open_telemetry`` on ``con`` left out as damaged."""
+    try:
+        return con.execute("SELECT path, why FROM damaged_segments ORDER BY path").fetchall()
+    except duckdb.CatalogException:
+        return []
+
+
 # path -> ((mtime ns, size), version, columns, rows): a segment's footer is read once per process, not
 # at every open (the report opens the telemetry for each figure; a directory holds thousands of segments).
 _VERSIONS: dict[str, tuple[tuple[int, int], int, tuple, int]] = {}
@@ -202,7 +262,7 @@ def schema_versions(paths: Iterable[str]) -> set[int]:
 
 def _local_footer(path: str) -> tuple[tuple[int, int], int, tuple, int] | None:
     """(file key, schema version, column layout, rows) of a local segment, from its footer read once
-    per process while the file stays the same; None for a file gone since it was listed."""
+    per process while the file stays the same; None for a file gone since it was listed or damaged."""
     try:
         st = os.stat(path)
     except FileNotFoundError:  # removed since the listing (compaction, retention): not read either
@@ -210,7 +270,14 @@ def _local_footer(path: str) -> tuple[tuple[int, int], int, tuple, int] | None:
     key = (st.st_mtime_ns, st.st_size)
     known = _VERSIONS.get(path)
     if known is None or known[0] != key:
-        meta = pq.read_metadata(path)
+        damaged = _DAMAGED.get(path)
+        if damaged is not None and damaged[0] == key:
+            return None
+        try:
+            meta = pq.read_metadata(path)
+        except (pa.ArrowInvalid, OSError) as exc:  # a footer that does not parse: left out
+            _damaged(path, key, str(exc).split(". ")[0])
+            return None
         known = (key, *_facts(meta.schema.to_arrow_schema()), meta.num_rows)
         _VERSIONS[path] = known
     return known
@@ -293,11 +360,16 @@ def open_telemetry(
         con.execute("SET parquet_metadata_cache = true")
     found_any = False
     listed: dict[tuple[Location, str], list[str]] = {}  # each table of each root listed once
+    damaged: list[str] = []
     for table in (*TABLES.values(), *(ROLLUP_TABLES.values() if rollups else ())):
         per_root = {root: _segments(root, table.name) for root in roots}
+        bad = {f for segs in per_root.values() for f in segs if not f.startswith("s3://") and not _intact(f)}
+        if bad:
+            per_root = {r: [f for f in segs if f not in bad] for r, segs in per_root.items()}
         listed.update(((root, table.name), segs) for root, segs in per_root.items())
         files = [f for segs in per_root.values() for f in segs]
         if not files:
+            damaged += sorted(bad)
             con.execute(f"CREATE OR REPLACE TEMP VIEW {table.name} AS {_empty_select(table)}")
             continue
         found_any = found_any or table.name in TABLES
@@ -308,6 +380,12 @@ def open_telemetry(
         by_name = not derived
         if check_versions and not derived:
             versions, layouts = _segment_facts(files)
+            unread = {f for f in files if f in _DAMAGED}  # a footer that does not parse
+            if unread:
+                bad |= unread
+                files = [f for f in files if f not in unread]
+                per_root = {r: [f for f in segs if f not in unread] for r, segs in per_root.items()}
+                listed.update(((root, table.name), segs) for root, segs in per_root.items())
             by_name = len(layouts) > 1
             unknown = versions - {SCHEMA_VERSION}
             if unknown:
@@ -316,6 +394,10 @@ def open_telemetry(
                     f"version {SCHEMA_VERSION}",
                     "upgrade gpupool, or point it at directories written by one version",
                 )
+        damaged += sorted(bad)
+        if not files:  # every segment of the table damaged
+            con.execute(f"CREATE OR REPLACE TEMP VIEW {table.name} AS {_empty_select(table)}")
+            continue
         globs = ", ".join(
             _sql_literal(
                 f"{root}/{table.name}/**/*.parquet"
@@ -325,10 +407,11 @@ def open_telemetry(
             for root, segs in per_root.items()
             if segs
         )
-        if derived and not any(is_s3(r) for r in roots):
+        if (derived or bad) and not any(is_s3(r) for r in roots):
             # Rollup views name their files, listed here as their marks are read here (what a query
             # reads of them is cut at those marks anyway): a glob lists them again at every query,
-            # 0.3 s for the 5,760 minute files of 512 GPUs over 90 days.
+            # 0.3 s for the 5,760 minute files of 512 GPUs over 90 days. A table with a damaged
+            # segment is named file by file too, that one left out (a glob would take it back in).
             globs = ", ".join(_sql_literal(f) for f in sorted(files))
         # Rollup files all have the one schema the build writes (one file per host and day: thousands
         # over months), so they are read by position without opening every footer at each bind; a
@@ -341,6 +424,12 @@ def open_telemetry(
         con.execute("DROP TABLE IF EXISTS rollup_marks")
     # The directories read (NULL: some location is a bucket), for listings after the open
     # (``analytics._rollup.windowed_tail``); and no cached raw tail of an earlier open.
+    con.execute("CREATE OR REPLACE TEMP TABLE damaged_segments (path VARCHAR, why VARCHAR)")
+    if damaged:
+        con.executemany(
+            "INSERT INTO damaged_segments VALUES (?, ?)",
+            [(p, _DAMAGED.get(p, ((0, 0), "?"))[1]) for p in damaged],
+        )
     local = None if any(is_s3(r) for r in roots) else [str(r) for r in roots]
     con.execute("CREATE OR REPLACE TEMP TABLE telemetry_roots AS SELECT ?::VARCHAR[] AS roots", [local])
     con.execute("DROP VIEW IF EXISTS raw_tail_windowed")
@@ -459,3 +548,61 @@ def _register_rollup_marks(
             f"INSERT INTO rollup_marks VALUES {rows}",
             [v for (h, lv), m in marks.items() for v in (h, lv, *m)],
         )
+
+
+# Raw samples of one host without rollups above which every summary gets slow (about a second; a week
+# of 64 GPUs at 10 s is 20 s a report, 0.35 s once rollups exist).
+UNROLLED_ROWS = 200_000
+
+
+def unrolled_hosts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """Hosts whose raw gpu_samples have no rollups, with their raw rows, where those are enough to make
+    every summary slow: telemetry written by an older version, copied raw, backfilled or replayed.
+    Empty where a location is a bucket (rollups are built in a directory) or rollups were not opened."""
+    try:
+        (roots,) = con.execute("SELECT roots FROM telemetry_roots").fetchall()[0]
+        hosts = [
+            h
+            for (h,) in con.execute(
+                "SELECT DISTINCT host FROM rollup_marks WHERE level = '1m' AND covers_to_us IS NULL"
+            ).fetchall()
+        ]
+    except duckdb.CatalogException:
+        return {}
+    if roots is None:
+        return {}
+    slow = {}
+    for host in hosts:
+        footers = (
+            _local_footer(p)
+            for root in roots
+            for day in Path(root, "gpu_samples").glob("date=*")
+            for p in _walk(str(day / f"host={host}"))
+        )
+        rows = sum(f[3] for f in footers if f is not None)
+        if rows >= UNROLLED_ROWS:
+            slow[host] = rows
+    return slow
+
+
+def telemetry_notes(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """One line for each thing about the telemetry a page should say before its figures: segments left
+    out as damaged, hosts slow for want of rollups (and the command that fixes each)."""
+    from collector.words import plural
+
+    notes = []
+    damaged = damaged_segments(con)
+    if damaged:
+        path, why = damaged[0]
+        notes.append(
+            f"{plural(len(damaged), 'damaged telemetry segment')} left out (first: {path}: {why}); "
+            "gpustat-collect compact DIR moves them aside"
+        )
+    slow = unrolled_hosts(con)
+    if slow:
+        named = ", ".join(sorted(slow)[:3]) + (", …" if len(slow) > 3 else "")
+        notes.append(
+            f"{plural(len(slow), 'host')} ({named}) without rollups: every figure reads "
+            f"{sum(slow.values()):,} raw samples and is slow; gpustat-report rollup DIR builds them"
+        )
+    return notes

@@ -15,6 +15,10 @@ Readers see, for the few milliseconds of step 3, the merged rows and some origin
 crash, until the next compaction or collector start recovers.
 
 Segments the live collector writes while compaction runs are not in the journal and are left alone.
+
+A damaged segment (its footer does not parse: cut short by a full disk or a partial copy) is moved
+aside, out of every reader's way, to ``<root>/damaged/<table>/date=D/host=H/`` under its own name,
+and the rest of its folder is compacted as usual.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from collector.schema import METADATA_VERSION_KEY, SCHEMA_VERSION, TABLES
+from collector.schema import DAMAGED_DIR, METADATA_VERSION_KEY, SCHEMA_VERSION, TABLES
 from collector.writer import _fsync_dir, conform
 
 JOURNAL_GLOB = ".compact-*.json"
@@ -51,6 +55,7 @@ class CompactResult:
     rows: int = 0
     recovered: int = 0
     skipped: list[str] = field(default_factory=list)
+    moved_aside: list[tuple[Path, str]] = field(default_factory=list)  # (where it is now, why)
 
 
 def _segments(folder: Path) -> list[Path]:
@@ -101,10 +106,30 @@ def _roll_forward(journal: Path) -> None:
     _fsync_dir(folder)
 
 
+def move_damaged(folder: Path) -> list[tuple[Path, str]]:
+    """Move the segments of ``folder`` whose footer does not parse to ``<root>/damaged/…`` (same
+    relative path); returns (new path, why) of each."""
+    moved = []
+    for path in _segments(folder):
+        try:
+            pq.read_metadata(path)
+            continue
+        except (pa.ArrowInvalid, OSError) as exc:
+            why = str(exc).split(". ")[0]
+        root = folder.parent.parent.parent
+        target = root / DAMAGED_DIR / path.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
+        _fsync_dir(folder)
+        moved.append((target, why))
+    return moved
+
+
 def compact_folder(
     folder: Path, table_name: str, *, hook: Callable[[str], None] | None = None
 ) -> tuple[int, int]:
-    """Merge the segments of one partition folder; returns (segments merged, rows)."""
+    """Merge the segments of one partition folder (damaged ones already moved aside); returns
+    (segments merged, rows)."""
     originals = _segments(folder)
     if len(originals) < 2:
         return 0, 0
@@ -160,6 +185,7 @@ def compact(
     root = Path(root)
     result = CompactResult(recovered=recover(root))
     for folder in _partition_folders(root, date):
+        result.moved_aside += move_damaged(folder)  # any day's: no reader should meet them
         day = dt.date.fromisoformat(folder.parent.name.removeprefix("date="))
         if date is None and before is not None and day >= before:
             continue

@@ -1,8 +1,17 @@
-"""What both importers share: counting malformed lines and reporting them, writing per host."""
+"""What both importers share: reading a log file, counting the rows they skip and why, storing the
+rest each sample once and all or nothing.
+
+Every data row read ends one of four ways, and the report counts each: stored, malformed (does not
+parse), rejected (a value outside its column's physical range, ``collector.schema.row_problem``) or a
+duplicate (a sample of the same GPU at the same time already read or already stored).
+"""
 
 from __future__ import annotations
 
+import codecs
 import datetime as dt
+import stat
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,10 +21,15 @@ from collector.words import plural
 
 @dataclass
 class ImportReport:
-    rows: int = 0
+    rows: int = 0  # stored
+    read: int = 0  # data rows read: stored + malformed rows + rejected + duplicates
     files: int = 0
     malformed: int = 0
     first_malformed: str | None = None  # "file:line N: why"
+    rejected: int = 0
+    rejected_columns: Counter = field(default_factory=Counter)  # column -> rows rejected for it
+    first_rejected: str | None = None
+    duplicates: int = 0
     hosts: set[str] = field(default_factory=set)
     ignored_columns: set[str] = field(default_factory=set)
     first_ts: dt.datetime | None = None  # the oldest sample imported (rollups are brought up to date from it)
@@ -30,6 +44,13 @@ class ImportReport:
         if self.first_malformed is None:
             self.first_malformed = f"{where}: {why}"
 
+    def reject(self, where: str, why: str) -> None:
+        """A row that parsed but holds an impossible value (``why`` starts with the column's name)."""
+        self.rejected += 1
+        self.rejected_columns[why.split(" ", 1)[0]] += 1
+        if self.first_rejected is None:
+            self.first_rejected = f"{where}: {why}"
+
     def summary(self) -> str:
         text = f"imported {plural(self.rows, 'row')} from {plural(self.files, 'file')}"
         if self.hosts:
@@ -38,17 +59,133 @@ class ImportReport:
             text += f", {plural(self.malformed, 'malformed line')} skipped (first: {self.first_malformed})"
         else:
             text += ", no malformed lines"
+        if self.rejected:
+            per_column = ", ".join(f"{c} {n}" for c, n in sorted(self.rejected_columns.items()))
+            text += (
+                f", {plural(self.rejected, 'row')} with impossible values rejected ({per_column}; "
+                f"first: {self.first_rejected})"
+            )
+        if self.duplicates:
+            text += (
+                f", {plural(self.duplicates, 'duplicate sample')} skipped (already read or already stored)"
+            )
         if self.ignored_columns:
             text += f"; columns not in the schema, ignored: {', '.join(sorted(self.ignored_columns))}"
         return text
 
 
+def check_files(paths: list[Path]) -> None:
+    """Refuse, before anything is read, a path that is not a regular file: a FIFO or a device would be
+    waited on (or read forever), a directory is a mistake."""
+    for path in paths:
+        try:
+            mode = path.stat().st_mode
+        except FileNotFoundError:
+            raise InputError(f"file not found: {path}", "check the path") from None
+        except OSError as exc:
+            raise InputError(f"cannot read {path}: {exc.strerror}", "check the path") from None
+        if stat.S_ISDIR(mode):
+            raise InputError(f"{path} is a directory", "pass the log files themselves")
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+            raise InputError(
+                f"{path} is not a regular file ({kind})", "save the log to a file first and import that"
+            )
+
+
 def read_text(path: Path) -> str:
+    """The file's text: UTF-8 with or without a byte-order mark, or UTF-16 with one (what Windows
+    PowerShell's ``>`` writes); bytes that do not decode become U+FFFD and fail that line only."""
     try:
-        return path.read_text(errors="replace")
+        data = path.read_bytes()
     except FileNotFoundError:
         raise InputError(f"file not found: {path}", "check the path") from None
     except IsADirectoryError:
         raise InputError(f"{path} is a directory", "pass the log files themselves") from None
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror}", "check the file's permissions") from None
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return data.decode("utf-16", errors="replace")
+    return data.decode("utf-8-sig", errors="replace")
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_US = dt.timedelta(microseconds=1)
+
+
+def sample_key(row: dict) -> tuple:
+    """What makes a sample one: its time (µs since 1970, as stored) and its GPU (uuid, else index)."""
+    return ((row["ts"] - _EPOCH) // _US, row.get("gpu_uuid") or row.get("gpu_index"))
+
+
+def _stored_keys(out: str | Path, host: str, days: set[dt.date]) -> set[tuple]:
+    """Keys of the gpu_samples already stored for ``host`` on ``days`` (a directory or a bucket)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyarrow.fs import FileSelector, FileType
+
+    from collector.location import filesystem, parse_location
+
+    fs, base = filesystem(parse_location(out))
+    keys: set[tuple] = set()
+    for day in sorted(days):
+        folder = f"{base}/gpu_samples/date={day.isoformat()}/host={host}"
+        try:
+            listing = fs.get_file_info(FileSelector(folder, allow_not_found=True))
+        except NotADirectoryError:  # nothing stored there (and the write will say why it cannot be)
+            continue
+        for info in listing:
+            if info.type != FileType.File or info.base_name.startswith("."):
+                continue
+            if not info.base_name.endswith(".parquet"):
+                continue
+            try:
+                got = pq.read_table(info.path, columns=["ts", "gpu_uuid", "gpu_index"], filesystem=fs)
+            except (pa.ArrowInvalid, OSError):  # a damaged segment: the readers skip it too
+                continue
+            us = got.column("ts").cast(pa.int64()).to_pylist()  # integers: 20x faster than datetimes
+            for t, uuid, index in zip(
+                us, got.column("gpu_uuid").to_pylist(), got.column("gpu_index").to_pylist(), strict=True
+            ):
+                keys.add((t, uuid or index))
+    return keys
+
+
+def _new_samples(out: str | Path, host: str, rows: list[dict], report: ImportReport) -> list[dict]:
+    """``rows`` less those already read (a file with duplicate rows, the same file given twice) or
+    already stored (an import run again), counted in ``report.duplicates``."""
+    seen = _stored_keys(out, host, {r["ts"].date() for r in rows})
+    fresh = []
+    for row in rows:
+        key = sample_key(row)
+        if key in seen:
+            report.duplicates += 1
+            continue
+        seen.add(key)
+        fresh.append(row)
+    return fresh
+
+
+def store(out: str | Path, rows_by_host: dict[str, list[dict]], report: ImportReport) -> None:
+    """Write each host's new samples into ``out``: all of them or, if anything fails part-way (a full
+    disk, a refused upload), none (the segments already written are removed)."""
+    from collector.writer import TelemetryWriter, check_host
+
+    fresh = {check_host(h): _new_samples(out, h, rows, report) for h, rows in rows_by_host.items()}
+    writers = []
+    try:
+        for host, rows in fresh.items():
+            if rows:
+                writer = TelemetryWriter(out, host, flush_interval_s=0, undoable=True)
+                writers.append(writer)
+                writer.append("gpu_samples", rows)  # typed here: a bad value fails before any write
+        for writer in writers:
+            writer.close()
+    except BaseException:
+        for writer in writers:
+            writer.undo()
+        raise
+    for host, rows in fresh.items():
+        report.hosts.add(host)
+        report.rows += len(rows)
+        report.saw(rows)

@@ -4,18 +4,23 @@ Each sample line is parsed with prometheus_client's text parser, one line at a t
 malformed line is counted and reported and the rest of the dump still imports. GPUs are told apart
 by their ``gpu``/``UUID`` labels; the host comes from the ``Hostname`` label (or ``--host``).
 Units: DCGM reports percent for GPU_UTIL/MEM_COPY_UTIL, MiB for FB_*, watts, millijoules, MHz; the
-PROF_* metrics are already ratios.
+PROF_* metrics are already ratios. A row (one GPU in one scrape) holding a value outside its column's
+physical range (``collector.schema``: NaN, +Inf, 10^23 MiB, a 20-digit ``gpu`` label) is counted and
+reported, never stored; the files' rows are stored all or none.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
+import re
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector._import_common import ImportReport, read_text
-from collector.writer import TelemetryWriter, default_host
+from collector._import_common import ImportReport, check_files, read_text, store
+from collector.schema import GPU_SAMPLES, row_problem
+from collector.writer import default_host
 
 KIND = "dcgm"
 MIB = 2**20
@@ -84,7 +89,7 @@ def parse(text: str, name: str, report: ImportReport) -> list[tuple[_Scrape, flo
         row = scrape.values.setdefault(
             (host, key),
             {
-                "gpu_index": int(key[0]) if key[0].isdigit() else None,
+                "gpu_index": int(key[0]) if key[0].isascii() and key[0].isdigit() else None,
                 "gpu_uuid": key[1] or None,
                 "gpu_name": sample.labels.get("modelName"),
                 "state": "ok",
@@ -100,11 +105,25 @@ def parse(text: str, name: str, report: ImportReport) -> list[tuple[_Scrape, flo
         if sample.name in FIELDS:
             column, factor = FIELDS[sample.name]
             value = sample.value * factor
-            row[column] = round(value) if column in _INT_COLUMNS else value
+            row[column] = _stored(column, value)
     return [(s, ts) for s, ts in scrapes if s.values]
 
 
+def _stored(column: str, value: float) -> float | int:
+    # Byte columns are whole numbers; NaN and infinities stay floats for the range check to refuse.
+    return round(value) if column in _INT_COLUMNS and math.isfinite(value) else value
+
+
+def _stamp(when: float) -> dt.datetime | str:
+    """The scrape's time, or why it is not one (the row is then rejected for its ``ts``)."""
+    try:
+        return dt.datetime.fromtimestamp(when, dt.UTC)
+    except (OverflowError, OSError, ValueError):
+        return f"ts {when:g} (seconds since 1970) is not a time"
+
+
 def import_files(files: list[Path], out: Path, *, host: str | None, interval_s: float | None) -> ImportReport:
+    check_files(files)
     report = ImportReport()
     by_host: dict[str, list[dict]] = {}
     for path in files:
@@ -116,28 +135,31 @@ def import_files(files: list[Path], out: Path, *, host: str | None, interval_s: 
         for k, (scrape, ts) in enumerate(scrapes):
             # Without timestamps the scrapes of one file end at its mtime, `step` apart.
             when = ts if ts is not None else mtime - (len(scrapes) - 1 - k) * step
-            stamp = dt.datetime.fromtimestamp(when, dt.UTC)
-            for (label_host, _key), row in scrape.values.items():
+            stamp = _stamp(when)
+            for (label_host, key), row in scrape.values.items():
+                report.read += 1
                 fb = row.pop("_fb")
                 if "DCGM_FI_DEV_FB_USED" in fb and "DCGM_FI_DEV_FB_FREE" in fb:
-                    row["mem_total_bytes"] = round(sum(fb.values()) * MIB)
+                    row["mem_total_bytes"] = _stored("mem_total_bytes", sum(fb.values()) * MIB)
+                where = f"{path.name}: scrape {k + 1}, gpu={key[0][:40]!r} UUID={key[1][:60]!r}"
+                if isinstance(stamp, str):
+                    report.reject(where, stamp)
+                    continue
                 row["ts"] = stamp
-                by_host.setdefault(host or label_host or default_host(), []).append(row)
-    for h, rows in by_host.items():
+                why = row_problem(GPU_SAMPLES, row)
+                if why:
+                    report.reject(where, why)
+                    continue
+                by_host.setdefault(_safe_host(host or label_host or default_host()), []).append(row)
+    for rows in by_host.values():
         order: dict[str, int] = {}
         for row in rows:
             if row["gpu_index"] is None:
                 row["gpu_index"] = order.setdefault(row["gpu_uuid"], len(order))
-        writer = TelemetryWriter(out, _safe_host(h), flush_interval_s=0)
-        writer.append("gpu_samples", rows)
-        writer.close()
-        report.rows += len(rows)
-        report.saw(rows)
-        report.hosts.add(_safe_host(h))
+    store(out, by_host, report)
     return report
 
 
 def _safe_host(name: str) -> str:
-    import re
-
-    return re.sub(r"[^A-Za-z0-9._-]", "-", name) or "unknown"
+    safe = re.sub(r"[^A-Za-z0-9._-]", "-", name)[:200]
+    return safe if safe.strip(".") else "unknown"  # never "", "." or ".." as a path component

@@ -2,8 +2,9 @@
 
 Handles: units in the header and values (``utilization.gpu [%]``, ``35 %``, ``1234 MiB``) or not
 (``--format=csv,nounits``), the header repeated by ``-l`` loops, ``[N/A]`` / ``[Not Supported]`` /
-``N/A`` as null. Percent becomes a ratio 0–1, MiB bytes, MHz hertz. A line that does not parse is
-counted and reported, never silently dropped.
+``N/A`` as null. Percent becomes a ratio 0–1, MiB bytes, MHz hertz. A line that does not parse, or
+that holds a value outside its column's physical range (``collector.schema``), is counted and
+reported, never silently dropped and never stored.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from collector._errors import InputError
-from collector._import_common import ImportReport, read_text
-from collector.writer import TelemetryWriter
+from collector._import_common import ImportReport, check_files, read_text, store
+from collector.schema import GPU_SAMPLES, row_problem
 
 KIND = "nvidia-smi"
 _NULLS = {
@@ -68,7 +70,9 @@ def _text(text: str) -> str | None:
 def _num(column_factor: float, kind: type = float) -> Callable[[str], object]:
     def parse(text: str):
         value = _number(text, column_factor)
-        return None if value is None else kind(round(value) if kind is int else value)
+        if value is None or not math.isfinite(value):  # 400 digits: inf, refused by the range check
+            return value
+        return kind(round(value) if kind is int else value)
 
     return parse
 
@@ -114,9 +118,13 @@ def _timestamp(text: str, zone: dt.tzinfo) -> dt.datetime:
     value = text.strip()
     for fmt in _TS_FORMATS:
         try:
-            return dt.datetime.strptime(value, fmt).replace(tzinfo=zone).astimezone(dt.UTC)
+            naive = dt.datetime.strptime(value, fmt)
         except ValueError:
             continue
+        try:
+            return naive.replace(tzinfo=zone).astimezone(dt.UTC)
+        except OverflowError:  # year 1 or 9999 shifted out of the calendar: the range check refuses it
+            return naive.replace(tzinfo=dt.UTC)
     raise ValueError(f"not a timestamp: {value!r}")
 
 
@@ -130,13 +138,16 @@ def parse(text: str, name: str, report: ImportReport, zone: dt.tzinfo) -> list[d
         try:
             cells = next(csv.reader(io.StringIO(line), skipinitialspace=True))
         except (csv.Error, StopIteration) as exc:
+            report.read += 1
             report.bad(f"{name}:line {lineno}", str(exc))
             continue
-        fields = [_field_name(c) for c in cells]
+        # only a line naming "timestamp" can be a header: data lines skip the parse of field names
+        fields = [_field_name(c) for c in cells] if "timestamp" in line.lower() else ()
         if "timestamp" in fields and ("index" in fields or "uuid" in fields or "gpu_uuid" in fields):
             header = fields  # the first header, or one repeated by an `-l` loop
             report.ignored_columns.update(f for f in fields if f not in FIELDS and f != "timestamp")
             continue
+        report.read += 1
         if header is None:
             report.bad(
                 f"{name}:line {lineno}",
@@ -160,6 +171,13 @@ def parse(text: str, name: str, report: ImportReport, zone: dt.tzinfo) -> list[d
         if row.get("gpu_index") is None and row.get("gpu_uuid") is None:
             report.bad(f"{name}:line {lineno}", "no GPU index or uuid")
             continue
+        if "ts" not in row:
+            report.bad(f"{name}:line {lineno}", "no timestamp")
+            continue
+        why = row_problem(GPU_SAMPLES, row)
+        if why:
+            report.reject(f"{name}:line {lineno}", why)
+            continue
         rows.append(row)
     return rows
 
@@ -174,6 +192,7 @@ def _fill_index(rows: list[dict]) -> None:
 
 def import_files(files: list[Path], out: Path, *, host: str, tz: str | None = None) -> ImportReport:
     zone = _zone(tz)
+    check_files(files)
     report = ImportReport(hosts={host})
     all_rows: list[dict] = []
     for path in files:
@@ -181,10 +200,5 @@ def import_files(files: list[Path], out: Path, *, host: str, tz: str | None = No
         report.files += 1
         all_rows.extend(parse(text, path.name, report, zone))
     _fill_index(all_rows)
-    if all_rows:
-        writer = TelemetryWriter(out, host, flush_interval_s=0)
-        writer.append("gpu_samples", all_rows)
-        writer.close()
-    report.rows = len(all_rows)
-    report.saw(all_rows)
+    store(out, {host: all_rows}, report)
     return report

@@ -34,6 +34,21 @@ def parse_duration(text: str) -> float:
     return value
 
 
+def parse_backfill(text: str) -> float:
+    """An argparse type: a span of simulated history ending now that starts within the schema's time
+    range (``collector.schema.TS_RANGE``: no sample is older)."""
+    from collector.schema import TS_RANGE
+
+    value = parse_duration(text)
+    longest = (dt.datetime.now(dt.UTC) - TS_RANGE[0]).total_seconds()
+    if value > longest:
+        raise argparse.ArgumentTypeError(
+            f"{text} is out of range: history starts in {TS_RANGE[0].year} at the earliest "
+            f"(at most {longest // 86400:.0f}d)"
+        )
+    return value
+
+
 def parse_period(text: str) -> float:
     """An argparse type: a duration, where 0 means never."""
     try:
@@ -57,6 +72,14 @@ def default_spool() -> Path:
     return default_out().parent / "spool"
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad usage is one line and exit 2, like every other error a user can cause."""
+
+    def error(self, message: str):
+        print(f"{PROG}: error: {message}; see {self.prog} --help", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
 def _keep_raw_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--keep-raw",
@@ -77,7 +100,7 @@ def _err(title: str, hint: str = "") -> int:
 
 # -- collect ------------------------------------------------------------------------------------------
 def collect_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog=PROG,
         description=(
             "Sample every GPU of this host (NVML) into Parquet telemetry segments that DuckDB reads: "
@@ -144,7 +167,7 @@ def collect_parser() -> argparse.ArgumentParser:
     p.add_argument("--replay-host", metavar="NAME", help="which host of a multi-host recording to replay")
     p.add_argument(
         "--backfill",
-        type=parse_duration,
+        type=parse_backfill,
         metavar="D",
         help="simulated fleet only: first write D of simulated history ending now (e.g. 7d)",
     )
@@ -455,9 +478,14 @@ def _backfill(fleet, writer, args, stop: threading.Event) -> list[float] | None:
 
 # -- import -------------------------------------------------------------------------------------------
 def import_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog=f"{PROG} import",
-        description="Import logs you already have into gpupool telemetry (same schema, source column says which).",
+        description=(
+            "Import logs you already have into gpupool telemetry (same schema, source column says which). "
+            "Rows that do not parse, or hold a value outside its column's physical range (999999 %, "
+            "-300 C, NaN, year 9999), are skipped and counted with the first reason; a sample already "
+            "read or stored is kept once; a failed import leaves nothing written (docs/collector.md)."
+        ),
     )
     sub = p.add_subparsers(dest="format", required=True, metavar="FORMAT")
     smi = sub.add_parser(
@@ -524,8 +552,8 @@ def cmd_import(argv: list[str]) -> int:
     except CollectorError as exc:
         return _err(exc.title, exc.hint)
     print(report.summary())
-    if report.rows == 0:
-        return 1
+    if report.rows == 0:  # nothing new: fine where all of it was stored before, else nothing usable
+        return 0 if report.duplicates else 1
     from collector.location import is_s3
 
     if not args.no_rollups and not is_s3(str(args.out)):  # a bucket's rollups are built elsewhere
@@ -552,7 +580,7 @@ def _update_rollups(root: Path, hosts: tuple[str, ...] = (), *, keep_raw_s=None,
 
 # -- compact ------------------------------------------------------------------------------------------
 def compact_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog=f"{PROG} compact",
         description=(
             "Merge each day's small segments (one per flush) into one segment per table and host. Safe "
@@ -608,6 +636,8 @@ def cmd_compact(argv: list[str]) -> int:
     extra = f", finished {result.recovered} interrupted compaction(s)" if result.recovered else ""
     for why in result.skipped:
         print(f"skipped {why}", file=sys.stderr)
+    for where, why in result.moved_aside:
+        print(f"{PROG}: warning: damaged segment moved aside to {where} ({why})", file=sys.stderr)
     print(
         f"compacted {plural(result.folders, 'partition')}: {plural(result.segments_in, 'segment')} -> {result.segments_out} ({plural(result.rows, 'row')}){extra}"
     )

@@ -16,9 +16,12 @@ mix they do not understand.
 
 from __future__ import annotations
 
+import datetime as dt
+import math
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 SCHEMA_VERSION = 1
 
@@ -38,6 +41,7 @@ class Column:
     unit: str  # "" where the value has no unit (names, ids)
     doc: str
     nvidia_smi: str = ""  # the nvidia-smi --query-gpu field that shows the same value, where one does
+    valid: tuple | None = None  # (lo, hi), inclusive, in the column's unit: what a GPU can measure
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,24 @@ class Table:
 
 TS = pa.timestamp("us", tz="UTC")
 
-_COMMON_HEAD = (Column("ts", TS, "UTC", "Time of the sample (end of the interval it summarises)."),)
+# Physical ranges (``Column.valid``): a value outside one is not a measurement but a parse error, a
+# driver's sentinel or a unit mix-up (999999 %, 10^23 MiB, -300 °C, year 9999). Every importer and the
+# writer refuse a row holding one (``row_problem``, ``valid_mask``), so no figure is built on it.
+RATIO = (0.0, 1.0)
+TS_RANGE = (dt.datetime(2000, 1, 1, tzinfo=dt.UTC), dt.datetime(2100, 1, 1, tzinfo=dt.UTC))
+GPU_INDEX = (0, 4095)  # a host's NVML indices (gpustat-collect --simulate takes at most 4096 GPUs)
+MEMORY = (0, 2**44)  # 16 TiB: beyond any GPU's memory (the largest hold a few hundred GiB)
+POWER = (0.0, 10_000.0)  # watts: a whole superchip board draws a few kW
+ENERGY = (0.0, 1e13)  # joules since driver load: 10 kW for 30 years
+TEMPERATURE = (-50.0, 200.0)  # celsius: colder than any machine room, hotter than any GPU's shutdown
+CLOCK = (0.0, 1e10)  # hertz: 10 GHz
+PID = (0, 2**31 - 1)
+DURATION = (0.0, 1e10)  # seconds: 300 years
+TEXT_MAX = 1024  # characters of a name, uuid, label: longer is not a name but a mangled line
+
+_COMMON_HEAD = (
+    Column("ts", TS, "UTC", "Time of the sample (end of the interval it summarises).", valid=TS_RANGE),
+)
 _COMMON_TAIL = (
     Column("source", pa.string(), "", f"Where the row came from: one of {', '.join(SOURCES)}."),
     Column("simulated", pa.bool_(), "", "True for rows of the simulated fleet: never real GPU data."),
@@ -70,7 +91,7 @@ GPU_SAMPLES = Table(
     "One row per GPU per collector tick.",
     (
         *_COMMON_HEAD,
-        Column("gpu_index", pa.int16(), "", "NVML index of the GPU on its host.", "index"),
+        Column("gpu_index", pa.int16(), "", "NVML index of the GPU on its host.", "index", GPU_INDEX),
         Column("gpu_uuid", pa.string(), "", "GPU UUID (stable across reboots).", "uuid"),
         Column("gpu_name", pa.string(), "", "Product name.", "name"),
         Column(
@@ -82,36 +103,52 @@ GPU_SAMPLES = Table(
             "ratio",
             "Mean of the driver's utilization.gpu samples (duty cycle: some kernel was running) since the last tick.",
             "utilization.gpu",
+            RATIO,
         ),
-        Column("util_gpu_max", pa.float32(), "ratio", "Max of the same samples."),
+        Column("util_gpu_max", pa.float32(), "ratio", "Max of the same samples.", valid=RATIO),
         Column(
             "util_mem_mean",
             pa.float32(),
             "ratio",
             "Mean of the memory-controller utilization samples since the last tick.",
             "utilization.memory",
+            RATIO,
         ),
-        Column("util_mem_max", pa.float32(), "ratio", "Max of the same samples."),
-        Column("mem_used_bytes", pa.int64(), "bytes", "Device memory in use.", "memory.used"),
-        Column("mem_total_bytes", pa.int64(), "bytes", "Device memory in total.", "memory.total"),
-        Column("power_w", pa.float32(), "watts", "Power draw.", "power.draw"),
+        Column("util_mem_max", pa.float32(), "ratio", "Max of the same samples.", valid=RATIO),
+        Column("mem_used_bytes", pa.int64(), "bytes", "Device memory in use.", "memory.used", MEMORY),
+        Column("mem_total_bytes", pa.int64(), "bytes", "Device memory in total.", "memory.total", MEMORY),
+        Column("power_w", pa.float32(), "watts", "Power draw.", "power.draw", POWER),
         Column(
             "energy_j",
             pa.float64(),
             "joules",
             "Energy counter since driver load; read rarely (it costs ~4 ms), null on other ticks.",
+            valid=ENERGY,
         ),
-        Column("temperature_c", pa.float32(), "celsius", "GPU core temperature.", "temperature.gpu"),
-        Column("sm_clock_hz", pa.float32(), "hertz", "SM clock.", "clocks.sm"),
+        Column(
+            "temperature_c", pa.float32(), "celsius", "GPU core temperature.", "temperature.gpu", TEMPERATURE
+        ),
+        Column("sm_clock_hz", pa.float32(), "hertz", "SM clock.", "clocks.sm", CLOCK),
         Column(
             "sm_activity",
             pa.float32(),
             "ratio",
             "GPM: fraction of SM cycles with at least one warp resident, over all SMs (Hopper+).",
+            valid=RATIO,
         ),
-        Column("sm_occupancy", pa.float32(), "ratio", "GPM: achieved warps / max warps per SM (Hopper+)."),
-        Column("tensor_activity", pa.float32(), "ratio", "GPM: tensor pipe active ratio (Hopper+)."),
-        Column("dram_bw_util", pa.float32(), "ratio", "GPM: DRAM bandwidth used / peak (Hopper+)."),
+        Column(
+            "sm_occupancy",
+            pa.float32(),
+            "ratio",
+            "GPM: achieved warps / max warps per SM (Hopper+).",
+            valid=RATIO,
+        ),
+        Column(
+            "tensor_activity", pa.float32(), "ratio", "GPM: tensor pipe active ratio (Hopper+).", valid=RATIO
+        ),
+        Column(
+            "dram_bw_util", pa.float32(), "ratio", "GPM: DRAM bandwidth used / peak (Hopper+).", valid=RATIO
+        ),
         *_COMMON_TAIL,
     ),
 )
@@ -121,14 +158,20 @@ PROCESS_SAMPLES = Table(
     "One row per process holding a GPU, per collector tick.",
     (
         *_COMMON_HEAD,
-        Column("gpu_index", pa.int16(), "", "NVML index of the GPU on its host."),
+        Column("gpu_index", pa.int16(), "", "NVML index of the GPU on its host.", valid=GPU_INDEX),
         Column("gpu_uuid", pa.string(), "", "GPU UUID."),
-        Column("pid", pa.int64(), "", "Host PID (NVML reports host PIDs, also for containers)."),
+        Column("pid", pa.int64(), "", "Host PID (NVML reports host PIDs, also for containers).", valid=PID),
         Column("process_name", pa.string(), "", "Executable name."),
         Column("user", pa.string(), "", "Owner of the process."),
         Column("container_id", pa.string(), "", "Container id from /proc/PID/cgroup, or null."),
-        Column("mem_used_bytes", pa.int64(), "bytes", "GPU memory the process holds."),
-        Column("sm_util", pa.float32(), "ratio", "Process busy share (nvmlDeviceGetProcessUtilization)."),
+        Column("mem_used_bytes", pa.int64(), "bytes", "GPU memory the process holds.", valid=MEMORY),
+        Column(
+            "sm_util",
+            pa.float32(),
+            "ratio",
+            "Process busy share (nvmlDeviceGetProcessUtilization).",
+            valid=RATIO,
+        ),
         *_COMMON_TAIL,
     ),
 )
@@ -141,17 +184,92 @@ POOL_EVENTS = Table(
         Column("event", pa.string(), "", "grant, deny, release, expire or reclaim."),
         Column("lease_id", pa.string(), "", "Lease id (null for a denial)."),
         Column("client", pa.string(), "", "Client name the lease belongs to."),
-        Column("gpu_index", pa.int16(), "", "GPU of the partition (one row per GPU of the lease)."),
+        Column(
+            "gpu_index",
+            pa.int16(),
+            "",
+            "GPU of the partition (one row per GPU of the lease).",
+            valid=GPU_INDEX,
+        ),
         Column("gpu_uuid", pa.string(), "", "GPU UUID of the partition."),
-        Column("fraction", pa.float32(), "ratio", "Share of the GPU's memory the partition holds."),
-        Column("mem_bytes", pa.int64(), "bytes", "Memory of the partition."),
-        Column("duration_s", pa.float64(), "seconds", "Lease age at release/expire/reclaim."),
+        Column(
+            "fraction", pa.float32(), "ratio", "Share of the GPU's memory the partition holds.", valid=RATIO
+        ),
+        Column("mem_bytes", pa.int64(), "bytes", "Memory of the partition.", valid=MEMORY),
+        Column("duration_s", pa.float64(), "seconds", "Lease age at release/expire/reclaim.", valid=DURATION),
         Column("reason", pa.string(), "", "Why: the denial message, or why a lease ended."),
         *_COMMON_TAIL,
     ),
 )
 
 TABLES: dict[str, Table] = {t.name: t for t in (GPU_SAMPLES, PROCESS_SAMPLES, POOL_EVENTS)}
+
+
+def _shown(value, unit: str) -> str:
+    if unit == "ratio" and isinstance(value, int | float):
+        return f"{value * 100:g} %"
+    if unit == "bytes" and isinstance(value, int | float):
+        return f"{value / 2**30:g} GiB"
+    if isinstance(value, dt.datetime):
+        return f"{value.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC"
+    return f"{value:g} {unit}".rstrip() if isinstance(value, int | float) else repr(value)
+
+
+def row_problem(table: Table, row: dict) -> str | None:
+    """Why ``row`` cannot be stored in ``table`` (a value outside its column's ``valid`` range, NaN,
+    infinite, a text too long to be a name), or None. One line, in the column's terms."""
+    checks = _checks(table)
+    for name, value in row.items():
+        column = checks.get(name)
+        if column is None or value is None:
+            continue
+        if isinstance(value, str):
+            if len(value) > TEXT_MAX:
+                return f"{name} is {len(value)} characters long (at most {TEXT_MAX})"
+            continue
+        if column.valid is None:
+            continue
+        if isinstance(value, float) and math.isnan(value):
+            return f"{name} is NaN"
+        lo, hi = column.valid
+        if not lo <= value <= hi:
+            return f"{name} {_shown(value, column.unit)} is outside {_shown(lo, column.unit)} to {_shown(hi, column.unit)}"
+    return None
+
+
+_CHECKS: dict[str, dict[str, Column]] = {}
+
+
+def _checks(table: Table) -> dict[str, Column]:
+    # The columns a row's values are checked against: ranged ones and texts (an importer checks
+    # every row: one dict lookup per value).
+    known = _CHECKS.get(table.name)
+    if known is None:
+        known = {c.name: c for c in table.columns if c.valid is not None or pa.types.is_string(c.type)}
+        _CHECKS[table.name] = known
+    return known
+
+
+def valid_mask(table: Table, data: pa.Table) -> pa.ChunkedArray | None:
+    """Per row of ``data`` (an Arrow table of ``table``'s columns): True where every value is within its
+    column's range (or null); None where all are. The vectorised twin of ``row_problem``."""
+    ok = None
+    for c in table.columns:
+        if c.name not in data.column_names:
+            continue
+        col = data.column(c.name)
+        if pa.types.is_string(col.type):
+            good = pc.less_equal(pc.utf8_length(col), TEXT_MAX)
+        elif c.valid is None:
+            continue
+        else:
+            lo, hi = (pa.scalar(v, col.type) for v in c.valid)
+            good = pc.and_(pc.greater_equal(col, lo), pc.less_equal(col, hi))  # NaN compares false
+        good = pc.fill_null(good, True)
+        ok = good if ok is None else pc.and_(ok, good)
+    if ok is None or pc.all(ok).as_py():
+        return None
+    return ok
 
 
 def _rollup_table(name: str, period: str) -> Table:
@@ -243,6 +361,10 @@ GPU_ROLLUP_DAY = _rollup_table("gpu_rollup_1d", "day")  # made from the hour row
 ROLLUP_TABLES: dict[str, Table] = {t.name: t for t in (GPU_ROLLUP_MINUTE, GPU_ROLLUP_HOUR, GPU_ROLLUP_DAY)}
 # Footer metadata of a rollup file (JSON): the period it covers, the thresholds it fixed, the watermark.
 METADATA_ROLLUP_KEY = b"gpupool.rollup"
+
+# Where damaged segments are moved aside (``<root>/damaged/<table>/date=D/host=H/<name>``): not a table,
+# so no reader lists it.
+DAMAGED_DIR = "damaged"
 
 # Hive partition columns and the types readers must give them (a host named "007" stays a string).
 PARTITION_TYPES = {"date": "DATE", "host": "VARCHAR"}

@@ -27,6 +27,7 @@ import contextlib
 import datetime as dt
 import errno
 import itertools
+import logging
 import os
 import re
 import secrets
@@ -42,8 +43,9 @@ import pyarrow.parquet as pq
 
 from collector._errors import TelemetryWriteError
 from collector.location import Location, S3Location, describe_s3_error, parse_location
-from collector.schema import SCHEMA_VERSION, TABLES, Table
+from collector.schema import SCHEMA_VERSION, TABLES, Table, row_problem, valid_mask
 
+log = logging.getLogger("gpupool.telemetry")
 _HOST_OK = re.compile(r"^[A-Za-z0-9._-]+$")
 _seq = itertools.count()
 
@@ -123,6 +125,9 @@ class _DirSink:
         folder.mkdir(parents=True, exist_ok=True)
         write_segment(folder / name, table)
 
+    def remove(self, parts: tuple[str, ...], name: str) -> None:
+        self.root.joinpath(*parts, name).unlink(missing_ok=True)
+
     def describe(self, exc: OSError) -> TelemetryWriteError:
         return _describe_os_error(exc, self.root)
 
@@ -156,6 +161,10 @@ class _S3Sink:
     def put(self, parts: tuple[str, ...], name: str, data) -> None:
         with self.fs.open_output_stream(self.loc.key(*parts, name)) as out:
             out.write(data)
+
+    def remove(self, parts: tuple[str, ...], name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.delete_file(self.loc.key(*parts, name))
 
     def describe(self, exc: OSError) -> TelemetryWriteError:
         error = describe_s3_error(exc, self.loc)
@@ -221,6 +230,7 @@ class TelemetryWriter:
         *,
         flush_interval_s: float = 10.0,
         on_flush: Callable[[int], None] | None = None,
+        undoable: bool = False,
     ):
         self.location = parse_location(root)
         self.root = self.location  # a Path for a directory; kept under its old name for callers
@@ -234,6 +244,11 @@ class TelemetryWriter:
         self._write_lock = threading.Lock()  # one segment writer at a time
         self.rows_written = 0
         self.segments_written = 0
+        # (folder parts, name) of each segment written, for ``undo`` (one import's few; a collector's
+        # months of segments are not kept)
+        self.written: list[tuple[tuple[str, ...], str]] | None = [] if undoable else None
+        self.rows_rejected = 0  # rows refused for a value outside its column's range (schema.valid)
+        self.first_rejected: str | None = None
         self.last_flush: float | None = None  # time.time() of the last successful flush
         self.error: TelemetryWriteError | None = None
         self._closed = False
@@ -255,7 +270,9 @@ class TelemetryWriter:
 
     # -- buffering -------------------------------------------------------------------------------
     def append(self, table_name: str, rows: Iterable[dict]) -> None:
-        """Buffer rows for the next flush. Rows are typed now, so a bad row fails here, in the caller."""
+        """Buffer rows for the next flush. Rows are typed now, so a bad row fails here, in the caller.
+        A row with a value outside its column's physical range (``schema.row_problem``: a driver's
+        sentinel, NaN) is dropped and counted in ``rows_rejected``, never stored."""
         if table_name not in TABLES:
             raise ValueError(f"unknown telemetry table {table_name!r}; known: {', '.join(TABLES)}")
         rows = list(rows)
@@ -263,11 +280,30 @@ class TelemetryWriter:
             return
         if any(not isinstance(row.get("ts"), dt.datetime) for row in rows):
             raise ValueError(f"{table_name}: every row needs 'ts' as a timezone-aware datetime")
-        data = rows_to_table(TABLES[table_name], rows)  # raises on a value of the wrong type
+        table = TABLES[table_name]
+        data = self._sane(table, rows_to_table(table, rows))  # raises on a value of the wrong type
         with self._buffer_lock:
             if self._closed:
                 raise RuntimeError("TelemetryWriter is closed")
             self._buffers[table_name].append(data)
+
+    def _sane(self, table: Table, data: pa.Table) -> pa.Table:
+        """``data`` less its rows with a value outside its column's range, counted (the first logged)."""
+        ok = valid_mask(table, data)
+        if ok is None:
+            return data
+        kept = data.filter(ok)
+        self.rows_rejected += data.num_rows - kept.num_rows
+        if self.first_rejected is None:
+            bad = data.filter(pc.invert(ok)).slice(0, 1).to_pylist()
+            self.first_rejected = row_problem(table, bad[0])
+            log.warning(
+                "telemetry: a %s row with an impossible value was not stored (%s); later ones are "
+                "counted, not logged",
+                table.name,
+                self.first_rejected,
+            )
+        return kept
 
     @property
     def buffered_rows(self) -> int:
@@ -338,6 +374,8 @@ class TelemetryWriter:
             if sink is self._sink:
                 self.rows_written += part.num_rows
                 self.segments_written += 1
+                if self.written is not None:
+                    self.written.append((self._parts(table.name, day), name))
         if retry:
             for day in unique.to_pylist():
                 del self._retry_names[(table.name, day)]
@@ -346,7 +384,7 @@ class TelemetryWriter:
     def write_table(self, table_name: str, data: pa.Table) -> int:
         """Write an Arrow table (already in memory, e.g. a backfill or an import) as segments now."""
         table = TABLES[table_name]
-        data = conform(table, data)
+        data = self._sane(table, conform(table, data))
         with self._write_lock:
             try:
                 written = self._write_days(table, data, self._sink, retry=False)
@@ -356,6 +394,19 @@ class TelemetryWriter:
         if written and self._on_flush:
             self._on_flush(written)
         return written
+
+    def undo(self) -> None:
+        """Remove every segment this writer (made ``undoable``) wrote and drop what it buffers: an import
+        that failed part-way leaves nothing behind (best effort: a store refusing the removal keeps them)."""
+        if self.written is None:
+            raise TypeError("undo needs a TelemetryWriter(..., undoable=True)")
+        with self._buffer_lock:
+            self._buffers = {name: [] for name in TABLES}
+        with self._write_lock:
+            for parts, name in reversed(self.written):
+                with contextlib.suppress(OSError):
+                    self._sink.remove(parts, name)
+            self.written.clear()
 
     def _parts(self, table_name: str, day: dt.date) -> tuple[str, str, str]:
         return (table_name, f"date={day.isoformat()}", f"host={self.host}")

@@ -135,6 +135,7 @@ def build_html(dirs: list[str], opts: BuildOptions | None = None, progress=lambd
         f"<h1>GPU audit: how busy are the GPUs really?{' <span class=sim>' + P.SIMULATED_LABEL + '</span>' if sim else ''}</h1>",
         f"<p class='muted'>{html.escape(', '.join(dirs))} · {html.escape(opts.scope.describe())} · "
         f"generated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by gpustat-report</p>",
+        *[f"<div class='banner'>{html.escape(note)}</div>" for note in A.telemetry_notes(con)],
     ]
     if sim:
         parts.append(
@@ -210,6 +211,10 @@ def write_html(
 ) -> Path:
     page = build_html(dirs, opts, progress)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(out)
+    try:
+        tmp.write_text(page, encoding="utf-8")
+        tmp.replace(out)
+    except BaseException:  # a full disk, a directory in the way: no half page left behind
+        tmp.unlink(missing_ok=True)
+        raise
     return out

@@ -58,6 +58,11 @@ def has_rollups(dirs, _t) -> bool:
     return A.rollups_built(_t())
 
 
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
+def notes(dirs, _t) -> list[str]:
+    return A.telemetry_notes(_t())
+
+
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner="summarising...")
 def summary(dirs, scope, options, _t):
     return A.fleet_summary(_t(), scope, options)
@@ -218,6 +223,8 @@ def main() -> None:
 
     st.title("GPU audit: how busy are the GPUs really?")
     st.caption(f"{', '.join(dirs)} · {scope.describe()} · generated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
+    for note in notes(dirs, t):  # damaged segments left out, hosts slow for want of rollups
+        st.warning(note)
     if s.simulated:
         st.error(
             f"**{P.SIMULATED_LABEL}** — {P.pct(s.simulated_share)} of these GPU-hours come from gpupool's "

@@ -12,6 +12,7 @@ heavy imports wait until a command runs so ``--help`` is fast.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import socket
@@ -104,7 +105,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     build.add_argument("dirs", nargs="+", metavar="DIR", help=DIRS_HELP)
     build.add_argument(
-        "-o", "--output", type=Path, default=Path("report.html"), help="file to write (report.html)"
+        "-o",
+        "--output",
+        type=Path,
+        default=Path("report.html"),
+        help="file to write, not a directory (report.html)",
     )
     build.add_argument(
         "--start", type=_when, help="first time to include, ISO (UTC unless given); default: all"
@@ -225,10 +230,41 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def _ensure_rollups(dirs: list[str]) -> None:
+    """Say, in one line, which hosts have raw samples but no rollups (every figure would read them raw:
+    slow), and build them in each directory that takes them; where one does not, say the command."""
+    import analytics
+
+    slow = analytics.unrolled_hosts(analytics.open_telemetry(dirs))
+    if not slow:
+        return
+    hosts = tuple(sorted(slow))
+    print(
+        f"gpustat-report: {len(hosts)} host(s) without rollups ({sum(slow.values()):,} raw samples): "
+        "building them now, once (gpustat-report rollup DIR)",
+        file=sys.stderr,
+        flush=True,
+    )
+    for d in dirs:
+        if is_s3(d):
+            continue
+        try:
+            analytics.build_rollups(d, hosts=hosts)
+        except (OSError, analytics.TelemetryError) as exc:
+            why = getattr(exc, "title", None) or getattr(exc, "strerror", None) or exc
+            print(
+                f"gpustat-report: warning: rollups not built in {d} ({why}); the report reads raw "
+                f"samples (slow): run gpustat-report rollup {d} where it can write",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
 def _serve(args) -> int:
     import analytics
 
     analytics.data_extent(analytics.open_telemetry(args.dirs))  # fail here, in one line, not in the browser
+    _ensure_rollups(args.dirs)
     why = _check_port(args.address, args.port)
     if why:
         return _fail(why, "pick another --port, or stop what listens there")
@@ -300,9 +336,23 @@ def _build(args) -> int:
     )
     if args.output.parent and not args.output.parent.is_dir():
         return _fail(f"output folder does not exist: {args.output.parent}", "create it or choose another -o")
-    out = write_html(
-        args.dirs, args.output, opts, progress=lambda msg: print(f"gpustat-report: {msg}...", file=sys.stderr)
-    )
+    if args.output.is_dir():
+        return _fail(
+            f"-o {args.output} is a directory",
+            f"name the file to write, e.g. -o {args.output / 'report.html'}",
+        )
+    if not os.access(args.output.parent, os.W_OK):
+        return _fail(f"cannot write into {args.output.parent}", "choose another -o")
+    _ensure_rollups(args.dirs)
+    try:
+        out = write_html(
+            args.dirs,
+            args.output,
+            opts,
+            progress=lambda msg: print(f"gpustat-report: {msg}...", file=sys.stderr),
+        )
+    except OSError as exc:
+        return _fail(f"cannot write {args.output}: {exc.strerror or exc}", "free space or choose another -o")
     print(f"gpustat-report: wrote {out}", file=sys.stderr)
     return 0
 
@@ -348,8 +398,18 @@ def _rollup(args) -> int:
     return 0
 
 
+def _log_warnings() -> None:
+    # Readers warn through logging (a damaged segment left out): one line each, under our name.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("gpustat-report: warning: %(message)s"))
+    logger = logging.getLogger("gpupool")
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _log_warnings()
     from analytics import TelemetryError
 
     try:

@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from small_disk import small_disk
@@ -417,3 +418,24 @@ def test_a_flush_across_midnight_that_fails_on_the_second_day_stores_the_first_o
     con = analytics.open_telemetry(tmp_path)
     assert con.execute("SELECT count(*), count(DISTINCT ts) FROM gpu_samples").fetchone() == (4, 4)
     assert len(list(tmp_path.rglob("*.parquet"))) == 2
+
+
+def test_writer_never_stores_a_value_outside_its_physical_range(tmp_path):
+    """A row with an impossible value (a driver's sentinel temperature, NaN utilization, 150 %) is
+    dropped and counted by the writer itself; the sane rows of the same batch are stored."""
+    batch = rows(5)
+    batch[1]["temperature_c"] = 65535.0
+    batch[2]["util_gpu_mean"] = float("nan")
+    batch[3]["util_gpu_mean"] = 1.5
+    with TelemetryWriter(tmp_path, "h", flush_interval_s=0) as writer:
+        writer.append("gpu_samples", batch)
+    assert writer.rows_rejected == 3 and writer.first_rejected.startswith("temperature_c")
+    stored = pq.read_table(tmp_path / "gpu_samples", partitioning=None)
+    assert sorted(stored.column("ts").to_pylist()) == sorted(batch[i]["ts"] for i in (0, 4))
+
+    # the same rule for a table written whole (a backfill)
+    later = rows(2, start=T0 + dt.timedelta(days=2))
+    later[0]["mem_used_bytes"] = -1
+    direct = TelemetryWriter(tmp_path / "direct", "h", flush_interval_s=0)
+    assert direct.write_table("gpu_samples", pa.Table.from_pylist(later)) == 1
+    assert direct.rows_rejected == 1 and direct.first_rejected.startswith("mem_used_bytes")

@@ -45,6 +45,7 @@ class HistorySnapshot:
     idle_users: tuple[Any, ...]  # analytics AttributionRow, most idle-while-holding hours first
     error: str | None = None
     pool: Any | None = None  # analytics PoolActivity: what the pool servers' lease events say
+    notes: tuple[str, ...] = ()  # analytics.telemetry_notes: damaged segments, hosts without rollups
 
 
 class HistorySource:
@@ -62,9 +63,12 @@ class HistorySource:
         with self._lock:
             try:
                 con = analytics.open_telemetry(self.dirs, require_data=False, check_versions=False)
+                notes = tuple(analytics.telemetry_notes(con))
                 newest = live.newest_sample_time(con)
                 if newest is None:
-                    return HistorySnapshot(range_label, None, None, None, (), "no telemetry in range yet")
+                    return HistorySnapshot(
+                        range_label, None, None, None, (), "no telemetry in range yet", notes=notes
+                    )
                 end = newest + timedelta(seconds=1)  # scopes are start <= ts < end
                 start = None if span is None else end - span
                 scope = analytics.Scope(start=start, end=end)
@@ -77,15 +81,17 @@ class HistorySource:
                 summary = analytics.fleet_summary(con, scope)
                 users = analytics.attribution(con, scope, by="user")
             except analytics.TelemetryError as exc:  # no GPU samples in range: the pool may still have events
-                return HistorySnapshot(range_label, start, end, None, (), exc.title, pool=pool)
+                return HistorySnapshot(range_label, start, end, None, (), exc.title, pool=pool, notes=notes)
             except Exception as exc:
                 return HistorySnapshot(
-                    range_label, start, end, None, (), f"telemetry unreadable: {exc}", pool=pool
+                    range_label, start, end, None, (), f"telemetry unreadable: {exc}", pool=pool, notes=notes
                 )
         idle = sorted(
             (r for r in users.rows if r.idle_holding_hours > 0), key=lambda r: (-r.idle_holding_hours, r.key)
         )
-        return HistorySnapshot(range_label, start, end, summary, tuple(idle[:TOP_USERS]), pool=pool)
+        return HistorySnapshot(
+            range_label, start, end, summary, tuple(idle[:TOP_USERS]), pool=pool, notes=notes
+        )
 
 
 class HistoryView(View):
@@ -183,6 +189,8 @@ class HistoryView(View):
             status.append("   SIMULATED data", style="bold magenta")
         if snap.error:
             status.append(f"   {snap.error}", style="bold yellow")
+        for note in snap.notes:
+            status.append(f"\n{note}", style="yellow")
         self._status(status)
         self.query_one("#history-summary", SyncTable).set_rows(summary_rows(snap.summary))
         self.query_one("#history-users", SyncTable).set_rows(user_rows(snap.idle_users))
