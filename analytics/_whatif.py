@@ -638,6 +638,6 @@ def _assumptions(
         "A request that does not fit waits and retries each step, then runs for its observed duration.",
         "Network cost of remote GPUs is not modelled: jobs are assumed to run as fast remotely.",
         f"Cost: the GPU-hours observed (what was used) against the pool's GPUs over the whole span (a pool "
-        f"is paid for all along), at {options.price:g} {options.currency} per GPU-hour"
+        f"is paid for all along), at {options.price:,.2f} {options.currency} per GPU-hour"
         + (" (the default: set --price)." if options.price_is_default else " (your price)."),
     )

@@ -95,8 +95,9 @@ def pool_activity(dirs, scope, _t):
 
 
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner="replaying demand onto the pool...")
-def whatif(dirs, scope, options, _t):
-    return A.what_if(_t(), scope, options)
+def whatif(dirs, scope, options, _t, _s):
+    # ``_s``: the summary of the same scope (its GPU-hours are the cost baseline), not part of the key.
+    return A.what_if(_t(), scope, options, _s)
 
 
 def section(title: str, simulated: bool) -> None:
@@ -178,14 +179,31 @@ def pool_controls(options: A.SummaryOptions) -> A.PoolOptions:
         help="per-process rows, or each GPU's utilization and memory held; auto: processes where the "
         "telemetry has them, else GPUs",
     )
-    price = sb.number_input("Price per GPU-hour", 0.0, 1000.0, 2.50, 0.25)
+    price = sb.number_input(
+        "Price per GPU-hour",
+        0.0,
+        1000.0,
+        None,
+        0.25,
+        placeholder=f"{A.DEFAULT_PRICE:.2f} (default)",
+        help="your price; empty: the default, and the page says so",
+    )
     pool = sb.number_input("Pool size (0: the p95 need)", 0, 10_000, 0)
+    memory = sb.number_input(
+        "GPU memory (GiB)",
+        1,
+        4096,
+        None,
+        placeholder="from the telemetry",
+        help="one pool GPU's memory; empty: memory.total in the telemetry, else inferred from the GPU model",
+    )
     return A.PoolOptions(
         granularity=gran,
         policy=policy,
         demand=demand,
         price_per_gpu_hour=price,
         pool_gpus=pool or None,
+        gpu_mem_bytes=None if memory is None else int(memory * P.GIB),
         held_mem_bytes=options.held_mem_bytes,
         idle_below=options.idle_below,
     )
@@ -230,7 +248,7 @@ def main() -> None:
     auto = float(os.environ.get(WHATIF_AUTO_ENV, WHATIF_AUTO_GPU_MINUTES))
     replay = gpu_minutes <= auto or st.session_state.get("replay", False)
     if replay:
-        w = _or_error(whatif, dirs, scope, opts, t)
+        w = _or_error(whatif, dirs, scope, opts, t, s)
     else:
         w = A.TelemetryError(
             "not replayed yet",
@@ -239,7 +257,7 @@ def main() -> None:
     by_user = _or_error(attribution, dirs, scope, "user", options, t)
     with st.container(border=True):
         section("Summary", s.simulated)
-        cards(P.answer(s, by_user, w))
+        cards(P.answer(s, by_user, w, P.APP_HINTS))
         for line in P.findings(s):
             st.markdown(f"- {line}")
     st.subheader("The fleet in numbers")
@@ -279,7 +297,8 @@ def main() -> None:
         )
         m[3].metric("requests that waited", P.pct(w.waited_share))
         st.plotly_chart(P.fig_need(w))
-        st.table({"": [k for k, _ in P.whatif_rows(w)], "value": [v for _, v in P.whatif_rows(w)]})
+        rows = P.whatif_rows(w, P.APP_HINTS)
+        st.table({"": [k for k, _ in rows], "value": [v for _, v in rows]})
         st.markdown("**Assumptions**\n" + "\n".join(f"- {a}" for a in w.assumptions))
 
     section("Who holds the GPUs", s.simulated)
@@ -320,7 +339,9 @@ def main() -> None:
     for g in grids:
         st.plotly_chart(P.fig_heatmap(g, "util" if metric == "utilization.gpu" else "sm"))
     st.subheader("Busiest and idlest hours")
-    table(P.periods_table(pat.periods if pat else periods(dirs, scope, t)), "periods", "dl-periods")
+    ranked = pat.periods if pat else periods(dirs, scope, t)
+    st.caption(P.periods_note(ranked))
+    table(P.periods_table(ranked), "periods", "dl-periods")
 
     section("Distribution", s.simulated)
     st.plotly_chart(P.fig_distribution(s))

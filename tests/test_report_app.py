@@ -76,7 +76,7 @@ def test_a_large_range_replays_the_what_if_when_asked(monkeypatch, real_dir):
     at = _run(monkeypatch, real_dir)
     assert not at.exception
     m = _metrics(at)
-    assert m["A pool would need"] == "n/a" and "GPUs needed (p95 / p99)" not in m
+    assert m["A pool would need"] == "not computed" and "GPUs needed (p95 / p99)" not in m
     assert any("GPU-minutes" in i.value for i in at.info)
     at.button(key="replay-button").click().run()
     assert not at.exception
