@@ -120,10 +120,17 @@ def table(df, name: str, key: str, csv=None) -> None:
     download(df if csv is None else csv, name, key)
 
 
-def cards(items, columns: int = 4) -> None:
+def cards(items, columns: int = 4, *, show_help: bool = False) -> None:
+    """Metric cards; ``show_help`` prints each card's help under it (the answer's catch and price must
+    be read, not found in a tooltip)."""
     cols = st.columns(columns)
     for i, (label, value, help_text) in enumerate(items):
-        cols[i % columns].metric(label, value, help=help_text)
+        col = cols[i % columns]
+        if show_help:
+            col.metric(label, value)
+            col.caption(help_text)
+        else:
+            col.metric(label, value, help=help_text)
 
 
 def _round(t: datetime, step: timedelta, how) -> datetime:
@@ -218,6 +225,12 @@ def _or_error(fn, *args):
 
 def main() -> None:
     st.set_page_config(page_title="gpupool audit", layout="wide")
+    # A card's value wraps rather than ending in "…": the pool's catch is part of its value.
+    st.markdown(
+        "<style>[data-testid='stMetricValue'], [data-testid='stMetricValue'] * {white-space: normal "
+        "!important; overflow: visible !important; text-overflow: clip !important;}</style>",
+        unsafe_allow_html=True,
+    )
     dirs = _dirs()
     if not dirs:
         st.error(f"No telemetry directory given. Start with: gpustat-report serve DIR (or set {DIRS_ENV}).")
@@ -257,7 +270,7 @@ def main() -> None:
     by_user = _or_error(attribution, dirs, scope, "user", options, t)
     with st.container(border=True):
         section("Summary", s.simulated)
-        cards(P.answer(s, by_user, w, P.APP_HINTS))
+        cards(P.answer(s, by_user, w, P.APP_HINTS), show_help=True)
         for line in P.findings(s):
             st.markdown(f"- {line}")
     st.subheader("The fleet in numbers")
