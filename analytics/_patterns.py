@@ -1,7 +1,7 @@
 """When the GPUs are busy: utilization over time, the hour-of-week heatmap, busiest and idlest periods.
 
 Means are time-weighted: each sample counts for its weight as ``_weights`` defines it (the time to
-its GPU's next sample, a gap counting one local tick), so a host sampled every 10 s weighs as much
+its GPU's next sample, a gap counting one nominal interval), so a host sampled every 10 s weighs as much
 per hour as one sampled every second, and a gap adds nothing. Each query is one windowed pass that
 aggregates per GPU and group; the groups are folded together here.
 """

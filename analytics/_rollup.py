@@ -35,7 +35,7 @@ by the asking query's fleet tick, as ``_weights`` does for raw rows.
 **Exactness.** Over a range that starts and ends on period boundaries, counts, observed time, idle
 time and means equal the raw computation over the whole history (float rounding aside). Where a
 range cuts the data, the raw computation treats the last sample before the cut as a GPU's last (one
-local tick) while the rollup keeps its weight from the whole history (the time to its next sample):
+nominal interval) while the rollup keeps its weight from the whole history (the time to its next sample):
 the two agree wherever sampling is regular at the cut.
 
 **Never counted twice: the watermark.** A build covers, per host, the closed minutes before its
@@ -89,6 +89,7 @@ from analytics import _rows
 from analytics._scope import Scope, utc
 from analytics._telemetry import open_telemetry
 from analytics._weights import NEIGHBOURS, weighted_rows_sql
+from analytics._weights import RULE as WEIGHTS_RULE
 from collector.schema import METADATA_ROLLUP_KEY, ROLLUP_TABLES, SCHEMA_VERSION
 from collector.writer import conform, write_segment
 
@@ -353,6 +354,7 @@ def _write_day(
         "idle_below": options.idle_below,
         "held_mem_bytes": options.held_mem_bytes,
         "hist_bins_per_unit": HIST_PER_UNIT,
+        "weights": WEIGHTS_RULE,
         "built": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
     schema = ROLLUP_TABLES[name].arrow_schema
@@ -554,10 +556,11 @@ def _steps(con, host: str, lo: int, watermark: int) -> list[tuple[int, int, int,
 
 
 def _drop_legacy(root: Path, host: str) -> bool:
-    """Whether ``host`` has rollups of the first layout (hour files per day, rows without the
-    what-if's columns), which the build must redo from the raw samples. Its hour files are removed
-    first: per-day ones kept beside monthly ones would count twice. Until the rebuild writes them
-    again, readers take the host's minute rows, which cover the same time."""
+    """Whether ``host`` has rollups the build must redo from the raw samples: of the first layout
+    (hour files per day, rows without the what-if's columns; its hour files are removed first:
+    per-day ones kept beside monthly ones would count twice, and until the rebuild writes them again
+    readers take the host's minute rows, which cover the same time), or with weights of an earlier
+    rule (``_weights.RULE``; readers answer from raw samples until the rebuild's newest file)."""
     hours = list((root / HOUR_FILE_TABLE).glob(f"date=*/host={glob.escape(host)}/{FILE_NAME}"))
     per_day = any(not p.parent.parent.name.endswith("-01") for p in hours)
     minutes = sorted((root / "gpu_rollup_1m").glob(f"date=*/host={glob.escape(host)}/{FILE_NAME}"))
@@ -565,7 +568,11 @@ def _drop_legacy(root: Path, host: str) -> bool:
     if per_day or old_rows:
         for p in hours:
             p.unlink()
-    return per_day or old_rows
+    return per_day or old_rows or (bool(minutes) and _footer(minutes[-1]).get("weights") != WEIGHTS_RULE)
+
+
+def _footer(path: Path) -> dict:
+    return json.loads((pq.read_schema(path).metadata or {}).get(METADATA_ROLLUP_KEY, b"{}"))
 
 
 def _build_host(
@@ -583,7 +590,7 @@ def _build_host(
         return
     watermark = (newest - int(lag_s * 1_000_000)) // MINUTE_US * MINUTE_US
     if _drop_legacy(root, host):
-        say(f"{host}: rollups of an earlier layout found: rebuilding them")
+        say(f"{host}: rollups of an earlier layout or weight rule found: rebuilding them")
         rebuild = True
     marks = host_marks(root, host)
     start = first // HOUR_US * HOUR_US

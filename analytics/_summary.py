@@ -1,7 +1,7 @@
 """The fleet summary: how busy the GPUs in a scope really were.
 
 Every figure is weighted by observed time, each sample by its weight as ``_weights`` defines it
-(the time to the GPU's next sample; a gap in collection counts for one local tick, never for the
+(the time to the GPU's next sample; a gap in collection counts for one nominal interval, never for the
 gap). One windowed pass over ``gpu_samples``, chunk by chunk, grouped two ways per GPU:
 
 1. by utilization.gpu at 1/1000 resolution (and the flags held-but-idle, has-GPM, lost,
@@ -75,7 +75,7 @@ class HostSampling:
     samples: int
     median_interval_s: float | None  # median time between a GPU's consecutive samples
     observed_hours: float
-    gap_hours: float  # time inside gaps (intervals over GAP_FACTOR local ticks), not counted
+    gap_hours: float  # time inside gaps (intervals over GAP_FACTOR nominal intervals), not counted
 
     @property
     def gap_share(self) -> float:

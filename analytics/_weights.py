@@ -44,6 +44,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+# The version of this rule. Rollups hold weights computed under it (their footers say which): a
+# reader takes rollups of another version for none (raw samples answer) and a build redoes them.
+RULE = 2
 GAP_FACTOR = 1.5  # an interval longer than this many nominal intervals holds a missed sample: a gap
 _GAP_NUM, _GAP_DEN = 3, 2  # GAP_FACTOR as a fraction: intervals compared in whole microseconds
 _NONE = 1 << 60  # a missing neighbouring interval: longer than any real one (36,000 years)

@@ -194,6 +194,7 @@ def pool_controls(options: A.SummaryOptions) -> A.PoolOptions:
         0.25,
         placeholder=f"{A.DEFAULT_PRICE:.2f} (default)",
         help="your price; empty: the default, and the page says so",
+        key="price",
     )
     pool = sb.number_input("Pool size (0: the p95 need)", 0, 10_000, 0)
     memory = sb.number_input(
@@ -203,6 +204,7 @@ def pool_controls(options: A.SummaryOptions) -> A.PoolOptions:
         None,
         placeholder="from the telemetry",
         help="one pool GPU's memory; empty: memory.total in the telemetry, else inferred from the GPU model",
+        key="gpu-memory",
     )
     return A.PoolOptions(
         granularity=gran,

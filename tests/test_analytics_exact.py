@@ -242,3 +242,33 @@ def test_the_what_if_infers_memory_from_the_model_name(tmp_path):
     proc = subprocess.run([*run, "--gpu-memory", "48"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "48.0 GiB (as given)" in page.read_text()
+
+
+def test_rollups_of_an_earlier_weight_rule_are_not_read_and_a_build_redoes_them(tmp_path):
+    """Rollups whose footers carry no weight rule (built before this one) are taken for none — the
+    summary answers from raw samples — and the next build rebuilds them, after which they answer."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from collector.schema import METADATA_ROLLUP_KEY
+
+    rows = gpu_rows("a", 0, [0.3] * 240, tick_s=57)  # 3.8 h at 57 s
+    write_rows(tmp_path, "gpu_samples", rows)
+    A.build_rollups(tmp_path)
+    for f in tmp_path.glob("gpu_rollup_*/**/*.parquet"):
+        table = pq.read_table(f, partitioning=None)
+        meta = dict(table.schema.metadata)
+        footer = json.loads(meta[METADATA_ROLLUP_KEY])
+        footer.pop("weights")
+        meta[METADATA_ROLLUP_KEY] = json.dumps(footer).encode()
+        pq.write_table(table.replace_schema_metadata(meta), f)
+    s = A.fleet_summary(A.open_telemetry(tmp_path))
+    assert s.data_source.startswith("raw samples")
+    assert s.gpu_hours * 3600 == pytest.approx(240 * 57)
+    said: list[str] = []
+    A.build_rollups(tmp_path, progress=said.append)
+    assert any("rebuilding" in line for line in said)
+    s = A.fleet_summary(A.open_telemetry(tmp_path))
+    assert "rollups" in s.data_source
+    assert s.gpu_hours * 3600 == pytest.approx(240 * 57)

@@ -246,3 +246,21 @@ def _app_scope(root):
 
     ext = A.data_extent(A.open_telemetry(root))
     return A.Scope(ext.start.replace(second=0, microsecond=0), ext.end + timedelta(seconds=1))
+
+
+def test_the_price_and_the_gpu_memory_are_the_users(monkeypatch, real_dir):
+    """The saving is priced at the default until the user sets a price, and the card says which; the
+    GPU memory field sets the pool GPU's size the what-if cuts into partitions."""
+    at = _run(monkeypatch, real_dir)
+    assert not at.exception
+    captions = " ".join(c.value for c in at.caption)
+    assert "2.50 USD per GPU-hour (default; set it in the sidebar)" in captions
+    assert "of GPU use cost" in captions  # the baseline is what was used
+    at.number_input(key="price").set_value(3.0).run()
+    captions = " ".join(c.value for c in at.caption)
+    assert "3.00 USD per GPU-hour (your price)" in captions
+    at.number_input(key="gpu-memory").set_value(16).run()
+    assert not at.exception
+    rows = at.table[0].value
+    assert "16.0 GiB (as given)" in rows.to_string()
+    assert _metrics(at)["GPUs needed (p95 / p99)"] == "2 / 2"  # 20 + 10 GiB no longer fit one GPU
