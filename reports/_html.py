@@ -181,6 +181,7 @@ def build_html(dirs: list[str], opts: BuildOptions | None = None, progress=lambd
             break
         parts += [
             _fig(P.fig_attribution(a)),
+            f"<p class='muted'>{html.escape(P.attribution_note(a, s))}</p>",
             _table(P.attribution_table(a), f"attribution-{a.by}", P.attribution_table(a, full_keys=True)),
         ]
 

@@ -336,6 +336,17 @@ def per_gpu_table(s: A.FleetSummary, *, full: bool = False) -> pd.DataFrame:
     )
 
 
+def attribution_note(a: A.Attribution, s: A.FleetSummary) -> str:
+    """Why the rows' idle holding need not add up to the summary's held-but-idle GPU-hours."""
+    total = sum(r.idle_holding_hours for r in a.rows)
+    return (
+        f"Idle holding per {a.by} adds up to {hours(total)}, the summary's held but idle to "
+        f"{hours(s.held_idle_gpu_hours)}: here each process counts (a GPU two processes hold counts for "
+        "each) and idle is the process's own busy share, where the summary counts each GPU once by its "
+        "utilization.gpu."
+    )
+
+
 def attribution_table(a: A.Attribution, *, full_keys: bool = False) -> pd.DataFrame:
     """Most GPU-hours first; container ids shortened (``full_keys`` for the CSV download). Short headers
     so the table fits a laptop screen: GPU-h are GPU-hours held and busy, idle holding is time held

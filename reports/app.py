@@ -325,6 +325,7 @@ def main() -> None:
         st.info(f"{exc.title}. {exc.hint}")
     else:
         st.plotly_chart(P.fig_attribution(a), key=f"attr-{by}")
+        st.caption(P.attribution_note(a, s))
         table(
             P.attribution_table(a),
             f"attribution-{by}",

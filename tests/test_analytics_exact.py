@@ -272,3 +272,25 @@ def test_rollups_of_an_earlier_weight_rule_are_not_read_and_a_build_redoes_them(
     s = A.fleet_summary(A.open_telemetry(tmp_path))
     assert "rollups" in s.data_source
     assert s.gpu_hours * 3600 == pytest.approx(240 * 57)
+
+
+def test_per_user_idle_holding_beside_the_headline_says_why_it_differs(tmp_path):
+    """Two users' processes holding one idle GPU: per user 10 min each, 20 min in all, while the GPU
+    was held idle 10 min. The page shows both and says in words why they differ."""
+    from test_analytics_data import process_rows
+
+    write_rows(tmp_path, "gpu_samples", gpu_rows("h", 0, [0.0] * 60, tick_s=10, mem_used=4 * GIB))
+    procs = process_rows("h", 0, 1, range(60), mem=2 * GIB, sm_util=0.0, user="ann", tick_s=10)
+    procs += process_rows("h", 0, 2, range(60), mem=2 * GIB, sm_util=0.0, user="bo", tick_s=10)
+    write_rows(tmp_path, "process_samples", procs)
+    con = A.open_telemetry(tmp_path)
+    s = A.fleet_summary(con)
+    a = A.attribution(con)
+    assert s.held_idle_gpu_hours == pytest.approx(600 / 3600)
+    assert sum(r.idle_holding_hours for r in a.rows) == pytest.approx(2 * 600 / 3600)
+    page = build_html([str(tmp_path)], BuildOptions())
+    note = P.attribution_note(a, s)
+    assert P.hours(600 / 3600) in note and P.hours(1200 / 3600) in note
+    assert note.replace("'", "&#x27;") in page
+    held = dict((lbl, h) for lbl, _, h in P.answer(s, a, RuntimeError("-")))["Held but idle"]
+    assert "do not add up to this total" in held
