@@ -127,7 +127,7 @@ class WhatIf:
     span_hours: float
     requests: int
     observed_gpus: int
-    observed_util_mean: float | None  # utilization.gpu of the observed GPUs over the span
+    observed_util_mean: float | None  # the summary's utilization.gpu mean (time-weighted): one value per page
     gpus_needed_p95: int
     gpus_needed_p99: int
     gpus_needed_peak: int
