@@ -74,7 +74,7 @@ def weighted_rows_sql(source: str, entity: Sequence[str] = GPU_ENTITY, order_ext
     order = "t" + (f", {order_extra}" if order_extra else "")
     k = NEIGHBOURS
     # Times of the rows around (lag 1..k before, lead 1..k+1 after) and the 2k intervals between
-    # them, its own left out; a missing or zero one (a duplicate) is _NONE.
+    # them besides its own; a missing or zero one (a duplicate) is _NONE.
     around = ", ".join(
         [
             *(f"lag(t, {i}) OVER o AS b{i}" for i in range(1, k + 1)),
@@ -92,8 +92,9 @@ def weighted_rows_sql(source: str, entity: Sequence[str] = GPU_ENTITY, order_ext
     count = " + ".join(["(d IS NOT NULL)::INT", *(f"({n} < {_NONE})::INT" for n in names)])
     # A row's interval is a gap when it is longer than GAP_FACTOR x the median of the m known
     # intervals (its own and those around it; of an even number the lower: the ((m + 1) // 2)-th
-    # shortest): when at least (m + 1) // 2 of them are that much shorter (its own never is). Counting is cheap; the median itself is sorted out only for the rows that
-    # need its value (gaps and last rows: a list sort on every row costs as much as the window).
+    # shortest): when at least (m + 1) // 2 of them are that much shorter (its own never is).
+    # Counting is cheap; the median itself is sorted out only for the rows that need its value
+    # (gaps and last rows: a list sort on every row costs as much as the window).
     shorter = " + ".join(f"({_GAP_NUM} * {n} < {_GAP_DEN} * d)::INT" for n in names)
     median = f"list_sort(list_filter([d, {', '.join(names)}], lambda x: x < {_NONE}))[(m + 1) // 2]"
     return f"""
