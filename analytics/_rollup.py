@@ -85,11 +85,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from analytics import _rows
+from analytics import _rows, _weights
 from analytics._scope import Scope, utc
 from analytics._telemetry import open_telemetry
-from analytics._weights import NEIGHBOURS, weighted_rows_sql
-from analytics._weights import RULE as WEIGHTS_RULE
+from analytics._weights import weighted_rows_sql
 from collector.schema import METADATA_ROLLUP_KEY, ROLLUP_TABLES, SCHEMA_VERSION
 from collector.writer import conform, write_segment
 
@@ -265,9 +264,7 @@ def _files(root: Path, name: str, host: str) -> list[Path]:
 
 def _mark(root: Path, name: str, host: str) -> int | None:
     files = _files(root, name, host)
-    meta = {}
-    if files:
-        meta = json.loads((pq.read_schema(files[-1]).metadata or {}).get(METADATA_ROLLUP_KEY, b"{}"))
+    meta = _footer(files[-1]) if files else {}
     return int(meta["covers_to_us"]) if "covers_to_us" in meta else None
 
 
@@ -354,7 +351,7 @@ def _write_day(
         "idle_below": options.idle_below,
         "held_mem_bytes": options.held_mem_bytes,
         "hist_bins_per_unit": HIST_PER_UNIT,
-        "weights": WEIGHTS_RULE,
+        "weights": _weights.RULE,
         "built": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
     schema = ROLLUP_TABLES[name].arrow_schema
@@ -435,8 +432,8 @@ def _raw_days(root: Path, host: str) -> list[dt.date]:
 def _read_bounds(con, host: str, a: int, b: int, final: bool) -> tuple[int | None, int | None]:
     """Which raw rows a step that rolls up ``[a, b)`` reads: each kept sample's weight looks at the
     ``NEIGHBOURS`` rows before it and the ``NEIGHBOURS`` + 1 after it (``_weights``), so per GPU with
-    samples in the step, from its 4th sample before ``a`` to its 5th at or after ``b`` (None: no bound). Usually
-    ``MARGIN_US`` either side holds them; a GPU with a gap there is looked up further."""
+    samples in the step, from its 4th sample before ``a`` to its 5th at or after ``b`` (None: no
+    bound). Usually ``MARGIN_US`` either side holds them; a GPU with a gap there is looked up further."""
     lo, hi = a - MARGIN_US, b + MARGIN_US
     host_days = "host = ? AND date >= ? AND date <= ?"
     rows = con.execute(
@@ -460,21 +457,21 @@ def _read_bounds(con, host: str, a: int, b: int, final: bool) -> tuple[int | Non
     for uuid, before, inside, after in rows:
         if not inside:
             continue
-        if before < NEIGHBOURS:
+        if before < _weights.NEIGHBOURS:
             (t,) = con.execute(
                 "SELECT min(t) FROM (SELECT epoch_us(ts) AS t FROM gpu_samples "
-                f"WHERE host = ? AND gpu_uuid = ? AND ts < ? ORDER BY ts DESC LIMIT {NEIGHBOURS})",
+                f"WHERE host = ? AND gpu_uuid = ? AND ts < ? ORDER BY ts DESC LIMIT {_weights.NEIGHBOURS})",
                 [host, uuid, _ts(a)],
             ).fetchone()
             if t is not None and read_lo is not None:
                 read_lo = min(read_lo, t)
-        if after < NEIGHBOURS + 1 and read_hi is not None:
+        if after < _weights.NEIGHBOURS + 1 and read_hi is not None:
             t, n = con.execute(
                 "SELECT max(t), count(*) FROM (SELECT epoch_us(ts) AS t FROM gpu_samples "
-                f"WHERE host = ? AND gpu_uuid = ? AND ts >= ? ORDER BY ts LIMIT {NEIGHBOURS + 1})",
+                f"WHERE host = ? AND gpu_uuid = ? AND ts >= ? ORDER BY ts LIMIT {_weights.NEIGHBOURS + 1})",
                 [host, uuid, _ts(b)],
             ).fetchone()
-            read_hi = None if n < NEIGHBOURS + 1 else max(read_hi, t + 1)
+            read_hi = None if n < _weights.NEIGHBOURS + 1 else max(read_hi, t + 1)
     return read_lo, read_hi
 
 
@@ -555,12 +552,22 @@ def _steps(con, host: str, lo: int, watermark: int) -> list[tuple[int, int, int,
             return steps
 
 
+def _stale_weights(root: Path, host: str) -> bool:
+    """Whether ``host``'s rollups hold weights of an earlier rule (``_weights.RULE``, in each file's
+    footer): the build redoes them from the raw samples; readers answer from raw samples meanwhile."""
+    minutes = _files(root, "gpu_rollup_1m", host)
+    return bool(minutes) and _footer(minutes[-1]).get("weights") != _weights.RULE
+
+
+def _footer(path: Path) -> dict:
+    return json.loads((pq.read_schema(path).metadata or {}).get(METADATA_ROLLUP_KEY, b"{}"))
+
+
 def _drop_legacy(root: Path, host: str) -> bool:
-    """Whether ``host`` has rollups the build must redo from the raw samples: of the first layout
-    (hour files per day, rows without the what-if's columns; its hour files are removed first:
-    per-day ones kept beside monthly ones would count twice, and until the rebuild writes them again
-    readers take the host's minute rows, which cover the same time), or with weights of an earlier
-    rule (``_weights.RULE``; readers answer from raw samples until the rebuild's newest file)."""
+    """Whether ``host`` has rollups of the first layout (hour files per day, rows without the
+    what-if's columns), which the build must redo from the raw samples. Its hour files are removed
+    first: per-day ones kept beside monthly ones would count twice. Until the rebuild writes them
+    again, readers take the host's minute rows, which cover the same time."""
     hours = list((root / HOUR_FILE_TABLE).glob(f"date=*/host={glob.escape(host)}/{FILE_NAME}"))
     per_day = any(not p.parent.parent.name.endswith("-01") for p in hours)
     minutes = sorted((root / "gpu_rollup_1m").glob(f"date=*/host={glob.escape(host)}/{FILE_NAME}"))
@@ -568,11 +575,7 @@ def _drop_legacy(root: Path, host: str) -> bool:
     if per_day or old_rows:
         for p in hours:
             p.unlink()
-    return per_day or old_rows or (bool(minutes) and _footer(minutes[-1]).get("weights") != WEIGHTS_RULE)
-
-
-def _footer(path: Path) -> dict:
-    return json.loads((pq.read_schema(path).metadata or {}).get(METADATA_ROLLUP_KEY, b"{}"))
+    return per_day or old_rows
 
 
 def _build_host(
@@ -590,7 +593,10 @@ def _build_host(
         return
     watermark = (newest - int(lag_s * 1_000_000)) // MINUTE_US * MINUTE_US
     if _drop_legacy(root, host):
-        say(f"{host}: rollups of an earlier layout or weight rule found: rebuilding them")
+        say(f"{host}: rollups of an earlier layout found: rebuilding them")
+        rebuild = True
+    if _stale_weights(root, host):
+        say(f"{host}: rollups of an earlier weight rule found: rebuilding them")
         rebuild = True
     marks = host_marks(root, host)
     start = first // HOUR_US * HOUR_US
