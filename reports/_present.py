@@ -229,7 +229,10 @@ def headline(s: A.FleetSummary) -> list[tuple[str, str, str]]:
             "SM activity mean",
             pct(s.sm_activity_mean),
             f"GPM (Hopper+), over {pct(s.gpm_share)} of the GPU-hours: share of SMs doing work. "
-            f"p50 {pct(s.sm_activity_p50)}, p95 {pct(s.sm_activity_p95)}{gap}{gpm_words(s)}",
+            f"p50 {pct(s.sm_activity_p50)}, p95 {pct(s.sm_activity_p95)}{gap}{gpm_words(s)}"
+            if s.sm_activity_mean is not None
+            else "no GPM data here: SM activity needs Hopper or later GPUs sampled by gpustat-collect "
+            "(nvidia-smi and DCGM logs have none)",
         ),
         (
             f"idle GPU-hours · {pct(s.idle_share)}",
@@ -245,7 +248,10 @@ def headline(s: A.FleetSummary) -> list[tuple[str, str, str]]:
             "memory headroom",
             gib(s.mem_headroom_bytes_mean),
             f"free memory per GPU on average; memory used mean {pct(s.mem_used_ratio_mean)}, "
-            f"the fullest a GPU got {pct(s.mem_used_ratio_peak)}",
+            f"the fullest a GPU got {pct(s.mem_used_ratio_peak)}"
+            if s.mem_headroom_bytes_mean is not None
+            else "needs each GPU's memory size: the telemetry has no memory.total (add memory.total to "
+            "nvidia-smi's --query-gpu list)",
         ),
     ]
 

@@ -294,3 +294,23 @@ def test_per_user_idle_holding_beside_the_headline_says_why_it_differs(tmp_path)
     assert note.replace("'", "&#x27;") in page
     held = dict((lbl, h) for lbl, _, h in P.answer(s, a, RuntimeError("-")))["Held but idle"]
     assert "do not add up to this total" in held
+
+
+def test_a_log_without_memory_total_says_what_to_add_on_the_first_screen(tmp_path):
+    """Where the log has no memory.total (nor GPM), no first-screen figure reads a bare n/a: the memory
+    headroom says what to log, the what-if, with an unknown model, what to give, SM activity why."""
+    log = tmp_path / "smi.csv"
+    _log_without_memory_total(log, "Mystery Accelerator 9000")
+    import_files([log], tmp_path / "t", host="x", tz="UTC")
+    con = A.open_telemetry(tmp_path / "t")
+    s = A.fleet_summary(con)
+    try:
+        w = A.what_if(con, summary=s)
+    except A.TelemetryError as exc:
+        w = exc
+    for label, value, help_ in [*P.answer(s, RuntimeError("-"), w), *P.headline(s)]:
+        if value in (P.NA, "not computed"):
+            assert any(w in help_ for w in ("memory.total", "--gpu-memory", "what-if", "GPM")), (label, help_)
+    cards = {label: help_ for label, _, help_ in [*P.answer(s, RuntimeError("-"), w), *P.headline(s)]}
+    assert "--gpu-memory" in cards["A pool would need"]
+    assert "memory.total" in cards["memory headroom"]
