@@ -161,13 +161,17 @@ def test_rollups_give_the_same_exact_figures(trace, tmp_path):
 
 def test_held_but_idle_is_part_of_idle(tmp_path):
     """Idle and held-but-idle test the same 0.1 % bin: with memory held, a sample at 4.97 % (the bin of
-    5.0 %) is neither under a 5 % threshold, one at 4.94 % is both."""
-    rows = gpu_rows("a", 0, [0.0497] * 30 + [0.0494] * 30, tick_s=10, mem_used=4 * GIB)
-    write_rows(tmp_path, "gpu_samples", rows)
+    5.0 %) is neither under a 5 % threshold, one at 4.94 % is both; and so through rollups."""
+    utils = ([0.0497] * 30 + [0.0494] * 30) * 12  # two hours at 10 s, half of it at each value
+    write_rows(tmp_path, "gpu_samples", gpu_rows("a", 0, utils, tick_s=10, mem_used=4 * GIB))
     s = A.fleet_summary(A.open_telemetry(tmp_path))
     assert s.held_idle_gpu_hours <= s.idle_gpu_hours
-    assert s.idle_gpu_hours * 3600 == pytest.approx(300)
-    assert s.held_idle_gpu_hours * 3600 == pytest.approx(300)
+    assert s.idle_gpu_hours * 3600 == pytest.approx(3600)
+    assert s.held_idle_gpu_hours * 3600 == pytest.approx(3600)
+    A.build_rollups(tmp_path)
+    rolled = A.fleet_summary(A.open_telemetry(tmp_path))
+    assert "rollups" in rolled.data_source
+    assert (rolled.idle_gpu_hours, rolled.held_idle_gpu_hours) == pytest.approx((1.0, 1.0))
 
 
 def test_the_idlest_hour_is_a_whole_hour(tmp_path):
