@@ -12,6 +12,7 @@ from analytics._attribution import Attribution, AttributionRow, attribution
 from analytics._extent import data_extent
 from analytics._patterns import (
     DAYS,
+    FULL_COVERAGE,
     FleetPatterns,
     HourOfWeek,
     Period,
@@ -43,15 +44,28 @@ from analytics._telemetry import (
     unrolled_hosts,
 )
 from analytics._weights import GAP_FACTOR
-from analytics._whatif import DEMANDS, GRANULARITIES, POLICIES, PoolOptions, WhatIf, what_if
+from analytics._whatif import (
+    DEFAULT_PRICE,
+    DEMANDS,
+    GRANULARITIES,
+    MEMORY_HINT,
+    POLICIES,
+    PoolOptions,
+    WhatIf,
+    memory_source,
+    what_if,
+)
 
 __all__ = [
     "ATTRIBUTION_KEYS",
     "COARSE_INTERVAL_S",
     "DAYS",
+    "DEFAULT_PRICE",
     "DEMANDS",
+    "FULL_COVERAGE",
     "GAP_FACTOR",
     "GRANULARITIES",
+    "MEMORY_HINT",
     "POLICIES",
     "Attribution",
     "AttributionRow",
@@ -85,6 +99,7 @@ __all__ = [
     "fleet_patterns",
     "fleet_summary",
     "hour_of_week",
+    "memory_source",
     "open_telemetry",
     "pool_activity",
     "rollups_built",

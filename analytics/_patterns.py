@@ -1,7 +1,7 @@
 """When the GPUs are busy: utilization over time, the hour-of-week heatmap, busiest and idlest periods.
 
 Means are time-weighted: each sample counts for its weight as ``_weights`` defines it (the time to
-its GPU's next sample, a gap counting one local tick), so a host sampled every 10 s weighs as much
+its GPU's next sample, a gap counting one nominal interval), so a host sampled every 10 s weighs as much
 per hour as one sampled every second, and a gap adds nothing. Each query is one windowed pass that
 aggregates per GPU and group; the groups are folded together here.
 """
@@ -334,16 +334,23 @@ class Period:
     util_gpu_mean: float | None
     sm_activity_mean: float | None
     gpus: int
+    coverage: float = 1.0  # observed GPU-hours / (GPUs present x the period's length)
+
+
+FULL_COVERAGE = 0.9  # a period ranks when its GPUs were observed for this share of it or more
 
 
 @dataclass(frozen=True)
 class Periods:
-    """The ``n`` busiest and idlest buckets of ``bucket_s`` by fleet mean utilization.gpu."""
+    """The ``n`` busiest and idlest buckets of ``bucket_s`` by fleet mean utilization.gpu, among the
+    buckets with full coverage (``FULL_COVERAGE``: a 57-second sliver at the end of a log is not "the
+    idlest hour"); ``partial`` when no bucket had it and all were ranked."""
 
     bucket_s: int
     busiest: tuple[Period, ...]
     idlest: tuple[Period, ...]
     simulated: bool
+    partial: bool = False
 
 
 def busiest_idlest(
@@ -360,8 +367,15 @@ def _periods(con, scope: Scope, timeline: Timeline, n: int) -> Periods:
         raise no_data_error(con, scope)
     step = timedelta(seconds=bucket_s)
 
+    def coverage(p: TimePoint) -> float:
+        return p.gpu_hours * 3600 / (p.gpus * bucket_s) if p.gpus else 0.0
+
+    full = [p for p in candidates if coverage(p) >= FULL_COVERAGE]
+    partial = not full
+    candidates = full or candidates
+
     def period(p: TimePoint) -> Period:
-        return Period(p.start, p.start + step, p.util_gpu_mean, p.sm_activity_mean, p.gpus)
+        return Period(p.start, p.start + step, p.util_gpu_mean, p.sm_activity_mean, p.gpus, coverage(p))
 
     by_util = sorted(candidates, key=lambda p: (p.util_gpu_mean, p.start))
     return Periods(
@@ -369,6 +383,7 @@ def _periods(con, scope: Scope, timeline: Timeline, n: int) -> Periods:
         busiest=tuple(period(p) for p in sorted(by_util, key=lambda p: (-p.util_gpu_mean, p.start))[:n]),
         idlest=tuple(period(p) for p in by_util[:n]),
         simulated=timeline.simulated,
+        partial=partial,
     )
 
 

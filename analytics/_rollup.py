@@ -35,7 +35,7 @@ by the asking query's fleet tick, as ``_weights`` does for raw rows.
 **Exactness.** Over a range that starts and ends on period boundaries, counts, observed time, idle
 time and means equal the raw computation over the whole history (float rounding aside). Where a
 range cuts the data, the raw computation treats the last sample before the cut as a GPU's last (one
-local tick) while the rollup keeps its weight from the whole history (the time to its next sample):
+nominal interval) while the rollup keeps its weight from the whole history (the time to its next sample):
 the two agree wherever sampling is regular at the cut.
 
 **Never counted twice: the watermark.** A build covers, per host, the closed minutes before its
@@ -53,8 +53,8 @@ mark. One build at a time per directory (a lock file).
 again from minutes) and leaves the files of earlier days as they are; the first day it writes keeps
 the previous file's rows before its start. It runs in steps of whole days (about ``STEP_ROWS`` raw
 rows each, a larger day split by GPU), so memory stays flat whatever the history. A sample's weight
-looks at the two rows before it and the three after it: each step reads, per GPU, from its second
-sample before the step to its third after it (``MARGIN_US`` either side, further for a GPU with a
+looks at the four rows before it and the five after it: each step reads, per GPU, from its fourth
+sample before the step to its fifth after it (``MARGIN_US`` either side, further for a GPU with a
 gap there), so the result equals a build from scratch over the same raw samples (tested).
 Raw samples that arrive later for times before a mark (an import of old logs) are rolled up by a
 build with ``since`` (the import's first sample) or ``rebuild`` (from the oldest raw sample kept).
@@ -85,7 +85,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from analytics import _rows
+from analytics import _rows, _weights
 from analytics._scope import Scope, utc
 from analytics._telemetry import _intact, open_telemetry
 from analytics._weights import weighted_rows_sql
@@ -264,9 +264,7 @@ def _files(root: Path, name: str, host: str) -> list[Path]:
 
 def _mark(root: Path, name: str, host: str) -> int | None:
     files = _files(root, name, host)
-    meta = {}
-    if files:
-        meta = json.loads((pq.read_schema(files[-1]).metadata or {}).get(METADATA_ROLLUP_KEY, b"{}"))
+    meta = _footer(files[-1]) if files else {}
     return int(meta["covers_to_us"]) if "covers_to_us" in meta else None
 
 
@@ -353,6 +351,7 @@ def _write_day(
         "idle_below": options.idle_below,
         "held_mem_bytes": options.held_mem_bytes,
         "hist_bins_per_unit": HIST_PER_UNIT,
+        "weights": _weights.RULE,
         "built": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
     schema = ROLLUP_TABLES[name].arrow_schema
@@ -432,9 +431,9 @@ def _raw_days(root: Path, host: str) -> list[dt.date]:
 
 def _read_bounds(con, host: str, a: int, b: int, final: bool) -> tuple[int | None, int | None]:
     """Which raw rows a step that rolls up ``[a, b)`` reads: each kept sample's weight looks at the
-    two rows before it and the three after it (``_weights``), so per GPU with samples in the step,
-    from its second sample before ``a`` to its third at or after ``b`` (None: no bound). Usually
-    ``MARGIN_US`` either side holds them; a GPU with a gap there is looked up further."""
+    ``NEIGHBOURS`` rows before it and the ``NEIGHBOURS`` + 1 after it (``_weights``), so per GPU with
+    samples in the step, from its 4th sample before ``a`` to its 5th at or after ``b`` (None: no
+    bound). Usually ``MARGIN_US`` either side holds them; a GPU with a gap there is looked up further."""
     lo, hi = a - MARGIN_US, b + MARGIN_US
     host_days = "host = ? AND date >= ? AND date <= ?"
     rows = con.execute(
@@ -458,21 +457,21 @@ def _read_bounds(con, host: str, a: int, b: int, final: bool) -> tuple[int | Non
     for uuid, before, inside, after in rows:
         if not inside:
             continue
-        if before < 2:
+        if before < _weights.NEIGHBOURS:
             (t,) = con.execute(
                 "SELECT min(t) FROM (SELECT epoch_us(ts) AS t FROM gpu_samples "
-                "WHERE host = ? AND gpu_uuid = ? AND ts < ? ORDER BY ts DESC LIMIT 2)",
+                f"WHERE host = ? AND gpu_uuid = ? AND ts < ? ORDER BY ts DESC LIMIT {_weights.NEIGHBOURS})",
                 [host, uuid, _ts(a)],
             ).fetchone()
             if t is not None and read_lo is not None:
                 read_lo = min(read_lo, t)
-        if after < 3 and read_hi is not None:
+        if after < _weights.NEIGHBOURS + 1 and read_hi is not None:
             t, n = con.execute(
                 "SELECT max(t), count(*) FROM (SELECT epoch_us(ts) AS t FROM gpu_samples "
-                "WHERE host = ? AND gpu_uuid = ? AND ts >= ? ORDER BY ts LIMIT 3)",
+                f"WHERE host = ? AND gpu_uuid = ? AND ts >= ? ORDER BY ts LIMIT {_weights.NEIGHBOURS + 1})",
                 [host, uuid, _ts(b)],
             ).fetchone()
-            read_hi = None if n < 3 else max(read_hi, t + 1)
+            read_hi = None if n < _weights.NEIGHBOURS + 1 else max(read_hi, t + 1)
     return read_lo, read_hi
 
 
@@ -506,13 +505,13 @@ def _step_minutes(
             GROUP BY GROUPING SETS ((uuid, m, fbk), (uuid, m, fbk, ubin), (uuid, m, fbk, abin), (uuid, m, fbk, dq))
             """,
             [
-                options.idle_below,
+                _rows.idle_bin(options.idle_below),
                 options.held_mem_bytes,
                 host,
                 *bound_params,
                 parts,
                 i,
-                options.idle_below * _rows.HIST_RESOLUTION - 1e-9,
+                _rows.idle_bin(options.idle_below),
                 a,
                 b,
             ],
@@ -551,6 +550,17 @@ def _steps(con, host: str, lo: int, watermark: int) -> list[tuple[int, int, int,
         if b >= watermark:
             steps.append((a, b, acc, max(1, -(-acc // STEP_ROWS))))
             return steps
+
+
+def _stale_weights(root: Path, host: str) -> bool:
+    """Whether ``host``'s rollups hold weights of an earlier rule (``_weights.RULE``, in each file's
+    footer): the build redoes them from the raw samples; readers answer from raw samples meanwhile."""
+    minutes = _files(root, "gpu_rollup_1m", host)
+    return bool(minutes) and _footer(minutes[-1]).get("weights") != _weights.RULE
+
+
+def _footer(path: Path) -> dict:
+    return json.loads((pq.read_schema(path).metadata or {}).get(METADATA_ROLLUP_KEY, b"{}"))
 
 
 def _drop_legacy(root: Path, host: str) -> bool:
@@ -602,6 +612,9 @@ def _build_host(
         rebuild = True
     if _drop_legacy(root, host):
         say(f"{host}: rollups of an earlier layout found: rebuilding them")
+        rebuild = True
+    if _stale_weights(root, host):
+        say(f"{host}: rollups of an earlier weight rule found: rebuilding them")
         rebuild = True
     marks = host_marks(root, host)
     start = first // HOUR_US * HOUR_US
@@ -658,7 +671,7 @@ def build_rollups(
 ) -> RollupResult:
     """Bring the minute and hour rollups of every host (or of ``hosts``) up to date with the raw
     samples, up to ``lag_s`` before each host's newest sample (the weights of the last samples
-    covered need the few samples after them: keep it at least 3 ticks).
+    covered need the few samples after them: keep it at least 5 ticks).
 
     Incremental: a host's build starts at its previous hour mark (days before it stay as they are);
     ``since`` starts it no later than that (raw samples that arrived for older times, e.g. an import);

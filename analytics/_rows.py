@@ -20,11 +20,18 @@ class SummaryOptions:
 DEFAULT_OPTIONS = SummaryOptions()
 
 
-# Computed per row before the window (they take parameters): histogram bins and the held-but-idle flag.
+def idle_bin(idle_below: float) -> float:
+    """The bound on a sample's utilization bin (``ub``, 0.001 steps) under which it is idle: idle and
+    held-but-idle both test the binned value against it, so held-but-idle is always part of idle."""
+    return idle_below * HIST_RESOLUTION - 1e-9
+
+
+# Computed per row before the window (they take parameters: ``idle_bin``, the held bytes): histogram
+# bins and the held-but-idle flag.
 SAMPLE_COLUMNS = f"""
     host, gpu_uuid, ts, mem_used_bytes, mem_total_bytes,
     round(util_gpu_mean * {HIST_RESOLUTION})::INTEGER AS ub, round(sm_activity * {HIST_RESOLUTION})::INTEGER AS ab,
-    (coalesce(util_gpu_mean < ? AND mem_used_bytes >= ?, false)::INTEGER
+    (coalesce(round(util_gpu_mean * {HIST_RESOLUTION}) < ? AND mem_used_bytes >= ?, false)::INTEGER
      + 2 * (sm_activity IS NOT NULL)::INTEGER + 4 * coalesce(state = 'lost', false)::INTEGER
      + 8 * coalesce(simulated, false)::INTEGER)::UTINYINT AS flags
 """

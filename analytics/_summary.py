@@ -1,7 +1,7 @@
 """The fleet summary: how busy the GPUs in a scope really were.
 
 Every figure is weighted by observed time, each sample by its weight as ``_weights`` defines it
-(the time to the GPU's next sample; a gap in collection counts for one local tick, never for the
+(the time to the GPU's next sample; a gap in collection counts for one nominal interval, never for the
 gap). One windowed pass over ``gpu_samples``, chunk by chunk, grouped two ways per GPU:
 
 1. by utilization.gpu at 1/1000 resolution (and the flags held-but-idle, has-GPM, lost,
@@ -36,6 +36,7 @@ from analytics._rows import (
     LOST,
     SIMULATED,
     SummaryOptions,
+    idle_bin,
 )
 from analytics._rows import (
     SAMPLE_COLUMNS as _COLUMNS,
@@ -74,7 +75,7 @@ class HostSampling:
     samples: int
     median_interval_s: float | None  # median time between a GPU's consecutive samples
     observed_hours: float
-    gap_hours: float  # time inside gaps (intervals over GAP_FACTOR local ticks), not counted
+    gap_hours: float  # time inside gaps (intervals over GAP_FACTOR nominal intervals), not counted
 
     @property
     def gap_share(self) -> float:
@@ -209,7 +210,7 @@ def fleet_summary(
         (_UTIL_KEYS, _SM_KEYS),
         _AGGREGATES,
         columns=_COLUMNS + extra_cols,
-        columns_params=[options.idle_below, options.held_mem_bytes, *extra_params],
+        columns_params=[idle_bin(options.idle_below), options.held_mem_bytes, *extra_params],
         keep=keep,
         windowed=windowed,
     )
@@ -224,7 +225,7 @@ def fleet_summary(
     fleet_tick = None if tick is None else tick / 1e6
     per: dict[int, dict] = {}
     hists: dict[str, dict[int, float]] = {"util": defaultdict(float), "sm": defaultdict(float)}
-    idle_bin = options.idle_below * HIST_RESOLUTION
+    idle_under = idle_bin(options.idle_below)
 
     def gpu(e: int, lo: int, hi: int) -> dict:
         g = per.setdefault(
@@ -253,7 +254,7 @@ def fleet_summary(
         if ub is not None:
             g["w_u"] += w
             g["s_u"] += w * ub / HIST_RESOLUTION
-            if ub < idle_bin - 1e-9:
+            if ub < idle_under:
                 g["w_idle"] += w
             if has_a:
                 g["w_ua"] += w

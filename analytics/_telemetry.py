@@ -29,6 +29,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from analytics._weights import RULE as WEIGHTS_RULE
 from collector.location import Location, S3Location, filesystem, is_s3, parse_location
 from collector.schema import (
     METADATA_ROLLUP_KEY,
@@ -529,6 +530,8 @@ def _register_rollup_marks(
                     meta = json.loads(footer.get(METADATA_ROLLUP_KEY, b"{}"))
                     if footer.get(METADATA_VERSION_KEY) != str(SCHEMA_VERSION).encode():
                         meta = {}  # rollups of another schema version: this host reads raw samples
+                    if meta.get("weights") != WEIGHTS_RULE:
+                        meta = {}  # weights of an earlier rule: raw samples until a build redoes them
                     if "covers_to_us" in meta:
                         mark = (int(meta["covers_to_us"]), meta.get("idle_below"), meta.get("held_mem_bytes"))
                 old = marks.get((host, level))

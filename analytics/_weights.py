@@ -11,22 +11,28 @@ time order and each row gets a weight in seconds:
   rows from overlapping files count once; where such rows differ, which one carries the time is not
   defined — ordering every sample by its values too would cost a fifth more; a clock stepped back interleaves its samples with the
   earlier ones and the interval between neighbours is still the time between them).
-- ``tick``, its *local tick*: the lower median (of three or four, the second shortest; of one or two,
-  the shortest) of the intervals around it — between the two rows before it and between the two rows after it,
-  not its own, zero intervals (duplicates) left out. A median, so that one short interval (two
-  files of one GPU interleaving, a sample written late) or one gap next to it does not decide it. Where there is none (an entity with a single instant in scope), or for the
-  last row only the interval that ends at it (an entity with two instants), there is no local
-  spacing to go by, and the fleet's typical tick stands in: the median of all intervals in scope.
-- A row's interval is a *gap* when it is longer than ``GAP_FACTOR`` (3) local ticks. Then the row
-  counts for one local tick and the rest of the interval is unobserved; otherwise it counts for its
-  whole interval. The entity's last row counts for one local tick. Stand-in weights never exceed the
-  row's interval either.
+- ``tick``, its *nominal interval*: what one sample of this entity stands for, read from its
+  neighbourhood — the median of its own interval and the ``NEIGHBOURS`` (4) intervals before it
+  and the 4 after it (of an even number, the lower one), zero intervals (duplicates) left out. On a
+  regular log that is the collector's declared interval, or an import's modal one; a median of
+  nine, so that missed scrapes, gaps, short intervals (two files of one GPU interleaving, a sample
+  written late, a clock stepped back) or a restart with another interval do not move it unless
+  they make up more than half of the neighbourhood. Where there is none (an entity
+  with a single instant in scope), or for the last row only the interval that ends at it (an
+  entity with two instants), there is no local spacing to go by, and the fleet's typical tick
+  stands in: the median of all intervals in scope.
+- A row's interval is a *gap* when it is longer than ``GAP_FACTOR`` (1.5) nominal intervals: at
+  least one scrape was missed. Then the row counts for one nominal interval and the rest of the
+  interval is unobserved (``gap``); otherwise (a sample up to half an interval late) it counts for
+  its whole interval. The entity's last row counts for one nominal interval. Stand-in weights never
+  exceed the row's interval either.
 
-So observed time is exact for regular sampling, a tick that changes (each side keeps its own tick;
-the sample before the restart counts for the local tick), gaps of any length, bursts,
-duplicates and interleaved files (where every instant is written three times or more, rows can find
-no spacing around them and take the fleet tick, capped at their interval); per entity it is at most its span from first to last sample plus
-one tick, and a fleet's observed time is the sum of its entities'.
+So a log sampled every T seconds with missed scrapes and outages is credited exactly samples x T,
+and per entity observed time + gap time = its span from first to last sample plus one nominal
+interval: no GPU is credited more than its span. Tick changes (each side keeps its own interval),
+bursts, duplicates and interleaved files are handled as above (where every instant is written three
+times or more, rows can find no spacing around them and take the fleet tick, capped at their
+interval); a fleet's observed time is the sum of its entities'.
 
 The weights need each entity's rows in order: a window over the samples. To keep memory flat the
 window runs in chunks of whole entities (one host at a time, a large host split by GPU), each a
@@ -38,10 +44,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-GAP_FACTOR = 3  # an interval longer than this many local ticks is a gap in collection
+# The version of this rule. Rollups hold weights computed under it (their footers say which): a
+# reader takes rollups of another version for none (raw samples answer) and a build redoes them.
+RULE = 2
+GAP_FACTOR = 1.5  # an interval longer than this many nominal intervals holds a missed sample: a gap
+_GAP_NUM, _GAP_DEN = 3, 2  # GAP_FACTOR as a fraction: intervals compared in whole microseconds
+_NONE = 1 << 60  # a missing neighbouring interval: longer than any real one (36,000 years)
+NEIGHBOURS = 4  # intervals looked at on each side of a row for its nominal interval
 CHUNK_ROWS = 25_000_000  # rows per windowed query (a host larger than this is split by GPU)
 INTERVAL_RESOLUTION_US = 10_000  # intervals are binned to 10 ms for their medians
-_NONE = 1 << 62  # stands for a missing neighbouring interval (longer than any real one)
 
 GPU_ENTITY = ("host", "gpu_uuid")
 PROCESS_ENTITY = ("host", "gpu_uuid", "pid")
@@ -61,44 +72,60 @@ def weighted_rows_sql(source: str, entity: Sequence[str] = GPU_ENTITY, order_ext
     """
     ent = ", ".join(entity)
     order = "t" + (f", {order_extra}" if order_extra else "")
+    k = NEIGHBOURS
+    # Times of the rows around (lag 1..k before, lead 1..k+1 after) and the 2k intervals between
+    # them besides its own; a missing or zero one (a duplicate) is _NONE.
+    around = ", ".join(
+        [
+            *(f"lag(t, {i}) OVER o AS b{i}" for i in range(1, k + 1)),
+            *(f"lead(t, {i}) OVER o AS a{i}" for i in range(1, k + 2)),
+        ]
+    )
+    spans = [
+        "t - b1",
+        *(f"b{i} - b{i + 1}" for i in range(1, k)),
+        *(f"a{i + 1} - a{i}" for i in range(1, k + 1)),
+    ]
+    times = ", ".join([*(f"b{i}" for i in range(1, k + 1)), *(f"a{i}" for i in range(2, k + 2))])
+    known = ", ".join(f"coalesce(nullif({x}, 0), {_NONE}) AS s{i}" for i, x in enumerate(spans))
+    names = [f"s{i}" for i in range(len(spans))]
+    count = " + ".join(["(d IS NOT NULL)::INT", *(f"({n} < {_NONE})::INT" for n in names)])
+    # A row's interval is a gap when it is longer than GAP_FACTOR x the median of the m known
+    # intervals (its own and those around it; of an even number the lower: the ((m + 1) // 2)-th
+    # shortest): when at least (m + 1) // 2 of them are that much shorter (its own never is).
+    # Counting is cheap; the median itself is sorted out only for the rows that need its value
+    # (gaps and last rows: a list sort on every row costs as much as the window).
+    shorter = " + ".join(f"({_GAP_NUM} * {n} < {_GAP_DEN} * d)::INT" for n in names)
+    median = f"list_sort(list_filter([d, {', '.join(names)}], lambda x: x < {_NONE}))[(m + 1) // 2]"
     return f"""
         wr0 AS (SELECT * EXCLUDE ({ent}, ts), hash({ent}) AS e, epoch_us(ts) AS t FROM {source}),
         wr1 AS (
-            SELECT *, nullif(lead(t) OVER o - t, 0) AS d, lead(t) OVER o IS NULL AS final,
-                   nullif(t - lag(t) OVER o, 0) AS p1, nullif(lag(t) OVER o - lag(t, 2) OVER o, 0) AS p2,
-                   nullif(lead(t, 2) OVER o - lead(t) OVER o, 0) AS n1,
-                   nullif(lead(t, 3) OVER o - lead(t, 2) OVER o, 0) AS n2
-            FROM wr0 WINDOW o AS (PARTITION BY e ORDER BY {order})
+            SELECT *, {around} FROM wr0 WINDOW o AS (PARTITION BY e ORDER BY {order})
         ),
         wr2 AS (
-            SELECT * EXCLUDE (p1, p2, n1, n2),
-                   (p1 IS NOT NULL)::INT + (p2 IS NOT NULL)::INT + (n1 IS NOT NULL)::INT
-                   + (n2 IS NOT NULL)::INT AS around,
-                   coalesce(p1, {_NONE}) AS a1, coalesce(p2, {_NONE}) AS a2,
-                   coalesce(n1, {_NONE}) AS a3, coalesce(n2, {_NONE}) AS a4
+            SELECT * EXCLUDE ({times}), nullif(a1 - t, 0) AS d, a1 IS NULL AS final, {known}
             FROM wr1
         ),
-        wr3 AS (
-            -- The local tick: the lower median of the intervals around the row (of three or four,
-            -- the second shortest; of one or two, the shortest).
-            SELECT * EXCLUDE (around, a1, a2, a3, a4),
-                   CASE WHEN around < CASE WHEN final THEN 2 ELSE 1 END THEN NULL
-                        WHEN around <= 2 THEN least(a1, a2, a3, a4)
-                        ELSE least(greatest(a1, a2), greatest(a1, a3), greatest(a1, a4),
-                                   greatest(a2, a3), greatest(a2, a4), greatest(a3, a4)) END AS tick
-            FROM wr2
+        wr3 AS (SELECT *, {count} AS m, {shorter} AS shorter FROM wr2),
+        wr4 AS (
+            -- The nominal interval (``tick``) where the weight needs its value; none where the row
+            -- has no spacing around it (the last row needs two: one is only the interval that ends at it).
+            SELECT * EXCLUDE (a1, m, shorter, {", ".join(names)}),
+                   m - (d IS NOT NULL)::INT < CASE WHEN final THEN 2 ELSE 1 END AS alone,
+                   NOT alone AND NOT final AND shorter >= (m + 1) // 2 AS is_gap,
+                   CASE WHEN NOT alone AND (final OR is_gap) THEN {median} END AS tick
+            FROM wr3
         ),
         wr AS (
-            SELECT *,
+            SELECT * EXCLUDE (alone, is_gap),
                    CASE WHEN d IS NULL AND NOT final THEN 0.0
-                        WHEN tick IS NULL THEN 1.0
-                        WHEN final OR d > {GAP_FACTOR} * tick THEN tick / 1e6
+                        WHEN alone THEN 1.0
+                        WHEN final OR is_gap THEN tick / 1e6
                         ELSE d / 1e6 END AS w,
-                   CASE WHEN tick IS NULL AND (d IS NOT NULL OR final) THEN coalesce(d, -1) END AS fb,
-                   CASE WHEN tick IS NOT NULL AND d > {GAP_FACTOR} * tick THEN (d - tick) / 1e6
-                        ELSE 0.0 END AS gap,
+                   CASE WHEN alone AND (d IS NOT NULL OR final) THEN coalesce(d, -1) END AS fb,
+                   CASE WHEN is_gap THEN (d - tick) / 1e6 ELSE 0.0 END AS gap,
                    d // {INTERVAL_RESOLUTION_US} * {INTERVAL_RESOLUTION_US} AS dq
-            FROM wr3
+            FROM wr4
         )
     """
 

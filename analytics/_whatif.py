@@ -41,8 +41,10 @@ import duckdb
 import numpy as np
 
 from analytics import _replay, _rollup
+from analytics._gpu_models import memory_from_name
 from analytics._rows import GIB
 from analytics._scope import ALL, Scope, no_data_error
+from analytics._summary import FleetSummary, fleet_summary
 from analytics._telemetry import TelemetryError
 
 POLICIES = ("first-fit", "best-fit", "first-fit-decreasing")
@@ -55,6 +57,7 @@ MAX_STEPS = 600_000
 # GPU demand is added up on a dense (GPU, step) grid of 15 bytes a cell: 512 GPUs x 90 days of
 # minutes is 66 M cells; beyond this many the step grows.
 MAX_CELLS = 80_000_000
+DEFAULT_PRICE = 2.50  # per GPU-hour, where the user gave none (pages say it is the default)
 
 
 @dataclass(frozen=True)
@@ -68,11 +71,21 @@ class PoolOptions:
         None  # replay resolution; None: 60 s or more (>= 2 sampling intervals, <= 600,000 steps)
     )
     pool_gpus: int | None = None  # size of the pool replayed with waiting; None: the p95 need
-    gpu_mem_bytes: int | None = None  # memory of one pool GPU; None: the largest GPU observed
+    # Memory of one pool GPU; None: the largest GPU observed (memory.total), else inferred from the
+    # GPU model's name (``_gpu_models``).
+    gpu_mem_bytes: int | None = None
     held_mem_bytes: int = 1 * GIB  # demand="gpu": a GPU holding less (and idle) has no request
     idle_below: float = 0.05
-    price_per_gpu_hour: float = 2.50
+    price_per_gpu_hour: float | None = None  # the user's price; None: DEFAULT_PRICE, flagged as such
     currency: str = "USD"
+
+    @property
+    def price(self) -> float:
+        return DEFAULT_PRICE if self.price_per_gpu_hour is None else self.price_per_gpu_hour
+
+    @property
+    def price_is_default(self) -> bool:
+        return self.price_per_gpu_hour is None
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -87,9 +100,22 @@ class PoolOptions:
             )
         if self.pool_gpus is not None and self.pool_gpus < 1:
             raise TelemetryError("pool size must be at least 1 GPU", "leave it empty to use the p95 need")
+        if self.price_per_gpu_hour is not None and not self.price_per_gpu_hour >= 0:
+            raise TelemetryError(
+                f"price {self.price_per_gpu_hour} per GPU-hour out of range", "give 0 or more"
+            )
+        if self.gpu_mem_bytes is not None and not self.gpu_mem_bytes >= MIN_GPU_MEM:
+            raise TelemetryError(
+                f"GPU memory of {self.gpu_mem_bytes / GIB:g} GiB out of range",
+                "give a pool GPU's memory in GiB (1 or more)",
+            )
 
 
 DEFAULT_POOL = PoolOptions()
+MIN_GPU_MEM = GIB
+MEMORY_HINT = (
+    "give one pool GPU's memory: gpustat-report build --gpu-memory GIB, or the app's 'GPU memory (GiB)' field"
+)
 
 
 @dataclass(frozen=True)
@@ -101,7 +127,7 @@ class WhatIf:
     span_hours: float
     requests: int
     observed_gpus: int
-    observed_util_mean: float | None  # utilization.gpu of the observed GPUs over the span
+    observed_util_mean: float | None  # the summary's utilization.gpu mean (time-weighted): one value per page
     gpus_needed_p95: int
     gpus_needed_p99: int
     gpus_needed_peak: int
@@ -114,13 +140,17 @@ class WhatIf:
     waited_share: float  # of requests, on the pool of pool_gpus
     wait_p95_s: float  # among requests that waited
     wait_max_s: float
-    cost_observed: float  # observed GPUs x span x price
-    cost_pooled: float  # pool_gpus x span x price
+    cost_observed: float  # the GPU-hours observed (the summary's) x price: what was used
+    cost_pooled: float  # pool_gpus x span x price: a pool is paid for all along
     need: tuple[int, ...] = field(repr=False)  # pool GPUs in use per step, the first at need_start
     assumptions: tuple[str, ...] = field(repr=False, default=())
     simulated: bool = False
     demand: str = "process"  # the demand basis used: "process" or "gpu" (options.demand may say "auto")
     sampling_s: float | None = None  # the typical interval between a GPU's samples
+    observed_gpu_hours: float = 0.0  # the summary's observed GPU-hours: the cost baseline
+    observed_peak_gpus: int = 0  # the most GPUs that reported in one step
+    gpu_mem_bytes: int = 0  # the pool GPU's memory the replay used
+    gpu_mem_from: str = "telemetry"  # where that came from: "telemetry", "given", or "model NAME"
     data_source: str = "raw samples"  # which data answered: rollups (GPU demand) and/or raw samples
     need_start: datetime | None = None
 
@@ -133,7 +163,17 @@ class WhatIf:
 
     @property
     def cost_saving(self) -> float:
-        return self.cost_observed - self.cost_pooled
+        """What the pool saves against what was used; 0 where it saves nothing (``saves_nothing``)."""
+        return 0.0 if self.saves_nothing else self.cost_observed - self.cost_pooled
+
+    @property
+    def saves_nothing(self) -> bool:
+        """The pool needs as many GPUs as ran at once at the peak, or costs at least what was used."""
+        return self.pool_gpus >= self.observed_peak_gpus or self.cost_pooled >= self.cost_observed
+
+    @property
+    def price(self) -> float:
+        return self.options.price
 
     @property
     def gpus_saved(self) -> int:
@@ -317,10 +357,10 @@ class _Cells:
 
     def requests(self, idle_below: float):
         """(key, start, steps, units, busy, offset) of the runs of cells in use (memory held or busy),
-        the busy shares being the grid itself, and (sum, count) of the cells' mean utilization."""
+        the busy shares being the grid itself, and the most GPUs with samples in one step."""
         busy, n = self.util_sum, self.util_n
         np.divide(busy, n, out=busy, where=n > 0)
-        observed = (float(busy.sum()), int(np.count_nonzero(n)))
+        observed = int((n.reshape(-1, self.horizon) > 0).sum(axis=0).max(initial=0))
         self.util_n = n = None
         use = self.held
         use |= busy >= idle_below
@@ -368,9 +408,16 @@ def _pieces(requests: tuple[np.ndarray, ...], first: int, g: int) -> _replay.Pie
 
 
 def what_if(
-    con: duckdb.DuckDBPyConnection, scope: Scope = ALL, options: PoolOptions = DEFAULT_POOL
+    con: duckdb.DuckDBPyConnection,
+    scope: Scope = ALL,
+    options: PoolOptions = DEFAULT_POOL,
+    summary: FleetSummary | None = None,
 ) -> WhatIf:
-    """Replay the demand of ``scope`` onto a partitioned pool (see the module docstring)."""
+    """Replay the demand of ``scope`` onto a partitioned pool (see the module docstring).
+
+    The observed side (GPU-hours, the cost baseline, and utilization) is the fleet summary's, so a
+    page shows one value for each: pass ``summary`` where it is at hand (``fleet_summary`` of the
+    same scope), else it is computed here."""
     options.check()
     where, params = scope.where()
     demand = options.demand
@@ -391,11 +438,7 @@ def what_if(
     step_us = step_s * 1_000_000
     first, last = lo // step_us, hi // step_us
     horizon = int(last - first + 1)
-    gpu_mem = options.gpu_mem_bytes or (max(mems) if mems else None)
-    if not gpu_mem:
-        raise TelemetryError(
-            "no GPU memory size in the telemetry", "give the pool GPU's memory (gpu_mem_bytes)"
-        )
+    gpu_mem, mem_from = _pool_gpu_memory(options, mems, [r[8] for r in gpus])
     cut = _Cut(gpu_mem, options.granularity)
 
     plan = _rollup.plan(con, scope, None, step_s)[0] if whole is not None else None
@@ -427,13 +470,14 @@ def what_if(
             if len(number) and number.min() < 0:  # pragma: no cover - the extent lists every GPU
                 raise RuntimeError("what-if: a GPU's rows without its extent")
             cells.add(number, *rest)
-        requests, (util_sum, util_n) = cells.requests(options.idle_below)
+        requests, peak_gpus = cells.requests(options.idle_below)
         simulated = cells.simulated
         del cells
     else:
-        # Observed utilization from the GPU rows, demand from the process rows.
-        util_sum, util_n, simulated = con.execute(
-            f"SELECT sum(util), count(util), coalesce(bool_or(sim), false) FROM ({_GPU_STEPS.format(where=where)})",
+        # The most GPUs reporting in a step from the GPU rows, demand from the process rows.
+        peak_gpus, simulated = con.execute(
+            f"""SELECT coalesce(max(n), 0), coalesce(bool_or(sim), false)
+                FROM (SELECT step, count(*) AS n, bool_or(sim) AS sim FROM ({_GPU_STEPS.format(where=where)}) GROUP BY step)""",
             [step_us, *params],
         ).fetchall()[0]
         runs = _Runs()
@@ -459,7 +503,9 @@ def what_if(
     bounded = _replay.bounded(pieces, horizon, pool_gpus, g, options.policy)
 
     span_hours = horizon * step_s / 3600.0
-    price = options.price_per_gpu_hour
+    price = options.price
+    if summary is None:
+        summary = fleet_summary(con, scope)
     # A request waited as long as its longest-waiting piece.
     waited = np.zeros(n_requests, np.int64)
     np.maximum.at(waited, pieces.origin, bounded.placed - pieces.start)
@@ -470,7 +516,7 @@ def what_if(
         span_hours=span_hours,
         requests=n_requests,
         observed_gpus=len(gpus),
-        observed_util_mean=util_sum / util_n if util_n else None,
+        observed_util_mean=summary.util_gpu_mean,
         gpus_needed_p95=p95,
         gpus_needed_p99=p99,
         gpus_needed_peak=int(need.max(initial=0)),
@@ -483,42 +529,48 @@ def what_if(
         waited_share=len(waits) / n_requests if n_requests else 0.0,
         wait_p95_s=float(_replay.percentile(waits, 0.95)),
         wait_max_s=float(waits.max(initial=0)),
-        cost_observed=len(gpus) * span_hours * price,
+        cost_observed=summary.gpu_hours * price,
         cost_pooled=pool_gpus * span_hours * price,
+        observed_gpu_hours=summary.gpu_hours,
+        observed_peak_gpus=int(peak_gpus),
         need=tuple(need.tolist()),
         need_start=datetime.fromtimestamp(first * step_s, UTC),
-        assumptions=_assumptions(options, demand, step_s, gpu_mem, sampling_s),
+        assumptions=_assumptions(options, demand, step_s, gpu_mem, sampling_s, mem_from),
         simulated=simulated,
         demand=demand,
         sampling_s=sampling_s,
+        gpu_mem_bytes=int(gpu_mem),
+        gpu_mem_from=mem_from,
         data_source=plan.describe() if plan is not None and demand == "gpu" else "raw samples",
     )
 
 
 def _extent(con, where: str, params: list, plan) -> tuple[list[tuple], float | None]:
     """Per GPU (host, uuid, samples, first and last sample in µs, memory, latest index, the hash the
-    demand rows carry), and the typical spacing of a GPU's samples in s.
+    demand rows carry, latest name), and the typical spacing of a GPU's samples in s.
 
     The spacing chooses the step (it is not a weight: nothing here is weighted per sample; demand is
     averaged per step): the median over GPUs of their span over their samples less one.
     """
     per_gpu = (
         f"SELECT host, gpu_uuid, count(*) AS n, min(epoch_us(ts)) AS lo, max(epoch_us(ts)) AS hi, "
-        f"max(mem_total_bytes) AS mem, arg_max(gpu_index, ts) AS idx "
+        f"max(mem_total_bytes) AS mem, arg_max(gpu_index, ts) AS idx, arg_max(gpu_name, ts) AS name "
         f"FROM gpu_samples WHERE {where}{{after}} GROUP BY host, gpu_uuid"
     )
     if plan is None:
         rows = con.execute(
-            f"SELECT *, hash(host, gpu_uuid) FROM ({per_gpu.format(after='')})", params
+            f"SELECT * EXCLUDE (name), hash(host, gpu_uuid), name FROM ({per_gpu.format(after='')})", params
         ).fetchall()
     else:
         rel, rp = _rollup.rollup_relation(plan, where, params)
         after, ap = _rollup.raw_after(plan)
         rows = con.execute(
-            f"""SELECT host, gpu_uuid, sum(n), min(lo), max(hi), max(mem), arg_max(idx, hi), hash(host, gpu_uuid)
+            f"""SELECT host, gpu_uuid, sum(n), min(lo), max(hi), max(mem), arg_max(idx, hi), hash(host, gpu_uuid),
+                       arg_max(name, hi)
                 FROM (
                     SELECT host, gpu_uuid, sum(samples) AS n, epoch_us(min(first_ts)) AS lo,
-                           epoch_us(max(last_ts)) AS hi, max(mem_total) AS mem, arg_max(gpu_index, last_ts) AS idx
+                           epoch_us(max(last_ts)) AS hi, max(mem_total) AS mem, arg_max(gpu_index, last_ts) AS idx,
+                           arg_max(gpu_name, last_ts) AS name
                     FROM {rel} GROUP BY host, gpu_uuid
                     UNION ALL {per_gpu.format(after=after)}) GROUP BY host, gpu_uuid""",
             [*rp, *params, *ap],
@@ -527,8 +579,34 @@ def _extent(con, where: str, params: list, plan) -> tuple[list[tuple], float | N
     return rows, statistics.median(spacing) / 1e6 if spacing else None
 
 
+def _pool_gpu_memory(options: PoolOptions, mems: list[int], names: list[str | None]) -> tuple[int, str]:
+    """(one pool GPU's memory in bytes, where it came from): given, the largest memory.total in the
+    telemetry, else the largest the GPU models' names imply (``_gpu_models``)."""
+    if options.gpu_mem_bytes:
+        return options.gpu_mem_bytes, "given"
+    if mems and max(mems) > 0:
+        return max(mems), "telemetry"
+    inferred = sorted(
+        ((m, n) for n in set(names) if (m := memory_from_name(n)) is not None),
+        key=lambda mn: (mn[0], mn[1] or ""),
+    )
+    if inferred:
+        return inferred[-1][0], f"model {inferred[-1][1]}"
+    known = ", ".join(sorted({n for n in names if n})[:3]) or "none"
+    raise TelemetryError(
+        f"no GPU memory size in the telemetry (no memory.total; GPU models: {known})", MEMORY_HINT
+    )
+
+
+def memory_source(mem_from: str) -> str:
+    """Where the pool GPU's memory came from, in words."""
+    if mem_from.startswith("model "):
+        return f"inferred from the GPU model name {mem_from.removeprefix('model ')!r}: the log has no memory.total"
+    return "as given" if mem_from == "given" else "memory.total in the telemetry"
+
+
 def _assumptions(
-    options: PoolOptions, demand: str, step_s: int, gpu_mem: int, sampling_s: float | None
+    options: PoolOptions, demand: str, step_s: int, gpu_mem: int, sampling_s: float | None, mem_from: str
 ) -> tuple[str, ...]:
     if demand == "process":
         basis = (
@@ -551,12 +629,15 @@ def _assumptions(
     )
     return (
         "Memory is the binding constraint: a request takes its peak memory, rounded up to whole "
-        f"1/{options.granularity} partitions of a pool GPU of {gpu_mem / GIB:.0f} GiB, for its whole run.",
+        f"1/{options.granularity} partitions of a pool GPU of {gpu_mem / GIB:.0f} GiB "
+        f"({memory_source(mem_from)}), for its whole run.",
         "Compute is shared: tenants of one GPU add their busy shares; above 1 they would slow each other "
         "(counted as oversubscribed), not fail.",
         f"Demand: {basis}; replayed in {step_s} s steps with the '{options.policy}' packing policy; "
         f"partitions never move once placed.{sampling}",
         "A request that does not fit waits and retries each step, then runs for its observed duration.",
         "Network cost of remote GPUs is not modelled: jobs are assumed to run as fast remotely.",
-        f"Cost: GPUs x observed span x {options.price_per_gpu_hour:g} {options.currency} per GPU-hour.",
+        f"Cost: the GPU-hours observed (what was used) against the pool's GPUs over the whole span (a pool "
+        f"is paid for all along), at {options.price:,.2f} {options.currency} per GPU-hour"
+        + (" (the default: set --price)." if options.price_is_default else " (your price)."),
     )

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         _timed("hour_of_week (per host)", lambda: A.hour_of_week(con, level="host"), 1)
         _timed("busiest_idlest", lambda: A.busiest_idlest(con), 1)
         _timed("attribution (user)", lambda: A.attribution(con, by="user"), 1)
-        w = _timed("what_if (process demand)", lambda: A.what_if(con), 1)
+        w = _timed("what_if (process demand)", lambda: A.what_if(con, summary=s), 1)
         print(
             f"  -> {w.requests} requests, {w.step_s} s steps, need p95 {w.gpus_needed_p95} p99 {w.gpus_needed_p99} "
             f"of {w.observed_gpus}, waited {w.waited_share:.1%}, pooled busy {w.pooled_util_mean:.1%}"
@@ -192,7 +192,7 @@ def _rollups_only(args) -> int:
     _timed("busiest_idlest", lambda: A.busiest_idlest(con), args.repeat)
     # The app's first page and gpustat-report build: the three above from one hourly read.
     _timed("fleet_patterns (the 3 above)", lambda: A.fleet_patterns(con), args.repeat)
-    w = _timed("what_if (GPU demand)", lambda: A.what_if(con), args.repeat)
+    w = _timed("what_if (GPU demand)", lambda: A.what_if(con, summary=s), args.repeat)
     print(f"  -> {w.data_source}; {w.requests} requests, {w.step_s} s steps, need p95 {w.gpus_needed_p95}")
     if args.app:
         _time_app(args.dir)

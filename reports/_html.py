@@ -121,7 +121,7 @@ def build_html(dirs: list[str], opts: BuildOptions | None = None, progress=lambd
             attributions.append(exc)
     progress("what-if pool")
     try:
-        whatif: A.WhatIf | A.TelemetryError = A.what_if(con, opts.scope, opts.pool)
+        whatif: A.WhatIf | A.TelemetryError = A.what_if(con, opts.scope, opts.pool, s)
     except A.TelemetryError as exc:
         whatif = exc
     by_user = next((a for a in attributions if not isinstance(a, Exception) and a.by == "user"), None)
@@ -182,6 +182,7 @@ def build_html(dirs: list[str], opts: BuildOptions | None = None, progress=lambd
             break
         parts += [
             _fig(P.fig_attribution(a)),
+            f"<p class='muted'>{html.escape(P.attribution_note(a, s))}</p>",
             _table(P.attribution_table(a), f"attribution-{a.by}", P.attribution_table(a, full_keys=True)),
         ]
 
@@ -191,7 +192,11 @@ def build_html(dirs: list[str], opts: BuildOptions | None = None, progress=lambd
         parts.append(_fig(P.fig_heatmap(g, "util")))
         if any(v is not None for row in g.sm for v in row):
             parts.append(_fig(P.fig_heatmap(g, "sm")))
-    parts += ["<h3>Busiest and idlest hours</h3>", _table(P.periods_table(per), "periods")]
+    parts += [
+        "<h3>Busiest and idlest hours</h3>",
+        f"<p class='muted'>{html.escape(P.periods_note(per))}</p>",
+        _table(P.periods_table(per), "periods"),
+    ]
     parts += [_section("Distribution", sim), _fig(P.fig_distribution(s))]
 
     activity = A.pool_activity(con, opts.scope)

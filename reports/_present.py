@@ -101,52 +101,98 @@ def gib(x: float | None) -> str:
     return NA if x is None else f"{x / GIB:,.1f} GiB"
 
 
+CLI_HINTS = {"price": "set --price", "memory": "--gpu-memory"}  # how the HTML's reader sets them
+APP_HINTS = {"price": "set it in the sidebar", "memory": "the sidebar's GPU memory field"}
+
+
+def price_text(w: A.WhatIf, hints: dict[str, str] = CLI_HINTS) -> str:
+    """The price a cost rests on, and whose it is: "2.50 USD per GPU-hour (your price)"."""
+    whose = f"default; {hints['price']}" if w.options.price_is_default else "your price"
+    return f"{w.price:,.2f} {w.options.currency} per GPU-hour ({whose})"
+
+
+def gpm_words(s: A.FleetSummary) -> str:
+    """Why utilization.gpu beside SM activity may read other than the headline's mean, in words."""
+    if s.util_gpu_mean_where_gpm is None or pct(s.util_gpu_mean_where_gpm) == pct(s.util_gpu_mean):
+        return ""
+    return (
+        f" (the {pct(s.util_gpu_mean)} of the headline is over all samples; {pct(1 - s.gpm_share)} of the "
+        "GPU-hours have no SM activity)"
+    )
+
+
+def wait_catch(w: A.WhatIf) -> str:
+    """The catch that goes with a pool size: who would have waited, and how long at most."""
+    if not w.waited_requests:
+        return "no request would have waited"
+    return f"{pct(w.waited_share)} of requests would have waited, up to {wait(w.wait_max_s)}"
+
+
 def answer(
-    s: A.FleetSummary, holders: A.Attribution | Exception, w: A.WhatIf | Exception
+    s: A.FleetSummary,
+    holders: A.Attribution | Exception,
+    w: A.WhatIf | Exception,
+    hints: dict[str, str] = CLI_HINTS,
 ) -> list[tuple[str, str, str]]:
     """The answer the audit is for, first on the page: (label, value, help) for how busy the GPUs really
-    are, who holds them idle, and what a pool would need and save."""
+    are, who holds them idle, and what a pool would need (with its catch) and save (against what was
+    used, at whose price). ``hints`` say how the page's reader sets the price and the GPU memory."""
     busy = s.sm_activity_mean if s.sm_activity_mean is not None else s.util_gpu_mean
     if s.sm_activity_mean is not None:
         busy_help = (
             f"SM activity (GPM): share of the SMs doing work. utilization.gpu (any kernel running) "
-            f"reads {pct(s.util_gpu_mean_where_gpm)} on the same samples"
+            f"reads {pct(s.util_gpu_mean_where_gpm)} on the same samples{gpm_words(s)}"
         )
     else:
         busy_help = "utilization.gpu: share of time any kernel ran (no GPM data, so it overstates)"
     cards = [("How busy the GPUs really are", pct(busy), busy_help)]
     top = _idle_holders(holders)
-    cards.append(
-        (
-            "Held but idle",
-            f"{hours(s.held_idle_gpu_hours)} · {pct(s.held_idle_share)}",
-            f"idle with memory held, so no one else could use them; most by {top}"
-            if top
-            else "idle with memory held, so no one else could use them",
+    held_help = "idle with memory held, so no one else could use them"
+    if top:
+        held_help += (
+            f"; most by {top} (per user: the time their processes held memory while idle; a GPU shared "
+            "by two users counts for each, so per-user hours do not add up to this total)"
         )
-    )
+    cards.append(("Held but idle", f"{hours(s.held_idle_gpu_hours)} · {pct(s.held_idle_share)}", held_help))
     if isinstance(w, Exception):
-        reason = getattr(w, "title", str(w))
-        cards.append(("A pool would need", NA, f"no what-if: {reason}"))
+        title, hint = getattr(w, "title", str(w)), getattr(w, "hint", "")
+        hint = hint.replace(A.MEMORY_HINT, f"give one pool GPU's memory: {hints['memory']}")
+        cards.append(
+            ("A pool would need", "not computed", f"no what-if: {title}" + (f"; {hint}" if hint else ""))
+        )
+        cards.append(("and save", "not computed", "needs the what-if above"))
     else:
-        cur = w.options.currency
         cards.append(
             (
                 "A pool would need",
-                f"{w.gpus_needed_p95} of {plural(w.observed_gpus, 'GPU')}",
+                f"{w.gpus_needed_p95} of {plural(w.observed_gpus, 'GPU')} — {wait_catch(w)}",
                 f"p95 of the observed demand replayed on 1/{w.options.granularity} partitions "
-                f"({w.options.policy}); {pct(w.waited_share)} of requests would have waited",
+                f"({w.options.policy}); at most {plural(w.observed_peak_gpus, 'GPU')} ran at once",
             )
         )
-        cards.append(
-            (
-                "and save",
-                money(w.cost_saving, cur),
-                f"{plural(w.gpus_saved, 'GPU')} fewer over {hours(w.span_hours)} at "
-                f"{w.options.price_per_gpu_hour:g} {cur}/GPU-h",
-            )
-        )
+        cards.append(("and save", saving_value(w), f"at {price_text(w, hints)}; {saving_words(w)}"))
     return cards
+
+
+def saving_value(w: A.WhatIf) -> str:
+    return "nothing" if w.saves_nothing else money(w.cost_saving, w.options.currency)
+
+
+def saving_words(w: A.WhatIf) -> str:
+    """How the saving is reckoned: what was used against what the pool would cost all along."""
+    cur = w.options.currency
+    used = f"{hours(w.observed_gpu_hours)} of GPU use cost {money(w.cost_observed, cur)}"
+    pooled = (
+        f"a pool of {plural(w.pool_gpus, 'GPU')} over {hours(w.span_hours)} costs {money(w.cost_pooled, cur)}"
+    )
+    if w.pool_gpus >= w.observed_peak_gpus:
+        return (
+            f"the pool needs {plural(w.pool_gpus, 'GPU')}, as many as ran at once at the peak "
+            f"({w.observed_peak_gpus}): it saves nothing ({used}; {pooled})"
+        )
+    if w.saves_nothing:
+        return f"{used}; {pooled}: it saves nothing"
+    return f"{used}; {pooled}"
 
 
 def _idle_holders(holders: A.Attribution | Exception) -> str:
@@ -171,8 +217,8 @@ def headline(s: A.FleetSummary) -> list[tuple[str, str, str]]:
         (
             "GPU-hours observed",
             hours(s.gpu_hours),
-            f"each sample counts for the time to its GPU's next sample (median interval {duration_s(s.tick_s_median)}); "
-            f"gaps in collection ({pct(s.gap_share)} of the sampled span) are not counted",
+            f"each sample counts for its GPU's sampling interval (median interval {duration_s(s.tick_s_median)}); "
+            f"missed samples and gaps in collection ({pct(s.gap_share)} of the sampled span) are not counted",
         ),
         (
             "utilization.gpu mean",
@@ -183,7 +229,10 @@ def headline(s: A.FleetSummary) -> list[tuple[str, str, str]]:
             "SM activity mean",
             pct(s.sm_activity_mean),
             f"GPM (Hopper+), over {pct(s.gpm_share)} of the GPU-hours: share of SMs doing work. "
-            f"p50 {pct(s.sm_activity_p50)}, p95 {pct(s.sm_activity_p95)}{gap}",
+            f"p50 {pct(s.sm_activity_p50)}, p95 {pct(s.sm_activity_p95)}{gap}{gpm_words(s)}"
+            if s.sm_activity_mean is not None
+            else "no GPM data here: SM activity needs Hopper or later GPUs sampled by gpustat-collect "
+            "(nvidia-smi and DCGM logs have none)",
         ),
         (
             f"idle GPU-hours · {pct(s.idle_share)}",
@@ -199,7 +248,10 @@ def headline(s: A.FleetSummary) -> list[tuple[str, str, str]]:
             "memory headroom",
             gib(s.mem_headroom_bytes_mean),
             f"free memory per GPU on average; memory used mean {pct(s.mem_used_ratio_mean)}, "
-            f"the fullest a GPU got {pct(s.mem_used_ratio_peak)}",
+            f"the fullest a GPU got {pct(s.mem_used_ratio_peak)}"
+            if s.mem_headroom_bytes_mean is not None
+            else "needs each GPU's memory size: the telemetry has no memory.total (add memory.total to "
+            "nvidia-smi's --query-gpu list)",
         ),
     ]
 
@@ -224,10 +276,10 @@ def sampling_note(s: A.FleetSummary) -> str:
     """What sampling the figures rest on."""
     return (
         f"{s.samples:,} samples; a GPU's consecutive samples were {duration_s(s.tick_s_median)} apart (median). "
-        f"Each sample counts for the time to its GPU's next sample; an interval longer than {A.GAP_FACTOR} local "
-        f"ticks is a gap in collection and counts for one tick only: {hours(s.gap_hours)} "
-        f"({pct(s.gap_share)} of the sampled span) fell in gaps and is not counted as observed. "
-        f"Summary computed from {s.data_source}."
+        f"Each sample counts for its GPU's sampling interval (the median of the intervals around it): "
+        f"an interval longer than {A.GAP_FACTOR:g} of those holds at least one missed sample, and only one "
+        f"interval of it counts: {hours(s.gap_hours)} ({pct(s.gap_share)} of the sampled span) had no sample "
+        f"and is not counted as observed. Summary computed from {s.data_source}."
     )
 
 
@@ -290,6 +342,17 @@ def per_gpu_table(s: A.FleetSummary, *, full: bool = False) -> pd.DataFrame:
     )
 
 
+def attribution_note(a: A.Attribution, s: A.FleetSummary) -> str:
+    """Why the rows' idle holding need not add up to the summary's held-but-idle GPU-hours."""
+    total = sum(r.idle_holding_hours for r in a.rows)
+    return (
+        f"Idle holding per {a.by} adds up to {hours(total)}, the summary's held but idle to "
+        f"{hours(s.held_idle_gpu_hours)}: here each process counts (a GPU two processes hold counts for "
+        "each) and idle is the process's own busy share, where the summary counts each GPU once by its "
+        "utilization.gpu."
+    )
+
+
 def attribution_table(a: A.Attribution, *, full_keys: bool = False) -> pd.DataFrame:
     """Most GPU-hours first; container ids shortened (``full_keys`` for the CSV download). Short headers
     so the table fits a laptop screen: GPU-h are GPU-hours held and busy, idle holding is time held
@@ -312,6 +375,16 @@ def attribution_table(a: A.Attribution, *, full_keys: bool = False) -> pd.DataFr
     )
 
 
+def periods_note(p: A.Periods) -> str:
+    """Which periods were ranked."""
+    if p.partial:
+        return (
+            "No period had its GPUs observed for most of it (gaps, GPUs coming and going): all are ranked, "
+            "with how much of each was observed."
+        )
+    return f"Ranked among the periods whose GPUs were observed for at least {pct(A.FULL_COVERAGE)} of them."
+
+
 def periods_table(p: A.Periods) -> pd.DataFrame:
     rows = [("busiest", x) for x in p.busiest] + [("idlest", x) for x in p.idlest]
     return pd.DataFrame(
@@ -323,14 +396,14 @@ def periods_table(p: A.Periods) -> pd.DataFrame:
                 "util.gpu mean %": _p(x.util_gpu_mean),
                 "SM activity mean %": _p(x.sm_activity_mean),
                 "GPUs": x.gpus,
+                "observed %": _p(x.coverage),
             }
             for kind, x in rows
         ]
     )
 
 
-def whatif_rows(w: A.WhatIf) -> list[tuple[str, str]]:
-    cur = w.options.currency
+def whatif_rows(w: A.WhatIf, hints: dict[str, str] = CLI_HINTS) -> list[tuple[str, str]]:
     basis = (
         "per-process rows"
         if w.demand == "process"
@@ -341,7 +414,12 @@ def whatif_rows(w: A.WhatIf) -> list[tuple[str, str]]:
     return [
         ("demand replayed", basis),
         ("requests replayed", f"{w.requests:,} ({w.demand} demand, {duration(w.step_s)} steps)"),
-        ("GPUs observed", f"{w.observed_gpus} (utilization.gpu mean {pct(w.observed_util_mean)})"),
+        (
+            "GPUs observed",
+            f"{w.observed_gpus}, at most {w.observed_peak_gpus} at once; {hours(w.observed_gpu_hours)} observed "
+            f"(utilization.gpu mean {pct(w.observed_util_mean)})",
+        ),
+        ("pool GPU memory", f"{gib(w.gpu_mem_bytes)} ({A.memory_source(w.gpu_mem_from)})"),
         (
             "GPUs needed, p95 / p99 / peak",
             f"{w.gpus_needed_p95} / {w.gpus_needed_p99} / {w.gpus_needed_peak}",
@@ -359,11 +437,7 @@ def whatif_rows(w: A.WhatIf) -> list[tuple[str, str]]:
             f"{wait(w.wait_p95_s)} / {wait(w.wait_max_s)}" if w.waited_requests else "no request waited",
         ),
         ("compute oversubscribed", f"{pct(w.oversubscribed_share)} of pool GPU-steps"),
-        (
-            f"cost over {hours(w.span_hours)} at {w.options.price_per_gpu_hour:g} {cur}/GPU-h",
-            f"{money(w.cost_observed, cur)} observed vs {money(w.cost_pooled, cur)} pooled "
-            f"(saves {money(w.cost_saving, cur)}, {plural(w.gpus_saved, 'GPU')})",
-        ),
+        (f"cost at {price_text(w, hints)}", f"saves {saving_value(w)}: {saving_words(w)}"),
     ]
 
 

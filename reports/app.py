@@ -100,8 +100,9 @@ def pool_activity(dirs, scope, _t):
 
 
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner="replaying demand onto the pool...")
-def whatif(dirs, scope, options, _t):
-    return A.what_if(_t(), scope, options)
+def whatif(dirs, scope, options, _t, _s):
+    # ``_s``: the summary of the same scope (its GPU-hours are the cost baseline), not part of the key.
+    return A.what_if(_t(), scope, options, _s)
 
 
 def section(title: str, simulated: bool) -> None:
@@ -124,10 +125,17 @@ def table(df, name: str, key: str, csv=None) -> None:
     download(df if csv is None else csv, name, key)
 
 
-def cards(items, columns: int = 4) -> None:
+def cards(items, columns: int = 4, *, show_help: bool = False) -> None:
+    """Metric cards; ``show_help`` prints each card's help under it (the answer's catch and price must
+    be read, not found in a tooltip)."""
     cols = st.columns(columns)
     for i, (label, value, help_text) in enumerate(items):
-        cols[i % columns].metric(label, value, help=help_text)
+        col = cols[i % columns]
+        if show_help:
+            col.metric(label, value)
+            col.caption(help_text)
+        else:
+            col.metric(label, value, help=help_text)
 
 
 def _round(t: datetime, step: timedelta, how) -> datetime:
@@ -183,14 +191,33 @@ def pool_controls(options: A.SummaryOptions) -> A.PoolOptions:
         help="per-process rows, or each GPU's utilization and memory held; auto: processes where the "
         "telemetry has them, else GPUs",
     )
-    price = sb.number_input("Price per GPU-hour", 0.0, 1000.0, 2.50, 0.25)
+    price = sb.number_input(
+        "Price per GPU-hour",
+        0.0,
+        1000.0,
+        None,
+        0.25,
+        placeholder=f"{A.DEFAULT_PRICE:.2f} (default)",
+        help="your price; empty: the default, and the page says so",
+        key="price",
+    )
     pool = sb.number_input("Pool size (0: the p95 need)", 0, 10_000, 0)
+    memory = sb.number_input(
+        "GPU memory (GiB)",
+        1,
+        4096,
+        None,
+        placeholder="from the telemetry",
+        help="one pool GPU's memory; empty: memory.total in the telemetry, else inferred from the GPU model",
+        key="gpu-memory",
+    )
     return A.PoolOptions(
         granularity=gran,
         policy=policy,
         demand=demand,
         price_per_gpu_hour=price,
         pool_gpus=pool or None,
+        gpu_mem_bytes=None if memory is None else int(memory * P.GIB),
         held_mem_bytes=options.held_mem_bytes,
         idle_below=options.idle_below,
     )
@@ -205,6 +232,12 @@ def _or_error(fn, *args):
 
 def main() -> None:
     st.set_page_config(page_title="gpupool audit", layout="wide")
+    # A card's value wraps rather than ending in "…": the pool's catch is part of its value.
+    st.markdown(
+        "<style>[data-testid='stMetricValue'], [data-testid='stMetricValue'] * {white-space: normal "
+        "!important; overflow: visible !important; text-overflow: clip !important;}</style>",
+        unsafe_allow_html=True,
+    )
     dirs = _dirs()
     if not dirs:
         st.error(f"No telemetry directory given. Start with: gpustat-report serve DIR (or set {DIRS_ENV}).")
@@ -237,7 +270,7 @@ def main() -> None:
     auto = float(os.environ.get(WHATIF_AUTO_ENV, WHATIF_AUTO_GPU_MINUTES))
     replay = gpu_minutes <= auto or st.session_state.get("replay", False)
     if replay:
-        w = _or_error(whatif, dirs, scope, opts, t)
+        w = _or_error(whatif, dirs, scope, opts, t, s)
     else:
         w = A.TelemetryError(
             "not replayed yet",
@@ -246,7 +279,7 @@ def main() -> None:
     by_user = _or_error(attribution, dirs, scope, "user", options, t)
     with st.container(border=True):
         section("Summary", s.simulated)
-        cards(P.answer(s, by_user, w))
+        cards(P.answer(s, by_user, w, P.APP_HINTS), show_help=True)
         for line in P.findings(s):
             st.markdown(f"- {line}")
     st.subheader("The fleet in numbers")
@@ -286,7 +319,8 @@ def main() -> None:
         )
         m[3].metric("requests that waited", P.pct(w.waited_share))
         st.plotly_chart(P.fig_need(w))
-        st.table({"": [k for k, _ in P.whatif_rows(w)], "value": [v for _, v in P.whatif_rows(w)]})
+        rows = P.whatif_rows(w, P.APP_HINTS)
+        st.table({"": [k for k, _ in rows], "value": [v for _, v in rows]})
         st.markdown("**Assumptions**\n" + "\n".join(f"- {a}" for a in w.assumptions))
 
     section("Who holds the GPUs", s.simulated)
@@ -298,6 +332,7 @@ def main() -> None:
         st.info(f"{exc.title}. {exc.hint}")
     else:
         st.plotly_chart(P.fig_attribution(a), key=f"attr-{by}")
+        st.caption(P.attribution_note(a, s))
         table(
             P.attribution_table(a),
             f"attribution-{by}",
@@ -327,7 +362,9 @@ def main() -> None:
     for g in grids:
         st.plotly_chart(P.fig_heatmap(g, "util" if metric == "utilization.gpu" else "sm"))
     st.subheader("Busiest and idlest hours")
-    table(P.periods_table(pat.periods if pat else periods(dirs, scope, t)), "periods", "dl-periods")
+    ranked = pat.periods if pat else periods(dirs, scope, t)
+    st.caption(P.periods_note(ranked))
+    table(P.periods_table(ranked), "periods", "dl-periods")
 
     section("Distribution", s.simulated)
     st.plotly_chart(P.fig_distribution(s))

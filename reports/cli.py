@@ -192,8 +192,17 @@ def _parser() -> argparse.ArgumentParser:
     pool.add_argument(
         "--price",
         type=ranged(float, 0),
-        default=2.50,
-        help="price per GPU-hour for the cost comparison (2.50)",
+        default=None,
+        help="your price per GPU-hour for the cost comparison, 0 or more (default 2.50, and the report "
+        "says it is the default)",
+    )
+    pool.add_argument(
+        "--gpu-memory",
+        type=ranged(float, 1, 4096, "GPU memory (GiB)"),
+        default=None,
+        metavar="GIB",
+        help="memory of one pool GPU in GiB, 1-4096 (default: memory.total in the telemetry, else inferred "
+        "from the GPU model name; needed where neither is there)",
     )
     pool.add_argument("--currency", default="USD", help="currency label (USD)")
     pool.add_argument(
@@ -326,6 +335,7 @@ def _build(args) -> int:
             policy=args.policy,
             demand=args.demand,
             price_per_gpu_hour=args.price,
+            gpu_mem_bytes=None if args.gpu_memory is None else int(args.gpu_memory * (1 << 30)),
             currency=args.currency,
             pool_gpus=args.pool_gpus,
             held_mem_bytes=int(args.held_gib * (1 << 30)),

@@ -95,11 +95,15 @@ def _pandas_weights(df: pd.DataFrame, fleet_tick: float) -> pd.DataFrame:
             x[x == 0] = np.nan
             return x
 
-        around = np.vstack([diff(-1, 0), diff(-2, -1), diff(1, 2), diff(2, 3)])
+        # Its own interval and the four before and after it; the median (of an even number, the lower).
+        before = [diff(-k - 1, -k) for k in range(4)]
+        after = [diff(k, k + 1) for k in range(1, 5)]
+        around = np.vstack([d, *before, *after])
         count = np.sum(~np.isnan(around), axis=0)
         ordered = np.sort(np.where(np.isnan(around), np.inf, around), axis=0)
-        tick = np.where(count > 2, ordered[1], ordered[0])  # the lower median
-        w = np.where(final | (d > 3 * tick), tick, d)
+        tick = np.take_along_axis(ordered, np.maximum((count + 1) // 2 - 1, 0)[None, :], axis=0)[0]
+        w = np.where(final | (d > 1.5 * tick), tick, d)
+        count = count - ~np.isnan(d)  # the intervals around it, its own left out
         # No local spacing (the last row of a duplicated instant: only one interval around it).
         fallback = count < np.where(final, 2, 1)
         w = np.where(fallback, np.where(np.isnan(d), fleet_tick, np.fmin(d, fleet_tick)), w)

@@ -1,9 +1,9 @@
 """Observed time on irregular sampling: hand-computed expectations per pattern, and a property test.
 
 The weight of a sample (``analytics._weights``): the time to its GPU's next later timestamp; an
-interval longer than 3 local ticks (the lower median of the intervals between the two rows before
-it and between the two rows after it) is a gap and counts for one local tick; the last sample counts for one local
-tick; where no local spacing exists the fleet's median interval stands in, capped at the interval.
+interval longer than 1.5 nominal intervals (the median of its own interval, the four before it and
+the four after it; of an even number the lower) is a gap and counts for one nominal interval; the last sample counts for one nominal
+interval; where no local spacing exists the fleet's median interval stands in, capped at the interval.
 """
 
 from __future__ import annotations
@@ -94,17 +94,18 @@ def test_a_tick_that_changes_keeps_each_sides_tick(tmp_path):
     # A collector at 1 s (t = 0..19), restarted with --interval 10 (t = 30..120).
     seconds = [float(i) for i in range(20)] + [30.0 + 10 * i for i in range(10)]
     s = summary(tmp_path, rows_at("a", seconds))
-    # t = 0..18: 1 s each (19). t = 19 -> 30 is a gap (11 s over 3 local ticks: around it 1, 1, 10,
-    # 10, lower median 1): 1 s. t = 30..110: 10 s each (around t = 30: 1, 11, 10, 10 -> 10) (90).
-    # t = 120, the last: 10 s.
-    assert observed_s(s) == pytest.approx(19 + 1 + 90 + 10)
+    # t = 0..18: 1 s each (19). t = 19 -> 30 (11 s): its own and the intervals around it are 11, 1,
+    # 1, 1, 1, 10, 10, 10, 10, median 10, and 11 s is not over 15 s: it counts whole (the first 10 s
+    # sample, at 30, stands for 20..30). t = 30..110: 10 s each (90). t = 120, the last: 10 s.
+    assert observed_s(s) == pytest.approx(19 + 11 + 90 + 10)
     # And the other way round: 10 s first, then 1 s.
     s = summary(
         tmp_path / "down", rows_at("a", [10.0 * i for i in range(10)] + [95.0 + i for i in range(20)])
     )
-    # t = 0..80: 10 s (90; around t = 80: 10, 10, 5, 1 -> 5, and 10 s is not over 15). t = 90 -> 95
-    # (5 s) against 1, 1, 10, 10 -> 1: a gap, 1 s. t = 95..113: 1 s each (19); t = 114, the last: 1 s.
-    assert observed_s(s) == pytest.approx(90 + 1 + 19 + 1)
+    # t = 0..80: 10 s (90; t = 80: its own 10 and 10, 10, 10, 10, 5, 1, 1, 1 -> 10). t = 90 -> 95
+    # (5 s) against 10 x 4, 1 x 4 -> median 5: not over 7.5, it counts whole. t = 95..113: 1 s each
+    # (19); t = 114, the last: 1 s.
+    assert observed_s(s) == pytest.approx(90 + 5 + 19 + 1)
 
 
 def test_duplicate_timestamps_count_once(tmp_path):
@@ -183,14 +184,14 @@ def reference_weights(stamps: list[float], fleet_tick: float) -> list[float]:
         if d[i] is None and not final:
             out.append(0.0)
             continue
-        around = [
-            x for x in (diff(i - 1, i), diff(i - 2, i - 1), diff(i + 1, i + 2), diff(i + 2, i + 3)) if x
-        ]
-        if len(around) < (2 if final else 1):
+        before = [diff(i - k - 1, i - k) for k in range(4)]
+        after = [diff(i + k, i + k + 1) for k in range(1, 5)]
+        around = sorted(x for x in [d[i], *before, *after] if x)
+        if len(around) - (d[i] is not None) < (2 if final else 1):
             out.append(fleet_tick if d[i] is None else min(d[i], fleet_tick))
             continue
-        tick = sorted(around)[1] if len(around) > 2 else min(around)
-        out.append(tick if final or d[i] > 3 * tick else d[i])
+        tick = around[(len(around) + 1) // 2 - 1]  # the lower median
+        out.append(tick if final or 2 * d[i] > 3 * tick else d[i])
     return [w / 1e6 for w in out]
 
 

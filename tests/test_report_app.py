@@ -76,7 +76,7 @@ def test_a_large_range_replays_the_what_if_when_asked(monkeypatch, real_dir):
     at = _run(monkeypatch, real_dir)
     assert not at.exception
     m = _metrics(at)
-    assert m["A pool would need"] == "n/a" and "GPUs needed (p95 / p99)" not in m
+    assert m["A pool would need"] == "not computed" and "GPUs needed (p95 / p99)" not in m
     assert any("GPU-minutes" in i.value for i in at.info)
     at.button(key="replay-button").click().run()
     assert not at.exception
@@ -246,3 +246,21 @@ def _app_scope(root):
 
     ext = A.data_extent(A.open_telemetry(root))
     return A.Scope(ext.start.replace(second=0, microsecond=0), ext.end + timedelta(seconds=1))
+
+
+def test_the_price_and_the_gpu_memory_are_the_users(monkeypatch, real_dir):
+    """The saving is priced at the default until the user sets a price, and the card says which; the
+    GPU memory field sets the pool GPU's size the what-if cuts into partitions."""
+    at = _run(monkeypatch, real_dir)
+    assert not at.exception
+    captions = " ".join(c.value for c in at.caption)
+    assert "2.50 USD per GPU-hour (default; set it in the sidebar)" in captions
+    assert "of GPU use cost" in captions  # the baseline is what was used
+    at.number_input(key="price").set_value(3.0).run()
+    captions = " ".join(c.value for c in at.caption)
+    assert "3.00 USD per GPU-hour (your price)" in captions
+    at.number_input(key="gpu-memory").set_value(16).run()
+    assert not at.exception
+    rows = at.table[0].value
+    assert "16.0 GiB (as given)" in rows.to_string()
+    assert _metrics(at)["GPUs needed (p95 / p99)"] == "2 / 2"  # 20 + 10 GiB no longer fit one GPU

@@ -30,6 +30,34 @@ pytestmark = pytest.mark.skipif(
 FIRST_SCREEN_PX = 900  # a laptop's browser window: the answer must be in it
 # The answer an IT manager came for, in the summary of both the app and the HTML.
 ANSWER = ("How busy the GPUs really are", "Held but idle", "A pool would need", "and save")
+# With it, in view: the cost against what was used, whose price it is, and the catch of the pool size.
+USED_COST = "of GPU use cost"
+CATCH = ("of requests would have waited", "no request would have waited")
+
+
+def _answer_on_first_screen(browser, price_flag: str) -> None:
+    for label in ANSWER:
+        top = browser.top_of(label)
+        assert top is not None and top < FIRST_SCREEN_PX, (label, top)
+    for text in (USED_COST, price_flag):
+        top = browser.top_of(text)
+        assert top is not None and top < FIRST_SCREEN_PX, (text, top)
+    # The catch beside the claim: in the same line as "N of M GPUs", in the value's own type.
+    claim = browser.eval(
+        "(() => { const w = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);"
+        " while (w.nextNode()) { const t = w.currentNode.textContent;"
+        " if (/\\d+ of \\d+ GPUs? — /.test(t)) { const range = document.createRange();"
+        " range.selectNodeContents(w.currentNode); const r = range.getBoundingClientRect();"
+        # Whole: no ancestor that clips (overflow not visible) ends before the text does.
+        " let whole = true; for (let a = w.currentNode.parentElement; a; a = a.parentElement) {"
+        " if (getComputedStyle(a).overflowX !== 'visible' && r.right > a.getBoundingClientRect().right + 1)"
+        " whole = false; }"
+        " return [t, r.top + window.scrollY, whole]; } } return null; })()"
+    )
+    assert claim is not None and any(c in claim[0] for c in CATCH), claim
+    assert claim[1] < FIRST_SCREEN_PX, claim
+    assert claim[2], claim  # shown whole, not cut off with an ellipsis
+
 
 # Counts the plotly charts that have drawn: an SVG and at least one trace of data.
 DRAWN_CHARTS = """
@@ -221,9 +249,7 @@ def test_served_app_renders_its_charts(browser, served, tmp_path):
     assert {"scatter+scatter", "heatmap"} <= set(kinds)  # both metrics over time; the hour-of-week map
     shot = browser.screenshot(_shot_path(tmp_path, "report-app.png"))
     assert shot.stat().st_size > 50_000
-    for label in ANSWER:  # the answer is on the first screen
-        top = browser.top_of(label)
-        assert top is not None and top < FIRST_SCREEN_PX, (label, top)
+    _answer_on_first_screen(browser, "(default; set it in the sidebar)")
     assert "None" not in browser.eval("document.body.innerText")  # missing values read n/a, as in the HTML
     browser.screenshot(_shot_path(tmp_path, "report-app-first-screen.png"), first_screen=True)
 
@@ -247,7 +273,5 @@ def test_built_html_renders_offline(browser, sim_dir, tmp_path):
     assert text.count("SIMULATED DATA") >= 8
     shot = browser.screenshot(_shot_path(tmp_path, "report-html.png"))
     assert shot.stat().st_size > 50_000
-    for label in ANSWER:  # the answer is on the first screen
-        top = browser.top_of(label)
-        assert top is not None and top < FIRST_SCREEN_PX, (label, top)
+    _answer_on_first_screen(browser, "(default; set --price)")
     browser.screenshot(_shot_path(tmp_path, "report-html-first-screen.png"), first_screen=True)

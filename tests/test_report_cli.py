@@ -71,7 +71,7 @@ def test_real_data_is_not_labelled_simulated(tmp_path, real_dir):
     assert proc.returncode == 0, proc.stderr
     page = out.read_text()
     assert "SIMULATED" not in page
-    assert "1/4 partitions" in page and "at 4 USD/GPU-h" in page
+    assert "1/4 partitions" in page and "4.00 USD per GPU-hour (your price)" in page
 
 
 @pytest.mark.parametrize(
