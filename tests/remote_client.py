@@ -66,6 +66,19 @@ def dtoh(ptr, n):
     return rc, buf.raw
 
 
+class Config(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [
+        ("dims", ctypes.c_uint * 7),
+        ("stream", c_u64),
+        ("attrs", ctypes.c_void_p),
+        ("n", ctypes.c_uint),
+    ]
+
+
+class Attribute(ctypes.Structure):  # CUlaunchAttribute: id, padding, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
 def scenario_devices():
     check(cu.cuInit(0), "cuInit")
     n = ctypes.c_int()
@@ -243,17 +256,6 @@ def scenario_kernels():
     check(cu.cuLibraryGetKernel(ctypes.byref(add), library, b"add_u32"), "kernel")
     value.value = 5
 
-    class Config(ctypes.Structure):
-        _fields_ = [
-            ("dims", ctypes.c_uint * 7),
-            ("stream", c_u64),
-            ("attrs", ctypes.c_void_p),
-            ("n", ctypes.c_uint),
-        ]
-
-    class Attribute(ctypes.Structure):  # CUlaunchAttribute: id, padding, a 64-byte value union
-        _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
-
     priority = Attribute(8, b"", (ctypes.c_int * 16)(1))  # CU_LAUNCH_ATTRIBUTE_PRIORITY
     cfg = Config((ctypes.c_uint * 7)(1, 1, 1, 64, 1, 1, 0), 0, ctypes.addressof(priority), 1)
     check(cu.cuLaunchKernelEx(ctypes.byref(cfg), add, params, None), "launch ex")
@@ -262,7 +264,8 @@ def scenario_kernels():
     check(cu.cuLaunchKernelEx(ctypes.byref(cfg_pdl), add, params, None), "launch ex with PDL")
     unknown = Attribute(13, b"", (ctypes.c_int * 16)())  # DEVICE_UPDATABLE_KERNEL_NODE: not forwarded
     cfg_unknown = Config((ctypes.c_uint * 7)(1, 1, 1, 1, 1, 1, 0), 0, ctypes.addressof(unknown), 1)
-    say("launch_unknown_attribute", cu.cuLaunchKernelEx(ctypes.byref(cfg_unknown), add, params, None))
+    refused = [cu.cuLaunchKernelEx(ctypes.byref(cfg_unknown), add, params, None) for _ in range(2)]
+    say("launch_unknown_attribute", " ".join(map(str, refused)))
     say("sync_after_unknown_attribute", cu.cuCtxSynchronize())
     check(cu.cuCtxSynchronize(), "sync")
     rc, back = dtoh(buf, 400)
@@ -1123,6 +1126,100 @@ def scenario_tensor_maps():
     rc = cu.cuTensorMapEncodeIm2col(tensor_map, 7, 3, c_u64(ptr), dims3, strides3, lower, upper, 8, 16, element3,
                                     0, 0, 0, 0)  # fmt: skip
     say("im2col", f"{rc} {struct.unpack_from('<3Q', tensor_map.raw, 32)}")
+
+
+def scenario_pinned_kernels():
+    """cuda.core's graph_update and thread_block_cluster examples: kernels given the host address of
+    plain page-locked memory (cuMemAllocHost, cuMemHostAlloc without DEVICEMAP), as unified addressing
+    allows — launched directly, with a cluster shape, as a graph's kernel node whose parameters change
+    in the instantiated graph, and in a captured graph updated from another capture. The host reads what
+    the kernels wrote, kernels what the host wrote. The address of registered memory is refused at the
+    launch instead (its device pointer is another)."""
+    setup()
+    module, add = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(add), module, b"add_u32"), "add")
+    n = 40_000  # u32 elements: several 64 KiB chunks
+    a, b = c_u64(), c_u64()
+    check(cu.cuMemAllocHost(ctypes.byref(a), c_u64(4 * n)), "alloc host")
+    check(cu.cuMemHostAlloc(ctypes.byref(b), c_u64(4 * n), 0x01), "host alloc portable")
+    words_a = (ctypes.c_uint32 * n).from_address(a.value)
+    words_b = (ctypes.c_uint32 * n).from_address(b.value)
+    for i in range(n):
+        words_a[i] = i
+    keep = []
+
+    def params(ptr, value):
+        args = [c_u64(ptr), ctypes.c_uint32(value), ctypes.c_uint32(n)]
+        pointers = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in args])
+        keep.append((args, pointers))
+        return pointers
+
+    grid = (n + 255) // 256
+    check(cu.cuLaunchKernel(add, grid, 1, 1, 256, 1, 1, 0, c_u64(0), params(a.value, 5), None), "launch")
+    say("sync_after_launch", cu.cuCtxSynchronize())
+    say("launched", [words_a[0], words_a[n - 1]])
+    words_a[1] = 1000  # the host writes between launches: the next kernel reads it
+    cluster = Attribute(4, b"", (ctypes.c_int * 16)(2, 1, 1))  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    grid_even = grid + grid % 2  # a whole number of clusters
+    cfg = Config((ctypes.c_uint * 7)(grid_even, 1, 1, 256, 1, 1, 0), 0, ctypes.addressof(cluster), 1)
+    check(cu.cuLaunchKernelEx(ctypes.byref(cfg), add, params(a.value, 1), None), "cluster launch")
+    say("sync_after_cluster", cu.cuCtxSynchronize())
+    say("clustered", [words_a[0], words_a[1], words_a[n - 1]])
+
+    graph, node, exe = c_u64(), c_u64(), c_u64()
+    check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
+    node_params = KernelNodeParams(add.value, (ctypes.c_uint32 * 6)(grid, 1, 1, 256, 1, 1), 0, 0,
+                                   ctypes.cast(params(a.value, 10), ctypes.c_void_p))  # fmt: skip
+    check(
+        cu.cuGraphAddKernelNode(ctypes.byref(node), graph, None, c_u64(0), ctypes.byref(node_params)), "node"
+    )
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, c_u64(0)), "instantiate")
+    check(cu.cuGraphLaunch(exe, c_u64(0)), "graph launch")
+    node_params.params = ctypes.cast(params(b.value, 20), ctypes.c_void_p)  # the node now adds to b
+    check(cu.cuGraphExecKernelNodeSetParams(exe, node, ctypes.byref(node_params)), "set params")
+    check(cu.cuGraphLaunch(exe, c_u64(0)), "graph launch again")
+    say("sync_after_node_update", cu.cuCtxSynchronize())
+    say("node_updated", [words_a[0], words_b[0], words_b[n - 1]])
+
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+
+    def captured(ptr, value):
+        g = c_u64()
+        check(cu.cuStreamBeginCapture(stream, 0), "begin capture")
+        check(cu.cuLaunchKernel(add, grid, 1, 1, 256, 1, 1, 0, stream, params(ptr, value), None), "capture")
+        check(cu.cuStreamEndCapture(stream, ctypes.byref(g)), "end capture")
+        return g
+
+    captured_exe, info = c_u64(), (ctypes.c_uint8 * 32)()
+    check(
+        cu.cuGraphInstantiateWithFlags(ctypes.byref(captured_exe), captured(a.value, 100), c_u64(0)), "inst"
+    )
+    say("exec_update", cu.cuGraphExecUpdate(captured_exe, captured(b.value, 300), info))
+    check(cu.cuGraphLaunch(captured_exe, stream), "launch updated")
+    say("sync_after_exec_update", cu.cuStreamSynchronize(stream))
+    say("exec_updated", [words_a[0], words_b[0]])
+
+    rc, dev = alloc(4 * n)
+    check(rc, "alloc")
+    check(cu.cuMemcpyHtoD(c_u64(dev), c_u64(a.value), c_u64(4 * n)), "copy from pinned")
+    check(cu.cuMemsetD32(c_u64(a.value), 0, c_u64(n)), "memset pinned")  # the device's memory at that address
+    check(cu.cuMemcpyDtoH(c_u64(b.value), c_u64(dev), c_u64(4 * n)), "copy into pinned")
+    say("copies", [words_a[0], words_b[0], words_b[1], words_b[n - 1]])
+
+    registered = (ctypes.c_uint32 * n)()
+    check(cu.cuMemHostRegister(ctypes.byref(registered), c_u64(4 * n), 0), "register")
+    refused = [
+        cu.cuLaunchKernel(
+            add, grid, 1, 1, 256, 1, 1, 0, c_u64(0), params(ctypes.addressof(registered), 1), None
+        )
+        for _ in range(2)
+    ]
+    say("registered_launch", " ".join(map(str, refused)))
+    say("sync_after_registered", cu.cuCtxSynchronize())
+    check(cu.cuMemHostUnregister(ctypes.byref(registered)), "unregister")
+    say("free", f"{cu.cuMemFreeHost(c_u64(a.value))} {cu.cuMemFreeHost(c_u64(b.value))}")
 
 
 class KernelNodeParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v2

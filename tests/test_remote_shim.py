@@ -107,7 +107,9 @@ def test_a_lease_cannot_touch_another_leases_memory(shim_dir, worker):
 
 
 def test_kernels_launch_with_parameters_and_faults_surface_at_the_next_sync(shim_dir, worker):
-    out, _ = run_client("kernels", client_env(shim_dir, worker))
+    """Kernels run with their parameters; a fault is reported by the next sync; a launch attribute the
+    worker does not pass on is refused by the launch call itself, said once, the context unspoiled."""
+    out, err = run_client("kernels", client_env(shim_dir, worker))
     assert out["missing_function"] == "500"
     # filled with 7 by cuLaunchKernel, then +5 by each cuLaunchKernelEx (priority, PDL)
     assert out["first"] == "17"
@@ -115,8 +117,9 @@ def test_kernels_launch_with_parameters_and_faults_surface_at_the_next_sync(shim
     assert out["not_added"] == "7"  # past the 64 threads of the second launch
     assert out["beyond"] == "7"
     assert out["param1"] == "8+4"
-    assert out["launch_unknown_attribute"] == "0"  # launches do not wait ...
-    assert out["sync_after_unknown_attribute"] == "801"  # ... CUDA_ERROR_NOT_SUPPORTED comes at the sync
+    assert out["launch_unknown_attribute"] == "801 801"  # CUDA_ERROR_NOT_SUPPORTED at the call, twice ...
+    assert out["sync_after_unknown_attribute"] == "0"  # ... nothing of it was sent
+    assert err.count("launch attribute 13 (a CUlaunchAttributeID) is not forwarded") == 1
     assert out["fault_launch"] == "0"  # launches do not wait ...
     assert out["sync_after_fault"] == "700"  # ... the fault is reported by the next sync
 
@@ -341,6 +344,31 @@ def test_mapped_host_memory_is_the_same_bytes_for_the_program_and_its_kernels(sh
         "free_device_ptr": "1",
     }
     assert "gpupool:" not in err
+
+
+def test_kernels_given_page_locked_host_addresses_read_and_write_that_memory(shim_dir, worker):
+    """A kernel given the host address of cuMemAllocHost / cuMemHostAlloc memory (cuda.core's graph_update
+    and thread_block_cluster examples) works on it as under unified addressing — launched directly,
+    with a cluster shape, as an updated kernel node and in an updated captured graph — instead of
+    faulting on the worker; the address of registered memory is refused at the launch, said once."""
+    out, err = run_client("pinned_kernels", client_env(shim_dir, worker))
+    n = 40_000
+    assert out == {
+        "sync_after_launch": "0",  # it was CUDA_ERROR_ILLEGAL_ADDRESS (700)
+        "launched": f"[5, {n - 1 + 5}]",
+        "sync_after_cluster": "0",
+        "clustered": f"[6, 1001, {n - 1 + 6}]",  # the host's 1000, written after the first kernel, + 1
+        "sync_after_node_update": "0",
+        "node_updated": "[16, 20, 20]",  # the node added 10 to a once, then 20 to b
+        "exec_update": "0",
+        "sync_after_exec_update": "0",
+        "exec_updated": "[16, 320]",  # the updated graph added 300 to b, nothing to a
+        "copies": "[0, 16, 1011, " + str(n - 1 + 16) + "]",
+        "registered_launch": "801 801",  # CUDA_ERROR_NOT_SUPPORTED at the call
+        "sync_after_registered": "0",  # nothing was sent
+        "free": "0 0",
+    }
+    assert err.count("an address of registered page-locked memory") == 1
 
 
 def test_conditional_nodes_captured_bodies_child_graphs_and_updates_run_as_cuda_core_builds_them(

@@ -609,3 +609,9 @@ POINTER_ATTRIBUTE_SIZES: dict[int, int] = {
 }
 # Which CUmemPool_attribute values are ints (the rest are cuuint64_t).
 POOL_INT_ATTRIBUTES = (1, 2, 3)
+# The CUlaunchAttributeIDs a launch may carry: their values are plain data (0 is an entry to ignore;
+# cuDNN and cuBLAS on Hopper use programmatic stream serialization, cluster shapes, carve-outs). The shim refuses any other at the
+# call (CUDA_ERROR_NOT_SUPPORTED, said once): none crosses the wire half translated. Not 13
+# (device-updatable kernel node): it writes a device-side handle back, and graphs' device updates are
+# not forwarded.
+FORWARDED_LAUNCH_ATTRIBUTES = frozenset({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 16, 17, 18})

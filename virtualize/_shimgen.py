@@ -14,6 +14,7 @@ from virtualize._calls import (
     ALIASES,
     CALL_IDS,
     CALLS,
+    FORWARDED_LAUNCH_ATTRIBUTES,
     MEMO_GROUPS,
     POINTER_ATTRIBUTE_SIZES,
     POOL_INT_ATTRIBUTES,
@@ -273,6 +274,8 @@ def generate_bodies() -> str:
     out.append(f"static const unsigned char gp_pointer_attribute_size[32] = {{ {sizes} }};")
     ints = " || ".join(f"(a) == {a}" for a in POOL_INT_ATTRIBUTES)
     out.append(f"#define GP_POOL_ATTRIBUTE_IS_INT(a) ({ints})")
+    mask = sum(1 << a for a in FORWARDED_LAUNCH_ATTRIBUTES)
+    out.append(f"#define GP_FORWARDED_LAUNCH_ATTRIBUTES 0x{mask:x}ull /* bit i: CUlaunchAttributeID i */")
     return "\n".join(out) + "\n"
 
 

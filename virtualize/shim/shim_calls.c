@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -797,6 +798,142 @@ CUresult cuLibraryGetGlobal(uint64_t *dptr, uint64_t *bytes, uint64_t library, c
  * against the partition (shim_managed.c). */
 #define HOSTALLOC_DEVICEMAP 0x02
 
+/* Under unified addressing every cuMemAllocHost / cuMemHostAlloc allocation is the GPU's at its own
+ * address, whatever its flags: programs hand such buffers to kernels as they are (cuda.core's
+ * examples do). So each lies in a range of device addresses reserved for it on the worker
+ * (cuMemAddressReserve, from this process's window): host pages only, copied to and from as any
+ * page-locked memory, until a kernel or kernel node is given an address in it or its device pointer
+ * is asked for. Then memory of the lease is mapped at the same addresses (cuMemCreate, cuMemMap) and
+ * the pages become its mirror (shim_managed.c): the kernel reads what the host wrote, the host what
+ * the kernel wrote. From then on it counts against the partition. */
+#define PINNED_GRANULE (2ull << 20) /* the driver's mapping granularity */
+#define MAX_PINNED 4096
+struct pinned {
+    uint64_t base, range, size, handle; /* handle: the device memory mapped there, 0 until then */
+};
+static struct pinned pinned[MAX_PINNED];
+static int n_pinned;
+static pthread_mutex_t pinned_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Page-locked ranges whose own address the device cannot use (not mapped yet, registered memory): while
+ * there are none, launches look at no parameter. */
+static int n_unreachable;
+
+static CUresult pinned_alloc(uint64_t *pp, uint64_t bytesize, unsigned flags) {
+    uint64_t range = (bytesize + PINNED_GRANULE - 1) / PINNED_GRANULE * PINNED_GRANULE;
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), pages = (bytesize + page - 1) / page * page;
+    gp_window_ensure();
+    struct gp_in_cuMemAddressReserve in = {.size = range, .alignment = PINNED_GRANULE};
+    struct gp_out_cuMemAddressReserve out;
+    CUresult r = CALL(cuMemAddressReserve, WANT, in, out);
+    if (r != CUDA_SUCCESS) return r;
+    pthread_mutex_lock(&pinned_lock);
+    int room = n_pinned < MAX_PINNED;
+    if (room && gp_reserve_range(out.ptr, range) == 0 &&
+        mmap((void *)out.ptr, pages, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) !=
+            MAP_FAILED) {
+        pinned[n_pinned++] = (struct pinned){out.ptr, range, bytesize, 0};
+        gp_host_add(out.ptr, bytesize, flags, 1);
+        __atomic_add_fetch(&n_unreachable, 1, __ATOMIC_RELEASE);
+        pthread_mutex_unlock(&pinned_lock);
+        *pp = out.ptr;
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&pinned_lock);
+    struct gp_in_cuMemAddressFree back = {.ptr = out.ptr, .size = range};
+    gp_call(GP_CALL_cuMemAddressFree, WANT, &back, sizeof back, NULL, 0, NULL, 0, NULL, 0);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static struct pinned *pinned_find(uint64_t base) { /* under pinned_lock */
+    for (int i = 0; i < n_pinned; i++)
+        if (pinned[i].base == base) return &pinned[i];
+    return NULL;
+}
+
+/* Device memory of the current context's device mapped at p's own addresses, the host pages its mirror
+ * (all of them written: the next device work sends them). */
+static CUresult pinned_map(struct pinned *p) {
+    int dev = 0;
+    gp_ctx_device(gp_ctx_current(), &dev);
+    int32_t prop[8] = {1 /* PINNED */, 0, 1 /* LOCATION_DEVICE */, dev}; /* CUmemAllocationProp, 32 bytes */
+    int32_t access[3] = {1 /* LOCATION_DEVICE */, dev, 3 /* PROT_READWRITE */}; /* CUmemAccessDesc */
+    uint64_t handle, page = (uint64_t)sysconf(_SC_PAGESIZE);
+    CUresult r = cuMemCreate(&handle, p->range, prop, 0);
+    if (r != CUDA_SUCCESS) return r;
+    r = cuMemMap(p->base, p->range, 0, handle, 0);
+    if (r == CUDA_SUCCESS) {
+        r = cuMemSetAccess(p->base, p->range, access, 1);
+        if (r == CUDA_SUCCESS && gp_mirror_host(p->base, (p->size + page - 1) / page * page, p->base) != 0)
+            r = CUDA_ERROR_NOT_SUPPORTED; /* the mirrors' table is full */
+        if (r != CUDA_SUCCESS) cuMemUnmap(p->base, p->range);
+    }
+    if (r != CUDA_SUCCESS) {
+        cuMemRelease(handle);
+        return r;
+    }
+    p->handle = handle;
+    __atomic_sub_fetch(&n_unreachable, 1, __ATOMIC_RELEASE);
+    return CUDA_SUCCESS;
+}
+
+/* The page-locked allocation at base, usable by the device at its own address from now on;
+ * CUDA_ERROR_NOT_FOUND when it is not one of those (registered memory). */
+static CUresult pinned_reach(uint64_t base) {
+    pthread_mutex_lock(&pinned_lock);
+    struct pinned *p = pinned_find(base);
+    CUresult r = !p ? CUDA_ERROR_NOT_FOUND : p->handle ? CUDA_SUCCESS : pinned_map(p);
+    pthread_mutex_unlock(&pinned_lock);
+    return r;
+}
+
+/* cuMemFreeHost of a pinned allocation (1), or 0 when `at` is none: the device memory goes once the GPU
+ * is done with it (the driver's cuMemFreeHost waits too), the pages go back to being reserved. */
+static int pinned_free(uint64_t at) {
+    pthread_mutex_lock(&pinned_lock);
+    struct pinned *found = pinned_find(at), p = found ? *found : (struct pinned){0};
+    if (found) *found = pinned[--n_pinned];
+    pthread_mutex_unlock(&pinned_lock);
+    if (!found) return 0;
+    if (p.handle) {
+        gp_managed_forget(p.base);
+        cuCtxSynchronize();
+        cuMemUnmap(p.base, p.range);
+        cuMemRelease(p.handle);
+    } else {
+        __atomic_sub_fetch(&n_unreachable, 1, __ATOMIC_RELEASE);
+    }
+    mmap((void *)p.base, p.range, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    struct gp_in_cuMemAddressFree back = {.ptr = p.base, .size = p.range};
+    gp_call(GP_CALL_cuMemAddressFree, WANT, &back, sizeof back, NULL, 0, NULL, 0, NULL, 0);
+    return 1;
+}
+
+/* Each 8-byte word of a kernel's packed parameters that is an address of page-locked memory here: that
+ * memory is made the device's at that address if it can be (pinned_map); if not (registered memory,
+ * whose device pointer is another), the launch is refused at the call, with a word on stderr once —
+ * the kernel would fault on the worker, where the address is nothing of the program's. */
+static CUresult params_reach(const unsigned char *params, int64_t len) {
+    static int said;
+    if (!__atomic_load_n(&n_unreachable, __ATOMIC_ACQUIRE)) return CUDA_SUCCESS;
+    for (int64_t at = 0; at + 8 <= len; at += 8) {
+        uint64_t v, base, dev;
+        memcpy(&v, params + at, 8);
+        if (v < 4096 || !gp_host_lookup(v, &base, NULL, NULL)) continue;
+        if (gp_mirror_device(v, &dev) && dev == v) continue; /* DEVICEMAP, or pinned and mapped */
+        CUresult r = pinned_reach(base);
+        if (r == CUDA_ERROR_NOT_FOUND) {
+            if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+                gp_say("a kernel was given 0x%llx, an address of registered page-locked memory of this process: the "
+                       "remote GPU cannot use it there; the launch returns CUDA_ERROR_NOT_SUPPORTED (give it "
+                       "cuMemHostGetDevicePointer's pointer, or allocate with cuMemHostAlloc)",
+                       (unsigned long long)v);
+            return CUDA_ERROR_NOT_SUPPORTED;
+        }
+        if (r != CUDA_SUCCESS) return r;
+    }
+    return CUDA_SUCCESS;
+}
+
 static CUresult host_alloc(uint64_t *pp, uint64_t bytesize, unsigned flags) {
     if (!pp || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
     if (flags & HOSTALLOC_DEVICEMAP) { /* at its device address, as unified addressing has it */
@@ -804,10 +941,15 @@ static CUresult host_alloc(uint64_t *pp, uint64_t bytesize, unsigned flags) {
         if (r == CUDA_SUCCESS) gp_host_add(*pp, bytesize, flags, 1);
         return r;
     }
-    void *p = NULL; /* whole pages of its own, so that it can be mirrored page by page */
+    if (pinned_alloc(pp, bytesize, flags) == CUDA_SUCCESS) return CUDA_SUCCESS;
+    /* No device addresses for it (none left in the window, or they are host memory here): host pages
+     * alone, whole ones of its own so that it can be mirrored page by page; kernels given its address
+     * are refused (params_reach). */
+    void *p = NULL;
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     if (posix_memalign(&p, page, (bytesize + page - 1) / page * page) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     gp_host_add((uint64_t)p, bytesize, flags, 1);
+    __atomic_add_fetch(&n_unreachable, 1, __ATOMIC_RELEASE);
     *pp = (uint64_t)p;
     return CUDA_SUCCESS;
 }
@@ -837,21 +979,28 @@ CUresult cuMemFreeHost(void *p) {
     int mirror = gp_managed_lookup(at);
     if (mirror == GP_MIRROR_MANAGED) return CUDA_ERROR_INVALID_VALUE;
     if (gp_host_remove(at, 1) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (pinned_free(at)) return CUDA_SUCCESS;
     unmirror(at);
-    if (mirror != GP_MIRROR_MAPPED) free(p); /* a mapped allocation's pages were the window's */
+    if (mirror != GP_MIRROR_MAPPED) { /* a mapped allocation's pages were the window's */
+        free(p);
+        __atomic_sub_fetch(&n_unreachable, 1, __ATOMIC_RELEASE);
+    }
     return CUDA_SUCCESS;
 }
 
 CUresult cuMemHostRegister_v2(void *p, uint64_t bytesize, uint32_t flags) {
     GP_TRACE("cuMemHostRegister_v2");
     if (!p || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
-    return gp_host_add((uint64_t)p, bytesize, flags, 0) == 0 ? CUDA_SUCCESS : CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    if (gp_host_add((uint64_t)p, bytesize, flags, 0) != 0) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    __atomic_add_fetch(&n_unreachable, 1, __ATOMIC_RELEASE); /* its own address is never the device's */
+    return CUDA_SUCCESS;
 }
 
 CUresult cuMemHostUnregister(void *p) {
     GP_TRACE("cuMemHostUnregister");
     copies_settle_host(p);
     if (gp_host_remove((uint64_t)p, 0) != 0) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    __atomic_sub_fetch(&n_unreachable, 1, __ATOMIC_RELEASE);
     unmirror((uint64_t)p);
     return CUDA_SUCCESS;
 }
@@ -864,15 +1013,20 @@ CUresult cuMemHostGetFlags(uint32_t *flags, void *p) {
     return CUDA_SUCCESS;
 }
 
-/* A DEVICEMAP allocation's device pointer is its own address. Other page-locked memory is mirrored from
- * the first time its device pointer is asked for, by a device allocation of the lease: the pointer is
- * that allocation's (a kernel given the host address itself faults, CUDA_ERROR_ILLEGAL_ADDRESS at the
- * next sync; docs/remote.md). */
+/* An allocation's device pointer is its own address (DEVICEMAP, or pinned: mapped now). Registered
+ * memory is mirrored from the first time its device pointer is asked for, by a device allocation of the
+ * lease: the pointer is that allocation's (a kernel given the host address itself is refused,
+ * params_reach). */
 CUresult cuMemHostGetDevicePointer_v2(uint64_t *pdptr, void *p, uint32_t flags) {
     GP_TRACE("cuMemHostGetDevicePointer_v2");
     uint64_t at = (uint64_t)p, base, size, dev;
     if (!pdptr || flags != 0 || !gp_host_lookup(at, &base, &size, NULL)) return CUDA_ERROR_INVALID_VALUE;
     if (gp_mirror_device(at, pdptr)) return CUDA_SUCCESS;
+    CUresult reached = pinned_reach(base);
+    if (reached != CUDA_ERROR_NOT_FOUND) {
+        if (reached == CUDA_SUCCESS) *pdptr = at;
+        return reached;
+    }
     CUresult r = alloc_reserved(&dev, size, 0, 0, 0);
     if (r != CUDA_SUCCESS) return r;
     if (gp_mirror_host(base, size, dev) != 0) {
@@ -1219,6 +1373,8 @@ CUresult cuLibraryUnload(uint64_t library) {
     return r;
 }
 
+#define LAUNCH_ATTRIBUTE_BYTES 72 /* CUlaunchAttribute: id, padding, a 64-byte value union */
+
 /* Packs kernelParams (or the `extra` buffer) into `buf`; returns its length or -1. */
 static int64_t pack_params(const struct layout *l, void **params, void **extra, unsigned char *buf, size_t cap) {
     if (params) {
@@ -1285,10 +1441,29 @@ static CUresult check_launch_config(uint64_t f, const uint32_t dims[7]) {
     return CUDA_SUCCESS;
 }
 
+/* Launch attributes the worker passes on are plain data (_calls.FORWARDED_LAUNCH_ATTRIBUTES); any other
+ * is refused here, at the call, and said once per kind — never sent half translated. */
+static CUresult check_attributes(const void *attrs, uint32_t n_attrs) {
+    static uint64_t said;
+    for (uint32_t i = 0; i < n_attrs; i++) {
+        int32_t id;
+        memcpy(&id, (const unsigned char *)attrs + (size_t)i * LAUNCH_ATTRIBUTE_BYTES, 4);
+        if (id >= 0 && id < 64 && (GP_FORWARDED_LAUNCH_ATTRIBUTES >> id & 1)) continue;
+        uint64_t bit = 1ull << (id >= 0 && id < 64 ? id : 63);
+        if (!(__atomic_fetch_or(&said, bit, __ATOMIC_RELAXED) & bit))
+            gp_say("launch attribute %d (a CUlaunchAttributeID) is not forwarded to the remote GPU; the launch returns "
+                   "CUDA_ERROR_NOT_SUPPORTED (docs/remote.md lists the forwarded ones)",
+                   id);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    return CUDA_SUCCESS;
+}
+
 static CUresult launch(uint64_t f, const uint32_t dims[7], uint64_t stream, void **params, void **extra,
                        const void *attrs, uint32_t n_attrs) {
     struct layout l;
     CUresult r = check_launch_config(f, dims);
+    if (r == CUDA_SUCCESS) r = check_attributes(attrs, n_attrs);
     if (r != CUDA_SUCCESS) return r;
     r = layout_of(f, &l);
     if (r != CUDA_SUCCESS) return r;
@@ -1298,14 +1473,16 @@ static CUresult launch(uint64_t f, const uint32_t dims[7], uint64_t stream, void
     unsigned char *buf = cap > sizeof small ? malloc(cap) : small;
     if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
     int64_t len = pack_params(&l, params, extra, buf, cap);
-    if (len < 0) {
+    r = len < 0 ? CUDA_ERROR_INVALID_VALUE : params_reach(buf, len);
+    if (r != CUDA_SUCCESS) {
         if (buf != small) free(buf);
-        return CUDA_ERROR_INVALID_VALUE;
+        return r;
     }
     struct gp_in_cuLaunchKernelEx in = {.f = f, .gx = dims[0], .gy = dims[1], .gz = dims[2], .bx = dims[3],
                                         .by = dims[4], .bz = dims[5], .smem = dims[6], .stream = stream,
                                         .n_attrs = n_attrs};
-    r = gp_call2(GP_CALL_cuLaunchKernelEx, 0, &in, sizeof in, buf, (uint64_t)len, attrs, (uint64_t)n_attrs * 72, NULL,
+    r = gp_call2(GP_CALL_cuLaunchKernelEx, 0, &in, sizeof in, buf, (uint64_t)len, attrs,
+                 (uint64_t)n_attrs * LAUNCH_ATTRIBUTE_BYTES, NULL,
                  0, NULL, 0);
     if (buf != small) free(buf);
     return r;
@@ -1318,8 +1495,7 @@ CUresult cuLaunchKernel(uint64_t f, uint32_t gx, uint32_t gy, uint32_t gz, uint3
     return launch(f, dims, stream, params, extra, NULL, 0);
 }
 
-/* CUlaunchConfig: seven unsigned ints, then CUstream at 32, CUlaunchAttribute* at 40, unsigned at 48;
- * each CUlaunchAttribute is 72 bytes (id, padding, a 64-byte value union). */
+/* CUlaunchConfig: seven unsigned ints, then CUstream at 32, CUlaunchAttribute* at 40, unsigned at 48. */
 CUresult cuLaunchKernelEx(void *config, uint64_t f, void *params, void *extra) {
     GP_TRACE("cuLaunchKernelEx");
     if (!config) return CUDA_ERROR_INVALID_VALUE;
@@ -1361,9 +1537,10 @@ static CUresult kernel_node(uint32_t call, const void *head, uint32_t head_len, 
     unsigned char *buf = malloc(cap);
     if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
     int64_t len = pack_params(&l, kernel_params, extra, buf, cap);
-    if (len < 0) {
+    r = len < 0 ? CUDA_ERROR_INVALID_VALUE : params_reach(buf, len);
+    if (r != CUDA_SUCCESS) {
         free(buf);
-        return CUDA_ERROR_INVALID_VALUE;
+        return r;
     }
     unsigned char in[sizeof(struct gp_in_cuGraphAddKernelNode_v2)];
     memcpy(in, head, head_len); /* the graph or exec and node handles */
@@ -2000,7 +2177,7 @@ static CUresult cluster_occupancy(uint32_t call, int32_t *value, uint64_t f, con
     memcpy(&in.n_attrs, c + 48, 4);
     if (in.n_attrs && !attrs) return CUDA_ERROR_INVALID_VALUE;
     int32_t out;
-    CUresult r = gp_call(call, WANT, &in, sizeof in, attrs, (uint64_t)in.n_attrs * 72, &out, sizeof out, NULL, 0);
+    CUresult r = gp_call(call, WANT, &in, sizeof in, attrs, (uint64_t)in.n_attrs * LAUNCH_ATTRIBUTE_BYTES, &out, sizeof out, NULL, 0);
     if (r == CUDA_SUCCESS) *value = out;
     return r;
 }
