@@ -65,6 +65,7 @@ PROGRAMS = [
     "prog_mapped.py",  # mapped page-locked memory: DEVICEMAP, registered arrays, a kernel given the host address
     "prog_graph_nodes.py",  # a graph built node by node: kernel, memset, empty nodes, dependencies
     "prog_graph_core.py",  # cuda.core graph builder: while and if/else conditionals, embed, callback, update
+    "prog_pinned_kernels.py",  # kernels given pinned host addresses: Graph.update, a cluster launch (DSMEM)
 ]
 results: list[dict] = []
 
