@@ -1222,6 +1222,86 @@ def scenario_pinned_kernels():
     say("free", f"{cu.cuMemFreeHost(c_u64(a.value))} {cu.cuMemFreeHost(c_u64(b.value))}")
 
 
+class MemcpyAttributes(ctypes.Structure):  # CUmemcpyAttributes
+    _fields_ = [("order", ctypes.c_int), ("src_hint", ctypes.c_int * 2), ("dst_hint", ctypes.c_int * 2),
+                ("flags", ctypes.c_uint)]  # fmt: skip
+
+
+class Operand3D(ctypes.Structure):  # CUmemcpy3DOperand for a pointer
+    _fields_ = [("type", ctypes.c_int), ("pad", ctypes.c_int), ("ptr", c_u64), ("row", c_u64), ("layer", c_u64),
+                ("hint", ctypes.c_int * 2)]  # fmt: skip
+
+
+class BatchOp3D(ctypes.Structure):  # CUDA_MEMCPY3D_BATCH_OP
+    _fields_ = [("src", Operand3D), ("dst", Operand3D), ("extent", c_u64 * 3), ("order", ctypes.c_int),
+                ("flags", ctypes.c_uint)]  # fmt: skip
+
+
+def scenario_batched_copies():
+    """cuMemcpyBatchAsync (both ABIs) with copies of every direction in one batch, two attribute entries,
+    host sources read before the call returns; its refusals (an invalid access order, attribute indices
+    not starting at 0) with the failing copy's index; cuMemcpy3DBatchAsync of a sub-rectangle between
+    pointers, both ways."""
+    import struct
+
+    setup()
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    rc, dev = alloc(1 << 20)
+    check(rc, "alloc")
+    pinned = c_u64()
+    check(cu.cuMemAllocHost(ctypes.byref(pinned), c_u64(4096)), "alloc host")
+    source = ctypes.create_string_buffer(bytes(range(256)) * 16)  # 4 KiB of pageable memory
+    ctypes.memmove(pinned.value, b"\xab" * 4096, 4096)
+    back, back_pinned = ctypes.create_string_buffer(4096), ctypes.create_string_buffer(4096)
+    dsts = (c_u64 * 4)(dev, dev + 8192, ctypes.addressof(back), ctypes.addressof(back_pinned))
+    srcs = (c_u64 * 4)(ctypes.addressof(source), pinned.value, dev, dev + 8192)
+    sizes = (c_u64 * 4)(4096, 4096, 4096, 4096)
+    attrs = (MemcpyAttributes * 2)(MemcpyAttributes(2), MemcpyAttributes(1))  # DURING_API_CALL, STREAM
+    fail = c_u64(7)
+    rc = cu.cuMemcpyBatchAsync(dsts, srcs, sizes, c_u64(2), attrs, (c_u64 * 2)(0, 1), c_u64(2), ctypes.byref(fail),
+                               stream)  # fmt: skip
+    ctypes.memmove(source, b"\0" * 4096, 4096)  # the source was read by the call
+    check(rc, "batch to the device")
+    ends = (c_u64 * 1)(0)
+    rc = lib.cuMemcpyBatchAsync_v2(ctypes.byref(dsts, 16), ctypes.byref(srcs, 16), ctypes.byref(sizes, 16), c_u64(2),
+                                   attrs, ends, c_u64(1), stream)  # fmt: skip  # the CUDA 13 ABI: no failIdx
+    check(rc, "batch to the host")
+    check(cu.cuStreamSynchronize(stream), "sync")
+    pattern = b"\xab" * 4096
+    say("batched", f"{back.raw == bytes(range(256)) * 16} {back_pinned.raw == pattern}")
+    bad = (MemcpyAttributes * 1)(MemcpyAttributes(0))
+    say("invalid_order", cu.cuMemcpyBatchAsync(dsts, srcs, sizes, c_u64(1), bad, ends, c_u64(1), ctypes.byref(fail),
+                                               stream))  # fmt: skip
+    rc = cu.cuMemcpyBatchAsync(dsts, srcs, sizes, c_u64(2), attrs, (c_u64 * 2)(1, 1), c_u64(2), ctypes.byref(fail),
+                               stream)  # fmt: skip
+    say("first_index_not_0", f"{rc} {fail.value == 2**64 - 1}")
+    past_end = (c_u64 * 2)(dev, dev + (1 << 20) - 16)  # the second copy runs past the allocation's end
+    rc = cu.cuMemcpyBatchAsync(past_end, (c_u64 * 2)(ctypes.addressof(source), ctypes.addressof(source)), sizes,
+                               c_u64(2), attrs, (c_u64 * 2)(0, 1), c_u64(2), ctypes.byref(fail), stream)  # fmt: skip
+    say("failing_copy", f"{rc} {fail.value}")
+
+    # 3D: rows 1..3 of columns 4..11 of a 16 x 8 byte host image, into a device image of rows of 32.
+    image = ctypes.create_string_buffer(bytes(range(128)))
+    up = BatchOp3D(Operand3D(1, 0, ctypes.addressof(image) + 16 + 4, 16, 8), Operand3D(1, 0, dev, 32, 8),
+                   (c_u64 * 3)(8, 3, 1), 1)  # fmt: skip
+    check(cu.cuMemsetD8(c_u64(dev), 0, c_u64(256)), "zero")
+    check(lib.cuMemcpy3DBatchAsync_v2(c_u64(1), ctypes.byref(up), c_u64(0), stream), "3D batch up")
+    down = ctypes.create_string_buffer(96)
+    whole = BatchOp3D(Operand3D(1, 0, dev, 0, 0), Operand3D(1, 0, ctypes.addressof(down), 0, 0),
+                      (c_u64 * 3)(96, 1, 1), 1)  # fmt: skip
+    check(
+        cu.cuMemcpy3DBatchAsync(c_u64(1), ctypes.byref(whole), ctypes.byref(fail), c_u64(0), stream),
+        "3D down",
+    )
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("rows_3d", [struct.unpack_from("8B", down.raw, 32 * r) for r in range(3)])
+    say("gaps_3d", down.raw[8:32] == bytes(24))
+    array_op = BatchOp3D(Operand3D(2, 0, 0, 0, 0), Operand3D(1, 0, dev, 0, 0), (c_u64 * 3)(8, 1, 1), 1)
+    rc = cu.cuMemcpy3DBatchAsync(c_u64(1), ctypes.byref(array_op), ctypes.byref(fail), c_u64(0), stream)
+    say("array_operand", f"{rc} {fail.value}")
+
+
 class KernelNodeParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v2
     _fields_ = [("func", c_u64), ("dims", ctypes.c_uint32 * 6), ("smem", ctypes.c_uint32), ("pad", ctypes.c_uint32),
                 ("params", ctypes.c_void_p), ("extra", ctypes.c_void_p), ("kern", c_u64), ("ctx", c_u64)]  # fmt: skip

@@ -371,6 +371,25 @@ def test_kernels_given_page_locked_host_addresses_read_and_write_that_memory(shi
     assert err.count("an address of registered page-locked memory") == 1
 
 
+def test_batched_copies_run_each_copy_of_every_direction_and_refuse_as_the_driver_does(shim_dir, worker):
+    """cuMemcpyBatchAsync and cuMemcpy3DBatchAsync (both ABIs each) copy host to device, device to
+    device-or-host (pageable and page-locked) in one batch, and 2D/3D sub-rectangles between pointers;
+    a bad batch is CUDA_ERROR_INVALID_VALUE, a failing copy is named by its index, a CUDA array operand
+    is CUDA_ERROR_NOT_SUPPORTED (said once)."""
+    out, err = run_client("batched_copies", client_env(shim_dir, worker))
+    rows = [tuple(range(16 * r + 4, 16 * r + 12)) for r in (1, 2, 3)]  # columns 4..11 of rows 1..3
+    assert out == {
+        "batched": "True True",  # pageable source read by the call; page-locked source in stream order
+        "invalid_order": "1",
+        "first_index_not_0": "1 True",  # no copy to blame: SIZE_MAX
+        "failing_copy": "1 1",  # the second copy runs past its allocation: copy 1 is named
+        "rows_3d": str(rows),
+        "gaps_3d": "True",  # the destination's row pitch of 32 left bytes 8..31 alone
+        "array_operand": "801 0",
+    }
+    assert err.count("copies to or from CUDA arrays are not forwarded") == 1
+
+
 def test_conditional_nodes_captured_bodies_child_graphs_and_updates_run_as_cuda_core_builds_them(
     shim_dir, worker
 ):

@@ -343,6 +343,16 @@ CALLS: tuple[Call, ...] = (
        symbol="cuMemcpyDtoDAsync_v2"),
     _c("cuMemcpy", 4000, "u64 dst, u64 src, u64 count", L, custom=True),  # sent as HtoD, DtoH or DtoD
     _c("cuMemcpyAsync", 4000, "u64 dst, u64 src, u64 count, stream stream", L, custom=True),
+    # Batched copies (cuda.core's batched memcpy, newer PyTorch): each copy sent as the single copy of its
+    # direction (cuMemcpyAsync's), in the batch's order; 3D operands between pointers only.
+    _c("cuMemcpyBatchAsync", 12080, "ptr dsts, ptr srcs, ptr sizes, u64 count, ptr attrs, ptr attrs_idxs, "
+       "u64 num_attrs, ptr fail_idx, stream stream", L, custom=True),
+    _c("cuMemcpyBatchAsync", 13000, "ptr dsts, ptr srcs, ptr sizes, u64 count, ptr attrs, ptr attrs_idxs, "
+       "u64 num_attrs, stream stream", L, symbol="cuMemcpyBatchAsync_v2", custom=True),
+    _c("cuMemcpy3DBatchAsync", 12080, "u64 num_ops, ptr ops, ptr fail_idx, u64 flags, stream stream", L,
+       custom=True),
+    _c("cuMemcpy3DBatchAsync", 13000, "u64 num_ops, ptr ops, u64 flags, stream stream", L,
+       symbol="cuMemcpy3DBatchAsync_v2", custom=True),
     _c("cuMemcpyPeer", 4000, "dptr dst, ctx dst_ctx, dptr src, ctx src_ctx, u64 count", A),
     _c("cuMemcpyPeerAsync", 4000, "dptr dst, ctx dst_ctx, dptr src, ctx src_ctx, u64 count, stream stream", A),
     # -- memsets -------------------------------------------------------------------------------------

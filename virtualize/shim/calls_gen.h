@@ -1095,7 +1095,11 @@ GP_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(uint64_t *dptr, uint64_t bytesiz
 GP_EXPORT CUresult cuMemFreeAsync_ptsz(uint64_t dptr, uint64_t stream) { return cuMemFreeAsync(dptr, stream); }
 GP_EXPORT CUresult cuMemPrefetchAsync_ptsz(uint64_t dptr, uint64_t count, int32_t device, uint64_t stream) { return cuMemPrefetchAsync(dptr, count, device, stream); }
 GP_EXPORT CUresult cuMemPrefetchAsync_v2_ptsz(uint64_t dptr, uint64_t count, uint64_t location, uint32_t flags, uint64_t stream) { return cuMemPrefetchAsync_v2(dptr, count, location, flags, stream); }
+GP_EXPORT CUresult cuMemcpy3DBatchAsync_ptsz(uint64_t num_ops, void *ops, void *fail_idx, uint64_t flags, uint64_t stream) { return cuMemcpy3DBatchAsync(num_ops, ops, fail_idx, flags, stream); }
+GP_EXPORT CUresult cuMemcpy3DBatchAsync_v2_ptsz(uint64_t num_ops, void *ops, uint64_t flags, uint64_t stream) { return cuMemcpy3DBatchAsync_v2(num_ops, ops, flags, stream); }
 GP_EXPORT CUresult cuMemcpyAsync_ptsz(uint64_t dst, uint64_t src, uint64_t count, uint64_t stream) { return cuMemcpyAsync(dst, src, count, stream); }
+GP_EXPORT CUresult cuMemcpyBatchAsync_ptsz(void *dsts, void *srcs, void *sizes, uint64_t count, void *attrs, void *attrs_idxs, uint64_t num_attrs, void *fail_idx, uint64_t stream) { return cuMemcpyBatchAsync(dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs, fail_idx, stream); }
+GP_EXPORT CUresult cuMemcpyBatchAsync_v2_ptsz(void *dsts, void *srcs, void *sizes, uint64_t count, void *attrs, void *attrs_idxs, uint64_t num_attrs, uint64_t stream) { return cuMemcpyBatchAsync_v2(dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs, stream); }
 GP_EXPORT CUresult cuMemcpyDtoDAsync_v2_ptsz(uint64_t dst, uint64_t src, uint64_t count, uint64_t stream) { return cuMemcpyDtoDAsync_v2(dst, src, count, stream); }
 GP_EXPORT CUresult cuMemcpyDtoD_v2_ptds(uint64_t dst, uint64_t src, uint64_t count) { return cuMemcpyDtoD_v2(dst, src, count); }
 GP_EXPORT CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, uint64_t src, uint64_t count, uint64_t stream) { return cuMemcpyDtoHAsync_v2(dst, src, count, stream); }
@@ -1379,10 +1383,6 @@ GP_EXPORT CUresult cuMemcpy3D(void) { return gp_unforwarded("cuMemcpy3D"); }
 GP_EXPORT CUresult cuMemcpy3DAsync(void) { return gp_unforwarded("cuMemcpy3DAsync"); }
 GP_EXPORT CUresult cuMemcpy3DAsync_v2(void) { return gp_unforwarded("cuMemcpy3DAsync_v2"); }
 GP_EXPORT CUresult cuMemcpy3DAsync_v2_ptsz(void) { return gp_unforwarded("cuMemcpy3DAsync_v2_ptsz"); }
-GP_EXPORT CUresult cuMemcpy3DBatchAsync(void) { return gp_unforwarded("cuMemcpy3DBatchAsync"); }
-GP_EXPORT CUresult cuMemcpy3DBatchAsync_ptsz(void) { return gp_unforwarded("cuMemcpy3DBatchAsync_ptsz"); }
-GP_EXPORT CUresult cuMemcpy3DBatchAsync_v2(void) { return gp_unforwarded("cuMemcpy3DBatchAsync_v2"); }
-GP_EXPORT CUresult cuMemcpy3DBatchAsync_v2_ptsz(void) { return gp_unforwarded("cuMemcpy3DBatchAsync_v2_ptsz"); }
 GP_EXPORT CUresult cuMemcpy3DPeer(void) { return gp_unforwarded("cuMemcpy3DPeer"); }
 GP_EXPORT CUresult cuMemcpy3DPeerAsync(void) { return gp_unforwarded("cuMemcpy3DPeerAsync"); }
 GP_EXPORT CUresult cuMemcpy3DPeerAsync_ptsz(void) { return gp_unforwarded("cuMemcpy3DPeerAsync_ptsz"); }
@@ -1401,10 +1401,6 @@ GP_EXPORT CUresult cuMemcpyAtoHAsync_v2(void) { return gp_unforwarded("cuMemcpyA
 GP_EXPORT CUresult cuMemcpyAtoHAsync_v2_ptsz(void) { return gp_unforwarded("cuMemcpyAtoHAsync_v2_ptsz"); }
 GP_EXPORT CUresult cuMemcpyAtoH_v2(void) { return gp_unforwarded("cuMemcpyAtoH_v2"); }
 GP_EXPORT CUresult cuMemcpyAtoH_v2_ptds(void) { return gp_unforwarded("cuMemcpyAtoH_v2_ptds"); }
-GP_EXPORT CUresult cuMemcpyBatchAsync(void) { return gp_unforwarded("cuMemcpyBatchAsync"); }
-GP_EXPORT CUresult cuMemcpyBatchAsync_ptsz(void) { return gp_unforwarded("cuMemcpyBatchAsync_ptsz"); }
-GP_EXPORT CUresult cuMemcpyBatchAsync_v2(void) { return gp_unforwarded("cuMemcpyBatchAsync_v2"); }
-GP_EXPORT CUresult cuMemcpyBatchAsync_v2_ptsz(void) { return gp_unforwarded("cuMemcpyBatchAsync_v2_ptsz"); }
 GP_EXPORT CUresult cuMemcpyDtoA(void) { return gp_unforwarded("cuMemcpyDtoA"); }
 GP_EXPORT CUresult cuMemcpyDtoA_v2(void) { return gp_unforwarded("cuMemcpyDtoA_v2"); }
 GP_EXPORT CUresult cuMemcpyDtoA_v2_ptds(void) { return gp_unforwarded("cuMemcpyDtoA_v2_ptds"); }
@@ -1707,7 +1703,11 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemSetAccess", 10020, (void *)cuMemSetAccess},
     {"cuMemUnmap", 10020, (void *)cuMemUnmap},
     {"cuMemcpy", 4000, (void *)cuMemcpy},
+    {"cuMemcpy3DBatchAsync", 12080, (void *)cuMemcpy3DBatchAsync},
+    {"cuMemcpy3DBatchAsync", 13000, (void *)cuMemcpy3DBatchAsync_v2},
     {"cuMemcpyAsync", 4000, (void *)cuMemcpyAsync},
+    {"cuMemcpyBatchAsync", 12080, (void *)cuMemcpyBatchAsync},
+    {"cuMemcpyBatchAsync", 13000, (void *)cuMemcpyBatchAsync_v2},
     {"cuMemcpyDtoD", 3020, (void *)cuMemcpyDtoD_v2},
     {"cuMemcpyDtoDAsync", 3020, (void *)cuMemcpyDtoDAsync_v2},
     {"cuMemcpyDtoH", 3020, (void *)cuMemcpyDtoH_v2},

@@ -918,7 +918,7 @@ static CUresult params_reach(const unsigned char *params, int64_t len) {
     for (int64_t at = 0; at + 8 <= len; at += 8) {
         uint64_t v, base, dev;
         memcpy(&v, params + at, 8);
-        if (v < 4096 || !gp_host_lookup(v, &base, NULL, NULL)) continue;
+        if (v < 4096 || v >> 47 || !gp_host_lookup(v, &base, NULL, NULL)) continue; /* user space only */
         if (gp_mirror_device(v, &dev) && dev == v) continue; /* DEVICEMAP, or pinned and mapped */
         CUresult r = pinned_reach(base);
         if (r == CUDA_ERROR_NOT_FOUND) {
@@ -1162,6 +1162,114 @@ CUresult cuMemcpy(uint64_t dst, uint64_t src, uint64_t count) {
 CUresult cuMemcpyAsync(uint64_t dst, uint64_t src, uint64_t count, uint64_t stream) {
     GP_TRACE("cuMemcpyAsync");
     return generic_copy(dst, src, count, stream, 1);
+}
+
+/* ---- batched copies: each as cuMemcpyAsync sends it, in the batch's order (the driver promises none) -- */
+
+#define MEMCPY_ATTRIBUTES_BYTES 24 /* CUmemcpyAttributes: srcAccessOrder, two CUmemLocation hints, flags */
+#define SRC_ACCESS_ORDER_ANY 3     /* STREAM 1, DURING_API_CALL 2, ANY 3; 0 is invalid */
+
+/* Each copy reads its host source before the call returns (as a single copy does), which every source
+ * access order allows. */
+static CUresult batch_copy(const uint64_t *dsts, const uint64_t *srcs, const uint64_t *sizes, uint64_t count,
+                           const void *attrs, const uint64_t *attrs_idxs, uint64_t num_attrs, uint64_t *fail_idx,
+                           uint64_t stream) {
+    if (fail_idx) *fail_idx = UINT64_MAX; /* SIZE_MAX: the error is of no one copy */
+    if (!count || !dsts || !srcs || !sizes || !attrs || !attrs_idxs || !num_attrs || num_attrs > count ||
+        attrs_idxs[0] != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (uint64_t k = 0; k < num_attrs; k++) {
+        int32_t order;
+        memcpy(&order, (const unsigned char *)attrs + k * MEMCPY_ATTRIBUTES_BYTES, 4);
+        if ((k && attrs_idxs[k] <= attrs_idxs[k - 1]) || attrs_idxs[k] >= count || order < 1 ||
+            order > SRC_ACCESS_ORDER_ANY)
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (uint64_t i = 0; i < count; i++) {
+        CUresult r = generic_copy(dsts[i], srcs[i], sizes[i], stream, 1);
+        if (r != CUDA_SUCCESS) {
+            if (fail_idx) *fail_idx = i;
+            return r;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyBatchAsync(void *dsts, void *srcs, void *sizes, uint64_t count, void *attrs, void *attrs_idxs,
+                            uint64_t num_attrs, void *fail_idx, uint64_t stream) {
+    GP_TRACE("cuMemcpyBatchAsync");
+    return batch_copy(dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs, fail_idx, stream);
+}
+
+CUresult cuMemcpyBatchAsync_v2(void *dsts, void *srcs, void *sizes, uint64_t count, void *attrs, void *attrs_idxs,
+                               uint64_t num_attrs, uint64_t stream) {
+    GP_TRACE("cuMemcpyBatchAsync_v2");
+    return batch_copy(dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs, NULL, stream);
+}
+
+/* CUDA_MEMCPY3D_BATCH_OP (112 bytes): two CUmemcpy3DOperands of 40 (type, then for a pointer: ptr,
+ * rowLength, layerHeight, a location hint), the extent (width, height, depth), srcAccessOrder, flags.
+ * Between pointers an element is a byte; each run of contiguous rows goes as one copy. CUDA arrays
+ * are not forwarded. */
+#define BATCH_OP_BYTES 112
+#define OPERAND_POINTER 1
+
+static CUresult batch_copy_3d(uint64_t num_ops, const void *ops, uint64_t *fail_idx, uint64_t flags,
+                              uint64_t stream) {
+    static int said;
+    if (fail_idx) *fail_idx = UINT64_MAX;
+    if (!num_ops || !ops || flags) return CUDA_ERROR_INVALID_VALUE;
+    for (uint64_t i = 0; i < num_ops; i++) {
+        const unsigned char *op = (const unsigned char *)ops + i * BATCH_OP_BYTES;
+        int32_t src_type, dst_type, order;
+        uint64_t src[3], dst[3], extent[3]; /* ptr, rowLength, layerHeight; width, height, depth */
+        memcpy(&src_type, op, 4), memcpy(src, op + 8, 24);
+        memcpy(&dst_type, op + 40, 4), memcpy(dst, op + 48, 24);
+        memcpy(extent, op + 80, 24), memcpy(&order, op + 104, 4);
+        CUresult r = CUDA_SUCCESS;
+        if (src_type != OPERAND_POINTER || dst_type != OPERAND_POINTER) {
+            if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+                gp_say("cuMemcpy3DBatchAsync: copies to or from CUDA arrays are not forwarded to the remote GPU; "
+                       "they return CUDA_ERROR_NOT_SUPPORTED");
+            r = CUDA_ERROR_NOT_SUPPORTED;
+        } else if (!extent[0] || !extent[1] || !extent[2] || order < 1 || order > SRC_ACCESS_ORDER_ANY) {
+            r = CUDA_ERROR_INVALID_VALUE;
+        }
+        uint64_t src_row = src[1] ? src[1] : extent[0], dst_row = dst[1] ? dst[1] : extent[0];
+        uint64_t src_layer = src[2] ? src[2] : extent[1], dst_layer = dst[2] ? dst[2] : extent[1];
+        if (r == CUDA_SUCCESS && (src_row < extent[0] || dst_row < extent[0] || src_layer < extent[1] ||
+                                  dst_layer < extent[1]))
+            r = CUDA_ERROR_INVALID_VALUE;
+        /* Whole layers, or the whole copy, are contiguous when the rows (and layers) have no gaps. */
+        int rows_whole = src_row == extent[0] && dst_row == extent[0];
+        int layers_whole = rows_whole && src_layer == extent[1] && dst_layer == extent[1];
+        for (uint64_t z = 0; r == CUDA_SUCCESS && z < extent[2]; z++) {
+            for (uint64_t y = 0; r == CUDA_SUCCESS && y < extent[1]; y++) {
+                uint64_t n = extent[0];
+                if (layers_whole) n *= extent[1] * extent[2];
+                else if (rows_whole) n *= extent[1];
+                r = generic_copy(dst[0] + (z * dst_layer + y) * dst_row, src[0] + (z * src_layer + y) * src_row, n,
+                                 stream, 1);
+                if (rows_whole) break;
+            }
+            if (layers_whole) break;
+        }
+        if (r != CUDA_SUCCESS) {
+            if (fail_idx) *fail_idx = i;
+            return r;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpy3DBatchAsync(uint64_t num_ops, void *ops, void *fail_idx, uint64_t flags, uint64_t stream) {
+    GP_TRACE("cuMemcpy3DBatchAsync");
+    return batch_copy_3d(num_ops, ops, fail_idx, flags, stream);
+}
+
+CUresult cuMemcpy3DBatchAsync_v2(uint64_t num_ops, void *ops, uint64_t flags, uint64_t stream) {
+    GP_TRACE("cuMemcpy3DBatchAsync_v2");
+    return batch_copy_3d(num_ops, ops, NULL, flags, stream);
 }
 
 /* ---- pointer attributes ------------------------------------------------------------------------ */
