@@ -1208,6 +1208,13 @@ def scenario_pinned_kernels():
     check(cu.cuMemcpyDtoH(c_u64(b.value), c_u64(dev), c_u64(4 * n)), "copy into pinned")
     say("copies", [words_a[0], words_b[0], words_b[1], words_b[n - 1]])
 
+    filled = c_u64()  # cuda.core's Buffer.fill on pinned memory: a memset of the host address
+    check(cu.cuMemAllocHost(ctypes.byref(filled), c_u64(4096)), "alloc host")
+    check(cu.cuMemsetD8Async(c_u64(filled.value), 0x5A, c_u64(4096), stream), "memset pinned")
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("filled", ctypes.string_at(filled.value, 4096) == b"\x5a" * 4096)
+    check(cu.cuMemFreeHost(c_u64(filled.value)), "free")
+
     registered = (ctypes.c_uint32 * n)()
     check(cu.cuMemHostRegister(ctypes.byref(registered), c_u64(4 * n), 0), "register")
     refused = [

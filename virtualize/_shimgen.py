@@ -89,6 +89,11 @@ def body(call: Call) -> list[str]:
             lines.append(f"    if (!{p.name}) return CUDA_ERROR_INVALID_VALUE;")
     for p in bulk_in:
         lines.append(f"    if (!{p.name}) return CUDA_ERROR_INVALID_VALUE;")
+    # Page-locked memory is the device's at its own address: mapped before GPU work (the queued calls:
+    # copies, memsets) uses it.
+    for p in ins if call.mode is Mode.ASYNC else ():
+        if p.type == "dptr":
+            lines.append(f"    gp_pinned_touch({p.name});")
     if ins:
         inits = ", ".join(f".{p.name} = {p.name}" for p in ins)
         lines.append(f"    struct gp_in_{key(call)} in = {{ {inits} }};")

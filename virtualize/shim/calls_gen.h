@@ -398,6 +398,8 @@ GP_EXPORT CUresult cuMemUnmap(uint64_t ptr, uint64_t size) {
 
 GP_EXPORT CUresult cuMemcpyDtoD_v2(uint64_t dst, uint64_t src, uint64_t count) {
     GP_TRACE("cuMemcpyDtoD_v2");
+    gp_pinned_touch(dst);
+    gp_pinned_touch(src);
     struct gp_in_cuMemcpyDtoD_v2 in = { .dst = dst, .src = src, .count = count };
     CUresult r = gp_call(GP_CALL_cuMemcpyDtoD_v2, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;
@@ -405,6 +407,8 @@ GP_EXPORT CUresult cuMemcpyDtoD_v2(uint64_t dst, uint64_t src, uint64_t count) {
 
 GP_EXPORT CUresult cuMemcpyDtoDAsync_v2(uint64_t dst, uint64_t src, uint64_t count, uint64_t stream) {
     GP_TRACE("cuMemcpyDtoDAsync_v2");
+    gp_pinned_touch(dst);
+    gp_pinned_touch(src);
     struct gp_in_cuMemcpyDtoDAsync_v2 in = { .dst = dst, .src = src, .count = count, .stream = stream };
     CUresult r = gp_call(GP_CALL_cuMemcpyDtoDAsync_v2, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;
@@ -412,6 +416,8 @@ GP_EXPORT CUresult cuMemcpyDtoDAsync_v2(uint64_t dst, uint64_t src, uint64_t cou
 
 GP_EXPORT CUresult cuMemcpyPeer(uint64_t dst, uint64_t dst_ctx, uint64_t src, uint64_t src_ctx, uint64_t count) {
     GP_TRACE("cuMemcpyPeer");
+    gp_pinned_touch(dst);
+    gp_pinned_touch(src);
     struct gp_in_cuMemcpyPeer in = { .dst = dst, .dst_ctx = dst_ctx, .src = src, .src_ctx = src_ctx, .count = count };
     CUresult r = gp_call(GP_CALL_cuMemcpyPeer, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;
@@ -419,6 +425,8 @@ GP_EXPORT CUresult cuMemcpyPeer(uint64_t dst, uint64_t dst_ctx, uint64_t src, ui
 
 GP_EXPORT CUresult cuMemcpyPeerAsync(uint64_t dst, uint64_t dst_ctx, uint64_t src, uint64_t src_ctx, uint64_t count, uint64_t stream) {
     GP_TRACE("cuMemcpyPeerAsync");
+    gp_pinned_touch(dst);
+    gp_pinned_touch(src);
     struct gp_in_cuMemcpyPeerAsync in = { .dst = dst, .dst_ctx = dst_ctx, .src = src, .src_ctx = src_ctx, .count = count, .stream = stream };
     CUresult r = gp_call(GP_CALL_cuMemcpyPeerAsync, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;
@@ -426,6 +434,7 @@ GP_EXPORT CUresult cuMemcpyPeerAsync(uint64_t dst, uint64_t dst_ctx, uint64_t sr
 
 GP_EXPORT CUresult cuMemsetD8_v2(uint64_t dst, uint8_t value, uint64_t count) {
     GP_TRACE("cuMemsetD8_v2");
+    gp_pinned_touch(dst);
     struct gp_in_cuMemsetD8_v2 in = { .dst = dst, .value = value, .count = count };
     CUresult r = gp_call(GP_CALL_cuMemsetD8_v2, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;
@@ -433,6 +442,7 @@ GP_EXPORT CUresult cuMemsetD8_v2(uint64_t dst, uint8_t value, uint64_t count) {
 
 GP_EXPORT CUresult cuMemsetD16_v2(uint64_t dst, uint16_t value, uint64_t count) {
     GP_TRACE("cuMemsetD16_v2");
+    gp_pinned_touch(dst);
     struct gp_in_cuMemsetD16_v2 in = { .dst = dst, .value = value, .count = count };
     CUresult r = gp_call(GP_CALL_cuMemsetD16_v2, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;
@@ -440,6 +450,7 @@ GP_EXPORT CUresult cuMemsetD16_v2(uint64_t dst, uint16_t value, uint64_t count) 
 
 GP_EXPORT CUresult cuMemsetD32_v2(uint64_t dst, uint32_t value, uint64_t count) {
     GP_TRACE("cuMemsetD32_v2");
+    gp_pinned_touch(dst);
     struct gp_in_cuMemsetD32_v2 in = { .dst = dst, .value = value, .count = count };
     CUresult r = gp_call(GP_CALL_cuMemsetD32_v2, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;
@@ -447,6 +458,7 @@ GP_EXPORT CUresult cuMemsetD32_v2(uint64_t dst, uint32_t value, uint64_t count) 
 
 GP_EXPORT CUresult cuMemsetD8Async(uint64_t dst, uint8_t value, uint64_t count, uint64_t stream) {
     GP_TRACE("cuMemsetD8Async");
+    gp_pinned_touch(dst);
     struct gp_in_cuMemsetD8Async in = { .dst = dst, .value = value, .count = count, .stream = stream };
     CUresult r = gp_call(GP_CALL_cuMemsetD8Async, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;
@@ -454,6 +466,7 @@ GP_EXPORT CUresult cuMemsetD8Async(uint64_t dst, uint8_t value, uint64_t count, 
 
 GP_EXPORT CUresult cuMemsetD16Async(uint64_t dst, uint16_t value, uint64_t count, uint64_t stream) {
     GP_TRACE("cuMemsetD16Async");
+    gp_pinned_touch(dst);
     struct gp_in_cuMemsetD16Async in = { .dst = dst, .value = value, .count = count, .stream = stream };
     CUresult r = gp_call(GP_CALL_cuMemsetD16Async, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;
@@ -461,6 +474,7 @@ GP_EXPORT CUresult cuMemsetD16Async(uint64_t dst, uint16_t value, uint64_t count
 
 GP_EXPORT CUresult cuMemsetD32Async(uint64_t dst, uint32_t value, uint64_t count, uint64_t stream) {
     GP_TRACE("cuMemsetD32Async");
+    gp_pinned_touch(dst);
     struct gp_in_cuMemsetD32Async in = { .dst = dst, .value = value, .count = count, .stream = stream };
     CUresult r = gp_call(GP_CALL_cuMemsetD32Async, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;

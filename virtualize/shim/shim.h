@@ -107,6 +107,9 @@ void gp_dev_remove(uint64_t base);
 int gp_reserve_range(uint64_t base, uint64_t size); /* kept from this process's own mappings; 0, or -1 */
 int gp_dev_lookup(uint64_t ptr, uint64_t *base, uint64_t *size, int *owned);
 
+/* Page-locked host memory served locally; an address in an allocation of it that a forwarded call
+ * names as device memory makes that allocation the device's at its own address (shim_calls.c). */
+void gp_pinned_touch(uint64_t ptr);
 /* Page-locked host memory served locally. */
 int gp_host_add(uint64_t base, uint64_t size, unsigned flags, int allocated);
 int gp_host_remove(uint64_t base, int allocated);

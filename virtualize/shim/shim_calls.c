@@ -908,6 +908,12 @@ static int pinned_free(uint64_t at) {
     return 1;
 }
 
+void gp_pinned_touch(uint64_t ptr) {
+    uint64_t base;
+    if (__atomic_load_n(&n_unreachable, __ATOMIC_ACQUIRE) && gp_host_lookup(ptr, &base, NULL, NULL))
+        pinned_reach(base); /* if it cannot be, the call fails on the worker as for any other address */
+}
+
 /* Each 8-byte word of a kernel's packed parameters that is an address of page-locked memory here: that
  * memory is made the device's at that address if it can be (pinned_map); if not (registered memory,
  * whose device pointer is another), the launch is refused at the call, with a word on stderr once —
