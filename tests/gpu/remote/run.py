@@ -66,6 +66,7 @@ PROGRAMS = [
     "prog_graph_nodes.py",  # a graph built node by node: kernel, memset, empty nodes, dependencies
     "prog_graph_core.py",  # cuda.core graph builder: while and if/else conditionals, embed, callback, update
     "prog_pinned_kernels.py",  # kernels given pinned host addresses: Graph.update, a cluster launch (DSMEM)
+    "prog_batched_copies.py",  # cuMemcpyBatchAsync (cuda.core's copy_batch) and cuMemcpy3DBatchAsync
 ]
 results: list[dict] = []
 
