@@ -1309,6 +1309,71 @@ def scenario_batched_copies():
     say("array_operand", f"{rc} {fail.value}")
 
 
+def scenario_host_pools():
+    """Stream-ordered pools of page-locked host memory and of managed memory (cuda.core's
+    PinnedMemoryResource and ManagedMemoryResource): the current and default pools of those kinds, a
+    created one of each, allocations that the host and kernels both use, their attributes, frees and
+    the pools' end; a host pool to share with other processes is refused."""
+    import struct
+
+    setup()
+    module, add = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(add), module, b"add_u32"), "add")
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    host, device0 = (ctypes.c_int * 2)(2, -1), (ctypes.c_int * 2)(1, 0)  # CUmemLocation: HOST; DEVICE 0
+    current, default, device_pool, device_current = c_u64(), c_u64(), c_u64(), c_u64()
+    check(lib.cuMemGetMemPool(ctypes.byref(current), host, 1), "current host pool")  # CUDA 13 entry points
+    check(lib.cuMemGetDefaultMemPool(ctypes.byref(default), host, 1), "default host pool")
+    check(cu.cuDeviceGetMemPool(ctypes.byref(device_pool), 0), "device pool")
+    check(lib.cuMemGetMemPool(ctypes.byref(device_current), device0, 1), "current device pool")
+    say("current_is_default", current.value == default.value)
+    say("device_pool_is_the_workers", device_current.value == device_pool.value)
+
+    def props(kind, location, handle_types=0):  # CUmemPoolProps, 88 bytes
+        return ctypes.create_string_buffer(
+            struct.pack("<iiii", kind, handle_types, *location).ljust(88, b"\0")
+        )
+
+    pinned_pool, managed_pool, shared = c_u64(), c_u64(), c_u64()
+    check(cu.cuMemPoolCreate(ctypes.byref(pinned_pool), props(1, (3, 0))), "pinned pool")  # HOST_NUMA 0
+    check(cu.cuMemPoolCreate(ctypes.byref(managed_pool), props(2, (1, 0))), "managed pool")
+    say("shareable_host_pool", cu.cuMemPoolCreate(ctypes.byref(shared), props(1, (3, 0), handle_types=1)))
+    access = (ctypes.c_int * 3)(1, 0, 3)
+    say("set_access", cu.cuMemPoolSetAccess(pinned_pool, access, c_u64(1)))
+    n = 20_000
+    results = {}
+    for name, pool in (("current", current), ("pinned", pinned_pool), ("managed", managed_pool)):
+        ptr = c_u64()
+        check(cu.cuMemAllocFromPoolAsync(ctypes.byref(ptr), c_u64(4 * n), pool, stream), f"alloc {name}")
+        words = (ctypes.c_uint32 * n).from_address(ptr.value)
+        for i in range(0, n, 1000):
+            words[i] = i
+        args = [c_u64(ptr.value), ctypes.c_uint32(7), ctypes.c_uint32(n)]
+        params = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in args])
+        check(cu.cuLaunchKernel(add, (n + 255) // 256, 1, 1, 256, 1, 1, 0, stream, params, None), "launch")
+        check(cu.cuStreamSynchronize(stream), "sync")
+        used = c_u64()
+        check(cu.cuMemPoolGetAttribute(pool, 7, ctypes.byref(used)), "used")  # USED_MEM_CURRENT
+        results[name] = f"{words[0]} {words[n - 1000]} {used.value}"
+        check(cu.cuMemFreeAsync(c_u64(ptr.value), stream), f"free {name}")
+        check(cu.cuMemPoolGetAttribute(pool, 7, ctypes.byref(used)), "used")
+        results[name] += f" {used.value}"
+    for name, value in results.items():
+        say(name, value)
+    threshold = c_u64(1 << 30)
+    check(cu.cuMemPoolSetAttribute(pinned_pool, 4, ctypes.byref(threshold)), "threshold")
+    threshold.value = 0
+    check(cu.cuMemPoolGetAttribute(pinned_pool, 4, ctypes.byref(threshold)), "threshold")
+    say("threshold", threshold.value)
+    say("trim", cu.cuMemPoolTrimTo(pinned_pool, c_u64(0)))
+    say("destroy", f"{cu.cuMemPoolDestroy(pinned_pool)} {cu.cuMemPoolDestroy(managed_pool)}")
+    say("destroy_default", cu.cuMemPoolDestroy(default))
+    ptr = c_u64()
+    say("alloc_from_destroyed", cu.cuMemAllocFromPoolAsync(ctypes.byref(ptr), c_u64(64), pinned_pool, stream))
+
+
 class KernelNodeParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v2
     _fields_ = [("func", c_u64), ("dims", ctypes.c_uint32 * 6), ("smem", ctypes.c_uint32), ("pad", ctypes.c_uint32),
                 ("params", ctypes.c_void_p), ("extra", ctypes.c_void_p), ("kern", c_u64), ("ctx", c_u64)]  # fmt: skip

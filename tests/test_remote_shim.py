@@ -391,6 +391,31 @@ def test_batched_copies_run_each_copy_of_every_direction_and_refuse_as_the_drive
     assert err.count("copies to or from CUDA arrays are not forwarded") == 1
 
 
+def test_pools_of_host_and_managed_memory_allocate_memory_the_host_and_kernels_share(shim_dir, worker):
+    """cuMemGetMemPool / cuMemPoolCreate for page-locked host memory and for managed memory (cuda.core's
+    PinnedMemoryResource, ManagedMemoryResource) give pools whose allocations the host writes and kernels
+    add to, counted in the pool's attributes until cuMemFreeAsync; the device's pool stays the worker's."""
+    out, err = run_client("host_pools", client_env(shim_dir, worker))
+    n = 20_000
+    used = 4 * n
+    assert out == {
+        "current_is_default": "True",
+        "device_pool_is_the_workers": "True",
+        "shareable_host_pool": "801",  # handle types other than none: not built
+        "set_access": "0",
+        # word 0 and word n - 1000 (the host wrote i, a kernel added 7); used while allocated, then 0
+        "current": f"7 {n - 1000 + 7} {used} 0",
+        "pinned": f"7 {n - 1000 + 7} {used} 0",
+        "managed": f"7 {n - 1000 + 7} {used} 0",
+        "threshold": str(1 << 30),
+        "trim": "0",
+        "destroy": "0 0",
+        "destroy_default": "1",  # the default pool is not the program's to destroy
+        "alloc_from_destroyed": "400",  # CUDA_ERROR_INVALID_HANDLE: no pool of the lease
+    }
+    assert err.count("shared with other processes") == 1
+
+
 def test_conditional_nodes_captured_bodies_child_graphs_and_updates_run_as_cuda_core_builds_them(
     shim_dir, worker
 ):

@@ -263,9 +263,16 @@ CALLS: tuple[Call, ...] = (
        wire="pool pool, i32 attr, u64 value"),
     _c("cuMemPoolGetAttribute", 11020, "pool pool, i32 attr, ptr value", custom=True,
        wire="pool pool, i32 attr, o_u64 value"),
-    _c("cuMemPoolTrimTo", 11020, "pool pool, u64 min_bytes_to_keep"),
+    # Pools of page-locked host memory and of managed memory are answered in the client (shim_pools.c);
+    # the device's own kind of pool is the worker's.
+    _c("cuMemPoolTrimTo", 11020, "pool pool, u64 min_bytes_to_keep", custom=True),
     _c("cuMemPoolCreate", 11020, "o_pool pool, ptr props", custom=True, wire="o_pool pool, bytes props"),
-    _c("cuMemPoolDestroy", 11020, "pool pool"),
+    _c("cuMemPoolDestroy", 11020, "pool pool", custom=True),
+    _c("cuMemGetMemPool", 13000, "o_pool pool, ptr location, i32 type", L, custom=True),
+    _c("cuMemGetDefaultMemPool", 13000, "o_pool pool, ptr location, i32 type", L, custom=True),
+    _c("cuMemSetMemPool", 13000, "ptr location, i32 type, pool pool", L, custom=True),
+    _c("cuMemPoolSetAccess", 11020, "pool pool, ptr map, u64 count", L, custom=True),
+    _c("cuMemPoolGetAccess", 11020, "ptr flags, pool pool, ptr location", L, custom=True),
     # Pools and their allocations shared between processes of one lease: an exported pool is a file
     # descriptor naming the lease's pool, an exported pointer 64 bytes naming the allocation.
     _c("cuMemPoolExportToShareableHandle", 11020, "ptr handle, pool pool, i32 type, u64 flags", L, custom=True),

@@ -361,20 +361,6 @@ GP_EXPORT CUresult cuMemGetAddressRange_v2(uint64_t *base, uint64_t *size, uint6
     return r;
 }
 
-GP_EXPORT CUresult cuMemPoolTrimTo(uint64_t pool, uint64_t min_bytes_to_keep) {
-    GP_TRACE("cuMemPoolTrimTo");
-    struct gp_in_cuMemPoolTrimTo in = { .pool = pool, .min_bytes_to_keep = min_bytes_to_keep };
-    CUresult r = gp_call(GP_CALL_cuMemPoolTrimTo, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
-    return r;
-}
-
-GP_EXPORT CUresult cuMemPoolDestroy(uint64_t pool) {
-    GP_TRACE("cuMemPoolDestroy");
-    struct gp_in_cuMemPoolDestroy in = { .pool = pool };
-    CUresult r = gp_call(GP_CALL_cuMemPoolDestroy, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
-    return r;
-}
-
 GP_EXPORT CUresult cuMemRelease(uint64_t handle) {
     GP_TRACE("cuMemRelease");
     struct gp_in_cuMemRelease in = { .handle = handle };
@@ -1367,23 +1353,18 @@ GP_EXPORT CUresult cuMemGetAddressRange(void) { return gp_unforwarded("cuMemGetA
 GP_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(void) { return gp_unforwarded("cuMemGetAllocationPropertiesFromHandle"); }
 GP_EXPORT CUresult cuMemGetAttribute(void) { return gp_unforwarded("cuMemGetAttribute"); }
 GP_EXPORT CUresult cuMemGetAttribute_v2(void) { return gp_unforwarded("cuMemGetAttribute_v2"); }
-GP_EXPORT CUresult cuMemGetDefaultMemPool(void) { return gp_unforwarded("cuMemGetDefaultMemPool"); }
 GP_EXPORT CUresult cuMemGetHandleForAddressRange(void) { return gp_unforwarded("cuMemGetHandleForAddressRange"); }
 GP_EXPORT CUresult cuMemGetInfo(void) { return gp_unforwarded("cuMemGetInfo"); }
-GP_EXPORT CUresult cuMemGetMemPool(void) { return gp_unforwarded("cuMemGetMemPool"); }
 GP_EXPORT CUresult cuMemHostGetDevicePointer(void) { return gp_unforwarded("cuMemHostGetDevicePointer"); }
 GP_EXPORT CUresult cuMemHostRegister(void) { return gp_unforwarded("cuMemHostRegister"); }
 GP_EXPORT CUresult cuMemImportFromShareableHandle(void) { return gp_unforwarded("cuMemImportFromShareableHandle"); }
 GP_EXPORT CUresult cuMemMapArrayAsync(void) { return gp_unforwarded("cuMemMapArrayAsync"); }
 GP_EXPORT CUresult cuMemMapArrayAsync_ptsz(void) { return gp_unforwarded("cuMemMapArrayAsync_ptsz"); }
-GP_EXPORT CUresult cuMemPoolGetAccess(void) { return gp_unforwarded("cuMemPoolGetAccess"); }
-GP_EXPORT CUresult cuMemPoolSetAccess(void) { return gp_unforwarded("cuMemPoolSetAccess"); }
 GP_EXPORT CUresult cuMemPrefetchBatchAsync(void) { return gp_unforwarded("cuMemPrefetchBatchAsync"); }
 GP_EXPORT CUresult cuMemPrefetchBatchAsync_ptsz(void) { return gp_unforwarded("cuMemPrefetchBatchAsync_ptsz"); }
 GP_EXPORT CUresult cuMemRangeGetAttribute(void) { return gp_unforwarded("cuMemRangeGetAttribute"); }
 GP_EXPORT CUresult cuMemRangeGetAttributes(void) { return gp_unforwarded("cuMemRangeGetAttributes"); }
 GP_EXPORT CUresult cuMemRetainAllocationHandle(void) { return gp_unforwarded("cuMemRetainAllocationHandle"); }
-GP_EXPORT CUresult cuMemSetMemPool(void) { return gp_unforwarded("cuMemSetMemPool"); }
 GP_EXPORT CUresult cuMemcpy2D(void) { return gp_unforwarded("cuMemcpy2D"); }
 GP_EXPORT CUresult cuMemcpy2DAsync(void) { return gp_unforwarded("cuMemcpy2DAsync"); }
 GP_EXPORT CUresult cuMemcpy2DAsync_v2(void) { return gp_unforwarded("cuMemcpy2DAsync_v2"); }
@@ -1695,7 +1676,9 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemFreeHost", 2000, (void *)cuMemFreeHost},
     {"cuMemGetAddressRange", 3020, (void *)cuMemGetAddressRange_v2},
     {"cuMemGetAllocationGranularity", 10020, (void *)cuMemGetAllocationGranularity},
+    {"cuMemGetDefaultMemPool", 13000, (void *)cuMemGetDefaultMemPool},
     {"cuMemGetInfo", 3020, (void *)cuMemGetInfo_v2},
+    {"cuMemGetMemPool", 13000, (void *)cuMemGetMemPool},
     {"cuMemHostAlloc", 2020, (void *)cuMemHostAlloc},
     {"cuMemHostGetDevicePointer", 3020, (void *)cuMemHostGetDevicePointer_v2},
     {"cuMemHostGetFlags", 2030, (void *)cuMemHostGetFlags},
@@ -1706,15 +1689,18 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemPoolDestroy", 11020, (void *)cuMemPoolDestroy},
     {"cuMemPoolExportPointer", 11020, (void *)cuMemPoolExportPointer},
     {"cuMemPoolExportToShareableHandle", 11020, (void *)cuMemPoolExportToShareableHandle},
+    {"cuMemPoolGetAccess", 11020, (void *)cuMemPoolGetAccess},
     {"cuMemPoolGetAttribute", 11020, (void *)cuMemPoolGetAttribute},
     {"cuMemPoolImportFromShareableHandle", 11020, (void *)cuMemPoolImportFromShareableHandle},
     {"cuMemPoolImportPointer", 11020, (void *)cuMemPoolImportPointer},
+    {"cuMemPoolSetAccess", 11020, (void *)cuMemPoolSetAccess},
     {"cuMemPoolSetAttribute", 11020, (void *)cuMemPoolSetAttribute},
     {"cuMemPoolTrimTo", 11020, (void *)cuMemPoolTrimTo},
     {"cuMemPrefetchAsync", 8000, (void *)cuMemPrefetchAsync},
     {"cuMemPrefetchAsync", 12020, (void *)cuMemPrefetchAsync_v2},
     {"cuMemRelease", 10020, (void *)cuMemRelease},
     {"cuMemSetAccess", 10020, (void *)cuMemSetAccess},
+    {"cuMemSetMemPool", 13000, (void *)cuMemSetMemPool},
     {"cuMemUnmap", 10020, (void *)cuMemUnmap},
     {"cuMemcpy", 4000, (void *)cuMemcpy},
     {"cuMemcpy3DBatchAsync", 12080, (void *)cuMemcpy3DBatchAsync},

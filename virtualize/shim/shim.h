@@ -115,4 +115,13 @@ int gp_host_add(uint64_t base, uint64_t size, unsigned flags, int allocated);
 int gp_host_remove(uint64_t base, int allocated);
 int gp_host_lookup(uint64_t ptr, uint64_t *base, uint64_t *size, unsigned *flags);
 
+/* Pools of page-locked host memory and of managed memory, answered in this process (shim_pools.c):
+ * create answers CUDA_ERROR_NOT_FOUND for a pool of the device's own kind (the worker's). */
+int gp_pool_is_local(uint64_t pool);
+CUresult gp_pool_create_local(uint64_t *pool, const void *props);
+CUresult gp_pool_alloc_local(uint64_t *dptr, uint64_t size, uint64_t pool);
+int gp_pool_free_local(uint64_t ptr, CUresult *r); /* 1 when ptr was one of theirs (freed, *r its result) */
+CUresult gp_pool_attribute_local(uint64_t pool, int32_t attr, void *value, int set);
+CUresult gp_pool_destroy_local(uint64_t pool);
+
 void gp_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -314,6 +314,7 @@ CUresult cuMemAllocAsync(uint64_t *dptr, uint64_t bytesize, uint64_t stream) {
 
 CUresult cuMemAllocFromPoolAsync(uint64_t *dptr, uint64_t bytesize, uint64_t pool, uint64_t stream) {
     GP_TRACE("cuMemAllocFromPoolAsync");
+    if (gp_pool_is_local(pool)) return gp_pool_alloc_local(dptr, bytesize, pool); /* host or managed memory */
     return alloc_reserved(dptr, bytesize, 2, pool, stream);
 }
 
@@ -405,6 +406,8 @@ CUresult cuMemFree_v2(uint64_t dptr) {
 
 CUresult cuMemFreeAsync(uint64_t dptr, uint64_t stream) {
     GP_TRACE("cuMemFreeAsync");
+    CUresult freed;
+    if (gp_pool_free_local(dptr, &freed)) return freed; /* from a pool of host or managed memory */
     if (imported(dptr)) {
         gp_dev_remove(dptr);
         return CUDA_SUCCESS;
@@ -481,8 +484,10 @@ CUresult cuMemGetAllocationGranularity(uint64_t *granularity, void *prop, int32_
 CUresult cuMemPoolCreate(uint64_t *pool, void *props) {
     GP_TRACE("cuMemPoolCreate");
     if (!pool || !props) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = gp_pool_create_local(pool, props);
+    if (r != CUDA_ERROR_NOT_FOUND) return r; /* a pool of host or managed memory, answered here */
     struct gp_out_cuMemPoolCreate out;
-    CUresult r = gp_call(GP_CALL_cuMemPoolCreate, WANT, NULL, 0, props, 88 /* CUmemPoolProps */, &out, sizeof out,
+    r = gp_call(GP_CALL_cuMemPoolCreate, WANT, NULL, 0, props, 88 /* CUmemPoolProps */, &out, sizeof out,
                          NULL, 0);
     if (r == CUDA_SUCCESS) *pool = out.pool;
     return r;
@@ -567,14 +572,30 @@ CUresult cuStreamAddCallback(uint64_t stream, void *callback, void *data, uint32
 CUresult cuMemPoolSetAttribute(uint64_t pool, int32_t attr, void *value) {
     GP_TRACE("cuMemPoolSetAttribute");
     if (!value) return CUDA_ERROR_INVALID_VALUE;
+    if (gp_pool_is_local(pool)) return gp_pool_attribute_local(pool, attr, value, 1);
     uint64_t v = GP_POOL_ATTRIBUTE_IS_INT(attr) ? (uint64_t)(uint32_t) * (int *)value : *(uint64_t *)value;
     struct gp_in_cuMemPoolSetAttribute in = {.pool = pool, .attr = attr, .value = v};
     return gp_call(GP_CALL_cuMemPoolSetAttribute, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
 }
 
+CUresult cuMemPoolTrimTo(uint64_t pool, uint64_t min_bytes_to_keep) {
+    GP_TRACE("cuMemPoolTrimTo");
+    if (gp_pool_is_local(pool)) return CUDA_SUCCESS; /* it keeps nothing to trim */
+    struct gp_in_cuMemPoolTrimTo in = {.pool = pool, .min_bytes_to_keep = min_bytes_to_keep};
+    return gp_call(GP_CALL_cuMemPoolTrimTo, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
+CUresult cuMemPoolDestroy(uint64_t pool) {
+    GP_TRACE("cuMemPoolDestroy");
+    if (gp_pool_is_local(pool)) return gp_pool_destroy_local(pool);
+    struct gp_in_cuMemPoolDestroy in = {.pool = pool};
+    return gp_call(GP_CALL_cuMemPoolDestroy, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
 CUresult cuMemPoolGetAttribute(uint64_t pool, int32_t attr, void *value) {
     GP_TRACE("cuMemPoolGetAttribute");
     if (!value) return CUDA_ERROR_INVALID_VALUE;
+    if (gp_pool_is_local(pool)) return gp_pool_attribute_local(pool, attr, value, 0);
     struct gp_in_cuMemPoolGetAttribute in = {.pool = pool, .attr = attr};
     struct gp_out_cuMemPoolGetAttribute out;
     CUresult r = CALL(cuMemPoolGetAttribute, WANT, in, out);
@@ -647,7 +668,7 @@ CUresult cuMemPoolExportToShareableHandle(void *handle, uint64_t pool, int32_t t
     GP_TRACE("cuMemPoolExportToShareableHandle");
     (void)flags;
     if (!handle) return CUDA_ERROR_INVALID_VALUE;
-    if (type != POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+    if (type != POSIX_FILE_DESCRIPTOR || gp_pool_is_local(pool)) return CUDA_ERROR_NOT_SUPPORTED;
     CUresult r = pool_of_lease(pool);
     if (r != CUDA_SUCCESS) return r;
     int fd = (int)syscall(SYS_memfd_create, "gpupool-pool", 0);
