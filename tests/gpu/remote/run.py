@@ -67,6 +67,7 @@ PROGRAMS = [
     "prog_graph_core.py",  # cuda.core graph builder: while and if/else conditionals, embed, callback, update
     "prog_pinned_kernels.py",  # kernels given pinned host addresses: Graph.update, a cluster launch (DSMEM)
     "prog_batched_copies.py",  # cuMemcpyBatchAsync (cuda.core's copy_batch) and cuMemcpy3DBatchAsync
+    "prog_host_pools.py",  # cuda.core's PinnedMemoryResource and ManagedMemoryResource pools
 ]
 results: list[dict] = []
 
