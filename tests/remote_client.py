@@ -1374,6 +1374,61 @@ def scenario_host_pools():
     say("alloc_from_destroyed", cu.cuMemAllocFromPoolAsync(ctypes.byref(ptr), c_u64(64), pinned_pool, stream))
 
 
+def scenario_graph_pinned_copies():
+    """The runtime's cudaGraphAddMemcpyNode samples: a graph that copies page-locked host memory
+    (cuMemAllocHost) to the device, adds 1 there, and copies the result back into page-locked memory
+    (cuMemHostAlloc) and into registered memory; launched twice, the host changing its input in between."""
+    import struct
+
+    setup()
+    module, add = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(add), module, b"add_u32"), "add")
+    n = 16
+    rc, dev = alloc(4 * n)
+    check(rc, "alloc")
+    source, target = c_u64(), c_u64()
+    check(cu.cuMemAllocHost(ctypes.byref(source), c_u64(4 * n)), "alloc host")
+    check(cu.cuMemHostAlloc(ctypes.byref(target), c_u64(4 * n), 0), "host alloc")
+    registered = (ctypes.c_uint32 * n)()
+    check(cu.cuMemHostRegister(ctypes.byref(registered), c_u64(4 * n), 0), "register")
+    words_in = (ctypes.c_uint32 * n).from_address(source.value)
+    words_out = (ctypes.c_uint32 * n).from_address(target.value)
+
+    def memcpy3d(src, src_host, dst, dst_host):  # CUDA_MEMCPY3D of 4n bytes; memory type 1 host, 2 device
+        params = (ctypes.c_uint8 * 200)()
+        for at, ptr, host in ((32, src, src_host), (120, dst, dst_host)):
+            struct.pack_into("<IxxxxQQ", params, at, 1 if host else 2, ptr if host else 0, 0 if host else ptr)
+        struct.pack_into("<QQQ", params, 176, 4 * n, 1, 1)
+        return params
+
+    graph, up, kernel, down, down_registered, exe = (c_u64() for _ in range(6))
+    check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
+    check(cu.cuGraphAddMemcpyNode(ctypes.byref(up), graph, None, c_u64(0), memcpy3d(source.value, True, dev, False),
+                                  c_u64(0)), "copy up")  # fmt: skip
+    args = [c_u64(dev), ctypes.c_uint32(1), ctypes.c_uint32(n)]
+    pointers = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in args])
+    node_params = KernelNodeParams(add.value, (ctypes.c_uint32 * 6)(1, 1, 1, n, 1, 1), 0, 0,
+                                   ctypes.cast(pointers, ctypes.c_void_p))  # fmt: skip
+    check(cu.cuGraphAddKernelNode(ctypes.byref(kernel), graph, ctypes.byref(up), c_u64(1), ctypes.byref(node_params)),
+          "kernel")  # fmt: skip
+    check(cu.cuGraphAddMemcpyNode(ctypes.byref(down), graph, ctypes.byref(kernel), c_u64(1),
+                                  memcpy3d(dev, False, target.value, True), c_u64(0)), "copy down")  # fmt: skip
+    rc = cu.cuGraphAddMemcpyNode(ctypes.byref(down_registered), graph, ctypes.byref(kernel), c_u64(1),
+                                 memcpy3d(dev, False, ctypes.addressof(registered), True), c_u64(0))  # fmt: skip
+    check(rc, "copy down into registered memory")
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, c_u64(0)), "instantiate")
+    for first in (0, 100):
+        for i in range(n):
+            words_in[i] = first + i
+        check(cu.cuGraphLaunch(exe, c_u64(0)), "launch")
+        check(cu.cuCtxSynchronize(), "sync")
+        say(f"launch_{first}", f"{list(words_out)[:3]} {words_out[n - 1]} {list(registered)[:3]}")
+    check(cu.cuMemHostUnregister(ctypes.byref(registered)), "unregister")
+    say("after_unregister", registered[n - 1])  # the device's bytes stay in the program's memory
+    say("free", f"{cu.cuMemFreeHost(c_u64(source.value))} {cu.cuMemFreeHost(c_u64(target.value))}")
+
+
 class KernelNodeParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v2
     _fields_ = [("func", c_u64), ("dims", ctypes.c_uint32 * 6), ("smem", ctypes.c_uint32), ("pad", ctypes.c_uint32),
                 ("params", ctypes.c_void_p), ("extra", ctypes.c_void_p), ("kern", c_u64), ("ctx", c_u64)]  # fmt: skip

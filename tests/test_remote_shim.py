@@ -444,7 +444,21 @@ def test_explicit_graphs_copy_event_and_host_nodes_read_back_and_clone(shim_dir,
         "copied": "09" * 16,  # through two copy nodes, in the clone
         "host_node_ran": "[7, 7]",  # at each launch, in the program
     }
-    assert "copy node from or to the program's own host memory" in err
+    assert "copy node from or to pageable host memory" in err
+
+
+def test_graph_copy_nodes_move_page_locked_host_memory_at_every_launch(shim_dir, worker):
+    """Copy nodes to and from page-locked memory (cuMemAllocHost, cuMemHostAlloc) and registered memory,
+    as the runtime's cudaGraphAddMemcpyNode samples build them: each launch copies what the host wrote
+    last, and the host reads what the graph copied back."""
+    out, err = run_client("graph_pinned_copies", client_env(shim_dir, worker))
+    assert out == {
+        "launch_0": "[1, 2, 3] 16 [1, 2, 3]",
+        "launch_100": "[101, 102, 103] 116 [101, 102, 103]",
+        "after_unregister": "116",
+        "free": "0 0",
+    }
+    assert "gpupool:" not in err
 
 
 def test_tensor_maps_are_encoded_by_the_worker_for_the_leases_memory_only(shim_dir, worker):

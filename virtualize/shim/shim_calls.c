@@ -1820,7 +1820,11 @@ CUresult cuGraphAddHostNode(uint64_t *node, uint64_t graph, void *deps, uint64_t
 }
 
 /* One side of a CUDA_MEMCPY3D as a device address of the lease: device or unified memory, or mirrored
- * host memory (its device copy); 0 for what the worker cannot reach (host memory, arrays). */
+ * host memory (its device copy). Page-locked memory is mirrored now if it is not yet, as its device
+ * pointer would be (pinned memory at its own address, registered memory by a device allocation): the
+ * node copies to or from the mirror's device side when the graph runs, and the host sees those bytes
+ * after the synchronisation, as for a kernel. 0 for what the worker cannot reach (pageable memory,
+ * arrays). */
 static uint64_t copy_side(const unsigned char *p, uint64_t *pitch, uint64_t *height) {
     uint64_t x, y, z, host, device;
     uint32_t type;
@@ -1829,6 +1833,8 @@ static uint64_t copy_side(const unsigned char *p, uint64_t *pitch, uint64_t *hei
     memcpy(pitch, p + 72, 8), memcpy(height, p + 80, 8);
     uint64_t at = type == 1 ? host : type == 2 || type == 4 ? device : 0, mirrored;
     if (!at) return 0;
+    if (!gp_mirror_device(at, &mirrored) && gp_host_lookup(at, NULL, NULL, NULL))
+        cuMemHostGetDevicePointer_v2(&mirrored, (void *)at, 0); /* page-locked: mirrored from now on */
     if (gp_mirror_device(at, &mirrored)) at = mirrored;
     else if (!is_device(at)) return 0;
     return at + (z * *height + y) * *pitch + x;
@@ -1848,8 +1854,9 @@ CUresult cuGraphAddMemcpyNode(uint64_t *node, uint64_t graph, void *deps, uint64
     in.src_pitch = src_pitch, in.src_height = src_height, in.dst_pitch = dst_pitch, in.dst_height = dst_height;
     memcpy(&in.width, p + 176, 8), memcpy(&in.height, p + 184, 8), memcpy(&in.depth, p + 192, 8);
     if (!in.src || !in.dst) {
-        gp_say("cuGraphAddMemcpyNode: a copy node from or to the program's own host memory (or a CUDA array) cannot "
-               "run on the remote GPU; it returns CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)");
+        gp_say("cuGraphAddMemcpyNode: a copy node from or to pageable host memory of the program (or a CUDA "
+               "array) cannot run on the remote GPU; it returns CUDA_ERROR_NOT_SUPPORTED (page-locked memory "
+               "can: docs/remote.md)");
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     struct gp_out_cuGraphAddMemcpyNode out;
