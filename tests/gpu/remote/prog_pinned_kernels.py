@@ -3,7 +3,7 @@ illegal-address rows): `graph_update.py` (a captured graph updated with `Graph.u
 pinned target, relaunched; an executable kernel node given new arguments) and `thread_block_cluster.py`
 (a launch with a cluster shape, here also reading a neighbour block's value through distributed shared memory), each
 writing into LegacyPinnedMemoryResource buffers; then the same pinned memory copied to and from the
-device, and written by the host between kernels.
+device, written by the host between kernels, and moved by a graph's copy nodes.
 
 Runs unchanged on a local GPU or, under gpupool's libcuda.so.1, on a leased one; prints the same.
 """
@@ -15,6 +15,7 @@ import sys
 import numpy as np
 from _common import loaded_libcuda
 from cuda.core import Device, LaunchConfig, LegacyPinnedMemoryResource, Program, ProgramOptions, launch
+from cuda.core.graph import GraphDefinition
 
 SOURCE = r"""
 extern "C" __global__ void add_one(int *value) {
@@ -117,6 +118,23 @@ def main() -> int:
     stream.sync()
     print("copied through the device", words[:3].tolist(), int(words[n - 1]))
 
+    # A graph's copy nodes to and from pinned memory (the runtime's cudaGraphAddMemcpyNode samples):
+    # pinned input to the device, a kernel, back into another pinned buffer; launched twice.
+    staged_in, staged_out = pinned.allocate(4 * n), pinned.allocate(4 * n)
+    words_in = np.from_dlpack(staged_in).view(np.int32)
+    words_out = np.from_dlpack(staged_out).view(np.int32)
+    definition = GraphDefinition()
+    up = definition.memcpy(on_device, staged_in, 4 * n)
+    added = up.launch(blocks, add, on_device, np.int32(7), np.uint32(n))
+    added.memcpy(staged_out, on_device, 4 * n)
+    copies = definition.instantiate()
+    for first in (0, 1000):
+        words_in[:] = np.arange(first, first + n, dtype=np.int32)
+        copies.launch(stream)
+        stream.sync()
+        print("graph copy nodes", words_out[:3].tolist(), int(words_out[n - 1]))
+    copies.close()
+
     # thread_block_cluster.py: 4 clusters of 2 blocks each, results in pinned memory.
     if dev.compute_capability.major >= 9:
         out = pinned.allocate(4 * 4 * 8)
@@ -134,6 +152,8 @@ def main() -> int:
     first.close()
     second.close()
     big.close()
+    staged_in.close()
+    staged_out.close()
     buffer.close()
     stream.sync()
     print("libcuda", loaded_libcuda(), file=sys.stderr)
