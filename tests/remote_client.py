@@ -1213,6 +1213,13 @@ def scenario_pinned_kernels():
     check(cu.cuMemsetD8Async(c_u64(filled.value), 0x5A, c_u64(4096), stream), "memset pinned")
     check(cu.cuStreamSynchronize(stream), "sync")
     say("filled", ctypes.string_at(filled.value, 4096) == b"\x5a" * 4096)
+    fresh, device_pointer = c_u64(), c_u64()
+    check(cu.cuMemAllocHost(ctypes.byref(fresh), c_u64(64)), "alloc host")
+    check(
+        cu.cuPointerGetAttribute(ctypes.byref(device_pointer), 3, fresh), "device pointer"
+    )  # DEVICE_POINTER
+    say("device_pointer_attribute", device_pointer.value == fresh.value)  # its own address, as under UVA
+    check(cu.cuMemFreeHost(fresh), "free")
     check(cu.cuMemFreeHost(c_u64(filled.value)), "free")
 
     registered = (ctypes.c_uint32 * n)()

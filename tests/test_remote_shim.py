@@ -365,6 +365,7 @@ def test_kernels_given_page_locked_host_addresses_read_and_write_that_memory(shi
         "exec_updated": "[16, 320]",  # the updated graph added 300 to b, nothing to a
         "copies": "[0, 16, 1011, " + str(n - 1 + 16) + "]",
         "filled": "True",  # a memset of pinned memory no kernel was given yet
+        "device_pointer_attribute": "True",
         "registered_launch": "801 801",  # CUDA_ERROR_NOT_SUPPORTED at the call
         "sync_after_registered": "0",  # nothing was sent
         "free": "0 0",

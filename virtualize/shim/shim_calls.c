@@ -1308,10 +1308,11 @@ static CUresult host_attribute(void *data, int attr, uint64_t ptr) {
     int mapped = gp_mirror_device(ptr, &dev);
     switch (attr) {
     case 2: *(unsigned *)data = 1; return CUDA_SUCCESS; /* CU_MEMORYTYPE_HOST */
-    case 3: /* the device pointer: only memory mapped for kernels has one */
-        if (!mapped) return CUDA_ERROR_INVALID_VALUE;
-        *(uint64_t *)data = dev;
-        return CUDA_SUCCESS;
+    case 3: { /* the device pointer: as cuMemHostGetDevicePointer answers (mapping the memory now) */
+        CUresult r = mapped ? CUDA_SUCCESS : cuMemHostGetDevicePointer_v2(&dev, (void *)ptr, 0);
+        if (r == CUDA_SUCCESS) *(uint64_t *)data = dev;
+        return r;
+    }
     case 4: *(uint64_t *)data = ptr; return CUDA_SUCCESS;
     case 11: *(uint64_t *)data = base; return CUDA_SUCCESS;
     case 12: *(uint64_t *)data = size; return CUDA_SUCCESS;
