@@ -1180,6 +1180,14 @@ def scenario_pinned_kernels():
     check(cu.cuGraphExecKernelNodeSetParams(exe, node, ctypes.byref(node_params)), "set params")
     check(cu.cuGraphLaunch(exe, c_u64(0)), "graph launch again")
     say("sync_after_node_update", cu.cuCtxSynchronize())
+    other, popped, refused_node = c_u64(), c_u64(), c_u64()
+    check(cu.cuCtxCreate(ctypes.byref(other), None, 0, 0), "another context")  # made current ...
+    check(cu.cuCtxPopCurrent(ctypes.byref(popped)), "pop")  # ... and the primary one current again
+    node_params.ctx = other.value  # a node for that other context: not translated, so refused
+    say("other_context_node", cu.cuGraphAddKernelNode(ctypes.byref(refused_node), graph, None, c_u64(0),
+                                                      ctypes.byref(node_params)))  # fmt: skip
+    node_params.ctx = 0
+    check(cu.cuCtxDestroy(other), "destroy the other context")
     say("node_updated", [words_a[0], words_b[0], words_b[n - 1]])
 
     stream = c_u64()

@@ -360,6 +360,7 @@ def test_kernels_given_page_locked_host_addresses_read_and_write_that_memory(shi
         "clustered": f"[6, 1001, {n - 1 + 6}]",  # the host's 1000, written after the first kernel, + 1
         "sync_after_node_update": "0",
         "node_updated": "[16, 20, 20]",  # the node added 10 to a once, then 20 to b
+        "other_context_node": "801",  # a kernel node for another context than the current one: refused
         "exec_update": "0",
         "sync_after_exec_update": "0",
         "exec_updated": "[16, 320]",  # the updated graph added 300 to b, nothing to a
@@ -371,6 +372,7 @@ def test_kernels_given_page_locked_host_addresses_read_and_write_that_memory(shi
         "free": "0 0",
     }
     assert err.count("an address of registered page-locked memory") == 1
+    assert err.count("a node for a context other than the current one") == 1
 
 
 def test_batched_copies_run_each_copy_of_every_direction_and_refuse_as_the_driver_does(shim_dir, worker):

@@ -1652,21 +1652,35 @@ CUresult cuLaunchKernelEx(void *config, uint64_t f, void *params, void *extra) {
 
 #define MAX_NODE_DEPS 4096
 
+/* A node's context field: the current context (or none, which means it) is what every forwarded call
+ * runs in; another context is not translated, so the node is refused rather than run in the wrong one. */
+static CUresult node_context(const char *call, uint64_t ctx) {
+    static int said;
+    if (!ctx || ctx == gp_ctx_current()) return CUDA_SUCCESS;
+    if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+        gp_say("%s: a node for a context other than the current one is not forwarded to the remote GPU; it "
+               "returns CUDA_ERROR_NOT_SUPPORTED (make that context current first)",
+               call);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
 /* CUDA_KERNEL_NODE_PARAMS_v2: func at 0, grid and block dimensions at 8..31, shared memory at 32,
  * kernelParams at 40, extra at 48, kern at 56, ctx at 64. */
 static CUresult kernel_node(uint32_t call, const void *head, uint32_t head_len, const void *deps, uint64_t num_deps,
                             const void *params, uint64_t *node) {
     if (!params || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
     const unsigned char *p = params;
-    uint64_t func, kern;
+    uint64_t func, kern, ctx;
     void **kernel_params, **extra;
     memcpy(&func, p, 8);
     memcpy(&kernel_params, p + 40, 8);
     memcpy(&extra, p + 48, 8);
     memcpy(&kern, p + 56, 8);
+    memcpy(&ctx, p + 64, 8);
     uint64_t f = func ? func : kern;
     struct layout l;
-    CUresult r = layout_of(f, &l);
+    CUresult r = node_context("a kernel node", ctx);
+    if (r == CUDA_SUCCESS) r = layout_of(f, &l);
     if (r != CUDA_SUCCESS) return r;
     size_t cap = l.total > 4096 ? l.total : 4096;
     if (extra && !kernel_params) cap = 1 << 16;
@@ -1708,8 +1722,8 @@ CUresult cuGraphExecKernelNodeSetParams_v2(uint64_t exec, uint64_t node, void *p
 CUresult cuGraphAddMemsetNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params,
                               uint64_t ctx) {
     GP_TRACE("cuGraphAddMemsetNode");
-    (void)ctx; /* the current context's, as for every forwarded call */
     if (!node || !params || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    if (node_context("cuGraphAddMemsetNode", ctx) != CUDA_SUCCESS) return CUDA_ERROR_NOT_SUPPORTED;
     struct gp_in_cuGraphAddMemsetNode in = {.graph = graph, .num_deps = num_deps};
     const unsigned char *p = params;
     memcpy(&in.dst, p, 8);
@@ -1845,8 +1859,8 @@ static uint64_t copy_side(const unsigned char *p, uint64_t *pitch, uint64_t *hei
 CUresult cuGraphAddMemcpyNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params,
                               uint64_t ctx) {
     GP_TRACE("cuGraphAddMemcpyNode");
-    (void)ctx; /* the current context's, as for every forwarded call */
     if (!node || !params || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    if (node_context("cuGraphAddMemcpyNode", ctx) != CUDA_SUCCESS) return CUDA_ERROR_NOT_SUPPORTED;
     const unsigned char *p = params;
     struct gp_in_cuGraphAddMemcpyNode in = {.graph = graph, .num_deps = num_deps};
     uint64_t src_pitch, src_height, dst_pitch, dst_height;
