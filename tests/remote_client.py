@@ -1216,6 +1216,16 @@ def scenario_pinned_kernels():
     check(cu.cuMemcpyDtoH(c_u64(b.value), c_u64(dev), c_u64(4 * n)), "copy into pinned")
     say("copies", [words_a[0], words_b[0], words_b[1], words_b[n - 1]])
 
+    landing = c_u64()  # a copy to the host still landing in pinned memory when a kernel is given it
+    check(cu.cuMemAllocHost(ctypes.byref(landing), c_u64(4 * n)), "alloc host")
+    check(cu.cuMemsetD32(c_u64(dev), 40, c_u64(n)), "memset")
+    check(cu.cuMemcpyDtoHAsync(c_u64(landing.value), c_u64(dev), c_u64(4 * n), stream), "copy to pinned")
+    check(cu.cuLaunchKernel(add, grid, 1, 1, 256, 1, 1, 0, stream, params(landing.value, 2), None), "launch")
+    check(cu.cuStreamSynchronize(stream), "sync")
+    words_landing = (ctypes.c_uint32 * n).from_address(landing.value)
+    say("copy_then_kernel", f"{words_landing[0]} {words_landing[n - 1]}")
+    check(cu.cuMemFreeHost(c_u64(landing.value)), "free")
+
     filled = c_u64()  # cuda.core's Buffer.fill on pinned memory: a memset of the host address
     check(cu.cuMemAllocHost(ctypes.byref(filled), c_u64(4096)), "alloc host")
     check(cu.cuMemsetD8Async(c_u64(filled.value), 0x5A, c_u64(4096), stream), "memset pinned")

@@ -365,6 +365,7 @@ def test_kernels_given_page_locked_host_addresses_read_and_write_that_memory(shi
         "sync_after_exec_update": "0",
         "exec_updated": "[16, 320]",  # the updated graph added 300 to b, nothing to a
         "copies": "[0, 16, 1011, " + str(n - 1 + 16) + "]",
+        "copy_then_kernel": "42 42",  # the copy's 40 landed before the kernel's + 2, in stream order
         "filled": "True",  # a memset of pinned memory no kernel was given yet
         "device_pointer_attribute": "True",
         "registered_launch": "801 801",  # CUDA_ERROR_NOT_SUPPORTED at the call

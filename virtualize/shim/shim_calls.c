@@ -871,19 +871,32 @@ static struct pinned *pinned_find(uint64_t base) { /* under pinned_lock */
     return NULL;
 }
 
-/* Device memory of the current context's device mapped at p's own addresses, the host pages its mirror
- * (all of them written: the next device work sends them). */
+/* Device memory of the current context's device mapped at p's own addresses, readable and writable by
+ * that device and each lease device that can reach it (as page-locked memory is every device's), the
+ * host pages its mirror (all of them written: the next device work sends them). */
+#define MAX_ACCESS 16
+static CUresult copies_settle(const void *p, uint64_t count);
+
 static CUresult pinned_map(struct pinned *p) {
-    int dev = 0;
+    int dev = 0, count = 1, peer;
     gp_ctx_device(gp_ctx_current(), &dev);
     int32_t prop[8] = {1 /* PINNED */, 0, 1 /* LOCATION_DEVICE */, dev}; /* CUmemAllocationProp, 32 bytes */
-    int32_t access[3] = {1 /* LOCATION_DEVICE */, dev, 3 /* PROT_READWRITE */}; /* CUmemAccessDesc */
+    int32_t access[MAX_ACCESS][3]; /* CUmemAccessDesc: LOCATION_DEVICE, the device, PROT_READWRITE */
+    uint32_t n_access = 0;
+    if (cuDeviceGetCount(&count) != CUDA_SUCCESS || count > MAX_ACCESS) count = 1;
+    for (int d = 0; d < count; d++)
+        if (d == dev || (cuDeviceCanAccessPeer(&peer, d, dev) == CUDA_SUCCESS && peer)) {
+            access[n_access][0] = 1, access[n_access][1] = d, access[n_access][2] = 3;
+            n_access++;
+        }
     uint64_t handle, page = (uint64_t)sysconf(_SC_PAGESIZE);
-    CUresult r = cuMemCreate(&handle, p->range, prop, 0);
+    CUresult r = copies_settle((const void *)p->base, p->size); /* the pages hold every copy to them first */
+    if (r != CUDA_SUCCESS) return r;
+    r = cuMemCreate(&handle, p->range, prop, 0);
     if (r != CUDA_SUCCESS) return r;
     r = cuMemMap(p->base, p->range, 0, handle, 0);
     if (r == CUDA_SUCCESS) {
-        r = cuMemSetAccess(p->base, p->range, access, 1);
+        r = cuMemSetAccess(p->base, p->range, access, n_access);
         if (r == CUDA_SUCCESS && gp_mirror_host(p->base, (p->size + page - 1) / page * page, p->base) != 0)
             r = CUDA_ERROR_NOT_SUPPORTED; /* the mirrors' table is full */
         if (r != CUDA_SUCCESS) cuMemUnmap(p->base, p->range);
