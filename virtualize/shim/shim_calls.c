@@ -839,6 +839,34 @@ static pthread_mutex_t pinned_lock = PTHREAD_MUTEX_INITIALIZER;
  * there are none, launches look at no parameter. */
 static int n_unreachable;
 
+/* And the 2 MiB granules of the address space they lie in, a bit each (8 MiB of address space for the
+ * 47-bit user half, pages only where bits are set): a launch's parameter words elsewhere — device
+ * pointers, sizes — pass without a lock. A pinned allocation's granules are its own and are cleared
+ * when it is mapped or freed; those of registered memory stay set (a lookup then says no more). */
+#define GRANULE_SHIFT 21
+static uint64_t *granules;
+
+static void granules_mark(uint64_t base, uint64_t size, int set) {
+    if (!granules) {
+        void *bits = mmap(NULL, (1ull << (47 - GRANULE_SHIFT)) / 8, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (bits == MAP_FAILED) return; /* unmarked: launches look every word up */
+        void *none = NULL;
+        if (!__atomic_compare_exchange_n(&granules, &none, bits, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            munmap(bits, (1ull << (47 - GRANULE_SHIFT)) / 8);
+    }
+    for (uint64_t g = base >> GRANULE_SHIFT; g <= (base + size - 1) >> GRANULE_SHIFT && g >> (47 - GRANULE_SHIFT) == 0;
+         g++) {
+        if (set) __atomic_fetch_or(&granules[g / 64], 1ull << (g % 64), __ATOMIC_RELEASE);
+        else __atomic_fetch_and(&granules[g / 64], ~(1ull << (g % 64)), __ATOMIC_RELEASE);
+    }
+}
+
+static int granule_marked(uint64_t v) { /* v in the user half */
+    uint64_t g = v >> GRANULE_SHIFT, *bits = __atomic_load_n(&granules, __ATOMIC_ACQUIRE);
+    return !bits || (__atomic_load_n(&bits[g / 64], __ATOMIC_ACQUIRE) >> (g % 64) & 1);
+}
+
 static CUresult pinned_alloc(uint64_t *pp, uint64_t bytesize, unsigned flags) {
     uint64_t range = (bytesize + PINNED_GRANULE - 1) / PINNED_GRANULE * PINNED_GRANULE;
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), pages = (bytesize + page - 1) / page * page;
@@ -854,6 +882,7 @@ static CUresult pinned_alloc(uint64_t *pp, uint64_t bytesize, unsigned flags) {
             MAP_FAILED) {
         pinned[n_pinned++] = (struct pinned){out.ptr, range, bytesize, 0};
         gp_host_add(out.ptr, bytesize, flags, 1);
+        granules_mark(out.ptr, range, 1);
         __atomic_add_fetch(&n_unreachable, 1, __ATOMIC_RELEASE);
         pthread_mutex_unlock(&pinned_lock);
         *pp = out.ptr;
@@ -906,6 +935,7 @@ static CUresult pinned_map(struct pinned *p) {
         return r;
     }
     p->handle = handle;
+    granules_mark(p->base, p->range, 0);
     __atomic_sub_fetch(&n_unreachable, 1, __ATOMIC_RELEASE);
     return CUDA_SUCCESS;
 }
@@ -934,6 +964,7 @@ static int pinned_free(uint64_t at) {
         cuMemUnmap(p.base, p.range);
         cuMemRelease(p.handle);
     } else {
+        granules_mark(p.base, p.range, 0);
         __atomic_sub_fetch(&n_unreachable, 1, __ATOMIC_RELEASE);
     }
     mmap((void *)p.base, p.range, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
@@ -944,7 +975,8 @@ static int pinned_free(uint64_t at) {
 
 void gp_pinned_touch(uint64_t ptr) {
     uint64_t base;
-    if (__atomic_load_n(&n_unreachable, __ATOMIC_ACQUIRE) && gp_host_lookup(ptr, &base, NULL, NULL))
+    if (__atomic_load_n(&n_unreachable, __ATOMIC_ACQUIRE) && !(ptr >> 47) && granule_marked(ptr) &&
+        gp_host_lookup(ptr, &base, NULL, NULL))
         pinned_reach(base); /* if it cannot be, the call fails on the worker as for any other address */
 }
 
@@ -958,7 +990,7 @@ static CUresult params_reach(const unsigned char *params, int64_t len) {
     for (int64_t at = 0; at + 8 <= len; at += 8) {
         uint64_t v, base, dev;
         memcpy(&v, params + at, 8);
-        if (v < 4096 || v >> 47 || !gp_host_lookup(v, &base, NULL, NULL)) continue; /* user space only */
+        if (v < 4096 || v >> 47 || !granule_marked(v) || !gp_host_lookup(v, &base, NULL, NULL)) continue;
         if (gp_mirror_device(v, &dev) && dev == v) continue; /* DEVICEMAP, or pinned and mapped */
         CUresult r = pinned_reach(base);
         if (r == CUDA_ERROR_NOT_FOUND) {
@@ -989,6 +1021,7 @@ static CUresult host_alloc(uint64_t *pp, uint64_t bytesize, unsigned flags) {
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     if (posix_memalign(&p, page, (bytesize + page - 1) / page * page) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     gp_host_add((uint64_t)p, bytesize, flags, 1);
+    granules_mark((uint64_t)p, bytesize, 1);
     __atomic_add_fetch(&n_unreachable, 1, __ATOMIC_RELEASE);
     *pp = (uint64_t)p;
     return CUDA_SUCCESS;
@@ -1032,6 +1065,7 @@ CUresult cuMemHostRegister_v2(void *p, uint64_t bytesize, uint32_t flags) {
     GP_TRACE("cuMemHostRegister_v2");
     if (!p || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
     if (gp_host_add((uint64_t)p, bytesize, flags, 0) != 0) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    granules_mark((uint64_t)p, bytesize, 1);
     __atomic_add_fetch(&n_unreachable, 1, __ATOMIC_RELEASE); /* its own address is never the device's */
     return CUDA_SUCCESS;
 }
