@@ -1353,6 +1353,10 @@ def scenario_host_pools():
     check(lib.cuMemGetDefaultMemPool(ctypes.byref(default), host, 1), "default host pool")
     check(cu.cuDeviceGetMemPool(ctypes.byref(device_pool), 0), "device pool")
     check(lib.cuMemGetMemPool(ctypes.byref(device_current), device0, 1), "current device pool")
+    managed_current, nowhere = c_u64(), (ctypes.c_int * 2)(0, -1)  # CU_MEM_LOCATION_TYPE_NONE
+    check(
+        lib.cuMemGetMemPool(ctypes.byref(managed_current), nowhere, 2), "current managed pool"
+    )  # as cuda.core
     say("current_is_default", current.value == default.value)
     say("device_pool_is_the_workers", device_current.value == device_pool.value)
 
@@ -1369,7 +1373,13 @@ def scenario_host_pools():
     say("set_access", cu.cuMemPoolSetAccess(pinned_pool, access, c_u64(1)))
     n = 20_000
     results = {}
-    for name, pool in (("current", current), ("pinned", pinned_pool), ("managed", managed_pool)):
+    pools = {
+        "current": current,
+        "pinned": pinned_pool,
+        "managed": managed_pool,
+        "managed_current": managed_current,
+    }
+    for name, pool in pools.items():
         ptr = c_u64()
         check(cu.cuMemAllocFromPoolAsync(ctypes.byref(ptr), c_u64(4 * n), pool, stream), f"alloc {name}")
         words = (ctypes.c_uint32 * n).from_address(ptr.value)

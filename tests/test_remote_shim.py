@@ -411,6 +411,7 @@ def test_pools_of_host_and_managed_memory_allocate_memory_the_host_and_kernels_s
         "current": f"7 {n - 1000 + 7} {used} 0",
         "pinned": f"7 {n - 1000 + 7} {used} 0",
         "managed": f"7 {n - 1000 + 7} {used} 0",
+        "managed_current": f"7 {n - 1000 + 7} {used} 0",  # ManagedMemoryResource(): no location
         "threshold": str(1 << 30),
         "trim": "0",
         "destroy": "0 0",

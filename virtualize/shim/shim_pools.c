@@ -17,6 +17,7 @@
 
 #define POOL_TAG 0xfffe000000000000ull /* kernel-half addresses: never a pointer of either process */
 #define MAX_POOLS 256
+#define LOCATION_NONE 0
 #define LOCATION_DEVICE 1
 #define LOCATION_HOST 2
 #define LOCATION_HOST_NUMA 3
@@ -69,13 +70,18 @@ static CUresult add(uint64_t *handle, int managed, int location, int id) { /* un
     return CUDA_SUCCESS;
 }
 
+/* A host pool lies on the host; a managed pool's location is a preference: none, a device or the host. */
+static int valid_location(int managed, int location) {
+    return location == LOCATION_HOST || (managed && (location == LOCATION_NONE || location == LOCATION_DEVICE));
+}
+
 /* CUmemPoolProps: allocType, handleTypes, location {type, id}, win32 attributes, maxSize, ... */
 CUresult gp_pool_create_local(uint64_t *handle, const void *props) {
     int32_t head[4];
     memcpy(head, props, sizeof head);
     int managed = head[0] == ALLOCATION_MANAGED, location = location_of(head[2]);
     if (!managed && (head[0] != ALLOCATION_PINNED || location == LOCATION_DEVICE)) return CUDA_ERROR_NOT_FOUND;
-    if (location != LOCATION_HOST && location != LOCATION_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_location(managed, location)) return CUDA_ERROR_INVALID_VALUE;
     if (head[1] != 0) {
         gp_say("cuMemPoolCreate: a pool of %s memory shared with other processes (handle types 0x%x) is not "
                "forwarded to the remote GPU; it returns CUDA_ERROR_NOT_SUPPORTED",
@@ -96,8 +102,8 @@ static CUresult kind_of(const void *location, int type, int *managed, int *where
     *managed = type == ALLOCATION_MANAGED;
     *where = location_of(loc[0]);
     if (!*managed && type != ALLOCATION_PINNED) return CUDA_ERROR_INVALID_VALUE;
-    if (*where != LOCATION_HOST && *where != LOCATION_DEVICE) return CUDA_ERROR_INVALID_VALUE;
-    return !*managed && *where == LOCATION_DEVICE ? CUDA_ERROR_NOT_FOUND : CUDA_SUCCESS;
+    if (!*managed && *where == LOCATION_DEVICE) return CUDA_ERROR_NOT_FOUND;
+    return valid_location(*managed, *where) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 static CUresult current_pool(uint64_t *pool, void *location, int32_t type, int want_default) {
