@@ -2381,7 +2381,8 @@ static CUresult cluster_occupancy(uint32_t call, int32_t *value, uint64_t f, con
     memcpy(&in.n_attrs, c + 48, 4);
     if (in.n_attrs && !attrs) return CUDA_ERROR_INVALID_VALUE;
     int32_t out;
-    CUresult r = gp_call(call, WANT, &in, sizeof in, attrs, (uint64_t)in.n_attrs * LAUNCH_ATTRIBUTE_BYTES, &out, sizeof out, NULL, 0);
+    CUresult r = gp_call(call, WANT, &in, sizeof in, attrs, (uint64_t)in.n_attrs * LAUNCH_ATTRIBUTE_BYTES, &out,
+                         sizeof out, NULL, 0);
     if (r == CUDA_SUCCESS) *value = out;
     return r;
 }
