@@ -18,6 +18,7 @@ setup(
                 "virtualize/shim/shim_memo.c",
                 "virtualize/shim/shim_auth.c",
                 "virtualize/shim/shim_managed.c",
+                "virtualize/shim/shim_pools.c",
             ],
             depends=[
                 "virtualize/shim/shim.h",

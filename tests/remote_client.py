@@ -66,6 +66,19 @@ def dtoh(ptr, n):
     return rc, buf.raw
 
 
+class Config(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [
+        ("dims", ctypes.c_uint * 7),
+        ("stream", c_u64),
+        ("attrs", ctypes.c_void_p),
+        ("n", ctypes.c_uint),
+    ]
+
+
+class Attribute(ctypes.Structure):  # CUlaunchAttribute: id, padding, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
 def scenario_devices():
     check(cu.cuInit(0), "cuInit")
     n = ctypes.c_int()
@@ -243,17 +256,6 @@ def scenario_kernels():
     check(cu.cuLibraryGetKernel(ctypes.byref(add), library, b"add_u32"), "kernel")
     value.value = 5
 
-    class Config(ctypes.Structure):
-        _fields_ = [
-            ("dims", ctypes.c_uint * 7),
-            ("stream", c_u64),
-            ("attrs", ctypes.c_void_p),
-            ("n", ctypes.c_uint),
-        ]
-
-    class Attribute(ctypes.Structure):  # CUlaunchAttribute: id, padding, a 64-byte value union
-        _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
-
     priority = Attribute(8, b"", (ctypes.c_int * 16)(1))  # CU_LAUNCH_ATTRIBUTE_PRIORITY
     cfg = Config((ctypes.c_uint * 7)(1, 1, 1, 64, 1, 1, 0), 0, ctypes.addressof(priority), 1)
     check(cu.cuLaunchKernelEx(ctypes.byref(cfg), add, params, None), "launch ex")
@@ -262,7 +264,8 @@ def scenario_kernels():
     check(cu.cuLaunchKernelEx(ctypes.byref(cfg_pdl), add, params, None), "launch ex with PDL")
     unknown = Attribute(13, b"", (ctypes.c_int * 16)())  # DEVICE_UPDATABLE_KERNEL_NODE: not forwarded
     cfg_unknown = Config((ctypes.c_uint * 7)(1, 1, 1, 1, 1, 1, 0), 0, ctypes.addressof(unknown), 1)
-    say("launch_unknown_attribute", cu.cuLaunchKernelEx(ctypes.byref(cfg_unknown), add, params, None))
+    refused = [cu.cuLaunchKernelEx(ctypes.byref(cfg_unknown), add, params, None) for _ in range(2)]
+    say("launch_unknown_attribute", " ".join(map(str, refused)))
     say("sync_after_unknown_attribute", cu.cuCtxSynchronize())
     check(cu.cuCtxSynchronize(), "sync")
     rc, back = dtoh(buf, 400)
@@ -1123,6 +1126,342 @@ def scenario_tensor_maps():
     rc = cu.cuTensorMapEncodeIm2col(tensor_map, 7, 3, c_u64(ptr), dims3, strides3, lower, upper, 8, 16, element3,
                                     0, 0, 0, 0)  # fmt: skip
     say("im2col", f"{rc} {struct.unpack_from('<3Q', tensor_map.raw, 32)}")
+
+
+def scenario_pinned_kernels():
+    """cuda.core's graph_update and thread_block_cluster examples: kernels given the host address of
+    plain page-locked memory (cuMemAllocHost, cuMemHostAlloc without DEVICEMAP), as unified addressing
+    allows — launched directly, with a cluster shape, as a graph's kernel node whose parameters change
+    in the instantiated graph, and in a captured graph updated from another capture. The host reads what
+    the kernels wrote, kernels what the host wrote. The address of registered memory is refused at the
+    launch instead (its device pointer is another)."""
+    setup()
+    module, add = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(add), module, b"add_u32"), "add")
+    n = 40_000  # u32 elements: several 64 KiB chunks
+    a, b = c_u64(), c_u64()
+    check(cu.cuMemAllocHost(ctypes.byref(a), c_u64(4 * n)), "alloc host")
+    check(cu.cuMemHostAlloc(ctypes.byref(b), c_u64(4 * n), 0x01), "host alloc portable")
+    words_a = (ctypes.c_uint32 * n).from_address(a.value)
+    words_b = (ctypes.c_uint32 * n).from_address(b.value)
+    for i in range(n):
+        words_a[i] = i
+    keep = []
+
+    def params(ptr, value):
+        args = [c_u64(ptr), ctypes.c_uint32(value), ctypes.c_uint32(n)]
+        pointers = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in args])
+        keep.append((args, pointers))
+        return pointers
+
+    grid = (n + 255) // 256
+    check(cu.cuLaunchKernel(add, grid, 1, 1, 256, 1, 1, 0, c_u64(0), params(a.value, 5), None), "launch")
+    say("sync_after_launch", cu.cuCtxSynchronize())
+    say("launched", [words_a[0], words_a[n - 1]])
+    words_a[1] = 1000  # the host writes between launches: the next kernel reads it
+    cluster = Attribute(4, b"", (ctypes.c_int * 16)(2, 1, 1))  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    grid_even = grid + grid % 2  # a whole number of clusters
+    cfg = Config((ctypes.c_uint * 7)(grid_even, 1, 1, 256, 1, 1, 0), 0, ctypes.addressof(cluster), 1)
+    check(cu.cuLaunchKernelEx(ctypes.byref(cfg), add, params(a.value, 1), None), "cluster launch")
+    say("sync_after_cluster", cu.cuCtxSynchronize())
+    say("clustered", [words_a[0], words_a[1], words_a[n - 1]])
+
+    graph, node, exe = c_u64(), c_u64(), c_u64()
+    check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
+    node_params = KernelNodeParams(add.value, (ctypes.c_uint32 * 6)(grid, 1, 1, 256, 1, 1), 0, 0,
+                                   ctypes.cast(params(a.value, 10), ctypes.c_void_p))  # fmt: skip
+    check(
+        cu.cuGraphAddKernelNode(ctypes.byref(node), graph, None, c_u64(0), ctypes.byref(node_params)), "node"
+    )
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, c_u64(0)), "instantiate")
+    check(cu.cuGraphLaunch(exe, c_u64(0)), "graph launch")
+    node_params.params = ctypes.cast(params(b.value, 20), ctypes.c_void_p)  # the node now adds to b
+    check(cu.cuGraphExecKernelNodeSetParams(exe, node, ctypes.byref(node_params)), "set params")
+    check(cu.cuGraphLaunch(exe, c_u64(0)), "graph launch again")
+    say("sync_after_node_update", cu.cuCtxSynchronize())
+    other, popped, refused_node = c_u64(), c_u64(), c_u64()
+    check(cu.cuCtxCreate(ctypes.byref(other), None, 0, 0), "another context")  # made current ...
+    check(cu.cuCtxPopCurrent(ctypes.byref(popped)), "pop")  # ... and the primary one current again
+    node_params.ctx = other.value  # a node for that other context: not translated, so refused
+    say("other_context_node", cu.cuGraphAddKernelNode(ctypes.byref(refused_node), graph, None, c_u64(0),
+                                                      ctypes.byref(node_params)))  # fmt: skip
+    node_params.ctx = 0
+    check(cu.cuCtxDestroy(other), "destroy the other context")
+    say("node_updated", [words_a[0], words_b[0], words_b[n - 1]])
+
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+
+    def captured(ptr, value):
+        g = c_u64()
+        check(cu.cuStreamBeginCapture(stream, 0), "begin capture")
+        check(cu.cuLaunchKernel(add, grid, 1, 1, 256, 1, 1, 0, stream, params(ptr, value), None), "capture")
+        check(cu.cuStreamEndCapture(stream, ctypes.byref(g)), "end capture")
+        return g
+
+    captured_exe, info = c_u64(), (ctypes.c_uint8 * 32)()
+    check(
+        cu.cuGraphInstantiateWithFlags(ctypes.byref(captured_exe), captured(a.value, 100), c_u64(0)), "inst"
+    )
+    say("exec_update", cu.cuGraphExecUpdate(captured_exe, captured(b.value, 300), info))
+    check(cu.cuGraphLaunch(captured_exe, stream), "launch updated")
+    say("sync_after_exec_update", cu.cuStreamSynchronize(stream))
+    say("exec_updated", [words_a[0], words_b[0]])
+
+    rc, dev = alloc(4 * n)
+    check(rc, "alloc")
+    check(cu.cuMemcpyHtoD(c_u64(dev), c_u64(a.value), c_u64(4 * n)), "copy from pinned")
+    check(cu.cuMemsetD32(c_u64(a.value), 0, c_u64(n)), "memset pinned")  # the device's memory at that address
+    check(cu.cuMemcpyDtoH(c_u64(b.value), c_u64(dev), c_u64(4 * n)), "copy into pinned")
+    say("copies", [words_a[0], words_b[0], words_b[1], words_b[n - 1]])
+
+    landing = c_u64()  # a copy to the host still landing in pinned memory when a kernel is given it
+    check(cu.cuMemAllocHost(ctypes.byref(landing), c_u64(4 * n)), "alloc host")
+    check(cu.cuMemsetD32(c_u64(dev), 40, c_u64(n)), "memset")
+    check(cu.cuMemcpyDtoHAsync(c_u64(landing.value), c_u64(dev), c_u64(4 * n), stream), "copy to pinned")
+    check(cu.cuLaunchKernel(add, grid, 1, 1, 256, 1, 1, 0, stream, params(landing.value, 2), None), "launch")
+    check(cu.cuStreamSynchronize(stream), "sync")
+    words_landing = (ctypes.c_uint32 * n).from_address(landing.value)
+    say("copy_then_kernel", f"{words_landing[0]} {words_landing[n - 1]}")
+    check(cu.cuMemFreeHost(c_u64(landing.value)), "free")
+
+    filled = c_u64()  # cuda.core's Buffer.fill on pinned memory: a memset of the host address
+    check(cu.cuMemAllocHost(ctypes.byref(filled), c_u64(4096)), "alloc host")
+    check(cu.cuMemsetD8Async(c_u64(filled.value), 0x5A, c_u64(4096), stream), "memset pinned")
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("filled", ctypes.string_at(filled.value, 4096) == b"\x5a" * 4096)
+    fresh, device_pointer = c_u64(), c_u64()
+    check(cu.cuMemAllocHost(ctypes.byref(fresh), c_u64(64)), "alloc host")
+    check(
+        cu.cuPointerGetAttribute(ctypes.byref(device_pointer), 3, fresh), "device pointer"
+    )  # DEVICE_POINTER
+    say("device_pointer_attribute", device_pointer.value == fresh.value)  # its own address, as under UVA
+    check(cu.cuMemFreeHost(fresh), "free")
+    check(cu.cuMemFreeHost(c_u64(filled.value)), "free")
+
+    registered = (ctypes.c_uint32 * n)()
+    check(cu.cuMemHostRegister(ctypes.byref(registered), c_u64(4 * n), 0), "register")
+    refused = [
+        cu.cuLaunchKernel(
+            add, grid, 1, 1, 256, 1, 1, 0, c_u64(0), params(ctypes.addressof(registered), 1), None
+        )
+        for _ in range(2)
+    ]
+    say("registered_launch", " ".join(map(str, refused)))
+    say("sync_after_registered", cu.cuCtxSynchronize())
+    check(cu.cuMemHostUnregister(ctypes.byref(registered)), "unregister")
+    say("free", f"{cu.cuMemFreeHost(c_u64(a.value))} {cu.cuMemFreeHost(c_u64(b.value))}")
+
+
+class MemcpyAttributes(ctypes.Structure):  # CUmemcpyAttributes
+    _fields_ = [("order", ctypes.c_int), ("src_hint", ctypes.c_int * 2), ("dst_hint", ctypes.c_int * 2),
+                ("flags", ctypes.c_uint)]  # fmt: skip
+
+
+class Operand3D(ctypes.Structure):  # CUmemcpy3DOperand for a pointer
+    _fields_ = [("type", ctypes.c_int), ("pad", ctypes.c_int), ("ptr", c_u64), ("row", c_u64), ("layer", c_u64),
+                ("hint", ctypes.c_int * 2)]  # fmt: skip
+
+
+class BatchOp3D(ctypes.Structure):  # CUDA_MEMCPY3D_BATCH_OP
+    _fields_ = [("src", Operand3D), ("dst", Operand3D), ("extent", c_u64 * 3), ("order", ctypes.c_int),
+                ("flags", ctypes.c_uint)]  # fmt: skip
+
+
+def scenario_batched_copies():
+    """cuMemcpyBatchAsync (both ABIs) with copies of every direction in one batch, two attribute entries,
+    host sources read before the call returns; its refusals (an invalid access order, attribute indices
+    not starting at 0) with the failing copy's index; cuMemcpy3DBatchAsync of a sub-rectangle between
+    pointers, both ways."""
+    import struct
+
+    setup()
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    rc, dev = alloc(1 << 20)
+    check(rc, "alloc")
+    pinned = c_u64()
+    check(cu.cuMemAllocHost(ctypes.byref(pinned), c_u64(4096)), "alloc host")
+    source = ctypes.create_string_buffer(bytes(range(256)) * 16)  # 4 KiB of pageable memory
+    ctypes.memmove(pinned.value, b"\xab" * 4096, 4096)
+    back, back_pinned = ctypes.create_string_buffer(4096), ctypes.create_string_buffer(4096)
+    dsts = (c_u64 * 4)(dev, dev + 8192, ctypes.addressof(back), ctypes.addressof(back_pinned))
+    srcs = (c_u64 * 4)(ctypes.addressof(source), pinned.value, dev, dev + 8192)
+    sizes = (c_u64 * 4)(4096, 4096, 4096, 4096)
+    attrs = (MemcpyAttributes * 2)(MemcpyAttributes(2), MemcpyAttributes(1))  # DURING_API_CALL, STREAM
+    fail = c_u64(7)
+    rc = cu.cuMemcpyBatchAsync(dsts, srcs, sizes, c_u64(2), attrs, (c_u64 * 2)(0, 1), c_u64(2), ctypes.byref(fail),
+                               stream)  # fmt: skip
+    ctypes.memmove(source, b"\0" * 4096, 4096)  # the source was read by the call
+    check(rc, "batch to the device")
+    ends = (c_u64 * 1)(0)
+    rc = lib.cuMemcpyBatchAsync_v2(ctypes.byref(dsts, 16), ctypes.byref(srcs, 16), ctypes.byref(sizes, 16), c_u64(2),
+                                   attrs, ends, c_u64(1), stream)  # fmt: skip  # the CUDA 13 ABI: no failIdx
+    check(rc, "batch to the host")
+    check(cu.cuStreamSynchronize(stream), "sync")
+    pattern = b"\xab" * 4096
+    say("batched", f"{back.raw == bytes(range(256)) * 16} {back_pinned.raw == pattern}")
+    bad = (MemcpyAttributes * 1)(MemcpyAttributes(0))
+    say("invalid_order", cu.cuMemcpyBatchAsync(dsts, srcs, sizes, c_u64(1), bad, ends, c_u64(1), ctypes.byref(fail),
+                                               stream))  # fmt: skip
+    rc = cu.cuMemcpyBatchAsync(dsts, srcs, sizes, c_u64(2), attrs, (c_u64 * 2)(1, 1), c_u64(2), ctypes.byref(fail),
+                               stream)  # fmt: skip
+    say("first_index_not_0", f"{rc} {fail.value == 2**64 - 1}")
+    past_end = (c_u64 * 2)(dev, dev + (1 << 20) - 16)  # the second copy runs past the allocation's end
+    rc = cu.cuMemcpyBatchAsync(past_end, (c_u64 * 2)(ctypes.addressof(source), ctypes.addressof(source)), sizes,
+                               c_u64(2), attrs, (c_u64 * 2)(0, 1), c_u64(2), ctypes.byref(fail), stream)  # fmt: skip
+    say("failing_copy", f"{rc} {fail.value}")
+
+    # 3D: rows 1..3 of columns 4..11 of a 16 x 8 byte host image, into a device image of rows of 32.
+    image = ctypes.create_string_buffer(bytes(range(128)))
+    up = BatchOp3D(Operand3D(1, 0, ctypes.addressof(image) + 16 + 4, 16, 8), Operand3D(1, 0, dev, 32, 8),
+                   (c_u64 * 3)(8, 3, 1), 1)  # fmt: skip
+    check(cu.cuMemsetD8(c_u64(dev), 0, c_u64(256)), "zero")
+    check(lib.cuMemcpy3DBatchAsync_v2(c_u64(1), ctypes.byref(up), c_u64(0), stream), "3D batch up")
+    down = ctypes.create_string_buffer(96)
+    whole = BatchOp3D(Operand3D(1, 0, dev, 0, 0), Operand3D(1, 0, ctypes.addressof(down), 0, 0),
+                      (c_u64 * 3)(96, 1, 1), 1)  # fmt: skip
+    check(
+        cu.cuMemcpy3DBatchAsync(c_u64(1), ctypes.byref(whole), ctypes.byref(fail), c_u64(0), stream),
+        "3D down",
+    )
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("rows_3d", [struct.unpack_from("8B", down.raw, 32 * r) for r in range(3)])
+    say("gaps_3d", down.raw[8:32] == bytes(24))
+    array_op = BatchOp3D(Operand3D(2, 0, 0, 0, 0), Operand3D(1, 0, dev, 0, 0), (c_u64 * 3)(8, 1, 1), 1)
+    rc = cu.cuMemcpy3DBatchAsync(c_u64(1), ctypes.byref(array_op), ctypes.byref(fail), c_u64(0), stream)
+    say("array_operand", f"{rc} {fail.value}")
+
+
+def scenario_host_pools():
+    """Stream-ordered pools of page-locked host memory and of managed memory (cuda.core's
+    PinnedMemoryResource and ManagedMemoryResource): the current and default pools of those kinds, a
+    created one of each, allocations that the host and kernels both use, their attributes, frees and
+    the pools' end; a host pool to share with other processes is refused."""
+    import struct
+
+    setup()
+    module, add = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(add), module, b"add_u32"), "add")
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    host, device0 = (ctypes.c_int * 2)(2, -1), (ctypes.c_int * 2)(1, 0)  # CUmemLocation: HOST; DEVICE 0
+    current, default, device_pool, device_current = c_u64(), c_u64(), c_u64(), c_u64()
+    check(lib.cuMemGetMemPool(ctypes.byref(current), host, 1), "current host pool")  # CUDA 13 entry points
+    check(lib.cuMemGetDefaultMemPool(ctypes.byref(default), host, 1), "default host pool")
+    check(cu.cuDeviceGetMemPool(ctypes.byref(device_pool), 0), "device pool")
+    check(lib.cuMemGetMemPool(ctypes.byref(device_current), device0, 1), "current device pool")
+    managed_current, nowhere = c_u64(), (ctypes.c_int * 2)(0, -1)  # CU_MEM_LOCATION_TYPE_NONE
+    check(
+        lib.cuMemGetMemPool(ctypes.byref(managed_current), nowhere, 2), "current managed pool"
+    )  # as cuda.core
+    say("current_is_default", current.value == default.value)
+    say("device_pool_is_the_workers", device_current.value == device_pool.value)
+
+    def props(kind, location, handle_types=0):  # CUmemPoolProps, 88 bytes
+        return ctypes.create_string_buffer(
+            struct.pack("<iiii", kind, handle_types, *location).ljust(88, b"\0")
+        )
+
+    pinned_pool, managed_pool, shared = c_u64(), c_u64(), c_u64()
+    check(cu.cuMemPoolCreate(ctypes.byref(pinned_pool), props(1, (3, 0))), "pinned pool")  # HOST_NUMA 0
+    check(cu.cuMemPoolCreate(ctypes.byref(managed_pool), props(2, (1, 0))), "managed pool")
+    say("shareable_host_pool", cu.cuMemPoolCreate(ctypes.byref(shared), props(1, (3, 0), handle_types=1)))
+    access = (ctypes.c_int * 3)(1, 0, 3)
+    say("set_access", cu.cuMemPoolSetAccess(pinned_pool, access, c_u64(1)))
+    n = 20_000
+    results = {}
+    pools = {
+        "current": current,
+        "pinned": pinned_pool,
+        "managed": managed_pool,
+        "managed_current": managed_current,
+    }
+    for name, pool in pools.items():
+        ptr = c_u64()
+        check(cu.cuMemAllocFromPoolAsync(ctypes.byref(ptr), c_u64(4 * n), pool, stream), f"alloc {name}")
+        words = (ctypes.c_uint32 * n).from_address(ptr.value)
+        for i in range(0, n, 1000):
+            words[i] = i
+        args = [c_u64(ptr.value), ctypes.c_uint32(7), ctypes.c_uint32(n)]
+        params = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in args])
+        check(cu.cuLaunchKernel(add, (n + 255) // 256, 1, 1, 256, 1, 1, 0, stream, params, None), "launch")
+        check(cu.cuStreamSynchronize(stream), "sync")
+        used = c_u64()
+        check(cu.cuMemPoolGetAttribute(pool, 7, ctypes.byref(used)), "used")  # USED_MEM_CURRENT
+        results[name] = f"{words[0]} {words[n - 1000]} {used.value}"
+        check(cu.cuMemFreeAsync(c_u64(ptr.value), stream), f"free {name}")
+        check(cu.cuMemPoolGetAttribute(pool, 7, ctypes.byref(used)), "used")
+        results[name] += f" {used.value}"
+    for name, value in results.items():
+        say(name, value)
+    threshold = c_u64(1 << 30)
+    check(cu.cuMemPoolSetAttribute(pinned_pool, 4, ctypes.byref(threshold)), "threshold")
+    threshold.value = 0
+    check(cu.cuMemPoolGetAttribute(pinned_pool, 4, ctypes.byref(threshold)), "threshold")
+    say("threshold", threshold.value)
+    say("trim", cu.cuMemPoolTrimTo(pinned_pool, c_u64(0)))
+    say("destroy", f"{cu.cuMemPoolDestroy(pinned_pool)} {cu.cuMemPoolDestroy(managed_pool)}")
+    say("destroy_default", cu.cuMemPoolDestroy(default))
+    ptr = c_u64()
+    say("alloc_from_destroyed", cu.cuMemAllocFromPoolAsync(ctypes.byref(ptr), c_u64(64), pinned_pool, stream))
+
+
+def scenario_graph_pinned_copies():
+    """The runtime's cudaGraphAddMemcpyNode samples: a graph that copies page-locked host memory
+    (cuMemAllocHost) to the device, adds 1 there, and copies the result back into page-locked memory
+    (cuMemHostAlloc) and into registered memory; launched twice, the host changing its input in between."""
+    import struct
+
+    setup()
+    module, add = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(add), module, b"add_u32"), "add")
+    n = 16
+    rc, dev = alloc(4 * n)
+    check(rc, "alloc")
+    source, target = c_u64(), c_u64()
+    check(cu.cuMemAllocHost(ctypes.byref(source), c_u64(4 * n)), "alloc host")
+    check(cu.cuMemHostAlloc(ctypes.byref(target), c_u64(4 * n), 0), "host alloc")
+    registered = (ctypes.c_uint32 * n)()
+    check(cu.cuMemHostRegister(ctypes.byref(registered), c_u64(4 * n), 0), "register")
+    words_in = (ctypes.c_uint32 * n).from_address(source.value)
+    words_out = (ctypes.c_uint32 * n).from_address(target.value)
+
+    def memcpy3d(src, src_host, dst, dst_host):  # CUDA_MEMCPY3D of 4n bytes; memory type 1 host, 2 device
+        params = (ctypes.c_uint8 * 200)()
+        for at, ptr, host in ((32, src, src_host), (120, dst, dst_host)):
+            struct.pack_into("<IxxxxQQ", params, at, 1 if host else 2, ptr if host else 0, 0 if host else ptr)
+        struct.pack_into("<QQQ", params, 176, 4 * n, 1, 1)
+        return params
+
+    graph, up, kernel, down, down_registered, exe = (c_u64() for _ in range(6))
+    check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
+    check(cu.cuGraphAddMemcpyNode(ctypes.byref(up), graph, None, c_u64(0), memcpy3d(source.value, True, dev, False),
+                                  c_u64(0)), "copy up")  # fmt: skip
+    args = [c_u64(dev), ctypes.c_uint32(1), ctypes.c_uint32(n)]
+    pointers = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in args])
+    node_params = KernelNodeParams(add.value, (ctypes.c_uint32 * 6)(1, 1, 1, n, 1, 1), 0, 0,
+                                   ctypes.cast(pointers, ctypes.c_void_p))  # fmt: skip
+    check(cu.cuGraphAddKernelNode(ctypes.byref(kernel), graph, ctypes.byref(up), c_u64(1), ctypes.byref(node_params)),
+          "kernel")  # fmt: skip
+    check(cu.cuGraphAddMemcpyNode(ctypes.byref(down), graph, ctypes.byref(kernel), c_u64(1),
+                                  memcpy3d(dev, False, target.value, True), c_u64(0)), "copy down")  # fmt: skip
+    rc = cu.cuGraphAddMemcpyNode(ctypes.byref(down_registered), graph, ctypes.byref(kernel), c_u64(1),
+                                 memcpy3d(dev, False, ctypes.addressof(registered), True), c_u64(0))  # fmt: skip
+    check(rc, "copy down into registered memory")
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, c_u64(0)), "instantiate")
+    for first in (0, 100):
+        for i in range(n):
+            words_in[i] = first + i
+        check(cu.cuGraphLaunch(exe, c_u64(0)), "launch")
+        check(cu.cuCtxSynchronize(), "sync")
+        say(f"launch_{first}", f"{list(words_out)[:3]} {words_out[n - 1]} {list(registered)[:3]}")
+    check(cu.cuMemHostUnregister(ctypes.byref(registered)), "unregister")
+    say("after_unregister", registered[n - 1])  # the device's bytes stay in the program's memory
+    say("free", f"{cu.cuMemFreeHost(c_u64(source.value))} {cu.cuMemFreeHost(c_u64(target.value))}")
 
 
 class KernelNodeParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v2

@@ -68,7 +68,18 @@ def cuda_executor_worker(shim_dir):
 
 
 @pytest.mark.parametrize(
-    "scenario", ["devices", "copies", "events", "kernels", "quota", "two_devices", "queries", "async_copies"]
+    "scenario",
+    [
+        "devices",
+        "copies",
+        "events",
+        "kernels",
+        "quota",
+        "two_devices",
+        "queries",
+        "async_copies",
+        "pinned_kernels",
+    ],
 )
 def test_the_cuda_executor_serves_every_scenario(shim_dir, cuda_executor_worker, scenario):
     """virtualize/_cuda.py through real cuda.bindings: the lease's device 0 is the host worker's device 1."""
@@ -86,7 +97,8 @@ def test_the_cuda_executor_serves_every_scenario(shim_dir, cuda_executor_worker,
             "first": "17",
             "not_added": "7",
             "param1": "8+4",
-            "sync_after_unknown_attribute": "801",
+            "launch_unknown_attribute": "801 801",  # refused by the shim, at the call
+            "sync_after_unknown_attribute": "0",
             "sync_after_fault": "700",
         },
         "queries": expected_queries(),
@@ -108,6 +120,14 @@ def test_the_cuda_executor_serves_every_scenario(shim_dir, cuda_executor_worker,
             "later_copy_wins": "True",
             "pageable_waits": "True",
             "bad_stream_sync": "400",
+        },
+        "pinned_kernels": {  # page-locked memory mapped for kernels through cuMemCreate / cuMemMap
+            "sync_after_launch": "0",
+            "launched": "[5, 40004]",
+            "sync_after_node_update": "0",
+            "node_updated": "[16, 20, 20]",
+            "exec_updated": "[16, 320]",
+            "registered_launch": "801 801",
         },
     }[scenario]
     assert {k: out.get(k) for k in expected} == expected

@@ -107,7 +107,9 @@ def test_a_lease_cannot_touch_another_leases_memory(shim_dir, worker):
 
 
 def test_kernels_launch_with_parameters_and_faults_surface_at_the_next_sync(shim_dir, worker):
-    out, _ = run_client("kernels", client_env(shim_dir, worker))
+    """Kernels run with their parameters; a fault is reported by the next sync; a launch attribute the
+    worker does not pass on is refused by the launch call itself, said once, the context unspoiled."""
+    out, err = run_client("kernels", client_env(shim_dir, worker))
     assert out["missing_function"] == "500"
     # filled with 7 by cuLaunchKernel, then +5 by each cuLaunchKernelEx (priority, PDL)
     assert out["first"] == "17"
@@ -115,8 +117,9 @@ def test_kernels_launch_with_parameters_and_faults_surface_at_the_next_sync(shim
     assert out["not_added"] == "7"  # past the 64 threads of the second launch
     assert out["beyond"] == "7"
     assert out["param1"] == "8+4"
-    assert out["launch_unknown_attribute"] == "0"  # launches do not wait ...
-    assert out["sync_after_unknown_attribute"] == "801"  # ... CUDA_ERROR_NOT_SUPPORTED comes at the sync
+    assert out["launch_unknown_attribute"] == "801 801"  # CUDA_ERROR_NOT_SUPPORTED at the call, twice ...
+    assert out["sync_after_unknown_attribute"] == "0"  # ... nothing of it was sent
+    assert err.count("launch attribute 13 (a CUlaunchAttributeID) is not forwarded") == 1
     assert out["fault_launch"] == "0"  # launches do not wait ...
     assert out["sync_after_fault"] == "700"  # ... the fault is reported by the next sync
 
@@ -343,6 +346,81 @@ def test_mapped_host_memory_is_the_same_bytes_for_the_program_and_its_kernels(sh
     assert "gpupool:" not in err
 
 
+def test_kernels_given_page_locked_host_addresses_read_and_write_that_memory(shim_dir, worker):
+    """A kernel given the host address of cuMemAllocHost / cuMemHostAlloc memory (cuda.core's graph_update
+    and thread_block_cluster examples) works on it as under unified addressing — launched directly,
+    with a cluster shape, as an updated kernel node and in an updated captured graph — instead of
+    faulting on the worker; the address of registered memory is refused at the launch, said once."""
+    out, err = run_client("pinned_kernels", client_env(shim_dir, worker))
+    n = 40_000
+    assert out == {
+        "sync_after_launch": "0",  # it was CUDA_ERROR_ILLEGAL_ADDRESS (700)
+        "launched": f"[5, {n - 1 + 5}]",
+        "sync_after_cluster": "0",
+        "clustered": f"[6, 1001, {n - 1 + 6}]",  # the host's 1000, written after the first kernel, + 1
+        "sync_after_node_update": "0",
+        "node_updated": "[16, 20, 20]",  # the node added 10 to a once, then 20 to b
+        "other_context_node": "801",  # a kernel node for another context than the current one: refused
+        "exec_update": "0",
+        "sync_after_exec_update": "0",
+        "exec_updated": "[16, 320]",  # the updated graph added 300 to b, nothing to a
+        "copies": "[0, 16, 1011, " + str(n - 1 + 16) + "]",
+        "copy_then_kernel": "42 42",  # the copy's 40 landed before the kernel's + 2, in stream order
+        "filled": "True",  # a memset of pinned memory no kernel was given yet
+        "device_pointer_attribute": "True",
+        "registered_launch": "801 801",  # CUDA_ERROR_NOT_SUPPORTED at the call
+        "sync_after_registered": "0",  # nothing was sent
+        "free": "0 0",
+    }
+    assert err.count("an address of registered page-locked memory") == 1
+    assert err.count("a node for a context other than the current one") == 1
+
+
+def test_batched_copies_run_each_copy_of_every_direction_and_refuse_as_the_driver_does(shim_dir, worker):
+    """cuMemcpyBatchAsync and cuMemcpy3DBatchAsync (both ABIs each) copy host to device, device to
+    device-or-host (pageable and page-locked) in one batch, and 2D/3D sub-rectangles between pointers;
+    a bad batch is CUDA_ERROR_INVALID_VALUE, a failing copy is named by its index, a CUDA array operand
+    is CUDA_ERROR_NOT_SUPPORTED (said once)."""
+    out, err = run_client("batched_copies", client_env(shim_dir, worker))
+    rows = [tuple(range(16 * r + 4, 16 * r + 12)) for r in (1, 2, 3)]  # columns 4..11 of rows 1..3
+    assert out == {
+        "batched": "True True",  # pageable source read by the call; page-locked source in stream order
+        "invalid_order": "1",
+        "first_index_not_0": "1 True",  # no copy to blame: SIZE_MAX
+        "failing_copy": "1 1",  # the second copy runs past its allocation: copy 1 is named
+        "rows_3d": str(rows),
+        "gaps_3d": "True",  # the destination's row pitch of 32 left bytes 8..31 alone
+        "array_operand": "801 0",
+    }
+    assert err.count("copies to or from CUDA arrays are not forwarded") == 1
+
+
+def test_pools_of_host_and_managed_memory_allocate_memory_the_host_and_kernels_share(shim_dir, worker):
+    """cuMemGetMemPool / cuMemPoolCreate for page-locked host memory and for managed memory (cuda.core's
+    PinnedMemoryResource, ManagedMemoryResource) give pools whose allocations the host writes and kernels
+    add to, counted in the pool's attributes until cuMemFreeAsync; the device's pool stays the worker's."""
+    out, err = run_client("host_pools", client_env(shim_dir, worker))
+    n = 20_000
+    used = 4 * n
+    assert out == {
+        "current_is_default": "True",
+        "device_pool_is_the_workers": "True",
+        "shareable_host_pool": "801",  # handle types other than none: not built
+        "set_access": "0",
+        # word 0 and word n - 1000 (the host wrote i, a kernel added 7); used while allocated, then 0
+        "current": f"7 {n - 1000 + 7} {used} 0",
+        "pinned": f"7 {n - 1000 + 7} {used} 0",
+        "managed": f"7 {n - 1000 + 7} {used} 0",
+        "managed_current": f"7 {n - 1000 + 7} {used} 0",  # ManagedMemoryResource(): no location
+        "threshold": str(1 << 30),
+        "trim": "0",
+        "destroy": "0 0",
+        "destroy_default": "1",  # the default pool is not the program's to destroy
+        "alloc_from_destroyed": "400",  # CUDA_ERROR_INVALID_HANDLE: no pool of the lease
+    }
+    assert err.count("shared with other processes") == 1
+
+
 def test_conditional_nodes_captured_bodies_child_graphs_and_updates_run_as_cuda_core_builds_them(
     shim_dir, worker
 ):
@@ -371,7 +449,21 @@ def test_explicit_graphs_copy_event_and_host_nodes_read_back_and_clone(shim_dir,
         "copied": "09" * 16,  # through two copy nodes, in the clone
         "host_node_ran": "[7, 7]",  # at each launch, in the program
     }
-    assert "copy node from or to the program's own host memory" in err
+    assert "copy node from or to pageable host memory" in err
+
+
+def test_graph_copy_nodes_move_page_locked_host_memory_at_every_launch(shim_dir, worker):
+    """Copy nodes to and from page-locked memory (cuMemAllocHost, cuMemHostAlloc) and registered memory,
+    as the runtime's cudaGraphAddMemcpyNode samples build them: each launch copies what the host wrote
+    last, and the host reads what the graph copied back."""
+    out, err = run_client("graph_pinned_copies", client_env(shim_dir, worker))
+    assert out == {
+        "launch_0": "[1, 2, 3] 16 [1, 2, 3]",
+        "launch_100": "[101, 102, 103] 116 [101, 102, 103]",
+        "after_unregister": "116",
+        "free": "0 0",
+    }
+    assert "gpupool:" not in err
 
 
 def test_tensor_maps_are_encoded_by_the_worker_for_the_leases_memory_only(shim_dir, worker):

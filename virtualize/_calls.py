@@ -263,9 +263,16 @@ CALLS: tuple[Call, ...] = (
        wire="pool pool, i32 attr, u64 value"),
     _c("cuMemPoolGetAttribute", 11020, "pool pool, i32 attr, ptr value", custom=True,
        wire="pool pool, i32 attr, o_u64 value"),
-    _c("cuMemPoolTrimTo", 11020, "pool pool, u64 min_bytes_to_keep"),
+    # Pools of page-locked host memory and of managed memory are answered in the client (shim_pools.c);
+    # the device's own kind of pool is the worker's.
+    _c("cuMemPoolTrimTo", 11020, "pool pool, u64 min_bytes_to_keep", custom=True),
     _c("cuMemPoolCreate", 11020, "o_pool pool, ptr props", custom=True, wire="o_pool pool, bytes props"),
-    _c("cuMemPoolDestroy", 11020, "pool pool"),
+    _c("cuMemPoolDestroy", 11020, "pool pool", custom=True),
+    _c("cuMemGetMemPool", 13000, "o_pool pool, ptr location, i32 type", L, custom=True),
+    _c("cuMemGetDefaultMemPool", 13000, "o_pool pool, ptr location, i32 type", L, custom=True),
+    _c("cuMemSetMemPool", 13000, "ptr location, i32 type, pool pool", L, custom=True),
+    _c("cuMemPoolSetAccess", 11020, "pool pool, ptr map, u64 count", L, custom=True),
+    _c("cuMemPoolGetAccess", 11020, "ptr flags, pool pool, ptr location", L, custom=True),
     # Pools and their allocations shared between processes of one lease: an exported pool is a file
     # descriptor naming the lease's pool, an exported pointer 64 bytes naming the allocation.
     _c("cuMemPoolExportToShareableHandle", 11020, "ptr handle, pool pool, i32 type, u64 flags", L, custom=True),
@@ -343,6 +350,16 @@ CALLS: tuple[Call, ...] = (
        symbol="cuMemcpyDtoDAsync_v2"),
     _c("cuMemcpy", 4000, "u64 dst, u64 src, u64 count", L, custom=True),  # sent as HtoD, DtoH or DtoD
     _c("cuMemcpyAsync", 4000, "u64 dst, u64 src, u64 count, stream stream", L, custom=True),
+    # Batched copies (cuda.core's batched memcpy, newer PyTorch): each copy sent as the single copy of its
+    # direction (cuMemcpyAsync's), in the batch's order; 3D operands between pointers only.
+    _c("cuMemcpyBatchAsync", 12080, "ptr dsts, ptr srcs, ptr sizes, u64 count, ptr attrs, ptr attrs_idxs, "
+       "u64 num_attrs, ptr fail_idx, stream stream", L, custom=True),
+    _c("cuMemcpyBatchAsync", 13000, "ptr dsts, ptr srcs, ptr sizes, u64 count, ptr attrs, ptr attrs_idxs, "
+       "u64 num_attrs, stream stream", L, symbol="cuMemcpyBatchAsync_v2", custom=True),
+    _c("cuMemcpy3DBatchAsync", 12080, "u64 num_ops, ptr ops, ptr fail_idx, u64 flags, stream stream", L,
+       custom=True),
+    _c("cuMemcpy3DBatchAsync", 13000, "u64 num_ops, ptr ops, u64 flags, stream stream", L,
+       symbol="cuMemcpy3DBatchAsync_v2", custom=True),
     _c("cuMemcpyPeer", 4000, "dptr dst, ctx dst_ctx, dptr src, ctx src_ctx, u64 count", A),
     _c("cuMemcpyPeerAsync", 4000, "dptr dst, ctx dst_ctx, dptr src, ctx src_ctx, u64 count, stream stream", A),
     # -- memsets -------------------------------------------------------------------------------------
@@ -609,3 +626,9 @@ POINTER_ATTRIBUTE_SIZES: dict[int, int] = {
 }
 # Which CUmemPool_attribute values are ints (the rest are cuuint64_t).
 POOL_INT_ATTRIBUTES = (1, 2, 3)
+# The CUlaunchAttributeIDs a launch may carry: their values are plain data (0 is an entry to ignore;
+# cuDNN and cuBLAS on Hopper use programmatic stream serialization, cluster shapes, carve-outs). The shim refuses any other at the
+# call (CUDA_ERROR_NOT_SUPPORTED, said once): none crosses the wire half translated. Not 13
+# (device-updatable kernel node): it writes a device-side handle back, and graphs' device updates are
+# not forwarded.
+FORWARDED_LAUNCH_ATTRIBUTES = frozenset({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 16, 17, 18})

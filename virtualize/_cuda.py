@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 from cuda.bindings import driver
 
+from virtualize._calls import FORWARDED_LAUNCH_ATTRIBUTES
 from virtualize._executor import (
-    FORWARDED_LAUNCH_ATTRIBUTES,
     INVALID_VALUE,
     NOT_SUPPORTED,
     CopiedBytes,

@@ -42,11 +42,6 @@ INVALID_HANDLE = CUresult.INVALID_HANDLE
 NOT_FOUND = CUresult.NOT_FOUND
 NOT_SUPPORTED = CUresult.NOT_SUPPORTED
 
-# Launch attributes whose value is plain data (cuDNN and cuBLAS on Hopper use programmatic stream
-# serialization, cluster shapes, carve-outs). Not 13 (device-updatable kernel node): it writes a
-# device-side handle back, and graphs' device updates are not forwarded.
-FORWARDED_LAUNCH_ATTRIBUTES = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 16, 17, 18})
-
 
 # Forwarded calls that the seam's shaped methods (below) run; every other forwarded call of the table
 # runs through the executor method of its own name.

@@ -26,8 +26,8 @@ import struct
 import threading
 import time
 
+from virtualize._calls import FORWARDED_LAUNCH_ATTRIBUTES
 from virtualize._executor import (
-    FORWARDED_LAUNCH_ATTRIBUTES,
     INVALID_HANDLE,
     INVALID_VALUE,
     NOT_FOUND,

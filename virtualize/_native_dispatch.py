@@ -27,8 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from virtualize import _wire
-from virtualize._calls import CALL_IDS, CALLS
-from virtualize._executor import FORWARDED_LAUNCH_ATTRIBUTES, CudaError, Launch
+from virtualize._calls import CALL_IDS, CALLS, FORWARDED_LAUNCH_ATTRIBUTES
+from virtualize._executor import CudaError, Launch
 from virtualize._results import CUresult
 
 log = logging.getLogger("gpupool.worker")

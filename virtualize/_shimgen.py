@@ -14,6 +14,7 @@ from virtualize._calls import (
     ALIASES,
     CALL_IDS,
     CALLS,
+    FORWARDED_LAUNCH_ATTRIBUTES,
     MEMO_GROUPS,
     POINTER_ATTRIBUTE_SIZES,
     POOL_INT_ATTRIBUTES,
@@ -88,6 +89,11 @@ def body(call: Call) -> list[str]:
             lines.append(f"    if (!{p.name}) return CUDA_ERROR_INVALID_VALUE;")
     for p in bulk_in:
         lines.append(f"    if (!{p.name}) return CUDA_ERROR_INVALID_VALUE;")
+    # Page-locked memory is the device's at its own address: mapped before GPU work (the queued calls:
+    # copies, memsets) uses it.
+    for p in ins if call.mode is Mode.ASYNC else ():
+        if p.type == "dptr":
+            lines.append(f"    gp_pinned_touch({p.name});")
     if ins:
         inits = ", ".join(f".{p.name} = {p.name}" for p in ins)
         lines.append(f"    struct gp_in_{key(call)} in = {{ {inits} }};")
@@ -273,6 +279,8 @@ def generate_bodies() -> str:
     out.append(f"static const unsigned char gp_pointer_attribute_size[32] = {{ {sizes} }};")
     ints = " || ".join(f"(a) == {a}" for a in POOL_INT_ATTRIBUTES)
     out.append(f"#define GP_POOL_ATTRIBUTE_IS_INT(a) ({ints})")
+    mask = sum(1 << a for a in FORWARDED_LAUNCH_ATTRIBUTES)
+    out.append(f"#define GP_FORWARDED_LAUNCH_ATTRIBUTES 0x{mask:x}ull /* bit i: CUlaunchAttributeID i */")
     return "\n".join(out) + "\n"
 
 

@@ -39,7 +39,15 @@ def shim_library_path() -> Path:
 
 SHIM_SOURCES = Path(__file__).parent / "shim"
 # setup.py lists the same
-SHIM_C_SOURCES = ("shim.c", "shim_calls.c", "shim_exports.c", "shim_memo.c", "shim_auth.c", "shim_managed.c")
+SHIM_C_SOURCES = (
+    "shim.c",
+    "shim_calls.c",
+    "shim_exports.c",
+    "shim_memo.c",
+    "shim_auth.c",
+    "shim_managed.c",
+    "shim_pools.c",
+)
 COMPILE_FLAGS = [
     "-O2",
     "-shared",

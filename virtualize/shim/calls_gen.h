@@ -361,20 +361,6 @@ GP_EXPORT CUresult cuMemGetAddressRange_v2(uint64_t *base, uint64_t *size, uint6
     return r;
 }
 
-GP_EXPORT CUresult cuMemPoolTrimTo(uint64_t pool, uint64_t min_bytes_to_keep) {
-    GP_TRACE("cuMemPoolTrimTo");
-    struct gp_in_cuMemPoolTrimTo in = { .pool = pool, .min_bytes_to_keep = min_bytes_to_keep };
-    CUresult r = gp_call(GP_CALL_cuMemPoolTrimTo, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
-    return r;
-}
-
-GP_EXPORT CUresult cuMemPoolDestroy(uint64_t pool) {
-    GP_TRACE("cuMemPoolDestroy");
-    struct gp_in_cuMemPoolDestroy in = { .pool = pool };
-    CUresult r = gp_call(GP_CALL_cuMemPoolDestroy, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
-    return r;
-}
-
 GP_EXPORT CUresult cuMemRelease(uint64_t handle) {
     GP_TRACE("cuMemRelease");
     struct gp_in_cuMemRelease in = { .handle = handle };
@@ -398,6 +384,8 @@ GP_EXPORT CUresult cuMemUnmap(uint64_t ptr, uint64_t size) {
 
 GP_EXPORT CUresult cuMemcpyDtoD_v2(uint64_t dst, uint64_t src, uint64_t count) {
     GP_TRACE("cuMemcpyDtoD_v2");
+    gp_pinned_touch(dst);
+    gp_pinned_touch(src);
     struct gp_in_cuMemcpyDtoD_v2 in = { .dst = dst, .src = src, .count = count };
     CUresult r = gp_call(GP_CALL_cuMemcpyDtoD_v2, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;
@@ -405,6 +393,8 @@ GP_EXPORT CUresult cuMemcpyDtoD_v2(uint64_t dst, uint64_t src, uint64_t count) {
 
 GP_EXPORT CUresult cuMemcpyDtoDAsync_v2(uint64_t dst, uint64_t src, uint64_t count, uint64_t stream) {
     GP_TRACE("cuMemcpyDtoDAsync_v2");
+    gp_pinned_touch(dst);
+    gp_pinned_touch(src);
     struct gp_in_cuMemcpyDtoDAsync_v2 in = { .dst = dst, .src = src, .count = count, .stream = stream };
     CUresult r = gp_call(GP_CALL_cuMemcpyDtoDAsync_v2, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;
@@ -412,6 +402,8 @@ GP_EXPORT CUresult cuMemcpyDtoDAsync_v2(uint64_t dst, uint64_t src, uint64_t cou
 
 GP_EXPORT CUresult cuMemcpyPeer(uint64_t dst, uint64_t dst_ctx, uint64_t src, uint64_t src_ctx, uint64_t count) {
     GP_TRACE("cuMemcpyPeer");
+    gp_pinned_touch(dst);
+    gp_pinned_touch(src);
     struct gp_in_cuMemcpyPeer in = { .dst = dst, .dst_ctx = dst_ctx, .src = src, .src_ctx = src_ctx, .count = count };
     CUresult r = gp_call(GP_CALL_cuMemcpyPeer, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;
@@ -419,6 +411,8 @@ GP_EXPORT CUresult cuMemcpyPeer(uint64_t dst, uint64_t dst_ctx, uint64_t src, ui
 
 GP_EXPORT CUresult cuMemcpyPeerAsync(uint64_t dst, uint64_t dst_ctx, uint64_t src, uint64_t src_ctx, uint64_t count, uint64_t stream) {
     GP_TRACE("cuMemcpyPeerAsync");
+    gp_pinned_touch(dst);
+    gp_pinned_touch(src);
     struct gp_in_cuMemcpyPeerAsync in = { .dst = dst, .dst_ctx = dst_ctx, .src = src, .src_ctx = src_ctx, .count = count, .stream = stream };
     CUresult r = gp_call(GP_CALL_cuMemcpyPeerAsync, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;
@@ -426,6 +420,7 @@ GP_EXPORT CUresult cuMemcpyPeerAsync(uint64_t dst, uint64_t dst_ctx, uint64_t sr
 
 GP_EXPORT CUresult cuMemsetD8_v2(uint64_t dst, uint8_t value, uint64_t count) {
     GP_TRACE("cuMemsetD8_v2");
+    gp_pinned_touch(dst);
     struct gp_in_cuMemsetD8_v2 in = { .dst = dst, .value = value, .count = count };
     CUresult r = gp_call(GP_CALL_cuMemsetD8_v2, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;
@@ -433,6 +428,7 @@ GP_EXPORT CUresult cuMemsetD8_v2(uint64_t dst, uint8_t value, uint64_t count) {
 
 GP_EXPORT CUresult cuMemsetD16_v2(uint64_t dst, uint16_t value, uint64_t count) {
     GP_TRACE("cuMemsetD16_v2");
+    gp_pinned_touch(dst);
     struct gp_in_cuMemsetD16_v2 in = { .dst = dst, .value = value, .count = count };
     CUresult r = gp_call(GP_CALL_cuMemsetD16_v2, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;
@@ -440,6 +436,7 @@ GP_EXPORT CUresult cuMemsetD16_v2(uint64_t dst, uint16_t value, uint64_t count) 
 
 GP_EXPORT CUresult cuMemsetD32_v2(uint64_t dst, uint32_t value, uint64_t count) {
     GP_TRACE("cuMemsetD32_v2");
+    gp_pinned_touch(dst);
     struct gp_in_cuMemsetD32_v2 in = { .dst = dst, .value = value, .count = count };
     CUresult r = gp_call(GP_CALL_cuMemsetD32_v2, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;
@@ -447,6 +444,7 @@ GP_EXPORT CUresult cuMemsetD32_v2(uint64_t dst, uint32_t value, uint64_t count) 
 
 GP_EXPORT CUresult cuMemsetD8Async(uint64_t dst, uint8_t value, uint64_t count, uint64_t stream) {
     GP_TRACE("cuMemsetD8Async");
+    gp_pinned_touch(dst);
     struct gp_in_cuMemsetD8Async in = { .dst = dst, .value = value, .count = count, .stream = stream };
     CUresult r = gp_call(GP_CALL_cuMemsetD8Async, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;
@@ -454,6 +452,7 @@ GP_EXPORT CUresult cuMemsetD8Async(uint64_t dst, uint8_t value, uint64_t count, 
 
 GP_EXPORT CUresult cuMemsetD16Async(uint64_t dst, uint16_t value, uint64_t count, uint64_t stream) {
     GP_TRACE("cuMemsetD16Async");
+    gp_pinned_touch(dst);
     struct gp_in_cuMemsetD16Async in = { .dst = dst, .value = value, .count = count, .stream = stream };
     CUresult r = gp_call(GP_CALL_cuMemsetD16Async, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;
@@ -461,6 +460,7 @@ GP_EXPORT CUresult cuMemsetD16Async(uint64_t dst, uint16_t value, uint64_t count
 
 GP_EXPORT CUresult cuMemsetD32Async(uint64_t dst, uint32_t value, uint64_t count, uint64_t stream) {
     GP_TRACE("cuMemsetD32Async");
+    gp_pinned_touch(dst);
     struct gp_in_cuMemsetD32Async in = { .dst = dst, .value = value, .count = count, .stream = stream };
     CUresult r = gp_call(GP_CALL_cuMemsetD32Async, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;
@@ -1095,7 +1095,11 @@ GP_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(uint64_t *dptr, uint64_t bytesiz
 GP_EXPORT CUresult cuMemFreeAsync_ptsz(uint64_t dptr, uint64_t stream) { return cuMemFreeAsync(dptr, stream); }
 GP_EXPORT CUresult cuMemPrefetchAsync_ptsz(uint64_t dptr, uint64_t count, int32_t device, uint64_t stream) { return cuMemPrefetchAsync(dptr, count, device, stream); }
 GP_EXPORT CUresult cuMemPrefetchAsync_v2_ptsz(uint64_t dptr, uint64_t count, uint64_t location, uint32_t flags, uint64_t stream) { return cuMemPrefetchAsync_v2(dptr, count, location, flags, stream); }
+GP_EXPORT CUresult cuMemcpy3DBatchAsync_ptsz(uint64_t num_ops, void *ops, void *fail_idx, uint64_t flags, uint64_t stream) { return cuMemcpy3DBatchAsync(num_ops, ops, fail_idx, flags, stream); }
+GP_EXPORT CUresult cuMemcpy3DBatchAsync_v2_ptsz(uint64_t num_ops, void *ops, uint64_t flags, uint64_t stream) { return cuMemcpy3DBatchAsync_v2(num_ops, ops, flags, stream); }
 GP_EXPORT CUresult cuMemcpyAsync_ptsz(uint64_t dst, uint64_t src, uint64_t count, uint64_t stream) { return cuMemcpyAsync(dst, src, count, stream); }
+GP_EXPORT CUresult cuMemcpyBatchAsync_ptsz(void *dsts, void *srcs, void *sizes, uint64_t count, void *attrs, void *attrs_idxs, uint64_t num_attrs, void *fail_idx, uint64_t stream) { return cuMemcpyBatchAsync(dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs, fail_idx, stream); }
+GP_EXPORT CUresult cuMemcpyBatchAsync_v2_ptsz(void *dsts, void *srcs, void *sizes, uint64_t count, void *attrs, void *attrs_idxs, uint64_t num_attrs, uint64_t stream) { return cuMemcpyBatchAsync_v2(dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs, stream); }
 GP_EXPORT CUresult cuMemcpyDtoDAsync_v2_ptsz(uint64_t dst, uint64_t src, uint64_t count, uint64_t stream) { return cuMemcpyDtoDAsync_v2(dst, src, count, stream); }
 GP_EXPORT CUresult cuMemcpyDtoD_v2_ptds(uint64_t dst, uint64_t src, uint64_t count) { return cuMemcpyDtoD_v2(dst, src, count); }
 GP_EXPORT CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, uint64_t src, uint64_t count, uint64_t stream) { return cuMemcpyDtoHAsync_v2(dst, src, count, stream); }
@@ -1349,23 +1353,18 @@ GP_EXPORT CUresult cuMemGetAddressRange(void) { return gp_unforwarded("cuMemGetA
 GP_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(void) { return gp_unforwarded("cuMemGetAllocationPropertiesFromHandle"); }
 GP_EXPORT CUresult cuMemGetAttribute(void) { return gp_unforwarded("cuMemGetAttribute"); }
 GP_EXPORT CUresult cuMemGetAttribute_v2(void) { return gp_unforwarded("cuMemGetAttribute_v2"); }
-GP_EXPORT CUresult cuMemGetDefaultMemPool(void) { return gp_unforwarded("cuMemGetDefaultMemPool"); }
 GP_EXPORT CUresult cuMemGetHandleForAddressRange(void) { return gp_unforwarded("cuMemGetHandleForAddressRange"); }
 GP_EXPORT CUresult cuMemGetInfo(void) { return gp_unforwarded("cuMemGetInfo"); }
-GP_EXPORT CUresult cuMemGetMemPool(void) { return gp_unforwarded("cuMemGetMemPool"); }
 GP_EXPORT CUresult cuMemHostGetDevicePointer(void) { return gp_unforwarded("cuMemHostGetDevicePointer"); }
 GP_EXPORT CUresult cuMemHostRegister(void) { return gp_unforwarded("cuMemHostRegister"); }
 GP_EXPORT CUresult cuMemImportFromShareableHandle(void) { return gp_unforwarded("cuMemImportFromShareableHandle"); }
 GP_EXPORT CUresult cuMemMapArrayAsync(void) { return gp_unforwarded("cuMemMapArrayAsync"); }
 GP_EXPORT CUresult cuMemMapArrayAsync_ptsz(void) { return gp_unforwarded("cuMemMapArrayAsync_ptsz"); }
-GP_EXPORT CUresult cuMemPoolGetAccess(void) { return gp_unforwarded("cuMemPoolGetAccess"); }
-GP_EXPORT CUresult cuMemPoolSetAccess(void) { return gp_unforwarded("cuMemPoolSetAccess"); }
 GP_EXPORT CUresult cuMemPrefetchBatchAsync(void) { return gp_unforwarded("cuMemPrefetchBatchAsync"); }
 GP_EXPORT CUresult cuMemPrefetchBatchAsync_ptsz(void) { return gp_unforwarded("cuMemPrefetchBatchAsync_ptsz"); }
 GP_EXPORT CUresult cuMemRangeGetAttribute(void) { return gp_unforwarded("cuMemRangeGetAttribute"); }
 GP_EXPORT CUresult cuMemRangeGetAttributes(void) { return gp_unforwarded("cuMemRangeGetAttributes"); }
 GP_EXPORT CUresult cuMemRetainAllocationHandle(void) { return gp_unforwarded("cuMemRetainAllocationHandle"); }
-GP_EXPORT CUresult cuMemSetMemPool(void) { return gp_unforwarded("cuMemSetMemPool"); }
 GP_EXPORT CUresult cuMemcpy2D(void) { return gp_unforwarded("cuMemcpy2D"); }
 GP_EXPORT CUresult cuMemcpy2DAsync(void) { return gp_unforwarded("cuMemcpy2DAsync"); }
 GP_EXPORT CUresult cuMemcpy2DAsync_v2(void) { return gp_unforwarded("cuMemcpy2DAsync_v2"); }
@@ -1379,10 +1378,6 @@ GP_EXPORT CUresult cuMemcpy3D(void) { return gp_unforwarded("cuMemcpy3D"); }
 GP_EXPORT CUresult cuMemcpy3DAsync(void) { return gp_unforwarded("cuMemcpy3DAsync"); }
 GP_EXPORT CUresult cuMemcpy3DAsync_v2(void) { return gp_unforwarded("cuMemcpy3DAsync_v2"); }
 GP_EXPORT CUresult cuMemcpy3DAsync_v2_ptsz(void) { return gp_unforwarded("cuMemcpy3DAsync_v2_ptsz"); }
-GP_EXPORT CUresult cuMemcpy3DBatchAsync(void) { return gp_unforwarded("cuMemcpy3DBatchAsync"); }
-GP_EXPORT CUresult cuMemcpy3DBatchAsync_ptsz(void) { return gp_unforwarded("cuMemcpy3DBatchAsync_ptsz"); }
-GP_EXPORT CUresult cuMemcpy3DBatchAsync_v2(void) { return gp_unforwarded("cuMemcpy3DBatchAsync_v2"); }
-GP_EXPORT CUresult cuMemcpy3DBatchAsync_v2_ptsz(void) { return gp_unforwarded("cuMemcpy3DBatchAsync_v2_ptsz"); }
 GP_EXPORT CUresult cuMemcpy3DPeer(void) { return gp_unforwarded("cuMemcpy3DPeer"); }
 GP_EXPORT CUresult cuMemcpy3DPeerAsync(void) { return gp_unforwarded("cuMemcpy3DPeerAsync"); }
 GP_EXPORT CUresult cuMemcpy3DPeerAsync_ptsz(void) { return gp_unforwarded("cuMemcpy3DPeerAsync_ptsz"); }
@@ -1401,10 +1396,6 @@ GP_EXPORT CUresult cuMemcpyAtoHAsync_v2(void) { return gp_unforwarded("cuMemcpyA
 GP_EXPORT CUresult cuMemcpyAtoHAsync_v2_ptsz(void) { return gp_unforwarded("cuMemcpyAtoHAsync_v2_ptsz"); }
 GP_EXPORT CUresult cuMemcpyAtoH_v2(void) { return gp_unforwarded("cuMemcpyAtoH_v2"); }
 GP_EXPORT CUresult cuMemcpyAtoH_v2_ptds(void) { return gp_unforwarded("cuMemcpyAtoH_v2_ptds"); }
-GP_EXPORT CUresult cuMemcpyBatchAsync(void) { return gp_unforwarded("cuMemcpyBatchAsync"); }
-GP_EXPORT CUresult cuMemcpyBatchAsync_ptsz(void) { return gp_unforwarded("cuMemcpyBatchAsync_ptsz"); }
-GP_EXPORT CUresult cuMemcpyBatchAsync_v2(void) { return gp_unforwarded("cuMemcpyBatchAsync_v2"); }
-GP_EXPORT CUresult cuMemcpyBatchAsync_v2_ptsz(void) { return gp_unforwarded("cuMemcpyBatchAsync_v2_ptsz"); }
 GP_EXPORT CUresult cuMemcpyDtoA(void) { return gp_unforwarded("cuMemcpyDtoA"); }
 GP_EXPORT CUresult cuMemcpyDtoA_v2(void) { return gp_unforwarded("cuMemcpyDtoA_v2"); }
 GP_EXPORT CUresult cuMemcpyDtoA_v2_ptds(void) { return gp_unforwarded("cuMemcpyDtoA_v2_ptds"); }
@@ -1685,7 +1676,9 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemFreeHost", 2000, (void *)cuMemFreeHost},
     {"cuMemGetAddressRange", 3020, (void *)cuMemGetAddressRange_v2},
     {"cuMemGetAllocationGranularity", 10020, (void *)cuMemGetAllocationGranularity},
+    {"cuMemGetDefaultMemPool", 13000, (void *)cuMemGetDefaultMemPool},
     {"cuMemGetInfo", 3020, (void *)cuMemGetInfo_v2},
+    {"cuMemGetMemPool", 13000, (void *)cuMemGetMemPool},
     {"cuMemHostAlloc", 2020, (void *)cuMemHostAlloc},
     {"cuMemHostGetDevicePointer", 3020, (void *)cuMemHostGetDevicePointer_v2},
     {"cuMemHostGetFlags", 2030, (void *)cuMemHostGetFlags},
@@ -1696,18 +1689,25 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemPoolDestroy", 11020, (void *)cuMemPoolDestroy},
     {"cuMemPoolExportPointer", 11020, (void *)cuMemPoolExportPointer},
     {"cuMemPoolExportToShareableHandle", 11020, (void *)cuMemPoolExportToShareableHandle},
+    {"cuMemPoolGetAccess", 11020, (void *)cuMemPoolGetAccess},
     {"cuMemPoolGetAttribute", 11020, (void *)cuMemPoolGetAttribute},
     {"cuMemPoolImportFromShareableHandle", 11020, (void *)cuMemPoolImportFromShareableHandle},
     {"cuMemPoolImportPointer", 11020, (void *)cuMemPoolImportPointer},
+    {"cuMemPoolSetAccess", 11020, (void *)cuMemPoolSetAccess},
     {"cuMemPoolSetAttribute", 11020, (void *)cuMemPoolSetAttribute},
     {"cuMemPoolTrimTo", 11020, (void *)cuMemPoolTrimTo},
     {"cuMemPrefetchAsync", 8000, (void *)cuMemPrefetchAsync},
     {"cuMemPrefetchAsync", 12020, (void *)cuMemPrefetchAsync_v2},
     {"cuMemRelease", 10020, (void *)cuMemRelease},
     {"cuMemSetAccess", 10020, (void *)cuMemSetAccess},
+    {"cuMemSetMemPool", 13000, (void *)cuMemSetMemPool},
     {"cuMemUnmap", 10020, (void *)cuMemUnmap},
     {"cuMemcpy", 4000, (void *)cuMemcpy},
+    {"cuMemcpy3DBatchAsync", 12080, (void *)cuMemcpy3DBatchAsync},
+    {"cuMemcpy3DBatchAsync", 13000, (void *)cuMemcpy3DBatchAsync_v2},
     {"cuMemcpyAsync", 4000, (void *)cuMemcpyAsync},
+    {"cuMemcpyBatchAsync", 12080, (void *)cuMemcpyBatchAsync},
+    {"cuMemcpyBatchAsync", 13000, (void *)cuMemcpyBatchAsync_v2},
     {"cuMemcpyDtoD", 3020, (void *)cuMemcpyDtoD_v2},
     {"cuMemcpyDtoDAsync", 3020, (void *)cuMemcpyDtoDAsync_v2},
     {"cuMemcpyDtoH", 3020, (void *)cuMemcpyDtoH_v2},
@@ -1811,3 +1811,4 @@ static const struct gp_result_text gp_result_texts[] = {
 
 static const unsigned char gp_pointer_attribute_size[32] = { [1] = 8, [2] = 4, [3] = 8, [4] = 8, [6] = 4, [7] = 8, [8] = 4, [9] = 4, [10] = 4, [11] = 8, [12] = 8, [13] = 4, [14] = 8, [15] = 4, [16] = 4, [17] = 8, [18] = 8, [19] = 8, [20] = 8, [21] = 4 };
 #define GP_POOL_ATTRIBUTE_IS_INT(a) ((a) == 1 || (a) == 2 || (a) == 3)
+#define GP_FORWARDED_LAUNCH_ATTRIBUTES 0x75fffull /* bit i: CUlaunchAttributeID i */

@@ -1376,6 +1376,13 @@ int gp_dev_add(uint64_t base, uint64_t size, int owned) {
     return rc;
 }
 
+int gp_reserve_range(uint64_t base, uint64_t size) {
+    pthread_mutex_lock(&table_lock);
+    int rc = reserve(base, size);
+    pthread_mutex_unlock(&table_lock);
+    return rc;
+}
+
 void gp_dev_remove(uint64_t base) {
     pthread_mutex_lock(&table_lock);
     ranges_remove(&dev_ranges, base, NULL);

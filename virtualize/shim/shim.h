@@ -95,6 +95,7 @@ enum { GP_MIRROR_MANAGED = 1, GP_MIRROR_MAPPED = 2, GP_MIRROR_HOST = 3 };
 int gp_managed_add(uint64_t base, uint64_t size, int kind);
 int gp_mirror_host(uint64_t base, uint64_t size, uint64_t dev);
 uint64_t gp_managed_remove(uint64_t base);
+void gp_managed_forget(uint64_t base); /* the mirror ends, its bytes not wanted (the memory is freed) */
 int gp_managed_lookup(uint64_t ptr);               /* the kind of the mirror holding ptr, or 0 */
 int gp_mirror_device(uint64_t ptr, uint64_t *dev); /* ptr's device address when a mirror holds it */
 void gp_managed_before(uint32_t call);
@@ -103,11 +104,24 @@ void gp_managed_after(uint32_t call, CUresult r);
 /* The lease's device ranges known to this process: allocations (owned) and module globals. */
 int gp_dev_add(uint64_t base, uint64_t size, int owned); /* 0, or -1 when the range is host memory here */
 void gp_dev_remove(uint64_t base);
+int gp_reserve_range(uint64_t base, uint64_t size); /* kept from this process's own mappings; 0, or -1 */
 int gp_dev_lookup(uint64_t ptr, uint64_t *base, uint64_t *size, int *owned);
 
+/* Page-locked host memory served locally; an address in an allocation of it that a forwarded call
+ * names as device memory makes that allocation the device's at its own address (shim_calls.c). */
+void gp_pinned_touch(uint64_t ptr);
 /* Page-locked host memory served locally. */
 int gp_host_add(uint64_t base, uint64_t size, unsigned flags, int allocated);
 int gp_host_remove(uint64_t base, int allocated);
 int gp_host_lookup(uint64_t ptr, uint64_t *base, uint64_t *size, unsigned *flags);
+
+/* Pools of page-locked host memory and of managed memory, answered in this process (shim_pools.c):
+ * create answers CUDA_ERROR_NOT_FOUND for a pool of the device's own kind (the worker's). */
+int gp_pool_is_local(uint64_t pool);
+CUresult gp_pool_create_local(uint64_t *pool, const void *props);
+CUresult gp_pool_alloc_local(uint64_t *dptr, uint64_t size, uint64_t pool);
+int gp_pool_free_local(uint64_t ptr, CUresult *r); /* 1 when ptr was one of theirs (freed, *r its result) */
+CUresult gp_pool_attribute_local(uint64_t pool, int32_t attr, void *value, int set);
+CUresult gp_pool_destroy_local(uint64_t pool);
 
 void gp_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -313,6 +314,7 @@ CUresult cuMemAllocAsync(uint64_t *dptr, uint64_t bytesize, uint64_t stream) {
 
 CUresult cuMemAllocFromPoolAsync(uint64_t *dptr, uint64_t bytesize, uint64_t pool, uint64_t stream) {
     GP_TRACE("cuMemAllocFromPoolAsync");
+    if (gp_pool_is_local(pool)) return gp_pool_alloc_local(dptr, bytesize, pool); /* host or managed memory */
     return alloc_reserved(dptr, bytesize, 2, pool, stream);
 }
 
@@ -404,6 +406,8 @@ CUresult cuMemFree_v2(uint64_t dptr) {
 
 CUresult cuMemFreeAsync(uint64_t dptr, uint64_t stream) {
     GP_TRACE("cuMemFreeAsync");
+    CUresult freed;
+    if (gp_pool_free_local(dptr, &freed)) return freed; /* from a pool of host or managed memory */
     if (imported(dptr)) {
         gp_dev_remove(dptr);
         return CUDA_SUCCESS;
@@ -480,8 +484,10 @@ CUresult cuMemGetAllocationGranularity(uint64_t *granularity, void *prop, int32_
 CUresult cuMemPoolCreate(uint64_t *pool, void *props) {
     GP_TRACE("cuMemPoolCreate");
     if (!pool || !props) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = gp_pool_create_local(pool, props);
+    if (r != CUDA_ERROR_NOT_FOUND) return r; /* a pool of host or managed memory, answered here */
     struct gp_out_cuMemPoolCreate out;
-    CUresult r = gp_call(GP_CALL_cuMemPoolCreate, WANT, NULL, 0, props, 88 /* CUmemPoolProps */, &out, sizeof out,
+    r = gp_call(GP_CALL_cuMemPoolCreate, WANT, NULL, 0, props, 88 /* CUmemPoolProps */, &out, sizeof out,
                          NULL, 0);
     if (r == CUDA_SUCCESS) *pool = out.pool;
     return r;
@@ -566,14 +572,30 @@ CUresult cuStreamAddCallback(uint64_t stream, void *callback, void *data, uint32
 CUresult cuMemPoolSetAttribute(uint64_t pool, int32_t attr, void *value) {
     GP_TRACE("cuMemPoolSetAttribute");
     if (!value) return CUDA_ERROR_INVALID_VALUE;
+    if (gp_pool_is_local(pool)) return gp_pool_attribute_local(pool, attr, value, 1);
     uint64_t v = GP_POOL_ATTRIBUTE_IS_INT(attr) ? (uint64_t)(uint32_t) * (int *)value : *(uint64_t *)value;
     struct gp_in_cuMemPoolSetAttribute in = {.pool = pool, .attr = attr, .value = v};
     return gp_call(GP_CALL_cuMemPoolSetAttribute, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
 }
 
+CUresult cuMemPoolTrimTo(uint64_t pool, uint64_t min_bytes_to_keep) {
+    GP_TRACE("cuMemPoolTrimTo");
+    if (gp_pool_is_local(pool)) return CUDA_SUCCESS; /* it keeps nothing to trim */
+    struct gp_in_cuMemPoolTrimTo in = {.pool = pool, .min_bytes_to_keep = min_bytes_to_keep};
+    return gp_call(GP_CALL_cuMemPoolTrimTo, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
+CUresult cuMemPoolDestroy(uint64_t pool) {
+    GP_TRACE("cuMemPoolDestroy");
+    if (gp_pool_is_local(pool)) return gp_pool_destroy_local(pool);
+    struct gp_in_cuMemPoolDestroy in = {.pool = pool};
+    return gp_call(GP_CALL_cuMemPoolDestroy, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
 CUresult cuMemPoolGetAttribute(uint64_t pool, int32_t attr, void *value) {
     GP_TRACE("cuMemPoolGetAttribute");
     if (!value) return CUDA_ERROR_INVALID_VALUE;
+    if (gp_pool_is_local(pool)) return gp_pool_attribute_local(pool, attr, value, 0);
     struct gp_in_cuMemPoolGetAttribute in = {.pool = pool, .attr = attr};
     struct gp_out_cuMemPoolGetAttribute out;
     CUresult r = CALL(cuMemPoolGetAttribute, WANT, in, out);
@@ -646,7 +668,7 @@ CUresult cuMemPoolExportToShareableHandle(void *handle, uint64_t pool, int32_t t
     GP_TRACE("cuMemPoolExportToShareableHandle");
     (void)flags;
     if (!handle) return CUDA_ERROR_INVALID_VALUE;
-    if (type != POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+    if (type != POSIX_FILE_DESCRIPTOR || gp_pool_is_local(pool)) return CUDA_ERROR_NOT_SUPPORTED;
     CUresult r = pool_of_lease(pool);
     if (r != CUDA_SUCCESS) return r;
     int fd = (int)syscall(SYS_memfd_create, "gpupool-pool", 0);
@@ -797,6 +819,193 @@ CUresult cuLibraryGetGlobal(uint64_t *dptr, uint64_t *bytes, uint64_t library, c
  * against the partition (shim_managed.c). */
 #define HOSTALLOC_DEVICEMAP 0x02
 
+/* Under unified addressing every cuMemAllocHost / cuMemHostAlloc allocation is the GPU's at its own
+ * address, whatever its flags: programs hand such buffers to kernels as they are (cuda.core's
+ * examples do). So each lies in a range of device addresses reserved for it on the worker
+ * (cuMemAddressReserve, from this process's window): host pages only, copied to and from as any
+ * page-locked memory, until a kernel or kernel node is given an address in it or its device pointer
+ * is asked for. Then memory of the lease is mapped at the same addresses (cuMemCreate, cuMemMap) and
+ * the pages become its mirror (shim_managed.c): the kernel reads what the host wrote, the host what
+ * the kernel wrote. From then on it counts against the partition. */
+#define PINNED_GRANULE (2ull << 20) /* the driver's mapping granularity */
+#define MAX_PINNED 4096
+struct pinned {
+    uint64_t base, range, size, handle; /* handle: the device memory mapped there, 0 until then */
+};
+static struct pinned pinned[MAX_PINNED];
+static int n_pinned;
+static pthread_mutex_t pinned_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Page-locked ranges whose own address the device cannot use (not mapped yet, registered memory): while
+ * there are none, launches look at no parameter. */
+static int n_unreachable;
+
+/* And the 2 MiB granules of the address space they lie in, a bit each (8 MiB of address space for the
+ * 47-bit user half, pages only where bits are set): a launch's parameter words elsewhere — device
+ * pointers, sizes — pass without a lock. A pinned allocation's granules are its own and are cleared
+ * when it is mapped or freed; those of registered memory stay set (a lookup then says no more). */
+#define GRANULE_SHIFT 21
+static uint64_t *granules;
+
+static void granules_mark(uint64_t base, uint64_t size, int set) {
+    if (!granules) {
+        void *bits = mmap(NULL, (1ull << (47 - GRANULE_SHIFT)) / 8, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (bits == MAP_FAILED) return; /* unmarked: launches look every word up */
+        void *none = NULL;
+        if (!__atomic_compare_exchange_n(&granules, &none, bits, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            munmap(bits, (1ull << (47 - GRANULE_SHIFT)) / 8);
+    }
+    for (uint64_t g = base >> GRANULE_SHIFT; g <= (base + size - 1) >> GRANULE_SHIFT && g >> (47 - GRANULE_SHIFT) == 0;
+         g++) {
+        if (set) __atomic_fetch_or(&granules[g / 64], 1ull << (g % 64), __ATOMIC_RELEASE);
+        else __atomic_fetch_and(&granules[g / 64], ~(1ull << (g % 64)), __ATOMIC_RELEASE);
+    }
+}
+
+static int granule_marked(uint64_t v) { /* v in the user half */
+    uint64_t g = v >> GRANULE_SHIFT, *bits = __atomic_load_n(&granules, __ATOMIC_ACQUIRE);
+    return !bits || (__atomic_load_n(&bits[g / 64], __ATOMIC_ACQUIRE) >> (g % 64) & 1);
+}
+
+static CUresult pinned_alloc(uint64_t *pp, uint64_t bytesize, unsigned flags) {
+    uint64_t range = (bytesize + PINNED_GRANULE - 1) / PINNED_GRANULE * PINNED_GRANULE;
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), pages = (bytesize + page - 1) / page * page;
+    gp_window_ensure();
+    struct gp_in_cuMemAddressReserve in = {.size = range, .alignment = PINNED_GRANULE};
+    struct gp_out_cuMemAddressReserve out;
+    CUresult r = CALL(cuMemAddressReserve, WANT, in, out);
+    if (r != CUDA_SUCCESS) return r;
+    pthread_mutex_lock(&pinned_lock);
+    int room = n_pinned < MAX_PINNED;
+    if (room && gp_reserve_range(out.ptr, range) == 0 &&
+        mmap((void *)out.ptr, pages, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) !=
+            MAP_FAILED) {
+        pinned[n_pinned++] = (struct pinned){out.ptr, range, bytesize, 0};
+        gp_host_add(out.ptr, bytesize, flags, 1);
+        granules_mark(out.ptr, range, 1);
+        __atomic_add_fetch(&n_unreachable, 1, __ATOMIC_RELEASE);
+        pthread_mutex_unlock(&pinned_lock);
+        *pp = out.ptr;
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&pinned_lock);
+    struct gp_in_cuMemAddressFree back = {.ptr = out.ptr, .size = range};
+    gp_call(GP_CALL_cuMemAddressFree, WANT, &back, sizeof back, NULL, 0, NULL, 0, NULL, 0);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static struct pinned *pinned_find(uint64_t base) { /* under pinned_lock */
+    for (int i = 0; i < n_pinned; i++)
+        if (pinned[i].base == base) return &pinned[i];
+    return NULL;
+}
+
+/* Device memory of the current context's device mapped at p's own addresses, readable and writable by
+ * that device and each lease device that can reach it (as page-locked memory is every device's), the
+ * host pages its mirror (all of them written: the next device work sends them). */
+#define MAX_ACCESS 16
+static CUresult copies_settle(const void *p, uint64_t count);
+
+static CUresult pinned_map(struct pinned *p) {
+    int dev = 0, count = 1, peer;
+    gp_ctx_device(gp_ctx_current(), &dev);
+    int32_t prop[8] = {1 /* PINNED */, 0, 1 /* LOCATION_DEVICE */, dev}; /* CUmemAllocationProp, 32 bytes */
+    int32_t access[MAX_ACCESS][3]; /* CUmemAccessDesc: LOCATION_DEVICE, the device, PROT_READWRITE */
+    uint32_t n_access = 0;
+    if (cuDeviceGetCount(&count) != CUDA_SUCCESS || count > MAX_ACCESS) count = 1;
+    for (int d = 0; d < count; d++)
+        if (d == dev || (cuDeviceCanAccessPeer(&peer, d, dev) == CUDA_SUCCESS && peer)) {
+            access[n_access][0] = 1, access[n_access][1] = d, access[n_access][2] = 3;
+            n_access++;
+        }
+    uint64_t handle, page = (uint64_t)sysconf(_SC_PAGESIZE);
+    CUresult r = copies_settle((const void *)p->base, p->size); /* the pages hold every copy to them first */
+    if (r != CUDA_SUCCESS) return r;
+    r = cuMemCreate(&handle, p->range, prop, 0);
+    if (r != CUDA_SUCCESS) return r;
+    r = cuMemMap(p->base, p->range, 0, handle, 0);
+    if (r == CUDA_SUCCESS) {
+        r = cuMemSetAccess(p->base, p->range, access, n_access);
+        if (r == CUDA_SUCCESS && gp_mirror_host(p->base, (p->size + page - 1) / page * page, p->base) != 0)
+            r = CUDA_ERROR_NOT_SUPPORTED; /* the mirrors' table is full */
+        if (r != CUDA_SUCCESS) cuMemUnmap(p->base, p->range);
+    }
+    if (r != CUDA_SUCCESS) {
+        cuMemRelease(handle);
+        return r;
+    }
+    p->handle = handle;
+    granules_mark(p->base, p->range, 0);
+    __atomic_sub_fetch(&n_unreachable, 1, __ATOMIC_RELEASE);
+    return CUDA_SUCCESS;
+}
+
+/* The page-locked allocation at base, usable by the device at its own address from now on;
+ * CUDA_ERROR_NOT_FOUND when it is not one of those (registered memory). */
+static CUresult pinned_reach(uint64_t base) {
+    pthread_mutex_lock(&pinned_lock);
+    struct pinned *p = pinned_find(base);
+    CUresult r = !p ? CUDA_ERROR_NOT_FOUND : p->handle ? CUDA_SUCCESS : pinned_map(p);
+    pthread_mutex_unlock(&pinned_lock);
+    return r;
+}
+
+/* cuMemFreeHost of a pinned allocation (1), or 0 when `at` is none: the device memory goes once the GPU
+ * is done with it (the driver's cuMemFreeHost waits too), the pages go back to being reserved. */
+static int pinned_free(uint64_t at) {
+    pthread_mutex_lock(&pinned_lock);
+    struct pinned *found = pinned_find(at), p = found ? *found : (struct pinned){0};
+    if (found) *found = pinned[--n_pinned];
+    pthread_mutex_unlock(&pinned_lock);
+    if (!found) return 0;
+    if (p.handle) {
+        gp_managed_forget(p.base);
+        cuCtxSynchronize();
+        cuMemUnmap(p.base, p.range);
+        cuMemRelease(p.handle);
+    } else {
+        granules_mark(p.base, p.range, 0);
+        __atomic_sub_fetch(&n_unreachable, 1, __ATOMIC_RELEASE);
+    }
+    mmap((void *)p.base, p.range, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    struct gp_in_cuMemAddressFree back = {.ptr = p.base, .size = p.range};
+    gp_call(GP_CALL_cuMemAddressFree, WANT, &back, sizeof back, NULL, 0, NULL, 0, NULL, 0);
+    return 1;
+}
+
+void gp_pinned_touch(uint64_t ptr) {
+    uint64_t base;
+    if (__atomic_load_n(&n_unreachable, __ATOMIC_ACQUIRE) && !(ptr >> 47) && granule_marked(ptr) &&
+        gp_host_lookup(ptr, &base, NULL, NULL))
+        pinned_reach(base); /* if it cannot be, the call fails on the worker as for any other address */
+}
+
+/* Each 8-byte word of a kernel's packed parameters that is an address of page-locked memory here: that
+ * memory is made the device's at that address if it can be (pinned_map); if not (registered memory,
+ * whose device pointer is another), the launch is refused at the call, with a word on stderr once —
+ * the kernel would fault on the worker, where the address is nothing of the program's. */
+static CUresult params_reach(const unsigned char *params, int64_t len) {
+    static int said;
+    if (!__atomic_load_n(&n_unreachable, __ATOMIC_ACQUIRE)) return CUDA_SUCCESS;
+    for (int64_t at = 0; at + 8 <= len; at += 8) {
+        uint64_t v, base, dev;
+        memcpy(&v, params + at, 8);
+        if (v < 4096 || v >> 47 || !granule_marked(v) || !gp_host_lookup(v, &base, NULL, NULL)) continue;
+        if (gp_mirror_device(v, &dev) && dev == v) continue; /* DEVICEMAP, or pinned and mapped */
+        CUresult r = pinned_reach(base);
+        if (r == CUDA_ERROR_NOT_FOUND) {
+            if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+                gp_say("a kernel was given 0x%llx, an address of registered page-locked memory of this process: the "
+                       "remote GPU cannot use it there; the launch returns CUDA_ERROR_NOT_SUPPORTED (give it "
+                       "cuMemHostGetDevicePointer's pointer, or allocate with cuMemHostAlloc)",
+                       (unsigned long long)v);
+            return CUDA_ERROR_NOT_SUPPORTED;
+        }
+        if (r != CUDA_SUCCESS) return r;
+    }
+    return CUDA_SUCCESS;
+}
+
 static CUresult host_alloc(uint64_t *pp, uint64_t bytesize, unsigned flags) {
     if (!pp || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
     if (flags & HOSTALLOC_DEVICEMAP) { /* at its device address, as unified addressing has it */
@@ -804,10 +1013,16 @@ static CUresult host_alloc(uint64_t *pp, uint64_t bytesize, unsigned flags) {
         if (r == CUDA_SUCCESS) gp_host_add(*pp, bytesize, flags, 1);
         return r;
     }
-    void *p = NULL; /* whole pages of its own, so that it can be mirrored page by page */
+    if (pinned_alloc(pp, bytesize, flags) == CUDA_SUCCESS) return CUDA_SUCCESS;
+    /* No device addresses for it (none left in the window, or they are host memory here): host pages
+     * alone, whole ones of its own so that it can be mirrored page by page; kernels given its address
+     * are refused (params_reach). */
+    void *p = NULL;
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     if (posix_memalign(&p, page, (bytesize + page - 1) / page * page) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     gp_host_add((uint64_t)p, bytesize, flags, 1);
+    granules_mark((uint64_t)p, bytesize, 1);
+    __atomic_add_fetch(&n_unreachable, 1, __ATOMIC_RELEASE);
     *pp = (uint64_t)p;
     return CUDA_SUCCESS;
 }
@@ -837,21 +1052,29 @@ CUresult cuMemFreeHost(void *p) {
     int mirror = gp_managed_lookup(at);
     if (mirror == GP_MIRROR_MANAGED) return CUDA_ERROR_INVALID_VALUE;
     if (gp_host_remove(at, 1) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (pinned_free(at)) return CUDA_SUCCESS;
     unmirror(at);
-    if (mirror != GP_MIRROR_MAPPED) free(p); /* a mapped allocation's pages were the window's */
+    if (mirror != GP_MIRROR_MAPPED) { /* a mapped allocation's pages were the window's */
+        free(p);
+        __atomic_sub_fetch(&n_unreachable, 1, __ATOMIC_RELEASE);
+    }
     return CUDA_SUCCESS;
 }
 
 CUresult cuMemHostRegister_v2(void *p, uint64_t bytesize, uint32_t flags) {
     GP_TRACE("cuMemHostRegister_v2");
     if (!p || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
-    return gp_host_add((uint64_t)p, bytesize, flags, 0) == 0 ? CUDA_SUCCESS : CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    if (gp_host_add((uint64_t)p, bytesize, flags, 0) != 0) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    granules_mark((uint64_t)p, bytesize, 1);
+    __atomic_add_fetch(&n_unreachable, 1, __ATOMIC_RELEASE); /* its own address is never the device's */
+    return CUDA_SUCCESS;
 }
 
 CUresult cuMemHostUnregister(void *p) {
     GP_TRACE("cuMemHostUnregister");
     copies_settle_host(p);
     if (gp_host_remove((uint64_t)p, 0) != 0) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    __atomic_sub_fetch(&n_unreachable, 1, __ATOMIC_RELEASE);
     unmirror((uint64_t)p);
     return CUDA_SUCCESS;
 }
@@ -864,15 +1087,20 @@ CUresult cuMemHostGetFlags(uint32_t *flags, void *p) {
     return CUDA_SUCCESS;
 }
 
-/* A DEVICEMAP allocation's device pointer is its own address. Other page-locked memory is mirrored from
- * the first time its device pointer is asked for, by a device allocation of the lease: the pointer is
- * that allocation's (a kernel given the host address itself faults, CUDA_ERROR_ILLEGAL_ADDRESS at the
- * next sync; docs/remote.md). */
+/* An allocation's device pointer is its own address (DEVICEMAP, or pinned: mapped now). Registered
+ * memory is mirrored from the first time its device pointer is asked for, by a device allocation of the
+ * lease: the pointer is that allocation's (a kernel given the host address itself is refused,
+ * params_reach). */
 CUresult cuMemHostGetDevicePointer_v2(uint64_t *pdptr, void *p, uint32_t flags) {
     GP_TRACE("cuMemHostGetDevicePointer_v2");
     uint64_t at = (uint64_t)p, base, size, dev;
     if (!pdptr || flags != 0 || !gp_host_lookup(at, &base, &size, NULL)) return CUDA_ERROR_INVALID_VALUE;
     if (gp_mirror_device(at, pdptr)) return CUDA_SUCCESS;
+    CUresult reached = pinned_reach(base);
+    if (reached != CUDA_ERROR_NOT_FOUND) {
+        if (reached == CUDA_SUCCESS) *pdptr = at;
+        return reached;
+    }
     CUresult r = alloc_reserved(&dev, size, 0, 0, 0);
     if (r != CUDA_SUCCESS) return r;
     if (gp_mirror_host(base, size, dev) != 0) {
@@ -1010,6 +1238,114 @@ CUresult cuMemcpyAsync(uint64_t dst, uint64_t src, uint64_t count, uint64_t stre
     return generic_copy(dst, src, count, stream, 1);
 }
 
+/* ---- batched copies: each as cuMemcpyAsync sends it, in the batch's order (the driver promises none) -- */
+
+#define MEMCPY_ATTRIBUTES_BYTES 24 /* CUmemcpyAttributes: srcAccessOrder, two CUmemLocation hints, flags */
+#define SRC_ACCESS_ORDER_ANY 3     /* STREAM 1, DURING_API_CALL 2, ANY 3; 0 is invalid */
+
+/* Each copy reads its host source before the call returns (as a single copy does), which every source
+ * access order allows. */
+static CUresult batch_copy(const uint64_t *dsts, const uint64_t *srcs, const uint64_t *sizes, uint64_t count,
+                           const void *attrs, const uint64_t *attrs_idxs, uint64_t num_attrs, uint64_t *fail_idx,
+                           uint64_t stream) {
+    if (fail_idx) *fail_idx = UINT64_MAX; /* SIZE_MAX: the error is of no one copy */
+    if (!count || !dsts || !srcs || !sizes || !attrs || !attrs_idxs || !num_attrs || num_attrs > count ||
+        attrs_idxs[0] != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (uint64_t k = 0; k < num_attrs; k++) {
+        int32_t order;
+        memcpy(&order, (const unsigned char *)attrs + k * MEMCPY_ATTRIBUTES_BYTES, 4);
+        if ((k && attrs_idxs[k] <= attrs_idxs[k - 1]) || attrs_idxs[k] >= count || order < 1 ||
+            order > SRC_ACCESS_ORDER_ANY)
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (uint64_t i = 0; i < count; i++) {
+        CUresult r = generic_copy(dsts[i], srcs[i], sizes[i], stream, 1);
+        if (r != CUDA_SUCCESS) {
+            if (fail_idx) *fail_idx = i;
+            return r;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyBatchAsync(void *dsts, void *srcs, void *sizes, uint64_t count, void *attrs, void *attrs_idxs,
+                            uint64_t num_attrs, void *fail_idx, uint64_t stream) {
+    GP_TRACE("cuMemcpyBatchAsync");
+    return batch_copy(dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs, fail_idx, stream);
+}
+
+CUresult cuMemcpyBatchAsync_v2(void *dsts, void *srcs, void *sizes, uint64_t count, void *attrs, void *attrs_idxs,
+                               uint64_t num_attrs, uint64_t stream) {
+    GP_TRACE("cuMemcpyBatchAsync_v2");
+    return batch_copy(dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs, NULL, stream);
+}
+
+/* CUDA_MEMCPY3D_BATCH_OP (112 bytes): two CUmemcpy3DOperands of 40 (type, then for a pointer: ptr,
+ * rowLength, layerHeight, a location hint), the extent (width, height, depth), srcAccessOrder, flags.
+ * Between pointers an element is a byte; each run of contiguous rows goes as one copy. CUDA arrays
+ * are not forwarded. */
+#define BATCH_OP_BYTES 112
+#define OPERAND_POINTER 1
+
+static CUresult batch_copy_3d(uint64_t num_ops, const void *ops, uint64_t *fail_idx, uint64_t flags,
+                              uint64_t stream) {
+    static int said;
+    if (fail_idx) *fail_idx = UINT64_MAX;
+    if (!num_ops || !ops || flags) return CUDA_ERROR_INVALID_VALUE;
+    for (uint64_t i = 0; i < num_ops; i++) {
+        const unsigned char *op = (const unsigned char *)ops + i * BATCH_OP_BYTES;
+        int32_t src_type, dst_type, order;
+        uint64_t src[3], dst[3], extent[3]; /* ptr, rowLength, layerHeight; width, height, depth */
+        memcpy(&src_type, op, 4), memcpy(src, op + 8, 24);
+        memcpy(&dst_type, op + 40, 4), memcpy(dst, op + 48, 24);
+        memcpy(extent, op + 80, 24), memcpy(&order, op + 104, 4);
+        CUresult r = CUDA_SUCCESS;
+        if (src_type != OPERAND_POINTER || dst_type != OPERAND_POINTER) {
+            if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+                gp_say("cuMemcpy3DBatchAsync: copies to or from CUDA arrays are not forwarded to the remote GPU; "
+                       "they return CUDA_ERROR_NOT_SUPPORTED");
+            r = CUDA_ERROR_NOT_SUPPORTED;
+        } else if (!extent[0] || !extent[1] || !extent[2] || order < 1 || order > SRC_ACCESS_ORDER_ANY) {
+            r = CUDA_ERROR_INVALID_VALUE;
+        }
+        uint64_t src_row = src[1] ? src[1] : extent[0], dst_row = dst[1] ? dst[1] : extent[0];
+        uint64_t src_layer = src[2] ? src[2] : extent[1], dst_layer = dst[2] ? dst[2] : extent[1];
+        if (r == CUDA_SUCCESS && (src_row < extent[0] || dst_row < extent[0] || src_layer < extent[1] ||
+                                  dst_layer < extent[1]))
+            r = CUDA_ERROR_INVALID_VALUE;
+        /* Whole layers, or the whole copy, are contiguous when the rows (and layers) have no gaps. */
+        int rows_whole = src_row == extent[0] && dst_row == extent[0];
+        int layers_whole = rows_whole && src_layer == extent[1] && dst_layer == extent[1];
+        for (uint64_t z = 0; r == CUDA_SUCCESS && z < extent[2]; z++) {
+            for (uint64_t y = 0; r == CUDA_SUCCESS && y < extent[1]; y++) {
+                uint64_t n = extent[0];
+                if (layers_whole) n *= extent[1] * extent[2];
+                else if (rows_whole) n *= extent[1];
+                r = generic_copy(dst[0] + (z * dst_layer + y) * dst_row, src[0] + (z * src_layer + y) * src_row, n,
+                                 stream, 1);
+                if (rows_whole) break;
+            }
+            if (layers_whole) break;
+        }
+        if (r != CUDA_SUCCESS) {
+            if (fail_idx) *fail_idx = i;
+            return r;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpy3DBatchAsync(uint64_t num_ops, void *ops, void *fail_idx, uint64_t flags, uint64_t stream) {
+    GP_TRACE("cuMemcpy3DBatchAsync");
+    return batch_copy_3d(num_ops, ops, fail_idx, flags, stream);
+}
+
+CUresult cuMemcpy3DBatchAsync_v2(uint64_t num_ops, void *ops, uint64_t flags, uint64_t stream) {
+    GP_TRACE("cuMemcpy3DBatchAsync_v2");
+    return batch_copy_3d(num_ops, ops, NULL, flags, stream);
+}
+
 /* ---- pointer attributes ------------------------------------------------------------------------ */
 
 static CUresult host_attribute(void *data, int attr, uint64_t ptr) {
@@ -1019,10 +1355,11 @@ static CUresult host_attribute(void *data, int attr, uint64_t ptr) {
     int mapped = gp_mirror_device(ptr, &dev);
     switch (attr) {
     case 2: *(unsigned *)data = 1; return CUDA_SUCCESS; /* CU_MEMORYTYPE_HOST */
-    case 3: /* the device pointer: only memory mapped for kernels has one */
-        if (!mapped) return CUDA_ERROR_INVALID_VALUE;
-        *(uint64_t *)data = dev;
-        return CUDA_SUCCESS;
+    case 3: { /* the device pointer: as cuMemHostGetDevicePointer answers (mapping the memory now) */
+        CUresult r = mapped ? CUDA_SUCCESS : cuMemHostGetDevicePointer_v2(&dev, (void *)ptr, 0);
+        if (r == CUDA_SUCCESS) *(uint64_t *)data = dev;
+        return r;
+    }
     case 4: *(uint64_t *)data = ptr; return CUDA_SUCCESS;
     case 11: *(uint64_t *)data = base; return CUDA_SUCCESS;
     case 12: *(uint64_t *)data = size; return CUDA_SUCCESS;
@@ -1219,6 +1556,8 @@ CUresult cuLibraryUnload(uint64_t library) {
     return r;
 }
 
+#define LAUNCH_ATTRIBUTE_BYTES 72 /* CUlaunchAttribute: id, padding, a 64-byte value union */
+
 /* Packs kernelParams (or the `extra` buffer) into `buf`; returns its length or -1. */
 static int64_t pack_params(const struct layout *l, void **params, void **extra, unsigned char *buf, size_t cap) {
     if (params) {
@@ -1285,10 +1624,29 @@ static CUresult check_launch_config(uint64_t f, const uint32_t dims[7]) {
     return CUDA_SUCCESS;
 }
 
+/* Launch attributes the worker passes on are plain data (_calls.FORWARDED_LAUNCH_ATTRIBUTES); any other
+ * is refused here, at the call, and said once per kind — never sent half translated. */
+static CUresult check_attributes(const void *attrs, uint32_t n_attrs) {
+    static uint64_t said;
+    for (uint32_t i = 0; i < n_attrs; i++) {
+        int32_t id;
+        memcpy(&id, (const unsigned char *)attrs + (size_t)i * LAUNCH_ATTRIBUTE_BYTES, 4);
+        if (id >= 0 && id < 64 && (GP_FORWARDED_LAUNCH_ATTRIBUTES >> id & 1)) continue;
+        uint64_t bit = 1ull << (id >= 0 && id < 64 ? id : 63);
+        if (!(__atomic_fetch_or(&said, bit, __ATOMIC_RELAXED) & bit))
+            gp_say("launch attribute %d (a CUlaunchAttributeID) is not forwarded to the remote GPU; the launch returns "
+                   "CUDA_ERROR_NOT_SUPPORTED (docs/remote.md lists the forwarded ones)",
+                   id);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    return CUDA_SUCCESS;
+}
+
 static CUresult launch(uint64_t f, const uint32_t dims[7], uint64_t stream, void **params, void **extra,
                        const void *attrs, uint32_t n_attrs) {
     struct layout l;
     CUresult r = check_launch_config(f, dims);
+    if (r == CUDA_SUCCESS) r = check_attributes(attrs, n_attrs);
     if (r != CUDA_SUCCESS) return r;
     r = layout_of(f, &l);
     if (r != CUDA_SUCCESS) return r;
@@ -1298,14 +1656,16 @@ static CUresult launch(uint64_t f, const uint32_t dims[7], uint64_t stream, void
     unsigned char *buf = cap > sizeof small ? malloc(cap) : small;
     if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
     int64_t len = pack_params(&l, params, extra, buf, cap);
-    if (len < 0) {
+    r = len < 0 ? CUDA_ERROR_INVALID_VALUE : params_reach(buf, len);
+    if (r != CUDA_SUCCESS) {
         if (buf != small) free(buf);
-        return CUDA_ERROR_INVALID_VALUE;
+        return r;
     }
     struct gp_in_cuLaunchKernelEx in = {.f = f, .gx = dims[0], .gy = dims[1], .gz = dims[2], .bx = dims[3],
                                         .by = dims[4], .bz = dims[5], .smem = dims[6], .stream = stream,
                                         .n_attrs = n_attrs};
-    r = gp_call2(GP_CALL_cuLaunchKernelEx, 0, &in, sizeof in, buf, (uint64_t)len, attrs, (uint64_t)n_attrs * 72, NULL,
+    r = gp_call2(GP_CALL_cuLaunchKernelEx, 0, &in, sizeof in, buf, (uint64_t)len, attrs,
+                 (uint64_t)n_attrs * LAUNCH_ATTRIBUTE_BYTES, NULL,
                  0, NULL, 0);
     if (buf != small) free(buf);
     return r;
@@ -1318,8 +1678,7 @@ CUresult cuLaunchKernel(uint64_t f, uint32_t gx, uint32_t gy, uint32_t gz, uint3
     return launch(f, dims, stream, params, extra, NULL, 0);
 }
 
-/* CUlaunchConfig: seven unsigned ints, then CUstream at 32, CUlaunchAttribute* at 40, unsigned at 48;
- * each CUlaunchAttribute is 72 bytes (id, padding, a 64-byte value union). */
+/* CUlaunchConfig: seven unsigned ints, then CUstream at 32, CUlaunchAttribute* at 40, unsigned at 48. */
 CUresult cuLaunchKernelEx(void *config, uint64_t f, void *params, void *extra) {
     GP_TRACE("cuLaunchKernelEx");
     if (!config) return CUDA_ERROR_INVALID_VALUE;
@@ -1340,30 +1699,45 @@ CUresult cuLaunchKernelEx(void *config, uint64_t f, void *params, void *extra) {
 
 #define MAX_NODE_DEPS 4096
 
+/* A node's context field: the current context (or none, which means it) is what every forwarded call
+ * runs in; another context is not translated, so the node is refused rather than run in the wrong one. */
+static CUresult node_context(const char *call, uint64_t ctx) {
+    static int said;
+    if (!ctx || ctx == gp_ctx_current()) return CUDA_SUCCESS;
+    if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+        gp_say("%s: a node for a context other than the current one is not forwarded to the remote GPU; it "
+               "returns CUDA_ERROR_NOT_SUPPORTED (make that context current first)",
+               call);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
 /* CUDA_KERNEL_NODE_PARAMS_v2: func at 0, grid and block dimensions at 8..31, shared memory at 32,
  * kernelParams at 40, extra at 48, kern at 56, ctx at 64. */
 static CUresult kernel_node(uint32_t call, const void *head, uint32_t head_len, const void *deps, uint64_t num_deps,
                             const void *params, uint64_t *node) {
     if (!params || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
     const unsigned char *p = params;
-    uint64_t func, kern;
+    uint64_t func, kern, ctx;
     void **kernel_params, **extra;
     memcpy(&func, p, 8);
     memcpy(&kernel_params, p + 40, 8);
     memcpy(&extra, p + 48, 8);
     memcpy(&kern, p + 56, 8);
+    memcpy(&ctx, p + 64, 8);
     uint64_t f = func ? func : kern;
     struct layout l;
-    CUresult r = layout_of(f, &l);
+    CUresult r = node_context("a kernel node", ctx);
+    if (r == CUDA_SUCCESS) r = layout_of(f, &l);
     if (r != CUDA_SUCCESS) return r;
     size_t cap = l.total > 4096 ? l.total : 4096;
     if (extra && !kernel_params) cap = 1 << 16;
     unsigned char *buf = malloc(cap);
     if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
     int64_t len = pack_params(&l, kernel_params, extra, buf, cap);
-    if (len < 0) {
+    r = len < 0 ? CUDA_ERROR_INVALID_VALUE : params_reach(buf, len);
+    if (r != CUDA_SUCCESS) {
         free(buf);
-        return CUDA_ERROR_INVALID_VALUE;
+        return r;
     }
     unsigned char in[sizeof(struct gp_in_cuGraphAddKernelNode_v2)];
     memcpy(in, head, head_len); /* the graph or exec and node handles */
@@ -1395,8 +1769,8 @@ CUresult cuGraphExecKernelNodeSetParams_v2(uint64_t exec, uint64_t node, void *p
 CUresult cuGraphAddMemsetNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params,
                               uint64_t ctx) {
     GP_TRACE("cuGraphAddMemsetNode");
-    (void)ctx; /* the current context's, as for every forwarded call */
     if (!node || !params || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    if (node_context("cuGraphAddMemsetNode", ctx) != CUDA_SUCCESS) return CUDA_ERROR_NOT_SUPPORTED;
     struct gp_in_cuGraphAddMemsetNode in = {.graph = graph, .num_deps = num_deps};
     const unsigned char *p = params;
     memcpy(&in.dst, p, 8);
@@ -1508,7 +1882,11 @@ CUresult cuGraphAddHostNode(uint64_t *node, uint64_t graph, void *deps, uint64_t
 }
 
 /* One side of a CUDA_MEMCPY3D as a device address of the lease: device or unified memory, or mirrored
- * host memory (its device copy); 0 for what the worker cannot reach (host memory, arrays). */
+ * host memory (its device copy). Page-locked memory is mirrored now if it is not yet, as its device
+ * pointer would be (pinned memory at its own address, registered memory by a device allocation): the
+ * node copies to or from the mirror's device side when the graph runs, and the host sees those bytes
+ * after the synchronisation, as for a kernel. 0 for what the worker cannot reach (pageable memory,
+ * arrays). */
 static uint64_t copy_side(const unsigned char *p, uint64_t *pitch, uint64_t *height) {
     uint64_t x, y, z, host, device;
     uint32_t type;
@@ -1517,6 +1895,8 @@ static uint64_t copy_side(const unsigned char *p, uint64_t *pitch, uint64_t *hei
     memcpy(pitch, p + 72, 8), memcpy(height, p + 80, 8);
     uint64_t at = type == 1 ? host : type == 2 || type == 4 ? device : 0, mirrored;
     if (!at) return 0;
+    if (!gp_mirror_device(at, &mirrored) && gp_host_lookup(at, NULL, NULL, NULL))
+        cuMemHostGetDevicePointer_v2(&mirrored, (void *)at, 0); /* page-locked: mirrored from now on */
     if (gp_mirror_device(at, &mirrored)) at = mirrored;
     else if (!is_device(at)) return 0;
     return at + (z * *height + y) * *pitch + x;
@@ -1526,8 +1906,8 @@ static uint64_t copy_side(const unsigned char *p, uint64_t *pitch, uint64_t *hei
 CUresult cuGraphAddMemcpyNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params,
                               uint64_t ctx) {
     GP_TRACE("cuGraphAddMemcpyNode");
-    (void)ctx; /* the current context's, as for every forwarded call */
     if (!node || !params || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    if (node_context("cuGraphAddMemcpyNode", ctx) != CUDA_SUCCESS) return CUDA_ERROR_NOT_SUPPORTED;
     const unsigned char *p = params;
     struct gp_in_cuGraphAddMemcpyNode in = {.graph = graph, .num_deps = num_deps};
     uint64_t src_pitch, src_height, dst_pitch, dst_height;
@@ -1536,8 +1916,9 @@ CUresult cuGraphAddMemcpyNode(uint64_t *node, uint64_t graph, void *deps, uint64
     in.src_pitch = src_pitch, in.src_height = src_height, in.dst_pitch = dst_pitch, in.dst_height = dst_height;
     memcpy(&in.width, p + 176, 8), memcpy(&in.height, p + 184, 8), memcpy(&in.depth, p + 192, 8);
     if (!in.src || !in.dst) {
-        gp_say("cuGraphAddMemcpyNode: a copy node from or to the program's own host memory (or a CUDA array) cannot "
-               "run on the remote GPU; it returns CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)");
+        gp_say("cuGraphAddMemcpyNode: a copy node from or to pageable host memory of the program (or a CUDA "
+               "array) cannot run on the remote GPU; it returns CUDA_ERROR_NOT_SUPPORTED (page-locked memory "
+               "can: docs/remote.md)");
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     struct gp_out_cuGraphAddMemcpyNode out;
@@ -2000,7 +2381,8 @@ static CUresult cluster_occupancy(uint32_t call, int32_t *value, uint64_t f, con
     memcpy(&in.n_attrs, c + 48, 4);
     if (in.n_attrs && !attrs) return CUDA_ERROR_INVALID_VALUE;
     int32_t out;
-    CUresult r = gp_call(call, WANT, &in, sizeof in, attrs, (uint64_t)in.n_attrs * 72, &out, sizeof out, NULL, 0);
+    CUresult r = gp_call(call, WANT, &in, sizeof in, attrs, (uint64_t)in.n_attrs * LAUNCH_ATTRIBUTE_BYTES, &out,
+                         sizeof out, NULL, 0);
     if (r == CUDA_SUCCESS) *value = out;
     return r;
 }

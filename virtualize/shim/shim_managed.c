@@ -299,6 +299,22 @@ int gp_mirror_host(uint64_t base, uint64_t size, uint64_t dev) {
     return 0;
 }
 
+/* The end of the mirror at `base` whose memory is being freed: nothing fetched, its pages writable
+ * again for whoever unmaps them. */
+void gp_managed_forget(uint64_t base) {
+    pthread_mutex_lock(&managed_lock);
+    for (int i = 0; i < n_managed; i++) {
+        struct managed *m = &managed[i];
+        if (m->base != base) continue;
+        if (m->mapped) mprotect((void *)m->lo, m->mapped, PROT_READ | PROT_WRITE);
+        free(m->state);
+        managed[i] = managed[n_managed - 1];
+        __atomic_store_n(&n_managed, n_managed - 1, __ATOMIC_RELEASE);
+        break;
+    }
+    pthread_mutex_unlock(&managed_lock);
+}
+
 /* The end of the mirror at `base` (its data's start). Memory the program keeps (GP_MIRROR_HOST) gets the
  * device's bytes back and its pages their access; the others' pages go back to being the window's
  * reservation. Returns the mirror's device address, or 0 when there is none. */

@@ -69,6 +69,9 @@ PROGRAMS = [
     "prog_jax.py",  # XLA with its autotuner: jit, grad, lax.scan, FFT, an optax training loop
     "prog_cupy_libs.py",  # cuFFT, cuSOLVER, cuSPARSE, cuRAND, CUB/Thrust, pinned and async copies
     "prog_cudnn_bn.py",  # cuDNN batch norm fp16 channels-last (a cooperative launch), ResNet-18 with AMP
+    "prog_pinned_kernels.py",  # kernels given pinned host addresses: Graph.update, a cluster launch (DSMEM)
+    "prog_batched_copies.py",  # cuMemcpyBatchAsync (cuda.core's copy_batch) and cuMemcpy3DBatchAsync
+    "prog_host_pools.py",  # cuda.core's PinnedMemoryResource and ManagedMemoryResource pools
 ]
 results: list[dict] = []
 
