@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
 import socket
@@ -112,6 +113,8 @@ async def serve(cfg: ServerConfig) -> int:
         cluster = open_cluster(cfg.cluster, cfg.cluster_name or "pending", cfg.cluster_ttl_s)
         cluster.serving = True
     pool = Pool(store, inv, cfg, events, mps, cluster)
+    for problem in pool.stored_problems():  # never applied; the config's value (or the default) holds
+        log.warning("stored %s (set it again through the admin API or gpupool-server client set)", problem)
     for note in pool.recover(time.time()):
         log.info("recovered lease %s", note)
     if cluster is None and not any(r["admin"] for r in store.tokens()):
@@ -139,8 +142,7 @@ async def serve(cfg: ServerConfig) -> int:
         if mps is not None:
             await asyncio.to_thread(mps.stop)
         raise PoolError(
-            f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror}",
-            "pick another --port or stop the other server",
+            f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror}", _listen_hint(exc)
         ) from None
     pool.port = site._server.sockets[0].getsockname()[1]  # the real one when --port 0
     scheme = "https" if ssl_ctx else "http"
@@ -197,3 +199,11 @@ async def serve(cfg: ServerConfig) -> int:
     store.close()
     print("gpupool-server stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _listen_hint(exc: OSError) -> str:
+    """What to change when the socket cannot be bound: the address when it is not this machine's
+    (or not a name at all), the port when it is taken or privileged."""
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        return "--host must be an address or host name of this machine, e.g. 0.0.0.0 or 127.0.0.1"
+    return "pick another --port or stop the other server"

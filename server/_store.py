@@ -260,12 +260,13 @@ class Store:
                 out.setdefault(p["lease_id"], []).append(p)
         return out
 
-    def active_lease_count(self, client: str | None = None) -> int:
-        if client is None:
-            return self.db.execute("SELECT COUNT(*) FROM leases WHERE state = 'active'").fetchone()[0]
-        return self.db.execute(
-            "SELECT COUNT(*) FROM leases WHERE client = ? AND state = 'active'", (client,)
-        ).fetchone()[0]
+    def active_lease_count(self, client: str | None = None, *, remote: bool = False) -> int:
+        sql, args = "SELECT COUNT(*) FROM leases WHERE state = 'active'", ()
+        if client is not None:
+            sql, args = sql + " AND client = ?", (client,)
+        if remote:
+            sql += " AND remote = 1"
+        return self.db.execute(sql, args).fetchone()[0]
 
     def live_fractions(self) -> list[dict]:
         rows = self.db.execute(

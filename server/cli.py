@@ -18,6 +18,7 @@ from pathlib import Path
 
 from collector.argtypes import ranged
 from collector.words import plural
+from server.ranges import MAX_LIMIT_GPUS
 
 SUBCOMMANDS = ("serve", "token", "client", "cluster")
 EXIT_USAGE = 2
@@ -83,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--lease-ttl", metavar="DURATION", help="heartbeat TTL of leases (default 30s)")
     s.add_argument(
         "--default-limit",
-        type=ranged(float, 0),
+        type=ranged(float, 0, MAX_LIMIT_GPUS, "a GPU limit"),
         metavar="GPUS",
         help="GPU limit (sum of fractions) of clients without their own",
     )
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _config(args):
-    from server._config import load_config, parse_duration
+    from server._config import check_ranges, load_config, parse_duration
 
     cfg = load_config(args.config)
     if args.state_dir:
@@ -243,6 +244,7 @@ def _config(args):
         cfg.default_idle_timeout_s = parse_duration(args.idle_timeout, "--idle-timeout")
     if args.max_lease:
         cfg.max_lease_s = parse_duration(args.max_lease, "--max-lease")
+    check_ranges(cfg, "serve options")
     return cfg
 
 
@@ -300,12 +302,13 @@ def _client(args) -> int:
     """Client policy straight in the state directory: a running server applies it at its next decision."""
     import socket
 
+    from server import ranges
     from server._config import parse_duration
     from server._events import EventLog
     from server._inventory import Inventory
     from server._pool import Pool
     from server._store import open_store
-    from server.api import ClientUpdate
+    from server.api import ClientUpdate, convert
 
     cfg = _config(args)
     _existing_state(cfg, database=args.client_command == "list")
@@ -321,23 +324,24 @@ def _client(args) -> int:
     if args.client_command == "set":
         if args.limit is None and args.idle_timeout is None:
             return _fail("nothing to set", "give --limit and/or --idle-timeout")
-        update = ClientUpdate()
+        changes = {}
         if args.limit is not None:
             try:
-                update.limit = None if args.limit == "default" else float(args.limit)
+                changes["limit"] = None if args.limit == "default" else float(args.limit)
             except ValueError:
                 return _fail(
                     f"--limit {args.limit!r} is not a number", "e.g. --limit 2.5, or --limit default"
                 )
-            if update.limit is not None and update.limit < 0:
-                return _fail("--limit must be 0 or more", "e.g. --limit 2.5")
         if args.idle_timeout is not None:
-            update.idle_timeout_s = (
+            changes["idle_timeout_s"] = (
                 None
                 if args.idle_timeout == "default"
                 else parse_duration(args.idle_timeout, "--idle-timeout")
             )
-        pool.set_client(args.client, update)
+        for option, field in (("--limit", "limit"), ("--idle-timeout", "idle_timeout_s")):
+            if why := ranges.problem(ranges.CLIENT, field, changes.get(field)):
+                return _fail(f"{option} {why.removeprefix(field + ' ')}", "see docs/pool.md (Ranges)")
+        pool.set_client(args.client, convert(changes, ClientUpdate))
     rows = [c for c in pool.clients() if args.client_command == "list" or c["client"] == args.client]
     print(
         f"{'CLIENT':<20} {'LIMIT':>8} {'(from)':<8} {'IDLE TIMEOUT':>12} {'(from)':<8} {'USAGE':>7} {'LEASES':>6}"
