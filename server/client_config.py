@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,9 +72,21 @@ def normalize_url(text: str, default_port: int | None = DEFAULT_PORT) -> str:
             f"not a server URL: {text!r} (scheme {scheme!r} is not http or https)", "e.g. https://gpu1:56001"
         )
     host = rest.split("/", 1)[0]
-    if default_port is not None and not re.search(r":\d+$", host) and not host.endswith("]"):
+    if default_port is not None and not re.search(r":[^:\]]*$", host.removeprefix("[")):
         rest = host + f":{default_port}" + rest[len(host) :]
-    return f"{scheme}://{rest}"
+    url = f"{scheme}://{rest}"
+    # Checked here, once, so a bad port is named as one (not found later by the HTTP library).
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0 or not re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[^:\[\]@]+)(:\d+)?", parts.netloc):
+        raise ConfigError(
+            f"server address {text.removeprefix('http://')!r} is not HOST:PORT with a port 1-65535",
+            "write host:port, e.g. gpu1:56001 or https://gpu1:56001",
+        )
+    return url
 
 
 def default_path() -> Path:
