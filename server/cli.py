@@ -18,7 +18,7 @@ from pathlib import Path
 
 from collector.argtypes import ranged
 from collector.words import plural
-from server.ranges import MAX_LIMIT_GPUS
+from server.ranges import CLIENT, MAX_LIMIT_GPUS, POLICY
 
 SUBCOMMANDS = ("serve", "token", "client", "cluster")
 EXIT_USAGE = 2
@@ -81,19 +81,29 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--tls-cert", type=Path, help="serve HTTPS with this certificate (PEM)")
     s.add_argument("--tls-key", type=Path, help="private key of --tls-cert (PEM)")
-    s.add_argument("--lease-ttl", metavar="DURATION", help="heartbeat TTL of leases (default 30s)")
+    s.add_argument(
+        "--lease-ttl",
+        metavar="DURATION",
+        help=f"heartbeat TTL of leases, {POLICY['lease_ttl_s'].text()} (default 30s)",
+    )
     s.add_argument(
         "--default-limit",
         type=ranged(float, 0, MAX_LIMIT_GPUS, "a GPU limit"),
         metavar="GPUS",
-        help="GPU limit (sum of fractions) of clients without their own",
+        help=f"GPU limit (sum of fractions) of clients without their own, {POLICY['default_limit'].text()}",
     )
     s.add_argument(
         "--idle-timeout",
         metavar="DURATION",
-        help="default idle timeout before a lease is reclaimed (e.g. 30m)",
+        help="default idle timeout before a lease is reclaimed (e.g. 30m), "
+        f"{POLICY['default_idle_timeout_s'].text()}",
     )
-    s.add_argument("--max-lease", metavar="DURATION", help="maximum lease length (e.g. 24h)")
+    s.add_argument(
+        "--max-lease",
+        metavar="DURATION",
+        help=f"maximum lease length (e.g. 24h), {POLICY['max_lease_s'].text()}; per-client caps on leases "
+        "and workers: [policy] of --config (docs/pool.md, Ranges)",
+    )
     s.add_argument(
         "--cluster",
         metavar="etcd://H:P,...",
@@ -150,9 +160,15 @@ def _parser() -> argparse.ArgumentParser:
         "set", parents=[common], help="set a client's own limit / idle timeout ('default' clears it)"
     )
     cs.add_argument("client")
-    cs.add_argument("--limit", metavar="GPUS|default", help="GPU limit, a sum of fractions (e.g. 2.5)")
     cs.add_argument(
-        "--idle-timeout", metavar="DURATION|default", help="idle timeout (e.g. 30m; 0 = never reclaim)"
+        "--limit",
+        metavar="GPUS|default",
+        help=f"GPU limit, a sum of fractions (e.g. 2.5), {CLIENT['limit'].text()}",
+    )
+    cs.add_argument(
+        "--idle-timeout",
+        metavar="DURATION|default",
+        help=f"idle timeout (e.g. 30m; 0 = never reclaim), {CLIENT['idle_timeout_s'].text()}",
     )
     k = sub.add_parser("cluster", help="cluster mode: move to etcd, list the cluster's servers")
     ksub = k.add_subparsers(dest="cluster_command", metavar="{migrate,members}", required=True)

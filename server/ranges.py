@@ -112,3 +112,50 @@ def problem(table: dict[str, Range], name: str, value: object) -> str | None:
         return None
     why = table[name].problem(value)
     return f"{name} {why}" if why else None
+
+
+# What each value is, for the table in docs/pool.md ("Ranges"), which ``markdown()`` writes.
+MEANING = {
+    "n": "GPUs of one lease (`-n`), each a separate GPU of one server",
+    "fraction": "partition as a share of each GPU's memory (`-p`); the smallest partition is 1/64",
+    "mem_mib": "partition in MiB (`-m`); reserves at least 1/64 of the GPU it lands on",
+    "sm_share": "share of each GPU's SMs (`--sm-share`, with MPS)",
+    "ttl_s": "heartbeat TTL a client asks for (at most the server's `max_ttl`)",
+    "default_limit": "GPUs (sum of fractions) a client without its own limit holds; default none",
+    "default_idle_timeout_s": "idle time before a lease is reclaimed; default none (0: never)",
+    "max_lease_s": "hard maximum lease length; default none (0: none)",
+    "lease_ttl_s": "heartbeat TTL of leases; default 30s",
+    "max_leases_per_client": "active leases one client holds on a server; default 32",
+    "max_workers_per_client": "remote leases (a worker process each) one client runs on a server; default 8",
+    "limit": "a client's own GPU limit (`client set --limit`, `[clients.NAME] limit`)",
+    "idle_timeout_s": "a client's own idle timeout (0: never reclaimed)",
+    "max_ttl_s": "longest TTL a client may ask for; default 1h",
+    "reap_interval_s": "how often leases are checked for expiry and idleness; default 1s",
+    "activity_window_s": "window of GPU activity an idle check reads; default 5s",
+    "sample_interval_s": "GPU samples to telemetry; default 5s",
+    "telemetry_flush_s": "telemetry written this often; default 10s",
+    "ended_retention_s": "ended leases stay queryable this long; default 30d",
+    "rollup_every_s": "telemetry rollups brought up to date this often; default 1h (0: never)",
+    "keep_raw_s": "raw GPU samples older than this deleted once rolled up; default kept",
+    "cluster_ttl_s": "cluster membership TTL; default 10s",
+}
+TABLES = {
+    "lease request (API, `gpuattach`)": REQUEST,
+    "policy (`PUT /v1/admin/policy`, `[policy]`)": POLICY,
+    "client (`PUT /v1/admin/clients/NAME`, `client set`, `[clients.NAME]`)": CLIENT,
+    "server timings (`server.toml` only)": SERVER,
+}
+
+
+def markdown() -> str:
+    """The ranges as the Markdown table docs/pool.md carries (a test checks that it is current)."""
+    lines = ["| field | range | meaning |", "| --- | --- | --- |"]
+    for where, table in TABLES.items():
+        lines.append(f"| *{where}* | | |")
+        for name, r in table.items():
+            lines.append(f"| `{name}` | {r.text()} | {MEANING[name]} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m server.ranges: the table for docs/pool.md
+    print(markdown())

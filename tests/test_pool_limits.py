@@ -247,3 +247,13 @@ def test_out_of_range_values_stored_by_an_older_version_are_not_applied_after_a_
         assert api(srv.url, "GET", f"/v1/leases/{lease['id']}", tok)[1]["state"] == "active"
     finally:
         srv.stop()
+
+
+def test_the_ranges_table_in_the_docs_is_the_one_the_code_checks():
+    """docs/pool.md's Ranges table is what ``server.ranges`` enforces (``python -m server.ranges``)."""
+    from server import ranges
+
+    doc = (ROOT / "docs" / "pool.md").read_text()
+    start = doc.index("<!-- ranges: python -m server.ranges writes this table -->\n")
+    table = doc[start:].split("\n", 1)[1].split("\n<!-- /ranges -->", 1)[0]
+    assert table == ranges.markdown()
