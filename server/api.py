@@ -74,9 +74,10 @@ class PolicyUpdate(_Checked):
     max_workers_per_client: _bounded(P["max_workers_per_client"]) | Unset | None = msgspec.UNSET
 
 
-class TokenCreate(msgspec.Struct, forbid_unknown_fields=True):
+class TokenCreate(_Checked):
+    _ranges: ClassVar = ranges.TOKEN
     client: ClientName
-    expires_in_s: Annotated[float, Meta(gt=0, le=ranges.MAX_SECONDS)] | None = None
+    expires_in_s: _bounded(ranges.TOKEN["expires_in_s"]) | None = None
     admin: bool = False
 
 

@@ -138,7 +138,9 @@ def _parser() -> argparse.ArgumentParser:
     tc.add_argument(
         "--admin", action="store_true", help="an admin token (admin API: clients, policy, tokens)"
     )
-    tc.add_argument("--expires", metavar="DURATION", help="lifetime, e.g. 365d, 12h (default: never)")
+    tc.add_argument(
+        "--expires", metavar="DURATION", help="lifetime, e.g. 365d, 12h; 1s-100y (default: never)"
+    )
     ti = tsub.add_parser(
         "import",
         parents=[common],
@@ -146,7 +148,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     ti.add_argument("client")
     ti.add_argument("--admin", action="store_true", help="an admin token")
-    ti.add_argument("--expires", metavar="DURATION", help="lifetime from now (default: never)")
+    ti.add_argument("--expires", metavar="DURATION", help="lifetime from now, 1s-100y (default: never)")
     tsub.add_parser("list", parents=[common], help="list tokens (ids, clients, expiry; never the secrets)")
     tr = tsub.add_parser("revoke", parents=[common], help="revoke a token by its id")
     tr.add_argument("token_id")
@@ -265,6 +267,7 @@ def _config(args):
 
 
 def _token(args) -> int:
+    from server import ranges
     from server._config import parse_duration
     from server._pool import iso
     from server._store import open_store
@@ -281,6 +284,8 @@ def _token(args) -> int:
                 f"client name {args.client!r} is not allowed", "use letters, digits and _ . @ - (max 64)"
             )
         expires = parse_duration(args.expires, "--expires") if args.expires else None
+        if why := ranges.problem(ranges.TOKEN, "expires_in_s", expires):
+            return _fail(f"--expires {why.removeprefix('expires_in_s ')}", "e.g. --expires 365d")
         given = None
         if args.token_command == "import":
             given = sys.stdin.readline().strip()

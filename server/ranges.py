@@ -91,6 +91,9 @@ POLICY = {
 # A client's own settings (PUT /v1/admin/clients/NAME, gpupool-server client set, [clients.NAME]).
 CLIENT = {"limit": LIMIT, "idle_timeout_s": IDLE_TIMEOUT}
 
+# A token's lifetime (POST /v1/admin/tokens, gpupool-server token create/import --expires).
+TOKEN = {"expires_in_s": Range(1, MAX_SECONDS, "s")}
+
 # The server's own timings, only in server.toml's [policy] and [server] sections.
 SERVER = {
     "max_ttl_s": TTL,
@@ -138,11 +141,13 @@ MEANING = {
     "rollup_every_s": "telemetry rollups brought up to date this often; default 1h (0: never)",
     "keep_raw_s": "raw GPU samples older than this deleted once rolled up; default kept",
     "cluster_ttl_s": "cluster membership TTL; default 10s",
+    "expires_in_s": "a token's lifetime (`--expires`); default: never expires",
 }
 TABLES = {
     "lease request (API, `gpuattach`)": REQUEST,
     "policy (`PUT /v1/admin/policy`, `[policy]`)": POLICY,
     "client (`PUT /v1/admin/clients/NAME`, `client set`, `[clients.NAME]`)": CLIENT,
+    "token (`POST /v1/admin/tokens`, `token create --expires`)": TOKEN,
     "server timings (`server.toml` only)": SERVER,
 }
 

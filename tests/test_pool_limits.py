@@ -257,3 +257,21 @@ def test_the_ranges_table_in_the_docs_is_the_one_the_code_checks():
     start = doc.index("<!-- ranges: python -m server.ranges writes this table -->\n")
     table = doc[start:].split("\n", 1)[1].split("\n<!-- /ranges -->", 1)[0]
     assert table == ranges.markdown()
+
+
+def test_a_token_lifetime_out_of_range_is_refused_and_no_token_is_stored(tmp_path, one_gpu):
+    """``token create --expires 99999999999y`` once stored a token and then crashed printing its
+    expiry; ``--expires 0`` made a token that never expires. Both are refused in one line, nothing is
+    stored, and the API refuses the same lifetimes."""
+    state = one_gpu.state_dir
+    before = server_cli("token", "list", "--state-dir", str(state)).stdout
+    for lifetime in ("99999999999y", "0", "0.5s"):
+        out = server_cli("token", "create", "mallory", "--expires", lifetime, "--state-dir", str(state))
+        assert out.returncode == 2 and "Traceback" not in out.stderr and out.stdout == ""
+        (line,) = out.stderr.strip().splitlines()
+        assert "--expires" in line and "out of range (1s-100y)" in line, line
+    assert server_cli("token", "list", "--state-dir", str(state)).stdout == before
+    admin = one_gpu.token("root", admin=True)
+    for body in ({"client": "mallory", "expires_in_s": 0.5}, {"client": "mallory", "expires_in_s": 1e12}):
+        status, ans = api(one_gpu.url, "POST", "/v1/admin/tokens", admin, body)
+        assert status == 400 and "expires_in_s" in ans["error"], ans
