@@ -22,6 +22,7 @@ from pathlib import Path
 
 from collector import durations
 from server.client_errors import ConfigError
+from server.ranges import MAX_SECONDS, Range
 
 DEFAULT_PORT = 56001
 DEFAULT_TIMEOUT_S = 600.0
@@ -46,14 +47,20 @@ class ClientConfig:
         return server.token or self.token
 
 
+WAIT = Range(0, MAX_SECONDS, "s")  # how long run/request wait for GPUs (a century is "forever" already)
+
+
 def parse_duration(value: object, what: str) -> float:
     """``collector.parse_duration`` answering a bad value with a ConfigError that names the setting."""
     try:
-        return durations.parse_duration(value)
+        seconds = durations.parse_duration(value)
     except ValueError:
         raise ConfigError(
             f"{what}: {value!r} is not a duration", f"write e.g. {durations.EXAMPLES}"
         ) from None
+    if why := WAIT.problem(seconds):
+        raise ConfigError(f"{what}: {why}", f"write e.g. {durations.EXAMPLES}")
+    return seconds
 
 
 def normalize_url(text: str, default_port: int | None = DEFAULT_PORT) -> str:

@@ -210,6 +210,10 @@ def test_gpuattach_unknown_command_lists_only_public_ones():
         (["run", "-n", "1000000", "--", "true"], ["-n", "out of range (1-1024)"]),
         (["request", "-n", "1", "-m", "-5"], ["-m", "out of range (1-1073741824 MiB)"]),
         (["request", "-n", "1", "-m", "99999999999"], ["-m", "99999999999 is out of range"]),
+        (
+            ["run", "-n", "1", "--timeout", "99999999999y", "--", "true"],
+            ["--timeout", "out of range (0s-100y)"],
+        ),
         (["run", "-n", "1", "--sm-share", "2", "--", "true"], ["--sm-share"]),
         (["run", "--", "true"], ["give -n N"]),
         (["run", "-n", "1"], ["no command to run"]),
