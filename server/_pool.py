@@ -333,7 +333,7 @@ class Pool:
         score = left / sum(g.mem_total_bytes for g in chosen)
         return Placement(tuple(chosen), tuple(mems), fractions, round(score, 6))
 
-    def _check_limit(self, client: str, req: LeaseRequest, needed: float, snapshot=None) -> None:
+    def _check_limits(self, client: str, req: LeaseRequest, needed: float, snapshot=None) -> None:
         self._check_caps(client, req)
         limit = self.client_settings(client, snapshot=snapshot)["limit"]
         if limit is None:
@@ -351,11 +351,11 @@ class Pool:
         """The policy's caps on one client's leases and running workers on this server: a worker is a
         process (and a CUDA context) per remote lease, so tiny leases must not multiply them."""
         policy = self.policy()
-        caps = [("max_leases_per_client", "leases", self.store.active_lease_count(client))]
+        caps = [("max_leases_per_client", "leases", False)]
         if req.remote:
-            caps.append(("max_workers_per_client", "remote workers", self.store.active_lease_count(client, remote=True)))  # fmt: skip
-        for key, what, held in caps:
-            cap = policy[key]
+            caps.append(("max_workers_per_client", "remote workers", True))
+        for key, what, remote in caps:
+            held, cap = self.store.active_lease_count(client, remote=remote), policy[key]
             if held >= cap:
                 raise LimitExceeded(
                     f"client {client} runs {held} {what} on {self.inv.hostname}, its cap ({key} = {cap})",
@@ -378,9 +378,9 @@ class Pool:
         try:
             placement = self.place(req, filters, self.used_bytes())
         except Busy:
-            self._check_limit(caller.client, req, self._estimated_fraction(req, filters), snapshot)
+            self._check_limits(caller.client, req, self._estimated_fraction(req, filters), snapshot)
             raise
-        self._check_limit(caller.client, req, sum(placement.fractions), snapshot)
+        self._check_limits(caller.client, req, sum(placement.fractions), snapshot)
         return placement
 
     def prefetch(self, client: str):

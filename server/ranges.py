@@ -50,7 +50,7 @@ class Range:
         return None
 
     def text(self) -> str:
-        """The range as a person reads it: ``1s-100y, or 0 (never)``, ``0.015625-1``."""
+        """The range as a person reads it: ``1s-100y, or 0 (off)``, ``0-100000 GPUs``."""
         span = f"{self._show(self.lo)}-{self._show(self.hi)}"
         if self.unit and self.unit != "s":
             span += f" {self.unit}"
