@@ -285,6 +285,11 @@ def test_gpuattach_servers_with_a_refused_token_is_not_up(sim_server, tmp_path):
     )
     out = gpuattach("servers", "--json", env=env)
     assert out.returncode == 125 and json.loads(out.stdout)[0]["token"].startswith("refused: invalid token")
+    no_token = tmp_path / "no-token.toml"
+    no_token.write_text(f"servers = [{json.dumps(sim_server.url)}]\n")
+    out = gpuattach("servers", env={**env, "GPUPOOL_CONFIG": str(no_token)})
+    assert out.returncode == 125 and "NO TOKEN" in out.stdout and " up " not in out.stdout
+    assert out.stderr.strip().splitlines()[-1].startswith("gpuattach: error: no token configured")
     good = client_env(tmp_path, [sim_server.url], sim_server.token("checker"))
     out = gpuattach("servers", env=good)
     assert out.returncode == 0 and " up " in out.stdout and "REFUSED" not in out.stdout

@@ -296,8 +296,17 @@ def cmd_servers(args) -> int:
         s.url: c for s, c in checks.items() if isinstance(c, ConfigError) or getattr(c, "status", 0) == 401
     }
     if args.json:
-        rows = [{"url": s.url, **a, "token": "refused: " + refused[s.url].title if s.url in refused else "accepted"}
-                if isinstance(a, dict) else {"url": s.url, "error": a.title} for s, a in answers]  # fmt: skip
+
+        def token_state(server) -> str:
+            check = checks[server]
+            if isinstance(check, dict):
+                return "accepted"
+            if isinstance(check, ConfigError):
+                return "missing: " + check.title
+            return ("refused: " if server.url in refused else "not checked: ") + check.title
+
+        rows = [{"url": s.url, **a, "token": token_state(s)} if isinstance(a, dict)
+                else {"url": s.url, "error": a.title} for s, a in answers]  # fmt: skip
         print(json.dumps(rows, indent=1))
         return EXIT_OK if len(answering) == len(answers) and not refused else EXIT_FAILED
     rows = []
@@ -325,8 +334,9 @@ def cmd_servers(args) -> int:
     print(f"({plural(len(answers), 'server')} asked at once in {took * 1000:.0f} ms)", file=sys.stderr)
     if refused:
         first = next(iter(refused.values()))
+        no_token = isinstance(first, ConfigError)
         return _fail(
-            f"{plural(len(refused), 'server')} refused the token: {first.title}",
+            first.title if no_token else f"{plural(len(refused), 'server')} refused the token: {first.title}",
             first.hint or "check the token in client.toml / --token / GPUPOOL_TOKEN",
         )
     return EXIT_OK if len(answering) == len(answers) else EXIT_FAILED
