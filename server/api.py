@@ -36,20 +36,20 @@ class _Checked(msgspec.Struct, forbid_unknown_fields=True):
                 raise ValueError(why)
 
 
-R, P, C = ranges.REQUEST, ranges.POLICY, ranges.CLIENT
+REQUEST, POLICY, CLIENT, TOKEN = ranges.REQUEST, ranges.POLICY, ranges.CLIENT, ranges.TOKEN
 Unset = msgspec.UnsetType
 
 
 class LeaseRequest(_Checked):
-    _ranges: ClassVar = R
-    n: _bounded(R["n"])
-    fraction: _bounded(R["fraction"]) | None = None
-    mem_mib: _bounded(R["mem_mib"]) | None = None
-    sm_share: _bounded(R["sm_share"]) | None = None
+    _ranges: ClassVar = REQUEST
+    n: _bounded(REQUEST["n"])
+    fraction: _bounded(REQUEST["fraction"]) | None = None
+    mem_mib: _bounded(REQUEST["mem_mib"]) | None = None
+    sm_share: _bounded(REQUEST["sm_share"]) | None = None
     filters: list[str] = []
     local: bool = False
     remote: bool = False
-    ttl_s: _bounded(R["ttl_s"]) | None = None
+    ttl_s: _bounded(REQUEST["ttl_s"]) | None = None
     pids: list[Pid] = []
     label: Annotated[str, Meta(max_length=200)] | None = None
 
@@ -58,26 +58,21 @@ class Heartbeat(msgspec.Struct, forbid_unknown_fields=True):
     pids: list[Pid] = []
 
 
-class ClientUpdate(_Checked):
-    _ranges: ClassVar = C
-    limit: _bounded(C["limit"]) | Unset | None = msgspec.UNSET
-    idle_timeout_s: _bounded(C["idle_timeout_s"]) | Unset | None = msgspec.UNSET
+def _update(name: str, table: dict[str, ranges.Range]) -> type:
+    """A struct of every field of ``table``, each optional (UNSET: not given; None: drop the setting):
+    a row added to the table is a field of the API at once."""
+    fields = [(key, _bounded(r) | Unset | None, msgspec.UNSET) for key, r in table.items()]
+    return msgspec.defstruct(name, fields, bases=(_Checked,), namespace={"_ranges": table}, module=__name__)
 
 
-class PolicyUpdate(_Checked):
-    _ranges: ClassVar = P
-    default_limit: _bounded(P["default_limit"]) | Unset | None = msgspec.UNSET
-    default_idle_timeout_s: _bounded(P["default_idle_timeout_s"]) | Unset | None = msgspec.UNSET
-    max_lease_s: _bounded(P["max_lease_s"]) | Unset | None = msgspec.UNSET
-    lease_ttl_s: _bounded(P["lease_ttl_s"]) | Unset | None = msgspec.UNSET
-    max_leases_per_client: _bounded(P["max_leases_per_client"]) | Unset | None = msgspec.UNSET
-    max_workers_per_client: _bounded(P["max_workers_per_client"]) | Unset | None = msgspec.UNSET
+ClientUpdate = _update("ClientUpdate", CLIENT)
+PolicyUpdate = _update("PolicyUpdate", POLICY)
 
 
 class TokenCreate(_Checked):
-    _ranges: ClassVar = ranges.TOKEN
+    _ranges: ClassVar = TOKEN
     client: ClientName
-    expires_in_s: _bounded(ranges.TOKEN["expires_in_s"]) | None = None
+    expires_in_s: _bounded(TOKEN["expires_in_s"]) | None = None
     admin: bool = False
 
 
