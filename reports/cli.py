@@ -12,7 +12,6 @@ heavy imports wait until a command runs so ``--help`` is fast.
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import signal
 import socket
@@ -23,7 +22,7 @@ import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 
-from collector.argtypes import ranged
+from collector.argtypes import listen_hint, ranged
 from collector.location import is_s3
 from reports import DIRS_ENV
 
@@ -212,19 +211,14 @@ def _check_port(address: str, port: int) -> tuple[str, str] | None:
     try:
         family, kind, proto, _, where = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as exc:
-        return (
-            f"cannot listen on {address}: {exc.strerror}",
-            "--address must be an address or host name of this machine, e.g. 127.0.0.1 or 0.0.0.0",
-        )
+        return f"cannot listen on {address}: {exc.strerror}", listen_hint(exc, "--address", "--port")
     with socket.socket(family, kind, proto) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the web server itself does
         try:
             s.bind(where)
         except OSError as exc:
             why = f"cannot listen on {address}:{port}: {exc.strerror or exc}"
-            if exc.errno == errno.EADDRNOTAVAIL:
-                return why, "--address must be an address of this machine, e.g. 127.0.0.1 or 0.0.0.0"
-            return why, "pick another --port, or stop what listens there"
+            return why, listen_hint(exc, "--address", "--port")
     return None
 
 

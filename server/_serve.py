@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import signal
 import socket
@@ -14,6 +13,7 @@ import time
 
 from aiohttp import web
 
+from collector.argtypes import listen_hint
 from collector.words import plural
 from server._activity import NvmlActivity, SimulatedActivity
 from server._app import ServerState, make_app, reap_loop, stop_worker
@@ -142,7 +142,7 @@ async def serve(cfg: ServerConfig) -> int:
         if mps is not None:
             await asyncio.to_thread(mps.stop)
         raise PoolError(
-            f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror}", _listen_hint(exc)
+            f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror}", listen_hint(exc, "--host", "--port")
         ) from None
     pool.port = site._server.sockets[0].getsockname()[1]  # the real one when --port 0
     scheme = "https" if ssl_ctx else "http"
@@ -199,11 +199,3 @@ async def serve(cfg: ServerConfig) -> int:
     store.close()
     print("gpupool-server stopped", file=sys.stderr, flush=True)
     return 0
-
-
-def _listen_hint(exc: OSError) -> str:
-    """What to change when the socket cannot be bound: the address when it is not this machine's
-    (or not a name at all), the port when it is taken or privileged."""
-    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
-        return "--host must be an address or host name of this machine, e.g. 0.0.0.0 or 127.0.0.1"
-    return "pick another --port or stop the other server"
