@@ -500,7 +500,10 @@ def what_if(
     need, ideal = _replay.unbounded(pieces, horizon, g, options.policy)
     p95, p99 = _replay.percentile(need, 0.95), _replay.percentile(need, 0.99)
     pool_gpus = options.pool_gpus or max(p95, 1)
-    bounded = _replay.bounded(pieces, horizon, pool_gpus, g, options.policy)
+    # A pool as large as the unbounded replay's peak never makes a piece wait, and more GPUs than that
+    # stay empty: replay at most that many (a pool of 1e9 GPUs is then as quick as one of the peak).
+    replayed = min(pool_gpus, max(int(need.max(initial=0)), 1))
+    bounded = _replay.bounded(pieces, horizon, replayed, g, options.policy)
 
     span_hours = horizon * step_s / 3600.0
     price = options.price

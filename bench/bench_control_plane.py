@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from server.ranges import MIN_FRACTION  # noqa: E402  (after the path above)
+
 
 def _client_proc(urls, tokens, threads, start_at, stop_at, out):
     from server.client import PoolClient, Request
@@ -45,7 +47,7 @@ def _client_proc(urls, tokens, threads, start_at, stop_at, out):
 
     def loop(token):
         client = PoolClient(ClientConfig(servers=[ServerRef(u, None) for u in urls], token=token))
-        req = Request(n=1, fraction=0.01)
+        req = Request(n=1, fraction=MIN_FRACTION)  # the smallest partition: 8 GPUs hold 512 of them
         while time.time() < start_at:
             time.sleep(0.005)
         while time.time() < stop_at:
@@ -82,7 +84,11 @@ def run(n_servers: int, clients: int, duration: float, procs: int, cluster: str 
 
     tmp = Path(tempfile.mkdtemp(prefix="gpupool-bench-"))
     extra = ("--log-level", "WARNING") + (("--cluster", cluster) if cluster else ())
-    servers = [ServerProc(tmp / f"s{i}", "8xH100-80GB", extra=extra).start() for i in range(n_servers)]
+    # 200 clients under one name would pass the default cap of 32 leases per client: lift it here
+    config = "[policy]\nmax_leases_per_client = 10000\n"
+    servers = [
+        ServerProc(tmp / f"s{i}", "8xH100-80GB", config=config, extra=extra).start() for i in range(n_servers)
+    ]
     try:
         names = [f"bench{t}" for t in range(tenants)]
         if cluster:  # issued once, in etcd, valid on every server

@@ -147,6 +147,7 @@ def serve(state: LiveState, port: int, addr: str = "0.0.0.0"):
     from prometheus_client import start_http_server
 
     from collector._errors import CollectorError
+    from collector.argtypes import listen_hint
 
     registry = CollectorRegistry()
     registry.register(TelemetryCollector(state))
@@ -155,6 +156,6 @@ def serve(state: LiveState, port: int, addr: str = "0.0.0.0"):
     except OSError as exc:
         raise CollectorError(
             f"cannot serve /metrics on {addr}:{port} ({exc.strerror or exc})",
-            "pick another --prometheus PORT (0 picks a free one) or --prometheus-addr",
+            listen_hint(exc, "--prometheus-addr", "--prometheus PORT (0 picks a free one)"),
         ) from None
     return result[0] if isinstance(result, tuple) else result

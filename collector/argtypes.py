@@ -7,9 +7,11 @@ and the range (`--port 99999` -> "99999 is out of range: a port number is 0-6553
 from __future__ import annotations
 
 import argparse
+import errno
 import math
+import socket
 
-__all__ = ["ranged"]
+__all__ = ["listen_hint", "ranged"]
 
 
 def ranged(kind, lo: float | None = None, hi: float | None = None, noun: str = ""):
@@ -29,3 +31,11 @@ def ranged(kind, lo: float | None = None, hi: float | None = None, noun: str = "
         return value
 
     return parse
+
+
+def listen_hint(exc: OSError, address_option: str, port_option: str) -> str:
+    """What to change when a socket cannot be bound: the address when it does not resolve or is not
+    this machine's, else the port (taken, or privileged)."""
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        return f"{address_option} must be an address or host name of this machine, e.g. 0.0.0.0 or 127.0.0.1"
+    return f"pick another {port_option}, or stop what listens there"

@@ -23,12 +23,13 @@ import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 
-from collector.argtypes import ranged
+from collector.argtypes import listen_hint, ranged
 from collector.location import is_s3
 from reports import DIRS_ENV
 
 EXIT_USAGE = 2
 START_TIMEOUT_S = 60.0
+MAX_POOL_GPUS = 1_000_000  # above any fleet; the replay itself never uses more GPUs than the peak need
 
 
 class _Parser(argparse.ArgumentParser):
@@ -206,7 +207,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     pool.add_argument("--currency", default="USD", help="currency label (USD)")
     pool.add_argument(
-        "--pool-gpus", type=ranged(int, 1), help="pool size to replay with waiting (default: the p95 need)"
+        "--pool-gpus",
+        type=ranged(int, 1, MAX_POOL_GPUS, "a pool size"),
+        help=f"pool size to replay with waiting, 1-{MAX_POOL_GPUS:,} GPUs (default: the p95 need)",
     )
     return ap
 
@@ -216,18 +219,20 @@ def _fail(title: str, hint: str = "") -> int:
     return EXIT_USAGE
 
 
-def _check_port(address: str, port: int) -> str | None:
-    """Why ``address:port`` cannot be listened on, or None: checked before anything says "serving"."""
+def _check_port(address: str, port: int) -> tuple[str, str] | None:
+    """Why ``address:port`` cannot be listened on and what to do, or None: checked before anything
+    says "serving". An address that does not resolve is the address's fault, not the port's."""
     try:
         family, kind, proto, _, where = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as exc:
-        return f"cannot listen on {address}: {exc.strerror}"
+        return f"cannot listen on {address}: {exc.strerror}", listen_hint(exc, "--address", "--port")
     with socket.socket(family, kind, proto) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the web server itself does
         try:
             s.bind(where)
         except OSError as exc:
-            return f"cannot listen on {address}:{port}: {exc.strerror or exc}"
+            why = f"cannot listen on {address}:{port}: {exc.strerror or exc}"
+            return why, listen_hint(exc, "--address", "--port")
     return None
 
 
@@ -274,9 +279,9 @@ def _serve(args) -> int:
 
     analytics.data_extent(analytics.open_telemetry(args.dirs))  # fail here, in one line, not in the browser
     _ensure_rollups(args.dirs)
-    why = _check_port(args.address, args.port)
-    if why:
-        return _fail(why, "pick another --port, or stop what listens there")
+    refusal = _check_port(args.address, args.port)
+    if refusal:
+        return _fail(*refusal)
     env = dict(os.environ)
     env[DIRS_ENV] = os.pathsep.join(d if is_s3(d) else str(Path(d).resolve()) for d in args.dirs)
     app = Path(__file__).with_name("app.py")  # not imported here: Streamlit warns outside its runtime

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from collector import durations
+from server import ranges
 from server._errors import BadRequest
 
 DEFAULT_PORT = 56001  # Bitfusion's server port; any free port works
@@ -54,6 +55,8 @@ class ServerConfig:
     default_limit: float | None = None
     default_idle_timeout_s: float | None = None
     max_lease_s: float | None = None
+    max_leases_per_client: int = ranges.DEFAULT_MAX_LEASES_PER_CLIENT
+    max_workers_per_client: int = ranges.DEFAULT_MAX_WORKERS_PER_CLIENT
     clients: dict[str, ClientPolicy] = field(default_factory=dict)
     # loops
     reap_interval_s: float = 1.0
@@ -81,7 +84,25 @@ def load_config(path: Path | None) -> ServerConfig:
         raise BadRequest(
             f"config file {path}: a value has the wrong type ({exc})", "see deploy/server.toml"
         ) from None
+    check_ranges(cfg, f"config file {path}")
     return cfg
+
+
+def check_ranges(cfg: ServerConfig, where: str) -> None:
+    """Every policy value, timing and client setting of ``cfg`` within its range (``server.ranges``),
+    else one BadRequest naming it as the config file does (``lease_ttl``, not ``lease_ttl_s``)."""
+    rows = [(ranges.POLICY, key, getattr(cfg, key), "policy.") for key in ranges.POLICY]
+    rows += [(ranges.SERVER, key, getattr(cfg, key), "") for key in ranges.SERVER]
+    for name, c in cfg.clients.items():
+        rows += [(ranges.CLIENT, "limit", c.limit, f"clients.{name}."),
+                 (ranges.CLIENT, "idle_timeout_s", c.idle_timeout_s, f"clients.{name}.")]  # fmt: skip
+    for table, key, value, section in rows:
+        if why := ranges.problem(table, key, value):
+            shown = key.removesuffix("_s") if table[key].unit == "s" else key
+            raise BadRequest(
+                f"{where}: {section}{shown} {why.removeprefix(key + ' ')}",
+                "see the ranges in docs/pool.md (Ranges) and deploy/server.toml",
+            )
 
 
 def telemetry_location(value: str) -> Path | str:
@@ -138,6 +159,10 @@ def _apply(cfg: ServerConfig, data: dict, path: Path) -> None:
             setattr(cfg, durations[key], parse_duration(value, f"policy.{key}"))
         elif key == "default_limit":
             cfg.default_limit = float(value)
+        elif key in ("max_leases_per_client", "max_workers_per_client"):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"policy.{key} must be a whole number, not {value!r}")
+            setattr(cfg, key, value)
         else:
             raise BadRequest(f"config file {path}: unknown key policy.{key}", "see deploy/server.toml")
     for name, c in data.get("clients", {}).items():

@@ -13,6 +13,7 @@ import uuid as uuidlib
 from dataclasses import dataclass
 
 from server._errors import BadRequest
+from server.ranges import MAX_GPUS_PER_REQUEST
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -45,6 +46,8 @@ class Inventory:
         return self.gpus[0].cuda_version if self.gpus else None
 
 
+MAX_SIMULATED_GPUS = MAX_GPUS_PER_REQUEST
+MAX_SIMULATED_GIB = 4096  # above any GPU made
 _SPEC_ITEM = re.compile(r"^\s*(?:(\d+)\s*x\s*)?([A-Za-z][A-Za-z0-9]*)-(\d+)GB\s*$", re.IGNORECASE)
 
 
@@ -58,10 +61,19 @@ def parse_simulate_spec(spec: str) -> list[tuple[str, int]]:
                 f"cannot read simulated GPU spec {item.strip()!r}",
                 "write COUNTxMODEL-MEMGB items separated by commas, e.g. 4xH100-80GB,2xA100-40GB",
             )
-        count = int(m.group(1) or 1)
+        count, gib = int(m.group(1) or 1), int(m.group(3))
         if not 1 <= count <= 64:
             raise BadRequest(f"simulated GPU count {count} out of range", "use 1 to 64 GPUs per item")
-        out += [(m.group(2).upper(), int(m.group(3)) * GIB)] * count
+        if not 1 <= gib <= MAX_SIMULATED_GIB:
+            raise BadRequest(
+                f"simulated GPU memory {gib}GB out of range", f"use 1 to {MAX_SIMULATED_GIB} GB per GPU"
+            )
+        out += [(m.group(2).upper(), gib * GIB)] * count
+        if len(out) > MAX_SIMULATED_GPUS:
+            raise BadRequest(
+                f"simulated fleet of more than {MAX_SIMULATED_GPUS} GPUs",
+                f"use at most {MAX_SIMULATED_GPUS} GPUs in all",
+            )
     return out
 
 

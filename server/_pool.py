@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from msgspec import UNSET as _UNSET
 
 from collector.words import plural
+from server import ranges
 from server._config import ServerConfig
 from server._errors import (
     BadRequest,
@@ -143,20 +144,33 @@ class Pool:
 
     # --- policy -------------------------------------------------------------------------------------
     def policy(self) -> dict:
-        cfg = self.cfg
-        eff = {
-            "default_limit": cfg.default_limit,
-            "default_idle_timeout_s": cfg.default_idle_timeout_s,
-            "max_lease_s": cfg.max_lease_s,
-            "lease_ttl_s": cfg.lease_ttl_s,
-        }
-        eff.update(self.settings.policy_overrides())
+        """The policy in force: the config's values, with the admin's stored overrides on top. A stored
+        value outside its range (``server.ranges``: written by an older version, or by hand) is not
+        applied; ``stored_problems`` names it, and the server logs it at start."""
+        eff = {key: getattr(self.cfg, key) for key in ranges.POLICY}
+        eff.update(
+            {k: v for k, v in self.settings.policy_overrides().items() if _applies(ranges.POLICY, k, v)}
+        )
         return eff
 
     def set_policy(self, update) -> dict:
-        keys = ("default_limit", "default_idle_timeout_s", "max_lease_s", "lease_ttl_s")
-        self.settings.set_policy({k: getattr(update, k) for k in keys if getattr(update, k) is not _UNSET})
+        changes = {k: getattr(update, k) for k in ranges.POLICY if getattr(update, k) is not _UNSET}
+        self.settings.set_policy(changes)
         return self.policy()
+
+    def stored_problems(self) -> list[str]:
+        """Stored policy and client settings that are out of range and therefore not applied."""
+        out = []
+        for key, value in self.settings.policy_overrides().items():
+            if key in ranges.POLICY and (why := ranges.problem(ranges.POLICY, key, value)):
+                out.append(f"policy {why}; not applied")
+        names = self.store.known_clients() | (self.cluster.client_names() if self.cluster else set())
+        for name in sorted(names):
+            row = self.settings.client_row(name)
+            for column, key in _CLIENT_COLUMNS.items():
+                if row and (why := ranges.problem(ranges.CLIENT, key, row[column])):
+                    out.append(f"client {name}: {why}; not applied")
+        return out
 
     def client_settings(self, client: str, policy: dict | None = None, snapshot=None) -> dict:
         """The client's limit and idle timeout and where each comes from. In cluster mode a grant passes
@@ -173,9 +187,9 @@ class Pool:
             limit, limit_src = file.limit, "client"
         if file and file.idle_timeout_s is not None:
             idle, idle_src = file.idle_timeout_s, "client"
-        if row and row["limit_gpus"] is not None:
+        if row and _applies(ranges.CLIENT, "limit", row["limit_gpus"]):
             limit, limit_src = row["limit_gpus"], "client"
-        if row and row["idle_timeout_s"] is not None:
+        if row and _applies(ranges.CLIENT, "idle_timeout_s", row["idle_timeout_s"]):
             idle, idle_src = row["idle_timeout_s"], "client"
         return {
             "client": client,
@@ -203,6 +217,7 @@ class Pool:
             c = self.client_settings(name, policy)
             c["usage"] = round(self.usage(name), 6)
             c["leases_active"] = self.store.active_lease_count(name)
+            c["workers_active"] = self.store.active_lease_count(name, remote=True)
             c["tokens"] = sum(1 for r in tokens if r["client"] == name)
             out.append(c)
         return out
@@ -249,7 +264,7 @@ class Pool:
 
     def _need(self, req: LeaseRequest, gpu: Gpu) -> int:
         if req.mem_mib is not None:
-            return req.mem_mib * MIB
+            return max(req.mem_mib * MIB, _floor_bytes(gpu))
         return math.ceil(req.fraction * gpu.mem_total_bytes)
 
     def _size_text(self, req: LeaseRequest) -> str:
@@ -308,7 +323,7 @@ class Pool:
         chosen = sorted(fitting, key=lambda g: (free[g.index] - self._need(req, g), g.index))[:n]
         chosen.sort(key=lambda g: g.index)
         if req.mem_mib is not None:
-            mems = [req.mem_mib * MIB] * n
+            mems = [self._need(req, g) for g in chosen]  # never below the smallest partition of its GPU
         else:
             # Every partition of a lease gets the same memory: p of the smallest chosen GPU, as the
             # Bitfusion FAQ says (programs using several GPUs expect them alike).
@@ -319,7 +334,8 @@ class Pool:
         score = left / sum(g.mem_total_bytes for g in chosen)
         return Placement(tuple(chosen), tuple(mems), fractions, round(score, 6))
 
-    def _check_limit(self, client: str, needed: float, snapshot=None) -> None:
+    def _check_limits(self, client: str, req: LeaseRequest, needed: float, snapshot=None) -> None:
+        self._check_caps(client, req)
         limit = self.client_settings(client, snapshot=snapshot)["limit"]
         if limit is None:
             return
@@ -332,11 +348,27 @@ class Pool:
                 limit=limit,
             )
 
+    def _check_caps(self, client: str, req: LeaseRequest) -> None:
+        """The policy's caps on one client's leases and running workers on this server: a worker is a
+        process (and a CUDA context) per remote lease, so tiny leases must not multiply them."""
+        policy = self.policy()
+        caps = [("max_leases_per_client", "leases", False)]
+        if req.remote:
+            caps.append(("max_workers_per_client", "remote workers", True))
+        for key, what, remote in caps:
+            held, cap = self.store.active_lease_count(client, remote=remote), policy[key]
+            if held >= cap:
+                raise LimitExceeded(
+                    f"client {client} runs {held} {what} on {self.inv.hostname}, its cap ({key} = {cap})",
+                    "release a lease (gpuattach release LEASE) or ask the admin to raise " + key,
+                    cap=key,
+                )
+
     def _estimated_fraction(self, req: LeaseRequest, filters: list) -> float:
         if req.fraction is not None:
             return req.n * req.fraction
         sizes = [g.mem_total_bytes for g in self.inv.gpus if gpu_matches(g, filters)] or [1]
-        return req.n * min(1.0, req.mem_mib * MIB / max(sizes))
+        return req.n * min(1.0, max(req.mem_mib * MIB / max(sizes), ranges.MIN_FRACTION))
 
     def _decide(self, caller: Caller, req: LeaseRequest, filters: list, snapshot=None) -> Placement:
         """Where the request goes now, or why not: Impossible, LimitExceeded, Busy (in that order).
@@ -347,9 +379,9 @@ class Pool:
         try:
             placement = self.place(req, filters, self.used_bytes())
         except Busy:
-            self._check_limit(caller.client, self._estimated_fraction(req, filters), snapshot)
+            self._check_limits(caller.client, req, self._estimated_fraction(req, filters), snapshot)
             raise
-        self._check_limit(caller.client, sum(placement.fractions), snapshot)
+        self._check_limits(caller.client, req, sum(placement.fractions), snapshot)
         return placement
 
     def prefetch(self, client: str):
@@ -563,7 +595,7 @@ class Pool:
                         "local leases need local processes",
                     )
                 known = sorted(set(alive_pids(known)) | set(fresh))
-            self.store.renew_lease(lease_id, now + row["ttl_s"], known)
+            self.store.renew_lease(lease_id, now + _ttl(row), known)
         return self.lease(lease_id)
 
     def release(self, caller: Caller, lease_id: str, now: float) -> tuple[dict, bool]:
@@ -662,7 +694,7 @@ class Pool:
             else:
                 # Clients could not heartbeat while the server was down: give each a fresh TTL.
                 with self.store.transaction():
-                    self.store.extend_after_restart(lid, now + row["ttl_s"], now)
+                    self.store.extend_after_restart(lid, now + _ttl(row), now)
                 notes.append(f"{lid}: kept ({row['client']})")
         return notes
 
@@ -672,6 +704,24 @@ class Pool:
 
     def active_count(self) -> int:
         return self.store.active_lease_count()
+
+
+_CLIENT_COLUMNS = {"limit_gpus": "limit", "idle_timeout_s": "idle_timeout_s"}  # stored column -> API field
+
+
+def _applies(table: dict, key: str, value: object) -> bool:
+    """A stored setting takes effect: set (not None), known, and within its range."""
+    return value is not None and key in table and ranges.problem(table, key, value) is None
+
+
+def _ttl(row) -> float:
+    """A lease's TTL, never below the floor (a lease stored by a version that took any TTL)."""
+    return max(row["ttl_s"], ranges.TTL.lo)
+
+
+def _floor_bytes(gpu: Gpu) -> int:
+    """The smallest partition of ``gpu``: what any lease of it reserves at least."""
+    return math.ceil(ranges.MIN_FRACTION * gpu.mem_total_bytes)
 
 
 class _Conflict(Exception):

@@ -13,6 +13,7 @@ import time
 
 from aiohttp import web
 
+from collector.argtypes import listen_hint
 from collector.words import plural
 from server._activity import NvmlActivity, SimulatedActivity
 from server._app import ServerState, make_app, reap_loop, stop_worker
@@ -124,6 +125,8 @@ async def _serve(cfg: ServerConfig) -> int:
         cluster = open_cluster(cfg.cluster, cfg.cluster_name or "pending", cfg.cluster_ttl_s)
         cluster.serving = True
     pool = Pool(store, inv, cfg, events, mps, cluster)
+    for problem in pool.stored_problems():  # never applied; the config's value (or the default) holds
+        log.warning("stored %s (set it again through the admin API or gpupool-server client set)", problem)
     for note in pool.recover(time.time()):
         log.info("recovered lease %s", note)
     if cluster is None and not any(r["admin"] for r in store.tokens()):
@@ -151,8 +154,7 @@ async def _serve(cfg: ServerConfig) -> int:
         if mps is not None:
             await asyncio.to_thread(mps.stop)
         raise PoolError(
-            f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror}",
-            "pick another --port or stop the other server",
+            f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror}", listen_hint(exc, "--host", "--port")
         ) from None
     pool.port = site._server.sockets[0].getsockname()[1]  # the real one when --port 0
     scheme = "https" if ssl_ctx else "http"

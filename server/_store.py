@@ -468,17 +468,17 @@ class Store:
                 out.setdefault(p["lease_id"], []).append(p)
         return out
 
-    def active_lease_count(self, client: str | None = None) -> int:
-        ended = self._ended_unsaved()
-        if client is None:
-            return self.db.execute(
-                "SELECT COUNT(*) FROM leases WHERE state = 'active' AND id NOT IN (SELECT value FROM json_each(?))",
-                (ended,),
-            ).fetchone()[0]
-        return self.db.execute(
-            "SELECT COUNT(*) FROM leases WHERE client = ? AND state = 'active' AND id NOT IN (SELECT value FROM json_each(?))",
-            (client, ended),
-        ).fetchone()[0]
+    def active_lease_count(self, client: str | None = None, *, remote: bool = False) -> int:
+        # Leases ended while the disk was full (kept in memory, _ended_unsaved) no longer count.
+        sql, args = (
+            "SELECT COUNT(*) FROM leases WHERE state = 'active' AND id NOT IN (SELECT value FROM json_each(?))",
+            (self._ended_unsaved(),),
+        )
+        if client is not None:
+            sql, args = sql + " AND client = ?", (*args, client)
+        if remote:
+            sql += " AND remote = 1"
+        return self.db.execute(sql, args).fetchone()[0]
 
     def live_fractions(self) -> list[dict]:
         rows = self.db.execute(

@@ -99,7 +99,8 @@ class LeaseStore(Protocol):
     def partitions(self, lease_ids: Iterable[str]) -> dict[str, list[Row]]:
         """The partitions of each lease, by lease id, each list by GPU index."""
 
-    def active_lease_count(self, client: str | None = None) -> int: ...
+    def active_lease_count(self, client: str | None = None, *, remote: bool = False) -> int:
+        """Active leases (of one client; ``remote``: only those that run a worker)."""
 
     def live_fractions(self) -> list[Row]:
         """Every active lease's id, client and summed fraction (what cluster records carry)."""

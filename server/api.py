@@ -4,54 +4,75 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import msgspec
 from msgspec import Meta
 
+from server import ranges
 from server._errors import BadRequest
 
-MAX_SECONDS = 100 * 365 * 86400  # a duration past a century is a typo, and past time_t's range a crash
-Fraction = Annotated[float, Meta(gt=0, le=1)]
-NonNegative = Annotated[float, Meta(ge=0)]
-Seconds = Annotated[float, Meta(gt=0, le=MAX_SECONDS)]
-NonNegativeSeconds = Annotated[float, Meta(ge=0, le=MAX_SECONDS)]
 ClientName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")]
-MAX_GPUS_PER_REQUEST = 1024
+Pid = Annotated[int, Meta(ge=1, le=1 << 31)]
 
 
-class LeaseRequest(msgspec.Struct, forbid_unknown_fields=True):
-    n: Annotated[int, Meta(ge=1, le=MAX_GPUS_PER_REQUEST)]
-    fraction: Fraction | None = None
-    mem_mib: Annotated[int, Meta(ge=1, le=1 << 30)] | None = None
-    sm_share: Fraction | None = None
+def _bounded(r: ranges.Range):
+    """A field type with ``r``'s bounds (the schema shows them); a range with an "off" value below
+    its floor also takes that value, and ``_Checked`` refuses the gap between the two."""
+    kind = int if r.whole else float
+    low = r.lo if r.off is None else r.off
+    return Annotated[kind, Meta(ge=low, le=r.hi, description=f"range {r.text()}")]
+
+
+class _Checked(msgspec.Struct, forbid_unknown_fields=True):
+    """Checks every field against its row of ``server.ranges`` once decoded (what Meta cannot say)."""
+
+    _ranges: ClassVar[dict[str, ranges.Range]] = {}
+
+    def __post_init__(self):
+        for name in self._ranges:
+            value = getattr(self, name)
+            if value is not msgspec.UNSET and (why := ranges.problem(self._ranges, name, value)):
+                raise ValueError(why)
+
+
+REQUEST, POLICY, CLIENT, TOKEN = ranges.REQUEST, ranges.POLICY, ranges.CLIENT, ranges.TOKEN
+Unset = msgspec.UnsetType
+
+
+class LeaseRequest(_Checked):
+    _ranges: ClassVar = REQUEST
+    n: _bounded(REQUEST["n"])
+    fraction: _bounded(REQUEST["fraction"]) | None = None
+    mem_mib: _bounded(REQUEST["mem_mib"]) | None = None
+    sm_share: _bounded(REQUEST["sm_share"]) | None = None
     filters: list[str] = []
     local: bool = False
     remote: bool = False
-    ttl_s: Seconds | None = None
-    pids: list[Annotated[int, Meta(ge=1, le=1 << 31)]] = []
+    ttl_s: _bounded(REQUEST["ttl_s"]) | None = None
+    pids: list[Pid] = []
     label: Annotated[str, Meta(max_length=200)] | None = None
 
 
 class Heartbeat(msgspec.Struct, forbid_unknown_fields=True):
-    pids: list[Annotated[int, Meta(ge=1, le=1 << 31)]] = []
+    pids: list[Pid] = []
 
 
-class ClientUpdate(msgspec.Struct, forbid_unknown_fields=True):
-    limit: NonNegative | msgspec.UnsetType | None = msgspec.UNSET
-    idle_timeout_s: NonNegativeSeconds | msgspec.UnsetType | None = msgspec.UNSET
+def _update(name: str, table: dict[str, ranges.Range]) -> type:
+    """A struct of every field of ``table``, each optional (UNSET: not given; None: drop the setting):
+    a row added to the table is a field of the API at once."""
+    fields = [(key, _bounded(r) | Unset | None, msgspec.UNSET) for key, r in table.items()]
+    return msgspec.defstruct(name, fields, bases=(_Checked,), namespace={"_ranges": table}, module=__name__)
 
 
-class PolicyUpdate(msgspec.Struct, forbid_unknown_fields=True):
-    default_limit: NonNegative | msgspec.UnsetType | None = msgspec.UNSET
-    default_idle_timeout_s: NonNegativeSeconds | msgspec.UnsetType | None = msgspec.UNSET
-    max_lease_s: NonNegativeSeconds | msgspec.UnsetType | None = msgspec.UNSET
-    lease_ttl_s: Seconds | msgspec.UnsetType | None = msgspec.UNSET
+ClientUpdate = _update("ClientUpdate", CLIENT)
+PolicyUpdate = _update("PolicyUpdate", POLICY)
 
 
-class TokenCreate(msgspec.Struct, forbid_unknown_fields=True):
+class TokenCreate(_Checked):
+    _ranges: ClassVar = TOKEN
     client: ClientName
-    expires_in_s: Seconds | None = None
+    expires_in_s: _bounded(TOKEN["expires_in_s"]) | None = None
     admin: bool = False
 
 
@@ -71,6 +92,19 @@ def decode(body: bytes, kind: type, *, empty_ok: bool = False):
         raise BadRequest(
             f"malformed JSON: {exc}", "send a JSON object (Content-Type: application/json)"
         ) from None
+
+
+def convert(data: dict, kind: type):
+    """``data`` (from a command line, not JSON) as ``kind``, checked as ``decode`` checks a body; a value
+    out of its range is named in ``server.ranges``' words."""
+    table = getattr(kind, "_ranges", {})
+    for name, value in data.items():
+        if name in table and (why := ranges.problem(table, name, value)):
+            raise BadRequest(why, "see the ranges in docs/pool.md (Ranges)")
+    try:
+        return msgspec.convert(data, kind)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"invalid value: {exc}", "see the ranges in docs/pool.md (Ranges)") from None
 
 
 REQUESTS = (LeaseRequest, Heartbeat, ClientUpdate, PolicyUpdate, TokenCreate)

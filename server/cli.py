@@ -18,6 +18,7 @@ from pathlib import Path
 
 from collector.argtypes import ranged
 from collector.words import plural
+from server.ranges import CLIENT, MAX_LIMIT_GPUS, POLICY
 
 SUBCOMMANDS = ("serve", "token", "client", "cluster")
 EXIT_USAGE = 2
@@ -84,19 +85,29 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--tls-cert", type=Path, help="serve HTTPS with this certificate (PEM)")
     s.add_argument("--tls-key", type=Path, help="private key of --tls-cert (PEM)")
-    s.add_argument("--lease-ttl", metavar="DURATION", help="heartbeat TTL of leases (default 30s)")
+    s.add_argument(
+        "--lease-ttl",
+        metavar="DURATION",
+        help=f"heartbeat TTL of leases, {POLICY['lease_ttl_s'].text()} (default 30s)",
+    )
     s.add_argument(
         "--default-limit",
-        type=ranged(float, 0),
+        type=ranged(float, 0, MAX_LIMIT_GPUS, "a GPU limit"),
         metavar="GPUS",
-        help="GPU limit (sum of fractions) of clients without their own",
+        help=f"GPU limit (sum of fractions) of clients without their own, {POLICY['default_limit'].text()}",
     )
     s.add_argument(
         "--idle-timeout",
         metavar="DURATION",
-        help="default idle timeout before a lease is reclaimed (e.g. 30m)",
+        help="default idle timeout before a lease is reclaimed (e.g. 30m), "
+        f"{POLICY['default_idle_timeout_s'].text()}",
     )
-    s.add_argument("--max-lease", metavar="DURATION", help="maximum lease length (e.g. 24h)")
+    s.add_argument(
+        "--max-lease",
+        metavar="DURATION",
+        help=f"maximum lease length (e.g. 24h), {POLICY['max_lease_s'].text()}; per-client caps on leases "
+        "and workers: [policy] of --config (docs/pool.md, Ranges)",
+    )
     s.add_argument(
         "--cluster",
         metavar="etcd://H:P,...",
@@ -131,7 +142,9 @@ def _parser() -> argparse.ArgumentParser:
     tc.add_argument(
         "--admin", action="store_true", help="an admin token (admin API: clients, policy, tokens)"
     )
-    tc.add_argument("--expires", metavar="DURATION", help="lifetime, e.g. 365d, 12h (default: never)")
+    tc.add_argument(
+        "--expires", metavar="DURATION", help="lifetime, e.g. 365d, 12h; 1s-100y (default: never)"
+    )
     ti = tsub.add_parser(
         "import",
         parents=[common],
@@ -139,7 +152,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     ti.add_argument("client")
     ti.add_argument("--admin", action="store_true", help="an admin token")
-    ti.add_argument("--expires", metavar="DURATION", help="lifetime from now (default: never)")
+    ti.add_argument("--expires", metavar="DURATION", help="lifetime from now, 1s-100y (default: never)")
     tsub.add_parser("list", parents=[common], help="list tokens (ids, clients, expiry; never the secrets)")
     tr = tsub.add_parser("revoke", parents=[common], help="revoke a token by its id")
     tr.add_argument("token_id")
@@ -153,9 +166,15 @@ def _parser() -> argparse.ArgumentParser:
         "set", parents=[common], help="set a client's own limit / idle timeout ('default' clears it)"
     )
     cs.add_argument("client")
-    cs.add_argument("--limit", metavar="GPUS|default", help="GPU limit, a sum of fractions (e.g. 2.5)")
     cs.add_argument(
-        "--idle-timeout", metavar="DURATION|default", help="idle timeout (e.g. 30m; 0 = never reclaim)"
+        "--limit",
+        metavar="GPUS|default",
+        help=f"GPU limit, a sum of fractions (e.g. 2.5), {CLIENT['limit'].text()}",
+    )
+    cs.add_argument(
+        "--idle-timeout",
+        metavar="DURATION|default",
+        help=f"idle timeout (e.g. 30m; 0 = never reclaim), {CLIENT['idle_timeout_s'].text()}",
     )
     k = sub.add_parser("cluster", help="cluster mode: move to etcd, list the cluster's servers")
     ksub = k.add_subparsers(dest="cluster_command", metavar="{migrate,members}", required=True)
@@ -219,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _config(args):
-    from server._config import load_config, parse_duration
+    from server._config import check_ranges, load_config, parse_duration
 
     cfg = load_config(args.config)
     if args.state_dir:
@@ -247,10 +266,12 @@ def _config(args):
         cfg.default_idle_timeout_s = parse_duration(args.idle_timeout, "--idle-timeout")
     if args.max_lease:
         cfg.max_lease_s = parse_duration(args.max_lease, "--max-lease")
+    check_ranges(cfg, "serve options")
     return cfg
 
 
 def _token(args) -> int:
+    from server import ranges
     from server._config import parse_duration
     from server._pool import iso
     from server._store import open_store
@@ -267,6 +288,8 @@ def _token(args) -> int:
                 f"client name {args.client!r} is not allowed", "use letters, digits and _ . @ - (max 64)"
             )
         expires = parse_duration(args.expires, "--expires") if args.expires else None
+        if why := ranges.problem(ranges.TOKEN, "expires_in_s", expires):
+            return _fail(f"--expires {why.removeprefix('expires_in_s ')}", "e.g. --expires 365d")
         given = None
         if args.token_command == "import":
             given = sys.stdin.readline().strip()
@@ -304,12 +327,13 @@ def _client(args) -> int:
     """Client policy straight in the state directory: a running server applies it at its next decision."""
     import socket
 
+    from server import ranges
     from server._config import parse_duration
     from server._events import EventLog
     from server._inventory import Inventory
     from server._pool import Pool
     from server._store import open_store
-    from server.api import ClientUpdate
+    from server.api import ClientUpdate, convert
 
     cfg = _config(args)
     _existing_state(cfg, database=args.client_command == "list")
@@ -325,23 +349,24 @@ def _client(args) -> int:
     if args.client_command == "set":
         if args.limit is None and args.idle_timeout is None:
             return _fail("nothing to set", "give --limit and/or --idle-timeout")
-        update = ClientUpdate()
+        changes = {}
         if args.limit is not None:
             try:
-                update.limit = None if args.limit == "default" else float(args.limit)
+                changes["limit"] = None if args.limit == "default" else float(args.limit)
             except ValueError:
                 return _fail(
                     f"--limit {args.limit!r} is not a number", "e.g. --limit 2.5, or --limit default"
                 )
-            if update.limit is not None and update.limit < 0:
-                return _fail("--limit must be 0 or more", "e.g. --limit 2.5")
         if args.idle_timeout is not None:
-            update.idle_timeout_s = (
+            changes["idle_timeout_s"] = (
                 None
                 if args.idle_timeout == "default"
                 else parse_duration(args.idle_timeout, "--idle-timeout")
             )
-        pool.set_client(args.client, update)
+        for option, field in (("--limit", "limit"), ("--idle-timeout", "idle_timeout_s")):
+            if why := ranges.problem(ranges.CLIENT, field, changes.get(field)):
+                return _fail(f"{option} {why.removeprefix(field + ' ')}", "see docs/pool.md (Ranges)")
+        pool.set_client(args.client, convert(changes, ClientUpdate))
     rows = [c for c in pool.clients() if args.client_command == "list" or c["client"] == args.client]
     print(
         f"{'CLIENT':<20} {'LIMIT':>8} {'(from)':<8} {'IDLE TIMEOUT':>12} {'(from)':<8} {'USAGE':>7} {'LEASES':>6}"

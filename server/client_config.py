@@ -16,11 +16,13 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from collector import durations
 from server.client_errors import ConfigError
+from server.ranges import MAX_SECONDS, Range
 
 DEFAULT_PORT = 56001
 DEFAULT_TIMEOUT_S = 600.0
@@ -45,14 +47,20 @@ class ClientConfig:
         return server.token or self.token
 
 
+WAIT = Range(0, MAX_SECONDS, "s")  # how long run/request wait for GPUs (a century is "forever" already)
+
+
 def parse_duration(value: object, what: str) -> float:
     """``collector.parse_duration`` answering a bad value with a ConfigError that names the setting."""
     try:
-        return durations.parse_duration(value)
+        seconds = durations.parse_duration(value)
     except ValueError:
         raise ConfigError(
             f"{what}: {value!r} is not a duration", f"write e.g. {durations.EXAMPLES}"
         ) from None
+    if why := WAIT.problem(seconds):
+        raise ConfigError(f"{what}: {why}", f"write e.g. {durations.EXAMPLES}")
+    return seconds
 
 
 def normalize_url(text: str, default_port: int | None = DEFAULT_PORT) -> str:
@@ -71,9 +79,21 @@ def normalize_url(text: str, default_port: int | None = DEFAULT_PORT) -> str:
             f"not a server URL: {text!r} (scheme {scheme!r} is not http or https)", "e.g. https://gpu1:56001"
         )
     host = rest.split("/", 1)[0]
-    if default_port is not None and not re.search(r":\d+$", host) and not host.endswith("]"):
+    if default_port is not None and not re.search(r":[^:\]]*$", host.removeprefix("[")):
         rest = host + f":{default_port}" + rest[len(host) :]
-    return f"{scheme}://{rest}"
+    url = f"{scheme}://{rest}"
+    # Checked here, once, so a bad port is named as one (not found later by the HTTP library).
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0 or not re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[^:\[\]@]+)(:\d+)?", parts.netloc):
+        raise ConfigError(
+            f"server address {text.removeprefix('http://')!r} is not HOST:PORT with a port 1-65535",
+            "write host:port, e.g. gpu1:56001 or https://gpu1:56001",
+        )
+    return url
 
 
 def default_path() -> Path:

@@ -90,6 +90,22 @@ def test_a_smaller_pool_makes_requests_wait(tmp_path):
     assert one.pooled_util_mean == pytest.approx(0.5)
 
 
+def test_a_pool_far_larger_than_the_need_is_replayed_at_the_peak(tmp_path, monkeypatch):
+    """--pool-gpus 1000000000 (a typo, or "no bound"): the same answer as a pool of the peak need (no
+    request waits), from a replay over the peak's 2 GPUs, not a billion (8 GB of room per GPU slot)."""
+    con = fleet(tmp_path, [(0, 0, 3, 60, 0.5), (1, 1, 3, 60, 0.5)], gpus=2, steps=4)
+    replayed = []
+    bounded = _replay.bounded
+    monkeypatch.setattr(
+        _replay, "bounded", lambda p, h, gpus, *a: replayed.append(gpus) or bounded(p, h, gpus, *a)
+    )
+    huge, peak = run(con, pool_gpus=10**9), run(con, pool_gpus=2)
+    assert replayed == [2, 2]
+    assert huge.pool_gpus == 10**9 and huge.waited_requests == 0
+    assert huge.pooled_util_mean == pytest.approx(peak.pooled_util_mean)
+    assert huge.cost_pooled == pytest.approx(peak.cost_pooled * 10**9 / 2)  # priced as asked
+
+
 def test_packing_policy_matters(tmp_path):
     # Tenths of a GPU (8 GiB). a=5 and b=7 arrive at step 0 and stay; c=3 at step 1; d=5 at step 2.
     # first-fit puts c next to a (G0 left with 2), so d needs a third GPU;

@@ -136,3 +136,17 @@ def test_a_port_in_use_is_one_clear_error(tmp_path):
             f"gpustat-collect: error: cannot serve /metrics on 127.0.0.1:{port} (Address already in use)"
         )
     )
+
+
+def test_an_address_that_does_not_resolve_blames_the_address(tmp_path):
+    """--prometheus-addr with a name that does not resolve: one line whose hint names the address
+    option, not another port."""
+    proc = subprocess.run(
+        [*CLI, "--simulate", "1", "--duration", "2", "--prometheus", "0", "--prometheus-addr", "no-such-host.invalid",
+         "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("gpustat-collect: error: cannot serve /metrics on no-such-host.invalid:0"), last
+    assert "--prometheus-addr must be" in last and "another" not in last

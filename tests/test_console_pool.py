@@ -204,7 +204,9 @@ async def test_set_limit_and_idle_timeouts_through_prompts(server):
         assert isinstance(app.screen, PromptScreen)
         await pilot.press(*"lots", "enter")  # refused in the dialog, with the reason
         assert "not a number" in str(app.screen.query_one("#prompt-error").render())
-        await pilot.press(*["backspace"] * 4, *"1.5", "enter")
+        await pilot.press(*["backspace"] * 4, *"inf", "enter")  # the servers' range, checked in the dialog
+        assert "inf is out of range" in str(app.screen.query_one("#prompt-error").render())
+        await pilot.press(*["backspace"] * 3, *"1.5", "enter")
         await settle(pilot)
         await pilot.press("i", *"45m", "enter")
         await settle(pilot)
@@ -246,6 +248,7 @@ async def test_without_an_admin_token_the_pool_is_read_only(server):
         await settle(pilot)
         (srv,) = shown(app, "pool-servers")
         assert srv[1] == "ok" and srv[4] == "1" and "no admin token" in srv[-1]
+        assert "token create ops --admin" in srv[-1]  # says how to make one
         assert "read-only" in str(app.query_one("#pool-status").render())
         await pilot.press("x")
         assert not isinstance(app.screen, ConfirmScreen)
@@ -309,3 +312,34 @@ def test_tls_server_with_a_private_ca(tmp_path):
         assert len(trusted.gpus()["gpus"]) == 4
     finally:
         srv.stop()
+
+
+async def test_the_documented_walkthrough_makes_the_admin_token_it_needs(tmp_path):
+    """docs/console.md's steps as written: ``token create ops --admin`` into a file on one server,
+    ``token import ops --admin`` from that file on the other, then the console started with
+    ``--admin-token-file`` shows both servers' GPUs and clients (not "health only")."""
+    from tui.cli import build_app, parse_options
+
+    token_file = tmp_path / "admin-token"
+    first, second = Server(tmp_path / "a"), Server(tmp_path / "b")
+    try:
+        with token_file.open("w") as out:
+            subprocess.run(_server_cmd("token", "create", "ops", "--admin", "--state-dir", str(first.state)),
+                           stdout=out, check=True, timeout=30)  # fmt: skip
+        with token_file.open() as given:
+            subprocess.run(_server_cmd("token", "import", "ops", "--admin", "--state-dir", str(second.state)),
+                           stdin=given, check=True, timeout=30)  # fmt: skip
+        options = parse_options(
+            ["--server", first.url, second.url, "--admin-token-file", str(token_file), "--view", "pool"],
+            env={},
+        )
+        app = build_app(options)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            servers = shown(app, "pool-servers")
+            assert [row[1] for row in servers] == ["ok", "ok"]
+            assert not any("token" in row[-1] for row in servers), servers
+            assert len(shown(app, "pool-gpus")) == 8  # 4 GPUs of each server: the admin view
+    finally:
+        first.stop()
+        second.stop()

@@ -7,6 +7,7 @@ re-running the audit's collection never duplicates data; messages count in corre
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -54,7 +55,12 @@ def telemetry(tmp_path_factory):
     [
         (["--port", "99999"], ["--port", "99999", "0-65535"]),
         (["--port", "http"], ["not a port number"]),
-        (["--default-limit", "-1"], ["-1 is out of range", "at least 0"]),
+        (["--default-limit", "-1"], ["-1 is out of range", "0-100000"]),
+        (["--default-limit", "inf"], ["inf is out of range", "0-100000"]),
+        (["--default-limit", "nan"], ["nan is out of range", "0-100000"]),
+        (["--lease-ttl", "1ms"], ["lease_ttl", "out of range (1s-1d)"]),
+        (["--idle-timeout", "1ms"], ["default_idle_timeout", "out of range (1s-100y, or 0 (off))"]),
+        (["--simulate-gpus", "64xH100-80GB," * 16 + "1xH100-80GB"], ["more than 1024 GPUs"]),
         (["token", "frob"], ["invalid choice"]),
     ],
 )
@@ -102,6 +108,7 @@ def test_token_list_needs_a_server_state(tmp_path):
         (["--price", "-2"], ["--price", "at least 0"]),
         (["--idle-below", "150"], ["0-100"]),
         (["--pool-gpus", "0"], ["--pool-gpus"]),
+        (["--pool-gpus", "1000000000"], ["--pool-gpus", "1000000000 is out of range"]),
         (["--tz", "Mars/Base"], ["unknown time zone 'Mars/Base'"]),
         (["--heatmap", "rack"], ["invalid choice"]),
     ],
@@ -126,6 +133,25 @@ def test_report_serve_on_a_port_in_use_is_one_line(telemetry):
         out = cli("gpustat-report", "serve", str(telemetry), "--port", str(port))
     one_line(out, "gpustat-report", 2, f"cannot listen on 127.0.0.1:{port}", "pick another --port")
     assert "serving" not in out.stderr and "No runtime found" not in out.stderr
+
+
+def test_report_serve_on_an_address_that_does_not_resolve_blames_the_address(telemetry):
+    """An unknown --address is the address's fault: the hint names --address, not the port."""
+    out = cli("gpustat-report", "serve", str(telemetry), "--address", "no-such-host.invalid")
+    line = one_line(out, "gpustat-report", 2, "cannot listen on no-such-host.invalid", "--address must be")
+    assert "--port" not in line and "serving" not in out.stderr
+
+
+def test_server_on_a_host_that_does_not_resolve_blames_the_host(tmp_path):
+    """gpupool-server --host with a name that does not resolve: the hint names --host, not --port."""
+    out = cli("gpupool-server", "--host", "no-such-host.invalid", "--simulate-gpus", "1xH100-80GB",
+              "--state-dir", str(tmp_path / "s"), timeout=30)  # fmt: skip
+    line = [x for x in out.stderr.splitlines() if "error:" in x]
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert (
+        len(line) == 1 and "cannot listen on no-such-host.invalid" in line[0] and "--host must be" in line[0]
+    )
+    assert "--port" not in line[0]
 
 
 # --- gpustat-collect: the audit script's collection, run twice ------------------------------------------
@@ -177,10 +203,17 @@ def test_gpuattach_unknown_command_lists_only_public_ones():
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        (["run", "-n", "1", "-p", "1.5", "--", "true"], ["-p", "0 < P <= 1"]),
+        (["run", "-n", "1", "-p", "1.5", "--", "true"], ["-p", "out of range (0.015625-1)"]),
+        (["run", "-n", "1", "-p", "1e-300", "--", "true"], ["-p", "out of range (0.015625-1)"]),
         (["run", "-n", "1", "-p", "abc", "--", "true"], ["-p", "not a number: 'abc'"]),
-        (["run", "-n", "0", "--", "true"], ["-n", "at least 1"]),
-        (["request", "-n", "1", "-m", "-5"], ["-m", "at least 1"]),
+        (["run", "-n", "0", "--", "true"], ["-n", "out of range (1-1024)"]),
+        (["run", "-n", "1000000", "--", "true"], ["-n", "out of range (1-1024)"]),
+        (["request", "-n", "1", "-m", "-5"], ["-m", "out of range (1-1073741824 MiB)"]),
+        (["request", "-n", "1", "-m", "99999999999"], ["-m", "99999999999 is out of range"]),
+        (
+            ["run", "-n", "1", "--timeout", "99999999999y", "--", "true"],
+            ["--timeout", "out of range (0s-100y)"],
+        ),
         (["run", "-n", "1", "--sm-share", "2", "--", "true"], ["--sm-share"]),
         (["run", "--", "true"], ["give -n N"]),
         (["run", "-n", "1"], ["no command to run"]),
@@ -225,6 +258,41 @@ def test_gpuattach_wrong_token_is_an_error_with_a_hint(sim_server, tmp_path):
         out = gpuattach(*cmd, env=env)
         line = one_line(out, "gpuattach", 125, "invalid token", "hint:")
         assert line.count(sim_server.url.split("://")[1]) == 1  # the server is named once
+
+
+@pytest.mark.parametrize("server", ["127.0.0.1:99999", "127.0.0.1:http", "127.0.0.1:", "http://:56001"])
+def test_gpuattach_bad_port_in_server_is_named_as_one(server, tmp_path):
+    """A bad --server address is named as such (not "stray characters in the token"), before any
+    server is asked."""
+    env = client_env(tmp_path, ["127.0.0.1:1"], "gp_x")
+    for cmd in (["servers"], ["leases"], ["run", "-n", "1", "--local", "--", "true"]):
+        line = one_line(
+            gpuattach("--server", server, *cmd, env=env), "gpuattach", 125, "port 1-65535", "host:port"
+        )
+        assert "token" not in line
+
+
+def test_gpuattach_servers_with_a_refused_token_is_not_up(sim_server, tmp_path):
+    """`gpuattach servers` with a token the server refuses: the row says TOKEN REFUSED (not "up")
+    and the command fails with the server's reason; with a good token the same server is up."""
+    env = client_env(tmp_path, [sim_server.url], "gp_wrong_token_1234567890")
+    out = gpuattach("servers", env=env)
+    assert out.returncode == 125 and "TOKEN REFUSED" in out.stdout and " up " not in out.stdout
+    assert (
+        out.stderr.strip()
+        .splitlines()[-1]
+        .startswith("gpuattach: error: 1 server refused the token: invalid token")
+    )
+    out = gpuattach("servers", "--json", env=env)
+    assert out.returncode == 125 and json.loads(out.stdout)[0]["token"].startswith("refused: invalid token")
+    no_token = tmp_path / "no-token.toml"
+    no_token.write_text(f"servers = [{json.dumps(sim_server.url)}]\n")
+    out = gpuattach("servers", env={**env, "GPUPOOL_CONFIG": str(no_token)})
+    assert out.returncode == 125 and "NO TOKEN" in out.stdout and " up " not in out.stdout
+    assert out.stderr.strip().splitlines()[-1].startswith("gpuattach: error: no token configured")
+    good = client_env(tmp_path, [sim_server.url], sim_server.token("checker"))
+    out = gpuattach("servers", env=good)
+    assert out.returncode == 0 and " up " in out.stdout and "REFUSED" not in out.stdout
 
 
 def test_gpuattach_counts_in_english(sim_server, tmp_path):

@@ -246,7 +246,7 @@ def test_clear_errors(pool, tmp_path):
     assert out.returncode == 125
     one_line_error(out.stderr, "unknown filter key 'gpu.kind'", "device.phy-memory")
     out = gpuattach("run", "-n", "1", "-p", "1.5", "--local", "--", "true", env=env)
-    one_line_error(out.stderr, "-p", "1.5", "0 < P <= 1")
+    one_line_error(out.stderr, "-p", "1.5", "out of range (0.015625-1)")
     assert out.returncode == 125
     out = gpuattach("--token", "gp_wrong", "list-gpus", env=env)
     assert out.returncode == 125

@@ -63,11 +63,11 @@ def workers_of(server) -> list[psutil.Process]:
 def test_gpuattach_run_executes_remotely_and_the_worker_goes_with_the_lease(server, tmp_path):
     env = client_env(tmp_path, [server.url], server.token("remote-run"))
     out = gpuattach(
-        "run", "-n", "2", "-m", "64", "--", sys.executable, CLIENT, "devices", env=env, timeout=60
+        "run", "-n", "2", "-m", "2048", "--", sys.executable, CLIENT, "devices", env=env, timeout=60
     )
     assert out.returncode == 0, out.stderr
     got = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
-    assert got["count"] == "2" and got["total"] == str(64 * MiB)  # the partition, not the 80 GB GPU
+    assert got["count"] == "2" and got["total"] == str(2048 * MiB)  # the partition, not the 80 GB GPU
     assert "advisory" not in out.stderr
     wait_for(lambda: not workers_of(server), 10, what="the worker to stop with the lease")
 

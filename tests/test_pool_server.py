@@ -174,7 +174,7 @@ def test_idle_lease_is_reclaimed_per_client_timeout(tmp_path):
         assert api(srv.url, "GET", f"/v1/leases/{kept['id']}", other)[1]["state"] == "active"
         # an admin changes the timeout live; the change applies to live leases
         admin = srv.token("root", admin=True)
-        api(srv.url, "PUT", "/v1/admin/clients/other", admin, {"idle_timeout_s": 0.5})
+        api(srv.url, "PUT", "/v1/admin/clients/other", admin, {"idle_timeout_s": 1.0})
         wait_for(
             lambda: api(srv.url, "GET", f"/v1/leases/{kept['id']}", other)[1]["state"] == "reclaimed",
             6,
@@ -265,8 +265,8 @@ BAD_INPUTS = [
     ("n negative", "POST", "/v1/leases", {"n": -3, "fraction": 0.5}, 400, "bad_request", ">= 1"),
     ("n huge", "POST", "/v1/leases", {"n": 10**30, "fraction": 0.5}, 400, "bad_request", "$.n"),
     ("n above the server", "POST", "/v1/leases", {"n": 1000, "fraction": 0.5}, 422, "impossible", "has 4"),
-    ("fraction zero", "POST", "/v1/leases", {"n": 1, "fraction": 0}, 400, "bad_request", "> 0"),
-    ("fraction negative", "POST", "/v1/leases", {"n": 1, "fraction": -0.5}, 400, "bad_request", "> 0"),
+    ("fraction zero", "POST", "/v1/leases", {"n": 1, "fraction": 0}, 400, "bad_request", "$.fraction"),
+    ("fraction negative", "POST", "/v1/leases", {"n": 1, "fraction": -0.5}, 400, "bad_request", "$.fraction"),
     ("p > 1", "POST", "/v1/leases", {"n": 1, "fraction": 1.5}, 400, "bad_request", "<= 1"),
     ("MiB zero", "POST", "/v1/leases", {"n": 1, "mem_mib": 0}, 400, "bad_request", "$.mem_mib"),
     ("MiB above the GPU", "POST", "/v1/leases", {"n": 1, "mem_mib": 10**7}, 422, "impossible", "can hold"),
@@ -338,7 +338,7 @@ BAD_INPUTS = [
         "ttl too long",
         "POST",
         "/v1/leases",
-        {"n": 1, "fraction": 0.5, "ttl_s": 1e9},
+        {"n": 1, "fraction": 0.5, "ttl_s": 7200},
         400,
         "bad_request",
         "maximum",

@@ -182,7 +182,10 @@ class Pool:
         state.reachable = True
         self._next_try.pop(client.url, None)
         if not client.token:
-            state.error = "no admin token: health only (give --admin-token or GPUPOOL_ADMIN_TOKEN)"
+            state.error = (
+                "no admin token: health only (make one on a server with `gpupool-server token create ops "
+                "--admin`, give it with --admin-token-file or GPUPOOL_ADMIN_TOKEN)"
+            )
             return state
         # Each route on its own: one failing answer (a 403, a server bug) must not hide the others.
         errors = []

@@ -19,6 +19,7 @@ from textual.widgets import DataTable, Footer, Header, Input, TabbedContent, Tab
 
 from collector.durations import parse_duration
 from server.client import PoolClientError, ServerClient
+from server.ranges import CLIENT as CLIENT_RANGES
 from tui import _format as fmt
 from tui._history import HistorySource, HistoryView
 from tui._screens import CANCELLED, ConfirmScreen, HelpScreen, PromptScreen
@@ -454,9 +455,7 @@ def parse_limit(text: str) -> float | None:
         value = float(t)
     except ValueError:
         raise ValueError(f"not a number: {text!r} (e.g. 2.5, or 'default')") from None
-    if value < 0:
-        raise ValueError("a limit cannot be negative")
-    return value
+    return _in_range("limit", value)
 
 
 def parse_idle_timeout(text: str) -> float | None:
@@ -465,7 +464,14 @@ def parse_idle_timeout(text: str) -> float | None:
         return None
     if t == "never":
         return 0.0
-    return parse_duration(t)
+    return _in_range("idle_timeout_s", parse_duration(t))
+
+
+def _in_range(field: str, value: float) -> float:
+    """The servers' range of a client setting (server.ranges), checked before the dialog closes."""
+    if why := CLIENT_RANGES[field].problem(value):
+        raise ValueError(why)
+    return value
 
 
 def _shown_value(field: str, value: float | None) -> str:

@@ -20,13 +20,15 @@ RANGE_CHOICES = ("1h", "6h", "24h", "7d", "30d", "all")
 EPILOG = f"""\
 examples:
   gpupool-console --telemetry /var/lib/gpupool/telemetry
-  gpupool-console --server http://gpu1:56001 http://gpu2:56001 --admin-token-file ~/.config/gpupool/admin
+  gpupool-console --server http://gpu1:56001 http://gpu2:56001 --admin-token-file ~/.config/gpupool/admin-token
   gpupool-console --telemetry /shared/telemetry --server gpu1:56001 --refresh 5s
   gpupool-console --prometheus http://gpu1:9400/metrics
 
 Views: 1 Fleet (live GPUs from telemetry), 2 Pool (servers, partitions, leases, clients),
 3 History (fleet summary, idle holders). Press ? in the console for every key.
 The admin token can also come from ${TOKEN_ENV}; without one the pool is shown read-only (health only).
+Make one on a GPU host (and import it on the others: docs/console.md, "Starting it"):
+  (umask 077; gpupool-server token create ops --admin > ~/.config/gpupool/admin-token)
 """
 
 

@@ -30,6 +30,7 @@ import threading
 import time
 
 from collector.words import plural
+from server import ranges
 
 EXIT_OK, EXIT_FAILED, EXIT_CANNOT_EXEC, EXIT_NOT_FOUND, EXIT_INTERRUPTED = 0, 125, 126, 127, 130
 MIB = 1 << 20
@@ -44,26 +45,22 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_FAILED)
 
 
-def _count(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{n}: ask for at least 1")
-    return n
+def _request_field(field: str, example: str):
+    """An argparse type for one field of a lease request, in the range the servers take
+    (``server.ranges``): refused here in one line, before any server is asked."""
+    r = ranges.REQUEST[field]
 
+    def parse(text: str):
+        try:
+            value = int(text) if r.whole else float(text)
+        except ValueError:
+            noun = "a whole number" if r.whole else "a number"
+            raise argparse.ArgumentTypeError(f"not {noun}: {text!r} ({r.text()}, e.g. {example})") from None
+        if why := r.problem(value):
+            raise argparse.ArgumentTypeError(f"{why}, e.g. {example}")
+        return value
 
-def _share(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a number: {text!r} (a fraction 0 < P <= 1, e.g. 0.5)"
-        ) from None
-    if not 0 < x <= 1:
-        raise argparse.ArgumentTypeError(f"{text}: a fraction 0 < P <= 1 of a GPU, e.g. 0.5")
-    return x
+    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -117,27 +114,32 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument(
             "-n",
             "--num-gpus",
-            type=_count,
+            type=_request_field("n", "2"),
             required=required,
             metavar="N",
-            help="number of GPUs, each a separate physical GPU of one server",
+            help=f"number of GPUs, {ranges.REQUEST['n'].text()}, each a separate physical GPU of one server",
         )
         size = sp.add_mutually_exclusive_group()
         size.add_argument(
             "-p",
             "--partial",
-            type=_share,
+            type=_request_field("fraction", "0.5"),
             metavar="P",
-            help="partition size as a fraction of each GPU's memory, 0 < P <= 1 (default 1)",
+            help=f"partition size as a fraction of each GPU's memory, {ranges.REQUEST['fraction'].text()} "
+            "(default 1; the smallest partition is 1/64 of a GPU)",
         )
         size.add_argument(
-            "-m", "--memory", type=_count, metavar="MIB", help="partition size in MiB of GPU memory"
+            "-m",
+            "--memory",
+            type=_request_field("mem_mib", "8192"),
+            metavar="MIB",
+            help="partition size in MiB of GPU memory (at least 1/64 of the GPU is reserved)",
         )
         sp.add_argument(
             "--sm-share",
-            type=_share,
+            type=_request_field("sm_share", "0.5"),
             metavar="S",
-            help="share of the GPU's SMs, 0 < S <= 1 (enforced with MPS)",
+            help=f"share of the GPU's SMs, {ranges.REQUEST['sm_share'].text()} (enforced with MPS)",
         )
         sp.add_argument("--filter", action="append", default=[], metavar="KEY OP VALUE",
                         help="only servers/GPUs that match, e.g. device.name=H100, device.phy-memory>=40000 (repeatable)")  # fmt: skip
@@ -279,13 +281,34 @@ def cmd_list_gpus(args) -> int:
 
 
 def cmd_servers(args) -> int:
+    """Each server's health, and whether it takes this client's token: a server that answers but
+    refuses the token cannot serve this client, so it is not "up" (and the exit status says so)."""
+    from server.client import ConfigError
+
     client = _client(args)
     start = time.perf_counter()
     answers = client.each("GET", "/v1/health", auth=False)
+    answering = [s for s, a in answers if isinstance(a, dict)]
+    checks = dict(client.each("GET", "/v1/leases", servers=answering)) if answering else {}
     took = time.perf_counter() - start
+    # A server that answered is up unless it refused the token (any other error is not the token's).
+    refused = {
+        s.url: c for s, c in checks.items() if isinstance(c, ConfigError) or getattr(c, "status", 0) == 401
+    }
     if args.json:
-        _print_answers_json(answers)
-        return EXIT_OK if all(isinstance(a, dict) for _, a in answers) else EXIT_FAILED
+
+        def token_state(server) -> str:
+            check = checks[server]
+            if isinstance(check, dict):
+                return "accepted"
+            if isinstance(check, ConfigError):
+                return "missing: " + check.title
+            return ("refused: " if server.url in refused else "not checked: ") + check.title
+
+        rows = [{"url": s.url, **a, "token": token_state(s)} if isinstance(a, dict)
+                else {"url": s.url, "error": a.title} for s, a in answers]  # fmt: skip
+        print(json.dumps(rows, indent=1))
+        return EXIT_OK if len(answering) == len(answers) and not refused else EXIT_FAILED
     rows = []
     for server, a in answers:
         if isinstance(a, dict):
@@ -300,14 +323,27 @@ def cmd_servers(args) -> int:
                 )
                 if on
             )
-            up = "up" if a.get("status", "ok") == "ok" else a["status"]  # degraded: its state disk is full
-            rows.append([_short(server.url), up, info["hostname"], str(info["gpu_count"]), str(a["leases_active"]),
-                         info.get("driver_version") or "-", info.get("cuda_version") or "-", flags or "-"])  # fmt: skip
+            status, notes = (
+                ("up" if a.get("status", "ok") == "ok" else a["status"]),
+                flags or "-",
+            )  # degraded: full disk
+            if server.url in refused:
+                no_token = isinstance(refused[server.url], ConfigError)
+                status, notes = "NO TOKEN" if no_token else "TOKEN REFUSED", refused[server.url].title
+            rows.append([_short(server.url), status, info["hostname"], str(info["gpu_count"]), str(a["leases_active"]),
+                         info.get("driver_version") or "-", info.get("cuda_version") or "-", notes])  # fmt: skip
         else:
             rows.append([_short(server.url), "DOWN", "-", "-", "-", "-", "-", getattr(a, "title", str(a))])
     print(_table(rows, ["SERVER", "STATUS", "HOST", "GPUS", "LEASES", "DRIVER", "CUDA", "NOTES"]))
     print(f"({plural(len(answers), 'server')} asked at once in {took * 1000:.0f} ms)", file=sys.stderr)
-    return EXIT_OK if all(isinstance(a, dict) for _, a in answers) else EXIT_FAILED
+    if refused:
+        first = next(iter(refused.values()))
+        no_token = isinstance(first, ConfigError)
+        return _fail(
+            first.title if no_token else f"{plural(len(refused), 'server')} refused the token: {first.title}",
+            first.hint or "check the token in client.toml / --token / GPUPOOL_TOKEN",
+        )
+    return EXIT_OK if len(answering) == len(answers) else EXIT_FAILED
 
 
 def _lease_rows(leases: list[tuple[str, dict]]) -> list[list[str]]:
@@ -417,14 +453,6 @@ def _request_from(args, *, local: bool, remote: bool, pids=(), label=None):
 
     if args.num_gpus is None:
         raise _usage("give -n N (and -p P or -m MIB), or --lease LEASE")
-    if args.num_gpus < 1:
-        raise _usage(f"-n {args.num_gpus}: ask for at least 1 GPU")
-    if args.partial is not None and not 0 < args.partial <= 1:
-        raise _usage(f"-p {args.partial:g}: a partition is a fraction 0 < P <= 1 of a GPU's memory")
-    if args.memory is not None and args.memory < 1:
-        raise _usage(f"-m {args.memory}: give the partition's memory in MiB (at least 1)")
-    if args.sm_share is not None and not 0 < args.sm_share <= 1:
-        raise _usage(f"--sm-share {args.sm_share:g}: a share 0 < S <= 1")
     fraction = args.partial if args.partial is not None else (None if args.memory is not None else 1.0)
     return Request(n=args.num_gpus, fraction=fraction, mem_mib=args.memory, sm_share=args.sm_share,
                    filters=tuple(args.filter), local=local, remote=remote, pids=tuple(pids), label=label)  # fmt: skip
