@@ -17,6 +17,10 @@ EXAMPLES = "500ms, 30s, 10m, 8h, 7d"
 _PATTERN = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|min|[smhdwy])?\s*", re.IGNORECASE)
 
 
+class OutOfRange(ValueError):
+    """A duration written correctly but longer than ``LONGEST`` (or not finite)."""
+
+
 def parse_duration(value: object) -> float:
     """Seconds in ``value`` (a number of seconds or a string with a unit); ValueError if it is neither."""
     if isinstance(value, int | float) and not isinstance(value, bool):
@@ -28,5 +32,5 @@ def parse_duration(value: object) -> float:
         number, unit = match.groups()
         seconds = float(number) * UNITS[(unit or "s").lower()]
     if not abs(seconds) <= LONGEST:  # also NaN and infinities
-        raise ValueError(f"duration out of range: {value!r} (at most 100y)")
+        raise OutOfRange(f"duration out of range: {value!r} (at most 100y)")
     return seconds

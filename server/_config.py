@@ -8,6 +8,7 @@ fresh state directory starts from the file.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +21,13 @@ DEFAULT_PORT = 56001  # Bitfusion's server port; any free port works
 
 
 def parse_duration(value: object, what: str = "duration") -> float:
-    """``collector.parse_duration`` answering a bad value with a 400 that names the setting."""
+    """``collector.parse_duration`` answering a bad value with a 400 that names the setting. One too long
+    to be a duration is infinite here: every setting's own range (server.ranges) then refuses it, naming
+    that setting's bounds."""
     try:
         return durations.parse_duration(value)
+    except durations.OutOfRange:
+        return math.inf
     except ValueError:
         raise BadRequest(f"{what}: {value!r} is not a duration", f"write e.g. {durations.EXAMPLES}") from None
 

@@ -20,7 +20,7 @@ from server._app import ServerState, make_app, reap_loop, stop_worker
 from server._config import ServerConfig
 from server._errors import PoolError
 from server._events import EventLog
-from server._inventory import GIB, default_addr, nvml_inventory, simulated_inventory
+from server._inventory import GIB, Inventory, default_addr, nvml_inventory, simulated_inventory
 from server._lock import StateDirLock
 from server._pool import Pool
 from server._store import open_store
@@ -84,19 +84,20 @@ def _sampler(cfg: ServerConfig, events: EventLog, live: dict, stop: threading.Ev
 
 
 async def serve(cfg: ServerConfig) -> int:
-    lock = StateDirLock(cfg.state_dir).acquire()  # first: a second server on this state stops here
-    try:
-        return await _serve(cfg)
-    finally:
-        lock.release()
-
-
-async def _serve(cfg: ServerConfig) -> int:
+    # What can be refused from the arguments alone is, before the state directory is touched.
     inv = _inventory(cfg)
     if cfg.mps and inv.simulated:
         raise PoolError("--mps needs real GPUs", "drop --mps with --simulate-gpus")
     if bool(cfg.tls_cert) != bool(cfg.tls_key):
         raise PoolError("TLS needs both --tls-cert and --tls-key", "give both, or neither for plain HTTP")
+    lock = StateDirLock(cfg.state_dir).acquire()  # then: a second server on this state stops here
+    try:
+        return await _serve(cfg, inv)
+    finally:
+        lock.release()
+
+
+async def _serve(cfg: ServerConfig, inv: Inventory) -> int:
     store = open_store(cfg.state_dir, report=log.warning)
     # One small real write tells a full disk now, not at the first grant: then the server starts
     # read-only (running leases served, nothing new granted) and says so.

@@ -13,6 +13,7 @@ Looked up in order: ``--config PATH``, ``$GPUPOOL_CONFIG``, ``~/.config/gpupool/
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -54,6 +55,8 @@ def parse_duration(value: object, what: str) -> float:
     """``collector.parse_duration`` answering a bad value with a ConfigError that names the setting."""
     try:
         seconds = durations.parse_duration(value)
+    except durations.OutOfRange:
+        seconds = math.inf  # refused below, with this setting's range
     except ValueError:
         raise ConfigError(
             f"{what}: {value!r} is not a duration", f"write e.g. {durations.EXAMPLES}"
