@@ -200,6 +200,22 @@ TABLES: tuple[ExportTable, ...] = (
             ),
         ),
     ),
+    # cuFFT (cufftPlan*, also through CuPy, JAX/XLA and torch.fft) loads each kernel module with
+    # cuModuleLoadData and then asks slot 7 for its functions; without the table every plan fails with
+    # CUFFT_INTERNAL_ERROR. Traced natively with darktrace's argument log (driver 580, cuFFT 12).
+    ExportTable(
+        "module_functions",
+        "6E163FBE-B958-444D-835C-E182AFF1991E",
+        99,
+        (
+            _s(
+                7,
+                "gp_x_module_functions",
+                "(CUcontext ctx, CUmodule module, void (*each)(void *arg, CUfunction f), void *arg) -> count",
+                "calls `each` with every function of the module (cuModuleEnumerateFunctions on the worker)",
+            ),
+        ),
+    ),
     ExportTable(
         "runtime_messages",
         "F8CFF951-2146-8B4E-B9E2-FB469E7C0DD9",

@@ -130,7 +130,104 @@ static CUresult gp_x_refuse_7_13(uint64_t a, uint64_t b, uint64_t c, uint64_t d)
 static CUresult gp_x_refuse_7_14(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(7, 14, a, b, c, d); }
 static CUresult gp_x_refuse_7_15(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(7, 15, a, b, c, d); }
 static CUresult gp_x_refuse_7_16(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(7, 16, a, b, c, d); }
+static CUresult gp_x_refuse_8_1(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 1, a, b, c, d); }
 static CUresult gp_x_refuse_8_2(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 2, a, b, c, d); }
+static CUresult gp_x_refuse_8_3(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 3, a, b, c, d); }
+static CUresult gp_x_refuse_8_4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 4, a, b, c, d); }
+static CUresult gp_x_refuse_8_5(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 5, a, b, c, d); }
+static CUresult gp_x_refuse_8_6(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 6, a, b, c, d); }
+static CUresult gp_x_refuse_8_8(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 8, a, b, c, d); }
+static CUresult gp_x_refuse_8_9(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 9, a, b, c, d); }
+static CUresult gp_x_refuse_8_10(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 10, a, b, c, d); }
+static CUresult gp_x_refuse_8_11(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 11, a, b, c, d); }
+static CUresult gp_x_refuse_8_12(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 12, a, b, c, d); }
+static CUresult gp_x_refuse_8_13(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 13, a, b, c, d); }
+static CUresult gp_x_refuse_8_14(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 14, a, b, c, d); }
+static CUresult gp_x_refuse_8_15(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 15, a, b, c, d); }
+static CUresult gp_x_refuse_8_16(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 16, a, b, c, d); }
+static CUresult gp_x_refuse_8_17(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 17, a, b, c, d); }
+static CUresult gp_x_refuse_8_18(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 18, a, b, c, d); }
+static CUresult gp_x_refuse_8_19(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 19, a, b, c, d); }
+static CUresult gp_x_refuse_8_20(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 20, a, b, c, d); }
+static CUresult gp_x_refuse_8_21(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 21, a, b, c, d); }
+static CUresult gp_x_refuse_8_22(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 22, a, b, c, d); }
+static CUresult gp_x_refuse_8_23(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 23, a, b, c, d); }
+static CUresult gp_x_refuse_8_24(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 24, a, b, c, d); }
+static CUresult gp_x_refuse_8_25(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 25, a, b, c, d); }
+static CUresult gp_x_refuse_8_26(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 26, a, b, c, d); }
+static CUresult gp_x_refuse_8_27(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 27, a, b, c, d); }
+static CUresult gp_x_refuse_8_28(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 28, a, b, c, d); }
+static CUresult gp_x_refuse_8_29(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 29, a, b, c, d); }
+static CUresult gp_x_refuse_8_30(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 30, a, b, c, d); }
+static CUresult gp_x_refuse_8_31(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 31, a, b, c, d); }
+static CUresult gp_x_refuse_8_32(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 32, a, b, c, d); }
+static CUresult gp_x_refuse_8_33(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 33, a, b, c, d); }
+static CUresult gp_x_refuse_8_34(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 34, a, b, c, d); }
+static CUresult gp_x_refuse_8_35(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 35, a, b, c, d); }
+static CUresult gp_x_refuse_8_36(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 36, a, b, c, d); }
+static CUresult gp_x_refuse_8_37(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 37, a, b, c, d); }
+static CUresult gp_x_refuse_8_38(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 38, a, b, c, d); }
+static CUresult gp_x_refuse_8_39(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 39, a, b, c, d); }
+static CUresult gp_x_refuse_8_40(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 40, a, b, c, d); }
+static CUresult gp_x_refuse_8_41(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 41, a, b, c, d); }
+static CUresult gp_x_refuse_8_42(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 42, a, b, c, d); }
+static CUresult gp_x_refuse_8_43(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 43, a, b, c, d); }
+static CUresult gp_x_refuse_8_44(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 44, a, b, c, d); }
+static CUresult gp_x_refuse_8_45(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 45, a, b, c, d); }
+static CUresult gp_x_refuse_8_46(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 46, a, b, c, d); }
+static CUresult gp_x_refuse_8_47(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 47, a, b, c, d); }
+static CUresult gp_x_refuse_8_48(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 48, a, b, c, d); }
+static CUresult gp_x_refuse_8_49(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 49, a, b, c, d); }
+static CUresult gp_x_refuse_8_50(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 50, a, b, c, d); }
+static CUresult gp_x_refuse_8_51(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 51, a, b, c, d); }
+static CUresult gp_x_refuse_8_52(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 52, a, b, c, d); }
+static CUresult gp_x_refuse_8_53(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 53, a, b, c, d); }
+static CUresult gp_x_refuse_8_54(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 54, a, b, c, d); }
+static CUresult gp_x_refuse_8_55(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 55, a, b, c, d); }
+static CUresult gp_x_refuse_8_56(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 56, a, b, c, d); }
+static CUresult gp_x_refuse_8_57(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 57, a, b, c, d); }
+static CUresult gp_x_refuse_8_58(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 58, a, b, c, d); }
+static CUresult gp_x_refuse_8_59(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 59, a, b, c, d); }
+static CUresult gp_x_refuse_8_60(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 60, a, b, c, d); }
+static CUresult gp_x_refuse_8_61(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 61, a, b, c, d); }
+static CUresult gp_x_refuse_8_62(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 62, a, b, c, d); }
+static CUresult gp_x_refuse_8_63(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 63, a, b, c, d); }
+static CUresult gp_x_refuse_8_64(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 64, a, b, c, d); }
+static CUresult gp_x_refuse_8_65(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 65, a, b, c, d); }
+static CUresult gp_x_refuse_8_66(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 66, a, b, c, d); }
+static CUresult gp_x_refuse_8_67(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 67, a, b, c, d); }
+static CUresult gp_x_refuse_8_68(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 68, a, b, c, d); }
+static CUresult gp_x_refuse_8_69(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 69, a, b, c, d); }
+static CUresult gp_x_refuse_8_70(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 70, a, b, c, d); }
+static CUresult gp_x_refuse_8_71(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 71, a, b, c, d); }
+static CUresult gp_x_refuse_8_72(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 72, a, b, c, d); }
+static CUresult gp_x_refuse_8_73(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 73, a, b, c, d); }
+static CUresult gp_x_refuse_8_74(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 74, a, b, c, d); }
+static CUresult gp_x_refuse_8_75(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 75, a, b, c, d); }
+static CUresult gp_x_refuse_8_76(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 76, a, b, c, d); }
+static CUresult gp_x_refuse_8_77(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 77, a, b, c, d); }
+static CUresult gp_x_refuse_8_78(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 78, a, b, c, d); }
+static CUresult gp_x_refuse_8_79(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 79, a, b, c, d); }
+static CUresult gp_x_refuse_8_80(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 80, a, b, c, d); }
+static CUresult gp_x_refuse_8_81(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 81, a, b, c, d); }
+static CUresult gp_x_refuse_8_82(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 82, a, b, c, d); }
+static CUresult gp_x_refuse_8_83(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 83, a, b, c, d); }
+static CUresult gp_x_refuse_8_84(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 84, a, b, c, d); }
+static CUresult gp_x_refuse_8_85(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 85, a, b, c, d); }
+static CUresult gp_x_refuse_8_86(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 86, a, b, c, d); }
+static CUresult gp_x_refuse_8_87(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 87, a, b, c, d); }
+static CUresult gp_x_refuse_8_88(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 88, a, b, c, d); }
+static CUresult gp_x_refuse_8_89(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 89, a, b, c, d); }
+static CUresult gp_x_refuse_8_90(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 90, a, b, c, d); }
+static CUresult gp_x_refuse_8_91(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 91, a, b, c, d); }
+static CUresult gp_x_refuse_8_92(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 92, a, b, c, d); }
+static CUresult gp_x_refuse_8_93(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 93, a, b, c, d); }
+static CUresult gp_x_refuse_8_94(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 94, a, b, c, d); }
+static CUresult gp_x_refuse_8_95(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 95, a, b, c, d); }
+static CUresult gp_x_refuse_8_96(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 96, a, b, c, d); }
+static CUresult gp_x_refuse_8_97(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 97, a, b, c, d); }
+static CUresult gp_x_refuse_8_98(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(8, 98, a, b, c, d); }
+static CUresult gp_x_refuse_9_2(uint64_t a, uint64_t b, uint64_t c, uint64_t d) { return gp_export_refused(9, 2, a, b, c, d); }
 
 /* cudart_interface {6BD5FB6C-5BF4-E74A-8987-D93912FD9DF9} */
 static void *const gp_export_cudart_interface[13] = {
@@ -311,11 +408,113 @@ static void *const gp_export_cublaslt_objects[17] = {
     (void *)gp_x_refuse_7_15,
     (void *)gp_x_refuse_7_16,
 };
+/* module_functions {6E163FBE-B958-444D-835C-E182AFF1991E} */
+static void *const gp_export_module_functions[99] = {
+    (void *)(99 * sizeof(void *)),
+    (void *)gp_x_refuse_8_1,
+    (void *)gp_x_refuse_8_2,
+    (void *)gp_x_refuse_8_3,
+    (void *)gp_x_refuse_8_4,
+    (void *)gp_x_refuse_8_5,
+    (void *)gp_x_refuse_8_6,
+    (void *)gp_x_module_functions,
+    (void *)gp_x_refuse_8_8,
+    (void *)gp_x_refuse_8_9,
+    (void *)gp_x_refuse_8_10,
+    (void *)gp_x_refuse_8_11,
+    (void *)gp_x_refuse_8_12,
+    (void *)gp_x_refuse_8_13,
+    (void *)gp_x_refuse_8_14,
+    (void *)gp_x_refuse_8_15,
+    (void *)gp_x_refuse_8_16,
+    (void *)gp_x_refuse_8_17,
+    (void *)gp_x_refuse_8_18,
+    (void *)gp_x_refuse_8_19,
+    (void *)gp_x_refuse_8_20,
+    (void *)gp_x_refuse_8_21,
+    (void *)gp_x_refuse_8_22,
+    (void *)gp_x_refuse_8_23,
+    (void *)gp_x_refuse_8_24,
+    (void *)gp_x_refuse_8_25,
+    (void *)gp_x_refuse_8_26,
+    (void *)gp_x_refuse_8_27,
+    (void *)gp_x_refuse_8_28,
+    (void *)gp_x_refuse_8_29,
+    (void *)gp_x_refuse_8_30,
+    (void *)gp_x_refuse_8_31,
+    (void *)gp_x_refuse_8_32,
+    (void *)gp_x_refuse_8_33,
+    (void *)gp_x_refuse_8_34,
+    (void *)gp_x_refuse_8_35,
+    (void *)gp_x_refuse_8_36,
+    (void *)gp_x_refuse_8_37,
+    (void *)gp_x_refuse_8_38,
+    (void *)gp_x_refuse_8_39,
+    (void *)gp_x_refuse_8_40,
+    (void *)gp_x_refuse_8_41,
+    (void *)gp_x_refuse_8_42,
+    (void *)gp_x_refuse_8_43,
+    (void *)gp_x_refuse_8_44,
+    (void *)gp_x_refuse_8_45,
+    (void *)gp_x_refuse_8_46,
+    (void *)gp_x_refuse_8_47,
+    (void *)gp_x_refuse_8_48,
+    (void *)gp_x_refuse_8_49,
+    (void *)gp_x_refuse_8_50,
+    (void *)gp_x_refuse_8_51,
+    (void *)gp_x_refuse_8_52,
+    (void *)gp_x_refuse_8_53,
+    (void *)gp_x_refuse_8_54,
+    (void *)gp_x_refuse_8_55,
+    (void *)gp_x_refuse_8_56,
+    (void *)gp_x_refuse_8_57,
+    (void *)gp_x_refuse_8_58,
+    (void *)gp_x_refuse_8_59,
+    (void *)gp_x_refuse_8_60,
+    (void *)gp_x_refuse_8_61,
+    (void *)gp_x_refuse_8_62,
+    (void *)gp_x_refuse_8_63,
+    (void *)gp_x_refuse_8_64,
+    (void *)gp_x_refuse_8_65,
+    (void *)gp_x_refuse_8_66,
+    (void *)gp_x_refuse_8_67,
+    (void *)gp_x_refuse_8_68,
+    (void *)gp_x_refuse_8_69,
+    (void *)gp_x_refuse_8_70,
+    (void *)gp_x_refuse_8_71,
+    (void *)gp_x_refuse_8_72,
+    (void *)gp_x_refuse_8_73,
+    (void *)gp_x_refuse_8_74,
+    (void *)gp_x_refuse_8_75,
+    (void *)gp_x_refuse_8_76,
+    (void *)gp_x_refuse_8_77,
+    (void *)gp_x_refuse_8_78,
+    (void *)gp_x_refuse_8_79,
+    (void *)gp_x_refuse_8_80,
+    (void *)gp_x_refuse_8_81,
+    (void *)gp_x_refuse_8_82,
+    (void *)gp_x_refuse_8_83,
+    (void *)gp_x_refuse_8_84,
+    (void *)gp_x_refuse_8_85,
+    (void *)gp_x_refuse_8_86,
+    (void *)gp_x_refuse_8_87,
+    (void *)gp_x_refuse_8_88,
+    (void *)gp_x_refuse_8_89,
+    (void *)gp_x_refuse_8_90,
+    (void *)gp_x_refuse_8_91,
+    (void *)gp_x_refuse_8_92,
+    (void *)gp_x_refuse_8_93,
+    (void *)gp_x_refuse_8_94,
+    (void *)gp_x_refuse_8_95,
+    (void *)gp_x_refuse_8_96,
+    (void *)gp_x_refuse_8_97,
+    (void *)gp_x_refuse_8_98,
+};
 /* runtime_messages {F8CFF951-2146-8B4E-B9E2-FB469E7C0DD9} */
 static void *const gp_export_runtime_messages[3] = {
     (void *)(3 * sizeof(void *)),
     (void *)gp_x_runtime_message,
-    (void *)gp_x_refuse_8_2,
+    (void *)gp_x_refuse_9_2,
 };
 
 static const struct gp_export_table gp_export_tables[] = {
@@ -327,5 +526,6 @@ static const struct gp_export_table gp_export_tables[] = {
     {"context_checks", {0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e}, gp_export_context_checks},
     {"tools_callbacks", {0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2}, gp_export_tools_callbacks},
     {"cublaslt_objects", {0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b, 0xca}, gp_export_cublaslt_objects},
+    {"module_functions", {0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e}, gp_export_module_functions},
     {"runtime_messages", {0xf8, 0xcf, 0xf9, 0x51, 0x21, 0x46, 0x8b, 0x4e, 0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c, 0x0d, 0xd9}, gp_export_runtime_messages},
 };
