@@ -74,6 +74,7 @@ class Call:
     links: bool = False
     pauses: str = ""
     resumes: str = ""
+    how: str = ""  # a LOCAL call: how the shim serves it (shown in docs/driver-census.md)
 
     # Derived once per call (the worker reads them on every request).
     @cached_property
@@ -153,6 +154,7 @@ def _c(
     links: bool = False,
     pauses: str = "",
     resumes: str = "",
+    how: str = "",
 ) -> Call:
     return Call(
         name=name,
@@ -170,6 +172,7 @@ def _c(
         links=links,
         pauses=pauses,
         resumes=resumes,
+        how=how,
     )
 
 
@@ -224,16 +227,22 @@ CALLS: tuple[Call, ...] = (
     # Contexts a program creates live on the worker; the context stack stays in the client.
     _c("cuCtxCreate", 3020, "o_ctx ctx, u32 flags, i32 dev", custom=True, symbol="cuCtxCreate_v2"),
     _c("cuCtxCreate", 11040, "o_ctx ctx, ptr affinity, i32 n, u32 flags, i32 dev", L, custom=True,
-       symbol="cuCtxCreate_v3"),  # sent as v2 (execution affinity is not forwarded)
+       symbol="cuCtxCreate_v3", how="sent as cuCtxCreate_v2 (execution affinity is refused)"),
     _c("cuCtxCreate", 12050, "o_ctx ctx, ptr params, u32 flags, i32 dev", L, custom=True,
-       symbol="cuCtxCreate_v4"),  # sent as v2 (execution affinity and CIG are not forwarded)
+       symbol="cuCtxCreate_v4",
+       how="sent as cuCtxCreate_v2 (execution affinity and CIG parameters are refused)"),
     _c("cuCtxDestroy", 4000, "ctx ctx", custom=True, symbol="cuCtxDestroy_v2"),
-    _c("cuCtxGetCurrent", 4000, "o_ctx ctx", L, custom=True),
-    _c("cuCtxSetCurrent", 4000, "ctx ctx", L, custom=True),
-    _c("cuCtxPushCurrent", 4000, "ctx ctx", L, symbol="cuCtxPushCurrent_v2", custom=True),
-    _c("cuCtxPopCurrent", 4000, "o_ctx? ctx", L, symbol="cuCtxPopCurrent_v2", custom=True),
-    _c("cuCtxGetDevice", 2000, "o_i32 device", L, custom=True),
-    _c("cuCtxGetDevice", 13000, "o_i32 device, ctx ctx", L, symbol="cuCtxGetDevice_v2", custom=True),
+    _c("cuCtxGetCurrent", 4000, "o_ctx ctx", L, custom=True,
+       how="the context stack is kept per client thread"),
+    _c("cuCtxSetCurrent", 4000, "ctx ctx", L, custom=True, how="the context stack is kept per client thread"),
+    _c("cuCtxPushCurrent", 4000, "ctx ctx", L, symbol="cuCtxPushCurrent_v2", custom=True,
+       how="the context stack is kept per client thread"),
+    _c("cuCtxPopCurrent", 4000, "o_ctx? ctx", L, symbol="cuCtxPopCurrent_v2", custom=True,
+       how="the context stack is kept per client thread"),
+    _c("cuCtxGetDevice", 2000, "o_i32 device", L, custom=True,
+       how="from the current context, kept per client thread"),
+    _c("cuCtxGetDevice", 13000, "o_i32 device, ctx ctx", L, symbol="cuCtxGetDevice_v2", custom=True,
+       how="from the context, kept per client thread"),
     _c("cuCtxSynchronize", 2000, "", sync=True),
     _c("cuCtxSynchronize", 13000, "ctx ctx", symbol="cuCtxSynchronize_v2", sync=True),
     _c("cuCtxGetApiVersion", 3020, "ctx ctx, o_u32 version"),
@@ -248,14 +257,18 @@ CALLS: tuple[Call, ...] = (
     _c("cuMemFree", 3020, "dptr dptr", symbol="cuMemFree_v2", custom=True),
     _c("cuMemGetAddressRange", 3020, "o_dptr? base, o_u64? size, dptr dptr", symbol="cuMemGetAddressRange_v2"),
     # Managed memory: a device allocation mirrored by host pages at the same address (shim_managed.c).
-    _c("cuMemAllocManaged", 6000, "o_dptr dptr, u64 bytesize, u32 flags", L, custom=True),
+    _c("cuMemAllocManaged", 6000, "o_dptr dptr, u64 bytesize, u32 flags", L, custom=True,
+       how="a device allocation of the lease mirrored by host pages at its address"),
     # Prefetch and advice: hints; a prefetch to a device sends what the host wrote (CUmemLocation by value).
-    _c("cuMemPrefetchAsync", 8000, "dptr dptr, u64 count, i32 device, stream stream", L, custom=True),
+    _c("cuMemPrefetchAsync", 8000, "dptr dptr, u64 count, i32 device, stream stream", L, custom=True,
+       how="to a device: sends what the host wrote; to the host: the next touch fetches"),
     _c("cuMemPrefetchAsync", 12020, "dptr dptr, u64 count, u64 location, u32 flags, stream stream", L,
-       symbol="cuMemPrefetchAsync_v2", custom=True),
-    _c("cuMemAdvise", 8000, "dptr dptr, u64 count, i32 advice, i32 device", L, custom=True),
+       symbol="cuMemPrefetchAsync_v2", custom=True,
+       how="to a device: sends what the host wrote; to the host: the next touch fetches"),
+    _c("cuMemAdvise", 8000, "dptr dptr, u64 count, i32 advice, i32 device", L, custom=True,
+       how="a hint: checked (managed memory only) and accepted"),
     _c("cuMemAdvise", 12020, "dptr dptr, u64 count, i32 advice, u64 location", L, symbol="cuMemAdvise_v2",
-       custom=True),
+       custom=True, how="a hint: checked (managed memory only) and accepted"),
     _c("cuMemAllocAsync", 11020, "o_dptr dptr, u64 bytesize, stream stream", custom=True),
     _c("cuMemAllocFromPoolAsync", 11020, "o_dptr dptr, u64 bytesize, pool pool, stream stream", custom=True),
     _c("cuMemFreeAsync", 11020, "dptr dptr, stream stream", A, custom=True),
@@ -268,11 +281,14 @@ CALLS: tuple[Call, ...] = (
     _c("cuMemPoolDestroy", 11020, "pool pool"),
     # Pools and their allocations shared between processes of one lease: an exported pool is a file
     # descriptor naming the lease's pool, an exported pointer 64 bytes naming the allocation.
-    _c("cuMemPoolExportToShareableHandle", 11020, "ptr handle, pool pool, i32 type, u64 flags", L, custom=True),
+    _c("cuMemPoolExportToShareableHandle", 11020, "ptr handle, pool pool, i32 type, u64 flags", L, custom=True,
+       how="a memfd naming the lease's pool (POSIX descriptors only)"),
     _c("cuMemPoolImportFromShareableHandle", 11020, "o_pool pool, ptr handle, i32 type, u64 flags", L,
-       custom=True),
-    _c("cuMemPoolExportPointer", 11020, "ptr data, dptr ptr", L, custom=True),
-    _c("cuMemPoolImportPointer", 11020, "o_dptr ptr, pool pool, ptr data", L, custom=True),
+       custom=True, how="a descriptor of the same lease, checked by the worker"),
+    _c("cuMemPoolExportPointer", 11020, "ptr data, dptr ptr", L, custom=True,
+       how="64 bytes naming the allocation"),
+    _c("cuMemPoolImportPointer", 11020, "o_dptr ptr, pool pool, ptr data", L, custom=True,
+       how="opened as an IPC handle, checked by the worker"),
     # -- the virtual memory API: address ranges come from the process's window, memory is created, mapped
     # and released on the worker (PyTorch's expandable segments); the worker checks every range and handle.
     _c("cuMemAddressReserve", 10020, "o_dptr ptr, u64 size, u64 alignment, u64 addr, u64 flags", custom=True),
@@ -287,24 +303,34 @@ CALLS: tuple[Call, ...] = (
     _c("cuMemGetAllocationGranularity", 10020, "o_u64 granularity, ptr prop, i32 option", custom=True,
        wire="o_u64 granularity, i32 option, bytes prop"),
     # -- host memory stays in the client --------------------------------------------------------------
-    _c("cuMemAllocHost", 3020, "o_u64 pp, u64 bytesize", L, symbol="cuMemAllocHost_v2", custom=True),
-    _c("cuMemHostAlloc", 2020, "o_u64 pp, u64 bytesize, u32 flags", L, custom=True),
-    _c("cuMemFreeHost", 2000, "ptr p", L, custom=True),
+    _c("cuMemAllocHost", 3020, "o_u64 pp, u64 bytesize", L, symbol="cuMemAllocHost_v2", custom=True,
+       how="host memory stays in the client"),
+    _c("cuMemHostAlloc", 2020, "o_u64 pp, u64 bytesize, u32 flags", L, custom=True,
+       how="host memory stays in the client"),
+    _c("cuMemFreeHost", 2000, "ptr p", L, custom=True, how="host memory stays in the client"),
     # IPC between the processes of one lease: they share the lease's worker, so a handle names the
     # allocation itself, and the worker checks on open that it is this lease's memory.
-    _c("cuIpcGetMemHandle", 4010, "ptr handle, dptr dptr", L, custom=True),
-    _c("cuIpcOpenMemHandle", 4010, "o_dptr pdptr, ipc handle, u32 flags", L, custom=True),
+    _c("cuIpcGetMemHandle", 4010, "ptr handle, dptr dptr", L, custom=True,
+       how="64 bytes naming the allocation (processes of one lease share its worker)"),
+    _c("cuIpcOpenMemHandle", 4010, "o_dptr pdptr, ipc handle, u32 flags", L, custom=True,
+       how="the worker checks that the handle names this lease's live memory"),
     _c("cuIpcOpenMemHandle", 11000, "o_dptr pdptr, ipc handle, u32 flags", L, symbol="cuIpcOpenMemHandle_v2",
-       custom=True),
-    _c("cuIpcCloseMemHandle", 4010, "dptr dptr", L, custom=True),
+       custom=True, how="the worker checks that the handle names this lease's live memory"),
+    _c("cuIpcCloseMemHandle", 4010, "dptr dptr", L, custom=True,
+       how="ends this process's use; the exporter's allocation stays"),
     # An event's handle names the worker's event itself; the importer's cuEventDestroy closes only its own.
-    _c("cuIpcGetEventHandle", 4010, "ptr handle, event event", L, custom=True),
-    _c("cuIpcOpenEventHandle", 4010, "o_event event, ipc handle", L, custom=True),
-    _c("cuMemHostRegister", 6050, "ptr p, u64 bytesize, u32 flags", L, symbol="cuMemHostRegister_v2", custom=True),
-    _c("cuMemHostUnregister", 4000, "ptr p", L, custom=True),
-    _c("cuMemHostGetFlags", 2030, "o_u32 flags, ptr p", L, custom=True),
+    _c("cuIpcGetEventHandle", 4010, "ptr handle, event event", L, custom=True,
+       how="64 bytes naming the worker's event"),
+    _c("cuIpcOpenEventHandle", 4010, "o_event event, ipc handle", L, custom=True,
+       how="the exporter's own event; destroying it closes only this opening"),
+    _c("cuMemHostRegister", 6050, "ptr p, u64 bytesize, u32 flags", L, symbol="cuMemHostRegister_v2", custom=True,
+       how="host memory stays in the client"),
+    _c("cuMemHostUnregister", 4000, "ptr p", L, custom=True, how="host memory stays in the client"),
+    _c("cuMemHostGetFlags", 2030, "o_u32 flags, ptr p", L, custom=True,
+       how="host memory stays in the client"),
     _c("cuMemHostGetDevicePointer", 3020, "o_u64 pdptr, ptr p, u32 flags", L,
-       symbol="cuMemHostGetDevicePointer_v2", custom=True),
+       symbol="cuMemHostGetDevicePointer_v2", custom=True,
+       how="the address a mapped allocation shares with the device"),
     # -- copies: bytes to the device travel in the request, bytes from it in the reply ----------------
     _c("cuMemcpyHtoD", 3020, "dptr dst, ptr src, u64 count", A, symbol="cuMemcpyHtoD_v2", custom=True,
        wire="dptr dst, u64 count, stream stream, bytes data"),
@@ -341,8 +367,10 @@ CALLS: tuple[Call, ...] = (
     _c("cuMemcpyDtoD", 3020, "dptr dst, dptr src, u64 count", A, symbol="cuMemcpyDtoD_v2"),
     _c("cuMemcpyDtoDAsync", 3020, "dptr dst, dptr src, u64 count, stream stream", A,
        symbol="cuMemcpyDtoDAsync_v2"),
-    _c("cuMemcpy", 4000, "u64 dst, u64 src, u64 count", L, custom=True),  # sent as HtoD, DtoH or DtoD
-    _c("cuMemcpyAsync", 4000, "u64 dst, u64 src, u64 count, stream stream", L, custom=True),
+    _c("cuMemcpy", 4000, "u64 dst, u64 src, u64 count", L, custom=True,
+       how="sent as cuMemcpyHtoD, DtoH or DtoD"),
+    _c("cuMemcpyAsync", 4000, "u64 dst, u64 src, u64 count, stream stream", L, custom=True,
+       how="sent as cuMemcpyHtoDAsync, DtoHAsync or DtoDAsync"),
     _c("cuMemcpyPeer", 4000, "dptr dst, ctx dst_ctx, dptr src, ctx src_ctx, u64 count", A),
     _c("cuMemcpyPeerAsync", 4000, "dptr dst, ctx dst_ctx, dptr src, ctx src_ctx, u64 count, stream stream", A),
     # -- memsets -------------------------------------------------------------------------------------
@@ -355,7 +383,8 @@ CALLS: tuple[Call, ...] = (
     # -- pointer attributes: host pointers answered locally, device pointers by the worker ------------
     _c("cuPointerGetAttribute", 4000, "ptr data, i32 attr, u64 ptr", custom=True,
        wire="i32 attr, dptr ptr, o_u64 value"),
-    _c("cuPointerGetAttributes", 7000, "u32 count, ptr attrs, ptr data, u64 ptr", L, custom=True),  # one by one
+    _c("cuPointerGetAttributes", 7000, "u32 count, ptr attrs, ptr data, u64 ptr", L, custom=True,
+       how="sent as cuPointerGetAttribute, one attribute at a time"),
     # -- modules and libraries: the image travels once, functions and globals are handles ------------
     _c("cuModuleLoadData", 2000, "o_module module, ptr image", custom=True, wire="o_module module, bytes image"),
     _c("cuModuleLoadDataEx", 2010, "o_module module, ptr image, u32 n, ptr options, ptr values", custom=True,
@@ -364,7 +393,8 @@ CALLS: tuple[Call, ...] = (
        wire="o_module module, bytes image"),
     _c("cuModuleUnload", 2000, "module module", custom=True, forgets="functions"),
     _c("cuModuleGetLoadingMode", 11070, "o_i32 mode", memo="constant"),
-    _c("cuModuleLoad", 2000, "o_module module, cstr fname", L, custom=True),  # read here, sent as LoadData
+    _c("cuModuleLoad", 2000, "o_module module, cstr fname", L, custom=True,
+       how="the file is read in the client and sent as cuModuleLoadData"),
     _c("cuModuleGetFunction", 2000, "o_func func, module module, cstr name", links=True),
     _c("cuModuleGetGlobal", 3020, "o_dptr? dptr, o_u64? bytes, module module, cstr name",
        symbol="cuModuleGetGlobal_v2", custom=True),
@@ -375,7 +405,7 @@ CALLS: tuple[Call, ...] = (
     _c("cuLinkAddData", 6050, "link state, i32 type, ptr data, u64 size, cstr name, u32 n, ptr options, ptr values",
        custom=True, symbol="cuLinkAddData_v2", wire="link state, i32 type, bytes data"),
     _c("cuLinkAddFile", 6050, "link state, i32 type, cstr path, u32 n, ptr options, ptr values", L, custom=True,
-       symbol="cuLinkAddFile_v2"),  # read here, sent as cuLinkAddData
+       symbol="cuLinkAddFile_v2", how="the file is read in the client and sent as cuLinkAddData"),
     _c("cuLinkComplete", 5050, "link state, ptr cubin_out, ptr size_out", custom=True, wire="link state, o_u64 size"),
     # A window of device addresses for this client process's allocations (virtualize/_address_window.py):
     # offered by the worker, reserved by the client in its own address space, then accepted.
@@ -421,7 +451,7 @@ CALLS: tuple[Call, ...] = (
     # -- launches: parameters packed at the offsets the worker reported once per function -------------
     _c("cuLaunchKernel", 4000,
        "func f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, stream stream, ptr params, ptr extra",
-       L, custom=True),  # sent as cuLaunchKernelEx
+       L, custom=True, how="sent as cuLaunchKernelEx"),
     _c("cuLaunchKernelEx", 11060, "ptr config, func f, ptr params, ptr extra", A, custom=True,
        wire="func f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, stream stream, u32 n_attrs, "
             "bytes params"),
@@ -527,21 +557,29 @@ CALLS: tuple[Call, ...] = (
     _c("cuGraphNodeGetType", 10000, "node node, o_i32 type"),
     # User objects (what keeps a host node's function alive) live in the client: a graph's references
     # are kept for the life of the process (shim_calls.c says why).
-    _c("cuUserObjectCreate", 11030, "o_u64 obj, ptr ptr, ptr destroy, u32 refs, u32 flags", L, custom=True),
-    _c("cuUserObjectRetain", 11030, "u64 obj, u32 count", L, custom=True),
-    _c("cuUserObjectRelease", 11030, "u64 obj, u32 count", L, custom=True),
-    _c("cuGraphRetainUserObject", 11030, "graph graph, u64 obj, u32 count, u32 flags", L, custom=True),
-    _c("cuGraphReleaseUserObject", 11030, "graph graph, u64 obj, u32 count", L, custom=True),
+    _c("cuUserObjectCreate", 11030, "o_u64 obj, ptr ptr, ptr destroy, u32 refs, u32 flags", L, custom=True,
+       how="user objects live in the client (a graph's references last the process)"),
+    _c("cuUserObjectRetain", 11030, "u64 obj, u32 count", L, custom=True,
+       how="user objects live in the client"),
+    _c("cuUserObjectRelease", 11030, "u64 obj, u32 count", L, custom=True,
+       how="user objects live in the client"),
+    _c("cuGraphRetainUserObject", 11030, "graph graph, u64 obj, u32 count, u32 flags", L, custom=True,
+       how="user objects live in the client"),
+    _c("cuGraphReleaseUserObject", 11030, "graph graph, u64 obj, u32 count", L, custom=True,
+       how="user objects live in the client"),
     # The generic node call: by its type, one of the node calls above (kernel, memset, empty, child
     # graph, conditional); other types are refused with a message.
-    _c("cuGraphAddNode", 12020, "o_node node, graph graph, ptr deps, u64 num_deps, ptr params", L, custom=True),
+    _c("cuGraphAddNode", 12020, "o_node node, graph graph, ptr deps, u64 num_deps, ptr params", L, custom=True,
+       how="sent as the node call of its type (kernel, memset, empty, child graph, conditional)"),
     _c("cuGraphAddNode", 12030, "o_node node, graph graph, ptr deps, ptr edges, u64 num_deps, ptr params", L,
-       symbol="cuGraphAddNode_v2", custom=True),
+       symbol="cuGraphAddNode_v2", custom=True,
+       how="sent as the node call of its type (kernel, memset, empty, child graph, conditional)"),
     _c("cuGraphExecUpdate", 12000, "graphexec exec, graph graph, ptr info", custom=True,
        symbol="cuGraphExecUpdate_v2", wire="graphexec exec, graph graph, o_u32 result, o_i32 status"),
     _c("cuGraphInstantiateWithFlags", 11040, "o_graphexec graph_exec, graph graph, u64 flags"),
     # CUDA_GRAPH_INSTANTIATE_PARAMS: the flags and the upload stream go as WithFlags and cuGraphUpload.
-    _c("cuGraphInstantiateWithParams", 12000, "o_graphexec graph_exec, graph graph, ptr params", L, custom=True),
+    _c("cuGraphInstantiateWithParams", 12000, "o_graphexec graph_exec, graph graph, ptr params", L, custom=True,
+       how="sent as cuGraphInstantiateWithFlags and cuGraphUpload"),
     _c("cuGraphLaunch", 10000, "graphexec graph_exec, stream stream", A),
     _c("cuGraphUpload", 11010, "graphexec graph_exec, stream stream", A),
     _c("cuGraphExecDestroy", 10000, "graphexec graph_exec", A),
@@ -555,16 +593,21 @@ CALLS: tuple[Call, ...] = (
     _c("cuEventElapsedTime", 2000, "o_f32 ms, event start, event end"),
     _c("cuEventElapsedTime", 12080, "o_f32 ms, event start, event end", symbol="cuEventElapsedTime_v2"),
     # -- driver log callbacks: the driver's messages stay on the worker; a callback is kept, never called
-    _c("cuLogsRegisterCallback", 12080, "ptr callback, ptr user_data, o_u64 handle", L, custom=True),
-    _c("cuLogsUnregisterCallback", 12080, "u64 handle", L, custom=True),
+    _c("cuLogsRegisterCallback", 12080, "ptr callback, ptr user_data, o_u64 handle", L, custom=True,
+       how="accepted, never called: the driver's messages stay on the worker"),
+    _c("cuLogsUnregisterCallback", 12080, "u64 handle", L, custom=True,
+       how="accepted: the callback was never called"),
     # -- error strings, answered in the client --------------------------------------------------------
     # -- the profiler: a profiler attached to the worker (nsys, ncu) sees the program's range -----------
     _c("cuProfilerStart", 4000, ""),
     _c("cuProfilerStop", 4000, ""),
-    _c("cuGetErrorName", 6000, "i32 error, ptr str", L, custom=True),
-    _c("cuGetErrorString", 6000, "i32 error, ptr str", L, custom=True),
+    _c("cuGetErrorName", 6000, "i32 error, ptr str", L, custom=True,
+       how="the table of results (virtualize/_results.py)"),
+    _c("cuGetErrorString", 6000, "i32 error, ptr str", L, custom=True,
+       how="the table of results (virtualize/_results.py)"),
     # The driver's private tables, asked for by the CUDA runtime: answered from virtualize/_exports.py.
-    _c("cuGetExportTable", 3000, "ptr table, ptr uuid", L, custom=True),
+    _c("cuGetExportTable", 3000, "ptr table, ptr uuid", L, custom=True,
+       how="the driver's private tables, from virtualize/_exports.py"),
 )
 # fmt: on
 

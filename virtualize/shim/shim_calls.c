@@ -33,8 +33,8 @@ static CUresult stub_hit(int slot) {
     stub_said[slot] = 1;
     pthread_mutex_unlock(&stub_lock);
     if (first) {
-        gp_say("%s is not forwarded to the remote GPU; it returns CUDA_ERROR_NOT_SUPPORTED (docs/remote.md lists "
-               "what is forwarded)",
+        gp_say("%s is not forwarded to the remote GPU; it returns CUDA_ERROR_NOT_SUPPORTED (docs/driver-census.md "
+               "says why)",
                stub_names[slot] ? stub_names[slot] : "an unknown CUDA call");
     }
     return CUDA_ERROR_NOT_SUPPORTED;
