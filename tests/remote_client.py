@@ -220,6 +220,19 @@ def scenario_alloc_for_other():
     sys.stdin.readline()
 
 
+class Config(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [
+        ("dims", ctypes.c_uint * 7),
+        ("stream", c_u64),
+        ("attrs", ctypes.c_void_p),
+        ("n", ctypes.c_uint),
+    ]
+
+
+class Attribute(ctypes.Structure):  # CUlaunchAttribute: id, padding, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
 def scenario_kernels():
     setup()
     module = c_u64()
@@ -242,17 +255,6 @@ def scenario_kernels():
     add = c_u64()
     check(cu.cuLibraryGetKernel(ctypes.byref(add), library, b"add_u32"), "kernel")
     value.value = 5
-
-    class Config(ctypes.Structure):
-        _fields_ = [
-            ("dims", ctypes.c_uint * 7),
-            ("stream", c_u64),
-            ("attrs", ctypes.c_void_p),
-            ("n", ctypes.c_uint),
-        ]
-
-    class Attribute(ctypes.Structure):  # CUlaunchAttribute: id, padding, a 64-byte value union
-        _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
 
     priority = Attribute(8, b"", (ctypes.c_int * 16)(1))  # CU_LAUNCH_ATTRIBUTE_PRIORITY
     cfg = Config((ctypes.c_uint * 7)(1, 1, 1, 64, 1, 1, 0), 0, ctypes.addressof(priority), 1)
@@ -577,6 +579,37 @@ def scenario_launch_errors():
     check(cu.cuFuncSetAttribute(fill, 8, 65536), "raise dynamic shared memory")
     say("shared_after_raising", launch(fill, fill_params, (1, 1, 1), (32, 1, 1), 60000))
     say("sync", cu.cuCtxSynchronize())
+
+
+def scenario_cooperative():
+    """Cooperative launches (cuLaunchCooperativeKernel, and cuLaunchKernelEx with the cooperative
+    attribute) run; one with more blocks than fit on the device at once (the host executor's device: 4
+    multiprocessors, 2048 threads each) is refused by the launch call itself, as the driver does, and
+    leaves nothing to report at the next synchronise."""
+    setup()
+    module, fill = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// host-executor module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(fill), module, b"fill_u32"), "fill")
+    rc, buf = alloc(1 << 16)
+    check(rc, "alloc")
+    ptr, value, n = c_u64(buf), ctypes.c_uint32(3), ctypes.c_uint32(8192)
+    params = (ctypes.c_void_p * 3)(*map(ctypes.addressof, (ptr, value, n)))
+    say("cooperative", cu.cuLaunchCooperativeKernel(fill, 32, 1, 1, 256, 1, 1, 0, c_u64(0), params))
+    say("sync", cu.cuCtxSynchronize())
+    words = memoryview(dtoh(buf, 4 * 8192)[1]).cast("I")
+    say("filled", f"{words[0]} {words[8191]}")
+    say("too_large", cu.cuLaunchCooperativeKernel(fill, 33, 1, 1, 256, 1, 1, 0, c_u64(0), params))
+    say("sync_after_too_large", cu.cuCtxSynchronize())
+
+    def launch_ex(blocks, cooperative):
+        attribute = Attribute(2, b"", (ctypes.c_int * 16)(cooperative))  # CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+        config = Config((ctypes.c_uint * 7)(blocks, 1, 1, 256, 1, 1, 0), 0, ctypes.addressof(attribute), 1)
+        return cu.cuLaunchKernelEx(ctypes.byref(config), fill, params, None)
+
+    say("ex_cooperative", launch_ex(32, 1))
+    say("ex_too_large", launch_ex(33, 1))
+    say("ex_not_cooperative", launch_ex(33, 0))  # an ordinary launch may have any number of blocks
+    say("sync_at_end", cu.cuCtxSynchronize())
 
 
 def scenario_native_dispatch():
@@ -1099,30 +1132,44 @@ def scenario_mapped():
 
 
 def scenario_tensor_maps():
-    """cuTensorMapEncodeTiled / Im2col / ReplaceAddress: encoded by the worker (the host executor's
-    stand-in descriptor holds the type, rank, address and dimensions); an address that is not the
-    lease's memory is refused."""
+    """cuTensorMapEncodeTiled / Im2col / Im2colWide / ReplaceAddress: encoded by the worker (the host
+    executor's stand-in descriptor holds the type, rank, address and dimensions) for a tensor that lies
+    wholly in the lease's memory; one at an address that is not the lease's, or running past the end of
+    its allocation, or moved where it does not fit, is refused, as is a map the lease did not encode."""
     import struct
 
     setup()
     rc, ptr = alloc(1 << 20)
     check(rc, "alloc")
     tensor_map = ctypes.create_string_buffer(128)
-    dims, strides = (c_u64 * 2)(256, 128), (c_u64 * 1)(512)
+    dims, strides = (c_u64 * 2)(256, 128), (c_u64 * 1)(512)  # 128 rows of 256 floats: 64 KiB
     box, element = (ctypes.c_uint32 * 2)(64, 32), (ctypes.c_uint32 * 2)(1, 1)
     encode = cu.cuTensorMapEncodeTiled
     rc = encode(tensor_map, 7, 2, c_u64(ptr), dims, strides, box, element, 0, 0, 0, 0)
     dtype, rank, address = struct.unpack_from("<iIQ", tensor_map.raw)
     say("tiled", f"{rc} {dtype} {rank} {address == ptr} {struct.unpack_from('<2Q', tensor_map.raw, 32)}")
     say("foreign_address", encode(tensor_map, 7, 2, c_u64(0x1000), dims, strides, box, element, 0, 0, 0, 0))
+    near_end = c_u64(ptr + (1 << 20) - 4096)
+    say("past_the_allocation", encode(tensor_map, 7, 2, near_end, dims, strides, box, element, 0, 0, 0, 0))
+    say(
+        "misaligned_address",
+        encode(tensor_map, 7, 2, c_u64(ptr + 4), dims, strides, box, element, 0, 0, 0, 0),
+    )
+    rc = encode(tensor_map, 7, 2, c_u64(ptr), dims, strides, box, element, 0, 0, 0, 0)
     rc = cu.cuTensorMapReplaceAddress(tensor_map, c_u64(ptr + 4096))
     say("replaced", f"{rc} {struct.unpack_from('<Q', tensor_map.raw, 8)[0] == ptr + 4096}")
+    say("replaced_where_it_does_not_fit", cu.cuTensorMapReplaceAddress(tensor_map, near_end))
+    made_up = ctypes.create_string_buffer(bytes(range(128)), 128)
+    say("replaced_in_a_made_up_map", cu.cuTensorMapReplaceAddress(made_up, c_u64(ptr)))
     dims3, strides3 = (c_u64 * 3)(8, 16, 16), (c_u64 * 2)(64, 1024)
     lower, upper = (ctypes.c_int * 1)(-1), (ctypes.c_int * 1)(1)
     element3 = (ctypes.c_uint32 * 3)(1, 1, 1)
     rc = cu.cuTensorMapEncodeIm2col(tensor_map, 7, 3, c_u64(ptr), dims3, strides3, lower, upper, 8, 16, element3,
                                     0, 0, 0, 0)  # fmt: skip
     say("im2col", f"{rc} {struct.unpack_from('<3Q', tensor_map.raw, 32)}")
+    rc = cu.cuTensorMapEncodeIm2colWide(tensor_map, 7, 3, c_u64(ptr), dims3, strides3, -1, 1, 8, 16, element3,
+                                        0, 0, 0, 0, 0)  # fmt: skip
+    say("im2col_wide", f"{rc} {struct.unpack_from('<3Q', tensor_map.raw, 32)}")
 
 
 class KernelNodeParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v2

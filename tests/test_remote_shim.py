@@ -374,13 +374,18 @@ def test_explicit_graphs_copy_event_and_host_nodes_read_back_and_clone(shim_dir,
     assert "copy node from or to the program's own host memory" in err
 
 
-def test_tensor_maps_are_encoded_by_the_worker_for_the_leases_memory_only(shim_dir, worker):
+def test_tensor_maps_are_encoded_by_the_worker_for_tensors_wholly_in_the_leases_memory(shim_dir, worker):
     out, _ = run_client("tensor_maps", client_env(shim_dir, worker))
     assert out == {
         "tiled": "0 7 2 True (256, 128)",
         "foreign_address": "1",  # CUDA_ERROR_INVALID_VALUE: not memory of this lease
+        "past_the_allocation": "1",  # the tensor's last rows would lie past its allocation
+        "misaligned_address": "1",  # the driver's own refusal, through the worker
         "replaced": "0 True",
+        "replaced_where_it_does_not_fit": "1",
+        "replaced_in_a_made_up_map": "1",  # not a map this lease encoded: its extent is unknown
         "im2col": "0 (8, 16, 16)",
+        "im2col_wide": "0 (8, 16, 16)",
     }
 
 
@@ -508,6 +513,22 @@ def test_a_launch_the_driver_refuses_fails_from_the_launch_call_itself(shim_dir,
         "shared_after_raising": "0",
         "sync": "0",  # nothing refused was sent: no error waits at the synchronise
     }
+
+
+def test_cooperative_launches_run_and_one_too_large_is_refused_by_the_launch_call(shim_dir, worker):
+    out, err = run_client("cooperative", client_env(shim_dir, worker))
+    assert out == {
+        "cooperative": "0",
+        "sync": "0",
+        "filled": "3 3",  # 32 blocks of 256 threads filled all 8192 words
+        "too_large": "720",  # CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, from the launch call
+        "sync_after_too_large": "0",  # nothing refused was sent
+        "ex_cooperative": "0",
+        "ex_too_large": "720",
+        "ex_not_cooperative": "0",
+        "sync_at_end": "0",
+    }
+    assert "not forwarded" not in err
 
 
 def test_processes_of_one_lease_share_memory_and_events_through_ipc_handles_and_other_leases_cannot(

@@ -455,6 +455,9 @@ CALLS: tuple[Call, ...] = (
     _c("cuLaunchKernelEx", 11060, "ptr config, func f, ptr params, ptr extra", A, custom=True,
        wire="func f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, stream stream, u32 n_attrs, "
             "bytes params"),
+    _c("cuLaunchCooperativeKernel", 9000,
+       "func f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, stream stream, ptr params", L,
+       custom=True, how="sent as cuLaunchKernelEx with the cooperative launch attribute"),
     # -- streams and events ---------------------------------------------------------------------------
     _c("cuStreamCreate", 2000, "o_stream stream, u32 flags"),
     _c("cuStreamCreateWithPriority", 5050, "o_stream stream, u32 flags, i32 priority"),
@@ -466,6 +469,7 @@ CALLS: tuple[Call, ...] = (
     _c("cuStreamAddCallback", 5000, "stream stream, ptr callback, ptr data, u32 flags", A, custom=True,
        wire="stream stream, u64 id"),
     # Tensor maps (Hopper's TMA descriptors): encoded by the worker's driver; 128 opaque bytes come back.
+    # The worker checks that the whole tensor (its dimensions and strides from its address) is lease memory.
     _c("cuTensorMapEncodeTiled", 12000, "ptr map, i32 dtype, u32 rank, ptr address, ptr dims, ptr strides, "
        "ptr box, ptr element_strides, i32 interleave, i32 swizzle, i32 l2, i32 oob", custom=True,
        wire="i32 dtype, u32 rank, dptr address, i32 interleave, i32 swizzle, i32 l2, i32 oob, bytes shape"),
@@ -474,6 +478,11 @@ CALLS: tuple[Call, ...] = (
        "i32 l2, i32 oob", custom=True,
        wire="i32 dtype, u32 rank, dptr address, u32 channels, u32 pixels, i32 interleave, i32 swizzle, i32 l2, "
             "i32 oob, bytes shape"),
+    _c("cuTensorMapEncodeIm2colWide", 12080, "ptr map, i32 dtype, u32 rank, ptr address, ptr dims, ptr strides, "
+       "i32 lower, i32 upper, u32 channels, u32 pixels, ptr element_strides, i32 interleave, i32 mode, i32 swizzle, "
+       "i32 l2, i32 oob", custom=True,
+       wire="i32 dtype, u32 rank, dptr address, i32 lower, i32 upper, u32 channels, u32 pixels, i32 interleave, "
+            "i32 mode, i32 swizzle, i32 l2, i32 oob, bytes shape"),
     _c("cuTensorMapReplaceAddress", 12000, "ptr map, ptr address", custom=True, wire="dptr address, bytes map"),
     _c("cuStreamIsCapturing", 10000, "stream stream, o_i32 status", memo="capture"),
     _c("cuStreamGetPriority", 5050, "stream stream, o_i32 priority"),

@@ -259,12 +259,12 @@ GROUPS: tuple[Group, ...] = (
        configuration, enumeration of a library's kernels or a module's functions, and tensor maps:
        plain calls over handles of the lease (a tensor map's global address checked as a lease
        address).""",
-        "cuLaunchCooperativeKernel cuLaunchCooperativeKernelMultiDevice cuKernelSetCacheConfig "
+        "cuLaunchCooperativeKernelMultiDevice cuKernelSetCacheConfig "
         "cuCtxGetCacheConfig cuCtxSetCacheConfig cuCtxGetSharedMemConfig cuCtxSetSharedMemConfig "
         "cuFuncSetSharedMemConfig cuOccupancyMaxPotentialBlockSizeWithFlags cuFuncGetName cuFuncIsLoaded "
         "cuFuncLoad cuKernelGetName cuKernelGetLibrary cuKernelGetParamCount cuFuncGetParamCount "
         "cuModuleGetFunctionCount cuModuleEnumerateFunctions cuLibraryGetKernelCount cuLibraryEnumerateKernels "
-        "cuLibraryLoadFromFile cuLibraryGetManaged cuLibraryGetUnifiedFunction cuTensorMapEncodeIm2colWide "
+        "cuLibraryLoadFromFile cuLibraryGetManaged cuLibraryGetUnifiedFunction "
         "cuTensorMapSetAllocationClass",
     ),
     _g(

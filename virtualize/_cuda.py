@@ -12,7 +12,6 @@ import ctypes
 import itertools
 import logging
 import mmap
-import struct
 import threading
 from collections.abc import Callable
 
@@ -53,6 +52,39 @@ _kept: list = []  # marks a dead context never wrote or posted, and their memory
 _MARK_BYTES = 4096  # after each staging buffer: the word the stream writes
 _marks = itertools.count(1)
 _driver_thread = threading.local()  # `calling_back` while the driver's thread runs a host function
+
+# Tensor maps go to the driver through its own entry points, written into a 64-byte-aligned CUtensorMap
+# of ours: cuda.bindings keeps a CUtensorMap inside a Python object, which is only 16-byte aligned, and
+# the driver refuses a map that is not 64-byte aligned with CUDA_ERROR_INVALID_VALUE (three encodes in
+# four failed that way). Each call: its ABI version and its parameters after the CUtensorMap *.
+TENSOR_MAP_BYTES, TENSOR_MAP_ALIGN = 128, 64
+_int32, _uint32, _u64s, _u32s, _i32s = (
+    ctypes.c_int32,
+    ctypes.c_uint32,
+    ctypes.POINTER(ctypes.c_uint64),
+    ctypes.POINTER(ctypes.c_uint32),
+    ctypes.POINTER(ctypes.c_int32),
+)
+TENSOR_MAP_CALLS: dict[str, tuple[int, tuple]] = {
+    "cuTensorMapEncodeTiled": (12000, (_int32, _uint32, ctypes.c_void_p, _u64s, _u64s, _u32s, _u32s,
+                                       _int32, _int32, _int32, _int32)),
+    "cuTensorMapEncodeIm2col": (12000, (_int32, _uint32, ctypes.c_void_p, _u64s, _u64s, _i32s, _i32s, _uint32,
+                                        _uint32, _u32s, _int32, _int32, _int32, _int32)),
+    "cuTensorMapEncodeIm2colWide": (12080, (_int32, _uint32, ctypes.c_void_p, _u64s, _u64s, _int32, _int32,
+                                            _uint32, _uint32, _u32s, _int32, _int32, _int32, _int32, _int32)),
+    "cuTensorMapReplaceAddress": (12000, (ctypes.c_void_p,)),
+}  # fmt: skip
+
+
+def with_aligned_tensor_map(function: Callable[..., int], args: tuple, initial: bytes = b"") -> bytes:
+    """Call `function(map, *args)` on a 64-byte-aligned CUtensorMap holding `initial`; its 128 bytes after."""
+    storage = ctypes.create_string_buffer(TENSOR_MAP_BYTES + TENSOR_MAP_ALIGN)
+    address = -(-ctypes.addressof(storage) // TENSOR_MAP_ALIGN) * TENSOR_MAP_ALIGN
+    ctypes.memmove(address, bytes(initial).ljust(TENSOR_MAP_BYTES, b"\0"), TENSOR_MAP_BYTES)
+    result = function(address, *args)
+    if result:
+        raise CudaError(result, "tensor map")
+    return ctypes.string_at(address, TENSOR_MAP_BYTES)
 
 
 def _ok(result):
@@ -297,6 +329,7 @@ class CudaExecutor(Executor):
         self._host_thunk_fn = driver.CUhostFn(ctypes.cast(self._host_thunk, ctypes.c_void_p).value)
         self.pinned = _PinnedPool()  # buffers of asynchronous copies to the client
         self.stream_marks = True  # whether the streams write copies' marks (stream memory operations)
+        self.tensor_map_functions: dict[str, Callable[..., int]] = {}  # the driver's, for aligned maps
 
     @staticmethod
     def _find(device, position: int) -> int:
@@ -535,28 +568,44 @@ class CudaExecutor(Executor):
         return config
 
     def tensor_map(self, name: str, ins: tuple, arrays: list[list[int]]) -> bytes:
-        u64 = [driver.cuuint64_t(x) for x in arrays[0]], [driver.cuuint64_t(x) for x in arrays[1]]
+        dims, strides = (
+            (ctypes.c_uint64 * len(arrays[0]))(*arrays[0]),
+            (ctypes.c_uint64 * len(arrays[1]))(*arrays[1]),
+        )
         if name == "cuTensorMapEncodeTiled":
             dtype, rank, address, interleave, swizzle, l2, oob = ins
-            box, element = ([driver.cuuint32_t(x) for x in a] for a in arrays[2:])
-            encoded = _ok(driver.cuTensorMapEncodeTiled(
-                _enum(driver.CUtensorMapDataType, dtype), rank, address, *u64, box, element,
-                _enum(driver.CUtensorMapInterleave, interleave), _enum(driver.CUtensorMapSwizzle, swizzle),
-                _enum(driver.CUtensorMapL2promotion, l2), _enum(driver.CUtensorMapFloatOOBfill, oob)))  # fmt: skip
-        else:
+            box, element = ((ctypes.c_uint32 * len(a))(*a) for a in arrays[2:])
+            args = (dtype, rank, address, dims, strides, box, element, interleave, swizzle, l2, oob)
+        elif name == "cuTensorMapEncodeIm2col":
             dtype, rank, address, channels, pixels, interleave, swizzle, l2, oob = ins
-            lower, upper, element = arrays[2], arrays[3], [driver.cuuint32_t(x) for x in arrays[4]]
-            encoded = _ok(driver.cuTensorMapEncodeIm2col(
-                _enum(driver.CUtensorMapDataType, dtype), rank, address, *u64, lower, upper, channels, pixels,
-                element, _enum(driver.CUtensorMapInterleave, interleave), _enum(driver.CUtensorMapSwizzle, swizzle),
-                _enum(driver.CUtensorMapL2promotion, l2), _enum(driver.CUtensorMapFloatOOBfill, oob)))  # fmt: skip
-        return struct.pack("<16Q", *encoded.opaque)
+            lower, upper = ((ctypes.c_int32 * len(a))(*a) for a in arrays[2:4])
+            element = (ctypes.c_uint32 * len(arrays[4]))(*arrays[4])
+            args = (dtype, rank, address, dims, strides, lower, upper, channels, pixels, element, interleave,
+                    swizzle, l2, oob)  # fmt: skip
+        else:  # cuTensorMapEncodeIm2colWide
+            dtype, rank, address, lower, upper, channels, pixels, interleave, mode, swizzle, l2, oob = ins
+            element = (ctypes.c_uint32 * len(arrays[2]))(*arrays[2])
+            args = (dtype, rank, address, dims, strides, lower, upper, channels, pixels, element, interleave, mode,
+                    swizzle, l2, oob)  # fmt: skip
+        return with_aligned_tensor_map(self._tensor_map_function(name), args)
 
     def tensor_map_address(self, encoded: bytes, address: int) -> bytes:
-        tensor_map = driver.CUtensorMap()
-        tensor_map.opaque = list(struct.unpack("<16Q", encoded))
-        _ok(driver.cuTensorMapReplaceAddress(tensor_map, address))
-        return struct.pack("<16Q", *tensor_map.opaque)
+        return with_aligned_tensor_map(
+            self._tensor_map_function("cuTensorMapReplaceAddress"), (address,), encoded
+        )
+
+    def _tensor_map_function(self, name: str):
+        """The driver's own entry point for a tensor-map call, as a ctypes function (looked up once)."""
+        function = self.tensor_map_functions.get(name)
+        if function is None:
+            version, argtypes = TENSOR_MAP_CALLS[name]
+            flags = driver.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
+            pfn, _status = _ok(driver.cuGetProcAddress(name.encode(), version, flags))
+            if not _int(pfn):
+                raise CudaError(NOT_SUPPORTED, f"the driver has no {name}")
+            function = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *argtypes)(_int(pfn))
+            self.tensor_map_functions[name] = function
+        return function
 
     def launch_host_func(self, stream, fn) -> None:
         key = next(self._host_keys)

@@ -101,7 +101,8 @@ HANDSHAKE = ("gpHello", "gpProve")  # the worker's own, before any call reaches 
 GUARD_CALLS = (
     *("gpWindowOffer", "gpWindowAccept", "cuMemAddressReserve", "cuMemAddressFree"),
     *("gpCallbackToken", "gpCallbackAttach", "cuLaunchHostFunc", "cuStreamAddCallback"),  # host functions
-    *("cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuTensorMapReplaceAddress"),  # tensor maps
+    *("cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuTensorMapEncodeIm2colWide"),  # tensor maps
+    "cuTensorMapReplaceAddress",
     *(
         "cuGraphAddKernelNode",
         "cuGraphExecKernelNodeSetParams",
@@ -389,9 +390,9 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     def tensor_map(self, name: str, ins: tuple, arrays: list[list[int]]) -> bytes:
-        """cuTensorMapEncodeTiled or cuTensorMapEncodeIm2col (`name`): the table's in-parameters and the
-        shape arrays in the C order (dims, strides, box or lower/upper corners, element strides); the
-        128-byte CUtensorMap."""
+        """cuTensorMapEncodeTiled, Im2col or Im2colWide (`name`): the table's in-parameters and the shape
+        arrays in the C order (dims, strides, box or lower/upper corners, element strides); the 128-byte
+        CUtensorMap."""
 
     @abc.abstractmethod
     def tensor_map_address(self, encoded: bytes, address: int) -> bytes:

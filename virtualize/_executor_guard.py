@@ -47,6 +47,43 @@ LAUNCH_ATTRIBUTE_BYTES = 72
 ALLOCATION_PROP_BYTES, ACCESS_DESC_BYTES = 32, 12  # CUmemAllocationProp, CUmemAccessDesc
 POOL_PROPS_BYTES = 88  # CUmemPoolProps
 TENSOR_MAP_BYTES, TENSOR_RANK_MAX = 128, 5  # CUtensorMap
+# Each tensor-map call's shape arrays in the bulk, in the C order: (count as rank + offset, struct code).
+TENSOR_SHAPE_ARRAYS = {
+    "cuTensorMapEncodeTiled": (
+        (0, "Q"),
+        (-1, "Q"),
+        (0, "I"),
+        (0, "I"),
+    ),  # dims, strides, box, element strides
+    "cuTensorMapEncodeIm2col": (
+        (0, "Q"),
+        (-1, "Q"),
+        (-2, "i"),
+        (-2, "i"),
+        (0, "I"),
+    ),  # + lower, upper corners
+    "cuTensorMapEncodeIm2colWide": ((0, "Q"), (-1, "Q"), (0, "I")),  # dims, strides, element strides
+}
+# Bytes of one element of each CUtensorMapDataType (the packed 4- and 6-bit types: at most one).
+TENSOR_ELEMENT_BYTES = {
+    0: 1,
+    1: 2,
+    2: 4,
+    3: 4,
+    4: 8,
+    5: 8,
+    6: 2,
+    7: 4,
+    8: 8,
+    9: 2,
+    10: 4,
+    11: 4,
+    12: 4,
+    13: 1,
+    14: 1,
+    15: 1,
+}
+TENSOR_MAPS_KEPT = 65536  # maps a lease encoded, kept with their extent for cuTensorMapReplaceAddress
 MAX_NODE_DEPS = 4096  # dependencies of one graph node (the shim's limit too)
 MAX_CONDITIONAL_BODIES = 64  # body graphs of one conditional node (a switch's cases; the shim's limit too)
 # CUdevice_attribute: PAGEABLE_MEMORY_ACCESS, CONCURRENT_MANAGED_ACCESS, PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
@@ -65,6 +102,18 @@ WINDOW_POINTER_ATTRIBUTES = frozenset(
         POINTER_MEMPOOL,
     }
 )
+
+
+def tensor_extent(dtype: int, dims: list[int], strides: list[int]) -> int:
+    """Bytes from a tensor's address to the end of its last element: a row of dims[0] elements, and
+    dims[i] steps of strides[i-1] bytes along each other dimension."""
+    if dtype not in TENSOR_ELEMENT_BYTES:
+        raise CudaError(INVALID_VALUE, f"tensor data type {dtype}")
+    if not all(dims):
+        raise CudaError(INVALID_VALUE, "a tensor dimension of 0")
+    return dims[0] * TENSOR_ELEMENT_BYTES[dtype] + sum(
+        (d - 1) * s for d, s in zip(dims[1:], strides, strict=True)
+    )
 
 
 @dataclass
@@ -91,6 +140,7 @@ class LeaseState:
     primary_ctx: dict[int, int] = field(default_factory=dict)  # device -> its primary context
     layouts: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     callback_tokens: dict[int, Session] = field(default_factory=dict)  # token -> connection to call back for
+    tensor_maps: dict[bytes, int] = field(default_factory=dict)  # encoded map -> its tensor's extent
     lock: threading.Lock = field(default_factory=threading.Lock)
     native: Any = None  # the worker's native hot path (a virtualize._native_dispatch.NativeLease), if any
 
@@ -234,6 +284,7 @@ class Session:
             "cuStreamUpdateCaptureDependencies_v2": self._capture_dependencies,
             "cuTensorMapEncodeTiled": self._tensor_map,
             "cuTensorMapEncodeIm2col": self._tensor_map,
+            "cuTensorMapEncodeIm2colWide": self._tensor_map,
             "cuTensorMapReplaceAddress": self._tensor_map_address,
             "cuMemPoolCreate": self._pool_create,
             "gpCallbackToken": self._callback_token,
@@ -745,30 +796,47 @@ class Session:
     # -- tensor maps -----------------------------------------------------------------------------------
 
     def _tensor_map(self, call: Call, ins: tuple):
-        """cuTensorMapEncodeTiled / Im2col: the shape arrays from the bulk; the 128 bytes go back as bulk."""
+        """cuTensorMapEncodeTiled / Im2col / Im2colWide: the shape arrays from the bulk; the whole tensor
+        (its dimensions and strides from its address) must be memory of this lease; the 128 bytes go
+        back as bulk, and the tensor's extent is kept for cuTensorMapReplaceAddress."""
         self._check(call, ins)
-        rank = ins[1]
+        dtype, rank, address = ins[:3]
         if not 1 <= rank <= TENSOR_RANK_MAX:
             raise CudaError(INVALID_VALUE, "tensor rank")
         raw = self.channel.read_bulk(limit=TENSOR_RANK_MAX * 24)
-        tiled = call.name == "cuTensorMapEncodeTiled"
-        counts = (rank, rank - 1, rank, rank) if tiled else (rank, rank - 1, rank - 2, rank - 2, rank)
-        codes = ("Q", "Q", "I", "I") if tiled else ("Q", "Q", "i", "i", "I")
         arrays, at = [], 0
-        for n, code in zip(counts, codes, strict=True):
-            n = max(n, 0)
+        for offset, code in TENSOR_SHAPE_ARRAYS[call.name]:
+            n = max(rank + offset, 0)
             if at + n * struct.calcsize(code) > len(raw):
                 raise CudaError(INVALID_VALUE, "tensor shape arrays")
             arrays.append(list(struct.unpack_from(f"<{n}{code}", raw, at)))
             at += n * struct.calcsize(code)
-        return b"", self.executor.tensor_map(call.name, ins, arrays)
+        extent = tensor_extent(dtype, arrays[0], arrays[1])
+        self._check_range(address, extent)
+        encoded = self.executor.tensor_map(call.name, ins, arrays)
+        self._keep_tensor_map(encoded, extent)
+        return b"", encoded
 
     def _tensor_map_address(self, call: Call, ins: tuple):
+        """cuTensorMapReplaceAddress: a map this lease encoded, its tensor moved to other lease memory."""
         self._check(call, ins)
-        encoded = self.channel.read_bulk(limit=TENSOR_MAP_BYTES)
+        encoded = bytes(self.channel.read_bulk(limit=TENSOR_MAP_BYTES))
         if len(encoded) != TENSOR_MAP_BYTES:
             raise CudaError(INVALID_VALUE, "a tensor map is 128 bytes")
-        return b"", self.executor.tensor_map_address(encoded, ins[0])
+        extent = self.lease.tensor_maps.get(encoded)
+        if extent is None:
+            raise CudaError(INVALID_VALUE, "not a tensor map this lease encoded")
+        self._check_range(ins[0], extent)
+        replaced = self.executor.tensor_map_address(encoded, ins[0])
+        self._keep_tensor_map(replaced, extent)
+        return b"", replaced
+
+    def _keep_tensor_map(self, encoded: bytes, extent: int) -> None:
+        maps = self.lease.tensor_maps
+        with self.lease.lock:
+            maps[bytes(encoded)] = extent
+            while len(maps) > TENSOR_MAPS_KEPT:  # the oldest first (dicts keep insertion order)
+                del maps[next(iter(maps))]
 
     # -- host functions ------------------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ from virtualize._executor import (
 from virtualize._results import CUresult
 
 DEVICE_TOTAL = 80 << 30
+COOPERATIVE = 2  # CU_LAUNCH_ATTRIBUTE_COOPERATIVE
 CHUNK = 4 << 20
 ALIGN = 1 << 21
 HOST_KERNELS = {
@@ -75,6 +76,7 @@ ATTRIBUTES = {
     75: 9,
     76: 0,
     83: 1,  # MANAGED_MEMORY
+    95: 1,  # COOPERATIVE_LAUNCH
     115: 1,
 }
 
@@ -188,12 +190,17 @@ class HostExecutor(Executor):
 
     def tensor_map(self, name: str, ins: tuple, arrays: list[list[int]]) -> bytes:
         # Not a real descriptor: the type, the rank, the address and the dimensions, so tests can see them.
+        # The driver's own refusals: an address or a stride that is not a multiple of 16 bytes.
         dtype, rank, address = ins[:3]
+        if address % 16 or any(stride % 16 for stride in arrays[1]):
+            raise CudaError(INVALID_VALUE, "a tensor's address and strides are multiples of 16 bytes")
         return struct.pack("<iIQ", dtype, rank, address).ljust(32, b"\0") + struct.pack(
             f"<{rank}Q", *arrays[0]
         ).ljust(96, b"\0")
 
     def tensor_map_address(self, encoded: bytes, address: int) -> bytes:
+        if address % 16:
+            raise CudaError(INVALID_VALUE, "a tensor's address is a multiple of 16 bytes")
         return encoded[:8] + struct.pack("<Q", address) + encoded[16:]
 
     def launch_host_func(self, stream, fn) -> None:
@@ -282,11 +289,22 @@ class HostExecutor(Executor):
 
     def launch(self, launch: Launch) -> None:
         func, grid, block, params = launch.func, launch.grid, launch.block, launch.params
-        for attr_id, _value in launch.attributes:
+        for attr_id, value in launch.attributes:
             if attr_id not in FORWARDED_LAUNCH_ATTRIBUTES:  # the same refusals as on a GPU
                 raise CudaError(CUresult.NOT_SUPPORTED, f"launch attribute {attr_id} is not forwarded")
+            if attr_id == COOPERATIVE and struct.unpack_from("<i", value)[0]:
+                self._check_cooperative(launch)
         params = bytes(params)  # a captured launch runs later, with the parameters of its capture
         self._on(launch.stream, lambda: self._run_kernel(func, grid, block, params))
+
+    def _check_cooperative(self, launch: Launch) -> None:
+        """All blocks of a cooperative launch must fit on the device at once (occupancy x SMs)."""
+        threads = launch.block[0] * launch.block[1] * launch.block[2]
+        per_sm = self.cuOccupancyMaxActiveBlocksPerMultiprocessor(launch.func, threads, launch.shared_mem)
+        if launch.grid[0] * launch.grid[1] * launch.grid[2] > per_sm * ATTRIBUTES[16]:
+            raise CudaError(
+                CUresult.COOPERATIVE_LAUNCH_TOO_LARGE, "more blocks than fit on the device at once"
+            )
 
     def _run_kernel(self, func, grid, block, params) -> None:
         if func in self.layouts:

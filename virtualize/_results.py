@@ -51,6 +51,7 @@ class CUresult(enum.IntEnum):
     INVALID_ADDRESS_SPACE = 717, "operation not supported on global/shared address space"
     INVALID_PC = 718, "invalid program counter"
     LAUNCH_FAILED = 719, "unspecified launch failure"
+    COOPERATIVE_LAUNCH_TOO_LARGE = 720, "too many blocks in cooperative launch"
     NOT_PERMITTED = 800, "operation not permitted"
     NOT_SUPPORTED = 801, "operation not supported"
     STREAM_CAPTURE_UNSUPPORTED = 900, "operation not permitted when stream is capturing"

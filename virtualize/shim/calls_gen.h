@@ -1087,6 +1087,7 @@ GP_EXPORT CUresult cuEventRecord_ptsz(uint64_t event, uint64_t stream) { return 
 GP_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(uint64_t *graph_exec, uint64_t graph, void *params) { return cuGraphInstantiateWithParams(graph_exec, graph, params); }
 GP_EXPORT CUresult cuGraphLaunch_ptsz(uint64_t graph_exec, uint64_t stream) { return cuGraphLaunch(graph_exec, stream); }
 GP_EXPORT CUresult cuGraphUpload_ptsz(uint64_t graph_exec, uint64_t stream) { return cuGraphUpload(graph_exec, stream); }
+GP_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(uint64_t f, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t bx, uint32_t by, uint32_t bz, uint32_t smem, uint64_t stream, void *params) { return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, smem, stream, params); }
 GP_EXPORT CUresult cuLaunchHostFunc_ptsz(uint64_t stream, void *fn, void *data) { return cuLaunchHostFunc(stream, fn, data); }
 GP_EXPORT CUresult cuLaunchKernelEx_ptsz(void *config, uint64_t f, void *params, void *extra) { return cuLaunchKernelEx(config, f, params, extra); }
 GP_EXPORT CUresult cuLaunchKernel_ptsz(uint64_t f, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t bx, uint32_t by, uint32_t bz, uint32_t smem, uint64_t stream, void *params, void *extra) { return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra); }
@@ -1316,9 +1317,7 @@ GP_EXPORT CUresult cuKernelGetLibrary(void) { return gp_unforwarded("cuKernelGet
 GP_EXPORT CUresult cuKernelGetName(void) { return gp_unforwarded("cuKernelGetName"); }
 GP_EXPORT CUresult cuKernelSetCacheConfig(void) { return gp_unforwarded("cuKernelSetCacheConfig"); }
 GP_EXPORT CUresult cuLaunch(void) { return gp_unforwarded("cuLaunch"); }
-GP_EXPORT CUresult cuLaunchCooperativeKernel(void) { return gp_unforwarded("cuLaunchCooperativeKernel"); }
 GP_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(void) { return gp_unforwarded("cuLaunchCooperativeKernelMultiDevice"); }
-GP_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(void) { return gp_unforwarded("cuLaunchCooperativeKernel_ptsz"); }
 GP_EXPORT CUresult cuLaunchGrid(void) { return gp_unforwarded("cuLaunchGrid"); }
 GP_EXPORT CUresult cuLaunchGridAsync(void) { return gp_unforwarded("cuLaunchGridAsync"); }
 GP_EXPORT CUresult cuLibraryEnumerateKernels(void) { return gp_unforwarded("cuLibraryEnumerateKernels"); }
@@ -1503,7 +1502,6 @@ GP_EXPORT CUresult cuSurfObjectDestroy(void) { return gp_unforwarded("cuSurfObje
 GP_EXPORT CUresult cuSurfObjectGetResourceDesc(void) { return gp_unforwarded("cuSurfObjectGetResourceDesc"); }
 GP_EXPORT CUresult cuSurfRefGetArray(void) { return gp_unforwarded("cuSurfRefGetArray"); }
 GP_EXPORT CUresult cuSurfRefSetArray(void) { return gp_unforwarded("cuSurfRefSetArray"); }
-GP_EXPORT CUresult cuTensorMapEncodeIm2colWide(void) { return gp_unforwarded("cuTensorMapEncodeIm2colWide"); }
 GP_EXPORT CUresult cuTexObjectCreate(void) { return gp_unforwarded("cuTexObjectCreate"); }
 GP_EXPORT CUresult cuTexObjectDestroy(void) { return gp_unforwarded("cuTexObjectDestroy"); }
 GP_EXPORT CUresult cuTexObjectGetResourceDesc(void) { return gp_unforwarded("cuTexObjectGetResourceDesc"); }
@@ -1655,6 +1653,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuKernelGetFunction", 12000, (void *)cuKernelGetFunction},
     {"cuKernelGetParamInfo", 12040, (void *)cuKernelGetParamInfo},
     {"cuKernelSetAttribute", 12000, (void *)cuKernelSetAttribute},
+    {"cuLaunchCooperativeKernel", 9000, (void *)cuLaunchCooperativeKernel},
     {"cuLaunchHostFunc", 10000, (void *)cuLaunchHostFunc},
     {"cuLaunchKernel", 4000, (void *)cuLaunchKernel},
     {"cuLaunchKernelEx", 11060, (void *)cuLaunchKernelEx},
@@ -1762,6 +1761,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuStreamUpdateCaptureDependencies", 12030, (void *)cuStreamUpdateCaptureDependencies_v2},
     {"cuStreamWaitEvent", 3020, (void *)cuStreamWaitEvent},
     {"cuTensorMapEncodeIm2col", 12000, (void *)cuTensorMapEncodeIm2col},
+    {"cuTensorMapEncodeIm2colWide", 12080, (void *)cuTensorMapEncodeIm2colWide},
     {"cuTensorMapEncodeTiled", 12000, (void *)cuTensorMapEncodeTiled},
     {"cuTensorMapReplaceAddress", 12000, (void *)cuTensorMapReplaceAddress},
     {"cuThreadExchangeStreamCaptureMode", 10010, (void *)cuThreadExchangeStreamCaptureMode},
@@ -1799,6 +1799,7 @@ static const struct gp_result_text gp_result_texts[] = {
     {717, "CUDA_ERROR_INVALID_ADDRESS_SPACE", "operation not supported on global/shared address space"},
     {718, "CUDA_ERROR_INVALID_PC", "invalid program counter"},
     {719, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
+    {720, "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE", "too many blocks in cooperative launch"},
     {800, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
     {801, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
     {900, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"},

@@ -526,6 +526,24 @@ CUresult cuTensorMapEncodeIm2col(void *map, int32_t dtype, uint32_t rank, void *
     return gp_call(GP_CALL_cuTensorMapEncodeIm2col, WANT, &in, sizeof in, shape, at, NULL, 0, map, TENSOR_MAP_BYTES);
 }
 
+CUresult cuTensorMapEncodeIm2colWide(void *map, int32_t dtype, uint32_t rank, void *address, void *dims, void *strides,
+                                     int32_t lower, int32_t upper, uint32_t channels, uint32_t pixels,
+                                     void *element_strides, int32_t interleave, int32_t mode, int32_t swizzle,
+                                     int32_t l2, int32_t oob) {
+    GP_TRACE("cuTensorMapEncodeIm2colWide");
+    if (!map || !dims || !strides || !element_strides || rank < 3 || rank > TENSOR_RANK_MAX)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned char shape[TENSOR_RANK_MAX * 24];
+    size_t at = 0;
+    memcpy(shape + at, dims, 8 * rank), at += 8 * rank;
+    memcpy(shape + at, strides, 8 * (rank - 1)), at += 8 * (rank - 1);
+    memcpy(shape + at, element_strides, 4 * rank), at += 4 * rank;
+    struct gp_in_cuTensorMapEncodeIm2colWide in = {dtype, rank, (uint64_t)address, lower, upper, channels, pixels,
+                                                   interleave, mode, swizzle, l2, oob};
+    return gp_call(GP_CALL_cuTensorMapEncodeIm2colWide, WANT, &in, sizeof in, shape, at, NULL, 0, map,
+                   TENSOR_MAP_BYTES);
+}
+
 CUresult cuTensorMapReplaceAddress(void *map, void *address) {
     GP_TRACE("cuTensorMapReplaceAddress");
     if (!map) return CUDA_ERROR_INVALID_VALUE;
@@ -1285,10 +1303,39 @@ static CUresult check_launch_config(uint64_t f, const uint32_t dims[7]) {
     return CUDA_SUCCESS;
 }
 
+/* A cooperative launch (CU_LAUNCH_ATTRIBUTE_COOPERATIVE, 2, with a value other than 0) runs all its blocks
+ * at once: the driver refuses, on the spot, a device without cooperative launches (attribute 95) and
+ * more blocks than the function's occupancy per multiprocessor times the multiprocessors (attribute 16),
+ * the rule cuLaunchCooperativeKernel's documentation gives. Both answers are kept (shim_memo.c). */
+static int is_cooperative(const unsigned char *attrs, uint32_t n_attrs) {
+    for (uint32_t i = 0; i < n_attrs; i++) {
+        uint32_t id;
+        int32_t value;
+        memcpy(&id, attrs + 72 * i, 4);
+        memcpy(&value, attrs + 72 * i + 8, 4);
+        if (id == 2 && value) return 1;
+    }
+    return 0;
+}
+
+static CUresult check_cooperative(uint64_t f, const uint32_t dims[7]) {
+    int dev;
+    int32_t v, per_sm, sms;
+    if (!gp_ctx_device(gp_ctx_current(), &dev)) return CUDA_SUCCESS;
+    if (cuDeviceGetAttribute(&v, 95, dev) == CUDA_SUCCESS && v == 0) return CUDA_ERROR_NOT_SUPPORTED;
+    uint64_t blocks = (uint64_t)dims[0] * dims[1] * dims[2];
+    int32_t threads = (int32_t)(dims[3] * dims[4] * dims[5]);
+    if (cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, threads, dims[6]) == CUDA_SUCCESS &&
+        known_limit(cuDeviceGetAttribute(&sms, 16, dev), &sms) && blocks > (uint64_t)per_sm * (uint64_t)sms)
+        return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
+    return CUDA_SUCCESS;
+}
+
 static CUresult launch(uint64_t f, const uint32_t dims[7], uint64_t stream, void **params, void **extra,
                        const void *attrs, uint32_t n_attrs) {
     struct layout l;
     CUresult r = check_launch_config(f, dims);
+    if (r == CUDA_SUCCESS && is_cooperative(attrs, n_attrs)) r = check_cooperative(f, dims);
     if (r != CUDA_SUCCESS) return r;
     r = layout_of(f, &l);
     if (r != CUDA_SUCCESS) return r;
@@ -1316,6 +1363,15 @@ CUresult cuLaunchKernel(uint64_t f, uint32_t gx, uint32_t gy, uint32_t gz, uint3
     GP_TRACE("cuLaunchKernel");
     const uint32_t dims[7] = {gx, gy, gz, bx, by, bz, smem};
     return launch(f, dims, stream, params, extra, NULL, 0);
+}
+
+CUresult cuLaunchCooperativeKernel(uint64_t f, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t bx, uint32_t by,
+                                   uint32_t bz, uint32_t smem, uint64_t stream, void *params) {
+    GP_TRACE("cuLaunchCooperativeKernel");
+    const uint32_t dims[7] = {gx, gy, gz, bx, by, bz, smem};
+    unsigned char cooperative[72] = {2}; /* CU_LAUNCH_ATTRIBUTE_COOPERATIVE; its value (at 8): 1 */
+    cooperative[8] = 1;
+    return launch(f, dims, stream, params, NULL, cooperative, 1);
 }
 
 /* CUlaunchConfig: seven unsigned ints, then CUstream at 32, CUlaunchAttribute* at 40, unsigned at 48;
