@@ -21,11 +21,14 @@ lib = ctypes.CDLL("libcuda.so.1")
 
 
 class Driver:
+    def __init__(self, version: int = VERSION) -> None:
+        self.version = version
+
     def __getattr__(self, name):
         pfn = ctypes.c_void_p()
         status = ctypes.c_int()
         rc = lib.cuGetProcAddress_v2(
-            name.encode(), ctypes.byref(pfn), VERSION, c_u64(0), ctypes.byref(status)
+            name.encode(), ctypes.byref(pfn), self.version, c_u64(0), ctypes.byref(status)
         )
         assert rc == 0 and pfn.value, (name, rc)
         fn = ctypes.CFUNCTYPE(ctypes.c_int)(pfn.value)
@@ -34,6 +37,7 @@ class Driver:
 
 
 cu = Driver()
+cu13 = Driver(13000)  # calls CUDA 13 added
 
 
 def say(name, value):
@@ -610,6 +614,107 @@ def scenario_cooperative():
     say("ex_too_large", launch_ex(33, 1))
     say("ex_not_cooperative", launch_ex(33, 0))  # an ordinary launch may have any number of blocks
     say("sync_at_end", cu.cuCtxSynchronize())
+
+
+def scenario_cache_config():
+    """Cache and shared-memory configuration round trips: what a context, function or kernel is set to
+    reads back, and a value the driver refuses (an unknown configuration, a carve-out past 100 %, more
+    dynamic shared memory than the device allows) is refused with the driver's error and changes
+    nothing."""
+    setup()
+    module, fill, library, kernel = c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// host-executor module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(fill), module, b"fill_u32"), "fill")
+    check(cu.cuLibraryLoadData(ctypes.byref(library), b"// lib\n", None, None, 0, None, None, 0), "library")
+    check(cu.cuLibraryGetKernel(ctypes.byref(kernel), library, b"add_u32"), "kernel")
+    config = ctypes.c_int()
+
+    def ctx_config(getter):
+        rc = getter(ctypes.byref(config))
+        return f"{rc} {config.value}"
+
+    say("ctx_cache_default", ctx_config(cu.cuCtxGetCacheConfig))
+    say("ctx_cache_set", cu.cuCtxSetCacheConfig(2))  # CU_FUNC_CACHE_PREFER_L1
+    say("ctx_cache_unknown", cu.cuCtxSetCacheConfig(7))
+    say("ctx_cache_now", ctx_config(cu.cuCtxGetCacheConfig))
+    say("ctx_shared_default", ctx_config(cu.cuCtxGetSharedMemConfig))
+    say("ctx_shared_set", cu.cuCtxSetSharedMemConfig(2))  # EIGHT_BYTE_BANK_SIZE
+    say("ctx_shared_unknown", cu.cuCtxSetSharedMemConfig(5))
+    say("ctx_shared_now", ctx_config(cu.cuCtxGetSharedMemConfig))
+    say("func_cache", cu.cuFuncSetCacheConfig(fill, 1))
+    say("func_cache_unknown", cu.cuFuncSetCacheConfig(fill, 9))
+    say("func_cache_foreign", cu.cuFuncSetCacheConfig(c_u64(0x1234), 1))
+    say("func_shared", cu.cuFuncSetSharedMemConfig(fill, 1))
+    say("func_shared_unknown", cu.cuFuncSetSharedMemConfig(fill, 7))
+    say("kernel_cache", cu.cuKernelSetCacheConfig(kernel, 3, 0))
+    say("kernel_cache_unknown", cu.cuKernelSetCacheConfig(kernel, 4, 0))
+    say("kernel_cache_other_device", cu.cuKernelSetCacheConfig(kernel, 3, 5))
+    value = ctypes.c_int()
+
+    def carveout():  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+        rc = cu.cuFuncGetAttribute(ctypes.byref(value), 9, fill)
+        return f"{rc} {value.value}"
+
+    say("carveout_set", cu.cuFuncSetAttribute(fill, 9, 50))
+    say("carveout_past_100", cu.cuFuncSetAttribute(fill, 9, 101))
+    say("carveout_now", carveout())
+    say("dynamic_shared_past_the_device", cu.cuFuncSetAttribute(fill, 8, 1 << 20))
+    say("read_only_attribute", cu.cuFuncSetAttribute(fill, 0, 64))
+
+
+def scenario_enumerate():
+    """What a module or library holds: counts, the handles themselves (usable, and the same a lookup
+    by name gives), their names (one pointer per handle, kept), their library, parameter counts; a
+    handle that is not the lease's is refused."""
+    setup()
+    ptx = b"// host-executor module\n.visible .entry mine(.param .u64 a, .param .u32 b)\n"
+    module, library = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), ptx), "load")
+    check(cu.cuLibraryLoadData(ctypes.byref(library), ptx, None, None, 0, None, None, 0), "library")
+    count = ctypes.c_uint()
+    check(cu.cuModuleGetFunctionCount(ctypes.byref(count), module), "function count")
+    functions = (c_u64 * count.value)()
+    check(cu.cuModuleEnumerateFunctions(functions, count.value, module), "enumerate functions")
+    name = ctypes.c_char_p()
+    names = []
+    for f in functions:
+        check(cu.cuFuncGetName(ctypes.byref(name), c_u64(f)), "function name")
+        names.append(name.value.decode())
+    say("functions", f"{count.value} {'mine' in names} {'fill_u32' in names}")
+    mine = functions[names.index("mine")]
+    by_name = c_u64()
+    check(cu.cuModuleGetFunction(ctypes.byref(by_name), module, b"mine"), "by name")
+    say("same_handle_as_by_name", mine == by_name.value)
+    first, again = ctypes.c_char_p(), ctypes.c_char_p()
+    check(cu.cuFuncGetName(ctypes.byref(first), c_u64(mine)), "name")
+    check(cu.cuFuncGetName(ctypes.byref(again), c_u64(mine)), "name again")
+    say("name_kept", ctypes.cast(first, ctypes.c_void_p).value == ctypes.cast(again, ctypes.c_void_p).value)
+    params = c_u64()
+    say("param_count", f"{cu13.cuFuncGetParamCount(c_u64(mine), ctypes.byref(params))} {params.value}")
+    state = ctypes.c_int()
+    say("loaded", f"{cu.cuFuncIsLoaded(ctypes.byref(state), c_u64(mine))} {state.value}")
+    say("load", cu.cuFuncLoad(c_u64(mine)))
+    check(cu.cuLibraryGetKernelCount(ctypes.byref(count), library), "kernel count")
+    kernels = (c_u64 * 2)()
+    say("enumerate_two_kernels", cu.cuLibraryEnumerateKernels(kernels, 2, library))
+    kernel_names = []
+    for k in kernels:
+        check(cu.cuKernelGetName(ctypes.byref(name), c_u64(k)), "kernel name")
+        kernel_names.append(name.value.decode())
+    owner = c_u64()
+    check(cu.cuKernelGetLibrary(ctypes.byref(owner), c_u64(kernels[0])), "kernel library")
+    say("kernels", f"{count.value == len(functions)} {len(set(kernel_names))} {owner.value == library.value}")
+    say("kernel_param_count", f"{cu13.cuKernelGetParamCount(c_u64(kernels[0]), ctypes.byref(params))}")
+    rc, buf = alloc(4096)
+    check(rc, "alloc")
+    fill = functions[names.index("fill_u32")]
+    ptr, value, n = c_u64(buf), ctypes.c_uint32(9), ctypes.c_uint32(16)
+    args = (ctypes.c_void_p * 3)(*map(ctypes.addressof, (ptr, value, n)))
+    check(cu.cuLaunchKernel(c_u64(fill), 1, 1, 1, 16, 1, 1, 0, c_u64(0), args, None), "launch enumerated")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("enumerated_launch", memoryview(dtoh(buf, 64)[1]).cast("I")[15])
+    say("foreign_module", cu.cuModuleGetFunctionCount(ctypes.byref(count), c_u64(0x1234)))
+    say("foreign_name", cu.cuKernelGetName(ctypes.byref(name), c_u64(0x1234)))
 
 
 def scenario_native_dispatch():
@@ -1581,6 +1686,42 @@ def scenario_vmm():
     check(cu.cuMemUnmap(base, c_u64(4 * MiB)), "unmap")
     check(cu.cuMemRelease(handle), "release")
     check(cu.cuMemAddressFree(base, c_u64(16 * MiB)), "address free")
+    check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
+    say("used_mib_after", (total.value - free.value) // MiB)
+
+
+def scenario_vmm_retain():
+    """cuMemRetainAllocationHandle, as NCCL frees its memory: the handle of what this process mapped,
+    one more reference to release; the memory lives until the last one goes, whoever made it. Memory
+    this process did not map (cuMemAlloc's, which the worker maps itself) has no handle to give."""
+    setup()
+    prop = AllocationProp(1, 0, 1, 0)
+    base, handle, retained, size = c_u64(), c_u64(), c_u64(), c_u64(4 * MiB)
+    check(cu.cuMemAddressReserve(ctypes.byref(base), c_u64(8 * MiB), c_u64(0), c_u64(0), c_u64(0)), "reserve")
+    check(cu.cuMemCreate(ctypes.byref(handle), size, ctypes.byref(prop), c_u64(0)), "create")
+    check(cu.cuMemMap(base, size, c_u64(0), handle, c_u64(0)), "map")
+    check(cu.cuMemSetAccess(base, size, ctypes.byref(AccessDesc(1, 0, 3)), c_u64(1)), "access")
+    rc = cu.cuMemRetainAllocationHandle(ctypes.byref(retained), c_u64(base.value + 4096))
+    say("retain", f"{rc} {retained.value == handle.value}")
+    say("release_retained", cu.cuMemRelease(retained))
+    say("memset_still_mapped", cu.cuMemsetD8(base, 5, size))
+    check(cu.cuMemUnmap(base, size), "unmap")
+    say("release_created", cu.cuMemRelease(handle))
+    say("release_again", cu.cuMemRelease(handle))
+    rc, plain = alloc(MiB)
+    check(rc, "alloc")
+    say("retain_plain_memory", cu.cuMemRetainAllocationHandle(ctypes.byref(retained), c_u64(plain)))
+    check(cu.cuMemFree(c_u64(plain)), "free")
+    say("retain_unmapped", cu.cuMemRetainAllocationHandle(ctypes.byref(retained), base))
+    # The creator's reference released while mapped: the retained one keeps the memory.
+    check(cu.cuMemCreate(ctypes.byref(handle), size, ctypes.byref(prop), c_u64(0)), "create again")
+    check(cu.cuMemMap(base, size, c_u64(0), handle, c_u64(0)), "map again")
+    check(cu.cuMemRelease(handle), "release while mapped")
+    say("retain_after_release", cu.cuMemRetainAllocationHandle(ctypes.byref(retained), base))
+    check(cu.cuMemUnmap(base, size), "unmap again")
+    say("release_last", cu.cuMemRelease(retained))
+    check(cu.cuMemAddressFree(base, c_u64(8 * MiB)), "address free")
+    free, total = c_u64(), c_u64()
     check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
     say("used_mib_after", (total.value - free.value) // MiB)
 

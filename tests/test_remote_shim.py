@@ -278,6 +278,72 @@ def test_the_virtual_memory_api_maps_memory_in_ranges_the_program_reserved(shim_
     assert "gpupool:" not in err
 
 
+def test_the_handle_of_mapped_memory_is_retained_and_released_as_the_driver_counts_references(
+    shim_dir, worker
+):
+    out, err = run_client("vmm_retain", client_env(shim_dir, worker))
+    assert out == {
+        "retain": "0 True",  # an address inside the mapping gives the handle it was mapped from
+        "release_retained": "0",
+        "memset_still_mapped": "0",  # the creator's reference still holds the memory
+        "release_created": "0",
+        "release_again": "1",  # CUDA_ERROR_INVALID_VALUE: no reference left
+        "retain_plain_memory": "1",  # cuMemAlloc's memory: the worker's own mapping, no handle to give
+        "retain_unmapped": "1",
+        "retain_after_release": "0",
+        "release_last": "0",
+        "used_mib_after": "0",  # every reference released: the partition is whole again
+    }
+    assert "not forwarded" not in err
+
+
+def test_cache_and_shared_memory_configuration_round_trip_with_the_drivers_refusals(shim_dir, worker):
+    out, err = run_client("cache_config", client_env(shim_dir, worker))
+    assert out == {
+        "ctx_cache_default": "0 0",  # CU_FUNC_CACHE_PREFER_NONE
+        "ctx_cache_set": "0",
+        "ctx_cache_unknown": "1",  # CUDA_ERROR_INVALID_VALUE
+        "ctx_cache_now": "0 2",  # the refused value changed nothing
+        "ctx_shared_default": "0 1",  # CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE
+        "ctx_shared_set": "0",
+        "ctx_shared_unknown": "1",
+        "ctx_shared_now": "0 2",
+        "func_cache": "0",
+        "func_cache_unknown": "1",
+        "func_cache_foreign": "400",  # CUDA_ERROR_INVALID_HANDLE: not a function of this lease
+        "func_shared": "0",
+        "func_shared_unknown": "1",
+        "kernel_cache": "0",
+        "kernel_cache_unknown": "1",
+        "kernel_cache_other_device": "101",  # CUDA_ERROR_INVALID_DEVICE
+        "carveout_set": "0",
+        "carveout_past_100": "1",
+        "carveout_now": "0 50",
+        "dynamic_shared_past_the_device": "1",
+        "read_only_attribute": "1",
+    }
+    assert "not forwarded" not in err
+
+
+def test_a_modules_functions_and_a_librarys_kernels_are_enumerated_as_handles_of_the_lease(shim_dir, worker):
+    out, err = run_client("enumerate", client_env(shim_dir, worker))
+    assert out == {
+        "functions": "12 True True",  # the PTX's own kernel and the host executor's built-in ones
+        "same_handle_as_by_name": "True",
+        "name_kept": "True",
+        "param_count": "0 2",
+        "loaded": "0 1",  # CU_FUNCTION_LOADING_STATE_LOADED
+        "load": "0",
+        "enumerate_two_kernels": "0",
+        "kernels": "True 2 True",
+        "kernel_param_count": "0",
+        "enumerated_launch": "9",  # an enumerated handle launches like one looked up by name
+        "foreign_module": "400",
+        "foreign_name": "400",
+    }
+    assert "not forwarded" not in err
+
+
 def test_a_pool_and_its_pointers_are_shared_with_another_process_of_the_lease(shim_dir, worker):
     out, _ = run_client("pool_export", client_env(shim_dir, worker))
     assert out == {

@@ -251,6 +251,11 @@ CALLS: tuple[Call, ...] = (
     _c("cuCtxSetLimit", 3010, "i32 limit, u64 value", invalidates=("limits",)),
     _c("cuCtxGetStreamPriorityRange", 5050, "o_i32? least, o_i32? greatest", memo="constant"),
     _c("cuCtxGetId", 12000, "ctx ctx, o_u64 id"),
+    # The current context's preferred L1/shared split and (deprecated) shared memory bank size.
+    _c("cuCtxGetCacheConfig", 3020, "o_i32 config"),
+    _c("cuCtxSetCacheConfig", 3020, "i32 config"),
+    _c("cuCtxGetSharedMemConfig", 4020, "o_i32 config"),
+    _c("cuCtxSetSharedMemConfig", 4020, "i32 config"),
     # -- device memory: allocations are reserved in the client's address space ------------------------
     _c("cuMemGetInfo", 3020, "o_u64 free, o_u64 total", symbol="cuMemGetInfo_v2"),
     _c("cuMemAlloc", 3020, "o_dptr dptr, u64 bytesize", symbol="cuMemAlloc_v2", custom=True),
@@ -300,6 +305,8 @@ CALLS: tuple[Call, ...] = (
     _c("cuMemUnmap", 10020, "dptr ptr, u64 size"),
     _c("cuMemSetAccess", 10020, "dptr ptr, u64 size, ptr desc, u64 count", custom=True,
        wire="dptr ptr, u64 size, u64 count, bytes desc"),
+    # The handle of memory mapped at an address (NCCL frees through it): this process's mappings only.
+    _c("cuMemRetainAllocationHandle", 11000, "o_vmem handle, dptr addr"),
     _c("cuMemGetAllocationGranularity", 10020, "o_u64 granularity, ptr prop, i32 option", custom=True,
        wire="o_u64 granularity, i32 option, bytes prop"),
     # -- host memory stays in the client --------------------------------------------------------------
@@ -428,11 +435,31 @@ CALLS: tuple[Call, ...] = (
     _c("cuKernelGetAttribute", 12000, "o_i32 value, i32 attrib, kernel kernel, i32 dev", memo="functions"),
     _c("cuKernelSetAttribute", 12000, "i32 attrib, i32 value, kernel kernel, i32 dev", memo="functions",
        forgets="functions"),
+    # What a module or library holds: the handles come back in the reply's bulk (now the lease's); a
+    # name is kept in the client for the handle's life, as the driver keeps it.
+    _c("cuModuleGetFunctionCount", 12040, "o_u32 count, module mod"),
+    _c("cuModuleEnumerateFunctions", 12040, "ptr functions, u32 num, module mod", custom=True,
+       wire="u32 num, module mod"),
+    _c("cuLibraryGetKernelCount", 12040, "o_u32 count, library lib"),
+    _c("cuLibraryEnumerateKernels", 12040, "ptr kernels, u32 num, library lib", custom=True,
+       wire="u32 num, library lib"),
+    _c("cuKernelGetLibrary", 12050, "o_library library, kernel kernel"),
+    _c("cuKernelGetName", 12030, "ptr name, kernel kernel", custom=True,
+       wire="kernel kernel, u32 length, o_buf:length name"),
+    _c("cuFuncGetName", 12030, "ptr name, func func", custom=True, wire="func func, u32 length, o_buf:length name"),
+    _c("cuFuncIsLoaded", 12040, "o_i32 state, func func"),
+    _c("cuFuncLoad", 12040, "func func"),
+    _c("cuKernelGetParamCount", 13000, "kernel kernel, o_u64 count", L, custom=True,
+       how="the length of the kernel's parameter layout (asked of the worker once per function)"),
+    _c("cuFuncGetParamCount", 13000, "func func, o_u64 count", L, custom=True,
+       how="the length of the function's parameter layout (asked of the worker once per function)"),
     _c("cuKernelGetParamInfo", 12040, "kernel kernel, u64 index, o_u64? offset, o_u64? size"),
     _c("cuFuncGetParamInfo", 12040, "func func, u64 index, o_u64? offset, o_u64? size"),
     _c("cuFuncGetAttribute", 2020, "o_i32 value, i32 attrib, func func", memo="functions"),
     _c("cuFuncSetAttribute", 9000, "func func, i32 attrib, i32 value", memo="functions", forgets="functions"),
     _c("cuFuncSetCacheConfig", 3000, "func func, i32 config", forgets="functions"),
+    _c("cuFuncSetSharedMemConfig", 4020, "func func, i32 config", forgets="functions"),
+    _c("cuKernelSetCacheConfig", 12000, "kernel kernel, i32 config, i32 dev", forgets="functions"),
     _c("cuFuncGetModule", 11000, "o_module module, func func"),
     _c("cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050,
        "o_i32 num_blocks, func func, i32 block_size, u64 dynamic_smem", memo="functions"),
@@ -440,6 +467,9 @@ CALLS: tuple[Call, ...] = (
        "o_i32 num_blocks, func func, i32 block_size, u64 dynamic_smem, u32 flags", memo="functions"),
     _c("cuOccupancyMaxPotentialBlockSize", 6050,
        "o_i32 min_grid_size, o_i32 block_size, func func, u64 smem_callback, u64 dynamic_smem, i32 block_size_limit"),
+    _c("cuOccupancyMaxPotentialBlockSizeWithFlags", 7000,
+       "o_i32 min_grid_size, o_i32 block_size, func func, u64 smem_callback, u64 dynamic_smem, i32 block_size_limit, "
+       "u32 flags"),
     _c("cuOccupancyMaxActiveClusters", 11070, "o_i32 count, func func, ptr config", custom=True,
        wire="func f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, stream stream, u32 n_attrs, "
             "o_i32 count, bytes attrs"),

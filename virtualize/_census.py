@@ -195,13 +195,13 @@ GROUPS: tuple[Group, ...] = (
         "cuMemPoolGetAccess",
     ),
     _g(
-        "virtual memory handles: retain, properties, access, sharing",
+        "virtual memory handles: properties, access, sharing",
         N,
         """The handle of a mapped range
        is a handle of the lease; an exported handle can be a POSIX descriptor naming it, as an exported
        pool is. Fabric and Win32 handles would name memory to processes outside the lease and are to stay
        refused.""",
-        "cuMemRetainAllocationHandle cuMemGetAllocationPropertiesFromHandle cuMemGetAccess "
+        "cuMemGetAllocationPropertiesFromHandle cuMemGetAccess "
         "cuMemExportToShareableHandle cuMemImportFromShareableHandle",
     ),
     _g(
@@ -253,19 +253,14 @@ GROUPS: tuple[Group, ...] = (
         "cuStreamBeginRecaptureToGraph cuLaunchHostFunc_v2",
     ),
     _g(
-        "code, launches and their configuration",
+        "code: libraries from files, managed globals, multi-device launches, tensor-map classes",
         N,
-        """Cooperative launches, cache and shared-memory
-       configuration, enumeration of a library's kernels or a module's functions, and tensor maps:
-       plain calls over handles of the lease (a tensor map's global address checked as a lease
-       address).""",
-        "cuLaunchCooperativeKernelMultiDevice cuKernelSetCacheConfig "
-        "cuCtxGetCacheConfig cuCtxSetCacheConfig cuCtxGetSharedMemConfig cuCtxSetSharedMemConfig "
-        "cuFuncSetSharedMemConfig cuOccupancyMaxPotentialBlockSizeWithFlags cuFuncGetName cuFuncIsLoaded "
-        "cuFuncLoad cuKernelGetName cuKernelGetLibrary cuKernelGetParamCount cuFuncGetParamCount "
-        "cuModuleGetFunctionCount cuModuleEnumerateFunctions cuLibraryGetKernelCount cuLibraryEnumerateKernels "
-        "cuLibraryLoadFromFile cuLibraryGetManaged cuLibraryGetUnifiedFunction "
-        "cuTensorMapSetAllocationClass",
+        """A library read from a file is read in the client and sent as cuLibraryLoadData is (as
+       cuModuleLoad does); a library's managed global is managed memory of the lease; a multi-device
+       cooperative launch (deprecated) is one cooperative launch per device of the lease; a tensor map's
+       allocation class is a setting on a map the lease encoded.""",
+        "cuLaunchCooperativeKernelMultiDevice cuLibraryLoadFromFile cuLibraryGetManaged "
+        "cuLibraryGetUnifiedFunction cuTensorMapSetAllocationClass",
     ),
     _g(
         "legacy launches and texture references",

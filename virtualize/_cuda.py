@@ -689,6 +689,9 @@ class CudaExecutor(Executor):
     def cuMemRelease(self, handle):
         _ok(driver.cuMemRelease(driver.CUmemGenericAllocationHandle(handle)))
 
+    def cuMemRetainAllocationHandle(self, addr):
+        return _int(_ok(driver.cuMemRetainAllocationHandle(addr)))
+
     def cuMemMap(self, ptr, size, offset, handle, flags):
         _ok(driver.cuMemMap(ptr, size, offset, driver.CUmemGenericAllocationHandle(handle), flags))
 
@@ -830,6 +833,18 @@ class CudaExecutor(Executor):
     def cuCtxSetLimit(self, limit, value):
         _ok(driver.cuCtxSetLimit(_enum(driver.CUlimit, limit), value))
 
+    def cuCtxGetCacheConfig(self):
+        return int(_ok(driver.cuCtxGetCacheConfig()))
+
+    def cuCtxSetCacheConfig(self, config):
+        _ok(driver.cuCtxSetCacheConfig(_enum(driver.CUfunc_cache, config)))
+
+    def cuCtxGetSharedMemConfig(self):
+        return int(_ok(driver.cuCtxGetSharedMemConfig()))
+
+    def cuCtxSetSharedMemConfig(self, config):
+        _ok(driver.cuCtxSetSharedMemConfig(_enum(driver.CUsharedconfig, config)))
+
     def cuCtxGetStreamPriorityRange(self):
         least, greatest = _ok(driver.cuCtxGetStreamPriorityRange())
         return least, greatest
@@ -968,6 +983,33 @@ class CudaExecutor(Executor):
     def cuKernelGetFunction(self, kernel):
         return _int(_ok(driver.cuKernelGetFunction(driver.CUkernel(kernel))))
 
+    def cuModuleGetFunctionCount(self, mod):
+        return int(_ok(driver.cuModuleGetFunctionCount(driver.CUmodule(mod))))
+
+    def cuModuleEnumerateFunctions(self, num, mod):
+        return [_int(f) for f in _ok(driver.cuModuleEnumerateFunctions(num, driver.CUmodule(mod)))]
+
+    def cuLibraryGetKernelCount(self, lib):
+        return int(_ok(driver.cuLibraryGetKernelCount(driver.CUlibrary(lib))))
+
+    def cuLibraryEnumerateKernels(self, num, lib):
+        return [_int(k) for k in _ok(driver.cuLibraryEnumerateKernels(num, driver.CUlibrary(lib)))]
+
+    def cuKernelGetLibrary(self, kernel):
+        return _int(_ok(driver.cuKernelGetLibrary(driver.CUkernel(kernel))))
+
+    def cuKernelGetName(self, kernel, length):
+        return _ok(driver.cuKernelGetName(driver.CUkernel(kernel)))
+
+    def cuFuncGetName(self, func, length):
+        return _ok(driver.cuFuncGetName(driver.CUfunction(func)))
+
+    def cuFuncIsLoaded(self, func):
+        return int(_ok(driver.cuFuncIsLoaded(driver.CUfunction(func))))
+
+    def cuFuncLoad(self, func):
+        _ok(driver.cuFuncLoad(driver.CUfunction(func)))
+
     def cuKernelGetAttribute(self, attrib, kernel, dev):
         kind = _enum(driver.CUfunction_attribute, attrib)
         return _ok(driver.cuKernelGetAttribute(kind, driver.CUkernel(kernel), self._d(dev)))
@@ -996,6 +1038,13 @@ class CudaExecutor(Executor):
     def cuFuncSetCacheConfig(self, func, config):
         _ok(driver.cuFuncSetCacheConfig(driver.CUfunction(func), _enum(driver.CUfunc_cache, config)))
 
+    def cuFuncSetSharedMemConfig(self, func, config):
+        _ok(driver.cuFuncSetSharedMemConfig(driver.CUfunction(func), _enum(driver.CUsharedconfig, config)))
+
+    def cuKernelSetCacheConfig(self, kernel, config, dev):
+        cache = _enum(driver.CUfunc_cache, config)
+        _ok(driver.cuKernelSetCacheConfig(driver.CUkernel(kernel), cache, self._d(dev)))
+
     def cuFuncGetModule(self, func):
         return _int(_ok(driver.cuFuncGetModule(driver.CUfunction(func))))
 
@@ -1012,6 +1061,13 @@ class CudaExecutor(Executor):
         if callback:
             raise CudaError(NOT_SUPPORTED, "a block-size callback runs in the client")
         grid, block = _ok(driver.cuOccupancyMaxPotentialBlockSize(driver.CUfunction(func), None, smem, limit))
+        return grid, block
+
+    def cuOccupancyMaxPotentialBlockSizeWithFlags(self, func, callback, smem, limit, flags):
+        if callback:
+            raise CudaError(NOT_SUPPORTED, "a block-size callback runs in the client")
+        f = driver.CUfunction(func)
+        grid, block = _ok(driver.cuOccupancyMaxPotentialBlockSizeWithFlags(f, None, smem, limit, flags))
         return grid, block
 
     def cuOccupancyAvailableDynamicSMemPerBlock(self, func, num_blocks, block_size):

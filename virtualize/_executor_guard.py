@@ -251,6 +251,8 @@ class Session:
         self.vm_ranges: dict[int, int] = {}  # base -> size
         self.vm_mapped: dict[int, int] = {}  # mapped address -> size
         self.vm_handles: dict[int, tuple[int, int]] = {}  # handle -> (size, device)
+        self.vm_references: dict[int, int] = {}  # handle -> references beyond the first (retains)
+        self.vm_mapping_of: dict[int, tuple[int, int, int]] = {}  # mapped address -> (handle, size, device)
         self.shared: SharedHostMemory | None = None  # memory the client maps too (gpShmAttach)
         self.shared_error = 0  # the first error of the pieces of a copy through it, for its answer
         self.lanes: Lanes | None = None  # this process's extra connections' copies, once one attached
@@ -299,6 +301,9 @@ class Session:
             "cuMemUnmap": self._vm_unmap,
             "cuMemSetAccess": self._vm_set_access,
             "cuMemGetAllocationGranularity": self._vm_granularity,
+            "cuMemRetainAllocationHandle": self._vm_retain,
+            "cuModuleEnumerateFunctions": self._enumerate,
+            "cuLibraryEnumerateKernels": self._enumerate,
             "gpWindowOffer": self._window_offer,
             "gpWindowAccept": self._window_accept,
             "cuMemGetAddressRange_v2": self._address_range,
@@ -793,6 +798,20 @@ class Session:
         self.executor.update_capture_dependencies(stream, deps, flags)
         return _EMPTY
 
+    # -- what a module or library holds --------------------------------------------------------------
+
+    def _enumerate(self, call: Call, ins: tuple):
+        """cuModuleEnumerateFunctions / cuLibraryEnumerateKernels: the handles, now the lease's (children
+        of their module or library, gone with it), in the reply's bulk."""
+        self._check(call, ins)
+        num, parent = ins
+        found = getattr(self.executor, call.name)(num, parent)[:num]
+        kind = "func" if call.name == "cuModuleEnumerateFunctions" else "kernel"
+        with self.lease.lock:
+            self.lease.handles[kind].update(found)
+            self.lease.children.setdefault(parent, set()).update(found)
+        return b"", struct.pack(f"<{len(found)}Q", *found)
+
     # -- tensor maps -----------------------------------------------------------------------------------
 
     def _tensor_map(self, call: Call, ins: tuple):
@@ -944,6 +963,9 @@ class Session:
         if handle not in self.vm_handles:
             raise CudaError(INVALID_VALUE, "not memory this process created")
         self.executor.cuMemRelease(handle)
+        if self.vm_references.get(handle):  # a retained reference: the memory has another holder
+            self.vm_references[handle] -= 1
+            return
         size, device = self.vm_handles.pop(handle)
         self.lease.handles["vmem"].discard(handle)
         with self.lease.lock:
@@ -956,6 +978,7 @@ class Session:
         self._vm_inside(ptr, size)
         self.executor.cuMemMap(ptr, size, offset, handle, flags)
         self.vm_mapped[ptr] = size
+        self.vm_mapping_of[ptr] = (handle, *self.vm_handles[handle])
 
     def _vm_unmap(self, call: Call, ins: tuple):
         ptr, size = ins
@@ -965,6 +988,25 @@ class Session:
         self.executor.cuMemUnmap(ptr, size)
         for m in inside:
             del self.vm_mapped[m]
+            self.vm_mapping_of.pop(m, None)
+
+    def _vm_retain(self, call: Call, ins: tuple):
+        """cuMemRetainAllocationHandle: another reference to the memory this process mapped at `addr`
+        (never the memory of the process's window, which the worker maps for cuMemAlloc)."""
+        (addr,) = ins
+        mapped = next((m for m, n in self.vm_mapped.items() if m <= addr < m + n), None)
+        if mapped is None:
+            raise CudaError(INVALID_VALUE, f"0x{addr:x} is not memory this process mapped")
+        handle = self.executor.cuMemRetainAllocationHandle(addr)
+        if handle in self.vm_handles:
+            self.vm_references[handle] = self.vm_references.get(handle, 0) + 1
+        else:  # its creator's reference was released: this one holds the memory now
+            _, size, device = self.vm_mapping_of[mapped]
+            self.vm_handles[handle] = (size, device)
+            self.lease.handles["vmem"].add(handle)
+            with self.lease.lock:
+                self.lease.used[device] += size
+        return struct.pack("<Q", handle), b""
 
     def _vm_set_access(self, call: Call, ins: tuple):
         ptr, size, count = ins
@@ -994,7 +1036,8 @@ class Session:
                 self.executor.cuMemUnmap(ptr, size)
                 del self.vm_mapped[ptr]
             for handle in list(self.vm_handles):
-                self._vm_release(None, (handle,))
+                while handle in self.vm_handles:  # every reference, retained ones too
+                    self._vm_release(None, (handle,))
             for base, size in list(self.vm_ranges.items()):
                 self._vm_address_free(None, (base, size))
         except CudaError as exc:

@@ -76,9 +76,33 @@ ATTRIBUTES = {
     75: 9,
     76: 0,
     83: 1,  # MANAGED_MEMORY
+    97: 232448,  # MAX_SHARED_MEMORY_PER_BLOCK_OPTIN (an H100's 227 KiB)
     95: 1,  # COOPERATIVE_LAUNCH
     115: 1,
 }
+
+
+CACHE_CONFIGS = range(4)  # CUfunc_cache: PREFER_NONE, SHARED, L1, EQUAL
+SHARED_CONFIGS = range(3)  # CUsharedconfig: DEFAULT, FOUR_BYTE, EIGHT_BYTE bank size
+CARVEOUT, MAX_DYNAMIC_SHARED = 9, 8  # CUfunction_attribute
+
+
+def _in_range(value: int, allowed: range, kind: str) -> int:
+    if value not in allowed:
+        raise CudaError(INVALID_VALUE, f"{kind} {value}")
+    return value
+
+
+def _settable_attribute(attrib: int, value: int) -> int:
+    """What cuFuncSetAttribute accepts: a carve-out of -1 (the default) to 100 percent, dynamic shared
+    memory up to the device's opt-in maximum; the attributes before them (0-7) are read-only."""
+    if attrib < MAX_DYNAMIC_SHARED:
+        raise CudaError(INVALID_VALUE, f"function attribute {attrib} is read-only")
+    if attrib == CARVEOUT:
+        return _in_range(value, range(-1, 101), "shared memory carve-out")
+    if attrib == MAX_DYNAMIC_SHARED:
+        return _in_range(value, range(ATTRIBUTES[97] + 1), "dynamic shared memory")
+    return value
 
 
 _PTX_ENTRY = re.compile(rb"\.entry\s+([A-Za-z_$][\w$]*)\s*\(([^)]*)\)")
@@ -118,6 +142,8 @@ class HostExecutor(Executor):
         self.owner: dict[int, int] = {}  # base -> device
         self.reserved: dict[int, int] = {}  # reserved address ranges: base -> size
         self.created: dict[int, int] = {}  # cuMemCreate handle -> device
+        self.references: dict[int, int] = {}  # cuMemCreate handle -> references (create, retains)
+        self.mapped_handles: dict[int, int] = {}  # mapped address -> the handle mapped there
         self.nodes: dict[int, tuple[int, object]] = {}  # graph node -> (its graph, its work)
         self.edges: list[tuple[int, int]] = []  # (from, to) between nodes
         self.node_order: dict[int, list[int]] = {}  # graph -> its nodes in the order they run
@@ -126,6 +152,8 @@ class HostExecutor(Executor):
         self.contexts = {0xC0000 + d: d for d in range(self.n)}
         self.pools = {0xB0000 + d: d for d in range(self.n)}
         self.functions: dict[int, str] = {}
+        self.function_handles: dict[tuple[int, str], int] = {}  # (module or library, name) -> its handle
+        self.parents: dict[int, int] = {}  # function or kernel -> its module or library
         self.kernel_of: dict[int, int] = {}  # a kernel's function in a context -> the kernel
         self.links: dict[int, list[bytes]] = {}  # link state -> its inputs
         self.linked: dict[int, bytes] = {}  # link state -> the image cuLinkComplete made
@@ -134,6 +162,8 @@ class HostExecutor(Executor):
         ] = {}  # (function or kernel, attribute) -> set value
         self.primary_retains: dict[int, int] = {}  # device -> retains of its primary context
         self.primary_flags: dict[int, int] = {}
+        self.cache_config: dict[int, int] = {}  # context -> CUfunc_cache
+        self.shared_config: dict[int, int] = {}  # context -> CUsharedconfig
         self.ptx_kernels: dict[int, dict[str, list[tuple[int, int]]]] = {}  # module -> kernels it declares
         self.layouts: dict[int, list[tuple[int, int]]] = {}  # PTX-declared functions -> parameter layout
         self.events: dict[int, float | None] = {}
@@ -149,11 +179,19 @@ class HostExecutor(Executor):
 
     # -- helpers -------------------------------------------------------------------------------------
 
-    def _ctx_device(self) -> int:
+    def _ctx(self) -> int:
         ctx = getattr(self.local, "ctx", 0)
         if not ctx:
             raise CudaError(CUresult.INVALID_CONTEXT, "no current context")
-        return self.contexts[ctx]
+        return ctx
+
+    def _device(self, dev: int) -> int:
+        if not 0 <= dev < self.n:
+            raise CudaError(CUresult.INVALID_DEVICE, f"device {dev}")
+        return dev
+
+    def _ctx_device(self) -> int:
+        return self.contexts[self._ctx()]
 
     def _find(self, ptr: int, count: int) -> tuple[bytearray, int]:
         with self.lock:
@@ -231,18 +269,33 @@ class HostExecutor(Executor):
     def cuMemCreate(self, size, device, handle_types):
         handle = next(self.ids)
         self.created[handle] = device
+        self.references[handle] = 1
         return handle
 
     def cuMemRelease(self, handle):
-        if self.created.pop(handle, None) is None:
+        if handle not in self.created:
             raise CudaError(INVALID_VALUE)
+        self.references[handle] -= 1
+        if not self.references[handle]:
+            del self.created[handle], self.references[handle]
+
+    def cuMemRetainAllocationHandle(self, addr):
+        _, offset = self._find(addr, 0)
+        handle = self.mapped_handles.get(addr - offset)
+        if handle is None:
+            raise CudaError(INVALID_VALUE, "not mapped memory")
+        self.created.setdefault(handle, self.owner[addr - offset])
+        self.references[handle] = self.references.get(handle, 0) + 1
+        return handle
 
     def cuMemMap(self, ptr, size, offset, handle, flags):
         self._place(ptr, size, self.created[handle])
+        self.mapped_handles[ptr] = handle
 
     def cuMemUnmap(self, ptr, size):
         for base in [b for b in self.bases if ptr <= b < ptr + size]:
             self._free(base)
+            self.mapped_handles.pop(base, None)
 
     def cuMemSetAccess(self, ptr, size, access):
         return None
@@ -441,6 +494,19 @@ class HostExecutor(Executor):
     def cuCtxSetLimit(self, limit, value):
         return None
 
+    # Cache and shared-memory configuration: kept per context, checked as the driver checks them.
+    def cuCtxGetCacheConfig(self):
+        return self.cache_config.get(self._ctx(), 0)  # CU_FUNC_CACHE_PREFER_NONE
+
+    def cuCtxSetCacheConfig(self, config):
+        self.cache_config[self._ctx()] = _in_range(config, CACHE_CONFIGS, "CUfunc_cache")
+
+    def cuCtxGetSharedMemConfig(self):
+        return self.shared_config.get(self._ctx(), 1)  # CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE
+
+    def cuCtxSetSharedMemConfig(self, config):
+        self.shared_config[self._ctx()] = _in_range(config, SHARED_CONFIGS, "CUsharedconfig")
+
     def cuCtxGetStreamPriorityRange(self):
         return 0, -5
 
@@ -553,10 +619,15 @@ class HostExecutor(Executor):
     cuLibraryUnload = cuModuleUnload
 
     def _function(self, module: int, name: str) -> int:
+        """A module's function (a library's kernel) by name: one handle per name, as the driver gives."""
         declared = self.ptx_kernels.get(module, {})
         if name not in HOST_KERNELS and name not in declared:
             raise CudaError(NOT_FOUND, name)
+        if (module, name) in self.function_handles:
+            return self.function_handles[module, name]
         handle = next(self.ids)
+        self.function_handles[module, name] = handle
+        self.parents[handle] = module
         self.functions[handle] = name
         if name not in HOST_KERNELS:
             self.layouts[handle] = declared[name]
@@ -564,6 +635,32 @@ class HostExecutor(Executor):
 
     def cuModuleGetFunction(self, module, name):
         return self._function(module, name)
+
+    def _names(self, module: int) -> list[str]:
+        """What a module holds here: the kernels its PTX declares and the built-in ones, by name."""
+        return sorted(set(self.ptx_kernels.get(module, {})) | set(HOST_KERNELS))
+
+    def cuModuleGetFunctionCount(self, mod):
+        return len(self._names(mod))
+
+    def cuModuleEnumerateFunctions(self, num, mod):
+        return [self._function(mod, name) for name in self._names(mod)[:num]]
+
+    cuLibraryGetKernelCount, cuLibraryEnumerateKernels = cuModuleGetFunctionCount, cuModuleEnumerateFunctions
+
+    def cuKernelGetLibrary(self, kernel):
+        return self.parents[kernel]
+
+    def cuKernelGetName(self, kernel, length):
+        return self.functions[kernel]
+
+    cuFuncGetName = cuKernelGetName
+
+    def cuFuncIsLoaded(self, func):
+        return 1  # CU_FUNCTION_LOADING_STATE_LOADED: everything here is loaded at once
+
+    def cuFuncLoad(self, func):
+        return None
 
     def cuLibraryGetKernel(self, library, name):
         return self._function(library, name)
@@ -610,13 +707,21 @@ class HostExecutor(Executor):
         return self.cuFuncGetAttribute(attrib, kernel)
 
     def cuFuncSetAttribute(self, func, attrib, value):
-        self.function_attributes[func, attrib] = value
+        self.function_attributes[func, attrib] = _settable_attribute(attrib, value)
 
     def cuKernelSetAttribute(self, attrib, value, kernel, dev):
-        self.function_attributes[kernel, attrib] = value
+        self._device(dev)
+        self.function_attributes[kernel, attrib] = _settable_attribute(attrib, value)
 
     def cuFuncSetCacheConfig(self, func, config):
-        return None
+        _in_range(config, CACHE_CONFIGS, "CUfunc_cache")
+
+    def cuFuncSetSharedMemConfig(self, func, config):
+        _in_range(config, SHARED_CONFIGS, "CUsharedconfig")
+
+    def cuKernelSetCacheConfig(self, kernel, config, dev):
+        self._device(dev)
+        _in_range(config, CACHE_CONFIGS, "CUfunc_cache")
 
     def cuFuncGetModule(self, func):
         raise CudaError(INVALID_HANDLE)
@@ -631,6 +736,9 @@ class HostExecutor(Executor):
         if callback:
             raise CudaError(CUresult.NOT_SUPPORTED, "a block-size callback runs in the client")
         return 8, min(limit or 1024, 1024)
+
+    def cuOccupancyMaxPotentialBlockSizeWithFlags(self, func, callback, smem, limit, flags):
+        return self.cuOccupancyMaxPotentialBlockSize(func, callback, smem, limit)
 
     def cuOccupancyAvailableDynamicSMemPerBlock(self, func, num_blocks, block_size):
         return 49152

@@ -336,6 +336,42 @@ GP_EXPORT CUresult cuCtxGetId(uint64_t ctx, uint64_t *id) {
     return r;
 }
 
+GP_EXPORT CUresult cuCtxGetCacheConfig(int32_t *config) {
+    GP_TRACE("cuCtxGetCacheConfig");
+    if (!config) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_out_cuCtxGetCacheConfig out;
+    CUresult r = gp_call(GP_CALL_cuCtxGetCacheConfig, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *config = (int32_t)out.config;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuCtxSetCacheConfig(int32_t config) {
+    GP_TRACE("cuCtxSetCacheConfig");
+    struct gp_in_cuCtxSetCacheConfig in = { .config = config };
+    CUresult r = gp_call(GP_CALL_cuCtxSetCacheConfig, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuCtxGetSharedMemConfig(int32_t *config) {
+    GP_TRACE("cuCtxGetSharedMemConfig");
+    if (!config) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_out_cuCtxGetSharedMemConfig out;
+    CUresult r = gp_call(GP_CALL_cuCtxGetSharedMemConfig, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *config = (int32_t)out.config;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuCtxSetSharedMemConfig(int32_t config) {
+    GP_TRACE("cuCtxSetSharedMemConfig");
+    struct gp_in_cuCtxSetSharedMemConfig in = { .config = config };
+    CUresult r = gp_call(GP_CALL_cuCtxSetSharedMemConfig, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
 GP_EXPORT CUresult cuMemGetInfo_v2(uint64_t *free, uint64_t *total) {
     GP_TRACE("cuMemGetInfo_v2");
     if (!free) return CUDA_ERROR_INVALID_VALUE;
@@ -393,6 +429,18 @@ GP_EXPORT CUresult cuMemUnmap(uint64_t ptr, uint64_t size) {
     GP_TRACE("cuMemUnmap");
     struct gp_in_cuMemUnmap in = { .ptr = ptr, .size = size };
     CUresult r = gp_call(GP_CALL_cuMemUnmap, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuMemRetainAllocationHandle(uint64_t *handle, uint64_t addr) {
+    GP_TRACE("cuMemRetainAllocationHandle");
+    if (!handle) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuMemRetainAllocationHandle in = { .addr = addr };
+    struct gp_out_cuMemRetainAllocationHandle out;
+    CUresult r = gp_call(GP_CALL_cuMemRetainAllocationHandle, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *handle = (uint64_t)out.handle;
+    }
     return r;
 }
 
@@ -577,6 +625,61 @@ GP_EXPORT CUresult cuKernelSetAttribute(int32_t attrib, int32_t value, uint64_t 
     return r;
 }
 
+GP_EXPORT CUresult cuModuleGetFunctionCount(uint32_t *count, uint64_t mod) {
+    GP_TRACE("cuModuleGetFunctionCount");
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuModuleGetFunctionCount in = { .mod = mod };
+    struct gp_out_cuModuleGetFunctionCount out;
+    CUresult r = gp_call(GP_CALL_cuModuleGetFunctionCount, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *count = (uint32_t)out.count;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuLibraryGetKernelCount(uint32_t *count, uint64_t lib) {
+    GP_TRACE("cuLibraryGetKernelCount");
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuLibraryGetKernelCount in = { .lib = lib };
+    struct gp_out_cuLibraryGetKernelCount out;
+    CUresult r = gp_call(GP_CALL_cuLibraryGetKernelCount, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *count = (uint32_t)out.count;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuKernelGetLibrary(uint64_t *library, uint64_t kernel) {
+    GP_TRACE("cuKernelGetLibrary");
+    if (!library) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuKernelGetLibrary in = { .kernel = kernel };
+    struct gp_out_cuKernelGetLibrary out;
+    CUresult r = gp_call(GP_CALL_cuKernelGetLibrary, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *library = (uint64_t)out.library;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuFuncIsLoaded(int32_t *state, uint64_t func) {
+    GP_TRACE("cuFuncIsLoaded");
+    if (!state) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuFuncIsLoaded in = { .func = func };
+    struct gp_out_cuFuncIsLoaded out;
+    CUresult r = gp_call(GP_CALL_cuFuncIsLoaded, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *state = (int32_t)out.state;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuFuncLoad(uint64_t func) {
+    GP_TRACE("cuFuncLoad");
+    struct gp_in_cuFuncLoad in = { .func = func };
+    CUresult r = gp_call(GP_CALL_cuFuncLoad, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
 GP_EXPORT CUresult cuKernelGetParamInfo(uint64_t kernel, uint64_t index, uint64_t *offset, uint64_t *size) {
     GP_TRACE("cuKernelGetParamInfo");
     struct gp_in_cuKernelGetParamInfo in = { .kernel = kernel, .index = index };
@@ -644,6 +747,24 @@ GP_EXPORT CUresult cuFuncSetCacheConfig(uint64_t func, int32_t config) {
     return r;
 }
 
+GP_EXPORT CUresult cuFuncSetSharedMemConfig(uint64_t func, int32_t config) {
+    GP_TRACE("cuFuncSetSharedMemConfig");
+    struct gp_in_cuFuncSetSharedMemConfig in = { .func = func, .config = config };
+    gp_memo_forget(GP_MEMO_functions, func, GP_HANDLE_func, -1);
+    CUresult r = gp_call(GP_CALL_cuFuncSetSharedMemConfig, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    gp_memo_forget(GP_MEMO_functions, func, GP_HANDLE_func, -1);
+    return r;
+}
+
+GP_EXPORT CUresult cuKernelSetCacheConfig(uint64_t kernel, int32_t config, int32_t dev) {
+    GP_TRACE("cuKernelSetCacheConfig");
+    struct gp_in_cuKernelSetCacheConfig in = { .kernel = kernel, .config = config, .dev = dev };
+    gp_memo_forget(GP_MEMO_functions, kernel, GP_HANDLE_kernel, -1);
+    CUresult r = gp_call(GP_CALL_cuKernelSetCacheConfig, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    gp_memo_forget(GP_MEMO_functions, kernel, GP_HANDLE_kernel, -1);
+    return r;
+}
+
 GP_EXPORT CUresult cuFuncGetModule(uint64_t *module, uint64_t func) {
     GP_TRACE("cuFuncGetModule");
     if (!module) return CUDA_ERROR_INVALID_VALUE;
@@ -699,6 +820,20 @@ GP_EXPORT CUresult cuOccupancyMaxPotentialBlockSize(int32_t *min_grid_size, int3
     struct gp_in_cuOccupancyMaxPotentialBlockSize in = { .func = func, .smem_callback = smem_callback, .dynamic_smem = dynamic_smem, .block_size_limit = block_size_limit };
     struct gp_out_cuOccupancyMaxPotentialBlockSize out;
     CUresult r = gp_call(GP_CALL_cuOccupancyMaxPotentialBlockSize, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *min_grid_size = (int32_t)out.min_grid_size;
+        *block_size = (int32_t)out.block_size;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int32_t *min_grid_size, int32_t *block_size, uint64_t func, uint64_t smem_callback, uint64_t dynamic_smem, int32_t block_size_limit, uint32_t flags) {
+    GP_TRACE("cuOccupancyMaxPotentialBlockSizeWithFlags");
+    if (!min_grid_size) return CUDA_ERROR_INVALID_VALUE;
+    if (!block_size) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuOccupancyMaxPotentialBlockSizeWithFlags in = { .func = func, .smem_callback = smem_callback, .dynamic_smem = dynamic_smem, .block_size_limit = block_size_limit, .flags = flags };
+    struct gp_out_cuOccupancyMaxPotentialBlockSizeWithFlags out;
+    CUresult r = gp_call(GP_CALL_cuOccupancyMaxPotentialBlockSizeWithFlags, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
     if (r == CUDA_SUCCESS) {
         *min_grid_size = (int32_t)out.min_grid_size;
         *block_size = (int32_t)out.block_size;
@@ -1161,17 +1296,13 @@ GP_EXPORT CUresult cuCtxDetach(void) { return gp_unforwarded("cuCtxDetach"); }
 GP_EXPORT CUresult cuCtxDisablePeerAccess(void) { return gp_unforwarded("cuCtxDisablePeerAccess"); }
 GP_EXPORT CUresult cuCtxEnablePeerAccess(void) { return gp_unforwarded("cuCtxEnablePeerAccess"); }
 GP_EXPORT CUresult cuCtxFromGreenCtx(void) { return gp_unforwarded("cuCtxFromGreenCtx"); }
-GP_EXPORT CUresult cuCtxGetCacheConfig(void) { return gp_unforwarded("cuCtxGetCacheConfig"); }
 GP_EXPORT CUresult cuCtxGetDevResource(void) { return gp_unforwarded("cuCtxGetDevResource"); }
 GP_EXPORT CUresult cuCtxGetExecAffinity(void) { return gp_unforwarded("cuCtxGetExecAffinity"); }
-GP_EXPORT CUresult cuCtxGetSharedMemConfig(void) { return gp_unforwarded("cuCtxGetSharedMemConfig"); }
 GP_EXPORT CUresult cuCtxPopCurrent(void) { return gp_unforwarded("cuCtxPopCurrent"); }
 GP_EXPORT CUresult cuCtxPushCurrent(void) { return gp_unforwarded("cuCtxPushCurrent"); }
 GP_EXPORT CUresult cuCtxRecordEvent(void) { return gp_unforwarded("cuCtxRecordEvent"); }
 GP_EXPORT CUresult cuCtxResetPersistingL2Cache(void) { return gp_unforwarded("cuCtxResetPersistingL2Cache"); }
-GP_EXPORT CUresult cuCtxSetCacheConfig(void) { return gp_unforwarded("cuCtxSetCacheConfig"); }
 GP_EXPORT CUresult cuCtxSetFlags(void) { return gp_unforwarded("cuCtxSetFlags"); }
-GP_EXPORT CUresult cuCtxSetSharedMemConfig(void) { return gp_unforwarded("cuCtxSetSharedMemConfig"); }
 GP_EXPORT CUresult cuCtxWaitEvent(void) { return gp_unforwarded("cuCtxWaitEvent"); }
 GP_EXPORT CUresult cuDestroyExternalMemory(void) { return gp_unforwarded("cuDestroyExternalMemory"); }
 GP_EXPORT CUresult cuDestroyExternalSemaphore(void) { return gp_unforwarded("cuDestroyExternalSemaphore"); }
@@ -1208,11 +1339,7 @@ GP_EXPORT CUresult cuEventDestroy(void) { return gp_unforwarded("cuEventDestroy"
 GP_EXPORT CUresult cuExternalMemoryGetMappedBuffer(void) { return gp_unforwarded("cuExternalMemoryGetMappedBuffer"); }
 GP_EXPORT CUresult cuExternalMemoryGetMappedMipmappedArray(void) { return gp_unforwarded("cuExternalMemoryGetMappedMipmappedArray"); }
 GP_EXPORT CUresult cuFlushGPUDirectRDMAWrites(void) { return gp_unforwarded("cuFlushGPUDirectRDMAWrites"); }
-GP_EXPORT CUresult cuFuncGetName(void) { return gp_unforwarded("cuFuncGetName"); }
-GP_EXPORT CUresult cuFuncIsLoaded(void) { return gp_unforwarded("cuFuncIsLoaded"); }
-GP_EXPORT CUresult cuFuncLoad(void) { return gp_unforwarded("cuFuncLoad"); }
 GP_EXPORT CUresult cuFuncSetBlockShape(void) { return gp_unforwarded("cuFuncSetBlockShape"); }
-GP_EXPORT CUresult cuFuncSetSharedMemConfig(void) { return gp_unforwarded("cuFuncSetSharedMemConfig"); }
 GP_EXPORT CUresult cuFuncSetSharedSize(void) { return gp_unforwarded("cuFuncSetSharedSize"); }
 GP_EXPORT CUresult cuGLCtxCreate(void) { return gp_unforwarded("cuGLCtxCreate"); }
 GP_EXPORT CUresult cuGLCtxCreate_v2(void) { return gp_unforwarded("cuGLCtxCreate_v2"); }
@@ -1313,15 +1440,10 @@ GP_EXPORT CUresult cuGreenCtxStreamCreate(void) { return gp_unforwarded("cuGreen
 GP_EXPORT CUresult cuGreenCtxWaitEvent(void) { return gp_unforwarded("cuGreenCtxWaitEvent"); }
 GP_EXPORT CUresult cuImportExternalMemory(void) { return gp_unforwarded("cuImportExternalMemory"); }
 GP_EXPORT CUresult cuImportExternalSemaphore(void) { return gp_unforwarded("cuImportExternalSemaphore"); }
-GP_EXPORT CUresult cuKernelGetLibrary(void) { return gp_unforwarded("cuKernelGetLibrary"); }
-GP_EXPORT CUresult cuKernelGetName(void) { return gp_unforwarded("cuKernelGetName"); }
-GP_EXPORT CUresult cuKernelSetCacheConfig(void) { return gp_unforwarded("cuKernelSetCacheConfig"); }
 GP_EXPORT CUresult cuLaunch(void) { return gp_unforwarded("cuLaunch"); }
 GP_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(void) { return gp_unforwarded("cuLaunchCooperativeKernelMultiDevice"); }
 GP_EXPORT CUresult cuLaunchGrid(void) { return gp_unforwarded("cuLaunchGrid"); }
 GP_EXPORT CUresult cuLaunchGridAsync(void) { return gp_unforwarded("cuLaunchGridAsync"); }
-GP_EXPORT CUresult cuLibraryEnumerateKernels(void) { return gp_unforwarded("cuLibraryEnumerateKernels"); }
-GP_EXPORT CUresult cuLibraryGetKernelCount(void) { return gp_unforwarded("cuLibraryGetKernelCount"); }
 GP_EXPORT CUresult cuLibraryGetManaged(void) { return gp_unforwarded("cuLibraryGetManaged"); }
 GP_EXPORT CUresult cuLibraryGetUnifiedFunction(void) { return gp_unforwarded("cuLibraryGetUnifiedFunction"); }
 GP_EXPORT CUresult cuLibraryLoadFromFile(void) { return gp_unforwarded("cuLibraryLoadFromFile"); }
@@ -1363,7 +1485,6 @@ GP_EXPORT CUresult cuMemPrefetchBatchAsync(void) { return gp_unforwarded("cuMemP
 GP_EXPORT CUresult cuMemPrefetchBatchAsync_ptsz(void) { return gp_unforwarded("cuMemPrefetchBatchAsync_ptsz"); }
 GP_EXPORT CUresult cuMemRangeGetAttribute(void) { return gp_unforwarded("cuMemRangeGetAttribute"); }
 GP_EXPORT CUresult cuMemRangeGetAttributes(void) { return gp_unforwarded("cuMemRangeGetAttributes"); }
-GP_EXPORT CUresult cuMemRetainAllocationHandle(void) { return gp_unforwarded("cuMemRetainAllocationHandle"); }
 GP_EXPORT CUresult cuMemSetMemPool(void) { return gp_unforwarded("cuMemSetMemPool"); }
 GP_EXPORT CUresult cuMemcpy2D(void) { return gp_unforwarded("cuMemcpy2D"); }
 GP_EXPORT CUresult cuMemcpy2DAsync(void) { return gp_unforwarded("cuMemcpy2DAsync"); }
@@ -1442,8 +1563,6 @@ GP_EXPORT CUresult cuMipmappedArrayDestroy(void) { return gp_unforwarded("cuMipm
 GP_EXPORT CUresult cuMipmappedArrayGetLevel(void) { return gp_unforwarded("cuMipmappedArrayGetLevel"); }
 GP_EXPORT CUresult cuMipmappedArrayGetMemoryRequirements(void) { return gp_unforwarded("cuMipmappedArrayGetMemoryRequirements"); }
 GP_EXPORT CUresult cuMipmappedArrayGetSparseProperties(void) { return gp_unforwarded("cuMipmappedArrayGetSparseProperties"); }
-GP_EXPORT CUresult cuModuleEnumerateFunctions(void) { return gp_unforwarded("cuModuleEnumerateFunctions"); }
-GP_EXPORT CUresult cuModuleGetFunctionCount(void) { return gp_unforwarded("cuModuleGetFunctionCount"); }
 GP_EXPORT CUresult cuModuleGetGlobal(void) { return gp_unforwarded("cuModuleGetGlobal"); }
 GP_EXPORT CUresult cuModuleGetSurfRef(void) { return gp_unforwarded("cuModuleGetSurfRef"); }
 GP_EXPORT CUresult cuModuleGetTexRef(void) { return gp_unforwarded("cuModuleGetTexRef"); }
@@ -1453,7 +1572,6 @@ GP_EXPORT CUresult cuMulticastBindMem(void) { return gp_unforwarded("cuMulticast
 GP_EXPORT CUresult cuMulticastCreate(void) { return gp_unforwarded("cuMulticastCreate"); }
 GP_EXPORT CUresult cuMulticastGetGranularity(void) { return gp_unforwarded("cuMulticastGetGranularity"); }
 GP_EXPORT CUresult cuMulticastUnbind(void) { return gp_unforwarded("cuMulticastUnbind"); }
-GP_EXPORT CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(void) { return gp_unforwarded("cuOccupancyMaxPotentialBlockSizeWithFlags"); }
 GP_EXPORT CUresult cuParamSetSize(void) { return gp_unforwarded("cuParamSetSize"); }
 GP_EXPORT CUresult cuParamSetTexRef(void) { return gp_unforwarded("cuParamSetTexRef"); }
 GP_EXPORT CUresult cuParamSetf(void) { return gp_unforwarded("cuParamSetf"); }
@@ -1559,17 +1677,21 @@ static const struct gp_proc gp_procs[] = {
     {"cuCtxCreate", 12050, (void *)cuCtxCreate_v4},
     {"cuCtxDestroy", 4000, (void *)cuCtxDestroy_v2},
     {"cuCtxGetApiVersion", 3020, (void *)cuCtxGetApiVersion},
+    {"cuCtxGetCacheConfig", 3020, (void *)cuCtxGetCacheConfig},
     {"cuCtxGetCurrent", 4000, (void *)cuCtxGetCurrent},
     {"cuCtxGetDevice", 2000, (void *)cuCtxGetDevice},
     {"cuCtxGetDevice", 13000, (void *)cuCtxGetDevice_v2},
     {"cuCtxGetFlags", 7000, (void *)cuCtxGetFlags},
     {"cuCtxGetId", 12000, (void *)cuCtxGetId},
     {"cuCtxGetLimit", 3010, (void *)cuCtxGetLimit},
+    {"cuCtxGetSharedMemConfig", 4020, (void *)cuCtxGetSharedMemConfig},
     {"cuCtxGetStreamPriorityRange", 5050, (void *)cuCtxGetStreamPriorityRange},
     {"cuCtxPopCurrent", 4000, (void *)cuCtxPopCurrent_v2},
     {"cuCtxPushCurrent", 4000, (void *)cuCtxPushCurrent_v2},
+    {"cuCtxSetCacheConfig", 3020, (void *)cuCtxSetCacheConfig},
     {"cuCtxSetCurrent", 4000, (void *)cuCtxSetCurrent},
     {"cuCtxSetLimit", 3010, (void *)cuCtxSetLimit},
+    {"cuCtxSetSharedMemConfig", 4020, (void *)cuCtxSetSharedMemConfig},
     {"cuCtxSynchronize", 2000, (void *)cuCtxSynchronize},
     {"cuCtxSynchronize", 13000, (void *)cuCtxSynchronize_v2},
     {"cuDeviceCanAccessPeer", 4000, (void *)cuDeviceCanAccessPeer},
@@ -1603,9 +1725,14 @@ static const struct gp_proc gp_procs[] = {
     {"cuEventSynchronize", 2000, (void *)cuEventSynchronize},
     {"cuFuncGetAttribute", 2020, (void *)cuFuncGetAttribute},
     {"cuFuncGetModule", 11000, (void *)cuFuncGetModule},
+    {"cuFuncGetName", 12030, (void *)cuFuncGetName},
+    {"cuFuncGetParamCount", 13000, (void *)cuFuncGetParamCount},
     {"cuFuncGetParamInfo", 12040, (void *)cuFuncGetParamInfo},
+    {"cuFuncIsLoaded", 12040, (void *)cuFuncIsLoaded},
+    {"cuFuncLoad", 12040, (void *)cuFuncLoad},
     {"cuFuncSetAttribute", 9000, (void *)cuFuncSetAttribute},
     {"cuFuncSetCacheConfig", 3000, (void *)cuFuncSetCacheConfig},
+    {"cuFuncSetSharedMemConfig", 4020, (void *)cuFuncSetSharedMemConfig},
     {"cuGetErrorName", 6000, (void *)cuGetErrorName},
     {"cuGetErrorString", 6000, (void *)cuGetErrorString},
     {"cuGetExportTable", 3000, (void *)cuGetExportTable},
@@ -1651,14 +1778,20 @@ static const struct gp_proc gp_procs[] = {
     {"cuIpcOpenMemHandle", 11000, (void *)cuIpcOpenMemHandle_v2},
     {"cuKernelGetAttribute", 12000, (void *)cuKernelGetAttribute},
     {"cuKernelGetFunction", 12000, (void *)cuKernelGetFunction},
+    {"cuKernelGetLibrary", 12050, (void *)cuKernelGetLibrary},
+    {"cuKernelGetName", 12030, (void *)cuKernelGetName},
+    {"cuKernelGetParamCount", 13000, (void *)cuKernelGetParamCount},
     {"cuKernelGetParamInfo", 12040, (void *)cuKernelGetParamInfo},
     {"cuKernelSetAttribute", 12000, (void *)cuKernelSetAttribute},
+    {"cuKernelSetCacheConfig", 12000, (void *)cuKernelSetCacheConfig},
     {"cuLaunchCooperativeKernel", 9000, (void *)cuLaunchCooperativeKernel},
     {"cuLaunchHostFunc", 10000, (void *)cuLaunchHostFunc},
     {"cuLaunchKernel", 4000, (void *)cuLaunchKernel},
     {"cuLaunchKernelEx", 11060, (void *)cuLaunchKernelEx},
+    {"cuLibraryEnumerateKernels", 12040, (void *)cuLibraryEnumerateKernels},
     {"cuLibraryGetGlobal", 12000, (void *)cuLibraryGetGlobal},
     {"cuLibraryGetKernel", 12000, (void *)cuLibraryGetKernel},
+    {"cuLibraryGetKernelCount", 12040, (void *)cuLibraryGetKernelCount},
     {"cuLibraryGetModule", 12000, (void *)cuLibraryGetModule},
     {"cuLibraryLoadData", 12000, (void *)cuLibraryLoadData},
     {"cuLibraryUnload", 12000, (void *)cuLibraryUnload},
@@ -1703,6 +1836,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemPrefetchAsync", 8000, (void *)cuMemPrefetchAsync},
     {"cuMemPrefetchAsync", 12020, (void *)cuMemPrefetchAsync_v2},
     {"cuMemRelease", 10020, (void *)cuMemRelease},
+    {"cuMemRetainAllocationHandle", 11000, (void *)cuMemRetainAllocationHandle},
     {"cuMemSetAccess", 10020, (void *)cuMemSetAccess},
     {"cuMemUnmap", 10020, (void *)cuMemUnmap},
     {"cuMemcpy", 4000, (void *)cuMemcpy},
@@ -1721,7 +1855,9 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemsetD32Async", 3020, (void *)cuMemsetD32Async},
     {"cuMemsetD8", 3020, (void *)cuMemsetD8_v2},
     {"cuMemsetD8Async", 3020, (void *)cuMemsetD8Async},
+    {"cuModuleEnumerateFunctions", 12040, (void *)cuModuleEnumerateFunctions},
     {"cuModuleGetFunction", 2000, (void *)cuModuleGetFunction},
+    {"cuModuleGetFunctionCount", 12040, (void *)cuModuleGetFunctionCount},
     {"cuModuleGetGlobal", 3020, (void *)cuModuleGetGlobal_v2},
     {"cuModuleGetLoadingMode", 11070, (void *)cuModuleGetLoadingMode},
     {"cuModuleLoad", 2000, (void *)cuModuleLoad},
@@ -1734,6 +1870,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 7000, (void *)cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags},
     {"cuOccupancyMaxActiveClusters", 11070, (void *)cuOccupancyMaxActiveClusters},
     {"cuOccupancyMaxPotentialBlockSize", 6050, (void *)cuOccupancyMaxPotentialBlockSize},
+    {"cuOccupancyMaxPotentialBlockSizeWithFlags", 7000, (void *)cuOccupancyMaxPotentialBlockSizeWithFlags},
     {"cuOccupancyMaxPotentialClusterSize", 11070, (void *)cuOccupancyMaxPotentialClusterSize},
     {"cuPointerGetAttribute", 4000, (void *)cuPointerGetAttribute},
     {"cuPointerGetAttributes", 7000, (void *)cuPointerGetAttributes},

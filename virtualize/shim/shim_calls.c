@@ -1237,6 +1237,99 @@ CUresult cuLibraryUnload(uint64_t library) {
     return r;
 }
 
+/* ---- what a module or library holds: its functions or kernels, their names and parameter counts --- */
+
+/* The handles come in the reply's bulk; each is linked to its module or library, whose unload forgets
+ * the answers kept about it (shim_memo.c). */
+CUresult cuModuleEnumerateFunctions(void *out, uint32_t num, uint64_t mod) {
+    GP_TRACE("cuModuleEnumerateFunctions");
+    uint64_t *functions = out;
+    if (!functions) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuModuleEnumerateFunctions in = {.num = num, .mod = mod};
+    CUresult r = gp_call(GP_CALL_cuModuleEnumerateFunctions, WANT, &in, sizeof in, NULL, 0, NULL, 0, functions,
+                         (uint64_t)num * 8);
+    for (uint32_t i = 0; r == CUDA_SUCCESS && i < num; i++) gp_memo_link(functions[i], mod, GP_HANDLE_module);
+    return r;
+}
+
+CUresult cuLibraryEnumerateKernels(void *out, uint32_t num, uint64_t lib) {
+    GP_TRACE("cuLibraryEnumerateKernels");
+    uint64_t *kernels = out;
+    if (!kernels) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuLibraryEnumerateKernels in = {.num = num, .lib = lib};
+    CUresult r = gp_call(GP_CALL_cuLibraryEnumerateKernels, WANT, &in, sizeof in, NULL, 0, NULL, 0, kernels,
+                         (uint64_t)num * 8);
+    for (uint32_t i = 0; r == CUDA_SUCCESS && i < num; i++) gp_memo_link(kernels[i], lib, GP_HANDLE_library);
+    return r;
+}
+
+/* The driver's name of a kernel or function stays valid while its handle does: the shim keeps one copy
+ * per handle (names are few; a handle asked again gets the same pointer). */
+static struct { uint64_t handle; char *name; } *names;
+static size_t n_names, cap_names;
+static pthread_mutex_t name_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static const char *kept_name(uint64_t handle, const char *name) {
+    const char *kept = NULL;
+    pthread_mutex_lock(&name_lock);
+    for (size_t i = 0; i < n_names && !kept; i++)
+        if (names[i].handle == handle && strcmp(names[i].name, name) == 0) kept = names[i].name;
+    if (!kept && n_names == cap_names) {
+        size_t cap = cap_names ? cap_names * 2 : 64;
+        void *grown = realloc(names, cap * sizeof *names);
+        if (grown) names = grown, cap_names = cap;
+    }
+    if (!kept && n_names < cap_names && (names[n_names].name = strdup(name)) != NULL) {
+        names[n_names].handle = handle;
+        kept = names[n_names++].name;
+    }
+    pthread_mutex_unlock(&name_lock);
+    return kept;
+}
+
+#define NAME_BYTES 4096
+
+/* cuKernelGetName and cuFuncGetName: the same wire layout (the handle, the buffer's length). */
+static CUresult name_of(uint32_t call, uint64_t handle, void *out) {
+    const char **name = out;
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
+    char buf[NAME_BYTES];
+    struct gp_in_cuKernelGetName in = {.kernel = handle, .length = sizeof buf};
+    _Static_assert(sizeof in == sizeof(struct gp_in_cuFuncGetName), "one layout for both names");
+    CUresult r = gp_call(call, WANT, &in, sizeof in, NULL, 0, NULL, 0, buf, sizeof buf);
+    if (r != CUDA_SUCCESS) return r;
+    buf[sizeof buf - 1] = 0;
+    return (*name = kept_name(handle, buf)) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult cuKernelGetName(void *name, uint64_t kernel) {
+    GP_TRACE("cuKernelGetName");
+    return name_of(GP_CALL_cuKernelGetName, kernel, name);
+}
+
+CUresult cuFuncGetName(void *name, uint64_t func) {
+    GP_TRACE("cuFuncGetName");
+    return name_of(GP_CALL_cuFuncGetName, func, name);
+}
+
+static CUresult param_count(uint64_t func, uint64_t *count) {
+    struct layout l;
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = layout_of(func, &l);
+    if (r == CUDA_SUCCESS) *count = l.count;
+    return r;
+}
+
+CUresult cuKernelGetParamCount(uint64_t kernel, uint64_t *count) {
+    GP_TRACE("cuKernelGetParamCount");
+    return param_count(kernel, count);
+}
+
+CUresult cuFuncGetParamCount(uint64_t func, uint64_t *count) {
+    GP_TRACE("cuFuncGetParamCount");
+    return param_count(func, count);
+}
+
 /* Packs kernelParams (or the `extra` buffer) into `buf`; returns its length or -1. */
 static int64_t pack_params(const struct layout *l, void **params, void **extra, unsigned char *buf, size_t cap) {
     if (params) {
