@@ -65,6 +65,8 @@ PROGRAMS = [
     "prog_mapped.py",  # mapped page-locked memory: DEVICEMAP, registered arrays, a kernel given the host address
     "prog_graph_nodes.py",  # a graph built node by node: kernel, memset, empty nodes, dependencies
     "prog_graph_core.py",  # cuda.core graph builder: while and if/else conditionals, embed, callback, update
+    "prog_driver_calls.py",  # cooperative launches, cache config, enumeration, a retained handle, tensor maps
+    "prog_torch_batchnorm.py",  # cuDNN batch norm, fp16 channels-last, deterministic: cooperative kernels
 ]
 results: list[dict] = []
 
