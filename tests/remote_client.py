@@ -1531,9 +1531,10 @@ def scenario_graph_explicit_nodes():
 
 def scenario_unknown():
     check(cu.cuInit(0), "init")
-    texture = c_u64()  # texture objects are not forwarded (docs/remote.md)
-    say("first_call", cu.cuTexObjectCreate(ctypes.byref(texture), None, None, None))
-    say("second_call", cu.cuTexObjectCreate(ctypes.byref(texture), None, None, None))
+    # Graphics interop is refused: an OpenGL or Vulkan resource of this machine means nothing on the GPU's
+    # (docs/driver-census.md).
+    say("first_call", cu.cuGraphicsMapResources(1, None, c_u64(0)))
+    say("second_call", cu.cuGraphicsMapResources(1, None, c_u64(0)))
 
 
 def scenario_no_lease():
@@ -1724,6 +1725,145 @@ def scenario_vmm_retain():
     free, total = c_u64(), c_u64()
     check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
     say("used_mib_after", (total.value - free.value) // MiB)
+
+
+class Memcpy2D(ctypes.Structure):  # CUDA_MEMCPY2D
+    _fields_ = [(f"{side}{name}", kind) for side in ("src", "dst") for name, kind in (
+        ("XInBytes", c_u64), ("Y", c_u64), ("MemoryType", ctypes.c_int), ("Host", ctypes.c_void_p),
+        ("Device", c_u64), ("Array", c_u64), ("Pitch", c_u64))] + [("WidthInBytes", c_u64), ("Height", c_u64)]  # fmt: skip
+
+
+class Memcpy3D(ctypes.Structure):  # CUDA_MEMCPY3D
+    _fields_ = [(f"{side}{name}", kind) for side in ("src", "dst") for name, kind in (
+        ("XInBytes", c_u64), ("Y", c_u64), ("Z", c_u64), ("LOD", c_u64), ("MemoryType", ctypes.c_int),
+        ("Host", ctypes.c_void_p), ("Device", c_u64), ("Array", c_u64), ("Reserved", ctypes.c_void_p),
+        ("Pitch", c_u64), ("Height", c_u64))] + [("WidthInBytes", c_u64), ("Height", c_u64), ("Depth", c_u64)]  # fmt: skip
+
+
+class ArrayDesc(ctypes.Structure):  # CUDA_ARRAY_DESCRIPTOR
+    _fields_ = [("Width", c_u64), ("Height", c_u64), ("Format", ctypes.c_int), ("NumChannels", ctypes.c_uint)]
+
+
+class Array3DDesc(ctypes.Structure):  # CUDA_ARRAY3D_DESCRIPTOR
+    _fields_ = [("Width", c_u64), ("Height", c_u64), ("Depth", c_u64), ("Format", ctypes.c_int),
+                ("NumChannels", ctypes.c_uint), ("Flags", ctypes.c_uint)]  # fmt: skip
+
+
+HOST, DEVICE, ARRAY = 1, 2, 3  # CUmemorytype
+FLOAT, U8 = 0x20, 0x01  # CUarray_format
+
+
+def resource_desc(kind, handle, size=0):
+    """A CUDA_RESOURCE_DESC: an array (0) or `size` bytes of linear memory (2) at `handle`."""
+    raw = ctypes.create_string_buffer(144)
+    struct.pack_into("<iiQ", raw, 0, kind, 0, handle)
+    if kind == 2:
+        struct.pack_into("<iIQ", raw, 16, FLOAT, 1, size)
+    return raw
+
+
+def scenario_arrays():
+    """CUDA arrays as forwarded objects: created and described, filled and read through 2D, 3D and
+    one-dimensional copies between host memory (with its own pitch), device memory and arrays, a
+    sub-rectangle, a mipmapped array's levels, texture and surface objects over them; a copy outside an
+    array or an allocation, an array not of the lease, or past the partition is refused."""
+    setup()
+    array, other = c_u64(), c_u64()
+    check(cu.cuArrayCreate(ctypes.byref(array), ctypes.byref(ArrayDesc(64, 32, FLOAT, 1))), "array")
+    described = Array3DDesc()
+    rc = cu.cuArray3DGetDescriptor(ctypes.byref(described), array)
+    say("described", f"{rc} {described.Width}x{described.Height}x{described.Depth} {described.Format:#x}")
+    # 32 rows of 64 floats, in host rows 512 bytes apart; into the array, then out to pitched device memory.
+    image = (ctypes.c_float * (128 * 32))(*(float(i) for i in range(128 * 32)))
+    to_array = Memcpy2D(srcMemoryType=HOST, srcHost=ctypes.addressof(image), srcPitch=512, dstMemoryType=ARRAY,
+                        dstArray=array.value, WidthInBytes=256, Height=32)  # fmt: skip
+    say("host_to_array", cu.cuMemcpy2D(ctypes.byref(to_array)))
+    rc, dev = alloc(256 * 32)
+    check(rc, "alloc")
+    to_device = Memcpy2D(srcMemoryType=ARRAY, srcArray=array.value, dstMemoryType=DEVICE, dstDevice=dev,
+                         dstPitch=256, WidthInBytes=256, Height=32)  # fmt: skip
+    say("array_to_device", cu.cuMemcpy2D(ctypes.byref(to_device)))
+    rows = memoryview(dtoh(dev, 256 * 32)[1]).cast("f")
+    say("device_rows", f"{rows[0]} {rows[63]} {rows[64]} {rows[64 * 31 + 63]}")  # each row's first 64 floats
+    corner = (ctypes.c_float * 8 * 3)()
+    piece = Memcpy2D(srcXInBytes=16, srcY=4, srcMemoryType=ARRAY, srcArray=array.value, dstMemoryType=HOST,
+                     dstHost=ctypes.addressof(corner), dstPitch=32, WidthInBytes=32, Height=3)  # fmt: skip
+    say("sub_rectangle", f"{cu.cuMemcpy2D(ctypes.byref(piece))} {corner[0][0]} {corner[2][7]}")
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    say("async_2d", cu.cuMemcpy2DAsync(ctypes.byref(piece), stream))
+    say("async_sync", cu.cuStreamSynchronize(stream))
+    too_tall = Memcpy2D(srcMemoryType=HOST, srcHost=ctypes.addressof(image), srcPitch=512, dstMemoryType=ARRAY,
+                        dstArray=array.value, WidthInBytes=256, Height=33)  # fmt: skip
+    say("past_the_array", cu.cuMemcpy2D(ctypes.byref(too_tall)))
+    past_allocation = Memcpy2D(srcMemoryType=ARRAY, srcArray=array.value, dstMemoryType=DEVICE, dstDevice=dev,
+                               dstPitch=512, WidthInBytes=256, Height=32)  # fmt: skip
+    say("past_the_allocation", cu.cuMemcpy2D(ctypes.byref(past_allocation)))
+    foreign = Memcpy2D(srcMemoryType=ARRAY, srcArray=0x1234, dstMemoryType=DEVICE, dstDevice=dev, dstPitch=256,
+                       WidthInBytes=256, Height=1)  # fmt: skip
+    say("foreign_array", cu.cuMemcpy2D(ctypes.byref(foreign)))
+    # One dimension: bytes at an offset of an array, to and from host and device memory and another array.
+    check(cu.cuArrayCreate(ctypes.byref(other), ctypes.byref(ArrayDesc(64, 0, FLOAT, 1))), "1-D array")
+    words = (ctypes.c_float * 4)(1.5, 2.5, 3.5, 4.5)
+    say("host_to_1d", cu.cuMemcpyHtoA(other, c_u64(8), words, c_u64(16)))
+    back = (ctypes.c_float * 6)()
+    say("1d_to_host", f"{cu.cuMemcpyAtoH(back, other, c_u64(0), c_u64(24))} {list(back)}")
+    say("1d_to_device", cu.cuMemcpyAtoD(c_u64(dev), other, c_u64(8), c_u64(16)))
+    say("device_to_1d", cu.cuMemcpyDtoA(other, c_u64(128), c_u64(dev), c_u64(16)))
+    say("array_to_array", cu.cuMemcpyAtoA(array, c_u64(0), other, c_u64(128), c_u64(16)))
+    check(cu.cuMemcpyAtoH(back, array, c_u64(0), c_u64(24)), "first row")
+    say("first_row_now", list(back))
+    # Three dimensions: 2 slices of 4 rows of 8 RGBA bytes, host -> 3-D array -> device (slices 8 rows apart).
+    volume, cube = c_u64(), (ctypes.c_ubyte * 128 * 2)()
+    for i in range(256):
+        cube[i // 128][i % 128] = i
+    check(cu.cuArray3DCreate(ctypes.byref(volume), ctypes.byref(Array3DDesc(8, 4, 2, U8, 4, 0))), "3-D array")
+    into = Memcpy3D(srcMemoryType=HOST, srcHost=ctypes.addressof(cube), srcPitch=32, srcHeight=4,
+                    dstMemoryType=ARRAY, dstArray=volume.value, WidthInBytes=32, Height=4, Depth=2)  # fmt: skip
+    say("host_to_3d", cu.cuMemcpy3D(ctypes.byref(into)))
+    out = Memcpy3D(srcMemoryType=ARRAY, srcArray=volume.value, dstMemoryType=DEVICE, dstDevice=dev, dstPitch=32,
+                   dstHeight=8, WidthInBytes=32, Height=4, Depth=2)  # fmt: skip
+    say("3d_to_device", cu.cuMemcpy3D(ctypes.byref(out)))
+    slab = dtoh(dev, 512)[1]
+    say("3d_slices", f"{slab[0]} {slab[127]} {slab[256]} {slab[256 + 127]}")  # the second slice 8 rows on
+    mipmapped, level = c_u64(), c_u64()
+    rc = cu.cuMipmappedArrayCreate(
+        ctypes.byref(mipmapped), ctypes.byref(Array3DDesc(64, 64, 0, FLOAT, 1, 0)), 4
+    )
+    check(rc, "mipmapped")
+    check(cu.cuMipmappedArrayGetLevel(ctypes.byref(level), mipmapped, 2), "level")
+    check(cu.cuArray3DGetDescriptor(ctypes.byref(described), level), "level descriptor")
+    say("level_2", f"{described.Width}x{described.Height}")
+    say("destroy_a_level", cu.cuArrayDestroy(level))  # the mipmapped array's, not the program's to destroy
+    texture, surface, linear = c_u64(), c_u64(), c_u64()
+    tex_desc = ctypes.create_string_buffer(104)
+    say(
+        "texture_over_array",
+        cu.cuTexObjectCreate(ctypes.byref(texture), resource_desc(0, array.value), tex_desc, None),
+    )
+    say(
+        "texture_over_memory",
+        cu.cuTexObjectCreate(ctypes.byref(linear), resource_desc(2, dev, 4096), tex_desc, None),
+    )
+    say("texture_past_memory", cu.cuTexObjectCreate(ctypes.byref(c_u64()), resource_desc(2, dev, 1 << 20), tex_desc,
+                                                    None))  # fmt: skip
+    say("texture_foreign_array", cu.cuTexObjectCreate(ctypes.byref(c_u64()), resource_desc(0, 0x1234), tex_desc,
+                                                      None))  # fmt: skip
+    say("surface_over_array", cu.cuSurfObjectCreate(ctypes.byref(surface), resource_desc(0, array.value)))
+    say("surface_over_memory", cu.cuSurfObjectCreate(ctypes.byref(c_u64()), resource_desc(2, dev, 4096)))
+    say(
+        "destroyed",
+        f"{cu.cuTexObjectDestroy(texture)} {cu.cuTexObjectDestroy(linear)} {cu.cuSurfObjectDestroy(surface)}",
+    )
+    say("destroyed_again", cu.cuTexObjectDestroy(texture))
+    huge = c_u64()
+    say(
+        "past_partition",
+        cu.cuArrayCreate(ctypes.byref(huge), ctypes.byref(ArrayDesc(1 << 16, 1 << 12, FLOAT, 4))),
+    )
+    say("destroy", f"{cu.cuArrayDestroy(array)} {cu.cuArrayDestroy(other)} {cu.cuArrayDestroy(volume)} "
+                   f"{cu.cuMipmappedArrayDestroy(mipmapped)}")  # fmt: skip
+    say("destroy_again", cu.cuArrayDestroy(array))
 
 
 def scenario_collision():

@@ -124,7 +124,8 @@ def test_kernels_launch_with_parameters_and_faults_surface_at_the_next_sync(shim
 def test_a_call_that_is_not_forwarded_fails_and_says_so_once(shim_dir, worker):
     out, err = run_client("unknown", client_env(shim_dir, worker))
     assert out == {"first_call": "801", "second_call": "801"}
-    assert err.count("cuTexObjectCreate is not forwarded") == 1
+    assert err.count("cuGraphicsMapResources is not forwarded") == 1
+    assert "docs/driver-census.md says why" in err
 
 
 def test_without_a_lease_the_shim_refuses_at_once(shim_dir):
@@ -340,6 +341,45 @@ def test_a_modules_functions_and_a_librarys_kernels_are_enumerated_as_handles_of
         "enumerated_launch": "9",  # an enumerated handle launches like one looked up by name
         "foreign_module": "400",
         "foreign_name": "400",
+    }
+    assert "not forwarded" not in err
+
+
+def test_cuda_arrays_copies_in_rows_and_slices_textures_and_surfaces_are_forwarded(shim_dir, worker):
+    out, err = run_client("arrays", client_env(shim_dir, worker))
+    assert out == {
+        "described": "0 64x32x0 0x20",
+        "host_to_array": "0",
+        "array_to_device": "0",
+        "device_rows": "0.0 63.0 128.0 4031.0",  # each row the first 64 floats of a 128-float host row
+        "sub_rectangle": "0 516.0 779.0",  # 3 rows of 8 floats from column 4 of row 4
+        "async_2d": "0",
+        "async_sync": "0",
+        "past_the_array": "1",  # CUDA_ERROR_INVALID_VALUE: a 33rd row
+        "past_the_allocation": "1",  # rows 512 bytes apart would run past the 8 KiB allocation
+        "foreign_array": "400",  # CUDA_ERROR_INVALID_HANDLE: not an array of this lease
+        "host_to_1d": "0",
+        "1d_to_host": "0 [0.0, 0.0, 1.5, 2.5, 3.5, 4.5]",
+        "1d_to_device": "0",
+        "device_to_1d": "0",
+        "array_to_array": "0",
+        "first_row_now": "[1.5, 2.5, 3.5, 4.5, 4.0, 5.0]",
+        "host_to_3d": "0",
+        "3d_to_device": "0",
+        "3d_slices": "0 127 128 255",  # the second slice lands 8 rows (256 bytes) on
+        "level_2": "16x16",
+        "destroy_a_level": "1",
+        "texture_over_array": "0",
+        "texture_over_memory": "0",
+        "texture_past_memory": "1",
+        "texture_foreign_array": "400",
+        "surface_over_array": "0",
+        "surface_over_memory": "1",  # a surface is made over an array only
+        "destroyed": "0 0 0",
+        "destroyed_again": "400",
+        "past_partition": "2",  # CUDA_ERROR_OUT_OF_MEMORY: 4 GiB of array in a 64 MiB partition
+        "destroy": "0 0 0 0",
+        "destroy_again": "400",
     }
     assert "not forwarded" not in err
 

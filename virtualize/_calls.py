@@ -26,6 +26,8 @@ HANDLE_TYPES = (
     "ctx", "stream", "event", "module", "func", "kernel", "library", "pool", "graph", "graphexec", "link",
     "vmem",  # a CUmemGenericAllocationHandle (cuMemCreate)
     "node",  # a CUgraphNode
+    "array", "mipmap",  # a CUarray, a CUmipmappedArray
+    "texobj", "surfobj",  # a CUtexObject, a CUsurfObject
 )  # fmt: skip
 SCALAR_TYPES = {"i32": "i", "u32": "I", "u64": "Q", "u8": "B", "u16": "H", "f32": "f", "dptr": "Q"}
 SCALAR_TYPES.update(dict.fromkeys(HANDLE_TYPES, "Q"))
@@ -380,6 +382,49 @@ CALLS: tuple[Call, ...] = (
        how="sent as cuMemcpyHtoDAsync, DtoHAsync or DtoDAsync"),
     _c("cuMemcpyPeer", 4000, "dptr dst, ctx dst_ctx, dptr src, ctx src_ctx, u64 count", A),
     _c("cuMemcpyPeerAsync", 4000, "dptr dst, ctx dst_ctx, dptr src, ctx src_ctx, u64 count, stream stream", A),
+    # -- CUDA arrays, textures and surfaces: objects of the worker's driver, handles of the lease ---------
+    # An array's descriptor travels as its C struct; the worker counts its bytes against the partition.
+    _c("cuArrayCreate", 3020, "o_array handle, ptr desc", symbol="cuArrayCreate_v2", custom=True,
+       wire="o_array handle, bytes desc"),
+    _c("cuArray3DCreate", 3020, "o_array handle, ptr desc", symbol="cuArray3DCreate_v2", custom=True,
+       wire="o_array handle, bytes desc"),
+    _c("cuArrayDestroy", 2000, "array handle"),
+    _c("cuArrayGetDescriptor", 3020, "ptr desc, array handle", symbol="cuArrayGetDescriptor_v2", custom=True,
+       wire="array handle"),  # the descriptor comes back in the reply's bulk
+    _c("cuArray3DGetDescriptor", 3020, "ptr desc, array handle", symbol="cuArray3DGetDescriptor_v2", custom=True,
+       wire="array handle"),
+    _c("cuMipmappedArrayCreate", 5000, "o_mipmap handle, ptr desc, u32 levels", custom=True,
+       wire="o_mipmap handle, u32 levels, bytes desc"),
+    _c("cuMipmappedArrayGetLevel", 5000, "o_array array, mipmap handle, u32 level"),
+    _c("cuMipmappedArrayDestroy", 5000, "mipmap handle"),
+    # Copies between any two of host memory, device memory and arrays, in rows and slices: the host side
+    # travels packed (its rows one after another) in the request or the reply; `kinds` is the source's
+    # CUmemorytype (1 host, 2 device, 3 array) plus the destination's times 256; flags 1: on `stream`.
+    _c("gpMemcpy3D", 0, "u32 kinds, u64 src, u64 src_x, u64 src_y, u64 src_z, u64 src_pitch, u64 src_height, "
+       "u64 dst, u64 dst_x, u64 dst_y, u64 dst_z, u64 dst_pitch, u64 dst_height, u64 width, u64 height, u64 depth, "
+       "stream stream, u32 flags", symbol="-", sync=True),
+    *(_c(name, 3020, params, L, symbol=f"{name}_v2", custom=True, how="sent as gpMemcpy3D, the host side packed")
+      for name, params in (
+          ("cuMemcpy2D", "ptr copy"),
+          ("cuMemcpy2DUnaligned", "ptr copy"),
+          ("cuMemcpy2DAsync", "ptr copy, stream stream"),
+          ("cuMemcpy3D", "ptr copy"),
+          ("cuMemcpy3DAsync", "ptr copy, stream stream"),
+          ("cuMemcpyHtoA", "array dst, u64 offset, ptr src, u64 count"),
+          ("cuMemcpyAtoH", "ptr dst, array src, u64 offset, u64 count"),
+          ("cuMemcpyDtoA", "array dst, u64 offset, dptr src, u64 count"),
+          ("cuMemcpyAtoD", "dptr dst, array src, u64 offset, u64 count"),
+          ("cuMemcpyAtoA", "array dst, u64 dst_offset, array src, u64 src_offset, u64 count"),
+          ("cuMemcpyHtoAAsync", "array dst, u64 offset, ptr src, u64 count, stream stream"),
+          ("cuMemcpyAtoHAsync", "ptr dst, array src, u64 offset, u64 count, stream stream"),
+      )),
+    # Texture and surface objects: made by the worker's driver from the descriptors' C structs, whose
+    # array or memory the worker checks is the lease's; the object is a value kernels take.
+    _c("cuTexObjectCreate", 5000, "o_texobj tex, ptr res, ptr tex_desc, ptr view", custom=True,
+       wire="o_texobj tex, bytes descs"),
+    _c("cuTexObjectDestroy", 5000, "texobj tex"),
+    _c("cuSurfObjectCreate", 5000, "o_surfobj surf, ptr res", custom=True, wire="o_surfobj surf, bytes desc"),
+    _c("cuSurfObjectDestroy", 5000, "surfobj surf"),
     # -- memsets -------------------------------------------------------------------------------------
     _c("cuMemsetD8", 3020, "dptr dst, u8 value, u64 count", A, symbol="cuMemsetD8_v2"),
     _c("cuMemsetD16", 3020, "dptr dst, u16 value, u64 count", A, symbol="cuMemsetD16_v2"),

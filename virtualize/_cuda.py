@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from cuda.bindings import driver
 
+from virtualize._arrays import DEVICE, HOST, ArrayShape
 from virtualize._executor import (
     FORWARDED_LAUNCH_ATTRIBUTES,
     INVALID_VALUE,
@@ -520,6 +521,40 @@ class CudaExecutor(Executor):
         else:
             _ok(getattr(driver, name + "Async")(dst, value, count, self._stream(stream)))
 
+    def copy_3d(self, src, dst, extent, stream, data):
+        width, height, depth = extent
+        host = (
+            bytearray(data)
+            if src.kind == HOST
+            else bytearray(width * height * depth)
+            if dst.kind == HOST
+            else None
+        )
+        copy = driver.CUDA_MEMCPY3D()
+        for prefix, side in (("src", src), ("dst", dst)):
+            setattr(copy, f"{prefix}MemoryType", driver.CUmemorytype(side.kind))
+            setattr(copy, f"{prefix}XInBytes", side.x)
+            setattr(copy, f"{prefix}Y", side.y)
+            setattr(copy, f"{prefix}Z", side.z)
+            setattr(copy, f"{prefix}Pitch", side.pitch)
+            setattr(copy, f"{prefix}Height", side.height)
+            if side.kind == HOST:
+                setattr(
+                    copy, f"{prefix}Host", ctypes.addressof((ctypes.c_char * len(host)).from_buffer(host))
+                )
+            elif side.kind == DEVICE:
+                setattr(copy, f"{prefix}Device", side.at)
+            else:
+                setattr(copy, f"{prefix}Array", driver.CUarray(side.at))
+        copy.WidthInBytes, copy.Height, copy.Depth = width, height, depth
+        if stream is None:
+            _ok(driver.cuMemcpy3D(copy))
+        else:
+            _ok(driver.cuMemcpy3DAsync(copy, self._stream(stream)))
+            if dst.kind == HOST:  # the bytes go back in this call's reply
+                _ok(driver.cuStreamSynchronize(self._stream(stream)))
+        return host if dst.kind == HOST else None
+
     def param_layout(self, func: int, is_kernel: bool) -> list[tuple[int, int]]:
         layout = []
         handle = driver.CUkernel(func) if is_kernel else driver.CUfunction(func)
@@ -688,6 +723,58 @@ class CudaExecutor(Executor):
 
     def cuMemRelease(self, handle):
         _ok(driver.cuMemRelease(driver.CUmemGenericAllocationHandle(handle)))
+
+    # -- CUDA arrays, textures and surfaces ------------------------------------------------------------
+
+    @staticmethod
+    def _array_descriptor(shape: ArrayShape):
+        desc = driver.CUDA_ARRAY3D_DESCRIPTOR()
+        desc.Width, desc.Height, desc.Depth = shape.width, shape.height, shape.depth
+        desc.Format = _enum(driver.CUarray_format, shape.format)
+        desc.NumChannels, desc.Flags = shape.channels, shape.flags
+        return desc
+
+    def cuArray3DCreate(self, shape):
+        return _int(_ok(driver.cuArray3DCreate(self._array_descriptor(shape))))
+
+    def cuArrayDestroy(self, handle):
+        _ok(driver.cuArrayDestroy(driver.CUarray(handle)))
+
+    def cuArray3DGetDescriptor(self, handle):
+        d = _ok(driver.cuArray3DGetDescriptor(driver.CUarray(handle)))
+        return ArrayShape(
+            int(d.Width), int(d.Height), int(d.Depth), int(d.Format), int(d.NumChannels), int(d.Flags)
+        )
+
+    def cuMipmappedArrayCreate(self, shape, levels):
+        return _int(_ok(driver.cuMipmappedArrayCreate(self._array_descriptor(shape), levels)))
+
+    def cuMipmappedArrayGetLevel(self, handle, level):
+        return _int(_ok(driver.cuMipmappedArrayGetLevel(driver.CUmipmappedArray(handle), level)))
+
+    def cuMipmappedArrayDestroy(self, handle):
+        _ok(driver.cuMipmappedArrayDestroy(driver.CUmipmappedArray(handle)))
+
+    @staticmethod
+    def _struct(kind, raw: bytes):
+        """A cuda.bindings structure holding the client's C struct as it is (its handles are this worker's)."""
+        value = kind()
+        ctypes.memmove(value.getPtr(), bytes(raw), len(raw))
+        return value
+
+    def cuTexObjectCreate(self, res, tex, view):
+        descs = self._struct(driver.CUDA_RESOURCE_DESC, res), self._struct(driver.CUDA_TEXTURE_DESC, tex)
+        view_desc = self._struct(driver.CUDA_RESOURCE_VIEW_DESC, view) if view else None
+        return _int(_ok(driver.cuTexObjectCreate(*descs, view_desc)))
+
+    def cuTexObjectDestroy(self, tex):
+        _ok(driver.cuTexObjectDestroy(driver.CUtexObject(tex)))
+
+    def cuSurfObjectCreate(self, res):
+        return _int(_ok(driver.cuSurfObjectCreate(self._struct(driver.CUDA_RESOURCE_DESC, res))))
+
+    def cuSurfObjectDestroy(self, surf):
+        _ok(driver.cuSurfObjectDestroy(driver.CUsurfObject(surf)))
 
     def cuMemRetainAllocationHandle(self, addr):
         return _int(_ok(driver.cuMemRetainAllocationHandle(addr)))

@@ -70,6 +70,7 @@ SHAPED: dict[str, str] = {
         "memset",
     ),
     "cuLaunchKernelEx": "launch",
+    "gpMemcpy3D": "copy_3d",
     "cuOccupancyMaxActiveClusters": "cluster_occupancy",
     "cuOccupancyMaxPotentialClusterSize": "cluster_occupancy",
     "cuStreamGetCaptureInfo": "capture_info",
@@ -110,6 +111,7 @@ GUARD_CALLS = (
         "cuGraphAddEmptyNode",
     ),
     "cuGraphAddDependencies",  # graphs built node by node
+    *("cuArrayCreate", "cuArrayGetDescriptor"),  # as cuArray3DCreate and cuArray3DGetDescriptor
     "gpCopiesFlush",  # asynchronous copies to the client's page-locked memory (virtualize._deliveries)
     # copies through memory shared with a client on this host (`Executor.copy_in_from`, `copy_out_to`)
     *("gpShmAttach", "gpShmHtoD", "gpShmDtoH"),
@@ -157,6 +159,22 @@ class Copy3D:
                     self.src + (z * self.src_height + y) * self.src_pitch,
                     self.dst + (z * self.dst_height + y) * self.dst_pitch,
                 )
+
+
+@dataclass(frozen=True, slots=True)
+class CopySide:
+    """One side of a copy in rows and slices (gpMemcpy3D): host memory (`kind` 1: the request's or the
+    reply's bytes, rows packed), device memory (2: `at` is the address) or a CUDA array (3: `at` is
+    the array); the copy starts `x` bytes, `y` rows and `z` slices in, rows `pitch` bytes apart and
+    slices `height` rows apart (an array's own)."""
+
+    kind: int
+    at: int
+    x: int
+    y: int
+    z: int
+    pitch: int
+    height: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,6 +327,18 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     def memset(self, dst: int, value: int, element_size: int, count: int, stream: int | None) -> None: ...
+
+    @abc.abstractmethod
+    def copy_3d(
+        self,
+        src: CopySide,
+        dst: CopySide,
+        extent: tuple[int, int, int],
+        stream: int | None,
+        data: bytes | None,
+    ) -> bytes | None:
+        """Copy `extent` (bytes per row, rows, slices) from `src` to `dst` (checked: the lease's memory
+        and arrays); a host source is `data`, a host destination is returned. Stream None: synchronous."""
 
     @abc.abstractmethod
     def param_layout(self, func: int, is_kernel: bool) -> list[tuple[int, int]]:

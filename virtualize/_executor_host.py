@@ -26,6 +26,7 @@ import struct
 import threading
 import time
 
+from virtualize._arrays import ARRAY, HOST, ArrayShape
 from virtualize._executor import (
     FORWARDED_LAUNCH_ATTRIBUTES,
     INVALID_HANDLE,
@@ -33,6 +34,7 @@ from virtualize._executor import (
     NOT_FOUND,
     CopiedBytes,
     Copy3D,
+    CopySide,
     CudaError,
     Executor,
     Launch,
@@ -174,6 +176,9 @@ class HostExecutor(Executor):
         self.clones: dict[int, dict[int, int]] = {}  # cloned graph -> {original node: its twin}
         self.node_types: dict[int, int] = {}  # node -> CUgraphNodeType, where not a kernel's (0)
         self.graphs: dict[int, list] = {}  # graph or executable graph -> its work, in stream order
+        self.arrays: dict[int, tuple[ArrayShape, bytearray]] = {}  # CUDA arrays: their shape and bytes
+        self.mipmaps: dict[int, list[int]] = {}  # mipmapped array -> its levels' arrays
+        self.samplers: set[int] = set()  # texture and surface objects (nothing samples them here)
         self.local = threading.local()
         self.lock = threading.Lock()
 
@@ -240,6 +245,85 @@ class HostExecutor(Executor):
         if address % 16:
             raise CudaError(INVALID_VALUE, "a tensor's address is a multiple of 16 bytes")
         return encoded[:8] + struct.pack("<Q", address) + encoded[16:]
+
+    # CUDA arrays: bytes row by row, slice by slice; texture and surface objects are plain handles.
+    def cuArray3DCreate(self, shape):
+        handle = next(self.ids)
+        self.arrays[handle] = (shape, bytearray(shape.nbytes))
+        return handle
+
+    def cuArrayDestroy(self, handle):
+        if self.arrays.pop(handle, None) is None:
+            raise CudaError(INVALID_HANDLE, "array")
+
+    def cuArray3DGetDescriptor(self, handle):
+        return self.arrays[handle][0]
+
+    def cuMipmappedArrayCreate(self, shape, levels):
+        if not 1 <= levels <= max(shape.width, shape.height, shape.depth).bit_length():
+            raise CudaError(INVALID_VALUE, f"{levels} levels")
+        handle = next(self.ids)
+        self.mipmaps[handle] = [self.cuArray3DCreate(shape.level(n)) for n in range(levels)]
+        return handle
+
+    def cuMipmappedArrayGetLevel(self, handle, level):
+        levels = self.mipmaps[handle]
+        if not 0 <= level < len(levels):
+            raise CudaError(INVALID_VALUE, f"level {level}")
+        return levels[level]
+
+    def cuMipmappedArrayDestroy(self, handle):
+        for level in self.mipmaps.pop(handle):
+            self.arrays.pop(level, None)
+
+    def _sampler(self) -> int:
+        handle = next(self.ids)
+        self.samplers.add(handle)
+        return handle
+
+    def cuTexObjectCreate(self, res, tex, view):
+        return self._sampler()
+
+    def cuSurfObjectCreate(self, res):
+        return self._sampler()
+
+    def cuTexObjectDestroy(self, handle):
+        if handle not in self.samplers:
+            raise CudaError(INVALID_VALUE)
+        self.samplers.discard(handle)
+
+    cuSurfObjectDestroy = cuTexObjectDestroy
+
+    def _rows(self, side: CopySide, extent: tuple[int, int, int], host: bytearray | bytes | None):
+        """(buffer, offset) of each row a copy touches on one side, slice by slice."""
+        width, height, depth = extent
+        if side.kind == ARRAY:
+            shape, data = self.arrays[side.at]
+            if (
+                side.x + width > shape.row_bytes
+                or side.y + height > shape.rows
+                or side.z + depth > shape.slices
+            ):
+                raise CudaError(INVALID_VALUE, "rows outside the array")
+            pitch, rows = shape.row_bytes, shape.rows
+        for k in range(depth):
+            for j in range(height):
+                if side.kind == HOST:
+                    yield host, (k * height + j) * width
+                elif side.kind == ARRAY:
+                    yield data, side.x + ((side.z + k) * rows + side.y + j) * pitch
+                else:
+                    yield self._find(
+                        side.at + side.x + ((side.z + k) * side.height + side.y + j) * side.pitch, width
+                    )
+
+    def copy_3d(self, src, dst, extent, stream, data):
+        width, height, depth = extent
+        out = bytearray(width * height * depth) if dst.kind == HOST else None
+        pairs = list(zip(self._rows(src, extent, data), self._rows(dst, extent, out), strict=True))
+        for (src_buffer, at), (dst_buffer, to) in pairs:
+            dst_buffer[to : to + width] = src_buffer[at : at + width]
+        return out
 
     def launch_host_func(self, stream, fn) -> None:
         self._on(stream, fn)  # everything here runs at once, in order (or at each launch of a graph)

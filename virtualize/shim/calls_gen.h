@@ -472,6 +472,46 @@ GP_EXPORT CUresult cuMemcpyPeerAsync(uint64_t dst, uint64_t dst_ctx, uint64_t sr
     return r;
 }
 
+GP_EXPORT CUresult cuArrayDestroy(uint64_t handle) {
+    GP_TRACE("cuArrayDestroy");
+    struct gp_in_cuArrayDestroy in = { .handle = handle };
+    CUresult r = gp_call(GP_CALL_cuArrayDestroy, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuMipmappedArrayGetLevel(uint64_t *array, uint64_t handle, uint32_t level) {
+    GP_TRACE("cuMipmappedArrayGetLevel");
+    if (!array) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuMipmappedArrayGetLevel in = { .handle = handle, .level = level };
+    struct gp_out_cuMipmappedArrayGetLevel out;
+    CUresult r = gp_call(GP_CALL_cuMipmappedArrayGetLevel, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *array = (uint64_t)out.array;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuMipmappedArrayDestroy(uint64_t handle) {
+    GP_TRACE("cuMipmappedArrayDestroy");
+    struct gp_in_cuMipmappedArrayDestroy in = { .handle = handle };
+    CUresult r = gp_call(GP_CALL_cuMipmappedArrayDestroy, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuTexObjectDestroy(uint64_t tex) {
+    GP_TRACE("cuTexObjectDestroy");
+    struct gp_in_cuTexObjectDestroy in = { .tex = tex };
+    CUresult r = gp_call(GP_CALL_cuTexObjectDestroy, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuSurfObjectDestroy(uint64_t surf) {
+    GP_TRACE("cuSurfObjectDestroy");
+    struct gp_in_cuSurfObjectDestroy in = { .surf = surf };
+    CUresult r = gp_call(GP_CALL_cuSurfObjectDestroy, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
 GP_EXPORT CUresult cuMemsetD8_v2(uint64_t dst, uint8_t value, uint64_t count) {
     GP_TRACE("cuMemsetD8_v2");
     struct gp_in_cuMemsetD8_v2 in = { .dst = dst, .value = value, .count = count };
@@ -1231,11 +1271,23 @@ GP_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(uint64_t *dptr, uint64_t bytesiz
 GP_EXPORT CUresult cuMemFreeAsync_ptsz(uint64_t dptr, uint64_t stream) { return cuMemFreeAsync(dptr, stream); }
 GP_EXPORT CUresult cuMemPrefetchAsync_ptsz(uint64_t dptr, uint64_t count, int32_t device, uint64_t stream) { return cuMemPrefetchAsync(dptr, count, device, stream); }
 GP_EXPORT CUresult cuMemPrefetchAsync_v2_ptsz(uint64_t dptr, uint64_t count, uint64_t location, uint32_t flags, uint64_t stream) { return cuMemPrefetchAsync_v2(dptr, count, location, flags, stream); }
+GP_EXPORT CUresult cuMemcpy2DAsync_v2_ptsz(void *copy, uint64_t stream) { return cuMemcpy2DAsync_v2(copy, stream); }
+GP_EXPORT CUresult cuMemcpy2DUnaligned_v2_ptds(void *copy) { return cuMemcpy2DUnaligned_v2(copy); }
+GP_EXPORT CUresult cuMemcpy2D_v2_ptds(void *copy) { return cuMemcpy2D_v2(copy); }
+GP_EXPORT CUresult cuMemcpy3DAsync_v2_ptsz(void *copy, uint64_t stream) { return cuMemcpy3DAsync_v2(copy, stream); }
+GP_EXPORT CUresult cuMemcpy3D_v2_ptds(void *copy) { return cuMemcpy3D_v2(copy); }
 GP_EXPORT CUresult cuMemcpyAsync_ptsz(uint64_t dst, uint64_t src, uint64_t count, uint64_t stream) { return cuMemcpyAsync(dst, src, count, stream); }
+GP_EXPORT CUresult cuMemcpyAtoA_v2_ptds(uint64_t dst, uint64_t dst_offset, uint64_t src, uint64_t src_offset, uint64_t count) { return cuMemcpyAtoA_v2(dst, dst_offset, src, src_offset, count); }
+GP_EXPORT CUresult cuMemcpyAtoD_v2_ptds(uint64_t dst, uint64_t src, uint64_t offset, uint64_t count) { return cuMemcpyAtoD_v2(dst, src, offset, count); }
+GP_EXPORT CUresult cuMemcpyAtoHAsync_v2_ptsz(void *dst, uint64_t src, uint64_t offset, uint64_t count, uint64_t stream) { return cuMemcpyAtoHAsync_v2(dst, src, offset, count, stream); }
+GP_EXPORT CUresult cuMemcpyAtoH_v2_ptds(void *dst, uint64_t src, uint64_t offset, uint64_t count) { return cuMemcpyAtoH_v2(dst, src, offset, count); }
+GP_EXPORT CUresult cuMemcpyDtoA_v2_ptds(uint64_t dst, uint64_t offset, uint64_t src, uint64_t count) { return cuMemcpyDtoA_v2(dst, offset, src, count); }
 GP_EXPORT CUresult cuMemcpyDtoDAsync_v2_ptsz(uint64_t dst, uint64_t src, uint64_t count, uint64_t stream) { return cuMemcpyDtoDAsync_v2(dst, src, count, stream); }
 GP_EXPORT CUresult cuMemcpyDtoD_v2_ptds(uint64_t dst, uint64_t src, uint64_t count) { return cuMemcpyDtoD_v2(dst, src, count); }
 GP_EXPORT CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, uint64_t src, uint64_t count, uint64_t stream) { return cuMemcpyDtoHAsync_v2(dst, src, count, stream); }
 GP_EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dst, uint64_t src, uint64_t count) { return cuMemcpyDtoH_v2(dst, src, count); }
+GP_EXPORT CUresult cuMemcpyHtoAAsync_v2_ptsz(uint64_t dst, uint64_t offset, void *src, uint64_t count, uint64_t stream) { return cuMemcpyHtoAAsync_v2(dst, offset, src, count, stream); }
+GP_EXPORT CUresult cuMemcpyHtoA_v2_ptds(uint64_t dst, uint64_t offset, void *src, uint64_t count) { return cuMemcpyHtoA_v2(dst, offset, src, count); }
 GP_EXPORT CUresult cuMemcpyHtoDAsync_v2_ptsz(uint64_t dst, void *src, uint64_t count, uint64_t stream) { return cuMemcpyHtoDAsync_v2(dst, src, count, stream); }
 GP_EXPORT CUresult cuMemcpyHtoD_v2_ptds(uint64_t dst, void *src, uint64_t count) { return cuMemcpyHtoD_v2(dst, src, count); }
 GP_EXPORT CUresult cuMemcpyPeerAsync_ptsz(uint64_t dst, uint64_t dst_ctx, uint64_t src, uint64_t src_ctx, uint64_t count, uint64_t stream) { return cuMemcpyPeerAsync(dst, dst_ctx, src, src_ctx, count, stream); }
@@ -1268,14 +1320,9 @@ GP_EXPORT CUresult cuStreamWaitEvent_ptsz(uint64_t stream, uint64_t event, uint3
 
 /* Every other name the real driver exports: found by dlsym, refused when called. */
 GP_EXPORT CUresult cuArray3DCreate(void) { return gp_unforwarded("cuArray3DCreate"); }
-GP_EXPORT CUresult cuArray3DCreate_v2(void) { return gp_unforwarded("cuArray3DCreate_v2"); }
 GP_EXPORT CUresult cuArray3DGetDescriptor(void) { return gp_unforwarded("cuArray3DGetDescriptor"); }
-GP_EXPORT CUresult cuArray3DGetDescriptor_v2(void) { return gp_unforwarded("cuArray3DGetDescriptor_v2"); }
 GP_EXPORT CUresult cuArrayCreate(void) { return gp_unforwarded("cuArrayCreate"); }
-GP_EXPORT CUresult cuArrayCreate_v2(void) { return gp_unforwarded("cuArrayCreate_v2"); }
-GP_EXPORT CUresult cuArrayDestroy(void) { return gp_unforwarded("cuArrayDestroy"); }
 GP_EXPORT CUresult cuArrayGetDescriptor(void) { return gp_unforwarded("cuArrayGetDescriptor"); }
-GP_EXPORT CUresult cuArrayGetDescriptor_v2(void) { return gp_unforwarded("cuArrayGetDescriptor_v2"); }
 GP_EXPORT CUresult cuArrayGetMemoryRequirements(void) { return gp_unforwarded("cuArrayGetMemoryRequirements"); }
 GP_EXPORT CUresult cuArrayGetPlane(void) { return gp_unforwarded("cuArrayGetPlane"); }
 GP_EXPORT CUresult cuArrayGetSparseProperties(void) { return gp_unforwarded("cuArrayGetSparseProperties"); }
@@ -1488,17 +1535,9 @@ GP_EXPORT CUresult cuMemRangeGetAttributes(void) { return gp_unforwarded("cuMemR
 GP_EXPORT CUresult cuMemSetMemPool(void) { return gp_unforwarded("cuMemSetMemPool"); }
 GP_EXPORT CUresult cuMemcpy2D(void) { return gp_unforwarded("cuMemcpy2D"); }
 GP_EXPORT CUresult cuMemcpy2DAsync(void) { return gp_unforwarded("cuMemcpy2DAsync"); }
-GP_EXPORT CUresult cuMemcpy2DAsync_v2(void) { return gp_unforwarded("cuMemcpy2DAsync_v2"); }
-GP_EXPORT CUresult cuMemcpy2DAsync_v2_ptsz(void) { return gp_unforwarded("cuMemcpy2DAsync_v2_ptsz"); }
 GP_EXPORT CUresult cuMemcpy2DUnaligned(void) { return gp_unforwarded("cuMemcpy2DUnaligned"); }
-GP_EXPORT CUresult cuMemcpy2DUnaligned_v2(void) { return gp_unforwarded("cuMemcpy2DUnaligned_v2"); }
-GP_EXPORT CUresult cuMemcpy2DUnaligned_v2_ptds(void) { return gp_unforwarded("cuMemcpy2DUnaligned_v2_ptds"); }
-GP_EXPORT CUresult cuMemcpy2D_v2(void) { return gp_unforwarded("cuMemcpy2D_v2"); }
-GP_EXPORT CUresult cuMemcpy2D_v2_ptds(void) { return gp_unforwarded("cuMemcpy2D_v2_ptds"); }
 GP_EXPORT CUresult cuMemcpy3D(void) { return gp_unforwarded("cuMemcpy3D"); }
 GP_EXPORT CUresult cuMemcpy3DAsync(void) { return gp_unforwarded("cuMemcpy3DAsync"); }
-GP_EXPORT CUresult cuMemcpy3DAsync_v2(void) { return gp_unforwarded("cuMemcpy3DAsync_v2"); }
-GP_EXPORT CUresult cuMemcpy3DAsync_v2_ptsz(void) { return gp_unforwarded("cuMemcpy3DAsync_v2_ptsz"); }
 GP_EXPORT CUresult cuMemcpy3DBatchAsync(void) { return gp_unforwarded("cuMemcpy3DBatchAsync"); }
 GP_EXPORT CUresult cuMemcpy3DBatchAsync_ptsz(void) { return gp_unforwarded("cuMemcpy3DBatchAsync_ptsz"); }
 GP_EXPORT CUresult cuMemcpy3DBatchAsync_v2(void) { return gp_unforwarded("cuMemcpy3DBatchAsync_v2"); }
@@ -1507,37 +1546,21 @@ GP_EXPORT CUresult cuMemcpy3DPeer(void) { return gp_unforwarded("cuMemcpy3DPeer"
 GP_EXPORT CUresult cuMemcpy3DPeerAsync(void) { return gp_unforwarded("cuMemcpy3DPeerAsync"); }
 GP_EXPORT CUresult cuMemcpy3DPeerAsync_ptsz(void) { return gp_unforwarded("cuMemcpy3DPeerAsync_ptsz"); }
 GP_EXPORT CUresult cuMemcpy3DPeer_ptds(void) { return gp_unforwarded("cuMemcpy3DPeer_ptds"); }
-GP_EXPORT CUresult cuMemcpy3D_v2(void) { return gp_unforwarded("cuMemcpy3D_v2"); }
-GP_EXPORT CUresult cuMemcpy3D_v2_ptds(void) { return gp_unforwarded("cuMemcpy3D_v2_ptds"); }
 GP_EXPORT CUresult cuMemcpyAtoA(void) { return gp_unforwarded("cuMemcpyAtoA"); }
-GP_EXPORT CUresult cuMemcpyAtoA_v2(void) { return gp_unforwarded("cuMemcpyAtoA_v2"); }
-GP_EXPORT CUresult cuMemcpyAtoA_v2_ptds(void) { return gp_unforwarded("cuMemcpyAtoA_v2_ptds"); }
 GP_EXPORT CUresult cuMemcpyAtoD(void) { return gp_unforwarded("cuMemcpyAtoD"); }
-GP_EXPORT CUresult cuMemcpyAtoD_v2(void) { return gp_unforwarded("cuMemcpyAtoD_v2"); }
-GP_EXPORT CUresult cuMemcpyAtoD_v2_ptds(void) { return gp_unforwarded("cuMemcpyAtoD_v2_ptds"); }
 GP_EXPORT CUresult cuMemcpyAtoH(void) { return gp_unforwarded("cuMemcpyAtoH"); }
 GP_EXPORT CUresult cuMemcpyAtoHAsync(void) { return gp_unforwarded("cuMemcpyAtoHAsync"); }
-GP_EXPORT CUresult cuMemcpyAtoHAsync_v2(void) { return gp_unforwarded("cuMemcpyAtoHAsync_v2"); }
-GP_EXPORT CUresult cuMemcpyAtoHAsync_v2_ptsz(void) { return gp_unforwarded("cuMemcpyAtoHAsync_v2_ptsz"); }
-GP_EXPORT CUresult cuMemcpyAtoH_v2(void) { return gp_unforwarded("cuMemcpyAtoH_v2"); }
-GP_EXPORT CUresult cuMemcpyAtoH_v2_ptds(void) { return gp_unforwarded("cuMemcpyAtoH_v2_ptds"); }
 GP_EXPORT CUresult cuMemcpyBatchAsync(void) { return gp_unforwarded("cuMemcpyBatchAsync"); }
 GP_EXPORT CUresult cuMemcpyBatchAsync_ptsz(void) { return gp_unforwarded("cuMemcpyBatchAsync_ptsz"); }
 GP_EXPORT CUresult cuMemcpyBatchAsync_v2(void) { return gp_unforwarded("cuMemcpyBatchAsync_v2"); }
 GP_EXPORT CUresult cuMemcpyBatchAsync_v2_ptsz(void) { return gp_unforwarded("cuMemcpyBatchAsync_v2_ptsz"); }
 GP_EXPORT CUresult cuMemcpyDtoA(void) { return gp_unforwarded("cuMemcpyDtoA"); }
-GP_EXPORT CUresult cuMemcpyDtoA_v2(void) { return gp_unforwarded("cuMemcpyDtoA_v2"); }
-GP_EXPORT CUresult cuMemcpyDtoA_v2_ptds(void) { return gp_unforwarded("cuMemcpyDtoA_v2_ptds"); }
 GP_EXPORT CUresult cuMemcpyDtoD(void) { return gp_unforwarded("cuMemcpyDtoD"); }
 GP_EXPORT CUresult cuMemcpyDtoDAsync(void) { return gp_unforwarded("cuMemcpyDtoDAsync"); }
 GP_EXPORT CUresult cuMemcpyDtoH(void) { return gp_unforwarded("cuMemcpyDtoH"); }
 GP_EXPORT CUresult cuMemcpyDtoHAsync(void) { return gp_unforwarded("cuMemcpyDtoHAsync"); }
 GP_EXPORT CUresult cuMemcpyHtoA(void) { return gp_unforwarded("cuMemcpyHtoA"); }
 GP_EXPORT CUresult cuMemcpyHtoAAsync(void) { return gp_unforwarded("cuMemcpyHtoAAsync"); }
-GP_EXPORT CUresult cuMemcpyHtoAAsync_v2(void) { return gp_unforwarded("cuMemcpyHtoAAsync_v2"); }
-GP_EXPORT CUresult cuMemcpyHtoAAsync_v2_ptsz(void) { return gp_unforwarded("cuMemcpyHtoAAsync_v2_ptsz"); }
-GP_EXPORT CUresult cuMemcpyHtoA_v2(void) { return gp_unforwarded("cuMemcpyHtoA_v2"); }
-GP_EXPORT CUresult cuMemcpyHtoA_v2_ptds(void) { return gp_unforwarded("cuMemcpyHtoA_v2_ptds"); }
 GP_EXPORT CUresult cuMemcpyHtoD(void) { return gp_unforwarded("cuMemcpyHtoD"); }
 GP_EXPORT CUresult cuMemcpyHtoDAsync(void) { return gp_unforwarded("cuMemcpyHtoDAsync"); }
 GP_EXPORT CUresult cuMemsetD16(void) { return gp_unforwarded("cuMemsetD16"); }
@@ -1558,9 +1581,6 @@ GP_EXPORT CUresult cuMemsetD2D8_v2(void) { return gp_unforwarded("cuMemsetD2D8_v
 GP_EXPORT CUresult cuMemsetD2D8_v2_ptds(void) { return gp_unforwarded("cuMemsetD2D8_v2_ptds"); }
 GP_EXPORT CUresult cuMemsetD32(void) { return gp_unforwarded("cuMemsetD32"); }
 GP_EXPORT CUresult cuMemsetD8(void) { return gp_unforwarded("cuMemsetD8"); }
-GP_EXPORT CUresult cuMipmappedArrayCreate(void) { return gp_unforwarded("cuMipmappedArrayCreate"); }
-GP_EXPORT CUresult cuMipmappedArrayDestroy(void) { return gp_unforwarded("cuMipmappedArrayDestroy"); }
-GP_EXPORT CUresult cuMipmappedArrayGetLevel(void) { return gp_unforwarded("cuMipmappedArrayGetLevel"); }
 GP_EXPORT CUresult cuMipmappedArrayGetMemoryRequirements(void) { return gp_unforwarded("cuMipmappedArrayGetMemoryRequirements"); }
 GP_EXPORT CUresult cuMipmappedArrayGetSparseProperties(void) { return gp_unforwarded("cuMipmappedArrayGetSparseProperties"); }
 GP_EXPORT CUresult cuModuleGetGlobal(void) { return gp_unforwarded("cuModuleGetGlobal"); }
@@ -1615,13 +1635,9 @@ GP_EXPORT CUresult cuStreamWriteValue64(void) { return gp_unforwarded("cuStreamW
 GP_EXPORT CUresult cuStreamWriteValue64_ptsz(void) { return gp_unforwarded("cuStreamWriteValue64_ptsz"); }
 GP_EXPORT CUresult cuStreamWriteValue64_v2(void) { return gp_unforwarded("cuStreamWriteValue64_v2"); }
 GP_EXPORT CUresult cuStreamWriteValue64_v2_ptsz(void) { return gp_unforwarded("cuStreamWriteValue64_v2_ptsz"); }
-GP_EXPORT CUresult cuSurfObjectCreate(void) { return gp_unforwarded("cuSurfObjectCreate"); }
-GP_EXPORT CUresult cuSurfObjectDestroy(void) { return gp_unforwarded("cuSurfObjectDestroy"); }
 GP_EXPORT CUresult cuSurfObjectGetResourceDesc(void) { return gp_unforwarded("cuSurfObjectGetResourceDesc"); }
 GP_EXPORT CUresult cuSurfRefGetArray(void) { return gp_unforwarded("cuSurfRefGetArray"); }
 GP_EXPORT CUresult cuSurfRefSetArray(void) { return gp_unforwarded("cuSurfRefSetArray"); }
-GP_EXPORT CUresult cuTexObjectCreate(void) { return gp_unforwarded("cuTexObjectCreate"); }
-GP_EXPORT CUresult cuTexObjectDestroy(void) { return gp_unforwarded("cuTexObjectDestroy"); }
 GP_EXPORT CUresult cuTexObjectGetResourceDesc(void) { return gp_unforwarded("cuTexObjectGetResourceDesc"); }
 GP_EXPORT CUresult cuTexObjectGetResourceViewDesc(void) { return gp_unforwarded("cuTexObjectGetResourceViewDesc"); }
 GP_EXPORT CUresult cuTexObjectGetTextureDesc(void) { return gp_unforwarded("cuTexObjectGetTextureDesc"); }
@@ -1672,6 +1688,11 @@ GP_EXPORT CUresult cudbgReportDriverInternalError(void) { return gp_unforwarded(
 
 /* What cuGetProcAddress hands out: (name, ABI version) -> function, sorted by name then version. */
 static const struct gp_proc gp_procs[] = {
+    {"cuArray3DCreate", 3020, (void *)cuArray3DCreate_v2},
+    {"cuArray3DGetDescriptor", 3020, (void *)cuArray3DGetDescriptor_v2},
+    {"cuArrayCreate", 3020, (void *)cuArrayCreate_v2},
+    {"cuArrayDestroy", 2000, (void *)cuArrayDestroy},
+    {"cuArrayGetDescriptor", 3020, (void *)cuArrayGetDescriptor_v2},
     {"cuCtxCreate", 3020, (void *)cuCtxCreate_v2},
     {"cuCtxCreate", 11040, (void *)cuCtxCreate_v3},
     {"cuCtxCreate", 12050, (void *)cuCtxCreate_v4},
@@ -1840,11 +1861,23 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemSetAccess", 10020, (void *)cuMemSetAccess},
     {"cuMemUnmap", 10020, (void *)cuMemUnmap},
     {"cuMemcpy", 4000, (void *)cuMemcpy},
+    {"cuMemcpy2D", 3020, (void *)cuMemcpy2D_v2},
+    {"cuMemcpy2DAsync", 3020, (void *)cuMemcpy2DAsync_v2},
+    {"cuMemcpy2DUnaligned", 3020, (void *)cuMemcpy2DUnaligned_v2},
+    {"cuMemcpy3D", 3020, (void *)cuMemcpy3D_v2},
+    {"cuMemcpy3DAsync", 3020, (void *)cuMemcpy3DAsync_v2},
     {"cuMemcpyAsync", 4000, (void *)cuMemcpyAsync},
+    {"cuMemcpyAtoA", 3020, (void *)cuMemcpyAtoA_v2},
+    {"cuMemcpyAtoD", 3020, (void *)cuMemcpyAtoD_v2},
+    {"cuMemcpyAtoH", 3020, (void *)cuMemcpyAtoH_v2},
+    {"cuMemcpyAtoHAsync", 3020, (void *)cuMemcpyAtoHAsync_v2},
+    {"cuMemcpyDtoA", 3020, (void *)cuMemcpyDtoA_v2},
     {"cuMemcpyDtoD", 3020, (void *)cuMemcpyDtoD_v2},
     {"cuMemcpyDtoDAsync", 3020, (void *)cuMemcpyDtoDAsync_v2},
     {"cuMemcpyDtoH", 3020, (void *)cuMemcpyDtoH_v2},
     {"cuMemcpyDtoHAsync", 3020, (void *)cuMemcpyDtoHAsync_v2},
+    {"cuMemcpyHtoA", 3020, (void *)cuMemcpyHtoA_v2},
+    {"cuMemcpyHtoAAsync", 3020, (void *)cuMemcpyHtoAAsync_v2},
     {"cuMemcpyHtoD", 3020, (void *)cuMemcpyHtoD_v2},
     {"cuMemcpyHtoDAsync", 3020, (void *)cuMemcpyHtoDAsync_v2},
     {"cuMemcpyPeer", 4000, (void *)cuMemcpyPeer},
@@ -1855,6 +1888,9 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemsetD32Async", 3020, (void *)cuMemsetD32Async},
     {"cuMemsetD8", 3020, (void *)cuMemsetD8_v2},
     {"cuMemsetD8Async", 3020, (void *)cuMemsetD8Async},
+    {"cuMipmappedArrayCreate", 5000, (void *)cuMipmappedArrayCreate},
+    {"cuMipmappedArrayDestroy", 5000, (void *)cuMipmappedArrayDestroy},
+    {"cuMipmappedArrayGetLevel", 5000, (void *)cuMipmappedArrayGetLevel},
     {"cuModuleEnumerateFunctions", 12040, (void *)cuModuleEnumerateFunctions},
     {"cuModuleGetFunction", 2000, (void *)cuModuleGetFunction},
     {"cuModuleGetFunctionCount", 12040, (void *)cuModuleGetFunctionCount},
@@ -1897,10 +1933,14 @@ static const struct gp_proc gp_procs[] = {
     {"cuStreamUpdateCaptureDependencies", 11030, (void *)cuStreamUpdateCaptureDependencies},
     {"cuStreamUpdateCaptureDependencies", 12030, (void *)cuStreamUpdateCaptureDependencies_v2},
     {"cuStreamWaitEvent", 3020, (void *)cuStreamWaitEvent},
+    {"cuSurfObjectCreate", 5000, (void *)cuSurfObjectCreate},
+    {"cuSurfObjectDestroy", 5000, (void *)cuSurfObjectDestroy},
     {"cuTensorMapEncodeIm2col", 12000, (void *)cuTensorMapEncodeIm2col},
     {"cuTensorMapEncodeIm2colWide", 12080, (void *)cuTensorMapEncodeIm2colWide},
     {"cuTensorMapEncodeTiled", 12000, (void *)cuTensorMapEncodeTiled},
     {"cuTensorMapReplaceAddress", 12000, (void *)cuTensorMapReplaceAddress},
+    {"cuTexObjectCreate", 5000, (void *)cuTexObjectCreate},
+    {"cuTexObjectDestroy", 5000, (void *)cuTexObjectDestroy},
     {"cuThreadExchangeStreamCaptureMode", 10010, (void *)cuThreadExchangeStreamCaptureMode},
     {"cuUserObjectCreate", 11030, (void *)cuUserObjectCreate},
     {"cuUserObjectRelease", 11030, (void *)cuUserObjectRelease},
