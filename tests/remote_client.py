@@ -1866,6 +1866,56 @@ def scenario_arrays():
     say("destroy_again", cu.cuArrayDestroy(array))
 
 
+def scenario_pitched_and_context():
+    """Pitched allocations and 2D memsets (rows apart by the pitch, one memset when they touch), a
+    library read from a file, a context's flags and events."""
+    import tempfile
+
+    ctx = setup()
+    ptr, pitch = c_u64(), c_u64()
+    rc = cu.cuMemAllocPitch(ctypes.byref(ptr), ctypes.byref(pitch), c_u64(100), c_u64(8), 4)
+    say("alloc_pitch", f"{rc} {pitch.value}")
+    say(
+        "odd_element_size",
+        cu.cuMemAllocPitch(ctypes.byref(c_u64()), ctypes.byref(c_u64()), c_u64(100), c_u64(8), 3),
+    )
+    say("memset_rows", cu.cuMemsetD2D32(ptr, pitch, 7, c_u64(25), c_u64(8)))
+    rows = (ctypes.c_uint32 * 26 * 8)()
+    copy = Memcpy2D(srcMemoryType=DEVICE, srcDevice=ptr.value, srcPitch=pitch.value, dstMemoryType=HOST,
+                    dstHost=ctypes.addressof(rows), dstPitch=104, WidthInBytes=104, Height=8)  # fmt: skip
+    check(cu.cuMemcpy2D(ctypes.byref(copy)), "rows back")
+    say("rows", f"{rows[0][0]} {rows[7][24]} {rows[0][25]}")  # 25 words set per row, the 26th left alone
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    say("memset_touching_rows", cu.cuMemsetD2D8Async(ptr, c_u64(16), 3, c_u64(16), c_u64(4), stream))
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("touching_rows", dtoh(ptr.value, 64)[1] == b"\x03" * 64)
+    say("pitch_shorter_than_row", cu.cuMemsetD2D16(ptr, c_u64(8), 1, c_u64(8), c_u64(2)))
+    with tempfile.NamedTemporaryFile(suffix=".ptx") as image:
+        image.write(b"// lib\n.visible .entry filekernel(.param .u32 a)\n")
+        image.flush()
+        library, kernel = c_u64(), c_u64()
+        rc = cu.cuLibraryLoadFromFile(
+            ctypes.byref(library), image.name.encode(), None, None, 0, None, None, 0
+        )
+        say(
+            "library_from_file", f"{rc} {cu.cuLibraryGetKernel(ctypes.byref(kernel), library, b'filekernel')}"
+        )
+    say("library_missing_file", cu.cuLibraryLoadFromFile(ctypes.byref(c_u64()), b"/nonexistent.ptx", None, None, 0,
+                                                         None, None, 0))  # fmt: skip
+    flags = ctypes.c_uint()
+    say("set_flags", cu.cuCtxSetFlags(1))  # CU_CTX_SCHED_SPIN
+    say("flags", f"{cu.cuCtxGetFlags(ctypes.byref(flags))} {flags.value}")
+    event = c_u64()
+    check(cu.cuEventCreate(ctypes.byref(event), 0), "event")
+    say("record_event", cu.cuCtxRecordEvent(ctx, event))
+    say("wait_event", cu.cuCtxWaitEvent(ctx, event))
+    say("event_done", cu.cuEventSynchronize(event))
+    say("reset_persisting_l2", cu.cuCtxResetPersistingL2Cache())
+    say("record_foreign_context", cu.cuCtxRecordEvent(c_u64(0x1234), event))  # refused at the next sync
+    say("sync_after", cu.cuCtxSynchronize())
+
+
 def scenario_collision():
     # Host memory of this process where a worker without a window would put its first allocation, and
     # every range where workers place windows taken as well: the shim must fall back.

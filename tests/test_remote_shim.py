@@ -384,6 +384,30 @@ def test_cuda_arrays_copies_in_rows_and_slices_textures_and_surfaces_are_forward
     assert "not forwarded" not in err
 
 
+def test_pitched_memory_2d_memsets_a_library_file_and_context_settings_are_forwarded(shim_dir, worker):
+    out, err = run_client("pitched_and_context", client_env(shim_dir, worker))
+    assert out == {
+        "alloc_pitch": "0 512",  # 100-byte rows padded to the texture pitch alignment
+        "odd_element_size": "1",
+        "memset_rows": "0",
+        "rows": "7 7 0",
+        "memset_touching_rows": "0",
+        "touching_rows": "True",
+        "pitch_shorter_than_row": "1",
+        "library_from_file": "0 0",
+        "library_missing_file": "301",  # CUDA_ERROR_FILE_NOT_FOUND
+        "set_flags": "0",
+        "flags": "0 1",
+        "record_event": "0",
+        "wait_event": "0",
+        "event_done": "0",
+        "reset_persisting_l2": "0",
+        "record_foreign_context": "0",  # asynchronous, as cuEventRecord ...
+        "sync_after": "201",  # ... CUDA_ERROR_INVALID_CONTEXT at the next synchronise
+    }
+    assert "not forwarded" not in err
+
+
 def test_a_pool_and_its_pointers_are_shared_with_another_process_of_the_lease(shim_dir, worker):
     out, _ = run_client("pool_export", client_env(shim_dir, worker))
     assert out == {

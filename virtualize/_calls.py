@@ -253,6 +253,10 @@ CALLS: tuple[Call, ...] = (
     _c("cuCtxSetLimit", 3010, "i32 limit, u64 value", invalidates=("limits",)),
     _c("cuCtxGetStreamPriorityRange", 5050, "o_i32? least, o_i32? greatest", memo="constant"),
     _c("cuCtxGetId", 12000, "ctx ctx, o_u64 id"),
+    _c("cuCtxSetFlags", 12010, "u32 flags"),
+    _c("cuCtxResetPersistingL2Cache", 11000, ""),
+    _c("cuCtxRecordEvent", 12050, "ctx ctx, event event", A),
+    _c("cuCtxWaitEvent", 12050, "ctx ctx, event event", A),
     # The current context's preferred L1/shared split and (deprecated) shared memory bank size.
     _c("cuCtxGetCacheConfig", 3020, "o_i32 config"),
     _c("cuCtxSetCacheConfig", 3020, "i32 config"),
@@ -262,6 +266,9 @@ CALLS: tuple[Call, ...] = (
     _c("cuMemGetInfo", 3020, "o_u64 free, o_u64 total", symbol="cuMemGetInfo_v2"),
     _c("cuMemAlloc", 3020, "o_dptr dptr, u64 bytesize", symbol="cuMemAlloc_v2", custom=True),
     _c("cuMemFree", 3020, "dptr dptr", symbol="cuMemFree_v2", custom=True),
+    _c("cuMemAllocPitch", 3020, "o_dptr dptr, o_u64 pitch, u64 width, u64 height, u32 element_size", L,
+       symbol="cuMemAllocPitch_v2", custom=True,
+       how="sent as cuMemAlloc of the rows, each padded to the device's texture pitch alignment"),
     _c("cuMemGetAddressRange", 3020, "o_dptr? base, o_u64? size, dptr dptr", symbol="cuMemGetAddressRange_v2"),
     # Managed memory: a device allocation mirrored by host pages at the same address (shim_managed.c).
     _c("cuMemAllocManaged", 6000, "o_dptr dptr, u64 bytesize, u32 flags", L, custom=True,
@@ -432,6 +439,11 @@ CALLS: tuple[Call, ...] = (
     _c("cuMemsetD8Async", 3020, "dptr dst, u8 value, u64 count, stream stream", A),
     _c("cuMemsetD16Async", 3020, "dptr dst, u16 value, u64 count, stream stream", A),
     _c("cuMemsetD32Async", 3020, "dptr dst, u32 value, u64 count, stream stream", A),
+    *(_c(name + suffix, 3020, f"dptr dst, u64 pitch, {value} value, u64 width, u64 height{stream}", L,
+         symbol=name + symbol, custom=True,
+         how="sent as one cuMemsetD8/16/32 per row (one for the whole when the rows touch)")
+      for name, value in (("cuMemsetD2D8", "u8"), ("cuMemsetD2D16", "u16"), ("cuMemsetD2D32", "u32"))
+      for suffix, symbol, stream in (("", "_v2", ""), ("Async", "Async", ", stream stream"))),
     # -- pointer attributes: host pointers answered locally, device pointers by the worker ------------
     _c("cuPointerGetAttribute", 4000, "ptr data, i32 attr, u64 ptr", custom=True,
        wire="i32 attr, dptr ptr, o_u64 value"),
@@ -472,6 +484,9 @@ CALLS: tuple[Call, ...] = (
     _c("cuLibraryLoadData", 12000,
        "o_library library, ptr code, ptr jit_opts, ptr jit_vals, u32 n_jit, ptr lib_opts, ptr lib_vals, u32 n_lib",
        custom=True, wire="o_library library, bytes image"),
+    _c("cuLibraryLoadFromFile", 12000,
+       "o_library library, cstr fname, ptr jit_opts, ptr jit_vals, u32 n_jit, ptr lib_opts, ptr lib_vals, u32 n_lib", L,
+       custom=True, how="the file is read in the client and sent as cuLibraryLoadData"),
     _c("cuLibraryUnload", 12000, "library library", custom=True, forgets="functions"),
     _c("cuLibraryGetKernel", 12000, "o_kernel kernel, library library, cstr name", links=True),
     _c("cuLibraryGetModule", 12000, "o_module module, library library", links=True),

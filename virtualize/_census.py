@@ -166,13 +166,11 @@ GROUPS: tuple[Group, ...] = (
         "cuArray* cuMipmappedArray* cuTexObject* cuSurfObject* cuMemMapArrayAsync cuDeviceGetTexture1DLinearMaxWidth",
     ),
     _g(
-        "pitched memory, 2D memsets, copies between contexts",
+        "3D copies between contexts",
         N,
-        """A pitched allocation is an allocation of the lease with the driver's pitch; a 2D memset a
-       checked range of rows, as a copy's device side is; a 3D copy between contexts a 3D copy (both
-       contexts are the lease's).""",
-        "cuMemAllocPitch cuMemcpy3DPeer cuMemcpy3DPeerAsync cuMemsetD2D8 cuMemsetD2D16 cuMemsetD2D32 cuMemsetD2D8Async "
-        "cuMemsetD2D16Async cuMemsetD2D32Async",
+        """A 3D copy between two contexts of the lease is a 3D copy (gpMemcpy3D) whose sides name their
+       contexts.""",
+        "cuMemcpy3DPeer cuMemcpy3DPeerAsync",
     ),
     _g(
         "batched and attributed copies, batched prefetch and discard",
@@ -252,13 +250,13 @@ GROUPS: tuple[Group, ...] = (
         "cuStreamBeginRecaptureToGraph cuLaunchHostFunc_v2",
     ),
     _g(
-        "code: libraries from files, managed globals, multi-device launches, tensor-map classes",
+        "code: managed globals, unified functions, multi-device launches, tensor-map classes",
         N,
-        """A library read from a file is read in the client and sent as cuLibraryLoadData is (as
-       cuModuleLoad does); a library's managed global is managed memory of the lease; a multi-device
+        """A library's managed global is managed memory of the lease (mirrored in the client as
+       cuMemAllocManaged's is); a unified function's address is a device address of the library; a multi-device
        cooperative launch (deprecated) is one cooperative launch per device of the lease; a tensor map's
        allocation class is a setting on a map the lease encoded.""",
-        "cuLaunchCooperativeKernelMultiDevice cuLibraryLoadFromFile cuLibraryGetManaged "
+        "cuLaunchCooperativeKernelMultiDevice cuLibraryGetManaged "
         "cuLibraryGetUnifiedFunction cuTensorMapSetAllocationClass",
     ),
     _g(
@@ -271,11 +269,11 @@ GROUPS: tuple[Group, ...] = (
         "cuTexRef* cuSurfRef* cuModuleGetTexRef cuModuleGetSurfRef",
     ),
     _g(
-        "context settings, context events, legacy attach",
+        "legacy context attach",
         N,
-        """Settings and events of a context the lease
-       holds.""",
-        "cuCtxSetFlags cuCtxResetPersistingL2Cache cuCtxRecordEvent cuCtxWaitEvent cuCtxAttach cuCtxDetach",
+        """cuCtxAttach and cuCtxDetach (deprecated since CUDA 4.0) count references to a context the lease
+       holds; cuDevicePrimaryCtxRetain and cuCtxCreate, which are forwarded, replaced them.""",
+        "cuCtxAttach cuCtxDetach",
     ),
     _g(
         "peer access",

@@ -920,6 +920,18 @@ class CudaExecutor(Executor):
     def cuCtxSetLimit(self, limit, value):
         _ok(driver.cuCtxSetLimit(_enum(driver.CUlimit, limit), value))
 
+    def cuCtxSetFlags(self, flags):
+        _ok(driver.cuCtxSetFlags(flags))
+
+    def cuCtxResetPersistingL2Cache(self):
+        _ok(driver.cuCtxResetPersistingL2Cache())
+
+    def cuCtxRecordEvent(self, ctx, event):
+        _ok(driver.cuCtxRecordEvent(driver.CUcontext(ctx), driver.CUevent(event)))
+
+    def cuCtxWaitEvent(self, ctx, event):
+        _ok(driver.cuCtxWaitEvent(driver.CUcontext(ctx), driver.CUevent(event)))
+
     def cuCtxGetCacheConfig(self):
         return int(_ok(driver.cuCtxGetCacheConfig()))
 

@@ -165,6 +165,7 @@ class HostExecutor(Executor):
         self.primary_retains: dict[int, int] = {}  # device -> retains of its primary context
         self.primary_flags: dict[int, int] = {}
         self.cache_config: dict[int, int] = {}  # context -> CUfunc_cache
+        self.context_flags: dict[int, int] = {}  # context -> cuCtxSetFlags' flags
         self.shared_config: dict[int, int] = {}  # context -> CUsharedconfig
         self.ptx_kernels: dict[int, dict[str, list[tuple[int, int]]]] = {}  # module -> kernels it declares
         self.layouts: dict[int, list[tuple[int, int]]] = {}  # PTX-declared functions -> parameter layout
@@ -570,7 +571,19 @@ class HostExecutor(Executor):
         return 13000
 
     def cuCtxGetFlags(self):
-        return 0
+        return self.context_flags.get(self._ctx(), 0)
+
+    def cuCtxSetFlags(self, flags):
+        self.context_flags[self._ctx()] = flags
+
+    def cuCtxResetPersistingL2Cache(self):
+        return None  # no L2 here
+
+    def cuCtxRecordEvent(self, ctx, event):
+        self.cuEventRecord(event, 0)  # all the context's work so far is done here
+
+    def cuCtxWaitEvent(self, ctx, event):
+        return None  # work here runs at once, in order
 
     def cuCtxGetLimit(self, limit):
         return 1024

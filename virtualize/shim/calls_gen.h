@@ -336,6 +336,33 @@ GP_EXPORT CUresult cuCtxGetId(uint64_t ctx, uint64_t *id) {
     return r;
 }
 
+GP_EXPORT CUresult cuCtxSetFlags(uint32_t flags) {
+    GP_TRACE("cuCtxSetFlags");
+    struct gp_in_cuCtxSetFlags in = { .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuCtxSetFlags, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuCtxResetPersistingL2Cache(void) {
+    GP_TRACE("cuCtxResetPersistingL2Cache");
+    CUresult r = gp_call(GP_CALL_cuCtxResetPersistingL2Cache, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuCtxRecordEvent(uint64_t ctx, uint64_t event) {
+    GP_TRACE("cuCtxRecordEvent");
+    struct gp_in_cuCtxRecordEvent in = { .ctx = ctx, .event = event };
+    CUresult r = gp_call(GP_CALL_cuCtxRecordEvent, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuCtxWaitEvent(uint64_t ctx, uint64_t event) {
+    GP_TRACE("cuCtxWaitEvent");
+    struct gp_in_cuCtxWaitEvent in = { .ctx = ctx, .event = event };
+    CUresult r = gp_call(GP_CALL_cuCtxWaitEvent, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
 GP_EXPORT CUresult cuCtxGetCacheConfig(int32_t *config) {
     GP_TRACE("cuCtxGetCacheConfig");
     if (!config) return CUDA_ERROR_INVALID_VALUE;
@@ -1295,6 +1322,12 @@ GP_EXPORT CUresult cuMemcpyPeer_ptds(uint64_t dst, uint64_t dst_ctx, uint64_t sr
 GP_EXPORT CUresult cuMemcpy_ptds(uint64_t dst, uint64_t src, uint64_t count) { return cuMemcpy(dst, src, count); }
 GP_EXPORT CUresult cuMemsetD16Async_ptsz(uint64_t dst, uint16_t value, uint64_t count, uint64_t stream) { return cuMemsetD16Async(dst, value, count, stream); }
 GP_EXPORT CUresult cuMemsetD16_v2_ptds(uint64_t dst, uint16_t value, uint64_t count) { return cuMemsetD16_v2(dst, value, count); }
+GP_EXPORT CUresult cuMemsetD2D16Async_ptsz(uint64_t dst, uint64_t pitch, uint16_t value, uint64_t width, uint64_t height, uint64_t stream) { return cuMemsetD2D16Async(dst, pitch, value, width, height, stream); }
+GP_EXPORT CUresult cuMemsetD2D16_v2_ptds(uint64_t dst, uint64_t pitch, uint16_t value, uint64_t width, uint64_t height) { return cuMemsetD2D16_v2(dst, pitch, value, width, height); }
+GP_EXPORT CUresult cuMemsetD2D32Async_ptsz(uint64_t dst, uint64_t pitch, uint32_t value, uint64_t width, uint64_t height, uint64_t stream) { return cuMemsetD2D32Async(dst, pitch, value, width, height, stream); }
+GP_EXPORT CUresult cuMemsetD2D32_v2_ptds(uint64_t dst, uint64_t pitch, uint32_t value, uint64_t width, uint64_t height) { return cuMemsetD2D32_v2(dst, pitch, value, width, height); }
+GP_EXPORT CUresult cuMemsetD2D8Async_ptsz(uint64_t dst, uint64_t pitch, uint8_t value, uint64_t width, uint64_t height, uint64_t stream) { return cuMemsetD2D8Async(dst, pitch, value, width, height, stream); }
+GP_EXPORT CUresult cuMemsetD2D8_v2_ptds(uint64_t dst, uint64_t pitch, uint8_t value, uint64_t width, uint64_t height) { return cuMemsetD2D8_v2(dst, pitch, value, width, height); }
 GP_EXPORT CUresult cuMemsetD32Async_ptsz(uint64_t dst, uint32_t value, uint64_t count, uint64_t stream) { return cuMemsetD32Async(dst, value, count, stream); }
 GP_EXPORT CUresult cuMemsetD32_v2_ptds(uint64_t dst, uint32_t value, uint64_t count) { return cuMemsetD32_v2(dst, value, count); }
 GP_EXPORT CUresult cuMemsetD8Async_ptsz(uint64_t dst, uint8_t value, uint64_t count, uint64_t stream) { return cuMemsetD8Async(dst, value, count, stream); }
@@ -1347,10 +1380,6 @@ GP_EXPORT CUresult cuCtxGetDevResource(void) { return gp_unforwarded("cuCtxGetDe
 GP_EXPORT CUresult cuCtxGetExecAffinity(void) { return gp_unforwarded("cuCtxGetExecAffinity"); }
 GP_EXPORT CUresult cuCtxPopCurrent(void) { return gp_unforwarded("cuCtxPopCurrent"); }
 GP_EXPORT CUresult cuCtxPushCurrent(void) { return gp_unforwarded("cuCtxPushCurrent"); }
-GP_EXPORT CUresult cuCtxRecordEvent(void) { return gp_unforwarded("cuCtxRecordEvent"); }
-GP_EXPORT CUresult cuCtxResetPersistingL2Cache(void) { return gp_unforwarded("cuCtxResetPersistingL2Cache"); }
-GP_EXPORT CUresult cuCtxSetFlags(void) { return gp_unforwarded("cuCtxSetFlags"); }
-GP_EXPORT CUresult cuCtxWaitEvent(void) { return gp_unforwarded("cuCtxWaitEvent"); }
 GP_EXPORT CUresult cuDestroyExternalMemory(void) { return gp_unforwarded("cuDestroyExternalMemory"); }
 GP_EXPORT CUresult cuDestroyExternalSemaphore(void) { return gp_unforwarded("cuDestroyExternalSemaphore"); }
 GP_EXPORT CUresult cuDevResourceGenerateDesc(void) { return gp_unforwarded("cuDevResourceGenerateDesc"); }
@@ -1493,7 +1522,6 @@ GP_EXPORT CUresult cuLaunchGrid(void) { return gp_unforwarded("cuLaunchGrid"); }
 GP_EXPORT CUresult cuLaunchGridAsync(void) { return gp_unforwarded("cuLaunchGridAsync"); }
 GP_EXPORT CUresult cuLibraryGetManaged(void) { return gp_unforwarded("cuLibraryGetManaged"); }
 GP_EXPORT CUresult cuLibraryGetUnifiedFunction(void) { return gp_unforwarded("cuLibraryGetUnifiedFunction"); }
-GP_EXPORT CUresult cuLibraryLoadFromFile(void) { return gp_unforwarded("cuLibraryLoadFromFile"); }
 GP_EXPORT CUresult cuLinkAddData(void) { return gp_unforwarded("cuLinkAddData"); }
 GP_EXPORT CUresult cuLinkAddFile(void) { return gp_unforwarded("cuLinkAddFile"); }
 GP_EXPORT CUresult cuLinkCreate(void) { return gp_unforwarded("cuLinkCreate"); }
@@ -1503,7 +1531,6 @@ GP_EXPORT CUresult cuLogsDumpToMemory(void) { return gp_unforwarded("cuLogsDumpT
 GP_EXPORT CUresult cuMemAlloc(void) { return gp_unforwarded("cuMemAlloc"); }
 GP_EXPORT CUresult cuMemAllocHost(void) { return gp_unforwarded("cuMemAllocHost"); }
 GP_EXPORT CUresult cuMemAllocPitch(void) { return gp_unforwarded("cuMemAllocPitch"); }
-GP_EXPORT CUresult cuMemAllocPitch_v2(void) { return gp_unforwarded("cuMemAllocPitch_v2"); }
 GP_EXPORT CUresult cuMemBatchDecompressAsync(void) { return gp_unforwarded("cuMemBatchDecompressAsync"); }
 GP_EXPORT CUresult cuMemBatchDecompressAsync_ptsz(void) { return gp_unforwarded("cuMemBatchDecompressAsync_ptsz"); }
 GP_EXPORT CUresult cuMemDiscardAndPrefetchBatchAsync(void) { return gp_unforwarded("cuMemDiscardAndPrefetchBatchAsync"); }
@@ -1565,20 +1592,8 @@ GP_EXPORT CUresult cuMemcpyHtoD(void) { return gp_unforwarded("cuMemcpyHtoD"); }
 GP_EXPORT CUresult cuMemcpyHtoDAsync(void) { return gp_unforwarded("cuMemcpyHtoDAsync"); }
 GP_EXPORT CUresult cuMemsetD16(void) { return gp_unforwarded("cuMemsetD16"); }
 GP_EXPORT CUresult cuMemsetD2D16(void) { return gp_unforwarded("cuMemsetD2D16"); }
-GP_EXPORT CUresult cuMemsetD2D16Async(void) { return gp_unforwarded("cuMemsetD2D16Async"); }
-GP_EXPORT CUresult cuMemsetD2D16Async_ptsz(void) { return gp_unforwarded("cuMemsetD2D16Async_ptsz"); }
-GP_EXPORT CUresult cuMemsetD2D16_v2(void) { return gp_unforwarded("cuMemsetD2D16_v2"); }
-GP_EXPORT CUresult cuMemsetD2D16_v2_ptds(void) { return gp_unforwarded("cuMemsetD2D16_v2_ptds"); }
 GP_EXPORT CUresult cuMemsetD2D32(void) { return gp_unforwarded("cuMemsetD2D32"); }
-GP_EXPORT CUresult cuMemsetD2D32Async(void) { return gp_unforwarded("cuMemsetD2D32Async"); }
-GP_EXPORT CUresult cuMemsetD2D32Async_ptsz(void) { return gp_unforwarded("cuMemsetD2D32Async_ptsz"); }
-GP_EXPORT CUresult cuMemsetD2D32_v2(void) { return gp_unforwarded("cuMemsetD2D32_v2"); }
-GP_EXPORT CUresult cuMemsetD2D32_v2_ptds(void) { return gp_unforwarded("cuMemsetD2D32_v2_ptds"); }
 GP_EXPORT CUresult cuMemsetD2D8(void) { return gp_unforwarded("cuMemsetD2D8"); }
-GP_EXPORT CUresult cuMemsetD2D8Async(void) { return gp_unforwarded("cuMemsetD2D8Async"); }
-GP_EXPORT CUresult cuMemsetD2D8Async_ptsz(void) { return gp_unforwarded("cuMemsetD2D8Async_ptsz"); }
-GP_EXPORT CUresult cuMemsetD2D8_v2(void) { return gp_unforwarded("cuMemsetD2D8_v2"); }
-GP_EXPORT CUresult cuMemsetD2D8_v2_ptds(void) { return gp_unforwarded("cuMemsetD2D8_v2_ptds"); }
 GP_EXPORT CUresult cuMemsetD32(void) { return gp_unforwarded("cuMemsetD32"); }
 GP_EXPORT CUresult cuMemsetD8(void) { return gp_unforwarded("cuMemsetD8"); }
 GP_EXPORT CUresult cuMipmappedArrayGetMemoryRequirements(void) { return gp_unforwarded("cuMipmappedArrayGetMemoryRequirements"); }
@@ -1709,12 +1724,16 @@ static const struct gp_proc gp_procs[] = {
     {"cuCtxGetStreamPriorityRange", 5050, (void *)cuCtxGetStreamPriorityRange},
     {"cuCtxPopCurrent", 4000, (void *)cuCtxPopCurrent_v2},
     {"cuCtxPushCurrent", 4000, (void *)cuCtxPushCurrent_v2},
+    {"cuCtxRecordEvent", 12050, (void *)cuCtxRecordEvent},
+    {"cuCtxResetPersistingL2Cache", 11000, (void *)cuCtxResetPersistingL2Cache},
     {"cuCtxSetCacheConfig", 3020, (void *)cuCtxSetCacheConfig},
     {"cuCtxSetCurrent", 4000, (void *)cuCtxSetCurrent},
+    {"cuCtxSetFlags", 12010, (void *)cuCtxSetFlags},
     {"cuCtxSetLimit", 3010, (void *)cuCtxSetLimit},
     {"cuCtxSetSharedMemConfig", 4020, (void *)cuCtxSetSharedMemConfig},
     {"cuCtxSynchronize", 2000, (void *)cuCtxSynchronize},
     {"cuCtxSynchronize", 13000, (void *)cuCtxSynchronize_v2},
+    {"cuCtxWaitEvent", 12050, (void *)cuCtxWaitEvent},
     {"cuDeviceCanAccessPeer", 4000, (void *)cuDeviceCanAccessPeer},
     {"cuDeviceComputeCapability", 2000, (void *)cuDeviceComputeCapability},
     {"cuDeviceGet", 2000, (void *)cuDeviceGet},
@@ -1815,6 +1834,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuLibraryGetKernelCount", 12040, (void *)cuLibraryGetKernelCount},
     {"cuLibraryGetModule", 12000, (void *)cuLibraryGetModule},
     {"cuLibraryLoadData", 12000, (void *)cuLibraryLoadData},
+    {"cuLibraryLoadFromFile", 12000, (void *)cuLibraryLoadFromFile},
     {"cuLibraryUnload", 12000, (void *)cuLibraryUnload},
     {"cuLinkAddData", 6050, (void *)cuLinkAddData_v2},
     {"cuLinkAddFile", 6050, (void *)cuLinkAddFile_v2},
@@ -1832,6 +1852,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemAllocFromPoolAsync", 11020, (void *)cuMemAllocFromPoolAsync},
     {"cuMemAllocHost", 3020, (void *)cuMemAllocHost_v2},
     {"cuMemAllocManaged", 6000, (void *)cuMemAllocManaged},
+    {"cuMemAllocPitch", 3020, (void *)cuMemAllocPitch_v2},
     {"cuMemCreate", 10020, (void *)cuMemCreate},
     {"cuMemFree", 3020, (void *)cuMemFree_v2},
     {"cuMemFreeAsync", 11020, (void *)cuMemFreeAsync},
@@ -1884,6 +1905,12 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemcpyPeerAsync", 4000, (void *)cuMemcpyPeerAsync},
     {"cuMemsetD16", 3020, (void *)cuMemsetD16_v2},
     {"cuMemsetD16Async", 3020, (void *)cuMemsetD16Async},
+    {"cuMemsetD2D16", 3020, (void *)cuMemsetD2D16_v2},
+    {"cuMemsetD2D16Async", 3020, (void *)cuMemsetD2D16Async},
+    {"cuMemsetD2D32", 3020, (void *)cuMemsetD2D32_v2},
+    {"cuMemsetD2D32Async", 3020, (void *)cuMemsetD2D32Async},
+    {"cuMemsetD2D8", 3020, (void *)cuMemsetD2D8_v2},
+    {"cuMemsetD2D8Async", 3020, (void *)cuMemsetD2D8Async},
     {"cuMemsetD32", 3020, (void *)cuMemsetD32_v2},
     {"cuMemsetD32Async", 3020, (void *)cuMemsetD32Async},
     {"cuMemsetD8", 3020, (void *)cuMemsetD8_v2},

@@ -306,6 +306,23 @@ CUresult cuMemAlloc_v2(uint64_t *dptr, uint64_t bytesize) {
     return alloc_reserved(dptr, bytesize, 0, 0, 0);
 }
 
+/* Rows of `width` bytes padded to the device's texture pitch alignment (CU_DEVICE_ATTRIBUTE_
+ * TEXTURE_PITCH_ALIGNMENT, 51; at least 512 bytes, as the driver pads), in one allocation. */
+CUresult cuMemAllocPitch_v2(uint64_t *dptr, uint64_t *pitch, uint64_t width, uint64_t height, uint32_t element_size) {
+    GP_TRACE("cuMemAllocPitch_v2");
+    int dev;
+    int32_t align = 0;
+    if (!dptr || !pitch || !width || !height || (element_size != 4 && element_size != 8 && element_size != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (gp_ctx_device(gp_ctx_current(), &dev)) cuDeviceGetAttribute(&align, 51, dev);
+    uint64_t unit = align > 512 ? (uint64_t)align : 512;
+    uint64_t padded = (width + unit - 1) / unit * unit;
+    if (padded / unit > (1ull << 40) / height) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cuMemAlloc_v2(dptr, padded * height);
+    if (r == CUDA_SUCCESS) *pitch = padded;
+    return r;
+}
+
 CUresult cuMemAllocAsync(uint64_t *dptr, uint64_t bytesize, uint64_t stream) {
     GP_TRACE("cuMemAllocAsync");
     return alloc_reserved(dptr, bytesize, 1, 0, stream);
@@ -1274,6 +1291,59 @@ CUresult cuSurfObjectCreate(uint64_t *surf, void *res) {
                          0);
     if (r == CUDA_SUCCESS) *surf = out.surf;
     return r;
+}
+
+/* ---- 2D memsets: one memset per row, or one for all when the rows touch ---------------------------- */
+
+static CUresult memset_rows(int width_bytes, uint64_t dst, uint64_t pitch, uint32_t value, uint64_t width,
+                            uint64_t height, uint64_t stream, int async) {
+    if (!width || !height) return CUDA_SUCCESS;
+    if (height > 1 && pitch < width * width_bytes) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t rows = pitch == width * width_bytes ? 1 : height, count = rows == 1 ? width * height : width;
+    CUresult r = CUDA_SUCCESS;
+    for (uint64_t row = 0; row < rows && r == CUDA_SUCCESS; row++) {
+        uint64_t at = dst + row * pitch;
+        if (width_bytes == 1)
+            r = async ? cuMemsetD8Async(at, (uint8_t)value, count, stream) : cuMemsetD8_v2(at, (uint8_t)value, count);
+        else if (width_bytes == 2)
+            r = async ? cuMemsetD16Async(at, (uint16_t)value, count, stream) : cuMemsetD16_v2(at, (uint16_t)value, count);
+        else
+            r = async ? cuMemsetD32Async(at, value, count, stream) : cuMemsetD32_v2(at, value, count);
+    }
+    return r;
+}
+
+CUresult cuMemsetD2D8_v2(uint64_t dst, uint64_t pitch, uint8_t value, uint64_t width, uint64_t height) {
+    GP_TRACE("cuMemsetD2D8_v2");
+    return memset_rows(1, dst, pitch, value, width, height, 0, 0);
+}
+
+CUresult cuMemsetD2D16_v2(uint64_t dst, uint64_t pitch, uint16_t value, uint64_t width, uint64_t height) {
+    GP_TRACE("cuMemsetD2D16_v2");
+    return memset_rows(2, dst, pitch, value, width, height, 0, 0);
+}
+
+CUresult cuMemsetD2D32_v2(uint64_t dst, uint64_t pitch, uint32_t value, uint64_t width, uint64_t height) {
+    GP_TRACE("cuMemsetD2D32_v2");
+    return memset_rows(4, dst, pitch, value, width, height, 0, 0);
+}
+
+CUresult cuMemsetD2D8Async(uint64_t dst, uint64_t pitch, uint8_t value, uint64_t width, uint64_t height,
+                           uint64_t stream) {
+    GP_TRACE("cuMemsetD2D8Async");
+    return memset_rows(1, dst, pitch, value, width, height, stream, 1);
+}
+
+CUresult cuMemsetD2D16Async(uint64_t dst, uint64_t pitch, uint16_t value, uint64_t width, uint64_t height,
+                            uint64_t stream) {
+    GP_TRACE("cuMemsetD2D16Async");
+    return memset_rows(2, dst, pitch, value, width, height, stream, 1);
+}
+
+CUresult cuMemsetD2D32Async(uint64_t dst, uint64_t pitch, uint32_t value, uint64_t width, uint64_t height,
+                            uint64_t stream) {
+    GP_TRACE("cuMemsetD2D32Async");
+    return memset_rows(4, dst, pitch, value, width, height, stream, 1);
 }
 
 /* ---- pointer attributes ------------------------------------------------------------------------ */
@@ -2274,6 +2344,19 @@ CUresult cuModuleLoad(uint64_t *module, const char *fname) {
     char *image = read_whole(fname, &len);
     if (!image) return CUDA_ERROR_FILE_NOT_FOUND;
     CUresult r = load_image(GP_CALL_cuModuleLoadData, module, image);
+    free(image);
+    return r;
+}
+
+CUresult cuLibraryLoadFromFile(uint64_t *library, const char *fname, void *jit_opts, void *jit_vals, uint32_t n_jit,
+                               void *lib_opts, void *lib_vals, uint32_t n_lib) {
+    GP_TRACE("cuLibraryLoadFromFile");
+    (void)jit_opts, (void)jit_vals, (void)n_jit, (void)lib_opts, (void)lib_vals, (void)n_lib;
+    if (!library || !fname) return CUDA_ERROR_INVALID_VALUE;
+    size_t len;
+    char *image = read_whole(fname, &len);
+    if (!image) return CUDA_ERROR_FILE_NOT_FOUND;
+    CUresult r = load_image(GP_CALL_cuLibraryLoadData, library, image);
     free(image);
     return r;
 }
