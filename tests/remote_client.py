@@ -1567,6 +1567,22 @@ def scenario_two_devices():
     rc, back = dtoh(ptrs[0], 32)
     say("peer_copy", back.hex())
     say("bad_device", cu.cuDevicePrimaryCtxRetain(ctypes.byref(c_u64()), n.value))
+    # Peer access between the lease's two devices, and which device a PCI bus id names.
+    value, found = ctypes.c_int(), ctypes.c_int(-1)
+    say("p2p_access_supported", f"{cu.cuDeviceGetP2PAttribute(ctypes.byref(value), 2, 0, 1)} {value.value}")
+    say("p2p_with_itself", cu.cuDeviceGetP2PAttribute(ctypes.byref(value), 2, 0, 0))
+    check(cu.cuCtxSetCurrent(ctxs[0]), "back to device 0")
+    say("enable_peer", cu.cuCtxEnablePeerAccess(ctxs[1], 0))
+    say("enable_again", cu.cuCtxEnablePeerAccess(ctxs[1], 0))
+    say("disable_peer", cu.cuCtxDisablePeerAccess(ctxs[1]))
+    say("disable_again", cu.cuCtxDisablePeerAccess(ctxs[1]))
+    bus_id = ctypes.create_string_buffer(64)
+    check(cu.cuDeviceGetPCIBusId(bus_id, 64, 1), "bus id")
+    short = bus_id.value.split(b":", 1)[1]  # without the domain
+    for label, name in (("by_bus_id", bus_id.value), ("by_short_bus_id", short), ("by_other_bus_id", b"0000:7f:00.0"),
+                        ("by_garbage", b"gpu one")):  # fmt: skip
+        found.value = -1
+        say(label, f"{cu.cuDeviceGetByPCIBusId(ctypes.byref(found), name)} {found.value}")
 
 
 def _mmap(base, size, prot, flags):
@@ -1914,6 +1930,39 @@ def scenario_pitched_and_context():
     say("reset_persisting_l2", cu.cuCtxResetPersistingL2Cache())
     say("record_foreign_context", cu.cuCtxRecordEvent(c_u64(0x1234), event))  # refused at the next sync
     say("sync_after", cu.cuCtxSynchronize())
+
+
+def scenario_stream_attributes():
+    """A stream's attributes round trip (plain values, an access-policy window over the lease's memory)
+    and copy to another stream; a window over memory that is not the lease's, or an attribute that
+    carries other handles, is refused."""
+    setup()
+    rc, buf = alloc(1 << 20)
+    check(rc, "alloc")
+    stream, other = c_u64(), c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    check(cu.cuStreamCreate(ctypes.byref(other), 0), "other stream")
+    value = (ctypes.c_int * 16)()
+
+    def get(on, attr):
+        rc = cu.cuStreamGetAttribute(on, attr, value)
+        return f"{rc} {value[0]}"
+
+    priority = (ctypes.c_int * 16)(-1)
+    say("set_priority", cu.cuStreamSetAttribute(stream, 8, priority))  # CU_LAUNCH_ATTRIBUTE_PRIORITY
+    say("get_priority", get(stream, 8))
+    window = (c_u64 * 8)(buf, 4096)  # base, bytes; hit ratio and properties zero
+    say("window_over_lease_memory", cu.cuStreamSetAttribute(stream, 1, window))
+    say("window_elsewhere", cu.cuStreamSetAttribute(stream, 1, (c_u64 * 8)(0x1000, 4096)))
+    say("window_past_the_allocation", cu.cuStreamSetAttribute(stream, 1, (c_u64 * 8)(buf, 1 << 30)))
+    say(
+        "handle_carrying_attribute", cu.cuStreamSetAttribute(stream, 13, priority)
+    )  # DEVICE_UPDATABLE_KERNEL_NODE
+    say("copy_attributes", cu.cuStreamCopyAttributes(other, stream))
+    say("copied_priority", get(other, 8))
+    width = c_u64()
+    rc = cu.cuDeviceGetTexture1DLinearMaxWidth(ctypes.byref(width), 0x20, 1, 0)
+    say("texture_1d_max_width", f"{rc} {width.value > 0}")
 
 
 def scenario_collision():

@@ -206,6 +206,16 @@ def test_a_two_gpu_lease_shows_two_devices_each_with_its_partition(shim_dir):
         "ctx_device1": "1",
         "peer_copy": "11" * 16 + "10" * 16,
         "bad_device": "101",  # CUDA_ERROR_INVALID_DEVICE
+        "p2p_access_supported": "0 1",
+        "p2p_with_itself": "101",
+        "enable_peer": "0",
+        "enable_again": "704",  # CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+        "disable_peer": "0",
+        "disable_again": "705",  # CUDA_ERROR_PEER_ACCESS_NOT_ENABLED
+        "by_bus_id": "0 1",
+        "by_short_bus_id": "0 1",  # the domain may be left out
+        "by_other_bus_id": "101 -1",  # a bus of the host that is not the lease's
+        "by_garbage": "1 -1",
     }
 
 
@@ -406,6 +416,22 @@ def test_pitched_memory_2d_memsets_a_library_file_and_context_settings_are_forwa
         "sync_after": "201",  # ... CUDA_ERROR_INVALID_CONTEXT at the next synchronise
     }
     assert "not forwarded" not in err
+
+
+def test_stream_attributes_round_trip_and_an_access_window_must_be_the_leases_memory(shim_dir, worker):
+    out, err = run_client("stream_attributes", client_env(shim_dir, worker))
+    assert out == {
+        "set_priority": "0",
+        "get_priority": "0 -1",
+        "window_over_lease_memory": "0",
+        "window_elsewhere": "1",  # CUDA_ERROR_INVALID_VALUE
+        "window_past_the_allocation": "1",
+        "handle_carrying_attribute": "801",  # CUDA_ERROR_NOT_SUPPORTED
+        "copy_attributes": "0",
+        "copied_priority": "0 -1",
+        "texture_1d_max_width": "0 True",
+    }
+    assert "is not forwarded to the remote GPU" not in err
 
 
 def test_a_pool_and_its_pointers_are_shared_with_another_process_of_the_lease(shim_dir, worker):

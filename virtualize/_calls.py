@@ -214,6 +214,10 @@ CALLS: tuple[Call, ...] = (
     _c("cuDeviceGetAttribute", 2000, "o_i32 value, i32 attrib, i32 dev", memo="constant"),
     _c("cuDeviceComputeCapability", 2000, "o_i32 major, o_i32 minor, i32 dev", memo="constant"),
     _c("cuDeviceCanAccessPeer", 4000, "o_i32 can_access, i32 dev, i32 peer_dev"),
+    _c("cuDeviceGetByPCIBusId", 4010, "o_i32 dev, cstr bus_id", L, custom=True,
+       how="the lease's device whose cuDeviceGetPCIBusId names the same bus, device and function"),
+    _c("cuDeviceGetTexture1DLinearMaxWidth", 11010, "o_u64 width, i32 format, u32 channels, i32 dev", memo="constant"),
+    _c("cuDeviceGetP2PAttribute", 8000, "o_i32 value, i32 attrib, i32 src, i32 dst", memo="constant"),
     _c("cuDeviceGetMemPool", 11020, "o_pool pool, i32 dev"),
     _c("cuDeviceGetDefaultMemPool", 11020, "o_pool pool, i32 dev"),
     # -- contexts: primary contexts on the worker, the per-thread current context in the client -------
@@ -254,6 +258,8 @@ CALLS: tuple[Call, ...] = (
     _c("cuCtxGetStreamPriorityRange", 5050, "o_i32? least, o_i32? greatest", memo="constant"),
     _c("cuCtxGetId", 12000, "ctx ctx, o_u64 id"),
     _c("cuCtxSetFlags", 12010, "u32 flags"),
+    _c("cuCtxEnablePeerAccess", 4000, "ctx peer, u32 flags"),  # between the lease's own devices
+    _c("cuCtxDisablePeerAccess", 4000, "ctx peer"),
     _c("cuCtxResetPersistingL2Cache", 11000, ""),
     _c("cuCtxRecordEvent", 12050, "ctx ctx, event event", A),
     _c("cuCtxWaitEvent", 12050, "ctx ctx, event event", A),
@@ -574,6 +580,12 @@ CALLS: tuple[Call, ...] = (
        wire="i32 dtype, u32 rank, dptr address, i32 lower, i32 upper, u32 channels, u32 pixels, i32 interleave, "
             "i32 mode, i32 swizzle, i32 l2, i32 oob, bytes shape"),
     _c("cuTensorMapReplaceAddress", 12000, "ptr map, ptr address", custom=True, wire="dptr address, bytes map"),
+    # A stream's attributes: the 64-byte value as the client wrote it; an access-policy window must be
+    # memory of the lease; attributes that carry other handles or addresses are refused.
+    _c("cuStreamGetAttribute", 11000, "stream stream, i32 attr, ptr value", custom=True, wire="stream stream, i32 attr"),
+    _c("cuStreamSetAttribute", 11000, "stream stream, i32 attr, ptr value", custom=True,
+       wire="stream stream, i32 attr, bytes value"),
+    _c("cuStreamCopyAttributes", 11000, "stream dst, stream src"),
     _c("cuStreamIsCapturing", 10000, "stream stream, o_i32 status", memo="capture"),
     _c("cuStreamGetPriority", 5050, "stream stream, o_i32 priority"),
     _c("cuStreamGetFlags", 5050, "stream stream, o_u32 flags"),

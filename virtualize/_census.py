@@ -163,7 +163,7 @@ GROUPS: tuple[Group, ...] = (
        forwarded; what is left are queries of them (descriptors read back from an object, sparse
        properties, memory requirements, an NV12 array's planes) and sparse arrays' mapping: plain calls
        over handles of the lease, their structures returned as bytes.""",
-        "cuArray* cuMipmappedArray* cuTexObject* cuSurfObject* cuMemMapArrayAsync cuDeviceGetTexture1DLinearMaxWidth",
+        "cuArray* cuMipmappedArray* cuTexObject* cuSurfObject* cuMemMapArrayAsync",
     ),
     _g(
         "3D copies between contexts",
@@ -240,13 +240,13 @@ GROUPS: tuple[Group, ...] = (
         "cuGraphBatchMemOpNodeGetParams cuGraphBatchMemOpNodeSetParams cuGraphExecBatchMemOpNodeSetParams",
     ),
     _g(
-        "stream memory operations, stream attributes, recapture",
+        "stream memory operations, managed memory attached to a stream, recapture",
         N,
-        """A wait or write on a value is an
-       address of the lease, checked; a stream attribute (an access-policy window's range included) is a
-       value or a lease range.""",
+        """A wait or write on a value is at an address of the lease, checked as a copy's is; attaching
+       managed memory to a stream is a hint over memory the lease mirrors; a recapture is a capture into a
+       graph of the lease.""",
         "cuStreamWaitValue32 cuStreamWaitValue64 cuStreamWriteValue32 cuStreamWriteValue64 cuStreamBatchMemOp "
-        "cuStreamCopyAttributes cuStreamGetAttribute cuStreamSetAttribute cuStreamAttachMemAsync "
+        "cuStreamAttachMemAsync "
         "cuStreamBeginRecaptureToGraph cuLaunchHostFunc_v2",
     ),
     _g(
@@ -276,10 +276,11 @@ GROUPS: tuple[Group, ...] = (
         "cuCtxAttach cuCtxDetach",
     ),
     _g(
-        "peer access",
+        "peer atomics",
         N,
-        """Between the lease's own GPUs, whose contexts are the worker's.""",
-        "cuCtxEnablePeerAccess cuCtxDisablePeerAccess cuDeviceGetP2PAttribute cuDeviceGetP2PAtomicCapabilities",
+        """Which atomic operations a device can make on a peer's memory: a plain query between the
+       lease's own GPUs (peer access itself is forwarded).""",
+        "cuDeviceGetP2PAtomicCapabilities",
     ),
     _g(
         "green contexts and execution affinity",
@@ -296,7 +297,7 @@ GROUPS: tuple[Group, ...] = (
         """Plain queries of the lease's devices and memory; the
        driver's log (which stays on the worker) to be read from memory and written in the client; an
        asynchronous notification delivered on the callback connection, as host functions are.""",
-        "cuDeviceGetProperties cuDeviceGetByPCIBusId cuDeviceGetHostAtomicCapabilities cuMemGetLocationInfo "
+        "cuDeviceGetProperties cuDeviceGetHostAtomicCapabilities cuMemGetLocationInfo "
         "cuMemRangeGetAttribute cuMemRangeGetAttributes cuPointerSetAttribute cuFlushGPUDirectRDMAWrites "
         "cuDeviceRegisterAsyncNotification cuDeviceUnregisterAsyncNotification cuLogsCurrent cuLogsDumpToFile "
         "cuLogsDumpToMemory",

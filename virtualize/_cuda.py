@@ -521,6 +521,21 @@ class CudaExecutor(Executor):
         else:
             _ok(getattr(driver, name + "Async")(dst, value, count, self._stream(stream)))
 
+    def cuStreamGetAttribute(self, stream, attr):
+        value = _ok(driver.cuStreamGetAttribute(self._stream(stream), _enum(driver.CUstreamAttrID, attr)))
+        return ctypes.string_at(value.getPtr(), 64)
+
+    def cuStreamSetAttribute(self, stream, attr, value):
+        kind = _enum(driver.CUstreamAttrID, attr)
+        _ok(
+            driver.cuStreamSetAttribute(
+                self._stream(stream), kind, self._struct(driver.CUstreamAttrValue, value)
+            )
+        )
+
+    def cuStreamCopyAttributes(self, dst, src):
+        _ok(driver.cuStreamCopyAttributes(self._stream(dst), self._stream(src)))
+
     def copy_3d(self, src, dst, extent, stream, data):
         width, height, depth = extent
         host = (
@@ -850,6 +865,14 @@ class CudaExecutor(Executor):
         minor = _ok(driver.cuDeviceGetAttribute(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
         return major, minor
 
+    def cuDeviceGetP2PAttribute(self, attrib, src, dst):
+        kind = _enum(driver.CUdevice_P2PAttribute, attrib)
+        return int(_ok(driver.cuDeviceGetP2PAttribute(kind, self._d(src), self._d(dst))))
+
+    def cuDeviceGetTexture1DLinearMaxWidth(self, format_, channels, dev):
+        kind = _enum(driver.CUarray_format, format_)
+        return int(_ok(driver.cuDeviceGetTexture1DLinearMaxWidth(kind, channels, self._d(dev))))
+
     def cuDeviceCanAccessPeer(self, dev, peer):
         return _ok(driver.cuDeviceCanAccessPeer(self._d(dev), self._d(peer)))
 
@@ -919,6 +942,12 @@ class CudaExecutor(Executor):
 
     def cuCtxSetLimit(self, limit, value):
         _ok(driver.cuCtxSetLimit(_enum(driver.CUlimit, limit), value))
+
+    def cuCtxEnablePeerAccess(self, peer, flags):
+        _ok(driver.cuCtxEnablePeerAccess(driver.CUcontext(peer), flags))
+
+    def cuCtxDisablePeerAccess(self, peer):
+        _ok(driver.cuCtxDisablePeerAccess(driver.CUcontext(peer)))
 
     def cuCtxSetFlags(self, flags):
         _ok(driver.cuCtxSetFlags(flags))

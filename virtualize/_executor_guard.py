@@ -94,6 +94,10 @@ TENSOR_ELEMENT_BYTES = {
     14: 1,
     15: 1,
 }
+# CUstreamAttrID values whose CUstreamAttrValue is plain data, or (the access-policy window) a range the
+# guard checks: access-policy window, synchronization policy, priority, memory sync domain map, domain.
+ACCESS_POLICY_WINDOW, STREAM_ATTRIBUTE_BYTES = 1, 64
+STREAM_ATTRIBUTES = frozenset({ACCESS_POLICY_WINDOW, 3, 8, 9, 10})
 TENSOR_MAPS_KEPT = 65536  # maps a lease encoded, kept with their extent for cuTensorMapReplaceAddress
 MAX_NODE_DEPS = 4096  # dependencies of one graph node (the shim's limit too)
 MAX_CONDITIONAL_BODIES = 64  # body graphs of one conditional node (a switch's cases; the shim's limit too)
@@ -325,6 +329,8 @@ class Session:
             "cuArray3DGetDescriptor_v2": self._array_descriptor,
             "cuMipmappedArrayGetLevel": self._mipmap_level,
             "gpMemcpy3D": self._copy_3d,
+            "cuStreamGetAttribute": self._stream_attribute,
+            "cuStreamSetAttribute": self._stream_attribute,
             "cuTexObjectCreate": self._texture_object,
             "cuSurfObjectCreate": self._surface_object,
             "cuModuleEnumerateFunctions": self._enumerate,
@@ -955,6 +961,26 @@ class Session:
         surf = self.executor.cuSurfObjectCreate(raw)
         self.lease.handles["surfobj"].add(surf)
         return struct.pack("<Q", surf), b""
+
+    # -- stream attributes ----------------------------------------------------------------------------
+
+    def _stream_attribute(self, call: Call, ins: tuple):
+        """cuStreamGetAttribute / SetAttribute: a CUstreamAttrValue (64 bytes) each way; an access-policy
+        window (its base and length first) must be memory of the lease."""
+        self._check(call, ins)
+        stream, attr = ins
+        if attr not in STREAM_ATTRIBUTES:
+            raise CudaError(CUresult.NOT_SUPPORTED, f"stream attribute {attr} is not forwarded")
+        if call.name == "cuStreamGetAttribute":
+            return b"", bytes(self.executor.cuStreamGetAttribute(stream, attr))[:STREAM_ATTRIBUTE_BYTES]
+        value = self.channel.read_bulk(limit=STREAM_ATTRIBUTE_BYTES)
+        if len(value) != STREAM_ATTRIBUTE_BYTES:
+            raise CudaError(INVALID_VALUE, "a stream attribute's value is 64 bytes")
+        base, size = struct.unpack_from("<QQ", value)
+        if attr == ACCESS_POLICY_WINDOW and size:
+            self._check_range(base, size)
+        self.executor.cuStreamSetAttribute(stream, attr, value)
+        return _EMPTY
 
     # -- what a module or library holds --------------------------------------------------------------
 

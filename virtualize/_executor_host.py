@@ -166,6 +166,8 @@ class HostExecutor(Executor):
         self.primary_flags: dict[int, int] = {}
         self.cache_config: dict[int, int] = {}  # context -> CUfunc_cache
         self.context_flags: dict[int, int] = {}  # context -> cuCtxSetFlags' flags
+        self.peers: set[tuple[int, int]] = set()  # (context, peer context) with peer access enabled
+        self.stream_attributes: dict[tuple[int, int], bytes] = {}  # (stream, CUstreamAttrID) -> its value
         self.shared_config: dict[int, int] = {}  # context -> CUsharedconfig
         self.ptx_kernels: dict[int, dict[str, list[tuple[int, int]]]] = {}  # module -> kernels it declares
         self.layouts: dict[int, list[tuple[int, int]]] = {}  # PTX-declared functions -> parameter layout
@@ -524,6 +526,28 @@ class HostExecutor(Executor):
 
     def cuDeviceCanAccessPeer(self, dev, peer):
         return 1
+
+    def cuDeviceGetP2PAttribute(self, attrib, src, dst):
+        if self._device(src) == self._device(dst):
+            raise CudaError(CUresult.INVALID_DEVICE, "a device is not its own peer")
+        return {1: 0}.get(attrib, 1)  # PERFORMANCE_RANK 0; access, atomics, arrays supported
+
+    def cuDeviceGetTexture1DLinearMaxWidth(self, format_, channels, dev):
+        self._device(dev)
+        return 1 << 28
+
+    def cuCtxEnablePeerAccess(self, peer, flags):
+        mine, theirs = self._ctx(), peer
+        if self.contexts[mine] == self.contexts[theirs]:
+            raise CudaError(CUresult.INVALID_DEVICE, "a context of the same device")
+        if (mine, theirs) in self.peers:
+            raise CudaError(CUresult.PEER_ACCESS_ALREADY_ENABLED)
+        self.peers.add((mine, theirs))
+
+    def cuCtxDisablePeerAccess(self, peer):
+        if (self._ctx(), peer) not in self.peers:
+            raise CudaError(CUresult.PEER_ACCESS_NOT_ENABLED)
+        self.peers.discard((self._ctx(), peer))
 
     def cuDeviceGetMemPool(self, dev):
         return 0xB0000 + dev
@@ -1080,6 +1104,17 @@ class HostExecutor(Executor):
 
     def cuStreamGetPriority(self, stream):
         return 0
+
+    def cuStreamGetAttribute(self, stream, attr):
+        return self.stream_attributes.get((stream, attr), bytes(64))
+
+    def cuStreamSetAttribute(self, stream, attr, value):
+        self.stream_attributes[stream, attr] = bytes(value)
+
+    def cuStreamCopyAttributes(self, dst, src):
+        for (stream, attr), value in list(self.stream_attributes.items()):
+            if stream == src:
+                self.stream_attributes[dst, attr] = value
 
     def cuStreamGetFlags(self, stream):
         return 0

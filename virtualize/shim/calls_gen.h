@@ -160,6 +160,42 @@ GP_EXPORT CUresult cuDeviceCanAccessPeer(int32_t *can_access, int32_t dev, int32
     return r;
 }
 
+GP_EXPORT CUresult cuDeviceGetTexture1DLinearMaxWidth(uint64_t *width, int32_t format, uint32_t channels, int32_t dev) {
+    GP_TRACE("cuDeviceGetTexture1DLinearMaxWidth");
+    if (!width) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuDeviceGetTexture1DLinearMaxWidth in = { .format = format, .channels = channels, .dev = dev };
+    struct gp_out_cuDeviceGetTexture1DLinearMaxWidth out;
+    uint64_t epoch = gp_memo_epoch(GP_MEMO_constant);
+    CUresult r = CUDA_SUCCESS;
+    int kept = gp_memo_get(GP_CALL_cuDeviceGetTexture1DLinearMaxWidth, GP_MEMO_constant, 0, &in, sizeof in, &out, sizeof out, &r);
+    if (!kept) {
+        r = gp_call(GP_CALL_cuDeviceGetTexture1DLinearMaxWidth, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+        gp_memo_put(GP_CALL_cuDeviceGetTexture1DLinearMaxWidth, GP_MEMO_constant, 0, epoch, 0, -1, r, &in, sizeof in, &out, sizeof out);
+    }
+    if (r == CUDA_SUCCESS) {
+        *width = (uint64_t)out.width;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuDeviceGetP2PAttribute(int32_t *value, int32_t attrib, int32_t src, int32_t dst) {
+    GP_TRACE("cuDeviceGetP2PAttribute");
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuDeviceGetP2PAttribute in = { .attrib = attrib, .src = src, .dst = dst };
+    struct gp_out_cuDeviceGetP2PAttribute out;
+    uint64_t epoch = gp_memo_epoch(GP_MEMO_constant);
+    CUresult r = CUDA_SUCCESS;
+    int kept = gp_memo_get(GP_CALL_cuDeviceGetP2PAttribute, GP_MEMO_constant, 0, &in, sizeof in, &out, sizeof out, &r);
+    if (!kept) {
+        r = gp_call(GP_CALL_cuDeviceGetP2PAttribute, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+        gp_memo_put(GP_CALL_cuDeviceGetP2PAttribute, GP_MEMO_constant, 0, epoch, 0, -1, r, &in, sizeof in, &out, sizeof out);
+    }
+    if (r == CUDA_SUCCESS) {
+        *value = (int32_t)out.value;
+    }
+    return r;
+}
+
 GP_EXPORT CUresult cuDeviceGetMemPool(uint64_t *pool, int32_t dev) {
     GP_TRACE("cuDeviceGetMemPool");
     if (!pool) return CUDA_ERROR_INVALID_VALUE;
@@ -340,6 +376,20 @@ GP_EXPORT CUresult cuCtxSetFlags(uint32_t flags) {
     GP_TRACE("cuCtxSetFlags");
     struct gp_in_cuCtxSetFlags in = { .flags = flags };
     CUresult r = gp_call(GP_CALL_cuCtxSetFlags, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuCtxEnablePeerAccess(uint64_t peer, uint32_t flags) {
+    GP_TRACE("cuCtxEnablePeerAccess");
+    struct gp_in_cuCtxEnablePeerAccess in = { .peer = peer, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuCtxEnablePeerAccess, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuCtxDisablePeerAccess(uint64_t peer) {
+    GP_TRACE("cuCtxDisablePeerAccess");
+    struct gp_in_cuCtxDisablePeerAccess in = { .peer = peer };
+    CUresult r = gp_call(GP_CALL_cuCtxDisablePeerAccess, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;
 }
 
@@ -978,6 +1028,13 @@ GP_EXPORT CUresult cuStreamWaitEvent(uint64_t stream, uint64_t event, uint32_t f
     return r;
 }
 
+GP_EXPORT CUresult cuStreamCopyAttributes(uint64_t dst, uint64_t src) {
+    GP_TRACE("cuStreamCopyAttributes");
+    struct gp_in_cuStreamCopyAttributes in = { .dst = dst, .src = src };
+    CUresult r = gp_call(GP_CALL_cuStreamCopyAttributes, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
 GP_EXPORT CUresult cuStreamIsCapturing(uint64_t stream, int32_t *status) {
     GP_TRACE("cuStreamIsCapturing");
     if (!status) return CUDA_ERROR_INVALID_VALUE;
@@ -1335,7 +1392,9 @@ GP_EXPORT CUresult cuMemsetD8_v2_ptds(uint64_t dst, uint8_t value, uint64_t coun
 GP_EXPORT CUresult cuStreamAddCallback_ptsz(uint64_t stream, void *callback, void *data, uint32_t flags) { return cuStreamAddCallback(stream, callback, data, flags); }
 GP_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(uint64_t stream, uint64_t graph, void *deps, void *edges, uint64_t num_deps, int32_t mode) { return cuStreamBeginCaptureToGraph(stream, graph, deps, edges, num_deps, mode); }
 GP_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(uint64_t stream, int32_t mode) { return cuStreamBeginCapture_v2(stream, mode); }
+GP_EXPORT CUresult cuStreamCopyAttributes_ptsz(uint64_t dst, uint64_t src) { return cuStreamCopyAttributes(dst, src); }
 GP_EXPORT CUresult cuStreamEndCapture_ptsz(uint64_t stream, uint64_t *graph) { return cuStreamEndCapture(stream, graph); }
+GP_EXPORT CUresult cuStreamGetAttribute_ptsz(uint64_t stream, int32_t attr, void *value) { return cuStreamGetAttribute(stream, attr, value); }
 GP_EXPORT CUresult cuStreamGetCaptureInfo_v2_ptsz(uint64_t stream, void *status, void *id, void *graph, void *deps, void *num_deps) { return cuStreamGetCaptureInfo_v2(stream, status, id, graph, deps, num_deps); }
 GP_EXPORT CUresult cuStreamGetCaptureInfo_v3_ptsz(uint64_t stream, void *status, void *id, void *graph, void *deps, void *edges, void *num_deps) { return cuStreamGetCaptureInfo_v3(stream, status, id, graph, deps, edges, num_deps); }
 GP_EXPORT CUresult cuStreamGetCtx_ptsz(uint64_t stream, uint64_t *ctx) { return cuStreamGetCtx(stream, ctx); }
@@ -1346,6 +1405,7 @@ GP_EXPORT CUresult cuStreamGetId_ptsz(uint64_t stream, uint64_t *id) { return cu
 GP_EXPORT CUresult cuStreamGetPriority_ptsz(uint64_t stream, int32_t *priority) { return cuStreamGetPriority(stream, priority); }
 GP_EXPORT CUresult cuStreamIsCapturing_ptsz(uint64_t stream, int32_t *status) { return cuStreamIsCapturing(stream, status); }
 GP_EXPORT CUresult cuStreamQuery_ptsz(uint64_t stream) { return cuStreamQuery(stream); }
+GP_EXPORT CUresult cuStreamSetAttribute_ptsz(uint64_t stream, int32_t attr, void *value) { return cuStreamSetAttribute(stream, attr, value); }
 GP_EXPORT CUresult cuStreamSynchronize_ptsz(uint64_t stream) { return cuStreamSynchronize(stream); }
 GP_EXPORT CUresult cuStreamUpdateCaptureDependencies_ptsz(uint64_t stream, void *deps, uint64_t num_deps, uint32_t flags) { return cuStreamUpdateCaptureDependencies(stream, deps, num_deps, flags); }
 GP_EXPORT CUresult cuStreamUpdateCaptureDependencies_v2_ptsz(uint64_t stream, void *deps, void *edges, uint64_t num_deps, uint32_t flags) { return cuStreamUpdateCaptureDependencies_v2(stream, deps, edges, num_deps, flags); }
@@ -1373,8 +1433,6 @@ GP_EXPORT CUresult cuCtxAttach(void) { return gp_unforwarded("cuCtxAttach"); }
 GP_EXPORT CUresult cuCtxCreate(void) { return gp_unforwarded("cuCtxCreate"); }
 GP_EXPORT CUresult cuCtxDestroy(void) { return gp_unforwarded("cuCtxDestroy"); }
 GP_EXPORT CUresult cuCtxDetach(void) { return gp_unforwarded("cuCtxDetach"); }
-GP_EXPORT CUresult cuCtxDisablePeerAccess(void) { return gp_unforwarded("cuCtxDisablePeerAccess"); }
-GP_EXPORT CUresult cuCtxEnablePeerAccess(void) { return gp_unforwarded("cuCtxEnablePeerAccess"); }
 GP_EXPORT CUresult cuCtxFromGreenCtx(void) { return gp_unforwarded("cuCtxFromGreenCtx"); }
 GP_EXPORT CUresult cuCtxGetDevResource(void) { return gp_unforwarded("cuCtxGetDevResource"); }
 GP_EXPORT CUresult cuCtxGetExecAffinity(void) { return gp_unforwarded("cuCtxGetExecAffinity"); }
@@ -1384,7 +1442,6 @@ GP_EXPORT CUresult cuDestroyExternalMemory(void) { return gp_unforwarded("cuDest
 GP_EXPORT CUresult cuDestroyExternalSemaphore(void) { return gp_unforwarded("cuDestroyExternalSemaphore"); }
 GP_EXPORT CUresult cuDevResourceGenerateDesc(void) { return gp_unforwarded("cuDevResourceGenerateDesc"); }
 GP_EXPORT CUresult cuDevSmResourceSplitByCount(void) { return gp_unforwarded("cuDevSmResourceSplitByCount"); }
-GP_EXPORT CUresult cuDeviceGetByPCIBusId(void) { return gp_unforwarded("cuDeviceGetByPCIBusId"); }
 GP_EXPORT CUresult cuDeviceGetDevResource(void) { return gp_unforwarded("cuDeviceGetDevResource"); }
 GP_EXPORT CUresult cuDeviceGetExecAffinitySupport(void) { return gp_unforwarded("cuDeviceGetExecAffinitySupport"); }
 GP_EXPORT CUresult cuDeviceGetGraphMemAttribute(void) { return gp_unforwarded("cuDeviceGetGraphMemAttribute"); }
@@ -1392,9 +1449,7 @@ GP_EXPORT CUresult cuDeviceGetHostAtomicCapabilities(void) { return gp_unforward
 GP_EXPORT CUresult cuDeviceGetLuid(void) { return gp_unforwarded("cuDeviceGetLuid"); }
 GP_EXPORT CUresult cuDeviceGetNvSciSyncAttributes(void) { return gp_unforwarded("cuDeviceGetNvSciSyncAttributes"); }
 GP_EXPORT CUresult cuDeviceGetP2PAtomicCapabilities(void) { return gp_unforwarded("cuDeviceGetP2PAtomicCapabilities"); }
-GP_EXPORT CUresult cuDeviceGetP2PAttribute(void) { return gp_unforwarded("cuDeviceGetP2PAttribute"); }
 GP_EXPORT CUresult cuDeviceGetProperties(void) { return gp_unforwarded("cuDeviceGetProperties"); }
-GP_EXPORT CUresult cuDeviceGetTexture1DLinearMaxWidth(void) { return gp_unforwarded("cuDeviceGetTexture1DLinearMaxWidth"); }
 GP_EXPORT CUresult cuDeviceGraphMemTrim(void) { return gp_unforwarded("cuDeviceGraphMemTrim"); }
 GP_EXPORT CUresult cuDeviceRegisterAsyncNotification(void) { return gp_unforwarded("cuDeviceRegisterAsyncNotification"); }
 GP_EXPORT CUresult cuDeviceSetGraphMemAttribute(void) { return gp_unforwarded("cuDeviceSetGraphMemAttribute"); }
@@ -1624,16 +1679,10 @@ GP_EXPORT CUresult cuStreamBatchMemOp_v2(void) { return gp_unforwarded("cuStream
 GP_EXPORT CUresult cuStreamBatchMemOp_v2_ptsz(void) { return gp_unforwarded("cuStreamBatchMemOp_v2_ptsz"); }
 GP_EXPORT CUresult cuStreamBeginCapture(void) { return gp_unforwarded("cuStreamBeginCapture"); }
 GP_EXPORT CUresult cuStreamBeginCapture_ptsz(void) { return gp_unforwarded("cuStreamBeginCapture_ptsz"); }
-GP_EXPORT CUresult cuStreamCopyAttributes(void) { return gp_unforwarded("cuStreamCopyAttributes"); }
-GP_EXPORT CUresult cuStreamCopyAttributes_ptsz(void) { return gp_unforwarded("cuStreamCopyAttributes_ptsz"); }
 GP_EXPORT CUresult cuStreamDestroy(void) { return gp_unforwarded("cuStreamDestroy"); }
-GP_EXPORT CUresult cuStreamGetAttribute(void) { return gp_unforwarded("cuStreamGetAttribute"); }
-GP_EXPORT CUresult cuStreamGetAttribute_ptsz(void) { return gp_unforwarded("cuStreamGetAttribute_ptsz"); }
 GP_EXPORT CUresult cuStreamGetCaptureInfo(void) { return gp_unforwarded("cuStreamGetCaptureInfo"); }
 GP_EXPORT CUresult cuStreamGetCaptureInfo_ptsz(void) { return gp_unforwarded("cuStreamGetCaptureInfo_ptsz"); }
 GP_EXPORT CUresult cuStreamGetGreenCtx(void) { return gp_unforwarded("cuStreamGetGreenCtx"); }
-GP_EXPORT CUresult cuStreamSetAttribute(void) { return gp_unforwarded("cuStreamSetAttribute"); }
-GP_EXPORT CUresult cuStreamSetAttribute_ptsz(void) { return gp_unforwarded("cuStreamSetAttribute_ptsz"); }
 GP_EXPORT CUresult cuStreamWaitValue32(void) { return gp_unforwarded("cuStreamWaitValue32"); }
 GP_EXPORT CUresult cuStreamWaitValue32_ptsz(void) { return gp_unforwarded("cuStreamWaitValue32_ptsz"); }
 GP_EXPORT CUresult cuStreamWaitValue32_v2(void) { return gp_unforwarded("cuStreamWaitValue32_v2"); }
@@ -1712,6 +1761,8 @@ static const struct gp_proc gp_procs[] = {
     {"cuCtxCreate", 11040, (void *)cuCtxCreate_v3},
     {"cuCtxCreate", 12050, (void *)cuCtxCreate_v4},
     {"cuCtxDestroy", 4000, (void *)cuCtxDestroy_v2},
+    {"cuCtxDisablePeerAccess", 4000, (void *)cuCtxDisablePeerAccess},
+    {"cuCtxEnablePeerAccess", 4000, (void *)cuCtxEnablePeerAccess},
     {"cuCtxGetApiVersion", 3020, (void *)cuCtxGetApiVersion},
     {"cuCtxGetCacheConfig", 3020, (void *)cuCtxGetCacheConfig},
     {"cuCtxGetCurrent", 4000, (void *)cuCtxGetCurrent},
@@ -1738,11 +1789,14 @@ static const struct gp_proc gp_procs[] = {
     {"cuDeviceComputeCapability", 2000, (void *)cuDeviceComputeCapability},
     {"cuDeviceGet", 2000, (void *)cuDeviceGet},
     {"cuDeviceGetAttribute", 2000, (void *)cuDeviceGetAttribute},
+    {"cuDeviceGetByPCIBusId", 4010, (void *)cuDeviceGetByPCIBusId},
     {"cuDeviceGetCount", 2000, (void *)cuDeviceGetCount},
     {"cuDeviceGetDefaultMemPool", 11020, (void *)cuDeviceGetDefaultMemPool},
     {"cuDeviceGetMemPool", 11020, (void *)cuDeviceGetMemPool},
     {"cuDeviceGetName", 2000, (void *)cuDeviceGetName},
+    {"cuDeviceGetP2PAttribute", 8000, (void *)cuDeviceGetP2PAttribute},
     {"cuDeviceGetPCIBusId", 4010, (void *)cuDeviceGetPCIBusId},
+    {"cuDeviceGetTexture1DLinearMaxWidth", 11010, (void *)cuDeviceGetTexture1DLinearMaxWidth},
     {"cuDeviceGetUuid", 9020, (void *)cuDeviceGetUuid},
     {"cuDeviceGetUuid", 11040, (void *)cuDeviceGetUuid_v2},
     {"cuDevicePrimaryCtxGetState", 7000, (void *)cuDevicePrimaryCtxGetState},
@@ -1942,10 +1996,12 @@ static const struct gp_proc gp_procs[] = {
     {"cuStreamAddCallback", 5000, (void *)cuStreamAddCallback},
     {"cuStreamBeginCapture", 10010, (void *)cuStreamBeginCapture_v2},
     {"cuStreamBeginCaptureToGraph", 12030, (void *)cuStreamBeginCaptureToGraph},
+    {"cuStreamCopyAttributes", 11000, (void *)cuStreamCopyAttributes},
     {"cuStreamCreate", 2000, (void *)cuStreamCreate},
     {"cuStreamCreateWithPriority", 5050, (void *)cuStreamCreateWithPriority},
     {"cuStreamDestroy", 4000, (void *)cuStreamDestroy_v2},
     {"cuStreamEndCapture", 10000, (void *)cuStreamEndCapture},
+    {"cuStreamGetAttribute", 11000, (void *)cuStreamGetAttribute},
     {"cuStreamGetCaptureInfo", 11030, (void *)cuStreamGetCaptureInfo_v2},
     {"cuStreamGetCaptureInfo", 12030, (void *)cuStreamGetCaptureInfo_v3},
     {"cuStreamGetCtx", 9020, (void *)cuStreamGetCtx},
@@ -1956,6 +2012,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuStreamGetPriority", 5050, (void *)cuStreamGetPriority},
     {"cuStreamIsCapturing", 10000, (void *)cuStreamIsCapturing},
     {"cuStreamQuery", 2000, (void *)cuStreamQuery},
+    {"cuStreamSetAttribute", 11000, (void *)cuStreamSetAttribute},
     {"cuStreamSynchronize", 2000, (void *)cuStreamSynchronize},
     {"cuStreamUpdateCaptureDependencies", 11030, (void *)cuStreamUpdateCaptureDependencies},
     {"cuStreamUpdateCaptureDependencies", 12030, (void *)cuStreamUpdateCaptureDependencies_v2},
@@ -1996,6 +2053,8 @@ static const struct gp_result_text gp_result_texts[] = {
     {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
     {701, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"},
     {702, "CUDA_ERROR_LAUNCH_TIMEOUT", "the launch timed out and was terminated"},
+    {704, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED", "peer access is already enabled"},
+    {705, "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED", "peer access has not been enabled"},
     {712, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED", "part or all of the requested memory range is already mapped"},
     {713, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED", "pointer does not correspond to a registered memory region"},
     {715, "CUDA_ERROR_ILLEGAL_INSTRUCTION", "an illegal instruction was encountered"},

@@ -138,6 +138,35 @@ CUresult cuGetErrorString(int32_t error, void *str) {
     return t ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+/* ---- devices by PCI bus id: the lease's devices' own ids, compared as numbers ----------------------- */
+
+/* "[domain]:[bus]:[device].[function]", "[domain]:[bus]:[device]" or "[bus]:[device].[function]". */
+static int parse_bus_id(const char *id, unsigned v[4]) {
+    int colons = 0;
+    for (const char *c = id; *c; c++) colons += *c == ':';
+    v[0] = v[3] = 0;
+    if (colons == 2) return sscanf(id, "%x:%x:%x.%x", &v[0], &v[1], &v[2], &v[3]) >= 3;
+    if (colons == 1) return sscanf(id, "%x:%x.%x", &v[1], &v[2], &v[3]) == 3;
+    return 0;
+}
+
+CUresult cuDeviceGetByPCIBusId(int32_t *dev, const char *bus_id) {
+    GP_TRACE("cuDeviceGetByPCIBusId");
+    unsigned want[4], have[4];
+    int32_t count;
+    if (!dev || !bus_id || !parse_bus_id(bus_id, want)) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cuDeviceGetCount(&count);
+    for (int32_t i = 0; r == CUDA_SUCCESS && i < count; i++) {
+        char id[64];
+        r = cuDeviceGetPCIBusId(id, sizeof id, i);
+        if (r == CUDA_SUCCESS && parse_bus_id(id, have) && !memcmp(have, want, sizeof want)) {
+            *dev = i;
+            return CUDA_SUCCESS;
+        }
+    }
+    return r == CUDA_SUCCESS ? CUDA_ERROR_INVALID_DEVICE : r;
+}
+
 /* ---- contexts ---------------------------------------------------------------------------------- */
 
 CUresult cuDevicePrimaryCtxRetain(uint64_t *ctx, int32_t dev) {
@@ -502,6 +531,24 @@ CUresult cuMemPoolCreate(uint64_t *pool, void *props) {
                          NULL, 0);
     if (r == CUDA_SUCCESS) *pool = out.pool;
     return r;
+}
+
+/* ---- stream attributes: the 64-byte CUstreamAttrValue both ways ---------------------------------- */
+
+#define STREAM_ATTR_BYTES 64
+
+CUresult cuStreamGetAttribute(uint64_t stream, int32_t attr, void *value) {
+    GP_TRACE("cuStreamGetAttribute");
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuStreamGetAttribute in = {.stream = stream, .attr = attr};
+    return gp_call(GP_CALL_cuStreamGetAttribute, WANT, &in, sizeof in, NULL, 0, NULL, 0, value, STREAM_ATTR_BYTES);
+}
+
+CUresult cuStreamSetAttribute(uint64_t stream, int32_t attr, void *value) {
+    GP_TRACE("cuStreamSetAttribute");
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuStreamSetAttribute in = {.stream = stream, .attr = attr};
+    return gp_call(GP_CALL_cuStreamSetAttribute, WANT, &in, sizeof in, value, STREAM_ATTR_BYTES, NULL, 0, NULL, 0);
 }
 
 /* ---- tensor maps: encoded by the worker's driver (the address is the lease's), 128 bytes back ------ */
