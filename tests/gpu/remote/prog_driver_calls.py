@@ -8,6 +8,8 @@
   shared memory);
 - a library's kernels and a module's functions enumerated, with their names and their library;
 - an allocation handle retained at its mapped address and released, as NCCL frees its memory;
+- a pitched allocation set row by row and read back, the device found by its PCI bus id, a stream's
+  priority attribute, a context-wide event;
 - tensor maps (Hopper's TMA descriptors) encoded 32 times and re-pointed 32 times for memory of the
   lease: every one must succeed (the worker once encoded them in cuda.bindings' CUtensorMap, which is
   only 16-byte aligned, and the driver refused three in four).
@@ -157,6 +159,35 @@ def retained_handle() -> None:
     ok(cu.cuMemAddressFree(base, size))
 
 
+def pitched_and_settings(ctx) -> None:
+    ptr, pitch = ok(cu.cuMemAllocPitch(100, 8, 4))
+    print("pitched rows fit", pitch >= 100, "| memset rows:", cu.cuMemsetD2D32(ptr, pitch, 7, 25, 8)[0].name)
+    rows = np.zeros((8, 25), dtype=np.uint32)
+    copy = cu.CUDA_MEMCPY2D()
+    copy.srcMemoryType, copy.srcDevice, copy.srcPitch = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE, ptr, pitch
+    copy.dstMemoryType, copy.dstHost, copy.dstPitch = (
+        cu.CUmemorytype.CU_MEMORYTYPE_HOST,
+        rows.ctypes.data,
+        100,
+    )
+    copy.WidthInBytes, copy.Height = 100, 8
+    print("rows back", cu.cuMemcpy2D(copy)[0].name, bool((rows == 7).all()))
+    ok(cu.cuMemFree(ptr))
+    bus_id = ok(cu.cuDeviceGetPCIBusId(64, 0)).split(b"\0", 1)[0]
+    print("device by its bus id", int(ok(cu.cuDeviceGetByPCIBusId(bus_id))))
+    stream = ok(cu.cuStreamCreate(0))
+    value = cu.CUstreamAttrValue()
+    value.priority = -1
+    kind = cu.CUstreamAttrID.CU_LAUNCH_ATTRIBUTE_PRIORITY
+    print("stream priority attribute", cu.cuStreamSetAttribute(stream, kind, value)[0].name,
+          ok(cu.cuStreamGetAttribute(stream, kind)).priority)  # fmt: skip
+    event = ok(cu.cuEventCreate(0))
+    print("context event", cu.cuCtxRecordEvent(ctx, event)[0].name, cu.cuCtxWaitEvent(ctx, event)[0].name,
+          cu.cuEventSynchronize(event)[0].name)  # fmt: skip
+    ok(cu.cuEventDestroy(event))
+    ok(cu.cuStreamDestroy(stream))
+
+
 def aligned_map():
     storage = ctypes.create_string_buffer(128 + 64)
     return storage, -(-ctypes.addressof(storage) // 64) * 64
@@ -206,6 +237,7 @@ def main() -> int:
     configuration(module, library)
     enumeration(module, library)
     retained_handle()
+    pitched_and_settings(ctx)
     tensor_maps()
     ok(cu.cuCtxSynchronize())
     return 0
