@@ -1963,6 +1963,17 @@ def scenario_stream_attributes():
     width = c_u64()
     rc = cu.cuDeviceGetTexture1DLinearMaxWidth(ctypes.byref(width), 0x20, 1, 0)
     say("texture_1d_max_width", f"{rc} {width.value > 0}")
+    # Stream memory operations on words of the lease's memory; one past its end fails at the next sync.
+    check(cu.cuStreamWriteValue32(stream, c_u64(buf), 5, 0), "write 32")
+    check(cu.cuStreamWriteValue64(stream, c_u64(buf + 8), c_u64(1 << 40), 0), "write 64")
+    check(cu.cuStreamWaitValue32(stream, c_u64(buf), 5, 0), "wait 32")  # CU_STREAM_WAIT_VALUE_GEQ
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("written", struct.unpack("<IIQ", dtoh(buf, 16)[1]))
+    say("write_past_the_end", cu.cuStreamWriteValue64(stream, c_u64(buf + (1 << 20) - 4), c_u64(1), 0))
+    say("sync_after", cu.cuStreamSynchronize(stream))
+    props = (ctypes.c_int * 14)()  # CUdevprop
+    rc = cu.cuDeviceGetProperties(props, 0)
+    say("device_properties", f"{rc} {props[0]} {props[9]}")  # max threads per block, warp size
 
 
 def scenario_collision():

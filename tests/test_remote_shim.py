@@ -418,7 +418,7 @@ def test_pitched_memory_2d_memsets_a_library_file_and_context_settings_are_forwa
     assert "not forwarded" not in err
 
 
-def test_stream_attributes_round_trip_and_an_access_window_must_be_the_leases_memory(shim_dir, worker):
+def test_stream_attributes_and_memory_operations_touch_only_the_leases_memory(shim_dir, worker):
     out, err = run_client("stream_attributes", client_env(shim_dir, worker))
     assert out == {
         "set_priority": "0",
@@ -430,6 +430,10 @@ def test_stream_attributes_round_trip_and_an_access_window_must_be_the_leases_me
         "copy_attributes": "0",
         "copied_priority": "0 -1",
         "texture_1d_max_width": "0 True",
+        "written": "(5, 0, 1099511627776)",
+        "write_past_the_end": "0",  # asynchronous ...
+        "sync_after": "1",  # ... CUDA_ERROR_INVALID_VALUE: its last 4 bytes are not the lease's
+        "device_properties": "0 1024 32",
     }
     assert "is not forwarded to the remote GPU" not in err
 

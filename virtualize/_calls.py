@@ -214,6 +214,8 @@ CALLS: tuple[Call, ...] = (
     _c("cuDeviceGetAttribute", 2000, "o_i32 value, i32 attrib, i32 dev", memo="constant"),
     _c("cuDeviceComputeCapability", 2000, "o_i32 major, o_i32 minor, i32 dev", memo="constant"),
     _c("cuDeviceCanAccessPeer", 4000, "o_i32 can_access, i32 dev, i32 peer_dev"),
+    _c("cuDeviceGetProperties", 2000, "ptr prop, i32 dev", L, custom=True,
+       how="CUdevprop's fourteen ints are device attributes 1 to 14, asked as cuDeviceGetAttribute (kept answers)"),
     _c("cuDeviceGetByPCIBusId", 4010, "o_i32 dev, cstr bus_id", L, custom=True,
        how="the lease's device whose cuDeviceGetPCIBusId names the same bus, device and function"),
     _c("cuDeviceGetTexture1DLinearMaxWidth", 11010, "o_u64 width, i32 format, u32 channels, i32 dev", memo="constant"),
@@ -580,6 +582,11 @@ CALLS: tuple[Call, ...] = (
        wire="i32 dtype, u32 rank, dptr address, i32 lower, i32 upper, u32 channels, u32 pixels, i32 interleave, "
             "i32 mode, i32 swizzle, i32 l2, i32 oob, bytes shape"),
     _c("cuTensorMapReplaceAddress", 12000, "ptr map, ptr address", custom=True, wire="dptr address, bytes map"),
+    # Stream memory operations: a 32- or 64-bit word of the lease's memory waited on or written in order.
+    *(_c(name, since, f"stream stream, dptr addr, {bits} value, u32 flags", A, symbol=name + suffix)
+      for name, bits in (("cuStreamWaitValue32", "u32"), ("cuStreamWaitValue64", "u64"),
+                         ("cuStreamWriteValue32", "u32"), ("cuStreamWriteValue64", "u64"))
+      for since, suffix in ((8000, ""), (11070, "_v2"))),
     # A stream's attributes: the 64-byte value as the client wrote it; an access-policy window must be
     # memory of the lease; attributes that carry other handles or addresses are refused.
     _c("cuStreamGetAttribute", 11000, "stream stream, i32 attr, ptr value", custom=True, wire="stream stream, i32 attr"),

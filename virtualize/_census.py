@@ -245,9 +245,7 @@ GROUPS: tuple[Group, ...] = (
         """A wait or write on a value is at an address of the lease, checked as a copy's is; attaching
        managed memory to a stream is a hint over memory the lease mirrors; a recapture is a capture into a
        graph of the lease.""",
-        "cuStreamWaitValue32 cuStreamWaitValue64 cuStreamWriteValue32 cuStreamWriteValue64 cuStreamBatchMemOp "
-        "cuStreamAttachMemAsync "
-        "cuStreamBeginRecaptureToGraph cuLaunchHostFunc_v2",
+        "cuStreamBatchMemOp cuStreamAttachMemAsync cuStreamBeginRecaptureToGraph cuLaunchHostFunc_v2",
     ),
     _g(
         "code: managed globals, unified functions, multi-device launches, tensor-map classes",
@@ -297,7 +295,7 @@ GROUPS: tuple[Group, ...] = (
         """Plain queries of the lease's devices and memory; the
        driver's log (which stays on the worker) to be read from memory and written in the client; an
        asynchronous notification delivered on the callback connection, as host functions are.""",
-        "cuDeviceGetProperties cuDeviceGetHostAtomicCapabilities cuMemGetLocationInfo "
+        "cuDeviceGetHostAtomicCapabilities cuMemGetLocationInfo "
         "cuMemRangeGetAttribute cuMemRangeGetAttributes cuPointerSetAttribute cuFlushGPUDirectRDMAWrites "
         "cuDeviceRegisterAsyncNotification cuDeviceUnregisterAsyncNotification cuLogsCurrent cuLogsDumpToFile "
         "cuLogsDumpToMemory",

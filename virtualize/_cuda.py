@@ -521,6 +521,18 @@ class CudaExecutor(Executor):
         else:
             _ok(getattr(driver, name + "Async")(dst, value, count, self._stream(stream)))
 
+    def cuStreamWaitValue32(self, stream, addr, value, flags):
+        _ok(driver.cuStreamWaitValue32(self._stream(stream), addr, value, flags))
+
+    def cuStreamWaitValue64(self, stream, addr, value, flags):
+        _ok(driver.cuStreamWaitValue64(self._stream(stream), addr, value, flags))
+
+    def cuStreamWriteValue32(self, stream, addr, value, flags):
+        _ok(driver.cuStreamWriteValue32(self._stream(stream), addr, value, flags))
+
+    def cuStreamWriteValue64(self, stream, addr, value, flags):
+        _ok(driver.cuStreamWriteValue64(self._stream(stream), addr, value, flags))
+
     def cuStreamGetAttribute(self, stream, attr):
         value = _ok(driver.cuStreamGetAttribute(self._stream(stream), _enum(driver.CUstreamAttrID, attr)))
         return ctypes.string_at(value.getPtr(), 64)

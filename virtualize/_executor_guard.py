@@ -330,6 +330,15 @@ class Session:
             "cuMipmappedArrayGetLevel": self._mipmap_level,
             "gpMemcpy3D": self._copy_3d,
             "cuStreamGetAttribute": self._stream_attribute,
+            **dict.fromkeys(
+                (
+                    f"{op}{bits}{suffix}"
+                    for op in ("cuStreamWaitValue", "cuStreamWriteValue")
+                    for bits in ("32", "64")
+                    for suffix in ("", "_v2")
+                ),
+                self._stream_value,
+            ),
             "cuStreamSetAttribute": self._stream_attribute,
             "cuTexObjectCreate": self._texture_object,
             "cuSurfObjectCreate": self._surface_object,
@@ -961,6 +970,13 @@ class Session:
         surf = self.executor.cuSurfObjectCreate(raw)
         self.lease.handles["surfobj"].add(surf)
         return struct.pack("<Q", surf), b""
+
+    def _stream_value(self, call: Call, ins: tuple):
+        """cuStreamWaitValue32/64, cuStreamWriteValue32/64: the whole word must be the lease's memory."""
+        self._check(call, ins)
+        stream, addr, value, flags = ins
+        self._check_range(addr, 8 if call.name.endswith("64") else 4)
+        getattr(self.executor, call.name)(stream, addr, value, flags)
 
     # -- stream attributes ----------------------------------------------------------------------------
 

@@ -1105,6 +1105,24 @@ class HostExecutor(Executor):
     def cuStreamGetPriority(self, stream):
         return 0
 
+    # Stream memory operations: a write lands at once; a wait is met at once (work here runs in order,
+    # so what it waits for was written before it or never will be).
+    def _write_value(self, stream, addr, value, size):
+        mem, off = self._find(addr, size)
+        self._on(stream, lambda: mem.__setitem__(slice(off, off + size), value.to_bytes(size, "little")))
+
+    def cuStreamWriteValue32(self, stream, addr, value, flags):
+        self._write_value(stream, addr, value, 4)
+
+    def cuStreamWriteValue64(self, stream, addr, value, flags):
+        self._write_value(stream, addr, value, 8)
+
+    def cuStreamWaitValue32(self, stream, addr, value, flags):
+        self._find(addr, 4)
+
+    def cuStreamWaitValue64(self, stream, addr, value, flags):
+        self._find(addr, 8)
+
     def cuStreamGetAttribute(self, stream, attr):
         return self.stream_attributes.get((stream, attr), bytes(64))
 

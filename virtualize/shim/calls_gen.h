@@ -1028,6 +1028,62 @@ GP_EXPORT CUresult cuStreamWaitEvent(uint64_t stream, uint64_t event, uint32_t f
     return r;
 }
 
+GP_EXPORT CUresult cuStreamWaitValue32(uint64_t stream, uint64_t addr, uint32_t value, uint32_t flags) {
+    GP_TRACE("cuStreamWaitValue32");
+    struct gp_in_cuStreamWaitValue32 in = { .stream = stream, .addr = addr, .value = value, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuStreamWaitValue32, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuStreamWaitValue32_v2(uint64_t stream, uint64_t addr, uint32_t value, uint32_t flags) {
+    GP_TRACE("cuStreamWaitValue32_v2");
+    struct gp_in_cuStreamWaitValue32_v2 in = { .stream = stream, .addr = addr, .value = value, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuStreamWaitValue32_v2, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuStreamWaitValue64(uint64_t stream, uint64_t addr, uint64_t value, uint32_t flags) {
+    GP_TRACE("cuStreamWaitValue64");
+    struct gp_in_cuStreamWaitValue64 in = { .stream = stream, .addr = addr, .value = value, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuStreamWaitValue64, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuStreamWaitValue64_v2(uint64_t stream, uint64_t addr, uint64_t value, uint32_t flags) {
+    GP_TRACE("cuStreamWaitValue64_v2");
+    struct gp_in_cuStreamWaitValue64_v2 in = { .stream = stream, .addr = addr, .value = value, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuStreamWaitValue64_v2, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuStreamWriteValue32(uint64_t stream, uint64_t addr, uint32_t value, uint32_t flags) {
+    GP_TRACE("cuStreamWriteValue32");
+    struct gp_in_cuStreamWriteValue32 in = { .stream = stream, .addr = addr, .value = value, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuStreamWriteValue32, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuStreamWriteValue32_v2(uint64_t stream, uint64_t addr, uint32_t value, uint32_t flags) {
+    GP_TRACE("cuStreamWriteValue32_v2");
+    struct gp_in_cuStreamWriteValue32_v2 in = { .stream = stream, .addr = addr, .value = value, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuStreamWriteValue32_v2, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuStreamWriteValue64(uint64_t stream, uint64_t addr, uint64_t value, uint32_t flags) {
+    GP_TRACE("cuStreamWriteValue64");
+    struct gp_in_cuStreamWriteValue64 in = { .stream = stream, .addr = addr, .value = value, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuStreamWriteValue64, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuStreamWriteValue64_v2(uint64_t stream, uint64_t addr, uint64_t value, uint32_t flags) {
+    GP_TRACE("cuStreamWriteValue64_v2");
+    struct gp_in_cuStreamWriteValue64_v2 in = { .stream = stream, .addr = addr, .value = value, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuStreamWriteValue64_v2, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
 GP_EXPORT CUresult cuStreamCopyAttributes(uint64_t dst, uint64_t src) {
     GP_TRACE("cuStreamCopyAttributes");
     struct gp_in_cuStreamCopyAttributes in = { .dst = dst, .src = src };
@@ -1410,6 +1466,14 @@ GP_EXPORT CUresult cuStreamSynchronize_ptsz(uint64_t stream) { return cuStreamSy
 GP_EXPORT CUresult cuStreamUpdateCaptureDependencies_ptsz(uint64_t stream, void *deps, uint64_t num_deps, uint32_t flags) { return cuStreamUpdateCaptureDependencies(stream, deps, num_deps, flags); }
 GP_EXPORT CUresult cuStreamUpdateCaptureDependencies_v2_ptsz(uint64_t stream, void *deps, void *edges, uint64_t num_deps, uint32_t flags) { return cuStreamUpdateCaptureDependencies_v2(stream, deps, edges, num_deps, flags); }
 GP_EXPORT CUresult cuStreamWaitEvent_ptsz(uint64_t stream, uint64_t event, uint32_t flags) { return cuStreamWaitEvent(stream, event, flags); }
+GP_EXPORT CUresult cuStreamWaitValue32_ptsz(uint64_t stream, uint64_t addr, uint32_t value, uint32_t flags) { return cuStreamWaitValue32(stream, addr, value, flags); }
+GP_EXPORT CUresult cuStreamWaitValue32_v2_ptsz(uint64_t stream, uint64_t addr, uint32_t value, uint32_t flags) { return cuStreamWaitValue32_v2(stream, addr, value, flags); }
+GP_EXPORT CUresult cuStreamWaitValue64_ptsz(uint64_t stream, uint64_t addr, uint64_t value, uint32_t flags) { return cuStreamWaitValue64(stream, addr, value, flags); }
+GP_EXPORT CUresult cuStreamWaitValue64_v2_ptsz(uint64_t stream, uint64_t addr, uint64_t value, uint32_t flags) { return cuStreamWaitValue64_v2(stream, addr, value, flags); }
+GP_EXPORT CUresult cuStreamWriteValue32_ptsz(uint64_t stream, uint64_t addr, uint32_t value, uint32_t flags) { return cuStreamWriteValue32(stream, addr, value, flags); }
+GP_EXPORT CUresult cuStreamWriteValue32_v2_ptsz(uint64_t stream, uint64_t addr, uint32_t value, uint32_t flags) { return cuStreamWriteValue32_v2(stream, addr, value, flags); }
+GP_EXPORT CUresult cuStreamWriteValue64_ptsz(uint64_t stream, uint64_t addr, uint64_t value, uint32_t flags) { return cuStreamWriteValue64(stream, addr, value, flags); }
+GP_EXPORT CUresult cuStreamWriteValue64_v2_ptsz(uint64_t stream, uint64_t addr, uint64_t value, uint32_t flags) { return cuStreamWriteValue64_v2(stream, addr, value, flags); }
 
 /* Every other name the real driver exports: found by dlsym, refused when called. */
 GP_EXPORT CUresult cuArray3DCreate(void) { return gp_unforwarded("cuArray3DCreate"); }
@@ -1449,7 +1513,6 @@ GP_EXPORT CUresult cuDeviceGetHostAtomicCapabilities(void) { return gp_unforward
 GP_EXPORT CUresult cuDeviceGetLuid(void) { return gp_unforwarded("cuDeviceGetLuid"); }
 GP_EXPORT CUresult cuDeviceGetNvSciSyncAttributes(void) { return gp_unforwarded("cuDeviceGetNvSciSyncAttributes"); }
 GP_EXPORT CUresult cuDeviceGetP2PAtomicCapabilities(void) { return gp_unforwarded("cuDeviceGetP2PAtomicCapabilities"); }
-GP_EXPORT CUresult cuDeviceGetProperties(void) { return gp_unforwarded("cuDeviceGetProperties"); }
 GP_EXPORT CUresult cuDeviceGraphMemTrim(void) { return gp_unforwarded("cuDeviceGraphMemTrim"); }
 GP_EXPORT CUresult cuDeviceRegisterAsyncNotification(void) { return gp_unforwarded("cuDeviceRegisterAsyncNotification"); }
 GP_EXPORT CUresult cuDeviceSetGraphMemAttribute(void) { return gp_unforwarded("cuDeviceSetGraphMemAttribute"); }
@@ -1683,22 +1746,6 @@ GP_EXPORT CUresult cuStreamDestroy(void) { return gp_unforwarded("cuStreamDestro
 GP_EXPORT CUresult cuStreamGetCaptureInfo(void) { return gp_unforwarded("cuStreamGetCaptureInfo"); }
 GP_EXPORT CUresult cuStreamGetCaptureInfo_ptsz(void) { return gp_unforwarded("cuStreamGetCaptureInfo_ptsz"); }
 GP_EXPORT CUresult cuStreamGetGreenCtx(void) { return gp_unforwarded("cuStreamGetGreenCtx"); }
-GP_EXPORT CUresult cuStreamWaitValue32(void) { return gp_unforwarded("cuStreamWaitValue32"); }
-GP_EXPORT CUresult cuStreamWaitValue32_ptsz(void) { return gp_unforwarded("cuStreamWaitValue32_ptsz"); }
-GP_EXPORT CUresult cuStreamWaitValue32_v2(void) { return gp_unforwarded("cuStreamWaitValue32_v2"); }
-GP_EXPORT CUresult cuStreamWaitValue32_v2_ptsz(void) { return gp_unforwarded("cuStreamWaitValue32_v2_ptsz"); }
-GP_EXPORT CUresult cuStreamWaitValue64(void) { return gp_unforwarded("cuStreamWaitValue64"); }
-GP_EXPORT CUresult cuStreamWaitValue64_ptsz(void) { return gp_unforwarded("cuStreamWaitValue64_ptsz"); }
-GP_EXPORT CUresult cuStreamWaitValue64_v2(void) { return gp_unforwarded("cuStreamWaitValue64_v2"); }
-GP_EXPORT CUresult cuStreamWaitValue64_v2_ptsz(void) { return gp_unforwarded("cuStreamWaitValue64_v2_ptsz"); }
-GP_EXPORT CUresult cuStreamWriteValue32(void) { return gp_unforwarded("cuStreamWriteValue32"); }
-GP_EXPORT CUresult cuStreamWriteValue32_ptsz(void) { return gp_unforwarded("cuStreamWriteValue32_ptsz"); }
-GP_EXPORT CUresult cuStreamWriteValue32_v2(void) { return gp_unforwarded("cuStreamWriteValue32_v2"); }
-GP_EXPORT CUresult cuStreamWriteValue32_v2_ptsz(void) { return gp_unforwarded("cuStreamWriteValue32_v2_ptsz"); }
-GP_EXPORT CUresult cuStreamWriteValue64(void) { return gp_unforwarded("cuStreamWriteValue64"); }
-GP_EXPORT CUresult cuStreamWriteValue64_ptsz(void) { return gp_unforwarded("cuStreamWriteValue64_ptsz"); }
-GP_EXPORT CUresult cuStreamWriteValue64_v2(void) { return gp_unforwarded("cuStreamWriteValue64_v2"); }
-GP_EXPORT CUresult cuStreamWriteValue64_v2_ptsz(void) { return gp_unforwarded("cuStreamWriteValue64_v2_ptsz"); }
 GP_EXPORT CUresult cuSurfObjectGetResourceDesc(void) { return gp_unforwarded("cuSurfObjectGetResourceDesc"); }
 GP_EXPORT CUresult cuSurfRefGetArray(void) { return gp_unforwarded("cuSurfRefGetArray"); }
 GP_EXPORT CUresult cuSurfRefSetArray(void) { return gp_unforwarded("cuSurfRefSetArray"); }
@@ -1796,6 +1843,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuDeviceGetName", 2000, (void *)cuDeviceGetName},
     {"cuDeviceGetP2PAttribute", 8000, (void *)cuDeviceGetP2PAttribute},
     {"cuDeviceGetPCIBusId", 4010, (void *)cuDeviceGetPCIBusId},
+    {"cuDeviceGetProperties", 2000, (void *)cuDeviceGetProperties},
     {"cuDeviceGetTexture1DLinearMaxWidth", 11010, (void *)cuDeviceGetTexture1DLinearMaxWidth},
     {"cuDeviceGetUuid", 9020, (void *)cuDeviceGetUuid},
     {"cuDeviceGetUuid", 11040, (void *)cuDeviceGetUuid_v2},
@@ -2017,6 +2065,14 @@ static const struct gp_proc gp_procs[] = {
     {"cuStreamUpdateCaptureDependencies", 11030, (void *)cuStreamUpdateCaptureDependencies},
     {"cuStreamUpdateCaptureDependencies", 12030, (void *)cuStreamUpdateCaptureDependencies_v2},
     {"cuStreamWaitEvent", 3020, (void *)cuStreamWaitEvent},
+    {"cuStreamWaitValue32", 8000, (void *)cuStreamWaitValue32},
+    {"cuStreamWaitValue32", 11070, (void *)cuStreamWaitValue32_v2},
+    {"cuStreamWaitValue64", 8000, (void *)cuStreamWaitValue64},
+    {"cuStreamWaitValue64", 11070, (void *)cuStreamWaitValue64_v2},
+    {"cuStreamWriteValue32", 8000, (void *)cuStreamWriteValue32},
+    {"cuStreamWriteValue32", 11070, (void *)cuStreamWriteValue32_v2},
+    {"cuStreamWriteValue64", 8000, (void *)cuStreamWriteValue64},
+    {"cuStreamWriteValue64", 11070, (void *)cuStreamWriteValue64_v2},
     {"cuSurfObjectCreate", 5000, (void *)cuSurfObjectCreate},
     {"cuSurfObjectDestroy", 5000, (void *)cuSurfObjectDestroy},
     {"cuTensorMapEncodeIm2col", 12000, (void *)cuTensorMapEncodeIm2col},

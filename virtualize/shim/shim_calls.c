@@ -138,6 +138,17 @@ CUresult cuGetErrorString(int32_t error, void *str) {
     return t ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+/* CUdevprop (deprecated): fourteen ints, device attributes 1 (MAX_THREADS_PER_BLOCK) to 14 (TEXTURE_ALIGNMENT)
+ * in order; each a kept answer (shim_memo.c). */
+CUresult cuDeviceGetProperties(void *prop, int32_t dev) {
+    GP_TRACE("cuDeviceGetProperties");
+    if (!prop) return CUDA_ERROR_INVALID_VALUE;
+    int32_t *fields = prop;
+    CUresult r = CUDA_SUCCESS;
+    for (int i = 0; i < 14 && r == CUDA_SUCCESS; i++) r = cuDeviceGetAttribute(&fields[i], i + 1, dev);
+    return r;
+}
+
 /* ---- devices by PCI bus id: the lease's devices' own ids, compared as numbers ----------------------- */
 
 /* "[domain]:[bus]:[device].[function]", "[domain]:[bus]:[device]" or "[bus]:[device].[function]". */
