@@ -121,10 +121,11 @@ def test_kernels_launch_with_parameters_and_faults_surface_at_the_next_sync(shim
     assert out["sync_after_fault"] == "700"  # ... the fault is reported by the next sync
 
 
-def test_a_call_that_is_not_forwarded_fails_and_says_so_once(shim_dir, worker):
+def test_a_call_that_is_not_forwarded_fails_and_says_why_once(shim_dir, worker):
     out, err = run_client("unknown", client_env(shim_dir, worker))
     assert out == {"first_call": "801", "second_call": "801"}
     assert err.count("cuGraphicsMapResources is not forwarded") == 1
+    assert "(graphics interop: refused)" in err  # the census's reason, said where it is met
     assert "docs/driver-census.md says why" in err
 
 

@@ -256,6 +256,19 @@ def generate_bodies() -> str:
             out.append(f'GP_EXPORT CUresult {name}(void) {{ return gp_unforwarded("{name}"); }}')
     out.append("")
     out.append(
+        "/* Why a call that is not forwarded is not: the census's groups (virtualize/_census.py), each name"
+    )
+    out.append(
+        " * or family ('*': every name it starts) with its group's title and verdict, said when it is called. */"
+    )
+    out.append("static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {")
+    for group in _census.GROUPS:
+        if group.verdict in (_census.Verdict.REFUSED, _census.Verdict.NOT_YET):
+            for name in group.names:
+                out.append(f'    {{"{name}", "{group.title}: {group.verdict.value}"}},')
+    out.append("};")
+    out.append("")
+    out.append(
         "/* What cuGetProcAddress hands out: (name, ABI version) -> function, sorted by name then version. */"
     )
     out.append("static const struct gp_proc gp_procs[] = {")

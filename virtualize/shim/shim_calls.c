@@ -27,15 +27,18 @@ static int stub_said[N_STUBS];
 static int n_stub_names;
 static pthread_mutex_t stub_lock = PTHREAD_MUTEX_INITIALIZER;
 
+static const char *refusal_of(const char *name);
+
 static CUresult stub_hit(int slot) {
     pthread_mutex_lock(&stub_lock);
     int first = !stub_said[slot];
     stub_said[slot] = 1;
     pthread_mutex_unlock(&stub_lock);
     if (first) {
-        gp_say("%s is not forwarded to the remote GPU; it returns CUDA_ERROR_NOT_SUPPORTED (docs/driver-census.md "
-               "says why)",
-               stub_names[slot] ? stub_names[slot] : "an unknown CUDA call");
+        const char *name = stub_names[slot] ? stub_names[slot] : "an unknown CUDA call";
+        gp_say("%s is not forwarded to the remote GPU (%s); it returns CUDA_ERROR_NOT_SUPPORTED "
+               "(docs/driver-census.md says why)",
+               name, refusal_of(name));
     }
     return CUDA_ERROR_NOT_SUPPORTED;
 }
@@ -76,6 +79,31 @@ static void *stub_for(const char *name) {
 }
 
 static void *lookup_proc(const char *name, int version);
+
+static const char *refusal_in_census(const char *name) {
+    for (size_t i = 0; i < sizeof gp_refusals / sizeof *gp_refusals; i++) {
+        const char *entry = gp_refusals[i].name;
+        size_t n = strlen(entry);
+        if (entry[n - 1] == '*' ? strncmp(name, entry, n - 1) == 0 : strcmp(name, entry) == 0)
+            return gp_refusals[i].why;
+    }
+    return NULL;
+}
+
+/* The census's reason for a name (with or without its _vN, _ptsz or _ptds ending), or what else it is. */
+static const char *refusal_of(const char *name) {
+    const char *why = refusal_in_census(name);
+    if (why) return why;
+    char base[128];
+    snprintf(base, sizeof base, "%s", name);
+    char *end = strstr(base, "_pt");
+    if (end && (!strcmp(end, "_ptsz") || !strcmp(end, "_ptds"))) *end = 0;
+    end = strrchr(base, '_');
+    if (end && end[1] == 'v' && end[2] >= '0' && end[2] <= '9') *end = 0;
+    if ((why = refusal_in_census(base)) != NULL) return why;
+    if (lookup_proc(base, 1 << 30)) return "an ABI version of a forwarded call that is not forwarded";
+    return "not an entry point of cuda.h";
+}
 
 /* What an exported but unforwarded driver function (driver_symbols.txt) answers when called. */
 static CUresult gp_unforwarded(const char *name) {
