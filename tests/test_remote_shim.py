@@ -290,9 +290,8 @@ def test_the_virtual_memory_api_maps_memory_in_ranges_the_program_reserved(shim_
     assert "gpupool:" not in err
 
 
-def test_the_handle_of_mapped_memory_is_retained_and_released_as_the_driver_counts_references(
-    shim_dir, worker
-):
+def test_a_retained_handle_is_one_more_reference_to_memory_this_process_mapped(shim_dir, worker):
+    """cuMemRetainAllocationHandle gives this process's mapping's handle as one more reference to release."""
     out, err = run_client("vmm_retain", client_env(shim_dir, worker))
     assert out == {
         "retain": "0 True",  # an address inside the mapping gives the handle it was mapped from
@@ -310,6 +309,7 @@ def test_the_handle_of_mapped_memory_is_retained_and_released_as_the_driver_coun
 
 
 def test_cache_and_shared_memory_configuration_round_trip_with_the_drivers_refusals(shim_dir, worker):
+    """Cache and shared-memory settings read back; values the driver refuses are refused and change nothing."""
     out, err = run_client("cache_config", client_env(shim_dir, worker))
     assert out == {
         "ctx_cache_default": "0 0",  # CU_FUNC_CACHE_PREFER_NONE
@@ -338,6 +338,7 @@ def test_cache_and_shared_memory_configuration_round_trip_with_the_drivers_refus
 
 
 def test_a_modules_functions_and_a_librarys_kernels_are_enumerated_as_handles_of_the_lease(shim_dir, worker):
+    """Enumerated functions and kernels are usable handles of the lease, with names and parameter counts."""
     out, err = run_client("enumerate", client_env(shim_dir, worker))
     assert out == {
         "functions": "12 True True",  # the PTX's own kernel and the host executor's built-in ones
@@ -357,6 +358,7 @@ def test_a_modules_functions_and_a_librarys_kernels_are_enumerated_as_handles_of
 
 
 def test_cuda_arrays_copies_in_rows_and_slices_textures_and_surfaces_are_forwarded(shim_dir, worker):
+    """Arrays, their 2D/3D/1D copies, textures and surfaces work, touching only the lease's memory and arrays."""
     out, err = run_client("arrays", client_env(shim_dir, worker))
     assert out == {
         "described": "0 64x32x0 0x20",
@@ -396,6 +398,7 @@ def test_cuda_arrays_copies_in_rows_and_slices_textures_and_surfaces_are_forward
 
 
 def test_pitched_memory_2d_memsets_a_library_file_and_context_settings_are_forwarded(shim_dir, worker):
+    """Pitched memory and 2D memsets, a library from a file, a context's flags and events behave as natively."""
     out, err = run_client("pitched_and_context", client_env(shim_dir, worker))
     assert out == {
         "alloc_pitch": "0 512",  # 100-byte rows padded to the texture pitch alignment
@@ -420,6 +423,7 @@ def test_pitched_memory_2d_memsets_a_library_file_and_context_settings_are_forwa
 
 
 def test_stream_attributes_and_memory_operations_touch_only_the_leases_memory(shim_dir, worker):
+    """Stream attributes and memory operations round trip, and name only the lease's memory."""
     out, err = run_client("stream_attributes", client_env(shim_dir, worker))
     assert out == {
         "set_priority": "0",
@@ -536,6 +540,7 @@ def test_explicit_graphs_copy_event_and_host_nodes_read_back_and_clone(shim_dir,
 
 
 def test_tensor_maps_are_encoded_by_the_worker_for_tensors_wholly_in_the_leases_memory(shim_dir, worker):
+    """A tensor map is encoded only for a tensor wholly in one allocation of the lease, and moved only where it fits."""
     out, _ = run_client("tensor_maps", client_env(shim_dir, worker))
     assert out == {
         "tiled": "0 7 2 True (256, 128)",
@@ -677,6 +682,7 @@ def test_a_launch_the_driver_refuses_fails_from_the_launch_call_itself(shim_dir,
 
 
 def test_cooperative_launches_run_and_one_too_large_is_refused_by_the_launch_call(shim_dir, worker):
+    """Cooperative launches run; one with more blocks than fit at once fails from the launch call, as natively."""
     out, err = run_client("cooperative", client_env(shim_dir, worker))
     assert out == {
         "cooperative": "0",
