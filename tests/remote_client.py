@@ -1720,6 +1720,17 @@ def scenario_vmm_retain():
     check(cu.cuMemSetAccess(base, size, ctypes.byref(AccessDesc(1, 0, 3)), c_u64(1)), "access")
     rc = cu.cuMemRetainAllocationHandle(ctypes.byref(retained), c_u64(base.value + 4096))
     say("retain", f"{rc} {retained.value == handle.value}")
+    made = AllocationProp()
+    rc = cu.cuMemGetAllocationPropertiesFromHandle(ctypes.byref(made), handle)
+    say("properties", f"{rc} {made.type} {made.location_type} {made.location_id}")
+    say(
+        "properties_of_another_handle",
+        cu.cuMemGetAllocationPropertiesFromHandle(ctypes.byref(made), c_u64(0x1234)),
+    )
+    flags, device0, device5 = c_u64(), (ctypes.c_int * 2)(1, 0), (ctypes.c_int * 2)(1, 5)
+    say("access", f"{cu.cuMemGetAccess(ctypes.byref(flags), device0, c_u64(base.value + 64))} {flags.value}")
+    say("access_of_another_device", cu.cuMemGetAccess(ctypes.byref(flags), device5, base))
+    say("access_unmapped", cu.cuMemGetAccess(ctypes.byref(flags), device0, c_u64(base.value + size.value)))
     say("release_retained", cu.cuMemRelease(retained))
     say("memset_still_mapped", cu.cuMemsetD8(base, 5, size))
     check(cu.cuMemUnmap(base, size), "unmap")

@@ -295,6 +295,11 @@ def test_a_retained_handle_is_one_more_reference_to_memory_this_process_mapped(s
     out, err = run_client("vmm_retain", client_env(shim_dir, worker))
     assert out == {
         "retain": "0 True",  # an address inside the mapping gives the handle it was mapped from
+        "properties": "0 1 1 0",  # pinned, on device 0, as created
+        "properties_of_another_handle": "1",
+        "access": "0 3",  # CU_MEM_ACCESS_FLAGS_PROT_READWRITE, as granted
+        "access_of_another_device": "101",
+        "access_unmapped": "1",
         "release_retained": "0",
         "memset_still_mapped": "0",  # the creator's reference still holds the memory
         "release_created": "0",

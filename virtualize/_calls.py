@@ -324,6 +324,10 @@ CALLS: tuple[Call, ...] = (
        wire="dptr ptr, u64 size, u64 count, bytes desc"),
     # The handle of memory mapped at an address (NCCL frees through it): this process's mappings only.
     _c("cuMemRetainAllocationHandle", 11000, "o_vmem handle, dptr addr"),
+    _c("cuMemGetAllocationPropertiesFromHandle", 10020, "ptr prop, vmem handle", custom=True,
+       wire="vmem handle"),  # the CUmemAllocationProp it was created with, in the reply's bulk
+    _c("cuMemGetAccess", 10020, "o_u64 flags, ptr location, dptr ptr", custom=True,
+       wire="o_u64 flags, i32 location_type, i32 location_id, dptr ptr"),
     _c("cuMemGetAllocationGranularity", 10020, "o_u64 granularity, ptr prop, i32 option", custom=True,
        wire="o_u64 granularity, i32 option, bytes prop"),
     # -- host memory stays in the client --------------------------------------------------------------

@@ -192,13 +192,12 @@ GROUPS: tuple[Group, ...] = (
         "cuMemPoolGetAccess",
     ),
     _g(
-        "virtual memory handles: properties, access, sharing",
+        "virtual memory handles shared between processes",
         N,
-        """The handle of a mapped range
-       is a handle of the lease; an exported handle can be a POSIX descriptor naming it, as an exported
-       pool is. Fabric and Win32 handles would name memory to processes outside the lease and are to stay
-       refused.""",
-        "cuMemGetAllocationPropertiesFromHandle cuMemGetAccess "
+        """An exported handle can be a POSIX descriptor naming the lease's handle, as an exported pool is,
+       opened by another process of the same lease (the worker then counts the handle as the lease's, not
+       one process's). Fabric and Win32 handles would name memory to processes outside the lease and are
+       to stay refused.""",
         "cuMemExportToShareableHandle cuMemImportFromShareableHandle",
     ),
     _g(

@@ -803,6 +803,12 @@ class CudaExecutor(Executor):
     def cuSurfObjectDestroy(self, surf):
         _ok(driver.cuSurfObjectDestroy(driver.CUsurfObject(surf)))
 
+    def cuMemGetAccess(self, ptr, device):
+        location = driver.CUmemLocation()
+        location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        location.id = self._d(device)
+        return int(_ok(driver.cuMemGetAccess(location, ptr)))
+
     def cuMemRetainAllocationHandle(self, addr):
         return _int(_ok(driver.cuMemRetainAllocationHandle(addr)))
 

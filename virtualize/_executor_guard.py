@@ -267,6 +267,7 @@ class Session:
         self.vm_mapped: dict[int, int] = {}  # mapped address -> size
         self.vm_handles: dict[int, tuple[int, int]] = {}  # handle -> (size, device)
         self.vm_references: dict[int, int] = {}  # handle -> references beyond the first (retains)
+        self.vm_props: dict[int, bytes] = {}  # handle -> the CUmemAllocationProp it was created with
         self.vm_mapping_of: dict[int, tuple[int, int, int]] = {}  # mapped address -> (handle, size, device)
         self.arrays: dict[
             int, tuple[str, int, int, int]
@@ -320,6 +321,8 @@ class Session:
             "cuMemSetAccess": self._vm_set_access,
             "cuMemGetAllocationGranularity": self._vm_granularity,
             "cuMemRetainAllocationHandle": self._vm_retain,
+            "cuMemGetAllocationPropertiesFromHandle": self._vm_properties,
+            "cuMemGetAccess": self._vm_access,
             "cuArrayCreate_v2": self._array_create,
             "cuArray3DCreate_v2": self._array_create,
             "cuMipmappedArrayCreate": self._array_create,
@@ -1142,7 +1145,8 @@ class Session:
 
     def _vm_create(self, call: Call, ins: tuple):
         size, _flags = ins  # flags: reserved by CUDA, 0
-        device, handle_types = self._vm_device(self.channel.read_bulk(limit=ALLOCATION_PROP_BYTES))
+        prop = self.channel.read_bulk(limit=ALLOCATION_PROP_BYTES)
+        device, handle_types = self._vm_device(prop)
         if not size or size % GRANULE:
             raise CudaError(INVALID_VALUE, "size must be a multiple of the granularity (2 MiB)")
         with self.lease.lock:
@@ -1155,6 +1159,7 @@ class Session:
                 self.lease.used[device] -= size
             raise
         self.vm_handles[handle] = (size, device)
+        self.vm_props[handle] = bytes(prop)
         self.lease.handles["vmem"].add(handle)
         return struct.pack("<Q", handle), b""
 
@@ -1189,6 +1194,22 @@ class Session:
         for m in inside:
             del self.vm_mapped[m]
             self.vm_mapping_of.pop(m, None)
+
+    def _vm_properties(self, call: Call, ins: tuple):
+        """cuMemGetAllocationPropertiesFromHandle: as this process created it (its device, the lease's)."""
+        (handle,) = ins
+        if handle not in self.vm_handles or handle not in self.vm_props:
+            raise CudaError(INVALID_VALUE, "not memory this process created")
+        return b"", self.vm_props[handle]
+
+    def _vm_access(self, call: Call, ins: tuple):
+        """cuMemGetAccess: the access a device of the lease has to memory this process mapped."""
+        location, device, ptr = ins
+        if not any(m <= ptr < m + n for m, n in self.vm_mapped.items()):
+            raise CudaError(INVALID_VALUE, f"0x{ptr:x} is not memory this process mapped")
+        if location != 1 or not 0 <= device < len(self.lease.limits):  # CU_MEM_LOCATION_TYPE_DEVICE
+            raise CudaError(CUresult.INVALID_DEVICE, "location")
+        return struct.pack("<Q", self.executor.cuMemGetAccess(ptr, device)), b""
 
     def _vm_retain(self, call: Call, ins: tuple):
         """cuMemRetainAllocationHandle: another reference to the memory this process mapped at `addr`

@@ -146,6 +146,7 @@ class HostExecutor(Executor):
         self.created: dict[int, int] = {}  # cuMemCreate handle -> device
         self.references: dict[int, int] = {}  # cuMemCreate handle -> references (create, retains)
         self.mapped_handles: dict[int, int] = {}  # mapped address -> the handle mapped there
+        self.access: dict[tuple[int, int], int] = {}  # (mapped address, device) -> CUmemAccess_flags
         self.nodes: dict[int, tuple[int, object]] = {}  # graph node -> (its graph, its work)
         self.edges: list[tuple[int, int]] = []  # (from, to) between nodes
         self.node_order: dict[int, list[int]] = {}  # graph -> its nodes in the order they run
@@ -383,9 +384,17 @@ class HostExecutor(Executor):
         for base in [b for b in self.bases if ptr <= b < ptr + size]:
             self._free(base)
             self.mapped_handles.pop(base, None)
+            for key in [k for k in self.access if k[0] == base]:
+                del self.access[key]
 
     def cuMemSetAccess(self, ptr, size, access):
-        return None
+        for base in [b for b in self.mapped_handles if ptr <= b < ptr + size]:
+            for device, flags in access:
+                self.access[base, device] = flags
+
+    def cuMemGetAccess(self, ptr, device):
+        _, offset = self._find(ptr, 0)
+        return self.access.get((ptr - offset, device), 0)  # CU_MEM_ACCESS_FLAGS_PROT_NONE until granted
 
     def cuMemGetAllocationGranularity(self, device, option):
         return ALIGN

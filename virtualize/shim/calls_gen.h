@@ -1657,9 +1657,7 @@ GP_EXPORT CUresult cuMemDiscardBatchAsync(void) { return gp_unforwarded("cuMemDi
 GP_EXPORT CUresult cuMemDiscardBatchAsync_ptsz(void) { return gp_unforwarded("cuMemDiscardBatchAsync_ptsz"); }
 GP_EXPORT CUresult cuMemExportToShareableHandle(void) { return gp_unforwarded("cuMemExportToShareableHandle"); }
 GP_EXPORT CUresult cuMemFree(void) { return gp_unforwarded("cuMemFree"); }
-GP_EXPORT CUresult cuMemGetAccess(void) { return gp_unforwarded("cuMemGetAccess"); }
 GP_EXPORT CUresult cuMemGetAddressRange(void) { return gp_unforwarded("cuMemGetAddressRange"); }
-GP_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(void) { return gp_unforwarded("cuMemGetAllocationPropertiesFromHandle"); }
 GP_EXPORT CUresult cuMemGetAttribute(void) { return gp_unforwarded("cuMemGetAttribute"); }
 GP_EXPORT CUresult cuMemGetAttribute_v2(void) { return gp_unforwarded("cuMemGetAttribute_v2"); }
 GP_EXPORT CUresult cuMemGetDefaultMemPool(void) { return gp_unforwarded("cuMemGetDefaultMemPool"); }
@@ -1850,10 +1848,8 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuMemSetMemPool", "memory pools beyond the default, and pool access: not forwarded yet"},
     {"cuMemPoolSetAccess", "memory pools beyond the default, and pool access: not forwarded yet"},
     {"cuMemPoolGetAccess", "memory pools beyond the default, and pool access: not forwarded yet"},
-    {"cuMemGetAllocationPropertiesFromHandle", "virtual memory handles: properties, access, sharing: not forwarded yet"},
-    {"cuMemGetAccess", "virtual memory handles: properties, access, sharing: not forwarded yet"},
-    {"cuMemExportToShareableHandle", "virtual memory handles: properties, access, sharing: not forwarded yet"},
-    {"cuMemImportFromShareableHandle", "virtual memory handles: properties, access, sharing: not forwarded yet"},
+    {"cuMemExportToShareableHandle", "virtual memory handles shared between processes: not forwarded yet"},
+    {"cuMemImportFromShareableHandle", "virtual memory handles shared between processes: not forwarded yet"},
     {"cuMulticast*", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuLogicalEndpoint*", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuFabricCpyBatchAsync", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
@@ -2117,8 +2113,10 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemFree", 3020, (void *)cuMemFree_v2},
     {"cuMemFreeAsync", 11020, (void *)cuMemFreeAsync},
     {"cuMemFreeHost", 2000, (void *)cuMemFreeHost},
+    {"cuMemGetAccess", 10020, (void *)cuMemGetAccess},
     {"cuMemGetAddressRange", 3020, (void *)cuMemGetAddressRange_v2},
     {"cuMemGetAllocationGranularity", 10020, (void *)cuMemGetAllocationGranularity},
+    {"cuMemGetAllocationPropertiesFromHandle", 10020, (void *)cuMemGetAllocationPropertiesFromHandle},
     {"cuMemGetInfo", 3020, (void *)cuMemGetInfo_v2},
     {"cuMemHostAlloc", 2020, (void *)cuMemHostAlloc},
     {"cuMemHostGetDevicePointer", 3020, (void *)cuMemHostGetDevicePointer_v2},

@@ -1131,6 +1131,27 @@ CUresult cuMemcpyAsync(uint64_t dst, uint64_t src, uint64_t count, uint64_t stre
     return generic_copy(dst, src, count, stream, 1);
 }
 
+/* The virtual memory API's queries: the properties a handle was created with, a mapping's access. */
+CUresult cuMemGetAllocationPropertiesFromHandle(void *prop, uint64_t handle) {
+    GP_TRACE("cuMemGetAllocationPropertiesFromHandle");
+    if (!prop) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuMemGetAllocationPropertiesFromHandle in = {.handle = handle};
+    return gp_call(GP_CALL_cuMemGetAllocationPropertiesFromHandle, WANT, &in, sizeof in, NULL, 0, NULL, 0, prop,
+                   32 /* CUmemAllocationProp */);
+}
+
+CUresult cuMemGetAccess(uint64_t *flags, void *location, uint64_t ptr) {
+    GP_TRACE("cuMemGetAccess");
+    if (!flags || !location) return CUDA_ERROR_INVALID_VALUE;
+    int32_t where[2]; /* CUmemLocation: type, id */
+    memcpy(where, location, sizeof where);
+    struct gp_in_cuMemGetAccess in = {.location_type = where[0], .location_id = where[1], .ptr = ptr};
+    struct gp_out_cuMemGetAccess out;
+    CUresult r = gp_call(GP_CALL_cuMemGetAccess, WANT, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) *flags = out.flags;
+    return r;
+}
+
 /* ---- CUDA arrays, 2D and 3D copies, textures and surfaces: objects of the worker's driver ----------- */
 
 #define ARRAY_DESC_BYTES 24    /* CUDA_ARRAY_DESCRIPTOR: width, height, format, channels */
