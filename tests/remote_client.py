@@ -1876,7 +1876,16 @@ def scenario_arrays():
                                                     None))  # fmt: skip
     say("texture_foreign_array", cu.cuTexObjectCreate(ctypes.byref(c_u64()), resource_desc(0, 0x1234), tex_desc,
                                                       None))  # fmt: skip
+    described_res = ctypes.create_string_buffer(144)
+    rc = cu.cuTexObjectGetResourceDesc(described_res, texture)
+    kind, _, named = struct.unpack_from("<iiQ", described_res.raw)
+    say("texture_resource", f"{rc} {kind} {named == array.value}")
+    say(
+        "texture_view_when_none", cu.cuTexObjectGetResourceViewDesc(ctypes.create_string_buffer(112), texture)
+    )
     say("surface_over_array", cu.cuSurfObjectCreate(ctypes.byref(surface), resource_desc(0, array.value)))
+    rc = cu.cuSurfObjectGetResourceDesc(described_res, surface)
+    say("surface_resource", f"{rc} {struct.unpack_from('<Q', described_res.raw, 8)[0] == array.value}")
     say("surface_over_memory", cu.cuSurfObjectCreate(ctypes.byref(c_u64()), resource_desc(2, dev, 4096)))
     say(
         "destroyed",

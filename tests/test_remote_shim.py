@@ -391,7 +391,10 @@ def test_cuda_arrays_copies_in_rows_and_slices_textures_and_surfaces_are_forward
         "texture_over_memory": "0",
         "texture_past_memory": "1",
         "texture_foreign_array": "400",
+        "texture_resource": "0 0 True",  # its descriptor read back: an array, this one
+        "texture_view_when_none": "1",
         "surface_over_array": "0",
+        "surface_resource": "0 True",
         "surface_over_memory": "1",  # a surface is made over an array only
         "destroyed": "0 0 0",
         "destroyed_again": "400",

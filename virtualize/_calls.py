@@ -444,6 +444,11 @@ CALLS: tuple[Call, ...] = (
     _c("cuTexObjectDestroy", 5000, "texobj tex"),
     _c("cuSurfObjectCreate", 5000, "o_surfobj surf, ptr res", custom=True, wire="o_surfobj surf, bytes desc"),
     _c("cuSurfObjectDestroy", 5000, "surfobj surf"),
+    # Their descriptors read back (each in the reply's bulk, as the worker's driver gives it).
+    _c("cuTexObjectGetResourceDesc", 5000, "ptr desc, texobj tex", custom=True, wire="texobj tex"),
+    _c("cuTexObjectGetTextureDesc", 5000, "ptr desc, texobj tex", custom=True, wire="texobj tex"),
+    _c("cuTexObjectGetResourceViewDesc", 5000, "ptr desc, texobj tex", custom=True, wire="texobj tex"),
+    _c("cuSurfObjectGetResourceDesc", 5000, "ptr desc, surfobj surf", custom=True, wire="surfobj surf"),
     # -- memsets -------------------------------------------------------------------------------------
     _c("cuMemsetD8", 3020, "dptr dst, u8 value, u64 count", A, symbol="cuMemsetD8_v2"),
     _c("cuMemsetD16", 3020, "dptr dst, u16 value, u64 count", A, symbol="cuMemsetD16_v2"),

@@ -157,12 +157,12 @@ GROUPS: tuple[Group, ...] = (
     ),
     # -- not forwarded yet: forwardable, not built ----------------------------------------------------
     _g(
-        "the rest of arrays, textures and surfaces: queries, sparse and planar arrays",
+        "the rest of arrays: sparse and planar arrays, memory requirements",
         N,
-        """Arrays, mipmapped arrays, texture and surface objects and copies to and from arrays are
-       forwarded; what is left are queries of them (descriptors read back from an object, sparse
-       properties, memory requirements, an NV12 array's planes) and sparse arrays' mapping: plain calls
-       over handles of the lease, their structures returned as bytes.""",
+        """Arrays, mipmapped arrays, texture and surface objects (their descriptors too) and copies to
+       and from arrays are forwarded; what is left are sparse arrays (their properties and mapping), an
+       NV12 array's planes and an array's memory requirements: plain calls over handles of the lease,
+       their structures returned as bytes.""",
         "cuArray* cuMipmappedArray* cuTexObject* cuSurfObject* cuMemMapArrayAsync",
     ),
     _g(

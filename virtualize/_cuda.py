@@ -17,7 +17,14 @@ from collections.abc import Callable
 
 from cuda.bindings import driver
 
-from virtualize._arrays import DEVICE, HOST, ArrayShape
+from virtualize._arrays import (
+    DEVICE,
+    HOST,
+    RESOURCE_DESC_BYTES,
+    TEXTURE_DESC_BYTES,
+    VIEW_DESC_BYTES,
+    ArrayShape,
+)
 from virtualize._executor import (
     FORWARDED_LAUNCH_ATTRIBUTES,
     INVALID_VALUE,
@@ -793,6 +800,22 @@ class CudaExecutor(Executor):
         descs = self._struct(driver.CUDA_RESOURCE_DESC, res), self._struct(driver.CUDA_TEXTURE_DESC, tex)
         view_desc = self._struct(driver.CUDA_RESOURCE_VIEW_DESC, view) if view else None
         return _int(_ok(driver.cuTexObjectCreate(*descs, view_desc)))
+
+    def cuTexObjectGetResourceDesc(self, tex):
+        desc = _ok(driver.cuTexObjectGetResourceDesc(driver.CUtexObject(tex)))
+        return ctypes.string_at(desc.getPtr(), RESOURCE_DESC_BYTES)
+
+    def cuTexObjectGetTextureDesc(self, tex):
+        desc = _ok(driver.cuTexObjectGetTextureDesc(driver.CUtexObject(tex)))
+        return ctypes.string_at(desc.getPtr(), TEXTURE_DESC_BYTES)
+
+    def cuTexObjectGetResourceViewDesc(self, tex):
+        desc = _ok(driver.cuTexObjectGetResourceViewDesc(driver.CUtexObject(tex)))
+        return ctypes.string_at(desc.getPtr(), VIEW_DESC_BYTES)
+
+    def cuSurfObjectGetResourceDesc(self, surf):
+        desc = _ok(driver.cuSurfObjectGetResourceDesc(driver.CUsurfObject(surf)))
+        return ctypes.string_at(desc.getPtr(), RESOURCE_DESC_BYTES)
 
     def cuTexObjectDestroy(self, tex):
         _ok(driver.cuTexObjectDestroy(driver.CUtexObject(tex)))

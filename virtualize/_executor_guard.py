@@ -345,6 +345,15 @@ class Session:
             "cuStreamSetAttribute": self._stream_attribute,
             "cuTexObjectCreate": self._texture_object,
             "cuSurfObjectCreate": self._surface_object,
+            **dict.fromkeys(
+                (
+                    "cuTexObjectGetResourceDesc",
+                    "cuTexObjectGetTextureDesc",
+                    "cuTexObjectGetResourceViewDesc",
+                    "cuSurfObjectGetResourceDesc",
+                ),
+                self._object_descriptor,
+            ),
             "cuModuleEnumerateFunctions": self._enumerate,
             "cuLibraryEnumerateKernels": self._enumerate,
             "gpWindowOffer": self._window_offer,
@@ -980,6 +989,11 @@ class Session:
         stream, addr, value, flags = ins
         self._check_range(addr, 8 if call.name.endswith("64") else 4)
         getattr(self.executor, call.name)(stream, addr, value, flags)
+
+    def _object_descriptor(self, call: Call, ins: tuple):
+        """A texture's or surface's descriptor, as the executor's driver gives it, in the reply's bulk."""
+        self._check(call, ins)
+        return b"", bytes(getattr(self.executor, call.name)(ins[0]))
 
     # -- stream attributes ----------------------------------------------------------------------------
 

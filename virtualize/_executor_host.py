@@ -182,7 +182,7 @@ class HostExecutor(Executor):
         self.graphs: dict[int, list] = {}  # graph or executable graph -> its work, in stream order
         self.arrays: dict[int, tuple[ArrayShape, bytearray]] = {}  # CUDA arrays: their shape and bytes
         self.mipmaps: dict[int, list[int]] = {}  # mipmapped array -> its levels' arrays
-        self.samplers: set[int] = set()  # texture and surface objects (nothing samples them here)
+        self.samplers: dict[int, tuple] = {}  # texture or surface -> its resource, texture, view descriptors
         self.local = threading.local()
         self.lock = threading.Lock()
 
@@ -280,23 +280,36 @@ class HostExecutor(Executor):
         for level in self.mipmaps.pop(handle):
             self.arrays.pop(level, None)
 
-    def _sampler(self) -> int:
+    def _sampler(self, res: bytes, tex: bytes = b"", view: bytes | None = None) -> int:
         handle = next(self.ids)
-        self.samplers.add(handle)
+        self.samplers[handle] = (bytes(res), bytes(tex), bytes(view) if view else None)
         return handle
 
     def cuTexObjectCreate(self, res, tex, view):
-        return self._sampler()
+        return self._sampler(res, tex, view)
 
     def cuSurfObjectCreate(self, res):
-        return self._sampler()
+        return self._sampler(res)
 
     def cuTexObjectDestroy(self, handle):
-        if handle not in self.samplers:
+        if self.samplers.pop(handle, None) is None:
             raise CudaError(INVALID_VALUE)
-        self.samplers.discard(handle)
 
     cuSurfObjectDestroy = cuTexObjectDestroy
+
+    def cuTexObjectGetResourceDesc(self, tex):
+        return self.samplers[tex][0]
+
+    def cuTexObjectGetTextureDesc(self, tex):
+        return self.samplers[tex][1]
+
+    def cuTexObjectGetResourceViewDesc(self, tex):
+        view = self.samplers[tex][2]
+        if view is None:
+            raise CudaError(INVALID_VALUE, "the texture has no resource view")
+        return view
+
+    cuSurfObjectGetResourceDesc = cuTexObjectGetResourceDesc
 
     def _rows(self, side: CopySide, extent: tuple[int, int, int], host: bytearray | bytes | None):
         """(buffer, offset) of each row a copy touches on one side, slice by slice."""

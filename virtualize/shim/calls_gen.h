@@ -1744,12 +1744,8 @@ GP_EXPORT CUresult cuStreamDestroy(void) { return gp_unforwarded("cuStreamDestro
 GP_EXPORT CUresult cuStreamGetCaptureInfo(void) { return gp_unforwarded("cuStreamGetCaptureInfo"); }
 GP_EXPORT CUresult cuStreamGetCaptureInfo_ptsz(void) { return gp_unforwarded("cuStreamGetCaptureInfo_ptsz"); }
 GP_EXPORT CUresult cuStreamGetGreenCtx(void) { return gp_unforwarded("cuStreamGetGreenCtx"); }
-GP_EXPORT CUresult cuSurfObjectGetResourceDesc(void) { return gp_unforwarded("cuSurfObjectGetResourceDesc"); }
 GP_EXPORT CUresult cuSurfRefGetArray(void) { return gp_unforwarded("cuSurfRefGetArray"); }
 GP_EXPORT CUresult cuSurfRefSetArray(void) { return gp_unforwarded("cuSurfRefSetArray"); }
-GP_EXPORT CUresult cuTexObjectGetResourceDesc(void) { return gp_unforwarded("cuTexObjectGetResourceDesc"); }
-GP_EXPORT CUresult cuTexObjectGetResourceViewDesc(void) { return gp_unforwarded("cuTexObjectGetResourceViewDesc"); }
-GP_EXPORT CUresult cuTexObjectGetTextureDesc(void) { return gp_unforwarded("cuTexObjectGetTextureDesc"); }
 GP_EXPORT CUresult cuTexRefCreate(void) { return gp_unforwarded("cuTexRefCreate"); }
 GP_EXPORT CUresult cuTexRefDestroy(void) { return gp_unforwarded("cuTexRefDestroy"); }
 GP_EXPORT CUresult cuTexRefGetAddress(void) { return gp_unforwarded("cuTexRefGetAddress"); }
@@ -1827,11 +1823,11 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuCoredump*", "GPU core dump settings: refused"},
     {"cuProfilerInitialize", "profiler initialisation: refused"},
     {"cuDeviceGetLuid", "Windows-only queries: refused"},
-    {"cuArray*", "the rest of arrays, textures and surfaces: queries, sparse and planar arrays: not forwarded yet"},
-    {"cuMipmappedArray*", "the rest of arrays, textures and surfaces: queries, sparse and planar arrays: not forwarded yet"},
-    {"cuTexObject*", "the rest of arrays, textures and surfaces: queries, sparse and planar arrays: not forwarded yet"},
-    {"cuSurfObject*", "the rest of arrays, textures and surfaces: queries, sparse and planar arrays: not forwarded yet"},
-    {"cuMemMapArrayAsync", "the rest of arrays, textures and surfaces: queries, sparse and planar arrays: not forwarded yet"},
+    {"cuArray*", "the rest of arrays: sparse and planar arrays, memory requirements: not forwarded yet"},
+    {"cuMipmappedArray*", "the rest of arrays: sparse and planar arrays, memory requirements: not forwarded yet"},
+    {"cuTexObject*", "the rest of arrays: sparse and planar arrays, memory requirements: not forwarded yet"},
+    {"cuSurfObject*", "the rest of arrays: sparse and planar arrays, memory requirements: not forwarded yet"},
+    {"cuMemMapArrayAsync", "the rest of arrays: sparse and planar arrays, memory requirements: not forwarded yet"},
     {"cuMemcpy3DPeer", "3D copies between contexts: not forwarded yet"},
     {"cuMemcpy3DPeerAsync", "3D copies between contexts: not forwarded yet"},
     {"cuMemcpyBatchAsync", "batched and attributed copies, batched prefetch and discard: not forwarded yet"},
@@ -2231,12 +2227,16 @@ static const struct gp_proc gp_procs[] = {
     {"cuStreamWriteValue64", 11070, (void *)cuStreamWriteValue64_v2},
     {"cuSurfObjectCreate", 5000, (void *)cuSurfObjectCreate},
     {"cuSurfObjectDestroy", 5000, (void *)cuSurfObjectDestroy},
+    {"cuSurfObjectGetResourceDesc", 5000, (void *)cuSurfObjectGetResourceDesc},
     {"cuTensorMapEncodeIm2col", 12000, (void *)cuTensorMapEncodeIm2col},
     {"cuTensorMapEncodeIm2colWide", 12080, (void *)cuTensorMapEncodeIm2colWide},
     {"cuTensorMapEncodeTiled", 12000, (void *)cuTensorMapEncodeTiled},
     {"cuTensorMapReplaceAddress", 12000, (void *)cuTensorMapReplaceAddress},
     {"cuTexObjectCreate", 5000, (void *)cuTexObjectCreate},
     {"cuTexObjectDestroy", 5000, (void *)cuTexObjectDestroy},
+    {"cuTexObjectGetResourceDesc", 5000, (void *)cuTexObjectGetResourceDesc},
+    {"cuTexObjectGetResourceViewDesc", 5000, (void *)cuTexObjectGetResourceViewDesc},
+    {"cuTexObjectGetTextureDesc", 5000, (void *)cuTexObjectGetTextureDesc},
     {"cuThreadExchangeStreamCaptureMode", 10010, (void *)cuThreadExchangeStreamCaptureMode},
     {"cuUserObjectCreate", 11030, (void *)cuUserObjectCreate},
     {"cuUserObjectRelease", 11030, (void *)cuUserObjectRelease},

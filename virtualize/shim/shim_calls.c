@@ -1390,6 +1390,33 @@ CUresult cuTexObjectCreate(uint64_t *tex, void *res, void *tex_desc, void *view)
     return r;
 }
 
+/* A texture's or surface's descriptor read back: the object's handle in, the C struct out. */
+static CUresult object_desc(uint32_t call, uint64_t handle, void *desc, uint64_t bytes) {
+    if (!desc) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexObjectGetResourceDesc in = {.tex = handle};
+    return gp_call(call, WANT, &in, sizeof in, NULL, 0, NULL, 0, desc, bytes);
+}
+
+CUresult cuTexObjectGetResourceDesc(void *desc, uint64_t tex) {
+    GP_TRACE("cuTexObjectGetResourceDesc");
+    return object_desc(GP_CALL_cuTexObjectGetResourceDesc, tex, desc, RESOURCE_DESC_BYTES);
+}
+
+CUresult cuTexObjectGetTextureDesc(void *desc, uint64_t tex) {
+    GP_TRACE("cuTexObjectGetTextureDesc");
+    return object_desc(GP_CALL_cuTexObjectGetTextureDesc, tex, desc, TEXTURE_DESC_BYTES);
+}
+
+CUresult cuTexObjectGetResourceViewDesc(void *desc, uint64_t tex) {
+    GP_TRACE("cuTexObjectGetResourceViewDesc");
+    return object_desc(GP_CALL_cuTexObjectGetResourceViewDesc, tex, desc, VIEW_DESC_BYTES);
+}
+
+CUresult cuSurfObjectGetResourceDesc(void *desc, uint64_t surf) {
+    GP_TRACE("cuSurfObjectGetResourceDesc");
+    return object_desc(GP_CALL_cuSurfObjectGetResourceDesc, surf, desc, RESOURCE_DESC_BYTES);
+}
+
 CUresult cuSurfObjectCreate(uint64_t *surf, void *res) {
     GP_TRACE("cuSurfObjectCreate");
     if (!surf || !res) return CUDA_ERROR_INVALID_VALUE;
