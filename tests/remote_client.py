@@ -1991,6 +1991,10 @@ def scenario_stream_attributes():
     say("written", struct.unpack("<IIQ", dtoh(buf, 16)[1]))
     say("write_past_the_end", cu.cuStreamWriteValue64(stream, c_u64(buf + (1 << 20) - 4), c_u64(1), 0))
     say("sync_after", cu.cuStreamSynchronize(stream))
+    host, mapped = ctypes.c_void_p(), c_u64()  # mapped page-locked memory: its device pointer is mirrored
+    check(cu.cuMemHostAlloc(ctypes.byref(host), c_u64(4096), 2), "host alloc")  # CU_MEMHOSTALLOC_DEVICEMAP
+    check(cu.cuMemHostGetDevicePointer(ctypes.byref(mapped), host, 0), "device pointer")
+    say("write_to_mapped_memory", cu.cuStreamWriteValue32(stream, mapped, 1, 0))
     props = (ctypes.c_int * 14)()  # CUdevprop
     rc = cu.cuDeviceGetProperties(props, 0)
     say("device_properties", f"{rc} {props[0]} {props[9]}")  # max threads per block, warp size

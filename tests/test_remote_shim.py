@@ -446,6 +446,7 @@ def test_stream_attributes_and_memory_operations_touch_only_the_leases_memory(sh
         "written": "(5, 0, 1099511627776)",
         "write_past_the_end": "0",  # asynchronous ...
         "sync_after": "1",  # ... CUDA_ERROR_INVALID_VALUE: its last 4 bytes are not the lease's
+        "write_to_mapped_memory": "801",  # the program would see it only at a synchronisation: refused
         "device_properties": "0 1024 32",
     }
     assert "is not forwarded to the remote GPU" not in err

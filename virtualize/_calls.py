@@ -591,8 +591,9 @@ CALLS: tuple[Call, ...] = (
        wire="i32 dtype, u32 rank, dptr address, i32 lower, i32 upper, u32 channels, u32 pixels, i32 interleave, "
             "i32 mode, i32 swizzle, i32 l2, i32 oob, bytes shape"),
     _c("cuTensorMapReplaceAddress", 12000, "ptr map, ptr address", custom=True, wire="dptr address, bytes map"),
-    # Stream memory operations: a 32- or 64-bit word of the lease's memory waited on or written in order.
-    *(_c(name, since, f"stream stream, dptr addr, {bits} value, u32 flags", A, symbol=name + suffix)
+    # Stream memory operations: a 32- or 64-bit word of the lease's memory waited on or written in order
+    # (not of mirrored host memory, which the program would see only at a synchronisation: shim_calls.c).
+    *(_c(name, since, f"stream stream, dptr addr, {bits} value, u32 flags", A, symbol=name + suffix, custom=True)
       for name, bits in (("cuStreamWaitValue32", "u32"), ("cuStreamWaitValue64", "u64"),
                          ("cuStreamWriteValue32", "u32"), ("cuStreamWriteValue64", "u64"))
       for since, suffix in ((8000, ""), (11070, "_v2"))),

@@ -1028,62 +1028,6 @@ GP_EXPORT CUresult cuStreamWaitEvent(uint64_t stream, uint64_t event, uint32_t f
     return r;
 }
 
-GP_EXPORT CUresult cuStreamWaitValue32(uint64_t stream, uint64_t addr, uint32_t value, uint32_t flags) {
-    GP_TRACE("cuStreamWaitValue32");
-    struct gp_in_cuStreamWaitValue32 in = { .stream = stream, .addr = addr, .value = value, .flags = flags };
-    CUresult r = gp_call(GP_CALL_cuStreamWaitValue32, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
-    return r;
-}
-
-GP_EXPORT CUresult cuStreamWaitValue32_v2(uint64_t stream, uint64_t addr, uint32_t value, uint32_t flags) {
-    GP_TRACE("cuStreamWaitValue32_v2");
-    struct gp_in_cuStreamWaitValue32_v2 in = { .stream = stream, .addr = addr, .value = value, .flags = flags };
-    CUresult r = gp_call(GP_CALL_cuStreamWaitValue32_v2, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
-    return r;
-}
-
-GP_EXPORT CUresult cuStreamWaitValue64(uint64_t stream, uint64_t addr, uint64_t value, uint32_t flags) {
-    GP_TRACE("cuStreamWaitValue64");
-    struct gp_in_cuStreamWaitValue64 in = { .stream = stream, .addr = addr, .value = value, .flags = flags };
-    CUresult r = gp_call(GP_CALL_cuStreamWaitValue64, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
-    return r;
-}
-
-GP_EXPORT CUresult cuStreamWaitValue64_v2(uint64_t stream, uint64_t addr, uint64_t value, uint32_t flags) {
-    GP_TRACE("cuStreamWaitValue64_v2");
-    struct gp_in_cuStreamWaitValue64_v2 in = { .stream = stream, .addr = addr, .value = value, .flags = flags };
-    CUresult r = gp_call(GP_CALL_cuStreamWaitValue64_v2, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
-    return r;
-}
-
-GP_EXPORT CUresult cuStreamWriteValue32(uint64_t stream, uint64_t addr, uint32_t value, uint32_t flags) {
-    GP_TRACE("cuStreamWriteValue32");
-    struct gp_in_cuStreamWriteValue32 in = { .stream = stream, .addr = addr, .value = value, .flags = flags };
-    CUresult r = gp_call(GP_CALL_cuStreamWriteValue32, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
-    return r;
-}
-
-GP_EXPORT CUresult cuStreamWriteValue32_v2(uint64_t stream, uint64_t addr, uint32_t value, uint32_t flags) {
-    GP_TRACE("cuStreamWriteValue32_v2");
-    struct gp_in_cuStreamWriteValue32_v2 in = { .stream = stream, .addr = addr, .value = value, .flags = flags };
-    CUresult r = gp_call(GP_CALL_cuStreamWriteValue32_v2, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
-    return r;
-}
-
-GP_EXPORT CUresult cuStreamWriteValue64(uint64_t stream, uint64_t addr, uint64_t value, uint32_t flags) {
-    GP_TRACE("cuStreamWriteValue64");
-    struct gp_in_cuStreamWriteValue64 in = { .stream = stream, .addr = addr, .value = value, .flags = flags };
-    CUresult r = gp_call(GP_CALL_cuStreamWriteValue64, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
-    return r;
-}
-
-GP_EXPORT CUresult cuStreamWriteValue64_v2(uint64_t stream, uint64_t addr, uint64_t value, uint32_t flags) {
-    GP_TRACE("cuStreamWriteValue64_v2");
-    struct gp_in_cuStreamWriteValue64_v2 in = { .stream = stream, .addr = addr, .value = value, .flags = flags };
-    CUresult r = gp_call(GP_CALL_cuStreamWriteValue64_v2, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
-    return r;
-}
-
 GP_EXPORT CUresult cuStreamCopyAttributes(uint64_t dst, uint64_t src) {
     GP_TRACE("cuStreamCopyAttributes");
     struct gp_in_cuStreamCopyAttributes in = { .dst = dst, .src = src };

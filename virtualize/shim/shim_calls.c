@@ -572,6 +572,42 @@ CUresult cuMemPoolCreate(uint64_t *pool, void *props) {
     return r;
 }
 
+/* ---- stream memory operations: words of device memory ---------------------------------------------- */
+
+/* A word of mirrored host memory (mapped or managed) is refused: the program reads such memory without
+ * a synchronisation, and the mirror brings the device's bytes back only at one (docs/remote.md), so a
+ * flag the stream wrote would never be seen, and one the host wrote never waited for. */
+static CUresult stream_value(uint32_t call, uint64_t stream, uint64_t addr, uint64_t value, uint32_t flags, int wide) {
+    static int said;
+    if (gp_managed_lookup(addr)) {
+        if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+            gp_say("%s on mapped or managed host memory is not forwarded (the program would see the word only at a "
+                   "synchronisation); it returns CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)",
+                   gp_call_names[call]);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    if (wide) {
+        struct gp_in_cuStreamWriteValue64_v2 in = {.stream = stream, .addr = addr, .value = value, .flags = flags};
+        return gp_call(call, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    }
+    struct gp_in_cuStreamWriteValue32_v2 in = {.stream = stream, .addr = addr, .value = (uint32_t)value, .flags = flags};
+    return gp_call(call, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
+#define STREAM_VALUE(name, bits, wide)                                                                    \
+    CUresult name(uint64_t stream, uint64_t addr, uint##bits##_t value, uint32_t flags) {                  \
+        GP_TRACE(#name);                                                                                  \
+        return stream_value(GP_CALL_##name, stream, addr, value, flags, wide);                            \
+    }
+STREAM_VALUE(cuStreamWaitValue32, 32, 0)
+STREAM_VALUE(cuStreamWaitValue32_v2, 32, 0)
+STREAM_VALUE(cuStreamWriteValue32, 32, 0)
+STREAM_VALUE(cuStreamWriteValue32_v2, 32, 0)
+STREAM_VALUE(cuStreamWaitValue64, 64, 1)
+STREAM_VALUE(cuStreamWaitValue64_v2, 64, 1)
+STREAM_VALUE(cuStreamWriteValue64, 64, 1)
+STREAM_VALUE(cuStreamWriteValue64_v2, 64, 1)
+
 /* ---- stream attributes: the 64-byte CUstreamAttrValue both ways ---------------------------------- */
 
 #define STREAM_ATTR_BYTES 64
