@@ -574,15 +574,15 @@ CUresult cuMemPoolCreate(uint64_t *pool, void *props) {
 
 /* ---- stream memory operations: words of device memory ---------------------------------------------- */
 
-/* A word of mirrored host memory (mapped or managed) is refused: the program reads such memory without
+/* A word of mirrored host memory (mapped, registered or managed) is refused: the program reads it without
  * a synchronisation, and the mirror brings the device's bytes back only at one (docs/remote.md), so a
  * flag the stream wrote would never be seen, and one the host wrote never waited for. */
 static CUresult stream_value(uint32_t call, uint64_t stream, uint64_t addr, uint64_t value, uint32_t flags, int wide) {
     static int said;
-    if (gp_managed_lookup(addr)) {
+    if (gp_managed_lookup(addr) || gp_mirror_of_device(addr)) {
         if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
-            gp_say("%s on mapped or managed host memory is not forwarded (the program would see the word only at a "
-                   "synchronisation); it returns CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)",
+            gp_say("%s on mapped, registered or managed host memory is not forwarded (the program would see it "
+                   "only at a synchronisation); it returns CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)",
                    gp_call_names[call]);
         return CUDA_ERROR_NOT_SUPPORTED;
     }
