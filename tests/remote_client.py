@@ -21,11 +21,14 @@ lib = ctypes.CDLL("libcuda.so.1")
 
 
 class Driver:
+    def __init__(self, version: int = VERSION) -> None:
+        self.version = version
+
     def __getattr__(self, name):
         pfn = ctypes.c_void_p()
         status = ctypes.c_int()
         rc = lib.cuGetProcAddress_v2(
-            name.encode(), ctypes.byref(pfn), VERSION, c_u64(0), ctypes.byref(status)
+            name.encode(), ctypes.byref(pfn), self.version, c_u64(0), ctypes.byref(status)
         )
         assert rc == 0 and pfn.value, (name, rc)
         fn = ctypes.CFUNCTYPE(ctypes.c_int)(pfn.value)
@@ -34,6 +37,7 @@ class Driver:
 
 
 cu = Driver()
+cu13 = Driver(13000)  # calls CUDA 13 added
 
 
 def say(name, value):
@@ -582,6 +586,138 @@ def scenario_launch_errors():
     say("sync", cu.cuCtxSynchronize())
 
 
+def scenario_cooperative():
+    """Cooperative launches (cuLaunchCooperativeKernel, and cuLaunchKernelEx with the cooperative
+    attribute) run; one with more blocks than fit on the device at once (the host executor's device: 4
+    multiprocessors, 2048 threads each) is refused by the launch call itself, as the driver does, and
+    leaves nothing to report at the next synchronise."""
+    setup()
+    module, fill = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// host-executor module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(fill), module, b"fill_u32"), "fill")
+    rc, buf = alloc(1 << 16)
+    check(rc, "alloc")
+    ptr, value, n = c_u64(buf), ctypes.c_uint32(3), ctypes.c_uint32(8192)
+    params = (ctypes.c_void_p * 3)(*map(ctypes.addressof, (ptr, value, n)))
+    say("cooperative", cu.cuLaunchCooperativeKernel(fill, 32, 1, 1, 256, 1, 1, 0, c_u64(0), params))
+    say("sync", cu.cuCtxSynchronize())
+    words = memoryview(dtoh(buf, 4 * 8192)[1]).cast("I")
+    say("filled", f"{words[0]} {words[8191]}")
+    say("too_large", cu.cuLaunchCooperativeKernel(fill, 33, 1, 1, 256, 1, 1, 0, c_u64(0), params))
+    say("sync_after_too_large", cu.cuCtxSynchronize())
+
+    def launch_ex(blocks, cooperative):
+        attribute = Attribute(2, b"", (ctypes.c_int * 16)(cooperative))  # CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+        config = Config((ctypes.c_uint * 7)(blocks, 1, 1, 256, 1, 1, 0), 0, ctypes.addressof(attribute), 1)
+        return cu.cuLaunchKernelEx(ctypes.byref(config), fill, params, None)
+
+    say("ex_cooperative", launch_ex(32, 1))
+    say("ex_too_large", launch_ex(33, 1))
+    say("ex_not_cooperative", launch_ex(33, 0))  # an ordinary launch may have any number of blocks
+    say("sync_at_end", cu.cuCtxSynchronize())
+
+
+def scenario_cache_config():
+    """Cache and shared-memory configuration round trips: what a context, function or kernel is set to
+    reads back, and a value the driver refuses (an unknown configuration, a carve-out past 100 %, more
+    dynamic shared memory than the device allows) is refused with the driver's error and changes
+    nothing."""
+    setup()
+    module, fill, library, kernel = c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// host-executor module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(fill), module, b"fill_u32"), "fill")
+    check(cu.cuLibraryLoadData(ctypes.byref(library), b"// lib\n", None, None, 0, None, None, 0), "library")
+    check(cu.cuLibraryGetKernel(ctypes.byref(kernel), library, b"add_u32"), "kernel")
+    config = ctypes.c_int()
+
+    def ctx_config(getter):
+        rc = getter(ctypes.byref(config))
+        return f"{rc} {config.value}"
+
+    say("ctx_cache_default", ctx_config(cu.cuCtxGetCacheConfig))
+    say("ctx_cache_set", cu.cuCtxSetCacheConfig(2))  # CU_FUNC_CACHE_PREFER_L1
+    say("ctx_cache_unknown", cu.cuCtxSetCacheConfig(7))
+    say("ctx_cache_now", ctx_config(cu.cuCtxGetCacheConfig))
+    say("ctx_shared_default", ctx_config(cu.cuCtxGetSharedMemConfig))
+    say("ctx_shared_set", cu.cuCtxSetSharedMemConfig(2))  # EIGHT_BYTE_BANK_SIZE
+    say("ctx_shared_unknown", cu.cuCtxSetSharedMemConfig(5))
+    say("ctx_shared_now", ctx_config(cu.cuCtxGetSharedMemConfig))
+    say("func_cache", cu.cuFuncSetCacheConfig(fill, 1))
+    say("func_cache_unknown", cu.cuFuncSetCacheConfig(fill, 9))
+    say("func_cache_foreign", cu.cuFuncSetCacheConfig(c_u64(0x1234), 1))
+    say("func_shared", cu.cuFuncSetSharedMemConfig(fill, 1))
+    say("func_shared_unknown", cu.cuFuncSetSharedMemConfig(fill, 7))
+    say("kernel_cache", cu.cuKernelSetCacheConfig(kernel, 3, 0))
+    say("kernel_cache_unknown", cu.cuKernelSetCacheConfig(kernel, 4, 0))
+    say("kernel_cache_other_device", cu.cuKernelSetCacheConfig(kernel, 3, 5))
+    value = ctypes.c_int()
+
+    def carveout():  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+        rc = cu.cuFuncGetAttribute(ctypes.byref(value), 9, fill)
+        return f"{rc} {value.value}"
+
+    say("carveout_set", cu.cuFuncSetAttribute(fill, 9, 50))
+    say("carveout_past_100", cu.cuFuncSetAttribute(fill, 9, 101))
+    say("carveout_now", carveout())
+    say("dynamic_shared_past_the_device", cu.cuFuncSetAttribute(fill, 8, 1 << 20))
+    say("read_only_attribute", cu.cuFuncSetAttribute(fill, 0, 64))
+
+
+def scenario_enumerate():
+    """What a module or library holds: counts, the handles themselves (usable, and the same a lookup
+    by name gives), their names (one pointer per handle, kept), their library, parameter counts; a
+    handle that is not the lease's is refused."""
+    setup()
+    ptx = b"// host-executor module\n.visible .entry mine(.param .u64 a, .param .u32 b)\n"
+    module, library = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), ptx), "load")
+    check(cu.cuLibraryLoadData(ctypes.byref(library), ptx, None, None, 0, None, None, 0), "library")
+    count = ctypes.c_uint()
+    check(cu.cuModuleGetFunctionCount(ctypes.byref(count), module), "function count")
+    functions = (c_u64 * count.value)()
+    check(cu.cuModuleEnumerateFunctions(functions, count.value, module), "enumerate functions")
+    name = ctypes.c_char_p()
+    names = []
+    for f in functions:
+        check(cu.cuFuncGetName(ctypes.byref(name), c_u64(f)), "function name")
+        names.append(name.value.decode())
+    say("functions", f"{count.value} {'mine' in names} {'fill_u32' in names}")
+    mine = functions[names.index("mine")]
+    by_name = c_u64()
+    check(cu.cuModuleGetFunction(ctypes.byref(by_name), module, b"mine"), "by name")
+    say("same_handle_as_by_name", mine == by_name.value)
+    first, again = ctypes.c_char_p(), ctypes.c_char_p()
+    check(cu.cuFuncGetName(ctypes.byref(first), c_u64(mine)), "name")
+    check(cu.cuFuncGetName(ctypes.byref(again), c_u64(mine)), "name again")
+    say("name_kept", ctypes.cast(first, ctypes.c_void_p).value == ctypes.cast(again, ctypes.c_void_p).value)
+    params = c_u64()
+    say("param_count", f"{cu13.cuFuncGetParamCount(c_u64(mine), ctypes.byref(params))} {params.value}")
+    state = ctypes.c_int()
+    say("loaded", f"{cu.cuFuncIsLoaded(ctypes.byref(state), c_u64(mine))} {state.value}")
+    say("load", cu.cuFuncLoad(c_u64(mine)))
+    check(cu.cuLibraryGetKernelCount(ctypes.byref(count), library), "kernel count")
+    kernels = (c_u64 * 2)()
+    say("enumerate_two_kernels", cu.cuLibraryEnumerateKernels(kernels, 2, library))
+    kernel_names = []
+    for k in kernels:
+        check(cu.cuKernelGetName(ctypes.byref(name), c_u64(k)), "kernel name")
+        kernel_names.append(name.value.decode())
+    owner = c_u64()
+    check(cu.cuKernelGetLibrary(ctypes.byref(owner), c_u64(kernels[0])), "kernel library")
+    say("kernels", f"{count.value == len(functions)} {len(set(kernel_names))} {owner.value == library.value}")
+    say("kernel_param_count", f"{cu13.cuKernelGetParamCount(c_u64(kernels[0]), ctypes.byref(params))}")
+    rc, buf = alloc(4096)
+    check(rc, "alloc")
+    fill = functions[names.index("fill_u32")]
+    ptr, value, n = c_u64(buf), ctypes.c_uint32(9), ctypes.c_uint32(16)
+    args = (ctypes.c_void_p * 3)(*map(ctypes.addressof, (ptr, value, n)))
+    check(cu.cuLaunchKernel(c_u64(fill), 1, 1, 1, 16, 1, 1, 0, c_u64(0), args, None), "launch enumerated")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("enumerated_launch", memoryview(dtoh(buf, 64)[1]).cast("I")[15])
+    say("foreign_module", cu.cuModuleGetFunctionCount(ctypes.byref(count), c_u64(0x1234)))
+    say("foreign_name", cu.cuKernelGetName(ctypes.byref(name), c_u64(0x1234)))
+
+
 def scenario_native_dispatch():
     """The calls a training loop repeats — launches of a kernel launched before, event records and
     waits, stream and event synchronises and queries — answered as always (the worker serves them in
@@ -1102,30 +1238,44 @@ def scenario_mapped():
 
 
 def scenario_tensor_maps():
-    """cuTensorMapEncodeTiled / Im2col / ReplaceAddress: encoded by the worker (the host executor's
-    stand-in descriptor holds the type, rank, address and dimensions); an address that is not the
-    lease's memory is refused."""
+    """cuTensorMapEncodeTiled / Im2col / Im2colWide / ReplaceAddress: encoded by the worker (the host
+    executor's stand-in descriptor holds the type, rank, address and dimensions) for a tensor that lies
+    wholly in the lease's memory; one at an address that is not the lease's, or running past the end of
+    its allocation, or moved where it does not fit, is refused, as is a map the lease did not encode."""
     import struct
 
     setup()
     rc, ptr = alloc(1 << 20)
     check(rc, "alloc")
     tensor_map = ctypes.create_string_buffer(128)
-    dims, strides = (c_u64 * 2)(256, 128), (c_u64 * 1)(512)
+    dims, strides = (c_u64 * 2)(256, 128), (c_u64 * 1)(512)  # 128 rows of 256 floats: 64 KiB
     box, element = (ctypes.c_uint32 * 2)(64, 32), (ctypes.c_uint32 * 2)(1, 1)
     encode = cu.cuTensorMapEncodeTiled
     rc = encode(tensor_map, 7, 2, c_u64(ptr), dims, strides, box, element, 0, 0, 0, 0)
     dtype, rank, address = struct.unpack_from("<iIQ", tensor_map.raw)
     say("tiled", f"{rc} {dtype} {rank} {address == ptr} {struct.unpack_from('<2Q', tensor_map.raw, 32)}")
     say("foreign_address", encode(tensor_map, 7, 2, c_u64(0x1000), dims, strides, box, element, 0, 0, 0, 0))
+    near_end = c_u64(ptr + (1 << 20) - 4096)
+    say("past_the_allocation", encode(tensor_map, 7, 2, near_end, dims, strides, box, element, 0, 0, 0, 0))
+    say(
+        "misaligned_address",
+        encode(tensor_map, 7, 2, c_u64(ptr + 4), dims, strides, box, element, 0, 0, 0, 0),
+    )
+    rc = encode(tensor_map, 7, 2, c_u64(ptr), dims, strides, box, element, 0, 0, 0, 0)
     rc = cu.cuTensorMapReplaceAddress(tensor_map, c_u64(ptr + 4096))
     say("replaced", f"{rc} {struct.unpack_from('<Q', tensor_map.raw, 8)[0] == ptr + 4096}")
+    say("replaced_where_it_does_not_fit", cu.cuTensorMapReplaceAddress(tensor_map, near_end))
+    made_up = ctypes.create_string_buffer(bytes(range(128)), 128)
+    say("replaced_in_a_made_up_map", cu.cuTensorMapReplaceAddress(made_up, c_u64(ptr)))
     dims3, strides3 = (c_u64 * 3)(8, 16, 16), (c_u64 * 2)(64, 1024)
     lower, upper = (ctypes.c_int * 1)(-1), (ctypes.c_int * 1)(1)
     element3 = (ctypes.c_uint32 * 3)(1, 1, 1)
     rc = cu.cuTensorMapEncodeIm2col(tensor_map, 7, 3, c_u64(ptr), dims3, strides3, lower, upper, 8, 16, element3,
                                     0, 0, 0, 0)  # fmt: skip
     say("im2col", f"{rc} {struct.unpack_from('<3Q', tensor_map.raw, 32)}")
+    rc = cu.cuTensorMapEncodeIm2colWide(tensor_map, 7, 3, c_u64(ptr), dims3, strides3, -1, 1, 8, 16, element3,
+                                        0, 0, 0, 0, 0)  # fmt: skip
+    say("im2col_wide", f"{rc} {struct.unpack_from('<3Q', tensor_map.raw, 32)}")
 
 
 def scenario_pinned_kernels():
@@ -1718,9 +1868,10 @@ def scenario_graph_explicit_nodes():
 
 def scenario_unknown():
     check(cu.cuInit(0), "init")
-    texture = c_u64()  # texture objects are not forwarded (docs/remote.md)
-    say("first_call", cu.cuTexObjectCreate(ctypes.byref(texture), None, None, None))
-    say("second_call", cu.cuTexObjectCreate(ctypes.byref(texture), None, None, None))
+    # Graphics interop is refused: an OpenGL or Vulkan resource of this machine means nothing on the GPU's
+    # (docs/driver-census.md).
+    say("first_call", cu.cuGraphicsMapResources(1, None, c_u64(0)))
+    say("second_call", cu.cuGraphicsMapResources(1, None, c_u64(0)))
 
 
 def scenario_no_lease():
@@ -1753,6 +1904,22 @@ def scenario_two_devices():
     rc, back = dtoh(ptrs[0], 32)
     say("peer_copy", back.hex())
     say("bad_device", cu.cuDevicePrimaryCtxRetain(ctypes.byref(c_u64()), n.value))
+    # Peer access between the lease's two devices, and which device a PCI bus id names.
+    value, found = ctypes.c_int(), ctypes.c_int(-1)
+    say("p2p_access_supported", f"{cu.cuDeviceGetP2PAttribute(ctypes.byref(value), 2, 0, 1)} {value.value}")
+    say("p2p_with_itself", cu.cuDeviceGetP2PAttribute(ctypes.byref(value), 2, 0, 0))
+    check(cu.cuCtxSetCurrent(ctxs[0]), "back to device 0")
+    say("enable_peer", cu.cuCtxEnablePeerAccess(ctxs[1], 0))
+    say("enable_again", cu.cuCtxEnablePeerAccess(ctxs[1], 0))
+    say("disable_peer", cu.cuCtxDisablePeerAccess(ctxs[1]))
+    say("disable_again", cu.cuCtxDisablePeerAccess(ctxs[1]))
+    bus_id = ctypes.create_string_buffer(64)
+    check(cu.cuDeviceGetPCIBusId(bus_id, 64, 1), "bus id")
+    short = bus_id.value.split(b":", 1)[1]  # without the domain
+    for label, name in (("by_bus_id", bus_id.value), ("by_short_bus_id", short), ("by_other_bus_id", b"0000:7f:00.0"),
+                        ("by_garbage", b"gpu one")):  # fmt: skip
+        found.value = -1
+        say(label, f"{cu.cuDeviceGetByPCIBusId(ctypes.byref(found), name)} {found.value}")
 
 
 def _mmap(base, size, prot, flags):
@@ -1875,6 +2042,299 @@ def scenario_vmm():
     check(cu.cuMemAddressFree(base, c_u64(16 * MiB)), "address free")
     check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
     say("used_mib_after", (total.value - free.value) // MiB)
+
+
+def scenario_vmm_retain():
+    """cuMemRetainAllocationHandle, as NCCL frees its memory: the handle of what this process mapped,
+    one more reference to release; the memory lives until the last one goes, whoever made it. Memory
+    this process did not map (cuMemAlloc's, which the worker maps itself) has no handle to give."""
+    setup()
+    prop = AllocationProp(1, 0, 1, 0)
+    base, handle, retained, size = c_u64(), c_u64(), c_u64(), c_u64(4 * MiB)
+    check(cu.cuMemAddressReserve(ctypes.byref(base), c_u64(8 * MiB), c_u64(0), c_u64(0), c_u64(0)), "reserve")
+    check(cu.cuMemCreate(ctypes.byref(handle), size, ctypes.byref(prop), c_u64(0)), "create")
+    check(cu.cuMemMap(base, size, c_u64(0), handle, c_u64(0)), "map")
+    check(cu.cuMemSetAccess(base, size, ctypes.byref(AccessDesc(1, 0, 3)), c_u64(1)), "access")
+    rc = cu.cuMemRetainAllocationHandle(ctypes.byref(retained), c_u64(base.value + 4096))
+    say("retain", f"{rc} {retained.value == handle.value}")
+    made = AllocationProp()
+    rc = cu.cuMemGetAllocationPropertiesFromHandle(ctypes.byref(made), handle)
+    say("properties", f"{rc} {made.type} {made.location_type} {made.location_id}")
+    say(
+        "properties_of_another_handle",
+        cu.cuMemGetAllocationPropertiesFromHandle(ctypes.byref(made), c_u64(0x1234)),
+    )
+    flags, device0, device5 = c_u64(), (ctypes.c_int * 2)(1, 0), (ctypes.c_int * 2)(1, 5)
+    say("access", f"{cu.cuMemGetAccess(ctypes.byref(flags), device0, c_u64(base.value + 64))} {flags.value}")
+    say("access_of_another_device", cu.cuMemGetAccess(ctypes.byref(flags), device5, base))
+    say("access_unmapped", cu.cuMemGetAccess(ctypes.byref(flags), device0, c_u64(base.value + size.value)))
+    say("release_retained", cu.cuMemRelease(retained))
+    say("memset_still_mapped", cu.cuMemsetD8(base, 5, size))
+    check(cu.cuMemUnmap(base, size), "unmap")
+    say("release_created", cu.cuMemRelease(handle))
+    say("release_again", cu.cuMemRelease(handle))
+    rc, plain = alloc(MiB)
+    check(rc, "alloc")
+    say("retain_plain_memory", cu.cuMemRetainAllocationHandle(ctypes.byref(retained), c_u64(plain)))
+    check(cu.cuMemFree(c_u64(plain)), "free")
+    say("retain_unmapped", cu.cuMemRetainAllocationHandle(ctypes.byref(retained), base))
+    # The creator's reference released while mapped: the retained one keeps the memory.
+    check(cu.cuMemCreate(ctypes.byref(handle), size, ctypes.byref(prop), c_u64(0)), "create again")
+    check(cu.cuMemMap(base, size, c_u64(0), handle, c_u64(0)), "map again")
+    check(cu.cuMemRelease(handle), "release while mapped")
+    say("retain_after_release", cu.cuMemRetainAllocationHandle(ctypes.byref(retained), base))
+    check(cu.cuMemUnmap(base, size), "unmap again")
+    say("release_last", cu.cuMemRelease(retained))
+    check(cu.cuMemAddressFree(base, c_u64(8 * MiB)), "address free")
+    free, total = c_u64(), c_u64()
+    check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
+    say("used_mib_after", (total.value - free.value) // MiB)
+
+
+class Memcpy2D(ctypes.Structure):  # CUDA_MEMCPY2D
+    _fields_ = [(f"{side}{name}", kind) for side in ("src", "dst") for name, kind in (
+        ("XInBytes", c_u64), ("Y", c_u64), ("MemoryType", ctypes.c_int), ("Host", ctypes.c_void_p),
+        ("Device", c_u64), ("Array", c_u64), ("Pitch", c_u64))] + [("WidthInBytes", c_u64), ("Height", c_u64)]  # fmt: skip
+
+
+class Memcpy3D(ctypes.Structure):  # CUDA_MEMCPY3D
+    _fields_ = [(f"{side}{name}", kind) for side in ("src", "dst") for name, kind in (
+        ("XInBytes", c_u64), ("Y", c_u64), ("Z", c_u64), ("LOD", c_u64), ("MemoryType", ctypes.c_int),
+        ("Host", ctypes.c_void_p), ("Device", c_u64), ("Array", c_u64), ("Reserved", ctypes.c_void_p),
+        ("Pitch", c_u64), ("Height", c_u64))] + [("WidthInBytes", c_u64), ("Height", c_u64), ("Depth", c_u64)]  # fmt: skip
+
+
+class ArrayDesc(ctypes.Structure):  # CUDA_ARRAY_DESCRIPTOR
+    _fields_ = [("Width", c_u64), ("Height", c_u64), ("Format", ctypes.c_int), ("NumChannels", ctypes.c_uint)]
+
+
+class Array3DDesc(ctypes.Structure):  # CUDA_ARRAY3D_DESCRIPTOR
+    _fields_ = [("Width", c_u64), ("Height", c_u64), ("Depth", c_u64), ("Format", ctypes.c_int),
+                ("NumChannels", ctypes.c_uint), ("Flags", ctypes.c_uint)]  # fmt: skip
+
+
+HOST, DEVICE, ARRAY = 1, 2, 3  # CUmemorytype
+FLOAT, U8 = 0x20, 0x01  # CUarray_format
+
+
+def resource_desc(kind, handle, size=0):
+    """A CUDA_RESOURCE_DESC: an array (0) or `size` bytes of linear memory (2) at `handle`."""
+    raw = ctypes.create_string_buffer(144)
+    struct.pack_into("<iiQ", raw, 0, kind, 0, handle)
+    if kind == 2:
+        struct.pack_into("<iIQ", raw, 16, FLOAT, 1, size)
+    return raw
+
+
+def scenario_arrays():
+    """CUDA arrays as forwarded objects: created and described, filled and read through 2D, 3D and
+    one-dimensional copies between host memory (with its own pitch), device memory and arrays, a
+    sub-rectangle, a mipmapped array's levels, texture and surface objects over them; a copy outside an
+    array or an allocation, an array not of the lease, or past the partition is refused."""
+    setup()
+    array, other = c_u64(), c_u64()
+    check(cu.cuArrayCreate(ctypes.byref(array), ctypes.byref(ArrayDesc(64, 32, FLOAT, 1))), "array")
+    described = Array3DDesc()
+    rc = cu.cuArray3DGetDescriptor(ctypes.byref(described), array)
+    say("described", f"{rc} {described.Width}x{described.Height}x{described.Depth} {described.Format:#x}")
+    # 32 rows of 64 floats, in host rows 512 bytes apart; into the array, then out to pitched device memory.
+    image = (ctypes.c_float * (128 * 32))(*(float(i) for i in range(128 * 32)))
+    to_array = Memcpy2D(srcMemoryType=HOST, srcHost=ctypes.addressof(image), srcPitch=512, dstMemoryType=ARRAY,
+                        dstArray=array.value, WidthInBytes=256, Height=32)  # fmt: skip
+    say("host_to_array", cu.cuMemcpy2D(ctypes.byref(to_array)))
+    rc, dev = alloc(256 * 32)
+    check(rc, "alloc")
+    to_device = Memcpy2D(srcMemoryType=ARRAY, srcArray=array.value, dstMemoryType=DEVICE, dstDevice=dev,
+                         dstPitch=256, WidthInBytes=256, Height=32)  # fmt: skip
+    say("array_to_device", cu.cuMemcpy2D(ctypes.byref(to_device)))
+    rows = memoryview(dtoh(dev, 256 * 32)[1]).cast("f")
+    say("device_rows", f"{rows[0]} {rows[63]} {rows[64]} {rows[64 * 31 + 63]}")  # each row's first 64 floats
+    corner = (ctypes.c_float * 8 * 3)()
+    piece = Memcpy2D(srcXInBytes=16, srcY=4, srcMemoryType=ARRAY, srcArray=array.value, dstMemoryType=HOST,
+                     dstHost=ctypes.addressof(corner), dstPitch=32, WidthInBytes=32, Height=3)  # fmt: skip
+    say("sub_rectangle", f"{cu.cuMemcpy2D(ctypes.byref(piece))} {corner[0][0]} {corner[2][7]}")
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    say("async_2d", cu.cuMemcpy2DAsync(ctypes.byref(piece), stream))
+    say("async_sync", cu.cuStreamSynchronize(stream))
+    too_tall = Memcpy2D(srcMemoryType=HOST, srcHost=ctypes.addressof(image), srcPitch=512, dstMemoryType=ARRAY,
+                        dstArray=array.value, WidthInBytes=256, Height=33)  # fmt: skip
+    say("past_the_array", cu.cuMemcpy2D(ctypes.byref(too_tall)))
+    past_allocation = Memcpy2D(srcMemoryType=ARRAY, srcArray=array.value, dstMemoryType=DEVICE, dstDevice=dev,
+                               dstPitch=512, WidthInBytes=256, Height=32)  # fmt: skip
+    say("past_the_allocation", cu.cuMemcpy2D(ctypes.byref(past_allocation)))
+    foreign = Memcpy2D(srcMemoryType=ARRAY, srcArray=0x1234, dstMemoryType=DEVICE, dstDevice=dev, dstPitch=256,
+                       WidthInBytes=256, Height=1)  # fmt: skip
+    say("foreign_array", cu.cuMemcpy2D(ctypes.byref(foreign)))
+    # One dimension: bytes at an offset of an array, to and from host and device memory and another array.
+    check(cu.cuArrayCreate(ctypes.byref(other), ctypes.byref(ArrayDesc(64, 0, FLOAT, 1))), "1-D array")
+    words = (ctypes.c_float * 4)(1.5, 2.5, 3.5, 4.5)
+    say("host_to_1d", cu.cuMemcpyHtoA(other, c_u64(8), words, c_u64(16)))
+    back = (ctypes.c_float * 6)()
+    say("1d_to_host", f"{cu.cuMemcpyAtoH(back, other, c_u64(0), c_u64(24))} {list(back)}")
+    say("1d_to_device", cu.cuMemcpyAtoD(c_u64(dev), other, c_u64(8), c_u64(16)))
+    say("device_to_1d", cu.cuMemcpyDtoA(other, c_u64(128), c_u64(dev), c_u64(16)))
+    say("array_to_array", cu.cuMemcpyAtoA(array, c_u64(0), other, c_u64(128), c_u64(16)))
+    check(cu.cuMemcpyAtoH(back, array, c_u64(0), c_u64(24)), "first row")
+    say("first_row_now", list(back))
+    # Three dimensions: 2 slices of 4 rows of 8 RGBA bytes, host -> 3-D array -> device (slices 8 rows apart).
+    volume, cube = c_u64(), (ctypes.c_ubyte * 128 * 2)()
+    for i in range(256):
+        cube[i // 128][i % 128] = i
+    check(cu.cuArray3DCreate(ctypes.byref(volume), ctypes.byref(Array3DDesc(8, 4, 2, U8, 4, 0))), "3-D array")
+    into = Memcpy3D(srcMemoryType=HOST, srcHost=ctypes.addressof(cube), srcPitch=32, srcHeight=4,
+                    dstMemoryType=ARRAY, dstArray=volume.value, WidthInBytes=32, Height=4, Depth=2)  # fmt: skip
+    say("host_to_3d", cu.cuMemcpy3D(ctypes.byref(into)))
+    out = Memcpy3D(srcMemoryType=ARRAY, srcArray=volume.value, dstMemoryType=DEVICE, dstDevice=dev, dstPitch=32,
+                   dstHeight=8, WidthInBytes=32, Height=4, Depth=2)  # fmt: skip
+    say("3d_to_device", cu.cuMemcpy3D(ctypes.byref(out)))
+    slab = dtoh(dev, 512)[1]
+    say("3d_slices", f"{slab[0]} {slab[127]} {slab[256]} {slab[256 + 127]}")  # the second slice 8 rows on
+    mipmapped, level = c_u64(), c_u64()
+    rc = cu.cuMipmappedArrayCreate(
+        ctypes.byref(mipmapped), ctypes.byref(Array3DDesc(64, 64, 0, FLOAT, 1, 0)), 4
+    )
+    check(rc, "mipmapped")
+    check(cu.cuMipmappedArrayGetLevel(ctypes.byref(level), mipmapped, 2), "level")
+    check(cu.cuArray3DGetDescriptor(ctypes.byref(described), level), "level descriptor")
+    say("level_2", f"{described.Width}x{described.Height}")
+    say("destroy_a_level", cu.cuArrayDestroy(level))  # the mipmapped array's, not the program's to destroy
+    texture, surface, linear = c_u64(), c_u64(), c_u64()
+    tex_desc = ctypes.create_string_buffer(104)
+    say(
+        "texture_over_array",
+        cu.cuTexObjectCreate(ctypes.byref(texture), resource_desc(0, array.value), tex_desc, None),
+    )
+    say(
+        "texture_over_memory",
+        cu.cuTexObjectCreate(ctypes.byref(linear), resource_desc(2, dev, 4096), tex_desc, None),
+    )
+    say("texture_past_memory", cu.cuTexObjectCreate(ctypes.byref(c_u64()), resource_desc(2, dev, 1 << 20), tex_desc,
+                                                    None))  # fmt: skip
+    say("texture_foreign_array", cu.cuTexObjectCreate(ctypes.byref(c_u64()), resource_desc(0, 0x1234), tex_desc,
+                                                      None))  # fmt: skip
+    described_res = ctypes.create_string_buffer(144)
+    rc = cu.cuTexObjectGetResourceDesc(described_res, texture)
+    kind, _, named = struct.unpack_from("<iiQ", described_res.raw)
+    say("texture_resource", f"{rc} {kind} {named == array.value}")
+    say(
+        "texture_view_when_none", cu.cuTexObjectGetResourceViewDesc(ctypes.create_string_buffer(112), texture)
+    )
+    say("surface_over_array", cu.cuSurfObjectCreate(ctypes.byref(surface), resource_desc(0, array.value)))
+    rc = cu.cuSurfObjectGetResourceDesc(described_res, surface)
+    say("surface_resource", f"{rc} {struct.unpack_from('<Q', described_res.raw, 8)[0] == array.value}")
+    say("surface_over_memory", cu.cuSurfObjectCreate(ctypes.byref(c_u64()), resource_desc(2, dev, 4096)))
+    say(
+        "destroyed",
+        f"{cu.cuTexObjectDestroy(texture)} {cu.cuTexObjectDestroy(linear)} {cu.cuSurfObjectDestroy(surface)}",
+    )
+    say("destroyed_again", cu.cuTexObjectDestroy(texture))
+    huge = c_u64()
+    say(
+        "past_partition",
+        cu.cuArrayCreate(ctypes.byref(huge), ctypes.byref(ArrayDesc(1 << 16, 1 << 12, FLOAT, 4))),
+    )
+    say("destroy", f"{cu.cuArrayDestroy(array)} {cu.cuArrayDestroy(other)} {cu.cuArrayDestroy(volume)} "
+                   f"{cu.cuMipmappedArrayDestroy(mipmapped)}")  # fmt: skip
+    say("destroy_again", cu.cuArrayDestroy(array))
+
+
+def scenario_pitched_and_context():
+    """Pitched allocations and 2D memsets (rows apart by the pitch, one memset when they touch), a
+    library read from a file, a context's flags and events."""
+    import tempfile
+
+    ctx = setup()
+    ptr, pitch = c_u64(), c_u64()
+    rc = cu.cuMemAllocPitch(ctypes.byref(ptr), ctypes.byref(pitch), c_u64(100), c_u64(8), 4)
+    say("alloc_pitch", f"{rc} {pitch.value}")
+    say(
+        "odd_element_size",
+        cu.cuMemAllocPitch(ctypes.byref(c_u64()), ctypes.byref(c_u64()), c_u64(100), c_u64(8), 3),
+    )
+    say("memset_rows", cu.cuMemsetD2D32(ptr, pitch, 7, c_u64(25), c_u64(8)))
+    rows = (ctypes.c_uint32 * 26 * 8)()
+    copy = Memcpy2D(srcMemoryType=DEVICE, srcDevice=ptr.value, srcPitch=pitch.value, dstMemoryType=HOST,
+                    dstHost=ctypes.addressof(rows), dstPitch=104, WidthInBytes=104, Height=8)  # fmt: skip
+    check(cu.cuMemcpy2D(ctypes.byref(copy)), "rows back")
+    say("rows", f"{rows[0][0]} {rows[7][24]} {rows[0][25]}")  # 25 words set per row, the 26th left alone
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    say("memset_touching_rows", cu.cuMemsetD2D8Async(ptr, c_u64(16), 3, c_u64(16), c_u64(4), stream))
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("touching_rows", dtoh(ptr.value, 64)[1] == b"\x03" * 64)
+    say("pitch_shorter_than_row", cu.cuMemsetD2D16(ptr, c_u64(8), 1, c_u64(8), c_u64(2)))
+    with tempfile.NamedTemporaryFile(suffix=".ptx") as image:
+        image.write(b"// lib\n.visible .entry filekernel(.param .u32 a)\n")
+        image.flush()
+        library, kernel = c_u64(), c_u64()
+        rc = cu.cuLibraryLoadFromFile(
+            ctypes.byref(library), image.name.encode(), None, None, 0, None, None, 0
+        )
+        say(
+            "library_from_file", f"{rc} {cu.cuLibraryGetKernel(ctypes.byref(kernel), library, b'filekernel')}"
+        )
+    say("library_missing_file", cu.cuLibraryLoadFromFile(ctypes.byref(c_u64()), b"/nonexistent.ptx", None, None, 0,
+                                                         None, None, 0))  # fmt: skip
+    flags = ctypes.c_uint()
+    say("set_flags", cu.cuCtxSetFlags(1))  # CU_CTX_SCHED_SPIN
+    say("flags", f"{cu.cuCtxGetFlags(ctypes.byref(flags))} {flags.value}")
+    event = c_u64()
+    check(cu.cuEventCreate(ctypes.byref(event), 0), "event")
+    say("record_event", cu.cuCtxRecordEvent(ctx, event))
+    say("wait_event", cu.cuCtxWaitEvent(ctx, event))
+    say("event_done", cu.cuEventSynchronize(event))
+    say("reset_persisting_l2", cu.cuCtxResetPersistingL2Cache())
+    say("record_foreign_context", cu.cuCtxRecordEvent(c_u64(0x1234), event))  # refused at the next sync
+    say("sync_after", cu.cuCtxSynchronize())
+
+
+def scenario_stream_attributes():
+    """A stream's attributes round trip (plain values, an access-policy window over the lease's memory)
+    and copy to another stream; a window over memory that is not the lease's, or an attribute that
+    carries other handles, is refused."""
+    setup()
+    rc, buf = alloc(1 << 20)
+    check(rc, "alloc")
+    stream, other = c_u64(), c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    check(cu.cuStreamCreate(ctypes.byref(other), 0), "other stream")
+    value = (ctypes.c_int * 16)()
+
+    def get(on, attr):
+        rc = cu.cuStreamGetAttribute(on, attr, value)
+        return f"{rc} {value[0]}"
+
+    priority = (ctypes.c_int * 16)(-1)
+    say("set_priority", cu.cuStreamSetAttribute(stream, 8, priority))  # CU_LAUNCH_ATTRIBUTE_PRIORITY
+    say("get_priority", get(stream, 8))
+    window = (c_u64 * 8)(buf, 4096)  # base, bytes; hit ratio and properties zero
+    say("window_over_lease_memory", cu.cuStreamSetAttribute(stream, 1, window))
+    say("window_elsewhere", cu.cuStreamSetAttribute(stream, 1, (c_u64 * 8)(0x1000, 4096)))
+    say("window_past_the_allocation", cu.cuStreamSetAttribute(stream, 1, (c_u64 * 8)(buf, 1 << 30)))
+    say(
+        "handle_carrying_attribute", cu.cuStreamSetAttribute(stream, 13, priority)
+    )  # DEVICE_UPDATABLE_KERNEL_NODE
+    say("copy_attributes", cu.cuStreamCopyAttributes(other, stream))
+    say("copied_priority", get(other, 8))
+    width = c_u64()
+    rc = cu.cuDeviceGetTexture1DLinearMaxWidth(ctypes.byref(width), 0x20, 1, 0)
+    say("texture_1d_max_width", f"{rc} {width.value > 0}")
+    # Stream memory operations on words of the lease's memory; one past its end fails at the next sync.
+    check(cu.cuStreamWriteValue32(stream, c_u64(buf), 5, 0), "write 32")
+    check(cu.cuStreamWriteValue64(stream, c_u64(buf + 8), c_u64(1 << 40), 0), "write 64")
+    check(cu.cuStreamWaitValue32(stream, c_u64(buf), 5, 0), "wait 32")  # CU_STREAM_WAIT_VALUE_GEQ
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("written", struct.unpack("<IIQ", dtoh(buf, 16)[1]))
+    say("write_past_the_end", cu.cuStreamWriteValue64(stream, c_u64(buf + (1 << 20) - 4), c_u64(1), 0))
+    say("sync_after", cu.cuStreamSynchronize(stream))
+    host, mapped = ctypes.c_void_p(), c_u64()  # mapped page-locked memory: its device pointer is mirrored
+    check(cu.cuMemHostAlloc(ctypes.byref(host), c_u64(4096), 2), "host alloc")  # CU_MEMHOSTALLOC_DEVICEMAP
+    check(cu.cuMemHostGetDevicePointer(ctypes.byref(mapped), host, 0), "device pointer")
+    say("write_to_mapped_memory", cu.cuStreamWriteValue32(stream, mapped, 1, 0))
+    props = (ctypes.c_int * 14)()  # CUdevprop
+    rc = cu.cuDeviceGetProperties(props, 0)
+    say("device_properties", f"{rc} {props[0]} {props[9]}")  # max threads per block, warp size
 
 
 def scenario_collision():

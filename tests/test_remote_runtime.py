@@ -207,3 +207,47 @@ def test_slots_cublas_and_the_runtime_use_answer_as_the_real_driver_does(shim_di
     )
     assert out == {"object": "0 True", "value": "0 7", "declined": "801", "message": "0"}
     assert "gpupool" not in err  # nothing the user must read
+
+
+def test_cufft_asks_a_loaded_module_for_its_functions_as_the_driver_answers(shim_dir, worker):
+    """cuFFT, after cuModuleLoadData, asks slot 7 of export table 6e163fbe for the module's functions: each
+    is handed to its callback (the functions a lookup by name gives, usable as any) and the answer is how
+    many there were, as the driver answers (traced natively; without it every cuFFT plan fails)."""
+    table, slot = next((t, s) for t in TABLES for s in t.slots if s.function == "gp_x_module_functions")
+    out, err = run_program(
+        f"""
+        import ctypes
+        cu = ctypes.CDLL("libcuda.so.1")
+        U64 = ctypes.c_uint64
+        assert cu.cuInit(0) == 0
+        ctx = U64()
+        assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+        module = U64()
+        image = b"// host-executor module\\n.visible .entry fill_u32()\\n.visible .entry mine(.param .u64 a)\\n"
+        assert cu.cuModuleLoadData(ctypes.byref(module), image) == 0
+        pointer = ctypes.c_void_p()
+        assert cu.cuGetExportTable(ctypes.byref(pointer), {table.key!r}) == 0
+        word = ctypes.cast(pointer, ctypes.POINTER(ctypes.c_void_p))[{slot.index}]
+        EACH = ctypes.CFUNCTYPE(None, ctypes.c_void_p, U64)
+        seen = []
+        each = EACH(lambda arg, function: seen.append(function))
+        functions = ctypes.CFUNCTYPE(U64, U64, U64, EACH, ctypes.c_void_p)(word)
+        print("count", functions(ctx, module, each, None))
+        n = ctypes.c_uint32()
+        assert cu.cuModuleGetFunctionCount(ctypes.byref(n), module) == 0
+        print("module_count", n.value, len(seen))
+        names = []
+        for f in seen:
+            name = ctypes.c_char_p()
+            assert cu.cuFuncGetName(ctypes.byref(name), U64(f)) == 0
+            names.append(name.value.decode())
+        print("names", {{"fill_u32", "mine"}} <= set(names) and len(set(names)) == len(names))
+        by_name = U64()
+        assert cu.cuModuleGetFunction(ctypes.byref(by_name), module, b"mine") == 0
+        print("same_handle", by_name.value in seen)
+        """,
+        client_env(shim_dir, worker),
+    )
+    count = out.pop("count")
+    assert out == {"module_count": f"{count} {count}", "names": "True", "same_handle": "True"}, err
+    assert "gpupool" not in err

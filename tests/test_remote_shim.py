@@ -124,10 +124,12 @@ def test_kernels_launch_with_parameters_and_faults_surface_at_the_next_sync(shim
     assert out["sync_after_fault"] == "700"  # ... the fault is reported by the next sync
 
 
-def test_a_call_that_is_not_forwarded_fails_and_says_so_once(shim_dir, worker):
+def test_a_call_that_is_not_forwarded_fails_and_says_why_once(shim_dir, worker):
     out, err = run_client("unknown", client_env(shim_dir, worker))
     assert out == {"first_call": "801", "second_call": "801"}
-    assert err.count("cuTexObjectCreate is not forwarded") == 1
+    assert err.count("cuGraphicsMapResources is not forwarded") == 1
+    assert "(graphics interop: refused)" in err  # the census's reason, said where it is met
+    assert "docs/driver-census.md says why" in err
 
 
 def test_without_a_lease_the_shim_refuses_at_once(shim_dir):
@@ -208,6 +210,16 @@ def test_a_two_gpu_lease_shows_two_devices_each_with_its_partition(shim_dir):
         "ctx_device1": "1",
         "peer_copy": "11" * 16 + "10" * 16,
         "bad_device": "101",  # CUDA_ERROR_INVALID_DEVICE
+        "p2p_access_supported": "0 1",
+        "p2p_with_itself": "101",
+        "enable_peer": "0",
+        "enable_again": "704",  # CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+        "disable_peer": "0",
+        "disable_again": "705",  # CUDA_ERROR_PEER_ACCESS_NOT_ENABLED
+        "by_bus_id": "0 1",
+        "by_short_bus_id": "0 1",  # the domain may be left out
+        "by_other_bus_id": "101 -1",  # a bus of the host that is not the lease's
+        "by_garbage": "1 -1",
     }
 
 
@@ -279,6 +291,168 @@ def test_the_virtual_memory_api_maps_memory_in_ranges_the_program_reserved(shim_
         "used_mib_after": "0",
     }
     assert "gpupool:" not in err
+
+
+def test_a_retained_handle_is_one_more_reference_to_memory_this_process_mapped(shim_dir, worker):
+    """cuMemRetainAllocationHandle gives this process's mapping's handle as one more reference to release."""
+    out, err = run_client("vmm_retain", client_env(shim_dir, worker))
+    assert out == {
+        "retain": "0 True",  # an address inside the mapping gives the handle it was mapped from
+        "properties": "0 1 1 0",  # pinned, on device 0, as created
+        "properties_of_another_handle": "1",
+        "access": "0 3",  # CU_MEM_ACCESS_FLAGS_PROT_READWRITE, as granted
+        "access_of_another_device": "101",
+        "access_unmapped": "1",
+        "release_retained": "0",
+        "memset_still_mapped": "0",  # the creator's reference still holds the memory
+        "release_created": "0",
+        "release_again": "1",  # CUDA_ERROR_INVALID_VALUE: no reference left
+        "retain_plain_memory": "1",  # cuMemAlloc's memory: the worker's own mapping, no handle to give
+        "retain_unmapped": "1",
+        "retain_after_release": "0",
+        "release_last": "0",
+        "used_mib_after": "0",  # every reference released: the partition is whole again
+    }
+    assert "not forwarded" not in err
+
+
+def test_cache_and_shared_memory_configuration_round_trip_with_the_drivers_refusals(shim_dir, worker):
+    """Cache and shared-memory settings read back; values the driver refuses are refused and change nothing."""
+    out, err = run_client("cache_config", client_env(shim_dir, worker))
+    assert out == {
+        "ctx_cache_default": "0 0",  # CU_FUNC_CACHE_PREFER_NONE
+        "ctx_cache_set": "0",
+        "ctx_cache_unknown": "1",  # CUDA_ERROR_INVALID_VALUE
+        "ctx_cache_now": "0 2",  # the refused value changed nothing
+        "ctx_shared_default": "0 1",  # CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE
+        "ctx_shared_set": "0",
+        "ctx_shared_unknown": "1",
+        "ctx_shared_now": "0 2",
+        "func_cache": "0",
+        "func_cache_unknown": "1",
+        "func_cache_foreign": "400",  # CUDA_ERROR_INVALID_HANDLE: not a function of this lease
+        "func_shared": "0",
+        "func_shared_unknown": "1",
+        "kernel_cache": "0",
+        "kernel_cache_unknown": "1",
+        "kernel_cache_other_device": "101",  # CUDA_ERROR_INVALID_DEVICE
+        "carveout_set": "0",
+        "carveout_past_100": "1",
+        "carveout_now": "0 50",
+        "dynamic_shared_past_the_device": "1",
+        "read_only_attribute": "1",
+    }
+    assert "not forwarded" not in err
+
+
+def test_a_modules_functions_and_a_librarys_kernels_are_enumerated_as_handles_of_the_lease(shim_dir, worker):
+    """Enumerated functions and kernels are usable handles of the lease, with names and parameter counts."""
+    out, err = run_client("enumerate", client_env(shim_dir, worker))
+    assert out == {
+        "functions": "12 True True",  # the PTX's own kernel and the host executor's built-in ones
+        "same_handle_as_by_name": "True",
+        "name_kept": "True",
+        "param_count": "0 2",
+        "loaded": "0 1",  # CU_FUNCTION_LOADING_STATE_LOADED
+        "load": "0",
+        "enumerate_two_kernels": "0",
+        "kernels": "True 2 True",
+        "kernel_param_count": "0",
+        "enumerated_launch": "9",  # an enumerated handle launches like one looked up by name
+        "foreign_module": "400",
+        "foreign_name": "400",
+    }
+    assert "not forwarded" not in err
+
+
+def test_cuda_arrays_copies_in_rows_and_slices_textures_and_surfaces_are_forwarded(shim_dir, worker):
+    """Arrays, their 2D/3D/1D copies, textures and surfaces work, touching only the lease's memory and arrays."""
+    out, err = run_client("arrays", client_env(shim_dir, worker))
+    assert out == {
+        "described": "0 64x32x0 0x20",
+        "host_to_array": "0",
+        "array_to_device": "0",
+        "device_rows": "0.0 63.0 128.0 4031.0",  # each row the first 64 floats of a 128-float host row
+        "sub_rectangle": "0 516.0 779.0",  # 3 rows of 8 floats from column 4 of row 4
+        "async_2d": "0",
+        "async_sync": "0",
+        "past_the_array": "1",  # CUDA_ERROR_INVALID_VALUE: a 33rd row
+        "past_the_allocation": "1",  # rows 512 bytes apart would run past the 8 KiB allocation
+        "foreign_array": "400",  # CUDA_ERROR_INVALID_HANDLE: not an array of this lease
+        "host_to_1d": "0",
+        "1d_to_host": "0 [0.0, 0.0, 1.5, 2.5, 3.5, 4.5]",
+        "1d_to_device": "0",
+        "device_to_1d": "0",
+        "array_to_array": "0",
+        "first_row_now": "[1.5, 2.5, 3.5, 4.5, 4.0, 5.0]",
+        "host_to_3d": "0",
+        "3d_to_device": "0",
+        "3d_slices": "0 127 128 255",  # the second slice lands 8 rows (256 bytes) on
+        "level_2": "16x16",
+        "destroy_a_level": "1",
+        "texture_over_array": "0",
+        "texture_over_memory": "0",
+        "texture_past_memory": "1",
+        "texture_foreign_array": "400",
+        "texture_resource": "0 0 True",  # its descriptor read back: an array, this one
+        "texture_view_when_none": "1",
+        "surface_over_array": "0",
+        "surface_resource": "0 True",
+        "surface_over_memory": "1",  # a surface is made over an array only
+        "destroyed": "0 0 0",
+        "destroyed_again": "400",
+        "past_partition": "2",  # CUDA_ERROR_OUT_OF_MEMORY: 4 GiB of array in a 64 MiB partition
+        "destroy": "0 0 0 0",
+        "destroy_again": "400",
+    }
+    assert "not forwarded" not in err
+
+
+def test_pitched_memory_2d_memsets_a_library_file_and_context_settings_are_forwarded(shim_dir, worker):
+    """Pitched memory and 2D memsets, a library from a file, a context's flags and events behave as natively."""
+    out, err = run_client("pitched_and_context", client_env(shim_dir, worker))
+    assert out == {
+        "alloc_pitch": "0 512",  # 100-byte rows padded to the texture pitch alignment
+        "odd_element_size": "1",
+        "memset_rows": "0",
+        "rows": "7 7 0",
+        "memset_touching_rows": "0",
+        "touching_rows": "True",
+        "pitch_shorter_than_row": "1",
+        "library_from_file": "0 0",
+        "library_missing_file": "301",  # CUDA_ERROR_FILE_NOT_FOUND
+        "set_flags": "0",
+        "flags": "0 1",
+        "record_event": "0",
+        "wait_event": "0",
+        "event_done": "0",
+        "reset_persisting_l2": "0",
+        "record_foreign_context": "0",  # asynchronous, as cuEventRecord ...
+        "sync_after": "201",  # ... CUDA_ERROR_INVALID_CONTEXT at the next synchronise
+    }
+    assert "not forwarded" not in err
+
+
+def test_stream_attributes_and_memory_operations_touch_only_the_leases_memory(shim_dir, worker):
+    """Stream attributes and memory operations round trip, and name only the lease's memory."""
+    out, err = run_client("stream_attributes", client_env(shim_dir, worker))
+    assert out == {
+        "set_priority": "0",
+        "get_priority": "0 -1",
+        "window_over_lease_memory": "0",
+        "window_elsewhere": "1",  # CUDA_ERROR_INVALID_VALUE
+        "window_past_the_allocation": "1",
+        "handle_carrying_attribute": "801",  # CUDA_ERROR_NOT_SUPPORTED
+        "copy_attributes": "0",
+        "copied_priority": "0 -1",
+        "texture_1d_max_width": "0 True",
+        "written": "(5, 0, 1099511627776)",
+        "write_past_the_end": "0",  # asynchronous ...
+        "sync_after": "1",  # ... CUDA_ERROR_INVALID_VALUE: its last 4 bytes are not the lease's
+        "write_to_mapped_memory": "801",  # the program would see it only at a synchronisation: refused
+        "device_properties": "0 1024 32",
+    }
+    assert "is not forwarded to the remote GPU" not in err
 
 
 def test_a_pool_and_its_pointers_are_shared_with_another_process_of_the_lease(shim_dir, worker):
@@ -466,13 +640,19 @@ def test_graph_copy_nodes_move_page_locked_host_memory_at_every_launch(shim_dir,
     assert "gpupool:" not in err
 
 
-def test_tensor_maps_are_encoded_by_the_worker_for_the_leases_memory_only(shim_dir, worker):
+def test_tensor_maps_are_encoded_by_the_worker_for_tensors_wholly_in_the_leases_memory(shim_dir, worker):
+    """A tensor map is encoded only for a tensor wholly in one allocation of the lease, and moved only where it fits."""
     out, _ = run_client("tensor_maps", client_env(shim_dir, worker))
     assert out == {
         "tiled": "0 7 2 True (256, 128)",
         "foreign_address": "1",  # CUDA_ERROR_INVALID_VALUE: not memory of this lease
+        "past_the_allocation": "1",  # the tensor's last rows would lie past its allocation
+        "misaligned_address": "1",  # the driver's own refusal, through the worker
         "replaced": "0 True",
+        "replaced_where_it_does_not_fit": "1",
+        "replaced_in_a_made_up_map": "1",  # not a map this lease encoded: its extent is unknown
         "im2col": "0 (8, 16, 16)",
+        "im2col_wide": "0 (8, 16, 16)",
     }
 
 
@@ -600,6 +780,23 @@ def test_a_launch_the_driver_refuses_fails_from_the_launch_call_itself(shim_dir,
         "shared_after_raising": "0",
         "sync": "0",  # nothing refused was sent: no error waits at the synchronise
     }
+
+
+def test_cooperative_launches_run_and_one_too_large_is_refused_by_the_launch_call(shim_dir, worker):
+    """Cooperative launches run; one with more blocks than fit at once fails from the launch call, as natively."""
+    out, err = run_client("cooperative", client_env(shim_dir, worker))
+    assert out == {
+        "cooperative": "0",
+        "sync": "0",
+        "filled": "3 3",  # 32 blocks of 256 threads filled all 8192 words
+        "too_large": "720",  # CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, from the launch call
+        "sync_after_too_large": "0",  # nothing refused was sent
+        "ex_cooperative": "0",
+        "ex_too_large": "720",
+        "ex_not_cooperative": "0",
+        "sync_at_end": "0",
+    }
+    assert "not forwarded" not in err
 
 
 def test_processes_of_one_lease_share_memory_and_events_through_ipc_handles_and_other_leases_cannot(

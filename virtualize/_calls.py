@@ -26,6 +26,8 @@ HANDLE_TYPES = (
     "ctx", "stream", "event", "module", "func", "kernel", "library", "pool", "graph", "graphexec", "link",
     "vmem",  # a CUmemGenericAllocationHandle (cuMemCreate)
     "node",  # a CUgraphNode
+    "array", "mipmap",  # a CUarray, a CUmipmappedArray
+    "texobj", "surfobj",  # a CUtexObject, a CUsurfObject
 )  # fmt: skip
 SCALAR_TYPES = {"i32": "i", "u32": "I", "u64": "Q", "u8": "B", "u16": "H", "f32": "f", "dptr": "Q"}
 SCALAR_TYPES.update(dict.fromkeys(HANDLE_TYPES, "Q"))
@@ -74,6 +76,7 @@ class Call:
     links: bool = False
     pauses: str = ""
     resumes: str = ""
+    how: str = ""  # a LOCAL call: how the shim serves it (shown in docs/driver-census.md)
 
     # Derived once per call (the worker reads them on every request).
     @cached_property
@@ -153,6 +156,7 @@ def _c(
     links: bool = False,
     pauses: str = "",
     resumes: str = "",
+    how: str = "",
 ) -> Call:
     return Call(
         name=name,
@@ -170,6 +174,7 @@ def _c(
         links=links,
         pauses=pauses,
         resumes=resumes,
+        how=how,
     )
 
 
@@ -209,6 +214,12 @@ CALLS: tuple[Call, ...] = (
     _c("cuDeviceGetAttribute", 2000, "o_i32 value, i32 attrib, i32 dev", memo="constant"),
     _c("cuDeviceComputeCapability", 2000, "o_i32 major, o_i32 minor, i32 dev", memo="constant"),
     _c("cuDeviceCanAccessPeer", 4000, "o_i32 can_access, i32 dev, i32 peer_dev"),
+    _c("cuDeviceGetProperties", 2000, "ptr prop, i32 dev", L, custom=True,
+       how="CUdevprop's fourteen ints are device attributes 1 to 14, asked as cuDeviceGetAttribute (kept answers)"),
+    _c("cuDeviceGetByPCIBusId", 4010, "o_i32 dev, cstr bus_id", L, custom=True,
+       how="the lease's device whose cuDeviceGetPCIBusId names the same bus, device and function"),
+    _c("cuDeviceGetTexture1DLinearMaxWidth", 11010, "o_u64 width, i32 format, u32 channels, i32 dev", memo="constant"),
+    _c("cuDeviceGetP2PAttribute", 8000, "o_i32 value, i32 attrib, i32 src, i32 dst", memo="constant"),
     _c("cuDeviceGetMemPool", 11020, "o_pool pool, i32 dev"),
     _c("cuDeviceGetDefaultMemPool", 11020, "o_pool pool, i32 dev"),
     # -- contexts: primary contexts on the worker, the per-thread current context in the client -------
@@ -224,16 +235,22 @@ CALLS: tuple[Call, ...] = (
     # Contexts a program creates live on the worker; the context stack stays in the client.
     _c("cuCtxCreate", 3020, "o_ctx ctx, u32 flags, i32 dev", custom=True, symbol="cuCtxCreate_v2"),
     _c("cuCtxCreate", 11040, "o_ctx ctx, ptr affinity, i32 n, u32 flags, i32 dev", L, custom=True,
-       symbol="cuCtxCreate_v3"),  # sent as v2 (execution affinity is not forwarded)
+       symbol="cuCtxCreate_v3", how="sent as cuCtxCreate_v2 (execution affinity is refused)"),
     _c("cuCtxCreate", 12050, "o_ctx ctx, ptr params, u32 flags, i32 dev", L, custom=True,
-       symbol="cuCtxCreate_v4"),  # sent as v2 (execution affinity and CIG are not forwarded)
+       symbol="cuCtxCreate_v4",
+       how="sent as cuCtxCreate_v2 (execution affinity and CIG parameters are refused)"),
     _c("cuCtxDestroy", 4000, "ctx ctx", custom=True, symbol="cuCtxDestroy_v2"),
-    _c("cuCtxGetCurrent", 4000, "o_ctx ctx", L, custom=True),
-    _c("cuCtxSetCurrent", 4000, "ctx ctx", L, custom=True),
-    _c("cuCtxPushCurrent", 4000, "ctx ctx", L, symbol="cuCtxPushCurrent_v2", custom=True),
-    _c("cuCtxPopCurrent", 4000, "o_ctx? ctx", L, symbol="cuCtxPopCurrent_v2", custom=True),
-    _c("cuCtxGetDevice", 2000, "o_i32 device", L, custom=True),
-    _c("cuCtxGetDevice", 13000, "o_i32 device, ctx ctx", L, symbol="cuCtxGetDevice_v2", custom=True),
+    _c("cuCtxGetCurrent", 4000, "o_ctx ctx", L, custom=True,
+       how="the context stack is kept per client thread"),
+    _c("cuCtxSetCurrent", 4000, "ctx ctx", L, custom=True, how="the context stack is kept per client thread"),
+    _c("cuCtxPushCurrent", 4000, "ctx ctx", L, symbol="cuCtxPushCurrent_v2", custom=True,
+       how="the context stack is kept per client thread"),
+    _c("cuCtxPopCurrent", 4000, "o_ctx? ctx", L, symbol="cuCtxPopCurrent_v2", custom=True,
+       how="the context stack is kept per client thread"),
+    _c("cuCtxGetDevice", 2000, "o_i32 device", L, custom=True,
+       how="from the current context, kept per client thread"),
+    _c("cuCtxGetDevice", 13000, "o_i32 device, ctx ctx", L, symbol="cuCtxGetDevice_v2", custom=True,
+       how="from the context, kept per client thread"),
     _c("cuCtxSynchronize", 2000, "", sync=True),
     _c("cuCtxSynchronize", 13000, "ctx ctx", symbol="cuCtxSynchronize_v2", sync=True),
     _c("cuCtxGetApiVersion", 3020, "ctx ctx, o_u32 version"),
@@ -242,20 +259,38 @@ CALLS: tuple[Call, ...] = (
     _c("cuCtxSetLimit", 3010, "i32 limit, u64 value", invalidates=("limits",)),
     _c("cuCtxGetStreamPriorityRange", 5050, "o_i32? least, o_i32? greatest", memo="constant"),
     _c("cuCtxGetId", 12000, "ctx ctx, o_u64 id"),
+    _c("cuCtxSetFlags", 12010, "u32 flags"),
+    _c("cuCtxEnablePeerAccess", 4000, "ctx peer, u32 flags"),  # between the lease's own devices
+    _c("cuCtxDisablePeerAccess", 4000, "ctx peer"),
+    _c("cuCtxResetPersistingL2Cache", 11000, ""),
+    _c("cuCtxRecordEvent", 12050, "ctx ctx, event event", A),
+    _c("cuCtxWaitEvent", 12050, "ctx ctx, event event", A),
+    # The current context's preferred L1/shared split and (deprecated) shared memory bank size.
+    _c("cuCtxGetCacheConfig", 3020, "o_i32 config"),
+    _c("cuCtxSetCacheConfig", 3020, "i32 config"),
+    _c("cuCtxGetSharedMemConfig", 4020, "o_i32 config"),
+    _c("cuCtxSetSharedMemConfig", 4020, "i32 config"),
     # -- device memory: allocations are reserved in the client's address space ------------------------
     _c("cuMemGetInfo", 3020, "o_u64 free, o_u64 total", symbol="cuMemGetInfo_v2"),
     _c("cuMemAlloc", 3020, "o_dptr dptr, u64 bytesize", symbol="cuMemAlloc_v2", custom=True),
     _c("cuMemFree", 3020, "dptr dptr", symbol="cuMemFree_v2", custom=True),
+    _c("cuMemAllocPitch", 3020, "o_dptr dptr, o_u64 pitch, u64 width, u64 height, u32 element_size", L,
+       symbol="cuMemAllocPitch_v2", custom=True,
+       how="sent as cuMemAlloc of the rows, each padded to the device's texture pitch alignment"),
     _c("cuMemGetAddressRange", 3020, "o_dptr? base, o_u64? size, dptr dptr", symbol="cuMemGetAddressRange_v2"),
     # Managed memory: a device allocation mirrored by host pages at the same address (shim_managed.c).
-    _c("cuMemAllocManaged", 6000, "o_dptr dptr, u64 bytesize, u32 flags", L, custom=True),
+    _c("cuMemAllocManaged", 6000, "o_dptr dptr, u64 bytesize, u32 flags", L, custom=True,
+       how="a device allocation of the lease mirrored by host pages at its address"),
     # Prefetch and advice: hints; a prefetch to a device sends what the host wrote (CUmemLocation by value).
-    _c("cuMemPrefetchAsync", 8000, "dptr dptr, u64 count, i32 device, stream stream", L, custom=True),
+    _c("cuMemPrefetchAsync", 8000, "dptr dptr, u64 count, i32 device, stream stream", L, custom=True,
+       how="to a device: sends what the host wrote; to the host: the next touch fetches"),
     _c("cuMemPrefetchAsync", 12020, "dptr dptr, u64 count, u64 location, u32 flags, stream stream", L,
-       symbol="cuMemPrefetchAsync_v2", custom=True),
-    _c("cuMemAdvise", 8000, "dptr dptr, u64 count, i32 advice, i32 device", L, custom=True),
+       symbol="cuMemPrefetchAsync_v2", custom=True,
+       how="to a device: sends what the host wrote; to the host: the next touch fetches"),
+    _c("cuMemAdvise", 8000, "dptr dptr, u64 count, i32 advice, i32 device", L, custom=True,
+       how="a hint: checked (managed memory only) and accepted"),
     _c("cuMemAdvise", 12020, "dptr dptr, u64 count, i32 advice, u64 location", L, symbol="cuMemAdvise_v2",
-       custom=True),
+       custom=True, how="a hint: checked (managed memory only) and accepted"),
     _c("cuMemAllocAsync", 11020, "o_dptr dptr, u64 bytesize, stream stream", custom=True),
     _c("cuMemAllocFromPoolAsync", 11020, "o_dptr dptr, u64 bytesize, pool pool, stream stream", custom=True),
     _c("cuMemFreeAsync", 11020, "dptr dptr, stream stream", A, custom=True),
@@ -268,18 +303,26 @@ CALLS: tuple[Call, ...] = (
     _c("cuMemPoolTrimTo", 11020, "pool pool, u64 min_bytes_to_keep", custom=True),
     _c("cuMemPoolCreate", 11020, "o_pool pool, ptr props", custom=True, wire="o_pool pool, bytes props"),
     _c("cuMemPoolDestroy", 11020, "pool pool", custom=True),
-    _c("cuMemGetMemPool", 13000, "o_pool pool, ptr location, i32 type", L, custom=True),
-    _c("cuMemGetDefaultMemPool", 13000, "o_pool pool, ptr location, i32 type", L, custom=True),
-    _c("cuMemSetMemPool", 13000, "ptr location, i32 type, pool pool", L, custom=True),
-    _c("cuMemPoolSetAccess", 11020, "pool pool, ptr map, u64 count", L, custom=True),
-    _c("cuMemPoolGetAccess", 11020, "ptr flags, pool pool, ptr location", L, custom=True),
+    _c("cuMemGetMemPool", 13000, "o_pool pool, ptr location, i32 type", L, custom=True,
+       how="host and managed pools are the client's (shim_pools.c); a device's pool is its cuDeviceGetMemPool on the worker"),
+    _c("cuMemGetDefaultMemPool", 13000, "o_pool pool, ptr location, i32 type", L, custom=True,
+       how="host and managed pools are the client's (shim_pools.c); a device's pool is its cuDeviceGetMemPool on the worker"),
+    _c("cuMemSetMemPool", 13000, "ptr location, i32 type, pool pool", L, custom=True,
+       how="host and managed pools are the client's (shim_pools.c); a device's pool is its cuDeviceGetMemPool on the worker"),
+    _c("cuMemPoolSetAccess", 11020, "pool pool, ptr map, u64 count", L, custom=True,
+       how="every device of the lease may read and write a pool's memory: answered in the client"),
+    _c("cuMemPoolGetAccess", 11020, "ptr flags, pool pool, ptr location", L, custom=True,
+       how="every device of the lease may read and write a pool's memory: answered in the client"),
     # Pools and their allocations shared between processes of one lease: an exported pool is a file
     # descriptor naming the lease's pool, an exported pointer 64 bytes naming the allocation.
-    _c("cuMemPoolExportToShareableHandle", 11020, "ptr handle, pool pool, i32 type, u64 flags", L, custom=True),
+    _c("cuMemPoolExportToShareableHandle", 11020, "ptr handle, pool pool, i32 type, u64 flags", L, custom=True,
+       how="a memfd naming the lease's pool (POSIX descriptors only)"),
     _c("cuMemPoolImportFromShareableHandle", 11020, "o_pool pool, ptr handle, i32 type, u64 flags", L,
-       custom=True),
-    _c("cuMemPoolExportPointer", 11020, "ptr data, dptr ptr", L, custom=True),
-    _c("cuMemPoolImportPointer", 11020, "o_dptr ptr, pool pool, ptr data", L, custom=True),
+       custom=True, how="a descriptor of the same lease, checked by the worker"),
+    _c("cuMemPoolExportPointer", 11020, "ptr data, dptr ptr", L, custom=True,
+       how="64 bytes naming the allocation"),
+    _c("cuMemPoolImportPointer", 11020, "o_dptr ptr, pool pool, ptr data", L, custom=True,
+       how="opened as an IPC handle, checked by the worker"),
     # -- the virtual memory API: address ranges come from the process's window, memory is created, mapped
     # and released on the worker (PyTorch's expandable segments); the worker checks every range and handle.
     _c("cuMemAddressReserve", 10020, "o_dptr ptr, u64 size, u64 alignment, u64 addr, u64 flags", custom=True),
@@ -291,27 +334,43 @@ CALLS: tuple[Call, ...] = (
     _c("cuMemUnmap", 10020, "dptr ptr, u64 size"),
     _c("cuMemSetAccess", 10020, "dptr ptr, u64 size, ptr desc, u64 count", custom=True,
        wire="dptr ptr, u64 size, u64 count, bytes desc"),
+    # The handle of memory mapped at an address (NCCL frees through it): this process's mappings only.
+    _c("cuMemRetainAllocationHandle", 11000, "o_vmem handle, dptr addr"),
+    _c("cuMemGetAllocationPropertiesFromHandle", 10020, "ptr prop, vmem handle", custom=True,
+       wire="vmem handle"),  # the CUmemAllocationProp it was created with, in the reply's bulk
+    _c("cuMemGetAccess", 10020, "o_u64 flags, ptr location, dptr ptr", custom=True,
+       wire="o_u64 flags, i32 location_type, i32 location_id, dptr ptr"),
     _c("cuMemGetAllocationGranularity", 10020, "o_u64 granularity, ptr prop, i32 option", custom=True,
        wire="o_u64 granularity, i32 option, bytes prop"),
     # -- host memory stays in the client --------------------------------------------------------------
-    _c("cuMemAllocHost", 3020, "o_u64 pp, u64 bytesize", L, symbol="cuMemAllocHost_v2", custom=True),
-    _c("cuMemHostAlloc", 2020, "o_u64 pp, u64 bytesize, u32 flags", L, custom=True),
-    _c("cuMemFreeHost", 2000, "ptr p", L, custom=True),
+    _c("cuMemAllocHost", 3020, "o_u64 pp, u64 bytesize", L, symbol="cuMemAllocHost_v2", custom=True,
+       how="host memory stays in the client"),
+    _c("cuMemHostAlloc", 2020, "o_u64 pp, u64 bytesize, u32 flags", L, custom=True,
+       how="host memory stays in the client"),
+    _c("cuMemFreeHost", 2000, "ptr p", L, custom=True, how="host memory stays in the client"),
     # IPC between the processes of one lease: they share the lease's worker, so a handle names the
     # allocation itself, and the worker checks on open that it is this lease's memory.
-    _c("cuIpcGetMemHandle", 4010, "ptr handle, dptr dptr", L, custom=True),
-    _c("cuIpcOpenMemHandle", 4010, "o_dptr pdptr, ipc handle, u32 flags", L, custom=True),
+    _c("cuIpcGetMemHandle", 4010, "ptr handle, dptr dptr", L, custom=True,
+       how="64 bytes naming the allocation (processes of one lease share its worker)"),
+    _c("cuIpcOpenMemHandle", 4010, "o_dptr pdptr, ipc handle, u32 flags", L, custom=True,
+       how="the worker checks that the handle names this lease's live memory"),
     _c("cuIpcOpenMemHandle", 11000, "o_dptr pdptr, ipc handle, u32 flags", L, symbol="cuIpcOpenMemHandle_v2",
-       custom=True),
-    _c("cuIpcCloseMemHandle", 4010, "dptr dptr", L, custom=True),
+       custom=True, how="the worker checks that the handle names this lease's live memory"),
+    _c("cuIpcCloseMemHandle", 4010, "dptr dptr", L, custom=True,
+       how="ends this process's use; the exporter's allocation stays"),
     # An event's handle names the worker's event itself; the importer's cuEventDestroy closes only its own.
-    _c("cuIpcGetEventHandle", 4010, "ptr handle, event event", L, custom=True),
-    _c("cuIpcOpenEventHandle", 4010, "o_event event, ipc handle", L, custom=True),
-    _c("cuMemHostRegister", 6050, "ptr p, u64 bytesize, u32 flags", L, symbol="cuMemHostRegister_v2", custom=True),
-    _c("cuMemHostUnregister", 4000, "ptr p", L, custom=True),
-    _c("cuMemHostGetFlags", 2030, "o_u32 flags, ptr p", L, custom=True),
+    _c("cuIpcGetEventHandle", 4010, "ptr handle, event event", L, custom=True,
+       how="64 bytes naming the worker's event"),
+    _c("cuIpcOpenEventHandle", 4010, "o_event event, ipc handle", L, custom=True,
+       how="the exporter's own event; destroying it closes only this opening"),
+    _c("cuMemHostRegister", 6050, "ptr p, u64 bytesize, u32 flags", L, symbol="cuMemHostRegister_v2", custom=True,
+       how="host memory stays in the client"),
+    _c("cuMemHostUnregister", 4000, "ptr p", L, custom=True, how="host memory stays in the client"),
+    _c("cuMemHostGetFlags", 2030, "o_u32 flags, ptr p", L, custom=True,
+       how="host memory stays in the client"),
     _c("cuMemHostGetDevicePointer", 3020, "o_u64 pdptr, ptr p, u32 flags", L,
-       symbol="cuMemHostGetDevicePointer_v2", custom=True),
+       symbol="cuMemHostGetDevicePointer_v2", custom=True,
+       how="the address a mapped allocation shares with the device"),
     # -- copies: bytes to the device travel in the request, bytes from it in the reply ----------------
     _c("cuMemcpyHtoD", 3020, "dptr dst, ptr src, u64 count", A, symbol="cuMemcpyHtoD_v2", custom=True,
        wire="dptr dst, u64 count, stream stream, bytes data"),
@@ -348,20 +407,73 @@ CALLS: tuple[Call, ...] = (
     _c("cuMemcpyDtoD", 3020, "dptr dst, dptr src, u64 count", A, symbol="cuMemcpyDtoD_v2"),
     _c("cuMemcpyDtoDAsync", 3020, "dptr dst, dptr src, u64 count, stream stream", A,
        symbol="cuMemcpyDtoDAsync_v2"),
-    _c("cuMemcpy", 4000, "u64 dst, u64 src, u64 count", L, custom=True),  # sent as HtoD, DtoH or DtoD
-    _c("cuMemcpyAsync", 4000, "u64 dst, u64 src, u64 count, stream stream", L, custom=True),
+    _c("cuMemcpy", 4000, "u64 dst, u64 src, u64 count", L, custom=True,
+       how="sent as cuMemcpyHtoD, DtoH or DtoD"),
+    _c("cuMemcpyAsync", 4000, "u64 dst, u64 src, u64 count, stream stream", L, custom=True,
+       how="sent as cuMemcpyHtoDAsync, DtoHAsync or DtoDAsync"),
     # Batched copies (cuda.core's batched memcpy, newer PyTorch): each copy sent as the single copy of its
     # direction (cuMemcpyAsync's), in the batch's order; 3D operands between pointers only.
     _c("cuMemcpyBatchAsync", 12080, "ptr dsts, ptr srcs, ptr sizes, u64 count, ptr attrs, ptr attrs_idxs, "
-       "u64 num_attrs, ptr fail_idx, stream stream", L, custom=True),
+       "u64 num_attrs, ptr fail_idx, stream stream", L, custom=True,
+       how="each copy sent as the single copy of its direction"),
     _c("cuMemcpyBatchAsync", 13000, "ptr dsts, ptr srcs, ptr sizes, u64 count, ptr attrs, ptr attrs_idxs, "
-       "u64 num_attrs, stream stream", L, symbol="cuMemcpyBatchAsync_v2", custom=True),
+       "u64 num_attrs, stream stream", L, symbol="cuMemcpyBatchAsync_v2", custom=True,
+       how="each copy sent as the single copy of its direction"),
     _c("cuMemcpy3DBatchAsync", 12080, "u64 num_ops, ptr ops, ptr fail_idx, u64 flags, stream stream", L,
-       custom=True),
+       custom=True, how="each copy sent as the single copy of its direction"),
     _c("cuMemcpy3DBatchAsync", 13000, "u64 num_ops, ptr ops, u64 flags, stream stream", L,
-       symbol="cuMemcpy3DBatchAsync_v2", custom=True),
+       symbol="cuMemcpy3DBatchAsync_v2", custom=True,
+       how="each copy sent as the single copy of its direction"),
     _c("cuMemcpyPeer", 4000, "dptr dst, ctx dst_ctx, dptr src, ctx src_ctx, u64 count", A),
     _c("cuMemcpyPeerAsync", 4000, "dptr dst, ctx dst_ctx, dptr src, ctx src_ctx, u64 count, stream stream", A),
+    # -- CUDA arrays, textures and surfaces: objects of the worker's driver, handles of the lease ---------
+    # An array's descriptor travels as its C struct; the worker counts its bytes against the partition.
+    _c("cuArrayCreate", 3020, "o_array handle, ptr desc", symbol="cuArrayCreate_v2", custom=True,
+       wire="o_array handle, bytes desc"),
+    _c("cuArray3DCreate", 3020, "o_array handle, ptr desc", symbol="cuArray3DCreate_v2", custom=True,
+       wire="o_array handle, bytes desc"),
+    _c("cuArrayDestroy", 2000, "array handle"),
+    _c("cuArrayGetDescriptor", 3020, "ptr desc, array handle", symbol="cuArrayGetDescriptor_v2", custom=True,
+       wire="array handle"),  # the descriptor comes back in the reply's bulk
+    _c("cuArray3DGetDescriptor", 3020, "ptr desc, array handle", symbol="cuArray3DGetDescriptor_v2", custom=True,
+       wire="array handle"),
+    _c("cuMipmappedArrayCreate", 5000, "o_mipmap handle, ptr desc, u32 levels", custom=True,
+       wire="o_mipmap handle, u32 levels, bytes desc"),
+    _c("cuMipmappedArrayGetLevel", 5000, "o_array array, mipmap handle, u32 level"),
+    _c("cuMipmappedArrayDestroy", 5000, "mipmap handle"),
+    # Copies between any two of host memory, device memory and arrays, in rows and slices: the host side
+    # travels packed (its rows one after another) in the request or the reply; `kinds` is the source's
+    # CUmemorytype (1 host, 2 device, 3 array) plus the destination's times 256; flags 1: on `stream`.
+    _c("gpMemcpy3D", 0, "u32 kinds, u64 src, u64 src_x, u64 src_y, u64 src_z, u64 src_pitch, u64 src_height, "
+       "u64 dst, u64 dst_x, u64 dst_y, u64 dst_z, u64 dst_pitch, u64 dst_height, u64 width, u64 height, u64 depth, "
+       "stream stream, u32 flags", symbol="-", sync=True),
+    *(_c(name, 3020, params, L, symbol=f"{name}_v2", custom=True, how="sent as gpMemcpy3D, the host side packed")
+      for name, params in (
+          ("cuMemcpy2D", "ptr copy"),
+          ("cuMemcpy2DUnaligned", "ptr copy"),
+          ("cuMemcpy2DAsync", "ptr copy, stream stream"),
+          ("cuMemcpy3D", "ptr copy"),
+          ("cuMemcpy3DAsync", "ptr copy, stream stream"),
+          ("cuMemcpyHtoA", "array dst, u64 offset, ptr src, u64 count"),
+          ("cuMemcpyAtoH", "ptr dst, array src, u64 offset, u64 count"),
+          ("cuMemcpyDtoA", "array dst, u64 offset, dptr src, u64 count"),
+          ("cuMemcpyAtoD", "dptr dst, array src, u64 offset, u64 count"),
+          ("cuMemcpyAtoA", "array dst, u64 dst_offset, array src, u64 src_offset, u64 count"),
+          ("cuMemcpyHtoAAsync", "array dst, u64 offset, ptr src, u64 count, stream stream"),
+          ("cuMemcpyAtoHAsync", "ptr dst, array src, u64 offset, u64 count, stream stream"),
+      )),
+    # Texture and surface objects: made by the worker's driver from the descriptors' C structs, whose
+    # array or memory the worker checks is the lease's; the object is a value kernels take.
+    _c("cuTexObjectCreate", 5000, "o_texobj tex, ptr res, ptr tex_desc, ptr view", custom=True,
+       wire="o_texobj tex, bytes descs"),
+    _c("cuTexObjectDestroy", 5000, "texobj tex"),
+    _c("cuSurfObjectCreate", 5000, "o_surfobj surf, ptr res", custom=True, wire="o_surfobj surf, bytes desc"),
+    _c("cuSurfObjectDestroy", 5000, "surfobj surf"),
+    # Their descriptors read back (each in the reply's bulk, as the worker's driver gives it).
+    _c("cuTexObjectGetResourceDesc", 5000, "ptr desc, texobj tex", custom=True, wire="texobj tex"),
+    _c("cuTexObjectGetTextureDesc", 5000, "ptr desc, texobj tex", custom=True, wire="texobj tex"),
+    _c("cuTexObjectGetResourceViewDesc", 5000, "ptr desc, texobj tex", custom=True, wire="texobj tex"),
+    _c("cuSurfObjectGetResourceDesc", 5000, "ptr desc, surfobj surf", custom=True, wire="surfobj surf"),
     # -- memsets -------------------------------------------------------------------------------------
     _c("cuMemsetD8", 3020, "dptr dst, u8 value, u64 count", A, symbol="cuMemsetD8_v2"),
     _c("cuMemsetD16", 3020, "dptr dst, u16 value, u64 count", A, symbol="cuMemsetD16_v2"),
@@ -369,10 +481,16 @@ CALLS: tuple[Call, ...] = (
     _c("cuMemsetD8Async", 3020, "dptr dst, u8 value, u64 count, stream stream", A),
     _c("cuMemsetD16Async", 3020, "dptr dst, u16 value, u64 count, stream stream", A),
     _c("cuMemsetD32Async", 3020, "dptr dst, u32 value, u64 count, stream stream", A),
+    *(_c(name + suffix, 3020, f"dptr dst, u64 pitch, {value} value, u64 width, u64 height{stream}", L,
+         symbol=name + symbol, custom=True,
+         how="sent as one cuMemsetD8/16/32 per row (one for the whole when the rows touch)")
+      for name, value in (("cuMemsetD2D8", "u8"), ("cuMemsetD2D16", "u16"), ("cuMemsetD2D32", "u32"))
+      for suffix, symbol, stream in (("", "_v2", ""), ("Async", "Async", ", stream stream"))),
     # -- pointer attributes: host pointers answered locally, device pointers by the worker ------------
     _c("cuPointerGetAttribute", 4000, "ptr data, i32 attr, u64 ptr", custom=True,
        wire="i32 attr, dptr ptr, o_u64 value"),
-    _c("cuPointerGetAttributes", 7000, "u32 count, ptr attrs, ptr data, u64 ptr", L, custom=True),  # one by one
+    _c("cuPointerGetAttributes", 7000, "u32 count, ptr attrs, ptr data, u64 ptr", L, custom=True,
+       how="sent as cuPointerGetAttribute, one attribute at a time"),
     # -- modules and libraries: the image travels once, functions and globals are handles ------------
     _c("cuModuleLoadData", 2000, "o_module module, ptr image", custom=True, wire="o_module module, bytes image"),
     _c("cuModuleLoadDataEx", 2010, "o_module module, ptr image, u32 n, ptr options, ptr values", custom=True,
@@ -381,7 +499,8 @@ CALLS: tuple[Call, ...] = (
        wire="o_module module, bytes image"),
     _c("cuModuleUnload", 2000, "module module", custom=True, forgets="functions"),
     _c("cuModuleGetLoadingMode", 11070, "o_i32 mode", memo="constant"),
-    _c("cuModuleLoad", 2000, "o_module module, cstr fname", L, custom=True),  # read here, sent as LoadData
+    _c("cuModuleLoad", 2000, "o_module module, cstr fname", L, custom=True,
+       how="the file is read in the client and sent as cuModuleLoadData"),
     _c("cuModuleGetFunction", 2000, "o_func func, module module, cstr name", links=True),
     _c("cuModuleGetGlobal", 3020, "o_dptr? dptr, o_u64? bytes, module module, cstr name",
        symbol="cuModuleGetGlobal_v2", custom=True),
@@ -392,7 +511,7 @@ CALLS: tuple[Call, ...] = (
     _c("cuLinkAddData", 6050, "link state, i32 type, ptr data, u64 size, cstr name, u32 n, ptr options, ptr values",
        custom=True, symbol="cuLinkAddData_v2", wire="link state, i32 type, bytes data"),
     _c("cuLinkAddFile", 6050, "link state, i32 type, cstr path, u32 n, ptr options, ptr values", L, custom=True,
-       symbol="cuLinkAddFile_v2"),  # read here, sent as cuLinkAddData
+       symbol="cuLinkAddFile_v2", how="the file is read in the client and sent as cuLinkAddData"),
     _c("cuLinkComplete", 5050, "link state, ptr cubin_out, ptr size_out", custom=True, wire="link state, o_u64 size"),
     # A window of device addresses for this client process's allocations (virtualize/_address_window.py):
     # offered by the worker, reserved by the client in its own address space, then accepted.
@@ -407,6 +526,9 @@ CALLS: tuple[Call, ...] = (
     _c("cuLibraryLoadData", 12000,
        "o_library library, ptr code, ptr jit_opts, ptr jit_vals, u32 n_jit, ptr lib_opts, ptr lib_vals, u32 n_lib",
        custom=True, wire="o_library library, bytes image"),
+    _c("cuLibraryLoadFromFile", 12000,
+       "o_library library, cstr fname, ptr jit_opts, ptr jit_vals, u32 n_jit, ptr lib_opts, ptr lib_vals, u32 n_lib", L,
+       custom=True, how="the file is read in the client and sent as cuLibraryLoadData"),
     _c("cuLibraryUnload", 12000, "library library", custom=True, forgets="functions"),
     _c("cuLibraryGetKernel", 12000, "o_kernel kernel, library library, cstr name", links=True),
     _c("cuLibraryGetModule", 12000, "o_module module, library library", links=True),
@@ -415,11 +537,31 @@ CALLS: tuple[Call, ...] = (
     _c("cuKernelGetAttribute", 12000, "o_i32 value, i32 attrib, kernel kernel, i32 dev", memo="functions"),
     _c("cuKernelSetAttribute", 12000, "i32 attrib, i32 value, kernel kernel, i32 dev", memo="functions",
        forgets="functions"),
+    # What a module or library holds: the handles come back in the reply's bulk (now the lease's); a
+    # name is kept in the client for the handle's life, as the driver keeps it.
+    _c("cuModuleGetFunctionCount", 12040, "o_u32 count, module mod"),
+    _c("cuModuleEnumerateFunctions", 12040, "ptr functions, u32 num, module mod", custom=True,
+       wire="u32 num, module mod"),
+    _c("cuLibraryGetKernelCount", 12040, "o_u32 count, library lib"),
+    _c("cuLibraryEnumerateKernels", 12040, "ptr kernels, u32 num, library lib", custom=True,
+       wire="u32 num, library lib"),
+    _c("cuKernelGetLibrary", 12050, "o_library library, kernel kernel"),
+    _c("cuKernelGetName", 12030, "ptr name, kernel kernel", custom=True,
+       wire="kernel kernel, u32 length, o_buf:length name"),
+    _c("cuFuncGetName", 12030, "ptr name, func func", custom=True, wire="func func, u32 length, o_buf:length name"),
+    _c("cuFuncIsLoaded", 12040, "o_i32 state, func func"),
+    _c("cuFuncLoad", 12040, "func func"),
+    _c("cuKernelGetParamCount", 13000, "kernel kernel, o_u64 count", L, custom=True,
+       how="the length of the kernel's parameter layout (asked of the worker once per function)"),
+    _c("cuFuncGetParamCount", 13000, "func func, o_u64 count", L, custom=True,
+       how="the length of the function's parameter layout (asked of the worker once per function)"),
     _c("cuKernelGetParamInfo", 12040, "kernel kernel, u64 index, o_u64? offset, o_u64? size"),
     _c("cuFuncGetParamInfo", 12040, "func func, u64 index, o_u64? offset, o_u64? size"),
     _c("cuFuncGetAttribute", 2020, "o_i32 value, i32 attrib, func func", memo="functions"),
     _c("cuFuncSetAttribute", 9000, "func func, i32 attrib, i32 value", memo="functions", forgets="functions"),
     _c("cuFuncSetCacheConfig", 3000, "func func, i32 config", forgets="functions"),
+    _c("cuFuncSetSharedMemConfig", 4020, "func func, i32 config", forgets="functions"),
+    _c("cuKernelSetCacheConfig", 12000, "kernel kernel, i32 config, i32 dev", forgets="functions"),
     _c("cuFuncGetModule", 11000, "o_module module, func func"),
     _c("cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050,
        "o_i32 num_blocks, func func, i32 block_size, u64 dynamic_smem", memo="functions"),
@@ -427,6 +569,9 @@ CALLS: tuple[Call, ...] = (
        "o_i32 num_blocks, func func, i32 block_size, u64 dynamic_smem, u32 flags", memo="functions"),
     _c("cuOccupancyMaxPotentialBlockSize", 6050,
        "o_i32 min_grid_size, o_i32 block_size, func func, u64 smem_callback, u64 dynamic_smem, i32 block_size_limit"),
+    _c("cuOccupancyMaxPotentialBlockSizeWithFlags", 7000,
+       "o_i32 min_grid_size, o_i32 block_size, func func, u64 smem_callback, u64 dynamic_smem, i32 block_size_limit, "
+       "u32 flags"),
     _c("cuOccupancyMaxActiveClusters", 11070, "o_i32 count, func func, ptr config", custom=True,
        wire="func f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, stream stream, u32 n_attrs, "
             "o_i32 count, bytes attrs"),
@@ -438,10 +583,13 @@ CALLS: tuple[Call, ...] = (
     # -- launches: parameters packed at the offsets the worker reported once per function -------------
     _c("cuLaunchKernel", 4000,
        "func f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, stream stream, ptr params, ptr extra",
-       L, custom=True),  # sent as cuLaunchKernelEx
+       L, custom=True, how="sent as cuLaunchKernelEx"),
     _c("cuLaunchKernelEx", 11060, "ptr config, func f, ptr params, ptr extra", A, custom=True,
        wire="func f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, stream stream, u32 n_attrs, "
             "bytes params"),
+    _c("cuLaunchCooperativeKernel", 9000,
+       "func f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, stream stream, ptr params", L,
+       custom=True, how="sent as cuLaunchKernelEx with the cooperative launch attribute"),
     # -- streams and events ---------------------------------------------------------------------------
     _c("cuStreamCreate", 2000, "o_stream stream, u32 flags"),
     _c("cuStreamCreateWithPriority", 5050, "o_stream stream, u32 flags, i32 priority"),
@@ -453,6 +601,7 @@ CALLS: tuple[Call, ...] = (
     _c("cuStreamAddCallback", 5000, "stream stream, ptr callback, ptr data, u32 flags", A, custom=True,
        wire="stream stream, u64 id"),
     # Tensor maps (Hopper's TMA descriptors): encoded by the worker's driver; 128 opaque bytes come back.
+    # The worker checks that the whole tensor (its dimensions and strides from its address) is lease memory.
     _c("cuTensorMapEncodeTiled", 12000, "ptr map, i32 dtype, u32 rank, ptr address, ptr dims, ptr strides, "
        "ptr box, ptr element_strides, i32 interleave, i32 swizzle, i32 l2, i32 oob", custom=True,
        wire="i32 dtype, u32 rank, dptr address, i32 interleave, i32 swizzle, i32 l2, i32 oob, bytes shape"),
@@ -461,7 +610,24 @@ CALLS: tuple[Call, ...] = (
        "i32 l2, i32 oob", custom=True,
        wire="i32 dtype, u32 rank, dptr address, u32 channels, u32 pixels, i32 interleave, i32 swizzle, i32 l2, "
             "i32 oob, bytes shape"),
+    _c("cuTensorMapEncodeIm2colWide", 12080, "ptr map, i32 dtype, u32 rank, ptr address, ptr dims, ptr strides, "
+       "i32 lower, i32 upper, u32 channels, u32 pixels, ptr element_strides, i32 interleave, i32 mode, i32 swizzle, "
+       "i32 l2, i32 oob", custom=True,
+       wire="i32 dtype, u32 rank, dptr address, i32 lower, i32 upper, u32 channels, u32 pixels, i32 interleave, "
+            "i32 mode, i32 swizzle, i32 l2, i32 oob, bytes shape"),
     _c("cuTensorMapReplaceAddress", 12000, "ptr map, ptr address", custom=True, wire="dptr address, bytes map"),
+    # Stream memory operations: a 32- or 64-bit word of the lease's memory waited on or written in order
+    # (not of mirrored host memory, which the program would see only at a synchronisation: shim_calls.c).
+    *(_c(name, since, f"stream stream, dptr addr, {bits} value, u32 flags", A, symbol=name + suffix, custom=True)
+      for name, bits in (("cuStreamWaitValue32", "u32"), ("cuStreamWaitValue64", "u64"),
+                         ("cuStreamWriteValue32", "u32"), ("cuStreamWriteValue64", "u64"))
+      for since, suffix in ((8000, ""), (11070, "_v2"))),
+    # A stream's attributes: the 64-byte value as the client wrote it; an access-policy window must be
+    # memory of the lease; attributes that carry other handles or addresses are refused.
+    _c("cuStreamGetAttribute", 11000, "stream stream, i32 attr, ptr value", custom=True, wire="stream stream, i32 attr"),
+    _c("cuStreamSetAttribute", 11000, "stream stream, i32 attr, ptr value", custom=True,
+       wire="stream stream, i32 attr, bytes value"),
+    _c("cuStreamCopyAttributes", 11000, "stream dst, stream src"),
     _c("cuStreamIsCapturing", 10000, "stream stream, o_i32 status", memo="capture"),
     _c("cuStreamGetPriority", 5050, "stream stream, o_i32 priority"),
     _c("cuStreamGetFlags", 5050, "stream stream, o_u32 flags"),
@@ -544,21 +710,29 @@ CALLS: tuple[Call, ...] = (
     _c("cuGraphNodeGetType", 10000, "node node, o_i32 type"),
     # User objects (what keeps a host node's function alive) live in the client: a graph's references
     # are kept for the life of the process (shim_calls.c says why).
-    _c("cuUserObjectCreate", 11030, "o_u64 obj, ptr ptr, ptr destroy, u32 refs, u32 flags", L, custom=True),
-    _c("cuUserObjectRetain", 11030, "u64 obj, u32 count", L, custom=True),
-    _c("cuUserObjectRelease", 11030, "u64 obj, u32 count", L, custom=True),
-    _c("cuGraphRetainUserObject", 11030, "graph graph, u64 obj, u32 count, u32 flags", L, custom=True),
-    _c("cuGraphReleaseUserObject", 11030, "graph graph, u64 obj, u32 count", L, custom=True),
+    _c("cuUserObjectCreate", 11030, "o_u64 obj, ptr ptr, ptr destroy, u32 refs, u32 flags", L, custom=True,
+       how="user objects live in the client (a graph's references last the process)"),
+    _c("cuUserObjectRetain", 11030, "u64 obj, u32 count", L, custom=True,
+       how="user objects live in the client"),
+    _c("cuUserObjectRelease", 11030, "u64 obj, u32 count", L, custom=True,
+       how="user objects live in the client"),
+    _c("cuGraphRetainUserObject", 11030, "graph graph, u64 obj, u32 count, u32 flags", L, custom=True,
+       how="user objects live in the client"),
+    _c("cuGraphReleaseUserObject", 11030, "graph graph, u64 obj, u32 count", L, custom=True,
+       how="user objects live in the client"),
     # The generic node call: by its type, one of the node calls above (kernel, memset, empty, child
     # graph, conditional); other types are refused with a message.
-    _c("cuGraphAddNode", 12020, "o_node node, graph graph, ptr deps, u64 num_deps, ptr params", L, custom=True),
+    _c("cuGraphAddNode", 12020, "o_node node, graph graph, ptr deps, u64 num_deps, ptr params", L, custom=True,
+       how="sent as the node call of its type (kernel, memset, empty, child graph, conditional)"),
     _c("cuGraphAddNode", 12030, "o_node node, graph graph, ptr deps, ptr edges, u64 num_deps, ptr params", L,
-       symbol="cuGraphAddNode_v2", custom=True),
+       symbol="cuGraphAddNode_v2", custom=True,
+       how="sent as the node call of its type (kernel, memset, empty, child graph, conditional)"),
     _c("cuGraphExecUpdate", 12000, "graphexec exec, graph graph, ptr info", custom=True,
        symbol="cuGraphExecUpdate_v2", wire="graphexec exec, graph graph, o_u32 result, o_i32 status"),
     _c("cuGraphInstantiateWithFlags", 11040, "o_graphexec graph_exec, graph graph, u64 flags"),
     # CUDA_GRAPH_INSTANTIATE_PARAMS: the flags and the upload stream go as WithFlags and cuGraphUpload.
-    _c("cuGraphInstantiateWithParams", 12000, "o_graphexec graph_exec, graph graph, ptr params", L, custom=True),
+    _c("cuGraphInstantiateWithParams", 12000, "o_graphexec graph_exec, graph graph, ptr params", L, custom=True,
+       how="sent as cuGraphInstantiateWithFlags and cuGraphUpload"),
     _c("cuGraphLaunch", 10000, "graphexec graph_exec, stream stream", A),
     _c("cuGraphUpload", 11010, "graphexec graph_exec, stream stream", A),
     _c("cuGraphExecDestroy", 10000, "graphexec graph_exec", A),
@@ -572,16 +746,21 @@ CALLS: tuple[Call, ...] = (
     _c("cuEventElapsedTime", 2000, "o_f32 ms, event start, event end"),
     _c("cuEventElapsedTime", 12080, "o_f32 ms, event start, event end", symbol="cuEventElapsedTime_v2"),
     # -- driver log callbacks: the driver's messages stay on the worker; a callback is kept, never called
-    _c("cuLogsRegisterCallback", 12080, "ptr callback, ptr user_data, o_u64 handle", L, custom=True),
-    _c("cuLogsUnregisterCallback", 12080, "u64 handle", L, custom=True),
+    _c("cuLogsRegisterCallback", 12080, "ptr callback, ptr user_data, o_u64 handle", L, custom=True,
+       how="accepted, never called: the driver's messages stay on the worker"),
+    _c("cuLogsUnregisterCallback", 12080, "u64 handle", L, custom=True,
+       how="accepted: the callback was never called"),
     # -- error strings, answered in the client --------------------------------------------------------
     # -- the profiler: a profiler attached to the worker (nsys, ncu) sees the program's range -----------
     _c("cuProfilerStart", 4000, ""),
     _c("cuProfilerStop", 4000, ""),
-    _c("cuGetErrorName", 6000, "i32 error, ptr str", L, custom=True),
-    _c("cuGetErrorString", 6000, "i32 error, ptr str", L, custom=True),
+    _c("cuGetErrorName", 6000, "i32 error, ptr str", L, custom=True,
+       how="the table of results (virtualize/_results.py)"),
+    _c("cuGetErrorString", 6000, "i32 error, ptr str", L, custom=True,
+       how="the table of results (virtualize/_results.py)"),
     # The driver's private tables, asked for by the CUDA runtime: answered from virtualize/_exports.py.
-    _c("cuGetExportTable", 3000, "ptr table, ptr uuid", L, custom=True),
+    _c("cuGetExportTable", 3000, "ptr table, ptr uuid", L, custom=True,
+       how="the driver's private tables, from virtualize/_exports.py"),
 )
 # fmt: on
 

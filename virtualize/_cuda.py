@@ -12,12 +12,19 @@ import ctypes
 import itertools
 import logging
 import mmap
-import struct
 import threading
 from collections.abc import Callable
 
 from cuda.bindings import driver
 
+from virtualize._arrays import (
+    DEVICE,
+    HOST,
+    RESOURCE_DESC_BYTES,
+    TEXTURE_DESC_BYTES,
+    VIEW_DESC_BYTES,
+    ArrayShape,
+)
 from virtualize._calls import FORWARDED_LAUNCH_ATTRIBUTES
 from virtualize._executor import (
     INVALID_VALUE,
@@ -53,6 +60,39 @@ _kept: list = []  # marks a dead context never wrote or posted, and their memory
 _MARK_BYTES = 4096  # after each staging buffer: the word the stream writes
 _marks = itertools.count(1)
 _driver_thread = threading.local()  # `calling_back` while the driver's thread runs a host function
+
+# Tensor maps go to the driver through its own entry points, written into a 64-byte-aligned CUtensorMap
+# of ours: cuda.bindings keeps a CUtensorMap inside a Python object, which is only 16-byte aligned, and
+# the driver refuses a map that is not 64-byte aligned with CUDA_ERROR_INVALID_VALUE (three encodes in
+# four failed that way). Each call: its ABI version and its parameters after the CUtensorMap *.
+TENSOR_MAP_BYTES, TENSOR_MAP_ALIGN = 128, 64
+_int32, _uint32, _u64s, _u32s, _i32s = (
+    ctypes.c_int32,
+    ctypes.c_uint32,
+    ctypes.POINTER(ctypes.c_uint64),
+    ctypes.POINTER(ctypes.c_uint32),
+    ctypes.POINTER(ctypes.c_int32),
+)
+TENSOR_MAP_CALLS: dict[str, tuple[int, tuple]] = {
+    "cuTensorMapEncodeTiled": (12000, (_int32, _uint32, ctypes.c_void_p, _u64s, _u64s, _u32s, _u32s,
+                                       _int32, _int32, _int32, _int32)),
+    "cuTensorMapEncodeIm2col": (12000, (_int32, _uint32, ctypes.c_void_p, _u64s, _u64s, _i32s, _i32s, _uint32,
+                                        _uint32, _u32s, _int32, _int32, _int32, _int32)),
+    "cuTensorMapEncodeIm2colWide": (12080, (_int32, _uint32, ctypes.c_void_p, _u64s, _u64s, _int32, _int32,
+                                            _uint32, _uint32, _u32s, _int32, _int32, _int32, _int32, _int32)),
+    "cuTensorMapReplaceAddress": (12000, (ctypes.c_void_p,)),
+}  # fmt: skip
+
+
+def with_aligned_tensor_map(function: Callable[..., int], args: tuple, initial: bytes = b"") -> bytes:
+    """Call `function(map, *args)` on a 64-byte-aligned CUtensorMap holding `initial`; its 128 bytes after."""
+    storage = ctypes.create_string_buffer(TENSOR_MAP_BYTES + TENSOR_MAP_ALIGN)
+    address = -(-ctypes.addressof(storage) // TENSOR_MAP_ALIGN) * TENSOR_MAP_ALIGN
+    ctypes.memmove(address, bytes(initial).ljust(TENSOR_MAP_BYTES, b"\0"), TENSOR_MAP_BYTES)
+    result = function(address, *args)
+    if result:
+        raise CudaError(result, "tensor map")
+    return ctypes.string_at(address, TENSOR_MAP_BYTES)
 
 
 def _ok(result):
@@ -297,6 +337,7 @@ class CudaExecutor(Executor):
         self._host_thunk_fn = driver.CUhostFn(ctypes.cast(self._host_thunk, ctypes.c_void_p).value)
         self.pinned = _PinnedPool()  # buffers of asynchronous copies to the client
         self.stream_marks = True  # whether the streams write copies' marks (stream memory operations)
+        self.tensor_map_functions: dict[str, Callable[..., int]] = {}  # the driver's, for aligned maps
 
     @staticmethod
     def _find(device, position: int) -> int:
@@ -487,6 +528,67 @@ class CudaExecutor(Executor):
         else:
             _ok(getattr(driver, name + "Async")(dst, value, count, self._stream(stream)))
 
+    def cuStreamWaitValue32(self, stream, addr, value, flags):
+        _ok(driver.cuStreamWaitValue32(self._stream(stream), addr, value, flags))
+
+    def cuStreamWaitValue64(self, stream, addr, value, flags):
+        _ok(driver.cuStreamWaitValue64(self._stream(stream), addr, value, flags))
+
+    def cuStreamWriteValue32(self, stream, addr, value, flags):
+        _ok(driver.cuStreamWriteValue32(self._stream(stream), addr, value, flags))
+
+    def cuStreamWriteValue64(self, stream, addr, value, flags):
+        _ok(driver.cuStreamWriteValue64(self._stream(stream), addr, value, flags))
+
+    def cuStreamGetAttribute(self, stream, attr):
+        value = _ok(driver.cuStreamGetAttribute(self._stream(stream), _enum(driver.CUstreamAttrID, attr)))
+        return ctypes.string_at(value.getPtr(), 64)
+
+    def cuStreamSetAttribute(self, stream, attr, value):
+        kind = _enum(driver.CUstreamAttrID, attr)
+        _ok(
+            driver.cuStreamSetAttribute(
+                self._stream(stream), kind, self._struct(driver.CUstreamAttrValue, value)
+            )
+        )
+
+    def cuStreamCopyAttributes(self, dst, src):
+        _ok(driver.cuStreamCopyAttributes(self._stream(dst), self._stream(src)))
+
+    def copy_3d(self, src, dst, extent, stream, data):
+        width, height, depth = extent
+        host = (
+            bytearray(data)
+            if src.kind == HOST
+            else bytearray(width * height * depth)
+            if dst.kind == HOST
+            else None
+        )
+        copy = driver.CUDA_MEMCPY3D()
+        for prefix, side in (("src", src), ("dst", dst)):
+            setattr(copy, f"{prefix}MemoryType", driver.CUmemorytype(side.kind))
+            setattr(copy, f"{prefix}XInBytes", side.x)
+            setattr(copy, f"{prefix}Y", side.y)
+            setattr(copy, f"{prefix}Z", side.z)
+            setattr(copy, f"{prefix}Pitch", side.pitch)
+            setattr(copy, f"{prefix}Height", side.height)
+            if side.kind == HOST:
+                setattr(
+                    copy, f"{prefix}Host", ctypes.addressof((ctypes.c_char * len(host)).from_buffer(host))
+                )
+            elif side.kind == DEVICE:
+                setattr(copy, f"{prefix}Device", side.at)
+            else:
+                setattr(copy, f"{prefix}Array", driver.CUarray(side.at))
+        copy.WidthInBytes, copy.Height, copy.Depth = width, height, depth
+        if stream is None:
+            _ok(driver.cuMemcpy3D(copy))
+        else:
+            _ok(driver.cuMemcpy3DAsync(copy, self._stream(stream)))
+            if dst.kind == HOST:  # the bytes go back in this call's reply
+                _ok(driver.cuStreamSynchronize(self._stream(stream)))
+        return host if dst.kind == HOST else None
+
     def param_layout(self, func: int, is_kernel: bool) -> list[tuple[int, int]]:
         layout = []
         handle = driver.CUkernel(func) if is_kernel else driver.CUfunction(func)
@@ -535,28 +637,44 @@ class CudaExecutor(Executor):
         return config
 
     def tensor_map(self, name: str, ins: tuple, arrays: list[list[int]]) -> bytes:
-        u64 = [driver.cuuint64_t(x) for x in arrays[0]], [driver.cuuint64_t(x) for x in arrays[1]]
+        dims, strides = (
+            (ctypes.c_uint64 * len(arrays[0]))(*arrays[0]),
+            (ctypes.c_uint64 * len(arrays[1]))(*arrays[1]),
+        )
         if name == "cuTensorMapEncodeTiled":
             dtype, rank, address, interleave, swizzle, l2, oob = ins
-            box, element = ([driver.cuuint32_t(x) for x in a] for a in arrays[2:])
-            encoded = _ok(driver.cuTensorMapEncodeTiled(
-                _enum(driver.CUtensorMapDataType, dtype), rank, address, *u64, box, element,
-                _enum(driver.CUtensorMapInterleave, interleave), _enum(driver.CUtensorMapSwizzle, swizzle),
-                _enum(driver.CUtensorMapL2promotion, l2), _enum(driver.CUtensorMapFloatOOBfill, oob)))  # fmt: skip
-        else:
+            box, element = ((ctypes.c_uint32 * len(a))(*a) for a in arrays[2:])
+            args = (dtype, rank, address, dims, strides, box, element, interleave, swizzle, l2, oob)
+        elif name == "cuTensorMapEncodeIm2col":
             dtype, rank, address, channels, pixels, interleave, swizzle, l2, oob = ins
-            lower, upper, element = arrays[2], arrays[3], [driver.cuuint32_t(x) for x in arrays[4]]
-            encoded = _ok(driver.cuTensorMapEncodeIm2col(
-                _enum(driver.CUtensorMapDataType, dtype), rank, address, *u64, lower, upper, channels, pixels,
-                element, _enum(driver.CUtensorMapInterleave, interleave), _enum(driver.CUtensorMapSwizzle, swizzle),
-                _enum(driver.CUtensorMapL2promotion, l2), _enum(driver.CUtensorMapFloatOOBfill, oob)))  # fmt: skip
-        return struct.pack("<16Q", *encoded.opaque)
+            lower, upper = ((ctypes.c_int32 * len(a))(*a) for a in arrays[2:4])
+            element = (ctypes.c_uint32 * len(arrays[4]))(*arrays[4])
+            args = (dtype, rank, address, dims, strides, lower, upper, channels, pixels, element, interleave,
+                    swizzle, l2, oob)  # fmt: skip
+        else:  # cuTensorMapEncodeIm2colWide
+            dtype, rank, address, lower, upper, channels, pixels, interleave, mode, swizzle, l2, oob = ins
+            element = (ctypes.c_uint32 * len(arrays[2]))(*arrays[2])
+            args = (dtype, rank, address, dims, strides, lower, upper, channels, pixels, element, interleave, mode,
+                    swizzle, l2, oob)  # fmt: skip
+        return with_aligned_tensor_map(self._tensor_map_function(name), args)
 
     def tensor_map_address(self, encoded: bytes, address: int) -> bytes:
-        tensor_map = driver.CUtensorMap()
-        tensor_map.opaque = list(struct.unpack("<16Q", encoded))
-        _ok(driver.cuTensorMapReplaceAddress(tensor_map, address))
-        return struct.pack("<16Q", *tensor_map.opaque)
+        return with_aligned_tensor_map(
+            self._tensor_map_function("cuTensorMapReplaceAddress"), (address,), encoded
+        )
+
+    def _tensor_map_function(self, name: str):
+        """The driver's own entry point for a tensor-map call, as a ctypes function (looked up once)."""
+        function = self.tensor_map_functions.get(name)
+        if function is None:
+            version, argtypes = TENSOR_MAP_CALLS[name]
+            flags = driver.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
+            pfn, _status = _ok(driver.cuGetProcAddress(name.encode(), version, flags))
+            if not _int(pfn):
+                raise CudaError(NOT_SUPPORTED, f"the driver has no {name}")
+            function = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *argtypes)(_int(pfn))
+            self.tensor_map_functions[name] = function
+        return function
 
     def launch_host_func(self, stream, fn) -> None:
         key = next(self._host_keys)
@@ -640,6 +758,83 @@ class CudaExecutor(Executor):
     def cuMemRelease(self, handle):
         _ok(driver.cuMemRelease(driver.CUmemGenericAllocationHandle(handle)))
 
+    # -- CUDA arrays, textures and surfaces ------------------------------------------------------------
+
+    @staticmethod
+    def _array_descriptor(shape: ArrayShape):
+        desc = driver.CUDA_ARRAY3D_DESCRIPTOR()
+        desc.Width, desc.Height, desc.Depth = shape.width, shape.height, shape.depth
+        desc.Format = _enum(driver.CUarray_format, shape.format)
+        desc.NumChannels, desc.Flags = shape.channels, shape.flags
+        return desc
+
+    def cuArray3DCreate(self, shape):
+        return _int(_ok(driver.cuArray3DCreate(self._array_descriptor(shape))))
+
+    def cuArrayDestroy(self, handle):
+        _ok(driver.cuArrayDestroy(driver.CUarray(handle)))
+
+    def cuArray3DGetDescriptor(self, handle):
+        d = _ok(driver.cuArray3DGetDescriptor(driver.CUarray(handle)))
+        return ArrayShape(
+            int(d.Width), int(d.Height), int(d.Depth), int(d.Format), int(d.NumChannels), int(d.Flags)
+        )
+
+    def cuMipmappedArrayCreate(self, shape, levels):
+        return _int(_ok(driver.cuMipmappedArrayCreate(self._array_descriptor(shape), levels)))
+
+    def cuMipmappedArrayGetLevel(self, handle, level):
+        return _int(_ok(driver.cuMipmappedArrayGetLevel(driver.CUmipmappedArray(handle), level)))
+
+    def cuMipmappedArrayDestroy(self, handle):
+        _ok(driver.cuMipmappedArrayDestroy(driver.CUmipmappedArray(handle)))
+
+    @staticmethod
+    def _struct(kind, raw: bytes):
+        """A cuda.bindings structure holding the client's C struct as it is (its handles are this worker's)."""
+        value = kind()
+        ctypes.memmove(value.getPtr(), bytes(raw), len(raw))
+        return value
+
+    def cuTexObjectCreate(self, res, tex, view):
+        descs = self._struct(driver.CUDA_RESOURCE_DESC, res), self._struct(driver.CUDA_TEXTURE_DESC, tex)
+        view_desc = self._struct(driver.CUDA_RESOURCE_VIEW_DESC, view) if view else None
+        return _int(_ok(driver.cuTexObjectCreate(*descs, view_desc)))
+
+    def cuTexObjectGetResourceDesc(self, tex):
+        desc = _ok(driver.cuTexObjectGetResourceDesc(driver.CUtexObject(tex)))
+        return ctypes.string_at(desc.getPtr(), RESOURCE_DESC_BYTES)
+
+    def cuTexObjectGetTextureDesc(self, tex):
+        desc = _ok(driver.cuTexObjectGetTextureDesc(driver.CUtexObject(tex)))
+        return ctypes.string_at(desc.getPtr(), TEXTURE_DESC_BYTES)
+
+    def cuTexObjectGetResourceViewDesc(self, tex):
+        desc = _ok(driver.cuTexObjectGetResourceViewDesc(driver.CUtexObject(tex)))
+        return ctypes.string_at(desc.getPtr(), VIEW_DESC_BYTES)
+
+    def cuSurfObjectGetResourceDesc(self, surf):
+        desc = _ok(driver.cuSurfObjectGetResourceDesc(driver.CUsurfObject(surf)))
+        return ctypes.string_at(desc.getPtr(), RESOURCE_DESC_BYTES)
+
+    def cuTexObjectDestroy(self, tex):
+        _ok(driver.cuTexObjectDestroy(driver.CUtexObject(tex)))
+
+    def cuSurfObjectCreate(self, res):
+        return _int(_ok(driver.cuSurfObjectCreate(self._struct(driver.CUDA_RESOURCE_DESC, res))))
+
+    def cuSurfObjectDestroy(self, surf):
+        _ok(driver.cuSurfObjectDestroy(driver.CUsurfObject(surf)))
+
+    def cuMemGetAccess(self, ptr, device):
+        location = driver.CUmemLocation()
+        location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        location.id = self._d(device)
+        return int(_ok(driver.cuMemGetAccess(location, ptr)))
+
+    def cuMemRetainAllocationHandle(self, addr):
+        return _int(_ok(driver.cuMemRetainAllocationHandle(addr)))
+
     def cuMemMap(self, ptr, size, offset, handle, flags):
         _ok(driver.cuMemMap(ptr, size, offset, driver.CUmemGenericAllocationHandle(handle), flags))
 
@@ -711,6 +906,14 @@ class CudaExecutor(Executor):
         minor = _ok(driver.cuDeviceGetAttribute(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
         return major, minor
 
+    def cuDeviceGetP2PAttribute(self, attrib, src, dst):
+        kind = _enum(driver.CUdevice_P2PAttribute, attrib)
+        return int(_ok(driver.cuDeviceGetP2PAttribute(kind, self._d(src), self._d(dst))))
+
+    def cuDeviceGetTexture1DLinearMaxWidth(self, format_, channels, dev):
+        kind = _enum(driver.CUarray_format, format_)
+        return int(_ok(driver.cuDeviceGetTexture1DLinearMaxWidth(kind, channels, self._d(dev))))
+
     def cuDeviceCanAccessPeer(self, dev, peer):
         return _ok(driver.cuDeviceCanAccessPeer(self._d(dev), self._d(peer)))
 
@@ -780,6 +983,36 @@ class CudaExecutor(Executor):
 
     def cuCtxSetLimit(self, limit, value):
         _ok(driver.cuCtxSetLimit(_enum(driver.CUlimit, limit), value))
+
+    def cuCtxEnablePeerAccess(self, peer, flags):
+        _ok(driver.cuCtxEnablePeerAccess(driver.CUcontext(peer), flags))
+
+    def cuCtxDisablePeerAccess(self, peer):
+        _ok(driver.cuCtxDisablePeerAccess(driver.CUcontext(peer)))
+
+    def cuCtxSetFlags(self, flags):
+        _ok(driver.cuCtxSetFlags(flags))
+
+    def cuCtxResetPersistingL2Cache(self):
+        _ok(driver.cuCtxResetPersistingL2Cache())
+
+    def cuCtxRecordEvent(self, ctx, event):
+        _ok(driver.cuCtxRecordEvent(driver.CUcontext(ctx), driver.CUevent(event)))
+
+    def cuCtxWaitEvent(self, ctx, event):
+        _ok(driver.cuCtxWaitEvent(driver.CUcontext(ctx), driver.CUevent(event)))
+
+    def cuCtxGetCacheConfig(self):
+        return int(_ok(driver.cuCtxGetCacheConfig()))
+
+    def cuCtxSetCacheConfig(self, config):
+        _ok(driver.cuCtxSetCacheConfig(_enum(driver.CUfunc_cache, config)))
+
+    def cuCtxGetSharedMemConfig(self):
+        return int(_ok(driver.cuCtxGetSharedMemConfig()))
+
+    def cuCtxSetSharedMemConfig(self, config):
+        _ok(driver.cuCtxSetSharedMemConfig(_enum(driver.CUsharedconfig, config)))
 
     def cuCtxGetStreamPriorityRange(self):
         least, greatest = _ok(driver.cuCtxGetStreamPriorityRange())
@@ -919,6 +1152,33 @@ class CudaExecutor(Executor):
     def cuKernelGetFunction(self, kernel):
         return _int(_ok(driver.cuKernelGetFunction(driver.CUkernel(kernel))))
 
+    def cuModuleGetFunctionCount(self, mod):
+        return int(_ok(driver.cuModuleGetFunctionCount(driver.CUmodule(mod))))
+
+    def cuModuleEnumerateFunctions(self, num, mod):
+        return [_int(f) for f in _ok(driver.cuModuleEnumerateFunctions(num, driver.CUmodule(mod)))]
+
+    def cuLibraryGetKernelCount(self, lib):
+        return int(_ok(driver.cuLibraryGetKernelCount(driver.CUlibrary(lib))))
+
+    def cuLibraryEnumerateKernels(self, num, lib):
+        return [_int(k) for k in _ok(driver.cuLibraryEnumerateKernels(num, driver.CUlibrary(lib)))]
+
+    def cuKernelGetLibrary(self, kernel):
+        return _int(_ok(driver.cuKernelGetLibrary(driver.CUkernel(kernel))))
+
+    def cuKernelGetName(self, kernel, length):
+        return _ok(driver.cuKernelGetName(driver.CUkernel(kernel)))
+
+    def cuFuncGetName(self, func, length):
+        return _ok(driver.cuFuncGetName(driver.CUfunction(func)))
+
+    def cuFuncIsLoaded(self, func):
+        return int(_ok(driver.cuFuncIsLoaded(driver.CUfunction(func))))
+
+    def cuFuncLoad(self, func):
+        _ok(driver.cuFuncLoad(driver.CUfunction(func)))
+
     def cuKernelGetAttribute(self, attrib, kernel, dev):
         kind = _enum(driver.CUfunction_attribute, attrib)
         return _ok(driver.cuKernelGetAttribute(kind, driver.CUkernel(kernel), self._d(dev)))
@@ -947,6 +1207,13 @@ class CudaExecutor(Executor):
     def cuFuncSetCacheConfig(self, func, config):
         _ok(driver.cuFuncSetCacheConfig(driver.CUfunction(func), _enum(driver.CUfunc_cache, config)))
 
+    def cuFuncSetSharedMemConfig(self, func, config):
+        _ok(driver.cuFuncSetSharedMemConfig(driver.CUfunction(func), _enum(driver.CUsharedconfig, config)))
+
+    def cuKernelSetCacheConfig(self, kernel, config, dev):
+        cache = _enum(driver.CUfunc_cache, config)
+        _ok(driver.cuKernelSetCacheConfig(driver.CUkernel(kernel), cache, self._d(dev)))
+
     def cuFuncGetModule(self, func):
         return _int(_ok(driver.cuFuncGetModule(driver.CUfunction(func))))
 
@@ -963,6 +1230,13 @@ class CudaExecutor(Executor):
         if callback:
             raise CudaError(NOT_SUPPORTED, "a block-size callback runs in the client")
         grid, block = _ok(driver.cuOccupancyMaxPotentialBlockSize(driver.CUfunction(func), None, smem, limit))
+        return grid, block
+
+    def cuOccupancyMaxPotentialBlockSizeWithFlags(self, func, callback, smem, limit, flags):
+        if callback:
+            raise CudaError(NOT_SUPPORTED, "a block-size callback runs in the client")
+        f = driver.CUfunction(func)
+        grid, block = _ok(driver.cuOccupancyMaxPotentialBlockSizeWithFlags(f, None, smem, limit, flags))
         return grid, block
 
     def cuOccupancyAvailableDynamicSMemPerBlock(self, func, num_blocks, block_size):

@@ -65,6 +65,7 @@ SHAPED: dict[str, str] = {
         "memset",
     ),
     "cuLaunchKernelEx": "launch",
+    "gpMemcpy3D": "copy_3d",
     "cuOccupancyMaxActiveClusters": "cluster_occupancy",
     "cuOccupancyMaxPotentialClusterSize": "cluster_occupancy",
     "cuStreamGetCaptureInfo": "capture_info",
@@ -96,7 +97,8 @@ HANDSHAKE = ("gpHello", "gpProve")  # the worker's own, before any call reaches 
 GUARD_CALLS = (
     *("gpWindowOffer", "gpWindowAccept", "cuMemAddressReserve", "cuMemAddressFree"),
     *("gpCallbackToken", "gpCallbackAttach", "cuLaunchHostFunc", "cuStreamAddCallback"),  # host functions
-    *("cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuTensorMapReplaceAddress"),  # tensor maps
+    *("cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuTensorMapEncodeIm2colWide"),  # tensor maps
+    "cuTensorMapReplaceAddress",
     *(
         "cuGraphAddKernelNode",
         "cuGraphExecKernelNodeSetParams",
@@ -104,6 +106,8 @@ GUARD_CALLS = (
         "cuGraphAddEmptyNode",
     ),
     "cuGraphAddDependencies",  # graphs built node by node
+    *("cuArrayCreate", "cuArrayGetDescriptor"),  # as cuArray3DCreate and cuArray3DGetDescriptor
+    "cuMemGetAllocationPropertiesFromHandle",  # what the handle was created with
     "gpCopiesFlush",  # asynchronous copies to the client's page-locked memory (virtualize._deliveries)
     # copies through memory shared with a client on this host (`Executor.copy_in_from`, `copy_out_to`)
     *("gpShmAttach", "gpShmHtoD", "gpShmDtoH"),
@@ -151,6 +155,22 @@ class Copy3D:
                     self.src + (z * self.src_height + y) * self.src_pitch,
                     self.dst + (z * self.dst_height + y) * self.dst_pitch,
                 )
+
+
+@dataclass(frozen=True, slots=True)
+class CopySide:
+    """One side of a copy in rows and slices (gpMemcpy3D): host memory (`kind` 1: the request's or the
+    reply's bytes, rows packed), device memory (2: `at` is the address) or a CUDA array (3: `at` is
+    the array); the copy starts `x` bytes, `y` rows and `z` slices in, rows `pitch` bytes apart and
+    slices `height` rows apart (an array's own)."""
+
+    kind: int
+    at: int
+    x: int
+    y: int
+    z: int
+    pitch: int
+    height: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +325,18 @@ class Executor(abc.ABC):
     def memset(self, dst: int, value: int, element_size: int, count: int, stream: int | None) -> None: ...
 
     @abc.abstractmethod
+    def copy_3d(
+        self,
+        src: CopySide,
+        dst: CopySide,
+        extent: tuple[int, int, int],
+        stream: int | None,
+        data: bytes | None,
+    ) -> bytes | None:
+        """Copy `extent` (bytes per row, rows, slices) from `src` to `dst` (checked: the lease's memory
+        and arrays); a host source is `data`, a host destination is returned. Stream None: synchronous."""
+
+    @abc.abstractmethod
     def param_layout(self, func: int, is_kernel: bool) -> list[tuple[int, int]]:
         """(offset, size) of each kernel parameter, in order."""
 
@@ -384,9 +416,9 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     def tensor_map(self, name: str, ins: tuple, arrays: list[list[int]]) -> bytes:
-        """cuTensorMapEncodeTiled or cuTensorMapEncodeIm2col (`name`): the table's in-parameters and the
-        shape arrays in the C order (dims, strides, box or lower/upper corners, element strides); the
-        128-byte CUtensorMap."""
+        """cuTensorMapEncodeTiled, Im2col or Im2colWide (`name`): the table's in-parameters and the shape
+        arrays in the C order (dims, strides, box or lower/upper corners, element strides); the 128-byte
+        CUtensorMap."""
 
     @abc.abstractmethod
     def tensor_map_address(self, encoded: bytes, address: int) -> bytes:

@@ -22,6 +22,16 @@ from typing import Any
 
 from virtualize import _wire
 from virtualize._address_window import GRANULE, WindowFull, WindowMemory
+from virtualize._arrays import (
+    ARRAY,
+    DEVICE,
+    HOST,
+    RESOURCE_DESC_BYTES,
+    TEXTURE_DESC_BYTES,
+    VIEW_DESC_BYTES,
+    ArrayShape,
+    resource,
+)
 from virtualize._calls import CALLS, HANDLE_TYPES, Call, Mode
 from virtualize._deliveries import Deliveries
 from virtualize._executor import (
@@ -31,6 +41,7 @@ from virtualize._executor import (
     INVALID_VALUE,
     OUT_OF_MEMORY,
     Copy3D,
+    CopySide,
     CudaError,
     Executor,
     Launch,
@@ -47,6 +58,47 @@ LAUNCH_ATTRIBUTE_BYTES = 72
 ALLOCATION_PROP_BYTES, ACCESS_DESC_BYTES = 32, 12  # CUmemAllocationProp, CUmemAccessDesc
 POOL_PROPS_BYTES = 88  # CUmemPoolProps
 TENSOR_MAP_BYTES, TENSOR_RANK_MAX = 128, 5  # CUtensorMap
+# Each tensor-map call's shape arrays in the bulk, in the C order: (count as rank + offset, struct code).
+TENSOR_SHAPE_ARRAYS = {
+    "cuTensorMapEncodeTiled": (
+        (0, "Q"),
+        (-1, "Q"),
+        (0, "I"),
+        (0, "I"),
+    ),  # dims, strides, box, element strides
+    "cuTensorMapEncodeIm2col": (
+        (0, "Q"),
+        (-1, "Q"),
+        (-2, "i"),
+        (-2, "i"),
+        (0, "I"),
+    ),  # + lower, upper corners
+    "cuTensorMapEncodeIm2colWide": ((0, "Q"), (-1, "Q"), (0, "I")),  # dims, strides, element strides
+}
+# Bytes of one element of each CUtensorMapDataType (the packed 4- and 6-bit types: at most one).
+TENSOR_ELEMENT_BYTES = {
+    0: 1,
+    1: 2,
+    2: 4,
+    3: 4,
+    4: 8,
+    5: 8,
+    6: 2,
+    7: 4,
+    8: 8,
+    9: 2,
+    10: 4,
+    11: 4,
+    12: 4,
+    13: 1,
+    14: 1,
+    15: 1,
+}
+# CUstreamAttrID values whose CUstreamAttrValue is plain data, or (the access-policy window) a range the
+# guard checks: access-policy window, synchronization policy, priority, memory sync domain map, domain.
+ACCESS_POLICY_WINDOW, STREAM_ATTRIBUTE_BYTES = 1, 64
+STREAM_ATTRIBUTES = frozenset({ACCESS_POLICY_WINDOW, 3, 8, 9, 10})
+TENSOR_MAPS_KEPT = 65536  # maps a lease encoded, kept with their extent for cuTensorMapReplaceAddress
 MAX_NODE_DEPS = 4096  # dependencies of one graph node (the shim's limit too)
 MAX_CONDITIONAL_BODIES = 64  # body graphs of one conditional node (a switch's cases; the shim's limit too)
 # CUdevice_attribute: PAGEABLE_MEMORY_ACCESS, CONCURRENT_MANAGED_ACCESS, PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
@@ -65,6 +117,18 @@ WINDOW_POINTER_ATTRIBUTES = frozenset(
         POINTER_MEMPOOL,
     }
 )
+
+
+def tensor_extent(dtype: int, dims: list[int], strides: list[int]) -> int:
+    """Bytes from a tensor's address to the end of its last element: a row of dims[0] elements, and
+    dims[i] steps of strides[i-1] bytes along each other dimension."""
+    if dtype not in TENSOR_ELEMENT_BYTES:
+        raise CudaError(INVALID_VALUE, f"tensor data type {dtype}")
+    if not all(dims):
+        raise CudaError(INVALID_VALUE, "a tensor dimension of 0")
+    return dims[0] * TENSOR_ELEMENT_BYTES[dtype] + sum(
+        (d - 1) * s for d, s in zip(dims[1:], strides, strict=True)
+    )
 
 
 @dataclass
@@ -91,6 +155,7 @@ class LeaseState:
     primary_ctx: dict[int, int] = field(default_factory=dict)  # device -> its primary context
     layouts: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     callback_tokens: dict[int, Session] = field(default_factory=dict)  # token -> connection to call back for
+    tensor_maps: dict[bytes, int] = field(default_factory=dict)  # encoded map -> its tensor's extent
     lock: threading.Lock = field(default_factory=threading.Lock)
     native: Any = None  # the worker's native hot path (a virtualize._native_dispatch.NativeLease), if any
 
@@ -201,6 +266,12 @@ class Session:
         self.vm_ranges: dict[int, int] = {}  # base -> size
         self.vm_mapped: dict[int, int] = {}  # mapped address -> size
         self.vm_handles: dict[int, tuple[int, int]] = {}  # handle -> (size, device)
+        self.vm_references: dict[int, int] = {}  # handle -> references beyond the first (retains)
+        self.vm_props: dict[int, bytes] = {}  # handle -> the CUmemAllocationProp it was created with
+        self.vm_mapping_of: dict[int, tuple[int, int, int]] = {}  # mapped address -> (handle, size, device)
+        self.arrays: dict[
+            int, tuple[str, int, int, int]
+        ] = {}  # array or mipmap -> (kind, bytes, device, ctx)
         self.shared: SharedHostMemory | None = None  # memory the client maps too (gpShmAttach)
         self.shared_error = 0  # the first error of the pieces of a copy through it, for its answer
         self.lanes: Lanes | None = None  # this process's extra connections' copies, once one attached
@@ -234,6 +305,7 @@ class Session:
             "cuStreamUpdateCaptureDependencies_v2": self._capture_dependencies,
             "cuTensorMapEncodeTiled": self._tensor_map,
             "cuTensorMapEncodeIm2col": self._tensor_map,
+            "cuTensorMapEncodeIm2colWide": self._tensor_map,
             "cuTensorMapReplaceAddress": self._tensor_map_address,
             "cuMemPoolCreate": self._pool_create,
             "gpCallbackToken": self._callback_token,
@@ -248,6 +320,42 @@ class Session:
             "cuMemUnmap": self._vm_unmap,
             "cuMemSetAccess": self._vm_set_access,
             "cuMemGetAllocationGranularity": self._vm_granularity,
+            "cuMemRetainAllocationHandle": self._vm_retain,
+            "cuMemGetAllocationPropertiesFromHandle": self._vm_properties,
+            "cuMemGetAccess": self._vm_access,
+            "cuArrayCreate_v2": self._array_create,
+            "cuArray3DCreate_v2": self._array_create,
+            "cuMipmappedArrayCreate": self._array_create,
+            "cuArrayDestroy": self._array_destroy,
+            "cuMipmappedArrayDestroy": self._array_destroy,
+            "cuArrayGetDescriptor_v2": self._array_descriptor,
+            "cuArray3DGetDescriptor_v2": self._array_descriptor,
+            "cuMipmappedArrayGetLevel": self._mipmap_level,
+            "gpMemcpy3D": self._copy_3d,
+            "cuStreamGetAttribute": self._stream_attribute,
+            **dict.fromkeys(
+                (
+                    f"{op}{bits}{suffix}"
+                    for op in ("cuStreamWaitValue", "cuStreamWriteValue")
+                    for bits in ("32", "64")
+                    for suffix in ("", "_v2")
+                ),
+                self._stream_value,
+            ),
+            "cuStreamSetAttribute": self._stream_attribute,
+            "cuTexObjectCreate": self._texture_object,
+            "cuSurfObjectCreate": self._surface_object,
+            **dict.fromkeys(
+                (
+                    "cuTexObjectGetResourceDesc",
+                    "cuTexObjectGetTextureDesc",
+                    "cuTexObjectGetResourceViewDesc",
+                    "cuSurfObjectGetResourceDesc",
+                ),
+                self._object_descriptor,
+            ),
+            "cuModuleEnumerateFunctions": self._enumerate,
+            "cuLibraryEnumerateKernels": self._enumerate,
             "gpWindowOffer": self._window_offer,
             "gpWindowAccept": self._window_accept,
             "cuMemGetAddressRange_v2": self._address_range,
@@ -398,6 +506,7 @@ class Session:
                 log.warning("could not free 0x%x after the client left: %s", a.base, exc)
             self.lease.remove(a.base)
         self._vm_close()
+        self._arrays_close()
         if self.shared is not None:
             try:
                 self.executor.release_shared_host_memory(self.shared)
@@ -742,33 +851,228 @@ class Session:
         self.executor.update_capture_dependencies(stream, deps, flags)
         return _EMPTY
 
+    # -- CUDA arrays, copies in rows and slices, textures and surfaces --------------------------------
+
+    def _array_create(self, call: Call, ins: tuple):
+        """cuArrayCreate / cuArray3DCreate / cuMipmappedArrayCreate: counted against the partition (a
+        mipmapped array at twice its first level, more than its levels take)."""
+        raw = self.channel.read_bulk(limit=64)
+        shape = ArrayShape.from_2d(raw) if call.name == "cuArrayCreate" else ArrayShape.from_3d(raw)
+        mipmapped = call.name == "cuMipmappedArrayCreate"
+        size, device = shape.nbytes * (2 if mipmapped else 1), self._device()
+        with self.lease.lock:
+            self.lease.reserve(device, size)
+            self.lease.used[device] += size
+        try:
+            if mipmapped:
+                handle = self.executor.cuMipmappedArrayCreate(shape, ins[0])
+            else:
+                handle = self.executor.cuArray3DCreate(shape)
+        except BaseException:
+            with self.lease.lock:
+                self.lease.used[device] -= size
+            raise
+        kind = "mipmap" if mipmapped else "array"
+        self.lease.handles[kind].add(handle)
+        self.arrays[handle] = (kind, size, device, self.ctx)
+        return struct.pack("<Q", handle), b""
+
+    def _array_destroy(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        (handle,) = ins
+        if handle not in self.arrays:
+            raise CudaError(INVALID_VALUE, "not an array this process created")  # a mipmap's level, say
+        kind, size, device, _ = self.arrays[handle]
+        getattr(self.executor, call.name)(handle)
+        del self.arrays[handle]
+        self.lease.handles[kind].discard(handle)
+        for level in self.lease.children.pop(handle, ()):
+            self.lease.handles["array"].discard(level)
+        with self.lease.lock:
+            self.lease.used[device] -= size
+
+    def _array_descriptor(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        shape = self.executor.cuArray3DGetDescriptor(ins[0])
+        return b"", shape.pack_2d() if call.name == "cuArrayGetDescriptor" else shape.pack_3d()
+
+    def _mipmap_level(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        handle, level = ins
+        array = self.executor.cuMipmappedArrayGetLevel(handle, level)
+        self.lease.handles["array"].add(array)
+        self.lease.children.setdefault(handle, set()).add(array)
+        return struct.pack("<Q", array), b""
+
+    def _arrays_close(self) -> None:
+        """The client is gone: destroy the arrays it left, in the contexts they were made in."""
+        for handle, (kind, _size, _device, ctx) in list(self.arrays.items()):
+            try:
+                self.executor.set_context(ctx)
+                self._array_destroy(CALL_OF[kind], (handle,))
+            except CudaError as exc:
+                log.warning("could not destroy the client's %s 0x%x: %s", kind, handle, exc)
+
+    def _copy_side(self, side: CopySide, width: int, height: int, depth: int) -> None:
+        """Host rows come packed; device rows must lie in the lease's memory; an array must be the lease's
+        (its driver refuses rows outside it)."""
+        if side.kind == HOST:
+            if (side.x, side.y, side.z, side.pitch, side.height) != (0, 0, 0, width, height):
+                raise CudaError(INVALID_VALUE, "host rows travel packed")
+        elif side.kind == DEVICE:
+            rows = side.height if depth > 1 or side.z else height
+            if ((height > 1 or depth > 1) and side.pitch < width) or (depth > 1 and rows < height):
+                raise CudaError(INVALID_VALUE, "a pitch shorter than a row, or a slice shorter than the copy")
+            start = side.at + (side.z * rows + side.y) * side.pitch + side.x
+            self._check_range(start, (depth - 1) * rows * side.pitch + (height - 1) * side.pitch + width)
+        elif side.kind == ARRAY:
+            if side.at not in self.lease.handles["array"]:
+                raise CudaError(INVALID_HANDLE, "array")
+        else:
+            raise CudaError(INVALID_VALUE, f"memory type {side.kind}")
+
+    def _copy_3d(self, call: Call, ins: tuple):
+        """gpMemcpy3D: a host source's rows from the request, a host destination's into the reply."""
+        self._check(call, ins)
+        kinds, *sides, width, height, depth, stream, flags = ins
+        src = CopySide(kinds & 0xFF, *sides[:6])
+        dst = CopySide(kinds >> 8, *sides[6:])
+        if not width or not height or not depth:
+            raise CudaError(INVALID_VALUE, "an empty copy")
+        for side in (src, dst):
+            self._copy_side(side, width, height, depth)
+        packed = width * height * depth
+        data = None
+        if src.kind == HOST:
+            data = self.channel.read_bulk(limit=_wire.MAX_SMALL_BULK_BYTES)
+            if len(data) != packed:
+                raise CudaError(INVALID_VALUE, "the host rows' bytes")
+        elif dst.kind == HOST and packed > _wire.MAX_SMALL_BULK_BYTES:
+            raise CudaError(INVALID_VALUE, "a copy to the host of more than the reply can carry")
+        out = self.executor.copy_3d(src, dst, (width, height, depth), stream if flags & 1 else None, data)
+        return b"", bytes(out) if dst.kind == HOST else b""
+
+    def _resource(self, raw: bytes) -> None:
+        """What a resource descriptor names must be the lease's: an array, a mipmapped array, memory."""
+        named = resource(raw)
+        if named.kind in (0, 1):
+            if named.handle not in self.lease.handles["array" if named.kind == 0 else "mipmap"]:
+                raise CudaError(INVALID_HANDLE, "the resource's array")
+        else:
+            self._check_range(named.handle, named.size)
+
+    def _texture_object(self, call: Call, ins: tuple):
+        """cuTexObjectCreate: the resource, texture and (optional) view descriptors, one after another."""
+        raw = self.channel.read_bulk(limit=RESOURCE_DESC_BYTES + TEXTURE_DESC_BYTES + VIEW_DESC_BYTES)
+        texture_at, view_at = RESOURCE_DESC_BYTES, RESOURCE_DESC_BYTES + TEXTURE_DESC_BYTES
+        if len(raw) not in (view_at, view_at + VIEW_DESC_BYTES):
+            raise CudaError(INVALID_VALUE, "texture descriptors")
+        self._resource(raw[:texture_at])
+        tex = self.executor.cuTexObjectCreate(
+            raw[:texture_at], raw[texture_at:view_at], raw[view_at:] or None
+        )
+        self.lease.handles["texobj"].add(tex)
+        return struct.pack("<Q", tex), b""
+
+    def _surface_object(self, call: Call, ins: tuple):
+        raw = self.channel.read_bulk(limit=RESOURCE_DESC_BYTES)
+        if resource(raw).kind != 0:
+            raise CudaError(INVALID_VALUE, "a surface is made over an array")
+        self._resource(raw)
+        surf = self.executor.cuSurfObjectCreate(raw)
+        self.lease.handles["surfobj"].add(surf)
+        return struct.pack("<Q", surf), b""
+
+    def _stream_value(self, call: Call, ins: tuple):
+        """cuStreamWaitValue32/64, cuStreamWriteValue32/64: the whole word must be the lease's memory."""
+        self._check(call, ins)
+        stream, addr, value, flags = ins
+        self._check_range(addr, 8 if call.name.endswith("64") else 4)
+        getattr(self.executor, call.name)(stream, addr, value, flags)
+
+    def _object_descriptor(self, call: Call, ins: tuple):
+        """A texture's or surface's descriptor, as the executor's driver gives it, in the reply's bulk."""
+        self._check(call, ins)
+        return b"", bytes(getattr(self.executor, call.name)(ins[0]))
+
+    # -- stream attributes ----------------------------------------------------------------------------
+
+    def _stream_attribute(self, call: Call, ins: tuple):
+        """cuStreamGetAttribute / SetAttribute: a CUstreamAttrValue (64 bytes) each way; an access-policy
+        window (its base and length first) must be memory of the lease."""
+        self._check(call, ins)
+        stream, attr = ins
+        if attr not in STREAM_ATTRIBUTES:
+            raise CudaError(CUresult.NOT_SUPPORTED, f"stream attribute {attr} is not forwarded")
+        if call.name == "cuStreamGetAttribute":
+            return b"", bytes(self.executor.cuStreamGetAttribute(stream, attr))[:STREAM_ATTRIBUTE_BYTES]
+        value = self.channel.read_bulk(limit=STREAM_ATTRIBUTE_BYTES)
+        if len(value) != STREAM_ATTRIBUTE_BYTES:
+            raise CudaError(INVALID_VALUE, "a stream attribute's value is 64 bytes")
+        base, size = struct.unpack_from("<QQ", value)
+        if attr == ACCESS_POLICY_WINDOW and size:
+            self._check_range(base, size)
+        self.executor.cuStreamSetAttribute(stream, attr, value)
+        return _EMPTY
+
+    # -- what a module or library holds --------------------------------------------------------------
+
+    def _enumerate(self, call: Call, ins: tuple):
+        """cuModuleEnumerateFunctions / cuLibraryEnumerateKernels: the handles, now the lease's (children
+        of their module or library, gone with it), in the reply's bulk."""
+        self._check(call, ins)
+        num, parent = ins
+        found = getattr(self.executor, call.name)(num, parent)[:num]
+        kind = "func" if call.name == "cuModuleEnumerateFunctions" else "kernel"
+        with self.lease.lock:
+            self.lease.handles[kind].update(found)
+            self.lease.children.setdefault(parent, set()).update(found)
+        return b"", struct.pack(f"<{len(found)}Q", *found)
+
     # -- tensor maps -----------------------------------------------------------------------------------
 
     def _tensor_map(self, call: Call, ins: tuple):
-        """cuTensorMapEncodeTiled / Im2col: the shape arrays from the bulk; the 128 bytes go back as bulk."""
+        """cuTensorMapEncodeTiled / Im2col / Im2colWide: the shape arrays from the bulk; the whole tensor
+        (its dimensions and strides from its address) must be memory of this lease; the 128 bytes go
+        back as bulk, and the tensor's extent is kept for cuTensorMapReplaceAddress."""
         self._check(call, ins)
-        rank = ins[1]
+        dtype, rank, address = ins[:3]
         if not 1 <= rank <= TENSOR_RANK_MAX:
             raise CudaError(INVALID_VALUE, "tensor rank")
         raw = self.channel.read_bulk(limit=TENSOR_RANK_MAX * 24)
-        tiled = call.name == "cuTensorMapEncodeTiled"
-        counts = (rank, rank - 1, rank, rank) if tiled else (rank, rank - 1, rank - 2, rank - 2, rank)
-        codes = ("Q", "Q", "I", "I") if tiled else ("Q", "Q", "i", "i", "I")
         arrays, at = [], 0
-        for n, code in zip(counts, codes, strict=True):
-            n = max(n, 0)
+        for offset, code in TENSOR_SHAPE_ARRAYS[call.name]:
+            n = max(rank + offset, 0)
             if at + n * struct.calcsize(code) > len(raw):
                 raise CudaError(INVALID_VALUE, "tensor shape arrays")
             arrays.append(list(struct.unpack_from(f"<{n}{code}", raw, at)))
             at += n * struct.calcsize(code)
-        return b"", self.executor.tensor_map(call.name, ins, arrays)
+        extent = tensor_extent(dtype, arrays[0], arrays[1])
+        self._check_range(address, extent)
+        encoded = self.executor.tensor_map(call.name, ins, arrays)
+        self._keep_tensor_map(encoded, extent)
+        return b"", encoded
 
     def _tensor_map_address(self, call: Call, ins: tuple):
+        """cuTensorMapReplaceAddress: a map this lease encoded, its tensor moved to other lease memory."""
         self._check(call, ins)
-        encoded = self.channel.read_bulk(limit=TENSOR_MAP_BYTES)
+        encoded = bytes(self.channel.read_bulk(limit=TENSOR_MAP_BYTES))
         if len(encoded) != TENSOR_MAP_BYTES:
             raise CudaError(INVALID_VALUE, "a tensor map is 128 bytes")
-        return b"", self.executor.tensor_map_address(encoded, ins[0])
+        extent = self.lease.tensor_maps.get(encoded)
+        if extent is None:
+            raise CudaError(INVALID_VALUE, "not a tensor map this lease encoded")
+        self._check_range(ins[0], extent)
+        replaced = self.executor.tensor_map_address(encoded, ins[0])
+        self._keep_tensor_map(replaced, extent)
+        return b"", replaced
+
+    def _keep_tensor_map(self, encoded: bytes, extent: int) -> None:
+        maps = self.lease.tensor_maps
+        with self.lease.lock:
+            maps[bytes(encoded)] = extent
+            while len(maps) > TENSOR_MAPS_KEPT:  # the oldest first (dicts keep insertion order)
+                del maps[next(iter(maps))]
 
     # -- host functions ------------------------------------------------------------------------------
 
@@ -855,7 +1159,8 @@ class Session:
 
     def _vm_create(self, call: Call, ins: tuple):
         size, _flags = ins  # flags: reserved by CUDA, 0
-        device, handle_types = self._vm_device(self.channel.read_bulk(limit=ALLOCATION_PROP_BYTES))
+        prop = self.channel.read_bulk(limit=ALLOCATION_PROP_BYTES)
+        device, handle_types = self._vm_device(prop)
         if not size or size % GRANULE:
             raise CudaError(INVALID_VALUE, "size must be a multiple of the granularity (2 MiB)")
         with self.lease.lock:
@@ -868,6 +1173,7 @@ class Session:
                 self.lease.used[device] -= size
             raise
         self.vm_handles[handle] = (size, device)
+        self.vm_props[handle] = bytes(prop)
         self.lease.handles["vmem"].add(handle)
         return struct.pack("<Q", handle), b""
 
@@ -876,6 +1182,9 @@ class Session:
         if handle not in self.vm_handles:
             raise CudaError(INVALID_VALUE, "not memory this process created")
         self.executor.cuMemRelease(handle)
+        if self.vm_references.get(handle):  # a retained reference: the memory has another holder
+            self.vm_references[handle] -= 1
+            return
         size, device = self.vm_handles.pop(handle)
         self.lease.handles["vmem"].discard(handle)
         with self.lease.lock:
@@ -888,6 +1197,7 @@ class Session:
         self._vm_inside(ptr, size)
         self.executor.cuMemMap(ptr, size, offset, handle, flags)
         self.vm_mapped[ptr] = size
+        self.vm_mapping_of[ptr] = (handle, *self.vm_handles[handle])
 
     def _vm_unmap(self, call: Call, ins: tuple):
         ptr, size = ins
@@ -897,6 +1207,41 @@ class Session:
         self.executor.cuMemUnmap(ptr, size)
         for m in inside:
             del self.vm_mapped[m]
+            self.vm_mapping_of.pop(m, None)
+
+    def _vm_properties(self, call: Call, ins: tuple):
+        """cuMemGetAllocationPropertiesFromHandle: as this process created it (its device, the lease's)."""
+        (handle,) = ins
+        if handle not in self.vm_handles or handle not in self.vm_props:
+            raise CudaError(INVALID_VALUE, "not memory this process created")
+        return b"", self.vm_props[handle]
+
+    def _vm_access(self, call: Call, ins: tuple):
+        """cuMemGetAccess: the access a device of the lease has to memory this process mapped."""
+        location, device, ptr = ins
+        if not any(m <= ptr < m + n for m, n in self.vm_mapped.items()):
+            raise CudaError(INVALID_VALUE, f"0x{ptr:x} is not memory this process mapped")
+        if location != 1 or not 0 <= device < len(self.lease.limits):  # CU_MEM_LOCATION_TYPE_DEVICE
+            raise CudaError(CUresult.INVALID_DEVICE, "location")
+        return struct.pack("<Q", self.executor.cuMemGetAccess(ptr, device)), b""
+
+    def _vm_retain(self, call: Call, ins: tuple):
+        """cuMemRetainAllocationHandle: another reference to the memory this process mapped at `addr`
+        (never the memory of the process's window, which the worker maps for cuMemAlloc)."""
+        (addr,) = ins
+        mapped = next((m for m, n in self.vm_mapped.items() if m <= addr < m + n), None)
+        if mapped is None:
+            raise CudaError(INVALID_VALUE, f"0x{addr:x} is not memory this process mapped")
+        handle = self.executor.cuMemRetainAllocationHandle(addr)
+        if handle in self.vm_handles:
+            self.vm_references[handle] = self.vm_references.get(handle, 0) + 1
+        else:  # its creator's reference was released: this one holds the memory now
+            _, size, device = self.vm_mapping_of[mapped]
+            self.vm_handles[handle] = (size, device)
+            self.lease.handles["vmem"].add(handle)
+            with self.lease.lock:
+                self.lease.used[device] += size
+        return struct.pack("<Q", handle), b""
 
     def _vm_set_access(self, call: Call, ins: tuple):
         ptr, size, count = ins
@@ -926,7 +1271,8 @@ class Session:
                 self.executor.cuMemUnmap(ptr, size)
                 del self.vm_mapped[ptr]
             for handle in list(self.vm_handles):
-                self._vm_release(None, (handle,))
+                while handle in self.vm_handles:  # every reference, retained ones too
+                    self._vm_release(None, (handle,))
             for base, size in list(self.vm_ranges.items()):
                 self._vm_address_free(None, (base, size))
         except CudaError as exc:
@@ -1366,7 +1712,13 @@ _HTOD_ASYNC = next(c for c in CALLS if c.symbol == "cuMemcpyHtoDAsync_v2")
 _DTOH_ASYNC = next(c for c in CALLS if c.symbol == "cuMemcpyDtoHAsync_v2")
 SHARED_COPY_BYTES = 64 << 20  # per client connection on this host: the largest piece of one copy
 _EMPTY = (b"", b"")
+CALL_OF = {  # the call that destroys an array of each kind (a client's leftovers, at its end)
+    "array": next(c for c in CALLS if c.name == "cuArrayDestroy"),
+    "mipmap": next(c for c in CALLS if c.name == "cuMipmappedArrayDestroy"),
+}
 _DESTROYS = {
+    "cuTexObjectDestroy": "texobj",
+    "cuSurfObjectDestroy": "surfobj",
     "cuStreamDestroy": "stream",
     "cuEventDestroy": "event",
     "cuModuleUnload": "module",

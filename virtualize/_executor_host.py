@@ -26,6 +26,7 @@ import struct
 import threading
 import time
 
+from virtualize._arrays import ARRAY, HOST, ArrayShape
 from virtualize._calls import FORWARDED_LAUNCH_ATTRIBUTES
 from virtualize._executor import (
     INVALID_HANDLE,
@@ -33,6 +34,7 @@ from virtualize._executor import (
     NOT_FOUND,
     CopiedBytes,
     Copy3D,
+    CopySide,
     CudaError,
     Executor,
     Launch,
@@ -42,6 +44,7 @@ from virtualize._executor import (
 from virtualize._results import CUresult
 
 DEVICE_TOTAL = 80 << 30
+COOPERATIVE = 2  # CU_LAUNCH_ATTRIBUTE_COOPERATIVE
 CHUNK = 4 << 20
 ALIGN = 1 << 21
 HOST_KERNELS = {
@@ -75,8 +78,33 @@ ATTRIBUTES = {
     75: 9,
     76: 0,
     83: 1,  # MANAGED_MEMORY
+    97: 232448,  # MAX_SHARED_MEMORY_PER_BLOCK_OPTIN (an H100's 227 KiB)
+    95: 1,  # COOPERATIVE_LAUNCH
     115: 1,
 }
+
+
+CACHE_CONFIGS = range(4)  # CUfunc_cache: PREFER_NONE, SHARED, L1, EQUAL
+SHARED_CONFIGS = range(3)  # CUsharedconfig: DEFAULT, FOUR_BYTE, EIGHT_BYTE bank size
+CARVEOUT, MAX_DYNAMIC_SHARED = 9, 8  # CUfunction_attribute
+
+
+def _in_range(value: int, allowed: range, kind: str) -> int:
+    if value not in allowed:
+        raise CudaError(INVALID_VALUE, f"{kind} {value}")
+    return value
+
+
+def _settable_attribute(attrib: int, value: int) -> int:
+    """What cuFuncSetAttribute accepts: a carve-out of -1 (the default) to 100 percent, dynamic shared
+    memory up to the device's opt-in maximum; the attributes before them (0-7) are read-only."""
+    if attrib < MAX_DYNAMIC_SHARED:
+        raise CudaError(INVALID_VALUE, f"function attribute {attrib} is read-only")
+    if attrib == CARVEOUT:
+        return _in_range(value, range(-1, 101), "shared memory carve-out")
+    if attrib == MAX_DYNAMIC_SHARED:
+        return _in_range(value, range(ATTRIBUTES[97] + 1), "dynamic shared memory")
+    return value
 
 
 _PTX_ENTRY = re.compile(rb"\.entry\s+([A-Za-z_$][\w$]*)\s*\(([^)]*)\)")
@@ -116,6 +144,9 @@ class HostExecutor(Executor):
         self.owner: dict[int, int] = {}  # base -> device
         self.reserved: dict[int, int] = {}  # reserved address ranges: base -> size
         self.created: dict[int, int] = {}  # cuMemCreate handle -> device
+        self.references: dict[int, int] = {}  # cuMemCreate handle -> references (create, retains)
+        self.mapped_handles: dict[int, int] = {}  # mapped address -> the handle mapped there
+        self.access: dict[tuple[int, int], int] = {}  # (mapped address, device) -> CUmemAccess_flags
         self.nodes: dict[int, tuple[int, object]] = {}  # graph node -> (its graph, its work)
         self.edges: list[tuple[int, int]] = []  # (from, to) between nodes
         self.node_order: dict[int, list[int]] = {}  # graph -> its nodes in the order they run
@@ -124,6 +155,8 @@ class HostExecutor(Executor):
         self.contexts = {0xC0000 + d: d for d in range(self.n)}
         self.pools = {0xB0000 + d: d for d in range(self.n)}
         self.functions: dict[int, str] = {}
+        self.function_handles: dict[tuple[int, str], int] = {}  # (module or library, name) -> its handle
+        self.parents: dict[int, int] = {}  # function or kernel -> its module or library
         self.kernel_of: dict[int, int] = {}  # a kernel's function in a context -> the kernel
         self.links: dict[int, list[bytes]] = {}  # link state -> its inputs
         self.linked: dict[int, bytes] = {}  # link state -> the image cuLinkComplete made
@@ -132,6 +165,11 @@ class HostExecutor(Executor):
         ] = {}  # (function or kernel, attribute) -> set value
         self.primary_retains: dict[int, int] = {}  # device -> retains of its primary context
         self.primary_flags: dict[int, int] = {}
+        self.cache_config: dict[int, int] = {}  # context -> CUfunc_cache
+        self.context_flags: dict[int, int] = {}  # context -> cuCtxSetFlags' flags
+        self.peers: set[tuple[int, int]] = set()  # (context, peer context) with peer access enabled
+        self.stream_attributes: dict[tuple[int, int], bytes] = {}  # (stream, CUstreamAttrID) -> its value
+        self.shared_config: dict[int, int] = {}  # context -> CUsharedconfig
         self.ptx_kernels: dict[int, dict[str, list[tuple[int, int]]]] = {}  # module -> kernels it declares
         self.layouts: dict[int, list[tuple[int, int]]] = {}  # PTX-declared functions -> parameter layout
         self.events: dict[int, float | None] = {}
@@ -142,16 +180,27 @@ class HostExecutor(Executor):
         self.clones: dict[int, dict[int, int]] = {}  # cloned graph -> {original node: its twin}
         self.node_types: dict[int, int] = {}  # node -> CUgraphNodeType, where not a kernel's (0)
         self.graphs: dict[int, list] = {}  # graph or executable graph -> its work, in stream order
+        self.arrays: dict[int, tuple[ArrayShape, bytearray]] = {}  # CUDA arrays: their shape and bytes
+        self.mipmaps: dict[int, list[int]] = {}  # mipmapped array -> its levels' arrays
+        self.samplers: dict[int, tuple] = {}  # texture or surface -> its resource, texture, view descriptors
         self.local = threading.local()
         self.lock = threading.Lock()
 
     # -- helpers -------------------------------------------------------------------------------------
 
-    def _ctx_device(self) -> int:
+    def _ctx(self) -> int:
         ctx = getattr(self.local, "ctx", 0)
         if not ctx:
             raise CudaError(CUresult.INVALID_CONTEXT, "no current context")
-        return self.contexts[ctx]
+        return ctx
+
+    def _device(self, dev: int) -> int:
+        if not 0 <= dev < self.n:
+            raise CudaError(CUresult.INVALID_DEVICE, f"device {dev}")
+        return dev
+
+    def _ctx_device(self) -> int:
+        return self.contexts[self._ctx()]
 
     def _find(self, ptr: int, count: int) -> tuple[bytearray, int]:
         with self.lock:
@@ -188,13 +237,110 @@ class HostExecutor(Executor):
 
     def tensor_map(self, name: str, ins: tuple, arrays: list[list[int]]) -> bytes:
         # Not a real descriptor: the type, the rank, the address and the dimensions, so tests can see them.
+        # The driver's own refusals: an address or a stride that is not a multiple of 16 bytes.
         dtype, rank, address = ins[:3]
+        if address % 16 or any(stride % 16 for stride in arrays[1]):
+            raise CudaError(INVALID_VALUE, "a tensor's address and strides are multiples of 16 bytes")
         return struct.pack("<iIQ", dtype, rank, address).ljust(32, b"\0") + struct.pack(
             f"<{rank}Q", *arrays[0]
         ).ljust(96, b"\0")
 
     def tensor_map_address(self, encoded: bytes, address: int) -> bytes:
+        if address % 16:
+            raise CudaError(INVALID_VALUE, "a tensor's address is a multiple of 16 bytes")
         return encoded[:8] + struct.pack("<Q", address) + encoded[16:]
+
+    # CUDA arrays: bytes row by row, slice by slice; texture and surface objects are plain handles.
+    def cuArray3DCreate(self, shape):
+        handle = next(self.ids)
+        self.arrays[handle] = (shape, bytearray(shape.nbytes))
+        return handle
+
+    def cuArrayDestroy(self, handle):
+        if self.arrays.pop(handle, None) is None:
+            raise CudaError(INVALID_HANDLE, "array")
+
+    def cuArray3DGetDescriptor(self, handle):
+        return self.arrays[handle][0]
+
+    def cuMipmappedArrayCreate(self, shape, levels):
+        if not 1 <= levels <= max(shape.width, shape.height, shape.depth).bit_length():
+            raise CudaError(INVALID_VALUE, f"{levels} levels")
+        handle = next(self.ids)
+        self.mipmaps[handle] = [self.cuArray3DCreate(shape.level(n)) for n in range(levels)]
+        return handle
+
+    def cuMipmappedArrayGetLevel(self, handle, level):
+        levels = self.mipmaps[handle]
+        if not 0 <= level < len(levels):
+            raise CudaError(INVALID_VALUE, f"level {level}")
+        return levels[level]
+
+    def cuMipmappedArrayDestroy(self, handle):
+        for level in self.mipmaps.pop(handle):
+            self.arrays.pop(level, None)
+
+    def _sampler(self, res: bytes, tex: bytes = b"", view: bytes | None = None) -> int:
+        handle = next(self.ids)
+        self.samplers[handle] = (bytes(res), bytes(tex), bytes(view) if view else None)
+        return handle
+
+    def cuTexObjectCreate(self, res, tex, view):
+        return self._sampler(res, tex, view)
+
+    def cuSurfObjectCreate(self, res):
+        return self._sampler(res)
+
+    def cuTexObjectDestroy(self, handle):
+        if self.samplers.pop(handle, None) is None:
+            raise CudaError(INVALID_VALUE)
+
+    cuSurfObjectDestroy = cuTexObjectDestroy
+
+    def cuTexObjectGetResourceDesc(self, tex):
+        return self.samplers[tex][0]
+
+    def cuTexObjectGetTextureDesc(self, tex):
+        return self.samplers[tex][1]
+
+    def cuTexObjectGetResourceViewDesc(self, tex):
+        view = self.samplers[tex][2]
+        if view is None:
+            raise CudaError(INVALID_VALUE, "the texture has no resource view")
+        return view
+
+    cuSurfObjectGetResourceDesc = cuTexObjectGetResourceDesc
+
+    def _rows(self, side: CopySide, extent: tuple[int, int, int], host: bytearray | bytes | None):
+        """(buffer, offset) of each row a copy touches on one side, slice by slice."""
+        width, height, depth = extent
+        if side.kind == ARRAY:
+            shape, data = self.arrays[side.at]
+            if (
+                side.x + width > shape.row_bytes
+                or side.y + height > shape.rows
+                or side.z + depth > shape.slices
+            ):
+                raise CudaError(INVALID_VALUE, "rows outside the array")
+            pitch, rows = shape.row_bytes, shape.rows
+        for k in range(depth):
+            for j in range(height):
+                if side.kind == HOST:
+                    yield host, (k * height + j) * width
+                elif side.kind == ARRAY:
+                    yield data, side.x + ((side.z + k) * rows + side.y + j) * pitch
+                else:
+                    yield self._find(
+                        side.at + side.x + ((side.z + k) * side.height + side.y + j) * side.pitch, width
+                    )
+
+    def copy_3d(self, src, dst, extent, stream, data):
+        width, height, depth = extent
+        out = bytearray(width * height * depth) if dst.kind == HOST else None
+        pairs = list(zip(self._rows(src, extent, data), self._rows(dst, extent, out), strict=True))
+        for (src_buffer, at), (dst_buffer, to) in pairs:
+            dst_buffer[to : to + width] = src_buffer[at : at + width]
+        return out
 
     def launch_host_func(self, stream, fn) -> None:
         self._on(stream, fn)  # everything here runs at once, in order (or at each launch of a graph)
@@ -224,21 +370,44 @@ class HostExecutor(Executor):
     def cuMemCreate(self, size, device, handle_types):
         handle = next(self.ids)
         self.created[handle] = device
+        self.references[handle] = 1
         return handle
 
     def cuMemRelease(self, handle):
-        if self.created.pop(handle, None) is None:
+        if handle not in self.created:
             raise CudaError(INVALID_VALUE)
+        self.references[handle] -= 1
+        if not self.references[handle]:
+            del self.created[handle], self.references[handle]
+
+    def cuMemRetainAllocationHandle(self, addr):
+        _, offset = self._find(addr, 0)
+        handle = self.mapped_handles.get(addr - offset)
+        if handle is None:
+            raise CudaError(INVALID_VALUE, "not mapped memory")
+        self.created.setdefault(handle, self.owner[addr - offset])
+        self.references[handle] = self.references.get(handle, 0) + 1
+        return handle
 
     def cuMemMap(self, ptr, size, offset, handle, flags):
         self._place(ptr, size, self.created[handle])
+        self.mapped_handles[ptr] = handle
 
     def cuMemUnmap(self, ptr, size):
         for base in [b for b in self.bases if ptr <= b < ptr + size]:
             self._free(base)
+            self.mapped_handles.pop(base, None)
+            for key in [k for k in self.access if k[0] == base]:
+                del self.access[key]
 
     def cuMemSetAccess(self, ptr, size, access):
-        return None
+        for base in [b for b in self.mapped_handles if ptr <= b < ptr + size]:
+            for device, flags in access:
+                self.access[base, device] = flags
+
+    def cuMemGetAccess(self, ptr, device):
+        _, offset = self._find(ptr, 0)
+        return self.access.get((ptr - offset, device), 0)  # CU_MEM_ACCESS_FLAGS_PROT_NONE until granted
 
     def cuMemGetAllocationGranularity(self, device, option):
         return ALIGN
@@ -282,11 +451,22 @@ class HostExecutor(Executor):
 
     def launch(self, launch: Launch) -> None:
         func, grid, block, params = launch.func, launch.grid, launch.block, launch.params
-        for attr_id, _value in launch.attributes:
+        for attr_id, value in launch.attributes:
             if attr_id not in FORWARDED_LAUNCH_ATTRIBUTES:  # the same refusals as on a GPU
                 raise CudaError(CUresult.NOT_SUPPORTED, f"launch attribute {attr_id} is not forwarded")
+            if attr_id == COOPERATIVE and struct.unpack_from("<i", value)[0]:
+                self._check_cooperative(launch)
         params = bytes(params)  # a captured launch runs later, with the parameters of its capture
         self._on(launch.stream, lambda: self._run_kernel(func, grid, block, params))
+
+    def _check_cooperative(self, launch: Launch) -> None:
+        """All blocks of a cooperative launch must fit on the device at once (occupancy x SMs)."""
+        threads = launch.block[0] * launch.block[1] * launch.block[2]
+        per_sm = self.cuOccupancyMaxActiveBlocksPerMultiprocessor(launch.func, threads, launch.shared_mem)
+        if launch.grid[0] * launch.grid[1] * launch.grid[2] > per_sm * ATTRIBUTES[16]:
+            raise CudaError(
+                CUresult.COOPERATIVE_LAUNCH_TOO_LARGE, "more blocks than fit on the device at once"
+            )
 
     def _run_kernel(self, func, grid, block, params) -> None:
         if func in self.layouts:
@@ -369,6 +549,28 @@ class HostExecutor(Executor):
     def cuDeviceCanAccessPeer(self, dev, peer):
         return 1
 
+    def cuDeviceGetP2PAttribute(self, attrib, src, dst):
+        if self._device(src) == self._device(dst):
+            raise CudaError(CUresult.INVALID_DEVICE, "a device is not its own peer")
+        return {1: 0}.get(attrib, 1)  # PERFORMANCE_RANK 0; access, atomics, arrays supported
+
+    def cuDeviceGetTexture1DLinearMaxWidth(self, format_, channels, dev):
+        self._device(dev)
+        return 1 << 28
+
+    def cuCtxEnablePeerAccess(self, peer, flags):
+        mine, theirs = self._ctx(), peer
+        if self.contexts[mine] == self.contexts[theirs]:
+            raise CudaError(CUresult.INVALID_DEVICE, "a context of the same device")
+        if (mine, theirs) in self.peers:
+            raise CudaError(CUresult.PEER_ACCESS_ALREADY_ENABLED)
+        self.peers.add((mine, theirs))
+
+    def cuCtxDisablePeerAccess(self, peer):
+        if (self._ctx(), peer) not in self.peers:
+            raise CudaError(CUresult.PEER_ACCESS_NOT_ENABLED)
+        self.peers.discard((self._ctx(), peer))
+
     def cuDeviceGetMemPool(self, dev):
         return 0xB0000 + dev
 
@@ -415,13 +617,38 @@ class HostExecutor(Executor):
         return 13000
 
     def cuCtxGetFlags(self):
-        return 0
+        return self.context_flags.get(self._ctx(), 0)
+
+    def cuCtxSetFlags(self, flags):
+        self.context_flags[self._ctx()] = flags
+
+    def cuCtxResetPersistingL2Cache(self):
+        return None  # no L2 here
+
+    def cuCtxRecordEvent(self, ctx, event):
+        self.cuEventRecord(event, 0)  # all the context's work so far is done here
+
+    def cuCtxWaitEvent(self, ctx, event):
+        return None  # work here runs at once, in order
 
     def cuCtxGetLimit(self, limit):
         return 1024
 
     def cuCtxSetLimit(self, limit, value):
         return None
+
+    # Cache and shared-memory configuration: kept per context, checked as the driver checks them.
+    def cuCtxGetCacheConfig(self):
+        return self.cache_config.get(self._ctx(), 0)  # CU_FUNC_CACHE_PREFER_NONE
+
+    def cuCtxSetCacheConfig(self, config):
+        self.cache_config[self._ctx()] = _in_range(config, CACHE_CONFIGS, "CUfunc_cache")
+
+    def cuCtxGetSharedMemConfig(self):
+        return self.shared_config.get(self._ctx(), 1)  # CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE
+
+    def cuCtxSetSharedMemConfig(self, config):
+        self.shared_config[self._ctx()] = _in_range(config, SHARED_CONFIGS, "CUsharedconfig")
 
     def cuCtxGetStreamPriorityRange(self):
         return 0, -5
@@ -535,10 +762,15 @@ class HostExecutor(Executor):
     cuLibraryUnload = cuModuleUnload
 
     def _function(self, module: int, name: str) -> int:
+        """A module's function (a library's kernel) by name: one handle per name, as the driver gives."""
         declared = self.ptx_kernels.get(module, {})
         if name not in HOST_KERNELS and name not in declared:
             raise CudaError(NOT_FOUND, name)
+        if (module, name) in self.function_handles:
+            return self.function_handles[module, name]
         handle = next(self.ids)
+        self.function_handles[module, name] = handle
+        self.parents[handle] = module
         self.functions[handle] = name
         if name not in HOST_KERNELS:
             self.layouts[handle] = declared[name]
@@ -546,6 +778,32 @@ class HostExecutor(Executor):
 
     def cuModuleGetFunction(self, module, name):
         return self._function(module, name)
+
+    def _names(self, module: int) -> list[str]:
+        """What a module holds here: the kernels its PTX declares and the built-in ones, by name."""
+        return sorted(set(self.ptx_kernels.get(module, {})) | set(HOST_KERNELS))
+
+    def cuModuleGetFunctionCount(self, mod):
+        return len(self._names(mod))
+
+    def cuModuleEnumerateFunctions(self, num, mod):
+        return [self._function(mod, name) for name in self._names(mod)[:num]]
+
+    cuLibraryGetKernelCount, cuLibraryEnumerateKernels = cuModuleGetFunctionCount, cuModuleEnumerateFunctions
+
+    def cuKernelGetLibrary(self, kernel):
+        return self.parents[kernel]
+
+    def cuKernelGetName(self, kernel, length):
+        return self.functions[kernel]
+
+    cuFuncGetName = cuKernelGetName
+
+    def cuFuncIsLoaded(self, func):
+        return 1  # CU_FUNCTION_LOADING_STATE_LOADED: everything here is loaded at once
+
+    def cuFuncLoad(self, func):
+        return None
 
     def cuLibraryGetKernel(self, library, name):
         return self._function(library, name)
@@ -592,13 +850,21 @@ class HostExecutor(Executor):
         return self.cuFuncGetAttribute(attrib, kernel)
 
     def cuFuncSetAttribute(self, func, attrib, value):
-        self.function_attributes[func, attrib] = value
+        self.function_attributes[func, attrib] = _settable_attribute(attrib, value)
 
     def cuKernelSetAttribute(self, attrib, value, kernel, dev):
-        self.function_attributes[kernel, attrib] = value
+        self._device(dev)
+        self.function_attributes[kernel, attrib] = _settable_attribute(attrib, value)
 
     def cuFuncSetCacheConfig(self, func, config):
-        return None
+        _in_range(config, CACHE_CONFIGS, "CUfunc_cache")
+
+    def cuFuncSetSharedMemConfig(self, func, config):
+        _in_range(config, SHARED_CONFIGS, "CUsharedconfig")
+
+    def cuKernelSetCacheConfig(self, kernel, config, dev):
+        self._device(dev)
+        _in_range(config, CACHE_CONFIGS, "CUfunc_cache")
 
     def cuFuncGetModule(self, func):
         raise CudaError(INVALID_HANDLE)
@@ -613,6 +879,9 @@ class HostExecutor(Executor):
         if callback:
             raise CudaError(CUresult.NOT_SUPPORTED, "a block-size callback runs in the client")
         return 8, min(limit or 1024, 1024)
+
+    def cuOccupancyMaxPotentialBlockSizeWithFlags(self, func, callback, smem, limit, flags):
+        return self.cuOccupancyMaxPotentialBlockSize(func, callback, smem, limit)
 
     def cuOccupancyAvailableDynamicSMemPerBlock(self, func, num_blocks, block_size):
         return 49152
@@ -857,6 +1126,35 @@ class HostExecutor(Executor):
 
     def cuStreamGetPriority(self, stream):
         return 0
+
+    # Stream memory operations: a write lands at once; a wait is met at once (work here runs in order,
+    # so what it waits for was written before it or never will be).
+    def _write_value(self, stream, addr, value, size):
+        mem, off = self._find(addr, size)
+        self._on(stream, lambda: mem.__setitem__(slice(off, off + size), value.to_bytes(size, "little")))
+
+    def cuStreamWriteValue32(self, stream, addr, value, flags):
+        self._write_value(stream, addr, value, 4)
+
+    def cuStreamWriteValue64(self, stream, addr, value, flags):
+        self._write_value(stream, addr, value, 8)
+
+    def cuStreamWaitValue32(self, stream, addr, value, flags):
+        self._find(addr, 4)
+
+    def cuStreamWaitValue64(self, stream, addr, value, flags):
+        self._find(addr, 8)
+
+    def cuStreamGetAttribute(self, stream, attr):
+        return self.stream_attributes.get((stream, attr), bytes(64))
+
+    def cuStreamSetAttribute(self, stream, attr, value):
+        self.stream_attributes[stream, attr] = bytes(value)
+
+    def cuStreamCopyAttributes(self, dst, src):
+        for (stream, attr), value in list(self.stream_attributes.items()):
+            if stream == src:
+                self.stream_attributes[dst, attr] = value
 
     def cuStreamGetFlags(self, stream):
         return 0

@@ -1,7 +1,8 @@
-"""Generate the shim's C from the call table: `python -m virtualize._shimgen` (writes shim/calls_gen.h).
+"""Generate the shim's C from the call table: `python -m virtualize._shimgen` (writes shim/calls_gen.h),
+and the driver census (docs/driver-census.md, its summary in docs/remote.md: virtualize/_census.py).
 
-The output is committed, so building the shim needs only a C compiler; tests/test_shim_build.py fails
-when it is stale.
+The output is committed, so building the shim needs only a C compiler; tests/test_shim_build.py and
+tests/test_driver_census.py fail when it is stale.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from virtualize import _wire
+from virtualize import _census, _wire
 from virtualize._calls import (
     ALIASES,
     CALL_IDS,
@@ -261,6 +262,19 @@ def generate_bodies() -> str:
             out.append(f'GP_EXPORT CUresult {name}(void) {{ return gp_unforwarded("{name}"); }}')
     out.append("")
     out.append(
+        "/* Why a call that is not forwarded is not: the census's groups (virtualize/_census.py), each name"
+    )
+    out.append(
+        " * or family ('*': every name it starts) with its group's title and verdict, said when it is called. */"
+    )
+    out.append("static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {")
+    for group in _census.GROUPS:
+        if group.verdict in (_census.Verdict.REFUSED, _census.Verdict.NOT_YET):
+            for name in group.names:
+                out.append(f'    {{"{name}", "{group.title}: {group.verdict.value}"}},')
+    out.append("};")
+    out.append("")
+    out.append(
         "/* What cuGetProcAddress hands out: (name, ABI version) -> function, sorted by name then version. */"
     )
     out.append("static const struct gp_proc gp_procs[] = {")
@@ -335,6 +349,7 @@ def generate_exports() -> str:
 
 
 def generated() -> dict[Path, str]:
+    """The shim's generated C (the census is _census.generated(): it needs cuda-bindings' declarations)."""
     return {
         TYPES_OUTPUT: generate_types(),
         BODIES_OUTPUT: generate_bodies(),
@@ -343,7 +358,12 @@ def generated() -> dict[Path, str]:
 
 
 def main() -> int:
-    for path, text in generated().items():
+    try:
+        outputs = generated() | _census.generated()
+    except _census.CensusError as exc:
+        print(f"gpupool: {exc}", file=sys.stderr)
+        return 1
+    for path, text in outputs.items():
         path.write_text(text)
         print(f"wrote {path}")
     return 0

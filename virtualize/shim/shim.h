@@ -98,6 +98,7 @@ uint64_t gp_managed_remove(uint64_t base);
 void gp_managed_forget(uint64_t base); /* the mirror ends, its bytes not wanted (the memory is freed) */
 int gp_managed_lookup(uint64_t ptr);               /* the kind of the mirror holding ptr, or 0 */
 int gp_mirror_device(uint64_t ptr, uint64_t *dev); /* ptr's device address when a mirror holds it */
+int gp_mirror_of_device(uint64_t ptr);             /* whether ptr is the device side of a mirror */
 void gp_managed_before(uint32_t call);
 void gp_managed_after(uint32_t call, CUresult r);
 

@@ -28,15 +28,18 @@ static int stub_said[N_STUBS];
 static int n_stub_names;
 static pthread_mutex_t stub_lock = PTHREAD_MUTEX_INITIALIZER;
 
+static const char *refusal_of(const char *name);
+
 static CUresult stub_hit(int slot) {
     pthread_mutex_lock(&stub_lock);
     int first = !stub_said[slot];
     stub_said[slot] = 1;
     pthread_mutex_unlock(&stub_lock);
     if (first) {
-        gp_say("%s is not forwarded to the remote GPU; it returns CUDA_ERROR_NOT_SUPPORTED (docs/remote.md lists "
-               "what is forwarded)",
-               stub_names[slot] ? stub_names[slot] : "an unknown CUDA call");
+        const char *name = stub_names[slot] ? stub_names[slot] : "an unknown CUDA call";
+        gp_say("%s is not forwarded to the remote GPU (%s); it returns CUDA_ERROR_NOT_SUPPORTED "
+               "(docs/driver-census.md says why)",
+               name, refusal_of(name));
     }
     return CUDA_ERROR_NOT_SUPPORTED;
 }
@@ -77,6 +80,31 @@ static void *stub_for(const char *name) {
 }
 
 static void *lookup_proc(const char *name, int version);
+
+static const char *refusal_in_census(const char *name) {
+    for (size_t i = 0; i < sizeof gp_refusals / sizeof *gp_refusals; i++) {
+        const char *entry = gp_refusals[i].name;
+        size_t n = strlen(entry);
+        if (entry[n - 1] == '*' ? strncmp(name, entry, n - 1) == 0 : strcmp(name, entry) == 0)
+            return gp_refusals[i].why;
+    }
+    return NULL;
+}
+
+/* The census's reason for a name (with or without its _vN, _ptsz or _ptds ending), or what else it is. */
+static const char *refusal_of(const char *name) {
+    const char *why = refusal_in_census(name);
+    if (why) return why;
+    char base[128];
+    snprintf(base, sizeof base, "%s", name);
+    char *end = strstr(base, "_pt");
+    if (end && (!strcmp(end, "_ptsz") || !strcmp(end, "_ptds"))) *end = 0;
+    end = strrchr(base, '_');
+    if (end && end[1] == 'v' && end[2] >= '0' && end[2] <= '9') *end = 0;
+    if ((why = refusal_in_census(base)) != NULL) return why;
+    if (lookup_proc(base, 1 << 30)) return "an ABI version of a forwarded call that is not forwarded";
+    return "not an entry point of cuda.h";
+}
 
 /* What an exported but unforwarded driver function (driver_symbols.txt) answers when called. */
 static CUresult gp_unforwarded(const char *name) {
@@ -137,6 +165,46 @@ CUresult cuGetErrorString(int32_t error, void *str) {
     if (!str) return CUDA_ERROR_INVALID_VALUE;
     *(const char **)str = t ? t->text : NULL;
     return t ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* CUdevprop (deprecated): fourteen ints, device attributes 1 (MAX_THREADS_PER_BLOCK) to 14 (TEXTURE_ALIGNMENT)
+ * in order; each a kept answer (shim_memo.c). */
+CUresult cuDeviceGetProperties(void *prop, int32_t dev) {
+    GP_TRACE("cuDeviceGetProperties");
+    if (!prop) return CUDA_ERROR_INVALID_VALUE;
+    int32_t *fields = prop;
+    CUresult r = CUDA_SUCCESS;
+    for (int i = 0; i < 14 && r == CUDA_SUCCESS; i++) r = cuDeviceGetAttribute(&fields[i], i + 1, dev);
+    return r;
+}
+
+/* ---- devices by PCI bus id: the lease's devices' own ids, compared as numbers ----------------------- */
+
+/* "[domain]:[bus]:[device].[function]", "[domain]:[bus]:[device]" or "[bus]:[device].[function]". */
+static int parse_bus_id(const char *id, unsigned v[4]) {
+    int colons = 0;
+    for (const char *c = id; *c; c++) colons += *c == ':';
+    v[0] = v[3] = 0;
+    if (colons == 2) return sscanf(id, "%x:%x:%x.%x", &v[0], &v[1], &v[2], &v[3]) >= 3;
+    if (colons == 1) return sscanf(id, "%x:%x.%x", &v[1], &v[2], &v[3]) == 3;
+    return 0;
+}
+
+CUresult cuDeviceGetByPCIBusId(int32_t *dev, const char *bus_id) {
+    GP_TRACE("cuDeviceGetByPCIBusId");
+    unsigned want[4], have[4];
+    int32_t count;
+    if (!dev || !bus_id || !parse_bus_id(bus_id, want)) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cuDeviceGetCount(&count);
+    for (int32_t i = 0; r == CUDA_SUCCESS && i < count; i++) {
+        char id[64];
+        r = cuDeviceGetPCIBusId(id, sizeof id, i);
+        if (r == CUDA_SUCCESS && parse_bus_id(id, have) && !memcmp(have, want, sizeof want)) {
+            *dev = i;
+            return CUDA_SUCCESS;
+        }
+    }
+    return r == CUDA_SUCCESS ? CUDA_ERROR_INVALID_DEVICE : r;
 }
 
 /* ---- contexts ---------------------------------------------------------------------------------- */
@@ -305,6 +373,23 @@ static CUresult alloc_reserved(uint64_t *dptr, uint64_t bytesize, int kind, uint
 CUresult cuMemAlloc_v2(uint64_t *dptr, uint64_t bytesize) {
     GP_TRACE("cuMemAlloc_v2");
     return alloc_reserved(dptr, bytesize, 0, 0, 0);
+}
+
+/* Rows of `width` bytes padded to the device's texture pitch alignment (CU_DEVICE_ATTRIBUTE_
+ * TEXTURE_PITCH_ALIGNMENT, 51; at least 512 bytes, as the driver pads), in one allocation. */
+CUresult cuMemAllocPitch_v2(uint64_t *dptr, uint64_t *pitch, uint64_t width, uint64_t height, uint32_t element_size) {
+    GP_TRACE("cuMemAllocPitch_v2");
+    int dev;
+    int32_t align = 0;
+    if (!dptr || !pitch || !width || !height || (element_size != 4 && element_size != 8 && element_size != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (gp_ctx_device(gp_ctx_current(), &dev)) cuDeviceGetAttribute(&align, 51, dev);
+    uint64_t unit = align > 512 ? (uint64_t)align : 512;
+    uint64_t padded = (width + unit - 1) / unit * unit;
+    if (padded / unit > (1ull << 40) / height) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cuMemAlloc_v2(dptr, padded * height);
+    if (r == CUDA_SUCCESS) *pitch = padded;
+    return r;
 }
 
 CUresult cuMemAllocAsync(uint64_t *dptr, uint64_t bytesize, uint64_t stream) {
@@ -493,6 +578,60 @@ CUresult cuMemPoolCreate(uint64_t *pool, void *props) {
     return r;
 }
 
+/* ---- stream memory operations: words of device memory ---------------------------------------------- */
+
+/* A word of mirrored host memory (mapped, registered or managed) is refused: the program reads it without
+ * a synchronisation, and the mirror brings the device's bytes back only at one (docs/remote.md), so a
+ * flag the stream wrote would never be seen, and one the host wrote never waited for. */
+static CUresult stream_value(uint32_t call, uint64_t stream, uint64_t addr, uint64_t value, uint32_t flags, int wide) {
+    static int said;
+    if (gp_managed_lookup(addr) || gp_mirror_of_device(addr)) {
+        if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+            gp_say("%s on mapped, registered or managed host memory is not forwarded (the program would see it "
+                   "only at a synchronisation); it returns CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)",
+                   gp_call_names[call]);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    if (wide) {
+        struct gp_in_cuStreamWriteValue64_v2 in = {.stream = stream, .addr = addr, .value = value, .flags = flags};
+        return gp_call(call, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    }
+    struct gp_in_cuStreamWriteValue32_v2 in = {.stream = stream, .addr = addr, .value = (uint32_t)value, .flags = flags};
+    return gp_call(call, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
+#define STREAM_VALUE(name, bits, wide)                                                                    \
+    CUresult name(uint64_t stream, uint64_t addr, uint##bits##_t value, uint32_t flags) {                  \
+        GP_TRACE(#name);                                                                                  \
+        return stream_value(GP_CALL_##name, stream, addr, value, flags, wide);                            \
+    }
+STREAM_VALUE(cuStreamWaitValue32, 32, 0)
+STREAM_VALUE(cuStreamWaitValue32_v2, 32, 0)
+STREAM_VALUE(cuStreamWriteValue32, 32, 0)
+STREAM_VALUE(cuStreamWriteValue32_v2, 32, 0)
+STREAM_VALUE(cuStreamWaitValue64, 64, 1)
+STREAM_VALUE(cuStreamWaitValue64_v2, 64, 1)
+STREAM_VALUE(cuStreamWriteValue64, 64, 1)
+STREAM_VALUE(cuStreamWriteValue64_v2, 64, 1)
+
+/* ---- stream attributes: the 64-byte CUstreamAttrValue both ways ---------------------------------- */
+
+#define STREAM_ATTR_BYTES 64
+
+CUresult cuStreamGetAttribute(uint64_t stream, int32_t attr, void *value) {
+    GP_TRACE("cuStreamGetAttribute");
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuStreamGetAttribute in = {.stream = stream, .attr = attr};
+    return gp_call(GP_CALL_cuStreamGetAttribute, WANT, &in, sizeof in, NULL, 0, NULL, 0, value, STREAM_ATTR_BYTES);
+}
+
+CUresult cuStreamSetAttribute(uint64_t stream, int32_t attr, void *value) {
+    GP_TRACE("cuStreamSetAttribute");
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuStreamSetAttribute in = {.stream = stream, .attr = attr};
+    return gp_call(GP_CALL_cuStreamSetAttribute, WANT, &in, sizeof in, value, STREAM_ATTR_BYTES, NULL, 0, NULL, 0);
+}
+
 /* ---- tensor maps: encoded by the worker's driver (the address is the lease's), 128 bytes back ------ */
 
 #define TENSOR_MAP_BYTES 128
@@ -530,6 +669,24 @@ CUresult cuTensorMapEncodeIm2col(void *map, int32_t dtype, uint32_t rank, void *
     struct gp_in_cuTensorMapEncodeIm2col in = {dtype, rank, (uint64_t)address, channels, pixels, interleave, swizzle,
                                                l2, oob};
     return gp_call(GP_CALL_cuTensorMapEncodeIm2col, WANT, &in, sizeof in, shape, at, NULL, 0, map, TENSOR_MAP_BYTES);
+}
+
+CUresult cuTensorMapEncodeIm2colWide(void *map, int32_t dtype, uint32_t rank, void *address, void *dims, void *strides,
+                                     int32_t lower, int32_t upper, uint32_t channels, uint32_t pixels,
+                                     void *element_strides, int32_t interleave, int32_t mode, int32_t swizzle,
+                                     int32_t l2, int32_t oob) {
+    GP_TRACE("cuTensorMapEncodeIm2colWide");
+    if (!map || !dims || !strides || !element_strides || rank < 3 || rank > TENSOR_RANK_MAX)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned char shape[TENSOR_RANK_MAX * 24];
+    size_t at = 0;
+    memcpy(shape + at, dims, 8 * rank), at += 8 * rank;
+    memcpy(shape + at, strides, 8 * (rank - 1)), at += 8 * (rank - 1);
+    memcpy(shape + at, element_strides, 4 * rank), at += 4 * rank;
+    struct gp_in_cuTensorMapEncodeIm2colWide in = {dtype, rank, (uint64_t)address, lower, upper, channels, pixels,
+                                                   interleave, mode, swizzle, l2, oob};
+    return gp_call(GP_CALL_cuTensorMapEncodeIm2colWide, WANT, &in, sizeof in, shape, at, NULL, 0, map,
+                   TENSOR_MAP_BYTES);
 }
 
 CUresult cuTensorMapReplaceAddress(void *map, void *address) {
@@ -1346,6 +1503,355 @@ CUresult cuMemcpy3DBatchAsync_v2(uint64_t num_ops, void *ops, uint64_t flags, ui
     return batch_copy_3d(num_ops, ops, NULL, flags, stream);
 }
 
+/* The virtual memory API's queries: the properties a handle was created with, a mapping's access. */
+CUresult cuMemGetAllocationPropertiesFromHandle(void *prop, uint64_t handle) {
+    GP_TRACE("cuMemGetAllocationPropertiesFromHandle");
+    if (!prop) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuMemGetAllocationPropertiesFromHandle in = {.handle = handle};
+    return gp_call(GP_CALL_cuMemGetAllocationPropertiesFromHandle, WANT, &in, sizeof in, NULL, 0, NULL, 0, prop,
+                   32 /* CUmemAllocationProp */);
+}
+
+CUresult cuMemGetAccess(uint64_t *flags, void *location, uint64_t ptr) {
+    GP_TRACE("cuMemGetAccess");
+    if (!flags || !location) return CUDA_ERROR_INVALID_VALUE;
+    int32_t where[2]; /* CUmemLocation: type, id */
+    memcpy(where, location, sizeof where);
+    struct gp_in_cuMemGetAccess in = {.location_type = where[0], .location_id = where[1], .ptr = ptr};
+    struct gp_out_cuMemGetAccess out;
+    CUresult r = gp_call(GP_CALL_cuMemGetAccess, WANT, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) *flags = out.flags;
+    return r;
+}
+
+/* ---- CUDA arrays, 2D and 3D copies, textures and surfaces: objects of the worker's driver ----------- */
+
+#define ARRAY_DESC_BYTES 24    /* CUDA_ARRAY_DESCRIPTOR: width, height, format, channels */
+#define ARRAY3D_DESC_BYTES 40  /* CUDA_ARRAY3D_DESCRIPTOR: width, height, depth, format, channels, flags */
+#define RESOURCE_DESC_BYTES 144 /* CUDA_RESOURCE_DESC */
+#define TEXTURE_DESC_BYTES 104  /* CUDA_TEXTURE_DESC */
+#define VIEW_DESC_BYTES 112     /* CUDA_RESOURCE_VIEW_DESC */
+
+static CUresult array_create(uint32_t call, uint64_t *handle, const void *desc, uint64_t bytes) {
+    if (!handle || !desc) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_out_cuArrayCreate_v2 out;
+    CUresult r = gp_call(call, WANT, NULL, 0, desc, bytes, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) *handle = out.handle;
+    return r;
+}
+
+CUresult cuArrayCreate_v2(uint64_t *handle, void *desc) {
+    GP_TRACE("cuArrayCreate_v2");
+    return array_create(GP_CALL_cuArrayCreate_v2, handle, desc, ARRAY_DESC_BYTES);
+}
+
+CUresult cuArray3DCreate_v2(uint64_t *handle, void *desc) {
+    GP_TRACE("cuArray3DCreate_v2");
+    return array_create(GP_CALL_cuArray3DCreate_v2, handle, desc, ARRAY3D_DESC_BYTES);
+}
+
+CUresult cuArrayGetDescriptor_v2(void *desc, uint64_t handle) {
+    GP_TRACE("cuArrayGetDescriptor_v2");
+    if (!desc) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuArrayGetDescriptor_v2 in = {.handle = handle};
+    return gp_call(GP_CALL_cuArrayGetDescriptor_v2, WANT, &in, sizeof in, NULL, 0, NULL, 0, desc, ARRAY_DESC_BYTES);
+}
+
+CUresult cuArray3DGetDescriptor_v2(void *desc, uint64_t handle) {
+    GP_TRACE("cuArray3DGetDescriptor_v2");
+    if (!desc) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuArray3DGetDescriptor_v2 in = {.handle = handle};
+    return gp_call(GP_CALL_cuArray3DGetDescriptor_v2, WANT, &in, sizeof in, NULL, 0, NULL, 0, desc,
+                   ARRAY3D_DESC_BYTES);
+}
+
+CUresult cuMipmappedArrayCreate(uint64_t *handle, void *desc, uint32_t levels) {
+    GP_TRACE("cuMipmappedArrayCreate");
+    if (!handle || !desc) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuMipmappedArrayCreate in = {.levels = levels};
+    struct gp_out_cuMipmappedArrayCreate out;
+    CUresult r = gp_call(GP_CALL_cuMipmappedArrayCreate, WANT, &in, sizeof in, desc, ARRAY3D_DESC_BYTES, &out,
+                         sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) *handle = out.handle;
+    return r;
+}
+
+/* One side of a copy (CUmemorytype: 1 host, 2 device, 3 array, 4 unified); `at` is the host pointer,
+ * the device address or the array; x in bytes, y in rows, z in slices of `height` rows of `pitch`. */
+struct copy_side { uint32_t kind; uint64_t at, x, y, z, pitch, height; };
+
+static int resolve_side(struct copy_side *side) {
+    if (side->kind == 4) side->kind = is_device(side->at) ? 2 : 1; /* unified: whichever memory it is */
+    return side->kind >= 1 && side->kind <= 3;
+}
+
+static unsigned char *host_row(const struct copy_side *side, uint64_t row, uint64_t slice) {
+    return (unsigned char *)side->at + side->x + ((side->z + slice) * side->height + side->y + row) * side->pitch;
+}
+
+/* The host side's rows, first byte to last, to settle copies landing there before it is read or written. */
+static uint64_t host_span(const struct copy_side *side, uint64_t width, uint64_t height, uint64_t depth) {
+    return (depth - 1) * side->height * side->pitch + (height - 1) * side->pitch + width;
+}
+
+static CUresult copy_3d(struct copy_side src, struct copy_side dst, uint64_t width, uint64_t height, uint64_t depth,
+                        uint64_t stream, int async) {
+    if (!resolve_side(&src) || !resolve_side(&dst)) return CUDA_ERROR_INVALID_VALUE;
+    if (!width || !height || !depth) return CUDA_SUCCESS;
+    for (const struct copy_side *side = &src; side; side = side == &src ? &dst : NULL) {
+        if (side->kind == 1 && (!side->at || (height > 1 && side->pitch < width) ||
+                                (depth > 1 && (side->pitch < width || side->height < height))))
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (width > (1ull << 40) / height / depth) return CUDA_ERROR_INVALID_VALUE; /* more than any GPU holds */
+    uint64_t packed = width * height * depth;
+    CUresult r = CUDA_SUCCESS;
+    if (src.kind == 1) r = copies_settle((void *)host_row(&src, 0, 0), host_span(&src, width, height, depth));
+    if (r == CUDA_SUCCESS && dst.kind == 1)
+        r = copies_settle((void *)host_row(&dst, 0, 0), host_span(&dst, width, height, depth));
+    if (r != CUDA_SUCCESS) return r;
+    if (src.kind == 1 && dst.kind == 1) { /* host to host: here, row by row */
+        for (uint64_t k = 0; k < depth; k++)
+            for (uint64_t j = 0; j < height; j++) memmove(host_row(&dst, j, k), host_row(&src, j, k), width);
+        return CUDA_SUCCESS;
+    }
+    unsigned char *rows = (src.kind == 1 || dst.kind == 1) ? malloc(packed) : NULL;
+    if ((src.kind == 1 || dst.kind == 1) && !rows) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (src.kind == 1)
+        for (uint64_t k = 0; k < depth; k++)
+            for (uint64_t j = 0; j < height; j++) memcpy(rows + (k * height + j) * width, host_row(&src, j, k), width);
+    struct gp_in_gpMemcpy3D in = {
+        .kinds = src.kind | dst.kind << 8, .width = width, .height = height, .depth = depth, .stream = stream,
+        .flags = async ? 1 : 0,
+        .src = src.kind == 1 ? 0 : src.at, .src_x = src.kind == 1 ? 0 : src.x, .src_y = src.kind == 1 ? 0 : src.y,
+        .src_z = src.kind == 1 ? 0 : src.z, .src_pitch = src.kind == 1 ? width : src.pitch,
+        .src_height = src.kind == 1 ? height : src.height,
+        .dst = dst.kind == 1 ? 0 : dst.at, .dst_x = dst.kind == 1 ? 0 : dst.x, .dst_y = dst.kind == 1 ? 0 : dst.y,
+        .dst_z = dst.kind == 1 ? 0 : dst.z, .dst_pitch = dst.kind == 1 ? width : dst.pitch,
+        .dst_height = dst.kind == 1 ? height : dst.height};
+    r = gp_call(GP_CALL_gpMemcpy3D, WANT, &in, sizeof in, src.kind == 1 ? rows : NULL, src.kind == 1 ? packed : 0,
+                NULL, 0, dst.kind == 1 ? rows : NULL, dst.kind == 1 ? packed : 0);
+    if (r == CUDA_SUCCESS && dst.kind == 1)
+        for (uint64_t k = 0; k < depth; k++)
+            for (uint64_t j = 0; j < height; j++) memcpy(host_row(&dst, j, k), rows + (k * height + j) * width, width);
+    free(rows);
+    return r;
+}
+
+/* CUDA_MEMCPY2D (128 bytes): each side's x, y, memory type, host, device, array, pitch; the source at 0,
+ * the destination at 56; the extent at 112. */
+static struct copy_side side_2d(const unsigned char *p) {
+    struct copy_side side = {0};
+    uint64_t host, device, array;
+    memcpy(&side.x, p, 8), memcpy(&side.y, p + 8, 8), memcpy(&side.kind, p + 16, 4);
+    memcpy(&host, p + 24, 8), memcpy(&device, p + 32, 8), memcpy(&array, p + 40, 8), memcpy(&side.pitch, p + 48, 8);
+    side.at = side.kind == 1 ? host : side.kind == 3 ? array : device;
+    side.height = 1;
+    return side;
+}
+
+static CUresult copy_2d(const void *copy, uint64_t stream, int async) {
+    if (!copy) return CUDA_ERROR_INVALID_VALUE;
+    const unsigned char *p = copy;
+    uint64_t width, height;
+    memcpy(&width, p + 112, 8), memcpy(&height, p + 120, 8);
+    struct copy_side src = side_2d(p), dst = side_2d(p + 56);
+    src.height = dst.height = height; /* one slice */
+    return copy_3d(src, dst, width, height, 1, stream, async);
+}
+
+/* CUDA_MEMCPY3D (200 bytes): each side's x, y, z, LOD, memory type, host, device, array, reserved,
+ * pitch, height; the source at 0, the destination at 88; the extent at 176. */
+static struct copy_side side_3d(const unsigned char *p) {
+    struct copy_side side = {0};
+    uint64_t host, device, array;
+    memcpy(&side.x, p, 8), memcpy(&side.y, p + 8, 8), memcpy(&side.z, p + 16, 8), memcpy(&side.kind, p + 32, 4);
+    memcpy(&host, p + 40, 8), memcpy(&device, p + 48, 8), memcpy(&array, p + 56, 8);
+    memcpy(&side.pitch, p + 72, 8), memcpy(&side.height, p + 80, 8);
+    side.at = side.kind == 1 ? host : side.kind == 3 ? array : device;
+    return side;
+}
+
+static CUresult copy_3d_params(const void *copy, uint64_t stream, int async) {
+    if (!copy) return CUDA_ERROR_INVALID_VALUE;
+    const unsigned char *p = copy;
+    uint64_t width, height, depth;
+    memcpy(&width, p + 176, 8), memcpy(&height, p + 184, 8), memcpy(&depth, p + 192, 8);
+    struct copy_side src = side_3d(p), dst = side_3d(p + 88);
+    if (depth <= 1) src.height = src.height ? src.height : height, dst.height = dst.height ? dst.height : height;
+    return copy_3d(src, dst, width, height, depth, stream, async);
+}
+
+CUresult cuMemcpy2D_v2(void *copy) {
+    GP_TRACE("cuMemcpy2D_v2");
+    return copy_2d(copy, 0, 0);
+}
+
+CUresult cuMemcpy2DUnaligned_v2(void *copy) {
+    GP_TRACE("cuMemcpy2DUnaligned_v2");
+    return copy_2d(copy, 0, 0);
+}
+
+CUresult cuMemcpy2DAsync_v2(void *copy, uint64_t stream) {
+    GP_TRACE("cuMemcpy2DAsync_v2");
+    return copy_2d(copy, stream, 1);
+}
+
+CUresult cuMemcpy3D_v2(void *copy) {
+    GP_TRACE("cuMemcpy3D_v2");
+    return copy_3d_params(copy, 0, 0);
+}
+
+CUresult cuMemcpy3DAsync_v2(void *copy, uint64_t stream) {
+    GP_TRACE("cuMemcpy3DAsync_v2");
+    return copy_3d_params(copy, stream, 1);
+}
+
+/* Copies of `count` bytes to or from a one-dimensional stretch of an array, from byte `offset`. */
+static struct copy_side linear(uint32_t kind, uint64_t at, uint64_t offset, uint64_t count) {
+    return (struct copy_side){.kind = kind, .at = at, .x = offset, .pitch = count, .height = 1};
+}
+
+CUresult cuMemcpyHtoA_v2(uint64_t dst, uint64_t offset, void *src, uint64_t count) {
+    GP_TRACE("cuMemcpyHtoA_v2");
+    return copy_3d(linear(1, (uint64_t)src, 0, count), linear(3, dst, offset, count), count, 1, 1, 0, 0);
+}
+
+CUresult cuMemcpyHtoAAsync_v2(uint64_t dst, uint64_t offset, void *src, uint64_t count, uint64_t stream) {
+    GP_TRACE("cuMemcpyHtoAAsync_v2");
+    return copy_3d(linear(1, (uint64_t)src, 0, count), linear(3, dst, offset, count), count, 1, 1, stream, 1);
+}
+
+CUresult cuMemcpyAtoH_v2(void *dst, uint64_t src, uint64_t offset, uint64_t count) {
+    GP_TRACE("cuMemcpyAtoH_v2");
+    return copy_3d(linear(3, src, offset, count), linear(1, (uint64_t)dst, 0, count), count, 1, 1, 0, 0);
+}
+
+CUresult cuMemcpyAtoHAsync_v2(void *dst, uint64_t src, uint64_t offset, uint64_t count, uint64_t stream) {
+    GP_TRACE("cuMemcpyAtoHAsync_v2");
+    return copy_3d(linear(3, src, offset, count), linear(1, (uint64_t)dst, 0, count), count, 1, 1, stream, 1);
+}
+
+CUresult cuMemcpyDtoA_v2(uint64_t dst, uint64_t offset, uint64_t src, uint64_t count) {
+    GP_TRACE("cuMemcpyDtoA_v2");
+    return copy_3d(linear(2, src, 0, count), linear(3, dst, offset, count), count, 1, 1, 0, 0);
+}
+
+CUresult cuMemcpyAtoD_v2(uint64_t dst, uint64_t src, uint64_t offset, uint64_t count) {
+    GP_TRACE("cuMemcpyAtoD_v2");
+    return copy_3d(linear(3, src, offset, count), linear(2, dst, 0, count), count, 1, 1, 0, 0);
+}
+
+CUresult cuMemcpyAtoA_v2(uint64_t dst, uint64_t dst_offset, uint64_t src, uint64_t src_offset, uint64_t count) {
+    GP_TRACE("cuMemcpyAtoA_v2");
+    return copy_3d(linear(3, src, src_offset, count), linear(3, dst, dst_offset, count), count, 1, 1, 0, 0);
+}
+
+/* Texture and surface objects: the descriptors go as they are (the worker checks what they name). */
+CUresult cuTexObjectCreate(uint64_t *tex, void *res, void *tex_desc, void *view) {
+    GP_TRACE("cuTexObjectCreate");
+    if (!tex || !res || !tex_desc) return CUDA_ERROR_INVALID_VALUE;
+    unsigned char descs[RESOURCE_DESC_BYTES + TEXTURE_DESC_BYTES + VIEW_DESC_BYTES];
+    memcpy(descs, res, RESOURCE_DESC_BYTES);
+    memcpy(descs + RESOURCE_DESC_BYTES, tex_desc, TEXTURE_DESC_BYTES);
+    size_t n = RESOURCE_DESC_BYTES + TEXTURE_DESC_BYTES;
+    if (view) memcpy(descs + n, view, VIEW_DESC_BYTES), n += VIEW_DESC_BYTES;
+    struct gp_out_cuTexObjectCreate out;
+    CUresult r = gp_call(GP_CALL_cuTexObjectCreate, WANT, NULL, 0, descs, n, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) *tex = out.tex;
+    return r;
+}
+
+/* A texture's or surface's descriptor read back: the object's handle in, the C struct out. */
+static CUresult object_desc(uint32_t call, uint64_t handle, void *desc, uint64_t bytes) {
+    if (!desc) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexObjectGetResourceDesc in = {.tex = handle};
+    return gp_call(call, WANT, &in, sizeof in, NULL, 0, NULL, 0, desc, bytes);
+}
+
+CUresult cuTexObjectGetResourceDesc(void *desc, uint64_t tex) {
+    GP_TRACE("cuTexObjectGetResourceDesc");
+    return object_desc(GP_CALL_cuTexObjectGetResourceDesc, tex, desc, RESOURCE_DESC_BYTES);
+}
+
+CUresult cuTexObjectGetTextureDesc(void *desc, uint64_t tex) {
+    GP_TRACE("cuTexObjectGetTextureDesc");
+    return object_desc(GP_CALL_cuTexObjectGetTextureDesc, tex, desc, TEXTURE_DESC_BYTES);
+}
+
+CUresult cuTexObjectGetResourceViewDesc(void *desc, uint64_t tex) {
+    GP_TRACE("cuTexObjectGetResourceViewDesc");
+    return object_desc(GP_CALL_cuTexObjectGetResourceViewDesc, tex, desc, VIEW_DESC_BYTES);
+}
+
+CUresult cuSurfObjectGetResourceDesc(void *desc, uint64_t surf) {
+    GP_TRACE("cuSurfObjectGetResourceDesc");
+    return object_desc(GP_CALL_cuSurfObjectGetResourceDesc, surf, desc, RESOURCE_DESC_BYTES);
+}
+
+CUresult cuSurfObjectCreate(uint64_t *surf, void *res) {
+    GP_TRACE("cuSurfObjectCreate");
+    if (!surf || !res) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_out_cuSurfObjectCreate out;
+    CUresult r = gp_call(GP_CALL_cuSurfObjectCreate, WANT, NULL, 0, res, RESOURCE_DESC_BYTES, &out, sizeof out, NULL,
+                         0);
+    if (r == CUDA_SUCCESS) *surf = out.surf;
+    return r;
+}
+
+/* ---- 2D memsets: one memset per row, or one for all when the rows touch ---------------------------- */
+
+static CUresult memset_rows(int width_bytes, uint64_t dst, uint64_t pitch, uint32_t value, uint64_t width,
+                            uint64_t height, uint64_t stream, int async) {
+    if (!width || !height) return CUDA_SUCCESS;
+    if (height > 1 && pitch < width * width_bytes) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t rows = pitch == width * width_bytes ? 1 : height, count = rows == 1 ? width * height : width;
+    CUresult r = CUDA_SUCCESS;
+    for (uint64_t row = 0; row < rows && r == CUDA_SUCCESS; row++) {
+        uint64_t at = dst + row * pitch;
+        if (width_bytes == 1)
+            r = async ? cuMemsetD8Async(at, (uint8_t)value, count, stream) : cuMemsetD8_v2(at, (uint8_t)value, count);
+        else if (width_bytes == 2)
+            r = async ? cuMemsetD16Async(at, (uint16_t)value, count, stream) : cuMemsetD16_v2(at, (uint16_t)value, count);
+        else
+            r = async ? cuMemsetD32Async(at, value, count, stream) : cuMemsetD32_v2(at, value, count);
+    }
+    return r;
+}
+
+CUresult cuMemsetD2D8_v2(uint64_t dst, uint64_t pitch, uint8_t value, uint64_t width, uint64_t height) {
+    GP_TRACE("cuMemsetD2D8_v2");
+    return memset_rows(1, dst, pitch, value, width, height, 0, 0);
+}
+
+CUresult cuMemsetD2D16_v2(uint64_t dst, uint64_t pitch, uint16_t value, uint64_t width, uint64_t height) {
+    GP_TRACE("cuMemsetD2D16_v2");
+    return memset_rows(2, dst, pitch, value, width, height, 0, 0);
+}
+
+CUresult cuMemsetD2D32_v2(uint64_t dst, uint64_t pitch, uint32_t value, uint64_t width, uint64_t height) {
+    GP_TRACE("cuMemsetD2D32_v2");
+    return memset_rows(4, dst, pitch, value, width, height, 0, 0);
+}
+
+CUresult cuMemsetD2D8Async(uint64_t dst, uint64_t pitch, uint8_t value, uint64_t width, uint64_t height,
+                           uint64_t stream) {
+    GP_TRACE("cuMemsetD2D8Async");
+    return memset_rows(1, dst, pitch, value, width, height, stream, 1);
+}
+
+CUresult cuMemsetD2D16Async(uint64_t dst, uint64_t pitch, uint16_t value, uint64_t width, uint64_t height,
+                            uint64_t stream) {
+    GP_TRACE("cuMemsetD2D16Async");
+    return memset_rows(2, dst, pitch, value, width, height, stream, 1);
+}
+
+CUresult cuMemsetD2D32Async(uint64_t dst, uint64_t pitch, uint32_t value, uint64_t width, uint64_t height,
+                            uint64_t stream) {
+    GP_TRACE("cuMemsetD2D32Async");
+    return memset_rows(4, dst, pitch, value, width, height, stream, 1);
+}
+
 /* ---- pointer attributes ------------------------------------------------------------------------ */
 
 static CUresult host_attribute(void *data, int attr, uint64_t ptr) {
@@ -1556,6 +2062,99 @@ CUresult cuLibraryUnload(uint64_t library) {
     return r;
 }
 
+/* ---- what a module or library holds: its functions or kernels, their names and parameter counts --- */
+
+/* The handles come in the reply's bulk; each is linked to its module or library, whose unload forgets
+ * the answers kept about it (shim_memo.c). */
+CUresult cuModuleEnumerateFunctions(void *out, uint32_t num, uint64_t mod) {
+    GP_TRACE("cuModuleEnumerateFunctions");
+    uint64_t *functions = out;
+    if (!functions) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuModuleEnumerateFunctions in = {.num = num, .mod = mod};
+    CUresult r = gp_call(GP_CALL_cuModuleEnumerateFunctions, WANT, &in, sizeof in, NULL, 0, NULL, 0, functions,
+                         (uint64_t)num * 8);
+    for (uint32_t i = 0; r == CUDA_SUCCESS && i < num; i++) gp_memo_link(functions[i], mod, GP_HANDLE_module);
+    return r;
+}
+
+CUresult cuLibraryEnumerateKernels(void *out, uint32_t num, uint64_t lib) {
+    GP_TRACE("cuLibraryEnumerateKernels");
+    uint64_t *kernels = out;
+    if (!kernels) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuLibraryEnumerateKernels in = {.num = num, .lib = lib};
+    CUresult r = gp_call(GP_CALL_cuLibraryEnumerateKernels, WANT, &in, sizeof in, NULL, 0, NULL, 0, kernels,
+                         (uint64_t)num * 8);
+    for (uint32_t i = 0; r == CUDA_SUCCESS && i < num; i++) gp_memo_link(kernels[i], lib, GP_HANDLE_library);
+    return r;
+}
+
+/* The driver's name of a kernel or function stays valid while its handle does: the shim keeps one copy
+ * per handle (names are few; a handle asked again gets the same pointer). */
+static struct { uint64_t handle; char *name; } *names;
+static size_t n_names, cap_names;
+static pthread_mutex_t name_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static const char *kept_name(uint64_t handle, const char *name) {
+    const char *kept = NULL;
+    pthread_mutex_lock(&name_lock);
+    for (size_t i = 0; i < n_names && !kept; i++)
+        if (names[i].handle == handle && strcmp(names[i].name, name) == 0) kept = names[i].name;
+    if (!kept && n_names == cap_names) {
+        size_t cap = cap_names ? cap_names * 2 : 64;
+        void *grown = realloc(names, cap * sizeof *names);
+        if (grown) names = grown, cap_names = cap;
+    }
+    if (!kept && n_names < cap_names && (names[n_names].name = strdup(name)) != NULL) {
+        names[n_names].handle = handle;
+        kept = names[n_names++].name;
+    }
+    pthread_mutex_unlock(&name_lock);
+    return kept;
+}
+
+#define NAME_BYTES 4096
+
+/* cuKernelGetName and cuFuncGetName: the same wire layout (the handle, the buffer's length). */
+static CUresult name_of(uint32_t call, uint64_t handle, void *out) {
+    const char **name = out;
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
+    char buf[NAME_BYTES];
+    struct gp_in_cuKernelGetName in = {.kernel = handle, .length = sizeof buf};
+    _Static_assert(sizeof in == sizeof(struct gp_in_cuFuncGetName), "one layout for both names");
+    CUresult r = gp_call(call, WANT, &in, sizeof in, NULL, 0, NULL, 0, buf, sizeof buf);
+    if (r != CUDA_SUCCESS) return r;
+    buf[sizeof buf - 1] = 0;
+    return (*name = kept_name(handle, buf)) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult cuKernelGetName(void *name, uint64_t kernel) {
+    GP_TRACE("cuKernelGetName");
+    return name_of(GP_CALL_cuKernelGetName, kernel, name);
+}
+
+CUresult cuFuncGetName(void *name, uint64_t func) {
+    GP_TRACE("cuFuncGetName");
+    return name_of(GP_CALL_cuFuncGetName, func, name);
+}
+
+static CUresult param_count(uint64_t func, uint64_t *count) {
+    struct layout l;
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = layout_of(func, &l);
+    if (r == CUDA_SUCCESS) *count = l.count;
+    return r;
+}
+
+CUresult cuKernelGetParamCount(uint64_t kernel, uint64_t *count) {
+    GP_TRACE("cuKernelGetParamCount");
+    return param_count(kernel, count);
+}
+
+CUresult cuFuncGetParamCount(uint64_t func, uint64_t *count) {
+    GP_TRACE("cuFuncGetParamCount");
+    return param_count(func, count);
+}
+
 #define LAUNCH_ATTRIBUTE_BYTES 72 /* CUlaunchAttribute: id, padding, a 64-byte value union */
 
 /* Packs kernelParams (or the `extra` buffer) into `buf`; returns its length or -1. */
@@ -1642,11 +2241,40 @@ static CUresult check_attributes(const void *attrs, uint32_t n_attrs) {
     return CUDA_SUCCESS;
 }
 
+/* A cooperative launch (CU_LAUNCH_ATTRIBUTE_COOPERATIVE, 2, with a value other than 0) runs all its blocks
+ * at once: the driver refuses, on the spot, a device without cooperative launches (attribute 95) and
+ * more blocks than the function's occupancy per multiprocessor times the multiprocessors (attribute 16),
+ * the rule cuLaunchCooperativeKernel's documentation gives. Both answers are kept (shim_memo.c). */
+static int is_cooperative(const unsigned char *attrs, uint32_t n_attrs) {
+    for (uint32_t i = 0; i < n_attrs; i++) {
+        uint32_t id;
+        int32_t value;
+        memcpy(&id, attrs + 72 * i, 4);
+        memcpy(&value, attrs + 72 * i + 8, 4);
+        if (id == 2 && value) return 1;
+    }
+    return 0;
+}
+
+static CUresult check_cooperative(uint64_t f, const uint32_t dims[7]) {
+    int dev;
+    int32_t v, per_sm, sms;
+    if (!gp_ctx_device(gp_ctx_current(), &dev)) return CUDA_SUCCESS;
+    if (cuDeviceGetAttribute(&v, 95, dev) == CUDA_SUCCESS && v == 0) return CUDA_ERROR_NOT_SUPPORTED;
+    uint64_t blocks = (uint64_t)dims[0] * dims[1] * dims[2];
+    int32_t threads = (int32_t)(dims[3] * dims[4] * dims[5]);
+    if (cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, threads, dims[6]) == CUDA_SUCCESS &&
+        known_limit(cuDeviceGetAttribute(&sms, 16, dev), &sms) && blocks > (uint64_t)per_sm * (uint64_t)sms)
+        return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
+    return CUDA_SUCCESS;
+}
+
 static CUresult launch(uint64_t f, const uint32_t dims[7], uint64_t stream, void **params, void **extra,
                        const void *attrs, uint32_t n_attrs) {
     struct layout l;
     CUresult r = check_launch_config(f, dims);
     if (r == CUDA_SUCCESS) r = check_attributes(attrs, n_attrs);
+    if (r == CUDA_SUCCESS && is_cooperative(attrs, n_attrs)) r = check_cooperative(f, dims);
     if (r != CUDA_SUCCESS) return r;
     r = layout_of(f, &l);
     if (r != CUDA_SUCCESS) return r;
@@ -1678,7 +2306,17 @@ CUresult cuLaunchKernel(uint64_t f, uint32_t gx, uint32_t gy, uint32_t gz, uint3
     return launch(f, dims, stream, params, extra, NULL, 0);
 }
 
-/* CUlaunchConfig: seven unsigned ints, then CUstream at 32, CUlaunchAttribute* at 40, unsigned at 48. */
+CUresult cuLaunchCooperativeKernel(uint64_t f, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t bx, uint32_t by,
+                                   uint32_t bz, uint32_t smem, uint64_t stream, void *params) {
+    GP_TRACE("cuLaunchCooperativeKernel");
+    const uint32_t dims[7] = {gx, gy, gz, bx, by, bz, smem};
+    unsigned char cooperative[72] = {2}; /* CU_LAUNCH_ATTRIBUTE_COOPERATIVE; its value (at 8): 1 */
+    cooperative[8] = 1;
+    return launch(f, dims, stream, params, NULL, cooperative, 1);
+}
+
+/* CUlaunchConfig: seven unsigned ints, then CUstream at 32, CUlaunchAttribute* at 40, unsigned at 48;
+ * each CUlaunchAttribute is 72 bytes (id, padding, a 64-byte value union). */
 CUresult cuLaunchKernelEx(void *config, uint64_t f, void *params, void *extra) {
     GP_TRACE("cuLaunchKernelEx");
     if (!config) return CUDA_ERROR_INVALID_VALUE;
@@ -2258,6 +2896,19 @@ CUresult cuModuleLoad(uint64_t *module, const char *fname) {
     char *image = read_whole(fname, &len);
     if (!image) return CUDA_ERROR_FILE_NOT_FOUND;
     CUresult r = load_image(GP_CALL_cuModuleLoadData, module, image);
+    free(image);
+    return r;
+}
+
+CUresult cuLibraryLoadFromFile(uint64_t *library, const char *fname, void *jit_opts, void *jit_vals, uint32_t n_jit,
+                               void *lib_opts, void *lib_vals, uint32_t n_lib) {
+    GP_TRACE("cuLibraryLoadFromFile");
+    (void)jit_opts, (void)jit_vals, (void)n_jit, (void)lib_opts, (void)lib_vals, (void)n_lib;
+    if (!library || !fname) return CUDA_ERROR_INVALID_VALUE;
+    size_t len;
+    char *image = read_whole(fname, &len);
+    if (!image) return CUDA_ERROR_FILE_NOT_FOUND;
+    CUresult r = load_image(GP_CALL_cuLibraryLoadData, library, image);
     free(image);
     return r;
 }

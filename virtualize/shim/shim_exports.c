@@ -124,18 +124,15 @@ static CUresult gp_x_tools_object_value(void *state, void *object, uint64_t *val
  * the driver calls `each(arg, function)` for each one and answers how many there were (traced natively on
  * driver 580: one call per module, a one-kernel module, `each` a setter of *arg, answer 1; the function
  * it set is the one cuFFT then launches). Answered from the module's functions on the worker. */
-CUresult cuModuleGetFunctionCount(unsigned int *count, uint64_t module);
-CUresult cuModuleEnumerateFunctions(uint64_t *functions, unsigned int count, uint64_t module);
-
 static uint64_t gp_x_module_functions(void *ctx, uint64_t module, void (*each)(void *arg, uint64_t function),
                                       void *arg) {
     GP_TRACE("(export) module_functions");
     (void)ctx; /* the caller made it current */
-    unsigned int count = 0;
+    uint32_t count = 0;
     if (!each || cuModuleGetFunctionCount(&count, module) != CUDA_SUCCESS) return 0;
     uint64_t functions[256];
     if (count > 256 || cuModuleEnumerateFunctions(functions, count, module) != CUDA_SUCCESS) return 0;
-    for (unsigned int i = 0; i < count; i++) each(arg, functions[i]);
+    for (uint32_t i = 0; i < count; i++) each(arg, functions[i]);
     return count;
 }
 

@@ -81,6 +81,16 @@ int gp_mirror_device(uint64_t ptr, uint64_t *dev) {
     return m != NULL;
 }
 
+int gp_mirror_of_device(uint64_t ptr) {
+    if (!gp_managed_count()) return 0;
+    pthread_mutex_lock(&managed_lock);
+    int found = 0;
+    for (int i = 0; i < n_managed && !found; i++)
+        found = managed[i].dev <= ptr && ptr < managed[i].dev + managed[i].size;
+    pthread_mutex_unlock(&managed_lock);
+    return found;
+}
+
 static uint64_t chunks_of(const struct managed *m) { return m->mapped / CHUNK + (m->mapped % CHUNK != 0); }
 
 static uint64_t span_of(const struct managed *m, uint64_t i) {

@@ -3,11 +3,12 @@
 For each program here (raw cuda.bindings, cuda.core, numba-cuda, kernel printf, the CUDA runtime,
 CuPy, PyTorch, and what issue 11 lists: several processes, contexts, the linker, IPC memory, pools and
 events, allocations of every size in the process's address window and under expandable segments,
-host callbacks, managed memory) it runs the program natively, then remotely — gpupool's libcuda.so.1 first on
-LD_LIBRARY_PATH, talking to a lease worker started with start_worker with the real CUDA executor —
-and diffs the two outputs. Then, remotely: the quota refusal, PyTorch's OOM at the partition, the
-ResNet-50 and GPT-2-style trainings (losses step by step, throughput), the isolation check (a
-guessed address and another lease's live address), a worker killed mid-run, a two-GPU lease where
+host callbacks, managed memory; issue 25: cooperative launches, cache configuration, enumeration,
+tensor maps, cuDNN's cooperative batch norm, CUDA arrays with textures and surfaces) it runs the
+program natively, then remotely — gpupool's libcuda.so.1 first on LD_LIBRARY_PATH, talking to a
+lease worker started with start_worker with the real CUDA executor — and diffs the two outputs.
+Then, remotely: the quota refusal, PyTorch's OOM at the partition, the ResNet-50 and GPT-2-style
+trainings (losses step by step, throughput), the isolation check (a guessed address and another lease's live address), a worker killed mid-run, a two-GPU lease where
 the host has two GPUs, and, when gpupool-server and gpuattach are installed, the same programs and
 trainings as a user runs them: a real pool server and `gpuattach run -n 1 -p 0.5`. Every step says what it
 does; the summary lists PASS/FAIL/SKIP; the exit status is 1 if anything failed. Results also go
@@ -72,6 +73,9 @@ PROGRAMS = [
     "prog_pinned_kernels.py",  # kernels given pinned host addresses: Graph.update, a cluster launch (DSMEM)
     "prog_batched_copies.py",  # cuMemcpyBatchAsync (cuda.core's copy_batch) and cuMemcpy3DBatchAsync
     "prog_host_pools.py",  # cuda.core's PinnedMemoryResource and ManagedMemoryResource pools
+    "prog_driver_calls.py",  # cooperative launches, cache config, enumeration, a retained handle, tensor maps
+    "prog_torch_batchnorm.py",  # cuDNN batch norm, fp16 channels-last, deterministic: cooperative kernels
+    "prog_arrays.py",  # CUDA arrays sampled through a texture, painted through a surface; 2D/3D copies
 ]
 results: list[dict] = []
 
