@@ -70,12 +70,21 @@ class ImportReport:
     hosts: set[str] = field(default_factory=set)
     ignored_columns: set[str] = field(default_factory=set)
     first_ts: dt.datetime | None = None  # the oldest sample imported (rollups are brought up to date from it)
-    clock_steps: list[ClockStep] = field(default_factory=list)
+    clock_steps: list[ClockStep] = field(
+        default_factory=list
+    )  # each once (a file given twice has its steps twice)
+    _step_keys: set[tuple] = field(default_factory=set)
 
     def saw(self, rows: list[dict]) -> None:
         if rows:
             first = min(r["ts"] for r in rows)
             self.first_ts = first if self.first_ts is None else min(self.first_ts, first)
+
+    def found(self, step: ClockStep) -> None:
+        key = (step.host, step.gpu_uuid or step.gpu_index, step.placed, step.stamped)
+        if key not in self._step_keys:
+            self._step_keys.add(key)
+            self.clock_steps.append(step)
 
     def bad(self, where: str, why: str) -> None:
         self.malformed += 1
@@ -171,6 +180,28 @@ def _median(values: list[int]) -> int | None:
     return sorted(values)[(len(values) - 1) // 2] if values else None
 
 
+def _intervals(rows: list[dict], hosts: list[str], default_s: float) -> tuple[dict[tuple, int], int]:
+    """Each GPU's interval (µs) in one file, and the file's: the median time between its rows in log
+    order, repeats left out (a step back is one long one; in a log written newest first every one is
+    backwards). A GPU with one or two has none (they may be its step back only): the file's stands in,
+    else ``default_s``."""
+    last: dict[tuple, int] = {}
+    spacing: dict[tuple, list[int]] = {}
+    for row, host in zip(rows, hosts, strict=True):
+        gpu, t = (host, gpu_of(row)), (row["ts"] - _EPOCH) // _US
+        if gpu in last and t != last[gpu]:
+            spacing.setdefault(gpu, []).append(abs(t - last[gpu]))
+        last[gpu] = t
+    every = _median([d for ds in spacing.values() for d in ds]) or round(default_s * 1e6)
+    return {gpu: _median(ds) for gpu, ds in spacing.items() if len(ds) >= 3}, every
+
+
+def _same_values(a: dict, b: dict) -> bool:
+    # Two rows of one file read with the same time: equal in every other value too (a placed row's
+    # time may have moved since).
+    return a.keys() == b.keys() and all(a[k] == v for k, v in b.items() if k != "ts")
+
+
 def place_in_log_order(
     rows: list[dict],
     positions: list[str],
@@ -182,62 +213,54 @@ def place_in_log_order(
     """(host, row) of ``rows`` of one file, in log order (``positions[i]`` says where row i is,
     ``hosts[i]`` whose it is), less the rows the file repeats and with each GPU's clock steps back undone.
 
-    Per GPU, in log order: a row equal in every value (its time included) to one read before in the
-    file is a repeated line, a duplicate. A distinct sample stamped earlier than the latest one placed
-    is after a step back of the clock: it is placed one interval (the GPU's median interval in this
-    file, else the file's, else ``interval_s``) after the latest, and the GPU's later samples are
-    shifted by as much, until the clock catches up (a sample stamped later than every one placed,
-    after a gap). So each distinct sample stands for its own interval, none is lost as a "duplicate"
-    of one it happens to share a time with, and the step is recorded in ``report.clock_steps``.
-    A sample stamped at the same time as the latest one stays that: the same instant, one sample
-    (``store`` keeps the first)."""
-    times = [(r["ts"] - _EPOCH) // _US for r in rows]
-    # Each GPU's interval: the median of its positive intervals in log order (a step back is negative).
-    last: dict[tuple, int] = {}
-    spacing: dict[tuple, list[int]] = {}
-    for row, host, t in zip(rows, hosts, times, strict=True):
-        gpu = (host, gpu_of(row))
-        if gpu in last and t > last[gpu]:
-            spacing.setdefault(gpu, []).append(t - last[gpu])
-        last[gpu] = t
-    every = _median([d for ds in spacing.values() for d in ds]) or round(interval_s * 1e6)
-    interval = {gpu: _median(ds) for gpu, ds in spacing.items()}
-
-    seen: set[tuple] = set()
+    Per GPU, in log order: a sample stamped no later than the latest one placed that is equal in every
+    value (its time included) to one read before in the file is a repeated line, a duplicate. A
+    distinct sample stamped earlier than the latest one placed is after a step back of the clock: it
+    is placed one interval (``_intervals``) after the latest, and the GPU's later samples are shifted
+    by as much, until the clock catches up (a sample stamped later than every one placed, after a gap
+    longer than the step). So each distinct sample stands for its own interval, none is lost as a
+    "duplicate" of one it happens to share a time with, and the step is recorded in
+    ``report.clock_steps``. A distinct sample stamped at the same time as the latest one stays that:
+    the same instant, one sample (``store`` keeps the first)."""
+    read: dict[tuple, tuple[dict, ...]] = {}  # (GPU, stamped µs) -> the rows read with that stamp
     latest: dict[tuple, int] = {}  # the latest time placed per GPU
     shift: dict[tuple, tuple[int, ClockStep]] = {}  # GPU -> (µs added to its stamps, the step that did)
+    intervals = None  # (per GPU, the file's): worked out at the first step back
     kept = []
-    for row, host, t, position in zip(rows, hosts, times, positions, strict=True):
-        gpu = (host, gpu_of(row))
-        whole = (host, frozenset(row.items()))
-        if whole in seen:
-            report.duplicates += 1
-            continue
-        seen.add(whole)
+    for row, host, position in zip(rows, hosts, positions, strict=True):
+        gpu, t = (host, gpu_of(row)), (row["ts"] - _EPOCH) // _US
         before = latest.get(gpu)
         add, step = shift.get(gpu, (0, None))
         if add and t > before:  # the clock caught up: its own time is after every sample placed
             add, step = 0, None
             del shift[gpu]
-        if before is not None and t + add < before:
-            back = before + (interval.get(gpu) or every) - (t + add)
-            add += back
-            step = ClockStep(
-                host,
-                row.get("gpu_index"),
-                row.get("gpu_uuid"),
-                file,
-                position,
-                row["ts"],
-                _EPOCH + (t + add) * _US,
-                back / 1e6,
-            )
-            report.clock_steps.append(step)
-            shift[gpu] = (add, step)
+        same_stamp = read.get((gpu, t), ())
+        if before is not None and t + add <= before:
+            if any(_same_values(other, row) for other in same_stamp):
+                report.duplicates += 1
+                continue
+            if t + add < before:
+                if intervals is None:
+                    intervals = _intervals(rows, hosts, interval_s)
+                back = before + intervals[0].get(gpu, intervals[1]) - (t + add)
+                add += back
+                step = ClockStep(
+                    host,
+                    row.get("gpu_index"),
+                    row.get("gpu_uuid"),
+                    file,
+                    position,
+                    row["ts"],
+                    _EPOCH + (t + add) * _US,
+                    back / 1e6,
+                )
+                report.found(step)
+                shift[gpu] = (add, step)
+        read[gpu, t] = (*same_stamp, row)
         if add:
             row["ts"] = _EPOCH + (t + add) * _US
             step.samples += 1
-        latest[gpu] = max(t + add, before) if before is not None else t
+        latest[gpu] = t + add if before is None else max(t + add, before)
         kept.append((host, row))
     return kept
 
