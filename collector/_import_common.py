@@ -70,9 +70,8 @@ class ImportReport:
     hosts: set[str] = field(default_factory=set)
     ignored_columns: set[str] = field(default_factory=set)
     first_ts: dt.datetime | None = None  # the oldest sample imported (rollups are brought up to date from it)
-    clock_steps: list[ClockStep] = field(
-        default_factory=list
-    )  # each once (a file given twice has its steps twice)
+    # Each step once (a file given twice holds its steps twice): ``found`` adds them.
+    clock_steps: list[ClockStep] = field(default_factory=list)
     _step_keys: set[tuple] = field(default_factory=set)
 
     def saw(self, rows: list[dict]) -> None:
