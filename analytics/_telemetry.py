@@ -592,7 +592,7 @@ def clock_steps_note(con: duckdb.DuckDBPyConnection) -> str | None:
     """The clocks that stepped back in imported logs (the ``clock_steps`` the importers record), in a
     line: where and by how much, and that the samples after each step were placed after their
     predecessors (so each counts once); None where none did."""
-    from collector.words import clock_step, plural
+    from collector.words import clock_steps
 
     steps = con.execute(
         "SELECT coalesce(gpu_index::VARCHAR, gpu_uuid), host, step_s, stamped_ts, file, position, samples "
@@ -600,14 +600,8 @@ def clock_steps_note(con: duckdb.DuckDBPyConnection) -> str | None:
     ).fetchall()
     if not steps:
         return None
-    first = clock_step(*steps[0])
-    if len(steps) == 1:
-        return first[0].upper() + first[1:]
-    hosts = len({s[1] for s in steps})
-    return (
-        f"Clocks stepped back {plural(len(steps), 'time')} in imported logs ({plural(hosts, 'host')}); "
-        f"first: {first}"
-    )
+    line = clock_steps(steps)
+    return line[0].upper() + line[1:]
 
 
 def telemetry_notes(con: duckdb.DuckDBPyConnection) -> list[str]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from collector._errors import InputError
-from collector.words import clock_step, plural
+from collector.words import clock_steps, plural
 
 
 @dataclass
@@ -35,11 +35,10 @@ class ClockStep:
     step_s: float
     samples: int = 0  # samples placed later than stamped under this step
 
-    def words(self) -> str:
+    def facts(self) -> tuple:
+        """What ``collector.words.clock_steps`` says of it."""
         gpu = self.gpu_index if self.gpu_index is not None else self.gpu_uuid
-        return clock_step(
-            str(gpu), self.host, self.step_s, self.stamped, self.file, self.position, self.samples
-        )
+        return (str(gpu), self.host, self.step_s, self.stamped, self.file, self.position, self.samples)
 
     def row(self, source: str) -> dict:
         return {
@@ -116,11 +115,7 @@ class ImportReport:
                 f", {plural(self.duplicates, 'duplicate sample')} skipped (already read or already stored)"
             )
         if self.clock_steps:
-            first = self.clock_steps[0].words()
-            if len(self.clock_steps) == 1:
-                text += f"; {first}"
-            else:
-                text += f"; clocks stepped back {plural(len(self.clock_steps), 'time')} (first: {first})"
+            text += "; " + clock_steps([step.facts() for step in self.clock_steps])
         if self.ignored_columns:
             text += f"; columns not in the schema, ignored: {', '.join(sorted(self.ignored_columns))}"
         return text
@@ -195,6 +190,15 @@ def _intervals(rows: list[dict], hosts: list[str], default_s: float) -> tuple[di
     return {gpu: _median(ds) for gpu, ds in spacing.items() if len(ds) >= 3}, every
 
 
+def _by_stamp(rows: list[dict], hosts: list[str]) -> dict[tuple, tuple[dict, ...]]:
+    """(GPU, stamped µs) -> the rows with that stamp."""
+    found: dict[tuple, tuple[dict, ...]] = {}
+    for row, host in zip(rows, hosts, strict=True):
+        key = ((host, gpu_of(row)), (row["ts"] - _EPOCH) // _US)
+        found[key] = (*found.get(key, ()), row)
+    return found
+
+
 def _same_values(a: dict, b: dict) -> bool:
     # Two rows of one file read with the same time: equal in every other value too (a placed row's
     # time may have moved since).
@@ -221,21 +225,24 @@ def place_in_log_order(
     "duplicate" of one it happens to share a time with, and the step is recorded in
     ``report.clock_steps``. A distinct sample stamped at the same time as the latest one stays that:
     the same instant, one sample (``store`` keeps the first)."""
-    read: dict[tuple, tuple[dict, ...]] = {}  # (GPU, stamped µs) -> the rows read with that stamp
+    # (GPU, stamped µs) -> the rows read with that stamp: made at the first row not after the latest
+    # (none of the rows before it was dropped or moved), so a log in order never pays for it
+    read: dict[tuple, tuple[dict, ...]] | None = None
     latest: dict[tuple, int] = {}  # the latest time placed per GPU
     shift: dict[tuple, tuple[int, ClockStep]] = {}  # GPU -> (µs added to its stamps, the step that did)
     intervals = None  # (per GPU, the file's): worked out at the first step back
     kept = []
-    for row, host, position in zip(rows, hosts, positions, strict=True):
+    for i, (row, host, position) in enumerate(zip(rows, hosts, positions, strict=True)):
         gpu, t = (host, gpu_of(row)), (row["ts"] - _EPOCH) // _US
         before = latest.get(gpu)
         add, step = shift.get(gpu, (0, None))
         if add and t > before:  # the clock caught up: its own time is after every sample placed
             add, step = 0, None
             del shift[gpu]
-        same_stamp = read.get((gpu, t), ())
         if before is not None and t + add <= before:
-            if any(_same_values(other, row) for other in same_stamp):
+            if read is None:
+                read = _by_stamp(rows[:i], hosts[:i])
+            if any(_same_values(other, row) for other in read.get((gpu, t), ())):
                 report.duplicates += 1
                 continue
             if t + add < before:
@@ -255,7 +262,8 @@ def place_in_log_order(
                 )
                 report.found(step)
                 shift[gpu] = (add, step)
-        read[gpu, t] = (*same_stamp, row)
+        if read is not None:
+            read[gpu, t] = (*read.get((gpu, t), ()), row)
         if add:
             row["ts"] = _EPOCH + (t + add) * _US
             step.samples += 1

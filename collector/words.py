@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-__all__ = ["clock_step", "plural", "span"]
+__all__ = ["clock_steps", "plural", "span"]
 
 _IRREGULAR = {"process": "processes", "day": "days", "entry": "entries", "is": "are", "was": "were"}
 
@@ -36,12 +36,20 @@ def span(seconds: float) -> str:
     return f"{whole} s"
 
 
-def clock_step(
-    gpu: str, host: str, step_s: float, stamped: dt.datetime, file: str, position: str, samples: int
-) -> str:
-    """One step back of a GPU's clock and what the importer did about it (``clock_steps`` rows)."""
-    return (
+def clock_steps(steps: list[tuple[str, str, float, dt.datetime, str, str, int]]) -> str:
+    """Steps back of GPUs' clocks, each (GPU, host, step in seconds, the time the log stamped on the
+    first sample after it, file, position in it, samples placed), and what the importer did, in one
+    line: the step, or how many and the first."""
+    gpu, host, step_s, stamped, file, position, samples = steps[0]
+    first = (
         f"the clock of GPU {gpu} on host {host} stepped back {span(step_s)} at "
         f"{stamped.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC ({file} {position}); "
         f"{plural(samples, 'sample')} placed after their predecessors"
+    )
+    if len(steps) == 1:
+        return first
+    gpus, hosts = len({(s[1], s[0]) for s in steps}), len({s[1] for s in steps})
+    return (
+        f"clocks stepped back {plural(len(steps), 'time')} ({plural(gpus, 'GPU')} on {plural(hosts, 'host')}; "
+        f"first: {first})"
     )
