@@ -200,9 +200,10 @@ def _by_stamp(rows: list[dict], hosts: list[str]) -> dict[tuple, tuple[dict, ...
 
 
 def _same_values(a: dict, b: dict) -> bool:
-    # Two rows of one file read with the same time: equal in every other value too (a placed row's
-    # time may have moved since).
-    return a.keys() == b.keys() and all(a[k] == v for k, v in b.items() if k != "ts")
+    # Two rows of one file read with the same time: equal in every other value both have (a placed
+    # row's time may have moved since; a log whose header changed part-way, two logs of other
+    # columns joined, repeat their samples in other columns).
+    return all(a[k] == b[k] for k in a.keys() & b.keys() if k != "ts")
 
 
 def place_in_log_order(

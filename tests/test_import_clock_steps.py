@@ -178,6 +178,18 @@ def test_a_repeated_block_and_a_repeated_instant_are_no_step_back(tmp_path):
     assert observed_s(out) == pytest.approx(600)
 
 
+def test_a_log_repeating_its_samples_under_another_header_is_no_step_back(tmp_path):
+    """Two logs of one GPU joined, the second with more columns and overlapping the first: the samples
+    they share are stored once (the first's), no clock step is reported, the span is credited once."""
+    log, out = tmp_path / "smi.csv", tmp_path / "out"
+    first = "".join(smi_line(T0 + dt.timedelta(minutes=m), m) for m in range(10))
+    wider = "".join(smi_line(T0 + dt.timedelta(minutes=m), m).rstrip("\n") + ", 40\n" for m in range(5, 15))
+    log.write_text(HEADER + first + HEADER.rstrip("\n") + ", temperature.gpu\n" + wider)
+    report = import_smi([log], out, host="h", tz="UTC")
+    assert report.clock_steps == [] and report.rows == 15
+    assert observed_s(out) == pytest.approx(15 * 60)
+
+
 def test_the_autumn_change_of_local_time_keeps_every_sample_at_its_true_time(tmp_path):
     """nvidia-smi logging in local time across the end of summer time (Berlin's 02:00-03:00 twice):
     the second 02:xx hour is a clock step back of 1 h; each of the 180 samples, the half hour after the
