@@ -588,9 +588,26 @@ def unrolled_hosts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
     return slow
 
 
+def clock_steps_note(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The clocks that stepped back in imported logs (the ``clock_steps`` the importers record), in a
+    line: where and by how much, and that the samples after each step were placed after their
+    predecessors (so each counts once); None where none did."""
+    from collector.words import clock_steps
+
+    steps = con.execute(
+        "SELECT coalesce(gpu_index::VARCHAR, gpu_uuid), host, step_s, stamped_ts, file, position, samples "
+        "FROM clock_steps ORDER BY ts, host, gpu_index"
+    ).fetchall()
+    if not steps:
+        return None
+    line = clock_steps(steps)
+    return line[0].upper() + line[1:]
+
+
 def telemetry_notes(con: duckdb.DuckDBPyConnection) -> list[str]:
     """One line for each thing about the telemetry a page should say before its figures: segments left
-    out as damaged, hosts slow for want of rollups (and the command that fixes each)."""
+    out as damaged, hosts slow for want of rollups (and the command that fixes each), clocks that
+    stepped back in imported logs."""
     from collector.words import plural
 
     notes = []
@@ -608,4 +625,7 @@ def telemetry_notes(con: duckdb.DuckDBPyConnection) -> list[str]:
             f"{plural(len(slow), 'host')} ({named}) without rollups: every figure reads "
             f"{sum(slow.values()):,} raw samples and is slow; gpustat-report rollup DIR builds them"
         )
+    stepped = clock_steps_note(con)
+    if stepped:
+        notes.append(stepped)
     return notes

@@ -10,7 +10,8 @@ time order and each row gets a weight in seconds:
   are one instant: the instant's interval goes to one of its rows, the others weigh 0 (identical
   rows from overlapping files count once; where such rows differ, which one carries the time is not
   defined — ordering every sample by its values too would cost a fifth more; a clock stepped back interleaves its samples with the
-  earlier ones and the interval between neighbours is still the time between them).
+  earlier ones and the interval between neighbours is still the time between them; importers undo
+  such steps in the logs they read, ``collector._import_common.place_in_log_order``).
 - ``tick``, its *nominal interval*: what one sample of this entity stands for, read from its
   neighbourhood — the median of its own interval and the ``NEIGHBOURS`` (4) intervals before it
   and the 4 after it (of an even number, the lower one), zero intervals (duplicates) left out. On a

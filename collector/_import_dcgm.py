@@ -18,7 +18,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector._import_common import ImportReport, check_files, read_text, store
+from collector._import_common import ImportReport, check_files, place_in_log_order, read_text, store
 from collector.schema import GPU_SAMPLES, row_problem
 from collector.writer import default_host
 
@@ -126,12 +126,13 @@ def import_files(files: list[Path], out: Path, *, host: str | None, interval_s: 
     check_files(files)
     report = ImportReport()
     by_host: dict[str, list[dict]] = {}
+    step = interval_s if interval_s is not None else 15.0  # dcgm-exporter's default collect interval
     for path in files:
         text = read_text(path)
         report.files += 1
         scrapes = parse(text, path.name, report)
         mtime = path.stat().st_mtime
-        step = interval_s if interval_s is not None else 15.0  # dcgm-exporter's default collect interval
+        rows, positions, hosts = [], [], []  # the file's rows in log order
         for k, (scrape, ts) in enumerate(scrapes):
             # Without timestamps the scrapes of one file end at its mtime, `step` apart.
             when = ts if ts is not None else mtime - (len(scrapes) - 1 - k) * step
@@ -150,13 +151,17 @@ def import_files(files: list[Path], out: Path, *, host: str | None, interval_s: 
                 if why:
                     report.reject(where, why)
                     continue
-                by_host.setdefault(_safe_host(host or label_host or default_host()), []).append(row)
+                rows.append(row)
+                positions.append(f"scrape {k + 1}")
+                hosts.append(_safe_host(host or label_host or default_host()))
+        for row_host, row in place_in_log_order(rows, positions, hosts, path.name, report, step):
+            by_host.setdefault(row_host, []).append(row)
     for rows in by_host.values():
         order: dict[str, int] = {}
         for row in rows:
             if row["gpu_index"] is None:
                 row["gpu_index"] = order.setdefault(row["gpu_uuid"], len(order))
-    store(out, by_host, report)
+    store(out, by_host, report, KIND)
     return report
 
 

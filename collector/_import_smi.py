@@ -19,7 +19,7 @@ from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from collector._errors import InputError
-from collector._import_common import ImportReport, check_files, read_text, store
+from collector._import_common import ImportReport, check_files, place_in_log_order, read_text, store
 from collector.schema import GPU_SAMPLES, row_problem
 
 KIND = "nvidia-smi"
@@ -128,9 +128,11 @@ def _timestamp(text: str, zone: dt.tzinfo) -> dt.datetime:
     raise ValueError(f"not a timestamp: {value!r}")
 
 
-def parse(text: str, name: str, report: ImportReport, zone: dt.tzinfo) -> list[dict]:
-    """Rows of one nvidia-smi CSV text; malformed lines are counted in ``report``."""
+def parse(text: str, name: str, report: ImportReport, zone: dt.tzinfo) -> tuple[list[dict], list[str]]:
+    """Rows of one nvidia-smi CSV text and where each is ("line N"); malformed lines are counted in
+    ``report``."""
     rows: list[dict] = []
+    positions: list[str] = []
     header: list[str] | None = None
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -179,7 +181,8 @@ def parse(text: str, name: str, report: ImportReport, zone: dt.tzinfo) -> list[d
             report.reject(f"{name}:line {lineno}", why)
             continue
         rows.append(row)
-    return rows
+        positions.append(f"line {lineno}")
+    return rows, positions
 
 
 def _fill_index(rows: list[dict]) -> None:
@@ -198,7 +201,10 @@ def import_files(files: list[Path], out: Path, *, host: str, tz: str | None = No
     for path in files:
         text = read_text(path)
         report.files += 1
-        all_rows.extend(parse(text, path.name, report, zone))
+        rows, positions = parse(text, path.name, report, zone)
+        # nvidia-smi -l takes whole seconds: 1 s where a file holds no interval to go by
+        placed = place_in_log_order(rows, positions, [host] * len(rows), path.name, report, 1.0)
+        all_rows += [row for _, row in placed]
     _fill_index(all_rows)
-    store(out, {host: all_rows}, report)
+    store(out, {host: all_rows}, report, KIND)
     return report

@@ -484,7 +484,9 @@ def import_parser() -> argparse.ArgumentParser:
             "Import logs you already have into gpupool telemetry (same schema, source column says which). "
             "Rows that do not parse, or hold a value outside its column's physical range (999999 %, "
             "-300 C, NaN, year 9999), are skipped and counted with the first reason; a sample already "
-            "read or stored is kept once; a failed import leaves nothing written (docs/collector.md)."
+            "read or stored is kept once; where a GPU's clock steps back within a file, the samples after "
+            "the step are placed after their predecessors, each counted once, and the step is said and "
+            "recorded for the report; a failed import leaves nothing written (docs/collector.md)."
         ),
     )
     sub = p.add_subparsers(dest="format", required=True, metavar="FORMAT")

@@ -202,7 +202,35 @@ POOL_EVENTS = Table(
     ),
 )
 
-TABLES: dict[str, Table] = {t.name: t for t in (GPU_SAMPLES, PROCESS_SAMPLES, POOL_EVENTS)}
+CLOCK_STEPS = Table(
+    "clock_steps",
+    "One row per step back of a GPU's clock found in an imported log: the distinct samples logged after "
+    "it were placed after their predecessors, in log order (collector._import_common.place_in_log_order).",
+    (
+        Column(
+            "ts",
+            TS,
+            "UTC",
+            "Where the first sample after the step was placed: one interval after the latest before it.",
+            valid=TS_RANGE,
+        ),
+        Column("gpu_index", pa.int16(), "", "NVML index of the GPU on its host.", valid=GPU_INDEX),
+        Column("gpu_uuid", pa.string(), "", "GPU UUID."),
+        Column("stamped_ts", TS, "UTC", "The time the log stamped that sample.", valid=TS_RANGE),
+        Column("step_s", pa.float64(), "seconds", "How far the clock stepped back.", valid=DURATION),
+        Column(
+            "samples",
+            pa.int64(),
+            "",
+            "Samples placed later than stamped after this step (until the clock caught up or the log ended).",
+        ),
+        Column("file", pa.string(), "", "The log file's name."),
+        Column("position", pa.string(), "", "Where in it: 'line N' (nvidia-smi) or 'scrape N' (dcgm)."),
+        *_COMMON_TAIL,
+    ),
+)
+
+TABLES: dict[str, Table] = {t.name: t for t in (GPU_SAMPLES, PROCESS_SAMPLES, POOL_EVENTS, CLOCK_STEPS)}
 
 
 def _shown(value, unit: str) -> str:

@@ -256,7 +256,7 @@ def main() -> None:
 
     st.title("GPU audit: how busy are the GPUs really?")
     st.caption(f"{', '.join(dirs)} · {scope.describe()} · generated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
-    for note in notes(dirs, t):  # damaged segments left out, hosts slow for want of rollups
+    for note in notes(dirs, t):  # damaged segments left out, hosts without rollups, clocks stepped back
         st.warning(note)
     if s.simulated:
         st.error(
