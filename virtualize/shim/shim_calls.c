@@ -2269,14 +2269,24 @@ static CUresult check_cooperative(uint64_t f, const uint32_t dims[7]) {
     return CUDA_SUCCESS;
 }
 
+/* Under GPUPOOL_SHIM_TRACE, a launch the shim itself refuses says which check refused it (the worker's
+ * refusals are in its log, at DEBUG). */
+static CUresult refused_here(uint64_t f, const uint32_t dims[7], CUresult r, const char *check) {
+    if (r != CUDA_SUCCESS && gp_trace_enabled)
+        gp_say("launch of 0x%llx (grid %u,%u,%u block %u,%u,%u, %u bytes shared) refused here: %d (%s)",
+               (unsigned long long)f, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], r, check);
+    return r;
+}
+
 static CUresult launch(uint64_t f, const uint32_t dims[7], uint64_t stream, void **params, void **extra,
                        const void *attrs, uint32_t n_attrs) {
     struct layout l;
-    CUresult r = check_launch_config(f, dims);
-    if (r == CUDA_SUCCESS) r = check_attributes(attrs, n_attrs);
-    if (r == CUDA_SUCCESS && is_cooperative(attrs, n_attrs)) r = check_cooperative(f, dims);
+    CUresult r = refused_here(f, dims, check_launch_config(f, dims), "the function's and device's limits");
+    if (r == CUDA_SUCCESS) r = refused_here(f, dims, check_attributes(attrs, n_attrs), "a launch attribute");
+    if (r == CUDA_SUCCESS && is_cooperative(attrs, n_attrs))
+        r = refused_here(f, dims, check_cooperative(f, dims), "a cooperative launch's size");
     if (r != CUDA_SUCCESS) return r;
-    r = layout_of(f, &l);
+    r = refused_here(f, dims, layout_of(f, &l), "the parameter layout");
     if (r != CUDA_SUCCESS) return r;
     unsigned char small[4096];
     size_t cap = l.total > sizeof small ? l.total : sizeof small;
@@ -2284,7 +2294,8 @@ static CUresult launch(uint64_t f, const uint32_t dims[7], uint64_t stream, void
     unsigned char *buf = cap > sizeof small ? malloc(cap) : small;
     if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
     int64_t len = pack_params(&l, params, extra, buf, cap);
-    r = len < 0 ? CUDA_ERROR_INVALID_VALUE : params_reach(buf, len);
+    r = len < 0 ? refused_here(f, dims, CUDA_ERROR_INVALID_VALUE, "packing the parameters")
+                : refused_here(f, dims, params_reach(buf, len), "page-locked memory the parameters name");
     if (r != CUDA_SUCCESS) {
         if (buf != small) free(buf);
         return r;
