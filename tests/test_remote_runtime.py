@@ -251,3 +251,54 @@ def test_cufft_asks_a_loaded_module_for_its_functions_as_the_driver_answers(shim
     count = out.pop("count")
     assert out == {"module_count": f"{count} {count}", "names": "True", "same_handle": "True"}, err
     assert "gpupool" not in err
+
+
+def test_page_locked_memory_as_the_device_side_of_a_copy_works_as_under_unified_addressing(shim_dir, worker):
+    """XLA zeroes a freshly page-locked word with a device memset and reads it back with cuMemcpyDtoHAsync
+    into the stack (its autotuner does this for every candidate); natively the host address is the device's.
+    Both that and copies naming page-locked memory the device never used (host to host) work, in both
+    directions, with the bytes a local GPU gives."""
+    out, err = run_program(
+        """
+        import ctypes
+        cu = ctypes.CDLL("libcuda.so.1")
+        U64 = ctypes.c_uint64
+        assert cu.cuInit(0) == 0
+        ctx = U64()
+        assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+        stream = U64()
+        assert cu.cuStreamCreate(ctypes.byref(stream), 0) == 0
+
+        def pinned(n, fill):
+            p = U64()
+            assert cu.cuMemHostAlloc(ctypes.byref(p), U64(n), 1) == 0  # PORTABLE, as XLA asks
+            ctypes.memset(p.value, fill, n)
+            return p
+
+        # the device zeroes it, then it is read back as a device address into pageable memory
+        word, back = pinned(8, 0x5A), (ctypes.c_uint8 * 8)()
+        print("memset", cu.cuMemsetD32Async(word, 0, U64(2), stream))
+        print("read", cu.cuMemcpyDtoHAsync_v2(back, word, U64(8), stream), cu.cuStreamSynchronize(stream))
+        print("zeroed", list(back) == [0] * 8, ctypes.string_at(word.value, 8) == bytes(8))
+
+        # page-locked memory the device never used, as either side
+        src, out = pinned(16, 0x33), (ctypes.c_uint8 * 16)()
+        print("from_pinned", cu.cuMemcpyDtoH_v2(out, src, U64(16)), bytes(out) == b"\\x33" * 16)
+        dst, data = pinned(16, 0), (ctypes.c_uint8 * 16)(*range(16))
+        print("to_pinned", cu.cuMemcpyHtoD_v2(dst, data, U64(16)), ctypes.string_at(dst.value, 16) == bytes(range(16)))
+
+        # and a device allocation still refuses a host address it does not own
+        device = U64()
+        assert cu.cuMemAlloc_v2(ctypes.byref(device), U64(16)) == 0
+        print("stray", cu.cuMemcpyDtoH_v2(out, U64(0x1000), U64(16)))
+        """,
+        client_env(shim_dir, worker),
+    )
+    assert out == {
+        "memset": "0",
+        "read": "0 0",
+        "zeroed": "True True",
+        "from_pinned": "0 True",
+        "to_pinned": "0 True",
+        "stray": "1",
+    }, err

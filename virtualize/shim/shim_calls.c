@@ -1294,14 +1294,39 @@ static CUresult copies_settle_host(const void *p) { /* before page-locked memory
     return gp_host_lookup((uint64_t)p, &base, &size, NULL) ? copies_settle((void *)base, size) : CUDA_SUCCESS;
 }
 
+/* Page-locked memory named where the device's side of a copy goes: under unified addressing the device
+ * reaches it at the host's address, so natively such a copy works. Memory the device already uses (a
+ * mirror, shim_managed.c) is copied through its device copy (*side set to it, 2 returned: the lease's
+ * memory, as the worker checks); memory it never used is copied here, host to host, once copies still
+ * landing there are in (1 returned, *r set). 0: not page-locked memory. */
+static int page_locked(const void *p, uint64_t count);
+
+static int page_locked_side(uint64_t *side, uint64_t other, uint64_t count, int to_side, CUresult *r) {
+    uint64_t mirrored;
+    if (is_device(*side)) return 0;
+    if (gp_mirror_device(*side, &mirrored)) {
+        *side = mirrored;
+        return 2;
+    }
+    if (!page_locked((const void *)*side, count)) return 0;
+    *r = copies_settle((const void *)*side, count);
+    if (*r == CUDA_SUCCESS) *r = copies_settle((const void *)other, count);
+    if (*r == CUDA_SUCCESS)
+        memmove(to_side ? (void *)*side : (void *)other, to_side ? (const void *)other : (const void *)*side, count);
+    return 1;
+}
+
 static CUresult htod(uint32_t call, uint64_t dst, const void *src, uint64_t count, uint64_t stream) {
     uint64_t mirrored;
+    CUresult here;
     if (count == 0) return CUDA_SUCCESS;
+    int locked = page_locked_side(&dst, (uint64_t)src, count, 1, &here);
+    if (locked == 1) return here;
     if (gp_mirror_device((uint64_t)src, &mirrored)) /* mirrored memory as the source: the device copy of it */
         return call == GP_CALL_cuMemcpyHtoD_v2 ? cuMemcpyDtoD_v2(dst, mirrored, count)
                                                : cuMemcpyDtoDAsync_v2(dst, mirrored, count, stream);
     /* A device address as the host side would fault inside sendmsg and cost the connection. */
-    if (!src || !device_range(dst, count) || is_device((uint64_t)src)) return CUDA_ERROR_INVALID_VALUE;
+    if (!src || (!locked && !device_range(dst, count)) || is_device((uint64_t)src)) return CUDA_ERROR_INVALID_VALUE;
     /* The bytes are read now, so a copy to the host still landing in them must be there first (on a
      * GPU the stream orders the two). */
     CUresult r = copies_settle(src, count);
@@ -1325,11 +1350,14 @@ static int page_locked(const void *p, uint64_t count) {
 
 static CUresult dtoh(uint32_t call, void *dst, uint64_t src, uint64_t count, uint64_t stream) {
     uint64_t mirrored;
+    CUresult here;
     if (count == 0) return CUDA_SUCCESS;
+    int locked = page_locked_side(&src, (uint64_t)dst, count, 0, &here);
+    if (locked == 1) return here;
     if (gp_mirror_device((uint64_t)dst, &mirrored)) /* into mirrored memory: into its device copy */
         return call == GP_CALL_cuMemcpyDtoH_v2 ? cuMemcpyDtoD_v2(mirrored, src, count)
                                                : cuMemcpyDtoDAsync_v2(mirrored, src, count, stream);
-    if (!dst || !device_range(src, count) || is_device((uint64_t)dst)) return CUDA_ERROR_INVALID_VALUE;
+    if (!dst || (!locked && !device_range(src, count)) || is_device((uint64_t)dst)) return CUDA_ERROR_INVALID_VALUE;
     if (call == GP_CALL_cuMemcpyDtoHAsync_v2 && page_locked(dst, count) && gp_callbacks_start() == CUDA_SUCCESS) {
         /* Into page-locked memory the call returns at once, as natively; the bytes come on the callback
          * connection once the worker's stream gets there (shim.c). */
