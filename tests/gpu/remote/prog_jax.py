@@ -14,7 +14,8 @@ from _common import loaded_libcuda
 
 
 def close(got, want, tol=2e-2) -> bool:
-    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    kind = np.complex128 if np.iscomplexobj(got) or np.iscomplexobj(want) else np.float64
+    got, want = np.asarray(got, dtype=kind), np.asarray(want, dtype=kind)
     return bool(np.allclose(got, want, rtol=tol, atol=tol * max(1.0, float(np.abs(want).max()))))
 
 
