@@ -302,3 +302,32 @@ def test_page_locked_memory_as_the_device_side_of_a_copy_works_as_under_unified_
         "to_pinned": "0 True",
         "stray": "1",
     }, err
+
+
+def test_graph_edges_with_data_are_refused_out_loud_and_default_ones_pass(shim_dir, worker):
+    """Programmatic graph edges (what XLA's command buffers ask for on Hopper) are not forwarded: the call
+    returns CUDA_ERROR_NOT_SUPPORTED and says so once on stderr, never silently; all-zero edge data is the
+    default edge and is added."""
+    out, err = run_program(
+        """
+        import ctypes
+        cu = ctypes.CDLL("libcuda.so.1")
+        U64 = ctypes.c_uint64
+        assert cu.cuInit(0) == 0
+        ctx = U64()
+        assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+        graph, a, b = U64(), U64(), U64()
+        assert cu.cuGraphCreate(ctypes.byref(graph), 0) == 0
+        assert cu.cuGraphAddEmptyNode(ctypes.byref(a), graph, None, U64(0)) == 0
+        assert cu.cuGraphAddEmptyNode(ctypes.byref(b), graph, None, U64(0)) == 0
+        programmatic = (ctypes.c_uint8 * 8)(1, 0, 1)  # from the programmatic port, type programmatic
+        default = (ctypes.c_uint8 * 8)()
+        add = cu.cuGraphAddDependencies_v2
+        print("programmatic", add(graph, ctypes.byref(a), ctypes.byref(b), programmatic, U64(1)),
+              add(graph, ctypes.byref(a), ctypes.byref(b), programmatic, U64(1)))
+        print("default", add(graph, ctypes.byref(a), ctypes.byref(b), default, U64(1)))
+        """,
+        client_env(shim_dir, worker),
+    )
+    assert out == {"programmatic": "801 801", "default": "0"}, err
+    assert err.count("graph edges with data") == 1

@@ -2474,11 +2474,21 @@ CUresult cuGraphAddEmptyNode(uint64_t *node, uint64_t graph, void *deps, uint64_
     return r;
 }
 
-/* Edge data (CUgraphEdgeData, 8 bytes each) other than the default is not forwarded. */
+/* Edge data (CUgraphEdgeData, 8 bytes each: from port, to port, type) other than the default is not
+ * forwarded (XLA's command buffers ask for programmatic edges); said once, never refused silently. */
 static int default_edges(const void *edge_data, uint64_t count) {
     static const unsigned char none[8];
-    for (uint64_t i = 0; edge_data && i < count; i++)
-        if (memcmp((const unsigned char *)edge_data + 8 * i, none, 8) != 0) return 0;
+    static int said;
+    for (uint64_t i = 0; edge_data && i < count; i++) {
+        const unsigned char *e = (const unsigned char *)edge_data + 8 * i;
+        if (memcmp(e, none, 8) == 0) continue;
+        if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+            gp_say("graph edges with data (from port %u, to port %u, type %u: programmatic dependencies) are not "
+                   "forwarded to the remote GPU; the call returns CUDA_ERROR_NOT_SUPPORTED (for XLA: "
+                   "XLA_FLAGS=--xla_gpu_enable_command_buffer= builds no such graphs)",
+                   e[0], e[1], e[2]);
+        return 0;
+    }
     return 1;
 }
 
