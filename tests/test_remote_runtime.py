@@ -304,10 +304,9 @@ def test_page_locked_memory_as_the_device_side_of_a_copy_works_as_under_unified_
     }, err
 
 
-def test_graph_edges_with_data_are_refused_out_loud_and_default_ones_pass(shim_dir, worker):
-    """Programmatic graph edges (what XLA's command buffers ask for on Hopper) are not forwarded: the call
-    returns CUDA_ERROR_NOT_SUPPORTED and says so once on stderr, never silently; all-zero edge data is the
-    default edge and is added."""
+def test_graph_edges_with_data_reach_the_worker_as_xla_adds_them(shim_dir, worker):
+    """XLA's command buffers add kernel nodes with programmatic edges (cuGraphAddNode_v2 with edge data):
+    the node and its edge, with the edge's data, are added, and the graph instantiates and runs."""
     out, err = run_program(
         """
         import ctypes
@@ -316,18 +315,26 @@ def test_graph_edges_with_data_are_refused_out_loud_and_default_ones_pass(shim_d
         assert cu.cuInit(0) == 0
         ctx = U64()
         assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0 and cu.cuCtxSetCurrent(ctx) == 0
-        graph, a, b = U64(), U64(), U64()
+        graph, a, b, c = U64(), U64(), U64(), U64()
         assert cu.cuGraphCreate(ctypes.byref(graph), 0) == 0
         assert cu.cuGraphAddEmptyNode(ctypes.byref(a), graph, None, U64(0)) == 0
         assert cu.cuGraphAddEmptyNode(ctypes.byref(b), graph, None, U64(0)) == 0
         programmatic = (ctypes.c_uint8 * 8)(1, 0, 1)  # from the programmatic port, type programmatic
         default = (ctypes.c_uint8 * 8)()
         add = cu.cuGraphAddDependencies_v2
-        print("programmatic", add(graph, ctypes.byref(a), ctypes.byref(b), programmatic, U64(1)),
-              add(graph, ctypes.byref(a), ctypes.byref(b), programmatic, U64(1)))
-        print("default", add(graph, ctypes.byref(a), ctypes.byref(b), default, U64(1)))
+        print("programmatic", add(graph, ctypes.byref(a), ctypes.byref(b), programmatic, U64(1)))
+        params = (ctypes.c_uint8 * 256)()  # CUgraphNodeParams of type CU_GRAPH_NODE_TYPE_EMPTY (5)
+        params[0] = 5
+        print("add_node", cu.cuGraphAddNode_v2(ctypes.byref(c), graph, ctypes.byref(b), programmatic, U64(1), params),
+              cu.cuGraphAddNode_v2(ctypes.byref(U64()), graph, ctypes.byref(a), default, U64(1), params))
+        count = ctypes.c_size_t(0)
+        assert cu.cuGraphGetEdges(graph, None, None, ctypes.byref(count)) == 0
+        print("edges", count.value)
+        exec_ = U64()
+        print("launch", cu.cuGraphInstantiateWithFlags(ctypes.byref(exec_), graph, U64(0)),
+              cu.cuGraphLaunch(exec_, U64(0)), cu.cuCtxSynchronize())
         """,
         client_env(shim_dir, worker),
     )
-    assert out == {"programmatic": "801 801", "default": "0"}, err
-    assert err.count("graph edges with data") == 1
+    assert out == {"programmatic": "0", "add_node": "0 0", "edges": "3", "launch": "0 0 0"}, err
+    assert "gpupool" not in err

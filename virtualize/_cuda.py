@@ -1446,9 +1446,16 @@ class CudaExecutor(Executor):
         err, info = driver.cuGraphExecUpdate(driver.CUgraphExec(graph_exec), driver.CUgraph(graph))
         return int(info.result) if info is not None else 0, int(err)
 
-    def graph_add_dependencies(self, graph, edges) -> None:
+    def graph_add_dependencies(self, graph, edges, edge_data=None) -> None:
         sources, targets = self._deps([a for a, _ in edges]), self._deps([b for _, b in edges])
-        _ok(driver.cuGraphAddDependencies(driver.CUgraph(graph), sources, targets, None, len(edges)))
+        data = None
+        if edge_data and any(any(d) for d in edge_data):
+            data = []
+            for raw in edge_data:
+                e = driver.CUgraphEdgeData()
+                e.from_port, e.to_port, e.type = raw[0], raw[1], raw[2]
+                data.append(e)
+        _ok(driver.cuGraphAddDependencies(driver.CUgraph(graph), sources, targets, data, len(edges)))
 
     def cuEventCreate(self, flags):
         return _int(_ok(driver.cuEventCreate(flags)))

@@ -365,7 +365,10 @@ class Executor(abc.ABC):
     def graph_add_empty_node(self, graph: int, deps: list[int]) -> int: ...
 
     @abc.abstractmethod
-    def graph_add_dependencies(self, graph: int, edges: list[tuple[int, int]]) -> None: ...
+    def graph_add_dependencies(
+        self, graph: int, edges: list[tuple[int, int]], edge_data: list[bytes] | None = None
+    ) -> None:
+        """`edge_data`: per edge, CUgraphEdgeData's 8 bytes (from port, to port, type; zero: the default)."""
 
     @abc.abstractmethod
     def graph_add_child_node(self, graph: int, deps: list[int], child: int) -> int:

@@ -746,10 +746,20 @@ class Session:
         return self._new_node(self.executor.graph_add_empty_node(graph, deps), graph)
 
     def _graph_dependencies(self, call: Call, ins: tuple):
+        """Edges as (from, to) pairs; cuGraphAddDependencies_v2's each with its 8 bytes of edge data (from
+        port, to port, type: a programmatic dependency), which the driver checks."""
         self._check(call, ins)
         graph, count = ins
-        nodes = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 16), 2 * count)
-        self.executor.graph_add_dependencies(graph, list(zip(nodes[::2], nodes[1::2], strict=True)))
+        words = 3 if call.symbol == "cuGraphAddDependencies_v2" else 2
+        data = self.channel.read_bulk(limit=MAX_NODE_DEPS * 8 * words)
+        if len(data) != 8 * words * count:
+            raise CudaError(INVALID_VALUE, "graph edges")
+        triples = [data[8 * words * i : 8 * words * (i + 1)] for i in range(count)]
+        nodes = self._nodes(b"".join(t[:16] for t in triples), 2 * count)
+        edge_data = [t[16:24] if words == 3 else bytes(8) for t in triples]
+        self.executor.graph_add_dependencies(
+            graph, list(zip(nodes[::2], nodes[1::2], strict=True)), edge_data
+        )
 
     def _graph_child_node(self, call: Call, ins: tuple):
         self._check(call, ins)

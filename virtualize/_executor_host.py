@@ -1099,7 +1099,9 @@ class HostExecutor(Executor):
         self.exec_order[graph_exec] = list(self.node_order.get(graph, []))
         return 0, 0
 
-    def graph_add_dependencies(self, graph, edges) -> None:
+    def graph_add_dependencies(self, graph, edges, edge_data=None) -> None:
+        # A programmatic edge (nonzero data) still orders the two nodes here: this executor runs nodes
+        # one after the other, which every kind of edge allows.
         self.edges.extend(edges)
         self._order(graph)
 

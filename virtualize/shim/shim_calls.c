@@ -2474,35 +2474,41 @@ CUresult cuGraphAddEmptyNode(uint64_t *node, uint64_t graph, void *deps, uint64_
     return r;
 }
 
-/* Edge data (CUgraphEdgeData, 8 bytes each: from port, to port, type) other than the default is not
- * forwarded (XLA's command buffers ask for programmatic edges); said once, never refused silently. */
+/* Edge data (CUgraphEdgeData, 8 bytes each: from port, to port, type; the rest must be zero) other than
+ * the default: programmatic dependencies between kernel nodes, which XLA's command buffers ask for. */
 static int default_edges(const void *edge_data, uint64_t count) {
     static const unsigned char none[8];
-    static int said;
-    for (uint64_t i = 0; edge_data && i < count; i++) {
-        const unsigned char *e = (const unsigned char *)edge_data + 8 * i;
-        if (memcmp(e, none, 8) == 0) continue;
-        if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
-            gp_say("graph edges with data (from port %u, to port %u, type %u: programmatic dependencies) are not "
-                   "forwarded to the remote GPU; the call returns CUDA_ERROR_NOT_SUPPORTED (for XLA: "
-                   "XLA_FLAGS=--xla_gpu_enable_command_buffer= builds no such graphs)",
-                   e[0], e[1], e[2]);
-        return 0;
-    }
+    for (uint64_t i = 0; edge_data && i < count; i++)
+        if (memcmp((const unsigned char *)edge_data + 8 * i, none, 8) != 0) return 0;
     return 1;
 }
 
-/* Edges travel as `count` (from, to) pairs. */
+/* Where edges with data are not forwarded (a stream capture's dependencies): said once, never silently. */
+static CUresult edges_refused(const char *where) {
+    static int said;
+    if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+        gp_say("%s: graph edges with data (programmatic dependencies) are not forwarded to the remote GPU there; "
+               "the call returns CUDA_ERROR_NOT_SUPPORTED",
+               where);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+/* Edges travel as `count` (from, to) pairs, and through cuGraphAddDependencies_v2 each with its 8 bytes of
+ * edge data (zero for the default edge); the worker's driver checks what a port or type allows. */
 static CUresult add_dependencies(uint32_t call, uint64_t graph, const uint64_t *from, const uint64_t *to,
                                  const void *edge_data, uint64_t count) {
     if (count && (!from || !to)) return CUDA_ERROR_INVALID_VALUE;
     if (count > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
-    if (!default_edges(edge_data, count)) return CUDA_ERROR_NOT_SUPPORTED;
-    uint64_t *edges = malloc(16 * (count ? count : 1));
+    int with_data = call == GP_CALL_cuGraphAddDependencies_v2;
+    uint64_t words = with_data ? 3 : 2;
+    uint64_t *edges = calloc(words * (count ? count : 1), 8);
     if (!edges) return CUDA_ERROR_OUT_OF_MEMORY;
-    for (uint64_t i = 0; i < count; i++) edges[2 * i] = from[i], edges[2 * i + 1] = to[i];
+    for (uint64_t i = 0; i < count; i++) {
+        edges[words * i] = from[i], edges[words * i + 1] = to[i];
+        if (with_data && edge_data) memcpy(&edges[words * i + 2], (const unsigned char *)edge_data + 8 * i, 8);
+    }
     struct gp_in_cuGraphAddDependencies in = {.graph = graph, .count = count};
-    CUresult r = gp_call(call, WANT, &in, sizeof in, edges, 16 * count, NULL, 0, NULL, 0);
+    CUresult r = gp_call(call, WANT, &in, sizeof in, edges, 8 * words * count, NULL, 0, NULL, 0);
     free(edges);
     return r;
 }
@@ -2648,10 +2654,27 @@ enum {
     NODE_EVENT_RECORD = 7, NODE_CONDITIONAL = 13
 };
 
+static CUresult add_node_of_type(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params);
+
 static CUresult add_node(uint64_t *node, uint64_t graph, void *deps, const void *edges, uint64_t num_deps,
                          void *params) {
     if (!node || !params || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
-    if (!default_edges(edges, num_deps)) return CUDA_ERROR_NOT_SUPPORTED;
+    if (default_edges(edges, num_deps)) return add_node_of_type(node, graph, deps, num_deps, params);
+    /* Edges with data: the node first, then its incoming edges with their data (as the driver does at once);
+     * an edge the driver refuses takes the node away again. */
+    CUresult r = add_node_of_type(node, graph, NULL, 0, params);
+    if (r != CUDA_SUCCESS) return r;
+    uint64_t to[MAX_NODE_DEPS];
+    for (uint64_t i = 0; i < num_deps; i++) to[i] = *node;
+    r = add_dependencies(GP_CALL_cuGraphAddDependencies_v2, graph, deps, to, edges, num_deps);
+    if (r != CUDA_SUCCESS) {
+        cuGraphDestroyNode(*node);
+        *node = 0;
+    }
+    return r;
+}
+
+static CUresult add_node_of_type(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params) {
     unsigned char *p = params;
     uint32_t type;
     memcpy(&type, p, 4);
@@ -2791,7 +2814,7 @@ CUresult cuGraphReleaseUserObject(uint64_t graph, uint64_t obj, uint32_t count) 
 static CUresult capture_deps(uint32_t call, uint64_t stream, uint64_t graph, const void *deps, const void *edges,
                              uint64_t num_deps, uint32_t flags_or_mode) {
     if ((num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
-    if (!default_edges(edges, num_deps)) return CUDA_ERROR_NOT_SUPPORTED;
+    if (!default_edges(edges, num_deps)) return edges_refused("stream capture to a graph");
     if (call == GP_CALL_cuStreamBeginCaptureToGraph) {
         struct gp_in_cuStreamBeginCaptureToGraph in = {
             .stream = stream, .graph = graph, .num_deps = num_deps, .mode = (int32_t)flags_or_mode};
