@@ -34,3 +34,47 @@ def parse_duration(value: object) -> float:
     if not abs(seconds) <= LONGEST:  # also NaN and infinities
         raise OutOfRange(f"duration out of range: {value!r} (at most 100y)")
     return seconds
+
+
+# --- the one formatter ---------------------------------------------------------------------------------
+# (name, seconds, word): the units a duration is shown in, largest first.
+_SHOWN = (("y", UNITS["y"], "y"), ("d", UNITS["d"], "day"), ("h", UNITS["h"], "h"), ("m", UNITS["m"], "min"))
+
+
+def format_duration(seconds: float, style: str = "short") -> str:
+    """``seconds`` as people read it, in one of five styles (each place keeps the one its readers know):
+
+    short     the largest unit it reaches, 3 significant digits: 45s, 1.5m, 2.5h, 3d (days: whole hours)
+    exact     the largest unit that divides it, as parse_duration reads it back: 90s, 10m, 1d, 100y
+    words     exact, spelled for a report: 45 s, 10 min, 3 h, 1 day, 2 days
+    clock     two fields, whole seconds (a console's ages): 45s, 12m05s, 3h20m, 2d04h
+    measured  3 significant digits from ms to h (intervals as measured): 250 ms, 1.5 s, 2.5 min, 3.1 h
+    """
+    if style == "short":
+        if seconds >= UNITS["d"] and seconds % UNITS["h"] == 0:
+            return f"{seconds / UNITS['d']:g}d"
+        unit, size = next(((u, s) for u, s, _ in _SHOWN[2:] if seconds >= s), ("s", 1.0))
+        return f"{seconds / size:.3g}{unit}"
+    if style in ("exact", "words"):
+        spelled = style == "words"
+        for unit, size, word in _SHOWN[1:] if spelled else _SHOWN:
+            if seconds >= size and seconds % size == 0:
+                n = seconds / size
+                return f"{n:g} {word}{'s' if word == 'day' and n != 1 else ''}" if spelled else f"{n:g}{unit}"
+        return f"{seconds:g} s" if spelled else f"{seconds:g}s"
+    if style == "clock":
+        s = max(0, int(seconds))
+        for big, small in (("d", "h"), ("h", "m"), ("m", "s")):
+            if s >= UNITS[big]:
+                rest = s % int(UNITS[big]) // int(UNITS[small])
+                return f"{s // int(UNITS[big])}{big}{rest:02d}{small}"
+        return f"{s}s"
+    if style == "measured":
+        if seconds < 1:
+            return f"{seconds * 1000:.3g} ms"
+        if seconds < 120:
+            return f"{seconds:.3g} s"
+        if seconds < 7200:
+            return f"{seconds / 60:.3g} min"
+        return f"{seconds / 3600:.3g} h"
+    raise ValueError(f"unknown duration style {style!r}")

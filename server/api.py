@@ -1,10 +1,17 @@
-"""Request bodies of the API as msgspec structs: typed decoding with one message naming the field."""
+"""The pool API's requests and answers as msgspec structs: the one declaration of every field.
+
+The server decodes requests with them (one message naming a bad field) and encodes its answers
+through them; the client (``server.client``) encodes its requests and decodes the answers with the
+same structs; ``python -m server.api`` writes their JSON schemas into openapi.json (a test checks it is
+current). A field added here is a field of the API: give it a default so older peers keep working
+(msgspec's schema evolution); answers ignore unknown fields, so an older client reads a newer server.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Literal
 
 import msgspec
 from msgspec import Meta
@@ -107,18 +114,298 @@ def convert(data: dict, kind: type):
         raise BadRequest(f"invalid value: {exc}", "see the ranges in docs/pool.md (Ranges)") from None
 
 
+# --- answers --------------------------------------------------------------------------------------
+
+
+def _doc(kind, text: str):
+    """``kind`` with a description the schema shows."""
+    return Annotated[kind, Meta(description=text)]
+
+
+Time = Annotated[str, Meta(extra_json_schema={"format": "date-time"})]
+TimeOrNone = Annotated[str | None, Meta(extra_json_schema={"format": "date-time"})]
+
+
+def _one_of(*values: str):
+    """A string the schema lists the values of; a client still decodes a value a newer server adds."""
+    return Annotated[str, Meta(extra_json_schema={"enum": list(values)})]
+
+
+class _Answer(msgspec.Struct, kw_only=True):
+    """An answer of the server. Fields with an UNSET default are left out where they do not apply."""
+
+
+ErrorCode = _one_of("bad_request", "unauthorized", "token_expired", "forbidden", "not_found", "busy", "impossible",
+                    "limit_exceeded", "lease_ended", "remote_unavailable", "internal", "no_quorum",
+                    "cluster_busy", "storage_full")  # fmt: skip
+
+
+class Error(_Answer, kw_only=True):
+    """Every non-2xx answer. `error` is one line a user can read; `hint` says what to do."""
+
+    error: str
+    code: _doc(ErrorCode, "busy: fits this server but not now (retry later); impossible: never fits this server; "
+               "limit_exceeded: the client's GPU limit; lease_ended: released, expired or reclaimed (see reason). "
+               "no_quorum (503, cluster mode): etcd has no quorum, pool state unavailable; running leases keep "
+               "running. cluster_busy (503, cluster mode): the client's cluster-wide grant kept conflicting with "
+               "grants on other servers; retry. storage_full (507): the server's state disk is full; running "
+               "leases go on, heartbeats and releases are kept in memory and written when it has room.")  # fmt: skip
+    hint: str | Unset = msgspec.UNSET
+    reason: _doc(str | None | Unset, "For lease_ended: why the lease ended.") = msgspec.UNSET
+    state: _doc(str | Unset, "For lease_ended: the lease's final state.") = msgspec.UNSET
+    gpu_count: _doc(int | Unset, "For impossible: how many GPUs this server has.") = msgspec.UNSET
+    limit: _doc(float | Unset, "For limit_exceeded: the client's GPU limit (sum of fractions).") = (
+        msgspec.UNSET
+    )
+    usage: _doc(float | Unset, "For limit_exceeded: what the client holds now.") = msgspec.UNSET
+    cap: _doc(str | Unset, "For limit_exceeded by a policy cap: which (max_leases_per_client, ...).") = (
+        msgspec.UNSET
+    )
+
+
+class ServerInfo(_Answer, kw_only=True):
+    hostname: str
+    addr: _doc(str, "The address clients reach this server at.")
+    port: int
+    version: _doc(str, "gpupool version.")
+    simulated: _doc(bool, "True when the GPUs are a simulated fleet (control plane only).")
+    mps: _doc(bool, "True when partitions are enforced with CUDA MPS.")
+    tls: bool = False
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    gpu_count: int
+    started_at: Time | Unset = msgspec.UNSET
+
+
+class ClusterStatus(_Answer, kw_only=True):
+    """Only in cluster mode (--cluster): the etcd cluster, this server's member name, whether etcd answers
+    (quorum) and whether this server is registered."""
+
+    url: str
+    member: str
+    quorum: bool
+    registered: bool
+
+
+class StoreStatus(_Answer, kw_only=True):
+    """The server's state store (docs/pool.md, A full disk)."""
+
+    writable: bool
+    unsaved_leases: _doc(int, "Leases with a change (release, heartbeat, activity) kept in memory until the disk "
+                         "has room.")  # fmt: skip
+    problem: _doc(str | Unset, "Only when not writable: what the disk answered.") = msgspec.UNSET
+    since: _doc(TimeOrNone | Unset, "Only when not writable: when a write first failed.") = msgspec.UNSET
+    hint: str | Unset = msgspec.UNSET
+
+
+class Health(_Answer, kw_only=True):
+    status: _doc(Literal["ok", "degraded"], "degraded: the state disk is full (see store); the server still "
+                 "answers, serves running leases, keeps heartbeats and releases in memory, and grants nothing new.")  # fmt: skip
+    server: ServerInfo
+    simulated: bool
+    leases_active: int
+    uptime_s: float | Unset = msgspec.UNSET
+    cluster: ClusterStatus | Unset = msgspec.UNSET
+    store: StoreStatus
+
+
+class PartitionUse(_Answer, kw_only=True):
+    lease_id: str
+    client: str
+    mem_bytes: int
+    fraction: float
+    sm_share: float | None = None
+
+
+class LiveSample(_Answer, kw_only=True):
+    """Newest NVML sample of the GPU (null on simulated GPUs or before the first sample)."""
+
+    ts: Time
+    state: _doc(str | None, "ok, or lost") = None
+    util_gpu_mean: _doc(float | None, "ratio 0-1 (duty cycle)") = None
+    mem_used_bytes: _doc(int | None, "memory really in use on the GPU") = None
+    power_w: float | None = None
+    temperature_c: float | None = None
+    sm_activity: _doc(float | None, "GPM ratio 0-1 (Hopper+)") = None
+
+
+class Gpu(_Answer, kw_only=True):
+    index: int
+    uuid: str
+    name: str
+    mem_total_bytes: int
+    mem_free_bytes: _doc(int, "Memory not held by any lease partition.")
+    free_fraction: _doc(float, "mem_free_bytes / mem_total_bytes (0-1).")
+    compute_capability: str | None = None
+    partitions: list[PartitionUse] = []
+    live: LiveSample | None = None
+
+
+class GpuList(_Answer, kw_only=True):
+    server: ServerInfo
+    simulated: bool
+    gpus: list[Gpu]
+
+
+FitCode = _one_of("ok", "busy", "impossible", "limit_exceeded", "remote_unavailable", "storage_full")
+
+
+class Fit(_Answer, kw_only=True):
+    fits_now: bool
+    code: FitCode
+    reason: str | None = None
+    hint: str | Unset = msgspec.UNSET
+    score: _doc(float | None, "Free memory left on the chosen GPUs after placement, as a fraction of their total; "
+                "lower is a tighter fit.") = None  # fmt: skip
+    placement: _doc(list[int], "GPU indices it would use.") = []
+    server: ServerInfo
+
+
+class Partition(_Answer, kw_only=True):
+    gpu_index: int
+    gpu_uuid: str
+    gpu_name: str
+    mem_total_bytes: int | None = None
+    mem_bytes: int
+    fraction: _doc(float, "mem_bytes / the GPU's memory: what counts against the client's limit.")
+    sm_share: float | None = None
+
+
+class Worker(_Answer, kw_only=True):
+    """Remote-execution worker of the lease (only shown to the lease's owner)."""
+
+    host: str
+    port: int
+    secret: _doc(str, "The lease secret; the client proves it holds it and never sends it.")
+    tls_sha256: _doc(str, "SHA-256 (hex) of the worker's TLS certificate, which the client pins; empty when the "
+                     "worker offers no encryption (clients on its own host only).") = ""  # fmt: skip
+    local: _doc(str, "Name of the worker's Unix socket in the abstract namespace: a client on the worker's own "
+                "host connects there (no TCP, no encryption needed) and still proves the lease secret; empty "
+                "when there is none.") = ""  # fmt: skip
+
+
+LeaseState = _one_of("active", "released", "expired", "reclaimed")
+
+
+class Lease(_Answer, kw_only=True):
+    id: str
+    client: str
+    state: LeaseState
+    reason: _doc(str | None, "Why the lease ended (for released/expired/reclaimed).") = None
+    label: str | None = None
+    created_at: Time
+    ended_at: TimeOrNone = None
+    expires_at: _doc(Time, "Ends unless a heartbeat comes before.")
+    max_end_at: _doc(TimeOrNone, "Hard end from the server's maximum lease length.") = None
+    ttl_s: float
+    idle_timeout_s: float | None = None
+    last_active_at: TimeOrNone = None
+    local: bool = False
+    remote: bool = False
+    pids: list[int] = []
+    simulated: bool
+    mps: _doc(bool, "True when the memory limit is enforced by MPS; false: advisory.") = False
+    server: ServerInfo
+    partitions: list[Partition]
+    fraction_total: _doc(float, "Sum of the partitions' fractions.") = 0.0
+    env: _doc(dict[str, str] | Unset, "Environment a local run must set (CUDA_VISIBLE_DEVICES, MPS limits); "
+              "owner only.") = msgspec.UNSET  # fmt: skip
+    worker: _doc(Worker | None | Unset, "Owner only; null when the lease runs no worker.") = msgspec.UNSET
+
+
+class LeaseList(_Answer, kw_only=True):
+    leases: list[Lease]
+
+
+class Client(_Answer, kw_only=True):
+    client: str
+    limit: _doc(float | None, "Effective GPU limit (sum of fractions); null = unlimited.") = None
+    limit_source: Literal["client", "default"] = "default"
+    idle_timeout_s: _doc(float | None, "Effective idle timeout; null = never reclaimed.") = None
+    idle_timeout_source: Literal["client", "default"] = "default"
+    usage: _doc(float, "Sum of fractions of its active leases on this server.") = 0.0
+    leases_active: int = 0
+    workers_active: _doc(int, "Its active remote leases on this server (each runs a worker process).") = 0
+    tokens: int = 0
+
+
+class ClientList(_Answer, kw_only=True):
+    clients: list[Client]
+
+
+def _policy() -> type:
+    """The policy in force, one field per row of ``server.ranges.POLICY`` (null: none / unlimited)."""
+    fields = [(key, _doc(int if r.whole else float | None, f"range {r.text()}")) for key, r in POLICY.items()]
+    return msgspec.defstruct("Policy", fields, bases=(_Answer,), module=__name__, kw_only=True)
+
+
+Policy = _policy()
+Policy.__doc__ = ("Effective server policy. Values set here are stored and win over the config file; null clears "
+                  "the override.")  # fmt: skip
+
+
+class Token(_Answer, kw_only=True):
+    id: str
+    client: str
+    admin: bool
+    created_at: Time
+    expires_at: TimeOrNone = None
+    revoked: bool = False
+    token: _doc(str | Unset, "The secret; only in the answer to its creation (the server keeps a hash).") = (
+        msgspec.UNSET
+    )
+
+
+class TokenList(_Answer, kw_only=True):
+    tokens: list[Token]
+
+
+class MemberGpu(_Answer, kw_only=True):
+    index: int
+    name: str
+    mem_total_bytes: int
+
+
+class Member(_Answer, kw_only=True):
+    """A server's record in the cluster (etcd key /gpupool/members/NAME), what ``discover()`` reads."""
+
+    name: str
+    url: str
+    hostname: str | Unset = msgspec.UNSET
+    addr: str | Unset = msgspec.UNSET
+    simulated: bool | Unset = msgspec.UNSET
+    started_at: Time | Unset | None = msgspec.UNSET
+    gpus: list[MemberGpu] = []
+
+
+def answer(kind: type, data) -> bytes:
+    """``data`` (the server's dict, or a struct) as the JSON of ``kind``: what ``kind`` does not declare is
+    not sent, and a missing or mistyped field is the server's bug (a 500 naming it), never a bad answer."""
+    return msgspec.json.encode(data if isinstance(data, kind) else msgspec.convert(data, kind))
+
+
+def read(raw: bytes, kind: type):
+    """An answer's JSON as ``kind`` (the client's side); ``msgspec.ValidationError``/``DecodeError`` when it
+    is not one."""
+    return msgspec.json.decode(raw, type=kind)
+
+
 REQUESTS = (LeaseRequest, Heartbeat, ClientUpdate, PolicyUpdate, TokenCreate)
+ANSWERS = (Error, Health, GpuList, Fit, Lease, LeaseList, ClientList, Client, Policy, Token, TokenList)
 OPENAPI = Path(__file__).with_name("openapi.json")
 
 
-def openapi_request_schemas() -> dict:
-    """The request bodies' JSON schemas, derived from the structs above (openapi.json holds a copy)."""
-    _, components = msgspec.json.schema_components(REQUESTS, ref_template="#/components/schemas/{name}")
+def openapi_schemas() -> dict:
+    """The JSON schemas of every request and answer, derived from the structs above (openapi.json holds
+    a copy, written by ``python -m server.api``)."""
+    _, components = msgspec.json.schema_components(
+        REQUESTS + ANSWERS, ref_template="#/components/schemas/{name}"
+    )
     return components
 
 
-if __name__ == "__main__":  # python -m server.api: write the request schemas into openapi.json
+if __name__ == "__main__":  # python -m server.api: write the schemas into openapi.json
     document = json.loads(OPENAPI.read_text())
-    document["components"]["schemas"].update(openapi_request_schemas())
+    document["components"]["schemas"] = openapi_schemas()
     OPENAPI.write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n")
-    print(f"updated the request schemas in {OPENAPI}")
+    print(f"updated the schemas in {OPENAPI}")

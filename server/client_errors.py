@@ -18,6 +18,10 @@ as ``ApiError`` with the same ``code``.
 from __future__ import annotations
 
 import urllib.parse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from server.api import Error
 
 
 class PoolClientError(Exception):
@@ -47,14 +51,17 @@ class Unreachable(PoolClientError):
 
 
 class ApiError(PoolClientError):
+    """``answer``: the server's Error object (``server.api.Error``): ``code``, ``hint``, and for a lease
+    that ended its ``state`` and ``reason``."""
+
     def __init__(
-        self, url: str, status: int, body: dict, *, title: str | None = None, hint: str | None = None
+        self, url: str, status: int, answer: Error, *, title: str | None = None, hint: str | None = None
     ):
-        self.url, self.status, self.body = url, status, body
-        self.code = body.get("code", "unknown")
-        self.message = body.get("error") or f"HTTP {status}"
+        self.url, self.status, self.answer = url, status, answer
+        self.code = answer.code
+        self.message = answer.error
         super().__init__(
-            title or f"{self.message} [{host(url)}]", body.get("hint", "") if hint is None else hint
+            title or f"{self.message} [{host(url)}]", (answer.hint or "") if hint is None else hint
         )
 
 

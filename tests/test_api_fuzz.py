@@ -4,7 +4,7 @@ A real gpupool-server (simulated GPUs) is called with a client token and with th
 every documented operation, with bounded examples (25 each, the same on every run — `derandomize`, so CI
 is repeatable; raise max_examples and drop derandomize locally to search further): no server error, every status code and
 response documented and matching its schema, schema-violating requests refused, the server still up
-and its log free of tracebacks at the end. The request schemas in openapi.json are derived from
+and its log free of tracebacks at the end. The schemas in openapi.json are derived from
 server/api.py (`python -m server.api`); a test here checks the copy is current.
 """
 
@@ -59,11 +59,16 @@ def test_the_server_is_up_after_the_fuzzing(server):
     assert status == 200, body
 
 
-def test_the_documented_request_schemas_are_the_ones_the_server_decodes_with():
+def test_the_documented_schemas_are_the_structs_the_server_and_client_use():
+    """openapi.json's schemas are exactly those of server/api.py's request and answer structs (the ones
+    the server decodes and encodes with and the client reads answers with): a field added to a struct
+    without regenerating the document fails here."""
     import json
 
-    from server.api import OPENAPI, openapi_request_schemas
+    from server.api import OPENAPI, openapi_schemas
 
     documented = json.loads(OPENAPI.read_text())["components"]["schemas"]
-    for name, generated in openapi_request_schemas().items():
-        assert documented.get(name) == generated, f"{name} is stale: run python -m server.api"
+    generated = openapi_schemas()
+    assert sorted(documented) == sorted(generated), "run python -m server.api"
+    for name, schema_of_struct in generated.items():
+        assert documented[name] == schema_of_struct, f"{name} is stale: run python -m server.api"

@@ -2,7 +2,8 @@
 
     python -m virtualize._keeper --lease-server URL --lease-id LEASE --interval S --ttl S
 
-It heartbeats the lease until the lease ends or the server stays unreachable for three TTLs. The token
+It heartbeats the lease (``server.client.Heartbeater``, the loop ``gpuattach run`` runs too) until the
+lease ends or no heartbeat has been answered for three TTLs. The token
 comes from ``$GPUPOOL_TOKEN`` (never the command line). Not a ``gpuattach`` subcommand, so it is
 listed nowhere a user looks.
 """
@@ -24,27 +25,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ttl", type=float, required=True)
     args = ap.parse_args(argv)
 
-    from server.client import ApiError, PoolClient, PoolClientError
+    from server.client import Heartbeater, PoolClient
     from server.client_config import ClientConfig, ServerRef
 
     server = ServerRef(args.lease_server, os.environ.get("GPUPOOL_TOKEN"))
     client = PoolClient(
         ClientConfig(servers=[server], token=server.token, ca_cert=os.environ.get("GPUPOOL_KEEPER_CA_CERT"))
     )
-    last_ok = time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    while True:
-        try:
-            client.heartbeat(server, args.lease_id)
-            last_ok = time.monotonic()
-        except ApiError as exc:
-            print(f"{time.ctime()}: lease {args.lease_id} ended: {exc.message}", flush=True)
-            return 0
-        except PoolClientError as exc:
-            if time.monotonic() - last_ok > args.ttl * 3:
-                print(f"{time.ctime()}: giving up on {args.lease_id}: {exc.title}", flush=True)
-                return 1
-        time.sleep(args.interval)
+
+    def ended(state: str, reason: str) -> None:
+        print(f"{time.ctime()}: lease {args.lease_id} ended ({state}): {reason}", flush=True)
+
+    def trouble(exc) -> None:
+        print(f"{time.ctime()}: heartbeat of {args.lease_id} failed ({exc.title}); retrying", flush=True)
+
+    # The one heartbeat loop of the pool's client, in this process's main thread.
+    beats = Heartbeater(client, server, args.lease_id, args.interval, on_end=ended, on_trouble=trouble,
+                        give_up_after_s=args.ttl * 3)  # fmt: skip
+    if beats.run() == "gave up":
+        print(
+            f"{time.ctime()}: giving up on {args.lease_id}: no heartbeat answered for {args.ttl * 3:g}s",
+            flush=True,
+        )
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

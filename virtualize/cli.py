@@ -28,9 +28,14 @@ import subprocess
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from collector.words import plural
 from server import ranges
+from server.client_errors import PoolClientError
+
+if TYPE_CHECKING:
+    from server.api import Lease, ServerInfo
 
 EXIT_OK, EXIT_FAILED, EXIT_CANNOT_EXEC, EXIT_NOT_FOUND, EXIT_INTERRUPTED = 0, 125, 126, 127, 130
 MIB = 1 << 20
@@ -187,9 +192,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from server.client import PoolClientError
-    from server.client_config import ConfigError
-
     handler = {
         "list-gpus": cmd_list_gpus,
         "servers": cmd_servers,
@@ -201,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     }[args.command]
     try:
         return handler(args)
-    except (PoolClientError, ConfigError) as exc:
+    except PoolClientError as exc:
         return _fail(exc.title, exc.hint)
     except KeyboardInterrupt:
         print("gpuattach: interrupted", file=sys.stderr)
@@ -240,8 +242,13 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 def _print_answers_json(answers) -> None:
     """Each server's answer (or its error) as one JSON list, for --json."""
     # "url" is the address asked; a server's own answer carries its identity under "server".
+    import msgspec
+
     rows = [
-        {"url": s.url, **a} if isinstance(a, dict) else {"url": s.url, "error": a.title} for s, a in answers
+        {"url": s.url, **msgspec.to_builtins(a)}
+        if not isinstance(a, Exception)
+        else {"url": s.url, "error": a.title}
+        for s, a in answers
     ]
     print(json.dumps(rows, indent=1))
 
@@ -252,27 +259,29 @@ def _answered(answers) -> list:
     errors = [a for _, a in answers if isinstance(a, Exception)]
     if errors and len(errors) == len(answers):
         for a in errors[:-1]:
-            print(f"gpuattach: warning: {getattr(a, 'title', a)}", file=sys.stderr)
+            print(f"gpuattach: warning: {a.title}", file=sys.stderr)
         raise errors[-1]
     for a in errors:  # each title names its server once
-        print(f"gpuattach: warning: {getattr(a, 'title', a)}", file=sys.stderr)
+        print(f"gpuattach: warning: {a.title}", file=sys.stderr)
     return [(s, a) for s, a in answers if not isinstance(a, Exception)]
 
 
 # --- read-only commands ---------------------------------------------------------------------------------
 def cmd_list_gpus(args) -> int:
+    from server.api import GpuList
+
     client = _client(args)
-    answers = client.each("GET", "/v1/gpus")
+    answers = client.each("GET", "/v1/gpus", GpuList)
     if args.json:
         _print_answers_json(answers)
-        return EXIT_OK if any(isinstance(a, dict) for _, a in answers) else EXIT_FAILED
+        return EXIT_OK if any(isinstance(a, GpuList) for _, a in answers) else EXIT_FAILED
     rows = []
     for server, a in _answered(answers):
-        tag = " (simulated)" if a["simulated"] else ""
-        for g in a["gpus"]:
-            rows.append([_short(server.url), a["server"]["hostname"] + tag, str(g["index"]), g["name"],
-                         _human(g["mem_total_bytes"]), _human(g["mem_free_bytes"]), f"{g['free_fraction']:.2f}",
-                         str(len(g["partitions"]))])  # fmt: skip
+        tag = " (simulated)" if a.simulated else ""
+        for g in a.gpus:
+            rows.append([_short(server.url), a.server.hostname + tag, str(g.index), g.name,
+                         _human(g.mem_total_bytes), _human(g.mem_free_bytes), f"{g.free_fraction:.2f}",
+                         str(len(g.partitions))])  # fmt: skip
     if rows:
         print(_table(rows, ["SERVER", "HOST", "GPU", "NAME", "MEMORY", "FREE", "FREE_FRAC", "LEASES"]))
     else:
@@ -283,57 +292,59 @@ def cmd_list_gpus(args) -> int:
 def cmd_servers(args) -> int:
     """Each server's health, and whether it takes this client's token: a server that answers but
     refuses the token cannot serve this client, so it is not "up" (and the exit status says so)."""
-    from server.client import ConfigError
+    import msgspec
+
+    from server.api import Health, LeaseList
+    from server.client import ApiError, ConfigError
 
     client = _client(args)
     start = time.perf_counter()
-    answers = client.each("GET", "/v1/health", auth=False)
-    answering = [s for s, a in answers if isinstance(a, dict)]
-    checks = dict(client.each("GET", "/v1/leases", servers=answering)) if answering else {}
+    answers = client.each("GET", "/v1/health", Health, auth=False)
+    answering = [s for s, a in answers if isinstance(a, Health)]
+    checks = dict(client.each("GET", "/v1/leases", LeaseList, servers=answering)) if answering else {}
     took = time.perf_counter() - start
     # A server that answered is up unless it refused the token (any other error is not the token's).
     refused = {
-        s.url: c for s, c in checks.items() if isinstance(c, ConfigError) or getattr(c, "status", 0) == 401
+        s.url: c
+        for s, c in checks.items()
+        if isinstance(c, ConfigError) or (isinstance(c, ApiError) and c.status == 401)
     }
     if args.json:
 
         def token_state(server) -> str:
             check = checks[server]
-            if isinstance(check, dict):
+            if isinstance(check, LeaseList):
                 return "accepted"
             if isinstance(check, ConfigError):
                 return "missing: " + check.title
             return ("refused: " if server.url in refused else "not checked: ") + check.title
 
-        rows = [{"url": s.url, **a, "token": token_state(s)} if isinstance(a, dict)
+        rows = [{"url": s.url, **msgspec.to_builtins(a), "token": token_state(s)} if isinstance(a, Health)
                 else {"url": s.url, "error": a.title} for s, a in answers]  # fmt: skip
         print(json.dumps(rows, indent=1))
         return EXIT_OK if len(answering) == len(answers) and not refused else EXIT_FAILED
     rows = []
     for server, a in answers:
-        if isinstance(a, dict):
-            info = a["server"]
+        if isinstance(a, Health):
+            info = a.server
             flags = ",".join(
                 f
                 for f, on in (
-                    ("simulated", info["simulated"]),
-                    ("mps", info["mps"]),
-                    ("tls", info.get("tls")),
-                    ("state disk full: no new leases", not a.get("store", {}).get("writable", True)),
+                    ("simulated", info.simulated),
+                    ("mps", info.mps),
+                    ("tls", info.tls),
+                    ("state disk full: no new leases", not a.store.writable),
                 )
                 if on
             )
-            status, notes = (
-                ("up" if a.get("status", "ok") == "ok" else a["status"]),
-                flags or "-",
-            )  # degraded: full disk
+            status, notes = ("up" if a.status == "ok" else a.status), flags or "-"  # degraded: full disk
             if server.url in refused:
                 no_token = isinstance(refused[server.url], ConfigError)
                 status, notes = "NO TOKEN" if no_token else "TOKEN REFUSED", refused[server.url].title
-            rows.append([_short(server.url), status, info["hostname"], str(info["gpu_count"]), str(a["leases_active"]),
-                         info.get("driver_version") or "-", info.get("cuda_version") or "-", notes])  # fmt: skip
+            rows.append([_short(server.url), status, info.hostname, str(info.gpu_count), str(a.leases_active),
+                         info.driver_version or "-", info.cuda_version or "-", notes])  # fmt: skip
         else:
-            rows.append([_short(server.url), "DOWN", "-", "-", "-", "-", "-", getattr(a, "title", str(a))])
+            rows.append([_short(server.url), "DOWN", "-", "-", "-", "-", "-", a.title])
     print(_table(rows, ["SERVER", "STATUS", "HOST", "GPUS", "LEASES", "DRIVER", "CUDA", "NOTES"]))
     print(f"({plural(len(answers), 'server')} asked at once in {took * 1000:.0f} ms)", file=sys.stderr)
     if refused:
@@ -346,26 +357,28 @@ def cmd_servers(args) -> int:
     return EXIT_OK if len(answering) == len(answers) else EXIT_FAILED
 
 
-def _lease_rows(leases: list[tuple[str, dict]]) -> list[list[str]]:
+def _lease_rows(leases: list[tuple[str, Lease]]) -> list[list[str]]:
     rows = []
     for url, lease in leases:
         parts = ", ".join(
-            f"GPU{p['gpu_index']}:{_human(p['mem_bytes'])}({p['fraction']:.2f})" for p in lease["partitions"]
+            f"GPU{p.gpu_index}:{_human(p.mem_bytes)}({p.fraction:.2f})" for p in lease.partitions
         )
-        state = lease["state"] + (
-            f": {lease['reason']}" if lease["state"] != "active" and lease.get("reason") else ""
-        )
-        rows.append([lease["id"], _short(url), lease["client"], parts, lease["expires_at"][11:19] if lease["state"] == "active" else "-",
-                     "local" if lease["local"] else ("remote" if lease["remote"] else "-"), state])  # fmt: skip
+        state = lease.state + (f": {lease.reason}" if lease.state != "active" and lease.reason else "")
+        rows.append([lease.id, _short(url), lease.client, parts, lease.expires_at[11:19] if lease.state == "active" else "-",
+                     "local" if lease.local else ("remote" if lease.remote else "-"), state])  # fmt: skip
     return rows
 
 
 def cmd_leases(args) -> int:
+    import msgspec
+
+    from server.api import LeaseList
+
     client = _client(args)
-    answers = client.each("GET", f"/v1/leases?state={'any' if args.ended else 'active'}")
-    leases = [(s.url, lease) for s, a in _answered(answers) for lease in a["leases"]]
+    answers = client.each("GET", f"/v1/leases?state={'any' if args.ended else 'active'}", LeaseList)
+    leases = [(s.url, lease) for s, a in _answered(answers) for lease in a.leases]
     if args.json:
-        print(json.dumps([{"server": u, **lease} for u, lease in leases], indent=1))
+        print(json.dumps([{"server": u, **msgspec.to_builtins(lease)} for u, lease in leases], indent=1))
     elif leases:
         print(
             _table(
@@ -393,50 +406,52 @@ def cmd_smi(args) -> int:
     now = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     if args.lease:
         server, lease = client.find_lease(args.lease)
-        head = [f"gpuattach smi — lease {lease['id']}   {now}"]
+        head = [f"gpuattach smi — lease {lease.id}   {now}"]
         info = [
-            f"server {_short(server.url)} ({lease['server']['hostname']})  client {lease['client']}  state {lease['state']}"
-            + ("  SIMULATED" if lease["simulated"] else ""),
-            f"created {lease['created_at']}  expires {lease['expires_at']}  idle timeout "
-            f"{_secs(lease['idle_timeout_s'])}  memory limit {'enforced by MPS' if lease['mps'] else 'advisory (no MPS)'}",
+            f"server {_short(server.url)} ({lease.server.hostname})  client {lease.client}  state {lease.state}"
+            + ("  SIMULATED" if lease.simulated else ""),
+            f"created {lease.created_at}  expires {lease.expires_at}  idle timeout "
+            f"{_secs(lease.idle_timeout_s)}  memory limit {'enforced by MPS' if lease.mps else 'advisory (no MPS)'}",
         ]
-        if lease.get("reason"):
-            info.append(f"reason: {lease['reason']}")
+        if lease.reason:
+            info.append(f"reason: {lease.reason}")
         rows = [f"{'GPU':>3}  {'Name':<30} {'Partition':>26}  {'SM share':>8}  UUID"]
-        for p in lease["partitions"]:
-            part = f"{_human(p['mem_bytes'])} / {_human(p['mem_total_bytes'])} ({p['fraction']:.2f})"
+        for p in lease.partitions:
+            part = f"{_human(p.mem_bytes)} / {_human(p.mem_total_bytes)} ({p.fraction:.2f})"
             rows.append(
-                f"{p['gpu_index']:>3}  {p['gpu_name'][:30]:<30} {part:>26}  {p['sm_share'] or '-':>8}  {p['gpu_uuid']}"
+                f"{p.gpu_index:>3}  {p.gpu_name[:30]:<30} {part:>26}  {p.sm_share or '-':>8}  {p.gpu_uuid}"
             )
         print(_box([head, info, rows]))
         return EXIT_OK
-    answers = client.each("GET", "/v1/gpus")
+    from server.api import GpuList
+
+    answers = client.each("GET", "/v1/gpus", GpuList)
     ok = _answered(answers)
-    n_gpus = sum(len(a["gpus"]) for _, a in ok)
+    n_gpus = sum(len(a.gpus) for _, a in ok)
     sections = [
         [
             f"gpuattach smi — pool of {plural(len(answers), 'server')} ({len(ok)} up), {plural(n_gpus, 'GPU')}   {now}"
         ]
     ]
     for server, a in ok:
-        info = a["server"]
+        info = a.server
         sec = [
-            f"{info['hostname']}  {_short(server.url)}  driver {info.get('driver_version') or '-'}  "
-            f"CUDA {info.get('cuda_version') or '-'}{'  MPS' if info['mps'] else ''}{'  SIMULATED' if a['simulated'] else ''}",
+            f"{info.hostname}  {_short(server.url)}  driver {info.driver_version or '-'}  "
+            f"CUDA {info.cuda_version or '-'}{'  MPS' if info.mps else ''}{'  SIMULATED' if a.simulated else ''}",
             f"{'GPU':>3}  {'Name':<30} {'Leased / Total':>20}  {'Use':>4}         {'GPU-Util':>8}  {'Mem-Used':>9}"
             "  Partitions (client:fraction)",
         ]
-        for g in a["gpus"]:
-            used = g["mem_total_bytes"] - g["mem_free_bytes"]
-            pct = 100 * used / g["mem_total_bytes"] if g["mem_total_bytes"] else 0
+        for g in a.gpus:
+            used = g.mem_total_bytes - g.mem_free_bytes
+            pct = 100 * used / g.mem_total_bytes if g.mem_total_bytes else 0
             meter = "#" * round(pct / 20)
-            parts = " ".join(f"{p['client']}:{p['fraction']:.2f}" for p in g["partitions"]) or "-"
-            mem = _human(used) + " / " + _human(g["mem_total_bytes"])
-            live = g.get("live") or {}  # the server's newest NVML sample (real GPUs only)
-            util = f"{live['util_gpu_mean'] * 100:.0f}%" if live.get("util_gpu_mean") is not None else "-"
-            real = _human(live["mem_used_bytes"]) if live.get("mem_used_bytes") is not None else "-"
+            parts = " ".join(f"{p.client}:{p.fraction:.2f}" for p in g.partitions) or "-"
+            mem = _human(used) + " / " + _human(g.mem_total_bytes)
+            live = g.live  # the server's newest NVML sample (real GPUs only)
+            util = f"{live.util_gpu_mean * 100:.0f}%" if live and live.util_gpu_mean is not None else "-"
+            real = _human(live.mem_used_bytes) if live and live.mem_used_bytes is not None else "-"
             sec.append(
-                f"{g['index']:>3}  {g['name'][:30]:<30} {mem:>20}  {pct:>3.0f}%  [{meter:<5}]  {util:>8}  {real:>9}  {parts}"
+                f"{g.index:>3}  {g.name[:30]:<30} {mem:>20}  {pct:>3.0f}%  [{meter:<5}]  {util:>8}  {real:>9}  {parts}"
             )
         sections.append(sec)
     print(_box(sections))
@@ -449,18 +464,19 @@ def _secs(value) -> str:
 
 # --- leases ----------------------------------------------------------------------------------------------
 def _request_from(args, *, local: bool, remote: bool, pids=(), label=None):
-    from server.client import Request
+    from server.client import LeaseRequest
 
     if args.num_gpus is None:
         raise _usage("give -n N (and -p P or -m MIB), or --lease LEASE")
     fraction = args.partial if args.partial is not None else (None if args.memory is not None else 1.0)
-    return Request(n=args.num_gpus, fraction=fraction, mem_mib=args.memory, sm_share=args.sm_share,
-                   filters=tuple(args.filter), local=local, remote=remote, pids=tuple(pids), label=label)  # fmt: skip
+    try:
+        return LeaseRequest(n=args.num_gpus, fraction=fraction, mem_mib=args.memory, sm_share=args.sm_share,
+                            filters=list(args.filter), local=local, remote=remote, pids=list(pids), label=label)  # fmt: skip
+    except ValueError as exc:  # a value out of its range (server.ranges), refused as the server would
+        raise _usage(str(exc)) from None
 
 
 def _usage(title: str):
-    from server.client import PoolClientError
-
     return PoolClientError(title, "see gpuattach run --help")
 
 
@@ -470,11 +486,11 @@ def _timeout(args, client) -> float:
     return parse_duration(args.timeout, "--timeout") if args.timeout else client.cfg.timeout_s
 
 
-def _on_this_host(info: dict) -> str | None:
+def _on_this_host(info: ServerInfo) -> str | None:
     """--local runs need a server on this very host (the command gets its GPUs directly)."""
-    if info["hostname"] == socket.gethostname() or info["addr"].startswith("127.") or info["addr"] == "::1":
+    if info.hostname == socket.gethostname() or info.addr.startswith("127.") or info.addr == "::1":
         return None
-    return f"--local needs a server on this host; {info['hostname']} is another machine"
+    return f"--local needs a server on this host; {info.hostname} is another machine"
 
 
 def _wait_note(msg: str) -> None:
@@ -494,30 +510,31 @@ def cmd_request(args) -> int:
     )
     if not args.no_keeper:
         _start_keeper(client, server, lease)
-    print(lease["id"])
-    parts = ", ".join(f"GPU{p['gpu_index']} {_human(p['mem_bytes'])}" for p in lease["partitions"])
+    print(lease.id)
+    parts = ", ".join(f"GPU{p.gpu_index} {_human(p.mem_bytes)}" for p in lease.partitions)
     keeper = (
-        "a keeper process heartbeats it" if not args.no_keeper else f"heartbeat it within {lease['ttl_s']:g}s"
+        "a keeper process heartbeats it" if not args.no_keeper else f"heartbeat it within {lease.ttl_s:g}s"
     )
     kind = "local" if args.local else "remote"
-    print(f"gpuattach: {kind} lease {lease['id']} on {_short(server.url)} ({parts}); {keeper}; "
-          f"gpuattach run --lease {lease['id']} -- COMMAND runs on it; gpuattach release {lease['id']} when done",
+    print(f"gpuattach: {kind} lease {lease.id} on {_short(server.url)} ({parts}); {keeper}; "
+          f"gpuattach run --lease {lease.id} -- COMMAND runs on it; gpuattach release {lease.id} when done",
           file=sys.stderr)  # fmt: skip
     return EXIT_OK
 
 
-def _start_keeper(client, server, lease) -> None:
+def _start_keeper(client, server, lease: Lease) -> None:
     """A detached process that heartbeats the session lease until it is released or ends."""
+    from server.client import heartbeat_interval
+
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "gpupool")
     os.makedirs(cache, exist_ok=True)
-    logf = open(os.path.join(cache, f"keeper-{lease['id']}.log"), "ab")  # noqa: SIM115 (handed to the child)
+    logf = open(os.path.join(cache, f"keeper-{lease.id}.log"), "ab")  # noqa: SIM115 (handed to the child)
     env = {**os.environ, "GPUPOOL_TOKEN": client.cfg.token_for(server) or ""}  # never on the command line
     if client.cfg.ca_cert:
         env["GPUPOOL_KEEPER_CA_CERT"] = client.cfg.ca_cert
-    interval = max(0.2, min(lease["ttl_s"] / 3, 10.0))
     subprocess.Popen(
-        [sys.executable, "-m", "virtualize._keeper", "--lease-server", server.url, "--lease-id", lease["id"],
-         "--interval", str(interval), "--ttl", str(lease["ttl_s"])],
+        [sys.executable, "-m", "virtualize._keeper", "--lease-server", server.url, "--lease-id", lease.id,
+         "--interval", str(heartbeat_interval(lease.ttl_s)), "--ttl", str(lease.ttl_s)],
         env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True, close_fds=True,
     )  # fmt: skip
     logf.close()
@@ -532,13 +549,13 @@ def cmd_release(args) -> int:
             lease = client.release(server, lease_id)
             how = (
                 "released"
-                if "released by" in (lease.get("reason") or "") and lease["state"] == "released"
-                else lease["state"]
+                if "released by" in (lease.reason or "") and lease.state == "released"
+                else lease.state
             )
-            print(f"{lease_id}: {how}" + (f" ({lease['reason']})" if lease.get("reason") else ""))
-        except Exception as exc:
+            print(f"{lease_id}: {how}" + (f" ({lease.reason})" if lease.reason else ""))
+        except PoolClientError as exc:
             failed += 1
-            print(f"gpuattach: error: {lease_id}: {getattr(exc, 'title', exc)}", file=sys.stderr)
+            print(f"gpuattach: error: {lease_id}: {exc.title}", file=sys.stderr)
     return EXIT_FAILED if failed else EXIT_OK
 
 
@@ -546,14 +563,14 @@ def cmd_release(args) -> int:
 class _Run:
     """Runs the command under a lease: environment, heartbeats, signal forwarding, release."""
 
-    def __init__(self, client, server, lease, owned: bool):
+    def __init__(self, client, server, lease: Lease, owned: bool):
         self.client, self.server, self.lease, self.owned = client, server, lease, owned
         self.child: subprocess.Popen | None = None
         self.ended_reason: str | None = None
         self._killer: threading.Timer | None = None
 
     def on_lease_end(self, state: str, reason: str) -> None:
-        self.ended_reason = f"lease {self.lease['id']} was {state}: {reason}"
+        self.ended_reason = f"lease {self.lease.id} was {state}: {reason}"
         print(f"gpuattach: {self.ended_reason}; stopping the command", file=sys.stderr, flush=True)
         self._signal_child(signal.SIGTERM)
         self._killer = threading.Timer(10.0, self._signal_child, args=(signal.SIGKILL,))
@@ -585,15 +602,13 @@ def cmd_run(args) -> int:
     client = _client(args)
     if args.lease:
         server, lease = client.find_lease(args.lease)
-        if lease["state"] != "active":
-            return _fail(
-                f"lease {lease['id']} is {lease['state']}: {lease.get('reason')}", "request a new lease"
-            )
-        if lease.get("local"):
+        if lease.state != "active":
+            return _fail(f"lease {lease.id} is {lease.state}: {lease.reason}", "request a new lease")
+        if lease.local:
             args.local = True  # a lease requested with --local runs the way it was requested
-        elif args.local and lease.get("remote"):
+        elif args.local and lease.remote:
             return _fail(
-                f"lease {lease['id']} was requested for remote runs",
+                f"lease {lease.id} was requested for remote runs",
                 "drop --local, or request a lease with gpuattach request --local",
             )
         owned = False
@@ -621,31 +636,31 @@ def cmd_run(args) -> int:
     finally:
         if owned:
             try:
-                client.release(server, lease["id"])
-            except Exception as exc:
+                client.release(server, lease.id)
+            except PoolClientError as exc:
                 if run.ended_reason is None:
-                    print(f"gpuattach: warning: could not release {lease['id']} ({getattr(exc, 'title', exc)}); "
-                          f"it expires {lease['ttl_s']:g}s after the last heartbeat", file=sys.stderr)  # fmt: skip
+                    print(f"gpuattach: warning: could not release {lease.id} ({exc.title}); "
+                          f"it expires {lease.ttl_s:g}s after the last heartbeat", file=sys.stderr)  # fmt: skip
 
 
 def _release_quietly(client, server, lease, owned: bool) -> None:
     if owned:
         with contextlib.suppress(Exception):
-            client.release(server, lease["id"])
+            client.release(server, lease.id)
 
 
 def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
-    from server.client import Heartbeater
+    from server.client import Heartbeater, heartbeat_interval
 
     lease = run.lease
     env = dict(os.environ)
     if args.local:
-        if _on_this_host(lease["server"]):
-            return _fail(_on_this_host(lease["server"]), "drop --local to run remotely")
-        env.update(lease.get("env") or {})
-        if not lease["mps"]:
-            limits = ", ".join(_human(p["mem_bytes"]) for p in lease["partitions"])
-            print(f"gpuattach: note: {lease['server']['hostname']} runs without MPS: the partition's memory limit ({limits}) is advisory",
+        if refusal := _on_this_host(lease.server):
+            return _fail(refusal, "drop --local to run remotely")
+        env.update(lease.env or {})
+        if not lease.mps:
+            limits = ", ".join(_human(p.mem_bytes) for p in lease.partitions)
+            print(f"gpuattach: note: {lease.server.hostname} runs without MPS: the partition's memory limit ({limits}) is advisory",
                   file=sys.stderr)  # fmt: skip
     else:
         try:
@@ -654,14 +669,14 @@ def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
             Exception
         ) as exc:  # the shim is not built, the lease has no worker, …: one line, lease released
             hint = "see docs/remote.md"
-            if not lease.get("remote"):
+            if not lease.remote:
                 hint = "this lease was not requested for remote runs: pass --local on its GPU host, or request a new one"
             return _fail(f"cannot set up remote execution: {exc}", hint)
-    if lease["simulated"]:
-        print(
-            f"gpuattach: note: lease {lease['id']} is on SIMULATED GPUs (control plane only)", file=sys.stderr
-        )
-    hb = Heartbeater(run.client, run.server, lease, run.on_lease_end)
+    if lease.simulated:
+        print(f"gpuattach: note: lease {lease.id} is on SIMULATED GPUs (control plane only)", file=sys.stderr)
+    hb = Heartbeater(
+        run.client, run.server, lease.id, heartbeat_interval(lease.ttl_s), on_end=run.on_lease_end
+    )
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
     tty = _foreground_tty()
     try:
