@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analytics._weights import RULE as WEIGHTS_RULE
+from collector.errors import GpupoolError
 from collector.location import Location, S3Location, filesystem, is_s3, parse_location
 from collector.schema import (
     METADATA_ROLLUP_KEY,
@@ -44,13 +45,11 @@ from collector.schema import (
 log = logging.getLogger("gpupool.telemetry")
 
 
-class TelemetryError(Exception):
-    """A telemetry directory that cannot be read as asked: missing, empty, or of a mixed schema."""
+class TelemetryError(GpupoolError):
+    """The root of analytics' errors: a telemetry directory that cannot be read as asked (missing, empty,
+    of a mixed schema)."""
 
-    def __init__(self, title: str, hint: str = ""):
-        super().__init__(title)
-        self.title = title
-        self.hint = hint
+    exit_code = 2
 
 
 def _sql_literal(text: str) -> str:

@@ -1,14 +1,18 @@
 """Durations as people write them: one parser for every command line and config file of gpupool.
 
 ``90`` or ``"90"`` (seconds), ``"500ms"``, ``"30s"``, ``"10m"`` (or ``"10min"``), ``"8h"``, ``"7d"``,
-``"2w"``, ``"1y"``; units are case-insensitive. Each caller turns the ``ValueError`` into its own
-one-line error (an argparse message, a 400 answer, a config error) and adds its own bounds; none is
-longer than ``LONGEST`` (``100000000d`` is a typo, and past the calendar's end for any date it moves).
+``"2w"``, ``"1y"``; units are case-insensitive. ``argument()`` makes it an argparse type, ``setting()``
+reads a config file's or an API's value and names the setting in the caller's own error class; each
+caller adds its own bounds; none is longer than ``LONGEST`` (``100000000d`` is a typo, and past the
+calendar's end for any date it moves). ``format_duration`` is the one formatter (five styles).
 """
 
 from __future__ import annotations
 
+import argparse
+import math
 import re
+from collections.abc import Callable
 
 UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 UNITS["y"] = 365 * UNITS["d"]
@@ -34,6 +38,35 @@ def parse_duration(value: object) -> float:
     if not abs(seconds) <= LONGEST:  # also NaN and infinities
         raise OutOfRange(f"duration out of range: {value!r} (at most 100y)")
     return seconds
+
+
+def argument(*, positive: bool = True) -> Callable[[str], float]:
+    """An argparse ``type`` for a duration option: the parser's message on a bad value; with ``positive``
+    (the default) zero is refused too (an interval, a refresh period), else zero means "never"."""
+
+    def parse(text: str) -> float:
+        try:
+            seconds = parse_duration(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if seconds < 0 or (positive and seconds == 0):
+            raise argparse.ArgumentTypeError(f"duration must be more than zero: {text!r}")
+        return seconds
+
+    parse.__name__ = "duration"  # argparse names the type in its own messages
+    return parse
+
+
+def setting(value: object, what: str, error: Callable[[str, str], Exception]) -> float:
+    """A duration from a config file, an option or an API body, naming the setting ``what`` when it is not
+    one (``error(title, hint)``: the caller's own error class). One too long to be a duration is infinite:
+    the setting's own range (``server.ranges``) then refuses it, naming that setting's bounds."""
+    try:
+        return parse_duration(value)
+    except OutOfRange:
+        return math.inf
+    except ValueError:
+        raise error(f"{what}: {value!r} is not a duration", f"write e.g. {EXAMPLES}") from None
 
 
 # --- the one formatter ---------------------------------------------------------------------------------

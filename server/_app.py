@@ -18,9 +18,10 @@ from importlib import resources
 
 from aiohttp import web
 
+from collector.durations import format_duration
 from server import api
 from server._errors import BadRequest, Forbidden, PoolError, RemoteUnavailable, StorageFull
-from server._pool import Caller, Pool, human_seconds, iso
+from server._pool import Caller, Pool, iso
 from server._procs import alive_pids, terminate
 from server.api import ClientUpdate, Heartbeat, LeaseRequest, PolicyUpdate, TokenCreate, decode
 from server.workers import remote_refusal, start_remote_worker
@@ -204,7 +205,7 @@ async def fit(request: web.Request) -> web.Response:
     try:
         _refuse_remote_if_simulated(st.pool, req)
     except RemoteUnavailable as exc:
-        return _json(api.Fit, {"fits_now": False, "code": exc.code, "reason": exc.message, "hint": exc.hint,
+        return _json(api.Fit, {"fits_now": False, "code": exc.code, "reason": exc.title, "hint": exc.hint,
                       "score": None, "placement": [], "server": st.pool.server_info()})  # fmt: skip
     snapshot = await asyncio.to_thread(st.pool.prefetch, caller.client)
     return _json(api.Fit, await st.db(st.pool.fit, caller, req, snapshot))
@@ -223,7 +224,7 @@ async def create_lease(request: web.Request) -> web.Response:
             handle = await asyncio.to_thread(start_remote_worker, lease, simulated=st.pool.inv.simulated,
                                              bind_host=st.bind_host, mps=st.pool.mps)  # fmt: skip
         except RemoteUnavailable as exc:
-            await st.db(st.pool.end, lease["id"], "released", exc.message, time.time())
+            await st.db(st.pool.end, lease["id"], "released", exc.title, time.time())
             raise
         st.workers[lease["id"]] = handle
         handle.on_exit(st.wake_reaper)
@@ -396,7 +397,7 @@ async def reap_loop(st: ServerState) -> None:
                         log.info(
                             "forgot %d leases that ended over %s ago",
                             purged,
-                            human_seconds(pool.cfg.ended_retention_s),
+                            format_duration(pool.cfg.ended_retention_s),
                         )
             for lease in ended:
                 if lease["remote"]:

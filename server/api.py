@@ -23,12 +23,15 @@ ClientName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")]
 Pid = Annotated[int, Meta(ge=1, le=1 << 31)]
 
 
-def _bounded(r: ranges.Range):
-    """A field type with ``r``'s bounds (the schema shows them); a range with an "off" value below
-    its floor also takes that value, and ``_Checked`` refuses the gap between the two."""
-    kind = int if r.whole else float
+def _bounded(r: ranges.Range) -> Meta:
+    """``r``'s bounds for a field (the schema shows them); a range with an "off" value below its floor
+    also takes that value, and ``_Checked`` refuses the gap between the two."""
     low = r.lo if r.off is None else r.off
-    return Annotated[kind, Meta(ge=low, le=r.hi, description=f"range {r.text()}")]
+    return Meta(ge=low, le=r.hi, description=f"range {r.text()}")
+
+
+def _number(r: ranges.Range) -> type:
+    return int if r.whole else float
 
 
 class _Checked(msgspec.Struct, forbid_unknown_fields=True):
@@ -49,14 +52,14 @@ Unset = msgspec.UnsetType
 
 class LeaseRequest(_Checked):
     _ranges: ClassVar = REQUEST
-    n: _bounded(REQUEST["n"])
-    fraction: _bounded(REQUEST["fraction"]) | None = None
-    mem_mib: _bounded(REQUEST["mem_mib"]) | None = None
-    sm_share: _bounded(REQUEST["sm_share"]) | None = None
+    n: Annotated[int, _bounded(REQUEST["n"])]
+    fraction: Annotated[float, _bounded(REQUEST["fraction"])] | None = None
+    mem_mib: Annotated[int, _bounded(REQUEST["mem_mib"])] | None = None
+    sm_share: Annotated[float, _bounded(REQUEST["sm_share"])] | None = None
     filters: list[str] = []
     local: bool = False
     remote: bool = False
-    ttl_s: _bounded(REQUEST["ttl_s"]) | None = None
+    ttl_s: Annotated[float, _bounded(REQUEST["ttl_s"])] | None = None
     pids: list[Pid] = []
     label: Annotated[str, Meta(max_length=200)] | None = None
 
@@ -68,7 +71,9 @@ class Heartbeat(msgspec.Struct, forbid_unknown_fields=True):
 def _update(name: str, table: dict[str, ranges.Range]) -> type:
     """A struct of every field of ``table``, each optional (UNSET: not given; None: drop the setting):
     a row added to the table is a field of the API at once."""
-    fields = [(key, _bounded(r) | Unset | None, msgspec.UNSET) for key, r in table.items()]
+    fields = [
+        (key, Annotated[_number(r), _bounded(r)] | Unset | None, msgspec.UNSET) for key, r in table.items()
+    ]
     return msgspec.defstruct(name, fields, bases=(_Checked,), namespace={"_ranges": table}, module=__name__)
 
 
@@ -79,7 +84,7 @@ PolicyUpdate = _update("PolicyUpdate", POLICY)
 class TokenCreate(_Checked):
     _ranges: ClassVar = TOKEN
     client: ClientName
-    expires_in_s: _bounded(TOKEN["expires_in_s"]) | None = None
+    expires_in_s: Annotated[float, _bounded(TOKEN["expires_in_s"])] | None = None
     admin: bool = False
 
 
@@ -117,59 +122,65 @@ def convert(data: dict, kind: type):
 # --- answers --------------------------------------------------------------------------------------
 
 
-def _doc(kind, text: str):
-    """``kind`` with a description the schema shows."""
-    return Annotated[kind, Meta(description=text)]
-
-
 Time = Annotated[str, Meta(extra_json_schema={"format": "date-time"})]
 TimeOrNone = Annotated[str | None, Meta(extra_json_schema={"format": "date-time"})]
 
 
-def _one_of(*values: str):
-    """A string the schema lists the values of; a client still decodes a value a newer server adds."""
-    return Annotated[str, Meta(extra_json_schema={"enum": list(values)})]
+def _enum(*values: str) -> Meta:
+    """A string's values, for the schema; a client still decodes a value a newer server adds."""
+    return Meta(extra_json_schema={"enum": list(values)})
 
 
 class _Answer(msgspec.Struct, kw_only=True):
     """An answer of the server. Fields with an UNSET default are left out where they do not apply."""
 
 
-ErrorCode = _one_of("bad_request", "unauthorized", "token_expired", "forbidden", "not_found", "busy", "impossible",
+ErrorCode = Annotated[str, _enum("bad_request", "unauthorized", "token_expired", "forbidden", "not_found", "busy", "impossible",
                     "limit_exceeded", "lease_ended", "remote_unavailable", "internal", "no_quorum",
-                    "cluster_busy", "storage_full")  # fmt: skip
+                    "cluster_busy", "storage_full")]  # fmt: skip
 
 
 class Error(_Answer, kw_only=True):
     """Every non-2xx answer. `error` is one line a user can read; `hint` says what to do."""
 
     error: str
-    code: _doc(ErrorCode, "busy: fits this server but not now (retry later); impossible: never fits this server; "
+    code: Annotated[ErrorCode, Meta(description="busy: fits this server but not now (retry later); impossible: never fits this server; "
                "limit_exceeded: the client's GPU limit; lease_ended: released, expired or reclaimed (see reason). "
                "no_quorum (503, cluster mode): etcd has no quorum, pool state unavailable; running leases keep "
                "running. cluster_busy (503, cluster mode): the client's cluster-wide grant kept conflicting with "
                "grants on other servers; retry. storage_full (507): the server's state disk is full; running "
-               "leases go on, heartbeats and releases are kept in memory and written when it has room.")  # fmt: skip
+               "leases go on, heartbeats and releases are kept in memory and written when it has room.")]  # fmt: skip
     hint: str | Unset = msgspec.UNSET
-    reason: _doc(str | None | Unset, "For lease_ended: why the lease ended.") = msgspec.UNSET
-    state: _doc(str | Unset, "For lease_ended: the lease's final state.") = msgspec.UNSET
-    gpu_count: _doc(int | Unset, "For impossible: how many GPUs this server has.") = msgspec.UNSET
-    limit: _doc(float | Unset, "For limit_exceeded: the client's GPU limit (sum of fractions).") = (
+    reason: Annotated[str | Unset | None, Meta(description="For lease_ended: why the lease ended.")] = (
         msgspec.UNSET
     )
-    usage: _doc(float | Unset, "For limit_exceeded: what the client holds now.") = msgspec.UNSET
-    cap: _doc(str | Unset, "For limit_exceeded by a policy cap: which (max_leases_per_client, ...).") = (
+    state: Annotated[str | Unset, Meta(description="For lease_ended: the lease's final state.")] = (
         msgspec.UNSET
     )
+    gpu_count: Annotated[int | Unset, Meta(description="For impossible: how many GPUs this server has.")] = (
+        msgspec.UNSET
+    )
+    limit: Annotated[
+        float | Unset, Meta(description="For limit_exceeded: the client's GPU limit (sum of fractions).")
+    ] = msgspec.UNSET
+    usage: Annotated[float | Unset, Meta(description="For limit_exceeded: what the client holds now.")] = (
+        msgspec.UNSET
+    )
+    cap: Annotated[
+        str | Unset,
+        Meta(description="For limit_exceeded by a policy cap: which (max_leases_per_client, ...)."),
+    ] = msgspec.UNSET
 
 
 class ServerInfo(_Answer, kw_only=True):
     hostname: str
-    addr: _doc(str, "The address clients reach this server at.")
+    addr: Annotated[str, Meta(description="The address clients reach this server at.")]
     port: int
-    version: _doc(str, "gpupool version.")
-    simulated: _doc(bool, "True when the GPUs are a simulated fleet (control plane only).")
-    mps: _doc(bool, "True when partitions are enforced with CUDA MPS.")
+    version: Annotated[str, Meta(description="gpupool version.")]
+    simulated: Annotated[
+        bool, Meta(description="True when the GPUs are a simulated fleet (control plane only).")
+    ]
+    mps: Annotated[bool, Meta(description="True when partitions are enforced with CUDA MPS.")]
     tls: bool = False
     driver_version: str | None = None
     cuda_version: str | None = None
@@ -191,16 +202,20 @@ class StoreStatus(_Answer, kw_only=True):
     """The server's state store (docs/pool.md, A full disk)."""
 
     writable: bool
-    unsaved_leases: _doc(int, "Leases with a change (release, heartbeat, activity) kept in memory until the disk "
-                         "has room.")  # fmt: skip
-    problem: _doc(str | Unset, "Only when not writable: what the disk answered.") = msgspec.UNSET
-    since: _doc(TimeOrNone | Unset, "Only when not writable: when a write first failed.") = msgspec.UNSET
+    unsaved_leases: Annotated[int, Meta(description="Leases with a change (release, heartbeat, activity) kept in memory until the disk "
+                         "has room.")]  # fmt: skip
+    problem: Annotated[str | Unset, Meta(description="Only when not writable: what the disk answered.")] = (
+        msgspec.UNSET
+    )
+    since: Annotated[
+        TimeOrNone | Unset, Meta(description="Only when not writable: when a write first failed.")
+    ] = msgspec.UNSET
     hint: str | Unset = msgspec.UNSET
 
 
 class Health(_Answer, kw_only=True):
-    status: _doc(Literal["ok", "degraded"], "degraded: the state disk is full (see store); the server still "
-                 "answers, serves running leases, keeps heartbeats and releases in memory, and grants nothing new.")  # fmt: skip
+    status: Annotated[Literal["ok", "degraded"], Meta(description="degraded: the state disk is full (see store); the server still "
+                 "answers, serves running leases, keeps heartbeats and releases in memory, and grants nothing new.")]  # fmt: skip
     server: ServerInfo
     simulated: bool
     leases_active: int
@@ -221,12 +236,12 @@ class LiveSample(_Answer, kw_only=True):
     """Newest NVML sample of the GPU (null on simulated GPUs or before the first sample)."""
 
     ts: Time
-    state: _doc(str | None, "ok, or lost") = None
-    util_gpu_mean: _doc(float | None, "ratio 0-1 (duty cycle)") = None
-    mem_used_bytes: _doc(int | None, "memory really in use on the GPU") = None
+    state: Annotated[str | None, Meta(description="ok, or lost")] = None
+    util_gpu_mean: Annotated[float | None, Meta(description="ratio 0-1 (duty cycle)")] = None
+    mem_used_bytes: Annotated[int | None, Meta(description="memory really in use on the GPU")] = None
     power_w: float | None = None
     temperature_c: float | None = None
-    sm_activity: _doc(float | None, "GPM ratio 0-1 (Hopper+)") = None
+    sm_activity: Annotated[float | None, Meta(description="GPM ratio 0-1 (Hopper+)")] = None
 
 
 class Gpu(_Answer, kw_only=True):
@@ -234,8 +249,8 @@ class Gpu(_Answer, kw_only=True):
     uuid: str
     name: str
     mem_total_bytes: int
-    mem_free_bytes: _doc(int, "Memory not held by any lease partition.")
-    free_fraction: _doc(float, "mem_free_bytes / mem_total_bytes (0-1).")
+    mem_free_bytes: Annotated[int, Meta(description="Memory not held by any lease partition.")]
+    free_fraction: Annotated[float, Meta(description="mem_free_bytes / mem_total_bytes (0-1).")]
     compute_capability: str | None = None
     partitions: list[PartitionUse] = []
     live: LiveSample | None = None
@@ -247,7 +262,9 @@ class GpuList(_Answer, kw_only=True):
     gpus: list[Gpu]
 
 
-FitCode = _one_of("ok", "busy", "impossible", "limit_exceeded", "remote_unavailable", "storage_full")
+FitCode = Annotated[
+    str, _enum("ok", "busy", "impossible", "limit_exceeded", "remote_unavailable", "storage_full")
+]
 
 
 class Fit(_Answer, kw_only=True):
@@ -255,9 +272,9 @@ class Fit(_Answer, kw_only=True):
     code: FitCode
     reason: str | None = None
     hint: str | Unset = msgspec.UNSET
-    score: _doc(float | None, "Free memory left on the chosen GPUs after placement, as a fraction of their total; "
-                "lower is a tighter fit.") = None  # fmt: skip
-    placement: _doc(list[int], "GPU indices it would use.") = []
+    score: Annotated[float | None, Meta(description="Free memory left on the chosen GPUs after placement, as a fraction of their total; "
+                "lower is a tighter fit.")] = None  # fmt: skip
+    placement: Annotated[list[int], Meta(description="GPU indices it would use.")] = []
     server: ServerInfo
 
 
@@ -267,7 +284,9 @@ class Partition(_Answer, kw_only=True):
     gpu_name: str
     mem_total_bytes: int | None = None
     mem_bytes: int
-    fraction: _doc(float, "mem_bytes / the GPU's memory: what counts against the client's limit.")
+    fraction: Annotated[
+        float, Meta(description="mem_bytes / the GPU's memory: what counts against the client's limit.")
+    ]
     sm_share: float | None = None
 
 
@@ -276,27 +295,33 @@ class Worker(_Answer, kw_only=True):
 
     host: str
     port: int
-    secret: _doc(str, "The lease secret; the client proves it holds it and never sends it.")
-    tls_sha256: _doc(str, "SHA-256 (hex) of the worker's TLS certificate, which the client pins; empty when the "
-                     "worker offers no encryption (clients on its own host only).") = ""  # fmt: skip
-    local: _doc(str, "Name of the worker's Unix socket in the abstract namespace: a client on the worker's own "
+    secret: Annotated[
+        str, Meta(description="The lease secret; the client proves it holds it and never sends it.")
+    ]
+    tls_sha256: Annotated[str, Meta(description="SHA-256 (hex) of the worker's TLS certificate, which the client pins; empty when the "
+                     "worker offers no encryption (clients on its own host only).")] = ""  # fmt: skip
+    local: Annotated[str, Meta(description="Name of the worker's Unix socket in the abstract namespace: a client on the worker's own "
                 "host connects there (no TCP, no encryption needed) and still proves the lease secret; empty "
-                "when there is none.") = ""  # fmt: skip
+                "when there is none.")] = ""  # fmt: skip
 
 
-LeaseState = _one_of("active", "released", "expired", "reclaimed")
+LeaseState = Annotated[str, _enum("active", "released", "expired", "reclaimed")]
 
 
 class Lease(_Answer, kw_only=True):
     id: str
     client: str
     state: LeaseState
-    reason: _doc(str | None, "Why the lease ended (for released/expired/reclaimed).") = None
+    reason: Annotated[
+        str | None, Meta(description="Why the lease ended (for released/expired/reclaimed).")
+    ] = None
     label: str | None = None
     created_at: Time
     ended_at: TimeOrNone = None
-    expires_at: _doc(Time, "Ends unless a heartbeat comes before.")
-    max_end_at: _doc(TimeOrNone, "Hard end from the server's maximum lease length.") = None
+    expires_at: Annotated[Time, Meta(description="Ends unless a heartbeat comes before.")]
+    max_end_at: Annotated[
+        TimeOrNone, Meta(description="Hard end from the server's maximum lease length.")
+    ] = None
     ttl_s: float
     idle_timeout_s: float | None = None
     last_active_at: TimeOrNone = None
@@ -304,13 +329,17 @@ class Lease(_Answer, kw_only=True):
     remote: bool = False
     pids: list[int] = []
     simulated: bool
-    mps: _doc(bool, "True when the memory limit is enforced by MPS; false: advisory.") = False
+    mps: Annotated[
+        bool, Meta(description="True when the memory limit is enforced by MPS; false: advisory.")
+    ] = False
     server: ServerInfo
     partitions: list[Partition]
-    fraction_total: _doc(float, "Sum of the partitions' fractions.") = 0.0
-    env: _doc(dict[str, str] | Unset, "Environment a local run must set (CUDA_VISIBLE_DEVICES, MPS limits); "
-              "owner only.") = msgspec.UNSET  # fmt: skip
-    worker: _doc(Worker | None | Unset, "Owner only; null when the lease runs no worker.") = msgspec.UNSET
+    fraction_total: Annotated[float, Meta(description="Sum of the partitions' fractions.")] = 0.0
+    env: Annotated[dict[str, str] | Unset, Meta(description="Environment a local run must set (CUDA_VISIBLE_DEVICES, MPS limits); "
+              "owner only.")] = msgspec.UNSET  # fmt: skip
+    worker: Annotated[
+        Worker | Unset | None, Meta(description="Owner only; null when the lease runs no worker.")
+    ] = msgspec.UNSET
 
 
 class LeaseList(_Answer, kw_only=True):
@@ -319,13 +348,19 @@ class LeaseList(_Answer, kw_only=True):
 
 class Client(_Answer, kw_only=True):
     client: str
-    limit: _doc(float | None, "Effective GPU limit (sum of fractions); null = unlimited.") = None
+    limit: Annotated[
+        float | None, Meta(description="Effective GPU limit (sum of fractions); null = unlimited.")
+    ] = None
     limit_source: Literal["client", "default"] = "default"
-    idle_timeout_s: _doc(float | None, "Effective idle timeout; null = never reclaimed.") = None
+    idle_timeout_s: Annotated[
+        float | None, Meta(description="Effective idle timeout; null = never reclaimed.")
+    ] = None
     idle_timeout_source: Literal["client", "default"] = "default"
-    usage: _doc(float, "Sum of fractions of its active leases on this server.") = 0.0
+    usage: Annotated[float, Meta(description="Sum of fractions of its active leases on this server.")] = 0.0
     leases_active: int = 0
-    workers_active: _doc(int, "Its active remote leases on this server (each runs a worker process).") = 0
+    workers_active: Annotated[
+        int, Meta(description="Its active remote leases on this server (each runs a worker process).")
+    ] = 0
     tokens: int = 0
 
 
@@ -335,7 +370,11 @@ class ClientList(_Answer, kw_only=True):
 
 def _policy() -> type:
     """The policy in force, one field per row of ``server.ranges.POLICY`` (null: none / unlimited)."""
-    fields = [(key, _doc(int if r.whole else float | None, f"range {r.text()}")) for key, r in POLICY.items()]
+    fields = [
+        # a whole-number setting always has a value; the others may be null (none, unlimited)
+        (key, Annotated[int if r.whole else float | None, Meta(description=f"range {r.text()}")])
+        for key, r in POLICY.items()
+    ]
     return msgspec.defstruct("Policy", fields, bases=(_Answer,), module=__name__, kw_only=True)
 
 
@@ -351,9 +390,10 @@ class Token(_Answer, kw_only=True):
     created_at: Time
     expires_at: TimeOrNone = None
     revoked: bool = False
-    token: _doc(str | Unset, "The secret; only in the answer to its creation (the server keeps a hash).") = (
-        msgspec.UNSET
-    )
+    token: Annotated[
+        str | Unset,
+        Meta(description="The secret; only in the answer to its creation (the server keeps a hash)."),
+    ] = msgspec.UNSET
 
 
 class TokenList(_Answer, kw_only=True):

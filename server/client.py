@@ -98,7 +98,7 @@ class HttpTransport:
         self.tls = ssl.create_default_context(cafile=ca_cert) if self.parts.scheme == "https" else None
 
     def exchange(self, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> Reply:
-        host, port = self.parts.hostname, self.parts.port
+        host, port = self.parts.hostname or "", self.parts.port
         if self.tls is not None:
             conn: http.client.HTTPConnection = http.client.HTTPSConnection(
                 host, port, timeout=self.timeout_s, context=self.tls
@@ -346,7 +346,7 @@ class PoolClient:
                     if exc.code in ("busy", "storage_full"):
                         continue  # taken between fit and claim, or its disk filled: try the next one
                     if exc.code == "limit_exceeded":
-                        limits.append((server, exc.message))
+                        limits.append((server, exc.answer.error))
                         continue
                     raise
                 except Unreachable as exc:
@@ -453,7 +453,7 @@ class Heartbeater:
                 self.beat_now()
                 last_ok, self.warned = time.monotonic(), False
             except LeaseEnded as exc:
-                self.on_end(exc.answer.state or "ended", exc.answer.reason or exc.message)
+                self.on_end(exc.answer.state or "ended", exc.answer.reason or exc.answer.error)
                 return "ended"
             except PoolClientError as exc:
                 if not self.warned:
@@ -526,7 +526,7 @@ class ServerClient:
 
     def update_client(self, client: str, **fields: float | None) -> dict[str, Any]:
         """Set ``limit`` and/or ``idle_timeout_s`` of a client; None clears it back to the default."""
-        body = _update(api.ClientUpdate, fields)
+        body: msgspec.Struct = _update(api.ClientUpdate, fields)
         return self._call("PUT", f"/v1/admin/clients/{urllib.parse.quote(client, safe='')}", body)
 
     def update_policy(self, **fields: float | None) -> dict[str, Any]:

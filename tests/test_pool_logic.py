@@ -115,4 +115,4 @@ def test_config_mistakes_are_named(tmp_path, text, words):
     path.write_text(text)
     with pytest.raises(BadRequest) as err:
         load_config(path)
-    assert words in err.value.message
+    assert words in err.value.title

@@ -30,6 +30,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from collector.durations import format_duration
+from collector.errors import report, report_error
 from collector.words import plural
 from server import ranges
 from server.client_errors import PoolClientError
@@ -46,8 +48,7 @@ class _Parser(argparse.ArgumentParser):
     which ``run`` could not tell from the command's own status 2)."""
 
     def error(self, message: str):
-        print(f"gpuattach: error: {message} (hint: {self.prog} --help)", file=sys.stderr, flush=True)
-        sys.exit(EXIT_FAILED)
+        sys.exit(report("gpuattach", message, f"{self.prog} --help", EXIT_FAILED))
 
 
 def _request_field(field: str, example: str):
@@ -204,15 +205,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handler(args)
     except PoolClientError as exc:
-        return _fail(exc.title, exc.hint)
+        return report_error("gpuattach", exc)
     except KeyboardInterrupt:
         print("gpuattach: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
 
 
 def _fail(title: str, hint: str = "", code: int = EXIT_FAILED) -> int:
-    print(f"gpuattach: error: {title}" + (f" (hint: {hint})" if hint else ""), file=sys.stderr, flush=True)
-    return code
+    return report("gpuattach", title, hint, code)
 
 
 def _client(args):
@@ -459,7 +459,7 @@ def cmd_smi(args) -> int:
 
 
 def _secs(value) -> str:
-    return "none" if not value else f"{value:g}s"
+    return "none" if not value else format_duration(value, "exact")
 
 
 # --- leases ----------------------------------------------------------------------------------------------
@@ -481,9 +481,9 @@ def _usage(title: str):
 
 
 def _timeout(args, client) -> float:
-    from server.client_config import parse_duration
+    from server.client_config import wait_setting
 
-    return parse_duration(args.timeout, "--timeout") if args.timeout else client.cfg.timeout_s
+    return wait_setting(args.timeout, "--timeout") if args.timeout else client.cfg.timeout_s
 
 
 def _on_this_host(info: ServerInfo) -> str | None:

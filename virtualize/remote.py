@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from virtualize import _wire
+from virtualize.errors import VirtualizeError
 
 if TYPE_CHECKING:
     from server.api import Lease
@@ -23,13 +24,14 @@ if TYPE_CHECKING:
 SHIM_MODULE = "virtualize._libcuda_shim"
 
 
-class ShimNotBuilt(RuntimeError):
+class ShimNotBuilt(VirtualizeError):
     """gpupool's libcuda.so.1 was not compiled with this installation."""
 
     def __init__(self) -> None:
         super().__init__(
-            "gpupool's libcuda.so.1 is not built: reinstall with a C compiler present "
-            "(pip install -e . or pip install .; on Debian/Ubuntu: apt-get install gcc)"
+            "gpupool's libcuda.so.1 is not built",
+            "reinstall with a C compiler present (pip install -e . or pip install .; on Debian/Ubuntu: "
+            "apt-get install gcc)",
         )
 
 
