@@ -542,6 +542,7 @@ class Pool:
             "server": self.server_info(),
             "partitions": partitions,
             "fraction_total": round(sum(p["fraction"] for p in partitions), 6),
+            "mem_bytes_total": sum(p["mem_bytes"] for p in partitions),
         }
         if owner_view:
             out["env"] = row["env"]

@@ -335,6 +335,9 @@ class Lease(_Answer, kw_only=True):
     server: ServerInfo
     partitions: list[Partition]
     fraction_total: Annotated[float, Meta(description="Sum of the partitions' fractions.")] = 0.0
+    mem_bytes_total: Annotated[
+        int, Meta(description="Sum of the partitions' memory: what the lease holds.")
+    ] = 0
     env: Annotated[dict[str, str] | Unset, Meta(description="Environment a local run must set (CUDA_VISIBLE_DEVICES, MPS limits); "
               "owner only.")] = msgspec.UNSET  # fmt: skip
     worker: Annotated[
