@@ -482,9 +482,10 @@ class ServerClientOptions:
 
 
 class ServerClient:
-    """One server of the pool, as the console uses it. Methods return the documented answers as JSON
-    values (the console lays out records and tolerates a server of another version field by field);
-    failures are ``Unreachable`` or ``ApiError`` with the console's wording and hints."""
+    """One server of the pool, as the console uses it. The reads return the documented answers as JSON
+    values (the console lays them out as records and keeps the usable ones of a server of another
+    version); the operator actions return ``server.api`` structs. Failures are ``Unreachable`` or
+    ``ApiError`` with the console's wording and hints."""
 
     def __init__(
         self,
@@ -520,17 +521,32 @@ class ServerClient:
     def policy(self) -> dict[str, Any]:
         return self._call("GET", "/v1/admin/policy")
 
-    # Operator actions (admin token) --------------------------------------------------------------
-    def release(self, lease_id: str) -> dict[str, Any]:
-        return self._call("DELETE", f"/v1/leases/{urllib.parse.quote(lease_id, safe='')}")
+    # Operator actions (admin token): answers decoded into server.api's structs -------------------
+    def release(self, lease_id: str) -> Lease:
+        return self._typed(Lease, "DELETE", f"/v1/leases/{urllib.parse.quote(lease_id, safe='')}")
 
-    def update_client(self, client: str, **fields: float | None) -> dict[str, Any]:
+    def update_client(self, client: str, **fields: float | None) -> api.Client:
         """Set ``limit`` and/or ``idle_timeout_s`` of a client; None clears it back to the default."""
         body: msgspec.Struct = _update(api.ClientUpdate, fields)
-        return self._call("PUT", f"/v1/admin/clients/{urllib.parse.quote(client, safe='')}", body)
+        return self._typed(
+            api.Client, "PUT", f"/v1/admin/clients/{urllib.parse.quote(client, safe='')}", body
+        )
 
-    def update_policy(self, **fields: float | None) -> dict[str, Any]:
-        return self._call("PUT", "/v1/admin/policy", _update(api.PolicyUpdate, fields))
+    def update_policy(self, **fields: float | None) -> Any:
+        """Set policy values (``server.ranges.POLICY``); None clears one back to the config file's."""
+        return self._typed(api.Policy, "PUT", "/v1/admin/policy", _update(api.PolicyUpdate, fields))
+
+    def _typed(self, kind: type[T], method: str, path: str, body: msgspec.Struct | None = None) -> T:
+        try:
+            return msgspec.convert(self._call(method, path, body), kind)
+        except msgspec.ValidationError as exc:
+            raise ApiError(
+                self.url,
+                200,
+                api.Error(error=f"answer is not a {kind.__name__}: {exc}", code="unknown"),
+                title=f"{method} {path} on {self.url}: answer is not a {kind.__name__} ({exc})",
+                hint="is this a gpupool-server of this version?",
+            ) from None
 
     # Transport -----------------------------------------------------------------------------------
     def _call(self, method: str, path: str, body: msgspec.Struct | None = None, *, auth: bool = True) -> Any:
