@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, ClassVar
 
 import msgspec
 from msgspec import Meta
@@ -135,21 +135,26 @@ class _Answer(msgspec.Struct, kw_only=True):
     """An answer of the server. Fields with an UNSET default are left out where they do not apply."""
 
 
-ErrorCode = Annotated[str, _enum("bad_request", "unauthorized", "token_expired", "forbidden", "not_found", "busy", "impossible",
-                    "limit_exceeded", "lease_ended", "remote_unavailable", "internal", "no_quorum",
-                    "cluster_busy", "storage_full")]  # fmt: skip
+ERROR_CODES = (
+    "bad_request", "unauthorized", "token_expired", "forbidden", "not_found", "busy", "impossible",
+    "limit_exceeded", "lease_ended", "remote_unavailable", "internal", "no_quorum", "cluster_busy",
+    "storage_full",
+)  # fmt: skip
+ERROR_CODES_TEXT = (
+    "busy: fits this server but not now (retry later); impossible: never fits this server; limit_exceeded: "
+    "the client's GPU limit; lease_ended: released, expired or reclaimed (see reason). no_quorum (503, "
+    "cluster mode): etcd has no quorum, pool state unavailable; running leases keep running. cluster_busy "
+    "(503, cluster mode): the client's cluster-wide grant kept conflicting with grants on other servers; "
+    "retry. storage_full (507): the server's state disk is full; running leases go on, heartbeats and "
+    "releases are kept in memory and written when it has room."
+)
 
 
 class Error(_Answer, kw_only=True):
     """Every non-2xx answer. `error` is one line a user can read; `hint` says what to do."""
 
     error: str
-    code: Annotated[ErrorCode, Meta(description="busy: fits this server but not now (retry later); impossible: never fits this server; "
-               "limit_exceeded: the client's GPU limit; lease_ended: released, expired or reclaimed (see reason). "
-               "no_quorum (503, cluster mode): etcd has no quorum, pool state unavailable; running leases keep "
-               "running. cluster_busy (503, cluster mode): the client's cluster-wide grant kept conflicting with "
-               "grants on other servers; retry. storage_full (507): the server's state disk is full; running "
-               "leases go on, heartbeats and releases are kept in memory and written when it has room.")]  # fmt: skip
+    code: Annotated[str, _enum(*ERROR_CODES), Meta(description=ERROR_CODES_TEXT)]
     hint: str | Unset = msgspec.UNSET
     reason: Annotated[str | Unset | None, Meta(description="For lease_ended: why the lease ended.")] = (
         msgspec.UNSET
@@ -202,8 +207,13 @@ class StoreStatus(_Answer, kw_only=True):
     """The server's state store (docs/pool.md, A full disk)."""
 
     writable: bool
-    unsaved_leases: Annotated[int, Meta(description="Leases with a change (release, heartbeat, activity) kept in memory until the disk "
-                         "has room.")]  # fmt: skip
+    unsaved_leases: Annotated[
+        int,
+        Meta(
+            description="Leases with a change (release, heartbeat, activity) kept in memory until the disk "
+            "has room."
+        ),
+    ]
     problem: Annotated[str | Unset, Meta(description="Only when not writable: what the disk answered.")] = (
         msgspec.UNSET
     )
@@ -214,8 +224,14 @@ class StoreStatus(_Answer, kw_only=True):
 
 
 class Health(_Answer, kw_only=True):
-    status: Annotated[Literal["ok", "degraded"], Meta(description="degraded: the state disk is full (see store); the server still "
-                 "answers, serves running leases, keeps heartbeats and releases in memory, and grants nothing new.")]  # fmt: skip
+    status: Annotated[
+        str,
+        _enum("ok", "degraded"),
+        Meta(
+            description="degraded: the state disk is full (see store); the server still "
+            "answers, serves running leases, keeps heartbeats and releases in memory, and grants nothing new."
+        ),
+    ]
     server: ServerInfo
     simulated: bool
     leases_active: int
@@ -272,8 +288,13 @@ class Fit(_Answer, kw_only=True):
     code: FitCode
     reason: str | None = None
     hint: str | Unset = msgspec.UNSET
-    score: Annotated[float | None, Meta(description="Free memory left on the chosen GPUs after placement, as a fraction of their total; "
-                "lower is a tighter fit.")] = None  # fmt: skip
+    score: Annotated[
+        float | None,
+        Meta(
+            description="Free memory left on the chosen GPUs after placement, as a fraction of their total; "
+            "lower is a tighter fit."
+        ),
+    ] = None
     placement: Annotated[list[int], Meta(description="GPU indices it would use.")] = []
     server: ServerInfo
 
@@ -298,11 +319,21 @@ class Worker(_Answer, kw_only=True):
     secret: Annotated[
         str, Meta(description="The lease secret; the client proves it holds it and never sends it.")
     ]
-    tls_sha256: Annotated[str, Meta(description="SHA-256 (hex) of the worker's TLS certificate, which the client pins; empty when the "
-                     "worker offers no encryption (clients on its own host only).")] = ""  # fmt: skip
-    local: Annotated[str, Meta(description="Name of the worker's Unix socket in the abstract namespace: a client on the worker's own "
-                "host connects there (no TCP, no encryption needed) and still proves the lease secret; empty "
-                "when there is none.")] = ""  # fmt: skip
+    tls_sha256: Annotated[
+        str,
+        Meta(
+            description="SHA-256 (hex) of the worker's TLS certificate, which the client pins; empty when the "
+            "worker offers no encryption (clients on its own host only)."
+        ),
+    ] = ""
+    local: Annotated[
+        str,
+        Meta(
+            description="Name of the worker's Unix socket in the abstract namespace: a client on the worker's own "
+            "host connects there (no TCP, no encryption needed) and still proves the lease secret; empty "
+            "when there is none."
+        ),
+    ] = ""
 
 
 LeaseState = Annotated[str, _enum("active", "released", "expired", "reclaimed")]
@@ -338,8 +369,10 @@ class Lease(_Answer, kw_only=True):
     mem_bytes_total: Annotated[
         int, Meta(description="Sum of the partitions' memory: what the lease holds.")
     ] = 0
-    env: Annotated[dict[str, str] | Unset, Meta(description="Environment a local run must set (CUDA_VISIBLE_DEVICES, MPS limits); "
-              "owner only.")] = msgspec.UNSET  # fmt: skip
+    env: Annotated[
+        dict[str, str] | Unset,
+        Meta(description="Environment a local run must set (CUDA_VISIBLE_DEVICES, MPS limits); owner only."),
+    ] = msgspec.UNSET
     worker: Annotated[
         Worker | Unset | None, Meta(description="Owner only; null when the lease runs no worker.")
     ] = msgspec.UNSET
@@ -354,11 +387,11 @@ class Client(_Answer, kw_only=True):
     limit: Annotated[
         float | None, Meta(description="Effective GPU limit (sum of fractions); null = unlimited.")
     ] = None
-    limit_source: Literal["client", "default"] = "default"
+    limit_source: Annotated[str, _enum("client", "default")] = "default"
     idle_timeout_s: Annotated[
         float | None, Meta(description="Effective idle timeout; null = never reclaimed.")
     ] = None
-    idle_timeout_source: Literal["client", "default"] = "default"
+    idle_timeout_source: Annotated[str, _enum("client", "default")] = "default"
     usage: Annotated[float, Meta(description="Sum of fractions of its active leases on this server.")] = 0.0
     leases_active: int = 0
     workers_active: Annotated[
@@ -382,8 +415,10 @@ def _policy() -> type:
 
 
 Policy = _policy()
-Policy.__doc__ = ("Effective server policy. Values set here are stored and win over the config file; null clears "
-                  "the override.")  # fmt: skip
+Policy.__doc__ = (
+    "Effective server policy. Values set here are stored and win over the config file; null clears "
+    "the override."
+)
 
 
 class Token(_Answer, kw_only=True):
