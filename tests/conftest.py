@@ -42,13 +42,4 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_setup(item):
     for marker in item.iter_markers("needs"):
         for name in marker.args:
-            why = required_tools.missing(name)
-            if why is None:
-                continue
-            if required_tools.allowed():
-                pytest.skip(why)
-            pytest.fail(
-                f"{why}: install it (scripts/test.sh does, as root), or set "
-                f"{required_tools.ALLOW_ENV}=1 on a developer's machine to skip such tests",
-                pytrace=False,
-            )
+            required_tools.require(name)

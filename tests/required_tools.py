@@ -1,7 +1,7 @@
 """The system tools the test suite drives for real: one table, tool -> Debian package -> what needs it.
 
 A test that needs one says so with a marker, ``@pytest.mark.needs("etcd")`` (or ``pytestmark`` for a
-whole file); ``tests/conftest.py`` checks the tool before the test and **fails** it when the tool is
+whole file; ``require("tmpfs")`` inside a helper); ``tests/conftest.py`` checks the tool before the test and **fails** it when the tool is
 missing: CI that skips a subsystem it could have tested is green for the wrong reason. On a
 developer's own machine ``GPUPOOL_ALLOW_MISSING_TOOLS=1`` turns those failures back into skips.
 ``scripts/test.sh`` installs the missing packages from this table (``python3 tests/required_tools.py``
@@ -39,6 +39,20 @@ def _network_link() -> str | None:
     return None if why is None else f"no shaped network link here: {why}"
 
 
+def _tmpfs() -> str | None:
+    if os.geteuid() != 0:
+        return "mounting a small tmpfs (a real full disk) needs root"
+    if shutil.which("mount") is None:
+        return "`mount` is not installed"
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as where:
+        made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", where], capture_output=True)
+        subprocess.run(["umount", "-l", where], capture_output=True)
+    return None if made.returncode == 0 else f"cannot mount a tmpfs here: {made.stderr.decode().strip()}"
+
+
 @dataclass(frozen=True)
 class Tool:
     package: str  # the Debian package that provides it (scripts/test.sh installs it)
@@ -59,6 +73,7 @@ TOOLS: dict[str, Tool] = {
     "iproute2": Tool(
         "iproute2", "a shaped link built with ip and tc (the netlink way needs neither)", ("tc",)
     ),
+    "tmpfs": Tool("mount", "a really full disk: the writer's and the pool's full-disk tests", check=_tmpfs),
     "netem": Tool(
         "iproute2", "remote runs over a shaped link (root: a network namespace)", check=_network_link
     ),
@@ -75,6 +90,23 @@ def missing(name: str) -> str | None:
         return f"`{tool.commands[0]}` is not installed (Debian package {tool.package}), needed for {tool.needed_by}"
     why = tool.check() if tool.check else None
     return None if why is None else f"{why} (Debian package {tool.package}), needed for {tool.needed_by}"
+
+
+def require(name: str) -> None:
+    """In a test: return where tool ``name`` is here; else fail the test, or skip it where the
+    developer opted out (``GPUPOOL_ALLOW_MISSING_TOOLS=1``). The ``needs`` marker calls this."""
+    import pytest
+
+    why = missing(name)
+    if why is None:
+        return
+    if allowed():
+        pytest.skip(why)
+    pytest.fail(
+        f"{why}: install it (scripts/test.sh does, as root), or set {ALLOW_ENV}=1 on a developer's "
+        "machine to skip such tests",
+        pytrace=False,
+    )
 
 
 def allowed() -> bool:

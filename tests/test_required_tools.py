@@ -57,7 +57,7 @@ def test_every_needed_tool_has_a_row_and_no_test_skips_on_a_missing_command():
     named, open_skips = set(), []
     for path in sorted((ROOT / "tests").rglob("*.py")):
         text = path.read_text()
-        for args in re.findall(r"mark\.needs\(([^)]*)\)", text):
+        for args in re.findall(r"(?:mark\.needs|require)\(([^)]*)\)", text):
             named |= set(re.findall(r"\"([^\"]+)\"", args))
         if re.search(r"skipif\([^)]*shutil\.which", text, re.S):
             open_skips.append(str(path.relative_to(ROOT)))
