@@ -1,5 +1,5 @@
 """Rollups kept up to date where telemetry is written: compact, import, the collector's and the
-server's background keeper (collector._rollups), with retention (--keep-raw)."""
+server's background keeper (collector._rollup_keeper), with retention (--keep-raw)."""
 
 from __future__ import annotations
 
