@@ -113,9 +113,31 @@ def run(
     told: str | None = None  # the failed tick last handed to on_error
     started = time.monotonic()
     next_tick = started
+
+    def one_tick() -> None:
+        nonlocal failing
+        tick = source.sample(dt.datetime.now(dt.UTC))
+        _append(writer, tick, stats)
+        stats.ticks += 1
+        if on_tick is not None:
+            on_tick(tick)
+        if state is not None:
+            state.update(tick.gpu_rows, tick.process_rows)
+            if writer is not None:
+                state.samples_written = writer.rows_written
+                state.last_flush = writer.last_flush
+        if writer is None:
+            return
+        if writer.error is not None and not writer.error.passes:
+            raise writer.error
+        failing = _report_write_state(writer, failing, status)
+        if status is not None:
+            _report_state_changes(tick.gpu_rows, states, status)
+            status.update(gpus, writer, stats.ticks)
+
     while not stop.is_set():
         try:
-            failing = _tick(source, writer, stats, state, status, on_tick, states, failing, gpus)
+            one_tick()
             told = None
         except Exception as exc:
             if on_error is None:
@@ -147,39 +169,6 @@ def _append(writer: TelemetryWriter | None, tick: Tick, stats: RunStats) -> None
         writer.append("process_samples", tick.process_rows)
     stats.gpu_rows += len(tick.gpu_rows)
     stats.process_rows += len(tick.process_rows)
-
-
-def _tick(
-    source: Source,
-    writer: TelemetryWriter | None,
-    stats: RunStats,
-    state: LiveState | None,
-    status: Status | None,
-    on_tick: Callable[[Tick], None] | None,
-    states: dict[int, str],
-    failing: str | None,
-    gpus: int,
-) -> str | None:
-    """One sample of every GPU, handed on; returns the write error now being told (``failing``)."""
-    tick = source.sample(dt.datetime.now(dt.UTC))
-    _append(writer, tick, stats)
-    stats.ticks += 1
-    if on_tick is not None:
-        on_tick(tick)
-    if state is not None:
-        state.update(tick.gpu_rows, tick.process_rows)
-        if writer is not None:
-            state.samples_written = writer.rows_written
-            state.last_flush = writer.last_flush
-    if writer is None:
-        return failing
-    if writer.error is not None and not writer.error.passes:
-        raise writer.error
-    failing = _report_write_state(writer, failing, status)
-    if status is not None:
-        _report_state_changes(tick.gpu_rows, states, status)
-        status.update(gpus, writer, stats.ticks)
-    return failing
 
 
 def _report_write_state(writer: TelemetryWriter, failing: str | None, status: Status | None) -> str | None:
