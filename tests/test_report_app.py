@@ -11,6 +11,7 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 from test_analytics_data import GIB, gpu_rows, process_rows, write_rows
 
+from collector import build_rollups
 from reports.app import DIRS_ENV, WHATIF_AUTO_ENV
 
 APP = str(Path(__file__).resolve().parent.parent / "reports" / "app.py")
@@ -159,13 +160,11 @@ def test_long_history_with_rollups_opens_on_all_of_it_from_the_rollups(monkeypat
 
     from test_analytics_data import T0
 
-    import analytics as A
-
     rows = gpu_rows("n", 0, [0.9] * 30, tick_s=60) + gpu_rows(
         "n", 0, [0.1] * 30, tick_s=60, start=T0 + timedelta(days=30)
     )
     write_rows(tmp_path, "gpu_samples", rows)
-    A.build_rollups(tmp_path, lag_s=0)
+    build_rollups(tmp_path, lag_s=0)
     st.cache_data.clear()
     at = _run(monkeypatch, tmp_path)
     assert not at.exception
