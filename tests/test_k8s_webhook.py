@@ -1,0 +1,293 @@
+"""The Kubernetes admission webhook (`gpupool-server webhook`), without a cluster: a real webhook process
+serving HTTPS with the certificate deploy/kubernetes/webhook-cert.sh makes, answering AdmissionReview v1
+requests shaped as the Kubernetes reference documents them (tests/fixtures/k8s/README.md). Each JSON
+patch is applied with a JSON-Patch implementation (jsonpatch, RFC 6902) and the resulting pod checked,
+including against the API's Pod schema (tests/k8s_models.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+import select
+import signal
+import ssl
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import jsonpatch
+import k8s_models
+import pytest
+from pool_harness import ROOT, ServerProc, api, gpuattach_cmd, server_cmd
+
+FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
+IMAGE = "registry.example.org/gpupool:0.1.0"
+SERVICE = "gpupool-webhook.gpupool.svc"  # the name the API server checks the certificate against
+
+
+def fixture(name: str) -> dict:
+    return json.loads((FIXTURES / name).read_text())
+
+
+class Webhook:
+    def __init__(self, tmp: Path, *extra: str):
+        subprocess.run([str(ROOT / "deploy/kubernetes/webhook-cert.sh"), str(tmp)], check=True,
+                       capture_output=True, timeout=60)  # fmt: skip
+        self.ca = tmp / "ca.crt"
+        self.proc = subprocess.Popen(
+            [*server_cmd(), "webhook", "--host", "127.0.0.1", "--port", "0", "--image", IMAGE,
+             "--tls-cert", str(tmp / "tls.crt"), "--tls-key", str(tmp / "tls.key"), *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+        )  # fmt: skip
+        ready, _, _ = select.select([self.proc.stdout], [], [], 20)
+        line = self.proc.stdout.readline().decode() if ready else ""
+        if "listening on" not in line:
+            self.proc.kill()
+            raise RuntimeError(f"webhook did not start: {line!r} {self.proc.stderr.read()[-2000:]!r}")
+        self.port = int(line.split("https://127.0.0.1:")[1].split("/")[0])
+
+    def post(self, body: bytes | dict) -> tuple[int, dict]:
+        """POST /mutate over HTTPS, checking the certificate as the API server does (CA + service name)."""
+        ctx = ssl.create_default_context(cafile=str(self.ca))
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        conn = urllib.request.Request(
+            f"https://127.0.0.1:{self.port}/mutate", data=data, headers={"Content-Type": "application/json"}
+        )
+        # The certificate names the Service, not 127.0.0.1: connect by address, verify by name.
+        handler = urllib.request.HTTPSHandler(context=_named(ctx, SERVICE))
+        with urllib.request.build_opener(handler).open(conn, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+
+    def stop(self) -> str:
+        self.proc.send_signal(signal.SIGTERM)
+        _, err = self.proc.communicate(timeout=10)
+        return err.decode()
+
+
+def _named(ctx: ssl.SSLContext, name: str) -> ssl.SSLContext:
+    wrap = ctx.wrap_socket
+
+    def wrap_socket(sock, *args, server_hostname=None, **kwargs):
+        return wrap(sock, *args, server_hostname=name, **kwargs)
+
+    ctx.wrap_socket = wrap_socket
+    return ctx
+
+
+@pytest.fixture(scope="module")
+def webhook(tmp_path_factory):
+    hook = Webhook(tmp_path_factory.mktemp("webhook"), "--pool-server", "gpu1.example.org:56001")
+    yield hook
+    hook.stop()
+
+
+def admit(webhook: Webhook, review: dict) -> tuple[dict, dict]:
+    """(the review's response, the pod after its patch)."""
+    status, answer = webhook.post(review)
+    assert status == 200 and answer["apiVersion"] == "admission.k8s.io/v1"
+    assert answer["kind"] == "AdmissionReview"
+    response = answer["response"]
+    assert response["uid"] == review["request"]["uid"]
+    pod = copy.deepcopy(review["request"]["object"])
+    if "patch" in response:
+        assert response["patchType"] == "JSONPatch"
+        patch = json.loads(base64.b64decode(response["patch"]))
+        pod = jsonpatch.apply_patch(pod, patch)
+    return response, pod
+
+
+def test_a_pod_asking_for_half_a_gpu_gets_the_shim_volume_and_a_lease_wrapper(webhook):
+    """gpupool.io/gpu "0.5": an init container copies gpupool into a volume, the container's command runs
+    under `gpuattach run -n 1 -p 0.5` with its args untouched, the client token comes from the
+    namespace's Secret, and the patched pod is still a valid v1 Pod."""
+    review = fixture("pod-create-fraction.json")
+    response, pod = admit(webhook, review)
+    assert response["allowed"] is True
+    spec = pod["spec"]
+    assert {"name": "gpupool", "emptyDir": {}} in spec["volumes"]
+    (init,) = spec["initContainers"]
+    assert init["image"] == IMAGE
+    assert init["command"][:2] == ["cp", "-a"]
+    copied_into = init["command"][3].rstrip("/")
+    assert {"name": "gpupool", "mountPath": copied_into} in init["volumeMounts"]
+    (train,) = spec["containers"]
+    cmd = train["command"]
+    assert cmd[0] == "/opt/gpupool/bin/gpuattach" and cmd[1] == "run"
+    dash = cmd.index("--")
+    assert cmd[dash + 1 :] == ["python", "train.py"]
+    wrapper = cmd[2:dash]
+    assert wrapper[wrapper.index("-n") + 1] == "1" and wrapper[wrapper.index("-p") + 1] == "0.5"
+    assert wrapper[wrapper.index("--server") + 1] == "gpu1.example.org:56001"
+    assert train["args"] == ["--epochs", "10"]
+    assert any(m["mountPath"] == "/opt/gpupool" and m["name"] == "gpupool" for m in train["volumeMounts"])
+    env = {e["name"]: e for e in train["env"]}
+    assert env["GPUPOOL_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "gpupool-token", "key": "token"}}
+    assert env["XDG_CACHE_HOME"]["value"].startswith("/opt/gpupool/")
+    assert pod["metadata"]["annotations"]["gpupool.io/injected"] == "0.5"
+    k8s_models.load(pod)
+
+
+def test_only_the_named_container_is_wrapped_and_the_pods_own_volumes_env_and_init_stay(webhook):
+    """A pod with a training container and a log shipper, its own volume, env and init container:
+    gpupool.io/containers picks "train"; the sidecar is untouched, nothing of the pod is lost, and
+    sm-share, filter and timeout reach gpuattach."""
+    review = fixture("pod-create-multi.json")
+    before = review["request"]["object"]
+    response, pod = admit(webhook, review)
+    assert response["allowed"] is True
+    spec = pod["spec"]
+    assert [v["name"] for v in spec["volumes"]] == ["data", "gpupool"]
+    assert [c["name"] for c in spec["initContainers"]] == ["gpupool-install", "fetch"]
+    assert spec["initContainers"][1] == before["spec"]["initContainers"][0]
+    train, shipper = spec["containers"]
+    assert shipper == before["spec"]["containers"][1]
+    cmd = train["command"]
+    assert cmd[cmd.index("--") + 1 :] == ["torchrun", "--nproc-per-node=2", "train.py"]
+    wrapper = cmd[: cmd.index("--")]
+    for option, value in [("-n", "2"), ("-p", "0.5"), ("--sm-share", "0.5"),
+                          ("--filter", "device.name=H100"), ("--timeout", "30m")]:  # fmt: skip
+        assert wrapper[wrapper.index(option) + 1] == value
+    assert {"name": "EPOCHS", "value": "90"} in train["env"]
+    assert {"name": "data", "mountPath": "/data", "readOnly": True} in train["volumeMounts"]
+    k8s_models.load(pod)
+
+
+def test_pods_without_the_annotation_and_pods_already_injected_pass_untouched(webhook):
+    """A pod that does not ask for pooled GPUs is allowed with no patch; so is one the webhook already
+    rewrote (a reinvocation must not wrap gpuattach in gpuattach)."""
+    response, _ = admit(webhook, fixture("pod-create-plain.json"))
+    assert response["allowed"] is True and "patch" not in response
+    review = fixture("pod-create-fraction.json")
+    _, injected = admit(webhook, review)
+    review["request"]["object"] = injected
+    response, again = admit(webhook, review)
+    assert response["allowed"] is True and "patch" not in response
+    assert again == injected
+
+
+BAD_PODS = [
+    ({"gpupool.io/gpu": "1.5"}, "gpupool.io/gpu"),
+    ({"gpupool.io/gpu": "half"}, "gpupool.io/gpu"),
+    ({"gpupool.io/gpu": "0"}, "gpupool.io/gpu"),
+    ({"gpupool.io/gpu": "2x1.5"}, "gpupool.io/gpu"),
+    ({"gpupool.io/gpu": "0.001"}, "gpupool.io/gpu"),
+    ({"gpupool.io/gpu": "0.5", "gpupool.io/sm-share": "2"}, "gpupool.io/sm-share"),
+    ({"gpupool.io/gpu": "0.5", "gpupool.io/sm-share": "lots"}, "gpupool.io/sm-share"),
+    ({"gpupool.io/gpu": "0.5", "gpupool.io/filter": "colour=blue"}, "gpupool.io/filter"),
+    ({"gpupool.io/gpu": "0.5", "gpupool.io/timeout": "soon"}, "gpupool.io/timeout"),
+    ({"gpupool.io/gpus": "0.5"}, "gpupool.io/gpus"),
+    ({"gpupool.io/sm-share": "0.5"}, "gpupool.io/gpu"),
+    ({"gpupool.io/gpu": "0.5", "gpupool.io/containers": "trainer"}, "trainer"),
+]
+
+
+@pytest.mark.parametrize(("annotations", "named"), BAD_PODS, ids=[json.dumps(a) for a, _ in BAD_PODS])
+def test_a_bad_request_is_denied_with_a_message_naming_it(webhook, annotations, named):
+    """A pod whose gpupool.io annotations cannot be served is refused (allowed=false, HTTP 200, the
+    request's uid) with a message naming the annotation — never a 500, never a pod without GPUs."""
+    review = fixture("pod-create-fraction.json")
+    review["request"]["object"]["metadata"]["annotations"] = annotations
+    response, _ = admit(webhook, review)
+    assert response["allowed"] is False
+    assert named in response["status"]["message"]
+    assert "patch" not in response
+
+
+def test_pods_the_webhook_cannot_wrap_are_denied(webhook):
+    """A container without a command (the image's ENTRYPOINT is invisible to the webhook) and a
+    two-container pod that does not say which container takes the lease are refused, naming why."""
+    review = fixture("pod-create-fraction.json")
+    del review["request"]["object"]["spec"]["containers"][0]["command"]
+    response, _ = admit(webhook, review)
+    assert response["allowed"] is False and "command" in response["status"]["message"]
+    review = fixture("pod-create-multi.json")
+    del review["request"]["object"]["metadata"]["annotations"]["gpupool.io/containers"]
+    response, _ = admit(webhook, review)
+    assert response["allowed"] is False and "gpupool.io/containers" in response["status"]["message"]
+
+
+def test_malformed_reviews_are_denied_not_errors(webhook):
+    """Not JSON, JSON that is not a review, a v1beta1 review, a review without a uid, and the
+    reference's own Scale example (not a pod: misconfigured rules) all get HTTP 200 with allowed=false
+    and a message."""
+    scale = fixture("scale-update.json")
+    beta = fixture("pod-create-fraction.json")
+    beta["apiVersion"] = "admission.k8s.io/v1beta1"
+    no_uid = fixture("pod-create-fraction.json")
+    del no_uid["request"]["uid"]
+    for body in [b"{not json", b"[]", json.dumps(beta).encode(), json.dumps(no_uid).encode(),
+                 json.dumps(scale).encode()]:  # fmt: skip
+        status, answer = webhook.post(body)
+        assert status == 200
+        assert answer["response"]["allowed"] is False
+        assert answer["response"]["status"]["message"]
+    status, answer = webhook.post(scale)
+    assert answer["response"]["uid"] == scale["request"]["uid"]
+
+
+def test_the_webhook_refuses_bad_options_in_one_line():
+    """`gpupool-server webhook` without a pool, or with a TLS certificate that does not exist, exits 2
+    with one line on stderr and no traceback."""
+    for args in (["--image", IMAGE], ["--image", IMAGE, "--pool-server", "gpu1:56001", "--port", "0",
+                                      "--tls-cert", "/nonexistent.crt", "--tls-key", "/nonexistent.key"]):  # fmt: skip
+        proc = subprocess.run([*server_cmd(), "webhook", *args], capture_output=True, text=True, timeout=30,
+                              cwd=ROOT)  # fmt: skip
+        assert proc.returncode == 2
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_wrapped_command_holds_a_lease_while_it_runs_and_releases_it_at_pod_end(tmp_path, webhook):
+    """The command the patch gives a container, run here against a real gpupool-server (simulated GPUs,
+    the host executor for remote leases): it runs with a lease, and the lease is released when the
+    command ends and when the "pod" is stopped (SIGTERM to the container's first process, as the
+    kubelet sends it)."""
+    server = ServerProc(tmp_path / "srv", gpus="2xH100-80GB", env={"GPUPOOL_WORKER_EXECUTOR": "host"}).start()
+    try:
+        token = server.token("ml-team")
+        review = fixture("pod-create-fraction.json")
+        host = server.url.removeprefix("http://")
+
+        def container_command(user_command: list[str]) -> tuple[list[str], dict]:
+            review["request"]["object"]["spec"]["containers"][0]["command"] = user_command
+            review["request"]["object"]["spec"]["containers"][0].pop("args", None)
+            _, pod = admit(webhook, review)
+            (c,) = pod["spec"]["containers"]
+            cmd = c["command"]
+            # /opt/gpupool/bin/gpuattach is this checkout's gpuattach; the pool is the test server.
+            cmd = [*gpuattach_cmd(), *cmd[1:]]
+            cmd[cmd.index("--server") + 1] = host
+            env = {
+                "GPUPOOL_TOKEN": token,
+                "XDG_CACHE_HOME": str(tmp_path / "cache"),
+                "PATH": "/usr/bin:/bin",
+                "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+            }
+            return cmd, env
+
+        cmd, env = container_command(["sh", "-c", 'echo "lease=$GPUPOOL_LEASE"'])
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert done.returncode == 0 and "lease=" in done.stdout, (done.stdout, done.stderr)
+        lease = done.stdout.split("lease=")[1].split()[0]
+        status, body = api(server.url, "GET", f"/v1/leases/{lease}", token=token)
+        assert status == 200 and body["state"] == "released"
+
+        cmd, env = container_command(["sh", "-c", 'echo "lease=$GPUPOOL_LEASE"; exec sleep 60'])
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        line = proc.stdout.readline().decode() if ready else ""
+        assert line.startswith("lease="), proc.stderr.read1().decode() if not ready else line
+        lease = line.strip().split("=")[1]
+        assert api(server.url, "GET", f"/v1/leases/{lease}", token=token)[1]["state"] == "active"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while api(server.url, "GET", f"/v1/leases/{lease}", token=token)[1]["state"] == "active":
+            assert time.monotonic() < deadline, "the lease outlived the stopped pod"
+            time.sleep(0.1)
+        assert api(server.url, "GET", f"/v1/leases/{lease}", token=token)[1]["state"] == "released"
+    finally:
+        server.stop()
