@@ -240,6 +240,8 @@ def _wrap(container: dict, at: str, run_args: list[str], secret: str) -> list[di
             f"container {name!r} has no command: gpupool wraps the command in gpuattach run and cannot see "
             "the image's ENTRYPOINT (set command: to what the image runs)"
         )
+    if not isinstance(command, list) or not all(isinstance(part, str) for part in command):
+        raise Denied(f"container {name!r}: command is not a list of strings")
     mounts = container.get("volumeMounts") or []
     if any(m.get("mountPath", "").rstrip("/") == INSTALL_DIR for m in mounts):
         raise Denied(f"container {name!r} already mounts something at {INSTALL_DIR}, where gpupool goes")
@@ -295,7 +297,12 @@ def review(body: object, options: WebhookOptions) -> dict:
         pod = request.get("object")
         if not isinstance(pod, dict):
             raise Denied("the AdmissionReview's request has no object (the pod)")
-        return _answer(uid, mutate(pod, options))
+        try:
+            return _answer(uid, mutate(pod, options))
+        except (AttributeError, TypeError, KeyError) as exc:
+            # The API server decodes a pod into its typed struct before admission, so only a hand-made
+            # review gets here (a list where a map belongs ...): refused, never a 500.
+            raise Denied(f"the pod is not shaped as a v1 Pod ({type(exc).__name__}: {exc})") from None
     except Denied as exc:
         return {
             "apiVersion": API_VERSION,

@@ -229,6 +229,27 @@ def test_malformed_reviews_are_denied_not_errors(webhook):
     assert answer["response"]["uid"] == scale["request"]["uid"]
 
 
+SHAPELESS = [
+    ("spec", "containers", ["train"]),
+    ("spec", "volumes", "data"),
+    ("spec", "initContainers", {"name": "x"}),
+    ("container", "env", 5),
+    ("container", "volumeMounts", ["/data"]),
+    ("container", "command", "python train.py"),
+]
+
+
+@pytest.mark.parametrize(("where", "key", "value"), SHAPELESS, ids=[f"{w}.{k}" for w, k, _ in SHAPELESS])
+def test_a_pod_of_the_wrong_shape_is_denied_not_an_error(webhook, where, key, value):
+    """A review whose pod has a list, string or number where the Pod schema has something else is
+    answered with a denial (HTTP 200, allowed=false, a message), not a server error."""
+    review = fixture("pod-create-fraction.json")
+    pod = review["request"]["object"]
+    (pod["spec"] if where == "spec" else pod["spec"]["containers"][0])[key] = value
+    response, _ = admit(webhook, review)
+    assert response["allowed"] is False and response["status"]["message"]
+
+
 def test_the_webhook_refuses_bad_options_in_one_line():
     """`gpupool-server webhook` without a pool, or with a TLS certificate that does not exist, exits 2
     with one line on stderr and no traceback."""
