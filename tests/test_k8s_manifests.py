@@ -8,7 +8,9 @@ OpenAPI schema it validates against (and `--validate=false` checks nothing).
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
 from pathlib import Path
 
 import k8s_models
@@ -118,3 +120,36 @@ def test_the_image_holds_what_the_webhook_and_the_manifests_run():
         if o["kind"] in ("DaemonSet", "Deployment"):
             for c in o["spec"]["template"]["spec"]["containers"]:
                 assert shlex.split(" ".join(c["command"]))[0] == "gpupool-server"
+
+
+def test_the_daemonsets_token_import_stores_every_client_of_the_secret_and_survives_a_restart(tmp_path):
+    """The DaemonSet's init container script, run here with the real gpupool-server: each key of the
+    tokens Secret (a file per key, as Kubernetes mounts it) becomes that client's token on the server;
+    run again (a pod restart) it keeps them and succeeds; a file that holds no token fails the pod."""
+    from pool_harness import BIN, ServerProc, api
+
+    daemonset = by_kind("DaemonSet")["gpupool-server"]
+    (init,) = daemonset["spec"]["template"]["spec"]["initContainers"]
+    assert init["command"][:2] == ["sh", "-ec"]
+    state, tokens = tmp_path / "state", tmp_path / "tokens"
+    script = (
+        init["command"][2].replace("/var/lib/gpupool", str(state)).replace("/etc/gpupool/tokens", str(tokens))
+    )
+    tokens.mkdir()
+    secret = {"ml-team": "gp_" + "a" * 40, "vision": "gp_" + "b" * 40}
+    for client, token in secret.items():
+        (tokens / client).write_text(token)  # a Secret volume's file: the value, no newline
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    for _ in range(2):
+        run = subprocess.run(["sh", "-ec", script], env=env, capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+    server = ServerProc(state).start()
+    try:
+        for token in secret.values():
+            status, body = api(server.url, "GET", "/v1/leases", token=token)
+            assert status == 200, body
+    finally:
+        server.stop()
+    (tokens / "broken").write_text("not a token")
+    run = subprocess.run(["sh", "-ec", script], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0 and "token" in run.stderr
