@@ -131,6 +131,24 @@ def test_a_pod_asking_for_half_a_gpu_gets_the_shim_volume_and_a_lease_wrapper(we
     k8s_models.load(pod)
 
 
+def test_the_pod_of_the_docs_is_admitted_as_the_docs_say(webhook):
+    """The example pod of docs/schedulers.md, sent as the API server would, comes back wrapped in
+    `gpuattach run -n 1 -p 0.5` around its command."""
+    import yaml
+
+    text = (ROOT / "docs" / "schedulers.md").read_text()
+    pod = yaml.safe_load(text.split("```yaml\n", 1)[1].split("```", 1)[0])
+    review = fixture("pod-create-fraction.json")
+    review["request"]["object"] = pod
+    response, patched = admit(webhook, review)
+    assert response["allowed"] is True
+    (container,) = patched["spec"]["containers"]
+    command = container["command"]
+    assert command[:6] == ["/opt/gpupool/bin/gpuattach", "run", "-n", "1", "-p", "0.5"]
+    assert command[command.index("--") + 1 :] == pod["spec"]["containers"][0]["command"]
+    k8s_models.load(patched)
+
+
 def test_only_the_named_container_is_wrapped_and_the_pods_own_volumes_env_and_init_stay(webhook):
     """A pod with a training container and a log shipper, its own volume, env and init container:
     gpupool.io/containers picks "train"; the sidecar is untouched, nothing of the pod is lost, and
@@ -167,6 +185,41 @@ def test_pods_without_the_annotation_and_pods_already_injected_pass_untouched(we
     response, again = admit(webhook, review)
     assert response["allowed"] is True and "patch" not in response
     assert again == injected
+
+
+ASKS = [
+    ({"gpupool.io/gpu": "0.5"}, {"num_gpus": 1, "partial": 0.5, "memory": None}),
+    ({"gpupool.io/gpu": "2"}, {"num_gpus": 2, "partial": 1.0, "memory": None}),
+    ({"gpupool.io/gpu": "4x0.25"}, {"num_gpus": 4, "partial": 0.25, "memory": None}),
+    ({"gpupool.io/gpu": "1x16Gi"}, {"num_gpus": 1, "partial": None, "memory": 16384}),
+    ({"gpupool.io/gpu": "2x 512Mi"}, {"num_gpus": 2, "partial": None, "memory": 512}),
+    (
+        {"gpupool.io/gpu": "0.5", "gpupool.io/sm-share": "0.25", "gpupool.io/timeout": "90s",
+         "gpupool.io/filter": "device.name=H100;  device.phy-memory>=40000 "},
+        {"num_gpus": 1, "partial": 0.5, "sm_share": 0.25, "timeout": "90s",
+         "filter": ["device.name=H100", "device.phy-memory>=40000"]},
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("annotations", "parsed"), ASKS, ids=[json.dumps(a) for a, _ in ASKS])
+def test_gpuattach_reads_the_wrapper_as_the_pod_asked(annotations, parsed):
+    """The wrapper the patch writes is read by gpuattach's own argument parser as the annotations
+    meant it: the GPU count, share or memory, SM share, filters, timeout, the pool's servers and the
+    container's original command after `--`."""
+    from server._admission import WebhookOptions, mutate
+    from virtualize.cli import _parser
+
+    pod = fixture("pod-create-fraction.json")["request"]["object"]
+    pod["metadata"]["annotations"] = annotations
+    patch = mutate(pod, WebhookOptions(image=IMAGE, servers=["gpu1:56001", "gpu2:56001"]))
+    (command,) = [op["value"] for op in patch if op["path"] == "/spec/containers/0/command"]
+    args = _parser().parse_args(command[1:])
+    assert args.command == "run"
+    for name, value in parsed.items():
+        assert getattr(args, name) == value, name
+    assert args.server == ["gpu1:56001,gpu2:56001"]
+    assert args.cmd == ["--", "python", "train.py"]
 
 
 BAD_PODS = [
