@@ -27,6 +27,9 @@ import re
 from dataclasses import dataclass, field
 
 from server import ranges
+from server._config import parse_duration
+from server._errors import PoolError
+from server._filters import parse_filter
 
 API_VERSION = "admission.k8s.io/v1"
 PREFIX = "gpupool.io/"
@@ -110,10 +113,6 @@ def parse_gpu(text: str) -> GpuRequest:
 
 def _options(annotations: dict[str, str]) -> list[str]:
     """The optional annotations as gpuattach options, each checked the way gpuattach checks it."""
-    from server._config import parse_duration
-    from server._errors import PoolError
-    from server._filters import parse_filter
-
     args: list[str] = []
     if (share := annotations.get(PREFIX + "sm-share")) is not None:
         try:
@@ -211,15 +210,31 @@ def mutate(pod: dict, options: WebhookOptions) -> list[dict]:
     volume = {"name": VOLUME, "emptyDir": {}}
     patch.append(
         {"op": "add", "path": "/spec/volumes/-", "value": volume}
-        if "volumes" in spec
+        if spec.get("volumes")
         else {"op": "add", "path": "/spec/volumes", "value": [volume]}
     )
     init = {
         "name": INIT_CONTAINER,
         "image": options.image,
         "imagePullPolicy": options.image_pull_policy,
-        "command": ["cp", "-a", f"{INSTALL_DIR}/.", f"{_COPY_TO}/"],
+        # -R, not -a: it leaves the volume's own directory world-writable (emptyDir's 0777), so a
+        # container of any user creates its shim cache there, and a non-root copy does not fail
+        # setting the times of a directory it does not own. Symbolic links stay links.
+        "command": ["cp", "-R", f"{INSTALL_DIR}/.", f"{_COPY_TO}/"],
         "volumeMounts": [{"name": VOLUME, "mountPath": _COPY_TO}],
+        # What namespaces with a ResourceQuota (limits required) or the "restricted" Pod Security
+        # Standard demand of every container.
+        "resources": {
+            "requests": {"cpu": "10m", "memory": "32Mi"},
+            "limits": {"cpu": "1", "memory": "128Mi"},
+        },
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
     }
     # First, so that the copy is there before any other init container could want it.
     patch.append(
@@ -255,7 +270,7 @@ def _wrap(container: dict, at: str, run_args: list[str], secret: str) -> list[di
     mount = {"name": VOLUME, "mountPath": INSTALL_DIR, "readOnly": False}
     out.append(
         {"op": "add", "path": f"{at}/volumeMounts/-", "value": mount}
-        if "volumeMounts" in container
+        if container.get("volumeMounts")
         else {"op": "add", "path": f"{at}/volumeMounts", "value": [mount]}
     )
     have = {e.get("name") for e in container.get("env") or []}
@@ -266,7 +281,7 @@ def _wrap(container: dict, at: str, run_args: list[str], secret: str) -> list[di
         {"name": "XDG_CACHE_HOME", "value": f"{INSTALL_DIR}/cache"},
     ]
     env = [e for e in env if e["name"] not in have]
-    if "env" in container:
+    if container.get("env"):
         out += [{"op": "add", "path": f"{at}/env/-", "value": e} for e in env]
     elif env:
         out.append({"op": "add", "path": f"{at}/env", "value": env})

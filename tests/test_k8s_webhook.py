@@ -111,7 +111,7 @@ def test_a_pod_asking_for_half_a_gpu_gets_the_shim_volume_and_a_lease_wrapper(we
     assert {"name": "gpupool", "emptyDir": {}} in spec["volumes"]
     (init,) = spec["initContainers"]
     assert init["image"] == IMAGE
-    assert init["command"][:2] == ["cp", "-a"]
+    assert init["command"][:2] == ["cp", "-R"]
     copied_into = init["command"][3].rstrip("/")
     assert {"name": "gpupool", "mountPath": copied_into} in init["volumeMounts"]
     (train,) = spec["containers"]
@@ -172,6 +172,62 @@ def test_only_the_named_container_is_wrapped_and_the_pods_own_volumes_env_and_in
     assert {"name": "EPOCHS", "value": "90"} in train["env"]
     assert {"name": "data", "mountPath": "/data", "readOnly": True} in train["volumeMounts"]
     k8s_models.load(pod)
+
+
+def test_lists_given_as_null_are_filled_not_appended_to(webhook):
+    """A pod whose volumes, env and volumeMounts are present but null (as some generators write them)
+    gets them as lists holding gpupool's entries."""
+    review = fixture("pod-create-fraction.json")
+    pod = review["request"]["object"]
+    pod["spec"]["volumes"] = None
+    pod["spec"]["containers"][0].update(env=None, volumeMounts=None)
+    response, patched = admit(webhook, review)
+    assert response["allowed"] is True
+    assert [v["name"] for v in patched["spec"]["volumes"]] == ["gpupool"]
+    (c,) = patched["spec"]["containers"]
+    assert [m["mountPath"] for m in c["volumeMounts"]] == ["/opt/gpupool"]
+    assert {e["name"] for e in c["env"]} == {"GPUPOOL_TOKEN", "XDG_CACHE_HOME"}
+
+
+def test_the_init_containers_copy_works_as_its_non_root_user_and_leaves_the_volume_writable():
+    """The init container's command, run on a stand-in for the image's /opt/gpupool as the user its
+    securityContext names (when this test runs as root), copies files with their modes and symbolic
+    links as links, and leaves the volume's directory writable for a container of another user (the
+    shim's cache goes there)."""
+    import shutil
+    import tempfile
+
+    # Not under pytest's tmp_path: its parents are private to this user, the copying user needs a way in.
+    with tempfile.TemporaryDirectory() as top:
+        _copy_as_the_init_container(Path(top), shutil.which("setpriv") if os.geteuid() == 0 else None)
+
+
+def _copy_as_the_init_container(tmp_path: Path, setpriv: str | None) -> None:
+    from server._admission import _COPY_TO, INSTALL_DIR, WebhookOptions, mutate
+
+    image, volume = tmp_path / "image", tmp_path / "volume"
+    (image / "bin").mkdir(parents=True)
+    (image / "venv" / "bin").mkdir(parents=True)
+    (image / "venv" / "bin" / "gpuattach").write_text("#!/bin/sh\n")
+    (image / "venv" / "bin" / "gpuattach").chmod(0o755)
+    (image / "bin" / "gpuattach").symlink_to("../venv/bin/gpuattach")
+    for d in (tmp_path, image, image / "bin", image / "venv", image / "venv" / "bin"):
+        d.chmod(0o755)
+    volume.mkdir(mode=0o777)
+    volume.chmod(0o777)  # an emptyDir
+    pod = fixture("pod-create-fraction.json")["request"]["object"]
+    patch = mutate(pod, WebhookOptions(image=IMAGE, servers=["gpu1:56001"]))
+    (init,) = next(op["value"] for op in patch if op["path"] == "/spec/initContainers")
+    assert init["securityContext"]["runAsNonRoot"] is True
+    command = [a.replace(INSTALL_DIR, str(image)).replace(_COPY_TO, str(volume)) for a in init["command"]]
+    user = init["securityContext"]["runAsUser"]
+    as_user = [setpriv, f"--reuid={user}", f"--regid={user}", "--clear-groups"] if setpriv else []
+    run = subprocess.run([*as_user, *command], capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0, run.stderr
+    assert (volume / "bin" / "gpuattach").is_symlink()
+    assert os.access(volume / "venv" / "bin" / "gpuattach", os.X_OK)
+    other = [setpriv, "--reuid=4321", "--regid=4321", "--clear-groups"] if setpriv else []
+    subprocess.run([*other, "mkdir", str(volume / "cache")], check=True, timeout=30)
 
 
 def test_pods_without_the_annotation_and_pods_already_injected_pass_untouched(webhook):
