@@ -78,7 +78,18 @@ class GpuRequest:
         return ["-n", str(self.n), *size]
 
 
-_SIZE = re.compile(r"\s*(?:(\d+)\s*[x×]\s*)?(\d+(?:\.\d*)?|\.\d+)\s*(Mi|Gi)?\s*", re.ASCII)
+_SIZE = re.compile(r"\s*(?:(\d+)\s*[xX×]\s*)?(\d+(?:\.\d*)?|\.\d+)\s*(Mi|Gi)?\s*", re.ASCII)
+
+
+# A Secret's name: a DNS subdomain (RFC 1123), as the API server requires.
+_SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+def secret_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a Secret (None: it can)."""
+    if _SECRET_NAME.fullmatch(name):
+        return None
+    return f"{name!r} is not a Secret name (lower-case letters, digits, '-' and '.', at most 253)"
 
 
 def parse_gpu(text: str) -> GpuRequest:
@@ -196,6 +207,8 @@ def mutate(pod: dict, options: WebhookOptions) -> list[dict]:
     if options.cluster:
         run_args += ["--cluster", options.cluster]
     secret = ours.get(PREFIX + "token-secret", options.token_secret)
+    if why := secret_name_problem(secret):
+        raise Denied(f"{PREFIX}token-secret: {why}")
 
     volumes = spec.get("volumes") or []
     inits = spec.get("initContainers") or []

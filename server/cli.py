@@ -213,6 +213,22 @@ def _pool_cluster(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _image(text: str) -> str:
+    if not text.strip() or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an image reference (e.g. registry.example.org/gpupool:0.1.0)"
+        )
+    return text
+
+
+def _secret_name(text: str) -> str:
+    from server._admission import secret_name_problem
+
+    if why := secret_name_problem(text):
+        raise argparse.ArgumentTypeError(why)
+    return text
+
+
 def _webhook_parser(sub) -> None:
     w = sub.add_parser(
         "webhook",
@@ -237,6 +253,7 @@ def _webhook_parser(sub) -> None:
     w.add_argument(
         "--image",
         required=True,
+        type=_image,
         help="the gpupool image the init container copies gpupool from (deploy/kubernetes/Dockerfile)",
     )
     w.add_argument("--image-pull-policy", default="IfNotPresent", choices=["Always", "IfNotPresent", "Never"])
@@ -257,6 +274,7 @@ def _webhook_parser(sub) -> None:
     w.add_argument(
         "--token-secret",
         default="gpupool-token",
+        type=_secret_name,
         help="the Secret (in the pod's namespace, key 'token') with the client token, unless the pod's "
         "gpupool.io/token-secret names another (default gpupool-token)",
     )

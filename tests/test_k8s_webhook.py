@@ -291,6 +291,7 @@ BAD_PODS = [
     ({"gpupool.io/gpus": "0.5"}, "gpupool.io/gpus"),
     ({"gpupool.io/sm-share": "0.5"}, "gpupool.io/gpu"),
     ({"gpupool.io/gpu": "0.5", "gpupool.io/containers": "trainer"}, "trainer"),
+    ({"gpupool.io/gpu": "0.5", "gpupool.io/token-secret": "My Token"}, "gpupool.io/token-secret"),
 ]
 
 
@@ -359,15 +360,28 @@ def test_a_pod_of_the_wrong_shape_is_denied_not_an_error(webhook, where, key, va
     assert response["allowed"] is False and response["status"]["message"]
 
 
-def test_the_webhook_refuses_bad_options_in_one_line():
-    """`gpupool-server webhook` without a pool, or with a TLS certificate that does not exist, exits 2
-    with one line on stderr and no traceback."""
-    for args in (["--image", IMAGE], ["--image", IMAGE, "--pool-server", "gpu1:56001", "--port", "0",
-                                      "--tls-cert", "/nonexistent.crt", "--tls-key", "/nonexistent.key"]):  # fmt: skip
-        proc = subprocess.run([*server_cmd(), "webhook", *args], capture_output=True, text=True, timeout=30,
-                              cwd=ROOT)  # fmt: skip
-        assert proc.returncode == 2
-        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+BAD_OPTIONS = [
+    ["--image", IMAGE],
+    ["--image", "", "--pool-server", "gpu1:56001"],
+    ["--image", IMAGE, "--pool-server", "gpu1:99999"],
+    ["--image", IMAGE, "--pool-cluster", "gpu1:2379"],
+    ["--image", IMAGE, "--pool-server", "gpu1:56001", "--token-secret", "Team Token"],
+    ["--image", IMAGE, "--pool-server", "gpu1:56001", "--port", "0", "--tls-cert", "/nonexistent.crt",
+     "--tls-key", "/nonexistent.key"],
+    ["--image", IMAGE, "--pool-server", "gpu1:56001", "--port", "0", "--tls-cert", "/nonexistent.crt"],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("args", BAD_OPTIONS, ids=[" ".join(a[2:]) or "no pool" for a in BAD_OPTIONS])
+def test_the_webhook_refuses_bad_options_in_one_line(args):
+    """`gpupool-server webhook` without a pool, with an empty image, a bad server address, cluster URL
+    or Secret name, or a TLS certificate that does not exist (or no key), exits 2 with one line on
+    stderr and no traceback."""
+    proc = subprocess.run(
+        [*server_cmd(), "webhook", *args], capture_output=True, text=True, timeout=30, cwd=ROOT
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_the_wrapped_command_holds_a_lease_while_it_runs_and_releases_it_at_pod_end(tmp_path, webhook):
