@@ -12,6 +12,7 @@ import copy
 import json
 import os
 import select
+import shutil
 import signal
 import ssl
 import subprocess
@@ -194,7 +195,6 @@ def test_the_init_containers_copy_works_as_its_non_root_user_and_leaves_the_volu
     securityContext names (when this test runs as root), copies files with their modes and symbolic
     links as links, and leaves the volume's directory writable for a container of another user (the
     shim's cache goes there)."""
-    import shutil
     import tempfile
 
     # Not under pytest's tmp_path: its parents are private to this user, the copying user needs a way in.
@@ -420,13 +420,22 @@ def test_the_wrapped_command_holds_a_lease_while_it_runs_and_releases_it_at_pod_
         assert status == 200 and body["state"] == "released"
 
         cmd, env = container_command(["sh", "-c", 'echo "lease=$GPUPOOL_LEASE"; exec sleep 60'])
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+        # As in a container, gpuattach is process 1 of its own PID namespace where that can be made:
+        # process 1 gets only the signals it handles, so this proves gpuattach handles SIGTERM.
+        pid_ns = os.geteuid() == 0 and shutil.which("unshare")
+        wrap = [pid_ns, "--pid", "--fork", "--"] if pid_ns else []
+        proc = subprocess.Popen(
+            [*wrap, *cmd], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT
+        )
         ready, _, _ = select.select([proc.stdout], [], [], 60)
         line = proc.stdout.readline().decode() if ready else ""
         assert line.startswith("lease="), proc.stderr.read1().decode() if not ready else line
         lease = line.strip().split("=")[1]
         assert api(server.url, "GET", f"/v1/leases/{lease}", token=token)[1]["state"] == "active"
-        proc.send_signal(signal.SIGTERM)
+        first = proc.pid
+        if pid_ns:  # the kubelet signals the container's process 1: unshare's child
+            first = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
+        os.kill(first, signal.SIGTERM)
         proc.wait(timeout=30)
         deadline = time.monotonic() + 10
         while api(server.url, "GET", f"/v1/leases/{lease}", token=token)[1]["state"] == "active":
