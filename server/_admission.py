@@ -74,7 +74,7 @@ class GpuRequest:
     mem_mib: int | None = None
 
     def args(self) -> list[str]:
-        size = ["-m", str(self.mem_mib)] if self.mem_mib is not None else ["-p", f"{self.fraction:g}"]
+        size = ["-m", str(self.mem_mib)] if self.mem_mib is not None else ["-p", repr(self.fraction)]
         return ["-n", str(self.n), *size]
 
 
@@ -132,7 +132,7 @@ def _options(annotations: dict[str, str]) -> list[str]:
             raise Denied(f"{PREFIX}sm-share: {share!r} is not a number (e.g. 0.5)") from None
         if why := ranges.problem(ranges.REQUEST, "sm_share", value):
             raise Denied(f"{PREFIX}sm-share: {why}")
-        args += ["--sm-share", f"{value:g}"]
+        args += ["--sm-share", repr(value)]  # the shortest text of exactly this number
     for text in (annotations.get(PREFIX + "filter") or "").split(";"):
         if text.strip():
             try:

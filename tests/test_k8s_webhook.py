@@ -247,6 +247,7 @@ ASKS = [
     ({"gpupool.io/gpu": "0.5"}, {"num_gpus": 1, "partial": 0.5, "memory": None}),
     ({"gpupool.io/gpu": "2"}, {"num_gpus": 2, "partial": 1.0, "memory": None}),
     ({"gpupool.io/gpu": "4x0.25"}, {"num_gpus": 4, "partial": 0.25, "memory": None}),
+    ({"gpupool.io/gpu": "0.1234567"}, {"num_gpus": 1, "partial": 0.1234567, "memory": None}),
     ({"gpupool.io/gpu": "1x16Gi"}, {"num_gpus": 1, "partial": None, "memory": 16384}),
     ({"gpupool.io/gpu": "2x 512Mi"}, {"num_gpus": 2, "partial": None, "memory": 512}),
     (
