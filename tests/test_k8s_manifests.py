@@ -153,3 +153,12 @@ def test_the_daemonsets_token_import_stores_every_client_of_the_secret_and_survi
     (tokens / "broken").write_text("not a token")
     run = subprocess.run(["sh", "-ec", script], env=env, capture_output=True, text=True, timeout=60)
     assert run.returncode != 0 and "token" in run.stderr
+
+
+def test_the_yaml_examples_of_the_docs_fit_the_kubernetes_api_schema():
+    """Every ```yaml example of docs/schedulers.md is a Kubernetes object that fits its API schema."""
+    text = (DEPLOY.parent.parent / "docs" / "schedulers.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```yaml\n")[1:]]
+    assert blocks
+    for block in blocks:
+        k8s_models.load(yaml.safe_load(block))
