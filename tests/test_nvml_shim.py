@@ -1,0 +1,228 @@
+"""gpupool's libnvidia-ml.so.1: NVML tools inside a lease see the lease's slice (docs/remote.md,
+"What tools see").
+
+The shim is compiled from this tree; pynvml (nvidia-ml-py), gpustat and nvitop load it as they load
+NVML, from the library path, in their own processes. The end-to-end tests run `gpuattach run` against
+a server on simulated GPUs whose lease workers serve CUDA from host memory (the host executor).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pool_harness import ServerProc, api, client_env, gpuattach
+
+from virtualize import _nvml_view, _nvmlgen
+from virtualize.remote import NVML_MODULE, SHIM_MODULE, fresh_nvml
+
+pytestmark = pytest.mark.timeout(120)
+# gpuattach run uses the installed shims (pip install -e ., or setup.py build_ext --inplace)
+needs_shims = pytest.mark.skipif(
+    not all(importlib.util.find_spec(m) for m in (SHIM_MODULE, NVML_MODULE)), reason="the shims are not built"
+)
+ROOT = Path(__file__).resolve().parents[1]
+PROBE = str(ROOT / "tests" / "nvml_probe.py")
+MiB = 1 << 20
+NVML_NOT_SUPPORTED, NVML_NO_PERMISSION, NVML_FUNCTION_NOT_FOUND = 3, 4, 13
+PARTITION = 40 * 1024 * MiB
+USED = 1536 * MiB
+
+LEASE = {
+    "id": "L-nvml",
+    "server": {"driver_version": "550.54.15", "cuda_version": "12.4"},
+    "partitions": [
+        {
+            "gpu_index": 3,
+            "gpu_uuid": "GPU-11111111-2222-3333-4444-555555555555",
+            "gpu_name": "NVIDIA H100 80GB HBM3",
+            "compute_capability": "9.0",
+            "mem_bytes": PARTITION,
+            "sm_share": None,
+            "usage": {"mem_used_bytes": USED, "util_gpu": 0.37, "temperature_c": None, "power_w": 120.5},
+        }
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def nvml_dir(tmp_path_factory) -> Path:
+    return fresh_nvml(tmp_path_factory.mktemp("nvml")).parent
+
+
+def view_env(nvml_dir: Path, tmp_path: Path, lease=LEASE, pids=(4242,)) -> dict[str, str]:
+    view = tmp_path / "view"
+    _nvml_view.write(view, _nvml_view.render(lease, list(pids)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env.update(LD_LIBRARY_PATH=str(nvml_dir), GPUPOOL_NVML_VIEW=str(view), COLUMNS="120")
+    return env
+
+
+def run(args, env, timeout=60) -> subprocess.CompletedProcess:
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def lines(out: str) -> dict[str, str]:
+    return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+
+
+def test_every_nvml_function_pynvml_resolves_has_a_verdict_and_the_stubs_are_current():
+    """Completeness by construction: every name pynvml looks up in the library is in the shim's names
+    file with a verdict, and the generated stubs match pynvml and nvml_shim.c (else regenerate)."""
+    table = dict(
+        line.split() for line in _nvmlgen.NAMES_OUTPUT.read_text().splitlines() if not line.startswith("#")
+    )
+    missing = sorted(set(_nvmlgen.pynvml_names()) - set(table))
+    assert not missing, f"no verdict for {missing[:5]}: run python -m virtualize._nvmlgen"
+    assert set(table.values()) <= {"answer", "not_supported", "no_permission"}
+    assert not _nvmlgen.stale(), "stale: run python -m virtualize._nvmlgen"
+    assert table["nvmlDeviceGetMemoryInfo_v2"] == "answer"
+    assert table["nvmlDeviceSetPowerManagementLimit"] == "no_permission"
+
+
+def test_the_shim_exports_every_name_with_a_verdict(nvml_dir):
+    """pynvml finds every function it may ask for (none is NVML_ERROR_FUNCTION_NOT_FOUND)."""
+    import ctypes
+
+    lib = ctypes.CDLL(str(nvml_dir / "libnvidia-ml.so.1"))
+    absent = [n for n in _nvmlgen.verdicts() if not hasattr(lib, n)]
+    assert not absent
+
+
+def test_pynvml_every_device_query_answers_or_returns_a_documented_error(nvml_dir, tmp_path):
+    """Each nvmlDeviceGet* of pynvml, called on the slice, answers or raises NOT_SUPPORTED /
+    NO_PERMISSION (what a GPU without the feature says); the process never crashes and no function is
+    missing."""
+    out = run([sys.executable, PROBE, "every"], view_env(nvml_dir, tmp_path))
+    assert out.returncode == 0, out.stderr
+    results = json.loads(out.stdout)
+    reached = {k: v for k, v in results.items() if not str(v).startswith("args")}
+    assert len(reached) > 200  # pynvml has ~230 of them; a handful need arguments we cannot make up
+    wrong = {k: v for k, v in reached.items() if v not in ("ok", NVML_NOT_SUPPORTED, NVML_NO_PERMISSION)}
+    assert not wrong
+    for answered in ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetName", "nvmlDeviceGetUUID",
+                     "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetComputeRunningProcesses",
+                     "nvmlDeviceGetPciInfo", "nvmlDeviceGetCudaComputeCapability"):  # fmt: skip
+        assert results[answered] == "ok", answered
+
+
+def test_pynvml_sees_the_partition_and_what_the_lease_holds(nvml_dir, tmp_path):
+    """Memory total = the partition (v1 and v2), used = the lease's, free = total - used; name, UUID,
+    lookups by UUID and bus id, utilization = the lease's share, the run's process; an unknown value
+    (temperature) is NOT_SUPPORTED."""
+    out = run([sys.executable, PROBE, "slice"], view_env(nvml_dir, tmp_path))
+    assert out.returncode == 0, out.stderr
+    got = lines(out.stdout)
+    assert got["count"] == "1" and got["name"] == "NVIDIA H100 80GB HBM3"
+    assert got["uuid"] == LEASE["partitions"][0]["gpu_uuid"]
+    assert int(got["total"]) == int(got["total_v2"]) == PARTITION
+    assert int(got["used"]) == int(got["used_v2"]) == USED
+    assert int(got["free"]) == PARTITION - USED
+    assert got["by_uuid"] == got["by_bus"] == "0"
+    assert got["util"] == "37" and got["cc"] == "9.0" and got["driver"] == "550.54.15"
+    assert got["processes"] == f"4242:{USED}"
+    assert got["temperature"] == f"error {NVML_NOT_SUPPORTED}"
+
+
+def test_the_view_is_reread_when_it_changes(nvml_dir, tmp_path):
+    """A running tool sees the lease's usage move: the shim re-reads the view file after a rewrite."""
+    env = view_env(nvml_dir, tmp_path)
+    script = (
+        "import pynvml as N, sys, time\n"
+        "N.nvmlInit(); h = N.nvmlDeviceGetHandleByIndex(0)\n"
+        "print(N.nvmlDeviceGetMemoryInfo(h).used, flush=True); sys.stdin.readline()\n"
+        "print(N.nvmlDeviceGetMemoryInfo(h).used, flush=True)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert int(proc.stdout.readline()) == USED
+        lease = json.loads(json.dumps(LEASE))
+        lease["partitions"][0]["usage"]["mem_used_bytes"] = 3 * USED
+        _nvml_view.write(Path(env["GPUPOOL_NVML_VIEW"]), _nvml_view.render(lease, [4242]))
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert int(proc.stdout.readline()) == 3 * USED
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_without_a_lease_view_nvml_says_the_driver_is_not_loaded(nvml_dir, tmp_path):
+    """Loaded outside gpuattach run, the shim fails nvmlInit as NVML does on a machine without the
+    driver (one line on stderr says why), never answers made-up numbers."""
+    env = view_env(nvml_dir, tmp_path)
+    del env["GPUPOOL_NVML_VIEW"]
+    out = run([sys.executable, "-c", "import pynvml as N\ntry: N.nvmlInit()\nexcept N.NVMLError as e: print(e.value)"], env)  # fmt: skip
+    assert out.stdout.strip() == "9"  # NVML_ERROR_DRIVER_NOT_LOADED
+    assert "GPUPOOL_NVML_VIEW" in out.stderr
+
+
+def test_gpustat_and_nvitop_show_the_slice(nvml_dir, tmp_path):
+    """gpustat's JSON and nvitop's API report the partition as the GPU's memory and the lease's use."""
+    env = view_env(nvml_dir, tmp_path)
+    out = run([sys.executable, "-m", "gpustat", "--json"], env)
+    assert out.returncode == 0, out.stderr
+    gpu = json.loads(out.stdout)["gpus"][0]
+    assert gpu["memory.total"] == PARTITION // MiB and gpu["memory.used"] == USED // MiB
+    assert gpu["name"] == "NVIDIA H100 80GB HBM3" and gpu["utilization.gpu"] == 37
+    script = (
+        "from nvitop import Device\n"
+        "d = Device.all()[0]\n"
+        "print('total', d.memory_total()); print('used', d.memory_used()); print('util', d.gpu_utilization())\n"
+    )
+    out = run([sys.executable, "-c", script], env)
+    assert out.returncode == 0, out.stderr
+    got = lines(out.stdout)
+    assert int(got["total"]) == PARTITION and int(got["used"]) == USED and got["util"] == "37"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = ServerProc(
+        tmp_path_factory.mktemp("nvml-pool"), "2xH100-80GB", env={"GPUPOOL_WORKER_EXECUTOR": "host"}
+    ).start()
+    yield srv
+    srv.stop()
+
+
+def quarter_of_a_gpu(server) -> int:
+    status, answer = api(server.url, "GET", "/v1/gpus", server.token("nvml-look"))
+    assert status == 200
+    return answer["gpus"][0]["mem_total_bytes"] // 4
+
+
+@pytest.mark.slow
+@needs_shims
+def test_one_memory_size_everywhere_under_gpuattach_run(server, tmp_path):
+    """Under `gpuattach run -p 0.25`: cuDeviceTotalMem, cuMemGetInfo's total and NVML's total are the
+    partition; after the program allocates through the CUDA shim, NVML's used shows what the lease holds
+    (from the worker, through the server) and lists the program's process."""
+    env = client_env(tmp_path, [server.url], server.token("nvml-remote"))
+    out = gpuattach("run", "-n", "1", "-p", "0.25", "--", sys.executable, PROBE, "cuda", "256",
+                    env=env, timeout=90)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    got = {k: int(v) for k, v in lines(out.stdout).items()}
+    quota = quarter_of_a_gpu(server)
+    assert got["cuda_total"] == got["cuda_info_total"] == got["nvml_total"] == quota
+    assert got["nvml_used_after"] >= 256 * MiB
+    assert got["nvml_free_after"] == quota - got["nvml_used_after"]
+    assert got["cuda_free_after"] <= quota - 256 * MiB
+    assert got["nvml_processes"] == got["my_pid"]
+
+
+@needs_shims
+def test_a_local_run_shows_the_same_slice(server, tmp_path):
+    """`gpuattach run --local -p 0.25` gets the same NVML shim: the tools see the partition, not the GPU."""
+    env = client_env(tmp_path, [server.url], server.token("nvml-local"))
+    out = gpuattach("run", "--local", "-n", "1", "-p", "0.25", "--", sys.executable, PROBE, "slice",
+                    env=env, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    got = lines(out.stdout)
+    assert int(got["total"]) == quarter_of_a_gpu(server)
+    assert got["name"].startswith("NVIDIA H100")
