@@ -118,6 +118,17 @@ class NvmlBackend:
         self._handles.clear()
         stop()
 
+    def lease(self) -> str | None:
+        """The gpupool lease whose slices this NVML shows (gpupool's libnvidia-ml.so.1 inside
+        `gpuattach run`), None for the real NVML."""
+        import ctypes
+
+        probe = getattr(pynvml.nvmlLib, "gpupoolNvmlLease", None)
+        if probe is None:
+            return None
+        probe.restype = ctypes.c_char_p
+        return (probe() or b"").decode() or None
+
     def driver_version(self) -> str:
         return _text(query(pynvml.nvmlSystemGetDriverVersion, default="unknown"))
 

@@ -226,3 +226,19 @@ def test_a_local_run_shows_the_same_slice(server, tmp_path):
     got = lines(out.stdout)
     assert int(got["total"]) == quarter_of_a_gpu(server)
     assert got["name"].startswith("NVIDIA H100")
+
+
+def test_the_collector_inside_a_lease_records_the_slice_labelled_as_a_lease(nvml_dir, tmp_path):
+    """gpustat-collect run inside a lease records the partition as the GPU's memory, with its rows'
+    source "lease", so no reader takes the slice for another physical GPU of this machine."""
+    import pyarrow.dataset as ds
+
+    env = view_env(nvml_dir, tmp_path)
+    out = run([sys.executable, "-m", "collector.cli", "--out", str(tmp_path / "t"), "--interval", "0.5s",
+               "--duration", "2s", "--flush", "1s", "-q"], env)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = ds.dataset(tmp_path / "t", format="parquet", partitioning="hive").to_table().to_pylist()
+    gpu_rows = [r for r in rows if r.get("mem_total_bytes") is not None]
+    assert gpu_rows
+    assert {r["source"] for r in gpu_rows} == {"lease"}
+    assert {r["mem_total_bytes"] for r in gpu_rows} == {PARTITION}

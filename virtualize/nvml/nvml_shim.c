@@ -61,6 +61,7 @@ static int inits;  /* nvmlInit count minus nvmlShutdown count */
 static device_t devices[MAX_DEVICES];
 static int n_devices;
 static char driver_version[TEXT];
+static char lease_id[TEXT];
 static long long cuda_version = UNKNOWN;
 static struct stat view_seen; /* the file as last read: re-read when it changed */
 
@@ -101,7 +102,7 @@ static int read_view(const char *path) {
     device_t fresh[MAX_DEVICES];
     int n = 0;
     device_t *d = NULL;
-    char driver[TEXT] = "";
+    char driver[TEXT] = "", lease[TEXT] = "";
     long long cuda = UNKNOWN;
     while (fgets(line, sizeof line, f)) {
         line[strcspn(line, "\n")] = 0;
@@ -117,6 +118,8 @@ static int read_view(const char *path) {
             d->cc_major = d->cc_minor = -1;
             /* The GPU's real bus is on the server: a bus id per lease device keeps tools' keys unique. */
             snprintf(d->bus_id, sizeof d->bus_id, "00000000:%02X:00.0", n);
+        } else if (!strcmp(line, "lease")) {
+            copy_text(lease, value);
         } else if (!strcmp(line, "driver_version")) {
             copy_text(driver, value);
         } else if (!strcmp(line, "cuda_version")) {
@@ -161,6 +164,7 @@ static int read_view(const char *path) {
     memcpy(devices, fresh, sizeof(device_t) * n);
     n_devices = n;
     memcpy(driver_version, driver, sizeof driver);
+    memcpy(lease_id, lease, sizeof lease);
     cuda_version = cuda;
     return 0;
 }
@@ -228,6 +232,11 @@ NVML_API nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     }
     pthread_mutex_unlock(&lock);
     return rc;
+}
+
+/* Not NVML: tells a collector that these GPUs are a lease's slices, not this machine's own GPUs. */
+NVML_API const char *gpupoolNvmlLease(void) {
+    return lease_id;
 }
 
 NVML_API nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
