@@ -153,6 +153,10 @@ class NvmlBackend:
         value = query(pynvml.nvmlDeviceGetUUID, self._handle(index))
         return None if value is None else _text(value)
 
+    def pci_bus_id(self, index: int) -> str | None:
+        info = query(pynvml.nvmlDeviceGetPciInfo, self._handle(index))
+        return None if info is None else _text(info.busId)
+
     def name(self, index: int) -> str | None:
         value = query(pynvml.nvmlDeviceGetName, self._handle(index))
         return None if value is None else _text(value)

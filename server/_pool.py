@@ -560,6 +560,7 @@ class Pool:
                     "gpu_uuid": p["gpu_uuid"],
                     "gpu_name": g.name if g else "unknown",
                     "compute_capability": g.compute_capability if g else None,
+                    "pci_bus_id": g.pci_bus_id if g else None,
                     "mem_total_bytes": g.mem_total_bytes if g else None,
                     "mem_bytes": p["mem_bytes"],
                     "fraction": p["fraction"],

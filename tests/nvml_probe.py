@@ -53,7 +53,12 @@ def slice_() -> None:
         "total_v2": mem2.total,
         "used_v2": mem2.used,
         "by_uuid": N.nvmlDeviceGetIndex(N.nvmlDeviceGetHandleByUUID(N.nvmlDeviceGetUUID(h))),
+        "bus": N.nvmlDeviceGetPciInfo(h).busId,
         "by_bus": N.nvmlDeviceGetIndex(N.nvmlDeviceGetHandleByPciBusId(N.nvmlDeviceGetPciInfo(h).busId)),
+        # the form cuDeviceGetPCIBusId (and so NCCL) uses: a 4-digit domain, lower case
+        "by_cuda_bus": N.nvmlDeviceGetIndex(
+            N.nvmlDeviceGetHandleByPciBusId(N.nvmlDeviceGetPciInfo(h).busIdLegacy.lower())
+        ),
         "cc": ".".join(map(str, N.nvmlDeviceGetCudaComputeCapability(h))),
         "processes": ",".join(
             f"{p.pid}:{p.usedGpuMemory}" for p in N.nvmlDeviceGetComputeRunningProcesses(h)

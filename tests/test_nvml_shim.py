@@ -42,6 +42,7 @@ LEASE = {
             "gpu_uuid": "GPU-11111111-2222-3333-4444-555555555555",
             "gpu_name": "NVIDIA H100 80GB HBM3",
             "compute_capability": "9.0",
+            "pci_bus_id": "00000000:19:00.0",
             "mem_bytes": PARTITION,
             "sm_share": None,
             "usage": {"mem_used_bytes": USED, "util_gpu": 0.37, "temperature_c": None, "power_w": 120.5},
@@ -113,7 +114,7 @@ def test_pynvml_every_device_query_answers_or_returns_a_documented_error(nvml_di
 
 def test_pynvml_sees_the_partition_and_what_the_lease_holds(nvml_dir, tmp_path):
     """Memory total = the partition (v1 and v2), used = the lease's, free = total - used; name, UUID,
-    lookups by UUID and bus id, utilization = the lease's share, the run's process; an unknown value
+    the real GPU's PCI bus id, lookups by UUID and bus id (NVML's and CUDA's spelling), utilization = the lease's share, the run's process; an unknown value
     (temperature) is NOT_SUPPORTED."""
     out = run([sys.executable, PROBE, "slice"], view_env(nvml_dir, tmp_path))
     assert out.returncode == 0, out.stderr
@@ -123,7 +124,8 @@ def test_pynvml_sees_the_partition_and_what_the_lease_holds(nvml_dir, tmp_path):
     assert int(got["total"]) == int(got["total_v2"]) == PARTITION
     assert int(got["used"]) == int(got["used_v2"]) == USED
     assert int(got["free"]) == PARTITION - USED
-    assert got["by_uuid"] == got["by_bus"] == "0"
+    assert got["bus"] == "00000000:19:00.0"  # the real GPU's, as CUDA reports it
+    assert got["by_uuid"] == got["by_bus"] == got["by_cuda_bus"] == "0"
     assert got["util"] == "37" and got["cc"] == "9.0" and got["driver"] == "550.54.15"
     assert got["processes"] == f"4242:{USED}"
     assert got["temperature"] == f"error {NVML_NOT_SUPPORTED}"

@@ -53,6 +53,8 @@ def render(lease: dict, pids: list[int] = ()) -> str:
             f"memory_total {total}",
             f"memory_used {used}",
         ]
+        if bus := part.get("pci_bus_id"):
+            lines.append(f"pci_bus_id {bus}")
         if cc := part.get("compute_capability"):
             lines.append(f"compute_capability {cc}")
         if part.get("sm_share") is not None:

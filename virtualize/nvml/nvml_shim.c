@@ -116,7 +116,8 @@ static int read_view(const char *path) {
             d->number = n++;
             d->util_gpu = d->temperature_c = d->power_mw = d->sm_share = d->host_index = UNKNOWN;
             d->cc_major = d->cc_minor = -1;
-            /* The GPU's real bus is on the server: a bus id per lease device keeps tools' keys unique. */
+            /* The real GPU's bus id comes with the view (pci_bus_id, as cuDeviceGetPCIBusId reports it);
+               where the pool has none (simulated GPUs) a bus id per lease device keeps tools' keys unique. */
             snprintf(d->bus_id, sizeof d->bus_id, "00000000:%02X:00.0", n);
         } else if (!strcmp(line, "lease")) {
             copy_text(lease, value);
@@ -130,6 +131,8 @@ static int read_view(const char *path) {
             copy_text(d->name, value);
         } else if (!strcmp(line, "uuid")) {
             copy_text(d->uuid, value);
+        } else if (!strcmp(line, "pci_bus_id")) {
+            snprintf(d->bus_id, sizeof d->bus_id, "%s", value);
         } else if (!strcmp(line, "host_index")) {
             d->host_index = number_or_unknown(value);
         } else if (!strcmp(line, "memory_total")) {
@@ -412,8 +415,10 @@ static nvmlReturn_t pci_info(nvmlDevice_t device, pci_info_t *pci) {
     DEVICE_CALL(device);
     if (!pci) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
     memset(pci, 0, sizeof *pci);
-    pci->bus = (unsigned int)(d->number + 1);
-    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "0000:%02X:00.0", pci->bus);
+    unsigned int function = 0;
+    sscanf(d->bus_id, "%x:%x:%x.%x", &pci->domain, &pci->bus, &pci->device, &function);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X", pci->domain & 0xFFFF, pci->bus,
+             pci->device, function);
     snprintf(pci->busId, sizeof pci->busId, "%s", d->bus_id);
     LEAVE(NVML_SUCCESS);
 }
