@@ -244,3 +244,51 @@ def test_the_collector_inside_a_lease_records_the_slice_labelled_as_a_lease(nvml
     assert gpu_rows
     assert {r["source"] for r in gpu_rows} == {"lease"}
     assert {r["mem_total_bytes"] for r in gpu_rows} == {PARTITION}
+
+
+SMI_TABLE = """
+import ctypes, os, sys, uuid
+lib = ctypes.CDLL("libnvidia-ml.so.1")
+assert lib.nvmlInit_v2() == 0
+table = ctypes.POINTER(ctypes.c_uint64)()
+other = ctypes.POINTER(ctypes.c_uint64)()
+print("other", lib.nvmlInternalGetExportTable(ctypes.byref(other), uuid.uuid4().bytes_le))
+print("rc", lib.nvmlInternalGetExportTable(ctypes.byref(table), uuid.UUID("6c3efec4-8fc9-4e6c-a327-ee696e12f7c4").bytes_le))
+print("size", table[0])
+slot = lambda i: ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(table[i])
+handle = ctypes.c_void_p()
+print("by_index", slot(81)(0, ctypes.addressof(handle), 0x22))
+public = ctypes.c_void_p()
+lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(public))
+print("same_handle", handle.value == public.value)
+capacity = ctypes.c_uint(4)
+entries = ctypes.create_string_buffer(4 * 4128)
+print("processes", slot(213)(handle, ctypes.addressof(capacity), ctypes.addressof(entries)))
+print("count", capacity.value)
+print("pid", int.from_bytes(entries.raw[0:4], "little"))
+print("used", int.from_bytes(entries.raw[8:16], "little"))
+print("name", entries.raw[32:4128].split(b"\\0")[0].decode())
+other_count = ctypes.c_uint(99)
+print("other_slot", slot(100)(handle, ctypes.addressof(other_count), None))
+print("other_count", other_count.value)
+"""
+
+
+def test_nvidia_smi_private_table_finds_the_devices_and_lists_the_run(nvml_dir, tmp_path):
+    """nvidia-smi finds devices and processes through NVML's private table, not the public calls: the
+    shim answers it as the driver's NVML does (the ABI NVIDIA's own NVML mock recovered): the device
+    handle by index, the run's process with its memory and name, zero for lists the lease does not
+    have, and NOT_SUPPORTED for a table it does not know."""
+    helper = subprocess.Popen(["sleep", "60"])  # the run's command, as the view names it
+    try:
+        out = run([sys.executable, "-c", SMI_TABLE], view_env(nvml_dir, tmp_path, pids=(helper.pid,)))
+    finally:
+        helper.kill()
+        helper.wait()
+    assert out.returncode == 0, out.stderr
+    got = lines(out.stdout)
+    assert got["other"] == str(NVML_NOT_SUPPORTED) and got["rc"] == "0" and int(got["size"]) > 648
+    assert got["by_index"] == "0" and got["same_handle"] == "True"
+    assert got["processes"] == "0" and got["count"] == "1"
+    assert got["pid"] == str(helper.pid) and got["used"] == str(USED) and got["name"] == "sleep"
+    assert got["other_slot"] == "0" and got["other_count"] == "0"

@@ -15,6 +15,7 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -309,20 +310,24 @@ NVML_API nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version) {
 }
 
 /* The processes the view lists are this machine's (the run's command): their names are here. */
+static int process_name(unsigned int pid, char *out, size_t length) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%u/cmdline", pid);
+    out[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    size_t n = fread(out, 1, length - 1, f);
+    fclose(f);
+    out[n] = 0; /* the first argument: the program */
+    return 0;
+}
+
 NVML_API nvmlReturn_t nvmlSystemGetProcessName(unsigned int pid, char *name, unsigned int length) {
     nvmlReturn_t rc = system_call();
     if (rc) return rc;
     pthread_mutex_unlock(&lock);
     if (!name || !length) return NVML_ERROR_INVALID_ARGUMENT;
-    char path[64], text[256] = "";
-    snprintf(path, sizeof path, "/proc/%u/cmdline", pid);
-    FILE *f = fopen(path, "r");
-    if (!f) return NVML_ERROR_NOT_FOUND;
-    size_t n = fread(text, 1, sizeof text - 1, f);
-    fclose(f);
-    text[n] = 0; /* the first argument: the program */
-    snprintf(name, length, "%s", text);
-    return NVML_SUCCESS;
+    return process_name(pid, name, length) == 0 ? NVML_SUCCESS : NVML_ERROR_NOT_FOUND;
 }
 
 NVML_API nvmlReturn_t nvmlUnitGetCount(unsigned int *count) {
@@ -567,6 +572,87 @@ PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses_v3, 1, 0)
 PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses, 0, 0)
 PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v2, 1, 0)
 PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v3, 1, 0)
+
+/* --- nvidia-smi's private table ------------------------------------------------------------------ */
+/* nvidia-smi finds devices and lists processes through a private table (nvmlInternalGetExportTable,
+ * keyed by a UUID), not the public calls. Its ABI, as NVIDIA's own NVML mock recovered it against
+ * nvidia-smi 580.65 (NVIDIA/k8s-test-infra, pkg/gpu/mocknvml/bridge/internal.go): word 0 the table's
+ * size; slot 81 fn(index, nvmlDevice_t *out, 0x22) a device handle; slots 213-215
+ * fn(device, unsigned *capacity_then_count, entry *array) a process list whose entries are 4128 bytes
+ * (pid, used bytes, instance ids, protected bytes, then the name inline); other slots called with a
+ * device and a pointer are counts (0 here); any other call is acknowledged. Each slot gets a function
+ * of its own so the call says which slot it is. */
+static const unsigned char SMI_TABLE_ID[16] = {0xc4, 0xfe, 0x3e, 0x6c, 0xc9, 0x8f, 0x6c, 0x4e,
+                                               0xa3, 0x27, 0xee, 0x69, 0x6e, 0x12, 0xf7, 0xc4};
+#define SMI_SLOTS 256
+#define SMI_HANDLE_BY_INDEX 81
+#define SMI_PROCESSES_FIRST 213
+#define SMI_PROCESSES_LAST 215
+#define SMI_PROCESS_ENTRY 4128
+#define SMI_PROCESS_NAME_AT 32
+
+static int is_device(void *handle) {
+    for (int i = 0; i < n_devices; i++)
+        if (handle == (void *)&devices[i]) return 1;
+    return 0;
+}
+
+static nvmlReturn_t smi_slot(unsigned int slot, void *a0, void *a1, void *a2) {
+    if (slot == SMI_HANDLE_BY_INDEX && (uintptr_t)a0 < 64 && (uintptr_t)a2 == 0x22 && a1)
+        return nvmlDeviceGetHandleByIndex_v2((unsigned int)(uintptr_t)a0, (nvmlDevice_t *)a1);
+    pthread_mutex_lock(&lock);
+    int device = inits > 0 && a1 && is_device(a0);
+    if (!device) {
+        pthread_mutex_unlock(&lock);
+        return NVML_SUCCESS;
+    }
+    refresh();
+    device_t *d = (device_t *)a0;
+    unsigned int *count = (unsigned int *)a1;
+    if (slot >= SMI_PROCESSES_FIRST && slot <= SMI_PROCESSES_LAST && (uintptr_t)a2 > 0x100000) {
+        unsigned int n = 0;
+        for (int i = 0; i < d->n_procs && n < *count; i++, n++) {
+            unsigned char *e = (unsigned char *)a2 + (size_t)n * SMI_PROCESS_ENTRY;
+            memset(e, 0, SMI_PROCESS_NAME_AT);
+            unsigned int none = 0xFFFFFFFFu; /* no MIG instance */
+            memcpy(e, &d->proc_pid[i], 4);
+            memcpy(e + 8, &d->proc_mem[i], 8);
+            memcpy(e + 16, &none, 4);
+            memcpy(e + 20, &none, 4);
+            process_name(d->proc_pid[i], (char *)e + SMI_PROCESS_NAME_AT, SMI_PROCESS_ENTRY - SMI_PROCESS_NAME_AT);
+        }
+        *count = n;
+    } else {
+        *count = 0; /* a list or count the lease does not have */
+    }
+    pthread_mutex_unlock(&lock);
+    return NVML_SUCCESS;
+}
+
+#define SMI_SLOT(hi, lo)                                                          \
+    static nvmlReturn_t smi_slot_##hi##_##lo(void *a0, void *a1, void *a2, void *a3) { \
+        (void)a3;                                                                 \
+        return smi_slot(hi * 16 + lo, a0, a1, a2);                                \
+    }
+#define SMI_SLOT_ADDRESS(hi, lo) (uintptr_t) smi_slot_##hi##_##lo,
+#define SMI_ROW(M, hi) \
+    M(hi, 0) M(hi, 1) M(hi, 2) M(hi, 3) M(hi, 4) M(hi, 5) M(hi, 6) M(hi, 7) M(hi, 8) M(hi, 9) M(hi, 10) M(hi, 11) M(hi, 12) M(hi, 13) M(hi, 14) M(hi, 15)
+#define SMI_ALL(M)                                                                                          \
+    SMI_ROW(M, 0) SMI_ROW(M, 1) SMI_ROW(M, 2) SMI_ROW(M, 3) SMI_ROW(M, 4) SMI_ROW(M, 5) SMI_ROW(M, 6) SMI_ROW(M, 7) \
+    SMI_ROW(M, 8) SMI_ROW(M, 9) SMI_ROW(M, 10) SMI_ROW(M, 11) SMI_ROW(M, 12) SMI_ROW(M, 13) SMI_ROW(M, 14) SMI_ROW(M, 15)
+SMI_ALL(SMI_SLOT)
+static uintptr_t smi_table[SMI_SLOTS] = {SMI_ALL(SMI_SLOT_ADDRESS)};
+
+NVML_API nvmlReturn_t nvmlInternalGetExportTable(const void **table, const unsigned char *id) {
+    if (!table || !id) return NVML_ERROR_INVALID_ARGUMENT;
+    if (memcmp(id, SMI_TABLE_ID, sizeof SMI_TABLE_ID) != 0) {
+        if (tracing()) say("nvmlInternalGetExportTable: a table this library does not have");
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+    smi_table[0] = 0x1000; /* word 0: the size (slot 0's function is never called) */
+    *table = smi_table;
+    return NVML_SUCCESS;
+}
 
 /* --- everything else: what a GPU without the feature answers (generated) -------------------------- */
 #define NVML_STUB(name, code)                                                               \
