@@ -108,11 +108,53 @@ def cuda(mib: int) -> None:
     print("my_pid", __import__("os").getpid(), flush=True)
 
 
+def fill() -> None:
+    """A program that takes "all free memory" gets the partition: all of it, and not a byte more."""
+    import ctypes
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    import remote_client as rc
+
+    rc.check(rc.cu.cuInit(0), "cuInit")
+    rc.setup()
+    free, total = ctypes.c_uint64(), ctypes.c_uint64()
+    rc.check(rc.cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
+    print("cuda_total", total.value)
+    print("cuda_free", free.value)
+    print("alloc_all", rc.alloc(free.value)[0])
+    print("alloc_more", rc.alloc(1 << 20)[0])
+    N.nvmlInit()
+    h = N.nvmlDeviceGetHandleByIndex(0)
+    deadline = time.monotonic() + 15
+    mem = N.nvmlDeviceGetMemoryInfo(h)
+    while mem.used < total.value and time.monotonic() < deadline:  # the view is refreshed every second
+        time.sleep(0.2)
+        mem = N.nvmlDeviceGetMemoryInfo(h)
+    print("nvml_total", mem.total)
+    print("nvml_used", mem.used)
+    print("nvml_free", mem.free, flush=True)
+
+
+def torch_sizes() -> None:
+    """PyTorch's view (the runtime's, from the driver) next to NVML's."""
+    import torch
+
+    _free, total = torch.cuda.mem_get_info(0)
+    N.nvmlInit()
+    print("torch_total", total)
+    print("props_total", torch.cuda.get_device_properties(0).total_memory)
+    print("nvml_total", N.nvmlDeviceGetMemoryInfo(N.nvmlDeviceGetHandleByIndex(0)).total, flush=True)
+
+
 if __name__ == "__main__":
     what = sys.argv[1]
     if what == "every":
         every()
     elif what == "slice":
         slice_()
+    elif what == "fill":
+        fill()
+    elif what == "torch":
+        torch_sizes()
     else:
         cuda(int(sys.argv[2]))

@@ -292,3 +292,44 @@ def test_nvidia_smi_private_table_finds_the_devices_and_lists_the_run(nvml_dir, 
     assert got["processes"] == "0" and got["count"] == "1"
     assert got["pid"] == str(helper.pid) and got["used"] == str(USED) and got["name"] == "sleep"
     assert got["other_slot"] == "0" and got["other_count"] == "0"
+
+
+@pytest.fixture(scope="module")
+def small_server(tmp_path_factory):
+    """A pool of one small simulated GPU (4 GiB): a program can fill its partition in host memory."""
+    srv = ServerProc(
+        tmp_path_factory.mktemp("nvml-small"), "1xL4-4GB", env={"GPUPOOL_WORKER_EXECUTOR": "host"}
+    ).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.slow
+@needs_shims
+def test_a_program_that_takes_all_free_memory_gets_the_partition(small_server, tmp_path):
+    """Allocating all the free memory cuMemGetInfo reports succeeds, one MiB more is
+    CUDA_ERROR_OUT_OF_MEMORY, and NVML then shows the partition full (used = total, free = 0)."""
+    env = client_env(tmp_path, [small_server.url], small_server.token("nvml-fill"))
+    out = gpuattach("run", "-n", "1", "-p", "0.25", "--", sys.executable, PROBE, "fill", env=env, timeout=90)
+    assert out.returncode == 0, out.stderr
+    got = {k: int(v) for k, v in lines(out.stdout).items()}
+    quota = quarter_of_a_gpu(small_server)
+    assert got["cuda_total"] == got["nvml_total"] == quota
+    assert got["cuda_free"] == quota  # nothing of the partition is taken before the program's own
+    assert got["alloc_all"] == 0 and got["alloc_more"] == 2  # CUDA_ERROR_OUT_OF_MEMORY
+    assert got["nvml_used"] == quota and got["nvml_free"] == 0
+
+
+@pytest.mark.slow
+@needs_shims
+def test_pytorch_and_nvml_report_the_quota(small_server, tmp_path):
+    """torch.cuda.mem_get_info's total, get_device_properties().total_memory (the runtime's
+    totalGlobalMem, taken from the driver) and NVML's total are the partition."""
+    pytest.importorskip("torch")
+    env = client_env(tmp_path, [small_server.url], small_server.token("nvml-torch"))
+    out = gpuattach(
+        "run", "-n", "1", "-p", "0.25", "--", sys.executable, PROBE, "torch", env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    got = {k: int(v) for k, v in lines(out.stdout).items()}
+    assert got["torch_total"] == got["props_total"] == got["nvml_total"] == quarter_of_a_gpu(small_server)
