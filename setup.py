@@ -40,7 +40,7 @@ setup(
             sources=["virtualize/nvml/nvml_shim.c"],
             depends=["virtualize/nvml/nvml_stubs_gen.h"],
             extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread", "-std=gnu11"],
-            extra_link_args=["-pthread", "-Wl,-soname,libnvidia-ml.so.1"],
+            extra_link_args=["-pthread", "-Wl,-soname,libnvidia-ml.so.1", "-ldl"],
             py_limited_api=False,
             optional=True,
         ),

@@ -333,3 +333,77 @@ def test_pytorch_and_nvml_report_the_quota(small_server, tmp_path):
     assert out.returncode == 0, out.stderr
     got = {k: int(v) for k, v in lines(out.stdout).items()}
     assert got["torch_total"] == got["props_total"] == got["nvml_total"] == quarter_of_a_gpu(small_server)
+
+
+# The GPU host's own NVML, at the seam where a --local run hands it the queries the lease does not
+# answer: a library that answers only as the driver's would for a device handle it gave out.
+HOST_NVML_C = r"""
+#include <string.h>
+#define API __attribute__((visibility("default")))
+static int device;
+API int nvmlInit_v2(void) { return 0; }
+API int nvmlDeviceGetHandleByUUID(const char *uuid, void **h) {
+    if (strcmp(uuid, "GPU-11111111-2222-3333-4444-555555555555")) return 6;
+    *h = &device;
+    return 0;
+}
+API int nvmlDeviceGetNvLinkState(void *h, unsigned link, unsigned *state) {
+    if (h != &device) return 2;
+    *state = link == 3;
+    return 0;
+}
+API int nvmlDeviceGetMemoryInfo(void *h, unsigned long long *m) { m[0] = 1ULL << 40; return 0; }
+API int nvmlDeviceSetPowerManagementLimit(void *h, unsigned limit) { return 0; }
+"""
+
+LOCAL_QUERIES = """
+import pynvml as N
+N.nvmlInit(); h = N.nvmlDeviceGetHandleByIndex(0)
+print("total", N.nvmlDeviceGetMemoryInfo(h).total)
+print("link3", N.nvmlDeviceGetNvLinkState(h, 3))
+print("link0", N.nvmlDeviceGetNvLinkState(h, 0))
+try:
+    N.nvmlDeviceSetPowerManagementLimit(h, 100000)
+    print("set ok")
+except N.NVMLError as e:
+    print("set", e.value)
+"""
+
+
+def test_a_local_run_asks_the_hosts_nvml_what_the_lease_does_not_answer(nvml_dir, tmp_path):
+    """In a --local run the view names the GPU host's own NVML: queries the lease does not answer
+    (NVLink here) reach it with its own device handle, the lease's numbers (memory) stay the lease's,
+    and a change to the shared GPU is still refused (NO_PERMISSION), never handed on."""
+    import shutil
+
+    host = tmp_path / "host"
+    host.mkdir()
+    source = host / "host_nvml.c"
+    source.write_text(HOST_NVML_C)
+    cc = shutil.which("cc") or shutil.which("gcc")
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(host / "libnvidia-ml.so.1"), str(source)], check=True)
+    env = view_env(nvml_dir, tmp_path)
+    view = Path(env["GPUPOOL_NVML_VIEW"])
+    _nvml_view.write(view, _nvml_view.render(LEASE, [4242], real_nvml=host / "libnvidia-ml.so.1"))
+    out = run([sys.executable, "-c", LOCAL_QUERIES], env)
+    assert out.returncode == 0, out.stderr
+    got = lines(out.stdout)
+    assert int(got["total"]) == PARTITION
+    assert got["link3"] == "1" and got["link0"] == "0"
+    assert got["set"] == str(NVML_NO_PERMISSION)
+
+
+def test_the_hosts_nvml_is_found_and_never_gpupools_own(nvml_dir, tmp_path):
+    """gpuattach finds the driver's libnvidia-ml.so.1 on the library path for --local runs, passing
+    over gpupool's own shim there."""
+    from virtualize.remote import host_nvml
+
+    host = tmp_path / "driver"
+    host.mkdir()
+    (host / "libnvidia-ml.so.1").write_bytes(b"")
+    found = host_nvml({"LD_LIBRARY_PATH": f"{nvml_dir}:{host}"})
+    assert found is not None and found.resolve() != (nvml_dir / "libnvidia-ml.so.1").resolve()
+    if not subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout.count(
+        "libnvidia-ml.so.1 ("
+    ):
+        assert found == host / "libnvidia-ml.so.1"

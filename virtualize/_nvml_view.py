@@ -33,10 +33,13 @@ def cuda_version_number(text: str | None) -> int | None:
         return None
 
 
-def render(lease: dict, pids: list[int] = ()) -> str:
-    """The view of `lease` (a pool server's lease answer); `pids` are the run's own processes."""
+def render(lease: dict, pids: list[int] = (), real_nvml: Path | None = None) -> str:
+    """The view of `lease` (a pool server's lease answer); `pids` are the run's own processes;
+    `real_nvml` the GPU host's own NVML, which answers the other queries (--local runs)."""
     server = lease.get("server") or {}
     lines = [HEADER, f"lease {lease['id']}"]
+    if real_nvml is not None:
+        lines.append(f"real_nvml {real_nvml}")
     if driver := server.get("driver_version"):
         lines.append(f"driver_version {driver}")
     if (cuda := cuda_version_number(server.get("cuda_version"))) is not None:
@@ -81,17 +84,18 @@ def write(path: Path, text: str) -> None:
 class ViewKeeper:
     """Keeps a run's view current: writes it now, then every REFRESH_S from the server's answer."""
 
-    def __init__(self, client, server, lease: dict, directory: Path) -> None:
+    def __init__(self, client, server, lease: dict, directory: Path, real_nvml: Path | None = None) -> None:
         self.client, self.server, self.lease = client, server, lease
         self.path = directory / "nvml-view"
+        self.real_nvml = real_nvml
         self.pids: list[int] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="gpupool-nvml-view")
-        write(self.path, render(lease))
+        write(self.path, render(lease, real_nvml=real_nvml))
 
     def start(self, pids: list[int]) -> None:
         self.pids = pids
-        write(self.path, render(self.lease, pids))
+        write(self.path, render(self.lease, pids, self.real_nvml))
         self._thread.start()
 
     def _run(self) -> None:
@@ -102,7 +106,7 @@ class ViewKeeper:
             # A missed refresh keeps the last view: the tools show slightly older numbers, nothing fails.
             with contextlib.suppress(Exception):
                 self.lease = self.client.call(self.server, "GET", path)
-                write(self.path, render(self.lease, self.pids))
+                write(self.path, render(self.lease, self.pids, self.real_nvml))
 
     def stop(self) -> None:
         self._stop.set()

@@ -662,7 +662,7 @@ def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
             f"gpuattach: note: lease {lease['id']} is on SIMULATED GPUs (control plane only)", file=sys.stderr
         )
     with tempfile.TemporaryDirectory(prefix="gpupool-run-") as scratch:
-        view = _nvml_view(run, env, Path(scratch))
+        view = _nvml_view(run, env, Path(scratch), local=args.local)
         try:
             return _run_command(args, cmd, run, env, view)
         finally:
@@ -670,18 +670,20 @@ def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
                 view.stop()
 
 
-def _nvml_view(run: _Run, env: dict, scratch: Path):
+def _nvml_view(run: _Run, env: dict, scratch: Path, *, local: bool):
     """The lease's NVML view, kept current while the command runs, with gpupool's libnvidia-ml.so.1
     put first on the command's library path (remote and --local alike), so nvidia-smi, pynvml,
-    nvitop and gpustat show the lease's slice. None (and a note) where that library is not built."""
+    nvitop and gpustat show the lease's slice; in a --local run this host's own NVML answers the
+    other queries (NVLink, clocks, ECC …). None (and a note) where that library is not built."""
     from virtualize._nvml_view import ViewKeeper
 
     try:
-        from virtualize.remote import ShimNotBuilt, nvml_env
+        from virtualize.remote import ShimNotBuilt, host_nvml, nvml_env
     except ImportError:
         return None
     try:
-        keeper = ViewKeeper(run.client, run.server, run.lease, scratch)
+        real = host_nvml(env) if local else None
+        keeper = ViewKeeper(run.client, run.server, run.lease, scratch, real)
         env.update(nvml_env(keeper.path, env))
     except ShimNotBuilt:
         print("gpuattach: note: gpupool's libnvidia-ml.so.1 is not built: NVML tools (nvidia-smi, nvitop) "

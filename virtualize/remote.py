@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import mmap
 import os
 import shutil
 import subprocess
@@ -91,7 +92,7 @@ def compile_nvml(dest_dir: Path, *, compiler: str | None = None) -> Path:
     dest_dir.mkdir(parents=True, exist_ok=True)
     out = dest_dir / "libnvidia-ml.so.1"
     flags = [f for f in COMPILE_FLAGS if not f.startswith("-Wl,-soname")] + ["-Wl,-soname,libnvidia-ml.so.1"]
-    subprocess.run([cc, *flags, "-o", str(out), str(NVML_SOURCE)], check=True, timeout=300)
+    subprocess.run([cc, *flags, "-o", str(out), str(NVML_SOURCE), *LINK_LIBRARIES], check=True, timeout=300)
     return out
 
 
@@ -193,3 +194,43 @@ def nvml_env(
         "LD_LIBRARY_PATH": f"{directory}:{old}" if old else str(directory),
         VIEW_ENV: str(view),
     }
+
+
+# Where drivers put libnvidia-ml.so.1 when ldconfig does not say (containers often have no cache).
+HOST_NVML_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/nvidia/lib64",
+    "/usr/local/nvidia/lib",
+)
+
+
+def host_nvml(env: dict[str, str]) -> Path | None:
+    """This GPU host's own libnvidia-ml.so.1 (the driver's), for --local runs: gpupool's NVML answers
+    the lease's numbers and hands every other query to it. None where there is none."""
+    candidates = []
+    try:
+        listing = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+        candidates += [
+            line.rsplit("=> ", 1)[1] for line in listing.splitlines() if "libnvidia-ml.so.1 (" in line
+        ]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    dirs = [d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d] + list(HOST_NVML_DIRS)
+    candidates += [os.path.join(d, "libnvidia-ml.so.1") for d in dirs]
+    for candidate in candidates:
+        path = Path(candidate.strip())
+        if path.is_file() and not _is_gpupool_nvml(path):
+            return path
+    return None
+
+
+def _is_gpupool_nvml(path: Path) -> bool:
+    """gpupool's own shim (wherever it was built or linked) exports gpupoolNvmlLease; the driver's does not."""
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return data.find(b"gpupoolNvmlLease") >= 0
+    except (OSError, ValueError):  # unreadable, or empty
+        return False

@@ -13,6 +13,7 @@
  * know: an unknown value (no temperature from a simulated GPU) is NVML_ERROR_NOT_SUPPORTED too.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -65,6 +66,11 @@ static char driver_version[TEXT];
 static char lease_id[TEXT];
 static long long cuda_version = UNKNOWN;
 static struct stat view_seen; /* the file as last read: re-read when it changed */
+/* --local runs: the GPU host's own NVML (the view names it), which answers the queries this library
+   does not; the devices' handles are then the real library's, so it can be handed them as they are. */
+static char real_path[512];
+static void *real_lib;
+static nvmlDevice_t real_handles[MAX_DEVICES];
 
 static int tracing(void) {
     const char *t = getenv("GPUPOOL_SHIM_TRACE");
@@ -122,6 +128,8 @@ static int read_view(const char *path) {
             snprintf(d->bus_id, sizeof d->bus_id, "00000000:%02X:00.0", n);
         } else if (!strcmp(line, "lease")) {
             copy_text(lease, value);
+        } else if (!strcmp(line, "real_nvml")) {
+            snprintf(real_path, sizeof real_path, "%s", value);
         } else if (!strcmp(line, "driver_version")) {
             copy_text(driver, value);
         } else if (!strcmp(line, "cuda_version")) {
@@ -184,6 +192,17 @@ static void refresh(void) {
     if (read_view(path) == 0) view_seen = st;
 }
 
+/* The lease device a handle names (ours, or the real library's in a --local run), -1 if none. */
+static int device_number(const void *handle) {
+    for (int i = 0; i < n_devices; i++)
+        if (handle == (void *)&devices[i] || (real_handles[i] && handle == (void *)real_handles[i])) return i;
+    return -1;
+}
+
+static nvmlDevice_t handle_of(int i) {
+    return real_handles[i] ? real_handles[i] : (nvmlDevice_t)&devices[i];
+}
+
 /* Takes `lock`, refreshes the view and finds the device; NULL (lock released) with *rc set if none. */
 static device_t *enter(nvmlDevice_t handle, nvmlReturn_t *rc) {
     pthread_mutex_lock(&lock);
@@ -191,8 +210,8 @@ static device_t *enter(nvmlDevice_t handle, nvmlReturn_t *rc) {
         *rc = NVML_ERROR_UNINITIALIZED;
     } else {
         refresh();
-        for (int i = 0; i < n_devices; i++)
-            if (handle == (nvmlDevice_t)&devices[i]) return &devices[i];
+        int i = device_number(handle);
+        if (i >= 0) return &devices[i];
         *rc = NVML_ERROR_INVALID_ARGUMENT;
     }
     pthread_mutex_unlock(&lock);
@@ -217,6 +236,8 @@ static nvmlReturn_t put_text(char *out, unsigned int length, const char *text) {
 }
 
 /* --- init and system ---------------------------------------------------------------------------- */
+static void open_real(void);
+
 NVML_API nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
     pthread_mutex_lock(&lock);
@@ -233,6 +254,7 @@ NVML_API nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     } else {
         inits++;
         if (tracing()) say("init: %d device(s) of lease view %s", n_devices, path);
+        if (real_path[0] && !real_lib) open_real();
     }
     pthread_mutex_unlock(&lock);
     return rc;
@@ -353,7 +375,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevi
     nvmlReturn_t rc = system_call();
     if (rc) return rc;
     if (!device || index >= (unsigned int)n_devices) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
-    *device = (nvmlDevice_t)&devices[index];
+    *device = handle_of((int)index);
     LEAVE(NVML_SUCCESS);
 }
 
@@ -368,7 +390,7 @@ static nvmlReturn_t handle_by(int by_uuid, const char *key, nvmlDevice_t *device
     for (int i = 0; i < n_devices; i++) {
         if (by_uuid ? !strcmp(key, devices[i].uuid) : !strcasecmp(key, devices[i].bus_id) ||
                                                           !strcasecmp(key, devices[i].bus_id + 4)) {
-            *device = (nvmlDevice_t)&devices[i];
+            *device = handle_of(i);
             LEAVE(NVML_SUCCESS);
         }
     }
@@ -591,23 +613,17 @@ static const unsigned char SMI_TABLE_ID[16] = {0xc4, 0xfe, 0x3e, 0x6c, 0xc9, 0x8
 #define SMI_PROCESS_ENTRY 4128
 #define SMI_PROCESS_NAME_AT 32
 
-static int is_device(void *handle) {
-    for (int i = 0; i < n_devices; i++)
-        if (handle == (void *)&devices[i]) return 1;
-    return 0;
-}
-
 static nvmlReturn_t smi_slot(unsigned int slot, void *a0, void *a1, void *a2) {
     if (slot == SMI_HANDLE_BY_INDEX && (uintptr_t)a0 < 64 && (uintptr_t)a2 == 0x22 && a1)
         return nvmlDeviceGetHandleByIndex_v2((unsigned int)(uintptr_t)a0, (nvmlDevice_t *)a1);
     pthread_mutex_lock(&lock);
-    int device = inits > 0 && a1 && is_device(a0);
-    if (!device) {
+    int number = inits > 0 && a1 ? device_number(a0) : -1;
+    if (number < 0) {
         pthread_mutex_unlock(&lock);
         return NVML_SUCCESS;
     }
     refresh();
-    device_t *d = (device_t *)a0;
+    device_t *d = &devices[number];
     unsigned int *count = (unsigned int *)a1;
     if (slot >= SMI_PROCESSES_FIRST && slot <= SMI_PROCESSES_LAST && (uintptr_t)a2 > 0x100000) {
         unsigned int n = 0;
@@ -654,10 +670,70 @@ NVML_API nvmlReturn_t nvmlInternalGetExportTable(const void **table, const unsig
     return NVML_SUCCESS;
 }
 
-/* --- everything else: what a GPU without the feature answers (generated) -------------------------- */
-#define NVML_STUB(name, code)                                                               \
-    NVML_API nvmlReturn_t name(void) {                                                      \
-        if (tracing()) say("%s: %s (not answered for a lease)", #name, nvmlErrorString(code)); \
-        return code;                                                                        \
+/* --- everything else (generated) ------------------------------------------------------------------ */
+/* A query (NVML_QUERY) goes to the GPU host's own NVML in a --local run, else answers what a GPU
+   without the feature answers; a change (NVML_CHANGE) is refused on a leased GPU either way. A query
+   is a jump to the real function with the caller's arguments untouched, whatever they are. */
+static void unanswered_note(const char *name, nvmlReturn_t code) {
+    if (tracing()) say("%s: %s (not answered for a lease)", name, nvmlErrorString(code));
+}
+
+#define NVML_CHANGE(name, code)              \
+    NVML_API nvmlReturn_t name(void) {       \
+        unanswered_note(#name, code);        \
+        return code;                         \
     }
+#if defined(__x86_64__)
+#define FORWARDING 1
+#define JUMP_TO_REAL(name)                                                                        \
+    __asm__(".text\n.globl " #name "\n.type " #name ", @function\n" #name ":\n"                   \
+            "\tmovq real_" #name "(%rip), %rax\n\ttestq %rax, %rax\n\tjz unanswered_" #name "\n" \
+            "\tjmp *%rax\n.size " #name ", .-" #name "\n");
+#elif defined(__aarch64__)
+#define FORWARDING 1
+#define JUMP_TO_REAL(name)                                                                          \
+    __asm__(".text\n.globl " #name "\n.type " #name ", %function\n" #name ":\n"                     \
+            "\tadrp x16, real_" #name "\n\tldr x16, [x16, :lo12:real_" #name "]\n"                   \
+            "\tcbz x16, unanswered_" #name "\n\tbr x16\n.size " #name ", .-" #name "\n");
+#endif
+#ifdef FORWARDING
+#define NVML_QUERY(name, code)                                                        \
+    __attribute__((used, visibility("hidden"))) void *real_##name;                  \
+    __attribute__((used, visibility("hidden"))) nvmlReturn_t unanswered_##name(void) { \
+        unanswered_note(#name, code);                                               \
+        return code;                                                                \
+    }                                                                               \
+    JUMP_TO_REAL(name)
+#else
+#define NVML_QUERY NVML_CHANGE
+#endif
 #include "nvml_stubs_gen.h"
+#undef NVML_QUERY
+#undef NVML_CHANGE
+
+/* Opens the GPU host's NVML named by the view (--local runs), starts it, finds the lease's devices in
+   it by UUID and points every query this library does not answer at it. Holds `lock`. */
+static void open_real(void) {
+    void *lib = dlopen(real_path, RTLD_NOW | RTLD_LOCAL);
+    if (lib && dlsym(lib, "gpupoolNvmlLease")) { /* ourselves again, not the driver's */
+        dlclose(lib);
+        lib = NULL;
+    }
+    nvmlReturn_t (*init)(void) = lib ? (nvmlReturn_t(*)(void))dlsym(lib, "nvmlInit_v2") : NULL;
+    nvmlReturn_t (*by_uuid)(const char *, nvmlDevice_t *) =
+        lib ? (nvmlReturn_t(*)(const char *, nvmlDevice_t *))dlsym(lib, "nvmlDeviceGetHandleByUUID") : NULL;
+    if (!init || !by_uuid || init() != NVML_SUCCESS) {
+        say("cannot use this host's NVML (%s): queries the lease does not answer are NOT_SUPPORTED", real_path);
+        if (lib) dlclose(lib);
+        real_path[0] = 0;
+        return;
+    }
+    for (int i = 0; i < n_devices; i++)
+        if (by_uuid(devices[i].uuid, &real_handles[i]) != NVML_SUCCESS) real_handles[i] = NULL;
+    real_lib = lib;
+#ifdef FORWARDING
+#define NVML_QUERY(name, code) real_##name = dlsym(real_lib, #name);
+#define NVML_CHANGE(name, code)
+#include "nvml_stubs_gen.h"
+#endif
+}
