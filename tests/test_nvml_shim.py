@@ -407,3 +407,26 @@ def test_the_hosts_nvml_is_found_and_never_gpupools_own(nvml_dir, tmp_path):
         "libnvidia-ml.so.1 ("
     ):
         assert found == host / "libnvidia-ml.so.1"
+
+
+PCI_SIZES = """
+import ctypes
+lib = ctypes.CDLL("libnvidia-ml.so.1")
+assert lib.nvmlInit_v2() == 0
+h = ctypes.c_void_p()
+assert lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)) == 0
+for name, size in (("nvmlDeviceGetPciInfo", 32), ("nvmlDeviceGetPciInfo_v2", 52), ("nvmlDeviceGetPciInfo_v3", 68)):
+    buf = ctypes.create_string_buffer(b"\\xab" * 256, 256)
+    rc = getattr(lib, name)(h, buf)
+    print(name, rc, buf.raw[:16].split(b"\\0")[0].decode(), buf.raw[size:] == b"\\xab" * (256 - size))
+"""
+
+
+def test_each_pci_info_version_fills_its_own_size_only(nvml_dir, tmp_path):
+    """A C program calling the v1 or v2 PCI query with its own (smaller) struct gets it filled and
+    nothing past it overwritten; each reports the bus id."""
+    out = run([sys.executable, "-c", PCI_SIZES], view_env(nvml_dir, tmp_path))
+    assert out.returncode == 0, out.stderr
+    for line in out.stdout.splitlines():
+        name, rc, bus, untouched = line.split()
+        assert (rc, bus, untouched) == ("0", "0000:19:00.0", "True"), name

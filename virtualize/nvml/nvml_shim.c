@@ -431,28 +431,34 @@ NVML_API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int
     LEAVE(NVML_SUCCESS);
 }
 
-/* nvmlPciInfo_t (v3; v1 and v2 share its first 36 bytes and read busIdLegacy) */
+/* nvmlPciInfo_t as v3 has it. v1's is its first 32 bytes (the short bus id, domain, bus, device, ids);
+   v2's adds the subsystem id and 16 reserved bytes (52 in all): each version gets only its own size. */
 typedef struct {
     char busIdLegacy[16];
     unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
     char busId[32];
 } pci_info_t;
 
-static nvmlReturn_t pci_info(nvmlDevice_t device, pci_info_t *pci) {
+static nvmlReturn_t pci_info(nvmlDevice_t device, void *out, size_t size) {
     DEVICE_CALL(device);
-    if (!pci) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
-    memset(pci, 0, sizeof *pci);
+    if (!out) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    pci_info_t pci;
+    memset(&pci, 0, sizeof pci);
     unsigned int function = 0;
-    sscanf(d->bus_id, "%x:%x:%x.%x", &pci->domain, &pci->bus, &pci->device, &function);
-    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X", pci->domain & 0xFFFF, pci->bus,
-             pci->device, function);
-    snprintf(pci->busId, sizeof pci->busId, "%s", d->bus_id);
+    sscanf(d->bus_id, "%x:%x:%x.%x", &pci.domain, &pci.bus, &pci.device, &function);
+    snprintf(pci.busIdLegacy, sizeof pci.busIdLegacy, "%04X:%02X:%02X.%X", pci.domain & 0xFFFF, pci.bus,
+             pci.device, function);
+    snprintf(pci.busId, sizeof pci.busId, "%s", d->bus_id);
+    memset(out, 0, size);
+    memcpy(out, &pci, size < sizeof pci ? size : sizeof pci);
     LEAVE(NVML_SUCCESS);
 }
 
-NVML_API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, pci_info_t *pci) { return pci_info(device, pci); }
-NVML_API nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, pci_info_t *pci) { return pci_info(device, pci); }
-NVML_API nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, pci_info_t *pci) { return pci_info(device, pci); }
+NVML_API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, void *pci) {
+    return pci_info(device, pci, sizeof(pci_info_t));
+}
+NVML_API nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, void *pci) { return pci_info(device, pci, 52); }
+NVML_API nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, void *pci) { return pci_info(device, pci, 32); }
 
 typedef struct {
     unsigned long long total, free, used;
