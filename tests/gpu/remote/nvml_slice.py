@@ -155,9 +155,10 @@ def main() -> int:
     print(f"native GPU 0 memory: {total // MiB} MiB; logs in {OUT}", flush=True)
     try:
         with pool_server(OUT / "remote", env) as attach:
-            # The client side sees no GPU of its own: anything that reached this host's driver
-            # instead of the lease would find none and fail, not pass with the whole GPU.
-            checks("remote -p 0.5", attach("0.5"), total // 2, {**env, "CUDA_VISIBLE_DEVICES": ""})
+            # The host's own libcuda and libnvidia-ml are shadowed by gpupool's in the command (memory
+            # total = the partition proves whose answered). CUDA_VISIBLE_DEVICES stays unset: PyTorch
+            # counts devices through NVML and CUDA_VISIBLE_DEVICES, and "" would mean none.
+            checks("remote -p 0.5", attach("0.5"), total // 2, env)
     except RuntimeError as exc:
         record("remote server", "FAIL", str(exc))
     try:
