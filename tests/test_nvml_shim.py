@@ -430,3 +430,53 @@ def test_each_pci_info_version_fills_its_own_size_only(nvml_dir, tmp_path):
     for line in out.stdout.splitlines():
         name, rc, bus, untouched = line.split()
         assert (rc, bus, untouched) == ("0", "0000:19:00.0", "True"), name
+
+
+READ_ALL = """
+import pynvml as N
+try:
+    N.nvmlInit()
+except N.NVMLError as e:
+    print("init", e.value)
+    raise SystemExit(0)
+for i in range(N.nvmlDeviceGetCount()):
+    h = N.nvmlDeviceGetHandleByIndex(i)
+    m = N.nvmlDeviceGetMemoryInfo(h)
+    try:
+        util = N.nvmlDeviceGetUtilizationRates(h).gpu
+    except N.NVMLError_NotSupported:
+        util = 0
+    print("device", i, util, m.total, m.used, len(N.nvmlDeviceGetComputeRunningProcesses(h)))
+"""
+
+BAD_VIEWS = {
+    "empty": "",
+    "other format": "something else 1\ndevice 0\n",
+    "no devices": "gpupool-nvml-view 1\nlease L\n",
+    "device without memory": "gpupool-nvml-view 1\ndevice 0\nname X\nuuid GPU-1\n",
+    "garbage numbers": "gpupool-nvml-view 1\ndevice 0\nuuid GPU-1\nmemory_total lots\nmemory_used -5\n",
+    "used beyond total": "gpupool-nvml-view 1\ndevice 0\nuuid GPU-1\nmemory_total 1024\nmemory_used 4096\n",
+    "out of range": "gpupool-nvml-view 1\ndevice 0\nuuid GPU-1\nmemory_total 1024\nutil_gpu_percent 250\n",
+    "negative used": "gpupool-nvml-view 1\ndevice 0\nuuid GPU-1\nmemory_total 1024\nmemory_used -5\n",
+    "overlong line": "gpupool-nvml-view 1\ndevice 0\nuuid GPU-1\nmemory_total 1024\nname "
+    + "x" * 5000
+    + "\n",
+    "too many devices and processes": "gpupool-nvml-view 1\n"
+    + "".join(f"device {i}\nuuid GPU-{i}\nmemory_total 1024\n" + "process 1 1\n" * 40 for i in range(40)),
+    "binary": "gpupool-nvml-view 1\n\0\xff\xfe device \0 0\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_VIEWS))
+def test_a_damaged_view_never_crashes_a_tool(nvml_dir, tmp_path, case):
+    """Whatever the view file holds, a tool gets either NVML's "driver not loaded" or devices with
+    bounded values: never a crash, an overrun or a device without memory."""
+    env = view_env(nvml_dir, tmp_path)
+    Path(env["GPUPOOL_NVML_VIEW"]).write_text(BAD_VIEWS[case])
+    out = run([sys.executable, "-c", READ_ALL], env)
+    assert out.returncode == 0, out.stderr
+    rows = out.stdout.splitlines()
+    assert rows == ["init 9"] or (rows and all(r.startswith("device ") for r in rows)), rows
+    for row in rows[1:] if rows == ["init 9"] else rows:
+        *_, util, total, used, procs = row.split()
+        assert 0 <= int(util) <= 100 and int(total) > 0 and 0 <= int(used) <= int(total) and int(procs) <= 16

@@ -169,8 +169,19 @@ static int read_view(const char *path) {
     }
     fclose(f);
     if (n == 0) return -1;
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         if (fresh[i].memory_total <= 0 || !fresh[i].uuid[0]) return -1;
+        /* used within the partition, so free = total - used never wraps */
+        if (fresh[i].memory_used < 0) fresh[i].memory_used = 0;
+        if (fresh[i].memory_used > fresh[i].memory_total) fresh[i].memory_used = fresh[i].memory_total;
+        device_t *v = &fresh[i]; /* a value out of its range is not known */
+        if (v->util_gpu < 0 || v->util_gpu > 100) v->util_gpu = UNKNOWN;
+        if (v->temperature_c < 0 || v->temperature_c > 1000) v->temperature_c = UNKNOWN;
+        if (v->power_mw < 0 || v->power_mw > 100000000) v->power_mw = UNKNOWN;
+        for (int k = 0; k < fresh[i].n_procs; k++)
+            if (fresh[i].proc_mem[k] > (unsigned long long)fresh[i].memory_total)
+                fresh[i].proc_mem[k] = (unsigned long long)fresh[i].memory_total;
+    }
     /* The lease's devices do not change during a run: a view naming others is not taken. */
     if (n_devices && n != n_devices) return -1;
     memcpy(devices, fresh, sizeof(device_t) * n);
