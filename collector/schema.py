@@ -31,7 +31,8 @@ METADATA_TABLE_KEY = b"gpupool.table"
 
 # Where a row came from. `simulated` rows are also flagged in their own boolean column, so that every
 # reader can label them without knowing the list of sources.
-SOURCES = ("nvml", "simulated", "replay", "nvidia-smi", "dcgm", "server")
+# `lease`: NVML sampled inside a gpupool lease (gpuattach run): the lease's slice of a GPU of the pool.
+SOURCES = ("nvml", "simulated", "replay", "nvidia-smi", "dcgm", "server", "lease")
 
 
 @dataclass(frozen=True)

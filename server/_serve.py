@@ -47,10 +47,12 @@ def _inventory(cfg: ServerConfig):
 LIVE_FIELDS = ("state", "util_gpu_mean", "mem_used_bytes", "power_w", "temperature_c", "sm_activity")
 
 
-def _sampler(cfg: ServerConfig, events: EventLog, live: dict, stop: threading.Event) -> None:
+def _sampler(
+    cfg: ServerConfig, events: EventLog, live: dict, live_procs: dict, stop: threading.Event
+) -> None:
     """This host's GPU samples through the collector's sampling loop: the newest per GPU for /v1/gpus
-    (what `gpuattach smi` shows), and all of them into the telemetry directory when one is configured,
-    as gpustat-collect writes them."""
+    (what `gpuattach smi` shows) and the newest process rows per GPU (a lease's NVML view), and all of
+    them into the telemetry directory when one is configured, as gpustat-collect writes them."""
     from collector import NvmlSource, RollupKeeper, RollupOptions, RunOptions, run
 
     try:
@@ -72,6 +74,11 @@ def _sampler(cfg: ServerConfig, events: EventLog, live: dict, stop: threading.Ev
     def show(tick) -> None:
         for row in tick.gpu_rows:
             live[row["gpu_index"]] = {k: row.get(k) for k in LIVE_FIELDS} | {"ts": row["ts"].isoformat()}
+        # The newest process rows per GPU: a lease's own memory and busy share (its NVML view).
+        procs: dict[int, dict] = {row["gpu_index"]: {} for row in tick.gpu_rows}
+        for row in tick.process_rows:
+            procs.setdefault(row["gpu_index"], {})[row["pid"]] = (row["mem_used_bytes"], row["sm_util"])
+        live_procs.update(procs)
 
     try:
         run(
@@ -198,7 +205,10 @@ async def _serve(cfg: ServerConfig, inv: Inventory) -> int:
         )
     sampler_stop = threading.Event()
     sampler = threading.Thread(
-        target=_sampler, args=(cfg, events, pool.live, sampler_stop), daemon=True, name="gpu-samples"
+        target=_sampler,
+        args=(cfg, events, pool.live, pool.live_procs, sampler_stop),
+        daemon=True,
+        name="gpu-samples",
     )
     if not inv.simulated:  # live numbers for /v1/gpus; telemetry too when configured
         sampler.start()

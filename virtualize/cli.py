@@ -26,8 +26,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 from collector.words import plural
 from server import ranges
@@ -635,8 +637,6 @@ def _release_quietly(client, server, lease, owned: bool) -> None:
 
 
 def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
-    from server.client import Heartbeater
-
     lease = run.lease
     env = dict(os.environ)
     if args.local:
@@ -661,6 +661,41 @@ def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
         print(
             f"gpuattach: note: lease {lease['id']} is on SIMULATED GPUs (control plane only)", file=sys.stderr
         )
+    with tempfile.TemporaryDirectory(prefix="gpupool-run-") as scratch:
+        view = _nvml_view(run, env, Path(scratch), local=args.local)
+        try:
+            return _run_command(args, cmd, run, env, view)
+        finally:
+            if view is not None:
+                view.stop()
+
+
+def _nvml_view(run: _Run, env: dict, scratch: Path, *, local: bool):
+    """The lease's NVML view, kept current while the command runs, with gpupool's libnvidia-ml.so.1
+    put first on the command's library path (remote and --local alike), so nvidia-smi, pynvml,
+    nvitop and gpustat show the lease's slice; in a --local run this host's own NVML answers the
+    other queries (NVLink, clocks, ECC …). None (and a note) where that library is not built."""
+    from virtualize._nvml_view import ViewKeeper
+
+    try:
+        from virtualize.remote import ShimNotBuilt, host_nvml, nvml_env
+    except ImportError:
+        return None
+    try:
+        real = host_nvml(env) if local else None
+        keeper = ViewKeeper(run.client, run.server, run.lease, scratch, real)
+        env.update(nvml_env(keeper.path, env))
+    except ShimNotBuilt:
+        print("gpuattach: note: gpupool's libnvidia-ml.so.1 is not built: NVML tools (nvidia-smi, nvitop) "
+              "in the command do not show the lease's slice", file=sys.stderr)  # fmt: skip
+        return None
+    return keeper
+
+
+def _run_command(args, cmd, run: _Run, env: dict, view) -> int:
+    from server.client import Heartbeater
+
+    lease = run.lease
     hb = Heartbeater(run.client, run.server, lease, run.on_lease_end)
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
     tty = _foreground_tty()
@@ -677,6 +712,8 @@ def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
             return _fail(f"cannot execute {cmd[0]}: permission denied", "", EXIT_CANNOT_EXEC)
         if tty is not None:
             _give_foreground(tty, run.child.pid)
+        if view is not None:
+            view.start([run.child.pid])
         hb.start(pids=[os.getpid(), run.child.pid] if args.local else None)
         if args.local:
             threading.Thread(target=_quiet, args=(hb.beat_now,), daemon=True).start()  # register the pid now
