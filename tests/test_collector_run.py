@@ -83,8 +83,9 @@ def test_the_pool_servers_sampler_writes_telemetry_and_live_numbers_through_the_
     cfg = ServerConfig(telemetry_dir=tmp_path, sample_interval_s=0.02, rollup_every_s=0)
     events = EventLog(tmp_path, "h", simulated=True, flush_interval_s=60)
     live: dict = {}
+    live_procs: dict = {}
     stop = threading.Event()
-    thread = threading.Thread(target=_serve._sampler, args=(cfg, events, live, stop))
+    thread = threading.Thread(target=_serve._sampler, args=(cfg, events, live, live_procs, stop))
     thread.start()
     deadline = time.monotonic() + 10
     while len(live) < 2 and time.monotonic() < deadline:
@@ -93,5 +94,6 @@ def test_the_pool_servers_sampler_writes_telemetry_and_live_numbers_through_the_
     thread.join(10)
     events.close()
     assert sorted(live) == [0, 1] and all("util_gpu_mean" in v for v in live.values())
+    assert sorted(live_procs) == [0, 1]  # each GPU's newest process rows: what a lease's NVML view reads
     written = ds.dataset(tmp_path / "gpu_samples", format="parquet").to_table()
     assert written.num_rows >= 2 and set(written.column("gpu_index").to_pylist()) == {0, 1}
