@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+import msgspec
 from msgspec import UNSET as _UNSET
 
 from collector.words import plural
@@ -459,7 +460,8 @@ class Pool:
                 env = self.lease_env(lease_id, placement, req.sm_share)
                 lease = {"id": lease_id, "client": caller.client, "label": req.label, "created": now,
                          "expires": now + ttl, "max_end": max_end, "ttl_s": ttl, "last_active": now,
-                         "local": req.local, "remote": req.remote, "pids": pids, "env": env}  # fmt: skip
+                         "local": req.local, "remote": req.remote, "pids": pids, "env": env,
+                         "job": msgspec.to_builtins(req.job) if req.job else None}  # fmt: skip
                 partitions = [
                     {
                         "gpu_index": g.index,
@@ -478,7 +480,9 @@ class Pool:
                     if not recorded:
                         raise _Conflict
         except (Impossible, Busy, LimitExceeded) as exc:
-            self.events.deny(caller.client, exc.message, now)
+            self.events.deny(
+                caller.client, exc.message, now, msgspec.to_builtins(req.job) if req.job else None
+            )
             raise
         except StorageFull:
             if recorded:  # etcd counts a lease the disk could not store: take its share back
@@ -536,6 +540,7 @@ class Pool:
             "state": row["state"],
             "reason": row["reason"],
             "label": row["label"],
+            "job": row["job"],
             "created_at": iso(row["created"]),
             "ended_at": iso(row["ended"]),
             "expires_at": iso(row["expires"]),
