@@ -5,12 +5,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # System programs the tests drive for real: Chromium (report), tmux (console), etcd (cluster mode),
-# a C compiler (the remote-execution shim).
+# a C compiler (the remote-execution shim), Slurm with munge and spank.h (the Slurm integration).
 need=()
 command -v chromium >/dev/null || need+=(chromium)
 command -v tmux >/dev/null || need+=(tmux)
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v cc >/dev/null || need+=(gcc)  # builds the remote-execution shim (libcuda.so.1)
+# tests/slurm_cluster.py starts its own munged, slurmctld and slurmd (own config, ports, directory)
+command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null || need+=(slurm-wlm)
+command -v munged >/dev/null || need+=(munge)
+[ -e /usr/include/slurm/spank.h ] || need+=(libslurm-dev)  # builds deploy/slurm's SPANK plugin
 if ((${#need[@]})); then
   if [ "$(id -u)" = 0 ]; then
     echo "installing system packages: ${need[*]}"

@@ -1,0 +1,189 @@
+"""Slurm jobs with pooled GPUs, on a real Slurm: munged + slurmctld + slurmd (tests/slurm_cluster.py).
+
+The cluster runs gpupool's SPANK plugin (``--gpupool=N[xP][:local]``, compiled here from
+deploy/slurm/gpupool_spank.c) and ``deploy/slurm/gpupool-slurm-hook`` as Prolog, Epilog and TaskProlog,
+against a real ``gpupool-server`` on simulated GPUs whose lease workers serve CUDA calls from host
+memory (``GPUPOOL_WORKER_EXECUTOR=host``), so a job's CUDA program runs through the shim end to end.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from pool_harness import ServerProc, api, wait_for
+from slurm_cluster import SlurmCluster, missing_tools
+
+ROOT = Path(__file__).resolve().parents[1]
+HOOK = ROOT / "deploy" / "slurm" / "gpupool-slurm-hook"
+SPANK = ROOT / "deploy" / "slurm" / "gpupool_spank.c"
+MiB = 1 << 20
+
+pytestmark = [
+    pytest.mark.timeout(180),
+    pytest.mark.skipif(
+        bool(missing_tools()),
+        reason=f"Slurm is not installed (missing {missing_tools()}): "
+        "apt-get install slurm-wlm munge libslurm-dev, as scripts/test.sh does",
+    ),
+    pytest.mark.skipif(
+        importlib.util.find_spec("virtualize._libcuda_shim") is None, reason="the shim is not built"
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pool")
+    config = (
+        "[policy]\nreap_interval = 0.2\ntelemetry_flush = 0.2\nlease_ttl = 5\n"
+        "[clients.slurm]\nlimit = 1.5\n"  # the cluster's one client: 2 whole GPUs are over its limit
+    )
+    srv = ServerProc(
+        root / "state",
+        "2xH100-80GB",
+        config=config,
+        extra=("--telemetry", str(root / "telemetry")),
+        env={"GPUPOOL_WORKER_EXECUTOR": "host"},
+    ).start()
+    srv.telemetry = root / "telemetry"
+    srv.admin = srv.token("admin", admin=True)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory, pool):
+    root = tmp_path_factory.mktemp("slurm")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not Path("/usr/include/slurm/spank.h").exists() or cc is None:
+        pytest.fail("libslurm-dev (slurm/spank.h) and a C compiler are needed: scripts/test.sh installs them")
+    plugin = root / "gpupool_spank.so"
+    subprocess.run([cc, "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(plugin), str(SPANK)], check=True)
+    cfg = root / "client.toml"
+    cfg.write_text(f'token = "{pool.token("slurm")}"\nservers = ["{pool.url}"]\ntimeout = "3s"\n')
+    settings = root / "slurm.env"  # what /etc/gpupool/slurm.env holds on a real cluster
+    settings.write_text(
+        f"GPUPOOL_SLURM='{sys.executable} -m virtualize.slurm'\nGPUPOOL_CONFIG={cfg}\n"
+        f"GPUPOOL_SLURM_DIR={root / 'run'}\nPYTHONPATH={ROOT}\nexport PYTHONPATH\n"
+    )
+    hook = root / "hook"  # Slurm passes no environment of ours to its Prolog: say where the settings are
+    hook.write_text(f"#!/bin/sh\nGPUPOOL_SLURM_ENV={settings} exec {HOOK}\n")
+    hook.chmod(0o755)
+    cluster = SlurmCluster(
+        root / "cluster",
+        conf_extra=[f"Prolog={hook}", f"Epilog={hook}", f"TaskProlog={hook}"],
+        plugstack=[f"required {plugin}"],
+    )
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def leases(pool, state: str = "any") -> list[dict]:
+    status, body = api(pool.url, "GET", f"/v1/leases?state={state}&all=true", pool.admin)
+    assert status == 200, body
+    return body["leases"]
+
+
+def job_lease(pool, job_id: str) -> dict | None:
+    found = [lease for lease in leases(pool) if (lease.get("job") or {}).get("id") == job_id]
+    return found[0] if found else None
+
+
+def test_a_job_runs_its_cuda_program_on_its_lease_and_the_lease_ends_with_the_job(pool, slurm):
+    """sbatch --gpupool=1x0.5: the lease exists before the job's task starts (the task's CUDA program sees
+    one device of half an 80 GB GPU through the shim) and is released when the job ends."""
+    script = (
+        f"#!/bin/sh\necho lease=$GPUPOOL_LEASE\nexec {sys.executable} {ROOT}/tests/remote_client.py devices\n"
+    )
+    job = slurm.sbatch(script, "--gpupool=1x0.5", "--account=physics")
+    assert slurm.wait_state(job, {"COMPLETED", "FAILED"}, 60) == "COMPLETED", slurm.output(job)
+    out = slurm.output(job)
+    got = dict(line.split(" ", 1) for line in out.splitlines() if line.startswith(("count ", "total ")))
+    assert got == {"count": "1", "total": str(40 * 1024 * MiB)}, out
+    lease = wait_for(lambda: (lease := job_lease(pool, job)) and lease["state"] != "active" and lease, 10,
+                     what="the job's lease to end")  # fmt: skip
+    assert f"lease={lease['id']}" in out
+    assert lease["state"] == "released"
+    assert lease["job"]["account"] == "physics" and lease["job"]["scheduler"].startswith("slurm")
+
+
+def test_srun_takes_a_lease_for_its_step(pool, slurm):
+    """srun --gpupool=1x0.25 (no batch script): the step's program runs on a lease of its own."""
+    out = slurm.run("srun", "--gpupool=1x0.25", sys.executable, f"{ROOT}/tests/remote_client.py", "devices",
+                    timeout=60)  # fmt: skip
+    assert "count 1" in out.stdout and f"total {20 * 1024 * MiB}" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_cancelled_jobs_lease_is_released_within_seconds(pool, slurm):
+    """scancel of a running job: the Epilog releases its lease within seconds (not a TTL later)."""
+    job = slurm.sbatch("#!/bin/sh\nsleep 300\n", "--gpupool=1x0.25")
+    slurm.wait_state(job, {"RUNNING"}, 30)
+    lease = wait_for(lambda: job_lease(pool, job), 10, what="the job's lease")
+    assert lease["state"] == "active"
+    slurm.run("scancel", job)
+    start = time.monotonic()
+    wait_for(lambda: job_lease(pool, job)["state"] != "active", 15, what="the cancelled job's lease to end")
+    assert job_lease(pool, job)["state"] == "released"
+    assert time.monotonic() - start < 15
+    assert slurm.wait_state(job, {"CANCELLED"}, 15) == "CANCELLED"
+
+
+def test_a_job_over_the_clients_limit_fails_with_the_pools_message(pool, slurm):
+    """--gpupool=2 (two whole GPUs) for a client with a limit of 1.5: no lease; the job fails and its
+    output carries the pool's refusal; the node stays up for the next job."""
+    job = slurm.sbatch("#!/bin/sh\necho the task ran\n", "--gpupool=2")
+    assert slurm.wait_state(job, {"COMPLETED", "FAILED"}, 30) == "FAILED"
+    out = slurm.output(job)
+    assert "gpupool: error:" in out and "limit of 1.50" in out, out
+    assert "the task ran" not in out
+    assert slurm.run("sinfo", "-h", "-N", "-o", "%t").stdout.strip() in ("idle", "mix", "alloc")
+
+
+def test_a_size_out_of_range_fails_the_job_with_the_range(pool, slurm):
+    """--gpupool=1x0.001 is below the smallest partition: the job fails naming the pool's range."""
+    job = slurm.sbatch("#!/bin/sh\necho the task ran\n", "--gpupool=1x0.001")
+    assert slurm.wait_state(job, {"COMPLETED", "FAILED"}, 30) == "FAILED"
+    assert "out of range (0.015625-1)" in slurm.output(job), slurm.output(job)
+
+
+def test_a_malformed_request_is_refused_at_submission(slurm):
+    """sbatch --gpupool=half: refused by the plugin before a job exists, with the form to use."""
+    out = slurm.run("sbatch", "--gpupool=half", "--wrap", "true", check=False)
+    assert out.returncode != 0 and "N[xP][:local]" in out.stderr
+
+
+def test_a_job_without_gpupool_takes_no_lease(pool, slurm):
+    """A job that does not ask for pooled GPUs runs as before: no lease, no shim in its environment."""
+    job = slurm.sbatch("#!/bin/sh\necho ld=$LD_LIBRARY_PATH lease=$GPUPOOL_LEASE\n")
+    assert slurm.wait_state(job, {"COMPLETED", "FAILED"}, 30) == "COMPLETED"
+    assert "lease=\n" in slurm.output(job) and "gpupool" not in slurm.output(job)
+    assert job_lease(pool, job) is None
+
+
+def test_gpu_hours_per_job_and_account_from_the_pool_events(pool, slurm):
+    """The pool's events carry the Slurm job id and account: the audit reports GPU-hours per job and per
+    account (a 0.5 lease held ~2 s is ~1 GPU-second)."""
+    import analytics as A
+
+    job = slurm.sbatch("#!/bin/sh\nsleep 2\n", "--gpupool=1x0.5", "--account=chemistry")
+    assert slurm.wait_state(job, {"COMPLETED", "FAILED"}, 60) == "COMPLETED", slurm.output(job)
+    wait_for(lambda: job_lease(pool, job)["state"] == "released", 10, what="the lease to end")
+
+    def booked():
+        by_job = {u.job_id: u for u in A.pool_usage_by_job(A.open_telemetry(pool.telemetry))}
+        return by_job.get(job) if by_job.get(job) and by_job[job].gpu_hours > 0 else None
+
+    usage = wait_for(booked, 10, what="the job's release event in the telemetry")
+    assert usage.account == "chemistry" and usage.scheduler.startswith("slurm") and usage.leases == 1
+    assert 0.5 * 2 / 3600 <= usage.gpu_hours < 0.5 * 30 / 3600
+    accounts = {u.account: u for u in A.pool_usage_by_job(A.open_telemetry(pool.telemetry), by="account")}
+    assert accounts["chemistry"].gpu_hours == pytest.approx(usage.gpu_hours)
