@@ -81,6 +81,13 @@ class Placement:
     score: float  # free memory left on the chosen GPUs, as a fraction of their total (lower = tighter)
 
 
+def _job(req: LeaseRequest) -> dict | None:
+    """The batch job a request names, as stored with the lease (only the fields given)."""
+    if req.job is None:
+        return None
+    return {k: v for k, v in msgspec.to_builtins(req.job).items() if v is not None}
+
+
 class Pool:
     def __init__(
         self,
@@ -461,7 +468,7 @@ class Pool:
                 lease = {"id": lease_id, "client": caller.client, "label": req.label, "created": now,
                          "expires": now + ttl, "max_end": max_end, "ttl_s": ttl, "last_active": now,
                          "local": req.local, "remote": req.remote, "pids": pids, "env": env,
-                         "job": msgspec.to_builtins(req.job) if req.job else None}  # fmt: skip
+                         "job": _job(req)}  # fmt: skip
                 partitions = [
                     {
                         "gpu_index": g.index,
@@ -480,9 +487,7 @@ class Pool:
                     if not recorded:
                         raise _Conflict
         except (Impossible, Busy, LimitExceeded) as exc:
-            self.events.deny(
-                caller.client, exc.message, now, msgspec.to_builtins(req.job) if req.job else None
-            )
+            self.events.deny(caller.client, exc.message, now, _job(req))
             raise
         except StorageFull:
             if recorded:  # etcd counts a lease the disk could not store: take its share back

@@ -218,3 +218,46 @@ class SlurmCluster:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=5)
         self.procs.clear()
+
+
+def job_by_hand(
+    hook: Path,
+    job_id: str,
+    spec: str,
+    cmd: list[str],
+    *,
+    account: str | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 600.0,
+) -> tuple[subprocess.CompletedProcess, str]:
+    """One job's life driven by hand, where Slurm cannot run (the GPU host): ``hook`` as slurmd runs it
+    (Prolog, then TaskProlog, whose ``export``/``print`` lines make the command's environment and
+    output), the command, then the Epilog, which runs however the command ended. Returns the command's
+    result and the TaskProlog's printed lines. ``env``: the settings the hook reads (GPUPOOL_SLURM_ENV)."""
+    job = {"SLURM_JOB_ID": job_id, "SPANK_GPUPOOL": spec, "SLURM_JOB_USER": "root", "SLURM_JOB_UID": str(os.getuid()),
+           "SLURM_CLUSTER_NAME": "by-hand", **({"SLURM_JOB_ACCOUNT": account} if account else {})}  # fmt: skip
+    base = {**os.environ, **(env or {}), **job}
+
+    def hook_step(context: str, extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([str(hook)], env={**base, **(extra or {}), "SLURM_SCRIPT_CONTEXT": context},
+                              capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+    hook_step("prolog_slurmd")
+    try:
+        task_env = {**base}
+        task = hook_step("prolog_task", task_env)
+        printed = []
+        for line in task.stdout.splitlines():
+            if line.startswith("export ") and "=" in line:
+                name, _, value = line.removeprefix("export ").partition("=")
+                task_env[name] = value
+            elif line.startswith("print "):
+                printed.append(line.removeprefix("print "))
+        if task.returncode != 0:  # slurmstepd ends the task here; its output holds the printed lines
+            return subprocess.CompletedProcess(cmd, task.returncode, "", "\n".join(printed)), "\n".join(
+                printed
+            )
+        result = subprocess.run(cmd, env=task_env, capture_output=True, text=True, timeout=timeout)
+        return result, "\n".join(printed)
+    finally:
+        hook_step("epilog_slurmd")

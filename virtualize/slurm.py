@@ -168,7 +168,8 @@ def _take_lease(spec: str, job: dict[str, str], folder: Path) -> tuple[str, dict
         else:
             from virtualize.remote import remote_env
 
-            env = remote_env(lease, cache_root=folder)
+            library = os.environ.get("GPUPOOL_SHIM_LIBRARY")  # a shim built apart from this installation
+            env = remote_env(lease, cache_root=folder, library=Path(library) if library else None)
             shim = env.pop("LD_LIBRARY_PATH").split(":")[0]
         keeper = start_keeper(client, server, lease, log_dir=folder)
     except Exception as exc:  # the shim is not built, ...: the lease goes back, the job gets the reason
