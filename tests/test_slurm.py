@@ -128,6 +128,23 @@ def test_srun_takes_a_lease_for_its_step(pool, slurm):
     assert "count 1" in out.stdout and f"total {20 * 1024 * MiB}" in out.stdout, out.stdout + out.stderr
 
 
+def test_a_local_job_runs_in_its_partition_and_its_tasks_join_the_lease(pool, slurm):
+    """--gpupool=1x0.25:local (the pool's server on the job's node): the task gets the partition's
+    CUDA_VISIBLE_DEVICES, not the shim, and its process is registered with the lease while it runs (so
+    idle detection and the server's restart clean-up see it); the lease ends with the job."""
+    job = slurm.sbatch("#!/bin/sh\necho cvd=$CUDA_VISIBLE_DEVICES worker=$GPUPOOL_WORKER pid=$$\nsleep 4\n",
+                       "--gpupool=1x0.25:local")  # fmt: skip
+    slurm.wait_state(job, {"RUNNING"}, 30)
+    lease = wait_for(
+        lambda: (x := job_lease(pool, job)) and x["pids"] and x, 15, what="the task's pid on the lease"
+    )
+    out = wait_for(lambda: "pid=" in slurm.output(job) and slurm.output(job), 10, what="the job's first line")
+    assert f"pid={lease['pids'][0]}" in out
+    assert f"cvd={lease['partitions'][0]['gpu_uuid']}" in out and "worker= " in out
+    assert slurm.wait_state(job, {"COMPLETED", "FAILED"}, 30) == "COMPLETED"
+    wait_for(lambda: job_lease(pool, job)["state"] == "released", 10, what="the local lease to end")
+
+
 def test_a_cancelled_jobs_lease_is_released_within_seconds(pool, slurm):
     """scancel of a running job: the Epilog releases its lease within seconds (not a TTL later)."""
     job = slurm.sbatch("#!/bin/sh\nsleep 300\n", "--gpupool=1x0.25")

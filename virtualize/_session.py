@@ -17,9 +17,12 @@ def on_this_host(info: dict) -> str | None:
     return f"--local needs a server on this host; {info['hostname']} is another machine"
 
 
-def start_keeper(client, server, lease: dict, log_dir: Path | None = None) -> int:
+def start_keeper(
+    client, server, lease: dict, log_dir: Path | None = None, pids_file: Path | None = None
+) -> int:
     """A detached process that heartbeats the session lease until it is released or ends; its pid.
-    It logs to ``log_dir/keeper-LEASE.log`` (default ~/.cache/gpupool)."""
+    It logs to ``log_dir/keeper-LEASE.log`` (default ~/.cache/gpupool); with ``pids_file`` each beat
+    registers the live processes listed there with the lease."""
     if log_dir is None:
         log_dir = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpupool"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -30,7 +33,8 @@ def start_keeper(client, server, lease: dict, log_dir: Path | None = None) -> in
     interval = max(0.2, min(lease["ttl_s"] / 3, 10.0))
     proc = subprocess.Popen(
         [sys.executable, "-m", "virtualize._keeper", "--lease-server", server.url, "--lease-id", lease["id"],
-         "--interval", str(interval), "--ttl", str(lease["ttl_s"])],
+         "--interval", str(interval), "--ttl", str(lease["ttl_s"]),
+         *(["--pids-file", str(pids_file)] if pids_file else [])],
         env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True, close_fds=True,
     )  # fmt: skip
     logf.close()

@@ -18,6 +18,8 @@ prints it into the job's output and fails the job's tasks. What it writes, in ``
                 by the job's user, mode 0600: remote leases carry the worker's secret
     JOB.failed  instead of JOB.task when there is no lease: ``print gpupool: error: ...``
     JOB.lease   (root only) the lease and its keeper, for the Epilog
+    JOB.pids    (local leases) the tasks' pids, which the hook appends and the keeper registers with the
+                lease: idle detection and the server's restart clean-up see the job's processes
 
 See docs/schedulers.md.
 """
@@ -171,7 +173,11 @@ def _take_lease(spec: str, job: dict[str, str], folder: Path) -> tuple[str, dict
             library = os.environ.get("GPUPOOL_SHIM_LIBRARY")  # a shim built apart from this installation
             env = remote_env(lease, cache_root=folder, library=Path(library) if library else None)
             shim = env.pop("LD_LIBRARY_PATH").split(":")[0]
-        keeper = start_keeper(client, server, lease, log_dir=folder)
+        pids = None
+        if local:  # the tasks write their pids here (the hook), the keeper registers them with the lease
+            pids = folder / f"{job['id']}.pids"
+            _write(pids, "", owner=True)
+        keeper = start_keeper(client, server, lease, log_dir=folder, pids_file=pids)
     except Exception as exc:  # the shim is not built, ...: the lease goes back, the job gets the reason
         with contextlib.suppress(Exception):
             client.release(server, lease["id"])
@@ -188,7 +194,7 @@ def epilog() -> int:
         return 0
     folder = Path(os.environ.get("GPUPOOL_SLURM_DIR") or DEFAULT_DIR)
     state_file = folder / f"{jid}.lease"
-    for name in (f"{jid}.task", f"{jid}.failed"):
+    for name in (f"{jid}.task", f"{jid}.failed", f"{jid}.pids"):
         (folder / name).unlink(missing_ok=True)
     try:
         state = json.loads(state_file.read_text())
