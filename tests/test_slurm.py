@@ -82,7 +82,7 @@ def slurm(tmp_path_factory, pool):
     hook.chmod(0o755)
     cluster = SlurmCluster(
         root / "cluster",
-        conf_extra=[f"Prolog={hook}", f"Epilog={hook}", f"TaskProlog={hook}"],
+        conf_extra=[f"Prolog={hook}", f"Epilog={hook}", f"TaskProlog={hook}", "Licenses=gpupool:2"],
         plugstack=[f"required {plugin}"],
     )
     try:
@@ -143,6 +143,19 @@ def test_a_local_job_runs_in_its_partition_and_its_tasks_join_the_lease(pool, sl
     assert f"cvd={lease['partitions'][0]['gpu_uuid']}" in out and "worker= " in out
     assert slurm.wait_state(job, {"COMPLETED", "FAILED"}, 30) == "COMPLETED"
     wait_for(lambda: job_lease(pool, job)["state"] == "released", 10, what="the local lease to end")
+
+
+def test_licenses_queue_jobs_in_slurm_while_the_pool_is_full(pool, slurm):
+    """With Licenses=gpupool:2, a job asking -L gpupool:1 waits in slurmctld's queue (Reason=Licenses)
+    while another holds both, then runs on its own lease: it does not start only to wait in its Prolog."""
+    first = slurm.sbatch("#!/bin/sh\nsleep 4\n", "--gpupool=1x0.5", "-L", "gpupool:2")
+    slurm.wait_state(first, {"RUNNING"}, 30)
+    second = slurm.sbatch("#!/bin/sh\necho lease=$GPUPOOL_LEASE\n", "--gpupool=1x0.5", "-L", "gpupool:1")
+    time.sleep(1.5)
+    shown = slurm.run("squeue", "-h", "-j", second, "-o", "%T %r").stdout.split()
+    assert shown == ["PENDING", "Licenses"] and job_lease(pool, second) is None
+    assert slurm.wait_state(second, {"COMPLETED", "FAILED"}, 60) == "COMPLETED", slurm.output(second)
+    assert f"lease={job_lease(pool, second)['id']}" in slurm.output(second)
 
 
 def test_a_cancelled_jobs_lease_is_released_within_seconds(pool, slurm):
