@@ -251,3 +251,21 @@ def test_a_job_past_its_time_limit_has_its_lease_released(pool, slurm):
     assert wait_for(lambda: job_lease(pool, job), 10, what="the job's lease")["state"] == "active"
     assert slurm.wait_state(job, {"TIMEOUT"}, 150) == "TIMEOUT"
     wait_for(lambda: job_lease(pool, job)["state"] == "released", 15, what="the timed-out job's lease to end")
+
+
+def test_a_pool_that_cannot_be_reached_fails_the_job_with_one_line(tmp_path):
+    """The pool's server is down (or its address wrong): the Prolog exits 0 (a failing Prolog would drain
+    the node) and the job's task fails with the client's one-line reason, no traceback."""
+    from etcd_cluster import free_ports
+
+    cfg = tmp_path / "client.toml"
+    cfg.write_text(f'token = "gp_x"\nservers = ["127.0.0.1:{free_ports(1)[0]}"]\ntimeout = "1s"\n')
+    settings = tmp_path / "slurm.env"
+    settings.write_text(f"GPUPOOL_SLURM='{sys.executable} -m virtualize.slurm'\nGPUPOOL_CONFIG={cfg}\n"
+                        f"GPUPOOL_SLURM_DIR={tmp_path / 'run'}\nPYTHONPATH={ROOT}\nexport PYTHONPATH\n")  # fmt: skip
+    env = {"GPUPOOL_SLURM_ENV": str(settings)}
+    cmd = [sys.executable, "-c", "print('the task ran')"]
+    result, printed = job_by_hand(HOOK, "900003", "1x0.5", cmd, env=env, timeout=60)
+    assert result.returncode != 0 and "the task ran" not in result.stdout
+    assert printed.startswith("gpupool: error:") and "unreachable" in printed and "Traceback" not in printed
+    assert not list((tmp_path / "run").glob("900003.*"))  # the Epilog left nothing behind

@@ -130,7 +130,11 @@ def prolog() -> int:
     jid = job["id"]
     try:
         lease_line, lease_state = _take_lease(spec, job, folder)
-    except JobError as exc:
+    except Exception as exc:  # anything, a bug included: the job fails with it, the node is not drained
+        if not isinstance(exc, JobError):
+            exc = JobError(
+                f"gpupool-slurm failed: {type(exc).__name__}: {exc}", "see slurmd's log; report it"
+            )
         hint = f" (hint: {exc.hint})" if exc.hint else ""
         _log(f"job {jid}: no lease: {exc.title}{hint}")
         (folder / f"{jid}.task").unlink(missing_ok=True)
