@@ -21,9 +21,11 @@ NODE = "gp1"  # the node's name in slurm.conf (its address is 127.0.0.1)
 
 
 def missing_tools() -> list[str]:
-    """Slurm programs this harness needs that are not installed (scripts/test.sh installs them)."""
+    """What this harness needs and does not find: Slurm's programs (scripts/test.sh installs them), and
+    root (slurmd starts each job's processes as the job's user)."""
     tools = (*DAEMONS, "sbatch", "srun", "scancel", "squeue", "scontrol")
-    return [t for t in tools if not shutil.which(t) and not Path("/usr/sbin", t).exists()]
+    missing = [t for t in tools if not shutil.which(t) and not Path("/usr/sbin", t).exists()]
+    return missing + (["root"] if os.geteuid() != 0 else [])
 
 
 def _free_ports(n: int) -> list[int]:
@@ -67,7 +69,7 @@ class SlurmCluster:
 
     def _write_conf(self) -> None:
         ctld_port, slurmd_port = _free_ports(2)
-        host = socket.gethostname()
+        host = socket.gethostname().split(".")[0]  # slurmctld matches its short host name
         r = self.root
         lines = [
             "ClusterName=gpupooltest",

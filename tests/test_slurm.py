@@ -68,8 +68,8 @@ def hook_settings(pool, root: Path) -> Path:
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory, pool):
     if missing_tools():
-        pytest.skip(f"Slurm is not installed (missing {', '.join(missing_tools())}): apt-get install slurm-wlm "
-                    "munge libslurm-dev, as scripts/test.sh does")  # fmt: skip
+        pytest.skip(f"no Slurm to run here (missing {', '.join(missing_tools())}): as root, apt-get install "
+                    "slurm-wlm munge libslurm-dev, as scripts/test.sh does")  # fmt: skip
     root = tmp_path_factory.mktemp("slurm")
     cc = shutil.which("cc") or shutil.which("gcc")
     if not Path("/usr/include/slurm/spank.h").exists() or cc is None:
