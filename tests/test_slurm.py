@@ -190,6 +190,17 @@ def test_a_size_out_of_range_fails_the_job_with_the_range(pool, slurm):
     assert "out of range (0.015625-1)" in slurm.output(job), slurm.output(job)
 
 
+def test_gpupool_on_a_step_inside_a_job_is_said_to_be_ignored(pool, slurm):
+    """srun --gpupool inside a batch job takes no second lease: the step runs on the job's lease, and
+    srun says that its option is ignored."""
+    script = f"#!/bin/sh\nsrun --gpupool=1x0.25 {sys.executable} {ROOT}/tests/remote_client.py devices\n"
+    job = slurm.sbatch(script, "--gpupool=1x0.5")
+    assert slurm.wait_state(job, {"COMPLETED", "FAILED"}, 60) == "COMPLETED", slurm.output(job)
+    out = slurm.output(job)
+    assert "is ignored" in out and f"total {40 * 1024 * MiB}" in out, out  # the job's half GPU
+    assert len([x for x in leases(pool) if (x.get("job") or {}).get("id") == job]) == 1
+
+
 def test_a_malformed_request_is_refused_at_submission(slurm):
     """sbatch --gpupool=half: refused by the plugin before a job exists, with the form to use."""
     out = slurm.run("sbatch", "--gpupool=half", "--wrap", "true", check=False)

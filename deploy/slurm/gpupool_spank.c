@@ -82,6 +82,14 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
     spank_context_t ctx = spank_context();
     if (spec[0] == '\0' || (ctx != S_CTX_LOCAL && ctx != S_CTX_ALLOCATOR))
         return 0;
+    if (ctx == S_CTX_LOCAL && getenv("SLURM_JOB_ID") != NULL) {
+        /* srun inside a job: the job's Prolog has run (or runs for the whole job); a step gets no lease
+         * of its own. Said out loud rather than ignored. */
+        slurm_error("gpupool: --gpupool=%s on a step of job %s is ignored: a job's lease is taken for the "
+                    "whole job (give --gpupool to sbatch/salloc); this step uses the job's lease, if any",
+                    spec, getenv("SLURM_JOB_ID"));
+        return 0;
+    }
     if (spank_job_control_setenv(sp, "GPUPOOL", spec, 1) != ESPANK_SUCCESS) {
         slurm_error("gpupool: could not pass --gpupool=%s to the job's prolog", spec);
         return -1;
