@@ -9,6 +9,7 @@ memory (``GPUPOOL_WORKER_EXECUTOR=host``), so a job's CUDA program runs through 
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -280,3 +281,21 @@ def test_a_pool_that_cannot_be_reached_fails_the_job_with_one_line(tmp_path):
     assert result.returncode != 0 and "the task ran" not in result.stdout
     assert printed.startswith("gpupool: error:") and "unreachable" in printed and "Traceback" not in printed
     assert not list((tmp_path / "run").glob("900003.*"))  # the Epilog left nothing behind
+
+
+@pytest.mark.parametrize("step", ["prolog", "epilog"])
+def test_the_prolog_and_epilog_never_fail_the_node(step, tmp_path):
+    """Whatever goes wrong in gpupool-slurm (here its folder cannot be made), it exits 0, since Slurm
+    drains a node whose Prolog or Epilog fails, and says what went wrong in one line on stderr."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    env = {**os.environ, "SLURM_JOB_ID": "900004", "SPANK_GPUPOOL": "1x0.5", "PYTHONPATH": str(ROOT),
+           "GPUPOOL_SLURM_DIR": str(blocker / "run"), "GPUPOOL_CONFIG": str(tmp_path / "none.toml")}  # fmt: skip
+    if step == "epilog":
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "900004.lease").write_text("not json")
+        env["GPUPOOL_SLURM_DIR"] = str(tmp_path / "run")
+    out = subprocess.run([sys.executable, "-m", "virtualize.slurm", step], env=env, capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("gpupool-slurm:") and len(out.stderr.strip().splitlines()) == 1, out.stderr

@@ -243,7 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("step", choices=("prolog", "epilog"), help="prolog: take the lease; epilog: release it")
     args = ap.parse_args(argv)
-    return prolog() if args.step == "prolog" else epilog()
+    try:
+        return prolog() if args.step == "prolog" else epilog()
+    except Exception as exc:  # e.g. GPUPOOL_SLURM_DIR cannot be made: a non-zero exit would drain the node
+        _log(f"error: {args.step} of job {os.environ.get('SLURM_JOB_ID')}: {type(exc).__name__}: {exc}")
+        return 0
 
 
 if __name__ == "__main__":
