@@ -299,3 +299,23 @@ def test_the_prolog_and_epilog_never_fail_the_node(step, tmp_path):
                          text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0 and "Traceback" not in out.stderr
     assert out.stderr.startswith("gpupool-slurm:") and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_a_lost_node_loses_its_lease_one_ttl_later(pool, tmp_path):
+    """Node failure, simulated: the Prolog took the lease, then the node's keeper dies (kill -9) and no
+    Epilog ever runs. The lease expires one TTL (5 s here) after its last heartbeat."""
+    import json
+    import signal
+
+    settings = hook_settings(pool, tmp_path)
+    env = {**os.environ, "GPUPOOL_SLURM_ENV": str(settings), "SLURM_JOB_ID": "900005", "SPANK_GPUPOOL": "1x0.25",
+           "SLURM_SCRIPT_CONTEXT": "prolog_slurmd"}  # fmt: skip
+    subprocess.run([str(HOOK)], env=env, check=True, timeout=60)
+    state = json.loads((tmp_path / "run" / "900005.lease").read_text())
+    assert job_lease(pool, "900005")["state"] == "active"
+    os.kill(state["keeper_pid"], signal.SIGKILL)
+    lost = time.monotonic()
+    lease = wait_for(
+        lambda: (x := job_lease(pool, "900005"))["state"] != "active" and x, 15, what="the expiry"
+    )
+    assert lease["state"] == "expired" and time.monotonic() - lost < 12
