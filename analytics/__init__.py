@@ -28,7 +28,7 @@ from analytics._patterns import (
     hour_of_week,
     utilization_timeline,
 )
-from analytics._pool import ClientActivity, PoolActivity, pool_activity
+from analytics._pool import ClientActivity, JobUsage, PoolActivity, pool_activity, pool_usage_by_job
 from analytics._rollup import rollups_built
 from analytics._scope import Extent, GpuInfo, Scope
 from analytics._summary import (
@@ -82,6 +82,7 @@ __all__ = [
     "GpuStat",
     "HostSampling",
     "HourOfWeek",
+    "JobUsage",
     "Period",
     "Periods",
     "PoolActivity",
@@ -102,6 +103,7 @@ __all__ = [
     "memory_source",
     "open_telemetry",
     "pool_activity",
+    "pool_usage_by_job",
     "rollups_built",
     "telemetry_notes",
     "unrolled_hosts",

@@ -199,6 +199,14 @@ POOL_EVENTS = Table(
         Column("mem_bytes", pa.int64(), "bytes", "Memory of the partition.", valid=MEMORY),
         Column("duration_s", pa.float64(), "seconds", "Lease age at release/expire/reclaim.", valid=DURATION),
         Column("reason", pa.string(), "", "Why: the denial message, or why a lease ended."),
+        Column(
+            "job_scheduler", pa.string(), "", "Scheduler of the batch job the lease serves (slurm/CLUSTER)."
+        ),
+        Column("job_id", pa.string(), "", "That job's id in its scheduler (null: not a batch job's lease)."),
+        Column(
+            "job_account", pa.string(), "", "The job's account (Slurm --account), for GPU-hours per account."
+        ),
+        Column("job_user", pa.string(), "", "The user who submitted the job."),
         *_COMMON_TAIL,
     ),
 )

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
 from msgspec import UNSET as _UNSET
 
 from collector.words import plural
@@ -81,6 +82,13 @@ class Placement:
     mem_bytes: tuple[int, ...]
     fractions: tuple[float, ...]
     score: float  # free memory left on the chosen GPUs, as a fraction of their total (lower = tighter)
+
+
+def _job(req: LeaseRequest) -> dict | None:
+    """The batch job a request names, as stored with the lease (only the fields given)."""
+    if req.job is None:
+        return None
+    return {k: v for k, v in msgspec.to_builtins(req.job).items() if v is not None}
 
 
 class Pool:
@@ -464,7 +472,8 @@ class Pool:
                 env = self.lease_env(lease_id, placement, req.sm_share)
                 lease = {"id": lease_id, "client": caller.client, "label": req.label, "created": now,
                          "expires": now + ttl, "max_end": max_end, "ttl_s": ttl, "last_active": now,
-                         "local": req.local, "remote": req.remote, "pids": pids, "env": env}  # fmt: skip
+                         "local": req.local, "remote": req.remote, "pids": pids, "env": env,
+                         "job": _job(req)}  # fmt: skip
                 partitions = [
                     {
                         "gpu_index": g.index,
@@ -483,7 +492,7 @@ class Pool:
                     if not recorded:
                         raise _Conflict
         except (Impossible, Busy, LimitExceeded) as exc:
-            self.events.deny(caller.client, exc.message, now)
+            self.events.deny(caller.client, exc.message, now, _job(req))
             raise
         except StorageFull:
             if recorded:  # etcd counts a lease the disk could not store: take its share back
@@ -574,6 +583,7 @@ class Pool:
             "state": row["state"],
             "reason": row["reason"],
             "label": row["label"],
+            "job": row["job"],
             "created_at": iso(row["created"]),
             "ended_at": iso(row["ended"]),
             "expires_at": iso(row["expires"]),

@@ -40,6 +40,21 @@ REQUEST, POLICY, CLIENT, TOKEN = ranges.REQUEST, ranges.POLICY, ranges.CLIENT, r
 Unset = msgspec.UnsetType
 
 
+JobField = Annotated[
+    str, Meta(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")
+]  # no control characters
+
+
+class Job(msgspec.Struct, forbid_unknown_fields=True):
+    """The batch job a lease serves (a scheduler integration fills it in): its GPU-hours are booked to
+    this job, account and user in the pool's events, beside the client that holds the lease."""
+
+    scheduler: JobField  # e.g. "slurm" or "slurm/<cluster name>"
+    id: JobField
+    account: JobField | None = None
+    user: JobField | None = None
+
+
 class LeaseRequest(_Checked):
     _ranges: ClassVar = REQUEST
     n: _bounded(REQUEST["n"])
@@ -52,6 +67,7 @@ class LeaseRequest(_Checked):
     ttl_s: _bounded(REQUEST["ttl_s"]) | None = None
     pids: list[Pid] = []
     label: Annotated[str, Meta(max_length=200)] | None = None
+    job: Job | None = None
 
 
 class Heartbeat(msgspec.Struct, forbid_unknown_fields=True):

@@ -68,6 +68,7 @@ class Request:
     ttl_s: float | None = None
     pids: tuple[int, ...] = ()
     label: str | None = None
+    job: dict[str, str] | None = None  # {"scheduler", "id", "account", "user"}: server.api.Job
 
     def body(self) -> dict:
         out: dict = {"n": self.n, "filters": list(self.filters), "local": self.local, "remote": self.remote}
@@ -76,6 +77,8 @@ class Request:
                 out[key] = getattr(self, key)
         if self.pids:
             out["pids"] = list(self.pids)
+        if self.job:
+            out["job"] = {k: v for k, v in self.job.items() if v is not None}
         return out
 
     def describe(self) -> str:

@@ -58,6 +58,7 @@ class Tool:
     package: str  # the Debian package that provides it (scripts/test.sh installs it)
     needed_by: str  # what the tests that need it drive
     commands: tuple[str, ...] = ()  # present when any of these is on PATH
+    files: tuple[str, ...] = ()  # or when any of these files exists (a header, a daemon outside PATH)
     check: Callable[[], str | None] | None = None  # otherwise: None when present, else why not
 
 
@@ -74,6 +75,21 @@ TOOLS: dict[str, Tool] = {
         "iproute2", "a shaped link built with ip and tc (the netlink way needs neither)", ("tc",)
     ),
     "tmpfs": Tool("mount", "a really full disk: the writer's and the pool's full-disk tests", check=_tmpfs),
+    "slurm": Tool(
+        "slurm-wlm",
+        "a real slurmctld and slurmd running sbatch/srun jobs (tests/slurm_cluster.py)",
+        files=("/usr/sbin/slurmctld",),
+    ),
+    "munge": Tool(
+        "munge",
+        "Slurm's authentication daemon, started by tests/slurm_cluster.py",
+        files=("/usr/sbin/munged",),
+    ),
+    "spank": Tool(
+        "libslurm-dev",
+        "the SPANK plugin (deploy/slurm) compiled against slurm/spank.h",
+        files=("/usr/include/slurm/spank.h",),
+    ),
     "netem": Tool(
         "iproute2", "remote runs over a shaped link (root: a network namespace)", check=_network_link
     ),
@@ -84,10 +100,11 @@ TOOLS: dict[str, Tool] = {
 def missing(name: str) -> str | None:
     """None when tool ``name`` of the table is here, else one line saying what is missing and how to get it."""
     tool = TOOLS[name]  # a KeyError names a marker with no row: add the row
-    if tool.commands:
-        if any(shutil.which(c) for c in tool.commands):
+    if tool.commands or tool.files:
+        if _present(tool):
             return None
-        return f"`{tool.commands[0]}` is not installed (Debian package {tool.package}), needed for {tool.needed_by}"
+        what = tool.commands[0] if tool.commands else tool.files[0]
+        return f"`{what}` is not installed (Debian package {tool.package}), needed for {tool.needed_by}"
     why = tool.check() if tool.check else None
     return None if why is None else f"{why} (Debian package {tool.package}), needed for {tool.needed_by}"
 
@@ -114,11 +131,13 @@ def allowed() -> bool:
     return os.environ.get(ALLOW_ENV, "") not in ("", "0")
 
 
+def _present(tool: Tool) -> bool:
+    return any(shutil.which(c) for c in tool.commands) or any(os.path.exists(f) for f in tool.files)
+
+
 def missing_packages() -> list[str]:
-    """The Debian packages of the table's commands that are not on PATH, each once."""
-    return sorted(
-        {t.package for t in TOOLS.values() if t.commands and not any(shutil.which(c) for c in t.commands)}
-    )
+    """The Debian packages of the table's commands and files that are not here, each once."""
+    return sorted({t.package for t in TOOLS.values() if (t.commands or t.files) and not _present(t)})
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from server._config import ServerConfig
@@ -65,6 +66,28 @@ def test_busy_versus_impossible(tmp_path):
         pool.grant(ALICE, LeaseRequest(n=3, fraction=0.1), now=0)
     with pytest.raises(Impossible, match="can hold 100000 MiB"):
         pool.grant(ALICE, LeaseRequest(n=1, mem_mib=100_000), now=0)
+
+
+def test_a_store_written_before_leases_carried_a_job_keeps_its_leases_and_takes_jobs(tmp_path):
+    """A state directory of an older version (no job column) opens: its live lease reads back with no
+    job, and a new lease stores the batch job it serves."""
+    import sqlite3
+
+    from server._store import SCHEMA
+
+    old = SCHEMA.replace(",\n    job TEXT", "\n    ", 1)
+    assert "job TEXT" not in old.split("CREATE INDEX")[0]
+    db = sqlite3.connect(tmp_path / "pool.sqlite")
+    db.executescript(old)
+    db.execute("INSERT INTO leases(id, client, state, created, expires, ttl_s, last_active, local, remote)"
+               " VALUES ('lease-old', 'alice', 'active', 0, 30, 30, 0, 0, 0)")  # fmt: skip
+    db.commit()
+    db.close()
+    pool = make_pool(tmp_path, [80])
+    assert pool.lease("lease-old")["job"] is None
+    job = {"scheduler": "slurm/hpc", "id": "42", "account": "physics"}
+    lease = pool.grant(ALICE, msgspec.convert({"n": 1, "fraction": 0.5, "job": job}, LeaseRequest), now=0)
+    assert pool.lease(lease["id"])["job"] == job
 
 
 def test_ended_leases_are_forgotten_after_the_retention(tmp_path):

@@ -23,7 +23,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from collector.words import plural
 from server import ranges
+from virtualize._session import on_this_host, start_keeper
 
 EXIT_OK, EXIT_FAILED, EXIT_CANNOT_EXEC, EXIT_NOT_FOUND, EXIT_INTERRUPTED = 0, 125, 126, 127, 130
 MIB = 1 << 20
@@ -472,13 +472,6 @@ def _timeout(args, client) -> float:
     return parse_duration(args.timeout, "--timeout") if args.timeout else client.cfg.timeout_s
 
 
-def _on_this_host(info: dict) -> str | None:
-    """--local runs need a server on this very host (the command gets its GPUs directly)."""
-    if info["hostname"] == socket.gethostname() or info["addr"].startswith("127.") or info["addr"] == "::1":
-        return None
-    return f"--local needs a server on this host; {info['hostname']} is another machine"
-
-
 def _wait_note(msg: str) -> None:
     print(f"gpuattach: {msg}", file=sys.stderr, flush=True)
 
@@ -491,11 +484,11 @@ def cmd_request(args) -> int:
     server, lease = client.acquire(
         req,
         timeout_s=_timeout(args, client),
-        accept=_on_this_host if args.local else None,
+        accept=on_this_host if args.local else None,
         on_wait=_wait_note,
     )
     if not args.no_keeper:
-        _start_keeper(client, server, lease)
+        start_keeper(client, server, lease)
     print(lease["id"])
     parts = ", ".join(f"GPU{p['gpu_index']} {_human(p['mem_bytes'])}" for p in lease["partitions"])
     keeper = (
@@ -506,23 +499,6 @@ def cmd_request(args) -> int:
           f"gpuattach run --lease {lease['id']} -- COMMAND runs on it; gpuattach release {lease['id']} when done",
           file=sys.stderr)  # fmt: skip
     return EXIT_OK
-
-
-def _start_keeper(client, server, lease) -> None:
-    """A detached process that heartbeats the session lease until it is released or ends."""
-    cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "gpupool")
-    os.makedirs(cache, exist_ok=True)
-    logf = open(os.path.join(cache, f"keeper-{lease['id']}.log"), "ab")  # noqa: SIM115 (handed to the child)
-    env = {**os.environ, "GPUPOOL_TOKEN": client.cfg.token_for(server) or ""}  # never on the command line
-    if client.cfg.ca_cert:
-        env["GPUPOOL_KEEPER_CA_CERT"] = client.cfg.ca_cert
-    interval = max(0.2, min(lease["ttl_s"] / 3, 10.0))
-    subprocess.Popen(
-        [sys.executable, "-m", "virtualize._keeper", "--lease-server", server.url, "--lease-id", lease["id"],
-         "--interval", str(interval), "--ttl", str(lease["ttl_s"])],
-        env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True, close_fds=True,
-    )  # fmt: skip
-    logf.close()
 
 
 def cmd_release(args) -> int:
@@ -605,7 +581,7 @@ def cmd_run(args) -> int:
         server, lease = client.acquire(
             req,
             timeout_s=_timeout(args, client),
-            accept=_on_this_host if args.local else None,
+            accept=on_this_host if args.local else None,
             on_wait=_wait_note,
         )
         owned = True
@@ -640,8 +616,8 @@ def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
     lease = run.lease
     env = dict(os.environ)
     if args.local:
-        if _on_this_host(lease["server"]):
-            return _fail(_on_this_host(lease["server"]), "drop --local to run remotely")
+        if on_this_host(lease["server"]):
+            return _fail(on_this_host(lease["server"]), "drop --local to run remotely")
         env.update(lease.get("env") or {})
         if not lease["mps"]:
             limits = ", ".join(_human(p["mem_bytes"]) for p in lease["partitions"])
