@@ -1,4 +1,5 @@
-"""Builds gpupool's libcuda.so.1 (the remote-execution shim) with the package; everything else is in pyproject.toml.
+"""Builds gpupool's libcuda.so.1 (the remote-execution shim) and libnvidia-ml.so.1 (its NVML) with the
+package; everything else is in pyproject.toml.
 
 The shim is plain C with no CUDA headers and no Python API: it is compiled as an extension module
 only so that `pip install .` and `pip install -e .` build it wherever a C compiler exists;
@@ -30,6 +31,17 @@ setup(
             extra_link_args=["-pthread", "-Wl,-soname,libcuda.so.1", "-ldl"],
             py_limited_api=False,
             # Without a C compiler the install goes on; remote runs then say the shim is not built.
+            optional=True,
+        ),
+        # gpupool's libnvidia-ml.so.1: NVML answered from the lease (virtualize/_nvml_view.py), for
+        # nvidia-smi, pynvml, nvitop and gpustat inside `gpuattach run`. Plain C, no NVML headers.
+        Extension(
+            "virtualize._libnvml_shim",
+            sources=["virtualize/nvml/nvml_shim.c"],
+            depends=["virtualize/nvml/nvml_stubs_gen.h"],
+            extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread", "-std=gnu11"],
+            extra_link_args=["-pthread", "-Wl,-soname,libnvidia-ml.so.1", "-ldl"],
+            py_limited_api=False,
             optional=True,
         ),
         # The worker's native hot path and its TLS stream (virtualize/_native_dispatch.py and

@@ -4,6 +4,10 @@
 from ``open_telemetry`` and a ``Scope`` (time range, hosts, GPUs) and returns a frozen dataclass
 whose field names carry their units (``_hours``, ``_bytes``, ``_s``; utilizations are ratios 0-1)
 and a ``simulated`` flag, so every page can say when the data is not real.
+
+Analytics only reads: the collector writes every table (raw segments, rollups, retention:
+``collector.rollups``) and owns the reader it shares with it (``open_telemetry``, re-exported here
+from ``collector.reader``, and the sample weights of ``collector.weights``).
 """
 
 from analytics import live as live  # the console's queries: latest sample, series, processes
@@ -24,8 +28,8 @@ from analytics._patterns import (
     hour_of_week,
     utilization_timeline,
 )
-from analytics._pool import ClientActivity, PoolActivity, pool_activity
-from analytics._rollup import ExpireResult, RollupResult, build_rollups, expire_raw, rollups_built
+from analytics._pool import ClientActivity, JobUsage, PoolActivity, pool_activity, pool_usage_by_job
+from analytics._rollup import rollups_built
 from analytics._scope import Extent, GpuInfo, Scope
 from analytics._summary import (
     COARSE_INTERVAL_S,
@@ -36,14 +40,6 @@ from analytics._summary import (
     SummaryOptions,
     fleet_summary,
 )
-from analytics._telemetry import (
-    TelemetryError,
-    damaged_segments,
-    open_telemetry,
-    telemetry_notes,
-    unrolled_hosts,
-)
-from analytics._weights import GAP_FACTOR
 from analytics._whatif import (
     DEFAULT_PRICE,
     DEMANDS,
@@ -55,6 +51,14 @@ from analytics._whatif import (
     memory_source,
     what_if,
 )
+from collector.reader import (
+    TelemetryError,
+    damaged_segments,
+    open_telemetry,
+    telemetry_notes,
+    unrolled_hosts,
+)
+from collector.weights import GAP_FACTOR
 
 __all__ = [
     "ATTRIBUTION_KEYS",
@@ -71,7 +75,6 @@ __all__ = [
     "AttributionRow",
     "ClientActivity",
     "Distribution",
-    "ExpireResult",
     "Extent",
     "FleetPatterns",
     "FleetSummary",
@@ -79,11 +82,11 @@ __all__ = [
     "GpuStat",
     "HostSampling",
     "HourOfWeek",
+    "JobUsage",
     "Period",
     "Periods",
     "PoolActivity",
     "PoolOptions",
-    "RollupResult",
     "Scope",
     "SummaryOptions",
     "TelemetryError",
@@ -91,17 +94,16 @@ __all__ = [
     "Timeline",
     "WhatIf",
     "attribution",
-    "build_rollups",
     "busiest_idlest",
     "damaged_segments",
     "data_extent",
-    "expire_raw",
     "fleet_patterns",
     "fleet_summary",
     "hour_of_week",
     "memory_source",
     "open_telemetry",
     "pool_activity",
+    "pool_usage_by_job",
     "rollups_built",
     "telemetry_notes",
     "unrolled_hosts",

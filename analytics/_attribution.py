@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import duckdb
 
-from analytics._rows import DEFAULT_OPTIONS, GIB, SummaryOptions
 from analytics._scope import ALL, Scope, no_data_error
-from analytics._telemetry import TelemetryError
-from analytics._weights import PROCESS_ENTITY, weighted_query
+from collector.reader import TelemetryError
+from collector.sample_columns import DEFAULT_OPTIONS, GIB, SummaryOptions
+from collector.weights import PROCESS_ENTITY, weighted_query
 
 BY = {"user": "user", "process": "process_name", "container": "container_id"}
 NONE_LABEL = {"user": "(unknown user)", "process": "(unknown)", "container": "(no container)"}

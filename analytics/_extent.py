@@ -8,7 +8,7 @@ import duckdb
 
 from analytics import _rollup
 from analytics._scope import ALL, Extent, GpuInfo
-from analytics._telemetry import segment_rows
+from collector.reader import segment_rows
 
 
 def data_extent(con: duckdb.DuckDBPyConnection) -> Extent:

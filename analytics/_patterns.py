@@ -16,8 +16,8 @@ import duckdb
 
 from analytics import _rollup
 from analytics._scope import ALL, Scope, no_data_error
-from analytics._telemetry import TelemetryError
-from analytics._weights import median_of, weighted_query
+from collector.reader import TelemetryError
+from collector.weights import median_of, weighted_query
 
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 LEVELS = {

@@ -76,3 +76,53 @@ def pool_activity(con: duckdb.DuckDBPyConnection, scope: Scope = ALL) -> PoolAct
         clients=clients,
         simulated=any(r[-1] for r in rows),
     )
+
+
+JOB_KEYS = {"job": ("job_scheduler", "job_id", "job_account", "job_user"), "account": ("job_account",)}
+
+
+@dataclass(frozen=True)
+class JobUsage:
+    """The leases of one batch job (``by="job"``) or one account (``by="account"``); hours as above.
+    Leases taken outside a scheduler are one row with every job field None."""
+
+    scheduler: str | None
+    job_id: str | None
+    account: str | None
+    user: str | None
+    leases: int
+    denials: int
+    gpu_hours: float
+
+
+def pool_usage_by_job(
+    con: duckdb.DuckDBPyConnection, scope: Scope = ALL, *, by: str = "job"
+) -> tuple[JobUsage, ...]:
+    """GPU-hours the pool's leases held per batch job or per account (the scheduler integrations fill in
+    the job, e.g. deploy/slurm), most GPU-hours first. Telemetry written before leases carried a job
+    has no job columns: all of it is then the one row without a job."""
+    if by not in JOB_KEYS:
+        raise ValueError(f"by must be one of {sorted(JOB_KEYS)}, not {by!r}")
+    have = {d[0] for d in con.execute("SELECT * FROM pool_events LIMIT 0").description}
+    keys = JOB_KEYS[by]
+    cols = [k if k in have else f"NULL::VARCHAR AS {k}" for k in keys]
+    where, params = scope.where()
+    ends = ", ".join("?" for _ in ENDS)
+    rows = con.execute(
+        f"""
+        SELECT {", ".join(keys)},
+               count(DISTINCT lease_id) FILTER (WHERE event = 'grant') AS leases,
+               count(*) FILTER (WHERE event = 'deny') AS denials,
+               coalesce(sum(fraction * duration_s) FILTER (WHERE event IN ({ends})), 0) / 3600.0 AS gpu_hours
+        FROM (SELECT {", ".join(cols)}, event, lease_id, fraction, duration_s FROM pool_events WHERE {where})
+        GROUP BY ALL ORDER BY gpu_hours DESC, {", ".join(f"{k} NULLS LAST" for k in keys)}
+        """,
+        [*ENDS, *params],
+    ).fetchall()
+    out = []
+    for row in rows:
+        job = dict(zip(keys, row[: len(keys)], strict=True))
+        leases, denials, hours = row[len(keys) :]
+        out.append(JobUsage(job.get("job_scheduler"), job.get("job_id"), job.get("job_account"),
+                            job.get("job_user"), int(leases), int(denials), float(hours)))  # fmt: skip
+    return tuple(out)

@@ -8,18 +8,11 @@ partition so DuckDB skips whole days of segments outside the range.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import duckdb
 
-from analytics._telemetry import TelemetryError
-
-
-def utc(ts: datetime | None) -> datetime | None:
-    """An aware UTC datetime (naive input is taken to be UTC already)."""
-    if ts is None:
-        return None
-    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+from collector.reader import TelemetryError, utc
 
 
 @dataclass(frozen=True)

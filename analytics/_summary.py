@@ -28,7 +28,8 @@ from datetime import UTC, datetime, timedelta
 import duckdb
 
 from analytics import _rollup
-from analytics._rows import (
+from analytics._scope import ALL, Scope, no_data_error
+from collector.sample_columns import (
     DEFAULT_OPTIONS,
     HAS_GPM,
     HELD,
@@ -38,11 +39,10 @@ from analytics._rows import (
     SummaryOptions,
     idle_bin,
 )
-from analytics._rows import (
+from collector.sample_columns import (
     SAMPLE_COLUMNS as _COLUMNS,
 )
-from analytics._scope import ALL, Scope, no_data_error
-from analytics._weights import median_of, weighted_query
+from collector.weights import median_of, weighted_query
 
 COARSE_INTERVAL_S = 10.0  # a median interval this long or longer: each sample is itself an average
 

@@ -42,10 +42,10 @@ import numpy as np
 
 from analytics import _replay, _rollup
 from analytics._gpu_models import memory_from_name
-from analytics._rows import GIB
 from analytics._scope import ALL, Scope, no_data_error
 from analytics._summary import FleetSummary, fleet_summary
-from analytics._telemetry import TelemetryError
+from collector.reader import TelemetryError
+from collector.sample_columns import GIB
 
 POLICIES = ("first-fit", "best-fit", "first-fit-decreasing")
 DEMANDS = ("auto", "process", "gpu")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import duckdb
 
-from analytics._telemetry import _empty_select
+from collector.reader import _empty_select
 from collector.schema import PARTITION_TYPES, TABLES
 
 # Series the console may ask for: column name -> what it is. A fixed list, because a column name

@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import analytics as A
+from collector import build_rollups
 
 
 def _rss_gib() -> float:
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _rollups(args, raw: A.FleetSummary, week: A.Scope, one_host: A.Scope) -> None:
     if not args.no_build:
-        r = _timed("build_rollups (all hosts)", lambda: A.build_rollups(args.dir), 1)
+        r = _timed("build_rollups (all hosts)", lambda: build_rollups(args.dir), 1)
         print(
             f"  -> {r.samples:,} samples -> {r.minute_rows:,} minute rows, {r.hour_rows:,} hour rows, {r.files} files"
         )
@@ -161,12 +162,12 @@ def _rollups_only(args) -> int:
     size = sum(f.stat().st_size for f in (args.dir / "gpu_samples").rglob("*.parquet")) / (1 << 30)
     print(f"{args.dir}: {size:.2f} GiB raw Parquet; cores {os.cpu_count()}, duckdb {_duckdb()}")
     if not args.no_build:
-        r = _timed("build_rollups (from scratch)", lambda: A.build_rollups(args.dir, rebuild=True), 1)
+        r = _timed("build_rollups (from scratch)", lambda: build_rollups(args.dir, rebuild=True), 1)
         print(f"  -> {r.samples:,} samples -> {r.minute_rows:,} minute rows, {r.hour_rows:,} hour rows")
         # An incremental build: the last day again (as after an import of that day's logs).
         last = A.data_extent(A.open_telemetry(args.dir)).end
         since = last.replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
-        r = _timed("build_rollups (the last day)", lambda: A.build_rollups(args.dir, since=since), 1)
+        r = _timed("build_rollups (the last day)", lambda: build_rollups(args.dir, since=since), 1)
         print(f"  -> {r.samples:,} samples -> {r.minute_rows:,} minute rows, {r.hour_rows:,} hour rows")
     rsize = sum(f.stat().st_size for f in args.dir.glob("gpu_rollup_*/**/*.parquet")) / (1 << 20)
     print(f"rollups on disk: {rsize:.0f} MiB")

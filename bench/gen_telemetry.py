@@ -289,8 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         metavar="DAYS",
         help="as a collector with --keep-raw would: after each day, bring the rollups up to date "
-        "(analytics.build_rollups, incremental) and expire raw gpu_samples days older than DAYS "
-        "(analytics.expire_raw, 'now' being the end of the generated history)",
+        "(collector.build_rollups, incremental) and expire raw gpu_samples days older than DAYS "
+        "(collector.expire_raw, 'now' being the end of the generated history)",
     )
     ap.add_argument(
         "--replicate-hosts",
@@ -308,13 +308,13 @@ def main(argv: list[str] | None = None) -> int:
     after_day = None
     timings: list[float] = []
     if args.keep_raw is not None:
-        import analytics
+        from collector import build_rollups, expire_raw
 
         def after_day(day: date) -> None:
             t = time.monotonic()
-            analytics.build_rollups(args.out)
+            build_rollups(args.out)
             now = datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(days=1)
-            analytics.expire_raw(args.out, args.keep_raw * 86400, now=now)
+            expire_raw(args.out, args.keep_raw * 86400, now=now)
             timings.append(time.monotonic() - t)
 
     rows = generate(

@@ -9,6 +9,12 @@ The public face, loaded lazily so ``gpustat-collect --help`` does not import pya
 - ``simulated_inventory(n)``: the GPUs of the simulated fleet, for machines without GPUs.
 - ``NvmlSource``: one tick of this host's GPUs at a time (``.sample(now) -> Tick`` of schema rows), for
   a process that writes its own telemetry (the pool server); ``SimulatedFleet`` the simulated model.
+- ``run(source, writer, RunOptions(interval_s), stop=…, on_tick=…, on_error=…)``: the one sampling
+  loop (``gpustat-collect`` and the pool server's sampler).
+- The write side of telemetry beyond raw segments: ``build_rollups(root) -> RollupResult`` and
+  ``expire_raw(root, keep_s) -> ExpireResult`` (``collector.rollups``), and ``RollupKeeper(root, host,
+  RollupOptions(every_s, keep_raw_s))``, a thread that keeps them up to date. ``collector.reader``
+  opens telemetry as DuckDB views: the build and ``analytics`` both read through it.
 - ``GPU_METRICS`` (name, telemetry column, help), ``COLLECTOR_UP``, ``GPU_LOST``: the Prometheus metrics
   the collector exports, named once (the console's ``--prometheus`` reads them back).
 - ``parse_duration(value) -> seconds``: the one duration parser of every command and config file
@@ -40,6 +46,14 @@ _EXPORTS = {
     "GPU_LOST": "collector._prometheus",
     "NvmlSource": "collector._nvml_source",
     "SimulatedFleet": "collector._simulated",
+    "run": "collector._run",
+    "RunOptions": "collector._run",
+    "RollupKeeper": "collector._rollup_keeper",
+    "RollupOptions": "collector._rollup_keeper",
+    "build_rollups": "collector.rollups",
+    "expire_raw": "collector.rollups",
+    "RollupResult": "collector.rollups",
+    "ExpireResult": "collector.rollups",
 }
 
 __all__ = [
@@ -47,18 +61,26 @@ __all__ = [
     "GPU_LOST",
     "GPU_METRICS",
     "CollectorError",
+    "ExpireResult",
     "GpuInfo",
     "GpuLost",
     "InputError",
     "NvmlSource",
     "NvmlUnavailable",
     "ProcessActivity",
+    "RollupKeeper",
+    "RollupOptions",
+    "RollupResult",
+    "RunOptions",
     "SimulatedFleet",
     "TelemetryWriteError",
     "TelemetryWriter",
+    "build_rollups",
+    "expire_raw",
     "parse_duration",
     "process_activity",
     "read_inventory",
+    "run",
     "simulated_inventory",
 ]
 
@@ -67,9 +89,12 @@ if TYPE_CHECKING:
     from collector._inventory import process_activity, read_inventory
     from collector._nvml_source import NvmlSource
     from collector._prometheus import COLLECTOR_UP, GPU_LOST, GPU_METRICS
+    from collector._rollup_keeper import RollupKeeper, RollupOptions
+    from collector._run import RunOptions, run
     from collector._simulated import SimulatedFleet, simulated_inventory
     from collector._types import GpuInfo, ProcessActivity
     from collector.durations import parse_duration
+    from collector.rollups import ExpireResult, RollupResult, build_rollups, expire_raw
     from collector.writer import TelemetryWriter
 
 

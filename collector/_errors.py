@@ -4,7 +4,8 @@ CollectorError                 anything the CLI reports as one line and a non-ze
 ├── NvmlUnavailable            NVML did not start (no driver, no library, no GPU)
 ├── TelemetryWriteError        the telemetry directory or bucket cannot be written (permissions, disk
 │                              full; a missing bucket, refused credentials, a store that does not answer)
-└── InputError                 a file or option given by the user cannot be used
+├── InputError                 a file or option given by the user cannot be used
+└── TelemetryError             a telemetry directory cannot be read as asked (collector/reader.py)
 
 └── GpuLost                    one GPU stopped answering; recorded as state='lost', not fatal
 

@@ -44,6 +44,7 @@ def inventory_from(backend) -> list[GpuInfo]:
                     compute_capability=backend.compute_capability(index) or (0, 0),
                     driver_version=driver,
                     cuda_version=cuda,
+                    pci_bus_id=getattr(backend, "pci_bus_id", lambda _: None)(index),
                 )
             )
         except GpuLost:

@@ -118,6 +118,17 @@ class NvmlBackend:
         self._handles.clear()
         stop()
 
+    def lease(self) -> str | None:
+        """The gpupool lease whose slices this NVML shows (gpupool's libnvidia-ml.so.1 inside
+        `gpuattach run`), None for the real NVML."""
+        import ctypes
+
+        probe = getattr(pynvml.nvmlLib, "gpupoolNvmlLease", None)
+        if probe is None:
+            return None
+        probe.restype = ctypes.c_char_p
+        return (probe() or b"").decode() or None
+
     def driver_version(self) -> str:
         return _text(query(pynvml.nvmlSystemGetDriverVersion, default="unknown"))
 
@@ -141,6 +152,10 @@ class NvmlBackend:
     def uuid(self, index: int) -> str | None:
         value = query(pynvml.nvmlDeviceGetUUID, self._handle(index))
         return None if value is None else _text(value)
+
+    def pci_bus_id(self, index: int) -> str | None:
+        info = query(pynvml.nvmlDeviceGetPciInfo, self._handle(index))
+        return None if info is None else _text(info.busId)
 
     def name(self, index: int) -> str | None:
         value = query(pynvml.nvmlDeviceGetName, self._handle(index))

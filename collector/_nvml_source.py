@@ -125,6 +125,10 @@ class NvmlSource:
         self._lost_retry_s = lost_retry_s
         self._procinfo = procinfo or ProcessInfo()
         backend.start()  # raises NvmlUnavailable
+        # Inside a gpupool lease NVML shows the lease's slices: their rows say so (source "lease"),
+        # so no reader counts them as this machine's own GPUs.
+        if getattr(backend, "lease", lambda: None)():
+            self.kind = "lease"
         self._inventory = inventory_from(backend)
         # GPUs NVML counts but that did not answer at start (lost before we came): reported, not sampled.
         self.unanswered = sorted(set(range(backend.device_count())) - {g.index for g in self._inventory})

@@ -1,4 +1,8 @@
-"""The collector loop: tick the source, hand rows to the writer, keep the live state and status."""
+"""The one sampling loop: tick the source, hand rows to the writer, keep the live state and status.
+
+``gpustat-collect`` runs it, and so does the pool server (``server._serve``: no writer without
+``--telemetry``, its live numbers through ``on_tick``, a failed tick logged through ``on_error``).
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,12 @@ import datetime as dt
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
 from collector._prometheus import LiveState
-from collector._source import Source
+from collector._source import Source, Tick
 from collector.words import plural
 from collector.writer import TelemetryWriter
 
@@ -82,44 +87,64 @@ class Status:
 
 def run(
     source: Source,
-    writer: TelemetryWriter,
+    writer: TelemetryWriter | None,
     options: RunOptions,
     *,
     stop: threading.Event,
     state: LiveState | None = None,
     status: Status | None = None,
+    on_tick: Callable[[Tick], None] | None = None,
+    on_error: Callable[[Exception], None] | None = None,
 ) -> RunStats:
     """Tick until ``duration_s`` passes, ``stop`` is set or a finite source runs out.
 
+    ``writer`` None: samples only for ``state`` and ``on_tick`` (each tick's rows, as written).
     Raises the writer's error (TelemetryWriteError) as soon as a background flush fails, so the CLI can
     report it; buffered rows stay in the writer. A failure expected to pass (``error.passes``: a full
     disk, an object store's outage) is not given up on: it is told once as an event, sampling goes on,
-    and the rows wait in memory for a flush that succeeds.
+    and the rows wait in memory for a flush that succeeds. With ``on_error`` (a long-running service
+    whose other work must go on) nothing is raised: a tick that fails is handed to it and the next
+    tick comes on time.
     """
     stats = RunStats()
     gpus = len(source.inventory())
     states: dict[int, str] = {}
     failing: str | None = None  # the write error last told, while an object store is failing
+    told: str | None = None  # the failed tick last handed to on_error
     started = time.monotonic()
     next_tick = started
-    while not stop.is_set():
-        now = dt.datetime.now(dt.UTC)
-        tick = source.sample(now)
-        writer.append("gpu_samples", tick.gpu_rows)
-        writer.append("process_samples", tick.process_rows)
+
+    def one_tick() -> None:
+        nonlocal failing
+        tick = source.sample(dt.datetime.now(dt.UTC))
+        _append(writer, tick, stats)
         stats.ticks += 1
-        stats.gpu_rows += len(tick.gpu_rows)
-        stats.process_rows += len(tick.process_rows)
+        if on_tick is not None:
+            on_tick(tick)
         if state is not None:
             state.update(tick.gpu_rows, tick.process_rows)
-            state.samples_written = writer.rows_written
-            state.last_flush = writer.last_flush
+            if writer is not None:
+                state.samples_written = writer.rows_written
+                state.last_flush = writer.last_flush
+        if writer is None:
+            return
         if writer.error is not None and not writer.error.passes:
             raise writer.error
         failing = _report_write_state(writer, failing, status)
         if status is not None:
             _report_state_changes(tick.gpu_rows, states, status)
             status.update(gpus, writer, stats.ticks)
+
+    while not stop.is_set():
+        try:
+            one_tick()
+            told = None
+        except Exception as exc:
+            if on_error is None:
+                raise
+            if repr(exc) != told:  # the same failure at every tick is told once
+                on_error(exc)
+            told = repr(exc)
         if source.exhausted:
             break
         elapsed = time.monotonic() - started
@@ -134,11 +159,16 @@ def run(
         if wait > 0:
             stop.wait(wait)
     last = source.drain()
-    writer.append("gpu_samples", last.gpu_rows)
-    writer.append("process_samples", last.process_rows)
-    stats.gpu_rows += len(last.gpu_rows)
-    stats.process_rows += len(last.process_rows)
+    _append(writer, last, stats)
     return stats
+
+
+def _append(writer: TelemetryWriter | None, tick: Tick, stats: RunStats) -> None:
+    if writer is not None:
+        writer.append("gpu_samples", tick.gpu_rows)
+        writer.append("process_samples", tick.process_rows)
+    stats.gpu_rows += len(tick.gpu_rows)
+    stats.process_rows += len(tick.process_rows)
 
 
 def _report_write_state(writer: TelemetryWriter, failing: str | None, status: Status | None) -> str | None:

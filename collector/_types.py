@@ -16,6 +16,7 @@ class GpuInfo:
     compute_capability: tuple[int, int]
     driver_version: str
     cuda_version: str
+    pci_bus_id: str | None = None  # "00000000:19:00.0", as NVML and cuDeviceGetPCIBusId spell it
 
 
 @dataclass(frozen=True)

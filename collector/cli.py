@@ -323,7 +323,7 @@ def _collect(args, stop: threading.Event) -> int:
                 )
         stats = None
         if args.rollup_every > 0 and not isinstance(args.out, S3Location):  # a bucket's rollups: elsewhere
-            from collector._rollups import RollupKeeper, RollupOptions
+            from collector._rollup_keeper import RollupKeeper, RollupOptions
 
             keeper = RollupKeeper(
                 args.out, args.host, RollupOptions(args.rollup_every, args.keep_raw), report=status.event
@@ -548,7 +548,7 @@ def cmd_import(argv: list[str]) -> int:
 
 
 def _update_rollups(root: Path, hosts: tuple[str, ...] = (), *, keep_raw_s=None, since=None) -> int:
-    from collector._rollups import update
+    from collector._rollup_keeper import update
 
     try:
         print(update(root, hosts, keep_raw_s=keep_raw_s, since=since))
@@ -557,7 +557,7 @@ def _update_rollups(root: Path, hosts: tuple[str, ...] = (), *, keep_raw_s=None,
             f"rollups not updated under {root}: {exc.strerror or exc}",
             "the raw samples are all there; fix the cause and run gpustat-collect compact DIR (or gpustat-report rollup DIR)",
         )
-    except GpupoolError as exc:  # analytics' TelemetryError: one line, never a traceback
+    except GpupoolError as exc:  # the reader's TelemetryError: one line, never a traceback
         return _err(f"rollups not updated: {exc.title}", exc.hint)
     return 0
 

@@ -6,12 +6,14 @@ whether it happens to have a title:
 
     GpupoolError                 title (one line: what happened), hint (what to do), exit_code
     ├── collector.CollectorError         collector/_errors.py (NvmlUnavailable, TelemetryWriteError, ...)
-    ├── analytics.TelemetryError         analytics/_telemetry.py (a telemetry folder that cannot be read)
+    │   └── TelemetryError               collector/reader.py (a telemetry folder that cannot be read;
+    │                                    analytics and reports raise it too)
     ├── server.errors.ServerError        server/errors.py
     │   ├── PoolError                    the server's refusals, one per HTTP status (server/_errors.py)
     │   ├── PoolClientError              the client library's (server/client_errors.py)
-    │   └── EtcdUnavailable, EtcdError, WorkerError
-    ├── virtualize.errors.VirtualizeError    virtualize/errors.py (ShimNotBuilt, CensusError, TlsUnavailable)
+    │   └── EtcdUnavailable, EtcdError, WorkerError, Denied (the Kubernetes webhook's)
+    ├── virtualize.errors.VirtualizeError    virtualize/errors.py (ShimNotBuilt, CensusError, TlsUnavailable,
+                                                 JobError: the Slurm hook's)
     └── tui.cli.UsageError               the console's bad options (exit 2)
 
 ``reports`` raises none of its own: it reports analytics' and the OS's errors. Collector is the lowest

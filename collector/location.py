@@ -2,7 +2,7 @@
 
 The one module that owns ``pyarrow.fs.S3FileSystem`` (the S3 client inside the pyarrow wheel the
 collector already needs). The collector writes objects through it; analytics reads through it too,
-handing DuckDB an fsspec wrapper of the same client (``analytics._telemetry``), because DuckDB's own
+handing DuckDB an fsspec wrapper of the same client (``collector.reader``), because DuckDB's own
 httpfs extension is not in the duckdb wheel and its extension repository may not be reachable.
 
 Both layouts are the same: ``<root>/<table>/date=YYYY-MM-DD/host=<host>/<segment>.parquet`` where

@@ -31,7 +31,8 @@ METADATA_TABLE_KEY = b"gpupool.table"
 
 # Where a row came from. `simulated` rows are also flagged in their own boolean column, so that every
 # reader can label them without knowing the list of sources.
-SOURCES = ("nvml", "simulated", "replay", "nvidia-smi", "dcgm", "server")
+# `lease`: NVML sampled inside a gpupool lease (gpuattach run): the lease's slice of a GPU of the pool.
+SOURCES = ("nvml", "simulated", "replay", "nvidia-smi", "dcgm", "server", "lease")
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,14 @@ POOL_EVENTS = Table(
         Column("mem_bytes", pa.int64(), "bytes", "Memory of the partition.", valid=MEMORY),
         Column("duration_s", pa.float64(), "seconds", "Lease age at release/expire/reclaim.", valid=DURATION),
         Column("reason", pa.string(), "", "Why: the denial message, or why a lease ended."),
+        Column(
+            "job_scheduler", pa.string(), "", "Scheduler of the batch job the lease serves (slurm/CLUSTER)."
+        ),
+        Column("job_id", pa.string(), "", "That job's id in its scheduler (null: not a batch job's lease)."),
+        Column(
+            "job_account", pa.string(), "", "The job's account (Slurm --account), for GPU-hours per account."
+        ),
+        Column("job_user", pa.string(), "", "The user who submitted the job."),
         *_COMMON_TAIL,
     ),
 )
@@ -302,11 +311,11 @@ def valid_mask(table: Table, data: pa.Table) -> pa.ChunkedArray | None:
 
 def _rollup_table(name: str, period: str) -> Table:
     # Every additive column is a sum over the period's samples of their weight (seconds, as
-    # analytics._weights defines it) or of weight x value, so periods add up exactly.
+    # collector.weights defines it) or of weight x value, so periods add up exactly.
     secs = "seconds"
     return Table(
         name,
-        f"gpu_samples pre-aggregated per GPU per {period} (analytics._rollup builds it from the raw rows).",
+        f"gpu_samples pre-aggregated per GPU per {period} (collector.rollups builds it from the raw rows).",
         (
             Column(
                 "ts",
@@ -322,7 +331,7 @@ def _rollup_table(name: str, period: str) -> Table:
                 pa.int64(),
                 "microseconds",
                 "Null, or for samples that had no local spacing: their interval (-1: none). Such rows "
-                "hold weights in units of the fleet's tick, scaled when a query knows it (analytics._weights).",
+                "hold weights in units of the fleet's tick, scaled when a query knows it (collector.weights).",
             ),
             Column("samples", pa.int64(), "", "Number of samples."),
             Column("first_ts", TS, "UTC", "First sample."),
@@ -380,7 +389,7 @@ def _rollup_table(name: str, period: str) -> Table:
     )
 
 
-# Pre-aggregated telemetry (see analytics._rollup): same layout as the raw tables, one file per
+# Pre-aggregated telemetry (see collector.rollups): same layout as the raw tables, one file per
 # date and host (``<table>/date=D/host=H/rollup.parquet``; hours and days: D is the first day of a month),
 # replaced atomically when a build writes it.
 GPU_ROLLUP_MINUTE = _rollup_table("gpu_rollup_1m", "minute")

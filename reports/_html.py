@@ -206,6 +206,16 @@ def build_html(dirs: list[str], opts: BuildOptions | None = None, progress=lambd
             f"<p>{html.escape(P.pool_summary(activity))}</p>",
             _table(P.pool_table(activity), "pool-clients"),
         ]
+        jobs = A.pool_usage_by_job(con, opts.scope, by="job")
+        if any(u.job_id for u in jobs):  # leases taken by a scheduler integration (deploy/slurm)
+            parts += [
+                "<h3>Batch jobs: GPU-hours per account and per job</h3>",
+                _table(
+                    P.jobs_table(A.pool_usage_by_job(con, opts.scope, by="account"), "account"),
+                    "pool-accounts",
+                ),
+                _table(P.jobs_table(jobs, "job"), "pool-jobs"),
+            ]
     parts += [_section("Per GPU", sim), _table(P.per_gpu_table(s), "per-gpu", P.per_gpu_table(s, full=True))]
     parts.append("</body></html>")
     return "\n".join(parts)

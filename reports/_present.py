@@ -455,6 +455,27 @@ def pool_table(p: A.PoolActivity) -> pd.DataFrame:
     )
 
 
+def jobs_table(usage: tuple[A.JobUsage, ...], by: str) -> pd.DataFrame:
+    """GPU-hours of batch jobs' leases (docs/schedulers.md) per account (``by="account"``) or per job;
+    leases taken outside a scheduler are one row, "(no batch job)"."""
+    rows = []
+    for u in usage:
+        if by == "account":
+            row = {"account": u.account or "(none)"}
+        else:
+            row = {"job": f"{u.scheduler}:{u.job_id}" if u.job_id else "(no batch job)", "account": u.account or "",
+                   "user": u.user or ""}  # fmt: skip
+        rows.append(
+            {
+                **row,
+                "leases": u.leases,
+                "denied requests": u.denials,
+                "GPU-hours leased": round(u.gpu_hours, 3),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 def _p(x: float | None) -> float | None:
     return None if x is None else round(x * 100, 1)
 

@@ -99,6 +99,11 @@ def pool_activity(dirs, scope, _t):
     return A.pool_activity(_t(), scope)
 
 
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
+def pool_jobs(dirs, scope, by, _t):
+    return A.pool_usage_by_job(_t(), scope, by=by)
+
+
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner="replaying demand onto the pool...")
 def whatif(dirs, scope, options, _t, _s):
     # ``_s``: the summary of the same scope (its GPU-hours are the cost baseline), not part of the key.
@@ -374,6 +379,13 @@ def main() -> None:
         section("Pool activity", activity.simulated)
         st.markdown(P.pool_summary(activity))
         table(P.pool_table(activity), "pool-clients", "dl-pool")
+        jobs = pool_jobs(dirs, scope, "job", t)
+        if any(u.job_id for u in jobs):  # leases taken by a scheduler integration (deploy/slurm)
+            st.subheader("Batch jobs: GPU-hours per account and per job")
+            table(
+                P.jobs_table(pool_jobs(dirs, scope, "account", t), "account"), "pool-accounts", "dl-accounts"
+            )
+            table(P.jobs_table(jobs, "job"), "pool-jobs", "dl-jobs")
 
     section("Per GPU", s.simulated)
     table(P.per_gpu_table(s), "per-gpu", "dl-gpus", P.per_gpu_table(s, full=True))

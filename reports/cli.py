@@ -239,6 +239,7 @@ def _ensure_rollups(dirs: list[str]) -> None:
     """Say, in one line, which hosts have raw samples but no rollups (every figure would read them raw:
     slow), and build them in each directory that takes them; where one does not, say the command."""
     import analytics
+    from collector import build_rollups
 
     slow = analytics.unrolled_hosts(analytics.open_telemetry(dirs))
     if not slow:
@@ -254,7 +255,7 @@ def _ensure_rollups(dirs: list[str]) -> None:
         if is_s3(d):
             continue
         try:
-            analytics.build_rollups(d, hosts=hosts)
+            build_rollups(d, hosts=hosts)
         except (OSError, analytics.TelemetryError) as exc:
             why = exc.title if isinstance(exc, analytics.TelemetryError) else (exc.strerror or exc)
             print(
@@ -364,7 +365,7 @@ def _build(args) -> int:
 
 
 def _rollup(args) -> int:
-    import analytics
+    from collector import build_rollups, expire_raw
 
     if is_s3(args.dir):
         return _fail(
@@ -374,7 +375,7 @@ def _rollup(args) -> int:
         )
     t0 = time.monotonic()
     try:
-        result = analytics.build_rollups(
+        result = build_rollups(
             args.dir,
             hosts=tuple(args.hosts),
             rebuild=args.rebuild,
@@ -384,7 +385,7 @@ def _rollup(args) -> int:
         )
         gone = None
         if args.keep_raw is not None:
-            gone = analytics.expire_raw(args.dir, args.keep_raw, hosts=tuple(args.hosts))
+            gone = expire_raw(args.dir, args.keep_raw, hosts=tuple(args.hosts))
     except OSError as exc:
         return _fail(
             f"rollup failed under {args.dir}: {exc.strerror or exc}",

@@ -4,20 +4,26 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# System programs the tests drive for real: Chromium (report), tmux (console), etcd (cluster mode),
-# a C compiler (the remote-execution shim).
-need=()
-command -v chromium >/dev/null || need+=(chromium)
-command -v tmux >/dev/null || need+=(tmux)
-command -v etcd >/dev/null || need+=(etcd-server)
-command -v cc >/dev/null || need+=(gcc)  # builds the remote-execution shim (libcuda.so.1)
+# System programs the tests drive for real (Chromium, tmux, etcd, a C compiler, ...): one table,
+# tests/required_tools.py, names each with its Debian package and the tests that need it. A test whose
+# tool is missing fails, so a run that cannot install them stops here rather than pass untested;
+# GPUPOOL_ALLOW_MISSING_TOOLS=1 (a developer's own machine) lets those tests skip instead.
+mapfile -t need < <(python3 tests/required_tools.py --missing-packages)
 if ((${#need[@]})); then
+  installed=0
   if [ "$(id -u)" = 0 ]; then
     echo "installing system packages: ${need[*]}"
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}") >/dev/null \
-      || echo "warning: could not install ${need[*]}; tests that need them will be skipped" >&2
-  else
-    echo "warning: not root, cannot install ${need[*]}; tests that need them will be skipped" >&2
+      && installed=1
+  fi
+  if ((!installed)); then
+    if [ "${GPUPOOL_ALLOW_MISSING_TOOLS:-0}" != 0 ]; then
+      echo "warning: ${need[*]} not installed; GPUPOOL_ALLOW_MISSING_TOOLS is set: the tests that need them will be skipped" >&2
+    else
+      echo "error: cannot install ${need[*]} (needs root and apt-get): the tests that drive them would fail." >&2
+      echo "hint: install them, or on a developer's machine set GPUPOOL_ALLOW_MISSING_TOOLS=1 to skip those tests" >&2
+      exit 1
+    fi
   fi
 fi
 

@@ -19,4 +19,7 @@ error root ``ServerError``), ``client_errors`` (the client's error tree),
 - ``_cluster``, ``_cluster_migrate``, ``_etcd``: cluster mode — membership, shared tokens/policy and
   cluster-wide limits on etcd (through its JSON gateway), and the move from the embedded store
 - ``_backoff``: the client's retry delays
+- ``_admission``, ``_webhook``: Kubernetes — a pod's ``gpupool.io/gpu`` annotation turned into a JSON
+  patch that wraps its command in ``gpuattach run``, and the admission webhook's HTTPS server
+  (``gpupool-server webhook``, docs/schedulers.md)
 """

@@ -230,7 +230,7 @@ async def create_lease(request: web.Request) -> web.Response:
         handle.on_exit(st.wake_reaper)
         # A worker bound to every interface is reached at the server's advertised address.
         host = st.pool.inv.addr if handle.host in ("", "0.0.0.0", "::") else handle.host
-        worker = {**handle.answer(host), "pid": handle.pid,
+        worker = {**handle.answer(host), "pid": handle.pid, "state_dir": str(handle.state_dir),
                   "create_time": (alive_pids([(handle.pid, None)]) or [(0, None)])[0][1]}  # fmt: skip
         await st.db(st.pool.set_worker, lease["id"], worker)
         lease = await st.db(st.pool.lease, lease["id"])

@@ -41,21 +41,25 @@ class EventLog:
         if self.writer is not None:
             self.writer.append("pool_events", rows)
 
-    def deny(self, client: str, reason: str, ts: float) -> None:
-        log.info("deny client=%s: %s", client, reason)
-        self._append("deny", [{**self._base("deny", ts), "client": client, "reason": reason}])
+    def deny(self, client: str, reason: str, ts: float, job: dict | None = None) -> None:
+        log.info("deny client=%s%s: %s", client, _job_words(job), reason)
+        self._append(
+            "deny", [{**self._base("deny", ts), **_job_columns(job), "client": client, "reason": reason}]
+        )
 
     def record(self, event: str, lease: dict, ts: float) -> None:
         created = dt.datetime.fromisoformat(lease["created_at"].replace("Z", "+00:00")).timestamp()
         duration = None if event == "grant" else max(0.0, ts - created)
         parts = ", ".join(f"GPU{p['gpu_index']}:{p['fraction']:.2f}" for p in lease["partitions"])
         log.info(
-            "%s %s client=%s [%s]%s", event, lease["id"], lease["client"], parts,
+            "%s %s client=%s%s [%s]%s", event, lease["id"], lease["client"], _job_words(lease.get("job")), parts,
             f": {lease['reason']}" if event != "grant" and lease.get("reason") else "",
         )  # fmt: skip
+        job = _job_columns(lease.get("job"))
         rows = [
             {
                 **self._base(event, ts),
+                **job,
                 "lease_id": lease["id"],
                 "client": lease["client"],
                 "gpu_index": p["gpu_index"],
@@ -80,3 +84,16 @@ class EventLog:
                 self.writer.close()
             except Exception as exc:  # the telemetry disk failing must not hide the shutdown
                 log.error("telemetry: could not flush pool events at shutdown: %s", exc)
+
+
+def _job_columns(job: dict | None) -> dict:
+    """The batch job a lease serves (server.api.Job) as pool_events columns; none: all null."""
+    job = job or {}
+    return {f"job_{key}": job.get(key) for key in ("scheduler", "id", "account", "user")}
+
+
+def _job_words(job: dict | None) -> str:
+    if not job:
+        return ""
+    account = f" account={job['account']}" if job.get("account") else ""
+    return f" job={job['scheduler']}:{job['id']}{account}"

@@ -28,6 +28,7 @@ class Gpu:
     compute_capability: str | None
     driver_version: str | None
     cuda_version: str | None
+    pci_bus_id: str | None = None  # the real GPU's (None for simulated ones)
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,7 @@ def nvml_inventory(hostname: str, addr: str) -> Inventory:
                 compute_capability=f"{cc[0]}.{cc[1]}" if isinstance(cc, tuple) else (str(cc) if cc else None),
                 driver_version=g.driver_version,
                 cuda_version=g.cuda_version,
+                pci_bus_id=g.pci_bus_id,
             )
         )
     return Inventory(hostname=hostname, addr=addr, gpus=tuple(gpus), simulated=False)

@@ -9,13 +9,16 @@ caller (``server._app``) does that around these calls (starting workers, measuri
 from __future__ import annotations
 
 import functools
+import json
 import math
 import secrets
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
 from msgspec import UNSET as _UNSET
 
 from collector.durations import format_duration
@@ -37,9 +40,10 @@ from server._errors import (
 from server._events import EventLog
 from server._filters import gpu_matches, parse_filters, server_matches
 from server._inventory import GIB, MIB, Gpu, Inventory
-from server._procs import alive_pids, pid_identity
+from server._procs import alive_pids, pid_identity, with_descendants
 from server._store_api import LeaseStore, SettingsStore, TokenStore
 from server.api import LeaseRequest
+from server.workers import USAGE_FILE as WORKER_USAGE_FILE
 
 if TYPE_CHECKING:
     from server._cluster import Cluster
@@ -71,6 +75,13 @@ class Placement:
     score: float  # free memory left on the chosen GPUs, as a fraction of their total (lower = tighter)
 
 
+def _job(req: LeaseRequest) -> dict | None:
+    """The batch job a request names, as stored with the lease (only the fields given)."""
+    if req.job is None:
+        return None
+    return {k: v for k, v in msgspec.to_builtins(req.job).items() if v is not None}
+
+
 class Pool:
     def __init__(
         self,
@@ -96,6 +107,8 @@ class Pool:
         self.tls = bool(config.tls_cert)
         self.started = time.time()
         self.live: dict[int, dict] = {}  # newest NVML sample per GPU index (real GPUs only)
+        # newest process rows per GPU index: pid -> (memory bytes, busy share or None)
+        self.live_procs: dict[int, dict[int, tuple[int | None, float | None]]] = {}
 
     # --- identity -----------------------------------------------------------------------------------
     def server_info(self) -> dict:
@@ -450,7 +463,8 @@ class Pool:
                 env = self.lease_env(lease_id, placement, req.sm_share)
                 lease = {"id": lease_id, "client": caller.client, "label": req.label, "created": now,
                          "expires": now + ttl, "max_end": max_end, "ttl_s": ttl, "last_active": now,
-                         "local": req.local, "remote": req.remote, "pids": pids, "env": env}  # fmt: skip
+                         "local": req.local, "remote": req.remote, "pids": pids, "env": env,
+                         "job": _job(req)}  # fmt: skip
                 partitions = [
                     {
                         "gpu_index": g.index,
@@ -469,7 +483,7 @@ class Pool:
                     if not recorded:
                         raise _Conflict
         except (Impossible, Busy, LimitExceeded) as exc:
-            self.events.deny(caller.client, exc.title, now)
+            self.events.deny(caller.client, exc.title, now, _job(req))
             raise
         except StorageFull:
             if recorded:  # etcd counts a lease the disk could not store: take its share back
@@ -500,10 +514,41 @@ class Pool:
             raise NotFound(f"no lease {lease_id} on {self.inv.hostname}", "gpuattach list shows your leases")
         return row
 
-    def lease(self, lease_id: str, *, owner_view: bool = True) -> dict:
+    def lease(self, lease_id: str, *, owner_view: bool = True, usage: bool = False) -> dict:
         row = self._row(lease_id)
         parts = self.store.partitions([lease_id]).get(lease_id, [])
-        return self._lease_json(row, parts, owner_view)
+        out = self._lease_json(row, parts, owner_view)
+        if usage:
+            for position, part in enumerate(out["partitions"]):
+                part["usage"] = self._usage(row, position, part["gpu_index"])
+        return out
+
+    def _usage(self, row, position: int, gpu_index: int) -> dict:
+        """What the lease itself uses of one of its GPUs, for the NVML view of its runs (docs/remote.md).
+
+        Memory: what the lease's worker holds (its usage file) for a remote lease, else the memory of
+        the lease's processes in the newest NVML sample. Busy share: the sum of those processes' shares
+        in that sample (None where the driver does not report per-process utilization, or no GPU is
+        sampled). Temperature, power and clocks are the GPU's own.
+        """
+        worker = row["worker"] or {}
+        mem = _worker_usage(worker.get("state_dir"), position)
+        util = None
+        procs = self.live_procs.get(gpu_index)
+        if procs is not None:
+            mine = with_descendants(row["pids"]) | ({worker["pid"]} if worker.get("pid") else set())
+            held = [v for pid, v in procs.items() if pid in mine]
+            if mem is None:
+                mem = sum(m or 0 for m, _ in held)
+            if all(u is not None for _, u in held):
+                util = min(1.0, sum(u for _, u in held))
+        live = self.live.get(gpu_index) or {}
+        return {
+            "mem_used_bytes": mem,
+            "util_gpu": util,
+            "temperature_c": live.get("temperature_c"),
+            "power_w": live.get("power_w"),
+        }
 
     def _lease_json(self, row, parts, owner_view: bool) -> dict:
         partitions = []
@@ -514,6 +559,8 @@ class Pool:
                     "gpu_index": p["gpu_index"],
                     "gpu_uuid": p["gpu_uuid"],
                     "gpu_name": g.name if g else "unknown",
+                    "compute_capability": g.compute_capability if g else None,
+                    "pci_bus_id": g.pci_bus_id if g else None,
                     "mem_total_bytes": g.mem_total_bytes if g else None,
                     "mem_bytes": p["mem_bytes"],
                     "fraction": p["fraction"],
@@ -527,6 +574,7 @@ class Pool:
             "state": row["state"],
             "reason": row["reason"],
             "label": row["label"],
+            "job": row["job"],
             "created_at": iso(row["created"]),
             "ended_at": iso(row["ended"]),
             "expires_at": iso(row["expires"]),
@@ -559,7 +607,7 @@ class Pool:
 
     def get(self, caller: Caller, lease_id: str) -> dict:
         row = self._owned(caller, lease_id)
-        return self.lease(lease_id, owner_view=row["client"] == caller.client)
+        return self.lease(lease_id, owner_view=row["client"] == caller.client, usage=True)
 
     def list(self, caller: Caller, everyone: bool, state: str) -> list[dict]:
         if everyone and not caller.admin:
@@ -726,3 +774,14 @@ def _version() -> str:
         return version("gpupool")
     except Exception:
         return "0+unknown"
+
+
+def _worker_usage(state_dir: str | None, position: int) -> int | None:
+    """The bytes a remote lease's worker holds on its `position`-th GPU (its usage file), None if unknown."""
+    if not state_dir:
+        return None
+    try:
+        used = json.loads((Path(state_dir) / WORKER_USAGE_FILE).read_text())
+        return int(used[position])
+    except (OSError, ValueError, IndexError, TypeError):
+        return None

@@ -47,14 +47,15 @@ def _inventory(cfg: ServerConfig):
 LIVE_FIELDS = ("state", "util_gpu_mean", "mem_used_bytes", "power_w", "temperature_c", "sm_activity")
 
 
-def _sampler(cfg: ServerConfig, events: EventLog, live: dict, stop: threading.Event) -> None:
-    """This host's GPU samples: the newest per GPU for /v1/gpus (what `gpuattach smi` shows), and all
-    of them into the telemetry directory when one is configured, as gpustat-collect would write them."""
-    import datetime as dt
+def _sampler(
+    cfg: ServerConfig, events: EventLog, live: dict, live_procs: dict, stop: threading.Event
+) -> None:
+    """This host's GPU samples through the collector's sampling loop: the newest per GPU for /v1/gpus
+    (what `gpuattach smi` shows) and the newest process rows per GPU (a lease's NVML view), and all of
+    them into the telemetry directory when one is configured, as gpustat-collect writes them."""
+    from collector import NvmlSource, RollupKeeper, RollupOptions, RunOptions, run
 
     try:
-        from collector._nvml_source import NvmlSource
-
         source = NvmlSource(interval_s=cfg.sample_interval_s)
     except Exception as exc:
         log.warning("GPU samples disabled: %s", exc)
@@ -66,21 +67,33 @@ def _sampler(cfg: ServerConfig, events: EventLog, live: dict, stop: threading.Ev
         and not str(cfg.telemetry_dir).startswith("s3://")
         and cfg.rollup_every_s > 0
     ):
-        from collector._rollups import RollupKeeper, RollupOptions
-
         keeper = RollupKeeper(
             cfg.telemetry_dir, events.host, RollupOptions(cfg.rollup_every_s, cfg.keep_raw_s), report=log.info
         ).start()
-    while not stop.wait(cfg.sample_interval_s):
-        try:
-            tick = source.sample(dt.datetime.now(dt.UTC))
-            for row in tick.gpu_rows:
-                live[row["gpu_index"]] = {k: row.get(k) for k in LIVE_FIELDS} | {"ts": row["ts"].isoformat()}
-            events.append_samples(tick.gpu_rows, tick.process_rows)
-        except Exception:
-            log.exception("GPU sample failed")
-    if keeper is not None:
-        keeper.stop()
+
+    def show(tick) -> None:
+        for row in tick.gpu_rows:
+            live[row["gpu_index"]] = {k: row.get(k) for k in LIVE_FIELDS} | {"ts": row["ts"].isoformat()}
+        # The newest process rows per GPU: a lease's own memory and busy share (its NVML view).
+        procs: dict[int, dict] = {row["gpu_index"]: {} for row in tick.gpu_rows}
+        for row in tick.process_rows:
+            procs.setdefault(row["gpu_index"], {})[row["pid"]] = (row["mem_used_bytes"], row["sm_util"])
+        live_procs.update(procs)
+
+    try:
+        run(
+            source,
+            events.writer,
+            RunOptions(interval_s=cfg.sample_interval_s),
+            stop=stop,
+            on_tick=show,
+            on_error=lambda exc: log.error("GPU sample failed: %s", exc, exc_info=exc),
+        )
+    except Exception:  # the last samples at shutdown; the pool goes on stopping
+        log.exception("GPU samples stopped")
+    finally:
+        if keeper is not None:
+            keeper.stop()
 
 
 async def serve(cfg: ServerConfig) -> int:
@@ -191,10 +204,14 @@ async def _serve(cfg: ServerConfig, inv: Inventory) -> int:
             flush=True,
         )
     sampler_stop = threading.Event()
+    sampler = threading.Thread(
+        target=_sampler,
+        args=(cfg, events, pool.live, pool.live_procs, sampler_stop),
+        daemon=True,
+        name="gpu-samples",
+    )
     if not inv.simulated:  # live numbers for /v1/gpus; telemetry too when configured
-        threading.Thread(
-            target=_sampler, args=(cfg, events, pool.live, sampler_stop), daemon=True, name="gpu-samples"
-        ).start()
+        sampler.start()
     await stop.wait()
 
     log.info("shutting down: leases stay stored and are recovered at the next start")
@@ -209,6 +226,8 @@ async def _serve(cfg: ServerConfig, inv: Inventory) -> int:
         await stop_worker(st, lease_id)
     if mps is not None and pool.active_count() == 0:
         await asyncio.to_thread(mps.stop)
+    if sampler.is_alive():  # its last samples go in before the writer closes
+        await asyncio.to_thread(sampler.join, 5.0)
     events.close()
     st.db_thread.shutdown(wait=True)
     store.retry_writes()  # a last try for what waits in memory

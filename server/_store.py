@@ -52,7 +52,8 @@ CREATE TABLE IF NOT EXISTS leases (
     remote INTEGER NOT NULL,
     pids TEXT NOT NULL DEFAULT '[]',  -- [[pid, create_time], ...] of local processes
     worker TEXT,                      -- {"host", "port", "secret", "pid", "create_time"}
-    env TEXT NOT NULL DEFAULT '{}'
+    env TEXT NOT NULL DEFAULT '{}',
+    job TEXT                          -- {"scheduler", "id", "account", "user"} of a batch job, or NULL
 );
 CREATE INDEX IF NOT EXISTS leases_state ON leases(state);
 CREATE TABLE IF NOT EXISTS partitions (
@@ -169,6 +170,7 @@ class Store:
             db.execute("PRAGMA foreign_keys=ON")
             try:
                 db.executescript(SCHEMA)  # idempotent: IF NOT EXISTS everywhere
+                _add_columns(db)
             except sqlite3.Error as exc:
                 # A full disk where the schema is already there: nothing needed writing.
                 have = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -383,11 +385,12 @@ class Store:
     def insert_lease(self, lease: dict, partitions: list[dict]) -> None:
         self._must_write()
         row = {**lease, "local": int(lease["local"]), "remote": int(lease["remote"]),
-               "pids": json.dumps(lease["pids"]), "env": json.dumps(lease["env"])}  # fmt: skip
+               "pids": json.dumps(lease["pids"]), "env": json.dumps(lease["env"]),
+               "job": json.dumps(lease["job"]) if lease.get("job") else None}  # fmt: skip
         self.db.execute(
             "INSERT INTO leases(id, client, state, label, created, expires, max_end, ttl_s, last_active,"
-            " local, remote, pids, env) VALUES (:id, :client, 'active', :label, :created, :expires, :max_end,"
-            " :ttl_s, :last_active, :local, :remote, :pids, :env)",
+            " local, remote, pids, env, job) VALUES (:id, :client, 'active', :label, :created, :expires,"
+            " :max_end, :ttl_s, :last_active, :local, :remote, :pids, :env, :job)",
             row,
         )
         self.db.executemany(
@@ -524,7 +527,20 @@ def _lease(row: dict) -> dict:
     out["pids"] = [tuple(p) for p in json.loads(row["pids"])]
     out["worker"] = json.loads(row["worker"]) if row["worker"] else None
     out["env"] = json.loads(row["env"])
+    out["job"] = json.loads(out["job"]) if out.get("job") else None  # absent: an old store on a full disk
     return out
+
+
+# Columns added to a table after its first release: (table, column, declaration). A store written by an
+# older version gets them at open (NULL in its old rows); SCHEMA above has them for a new store.
+ADDED_COLUMNS = (("leases", "job", "TEXT"),)
+
+
+def _add_columns(db: sqlite3.Connection) -> None:
+    for table, column, declaration in ADDED_COLUMNS:
+        have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+        if column not in have:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
 
 
 def open_store(state_dir: Path, report: Callable[[str], None] | None = None) -> Store:

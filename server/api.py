@@ -50,6 +50,21 @@ REQUEST, POLICY, CLIENT, TOKEN = ranges.REQUEST, ranges.POLICY, ranges.CLIENT, r
 Unset = msgspec.UnsetType
 
 
+JobField = Annotated[
+    str, Meta(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")
+]  # no control characters
+
+
+class Job(msgspec.Struct, forbid_unknown_fields=True):
+    """The batch job a lease serves (a scheduler integration fills it in): its GPU-hours are booked to
+    this job, account and user in the pool's events, beside the client that holds the lease."""
+
+    scheduler: JobField  # e.g. "slurm" or "slurm/<cluster name>"
+    id: JobField
+    account: JobField | None = None
+    user: JobField | None = None
+
+
 class LeaseRequest(_Checked):
     _ranges: ClassVar = REQUEST
     n: Annotated[int, _bounded(REQUEST["n"])]
@@ -62,6 +77,7 @@ class LeaseRequest(_Checked):
     ttl_s: Annotated[float, _bounded(REQUEST["ttl_s"])] | None = None
     pids: list[Pid] = []
     label: Annotated[str, Meta(max_length=200)] | None = None
+    job: Job | None = None
 
 
 class Heartbeat(msgspec.Struct, forbid_unknown_fields=True):
@@ -299,6 +315,27 @@ class Fit(_Answer, kw_only=True):
     server: ServerInfo
 
 
+class PartitionUsage(_Answer, kw_only=True):
+    """What the lease itself uses of one GPU, for the NVML view of its runs (docs/remote.md, "What tools
+    see"); null where the pool cannot tell."""
+
+    mem_used_bytes: Annotated[
+        int | None,
+        Meta(
+            description="Memory the lease holds: its worker's allocations (remote), else its processes' in the "
+            "newest NVML sample."
+        ),
+    ] = None
+    util_gpu: Annotated[
+        float | None,
+        Meta(
+            description="The lease's busy share (0-1): its processes' per-process utilization in the newest sample."
+        ),
+    ] = None
+    temperature_c: Annotated[float | None, Meta(description="The GPU's.")] = None
+    power_w: Annotated[float | None, Meta(description="The GPU's.")] = None
+
+
 class Partition(_Answer, kw_only=True):
     gpu_index: int
     gpu_uuid: str
@@ -309,6 +346,17 @@ class Partition(_Answer, kw_only=True):
         float, Meta(description="mem_bytes / the GPU's memory: what counts against the client's limit.")
     ]
     sm_share: float | None = None
+    compute_capability: Annotated[str | None, Meta(description='The GPU\'s, e.g. "9.0".')] = None
+    usage: Annotated[
+        PartitionUsage | Unset | None,
+        Meta(description="Only in GET /v1/leases/{id}; null: the pool cannot tell."),
+    ] = msgspec.UNSET
+    pci_bus_id: Annotated[
+        str | None,
+        Meta(
+            description='The GPU\'s PCI bus id as NVML spells it, e.g. "00000000:19:00.0" (null for simulated GPUs).'
+        ),
+    ] = None
 
 
 class Worker(_Answer, kw_only=True):
@@ -347,6 +395,13 @@ class Lease(_Answer, kw_only=True):
         str | None, Meta(description="Why the lease ended (for released/expired/reclaimed).")
     ] = None
     label: str | None = None
+    job: Annotated[
+        Job | None,
+        Meta(
+            description="The batch job the lease serves (a scheduler integration's request); its GPU-hours are "
+            "booked to it in pool_events."
+        ),
+    ] = None
     created_at: Time
     ended_at: TimeOrNone = None
     expires_at: Annotated[Time, Meta(description="Ends unless a heartbeat comes before.")]

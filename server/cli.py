@@ -5,6 +5,7 @@
     gpupool-server token list | token revoke TOKEN_ID
     gpupool-server --cluster etcd://h1:2379,h2:2379,h3:2379 ...     (cluster mode: shared state on etcd)
     gpupool-server cluster migrate --state-dir DIR --cluster etcd://... | cluster members --cluster ...
+    gpupool-server webhook --image IMAGE --pool-server gpu1:56001 --tls-cert C --tls-key K   (Kubernetes)
 
 Heavy imports (aiohttp, msgspec, the collector) load only when a command needs them.
 """
@@ -21,7 +22,7 @@ from collector.errors import report
 from collector.words import plural
 from server.ranges import CLIENT, MAX_LIMIT_GPUS, POLICY
 
-SUBCOMMANDS = ("serve", "token", "client", "cluster")
+SUBCOMMANDS = ("serve", "token", "client", "cluster", "webhook")
 EXIT_USAGE = 2
 
 
@@ -44,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
         description="The GPU server of the pool: inventory, leases of GPU partitions, limits, tokens, idle "
         "reclaim, HTTP/JSON API (OpenAPI at /openapi.json). See docs/pool.md.",
     )
-    sub = p.add_subparsers(dest="command", metavar="{serve,token,client,cluster}")
+    sub = p.add_subparsers(dest="command", metavar="{serve,token,client,cluster,webhook}")
     s = sub.add_parser("serve", help="serve leases (the default command)")
     s.add_argument("--config", type=Path, help="TOML config file (see deploy/server.toml)")
     s.add_argument("--host", help="address to bind (default 0.0.0.0)")
@@ -189,7 +190,95 @@ def _parser() -> argparse.ArgumentParser:
         "its live leases are attached to it",
     )
     ksub.add_parser("members", parents=[common], help="the servers registered in the cluster now")
+    _webhook_parser(sub)
     return p
+
+
+def _pool_server(text: str) -> str:
+    from server.client_config import ConfigError, normalize_url
+
+    try:
+        normalize_url(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text.strip()
+
+
+def _pool_cluster(text: str) -> str:
+    from server.client_config import ConfigError, check_cluster_url
+
+    try:
+        return check_cluster_url(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _image(text: str) -> str:
+    if not text.strip() or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an image reference (e.g. registry.example.org/gpupool:0.1.0)"
+        )
+    return text
+
+
+def _secret_name(text: str) -> str:
+    from server._admission import secret_name_problem
+
+    if why := secret_name_problem(text):
+        raise argparse.ArgumentTypeError(why)
+    return text
+
+
+def _webhook_parser(sub) -> None:
+    w = sub.add_parser(
+        "webhook",
+        help="Kubernetes: the mutating admission webhook that gives pods pooled GPUs",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Serve a mutating admission webhook (AdmissionReview v1 at POST /mutate, GET /healthz).\n"
+        'A pod annotated gpupool.io/gpu: "0.5" (or "2x0.5", "2", "1x16Gi") gets gpupool copied in by an\n'
+        "init container from --image, and its command wrapped in gpuattach run: a lease at container start,\n"
+        "released when the command ends or the pod stops. Other pods pass unchanged; a bad request is denied\n"
+        "with a message. Manifests: deploy/kubernetes/; set-up: docs/schedulers.md.",
+        epilog="example:\n  gpupool-server webhook --image registry.example.org/gpupool:0.1.0 \\\n"
+        "      --pool-cluster etcd://etcd1:2379 --tls-cert /tls/tls.crt --tls-key /tls/tls.key",
+    )
+    w.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
+    w.add_argument(
+        "--port", type=ranged(int, 0, 65535, "a port number"), default=8443, help="port (default 8443)"
+    )
+    w.add_argument(
+        "--tls-cert", type=Path, help="serve HTTPS with this certificate (the API server needs it)"
+    )
+    w.add_argument("--tls-key", type=Path, help="private key of --tls-cert (PEM)")
+    w.add_argument(
+        "--image",
+        required=True,
+        type=_image,
+        help="the gpupool image the init container copies gpupool from (deploy/kubernetes/Dockerfile)",
+    )
+    w.add_argument("--image-pull-policy", default="IfNotPresent", choices=["Always", "IfNotPresent", "Never"])
+    w.add_argument(
+        "--pool-server",
+        action="append",
+        default=[],
+        type=_pool_server,
+        metavar="URL",
+        help="a server of the pool the pods ask (repeatable): gpuattach run --server",
+    )
+    w.add_argument(
+        "--pool-cluster",
+        type=_pool_cluster,
+        metavar="etcd://H:P,...",
+        help="discover the pool's servers from this etcd cluster: gpuattach run --cluster",
+    )
+    w.add_argument(
+        "--token-secret",
+        default="gpupool-token",
+        type=_secret_name,
+        help="the Secret (in the pod's namespace, key 'token') with the client token, unless the pod's "
+        "gpupool.io/token-secret names another (default gpupool-token)",
+    )
+    w.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
 def _fail(title: str, hint: str = "") -> int:
@@ -229,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
             return _client(args)
         if args.command == "cluster":
             return _cluster(args)
+        if args.command == "webhook":
+            return _webhook(args)
         return _serve(args)
     except PoolError as exc:
         return _fail(exc.title, exc.hint)
@@ -433,6 +524,31 @@ def _serve(args) -> int:
     from server._serve import serve
 
     return asyncio.run(serve(cfg))
+
+
+def _webhook(args) -> int:
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    if not args.pool_server and not args.pool_cluster:
+        return _fail(
+            "the webhook needs to know the pool",
+            "give --pool-server URL (repeatable) or --pool-cluster etcd://H:P,...",
+        )
+    import asyncio
+
+    from server._admission import WebhookOptions
+    from server._webhook import ListenOptions, serve_webhook
+
+    options = WebhookOptions(
+        image=args.image,
+        servers=args.pool_server,
+        cluster=args.pool_cluster,
+        token_secret=args.token_secret,
+        image_pull_policy=args.image_pull_policy,
+    )
+    listen = ListenOptions(args.host, args.port, args.tls_cert, args.tls_key)
+    return asyncio.run(serve_webhook(options, listen))
 
 
 if __name__ == "__main__":

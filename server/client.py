@@ -414,7 +414,7 @@ class Heartbeater:
     It beats every ``interval_s``; the end of the lease (released, expired, reclaimed: 410) is reported
     once through ``on_end(state, reason)`` and ends the loop. Any other failure is reported once through
     ``on_trouble`` until a beat succeeds again; with ``give_up_after_s``, the loop ends when no beat has
-    succeeded for that long.
+    succeeded for that long. Each beat registers ``pids_from()`` when given, else the pids ``start`` got.
     """
 
     def __init__(
@@ -427,8 +427,10 @@ class Heartbeater:
         on_end: Callable[[str, str], None],
         on_trouble: Callable[[PoolClientError], None] | None = None,
         give_up_after_s: float | None = None,
+        pids_from: Callable[[], list[int]] | None = None,
     ):
         self.client, self.server, self.lease_id = client, server, lease_id
+        self.pids_from = pids_from  # read at each beat: processes that start after the lease (Slurm tasks)
         self.interval = interval_s
         self.on_end, self.on_trouble = on_end, on_trouble or _warn_heartbeat
         self.give_up_after_s = give_up_after_s
@@ -442,7 +444,7 @@ class Heartbeater:
         self._thread.start()
 
     def beat_now(self) -> None:
-        self.client.heartbeat(self.server, self.lease_id, self.pids)
+        self.client.heartbeat(self.server, self.lease_id, self.pids_from() if self.pids_from else self.pids)
 
     def run(self) -> str:
         """Beat until stopped (``"stopped"``), the lease ends (``"ended"``) or the server stays away past

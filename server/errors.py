@@ -5,7 +5,8 @@
     ├── PoolClientError    the client library's: gpuattach and the console (server/client_errors.py)
     ├── EtcdUnavailable    no etcd member answered (server/_etcd.py)
     ├── EtcdError          etcd refused a request (server/_etcd.py)
-    └── WorkerError        a lease's worker did not start (server/workers.py)
+    ├── WorkerError        a lease's worker did not start (server/workers.py)
+    └── Denied             a pod the Kubernetes admission webhook refuses (server/_admission.py)
 
 The standard library only: the client library imports it.
 """

@@ -10,6 +10,8 @@ by name and talks to it through the interface declared here, which the worker pr
   ``GPUPOOL_WORKER_EXECUTOR`` (``cuda``, or ``host`` in tests), the MPS client settings of the lease
 - the ready line: one JSON object on stdout, ``{"host", "port", "pid"}`` or ``{"error"}``
 - activity: the mtime of ``<state dir>/activity`` is the time of its last call (``last_activity``)
+- usage: ``<state dir>/usage`` is a JSON list of the bytes the lease holds on each of its GPUs (in
+  partition order), rewritten within a second of a change (the lease's NVML view shows it)
 - it exits on SIGTERM (``WorkerHandle.stop``) or when its parent is gone
 
 ``env`` carries the MPS client settings of the lease when the server runs MPS (pipe directory,
@@ -50,6 +52,7 @@ log = logging.getLogger("gpupool.server")
 
 WORKER_MODULE = "virtualize.worker"
 ACTIVITY_FILE = "activity"
+USAGE_FILE = "usage"
 EXECUTOR_ENV = "GPUPOOL_WORKER_EXECUTOR"  # "cuda" (default) or "host" (tests only: no GPU)
 SECRET_ENV = "GPUPOOL_WORKER_SECRET"
 START_TIMEOUT_S = 60.0

@@ -1,10 +1,13 @@
-"""Shared test set-up: the `gpu` marker skips cleanly where NVML does not start."""
+"""Shared test set-up: the `gpu` marker skips cleanly where NVML does not start; the `needs` marker
+fails a test whose system tool is missing (``tests/required_tools.py``) unless
+GPUPOOL_ALLOW_MISSING_TOOLS=1 lets it skip."""
 
 from __future__ import annotations
 
 import functools
 
 import pytest
+import required_tools
 
 
 @functools.cache
@@ -34,3 +37,9 @@ def pytest_collection_modifyitems(config, items):
         reason = reason or nvml_unavailable_reason()
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_runtest_setup(item):
+    for marker in item.iter_markers("needs"):
+        for name in marker.args:
+            required_tools.require(name)

@@ -1779,6 +1779,99 @@ def scenario_graph_conditionals():
                                                                 c_u64(1), 1))  # fmt: skip
 
 
+def memcpy3d(src, dst, width, host=False):
+    """CUDA_MEMCPY3D of `width` bytes from device memory (or host memory of this process) to device memory."""
+    params = (ctypes.c_uint8 * 200)()
+    struct.pack_into("<IxxxxQQ", params, 32, 1 if host else 2, src if host else 0, 0 if host else src)
+    struct.pack_into("<IxxxxQQ", params, 120, 2, 0, dst)
+    struct.pack_into("<QQQ", params, 176, width, 1, 1)
+    return params
+
+
+def memset_node(dst, value, width):
+    """CUDA_MEMSET_NODE_PARAMS of `width` bytes of `value`: dst, pitch, value | elementSize 1, width, height."""
+    return (ctypes.c_uint64 * 5)(dst, 0, value | (1 << 32), width, 1)
+
+
+def scenario_graph_updates():
+    """An instantiated graph's nodes set anew as XLA's command buffers do: a memset node's value, a copy
+    node's source, a child graph swapped, a node switched off and on; root nodes and a node's neighbours
+    read back; a memset node set to memory outside the lease refused."""
+    setup()
+    rc, ptr = alloc(256)
+    check(rc, "alloc")
+    check(cu.cuMemsetD8(c_u64(ptr), 0, c_u64(256)), "zero")
+    check(cu.cuMemsetD8(c_u64(ptr + 192), 7, c_u64(16)), "a second source")
+    graph, child, other_child = c_u64(), c_u64(), c_u64()
+    for g in (graph, child, other_child):
+        check(cu.cuGraphCreate(ctypes.byref(g), 0), "graph")
+    inner = c_u64()
+    check(cu.cuGraphAddMemsetNode(ctypes.byref(inner), child, None, c_u64(0), memset_node(ptr + 128, 3, 16), c_u64(0)),
+          "child's memset")  # fmt: skip
+    check(cu.cuGraphAddMemsetNode(ctypes.byref(inner), other_child, None, c_u64(0),
+                                  memset_node(ptr + 128, 5, 16), c_u64(0)), "other child's memset")  # fmt: skip
+    ms, cp, ch = c_u64(), c_u64(), c_u64()
+    check(
+        cu.cuGraphAddMemsetNode(ctypes.byref(ms), graph, None, c_u64(0), memset_node(ptr, 1, 16), c_u64(0)),
+        "memset",
+    )
+    check(cu.cuGraphAddMemcpyNode(ctypes.byref(cp), graph, ctypes.byref(ms), c_u64(1), memcpy3d(ptr, ptr + 64, 16),
+                                  c_u64(0)), "copy")  # fmt: skip
+    check(cu.cuGraphAddChildGraphNode(ctypes.byref(ch), graph, ctypes.byref(cp), c_u64(1), child), "child")
+
+    def listed(fn, subject, v2=False):
+        count = c_u64(0)
+        check(
+            fn(subject, None, None, ctypes.byref(count)) if v2 else fn(subject, None, ctypes.byref(count)),
+            "count",
+        )
+        nodes, data, room = (c_u64 * 4)(), (ctypes.c_uint8 * 32)(), c_u64(4)
+        check(
+            fn(subject, nodes, data, ctypes.byref(room)) if v2 else fn(subject, nodes, ctypes.byref(room)),
+            "list",
+        )
+        return count.value, list(nodes[: room.value]), bytes(data[: 8 * room.value]) if v2 else b""
+
+    cuda12 = Driver(12000)  # the calls' first ABI: no edge data
+    say("roots", listed(cu.cuGraphGetRootNodes, graph) == (1, [ms.value], b""))
+    say("dependencies", listed(cu.cuGraphNodeGetDependencies, cp, v2=True) == (1, [ms.value], bytes(8)))
+    say("dependents", listed(cu.cuGraphNodeGetDependentNodes, cp, v2=True) == (1, [ch.value], bytes(8)))
+    say("dependencies_v1", listed(cuda12.cuGraphNodeGetDependencies, ch) == (1, [cp.value], b""))
+    say("dependents_v1", listed(cuda12.cuGraphNodeGetDependentNodes, ms) == (1, [cp.value], b""))
+    exe = c_u64()
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, c_u64(0)), "instantiate")
+
+    def launch():
+        check(cu.cuGraphLaunch(exe, c_u64(0)), "launch")
+        check(cu.cuCtxSynchronize(), "sync")
+        return " ".join(dtoh(ptr + at, 1)[1].hex() for at in (0, 64, 128))
+
+    say("first", launch())
+    check(cu.cuGraphExecMemsetNodeSetParams(exe, ms, memset_node(ptr, 2, 16), c_u64(0)), "memset anew")
+    check(
+        cu.cuGraphExecMemcpyNodeSetParams(exe, cp, memcpy3d(ptr + 192, ptr + 64, 16), c_u64(0)), "copy anew"
+    )
+    check(cu.cuGraphExecChildGraphNodeSetParams(exe, ch, other_child), "child anew")
+    say("updated", launch())
+    check(cu.cuGraphNodeSetEnabled(exe, ms, 0), "off")
+    enabled = ctypes.c_uint32(9)
+    check(cu.cuGraphNodeGetEnabled(exe, ms, ctypes.byref(enabled)), "enabled?")
+    check(cu.cuMemsetD8(c_u64(ptr), 0, c_u64(16)), "zero the first bytes")
+    say("switched_off", f"{enabled.value} {launch()}")
+    check(cu.cuGraphNodeSetEnabled(exe, ms, 1), "on")
+    say("switched_on", launch())
+    flags = c_u64(9)
+    check(cu.cuGraphExecGetFlags(exe, ctypes.byref(flags)), "flags")
+    say("flags", flags.value)
+    say("memset_outside_the_lease",
+        cu.cuGraphExecMemsetNodeSetParams(exe, ms, memset_node(0x1000, 2, 16), c_u64(0)))  # fmt: skip
+    say("memset_past_the_allocation",
+        cu.cuGraphExecMemsetNodeSetParams(exe, ms, memset_node(ptr + 240, 2, 32), c_u64(0)))  # fmt: skip
+    say("copy_past_the_allocation",
+        cu.cuGraphExecMemcpyNodeSetParams(exe, cp, memcpy3d(ptr + 192, ptr + 240, 32), c_u64(0)))  # fmt: skip
+    say("node_of_no_graph_here", cu.cuGraphNodeSetEnabled(exe, c_u64(0x12345), 0))
+
+
 def scenario_graph_explicit_nodes():
     """An explicit graph with copy, event record and wait, and host nodes; its nodes and edges read back
     as handles, a clone and a node found in it; a copy node from the program's own memory refused."""
@@ -1790,13 +1883,6 @@ def scenario_graph_explicit_nodes():
     graph, event = c_u64(), c_u64()
     check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
     check(cu.cuEventCreate(ctypes.byref(event), 0), "event")
-
-    def memcpy3d(src, dst, width, host=False):
-        params = (ctypes.c_uint8 * 200)()
-        struct.pack_into("<IxxxxQQ", params, 32, 1 if host else 2, src if host else 0, 0 if host else src)
-        struct.pack_into("<IxxxxQQ", params, 120, 2, 0, dst)
-        struct.pack_into("<QQQ", params, 176, width, 1, 1)
-        return params
 
     copy, record, wait, host = c_u64(), c_u64(), c_u64(), c_u64()
     check(cu.cuGraphAddMemcpyNode(ctypes.byref(copy), graph, None, c_u64(0), memcpy3d(ptr, ptr + 64, 16), c_u64(0)),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ SHIM = ROOT / "virtualize" / "shim"
 CLIENT = Path(__file__).with_name("remote_client.py")
 MiB = 1 << 20
 
-needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+needs_cc = pytest.mark.needs("cc")  # tests/required_tools.py
 
 
 @functools.cache

@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import required_tools
 
 
 class SmallDisk:
@@ -59,15 +60,15 @@ class SmallDisk:
 
 @contextlib.contextmanager
 def small_disk(where: Path, size: str = "4m"):
-    """A tmpfs of ``size`` mounted at ``where`` for the block, unmounted after (skips where it cannot)."""
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        pytest.skip("a real full disk needs root to mount a small tmpfs")
+    """A tmpfs of ``size`` mounted at ``where`` for the block, unmounted after (where it cannot: fails,
+    or skips with GPUPOOL_ALLOW_MISSING_TOOLS=1, as tests/required_tools.py says)."""
+    required_tools.require("tmpfs")
     where.mkdir(parents=True, exist_ok=True)
     made = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True
     )
     if made.returncode:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
+        pytest.fail(f"cannot mount a tmpfs at {where}: {made.stderr.decode().strip()}", pytrace=False)
     disk = SmallDisk(where)
     try:
         yield disk

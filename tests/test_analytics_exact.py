@@ -22,6 +22,7 @@ import pytest
 from test_analytics_data import GIB, gpu_rows, write_rows
 
 import analytics as A
+from collector import build_rollups
 from collector._import_smi import import_files
 from reports import _present as P
 from reports._html import BuildOptions, build_html
@@ -144,7 +145,7 @@ def test_rollups_give_the_same_exact_figures(trace, tmp_path):
     copy = tmp_path / "telemetry"
     shutil.copytree(out, copy)
     raw = A.fleet_summary(A.open_telemetry(copy))
-    A.build_rollups(copy)
+    build_rollups(copy)
     rolled = A.fleet_summary(A.open_telemetry(copy))
     assert "rollups" in rolled.data_source
     samples, spans = _expected(hosts)
@@ -171,7 +172,7 @@ def test_held_but_idle_is_part_of_idle(tmp_path):
     assert s.held_idle_gpu_hours <= s.idle_gpu_hours
     assert s.idle_gpu_hours * 3600 == pytest.approx(3600)
     assert s.held_idle_gpu_hours * 3600 == pytest.approx(3600)
-    A.build_rollups(tmp_path)
+    build_rollups(tmp_path)
     rolled = A.fleet_summary(A.open_telemetry(tmp_path))
     assert "rollups" in rolled.data_source
     assert (rolled.idle_gpu_hours, rolled.held_idle_gpu_hours) == pytest.approx((1.0, 1.0))
@@ -262,7 +263,7 @@ def test_rollups_of_an_earlier_weight_rule_are_not_read_and_a_build_redoes_them(
 
     rows = gpu_rows("a", 0, [0.3] * 240, tick_s=57)  # 3.8 h at 57 s
     write_rows(tmp_path, "gpu_samples", rows)
-    A.build_rollups(tmp_path)
+    build_rollups(tmp_path)
     for f in tmp_path.glob("gpu_rollup_*/**/*.parquet"):
         table = pq.read_table(f, partitioning=None)
         meta = dict(table.schema.metadata)
@@ -274,7 +275,7 @@ def test_rollups_of_an_earlier_weight_rule_are_not_read_and_a_build_redoes_them(
     assert s.data_source.startswith("raw samples")
     assert s.gpu_hours * 3600 == pytest.approx(240 * 57)
     said: list[str] = []
-    A.build_rollups(tmp_path, progress=said.append)
+    build_rollups(tmp_path, progress=said.append)
     assert any("rebuilding" in line for line in said)
     s = A.fleet_summary(A.open_telemetry(tmp_path))
     assert "rollups" in s.data_source

@@ -160,3 +160,57 @@ def test_pool_activity_from_lease_events(tmp_path):
 
 def test_pool_activity_is_empty_before_adoption(week):
     assert A.pool_activity(week).empty
+
+
+def test_gpu_hours_per_batch_job_and_account_also_over_telemetry_written_before_jobs(tmp_path):
+    """pool_usage_by_job books GPU-hours to each scheduler job and account; a segment written before
+    pool_events had job columns reads as leases without a job, alone and mixed with newer segments."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from collector.schema import TABLES
+
+    def rows(lease, client, parts, hours, job=None):
+        base = {"host": "srv", "lease_id": lease, "client": client, "source": "server", **(job or {})}
+        return [
+            {
+                **base,
+                "ts": T0 + timedelta(hours=h),
+                "event": e,
+                "gpu_index": i,
+                "fraction": f,
+                "duration_s": d,
+            }
+            for e, h, d in (("grant", 0, None), ("release", hours, hours * 3600.0))
+            for i, f in enumerate(parts)
+        ]
+
+    schema = TABLES["pool_events"].arrow_schema
+    old = pa.schema([c for c in schema if not c.name.startswith("job_")], metadata=schema.metadata)
+    folder = tmp_path / "pool_events" / f"date={T0.date()}" / "host=srv"
+    folder.mkdir(parents=True)
+    data = rows("L0", "ana", [1.0], 2)
+    pq.write_table(
+        pa.Table.from_pylist(
+            [{**{c.name: r.get(c.name) for c in old}, "schema_version": 1} for r in data], schema=old
+        ),
+        folder / "old.parquet",
+    )
+    write_rows(tmp_path, "gpu_samples", gpu_rows("srv", 0, [0.1]))
+    (before,) = A.pool_usage_by_job(A.open_telemetry(tmp_path))
+    assert before.job_id is None and before.gpu_hours == pytest.approx(2.0)
+
+    physics = {"job_scheduler": "slurm/hpc", "job_account": "physics", "job_user": "ana"}
+    new = rows("L1", "slurm", [0.5, 0.5], 1, {**physics, "job_id": "7"})
+    new += rows("L2", "slurm", [0.25], 4, {**physics, "job_id": "8"})
+    new += rows("L3", "slurm", [1.0], 3, {"job_scheduler": "slurm/hpc", "job_id": "9", "job_account": "bio"})
+    write_rows(tmp_path, "pool_events", new)
+    con = A.open_telemetry(tmp_path)
+    jobs = {u.job_id: u for u in A.pool_usage_by_job(con)}
+    assert jobs["7"].gpu_hours == pytest.approx(1.0) and jobs["8"].gpu_hours == pytest.approx(1.0)
+    assert jobs["7"].account == "physics" and jobs["7"].user == "ana" and jobs["7"].leases == 1
+    assert jobs[None].gpu_hours == pytest.approx(2.0)  # the old segment's lease
+    accounts = [(u.account, round(u.gpu_hours, 6)) for u in A.pool_usage_by_job(con, by="account")]
+    assert accounts == [("bio", 3.0), ("physics", 2.0), (None, 2.0)]  # most GPU-hours first
+    with pytest.raises(ValueError, match="by must be one of"):
+        A.pool_usage_by_job(con, by="user")

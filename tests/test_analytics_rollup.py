@@ -1,4 +1,4 @@
-"""Rollups (analytics._rollup) against hand-computed values and against the raw computation, and a
+"""Rollups (collector.rollups builds them, analytics._rollup reads them) against hand-computed values and against the raw computation, and a
 kill -9 in the middle of a rollup build."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import pytest
 from test_analytics_data import GIB, T0, gpu_rows, write_rows
 
 import analytics as A
+from collector import build_rollups, expire_raw, rollups
 from collector.schema import METADATA_ROLLUP_KEY
 from reports import cli as report_cli
 
@@ -58,7 +59,7 @@ def assert_same_what_if(s, raw, exact: tuple[str, ...]) -> None:
 
 def test_a_minute_rollup_holds_hand_computed_sums(three_minutes):
     raw = A.fleet_summary(A.open_telemetry(three_minutes))
-    result = A.build_rollups(three_minutes, lag_s=60)
+    result = build_rollups(three_minutes, lag_s=60)
     # Newest sample 09:02:59, less 60 s, floored to the minute: minutes before 09:01 are rolled up.
     assert (result.hosts, result.samples, result.minute_rows, result.hour_rows) == (1, 180, 1, 0)
     path = _rollup_file(three_minutes, "1m", "2026-03-02", "a")
@@ -156,7 +157,7 @@ def _assert_agree(s: A.FleetSummary, raw: A.FleetSummary) -> None:
 def test_rollups_agree_with_raw_on_irregular_samples(tmp_path):
     _irregular(tmp_path)
     raw = A.fleet_summary(A.open_telemetry(tmp_path))
-    A.build_rollups(tmp_path, lag_s=60)
+    build_rollups(tmp_path, lag_s=60)
     con = A.open_telemetry(tmp_path)
     s = A.fleet_summary(con)
     assert "hourly rollups" in s.data_source
@@ -180,7 +181,7 @@ def test_a_range_on_minute_boundaries_agrees_with_raw_on_regular_samples(tmp_pat
         A.Scope(None, T0 + timedelta(hours=2)),
     ]
     raws = [A.fleet_summary(A.open_telemetry(tmp_path), sc) for sc in scopes]
-    A.build_rollups(tmp_path, lag_s=120)
+    build_rollups(tmp_path, lag_s=120)
     con = A.open_telemetry(tmp_path)
     for sc, raw in zip(scopes, raws, strict=True):
         s = A.fleet_summary(con, sc)
@@ -190,7 +191,7 @@ def test_a_range_on_minute_boundaries_agrees_with_raw_on_regular_samples(tmp_pat
 
 
 def test_other_thresholds_or_ranges_off_the_minute_read_raw_samples(three_minutes):
-    A.build_rollups(three_minutes, lag_s=60)
+    build_rollups(three_minutes, lag_s=60)
     con = A.open_telemetry(three_minutes)
     other = A.fleet_summary(con, options=A.SummaryOptions(idle_below=0.10))
     assert other.data_source == "raw samples (thresholds differ from the rollups')"
@@ -205,7 +206,7 @@ def test_a_directory_with_the_hosts_samples_but_no_rollups_keeps_it_raw(tmp_path
     write_rows(a, "gpu_samples", gpu_rows("h", 0, [0.5] * 600))
     write_rows(b, "gpu_samples", gpu_rows("h", 0, [1.0] * 600, start=T0 + timedelta(hours=1)))
     raw = A.fleet_summary(A.open_telemetry([a, b]))
-    A.build_rollups(a, lag_s=60)
+    build_rollups(a, lag_s=60)
     s = A.fleet_summary(A.open_telemetry([a, b]))
     assert s.data_source.startswith("raw samples")
     assert s.samples == raw.samples == 1200
@@ -228,7 +229,7 @@ _CHILD = textwrap.dedent(
     import os, signal, sys
     from pathlib import Path
     sys.path.insert(0, {root!r})
-    import analytics._rollup as R
+    import collector.rollups as R
     from collector import writer
 
     calls = [0]
@@ -270,7 +271,7 @@ def _days(root: Path, first: datetime, days: int) -> None:
 def test_kill_9_during_a_rollup_build_leaves_readers_consistent(tmp_path, kill_at, mode):
     first = datetime(2026, 3, 1, tzinfo=UTC)
     _days(tmp_path, first, 2)
-    A.build_rollups(tmp_path, lag_s=600)  # an old build over the first two days
+    build_rollups(tmp_path, lag_s=600)  # an old build over the first two days
     # Two more days arrive; the new build is killed part way (files: per host, minutes then hours, by day).
     _days(tmp_path, first + timedelta(days=2), 2)
     expected = A.fleet_summary(A.open_telemetry(tmp_path), options=A.SummaryOptions(idle_below=0.0499))
@@ -294,7 +295,7 @@ def test_kill_9_during_a_rollup_build_leaves_readers_consistent(tmp_path, kill_a
         assert s.held_idle_gpu_hours == pytest.approx(expected.held_idle_gpu_hours, rel=1e-12)
 
     check()
-    A.build_rollups(tmp_path, lag_s=120)  # the next build finishes the job and removes the debris
+    build_rollups(tmp_path, lag_s=120)  # the next build finishes the job and removes the debris
     assert not list(tmp_path.glob("gpu_rollup_*/date=*/host=*/.rollup.parquet.tmp"))
     check()
     assert os.path.exists(_rollup_file(tmp_path, "1m", "2026-03-04", "y"))
@@ -306,7 +307,7 @@ def test_the_timeline_and_heatmap_from_rollups_agree_with_raw(tmp_path, bucket_s
     raw_con = A.open_telemetry(tmp_path)
     raw = A.utilization_timeline(raw_con, bucket_s=bucket_s)
     raw_heat = A.hour_of_week(raw_con, level="host")
-    A.build_rollups(tmp_path, lag_s=60)
+    build_rollups(tmp_path, lag_s=60)
     con = A.open_telemetry(tmp_path)
     s = A.utilization_timeline(con, bucket_s=bucket_s)
     assert [p.start for p in s.points] == [p.start for p in raw.points]
@@ -330,7 +331,7 @@ def test_hour_rollups_without_minute_rollups_are_not_used(three_minutes, tmp_pat
     root = tmp_path_factory.mktemp("hours")
     write_rows(root, "gpu_samples", rows)
     raw = A.fleet_summary(A.open_telemetry(root))
-    A.build_rollups(root, lag_s=60)
+    build_rollups(root, lag_s=60)
     shutil.rmtree(root / "gpu_rollup_1m")
     s = A.fleet_summary(A.open_telemetry(root))
     assert s.data_source.startswith("raw samples") and s.samples == raw.samples == 3 * 3600
@@ -343,7 +344,7 @@ def test_a_day_row_merges_its_hour_rows_and_days_answer_as_raw(tmp_path):
     first = datetime(2026, 3, 1, 5, tzinfo=UTC)  # from 05:00: the first day is a partial one
     _days(tmp_path, first, 3)
     raw_con = A.open_telemetry(tmp_path, rollups=False)
-    A.build_rollups(tmp_path, lag_s=600)
+    build_rollups(tmp_path, lag_s=600)
     rows = _rollup_rows(tmp_path)
     # Days before the hour mark floored to the day: 1, 2 and 3 March of each GPU (the hours reach 4 March 04:00).
     assert sorted({r["ts"].day for r in rows["1d"]}) == [1, 2, 3] and len(rows["1d"]) == 4 * 3
@@ -391,13 +392,13 @@ def test_rollups_without_days_answer_from_hours_until_the_next_build_makes_them(
     first = datetime(2026, 3, 1, tzinfo=UTC)
     _days(tmp_path, first, 3)
     raw = A.fleet_summary(A.open_telemetry(tmp_path, rollups=False))
-    A.build_rollups(tmp_path, lag_s=600)
+    build_rollups(tmp_path, lag_s=600)
     shutil.rmtree(tmp_path / "gpu_rollup_1d")
     s = A.fleet_summary(A.open_telemetry(tmp_path))
     assert s.data_source.startswith("hourly rollups + minute rollups")
     _assert_agree(s, raw)
     lines: list[str] = []
-    r = A.build_rollups(tmp_path, lag_s=600, progress=lines.append)
+    r = build_rollups(tmp_path, lag_s=600, progress=lines.append)
     assert r.hosts == 0 and r.day_rows == 2 * 2 * 2  # 1 and 2 March (the hours end on 3 March 23:00)
     assert sum("day rows made from the hour rows" in line for line in lines) == 2
     s = A.fleet_summary(A.open_telemetry(tmp_path))
@@ -409,7 +410,7 @@ def test_rollups_without_days_answer_from_hours_until_the_next_build_makes_them(
 def test_fleet_patterns_from_one_hourly_read_are_the_three_figures(tmp_path, rollups):
     _irregular_days(tmp_path, datetime(2026, 3, 1, tzinfo=UTC), 3, seed=6)
     if rollups:
-        A.build_rollups(tmp_path, lag_s=600)
+        build_rollups(tmp_path, lag_s=600)
     con = A.open_telemetry(tmp_path)
     scope = A.Scope(datetime(2026, 3, 1, 2, tzinfo=UTC), datetime(2026, 3, 5, tzinfo=UTC))
     for tz in ("UTC", "Europe/Berlin", "Asia/Kolkata"):  # Kolkata: half hours, the three one by one
@@ -440,7 +441,7 @@ def test_fleet_patterns_span_from_the_hourly_read_picks_the_timelines_bucket(tmp
     bucket as ``utilization_timeline``'s own span, also where it is under an hour (a range wider than
     the data: the figures are then made one by one after that read)."""
     _irregular_days(tmp_path, datetime(2026, 3, 1, tzinfo=UTC), 3, seed=7)
-    A.build_rollups(tmp_path, lag_s=600)
+    build_rollups(tmp_path, lag_s=600)
     con = A.open_telemetry(tmp_path)
     wide = A.Scope(datetime(2026, 2, 20, tzinfo=UTC), datetime(2026, 3, 6, tzinfo=UTC))
     for scope, max_points, hourly in ((wide, 200, False), (wide, 60, True), (A.Scope(), 30, True)):
@@ -462,7 +463,7 @@ def test_fleet_patterns_span_from_the_hourly_read_picks_the_timelines_bucket(tmp
 def test_the_raw_tail_is_windowed_once_and_again_when_a_segment_lands(tmp_path):
     first = datetime(2026, 3, 1, tzinfo=UTC)
     _days(tmp_path, first, 2)
-    A.build_rollups(tmp_path, lag_s=600)
+    build_rollups(tmp_path, lag_s=600)
     con = A.open_telemetry(tmp_path)
     s = A.fleet_summary(con)
     assert s.samples == 4 * 2 * 24 * 60
@@ -487,7 +488,7 @@ def test_the_raw_tail_is_windowed_once_and_again_when_a_segment_lands(tmp_path):
 def test_windowing_the_raw_tail_leaves_the_connections_settings_as_they_were(tmp_path):
     # The tail is windowed with insertion order off (faster); a caller's connection keeps its setting.
     _days(tmp_path, datetime(2026, 3, 1, tzinfo=UTC), 1)
-    A.build_rollups(tmp_path, lag_s=600)
+    build_rollups(tmp_path, lag_s=600)
     for setting in ("true", "false"):
         con = duckdb.connect()
         con.execute(f"SET preserve_insertion_order = {setting}")
@@ -502,7 +503,7 @@ def test_a_range_that_cuts_the_raw_tail_windows_its_own_rows(tmp_path):
     # Irregular samples: a range ending inside the raw tail weighs its last samples as the raw
     # computation does (one local tick), not as the connection's windowed tail does (the time to the next).
     _irregular_days(tmp_path, datetime(2026, 3, 1, tzinfo=UTC), 1, seed=4)
-    A.build_rollups(tmp_path, lag_s=1800)
+    build_rollups(tmp_path, lag_s=1800)
     con = A.open_telemetry(tmp_path)
     plan = A._rollup.plan(con, A.Scope())[0]
     mark = min(plan.raw_from_us.values())
@@ -544,8 +545,8 @@ def _assert_same_rollups(a: Path, b: Path) -> None:
                 else:
                     assert x[k] == y[k], (level, k, x["ts"])
     for host in ("x", "y"):
-        assert A._rollup.host_marks(a, host) == A._rollup.host_marks(b, host)
-        assert A._rollup._mark(a, "gpu_rollup_1d", host) == A._rollup._mark(b, "gpu_rollup_1d", host)
+        assert rollups.host_marks(a, host) == rollups.host_marks(b, host)
+        assert rollups._mark(a, "gpu_rollup_1d", host) == rollups._mark(b, "gpu_rollup_1d", host)
 
 
 def _irregular_days(root: Path, first: datetime, days: int, seed: int) -> None:
@@ -583,11 +584,11 @@ def _irregular_days(root: Path, first: datetime, days: int, seed: int) -> None:
 
 @pytest.mark.parametrize("step_rows", [4_000_000, 3_000])
 def test_an_incremental_build_equals_a_build_from_scratch(tmp_path, monkeypatch, step_rows):
-    monkeypatch.setattr(A._rollup, "STEP_ROWS", step_rows)  # 3 000: a step per day, some days split by GPU
+    monkeypatch.setattr(rollups, "STEP_ROWS", step_rows)  # 3 000: a step per day, some days split by GPU
     first = datetime(2026, 3, 1, tzinfo=UTC)
     inc, scratch = tmp_path / "inc", tmp_path / "scratch"
     _irregular_days(inc, first, 2, seed=1)
-    A.build_rollups(inc, lag_s=600)
+    build_rollups(inc, lag_s=600)
     before = {
         p: p.stat().st_mtime_ns for p in inc.glob("gpu_rollup_1m/date=2026-03-01/host=*/rollup.parquet")
     }
@@ -595,15 +596,15 @@ def test_an_incremental_build_equals_a_build_from_scratch(tmp_path, monkeypatch,
     # Two more days arrive (and more of the second day's end); the next build starts at the last mark.
     _irregular_days(inc, first + timedelta(days=2), 2, seed=2)
     lines: list[str] = []
-    A.build_rollups(inc, lag_s=600, progress=lines.append)
+    build_rollups(inc, lag_s=600, progress=lines.append)
     assert any("from 2026-03-02T23:00:00+00:00" in line for line in lines), lines
     assert {p: p.stat().st_mtime_ns for p in before} == before  # days before the mark are left as they are
     shutil.copytree(inc / "gpu_samples", scratch / "gpu_samples")
-    A.build_rollups(scratch, lag_s=600)
+    build_rollups(scratch, lag_s=600)
     _assert_same_rollups(inc, scratch)
     # Nothing new: nothing to do.
     lines.clear()
-    assert A.build_rollups(inc, lag_s=600, progress=lines.append).hosts == 0
+    assert build_rollups(inc, lag_s=600, progress=lines.append).hosts == 0
     assert all("nothing new to roll up" in line for line in lines)
     # And the readers' answer is the raw one.
     s = A.fleet_summary(A.open_telemetry(inc))
@@ -613,14 +614,14 @@ def test_an_incremental_build_equals_a_build_from_scratch(tmp_path, monkeypatch,
 def test_an_import_of_older_samples_is_rolled_up_from_its_day_on(tmp_path):
     first = datetime(2026, 3, 1, tzinfo=UTC)
     _days(tmp_path, first, 3)
-    A.build_rollups(tmp_path, lag_s=600)
+    build_rollups(tmp_path, lag_s=600)
     # A third host's logs and older samples of host x arrive (another GPU on day 2).
     rows = gpu_rows("x", 7, [0.25] * 600, tick_s=60, start=first + timedelta(days=1, hours=3))
     write_rows(tmp_path, "gpu_samples", rows)
     stale = A.fleet_summary(A.open_telemetry(tmp_path))
     raw = A.fleet_summary(A.open_telemetry(tmp_path, rollups=False))
     assert stale.samples == raw.samples - 600  # before the mark: not seen until the next build
-    A.build_rollups(tmp_path, lag_s=600, hosts=("x",), since=first + timedelta(days=1, hours=3))
+    build_rollups(tmp_path, lag_s=600, hosts=("x",), since=first + timedelta(days=1, hours=3))
     _assert_agree(A.fleet_summary(A.open_telemetry(tmp_path)), raw)
 
 
@@ -638,16 +639,16 @@ def test_retention_never_deletes_raw_samples_without_a_rollup(tmp_path):
         return sorted(p.parent.name[5:] for p in tmp_path.glob(f"gpu_samples/date=*/host={host}"))
 
     # No rollups: nothing goes, however old.
-    r = A.expire_raw(tmp_path, 2 * 86400, now=now)
+    r = expire_raw(tmp_path, 2 * 86400, now=now)
     assert r.partitions == 0 and len(r.kept_no_rollup) == 2 * 4
     # Host x rolled up to 23:50 on the last day; host y not at all.
-    A.build_rollups(tmp_path, hosts=("x",), lag_s=600)
-    r = A.expire_raw(tmp_path, 2 * 86400, now=now)
+    build_rollups(tmp_path, hosts=("x",), lag_s=600)
+    r = expire_raw(tmp_path, 2 * 86400, now=now)
     assert r.partitions == 4  # x's first four days: older than two days and covered
     assert raw_days("x") == ["2026-03-05", "2026-03-06"] and len(raw_days("y")) == 6
     assert r.kept_no_rollup == [f"y 2026-03-0{d}" for d in range(1, 5)]
     # A mark just short of a day's end (plus the margin an incremental build reads) keeps that day.
-    r = A.expire_raw(tmp_path, 0, now=now + timedelta(days=1))
+    r = expire_raw(tmp_path, 0, now=now + timedelta(days=1))
     assert r.partitions == 1 and "x 2026-03-06" in r.kept_no_rollup and raw_days("x") == ["2026-03-06"]
     # Readers answer as before: rollups where the raw days are gone.
     con = A.open_telemetry(tmp_path)
@@ -662,7 +663,7 @@ def test_retention_never_deletes_raw_samples_without_a_rollup(tmp_path):
     assert (ext.start, ext.end) == (raw.first_sample, raw.last_sample) and len(ext.gpus) == 4
     # The next build goes on from the mark though the old raw days are gone.
     _days(tmp_path, first + timedelta(days=6), 1)
-    A.build_rollups(tmp_path, lag_s=600)
+    build_rollups(tmp_path, lag_s=600)
     full = A.fleet_summary(A.open_telemetry(tmp_path))
     assert full.samples == 4 * 7 * 24 * 60
 
@@ -691,7 +692,7 @@ def test_the_what_if_replays_gpu_demand_from_rollups_as_from_raw(tmp_path, step_
     _irregular(tmp_path)
     options = A.PoolOptions(step_s=step_s)
     raw = A.what_if(A.open_telemetry(tmp_path), options=options)
-    A.build_rollups(tmp_path, lag_s=600)
+    build_rollups(tmp_path, lag_s=600)
     s = A.what_if(A.open_telemetry(tmp_path), options=options)
     assert raw.demand == s.demand == "gpu" and raw.data_source == "raw samples"
     assert "rollups + raw samples" in s.data_source
@@ -705,7 +706,7 @@ def test_rollups_of_the_first_layout_are_rebuilt_not_counted_twice(tmp_path):
     first = datetime(2026, 3, 1, tzinfo=UTC)
     _days(tmp_path, first, 3)
     raw = A.fleet_summary(A.open_telemetry(tmp_path, rollups=False))
-    A.build_rollups(tmp_path, lag_s=600)
+    build_rollups(tmp_path, lag_s=600)
     for path in tmp_path.glob("gpu_rollup_1h/date=*/host=*/rollup.parquet"):
         t = pq.read_table(path, partitioning=None)
         for day in ("2026-03-02", "2026-03-03"):  # the month's rows again under per-day names
@@ -718,7 +719,7 @@ def test_rollups_of_the_first_layout_are_rebuilt_not_counted_twice(tmp_path):
             t.drop_columns(["util_n", "util_plain_sum"]).replace_schema_metadata(t.schema.metadata), path
         )
     lines: list[str] = []
-    A.build_rollups(tmp_path, lag_s=600, progress=lines.append)
+    build_rollups(tmp_path, lag_s=600, progress=lines.append)
     assert sum("an earlier layout" in line for line in lines) == 2
     assert sorted(p.parent.parent.name for p in tmp_path.glob("gpu_rollup_1h/date=*/host=x/*")) == [
         "date=2026-03-01"
@@ -739,8 +740,8 @@ def test_the_what_if_replays_minutes_of_days_from_rollups_after_retention(tmp_pa
     options = A.PoolOptions(step_s=60, granularity=2, policy="first-fit", pool_gpus=1)
     raw = A.what_if(A.open_telemetry(tmp_path), options=options)
     assert raw.requests == 1050 and raw.gpus_needed_p95 == 2 and raw.waited_requests > 0
-    A.build_rollups(tmp_path, lag_s=600)
-    assert A.expire_raw(tmp_path, 2 * 86400, now=first + timedelta(days=6)).partitions == 2 * 4
+    build_rollups(tmp_path, lag_s=600)
+    assert expire_raw(tmp_path, 2 * 86400, now=first + timedelta(days=6)).partitions == 2 * 4
     s = A.what_if(A.open_telemetry(tmp_path), options=options)
     assert raw.data_source == "raw samples" and s.data_source.startswith("minute rollups + raw samples")
     assert s.step_s == 60 and len(s.need) == 6 * 24 * 60

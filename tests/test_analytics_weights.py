@@ -1,6 +1,6 @@
 """Observed time on irregular sampling: hand-computed expectations per pattern, and a property test.
 
-The weight of a sample (``analytics._weights``): the time to its GPU's next later timestamp; an
+The weight of a sample (``collector.weights``): the time to its GPU's next later timestamp; an
 interval longer than 1.5 nominal intervals (the median of its own interval, the four before it and
 the four after it; of an even number the lower) is a gap and counts for one nominal interval; the last sample counts for one nominal
 interval; where no local spacing exists the fleet's median interval stands in, capped at the interval.

@@ -88,10 +88,19 @@ def test_nothing_imports_a_cli_module():
     assert not wrong, wrong
 
 
-def test_the_private_modules_contract_lists_every_private_server_module():
+@pytest.mark.parametrize(
+    "package, contract_name",
+    [
+        ("server", "gpuattach and the console reach the pool"),
+        ("collector", "Other packages use the collector through its public face"),
+    ],
+)
+def test_a_private_modules_contract_lists_every_private_module_of_its_package(package, contract_name):
+    """A new private module of the pool or the collector is covered by its package's contract: the
+    list in pyproject.toml names exactly the package's private modules."""
     import tomllib
 
     contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
-    (contract,) = [c for c in contracts if c["name"].startswith("gpuattach and the console reach the pool")]
-    private = {f"server.{p.stem}" for p in (ROOT / "server").glob("_*.py") if p.stem != "__init__"}
+    (contract,) = [c for c in contracts if c["name"].startswith(contract_name)]
+    private = {f"{package}.{p.stem}" for p in (ROOT / package).glob("_*.py") if p.stem != "__init__"}
     assert set(contract["forbidden_modules"]) == private

@@ -1,5 +1,5 @@
 """Rollups kept up to date where telemetry is written: compact, import, the collector's and the
-server's background keeper (collector._rollups), with retention (--keep-raw)."""
+server's background keeper (collector._rollup_keeper), with retention (--keep-raw)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import pytest
 from test_analytics_data import GIB, gpu_rows, write_rows
 
 import analytics as A
-from collector import cli
-from collector._rollups import RollupKeeper, RollupOptions
+from collector import RollupKeeper, RollupOptions, cli, rollups
 
 FIRST = datetime(2026, 3, 1, tzinfo=UTC)
 
@@ -72,7 +71,7 @@ def test_an_import_is_rolled_up_and_so_is_an_older_one_later(tmp_path, capsys):
         cli.main(["import", "nvidia-smi", str(new), "--out", str(out), "--host", "gpu-7", "--tz", "UTC"]) == 0
     )
     assert "rollups: 360 samples of 1 host rolled up" in capsys.readouterr().out
-    marks = A._rollup.host_marks(out, "gpu-7")
+    marks = rollups.host_marks(out, "gpu-7")
     assert marks["1m"] == int((FIRST + timedelta(hours=5, minutes=49)).timestamp() * 1e6)
     assert (
         cli.main(["import", "nvidia-smi", str(old), "--out", str(out), "--host", "gpu-7", "--tz", "UTC"]) == 0
@@ -95,8 +94,8 @@ def test_the_keeper_updates_one_host_each_period_and_reports_failures(tmp_path):
         time.sleep(0.05)
     keeper.stop()
     assert keeper.runs >= 1 and lines[0].startswith("rollups: 2,880 samples of 1 host rolled up")
-    assert A._rollup.host_marks(tmp_path, "n1")["1m"] is not None
-    assert A._rollup.host_marks(tmp_path, "n2")["1m"] is None  # another host's: its own collector's job
+    assert rollups.host_marks(tmp_path, "n1")["1m"] is not None
+    assert rollups.host_marks(tmp_path, "n2")["1m"] is None  # another host's: its own collector's job
     broken = RollupKeeper(tmp_path / "gone", "n1", RollupOptions(every_s=3600), report=lines.append)
     broken.run_once()
     assert lines[-1].startswith("rollups not updated: telemetry directory not found")

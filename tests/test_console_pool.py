@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -275,7 +274,7 @@ def test_pool_client_errors_carry_the_servers_message(server):
     assert ServerClient(server.url).health()["simulated"] is True
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
+@pytest.mark.needs("openssl")
 def test_tls_server_with_a_private_ca(tmp_path):
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ctypes
 import importlib.metadata
 import re
-import shutil
 
 import pytest
 
@@ -87,7 +86,7 @@ def _header_version() -> int:
     return int(major) * 1000 + int(minor) * 10
 
 
-@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler: the install skipped the shim")
+@pytest.mark.needs("cc")
 def test_the_built_shim_does_what_the_census_says(entries):
     """Through the built shim's cuGetProcAddress: each forwarded or in-the-client name, asked for at its
     ABI's version, resolves to the exported function of the ABI the census names; each refused or

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 
@@ -16,9 +15,7 @@ from server._etcd import (
 )
 from tests.etcd_cluster import EtcdCluster
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("etcd") is None, reason="etcd not installed (apt-get install etcd-server)"
-)
+pytestmark = pytest.mark.needs("etcd")
 
 
 @pytest.fixture

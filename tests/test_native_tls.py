@@ -15,7 +15,7 @@ from test_remote_native_dispatch import encrypted_pair
 
 from virtualize import _data_tls, _native_dispatch, _native_tls
 
-pytestmark = pytest.mark.skipif(_native_dispatch._load() is None, reason="the native library is not built")
+pytestmark = pytest.mark.needs("native")
 
 
 def client_context() -> ssl.SSLContext:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,9 +21,7 @@ from tcp_proxy import TcpProxy
 from tests.etcd_cluster import EtcdCluster
 
 pytestmark = [
-    pytest.mark.skipif(
-        shutil.which("etcd") is None, reason="etcd not installed (apt-get install etcd-server)"
-    ),
+    pytest.mark.needs("etcd"),
     pytest.mark.timeout(120),
 ]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from server._config import ServerConfig
@@ -67,6 +68,28 @@ def test_busy_versus_impossible(tmp_path):
         pool.grant(ALICE, LeaseRequest(n=1, mem_mib=100_000), now=0)
 
 
+def test_a_store_written_before_leases_carried_a_job_keeps_its_leases_and_takes_jobs(tmp_path):
+    """A state directory of an older version (no job column) opens: its live lease reads back with no
+    job, and a new lease stores the batch job it serves."""
+    import sqlite3
+
+    from server._store import SCHEMA
+
+    old = SCHEMA.replace(",\n    job TEXT", "\n    ", 1)
+    assert "job TEXT" not in old.split("CREATE INDEX")[0]
+    db = sqlite3.connect(tmp_path / "pool.sqlite")
+    db.executescript(old)
+    db.execute("INSERT INTO leases(id, client, state, created, expires, ttl_s, last_active, local, remote)"
+               " VALUES ('lease-old', 'alice', 'active', 0, 30, 30, 0, 0, 0)")  # fmt: skip
+    db.commit()
+    db.close()
+    pool = make_pool(tmp_path, [80])
+    assert pool.lease("lease-old")["job"] is None
+    job = {"scheduler": "slurm/hpc", "id": "42", "account": "physics"}
+    lease = pool.grant(ALICE, msgspec.convert({"n": 1, "fraction": 0.5, "job": job}, LeaseRequest), now=0)
+    assert pool.lease(lease["id"])["job"] == job
+
+
 def test_ended_leases_are_forgotten_after_the_retention(tmp_path):
     pool = make_pool(tmp_path, [80], ended_retention_s=100.0)
     old = pool.grant(ALICE, LeaseRequest(n=1, fraction=0.25), now=0)
@@ -116,3 +139,38 @@ def test_config_mistakes_are_named(tmp_path, text, words):
     with pytest.raises(BadRequest) as err:
         load_config(path)
     assert words in err.value.title
+
+
+def test_a_lease_answer_carries_what_the_lease_itself_uses_of_each_gpu(tmp_path):
+    """GET /v1/leases/ID's partitions say what the lease uses, for the NVML view of its runs: the
+    memory and busy share of the lease's own processes in the newest sample (not its neighbours'),
+    the GPU's temperature and power; a remote lease's memory is what its worker says it holds."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pool = make_pool(tmp_path, [80])
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # the lease's process
+    try:
+        mine = pool.grant(ALICE, LeaseRequest(n=1, fraction=0.5, local=True, pids=[os.getpid()]), now=0)
+        pool.live = {0: {"temperature_c": 41.0, "power_w": 250.0}}
+        # the lease's process, one it started (a data loader), and another tenant's
+        pool.live_procs = {0: {os.getpid(): (3 * GIB, 0.25), child.pid: (GIB, 0.5), 999999: (7 * GIB, 0.75)}}
+        usage = pool.lease(mine["id"], usage=True)["partitions"][0]["usage"]
+        assert usage == {"mem_used_bytes": 4 * GIB, "util_gpu": 0.75, "temperature_c": 41.0, "power_w": 250.0}
+        pool.live_procs = {0: {os.getpid(): (3 * GIB, None)}}  # no per-process utilization (MIG)
+        assert pool.lease(mine["id"], usage=True)["partitions"][0]["usage"]["util_gpu"] is None
+
+        remote = pool.grant(ALICE, LeaseRequest(n=1, fraction=0.25, remote=True), now=0)
+        state = tmp_path / "worker"
+        state.mkdir()
+        (state / "usage").write_text(json.dumps([5 * GIB]))
+        pool.set_worker(
+            remote["id"], {"host": "h", "port": 1, "secret": "s", "pid": 1, "state_dir": str(state)}
+        )
+        assert pool.lease(remote["id"], usage=True)["partitions"][0]["usage"]["mem_used_bytes"] == 5 * GIB
+        assert "usage" not in pool.lease(remote["id"])["partitions"][0]  # only where asked: the owner's GET
+    finally:
+        child.kill()
+        child.wait()

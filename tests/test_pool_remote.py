@@ -9,7 +9,6 @@ activity, a dying worker ending its lease.
 
 from __future__ import annotations
 
-import importlib.util
 import socket
 import subprocess
 import sys
@@ -25,9 +24,7 @@ from virtualize._results import CUresult
 
 pytestmark = [
     pytest.mark.timeout(120),
-    pytest.mark.skipif(
-        importlib.util.find_spec("virtualize._libcuda_shim") is None, reason="the shim is not built"
-    ),
+    pytest.mark.needs("native"),
 ]
 CLIENT = "tests/remote_client.py"
 ROOT = Path(__file__).resolve().parents[1]

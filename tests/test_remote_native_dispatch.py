@@ -33,7 +33,7 @@ BY_SYMBOL = {c.symbol: c for c in CALLS}
 STREAM, EVENT, FUNC, OTHER_FUNC, CAPTURING = 0x5000, 0x6000, 0xF00, 0xF08, 0x5008
 LAYOUT = [(0, 8), (8, 4)]  # a pointer and a u32: 12 bytes of parameters
 
-pytestmark = pytest.mark.skipif(_native_dispatch._load() is None, reason="the native loop is not built")
+pytestmark = pytest.mark.needs("native")
 
 
 class Recorder:

@@ -11,9 +11,7 @@ measures the same path. Needs root; a few seconds.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 
@@ -26,20 +24,14 @@ from server.workers import WorkerDevice, start_worker
 
 shim_dir = remote_helpers.shim_dir  # fixture
 
-_why = netem_link.unavailable()
-pytestmark = [needs_cc, pytest.mark.skipif(_why is not None, reason=f"no network link here: {_why}")]
+pytestmark = [needs_cc, pytest.mark.needs("netem")]
+
+# Both ways of building the link, each where its tool is (tests/required_tools.py).
+BACKENDS = [pytest.param("iproute2", marks=pytest.mark.needs("iproute2")), "netlink"]
 
 
-BACKENDS = {
-    "iproute2": shutil.which("ip") is not None and shutil.which("tc") is not None,
-    "netlink": importlib.util.find_spec("pyroute2") is not None,
-}
-
-
-@pytest.fixture(scope="module", params=list(BACKENDS))
+@pytest.fixture(scope="module", params=BACKENDS)
 def link(request):
-    if not BACKENDS[request.param]:
-        pytest.skip(f"no {request.param} here")
     before = os.environ.get("GPUPOOL_NETEM_NETLINK")
     os.environ["GPUPOOL_NETEM_NETLINK"] = "1" if request.param == "netlink" else "0"
     try:

@@ -667,6 +667,30 @@ def test_a_graph_built_node_by_node_runs_its_nodes_in_dependency_order(shim_dir,
     assert "gpupool:" not in err
 
 
+def test_an_instantiated_graph_takes_new_node_parameters_as_command_buffers_set_them(shim_dir, worker):
+    """XLA's command buffers update an instantiated graph in place (memset, copy and child-graph nodes set
+    anew, nodes switched off and on) and read a node's neighbours back: each takes effect at the next
+    launch, and a new memset outside the lease is refused without running."""
+    out, err = run_client("graph_updates", client_env(shim_dir, worker))
+    assert out == {
+        "roots": "True",
+        "dependencies": "True",  # with each edge's data (the default edge: zeros)
+        "dependents": "True",
+        "dependencies_v1": "True",
+        "dependents_v1": "True",
+        "first": "01 01 03",  # memset 1, copied on, the child graph's memset 3
+        "updated": "02 07 05",  # memset 2, the copy from the second source, the other child's 5
+        "switched_off": "0 00 07 05",  # the memset node skipped: the zeroed bytes stay zero
+        "switched_on": "02 07 05",
+        "flags": "0",
+        "memset_outside_the_lease": "1",  # CUDA_ERROR_INVALID_VALUE: not memory of this lease
+        "memset_past_the_allocation": "1",  # its last bytes would lie past the allocation
+        "copy_past_the_allocation": "1",
+        "node_of_no_graph_here": "400",  # CUDA_ERROR_INVALID_HANDLE: not a node of this lease
+    }
+    assert "gpupool:" not in err
+
+
 def test_queries_libraries_make_are_answered(shim_dir, worker):
     out, _ = run_client("queries", client_env(shim_dir, worker))
     assert out == expected_queries()

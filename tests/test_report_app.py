@@ -11,6 +11,7 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 from test_analytics_data import GIB, gpu_rows, process_rows, write_rows
 
+from collector import build_rollups
 from reports.app import DIRS_ENV, WHATIF_AUTO_ENV
 
 APP = str(Path(__file__).resolve().parent.parent / "reports" / "app.py")
@@ -159,13 +160,11 @@ def test_long_history_with_rollups_opens_on_all_of_it_from_the_rollups(monkeypat
 
     from test_analytics_data import T0
 
-    import analytics as A
-
     rows = gpu_rows("n", 0, [0.9] * 30, tick_s=60) + gpu_rows(
         "n", 0, [0.1] * 30, tick_s=60, start=T0 + timedelta(days=30)
     )
     write_rows(tmp_path, "gpu_samples", rows)
-    A.build_rollups(tmp_path, lag_s=0)
+    build_rollups(tmp_path, lag_s=0)
     st.cache_data.clear()
     at = _run(monkeypatch, tmp_path)
     assert not at.exception
@@ -209,6 +208,34 @@ def test_pool_activity_appears_once_the_pool_writes_events(monkeypatch, real_dir
     assert any("1 reclaimed for idleness" in m.value for m in at.markdown), [m.value for m in at.markdown]
     table = next(d for d in at.dataframe if "client" in d.value.columns).value
     assert table.iloc[0]["GPU-hours leased"] == "0.05"  # half a GPU for 6 minutes
+    assert not any("account" in d.value.columns for d in at.dataframe)  # no batch job's lease yet
+
+
+def test_batch_jobs_gpu_hours_per_account_and_job_in_the_app_and_the_html(monkeypatch, real_dir):
+    """Leases a scheduler took for its jobs (pool_events with job fields, as deploy/slurm writes them):
+    the app and the HTML page show GPU-hours per account and per job beside the pool's clients."""
+    from datetime import timedelta
+
+    from test_analytics_data import T0
+
+    from reports._html import BuildOptions, build_html
+
+    job = {"job_scheduler": "slurm/hpc", "job_id": "4242", "job_account": "physics", "job_user": "ana"}
+    base = {"host": "node-1", "lease_id": "L7", "client": "slurm", "fraction": 0.5, **job}
+    rows = [
+        {**base, "ts": T0, "event": "grant"},
+        {**base, "ts": T0 + timedelta(minutes=6), "event": "release", "duration_s": 360.0},
+    ]
+    write_rows(real_dir, "pool_events", rows)
+    st.cache_data.clear()
+    at = _run(monkeypatch, real_dir)
+    assert not at.exception
+    accounts = next(d for d in at.dataframe if d.value.columns[0] == "account").value
+    assert accounts.iloc[0]["account"] == "physics" and accounts.iloc[0]["GPU-hours leased"] == "0.05"
+    jobs = next(d for d in at.dataframe if "job" in d.value.columns).value
+    assert jobs.iloc[0]["job"] == "slurm/hpc:4242" and jobs.iloc[0]["user"] == "ana"
+    page = build_html([str(real_dir)], BuildOptions(scope=_app_scope(real_dir)))
+    assert "pool-accounts.csv" in page and "slurm/hpc:4242" in page and "physics" in page
 
 
 def test_app_and_html_agree_on_sampling_and_the_pooling_answer_without_process_rows(monkeypatch, tmp_path):

@@ -23,9 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="chromium not installed (scripts/test.sh installs Debian's chromium as root)"
-)
+pytestmark = pytest.mark.needs("chromium")
 
 FIRST_SCREEN_PX = 900  # a laptop's browser window: the answer must be in it
 # The answer an IT manager came for, in the summary of both the app and the HTML.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import shutil
 
 import pytest
 
@@ -23,7 +22,7 @@ def test_every_call_has_one_abi_per_version():
     assert all(c.mode is not Mode.LOCAL or c.custom for c in CALLS)
 
 
-@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler: the install skipped the shim")
+@pytest.mark.needs("cc")
 def test_the_install_built_a_loadable_shim_exporting_every_forwarded_call(tmp_path):
     library = ctypes.CDLL(str(shim_library_path()))
     for call in CALLS:
@@ -32,7 +31,7 @@ def test_the_install_built_a_loadable_shim_exporting_every_forwarded_call(tmp_pa
     assert hasattr(library, "cuGetProcAddress_v2")
 
 
-@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler: the install skipped the shim")
+@pytest.mark.needs("cc")
 def test_remote_env_puts_the_shim_first(tmp_path, monkeypatch):
     monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/lib/elsewhere")
     env = remote_env(

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 import analytics
-from analytics import _telemetry
+from collector import build_rollups, reader
 from collector.writer import TelemetryWriter
 
 REPORT = [sys.executable, "-m", "reports.cli"]
@@ -166,11 +166,11 @@ def test_hosts_without_rollups_are_said(tmp_path, monkeypatch):
     builds them; once built, the note is gone."""
     root = tmp_path / "telemetry"
     make_telemetry(root)
-    monkeypatch.setattr(_telemetry, "UNROLLED_ROWS", ROWS_PER_SEGMENT)
+    monkeypatch.setattr(reader, "UNROLLED_ROWS", ROWS_PER_SEGMENT)
     con = analytics.open_telemetry(root)
     assert analytics.unrolled_hosts(con) == {"h1": SEGMENTS * ROWS_PER_SEGMENT}
     assert any("gpustat-report rollup" in n for n in analytics.telemetry_notes(con))
-    analytics.build_rollups(root)
+    build_rollups(root)
     con = analytics.open_telemetry(root)
     assert analytics.unrolled_hosts(con) == {} and analytics.telemetry_notes(con) == []
 
@@ -180,7 +180,7 @@ def test_report_build_builds_missing_rollups_once(tmp_path):
     """gpustat-report build on telemetry of many raw samples and no rollups says so in one line and
     builds them; the next build has nothing to say."""
     root = tmp_path / "telemetry"
-    gpus, ticks = 40, _telemetry.UNROLLED_ROWS // 40
+    gpus, ticks = 40, reader.UNROLLED_ROWS // 40
     ts = pa.array(
         [T0 + dt.timedelta(seconds=STEP_S * i) for i in range(ticks)] * gpus, pa.timestamp("us", "UTC")
     )
@@ -219,7 +219,7 @@ def test_a_damaged_rollup_file_is_moved_aside_and_made_again(tmp_path):
     DIR/damaged/ and made again from the raw samples: the figures then equal those before the damage."""
     root = tmp_path / "telemetry"
     make_telemetry(root)
-    analytics.build_rollups(root)
+    build_rollups(root)
     before = analytics.fleet_summary(analytics.open_telemetry(root), analytics.Scope()).gpu_hours
     newest = sorted(root.glob("gpu_rollup_1m/date=*/host=h1/rollup.parquet"))[-1]
     truncate(newest)

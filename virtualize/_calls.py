@@ -685,6 +685,36 @@ CALLS: tuple[Call, ...] = (
        wire="graphexec exec, node node, func func, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, "
             "bytes data"),
     _c("cuGraphDestroyNode", 10000, "node node"),
+    # An instantiated graph's copy, memset and child-graph nodes set anew, and nodes switched off and on
+    # (XLA's command buffers update their graphs so): checked as adding such a node is.
+    _c("cuGraphExecMemsetNodeSetParams", 10020, "graphexec exec, node node, ptr params, ctx ctx", custom=True,
+       wire="graphexec exec, node node, dptr dst, u64 pitch, u32 value, u32 element_size, u64 width, "
+            "u64 height"),
+    _c("cuGraphExecMemcpyNodeSetParams", 10020, "graphexec exec, node node, ptr params, ctx ctx", custom=True,
+       wire="graphexec exec, node node, u64 src, u64 src_pitch, u64 src_height, u64 dst, u64 dst_pitch, "
+            "u64 dst_height, u64 width, u64 height, u64 depth"),
+    _c("cuGraphExecChildGraphNodeSetParams", 11010, "graphexec exec, node node, graph child"),
+    _c("cuGraphNodeSetEnabled", 11060, "graphexec exec, node node, u32 enabled"),
+    _c("cuGraphNodeGetEnabled", 11060, "graphexec exec, node node, o_u32 enabled"),
+    _c("cuGraphExecEventRecordNodeSetEvent", 11010, "graphexec exec, node node, event event"),
+    _c("cuGraphExecEventWaitNodeSetEvent", 11010, "graphexec exec, node node, event event"),
+    _c("cuGraphEventRecordNodeGetEvent", 11010, "node node, o_event event"),
+    _c("cuGraphEventRecordNodeSetEvent", 11010, "node node, event event"),
+    _c("cuGraphEventWaitNodeGetEvent", 11010, "node node, o_event event"),
+    _c("cuGraphEventWaitNodeSetEvent", 11010, "node node, event event"),
+    _c("cuGraphExecGetFlags", 12000, "graphexec exec, o_u64 flags"),
+    # A graph's root nodes and a node's neighbours: handles in the reply's bulk as cuGraphGetNodes', then
+    # (the _v2 calls) each edge's 8 bytes of data.
+    _c("cuGraphGetRootNodes", 10000, "graph graph, ptr nodes, ptr count", custom=True,
+       wire="graph graph, o_u64 count"),
+    _c("cuGraphNodeGetDependencies", 10000, "node node, ptr nodes, ptr count", custom=True,
+       wire="node node, o_u64 count"),
+    _c("cuGraphNodeGetDependencies", 12030, "node node, ptr nodes, ptr edge_data, ptr count", custom=True,
+       symbol="cuGraphNodeGetDependencies_v2", wire="node node, o_u64 count"),
+    _c("cuGraphNodeGetDependentNodes", 10000, "node node, ptr nodes, ptr count", custom=True,
+       wire="node node, o_u64 count"),
+    _c("cuGraphNodeGetDependentNodes", 12030, "node node, ptr nodes, ptr edge_data, ptr count", custom=True,
+       symbol="cuGraphNodeGetDependentNodes_v2", wire="node node, o_u64 count"),
     # Conditional nodes: the condition's handle lives on the worker; the body graphs come back as
     # graph handles the program fills (node by node, or by capturing into them).
     _c("cuGraphConditionalHandleCreate", 12030, "o_u64 handle, graph graph, ctx ctx, u32 default_value, u32 flags"),

@@ -217,16 +217,11 @@ GROUPS: tuple[Group, ...] = (
        nodes. cuGraphDebugDotPrint's file is to be written in the client.""",
         "cuGraphKernelNodeGetParams cuGraphKernelNodeSetParams cuGraphMemcpyNodeGetParams "
         "cuGraphMemcpyNodeSetParams cuGraphMemsetNodeGetParams cuGraphMemsetNodeSetParams "
-        "cuGraphHostNodeGetParams cuGraphHostNodeSetParams cuGraphEventRecordNodeGetEvent "
-        "cuGraphEventRecordNodeSetEvent cuGraphEventWaitNodeGetEvent cuGraphEventWaitNodeSetEvent "
-        "cuGraphExecMemcpyNodeSetParams cuGraphExecMemsetNodeSetParams cuGraphExecHostNodeSetParams "
-        "cuGraphExecChildGraphNodeSetParams cuGraphExecEventRecordNodeSetEvent cuGraphExecEventWaitNodeSetEvent "
-        "cuGraphNodeSetEnabled cuGraphNodeGetEnabled cuGraphKernelNodeCopyAttributes "
-        "cuGraphKernelNodeGetAttribute cuGraphKernelNodeSetAttribute cuGraphDebugDotPrint cuGraphNodeSetParams "
-        "cuGraphNodeSetParams_v2 cuGraphExecNodeSetParams cuGraphNodeGetParams cuGraphGetRootNodes "
-        "cuGraphNodeGetDependencies cuGraphNodeGetDependentNodes cuGraphRemoveDependencies cuGraphExecGetFlags "
-        "cuGraphNodeGetContainingGraph cuGraphNodeGetLocalId cuGraphNodeGetToolsId cuGraphGetId "
-        "cuGraphExecGetId cuGraphAddNode_v3",
+        "cuGraphHostNodeGetParams cuGraphHostNodeSetParams cuGraphExecHostNodeSetParams "
+        "cuGraphKernelNodeCopyAttributes cuGraphKernelNodeGetAttribute cuGraphKernelNodeSetAttribute "
+        "cuGraphDebugDotPrint cuGraphNodeSetParams cuGraphNodeSetParams_v2 cuGraphExecNodeSetParams "
+        "cuGraphNodeGetParams cuGraphRemoveDependencies cuGraphNodeGetContainingGraph "
+        "cuGraphNodeGetLocalId cuGraphNodeGetToolsId cuGraphGetId cuGraphExecGetId cuGraphAddNode_v3",
     ),
     _g(
         "graph memory nodes and batch memory-operation nodes",

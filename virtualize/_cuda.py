@@ -111,6 +111,11 @@ def _int(value) -> int:
     return int(value) if value is not None else 0
 
 
+def _edge_data_bytes(edge) -> bytes:
+    """CUgraphEdgeData as the wire carries it: from port, to port, type, five reserved bytes."""
+    return bytes((int(edge.from_port), int(edge.to_port), int(edge.type))) + bytes(5)
+
+
 def _enum(kind, value: int):
     try:
         return kind(value)
@@ -1310,12 +1315,30 @@ class CudaExecutor(Executor):
     def cuThreadExchangeStreamCaptureMode(self, mode):
         return int(_ok(driver.cuThreadExchangeStreamCaptureMode(_enum(driver.CUstreamCaptureMode, mode))))
 
+    @staticmethod
+    def _listed(query, subject):
+        """A graph query that fills arrays of the length it is given: asked for the count, then the lists."""
+        count = _ok(query(subject))[-1]
+        return _ok(query(subject, count)) if count else None
+
     def graph_nodes(self, graph):
-        return [_int(n) for n in _ok(driver.cuGraphGetNodes(driver.CUgraph(graph)))[0]]
+        listed = self._listed(driver.cuGraphGetNodes, driver.CUgraph(graph))
+        return [_int(n) for n in listed[0]] if listed else []
 
     def graph_edges(self, graph):
-        sources, targets, _data, count = _ok(driver.cuGraphGetEdges(driver.CUgraph(graph)))
-        return [(_int(a), _int(b)) for a, b in list(zip(sources, targets, strict=True))[:count]]
+        listed = self._listed(driver.cuGraphGetEdges, driver.CUgraph(graph))
+        return [(_int(a), _int(b)) for a, b in zip(listed[0], listed[1], strict=True)] if listed else []
+
+    def graph_node_list(self, which, subject):
+        if which == "cuGraphGetRootNodes":
+            listed = self._listed(driver.cuGraphGetRootNodes, driver.CUgraph(subject))
+            return ([_int(n) for n in listed[0]] if listed else []), []
+        query = getattr(driver, which)  # cuGraphNodeGetDependencies / cuGraphNodeGetDependentNodes
+        listed = self._listed(query, driver.CUgraphNode(subject))
+        if not listed:
+            return [], []
+        nodes, data = listed[0], listed[1]
+        return [_int(n) for n in nodes], [_edge_data_bytes(d) for d in data]
 
     def cuGraphClone(self, graph):
         return _int(_ok(driver.cuGraphClone(driver.CUgraph(graph))))
@@ -1330,16 +1353,64 @@ class CudaExecutor(Executor):
         add = driver.cuGraphAddEventWaitNode if wait else driver.cuGraphAddEventRecordNode
         return _int(_ok(add(driver.CUgraph(graph), self._deps(deps), len(deps), driver.CUevent(event))))
 
-    def graph_add_memcpy_node(self, graph, deps, copy: Copy3D):
+    @staticmethod
+    def _memcpy_node(copy: Copy3D):
         params = driver.CUDA_MEMCPY3D()
         params.srcMemoryType = params.dstMemoryType = driver.CUmemorytype.CU_MEMORYTYPE_DEVICE
         params.srcDevice, params.srcPitch, params.srcHeight = copy.src, copy.src_pitch, copy.src_height
         params.dstDevice, params.dstPitch, params.dstHeight = copy.dst, copy.dst_pitch, copy.dst_height
         params.WidthInBytes, params.Height, params.Depth = copy.width, copy.height, copy.depth
-        ctx = _ok(driver.cuCtxGetCurrent())
+        return params
+
+    def graph_add_memcpy_node(self, graph, deps, copy: Copy3D):
+        params, ctx = self._memcpy_node(copy), _ok(driver.cuCtxGetCurrent())
         return _int(
             _ok(driver.cuGraphAddMemcpyNode(driver.CUgraph(graph), self._deps(deps), len(deps), params, ctx))
         )
+
+    def graph_exec_memcpy_node(self, graph_exec, node, copy: Copy3D):
+        params, ctx = self._memcpy_node(copy), _ok(driver.cuCtxGetCurrent())
+        _ok(driver.cuGraphExecMemcpyNodeSetParams(
+            driver.CUgraphExec(graph_exec), driver.CUgraphNode(node), params, ctx
+        ))  # fmt: skip
+
+    def cuGraphExecChildGraphNodeSetParams(self, graph_exec, node, child):
+        _ok(driver.cuGraphExecChildGraphNodeSetParams(
+            driver.CUgraphExec(graph_exec), driver.CUgraphNode(node), driver.CUgraph(child)
+        ))  # fmt: skip
+
+    def cuGraphNodeSetEnabled(self, graph_exec, node, enabled):
+        _ok(driver.cuGraphNodeSetEnabled(driver.CUgraphExec(graph_exec), driver.CUgraphNode(node), enabled))
+
+    def cuGraphNodeGetEnabled(self, graph_exec, node):
+        return int(
+            _ok(driver.cuGraphNodeGetEnabled(driver.CUgraphExec(graph_exec), driver.CUgraphNode(node)))
+        )
+
+    def cuGraphExecEventRecordNodeSetEvent(self, graph_exec, node, event):
+        _ok(driver.cuGraphExecEventRecordNodeSetEvent(
+            driver.CUgraphExec(graph_exec), driver.CUgraphNode(node), driver.CUevent(event)
+        ))  # fmt: skip
+
+    def cuGraphExecEventWaitNodeSetEvent(self, graph_exec, node, event):
+        _ok(driver.cuGraphExecEventWaitNodeSetEvent(
+            driver.CUgraphExec(graph_exec), driver.CUgraphNode(node), driver.CUevent(event)
+        ))  # fmt: skip
+
+    def cuGraphEventRecordNodeGetEvent(self, node):
+        return _int(_ok(driver.cuGraphEventRecordNodeGetEvent(driver.CUgraphNode(node))))
+
+    def cuGraphEventRecordNodeSetEvent(self, node, event):
+        _ok(driver.cuGraphEventRecordNodeSetEvent(driver.CUgraphNode(node), driver.CUevent(event)))
+
+    def cuGraphEventWaitNodeGetEvent(self, node):
+        return _int(_ok(driver.cuGraphEventWaitNodeGetEvent(driver.CUgraphNode(node))))
+
+    def cuGraphEventWaitNodeSetEvent(self, node, event):
+        _ok(driver.cuGraphEventWaitNodeSetEvent(driver.CUgraphNode(node), driver.CUevent(event)))
+
+    def cuGraphExecGetFlags(self, graph_exec):
+        return int(_ok(driver.cuGraphExecGetFlags(driver.CUgraphExec(graph_exec))))
 
     def graph_add_host_node(self, graph, deps, fn):
         key = next(self._host_keys)
@@ -1407,14 +1478,28 @@ class CudaExecutor(Executor):
             )
         )
 
-    def graph_add_memset_node(self, graph, deps, dst, pitch, value, element_size, width, height) -> int:
+    @staticmethod
+    def _memset_node(dst, pitch, value, element_size, width, height):
         params = driver.CUDA_MEMSET_NODE_PARAMS()
         params.dst, params.pitch, params.value = dst, pitch, value
         params.elementSize, params.width, params.height = element_size, width, height
+        return params
+
+    def graph_add_memset_node(self, graph, deps, dst, pitch, value, element_size, width, height) -> int:
+        params = self._memset_node(dst, pitch, value, element_size, width, height)
         ctx = _ok(driver.cuCtxGetCurrent())
         return _int(
             _ok(driver.cuGraphAddMemsetNode(driver.CUgraph(graph), self._deps(deps), len(deps), params, ctx))
         )
+
+    def graph_exec_memset_node(
+        self, graph_exec, node, dst, pitch, value, element_size, width, height
+    ) -> None:
+        params = self._memset_node(dst, pitch, value, element_size, width, height)
+        ctx = _ok(driver.cuCtxGetCurrent())
+        _ok(driver.cuGraphExecMemsetNodeSetParams(
+            driver.CUgraphExec(graph_exec), driver.CUgraphNode(node), params, ctx
+        ))  # fmt: skip
 
     def graph_add_empty_node(self, graph, deps) -> int:
         return _int(_ok(driver.cuGraphAddEmptyNode(driver.CUgraph(graph), self._deps(deps), len(deps))))

@@ -78,7 +78,12 @@ SHAPED: dict[str, str] = {
     "cuGraphAddEventWaitNode": "graph_add_event_node",
     "cuGraphAddHostNode": "graph_add_host_node",
     "cuGraphAddMemcpyNode": "graph_add_memcpy_node",
+    "cuGraphExecMemsetNodeSetParams": "graph_exec_memset_node",
+    "cuGraphExecMemcpyNodeSetParams": "graph_exec_memcpy_node",
     "cuGraphGetNodes": "graph_nodes",
+    "cuGraphGetRootNodes": "graph_node_list",
+    "cuGraphNodeGetDependencies": "graph_node_list",
+    "cuGraphNodeGetDependentNodes": "graph_node_list",
     "cuGraphGetEdges": "graph_edges",
 }
 
@@ -392,6 +397,21 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def graph_add_host_node(self, graph: int, deps: list[int], fn: Callable[[], None]) -> int:
         """cuGraphAddHostNode: `fn` runs (on a thread of the executor's) at every launch; the node."""
+
+    @abc.abstractmethod
+    def graph_exec_memset_node(
+        self, graph_exec, node, dst, pitch, value, element_size, width, height
+    ) -> None:
+        """cuGraphExecMemsetNodeSetParams (the memory checked)."""
+
+    @abc.abstractmethod
+    def graph_exec_memcpy_node(self, graph_exec: int, node: int, copy: Copy3D) -> None:
+        """cuGraphExecMemcpyNodeSetParams between device memory of the lease (`copy` checked)."""
+
+    @abc.abstractmethod
+    def graph_node_list(self, which: str, subject: int) -> tuple[list[int], list[bytes]]:
+        """`which` is cuGraphGetRootNodes (of graph `subject`), cuGraphNodeGetDependencies or
+        cuGraphNodeGetDependentNodes (of node `subject`): the nodes, and each edge's 8 bytes of data."""
 
     @abc.abstractmethod
     def graph_nodes(self, graph: int) -> list[int]:

@@ -293,7 +293,14 @@ class Session:
             "cuGraphAddEventWaitNode": self._graph_event_node,
             "cuGraphAddHostNode": self._graph_host_node,
             "cuGraphAddMemcpyNode": self._graph_memcpy_node,
+            "cuGraphExecMemsetNodeSetParams": self._graph_memset_node,
+            "cuGraphExecMemcpyNodeSetParams": self._graph_memcpy_node,
             "cuGraphGetNodes": self._graph_nodes,
+            "cuGraphGetRootNodes": self._graph_node_list,
+            "cuGraphNodeGetDependencies": self._graph_node_list,
+            "cuGraphNodeGetDependencies_v2": self._graph_node_list,
+            "cuGraphNodeGetDependentNodes": self._graph_node_list,
+            "cuGraphNodeGetDependentNodes_v2": self._graph_node_list,
             "cuGraphGetEdges": self._graph_edges,
             "cuGraphGetEdges_v2": self._graph_edges,
             "gpGraphAddConditionalNode": self._graph_conditional_node,
@@ -728,16 +735,22 @@ class Session:
         return self._new_node(self.executor.graph_add_kernel_node(owner, deps, launch), owner)
 
     def _graph_memset_node(self, call: Call, ins: tuple):
+        """cuGraphAddMemsetNode, or cuGraphExecMemsetNodeSetParams (an instantiated graph's node anew)."""
         self._check(call, ins)
-        graph, dst, pitch, value, element_size, width, height, num_deps = ins
+        setting = call.name == "cuGraphExecMemsetNodeSetParams"
+        owner, node = ins[0], ins[1] if setting else None
+        dst, pitch, value, element_size, width, height = ins[1 + setting : 7 + setting]
         if element_size not in (1, 2, 4) or height < 1:
             raise CudaError(INVALID_VALUE, "memset node shape")
         self._check_range(dst, pitch * (height - 1) + width * element_size)
-        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        if setting:
+            self.executor.graph_exec_memset_node(owner, node, dst, pitch, value, element_size, width, height)
+            return _EMPTY
+        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), ins[-1])
         node = self.executor.graph_add_memset_node(
-            graph, deps, dst, pitch, value, element_size, width, height
+            owner, deps, dst, pitch, value, element_size, width, height
         )
-        return self._new_node(node, graph)
+        return self._new_node(node, owner)
 
     def _graph_empty_node(self, call: Call, ins: tuple):
         self._check(call, ins)
@@ -775,17 +788,22 @@ class Session:
         return self._new_node(node, graph)
 
     def _graph_memcpy_node(self, call: Call, ins: tuple):
+        """cuGraphAddMemcpyNode, or cuGraphExecMemcpyNodeSetParams (an instantiated graph's node anew)."""
         self._check(call, ins)
-        graph, *shape, num_deps = ins
-        copy = Copy3D(*shape)
+        setting = call.name == "cuGraphExecMemcpyNodeSetParams"
+        owner = ins[0]
+        copy = Copy3D(*ins[2:11] if setting else ins[1:10])
         if copy.width == 0 or copy.height == 0 or copy.depth == 0:
             raise CudaError(INVALID_VALUE, "memcpy node extent")
         if copy.height > 1 and (copy.src_pitch < copy.width or copy.dst_pitch < copy.width):
             raise CudaError(INVALID_VALUE, "memcpy node pitch")
         self._check_range(copy.src, copy.span(copy.src_pitch, copy.src_height))
         self._check_range(copy.dst, copy.span(copy.dst_pitch, copy.dst_height))
-        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
-        return self._new_node(self.executor.graph_add_memcpy_node(graph, deps, copy), graph)
+        if setting:
+            self.executor.graph_exec_memcpy_node(owner, ins[1], copy)
+            return _EMPTY
+        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), ins[-1])
+        return self._new_node(self.executor.graph_add_memcpy_node(owner, deps, copy), owner)
 
     def _graph_host_node(self, call: Call, ins: tuple):
         """A host node: the program's function `ident` (kept by its shim), called back at every launch."""
@@ -806,6 +824,17 @@ class Session:
         self.lease.handles["node"].update(nodes)
         self.lease.children.setdefault(ins[0], set()).update(nodes)
         return call.out_struct.pack(len(nodes)), struct.pack(f"<{len(nodes)}Q", *nodes)
+
+    def _graph_node_list(self, call: Call, ins: tuple):
+        """A graph's root nodes, or a node's dependencies or dependents: the count; the nodes in the bulk,
+        then (the _v2 calls) each edge's 8 bytes of data."""
+        self._check(call, ins)
+        nodes, edge_data = self.executor.graph_node_list(call.name, ins[0])
+        self.lease.handles["node"].update(nodes)
+        bulk = struct.pack(f"<{len(nodes)}Q", *nodes)
+        if call.symbol.endswith("_v2"):
+            bulk += b"".join(edge_data)
+        return call.out_struct.pack(len(nodes)), bulk
 
     def _graph_edges(self, call: Call, ins: tuple):
         """The count; the (from, to) pairs in the bulk."""

@@ -179,6 +179,10 @@ class HostExecutor(Executor):
         self.child_graphs: dict[int, int] = {}  # child graph node -> its copy of the graph
         self.clones: dict[int, dict[int, int]] = {}  # cloned graph -> {original node: its twin}
         self.node_types: dict[int, int] = {}  # node -> CUgraphNodeType, where not a kernel's (0)
+        self.edge_data: dict[tuple[int, int], bytes] = {}  # (from, to) -> CUgraphEdgeData, where not 0
+        self.node_events: dict[int, int] = {}  # event record or wait node -> its event
+        self.disabled: dict[tuple[int, int], object] = {}  # (graph exec, node) switched off -> its work
+        self.exec_flags: dict[int, int] = {}  # graph exec -> the flags it was instantiated with
         self.graphs: dict[int, list] = {}  # graph or executable graph -> its work, in stream order
         self.arrays: dict[int, tuple[ArrayShape, bytearray]] = {}  # CUDA arrays: their shape and bytes
         self.mipmaps: dict[int, list[int]] = {}  # mipmapped array -> its levels' arrays
@@ -971,18 +975,48 @@ class HostExecutor(Executor):
     def graph_add_event_node(self, graph, deps, event, wait):
         node = self._add_node(graph, deps, lambda: None)  # everything here is done at once
         self.node_types[node] = 6 if wait else 7  # CU_GRAPH_NODE_TYPE_WAIT_EVENT / EVENT_RECORD
+        self.node_events[node] = event
         return node
 
-    def graph_add_memcpy_node(self, graph, deps, copy: Copy3D):
+    def _event_node(self, node, *types) -> int:
+        if self.node_types.get(node) not in types:
+            raise CudaError(INVALID_VALUE, "not an event node of that kind")
+        return node
+
+    def cuGraphEventRecordNodeGetEvent(self, node):
+        return self.node_events[self._event_node(node, 7)]
+
+    def cuGraphEventWaitNodeGetEvent(self, node):
+        return self.node_events[self._event_node(node, 6)]
+
+    def cuGraphEventRecordNodeSetEvent(self, node, event):
+        self.node_events[self._event_node(node, 7)] = event
+
+    def cuGraphEventWaitNodeSetEvent(self, node, event):
+        self.node_events[self._event_node(node, 6)] = event
+
+    def cuGraphExecEventRecordNodeSetEvent(self, graph_exec, node, event):
+        self._exec_index(graph_exec, self._event_node(node, 7))
+
+    def cuGraphExecEventWaitNodeSetEvent(self, graph_exec, node, event):
+        self._exec_index(graph_exec, self._event_node(node, 6))
+
+    def _memcpy_work(self, copy: Copy3D):
         def work():
             for src, dst in copy.rows():
                 sm, so = self._find(src, copy.width)
                 dm, do = self._find(dst, copy.width)
                 dm[do : do + copy.width] = sm[so : so + copy.width]
 
-        node = self._add_node(graph, deps, work)
+        return work
+
+    def graph_add_memcpy_node(self, graph, deps, copy: Copy3D):
+        node = self._add_node(graph, deps, self._memcpy_work(copy))
         self.node_types[node] = 1  # CU_GRAPH_NODE_TYPE_MEMCPY
         return node
+
+    def graph_exec_memcpy_node(self, graph_exec, node, copy: Copy3D):
+        self._set_exec_work(graph_exec, node, self._memcpy_work(copy), kind=1)
 
     def graph_add_host_node(self, graph, deps, fn):
         node = self._add_node(graph, deps, fn)
@@ -991,6 +1025,7 @@ class HostExecutor(Executor):
 
     def cuGraphInstantiateWithFlags(self, graph, flags):
         graph_exec = next(self.ids)
+        self.exec_flags[graph_exec] = flags
         self.graphs[graph_exec] = list(self.graphs[graph])
         self.exec_order[graph_exec] = list(self.node_order.get(graph, []))
         return graph_exec
@@ -1033,30 +1068,98 @@ class HostExecutor(Executor):
             graph, deps, lambda: self._run_kernel(launch.func, launch.grid, launch.block, params)
         )
 
-    def graph_exec_kernel_node(self, graph_exec, node, launch) -> None:
+    # An instantiated graph's nodes set anew: the node keeps its place (and its switch, on or off).
+    def _exec_index(self, graph_exec, node) -> int:
         order = self.exec_order.get(graph_exec, [])
         if node not in order:
             raise CudaError(INVALID_VALUE, "not a node of that graph")
+        return order.index(node)
+
+    def _set_exec_work(self, graph_exec, node, work, kind: int) -> None:
+        if self.node_types.get(node, 0) != kind:
+            raise CudaError(INVALID_VALUE, "a node of another type")
+        at = self._exec_index(graph_exec, node)
+        if (graph_exec, node) in self.disabled:
+            self.disabled[graph_exec, node] = work
+        else:
+            self.graphs[graph_exec][at] = work
+
+    def graph_exec_kernel_node(self, graph_exec, node, launch) -> None:
         params = bytes(launch.params)
         work = lambda: self._run_kernel(launch.func, launch.grid, launch.block, params)  # noqa: E731
-        self.graphs[graph_exec][order.index(node)] = work
+        self._set_exec_work(graph_exec, node, work, kind=0)
 
-    def graph_add_memset_node(self, graph, deps, dst, pitch, value, element_size, width, height) -> int:
+    def cuGraphNodeSetEnabled(self, graph_exec, node, enabled):
+        if self.node_types.get(node, 0) not in (0, 1, 2):  # kernel, copy and memset nodes only
+            raise CudaError(INVALID_VALUE, "only kernel, copy and memset nodes are switched")
+        at = self._exec_index(graph_exec, node)
+        if enabled and (graph_exec, node) in self.disabled:
+            self.graphs[graph_exec][at] = self.disabled.pop((graph_exec, node))
+        elif not enabled and (graph_exec, node) not in self.disabled:
+            self.disabled[graph_exec, node] = self.graphs[graph_exec][at]
+            self.graphs[graph_exec][at] = lambda: None
+
+    def cuGraphNodeGetEnabled(self, graph_exec, node):
+        self._exec_index(graph_exec, node)
+        return 0 if (graph_exec, node) in self.disabled else 1
+
+    def cuGraphExecGetFlags(self, graph_exec):
+        if graph_exec not in self.exec_flags:
+            raise CudaError(INVALID_VALUE, "not an instantiated graph")
+        return self.exec_flags[graph_exec]
+
+    def _memset_work(self, dst, pitch, value, element_size, width, height):
         def work():
             for row in range(height):
                 mem, off = self._find(dst + row * pitch, element_size * width)
                 mem[off : off + element_size * width] = value.to_bytes(element_size, "little") * width
 
-        return self._add_node(graph, deps, work)
+        return work
+
+    def graph_add_memset_node(self, graph, deps, dst, pitch, value, element_size, width, height) -> int:
+        node = self._add_node(graph, deps, self._memset_work(dst, pitch, value, element_size, width, height))
+        self.node_types[node] = 2  # CU_GRAPH_NODE_TYPE_MEMSET
+        return node
+
+    def graph_exec_memset_node(
+        self, graph_exec, node, dst, pitch, value, element_size, width, height
+    ) -> None:
+        work = self._memset_work(dst, pitch, value, element_size, width, height)
+        self._set_exec_work(graph_exec, node, work, kind=2)
 
     def graph_add_empty_node(self, graph, deps) -> int:
-        return self._add_node(graph, deps, lambda: None)
+        node = self._add_node(graph, deps, lambda: None)
+        self.node_types[node] = 5  # CU_GRAPH_NODE_TYPE_EMPTY
+        return node
+
+    def _child_work(self, child):
+        copy = self.cuGraphClone(child)  # a copy of the child as it is now, as the driver takes
+        return copy, lambda: [work() for work in list(self.graphs[copy])]
 
     def graph_add_child_node(self, graph, deps, child) -> int:
-        copy = self.cuGraphClone(child)  # a copy of the child as it is now, as the driver takes
-        node = self._add_node(graph, deps, lambda: [work() for work in list(self.graphs[copy])])
+        copy, work = self._child_work(child)
+        node = self._add_node(graph, deps, work)
         self.child_graphs[node] = copy
+        self.node_types[node] = 4  # CU_GRAPH_NODE_TYPE_GRAPH
         return node
+
+    def cuGraphExecChildGraphNodeSetParams(self, graph_exec, node, child):
+        current = self.child_graphs.get(node)
+        if current is not None and len(self.graphs.get(child, [])) != len(self.graphs.get(current, [])):
+            raise CudaError(INVALID_VALUE, "the child graph's topology differs")  # as the driver requires
+        self._set_exec_work(graph_exec, node, self._child_work(child)[1], kind=4)
+
+    def graph_node_list(self, which, subject):
+        if which == "cuGraphGetRootNodes":
+            order = self.node_order.get(subject, [])
+            targets = {b for _, b in self.edges}
+            return [n for n in order if n not in targets], []
+        if subject not in self.nodes:
+            raise CudaError(INVALID_VALUE, "not a node")
+        dependencies = which == "cuGraphNodeGetDependencies"
+        edges = [(a, b) for a, b in self.edges if (b if dependencies else a) == subject]
+        nodes = [a if dependencies else b for a, b in edges]
+        return nodes, [self.edge_data.get(edge, bytes(8)) for edge in edges]
 
     def cuGraphChildGraphNodeGetGraph(self, node):
         if node not in self.child_graphs:
@@ -1103,6 +1206,9 @@ class HostExecutor(Executor):
         # A programmatic edge (nonzero data) still orders the two nodes here: this executor runs nodes
         # one after the other, which every kind of edge allows.
         self.edges.extend(edges)
+        for edge, data in zip(edges, edge_data or (), strict=False):
+            if any(data):
+                self.edge_data[edge] = bytes(data)
         self._order(graph)
 
     def cuGraphDestroyNode(self, node):

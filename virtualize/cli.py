@@ -23,11 +23,12 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from collector.durations import format_duration
@@ -35,9 +36,10 @@ from collector.errors import report, report_error
 from collector.words import plural
 from server import ranges
 from server.client_errors import PoolClientError
+from virtualize._session import on_this_host, start_keeper
 
 if TYPE_CHECKING:
-    from server.api import Lease, ServerInfo
+    from server.api import Lease
 
 EXIT_OK, EXIT_FAILED, EXIT_CANNOT_EXEC, EXIT_NOT_FOUND, EXIT_INTERRUPTED = 0, 125, 126, 127, 130
 MIB = 1 << 20
@@ -486,13 +488,6 @@ def _timeout(args, client) -> float:
     return wait_setting(args.timeout, "--timeout") if args.timeout else client.cfg.timeout_s
 
 
-def _on_this_host(info: ServerInfo) -> str | None:
-    """--local runs need a server on this very host (the command gets its GPUs directly)."""
-    if info.hostname == socket.gethostname() or info.addr.startswith("127.") or info.addr == "::1":
-        return None
-    return f"--local needs a server on this host; {info.hostname} is another machine"
-
-
 def _wait_note(msg: str) -> None:
     print(f"gpuattach: {msg}", file=sys.stderr, flush=True)
 
@@ -505,11 +500,11 @@ def cmd_request(args) -> int:
     server, lease = client.acquire(
         req,
         timeout_s=_timeout(args, client),
-        accept=_on_this_host if args.local else None,
+        accept=on_this_host if args.local else None,
         on_wait=_wait_note,
     )
     if not args.no_keeper:
-        _start_keeper(client, server, lease)
+        start_keeper(client, server, lease)
     print(lease.id)
     parts = ", ".join(f"GPU{p.gpu_index} {_human(p.mem_bytes)}" for p in lease.partitions)
     keeper = (
@@ -520,24 +515,6 @@ def cmd_request(args) -> int:
           f"gpuattach run --lease {lease.id} -- COMMAND runs on it; gpuattach release {lease.id} when done",
           file=sys.stderr)  # fmt: skip
     return EXIT_OK
-
-
-def _start_keeper(client, server, lease: Lease) -> None:
-    """A detached process that heartbeats the session lease until it is released or ends."""
-    from server.client import heartbeat_interval
-
-    cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "gpupool")
-    os.makedirs(cache, exist_ok=True)
-    logf = open(os.path.join(cache, f"keeper-{lease.id}.log"), "ab")  # noqa: SIM115 (handed to the child)
-    env = {**os.environ, "GPUPOOL_TOKEN": client.cfg.token_for(server) or ""}  # never on the command line
-    if client.cfg.ca_cert:
-        env["GPUPOOL_KEEPER_CA_CERT"] = client.cfg.ca_cert
-    subprocess.Popen(
-        [sys.executable, "-m", "virtualize._keeper", "--lease-server", server.url, "--lease-id", lease.id,
-         "--interval", str(heartbeat_interval(lease.ttl_s)), "--ttl", str(lease.ttl_s)],
-        env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True, close_fds=True,
-    )  # fmt: skip
-    logf.close()
 
 
 def cmd_release(args) -> int:
@@ -618,7 +595,7 @@ def cmd_run(args) -> int:
         server, lease = client.acquire(
             req,
             timeout_s=_timeout(args, client),
-            accept=_on_this_host if args.local else None,
+            accept=on_this_host if args.local else None,
             on_wait=_wait_note,
         )
         owned = True
@@ -650,12 +627,10 @@ def _release_quietly(client, server, lease, owned: bool) -> None:
 
 
 def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
-    from server.client import Heartbeater, heartbeat_interval
-
     lease = run.lease
     env = dict(os.environ)
     if args.local:
-        if refusal := _on_this_host(lease.server):
+        if refusal := on_this_host(lease.server):
             return _fail(refusal, "drop --local to run remotely")
         env.update(lease.env or {})
         if not lease.mps:
@@ -674,6 +649,41 @@ def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
             return _fail(f"cannot set up remote execution: {exc}", hint)
     if lease.simulated:
         print(f"gpuattach: note: lease {lease.id} is on SIMULATED GPUs (control plane only)", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="gpupool-run-") as scratch:
+        view = _nvml_view(run, env, Path(scratch), local=args.local)
+        try:
+            return _run_command(args, cmd, run, env, view)
+        finally:
+            if view is not None:
+                view.stop()
+
+
+def _nvml_view(run: _Run, env: dict, scratch: Path, *, local: bool):
+    """The lease's NVML view, kept current while the command runs, with gpupool's libnvidia-ml.so.1
+    put first on the command's library path (remote and --local alike), so nvidia-smi, pynvml,
+    nvitop and gpustat show the lease's slice; in a --local run this host's own NVML answers the
+    other queries (NVLink, clocks, ECC …). None (and a note) where that library is not built."""
+    from virtualize._nvml_view import ViewKeeper
+
+    try:
+        from virtualize.remote import ShimNotBuilt, host_nvml, nvml_env
+    except ImportError:
+        return None
+    try:
+        real = host_nvml(env) if local else None
+        keeper = ViewKeeper(run.client, run.server, run.lease, scratch, real)
+        env.update(nvml_env(keeper.path, env))
+    except ShimNotBuilt:
+        print("gpuattach: note: gpupool's libnvidia-ml.so.1 is not built: NVML tools (nvidia-smi, nvitop) "
+              "in the command do not show the lease's slice", file=sys.stderr)  # fmt: skip
+        return None
+    return keeper
+
+
+def _run_command(args, cmd, run: _Run, env: dict, view) -> int:
+    from server.client import Heartbeater, heartbeat_interval
+
+    lease = run.lease
     hb = Heartbeater(
         run.client, run.server, lease.id, heartbeat_interval(lease.ttl_s), on_end=run.on_lease_end
     )
@@ -692,6 +702,8 @@ def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
             return _fail(f"cannot execute {cmd[0]}: permission denied", "", EXIT_CANNOT_EXEC)
         if tty is not None:
             _give_foreground(tty, run.child.pid)
+        if view is not None:
+            view.start([run.child.pid])
         hb.start(pids=[os.getpid(), run.child.pid] if args.local else None)
         if args.local:
             threading.Thread(target=_quiet, args=(hb.beat_now,), daemon=True).start()  # register the pid now

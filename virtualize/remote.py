@@ -2,13 +2,15 @@
 
 `gpuattach run` (without --local) starts the command with `remote_env(lease_answer)` added to its
 environment: gpupool's own `libcuda.so.1` first on LD_LIBRARY_PATH, and the worker's address and
-secret for it to connect to. See docs/remote.md.
+secret for it to connect to. Remote and --local runs alike get `nvml_env(view)`: gpupool's own
+`libnvidia-ml.so.1`, which answers NVML from the lease's view (virtualize._nvml_view). See docs/remote.md.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import mmap
 import os
 import shutil
 import subprocess
@@ -16,12 +18,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from virtualize import _wire
+from virtualize._nvml_view import VIEW_ENV
 from virtualize.errors import VirtualizeError
 
 if TYPE_CHECKING:
     from server.api import Lease
 
 SHIM_MODULE = "virtualize._libcuda_shim"
+NVML_MODULE = "virtualize._libnvml_shim"
 
 
 class ShimNotBuilt(VirtualizeError):
@@ -35,9 +39,9 @@ class ShimNotBuilt(VirtualizeError):
         )
 
 
-def shim_library_path() -> Path:
+def shim_library_path(module: str = SHIM_MODULE) -> Path:
     """The compiled shim (an extension module file; it is a plain shared library)."""
-    spec = importlib.util.find_spec(SHIM_MODULE)
+    spec = importlib.util.find_spec(module)
     if spec is None or not spec.origin or not Path(spec.origin).is_file():
         raise ShimNotBuilt()
     return Path(spec.origin)
@@ -83,6 +87,29 @@ def compile_shim(dest_dir: Path, *, compiler: str | None = None, extra_flags: tu
     return out
 
 
+NVML_SOURCE = Path(__file__).parent / "nvml" / "nvml_shim.c"  # setup.py builds the same
+
+
+def compile_nvml(dest_dir: Path, *, compiler: str | None = None) -> Path:
+    """Compile the NVML shim into `dest_dir/libnvidia-ml.so.1` without pip (GPU hosts, tests)."""
+    cc = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise ShimNotBuilt()
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    out = dest_dir / "libnvidia-ml.so.1"
+    flags = [f for f in COMPILE_FLAGS if not f.startswith("-Wl,-soname")] + ["-Wl,-soname,libnvidia-ml.so.1"]
+    subprocess.run([cc, *flags, "-o", str(out), str(NVML_SOURCE), *LINK_LIBRARIES], check=True, timeout=300)
+    return out
+
+
+def fresh_nvml(dest_dir: Path) -> Path:
+    """The NVML shim for test runs: compiled from this tree when a compiler is here, else the installed build."""
+    try:
+        return compile_nvml(dest_dir)
+    except (ShimNotBuilt, subprocess.CalledProcessError, OSError):
+        return shim_library_path(NVML_MODULE)
+
+
 def fresh_shim(dest_dir: Path) -> Path:
     """The shim for test and benchmark runs: compiled from this tree's sources when a compiler is
     here, else the installed build, else any `_libcuda_shim*.so` beside the sources (carried in)."""
@@ -99,14 +126,22 @@ def fresh_shim(dest_dir: Path) -> Path:
         raise
 
 
-def shim_dir(cache_root: Path | None = None, *, library: Path | None = None) -> Path:
-    """A per-user directory holding `libcuda.so.1` -> the shim (what LD_LIBRARY_PATH names first)."""
+def shim_dir(
+    cache_root: Path | None = None,
+    *,
+    library: Path | None = None,
+    kind: str = "shim",
+    names: tuple[str, ...] = ("libcuda.so.1", "libcuda.so"),
+) -> Path:
+    """A per-user directory holding `libcuda.so.1` -> the shim (what LD_LIBRARY_PATH names first);
+    with kind="nvml" and the NVML shim's names, one holding only `libnvidia-ml.so.1` (--local runs
+    keep the real driver and take only gpupool's NVML)."""
     library = library or shim_library_path()
     root = cache_root or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     tag = hashlib.sha256(str(library).encode()).hexdigest()[:12]
-    directory = root / "gpupool" / f"shim-{tag}"
+    directory = root / "gpupool" / f"{kind}-{tag}"
     directory.mkdir(parents=True, exist_ok=True)
-    for name in ("libcuda.so.1", "libcuda.so"):
+    for name in names:
         link = directory / name
         if link.is_symlink() and os.readlink(link) == str(library):
             continue
@@ -157,3 +192,60 @@ def remote_env(
     if lease_id:
         env[_wire.ENV_LEASE] = str(lease_id)
     return env
+
+
+def nvml_env(
+    view: Path, base_env: dict[str, str], *, cache_root: Path | None = None, library: Path | None = None
+) -> dict[str, str]:
+    """Environment variables that make a child process's NVML (nvidia-smi, pynvml, nvitop, gpustat)
+    answer from the lease's view file `view`: gpupool's libnvidia-ml.so.1 first on the library path
+    given in `base_env`. Raises ShimNotBuilt where the NVML shim was not compiled."""
+    library = library or shim_library_path(NVML_MODULE)
+    directory = shim_dir(
+        cache_root, library=library, kind="nvml", names=("libnvidia-ml.so.1", "libnvidia-ml.so")
+    )
+    old = base_env.get("LD_LIBRARY_PATH", "")
+    return {
+        "LD_LIBRARY_PATH": f"{directory}:{old}" if old else str(directory),
+        VIEW_ENV: str(view),
+    }
+
+
+# Where drivers put libnvidia-ml.so.1 when ldconfig does not say (containers often have no cache).
+HOST_NVML_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/nvidia/lib64",
+    "/usr/local/nvidia/lib",
+)
+
+
+def host_nvml(env: dict[str, str]) -> Path | None:
+    """This GPU host's own libnvidia-ml.so.1 (the driver's), for --local runs: gpupool's NVML answers
+    the lease's numbers and hands every other query to it. None where there is none."""
+    candidates = []
+    try:
+        listing = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+        candidates += [
+            line.rsplit("=> ", 1)[1] for line in listing.splitlines() if "libnvidia-ml.so.1 (" in line
+        ]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    dirs = [d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d] + list(HOST_NVML_DIRS)
+    candidates += [os.path.join(d, "libnvidia-ml.so.1") for d in dirs]
+    for candidate in candidates:
+        path = Path(candidate.strip())
+        if path.is_file() and not _is_gpupool_nvml(path):
+            return path
+    return None
+
+
+def _is_gpupool_nvml(path: Path) -> bool:
+    """gpupool's own shim (wherever it was built or linked) exports gpupoolNvmlLease; the driver's does not."""
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return data.find(b"gpupoolNvmlLease") >= 0
+    except (OSError, ValueError):  # unreadable, or empty
+        return False

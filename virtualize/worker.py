@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from server.workers import ACTIVITY_FILE, EXECUTOR_ENV, SECRET_ENV, WORKER_MODULE, WorkerDevice
+from server.workers import ACTIVITY_FILE, EXECUTOR_ENV, SECRET_ENV, USAGE_FILE, WORKER_MODULE, WorkerDevice
 from virtualize import _data_tls, _native_dispatch, _native_tls, _wire
 from virtualize._calls import CALL_IDS, INTERNAL, WIRE_VERSION
 from virtualize._results import CUresult
@@ -219,6 +219,8 @@ class Worker:
         self.executor = executor
         self.lease = LeaseState([d.mem_limit_bytes for d in devices])
         self.activity = state_dir / ACTIVITY_FILE
+        self.usage = state_dir / USAGE_FILE
+        self._usage_written: list[int] | None = None
         self.secret = secret.encode()
         self.tls = tls
         # The same certificate served from C where it can be (the Python stream otherwise).
@@ -385,11 +387,23 @@ class Worker:
         return call.in_struct.unpack(channel.read_exact(args_len)), channel.read_exact(bulk_len)
 
     def _touch_while_busy(self) -> None:
-        """A call that runs for minutes (a synchronise behind long kernels) keeps the lease in use."""
+        """A call that runs for minutes (a synchronise behind long kernels) keeps the lease in use;
+        and what the lease holds is written for the server within a second of a change."""
         while True:
+            self._write_usage()
             time.sleep(1.0)
             if self.in_calls or any([n.active() for n in list(self.native_sessions)]):
                 self._touch()
+
+    def _write_usage(self) -> None:
+        used = list(self.lease.used)
+        if used == self._usage_written:
+            return
+        tmp = self.usage.with_name(f".{USAGE_FILE}.tmp")
+        with contextlib.suppress(OSError):
+            tmp.write_text(json.dumps(used))
+            tmp.replace(self.usage)  # the server never reads half a list
+            self._usage_written = used
 
     def _touch(self) -> None:
         now = time.monotonic()

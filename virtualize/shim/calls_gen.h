@@ -1163,6 +1163,96 @@ GP_EXPORT CUresult cuGraphDestroyNode(uint64_t node) {
     return r;
 }
 
+GP_EXPORT CUresult cuGraphExecChildGraphNodeSetParams(uint64_t exec, uint64_t node, uint64_t child) {
+    GP_TRACE("cuGraphExecChildGraphNodeSetParams");
+    struct gp_in_cuGraphExecChildGraphNodeSetParams in = { .exec = exec, .node = node, .child = child };
+    CUresult r = gp_call(GP_CALL_cuGraphExecChildGraphNodeSetParams, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphNodeSetEnabled(uint64_t exec, uint64_t node, uint32_t enabled) {
+    GP_TRACE("cuGraphNodeSetEnabled");
+    struct gp_in_cuGraphNodeSetEnabled in = { .exec = exec, .node = node, .enabled = enabled };
+    CUresult r = gp_call(GP_CALL_cuGraphNodeSetEnabled, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphNodeGetEnabled(uint64_t exec, uint64_t node, uint32_t *enabled) {
+    GP_TRACE("cuGraphNodeGetEnabled");
+    if (!enabled) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphNodeGetEnabled in = { .exec = exec, .node = node };
+    struct gp_out_cuGraphNodeGetEnabled out;
+    CUresult r = gp_call(GP_CALL_cuGraphNodeGetEnabled, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *enabled = (uint32_t)out.enabled;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphExecEventRecordNodeSetEvent(uint64_t exec, uint64_t node, uint64_t event) {
+    GP_TRACE("cuGraphExecEventRecordNodeSetEvent");
+    struct gp_in_cuGraphExecEventRecordNodeSetEvent in = { .exec = exec, .node = node, .event = event };
+    CUresult r = gp_call(GP_CALL_cuGraphExecEventRecordNodeSetEvent, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphExecEventWaitNodeSetEvent(uint64_t exec, uint64_t node, uint64_t event) {
+    GP_TRACE("cuGraphExecEventWaitNodeSetEvent");
+    struct gp_in_cuGraphExecEventWaitNodeSetEvent in = { .exec = exec, .node = node, .event = event };
+    CUresult r = gp_call(GP_CALL_cuGraphExecEventWaitNodeSetEvent, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphEventRecordNodeGetEvent(uint64_t node, uint64_t *event) {
+    GP_TRACE("cuGraphEventRecordNodeGetEvent");
+    if (!event) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphEventRecordNodeGetEvent in = { .node = node };
+    struct gp_out_cuGraphEventRecordNodeGetEvent out;
+    CUresult r = gp_call(GP_CALL_cuGraphEventRecordNodeGetEvent, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *event = (uint64_t)out.event;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphEventRecordNodeSetEvent(uint64_t node, uint64_t event) {
+    GP_TRACE("cuGraphEventRecordNodeSetEvent");
+    struct gp_in_cuGraphEventRecordNodeSetEvent in = { .node = node, .event = event };
+    CUresult r = gp_call(GP_CALL_cuGraphEventRecordNodeSetEvent, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphEventWaitNodeGetEvent(uint64_t node, uint64_t *event) {
+    GP_TRACE("cuGraphEventWaitNodeGetEvent");
+    if (!event) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphEventWaitNodeGetEvent in = { .node = node };
+    struct gp_out_cuGraphEventWaitNodeGetEvent out;
+    CUresult r = gp_call(GP_CALL_cuGraphEventWaitNodeGetEvent, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *event = (uint64_t)out.event;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphEventWaitNodeSetEvent(uint64_t node, uint64_t event) {
+    GP_TRACE("cuGraphEventWaitNodeSetEvent");
+    struct gp_in_cuGraphEventWaitNodeSetEvent in = { .node = node, .event = event };
+    CUresult r = gp_call(GP_CALL_cuGraphEventWaitNodeSetEvent, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphExecGetFlags(uint64_t exec, uint64_t *flags) {
+    GP_TRACE("cuGraphExecGetFlags");
+    if (!flags) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphExecGetFlags in = { .exec = exec };
+    struct gp_out_cuGraphExecGetFlags out;
+    CUresult r = gp_call(GP_CALL_cuGraphExecGetFlags, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *flags = (uint64_t)out.flags;
+    }
+    return r;
+}
+
 GP_EXPORT CUresult cuGraphConditionalHandleCreate(uint64_t *handle, uint64_t graph, uint64_t ctx, uint32_t default_value, uint32_t flags) {
     GP_TRACE("cuGraphConditionalHandleCreate");
     if (!handle) return CUDA_ERROR_INVALID_VALUE;
@@ -1508,28 +1598,17 @@ GP_EXPORT CUresult cuGraphAddMemFreeNode(void) { return gp_unforwarded("cuGraphA
 GP_EXPORT CUresult cuGraphBatchMemOpNodeGetParams(void) { return gp_unforwarded("cuGraphBatchMemOpNodeGetParams"); }
 GP_EXPORT CUresult cuGraphBatchMemOpNodeSetParams(void) { return gp_unforwarded("cuGraphBatchMemOpNodeSetParams"); }
 GP_EXPORT CUresult cuGraphDebugDotPrint(void) { return gp_unforwarded("cuGraphDebugDotPrint"); }
-GP_EXPORT CUresult cuGraphEventRecordNodeGetEvent(void) { return gp_unforwarded("cuGraphEventRecordNodeGetEvent"); }
-GP_EXPORT CUresult cuGraphEventRecordNodeSetEvent(void) { return gp_unforwarded("cuGraphEventRecordNodeSetEvent"); }
-GP_EXPORT CUresult cuGraphEventWaitNodeGetEvent(void) { return gp_unforwarded("cuGraphEventWaitNodeGetEvent"); }
-GP_EXPORT CUresult cuGraphEventWaitNodeSetEvent(void) { return gp_unforwarded("cuGraphEventWaitNodeSetEvent"); }
 GP_EXPORT CUresult cuGraphExecBatchMemOpNodeSetParams(void) { return gp_unforwarded("cuGraphExecBatchMemOpNodeSetParams"); }
-GP_EXPORT CUresult cuGraphExecChildGraphNodeSetParams(void) { return gp_unforwarded("cuGraphExecChildGraphNodeSetParams"); }
-GP_EXPORT CUresult cuGraphExecEventRecordNodeSetEvent(void) { return gp_unforwarded("cuGraphExecEventRecordNodeSetEvent"); }
-GP_EXPORT CUresult cuGraphExecEventWaitNodeSetEvent(void) { return gp_unforwarded("cuGraphExecEventWaitNodeSetEvent"); }
 GP_EXPORT CUresult cuGraphExecExternalSemaphoresSignalNodeSetParams(void) { return gp_unforwarded("cuGraphExecExternalSemaphoresSignalNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecExternalSemaphoresWaitNodeSetParams(void) { return gp_unforwarded("cuGraphExecExternalSemaphoresWaitNodeSetParams"); }
-GP_EXPORT CUresult cuGraphExecGetFlags(void) { return gp_unforwarded("cuGraphExecGetFlags"); }
 GP_EXPORT CUresult cuGraphExecHostNodeSetParams(void) { return gp_unforwarded("cuGraphExecHostNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecKernelNodeSetParams(void) { return gp_unforwarded("cuGraphExecKernelNodeSetParams"); }
-GP_EXPORT CUresult cuGraphExecMemcpyNodeSetParams(void) { return gp_unforwarded("cuGraphExecMemcpyNodeSetParams"); }
-GP_EXPORT CUresult cuGraphExecMemsetNodeSetParams(void) { return gp_unforwarded("cuGraphExecMemsetNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecNodeSetParams(void) { return gp_unforwarded("cuGraphExecNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecUpdate(void) { return gp_unforwarded("cuGraphExecUpdate"); }
 GP_EXPORT CUresult cuGraphExternalSemaphoresSignalNodeGetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresSignalNodeGetParams"); }
 GP_EXPORT CUresult cuGraphExternalSemaphoresSignalNodeSetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresSignalNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExternalSemaphoresWaitNodeGetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresWaitNodeGetParams"); }
 GP_EXPORT CUresult cuGraphExternalSemaphoresWaitNodeSetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresWaitNodeSetParams"); }
-GP_EXPORT CUresult cuGraphGetRootNodes(void) { return gp_unforwarded("cuGraphGetRootNodes"); }
 GP_EXPORT CUresult cuGraphHostNodeGetParams(void) { return gp_unforwarded("cuGraphHostNodeGetParams"); }
 GP_EXPORT CUresult cuGraphHostNodeSetParams(void) { return gp_unforwarded("cuGraphHostNodeSetParams"); }
 GP_EXPORT CUresult cuGraphInstantiate(void) { return gp_unforwarded("cuGraphInstantiate"); }
@@ -1547,12 +1626,6 @@ GP_EXPORT CUresult cuGraphMemcpyNodeGetParams(void) { return gp_unforwarded("cuG
 GP_EXPORT CUresult cuGraphMemcpyNodeSetParams(void) { return gp_unforwarded("cuGraphMemcpyNodeSetParams"); }
 GP_EXPORT CUresult cuGraphMemsetNodeGetParams(void) { return gp_unforwarded("cuGraphMemsetNodeGetParams"); }
 GP_EXPORT CUresult cuGraphMemsetNodeSetParams(void) { return gp_unforwarded("cuGraphMemsetNodeSetParams"); }
-GP_EXPORT CUresult cuGraphNodeGetDependencies(void) { return gp_unforwarded("cuGraphNodeGetDependencies"); }
-GP_EXPORT CUresult cuGraphNodeGetDependencies_v2(void) { return gp_unforwarded("cuGraphNodeGetDependencies_v2"); }
-GP_EXPORT CUresult cuGraphNodeGetDependentNodes(void) { return gp_unforwarded("cuGraphNodeGetDependentNodes"); }
-GP_EXPORT CUresult cuGraphNodeGetDependentNodes_v2(void) { return gp_unforwarded("cuGraphNodeGetDependentNodes_v2"); }
-GP_EXPORT CUresult cuGraphNodeGetEnabled(void) { return gp_unforwarded("cuGraphNodeGetEnabled"); }
-GP_EXPORT CUresult cuGraphNodeSetEnabled(void) { return gp_unforwarded("cuGraphNodeSetEnabled"); }
 GP_EXPORT CUresult cuGraphNodeSetParams(void) { return gp_unforwarded("cuGraphNodeSetParams"); }
 GP_EXPORT CUresult cuGraphRemoveDependencies(void) { return gp_unforwarded("cuGraphRemoveDependencies"); }
 GP_EXPORT CUresult cuGraphRemoveDependencies_v2(void) { return gp_unforwarded("cuGraphRemoveDependencies_v2"); }
@@ -1788,18 +1861,7 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuGraphMemsetNodeSetParams", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphHostNodeGetParams", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphHostNodeSetParams", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphEventRecordNodeGetEvent", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphEventRecordNodeSetEvent", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphEventWaitNodeGetEvent", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphEventWaitNodeSetEvent", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphExecMemcpyNodeSetParams", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphExecMemsetNodeSetParams", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphExecHostNodeSetParams", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphExecChildGraphNodeSetParams", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphExecEventRecordNodeSetEvent", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphExecEventWaitNodeSetEvent", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphNodeSetEnabled", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphNodeGetEnabled", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphKernelNodeCopyAttributes", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphKernelNodeGetAttribute", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphKernelNodeSetAttribute", "graph nodes read back, changed or queried: not forwarded yet"},
@@ -1808,11 +1870,7 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuGraphNodeSetParams_v2", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphExecNodeSetParams", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphNodeGetParams", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphGetRootNodes", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphNodeGetDependencies", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphNodeGetDependentNodes", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphRemoveDependencies", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphExecGetFlags", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphNodeGetContainingGraph", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphNodeGetLocalId", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphNodeGetToolsId", "graph nodes read back, changed or queried: not forwarded yet"},
@@ -1974,18 +2032,35 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphCreate", 10000, (void *)cuGraphCreate},
     {"cuGraphDestroy", 10000, (void *)cuGraphDestroy},
     {"cuGraphDestroyNode", 10000, (void *)cuGraphDestroyNode},
+    {"cuGraphEventRecordNodeGetEvent", 11010, (void *)cuGraphEventRecordNodeGetEvent},
+    {"cuGraphEventRecordNodeSetEvent", 11010, (void *)cuGraphEventRecordNodeSetEvent},
+    {"cuGraphEventWaitNodeGetEvent", 11010, (void *)cuGraphEventWaitNodeGetEvent},
+    {"cuGraphEventWaitNodeSetEvent", 11010, (void *)cuGraphEventWaitNodeSetEvent},
+    {"cuGraphExecChildGraphNodeSetParams", 11010, (void *)cuGraphExecChildGraphNodeSetParams},
     {"cuGraphExecDestroy", 10000, (void *)cuGraphExecDestroy},
+    {"cuGraphExecEventRecordNodeSetEvent", 11010, (void *)cuGraphExecEventRecordNodeSetEvent},
+    {"cuGraphExecEventWaitNodeSetEvent", 11010, (void *)cuGraphExecEventWaitNodeSetEvent},
+    {"cuGraphExecGetFlags", 12000, (void *)cuGraphExecGetFlags},
     {"cuGraphExecKernelNodeSetParams", 12000, (void *)cuGraphExecKernelNodeSetParams_v2},
+    {"cuGraphExecMemcpyNodeSetParams", 10020, (void *)cuGraphExecMemcpyNodeSetParams},
+    {"cuGraphExecMemsetNodeSetParams", 10020, (void *)cuGraphExecMemsetNodeSetParams},
     {"cuGraphExecUpdate", 12000, (void *)cuGraphExecUpdate_v2},
     {"cuGraphGetEdges", 10000, (void *)cuGraphGetEdges},
     {"cuGraphGetEdges", 12030, (void *)cuGraphGetEdges_v2},
     {"cuGraphGetNodes", 10000, (void *)cuGraphGetNodes},
+    {"cuGraphGetRootNodes", 10000, (void *)cuGraphGetRootNodes},
     {"cuGraphInstantiate", 12000, (void *)cuGraphInstantiateWithFlags},
     {"cuGraphInstantiateWithFlags", 11040, (void *)cuGraphInstantiateWithFlags},
     {"cuGraphInstantiateWithParams", 12000, (void *)cuGraphInstantiateWithParams},
     {"cuGraphLaunch", 10000, (void *)cuGraphLaunch},
     {"cuGraphNodeFindInClone", 10000, (void *)cuGraphNodeFindInClone},
+    {"cuGraphNodeGetDependencies", 10000, (void *)cuGraphNodeGetDependencies},
+    {"cuGraphNodeGetDependencies", 12030, (void *)cuGraphNodeGetDependencies_v2},
+    {"cuGraphNodeGetDependentNodes", 10000, (void *)cuGraphNodeGetDependentNodes},
+    {"cuGraphNodeGetDependentNodes", 12030, (void *)cuGraphNodeGetDependentNodes_v2},
+    {"cuGraphNodeGetEnabled", 11060, (void *)cuGraphNodeGetEnabled},
     {"cuGraphNodeGetType", 10000, (void *)cuGraphNodeGetType},
+    {"cuGraphNodeSetEnabled", 11060, (void *)cuGraphNodeSetEnabled},
     {"cuGraphReleaseUserObject", 11030, (void *)cuGraphReleaseUserObject},
     {"cuGraphRetainUserObject", 11030, (void *)cuGraphRetainUserObject},
     {"cuGraphUpload", 11010, (void *)cuGraphUpload},

@@ -2442,25 +2442,37 @@ CUresult cuGraphExecKernelNodeSetParams_v2(uint64_t exec, uint64_t node, void *p
     return kernel_node(GP_CALL_cuGraphExecKernelNodeSetParams_v2, head, sizeof head, NULL, 0, params, NULL);
 }
 
-/* CUDA_MEMSET_NODE_PARAMS: dst, pitch, value, elementSize, width, height (40 bytes). */
+/* CUDA_MEMSET_NODE_PARAMS: dst, pitch, value, elementSize, width, height (40 bytes), into a request. */
+#define MEMSET_NODE_PARAMS(in, params)                                                                    \
+    do {                                                                                                  \
+        const unsigned char *p_ = (params);                                                               \
+        memcpy(&(in).dst, p_, 8), memcpy(&(in).pitch, p_ + 8, 8), memcpy(&(in).value, p_ + 16, 4);        \
+        memcpy(&(in).element_size, p_ + 20, 4), memcpy(&(in).width, p_ + 24, 8);                          \
+        memcpy(&(in).height, p_ + 32, 8);                                                                 \
+    } while (0)
+
 CUresult cuGraphAddMemsetNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params,
                               uint64_t ctx) {
     GP_TRACE("cuGraphAddMemsetNode");
     if (!node || !params || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
     if (node_context("cuGraphAddMemsetNode", ctx) != CUDA_SUCCESS) return CUDA_ERROR_NOT_SUPPORTED;
     struct gp_in_cuGraphAddMemsetNode in = {.graph = graph, .num_deps = num_deps};
-    const unsigned char *p = params;
-    memcpy(&in.dst, p, 8);
-    memcpy(&in.pitch, p + 8, 8);
-    memcpy(&in.value, p + 16, 4);
-    memcpy(&in.element_size, p + 20, 4);
-    memcpy(&in.width, p + 24, 8);
-    memcpy(&in.height, p + 32, 8);
+    MEMSET_NODE_PARAMS(in, params);
     struct gp_out_cuGraphAddMemsetNode out;
     CUresult r = gp_call(GP_CALL_cuGraphAddMemsetNode, WANT, &in, sizeof in, deps, num_deps * 8, &out, sizeof out,
                          NULL, 0);
     if (r == CUDA_SUCCESS) *node = out.node;
     return r;
+}
+
+/* An instantiated graph's memset node set anew: checked on the worker as a new memset node is. */
+CUresult cuGraphExecMemsetNodeSetParams(uint64_t exec, uint64_t node, void *params, uint64_t ctx) {
+    GP_TRACE("cuGraphExecMemsetNodeSetParams");
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    if (node_context("cuGraphExecMemsetNodeSetParams", ctx) != CUDA_SUCCESS) return CUDA_ERROR_NOT_SUPPORTED;
+    struct gp_in_cuGraphExecMemsetNodeSetParams in = {.exec = exec, .node = node};
+    MEMSET_NODE_PARAMS(in, params);
+    return gp_call(GP_CALL_cuGraphExecMemsetNodeSetParams, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
 }
 
 CUresult cuGraphAddEmptyNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps) {
@@ -2595,30 +2607,48 @@ static uint64_t copy_side(const unsigned char *p, uint64_t *pitch, uint64_t *hei
     return at + (z * *height + y) * *pitch + x;
 }
 
-/* CUDA_MEMCPY3D (200 bytes): the source side at 0, the destination side at 88, the extent at 176. */
+/* CUDA_MEMCPY3D (200 bytes): the source side at 0, the destination side at 88, the extent at 176; each
+ * side as its first byte's device address (0: a side that cannot run on the GPU) and its pitches. */
+#define MEMCPY_NODE_PARAMS(in, params)                                                                    \
+    do {                                                                                                  \
+        const unsigned char *p_ = (params);                                                               \
+        uint64_t sp_, sh_, dp_, dh_;                                                                      \
+        (in).src = copy_side(p_, &sp_, &sh_), (in).dst = copy_side(p_ + 88, &dp_, &dh_);                  \
+        (in).src_pitch = sp_, (in).src_height = sh_, (in).dst_pitch = dp_, (in).dst_height = dh_;         \
+        memcpy(&(in).width, p_ + 176, 8), memcpy(&(in).height, p_ + 184, 8);                              \
+        memcpy(&(in).depth, p_ + 192, 8);                                                                 \
+    } while (0)
+
+static CUresult memcpy_node_refused(const char *name) {
+    gp_say("%s: a copy node from or to pageable host memory of the program (or a CUDA array) cannot run on "
+           "the remote GPU; it returns CUDA_ERROR_NOT_SUPPORTED (page-locked memory can: docs/remote.md)", name);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
 CUresult cuGraphAddMemcpyNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params,
                               uint64_t ctx) {
     GP_TRACE("cuGraphAddMemcpyNode");
     if (!node || !params || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
     if (node_context("cuGraphAddMemcpyNode", ctx) != CUDA_SUCCESS) return CUDA_ERROR_NOT_SUPPORTED;
-    const unsigned char *p = params;
     struct gp_in_cuGraphAddMemcpyNode in = {.graph = graph, .num_deps = num_deps};
-    uint64_t src_pitch, src_height, dst_pitch, dst_height;
-    in.src = copy_side(p, &src_pitch, &src_height);
-    in.dst = copy_side(p + 88, &dst_pitch, &dst_height);
-    in.src_pitch = src_pitch, in.src_height = src_height, in.dst_pitch = dst_pitch, in.dst_height = dst_height;
-    memcpy(&in.width, p + 176, 8), memcpy(&in.height, p + 184, 8), memcpy(&in.depth, p + 192, 8);
-    if (!in.src || !in.dst) {
-        gp_say("cuGraphAddMemcpyNode: a copy node from or to pageable host memory of the program (or a CUDA "
-               "array) cannot run on the remote GPU; it returns CUDA_ERROR_NOT_SUPPORTED (page-locked memory "
-               "can: docs/remote.md)");
-        return CUDA_ERROR_NOT_SUPPORTED;
-    }
+    MEMCPY_NODE_PARAMS(in, params);
+    if (!in.src || !in.dst) return memcpy_node_refused("cuGraphAddMemcpyNode");
     struct gp_out_cuGraphAddMemcpyNode out;
     CUresult r = gp_call(GP_CALL_cuGraphAddMemcpyNode, WANT, &in, sizeof in, deps, num_deps * 8, &out, sizeof out,
                          NULL, 0);
     if (r == CUDA_SUCCESS) *node = out.node;
     return r;
+}
+
+/* An instantiated graph's copy node set anew: checked on the worker as a new copy node is. */
+CUresult cuGraphExecMemcpyNodeSetParams(uint64_t exec, uint64_t node, void *params, uint64_t ctx) {
+    GP_TRACE("cuGraphExecMemcpyNodeSetParams");
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    if (node_context("cuGraphExecMemcpyNodeSetParams", ctx) != CUDA_SUCCESS) return CUDA_ERROR_NOT_SUPPORTED;
+    struct gp_in_cuGraphExecMemcpyNodeSetParams in = {.exec = exec, .node = node};
+    MEMCPY_NODE_PARAMS(in, params);
+    if (!in.src || !in.dst) return memcpy_node_refused("cuGraphExecMemcpyNodeSetParams");
+    return gp_call(GP_CALL_cuGraphExecMemcpyNodeSetParams, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
 }
 
 /* A conditional node's body graphs, in an array the program reads through the node parameters'
@@ -2888,17 +2918,22 @@ CUresult cuThreadExchangeStreamCaptureMode(void *mode) {
     return r;
 }
 
-/* A graph's nodes (or edges): the count, then the handles; the caller's arrays take at most *count. */
-static CUresult graph_list(uint32_t call, uint64_t graph, uint64_t *a, uint64_t *b, void *edge_data, size_t *count) {
+/* A graph's nodes, root nodes or edges, or a node's neighbours: the count, then the handles (the same
+ * request and answer for each: one handle in, a count out); the caller's arrays take at most *count.
+ * A node's neighbours come with each edge's 8 bytes of data after the handles; a graph's edges do not
+ * (cuGraphGetEdges_v2 reports the default edge). */
+static CUresult graph_list(uint32_t call, uint64_t subject, uint64_t *a, uint64_t *b, void *edge_data,
+                           size_t *count) {
     if (!count) return CUDA_ERROR_INVALID_VALUE;
-    int edges = call != GP_CALL_cuGraphGetNodes;
+    int edges = call == GP_CALL_cuGraphGetEdges || call == GP_CALL_cuGraphGetEdges_v2;
+    int with_data = call == GP_CALL_cuGraphNodeGetDependencies_v2 || call == GP_CALL_cuGraphNodeGetDependentNodes_v2;
     uint64_t room = (a || b) ? *count : 0, per = edges ? 2 : 1;
-    uint64_t *got = malloc(8 * per * (MAX_NODE_DEPS > room ? MAX_NODE_DEPS : room) + 8);
-    if (!got) return CUDA_ERROR_OUT_OF_MEMORY;
-    struct gp_in_cuGraphGetNodes in = {.graph = graph};
-    struct gp_out_cuGraphGetNodes out;
     uint64_t cap = MAX_NODE_DEPS > room ? MAX_NODE_DEPS : room;
-    CUresult r = gp_call(call, WANT, &in, sizeof in, NULL, 0, &out, sizeof out, got, 8 * per * cap);
+    uint64_t *got = malloc(8 * (per + with_data) * cap + 8);
+    if (!got) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct gp_in_cuGraphGetNodes in = {.graph = subject};
+    struct gp_out_cuGraphGetNodes out;
+    CUresult r = gp_call(call, WANT, &in, sizeof in, NULL, 0, &out, sizeof out, got, 8 * (per + with_data) * cap);
     if (r == CUDA_SUCCESS) {
         uint64_t n = out.count < room ? out.count : room;
         for (uint64_t i = 0; i < n; i++) {
@@ -2909,7 +2944,8 @@ static CUresult graph_list(uint32_t call, uint64_t graph, uint64_t *a, uint64_t 
             if (a) a[i] = 0;
             if (b && edges) b[i] = 0;
         }
-        if (edge_data && n) memset(edge_data, 0, 8 * n); /* the default edges */
+        if (edge_data && n && with_data) memcpy(edge_data, got + out.count, 8 * n);
+        else if (edge_data && n) memset(edge_data, 0, 8 * n); /* the default edges */
         *count = n < out.count && (a || b) ? n : out.count;
     }
     free(got);
@@ -2919,6 +2955,31 @@ static CUresult graph_list(uint32_t call, uint64_t graph, uint64_t *a, uint64_t 
 CUresult cuGraphGetNodes(uint64_t graph, void *nodes, void *count) {
     GP_TRACE("cuGraphGetNodes");
     return graph_list(GP_CALL_cuGraphGetNodes, graph, nodes, NULL, NULL, count);
+}
+
+CUresult cuGraphGetRootNodes(uint64_t graph, void *nodes, void *count) {
+    GP_TRACE("cuGraphGetRootNodes");
+    return graph_list(GP_CALL_cuGraphGetRootNodes, graph, nodes, NULL, NULL, count);
+}
+
+CUresult cuGraphNodeGetDependencies(uint64_t node, void *nodes, void *count) {
+    GP_TRACE("cuGraphNodeGetDependencies");
+    return graph_list(GP_CALL_cuGraphNodeGetDependencies, node, nodes, NULL, NULL, count);
+}
+
+CUresult cuGraphNodeGetDependencies_v2(uint64_t node, void *nodes, void *edge_data, void *count) {
+    GP_TRACE("cuGraphNodeGetDependencies_v2");
+    return graph_list(GP_CALL_cuGraphNodeGetDependencies_v2, node, nodes, NULL, edge_data, count);
+}
+
+CUresult cuGraphNodeGetDependentNodes(uint64_t node, void *nodes, void *count) {
+    GP_TRACE("cuGraphNodeGetDependentNodes");
+    return graph_list(GP_CALL_cuGraphNodeGetDependentNodes, node, nodes, NULL, NULL, count);
+}
+
+CUresult cuGraphNodeGetDependentNodes_v2(uint64_t node, void *nodes, void *edge_data, void *count) {
+    GP_TRACE("cuGraphNodeGetDependentNodes_v2");
+    return graph_list(GP_CALL_cuGraphNodeGetDependentNodes_v2, node, nodes, NULL, edge_data, count);
 }
 
 CUresult cuGraphGetEdges(uint64_t graph, void *from, void *to, void *count) {

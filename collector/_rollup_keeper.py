@@ -1,7 +1,7 @@
 """Rollups kept up to date where telemetry is written: by the collector run, ``compact``, ``import``
 and the pool server's sampler.
 
-The rollups themselves are built by ``analytics._rollup`` (imported only when a build runs, so
+The rollups themselves are built by ``collector.rollups`` (imported only when a build runs, so
 ``gpustat-collect --help`` stays fast): incremental, on from each host's previous mark, so a build
 every hour reads about an hour of raw samples. ``keep_raw_s`` then expires the raw ``gpu_samples``
 days older than that which the rollups cover (never a day they do not cover yet).
@@ -42,7 +42,7 @@ def update(
 ) -> str:
     """Bring the rollups of ``hosts`` (all: empty) under ``root`` up to date, then expire raw days
     older than ``keep_raw_s`` that they cover; returns one line saying what was done."""
-    from analytics import build_rollups, expire_raw
+    from collector.rollups import build_rollups, expire_raw
 
     hosts = tuple(hosts)
     built = build_rollups(root, hosts=hosts, since=since, progress=progress)

@@ -231,7 +231,7 @@ def weighted_query(
     then takes a second pass. ``keep`` (a predicate over ``wr``, no parameters) leaves rows out of
     the groups after their weights are known: rows read only as neighbours of the kept ones.
     ``windowed`` names a relation of rows whose weights are already known (``wr``'s columns beside
-    the table's own: ``_rollup.windowed_tail``): ``where``, ``columns`` and ``keep`` apply to it as
+    the table's own: ``analytics._rollup.windowed_tail``): ``where``, ``columns`` and ``keep`` apply to it as
     they would to ``table``, without the window.
     """
     sets: list[list[tuple]] = [[] for _ in key_sets]

@@ -1,4 +1,8 @@
-"""Open one or more telemetry directories as DuckDB views.
+"""Open one or more telemetry directories as DuckDB views: the one reader of telemetry.
+
+The collector's rollup build (``collector.rollups``) reads the raw samples through it, and
+``analytics`` re-exports ``open_telemetry`` for every question it answers; it lives here, below both,
+so that the collector, which writes all telemetry, imports nothing of analytics.
 
 Readers never load telemetry into memory: each table becomes a view over the Parquet segments of
 every directory given, and DuckDB streams them at query time. New segments that land while a
@@ -29,8 +33,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analytics._weights import RULE as WEIGHTS_RULE
-from collector.errors import GpupoolError
+from collector._errors import CollectorError
 from collector.location import Location, S3Location, filesystem, is_s3, parse_location
 from collector.schema import (
     METADATA_ROLLUP_KEY,
@@ -41,13 +44,20 @@ from collector.schema import (
     TABLES,
     Table,
 )
+from collector.weights import RULE as WEIGHTS_RULE
 
 log = logging.getLogger("gpupool.telemetry")
 
 
-class TelemetryError(GpupoolError):
-    """The root of analytics' errors: a telemetry directory that cannot be read as asked (missing, empty,
-    of a mixed schema)."""
+def utc(ts: datetime | None) -> datetime | None:
+    """An aware UTC datetime (naive input is taken to be UTC already): how telemetry holds time."""
+    if ts is None:
+        return None
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+
+
+class TelemetryError(CollectorError):
+    """A telemetry directory that cannot be read as asked: missing, empty, or of a mixed schema."""
 
     exit_code = 2
 
@@ -160,7 +170,7 @@ def _check_location(root: Location) -> None:
 
 
 def _location(text: str | os.PathLike) -> Location:
-    from collector import TelemetryWriteError
+    from collector._errors import TelemetryWriteError
 
     try:
         return parse_location(text)

@@ -1,0 +1,160 @@
+"""What NVML shows a program: run with gpupool's libnvidia-ml.so.1 first on the library path.
+
+python tests/nvml_probe.py every     # call every nvmlDeviceGet* pynvml has on device 0: one JSON line
+                                      # {name: "ok" | NVML error code | "args: …"} per function
+python tests/nvml_probe.py slice     # the answered values of device 0 as `name value` lines
+python tests/nvml_probe.py cuda MiB  # (under gpuattach run) CUDA's and NVML's memory sizes, then
+                                      # allocate MiB through the CUDA shim and wait for NVML to show it
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+import time
+
+import pynvml as N
+
+
+def every() -> None:
+    N.nvmlInit()
+    handle = N.nvmlDeviceGetHandleByIndex(0)
+    results = {}
+    for name, fn in sorted(vars(N).items()):
+        if not (name.startswith("nvmlDeviceGet") and callable(fn)):
+            continue
+        params = list(inspect.signature(fn).parameters.values())
+        # The handle first, then 0 for each further required argument (a sensor, an index, a type).
+        args = [handle] + [0 for p in params[1:] if p.default is inspect.Parameter.empty]
+        try:
+            fn(*args)
+            results[name] = "ok"
+        except N.NVMLError as exc:
+            results[name] = exc.value
+        except Exception as exc:  # pynvml's own handling of a made-up argument: never reached the library
+            results[name] = f"args: {type(exc).__name__}"
+    print(json.dumps(results))
+    N.nvmlShutdown()
+
+
+def slice_() -> None:
+    N.nvmlInit()
+    h = N.nvmlDeviceGetHandleByIndex(0)
+    mem = N.nvmlDeviceGetMemoryInfo(h)
+    mem2 = N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2)
+    out = {
+        "count": N.nvmlDeviceGetCount(),
+        "name": N.nvmlDeviceGetName(h),
+        "uuid": N.nvmlDeviceGetUUID(h),
+        "total": mem.total,
+        "used": mem.used,
+        "free": mem.free,
+        "total_v2": mem2.total,
+        "used_v2": mem2.used,
+        "by_uuid": N.nvmlDeviceGetIndex(N.nvmlDeviceGetHandleByUUID(N.nvmlDeviceGetUUID(h))),
+        "bus": N.nvmlDeviceGetPciInfo(h).busId,
+        "by_bus": N.nvmlDeviceGetIndex(N.nvmlDeviceGetHandleByPciBusId(N.nvmlDeviceGetPciInfo(h).busId)),
+        # the form cuDeviceGetPCIBusId (and so NCCL) uses: a 4-digit domain, lower case
+        "by_cuda_bus": N.nvmlDeviceGetIndex(
+            N.nvmlDeviceGetHandleByPciBusId(N.nvmlDeviceGetPciInfo(h).busIdLegacy.lower())
+        ),
+        "cc": ".".join(map(str, N.nvmlDeviceGetCudaComputeCapability(h))),
+        "processes": ",".join(
+            f"{p.pid}:{p.usedGpuMemory}" for p in N.nvmlDeviceGetComputeRunningProcesses(h)
+        ),
+        "driver": N.nvmlSystemGetDriverVersion(),
+    }
+    for key, call in (("util", lambda: N.nvmlDeviceGetUtilizationRates(h).gpu),
+                      ("temperature", lambda: N.nvmlDeviceGetTemperature(h, N.NVML_TEMPERATURE_GPU))):  # fmt: skip
+        try:
+            out[key] = call()
+        except N.NVMLError as exc:
+            out[key] = f"error {exc.value}"
+    for key, value in out.items():
+        print(key, value, flush=True)
+    N.nvmlShutdown()
+
+
+def cuda(mib: int) -> None:
+    """CUDA's sizes (the shim's, from the worker) next to NVML's, before and after an allocation."""
+    import ctypes
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    import remote_client as rc
+
+    rc.check(rc.cu.cuInit(0), "cuInit")
+    total = ctypes.c_uint64()
+    rc.check(rc.cu.cuDeviceTotalMem(ctypes.byref(total), 0), "total")
+    rc.setup()
+    free, info_total = ctypes.c_uint64(), ctypes.c_uint64()
+    rc.check(rc.cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(info_total)), "info")
+    N.nvmlInit()
+    h = N.nvmlDeviceGetHandleByIndex(0)
+    print("cuda_total", total.value)
+    print("cuda_info_total", info_total.value)
+    print("nvml_total", N.nvmlDeviceGetMemoryInfo(h).total)
+    rc.check(rc.alloc(mib << 20)[0], "alloc")
+    rc.check(rc.cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(info_total)), "info")
+    print("cuda_free_after", free.value)
+    deadline = time.monotonic() + 15
+    mem = N.nvmlDeviceGetMemoryInfo(h)
+    while mem.used < mib << 20 and time.monotonic() < deadline:  # the view is refreshed every second
+        time.sleep(0.2)
+        mem = N.nvmlDeviceGetMemoryInfo(h)
+    print("nvml_used_after", mem.used)
+    print("nvml_free_after", mem.free)
+    print("nvml_processes", ",".join(str(p.pid) for p in N.nvmlDeviceGetComputeRunningProcesses(h)))
+    print("my_pid", __import__("os").getpid(), flush=True)
+
+
+def fill() -> None:
+    """A program that takes "all free memory" gets the partition: all of it, and not a byte more."""
+    import ctypes
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    import remote_client as rc
+
+    rc.check(rc.cu.cuInit(0), "cuInit")
+    rc.setup()
+    free, total = ctypes.c_uint64(), ctypes.c_uint64()
+    rc.check(rc.cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
+    print("cuda_total", total.value)
+    print("cuda_free", free.value)
+    print("alloc_all", rc.alloc(free.value)[0])
+    print("alloc_more", rc.alloc(1 << 20)[0])
+    N.nvmlInit()
+    h = N.nvmlDeviceGetHandleByIndex(0)
+    deadline = time.monotonic() + 15
+    mem = N.nvmlDeviceGetMemoryInfo(h)
+    while mem.used < total.value and time.monotonic() < deadline:  # the view is refreshed every second
+        time.sleep(0.2)
+        mem = N.nvmlDeviceGetMemoryInfo(h)
+    print("nvml_total", mem.total)
+    print("nvml_used", mem.used)
+    print("nvml_free", mem.free, flush=True)
+
+
+def torch_sizes() -> None:
+    """PyTorch's view (the runtime's, from the driver) next to NVML's."""
+    import torch
+
+    _free, total = torch.cuda.mem_get_info(0)
+    N.nvmlInit()
+    print("torch_total", total)
+    print("props_total", torch.cuda.get_device_properties(0).total_memory)
+    print("nvml_total", N.nvmlDeviceGetMemoryInfo(N.nvmlDeviceGetHandleByIndex(0)).total, flush=True)
+
+
+if __name__ == "__main__":
+    what = sys.argv[1]
+    if what == "every":
+        every()
+    elif what == "slice":
+        slice_()
+    elif what == "fill":
+        fill()
+    elif what == "torch":
+        torch_sizes()
+    else:
+        cuda(int(sys.argv[2]))

@@ -1,0 +1,497 @@
+"""gpupool's libnvidia-ml.so.1: NVML tools inside a lease see the lease's slice (docs/remote.md,
+"What tools see").
+
+The shim is compiled from this tree; pynvml (nvidia-ml-py), gpustat and nvitop load it as they load
+NVML, from the library path, in their own processes. The end-to-end tests run `gpuattach run` against
+a server on simulated GPUs whose lease workers serve CUDA from host memory (the host executor).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pool_harness import ServerProc, api, client_env, gpuattach
+
+from server.api import Lease
+from server.api import read as read_answer
+from virtualize import _nvml_view, _nvmlgen
+from virtualize.remote import NVML_MODULE, SHIM_MODULE, fresh_nvml
+
+pytestmark = pytest.mark.timeout(120)
+# gpuattach run uses the installed shims (pip install -e ., or setup.py build_ext --inplace)
+needs_shims = pytest.mark.skipif(
+    not all(importlib.util.find_spec(m) for m in (SHIM_MODULE, NVML_MODULE)), reason="the shims are not built"
+)
+ROOT = Path(__file__).resolve().parents[1]
+PROBE = str(ROOT / "tests" / "nvml_probe.py")
+MiB = 1 << 20
+NVML_NOT_SUPPORTED, NVML_NO_PERMISSION, NVML_FUNCTION_NOT_FOUND = 3, 4, 13
+PARTITION = 40 * 1024 * MiB
+USED = 1536 * MiB
+
+LEASE = {  # the server's answer to GET /v1/leases/ID, as JSON
+    "id": "L-nvml",
+    "client": "alice",
+    "state": "active",
+    "created_at": "2026-01-01T00:00:00Z",
+    "expires_at": "2026-01-01T00:01:00Z",
+    "ttl_s": 60.0,
+    "simulated": False,
+    "server": {"hostname": "gpu1", "addr": "10.0.0.1", "port": 56001, "version": "0", "simulated": False,
+               "mps": False, "gpu_count": 8, "driver_version": "550.54.15", "cuda_version": "12.4"},
+    "partitions": [
+        {
+            "gpu_index": 3,
+            "gpu_uuid": "GPU-11111111-2222-3333-4444-555555555555",
+            "gpu_name": "NVIDIA H100 80GB HBM3",
+            "compute_capability": "9.0",
+            "pci_bus_id": "00000000:19:00.0",
+            "mem_bytes": PARTITION,
+            "fraction": 0.5,
+            "sm_share": None,
+            "usage": {"mem_used_bytes": USED, "util_gpu": 0.37, "temperature_c": None, "power_w": 120.5},
+        }
+    ],
+}  # fmt: skip
+
+
+def render(lease: dict, pids, real_nvml=None) -> str:
+    """The view of a lease answer, decoded as the client decodes it (server.api.Lease)."""
+    return _nvml_view.render(read_answer(json.dumps(lease).encode(), Lease), pids, real_nvml)
+
+
+@pytest.fixture(scope="module")
+def nvml_dir(tmp_path_factory) -> Path:
+    return fresh_nvml(tmp_path_factory.mktemp("nvml")).parent
+
+
+def view_env(nvml_dir: Path, tmp_path: Path, lease=LEASE, pids=(4242,)) -> dict[str, str]:
+    view = tmp_path / "view"
+    _nvml_view.write(view, render(lease, list(pids)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env.update(LD_LIBRARY_PATH=str(nvml_dir), GPUPOOL_NVML_VIEW=str(view), COLUMNS="120")
+    return env
+
+
+def run(args, env, timeout=60) -> subprocess.CompletedProcess:
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def lines(out: str) -> dict[str, str]:
+    return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+
+
+def test_every_nvml_function_pynvml_resolves_has_a_verdict_and_the_stubs_are_current():
+    """Completeness by construction: every name pynvml looks up in the library is in the shim's names
+    file with a verdict, and the generated stubs match pynvml and nvml_shim.c (else regenerate)."""
+    table = dict(
+        line.split() for line in _nvmlgen.NAMES_OUTPUT.read_text().splitlines() if not line.startswith("#")
+    )
+    missing = sorted(set(_nvmlgen.pynvml_names()) - set(table))
+    assert not missing, f"no verdict for {missing[:5]}: run python -m virtualize._nvmlgen"
+    assert set(table.values()) <= {"answer", "not_supported", "no_permission"}
+    assert not _nvmlgen.stale(), "stale: run python -m virtualize._nvmlgen"
+    assert table["nvmlDeviceGetMemoryInfo_v2"] == "answer"
+    assert table["nvmlDeviceSetPowerManagementLimit"] == "no_permission"
+
+
+def test_the_shim_exports_every_name_with_a_verdict(nvml_dir):
+    """pynvml finds every function it may ask for (none is NVML_ERROR_FUNCTION_NOT_FOUND)."""
+    import ctypes
+
+    lib = ctypes.CDLL(str(nvml_dir / "libnvidia-ml.so.1"))
+    absent = [n for n in _nvmlgen.verdicts() if not hasattr(lib, n)]
+    assert not absent
+
+
+def test_pynvml_every_device_query_answers_or_returns_a_documented_error(nvml_dir, tmp_path):
+    """Each nvmlDeviceGet* of pynvml, called on the slice, answers or raises NOT_SUPPORTED /
+    NO_PERMISSION (what a GPU without the feature says); the process never crashes and no function is
+    missing."""
+    out = run([sys.executable, PROBE, "every"], view_env(nvml_dir, tmp_path))
+    assert out.returncode == 0, out.stderr
+    results = json.loads(out.stdout)
+    reached = {k: v for k, v in results.items() if not str(v).startswith("args")}
+    assert len(reached) > 200  # pynvml has ~230 of them; a handful need arguments we cannot make up
+    wrong = {k: v for k, v in reached.items() if v not in ("ok", NVML_NOT_SUPPORTED, NVML_NO_PERMISSION)}
+    assert not wrong
+    for answered in ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetName", "nvmlDeviceGetUUID",
+                     "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetComputeRunningProcesses",
+                     "nvmlDeviceGetPciInfo", "nvmlDeviceGetCudaComputeCapability"):  # fmt: skip
+        assert results[answered] == "ok", answered
+
+
+def test_pynvml_sees_the_partition_and_what_the_lease_holds(nvml_dir, tmp_path):
+    """Memory total = the partition (v1 and v2), used = the lease's, free = total - used; name, UUID,
+    the real GPU's PCI bus id, lookups by UUID and bus id (NVML's and CUDA's spelling), utilization = the lease's share, the run's process; an unknown value
+    (temperature) is NOT_SUPPORTED."""
+    out = run([sys.executable, PROBE, "slice"], view_env(nvml_dir, tmp_path))
+    assert out.returncode == 0, out.stderr
+    got = lines(out.stdout)
+    assert got["count"] == "1" and got["name"] == "NVIDIA H100 80GB HBM3"
+    assert got["uuid"] == LEASE["partitions"][0]["gpu_uuid"]
+    assert int(got["total"]) == int(got["total_v2"]) == PARTITION
+    assert int(got["used"]) == int(got["used_v2"]) == USED
+    assert int(got["free"]) == PARTITION - USED
+    assert got["bus"] == "00000000:19:00.0"  # the real GPU's, as CUDA reports it
+    assert got["by_uuid"] == got["by_bus"] == got["by_cuda_bus"] == "0"
+    assert got["util"] == "37" and got["cc"] == "9.0" and got["driver"] == "550.54.15"
+    assert got["processes"] == f"4242:{USED}"
+    assert got["temperature"] == f"error {NVML_NOT_SUPPORTED}"
+
+
+def test_the_view_is_reread_when_it_changes(nvml_dir, tmp_path):
+    """A running tool sees the lease's usage move: the shim re-reads the view file after a rewrite."""
+    env = view_env(nvml_dir, tmp_path)
+    script = (
+        "import pynvml as N, sys, time\n"
+        "N.nvmlInit(); h = N.nvmlDeviceGetHandleByIndex(0)\n"
+        "print(N.nvmlDeviceGetMemoryInfo(h).used, flush=True); sys.stdin.readline()\n"
+        "print(N.nvmlDeviceGetMemoryInfo(h).used, flush=True)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert int(proc.stdout.readline()) == USED
+        lease = json.loads(json.dumps(LEASE))
+        lease["partitions"][0]["usage"]["mem_used_bytes"] = 3 * USED
+        _nvml_view.write(Path(env["GPUPOOL_NVML_VIEW"]), render(lease, [4242]))
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert int(proc.stdout.readline()) == 3 * USED
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_without_a_lease_view_nvml_says_the_driver_is_not_loaded(nvml_dir, tmp_path):
+    """Loaded outside gpuattach run, the shim fails nvmlInit as NVML does on a machine without the
+    driver (one line on stderr says why), never answers made-up numbers."""
+    env = view_env(nvml_dir, tmp_path)
+    del env["GPUPOOL_NVML_VIEW"]
+    out = run([sys.executable, "-c", "import pynvml as N\ntry: N.nvmlInit()\nexcept N.NVMLError as e: print(e.value)"], env)  # fmt: skip
+    assert out.stdout.strip() == "9"  # NVML_ERROR_DRIVER_NOT_LOADED
+    assert "GPUPOOL_NVML_VIEW" in out.stderr
+
+
+def test_gpustat_and_nvitop_show_the_slice(nvml_dir, tmp_path):
+    """gpustat's JSON and nvitop's API report the partition as the GPU's memory and the lease's use."""
+    env = view_env(nvml_dir, tmp_path)
+    out = run([sys.executable, "-m", "gpustat", "--json"], env)
+    assert out.returncode == 0, out.stderr
+    gpu = json.loads(out.stdout)["gpus"][0]
+    assert gpu["memory.total"] == PARTITION // MiB and gpu["memory.used"] == USED // MiB
+    assert gpu["name"] == "NVIDIA H100 80GB HBM3" and gpu["utilization.gpu"] == 37
+    script = (
+        "from nvitop import Device\n"
+        "d = Device.all()[0]\n"
+        "print('total', d.memory_total()); print('used', d.memory_used()); print('util', d.gpu_utilization())\n"
+    )
+    out = run([sys.executable, "-c", script], env)
+    assert out.returncode == 0, out.stderr
+    got = lines(out.stdout)
+    assert int(got["total"]) == PARTITION and int(got["used"]) == USED and got["util"] == "37"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = ServerProc(
+        tmp_path_factory.mktemp("nvml-pool"), "2xH100-80GB", env={"GPUPOOL_WORKER_EXECUTOR": "host"}
+    ).start()
+    yield srv
+    srv.stop()
+
+
+def quarter_of_a_gpu(server) -> int:
+    status, answer = api(server.url, "GET", "/v1/gpus", server.token("nvml-look"))
+    assert status == 200
+    return answer["gpus"][0]["mem_total_bytes"] // 4
+
+
+@pytest.mark.slow
+@needs_shims
+def test_one_memory_size_everywhere_under_gpuattach_run(server, tmp_path):
+    """Under `gpuattach run -p 0.25`: cuDeviceTotalMem, cuMemGetInfo's total and NVML's total are the
+    partition; after the program allocates through the CUDA shim, NVML's used shows what the lease holds
+    (from the worker, through the server) and lists the program's process."""
+    env = client_env(tmp_path, [server.url], server.token("nvml-remote"))
+    out = gpuattach("run", "-n", "1", "-p", "0.25", "--", sys.executable, PROBE, "cuda", "256",
+                    env=env, timeout=90)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    got = {k: int(v) for k, v in lines(out.stdout).items()}
+    quota = quarter_of_a_gpu(server)
+    assert got["cuda_total"] == got["cuda_info_total"] == got["nvml_total"] == quota
+    assert got["nvml_used_after"] >= 256 * MiB
+    assert got["nvml_free_after"] == quota - got["nvml_used_after"]
+    assert got["cuda_free_after"] <= quota - 256 * MiB
+    assert got["nvml_processes"] == got["my_pid"]
+
+
+@needs_shims
+def test_a_local_run_shows_the_same_slice(server, tmp_path):
+    """`gpuattach run --local -p 0.25` gets the same NVML shim: the tools see the partition, not the GPU."""
+    env = client_env(tmp_path, [server.url], server.token("nvml-local"))
+    out = gpuattach("run", "--local", "-n", "1", "-p", "0.25", "--", sys.executable, PROBE, "slice",
+                    env=env, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    got = lines(out.stdout)
+    assert int(got["total"]) == quarter_of_a_gpu(server)
+    assert got["name"].startswith("NVIDIA H100")
+
+
+def test_the_collector_inside_a_lease_records_the_slice_labelled_as_a_lease(nvml_dir, tmp_path):
+    """gpustat-collect run inside a lease records the partition as the GPU's memory, with its rows'
+    source "lease", so no reader takes the slice for another physical GPU of this machine."""
+    import pyarrow.dataset as ds
+
+    env = view_env(nvml_dir, tmp_path)
+    out = run([sys.executable, "-m", "collector.cli", "--out", str(tmp_path / "t"), "--interval", "0.5s",
+               "--duration", "2s", "--flush", "1s", "-q"], env)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = ds.dataset(tmp_path / "t", format="parquet", partitioning="hive").to_table().to_pylist()
+    gpu_rows = [r for r in rows if r.get("mem_total_bytes") is not None]
+    assert gpu_rows
+    assert {r["source"] for r in gpu_rows} == {"lease"}
+    assert {r["mem_total_bytes"] for r in gpu_rows} == {PARTITION}
+
+
+SMI_TABLE = """
+import ctypes, os, sys, uuid
+lib = ctypes.CDLL("libnvidia-ml.so.1")
+assert lib.nvmlInit_v2() == 0
+table = ctypes.POINTER(ctypes.c_uint64)()
+other = ctypes.POINTER(ctypes.c_uint64)()
+print("other", lib.nvmlInternalGetExportTable(ctypes.byref(other), uuid.uuid4().bytes_le))
+print("rc", lib.nvmlInternalGetExportTable(ctypes.byref(table), uuid.UUID("6c3efec4-8fc9-4e6c-a327-ee696e12f7c4").bytes_le))
+print("size", table[0])
+slot = lambda i: ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(table[i])
+handle = ctypes.c_void_p()
+print("by_index", slot(81)(0, ctypes.addressof(handle), 0x22))
+public = ctypes.c_void_p()
+lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(public))
+print("same_handle", handle.value == public.value)
+capacity = ctypes.c_uint(4)
+entries = ctypes.create_string_buffer(4 * 4128)
+print("processes", slot(213)(handle, ctypes.addressof(capacity), ctypes.addressof(entries)))
+print("count", capacity.value)
+print("pid", int.from_bytes(entries.raw[0:4], "little"))
+print("used", int.from_bytes(entries.raw[8:16], "little"))
+print("name", entries.raw[32:4128].split(b"\\0")[0].decode())
+other_count = ctypes.c_uint(99)
+print("other_slot", slot(100)(handle, ctypes.addressof(other_count), None))
+print("other_count", other_count.value)
+"""
+
+
+def test_nvidia_smi_private_table_finds_the_devices_and_lists_the_run(nvml_dir, tmp_path):
+    """nvidia-smi finds devices and processes through NVML's private table, not the public calls: the
+    shim answers it as the driver's NVML does (the ABI NVIDIA's own NVML mock recovered): the device
+    handle by index, the run's process with its memory and name, zero for lists the lease does not
+    have, and NOT_SUPPORTED for a table it does not know."""
+    helper = subprocess.Popen(["sleep", "60"])  # the run's command, as the view names it
+    try:
+        out = run([sys.executable, "-c", SMI_TABLE], view_env(nvml_dir, tmp_path, pids=(helper.pid,)))
+    finally:
+        helper.kill()
+        helper.wait()
+    assert out.returncode == 0, out.stderr
+    got = lines(out.stdout)
+    assert got["other"] == str(NVML_NOT_SUPPORTED) and got["rc"] == "0" and int(got["size"]) > 648
+    assert got["by_index"] == "0" and got["same_handle"] == "True"
+    assert got["processes"] == "0" and got["count"] == "1"
+    assert got["pid"] == str(helper.pid) and got["used"] == str(USED) and got["name"] == "sleep"
+    assert got["other_slot"] == "0" and got["other_count"] == "0"
+
+
+@pytest.fixture(scope="module")
+def small_server(tmp_path_factory):
+    """A pool of one small simulated GPU (4 GiB): a program can fill its partition in host memory."""
+    srv = ServerProc(
+        tmp_path_factory.mktemp("nvml-small"), "1xL4-4GB", env={"GPUPOOL_WORKER_EXECUTOR": "host"}
+    ).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.slow
+@needs_shims
+def test_a_program_that_takes_all_free_memory_gets_the_partition(small_server, tmp_path):
+    """Allocating all the free memory cuMemGetInfo reports succeeds, one MiB more is
+    CUDA_ERROR_OUT_OF_MEMORY, and NVML then shows the partition full (used = total, free = 0)."""
+    env = client_env(tmp_path, [small_server.url], small_server.token("nvml-fill"))
+    out = gpuattach("run", "-n", "1", "-p", "0.25", "--", sys.executable, PROBE, "fill", env=env, timeout=90)
+    assert out.returncode == 0, out.stderr
+    got = {k: int(v) for k, v in lines(out.stdout).items()}
+    quota = quarter_of_a_gpu(small_server)
+    assert got["cuda_total"] == got["nvml_total"] == quota
+    assert got["cuda_free"] == quota  # nothing of the partition is taken before the program's own
+    assert got["alloc_all"] == 0 and got["alloc_more"] == 2  # CUDA_ERROR_OUT_OF_MEMORY
+    assert got["nvml_used"] == quota and got["nvml_free"] == 0
+
+
+@pytest.mark.slow
+@needs_shims
+def test_pytorch_and_nvml_report_the_quota(small_server, tmp_path):
+    """torch.cuda.mem_get_info's total, get_device_properties().total_memory (the runtime's
+    totalGlobalMem, taken from the driver) and NVML's total are the partition."""
+    pytest.importorskip("torch")
+    env = client_env(tmp_path, [small_server.url], small_server.token("nvml-torch"))
+    out = gpuattach(
+        "run", "-n", "1", "-p", "0.25", "--", sys.executable, PROBE, "torch", env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    got = {k: int(v) for k, v in lines(out.stdout).items()}
+    assert got["torch_total"] == got["props_total"] == got["nvml_total"] == quarter_of_a_gpu(small_server)
+
+
+# The GPU host's own NVML, at the seam where a --local run hands it the queries the lease does not
+# answer: a library that answers only as the driver's would for a device handle it gave out.
+HOST_NVML_C = r"""
+#include <string.h>
+#define API __attribute__((visibility("default")))
+static int device;
+API int nvmlInit_v2(void) { return 0; }
+API int nvmlDeviceGetHandleByUUID(const char *uuid, void **h) {
+    if (strcmp(uuid, "GPU-11111111-2222-3333-4444-555555555555")) return 6;
+    *h = &device;
+    return 0;
+}
+API int nvmlDeviceGetNvLinkState(void *h, unsigned link, unsigned *state) {
+    if (h != &device) return 2;
+    *state = link == 3;
+    return 0;
+}
+API int nvmlDeviceGetMemoryInfo(void *h, unsigned long long *m) { m[0] = 1ULL << 40; return 0; }
+API int nvmlDeviceSetPowerManagementLimit(void *h, unsigned limit) { return 0; }
+"""
+
+LOCAL_QUERIES = """
+import pynvml as N
+N.nvmlInit(); h = N.nvmlDeviceGetHandleByIndex(0)
+print("total", N.nvmlDeviceGetMemoryInfo(h).total)
+print("link3", N.nvmlDeviceGetNvLinkState(h, 3))
+print("link0", N.nvmlDeviceGetNvLinkState(h, 0))
+try:
+    N.nvmlDeviceSetPowerManagementLimit(h, 100000)
+    print("set ok")
+except N.NVMLError as e:
+    print("set", e.value)
+"""
+
+
+def test_a_local_run_asks_the_hosts_nvml_what_the_lease_does_not_answer(nvml_dir, tmp_path):
+    """In a --local run the view names the GPU host's own NVML: queries the lease does not answer
+    (NVLink here) reach it with its own device handle, the lease's numbers (memory) stay the lease's,
+    and a change to the shared GPU is still refused (NO_PERMISSION), never handed on."""
+    import shutil
+
+    host = tmp_path / "host"
+    host.mkdir()
+    source = host / "host_nvml.c"
+    source.write_text(HOST_NVML_C)
+    cc = shutil.which("cc") or shutil.which("gcc")
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(host / "libnvidia-ml.so.1"), str(source)], check=True)
+    env = view_env(nvml_dir, tmp_path)
+    view = Path(env["GPUPOOL_NVML_VIEW"])
+    _nvml_view.write(view, render(LEASE, [4242], real_nvml=host / "libnvidia-ml.so.1"))
+    out = run([sys.executable, "-c", LOCAL_QUERIES], env)
+    assert out.returncode == 0, out.stderr
+    got = lines(out.stdout)
+    assert int(got["total"]) == PARTITION
+    assert got["link3"] == "1" and got["link0"] == "0"
+    assert got["set"] == str(NVML_NO_PERMISSION)
+
+
+def test_the_hosts_nvml_is_found_and_never_gpupools_own(nvml_dir, tmp_path):
+    """gpuattach finds the driver's libnvidia-ml.so.1 on the library path for --local runs, passing
+    over gpupool's own shim there."""
+    from virtualize.remote import host_nvml
+
+    host = tmp_path / "driver"
+    host.mkdir()
+    (host / "libnvidia-ml.so.1").write_bytes(b"")
+    found = host_nvml({"LD_LIBRARY_PATH": f"{nvml_dir}:{host}"})
+    assert found is not None and found.resolve() != (nvml_dir / "libnvidia-ml.so.1").resolve()
+    if not subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout.count(
+        "libnvidia-ml.so.1 ("
+    ):
+        assert found == host / "libnvidia-ml.so.1"
+
+
+PCI_SIZES = """
+import ctypes
+lib = ctypes.CDLL("libnvidia-ml.so.1")
+assert lib.nvmlInit_v2() == 0
+h = ctypes.c_void_p()
+assert lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)) == 0
+for name, size in (("nvmlDeviceGetPciInfo", 32), ("nvmlDeviceGetPciInfo_v2", 52), ("nvmlDeviceGetPciInfo_v3", 68)):
+    buf = ctypes.create_string_buffer(b"\\xab" * 256, 256)
+    rc = getattr(lib, name)(h, buf)
+    print(name, rc, buf.raw[:16].split(b"\\0")[0].decode(), buf.raw[size:] == b"\\xab" * (256 - size))
+"""
+
+
+def test_each_pci_info_version_fills_its_own_size_only(nvml_dir, tmp_path):
+    """A C program calling the v1 or v2 PCI query with its own (smaller) struct gets it filled and
+    nothing past it overwritten; each reports the bus id."""
+    out = run([sys.executable, "-c", PCI_SIZES], view_env(nvml_dir, tmp_path))
+    assert out.returncode == 0, out.stderr
+    for line in out.stdout.splitlines():
+        name, rc, bus, untouched = line.split()
+        assert (rc, bus, untouched) == ("0", "0000:19:00.0", "True"), name
+
+
+READ_ALL = """
+import pynvml as N
+try:
+    N.nvmlInit()
+except N.NVMLError as e:
+    print("init", e.value)
+    raise SystemExit(0)
+for i in range(N.nvmlDeviceGetCount()):
+    h = N.nvmlDeviceGetHandleByIndex(i)
+    m = N.nvmlDeviceGetMemoryInfo(h)
+    try:
+        util = N.nvmlDeviceGetUtilizationRates(h).gpu
+    except N.NVMLError_NotSupported:
+        util = 0
+    print("device", i, util, m.total, m.used, len(N.nvmlDeviceGetComputeRunningProcesses(h)))
+"""
+
+BAD_VIEWS = {
+    "empty": "",
+    "other format": "something else 1\ndevice 0\n",
+    "no devices": "gpupool-nvml-view 1\nlease L\n",
+    "device without memory": "gpupool-nvml-view 1\ndevice 0\nname X\nuuid GPU-1\n",
+    "garbage numbers": "gpupool-nvml-view 1\ndevice 0\nuuid GPU-1\nmemory_total lots\nmemory_used -5\n",
+    "used beyond total": "gpupool-nvml-view 1\ndevice 0\nuuid GPU-1\nmemory_total 1024\nmemory_used 4096\n",
+    "out of range": "gpupool-nvml-view 1\ndevice 0\nuuid GPU-1\nmemory_total 1024\nutil_gpu_percent 250\n",
+    "negative used": "gpupool-nvml-view 1\ndevice 0\nuuid GPU-1\nmemory_total 1024\nmemory_used -5\n",
+    "overlong line": "gpupool-nvml-view 1\ndevice 0\nuuid GPU-1\nmemory_total 1024\nname "
+    + "x" * 5000
+    + "\n",
+    "too many devices and processes": "gpupool-nvml-view 1\n"
+    + "".join(f"device {i}\nuuid GPU-{i}\nmemory_total 1024\n" + "process 1 1\n" * 40 for i in range(40)),
+    "binary": "gpupool-nvml-view 1\n\0\xff\xfe device \0 0\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_VIEWS))
+def test_a_damaged_view_never_crashes_a_tool(nvml_dir, tmp_path, case):
+    """Whatever the view file holds, a tool gets either NVML's "driver not loaded" or devices with
+    bounded values: never a crash, an overrun or a device without memory."""
+    env = view_env(nvml_dir, tmp_path)
+    Path(env["GPUPOOL_NVML_VIEW"]).write_text(BAD_VIEWS[case])
+    out = run([sys.executable, "-c", READ_ALL], env)
+    assert out.returncode == 0, out.stderr
+    rows = out.stdout.splitlines()
+    assert rows == ["init 9"] or (rows and all(r.startswith("device ") for r in rows)), rows
+    for row in rows[1:] if rows == ["init 9"] else rows:
+        *_, util, total, used, procs = row.split()
+        assert 0 <= int(util) <= 100 and int(total) > 0 and 0 <= int(used) <= int(total) and int(procs) <= 16
