@@ -32,7 +32,7 @@ from virtualize._arrays import (
     ArrayShape,
     resource,
 )
-from virtualize._calls import CALLS, HANDLE_TYPES, Call, Mode
+from virtualize._calls import CALL_IDS, CALLS, HANDLE_TYPES, Call, Mode
 from virtualize._deliveries import Deliveries
 from virtualize._executor import (
     HANDSHAKE,
@@ -54,7 +54,18 @@ log = logging.getLogger("gpupool.worker")
 
 BUILTIN_STREAMS = frozenset({0, 1, 2})  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
 MEMSET_WIDTH = {"cuMemsetD8": 1, "cuMemsetD16": 2, "cuMemsetD32": 4}
-LAUNCH_ATTRIBUTE_BYTES = 72
+LAUNCH_ATTRIBUTE_BYTES = _wire.LAUNCH_ATTRIBUTE_BYTES
+# The device bytes each copy names, as (pointer, length) wire parameters: `Session._check_ranges` checks
+# them, and the native loop (virtualize/native/dispatch.c) is generated the same rules from here
+# (virtualize/_shimgen.py), as it is each handle's kind from the call table (`Call.checked`).
+DEVICE_RANGES: dict[str, tuple[tuple[str, str], ...]] = {
+    **dict.fromkeys(("cuMemcpyHtoD_v2", "cuMemcpyHtoDAsync_v2"), (("dst", "count"),)),
+    **dict.fromkeys(("cuMemcpyDtoH_v2", "cuMemcpyDtoHAsync_v2", "gpMemcpyDtoHAsync"), (("src", "count"),)),
+    **dict.fromkeys(
+        ("cuMemcpyDtoD_v2", "cuMemcpyDtoDAsync_v2", "cuMemcpyPeer", "cuMemcpyPeerAsync"),
+        (("dst", "count"), ("src", "count")),
+    ),
+}
 ALLOCATION_PROP_BYTES, ACCESS_DESC_BYTES = 32, 12  # CUmemAllocationProp, CUmemAccessDesc
 POOL_PROPS_BYTES = 88  # CUmemPoolProps
 TENSOR_MAP_BYTES, TENSOR_RANK_MAX = 128, 5  # CUtensorMap
@@ -198,6 +209,22 @@ class LeaseState:
         """Refuse an allocation that would take the lease past its partition of `device`."""
         if self.used[device] + size > self.limits[device]:
             raise CudaError(OUT_OF_MEMORY, f"partition of device {device} is {self.limits[device]} bytes")
+
+
+def capture_refuses(call: Call) -> bool:
+    """Whether a stream capture cannot hold this copy between the client's memory and the GPU: the ones
+    on a stream (`Session._capturing`; the native loop leaves them to Python on a capturing stream)."""
+    return call.name.endswith("Async")
+
+
+def range_positions(call: Call) -> tuple[tuple[int, int], ...]:
+    """(pointer, length) positions in `call.ins` of the device bytes it names (DEVICE_RANGES)."""
+    names = [p.name for p in call.ins]
+    pairs = DEVICE_RANGES.get(call.name if call.symbol == "-" else call.symbol, ())
+    return tuple((names.index(ptr), names.index(length)) for ptr, length in pairs)
+
+
+_RANGES = [range_positions(c) for c in CALLS]  # by call id
 
 
 class HostCallbacks:
@@ -384,10 +411,10 @@ class Session:
             "gpLaneAttach": self._lane_attach,
             "gpLaneCopy": self._lane_copy,
             "gpLanePiece": self._lane_piece,
-            "cuMemcpyDtoD_v2": self._dtod,
-            "cuMemcpyDtoDAsync_v2": self._dtod,
-            "cuMemcpyPeer": self._peer,
-            "cuMemcpyPeerAsync": self._peer,
+            "cuMemcpyDtoD_v2": self._device_copy,
+            "cuMemcpyDtoDAsync_v2": self._device_copy,
+            "cuMemcpyPeer": self._device_copy,
+            "cuMemcpyPeerAsync": self._device_copy,
             "cuModuleGetGlobal_v2": self._get_global,
             "cuLibraryGetGlobal": self._get_global,
             "cuLaunchKernelEx": self._launch,
@@ -545,6 +572,12 @@ class Session:
                     raise CudaError(INVALID_HANDLE, "function")
             elif value not in handles[t]:
                 raise CudaError(INVALID_HANDLE, t)
+
+    def _check_ranges(self, call: Call, ins: tuple) -> None:
+        """The call's handles (`_check`), then the device bytes it names (DEVICE_RANGES)."""
+        self._check(call, ins)
+        for ptr, length in _RANGES[CALL_IDS[call]]:
+            self._check_range(ins[ptr], ins[length])
 
     def _check_range(self, ptr: int, count: int) -> Allocation:
         a = self.lease.find(ptr)
@@ -1371,7 +1404,7 @@ class Session:
         graph node (the worker cannot read or write the client's memory when the graph is launched):
         the capture is spoiled, and cuStreamEndCapture says so, as the driver does after a call that
         a capture does not allow. Never a copy done once at capture time and missing from the replays."""
-        if not call.name.endswith("Async") or not self.executor.cuStreamIsCapturing(stream):
+        if not capture_refuses(call) or not self.executor.cuStreamIsCapturing(stream):
             return False
         self.spoiled_captures.add(stream)
         log.warning(
@@ -1396,7 +1429,7 @@ class Session:
         self._check(call, ins)
         if count != self.channel.bulk_left:
             raise CudaError(INVALID_VALUE, "copy size and data differ")
-        self._check_range(dst, count)
+        self._check_ranges(call, ins)
         if self._capturing(call, stream):
             return _EMPTY  # the bytes are skipped
         channel = self.channel
@@ -1409,8 +1442,7 @@ class Session:
 
     def _dtoh(self, call: Call, ins: tuple):
         src, count, stream = ins
-        self._check(call, ins)
-        self._check_range(src, count)
+        self._check_ranges(call, ins)
         if self._capturing(call, stream):
             raise CudaError(CUresult.STREAM_CAPTURE_UNSUPPORTED, "a copy to the client's memory")
         if count == 0:
@@ -1610,8 +1642,7 @@ class Session:
         if callbacks is None:  # the shim starts the callback connection first
             raise CudaError(CUresult.NOT_SUPPORTED, "no callback connection")
         try:
-            self._check(call, ins)
-            self._check_range(src, count)
+            self._check_ranges(call, ins)
             if self._capturing(call, stream):
                 raise CudaError(CUresult.STREAM_CAPTURE_UNSUPPORTED, "a copy to the client's memory")
             staged = self.executor.copy_from_device_async(src, count, stream)
@@ -1624,18 +1655,9 @@ class Session:
         """Every copy done by now reaches the client before this answer (`wait`: every copy queued)."""
         self._announce_copies(wait=bool(ins[0]))
 
-    def _dtod(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        dst, src, count = ins[:3]
-        self._check_range(dst, count)
-        self._check_range(src, count)
-        getattr(self.executor, call.name)(*ins)
-
-    def _peer(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        dst, _dst_ctx, src, _src_ctx, count = ins[:5]
-        self._check_range(dst, count)
-        self._check_range(src, count)
+    def _device_copy(self, call: Call, ins: tuple):
+        """Device to device (within a context, or between two: cuMemcpyPeer): both ranges the lease's."""
+        self._check_ranges(call, ins)
         getattr(self.executor, call.name)(*ins)
 
     def _memset(self, call: Call, ins: tuple):

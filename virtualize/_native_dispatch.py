@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from virtualize import _wire
-from virtualize._calls import CALL_IDS, CALLS, FORWARDED_LAUNCH_ATTRIBUTES
+from virtualize._calls import BY_SYMBOL, WIRE_VERSION
 from virtualize._executor import CudaError, Launch
 from virtualize._results import CUresult
 
@@ -36,34 +36,25 @@ log = logging.getLogger("gpupool.worker")
 ENV = "GPUPOOL_WORKER_NATIVE"
 SPIN_ENV = "GPUPOOL_WORKER_SPIN_US"  # how long the loop polls for the next frame before it sleeps
 LIBRARY_MODULE = "virtualize._dispatch"
-# The calls C serves, in the order of its ids table (dispatch.c's C_LAUNCH ...), by exported symbol.
-SYMBOLS = (
-    "cuLaunchKernelEx",
-    "cuCtxSynchronize",
-    "cuStreamSynchronize",
-    "cuStreamQuery",
-    "cuEventSynchronize",
-    "cuEventQuery",
-    "cuEventRecord",
-    "cuEventRecordWithFlags",
-    "cuStreamWaitEvent",
-    "cuMemcpyHtoD_v2",
-    "cuMemcpyHtoDAsync_v2",
-    "cuMemcpyDtoH_v2",
-    "cuMemcpyDtoHAsync_v2",
-)
-COPIES = {9: (True, False), 10: (True, True), 11: (False, False), 12: (False, True)}  # to device, on a stream
-# What the host executor runs for each of those but the launch (the C loop's `which`).
-HOST_METHODS = {
-    1: ("cuCtxSynchronize", 0),
-    2: ("cuStreamSynchronize", 1),
-    3: ("cuStreamQuery", 1),
-    4: ("cuEventSynchronize", 1),
-    5: ("cuEventQuery", 1),
-    6: ("cuEventRecord", 2),
-    7: ("cuEventRecordWithFlags", 3),
-    8: ("cuStreamWaitEvent", 3),
+# The calls C serves, by exported symbol, with dispatch.c's name for each (C_LAUNCH ...), in C's order:
+# `python -m virtualize._shimgen` writes their ids, argument offsets and the guard's checks of each
+# argument into native/dispatch_gen.h. The executor runs each as the call of the same name.
+IN_C = {
+    "cuLaunchKernelEx": "LAUNCH",
+    "cuCtxSynchronize": "CTX_SYNC",
+    "cuStreamSynchronize": "STREAM_SYNC",
+    "cuStreamQuery": "STREAM_QUERY",
+    "cuEventSynchronize": "EVENT_SYNC",
+    "cuEventQuery": "EVENT_QUERY",
+    "cuEventRecord": "EVENT_RECORD",
+    "cuEventRecordWithFlags": "EVENT_RECORD_FLAGS",
+    "cuStreamWaitEvent": "STREAM_WAIT_EVENT",
+    "cuMemcpyHtoD_v2": "HTOD",
+    "cuMemcpyHtoDAsync_v2": "HTOD_ASYNC",
+    "cuMemcpyDtoH_v2": "DTOH",
+    "cuMemcpyDtoHAsync_v2": "DTOH_ASYNC",
 }
+IN_C_CALLS = tuple(BY_SYMBOL[symbol] for symbol in IN_C)  # C's `which` is the index
 KINDS = {"stream": 0, "event": 1, "func": 2, "kernel": 2}  # the guard's handle tables C reads
 TO_PYTHON, ASYNC_ERROR, CLOSED, IO_ERROR, SERVED, REPLY_AFTER_OUTPUT = range(6)
 BUDGET = 4096  # frames per return to Python (the worker notes activity between)
@@ -123,7 +114,7 @@ def _load() -> ctypes.CDLL | None:
     p, u64, u32, i = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_int
     for name, args, res in (
         ("gpf_use_driver", [], i),
-        ("gpf_set_ids", [ctypes.POINTER(u32), u64, u32], None),
+        ("gpf_wire_version", [], u32),
         ("gpf_set_spin", [u64], None),
         ("gpf_lease_new", [_LAUNCH, _CALL, _COPY, _CAPTURING], p),
         ("gpf_range_add", [p, u64, u64], None),
@@ -143,9 +134,12 @@ def _load() -> ctypes.CDLL | None:
     ):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, res
-    by_symbol = {c.symbol: CALL_IDS[c] for c in CALLS}
-    ids = (ctypes.c_uint32 * len(SYMBOLS))(*(by_symbol[s] for s in SYMBOLS))
-    lib.gpf_set_ids(ids, sum(1 << a for a in FORWARDED_LAUNCH_ATTRIBUTES if a < 64), _wire.FLAG_WANTS_REPLY)
+    if lib.gpf_wire_version() != WIRE_VERSION:  # its call ids and rules are another table's
+        log.warning(
+            "native dispatch not loaded: built from another call table (rebuild it: python setup.py "
+            "build_ext --inplace); every call through Python"
+        )
+        return None
     lib.gpf_set_spin(_spin_ns())
     _library = lib
     return lib
@@ -299,11 +293,12 @@ class NativeLease:
         return self._run(run)
 
     def _host_call(self, which, a, b, c) -> int:
-        name, count = HOST_METHODS[which]
-        return self._run(lambda: getattr(self.executor, name)(*(a, b, c)[:count]))
+        call = IN_C_CALLS[which]
+        return self._run(lambda: getattr(self.executor, call.name)(*(a, b, c)[: len(call.ins)]))
 
     def _host_copy(self, which, device, host, count, stream) -> int:
-        to_device, on_stream = COPIES[which]
+        call = IN_C_CALLS[which]
+        to_device, on_stream = call.bulk_in, call.name.endswith("Async")
         window = (ctypes.c_char * count).from_address(host)
         view = memoryview(window).cast("B")
         at = 0
