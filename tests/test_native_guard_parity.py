@@ -15,7 +15,7 @@ import struct
 import pytest
 from test_remote_native_dispatch import CAPTURING, EVENT, FUNC, LAYOUT, STREAM, Recorder, python_frame
 
-from virtualize import _executor_guard, _native_dispatch, _wire
+from virtualize import _executor_guard, _native_dispatch, _shimgen, _wire
 from virtualize._calls import CALL_IDS, Call
 from virtualize._executor_guard import Allocation, LeaseState, Session
 from virtualize.worker import Channel
@@ -147,3 +147,13 @@ def test_every_served_call_is_checked_valid_and_broken():
         if what == "valid":
             flags = _wire.FLAG_WANTS_REPLY if call.sync_point else 0
             assert run_in_c(call, args, bulk_of(call, args), flags)[0], f"{call.symbol} not served in C"
+
+
+def test_a_served_call_with_an_argument_c_cannot_check_stops_the_generator(monkeypatch):
+    """Serving a call in C whose argument the guard checks by a rule C lacks (a context) is refused when
+    the C is generated, naming the call and the argument, instead of C serving it unchecked."""
+    monkeypatch.setattr(
+        _native_dispatch, "IN_C", {**_native_dispatch.IN_C, "cuCtxSynchronize_v2": "CTX_SYNC_V2"}
+    )
+    with pytest.raises(_shimgen.UncheckedArgument, match=r"cuCtxSynchronize_v2.*`ctx`"):
+        _shimgen.generate_native()

@@ -366,6 +366,10 @@ NATIVE_CHECKS = {"stream": "GPF_STREAM", "event": "GPF_EVENT", "func": "GPF_FUNC
 NO_ARG = 0xFF  # an argument index that is none
 
 
+class UncheckedArgument(Exception):
+    """A call the native loop is to serve has an argument the guard checks and C does not."""
+
+
 def native_args(call: Call) -> list[str]:
     """Each in-argument of a served call as C's struct gpf_arg: offset, size, check, length argument."""
     lengths = dict(_executor_guard.range_positions(call))
@@ -373,7 +377,10 @@ def native_args(call: Call) -> list[str]:
     for i, p in enumerate(call.ins):
         size = struct.calcsize("<" + p.struct_code)
         if p.type in (*HANDLE_TYPES, "dptr") and p.type not in NATIVE_CHECKS:
-            raise ValueError(f"{call.symbol}: the native loop cannot check a {p.type} argument ({p.name})")
+            raise UncheckedArgument(
+                f"{call.symbol} is in _native_dispatch.IN_C but the native loop cannot check its {p.type} "
+                f"argument `{p.name}` (it checks {', '.join(NATIVE_CHECKS)}): serve it in Python, or add the check"
+            )
         check = NATIVE_CHECKS.get(p.type, "GPF_PLAIN")
         out.append(f"{{{offset}, {size}, {check}, {lengths.get(i, NO_ARG)}}}")
         offset += size
@@ -460,7 +467,7 @@ def generated() -> dict[Path, str]:
 def main() -> int:
     try:
         outputs = generated() | _census.generated()
-    except _census.CensusError as exc:
+    except (_census.CensusError, UncheckedArgument) as exc:
         print(f"gpupool: {exc}", file=sys.stderr)
         return 1
     for path, text in outputs.items():
