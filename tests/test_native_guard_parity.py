@@ -15,7 +15,7 @@ import struct
 import pytest
 from test_remote_native_dispatch import CAPTURING, EVENT, FUNC, LAYOUT, STREAM, Recorder, python_frame
 
-from virtualize import _executor_guard, _native_dispatch, _shimgen, _wire
+from virtualize import _guard_rules, _native_dispatch, _shimgen, _wire
 from virtualize._calls import CALL_IDS, Call
 from virtualize._executor_guard import Allocation, LeaseState, Session
 from virtualize.worker import Channel
@@ -28,7 +28,7 @@ VALID = {"stream": STREAM, "event": EVENT, "func": FUNC, "dptr": BASE + 16}
 
 
 def valid_args(call: Call) -> list[int]:
-    lengths = {length for _, length in _executor_guard.range_positions(call)}
+    lengths = {length for _, length in _guard_rules.range_positions(call)}
     return [VALID.get(p.type, COUNT if i in lengths else 0) for i, p in enumerate(call.ins)]
 
 
@@ -38,7 +38,7 @@ def bulk_of(call: Call, args: list[int]) -> bytes:
         return b""
     if any(p.type == "func" for p in call.ins):
         return struct.pack("<QI", 0x1000, 7)
-    (_, length), *_ = _executor_guard.range_positions(call)
+    (_, length), *_ = _guard_rules.range_positions(call)
     return bytes(i % 251 for i in range(args[length]))
 
 
@@ -48,7 +48,7 @@ def cases() -> list[tuple[str, Call, list[int]]]:
     for call in _native_dispatch.IN_C_CALLS:
         valid = valid_args(call)
         out.append(("valid", call, valid))
-        ranges = dict(_executor_guard.range_positions(call))
+        ranges = dict(_guard_rules.range_positions(call))
         for i, p in enumerate(call.ins):
             broken = {}
             if p.type in VALID and p.type != "dptr":
@@ -142,7 +142,7 @@ def test_every_served_call_is_checked_valid_and_broken():
     """The cases cover every call the native loop serves, each with at least its valid frame, and each
     served call's valid frame runs in C (a rule C cannot apply would send every such frame to Python)."""
     served = {call.symbol for what, call, _ in CASES if what == "valid"}
-    assert served == set(_native_dispatch.IN_C)
+    assert served == set(_guard_rules.NATIVE_CALLS)
     for what, call, args in CASES:
         if what == "valid":
             flags = _wire.FLAG_WANTS_REPLY if call.sync_point else 0
@@ -153,7 +153,7 @@ def test_a_served_call_with_an_argument_c_cannot_check_stops_the_generator(monke
     """Serving a call in C whose argument the guard checks by a rule C lacks (a context) is refused when
     the C is generated, naming the call and the argument, instead of C serving it unchecked."""
     monkeypatch.setattr(
-        _native_dispatch, "IN_C", {**_native_dispatch.IN_C, "cuCtxSynchronize_v2": "CTX_SYNC_V2"}
+        _guard_rules, "NATIVE_CALLS", {**_guard_rules.NATIVE_CALLS, "cuCtxSynchronize_v2": "CTX_SYNC_V2"}
     )
     with pytest.raises(_shimgen.UncheckedArgument, match=r"cuCtxSynchronize_v2.*`ctx`"):
         _shimgen.generate_native()

@@ -47,6 +47,7 @@ from virtualize._executor import (
     Launch,
     SharedHostMemory,
 )
+from virtualize._guard_rules import RANGES_BY_ID, capture_refuses
 from virtualize._lanes import Lanes
 from virtualize._results import CUresult
 
@@ -55,17 +56,6 @@ log = logging.getLogger("gpupool.worker")
 BUILTIN_STREAMS = frozenset({0, 1, 2})  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
 MEMSET_WIDTH = {"cuMemsetD8": 1, "cuMemsetD16": 2, "cuMemsetD32": 4}
 LAUNCH_ATTRIBUTE_BYTES = _wire.LAUNCH_ATTRIBUTE_BYTES
-# The device bytes each copy names, as (pointer, length) wire parameters: `Session._check_ranges` checks
-# them, and the native loop (virtualize/native/dispatch.c) is generated the same rules from here
-# (virtualize/_shimgen.py), as it is each handle's kind from the call table (`Call.checked`).
-DEVICE_RANGES: dict[str, tuple[tuple[str, str], ...]] = {
-    **dict.fromkeys(("cuMemcpyHtoD_v2", "cuMemcpyHtoDAsync_v2"), (("dst", "count"),)),
-    **dict.fromkeys(("cuMemcpyDtoH_v2", "cuMemcpyDtoHAsync_v2", "gpMemcpyDtoHAsync"), (("src", "count"),)),
-    **dict.fromkeys(
-        ("cuMemcpyDtoD_v2", "cuMemcpyDtoDAsync_v2", "cuMemcpyPeer", "cuMemcpyPeerAsync"),
-        (("dst", "count"), ("src", "count")),
-    ),
-}
 ALLOCATION_PROP_BYTES, ACCESS_DESC_BYTES = 32, 12  # CUmemAllocationProp, CUmemAccessDesc
 POOL_PROPS_BYTES = 88  # CUmemPoolProps
 TENSOR_MAP_BYTES, TENSOR_RANK_MAX = 128, 5  # CUtensorMap
@@ -209,22 +199,6 @@ class LeaseState:
         """Refuse an allocation that would take the lease past its partition of `device`."""
         if self.used[device] + size > self.limits[device]:
             raise CudaError(OUT_OF_MEMORY, f"partition of device {device} is {self.limits[device]} bytes")
-
-
-def capture_refuses(call: Call) -> bool:
-    """Whether a stream capture cannot hold this copy between the client's memory and the GPU: the ones
-    on a stream (`Session._capturing`; the native loop leaves them to Python on a capturing stream)."""
-    return call.name.endswith("Async")
-
-
-def range_positions(call: Call) -> tuple[tuple[int, int], ...]:
-    """(pointer, length) positions in `call.ins` of the device bytes it names (DEVICE_RANGES)."""
-    names = [p.name for p in call.ins]
-    pairs = DEVICE_RANGES.get(call.name if call.symbol == "-" else call.symbol, ())
-    return tuple((names.index(ptr), names.index(length)) for ptr, length in pairs)
-
-
-_RANGES = [range_positions(c) for c in CALLS]  # by call id
 
 
 class HostCallbacks:
@@ -574,9 +548,9 @@ class Session:
                 raise CudaError(INVALID_HANDLE, t)
 
     def _check_ranges(self, call: Call, ins: tuple) -> None:
-        """The call's handles (`_check`), then the device bytes it names (DEVICE_RANGES)."""
+        """The call's handles (`_check`), then the device bytes it names (_guard_rules.DEVICE_RANGES)."""
         self._check(call, ins)
-        for ptr, length in _RANGES[CALL_IDS[call]]:
+        for ptr, length in RANGES_BY_ID[CALL_IDS[call]]:
             self._check_range(ins[ptr], ins[length])
 
     def _check_range(self, ptr: int, count: int) -> Allocation:

@@ -29,6 +29,7 @@ from pathlib import Path
 from virtualize import _wire
 from virtualize._calls import BY_SYMBOL, WIRE_VERSION
 from virtualize._executor import CudaError, Launch
+from virtualize._guard_rules import NATIVE_CALLS
 from virtualize._results import CUresult
 
 log = logging.getLogger("gpupool.worker")
@@ -36,25 +37,9 @@ log = logging.getLogger("gpupool.worker")
 ENV = "GPUPOOL_WORKER_NATIVE"
 SPIN_ENV = "GPUPOOL_WORKER_SPIN_US"  # how long the loop polls for the next frame before it sleeps
 LIBRARY_MODULE = "virtualize._dispatch"
-# The calls C serves, by exported symbol, with dispatch.c's name for each (C_LAUNCH ...), in C's order:
-# `python -m virtualize._shimgen` writes their ids, argument offsets and the guard's checks of each
-# argument into native/dispatch_gen.h. The executor runs each as the call of the same name.
-IN_C = {
-    "cuLaunchKernelEx": "LAUNCH",
-    "cuCtxSynchronize": "CTX_SYNC",
-    "cuStreamSynchronize": "STREAM_SYNC",
-    "cuStreamQuery": "STREAM_QUERY",
-    "cuEventSynchronize": "EVENT_SYNC",
-    "cuEventQuery": "EVENT_QUERY",
-    "cuEventRecord": "EVENT_RECORD",
-    "cuEventRecordWithFlags": "EVENT_RECORD_FLAGS",
-    "cuStreamWaitEvent": "STREAM_WAIT_EVENT",
-    "cuMemcpyHtoD_v2": "HTOD",
-    "cuMemcpyHtoDAsync_v2": "HTOD_ASYNC",
-    "cuMemcpyDtoH_v2": "DTOH",
-    "cuMemcpyDtoHAsync_v2": "DTOH_ASYNC",
-}
-IN_C_CALLS = tuple(BY_SYMBOL[symbol] for symbol in IN_C)  # C's `which` is the index
+# The calls C serves (C's `which` is the index): their ids, argument offsets and the guard's checks of
+# each argument are generated into native/dispatch_gen.h (`python -m virtualize._shimgen`).
+IN_C_CALLS = tuple(BY_SYMBOL[symbol] for symbol in NATIVE_CALLS)
 KINDS = {"stream": 0, "event": 1, "func": 2, "kernel": 2}  # the guard's handle tables C reads
 TO_PYTHON, ASYNC_ERROR, CLOSED, IO_ERROR, SERVED, REPLY_AFTER_OUTPUT = range(6)
 BUDGET = 4096  # frames per return to Python (the worker notes activity between)

@@ -12,7 +12,7 @@ import struct
 import sys
 from pathlib import Path
 
-from virtualize import _census, _executor_guard, _native_dispatch, _wire
+from virtualize import _census, _guard_rules, _wire
 from virtualize._calls import (
     ALIASES,
     BY_SYMBOL,
@@ -372,13 +372,13 @@ class UncheckedArgument(Exception):
 
 def native_args(call: Call) -> list[str]:
     """Each in-argument of a served call as C's struct gpf_arg: offset, size, check, length argument."""
-    lengths = dict(_executor_guard.range_positions(call))
+    lengths = dict(_guard_rules.range_positions(call))
     out, offset = [], 0
     for i, p in enumerate(call.ins):
         size = struct.calcsize("<" + p.struct_code)
         if p.type in (*HANDLE_TYPES, "dptr") and p.type not in NATIVE_CHECKS:
             raise UncheckedArgument(
-                f"{call.symbol} is in _native_dispatch.IN_C but the native loop cannot check its {p.type} "
+                f"{call.symbol} is in _guard_rules.NATIVE_CALLS but the native loop cannot check its {p.type} "
                 f"argument `{p.name}` (it checks {', '.join(NATIVE_CHECKS)}): serve it in Python, or add the check"
             )
         check = NATIVE_CHECKS.get(p.type, "GPF_PLAIN")
@@ -389,11 +389,11 @@ def native_args(call: Call) -> list[str]:
 
 def generate_native() -> str:
     """The worker's native loop's share of the wire and of the guard: the frame layout, the ids of the
-    calls it serves (`_native_dispatch.IN_C`) with each argument's offset and the guard's check of it,
+    calls it serves (`_guard_rules.NATIVE_CALLS`) with each argument's offset and the guard's check of it,
     and which copies a stream capture refuses. dispatch.c hand-codes none of these."""
     request = _wire.offsets(_wire.REQUEST, _wire.REQUEST_FIELDS)
     reply = _wire.offsets(_wire.REPLY, _wire.REPLY_FIELDS)
-    served = [BY_SYMBOL[symbol] for symbol in _native_dispatch.IN_C]
+    served = [BY_SYMBOL[symbol] for symbol in _guard_rules.NATIVE_CALLS]
     most = max(len(c.ins) for c in served)
     out = [
         HEADER,
@@ -412,13 +412,13 @@ def generate_native() -> str:
         f"#define GPF_LAUNCH_ATTRIBUTE_BYTES {_wire.LAUNCH_ATTRIBUTE_BYTES}",
         f"#define GPF_FORWARDED_LAUNCH_ATTRIBUTES {launch_attribute_mask()}",
         "",
-        "/* The calls served here (virtualize/_native_dispatch.py IN_C), in that order. */",
+        "/* The calls served here (virtualize/_guard_rules.py NATIVE_CALLS), in that order. */",
         "enum {",
-        *(f"    C_{name}, /* {symbol} */" for symbol, name in _native_dispatch.IN_C.items()),
+        *(f"    C_{name}, /* {symbol} */" for symbol, name in _guard_rules.NATIVE_CALLS.items()),
         "    C_COUNT",
         "};",
         "",
-        "/* How the guard checks an argument (virtualize/_executor_guard.py): a handle of the lease's of that",
+        "/* How the guard checks an argument (virtualize/_guard_rules.py): a handle of the lease's of that",
         " * kind, or device bytes inside one of the lease's allocations (`length`: the argument holding their",
         " * count, DEVICE_RANGES; none: the pointer alone). */",
         "enum { GPF_PLAIN, GPF_STREAM, GPF_EVENT, GPF_FUNC, GPF_RANGE };",
@@ -434,9 +434,9 @@ def generate_native() -> str:
         "};",
         "static const struct gpf_call gpf_calls[C_COUNT] = {",
     ]
-    for call, name in zip(served, _native_dispatch.IN_C.values(), strict=True):
+    for call, name in zip(served, _guard_rules.NATIVE_CALLS.values(), strict=True):
         streams = [i for i, p in enumerate(call.ins) if p.type == "stream"]
-        capture = streams[0] if streams and _executor_guard.capture_refuses(call) else NO_ARG
+        capture = streams[0] if streams and _guard_rules.capture_refuses(call) else NO_ARG
         args = ", ".join(native_args(call))
         out.append(
             f"    [C_{name}] = {{{CALL_IDS[call]}, {call.in_struct.size}, {int(call.sync_point)}, "
@@ -445,7 +445,7 @@ def generate_native() -> str:
     out.append("};")
     out.append("")
     out.append("/* Each argument's offset by name: GPF_AT_<call>_<argument>. */")
-    for call, name in zip(served, _native_dispatch.IN_C.values(), strict=True):
+    for call, name in zip(served, _guard_rules.NATIVE_CALLS.values(), strict=True):
         offset = 0
         for p in call.ins:
             out.append(f"#define GPF_AT_{name}_{p.name} {offset}")

@@ -20,7 +20,7 @@
 #define GPF_LAUNCH_ATTRIBUTE_BYTES 72
 #define GPF_FORWARDED_LAUNCH_ATTRIBUTES 0x75fffull
 
-/* The calls served here (virtualize/_native_dispatch.py IN_C), in that order. */
+/* The calls served here (virtualize/_guard_rules.py NATIVE_CALLS), in that order. */
 enum {
     C_LAUNCH, /* cuLaunchKernelEx */
     C_CTX_SYNC, /* cuCtxSynchronize */
@@ -38,7 +38,7 @@ enum {
     C_COUNT
 };
 
-/* How the guard checks an argument (virtualize/_executor_guard.py): a handle of the lease's of that
+/* How the guard checks an argument (virtualize/_guard_rules.py): a handle of the lease's of that
  * kind, or device bytes inside one of the lease's allocations (`length`: the argument holding their
  * count, DEVICE_RANGES; none: the pointer alone). */
 enum { GPF_PLAIN, GPF_STREAM, GPF_EVENT, GPF_FUNC, GPF_RANGE };
