@@ -437,7 +437,7 @@ def generate_native() -> str:
     for call, name in zip(served, _guard_rules.NATIVE_CALLS.values(), strict=True):
         streams = [i for i, p in enumerate(call.ins) if p.type == "stream"]
         capture = streams[0] if streams and _guard_rules.capture_refuses(call) else NO_ARG
-        args = ", ".join(native_args(call))
+        args = ", ".join(native_args(call)) or "{0}"  # ISO C: no empty braces
         out.append(
             f"    [C_{name}] = {{{CALL_IDS[call]}, {call.in_struct.size}, {int(call.sync_point)}, "
             f"{int(call.bulk_in)}, {capture}, {len(call.ins)}, {{{args}}}}},"

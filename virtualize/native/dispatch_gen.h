@@ -54,7 +54,7 @@ struct gpf_call {
 };
 static const struct gpf_call gpf_calls[C_COUNT] = {
     [C_LAUNCH] = {228, 48, 0, 1, 255, 10, {{0, 8, GPF_FUNC, 255}, {8, 4, GPF_PLAIN, 255}, {12, 4, GPF_PLAIN, 255}, {16, 4, GPF_PLAIN, 255}, {20, 4, GPF_PLAIN, 255}, {24, 4, GPF_PLAIN, 255}, {28, 4, GPF_PLAIN, 255}, {32, 4, GPF_PLAIN, 255}, {36, 8, GPF_STREAM, 255}, {44, 4, GPF_PLAIN, 255}}},
-    [C_CTX_SYNC] = {40, 0, 1, 0, 255, 0, {}},
+    [C_CTX_SYNC] = {40, 0, 1, 0, 255, 0, {{0}}},
     [C_STREAM_SYNC] = {234, 8, 1, 0, 255, 1, {{0, 8, GPF_STREAM, 255}}},
     [C_STREAM_QUERY] = {233, 8, 1, 0, 255, 1, {{0, 8, GPF_STREAM, 255}}},
     [C_EVENT_SYNC] = {308, 8, 1, 0, 255, 1, {{0, 8, GPF_EVENT, 255}}},
