@@ -22,16 +22,6 @@ from typing import Any
 
 from virtualize import _wire
 from virtualize._address_window import GRANULE, WindowFull, WindowMemory
-from virtualize._arrays import (
-    ARRAY,
-    DEVICE,
-    HOST,
-    RESOURCE_DESC_BYTES,
-    TEXTURE_DESC_BYTES,
-    VIEW_DESC_BYTES,
-    ArrayShape,
-    resource,
-)
 from virtualize._calls import CALL_IDS, CALLS, HANDLE_TYPES, Call, Mode
 from virtualize._deliveries import Deliveries
 from virtualize._executor import (
@@ -41,12 +31,12 @@ from virtualize._executor import (
     INVALID_VALUE,
     OUT_OF_MEMORY,
     Copy3D,
-    CopySide,
     CudaError,
     Executor,
     Launch,
     SharedHostMemory,
 )
+from virtualize._guard_arrays import ArrayCalls
 from virtualize._guard_rules import RANGES_BY_ID, capture_refuses
 from virtualize._lanes import Lanes
 from virtualize._results import CUresult
@@ -270,9 +260,7 @@ class Session:
         self.vm_references: dict[int, int] = {}  # handle -> references beyond the first (retains)
         self.vm_props: dict[int, bytes] = {}  # handle -> the CUmemAllocationProp it was created with
         self.vm_mapping_of: dict[int, tuple[int, int, int]] = {}  # mapped address -> (handle, size, device)
-        self.arrays: dict[
-            int, tuple[str, int, int, int]
-        ] = {}  # array or mipmap -> (kind, bytes, device, ctx)
+        self.array_calls = ArrayCalls(self)  # arrays, 3D copies, textures, surfaces
         self.shared: SharedHostMemory | None = None  # memory the client maps too (gpShmAttach)
         self.shared_error = 0  # the first error of the pieces of a copy through it, for its answer
         self.lanes: Lanes | None = None  # this process's extra connections' copies, once one attached
@@ -324,15 +312,6 @@ class Session:
             "cuMemRetainAllocationHandle": self._vm_retain,
             "cuMemGetAllocationPropertiesFromHandle": self._vm_properties,
             "cuMemGetAccess": self._vm_access,
-            "cuArrayCreate_v2": self._array_create,
-            "cuArray3DCreate_v2": self._array_create,
-            "cuMipmappedArrayCreate": self._array_create,
-            "cuArrayDestroy": self._array_destroy,
-            "cuMipmappedArrayDestroy": self._array_destroy,
-            "cuArrayGetDescriptor_v2": self._array_descriptor,
-            "cuArray3DGetDescriptor_v2": self._array_descriptor,
-            "cuMipmappedArrayGetLevel": self._mipmap_level,
-            "gpMemcpy3D": self._copy_3d,
             "cuStreamGetAttribute": self._stream_attribute,
             **dict.fromkeys(
                 (
@@ -344,17 +323,6 @@ class Session:
                 self._stream_value,
             ),
             "cuStreamSetAttribute": self._stream_attribute,
-            "cuTexObjectCreate": self._texture_object,
-            "cuSurfObjectCreate": self._surface_object,
-            **dict.fromkeys(
-                (
-                    "cuTexObjectGetResourceDesc",
-                    "cuTexObjectGetTextureDesc",
-                    "cuTexObjectGetResourceViewDesc",
-                    "cuSurfObjectGetResourceDesc",
-                ),
-                self._object_descriptor,
-            ),
             "cuModuleEnumerateFunctions": self._enumerate,
             "cuLibraryEnumerateKernels": self._enumerate,
             "gpWindowOffer": self._window_offer,
@@ -394,6 +362,7 @@ class Session:
             "cuLaunchKernelEx": self._launch,
             "cuOccupancyMaxActiveClusters": self._cluster_occupancy,
             "cuOccupancyMaxPotentialClusterSize": self._cluster_occupancy,
+            **self.array_calls.handlers(),
         }
         for name in ("cuMemsetD8_v2", "cuMemsetD16_v2", "cuMemsetD32_v2"):
             self.special[name] = self._memset
@@ -507,7 +476,7 @@ class Session:
                 log.warning("could not free 0x%x after the client left: %s", a.base, exc)
             self.lease.remove(a.base)
         self._vm_close()
-        self._arrays_close()
+        self.array_calls.close()
         if self.shared is not None:
             try:
                 self.executor.release_shared_host_memory(self.shared)
@@ -868,149 +837,12 @@ class Session:
         self.executor.update_capture_dependencies(stream, deps, flags)
         return _EMPTY
 
-    # -- CUDA arrays, copies in rows and slices, textures and surfaces --------------------------------
-
-    def _array_create(self, call: Call, ins: tuple):
-        """cuArrayCreate / cuArray3DCreate / cuMipmappedArrayCreate: counted against the partition (a
-        mipmapped array at twice its first level, more than its levels take)."""
-        raw = self.channel.read_bulk(limit=64)
-        shape = ArrayShape.from_2d(raw) if call.name == "cuArrayCreate" else ArrayShape.from_3d(raw)
-        mipmapped = call.name == "cuMipmappedArrayCreate"
-        size, device = shape.nbytes * (2 if mipmapped else 1), self._device()
-        with self.lease.lock:
-            self.lease.reserve(device, size)
-            self.lease.used[device] += size
-        try:
-            if mipmapped:
-                handle = self.executor.cuMipmappedArrayCreate(shape, ins[0])
-            else:
-                handle = self.executor.cuArray3DCreate(shape)
-        except BaseException:
-            with self.lease.lock:
-                self.lease.used[device] -= size
-            raise
-        kind = "mipmap" if mipmapped else "array"
-        self.lease.handles[kind].add(handle)
-        self.arrays[handle] = (kind, size, device, self.ctx)
-        return struct.pack("<Q", handle), b""
-
-    def _array_destroy(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        (handle,) = ins
-        if handle not in self.arrays:
-            raise CudaError(INVALID_VALUE, "not an array this process created")  # a mipmap's level, say
-        kind, size, device, _ = self.arrays[handle]
-        getattr(self.executor, call.name)(handle)
-        del self.arrays[handle]
-        self.lease.handles[kind].discard(handle)
-        for level in self.lease.children.pop(handle, ()):
-            self.lease.handles["array"].discard(level)
-        with self.lease.lock:
-            self.lease.used[device] -= size
-
-    def _array_descriptor(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        shape = self.executor.cuArray3DGetDescriptor(ins[0])
-        return b"", shape.pack_2d() if call.name == "cuArrayGetDescriptor" else shape.pack_3d()
-
-    def _mipmap_level(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        handle, level = ins
-        array = self.executor.cuMipmappedArrayGetLevel(handle, level)
-        self.lease.handles["array"].add(array)
-        self.lease.children.setdefault(handle, set()).add(array)
-        return struct.pack("<Q", array), b""
-
-    def _arrays_close(self) -> None:
-        """The client is gone: destroy the arrays it left, in the contexts they were made in."""
-        for handle, (kind, _size, _device, ctx) in list(self.arrays.items()):
-            try:
-                self.executor.set_context(ctx)
-                self._array_destroy(CALL_OF[kind], (handle,))
-            except CudaError as exc:
-                log.warning("could not destroy the client's %s 0x%x: %s", kind, handle, exc)
-
-    def _copy_side(self, side: CopySide, width: int, height: int, depth: int) -> None:
-        """Host rows come packed; device rows must lie in the lease's memory; an array must be the lease's
-        (its driver refuses rows outside it)."""
-        if side.kind == HOST:
-            if (side.x, side.y, side.z, side.pitch, side.height) != (0, 0, 0, width, height):
-                raise CudaError(INVALID_VALUE, "host rows travel packed")
-        elif side.kind == DEVICE:
-            rows = side.height if depth > 1 or side.z else height
-            if ((height > 1 or depth > 1) and side.pitch < width) or (depth > 1 and rows < height):
-                raise CudaError(INVALID_VALUE, "a pitch shorter than a row, or a slice shorter than the copy")
-            start = side.at + (side.z * rows + side.y) * side.pitch + side.x
-            self._check_range(start, (depth - 1) * rows * side.pitch + (height - 1) * side.pitch + width)
-        elif side.kind == ARRAY:
-            if side.at not in self.lease.handles["array"]:
-                raise CudaError(INVALID_HANDLE, "array")
-        else:
-            raise CudaError(INVALID_VALUE, f"memory type {side.kind}")
-
-    def _copy_3d(self, call: Call, ins: tuple):
-        """gpMemcpy3D: a host source's rows from the request, a host destination's into the reply."""
-        self._check(call, ins)
-        kinds, *sides, width, height, depth, stream, flags = ins
-        src = CopySide(kinds & 0xFF, *sides[:6])
-        dst = CopySide(kinds >> 8, *sides[6:])
-        if not width or not height or not depth:
-            raise CudaError(INVALID_VALUE, "an empty copy")
-        for side in (src, dst):
-            self._copy_side(side, width, height, depth)
-        packed = width * height * depth
-        data = None
-        if src.kind == HOST:
-            data = self.channel.read_bulk(limit=_wire.MAX_SMALL_BULK_BYTES)
-            if len(data) != packed:
-                raise CudaError(INVALID_VALUE, "the host rows' bytes")
-        elif dst.kind == HOST and packed > _wire.MAX_SMALL_BULK_BYTES:
-            raise CudaError(INVALID_VALUE, "a copy to the host of more than the reply can carry")
-        out = self.executor.copy_3d(src, dst, (width, height, depth), stream if flags & 1 else None, data)
-        return b"", bytes(out) if dst.kind == HOST else b""
-
-    def _resource(self, raw: bytes) -> None:
-        """What a resource descriptor names must be the lease's: an array, a mipmapped array, memory."""
-        named = resource(raw)
-        if named.kind in (0, 1):
-            if named.handle not in self.lease.handles["array" if named.kind == 0 else "mipmap"]:
-                raise CudaError(INVALID_HANDLE, "the resource's array")
-        else:
-            self._check_range(named.handle, named.size)
-
-    def _texture_object(self, call: Call, ins: tuple):
-        """cuTexObjectCreate: the resource, texture and (optional) view descriptors, one after another."""
-        raw = self.channel.read_bulk(limit=RESOURCE_DESC_BYTES + TEXTURE_DESC_BYTES + VIEW_DESC_BYTES)
-        texture_at, view_at = RESOURCE_DESC_BYTES, RESOURCE_DESC_BYTES + TEXTURE_DESC_BYTES
-        if len(raw) not in (view_at, view_at + VIEW_DESC_BYTES):
-            raise CudaError(INVALID_VALUE, "texture descriptors")
-        self._resource(raw[:texture_at])
-        tex = self.executor.cuTexObjectCreate(
-            raw[:texture_at], raw[texture_at:view_at], raw[view_at:] or None
-        )
-        self.lease.handles["texobj"].add(tex)
-        return struct.pack("<Q", tex), b""
-
-    def _surface_object(self, call: Call, ins: tuple):
-        raw = self.channel.read_bulk(limit=RESOURCE_DESC_BYTES)
-        if resource(raw).kind != 0:
-            raise CudaError(INVALID_VALUE, "a surface is made over an array")
-        self._resource(raw)
-        surf = self.executor.cuSurfObjectCreate(raw)
-        self.lease.handles["surfobj"].add(surf)
-        return struct.pack("<Q", surf), b""
-
     def _stream_value(self, call: Call, ins: tuple):
         """cuStreamWaitValue32/64, cuStreamWriteValue32/64: the whole word must be the lease's memory."""
         self._check(call, ins)
         stream, addr, value, flags = ins
         self._check_range(addr, 8 if call.name.endswith("64") else 4)
         getattr(self.executor, call.name)(stream, addr, value, flags)
-
-    def _object_descriptor(self, call: Call, ins: tuple):
-        """A texture's or surface's descriptor, as the executor's driver gives it, in the reply's bulk."""
-        self._check(call, ins)
-        return b"", bytes(getattr(self.executor, call.name)(ins[0]))
 
     # -- stream attributes ----------------------------------------------------------------------------
 
@@ -1718,10 +1550,6 @@ _HTOD_ASYNC = next(c for c in CALLS if c.symbol == "cuMemcpyHtoDAsync_v2")
 _DTOH_ASYNC = next(c for c in CALLS if c.symbol == "cuMemcpyDtoHAsync_v2")
 SHARED_COPY_BYTES = 64 << 20  # per client connection on this host: the largest piece of one copy
 _EMPTY = (b"", b"")
-CALL_OF = {  # the call that destroys an array of each kind (a client's leftovers, at its end)
-    "array": next(c for c in CALLS if c.name == "cuArrayDestroy"),
-    "mipmap": next(c for c in CALLS if c.name == "cuMipmappedArrayDestroy"),
-}
 _DESTROYS = {
     "cuTexObjectDestroy": "texobj",
     "cuSurfObjectDestroy": "surfobj",

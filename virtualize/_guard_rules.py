@@ -52,13 +52,20 @@ def range_positions(call: Call) -> tuple[tuple[int, int], ...]:
     return tuple((names.index(ptr), names.index(length)) for ptr, length in pairs)
 
 
+def call_named(name: str) -> Call:
+    """The call a rule or a handler names (its exported symbol, or an internal call's name); a name the
+    table lacks is a typo, said at import rather than never matching a request."""
+    call = BY_SYMBOL.get(name) or INTERNAL.get(name)
+    if call is None:
+        raise ValueError(
+            f"{name} is named by a guard rule or handler, but virtualize/_calls.py does not declare it"
+        )
+    return call
+
+
 def _check_names() -> None:
-    """A rule naming a call or parameter the table lacks is a typo: fail at import, not at a request."""
-    for symbol in (*DEVICE_RANGES, *NATIVE_CALLS):
-        call = BY_SYMBOL.get(symbol) or INTERNAL.get(symbol)
-        if call is None:
-            raise ValueError(f"_guard_rules names {symbol}, which virtualize/_calls.py does not declare")
-        range_positions(call)  # every named parameter exists
+    for name in (*DEVICE_RANGES, *NATIVE_CALLS):
+        range_positions(call_named(name))  # every named parameter exists
 
 
 _check_names()
