@@ -30,13 +30,13 @@ from virtualize._executor import (
     INVALID_HANDLE,
     INVALID_VALUE,
     OUT_OF_MEMORY,
-    Copy3D,
     CudaError,
     Executor,
     Launch,
     SharedHostMemory,
 )
 from virtualize._guard_arrays import ArrayCalls
+from virtualize._guard_graphs import GraphCalls
 from virtualize._guard_rules import RANGES_BY_ID, capture_refuses
 from virtualize._lanes import Lanes
 from virtualize._results import CUresult
@@ -90,8 +90,6 @@ TENSOR_ELEMENT_BYTES = {
 ACCESS_POLICY_WINDOW, STREAM_ATTRIBUTE_BYTES = 1, 64
 STREAM_ATTRIBUTES = frozenset({ACCESS_POLICY_WINDOW, 3, 8, 9, 10})
 TENSOR_MAPS_KEPT = 65536  # maps a lease encoded, kept with their extent for cuTensorMapReplaceAddress
-MAX_NODE_DEPS = 4096  # dependencies of one graph node (the shim's limit too)
-MAX_CONDITIONAL_BODIES = 64  # body graphs of one conditional node (a switch's cases; the shim's limit too)
 # CUdevice_attribute: PAGEABLE_MEMORY_ACCESS, CONCURRENT_MANAGED_ACCESS, PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
 # DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: 0 remotely (docs/remote.md, managed memory).
 NOT_COHERENT_ATTRIBUTES = frozenset({88, 89, 100, 101})
@@ -261,6 +259,7 @@ class Session:
         self.vm_props: dict[int, bytes] = {}  # handle -> the CUmemAllocationProp it was created with
         self.vm_mapping_of: dict[int, tuple[int, int, int]] = {}  # mapped address -> (handle, size, device)
         self.array_calls = ArrayCalls(self)  # arrays, 3D copies, textures, surfaces
+        self.graph_calls = GraphCalls(self)  # graphs built node by node, and from stream captures
         self.shared: SharedHostMemory | None = None  # memory the client maps too (gpShmAttach)
         self.shared_error = 0  # the first error of the pieces of a copy through it, for its answer
         self.lanes: Lanes | None = None  # this process's extra connections' copies, once one attached
@@ -271,27 +270,6 @@ class Session:
             "gpLinkImage": self._link_image,
             "cuStreamEndCapture": self._end_capture,
             "cuDeviceGetAttribute": self._device_attribute,
-            "cuGraphAddKernelNode_v2": self._graph_kernel_node,
-            "cuGraphExecKernelNodeSetParams_v2": self._graph_kernel_node,
-            "cuGraphAddMemsetNode": self._graph_memset_node,
-            "cuGraphAddEmptyNode": self._graph_empty_node,
-            "cuGraphAddDependencies": self._graph_dependencies,
-            "cuGraphAddDependencies_v2": self._graph_dependencies,
-            "cuGraphAddChildGraphNode": self._graph_child_node,
-            "cuGraphAddEventRecordNode": self._graph_event_node,
-            "cuGraphAddEventWaitNode": self._graph_event_node,
-            "cuGraphAddHostNode": self._graph_host_node,
-            "cuGraphAddMemcpyNode": self._graph_memcpy_node,
-            "cuGraphGetNodes": self._graph_nodes,
-            "cuGraphGetEdges": self._graph_edges,
-            "cuGraphGetEdges_v2": self._graph_edges,
-            "gpGraphAddConditionalNode": self._graph_conditional_node,
-            "cuGraphExecUpdate_v2": self._graph_exec_update,
-            "cuStreamGetCaptureInfo_v2": self._capture_info,
-            "cuStreamGetCaptureInfo_v3": self._capture_info,
-            "cuStreamBeginCaptureToGraph": self._capture_to_graph,
-            "cuStreamUpdateCaptureDependencies": self._capture_dependencies,
-            "cuStreamUpdateCaptureDependencies_v2": self._capture_dependencies,
             "cuTensorMapEncodeTiled": self._tensor_map,
             "cuTensorMapEncodeIm2col": self._tensor_map,
             "cuTensorMapEncodeIm2colWide": self._tensor_map,
@@ -363,6 +341,7 @@ class Session:
             "cuOccupancyMaxActiveClusters": self._cluster_occupancy,
             "cuOccupancyMaxPotentialClusterSize": self._cluster_occupancy,
             **self.array_calls.handlers(),
+            **self.graph_calls.handlers(),
         }
         for name in ("cuMemsetD8_v2", "cuMemsetD16_v2", "cuMemsetD32_v2"):
             self.special[name] = self._memset
@@ -665,177 +644,6 @@ class Session:
             self._check(call, ins)
             return struct.pack("<i", 0), b""
         return self._plain(call, ins)
-
-    # -- graphs built node by node -------------------------------------------------------------------
-
-    def _nodes(self, raw: bytes, count: int) -> list[int]:
-        """`count` node handles of this lease from the front of `raw`."""
-        if len(raw) < 8 * count:
-            raise CudaError(INVALID_VALUE, "dependency array")
-        nodes = list(struct.unpack_from(f"<{count}Q", raw))
-        if any(n not in self.lease.handles["node"] for n in nodes):
-            raise CudaError(INVALID_VALUE, "a node that is not this lease's")
-        return nodes
-
-    def _new_node(self, node: int, graph: int):
-        self.lease.handles["node"].add(node)
-        self.lease.children.setdefault(graph, set()).add(node)
-        return struct.pack("<Q", node), b""
-
-    def _graph_kernel_node(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        adding = call.name == "cuGraphAddKernelNode"
-        owner, func, dims = ins[0], ins[1 + (not adding)], ins[2 + (not adding) : 9 + (not adding)]
-        node = None if adding else ins[1]
-        num_deps = ins[-1] if adding else 0
-        data = self.channel.read_bulk(limit=MAX_NODE_DEPS * 8 + (1 << 20))
-        deps = self._nodes(data, num_deps)
-        params = data[8 * num_deps :]
-        layout = self._layout(func)
-        if len(params) < max((offset + size for offset, size in layout), default=0):
-            raise CudaError(INVALID_VALUE, "kernel parameters shorter than the function's parameter layout")
-        is_kernel = func in self.lease.handles["kernel"]
-        launch = Launch(
-            func, tuple(dims[:3]), tuple(dims[3:6]), dims[6], 0, params, layout, is_kernel=is_kernel
-        )
-        if not adding:
-            self.executor.graph_exec_kernel_node(owner, node, launch)
-            return _EMPTY
-        return self._new_node(self.executor.graph_add_kernel_node(owner, deps, launch), owner)
-
-    def _graph_memset_node(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        graph, dst, pitch, value, element_size, width, height, num_deps = ins
-        if element_size not in (1, 2, 4) or height < 1:
-            raise CudaError(INVALID_VALUE, "memset node shape")
-        self._check_range(dst, pitch * (height - 1) + width * element_size)
-        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
-        node = self.executor.graph_add_memset_node(
-            graph, deps, dst, pitch, value, element_size, width, height
-        )
-        return self._new_node(node, graph)
-
-    def _graph_empty_node(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        graph, num_deps = ins
-        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
-        return self._new_node(self.executor.graph_add_empty_node(graph, deps), graph)
-
-    def _graph_dependencies(self, call: Call, ins: tuple):
-        """Edges as (from, to) pairs; cuGraphAddDependencies_v2's each with its 8 bytes of edge data (from
-        port, to port, type: a programmatic dependency), which the driver checks."""
-        self._check(call, ins)
-        graph, count = ins
-        words = 3 if call.symbol == "cuGraphAddDependencies_v2" else 2
-        data = self.channel.read_bulk(limit=MAX_NODE_DEPS * 8 * words)
-        if len(data) != 8 * words * count:
-            raise CudaError(INVALID_VALUE, "graph edges")
-        triples = [data[8 * words * i : 8 * words * (i + 1)] for i in range(count)]
-        nodes = self._nodes(b"".join(t[:16] for t in triples), 2 * count)
-        edge_data = [t[16:24] if words == 3 else bytes(8) for t in triples]
-        self.executor.graph_add_dependencies(
-            graph, list(zip(nodes[::2], nodes[1::2], strict=True)), edge_data
-        )
-
-    def _graph_child_node(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        graph, child, num_deps = ins
-        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
-        return self._new_node(self.executor.graph_add_child_node(graph, deps, child), graph)
-
-    def _graph_event_node(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        graph, event, num_deps = ins
-        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
-        node = self.executor.graph_add_event_node(graph, deps, event, call.name == "cuGraphAddEventWaitNode")
-        return self._new_node(node, graph)
-
-    def _graph_memcpy_node(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        graph, *shape, num_deps = ins
-        copy = Copy3D(*shape)
-        if copy.width == 0 or copy.height == 0 or copy.depth == 0:
-            raise CudaError(INVALID_VALUE, "memcpy node extent")
-        if copy.height > 1 and (copy.src_pitch < copy.width or copy.dst_pitch < copy.width):
-            raise CudaError(INVALID_VALUE, "memcpy node pitch")
-        self._check_range(copy.src, copy.span(copy.src_pitch, copy.src_height))
-        self._check_range(copy.dst, copy.span(copy.dst_pitch, copy.dst_height))
-        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
-        return self._new_node(self.executor.graph_add_memcpy_node(graph, deps, copy), graph)
-
-    def _graph_host_node(self, call: Call, ins: tuple):
-        """A host node: the program's function `ident` (kept by its shim), called back at every launch."""
-        self._check(call, ins)
-        graph, ident, num_deps = ins
-        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
-        callbacks = self.callbacks
-        if callbacks is None:
-            raise CudaError(CUresult.NOT_SUPPORTED, "no callback connection")
-        return self._new_node(
-            self.executor.graph_add_host_node(graph, deps, lambda: callbacks.call(ident)), graph
-        )
-
-    def _graph_nodes(self, call: Call, ins: tuple):
-        """The count; the nodes (now this lease's) in the bulk."""
-        self._check(call, ins)
-        nodes = self.executor.graph_nodes(ins[0])
-        self.lease.handles["node"].update(nodes)
-        self.lease.children.setdefault(ins[0], set()).update(nodes)
-        return call.out_struct.pack(len(nodes)), struct.pack(f"<{len(nodes)}Q", *nodes)
-
-    def _graph_edges(self, call: Call, ins: tuple):
-        """The count; the (from, to) pairs in the bulk."""
-        self._check(call, ins)
-        edges = self.executor.graph_edges(ins[0])
-        flat = [n for edge in edges for n in edge]
-        self.lease.handles["node"].update(flat)
-        return call.out_struct.pack(len(edges)), struct.pack(f"<{len(flat)}Q", *flat)
-
-    def _graph_conditional_node(self, call: Call, ins: tuple):
-        """A conditional node; its body graphs (the driver's, owned by the node's graph) become this
-        lease's graphs, sent after the node's handle."""
-        self._check(call, ins)
-        graph, handle, kind, size, ctx, num_deps = ins
-        if not 1 <= size <= MAX_CONDITIONAL_BODIES:
-            raise CudaError(INVALID_VALUE, "conditional node size")
-        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
-        node, bodies = self.executor.graph_add_conditional_node(graph, deps, handle, kind, size, ctx)
-        self.lease.handles["graph"].update(bodies)
-        self.lease.children.setdefault(graph, set()).update(bodies)
-        out, _ = self._new_node(node, graph)
-        return out, struct.pack(f"<{len(bodies)}Q", *bodies)
-
-    def _graph_exec_update(self, call: Call, ins: tuple):
-        """The update's result and status both travel: a refused update says why (its result)."""
-        self._check(call, ins)
-        result, status = self.executor.graph_exec_update(*ins)
-        return call.out_struct.pack(result, status), b""
-
-    def _capture_info(self, call: Call, ins: tuple):
-        """Status, id, graph and the count; the dependency nodes (now this lease's) in the bulk."""
-        self._check(call, ins)
-        status, capture_id, graph, deps = self.executor.capture_info(ins[0])
-        self.lease.handles["node"].update(deps)
-        if graph:  # the graph being captured: nodes may be added to it (the one cuStreamEndCapture gives)
-            self.lease.handles["graph"].add(graph)
-            self.lease.children.setdefault(graph, set()).update(deps)
-        return call.out_struct.pack(status, capture_id, graph, len(deps)), struct.pack(
-            f"<{len(deps)}Q", *deps
-        )
-
-    def _capture_to_graph(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        stream, graph, num_deps, mode = ins
-        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
-        self.executor.capture_to_graph(stream, graph, deps, mode)
-        return _EMPTY
-
-    def _capture_dependencies(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        stream, num_deps, flags = ins
-        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
-        self.executor.update_capture_dependencies(stream, deps, flags)
-        return _EMPTY
 
     def _stream_value(self, call: Call, ins: tuple):
         """cuStreamWaitValue32/64, cuStreamWriteValue32/64: the whole word must be the lease's memory."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Callable
 from typing import ClassVar
 
 from virtualize import _wire
@@ -23,7 +22,7 @@ from virtualize._arrays import (
 )
 from virtualize._calls import CALLS, Call
 from virtualize._executor import INVALID_HANDLE, INVALID_VALUE, CopySide, CudaError
-from virtualize._guard_rules import call_named
+from virtualize._guard_concern import Concern
 
 log = logging.getLogger("gpupool.worker")
 
@@ -33,7 +32,7 @@ DESTROY_CALL = {  # the call that destroys an array of each kind (a client's lef
 }
 
 
-class ArrayCalls:
+class ArrayCalls(Concern):
     """One connection's arrays and the calls about arrays, textures and surfaces."""
 
     # call (exported symbol, or an internal call's name) -> the method that serves it
@@ -56,16 +55,9 @@ class ArrayCalls:
     }
 
     def __init__(self, session) -> None:
-        # the connection's _executor_guard.Session (its lease, executor, channel, context and checks);
-        # not imported here, so the guard and its handlers import one way only
-        self.session = session
+        super().__init__(session)
         # array or mipmap -> (kind, bytes, device, ctx)
         self.arrays: dict[int, tuple[str, int, int, int]] = {}
-
-    def handlers(self) -> dict[str, Callable]:
-        """Each call this serves, by its name in the call table, to its method (Session.special)."""
-        # call_named: a name the call table lacks fails here, when the connection starts
-        return {name: getattr(self, method) for name, method in self.CALLS.items() if call_named(name)}
 
     def create(self, call: Call, ins: tuple):
         """cuArrayCreate / cuArray3DCreate / cuMipmappedArrayCreate: counted against the partition (a
