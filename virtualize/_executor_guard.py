@@ -38,6 +38,7 @@ from virtualize._executor import (
 from virtualize._guard_arrays import ArrayCalls
 from virtualize._guard_graphs import GraphCalls
 from virtualize._guard_rules import RANGES_BY_ID, capture_refuses
+from virtualize._guard_tensor_maps import TensorMapCalls
 from virtualize._lanes import Lanes
 from virtualize._results import CUresult
 
@@ -48,48 +49,10 @@ MEMSET_WIDTH = {"cuMemsetD8": 1, "cuMemsetD16": 2, "cuMemsetD32": 4}
 LAUNCH_ATTRIBUTE_BYTES = _wire.LAUNCH_ATTRIBUTE_BYTES
 ALLOCATION_PROP_BYTES, ACCESS_DESC_BYTES = 32, 12  # CUmemAllocationProp, CUmemAccessDesc
 POOL_PROPS_BYTES = 88  # CUmemPoolProps
-TENSOR_MAP_BYTES, TENSOR_RANK_MAX = 128, 5  # CUtensorMap
-# Each tensor-map call's shape arrays in the bulk, in the C order: (count as rank + offset, struct code).
-TENSOR_SHAPE_ARRAYS = {
-    "cuTensorMapEncodeTiled": (
-        (0, "Q"),
-        (-1, "Q"),
-        (0, "I"),
-        (0, "I"),
-    ),  # dims, strides, box, element strides
-    "cuTensorMapEncodeIm2col": (
-        (0, "Q"),
-        (-1, "Q"),
-        (-2, "i"),
-        (-2, "i"),
-        (0, "I"),
-    ),  # + lower, upper corners
-    "cuTensorMapEncodeIm2colWide": ((0, "Q"), (-1, "Q"), (0, "I")),  # dims, strides, element strides
-}
-# Bytes of one element of each CUtensorMapDataType (the packed 4- and 6-bit types: at most one).
-TENSOR_ELEMENT_BYTES = {
-    0: 1,
-    1: 2,
-    2: 4,
-    3: 4,
-    4: 8,
-    5: 8,
-    6: 2,
-    7: 4,
-    8: 8,
-    9: 2,
-    10: 4,
-    11: 4,
-    12: 4,
-    13: 1,
-    14: 1,
-    15: 1,
-}
 # CUstreamAttrID values whose CUstreamAttrValue is plain data, or (the access-policy window) a range the
 # guard checks: access-policy window, synchronization policy, priority, memory sync domain map, domain.
 ACCESS_POLICY_WINDOW, STREAM_ATTRIBUTE_BYTES = 1, 64
 STREAM_ATTRIBUTES = frozenset({ACCESS_POLICY_WINDOW, 3, 8, 9, 10})
-TENSOR_MAPS_KEPT = 65536  # maps a lease encoded, kept with their extent for cuTensorMapReplaceAddress
 # CUdevice_attribute: PAGEABLE_MEMORY_ACCESS, CONCURRENT_MANAGED_ACCESS, PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
 # DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: 0 remotely (docs/remote.md, managed memory).
 NOT_COHERENT_ATTRIBUTES = frozenset({88, 89, 100, 101})
@@ -106,18 +69,6 @@ WINDOW_POINTER_ATTRIBUTES = frozenset(
         POINTER_MEMPOOL,
     }
 )
-
-
-def tensor_extent(dtype: int, dims: list[int], strides: list[int]) -> int:
-    """Bytes from a tensor's address to the end of its last element: a row of dims[0] elements, and
-    dims[i] steps of strides[i-1] bytes along each other dimension."""
-    if dtype not in TENSOR_ELEMENT_BYTES:
-        raise CudaError(INVALID_VALUE, f"tensor data type {dtype}")
-    if not all(dims):
-        raise CudaError(INVALID_VALUE, "a tensor dimension of 0")
-    return dims[0] * TENSOR_ELEMENT_BYTES[dtype] + sum(
-        (d - 1) * s for d, s in zip(dims[1:], strides, strict=True)
-    )
 
 
 @dataclass
@@ -270,10 +221,6 @@ class Session:
             "gpLinkImage": self._link_image,
             "cuStreamEndCapture": self._end_capture,
             "cuDeviceGetAttribute": self._device_attribute,
-            "cuTensorMapEncodeTiled": self._tensor_map,
-            "cuTensorMapEncodeIm2col": self._tensor_map,
-            "cuTensorMapEncodeIm2colWide": self._tensor_map,
-            "cuTensorMapReplaceAddress": self._tensor_map_address,
             "cuMemPoolCreate": self._pool_create,
             "gpCallbackToken": self._callback_token,
             "gpCallbackAttach": self._callback_attach,
@@ -342,6 +289,7 @@ class Session:
             "cuOccupancyMaxPotentialClusterSize": self._cluster_occupancy,
             **self.array_calls.handlers(),
             **self.graph_calls.handlers(),
+            **TensorMapCalls(self).handlers(),
         }
         for name in ("cuMemsetD8_v2", "cuMemsetD16_v2", "cuMemsetD32_v2"):
             self.special[name] = self._memset
@@ -685,51 +633,6 @@ class Session:
             self.lease.handles[kind].update(found)
             self.lease.children.setdefault(parent, set()).update(found)
         return b"", struct.pack(f"<{len(found)}Q", *found)
-
-    # -- tensor maps -----------------------------------------------------------------------------------
-
-    def _tensor_map(self, call: Call, ins: tuple):
-        """cuTensorMapEncodeTiled / Im2col / Im2colWide: the shape arrays from the bulk; the whole tensor
-        (its dimensions and strides from its address) must be memory of this lease; the 128 bytes go
-        back as bulk, and the tensor's extent is kept for cuTensorMapReplaceAddress."""
-        self._check(call, ins)
-        dtype, rank, address = ins[:3]
-        if not 1 <= rank <= TENSOR_RANK_MAX:
-            raise CudaError(INVALID_VALUE, "tensor rank")
-        raw = self.channel.read_bulk(limit=TENSOR_RANK_MAX * 24)
-        arrays, at = [], 0
-        for offset, code in TENSOR_SHAPE_ARRAYS[call.name]:
-            n = max(rank + offset, 0)
-            if at + n * struct.calcsize(code) > len(raw):
-                raise CudaError(INVALID_VALUE, "tensor shape arrays")
-            arrays.append(list(struct.unpack_from(f"<{n}{code}", raw, at)))
-            at += n * struct.calcsize(code)
-        extent = tensor_extent(dtype, arrays[0], arrays[1])
-        self._check_range(address, extent)
-        encoded = self.executor.tensor_map(call.name, ins, arrays)
-        self._keep_tensor_map(encoded, extent)
-        return b"", encoded
-
-    def _tensor_map_address(self, call: Call, ins: tuple):
-        """cuTensorMapReplaceAddress: a map this lease encoded, its tensor moved to other lease memory."""
-        self._check(call, ins)
-        encoded = bytes(self.channel.read_bulk(limit=TENSOR_MAP_BYTES))
-        if len(encoded) != TENSOR_MAP_BYTES:
-            raise CudaError(INVALID_VALUE, "a tensor map is 128 bytes")
-        extent = self.lease.tensor_maps.get(encoded)
-        if extent is None:
-            raise CudaError(INVALID_VALUE, "not a tensor map this lease encoded")
-        self._check_range(ins[0], extent)
-        replaced = self.executor.tensor_map_address(encoded, ins[0])
-        self._keep_tensor_map(replaced, extent)
-        return b"", replaced
-
-    def _keep_tensor_map(self, encoded: bytes, extent: int) -> None:
-        maps = self.lease.tensor_maps
-        with self.lease.lock:
-            maps[bytes(encoded)] = extent
-            while len(maps) > TENSOR_MAPS_KEPT:  # the oldest first (dicts keep insertion order)
-                del maps[next(iter(maps))]
 
     # -- host functions ------------------------------------------------------------------------------
 
