@@ -36,8 +36,10 @@ from virtualize._executor import (
     SharedHostMemory,
 )
 from virtualize._guard_arrays import ArrayCalls
+from virtualize._guard_concern import ANSWERED, EMPTY
+from virtualize._guard_copies import CopyCalls
 from virtualize._guard_graphs import GraphCalls
-from virtualize._guard_rules import RANGES_BY_ID, capture_refuses
+from virtualize._guard_rules import RANGES_BY_ID
 from virtualize._guard_tensor_maps import TensorMapCalls
 from virtualize._lanes import Lanes
 from virtualize._results import CUresult
@@ -45,7 +47,6 @@ from virtualize._results import CUresult
 log = logging.getLogger("gpupool.worker")
 
 BUILTIN_STREAMS = frozenset({0, 1, 2})  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
-MEMSET_WIDTH = {"cuMemsetD8": 1, "cuMemsetD16": 2, "cuMemsetD32": 4}
 LAUNCH_ATTRIBUTE_BYTES = _wire.LAUNCH_ATTRIBUTE_BYTES
 ALLOCATION_PROP_BYTES, ACCESS_DESC_BYTES = 32, 12  # CUmemAllocationProp, CUmemAccessDesc
 POOL_PROPS_BYTES = 88  # CUmemPoolProps
@@ -219,7 +220,6 @@ class Session:
             "gpSetContext": self._set_context,
             "gpParamLayout": self._param_layout,
             "gpLinkImage": self._link_image,
-            "cuStreamEndCapture": self._end_capture,
             "cuDeviceGetAttribute": self._device_attribute,
             "cuMemPoolCreate": self._pool_create,
             "gpCallbackToken": self._callback_token,
@@ -266,22 +266,6 @@ class Session:
             "cuMemAllocFromPoolAsync": self._alloc,
             "cuMemFree_v2": self._free,
             "cuMemFreeAsync": self._free,
-            "cuMemcpyHtoD_v2": self._htod,
-            "cuMemcpyHtoDAsync_v2": self._htod,
-            "cuMemcpyDtoH_v2": self._dtoh,
-            "cuMemcpyDtoHAsync_v2": self._dtoh,
-            "gpMemcpyDtoHAsync": self._dtoh_async,
-            "gpCopiesFlush": self._copies_flush,
-            "gpShmAttach": self._shm_attach,
-            "gpShmHtoD": self._shm_htod,
-            "gpShmDtoH": self._shm_dtoh,
-            "gpLaneAttach": self._lane_attach,
-            "gpLaneCopy": self._lane_copy,
-            "gpLanePiece": self._lane_piece,
-            "cuMemcpyDtoD_v2": self._device_copy,
-            "cuMemcpyDtoDAsync_v2": self._device_copy,
-            "cuMemcpyPeer": self._device_copy,
-            "cuMemcpyPeerAsync": self._device_copy,
             "cuModuleGetGlobal_v2": self._get_global,
             "cuLibraryGetGlobal": self._get_global,
             "cuLaunchKernelEx": self._launch,
@@ -290,11 +274,8 @@ class Session:
             **self.array_calls.handlers(),
             **self.graph_calls.handlers(),
             **TensorMapCalls(self).handlers(),
+            **CopyCalls(self).handlers(),
         }
-        for name in ("cuMemsetD8_v2", "cuMemsetD16_v2", "cuMemsetD32_v2"):
-            self.special[name] = self._memset
-        for name in ("cuMemsetD8Async", "cuMemsetD16Async", "cuMemsetD32Async"):
-            self.special[name] = self._memset
         # One handler per call id, looked up by index on every request. None: not the client's to send
         # (the handshake is the worker's own; LOCAL calls never leave the client).
         self.handlers: list[Callable | None] = [
@@ -333,7 +314,7 @@ class Session:
             answer, result = None, CUresult.UNKNOWN
         if self.channel.bulk_left:
             self.channel.skip(self.channel.bulk_left)
-        if answer is _ANSWERED:
+        if answer is ANSWERED:
             return
         if call.sync_point and self.pending:  # the earlier asynchronous error comes first
             result, self.pending = self.pending, 0
@@ -475,7 +456,7 @@ class Session:
         if not outs:
             if call.name in _DESTROYS:
                 self._note_created(call, ins, ())
-            return _EMPTY
+            return EMPTY
         values = result if len(outs) > 1 else (result,)
         self._note_created(call, ins, values)
         fixed = [v for p, v in zip(outs, values, strict=True) if p.struct_code]
@@ -618,7 +599,7 @@ class Session:
         if attr == ACCESS_POLICY_WINDOW and size:
             self._check_range(base, size)
         self.executor.cuStreamSetAttribute(stream, attr, value)
-        return _EMPTY
+        return EMPTY
 
     # -- what a module or library holds --------------------------------------------------------------
 
@@ -916,274 +897,6 @@ class Session:
         self.lease.remove(ptr)
         self.owned.discard(ptr)
 
-    def _capturing(self, call: Call, stream: int) -> bool:
-        """A copy between the client's memory and the GPU on a stream being captured cannot become a
-        graph node (the worker cannot read or write the client's memory when the graph is launched):
-        the capture is spoiled, and cuStreamEndCapture says so, as the driver does after a call that
-        a capture does not allow. Never a copy done once at capture time and missing from the replays."""
-        if not capture_refuses(call) or not self.executor.cuStreamIsCapturing(stream):
-            return False
-        self.spoiled_captures.add(stream)
-        log.warning(
-            "%s during a stream capture: copies from or to the client's memory cannot be captured; "
-            "the capture fails at cuStreamEndCapture (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)",
-            call.symbol,
-        )
-        return True
-
-    def _end_capture(self, call: Call, ins: tuple):
-        answer = self._plain(call, ins)
-        if ins[0] in self.spoiled_captures:
-            self.spoiled_captures.discard(ins[0])
-            (graph,) = struct.unpack("<Q", answer[0])
-            self.executor.cuGraphDestroy(graph)
-            self.lease.handles["graph"].discard(graph)
-            raise CudaError(CUresult.STREAM_CAPTURE_INVALIDATED, "a copy from or to the client's memory")
-        return answer
-
-    def _htod(self, call: Call, ins: tuple):
-        dst, count, stream = ins
-        self._check(call, ins)
-        if count != self.channel.bulk_left:
-            raise CudaError(INVALID_VALUE, "copy size and data differ")
-        self._check_ranges(call, ins)
-        if self._capturing(call, stream):
-            return _EMPTY  # the bytes are skipped
-        channel = self.channel
-
-        def fill(view: memoryview) -> None:
-            channel.read_into(view)
-            channel.bulk_left -= len(view)
-
-        self.executor.copy_to_device(dst, count, stream if call.name.endswith("Async") else None, fill)
-
-    def _dtoh(self, call: Call, ins: tuple):
-        src, count, stream = ins
-        self._check_ranges(call, ins)
-        if self._capturing(call, stream):
-            raise CudaError(CUresult.STREAM_CAPTURE_UNSUPPORTED, "a copy to the client's memory")
-        if count == 0:
-            return _EMPTY
-        sent = 0
-
-        def send(view: memoryview) -> None:
-            nonlocal sent
-            if sent == 0:  # the first chunk is in: the call has worked so far, answer with the header
-                result, self.pending = (self.pending, 0) if call.sync_point else (0, self.pending)
-                self._send_kernel_output()
-                self._announce_copies()
-                self.channel.send(_wire.REPLY.pack(result, 0, count), view)
-            else:
-                self.channel.send(view)
-            sent += len(view)
-
-        try:
-            self.executor.copy_from_device(src, count, stream if call.name.endswith("Async") else None, send)
-        except CudaError as exc:
-            if sent == 0:
-                raise  # nothing sent yet: the reply carries the error
-            self.pending = self.pending or exc.code  # the header is out: send the length promised
-            while sent < count:
-                send(memoryview(bytes(min(count - sent, _wire.CHUNK_BYTES))))
-        return _ANSWERED
-
-    # -- copies through memory the client maps too (a process on this host) ------------------------
-
-    def _shm_attach(self, call: Call, ins: tuple):
-        if not self.channel.local:
-            raise CudaError(CUresult.NOT_SUPPORTED, "shared memory is for a process on this host")
-        if self.shared is None:
-            self.shared = self.executor.shared_host_memory(SHARED_COPY_BYTES)
-        outs = call.out_struct.pack(self.shared.size)
-        self._announce_copies()
-        self.channel.send_with_fd(self.shared.fd, _wire.REPLY.pack(0, len(outs), 0), outs)
-        return _ANSWERED
-
-    def _shm_htod(self, call: Call, ins: tuple):
-        """One piece of a copy to the device; the last piece is answered with the first error of all."""
-        dst, count, stream, offset, flags = ins
-        last, is_async = flags & 1, flags & 2
-        try:
-            self._check(call, ins)
-            self._check_range(dst, count)
-            if self.shared is None or offset + count > self.shared.size:
-                raise CudaError(INVALID_VALUE, "not in the shared memory")
-            if not self.shared_error and not (is_async and self._capturing(_HTOD_ASYNC, stream)):
-                self.executor.copy_in_from(
-                    dst, self.shared, offset, count, stream if is_async else None, bool(last)
-                )
-        except CudaError as exc:
-            self.shared_error = self.shared_error or exc.code
-        if last:
-            result, self.shared_error = self.shared_error, 0
-            self._answer(True, _EMPTY, result)
-        return _ANSWERED
-
-    def _shm_dtoh(self, call: Call, ins: tuple):
-        """A copy to the client: answered once per `chunk` bytes as each is in the shared memory."""
-        src, count, stream, flags, chunk = ins
-        is_async = flags & 2
-        self._check(call, ins)
-        self._check_range(src, count)
-        if self.shared is None or count > self.shared.size or not chunk:
-            raise CudaError(INVALID_VALUE, "not in the shared memory")
-        if is_async and self._capturing(_DTOH_ASYNC, stream):
-            raise CudaError(CUresult.STREAM_CAPTURE_UNSUPPORTED, "a copy to the client's memory")
-        if not is_async and self.pending:  # a synchronous copy reports the earlier asynchronous error
-            result, self.pending = self.pending, 0
-            raise CudaError(result, "an earlier asynchronous error")
-        answered = False
-
-        def ready(offset: int, n: int) -> None:
-            nonlocal answered
-            if not answered:
-                self._send_kernel_output()
-                self._announce_copies()
-                answered = True
-            outs = call.out_struct.pack(offset, n)
-            self.channel.send(_wire.REPLY.pack(0, len(outs), 0), outs)
-
-        try:
-            self.executor.copy_out_to(self.shared, src, count, stream if is_async else None, chunk, ready)
-        except CudaError as exc:
-            self._answer(True, None, exc.code)
-        return _ANSWERED
-
-    # -- copies striped across the process's connections (virtualize/_lanes.py) ----------------------
-
-    def _lane_attach(self, call: Call, ins: tuple):
-        with self.lease.lock:
-            owner = self.lease.callback_tokens.get(ins[0])
-            if owner is None:
-                raise CudaError(INVALID_VALUE, "not a connection of this lease")
-            if owner.lanes is None:
-                owner.lanes = Lanes()
-            owner.lanes.attached += 1
-        self.lane_of = owner
-
-    def _lane_copy(self, call: Call, ins: tuple):
-        """Checked like any copy, in order; answered (or its error kept) once every piece is done."""
-        device, count, stream, flags, pieces, ident = ins
-        to_device, is_async = bool(flags & 1), bool(flags & 2)
-        lanes = self.lanes
-        if lanes is None or lanes.lost:
-            raise CudaError(INVALID_VALUE, "this connection has no lanes")
-        allowed, error = True, 0
-        try:
-            self._check(call, ins)
-            self._check_range(device, count)
-            if not 0 < pieces <= MAX_LANE_PIECES:
-                raise CudaError(INVALID_VALUE, "pieces")
-            if is_async and self._capturing(_HTOD_ASYNC if to_device else _DTOH_ASYNC, stream):
-                if not to_device:
-                    raise CudaError(CUresult.STREAM_CAPTURE_UNSUPPORTED, "a copy to the client's memory")
-                allowed = False  # the capture is spoiled; the bytes are consumed
-            if not to_device and not is_async and self.pending:  # the earlier asynchronous error first
-                result, self.pending = self.pending, 0
-                raise CudaError(result, "an earlier asynchronous error")
-        except CudaError as exc:
-            allowed, error = False, exc.code
-        where = {"device": device, "count": count, "stream": stream if is_async else None, "ctx": self.ctx}
-        lanes.release(ident, pieces, allowed, error, to_device=to_device, **where)
-        copy = lanes.wait_done(ident)
-        if not to_device:
-            self._send_kernel_output()  # a copy to the host is a synchronising call
-        if copy.error:
-            raise CudaError(copy.error, "a striped copy")
-        return _EMPTY
-
-    def _lane_piece(self, call: Call, ins: tuple):
-        ident, offset, count = ins
-        owner = self.lane_of
-        if owner is None or owner.lanes is None:
-            raise CudaError(INVALID_VALUE, "not a lane")
-        copy = owner.lanes.piece(ident)
-        if copy is None:
-            raise CudaError(CUresult.DEVICE_UNAVAILABLE, "the copy was never checked")
-        error = 0
-        try:
-            if offset + count > copy.count or (copy.to_device and count != self.channel.bulk_left):
-                raise CudaError(INVALID_VALUE, "a piece outside its copy")
-            if not copy.allowed:
-                if copy.to_device:
-                    return _EMPTY  # refused or spoiled: its bytes are consumed, nothing is written
-                raise CudaError(copy.error or INVALID_VALUE, "the copy was refused")
-            if self.ctx != copy.ctx:  # the copy runs in its connection's context
-                self.executor.set_context(copy.ctx)
-                self.ctx = copy.ctx
-            if copy.to_device:
-                channel = self.channel
-
-                def fill(view: memoryview) -> None:
-                    channel.read_into(view)
-                    channel.bulk_left -= len(view)
-
-                self.executor.copy_to_device(copy.device + offset, count, copy.stream, fill)
-                return _EMPTY
-            error = self._lane_send(copy.device + offset, count, copy.stream)
-            return _ANSWERED
-        except CudaError as exc:
-            error = exc.code
-            raise
-        finally:
-            owner.lanes.piece_done(copy, error)
-
-    def _lane_send(self, src: int, count: int, stream: int | None) -> int:
-        """A piece to the host: the reply header once its first chunk is in, then the bytes. Raises if
-        it fails before anything is sent (the reply says so); later, the bytes promised are sent and the
-        error returned (the copy's answer says so)."""
-        sent = 0
-
-        def send(view: memoryview) -> None:
-            nonlocal sent
-            if sent == 0:
-                self.channel.send(_wire.REPLY.pack(0, 0, count), view)
-            else:
-                self.channel.send(view)
-            sent += len(view)
-
-        try:
-            self.executor.copy_from_device(src, count, stream, send)
-        except CudaError as exc:
-            if sent == 0:
-                raise
-            while sent < count:
-                send(memoryview(bytes(min(count - sent, _wire.CHUNK_BYTES))))
-            return exc.code
-        return 0
-
-    def _dtoh_async(self, call: Call, ins: tuple):
-        """gpMemcpyDtoHAsync: queued behind its stream; its bytes (or its error) go to the client later."""
-        src, count, stream, ident = ins
-        callbacks = self.callbacks
-        if callbacks is None:  # the shim starts the callback connection first
-            raise CudaError(CUresult.NOT_SUPPORTED, "no callback connection")
-        try:
-            self._check_ranges(call, ins)
-            if self._capturing(call, stream):
-                raise CudaError(CUresult.STREAM_CAPTURE_UNSUPPORTED, "a copy to the client's memory")
-            staged = self.executor.copy_from_device_async(src, count, stream)
-        except Exception as exc:  # the client stops waiting for it either way
-            callbacks.deliveries.failed(ident, getattr(exc, "code", CUresult.UNKNOWN))
-            raise  # and kept for the next synchronising call, as an asynchronous error is
-        callbacks.deliveries.add(ident, staged)
-
-    def _copies_flush(self, call: Call, ins: tuple):
-        """Every copy done by now reaches the client before this answer (`wait`: every copy queued)."""
-        self._announce_copies(wait=bool(ins[0]))
-
-    def _device_copy(self, call: Call, ins: tuple):
-        """Device to device (within a context, or between two: cuMemcpyPeer): both ranges the lease's."""
-        self._check_ranges(call, ins)
-        getattr(self.executor, call.name)(*ins)
-
-    def _memset(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        dst, value, count = ins[:3]
-        width = MEMSET_WIDTH[call.name.removesuffix("Async")]
-        self._check_range(dst, count * width)
-        self.executor.memset(dst, value, width, count, ins[3] if len(ins) > 3 else None)
-
     def _get_global(self, call: Call, ins: tuple):
         answer = self._plain(call, ins)
         ptr, size = struct.unpack("<QQ", answer[0])
@@ -1255,12 +968,6 @@ class Session:
         return None
 
 
-_ANSWERED = object()  # a handler that streamed its own reply
-MAX_LANE_PIECES = 64
-_HTOD_ASYNC = next(c for c in CALLS if c.symbol == "cuMemcpyHtoDAsync_v2")
-_DTOH_ASYNC = next(c for c in CALLS if c.symbol == "cuMemcpyDtoHAsync_v2")
-SHARED_COPY_BYTES = 64 << 20  # per client connection on this host: the largest piece of one copy
-_EMPTY = (b"", b"")
 _DESTROYS = {
     "cuTexObjectDestroy": "texobj",
     "cuSurfObjectDestroy": "surfobj",

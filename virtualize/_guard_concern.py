@@ -9,6 +9,7 @@ from typing import ClassVar
 from virtualize._guard_rules import call_named
 
 EMPTY = (b"", b"")  # an answer with no outs and no bulk
+ANSWERED = object()  # what a handler returns that streamed its own reply
 
 
 class Concern:
