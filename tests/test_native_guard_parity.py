@@ -1,6 +1,6 @@
 """The guard is one set of rules on both paths: for every call the native loop serves, the same frames —
-a valid one, and one per rule the guard applies to it (a handle not the lease's, device bytes outside
-or past the end of the lease's memory, a copy on a capturing stream) — are run in C exactly when the
+a valid one, and one per rule the guard applies to it (a handle not the lease's, a stream every context
+has, device bytes outside or past the end of the lease's memory, a copy on a capturing stream) — are run in C exactly when the
 Python path (`_executor_guard.Session`) runs them, with the same effect at the executor seam.
 
 The frames are generated from the call table and the guard's rule tables, not picked by hand: a call
@@ -55,6 +55,9 @@ def cases() -> list[tuple[str, Call, list[int]]]:
                 broken[f"foreign {p.type}"] = FOREIGN
             if p.type == "stream":
                 broken["capturing stream"] = CAPTURING
+                for builtin in sorted(_guard_rules.BUILTIN_STREAMS):  # every context's own: allowed
+                    broken[f"builtin stream {builtin}"] = builtin
+                broken["the stream after the builtin ones"] = max(_guard_rules.BUILTIN_STREAMS) + 1
             if p.type == "dptr":
                 broken[f"{p.name} outside the lease"] = BASE + SIZE + 4096
                 if i in ranges:
@@ -135,7 +138,8 @@ def test_a_frame_runs_in_c_exactly_when_the_python_guard_runs_it(what, call, arg
     if in_c:
         assert ran_from_c == ran_from_python
     if what != "valid":
-        assert not ran_from_python or what == "capturing stream", f"{what} reached the executor"
+        allowed = what == "capturing stream" or what.startswith("builtin stream")
+        assert not ran_from_python or allowed, f"{what} reached the executor"
 
 
 def test_every_served_call_is_checked_valid_and_broken():

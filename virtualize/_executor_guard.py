@@ -32,22 +32,20 @@ from virtualize._executor import (
     OUT_OF_MEMORY,
     CudaError,
     Executor,
-    Launch,
     SharedHostMemory,
 )
 from virtualize._guard_arrays import ArrayCalls
 from virtualize._guard_concern import ANSWERED, EMPTY
 from virtualize._guard_copies import CopyCalls
 from virtualize._guard_graphs import GraphCalls
-from virtualize._guard_rules import RANGES_BY_ID
+from virtualize._guard_launches import LaunchCalls
+from virtualize._guard_rules import BUILTIN_STREAMS, RANGES_BY_ID
 from virtualize._guard_tensor_maps import TensorMapCalls
 from virtualize._lanes import Lanes
 from virtualize._results import CUresult
 
 log = logging.getLogger("gpupool.worker")
 
-BUILTIN_STREAMS = frozenset({0, 1, 2})  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
-LAUNCH_ATTRIBUTE_BYTES = _wire.LAUNCH_ATTRIBUTE_BYTES
 ALLOCATION_PROP_BYTES, ACCESS_DESC_BYTES = 32, 12  # CUmemAllocationProp, CUmemAccessDesc
 POOL_PROPS_BYTES = 88  # CUmemPoolProps
 # CUstreamAttrID values whose CUstreamAttrValue is plain data, or (the access-policy window) a range the
@@ -218,8 +216,6 @@ class Session:
         self.lane_of: Session | None = None  # set on a lane: the connection whose copies it carries
         self.special: dict[str, Callable] = {
             "gpSetContext": self._set_context,
-            "gpParamLayout": self._param_layout,
-            "gpLinkImage": self._link_image,
             "cuDeviceGetAttribute": self._device_attribute,
             "cuMemPoolCreate": self._pool_create,
             "gpCallbackToken": self._callback_token,
@@ -268,13 +264,11 @@ class Session:
             "cuMemFreeAsync": self._free,
             "cuModuleGetGlobal_v2": self._get_global,
             "cuLibraryGetGlobal": self._get_global,
-            "cuLaunchKernelEx": self._launch,
-            "cuOccupancyMaxActiveClusters": self._cluster_occupancy,
-            "cuOccupancyMaxPotentialClusterSize": self._cluster_occupancy,
             **self.array_calls.handlers(),
             **self.graph_calls.handlers(),
             **TensorMapCalls(self).handlers(),
             **CopyCalls(self).handlers(),
+            **LaunchCalls(self).handlers(),
         }
         # One handler per call id, looked up by index on every request. None: not the client's to send
         # (the handshake is the worker's own; LOCAL calls never leave the client).
@@ -911,61 +905,6 @@ class Session:
             layout = self.executor.param_layout(func, func in self.lease.handles["kernel"])
             self.lease.layouts[func] = layout
         return layout
-
-    def _param_layout(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        layout = self._layout(ins[0])
-        flat = [x for pair in layout for x in pair]
-        return struct.pack("<I", len(layout)), struct.pack(f"<{len(flat)}I", *flat)
-
-    def _link_image(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        return b"", self.executor.gpLinkImage(*ins)  # the bytes as they are (not a NUL-padded string)
-
-    def _check_launch(self, func: int, stream: int) -> None:
-        handles = self.lease.handles
-        if func not in handles["func"] and func not in handles["kernel"]:
-            raise CudaError(INVALID_HANDLE, "function")
-        if stream not in BUILTIN_STREAMS and stream not in handles["stream"]:
-            raise CudaError(INVALID_HANDLE, "stream")
-
-    @staticmethod
-    def _attributes(raw: bytes) -> list[tuple[int, bytes]]:
-        return [
-            (struct.unpack_from("<i", raw, i)[0], raw[i + 8 : i + LAUNCH_ATTRIBUTE_BYTES])
-            for i in range(0, len(raw) - LAUNCH_ATTRIBUTE_BYTES + 1, LAUNCH_ATTRIBUTE_BYTES)
-        ]
-
-    def _cluster_occupancy(self, call: Call, ins: tuple):
-        func, gx, gy, gz, bx, by, bz, smem, stream, n_attrs = ins
-        self._check_launch(func, stream)
-        raw = self.channel.read_bulk(limit=64 * LAUNCH_ATTRIBUTE_BYTES)
-        if len(raw) != n_attrs * LAUNCH_ATTRIBUTE_BYTES:
-            raise CudaError(INVALID_VALUE, "launch attributes")
-        config = Launch(func, (gx, gy, gz), (bx, by, bz), smem, stream, b"", [], tuple(self._attributes(raw)))
-        return struct.pack("<i", self.executor.cluster_occupancy(call.name, config)), b""
-
-    def _launch(self, call: Call, ins: tuple):
-        func, gx, gy, gz, bx, by, bz, smem, stream = ins[:9]
-        self._check_launch(func, stream)
-        n_attrs = ins[9] if len(ins) > 9 else 0
-        bulk = self.channel.read_bulk(limit=1 << 20)
-        layout = self.lease.layouts.get(func)
-        if layout is None:
-            layout = self._layout(func)
-        split = len(bulk) - n_attrs * LAUNCH_ATTRIBUTE_BYTES
-        if split < 0:
-            raise CudaError(INVALID_VALUE, "launch attributes")
-        params, raw = bulk[:split], bulk[split:]
-        if len(params) < max((offset + size for offset, size in layout), default=0):
-            raise CudaError(INVALID_VALUE, "kernel parameters shorter than the function's parameter layout")
-        attributes = tuple(self._attributes(raw))
-        self.executor.launch(
-            Launch(func, (gx, gy, gz), (bx, by, bz), smem, stream, params, layout, attributes)
-        )
-        if self.lease.native is not None:  # checked and launched once: the native loop may launch it now
-            self.lease.native.learn(func, layout)
-        return None
 
 
 _DESTROYS = {

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from virtualize._calls import BY_SYMBOL, CALLS, INTERNAL, Call
 
+# Streams every context has, no lease's own: NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD.
+BUILTIN_STREAMS = frozenset({0, 1, 2})
 # The device bytes each copy names, as (pointer, length) wire parameters: `Session._check_ranges`.
 DEVICE_RANGES: dict[str, tuple[tuple[str, str], ...]] = {
     **dict.fromkeys(("cuMemcpyHtoD_v2", "cuMemcpyHtoDAsync_v2"), (("dst", "count"),)),

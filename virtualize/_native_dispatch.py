@@ -11,6 +11,8 @@ What C may touch is what the guard has already checked: the lease's streams and 
 into C as the guard's tables change (`MirroredHandles`), and a function is served natively only after
 the Python path has launched it once (its parameter layout known and checked). A handle the guard
 forgets is dropped from C before it leaves the guard's table.
+C checks each argument by the guard's own rules, generated into it from `_guard_rules` and the call
+table (native/dispatch_gen.h); tests/test_native_guard_parity.py holds the two paths to one verdict.
 
 ``GPUPOOL_WORKER_NATIVE=0`` turns it off (every frame through Python: for comparing, or if in doubt).
 """
@@ -266,13 +268,13 @@ class NativeLease:
     # -- the host executor's side (ctypes callbacks, on the connection's thread) ---------------------
 
     def _host_launch(self, func, dims, stream, _args, params, params_len, attrs, n_attrs) -> int:
-        from virtualize._executor_guard import LAUNCH_ATTRIBUTE_BYTES, Session
+        from virtualize._guard_launches import launch_attributes
 
         def run() -> None:
-            raw = ctypes.string_at(attrs, n_attrs * LAUNCH_ATTRIBUTE_BYTES) if n_attrs else b""
+            raw = ctypes.string_at(attrs, n_attrs * _wire.LAUNCH_ATTRIBUTE_BYTES) if n_attrs else b""
             grid, block = (dims[0], dims[1], dims[2]), (dims[3], dims[4], dims[5])
             data = ctypes.string_at(params, params_len) if params_len else b""
-            layout, attributes = self.learned[func], tuple(Session._attributes(raw))
+            layout, attributes = self.learned[func], tuple(launch_attributes(raw))
             self.executor.launch(Launch(func, grid, block, dims[6], stream, data, layout, attributes))
 
         return self._run(run)

@@ -422,6 +422,10 @@ def generate_native() -> str:
         " * kind, or device bytes inside one of the lease's allocations (`length`: the argument holding their",
         " * count, DEVICE_RANGES; none: the pointer alone). */",
         "enum { GPF_PLAIN, GPF_STREAM, GPF_EVENT, GPF_FUNC, GPF_RANGE };",
+        "/* A stream every context has (_guard_rules.BUILTIN_STREAMS): no lease's own, always allowed. */",
+        "#define GPF_BUILTIN_STREAM(s) ("
+        + " || ".join(f"(s) == {n}" for n in sorted(_guard_rules.BUILTIN_STREAMS))
+        + ")",
         f"#define GPF_NO_ARG {NO_ARG}",
         "struct gpf_arg { uint8_t offset, size, check, length; };",
         "struct gpf_call {",

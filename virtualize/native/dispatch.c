@@ -12,12 +12,12 @@
  * gpf_serve returns with the buffer positioned at that frame's header.
  *
  * The frame layout, the served calls' ids and argument offsets, and the guard's checks of each argument
- * (handles by kind, device ranges, copies a capture refuses) are generated from the Python tables the
- * guard itself reads (dispatch_gen.h, by `python -m virtualize._shimgen`): this file applies them, it
- * types none of them. No Python API and no CUDA headers: the Python side drives it through ctypes (which lets go of the GIL for the
- * whole call), and the driver's entry points are looked up in the libcuda.so.1 the worker has loaded. A
- * worker without a GPU (the host executor) passes its own functions instead, so the same loop is tested
- * where there is no driver. */
+ * (handles by kind, builtin streams, device ranges, copies a capture refuses) are generated from the
+ * Python tables the guard itself reads (dispatch_gen.h, by `python -m virtualize._shimgen`): this file
+ * applies them and types none of them. No Python API and no CUDA headers: the Python side drives it
+ * through ctypes (which lets go of the GIL for the whole call), and the driver's entry points are looked
+ * up in the libcuda.so.1 the worker has loaded. A worker without a GPU (the host executor) passes its own
+ * functions instead, so the same loop is tested where there is no driver. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -487,7 +487,7 @@ static uint64_t arg(int c, int i, const uint8_t *a) {
 }
 
 static int stream_known(struct lease *l, uint64_t stream) {
-    return stream <= 2 || table_has(&l->kinds[KIND_STREAM], stream, NULL); /* NULL, legacy, per-thread */
+    return GPF_BUILTIN_STREAM(stream) || table_has(&l->kinds[KIND_STREAM], stream, NULL);
 }
 
 /* Every argument of the frame passes the guard's check of it (Session._check, _check_ranges): handles

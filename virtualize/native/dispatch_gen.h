@@ -42,6 +42,8 @@ enum {
  * kind, or device bytes inside one of the lease's allocations (`length`: the argument holding their
  * count, DEVICE_RANGES; none: the pointer alone). */
 enum { GPF_PLAIN, GPF_STREAM, GPF_EVENT, GPF_FUNC, GPF_RANGE };
+/* A stream every context has (_guard_rules.BUILTIN_STREAMS): no lease's own, always allowed. */
+#define GPF_BUILTIN_STREAM(s) ((s) == 0 || (s) == 1 || (s) == 2)
 #define GPF_NO_ARG 255
 struct gpf_arg { uint8_t offset, size, check, length; };
 struct gpf_call {
