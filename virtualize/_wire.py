@@ -69,7 +69,8 @@ ENV_MEMO = "GPUPOOL_SHIM_MEMO"  # 0: every question goes to the worker (answers 
 
 def offsets(layout: struct.Struct, fields: tuple[str, ...]) -> dict[str, int]:
     """Each field's byte offset in a packed little-endian header (what C reads at fixed offsets)."""
-    at, out = 0, {}
+    at = 0
+    out: dict[str, int] = {}
     for name, code in zip(fields, layout.format.lstrip("<"), strict=True):
         out[name] = at
         at += struct.calcsize("<" + code)
