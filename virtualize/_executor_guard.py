@@ -36,6 +36,7 @@ from virtualize._executor import (
 )
 from virtualize._guard_arrays import ArrayCalls
 from virtualize._guard_concern import ANSWERED, EMPTY
+from virtualize._guard_contexts import ContextCalls
 from virtualize._guard_copies import CopyCalls
 from virtualize._guard_graphs import GraphCalls
 from virtualize._guard_launches import LaunchCalls
@@ -194,7 +195,7 @@ class Session:
         self.pending = 0
         self.calls = 0
         self.owned: set[int] = set()  # allocations made on this connection, freed when it closes
-        self.created_contexts: set[int] = set()  # cuCtxCreate's on this connection, destroyed when it closes
+        self.context_calls = ContextCalls(self)  # the current context, contexts this connection creates
         self.window = WindowMemory(executor, lease.limits)  # this client process's device addresses
         self.spoiled_captures: set[int] = set()  # streams whose capture met a copy it cannot hold
         self.callbacks: HostCallbacks | None = None  # this process's callback connection, once attached
@@ -215,7 +216,6 @@ class Session:
         self.lanes: Lanes | None = None  # this process's extra connections' copies, once one attached
         self.lane_of: Session | None = None  # set on a lane: the connection whose copies it carries
         self.special: dict[str, Callable] = {
-            "gpSetContext": self._set_context,
             "cuDeviceGetAttribute": self._device_attribute,
             "cuMemPoolCreate": self._pool_create,
             "gpCallbackToken": self._callback_token,
@@ -250,14 +250,9 @@ class Session:
             "gpWindowAccept": self._window_accept,
             "cuMemGetAddressRange_v2": self._address_range,
             "cuPointerGetAttribute": self._pointer_attribute,
-            "cuDevicePrimaryCtxRetain": self._primary_ctx_retain,
             "cuDeviceTotalMem_v2": self._total_mem,
             "cuMemGetInfo_v2": self._mem_get_info,
-            "cuCtxSynchronize_v2": self._ctx_synchronize_v2,
-            "cuStreamGetCtx_v2": self._stream_get_ctx_v2,
             "cuMemAlloc_v2": self._alloc,
-            "cuCtxCreate_v2": self._ctx_create,
-            "cuCtxDestroy_v2": self._ctx_destroy,
             "cuMemAllocAsync": self._alloc,
             "cuMemAllocFromPoolAsync": self._alloc,
             "cuMemFree_v2": self._free,
@@ -269,6 +264,7 @@ class Session:
             **TensorMapCalls(self).handlers(),
             **CopyCalls(self).handlers(),
             **LaunchCalls(self).handlers(),
+            **self.context_calls.handlers(),
         }
         # One handler per call id, looked up by index on every request. None: not the client's to send
         # (the handshake is the worker's own; LOCAL calls never leave the client).
@@ -355,12 +351,7 @@ class Session:
                 lanes.lane_lost()  # copies waiting for pieces fail rather than wait
         with self.lease.lock:
             self.lease.callback_tokens.pop(self.callback_token, None)
-        for ctx in list(self.created_contexts):  # their memory goes with them
-            try:
-                self.executor.set_context(0)
-                self._destroy_context(ctx)
-            except CudaError as exc:
-                log.warning("could not destroy context 0x%x after the client left: %s", ctx, exc)
+        self.context_calls.close()  # the contexts it created, and their memory
         contexts = self.lease.primary_ctx
         left = [a for a in map(self.lease.allocations.get, self.owned) if a is not None]
         for a in left:
@@ -484,22 +475,6 @@ class Session:
 
     # -- calls that need the lease's state -----------------------------------------------------------
 
-    def _set_context(self, call: Call, ins: tuple):
-        (ctx,) = ins
-        self._check(call, ins)
-        self.executor.set_context(ctx)
-        self.ctx = ctx
-
-    def _primary_ctx_retain(self, call: Call, ins: tuple):
-        (dev,) = ins
-        if not 0 <= dev < len(self.lease.limits):
-            raise CudaError(CUresult.INVALID_DEVICE, "device ordinal")
-        ctx = self.executor.cuDevicePrimaryCtxRetain(dev)
-        self.lease.handles["ctx"].add(ctx)
-        self.lease.ctx_device[ctx] = dev
-        self.lease.primary_ctx[dev] = ctx
-        return struct.pack("<Q", ctx), b""
-
     def _total_mem(self, call: Call, ins: tuple):
         (dev,) = ins
         if not 0 <= dev < len(self.lease.limits):
@@ -512,22 +487,6 @@ class Session:
         free, total = self.executor.cuMemGetInfo()
         limit = min(total, self.lease.limits[dev])
         return struct.pack("<QQ", max(0, min(free, limit - self.lease.used[dev])), limit), b""
-
-    def _ctx_synchronize_v2(self, call: Call, ins: tuple):
-        (ctx,) = ins
-        self._check(call, ins)
-        if ctx and ctx != self.ctx:
-            self.executor.set_context(ctx)
-            try:
-                self.executor.cuCtxSynchronize()
-            finally:
-                self.executor.set_context(self.ctx)
-        else:
-            self.executor.cuCtxSynchronize()
-
-    def _stream_get_ctx_v2(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        return struct.pack("<QQ", self.executor.cuStreamGetCtx(ins[0]), 0), b""
 
     def _alloc(self, call: Call, ins: tuple):
         self._check(call, ins)
@@ -845,36 +804,6 @@ class Session:
         else:
             value = self.executor.cuPointerGetAttribute(attr, ptr)
         return struct.pack("<Q", value), b""
-
-    def _ctx_create(self, call: Call, ins: tuple):
-        flags, dev = ins
-        if not 0 <= dev < len(self.lease.limits):
-            raise CudaError(CUresult.INVALID_DEVICE, "device ordinal")
-        ctx = self.executor.cuCtxCreate(flags, dev)
-        self.lease.handles["ctx"].add(ctx)
-        self.lease.ctx_device[ctx] = dev
-        self.created_contexts.add(ctx)
-        return struct.pack("<Q", ctx), b""
-
-    def _ctx_destroy(self, call: Call, ins: tuple):
-        (ctx,) = ins
-        if ctx not in self.created_contexts:  # a primary context, another process's, or none
-            raise CudaError(INVALID_CONTEXT, "not a context this process created")
-        self._destroy_context(ctx)
-
-    def _destroy_context(self, ctx: int) -> None:
-        """As the driver does: the context's memory goes with it, and comes back to the quota."""
-        self.executor.cuCtxDestroy(ctx)
-        self.created_contexts.discard(ctx)
-        self.lease.handles["ctx"].discard(ctx)
-        self.lease.ctx_device.pop(ctx, None)
-        for base in [b for b in self.owned if getattr(self.lease.allocations.get(b), "ctx", None) == ctx]:
-            a = self.lease.remove(base)
-            if a is not None and a.window is not None:  # mapped memory outlives contexts: unmap it here
-                a.window.free(base, wait=False)
-            self.owned.discard(base)
-        if self.ctx == ctx:
-            self.ctx = 0
 
     def _free(self, call: Call, ins: tuple):
         self._check(call, ins)
