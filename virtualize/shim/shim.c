@@ -6,6 +6,7 @@
  * call fails with CUDA_ERROR_DEVICE_UNAVAILABLE and the shim says once on stderr what happened. */
 #define _GNU_SOURCE
 #include "shim.h"
+#include "../include/gp_ranges.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -1261,21 +1262,17 @@ struct range { uint64_t base, size; unsigned flags; int owned; };
 struct ranges { struct range *v; size_t n, cap; };
 static struct ranges dev_ranges, host_ranges, reserved;
 
+_Static_assert(offsetof(struct range, base) == 0, "gp_ranges_upper reads each range's base first");
+
 static size_t ranges_upper(const struct ranges *r, uint64_t ptr) { /* first index with base > ptr */
-    size_t lo = 0, hi = r->n;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (r->v[mid].base <= ptr) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo;
+    return gp_ranges_upper(r->v, r->n, sizeof *r->v, ptr);
 }
 
 static const struct range *ranges_find(const struct ranges *r, uint64_t ptr) {
     size_t i = ranges_upper(r, ptr);
     if (i == 0) return NULL;
     const struct range *x = &r->v[i - 1];
-    return ptr - x->base < (x->size ? x->size : 1) ? x : NULL;
+    return gp_range_holds(x->base, x->size, ptr) ? x : NULL;
 }
 
 static int ranges_insert(struct ranges *r, struct range x) {

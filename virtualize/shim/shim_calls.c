@@ -2183,7 +2183,7 @@ CUresult cuFuncGetParamCount(uint64_t func, uint64_t *count) {
     return param_count(func, count);
 }
 
-#define LAUNCH_ATTRIBUTE_BYTES 72 /* CUlaunchAttribute: id, padding, a 64-byte value union */
+#define LAUNCH_ATTRIBUTE_BYTES GP_LAUNCH_ATTRIBUTE_BYTES /* CUlaunchAttribute: id, padding, a 64-byte value union */
 
 /* Packs kernelParams (or the `extra` buffer) into `buf`; returns its length or -1. */
 static int64_t pack_params(const struct layout *l, void **params, void **extra, unsigned char *buf, size_t cap) {
@@ -2277,8 +2277,8 @@ static int is_cooperative(const unsigned char *attrs, uint32_t n_attrs) {
     for (uint32_t i = 0; i < n_attrs; i++) {
         uint32_t id;
         int32_t value;
-        memcpy(&id, attrs + 72 * i, 4);
-        memcpy(&value, attrs + 72 * i + 8, 4);
+        memcpy(&id, attrs + LAUNCH_ATTRIBUTE_BYTES * i, 4);
+        memcpy(&value, attrs + LAUNCH_ATTRIBUTE_BYTES * i + 8, 4);
         if (id == 2 && value) return 1;
     }
     return 0;
