@@ -31,6 +31,7 @@ from virtualize._calls import (
 )
 from virtualize._exports import TABLES
 from virtualize._results import RESULT_TEXT, RESULTS
+from virtualize.errors import VirtualizeError
 
 SHIM_DIR = Path(__file__).parent / "shim"
 TYPES_OUTPUT = SHIM_DIR / "calls_gen_types.h"  # ids, wire structs, prototypes (every C file)
@@ -366,7 +367,7 @@ NATIVE_CHECKS = {"stream": "GPF_STREAM", "event": "GPF_EVENT", "func": "GPF_FUNC
 NO_ARG = 0xFF  # an argument index that is none
 
 
-class UncheckedArgument(Exception):
+class UncheckedArgument(VirtualizeError):
     """A call the native loop is to serve has an argument the guard checks and C does not."""
 
 
@@ -379,7 +380,8 @@ def native_args(call: Call) -> list[str]:
         if p.type in (*HANDLE_TYPES, "dptr") and p.type not in NATIVE_CHECKS:
             raise UncheckedArgument(
                 f"{call.symbol} is in _guard_rules.NATIVE_CALLS but the native loop cannot check its {p.type} "
-                f"argument `{p.name}` (it checks {', '.join(NATIVE_CHECKS)}): serve it in Python, or add the check"
+                f"argument `{p.name}` (it checks {', '.join(NATIVE_CHECKS)})",
+                "serve it in Python, or add the check",
             )
         check = NATIVE_CHECKS.get(p.type, "GPF_PLAIN")
         out.append(f"{{{offset}, {size}, {check}, {lengths.get(i, NO_ARG)}}}")
