@@ -384,6 +384,16 @@ class Worker(_Answer, kw_only=True):
     ] = ""
 
 
+class LeaseJob(_Answer, kw_only=True):
+    """The request's ``job`` as the answer carries it: the same fields as ``Job``, read leniently (an
+    answer ignores what it does not know, ``Job`` refuses it in a request)."""
+
+    scheduler: str
+    id: str
+    account: str | None = None
+    user: str | None = None
+
+
 LeaseState = Annotated[str, _enum("active", "released", "expired", "reclaimed")]
 
 
@@ -396,7 +406,7 @@ class Lease(_Answer, kw_only=True):
     ] = None
     label: str | None = None
     job: Annotated[
-        Job | None,
+        LeaseJob | None,
         Meta(
             description="The batch job the lease serves (a scheduler integration's request); its GPU-hours are "
             "booked to it in pool_events."
