@@ -2091,6 +2091,105 @@ def scenario_vmm_retain():
     say("used_mib_after", (total.value - free.value) // MiB)
 
 
+POSIX_FD, FABRIC = 1, 8  # CUmemAllocationHandleType
+
+
+def _fd_socket_name():
+    return "\0" + os.environ["VMM_SOCKET"]  # an abstract Unix socket, as NCCL's IPC socket is
+
+
+def scenario_vmm_share_export():
+    """NCCL's cuMem transport, the exporting rank: memory created to be shared as a POSIX descriptor,
+    mapped and filled, exported, and the descriptor handed to whoever connects over a Unix socket
+    (SCM_RIGHTS). After the importers: what they wrote, and the partition counting the memory once."""
+    import socket
+    import threading
+
+    setup()
+    size = 4 * MiB
+    base, handle, plain = c_u64(), c_u64(), c_u64()
+    check(cu.cuMemAddressReserve(ctypes.byref(base), c_u64(size), c_u64(0), c_u64(0), c_u64(0)), "reserve")
+    check(cu.cuMemCreate(ctypes.byref(handle), c_u64(size), ctypes.byref(AllocationProp(1, POSIX_FD, 1, 0)),
+                         c_u64(0)), "create")  # fmt: skip
+    check(cu.cuMemMap(base, c_u64(size), c_u64(0), handle, c_u64(0)), "map")
+    check(cu.cuMemSetAccess(base, c_u64(size), ctypes.byref(AccessDesc(1, 0, 3)), c_u64(1)), "access")
+    check(cu.cuMemsetD8(base, 0x5A, c_u64(size)), "fill")
+    fd = ctypes.c_int(-1)
+    check(cu.cuMemExportToShareableHandle(ctypes.byref(fd), handle, POSIX_FD, c_u64(0)), "export")
+    check(cu.cuMemCreate(ctypes.byref(plain), c_u64(2 * MiB), ctypes.byref(AllocationProp(1, 0, 1, 0)),
+                         c_u64(0)), "create unshareable")  # fmt: skip
+    unshareable = ctypes.c_int(-1)
+    say(
+        "export_unshareable",
+        cu.cuMemExportToShareableHandle(ctypes.byref(unshareable), plain, POSIX_FD, c_u64(0)),
+    )
+    say("export_fabric", cu.cuMemExportToShareableHandle(ctypes.byref(unshareable), handle, FABRIC, c_u64(0)))
+    check(cu.cuMemRelease(plain), "release unshareable")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(_fd_socket_name())
+    server.listen()
+
+    def hand_out():
+        while True:
+            conn, _ = server.accept()
+            with conn:
+                socket.send_fds(conn, [b"fd"], [fd.value])
+
+    threading.Thread(target=hand_out, daemon=True).start()
+    say("ready", 1)
+    sys.stdin.readline()  # the importers are done
+    say("after_import", dtoh(base.value + size - 4, 4)[1].hex())
+    free, total = c_u64(), c_u64()
+    check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
+    say("used_mib", (total.value - free.value) // MiB)
+    check(cu.cuMemUnmap(base, c_u64(size)), "unmap")
+    say("release", cu.cuMemRelease(handle))
+    check(cu.cuMemAddressFree(base, c_u64(size)), "address free")
+
+
+def scenario_vmm_share_import():
+    """NCCL's cuMem transport, the importing rank: the descriptor arrives over the Unix socket, is
+    imported, mapped in this process's own range, read and written; then unmapped and released."""
+    import socket
+
+    setup()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(_fd_socket_name())
+        _, fds, _, _ = socket.recv_fds(conn, 16, 1)
+    handle = c_u64()
+    if (
+        "VMM_OWN_FIRST" in os.environ
+    ):  # memory of this process's own lease, the same handle value as the export's
+        check(cu.cuMemCreate(ctypes.byref(handle), c_u64(4 * MiB), ctypes.byref(AllocationProp(1, POSIX_FD, 1, 0)),
+                             c_u64(0)), "create own")  # fmt: skip
+        say("own_handle_is_the_exported_value", os.pread(fds[0], 8, 16) == struct.pack("<Q", handle.value))
+    rc = cu.cuMemImportFromShareableHandle(ctypes.byref(handle), ctypes.c_void_p(fds[0]), POSIX_FD)
+    say("import", rc)
+    os.close(fds[0])
+    if rc != 0:
+        return
+    size, base = 4 * MiB, c_u64()
+    made = AllocationProp()
+    rc = cu.cuMemGetAllocationPropertiesFromHandle(ctypes.byref(made), handle)
+    say("properties", f"{rc} {made.handle_types} {made.location_id}")
+    check(cu.cuMemAddressReserve(ctypes.byref(base), c_u64(size), c_u64(0), c_u64(0), c_u64(0)), "reserve")
+    check(cu.cuMemMap(base, c_u64(size), c_u64(0), handle, c_u64(0)), "map")
+    check(cu.cuMemSetAccess(base, c_u64(size), ctypes.byref(AccessDesc(1, 0, 3)), c_u64(1)), "access")
+    say("release_while_mapped", cu.cuMemRelease(handle))  # as NCCL does: the mapping keeps the memory
+    say("sees_export", dtoh(base.value, size)[1] == b"\x5a" * size)
+    check(cu.cuMemsetD8(base, 0xCD, c_u64(size)), "overwrite")
+    check(cu.cuCtxSynchronize(), "sync")
+    check(cu.cuMemUnmap(base, c_u64(size)), "unmap")
+    check(cu.cuMemAddressFree(base, c_u64(size)), "address free")
+    with open(os.devnull) as other:  # a descriptor that is not exported memory
+        say(
+            "import_other_fd",
+            cu.cuMemImportFromShareableHandle(
+                ctypes.byref(handle), ctypes.c_void_p(other.fileno()), POSIX_FD
+            ),
+        )
+
+
 class Memcpy2D(ctypes.Structure):  # CUDA_MEMCPY2D
     _fields_ = [(f"{side}{name}", kind) for side in ("src", "dst") for name, kind in (
         ("XInBytes", c_u64), ("Y", c_u64), ("MemoryType", ctypes.c_int), ("Host", ctypes.c_void_p),

@@ -851,3 +851,48 @@ def test_copies_to_page_locked_memory_return_at_once_and_land_before_anything_sh
     assert out["bad_source"] == out["past_the_end"] == "1"  # CUDA_ERROR_INVALID_VALUE, from the call
     assert out["bad_stream"] == "0" and out["bad_stream_sync"] == "400" and out["after"] == "0"
     assert "gpupool:" not in err
+
+
+def test_processes_of_one_lease_share_virtual_memory_through_descriptors_as_nccl_does_and_other_leases_cannot(
+    shim_dir, worker
+):
+    """NCCL's cuMem transport between two ranks of one lease: memory exported as a POSIX descriptor and
+    passed over a Unix socket is imported, mapped and written by the other process, the exporter sees the
+    write and the partition counts the memory once; a process of another lease given the same descriptor
+    is refused, as are a descriptor that names nothing and memory not created to be shared."""
+    socket_name = f"gpupool-test-vmm-{os.getpid()}"
+    env = client_env(shim_dir, worker, VMM_SOCKET=socket_name)
+    exporter = subprocess.Popen([sys.executable, str(CLIENT), "vmm_share_export"], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        first = [exporter.stdout.readline().split() for _ in range(3)]
+        assert first == [["export_unshareable", "1"], ["export_fabric", "801"], ["ready", "1"]]
+        out, _ = run_client("vmm_share_import", env)
+        assert out == {
+            "import": "0",
+            "properties": "0 1 0",  # shareable as a POSIX descriptor, on device 0
+            "release_while_mapped": "0",
+            "sees_export": "True",
+            "import_other_fd": "1",  # CUDA_ERROR_INVALID_VALUE
+        }
+        other = start_worker("other-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1", env={},
+                             executor="host")  # fmt: skip
+        try:
+            # Its worker holds memory under the very handle value the descriptor names: the refusal is the
+            # lease's rule (only what a process of the lease exported), not an unknown handle.
+            other_env = client_env(shim_dir, other, VMM_SOCKET=socket_name, VMM_OWN_FIRST="1")
+            out, _ = run_client("vmm_share_import", other_env)
+            assert out == {
+                "own_handle_is_the_exported_value": "True",
+                "import": "1",
+            }  # CUDA_ERROR_INVALID_VALUE
+        finally:
+            other.stop()
+        exporter.stdin.write("\n")
+        exporter.stdin.flush()
+        rest = dict(exporter.stdout.readline().split() for _ in range(3))
+        assert rest == {"after_import": "cdcdcdcd", "used_mib": "4", "release": "0"}
+        assert exporter.wait(30) == 0
+    finally:
+        exporter.kill()
+        exporter.wait(10)

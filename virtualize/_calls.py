@@ -338,6 +338,13 @@ CALLS: tuple[Call, ...] = (
     _c("cuMemRetainAllocationHandle", 11000, "o_vmem handle, dptr addr"),
     _c("cuMemGetAllocationPropertiesFromHandle", 10020, "ptr prop, vmem handle", custom=True,
        wire="vmem handle"),  # the CUmemAllocationProp it was created with, in the reply's bulk
+    # Memory shared between the processes of one lease, as NCCL's cuMem transport shares its buffers: the
+    # exported descriptor is a memfd naming the worker's handle; importing it in another process of the same
+    # lease gives that process a reference of its own (the worker checks the handle was exported in the lease).
+    _c("cuMemExportToShareableHandle", 10020, "ptr shareable, vmem handle, i32 type, u64 flags", custom=True,
+       wire="vmem handle, i32 type"),
+    _c("cuMemImportFromShareableHandle", 10020, "o_vmem handle, ptr os_handle, i32 type", custom=True,
+       wire="o_vmem handle, u64 exported"),
     _c("cuMemGetAccess", 10020, "o_u64 flags, ptr location, dptr ptr", custom=True,
        wire="o_u64 flags, i32 location_type, i32 location_id, dptr ptr"),
     _c("cuMemGetAllocationGranularity", 10020, "o_u64 granularity, ptr prop, i32 option", custom=True,

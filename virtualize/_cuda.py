@@ -12,6 +12,7 @@ import ctypes
 import itertools
 import logging
 import mmap
+import os
 import threading
 from collections.abc import Callable
 
@@ -757,6 +758,18 @@ class CudaExecutor(Executor):
 
     def cuMemRelease(self, handle):
         _ok(driver.cuMemRelease(driver.CUmemGenericAllocationHandle(handle)))
+
+    def cuMemImportFromShareableHandle(self, handle):
+        """Another reference to memory of the lease, for another of its processes: exported as a POSIX
+        descriptor and imported back in this process, as the driver shares memory between processes."""
+        posix = driver.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        fd = _int(
+            _ok(driver.cuMemExportToShareableHandle(driver.CUmemGenericAllocationHandle(handle), posix, 0))
+        )
+        try:
+            return _int(_ok(driver.cuMemImportFromShareableHandle(fd, posix)))
+        finally:
+            os.close(fd)
 
     # -- CUDA arrays, textures and surfaces ------------------------------------------------------------
 

@@ -56,6 +56,7 @@ BUILTIN_STREAMS = frozenset({0, 1, 2})  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_
 MEMSET_WIDTH = {"cuMemsetD8": 1, "cuMemsetD16": 2, "cuMemsetD32": 4}
 LAUNCH_ATTRIBUTE_BYTES = 72
 ALLOCATION_PROP_BYTES, ACCESS_DESC_BYTES = 32, 12  # CUmemAllocationProp, CUmemAccessDesc
+POSIX_FILE_DESCRIPTOR = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 POOL_PROPS_BYTES = 88  # CUmemPoolProps
 TENSOR_MAP_BYTES, TENSOR_RANK_MAX = 128, 5  # CUtensorMap
 # Each tensor-map call's shape arrays in the bulk, in the C order: (count as rank + offset, struct code).
@@ -156,6 +157,9 @@ class LeaseState:
     layouts: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     callback_tokens: dict[int, Session] = field(default_factory=dict)  # token -> connection to call back for
     tensor_maps: dict[bytes, int] = field(default_factory=dict)  # encoded map -> its tensor's extent
+    # Memory of the virtual memory API a process exported (cuMemExportToShareableHandle) -> (size, device,
+    # CUmemAllocationProp): what another process of this lease may import; nothing of another lease is here.
+    vm_exported: dict[int, tuple[int, int, bytes]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     native: Any = None  # the worker's native hot path (a virtualize._native_dispatch.NativeLease), if any
 
@@ -269,6 +273,7 @@ class Session:
         self.vm_references: dict[int, int] = {}  # handle -> references beyond the first (retains)
         self.vm_props: dict[int, bytes] = {}  # handle -> the CUmemAllocationProp it was created with
         self.vm_mapping_of: dict[int, tuple[int, int, int]] = {}  # mapped address -> (handle, size, device)
+        self.vm_imported: set[int] = set()  # handles imported from another process: counted against its quota
         self.arrays: dict[
             int, tuple[str, int, int, int]
         ] = {}  # array or mipmap -> (kind, bytes, device, ctx)
@@ -323,6 +328,8 @@ class Session:
             "cuMemRetainAllocationHandle": self._vm_retain,
             "cuMemGetAllocationPropertiesFromHandle": self._vm_properties,
             "cuMemGetAccess": self._vm_access,
+            "cuMemExportToShareableHandle": self._vm_export,
+            "cuMemImportFromShareableHandle": self._vm_import,
             "cuArrayCreate_v2": self._array_create,
             "cuArray3DCreate_v2": self._array_create,
             "cuMipmappedArrayCreate": self._array_create,
@@ -1197,8 +1204,12 @@ class Session:
             return
         size, device = self.vm_handles.pop(handle)
         self.lease.handles["vmem"].discard(handle)
+        self.vm_props.pop(handle, None)
         with self.lease.lock:
-            self.lease.used[device] -= size
+            self.lease.vm_exported.pop(handle, None)
+            if handle not in self.vm_imported:
+                self.lease.used[device] -= size
+        self.vm_imported.discard(handle)
 
     def _vm_map(self, call: Call, ins: tuple):
         ptr, size, offset, handle, flags = ins
@@ -1251,6 +1262,39 @@ class Session:
             self.lease.handles["vmem"].add(handle)
             with self.lease.lock:
                 self.lease.used[device] += size
+        return struct.pack("<Q", handle), b""
+
+    def _vm_export(self, call: Call, ins: tuple):
+        """cuMemExportToShareableHandle: memory this process holds, created to be shared as a POSIX file
+        descriptor, becomes importable by the lease's other processes (the shim makes the descriptor)."""
+        handle, handle_type = ins
+        if handle_type != POSIX_FILE_DESCRIPTOR:
+            raise CudaError(CUresult.NOT_SUPPORTED, "only POSIX file descriptors are shared remotely")
+        if handle not in self.vm_handles:
+            raise CudaError(INVALID_VALUE, "not memory this process holds")
+        prop = self.vm_props.get(handle) or self.lease.vm_exported.get(handle, (0, 0, b""))[2]
+        if not prop or not struct.unpack_from("<i", prop, 4)[0] & POSIX_FILE_DESCRIPTOR:
+            raise CudaError(INVALID_VALUE, "created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR")
+        with self.lease.lock:
+            self.lease.vm_exported[handle] = (*self.vm_handles[handle], prop)
+
+    def _vm_import(self, call: Call, ins: tuple):
+        """cuMemImportFromShareableHandle: a reference of this process's own to memory another process of
+        the lease exported; a handle the lease did not export (another lease's) is refused."""
+        (exported,) = ins
+        with self.lease.lock:
+            found = self.lease.vm_exported.get(exported)
+        if found is None:
+            raise CudaError(INVALID_VALUE, "not memory exported by a process of this lease")
+        size, device, prop = found
+        handle = self.executor.cuMemImportFromShareableHandle(exported)
+        if handle in self.vm_handles:
+            self.vm_references[handle] = self.vm_references.get(handle, 0) + 1
+        else:
+            self.vm_handles[handle] = (size, device)
+            self.vm_props[handle] = prop
+            self.vm_imported.add(handle)
+            self.lease.handles["vmem"].add(handle)
         return struct.pack("<Q", handle), b""
 
     def _vm_set_access(self, call: Call, ins: tuple):

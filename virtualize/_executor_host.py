@@ -145,6 +145,7 @@ class HostExecutor(Executor):
         self.reserved: dict[int, int] = {}  # reserved address ranges: base -> size
         self.created: dict[int, int] = {}  # cuMemCreate handle -> device
         self.references: dict[int, int] = {}  # cuMemCreate handle -> references (create, retains)
+        self.backing: dict[int, bytearray] = {}  # cuMemCreate handle -> its bytes, shared by its mappings
         self.mapped_handles: dict[int, int] = {}  # mapped address -> the handle mapped there
         self.access: dict[tuple[int, int], int] = {}  # (mapped address, device) -> CUmemAccess_flags
         self.nodes: dict[int, tuple[int, object]] = {}  # graph node -> (its graph, its work)
@@ -371,7 +372,18 @@ class HostExecutor(Executor):
         handle = next(self.ids)
         self.created[handle] = device
         self.references[handle] = 1
+        self.backing[handle] = bytearray(size)
         return handle
+
+    def cuMemImportFromShareableHandle(self, handle):
+        """Another handle to the same memory, as the driver's import of an exported descriptor gives."""
+        if handle not in self.created:
+            raise CudaError(INVALID_VALUE, "not created memory")
+        imported = next(self.ids)
+        self.created[imported] = self.created[handle]
+        self.references[imported] = 1
+        self.backing[imported] = self.backing[handle]
+        return imported
 
     def cuMemRelease(self, handle):
         if handle not in self.created:
@@ -379,6 +391,7 @@ class HostExecutor(Executor):
         self.references[handle] -= 1
         if not self.references[handle]:
             del self.created[handle], self.references[handle]
+            self.backing.pop(handle, None)  # its mappings keep the bytes while they last
 
     def cuMemRetainAllocationHandle(self, addr):
         _, offset = self._find(addr, 0)
@@ -391,6 +404,10 @@ class HostExecutor(Executor):
 
     def cuMemMap(self, ptr, size, offset, handle, flags):
         self._place(ptr, size, self.created[handle])
+        backing = self.backing.get(handle)
+        if backing is not None:  # every mapping of one memory (in any process of the lease) shares its bytes
+            with self.lock:
+                self.memory[ptr] = memoryview(backing)[offset : offset + size]
         self.mapped_handles[ptr] = handle
 
     def cuMemUnmap(self, ptr, size):

@@ -1603,7 +1603,6 @@ GP_EXPORT CUresult cuMemDiscardAndPrefetchBatchAsync(void) { return gp_unforward
 GP_EXPORT CUresult cuMemDiscardAndPrefetchBatchAsync_ptsz(void) { return gp_unforwarded("cuMemDiscardAndPrefetchBatchAsync_ptsz"); }
 GP_EXPORT CUresult cuMemDiscardBatchAsync(void) { return gp_unforwarded("cuMemDiscardBatchAsync"); }
 GP_EXPORT CUresult cuMemDiscardBatchAsync_ptsz(void) { return gp_unforwarded("cuMemDiscardBatchAsync_ptsz"); }
-GP_EXPORT CUresult cuMemExportToShareableHandle(void) { return gp_unforwarded("cuMemExportToShareableHandle"); }
 GP_EXPORT CUresult cuMemFree(void) { return gp_unforwarded("cuMemFree"); }
 GP_EXPORT CUresult cuMemGetAddressRange(void) { return gp_unforwarded("cuMemGetAddressRange"); }
 GP_EXPORT CUresult cuMemGetAttribute(void) { return gp_unforwarded("cuMemGetAttribute"); }
@@ -1612,7 +1611,6 @@ GP_EXPORT CUresult cuMemGetHandleForAddressRange(void) { return gp_unforwarded("
 GP_EXPORT CUresult cuMemGetInfo(void) { return gp_unforwarded("cuMemGetInfo"); }
 GP_EXPORT CUresult cuMemHostGetDevicePointer(void) { return gp_unforwarded("cuMemHostGetDevicePointer"); }
 GP_EXPORT CUresult cuMemHostRegister(void) { return gp_unforwarded("cuMemHostRegister"); }
-GP_EXPORT CUresult cuMemImportFromShareableHandle(void) { return gp_unforwarded("cuMemImportFromShareableHandle"); }
 GP_EXPORT CUresult cuMemMapArrayAsync(void) { return gp_unforwarded("cuMemMapArrayAsync"); }
 GP_EXPORT CUresult cuMemMapArrayAsync_ptsz(void) { return gp_unforwarded("cuMemMapArrayAsync_ptsz"); }
 GP_EXPORT CUresult cuMemPrefetchBatchAsync(void) { return gp_unforwarded("cuMemPrefetchBatchAsync"); }
@@ -1772,8 +1770,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuMemDiscardAndPrefetchBatchAsync", "batched and attributed copies, batched prefetch and discard: not forwarded yet"},
     {"cuMemBatchDecompressAsync", "batched and attributed copies, batched prefetch and discard: not forwarded yet"},
     {"cuDeviceSetMemPool", "memory pools beyond the default, and pool access: not forwarded yet"},
-    {"cuMemExportToShareableHandle", "virtual memory handles shared between processes: not forwarded yet"},
-    {"cuMemImportFromShareableHandle", "virtual memory handles shared between processes: not forwarded yet"},
     {"cuMulticast*", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuLogicalEndpoint*", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuFabricCpyBatchAsync", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
@@ -2034,6 +2030,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemAllocManaged", 6000, (void *)cuMemAllocManaged},
     {"cuMemAllocPitch", 3020, (void *)cuMemAllocPitch_v2},
     {"cuMemCreate", 10020, (void *)cuMemCreate},
+    {"cuMemExportToShareableHandle", 10020, (void *)cuMemExportToShareableHandle},
     {"cuMemFree", 3020, (void *)cuMemFree_v2},
     {"cuMemFreeAsync", 11020, (void *)cuMemFreeAsync},
     {"cuMemFreeHost", 2000, (void *)cuMemFreeHost},
@@ -2049,6 +2046,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemHostGetFlags", 2030, (void *)cuMemHostGetFlags},
     {"cuMemHostRegister", 6050, (void *)cuMemHostRegister_v2},
     {"cuMemHostUnregister", 4000, (void *)cuMemHostUnregister},
+    {"cuMemImportFromShareableHandle", 10020, (void *)cuMemImportFromShareableHandle},
     {"cuMemMap", 10020, (void *)cuMemMap},
     {"cuMemPoolCreate", 11020, (void *)cuMemPoolCreate},
     {"cuMemPoolDestroy", 11020, (void *)cuMemPoolDestroy},
