@@ -50,8 +50,8 @@ def pool_server(work: Path, env: dict[str, str], extra: list[str] = ()) -> Itera
         if proc.poll() is not None:
             raise RuntimeError(f"gpupool-server exited with {proc.returncode}")
 
-        def attach(fraction: str, *options: str) -> list[str]:
-            return [client, "run", "--server", f"http://127.0.0.1:{port}", "--token", token, "-n", "1",
+        def attach(fraction: str, *options: str, n: int = 1) -> list[str]:
+            return [client, "run", "--server", f"http://127.0.0.1:{port}", "--token", token, "-n", str(n),
                     "-p", fraction, *options, "--"]  # fmt: skip
 
         yield attach
