@@ -16,7 +16,9 @@ SIZES = [1 << s for s in range(20, 31, 2)]  # 1, 4, 16, 64, 256 MiB, 1 GiB
 
 def main() -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", "0"))
+    local = (
+        int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    )  # one device per rank when spread
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     for size in SIZES:

@@ -17,7 +17,9 @@ STEPS, BATCH, WIDTH = 30, 64, 1024
 def main() -> None:
     torch.use_deterministic_algorithms(True)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", "0"))
+    local = (
+        int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    )  # one device per rank when spread
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     torch.manual_seed(0)  # the same model on every rank (DDP also broadcasts rank 0's)

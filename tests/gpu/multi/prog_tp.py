@@ -17,7 +17,9 @@ TOKENS, HIDDEN = 256, 2048
 def main() -> None:
     torch.use_deterministic_algorithms(True)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", "0"))
+    local = (
+        int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    )  # one device per rank when spread
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     gen = torch.Generator().manual_seed(7)  # the same full weights on every rank, made on the host

@@ -9,6 +9,8 @@ Steps (each bounded by a timeout, each PASS/FAIL/SKIP with why; the exit status 
              lease of half of GPU 0, training side by side (NCCL refuses two ranks on one GPU)
   servers    two leases of one GPU each, as two gpupool-servers each owning one GPU would start them;
              one rank per lease, NCCL forced to its socket transport (P2P and SHM off)
+  spread     two real gpupool-servers on this host, each owning one GPU (CUDA_VISIBLE_DEVICES), and
+             `gpuattach run -n 2 --spread -- torchrun --nproc-per-node 2 prog_ddp.py` (NCCL sockets)
   gpuattach  the DDP run as a user types it, through a real gpupool-server:
              `gpuattach run -n 2 -- python -m torch.distributed.run --nproc-per-node 2 prog_ddp.py`
 NCCL's transport lines (`... via P2P/CUMEM`, `via NET/Socket`) are shown for each run: what crosses
@@ -161,7 +163,7 @@ def compare_losses(check: str, native, remote, *, runs: str = "remote") -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--only", nargs="*", help="run only these steps (ddp allreduce tp halves servers gpuattach)"
+        "--only", nargs="*", help="run only these steps (ddp allreduce tp halves servers spread gpuattach)"
     )
     args = parser.parse_args()
     want = set(args.only or [])
@@ -277,6 +279,30 @@ def main() -> int:
                 for i in range(2)])  # fmt: skip
             compare_losses("two leases on two GPUs, one rank each, NCCL socket transport", native[0], remote[0],
                            runs="remote")  # fmt: skip
+        if selected("spread"):
+            say(
+                "\n=== spread: two gpupool-servers, each owning one GPU (CUDA_VISIBLE_DEVICES), gpuattach run -n 2 --spread"
+            )
+            if not all(installed()):
+                record(
+                    "gpuattach run -n 2 --spread -- torchrun",
+                    "SKIP",
+                    "gpupool-server / gpuattach not installed",
+                )
+            else:
+                # Each server owns one GPU; the second stores the first's token, so one token serves both.
+                with (
+                    pool_server(work / "pool-a", {**env, "CUDA_VISIBLE_DEVICES": two[0][1]}) as a,
+                    pool_server(
+                        work / "pool-b", {**env, "CUDA_VISIBLE_DEVICES": two[1][1]}, token=a.token
+                    ) as b,
+                ):
+                    cmd = [installed()[1], "run", "--server", f"{a.url},{b.url}", "--token", a.token, "-n", "2",
+                           "--spread", "--", *torchrun("prog_ddp.py")]  # fmt: skip
+                    say("$ " + " ".join(cmd))
+                    n = run("spread-native", torchrun("prog_ddp.py"), {**native_two, **SOCKETS_ONLY})
+                    compare_losses("gpuattach run -n 2 --spread (one GPU on each of two servers), NCCL sockets",
+                                   n, run("spread-remote", cmd, {**env, **SOCKETS_ONLY}), runs="gpuattach")  # fmt: skip
         if selected("gpuattach"):
             say("\n=== gpuattach: a real gpupool-server, gpuattach run -n 2 -- torchrun ...")
             if not all(installed()):
