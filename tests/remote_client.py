@@ -2159,13 +2159,20 @@ def scenario_vmm_share_import():
     handle = c_u64()
     if (
         "VMM_OWN_FIRST" in os.environ
-    ):  # memory of this process's own lease, the same handle value as the export's
-        check(cu.cuMemCreate(ctypes.byref(handle), c_u64(4 * MiB), ctypes.byref(AllocationProp(1, POSIX_FD, 1, 0)),
-                             c_u64(0)), "create own")  # fmt: skip
-        say("own_handle_is_the_exported_value", os.pread(fds[0], 8, 16) == struct.pack("<Q", handle.value))
+    ):  # memory of this process's lease under the handle value the export names
+        (wanted,) = struct.unpack("<Q", os.pread(fds[0], 8, 16))
+        for _ in range(100_000):  # handle values only grow: create (and drop) until this lease holds that one
+            prop = AllocationProp(1, POSIX_FD, 1, 0)
+            check(
+                cu.cuMemCreate(ctypes.byref(handle), c_u64(2 * MiB), ctypes.byref(prop), c_u64(0)),
+                "create own",
+            )
+            if handle.value >= wanted:
+                break
+            check(cu.cuMemRelease(handle), "release own")
+        say("own_handle_is_the_exported_value", handle.value == wanted)
     rc = cu.cuMemImportFromShareableHandle(ctypes.byref(handle), ctypes.c_void_p(fds[0]), POSIX_FD)
     say("import", rc)
-    os.close(fds[0])
     if rc != 0:
         return
     size, base = 4 * MiB, c_u64()
@@ -2175,12 +2182,21 @@ def scenario_vmm_share_import():
     check(cu.cuMemAddressReserve(ctypes.byref(base), c_u64(size), c_u64(0), c_u64(0), c_u64(0)), "reserve")
     check(cu.cuMemMap(base, c_u64(size), c_u64(0), handle, c_u64(0)), "map")
     check(cu.cuMemSetAccess(base, c_u64(size), ctypes.byref(AccessDesc(1, 0, 3)), c_u64(1)), "access")
-    say("release_while_mapped", cu.cuMemRelease(handle))  # as NCCL does: the mapping keeps the memory
     say("sees_export", dtoh(base.value, size)[1] == b"\x5a" * size)
     check(cu.cuMemsetD8(base, 0xCD, c_u64(size)), "overwrite")
     check(cu.cuCtxSynchronize(), "sync")
+    if "VMM_WAIT" in os.environ:  # the exporter unmaps and releases its own reference meanwhile
+        say("waiting", 1)
+        sys.stdin.readline()
+        say("sees_after_exporter_left", dtoh(base.value, size)[1] == b"\xcd" * size)
+        again = c_u64()  # the descriptor still names the memory, as the driver's does while it lives
+        rc = cu.cuMemImportFromShareableHandle(ctypes.byref(again), ctypes.c_void_p(fds[0]), POSIX_FD)
+        say("import_again", f"{rc} {cu.cuMemRelease(again) if rc == 0 else '-'}")
+    say("release_while_mapped", cu.cuMemRelease(handle))  # as NCCL does: the mapping keeps the memory
+    say("after_release", dtoh(base.value + size - 4, 4)[1].hex())
     check(cu.cuMemUnmap(base, c_u64(size)), "unmap")
     check(cu.cuMemAddressFree(base, c_u64(size)), "address free")
+    os.close(fds[0])
     with open(os.devnull) as other:  # a descriptor that is not exported memory
         say(
             "import_other_fd",

@@ -16,6 +16,7 @@ import logging
 import secrets
 import struct
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -160,6 +161,10 @@ class LeaseState:
     # Memory of the virtual memory API a process exported (cuMemExportToShareableHandle) -> (size, device,
     # CUmemAllocationProp): what another process of this lease may import; nothing of another lease is here.
     vm_exported: dict[int, tuple[int, int, bytes]] = field(default_factory=dict)
+    # The processes holding each such handle (the driver gives every process of the lease the same value
+    # for one memory: they share the worker) and the addresses where the lease's processes map it.
+    vm_holders: Counter = field(default_factory=Counter)
+    vm_mapped_at: dict[int, set[int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     native: Any = None  # the worker's native hot path (a virtualize._native_dispatch.NativeLease), if any
 
@@ -197,6 +202,28 @@ class LeaseState:
             if a.owned:
                 self.used[a.device] -= a.size
         return a
+
+    def vm_hold(self, handle: int) -> None:
+        """A process of the lease holds `handle` now (created, retained or imported)."""
+        with self.lock:
+            self.vm_holders[handle] += 1
+            self.handles["vmem"].add(handle)
+
+    def vm_drop(self, handle: int) -> None:
+        """A process let go of `handle`; the lease forgets it (and its export) when none holds it."""
+        with self.lock:
+            self.vm_holders[handle] -= 1
+            if self.vm_holders[handle] <= 0:
+                del self.vm_holders[handle]
+                self.handles["vmem"].discard(handle)
+                self.vm_exported.pop(handle, None)
+
+    def vm_mapping(self, handle: int, ptr: int, mapped: bool) -> None:
+        with self.lock:
+            at = self.vm_mapped_at.setdefault(handle, set())
+            (at.add if mapped else at.discard)(ptr)
+            if not at:
+                del self.vm_mapped_at[handle]
 
     def reserve(self, device: int, size: int) -> None:
         """Refuse an allocation that would take the lease past its partition of `device`."""
@@ -1191,7 +1218,7 @@ class Session:
             raise
         self.vm_handles[handle] = (size, device)
         self.vm_props[handle] = bytes(prop)
-        self.lease.handles["vmem"].add(handle)
+        self.lease.vm_hold(handle)
         return struct.pack("<Q", handle), b""
 
     def _vm_release(self, call: Call, ins: tuple):
@@ -1203,13 +1230,12 @@ class Session:
             self.vm_references[handle] -= 1
             return
         size, device = self.vm_handles.pop(handle)
-        self.lease.handles["vmem"].discard(handle)
         self.vm_props.pop(handle, None)
-        with self.lease.lock:
-            self.lease.vm_exported.pop(handle, None)
-            if handle not in self.vm_imported:
+        if handle not in self.vm_imported:
+            with self.lease.lock:
                 self.lease.used[device] -= size
         self.vm_imported.discard(handle)
+        self.lease.vm_drop(handle)
 
     def _vm_map(self, call: Call, ins: tuple):
         ptr, size, offset, handle, flags = ins
@@ -1219,6 +1245,7 @@ class Session:
         self.executor.cuMemMap(ptr, size, offset, handle, flags)
         self.vm_mapped[ptr] = size
         self.vm_mapping_of[ptr] = (handle, *self.vm_handles[handle])
+        self.lease.vm_mapping(handle, ptr, True)
 
     def _vm_unmap(self, call: Call, ins: tuple):
         ptr, size = ins
@@ -1228,7 +1255,12 @@ class Session:
         self.executor.cuMemUnmap(ptr, size)
         for m in inside:
             del self.vm_mapped[m]
-            self.vm_mapping_of.pop(m, None)
+            self._vm_forget_mapping(m)
+
+    def _vm_forget_mapping(self, ptr: int) -> None:
+        mapping = self.vm_mapping_of.pop(ptr, None)
+        if mapping is not None:
+            self.lease.vm_mapping(mapping[0], ptr, False)
 
     def _vm_properties(self, call: Call, ins: tuple):
         """cuMemGetAllocationPropertiesFromHandle: as this process created it (its device, the lease's)."""
@@ -1259,7 +1291,7 @@ class Session:
         else:  # its creator's reference was released: this one holds the memory now
             _, size, device = self.vm_mapping_of[mapped]
             self.vm_handles[handle] = (size, device)
-            self.lease.handles["vmem"].add(handle)
+            self.lease.vm_hold(handle)
             with self.lease.lock:
                 self.lease.used[device] += size
         return struct.pack("<Q", handle), b""
@@ -1287,14 +1319,21 @@ class Session:
         if found is None:
             raise CudaError(INVALID_VALUE, "not memory exported by a process of this lease")
         size, device, prop = found
-        handle = self.executor.cuMemImportFromShareableHandle(exported)
+        # Another reference to the memory in the worker: retained where a process of the lease maps it
+        # (the driver's own way, the same handle value), else through a descriptor exported and imported.
+        with self.lease.lock:
+            mapped = next(iter(self.lease.vm_mapped_at.get(exported, ())), None)
+        if mapped is not None:
+            handle = self.executor.cuMemRetainAllocationHandle(mapped)
+        else:
+            handle = self.executor.cuMemImportFromShareableHandle(exported)
         if handle in self.vm_handles:
             self.vm_references[handle] = self.vm_references.get(handle, 0) + 1
         else:
             self.vm_handles[handle] = (size, device)
             self.vm_props[handle] = prop
             self.vm_imported.add(handle)
-            self.lease.handles["vmem"].add(handle)
+            self.lease.vm_hold(handle)
         return struct.pack("<Q", handle), b""
 
     def _vm_set_access(self, call: Call, ins: tuple):
@@ -1324,6 +1363,7 @@ class Session:
             for ptr, size in list(self.vm_mapped.items()):
                 self.executor.cuMemUnmap(ptr, size)
                 del self.vm_mapped[ptr]
+                self._vm_forget_mapping(ptr)
             for handle in list(self.vm_handles):
                 while handle in self.vm_handles:  # every reference, retained ones too
                     self._vm_release(None, (handle,))

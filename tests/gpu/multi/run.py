@@ -41,7 +41,8 @@ from _pool import installed, pool_server  # noqa: E402
 from server.workers import WorkerDevice, start_worker  # noqa: E402
 from virtualize.remote import fresh_shim, remote_env  # noqa: E402
 
-STEP_TIMEOUT = 420  # seconds for one run (NCCL's first init on a fresh machine compiles nothing, but waits)
+DEFAULT_TIMEOUT = 240  # seconds for one run (--timeout); a hung NCCL run costs this much
+STEP_TIMEOUT = DEFAULT_TIMEOUT
 OUT = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
 NCCL_ENV = {
     "NCCL_NVLS_ENABLE": "0",  # no NVLink multicast (the lent machines' setting)
@@ -102,7 +103,8 @@ def log(label: str, rc: int, out: str, err: str, seconds: float) -> None:
         )
 
 
-def run(label: str, cmd: list[str], env: dict[str, str], timeout: float = STEP_TIMEOUT):
+def run(label: str, cmd: list[str], env: dict[str, str], timeout: float | None = None):
+    timeout = timeout or STEP_TIMEOUT
     started = time.monotonic()
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=HERE)
@@ -114,8 +116,9 @@ def run(label: str, cmd: list[str], env: dict[str, str], timeout: float = STEP_T
     return result
 
 
-def run_together(label: str, cmds: list[tuple[list[str], dict[str, str]]], timeout: float = STEP_TIMEOUT):
+def run_together(label: str, cmds: list[tuple[list[str], dict[str, str]]], timeout: float | None = None):
     """Several processes at once (ranks started by hand, or side-by-side leases): each one's result."""
+    timeout = timeout or STEP_TIMEOUT
     started = time.monotonic()
     procs = [subprocess.Popen(c, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE)
              for c, e in cmds]  # fmt: skip
@@ -161,12 +164,17 @@ def compare_losses(check: str, native, remote, *, runs: str = "remote") -> None:
 
 
 def main() -> int:
+    global STEP_TIMEOUT
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--only", nargs="*", help="run only these steps (ddp allreduce tp halves servers spread gpuattach)"
     )
+    parser.add_argument(
+        "--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds for one run (default 240)"
+    )
     args = parser.parse_args()
     want = set(args.only or [])
+    STEP_TIMEOUT = args.timeout
 
     def selected(key: str) -> bool:
         return not want or key in want
@@ -264,6 +272,17 @@ def main() -> int:
                 for i in range(2)])  # fmt: skip
             for i, r in enumerate(pair):
                 compare_losses(f"half of GPU 0, process {i} beside the other", native_one, r)
+        if selected("gpuattach"):
+            say("\n=== gpuattach: a real gpupool-server, gpuattach run -n 2 -- torchrun ...")
+            if not all(installed()):
+                record("gpuattach run -n 2 -- torchrun", "SKIP", "gpupool-server / gpuattach not installed")
+            else:
+                with pool_server(work / "pool", env) as attach:
+                    cmd = attach("1", n=2) + torchrun("prog_ddp.py")
+                    say("$ " + " ".join(cmd))
+                    n = run("gpuattach-native", torchrun("prog_ddp.py"), native_two)
+                    compare_losses("gpuattach run -n 2 -- torchrun (DDP)", n, run("gpuattach-remote", cmd, env),
+                                   runs="gpuattach")  # fmt: skip
         if selected("servers"):
             say(
                 "\n=== servers: one GPU per lease (as two servers each owning one GPU), one rank each, NCCL sockets"
@@ -303,17 +322,6 @@ def main() -> int:
                     n = run("spread-native", torchrun("prog_ddp.py"), {**native_two, **SOCKETS_ONLY})
                     compare_losses("gpuattach run -n 2 --spread (one GPU on each of two servers), NCCL sockets",
                                    n, run("spread-remote", cmd, {**env, **SOCKETS_ONLY}), runs="gpuattach")  # fmt: skip
-        if selected("gpuattach"):
-            say("\n=== gpuattach: a real gpupool-server, gpuattach run -n 2 -- torchrun ...")
-            if not all(installed()):
-                record("gpuattach run -n 2 -- torchrun", "SKIP", "gpupool-server / gpuattach not installed")
-            else:
-                with pool_server(work / "pool", env) as attach:
-                    cmd = attach("1", n=2) + torchrun("prog_ddp.py")
-                    say("$ " + " ".join(cmd))
-                    n = run("gpuattach-native", torchrun("prog_ddp.py"), native_two)
-                    compare_losses("gpuattach run -n 2 -- torchrun (DDP)", n, run("gpuattach-remote", cmd, env),
-                                   runs="gpuattach")  # fmt: skip
     finally:
         for w in workers:
             w.stop()
