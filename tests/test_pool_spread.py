@@ -12,7 +12,7 @@ import json
 import sys
 
 import pytest
-from pool_harness import ServerProc, api, client_env, gpuattach
+from pool_harness import ServerProc, api, env_for, gpuattach
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -45,18 +45,11 @@ def servers(tmp_path_factory):
         s.stop()
 
 
-def _env(tmp_path, servers, client):
-    token = servers[0].token(client)
-    for s in servers[1:]:
-        s.token(client, token=token)
-    return client_env(tmp_path, [s.url for s in servers], token), token
-
-
 def test_spread_runs_each_rank_on_its_own_servers_gpu_and_refuses_a_rank_beyond_the_leases(servers, tmp_path):
     """-n 2 --spread takes one GPU on each server; the process with LOCAL_RANK r talks to the worker of
     lease r (its server logs that process's connection), sees that lease's one GPU and partition; a
     process with a local rank past the leases gets no device and a message saying why."""
-    env, token = _env(tmp_path, servers, "spreader")
+    env, token = env_for(tmp_path, servers, "spreader")
     logs_before = [s.log.stat().st_size for s in servers]
     out = gpuattach("run", "-n", "2", "-m", "2048", "--spread", "--", sys.executable, "-c", LAUNCHER, env=env,
                     timeout=90)  # fmt: skip
@@ -89,7 +82,7 @@ def _server_of(servers, lease_id: str, token: str) -> int:
 
 
 def test_spread_over_more_servers_than_the_pool_has_fails_in_one_line_and_keeps_nothing(servers, tmp_path):
-    env, token = _env(tmp_path, servers, "too-wide")
+    env, token = env_for(tmp_path, servers, "too-wide")
     out = gpuattach("run", "-n", "3", "-p", "0.25", "--spread", "--timeout", "2s", "--", sys.executable, "-c", "pass",
                     env=env, timeout=60)  # fmt: skip
     assert out.returncode == 125
@@ -101,7 +94,7 @@ def test_spread_over_more_servers_than_the_pool_has_fails_in_one_line_and_keeps_
 
 
 def test_spread_with_local_or_an_existing_lease_is_refused_as_bad_usage(servers, tmp_path):
-    env, _ = _env(tmp_path, servers, "misuser")
+    env, _ = env_for(tmp_path, servers, "misuser")
     for extra in (["--local", "-n", "2"], ["--lease", "some-lease"]):
         out = gpuattach("run", *extra, "--spread", "--", sys.executable, "-c", "pass", env=env)
         assert out.returncode == 125 and "--spread takes new remote leases" in out.stderr, out.stderr

@@ -5,22 +5,17 @@ busbw = algbw * 2 (n - 1) / n. Rank 0 prints `busbw BYTES GB/s` per size.
 
 from __future__ import annotations
 
-import os
 import time
 
 import torch
 import torch.distributed as dist
+from _ranks import join
 
 SIZES = [1 << s for s in range(20, 31, 2)]  # 1, 4, 16, 64, 256 MiB, 1 GiB
 
 
 def main() -> None:
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = (
-        int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
-    )  # one device per rank when spread
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    rank, world = join()
     for size in SIZES:
         x = torch.ones(size // 4, device="cuda")
         iters = max(5, min(100, (4 << 30) // size))

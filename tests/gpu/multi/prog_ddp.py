@@ -5,10 +5,9 @@ ranks) and `devices N` / `nccl VERSION`; deterministic, so native and remote run
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
+from _ranks import join
 from torch.nn.parallel import DistributedDataParallel
 
 STEPS, BATCH, WIDTH = 30, 64, 1024
@@ -16,17 +15,12 @@ STEPS, BATCH, WIDTH = 30, 64, 1024
 
 def main() -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = (
-        int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
-    )  # one device per rank when spread
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    rank, world = join()
     torch.manual_seed(0)  # the same model on every rank (DDP also broadcasts rank 0's)
     model = torch.nn.Sequential(
         torch.nn.Linear(WIDTH, 4 * WIDTH), torch.nn.GELU(), torch.nn.Linear(4 * WIDTH, 10)
     ).cuda()
-    ddp = DistributedDataParallel(model, device_ids=[local])
+    ddp = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     gen = torch.Generator().manual_seed(1234 + rank)  # each rank its own shard of the data
     if rank == 0:

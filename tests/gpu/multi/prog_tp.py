@@ -6,22 +6,16 @@ checksum and the first values) that native and remote runs must print alike.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
+from _ranks import join
 
 TOKENS, HIDDEN = 256, 2048
 
 
 def main() -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = (
-        int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
-    )  # one device per rank when spread
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    rank, world = join()
     gen = torch.Generator().manual_seed(7)  # the same full weights on every rank, made on the host
     w1 = torch.randn(HIDDEN, 4 * HIDDEN, generator=gen) / HIDDEN**0.5
     w2 = torch.randn(4 * HIDDEN, HIDDEN, generator=gen) / (4 * HIDDEN) ** 0.5
