@@ -2125,6 +2125,13 @@ def scenario_vmm_share_export():
     )
     say("export_fabric", cu.cuMemExportToShareableHandle(ctypes.byref(unshareable), handle, FABRIC, c_u64(0)))
     check(cu.cuMemRelease(plain), "release unshareable")
+    # What the device offers for sharing, as NCCL asks before it picks a way: POSIX descriptors only.
+    values = []
+    for attribute in (103, 128, 132, 119):  # POSIX descriptors, fabric handles, multicast, pool handle types
+        value = ctypes.c_int(-1)
+        check(cu.cuDeviceGetAttribute(ctypes.byref(value), attribute, 0), f"attribute {attribute}")
+        values.append(str(value.value))
+    say("sharing_attributes", ",".join(values))
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(_fd_socket_name())
     server.listen()

@@ -860,15 +860,21 @@ def test_processes_of_one_lease_share_virtual_memory_through_descriptors_as_nccl
     passed over a Unix socket is imported, mapped and written by the other process; the exporter sees the
     write and the partition counts the memory once; the importer keeps using and then releases its
     reference after the exporter has released its own. A process of another lease given the same
-    descriptor is refused, as are a descriptor that names nothing and memory not created to be shared."""
+    descriptor is refused, as are a descriptor that names nothing and memory not created to be shared.
+    The device offers POSIX descriptors and no fabric handles or multicast, which are not forwarded."""
     socket_name = f"gpupool-test-vmm-{os.getpid()}"
     env = client_env(shim_dir, worker, VMM_SOCKET=socket_name)
     exporter = subprocess.Popen([sys.executable, str(CLIENT), "vmm_share_export"], env=env,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
     importer = None
     try:
-        first = [exporter.stdout.readline().split() for _ in range(3)]
-        assert first == [["export_unshareable", "1"], ["export_fabric", "801"], ["ready", "1"]]
+        first = [exporter.stdout.readline().split() for _ in range(4)]
+        assert first == [
+            ["export_unshareable", "1"],
+            ["export_fabric", "801"],
+            ["sharing_attributes", "1,0,0,1"],  # the GPU's fabric handles and multicast are not offered
+            ["ready", "1"],
+        ]
         importer = subprocess.Popen([sys.executable, str(CLIENT), "vmm_share_import"], env={**env, "VMM_WAIT": "1"},
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
         got = {}
@@ -898,7 +904,7 @@ def test_processes_of_one_lease_share_virtual_memory_through_descriptors_as_nccl
                                          env=client_env(shim_dir, worker, VMM_SOCKET=socket_name + "-2"),
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
             try:
-                assert [exporter2.stdout.readline().split()[0] for _ in range(3)][-1] == "ready"
+                assert [exporter2.stdout.readline().split()[0] for _ in range(4)][-1] == "ready"
                 other_env = client_env(shim_dir, other, VMM_SOCKET=socket_name + "-2", VMM_OWN_FIRST="1")
                 out2, _ = run_client("vmm_share_import", other_env)
                 assert out2 == {

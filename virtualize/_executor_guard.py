@@ -106,6 +106,16 @@ MAX_CONDITIONAL_BODIES = 64  # body graphs of one conditional node (a switch's c
 # CUdevice_attribute: PAGEABLE_MEMORY_ACCESS, CONCURRENT_MANAGED_ACCESS, PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
 # DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: 0 remotely (docs/remote.md, managed memory).
 NOT_COHERENT_ATTRIBUTES = frozenset({88, 89, 100, 101})
+# What a device offers that memory shared remotely cannot be (docs/remote.md, "Many GPUs in one run"), so
+# that NCCL and others take the way that works: HANDLE_TYPE_FABRIC_SUPPORTED, MULTICAST_SUPPORTED,
+# LOGICAL_ENDPOINT_MULTICAST_SUPPORTED answer 0, MEMPOOL_SUPPORTED_HANDLE_TYPES only POSIX descriptors.
+ATTRIBUTE_MASKS = {
+    **dict.fromkeys(NOT_COHERENT_ATTRIBUTES, 0),
+    128: 0,
+    132: 0,
+    154: 0,
+    119: POSIX_FILE_DESCRIPTOR,
+}
 # CUpointer_attribute values the guard answers for memory in a window (cuda.h numbering).
 POINTER_CONTEXT, POINTER_DEVICE_ORDINAL, POINTER_LEGACY_IPC = 1, 9, 10
 POINTER_RANGE_START, POINTER_RANGE_SIZE, POINTER_MEMPOOL = 11, 12, 17
@@ -717,12 +727,18 @@ class Session:
         return call.name == "cuMemAlloc" or not self.executor.cuStreamIsCapturing(ins[-1])
 
     def _device_attribute(self, call: Call, ins: tuple):
-        """The device's answer, but no host access to managed or pageable memory while kernels run:
-        the client's mirror of managed memory is kept in step at launches and synchronisations only."""
-        if ins[0] in NOT_COHERENT_ATTRIBUTES:
+        """The device's answer, but no host access to managed or pageable memory while kernels run (the
+        client's mirror of managed memory is kept in step at launches and synchronisations only), and no
+        fabric handles or multicast objects, which are not forwarded (ATTRIBUTE_MASKS)."""
+        mask = ATTRIBUTE_MASKS.get(ins[0])
+        if mask == 0:
             self._check(call, ins)
             return struct.pack("<i", 0), b""
-        return self._plain(call, ins)
+        answer = self._plain(call, ins)
+        if mask is None:
+            return answer
+        (value,) = struct.unpack("<i", answer[0])
+        return struct.pack("<i", value & mask), answer[1]
 
     # -- graphs built node by node -------------------------------------------------------------------
 
