@@ -1,6 +1,9 @@
 """Many GPUs in one run, natively and remotely, on a host with two GPUs: python tests/gpu/multi/run.py
 
 Steps (each bounded by a timeout, each PASS/FAIL/SKIP with why; the exit status is 1 if any failed):
+  vmm        NCCL's cuMem transport by hand (prog_vmm_share.py, cuda.bindings): memory exported as a
+             POSIX descriptor by a process on GPU 0, passed over a Unix socket, imported and written by
+             a process on GPU 1; natively and against one lease of the two GPUs: the same output
   ddp        PyTorch DDP over NCCL, `torchrun --nproc-per-node 2`, natively and against one lease of
              the two GPUs (one worker, as `gpuattach run -n 2` gets): the same loss at every step
   allreduce  all_reduce bus bandwidth (nccl-tests' busbw) from 1 MiB to 1 GiB, native vs remote
@@ -167,7 +170,9 @@ def main() -> int:
     global STEP_TIMEOUT
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--only", nargs="*", help="run only these steps (ddp allreduce tp halves servers spread gpuattach)"
+        "--only",
+        nargs="*",
+        help="run only these steps (vmm ddp allreduce tp halves gpuattach servers spread)",
     )
     parser.add_argument(
         "--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds for one run (default 240)"
@@ -227,6 +232,13 @@ def main() -> int:
     native_two = {**env, "CUDA_VISIBLE_DEVICES": ",".join(u for _, u in two)}
     try:
         remote_two = lease("two-gpus", whole)
+        if selected("vmm"):
+            say("\n=== vmm: prog_vmm_share.py, two processes on two GPUs sharing memory through a descriptor")
+            cmd = [sys.executable, "prog_vmm_share.py"]
+            n, r = run("vmm-native", cmd, native_two), run("vmm-remote", cmd, remote_two)
+            same = n[0] == r[0] == 0 and n[1] == r[1] and "False" not in n[1]
+            record("virtual memory shared between two processes of a lease (NCCL's cuMem way)",
+                   "PASS" if same else "FAIL", f"exits {n[0]}/{r[0]}" + ("" if n[1] == r[1] else ", outputs differ"))  # fmt: skip
         if selected("ddp"):
             say("\n=== ddp: torchrun --nproc-per-node 2 prog_ddp.py")
             compare_losses("ddp two ranks, one lease of two GPUs", run("ddp-native", torchrun("prog_ddp.py"), native_two),
