@@ -10,10 +10,15 @@ import torch.distributed as dist
 
 
 def join() -> tuple[int, int]:
-    """(rank, world size), with this process's GPU current and the NCCL process group up. The device is
-    LOCAL_RANK modulo the devices this process sees: one per rank under `gpuattach run --spread`."""
+    """(rank, world size), with this process's GPU current and the process group up: NCCL, or gloo
+    (through host memory) when DDP_BACKEND=gloo. The device is LOCAL_RANK modulo the devices this
+    process sees: one per rank under `gpuattach run --spread`."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
     torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    backend = os.environ.get("DDP_BACKEND", "nccl")
+    if backend == "nccl":
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    else:
+        dist.init_process_group(backend)
     return rank, world

@@ -11,15 +11,16 @@ Steps (each bounded by a timeout, each PASS/FAIL/SKIP with why; the exit status 
   halves     `-n 2 -p 0.5`: DDP on halves of the two GPUs; and two processes, each with its own
              lease of half of GPU 0, training side by side (NCCL refuses two ranks on one GPU)
   servers    two leases of one GPU each, as two gpupool-servers each owning one GPU would start them;
-             one rank per lease, NCCL forced to its socket transport (P2P and SHM off)
+             one rank per lease, DDP over gloo (through host memory), then over NCCL forced to its
+             socket transport (P2P and SHM off; bounded at 150 s: its kernels poll mapped host memory)
   spread     two real gpupool-servers on this host, each owning one GPU (CUDA_VISIBLE_DEVICES), and
-             `gpuattach run -n 2 --spread -- torchrun --nproc-per-node 2 prog_ddp.py` (NCCL sockets)
+             `gpuattach run -n 2 --spread -- torchrun --nproc-per-node 2 prog_ddp.py`, gloo then NCCL
   gpuattach  the DDP run as a user types it, through a real gpupool-server:
              `gpuattach run -n 2 -- python -m torch.distributed.run --nproc-per-node 2 prog_ddp.py`
 NCCL's transport lines (`... via P2P/CUMEM`, `via NET/Socket`) are shown for each run: what crosses
 which link. Results: a table on stdout, and $OUT/multi_results.md, $OUT/multi_results.json, $OUT/logs/
 when $OUT is set. `--only KEY ...` runs a part. Needs: Python with torch (CUDA, NCCL); a C compiler
-for the shim (else a prebuilt virtualize/_libcuda_shim*.so). About 10 minutes on two H100s.
+for the shim (else a prebuilt virtualize/_libcuda_shim*.so). About 10-15 minutes on two H100s.
 """
 
 from __future__ import annotations
@@ -295,21 +296,25 @@ def main() -> int:
                     n = run("gpuattach-native", torchrun("prog_ddp.py"), native_two)
                     compare_losses("gpuattach run -n 2 -- torchrun (DDP)", n, run("gpuattach-remote", cmd, env),
                                    runs="gpuattach")  # fmt: skip
+        # Across servers the ranks' GPUs are in two leases: NCCL cannot share memory between them and
+        # falls back to its socket transport, whose kernels poll flags in mapped host memory (see
+        # docs/remote.md); gloo goes through host memory instead. Each is tried, NCCL with a short bound.
+        gloo = {"DDP_BACKEND": "gloo"}
+        nccl_bound = min(STEP_TIMEOUT, 150)
         if selected("servers"):
-            say(
-                "\n=== servers: one GPU per lease (as two servers each owning one GPU), one rank each, NCCL sockets"
-            )
-            port = free_port()
-            ranks = [{"RANK": str(i), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                      "MASTER_PORT": str(port), **SOCKETS_ONLY} for i in range(2)]  # fmt: skip
-            native = run_together("servers-native", [([sys.executable, "prog_ddp.py"],
-                                  {**env, **ranks[i], "CUDA_VISIBLE_DEVICES": two[i][1]}) for i in range(2)])  # fmt: skip
-            port = free_port()
-            remote = run_together("servers-remote", [
-                ([sys.executable, "prog_ddp.py"], {**lease(f"server-{i}", [whole[i]]), **ranks[i], "MASTER_PORT": str(port)})
-                for i in range(2)])  # fmt: skip
-            compare_losses("two leases on two GPUs, one rank each, NCCL socket transport", native[0], remote[0],
-                           runs="remote")  # fmt: skip
+            say("\n=== servers: one GPU per lease (as two servers each owning one GPU), one rank each")
+            for label, extra, bound in (("gloo", gloo, None), ("nccl-sockets", SOCKETS_ONLY, nccl_bound)):
+                port = free_port()
+                ranks = [{"RANK": str(i), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                          "MASTER_PORT": str(port), **extra} for i in range(2)]  # fmt: skip
+                native = run_together(f"servers-{label}-native", [([sys.executable, "prog_ddp.py"],
+                                      {**env, **ranks[i], "CUDA_VISIBLE_DEVICES": two[i][1]}) for i in range(2)])  # fmt: skip
+                port = free_port()
+                remote = run_together(f"servers-{label}-remote", [
+                    ([sys.executable, "prog_ddp.py"],
+                     {**lease(f"server-{label}-{i}", [whole[i]]), **ranks[i], "MASTER_PORT": str(port)})
+                    for i in range(2)], timeout=bound)  # fmt: skip
+                compare_losses(f"two one-GPU leases, one rank each, DDP over {label}", native[0], remote[0])
         if selected("spread"):
             say(
                 "\n=== spread: two gpupool-servers, each owning one GPU (CUDA_VISIBLE_DEVICES), gpuattach run -n 2 --spread"
@@ -328,12 +333,17 @@ def main() -> int:
                         work / "pool-b", {**env, "CUDA_VISIBLE_DEVICES": two[1][1]}, token=a.token
                     ) as b,
                 ):
-                    cmd = [installed()[1], "run", "--server", f"{a.url},{b.url}", "--token", a.token, "-n", "2",
-                           "--spread", "--", *torchrun("prog_ddp.py")]  # fmt: skip
-                    say("$ " + " ".join(cmd))
-                    n = run("spread-native", torchrun("prog_ddp.py"), {**native_two, **SOCKETS_ONLY})
-                    compare_losses("gpuattach run -n 2 --spread (one GPU on each of two servers), NCCL sockets",
-                                   n, run("spread-remote", cmd, {**env, **SOCKETS_ONLY}), runs="gpuattach")  # fmt: skip
+                    for label, extra, bound in (
+                        ("gloo", gloo, None),
+                        ("nccl-sockets", SOCKETS_ONLY, nccl_bound),
+                    ):
+                        cmd = [installed()[1], "run", "--server", f"{a.url},{b.url}", "--token", a.token, "-n", "2",
+                               "--spread", "--", *torchrun("prog_ddp.py")]  # fmt: skip
+                        say("$ " + " ".join(cmd))
+                        n = run(f"spread-{label}-native", torchrun("prog_ddp.py"), {**native_two, **extra})
+                        r = run(f"spread-{label}-remote", cmd, {**env, **extra}, timeout=bound)
+                        compare_losses(f"gpuattach run -n 2 --spread (a GPU on each of two servers), DDP over {label}",
+                                       n, r, runs="gpuattach")  # fmt: skip
     finally:
         for w in workers:
             w.stop()
