@@ -1908,6 +1908,12 @@ def scenario_two_devices():
     value, found = ctypes.c_int(), ctypes.c_int(-1)
     say("p2p_access_supported", f"{cu.cuDeviceGetP2PAttribute(ctypes.byref(value), 2, 0, 1)} {value.value}")
     say("p2p_with_itself", cu.cuDeviceGetP2PAttribute(ctypes.byref(value), 2, 0, 0))
+    # Which atomics device 0 can make on device 1's memory (CUDA 13): a mask per operation asked about.
+    ops, caps = (ctypes.c_int * 3)(0, 1, 5), (ctypes.c_uint * 3)(99, 99, 99)
+    rc = cu13.cuDeviceGetP2PAtomicCapabilities(caps, ops, 3, 0, 1)
+    say("p2p_atomics", f"{rc} {' '.join(map(str, caps))}")
+    say("p2p_atomics_with_itself", cu13.cuDeviceGetP2PAtomicCapabilities(caps, ops, 3, 1, 1))
+    say("p2p_atomics_none", cu13.cuDeviceGetP2PAtomicCapabilities(caps, ops, 0, 0, 1))
     check(cu.cuCtxSetCurrent(ctxs[0]), "back to device 0")
     say("enable_peer", cu.cuCtxEnablePeerAccess(ctxs[1], 0))
     say("enable_again", cu.cuCtxEnablePeerAccess(ctxs[1], 0))

@@ -212,6 +212,9 @@ def test_a_two_gpu_lease_shows_two_devices_each_with_its_partition(shim_dir):
         "bad_device": "101",  # CUDA_ERROR_INVALID_DEVICE
         "p2p_access_supported": "0 1",
         "p2p_with_itself": "101",
+        "p2p_atomics": "0 27 27 27",  # the host executor's masks, one per operation
+        "p2p_atomics_with_itself": "101",  # CUDA_ERROR_INVALID_DEVICE, as the driver answers
+        "p2p_atomics_none": "1",  # CUDA_ERROR_INVALID_VALUE
         "enable_peer": "0",
         "enable_again": "704",  # CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
         "disable_peer": "0",

@@ -220,6 +220,10 @@ CALLS: tuple[Call, ...] = (
        how="the lease's device whose cuDeviceGetPCIBusId names the same bus, device and function"),
     _c("cuDeviceGetTexture1DLinearMaxWidth", 11010, "o_u64 width, i32 format, u32 channels, i32 dev", memo="constant"),
     _c("cuDeviceGetP2PAttribute", 8000, "o_i32 value, i32 attrib, i32 src, i32 dst", memo="constant"),
+    # Which atomic operations one of the lease's GPUs can make on another's memory: the operations go in the
+    # request's bulk, a capability mask per operation comes back in the reply's.
+    _c("cuDeviceGetP2PAtomicCapabilities", 13000, "ptr capabilities, ptr operations, u32 count, i32 src, i32 dst",
+       custom=True, wire="u32 count, i32 src, i32 dst, bytes operations"),
     _c("cuDeviceGetMemPool", 11020, "o_pool pool, i32 dev"),
     _c("cuDeviceGetDefaultMemPool", 11020, "o_pool pool, i32 dev"),
     # -- contexts: primary contexts on the worker, the per-thread current context in the client -------

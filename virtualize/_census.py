@@ -263,13 +263,6 @@ GROUPS: tuple[Group, ...] = (
         "cuCtxAttach cuCtxDetach",
     ),
     _g(
-        "peer atomics",
-        N,
-        """Which atomic operations a device can make on a peer's memory: a plain query between the
-       lease's own GPUs (peer access itself is forwarded).""",
-        "cuDeviceGetP2PAtomicCapabilities",
-    ),
-    _g(
         "green contexts and execution affinity",
         N,
         """Partitions of a device's SMs: to be checked against

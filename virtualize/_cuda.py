@@ -923,6 +923,11 @@ class CudaExecutor(Executor):
         kind = _enum(driver.CUdevice_P2PAttribute, attrib)
         return int(_ok(driver.cuDeviceGetP2PAttribute(kind, self._d(src), self._d(dst))))
 
+    def cuDeviceGetP2PAtomicCapabilities(self, operations, src, dst):
+        kinds = [_enum(driver.CUatomicOperation, op) for op in operations]
+        found = _ok(driver.cuDeviceGetP2PAtomicCapabilities(kinds, len(kinds), self._d(src), self._d(dst)))
+        return [int(c) for c in found]
+
     def cuDeviceGetTexture1DLinearMaxWidth(self, format_, channels, dev):
         kind = _enum(driver.CUarray_format, format_)
         return int(_ok(driver.cuDeviceGetTexture1DLinearMaxWidth(kind, channels, self._d(dev))))

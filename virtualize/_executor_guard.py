@@ -58,6 +58,9 @@ MEMSET_WIDTH = {"cuMemsetD8": 1, "cuMemsetD16": 2, "cuMemsetD32": 4}
 LAUNCH_ATTRIBUTE_BYTES = 72
 ALLOCATION_PROP_BYTES, ACCESS_DESC_BYTES = 32, 12  # CUmemAllocationProp, CUmemAccessDesc
 POSIX_FILE_DESCRIPTOR = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+P2P_ATOMIC_OPERATIONS_MAX = (
+    64  # operations one cuDeviceGetP2PAtomicCapabilities asks about (the shim's limit too)
+)
 POOL_PROPS_BYTES = 88  # CUmemPoolProps
 TENSOR_MAP_BYTES, TENSOR_RANK_MAX = 128, 5  # CUtensorMap
 # Each tensor-map call's shape arrays in the bulk, in the C order: (count as rank + offset, struct code).
@@ -366,6 +369,7 @@ class Session:
             "cuMemGetAllocationPropertiesFromHandle": self._vm_properties,
             "cuMemGetAccess": self._vm_access,
             "cuMemExportToShareableHandle": self._vm_export,
+            "cuDeviceGetP2PAtomicCapabilities": self._p2p_atomics,
             "cuMemImportFromShareableHandle": self._vm_import,
             "cuArrayCreate_v2": self._array_create,
             "cuArray3DCreate_v2": self._array_create,
@@ -1311,6 +1315,19 @@ class Session:
             with self.lease.lock:
                 self.lease.used[device] += size
         return struct.pack("<Q", handle), b""
+
+    def _p2p_atomics(self, call: Call, ins: tuple):
+        """cuDeviceGetP2PAtomicCapabilities between two of the lease's devices: a mask per operation."""
+        count, src, dst = ins
+        raw = self.channel.read_bulk(limit=4 * P2P_ATOMIC_OPERATIONS_MAX)
+        if not 0 < count <= P2P_ATOMIC_OPERATIONS_MAX or len(raw) != 4 * count:
+            raise CudaError(INVALID_VALUE, "operations")
+        for dev in (src, dst):
+            if not 0 <= dev < len(self.lease.limits):
+                raise CudaError(CUresult.INVALID_DEVICE, "device ordinal")
+        operations = list(struct.unpack(f"<{count}i", raw))
+        capabilities = self.executor.cuDeviceGetP2PAtomicCapabilities(operations, src, dst)
+        return b"", struct.pack(f"<{count}I", *capabilities)
 
     def _vm_export(self, call: Call, ins: tuple):
         """cuMemExportToShareableHandle: memory this process holds, created to be shared as a POSIX file

@@ -575,6 +575,12 @@ class HostExecutor(Executor):
             raise CudaError(CUresult.INVALID_DEVICE, "a device is not its own peer")
         return {1: 0}.get(attrib, 1)  # PERFORMANCE_RANK 0; access, atomics, arrays supported
 
+    def cuDeviceGetP2PAtomicCapabilities(self, operations, src, dst):
+        if self._device(src) == self._device(dst):
+            raise CudaError(CUresult.INVALID_DEVICE, "a device is not its own peer")
+        # CUatomicOperationCapability: SIGNED | UNSIGNED | SCALAR_32 | SCALAR_64 for every operation kind
+        return [1 | 2 | 8 | 16 for _ in operations]
+
     def cuDeviceGetTexture1DLinearMaxWidth(self, format_, channels, dev):
         self._device(dev)
         return 1 << 28

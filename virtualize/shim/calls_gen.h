@@ -1460,7 +1460,6 @@ GP_EXPORT CUresult cuDeviceGetGraphMemAttribute(void) { return gp_unforwarded("c
 GP_EXPORT CUresult cuDeviceGetHostAtomicCapabilities(void) { return gp_unforwarded("cuDeviceGetHostAtomicCapabilities"); }
 GP_EXPORT CUresult cuDeviceGetLuid(void) { return gp_unforwarded("cuDeviceGetLuid"); }
 GP_EXPORT CUresult cuDeviceGetNvSciSyncAttributes(void) { return gp_unforwarded("cuDeviceGetNvSciSyncAttributes"); }
-GP_EXPORT CUresult cuDeviceGetP2PAtomicCapabilities(void) { return gp_unforwarded("cuDeviceGetP2PAtomicCapabilities"); }
 GP_EXPORT CUresult cuDeviceGraphMemTrim(void) { return gp_unforwarded("cuDeviceGraphMemTrim"); }
 GP_EXPORT CUresult cuDeviceRegisterAsyncNotification(void) { return gp_unforwarded("cuDeviceRegisterAsyncNotification"); }
 GP_EXPORT CUresult cuDeviceSetGraphMemAttribute(void) { return gp_unforwarded("cuDeviceSetGraphMemAttribute"); }
@@ -1846,7 +1845,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuModuleGetSurfRef", "legacy launches and texture references: not forwarded yet"},
     {"cuCtxAttach", "legacy context attach: not forwarded yet"},
     {"cuCtxDetach", "legacy context attach: not forwarded yet"},
-    {"cuDeviceGetP2PAtomicCapabilities", "peer atomics: not forwarded yet"},
     {"cuGreenCtx*", "green contexts and execution affinity: not forwarded yet"},
     {"cuCtxFromGreenCtx", "green contexts and execution affinity: not forwarded yet"},
     {"cuDeviceGetDevResource", "green contexts and execution affinity: not forwarded yet"},
@@ -1915,6 +1913,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuDeviceGetDefaultMemPool", 11020, (void *)cuDeviceGetDefaultMemPool},
     {"cuDeviceGetMemPool", 11020, (void *)cuDeviceGetMemPool},
     {"cuDeviceGetName", 2000, (void *)cuDeviceGetName},
+    {"cuDeviceGetP2PAtomicCapabilities", 13000, (void *)cuDeviceGetP2PAtomicCapabilities},
     {"cuDeviceGetP2PAttribute", 8000, (void *)cuDeviceGetP2PAttribute},
     {"cuDeviceGetPCIBusId", 4010, (void *)cuDeviceGetPCIBusId},
     {"cuDeviceGetProperties", 2000, (void *)cuDeviceGetProperties},

@@ -190,6 +190,18 @@ static int parse_bus_id(const char *id, unsigned v[4]) {
     return 0;
 }
 
+/* Which atomic operations one of the lease's GPUs can make on another's memory (CUDA 13). */
+#define P2P_ATOMIC_OPERATIONS_MAX 64 /* CUatomicOperation has fewer kinds; a list past it is refused */
+
+CUresult cuDeviceGetP2PAtomicCapabilities(void *capabilities, void *operations, uint32_t count, int32_t src,
+                                          int32_t dst) {
+    GP_TRACE("cuDeviceGetP2PAtomicCapabilities");
+    if (!capabilities || !operations || !count || count > P2P_ATOMIC_OPERATIONS_MAX) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuDeviceGetP2PAtomicCapabilities in = {.count = count, .src = src, .dst = dst};
+    return gp_call(GP_CALL_cuDeviceGetP2PAtomicCapabilities, WANT, &in, sizeof in, operations, 4ull * count, NULL,
+                   0, capabilities, 4ull * count);
+}
+
 CUresult cuDeviceGetByPCIBusId(int32_t *dev, const char *bus_id) {
     GP_TRACE("cuDeviceGetByPCIBusId");
     unsigned want[4], have[4];
