@@ -2104,6 +2104,12 @@ def _fd_socket_name():
     return "\0" + os.environ["VMM_SOCKET"]  # an abstract Unix socket, as NCCL's IPC socket is
 
 
+def _used_mib() -> int:
+    free, total = c_u64(), c_u64()
+    check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
+    return (total.value - free.value) // MiB
+
+
 def scenario_vmm_share_export():
     """NCCL's cuMem transport, the exporting rank: memory created to be shared as a POSIX descriptor,
     mapped and filled, exported, and the descriptor handed to whoever connects over a Unix socket
@@ -2202,6 +2208,7 @@ def scenario_vmm_share_import():
         say("waiting", 1)
         sys.stdin.readline()
         say("sees_after_exporter_left", dtoh(base.value, size)[1] == b"\xcd" * size)
+        say("used_mib_after_exporter_left", _used_mib())  # still counted: this process holds it
         again = c_u64()  # the descriptor still names the memory, as the driver's does while it lives
         rc = cu.cuMemImportFromShareableHandle(ctypes.byref(again), ctypes.c_void_p(fds[0]), POSIX_FD)
         say("import_again", f"{rc} {cu.cuMemRelease(again) if rc == 0 else '-'}")
@@ -2209,6 +2216,7 @@ def scenario_vmm_share_import():
     say("after_release", dtoh(base.value + size - 4, 4)[1].hex())
     check(cu.cuMemUnmap(base, c_u64(size)), "unmap")
     check(cu.cuMemAddressFree(base, c_u64(size)), "address free")
+    say("used_mib_at_end", _used_mib())
     os.close(fds[0])
     with open(os.devnull) as other:  # a descriptor that is not exported memory
         say(

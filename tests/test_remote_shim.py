@@ -894,6 +894,8 @@ def test_processes_of_one_lease_share_virtual_memory_through_descriptors_as_nccl
         assert parse(out) == {
             "sees_after_exporter_left": "True",  # the importer's mapping keeps the memory
             "import_again": "0 0",  # and its reference keeps the descriptor good: imported and released again
+            "used_mib_after_exporter_left": "4",  # counted once while any process of the lease holds it ...
+            "used_mib_at_end": "0",  # ... and no longer once none does
             "release_while_mapped": "0",  # its own reference, still the lease's after the exporter's went
             "after_release": "cdcdcdcd",
             "import_other_fd": "1",  # CUDA_ERROR_INVALID_VALUE

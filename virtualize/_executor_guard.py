@@ -177,6 +177,8 @@ class LeaseState:
     # The processes holding each such handle (the driver gives every process of the lease the same value
     # for one memory: they share the worker) and the addresses where the lease's processes map it.
     vm_holders: Counter = field(default_factory=Counter)
+    # What each such memory counts against the partition, (size, device): from its first holder to its last.
+    vm_charged: dict[int, tuple[int, int]] = field(default_factory=dict)
     vm_mapped_at: dict[int, set[int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     native: Any = None  # the worker's native hot path (a virtualize._native_dispatch.NativeLease), if any
@@ -216,20 +218,30 @@ class LeaseState:
                 self.used[a.device] -= a.size
         return a
 
-    def vm_hold(self, handle: int) -> None:
-        """A process of the lease holds `handle` now (created, retained or imported)."""
+    def vm_hold(self, handle: int, size: int, device: int, *, charged: bool = False) -> None:
+        """A process of the lease holds `handle` now (created, retained or imported). The memory counts
+        against the partition once, however many processes hold it (`charged`: already counted)."""
         with self.lock:
             self.vm_holders[handle] += 1
             self.handles["vmem"].add(handle)
+            if handle not in self.vm_charged:
+                self.vm_charged[handle] = (size, device)
+                if not charged:
+                    self.used[device] += size
+            elif charged:
+                self.used[device] -= size
 
     def vm_drop(self, handle: int) -> None:
-        """A process let go of `handle`; the lease forgets it (and its export) when none holds it."""
+        """A process let go of `handle`; when none holds it, the lease forgets it, its export and its
+        count against the partition."""
         with self.lock:
             self.vm_holders[handle] -= 1
             if self.vm_holders[handle] <= 0:
                 del self.vm_holders[handle]
                 self.handles["vmem"].discard(handle)
                 self.vm_exported.pop(handle, None)
+                size, device = self.vm_charged.pop(handle, (0, 0))
+                self.used[device] -= size
 
     def vm_mapping(self, handle: int, ptr: int, mapped: bool) -> None:
         with self.lock:
@@ -313,7 +325,6 @@ class Session:
         self.vm_references: dict[int, int] = {}  # handle -> references beyond the first (retains)
         self.vm_props: dict[int, bytes] = {}  # handle -> the CUmemAllocationProp it was created with
         self.vm_mapping_of: dict[int, tuple[int, int, int]] = {}  # mapped address -> (handle, size, device)
-        self.vm_imported: set[int] = set()  # handles imported from another process: counted against its quota
         self.arrays: dict[
             int, tuple[str, int, int, int]
         ] = {}  # array or mipmap -> (kind, bytes, device, ctx)
@@ -1238,7 +1249,7 @@ class Session:
             raise
         self.vm_handles[handle] = (size, device)
         self.vm_props[handle] = bytes(prop)
-        self.lease.vm_hold(handle)
+        self.lease.vm_hold(handle, size, device, charged=True)
         return struct.pack("<Q", handle), b""
 
     def _vm_release(self, call: Call, ins: tuple):
@@ -1249,12 +1260,8 @@ class Session:
         if self.vm_references.get(handle):  # a retained reference: the memory has another holder
             self.vm_references[handle] -= 1
             return
-        size, device = self.vm_handles.pop(handle)
+        self.vm_handles.pop(handle)
         self.vm_props.pop(handle, None)
-        if handle not in self.vm_imported:
-            with self.lease.lock:
-                self.lease.used[device] -= size
-        self.vm_imported.discard(handle)
         self.lease.vm_drop(handle)
 
     def _vm_map(self, call: Call, ins: tuple):
@@ -1308,12 +1315,10 @@ class Session:
         handle = self.executor.cuMemRetainAllocationHandle(addr)
         if handle in self.vm_handles:
             self.vm_references[handle] = self.vm_references.get(handle, 0) + 1
-        else:  # its creator's reference was released: this one holds the memory now
+        else:  # a reference of this process's own, its first (the memory's creator may be gone)
             _, size, device = self.vm_mapping_of[mapped]
             self.vm_handles[handle] = (size, device)
-            self.lease.vm_hold(handle)
-            with self.lease.lock:
-                self.lease.used[device] += size
+            self.lease.vm_hold(handle, size, device)
         return struct.pack("<Q", handle), b""
 
     def _p2p_atomics(self, call: Call, ins: tuple):
@@ -1365,8 +1370,7 @@ class Session:
         else:
             self.vm_handles[handle] = (size, device)
             self.vm_props[handle] = prop
-            self.vm_imported.add(handle)
-            self.lease.vm_hold(handle)
+            self.lease.vm_hold(handle, size, device)
         return struct.pack("<Q", handle), b""
 
     def _vm_set_access(self, call: Call, ins: tuple):
