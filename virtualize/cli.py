@@ -636,7 +636,8 @@ def cmd_run(args) -> int:
         try:
             from virtualize.remote import remote_env
         except ImportError as exc:
-            _release_quietly(client, server, lease, owned)
+            for taken_server, taken in spread if args.spread else [(server, lease)]:
+                _release_quietly(client, taken_server, taken, owned)
             return _fail(f"remote execution is not available in this installation ({exc})",
                          "run on a GPU host with --local, or install gpupool's client with the shim")  # fmt: skip
     run = _Run(client, server, lease, owned)
