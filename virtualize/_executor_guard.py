@@ -177,7 +177,11 @@ class LeaseState:
     # The processes holding each such handle (the driver gives every process of the lease the same value
     # for one memory: they share the worker) and the addresses where the lease's processes map it.
     vm_holders: Counter = field(default_factory=Counter)
-    # What each such memory counts against the partition, (size, device): from its first holder to its last.
+    # The memory a handle names (its first handle: an import inside the worker may give it another value),
+    # how many references the lease's processes hold to it, and what it counts against the partition,
+    # (size, device), from its first holder to its last.
+    vm_memory_of: dict[int, int] = field(default_factory=dict)
+    vm_memory_holders: Counter = field(default_factory=Counter)
     vm_charged: dict[int, tuple[int, int]] = field(default_factory=dict)
     vm_mapped_at: dict[int, set[int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -218,29 +222,36 @@ class LeaseState:
                 self.used[a.device] -= a.size
         return a
 
-    def vm_hold(self, handle: int, size: int, device: int, *, charged: bool = False) -> None:
-        """A process of the lease holds `handle` now (created, retained or imported). The memory counts
-        against the partition once, however many processes hold it (`charged`: already counted)."""
+    def vm_hold(self, handle: int, size: int, device: int, *, charged: bool = False, memory: int = 0) -> None:
+        """A process of the lease holds `handle` now (created, retained or imported; `memory`: the handle
+        it was imported from). The memory counts against the partition once, however many processes and
+        handle values hold it (`charged`: already counted)."""
         with self.lock:
+            key = self.vm_memory_of.setdefault(handle, self.vm_memory_of.get(memory, memory) or handle)
             self.vm_holders[handle] += 1
+            self.vm_memory_holders[key] += 1
             self.handles["vmem"].add(handle)
-            if handle not in self.vm_charged:
-                self.vm_charged[handle] = (size, device)
+            if key not in self.vm_charged:
+                self.vm_charged[key] = (size, device)
                 if not charged:
                     self.used[device] += size
             elif charged:
                 self.used[device] -= size
 
     def vm_drop(self, handle: int) -> None:
-        """A process let go of `handle`; when none holds it, the lease forgets it, its export and its
-        count against the partition."""
+        """A process let go of `handle`; the lease forgets a handle value (and its export) when none
+        holds it, and stops counting the memory when no value of it is held."""
         with self.lock:
+            key = self.vm_memory_of[handle]
             self.vm_holders[handle] -= 1
             if self.vm_holders[handle] <= 0:
-                del self.vm_holders[handle]
+                del self.vm_holders[handle], self.vm_memory_of[handle]
                 self.handles["vmem"].discard(handle)
                 self.vm_exported.pop(handle, None)
-                size, device = self.vm_charged.pop(handle, (0, 0))
+            self.vm_memory_holders[key] -= 1
+            if self.vm_memory_holders[key] <= 0:
+                del self.vm_memory_holders[key]
+                size, device = self.vm_charged.pop(key)
                 self.used[device] -= size
 
     def vm_mapping(self, handle: int, ptr: int, mapped: bool) -> None:
@@ -1370,7 +1381,7 @@ class Session:
         else:
             self.vm_handles[handle] = (size, device)
             self.vm_props[handle] = prop
-            self.lease.vm_hold(handle, size, device)
+            self.lease.vm_hold(handle, size, device, memory=exported)
         return struct.pack("<Q", handle), b""
 
     def _vm_set_access(self, call: Call, ins: tuple):
