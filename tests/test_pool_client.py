@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from pool_harness import ROOT, ServerProc, api, client_env, gpuattach, gpuattach_cmd, wait_for
+from pool_harness import ROOT, ServerProc, api, client_env, env_for, gpuattach, gpuattach_cmd, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 PY = sys.executable
@@ -23,14 +23,6 @@ def pool(tmp_path_factory):
     yield a, b
     a.stop()
     b.stop()
-
-
-def env_for(tmp_path, servers, client):
-    # one client name on every server: each server has its own token store, so each gets the same token
-    token = servers[0].token(client)
-    for s in servers[1:]:
-        s.token(client, token=token)
-    return client_env(tmp_path, [s.url for s in servers], token), token
 
 
 def active(server, token):

@@ -192,15 +192,6 @@ GROUPS: tuple[Group, ...] = (
         "cuDeviceSetMemPool",
     ),
     _g(
-        "virtual memory handles shared between processes",
-        N,
-        """An exported handle can be a POSIX descriptor naming the lease's handle, as an exported pool is,
-       opened by another process of the same lease (the worker then counts the handle as the lease's, not
-       one process's). Fabric and Win32 handles would name memory to processes outside the lease and are
-       to stay refused.""",
-        "cuMemExportToShareableHandle cuMemImportFromShareableHandle",
-    ),
-    _g(
         "multicast, logical endpoints and NVLink fabric",
         N,
         """Objects over the lease's own GPUs are
@@ -266,13 +257,6 @@ GROUPS: tuple[Group, ...] = (
         """cuCtxAttach and cuCtxDetach (deprecated since CUDA 4.0) count references to a context the lease
        holds; cuDevicePrimaryCtxRetain and cuCtxCreate, which are forwarded, replaced them.""",
         "cuCtxAttach cuCtxDetach",
-    ),
-    _g(
-        "peer atomics",
-        N,
-        """Which atomic operations a device can make on a peer's memory: a plain query between the
-       lease's own GPUs (peer access itself is forwarded).""",
-        "cuDeviceGetP2PAtomicCapabilities",
     ),
     _g(
         "green contexts and execution affinity",

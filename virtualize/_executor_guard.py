@@ -16,6 +16,7 @@ import logging
 import secrets
 import struct
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,10 @@ from virtualize._results import CUresult
 log = logging.getLogger("gpupool.worker")
 
 ALLOCATION_PROP_BYTES, ACCESS_DESC_BYTES = 32, 12  # CUmemAllocationProp, CUmemAccessDesc
+POSIX_FILE_DESCRIPTOR = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+P2P_ATOMIC_OPERATIONS_MAX = (
+    64  # operations one cuDeviceGetP2PAtomicCapabilities asks about (the shim's limit too)
+)
 POOL_PROPS_BYTES = 88  # CUmemPoolProps
 # CUstreamAttrID values whose CUstreamAttrValue is plain data, or (the access-policy window) a range the
 # guard checks: access-policy window, synchronization policy, priority, memory sync domain map, domain.
@@ -56,6 +61,16 @@ STREAM_ATTRIBUTES = frozenset({ACCESS_POLICY_WINDOW, 3, 8, 9, 10})
 # CUdevice_attribute: PAGEABLE_MEMORY_ACCESS, CONCURRENT_MANAGED_ACCESS, PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
 # DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: 0 remotely (docs/remote.md, managed memory).
 NOT_COHERENT_ATTRIBUTES = frozenset({88, 89, 100, 101})
+# What a device offers that memory shared remotely cannot be (docs/remote.md, "Many GPUs in one run"), so
+# that NCCL and others take the way that works: HANDLE_TYPE_FABRIC_SUPPORTED, MULTICAST_SUPPORTED,
+# LOGICAL_ENDPOINT_MULTICAST_SUPPORTED answer 0, MEMPOOL_SUPPORTED_HANDLE_TYPES only POSIX descriptors.
+ATTRIBUTE_MASKS = {
+    **dict.fromkeys(NOT_COHERENT_ATTRIBUTES, 0),
+    128: 0,
+    132: 0,
+    154: 0,
+    119: POSIX_FILE_DESCRIPTOR,
+}
 # CUpointer_attribute values the guard answers for memory in a window (cuda.h numbering).
 POINTER_CONTEXT, POINTER_DEVICE_ORDINAL, POINTER_LEGACY_IPC = 1, 9, 10
 POINTER_RANGE_START, POINTER_RANGE_SIZE, POINTER_MEMPOOL = 11, 12, 17
@@ -96,6 +111,19 @@ class LeaseState:
     layouts: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     callback_tokens: dict[int, Session] = field(default_factory=dict)  # token -> connection to call back for
     tensor_maps: dict[bytes, int] = field(default_factory=dict)  # encoded map -> its tensor's extent
+    # Memory of the virtual memory API a process exported (cuMemExportToShareableHandle) -> (size, device,
+    # CUmemAllocationProp): what another process of this lease may import; nothing of another lease is here.
+    vm_exported: dict[int, tuple[int, int, bytes]] = field(default_factory=dict)
+    # The processes holding each such handle (the driver gives every process of the lease the same value
+    # for one memory: they share the worker) and the addresses where the lease's processes map it.
+    vm_holders: Counter = field(default_factory=Counter)
+    # The memory a handle names (its first handle: an import inside the worker may give it another value),
+    # how many references the lease's processes hold to it, and what it counts against the partition,
+    # (size, device), from its first holder to its last.
+    vm_memory_of: dict[int, int] = field(default_factory=dict)
+    vm_memory_holders: Counter = field(default_factory=Counter)
+    vm_charged: dict[int, tuple[int, int]] = field(default_factory=dict)
+    vm_mapped_at: dict[int, set[int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     native: Any = None  # the worker's native hot path (a virtualize._native_dispatch.NativeLease), if any
 
@@ -133,6 +161,45 @@ class LeaseState:
             if a.owned:
                 self.used[a.device] -= a.size
         return a
+
+    def vm_hold(self, handle: int, size: int, device: int, *, charged: bool = False, memory: int = 0) -> None:
+        """A process of the lease holds `handle` now (created, retained or imported; `memory`: the handle
+        it was imported from). The memory counts against the partition once, however many processes and
+        handle values hold it (`charged`: already counted)."""
+        with self.lock:
+            key = self.vm_memory_of.setdefault(handle, self.vm_memory_of.get(memory, memory) or handle)
+            self.vm_holders[handle] += 1
+            self.vm_memory_holders[key] += 1
+            self.handles["vmem"].add(handle)
+            if key not in self.vm_charged:
+                self.vm_charged[key] = (size, device)
+                if not charged:
+                    self.used[device] += size
+            elif charged:
+                self.used[device] -= size
+
+    def vm_drop(self, handle: int) -> None:
+        """A process let go of `handle`; the lease forgets a handle value (and its export) when none
+        holds it, and stops counting the memory when no value of it is held."""
+        with self.lock:
+            key = self.vm_memory_of[handle]
+            self.vm_holders[handle] -= 1
+            if self.vm_holders[handle] <= 0:
+                del self.vm_holders[handle], self.vm_memory_of[handle]
+                self.handles["vmem"].discard(handle)
+                self.vm_exported.pop(handle, None)
+            self.vm_memory_holders[key] -= 1
+            if self.vm_memory_holders[key] <= 0:
+                del self.vm_memory_holders[key]
+                size, device = self.vm_charged.pop(key)
+                self.used[device] -= size
+
+    def vm_mapping(self, handle: int, ptr: int, mapped: bool) -> None:
+        with self.lock:
+            at = self.vm_mapped_at.setdefault(handle, set())
+            (at.add if mapped else at.discard)(ptr)
+            if not at:
+                del self.vm_mapped_at[handle]
 
     def reserve(self, device: int, size: int) -> None:
         """Refuse an allocation that would take the lease past its partition of `device`."""
@@ -233,6 +300,9 @@ class Session:
             "cuMemRetainAllocationHandle": self._vm_retain,
             "cuMemGetAllocationPropertiesFromHandle": self._vm_properties,
             "cuMemGetAccess": self._vm_access,
+            "cuMemExportToShareableHandle": self._vm_export,
+            "cuDeviceGetP2PAtomicCapabilities": self._p2p_atomics,
+            "cuMemImportFromShareableHandle": self._vm_import,
             "cuStreamGetAttribute": self._stream_attribute,
             **dict.fromkeys(
                 (
@@ -520,12 +590,18 @@ class Session:
         return call.name == "cuMemAlloc" or not self.executor.cuStreamIsCapturing(ins[-1])
 
     def _device_attribute(self, call: Call, ins: tuple):
-        """The device's answer, but no host access to managed or pageable memory while kernels run:
-        the client's mirror of managed memory is kept in step at launches and synchronisations only."""
-        if ins[0] in NOT_COHERENT_ATTRIBUTES:
+        """The device's answer, but no host access to managed or pageable memory while kernels run (the
+        client's mirror of managed memory is kept in step at launches and synchronisations only), and no
+        fabric handles or multicast objects, which are not forwarded (ATTRIBUTE_MASKS)."""
+        mask = ATTRIBUTE_MASKS.get(ins[0])
+        if mask == 0:
             self._check(call, ins)
             return struct.pack("<i", 0), b""
-        return self._plain(call, ins)
+        answer = self._plain(call, ins)
+        if mask is None:
+            return answer
+        (value,) = struct.unpack("<i", answer[0])
+        return struct.pack("<i", value & mask), answer[1]
 
     def _stream_value(self, call: Call, ins: tuple):
         """cuStreamWaitValue32/64, cuStreamWriteValue32/64: the whole word must be the lease's memory."""
@@ -668,7 +744,7 @@ class Session:
             raise
         self.vm_handles[handle] = (size, device)
         self.vm_props[handle] = bytes(prop)
-        self.lease.handles["vmem"].add(handle)
+        self.lease.vm_hold(handle, size, device, charged=True)
         return struct.pack("<Q", handle), b""
 
     def _vm_release(self, call: Call, ins: tuple):
@@ -679,10 +755,9 @@ class Session:
         if self.vm_references.get(handle):  # a retained reference: the memory has another holder
             self.vm_references[handle] -= 1
             return
-        size, device = self.vm_handles.pop(handle)
-        self.lease.handles["vmem"].discard(handle)
-        with self.lease.lock:
-            self.lease.used[device] -= size
+        self.vm_handles.pop(handle)
+        self.vm_props.pop(handle, None)
+        self.lease.vm_drop(handle)
 
     def _vm_map(self, call: Call, ins: tuple):
         ptr, size, offset, handle, flags = ins
@@ -692,6 +767,7 @@ class Session:
         self.executor.cuMemMap(ptr, size, offset, handle, flags)
         self.vm_mapped[ptr] = size
         self.vm_mapping_of[ptr] = (handle, *self.vm_handles[handle])
+        self.lease.vm_mapping(handle, ptr, True)
 
     def _vm_unmap(self, call: Call, ins: tuple):
         ptr, size = ins
@@ -701,7 +777,12 @@ class Session:
         self.executor.cuMemUnmap(ptr, size)
         for m in inside:
             del self.vm_mapped[m]
-            self.vm_mapping_of.pop(m, None)
+            self._vm_forget_mapping(m)
+
+    def _vm_forget_mapping(self, ptr: int) -> None:
+        mapping = self.vm_mapping_of.pop(ptr, None)
+        if mapping is not None:
+            self.lease.vm_mapping(mapping[0], ptr, False)
 
     def _vm_properties(self, call: Call, ins: tuple):
         """cuMemGetAllocationPropertiesFromHandle: as this process created it (its device, the lease's)."""
@@ -729,12 +810,62 @@ class Session:
         handle = self.executor.cuMemRetainAllocationHandle(addr)
         if handle in self.vm_handles:
             self.vm_references[handle] = self.vm_references.get(handle, 0) + 1
-        else:  # its creator's reference was released: this one holds the memory now
+        else:  # a reference of this process's own, its first (the memory's creator may be gone)
             _, size, device = self.vm_mapping_of[mapped]
             self.vm_handles[handle] = (size, device)
-            self.lease.handles["vmem"].add(handle)
-            with self.lease.lock:
-                self.lease.used[device] += size
+            self.lease.vm_hold(handle, size, device)
+        return struct.pack("<Q", handle), b""
+
+    def _p2p_atomics(self, call: Call, ins: tuple):
+        """cuDeviceGetP2PAtomicCapabilities between two of the lease's devices: a mask per operation."""
+        count, src, dst = ins
+        raw = self.channel.read_bulk(limit=4 * P2P_ATOMIC_OPERATIONS_MAX)
+        if not 0 < count <= P2P_ATOMIC_OPERATIONS_MAX or len(raw) != 4 * count:
+            raise CudaError(INVALID_VALUE, "operations")
+        for dev in (src, dst):
+            if not 0 <= dev < len(self.lease.limits):
+                raise CudaError(CUresult.INVALID_DEVICE, "device ordinal")
+        operations = list(struct.unpack(f"<{count}i", raw))
+        capabilities = self.executor.cuDeviceGetP2PAtomicCapabilities(operations, src, dst)
+        return b"", struct.pack(f"<{count}I", *capabilities)
+
+    def _vm_export(self, call: Call, ins: tuple):
+        """cuMemExportToShareableHandle: memory this process holds, created to be shared as a POSIX file
+        descriptor, becomes importable by the lease's other processes (the shim makes the descriptor)."""
+        handle, handle_type = ins
+        if handle_type != POSIX_FILE_DESCRIPTOR:
+            raise CudaError(CUresult.NOT_SUPPORTED, "only POSIX file descriptors are shared remotely")
+        if handle not in self.vm_handles:
+            raise CudaError(INVALID_VALUE, "not memory this process holds")
+        prop = self.vm_props.get(handle) or self.lease.vm_exported.get(handle, (0, 0, b""))[2]
+        if not prop or not struct.unpack_from("<i", prop, 4)[0] & POSIX_FILE_DESCRIPTOR:
+            raise CudaError(INVALID_VALUE, "created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR")
+        with self.lease.lock:
+            self.lease.vm_exported[handle] = (*self.vm_handles[handle], prop)
+
+    def _vm_import(self, call: Call, ins: tuple):
+        """cuMemImportFromShareableHandle: a reference of this process's own to memory another process of
+        the lease exported; a handle the lease did not export (another lease's) is refused."""
+        (exported,) = ins
+        with self.lease.lock:
+            found = self.lease.vm_exported.get(exported)
+        if found is None:
+            raise CudaError(INVALID_VALUE, "not memory exported by a process of this lease")
+        size, device, prop = found
+        # Another reference to the memory in the worker: retained where a process of the lease maps it
+        # (the driver's own way, the same handle value), else through a descriptor exported and imported.
+        with self.lease.lock:
+            mapped = next(iter(self.lease.vm_mapped_at.get(exported, ())), None)
+        if mapped is not None:
+            handle = self.executor.cuMemRetainAllocationHandle(mapped)
+        else:
+            handle = self.executor.cuMemImportFromShareableHandle(exported)
+        if handle in self.vm_handles:
+            self.vm_references[handle] = self.vm_references.get(handle, 0) + 1
+        else:
+            self.vm_handles[handle] = (size, device)
+            self.vm_props[handle] = prop
+            self.lease.vm_hold(handle, size, device, memory=exported)
         return struct.pack("<Q", handle), b""
 
     def _vm_set_access(self, call: Call, ins: tuple):
@@ -764,6 +895,7 @@ class Session:
             for ptr, size in list(self.vm_mapped.items()):
                 self.executor.cuMemUnmap(ptr, size)
                 del self.vm_mapped[ptr]
+                self._vm_forget_mapping(ptr)
             for handle in list(self.vm_handles):
                 while handle in self.vm_handles:  # every reference, retained ones too
                     self._vm_release(None, (handle,))

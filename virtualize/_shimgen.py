@@ -192,6 +192,7 @@ def generate_types() -> str:
         f'#define GP_ENV_TRACE "{_wire.ENV_TRACE}"',
         f'#define GP_ENV_PROFILE "{_wire.ENV_PROFILE}"',
         f'#define GP_ENV_MEMO "{_wire.ENV_MEMO}"',
+        f'#define GP_ENV_RANKS "{_wire.ENV_RANKS}"',
         f"#define GP_NONCE_BYTES {_wire.NONCE_BYTES}u",
         f"#define GP_KERNEL_OUTPUT ({_wire.KERNEL_OUTPUT})",
         f"#define GP_COPY_DATA ({_wire.COPY_DATA})",

@@ -65,6 +65,10 @@ ENV_ENCRYPT = "GPUPOOL_DATA_ENCRYPTION"  # "auto" (default: all but loopback) or
 ENV_TRACE = "GPUPOOL_SHIM_TRACE"  # 1: the shim prints every call it handles to stderr
 ENV_PROFILE = "GPUPOOL_SHIM_PROFILE"  # 1: at exit, the shim prints where the process's time went
 ENV_MEMO = "GPUPOOL_SHIM_MEMO"  # 0: every question goes to the worker (answers are not kept)
+# A run spread over several leases (`gpuattach run --spread`): how many; lease r's variables are the ones
+# above with the suffix `_r`, and a process whose LOCAL_RANK is r talks to lease r's worker.
+ENV_RANKS = "GPUPOOL_RANKS"
+LEASE_ENV = (ENV_WORKER, ENV_SECRET, ENV_LEASE, ENV_TLS, ENV_LOCAL)  # what differs from one lease to another
 
 
 def offsets(layout: struct.Struct, fields: tuple[str, ...]) -> dict[str, int]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import shlex
@@ -39,7 +40,7 @@ from server.client_errors import PoolClientError
 from virtualize._session import on_this_host, start_keeper
 
 if TYPE_CHECKING:
-    from server.api import Lease
+    from server.api import Lease, ServerInfo
 
 EXIT_OK, EXIT_FAILED, EXIT_CANNOT_EXEC, EXIT_NOT_FOUND, EXIT_INTERRUPTED = 0, 125, 126, 127, 130
 MIB = 1 << 20
@@ -181,13 +182,23 @@ def _parser() -> argparse.ArgumentParser:
         "lease (docs/remote.md); with --local it runs on this GPU host inside its partition.",
         epilog="examples:\n  gpuattach run -n 2 -p 0.5 --filter device.name=H100 -- python train.py\n"
         "  gpuattach run --local -n 1 -m 16384 --timeout 30m -- ./solver --big\n"
-        "  gpuattach run --lease LEASE -- python step1.py   (local or remote, as the lease was requested)\n\n"
+        "  gpuattach run --lease LEASE -- python step1.py   (local or remote, as the lease was requested)\n"
+        "  gpuattach run -n 2 --spread -- torchrun --nproc-per-node 2 train.py   (one GPU on each of 2 servers)\n\n"
+        "placement: -n N takes N separate physical GPUs of ONE server (their GPUs talk over NVLink/PCIe there);\n"
+        "--spread takes one GPU on each of N different servers instead, one lease each, and the process whose\n"
+        "LOCAL_RANK is r uses server r's GPU as its device 0 (docs/remote.md, \"Many GPUs in one run\").\n\n"
         "exit status: COMMAND's (128+N when signal N ended it); 125 gpuattach failed (bad usage, no GPUs\n"
         "within --timeout, bad token, pool unreachable); 126 COMMAND not executable; 127 COMMAND not found",
     )  # fmt: skip
     sizing(rn, required=False)
     rn.add_argument(
         "--lease", help="use this lease (from gpuattach request) instead of taking one; it is not released"
+    )
+    rn.add_argument(
+        "--spread",
+        action="store_true",
+        help="one GPU on each of N different servers (one lease each) instead of N GPUs of one server; "
+        "the process whose LOCAL_RANK is r runs on the r-th (remote runs only)",
     )
     rn.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run")
     return p
@@ -542,12 +553,17 @@ class _Run:
 
     def __init__(self, client, server, lease: Lease, owned: bool):
         self.client, self.server, self.lease, self.owned = client, server, lease, owned
+        self.spread: list[tuple] = []  # --spread: (server, lease) of every rank, this one first
         self.child: subprocess.Popen | None = None
         self.ended_reason: str | None = None
         self._killer: threading.Timer | None = None
 
-    def on_lease_end(self, state: str, reason: str) -> None:
-        self.ended_reason = f"lease {self.lease.id} was {state}: {reason}"
+    @property
+    def leases(self) -> list[tuple]:
+        return self.spread or [(self.server, self.lease)]
+
+    def on_lease_end(self, state: str, reason: str, lease_id: str | None = None) -> None:
+        self.ended_reason = f"lease {lease_id or self.lease.id} was {state}: {reason}"
         print(f"gpuattach: {self.ended_reason}; stopping the command", file=sys.stderr, flush=True)
         self._signal_child(signal.SIGTERM)
         self._killer = threading.Timer(10.0, self._signal_child, args=(signal.SIGKILL,))
@@ -576,6 +592,9 @@ def cmd_run(args) -> int:
         )
     if not args.lease and args.num_gpus is None:
         return _fail("give -n N (and -p P or -m MIB), or --lease LEASE", "see gpuattach run --help")
+    if args.spread and (args.lease or args.local):
+        return _fail("--spread takes new remote leases, one per server",
+                     "drop --lease / --local, or drop --spread")  # fmt: skip
     client = _client(args)
     if args.lease:
         server, lease = client.find_lease(args.lease)
@@ -592,32 +611,67 @@ def cmd_run(args) -> int:
     else:
         req = _request_from(args, local=args.local, remote=not args.local,
                             pids=(os.getpid(),) if args.local else (), label=shlex.join(cmd)[:200])  # fmt: skip
-        server, lease = client.acquire(
-            req,
-            timeout_s=_timeout(args, client),
-            accept=on_this_host if args.local else None,
-            on_wait=_wait_note,
-        )
+        if args.spread:
+            spread = _acquire_spread(client, req, _timeout(args, client))
+            server, lease = spread[0]
+        else:
+            server, lease = client.acquire(
+                req,
+                timeout_s=_timeout(args, client),
+                accept=on_this_host if args.local else None,
+                on_wait=_wait_note,
+            )
         owned = True
     remote_env = None
     if not args.local:
         try:
             from virtualize.remote import remote_env
         except ImportError as exc:
-            _release_quietly(client, server, lease, owned)
+            for taken_server, taken in spread if args.spread else [(server, lease)]:
+                _release_quietly(client, taken_server, taken, owned)
             return _fail(f"remote execution is not available in this installation ({exc})",
                          "run on a GPU host with --local, or install gpupool's client with the shim")  # fmt: skip
     run = _Run(client, server, lease, owned)
+    if args.spread:
+        run.spread = spread
     try:
         return _run_under_lease(args, cmd, run, remote_env)
     finally:
-        if owned:
+        for server, lease in run.leases if owned else ():
             try:
                 client.release(server, lease.id)
             except PoolClientError as exc:
                 if run.ended_reason is None:
                     print(f"gpuattach: warning: could not release {lease.id} ({exc.title}); "
                           f"it expires {lease.ttl_s:g}s after the last heartbeat", file=sys.stderr)  # fmt: skip
+
+
+def _acquire_spread(client, req, timeout_s: float) -> list[tuple]:
+    """--spread -n N: one lease of one GPU on each of N different servers, taken one after the other
+    (a server already holding one is refused for the next); all released if one cannot be had."""
+    import msgspec
+
+    one = msgspec.structs.replace(req, n=1)
+    taken: list[tuple] = []
+    deadline = time.monotonic() + timeout_s
+
+    def identity(info: ServerInfo) -> tuple:
+        return info.hostname, info.addr, info.port
+
+    def elsewhere(info: ServerInfo) -> str | None:
+        if identity(info) in {identity(lease.server) for _, lease in taken}:
+            return f"already holds a GPU of this run (--spread: one GPU per server, {req.n} servers needed)"
+        return None
+
+    try:
+        while len(taken) < req.n:
+            left = max(0.0, deadline - time.monotonic())
+            taken.append(client.acquire(one, timeout_s=left, accept=elsewhere, on_wait=_wait_note))
+    except BaseException:
+        for server, lease in taken:
+            _release_quietly(client, server, lease, True)
+        raise
+    return taken
 
 
 def _release_quietly(client, server, lease, owned: bool) -> None:
@@ -639,7 +693,12 @@ def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
                   file=sys.stderr)  # fmt: skip
     else:
         try:
-            env.update(remote_env(lease))
+            if run.spread:
+                from virtualize.remote import spread_env
+
+                env.update(spread_env([answer for _, answer in run.spread]))
+            else:
+                env.update(remote_env(lease))
         except (
             Exception
         ) as exc:  # the shim is not built, the lease has no worker, …: one line, lease released
@@ -683,10 +742,11 @@ def _nvml_view(run: _Run, env: dict, scratch: Path, *, local: bool):
 def _run_command(args, cmd, run: _Run, env: dict, view) -> int:
     from server.client import Heartbeater, heartbeat_interval
 
-    lease = run.lease
-    hb = Heartbeater(
-        run.client, run.server, lease.id, heartbeat_interval(lease.ttl_s), on_end=run.on_lease_end
-    )
+    beats = [
+        Heartbeater(run.client, server, answer.id, heartbeat_interval(answer.ttl_s),
+                    on_end=functools.partial(run.on_lease_end, lease_id=answer.id))
+        for server, answer in run.leases
+    ]  # fmt: skip
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
     tty = _foreground_tty()
     try:
@@ -704,12 +764,16 @@ def _run_command(args, cmd, run: _Run, env: dict, view) -> int:
             _give_foreground(tty, run.child.pid)
         if view is not None:
             view.start([run.child.pid])
-        hb.start(pids=[os.getpid(), run.child.pid] if args.local else None)
+        for hb in beats:
+            hb.start(pids=[os.getpid(), run.child.pid] if args.local else None)
         if args.local:
-            threading.Thread(target=_quiet, args=(hb.beat_now,), daemon=True).start()  # register the pid now
+            threading.Thread(
+                target=_quiet, args=(beats[0].beat_now,), daemon=True
+            ).start()  # register the pid now
         rc = run.child.wait()
     finally:
-        hb.stop()
+        for hb in beats:
+            hb.stop()
         if run._killer:
             run._killer.cancel()
         if tty is not None:

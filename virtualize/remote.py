@@ -249,3 +249,17 @@ def _is_gpupool_nvml(path: Path) -> bool:
             return data.find(b"gpupoolNvmlLease") >= 0
     except (OSError, ValueError):  # unreadable, or empty
         return False
+
+
+def spread_env(
+    lease_answers: list[dict], *, cache_root: Path | None = None, library: Path | None = None
+) -> dict[str, str]:
+    """The environment of a run spread over several one-GPU leases (`gpuattach run --spread`): each
+    lease's variables with the suffix `_r` for rank r, lease 0's also without one (for processes that are
+    no rank, such as a launcher), and how many there are. The shim picks by the process's LOCAL_RANK."""
+    env = remote_env(lease_answers[0], cache_root=cache_root, library=library)
+    for rank, answer in enumerate(lease_answers):
+        own = remote_env(answer, cache_root=cache_root, library=library)
+        env.update({f"{name}_{rank}": own[name] for name in _wire.LEASE_ENV if name in own})
+    env[_wire.ENV_RANKS] = str(len(lease_answers))
+    return env
