@@ -619,6 +619,7 @@ def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
         if on_this_host(lease["server"]):
             return _fail(on_this_host(lease["server"]), "drop --local to run remotely")
         env.update(lease.get("env") or {})
+        _local_cuda(lease, env)
         if not lease["mps"]:
             limits = ", ".join(_human(p["mem_bytes"]) for p in lease["partitions"])
             print(f"gpuattach: note: {lease['server']['hostname']} runs without MPS: the partition's memory limit ({limits}) is advisory",
@@ -644,6 +645,25 @@ def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
         finally:
             if view is not None:
                 view.stop()
+
+
+def _local_cuda(lease: dict, env: dict) -> None:
+    """Put gpupool's --local interposer first on the command's library path: this host's real
+    libcuda.so.1 with cuMemGetInfo / cuDeviceTotalMem answering the partition's size (--local only;
+    remote runs get the remote shim). A note, and the real driver alone, where it is not built."""
+    try:
+        from virtualize.remote import ShimNotBuilt, host_libcuda, local_cuda_env
+    except ImportError:
+        return
+    real = host_libcuda(env)
+    if real is None:
+        print("gpuattach: note: no libcuda.so.1 of the NVIDIA driver found on this host", file=sys.stderr)
+        return
+    try:
+        env.update(local_cuda_env(lease, env, real=real))
+    except ShimNotBuilt:
+        print("gpuattach: note: gpupool's --local libcuda.so.1 is not built: CUDA in the command reports the "
+              "whole GPU's memory, not the partition's", file=sys.stderr)  # fmt: skip
 
 
 def _nvml_view(run: _Run, env: dict, scratch: Path, *, local: bool):
