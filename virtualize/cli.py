@@ -172,7 +172,8 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Take a lease (or use --lease), run COMMAND on it, release it when COMMAND ends, on Ctrl-C\n"
         "or on SIGTERM (forwarded to COMMAND). Without --local, COMMAND's CUDA calls run remotely on the\n"
-        "lease (docs/remote.md); with --local it runs on this GPU host inside its partition.",
+        "lease (docs/remote.md); with --local it runs on this GPU host inside its partition. Either way\n"
+        "CUDA (cuMemGetInfo, cuDeviceTotalMem) and NVML (nvidia-smi, pynvml) report the partition's memory.",
         epilog="examples:\n  gpuattach run -n 2 -p 0.5 --filter device.name=H100 -- python train.py\n"
         "  gpuattach run --local -n 1 -m 16384 --timeout 30m -- ./solver --big\n"
         "  gpuattach run --lease LEASE -- python step1.py   (local or remote, as the lease was requested)\n\n"
