@@ -5,7 +5,8 @@
 Under `gpuattach run -n 1 -p 0.5` (remote: CUDA through gpupool's libcuda.so.1, NVML through its
 libnvidia-ml.so.1, the real GPU hidden from the command) and `gpuattach run --local -p 0.25` (a server
 with --mps): the real `nvidia-smi` (table and --query-gpu), pynvml, `nvitop --once`, `gpustat`, PyTorch
-(`mem_get_info` total = `get_device_properties().total_memory` = NVML's total = the quota) and JAX with
+(`mem_get_info` total = `get_device_properties().total_memory` = NVML's total = the quota; under
+--local through gpupool's libcuda.so.1 interposer, whose path the torch line prints) and JAX with
 its default preallocation running a jitted matmul. Tools missing here are skipped and named. Each step
 has a timeout; one line per check, PASS / FAIL / SKIP, and a summary; exit status 1 if any failed.
 """
@@ -94,6 +95,8 @@ import time; time.sleep(3)  # the NVML view is refreshed every second
 m = N.nvmlDeviceGetMemoryInfo(h)
 print(f"torch_total={total}"); print(f"props_total={props}"); print(f"nvml_total={m.total}"); print(f"nvml_used={m.used}")
 print(f"procs={[p.pid for p in N.nvmlDeviceGetComputeRunningProcesses(h)]}")
+# which libcuda.so.1 answered: gpupool's remote shim, its --local interposer (and the driver behind it)
+print(f"libcuda={sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libcuda' in l or 'localcuda' in l})}".replace(" ", ""))
 """
 
 JAX = """
@@ -168,6 +171,7 @@ def checks(label: str, attach: list[str], quota: int, env: dict) -> None:
             and same
             and near(int(got.get("nvml_total", 0)))
             and int(got.get("nvml_used", 0)) >= 256 * MiB
+            and ("--local" not in attach or "localcuda" in got.get("libcuda", ""))
         )
         record(
             f"{label} torch mem_get_info = properties = NVML = quota",
