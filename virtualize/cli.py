@@ -657,8 +657,7 @@ def _local_cuda(lease: dict, env: dict) -> None:
     except ImportError:
         return
     real = host_libcuda(env)
-    if real is None:
-        print("gpuattach: note: no libcuda.so.1 of the NVIDIA driver found on this host", file=sys.stderr)
+    if real is None:  # no driver here (simulated GPUs): nothing of CUDA's to answer
         return
     try:
         env.update(local_cuda_env(lease, env, real=real))
