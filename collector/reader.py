@@ -470,18 +470,33 @@ LEASE_SOURCE = "lease"
 
 def _split_lease_rows(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(
+        f"CREATE OR REPLACE TEMP VIEW lease_samples AS SELECT * FROM gpu_samples_all WHERE source = '{LEASE_SOURCE}'"
+    )
+    # Which (host, GPU)s a lease recorded, found once here: the usual telemetry has none (the segments'
+    # statistics of `source` let the scan skip nearly everything), and then gpu_samples and
+    # process_samples stay plain views, no filter on every row of every query.
+    lease_gpus = con.execute("SELECT DISTINCT host, gpu_uuid FROM lease_samples").fetchall()
+    con.execute("CREATE OR REPLACE TEMP TABLE lease_gpus (host VARCHAR, gpu_uuid VARCHAR)")
+    if not lease_gpus:
+        con.execute("CREATE OR REPLACE TEMP VIEW gpu_samples AS SELECT * FROM gpu_samples_all")
+        con.execute("CREATE OR REPLACE TEMP VIEW process_samples AS SELECT * FROM process_samples_all")
+        return
+    con.execute(
         "CREATE OR REPLACE TEMP VIEW gpu_samples AS SELECT * FROM gpu_samples_all "
         f"WHERE source IS DISTINCT FROM '{LEASE_SOURCE}'"
     )
-    con.execute(
-        f"CREATE OR REPLACE TEMP VIEW lease_samples AS SELECT * FROM gpu_samples_all WHERE source = '{LEASE_SOURCE}'"
+    # Process rows carry no source: those a collector wrote inside a lease are the ones of a (host,
+    # GPU) that only a lease recorded (a --local lease's collector shares the GPU host's own).
+    hosts = sorted({h for h, _ in lease_gpus})
+    physical = set(
+        con.execute(
+            f"SELECT DISTINCT host, gpu_uuid FROM gpu_samples WHERE host IN ({', '.join('?' for _ in hosts)})",
+            hosts,
+        ).fetchall()
     )
-    # Process rows carry no source: those a collector wrote inside a lease are the ones of a (host, GPU)
-    # that only a lease recorded. Listed once here (the segments' statistics skip most of the scan).
-    con.execute(
-        "CREATE OR REPLACE TEMP TABLE lease_gpus AS SELECT DISTINCT host, gpu_uuid FROM lease_samples "
-        "EXCEPT SELECT DISTINCT host, gpu_uuid FROM gpu_samples"
-    )
+    only_lease = [g for g in lease_gpus if g not in physical]
+    if only_lease:
+        con.executemany("INSERT INTO lease_gpus VALUES (?, ?)", only_lease)
     con.execute(
         "CREATE OR REPLACE TEMP VIEW process_samples AS SELECT * FROM process_samples_all p WHERE NOT EXISTS "
         "(SELECT 1 FROM lease_gpus l WHERE l.host = p.host AND l.gpu_uuid = p.gpu_uuid)"

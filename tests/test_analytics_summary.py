@@ -190,3 +190,18 @@ def test_rows_recorded_inside_a_lease_are_not_counted_as_physical_gpus(tmp_path)
     assert A.what_if(con).observed_gpus == 1
     lease = con.execute("SELECT DISTINCT host, mem_total_bytes FROM lease_samples").fetchall()
     assert lease == [("client", 20 * GIB)]
+
+
+def test_a_local_lease_on_the_gpu_host_keeps_the_hosts_own_process_rows(tmp_path):
+    """A collector inside a --local lease writes under the GPU host's own name and GPU: its rows are
+    still not a second GPU, and the host's own process rows of that GPU stay counted."""
+    rows = gpu_rows("gpuhost", 0, [0.5] * 4) + gpu_rows(
+        "gpuhost", 0, [0.9] * 4, source="lease", mem_total=20 * GIB
+    )
+    write_rows(tmp_path, "gpu_samples", rows)
+    write_rows(tmp_path, "process_samples", [{"host": "gpuhost", "ts": T0, "gpu_index": 0,
+                                              "gpu_uuid": "GPU-gpuhost-0", "pid": 11, "mem_used_bytes": GIB}])  # fmt: skip
+    con = A.open_telemetry(tmp_path)
+    s = A.fleet_summary(con)
+    assert s.gpus == 1 and s.gpu_hours == pytest.approx(4 / H)
+    assert con.execute("SELECT list(pid) FROM process_samples").fetchone()[0] == [11]
