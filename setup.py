@@ -1,5 +1,5 @@
-"""Builds gpupool's libcuda.so.1 (the remote-execution shim) and libnvidia-ml.so.1 (its NVML) with the
-package; everything else is in pyproject.toml.
+"""Builds gpupool's libcuda.so.1 (the remote-execution shim), its libnvidia-ml.so.1 (NVML) and the --local
+libcuda.so.1 interposer with the package; everything else is in pyproject.toml.
 
 The shim is plain C with no CUDA headers and no Python API: it is compiled as an extension module
 only so that `pip install .` and `pip install -e .` build it wherever a C compiler exists;
@@ -42,6 +42,17 @@ setup(
             depends=["virtualize/nvml/nvml_stubs_gen.h"],
             extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread", "-std=gnu11"],
             extra_link_args=["-pthread", "-Wl,-soname,libnvidia-ml.so.1", "-ldl"],
+            py_limited_api=False,
+            optional=True,
+        ),
+        # The --local interposer (virtualize/localcuda/local_cuda.c): the host's real libcuda.so.1 with
+        # the lease's memory size. Plain C, no CUDA headers.
+        Extension(
+            "virtualize._liblocalcuda",
+            sources=["virtualize/localcuda/local_cuda.c"],
+            depends=["virtualize/localcuda/forward_gen.h"],
+            extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread", "-std=gnu11"],
+            extra_link_args=["-pthread", "-Wl,-soname,libcuda.so.1", "-ldl"],
             py_limited_api=False,
             optional=True,
         ),

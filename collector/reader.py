@@ -344,7 +344,9 @@ def open_telemetry(
     ``dirs`` are directories or ``s3://bucket/prefix`` locations, mixed as wished.
 
     Views: ``gpu_samples``, ``process_samples``, ``pool_events`` (see ``collector.schema``), each with
-    the hive columns ``date`` and ``host``. Raises ``TelemetryError`` for a missing directory, for no
+    the hive columns ``date`` and ``host``; ``gpu_samples`` holds the physical GPUs' rows and
+    ``lease_samples`` the rows a collector recorded inside a gpupool lease (source 'lease': a lease's
+    slice of a pool GPU, not a GPU of its own). Raises ``TelemetryError`` for a missing directory, for no
     data at all (unless ``require_data=False``) and for segments of a schema version this code does
     not read. With ``rollups`` (the default) it also opens the rollup tables and their marks
     (``analytics._rollup``); ``rollups=False`` answers everything from raw samples.
@@ -378,9 +380,10 @@ def open_telemetry(
             per_root = {r: [f for f in segs if f not in bad] for r, segs in per_root.items()}
         listed.update(((root, table.name), segs) for root, segs in per_root.items())
         files = [f for segs in per_root.values() for f in segs]
+        view = _VIEW_OF.get(table.name, table.name)
         if not files:
             damaged += sorted(bad)
-            con.execute(f"CREATE OR REPLACE TEMP VIEW {table.name} AS {_empty_select(table)}")
+            con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS {_empty_select(table)}")
             continue
         found_any = found_any or table.name in TABLES
         derived = table.name in ROLLUP_TABLES
@@ -406,7 +409,7 @@ def open_telemetry(
                 )
         damaged += sorted(bad)
         if not files:  # every segment of the table damaged
-            con.execute(f"CREATE OR REPLACE TEMP VIEW {table.name} AS {_empty_select(table)}")
+            con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS {_empty_select(table)}")
             continue
         globs = ", ".join(
             _sql_literal(
@@ -427,7 +430,8 @@ def open_telemetry(
         # over months), so they are read by position without opening every footer at each bind; a
         # file of another layout is an error, never a silent null (gpustat-report rollup --rebuild).
         # Their version is checked where their marks are read (``_register_rollup_marks``).
-        _parquet_view(con, table.name, globs, union_by_name=by_name)
+        _parquet_view(con, view, globs, union_by_name=by_name)
+    _split_lease_rows(con)
     if rollups:
         _register_rollup_marks(con, roots, listed)
     else:
@@ -451,6 +455,50 @@ def open_telemetry(
             "is the collector writing there? gpustat-collect --out DIR",
         )
     return con
+
+
+# A collector run inside a gpupool lease (gpuattach run) records the lease's slice of a pool GPU:
+# source 'lease', the physical GPU's UUID, memory total = the partition. It is a view of a GPU the
+# pool's own collectors already record, never another physical GPU: every reader of ``gpu_samples``
+# (the fleet summary, idle, what-if, rollups) sees the physical GPUs' rows only, and the lease's rows
+# are in ``lease_samples``.
+_VIEW_OF = {"gpu_samples": "gpu_samples_all", "process_samples": "process_samples_all"}
+LEASE_SOURCE = "lease"
+
+
+def _split_lease_rows(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(
+        f"CREATE OR REPLACE TEMP VIEW lease_samples AS SELECT * FROM gpu_samples_all WHERE source = '{LEASE_SOURCE}'"
+    )
+    # Which (host, GPU)s a lease recorded, found once here: the usual telemetry has none (the segments'
+    # statistics of `source` let the scan skip nearly everything), and then gpu_samples and
+    # process_samples stay plain views, no filter on every row of every query.
+    lease_gpus = con.execute("SELECT DISTINCT host, gpu_uuid FROM lease_samples").fetchall()
+    con.execute("CREATE OR REPLACE TEMP TABLE lease_gpus (host VARCHAR, gpu_uuid VARCHAR)")
+    if not lease_gpus:
+        con.execute("CREATE OR REPLACE TEMP VIEW gpu_samples AS SELECT * FROM gpu_samples_all")
+        con.execute("CREATE OR REPLACE TEMP VIEW process_samples AS SELECT * FROM process_samples_all")
+        return
+    con.execute(
+        "CREATE OR REPLACE TEMP VIEW gpu_samples AS SELECT * FROM gpu_samples_all "
+        f"WHERE source IS DISTINCT FROM '{LEASE_SOURCE}'"
+    )
+    # Process rows carry no source: those a collector wrote inside a lease are the ones of a (host,
+    # GPU) that only a lease recorded (a --local lease's collector shares the GPU host's own).
+    hosts = sorted({h for h, _ in lease_gpus})
+    physical = set(
+        con.execute(
+            f"SELECT DISTINCT host, gpu_uuid FROM gpu_samples WHERE host IN ({', '.join('?' for _ in hosts)})",
+            hosts,
+        ).fetchall()
+    )
+    only_lease = [g for g in lease_gpus if g not in physical]
+    if only_lease:
+        con.executemany("INSERT INTO lease_gpus VALUES (?, ?)", only_lease)
+    con.execute(
+        "CREATE OR REPLACE TEMP VIEW process_samples AS SELECT * FROM process_samples_all p WHERE NOT EXISTS "
+        "(SELECT 1 FROM lease_gpus l WHERE l.host = p.host AND l.gpu_uuid = p.gpu_uuid)"
+    )
 
 
 def _parquet_view(con: duckdb.DuckDBPyConnection, name: str, sources: str, *, union_by_name: bool) -> None:

@@ -165,3 +165,43 @@ def test_segments_of_another_column_layout_are_read_by_name_and_rows_counted_fro
     con = A.open_telemetry(tmp_path)
     assert con.execute("SELECT count(*), count(sm_activity) FROM gpu_samples").fetchall() == [(100, 0)]
     assert A.data_extent(con).gpu_rows == 100
+
+
+def test_rows_recorded_inside_a_lease_are_not_counted_as_physical_gpus(tmp_path):
+    """A collector run inside a gpupool lease records the lease's slice of a pool GPU (source 'lease',
+    the physical GPU's UUID, the partition as memory total) and its processes: the fleet summary, the
+    data extent, the what-if and the process rows count the physical GPUs only, and the lease's rows
+    stay readable in ``lease_samples``."""
+    rows = gpu_rows("gpuhost", 0, [0.5] * 4, mem_used=10 * GIB)
+    # the same GPU seen from a client machine's lease: a quarter of it, busier, another host name
+    rows += gpu_rows("client", 0, [0.9] * 4, mem_used=5 * GIB, mem_total=20 * GIB, source="lease",
+                     gpu_uuid="GPU-gpuhost-0")  # fmt: skip
+    write_rows(tmp_path, "gpu_samples", rows)
+    procs = [{"host": h, "ts": T0, "gpu_index": 0, "gpu_uuid": "GPU-gpuhost-0", "pid": pid, "mem_used_bytes": GIB}
+             for h, pid in (("gpuhost", 11), ("client", 22))]  # fmt: skip
+    write_rows(tmp_path, "process_samples", procs)
+    con = A.open_telemetry(tmp_path)
+    s = A.fleet_summary(con)
+    assert (s.gpus, s.hosts) == (1, 1)
+    assert con.execute("SELECT list(pid) FROM process_samples").fetchone()[0] == [11]
+    assert [g.host for g in s.per_gpu] == ["gpuhost"]
+    assert s.gpu_hours == pytest.approx(4 / H)
+    assert A.data_extent(con).hosts == ("gpuhost",)
+    assert A.what_if(con).observed_gpus == 1
+    lease = con.execute("SELECT DISTINCT host, mem_total_bytes FROM lease_samples").fetchall()
+    assert lease == [("client", 20 * GIB)]
+
+
+def test_a_local_lease_on_the_gpu_host_keeps_the_hosts_own_process_rows(tmp_path):
+    """A collector inside a --local lease writes under the GPU host's own name and GPU: its rows are
+    still not a second GPU, and the host's own process rows of that GPU stay counted."""
+    rows = gpu_rows("gpuhost", 0, [0.5] * 4) + gpu_rows(
+        "gpuhost", 0, [0.9] * 4, source="lease", mem_total=20 * GIB
+    )
+    write_rows(tmp_path, "gpu_samples", rows)
+    write_rows(tmp_path, "process_samples", [{"host": "gpuhost", "ts": T0, "gpu_index": 0,
+                                              "gpu_uuid": "GPU-gpuhost-0", "pid": 11, "mem_used_bytes": GIB}])  # fmt: skip
+    con = A.open_telemetry(tmp_path)
+    s = A.fleet_summary(con)
+    assert s.gpus == 1 and s.gpu_hours == pytest.approx(4 / H)
+    assert con.execute("SELECT list(pid) FROM process_samples").fetchone()[0] == [11]

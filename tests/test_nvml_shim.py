@@ -146,6 +146,37 @@ def test_pynvml_sees_the_partition_and_what_the_lease_holds(nvml_dir, tmp_path):
     assert got["temperature"] == f"error {NVML_NOT_SUPPORTED}"
 
 
+EVENTS_AND_TABLE = """
+import time, pynvml as N
+N.nvmlInit(); h = N.nvmlDeviceGetHandleByIndex(0)
+s = N.nvmlEventSetCreate()
+N.nvmlDeviceRegisterEvents(h, N.nvmlEventTypeXidCriticalError, s)
+print("types", N.nvmlDeviceGetSupportedEventTypes(h))
+t = time.monotonic()
+try:
+    N.nvmlEventSetWait_v2(s, 200); print("wait returned")
+except N.NVMLError as e:
+    print("wait", e.value, round(time.monotonic() - t, 1))
+N.nvmlEventSetFree(s)
+print("display", N.nvmlDeviceGetDisplayMode(h), N.nvmlDeviceGetDisplayActive(h))
+m = N.nvmlDeviceIsMigDeviceHandle(h); print("mig_handle", int(getattr(m, "value", m)))
+"""
+
+
+def test_nvidia_smis_table_can_start_events_and_display_columns(nvml_dir, tmp_path):
+    """What the plain nvidia-smi table needs beyond --query-gpu: an event set is created and
+    registered (the table stops with 255 when that fails), supports no event types, and a wait times
+    out after the caller's timeout as on a GPU where nothing happened; no display is attached or
+    active; the device is not a MIG device."""
+    out = run([sys.executable, "-c", EVENTS_AND_TABLE], view_env(nvml_dir, tmp_path))
+    assert out.returncode == 0, out.stderr
+    got = lines(out.stdout)
+    assert got["types"] == "0"
+    timeout_code, waited = got["wait"].split()
+    assert int(timeout_code) == 10 and 0.1 <= float(waited) < 2  # NVML_ERROR_TIMEOUT
+    assert got["display"] == "0 0" and got["mig_handle"] == "0"
+
+
 def test_the_view_is_reread_when_it_changes(nvml_dir, tmp_path):
     """A running tool sees the lease's usage move: the shim re-reads the view file after a rewrite."""
     env = view_env(nvml_dir, tmp_path)

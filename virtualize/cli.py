@@ -179,7 +179,8 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Take a lease (or use --lease), run COMMAND on it, release it when COMMAND ends, on Ctrl-C\n"
         "or on SIGTERM (forwarded to COMMAND). Without --local, COMMAND's CUDA calls run remotely on the\n"
-        "lease (docs/remote.md); with --local it runs on this GPU host inside its partition.",
+        "lease (docs/remote.md); with --local it runs on this GPU host inside its partition. Either way\n"
+        "CUDA (cuMemGetInfo, cuDeviceTotalMem) and NVML (nvidia-smi, pynvml) report the partition's memory.",
         epilog="examples:\n  gpuattach run -n 2 -p 0.5 --filter device.name=H100 -- python train.py\n"
         "  gpuattach run --local -n 1 -m 16384 --timeout 30m -- ./solver --big\n"
         "  gpuattach run --lease LEASE -- python step1.py   (local or remote, as the lease was requested)\n"
@@ -687,6 +688,7 @@ def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
         if refusal := on_this_host(lease.server):
             return _fail(refusal, "drop --local to run remotely")
         env.update(lease.env or {})
+        _local_cuda(lease, env)
         if not lease.mps:
             limits = ", ".join(_human(p.mem_bytes) for p in lease.partitions)
             print(f"gpuattach: note: {lease.server.hostname} runs without MPS: the partition's memory limit ({limits}) is advisory",
@@ -715,6 +717,24 @@ def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
         finally:
             if view is not None:
                 view.stop()
+
+
+def _local_cuda(lease: Lease, env: dict) -> None:
+    """Put gpupool's --local interposer first on the command's library path: this host's real
+    libcuda.so.1 with cuMemGetInfo / cuDeviceTotalMem answering the partition's size (--local only;
+    remote runs get the remote shim). A note, and the real driver alone, where it is not built."""
+    try:
+        from virtualize.remote import ShimNotBuilt, host_libcuda, local_cuda_env
+    except ImportError:
+        return
+    real = host_libcuda(env)
+    if real is None:  # no driver here (simulated GPUs): nothing of CUDA's to answer
+        return
+    try:
+        env.update(local_cuda_env(lease, env, real=real))
+    except ShimNotBuilt:
+        print("gpuattach: note: gpupool's --local libcuda.so.1 is not built: CUDA in the command reports the "
+              "whole GPU's memory, not the partition's", file=sys.stderr)  # fmt: skip
 
 
 def _nvml_view(run: _Run, env: dict, scratch: Path, *, local: bool):

@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 
 SHIM_MODULE = "virtualize._libcuda_shim"
 NVML_MODULE = "virtualize._libnvml_shim"
+LOCAL_CUDA_MODULE = "virtualize._liblocalcuda"
+# What the --local interposer reads (virtualize/localcuda/local_cuda.c)
+ENV_REAL_LIBCUDA = "GPUPOOL_REAL_LIBCUDA"
+ENV_PARTITION_BYTES = "GPUPOOL_PARTITION_BYTES"
 
 
 class ShimNotBuilt(VirtualizeError):
@@ -88,18 +92,28 @@ def compile_shim(dest_dir: Path, *, compiler: str | None = None, extra_flags: tu
 
 
 NVML_SOURCE = Path(__file__).parent / "nvml" / "nvml_shim.c"  # setup.py builds the same
+LOCAL_CUDA_SOURCE = Path(__file__).parent / "localcuda" / "local_cuda.c"  # setup.py builds the same
 
 
-def compile_nvml(dest_dir: Path, *, compiler: str | None = None) -> Path:
-    """Compile the NVML shim into `dest_dir/libnvidia-ml.so.1` without pip (GPU hosts, tests)."""
+def _compile_one(dest_dir: Path, source: Path, soname: str, compiler: str | None) -> Path:
     cc = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         raise ShimNotBuilt()
     dest_dir.mkdir(parents=True, exist_ok=True)
-    out = dest_dir / "libnvidia-ml.so.1"
-    flags = [f for f in COMPILE_FLAGS if not f.startswith("-Wl,-soname")] + ["-Wl,-soname,libnvidia-ml.so.1"]
-    subprocess.run([cc, *flags, "-o", str(out), str(NVML_SOURCE), *LINK_LIBRARIES], check=True, timeout=300)
+    out = dest_dir / soname
+    flags = [f for f in COMPILE_FLAGS if not f.startswith("-Wl,-soname")] + [f"-Wl,-soname,{soname}"]
+    subprocess.run([cc, *flags, "-o", str(out), str(source), *LINK_LIBRARIES], check=True, timeout=300)
     return out
+
+
+def compile_nvml(dest_dir: Path, *, compiler: str | None = None) -> Path:
+    """Compile the NVML shim into `dest_dir/libnvidia-ml.so.1` without pip (GPU hosts, tests)."""
+    return _compile_one(dest_dir, NVML_SOURCE, "libnvidia-ml.so.1", compiler)
+
+
+def compile_local_cuda(dest_dir: Path, *, compiler: str | None = None) -> Path:
+    """Compile the --local interposer into `dest_dir/libcuda.so.1` without pip (GPU hosts, tests)."""
+    return _compile_one(dest_dir, LOCAL_CUDA_SOURCE, "libcuda.so.1", compiler)
 
 
 def fresh_nvml(dest_dir: Path) -> Path:
@@ -211,8 +225,33 @@ def nvml_env(
     }
 
 
-# Where drivers put libnvidia-ml.so.1 when ldconfig does not say (containers often have no cache).
-HOST_NVML_DIRS = (
+def local_cuda_env(
+    lease_answer: Lease,
+    base_env: dict[str, str],
+    *,
+    real: Path,
+    cache_root: Path | None = None,
+    library: Path | None = None,
+) -> dict[str, str]:
+    """Environment variables that make a --local run's CUDA see the lease's memory size: gpupool's
+    interposer (virtualize/localcuda/local_cuda.c) first on the library path given in `base_env`,
+    forwarding every driver call to this host's real driver `real` and answering cuMemGetInfo /
+    cuDeviceTotalMem with each partition's size (device ordinals in partition order, as the lease's
+    CUDA_VISIBLE_DEVICES numbers them). Raises ShimNotBuilt where the interposer was not compiled."""
+    library = library or shim_library_path(LOCAL_CUDA_MODULE)
+    directory = shim_dir(cache_root, library=library, kind="localcuda")
+    old = base_env.get("LD_LIBRARY_PATH", "")
+    return {
+        "LD_LIBRARY_PATH": f"{directory}:{old}" if old else str(directory),
+        ENV_REAL_LIBCUDA: str(real),
+        ENV_PARTITION_BYTES: ",".join(str(int(p.mem_bytes)) for p in lease_answer.partitions),
+        "NUMBA_CUDA_DRIVER": str(directory / "libcuda.so.1"),
+    }
+
+
+# Where drivers put libnvidia-ml.so.1 and libcuda.so.1 when ldconfig does not say (containers often
+# have no cache).
+HOST_DRIVER_DIRS = (
     "/usr/lib/x86_64-linux-gnu",
     "/usr/lib/aarch64-linux-gnu",
     "/usr/lib64",
@@ -225,28 +264,42 @@ HOST_NVML_DIRS = (
 def host_nvml(env: dict[str, str]) -> Path | None:
     """This GPU host's own libnvidia-ml.so.1 (the driver's), for --local runs: gpupool's NVML answers
     the lease's numbers and hands every other query to it. None where there is none."""
-    candidates = []
-    try:
-        listing = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
-        candidates += [
-            line.rsplit("=> ", 1)[1] for line in listing.splitlines() if "libnvidia-ml.so.1 (" in line
-        ]
-    except (OSError, subprocess.SubprocessError):
-        pass
-    dirs = [d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d] + list(HOST_NVML_DIRS)
-    candidates += [os.path.join(d, "libnvidia-ml.so.1") for d in dirs]
-    for candidate in candidates:
-        path = Path(candidate.strip())
-        if path.is_file() and not _is_gpupool_nvml(path):
+    return _host_library(env, "libnvidia-ml.so.1", b"gpupoolNvmlLease")
+
+
+def host_libcuda(env: dict[str, str]) -> Path | None:
+    """This GPU host's own libcuda.so.1 (the driver's, never gpupool's shim or interposer), for the
+    --local interposer to forward to. None where there is none."""
+    for path in _host_candidates(env, "libcuda.so.1"):
+        if not _exports_marker(path, b"gpupoolLocalCuda") and not _exports_marker(
+            path, _wire.ENV_WORKER.encode()
+        ):
             return path
     return None
 
 
-def _is_gpupool_nvml(path: Path) -> bool:
-    """gpupool's own shim (wherever it was built or linked) exports gpupoolNvmlLease; the driver's does not."""
+def _host_library(env: dict[str, str], name: str, marker: bytes) -> Path | None:
+    return next((p for p in _host_candidates(env, name) if not _exports_marker(p, marker)), None)
+
+
+def _host_candidates(env: dict[str, str], name: str) -> list[Path]:
+    candidates = []
+    try:
+        listing = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+        candidates += [line.rsplit("=> ", 1)[1] for line in listing.splitlines() if f"{name} (" in line]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    dirs = [d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d] + list(HOST_DRIVER_DIRS)
+    candidates += [os.path.join(d, name) for d in dirs]
+    return [Path(c.strip()) for c in candidates if Path(c.strip()).is_file()]
+
+
+def _exports_marker(path: Path, marker: bytes) -> bool:
+    """gpupool's own libraries carry a marker the driver's do not: gpupoolNvmlLease in its NVML,
+    gpupoolLocalCuda in the --local interposer, the worker's address variable in the remote shim."""
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            return data.find(b"gpupoolNvmlLease") >= 0
+            return data.find(marker) >= 0
     except (OSError, ValueError):  # unreadable, or empty
         return False
 

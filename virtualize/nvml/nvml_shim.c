@@ -612,6 +612,64 @@ PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses, 0, 0)
 PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v2, 1, 0)
 PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v3, 1, 0)
 
+/* --- what nvidia-smi's table needs besides the numbers ------------------------------------------- */
+/* The plain `nvidia-smi` table (not --query-gpu) creates an event set while it starts and stops with
+ * exit status 255 when that fails (NVIDIA's NVML mock, k8s-test-infra bridge/events.go, found the
+ * same). A lease delivers no events: the set is created and registered, supports no event types, and a
+ * wait times out as a real GPU's does when nothing happened (NVML_ERROR_TIMEOUT). The table's display
+ * columns read the lease's truth: no display is attached or active on it, and it is not a MIG device. */
+#define NVML_ERROR_TIMEOUT 10
+typedef struct nvmlEventSet_st *nvmlEventSet_t;
+
+NVML_API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    if (!set) return NVML_ERROR_INVALID_ARGUMENT;
+    if (system_call() != NVML_SUCCESS) return NVML_ERROR_UNINITIALIZED;
+    pthread_mutex_unlock(&lock);
+    *set = (nvmlEventSet_t)calloc(1, 8);
+    return *set ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+}
+
+NVML_API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    free(set);
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long types, nvmlEventSet_t set) {
+    (void)types;
+    DEVICE_CALL(device);
+    LEAVE(set ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT);
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *types) {
+    DEVICE_CALL(device);
+    if (!types) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *types = 0;
+    LEAVE(NVML_SUCCESS);
+}
+
+static nvmlReturn_t event_wait(nvmlEventSet_t set, void *data, unsigned int timeout_ms) {
+    if (!set || !data) return NVML_ERROR_INVALID_ARGUMENT;
+    usleep((useconds_t)(timeout_ms > 10000 ? 10000 : timeout_ms) * 1000); /* callers loop on it */
+    return NVML_ERROR_TIMEOUT;
+}
+NVML_API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, void *data, unsigned int timeout_ms) {
+    return event_wait(set, data, timeout_ms);
+}
+NVML_API nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, void *data, unsigned int timeout_ms) {
+    return event_wait(set, data, timeout_ms);
+}
+
+#define DEVICE_ZERO(name)                                                      \
+    NVML_API nvmlReturn_t name(nvmlDevice_t device, unsigned int *value) {     \
+        DEVICE_CALL(device);                                                   \
+        if (!value) LEAVE(NVML_ERROR_INVALID_ARGUMENT);                        \
+        *value = 0;                                                            \
+        LEAVE(NVML_SUCCESS);                                                   \
+    }
+DEVICE_ZERO(nvmlDeviceGetDisplayMode)   /* NVML_FEATURE_DISABLED */
+DEVICE_ZERO(nvmlDeviceGetDisplayActive) /* NVML_FEATURE_DISABLED */
+DEVICE_ZERO(nvmlDeviceIsMigDeviceHandle)
+
 /* --- nvidia-smi's private table ------------------------------------------------------------------ */
 /* nvidia-smi finds devices and lists processes through a private table (nvmlInternalGetExportTable,
  * keyed by a UUID), not the public calls. Its ABI, as NVIDIA's own NVML mock recovered it against

@@ -5,14 +5,17 @@
 Under `gpuattach run -n 1 -p 0.5` (remote: CUDA through gpupool's libcuda.so.1, NVML through its
 libnvidia-ml.so.1, the real GPU hidden from the command) and `gpuattach run --local -p 0.25` (a server
 with --mps): the real `nvidia-smi` (table and --query-gpu), pynvml, `nvitop --once`, `gpustat`, PyTorch
-(`mem_get_info` total = `get_device_properties().total_memory` = NVML's total = the quota) and JAX with
+(`mem_get_info` total = `get_device_properties().total_memory` = NVML's total = the quota; under
+--local through gpupool's libcuda.so.1 interposer, whose path the torch line prints) and JAX with
 its default preallocation running a jitted matmul. Tools missing here are skipped and named. Each step
 has a timeout; one line per check, PASS / FAIL / SKIP, and a summary; exit status 1 if any failed.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +40,27 @@ def run(cmd: list[str], env: dict, timeout: float = 300) -> subprocess.Completed
         return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         return subprocess.CompletedProcess(cmd, 124, exc.stdout or "", f"timed out after {timeout}s")
+
+
+def slug(label: str) -> str:
+    """A file name without spaces or odd characters (the device tool brings only those back)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_")
+
+
+def tool_command(name: str) -> list[str] | None:
+    """The tool's console script, else `python -m name` (wheels installed into a --target directory
+    have no scripts on PATH), else None."""
+    if shutil.which(name):
+        return [name]
+    if importlib.util.find_spec(name):
+        return [sys.executable, "-m", name]
+    return None
+
+
+def failure_head(out: subprocess.CompletedProcess, lines: int = 15) -> str:
+    """The first lines of a failing tool's stdout and stderr, for the log."""
+    head = lambda text: "\n".join((text or "").splitlines()[:lines])  # noqa: E731
+    return f"--- stdout (first {lines} lines)\n{head(out.stdout)}\n--- stderr (first {lines} lines)\n{head(out.stderr)}"
 
 
 def values(out: str) -> dict[str, str]:
@@ -71,6 +95,8 @@ import time; time.sleep(3)  # the NVML view is refreshed every second
 m = N.nvmlDeviceGetMemoryInfo(h)
 print(f"torch_total={total}"); print(f"props_total={props}"); print(f"nvml_total={m.total}"); print(f"nvml_used={m.used}")
 print(f"procs={[p.pid for p in N.nvmlDeviceGetComputeRunningProcesses(h)]}")
+# which libcuda.so.1 answered: gpupool's remote shim, its --local interposer (and the driver behind it)
+print(f"libcuda={sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libcuda' in l or 'localcuda' in l})}".replace(" ", ""))
 """
 
 JAX = """
@@ -90,8 +116,14 @@ def checks(label: str, attach: list[str], quota: int, env: dict) -> None:
     smi = shutil.which("nvidia-smi")
     if smi:
         out = run([*attach, smi], env, 120)
-        (OUT / f"nvidia-smi-{label}.txt").write_text(out.stdout + out.stderr)
+        (OUT / f"nvidia-smi-{slug(label)}.txt").write_text(out.stdout + out.stderr)
         print(out.stdout + out.stderr, flush=True)
+        if out.returncode != 0:
+            # nvidia-smi prints its table only when every field it needs answered: what it last asked
+            # shows with GPUPOOL_SHIM_TRACE=1 (one line per unanswered NVML call)
+            traced = run([*attach, smi], {**env, "GPUPOOL_SHIM_TRACE": "1"}, 120)
+            (OUT / f"nvidia-smi-{slug(label)}-trace.txt").write_text(traced.stdout + traced.stderr)
+            print(failure_head(traced, 60), flush=True)
         record(f"{label} nvidia-smi table", "PASS" if out.returncode == 0 else "FAIL", f"rc {out.returncode}")
         q = run(
             [*attach, smi, "--query-gpu=name,memory.total,memory.used", "--format=csv,noheader,nounits"],
@@ -113,13 +145,21 @@ def checks(label: str, attach: list[str], quota: int, env: dict) -> None:
     got = values(out.stdout)
     ok = out.returncode == 0 and near(int(got.get("total", 0))) and got.get("total") == got.get("v2_total")
     record(f"{label} pynvml", "PASS" if ok else "FAIL", f"{got} {out.stderr.strip()[-300:]}")
-    for tool, cmd in (("nvitop", ["nvitop", "--once"]), ("gpustat", ["gpustat"])):
-        if shutil.which(cmd[0]):
-            out = run([*attach, *cmd], env, 120)
-            print(out.stdout + out.stderr, flush=True)
-            record(f"{label} {tool}", "PASS" if out.returncode == 0 else "FAIL", f"rc {out.returncode}")
-        else:
-            record(f"{label} {tool}", "SKIP", "not installed")
+    for tool, args in (("nvitop", ["--once"]), ("gpustat", [])):
+        cmd = tool_command(tool)
+        if cmd is None:
+            record(f"{label} {tool}", "SKIP", "not installed (no command, no module)")
+            continue
+        out = run([*attach, *cmd, *args], env, 120)
+        (OUT / f"{tool}-{slug(label)}.txt").write_text(out.stdout + out.stderr)
+        print(out.stdout + out.stderr, flush=True)
+        if out.returncode != 0:
+            print(failure_head(out), flush=True)
+        record(
+            f"{label} {tool}",
+            "PASS" if out.returncode == 0 else "FAIL",
+            f"rc {out.returncode} ({' '.join(cmd)})",
+        )
     out = run([*attach, sys.executable, "-c", TORCH], env)
     got = values(out.stdout)
     if "No module named 'torch'" in out.stderr:
@@ -131,6 +171,7 @@ def checks(label: str, attach: list[str], quota: int, env: dict) -> None:
             and same
             and near(int(got.get("nvml_total", 0)))
             and int(got.get("nvml_used", 0)) >= 256 * MiB
+            and ("--local" not in attach or "localcuda" in got.get("libcuda", ""))
         )
         record(
             f"{label} torch mem_get_info = properties = NVML = quota",
