@@ -210,7 +210,8 @@ def main() -> int:
         return 1
     shim = fresh_shim(work / "shim")
     say(f"shim: {shim}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    keep = ("GPUPOOL_SHIM_TRACE", "GPUPOOL_SHIM_PROFILE")  # for looking into a run: the shim's own output
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_") or k in keep}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env.update(NCCL_ENV)
     os.environ["PYTHONPATH"] = env["PYTHONPATH"]  # the workers import server/ from this tree
