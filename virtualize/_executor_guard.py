@@ -48,6 +48,7 @@ from virtualize._executor import (
     SharedHostMemory,
 )
 from virtualize._lanes import Lanes
+from virtualize._migrate import Gate
 from virtualize._results import CUresult
 
 log = logging.getLogger("gpupool.worker")
@@ -158,6 +159,9 @@ class LeaseState:
     tensor_maps: dict[bytes, int] = field(default_factory=dict)  # encoded map -> its tensor's extent
     lock: threading.Lock = field(default_factory=threading.Lock)
     native: Any = None  # the worker's native hot path (a virtualize._native_dispatch.NativeLease), if any
+    gate: Gate = field(
+        default_factory=Gate
+    )  # holds the lease's calls while it migrates (virtualize._migrate)
 
     def __post_init__(self) -> None:
         self.used = [0] * len(self.limits)

@@ -419,6 +419,30 @@ class HostExecutor(Executor):
     def set_context(self, ctx: int) -> None:
         self.local.ctx = ctx
 
+    # Live migration. This host's "GPUs" are GPUPOOL_HOST_EXECUTOR_GPUS (default 2) labels on host memory;
+    # the lease's objects are host objects whose handles stay as they are, so a move copies the device's
+    # memory into new buffers at the same addresses (the target's memory) and swaps them in at the end.
+    # GPUPOOL_HOST_EXECUTOR_FAILING_GPUS (a comma list) makes a copy to those GPUs fail after the first
+    # allocation: a target that dies mid-way (the tests' seam).
+    def migration_refusal(self, target: int) -> str | None:
+        gpus = int(os.environ.get("GPUPOOL_HOST_EXECUTOR_GPUS", "2"))
+        if not 0 <= target < gpus:
+            return f"this host has no GPU {target} (it has {gpus})"
+        return None
+
+    def migrate(self, device: int, target: int) -> dict:
+        failing = {int(g) for g in os.environ.get("GPUPOOL_HOST_EXECUTOR_FAILING_GPUS", "").split(",") if g}
+        with self.lock:
+            bases = [b for b in self.bases if self.owner[b] == device]
+        copies: dict[int, bytearray] = {}
+        for base in bases:  # the calls are paused: nothing changes these buffers while they are copied
+            if target in failing and copies:
+                raise CudaError(CUresult.DEVICE_UNAVAILABLE, f"GPU {target} failed during the copy")
+            copies[base] = bytearray(self.memory[base])
+        with self.lock:  # commit: the lease's memory is the target's from here on
+            self.memory.update(copies)
+        return {"bytes": sum(len(c) for c in copies.values()), "uuid": f"GPU-host-{target}"}
+
     def copy_to_device(self, dst, count, stream, fill) -> None:
         mem, off = self._find(dst, count)
         view = memoryview(mem)
