@@ -18,10 +18,19 @@ from importlib import resources
 
 from aiohttp import web
 
+from server import _lease_migrate
 from server._errors import BadRequest, Forbidden, PoolError, RemoteUnavailable, StorageFull
 from server._pool import Caller, Pool, human_seconds, iso
 from server._procs import alive_pids, terminate
-from server.api import ClientUpdate, Heartbeat, LeaseRequest, PolicyUpdate, TokenCreate, decode
+from server.api import (
+    ClientUpdate,
+    Heartbeat,
+    LeaseRequest,
+    MigrateRequest,
+    PolicyUpdate,
+    TokenCreate,
+    decode,
+)
 from server.workers import remote_refusal, start_remote_worker
 
 log = logging.getLogger("gpupool.server")
@@ -295,6 +304,13 @@ async def admin_set_client(request: web.Request) -> web.Response:
     return _json(await st.db(st.pool.set_client, name, update))
 
 
+async def admin_migrate(request: web.Request) -> web.Response:
+    st: ServerState = request.app[STATE]
+    await _admin(request)
+    req = decode(await request.read(), MigrateRequest)
+    return _json(await _lease_migrate.migrate(st, request.match_info["lease_id"], req.partition, req.to))
+
+
 async def admin_policy(request: web.Request) -> web.Response:
     st: ServerState = request.app[STATE]
     await _admin(request)
@@ -352,6 +368,7 @@ ROUTES = [
     ("GET", "/v1/admin/tokens", admin_tokens),
     ("POST", "/v1/admin/tokens", admin_tokens),
     ("DELETE", "/v1/admin/tokens/{token_id}", admin_revoke),
+    ("POST", "/v1/admin/leases/{lease_id}/migrate", admin_migrate),
 ]
 
 

@@ -123,7 +123,14 @@ def convert(data: dict, kind: type):
         raise BadRequest(f"invalid value: {exc}", "see the ranges in docs/pool.md (Ranges)") from None
 
 
-REQUESTS = (LeaseRequest, Heartbeat, ClientUpdate, PolicyUpdate, TokenCreate)
+class MigrateRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """Move a running remote lease's partition to another GPU of its server (admin)."""
+
+    to: Annotated[int, Meta(ge=0, le=1023, description="the target GPU's index on this server")]
+    partition: Annotated[int, Meta(ge=0, le=1023, description="which of the lease's partitions, from 0")] = 0
+
+
+REQUESTS = (LeaseRequest, Heartbeat, ClientUpdate, PolicyUpdate, TokenCreate, MigrateRequest)
 OPENAPI = Path(__file__).with_name("openapi.json")
 
 

@@ -21,7 +21,7 @@ from collector.argtypes import ranged
 from collector.words import plural
 from server.ranges import CLIENT, MAX_LIMIT_GPUS, POLICY
 
-SUBCOMMANDS = ("serve", "token", "client", "cluster", "webhook")
+SUBCOMMANDS = ("serve", "token", "client", "cluster", "lease", "webhook")
 EXIT_USAGE = 2
 
 
@@ -190,8 +190,30 @@ def _parser() -> argparse.ArgumentParser:
         "its live leases are attached to it",
     )
     ksub.add_parser("members", parents=[common], help="the servers registered in the cluster now")
+    _lease_parser(sub)
     _webhook_parser(sub)
     return p
+
+
+def _lease_parser(sub) -> None:
+    lp = sub.add_parser("lease", help="act on a running server's leases (admin token)")
+    lsub = lp.add_subparsers(dest="lease_command", metavar="{migrate}", required=True)
+    m = lsub.add_parser(
+        "migrate",
+        help="move a running remote lease to another GPU of its server, live (docs/remote.md, Migration)",
+        description="Move a running remote lease's partition to GPU --to of the same server while its program "
+        "runs: the worker holds the lease's calls, copies its device memory to the same addresses on the "
+        "target and resumes. What cannot move (an MPS lease, a stream capture in flight, ...) is refused "
+        "with the reason, and a failure leaves the lease running where it was. Prints the pause.",
+    )
+    m.add_argument("lease", help="the lease id (lease-...)")
+    m.add_argument("--to", required=True, type=ranged(int, 0, 1023, "a GPU index"), metavar="GPU",
+                   help="the target GPU's index on the lease's server (GET /v1/gpus)")  # fmt: skip
+    m.add_argument("--partition", type=ranged(int, 0, 1023, "a partition"), default=0,
+                   help="which of the lease's partitions moves, from 0 (default 0)")  # fmt: skip
+    m.add_argument("--server", type=_pool_server, default=None, metavar="URL",
+                   help="the lease's server (default http://127.0.0.1:56001)")  # fmt: skip
+    m.add_argument("--token", help="an admin token (default $GPUPOOL_TOKEN)")
 
 
 def _pool_server(text: str) -> str:
@@ -319,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
             return _client(args)
         if args.command == "cluster":
             return _cluster(args)
+        if args.command == "lease":
+            return _lease(args)
         if args.command == "webhook":
             return _webhook(args)
         return _serve(args)
@@ -468,6 +492,41 @@ def _client(args) -> int:
         print(f"{r['client']:<20} {limit:>8} {r['limit_source']:<8} {idle:>12} {r['idle_timeout_source']:<8} "
               f"{r['usage']:>7.2f} {r['leases_active']:>6}")  # fmt: skip
     return 0
+
+
+def _lease(args) -> int:
+    """`lease migrate`: through the running server's admin API (it holds the lease's worker)."""
+    import os
+
+    from server._config import DEFAULT_PORT
+    from server.client import ServerClient, ServerClientOptions
+    from server.client_errors import PoolClientError
+
+    token = args.token or os.environ.get("GPUPOOL_TOKEN")
+    if not token:
+        return _fail(
+            "no admin token",
+            "pass --token or set GPUPOOL_TOKEN; gpupool-server token create NAME --admin makes one",
+        )
+    url = args.server or f"http://127.0.0.1:{DEFAULT_PORT}"
+    print(f"migrating {args.lease} partition {args.partition} to GPU {args.to} ...", file=sys.stderr)
+    client = ServerClient(url, token, ServerClientOptions(timeout_s=_lease_migrate_timeout()))
+    try:
+        lease = client.migrate(args.lease, args.to, args.partition)
+    except PoolClientError as exc:
+        return _fail(
+            exc.title, "is gpupool-server running there? pass --server URL" if exc.unreachable else exc.hint
+        )
+    m = lease["migration"]
+    print(f"{args.lease}: partition {m['device']} moved from GPU {m['from']} to GPU {m['to']}: "
+          f"{m['bytes'] / 2**20:.1f} MiB copied, paused {m['pause_s']:.3f} s")  # fmt: skip
+    return 0
+
+
+def _lease_migrate_timeout() -> float:
+    from server.workers import MIGRATE_TIMEOUT_S
+
+    return MIGRATE_TIMEOUT_S + 30  # the worker's own limit, and the server's answer after it
 
 
 def _open_cluster(cfg):

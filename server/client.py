@@ -452,6 +452,11 @@ class ServerClient:
     def update_policy(self, **fields: float | None) -> dict[str, Any]:
         return self._call("PUT", "/v1/admin/policy", fields)
 
+    def migrate(self, lease_id: str, to: int, partition: int = 0) -> dict[str, Any]:
+        """Move a running remote lease's partition to GPU `to` of its server; the lease with "migration"."""
+        path = f"/v1/admin/leases/{urllib.parse.quote(lease_id, safe='')}/migrate"
+        return self._call("POST", path, {"to": to, "partition": partition})
+
     # Transport -----------------------------------------------------------------------------------
     def _call(self, method: str, path: str, body: dict | None = None, *, auth: bool = True) -> Any:
         headers = {"Accept": "application/json", "User-Agent": self.options.user_agent}

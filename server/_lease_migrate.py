@@ -1,0 +1,72 @@
+"""Moving a running remote lease's partition to another GPU of this server (``POST
+/v1/admin/leases/{lease_id}/migrate``, ``gpupool-server lease migrate``).
+
+The pool's side of live migration: check that the lease and the target can take it, move the
+partition's row to the target (so the target's room is taken before the copy, and no grant can
+take it meanwhile), let the lease's worker move the GPU state (``WorkerHandle.migrate``), and put
+the row back when the worker refused or failed (the lease then still runs on its source).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from server._errors import Busy, Impossible, NotFound, PoolError
+from server._pool import Pool, human_bytes
+
+
+class MigrationFailed(PoolError):
+    status, code = 409, "migration_failed"
+
+
+def plan(pool: Pool, lease_id: str, partition: int, to: int, has_worker: bool) -> dict:
+    """Check the move and take the target's room (on the database thread); what `undo` needs."""
+    row = pool.store.lease_row(lease_id)
+    if row is None or row["state"] != "active":
+        raise NotFound(
+            f"no active lease {lease_id} on {pool.inv.hostname}",
+            "gpupool-server's /v1/leases?all=true lists them",
+        )
+    if not row["remote"] or not has_worker:
+        raise Impossible(f"lease {lease_id} runs on its GPUs directly (not remote): its process holds the GPU state",
+                         "only remote leases (gpuattach run --remote) can move")  # fmt: skip
+    parts = pool.store.partitions([lease_id]).get(lease_id, [])
+    if not 0 <= partition < len(parts):
+        raise Impossible(f"lease {lease_id} has {len(parts)} partition(s); there is no partition {partition}",
+                         "partitions count from 0, in the lease's order")  # fmt: skip
+    gpu = next((g for g in pool.inv.gpus if g.index == to), None)
+    if gpu is None:
+        raise Impossible(f"this server ({pool.inv.hostname}) has no GPU {to}", "GET /v1/gpus lists its GPUs")
+    source = parts[partition]
+    held = [p["gpu_index"] for p in parts]
+    if to in held:
+        raise Impossible(f"GPU {to} already holds a partition of lease {lease_id}", "pick another GPU")
+    order = [*held[:partition], to, *held[partition + 1 :]]
+    if order != sorted(order):  # the worker numbers the lease's GPUs in this order; it must not change
+        raise Impossible(f"moving partition {partition} to GPU {to} would change the order of the lease's GPUs",
+                         "move it to a GPU between its neighbours' indexes")  # fmt: skip
+    free = gpu.mem_total_bytes - pool.used_bytes().get(to, 0)
+    if source["mem_bytes"] > free:
+        raise Busy(f"GPU {to} has {human_bytes(free)} free; the partition needs {human_bytes(source['mem_bytes'])}",
+                   "free room there first, or pick another GPU")  # fmt: skip
+    with pool.store.transaction():
+        pool.store.move_partition(lease_id, source["gpu_index"], to, gpu.uuid)
+    return {"from": source["gpu_index"], "from_uuid": source["gpu_uuid"], "to": to, "to_uuid": gpu.uuid}
+
+
+def undo(pool: Pool, lease_id: str, moved: dict) -> None:
+    with pool.store.transaction():
+        pool.store.move_partition(lease_id, moved["to"], moved["from"], moved["from_uuid"])
+
+
+async def migrate(st, lease_id: str, partition: int, to: int) -> dict:
+    """The whole move; the lease's answer with "migration" (the worker's report), or an error."""
+    handle = st.workers.get(lease_id)
+    moved = await st.db(plan, st.pool, lease_id, partition, to, handle is not None)
+    answer = await asyncio.to_thread(handle.migrate, partition, to)
+    if not answer.get("ok"):
+        await st.db(undo, st.pool, lease_id, moved)
+        raise MigrationFailed(f"lease {lease_id} stays on GPU {moved['from']}: {answer.get('error')}",
+                              "the lease keeps running; see the server log")  # fmt: skip
+    answer.pop("ok")
+    return {**await st.db(st.pool.lease, lease_id), "migration": answer}
