@@ -38,6 +38,10 @@ def plan(pool: Pool, lease_id: str, partition: int, to: int, has_worker: bool) -
     if gpu is None:
         raise Impossible(f"this server ({pool.inv.hostname}) has no GPU {to}", "GET /v1/gpus lists its GPUs")
     source = parts[partition]
+    was = next((g for g in pool.inv.gpus if g.index == source["gpu_index"]), None)
+    if was is not None and (was.name, was.compute_capability) != (gpu.name, gpu.compute_capability):
+        raise Impossible(f"GPU {to} is a {gpu.name}, the lease's GPU {was.index} a {was.name}: the program's kernels "
+                         "and what it learnt of its device are for that model", "move it to a GPU of the same model")  # fmt: skip
     held = [p["gpu_index"] for p in parts]
     if to in held:
         raise Impossible(f"GPU {to} already holds a partition of lease {lease_id}", "pick another GPU")

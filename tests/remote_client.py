@@ -2477,7 +2477,8 @@ def scenario_migrate():
     """Holds every kind of object a lease can hold (contexts, a module and a library with a function and
     a kernel, a stream, events, a graph and its executable, a pool, allocations from cuMemAlloc, a pool
     and the virtual memory API), says `ready` and waits for the test to migrate the lease (one line on
-    stdin per step: `capture` begins a stream capture and ends it at the next line); then checks that
+    stdin per step: `capture` begins a stream capture and ends it at the next line, `long` launches a
+    1.5 s kernel); then checks that
     every address still holds its bytes and every handle still works."""
     ctx = setup()
     own = c_u64()
@@ -2532,6 +2533,12 @@ def scenario_migrate():
             captured = c_u64()
             check(cu.cuStreamEndCapture(stream, ctypes.byref(captured)), "end capture")
             check(cu.cuGraphDestroy(captured), "destroy the captured graph")
+        if line == "long":  # a 1.5 s kernel the worker is inside of when the test asks for the move
+            sleep, ms = c_u64(), ctypes.c_uint32(1500)
+            check(cu.cuModuleGetFunction(ctypes.byref(sleep), module, b"sleep_ms"), "sleep_ms")
+            sleep_params = (ctypes.c_void_p * 1)(ctypes.addressof(ms))
+            check(cu.cuLaunchKernel(sleep, 1, 1, 1, 1, 1, 1, 0, stream, sleep_params, None), "long launch")
+            time.sleep(0.3)
         say("step", line)
     range_base, range_size = c_u64(), c_u64()
     for name, (ptr, size) in regions.items():

@@ -88,6 +88,18 @@ def test_a_lease_holding_every_object_kind_moves_and_keeps_addresses_and_content
     _assert_intact(client.finish())
 
 
+def test_the_move_waits_for_the_call_running_then(shim_dir, worker):
+    """A migration asked while the worker runs a long kernel of the lease waits until it has returned
+    (the lease's streams are drained before the copy), then moves; the program goes on unharmed."""
+    client = Client(shim_dir, worker)
+    client.send("long")
+    client.until("step")  # the 1.5 s kernel runs in the worker now
+    moved = worker.migrate(0, 1)
+    assert moved["ok"], moved
+    assert moved["wait_s"] >= 0.5  # held until the kernel's 1.2 s left had passed, not copied under it
+    _assert_intact(client.finish())
+
+
 def test_what_cannot_move_is_refused_and_the_lease_keeps_running(shim_dir, worker):
     """A GPU this host does not have, the GPU the lease is on, a device the lease lacks, and a stream
     capture in flight are each refused with a reason; the lease keeps running with its memory intact."""
