@@ -40,45 +40,45 @@ class MigrationRefused(Exception):
 class Gate:
     """Lets the lease's calls through, or holds new ones while the lease moves.
 
-    Each call passes `call()`; `closed()` stops new calls and waits until those executing have
-    returned (a call blocked in a synchronise keeps the lease from moving until it returns, or the
-    migration gives up after its timeout and the lease runs on)."""
+    Each call runs inside ``with gate:`` (one lock taken twice: it is on every call's path);
+    `closed()` stops new calls and waits until those executing have returned (a call blocked in a
+    synchronise keeps the lease from moving until it returns, or the migration gives up after its
+    timeout and the lease runs on)."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when the last running call returns
+        self._open = threading.Event()
+        self._open.set()
         self._running = 0
-        self._closed = False
 
-    @contextlib.contextmanager
-    def call(self):
-        with self._cond:
-            while self._closed:
-                self._cond.wait()
-            self._running += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._running -= 1
-                if not self._running:
-                    self._cond.notify_all()
+    def __enter__(self) -> None:
+        while True:
+            with self._lock:
+                if self._open.is_set():
+                    self._running += 1
+                    return
+            self._open.wait()
+
+    def __exit__(self, *_) -> None:
+        with self._lock:
+            self._running -= 1
+            if not self._running and not self._open.is_set():
+                self._idle.notify_all()
 
     @contextlib.contextmanager
     def closed(self, timeout: float):
-        with self._cond:
-            if self._closed:
+        with self._lock:
+            if not self._open.is_set():
                 raise MigrationRefused("a migration of this lease is already under way")
-            self._closed = True
-            if not self._cond.wait_for(lambda: self._running == 0, timeout):
-                self._closed = False
-                self._cond.notify_all()
+            self._open.clear()
+            if not self._idle.wait_for(lambda: self._running == 0, timeout):
+                self._open.set()
                 raise MigrationRefused(f"the lease's calls did not pause within {timeout:.0f} s")
         try:
             yield
         finally:
-            with self._cond:
-                self._closed = False
-                self._cond.notify_all()
+            self._open.set()
 
 
 def refusal(worker, device: int, target: int) -> str | None:

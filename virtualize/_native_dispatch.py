@@ -332,7 +332,7 @@ class NativeLease:
 
     def _run(self, fn) -> int:
         try:
-            with self.lease.gate.call():  # held while the lease migrates, as the Python path's calls are
+            with self.lease.gate:  # held while the lease migrates, as the Python path's calls are
                 fn()
         except CudaError as exc:
             return exc.code

@@ -284,7 +284,7 @@ class Worker:
                     return
                 self.in_calls.add(id(session))
                 try:
-                    with self.lease.gate.call():  # held while the lease migrates
+                    with self.lease.gate:  # held while the lease migrates
                         session.dispatch(call_id, flags, channel.read_exact(args_len), bulk_len)
                 finally:
                     self.in_calls.discard(id(session))
