@@ -10,9 +10,12 @@ the row back when the worker refused or failed (the lease then still runs on its
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from server._errors import Busy, Impossible, NotFound, PoolError
 from server._pool import Pool, human_bytes
+
+log = logging.getLogger("gpupool.server")
 
 
 class MigrationFailed(PoolError):
@@ -27,7 +30,10 @@ def plan(pool: Pool, lease_id: str, partition: int, to: int, has_worker: bool) -
             f"no active lease {lease_id} on {pool.inv.hostname}",
             "gpupool-server's /v1/leases?all=true lists them",
         )
-    if not row["remote"] or not has_worker:
+    if row["remote"] and not has_worker:
+        raise Impossible(f"the worker of lease {lease_id} was started before this server restarted: the server "
+                         "cannot ask it to move", "the lease's next run (a new lease) can be moved")  # fmt: skip
+    if not row["remote"]:
         raise Impossible(f"lease {lease_id} runs on its GPUs directly (not remote): its process holds the GPU state",
                          "only remote leases (gpuattach run --remote) can move")  # fmt: skip
     parts = pool.store.partitions([lease_id]).get(lease_id, [])
@@ -69,8 +75,11 @@ async def migrate(st, lease_id: str, partition: int, to: int) -> dict:
     moved = await st.db(plan, st.pool, lease_id, partition, to, handle is not None)
     answer = await asyncio.to_thread(handle.migrate, partition, to)
     if not answer.get("ok"):
+        log.warning("lease %s stays on GPU %d: %s", lease_id, moved["from"], answer.get("error"))
         await st.db(undo, st.pool, lease_id, moved)
         raise MigrationFailed(f"lease {lease_id} stays on GPU {moved['from']}: {answer.get('error')}",
                               "the lease keeps running; see the server log")  # fmt: skip
     answer.pop("ok")
+    log.info("lease %s partition %d moved from GPU %d to GPU %d: %s copied, paused %.3f s", lease_id, partition,
+             moved["from"], to, human_bytes(answer["bytes"]), answer["pause_s"])  # fmt: skip
     return {**await st.db(st.pool.lease, lease_id), "migration": answer}

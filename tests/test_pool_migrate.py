@@ -37,25 +37,30 @@ def partitions(server, admin: str, lease_id: str) -> list[int]:
     return [p["gpu_index"] for p in lease["partitions"]]
 
 
+def start_program(server, tmp_path, client: str, admin: str) -> tuple[subprocess.Popen, dict]:
+    """tests/remote_client.py's `migrate` scenario under `gpuattach run`, once it holds its objects; its lease."""
+    env = client_env(tmp_path, [server.url], server.token(client))
+    run = subprocess.Popen([*gpuattach_cmd(), "run", "-n", "1", "-m", "256", "--", sys.executable, CLIENT, "migrate"],
+                           env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, cwd=ROOT)  # fmt: skip
+    for line in run.stdout:
+        assert not line.startswith("FAILED"), line
+        if line.startswith("ready"):
+            break
+    else:
+        raise AssertionError(f"the program ended before it was ready: {run.stderr.read()}")
+    _, leases = api(server.url, "GET", "/v1/leases?all=true", admin)
+    (lease,) = [lease for lease in leases["leases"] if lease["client"] == client]
+    return run, lease
+
+
 def test_a_running_program_moves_to_another_gpu_and_finishes_there(server, tmp_path):
     """The admin command moves a running `gpuattach run` program's lease GPU 0 -> GPU 1: it prints the
     pause, the lease's partition is on GPU 1 from then on, and the program finishes with its memory and
     handles intact; a second move that cannot happen (the GPU it is on) is one error line, exit 2."""
     admin = server.token("ops", admin=True)
-    env = client_env(tmp_path, [server.url], server.token("mover"))
-    env["PYTHONUNBUFFERED"] = "1"
-    run = subprocess.Popen([*gpuattach_cmd(), "run", "-n", "1", "-m", "256", "--", sys.executable, CLIENT, "migrate"],
-                           env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, cwd=ROOT)  # fmt: skip
+    run, lease = start_program(server, tmp_path, "mover", admin)
     try:
-        for line in run.stdout:
-            assert not line.startswith("FAILED"), line
-            if line.startswith("ready"):
-                break
-        else:
-            raise AssertionError(f"the program ended before it was ready: {run.stderr.read()}")
-        _, leases = api(server.url, "GET", "/v1/leases?all=true", admin)
-        (lease,) = [lease for lease in leases["leases"] if lease["client"] == "mover"]
         source = partitions(server, admin, lease["id"])[0]
         target = 1 - source
         moved = migrate(server, lease["id"], "--to", str(target), token=admin)
@@ -95,3 +100,26 @@ def test_bad_migrations_are_one_line_errors(server):
     assert refused.returncode == 2 and "remote" in refused.stderr
     status, body = api(server.url, "POST", "/v1/admin/leases/x/migrate", admin, {"to": -1})
     assert status == 400, body
+
+
+def test_a_target_failing_mid_copy_leaves_the_lease_and_its_record_on_the_source(tmp_path):
+    """When the target GPU fails during the copy, the command fails (exit 2, one error line), the
+    lease's partition is still recorded on its source GPU, and the program finishes there intact."""
+    srv = ServerProc(tmp_path / "state", "2xH100-80GB",
+                     env={"GPUPOOL_WORKER_EXECUTOR": "host", "GPUPOOL_HOST_EXECUTOR_FAILING_GPUS": "0,1"}).start()  # fmt: skip
+    try:
+        admin = srv.token("ops", admin=True)
+        run, lease = start_program(srv, tmp_path, "unlucky", admin)
+        try:
+            source = partitions(srv, admin, lease["id"])[0]
+            failed = migrate(srv, lease["id"], "--to", str(1 - source), token=admin)
+            assert failed.returncode == 2 and "Traceback" not in failed.stderr
+            assert partitions(srv, admin, lease["id"]) == [source]
+            out, err = run.communicate("done\n", timeout=60)
+        finally:
+            if run.poll() is None:
+                run.kill()
+        assert run.returncode == 0, out + err
+        assert "same_plain True" in out and "finished 1" in out
+    finally:
+        srv.stop()
