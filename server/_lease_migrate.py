@@ -16,6 +16,7 @@ from server._errors import Busy, Impossible, NotFound, PoolError
 from server._pool import Pool, human_bytes
 
 log = logging.getLogger("gpupool.server")
+_moving: set[str] = set()  # leases a migration is under way for (touched on the event loop only)
 
 
 class MigrationFailed(PoolError):
@@ -71,6 +72,16 @@ def undo(pool: Pool, lease_id: str, moved: dict) -> None:
 
 async def migrate(st, lease_id: str, partition: int, to: int) -> dict:
     """The whole move; the lease's answer with "migration" (the worker's report), or an error."""
+    if lease_id in _moving:  # one at a time: a second one's undo could otherwise overwrite the first's record
+        raise Busy(f"a migration of lease {lease_id} is under way", "wait for it to answer, then ask again")
+    _moving.add(lease_id)
+    try:
+        return await _migrate(st, lease_id, partition, to)
+    finally:
+        _moving.discard(lease_id)
+
+
+async def _migrate(st, lease_id: str, partition: int, to: int) -> dict:
     handle = st.workers.get(lease_id)
     moved = await st.db(plan, st.pool, lease_id, partition, to, handle is not None)
     answer = await asyncio.to_thread(handle.migrate, partition, to)
