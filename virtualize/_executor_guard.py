@@ -159,9 +159,8 @@ class LeaseState:
     tensor_maps: dict[bytes, int] = field(default_factory=dict)  # encoded map -> its tensor's extent
     lock: threading.Lock = field(default_factory=threading.Lock)
     native: Any = None  # the worker's native hot path (a virtualize._native_dispatch.NativeLease), if any
-    gate: Gate = field(
-        default_factory=Gate
-    )  # holds the lease's calls while it migrates (virtualize._migrate)
+    # Holds the lease's calls while it migrates (virtualize._migrate).
+    gate: Gate = field(default_factory=Gate)
 
     def __post_init__(self) -> None:
         self.used = [0] * len(self.limits)

@@ -145,6 +145,9 @@ def serve_requests(worker, state_dir: Path) -> None:
             answer = {"ok": False, "error": str(exc)}
         except (OSError, ValueError, KeyError, TypeError) as exc:
             answer = {"ok": False, "error": f"unreadable migration request ({exc})"}
+        except Exception as exc:  # a bug: the server still gets its answer, not a wait for its timeout
+            log.exception("migration failed")
+            answer = {"ok": False, "error": f"the worker failed: {exc}"}
         result = state_dir / MIGRATE_RESULT_FILE
         partial = result.with_suffix(".partial")
         partial.write_text(json.dumps(answer))
