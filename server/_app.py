@@ -311,6 +311,21 @@ async def admin_migrate(request: web.Request) -> web.Response:
     return _json(await _lease_migrate.migrate(st, request.match_info["lease_id"], req.partition, req.to))
 
 
+async def admin_drain(request: web.Request) -> web.Response:
+    st: ServerState = request.app[STATE]
+    await _admin(request)
+    gpu = _gpu_index(request.match_info["index"])
+    if request.method == "DELETE":
+        return _json(_lease_migrate.undrain(st, gpu))
+    return _json(await _lease_migrate.drain(st, gpu))
+
+
+def _gpu_index(text: str) -> int:
+    if not text.isdigit() or len(text) > 4:
+        raise BadRequest(f"GPU index {text!r} is not a number from 0", "GET /v1/gpus lists the GPUs")
+    return int(text)
+
+
 async def admin_policy(request: web.Request) -> web.Response:
     st: ServerState = request.app[STATE]
     await _admin(request)
@@ -369,6 +384,8 @@ ROUTES = [
     ("POST", "/v1/admin/tokens", admin_tokens),
     ("DELETE", "/v1/admin/tokens/{token_id}", admin_revoke),
     ("POST", "/v1/admin/leases/{lease_id}/migrate", admin_migrate),
+    ("POST", "/v1/admin/gpus/{index}/drain", admin_drain),
+    ("DELETE", "/v1/admin/gpus/{index}/drain", admin_drain),
 ]
 
 

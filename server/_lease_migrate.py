@@ -5,6 +5,10 @@ The pool's side of live migration: check that the lease and the target can take 
 partition's row to the target (so the target's room is taken before the copy, and no grant can
 take it meanwhile), let the lease's worker move the GPU state (``WorkerHandle.migrate``), and put
 the row back when the worker refused or failed (the lease then still runs on its source).
+
+Draining a GPU (``POST /v1/admin/gpus/{index}/drain``, ``gpupool-server drain --gpu N``): no new lease
+goes to it from then on, and each remote lease on it moves to another GPU of the same model with
+room; what cannot move stays, with the reason. ``DELETE`` of the route (``--undo``) takes leases again.
 """
 
 from __future__ import annotations
@@ -94,3 +98,56 @@ async def _migrate(st, lease_id: str, partition: int, to: int) -> dict:
     log.info("lease %s partition %d moved from GPU %d to GPU %d: %s copied, paused %.3f s", lease_id, partition,
              moved["from"], to, human_bytes(answer["bytes"]), answer["pause_s"])  # fmt: skip
     return {**await st.db(st.pool.lease, lease_id), "migration": answer}
+
+
+async def drain(st, gpu: int) -> dict:
+    """Stop granting on `gpu` and move every remote lease off it; what moved and what stayed (why)."""
+    if gpu not in st.pool.gpus:
+        raise NotFound(
+            f"this server ({st.pool.inv.hostname}) has no GPU {gpu}", "GET /v1/gpus lists its GPUs"
+        )
+    st.pool.draining.add(gpu)
+    log.info("GPU %d draining: no new leases go to it", gpu)
+    moved, stayed = [], []
+    for lease in await st.db(st.pool.active_leases):
+        if gpu not in lease["gpus"]:
+            continue
+        if not lease["remote"]:
+            stayed.append({"lease": lease["id"], "reason": "a local lease: its process holds the GPU state"})
+            continue
+        outcome = await _move_off(st, lease["id"], lease["gpus"].index(gpu), gpu)
+        (moved if "to" in outcome else stayed).append(outcome)
+    return {"gpu": gpu, "draining": True, "moved": moved, "stayed": stayed}
+
+
+async def _move_off(st, lease_id: str, partition: int, gpu: int) -> dict:
+    """Move one lease's partition off `gpu` to the first GPU that takes it: its report, or why it stayed."""
+    reason = "no other GPU of the same model takes leases"
+    for target in _targets(st.pool, gpu):
+        try:
+            answer = await migrate(st, lease_id, partition, target)
+        except (Busy, Impossible) as exc:  # this target cannot take it: the next one may
+            reason = exc.message
+            continue
+        except PoolError as exc:  # the worker refused or failed: another target changes nothing
+            return {"lease": lease_id, "reason": exc.message}
+        return {"lease": lease_id, **answer["migration"]}
+    return {"lease": lease_id, "reason": reason}
+
+
+def _targets(pool: Pool, gpu: int) -> list[int]:
+    """Other GPUs of `gpu`'s model that take leases, the most free memory first."""
+    used, source = pool.used_bytes(), pool.gpus[gpu]
+    alike = [g for g in pool.inv.gpus if g.index != gpu and g.index not in pool.draining
+             and (g.name, g.compute_capability) == (source.name, source.compute_capability)]  # fmt: skip
+    return [g.index for g in sorted(alike, key=lambda g: (used.get(g.index, 0) - g.mem_total_bytes, g.index))]
+
+
+def undrain(st, gpu: int) -> dict:
+    if gpu not in st.pool.gpus:
+        raise NotFound(
+            f"this server ({st.pool.inv.hostname}) has no GPU {gpu}", "GET /v1/gpus lists its GPUs"
+        )
+    st.pool.draining.discard(gpu)
+    log.info("GPU %d takes new leases again", gpu)
+    return {"gpu": gpu, "draining": False, "moved": [], "stayed": []}

@@ -457,6 +457,10 @@ class ServerClient:
         path = f"/v1/admin/leases/{urllib.parse.quote(lease_id, safe='')}/migrate"
         return self._call("POST", path, {"to": to, "partition": partition})
 
+    def drain(self, gpu: int, *, undo: bool = False) -> dict[str, Any]:
+        """Stop granting on GPU `gpu` and move its remote leases off (undo: take leases again)."""
+        return self._call("DELETE" if undo else "POST", f"/v1/admin/gpus/{gpu}/drain")
+
     # Transport -----------------------------------------------------------------------------------
     def _call(self, method: str, path: str, body: dict | None = None, *, auth: bool = True) -> Any:
         headers = {"Accept": "application/json", "User-Agent": self.options.user_agent}

@@ -123,3 +123,45 @@ def test_a_target_failing_mid_copy_leaves_the_lease_and_its_record_on_the_source
         assert "same_plain True" in out and "finished 1" in out
     finally:
         srv.stop()
+
+
+def test_drain_moves_remote_leases_off_a_gpu_and_stops_granting_there(tmp_path):
+    """`gpupool-server drain --gpu G`: the running program's remote lease moves to the other GPU and
+    finishes intact, a local lease on G stays (named, exit 1), no new lease goes to G (a two-GPU
+    request is busy); `--undo` makes G take leases again."""
+    srv = ServerProc(tmp_path / "state", "2xH100-80GB", env={"GPUPOOL_WORKER_EXECUTOR": "host"}).start()
+    try:
+        admin = srv.token("ops", admin=True)
+        run, lease = start_program(srv, tmp_path, "drained", admin)
+        try:
+            gpu = partitions(srv, admin, lease["id"])[0]
+            status, local = api(srv.url, "POST", "/v1/leases", srv.token("local"), {"n": 2, "mem_mib": 256})
+            assert status == 201, local
+            drained = drain(srv, "--gpu", str(gpu), token=admin)
+            assert drained.returncode == 1, drained.stderr  # the local lease stayed
+            assert local["id"] in drained.stdout and lease["id"] in drained.stdout
+            assert partitions(srv, admin, lease["id"]) == [1 - gpu]
+            status, busy = api(srv.url, "POST", "/v1/leases", srv.token("late"), {"n": 2, "mem_mib": 256})
+            assert status == 409, busy
+            status, single = api(srv.url, "POST", "/v1/leases", srv.token("late1"), {"n": 1, "mem_mib": 256})
+            assert status == 201 and [p["gpu_index"] for p in single["partitions"]] == [1 - gpu]
+            undone = drain(srv, "--gpu", str(gpu), "--undo", token=admin)
+            assert undone.returncode == 0, undone.stderr
+            status, again = api(srv.url, "POST", "/v1/leases", srv.token("late2"), {"n": 2, "mem_mib": 256})
+            assert status == 201, again
+            out, err = run.communicate("done\n", timeout=60)
+        finally:
+            if run.poll() is None:
+                run.kill()
+        assert run.returncode == 0, out + err
+        assert "same_plain True" in out and "finished 1" in out
+        assert drain(srv, "--gpu", "7", token=admin).returncode == 2  # no such GPU: one error line
+    finally:
+        srv.stop()
+
+
+def drain(server, *args: str, token: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env["GPUPOOL_TOKEN"] = token
+    return subprocess.run([*server_cmd(), "drain", *args, "--server", server.url], env=env,
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
