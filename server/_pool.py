@@ -272,6 +272,7 @@ class Pool:
                     "compute_capability": g.compute_capability,
                     "partitions": parts.get(g.index, []),
                     "live": self.live.get(g.index),
+                    "draining": g.index in self.draining,
                 }
             )
         return out

@@ -141,6 +141,8 @@ def test_drain_moves_remote_leases_off_a_gpu_and_stops_granting_there(tmp_path):
             assert drained.returncode == 1, drained.stderr  # the local lease stayed
             assert local["id"] in drained.stdout and lease["id"] in drained.stdout
             assert partitions(srv, admin, lease["id"]) == [1 - gpu]
+            _, view = api(srv.url, "GET", "/v1/gpus", admin)
+            assert [g["draining"] for g in view["gpus"]] == [g["index"] == gpu for g in view["gpus"]]
             status, busy = api(srv.url, "POST", "/v1/leases", srv.token("late"), {"n": 2, "mem_mib": 256})
             assert status == 409, busy
             status, single = api(srv.url, "POST", "/v1/leases", srv.token("late1"), {"n": 1, "mem_mib": 256})
