@@ -2476,7 +2476,7 @@ def scenario_worker_dies():
 def scenario_migrate():
     """Holds every kind of object a lease can hold (contexts, a module and a library with a function and
     a kernel, a stream, events, a graph and its executable, a pool, allocations from cuMemAlloc, a pool
-    and the virtual memory API), says `ready` and waits for the test to migrate the lease (one line on
+    and the virtual memory API, a CUDA array), says `ready` and waits for the test to migrate the lease (one line on
     stdin per step: `capture` begins a stream capture and ends it at the next line, `long` launches a
     1.5 s kernel); then checks that
     every address still holds its bytes and every handle still works."""
@@ -2511,6 +2511,12 @@ def scenario_migrate():
         data = (pattern * (size // len(pattern) + 1))[:size]
         check(cu.cuMemcpyHtoD(c_u64(ptr), data, c_u64(size)), "fill")
     before = {name: dtoh(ptr, size)[1] for name, (ptr, size) in regions.items()}
+    array = c_u64()  # a CUDA array of 32 rows of 64 floats, filled from the host
+    check(cu.cuArrayCreate(ctypes.byref(array), ctypes.byref(ArrayDesc(64, 32, FLOAT, 1))), "array")
+    image = (ctypes.c_float * (64 * 32))(*(float(i * 3 % 101) for i in range(64 * 32)))
+    to_array = Memcpy2D(srcMemoryType=HOST, srcHost=ctypes.addressof(image), srcPitch=256, dstMemoryType=ARRAY,
+                        dstArray=array.value, WidthInBytes=256, Height=32)  # fmt: skip
+    check(cu.cuMemcpy2D(ctypes.byref(to_array)), "fill the array")
     counter = c_u64(plain)  # the graph adds 1 to the first 64 words of `plain`, the kernels too
     value, n = ctypes.c_uint32(1), ctypes.c_uint32(64)
     params = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in (counter, value, n)])
@@ -2547,6 +2553,11 @@ def scenario_migrate():
         )
         say(f"range_{name}", f"{range_base.value:x}+{range_size.value}")
         say(f"same_{name}", dtoh(ptr, size)[1] == before[name])
+    back = (ctypes.c_float * (64 * 32))()
+    from_array = Memcpy2D(srcMemoryType=ARRAY, srcArray=array.value, dstMemoryType=HOST,
+                          dstHost=ctypes.addressof(back), dstPitch=256, WidthInBytes=256, Height=32)  # fmt: skip
+    check(cu.cuMemcpy2D(ctypes.byref(from_array)), "read the array")
+    say("same_array", bytes(back) == bytes(image))
     check(cu.cuEventRecord(start, stream), "record")
     check(cu.cuLaunchKernel(add, 1, 1, 1, 64, 1, 1, 0, stream, params, None), "launch")
     check(cu.cuLaunchKernel(kernel, 1, 1, 1, 64, 1, 1, 0, stream, params, None), "launch a kernel")  # fill 1
@@ -2567,6 +2578,7 @@ def scenario_migrate():
     check(cu.cuMemUnmap(vbase, c_u64(2 * MiB)), "unmap")
     check(cu.cuMemRelease(vhandle), "release")
     check(cu.cuGraphExecDestroy(exe), "graph exec destroy")
+    check(cu.cuArrayDestroy(array), "array destroy")
     check(cu.cuCtxDestroy(own), "context destroy")
     say("finished", 1)
 

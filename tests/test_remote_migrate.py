@@ -59,6 +59,7 @@ def _assert_intact(result: dict[str, str]) -> None:
     for name, address in addresses.items():
         assert result[f"same_{name}"] == "True", name
         assert result[f"range_{name}"].split("+")[0] == address, name
+    assert result["same_array"] == "True"
     assert result["counter"] == "2"  # a function, a kernel and a graph ran on the moved memory
     assert result["event_query"] == "0"
     assert result["alloc_after"] == "0" and result["memset_after"] == "07070707"

@@ -185,6 +185,7 @@ class HostExecutor(Executor):
         self.exec_flags: dict[int, int] = {}  # graph exec -> the flags it was instantiated with
         self.graphs: dict[int, list] = {}  # graph or executable graph -> its work, in stream order
         self.arrays: dict[int, tuple[ArrayShape, bytearray]] = {}  # CUDA arrays: their shape and bytes
+        self.array_device: dict[int, int] = {}  # CUDA array -> the device it was made on
         self.mipmaps: dict[int, list[int]] = {}  # mipmapped array -> its levels' arrays
         self.samplers: dict[int, tuple] = {}  # texture or surface -> its resource, texture, view descriptors
         self.local = threading.local()
@@ -258,9 +259,11 @@ class HostExecutor(Executor):
     def cuArray3DCreate(self, shape):
         handle = next(self.ids)
         self.arrays[handle] = (shape, bytearray(shape.nbytes))
+        self.array_device[handle] = self._ctx_device()
         return handle
 
     def cuArrayDestroy(self, handle):
+        self.array_device.pop(handle, None)
         if self.arrays.pop(handle, None) is None:
             raise CudaError(INVALID_HANDLE, "array")
 
@@ -434,14 +437,21 @@ class HostExecutor(Executor):
         failing = {int(g) for g in os.environ.get("GPUPOOL_HOST_EXECUTOR_FAILING_GPUS", "").split(",") if g}
         with self.lock:
             bases = [b for b in self.bases if self.owner[b] == device]
+        arrays = [a for a in self.arrays if self.array_device.get(a) == device]
         copies: dict[int, bytearray] = {}
+        array_copies: dict[int, tuple[ArrayShape, bytearray]] = {}
         for base in bases:  # the calls are paused: nothing changes these buffers while they are copied
             if target in failing and copies:
                 raise CudaError(CUresult.DEVICE_UNAVAILABLE, f"GPU {target} failed during the copy")
             copies[base] = bytearray(self.memory[base])
+        for array in arrays:
+            shape, data = self.arrays[array]
+            array_copies[array] = (shape, bytearray(data))
         with self.lock:  # commit: the lease's memory is the target's from here on
             self.memory.update(copies)
-        return {"bytes": sum(len(c) for c in copies.values()), "uuid": f"GPU-host-{target}"}
+            self.arrays.update(array_copies)
+        moved = [*copies.values(), *(data for _, data in array_copies.values())]
+        return {"bytes": sum(len(c) for c in moved), "uuid": f"GPU-host-{target}"}
 
     def copy_to_device(self, dst, count, stream, fill) -> None:
         mem, off = self._find(dst, count)
