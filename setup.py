@@ -26,6 +26,7 @@ setup(
                 "virtualize/shim/calls_gen.h",
                 "virtualize/shim/calls_gen_types.h",
                 "virtualize/shim/exports_gen.h",
+                "virtualize/include/gp_ranges.h",
             ],
             extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread", "-std=gnu11"],
             extra_link_args=["-pthread", "-Wl,-soname,libcuda.so.1", "-ldl"],
@@ -50,7 +51,11 @@ setup(
         Extension(
             "virtualize._dispatch",
             sources=["virtualize/native/dispatch.c", "virtualize/native/tls.c"],
-            depends=["virtualize/native/native.h"],
+            depends=[
+                "virtualize/native/native.h",
+                "virtualize/native/dispatch_gen.h",
+                "virtualize/include/gp_ranges.h",
+            ],
             extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread", "-std=gnu11"],
             extra_link_args=["-pthread", "-ldl"],
             py_limited_api=False,

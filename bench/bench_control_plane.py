@@ -39,7 +39,7 @@ from server.ranges import MIN_FRACTION  # noqa: E402  (after the path above)
 
 
 def _client_proc(urls, tokens, threads, start_at, stop_at, out):
-    from server.client import PoolClient, Request
+    from server.client import LeaseRequest, PoolClient
     from server.client_config import ClientConfig, ServerRef
 
     lat_lease, lat_release, errors = [], [], []
@@ -47,7 +47,7 @@ def _client_proc(urls, tokens, threads, start_at, stop_at, out):
 
     def loop(token):
         client = PoolClient(ClientConfig(servers=[ServerRef(u, None) for u in urls], token=token))
-        req = Request(n=1, fraction=MIN_FRACTION)  # the smallest partition: 8 GPUs hold 512 of them
+        req = LeaseRequest(n=1, fraction=MIN_FRACTION)  # the smallest partition: 8 GPUs hold 512 of them
         while time.time() < start_at:
             time.sleep(0.005)
         while time.time() < stop_at:
@@ -59,7 +59,7 @@ def _client_proc(urls, tokens, threads, start_at, stop_at, out):
                     errors.append(type(exc).__name__ + ": " + str(exc)[:100])
                 continue
             t1 = time.perf_counter()
-            client.release(server, lease["id"])
+            client.release(server, lease.id)
             t2 = time.perf_counter()
             with lock:
                 lat_lease.append(t1 - t0)

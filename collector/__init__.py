@@ -17,8 +17,10 @@ The public face, loaded lazily so ``gpustat-collect --help`` does not import pya
   opens telemetry as DuckDB views: the build and ``analytics`` both read through it.
 - ``GPU_METRICS`` (name, telemetry column, help), ``COLLECTOR_UP``, ``GPU_LOST``: the Prometheus metrics
   the collector exports, named once (the console's ``--prometheus`` reads them back).
-- ``parse_duration(value) -> seconds``: the one duration parser of every command and config file.
-- errors: ``CollectorError`` > ``NvmlUnavailable``, ``TelemetryWriteError``, ``InputError``; ``GpuLost``.
+- ``parse_duration(value) -> seconds``: the one duration parser of every command and config file
+  (``collector.durations``, also ``format_duration``, the one formatter).
+- errors: ``CollectorError`` > ``NvmlUnavailable``, ``TelemetryWriteError``, ``InputError``, ``GpuLost``;
+  ``collector.errors.GpupoolError`` is the base of every package's errors (title, hint, exit_code).
 """
 
 from __future__ import annotations

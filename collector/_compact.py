@@ -36,6 +36,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from collector._errors import CollectorError
 from collector.schema import DAMAGED_DIR, METADATA_VERSION_KEY, SCHEMA_VERSION, TABLES
 from collector.writer import _fsync_dir, conform
 
@@ -43,7 +44,7 @@ JOURNAL_GLOB = ".compact-*.json"
 STALE_TMP_S = 600.0  # an unfinished segment this old belongs to a writer that died
 
 
-class CompactSkipped(Exception):
+class CompactSkipped(CollectorError):
     """A partition folder compaction leaves alone (and says why)."""
 
 

@@ -4,21 +4,23 @@ CollectorError                 anything the CLI reports as one line and a non-ze
 ├── NvmlUnavailable            NVML did not start (no driver, no library, no GPU)
 ├── TelemetryWriteError        the telemetry directory or bucket cannot be written (permissions, disk
 │                              full; a missing bucket, refused credentials, a store that does not answer)
-└── InputError                 a file or option given by the user cannot be used
+├── InputError                 a file or option given by the user cannot be used
+└── TelemetryError             a telemetry directory cannot be read as asked (collector/reader.py)
 
-GpuLost                        one GPU stopped answering; recorded as state='lost', not fatal
+└── GpuLost                    one GPU stopped answering; recorded as state='lost', not fatal
+
+Its root derives from ``collector.errors.GpupoolError``, the base of every package's errors.
 """
 
 from __future__ import annotations
 
+from collector.errors import GpupoolError
 
-class CollectorError(Exception):
+
+class CollectorError(GpupoolError):
     """An error the user can act on: ``title`` says what happened, ``hint`` what to do."""
 
-    def __init__(self, title: str, hint: str = ""):
-        super().__init__(f"{title}; {hint}" if hint else title)
-        self.title = title
-        self.hint = hint
+    exit_code = 2
 
 
 class NvmlUnavailable(CollectorError):
@@ -47,5 +49,5 @@ class InputError(CollectorError):
     """A file or an option the user gave cannot be used as it is."""
 
 
-class GpuLost(Exception):
+class GpuLost(CollectorError):
     """One GPU stopped answering NVML (GPU_IS_LOST and friends): record it, keep sampling the others."""

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from collector.errors import GpupoolError
 from collector.words import plural
 
 log = logging.getLogger("gpupool.collector")
@@ -88,7 +89,7 @@ class RollupKeeper:
         try:
             self.report(update(self.root, (self.host,), keep_raw_s=self.options.keep_raw_s))
         except Exception as exc:  # a failed build is retried next period; sampling goes on
-            title = getattr(exc, "title", None) or str(exc)
+            title = exc.title if isinstance(exc, GpupoolError) else str(exc)
             self.report(f"rollups not updated: {title} (retried in {self.options.every_s:g} s)")
         self.runs += 1
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from collector import durations
 from collector.argtypes import ranged
+from collector.errors import GpupoolError, report
 from collector.words import plural
 
 GPU_COUNT = ranged(int, 1, 4096, "a number of GPUs")
@@ -23,15 +24,8 @@ GPU_COUNT = ranged(int, 1, 4096, "a number of GPUs")
 PROG = "gpustat-collect"
 
 
-def parse_duration(text: str) -> float:
-    """An argparse type: a positive duration (``collector.durations``)."""
-    try:
-        value = durations.parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"duration must be positive: {text!r}")
-    return value
+DURATION = durations.argument()  # an interval, a span: more than zero
+PERIOD = durations.argument(positive=False)  # a period where 0 means never
 
 
 def parse_backfill(text: str) -> float:
@@ -39,7 +33,7 @@ def parse_backfill(text: str) -> float:
     range (``collector.schema.TS_RANGE``: no sample is older)."""
     from collector.schema import TS_RANGE
 
-    value = parse_duration(text)
+    value = DURATION(text)
     longest = (dt.datetime.now(dt.UTC) - TS_RANGE[0]).total_seconds()
     if value > longest:
         raise argparse.ArgumentTypeError(
@@ -47,14 +41,6 @@ def parse_backfill(text: str) -> float:
             f"(at most {longest // 86400:.0f}d)"
         )
     return value
-
-
-def parse_period(text: str) -> float:
-    """An argparse type: a duration, where 0 means never."""
-    try:
-        return durations.parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def default_out() -> Path:
@@ -76,14 +62,13 @@ class _Parser(argparse.ArgumentParser):
     """Bad usage is one line and exit 2, like every other error a user can cause."""
 
     def error(self, message: str):
-        print(f"{PROG}: error: {message}; see {self.prog} --help", file=sys.stderr, flush=True)
-        sys.exit(2)
+        sys.exit(report(PROG, message, f"see {self.prog} --help", 2))
 
 
 def _keep_raw_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--keep-raw",
-        type=parse_duration,
+        type=DURATION,
         default=None,
         metavar="D",
         help=(
@@ -94,8 +79,7 @@ def _keep_raw_option(p: argparse.ArgumentParser) -> None:
 
 
 def _err(title: str, hint: str = "") -> int:
-    print(f"{PROG}: error: {title}" + (f"; {hint}" if hint else ""), file=sys.stderr)
-    return 2
+    return report(PROG, title, hint, 2)
 
 
 # -- collect ------------------------------------------------------------------------------------------
@@ -136,14 +120,14 @@ def collect_parser() -> argparse.ArgumentParser:
         f"next start (default: {default_spool()})",
     )
     p.add_argument(
-        "--interval", type=parse_duration, default=1.0, metavar="D", help="time between samples (default 1s)"
+        "--interval", type=DURATION, default=1.0, metavar="D", help="time between samples (default 1s)"
     )
     p.add_argument(
-        "--duration", type=parse_duration, metavar="D", help="stop after this long (default: until Ctrl-C)"
+        "--duration", type=DURATION, metavar="D", help="stop after this long (default: until Ctrl-C)"
     )
     p.add_argument(
         "--flush",
-        type=parse_duration,
+        type=DURATION,
         default=10.0,
         metavar="D",
         help="write buffered samples this often; a crash loses at most this much (default 10s)",
@@ -173,7 +157,7 @@ def collect_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--backfill-step",
-        type=parse_duration,
+        type=DURATION,
         default=10.0,
         metavar="D",
         help="time between backfilled samples (default 10s)",
@@ -193,7 +177,7 @@ def collect_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--rollup-every",
-        type=parse_period,
+        type=PERIOD,
         default=3600.0,
         metavar="D",
         help="bring this host's minute and hour rollups up to date this often (default 1h; 0: never)",
@@ -529,7 +513,7 @@ def import_parser() -> argparse.ArgumentParser:
     )
     dcgm.add_argument(
         "--interval",
-        type=parse_duration,
+        type=DURATION,
         default=None,
         metavar="D",
         help="several scrapes in one file without timestamps: time between them (ending at the file's mtime)",
@@ -573,10 +557,8 @@ def _update_rollups(root: Path, hosts: tuple[str, ...] = (), *, keep_raw_s=None,
             f"rollups not updated under {root}: {exc.strerror or exc}",
             "the raw samples are all there; fix the cause and run gpustat-collect compact DIR (or gpustat-report rollup DIR)",
         )
-    except Exception as exc:  # analytics' TelemetryError: one line, never a traceback
-        if not hasattr(exc, "title"):
-            raise
-        return _err(f"rollups not updated: {exc.title}", getattr(exc, "hint", ""))
+    except GpupoolError as exc:  # the reader's TelemetryError: one line, never a traceback
+        return _err(f"rollups not updated: {exc.title}", exc.hint)
     return 0
 
 

@@ -33,6 +33,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from collector._errors import CollectorError
 from collector.location import Location, S3Location, filesystem, is_s3, parse_location
 from collector.schema import (
     METADATA_ROLLUP_KEY,
@@ -55,13 +56,10 @@ def utc(ts: datetime | None) -> datetime | None:
     return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
 
 
-class TelemetryError(Exception):
+class TelemetryError(CollectorError):
     """A telemetry directory that cannot be read as asked: missing, empty, or of a mixed schema."""
 
-    def __init__(self, title: str, hint: str = ""):
-        super().__init__(title)
-        self.title = title
-        self.hint = hint
+    exit_code = 2
 
 
 def _sql_literal(text: str) -> str:

@@ -14,6 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 import analytics as A
+from collector.durations import format_duration
 from collector.words import plural
 
 SIMULATED_LABEL = "SIMULATED DATA"
@@ -77,24 +78,12 @@ def hours(x: float) -> str:
 
 def duration(seconds: float) -> str:
     """A bucket or wait length as a reader says it: 45 s, 10 min, 3 h, 1 day."""
-    for unit, size in (("day", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size and seconds % size == 0:
-            n = int(seconds // size)
-            return f"{n} {unit}{'s' if unit == 'day' and n != 1 else ''}"
-    return f"{seconds:g} s"
+    return format_duration(seconds, "words")
 
 
 def duration_s(seconds: float | None) -> str:
     """An interval as measured: 57 s, 1.5 s, 250 ms, 2.5 min."""
-    if seconds is None:
-        return "n/a"
-    if seconds < 1:
-        return f"{seconds * 1000:.3g} ms"
-    if seconds < 120:
-        return f"{seconds:.3g} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.3g} min"
-    return f"{seconds / 3600:.3g} h"
+    return "n/a" if seconds is None else format_duration(seconds, "measured")
 
 
 def gib(x: float | None) -> str:

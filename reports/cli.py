@@ -23,7 +23,9 @@ import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 
+from collector import durations
 from collector.argtypes import listen_hint, ranged
+from collector.errors import report
 from collector.location import is_s3
 from reports import DIRS_ENV
 
@@ -36,8 +38,7 @@ class _Parser(argparse.ArgumentParser):
     """Bad usage is one line and exit 2, like every other error a user can cause."""
 
     def error(self, message: str):
-        print(f"gpustat-report: error: {message} (hint: {self.prog} --help)", file=sys.stderr, flush=True)
-        sys.exit(EXIT_USAGE)
+        sys.exit(report("gpustat-report", message, f"{self.prog} --help", EXIT_USAGE))
 
 
 def _tz(text: str) -> str:
@@ -50,15 +51,6 @@ def _tz(text: str) -> str:
             f"unknown time zone {text!r} (an IANA name, e.g. Europe/Berlin or UTC)"
         ) from None
     return text
-
-
-def _duration(text: str) -> float:
-    from collector.durations import parse_duration
-
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _when(text: str) -> datetime:
@@ -164,7 +156,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     rollup.add_argument(
         "--keep-raw",
-        type=_duration,
+        type=durations.argument(positive=False),
         default=None,
         metavar="D",
         help="then delete raw gpu_samples days older than D (e.g. 14d) that the rollups cover (never others)",
@@ -215,8 +207,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _fail(title: str, hint: str = "") -> int:
-    print(f"gpustat-report: error: {title}" + (f" (hint: {hint})" if hint else ""), file=sys.stderr)
-    return EXIT_USAGE
+    return report("gpustat-report", title, hint, EXIT_USAGE)
 
 
 def _check_port(address: str, port: int) -> tuple[str, str] | None:
@@ -266,7 +257,7 @@ def _ensure_rollups(dirs: list[str]) -> None:
         try:
             build_rollups(d, hosts=hosts)
         except (OSError, analytics.TelemetryError) as exc:
-            why = getattr(exc, "title", None) or getattr(exc, "strerror", None) or exc
+            why = exc.title if isinstance(exc, analytics.TelemetryError) else (exc.strerror or exc)
             print(
                 f"gpustat-report: warning: rollups not built in {d} ({why}); the report reads raw "
                 f"samples (slow): run gpustat-report rollup {d} where it can write",

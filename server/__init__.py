@@ -1,7 +1,9 @@
 """The pool: one GPU host's share of it (``gpupool-server``) and the client library to use it (docs/pool.md).
 
-Public: ``api`` (the API's request bodies), ``client`` (``PoolClient`` for gpuattach, ``ServerClient``
-for the console), ``client_config`` (client.toml), ``client_errors`` (the client's error tree),
+Public: ``api`` (the API's requests and answers as msgspec structs: the one declaration of each field,
+openapi.json generated from it), ``client`` (``PoolClient`` for gpuattach, ``ServerClient`` for the
+console, one transport, one heartbeat loop), ``client_config`` (client.toml), ``errors`` (the package's
+error root ``ServerError``), ``client_errors`` (the client's error tree),
 ``workers`` (starting and stopping a lease's worker process by module name). The command is
 ``server.cli:main``. Inside, one private module per job:
 

@@ -26,10 +26,11 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from collector import durations
 from server import ranges
-from server._config import parse_duration
-from server._errors import PoolError
+from server._errors import BadRequest, PoolError
 from server._filters import parse_filter
+from server.errors import ServerError
 
 API_VERSION = "admission.k8s.io/v1"
 PREFIX = "gpupool.io/"
@@ -63,8 +64,8 @@ class WebhookOptions:
     image_pull_policy: str = "IfNotPresent"
 
 
-class Denied(Exception):
-    """A pod (or a review) the webhook refuses; the message is what kubectl shows."""
+class Denied(ServerError):
+    """A pod (or a review) the webhook refuses; the title is what kubectl shows."""
 
 
 @dataclass
@@ -138,13 +139,13 @@ def _options(annotations: dict[str, str]) -> list[str]:
             try:
                 parse_filter(text.strip())
             except PoolError as exc:
-                raise Denied(f"{PREFIX}filter: {exc.message}") from None
+                raise Denied(f"{PREFIX}filter: {exc.title}") from None
             args += ["--filter", text.strip()]
     if (timeout := annotations.get(PREFIX + "timeout")) is not None:
         try:
-            seconds = parse_duration(timeout, f"{PREFIX}timeout")
-        except PoolError as exc:
-            raise Denied(f"{exc.message} ({exc.hint})") from None
+            seconds = durations.setting(timeout, f"{PREFIX}timeout", BadRequest)
+        except BadRequest as exc:
+            raise Denied(f"{exc.title} ({exc.hint})") from None
         if not (0 < seconds < math.inf):
             raise Denied(f"{PREFIX}timeout: {timeout!r} is not a positive duration (e.g. 10m)")
         args += ["--timeout", timeout.strip()]

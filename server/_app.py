@@ -18,9 +18,10 @@ from importlib import resources
 
 from aiohttp import web
 
-from server import _lease_migrate
+from collector.durations import format_duration
+from server import _lease_migrate, api
 from server._errors import BadRequest, Forbidden, PoolError, RemoteUnavailable, StorageFull
-from server._pool import Caller, Pool, human_seconds, iso
+from server._pool import Caller, Pool, iso
 from server._procs import alive_pids, terminate
 from server.api import (
     ClientUpdate,
@@ -72,8 +73,9 @@ class ServerState:
         return await asyncio.get_running_loop().run_in_executor(self.db_thread, fn, *args)
 
 
-def _json(data, status: int = 200) -> web.Response:
-    return web.Response(body=json.dumps(data).encode(), status=status, content_type="application/json")
+def _json(kind: type, data, status: int = 200) -> web.Response:
+    """An answer encoded through its struct in ``server.api`` (the one declaration of its fields)."""
+    return web.Response(body=api.answer(kind, data), status=status, content_type="application/json")
 
 
 def _documented_queries() -> dict[tuple[str, str], frozenset[str]]:
@@ -114,7 +116,7 @@ async def errors(request: web.Request, handler):
         _check_query(request)
         return await handler(request)
     except PoolError as exc:
-        return _json(exc.body(), exc.status)
+        return _json(api.Error, exc.body(), exc.status)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -124,14 +126,16 @@ async def errors(request: web.Request, handler):
         }
         text = msg.get(exc.status, exc.reason)
         code = {404: "not_found", 413: "bad_request"}.get(exc.status, "bad_request")
-        response = _json({"error": text, "code": code, "hint": "see /openapi.json"}, exc.status)
+        response = _json(api.Error, {"error": text, "code": code, "hint": "see /openapi.json"}, exc.status)
         if "Allow" in exc.headers:  # a 405 names the methods the path takes (RFC 9110)
             response.headers["Allow"] = exc.headers["Allow"]
         return response
     except Exception as exc:
         log.exception("internal error on %s %s", request.method, request.path)
         return _json(
-            {"error": f"internal server error: {type(exc).__name__}: {exc}", "code": "internal"}, 500
+            api.Error,
+            {"error": f"internal server error: {type(exc).__name__}: {exc}", "code": "internal"},
+            500,
         )
 
 
@@ -172,7 +176,7 @@ async def health(request: web.Request) -> web.Response:
            "uptime_s": round(time.time() - st.pool.started, 3), "store": _store_health(condition)}  # fmt: skip
     if st.pool.cluster is not None:
         out["cluster"] = st.pool.cluster.status()
-    return _json(out)
+    return _json(api.Health, out)
 
 
 def _store_health(condition: dict) -> dict:
@@ -191,7 +195,9 @@ async def gpus(request: web.Request) -> web.Response:
     st: ServerState = request.app[STATE]
     await _caller(request)
     view = await st.db(st.pool.gpus_view)
-    return _json({"server": st.pool.server_info(), "simulated": st.pool.inv.simulated, "gpus": view})
+    return _json(
+        api.GpuList, {"server": st.pool.server_info(), "simulated": st.pool.inv.simulated, "gpus": view}
+    )
 
 
 def _refuse_remote_if_simulated(pool: Pool, req: LeaseRequest) -> None:
@@ -207,10 +213,10 @@ async def fit(request: web.Request) -> web.Response:
     try:
         _refuse_remote_if_simulated(st.pool, req)
     except RemoteUnavailable as exc:
-        return _json({"fits_now": False, "code": exc.code, "reason": exc.message, "hint": exc.hint,
+        return _json(api.Fit, {"fits_now": False, "code": exc.code, "reason": exc.title, "hint": exc.hint,
                       "score": None, "placement": [], "server": st.pool.server_info()})  # fmt: skip
     snapshot = await asyncio.to_thread(st.pool.prefetch, caller.client)
-    return _json(await st.db(st.pool.fit, caller, req, snapshot))
+    return _json(api.Fit, await st.db(st.pool.fit, caller, req, snapshot))
 
 
 async def create_lease(request: web.Request) -> web.Response:
@@ -226,7 +232,7 @@ async def create_lease(request: web.Request) -> web.Response:
             handle = await asyncio.to_thread(start_remote_worker, lease, simulated=st.pool.inv.simulated,
                                              bind_host=st.bind_host, mps=st.pool.mps)  # fmt: skip
         except RemoteUnavailable as exc:
-            await st.db(st.pool.end, lease["id"], "released", exc.message, time.time())
+            await st.db(st.pool.end, lease["id"], "released", exc.title, time.time())
             raise
         st.workers[lease["id"]] = handle
         handle.on_exit(st.wake_reaper)
@@ -236,7 +242,7 @@ async def create_lease(request: web.Request) -> web.Response:
                   "create_time": (alive_pids([(handle.pid, None)]) or [(0, None)])[0][1]}  # fmt: skip
         await st.db(st.pool.set_worker, lease["id"], worker)
         lease = await st.db(st.pool.lease, lease["id"])
-    return _json(lease, 201)
+    return _json(api.Lease, lease, 201)
 
 
 async def list_leases(request: web.Request) -> web.Response:
@@ -246,13 +252,13 @@ async def list_leases(request: web.Request) -> web.Response:
     if state not in ("active", "ended", "any"):
         raise BadRequest(f"state={state!r} is not one of active, ended, any", "e.g. /v1/leases?state=any")
     leases = await st.db(st.pool.list, caller, _flag(request, "all"), state)
-    return _json({"leases": leases})
+    return _json(api.LeaseList, {"leases": leases})
 
 
 async def get_lease(request: web.Request) -> web.Response:
     st: ServerState = request.app[STATE]
     caller = await _caller(request)
-    return _json(await st.db(st.pool.get, caller, request.match_info["lease_id"]))
+    return _json(api.Lease, await st.db(st.pool.get, caller, request.match_info["lease_id"]))
 
 
 async def heartbeat(request: web.Request) -> web.Response:
@@ -260,7 +266,8 @@ async def heartbeat(request: web.Request) -> web.Response:
     caller = await _caller(request)
     body = decode(await request.read(), Heartbeat, empty_ok=True)
     return _json(
-        await st.db(st.pool.heartbeat, caller, request.match_info["lease_id"], body.pids, time.time())
+        api.Lease,
+        await st.db(st.pool.heartbeat, caller, request.match_info["lease_id"], body.pids, time.time()),
     )
 
 
@@ -272,7 +279,7 @@ async def release(request: web.Request) -> web.Response:
         await asyncio.to_thread(st.pool.cluster.flush)
     if ended and lease["remote"]:
         await stop_worker(st, lease["id"])
-    return _json(lease)
+    return _json(api.Lease, lease)
 
 
 async def stop_worker(st: ServerState, lease_id: str) -> None:
@@ -292,7 +299,7 @@ async def stop_worker(st: ServerState, lease_id: str) -> None:
 async def admin_clients(request: web.Request) -> web.Response:
     st: ServerState = request.app[STATE]
     await _admin(request)
-    return _json({"clients": await st.db(st.pool.clients)})
+    return _json(api.ClientList, {"clients": await st.db(st.pool.clients)})
 
 
 async def admin_set_client(request: web.Request) -> web.Response:
@@ -301,14 +308,15 @@ async def admin_set_client(request: web.Request) -> web.Response:
     name = request.match_info["client"]
     decode(json.dumps({"client": name}).encode(), TokenCreate)  # same name rules as tokens
     update = decode(await request.read(), ClientUpdate)
-    return _json(await st.db(st.pool.set_client, name, update))
+    return _json(api.Client, await st.db(st.pool.set_client, name, update))
 
 
 async def admin_migrate(request: web.Request) -> web.Response:
     st: ServerState = request.app[STATE]
     await _admin(request)
     req = decode(await request.read(), MigrateRequest)
-    return _json(await _lease_migrate.migrate(st, request.match_info["lease_id"], req.partition, req.to))
+    lease = await _lease_migrate.migrate(st, request.match_info["lease_id"], req.partition, req.to)
+    return _json(api.MigratedLease, lease)
 
 
 async def admin_drain(request: web.Request) -> web.Response:
@@ -316,8 +324,8 @@ async def admin_drain(request: web.Request) -> web.Response:
     await _admin(request)
     gpu = _gpu_index(request.match_info["index"])
     if request.method == "DELETE":
-        return _json(_lease_migrate.undrain(st, gpu))
-    return _json(await _lease_migrate.drain(st, gpu))
+        return _json(api.Drain, _lease_migrate.undrain(st, gpu))
+    return _json(api.Drain, await _lease_migrate.drain(st, gpu))
 
 
 def _gpu_index(text: str) -> int:
@@ -331,8 +339,8 @@ async def admin_policy(request: web.Request) -> web.Response:
     await _admin(request)
     if request.method == "PUT":
         update = decode(await request.read(), PolicyUpdate)
-        return _json(await st.db(st.pool.set_policy, update))
-    return _json(await st.db(st.pool.policy))
+        return _json(api.Policy, await st.db(st.pool.set_policy, update))
+    return _json(api.Policy, await st.db(st.pool.policy))
 
 
 def _token_json(row) -> dict:
@@ -350,9 +358,9 @@ async def admin_tokens(request: web.Request) -> web.Response:
         row = await st.db(
             lambda: st.pool.tokens.create_token(req.client, admin=req.admin, expires_in_s=req.expires_in_s)
         )
-        return _json({**_token_json(row), "token": row["token"]}, 201)
+        return _json(api.Token, {**_token_json(row), "token": row["token"]}, 201)
     rows = await st.db(st.pool.tokens.tokens)
-    return _json({"tokens": [_token_json(r) for r in rows]})
+    return _json(api.TokenList, {"tokens": [_token_json(r) for r in rows]})
 
 
 async def admin_revoke(request: web.Request) -> web.Response:
@@ -363,7 +371,7 @@ async def admin_revoke(request: web.Request) -> web.Response:
         from server._errors import NotFound
 
         raise NotFound(f"no token {request.match_info['token_id']}", "GET /v1/admin/tokens lists them")
-    return _json(_token_json(row))
+    return _json(api.Token, _token_json(row))
 
 
 ROUTES = [
@@ -423,7 +431,7 @@ async def reap_loop(st: ServerState) -> None:
                         log.info(
                             "forgot %d leases that ended over %s ago",
                             purged,
-                            human_seconds(pool.cfg.ended_retention_s),
+                            format_duration(pool.cfg.ended_retention_s),
                         )
             for lease in ended:
                 if lease["remote"]:

@@ -8,7 +8,6 @@ fresh state directory starts from the file.
 
 from __future__ import annotations
 
-import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,18 +17,6 @@ from server import ranges
 from server._errors import BadRequest
 
 DEFAULT_PORT = 56001  # Bitfusion's server port; any free port works
-
-
-def parse_duration(value: object, what: str = "duration") -> float:
-    """``collector.parse_duration`` answering a bad value with a 400 that names the setting. One too long
-    to be a duration is infinite here: every setting's own range (server.ranges) then refuses it, naming
-    that setting's bounds."""
-    try:
-        return durations.parse_duration(value)
-    except durations.OutOfRange:
-        return math.inf
-    except ValueError:
-        raise BadRequest(f"{what}: {value!r} is not a duration", f"write e.g. {durations.EXAMPLES}") from None
 
 
 @dataclass
@@ -132,7 +119,7 @@ def _apply(cfg: ServerConfig, data: dict, path: Path) -> None:
             else:
                 setattr(cfg, key, Path(value) if value else None)
         elif key == "cluster_ttl":
-            cfg.cluster_ttl_s = parse_duration(value, "server.cluster_ttl")
+            cfg.cluster_ttl_s = durations.setting(value, "server.cluster_ttl", BadRequest)
         elif key in ("host", "advertise_addr", "simulate_gpus", "cluster", "cluster_name"):
             setattr(cfg, key, str(value))
         elif key == "port":
@@ -146,7 +133,7 @@ def _apply(cfg: ServerConfig, data: dict, path: Path) -> None:
         else:
             raise BadRequest(f"config file {path}: unknown key server.{key}", "see deploy/server.toml")
     p = data.get("policy", {})
-    durations = {
+    seconds = {
         "lease_ttl": "lease_ttl_s",
         "max_ttl": "max_ttl_s",
         "default_idle_timeout": "default_idle_timeout_s",
@@ -160,8 +147,8 @@ def _apply(cfg: ServerConfig, data: dict, path: Path) -> None:
         "keep_raw": "keep_raw_s",
     }
     for key, value in p.items():
-        if key in durations:
-            setattr(cfg, durations[key], parse_duration(value, f"policy.{key}"))
+        if key in seconds:
+            setattr(cfg, seconds[key], durations.setting(value, f"policy.{key}", BadRequest))
         elif key == "default_limit":
             cfg.default_limit = float(value)
         elif key in ("max_leases_per_client", "max_workers_per_client"):
@@ -173,7 +160,7 @@ def _apply(cfg: ServerConfig, data: dict, path: Path) -> None:
     for name, c in data.get("clients", {}).items():
         cfg.clients[name] = ClientPolicy(
             limit=float(c["limit"]) if "limit" in c else None,
-            idle_timeout_s=parse_duration(c["idle_timeout"], f"clients.{name}.idle_timeout")
+            idle_timeout_s=durations.setting(c["idle_timeout"], f"clients.{name}.idle_timeout", BadRequest)
             if "idle_timeout" in c
             else None,
         )

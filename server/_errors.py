@@ -7,7 +7,7 @@ PoolError                  every refusal the API answers with (never a traceback
 ├── LimitExceeded    403   the client's GPU limit would be passed (names usage and limit)
 ├── NotFound         404   no such lease / token
 ├── Busy             409   fits this server, but not now: the client backs off and retries
-├── LeaseEnded       410   heartbeat on a released, expired or reclaimed lease (carries the reason)
+├── Gone             410   heartbeat on a released, expired or reclaimed lease (carries the reason)
 ├── Impossible       422   can never fit this server (more GPUs than it has, filters leave too few)
 │   └── RemoteNotOffered 422  a remote lease from a server whose GPUs are simulated
 ├── RemoteUnavailable 503  remote execution cannot start on this server (its worker did not start)
@@ -18,19 +18,23 @@ PoolError                  every refusal the API answers with (never a traceback
 
 from __future__ import annotations
 
+from server.errors import ServerError
 
-class PoolError(Exception):
+
+class PoolError(ServerError):
+    """A refusal: ``title`` is the answer's ``error`` line; ``extra`` fields go into the answer too (each
+    declared on ``server.api.Error``). A command that stops on one exits 2."""
+
     status = 500
     code = "internal"
+    exit_code = 2
 
-    def __init__(self, message: str, hint: str = "", **extra: object):
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
+    def __init__(self, title: str, hint: str = "", **extra: object):
+        super().__init__(title, hint)
         self.extra = extra
 
     def body(self) -> dict:
-        out: dict = {"error": self.message, "code": self.code}
+        out: dict = {"error": self.title, "code": self.code}
         if self.hint:
             out["hint"] = self.hint
         out.update(self.extra)
@@ -65,7 +69,15 @@ class Busy(PoolError):
     status, code = 409, "busy"
 
 
-class LeaseEnded(PoolError):
+class MigrationFailed(PoolError):
+    """409: the lease's worker refused or failed a live migration; the lease keeps running where it was."""
+
+    status, code = 409, "migration_failed"
+
+
+class Gone(PoolError):
+    """410: the lease was released, expired or reclaimed (the client sees ``ApiError`` ``LeaseEnded``)."""
+
     status, code = 410, "lease_ended"
 
 

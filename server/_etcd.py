@@ -21,8 +21,10 @@ import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from server.errors import ServerError
 
-class EtcdUnavailable(Exception):
+
+class EtcdUnavailable(ServerError):
     """No etcd member answered: no quorum, or every endpoint is down."""
 
     def __init__(self, detail: str = ""):
@@ -30,7 +32,7 @@ class EtcdUnavailable(Exception):
         self.detail = detail
 
 
-class EtcdError(Exception):
+class EtcdError(ServerError):
     """etcd answered with an error that retrying elsewhere will not fix (a malformed request)."""
 
 

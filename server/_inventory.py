@@ -7,6 +7,7 @@ the same, every answer says ``"simulated": true``, and remote execution is refus
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import uuid as uuidlib
@@ -102,7 +103,7 @@ def nvml_inventory(hostname: str, addr: str) -> Inventory:
     from collector import read_inventory
 
     gpus = []
-    for g in read_inventory():
+    for g in visible(read_inventory(), os.environ.get("CUDA_VISIBLE_DEVICES")):
         cc = g.compute_capability
         gpus.append(
             Gpu(
@@ -117,6 +118,24 @@ def nvml_inventory(hostname: str, addr: str) -> Inventory:
             )
         )
     return Inventory(hostname=hostname, addr=addr, gpus=tuple(gpus), simulated=False)
+
+
+def visible(gpus, spec: str | None) -> list:
+    """The GPUs a server given CUDA_VISIBLE_DEVICES=`spec` owns, as a CUDA program would see them:
+    indices or UUIDs (or a UUID's unique beginning), in the order named, the list ending at the first
+    entry that names no GPU; None: all. So two servers on one host can each own some of its GPUs."""
+    gpus = list(gpus)
+    if spec is None:
+        return gpus
+    chosen = []
+    for name in (part.strip() for part in spec.split(",")):
+        found = [g for g in gpus if name == str(g.index)] or (
+            [g for g in gpus if g.uuid.startswith(name)] if name.startswith(("GPU-", "MIG-")) else []
+        )
+        if len(found) != 1 or found[0] in chosen:
+            break
+        chosen.append(found[0])
+    return chosen
 
 
 def default_addr(bind_host: str) -> str:

@@ -16,15 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from server._errors import Busy, Impossible, NotFound, PoolError
+from server._errors import Busy, Impossible, MigrationFailed, NotFound, PoolError
 from server._pool import Pool, human_bytes
 
 log = logging.getLogger("gpupool.server")
 _moving: set[str] = set()  # leases a migration is under way for (touched on the event loop only)
-
-
-class MigrationFailed(PoolError):
-    status, code = 409, "migration_failed"
 
 
 def plan(pool: Pool, lease_id: str, partition: int, to: int, has_worker: bool) -> dict:
@@ -127,10 +123,10 @@ async def _move_off(st, lease_id: str, partition: int, gpu: int) -> dict:
         try:
             answer = await migrate(st, lease_id, partition, target)
         except (Busy, Impossible) as exc:  # this target cannot take it: the next one may
-            reason = exc.message
+            reason = exc.title
             continue
         except PoolError as exc:  # the worker refused or failed: another target changes nothing
-            return {"lease": lease_id, "reason": exc.message}
+            return {"lease": lease_id, "reason": exc.title}
         return {"lease": lease_id, **answer["migration"]}
     return {"lease": lease_id, "reason": reason}
 

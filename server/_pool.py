@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import msgspec
 from msgspec import UNSET as _UNSET
 
+from collector.durations import format_duration
 from collector.words import plural
 from server import ranges
 from server._config import ServerConfig
@@ -28,8 +29,8 @@ from server._errors import (
     BadRequest,
     Busy,
     Forbidden,
+    Gone,
     Impossible,
-    LeaseEnded,
     LimitExceeded,
     NotFound,
     StorageFull,
@@ -58,16 +59,6 @@ def iso(ts: float | None) -> str | None:
 
 def human_bytes(n: int) -> str:
     return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n // MIB} MiB"
-
-
-def human_seconds(s: float) -> str:
-    if s >= 86400 and s % 3600 == 0:
-        return f"{s / 86400:g}d"
-    if s >= 3600:
-        return f"{s / 3600:.3g}h"
-    if s >= 60:
-        return f"{s / 60:.3g}m"
-    return f"{s:.3g}s"
 
 
 @dataclass(frozen=True)
@@ -419,7 +410,7 @@ class Pool:
         try:
             placement = self._decide(caller, req, filters, snapshot)
         except (Impossible, Busy, LimitExceeded) as exc:
-            out.update(code=exc.code, reason=exc.message, hint=exc.hint)
+            out.update(code=exc.code, reason=exc.title, hint=exc.hint)
             return out
         if not self.store.condition()["writable"]:  # it fits, but a grant could not be stored now
             out.update(
@@ -496,7 +487,7 @@ class Pool:
                     if not recorded:
                         raise _Conflict
         except (Impossible, Busy, LimitExceeded) as exc:
-            self.events.deny(caller.client, exc.message, now, _job(req))
+            self.events.deny(caller.client, exc.title, now, _job(req))
             raise
         except StorageFull:
             if recorded:  # etcd counts a lease the disk could not store: take its share back
@@ -603,6 +594,7 @@ class Pool:
             "server": self.server_info(),
             "partitions": partitions,
             "fraction_total": round(sum(p["fraction"] for p in partitions), 6),
+            "mem_bytes_total": sum(p["mem_bytes"] for p in partitions),
         }
         if owner_view:
             out["env"] = row["env"]
@@ -632,7 +624,7 @@ class Pool:
         with self.store.transaction():
             row = self._owned(caller, lease_id)
             if row["state"] != "active":
-                raise LeaseEnded(
+                raise Gone(
                     f"lease {lease_id} was {row['state']}: {row['reason']}",
                     "request a new lease",
                     state=row["state"],
@@ -704,13 +696,11 @@ class Pool:
                 ended.append(self.end(lid, "expired", dead_workers[lid], now))
                 continue
             if row["expires"] <= now:
-                reason = (
-                    f"no heartbeat for {human_seconds(row['ttl_s'])} (the client stopped or lost the network)"
-                )
+                reason = f"no heartbeat for {format_duration(row['ttl_s'])} (the client stopped or lost the network)"
                 ended.append(self.end(lid, "expired", reason, now))
                 continue
             if row["max_end"] is not None and row["max_end"] <= now:
-                length = human_seconds(row["max_end"] - row["created"])
+                length = format_duration(row["max_end"] - row["created"])
                 ended.append(self.end(lid, "expired", f"reached the maximum lease length of {length}", now))
                 continue
             last = max(row["last_active"], active_at.get(lid, 0.0))
@@ -720,8 +710,8 @@ class Pool:
             idle = self.client_settings(row["client"], policy)["idle_timeout_s"]
             if idle and now - last >= idle:
                 reason = (
-                    f"idle for {human_seconds(now - last)}: its GPUs did no work for the idle timeout of "
-                    f"client {row['client']} ({human_seconds(idle)})"
+                    f"idle for {format_duration(now - last)}: its GPUs did no work for the idle timeout of "
+                    f"client {row['client']} ({format_duration(idle)})"
                 )
                 ended.append(self.end(lid, "reclaimed", reason, now))
         return [e for e in ended if e is not None]

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from collector.argtypes import ranged
+from collector.errors import report
 from collector.words import plural
 from server.ranges import CLIENT, MAX_LIMIT_GPUS, POLICY
 
@@ -29,8 +30,7 @@ class _Parser(argparse.ArgumentParser):
     """Bad usage is one line on stderr and exit 2, like every other error a user can cause."""
 
     def error(self, message: str):
-        print(f"gpupool-server: error: {message} (see {self.prog} --help)", file=sys.stderr, flush=True)
-        sys.exit(EXIT_USAGE)
+        sys.exit(report("gpupool-server", message, f"see {self.prog} --help", EXIT_USAGE))
 
 
 def _telemetry_arg(text: str):
@@ -319,8 +319,7 @@ def _webhook_parser(sub) -> None:
 
 
 def _fail(title: str, hint: str = "") -> int:
-    print(f"gpupool-server: error: {title}" + (f" ({hint})" if hint else ""), file=sys.stderr)
-    return EXIT_USAGE
+    return report("gpupool-server", title, hint, EXIT_USAGE)
 
 
 def _existing_state(cfg, *, database: bool) -> None:
@@ -364,13 +363,15 @@ def main(argv: list[str] | None = None) -> int:
             return _webhook(args)
         return _serve(args)
     except PoolError as exc:
-        return _fail(exc.message, exc.hint)
+        return _fail(exc.title, exc.hint)
     except KeyboardInterrupt:
         return 130
 
 
 def _config(args):
-    from server._config import check_ranges, load_config, parse_duration
+    from collector import durations
+    from server._config import check_ranges, load_config
+    from server._errors import BadRequest
 
     cfg = load_config(args.config)
     if args.state_dir:
@@ -382,7 +383,7 @@ def _config(args):
     if args.cluster_name:
         cfg.cluster_name = args.cluster_name
     if args.cluster_ttl:
-        cfg.cluster_ttl_s = parse_duration(args.cluster_ttl, "--cluster-ttl")
+        cfg.cluster_ttl_s = durations.setting(args.cluster_ttl, "--cluster-ttl", BadRequest)
     for name in ("host", "port", "advertise_addr", "simulate_gpus", "mps_pipe_dir", "tls_cert", "tls_key"):
         if getattr(args, name) is not None:
             setattr(cfg, name, getattr(args, name))
@@ -391,20 +392,21 @@ def _config(args):
     if args.telemetry:
         cfg.telemetry_dir = args.telemetry
     if args.lease_ttl:
-        cfg.lease_ttl_s = parse_duration(args.lease_ttl, "--lease-ttl")
+        cfg.lease_ttl_s = durations.setting(args.lease_ttl, "--lease-ttl", BadRequest)
     if args.default_limit is not None:
         cfg.default_limit = args.default_limit
     if args.idle_timeout:
-        cfg.default_idle_timeout_s = parse_duration(args.idle_timeout, "--idle-timeout")
+        cfg.default_idle_timeout_s = durations.setting(args.idle_timeout, "--idle-timeout", BadRequest)
     if args.max_lease:
-        cfg.max_lease_s = parse_duration(args.max_lease, "--max-lease")
+        cfg.max_lease_s = durations.setting(args.max_lease, "--max-lease", BadRequest)
     check_ranges(cfg, "serve options")
     return cfg
 
 
 def _token(args) -> int:
+    from collector import durations
     from server import ranges
-    from server._config import parse_duration
+    from server._errors import BadRequest
     from server._pool import iso
     from server._store import open_store
 
@@ -419,7 +421,7 @@ def _token(args) -> int:
             return _fail(
                 f"client name {args.client!r} is not allowed", "use letters, digits and _ . @ - (max 64)"
             )
-        expires = parse_duration(args.expires, "--expires") if args.expires else None
+        expires = durations.setting(args.expires, "--expires", BadRequest) if args.expires else None
         if why := ranges.problem(ranges.TOKEN, "expires_in_s", expires):
             return _fail(f"--expires {why.removeprefix('expires_in_s ')}", "e.g. --expires 365d")
         given = None
@@ -459,8 +461,9 @@ def _client(args) -> int:
     """Client policy straight in the state directory: a running server applies it at its next decision."""
     import socket
 
+    from collector import durations
     from server import ranges
-    from server._config import parse_duration
+    from server._errors import BadRequest
     from server._events import EventLog
     from server._inventory import Inventory
     from server._pool import Pool
@@ -493,7 +496,7 @@ def _client(args) -> int:
             changes["idle_timeout_s"] = (
                 None
                 if args.idle_timeout == "default"
-                else parse_duration(args.idle_timeout, "--idle-timeout")
+                else durations.setting(args.idle_timeout, "--idle-timeout", BadRequest)
             )
         for option, field in (("--limit", "limit"), ("--idle-timeout", "idle_timeout_s")):
             if why := ranges.problem(ranges.CLIENT, field, changes.get(field)):
@@ -521,9 +524,9 @@ def _lease(args) -> int:
     lease = _admin_call(args, what, call, MIGRATE_TIMEOUT_S + 30)
     if isinstance(lease, int):
         return lease
-    m = lease["migration"]
-    print(f"{args.lease}: partition {m['device']} moved from GPU {m['from']} to GPU {m['to']}: "
-          f"{m['bytes'] / 2**20:.1f} MiB copied, paused {m['pause_s']:.3f} s")  # fmt: skip
+    m = lease.migration
+    print(f"{args.lease}: partition {m.device} moved from GPU {m.from_} to GPU {m.to}: "
+          f"{m.bytes / 2**20:.1f} MiB copied, paused {m.pause_s:.3f} s")  # fmt: skip
     return 0
 
 
@@ -535,13 +538,13 @@ def _drain(args) -> int:
     )  # one move per lease
     if isinstance(done, int):
         return done
-    for m in done["moved"]:
-        print(f"{m['lease']}: moved from GPU {m['from']} to GPU {m['to']}, paused {m['pause_s']:.3f} s")
-    for s in done["stayed"]:
-        print(f"{s['lease']}: stays on GPU {args.gpu}: {s['reason']}")
-    state = "drained: no new leases go to it" if done["draining"] else "takes new leases"
-    print(f"GPU {args.gpu} {state}" + (f"; {len(done['stayed'])} lease(s) stayed" if done["stayed"] else ""))
-    return 1 if done["stayed"] else 0
+    for m in done.moved:
+        print(f"{m.lease}: moved from GPU {m.from_} to GPU {m.to}, paused {m.pause_s:.3f} s")
+    for s in done.stayed:
+        print(f"{s.lease}: stays on GPU {args.gpu}: {s.reason}")
+    state = "drained: no new leases go to it" if done.draining else "takes new leases"
+    print(f"GPU {args.gpu} {state}" + (f"; {len(done.stayed)} lease(s) stayed" if done.stayed else ""))
+    return 1 if done.stayed else 0
 
 
 def _admin_call(args, what: str, call, timeout: float | None):

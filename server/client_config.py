@@ -13,7 +13,6 @@ Looked up in order: ``--config PATH``, ``$GPUPOOL_CONFIG``, ``~/.config/gpupool/
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import tomllib
@@ -51,16 +50,9 @@ class ClientConfig:
 WAIT = Range(0, MAX_SECONDS, "s")  # how long run/request wait for GPUs (a century is "forever" already)
 
 
-def parse_duration(value: object, what: str) -> float:
-    """``collector.parse_duration`` answering a bad value with a ConfigError that names the setting."""
-    try:
-        seconds = durations.parse_duration(value)
-    except durations.OutOfRange:
-        seconds = math.inf  # refused below, with this setting's range
-    except ValueError:
-        raise ConfigError(
-            f"{what}: {value!r} is not a duration", f"write e.g. {durations.EXAMPLES}"
-        ) from None
+def wait_setting(value: object, what: str) -> float:
+    """How long to wait for GPUs (client.toml's timeout, gpuattach --timeout), within ``WAIT``."""
+    seconds = durations.setting(value, what, ConfigError)
     if why := WAIT.problem(seconds):
         raise ConfigError(f"{what}: {why}", f"write e.g. {durations.EXAMPLES}")
     return seconds
@@ -142,7 +134,7 @@ def load(
         cfg.token = (data.get("token") or "").strip() or None
         cfg.ca_cert = data.get("ca_cert")
         if "timeout" in data:
-            cfg.timeout_s = parse_duration(data["timeout"], f"{file}: timeout")
+            cfg.timeout_s = wait_setting(data["timeout"], f"{file}: timeout")
         for entry in data.get("servers", []):
             if isinstance(entry, str):
                 cfg.servers.append(ServerRef(normalize_url(entry), None))

@@ -3,7 +3,7 @@
 Each carries a one-line ``title`` and a ``hint`` (what to do); the commands print them and exit
 non-zero, the console shows them in place. ``str()`` is the title, then the hint in parentheses.
 
-    PoolClientError
+    PoolClientError        (a server.errors.ServerError; gpuattach exits 125 on one)
     ├── ConfigError        no servers or token configured, an unreadable client.toml, a bad URL
     ├── Unreachable        a server did not answer (refused, timeout, TLS, not a gpupool-server)
     ├── ApiError           a server answered with its Error object (status, code, message, hint)
@@ -18,17 +18,17 @@ as ``ApiError`` with the same ``code``.
 from __future__ import annotations
 
 import urllib.parse
+from typing import TYPE_CHECKING
+
+from server.errors import ServerError
+
+if TYPE_CHECKING:
+    from server.api import Error
 
 
-class PoolClientError(Exception):
+class PoolClientError(ServerError):
     unreachable = False  # True for Unreachable: the server may answer later (the console retries)
-
-    def __init__(self, title: str, hint: str = ""):
-        super().__init__(title)
-        self.title, self.hint = title, hint
-
-    def __str__(self) -> str:
-        return f"{self.title} ({self.hint})" if self.hint else self.title
+    exit_code = 125  # gpuattach's "it did not run" (126/127: the command could not be executed/found)
 
 
 class ConfigError(PoolClientError):
@@ -47,14 +47,16 @@ class Unreachable(PoolClientError):
 
 
 class ApiError(PoolClientError):
+    """``answer``: the server's Error object (``server.api.Error``): ``code``, ``hint``, and for a lease
+    that ended its ``state`` and ``reason``."""
+
     def __init__(
-        self, url: str, status: int, body: dict, *, title: str | None = None, hint: str | None = None
+        self, url: str, status: int, answer: Error, *, title: str | None = None, hint: str | None = None
     ):
-        self.url, self.status, self.body = url, status, body
-        self.code = body.get("code", "unknown")
-        self.message = body.get("error") or f"HTTP {status}"
+        self.url, self.status, self.answer = url, status, answer
+        self.code = answer.code
         super().__init__(
-            title or f"{self.message} [{host(url)}]", body.get("hint", "") if hint is None else hint
+            title or f"{answer.error} [{host(url)}]", (answer.hint or "") if hint is None else hint
         )
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from collector.durations import format_duration
+
 MIN_FRACTION = 1 / 64  # the smallest partition, as a share of its GPU's memory
 MAX_SECONDS = 100 * 365 * 86400  # a duration past a century is a typo, and past time_t's range a crash
 MAX_GPUS_PER_REQUEST = 1024
@@ -57,12 +59,7 @@ class Range:
         return span + (f", or {self.off:g} (off)" if self.off is not None else "")
 
     def _show(self, x: float) -> str:
-        if self.unit != "s":
-            return f"{x:.15g}"
-        for unit, size in (("y", 365 * 86400), ("d", 86400), ("h", 3600), ("m", 60)):
-            if x >= size and x % size == 0:
-                return f"{x / size:g}{unit}"
-        return f"{x:g}s"
+        return format_duration(x, "exact") if self.unit == "s" else f"{x:.15g}"
 
 
 LIMIT = Range(0, MAX_LIMIT_GPUS, "GPUs")

@@ -51,6 +51,7 @@ from pathlib import Path
 
 from server._errors import RemoteNotOffered, RemoteUnavailable
 from server._inventory import MIB
+from server.errors import ServerError
 
 log = logging.getLogger("gpupool.server")
 
@@ -71,7 +72,7 @@ class WorkerDevice:
     mem_limit_bytes: int  # the partition
 
 
-class WorkerError(RuntimeError):
+class WorkerError(ServerError):
     """The worker process could not be started."""
 
 

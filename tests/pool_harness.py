@@ -157,6 +157,15 @@ def client_env(tmp_path: Path, servers: list[str], token: str) -> dict[str, str]
     return env
 
 
+def env_for(tmp_path: Path, servers: list[ServerProc], client: str) -> tuple[dict[str, str], str]:
+    """gpuattach's environment for a pool of these servers and one client token that all of them take
+    (each server has its own token store, so each stores the same token)."""
+    token = servers[0].token(client)
+    for s in servers[1:]:
+        s.token(client, token=token)
+    return client_env(tmp_path, [s.url for s in servers], token), token
+
+
 def gpuattach(*args: str, env: dict[str, str], timeout: float = 30.0) -> subprocess.CompletedProcess:
     return subprocess.run(
         [*gpuattach_cmd(), *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT

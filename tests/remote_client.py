@@ -1994,6 +1994,12 @@ def scenario_two_devices():
     value, found = ctypes.c_int(), ctypes.c_int(-1)
     say("p2p_access_supported", f"{cu.cuDeviceGetP2PAttribute(ctypes.byref(value), 2, 0, 1)} {value.value}")
     say("p2p_with_itself", cu.cuDeviceGetP2PAttribute(ctypes.byref(value), 2, 0, 0))
+    # Which atomics device 0 can make on device 1's memory (CUDA 13): a mask per operation asked about.
+    ops, caps = (ctypes.c_int * 3)(0, 1, 5), (ctypes.c_uint * 3)(99, 99, 99)
+    rc = cu13.cuDeviceGetP2PAtomicCapabilities(caps, ops, 3, 0, 1)
+    say("p2p_atomics", f"{rc} {' '.join(map(str, caps))}")
+    say("p2p_atomics_with_itself", cu13.cuDeviceGetP2PAtomicCapabilities(caps, ops, 3, 1, 1))
+    say("p2p_atomics_none", cu13.cuDeviceGetP2PAtomicCapabilities(caps, ops, 0, 0, 1))
     check(cu.cuCtxSetCurrent(ctxs[0]), "back to device 0")
     say("enable_peer", cu.cuCtxEnablePeerAccess(ctxs[1], 0))
     say("enable_again", cu.cuCtxEnablePeerAccess(ctxs[1], 0))
@@ -2175,6 +2181,136 @@ def scenario_vmm_retain():
     free, total = c_u64(), c_u64()
     check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
     say("used_mib_after", (total.value - free.value) // MiB)
+
+
+POSIX_FD, FABRIC = 1, 8  # CUmemAllocationHandleType
+
+
+def _fd_socket_name():
+    return "\0" + os.environ["VMM_SOCKET"]  # an abstract Unix socket, as NCCL's IPC socket is
+
+
+def _used_mib() -> int:
+    free, total = c_u64(), c_u64()
+    check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
+    return (total.value - free.value) // MiB
+
+
+def scenario_vmm_share_export():
+    """NCCL's cuMem transport, the exporting rank: memory created to be shared as a POSIX descriptor,
+    mapped and filled, exported, and the descriptor handed to whoever connects over a Unix socket
+    (SCM_RIGHTS). After the importers: what they wrote, and the partition counting the memory once."""
+    import socket
+    import threading
+
+    setup()
+    size = 4 * MiB
+    base, handle, plain = c_u64(), c_u64(), c_u64()
+    check(cu.cuMemAddressReserve(ctypes.byref(base), c_u64(size), c_u64(0), c_u64(0), c_u64(0)), "reserve")
+    check(cu.cuMemCreate(ctypes.byref(handle), c_u64(size), ctypes.byref(AllocationProp(1, POSIX_FD, 1, 0)),
+                         c_u64(0)), "create")  # fmt: skip
+    check(cu.cuMemMap(base, c_u64(size), c_u64(0), handle, c_u64(0)), "map")
+    check(cu.cuMemSetAccess(base, c_u64(size), ctypes.byref(AccessDesc(1, 0, 3)), c_u64(1)), "access")
+    check(cu.cuMemsetD8(base, 0x5A, c_u64(size)), "fill")
+    fd = ctypes.c_int(-1)
+    check(cu.cuMemExportToShareableHandle(ctypes.byref(fd), handle, POSIX_FD, c_u64(0)), "export")
+    check(cu.cuMemCreate(ctypes.byref(plain), c_u64(2 * MiB), ctypes.byref(AllocationProp(1, 0, 1, 0)),
+                         c_u64(0)), "create unshareable")  # fmt: skip
+    unshareable = ctypes.c_int(-1)
+    say(
+        "export_unshareable",
+        cu.cuMemExportToShareableHandle(ctypes.byref(unshareable), plain, POSIX_FD, c_u64(0)),
+    )
+    say("export_fabric", cu.cuMemExportToShareableHandle(ctypes.byref(unshareable), handle, FABRIC, c_u64(0)))
+    check(cu.cuMemRelease(plain), "release unshareable")
+    # What the device offers for sharing, as NCCL asks before it picks a way: POSIX descriptors only.
+    values = []
+    for attribute in (103, 128, 132, 119):  # POSIX descriptors, fabric handles, multicast, pool handle types
+        value = ctypes.c_int(-1)
+        check(cu.cuDeviceGetAttribute(ctypes.byref(value), attribute, 0), f"attribute {attribute}")
+        values.append(str(value.value))
+    say("sharing_attributes", ",".join(values))
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(_fd_socket_name())
+    server.listen()
+
+    def hand_out():
+        while True:
+            conn, _ = server.accept()
+            with conn:
+                socket.send_fds(conn, [b"fd"], [fd.value])
+
+    threading.Thread(target=hand_out, daemon=True).start()
+    say("ready", 1)
+    sys.stdin.readline()  # the importers are done
+    say("after_import", dtoh(base.value + size - 4, 4)[1].hex())
+    free, total = c_u64(), c_u64()
+    check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
+    say("used_mib", (total.value - free.value) // MiB)
+    check(cu.cuMemUnmap(base, c_u64(size)), "unmap")
+    say("release", cu.cuMemRelease(handle))
+    check(cu.cuMemAddressFree(base, c_u64(size)), "address free")
+
+
+def scenario_vmm_share_import():
+    """NCCL's cuMem transport, the importing rank: the descriptor arrives over the Unix socket, is
+    imported, mapped in this process's own range, read and written; then unmapped and released."""
+    import socket
+
+    setup()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(_fd_socket_name())
+        _, fds, _, _ = socket.recv_fds(conn, 16, 1)
+    handle = c_u64()
+    if (
+        "VMM_OWN_FIRST" in os.environ
+    ):  # memory of this process's lease under the handle value the export names
+        (wanted,) = struct.unpack("<Q", os.pread(fds[0], 8, 16))
+        for _ in range(100_000):  # handle values only grow: create (and drop) until this lease holds that one
+            prop = AllocationProp(1, POSIX_FD, 1, 0)
+            check(
+                cu.cuMemCreate(ctypes.byref(handle), c_u64(2 * MiB), ctypes.byref(prop), c_u64(0)),
+                "create own",
+            )
+            if handle.value >= wanted:
+                break
+            check(cu.cuMemRelease(handle), "release own")
+        say("own_handle_is_the_exported_value", handle.value == wanted)
+    rc = cu.cuMemImportFromShareableHandle(ctypes.byref(handle), ctypes.c_void_p(fds[0]), POSIX_FD)
+    say("import", rc)
+    if rc != 0:
+        return
+    size, base = 4 * MiB, c_u64()
+    made = AllocationProp()
+    rc = cu.cuMemGetAllocationPropertiesFromHandle(ctypes.byref(made), handle)
+    say("properties", f"{rc} {made.handle_types} {made.location_id}")
+    check(cu.cuMemAddressReserve(ctypes.byref(base), c_u64(size), c_u64(0), c_u64(0), c_u64(0)), "reserve")
+    check(cu.cuMemMap(base, c_u64(size), c_u64(0), handle, c_u64(0)), "map")
+    check(cu.cuMemSetAccess(base, c_u64(size), ctypes.byref(AccessDesc(1, 0, 3)), c_u64(1)), "access")
+    say("sees_export", dtoh(base.value, size)[1] == b"\x5a" * size)
+    check(cu.cuMemsetD8(base, 0xCD, c_u64(size)), "overwrite")
+    check(cu.cuCtxSynchronize(), "sync")
+    if "VMM_WAIT" in os.environ:  # the exporter unmaps and releases its own reference meanwhile
+        say("waiting", 1)
+        sys.stdin.readline()
+        say("sees_after_exporter_left", dtoh(base.value, size)[1] == b"\xcd" * size)
+        say("used_mib_after_exporter_left", _used_mib())  # still counted: this process holds it
+        again = c_u64()  # the descriptor still names the memory, as the driver's does while it lives
+        rc = cu.cuMemImportFromShareableHandle(ctypes.byref(again), ctypes.c_void_p(fds[0]), POSIX_FD)
+        say("import_again", f"{rc} {cu.cuMemRelease(again) if rc == 0 else '-'}")
+    say("release_while_mapped", cu.cuMemRelease(handle))  # as NCCL does: the mapping keeps the memory
+    say("after_release", dtoh(base.value + size - 4, 4)[1].hex())
+    check(cu.cuMemUnmap(base, c_u64(size)), "unmap")
+    check(cu.cuMemAddressFree(base, c_u64(size)), "address free")
+    say("used_mib_at_end", _used_mib())
+    os.close(fds[0])
+    with open(os.devnull) as other:  # a descriptor that is not exported memory
+        say(
+            "import_other_fd",
+            cu.cuMemImportFromShareableHandle(
+                ctypes.byref(handle), ctypes.c_void_p(other.fileno()), POSIX_FD
+            ),
+        )
 
 
 class Memcpy2D(ctypes.Structure):  # CUDA_MEMCPY2D

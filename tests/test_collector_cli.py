@@ -33,8 +33,8 @@ def test_no_nvml_without_simulate_is_one_line_and_nonzero(tmp_path):
     )
     assert proc.returncode != 0
     assert proc.stderr.strip() == (
-        "gpustat-collect: error: no NVIDIA driver/NVML found (libnvidia-ml.so.1 not found); "
-        "use --simulate N to try gpupool without GPUs"
+        "gpustat-collect: error: no NVIDIA driver/NVML found (libnvidia-ml.so.1 not found) "
+        "(hint: use --simulate N to try gpupool without GPUs)"
     )
     assert not list(tmp_path.rglob("*.parquet"))
 

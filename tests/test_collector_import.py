@@ -110,7 +110,7 @@ def test_nvidia_smi_import_cli(tmp_path):
     assert missing.returncode != 0 and "Traceback" not in missing.stderr
     assert (
         missing.stderr.strip()
-        == f"gpustat-collect: error: file not found: {tmp_path / 'nope.csv'}; check the path"
+        == f"gpustat-collect: error: file not found: {tmp_path / 'nope.csv'} (hint: check the path)"
     )
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from pool_harness import ServerProc, api, client_env, gpuattach
 
+from server.api import Lease
+from server.api import read as read_answer
 from virtualize import _nvml_view, _nvmlgen
 from virtualize.remote import NVML_MODULE, SHIM_MODULE, fresh_nvml
 
@@ -33,9 +35,16 @@ NVML_NOT_SUPPORTED, NVML_NO_PERMISSION, NVML_FUNCTION_NOT_FOUND = 3, 4, 13
 PARTITION = 40 * 1024 * MiB
 USED = 1536 * MiB
 
-LEASE = {
+LEASE = {  # the server's answer to GET /v1/leases/ID, as JSON
     "id": "L-nvml",
-    "server": {"driver_version": "550.54.15", "cuda_version": "12.4"},
+    "client": "alice",
+    "state": "active",
+    "created_at": "2026-01-01T00:00:00Z",
+    "expires_at": "2026-01-01T00:01:00Z",
+    "ttl_s": 60.0,
+    "simulated": False,
+    "server": {"hostname": "gpu1", "addr": "10.0.0.1", "port": 56001, "version": "0", "simulated": False,
+               "mps": False, "gpu_count": 8, "driver_version": "550.54.15", "cuda_version": "12.4"},
     "partitions": [
         {
             "gpu_index": 3,
@@ -44,11 +53,17 @@ LEASE = {
             "compute_capability": "9.0",
             "pci_bus_id": "00000000:19:00.0",
             "mem_bytes": PARTITION,
+            "fraction": 0.5,
             "sm_share": None,
             "usage": {"mem_used_bytes": USED, "util_gpu": 0.37, "temperature_c": None, "power_w": 120.5},
         }
     ],
-}
+}  # fmt: skip
+
+
+def render(lease: dict, pids, real_nvml=None) -> str:
+    """The view of a lease answer, decoded as the client decodes it (server.api.Lease)."""
+    return _nvml_view.render(read_answer(json.dumps(lease).encode(), Lease), pids, real_nvml)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +73,7 @@ def nvml_dir(tmp_path_factory) -> Path:
 
 def view_env(nvml_dir: Path, tmp_path: Path, lease=LEASE, pids=(4242,)) -> dict[str, str]:
     view = tmp_path / "view"
-    _nvml_view.write(view, _nvml_view.render(lease, list(pids)))
+    _nvml_view.write(view, render(lease, list(pids)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     env.update(LD_LIBRARY_PATH=str(nvml_dir), GPUPOOL_NVML_VIEW=str(view), COLUMNS="120")
     return env
@@ -146,7 +161,7 @@ def test_the_view_is_reread_when_it_changes(nvml_dir, tmp_path):
         assert int(proc.stdout.readline()) == USED
         lease = json.loads(json.dumps(LEASE))
         lease["partitions"][0]["usage"]["mem_used_bytes"] = 3 * USED
-        _nvml_view.write(Path(env["GPUPOOL_NVML_VIEW"]), _nvml_view.render(lease, [4242]))
+        _nvml_view.write(Path(env["GPUPOOL_NVML_VIEW"]), render(lease, [4242]))
         proc.stdin.write("\n")
         proc.stdin.flush()
         assert int(proc.stdout.readline()) == 3 * USED
@@ -384,7 +399,7 @@ def test_a_local_run_asks_the_hosts_nvml_what_the_lease_does_not_answer(nvml_dir
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(host / "libnvidia-ml.so.1"), str(source)], check=True)
     env = view_env(nvml_dir, tmp_path)
     view = Path(env["GPUPOOL_NVML_VIEW"])
-    _nvml_view.write(view, _nvml_view.render(LEASE, [4242], real_nvml=host / "libnvidia-ml.so.1"))
+    _nvml_view.write(view, render(LEASE, [4242], real_nvml=host / "libnvidia-ml.so.1"))
     out = run([sys.executable, "-c", LOCAL_QUERIES], env)
     assert out.returncode == 0, out.stderr
     got = lines(out.stdout)

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from pool_harness import ROOT, ServerProc, api, client_env, gpuattach, gpuattach_cmd, wait_for
+from pool_harness import ROOT, ServerProc, api, client_env, env_for, gpuattach, gpuattach_cmd, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 PY = sys.executable
@@ -23,14 +23,6 @@ def pool(tmp_path_factory):
     yield a, b
     a.stop()
     b.stop()
-
-
-def env_for(tmp_path, servers, client):
-    # one client name on every server: each server has its own token store, so each gets the same token
-    token = servers[0].token(client)
-    for s in servers[1:]:
-        s.token(client, token=token)
-    return client_env(tmp_path, [s.url for s in servers], token), token
 
 
 def active(server, token):
@@ -391,3 +383,45 @@ def test_ctrl_c_at_a_terminal_stops_the_command_and_releases(pool, tmp_path):
     assert os.waitstatus_to_exitcode(status) == 5, output
     assert output.count(b"interrupted once") == 1
     assert active(a, token) == []
+
+
+def test_the_heartbeat_loop_reports_a_lease_that_ended_once_and_stops(pool):
+    """The one heartbeat loop (``server.client.Heartbeater``, run by ``gpuattach run`` and the session
+    keeper): a lease released under it is reported once with its final state and reason, and the loop
+    ends."""
+    from server.client import Heartbeater, LeaseRequest, PoolClient
+    from server.client_config import ClientConfig, ServerRef
+
+    a, _ = pool
+    server = ServerRef(a.url, a.token("beats"))
+    client = PoolClient(ClientConfig(servers=[server], token=server.token))
+    _, lease = client.acquire(LeaseRequest(n=1, fraction=0.25), timeout_s=5)
+    client.release(server, lease.id)
+    ends: list[tuple[str, str]] = []
+    beats = Heartbeater(
+        client, server, lease.id, 0.05, on_end=lambda *end: ends.append(end), give_up_after_s=5
+    )
+    assert beats.run() == "ended"
+    assert len(ends) == 1 and ends[0][0] == "released" and "released by" in ends[0][1], ends
+
+
+def test_the_heartbeat_loop_gives_up_on_a_server_that_stays_away(tmp_path):
+    """With ``give_up_after_s`` (the keeper: three TTLs), a server that never answers ends the loop as
+    "gave up" after warning once, not once per beat."""
+    import socket
+
+    from server.client import Heartbeater, PoolClient
+    from server.client_config import ClientConfig, ServerRef
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ServerRef(f"http://127.0.0.1:{port}", "gp_token")
+    client = PoolClient(ClientConfig(servers=[server], token=server.token))
+    troubles = []
+    beats = Heartbeater(client, server, "lease-x", 0.02, on_end=lambda *_: None, on_trouble=troubles.append,
+                        give_up_after_s=0.3)  # fmt: skip
+    started = time.monotonic()
+    assert beats.run() == "gave up"
+    assert 0.3 <= time.monotonic() - started < 5
+    assert len(troubles) == 1 and troubles[0].unreachable

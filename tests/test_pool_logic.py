@@ -138,7 +138,7 @@ def test_config_mistakes_are_named(tmp_path, text, words):
     path.write_text(text)
     with pytest.raises(BadRequest) as err:
         load_config(path)
-    assert words in err.value.message
+    assert words in err.value.title
 
 
 def test_a_lease_answer_carries_what_the_lease_itself_uses_of_each_gpu(tmp_path):
@@ -174,3 +174,18 @@ def test_a_lease_answer_carries_what_the_lease_itself_uses_of_each_gpu(tmp_path)
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_server_owns_only_the_gpus_its_cuda_visible_devices_names_as_cuda_would():
+    """Two gpupool-servers on one host can split its GPUs: CUDA_VISIBLE_DEVICES by index or by UUID
+    (or a UUID's unique start), in the order named; the list ends at the first entry that names none."""
+    from server._inventory import visible
+
+    gpus = [Gpu(i, f"GPU-{i}a{i}", "H100", 80 * GIB, "9.0", "550", "12.4") for i in range(4)]
+    assert visible(gpus, None) == gpus
+    assert [g.index for g in visible(gpus, "1")] == [1]
+    assert [g.index for g in visible(gpus, "3,GPU-0a0")] == [3, 0]
+    assert [g.index for g in visible(gpus, "GPU-2")] == [2]
+    assert [g.index for g in visible(gpus, "2,7,1")] == [2]  # 7 names no GPU: the list ends there
+    assert [g.index for g in visible(gpus, "GPU-")] == []  # names every GPU: none
+    assert visible(gpus, "") == []

@@ -97,6 +97,20 @@ def test_partitions_of_one_lease_sit_on_separate_gpus(tmp_path):
         srv.stop()
 
 
+def test_a_lease_answer_says_how_much_memory_it_holds_in_all(pool):
+    """A lease's answer carries ``mem_bytes_total``, the sum of its partitions' memory, on every route that
+    answers with a lease (grant, read, heartbeat, release)."""
+    a, _ = pool
+    tok = a.token("memsum")
+    status, lease = api(a.url, "POST", "/v1/leases", tok, lease_req(2, 0.25))
+    assert status == 201, lease
+    held = sum(p["mem_bytes"] for p in lease["partitions"])
+    assert held > 0 and lease["mem_bytes_total"] == held
+    for method, path in (("GET", ""), ("POST", "/heartbeat"), ("DELETE", "")):
+        status, again = api(a.url, method, f"/v1/leases/{lease['id']}{path}", tok)
+        assert status == 200 and again["mem_bytes_total"] == held, again
+
+
 def test_limits_count_fractions_and_name_usage_and_limit(pool):
     a, _ = pool
     admin, tok = a.token("root-limits", admin=True), a.token("carol")

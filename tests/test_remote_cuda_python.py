@@ -164,3 +164,41 @@ def test_ptx_kernels_are_known_to_the_host_executor_with_their_parameter_layout(
     { ret; }
     .entry empty() { ret; }"""
     assert ptx_layouts(ptx) == {"k": [(0, 8), (8, 4), (16, 24), (40, 1)], "empty": []}
+
+
+VMM_SHARE_LINES = [
+    "  child on device 1 sees the parent's bytes True",
+    "after-map child exit 0",
+    "after-map parent sees the child's write True",
+    "import-first child exit 0",
+    "import-first parent sees the child's write True",
+]
+
+
+def test_the_gpu_machines_vmm_sharing_program_runs_here_on_a_two_device_lease(shim_dir, tmp_path):
+    """tests/gpu/multi/prog_vmm_share.py itself (NCCL's cuMem transport by hand, cuda.bindings): memory
+    exported as a descriptor by a process on device 0 is imported, mapped and written by one on device
+    1, exported after mapping and imported before the exporter maps it."""
+    handle = start_worker("two", [WorkerDevice(i, "", 64 * MiB) for i in range(2)], bind_host="127.0.0.1", env={},
+                          executor="host")  # fmt: skip
+    try:
+        proc = _vmm_share(client_env(shim_dir, handle), tmp_path)
+    finally:
+        handle.stop()
+    assert proc.stdout.splitlines() == VMM_SHARE_LINES, proc.stdout + proc.stderr
+
+
+def test_the_cuda_executor_shares_virtual_memory_between_processes(shim_dir, cuda_executor_worker, tmp_path):
+    """The same program against the CUDA executor (virtualize/_cuda.py through real cuda.bindings): the
+    worker gives the importer its reference by retaining a mapping, or, before any mapping, by
+    exporting and importing a descriptor inside the worker."""
+    proc = _vmm_share(client_env(shim_dir, cuda_executor_worker), tmp_path)
+    assert proc.stdout.splitlines() == VMM_SHARE_LINES, proc.stdout + proc.stderr
+
+
+def _vmm_share(env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    program = Path(__file__).parent / "gpu" / "multi" / "prog_vmm_share.py"
+    proc = subprocess.run([sys.executable, str(program)], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc

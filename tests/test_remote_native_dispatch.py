@@ -231,6 +231,16 @@ def test_small_copies_within_the_leases_memory_run_in_c_and_the_rest_goes_to_pyt
     assert loop.serve(freed) == freed[: _wire.REQUEST.size] and loop.executor.ran == []
 
 
+def test_a_loop_built_from_another_call_table_is_not_used(monkeypatch, caplog):
+    """Its generated call ids and rules would be another table's: the worker serves every call in Python
+    and says to rebuild."""
+    monkeypatch.setattr(_native_dispatch, "_library", None)
+    monkeypatch.setattr(_native_dispatch, "WIRE_VERSION", _native_dispatch.WIRE_VERSION ^ 1)
+    with caplog.at_level("WARNING", logger="gpupool.worker"):
+        assert _native_dispatch.for_worker(LeaseState([1 << 30]), Recorder()) is None
+    assert "build_ext" in caplog.text
+
+
 def test_a_synchronise_after_kernel_output_sends_the_output_first(loop):
     read, write = os.pipe()
     sent = []

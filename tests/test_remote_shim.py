@@ -212,6 +212,9 @@ def test_a_two_gpu_lease_shows_two_devices_each_with_its_partition(shim_dir):
         "bad_device": "101",  # CUDA_ERROR_INVALID_DEVICE
         "p2p_access_supported": "0 1",
         "p2p_with_itself": "101",
+        "p2p_atomics": "0 27 27 27",  # the host executor's masks, one per operation
+        "p2p_atomics_with_itself": "101",  # CUDA_ERROR_INVALID_DEVICE, as the driver answers
+        "p2p_atomics_none": "1",  # CUDA_ERROR_INVALID_VALUE
         "enable_peer": "0",
         "enable_again": "704",  # CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
         "disable_peer": "0",
@@ -875,3 +878,75 @@ def test_copies_to_page_locked_memory_return_at_once_and_land_before_anything_sh
     assert out["bad_source"] == out["past_the_end"] == "1"  # CUDA_ERROR_INVALID_VALUE, from the call
     assert out["bad_stream"] == "0" and out["bad_stream_sync"] == "400" and out["after"] == "0"
     assert "gpupool:" not in err
+
+
+def test_processes_of_one_lease_share_virtual_memory_through_descriptors_as_nccl_does_and_other_leases_cannot(
+    shim_dir, worker
+):
+    """NCCL's cuMem transport between two ranks of one lease: memory exported as a POSIX descriptor and
+    passed over a Unix socket is imported, mapped and written by the other process; the exporter sees the
+    write and the partition counts the memory once; the importer keeps using and then releases its
+    reference after the exporter has released its own. A process of another lease given the same
+    descriptor is refused, as are a descriptor that names nothing and memory not created to be shared.
+    The device offers POSIX descriptors and no fabric handles or multicast, which are not forwarded."""
+    socket_name = f"gpupool-test-vmm-{os.getpid()}"
+    env = client_env(shim_dir, worker, VMM_SOCKET=socket_name)
+    exporter = subprocess.Popen([sys.executable, str(CLIENT), "vmm_share_export"], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    importer = None
+    try:
+        first = [exporter.stdout.readline().split() for _ in range(4)]
+        assert first == [
+            ["export_unshareable", "1"],
+            ["export_fabric", "801"],
+            ["sharing_attributes", "1,0,0,1"],  # the GPU's fabric handles and multicast are not offered
+            ["ready", "1"],
+        ]
+        importer = subprocess.Popen([sys.executable, str(CLIENT), "vmm_share_import"], env={**env, "VMM_WAIT": "1"},
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        got = {}
+        while "waiting" not in got and (line := importer.stdout.readline()):
+            got.update([line.split(" ", 1)])
+        assert got == {"import": "0\n", "properties": "0 1 0\n", "sees_export": "True\n", "waiting": "1\n"}
+        exporter.stdin.write("\n")  # the exporter reads the importer's write, unmaps and releases
+        exporter.stdin.flush()
+        rest = dict(exporter.stdout.readline().split() for _ in range(3))
+        assert rest == {"after_import": "cdcdcdcd", "used_mib": "4", "release": "0"}
+        assert exporter.wait(30) == 0
+        out, _ = importer.communicate("\n", timeout=60)
+        assert importer.returncode == 0, out
+        assert parse(out) == {
+            "sees_after_exporter_left": "True",  # the importer's mapping keeps the memory
+            "import_again": "0 0",  # and its reference keeps the descriptor good: imported and released again
+            "used_mib_after_exporter_left": "4",  # counted once while any process of the lease holds it ...
+            "used_mib_at_end": "0",  # ... and no longer once none does
+            "release_while_mapped": "0",  # its own reference, still the lease's after the exporter's went
+            "after_release": "cdcdcdcd",
+            "import_other_fd": "1",  # CUDA_ERROR_INVALID_VALUE
+        }
+        other = start_worker("other-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1", env={},
+                             executor="host")  # fmt: skip
+        try:
+            # Its worker holds memory under the very handle value the descriptor names: the refusal is the
+            # lease's rule (only what a process of the lease exported), not an unknown handle.
+            exporter2 = subprocess.Popen([sys.executable, str(CLIENT), "vmm_share_export"],
+                                         env=client_env(shim_dir, worker, VMM_SOCKET=socket_name + "-2"),
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+            try:
+                assert [exporter2.stdout.readline().split()[0] for _ in range(4)][-1] == "ready"
+                other_env = client_env(shim_dir, other, VMM_SOCKET=socket_name + "-2", VMM_OWN_FIRST="1")
+                out2, _ = run_client("vmm_share_import", other_env)
+                assert out2 == {
+                    "own_handle_is_the_exported_value": "True",
+                    "import": "1",
+                }  # CUDA_ERROR_INVALID_VALUE
+            finally:
+                exporter2.kill()
+                exporter2.wait(10)
+        finally:
+            other.stop()
+    finally:
+        for proc in (exporter, importer):
+            if proc is not None:
+                proc.kill()
+                proc.wait(10)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from collector.durations import format_duration
+
 MISSING = "–"  # a metric the GPU or server does not report: never shown as 0
 SPARK_LEVELS = "▁▂▃▄▅▆▇█"
 
@@ -42,17 +44,8 @@ def celsius(value: float | None) -> str:
 
 
 def duration(seconds: float | None) -> str:
-    """A short human duration: ``45s``, ``12m05s``, ``3h20m``, ``2d04h``."""
-    if seconds is None:
-        return MISSING
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+    """A short human duration: ``45s``, ``12m05s``, ``3h20m``, ``2d04h`` (``collector.durations``)."""
+    return MISSING if seconds is None else format_duration(seconds, "clock")
 
 
 def sparkline(values: Sequence[float | None], *, low: float = 0.0, high: float = 1.0) -> str:

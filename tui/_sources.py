@@ -131,7 +131,7 @@ def _records(items: Any, key: str) -> list[dict[str, Any]]:
 
 def _short(exc: PoolClientError, url: str) -> str:
     # The server's row already names its URL and says it is retried: the note says what went wrong.
-    text = exc.title if exc.unreachable else str(exc)
+    text = exc.title if exc.unreachable or not exc.hint else f"{exc.title} ({exc.hint})"
     return text.replace(f" on {url}", "").replace(f"{url} ", "")
 
 

@@ -12,7 +12,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collector.durations import parse_duration
+from collector import durations
+from collector.errors import GpupoolError, report_error
 
 TOKEN_ENV = "GPUPOOL_ADMIN_TOKEN"
 RANGE_CHOICES = ("1h", "6h", "24h", "7d", "30d", "all")
@@ -32,13 +33,10 @@ Make one on a GPU host (and import it on the others: docs/console.md, "Starting 
 """
 
 
-class UsageError(Exception):
-    """Bad options: one line on stderr, exit status 2."""
+class UsageError(GpupoolError):
+    """The console's errors (its package's root): bad options, one line on stderr, exit status 2."""
 
-    def __init__(self, title: str, hint: str = ""):
-        super().__init__(title)
-        self.title = title
-        self.hint = hint
+    exit_code = 2
 
 
 @dataclass
@@ -53,16 +51,6 @@ class ConsoleOptions:
     ca_cert: Path | None = None
     history_range: str = "24h"
     view: str | None = None
-
-
-def _duration_arg(text: str) -> float:
-    try:
-        seconds = parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than zero: {text!r}")
-    return seconds
 
 
 class _Parser(argparse.ArgumentParser):
@@ -123,21 +111,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--refresh",
         metavar="DURATION",
-        type=_duration_arg,
+        type=durations.argument(),
         default=2.0,
         help="how often to refresh: 500ms, 2s, 1m (default: 2s)",
     )
     p.add_argument(
         "--window",
         metavar="DURATION",
-        type=_duration_arg,
+        type=durations.argument(),
         default=600.0,
         help="how far back the Fleet sparklines reach (default: 10m)",
     )
     p.add_argument(
         "--timeout",
         metavar="DURATION",
-        type=_duration_arg,
+        type=durations.argument(),
         default=3.0,
         help="per-request timeout for pool servers (default: 3s)",
     )
@@ -277,9 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"gpupool-console cannot start: {exc}", "install the console: pip install 'gpupool[tui]'"
             ) from None
     except UsageError as exc:
-        hint = f" ({exc.hint})" if exc.hint else ""
-        print(f"gpupool-console: {exc.title}{hint}", file=sys.stderr)
-        return 2
+        return report_error("gpupool-console", exc)
     app.run()
     return app.return_code or 0
 

@@ -220,6 +220,10 @@ CALLS: tuple[Call, ...] = (
        how="the lease's device whose cuDeviceGetPCIBusId names the same bus, device and function"),
     _c("cuDeviceGetTexture1DLinearMaxWidth", 11010, "o_u64 width, i32 format, u32 channels, i32 dev", memo="constant"),
     _c("cuDeviceGetP2PAttribute", 8000, "o_i32 value, i32 attrib, i32 src, i32 dst", memo="constant"),
+    # Which atomic operations one of the lease's GPUs can make on another's memory: the operations go in the
+    # request's bulk, a capability mask per operation comes back in the reply's.
+    _c("cuDeviceGetP2PAtomicCapabilities", 13000, "ptr capabilities, ptr operations, u32 count, i32 src, i32 dst",
+       custom=True, wire="u32 count, i32 src, i32 dst, bytes operations"),
     _c("cuDeviceGetMemPool", 11020, "o_pool pool, i32 dev"),
     _c("cuDeviceGetDefaultMemPool", 11020, "o_pool pool, i32 dev"),
     # -- contexts: primary contexts on the worker, the per-thread current context in the client -------
@@ -338,6 +342,13 @@ CALLS: tuple[Call, ...] = (
     _c("cuMemRetainAllocationHandle", 11000, "o_vmem handle, dptr addr"),
     _c("cuMemGetAllocationPropertiesFromHandle", 10020, "ptr prop, vmem handle", custom=True,
        wire="vmem handle"),  # the CUmemAllocationProp it was created with, in the reply's bulk
+    # Memory shared between the processes of one lease, as NCCL's cuMem transport shares its buffers: the
+    # exported descriptor is a memfd naming the worker's handle; importing it in another process of the same
+    # lease gives that process a reference of its own (the worker checks the handle was exported in the lease).
+    _c("cuMemExportToShareableHandle", 10020, "ptr shareable, vmem handle, i32 type, u64 flags", custom=True,
+       wire="vmem handle, i32 type"),
+    _c("cuMemImportFromShareableHandle", 10020, "o_vmem handle, ptr os_handle, i32 type", custom=True,
+       wire="o_vmem handle, u64 exported"),
     _c("cuMemGetAccess", 10020, "o_u64 flags, ptr location, dptr ptr", custom=True,
        wire="o_u64 flags, i32 location_type, i32 location_id, dptr ptr"),
     _c("cuMemGetAllocationGranularity", 10020, "o_u64 granularity, ptr prop, i32 option", custom=True,

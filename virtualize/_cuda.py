@@ -12,6 +12,7 @@ import ctypes
 import itertools
 import logging
 import mmap
+import os
 import threading
 from collections.abc import Callable
 
@@ -763,6 +764,18 @@ class CudaExecutor(Executor):
     def cuMemRelease(self, handle):
         _ok(driver.cuMemRelease(driver.CUmemGenericAllocationHandle(handle)))
 
+    def cuMemImportFromShareableHandle(self, handle):
+        """Another reference to memory of the lease, for another of its processes: exported as a POSIX
+        descriptor and imported back in this process, as the driver shares memory between processes."""
+        posix = driver.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        fd = _int(
+            _ok(driver.cuMemExportToShareableHandle(driver.CUmemGenericAllocationHandle(handle), posix, 0))
+        )
+        try:
+            return _int(_ok(driver.cuMemImportFromShareableHandle(fd, posix)))
+        finally:
+            os.close(fd)
+
     # -- CUDA arrays, textures and surfaces ------------------------------------------------------------
 
     @staticmethod
@@ -914,6 +927,11 @@ class CudaExecutor(Executor):
     def cuDeviceGetP2PAttribute(self, attrib, src, dst):
         kind = _enum(driver.CUdevice_P2PAttribute, attrib)
         return int(_ok(driver.cuDeviceGetP2PAttribute(kind, self._d(src), self._d(dst))))
+
+    def cuDeviceGetP2PAtomicCapabilities(self, operations, src, dst):
+        kinds = [_enum(driver.CUatomicOperation, op) for op in operations]
+        found = _ok(driver.cuDeviceGetP2PAtomicCapabilities(kinds, len(kinds), self._d(src), self._d(dst)))
+        return [int(c) for c in found]
 
     def cuDeviceGetTexture1DLinearMaxWidth(self, format_, channels, dev):
         kind = _enum(driver.CUarray_format, format_)

@@ -18,11 +18,13 @@ import ssl
 import threading
 from pathlib import Path
 
+from virtualize.errors import VirtualizeError
+
 TLS_RECORD_FIRST_BYTE = 0x16  # a TLS handshake record; the plaintext protocol starts with gpHello's id 0
 CERT_FILE, KEY_FILE = "worker.crt", "worker.key"  # in the worker's state directory
 
 
-class TlsUnavailable(RuntimeError):
+class TlsUnavailable(VirtualizeError):
     """The worker cannot offer encryption (the `cryptography` package is missing)."""
 
 

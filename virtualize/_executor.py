@@ -113,6 +113,7 @@ GUARD_CALLS = (
     "cuGraphAddDependencies",  # graphs built node by node
     *("cuArrayCreate", "cuArrayGetDescriptor"),  # as cuArray3DCreate and cuArray3DGetDescriptor
     "cuMemGetAllocationPropertiesFromHandle",  # what the handle was created with
+    "cuMemExportToShareableHandle",  # recorded in the lease: another process of it may import the handle
     "gpCopiesFlush",  # asynchronous copies to the client's page-locked memory (virtualize._deliveries)
     # copies through memory shared with a client on this host (`Executor.copy_in_from`, `copy_out_to`)
     *("gpShmAttach", "gpShmHtoD", "gpShmDtoH"),

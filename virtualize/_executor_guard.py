@@ -16,23 +16,14 @@ import logging
 import secrets
 import struct
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from virtualize import _wire
 from virtualize._address_window import GRANULE, WindowFull, WindowMemory
-from virtualize._arrays import (
-    ARRAY,
-    DEVICE,
-    HOST,
-    RESOURCE_DESC_BYTES,
-    TEXTURE_DESC_BYTES,
-    VIEW_DESC_BYTES,
-    ArrayShape,
-    resource,
-)
-from virtualize._calls import CALLS, HANDLE_TYPES, Call, Mode
+from virtualize._calls import CALL_IDS, CALLS, HANDLE_TYPES, Call, Mode
 from virtualize._deliveries import Deliveries
 from virtualize._executor import (
     HANDSHAKE,
@@ -40,71 +31,47 @@ from virtualize._executor import (
     INVALID_HANDLE,
     INVALID_VALUE,
     OUT_OF_MEMORY,
-    Copy3D,
-    CopySide,
     CudaError,
     Executor,
-    Launch,
     SharedHostMemory,
 )
+from virtualize._guard_arrays import ArrayCalls
+from virtualize._guard_concern import ANSWERED, EMPTY
+from virtualize._guard_contexts import ContextCalls
+from virtualize._guard_copies import CopyCalls
+from virtualize._guard_graphs import GraphCalls
+from virtualize._guard_launches import LaunchCalls
+from virtualize._guard_rules import BUILTIN_STREAMS, RANGES_BY_ID
+from virtualize._guard_tensor_maps import TensorMapCalls
 from virtualize._lanes import Lanes
 from virtualize._migrate import Gate
 from virtualize._results import CUresult
 
 log = logging.getLogger("gpupool.worker")
 
-BUILTIN_STREAMS = frozenset({0, 1, 2})  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
-MEMSET_WIDTH = {"cuMemsetD8": 1, "cuMemsetD16": 2, "cuMemsetD32": 4}
-LAUNCH_ATTRIBUTE_BYTES = 72
 ALLOCATION_PROP_BYTES, ACCESS_DESC_BYTES = 32, 12  # CUmemAllocationProp, CUmemAccessDesc
+POSIX_FILE_DESCRIPTOR = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+P2P_ATOMIC_OPERATIONS_MAX = (
+    64  # operations one cuDeviceGetP2PAtomicCapabilities asks about (the shim's limit too)
+)
 POOL_PROPS_BYTES = 88  # CUmemPoolProps
-TENSOR_MAP_BYTES, TENSOR_RANK_MAX = 128, 5  # CUtensorMap
-# Each tensor-map call's shape arrays in the bulk, in the C order: (count as rank + offset, struct code).
-TENSOR_SHAPE_ARRAYS = {
-    "cuTensorMapEncodeTiled": (
-        (0, "Q"),
-        (-1, "Q"),
-        (0, "I"),
-        (0, "I"),
-    ),  # dims, strides, box, element strides
-    "cuTensorMapEncodeIm2col": (
-        (0, "Q"),
-        (-1, "Q"),
-        (-2, "i"),
-        (-2, "i"),
-        (0, "I"),
-    ),  # + lower, upper corners
-    "cuTensorMapEncodeIm2colWide": ((0, "Q"), (-1, "Q"), (0, "I")),  # dims, strides, element strides
-}
-# Bytes of one element of each CUtensorMapDataType (the packed 4- and 6-bit types: at most one).
-TENSOR_ELEMENT_BYTES = {
-    0: 1,
-    1: 2,
-    2: 4,
-    3: 4,
-    4: 8,
-    5: 8,
-    6: 2,
-    7: 4,
-    8: 8,
-    9: 2,
-    10: 4,
-    11: 4,
-    12: 4,
-    13: 1,
-    14: 1,
-    15: 1,
-}
 # CUstreamAttrID values whose CUstreamAttrValue is plain data, or (the access-policy window) a range the
 # guard checks: access-policy window, synchronization policy, priority, memory sync domain map, domain.
 ACCESS_POLICY_WINDOW, STREAM_ATTRIBUTE_BYTES = 1, 64
 STREAM_ATTRIBUTES = frozenset({ACCESS_POLICY_WINDOW, 3, 8, 9, 10})
-TENSOR_MAPS_KEPT = 65536  # maps a lease encoded, kept with their extent for cuTensorMapReplaceAddress
-MAX_NODE_DEPS = 4096  # dependencies of one graph node (the shim's limit too)
-MAX_CONDITIONAL_BODIES = 64  # body graphs of one conditional node (a switch's cases; the shim's limit too)
 # CUdevice_attribute: PAGEABLE_MEMORY_ACCESS, CONCURRENT_MANAGED_ACCESS, PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
 # DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: 0 remotely (docs/remote.md, managed memory).
 NOT_COHERENT_ATTRIBUTES = frozenset({88, 89, 100, 101})
+# What a device offers that memory shared remotely cannot be (docs/remote.md, "Many GPUs in one run"), so
+# that NCCL and others take the way that works: HANDLE_TYPE_FABRIC_SUPPORTED, MULTICAST_SUPPORTED,
+# LOGICAL_ENDPOINT_MULTICAST_SUPPORTED answer 0, MEMPOOL_SUPPORTED_HANDLE_TYPES only POSIX descriptors.
+ATTRIBUTE_MASKS = {
+    **dict.fromkeys(NOT_COHERENT_ATTRIBUTES, 0),
+    128: 0,
+    132: 0,
+    154: 0,
+    119: POSIX_FILE_DESCRIPTOR,
+}
 # CUpointer_attribute values the guard answers for memory in a window (cuda.h numbering).
 POINTER_CONTEXT, POINTER_DEVICE_ORDINAL, POINTER_LEGACY_IPC = 1, 9, 10
 POINTER_RANGE_START, POINTER_RANGE_SIZE, POINTER_MEMPOOL = 11, 12, 17
@@ -118,18 +85,6 @@ WINDOW_POINTER_ATTRIBUTES = frozenset(
         POINTER_MEMPOOL,
     }
 )
-
-
-def tensor_extent(dtype: int, dims: list[int], strides: list[int]) -> int:
-    """Bytes from a tensor's address to the end of its last element: a row of dims[0] elements, and
-    dims[i] steps of strides[i-1] bytes along each other dimension."""
-    if dtype not in TENSOR_ELEMENT_BYTES:
-        raise CudaError(INVALID_VALUE, f"tensor data type {dtype}")
-    if not all(dims):
-        raise CudaError(INVALID_VALUE, "a tensor dimension of 0")
-    return dims[0] * TENSOR_ELEMENT_BYTES[dtype] + sum(
-        (d - 1) * s for d, s in zip(dims[1:], strides, strict=True)
-    )
 
 
 @dataclass
@@ -157,6 +112,19 @@ class LeaseState:
     layouts: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     callback_tokens: dict[int, Session] = field(default_factory=dict)  # token -> connection to call back for
     tensor_maps: dict[bytes, int] = field(default_factory=dict)  # encoded map -> its tensor's extent
+    # Memory of the virtual memory API a process exported (cuMemExportToShareableHandle) -> (size, device,
+    # CUmemAllocationProp): what another process of this lease may import; nothing of another lease is here.
+    vm_exported: dict[int, tuple[int, int, bytes]] = field(default_factory=dict)
+    # The processes holding each such handle (the driver gives every process of the lease the same value
+    # for one memory: they share the worker) and the addresses where the lease's processes map it.
+    vm_holders: Counter = field(default_factory=Counter)
+    # The memory a handle names (its first handle: an import inside the worker may give it another value),
+    # how many references the lease's processes hold to it, and what it counts against the partition,
+    # (size, device), from its first holder to its last.
+    vm_memory_of: dict[int, int] = field(default_factory=dict)
+    vm_memory_holders: Counter = field(default_factory=Counter)
+    vm_charged: dict[int, tuple[int, int]] = field(default_factory=dict)
+    vm_mapped_at: dict[int, set[int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     native: Any = None  # the worker's native hot path (a virtualize._native_dispatch.NativeLease), if any
     # Holds the lease's calls while it migrates (virtualize._migrate).
@@ -196,6 +164,45 @@ class LeaseState:
             if a.owned:
                 self.used[a.device] -= a.size
         return a
+
+    def vm_hold(self, handle: int, size: int, device: int, *, charged: bool = False, memory: int = 0) -> None:
+        """A process of the lease holds `handle` now (created, retained or imported; `memory`: the handle
+        it was imported from). The memory counts against the partition once, however many processes and
+        handle values hold it (`charged`: already counted)."""
+        with self.lock:
+            key = self.vm_memory_of.setdefault(handle, self.vm_memory_of.get(memory, memory) or handle)
+            self.vm_holders[handle] += 1
+            self.vm_memory_holders[key] += 1
+            self.handles["vmem"].add(handle)
+            if key not in self.vm_charged:
+                self.vm_charged[key] = (size, device)
+                if not charged:
+                    self.used[device] += size
+            elif charged:
+                self.used[device] -= size
+
+    def vm_drop(self, handle: int) -> None:
+        """A process let go of `handle`; the lease forgets a handle value (and its export) when none
+        holds it, and stops counting the memory when no value of it is held."""
+        with self.lock:
+            key = self.vm_memory_of[handle]
+            self.vm_holders[handle] -= 1
+            if self.vm_holders[handle] <= 0:
+                del self.vm_holders[handle], self.vm_memory_of[handle]
+                self.handles["vmem"].discard(handle)
+                self.vm_exported.pop(handle, None)
+            self.vm_memory_holders[key] -= 1
+            if self.vm_memory_holders[key] <= 0:
+                del self.vm_memory_holders[key]
+                size, device = self.vm_charged.pop(key)
+                self.used[device] -= size
+
+    def vm_mapping(self, handle: int, ptr: int, mapped: bool) -> None:
+        with self.lock:
+            at = self.vm_mapped_at.setdefault(handle, set())
+            (at.add if mapped else at.discard)(ptr)
+            if not at:
+                del self.vm_mapped_at[handle]
 
     def reserve(self, device: int, size: int) -> None:
         """Refuse an allocation that would take the lease past its partition of `device`."""
@@ -258,7 +265,7 @@ class Session:
         self.pending = 0
         self.calls = 0
         self.owned: set[int] = set()  # allocations made on this connection, freed when it closes
-        self.created_contexts: set[int] = set()  # cuCtxCreate's on this connection, destroyed when it closes
+        self.context_calls = ContextCalls(self)  # the current context, contexts this connection creates
         self.window = WindowMemory(executor, lease.limits)  # this client process's device addresses
         self.spoiled_captures: set[int] = set()  # streams whose capture met a copy it cannot hold
         self.callbacks: HostCallbacks | None = None  # this process's callback connection, once attached
@@ -272,51 +279,14 @@ class Session:
         self.vm_references: dict[int, int] = {}  # handle -> references beyond the first (retains)
         self.vm_props: dict[int, bytes] = {}  # handle -> the CUmemAllocationProp it was created with
         self.vm_mapping_of: dict[int, tuple[int, int, int]] = {}  # mapped address -> (handle, size, device)
-        self.arrays: dict[
-            int, tuple[str, int, int, int]
-        ] = {}  # array or mipmap -> (kind, bytes, device, ctx)
+        self.array_calls = ArrayCalls(self)  # arrays, 3D copies, textures, surfaces
+        self.graph_calls = GraphCalls(self)  # graphs built node by node, and from stream captures
         self.shared: SharedHostMemory | None = None  # memory the client maps too (gpShmAttach)
         self.shared_error = 0  # the first error of the pieces of a copy through it, for its answer
         self.lanes: Lanes | None = None  # this process's extra connections' copies, once one attached
         self.lane_of: Session | None = None  # set on a lane: the connection whose copies it carries
         self.special: dict[str, Callable] = {
-            "gpSetContext": self._set_context,
-            "gpParamLayout": self._param_layout,
-            "gpLinkImage": self._link_image,
-            "cuStreamEndCapture": self._end_capture,
             "cuDeviceGetAttribute": self._device_attribute,
-            "cuGraphAddKernelNode_v2": self._graph_kernel_node,
-            "cuGraphExecKernelNodeSetParams_v2": self._graph_kernel_node,
-            "cuGraphAddMemsetNode": self._graph_memset_node,
-            "cuGraphAddEmptyNode": self._graph_empty_node,
-            "cuGraphAddDependencies": self._graph_dependencies,
-            "cuGraphAddDependencies_v2": self._graph_dependencies,
-            "cuGraphAddChildGraphNode": self._graph_child_node,
-            "cuGraphAddEventRecordNode": self._graph_event_node,
-            "cuGraphAddEventWaitNode": self._graph_event_node,
-            "cuGraphAddHostNode": self._graph_host_node,
-            "cuGraphAddMemcpyNode": self._graph_memcpy_node,
-            "cuGraphExecMemsetNodeSetParams": self._graph_memset_node,
-            "cuGraphExecMemcpyNodeSetParams": self._graph_memcpy_node,
-            "cuGraphGetNodes": self._graph_nodes,
-            "cuGraphGetRootNodes": self._graph_node_list,
-            "cuGraphNodeGetDependencies": self._graph_node_list,
-            "cuGraphNodeGetDependencies_v2": self._graph_node_list,
-            "cuGraphNodeGetDependentNodes": self._graph_node_list,
-            "cuGraphNodeGetDependentNodes_v2": self._graph_node_list,
-            "cuGraphGetEdges": self._graph_edges,
-            "cuGraphGetEdges_v2": self._graph_edges,
-            "gpGraphAddConditionalNode": self._graph_conditional_node,
-            "cuGraphExecUpdate_v2": self._graph_exec_update,
-            "cuStreamGetCaptureInfo_v2": self._capture_info,
-            "cuStreamGetCaptureInfo_v3": self._capture_info,
-            "cuStreamBeginCaptureToGraph": self._capture_to_graph,
-            "cuStreamUpdateCaptureDependencies": self._capture_dependencies,
-            "cuStreamUpdateCaptureDependencies_v2": self._capture_dependencies,
-            "cuTensorMapEncodeTiled": self._tensor_map,
-            "cuTensorMapEncodeIm2col": self._tensor_map,
-            "cuTensorMapEncodeIm2colWide": self._tensor_map,
-            "cuTensorMapReplaceAddress": self._tensor_map_address,
             "cuMemPoolCreate": self._pool_create,
             "gpCallbackToken": self._callback_token,
             "gpCallbackAttach": self._callback_attach,
@@ -333,15 +303,9 @@ class Session:
             "cuMemRetainAllocationHandle": self._vm_retain,
             "cuMemGetAllocationPropertiesFromHandle": self._vm_properties,
             "cuMemGetAccess": self._vm_access,
-            "cuArrayCreate_v2": self._array_create,
-            "cuArray3DCreate_v2": self._array_create,
-            "cuMipmappedArrayCreate": self._array_create,
-            "cuArrayDestroy": self._array_destroy,
-            "cuMipmappedArrayDestroy": self._array_destroy,
-            "cuArrayGetDescriptor_v2": self._array_descriptor,
-            "cuArray3DGetDescriptor_v2": self._array_descriptor,
-            "cuMipmappedArrayGetLevel": self._mipmap_level,
-            "gpMemcpy3D": self._copy_3d,
+            "cuMemExportToShareableHandle": self._vm_export,
+            "cuDeviceGetP2PAtomicCapabilities": self._p2p_atomics,
+            "cuMemImportFromShareableHandle": self._vm_import,
             "cuStreamGetAttribute": self._stream_attribute,
             **dict.fromkeys(
                 (
@@ -353,61 +317,28 @@ class Session:
                 self._stream_value,
             ),
             "cuStreamSetAttribute": self._stream_attribute,
-            "cuTexObjectCreate": self._texture_object,
-            "cuSurfObjectCreate": self._surface_object,
-            **dict.fromkeys(
-                (
-                    "cuTexObjectGetResourceDesc",
-                    "cuTexObjectGetTextureDesc",
-                    "cuTexObjectGetResourceViewDesc",
-                    "cuSurfObjectGetResourceDesc",
-                ),
-                self._object_descriptor,
-            ),
             "cuModuleEnumerateFunctions": self._enumerate,
             "cuLibraryEnumerateKernels": self._enumerate,
             "gpWindowOffer": self._window_offer,
             "gpWindowAccept": self._window_accept,
             "cuMemGetAddressRange_v2": self._address_range,
             "cuPointerGetAttribute": self._pointer_attribute,
-            "cuDevicePrimaryCtxRetain": self._primary_ctx_retain,
             "cuDeviceTotalMem_v2": self._total_mem,
             "cuMemGetInfo_v2": self._mem_get_info,
-            "cuCtxSynchronize_v2": self._ctx_synchronize_v2,
-            "cuStreamGetCtx_v2": self._stream_get_ctx_v2,
             "cuMemAlloc_v2": self._alloc,
-            "cuCtxCreate_v2": self._ctx_create,
-            "cuCtxDestroy_v2": self._ctx_destroy,
             "cuMemAllocAsync": self._alloc,
             "cuMemAllocFromPoolAsync": self._alloc,
             "cuMemFree_v2": self._free,
             "cuMemFreeAsync": self._free,
-            "cuMemcpyHtoD_v2": self._htod,
-            "cuMemcpyHtoDAsync_v2": self._htod,
-            "cuMemcpyDtoH_v2": self._dtoh,
-            "cuMemcpyDtoHAsync_v2": self._dtoh,
-            "gpMemcpyDtoHAsync": self._dtoh_async,
-            "gpCopiesFlush": self._copies_flush,
-            "gpShmAttach": self._shm_attach,
-            "gpShmHtoD": self._shm_htod,
-            "gpShmDtoH": self._shm_dtoh,
-            "gpLaneAttach": self._lane_attach,
-            "gpLaneCopy": self._lane_copy,
-            "gpLanePiece": self._lane_piece,
-            "cuMemcpyDtoD_v2": self._dtod,
-            "cuMemcpyDtoDAsync_v2": self._dtod,
-            "cuMemcpyPeer": self._peer,
-            "cuMemcpyPeerAsync": self._peer,
             "cuModuleGetGlobal_v2": self._get_global,
             "cuLibraryGetGlobal": self._get_global,
-            "cuLaunchKernelEx": self._launch,
-            "cuOccupancyMaxActiveClusters": self._cluster_occupancy,
-            "cuOccupancyMaxPotentialClusterSize": self._cluster_occupancy,
+            **self.array_calls.handlers(),
+            **self.graph_calls.handlers(),
+            **TensorMapCalls(self).handlers(),
+            **CopyCalls(self).handlers(),
+            **LaunchCalls(self).handlers(),
+            **self.context_calls.handlers(),
         }
-        for name in ("cuMemsetD8_v2", "cuMemsetD16_v2", "cuMemsetD32_v2"):
-            self.special[name] = self._memset
-        for name in ("cuMemsetD8Async", "cuMemsetD16Async", "cuMemsetD32Async"):
-            self.special[name] = self._memset
         # One handler per call id, looked up by index on every request. None: not the client's to send
         # (the handshake is the worker's own; LOCAL calls never leave the client).
         self.handlers: list[Callable | None] = [
@@ -446,7 +377,7 @@ class Session:
             answer, result = None, CUresult.UNKNOWN
         if self.channel.bulk_left:
             self.channel.skip(self.channel.bulk_left)
-        if answer is _ANSWERED:
+        if answer is ANSWERED:
             return
         if call.sync_point and self.pending:  # the earlier asynchronous error comes first
             result, self.pending = self.pending, 0
@@ -493,12 +424,7 @@ class Session:
                 lanes.lane_lost()  # copies waiting for pieces fail rather than wait
         with self.lease.lock:
             self.lease.callback_tokens.pop(self.callback_token, None)
-        for ctx in list(self.created_contexts):  # their memory goes with them
-            try:
-                self.executor.set_context(0)
-                self._destroy_context(ctx)
-            except CudaError as exc:
-                log.warning("could not destroy context 0x%x after the client left: %s", ctx, exc)
+        self.context_calls.close()  # the contexts it created, and their memory
         contexts = self.lease.primary_ctx
         left = [a for a in map(self.lease.allocations.get, self.owned) if a is not None]
         for a in left:
@@ -516,7 +442,7 @@ class Session:
                 log.warning("could not free 0x%x after the client left: %s", a.base, exc)
             self.lease.remove(a.base)
         self._vm_close()
-        self._arrays_close()
+        self.array_calls.close()
         if self.shared is not None:
             try:
                 self.executor.release_shared_host_memory(self.shared)
@@ -556,6 +482,12 @@ class Session:
             elif value not in handles[t]:
                 raise CudaError(INVALID_HANDLE, t)
 
+    def _check_ranges(self, call: Call, ins: tuple) -> None:
+        """The call's handles (`_check`), then the device bytes it names (_guard_rules.DEVICE_RANGES)."""
+        self._check(call, ins)
+        for ptr, length in RANGES_BY_ID[CALL_IDS[call]]:
+            self._check_range(ins[ptr], ins[length])
+
     def _check_range(self, ptr: int, count: int) -> Allocation:
         a = self.lease.find(ptr)
         if a is None or count > a.base + a.size - ptr:
@@ -582,7 +514,7 @@ class Session:
         if not outs:
             if call.name in _DESTROYS:
                 self._note_created(call, ins, ())
-            return _EMPTY
+            return EMPTY
         values = result if len(outs) > 1 else (result,)
         self._note_created(call, ins, values)
         fixed = [v for p, v in zip(outs, values, strict=True) if p.struct_code]
@@ -616,22 +548,6 @@ class Session:
 
     # -- calls that need the lease's state -----------------------------------------------------------
 
-    def _set_context(self, call: Call, ins: tuple):
-        (ctx,) = ins
-        self._check(call, ins)
-        self.executor.set_context(ctx)
-        self.ctx = ctx
-
-    def _primary_ctx_retain(self, call: Call, ins: tuple):
-        (dev,) = ins
-        if not 0 <= dev < len(self.lease.limits):
-            raise CudaError(CUresult.INVALID_DEVICE, "device ordinal")
-        ctx = self.executor.cuDevicePrimaryCtxRetain(dev)
-        self.lease.handles["ctx"].add(ctx)
-        self.lease.ctx_device[ctx] = dev
-        self.lease.primary_ctx[dev] = ctx
-        return struct.pack("<Q", ctx), b""
-
     def _total_mem(self, call: Call, ins: tuple):
         (dev,) = ins
         if not 0 <= dev < len(self.lease.limits):
@@ -644,22 +560,6 @@ class Session:
         free, total = self.executor.cuMemGetInfo()
         limit = min(total, self.lease.limits[dev])
         return struct.pack("<QQ", max(0, min(free, limit - self.lease.used[dev])), limit), b""
-
-    def _ctx_synchronize_v2(self, call: Call, ins: tuple):
-        (ctx,) = ins
-        self._check(call, ins)
-        if ctx and ctx != self.ctx:
-            self.executor.set_context(ctx)
-            try:
-                self.executor.cuCtxSynchronize()
-            finally:
-                self.executor.set_context(self.ctx)
-        else:
-            self.executor.cuCtxSynchronize()
-
-    def _stream_get_ctx_v2(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        return struct.pack("<QQ", self.executor.cuStreamGetCtx(ins[0]), 0), b""
 
     def _alloc(self, call: Call, ins: tuple):
         self._check(call, ins)
@@ -693,337 +593,18 @@ class Session:
         return call.name == "cuMemAlloc" or not self.executor.cuStreamIsCapturing(ins[-1])
 
     def _device_attribute(self, call: Call, ins: tuple):
-        """The device's answer, but no host access to managed or pageable memory while kernels run:
-        the client's mirror of managed memory is kept in step at launches and synchronisations only."""
-        if ins[0] in NOT_COHERENT_ATTRIBUTES:
+        """The device's answer, but no host access to managed or pageable memory while kernels run (the
+        client's mirror of managed memory is kept in step at launches and synchronisations only), and no
+        fabric handles or multicast objects, which are not forwarded (ATTRIBUTE_MASKS)."""
+        mask = ATTRIBUTE_MASKS.get(ins[0])
+        if mask == 0:
             self._check(call, ins)
             return struct.pack("<i", 0), b""
-        return self._plain(call, ins)
-
-    # -- graphs built node by node -------------------------------------------------------------------
-
-    def _nodes(self, raw: bytes, count: int) -> list[int]:
-        """`count` node handles of this lease from the front of `raw`."""
-        if len(raw) < 8 * count:
-            raise CudaError(INVALID_VALUE, "dependency array")
-        nodes = list(struct.unpack_from(f"<{count}Q", raw))
-        if any(n not in self.lease.handles["node"] for n in nodes):
-            raise CudaError(INVALID_VALUE, "a node that is not this lease's")
-        return nodes
-
-    def _new_node(self, node: int, graph: int):
-        self.lease.handles["node"].add(node)
-        self.lease.children.setdefault(graph, set()).add(node)
-        return struct.pack("<Q", node), b""
-
-    def _graph_kernel_node(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        adding = call.name == "cuGraphAddKernelNode"
-        owner, func, dims = ins[0], ins[1 + (not adding)], ins[2 + (not adding) : 9 + (not adding)]
-        node = None if adding else ins[1]
-        num_deps = ins[-1] if adding else 0
-        data = self.channel.read_bulk(limit=MAX_NODE_DEPS * 8 + (1 << 20))
-        deps = self._nodes(data, num_deps)
-        params = data[8 * num_deps :]
-        layout = self._layout(func)
-        if len(params) < max((offset + size for offset, size in layout), default=0):
-            raise CudaError(INVALID_VALUE, "kernel parameters shorter than the function's parameter layout")
-        is_kernel = func in self.lease.handles["kernel"]
-        launch = Launch(
-            func, tuple(dims[:3]), tuple(dims[3:6]), dims[6], 0, params, layout, is_kernel=is_kernel
-        )
-        if not adding:
-            self.executor.graph_exec_kernel_node(owner, node, launch)
-            return _EMPTY
-        return self._new_node(self.executor.graph_add_kernel_node(owner, deps, launch), owner)
-
-    def _graph_memset_node(self, call: Call, ins: tuple):
-        """cuGraphAddMemsetNode, or cuGraphExecMemsetNodeSetParams (an instantiated graph's node anew)."""
-        self._check(call, ins)
-        setting = call.name == "cuGraphExecMemsetNodeSetParams"
-        owner, node = ins[0], ins[1] if setting else None
-        dst, pitch, value, element_size, width, height = ins[1 + setting : 7 + setting]
-        if element_size not in (1, 2, 4) or height < 1:
-            raise CudaError(INVALID_VALUE, "memset node shape")
-        self._check_range(dst, pitch * (height - 1) + width * element_size)
-        if setting:
-            self.executor.graph_exec_memset_node(owner, node, dst, pitch, value, element_size, width, height)
-            return _EMPTY
-        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), ins[-1])
-        node = self.executor.graph_add_memset_node(
-            owner, deps, dst, pitch, value, element_size, width, height
-        )
-        return self._new_node(node, owner)
-
-    def _graph_empty_node(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        graph, num_deps = ins
-        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
-        return self._new_node(self.executor.graph_add_empty_node(graph, deps), graph)
-
-    def _graph_dependencies(self, call: Call, ins: tuple):
-        """Edges as (from, to) pairs; cuGraphAddDependencies_v2's each with its 8 bytes of edge data (from
-        port, to port, type: a programmatic dependency), which the driver checks."""
-        self._check(call, ins)
-        graph, count = ins
-        words = 3 if call.symbol == "cuGraphAddDependencies_v2" else 2
-        data = self.channel.read_bulk(limit=MAX_NODE_DEPS * 8 * words)
-        if len(data) != 8 * words * count:
-            raise CudaError(INVALID_VALUE, "graph edges")
-        triples = [data[8 * words * i : 8 * words * (i + 1)] for i in range(count)]
-        nodes = self._nodes(b"".join(t[:16] for t in triples), 2 * count)
-        edge_data = [t[16:24] if words == 3 else bytes(8) for t in triples]
-        self.executor.graph_add_dependencies(
-            graph, list(zip(nodes[::2], nodes[1::2], strict=True)), edge_data
-        )
-
-    def _graph_child_node(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        graph, child, num_deps = ins
-        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
-        return self._new_node(self.executor.graph_add_child_node(graph, deps, child), graph)
-
-    def _graph_event_node(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        graph, event, num_deps = ins
-        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
-        node = self.executor.graph_add_event_node(graph, deps, event, call.name == "cuGraphAddEventWaitNode")
-        return self._new_node(node, graph)
-
-    def _graph_memcpy_node(self, call: Call, ins: tuple):
-        """cuGraphAddMemcpyNode, or cuGraphExecMemcpyNodeSetParams (an instantiated graph's node anew)."""
-        self._check(call, ins)
-        setting = call.name == "cuGraphExecMemcpyNodeSetParams"
-        owner = ins[0]
-        copy = Copy3D(*ins[2:11] if setting else ins[1:10])
-        if copy.width == 0 or copy.height == 0 or copy.depth == 0:
-            raise CudaError(INVALID_VALUE, "memcpy node extent")
-        if copy.height > 1 and (copy.src_pitch < copy.width or copy.dst_pitch < copy.width):
-            raise CudaError(INVALID_VALUE, "memcpy node pitch")
-        self._check_range(copy.src, copy.span(copy.src_pitch, copy.src_height))
-        self._check_range(copy.dst, copy.span(copy.dst_pitch, copy.dst_height))
-        if setting:
-            self.executor.graph_exec_memcpy_node(owner, ins[1], copy)
-            return _EMPTY
-        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), ins[-1])
-        return self._new_node(self.executor.graph_add_memcpy_node(owner, deps, copy), owner)
-
-    def _graph_host_node(self, call: Call, ins: tuple):
-        """A host node: the program's function `ident` (kept by its shim), called back at every launch."""
-        self._check(call, ins)
-        graph, ident, num_deps = ins
-        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
-        callbacks = self.callbacks
-        if callbacks is None:
-            raise CudaError(CUresult.NOT_SUPPORTED, "no callback connection")
-        return self._new_node(
-            self.executor.graph_add_host_node(graph, deps, lambda: callbacks.call(ident)), graph
-        )
-
-    def _graph_nodes(self, call: Call, ins: tuple):
-        """The count; the nodes (now this lease's) in the bulk."""
-        self._check(call, ins)
-        nodes = self.executor.graph_nodes(ins[0])
-        self.lease.handles["node"].update(nodes)
-        self.lease.children.setdefault(ins[0], set()).update(nodes)
-        return call.out_struct.pack(len(nodes)), struct.pack(f"<{len(nodes)}Q", *nodes)
-
-    def _graph_node_list(self, call: Call, ins: tuple):
-        """A graph's root nodes, or a node's dependencies or dependents: the count; the nodes in the bulk,
-        then (the _v2 calls) each edge's 8 bytes of data."""
-        self._check(call, ins)
-        nodes, edge_data = self.executor.graph_node_list(call.name, ins[0])
-        self.lease.handles["node"].update(nodes)
-        bulk = struct.pack(f"<{len(nodes)}Q", *nodes)
-        if call.symbol.endswith("_v2"):
-            bulk += b"".join(edge_data)
-        return call.out_struct.pack(len(nodes)), bulk
-
-    def _graph_edges(self, call: Call, ins: tuple):
-        """The count; the (from, to) pairs in the bulk."""
-        self._check(call, ins)
-        edges = self.executor.graph_edges(ins[0])
-        flat = [n for edge in edges for n in edge]
-        self.lease.handles["node"].update(flat)
-        return call.out_struct.pack(len(edges)), struct.pack(f"<{len(flat)}Q", *flat)
-
-    def _graph_conditional_node(self, call: Call, ins: tuple):
-        """A conditional node; its body graphs (the driver's, owned by the node's graph) become this
-        lease's graphs, sent after the node's handle."""
-        self._check(call, ins)
-        graph, handle, kind, size, ctx, num_deps = ins
-        if not 1 <= size <= MAX_CONDITIONAL_BODIES:
-            raise CudaError(INVALID_VALUE, "conditional node size")
-        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
-        node, bodies = self.executor.graph_add_conditional_node(graph, deps, handle, kind, size, ctx)
-        self.lease.handles["graph"].update(bodies)
-        self.lease.children.setdefault(graph, set()).update(bodies)
-        out, _ = self._new_node(node, graph)
-        return out, struct.pack(f"<{len(bodies)}Q", *bodies)
-
-    def _graph_exec_update(self, call: Call, ins: tuple):
-        """The update's result and status both travel: a refused update says why (its result)."""
-        self._check(call, ins)
-        result, status = self.executor.graph_exec_update(*ins)
-        return call.out_struct.pack(result, status), b""
-
-    def _capture_info(self, call: Call, ins: tuple):
-        """Status, id, graph and the count; the dependency nodes (now this lease's) in the bulk."""
-        self._check(call, ins)
-        status, capture_id, graph, deps = self.executor.capture_info(ins[0])
-        self.lease.handles["node"].update(deps)
-        if graph:  # the graph being captured: nodes may be added to it (the one cuStreamEndCapture gives)
-            self.lease.handles["graph"].add(graph)
-            self.lease.children.setdefault(graph, set()).update(deps)
-        return call.out_struct.pack(status, capture_id, graph, len(deps)), struct.pack(
-            f"<{len(deps)}Q", *deps
-        )
-
-    def _capture_to_graph(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        stream, graph, num_deps, mode = ins
-        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
-        self.executor.capture_to_graph(stream, graph, deps, mode)
-        return _EMPTY
-
-    def _capture_dependencies(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        stream, num_deps, flags = ins
-        deps = self._nodes(self.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
-        self.executor.update_capture_dependencies(stream, deps, flags)
-        return _EMPTY
-
-    # -- CUDA arrays, copies in rows and slices, textures and surfaces --------------------------------
-
-    def _array_create(self, call: Call, ins: tuple):
-        """cuArrayCreate / cuArray3DCreate / cuMipmappedArrayCreate: counted against the partition (a
-        mipmapped array at twice its first level, more than its levels take)."""
-        raw = self.channel.read_bulk(limit=64)
-        shape = ArrayShape.from_2d(raw) if call.name == "cuArrayCreate" else ArrayShape.from_3d(raw)
-        mipmapped = call.name == "cuMipmappedArrayCreate"
-        size, device = shape.nbytes * (2 if mipmapped else 1), self._device()
-        with self.lease.lock:
-            self.lease.reserve(device, size)
-            self.lease.used[device] += size
-        try:
-            if mipmapped:
-                handle = self.executor.cuMipmappedArrayCreate(shape, ins[0])
-            else:
-                handle = self.executor.cuArray3DCreate(shape)
-        except BaseException:
-            with self.lease.lock:
-                self.lease.used[device] -= size
-            raise
-        kind = "mipmap" if mipmapped else "array"
-        self.lease.handles[kind].add(handle)
-        self.arrays[handle] = (kind, size, device, self.ctx)
-        return struct.pack("<Q", handle), b""
-
-    def _array_destroy(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        (handle,) = ins
-        if handle not in self.arrays:
-            raise CudaError(INVALID_VALUE, "not an array this process created")  # a mipmap's level, say
-        kind, size, device, _ = self.arrays[handle]
-        getattr(self.executor, call.name)(handle)
-        del self.arrays[handle]
-        self.lease.handles[kind].discard(handle)
-        for level in self.lease.children.pop(handle, ()):
-            self.lease.handles["array"].discard(level)
-        with self.lease.lock:
-            self.lease.used[device] -= size
-
-    def _array_descriptor(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        shape = self.executor.cuArray3DGetDescriptor(ins[0])
-        return b"", shape.pack_2d() if call.name == "cuArrayGetDescriptor" else shape.pack_3d()
-
-    def _mipmap_level(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        handle, level = ins
-        array = self.executor.cuMipmappedArrayGetLevel(handle, level)
-        self.lease.handles["array"].add(array)
-        self.lease.children.setdefault(handle, set()).add(array)
-        return struct.pack("<Q", array), b""
-
-    def _arrays_close(self) -> None:
-        """The client is gone: destroy the arrays it left, in the contexts they were made in."""
-        for handle, (kind, _size, _device, ctx) in list(self.arrays.items()):
-            try:
-                self.executor.set_context(ctx)
-                self._array_destroy(CALL_OF[kind], (handle,))
-            except CudaError as exc:
-                log.warning("could not destroy the client's %s 0x%x: %s", kind, handle, exc)
-
-    def _copy_side(self, side: CopySide, width: int, height: int, depth: int) -> None:
-        """Host rows come packed; device rows must lie in the lease's memory; an array must be the lease's
-        (its driver refuses rows outside it)."""
-        if side.kind == HOST:
-            if (side.x, side.y, side.z, side.pitch, side.height) != (0, 0, 0, width, height):
-                raise CudaError(INVALID_VALUE, "host rows travel packed")
-        elif side.kind == DEVICE:
-            rows = side.height if depth > 1 or side.z else height
-            if ((height > 1 or depth > 1) and side.pitch < width) or (depth > 1 and rows < height):
-                raise CudaError(INVALID_VALUE, "a pitch shorter than a row, or a slice shorter than the copy")
-            start = side.at + (side.z * rows + side.y) * side.pitch + side.x
-            self._check_range(start, (depth - 1) * rows * side.pitch + (height - 1) * side.pitch + width)
-        elif side.kind == ARRAY:
-            if side.at not in self.lease.handles["array"]:
-                raise CudaError(INVALID_HANDLE, "array")
-        else:
-            raise CudaError(INVALID_VALUE, f"memory type {side.kind}")
-
-    def _copy_3d(self, call: Call, ins: tuple):
-        """gpMemcpy3D: a host source's rows from the request, a host destination's into the reply."""
-        self._check(call, ins)
-        kinds, *sides, width, height, depth, stream, flags = ins
-        src = CopySide(kinds & 0xFF, *sides[:6])
-        dst = CopySide(kinds >> 8, *sides[6:])
-        if not width or not height or not depth:
-            raise CudaError(INVALID_VALUE, "an empty copy")
-        for side in (src, dst):
-            self._copy_side(side, width, height, depth)
-        packed = width * height * depth
-        data = None
-        if src.kind == HOST:
-            data = self.channel.read_bulk(limit=_wire.MAX_SMALL_BULK_BYTES)
-            if len(data) != packed:
-                raise CudaError(INVALID_VALUE, "the host rows' bytes")
-        elif dst.kind == HOST and packed > _wire.MAX_SMALL_BULK_BYTES:
-            raise CudaError(INVALID_VALUE, "a copy to the host of more than the reply can carry")
-        out = self.executor.copy_3d(src, dst, (width, height, depth), stream if flags & 1 else None, data)
-        return b"", bytes(out) if dst.kind == HOST else b""
-
-    def _resource(self, raw: bytes) -> None:
-        """What a resource descriptor names must be the lease's: an array, a mipmapped array, memory."""
-        named = resource(raw)
-        if named.kind in (0, 1):
-            if named.handle not in self.lease.handles["array" if named.kind == 0 else "mipmap"]:
-                raise CudaError(INVALID_HANDLE, "the resource's array")
-        else:
-            self._check_range(named.handle, named.size)
-
-    def _texture_object(self, call: Call, ins: tuple):
-        """cuTexObjectCreate: the resource, texture and (optional) view descriptors, one after another."""
-        raw = self.channel.read_bulk(limit=RESOURCE_DESC_BYTES + TEXTURE_DESC_BYTES + VIEW_DESC_BYTES)
-        texture_at, view_at = RESOURCE_DESC_BYTES, RESOURCE_DESC_BYTES + TEXTURE_DESC_BYTES
-        if len(raw) not in (view_at, view_at + VIEW_DESC_BYTES):
-            raise CudaError(INVALID_VALUE, "texture descriptors")
-        self._resource(raw[:texture_at])
-        tex = self.executor.cuTexObjectCreate(
-            raw[:texture_at], raw[texture_at:view_at], raw[view_at:] or None
-        )
-        self.lease.handles["texobj"].add(tex)
-        return struct.pack("<Q", tex), b""
-
-    def _surface_object(self, call: Call, ins: tuple):
-        raw = self.channel.read_bulk(limit=RESOURCE_DESC_BYTES)
-        if resource(raw).kind != 0:
-            raise CudaError(INVALID_VALUE, "a surface is made over an array")
-        self._resource(raw)
-        surf = self.executor.cuSurfObjectCreate(raw)
-        self.lease.handles["surfobj"].add(surf)
-        return struct.pack("<Q", surf), b""
+        answer = self._plain(call, ins)
+        if mask is None:
+            return answer
+        (value,) = struct.unpack("<i", answer[0])
+        return struct.pack("<i", value & mask), answer[1]
 
     def _stream_value(self, call: Call, ins: tuple):
         """cuStreamWaitValue32/64, cuStreamWriteValue32/64: the whole word must be the lease's memory."""
@@ -1031,11 +612,6 @@ class Session:
         stream, addr, value, flags = ins
         self._check_range(addr, 8 if call.name.endswith("64") else 4)
         getattr(self.executor, call.name)(stream, addr, value, flags)
-
-    def _object_descriptor(self, call: Call, ins: tuple):
-        """A texture's or surface's descriptor, as the executor's driver gives it, in the reply's bulk."""
-        self._check(call, ins)
-        return b"", bytes(getattr(self.executor, call.name)(ins[0]))
 
     # -- stream attributes ----------------------------------------------------------------------------
 
@@ -1055,7 +631,7 @@ class Session:
         if attr == ACCESS_POLICY_WINDOW and size:
             self._check_range(base, size)
         self.executor.cuStreamSetAttribute(stream, attr, value)
-        return _EMPTY
+        return EMPTY
 
     # -- what a module or library holds --------------------------------------------------------------
 
@@ -1070,51 +646,6 @@ class Session:
             self.lease.handles[kind].update(found)
             self.lease.children.setdefault(parent, set()).update(found)
         return b"", struct.pack(f"<{len(found)}Q", *found)
-
-    # -- tensor maps -----------------------------------------------------------------------------------
-
-    def _tensor_map(self, call: Call, ins: tuple):
-        """cuTensorMapEncodeTiled / Im2col / Im2colWide: the shape arrays from the bulk; the whole tensor
-        (its dimensions and strides from its address) must be memory of this lease; the 128 bytes go
-        back as bulk, and the tensor's extent is kept for cuTensorMapReplaceAddress."""
-        self._check(call, ins)
-        dtype, rank, address = ins[:3]
-        if not 1 <= rank <= TENSOR_RANK_MAX:
-            raise CudaError(INVALID_VALUE, "tensor rank")
-        raw = self.channel.read_bulk(limit=TENSOR_RANK_MAX * 24)
-        arrays, at = [], 0
-        for offset, code in TENSOR_SHAPE_ARRAYS[call.name]:
-            n = max(rank + offset, 0)
-            if at + n * struct.calcsize(code) > len(raw):
-                raise CudaError(INVALID_VALUE, "tensor shape arrays")
-            arrays.append(list(struct.unpack_from(f"<{n}{code}", raw, at)))
-            at += n * struct.calcsize(code)
-        extent = tensor_extent(dtype, arrays[0], arrays[1])
-        self._check_range(address, extent)
-        encoded = self.executor.tensor_map(call.name, ins, arrays)
-        self._keep_tensor_map(encoded, extent)
-        return b"", encoded
-
-    def _tensor_map_address(self, call: Call, ins: tuple):
-        """cuTensorMapReplaceAddress: a map this lease encoded, its tensor moved to other lease memory."""
-        self._check(call, ins)
-        encoded = bytes(self.channel.read_bulk(limit=TENSOR_MAP_BYTES))
-        if len(encoded) != TENSOR_MAP_BYTES:
-            raise CudaError(INVALID_VALUE, "a tensor map is 128 bytes")
-        extent = self.lease.tensor_maps.get(encoded)
-        if extent is None:
-            raise CudaError(INVALID_VALUE, "not a tensor map this lease encoded")
-        self._check_range(ins[0], extent)
-        replaced = self.executor.tensor_map_address(encoded, ins[0])
-        self._keep_tensor_map(replaced, extent)
-        return b"", replaced
-
-    def _keep_tensor_map(self, encoded: bytes, extent: int) -> None:
-        maps = self.lease.tensor_maps
-        with self.lease.lock:
-            maps[bytes(encoded)] = extent
-            while len(maps) > TENSOR_MAPS_KEPT:  # the oldest first (dicts keep insertion order)
-                del maps[next(iter(maps))]
 
     # -- host functions ------------------------------------------------------------------------------
 
@@ -1216,7 +747,7 @@ class Session:
             raise
         self.vm_handles[handle] = (size, device)
         self.vm_props[handle] = bytes(prop)
-        self.lease.handles["vmem"].add(handle)
+        self.lease.vm_hold(handle, size, device, charged=True)
         return struct.pack("<Q", handle), b""
 
     def _vm_release(self, call: Call, ins: tuple):
@@ -1227,10 +758,9 @@ class Session:
         if self.vm_references.get(handle):  # a retained reference: the memory has another holder
             self.vm_references[handle] -= 1
             return
-        size, device = self.vm_handles.pop(handle)
-        self.lease.handles["vmem"].discard(handle)
-        with self.lease.lock:
-            self.lease.used[device] -= size
+        self.vm_handles.pop(handle)
+        self.vm_props.pop(handle, None)
+        self.lease.vm_drop(handle)
 
     def _vm_map(self, call: Call, ins: tuple):
         ptr, size, offset, handle, flags = ins
@@ -1240,6 +770,7 @@ class Session:
         self.executor.cuMemMap(ptr, size, offset, handle, flags)
         self.vm_mapped[ptr] = size
         self.vm_mapping_of[ptr] = (handle, *self.vm_handles[handle])
+        self.lease.vm_mapping(handle, ptr, True)
 
     def _vm_unmap(self, call: Call, ins: tuple):
         ptr, size = ins
@@ -1249,7 +780,12 @@ class Session:
         self.executor.cuMemUnmap(ptr, size)
         for m in inside:
             del self.vm_mapped[m]
-            self.vm_mapping_of.pop(m, None)
+            self._vm_forget_mapping(m)
+
+    def _vm_forget_mapping(self, ptr: int) -> None:
+        mapping = self.vm_mapping_of.pop(ptr, None)
+        if mapping is not None:
+            self.lease.vm_mapping(mapping[0], ptr, False)
 
     def _vm_properties(self, call: Call, ins: tuple):
         """cuMemGetAllocationPropertiesFromHandle: as this process created it (its device, the lease's)."""
@@ -1277,12 +813,62 @@ class Session:
         handle = self.executor.cuMemRetainAllocationHandle(addr)
         if handle in self.vm_handles:
             self.vm_references[handle] = self.vm_references.get(handle, 0) + 1
-        else:  # its creator's reference was released: this one holds the memory now
+        else:  # a reference of this process's own, its first (the memory's creator may be gone)
             _, size, device = self.vm_mapping_of[mapped]
             self.vm_handles[handle] = (size, device)
-            self.lease.handles["vmem"].add(handle)
-            with self.lease.lock:
-                self.lease.used[device] += size
+            self.lease.vm_hold(handle, size, device)
+        return struct.pack("<Q", handle), b""
+
+    def _p2p_atomics(self, call: Call, ins: tuple):
+        """cuDeviceGetP2PAtomicCapabilities between two of the lease's devices: a mask per operation."""
+        count, src, dst = ins
+        raw = self.channel.read_bulk(limit=4 * P2P_ATOMIC_OPERATIONS_MAX)
+        if not 0 < count <= P2P_ATOMIC_OPERATIONS_MAX or len(raw) != 4 * count:
+            raise CudaError(INVALID_VALUE, "operations")
+        for dev in (src, dst):
+            if not 0 <= dev < len(self.lease.limits):
+                raise CudaError(CUresult.INVALID_DEVICE, "device ordinal")
+        operations = list(struct.unpack(f"<{count}i", raw))
+        capabilities = self.executor.cuDeviceGetP2PAtomicCapabilities(operations, src, dst)
+        return b"", struct.pack(f"<{count}I", *capabilities)
+
+    def _vm_export(self, call: Call, ins: tuple):
+        """cuMemExportToShareableHandle: memory this process holds, created to be shared as a POSIX file
+        descriptor, becomes importable by the lease's other processes (the shim makes the descriptor)."""
+        handle, handle_type = ins
+        if handle_type != POSIX_FILE_DESCRIPTOR:
+            raise CudaError(CUresult.NOT_SUPPORTED, "only POSIX file descriptors are shared remotely")
+        if handle not in self.vm_handles:
+            raise CudaError(INVALID_VALUE, "not memory this process holds")
+        prop = self.vm_props.get(handle) or self.lease.vm_exported.get(handle, (0, 0, b""))[2]
+        if not prop or not struct.unpack_from("<i", prop, 4)[0] & POSIX_FILE_DESCRIPTOR:
+            raise CudaError(INVALID_VALUE, "created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR")
+        with self.lease.lock:
+            self.lease.vm_exported[handle] = (*self.vm_handles[handle], prop)
+
+    def _vm_import(self, call: Call, ins: tuple):
+        """cuMemImportFromShareableHandle: a reference of this process's own to memory another process of
+        the lease exported; a handle the lease did not export (another lease's) is refused."""
+        (exported,) = ins
+        with self.lease.lock:
+            found = self.lease.vm_exported.get(exported)
+        if found is None:
+            raise CudaError(INVALID_VALUE, "not memory exported by a process of this lease")
+        size, device, prop = found
+        # Another reference to the memory in the worker: retained where a process of the lease maps it
+        # (the driver's own way, the same handle value), else through a descriptor exported and imported.
+        with self.lease.lock:
+            mapped = next(iter(self.lease.vm_mapped_at.get(exported, ())), None)
+        if mapped is not None:
+            handle = self.executor.cuMemRetainAllocationHandle(mapped)
+        else:
+            handle = self.executor.cuMemImportFromShareableHandle(exported)
+        if handle in self.vm_handles:
+            self.vm_references[handle] = self.vm_references.get(handle, 0) + 1
+        else:
+            self.vm_handles[handle] = (size, device)
+            self.vm_props[handle] = prop
+            self.lease.vm_hold(handle, size, device, memory=exported)
         return struct.pack("<Q", handle), b""
 
     def _vm_set_access(self, call: Call, ins: tuple):
@@ -1312,6 +898,7 @@ class Session:
             for ptr, size in list(self.vm_mapped.items()):
                 self.executor.cuMemUnmap(ptr, size)
                 del self.vm_mapped[ptr]
+                self._vm_forget_mapping(ptr)
             for handle in list(self.vm_handles):
                 while handle in self.vm_handles:  # every reference, retained ones too
                     self._vm_release(None, (handle,))
@@ -1353,36 +940,6 @@ class Session:
             value = self.executor.cuPointerGetAttribute(attr, ptr)
         return struct.pack("<Q", value), b""
 
-    def _ctx_create(self, call: Call, ins: tuple):
-        flags, dev = ins
-        if not 0 <= dev < len(self.lease.limits):
-            raise CudaError(CUresult.INVALID_DEVICE, "device ordinal")
-        ctx = self.executor.cuCtxCreate(flags, dev)
-        self.lease.handles["ctx"].add(ctx)
-        self.lease.ctx_device[ctx] = dev
-        self.created_contexts.add(ctx)
-        return struct.pack("<Q", ctx), b""
-
-    def _ctx_destroy(self, call: Call, ins: tuple):
-        (ctx,) = ins
-        if ctx not in self.created_contexts:  # a primary context, another process's, or none
-            raise CudaError(INVALID_CONTEXT, "not a context this process created")
-        self._destroy_context(ctx)
-
-    def _destroy_context(self, ctx: int) -> None:
-        """As the driver does: the context's memory goes with it, and comes back to the quota."""
-        self.executor.cuCtxDestroy(ctx)
-        self.created_contexts.discard(ctx)
-        self.lease.handles["ctx"].discard(ctx)
-        self.lease.ctx_device.pop(ctx, None)
-        for base in [b for b in self.owned if getattr(self.lease.allocations.get(b), "ctx", None) == ctx]:
-            a = self.lease.remove(base)
-            if a is not None and a.window is not None:  # mapped memory outlives contexts: unmap it here
-                a.window.free(base, wait=False)
-            self.owned.discard(base)
-        if self.ctx == ctx:
-            self.ctx = 0
-
     def _free(self, call: Call, ins: tuple):
         self._check(call, ins)
         ptr = ins[0]
@@ -1397,285 +954,6 @@ class Session:
             a.window.free(ptr)
         self.lease.remove(ptr)
         self.owned.discard(ptr)
-
-    def _capturing(self, call: Call, stream: int) -> bool:
-        """A copy between the client's memory and the GPU on a stream being captured cannot become a
-        graph node (the worker cannot read or write the client's memory when the graph is launched):
-        the capture is spoiled, and cuStreamEndCapture says so, as the driver does after a call that
-        a capture does not allow. Never a copy done once at capture time and missing from the replays."""
-        if not call.name.endswith("Async") or not self.executor.cuStreamIsCapturing(stream):
-            return False
-        self.spoiled_captures.add(stream)
-        log.warning(
-            "%s during a stream capture: copies from or to the client's memory cannot be captured; "
-            "the capture fails at cuStreamEndCapture (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)",
-            call.symbol,
-        )
-        return True
-
-    def _end_capture(self, call: Call, ins: tuple):
-        answer = self._plain(call, ins)
-        if ins[0] in self.spoiled_captures:
-            self.spoiled_captures.discard(ins[0])
-            (graph,) = struct.unpack("<Q", answer[0])
-            self.executor.cuGraphDestroy(graph)
-            self.lease.handles["graph"].discard(graph)
-            raise CudaError(CUresult.STREAM_CAPTURE_INVALIDATED, "a copy from or to the client's memory")
-        return answer
-
-    def _htod(self, call: Call, ins: tuple):
-        dst, count, stream = ins
-        self._check(call, ins)
-        if count != self.channel.bulk_left:
-            raise CudaError(INVALID_VALUE, "copy size and data differ")
-        self._check_range(dst, count)
-        if self._capturing(call, stream):
-            return _EMPTY  # the bytes are skipped
-        channel = self.channel
-
-        def fill(view: memoryview) -> None:
-            channel.read_into(view)
-            channel.bulk_left -= len(view)
-
-        self.executor.copy_to_device(dst, count, stream if call.name.endswith("Async") else None, fill)
-
-    def _dtoh(self, call: Call, ins: tuple):
-        src, count, stream = ins
-        self._check(call, ins)
-        self._check_range(src, count)
-        if self._capturing(call, stream):
-            raise CudaError(CUresult.STREAM_CAPTURE_UNSUPPORTED, "a copy to the client's memory")
-        if count == 0:
-            return _EMPTY
-        sent = 0
-
-        def send(view: memoryview) -> None:
-            nonlocal sent
-            if sent == 0:  # the first chunk is in: the call has worked so far, answer with the header
-                result, self.pending = (self.pending, 0) if call.sync_point else (0, self.pending)
-                self._send_kernel_output()
-                self._announce_copies()
-                self.channel.send(_wire.REPLY.pack(result, 0, count), view)
-            else:
-                self.channel.send(view)
-            sent += len(view)
-
-        try:
-            self.executor.copy_from_device(src, count, stream if call.name.endswith("Async") else None, send)
-        except CudaError as exc:
-            if sent == 0:
-                raise  # nothing sent yet: the reply carries the error
-            self.pending = self.pending or exc.code  # the header is out: send the length promised
-            while sent < count:
-                send(memoryview(bytes(min(count - sent, _wire.CHUNK_BYTES))))
-        return _ANSWERED
-
-    # -- copies through memory the client maps too (a process on this host) ------------------------
-
-    def _shm_attach(self, call: Call, ins: tuple):
-        if not self.channel.local:
-            raise CudaError(CUresult.NOT_SUPPORTED, "shared memory is for a process on this host")
-        if self.shared is None:
-            self.shared = self.executor.shared_host_memory(SHARED_COPY_BYTES)
-        outs = call.out_struct.pack(self.shared.size)
-        self._announce_copies()
-        self.channel.send_with_fd(self.shared.fd, _wire.REPLY.pack(0, len(outs), 0), outs)
-        return _ANSWERED
-
-    def _shm_htod(self, call: Call, ins: tuple):
-        """One piece of a copy to the device; the last piece is answered with the first error of all."""
-        dst, count, stream, offset, flags = ins
-        last, is_async = flags & 1, flags & 2
-        try:
-            self._check(call, ins)
-            self._check_range(dst, count)
-            if self.shared is None or offset + count > self.shared.size:
-                raise CudaError(INVALID_VALUE, "not in the shared memory")
-            if not self.shared_error and not (is_async and self._capturing(_HTOD_ASYNC, stream)):
-                self.executor.copy_in_from(
-                    dst, self.shared, offset, count, stream if is_async else None, bool(last)
-                )
-        except CudaError as exc:
-            self.shared_error = self.shared_error or exc.code
-        if last:
-            result, self.shared_error = self.shared_error, 0
-            self._answer(True, _EMPTY, result)
-        return _ANSWERED
-
-    def _shm_dtoh(self, call: Call, ins: tuple):
-        """A copy to the client: answered once per `chunk` bytes as each is in the shared memory."""
-        src, count, stream, flags, chunk = ins
-        is_async = flags & 2
-        self._check(call, ins)
-        self._check_range(src, count)
-        if self.shared is None or count > self.shared.size or not chunk:
-            raise CudaError(INVALID_VALUE, "not in the shared memory")
-        if is_async and self._capturing(_DTOH_ASYNC, stream):
-            raise CudaError(CUresult.STREAM_CAPTURE_UNSUPPORTED, "a copy to the client's memory")
-        if not is_async and self.pending:  # a synchronous copy reports the earlier asynchronous error
-            result, self.pending = self.pending, 0
-            raise CudaError(result, "an earlier asynchronous error")
-        answered = False
-
-        def ready(offset: int, n: int) -> None:
-            nonlocal answered
-            if not answered:
-                self._send_kernel_output()
-                self._announce_copies()
-                answered = True
-            outs = call.out_struct.pack(offset, n)
-            self.channel.send(_wire.REPLY.pack(0, len(outs), 0), outs)
-
-        try:
-            self.executor.copy_out_to(self.shared, src, count, stream if is_async else None, chunk, ready)
-        except CudaError as exc:
-            self._answer(True, None, exc.code)
-        return _ANSWERED
-
-    # -- copies striped across the process's connections (virtualize/_lanes.py) ----------------------
-
-    def _lane_attach(self, call: Call, ins: tuple):
-        with self.lease.lock:
-            owner = self.lease.callback_tokens.get(ins[0])
-            if owner is None:
-                raise CudaError(INVALID_VALUE, "not a connection of this lease")
-            if owner.lanes is None:
-                owner.lanes = Lanes()
-            owner.lanes.attached += 1
-        self.lane_of = owner
-
-    def _lane_copy(self, call: Call, ins: tuple):
-        """Checked like any copy, in order; answered (or its error kept) once every piece is done."""
-        device, count, stream, flags, pieces, ident = ins
-        to_device, is_async = bool(flags & 1), bool(flags & 2)
-        lanes = self.lanes
-        if lanes is None or lanes.lost:
-            raise CudaError(INVALID_VALUE, "this connection has no lanes")
-        allowed, error = True, 0
-        try:
-            self._check(call, ins)
-            self._check_range(device, count)
-            if not 0 < pieces <= MAX_LANE_PIECES:
-                raise CudaError(INVALID_VALUE, "pieces")
-            if is_async and self._capturing(_HTOD_ASYNC if to_device else _DTOH_ASYNC, stream):
-                if not to_device:
-                    raise CudaError(CUresult.STREAM_CAPTURE_UNSUPPORTED, "a copy to the client's memory")
-                allowed = False  # the capture is spoiled; the bytes are consumed
-            if not to_device and not is_async and self.pending:  # the earlier asynchronous error first
-                result, self.pending = self.pending, 0
-                raise CudaError(result, "an earlier asynchronous error")
-        except CudaError as exc:
-            allowed, error = False, exc.code
-        where = {"device": device, "count": count, "stream": stream if is_async else None, "ctx": self.ctx}
-        lanes.release(ident, pieces, allowed, error, to_device=to_device, **where)
-        copy = lanes.wait_done(ident)
-        if not to_device:
-            self._send_kernel_output()  # a copy to the host is a synchronising call
-        if copy.error:
-            raise CudaError(copy.error, "a striped copy")
-        return _EMPTY
-
-    def _lane_piece(self, call: Call, ins: tuple):
-        ident, offset, count = ins
-        owner = self.lane_of
-        if owner is None or owner.lanes is None:
-            raise CudaError(INVALID_VALUE, "not a lane")
-        copy = owner.lanes.piece(ident)
-        if copy is None:
-            raise CudaError(CUresult.DEVICE_UNAVAILABLE, "the copy was never checked")
-        error = 0
-        try:
-            if offset + count > copy.count or (copy.to_device and count != self.channel.bulk_left):
-                raise CudaError(INVALID_VALUE, "a piece outside its copy")
-            if not copy.allowed:
-                if copy.to_device:
-                    return _EMPTY  # refused or spoiled: its bytes are consumed, nothing is written
-                raise CudaError(copy.error or INVALID_VALUE, "the copy was refused")
-            if self.ctx != copy.ctx:  # the copy runs in its connection's context
-                self.executor.set_context(copy.ctx)
-                self.ctx = copy.ctx
-            if copy.to_device:
-                channel = self.channel
-
-                def fill(view: memoryview) -> None:
-                    channel.read_into(view)
-                    channel.bulk_left -= len(view)
-
-                self.executor.copy_to_device(copy.device + offset, count, copy.stream, fill)
-                return _EMPTY
-            error = self._lane_send(copy.device + offset, count, copy.stream)
-            return _ANSWERED
-        except CudaError as exc:
-            error = exc.code
-            raise
-        finally:
-            owner.lanes.piece_done(copy, error)
-
-    def _lane_send(self, src: int, count: int, stream: int | None) -> int:
-        """A piece to the host: the reply header once its first chunk is in, then the bytes. Raises if
-        it fails before anything is sent (the reply says so); later, the bytes promised are sent and the
-        error returned (the copy's answer says so)."""
-        sent = 0
-
-        def send(view: memoryview) -> None:
-            nonlocal sent
-            if sent == 0:
-                self.channel.send(_wire.REPLY.pack(0, 0, count), view)
-            else:
-                self.channel.send(view)
-            sent += len(view)
-
-        try:
-            self.executor.copy_from_device(src, count, stream, send)
-        except CudaError as exc:
-            if sent == 0:
-                raise
-            while sent < count:
-                send(memoryview(bytes(min(count - sent, _wire.CHUNK_BYTES))))
-            return exc.code
-        return 0
-
-    def _dtoh_async(self, call: Call, ins: tuple):
-        """gpMemcpyDtoHAsync: queued behind its stream; its bytes (or its error) go to the client later."""
-        src, count, stream, ident = ins
-        callbacks = self.callbacks
-        if callbacks is None:  # the shim starts the callback connection first
-            raise CudaError(CUresult.NOT_SUPPORTED, "no callback connection")
-        try:
-            self._check(call, ins)
-            self._check_range(src, count)
-            if self._capturing(call, stream):
-                raise CudaError(CUresult.STREAM_CAPTURE_UNSUPPORTED, "a copy to the client's memory")
-            staged = self.executor.copy_from_device_async(src, count, stream)
-        except Exception as exc:  # the client stops waiting for it either way
-            callbacks.deliveries.failed(ident, getattr(exc, "code", CUresult.UNKNOWN))
-            raise  # and kept for the next synchronising call, as an asynchronous error is
-        callbacks.deliveries.add(ident, staged)
-
-    def _copies_flush(self, call: Call, ins: tuple):
-        """Every copy done by now reaches the client before this answer (`wait`: every copy queued)."""
-        self._announce_copies(wait=bool(ins[0]))
-
-    def _dtod(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        dst, src, count = ins[:3]
-        self._check_range(dst, count)
-        self._check_range(src, count)
-        getattr(self.executor, call.name)(*ins)
-
-    def _peer(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        dst, _dst_ctx, src, _src_ctx, count = ins[:5]
-        self._check_range(dst, count)
-        self._check_range(src, count)
-        getattr(self.executor, call.name)(*ins)
-
-    def _memset(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        dst, value, count = ins[:3]
-        width = MEMSET_WIDTH[call.name.removesuffix("Async")]
-        self._check_range(dst, count * width)
-        self.executor.memset(dst, value, width, count, ins[3] if len(ins) > 3 else None)
 
     def _get_global(self, call: Call, ins: tuple):
         answer = self._plain(call, ins)
@@ -1692,72 +970,7 @@ class Session:
             self.lease.layouts[func] = layout
         return layout
 
-    def _param_layout(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        layout = self._layout(ins[0])
-        flat = [x for pair in layout for x in pair]
-        return struct.pack("<I", len(layout)), struct.pack(f"<{len(flat)}I", *flat)
 
-    def _link_image(self, call: Call, ins: tuple):
-        self._check(call, ins)
-        return b"", self.executor.gpLinkImage(*ins)  # the bytes as they are (not a NUL-padded string)
-
-    def _check_launch(self, func: int, stream: int) -> None:
-        handles = self.lease.handles
-        if func not in handles["func"] and func not in handles["kernel"]:
-            raise CudaError(INVALID_HANDLE, "function")
-        if stream not in BUILTIN_STREAMS and stream not in handles["stream"]:
-            raise CudaError(INVALID_HANDLE, "stream")
-
-    @staticmethod
-    def _attributes(raw: bytes) -> list[tuple[int, bytes]]:
-        return [
-            (struct.unpack_from("<i", raw, i)[0], raw[i + 8 : i + LAUNCH_ATTRIBUTE_BYTES])
-            for i in range(0, len(raw) - LAUNCH_ATTRIBUTE_BYTES + 1, LAUNCH_ATTRIBUTE_BYTES)
-        ]
-
-    def _cluster_occupancy(self, call: Call, ins: tuple):
-        func, gx, gy, gz, bx, by, bz, smem, stream, n_attrs = ins
-        self._check_launch(func, stream)
-        raw = self.channel.read_bulk(limit=64 * LAUNCH_ATTRIBUTE_BYTES)
-        if len(raw) != n_attrs * LAUNCH_ATTRIBUTE_BYTES:
-            raise CudaError(INVALID_VALUE, "launch attributes")
-        config = Launch(func, (gx, gy, gz), (bx, by, bz), smem, stream, b"", [], tuple(self._attributes(raw)))
-        return struct.pack("<i", self.executor.cluster_occupancy(call.name, config)), b""
-
-    def _launch(self, call: Call, ins: tuple):
-        func, gx, gy, gz, bx, by, bz, smem, stream = ins[:9]
-        self._check_launch(func, stream)
-        n_attrs = ins[9] if len(ins) > 9 else 0
-        bulk = self.channel.read_bulk(limit=1 << 20)
-        layout = self.lease.layouts.get(func)
-        if layout is None:
-            layout = self._layout(func)
-        split = len(bulk) - n_attrs * LAUNCH_ATTRIBUTE_BYTES
-        if split < 0:
-            raise CudaError(INVALID_VALUE, "launch attributes")
-        params, raw = bulk[:split], bulk[split:]
-        if len(params) < max((offset + size for offset, size in layout), default=0):
-            raise CudaError(INVALID_VALUE, "kernel parameters shorter than the function's parameter layout")
-        attributes = tuple(self._attributes(raw))
-        self.executor.launch(
-            Launch(func, (gx, gy, gz), (bx, by, bz), smem, stream, params, layout, attributes)
-        )
-        if self.lease.native is not None:  # checked and launched once: the native loop may launch it now
-            self.lease.native.learn(func, layout)
-        return None
-
-
-_ANSWERED = object()  # a handler that streamed its own reply
-MAX_LANE_PIECES = 64
-_HTOD_ASYNC = next(c for c in CALLS if c.symbol == "cuMemcpyHtoDAsync_v2")
-_DTOH_ASYNC = next(c for c in CALLS if c.symbol == "cuMemcpyDtoHAsync_v2")
-SHARED_COPY_BYTES = 64 << 20  # per client connection on this host: the largest piece of one copy
-_EMPTY = (b"", b"")
-CALL_OF = {  # the call that destroys an array of each kind (a client's leftovers, at its end)
-    "array": next(c for c in CALLS if c.name == "cuArrayDestroy"),
-    "mipmap": next(c for c in CALLS if c.name == "cuMipmappedArrayDestroy"),
-}
 _DESTROYS = {
     "cuTexObjectDestroy": "texobj",
     "cuSurfObjectDestroy": "surfobj",

@@ -81,6 +81,10 @@ ATTRIBUTES = {
     97: 232448,  # MAX_SHARED_MEMORY_PER_BLOCK_OPTIN (an H100's 227 KiB)
     95: 1,  # COOPERATIVE_LAUNCH
     115: 1,
+    103: 1,  # HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
+    119: 9,  # MEMPOOL_SUPPORTED_HANDLE_TYPES: POSIX descriptors and fabric handles, as on an NVLink system
+    128: 1,  # HANDLE_TYPE_FABRIC_SUPPORTED
+    132: 1,  # MULTICAST_SUPPORTED
 }
 
 
@@ -145,6 +149,7 @@ class HostExecutor(Executor):
         self.reserved: dict[int, int] = {}  # reserved address ranges: base -> size
         self.created: dict[int, int] = {}  # cuMemCreate handle -> device
         self.references: dict[int, int] = {}  # cuMemCreate handle -> references (create, retains)
+        self.backing: dict[int, bytearray] = {}  # cuMemCreate handle -> its bytes, shared by its mappings
         self.mapped_handles: dict[int, int] = {}  # mapped address -> the handle mapped there
         self.access: dict[tuple[int, int], int] = {}  # (mapped address, device) -> CUmemAccess_flags
         self.nodes: dict[int, tuple[int, object]] = {}  # graph node -> (its graph, its work)
@@ -378,7 +383,18 @@ class HostExecutor(Executor):
         handle = next(self.ids)
         self.created[handle] = device
         self.references[handle] = 1
+        self.backing[handle] = bytearray(size)
         return handle
+
+    def cuMemImportFromShareableHandle(self, handle):
+        """Another handle to the same memory, as the driver's import of an exported descriptor gives."""
+        if handle not in self.created:
+            raise CudaError(INVALID_VALUE, "not created memory")
+        imported = next(self.ids)
+        self.created[imported] = self.created[handle]
+        self.references[imported] = 1
+        self.backing[imported] = self.backing[handle]
+        return imported
 
     def cuMemRelease(self, handle):
         if handle not in self.created:
@@ -386,6 +402,7 @@ class HostExecutor(Executor):
         self.references[handle] -= 1
         if not self.references[handle]:
             del self.created[handle], self.references[handle]
+            self.backing.pop(handle, None)  # its mappings keep the bytes while they last
 
     def cuMemRetainAllocationHandle(self, addr):
         _, offset = self._find(addr, 0)
@@ -398,6 +415,10 @@ class HostExecutor(Executor):
 
     def cuMemMap(self, ptr, size, offset, handle, flags):
         self._place(ptr, size, self.created[handle])
+        backing = self.backing.get(handle)
+        if backing is not None:  # every mapping of one memory (in any process of the lease) shares its bytes
+            with self.lock:
+                self.memory[ptr] = memoryview(backing)[offset : offset + size]
         self.mapped_handles[ptr] = handle
 
     def cuMemUnmap(self, ptr, size):
@@ -591,6 +612,12 @@ class HostExecutor(Executor):
         if self._device(src) == self._device(dst):
             raise CudaError(CUresult.INVALID_DEVICE, "a device is not its own peer")
         return {1: 0}.get(attrib, 1)  # PERFORMANCE_RANK 0; access, atomics, arrays supported
+
+    def cuDeviceGetP2PAtomicCapabilities(self, operations, src, dst):
+        if self._device(src) == self._device(dst):
+            raise CudaError(CUresult.INVALID_DEVICE, "a device is not its own peer")
+        # CUatomicOperationCapability: SIGNED | UNSIGNED | SCALAR_32 | SCALAR_64 for every operation kind
+        return [1 | 2 | 8 | 16 for _ in operations]
 
     def cuDeviceGetTexture1DLinearMaxWidth(self, format_, channels, dev):
         self._device(dev)

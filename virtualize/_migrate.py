@@ -26,6 +26,7 @@ from pathlib import Path
 
 from server.workers import MIGRATE_REQUEST_FILE, MIGRATE_RESULT_FILE
 from virtualize._executor import CudaError
+from virtualize.errors import VirtualizeError
 
 log = logging.getLogger("gpupool.worker")
 
@@ -33,8 +34,9 @@ DRAIN_TIMEOUT_S = 30.0  # the longest a migration waits for the calls executing 
 CAPTURING = 0  # CU_STREAM_CAPTURE_STATUS_NONE: any other status is a capture in flight
 
 
-class MigrationRefused(Exception):
-    """The lease cannot move now; it keeps running where it is (the message says why)."""
+class MigrationRefused(VirtualizeError):
+    """The lease cannot move now; it keeps running where it is (the title says why; the worker answers it
+    to the pool server, which reports it as a ``MigrationFailed``)."""
 
 
 class Gate:
@@ -142,7 +144,7 @@ def serve_requests(worker, state_dir: Path) -> None:
             request.unlink()
             answer = {"ok": True, **migrate(worker, int(asked["device"]), int(asked["to"]))}
         except MigrationRefused as exc:
-            answer = {"ok": False, "error": str(exc)}
+            answer = {"ok": False, "error": exc.title}
         except (OSError, ValueError, KeyError, TypeError) as exc:
             answer = {"ok": False, "error": f"unreadable migration request ({exc})"}
         except Exception as exc:  # a bug: the server still gets its answer, not a wait for its timeout

@@ -11,6 +11,8 @@ What C may touch is what the guard has already checked: the lease's streams and 
 into C as the guard's tables change (`MirroredHandles`), and a function is served natively only after
 the Python path has launched it once (its parameter layout known and checked). A handle the guard
 forgets is dropped from C before it leaves the guard's table.
+C checks each argument by the guard's own rules, generated into it from `_guard_rules` and the call
+table (native/dispatch_gen.h); tests/test_native_guard_parity.py holds the two paths to one verdict.
 
 ``GPUPOOL_WORKER_NATIVE=0`` turns it off (every frame through Python: for comparing, or if in doubt).
 """
@@ -27,8 +29,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from virtualize import _wire
-from virtualize._calls import CALL_IDS, CALLS, FORWARDED_LAUNCH_ATTRIBUTES
+from virtualize._calls import BY_SYMBOL, WIRE_VERSION
 from virtualize._executor import CudaError, Launch
+from virtualize._guard_rules import NATIVE_CALLS
 from virtualize._results import CUresult
 
 log = logging.getLogger("gpupool.worker")
@@ -36,34 +39,9 @@ log = logging.getLogger("gpupool.worker")
 ENV = "GPUPOOL_WORKER_NATIVE"
 SPIN_ENV = "GPUPOOL_WORKER_SPIN_US"  # how long the loop polls for the next frame before it sleeps
 LIBRARY_MODULE = "virtualize._dispatch"
-# The calls C serves, in the order of its ids table (dispatch.c's C_LAUNCH ...), by exported symbol.
-SYMBOLS = (
-    "cuLaunchKernelEx",
-    "cuCtxSynchronize",
-    "cuStreamSynchronize",
-    "cuStreamQuery",
-    "cuEventSynchronize",
-    "cuEventQuery",
-    "cuEventRecord",
-    "cuEventRecordWithFlags",
-    "cuStreamWaitEvent",
-    "cuMemcpyHtoD_v2",
-    "cuMemcpyHtoDAsync_v2",
-    "cuMemcpyDtoH_v2",
-    "cuMemcpyDtoHAsync_v2",
-)
-COPIES = {9: (True, False), 10: (True, True), 11: (False, False), 12: (False, True)}  # to device, on a stream
-# What the host executor runs for each of those but the launch (the C loop's `which`).
-HOST_METHODS = {
-    1: ("cuCtxSynchronize", 0),
-    2: ("cuStreamSynchronize", 1),
-    3: ("cuStreamQuery", 1),
-    4: ("cuEventSynchronize", 1),
-    5: ("cuEventQuery", 1),
-    6: ("cuEventRecord", 2),
-    7: ("cuEventRecordWithFlags", 3),
-    8: ("cuStreamWaitEvent", 3),
-}
+# The calls C serves (C's `which` is the index): their ids, argument offsets and the guard's checks of
+# each argument are generated into native/dispatch_gen.h (`python -m virtualize._shimgen`).
+IN_C_CALLS = tuple(BY_SYMBOL[symbol] for symbol in NATIVE_CALLS)
 KINDS = {"stream": 0, "event": 1, "func": 2, "kernel": 2}  # the guard's handle tables C reads
 TO_PYTHON, ASYNC_ERROR, CLOSED, IO_ERROR, SERVED, REPLY_AFTER_OUTPUT = range(6)
 BUDGET = 4096  # frames per return to Python (the worker notes activity between)
@@ -123,7 +101,7 @@ def _load() -> ctypes.CDLL | None:
     p, u64, u32, i = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_int
     for name, args, res in (
         ("gpf_use_driver", [], i),
-        ("gpf_set_ids", [ctypes.POINTER(u32), u64, u32], None),
+        ("gpf_wire_version", [], u32),
         ("gpf_set_spin", [u64], None),
         ("gpf_lease_new", [_LAUNCH, _CALL, _COPY, _CAPTURING], p),
         ("gpf_range_add", [p, u64, u64], None),
@@ -143,9 +121,12 @@ def _load() -> ctypes.CDLL | None:
     ):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, res
-    by_symbol = {c.symbol: CALL_IDS[c] for c in CALLS}
-    ids = (ctypes.c_uint32 * len(SYMBOLS))(*(by_symbol[s] for s in SYMBOLS))
-    lib.gpf_set_ids(ids, sum(1 << a for a in FORWARDED_LAUNCH_ATTRIBUTES if a < 64), _wire.FLAG_WANTS_REPLY)
+    if lib.gpf_wire_version() != WIRE_VERSION:  # its call ids and rules are another table's
+        log.warning(
+            "native dispatch not loaded: built from another call table (rebuild it: python setup.py "
+            "build_ext --inplace); every call through Python"
+        )
+        return None
     lib.gpf_set_spin(_spin_ns())
     _library = lib
     return lib
@@ -287,23 +268,24 @@ class NativeLease:
     # -- the host executor's side (ctypes callbacks, on the connection's thread) ---------------------
 
     def _host_launch(self, func, dims, stream, _args, params, params_len, attrs, n_attrs) -> int:
-        from virtualize._executor_guard import LAUNCH_ATTRIBUTE_BYTES, Session
+        from virtualize._guard_launches import launch_attributes
 
         def run() -> None:
-            raw = ctypes.string_at(attrs, n_attrs * LAUNCH_ATTRIBUTE_BYTES) if n_attrs else b""
+            raw = ctypes.string_at(attrs, n_attrs * _wire.LAUNCH_ATTRIBUTE_BYTES) if n_attrs else b""
             grid, block = (dims[0], dims[1], dims[2]), (dims[3], dims[4], dims[5])
             data = ctypes.string_at(params, params_len) if params_len else b""
-            layout, attributes = self.learned[func], tuple(Session._attributes(raw))
+            layout, attributes = self.learned[func], tuple(launch_attributes(raw))
             self.executor.launch(Launch(func, grid, block, dims[6], stream, data, layout, attributes))
 
         return self._run(run)
 
     def _host_call(self, which, a, b, c) -> int:
-        name, count = HOST_METHODS[which]
-        return self._run(lambda: getattr(self.executor, name)(*(a, b, c)[:count]))
+        call = IN_C_CALLS[which]
+        return self._run(lambda: getattr(self.executor, call.name)(*(a, b, c)[: len(call.ins)]))
 
     def _host_copy(self, which, device, host, count, stream) -> int:
-        to_device, on_stream = COPIES[which]
+        call = IN_C_CALLS[which]
+        to_device, on_stream = call.bulk_in, call.name.endswith("Async")
         window = (ctypes.c_char * count).from_address(host)
         view = memoryview(window).cast("B")
         at = 0

@@ -17,7 +17,12 @@ import contextlib
 import os
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from server.api import Lease
 
 VIEW_ENV = "GPUPOOL_NVML_VIEW"
 HEADER = "gpupool-nvml-view 1"
@@ -33,41 +38,42 @@ def cuda_version_number(text: str | None) -> int | None:
         return None
 
 
-def render(lease: dict, pids: list[int] = (), real_nvml: Path | None = None) -> str:
+def render(lease: Lease, pids: Sequence[int] = (), real_nvml: Path | None = None) -> str:
     """The view of `lease` (a pool server's lease answer); `pids` are the run's own processes;
     `real_nvml` the GPU host's own NVML, which answers the other queries (--local runs)."""
-    server = lease.get("server") or {}
-    lines = [HEADER, f"lease {lease['id']}"]
+    from server.api import PartitionUsage
+
+    lines = [HEADER, f"lease {lease.id}"]
     if real_nvml is not None:
         lines.append(f"real_nvml {real_nvml}")
-    if driver := server.get("driver_version"):
+    if driver := lease.server.driver_version:
         lines.append(f"driver_version {driver}")
-    if (cuda := cuda_version_number(server.get("cuda_version"))) is not None:
+    if (cuda := cuda_version_number(lease.server.cuda_version)) is not None:
         lines.append(f"cuda_version {cuda}")
-    for number, part in enumerate(lease["partitions"]):
-        usage = part.get("usage") or {}
-        total = int(part["mem_bytes"])
-        used = min(total, int(usage.get("mem_used_bytes") or 0))
+    for number, part in enumerate(lease.partitions):
+        usage = part.usage if isinstance(part.usage, PartitionUsage) else None  # unasked and unknown alike
+        total = int(part.mem_bytes)
+        used = min(total, int((usage.mem_used_bytes if usage else None) or 0))
         lines += [
             f"device {number}",
-            f"name {part['gpu_name']}",
-            f"uuid {part['gpu_uuid']}",
-            f"host_index {part['gpu_index']}",
+            f"name {part.gpu_name}",
+            f"uuid {part.gpu_uuid}",
+            f"host_index {part.gpu_index}",
             f"memory_total {total}",
             f"memory_used {used}",
         ]
-        if bus := part.get("pci_bus_id"):
-            lines.append(f"pci_bus_id {bus}")
-        if cc := part.get("compute_capability"):
-            lines.append(f"compute_capability {cc}")
-        if part.get("sm_share") is not None:
-            lines.append(f"sm_share_percent {round(part['sm_share'] * 100)}")
-        if usage.get("util_gpu") is not None:
-            lines.append(f"util_gpu_percent {round(usage['util_gpu'] * 100)}")
-        if usage.get("temperature_c") is not None:
-            lines.append(f"temperature_c {round(usage['temperature_c'])}")
-        if usage.get("power_w") is not None:
-            lines.append(f"power_mw {round(usage['power_w'] * 1000)}")
+        if part.pci_bus_id:
+            lines.append(f"pci_bus_id {part.pci_bus_id}")
+        if part.compute_capability:
+            lines.append(f"compute_capability {part.compute_capability}")
+        if part.sm_share is not None:
+            lines.append(f"sm_share_percent {round(part.sm_share * 100)}")
+        if usage and usage.util_gpu is not None:
+            lines.append(f"util_gpu_percent {round(usage.util_gpu * 100)}")
+        if usage and usage.temperature_c is not None:
+            lines.append(f"temperature_c {round(usage.temperature_c)}")
+        if usage and usage.power_w is not None:
+            lines.append(f"power_mw {round(usage.power_w * 1000)}")
         # What the lease holds, shown as the run's command's: the tools list it as the GPU's process.
         lines += [f"process {pid} {used}" for pid in pids[:1]]
     return "\n".join(lines) + "\n"
@@ -84,7 +90,7 @@ def write(path: Path, text: str) -> None:
 class ViewKeeper:
     """Keeps a run's view current: writes it now, then every REFRESH_S from the server's answer."""
 
-    def __init__(self, client, server, lease: dict, directory: Path, real_nvml: Path | None = None) -> None:
+    def __init__(self, client, server, lease: Lease, directory: Path, real_nvml: Path | None = None) -> None:
         self.client, self.server, self.lease = client, server, lease
         self.path = directory / "nvml-view"
         self.real_nvml = real_nvml
@@ -101,11 +107,13 @@ class ViewKeeper:
     def _run(self) -> None:
         import urllib.parse
 
-        path = f"/v1/leases/{urllib.parse.quote(self.lease['id'])}"
+        from server.api import Lease
+
+        path = f"/v1/leases/{urllib.parse.quote(self.lease.id)}"
         while not self._stop.wait(REFRESH_S):
             # A missed refresh keeps the last view: the tools show slightly older numbers, nothing fails.
             with contextlib.suppress(Exception):
-                self.lease = self.client.call(self.server, "GET", path)
+                self.lease = self.client.call(self.server, "GET", path, Lease)
                 write(self.path, render(self.lease, self.pids, self.real_nvml))
 
     def stop(self) -> None:

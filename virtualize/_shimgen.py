@@ -1,5 +1,6 @@
 """Generate the shim's C from the call table: `python -m virtualize._shimgen` (writes shim/calls_gen.h),
-and the driver census (docs/driver-census.md, its summary in docs/remote.md: virtualize/_census.py).
+the worker's native loop's frame layout and guard rules (native/dispatch_gen.h), and the driver census
+(docs/driver-census.md, its summary in docs/remote.md: virtualize/_census.py).
 
 The output is committed, so building the shim needs only a C compiler; tests/test_shim_build.py and
 tests/test_driver_census.py fail when it is stale.
@@ -7,15 +8,18 @@ tests/test_driver_census.py fail when it is stale.
 
 from __future__ import annotations
 
+import struct
 import sys
 from pathlib import Path
 
-from virtualize import _census, _wire
+from virtualize import _census, _guard_rules, _wire
 from virtualize._calls import (
     ALIASES,
+    BY_SYMBOL,
     CALL_IDS,
     CALLS,
     FORWARDED_LAUNCH_ATTRIBUTES,
+    HANDLE_TYPES,
     MEMO_GROUPS,
     POINTER_ATTRIBUTE_SIZES,
     POOL_INT_ATTRIBUTES,
@@ -27,12 +31,14 @@ from virtualize._calls import (
 )
 from virtualize._exports import TABLES
 from virtualize._results import RESULT_TEXT, RESULTS
+from virtualize.errors import VirtualizeError
 
 SHIM_DIR = Path(__file__).parent / "shim"
 TYPES_OUTPUT = SHIM_DIR / "calls_gen_types.h"  # ids, wire structs, prototypes (every C file)
 BODIES_OUTPUT = SHIM_DIR / "calls_gen.h"  # plain call bodies and lookup tables (shim_calls.c only)
 EXPORTS_OUTPUT = SHIM_DIR / "exports_gen.h"  # the private export tables (shim_exports.c only)
 DRIVER_SYMBOLS = SHIM_DIR / "driver_symbols.txt"  # every name the real libcuda.so.1 exports
+NATIVE_OUTPUT = Path(__file__).parent / "native" / "dispatch_gen.h"  # the worker's native loop (dispatch.c)
 
 C_TYPES = {"i32": "int32_t", "u32": "uint32_t", "u64": "uint64_t", "u8": "uint8_t", "u16": "uint16_t"}
 C_TYPES.update({"f32": "float", "dptr": "uint64_t", "ipc": "struct gp_ipc_handle"})  # ipc: 64 bytes, by value
@@ -176,6 +182,7 @@ def generate_types() -> str:
         f"#define GP_PROTOCOL_VERSION {WIRE_VERSION}u",
         f"#define GP_FLAG_WANTS_REPLY {_wire.FLAG_WANTS_REPLY}u",
         f"#define GP_CHUNK_BYTES {_wire.CHUNK_BYTES}ull",
+        f"#define GP_LAUNCH_ATTRIBUTE_BYTES {_wire.LAUNCH_ATTRIBUTE_BYTES}",
         f'#define GP_ENV_WORKER "{_wire.ENV_WORKER}"',
         f'#define GP_ENV_SECRET "{_wire.ENV_SECRET}"',
         f'#define GP_ENV_LEASE "{_wire.ENV_LEASE}"',
@@ -185,6 +192,7 @@ def generate_types() -> str:
         f'#define GP_ENV_TRACE "{_wire.ENV_TRACE}"',
         f'#define GP_ENV_PROFILE "{_wire.ENV_PROFILE}"',
         f'#define GP_ENV_MEMO "{_wire.ENV_MEMO}"',
+        f'#define GP_ENV_RANKS "{_wire.ENV_RANKS}"',
         f"#define GP_NONCE_BYTES {_wire.NONCE_BYTES}u",
         f"#define GP_KERNEL_OUTPUT ({_wire.KERNEL_OUTPUT})",
         f"#define GP_COPY_DATA ({_wire.COPY_DATA})",
@@ -293,9 +301,15 @@ def generate_bodies() -> str:
     out.append(f"static const unsigned char gp_pointer_attribute_size[32] = {{ {sizes} }};")
     ints = " || ".join(f"(a) == {a}" for a in POOL_INT_ATTRIBUTES)
     out.append(f"#define GP_POOL_ATTRIBUTE_IS_INT(a) ({ints})")
-    mask = sum(1 << a for a in FORWARDED_LAUNCH_ATTRIBUTES)
-    out.append(f"#define GP_FORWARDED_LAUNCH_ATTRIBUTES 0x{mask:x}ull /* bit i: CUlaunchAttributeID i */")
+    out.append(
+        f"#define GP_FORWARDED_LAUNCH_ATTRIBUTES {launch_attribute_mask()} /* bit i: CUlaunchAttributeID i */"
+    )
     return "\n".join(out) + "\n"
+
+
+def launch_attribute_mask() -> str:
+    """FORWARDED_LAUNCH_ATTRIBUTES as a C mask: bit i for CUlaunchAttributeID i."""
+    return f"0x{sum(1 << a for a in FORWARDED_LAUNCH_ATTRIBUTES):x}ull"
 
 
 def per_thread_variants() -> list[tuple[str, str]]:
@@ -348,19 +362,119 @@ def generate_exports() -> str:
     return "\n".join(out) + "\n"
 
 
+# How the native loop checks each argument of a served call: the guard's checks by the argument's
+# type (`Session._check`: handles by kind, a device pointer inside the lease's memory).
+NATIVE_CHECKS = {"stream": "GPF_STREAM", "event": "GPF_EVENT", "func": "GPF_FUNC", "dptr": "GPF_RANGE"}
+NO_ARG = 0xFF  # an argument index that is none
+
+
+class UncheckedArgument(VirtualizeError):
+    """A call the native loop is to serve has an argument the guard checks and C does not."""
+
+
+def native_args(call: Call) -> list[str]:
+    """Each in-argument of a served call as C's struct gpf_arg: offset, size, check, length argument."""
+    lengths = dict(_guard_rules.range_positions(call))
+    out, offset = [], 0
+    for i, p in enumerate(call.ins):
+        size = struct.calcsize("<" + p.struct_code)
+        if p.type in (*HANDLE_TYPES, "dptr") and p.type not in NATIVE_CHECKS:
+            raise UncheckedArgument(
+                f"{call.symbol} is in _guard_rules.NATIVE_CALLS but the native loop cannot check its {p.type} "
+                f"argument `{p.name}` (it checks {', '.join(NATIVE_CHECKS)})",
+                "serve it in Python, or add the check",
+            )
+        check = NATIVE_CHECKS.get(p.type, "GPF_PLAIN")
+        out.append(f"{{{offset}, {size}, {check}, {lengths.get(i, NO_ARG)}}}")
+        offset += size
+    return out
+
+
+def generate_native() -> str:
+    """The worker's native loop's share of the wire and of the guard: the frame layout, the ids of the
+    calls it serves (`_guard_rules.NATIVE_CALLS`) with each argument's offset and the guard's check of it,
+    and which copies a stream capture refuses. dispatch.c hand-codes none of these."""
+    request = _wire.offsets(_wire.REQUEST, _wire.REQUEST_FIELDS)
+    reply = _wire.offsets(_wire.REPLY, _wire.REPLY_FIELDS)
+    served = [BY_SYMBOL[symbol] for symbol in _guard_rules.NATIVE_CALLS]
+    most = max(len(c.ins) for c in served)
+    out = [
+        HEADER,
+        "#pragma once",
+        "",
+        "#include <stdint.h>",
+        "",
+        "/* The call table this was generated from (gpf_wire_version: the worker loads no other). */",
+        f"#define GPF_WIRE_VERSION 0x{WIRE_VERSION:08x}u",
+        "/* A request's header and a reply's (virtualize/_wire.py REQUEST, REPLY): sizes, field offsets. */",
+        f"#define GPF_REQUEST_BYTES {_wire.REQUEST.size}",
+        *(f"#define GPF_REQUEST_{name.upper()} {at}" for name, at in request.items()),
+        f"#define GPF_REPLY_BYTES {_wire.REPLY.size}",
+        *(f"#define GPF_REPLY_{name.upper()} {at}" for name, at in reply.items()),
+        f"#define GPF_FLAG_WANTS_REPLY {_wire.FLAG_WANTS_REPLY}u",
+        f"#define GPF_LAUNCH_ATTRIBUTE_BYTES {_wire.LAUNCH_ATTRIBUTE_BYTES}",
+        f"#define GPF_FORWARDED_LAUNCH_ATTRIBUTES {launch_attribute_mask()}",
+        "",
+        "/* The calls served here (virtualize/_guard_rules.py NATIVE_CALLS), in that order. */",
+        "enum {",
+        *(f"    C_{name}, /* {symbol} */" for symbol, name in _guard_rules.NATIVE_CALLS.items()),
+        "    C_COUNT",
+        "};",
+        "",
+        "/* How the guard checks an argument (virtualize/_guard_rules.py): a handle of the lease's of that",
+        " * kind, or device bytes inside one of the lease's allocations (`length`: the argument holding their",
+        " * count, DEVICE_RANGES; none: the pointer alone). */",
+        "enum { GPF_PLAIN, GPF_STREAM, GPF_EVENT, GPF_FUNC, GPF_RANGE };",
+        "/* A stream every context has (_guard_rules.BUILTIN_STREAMS): no lease's own, always allowed. */",
+        "#define GPF_BUILTIN_STREAM(s) ("
+        + " || ".join(f"(s) == {n}" for n in sorted(_guard_rules.BUILTIN_STREAMS))
+        + ")",
+        f"#define GPF_NO_ARG {NO_ARG}",
+        "struct gpf_arg { uint8_t offset, size, check, length; };",
+        "struct gpf_call {",
+        "    uint32_t id, args_bytes;",
+        "    uint8_t sync;    /* a synchronising call: it answers, with an earlier asynchronous error first */",
+        "    uint8_t bulk_in; /* bytes follow its arguments (a launch's parameters, a copy's data) */",
+        "    uint8_t capture; /* the stream argument on which a capture refuses it (capture_refuses), or none */",
+        "    uint8_t n_args;",
+        f"    struct gpf_arg args[{most}];",
+        "};",
+        "static const struct gpf_call gpf_calls[C_COUNT] = {",
+    ]
+    for call, name in zip(served, _guard_rules.NATIVE_CALLS.values(), strict=True):
+        streams = [i for i, p in enumerate(call.ins) if p.type == "stream"]
+        capture = streams[0] if streams and _guard_rules.capture_refuses(call) else NO_ARG
+        args = ", ".join(native_args(call)) or "{0}"  # ISO C: no empty braces
+        out.append(
+            f"    [C_{name}] = {{{CALL_IDS[call]}, {call.in_struct.size}, {int(call.sync_point)}, "
+            f"{int(call.bulk_in)}, {capture}, {len(call.ins)}, {{{args}}}}},"
+        )
+    out.append("};")
+    out.append("")
+    out.append("/* Each argument's offset by name: GPF_AT_<call>_<argument>. */")
+    for call, name in zip(served, _guard_rules.NATIVE_CALLS.values(), strict=True):
+        offset = 0
+        for p in call.ins:
+            out.append(f"#define GPF_AT_{name}_{p.name} {offset}")
+            offset += struct.calcsize("<" + p.struct_code)
+    return "\n".join(out) + "\n"
+
+
 def generated() -> dict[Path, str]:
-    """The shim's generated C (the census is _census.generated(): it needs cuda-bindings' declarations)."""
+    """The shim's and the native loop's generated C (the census is _census.generated(): it needs
+    cuda-bindings' declarations)."""
     return {
         TYPES_OUTPUT: generate_types(),
         BODIES_OUTPUT: generate_bodies(),
         EXPORTS_OUTPUT: generate_exports(),
+        NATIVE_OUTPUT: generate_native(),
     }
 
 
 def main() -> int:
     try:
         outputs = generated() | _census.generated()
-    except _census.CensusError as exc:
+    except (_census.CensusError, UncheckedArgument) as exc:
         print(f"gpupool: {exc}", file=sys.stderr)
         return 1
     for path, text in outputs.items():

@@ -28,8 +28,10 @@ NONCE_BYTES = 32
 PROOF_BYTES = 32  # HMAC-SHA256
 WORKER_LABEL = b"gpupool worker proof 2\n"
 CLIENT_LABEL = b"gpupool client proof 2\n"
-REQUEST = struct.Struct("<IIIIQ")  # call id, flags, args_len, reserved, bulk_len
-REPLY = struct.Struct("<iIQ")  # CUresult, outs_len, bulk_len
+REQUEST = struct.Struct("<IIIIQ")
+REQUEST_FIELDS = ("call", "flags", "args_len", "reserved", "bulk_len")  # its fields, in order (C's offsets)
+REPLY = struct.Struct("<iIQ")
+REPLY_FIELDS = ("result", "outs_len", "bulk_len")  # the CUresult, the outs' bytes, the bulk's bytes
 FLAG_WANTS_REPLY = 1
 # Large copies move in chunks of this size: neither side holds more than one chunk of a copy.
 CHUNK_BYTES = 4 << 20
@@ -46,6 +48,9 @@ COPY_DATA = -3
 COPY_HEAD = struct.Struct("<QiI")  # copy id, CUresult, 0
 COPIES_SENT = -4
 COPIES_COUNT = struct.Struct("<Q")
+# A launch's attributes follow its kernel parameters in the bulk, each a CUlaunchAttribute: its id (4 bytes),
+# padding, a 64-byte value.
+LAUNCH_ATTRIBUTE_BYTES = 72
 # A frame's fixed part is small; anything larger is a corrupt or hostile peer.
 MAX_ARGS_BYTES = 1 << 16
 # Module images and kernel parameters are bounded too (a fatbin of a big library is well under this).
@@ -60,6 +65,21 @@ ENV_ENCRYPT = "GPUPOOL_DATA_ENCRYPTION"  # "auto" (default: all but loopback) or
 ENV_TRACE = "GPUPOOL_SHIM_TRACE"  # 1: the shim prints every call it handles to stderr
 ENV_PROFILE = "GPUPOOL_SHIM_PROFILE"  # 1: at exit, the shim prints where the process's time went
 ENV_MEMO = "GPUPOOL_SHIM_MEMO"  # 0: every question goes to the worker (answers are not kept)
+# A run spread over several leases (`gpuattach run --spread`): how many; lease r's variables are the ones
+# above with the suffix `_r`, and a process whose LOCAL_RANK is r talks to lease r's worker.
+ENV_RANKS = "GPUPOOL_RANKS"
+LEASE_ENV = (ENV_WORKER, ENV_SECRET, ENV_LEASE, ENV_TLS, ENV_LOCAL)  # what differs from one lease to another
+
+
+def offsets(layout: struct.Struct, fields: tuple[str, ...]) -> dict[str, int]:
+    """Each field's byte offset in a packed little-endian header (what C reads at fixed offsets)."""
+    at = 0
+    out: dict[str, int] = {}
+    for name, code in zip(fields, layout.format.lstrip("<"), strict=True):
+        out[name] = at
+        at += struct.calcsize("<" + code)
+    assert at == layout.size, "a field list that does not cover its header"
+    return out
 
 
 def proof(secret: bytes, label: bytes, first: bytes, second: bytes) -> bytes:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import shlex
@@ -29,10 +30,17 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from collector.durations import format_duration
+from collector.errors import report, report_error
 from collector.words import plural
 from server import ranges
+from server.client_errors import PoolClientError
 from virtualize._session import on_this_host, start_keeper
+
+if TYPE_CHECKING:
+    from server.api import Lease, ServerInfo
 
 EXIT_OK, EXIT_FAILED, EXIT_CANNOT_EXEC, EXIT_NOT_FOUND, EXIT_INTERRUPTED = 0, 125, 126, 127, 130
 MIB = 1 << 20
@@ -43,8 +51,7 @@ class _Parser(argparse.ArgumentParser):
     which ``run`` could not tell from the command's own status 2)."""
 
     def error(self, message: str):
-        print(f"gpuattach: error: {message} (hint: {self.prog} --help)", file=sys.stderr, flush=True)
-        sys.exit(EXIT_FAILED)
+        sys.exit(report("gpuattach", message, f"{self.prog} --help", EXIT_FAILED))
 
 
 def _request_field(field: str, example: str):
@@ -175,7 +182,11 @@ def _parser() -> argparse.ArgumentParser:
         "lease (docs/remote.md); with --local it runs on this GPU host inside its partition.",
         epilog="examples:\n  gpuattach run -n 2 -p 0.5 --filter device.name=H100 -- python train.py\n"
         "  gpuattach run --local -n 1 -m 16384 --timeout 30m -- ./solver --big\n"
-        "  gpuattach run --lease LEASE -- python step1.py   (local or remote, as the lease was requested)\n\n"
+        "  gpuattach run --lease LEASE -- python step1.py   (local or remote, as the lease was requested)\n"
+        "  gpuattach run -n 2 --spread -- torchrun --nproc-per-node 2 train.py   (one GPU on each of 2 servers)\n\n"
+        "placement: -n N takes N separate physical GPUs of ONE server (their GPUs talk over NVLink/PCIe there);\n"
+        "--spread takes one GPU on each of N different servers instead, one lease each, and the process whose\n"
+        "LOCAL_RANK is r uses server r's GPU as its device 0 (docs/remote.md, \"Many GPUs in one run\").\n\n"
         "exit status: COMMAND's (128+N when signal N ended it); 125 gpuattach failed (bad usage, no GPUs\n"
         "within --timeout, bad token, pool unreachable); 126 COMMAND not executable; 127 COMMAND not found",
     )  # fmt: skip
@@ -183,15 +194,18 @@ def _parser() -> argparse.ArgumentParser:
     rn.add_argument(
         "--lease", help="use this lease (from gpuattach request) instead of taking one; it is not released"
     )
+    rn.add_argument(
+        "--spread",
+        action="store_true",
+        help="one GPU on each of N different servers (one lease each) instead of N GPUs of one server; "
+        "the process whose LOCAL_RANK is r runs on the r-th (remote runs only)",
+    )
     rn.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from server.client import PoolClientError
-    from server.client_config import ConfigError
-
     handler = {
         "list-gpus": cmd_list_gpus,
         "servers": cmd_servers,
@@ -203,16 +217,15 @@ def main(argv: list[str] | None = None) -> int:
     }[args.command]
     try:
         return handler(args)
-    except (PoolClientError, ConfigError) as exc:
-        return _fail(exc.title, exc.hint)
+    except PoolClientError as exc:
+        return report_error("gpuattach", exc)
     except KeyboardInterrupt:
         print("gpuattach: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
 
 
 def _fail(title: str, hint: str = "", code: int = EXIT_FAILED) -> int:
-    print(f"gpuattach: error: {title}" + (f" (hint: {hint})" if hint else ""), file=sys.stderr, flush=True)
-    return code
+    return report("gpuattach", title, hint, code)
 
 
 def _client(args):
@@ -242,8 +255,13 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 def _print_answers_json(answers) -> None:
     """Each server's answer (or its error) as one JSON list, for --json."""
     # "url" is the address asked; a server's own answer carries its identity under "server".
+    import msgspec
+
     rows = [
-        {"url": s.url, **a} if isinstance(a, dict) else {"url": s.url, "error": a.title} for s, a in answers
+        {"url": s.url, **msgspec.to_builtins(a)}
+        if not isinstance(a, Exception)
+        else {"url": s.url, "error": a.title}
+        for s, a in answers
     ]
     print(json.dumps(rows, indent=1))
 
@@ -254,27 +272,29 @@ def _answered(answers) -> list:
     errors = [a for _, a in answers if isinstance(a, Exception)]
     if errors and len(errors) == len(answers):
         for a in errors[:-1]:
-            print(f"gpuattach: warning: {getattr(a, 'title', a)}", file=sys.stderr)
+            print(f"gpuattach: warning: {a.title}", file=sys.stderr)
         raise errors[-1]
     for a in errors:  # each title names its server once
-        print(f"gpuattach: warning: {getattr(a, 'title', a)}", file=sys.stderr)
+        print(f"gpuattach: warning: {a.title}", file=sys.stderr)
     return [(s, a) for s, a in answers if not isinstance(a, Exception)]
 
 
 # --- read-only commands ---------------------------------------------------------------------------------
 def cmd_list_gpus(args) -> int:
+    from server.api import GpuList
+
     client = _client(args)
-    answers = client.each("GET", "/v1/gpus")
+    answers = client.each("GET", "/v1/gpus", GpuList)
     if args.json:
         _print_answers_json(answers)
-        return EXIT_OK if any(isinstance(a, dict) for _, a in answers) else EXIT_FAILED
+        return EXIT_OK if any(isinstance(a, GpuList) for _, a in answers) else EXIT_FAILED
     rows = []
     for server, a in _answered(answers):
-        tag = " (simulated)" if a["simulated"] else ""
-        for g in a["gpus"]:
-            rows.append([_short(server.url), a["server"]["hostname"] + tag, str(g["index"]), g["name"],
-                         _human(g["mem_total_bytes"]), _human(g["mem_free_bytes"]), f"{g['free_fraction']:.2f}",
-                         str(len(g["partitions"]))])  # fmt: skip
+        tag = " (simulated)" if a.simulated else ""
+        for g in a.gpus:
+            rows.append([_short(server.url), a.server.hostname + tag, str(g.index), g.name,
+                         _human(g.mem_total_bytes), _human(g.mem_free_bytes), f"{g.free_fraction:.2f}",
+                         str(len(g.partitions))])  # fmt: skip
     if rows:
         print(_table(rows, ["SERVER", "HOST", "GPU", "NAME", "MEMORY", "FREE", "FREE_FRAC", "LEASES"]))
     else:
@@ -285,57 +305,59 @@ def cmd_list_gpus(args) -> int:
 def cmd_servers(args) -> int:
     """Each server's health, and whether it takes this client's token: a server that answers but
     refuses the token cannot serve this client, so it is not "up" (and the exit status says so)."""
-    from server.client import ConfigError
+    import msgspec
+
+    from server.api import Health, LeaseList
+    from server.client import ApiError, ConfigError
 
     client = _client(args)
     start = time.perf_counter()
-    answers = client.each("GET", "/v1/health", auth=False)
-    answering = [s for s, a in answers if isinstance(a, dict)]
-    checks = dict(client.each("GET", "/v1/leases", servers=answering)) if answering else {}
+    answers = client.each("GET", "/v1/health", Health, auth=False)
+    answering = [s for s, a in answers if isinstance(a, Health)]
+    checks = dict(client.each("GET", "/v1/leases", LeaseList, servers=answering)) if answering else {}
     took = time.perf_counter() - start
     # A server that answered is up unless it refused the token (any other error is not the token's).
     refused = {
-        s.url: c for s, c in checks.items() if isinstance(c, ConfigError) or getattr(c, "status", 0) == 401
+        s.url: c
+        for s, c in checks.items()
+        if isinstance(c, ConfigError) or (isinstance(c, ApiError) and c.status == 401)
     }
     if args.json:
 
         def token_state(server) -> str:
             check = checks[server]
-            if isinstance(check, dict):
+            if isinstance(check, LeaseList):
                 return "accepted"
             if isinstance(check, ConfigError):
                 return "missing: " + check.title
             return ("refused: " if server.url in refused else "not checked: ") + check.title
 
-        rows = [{"url": s.url, **a, "token": token_state(s)} if isinstance(a, dict)
+        rows = [{"url": s.url, **msgspec.to_builtins(a), "token": token_state(s)} if isinstance(a, Health)
                 else {"url": s.url, "error": a.title} for s, a in answers]  # fmt: skip
         print(json.dumps(rows, indent=1))
         return EXIT_OK if len(answering) == len(answers) and not refused else EXIT_FAILED
     rows = []
     for server, a in answers:
-        if isinstance(a, dict):
-            info = a["server"]
+        if isinstance(a, Health):
+            info = a.server
             flags = ",".join(
                 f
                 for f, on in (
-                    ("simulated", info["simulated"]),
-                    ("mps", info["mps"]),
-                    ("tls", info.get("tls")),
-                    ("state disk full: no new leases", not a.get("store", {}).get("writable", True)),
+                    ("simulated", info.simulated),
+                    ("mps", info.mps),
+                    ("tls", info.tls),
+                    ("state disk full: no new leases", not a.store.writable),
                 )
                 if on
             )
-            status, notes = (
-                ("up" if a.get("status", "ok") == "ok" else a["status"]),
-                flags or "-",
-            )  # degraded: full disk
+            status, notes = ("up" if a.status == "ok" else a.status), flags or "-"  # degraded: full disk
             if server.url in refused:
                 no_token = isinstance(refused[server.url], ConfigError)
                 status, notes = "NO TOKEN" if no_token else "TOKEN REFUSED", refused[server.url].title
-            rows.append([_short(server.url), status, info["hostname"], str(info["gpu_count"]), str(a["leases_active"]),
-                         info.get("driver_version") or "-", info.get("cuda_version") or "-", notes])  # fmt: skip
+            rows.append([_short(server.url), status, info.hostname, str(info.gpu_count), str(a.leases_active),
+                         info.driver_version or "-", info.cuda_version or "-", notes])  # fmt: skip
         else:
-            rows.append([_short(server.url), "DOWN", "-", "-", "-", "-", "-", getattr(a, "title", str(a))])
+            rows.append([_short(server.url), "DOWN", "-", "-", "-", "-", "-", a.title])
     print(_table(rows, ["SERVER", "STATUS", "HOST", "GPUS", "LEASES", "DRIVER", "CUDA", "NOTES"]))
     print(f"({plural(len(answers), 'server')} asked at once in {took * 1000:.0f} ms)", file=sys.stderr)
     if refused:
@@ -348,26 +370,28 @@ def cmd_servers(args) -> int:
     return EXIT_OK if len(answering) == len(answers) else EXIT_FAILED
 
 
-def _lease_rows(leases: list[tuple[str, dict]]) -> list[list[str]]:
+def _lease_rows(leases: list[tuple[str, Lease]]) -> list[list[str]]:
     rows = []
     for url, lease in leases:
         parts = ", ".join(
-            f"GPU{p['gpu_index']}:{_human(p['mem_bytes'])}({p['fraction']:.2f})" for p in lease["partitions"]
+            f"GPU{p.gpu_index}:{_human(p.mem_bytes)}({p.fraction:.2f})" for p in lease.partitions
         )
-        state = lease["state"] + (
-            f": {lease['reason']}" if lease["state"] != "active" and lease.get("reason") else ""
-        )
-        rows.append([lease["id"], _short(url), lease["client"], parts, lease["expires_at"][11:19] if lease["state"] == "active" else "-",
-                     "local" if lease["local"] else ("remote" if lease["remote"] else "-"), state])  # fmt: skip
+        state = lease.state + (f": {lease.reason}" if lease.state != "active" and lease.reason else "")
+        rows.append([lease.id, _short(url), lease.client, parts, lease.expires_at[11:19] if lease.state == "active" else "-",
+                     "local" if lease.local else ("remote" if lease.remote else "-"), state])  # fmt: skip
     return rows
 
 
 def cmd_leases(args) -> int:
+    import msgspec
+
+    from server.api import LeaseList
+
     client = _client(args)
-    answers = client.each("GET", f"/v1/leases?state={'any' if args.ended else 'active'}")
-    leases = [(s.url, lease) for s, a in _answered(answers) for lease in a["leases"]]
+    answers = client.each("GET", f"/v1/leases?state={'any' if args.ended else 'active'}", LeaseList)
+    leases = [(s.url, lease) for s, a in _answered(answers) for lease in a.leases]
     if args.json:
-        print(json.dumps([{"server": u, **lease} for u, lease in leases], indent=1))
+        print(json.dumps([{"server": u, **msgspec.to_builtins(lease)} for u, lease in leases], indent=1))
     elif leases:
         print(
             _table(
@@ -395,50 +419,52 @@ def cmd_smi(args) -> int:
     now = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     if args.lease:
         server, lease = client.find_lease(args.lease)
-        head = [f"gpuattach smi — lease {lease['id']}   {now}"]
+        head = [f"gpuattach smi — lease {lease.id}   {now}"]
         info = [
-            f"server {_short(server.url)} ({lease['server']['hostname']})  client {lease['client']}  state {lease['state']}"
-            + ("  SIMULATED" if lease["simulated"] else ""),
-            f"created {lease['created_at']}  expires {lease['expires_at']}  idle timeout "
-            f"{_secs(lease['idle_timeout_s'])}  memory limit {'enforced by MPS' if lease['mps'] else 'advisory (no MPS)'}",
+            f"server {_short(server.url)} ({lease.server.hostname})  client {lease.client}  state {lease.state}"
+            + ("  SIMULATED" if lease.simulated else ""),
+            f"created {lease.created_at}  expires {lease.expires_at}  idle timeout "
+            f"{_secs(lease.idle_timeout_s)}  memory limit {'enforced by MPS' if lease.mps else 'advisory (no MPS)'}",
         ]
-        if lease.get("reason"):
-            info.append(f"reason: {lease['reason']}")
+        if lease.reason:
+            info.append(f"reason: {lease.reason}")
         rows = [f"{'GPU':>3}  {'Name':<30} {'Partition':>26}  {'SM share':>8}  UUID"]
-        for p in lease["partitions"]:
-            part = f"{_human(p['mem_bytes'])} / {_human(p['mem_total_bytes'])} ({p['fraction']:.2f})"
+        for p in lease.partitions:
+            part = f"{_human(p.mem_bytes)} / {_human(p.mem_total_bytes)} ({p.fraction:.2f})"
             rows.append(
-                f"{p['gpu_index']:>3}  {p['gpu_name'][:30]:<30} {part:>26}  {p['sm_share'] or '-':>8}  {p['gpu_uuid']}"
+                f"{p.gpu_index:>3}  {p.gpu_name[:30]:<30} {part:>26}  {p.sm_share or '-':>8}  {p.gpu_uuid}"
             )
         print(_box([head, info, rows]))
         return EXIT_OK
-    answers = client.each("GET", "/v1/gpus")
+    from server.api import GpuList
+
+    answers = client.each("GET", "/v1/gpus", GpuList)
     ok = _answered(answers)
-    n_gpus = sum(len(a["gpus"]) for _, a in ok)
+    n_gpus = sum(len(a.gpus) for _, a in ok)
     sections = [
         [
             f"gpuattach smi — pool of {plural(len(answers), 'server')} ({len(ok)} up), {plural(n_gpus, 'GPU')}   {now}"
         ]
     ]
     for server, a in ok:
-        info = a["server"]
+        info = a.server
         sec = [
-            f"{info['hostname']}  {_short(server.url)}  driver {info.get('driver_version') or '-'}  "
-            f"CUDA {info.get('cuda_version') or '-'}{'  MPS' if info['mps'] else ''}{'  SIMULATED' if a['simulated'] else ''}",
+            f"{info.hostname}  {_short(server.url)}  driver {info.driver_version or '-'}  "
+            f"CUDA {info.cuda_version or '-'}{'  MPS' if info.mps else ''}{'  SIMULATED' if a.simulated else ''}",
             f"{'GPU':>3}  {'Name':<30} {'Leased / Total':>20}  {'Use':>4}         {'GPU-Util':>8}  {'Mem-Used':>9}"
             "  Partitions (client:fraction)",
         ]
-        for g in a["gpus"]:
-            used = g["mem_total_bytes"] - g["mem_free_bytes"]
-            pct = 100 * used / g["mem_total_bytes"] if g["mem_total_bytes"] else 0
+        for g in a.gpus:
+            used = g.mem_total_bytes - g.mem_free_bytes
+            pct = 100 * used / g.mem_total_bytes if g.mem_total_bytes else 0
             meter = "#" * round(pct / 20)
-            parts = " ".join(f"{p['client']}:{p['fraction']:.2f}" for p in g["partitions"]) or "-"
-            mem = _human(used) + " / " + _human(g["mem_total_bytes"])
-            live = g.get("live") or {}  # the server's newest NVML sample (real GPUs only)
-            util = f"{live['util_gpu_mean'] * 100:.0f}%" if live.get("util_gpu_mean") is not None else "-"
-            real = _human(live["mem_used_bytes"]) if live.get("mem_used_bytes") is not None else "-"
+            parts = " ".join(f"{p.client}:{p.fraction:.2f}" for p in g.partitions) or "-"
+            mem = _human(used) + " / " + _human(g.mem_total_bytes)
+            live = g.live  # the server's newest NVML sample (real GPUs only)
+            util = f"{live.util_gpu_mean * 100:.0f}%" if live and live.util_gpu_mean is not None else "-"
+            real = _human(live.mem_used_bytes) if live and live.mem_used_bytes is not None else "-"
             sec.append(
-                f"{g['index']:>3}  {g['name'][:30]:<30} {mem:>20}  {pct:>3.0f}%  [{meter:<5}]  {util:>8}  {real:>9}  {parts}"
+                f"{g.index:>3}  {g.name[:30]:<30} {mem:>20}  {pct:>3.0f}%  [{meter:<5}]  {util:>8}  {real:>9}  {parts}"
             )
         sections.append(sec)
     print(_box(sections))
@@ -446,30 +472,31 @@ def cmd_smi(args) -> int:
 
 
 def _secs(value) -> str:
-    return "none" if not value else f"{value:g}s"
+    return "none" if not value else format_duration(value, "exact")
 
 
 # --- leases ----------------------------------------------------------------------------------------------
 def _request_from(args, *, local: bool, remote: bool, pids=(), label=None):
-    from server.client import Request
+    from server.client import LeaseRequest
 
     if args.num_gpus is None:
         raise _usage("give -n N (and -p P or -m MIB), or --lease LEASE")
     fraction = args.partial if args.partial is not None else (None if args.memory is not None else 1.0)
-    return Request(n=args.num_gpus, fraction=fraction, mem_mib=args.memory, sm_share=args.sm_share,
-                   filters=tuple(args.filter), local=local, remote=remote, pids=tuple(pids), label=label)  # fmt: skip
+    try:
+        return LeaseRequest(n=args.num_gpus, fraction=fraction, mem_mib=args.memory, sm_share=args.sm_share,
+                            filters=list(args.filter), local=local, remote=remote, pids=list(pids), label=label)  # fmt: skip
+    except ValueError as exc:  # a value out of its range (server.ranges), refused as the server would
+        raise _usage(str(exc)) from None
 
 
 def _usage(title: str):
-    from server.client import PoolClientError
-
     return PoolClientError(title, "see gpuattach run --help")
 
 
 def _timeout(args, client) -> float:
-    from server.client_config import parse_duration
+    from server.client_config import wait_setting
 
-    return parse_duration(args.timeout, "--timeout") if args.timeout else client.cfg.timeout_s
+    return wait_setting(args.timeout, "--timeout") if args.timeout else client.cfg.timeout_s
 
 
 def _wait_note(msg: str) -> None:
@@ -489,14 +516,14 @@ def cmd_request(args) -> int:
     )
     if not args.no_keeper:
         start_keeper(client, server, lease)
-    print(lease["id"])
-    parts = ", ".join(f"GPU{p['gpu_index']} {_human(p['mem_bytes'])}" for p in lease["partitions"])
+    print(lease.id)
+    parts = ", ".join(f"GPU{p.gpu_index} {_human(p.mem_bytes)}" for p in lease.partitions)
     keeper = (
-        "a keeper process heartbeats it" if not args.no_keeper else f"heartbeat it within {lease['ttl_s']:g}s"
+        "a keeper process heartbeats it" if not args.no_keeper else f"heartbeat it within {lease.ttl_s:g}s"
     )
     kind = "local" if args.local else "remote"
-    print(f"gpuattach: {kind} lease {lease['id']} on {_short(server.url)} ({parts}); {keeper}; "
-          f"gpuattach run --lease {lease['id']} -- COMMAND runs on it; gpuattach release {lease['id']} when done",
+    print(f"gpuattach: {kind} lease {lease.id} on {_short(server.url)} ({parts}); {keeper}; "
+          f"gpuattach run --lease {lease.id} -- COMMAND runs on it; gpuattach release {lease.id} when done",
           file=sys.stderr)  # fmt: skip
     return EXIT_OK
 
@@ -510,13 +537,13 @@ def cmd_release(args) -> int:
             lease = client.release(server, lease_id)
             how = (
                 "released"
-                if "released by" in (lease.get("reason") or "") and lease["state"] == "released"
-                else lease["state"]
+                if "released by" in (lease.reason or "") and lease.state == "released"
+                else lease.state
             )
-            print(f"{lease_id}: {how}" + (f" ({lease['reason']})" if lease.get("reason") else ""))
-        except Exception as exc:
+            print(f"{lease_id}: {how}" + (f" ({lease.reason})" if lease.reason else ""))
+        except PoolClientError as exc:
             failed += 1
-            print(f"gpuattach: error: {lease_id}: {getattr(exc, 'title', exc)}", file=sys.stderr)
+            print(f"gpuattach: error: {lease_id}: {exc.title}", file=sys.stderr)
     return EXIT_FAILED if failed else EXIT_OK
 
 
@@ -524,14 +551,19 @@ def cmd_release(args) -> int:
 class _Run:
     """Runs the command under a lease: environment, heartbeats, signal forwarding, release."""
 
-    def __init__(self, client, server, lease, owned: bool):
+    def __init__(self, client, server, lease: Lease, owned: bool):
         self.client, self.server, self.lease, self.owned = client, server, lease, owned
+        self.spread: list[tuple] = []  # --spread: (server, lease) of every rank, this one first
         self.child: subprocess.Popen | None = None
         self.ended_reason: str | None = None
         self._killer: threading.Timer | None = None
 
-    def on_lease_end(self, state: str, reason: str) -> None:
-        self.ended_reason = f"lease {self.lease['id']} was {state}: {reason}"
+    @property
+    def leases(self) -> list[tuple]:
+        return self.spread or [(self.server, self.lease)]
+
+    def on_lease_end(self, state: str, reason: str, lease_id: str | None = None) -> None:
+        self.ended_reason = f"lease {lease_id or self.lease.id} was {state}: {reason}"
         print(f"gpuattach: {self.ended_reason}; stopping the command", file=sys.stderr, flush=True)
         self._signal_child(signal.SIGTERM)
         self._killer = threading.Timer(10.0, self._signal_child, args=(signal.SIGKILL,))
@@ -560,83 +592,122 @@ def cmd_run(args) -> int:
         )
     if not args.lease and args.num_gpus is None:
         return _fail("give -n N (and -p P or -m MIB), or --lease LEASE", "see gpuattach run --help")
+    if args.spread and (args.lease or args.local):
+        return _fail("--spread takes new remote leases, one per server",
+                     "drop --lease / --local, or drop --spread")  # fmt: skip
     client = _client(args)
     if args.lease:
         server, lease = client.find_lease(args.lease)
-        if lease["state"] != "active":
-            return _fail(
-                f"lease {lease['id']} is {lease['state']}: {lease.get('reason')}", "request a new lease"
-            )
-        if lease.get("local"):
+        if lease.state != "active":
+            return _fail(f"lease {lease.id} is {lease.state}: {lease.reason}", "request a new lease")
+        if lease.local:
             args.local = True  # a lease requested with --local runs the way it was requested
-        elif args.local and lease.get("remote"):
+        elif args.local and lease.remote:
             return _fail(
-                f"lease {lease['id']} was requested for remote runs",
+                f"lease {lease.id} was requested for remote runs",
                 "drop --local, or request a lease with gpuattach request --local",
             )
         owned = False
     else:
         req = _request_from(args, local=args.local, remote=not args.local,
                             pids=(os.getpid(),) if args.local else (), label=shlex.join(cmd)[:200])  # fmt: skip
-        server, lease = client.acquire(
-            req,
-            timeout_s=_timeout(args, client),
-            accept=on_this_host if args.local else None,
-            on_wait=_wait_note,
-        )
+        if args.spread:
+            spread = _acquire_spread(client, req, _timeout(args, client))
+            server, lease = spread[0]
+        else:
+            server, lease = client.acquire(
+                req,
+                timeout_s=_timeout(args, client),
+                accept=on_this_host if args.local else None,
+                on_wait=_wait_note,
+            )
         owned = True
     remote_env = None
     if not args.local:
         try:
             from virtualize.remote import remote_env
         except ImportError as exc:
-            _release_quietly(client, server, lease, owned)
+            for taken_server, taken in spread if args.spread else [(server, lease)]:
+                _release_quietly(client, taken_server, taken, owned)
             return _fail(f"remote execution is not available in this installation ({exc})",
                          "run on a GPU host with --local, or install gpupool's client with the shim")  # fmt: skip
     run = _Run(client, server, lease, owned)
+    if args.spread:
+        run.spread = spread
     try:
         return _run_under_lease(args, cmd, run, remote_env)
     finally:
-        if owned:
+        for server, lease in run.leases if owned else ():
             try:
-                client.release(server, lease["id"])
-            except Exception as exc:
+                client.release(server, lease.id)
+            except PoolClientError as exc:
                 if run.ended_reason is None:
-                    print(f"gpuattach: warning: could not release {lease['id']} ({getattr(exc, 'title', exc)}); "
-                          f"it expires {lease['ttl_s']:g}s after the last heartbeat", file=sys.stderr)  # fmt: skip
+                    print(f"gpuattach: warning: could not release {lease.id} ({exc.title}); "
+                          f"it expires {lease.ttl_s:g}s after the last heartbeat", file=sys.stderr)  # fmt: skip
+
+
+def _acquire_spread(client, req, timeout_s: float) -> list[tuple]:
+    """--spread -n N: one lease of one GPU on each of N different servers, taken one after the other
+    (a server already holding one is refused for the next); all released if one cannot be had."""
+    import msgspec
+
+    one = msgspec.structs.replace(req, n=1)
+    taken: list[tuple] = []
+    deadline = time.monotonic() + timeout_s
+
+    def identity(info: ServerInfo) -> tuple:
+        return info.hostname, info.addr, info.port
+
+    def elsewhere(info: ServerInfo) -> str | None:
+        if identity(info) in {identity(lease.server) for _, lease in taken}:
+            return f"already holds a GPU of this run (--spread: one GPU per server, {req.n} servers needed)"
+        return None
+
+    try:
+        while len(taken) < req.n:
+            left = max(0.0, deadline - time.monotonic())
+            taken.append(client.acquire(one, timeout_s=left, accept=elsewhere, on_wait=_wait_note))
+    except BaseException:
+        for server, lease in taken:
+            _release_quietly(client, server, lease, True)
+        raise
+    return taken
 
 
 def _release_quietly(client, server, lease, owned: bool) -> None:
     if owned:
         with contextlib.suppress(Exception):
-            client.release(server, lease["id"])
+            client.release(server, lease.id)
 
 
 def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
     lease = run.lease
     env = dict(os.environ)
     if args.local:
-        if on_this_host(lease["server"]):
-            return _fail(on_this_host(lease["server"]), "drop --local to run remotely")
-        env.update(lease.get("env") or {})
-        if not lease["mps"]:
-            limits = ", ".join(_human(p["mem_bytes"]) for p in lease["partitions"])
-            print(f"gpuattach: note: {lease['server']['hostname']} runs without MPS: the partition's memory limit ({limits}) is advisory",
+        if refusal := on_this_host(lease.server):
+            return _fail(refusal, "drop --local to run remotely")
+        env.update(lease.env or {})
+        if not lease.mps:
+            limits = ", ".join(_human(p.mem_bytes) for p in lease.partitions)
+            print(f"gpuattach: note: {lease.server.hostname} runs without MPS: the partition's memory limit ({limits}) is advisory",
                   file=sys.stderr)  # fmt: skip
     else:
         try:
-            env.update(remote_env(lease))
+            if run.spread:
+                from virtualize.remote import spread_env
+
+                env.update(spread_env([answer for _, answer in run.spread]))
+            else:
+                env.update(remote_env(lease))
         except (
             Exception
         ) as exc:  # the shim is not built, the lease has no worker, …: one line, lease released
             hint = "see docs/remote.md"
-            if not lease.get("remote"):
+            if not lease.remote:
                 hint = "this lease was not requested for remote runs: pass --local on its GPU host, or request a new one"
             return _fail(f"cannot set up remote execution: {exc}", hint)
-    if lease["simulated"]:
-        print(
-            f"gpuattach: note: lease {lease['id']} is on SIMULATED GPUs (control plane only)", file=sys.stderr
-        )
+    if lease.simulated:
+        print(f"gpuattach: note: lease {lease.id} is on SIMULATED GPUs (control plane only)", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="gpupool-run-") as scratch:
         view = _nvml_view(run, env, Path(scratch), local=args.local)
         try:
@@ -669,10 +740,13 @@ def _nvml_view(run: _Run, env: dict, scratch: Path, *, local: bool):
 
 
 def _run_command(args, cmd, run: _Run, env: dict, view) -> int:
-    from server.client import Heartbeater
+    from server.client import Heartbeater, heartbeat_interval
 
-    lease = run.lease
-    hb = Heartbeater(run.client, run.server, lease, run.on_lease_end)
+    beats = [
+        Heartbeater(run.client, server, answer.id, heartbeat_interval(answer.ttl_s),
+                    on_end=functools.partial(run.on_lease_end, lease_id=answer.id))
+        for server, answer in run.leases
+    ]  # fmt: skip
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
     tty = _foreground_tty()
     try:
@@ -690,12 +764,16 @@ def _run_command(args, cmd, run: _Run, env: dict, view) -> int:
             _give_foreground(tty, run.child.pid)
         if view is not None:
             view.start([run.child.pid])
-        hb.start(pids=[os.getpid(), run.child.pid] if args.local else None)
+        for hb in beats:
+            hb.start(pids=[os.getpid(), run.child.pid] if args.local else None)
         if args.local:
-            threading.Thread(target=_quiet, args=(hb.beat_now,), daemon=True).start()  # register the pid now
+            threading.Thread(
+                target=_quiet, args=(beats[0].beat_now,), daemon=True
+            ).start()  # register the pid now
         rc = run.child.wait()
     finally:
-        hb.stop()
+        for hb in beats:
+            hb.stop()
         if run._killer:
             run._killer.cancel()
         if tty is not None:

@@ -15,21 +15,27 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from virtualize import _wire
 from virtualize._nvml_view import VIEW_ENV
+from virtualize.errors import VirtualizeError
+
+if TYPE_CHECKING:
+    from server.api import Lease
 
 SHIM_MODULE = "virtualize._libcuda_shim"
 NVML_MODULE = "virtualize._libnvml_shim"
 
 
-class ShimNotBuilt(RuntimeError):
+class ShimNotBuilt(VirtualizeError):
     """gpupool's libcuda.so.1 was not compiled with this installation."""
 
     def __init__(self) -> None:
         super().__init__(
-            "gpupool's libcuda.so.1 is not built: reinstall with a C compiler present "
-            "(pip install -e . or pip install .; on Debian/Ubuntu: apt-get install gcc)"
+            "gpupool's libcuda.so.1 is not built",
+            "reinstall with a C compiler present (pip install -e . or pip install .; on Debian/Ubuntu: "
+            "apt-get install gcc)",
         )
 
 
@@ -147,33 +153,42 @@ def shim_dir(
 
 
 def remote_env(
-    lease_answer: dict, *, cache_root: Path | None = None, library: Path | None = None
+    lease_answer: Lease | dict, *, cache_root: Path | None = None, library: Path | None = None
 ) -> dict[str, str]:
     """Environment variables that make a child process's CUDA calls run on the lease's worker.
 
-    `lease_answer` is the pool server's answer for a lease created with remote=true; its "worker"
-    holds host, port, secret, the fingerprint of the worker's certificate and its local socket's name. `library` overrides the installed shim (e.g. from `compile_shim`).
+    `lease_answer` is the pool server's answer for a lease created with remote=true (a ``server.api.Lease``,
+    or its JSON as a dict); its "worker" holds host, port, secret, the fingerprint of the worker's
+    certificate and its local socket's name. `library` overrides the installed shim (e.g. from `compile_shim`).
     """
-    worker = lease_answer.get("worker")
+    import msgspec
+
+    from server.api import Lease, Worker
+
+    if isinstance(lease_answer, Lease):
+        worker, lease_id = lease_answer.worker, lease_answer.id
+    else:
+        found = lease_answer.get("worker")
+        worker = msgspec.convert(found, Worker) if found else None
+        lease_id = lease_answer.get("id") or lease_answer.get("lease_id")
     if not worker:
         raise ValueError("the lease has no worker: it was not created for remote execution (remote=true)")
     directory = shim_dir(cache_root, library=library)
-    host = str(worker["host"])
+    host = worker.host
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     old = os.environ.get("LD_LIBRARY_PATH", "")
     env = {
         "LD_LIBRARY_PATH": f"{directory}:{old}" if old else str(directory),
-        _wire.ENV_WORKER: f"{host}:{int(worker['port'])}",
-        _wire.ENV_SECRET: str(worker["secret"]),
+        _wire.ENV_WORKER: f"{host}:{worker.port}",
+        _wire.ENV_SECRET: worker.secret,
         # numba-cuda's ctypes binding opens the driver by path when told to.
         "NUMBA_CUDA_DRIVER": str(directory / "libcuda.so.1"),
     }
-    if worker.get("tls_sha256"):
-        env[_wire.ENV_TLS] = str(worker["tls_sha256"])
-    if worker.get("local"):
-        env[_wire.ENV_LOCAL] = str(worker["local"])
-    lease_id = lease_answer.get("id") or lease_answer.get("lease_id")
+    if worker.tls_sha256:
+        env[_wire.ENV_TLS] = worker.tls_sha256
+    if worker.local:
+        env[_wire.ENV_LOCAL] = worker.local
     if lease_id:
         env[_wire.ENV_LEASE] = str(lease_id)
     return env
@@ -234,3 +249,17 @@ def _is_gpupool_nvml(path: Path) -> bool:
             return data.find(b"gpupoolNvmlLease") >= 0
     except (OSError, ValueError):  # unreadable, or empty
         return False
+
+
+def spread_env(
+    lease_answers: list[dict], *, cache_root: Path | None = None, library: Path | None = None
+) -> dict[str, str]:
+    """The environment of a run spread over several one-GPU leases (`gpuattach run --spread`): each
+    lease's variables with the suffix `_r` for rank r, lease 0's also without one (for processes that are
+    no rank, such as a launcher), and how many there are. The shim picks by the process's LOCAL_RANK."""
+    env = remote_env(lease_answers[0], cache_root=cache_root, library=library)
+    for rank, answer in enumerate(lease_answers):
+        own = remote_env(answer, cache_root=cache_root, library=library)
+        env.update({f"{name}_{rank}": own[name] for name in _wire.LEASE_ENV if name in own})
+    env[_wire.ENV_RANKS] = str(len(lease_answers))
+    return env

@@ -34,20 +34,21 @@ import re
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from server import ranges
+from virtualize.errors import VirtualizeError
 
 DEFAULT_DIR = "/run/gpupool-slurm"
 DEFAULT_CONFIG = "/etc/gpupool/client.toml"
+if TYPE_CHECKING:
+    from server.api import Lease
+
 SPEC = re.compile(r"(?P<n>\d+)(?:x(?P<p>\d*\.?\d+))?(?P<local>:local)?")
 
 
-class JobError(Exception):
+class JobError(VirtualizeError):
     """Why the job gets no lease: one line for the job's output, and what to do."""
-
-    def __init__(self, title: str, hint: str = ""):
-        super().__init__(title)
-        self.title, self.hint = title, hint
 
 
 def parse_spec(text: str) -> tuple[int, float, bool]:
@@ -102,15 +103,13 @@ def _log(msg: str) -> None:  # Slurm keeps a Prolog's and an Epilog's stderr in 
     print(f"gpupool-slurm: {msg}", file=sys.stderr, flush=True)
 
 
-def _task_lines(lease: dict, env: dict[str, str], job_id: str, shim: str | None) -> str:
+def _task_lines(lease: Lease, env: dict[str, str], job_id: str, shim: str | None) -> str:
     """TaskProlog lines; ``prepend LD_LIBRARY_PATH=DIR`` is the hook's: DIR goes before the task's own
     LD_LIBRARY_PATH, which only the TaskProlog sees."""
-    parts = ", ".join(f"GPU{p['gpu_index']} {p['fraction']:g}" for p in lease["partitions"])
-    kind = "local partition" if lease.get("local") else "remote"
-    sim = " (SIMULATED GPUs)" if lease.get("simulated") else ""
-    lines = [
-        f"print gpupool: job {job_id}: {kind} lease {lease['id']} on {lease['server']['hostname']}{sim}: {parts}"
-    ]
+    parts = ", ".join(f"GPU{p.gpu_index} {p.fraction:g}" for p in lease.partitions)
+    kind = "local partition" if lease.local else "remote"
+    sim = " (SIMULATED GPUs)" if lease.simulated else ""
+    lines = [f"print gpupool: job {job_id}: {kind} lease {lease.id} on {lease.server.hostname}{sim}: {parts}"]
     lines += [f"export {k}={v}" for k, v in sorted(env.items())]
     if shim:
         lines.append(f"prepend LD_LIBRARY_PATH={shim}")
@@ -148,17 +147,18 @@ def prolog() -> int:
 
 
 def _take_lease(spec: str, job: dict[str, str], folder: Path) -> tuple[str, dict]:
-    from server.client import PoolClientError, Request
-    from server.client_config import parse_duration
+    from server.api import Job
+    from server.client import LeaseRequest, PoolClientError
+    from server.client_config import wait_setting
     from virtualize._session import on_this_host, start_keeper
 
     n, fraction, local = parse_spec(spec)
     try:
         client = _client()
         timeout = os.environ.get("GPUPOOL_SLURM_TIMEOUT")
-        timeout_s = parse_duration(timeout, "GPUPOOL_SLURM_TIMEOUT") if timeout else client.cfg.timeout_s
-        req = Request(n=n, fraction=fraction, local=local, remote=not local,
-                      label=f"slurm job {job['id']}", job=job)  # fmt: skip
+        timeout_s = wait_setting(timeout, "GPUPOOL_SLURM_TIMEOUT") if timeout else client.cfg.timeout_s
+        req = LeaseRequest(n=n, fraction=fraction, local=local, remote=not local,
+                           label=f"slurm job {job['id']}", job=Job(**job))  # fmt: skip
         server, lease = client.acquire(
             req,
             timeout_s=timeout_s,
@@ -170,7 +170,7 @@ def _take_lease(spec: str, job: dict[str, str], folder: Path) -> tuple[str, dict
     shim = None
     try:
         if local:
-            env = dict(lease.get("env") or {})
+            env = dict(lease.env or {})
         else:
             from virtualize.remote import remote_env
 
@@ -184,9 +184,9 @@ def _take_lease(spec: str, job: dict[str, str], folder: Path) -> tuple[str, dict
         keeper = start_keeper(client, server, lease, log_dir=folder, pids_file=pids)
     except Exception as exc:  # the shim is not built, ...: the lease goes back, the job gets the reason
         with contextlib.suppress(Exception):
-            client.release(server, lease["id"])
-        raise JobError(f"cannot set up lease {lease['id']}: {exc}", "see docs/remote.md") from None
-    state = {"lease_id": lease["id"], "server": server.url, "keeper_pid": keeper}
+            client.release(server, lease.id)
+        raise JobError(f"cannot set up lease {lease.id}: {exc}", "see docs/remote.md") from None
+    state = {"lease_id": lease.id, "server": server.url, "keeper_pid": keeper}
     return _task_lines(lease, env, job["id"], shim), state
 
 
@@ -212,7 +212,7 @@ def epilog() -> int:
         client = _client()
         server, _ = client.find_lease(state["lease_id"])
         lease = client.release(server, state["lease_id"])
-        _log(f"job {jid}: lease {state['lease_id']} {lease['state']}")
+        _log(f"job {jid}: lease {state['lease_id']} {lease.state}")
     except Exception as exc:  # its keeper is stopped: the lease expires one TTL later at most
         _log(f"job {jid}: could not release {state['lease_id']} ({getattr(exc, 'title', exc)}); it expires "
              "one TTL after its last heartbeat")  # fmt: skip

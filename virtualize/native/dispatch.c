@@ -11,11 +11,13 @@
  * Every other frame, and every case the Python path answers differently, goes back to Python untouched:
  * gpf_serve returns with the buffer positioned at that frame's header.
  *
- * Frame and call ids come from the one call table (virtualize/_calls.py) through gpf_set_ids. No Python
- * API and no CUDA headers: the Python side drives it through ctypes (which lets go of the GIL for the
- * whole call), and the driver's entry points are looked up in the libcuda.so.1 the worker has loaded. A
- * worker without a GPU (the host executor) passes its own functions instead, so the same loop is tested
- * where there is no driver. */
+ * The frame layout, the served calls' ids and argument offsets, and the guard's checks of each argument
+ * (handles by kind, builtin streams, device ranges, copies a capture refuses) are generated from the
+ * Python tables the guard itself reads (dispatch_gen.h, by `python -m virtualize._shimgen`): this file
+ * applies them and types none of them. No Python API and no CUDA headers: the Python side drives it
+ * through ctypes (which lets go of the GIL for the whole call), and the driver's entry points are looked
+ * up in the libcuda.so.1 the worker has loaded. A worker without a GPU (the host executor) passes its own
+ * functions instead, so the same loop is tested where there is no driver. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -28,28 +30,20 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../include/gp_ranges.h"
+#include "dispatch_gen.h"
 #include "native.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
-enum { HEADER = 24, REPLY = 16, ATTR_BYTES = 72, MAX_ARGS = 1 << 16 };
+enum { HEADER = GPF_REQUEST_BYTES, REPLY = GPF_REPLY_BYTES, ATTR_BYTES = GPF_LAUNCH_ATTRIBUTE_BYTES };
 enum { KIND_STREAM, KIND_EVENT, KIND_FUNC, KINDS };
 /* Why gpf_serve returned. */
 enum { TO_PYTHON = 0, ASYNC_ERROR = 1, CLOSED = 2, IO_ERROR = 3, SERVED = 4, REPLY_AFTER_OUTPUT = 5 };
 /* REPLY_AFTER_OUTPUT with bytes: a copy to the host whose reply (result, then the bytes at
  * outcome.data) follows the kernel output. */
-/* The calls served here, in the order gpf_set_ids takes their ids. */
-enum {
-    C_LAUNCH, C_CTX_SYNC, C_STREAM_SYNC, C_STREAM_QUERY, C_EVENT_SYNC, C_EVENT_QUERY, C_EVENT_RECORD,
-    C_EVENT_RECORD_FLAGS, C_STREAM_WAIT_EVENT, C_HTOD, C_HTOD_ASYNC, C_DTOH, C_DTOH_ASYNC, C_COUNT
-};
-static const uint32_t ARGS_BYTES[C_COUNT] = {48, 0, 8, 8, 8, 8, 16, 20, 20, 24, 24, 24, 24};
-static const int IS_SYNC[C_COUNT] = {0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1};
+/* The calls served here (C_LAUNCH ...) and their rules: gpf_calls, in dispatch_gen.h. */
 enum { SMALL_COPY = 256 << 10 }; /* larger copies go through shared memory or Python's chunked path */
-
-static uint32_t call_ids[C_COUNT];
-static uint64_t forwarded_attributes; /* bit i: launch attribute id i may be passed on */
-static uint32_t wants_reply_flag = 1;
 
 /* -- how calls are executed: the driver's entry points, or the host executor's functions ------------- */
 
@@ -162,11 +156,8 @@ EXPORT int gpf_use_driver(void) {
     return 0;
 }
 
-EXPORT void gpf_set_ids(const uint32_t ids[C_COUNT], uint64_t attributes, uint32_t reply_flag) {
-    memcpy(call_ids, ids, sizeof call_ids);
-    forwarded_attributes = attributes;
-    wants_reply_flag = reply_flag;
-}
+/* The call table this loop was generated from: the worker uses it only with the same table. */
+EXPORT uint32_t gpf_wire_version(void) { return GPF_WIRE_VERSION; }
 
 /* -- the lease's handles: open-addressed sets of 64-bit keys, a function's layout as the value ------- */
 
@@ -186,6 +177,7 @@ struct table {
 struct range {
     uint64_t base, size;
 };
+_Static_assert(offsetof(struct range, base) == 0, "gp_ranges_upper reads each range's base first");
 
 struct lease {
     pthread_mutex_t lock;
@@ -279,13 +271,7 @@ EXPORT struct lease *gpf_lease_new(launch_fn launch, call_fn call, copy_fn copy,
 
 /* The first range whose base is above `ptr` (under the lock). */
 static size_t range_after(const struct lease *l, uint64_t ptr) {
-    size_t lo = 0, hi = l->n_ranges;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (l->ranges[mid].base <= ptr) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo;
+    return gp_ranges_upper(l->ranges, l->n_ranges, sizeof *l->ranges, ptr);
 }
 
 /* [ptr, ptr + count) inside one allocation of the lease, as the guard's _check_range says. */
@@ -293,7 +279,7 @@ static int range_ok(const struct lease *l, uint64_t ptr, uint64_t count) {
     size_t i = range_after(l, ptr);
     if (!i) return 0;
     const struct range *r = &l->ranges[i - 1];
-    return ptr < r->base + (r->size ? r->size : 1) && count <= r->base + r->size - ptr;
+    return gp_range_holds(r->base, r->size, ptr) && count <= r->base + r->size - ptr;
 }
 
 EXPORT void gpf_range_drop(struct lease *l, uint64_t base) {
@@ -488,12 +474,40 @@ static int fill(const struct io *io, struct buffer *b, uint64_t need) {
 
 static int which_call(uint32_t id) {
     for (int c = 0; c < C_COUNT; c++)
-        if (call_ids[c] == id) return c;
+        if (gpf_calls[c].id == id) return c;
     return -1;
 }
 
+/* Argument i of served call c, from its frame's arguments at `a`. */
+static uint64_t arg(int c, int i, const uint8_t *a) {
+    const struct gpf_arg *g = &gpf_calls[c].args[i];
+    uint64_t v = 0;
+    memcpy(&v, a + g->offset, g->size); /* little-endian, as the wire */
+    return v;
+}
+
 static int stream_known(struct lease *l, uint64_t stream) {
-    return stream <= 2 || table_has(&l->kinds[KIND_STREAM], stream, NULL); /* NULL, legacy, per-thread */
+    return GPF_BUILTIN_STREAM(stream) || table_has(&l->kinds[KIND_STREAM], stream, NULL);
+}
+
+/* Every argument of the frame passes the guard's check of it (Session._check, _check_ranges): handles
+ * the lease's, device bytes inside one of its allocations (under the lock). */
+static int args_ok(struct lease *l, int c, const uint8_t *a) {
+    for (int i = 0; i < gpf_calls[c].n_args; i++) {
+        const struct gpf_arg *g = &gpf_calls[c].args[i];
+        uint64_t v = arg(c, i, a);
+        int ok;
+        switch (g->check) {
+        case GPF_PLAIN: ok = 1; break;
+        case GPF_STREAM: ok = stream_known(l, v); break;
+        case GPF_EVENT: ok = table_has(&l->kinds[KIND_EVENT], v, NULL); break;
+        case GPF_FUNC: ok = table_has(&l->kinds[KIND_FUNC], v, NULL); break; /* only functions launched once */
+        case GPF_RANGE: ok = range_ok(l, v, g->length == GPF_NO_ARG ? 0 : arg(c, g->length, a)); break;
+        default: ok = 0; /* a check this loop does not know: Python's */
+        }
+        if (!ok) return 0;
+    }
+    return 1;
 }
 
 static int send_all(const struct io *io, const void *p, size_t n) {
@@ -513,20 +527,20 @@ static int send_all(const struct io *io, const void *p, size_t n) {
 /* A launch's frame (args at `a`, parameters then attributes at `bulk`): run, or -1 for the Python path. */
 static int launch(struct session *s, const uint8_t *a, const uint8_t *bulk, uint64_t bulk_len, int *result) {
     struct lease *l = s->lease;
-    uint64_t func = u64(a), stream = u64(a + 36);
-    uint32_t dims[7], n_attrs = u32(a + 44);
-    for (int i = 0; i < 7; i++) dims[i] = u32(a + 8 + 4 * i);
+    uint64_t func = u64(a + GPF_AT_LAUNCH_f), stream = u64(a + GPF_AT_LAUNCH_stream);
+    uint32_t dims[7], n_attrs = u32(a + GPF_AT_LAUNCH_n_attrs);
+    for (int i = 0; i < 7; i++) dims[i] = u32(a + GPF_AT_LAUNCH_gx + 4 * i); /* grid, block, shared memory */
     if ((uint64_t)n_attrs * ATTR_BYTES > bulk_len || n_attrs > 64) return -1;
     uint64_t params_len = bulk_len - (uint64_t)n_attrs * ATTR_BYTES;
     uint64_t attrs[64 * ATTR_BYTES / 8]; /* aligned copies of the attributes */
     for (uint32_t i = 0; i < n_attrs; i++) {
         uint32_t id = u32(bulk + params_len + (uint64_t)i * ATTR_BYTES);
-        if (id >= 64 || !(forwarded_attributes >> id & 1)) return -1;
+        if (id >= 64 || !(GPF_FORWARDED_LAUNCH_ATTRIBUTES >> id & 1)) return -1;
     }
     memcpy(attrs, bulk + params_len, (size_t)n_attrs * ATTR_BYTES);
     pthread_mutex_lock(&l->lock);
     struct layout *layout = NULL;
-    int known = table_has(&l->kinds[KIND_FUNC], func, &layout) && layout && stream_known(l, stream) &&
+    int known = args_ok(l, C_LAUNCH, a) && table_has(&l->kinds[KIND_FUNC], func, &layout) && layout &&
                 params_len >= layout->min_len;
     uint32_t n = known ? layout->n : 0;
     void *small[64], **args = small;
@@ -561,21 +575,11 @@ static int launch(struct session *s, const uint8_t *a, const uint8_t *bulk, uint
 /* Any other call served here: checked, run; -1 for the Python path. */
 static int other(struct session *s, int c, const uint8_t *a, int *result) {
     struct lease *l = s->lease;
-    uint64_t x = ARGS_BYTES[c] >= 8 ? u64(a) : 0, y = ARGS_BYTES[c] >= 16 ? u64(a + 8) : 0;
-    uint32_t z = ARGS_BYTES[c] >= 20 ? u32(a + 16) : 0;
+    int n = gpf_calls[c].n_args;
+    uint64_t x = n > 0 ? arg(c, 0, a) : 0, y = n > 1 ? arg(c, 1, a) : 0;
+    uint32_t z = n > 2 ? (uint32_t)arg(c, 2, a) : 0;
     pthread_mutex_lock(&l->lock);
-    int ok;
-    switch (c) {
-    case C_CTX_SYNC: ok = 1; break;
-    case C_STREAM_SYNC:
-    case C_STREAM_QUERY: ok = stream_known(l, x); break;
-    case C_EVENT_SYNC:
-    case C_EVENT_QUERY: ok = table_has(&l->kinds[KIND_EVENT], x, NULL); break;
-    case C_EVENT_RECORD:
-    case C_EVENT_RECORD_FLAGS: ok = table_has(&l->kinds[KIND_EVENT], x, NULL) && stream_known(l, y); break;
-    case C_STREAM_WAIT_EVENT: ok = stream_known(l, x) && table_has(&l->kinds[KIND_EVENT], y, NULL); break;
-    default: ok = 0;
-    }
+    int ok = args_ok(l, c, a);
     pthread_mutex_unlock(&l->lock);
     if (!ok) return -1;
     __atomic_store_n(&s->busy, 1, __ATOMIC_RELAXED);
@@ -589,16 +593,17 @@ static int other(struct session *s, int c, const uint8_t *a, int *result) {
  * A copy to the host leaves [reply header][bytes] at s->copied. */
 static int copy(struct session *s, int c, const uint8_t *a, const uint8_t *bulk, uint64_t bulk_len, int *result) {
     struct lease *l = s->lease;
-    uint64_t device = u64(a), count = u64(a + 8), stream = u64(a + 16);
-    int to_device = c == C_HTOD || c == C_HTOD_ASYNC, on_stream = c == C_HTOD_ASYNC || c == C_DTOH_ASYNC;
+    const struct gpf_call *call = &gpf_calls[c];
+    uint64_t device = arg(c, 0, a), count = arg(c, 1, a), stream = arg(c, 2, a);
+    int to_device = call->bulk_in;
     if (count > SMALL_COPY || (to_device ? bulk_len != count : bulk_len != 0) || !count) return -1;
     pthread_mutex_lock(&l->lock);
-    int ok = range_ok(l, device, count) && stream_known(l, stream);
+    int ok = args_ok(l, c, a);
     pthread_mutex_unlock(&l->lock);
     if (!ok) return -1;
-    if (on_stream) { /* a copy on a capturing stream is the guard's to refuse or spoil */
+    if (call->capture != GPF_NO_ARG) { /* a copy on a capturing stream is the guard's to refuse or spoil */
         int capturing = 1;
-        if (l->ops.capturing(stream, &capturing) || capturing) return -1;
+        if (l->ops.capturing(arg(c, call->capture, a), &capturing) || capturing) return -1;
     }
     if (!to_device && !s->copied && !(s->copied = malloc(REPLY + SMALL_COPY))) return -1;
     __atomic_store_n(&s->busy, 1, __ATOMIC_RELAXED);
@@ -621,13 +626,14 @@ EXPORT int gpf_serve(struct session *s, int fd, struct gpt_stream *tls, struct b
         int r = fill(&io, b, HEADER);
         if (r) return r;
         const uint8_t *h = b->data + b->start;
-        uint32_t id = u32(h), flags = u32(h + 4), args_len = u32(h + 8);
-        uint64_t bulk_len = u64(h + 16);
+        uint32_t id = u32(h + GPF_REQUEST_CALL), flags = u32(h + GPF_REQUEST_FLAGS);
+        uint32_t args_len = u32(h + GPF_REQUEST_ARGS_LEN);
+        uint64_t bulk_len = u64(h + GPF_REQUEST_BULK_LEN);
         int c = which_call(id);
-        if (c < 0 || args_len != ARGS_BYTES[c] || HEADER + args_len + bulk_len > b->cap) return TO_PYTHON;
-        int copying = c >= C_HTOD;
-        if (IS_SYNC[c] && (!may_reply || !(flags & wants_reply_flag) || bulk_len)) return TO_PYTHON;
-        if (c != C_LAUNCH && !copying && bulk_len) return TO_PYTHON;
+        if (c < 0 || args_len != gpf_calls[c].args_bytes || HEADER + args_len + bulk_len > b->cap) return TO_PYTHON;
+        int copying = gpf_calls[c].n_args && gpf_calls[c].args[0].check == GPF_RANGE, sync = gpf_calls[c].sync;
+        if (sync && (!may_reply || !(flags & GPF_FLAG_WANTS_REPLY))) return TO_PYTHON;
+        if (!gpf_calls[c].bulk_in && bulk_len) return TO_PYTHON;
         if ((r = fill(&io, b, HEADER + args_len + bulk_len))) return r;
         h = b->data + b->start;
         int result = 0;
@@ -639,14 +645,14 @@ EXPORT int gpf_serve(struct session *s, int fd, struct gpt_stream *tls, struct b
         b->start += HEADER + args_len + bulk_len;
         out->served++;
         __atomic_fetch_add(&s->calls, 1, __ATOMIC_RELAXED);
-        if (!IS_SYNC[c]) {
+        if (!sync) {
             if (result) {
                 out->result = result;
                 return ASYNC_ERROR;
             }
             continue;
         }
-        uint64_t count = copying ? u64(a + 8) : 0, sent = result ? 0 : count; /* bytes of a copy to the host */
+        uint64_t count = copying ? arg(c, 1, a) : 0, sent = result ? 0 : count; /* bytes of a copy to the host */
         if (output_waiting()) {
             out->result = result;
             out->data = sent ? s->copied + REPLY : NULL;
@@ -655,8 +661,8 @@ EXPORT int gpf_serve(struct session *s, int fd, struct gpt_stream *tls, struct b
         }
         uint8_t head[REPLY] = {0}, *reply = copying ? s->copied : head;
         memset(reply, 0, REPLY);
-        memcpy(reply, &result, 4);
-        memcpy(reply + 8, &sent, 8);
+        memcpy(reply + GPF_REPLY_RESULT, &result, 4);
+        memcpy(reply + GPF_REPLY_BULK_LEN, &sent, 8);
         if (send_all(&io, reply, REPLY + sent) < 0) return IO_ERROR;
     }
     return SERVED;

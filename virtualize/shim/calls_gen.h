@@ -1550,7 +1550,6 @@ GP_EXPORT CUresult cuDeviceGetGraphMemAttribute(void) { return gp_unforwarded("c
 GP_EXPORT CUresult cuDeviceGetHostAtomicCapabilities(void) { return gp_unforwarded("cuDeviceGetHostAtomicCapabilities"); }
 GP_EXPORT CUresult cuDeviceGetLuid(void) { return gp_unforwarded("cuDeviceGetLuid"); }
 GP_EXPORT CUresult cuDeviceGetNvSciSyncAttributes(void) { return gp_unforwarded("cuDeviceGetNvSciSyncAttributes"); }
-GP_EXPORT CUresult cuDeviceGetP2PAtomicCapabilities(void) { return gp_unforwarded("cuDeviceGetP2PAtomicCapabilities"); }
 GP_EXPORT CUresult cuDeviceGraphMemTrim(void) { return gp_unforwarded("cuDeviceGraphMemTrim"); }
 GP_EXPORT CUresult cuDeviceRegisterAsyncNotification(void) { return gp_unforwarded("cuDeviceRegisterAsyncNotification"); }
 GP_EXPORT CUresult cuDeviceSetGraphMemAttribute(void) { return gp_unforwarded("cuDeviceSetGraphMemAttribute"); }
@@ -1676,7 +1675,6 @@ GP_EXPORT CUresult cuMemDiscardAndPrefetchBatchAsync(void) { return gp_unforward
 GP_EXPORT CUresult cuMemDiscardAndPrefetchBatchAsync_ptsz(void) { return gp_unforwarded("cuMemDiscardAndPrefetchBatchAsync_ptsz"); }
 GP_EXPORT CUresult cuMemDiscardBatchAsync(void) { return gp_unforwarded("cuMemDiscardBatchAsync"); }
 GP_EXPORT CUresult cuMemDiscardBatchAsync_ptsz(void) { return gp_unforwarded("cuMemDiscardBatchAsync_ptsz"); }
-GP_EXPORT CUresult cuMemExportToShareableHandle(void) { return gp_unforwarded("cuMemExportToShareableHandle"); }
 GP_EXPORT CUresult cuMemFree(void) { return gp_unforwarded("cuMemFree"); }
 GP_EXPORT CUresult cuMemGetAddressRange(void) { return gp_unforwarded("cuMemGetAddressRange"); }
 GP_EXPORT CUresult cuMemGetAttribute(void) { return gp_unforwarded("cuMemGetAttribute"); }
@@ -1685,7 +1683,6 @@ GP_EXPORT CUresult cuMemGetHandleForAddressRange(void) { return gp_unforwarded("
 GP_EXPORT CUresult cuMemGetInfo(void) { return gp_unforwarded("cuMemGetInfo"); }
 GP_EXPORT CUresult cuMemHostGetDevicePointer(void) { return gp_unforwarded("cuMemHostGetDevicePointer"); }
 GP_EXPORT CUresult cuMemHostRegister(void) { return gp_unforwarded("cuMemHostRegister"); }
-GP_EXPORT CUresult cuMemImportFromShareableHandle(void) { return gp_unforwarded("cuMemImportFromShareableHandle"); }
 GP_EXPORT CUresult cuMemMapArrayAsync(void) { return gp_unforwarded("cuMemMapArrayAsync"); }
 GP_EXPORT CUresult cuMemMapArrayAsync_ptsz(void) { return gp_unforwarded("cuMemMapArrayAsync_ptsz"); }
 GP_EXPORT CUresult cuMemPrefetchBatchAsync(void) { return gp_unforwarded("cuMemPrefetchBatchAsync"); }
@@ -1845,8 +1842,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuMemDiscardAndPrefetchBatchAsync", "batched and attributed copies, batched prefetch and discard: not forwarded yet"},
     {"cuMemBatchDecompressAsync", "batched and attributed copies, batched prefetch and discard: not forwarded yet"},
     {"cuDeviceSetMemPool", "memory pools beyond the default, and pool access: not forwarded yet"},
-    {"cuMemExportToShareableHandle", "virtual memory handles shared between processes: not forwarded yet"},
-    {"cuMemImportFromShareableHandle", "virtual memory handles shared between processes: not forwarded yet"},
     {"cuMulticast*", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuLogicalEndpoint*", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuFabricCpyBatchAsync", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
@@ -1908,7 +1903,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuModuleGetSurfRef", "legacy launches and texture references: not forwarded yet"},
     {"cuCtxAttach", "legacy context attach: not forwarded yet"},
     {"cuCtxDetach", "legacy context attach: not forwarded yet"},
-    {"cuDeviceGetP2PAtomicCapabilities", "peer atomics: not forwarded yet"},
     {"cuGreenCtx*", "green contexts and execution affinity: not forwarded yet"},
     {"cuCtxFromGreenCtx", "green contexts and execution affinity: not forwarded yet"},
     {"cuDeviceGetDevResource", "green contexts and execution affinity: not forwarded yet"},
@@ -1977,6 +1971,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuDeviceGetDefaultMemPool", 11020, (void *)cuDeviceGetDefaultMemPool},
     {"cuDeviceGetMemPool", 11020, (void *)cuDeviceGetMemPool},
     {"cuDeviceGetName", 2000, (void *)cuDeviceGetName},
+    {"cuDeviceGetP2PAtomicCapabilities", 13000, (void *)cuDeviceGetP2PAtomicCapabilities},
     {"cuDeviceGetP2PAttribute", 8000, (void *)cuDeviceGetP2PAttribute},
     {"cuDeviceGetPCIBusId", 4010, (void *)cuDeviceGetPCIBusId},
     {"cuDeviceGetProperties", 2000, (void *)cuDeviceGetProperties},
@@ -2109,6 +2104,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemAllocManaged", 6000, (void *)cuMemAllocManaged},
     {"cuMemAllocPitch", 3020, (void *)cuMemAllocPitch_v2},
     {"cuMemCreate", 10020, (void *)cuMemCreate},
+    {"cuMemExportToShareableHandle", 10020, (void *)cuMemExportToShareableHandle},
     {"cuMemFree", 3020, (void *)cuMemFree_v2},
     {"cuMemFreeAsync", 11020, (void *)cuMemFreeAsync},
     {"cuMemFreeHost", 2000, (void *)cuMemFreeHost},
@@ -2124,6 +2120,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemHostGetFlags", 2030, (void *)cuMemHostGetFlags},
     {"cuMemHostRegister", 6050, (void *)cuMemHostRegister_v2},
     {"cuMemHostUnregister", 4000, (void *)cuMemHostUnregister},
+    {"cuMemImportFromShareableHandle", 10020, (void *)cuMemImportFromShareableHandle},
     {"cuMemMap", 10020, (void *)cuMemMap},
     {"cuMemPoolCreate", 11020, (void *)cuMemPoolCreate},
     {"cuMemPoolDestroy", 11020, (void *)cuMemPoolDestroy},

@@ -6,6 +6,7 @@
  * call fails with CUDA_ERROR_DEVICE_UNAVAILABLE and the shim says once on stderr what happened. */
 #define _GNU_SOURCE
 #include "shim.h"
+#include "../include/gp_ranges.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -412,16 +413,47 @@ static int connect_local(const char *name) {
 
 static CUresult handshake(const char *secret);
 
+/* A run spread over several leases (gpuattach run --spread): the process whose LOCAL_RANK (torchrun,
+ * accelerate; OMPI_COMM_WORLD_LOCAL_RANK under Open MPI) is r talks to lease r's worker, named by the
+ * lease variables with the suffix _r; a process that is no rank uses lease 0's, which have none. */
+static char rank_suffix[24];
+
+static const char *lease_getenv(const char *name) {
+    if (!rank_suffix[0]) return getenv(name);
+    char key[128];
+    snprintf(key, sizeof key, "%s%s", name, rank_suffix);
+    return getenv(key);
+}
+
+static CUresult pick_rank_lease(void) {
+    const char *ranks = getenv(GP_ENV_RANKS);
+    const char *rank = getenv("LOCAL_RANK");
+    if (!rank || !*rank) rank = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    rank_suffix[0] = 0;
+    if (!ranks || !*ranks || !rank || !*rank) return CUDA_SUCCESS;
+    char *end;
+    long n = strtol(ranks, NULL, 10), r = strtol(rank, &end, 10);
+    if (*end || r < 0 || r >= n)
+        return fail(CUDA_ERROR_NO_DEVICE,
+                    "this process's local rank is %s but the run holds %ld leases, one per rank (gpuattach run "
+                    "--spread -n %ld): start as many ranks per node as -n",
+                    rank, n, n);
+    snprintf(rank_suffix, sizeof rank_suffix, "_%ld", r);
+    return CUDA_SUCCESS;
+}
+
 static CUresult connect_worker(void) {
-    const char *where = getenv(GP_ENV_WORKER);
-    const char *secret = getenv(GP_ENV_SECRET);
+    CUresult picked = pick_rank_lease();
+    if (picked != CUDA_SUCCESS) return picked;
+    const char *where = lease_getenv(GP_ENV_WORKER);
+    const char *secret = lease_getenv(GP_ENV_SECRET);
     if (!where || !*where || !secret) {
         return fail(CUDA_ERROR_NO_DEVICE,
                     "no GPU lease for this process: this libcuda.so.1 is gpupool's remote-execution shim and "
                     "%s is not set; run the program under `gpuattach run -- ...`",
                     GP_ENV_WORKER);
     }
-    const char *lease = getenv(GP_ENV_LEASE);
+    const char *lease = lease_getenv(GP_ENV_LEASE);
     if (lease && *lease) snprintf(conn_where, sizeof conn_where, "%s (lease %s)", where, lease);
     else snprintf(conn_where, sizeof conn_where, "%s", where);
     char host[256];
@@ -441,7 +473,7 @@ static CUresult connect_worker(void) {
     int fd = -1;
     int err = 0;
     int loopback = 0;
-    const char *pin = getenv(GP_ENV_TLS), *policy = getenv(GP_ENV_ENCRYPT), *local = getenv(GP_ENV_LOCAL);
+    const char *pin = lease_getenv(GP_ENV_TLS), *policy = getenv(GP_ENV_ENCRYPT), *local = lease_getenv(GP_ENV_LOCAL);
     int always_encrypt = policy && strcmp(policy, "always") == 0;
     if (local && *local && !always_encrypt) {
         for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next)
@@ -1261,21 +1293,17 @@ struct range { uint64_t base, size; unsigned flags; int owned; };
 struct ranges { struct range *v; size_t n, cap; };
 static struct ranges dev_ranges, host_ranges, reserved;
 
+_Static_assert(offsetof(struct range, base) == 0, "gp_ranges_upper reads each range's base first");
+
 static size_t ranges_upper(const struct ranges *r, uint64_t ptr) { /* first index with base > ptr */
-    size_t lo = 0, hi = r->n;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (r->v[mid].base <= ptr) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo;
+    return gp_ranges_upper(r->v, r->n, sizeof *r->v, ptr);
 }
 
 static const struct range *ranges_find(const struct ranges *r, uint64_t ptr) {
     size_t i = ranges_upper(r, ptr);
     if (i == 0) return NULL;
     const struct range *x = &r->v[i - 1];
-    return ptr - x->base < (x->size ? x->size : 1) ? x : NULL;
+    return gp_range_holds(x->base, x->size, ptr) ? x : NULL;
 }
 
 static int ranges_insert(struct ranges *r, struct range x) {

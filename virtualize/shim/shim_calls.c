@@ -190,6 +190,18 @@ static int parse_bus_id(const char *id, unsigned v[4]) {
     return 0;
 }
 
+/* Which atomic operations one of the lease's GPUs can make on another's memory (CUDA 13). */
+#define P2P_ATOMIC_OPERATIONS_MAX 64 /* CUatomicOperation has fewer kinds; a list past it is refused */
+
+CUresult cuDeviceGetP2PAtomicCapabilities(void *capabilities, void *operations, uint32_t count, int32_t src,
+                                          int32_t dst) {
+    GP_TRACE("cuDeviceGetP2PAtomicCapabilities");
+    if (!capabilities || !operations || !count || count > P2P_ATOMIC_OPERATIONS_MAX) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuDeviceGetP2PAtomicCapabilities in = {.count = count, .src = src, .dst = dst};
+    return gp_call(GP_CALL_cuDeviceGetP2PAtomicCapabilities, WANT, &in, sizeof in, operations, 4ull * count, NULL,
+                   0, capabilities, 4ull * count);
+}
+
 CUresult cuDeviceGetByPCIBusId(int32_t *dev, const char *bus_id) {
     GP_TRACE("cuDeviceGetByPCIBusId");
     unsigned want[4], have[4];
@@ -809,11 +821,35 @@ CUresult cuIpcOpenMemHandle_v2(uint64_t *pdptr, struct gp_ipc_handle handle, uin
     return ipc_open(pdptr, handle);
 }
 
-/* Pools shared between processes of one lease. The exported pool is a real file descriptor (a memfd
- * naming the lease's pool), so a program passes it over a Unix socket as it would the driver's; the
- * exported pointer is 64 bytes naming the allocation, opened as an IPC memory handle is. */
-static const char pool_magic[16] = "gpupool pool 1";
+/* A handle shared between processes of one lease is a real file descriptor (a memfd holding a magic and
+ * the worker's handle), so a program passes it over a Unix socket, or to a child, as it would the driver's. */
 #define POSIX_FILE_DESCRIPTOR 1 /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+
+static CUresult handle_to_fd(const char magic[16], uint64_t value, int *fd_out) {
+    int fd = (int)syscall(SYS_memfd_create, "gpupool-handle", 0);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    unsigned char data[24];
+    memcpy(data, magic, 16);
+    memcpy(data + 16, &value, 8);
+    if (pwrite(fd, data, sizeof data, 0) != (ssize_t)sizeof data) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *fd_out = fd;
+    return CUDA_SUCCESS;
+}
+
+static CUresult handle_from_fd(const char magic[16], int fd, uint64_t *value) {
+    unsigned char data[24];
+    if (pread(fd, data, sizeof data, 0) != (ssize_t)sizeof data || memcmp(data, magic, 16) != 0)
+        return CUDA_ERROR_INVALID_VALUE; /* not a handle exported by a process of a gpupool lease */
+    memcpy(value, data + 16, 8);
+    return CUDA_SUCCESS;
+}
+
+/* Pools shared between processes of one lease: the exported pool is a descriptor naming the lease's
+ * pool; the exported pointer is 64 bytes naming the allocation, opened as an IPC memory handle is. */
+static const char pool_magic[16] = "gpupool pool 1";
 #define POOL_ATTR_RELEASE_THRESHOLD 4
 
 static CUresult pool_of_lease(uint64_t pool) { /* the worker refuses a pool that is not the lease's */
@@ -827,18 +863,7 @@ CUresult cuMemPoolExportToShareableHandle(void *handle, uint64_t pool, int32_t t
     if (!handle) return CUDA_ERROR_INVALID_VALUE;
     if (type != POSIX_FILE_DESCRIPTOR || gp_pool_is_local(pool)) return CUDA_ERROR_NOT_SUPPORTED;
     CUresult r = pool_of_lease(pool);
-    if (r != CUDA_SUCCESS) return r;
-    int fd = (int)syscall(SYS_memfd_create, "gpupool-pool", 0);
-    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-    unsigned char data[24];
-    memcpy(data, pool_magic, sizeof pool_magic);
-    memcpy(data + 16, &pool, 8);
-    if (pwrite(fd, data, sizeof data, 0) != (ssize_t)sizeof data) {
-        close(fd);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    *(int *)handle = fd;
-    return CUDA_SUCCESS;
+    return r != CUDA_SUCCESS ? r : handle_to_fd(pool_magic, pool, (int *)handle);
 }
 
 CUresult cuMemPoolImportFromShareableHandle(uint64_t *pool, void *handle, int32_t type, uint64_t flags) {
@@ -846,16 +871,39 @@ CUresult cuMemPoolImportFromShareableHandle(uint64_t *pool, void *handle, int32_
     (void)flags;
     if (!pool) return CUDA_ERROR_INVALID_VALUE;
     if (type != POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
-    unsigned char data[24];
-    int fd = (int)(intptr_t)handle;
-    if (pread(fd, data, sizeof data, 0) != (ssize_t)sizeof data || memcmp(data, pool_magic, sizeof pool_magic) != 0)
-        return CUDA_ERROR_INVALID_VALUE; /* not a pool exported by a process of a gpupool lease */
     uint64_t p;
-    memcpy(&p, data + 16, 8);
-    CUresult r = pool_of_lease(p);
-    if (r != CUDA_SUCCESS) return r;
-    *pool = p;
-    return CUDA_SUCCESS;
+    CUresult r = handle_from_fd(pool_magic, (int)(intptr_t)handle, &p);
+    if (r == CUDA_SUCCESS) r = pool_of_lease(p);
+    if (r == CUDA_SUCCESS) *pool = p;
+    return r;
+}
+
+/* Memory of the virtual memory API shared between processes of one lease, as NCCL's cuMem transport
+ * shares its buffers: the worker records the export in the lease and gives an importing process a
+ * reference of its own, only to memory exported in the same lease. */
+static const char vmem_magic[16] = "gpupool vmem 1";
+
+CUresult cuMemExportToShareableHandle(void *shareable, uint64_t handle, int32_t type, uint64_t flags) {
+    GP_TRACE("cuMemExportToShareableHandle");
+    (void)flags;
+    if (!shareable) return CUDA_ERROR_INVALID_VALUE;
+    if (type != POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED; /* fabric, Win32: names outside the lease */
+    struct gp_in_cuMemExportToShareableHandle in = {.handle = handle, .type = type};
+    CUresult r = gp_call(GP_CALL_cuMemExportToShareableHandle, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r != CUDA_SUCCESS ? r : handle_to_fd(vmem_magic, handle, (int *)shareable);
+}
+
+CUresult cuMemImportFromShareableHandle(uint64_t *handle, void *os_handle, int32_t type) {
+    GP_TRACE("cuMemImportFromShareableHandle");
+    if (!handle) return CUDA_ERROR_INVALID_VALUE;
+    if (type != POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+    uint64_t exported;
+    CUresult r = handle_from_fd(vmem_magic, (int)(intptr_t)os_handle, &exported);
+    struct gp_in_cuMemImportFromShareableHandle in = {.exported = exported};
+    struct gp_out_cuMemImportFromShareableHandle out;
+    if (r == CUDA_SUCCESS) r = CALL(cuMemImportFromShareableHandle, WANT, in, out);
+    if (r == CUDA_SUCCESS) *handle = out.handle;
+    return r;
 }
 
 CUresult cuMemPoolExportPointer(void *data, uint64_t ptr) {
@@ -2183,7 +2231,7 @@ CUresult cuFuncGetParamCount(uint64_t func, uint64_t *count) {
     return param_count(func, count);
 }
 
-#define LAUNCH_ATTRIBUTE_BYTES 72 /* CUlaunchAttribute: id, padding, a 64-byte value union */
+#define LAUNCH_ATTRIBUTE_BYTES GP_LAUNCH_ATTRIBUTE_BYTES /* CUlaunchAttribute: id, padding, a 64-byte value union */
 
 /* Packs kernelParams (or the `extra` buffer) into `buf`; returns its length or -1. */
 static int64_t pack_params(const struct layout *l, void **params, void **extra, unsigned char *buf, size_t cap) {
@@ -2277,8 +2325,8 @@ static int is_cooperative(const unsigned char *attrs, uint32_t n_attrs) {
     for (uint32_t i = 0; i < n_attrs; i++) {
         uint32_t id;
         int32_t value;
-        memcpy(&id, attrs + 72 * i, 4);
-        memcpy(&value, attrs + 72 * i + 8, 4);
+        memcpy(&id, attrs + LAUNCH_ATTRIBUTE_BYTES * i, 4);
+        memcpy(&value, attrs + LAUNCH_ATTRIBUTE_BYTES * i + 8, 4);
         if (id == 2 && value) return 1;
     }
     return 0;

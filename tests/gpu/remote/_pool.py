@@ -23,17 +23,21 @@ def installed() -> tuple[str | None, str | None]:
 
 
 @contextlib.contextmanager
-def pool_server(work: Path, env: dict[str, str], extra: list[str] = ()) -> Iterator[Callable[..., list[str]]]:
-    """Yields attach(fraction) -> the `gpuattach run -n 1 -p F --` command line for this server.
+def pool_server(
+    work: Path, env: dict[str, str], extra: list[str] = (), token: str | None = None
+) -> Iterator[Callable[..., list[str]]]:
+    """Yields attach(fraction) -> the `gpuattach run -n 1 -p F --` command line for this server, with
+    attach.url and attach.token (`token`: one made on another server, imported so one token serves both).
     Raises RuntimeError when the server does not come up."""
     server, client = installed()
     if not server or not client:
         raise RuntimeError("gpupool-server / gpuattach not installed")
     state = work / "state"
     state.mkdir(parents=True, exist_ok=True)
-    made = subprocess.run([server, "token", "create", "tester", "--state-dir", str(state)],
+    verb = ["import"] if token else ["create"]
+    made = subprocess.run([server, "token", *verb, "tester", "--state-dir", str(state)], input=token or "",
                           capture_output=True, text=True, timeout=60)  # fmt: skip
-    token = next((w for w in made.stdout.split() if w.startswith("gp_")), "")
+    token = token or next((w for w in made.stdout.split() if w.startswith("gp_")), "")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -50,10 +54,11 @@ def pool_server(work: Path, env: dict[str, str], extra: list[str] = ()) -> Itera
         if proc.poll() is not None:
             raise RuntimeError(f"gpupool-server exited with {proc.returncode}")
 
-        def attach(fraction: str, *options: str) -> list[str]:
-            return [client, "run", "--server", f"http://127.0.0.1:{port}", "--token", token, "-n", "1",
+        def attach(fraction: str, *options: str, n: int = 1) -> list[str]:
+            return [client, "run", "--server", f"http://127.0.0.1:{port}", "--token", token, "-n", str(n),
                     "-p", fraction, *options, "--"]  # fmt: skip
 
+        attach.url, attach.token = f"http://127.0.0.1:{port}", token
         yield attach
     finally:
         proc.terminate()

@@ -1,0 +1,163 @@
+"""The guard is one set of rules on both paths: for every call the native loop serves, the same frames —
+a valid one, and one per rule the guard applies to it (a handle not the lease's, a stream every context
+has, device bytes outside or past the end of the lease's memory, a copy on a capturing stream) — are run in C exactly when the
+Python path (`_executor_guard.Session`) runs them, with the same effect at the executor seam.
+
+The frames are generated from the call table and the guard's rule tables, not picked by hand: a call
+newly served in C, or a rule tightened in Python but not in C's generated table, shows up here.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import pytest
+from test_remote_native_dispatch import CAPTURING, EVENT, FUNC, LAYOUT, STREAM, Recorder, python_frame
+
+from virtualize import _guard_rules, _native_dispatch, _shimgen, _wire
+from virtualize._calls import CALL_IDS, Call
+from virtualize._executor_guard import Allocation, LeaseState, Session
+from virtualize.worker import Channel
+
+pytestmark = pytest.mark.skipif(_native_dispatch._load() is None, reason="the native loop is not built")
+
+BASE, SIZE, COUNT = 0x10000, 4096, 64  # the lease's one allocation; the bytes each copy names
+FOREIGN = 0xDEAD0000  # a handle or address the lease never made
+VALID = {"stream": STREAM, "event": EVENT, "func": FUNC, "dptr": BASE + 16}
+
+
+def valid_args(call: Call) -> list[int]:
+    lengths = {length for _, length in _guard_rules.range_positions(call)}
+    return [VALID.get(p.type, COUNT if i in lengths else 0) for i, p in enumerate(call.ins)]
+
+
+def bulk_of(call: Call, args: list[int]) -> bytes:
+    """A launch's kernel parameters (LAYOUT's 12 bytes), a copy to the device's data, or nothing."""
+    if not call.bulk_in:
+        return b""
+    if any(p.type == "func" for p in call.ins):
+        return struct.pack("<QI", 0x1000, 7)
+    (_, length), *_ = _guard_rules.range_positions(call)
+    return bytes(i % 251 for i in range(args[length]))
+
+
+def cases() -> list[tuple[str, Call, list[int]]]:
+    """(what is wrong, call, arguments) for every served call: the valid frame, then each rule broken."""
+    out = []
+    for call in _native_dispatch.IN_C_CALLS:
+        valid = valid_args(call)
+        out.append(("valid", call, valid))
+        ranges = dict(_guard_rules.range_positions(call))
+        for i, p in enumerate(call.ins):
+            broken = {}
+            if p.type in VALID and p.type != "dptr":
+                broken[f"foreign {p.type}"] = FOREIGN
+            if p.type == "stream":
+                broken["capturing stream"] = CAPTURING
+                for builtin in sorted(_guard_rules.BUILTIN_STREAMS):  # every context's own: allowed
+                    broken[f"builtin stream {builtin}"] = builtin
+                broken["the stream after the builtin ones"] = max(_guard_rules.BUILTIN_STREAMS) + 1
+            if p.type == "dptr":
+                broken[f"{p.name} outside the lease"] = BASE + SIZE + 4096
+                if i in ranges:
+                    broken[f"{p.name} past the allocation's end"] = BASE + SIZE - COUNT // 2
+            for what, value in broken.items():
+                out.append((what, call, [value if j == i else v for j, v in enumerate(valid)]))
+    return out
+
+
+CASES = cases()
+
+
+def lease_with_handles() -> tuple[LeaseState, Recorder, _native_dispatch.NativeLease]:
+    lease = LeaseState([1 << 30])
+    executor = Recorder()
+    native = _native_dispatch.for_worker(lease, executor)
+    lease.handles["stream"].update({STREAM, CAPTURING})
+    lease.handles["event"].add(EVENT)
+    lease.handles["func"].add(FUNC)
+    lease.layouts[FUNC] = LAYOUT
+    native.learn(FUNC, LAYOUT)
+    lease.add(Allocation(BASE, SIZE, 0, owned=True))
+    return lease, executor, native
+
+
+def run_in_c(call: Call, args: list[int], bulk: bytes, flags: int) -> tuple[bool, list]:
+    """Whether the native loop served the frame itself, and what reached the executor."""
+    _, executor, native = lease_with_handles()
+    client, served = socket.socketpair()
+    session = native.session()
+    try:
+        channel = Channel(served)
+        state = type("PythonSide", (), {"pending": 0, "callbacks": None, "calls": 0})()
+        packed = call.in_struct.pack(*args)
+        client.sendall(
+            _wire.REQUEST.pack(CALL_IDS[call], flags, len(packed), 0, len(bulk))
+            + packed
+            + bulk
+            + python_frame()
+        )
+        session.serve(channel, state, touch=lambda: None)
+        header = channel.read_exact(_wire.REQUEST.size)
+        return header == python_frame()[: _wire.REQUEST.size], executor.ran
+    finally:
+        session.close()
+        client.close()
+        served.close()
+
+
+def run_in_python(call: Call, args: list[int], bulk: bytes, flags: int) -> list:
+    """What reached the executor when the Python path ran the frame."""
+    lease, executor, _ = lease_with_handles()
+    client, served = socket.socketpair()
+    try:
+        session = Session(lease, executor, Channel(served))
+        client.sendall(bulk)
+        session.dispatch(CALL_IDS[call], flags, call.in_struct.pack(*args), len(bulk))
+        return executor.ran
+    finally:
+        client.close()
+        served.close()
+
+
+@pytest.mark.parametrize(
+    ("what", "call", "args"), CASES, ids=[f"{call.symbol}: {what}" for what, call, _ in CASES]
+)
+def test_a_frame_runs_in_c_exactly_when_the_python_guard_runs_it(what, call, args):
+    """C serves a frame exactly when the Python guard would run it, with the same executor calls; a frame
+    that breaks a rule (other than a capture, which only copies mind) never reaches the executor."""
+    bulk = bulk_of(call, args)
+    flags = _wire.FLAG_WANTS_REPLY if call.sync_point else 0
+    in_c, ran_from_c = run_in_c(call, args, bulk, flags)
+    ran_from_python = run_in_python(call, args, bulk, flags)
+    assert in_c == bool(ran_from_python), (
+        f"{call.symbol} with {what}: the Python guard {'runs' if ran_from_python else 'refuses'} it, "
+        f"the native loop {'serves' if in_c else 'leaves'} it"
+    )
+    if in_c:
+        assert ran_from_c == ran_from_python
+    if what != "valid":
+        allowed = what == "capturing stream" or what.startswith("builtin stream")
+        assert not ran_from_python or allowed, f"{what} reached the executor"
+
+
+def test_every_served_call_is_checked_valid_and_broken():
+    """The cases cover every call the native loop serves, each with at least its valid frame, and each
+    served call's valid frame runs in C (a rule C cannot apply would send every such frame to Python)."""
+    served = {call.symbol for what, call, _ in CASES if what == "valid"}
+    assert served == set(_guard_rules.NATIVE_CALLS)
+    for what, call, args in CASES:
+        if what == "valid":
+            flags = _wire.FLAG_WANTS_REPLY if call.sync_point else 0
+            assert run_in_c(call, args, bulk_of(call, args), flags)[0], f"{call.symbol} not served in C"
+
+
+def test_a_served_call_with_an_argument_c_cannot_check_stops_the_generator(monkeypatch):
+    """Serving a call in C whose argument the guard checks by a rule C lacks (a context) is refused when
+    the C is generated, naming the call and the argument, instead of C serving it unchecked."""
+    monkeypatch.setattr(
+        _guard_rules, "NATIVE_CALLS", {**_guard_rules.NATIVE_CALLS, "cuCtxSynchronize_v2": "CTX_SYNC_V2"}
+    )
+    with pytest.raises(_shimgen.UncheckedArgument, match=r"cuCtxSynchronize_v2.*`ctx`"):
+        _shimgen.generate_native()
