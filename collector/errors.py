@@ -13,7 +13,8 @@ whether it happens to have a title:
     │   ├── PoolClientError              the client library's (server/client_errors.py)
     │   └── EtcdUnavailable, EtcdError, WorkerError, Denied (the Kubernetes webhook's)
     ├── virtualize.errors.VirtualizeError    virtualize/errors.py (ShimNotBuilt, CensusError, TlsUnavailable,
-    │                                             JobError: the Slurm hook's, UncheckedArgument)
+    │                                             JobError: the Slurm hook's, UncheckedArgument,
+    │                                             MigrationRefused)
     └── tui.cli.UsageError               the console's bad options (exit 2)
 
 ``reports`` raises none of its own: it reports analytics' and the OS's errors. Collector is the lowest

@@ -19,11 +19,19 @@ from importlib import resources
 from aiohttp import web
 
 from collector.durations import format_duration
-from server import api
+from server import _lease_migrate, api
 from server._errors import BadRequest, Forbidden, PoolError, RemoteUnavailable, StorageFull
 from server._pool import Caller, Pool, iso
 from server._procs import alive_pids, terminate
-from server.api import ClientUpdate, Heartbeat, LeaseRequest, PolicyUpdate, TokenCreate, decode
+from server.api import (
+    ClientUpdate,
+    Heartbeat,
+    LeaseRequest,
+    MigrateRequest,
+    PolicyUpdate,
+    TokenCreate,
+    decode,
+)
 from server.workers import remote_refusal, start_remote_worker
 
 log = logging.getLogger("gpupool.server")
@@ -303,6 +311,29 @@ async def admin_set_client(request: web.Request) -> web.Response:
     return _json(api.Client, await st.db(st.pool.set_client, name, update))
 
 
+async def admin_migrate(request: web.Request) -> web.Response:
+    st: ServerState = request.app[STATE]
+    await _admin(request)
+    req = decode(await request.read(), MigrateRequest)
+    lease = await _lease_migrate.migrate(st, request.match_info["lease_id"], req.partition, req.to)
+    return _json(api.MigratedLease, lease)
+
+
+async def admin_drain(request: web.Request) -> web.Response:
+    st: ServerState = request.app[STATE]
+    await _admin(request)
+    gpu = _gpu_index(request.match_info["index"])
+    if request.method == "DELETE":
+        return _json(api.Drain, _lease_migrate.undrain(st, gpu))
+    return _json(api.Drain, await _lease_migrate.drain(st, gpu))
+
+
+def _gpu_index(text: str) -> int:
+    if not text.isdigit() or len(text) > 4:
+        raise BadRequest(f"GPU index {text!r} is not a number from 0", "GET /v1/gpus lists the GPUs")
+    return int(text)
+
+
 async def admin_policy(request: web.Request) -> web.Response:
     st: ServerState = request.app[STATE]
     await _admin(request)
@@ -360,6 +391,9 @@ ROUTES = [
     ("GET", "/v1/admin/tokens", admin_tokens),
     ("POST", "/v1/admin/tokens", admin_tokens),
     ("DELETE", "/v1/admin/tokens/{token_id}", admin_revoke),
+    ("POST", "/v1/admin/leases/{lease_id}/migrate", admin_migrate),
+    ("POST", "/v1/admin/gpus/{index}/drain", admin_drain),
+    ("DELETE", "/v1/admin/gpus/{index}/drain", admin_drain),
 ]
 
 

@@ -69,6 +69,12 @@ class Busy(PoolError):
     status, code = 409, "busy"
 
 
+class MigrationFailed(PoolError):
+    """409: the lease's worker refused or failed a live migration; the lease keeps running where it was."""
+
+    status, code = 409, "migration_failed"
+
+
 class Gone(PoolError):
     """410: the lease was released, expired or reclaimed (the client sees ``ApiError`` ``LeaseEnded``)."""
 

@@ -107,6 +107,7 @@ class Pool:
         self.tls = bool(config.tls_cert)
         self.started = time.time()
         self.live: dict[int, dict] = {}  # newest NVML sample per GPU index (real GPUs only)
+        self.draining: set[int] = set()  # GPUs no new lease goes to (gpupool-server drain), until undone
         # newest process rows per GPU index: pid -> (memory bytes, busy share or None)
         self.live_procs: dict[int, dict[int, tuple[int | None, float | None]]] = {}
 
@@ -262,6 +263,7 @@ class Pool:
                     "compute_capability": g.compute_capability,
                     "partitions": parts.get(g.index, []),
                     "live": self.live.get(g.index),
+                    "draining": g.index in self.draining,
                 }
             )
         return out
@@ -314,7 +316,9 @@ class Pool:
                 f"asks for {plural(n, 'GPU')}; on this server ({self.inv.hostname}) {detail}",
                 "loosen the filters or ask for fewer or smaller partitions",
             )
-        free = {g.index: g.mem_total_bytes - used.get(g.index, 0) for g in able}
+        free = {
+            g.index: 0 if g.index in self.draining else g.mem_total_bytes - used.get(g.index, 0) for g in able
+        }
         fitting = [g for g in able if self._need(req, g) <= free[g.index]]
         if len(fitting) < n:
             raise Busy(

@@ -420,6 +420,13 @@ class Store:
     def set_worker(self, lease_id: str, worker: dict) -> None:
         self._keep(lease_id, worker=json.dumps(worker))
 
+    def move_partition(self, lease_id: str, gpu_from: int, gpu_to: int, gpu_uuid: str) -> None:
+        self._must_write()
+        self.db.execute(
+            "UPDATE partitions SET gpu_index = ?, gpu_uuid = ? WHERE lease_id = ? AND gpu_index = ? AND active = 1",
+            (gpu_to, gpu_uuid, lease_id, gpu_from),
+        )
+
     def purge_ended(self, cutoff: float) -> int:
         self._must_write()
         old = "SELECT id FROM leases WHERE state != 'active' AND ended < ?"

@@ -76,6 +76,9 @@ class LeaseStore(Protocol):
 
     def set_worker(self, lease_id: str, worker: dict) -> None: ...
 
+    def move_partition(self, lease_id: str, gpu_from: int, gpu_to: int, gpu_uuid: str) -> None:
+        """The lease's partition on GPU `gpu_from` is on `gpu_to` from now on (a live migration)."""
+
     # On a full disk the lease writes above are kept in memory, applied by every read and written
     # when the disk has room; every other write raises StorageFull (server._store's docstring).
     def retry_writes(self, probe: bool = False) -> bool:

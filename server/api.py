@@ -135,6 +135,13 @@ def convert(data: dict, kind: type):
         raise BadRequest(f"invalid value: {exc}", "see the ranges in docs/pool.md (Ranges)") from None
 
 
+class MigrateRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """Move a running remote lease's partition to another GPU of its server (admin)."""
+
+    to: Annotated[int, Meta(ge=0, le=1023, description="the target GPU's index on this server")]
+    partition: Annotated[int, Meta(ge=0, le=1023, description="which of the lease's partitions, from 0")] = 0
+
+
 # --- answers --------------------------------------------------------------------------------------
 
 
@@ -154,7 +161,7 @@ class _Answer(msgspec.Struct, kw_only=True):
 ERROR_CODES = (
     "bad_request", "unauthorized", "token_expired", "forbidden", "not_found", "busy", "impossible",
     "limit_exceeded", "lease_ended", "remote_unavailable", "internal", "no_quorum", "cluster_busy",
-    "storage_full",
+    "storage_full", "migration_failed",
 )  # fmt: skip
 ERROR_CODES_TEXT = (
     "busy: fits this server but not now (retry later); impossible: never fits this server; limit_exceeded: "
@@ -162,7 +169,8 @@ ERROR_CODES_TEXT = (
     "cluster mode): etcd has no quorum, pool state unavailable; running leases keep running. cluster_busy "
     "(503, cluster mode): the client's cluster-wide grant kept conflicting with grants on other servers; "
     "retry. storage_full (507): the server's state disk is full; running leases go on, heartbeats and "
-    "releases are kept in memory and written when it has room."
+    "releases are kept in memory and written when it has room. migration_failed (409): the lease's worker "
+    "refused or failed the move; the lease keeps running on its GPU."
 )
 
 
@@ -286,6 +294,9 @@ class Gpu(_Answer, kw_only=True):
     compute_capability: str | None = None
     partitions: list[PartitionUse] = []
     live: LiveSample | None = None
+    draining: Annotated[bool, Meta(description="no new lease goes to this GPU (gpupool-server drain)")] = (
+        False
+    )
 
 
 class GpuList(_Answer, kw_only=True):
@@ -443,6 +454,45 @@ class Lease(_Answer, kw_only=True):
     ] = msgspec.UNSET
 
 
+class Migration(_Answer, kw_only=True):
+    """What the worker reports of a live migration (docs/remote.md, Migration)."""
+
+    device: Annotated[int, Meta(description="the partition moved (its position in the lease)")]
+    from_: Annotated[int, Meta(description="the GPU it left")] = msgspec.field(name="from")
+    to: Annotated[int, Meta(description="the GPU it runs on now")]
+    bytes: Annotated[int, Meta(description="device memory copied")]
+    pause_s: Annotated[float, Meta(description="how long the lease's calls were held")]
+    wait_s: Annotated[float, Meta(description="how long the migration waited for the calls running then")]
+
+
+class MigratedLease(Lease, kw_only=True):
+    """The answer to a migration: the lease as it is now, with the worker's report."""
+
+    migration: Migration
+
+
+class Moved(Migration, kw_only=True):
+    """A lease a drain moved off the GPU."""
+
+    lease: str
+
+
+class Stayed(_Answer, kw_only=True):
+    """A lease a drain left on the GPU, and why."""
+
+    lease: str
+    reason: str
+
+
+class Drain(_Answer, kw_only=True):
+    """A GPU's draining state, and what a drain moved and left (nothing on ``--undo``)."""
+
+    gpu: int
+    draining: Annotated[bool, Meta(description="no new lease goes to the GPU")]
+    moved: list[Moved] = []
+    stayed: list[Stayed] = []
+
+
 class LeaseList(_Answer, kw_only=True):
     leases: list[Lease]
 
@@ -533,8 +583,9 @@ def read(raw: bytes, kind: type):
     return msgspec.json.decode(raw, type=kind)
 
 
-REQUESTS = (LeaseRequest, Heartbeat, ClientUpdate, PolicyUpdate, TokenCreate)
-ANSWERS = (Error, Health, GpuList, Fit, Lease, LeaseList, ClientList, Client, Policy, Token, TokenList)
+REQUESTS = (LeaseRequest, Heartbeat, ClientUpdate, PolicyUpdate, TokenCreate, MigrateRequest)
+ANSWERS = (Error, Health, GpuList, Fit, Lease, LeaseList, ClientList, Client, Policy, Token, TokenList,
+           MigratedLease, Drain)  # fmt: skip
 OPENAPI = Path(__file__).with_name("openapi.json")
 
 

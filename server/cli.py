@@ -22,7 +22,7 @@ from collector.errors import report
 from collector.words import plural
 from server.ranges import CLIENT, MAX_LIMIT_GPUS, POLICY
 
-SUBCOMMANDS = ("serve", "token", "client", "cluster", "webhook")
+SUBCOMMANDS = ("serve", "token", "client", "cluster", "lease", "drain", "webhook")
 EXIT_USAGE = 2
 
 
@@ -190,8 +190,45 @@ def _parser() -> argparse.ArgumentParser:
         "its live leases are attached to it",
     )
     ksub.add_parser("members", parents=[common], help="the servers registered in the cluster now")
+    _moving_parsers(sub)
     _webhook_parser(sub)
     return p
+
+
+def _moving_parsers(sub) -> None:
+    lp = sub.add_parser("lease", help="act on a running server's leases (admin token)")
+    lsub = lp.add_subparsers(dest="lease_command", metavar="{migrate}", required=True)
+    m = lsub.add_parser(
+        "migrate",
+        help="move a running remote lease to another GPU of its server, live (docs/remote.md, Migration)",
+        description="Move a running remote lease's partition to GPU --to of the same server while its program "
+        "runs: the worker holds the lease's calls, copies its device memory to the same addresses on the "
+        "target and resumes. What cannot move (an MPS lease, a stream capture in flight, ...) is refused "
+        "with the reason, and a failure leaves the lease running where it was. Prints the pause.",
+    )
+    m.add_argument("lease", help="the lease id (lease-...)")
+    m.add_argument("--to", required=True, type=ranged(int, 0, 1023, "a GPU index"), metavar="GPU",
+                   help="the target GPU's index on the lease's server (GET /v1/gpus)")  # fmt: skip
+    m.add_argument("--partition", type=ranged(int, 0, 1023, "a partition"), default=0,
+                   help="which of the lease's partitions moves, from 0 (default 0)")  # fmt: skip
+    _admin_options(m)
+    d = sub.add_parser(
+        "drain",
+        help="drain a GPU: no new leases go to it, its remote leases move to other GPUs, live",
+        description="Drain GPU --gpu of a running server: no new lease goes to it from now on (until --undo or "
+        "a restart of the server), and each remote lease on it moves, live, to another GPU of the same model "
+        "with room (see gpupool-server lease migrate). Prints what moved and what stayed, with the reason; "
+        "exit 1 if a lease stayed.",
+    )
+    d.add_argument("--gpu", required=True, type=ranged(int, 0, 1023, "a GPU index"), help="the GPU's index")
+    d.add_argument("--undo", action="store_true", help="end the draining: the GPU takes new leases again")
+    _admin_options(d)
+
+
+def _admin_options(p) -> None:
+    p.add_argument("--server", type=_pool_server, default=None, metavar="URL",
+                   help="the server (default http://127.0.0.1:56001)")  # fmt: skip
+    p.add_argument("--token", help="an admin token (default $GPUPOOL_TOKEN)")
 
 
 def _pool_server(text: str) -> str:
@@ -318,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
             return _client(args)
         if args.command == "cluster":
             return _cluster(args)
+        if args.command == "lease":
+            return _lease(args)
+        if args.command == "drain":
+            return _drain(args)
         if args.command == "webhook":
             return _webhook(args)
         return _serve(args)
@@ -471,6 +512,66 @@ def _client(args) -> int:
         print(f"{r['client']:<20} {limit:>8} {r['limit_source']:<8} {idle:>12} {r['idle_timeout_source']:<8} "
               f"{r['usage']:>7.2f} {r['leases_active']:>6}")  # fmt: skip
     return 0
+
+
+def _lease(args) -> int:
+    """`lease migrate`: through the running server's admin API (it holds the lease's worker)."""
+    what = f"migrating {args.lease} partition {args.partition} to GPU {args.to}"
+    from server.workers import MIGRATE_TIMEOUT_S
+
+    # A move takes as long as its copy: up to the worker's own limit, and the server's answer after it.
+    call = lambda client: client.migrate(args.lease, args.to, args.partition)  # noqa: E731
+    lease = _admin_call(args, what, call, MIGRATE_TIMEOUT_S + 30)
+    if isinstance(lease, int):
+        return lease
+    m = lease.migration
+    print(f"{args.lease}: partition {m.device} moved from GPU {m.from_} to GPU {m.to}: "
+          f"{m.bytes / 2**20:.1f} MiB copied, paused {m.pause_s:.3f} s")  # fmt: skip
+    return 0
+
+
+def _drain(args) -> int:
+    """`drain --gpu N [--undo]`: through the running server's admin API."""
+    what = f"GPU {args.gpu}: taking leases again" if args.undo else f"draining GPU {args.gpu}"
+    done = _admin_call(
+        args, what, lambda client: client.drain(args.gpu, undo=args.undo), None
+    )  # one move per lease
+    if isinstance(done, int):
+        return done
+    for m in done.moved:
+        print(f"{m.lease}: moved from GPU {m.from_} to GPU {m.to}, paused {m.pause_s:.3f} s")
+    for s in done.stayed:
+        print(f"{s.lease}: stays on GPU {args.gpu}: {s.reason}")
+    state = "drained: no new leases go to it" if done.draining else "takes new leases"
+    print(f"GPU {args.gpu} {state}" + (f"; {len(done.stayed)} lease(s) stayed" if done.stayed else ""))
+    return 1 if done.stayed else 0
+
+
+def _admin_call(args, what: str, call, timeout: float | None):
+    """`call(ServerClient)` against --server with the admin token; its answer, or the exit status.
+    `timeout`: of the HTTP call, in seconds (None: as long as it takes)."""
+    import os
+
+    from server._config import DEFAULT_PORT
+    from server.client import ServerClient, ServerClientOptions
+    from server.client_errors import PoolClientError
+
+    token = args.token or os.environ.get("GPUPOOL_TOKEN")
+    if not token:
+        return _fail(
+            "no admin token",
+            "pass --token or set GPUPOOL_TOKEN; gpupool-server token create NAME --admin makes one",
+        )
+    print(f"{what} ...", file=sys.stderr)
+    client = ServerClient(
+        args.server or f"http://127.0.0.1:{DEFAULT_PORT}", token, ServerClientOptions(timeout_s=timeout)
+    )
+    try:
+        return call(client)
+    except PoolClientError as exc:
+        return _fail(
+            exc.title, "is gpupool-server running there? pass --server URL" if exc.unreachable else exc.hint
+        )
 
 
 def _open_cluster(cfg):

@@ -550,6 +550,15 @@ class ServerClient:
                 hint="is this a gpupool-server of this version?",
             ) from None
 
+    def migrate(self, lease_id: str, to: int, partition: int = 0) -> api.MigratedLease:
+        """Move a running remote lease's partition to GPU `to` of its server; the lease with its migration."""
+        path = f"/v1/admin/leases/{urllib.parse.quote(lease_id, safe='')}/migrate"
+        return self._typed(api.MigratedLease, "POST", path, api.MigrateRequest(to=to, partition=partition))
+
+    def drain(self, gpu: int, *, undo: bool = False) -> api.Drain:
+        """Stop granting on GPU `gpu` and move its remote leases off (undo: take leases again)."""
+        return self._typed(api.Drain, "DELETE" if undo else "POST", f"/v1/admin/gpus/{gpu}/drain")
+
     # Transport -----------------------------------------------------------------------------------
     def _call(self, method: str, path: str, body: msgspec.Struct | None = None, *, auth: bool = True) -> Any:
         payload = msgspec.json.encode(body) if body is not None else None

@@ -12,6 +12,10 @@ by name and talks to it through the interface declared here, which the worker pr
 - activity: the mtime of ``<state dir>/activity`` is the time of its last call (``last_activity``)
 - usage: ``<state dir>/usage`` is a JSON list of the bytes the lease holds on each of its GPUs (in
   partition order), rewritten within a second of a change (the lease's NVML view shows it)
+- migration (``WorkerHandle.migrate``): the server writes ``<state dir>/migrate`` (JSON
+  ``{"device": lease device, "to": GPU index on this host}``) and sends SIGUSR1; the worker moves the
+  device (``virtualize._migrate``) and writes ``<state dir>/migrated``: ``{"ok": true, "from", "to",
+  "bytes", "pause_s", ...}`` or ``{"ok": false, "error"}`` (the lease still runs where it was)
 - it exits on SIGTERM (``WorkerHandle.stop``) or when its parent is gone
 
 ``env`` carries the MPS client settings of the lease when the server runs MPS (pipe directory,
@@ -34,6 +38,7 @@ import os
 import secrets
 import selectors
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -55,7 +60,9 @@ ACTIVITY_FILE = "activity"
 USAGE_FILE = "usage"
 EXECUTOR_ENV = "GPUPOOL_WORKER_EXECUTOR"  # "cuda" (default) or "host" (tests only: no GPU)
 SECRET_ENV = "GPUPOOL_WORKER_SECRET"
+MIGRATE_REQUEST_FILE, MIGRATE_RESULT_FILE = "migrate", "migrated"
 START_TIMEOUT_S = 60.0
+MIGRATE_TIMEOUT_S = 600.0  # copying a full 80 GB GPU at a few GB/s, with room
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,29 @@ class WorkerHandle:
             callback(self)
 
         threading.Thread(target=wait, name=f"gpupool-worker-{self.pid}", daemon=True).start()
+
+    def migrate(self, device: int, to: int, timeout: float = MIGRATE_TIMEOUT_S) -> dict:
+        """Move the lease's `device` (its partition order) to GPU `to` of this host; the worker's answer
+        (``{"ok": false, "error"}`` when it refused or failed: the lease still runs where it was)."""
+        result = self.state_dir / MIGRATE_RESULT_FILE
+        result.unlink(missing_ok=True)
+        request = self.state_dir / MIGRATE_REQUEST_FILE
+        request.with_suffix(".partial").write_text(json.dumps({"device": device, "to": to}))
+        request.with_suffix(".partial").replace(request)
+        try:
+            os.kill(self.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return {"ok": False, "error": "the worker is gone"}
+        deadline = time.monotonic() + timeout
+        while not result.exists():
+            if not self.alive():
+                return {"ok": False, "error": "the worker exited during the migration"}
+            if time.monotonic() > deadline:
+                return {"ok": False, "error": f"the worker did not answer within {timeout:.0f} s"}
+            time.sleep(0.02)
+        answer = json.loads(result.read_text())
+        result.unlink(missing_ok=True)
+        return answer
 
     def stop(self, timeout: float = 5.0) -> None:
         """Terminate the worker (its GPU memory goes with it) and wait; kill if it does not go."""

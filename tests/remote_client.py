@@ -2609,5 +2609,115 @@ def scenario_worker_dies():
     say("again", cu.cuCtxSynchronize())
 
 
+def scenario_migrate():
+    """Holds every kind of object a lease can hold (contexts, a module and a library with a function and
+    a kernel, a stream, events, a graph and its executable, a pool, allocations from cuMemAlloc, a pool
+    and the virtual memory API, a CUDA array), says `ready` and waits for the test to migrate the lease (one line on
+    stdin per step: `capture` begins a stream capture and ends it at the next line, `long` launches a
+    1.5 s kernel); then checks that
+    every address still holds its bytes and every handle still works."""
+    ctx = setup()
+    own = c_u64()
+    check(cu.cuCtxCreate(ctypes.byref(own), None, 0, 0), "context")  # v4: params, flags, device
+    check(cu.cuCtxSetCurrent(ctx), "back to the primary context")
+    module, library, add, kernel = c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(add), module, b"add_u32"), "function")
+    check(cu.cuLibraryLoadData(ctypes.byref(library), b"// lib\n", None, None, 0, None, None, 0), "library")
+    check(cu.cuLibraryGetKernel(ctypes.byref(kernel), library, b"fill_u32"), "kernel")
+    stream, start, end = c_u64(), c_u64(), c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    check(cu.cuEventCreate(ctypes.byref(start), 0), "event")
+    check(cu.cuEventCreate(ctypes.byref(end), 0), "event")
+    pool, pooled = c_u64(), c_u64()
+    check(cu.cuMemPoolCreate(ctypes.byref(pool), ctypes.byref(PoolProps(1, 0, 1, 0))), "pool")
+    check(cu.cuMemAllocFromPoolAsync(ctypes.byref(pooled), c_u64(MiB), pool, stream), "pool alloc")
+    rc, plain = alloc(3 * MiB)
+    check(rc, "alloc")
+    prop, vbase, vhandle = AllocationProp(1, 0, 1, 0), c_u64(), c_u64()
+    check(
+        cu.cuMemAddressReserve(ctypes.byref(vbase), c_u64(4 * MiB), c_u64(0), c_u64(0), c_u64(0)), "reserve"
+    )
+    check(cu.cuMemCreate(ctypes.byref(vhandle), c_u64(2 * MiB), ctypes.byref(prop), c_u64(0)), "create")
+    check(cu.cuMemMap(vbase, c_u64(2 * MiB), c_u64(0), vhandle, c_u64(0)), "map")
+    check(cu.cuMemSetAccess(vbase, c_u64(2 * MiB), ctypes.byref(AccessDesc(1, 0, 3)), c_u64(1)), "access")
+    regions = {"plain": (plain, 3 * MiB), "pooled": (pooled.value, MiB), "vmm": (vbase.value, 2 * MiB)}
+    for i, (ptr, size) in enumerate(regions.values()):  # a different pattern in each
+        pattern = bytes((i * 37 + j * 11) % 256 for j in range(251))
+        data = (pattern * (size // len(pattern) + 1))[:size]
+        check(cu.cuMemcpyHtoD(c_u64(ptr), data, c_u64(size)), "fill")
+    before = {name: dtoh(ptr, size)[1] for name, (ptr, size) in regions.items()}
+    array = c_u64()  # a CUDA array of 32 rows of 64 floats, filled from the host
+    check(cu.cuArrayCreate(ctypes.byref(array), ctypes.byref(ArrayDesc(64, 32, FLOAT, 1))), "array")
+    image = (ctypes.c_float * (64 * 32))(*(float(i * 3 % 101) for i in range(64 * 32)))
+    to_array = Memcpy2D(srcMemoryType=HOST, srcHost=ctypes.addressof(image), srcPitch=256, dstMemoryType=ARRAY,
+                        dstArray=array.value, WidthInBytes=256, Height=32)  # fmt: skip
+    check(cu.cuMemcpy2D(ctypes.byref(to_array)), "fill the array")
+    counter = c_u64(plain)  # the graph adds 1 to the first 64 words of `plain`, the kernels too
+    value, n = ctypes.c_uint32(1), ctypes.c_uint32(64)
+    params = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in (counter, value, n)])
+    graph, node, exe = c_u64(), c_u64(), c_u64()
+    check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
+    node_params = KernelNodeParams(add.value, (ctypes.c_uint32 * 6)(1, 1, 1, 64, 1, 1), 0, 0,
+                                   ctypes.cast(params, ctypes.c_void_p))  # fmt: skip
+    check(
+        cu.cuGraphAddKernelNode(ctypes.byref(node), graph, None, c_u64(0), ctypes.byref(node_params)), "node"
+    )
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, c_u64(0)), "instantiate")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("addresses", " ".join(f"{name}={ptr:x}" for name, (ptr, _) in regions.items()))
+    say("ready", 1)
+    while (line := sys.stdin.readline().strip()) not in ("", "done"):  # the test migrates meanwhile
+        if line == "capture":
+            check(cu.cuStreamBeginCapture(stream, 2), "begin capture")  # relaxed
+            say("capturing", 1)
+            sys.stdin.readline()
+            captured = c_u64()
+            check(cu.cuStreamEndCapture(stream, ctypes.byref(captured)), "end capture")
+            check(cu.cuGraphDestroy(captured), "destroy the captured graph")
+        if line == "long":  # a 1.5 s kernel the worker is inside of when the test asks for the move
+            sleep, ms = c_u64(), ctypes.c_uint32(1500)
+            check(cu.cuModuleGetFunction(ctypes.byref(sleep), module, b"sleep_ms"), "sleep_ms")
+            sleep_params = (ctypes.c_void_p * 1)(ctypes.addressof(ms))
+            check(cu.cuLaunchKernel(sleep, 1, 1, 1, 1, 1, 1, 0, stream, sleep_params, None), "long launch")
+            time.sleep(0.3)
+        say("step", line)
+    range_base, range_size = c_u64(), c_u64()
+    for name, (ptr, size) in regions.items():
+        check(
+            cu.cuMemGetAddressRange(ctypes.byref(range_base), ctypes.byref(range_size), c_u64(ptr + 8)), name
+        )
+        say(f"range_{name}", f"{range_base.value:x}+{range_size.value}")
+        say(f"same_{name}", dtoh(ptr, size)[1] == before[name])
+    back = (ctypes.c_float * (64 * 32))()
+    from_array = Memcpy2D(srcMemoryType=ARRAY, srcArray=array.value, dstMemoryType=HOST,
+                          dstHost=ctypes.addressof(back), dstPitch=256, WidthInBytes=256, Height=32)  # fmt: skip
+    check(cu.cuMemcpy2D(ctypes.byref(from_array)), "read the array")
+    say("same_array", bytes(back) == bytes(image))
+    check(cu.cuEventRecord(start, stream), "record")
+    check(cu.cuLaunchKernel(add, 1, 1, 1, 64, 1, 1, 0, stream, params, None), "launch")
+    check(cu.cuLaunchKernel(kernel, 1, 1, 1, 64, 1, 1, 0, stream, params, None), "launch a kernel")  # fill 1
+    check(cu.cuGraphLaunch(exe, stream), "graph launch")  # 1 + 1
+    check(cu.cuEventRecord(end, stream), "record")
+    check(cu.cuStreamSynchronize(stream), "stream sync")
+    say("counter", struct.unpack("<I", dtoh(plain, 4)[1])[0])
+    say("event_query", cu.cuEventQuery(end))
+    check(cu.cuCtxSetCurrent(own), "own context")
+    rc, later = alloc(MiB)
+    say("alloc_after", rc)
+    check(cu.cuMemsetD8(c_u64(later), 7, c_u64(MiB)), "memset after")
+    say("memset_after", dtoh(later, 4)[1].hex())
+    check(cu.cuCtxSetCurrent(ctx), "primary")
+    check(cu.cuMemFreeAsync(pooled, stream), "pool free")
+    check(cu.cuStreamSynchronize(stream), "stream sync")
+    check(cu.cuMemPoolDestroy(pool), "pool destroy")
+    check(cu.cuMemUnmap(vbase, c_u64(2 * MiB)), "unmap")
+    check(cu.cuMemRelease(vhandle), "release")
+    check(cu.cuGraphExecDestroy(exe), "graph exec destroy")
+    check(cu.cuArrayDestroy(array), "array destroy")
+    check(cu.cuCtxDestroy(own), "context destroy")
+    say("finished", 1)
+
+
 if __name__ == "__main__":
     globals()[f"scenario_{sys.argv[1]}"]()

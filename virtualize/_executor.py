@@ -471,6 +471,18 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def unmap_memory(self, base: int, size: int, backing: object) -> None: ...
 
+    # Live migration (`virtualize._migrate`): the worker pauses the lease's calls around `migrate`.
+    def migration_refusal(self, target: int) -> str | None:
+        """Why this executor cannot move a lease device to GPU `target` of this host, or None."""
+        return f"the {self.name} executor cannot move a lease to another GPU yet"
+
+    def migrate(self, device: int, target: int) -> dict:
+        """Move lease device `device` onto GPU `target`, its calls paused: drain its streams, copy its memory
+        to the same addresses there, re-create every object the lease holds on it behind the handles the
+        client has. All or nothing: on an exception the lease is as it was, on its source. Returns
+        {"bytes": copied, "uuid": the target's}."""
+        raise CudaError(NOT_SUPPORTED, self.migration_refusal(target) or "")
+
     def end_thread(self) -> None:  # noqa: B027 - optional hook
         """A connection's thread is done: release what the executor keeps for it."""
 

@@ -44,6 +44,7 @@ from virtualize._guard_launches import LaunchCalls
 from virtualize._guard_rules import BUILTIN_STREAMS, RANGES_BY_ID
 from virtualize._guard_tensor_maps import TensorMapCalls
 from virtualize._lanes import Lanes
+from virtualize._migrate import Gate
 from virtualize._results import CUresult
 
 log = logging.getLogger("gpupool.worker")
@@ -126,6 +127,8 @@ class LeaseState:
     vm_mapped_at: dict[int, set[int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     native: Any = None  # the worker's native hot path (a virtualize._native_dispatch.NativeLease), if any
+    # Holds the lease's calls while it migrates (virtualize._migrate).
+    gate: Gate = field(default_factory=Gate)
 
     def __post_init__(self) -> None:
         self.used = [0] * len(self.limits)

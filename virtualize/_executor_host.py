@@ -190,6 +190,7 @@ class HostExecutor(Executor):
         self.exec_flags: dict[int, int] = {}  # graph exec -> the flags it was instantiated with
         self.graphs: dict[int, list] = {}  # graph or executable graph -> its work, in stream order
         self.arrays: dict[int, tuple[ArrayShape, bytearray]] = {}  # CUDA arrays: their shape and bytes
+        self.array_device: dict[int, int] = {}  # CUDA array -> the device it was made on
         self.mipmaps: dict[int, list[int]] = {}  # mipmapped array -> its levels' arrays
         self.samplers: dict[int, tuple] = {}  # texture or surface -> its resource, texture, view descriptors
         self.local = threading.local()
@@ -263,9 +264,11 @@ class HostExecutor(Executor):
     def cuArray3DCreate(self, shape):
         handle = next(self.ids)
         self.arrays[handle] = (shape, bytearray(shape.nbytes))
+        self.array_device[handle] = self._ctx_device()
         return handle
 
     def cuArrayDestroy(self, handle):
+        self.array_device.pop(handle, None)
         if self.arrays.pop(handle, None) is None:
             raise CudaError(INVALID_HANDLE, "array")
 
@@ -439,6 +442,37 @@ class HostExecutor(Executor):
 
     def set_context(self, ctx: int) -> None:
         self.local.ctx = ctx
+
+    # Live migration. This host's "GPUs" are GPUPOOL_HOST_EXECUTOR_GPUS (default 2) labels on host memory;
+    # the lease's objects are host objects whose handles stay as they are, so a move copies the device's
+    # memory into new buffers at the same addresses (the target's memory) and swaps them in at the end.
+    # GPUPOOL_HOST_EXECUTOR_FAILING_GPUS (a comma list) makes a copy to those GPUs fail after the first
+    # allocation: a target that dies mid-way (the tests' seam).
+    def migration_refusal(self, target: int) -> str | None:
+        gpus = int(os.environ.get("GPUPOOL_HOST_EXECUTOR_GPUS", "2"))
+        if not 0 <= target < gpus:
+            return f"this host has no GPU {target} (it has {gpus})"
+        return None
+
+    def migrate(self, device: int, target: int) -> dict:
+        failing = {int(g) for g in os.environ.get("GPUPOOL_HOST_EXECUTOR_FAILING_GPUS", "").split(",") if g}
+        with self.lock:
+            bases = [b for b in self.bases if self.owner[b] == device]
+        arrays = [a for a in self.arrays if self.array_device.get(a) == device]
+        copies: dict[int, bytearray] = {}
+        array_copies: dict[int, tuple[ArrayShape, bytearray]] = {}
+        for base in bases:  # the calls are paused: nothing changes these buffers while they are copied
+            if target in failing and copies:
+                raise CudaError(CUresult.DEVICE_UNAVAILABLE, f"GPU {target} failed during the copy")
+            copies[base] = bytearray(self.memory[base])
+        for array in arrays:
+            shape, data = self.arrays[array]
+            array_copies[array] = (shape, bytearray(data))
+        with self.lock:  # commit: the lease's memory is the target's from here on
+            self.memory.update(copies)
+            self.arrays.update(array_copies)
+        moved = [*copies.values(), *(data for _, data in array_copies.values())]
+        return {"bytes": sum(len(c) for c in moved), "uuid": f"GPU-host-{target}"}
 
     def copy_to_device(self, dst, count, stream, fill) -> None:
         mem, off = self._find(dst, count)

@@ -312,10 +312,10 @@ class NativeLease:
 
         return self._run(ask)
 
-    @staticmethod
-    def _run(fn) -> int:
+    def _run(self, fn) -> int:
         try:
-            fn()
+            with self.lease.gate:  # held while the lease migrates, as the Python path's calls are
+                fn()
         except CudaError as exc:
             return exc.code
         except Exception:  # a bug must not unwind into C

@@ -1,6 +1,7 @@
 """The root of every error the ``virtualize`` package raises for a person (``collector.errors`` tells the
 tree): ``ShimNotBuilt`` (remote.py), ``CensusError`` (_census.py), ``TlsUnavailable`` (_data_tls.py),
-``JobError`` (slurm.py), ``UncheckedArgument`` (_shimgen.py, the generator's).
+``JobError`` (slurm.py), ``UncheckedArgument`` (_shimgen.py, the generator's), ``MigrationRefused``
+(_migrate.py: the worker answers it to the pool server).
 
 CUDA's own results travel as ``CUresult`` codes to the program that made the call, never as these.
 """

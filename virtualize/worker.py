@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from server.workers import ACTIVITY_FILE, EXECUTOR_ENV, SECRET_ENV, USAGE_FILE, WORKER_MODULE, WorkerDevice
-from virtualize import _data_tls, _native_dispatch, _native_tls, _wire
+from virtualize import _data_tls, _migrate, _native_dispatch, _native_tls, _wire
 from virtualize._calls import CALL_IDS, INTERNAL, WIRE_VERSION
 from virtualize._results import CUresult
 
@@ -284,7 +284,8 @@ class Worker:
                     return
                 self.in_calls.add(id(session))
                 try:
-                    session.dispatch(call_id, flags, channel.read_exact(args_len), bulk_len)
+                    with self.lease.gate:  # held while the lease migrates
+                        session.dispatch(call_id, flags, channel.read_exact(args_len), bulk_len)
                 finally:
                     self.in_calls.discard(id(session))
                 self._touch()
@@ -520,9 +521,9 @@ def main(argv: list[str] | None = None) -> int:
     ready(host=host, port=port, pid=os.getpid(), tls_sha256=fingerprint, local=local_name)
     output = KernelOutput()  # after the ready line, the last thing this process says on stdout
     try:
-        Worker(args.lease, devices, executor, Path(args.state_dir), secret, tls, output).serve(
-            listener, local
-        )
+        worker = Worker(args.lease, devices, executor, Path(args.state_dir), secret, tls, output)
+        _migrate.serve_requests(worker, Path(args.state_dir))
+        worker.serve(listener, local)
     finally:
         executor.close()
     return 0

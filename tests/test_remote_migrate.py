@@ -1,0 +1,146 @@
+"""Live migration of a running remote lease to another GPU of its server (virtualize._migrate), on the
+host executor: its "GPUs" are host memory, so CI runs the whole path — a real worker process, a real
+client program through the shim, the server's request through the worker's state directory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import remote_helpers
+from remote_helpers import CLIENT, MiB, client_env, needs_cc, parse
+
+from server.workers import WorkerDevice, start_worker
+
+pytestmark = needs_cc
+shim_dir = remote_helpers.shim_dir  # a fixture
+
+
+def _worker(**env):
+    return start_worker("test-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1",
+                        env=env, executor="host")  # fmt: skip
+
+
+class Client:
+    """tests/remote_client.py's `migrate` scenario, driven step by step over its stdin."""
+
+    def __init__(self, shim: Path, handle) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(CLIENT), "migrate"], env=client_env(shim, handle),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)  # fmt: skip
+        self.seen = self.until("ready")
+
+    def until(self, name: str) -> dict[str, str]:
+        seen = {}
+        for line in self.proc.stdout:
+            key, _, value = line.strip().partition(" ")
+            seen[key] = value
+            assert key != "FAILED", value
+            if key == name:
+                return seen
+        raise AssertionError(f"the client ended before {name!r}: {self.proc.stderr.read()}")
+
+    def send(self, line: str) -> None:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def finish(self) -> dict[str, str]:
+        self.send("done")
+        out, err = self.proc.communicate(timeout=60)
+        assert self.proc.returncode == 0, out + err
+        return {**self.seen, **parse(out)}
+
+
+def _assert_intact(result: dict[str, str]) -> None:
+    """Every region at its address with its bytes, and the handles made before still work."""
+    addresses = dict(pair.split("=") for pair in result["addresses"].split())
+    for name, address in addresses.items():
+        assert result[f"same_{name}"] == "True", name
+        assert result[f"range_{name}"].split("+")[0] == address, name
+    assert result["same_array"] == "True"
+    assert result["counter"] == "2"  # a function, a kernel and a graph ran on the moved memory
+    assert result["event_query"] == "0"
+    assert result["alloc_after"] == "0" and result["memset_after"] == "07070707"
+    assert result["finished"] == "1"
+
+
+@pytest.fixture
+def worker():
+    handle = _worker()
+    yield handle
+    handle.stop()
+
+
+def test_a_lease_holding_every_object_kind_moves_and_keeps_addresses_and_contents(shim_dir, worker):
+    """Migrating a running lease GPU 0 -> GPU 1: the worker reports the move and the bytes it copied; the
+    process's allocations keep their addresses and bytes, and its contexts, module, library, function,
+    kernel, stream, events, graph, pool and mapped memory work after it resumed; moving back works too."""
+    client = Client(shim_dir, worker)
+    moved = worker.migrate(0, 1)
+    assert moved["ok"], moved
+    assert (moved["from"], moved["to"]) == (0, 1)
+    assert moved["bytes"] >= 6 * MiB  # the three regions the client filled
+    client.send("after the first move")
+    client.until("step")
+    back = worker.migrate(0, 0)
+    assert back["ok"] and back["to"] == 0, back
+    _assert_intact(client.finish())
+
+
+def test_the_move_waits_for_the_call_running_then(shim_dir, worker):
+    """A migration asked while the worker runs a long kernel of the lease waits until it has returned
+    (the lease's streams are drained before the copy), then moves; the program goes on unharmed."""
+    client = Client(shim_dir, worker)
+    client.send("long")
+    client.until("step")  # the 1.5 s kernel runs in the worker now
+    moved = worker.migrate(0, 1)
+    assert moved["ok"], moved
+    assert moved["wait_s"] >= 0.5  # held until the kernel's 1.2 s left had passed, not copied under it
+    _assert_intact(client.finish())
+
+
+def test_what_cannot_move_is_refused_and_the_lease_keeps_running(shim_dir, worker):
+    """A GPU this host does not have, the GPU the lease is on, a device the lease lacks, and a stream
+    capture in flight are each refused with a reason; the lease keeps running with its memory intact."""
+    client = Client(shim_dir, worker)
+    for device, to in ((0, 7), (0, 0), (3, 1)):
+        refused = worker.migrate(device, to)
+        assert not refused["ok"] and refused["error"], (device, to)
+    client.send("capture")
+    client.until("capturing")
+    during_capture = worker.migrate(0, 1)
+    client.send("capture ends")
+    client.until("step")
+    assert not during_capture["ok"] and "capture" in during_capture["error"]
+    _assert_intact(client.finish())
+
+
+def test_a_lease_under_mps_is_refused(shim_dir):
+    """A worker running as an MPS client cannot move its memory: refused up front, the lease runs on."""
+    handle = _worker(CUDA_MPS_PIPE_DIRECTORY="/nonexistent/mps")
+    try:
+        client = Client(shim_dir, handle)
+        refused = handle.migrate(0, 1)
+        assert not refused["ok"] and "MPS" in refused["error"]
+        _assert_intact(client.finish())
+    finally:
+        handle.stop()
+
+
+def test_a_target_failing_mid_copy_leaves_the_lease_on_its_source(shim_dir):
+    """The target GPU fails after part of the memory was copied: the migration reports the failure and
+    the lease keeps running on its source, every byte intact; a later move to a healthy GPU works."""
+    handle = _worker(GPUPOOL_HOST_EXECUTOR_GPUS="3", GPUPOOL_HOST_EXECUTOR_FAILING_GPUS="1")
+    try:
+        client = Client(shim_dir, handle)
+        failed = handle.migrate(0, 1)
+        assert not failed["ok"] and failed["error"]
+        client.send("after the failed move")
+        client.until("step")
+        moved = handle.migrate(0, 2)
+        assert moved["ok"] and moved["from"] == 0, moved  # still on GPU 0 after the failure
+        _assert_intact(client.finish())
+    finally:
+        handle.stop()
