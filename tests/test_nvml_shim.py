@@ -177,6 +177,48 @@ def test_nvidia_smis_table_can_start_events_and_display_columns(nvml_dir, tmp_pa
     assert got["display"] == "0 0" and got["mig_handle"] == "0"
 
 
+TABLE_STATE = """
+import pynvml as N
+N.nvmlInit(); h = N.nvmlDeviceGetHandleByIndex(0)
+def show(name, call):
+    try:
+        v = call()
+        print(name, " ".join(str(int(x)) for x in (v if isinstance(v, (list, tuple)) else [v])))
+    except N.NVMLError as e:
+        print(name, "error", e.value)
+show("max_mig", lambda: N.nvmlDeviceGetMaxMigDeviceCount(h))
+show("persistence", lambda: N.nvmlDeviceGetPersistenceMode(h))
+show("ecc", lambda: N.nvmlDeviceGetEccMode(h))
+show("fan", lambda: N.nvmlDeviceGetFanSpeed(h))
+show("temperature_v", lambda: N.nvmlDeviceGetTemperatureV(h, N.NVML_TEMPERATURE_GPU))
+show("temperature", lambda: N.nvmlDeviceGetTemperature(h, N.NVML_TEMPERATURE_GPU))
+show("pstate", lambda: N.nvmlDeviceGetPerformanceState(h))
+show("power_limit", lambda: N.nvmlDeviceGetEnforcedPowerLimit(h))
+show("mig_mode", lambda: N.nvmlDeviceGetMigMode(h))
+show("virtualization", lambda: N.nvmlDeviceGetVirtualizationMode(h))
+"""
+
+
+@pytest.mark.parametrize("temperature", [None, 41])
+def test_nvidia_smis_table_state_columns_answer_as_a_gpu_without_the_feature(nvml_dir, tmp_path, temperature):
+    """The state the plain nvidia-smi table reads (it exits 255 when one fails): no MIG devices and MIG
+    disabled now and pending, persistence mode and ECC disabled, a bare-metal GPU (no vGPU), P0; no
+    fan and no known power limit (NOT_SUPPORTED, never a made-up number); the versioned temperature
+    equals the plain one, the view's when it has one, else NOT_SUPPORTED."""
+    lease = json.loads(json.dumps(LEASE))
+    lease["partitions"][0]["usage"]["temperature_c"] = temperature
+    out = run([sys.executable, "-c", TABLE_STATE], view_env(nvml_dir, tmp_path, lease))
+    assert out.returncode == 0, out.stderr
+    got = lines(out.stdout)
+    assert got["max_mig"] == "0" and got["mig_mode"] == "0 0"  # NVML_DEVICE_MIG_DISABLE
+    assert got["persistence"] == "0" and got["ecc"] == "0 0"  # NVML_FEATURE_DISABLED
+    assert got["virtualization"] == "0"  # NVML_GPU_VIRTUALIZATION_MODE_NONE
+    assert got["pstate"] == "0"  # NVML_PSTATE_0
+    assert got["fan"] == got["power_limit"] == f"error {NVML_NOT_SUPPORTED}"
+    expected = f"error {NVML_NOT_SUPPORTED}" if temperature is None else str(temperature)
+    assert got["temperature_v"] == got["temperature"] == expected
+
+
 def test_the_view_is_reread_when_it_changes(nvml_dir, tmp_path):
     """A running tool sees the lease's usage move: the shim re-reads the view file after a rewrite."""
     env = view_env(nvml_dir, tmp_path)
@@ -400,6 +442,9 @@ API int nvmlDeviceGetNvLinkState(void *h, unsigned link, unsigned *state) {
 }
 API int nvmlDeviceGetMemoryInfo(void *h, unsigned long long *m) { m[0] = 1ULL << 40; return 0; }
 API int nvmlDeviceSetPowerManagementLimit(void *h, unsigned limit) { return 0; }
+API int nvmlDeviceGetPersistenceMode(void *h, unsigned *mode) { *mode = 1; return h == &device ? 0 : 2; }
+API int nvmlDeviceGetEccMode(void *h, unsigned *now, unsigned *pending) { *now = *pending = 1; return 0; }
+API int nvmlDeviceGetTemperatureV(void *h, int *t) { t[2] = 33; return 0; }
 """
 
 LOCAL_QUERIES = """
@@ -413,13 +458,19 @@ try:
     print("set ok")
 except N.NVMLError as e:
     print("set", e.value)
+print("persistence", N.nvmlDeviceGetPersistenceMode(h))
+print("ecc", *N.nvmlDeviceGetEccMode(h))
+print("temperature_v", N.nvmlDeviceGetTemperatureV(h, N.NVML_TEMPERATURE_GPU))
+print("mig_mode", *N.nvmlDeviceGetMigMode(h))
 """
 
 
 def test_a_local_run_asks_the_hosts_nvml_what_the_lease_does_not_answer(nvml_dir, tmp_path):
     """In a --local run the view names the GPU host's own NVML: queries the lease does not answer
     (NVLink here) reach it with its own device handle, the lease's numbers (memory) stay the lease's,
-    and a change to the shared GPU is still refused (NO_PERMISSION), never handed on."""
+    and a change to the shared GPU is still refused (NO_PERMISSION), never handed on. The real GPU's
+    state (persistence, ECC, a temperature the view lacks) is the host's; what the host lacks (MIG
+    mode here) gets the lease's answer, not an error."""
     import shutil
 
     host = tmp_path / "host"
@@ -437,6 +488,8 @@ def test_a_local_run_asks_the_hosts_nvml_what_the_lease_does_not_answer(nvml_dir
     assert int(got["total"]) == PARTITION
     assert got["link3"] == "1" and got["link0"] == "0"
     assert got["set"] == str(NVML_NO_PERMISSION)
+    assert got["persistence"] == "1" and got["ecc"] == "1 1" and got["temperature_v"] == "33"
+    assert got["mig_mode"] == "0 0"
 
 
 def test_the_hosts_nvml_is_found_and_never_gpupools_own(nvml_dir, tmp_path):

@@ -49,12 +49,12 @@ def pynvml_names(source: str | None = None) -> list[str]:
 
 
 def answered_names(source: str | None = None) -> list[str]:
-    """The functions nvml_shim.c defines itself (written out, or through its PROCESS_LIST and
-    DEVICE_ZERO macros)."""
+    """The functions nvml_shim.c defines itself (written out, or through its PROCESS_LIST,
+    DEVICE_ZERO and DEVICE_STATE macros)."""
     text = source if source is not None else SHIM_SOURCE.read_text()
     defined = re.findall(r"^NVML_API [^(]*?\b(nvml\w+)\(", text, re.M)
     defined += re.findall(r"^PROCESS_LIST\((nvml\w+),", text, re.M)
-    defined += re.findall(r"^DEVICE_ZERO\((nvml\w+)\)", text, re.M)
+    defined += re.findall(r"^(?:DEVICE_ZERO|DEVICE_STATE|DEVICE_STATE_PAIR)\((nvml\w+)\)", text, re.M)
     return sorted(set(defined))
 
 

@@ -670,6 +670,72 @@ DEVICE_ZERO(nvmlDeviceGetDisplayMode)   /* NVML_FEATURE_DISABLED */
 DEVICE_ZERO(nvmlDeviceGetDisplayActive) /* NVML_FEATURE_DISABLED */
 DEVICE_ZERO(nvmlDeviceIsMigDeviceHandle)
 
+/* --- the table's state columns ------------------------------------------------------------------- */
+/* The plain table stops with exit status 255 when one of these fails (seen on an H100, driver
+ * 580.159.04), where --query-gpu only prints "[N/A]". In a --local run the GPU host's own NVML knows
+ * the real GPU's state and answers them (as before); otherwise each answers what a GPU without the
+ * feature, or with it off, answers, and none invents hardware state the pool does not know (the fan and
+ * the power limit stay NOT_SUPPORTED, as on an H100 SXM). A remote lease is a slice of a bare-metal
+ * GPU, not a vGPU, without MIG instances: the partition is the pool's own, not MIG's. */
+
+/* The GPU host's function `name` when the handle is its own (a --local run found the device), else NULL. */
+static void *host_function(nvmlDevice_t device, const char *name) {
+    int i = device_number(device);
+    return real_lib && i >= 0 && real_handles[i] == device ? dlsym(real_lib, name) : NULL;
+}
+
+#define DEVICE_STATE(name)                                                                \
+    NVML_API nvmlReturn_t name(nvmlDevice_t device, unsigned int *value) {                \
+        DEVICE_CALL(device);                                                              \
+        nvmlReturn_t (*host)(nvmlDevice_t, unsigned int *) = host_function(device, #name); \
+        pthread_mutex_unlock(&lock);                                                      \
+        if (host) return host(device, value);                                             \
+        if (!value) return NVML_ERROR_INVALID_ARGUMENT;                                   \
+        *value = 0;                                                                       \
+        return NVML_SUCCESS;                                                              \
+    }
+DEVICE_STATE(nvmlDeviceGetMaxMigDeviceCount)  /* "zero if MIG is not supported or enabled" */
+DEVICE_STATE(nvmlDeviceGetPersistenceMode)    /* NVML_FEATURE_DISABLED: the driver state is the host's */
+DEVICE_STATE(nvmlDeviceGetVirtualizationMode) /* NVML_GPU_VIRTUALIZATION_MODE_NONE */
+/* NVML_PSTATE_0, the state of a GPU ready for work, idle or busy: a leased GPU is kept ready (its
+   server holds a context on it), and the state of a GPU others share says nothing of the lease. */
+DEVICE_STATE(nvmlDeviceGetPerformanceState)
+
+#define DEVICE_STATE_PAIR(name)                                                                            \
+    NVML_API nvmlReturn_t name(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {         \
+        DEVICE_CALL(device);                                                                               \
+        nvmlReturn_t (*host)(nvmlDevice_t, unsigned int *, unsigned int *) = host_function(device, #name); \
+        pthread_mutex_unlock(&lock);                                                                       \
+        if (host) return host(device, current, pending);                                                   \
+        if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;                                     \
+        *current = *pending = 0;                                                                           \
+        return NVML_SUCCESS;                                                                               \
+    }
+DEVICE_STATE_PAIR(nvmlDeviceGetMigMode) /* NVML_DEVICE_MIG_DISABLE, now and after a reset */
+DEVICE_STATE_PAIR(nvmlDeviceGetEccMode) /* NVML_FEATURE_DISABLED: the view does not carry the GPU's ECC */
+
+/* nvmlTemperature_v1_t: the versioned nvmlDeviceGetTemperature, answered as it is (the view's
+   temperature), or by the GPU host in a --local run when the view has none. */
+typedef struct {
+    unsigned int version;
+    int sensorType;
+    int temperature;
+} temperature_v1_t;
+#define NVML_TEMPERATURE_V1 0x0100000Cu /* sizeof(temperature_v1_t) | 1 << 24 */
+
+NVML_API nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, temperature_v1_t *temperature) {
+    DEVICE_CALL(device);
+    if (!temperature) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    if (temperature->version != NVML_TEMPERATURE_V1) LEAVE(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (temperature->sensorType == 0 && d->temperature_c != UNKNOWN) {
+        temperature->temperature = (int)d->temperature_c;
+        LEAVE(NVML_SUCCESS);
+    }
+    nvmlReturn_t (*host)(nvmlDevice_t, temperature_v1_t *) = host_function(device, "nvmlDeviceGetTemperatureV");
+    pthread_mutex_unlock(&lock);
+    return host ? host(device, temperature) : NVML_ERROR_NOT_SUPPORTED; /* only NVML_TEMPERATURE_GPU */
+}
+
 /* --- nvidia-smi's private table ------------------------------------------------------------------ */
 /* nvidia-smi finds devices and lists processes through a private table (nvmlInternalGetExportTable,
  * keyed by a UUID), not the public calls. Its ABI, as NVIDIA's own NVML mock recovered it against
