@@ -11,8 +11,13 @@ remote as % of native:
     repeated copies, each followed by cuCtxSynchronize, so small sizes include one round trip)
   - cuMemcpyDtoHAsync into page-locked memory, 64 KiB .. 16 MiB: how long the call takes to return,
     and the rate of 16 copies in flight then one cuStreamSynchronize (issue 12)
+  - cuMemcpyHtoDAsync from page-locked memory, 64 KiB .. 16 MiB, 16 in flight over 4 streams (a
+    data loader's pinned batches): the call's time and the rate (issue 31)
   - compute-bound: 40 launches of a ~2 ms kernel (wall time)
   - launch-bound: 5 000 launches of a tiny kernel (wall time)
+  - graph replays: a captured graph of 20 tiny kernels, cuGraphLaunch 500 times, one sync (issue 31)
+  - event-heavy loop, as triton.testing.do_bench times a kernel: per iteration cuEventRecord, a tiny
+    kernel, cuEventRecord; then cuEventSynchronize and cuEventElapsedTime of each pair (issue 31)
 
 Targets (issue 6): compute-bound >= 95 % of native, round trip <= 40 µs, >= 50 k launches/s,
 copies >= 2 GB/s. `--executor host` measures the protocol and the worker alone on a machine with no
@@ -139,6 +144,7 @@ def child() -> None:
     out["bandwidth_gb_s"] = bandwidth
     out["cpu_s_per_gb"] = cpu  # CPU seconds per GB moved, each side (a loaded machine's fairer measure)
     out["dtoh_async_pinned"] = dtoh_async_pinned(cu, ok, dev, stream)
+    out["htod_async_pinned"] = htod_async_pinned(cu, ok)
     ok(cu.cuMemFree(dev))
     if os.environ.get("GPUPOOL_BENCH_ONLY") == "copies":  # --copies-only: e.g. to profile the copy path
         print(json.dumps(out))
@@ -176,6 +182,8 @@ def child() -> None:
         cu.cuLaunchKernel(saxpy, 4, 1, 1, 256, 1, 1, 0, stream, sargs, 0)
     ok(cu.cuStreamSynchronize(stream))
     out["launch_bound_s"] = time.perf_counter() - t
+    out["graph_replays_per_s"] = graph_replays(cu, ok, saxpy, sargs, stream)
+    out["event_loop_us"] = event_loop(cu, ok, saxpy, sargs, stream)
     print(json.dumps(out))
 
 
@@ -198,6 +206,73 @@ def dtoh_async_pinned(cu, ok, dev, stream) -> dict:
         ok(cu.cuMemFreeHost(pinned))
         rows[size] = {"call_us": statistics.median(calls) * 1e6, "gb_s": statistics.median(rates)}
     return rows
+
+
+def htod_async_pinned(cu, ok) -> dict:
+    """cuMemcpyHtoDAsync from page-locked memory (a data loader's pinned batches): how long the call
+    takes to return (median) and the rate of 16 copies in flight over 4 streams, then a synchronise."""
+    streams = [ok(cu.cuStreamCreate(1)) for _ in range(4)]
+    rows = {}
+    for size in (s for s in (64 << 10, 1 << 20, 16 << 20) if s <= SIZES[-1]):
+        pinned, dev = ok(cu.cuMemHostAlloc(16 * size, 0)), ok(cu.cuMemAlloc(16 * size))
+        calls, rates = [], []
+        for _ in range(max(3, min(50, (256 << 20) // (16 * size)))):
+            t = time.perf_counter()
+            for k in range(16):
+                c = time.perf_counter()
+                ok(cu.cuMemcpyHtoDAsync(int(dev) + k * size, pinned + k * size, size, streams[k % 4]))
+                calls.append(time.perf_counter() - c)
+            ok(cu.cuCtxSynchronize())
+            rates.append(16 * size / (time.perf_counter() - t) / 1e9)
+        ok(cu.cuMemFreeHost(pinned))
+        ok(cu.cuMemFree(dev))
+        rows[size] = {"call_us": statistics.median(calls) * 1e6, "gb_s": statistics.median(rates)}
+    for s in streams:
+        ok(cu.cuStreamDestroy(s))
+    return rows
+
+
+def graph_replays(cu, ok, kernel, args, stream) -> float:
+    """Replays per second of a captured graph of 20 tiny kernels (make_graphed_callables' pattern)."""
+    ok(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    for _ in range(20):
+        ok(cu.cuLaunchKernel(kernel, 4, 1, 1, 256, 1, 1, 0, stream, args, 0))
+    graph = ok(cu.cuStreamEndCapture(stream))
+    exe = ok(cu.cuGraphInstantiate(graph, 0))
+    for _ in range(20):
+        ok(cu.cuGraphLaunch(exe, stream))
+    ok(cu.cuStreamSynchronize(stream))
+    n = 500
+    t = time.perf_counter()
+    for _ in range(n):
+        ok(cu.cuGraphLaunch(exe, stream))
+    ok(cu.cuStreamSynchronize(stream))
+    rate = n / (time.perf_counter() - t)
+    ok(cu.cuGraphExecDestroy(exe))
+    ok(cu.cuGraphDestroy(graph))
+    return rate
+
+
+def event_loop(cu, ok, kernel, args, stream) -> float:
+    """µs per iteration of a benchmark harness's loop (triton.testing.do_bench): cuEventRecord, a tiny
+    kernel, cuEventRecord, 200 times; then cuEventSynchronize and cuEventElapsedTime of each pair."""
+    n = 200
+    starts = [ok(cu.cuEventCreate(0)) for _ in range(n)]
+    ends = [ok(cu.cuEventCreate(0)) for _ in range(n)]
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for a, b in zip(starts, ends, strict=True):
+            ok(cu.cuEventRecord(a, stream))
+            ok(cu.cuLaunchKernel(kernel, 4, 1, 1, 256, 1, 1, 0, stream, args, 0))
+            ok(cu.cuEventRecord(b, stream))
+        ok(cu.cuEventSynchronize(ends[-1]))
+        for a, b in zip(starts, ends, strict=True):
+            ok(cu.cuEventElapsedTime(a, b))
+        times.append((time.perf_counter() - t) / n)
+    for e in starts + ends:
+        ok(cu.cuEventDestroy(e))
+    return statistics.median(times) * 1e6
 
 
 def usage(pid: str) -> tuple[float, float, int]:
@@ -484,6 +559,8 @@ def report(results: dict) -> None:
     row("empty-kernel launches, pipelined", "launches_per_s", "/s", True, "{:,.0f}")
     row("compute-bound: 40 x ~2 ms kernels", "compute_bound_s", "s", False, "{:.3f}")
     row("launch-bound: 5 000 tiny kernels", "launch_bound_s", "s", False, "{:.3f}")
+    row("graph replays (20 tiny kernels each), pipelined", "graph_replays_per_s", "/s", True, "{:,.0f}")
+    row("event loop as do_bench: record, kernel, record; sync, elapsed", "event_loop_us", "µs", False)
     for size in (s for s in SIZES if str(s) in remote["bandwidth_gb_s"]):
         label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
         for direction in ("htod", "dtoh"):
@@ -495,16 +572,20 @@ def report(results: dict) -> None:
             print(
                 f"| {direction.upper()} {label} | {f'{n:.2f} GB/s' if n else '-'} | {r:.2f} GB/s{cpu} | {pct} |"
             )
-    for size, r in remote.get("dtoh_async_pinned", {}).items():
-        label = f"{int(size) >> 20} MiB" if int(size) >= 1 << 20 else f"{int(size) >> 10} KiB"
-        n = native["dtoh_async_pinned"][size] if native else None
-        for what, key, unit in (
-            ("call returns in (median)", "call_us", "µs"),
-            ("16 in flight", "gb_s", "GB/s"),
-        ):
-            nat = f"{n[key]:.2f} {unit}" if n else "-"
-            pct = f"{(r[key] / n[key] if key == 'gb_s' else n[key] / r[key]) * 100:.0f} %" if n else "-"
-            print(f"| DtoH async into page-locked, {label}: {what} | {nat} | {r[key]:.2f} {unit} | {pct} |")
+    for key_of, title in (
+        ("dtoh_async_pinned", "DtoH async into page-locked"),
+        ("htod_async_pinned", "HtoD async from page-locked, 4 streams"),
+    ):
+        for size, r in remote.get(key_of, {}).items():
+            label = f"{int(size) >> 20} MiB" if int(size) >= 1 << 20 else f"{int(size) >> 10} KiB"
+            n = native[key_of][size] if native else None
+            for what, key, unit in (
+                ("call returns in (median)", "call_us", "µs"),
+                ("16 in flight", "gb_s", "GB/s"),
+            ):
+                nat = f"{n[key]:.2f} {unit}" if n else "-"
+                pct = f"{(r[key] / n[key] if key == 'gb_s' else n[key] / r[key]) * 100:.0f} %" if n else "-"
+                print(f"| {title}, {label}: {what} | {nat} | {r[key]:.2f} {unit} | {pct} |")
 
 
 if __name__ == "__main__":
