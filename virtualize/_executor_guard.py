@@ -46,6 +46,7 @@ from virtualize._executor import (
     Executor,
     Launch,
     SharedHostMemory,
+    StagedCopy,
 )
 from virtualize._lanes import Lanes
 from virtualize._results import CUresult
@@ -274,6 +275,10 @@ class Session:
         ] = {}  # array or mipmap -> (kind, bytes, device, ctx)
         self.shared: SharedHostMemory | None = None  # memory the client maps too (gpShmAttach)
         self.shared_error = 0  # the first error of the pieces of a copy through it, for its answer
+        # the client's page-locked allocations this worker maps too (gpPinnedShare): its address -> the
+        # memory, and the copies into it not known to be done yet
+        self.pinned: dict[int, SharedHostMemory] = {}
+        self.pinned_landing: dict[int, list[StagedCopy]] = {}
         self.lanes: Lanes | None = None  # this process's extra connections' copies, once one attached
         self.lane_of: Session | None = None  # set on a lane: the connection whose copies it carries
         self.special: dict[str, Callable] = {
@@ -388,6 +393,10 @@ class Session:
             "gpShmAttach": self._shm_attach,
             "gpShmHtoD": self._shm_htod,
             "gpShmDtoH": self._shm_dtoh,
+            "gpPinnedShare": self._pinned_share,
+            "gpPinnedCopy": self._pinned_copy,
+            "gpPinnedSettle": self._pinned_settle,
+            "gpPinnedDrop": self._pinned_drop,
             "gpLaneAttach": self._lane_attach,
             "gpLaneCopy": self._lane_copy,
             "gpLanePiece": self._lane_piece,
@@ -514,6 +523,8 @@ class Session:
             self.lease.remove(a.base)
         self._vm_close()
         self._arrays_close()
+        for base in list(self.pinned):
+            self._pinned_release(base)
         if self.shared is not None:
             try:
                 self.executor.release_shared_host_memory(self.shared)
@@ -1479,6 +1490,71 @@ class Session:
         self.channel.send_with_fd(self.shared.fd, _wire.REPLY.pack(0, len(outs), 0), outs)
         return _ANSWERED
 
+    def _pinned_share(self, call: Call, ins: tuple):
+        """The client's new page-locked allocation at `base`: memory of the worker's, pinned, that the
+        client maps there (its descriptor with the answer), so copies go straight into and out of it."""
+        base, size = ins
+        if not self.channel.local:
+            raise CudaError(CUresult.NOT_SUPPORTED, "shared memory is for a process on this host")
+        if not size or size > PINNED_SHARE_MAX or base in self.pinned:
+            raise CudaError(INVALID_VALUE, "not a new allocation of a size the worker shares")
+        shared = self.executor.shared_host_memory(size)
+        self.pinned[base] = shared
+        self._announce_copies()
+        self.channel.send_with_fd(shared.fd, _wire.REPLY.pack(0, 0, 0))
+        return _ANSWERED
+
+    def _pinned_at(self, host: int, count: int) -> tuple[int, SharedHostMemory]:
+        for base, shared in self.pinned.items():
+            if base <= host and host + count <= base + shared.size:
+                return base, shared
+        raise CudaError(
+            INVALID_VALUE, f"[0x{host:x}, +{count}) is not page-locked memory shared with the worker"
+        )
+
+    def _pinned_copy(self, call: Call, ins: tuple):
+        """A copy between the lease's memory and the client's shared page-locked memory, by the worker's
+        DMA on the client's stream: nothing more to send; the stream orders it, as natively."""
+        device, host, count, stream, flags = ins
+        to_device, synchronous = flags & 1, flags & 2
+        self._check(call, ins)
+        self._check_range(device, count)
+        base, shared = self._pinned_at(host, count)
+        if not synchronous and self._capturing(_HTOD_ASYNC if to_device else _DTOH_ASYNC, stream):
+            raise CudaError(CUresult.STREAM_CAPTURE_UNSUPPORTED, "a copy with the client's memory")
+        on = None if synchronous else stream
+        if to_device:
+            self.executor.copy_in_from(device, shared, host - base, count, on, bool(synchronous))
+            return _EMPTY
+        landing = self.pinned_landing.setdefault(base, [])
+        landing[:] = [c for c in landing if not c.ready()]
+        landing.append(self.executor.copy_out_into(shared, host - base, device, count, on))
+        return _EMPTY
+
+    def _pinned_settle(self, call: Call, ins: tuple):
+        """Answered once every copy into the client's shared memory at [host, +count) has landed."""
+        host, count = ins
+        for base, shared in self.pinned.items():
+            if base < host + count and host < base + shared.size:
+                for copy in self.pinned_landing.pop(base, []):
+                    copy.wait()
+        return _EMPTY
+
+    def _pinned_drop(self, call: Call, ins: tuple):
+        (base,) = ins
+        if base not in self.pinned:
+            raise CudaError(INVALID_VALUE, "not page-locked memory shared with the worker")
+        self._pinned_release(base)
+        return _EMPTY
+
+    def _pinned_release(self, base: int) -> None:
+        for copy in self.pinned_landing.pop(base, []):  # no DMA into memory that goes
+            copy.wait()
+        try:
+            self.executor.release_shared_host_memory(self.pinned.pop(base))
+        except (CudaError, OSError) as exc:
+            log.warning("could not release page-locked memory shared with the client: %s", exc)
+
     def _shm_htod(self, call: Call, ins: tuple):
         """One piece of a copy to the device; the last piece is answered with the first error of all."""
         dst, count, stream, offset, flags = ins
@@ -1750,6 +1826,7 @@ MAX_LANE_PIECES = 64
 _HTOD_ASYNC = next(c for c in CALLS if c.symbol == "cuMemcpyHtoDAsync_v2")
 _DTOH_ASYNC = next(c for c in CALLS if c.symbol == "cuMemcpyDtoHAsync_v2")
 SHARED_COPY_BYTES = 64 << 20  # per client connection on this host: the largest piece of one copy
+PINNED_SHARE_MAX = 1 << 40  # one page-locked allocation shared with a client (a sanity bound only)
 _EMPTY = (b"", b"")
 CALL_OF = {  # the call that destroys an array of each kind (a client's leftovers, at its end)
     "array": next(c for c in CALLS if c.name == "cuArrayDestroy"),
