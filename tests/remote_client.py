@@ -1231,6 +1231,40 @@ def scenario_async_copy_ordering():
     say("chain_overwritten_after", dtoh(src, total - size)[1] == new[: total - size])
 
 
+def scenario_pinned_stream_order():
+    """Copies between the device and page-locked memory act when their stream gets there, as natively:
+    the stream held at a gate, a copy from page-locked memory reads what the host wrote after the call
+    returned; a copy into it then lands once the stream is past it."""
+    import threading
+
+    setup()
+    n = 1 * MiB + 3
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    capturing = ctypes.c_int()
+    check(cu.cuStreamIsCapturing(stream, ctypes.byref(capturing)), "is capturing")  # asked before the gate
+    dev = alloc(n)[1]
+    source, target = c_u64(), c_u64()
+    check(cu.cuMemAllocHost(ctypes.byref(source), c_u64(n)), "pinned")
+    check(cu.cuMemHostAlloc(ctypes.byref(target), c_u64(n), 0), "pinned")
+    first, later = os.urandom(n), os.urandom(n)
+    ctypes.memmove(source.value, first, n)
+    ctypes.memset(target.value, 0, n)
+    gate = threading.Event()
+    keep = [ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: gate.wait(60))]
+    check(cu.cuLaunchHostFunc(stream, keep[0], None), "gate")
+    check(cu.cuMemcpyHtoDAsync(c_u64(dev), c_u64(source.value), c_u64(n), stream), "htod")
+    check(cu.cuMemcpyDtoHAsync(c_u64(target.value), c_u64(dev), c_u64(n), stream), "dtoh")
+    ctypes.memmove(source.value, later, n)  # before the stream gets to the copy
+    say("target_untouched", ctypes.string_at(target.value, n) == bytes(n))
+    gate.set()
+    check(cu.cuStreamSynchronize(stream), "sync")
+    landed = ctypes.string_at(target.value, n)
+    say("read_at_stream_time", landed == later)
+    say("read_at_call_time", landed == first)
+    say("free", f"{cu.cuMemFreeHost(c_u64(source.value))},{cu.cuMemFreeHost(c_u64(target.value))}")
+
+
 def scenario_managed():
     """Managed memory: what the host writes before a launch is what the kernel reads; what the kernel
     writes is what the host reads after the synchronisation; copies in and out of it see the same."""

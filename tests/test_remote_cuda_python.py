@@ -79,6 +79,7 @@ def cuda_executor_worker(shim_dir):
         "queries",
         "async_copies",
         "async_copy_ordering",
+        "pinned_stream_order",
         "pinned_kernels",
     ],
 )
@@ -134,6 +135,11 @@ def test_the_cuda_executor_serves_every_scenario(shim_dir, cuda_executor_worker,
                 "chain_sent_back",
                 "chain_overwritten_after",
             )
+        },
+        "pinned_stream_order": {  # the DMA on the stream reads and writes the client's pages
+            "target_untouched": "True",
+            "read_at_stream_time": "True",
+            "free": "0,0",
         },
         "pinned_kernels": {  # page-locked memory mapped for kernels through cuMemCreate / cuMemMap
             "sync_after_launch": "0",

@@ -878,6 +878,21 @@ def test_async_copies_chained_by_events_land_exactly_when_their_events_complete(
     assert "gpupool:" not in err
 
 
+def test_page_locked_memory_on_the_workers_host_is_copied_when_the_stream_gets_there(shim_dir, worker):
+    """On the worker's host page-locked memory is the worker's too: a cuMemcpyHtoDAsync from it reads
+    it when its stream reaches the copy (what the host wrote after the call returned), as a GPU's DMA
+    does, and a cuMemcpyDtoHAsync into it lands once the stream is past it. Across hosts (TCP) the bytes
+    are taken when the call is made."""
+    out, err = run_client("pinned_stream_order", client_env(shim_dir, worker))
+    assert out["target_untouched"] == out["read_at_stream_time"] == "True"
+    assert out["free"] == "0,0"
+    assert "gpupool:" not in err
+    env = client_env(shim_dir, worker)
+    env.pop(_wire.ENV_LOCAL)
+    tcp, _ = run_client("pinned_stream_order", env)
+    assert tcp["target_untouched"] == tcp["read_at_call_time"] == "True"
+
+
 def test_copies_to_page_locked_memory_return_at_once_and_land_before_anything_shows_them_done(
     shim_dir, worker
 ):
