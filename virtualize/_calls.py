@@ -405,7 +405,8 @@ CALLS: tuple[Call, ...] = (
     # every copy into [host, +count) is in place (before the client reads it outside any stream).
     # gpPinnedDrop: the memory at `base` goes (the worker lets go of it once its copies are done).
     _c("gpPinnedShare", 0, "u64 base, u64 size", symbol="-"),
-    _c("gpPinnedCopy", 0, "dptr device, u64 host, u64 count, stream stream, u32 flags", symbol="-"),
+    _c("gpPinnedCopy", 0, "dptr device, u64 host, u64 count, stream stream, u32 flags", sync=True,
+       symbol="-"),  # a synchronous one reports an earlier asynchronous error, as the driver's copies do
     _c("gpPinnedSettle", 0, "u64 host, u64 count", symbol="-"),
     _c("gpPinnedDrop", 0, "u64 base", symbol="-"),
     # Large copies over an encrypted connection, striped across the process's extra connections

@@ -1366,7 +1366,13 @@ static CUresult pinned_copy(uint32_t call, uint64_t device, const void *host, ui
     int synchronous = call == GP_CALL_cuMemcpyHtoD_v2 || call == GP_CALL_cuMemcpyDtoH_v2;
     struct gp_in_gpPinnedCopy in = {.device = device, .host = (uint64_t)host, .count = count,
                                     .stream = synchronous ? 0 : stream, .flags = to_device | synchronous << 1};
-    return gp_call(GP_CALL_gpPinnedCopy, synchronous ? WANT : 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    CUresult r = gp_call(GP_CALL_gpPinnedCopy, synchronous ? WANT : 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    if (r == CUDA_SUCCESS && synchronous && gp_copies_in_flight()) {
+        /* A synchronous copy waits for the default stream: copies to the host done by then land first. */
+        struct gp_in_gpCopiesFlush flush = {.wait = 0};
+        r = gp_call(GP_CALL_gpCopiesFlush, WANT, &flush, sizeof flush, NULL, 0, NULL, 0, NULL, 0);
+    }
+    return r;
 }
 
 /* Before the host reads or writes shared page-locked memory outside any stream (here, not by a program
