@@ -203,8 +203,12 @@ def main() -> int:
     env["PYTHONPATH"] = os.environ["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(ROOT), env.get("PYTHONPATH")])
     )
-    uuid = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader", "-i", "0"],
-                          capture_output=True, text=True, check=True, timeout=30).stdout.strip()  # fmt: skip
+    try:
+        uuid = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader", "-i", "0"],
+                              capture_output=True, text=True, check=True, timeout=30).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"bench_torch_patterns: no GPU here ({exc})\n  hint: run it on a GPU machine", file=sys.stderr)
+        return 1
     worker_env = {"GPUPOOL_WORKER_PROFILE": str(out_dir)} if args.profile else {}
     results: dict[str, dict] = {}
     for pattern in chosen:
