@@ -11,8 +11,13 @@ remote as % of native:
     repeated copies, each followed by cuCtxSynchronize, so small sizes include one round trip)
   - cuMemcpyDtoHAsync into page-locked memory, 64 KiB .. 16 MiB: how long the call takes to return,
     and the rate of 16 copies in flight then one cuStreamSynchronize (issue 12)
+  - cuMemcpyHtoDAsync from page-locked memory, 64 KiB .. 16 MiB, 16 in flight over 4 streams (a
+    data loader's pinned batches): the call's time and the rate (issue 31)
   - compute-bound: 40 launches of a ~2 ms kernel (wall time)
   - launch-bound: 5 000 launches of a tiny kernel (wall time)
+  - graph replays: a captured graph of 20 tiny kernels, cuGraphLaunch 500 times, one sync (issue 31)
+  - event-heavy loop, as triton.testing.do_bench times a kernel: per iteration cuEventRecord, a tiny
+    kernel, cuEventRecord; then cuEventSynchronize and cuEventElapsedTime of each pair (issue 31)
 
 Targets (issue 6): compute-bound >= 95 % of native, round trip <= 40 µs, >= 50 k launches/s,
 copies >= 2 GB/s. `--executor host` measures the protocol and the worker alone on a machine with no
@@ -31,6 +36,10 @@ this machine can push through it:
 Each copy row also reports the CPU seconds the program and the worker spent per GB moved (from
 /proc; 16 MiB and up), the fairer measure on a shared machine. `--copies-only` stops after the copies
 and `--min-copy-mib` / `--max-copy-mib` pick the sizes, e.g. to profile the copy path.
+
+Where the time goes, pattern by pattern (issue 31): `--patterns graph --profile` measures only the
+graph replays and writes the shim's per-call profile of the remote run (GPUPOOL_SHIM_PROFILE) and the
+worker's cProfile of the connection (GPUPOOL_WORKER_PROFILE) under $OUT.
 """
 
 from __future__ import annotations
@@ -56,6 +65,10 @@ RAW_REPEATS = 3  # --netem: the link's raw capacity is the median of this many 2
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 1 << 30]
 SIZES = [s for s in SIZES if s <= int(os.environ.get("GPUPOOL_BENCH_MAX_COPY", 1 << 30))]
 SIZES = [s for s in SIZES if s >= int(os.environ.get("GPUPOOL_BENCH_MIN_COPY", 0))] or SIZES[-1:]
+# What the child measures, in this order (--patterns picks some: e.g. to profile one of them alone).
+PATTERNS = ("round_trip", "launches", "copies", "dtoh_async", "htod_async", "compute", "launch_bound",
+            "graph", "events")  # fmt: skip
+COPY_PATTERNS = ("round_trip", "launches", "copies", "dtoh_async", "htod_async")  # --copies-only
 
 
 # ---- the measured program (runs in a child process, natively or remotely) ------------------------
@@ -80,8 +93,43 @@ def child() -> None:
     spin = ok(cu.cuModuleGetFunction(module, b"spin"))
     saxpy = ok(cu.cuModuleGetFunction(module, b"saxpy"))
     stream = ok(cu.cuStreamCreate(1))  # non-blocking
+    chosen = os.environ.get("GPUPOOL_BENCH_PATTERNS", ",".join(PATTERNS)).split(",")
 
-    # Round trip: a synchronising call with nothing to wait for.
+    def want(pattern: str) -> bool:
+        return pattern in chosen
+
+    if want("round_trip"):
+        out["round_trip_us"] = round_trip(cu, ok)
+    if want("launches"):
+        out["launches_per_s"] = launches(cu, ok, empty, stream)
+    if want("copies"):
+        out["bandwidth_gb_s"], out["cpu_s_per_gb"] = copies(cu, ok, np)
+    if want("dtoh_async"):
+        dev = ok(cu.cuMemAlloc(SIZES[-1]))
+        out["dtoh_async_pinned"] = dtoh_async_pinned(cu, ok, dev, stream)
+        ok(cu.cuMemFree(dev))
+    if want("htod_async"):
+        out["htod_async_pinned"] = htod_async_pinned(cu, ok)
+    if want("compute"):
+        out["compute_iters"], out["compute_bound_s"] = compute_bound(cu, ok, spin, stream)
+    # Many tiny kernels: launched one by one, replayed as a graph, timed between events.
+    x, y = ok(cu.cuMemAlloc(4096)), ok(cu.cuMemAlloc(4096))
+    sargs = ((x, y, 1.0, 1024), (None, None, ctypes.c_float, ctypes.c_uint32))
+    if want("launch_bound"):
+        t = time.perf_counter()
+        for _ in range(5000):
+            cu.cuLaunchKernel(saxpy, 4, 1, 1, 256, 1, 1, 0, stream, sargs, 0)
+        ok(cu.cuStreamSynchronize(stream))
+        out["launch_bound_s"] = time.perf_counter() - t
+    if want("graph"):
+        out["graph_replays_per_s"] = graph_replays(cu, ok, saxpy, sargs, stream)
+    if want("events"):
+        out["event_loop_us"] = event_loop(cu, ok, saxpy, sargs, stream)
+    print(json.dumps(out))
+
+
+def round_trip(cu, ok) -> float:
+    """A synchronising call with nothing to wait for (µs, median)."""
     for _ in range(200):
         ok(cu.cuCtxSynchronize())
     samples = []
@@ -89,9 +137,11 @@ def child() -> None:
         t = time.perf_counter()
         ok(cu.cuCtxSynchronize())
         samples.append(time.perf_counter() - t)
-    out["round_trip_us"] = statistics.median(samples) * 1e6
+    return statistics.median(samples) * 1e6
 
-    # Pipelined empty launches.
+
+def launches(cu, ok, empty, stream) -> float:
+    """Empty-kernel launches per second, pipelined."""
     n_launch = 20000
     for _ in range(500):
         ok(cu.cuLaunchKernel(empty, 1, 1, 1, 32, 1, 1, 0, stream, 0, 0))
@@ -100,9 +150,11 @@ def child() -> None:
     for _ in range(n_launch):
         cu.cuLaunchKernel(empty, 1, 1, 1, 32, 1, 1, 0, stream, 0, 0)
     ok(cu.cuStreamSynchronize(stream))
-    out["launches_per_s"] = n_launch / (time.perf_counter() - t)
+    return n_launch / (time.perf_counter() - t)
 
-    # Copies, synchronous, pageable host memory.
+
+def copies(cu, ok, np) -> tuple[dict, dict]:
+    """Synchronous copies from and to pageable memory: GB/s, and CPU seconds per GB on each side."""
     dev = ok(cu.cuMemAlloc(SIZES[-1]))
     host = np.ones(SIZES[-1], dtype=np.uint8)
     bandwidth, cpu = {}, {}
@@ -136,15 +188,12 @@ def child() -> None:
                 cpu_row[direction][f"{side}_calls_per_mb"] = (calls - calls0) / gb / 1000
         bandwidth[size] = row
         cpu[size] = cpu_row
-    out["bandwidth_gb_s"] = bandwidth
-    out["cpu_s_per_gb"] = cpu  # CPU seconds per GB moved, each side (a loaded machine's fairer measure)
-    out["dtoh_async_pinned"] = dtoh_async_pinned(cu, ok, dev, stream)
     ok(cu.cuMemFree(dev))
-    if os.environ.get("GPUPOOL_BENCH_ONLY") == "copies":  # --copies-only: e.g. to profile the copy path
-        print(json.dumps(out))
-        return
+    return bandwidth, cpu  # CPU seconds per GB moved, each side (a loaded machine's fairer measure)
 
-    # Compute-bound: ~2 ms kernels, back to back.
+
+def compute_bound(cu, ok, spin, stream) -> tuple[int, float]:
+    """40 launches of a ~2 ms kernel back to back (iterations calibrated natively, reused remotely)."""
     buf = ok(cu.cuMemAlloc(4 * 132 * 4 * 256))
     iters = 2000
     args = ((buf, iters), (None, ctypes.c_uint32))
@@ -161,22 +210,11 @@ def child() -> None:
     if fixed:
         iters = fixed
         args = ((buf, iters), (None, ctypes.c_uint32))
-    out["compute_iters"] = iters
     t = time.perf_counter()
     for _ in range(40):
         ok(cu.cuLaunchKernel(spin, 132 * 4, 1, 1, 256, 1, 1, 0, stream, args, 0))
     ok(cu.cuStreamSynchronize(stream))
-    out["compute_bound_s"] = time.perf_counter() - t
-
-    # Launch-bound: many tiny kernels, one sync at the end.
-    x, y = ok(cu.cuMemAlloc(4096)), ok(cu.cuMemAlloc(4096))
-    sargs = ((x, y, 1.0, 1024), (None, None, ctypes.c_float, ctypes.c_uint32))
-    t = time.perf_counter()
-    for _ in range(5000):
-        cu.cuLaunchKernel(saxpy, 4, 1, 1, 256, 1, 1, 0, stream, sargs, 0)
-    ok(cu.cuStreamSynchronize(stream))
-    out["launch_bound_s"] = time.perf_counter() - t
-    print(json.dumps(out))
+    return iters, time.perf_counter() - t
 
 
 def dtoh_async_pinned(cu, ok, dev, stream) -> dict:
@@ -200,6 +238,73 @@ def dtoh_async_pinned(cu, ok, dev, stream) -> dict:
     return rows
 
 
+def htod_async_pinned(cu, ok) -> dict:
+    """cuMemcpyHtoDAsync from page-locked memory (a data loader's pinned batches): how long the call
+    takes to return (median) and the rate of 16 copies in flight over 4 streams, then a synchronise."""
+    streams = [ok(cu.cuStreamCreate(1)) for _ in range(4)]
+    rows = {}
+    for size in (s for s in (64 << 10, 1 << 20, 16 << 20) if s <= SIZES[-1]):
+        pinned, dev = ok(cu.cuMemHostAlloc(16 * size, 0)), ok(cu.cuMemAlloc(16 * size))
+        calls, rates = [], []
+        for _ in range(max(3, min(50, (256 << 20) // (16 * size)))):
+            t = time.perf_counter()
+            for k in range(16):
+                c = time.perf_counter()
+                ok(cu.cuMemcpyHtoDAsync(int(dev) + k * size, pinned + k * size, size, streams[k % 4]))
+                calls.append(time.perf_counter() - c)
+            ok(cu.cuCtxSynchronize())
+            rates.append(16 * size / (time.perf_counter() - t) / 1e9)
+        ok(cu.cuMemFreeHost(pinned))
+        ok(cu.cuMemFree(dev))
+        rows[size] = {"call_us": statistics.median(calls) * 1e6, "gb_s": statistics.median(rates)}
+    for s in streams:
+        ok(cu.cuStreamDestroy(s))
+    return rows
+
+
+def graph_replays(cu, ok, kernel, args, stream) -> float:
+    """Replays per second of a captured graph of 20 tiny kernels (make_graphed_callables' pattern)."""
+    ok(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    for _ in range(20):
+        ok(cu.cuLaunchKernel(kernel, 4, 1, 1, 256, 1, 1, 0, stream, args, 0))
+    graph = ok(cu.cuStreamEndCapture(stream))
+    exe = ok(cu.cuGraphInstantiate(graph, 0))
+    for _ in range(20):
+        ok(cu.cuGraphLaunch(exe, stream))
+    ok(cu.cuStreamSynchronize(stream))
+    n = 500
+    t = time.perf_counter()
+    for _ in range(n):
+        ok(cu.cuGraphLaunch(exe, stream))
+    ok(cu.cuStreamSynchronize(stream))
+    rate = n / (time.perf_counter() - t)
+    ok(cu.cuGraphExecDestroy(exe))
+    ok(cu.cuGraphDestroy(graph))
+    return rate
+
+
+def event_loop(cu, ok, kernel, args, stream) -> float:
+    """µs per iteration of a benchmark harness's loop (triton.testing.do_bench): cuEventRecord, a tiny
+    kernel, cuEventRecord, 200 times; then cuEventSynchronize and cuEventElapsedTime of each pair."""
+    n = 200
+    starts = [ok(cu.cuEventCreate(0)) for _ in range(n)]
+    ends = [ok(cu.cuEventCreate(0)) for _ in range(n)]
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for a, b in zip(starts, ends, strict=True):
+            ok(cu.cuEventRecord(a, stream))
+            ok(cu.cuLaunchKernel(kernel, 4, 1, 1, 256, 1, 1, 0, stream, args, 0))
+            ok(cu.cuEventRecord(b, stream))
+        ok(cu.cuEventSynchronize(ends[-1]))
+        for a, b in zip(starts, ends, strict=True):
+            ok(cu.cuEventElapsedTime(a, b))
+        times.append((time.perf_counter() - t) / n)
+    for e in starts + ends:
+        ok(cu.cuEventDestroy(e))
+    return statistics.median(times) * 1e6
+
+
 def usage(pid: str) -> tuple[float, float, int]:
     """A process's CPU seconds in user space and in the kernel, and its system calls that read or
     write (/proc: `self`, or the worker's pid, which the parent passes on)."""
@@ -212,7 +317,8 @@ def usage(pid: str) -> tuple[float, float, int]:
 # ---- the driver: native run, remote run, the comparison ----------------------------------------
 
 
-def run_child(env: dict[str, str], prefix: list[str] | None = None) -> dict:
+def run_child(env: dict[str, str], prefix: list[str] | None = None, profile: Path | None = None) -> dict:
+    """The measured program's results; `profile`: the shim's profile of its calls (its stderr) goes there."""
     proc = subprocess.run(
         [*(prefix or []), sys.executable, __file__, "--child"],
         env=env,
@@ -224,6 +330,9 @@ def run_child(env: dict[str, str], prefix: list[str] | None = None) -> dict:
         raise SystemExit(
             f"benchmark child failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         )
+    if profile is not None:
+        profile.write_text(proc.stderr)
+        print(f"the shim's profile of the remote run: {profile}", flush=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -235,8 +344,8 @@ def bench_env(args) -> dict[str, str]:
     }
     env["GPUPOOL_BENCH_MAX_COPY"] = str(args.max_copy_mib << 20)
     env["GPUPOOL_BENCH_MIN_COPY"] = str(args.min_copy_mib << 20)
-    if args.copies_only:
-        env["GPUPOOL_BENCH_ONLY"] = "copies"
+    patterns = COPY_PATTERNS if args.copies_only else PATTERNS
+    env["GPUPOOL_BENCH_PATTERNS"] = ",".join(p for p in patterns if p in args.patterns.split(","))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     os.environ["PYTHONPATH"] = env["PYTHONPATH"]  # the worker, started from here, imports this tree
     return env
@@ -265,6 +374,11 @@ def main() -> int:
                         help="loopback TCP, not the worker's local socket that a client on its host uses")  # fmt: skip
     parser.add_argument("--copies-only", action="store_true",
                         help="stop after the copies (round trip, launches, copies): to profile the copy path")  # fmt: skip
+    parser.add_argument("--patterns", default=",".join(PATTERNS), type=patterns_arg,
+                        help=f"which to measure, comma-separated (default all: {','.join(PATTERNS)})")  # fmt: skip
+    parser.add_argument("--profile", action="store_true",
+                        help="where the remote run's time goes: the shim's per-call profile and the worker's "
+                        "cProfile, written under $OUT (or the run's temporary folder)")  # fmt: skip
     parser.add_argument("--netem", action="store_true",
                         help="across a tc-shaped veth link between two network namespaces (root)")  # fmt: skip
     parser.add_argument("--link-rate", default="25gbit", help="--netem: the link's rate each way (tc units)")
@@ -278,6 +392,7 @@ def main() -> int:
         return netem_main(args)
 
     from server.workers import WorkerDevice, start_worker
+    from virtualize import _wire
     from virtualize.remote import fresh_shim, remote_env
 
     started = time.monotonic()
@@ -294,7 +409,9 @@ def main() -> int:
         device = WorkerDevice(0, uuid, args.partition_mib << 20)
     else:
         device = WorkerDevice(0, "", args.partition_mib << 20)
-    worker = start_worker("bench", [device], bind_host="127.0.0.1", env={}, executor=args.executor)
+    profile_dir = Path(os.environ.get("OUT") or work)
+    worker_env = {"GPUPOOL_WORKER_PROFILE": str(profile_dir)} if args.profile else {}
+    worker = start_worker("bench", [device], bind_host="127.0.0.1", env=worker_env, executor=args.executor)
     try:
         print(f"remote run (worker pid {worker.pid}, {args.executor} executor) ...", flush=True)
         answer = {
@@ -309,11 +426,26 @@ def main() -> int:
         if args.tcp:
             remote.pop("GPUPOOL_WORKER_LOCAL", None)
         remote["GPUPOOL_BENCH_WORKER_PID"] = str(worker.pid)
-        results["remote"] = run_child(remote)
+        profile = None
+        if args.profile:
+            remote[_wire.ENV_PROFILE] = "1"
+            profile = profile_dir / f"shim-profile-{args.patterns.replace(',', '-')}.txt"
+        results["remote"] = run_child(remote, profile=profile)
+        for _ in range(100 if args.profile else 0):  # the worker writes its profile once the client left
+            if any(profile_dir.glob(f"worker-{worker.pid}-*.txt")):
+                break
+            time.sleep(0.05)
     finally:
         worker.stop()
     report(results)
     return finish(results, started, "bench_remote.json")
+
+
+def patterns_arg(text: str) -> str:
+    unknown = [p for p in text.split(",") if p not in PATTERNS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown pattern {unknown[0]!r}; choose from {', '.join(PATTERNS)}")
+    return text
 
 
 def machine() -> dict:
@@ -484,7 +616,9 @@ def report(results: dict) -> None:
     row("empty-kernel launches, pipelined", "launches_per_s", "/s", True, "{:,.0f}")
     row("compute-bound: 40 x ~2 ms kernels", "compute_bound_s", "s", False, "{:.3f}")
     row("launch-bound: 5 000 tiny kernels", "launch_bound_s", "s", False, "{:.3f}")
-    for size in (s for s in SIZES if str(s) in remote["bandwidth_gb_s"]):
+    row("graph replays (20 tiny kernels each), pipelined", "graph_replays_per_s", "/s", True, "{:,.0f}")
+    row("event loop as do_bench: record, kernel, record; sync, elapsed", "event_loop_us", "µs", False)
+    for size in (s for s in SIZES if str(s) in remote.get("bandwidth_gb_s", {})):
         label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
         for direction in ("htod", "dtoh"):
             r = remote["bandwidth_gb_s"][str(size)][direction]
@@ -495,16 +629,20 @@ def report(results: dict) -> None:
             print(
                 f"| {direction.upper()} {label} | {f'{n:.2f} GB/s' if n else '-'} | {r:.2f} GB/s{cpu} | {pct} |"
             )
-    for size, r in remote.get("dtoh_async_pinned", {}).items():
-        label = f"{int(size) >> 20} MiB" if int(size) >= 1 << 20 else f"{int(size) >> 10} KiB"
-        n = native["dtoh_async_pinned"][size] if native else None
-        for what, key, unit in (
-            ("call returns in (median)", "call_us", "µs"),
-            ("16 in flight", "gb_s", "GB/s"),
-        ):
-            nat = f"{n[key]:.2f} {unit}" if n else "-"
-            pct = f"{(r[key] / n[key] if key == 'gb_s' else n[key] / r[key]) * 100:.0f} %" if n else "-"
-            print(f"| DtoH async into page-locked, {label}: {what} | {nat} | {r[key]:.2f} {unit} | {pct} |")
+    for key_of, title in (
+        ("dtoh_async_pinned", "DtoH async into page-locked"),
+        ("htod_async_pinned", "HtoD async from page-locked, 4 streams"),
+    ):
+        for size, r in remote.get(key_of, {}).items():
+            label = f"{int(size) >> 20} MiB" if int(size) >= 1 << 20 else f"{int(size) >> 10} KiB"
+            n = native[key_of][size] if native else None
+            for what, key, unit in (
+                ("call returns in (median)", "call_us", "µs"),
+                ("16 in flight", "gb_s", "GB/s"),
+            ):
+                nat = f"{n[key]:.2f} {unit}" if n else "-"
+                pct = f"{(r[key] / n[key] if key == 'gb_s' else n[key] / r[key]) * 100:.0f} %" if n else "-"
+                print(f"| {title}, {label}: {what} | {nat} | {r[key]:.2f} {unit} | {pct} |")
 
 
 if __name__ == "__main__":

@@ -1126,6 +1126,145 @@ def scenario_async_copies():
     say("after", cu.cuCtxSynchronize())
 
 
+def scenario_async_copy_ordering():
+    """Many copies into page-locked memory in flight on four streams, chained by events and stream
+    waits, all held at a gate (a host function): a copy's bytes are never there before the event
+    behind it completes, and always there once anything shows that event complete."""
+    import threading
+
+    setup()
+    count, chunk = 24, 96 * 1024 + 3  # odd sizes: no copy lines up with another
+    streams = []
+    for _ in range(5):
+        s = c_u64()
+        check(cu.cuStreamCreate(ctypes.byref(s), 1), "stream")
+        streams.append(s)
+    waiter = streams.pop()  # a stream of no copy's: it waits for the last event only
+    events = []
+    for _ in range(count):
+        e = c_u64()
+        check(cu.cuEventCreate(ctypes.byref(e), 0), "event")
+        events.append(e)
+    src = alloc(chunk * count)[1]
+    old = os.urandom(chunk * count)
+    check(cu.cuMemcpyHtoD(c_u64(src), old, c_u64(chunk * count)), "htod")
+    pinned = c_u64()
+    check(cu.cuMemAllocHost(ctypes.byref(pinned), c_u64(chunk * count)), "pinned")
+    ctypes.memset(pinned.value, 0xEE, chunk * count)
+
+    def state():  # per copy: L its bytes landed, U its destination untouched, ? torn
+        def one(i):
+            got = ctypes.string_at(pinned.value + i * chunk, chunk)
+            return "L" if got == old[i * chunk : (i + 1) * chunk] else "U" if got == b"\xee" * chunk else "?"
+
+        return "".join(one(i) for i in range(count))
+
+    def stream_of(i):
+        return streams[i % len(streams)]
+
+    gate = threading.Event()
+    snapshots = {}
+    host_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+    keep = [
+        host_fn(lambda _: gate.wait(60)),
+        host_fn(lambda data: snapshots.setdefault(data or 0, state())),
+    ]
+    capturing = ctypes.c_int()
+    for s in (*streams, waiter):  # asked once (and kept) before the gate holds the host executor's thread
+        check(cu.cuStreamIsCapturing(s, ctypes.byref(capturing)), "is capturing")
+    check(cu.cuLaunchHostFunc(stream_of(0), keep[0], None), "gate")
+    for i in range(count):  # copy i waits for copy i-1's event, on another stream
+        s = stream_of(i)
+        if i:
+            check(cu.cuStreamWaitEvent(s, events[i - 1], 0), "wait event")
+        check(cu.cuLaunchHostFunc(s, keep[1], ctypes.c_void_p(i)), "snapshot")  # before copy i
+        at = i * chunk
+        check(cu.cuMemcpyDtoHAsync(c_u64(pinned.value + at), c_u64(src + at), c_u64(chunk), s), "dtoh")
+        check(cu.cuEventRecord(events[i], s), "record")
+    check(cu.cuStreamWaitEvent(waiter, events[-1], 0), "wait")
+    check(cu.cuLaunchHostFunc(waiter, keep[1], ctypes.c_void_p(count)), "snapshot")  # after them all
+
+    # The gate shut: nothing has landed, even given time to.
+    say("held_none_landed", state() == "U" * count)
+    time.sleep(0.1)
+    say("held_still_none", state() == "U" * count)
+    gate.set()
+    # Each event, as it shows complete (synchronise, or a query that says done), shows its copy and
+    # every copy ordered before it.
+    seen = []
+    for k in range(count):
+        if k % 2:
+            while (rc := cu.cuEventQuery(events[k])) == 600:  # CUDA_ERROR_NOT_READY
+                time.sleep(0.0005)
+            check(rc, "query")
+        else:
+            check(cu.cuEventSynchronize(events[k]), "event sync")
+        seen.append(state()[: k + 1] == "L" * (k + 1))
+    say("each_event_shows_its_copies", all(seen))
+    check(cu.cuStreamSynchronize(waiter), "waiter sync")
+    say("waiter_saw_all", state() == "L" * count)
+    # A host function between two copies of the chain sees exactly the copies before it.
+    exact = [snapshots.get(i) == "L" * i + "U" * (count - i) for i in range(count + 1)]
+    say("host_functions_see_exactly_the_earlier_copies", all(exact))
+
+    # No gates, a long chain: each step's copy lands; the next step on the next stream, after the
+    # event, sends those bytes back to the device and then overwrites the copy's source.
+    steps, size = 64, 16 * 1024 + 1
+    new = os.urandom(size * steps)
+    back = alloc(size * steps)[1]
+    ctypes.memset(pinned.value, 0, size * steps)
+    for i in range(steps):
+        s, at = stream_of(i), i * size
+        if i:
+            check(cu.cuStreamWaitEvent(s, events[(i - 1) % count], 0), "wait event")
+            prev = at - size
+            check(
+                cu.cuMemcpyHtoDAsync(c_u64(back + prev), c_u64(pinned.value + prev), c_u64(size), s), "back"
+            )
+            check(cu.cuMemcpyHtoDAsync(c_u64(src + prev), new[prev:at], c_u64(size), s), "overwrite")
+        check(cu.cuMemcpyDtoHAsync(c_u64(pinned.value + at), c_u64(src + at), c_u64(size), s), "dtoh")
+        check(cu.cuEventRecord(events[i % count], s), "record")
+    check(cu.cuEventSynchronize(events[(steps - 1) % count]), "last event")
+    total = size * steps
+    say("chain_landed", ctypes.string_at(pinned.value, total) == old[:total])
+    say("chain_sent_back", dtoh(back, total - size)[1] == old[: total - size])
+    say("chain_overwritten_after", dtoh(src, total - size)[1] == new[: total - size])
+
+
+def scenario_pinned_stream_order():
+    """Copies between the device and page-locked memory act when their stream gets there, as natively:
+    the stream held at a gate, a copy from page-locked memory reads what the host wrote after the call
+    returned; a copy into it then lands once the stream is past it."""
+    import threading
+
+    setup()
+    n = 1 * MiB + 3
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    capturing = ctypes.c_int()
+    check(cu.cuStreamIsCapturing(stream, ctypes.byref(capturing)), "is capturing")  # asked before the gate
+    dev = alloc(n)[1]
+    source, target = c_u64(), c_u64()
+    check(cu.cuMemAllocHost(ctypes.byref(source), c_u64(n)), "pinned")
+    check(cu.cuMemHostAlloc(ctypes.byref(target), c_u64(n), 0), "pinned")
+    first, later = os.urandom(n), os.urandom(n)
+    ctypes.memmove(source.value, first, n)
+    ctypes.memset(target.value, 0, n)
+    gate = threading.Event()
+    keep = [ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: gate.wait(60))]
+    check(cu.cuLaunchHostFunc(stream, keep[0], None), "gate")
+    check(cu.cuMemcpyHtoDAsync(c_u64(dev), c_u64(source.value), c_u64(n), stream), "htod")
+    check(cu.cuMemcpyDtoHAsync(c_u64(target.value), c_u64(dev), c_u64(n), stream), "dtoh")
+    ctypes.memmove(source.value, later, n)  # before the stream gets to the copy
+    say("target_untouched", ctypes.string_at(target.value, n) == bytes(n))
+    gate.set()
+    check(cu.cuStreamSynchronize(stream), "sync")
+    landed = ctypes.string_at(target.value, n)
+    say("read_at_stream_time", landed == later)
+    say("read_at_call_time", landed == first)
+    say("free", f"{cu.cuMemFreeHost(c_u64(source.value))},{cu.cuMemFreeHost(c_u64(target.value))}")
+
+
 def scenario_managed():
     """Managed memory: what the host writes before a launch is what the kernel reads; what the kernel
     writes is what the host reads after the synchronisation; copies in and out of it see the same."""

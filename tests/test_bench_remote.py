@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from remote_helpers import needs_cc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,4 +30,25 @@ def test_the_host_executor_benchmark_runs_and_reports_every_row(tmp_path):
     rates = remote["bandwidth_gb_s"]
     assert {int(size) for size in rates} >= {4096, 1 << 20}  # a socket copy and one through shared memory
     assert all(row["htod"] > 0 and row["dtoh"] > 0 for row in rates.values())
+    for pattern in ("dtoh_async_pinned", "htod_async_pinned"):  # copies with page-locked memory in flight
+        assert {int(size) for size in remote[pattern]} == {64 << 10, 1 << 20}
+        assert all(row["call_us"] > 0 and row["gb_s"] > 0 for row in remote[pattern].values())
     assert "cuCtxSynchronize round trip" in proc.stdout
+
+
+@needs_cc
+@pytest.mark.slow
+def test_the_host_executor_benchmark_measures_graph_replays_and_event_loops(tmp_path):
+    """The whole benchmark, past the copies: graph replays (capture, instantiate, cuGraphLaunch) and a
+    benchmark harness's event loop (record, launch, record; synchronise, elapsed times) run remotely
+    and report a rate and a time per iteration."""
+    env = {**os.environ, "OUT": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_remote.py"), "--executor", "host",
+         "--max-copy-mib", "1", "--partition-mib", "64"],
+        env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    remote = json.loads((tmp_path / "bench_remote.json").read_text())["remote"]
+    assert remote["graph_replays_per_s"] > 0 and remote["event_loop_us"] > 0
+    assert "graph replays" in proc.stdout and "event loop" in proc.stdout

@@ -78,6 +78,8 @@ def cuda_executor_worker(shim_dir):
         "two_devices",
         "queries",
         "async_copies",
+        "async_copy_ordering",
+        "pinned_stream_order",
         "pinned_kernels",
     ],
 )
@@ -120,6 +122,24 @@ def test_the_cuda_executor_serves_every_scenario(shim_dir, cuda_executor_worker,
             "later_copy_wins": "True",
             "pageable_waits": "True",
             "bad_stream_sync": "400",
+        },
+        "async_copy_ordering": {  # a copy's bytes appear exactly when its event completes
+            k: "True"
+            for k in (
+                "held_none_landed",
+                "held_still_none",
+                "each_event_shows_its_copies",
+                "waiter_saw_all",
+                "host_functions_see_exactly_the_earlier_copies",
+                "chain_landed",
+                "chain_sent_back",
+                "chain_overwritten_after",
+            )
+        },
+        "pinned_stream_order": {  # the DMA on the stream reads and writes the client's pages
+            "target_untouched": "True",
+            "read_at_stream_time": "True",
+            "free": "0,0",
         },
         "pinned_kernels": {  # page-locked memory mapped for kernels through cuMemCreate / cuMemMap
             "sync_after_launch": "0",

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from remote_helpers import (
     CLIENT,
     MiB,
@@ -24,6 +25,7 @@ from remote_helpers import (
 )
 
 from server.workers import WorkerDevice, start_worker
+from virtualize import _wire
 
 pytestmark = needs_cc
 __all__ = ["shim_dir", "worker"]  # fixtures
@@ -858,6 +860,40 @@ def test_processes_of_one_lease_share_memory_and_events_through_ipc_handles_and_
     finally:
         exporter.kill()
         exporter.wait(10)
+
+
+@pytest.mark.parametrize("transport", ["local socket", "tcp"])
+def test_async_copies_chained_by_events_land_exactly_when_their_events_complete(shim_dir, worker, transport):
+    """Copies into page-locked memory in flight on four streams, each waiting for the previous one's
+    event, all held at a host-function gate: none has landed while the gate is shut; once an event
+    shows complete (synchronise, a query that says done, a stream that waited for it) its copy and
+    every copy ordered before it are in place; a host function between two copies of the chain sees
+    exactly the copies before it; a chain of copies sends each landed buffer back to the device and
+    then overwrites its source, in stream order."""
+    env = client_env(shim_dir, worker)
+    if transport == "tcp":  # bytes through the callback connection, no shared memory
+        env.pop(_wire.ENV_LOCAL, None)
+    out, err = run_client("async_copy_ordering", env)
+    assert out["held_none_landed"] == out["held_still_none"] == "True"  # never before its event
+    assert out["each_event_shows_its_copies"] == out["waiter_saw_all"] == "True"  # never later
+    assert out["host_functions_see_exactly_the_earlier_copies"] == "True"
+    assert out["chain_landed"] == out["chain_sent_back"] == out["chain_overwritten_after"] == "True"
+    assert "gpupool:" not in err
+
+
+def test_page_locked_memory_on_the_workers_host_is_copied_when_the_stream_gets_there(shim_dir, worker):
+    """On the worker's host page-locked memory is the worker's too: a cuMemcpyHtoDAsync from it reads
+    it when its stream reaches the copy (what the host wrote after the call returned), as a GPU's DMA
+    does, and a cuMemcpyDtoHAsync into it lands once the stream is past it. Across hosts (TCP) the bytes
+    are taken when the call is made."""
+    out, err = run_client("pinned_stream_order", client_env(shim_dir, worker))
+    assert out["target_untouched"] == out["read_at_stream_time"] == "True"
+    assert out["free"] == "0,0"
+    assert "gpupool:" not in err
+    env = client_env(shim_dir, worker)
+    env.pop(_wire.ENV_LOCAL)
+    tcp, _ = run_client("pinned_stream_order", env)
+    assert tcp["target_untouched"] == tcp["read_at_call_time"] == "True"
 
 
 def test_copies_to_page_locked_memory_return_at_once_and_land_before_anything_shows_them_done(

@@ -407,6 +407,19 @@ CALLS: tuple[Call, ...] = (
     _c("gpShmHtoD", 0, "dptr dst, u64 count, stream stream, u64 offset, u32 flags", symbol="-"),
     _c("gpShmDtoH", 0, "dptr src, u64 count, stream stream, u32 flags, u32 chunk, o_u64 offset, o_u64 size",
        symbol="-"),
+    # Page-locked memory of a process on the worker's host is memory both map (issue 31): gpPinnedShare
+    # (the allocation's address in the client and its size) is answered with a file descriptor of new
+    # memory the worker has pinned, which the client maps there. gpPinnedCopy: `count` bytes between
+    # `device` and the client's `host` address inside such memory on `stream`, by the worker's DMA
+    # straight into or out of it (flags: 1 to the device, 2 synchronous, answered once done); an Async
+    # one is unanswered and ordered by its stream alone, as natively. gpPinnedSettle: answered once
+    # every copy into [host, +count) is in place (before the client reads it outside any stream).
+    # gpPinnedDrop: the memory at `base` goes (the worker lets go of it once its copies are done).
+    _c("gpPinnedShare", 0, "u64 base, u64 size", symbol="-"),
+    _c("gpPinnedCopy", 0, "dptr device, u64 host, u64 count, stream stream, u32 flags", sync=True,
+       symbol="-"),  # a synchronous one reports an earlier asynchronous error, as the driver's copies do
+    _c("gpPinnedSettle", 0, "u64 host, u64 count", symbol="-"),
+    _c("gpPinnedDrop", 0, "u64 base", symbol="-"),
     # Large copies over an encrypted connection, striped across the process's extra connections
     # (virtualize/_lanes.py). gpLaneAttach, on a new connection: a lane of the connection whose
     # gpCallbackToken it shows. gpLaneCopy, on the process's connection (flags: 1 to the device, 2 an

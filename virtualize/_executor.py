@@ -117,6 +117,8 @@ GUARD_CALLS = (
     "gpCopiesFlush",  # asynchronous copies to the client's page-locked memory (virtualize._deliveries)
     # copies through memory shared with a client on this host (`Executor.copy_in_from`, `copy_out_to`)
     *("gpShmAttach", "gpShmHtoD", "gpShmDtoH"),
+    # the client's page-locked memory mapped by both (`Executor.copy_out_into`, `copy_in_from`)
+    *("gpPinnedShare", "gpPinnedCopy", "gpPinnedSettle", "gpPinnedDrop"),
     *("gpLaneAttach", "gpLaneCopy", "gpLanePiece"),  # copies striped across a process's connections
 )
 
@@ -299,6 +301,21 @@ class Executor(abc.ABC):
             at += len(view)
 
         self.copy_to_device(dst, count, stream, fill)
+
+    def copy_out_into(
+        self, shared: SharedHostMemory, offset: int, src: int, count: int, stream
+    ) -> StagedCopy:
+        """`count` bytes of device address `src` into `shared` at `offset`, queued behind `stream` (None:
+        synchronous); the answer says when they are there."""
+        at = offset
+
+        def put(view: memoryview) -> None:
+            nonlocal at
+            shared.view[at : at + len(view)] = view
+            at += len(view)
+
+        self.copy_from_device(src, count, stream, put)
+        return CopiedBytes(b"")
 
     def copy_out_to(
         self,

@@ -34,6 +34,7 @@ from virtualize._executor import (
     CudaError,
     Executor,
     SharedHostMemory,
+    StagedCopy,
 )
 from virtualize._guard_arrays import ArrayCalls
 from virtualize._guard_concern import ANSWERED, EMPTY
@@ -283,6 +284,10 @@ class Session:
         self.graph_calls = GraphCalls(self)  # graphs built node by node, and from stream captures
         self.shared: SharedHostMemory | None = None  # memory the client maps too (gpShmAttach)
         self.shared_error = 0  # the first error of the pieces of a copy through it, for its answer
+        # the client's page-locked allocations this worker maps too (gpPinnedShare): its address -> the
+        # memory, and the copies into it not known to be done yet (virtualize._guard_copies)
+        self.pinned: dict[int, SharedHostMemory] = {}
+        self.pinned_landing: dict[int, list[StagedCopy]] = {}
         self.lanes: Lanes | None = None  # this process's extra connections' copies, once one attached
         self.lane_of: Session | None = None  # set on a lane: the connection whose copies it carries
         self.special: dict[str, Callable] = {
@@ -443,6 +448,8 @@ class Session:
             self.lease.remove(a.base)
         self._vm_close()
         self.array_calls.close()
+        for base in list(self.pinned):
+            CopyCalls.pinned_release(self, base)
         if self.shared is not None:
             try:
                 self.executor.release_shared_host_memory(self.shared)

@@ -27,6 +27,7 @@ log = logging.getLogger("gpupool.worker")
 MEMSET_WIDTH = {"cuMemsetD8": 1, "cuMemsetD16": 2, "cuMemsetD32": 4}
 MAX_LANE_PIECES = 64
 SHARED_COPY_BYTES = 64 << 20  # per client connection on this host: the largest piece of one copy
+PINNED_SHARE_MAX = 1 << 40  # one page-locked allocation shared with a client (a sanity bound only)
 _HTOD_ASYNC = next(c for c in CALLS if c.symbol == "cuMemcpyHtoDAsync_v2")
 _DTOH_ASYNC = next(c for c in CALLS if c.symbol == "cuMemcpyDtoHAsync_v2")
 
@@ -45,6 +46,10 @@ class CopyCalls(Concern):
         "gpShmAttach": "shm_attach",
         "gpShmHtoD": "shm_htod",
         "gpShmDtoH": "shm_dtoh",
+        "gpPinnedShare": "pinned_share",
+        "gpPinnedCopy": "pinned_copy",
+        "gpPinnedSettle": "pinned_settle",
+        "gpPinnedDrop": "pinned_drop",
         "gpLaneAttach": "lane_attach",
         "gpLaneCopy": "lane_copy",
         "gpLanePiece": "lane_piece",
@@ -155,6 +160,77 @@ class CopyCalls(Concern):
         self.session._announce_copies()
         self.session.channel.send_with_fd(self.session.shared.fd, _wire.REPLY.pack(0, len(outs), 0), outs)
         return ANSWERED
+
+    # The client's page-locked memory, shared with the worker on this host: copies by the worker's DMA.
+    def pinned_share(self, call: Call, ins: tuple):
+        """The client's new page-locked allocation at `base`: memory of the worker's, pinned, that the
+        client maps there (its descriptor with the answer), so copies go straight into and out of it."""
+        session = self.session
+        base, size = ins
+        if not session.channel.local:
+            raise CudaError(CUresult.NOT_SUPPORTED, "shared memory is for a process on this host")
+        if not size or size > PINNED_SHARE_MAX or base in session.pinned:
+            raise CudaError(INVALID_VALUE, "not a new allocation of a size the worker shares")
+        shared = session.executor.shared_host_memory(size)
+        session.pinned[base] = shared
+        session._announce_copies()
+        session.channel.send_with_fd(shared.fd, _wire.REPLY.pack(0, 0, 0))
+        return ANSWERED
+
+    def _pinned_at(self, host: int, count: int):
+        for base, shared in self.session.pinned.items():
+            if base <= host and host + count <= base + shared.size:
+                return base, shared
+        raise CudaError(
+            INVALID_VALUE, f"[0x{host:x}, +{count}) is not page-locked memory shared with the worker"
+        )
+
+    def pinned_copy(self, call: Call, ins: tuple):
+        """A copy between the lease's memory and the client's shared page-locked memory, by the worker's
+        DMA on the client's stream: nothing more to send; the stream orders it, as natively."""
+        session = self.session
+        device, host, count, stream, flags = ins
+        to_device, synchronous = flags & 1, flags & 2
+        session._check(call, ins)
+        session._check_range(device, count)
+        base, shared = self._pinned_at(host, count)
+        if not synchronous and self._capturing(_HTOD_ASYNC if to_device else _DTOH_ASYNC, stream):
+            raise CudaError(CUresult.STREAM_CAPTURE_UNSUPPORTED, "a copy with the client's memory")
+        on = None if synchronous else stream
+        if to_device:
+            session.executor.copy_in_from(device, shared, host - base, count, on, bool(synchronous))
+            return EMPTY
+        landing = session.pinned_landing.setdefault(base, [])
+        landing[:] = [c for c in landing if not c.ready()]
+        landing.append(session.executor.copy_out_into(shared, host - base, device, count, on))
+        return EMPTY
+
+    def pinned_settle(self, call: Call, ins: tuple):
+        """Answered once every copy into the client's shared memory at [host, +count) has landed."""
+        host, count = ins
+        for base, shared in self.session.pinned.items():
+            if base < host + count and host < base + shared.size:
+                for copy in self.session.pinned_landing.pop(base, []):
+                    copy.wait()
+        return EMPTY
+
+    def pinned_drop(self, call: Call, ins: tuple):
+        (base,) = ins
+        if base not in self.session.pinned:
+            raise CudaError(INVALID_VALUE, "not page-locked memory shared with the worker")
+        self.pinned_release(self.session, base)
+        return EMPTY
+
+    @staticmethod
+    def pinned_release(session, base: int) -> None:
+        """Give back one shared page-locked allocation (its copies landed first: no DMA into memory that
+        goes); the Session's close() calls it for what the client left."""
+        for copy in session.pinned_landing.pop(base, []):
+            copy.wait()
+        try:
+            session.executor.release_shared_host_memory(session.pinned.pop(base))
+        except (CudaError, OSError) as exc:
+            log.warning("could not release page-locked memory shared with the client: %s", exc)
 
     def shm_htod(self, call: Call, ins: tuple):
         """One piece of a copy to the device; the last piece is answered with the first error of all."""

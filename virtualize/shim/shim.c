@@ -83,6 +83,7 @@ static void after_fork_in_child(void) {
     gp_memo_after_fork_in_child();
     window_state = 0; /* the child's connection is a new client process to the worker: its own window */
     shm_after_fork_in_child();
+    gp_pinned_after_fork_in_child();
 }
 
 /* ---- the profile (GPUPOOL_SHIM_PROFILE=1): per forwarded call, how often and how long ----------- */
@@ -741,6 +742,33 @@ static void shm_attach_locked(void) {
     shm_base = p;
     shm_size = out.size;
     shm_state = 1;
+}
+
+/* Page-locked memory shared with a worker on this host (issue 31): a descriptor of new memory the worker
+ * has pinned, for the allocation at `base` to be mapped onto, so the worker's DMAs go straight into and
+ * out of it; -1 where it is not shared (another host, TLS, GPUPOOL_SHIM_SHARED_PINNED=0, refused). */
+int gp_pinned_share(uint64_t base, uint64_t size) {
+    const char *env = getenv("GPUPOOL_SHIM_SHARED_PINNED");
+    if (thread_conn || (env && strcmp(env, "0") == 0)) return -1;
+    struct gp_in_gpPinnedShare in = {.base = base, .size = size};
+    int fd = -1;
+    pthread_mutex_lock(&conn_lock);
+    if (prepare_locked() == CUDA_SUCCESS && conn_local && !conn_ssl) {
+        int32_t result;
+        if (send_frame(GP_CALL_gpPinnedShare, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0) < 0 ||
+            recv_reply(&result, NULL, 0, NULL, 0) < 0) {
+            lost(strerror(errno));
+        } else {
+            fd = received_fd;
+            received_fd = -1;
+            if (result != CUDA_SUCCESS && fd >= 0) {
+                close(fd);
+                fd = -1;
+            }
+        }
+    }
+    pthread_mutex_unlock(&conn_lock);
+    return fd;
 }
 
 static uint64_t shm_piece(uint64_t count) { /* a copy's pieces: about 8 of them, 512 KiB to 4 MiB */

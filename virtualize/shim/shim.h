@@ -31,6 +31,8 @@ CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args
 /* Copies of at least this many bytes go through memory shared with a worker on this host (shim.c). */
 #define GP_SHM_MIN_COPY (256u << 10)
 int gp_bulk_copy(uint32_t call, uint64_t device, void *host, uint64_t count, uint64_t stream, CUresult *result);
+int gp_pinned_share(uint64_t base, uint64_t size);
+void gp_pinned_after_fork_in_child(void);
 
 /* Answers kept in the client (shim_memo.c): a group's epoch, a kept answer, keeping one, forgetting
  * the answers about one function, kernel, module or library, where a handle came from, what gp_call2

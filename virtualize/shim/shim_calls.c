@@ -1036,6 +1036,8 @@ CUresult cuLibraryGetGlobal(uint64_t *dptr, uint64_t *bytes, uint64_t library, c
 #define MAX_PINNED 4096
 struct pinned {
     uint64_t base, range, size, handle; /* handle: the device memory mapped there, 0 until then */
+    int shared;                         /* the worker maps its pages too (gp_pinned_share) */
+    uint64_t landing;                   /* copies sent into it since it was last settled */
 };
 static struct pinned pinned[MAX_PINNED];
 static int n_pinned;
@@ -1082,10 +1084,20 @@ static CUresult pinned_alloc(uint64_t *pp, uint64_t bytesize, unsigned flags) {
     if (r != CUDA_SUCCESS) return r;
     pthread_mutex_lock(&pinned_lock);
     int room = n_pinned < MAX_PINNED;
-    if (room && gp_reserve_range(out.ptr, range) == 0 &&
-        mmap((void *)out.ptr, pages, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) !=
-            MAP_FAILED) {
-        pinned[n_pinned++] = (struct pinned){out.ptr, range, bytesize, 0};
+    /* On the worker's host its pages are the worker's pinned memory too: copies need no bytes sent. */
+    int reserved = room && gp_reserve_range(out.ptr, range) == 0;
+    int fd = reserved ? gp_pinned_share(out.ptr, pages) : -1;
+    if (fd >= 0 && mmap((void *)out.ptr, pages, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+        struct gp_in_gpPinnedDrop drop = {.base = out.ptr};
+        gp_call(GP_CALL_gpPinnedDrop, WANT, &drop, sizeof drop, NULL, 0, NULL, 0, NULL, 0);
+        close(fd);
+        fd = -1;
+    }
+    int shared = fd >= 0;
+    if (shared) close(fd);
+    if (reserved && (shared || mmap((void *)out.ptr, pages, PROT_READ | PROT_WRITE,
+                                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED)) {
+        pinned[n_pinned++] = (struct pinned){out.ptr, range, bytesize, 0, shared, 0};
         gp_host_add(out.ptr, bytesize, flags, 1);
         granules_mark(out.ptr, range, 1);
         __atomic_add_fetch(&n_unreachable, 1, __ATOMIC_RELEASE);
@@ -1110,6 +1122,8 @@ static struct pinned *pinned_find(uint64_t base) { /* under pinned_lock */
  * host pages its mirror (all of them written: the next device work sends them). */
 #define MAX_ACCESS 16
 static CUresult copies_settle(const void *p, uint64_t count);
+static CUresult socket_copies_settle(const void *p, uint64_t count);
+static CUresult pinned_settle_held(uint64_t at, uint64_t count);
 
 static CUresult pinned_map(struct pinned *p) {
     int dev = 0, count = 1, peer;
@@ -1124,7 +1138,9 @@ static CUresult pinned_map(struct pinned *p) {
             n_access++;
         }
     uint64_t handle, page = (uint64_t)sysconf(_SC_PAGESIZE);
-    CUresult r = copies_settle((const void *)p->base, p->size); /* the pages hold every copy to them first */
+    /* the pages hold every copy to them first (the caller holds pinned_lock) */
+    CUresult r = pinned_settle_held(p->base, p->size);
+    if (r == CUDA_SUCCESS) r = socket_copies_settle((const void *)p->base, p->size);
     if (r != CUDA_SUCCESS) return r;
     r = cuMemCreate(&handle, p->range, prop, 0);
     if (r != CUDA_SUCCESS) return r;
@@ -1163,6 +1179,10 @@ static int pinned_free(uint64_t at) {
     if (found) *found = pinned[--n_pinned];
     pthread_mutex_unlock(&pinned_lock);
     if (!found) return 0;
+    if (p.shared) { /* the worker lets go of its side once copies into it are done */
+        struct gp_in_gpPinnedDrop drop = {.base = p.base};
+        gp_call(GP_CALL_gpPinnedDrop, WANT, &drop, sizeof drop, NULL, 0, NULL, 0, NULL, 0);
+    }
     if (p.handle) {
         gp_managed_forget(p.base);
         cuCtxSynchronize();
@@ -1332,6 +1352,13 @@ static int is_device(uint64_t ptr) { return gp_dev_lookup(ptr, NULL, NULL, NULL)
  * (the worker sends every copy in flight, each once done; natively the stream order or the free's
  * synchronisation gives the same). Nothing to ask while none lands there. */
 static CUresult copies_settle(const void *p, uint64_t count) {
+    pthread_mutex_lock(&pinned_lock);
+    CUresult r = pinned_settle_held((uint64_t)p, count);
+    pthread_mutex_unlock(&pinned_lock);
+    return r == CUDA_SUCCESS ? socket_copies_settle(p, count) : r;
+}
+
+static CUresult socket_copies_settle(const void *p, uint64_t count) {
     if (!gp_copies_into(p, count)) return CUDA_SUCCESS;
     struct gp_in_gpCopiesFlush in = {.wait = 1};
     return gp_call(GP_CALL_gpCopiesFlush, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
@@ -1364,6 +1391,59 @@ static int page_locked_side(uint64_t *side, uint64_t other, uint64_t count, int 
     return 1;
 }
 
+/* The shared page-locked allocation [p, +count) lies in, not used by the device at its own address
+ * (a mirror's copies go to its device copy): its base, or 0. `landing`: a copy into it is being sent. */
+static uint64_t pinned_shared(const void *p, uint64_t count, int landing) {
+    uint64_t at = (uint64_t)p, base = 0;
+    pthread_mutex_lock(&pinned_lock);
+    for (int i = 0; i < n_pinned && !base; i++)
+        if (pinned[i].shared && !pinned[i].handle && pinned[i].base <= at && count <= pinned[i].size &&
+            at - pinned[i].base <= pinned[i].size - count) {
+            base = pinned[i].base;
+            pinned[i].landing += landing != 0;
+        }
+    pthread_mutex_unlock(&pinned_lock);
+    return base;
+}
+
+/* A copy between the lease's memory and shared page-locked memory: the worker's DMA on the stream does
+ * it all, so an Async one is one unanswered frame, ordered by its stream alone as natively; a
+ * synchronous one (the legacy default stream) is answered once done. */
+static CUresult pinned_copy(uint32_t call, uint64_t device, const void *host, uint64_t count, uint64_t stream) {
+    int to_device = call == GP_CALL_cuMemcpyHtoD_v2 || call == GP_CALL_cuMemcpyHtoDAsync_v2;
+    int synchronous = call == GP_CALL_cuMemcpyHtoD_v2 || call == GP_CALL_cuMemcpyDtoH_v2;
+    struct gp_in_gpPinnedCopy in = {.device = device, .host = (uint64_t)host, .count = count,
+                                    .stream = synchronous ? 0 : stream, .flags = to_device | synchronous << 1};
+    CUresult r = gp_call(GP_CALL_gpPinnedCopy, synchronous ? WANT : 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    if (r == CUDA_SUCCESS && synchronous && gp_copies_in_flight()) {
+        /* A synchronous copy waits for the default stream: copies to the host done by then land first. */
+        struct gp_in_gpCopiesFlush flush = {.wait = 0};
+        r = gp_call(GP_CALL_gpCopiesFlush, WANT, &flush, sizeof flush, NULL, 0, NULL, 0, NULL, 0);
+    }
+    return r;
+}
+
+/* Before the host reads or writes shared page-locked memory outside any stream (here, not by a program
+ * that synchronised): the copies sent into it are in place. Under pinned_lock. */
+static CUresult pinned_settle_held(uint64_t at, uint64_t count) {
+    uint64_t due = 0;
+    for (int i = 0; i < n_pinned; i++)
+        if (pinned[i].shared && pinned[i].landing && pinned[i].base < at + count && at < pinned[i].base + pinned[i].size) {
+            due += pinned[i].landing;
+            pinned[i].landing = 0;
+        }
+    if (!due) return CUDA_SUCCESS;
+    struct gp_in_gpPinnedSettle in = {.host = at, .count = count};
+    return gp_call(GP_CALL_gpPinnedSettle, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
+/* The child's connection is a new client to the worker, which shares nothing with it: its copies of the
+ * parent's allocations go as any page-locked memory's (the pages stay shared with the parent). */
+void gp_pinned_after_fork_in_child(void) {
+    for (int i = 0; i < n_pinned; i++) pinned[i].shared = 0;
+    pthread_mutex_init(&pinned_lock, NULL);
+}
+
 static CUresult htod(uint32_t call, uint64_t dst, const void *src, uint64_t count, uint64_t stream) {
     uint64_t mirrored;
     CUresult here;
@@ -1375,6 +1455,10 @@ static CUresult htod(uint32_t call, uint64_t dst, const void *src, uint64_t coun
                                                : cuMemcpyDtoDAsync_v2(dst, mirrored, count, stream);
     /* A device address as the host side would fault inside sendmsg and cost the connection. */
     if (!src || (!locked && !device_range(dst, count)) || is_device((uint64_t)src)) return CUDA_ERROR_INVALID_VALUE;
+    if (!locked && pinned_shared(src, count, 0)) {
+        gp_managed_before(call);
+        return pinned_copy(call, dst, src, count, stream);
+    }
     /* The bytes are read now, so a copy to the host still landing in them must be there first (on a
      * GPU the stream orders the two). */
     CUresult r = copies_settle(src, count);
@@ -1406,6 +1490,10 @@ static CUresult dtoh(uint32_t call, void *dst, uint64_t src, uint64_t count, uin
         return call == GP_CALL_cuMemcpyDtoH_v2 ? cuMemcpyDtoD_v2(mirrored, src, count)
                                                : cuMemcpyDtoDAsync_v2(mirrored, src, count, stream);
     if (!dst || (!locked && !device_range(src, count)) || is_device((uint64_t)dst)) return CUDA_ERROR_INVALID_VALUE;
+    if (!locked && pinned_shared(dst, count, 1)) {
+        gp_managed_before(call); /* as before any copy: what the host wrote to managed memory first */
+        return pinned_copy(call, src, dst, count, stream);
+    }
     if (call == GP_CALL_cuMemcpyDtoHAsync_v2 && page_locked(dst, count) && gp_callbacks_start() == CUDA_SUCCESS) {
         /* Into page-locked memory the call returns at once, as natively; the bytes come on the callback
          * connection once the worker's stream gets there (shim.c). */

@@ -1,0 +1,265 @@
+"""PyTorch's patterns of issue 31, native vs remote, in one run: python bench/bench_torch_patterns.py
+
+GPU machine (PyTorch; Triton for `do_bench`). Each pattern runs in a child process twice — natively,
+then with gpupool's libcuda.so.1 talking to a lease worker on GPU 0 (CUDA executor) over its local
+socket (`--tcp`: loopback TCP, `--encrypt`: TLS 1.3, as a client on another host) — and the table
+shows remote as % of native. With `--profile` the remote run of each pattern writes where its time
+went: the shim's per-call profile (GPUPOOL_SHIM_PROFILE) and the worker's cProfile, under $OUT.
+
+  graphed_mlp     training steps/s of a small MLP under torch.cuda.make_graphed_callables
+  do_bench        triton.testing.do_bench of a 1000 x 1000 fp32 matmul (ms, lower is better)
+  pinned_dtoh     tensor copies into page-locked memory, non_blocking, 16 in flight, 64 KiB / 1 MiB /
+                  16 MiB (GB/s), as metrics and outputs leave the GPU
+  pinned_htod     a data loader's pinned batches to the GPU, non_blocking, 16 in flight over 4
+                  streams, same sizes (GB/s)
+  small_copies    synchronous copies 4 KiB / 64 KiB / 1 MiB each way from pageable memory (GB/s)
+
+Each child is bounded by --timeout seconds; a pattern that fails or is missing a library (Triton)
+is reported as such and the others still run. Results: the table on stdout, JSON in $OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = (64 << 10, 1 << 20, 16 << 20)
+SMALL = (4 << 10, 64 << 10, 1 << 20)
+# pattern -> (unit, higher is better)
+PATTERNS = {
+    "graphed_mlp": ("steps/s", True),
+    "do_bench": ("ms", False),
+    "pinned_dtoh": ("GB/s", True),
+    "pinned_htod": ("GB/s", True),
+    "small_copies": ("GB/s", True),
+}
+
+
+# ---- the measured patterns (in a child process, natively or remotely) ----------------------------
+
+
+def graphed_mlp(torch) -> dict:
+    model = torch.nn.Sequential(
+        torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+        torch.nn.Linear(1024, 10),
+    ).cuda()  # fmt: skip
+    loss_fn = torch.nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(256, 512, device="cuda"), torch.randint(0, 10, (256,), device="cuda")
+    graphed = torch.cuda.make_graphed_callables(model, (x,))
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(graphed(x), y)
+        loss.backward()
+        optimizer.step()
+
+    for _ in range(20):
+        step()
+    torch.cuda.synchronize()
+    n = 500
+    t = time.perf_counter()
+    for _ in range(n):
+        step()
+    torch.cuda.synchronize()
+    return {"": n / (time.perf_counter() - t)}
+
+
+def do_bench(torch) -> dict:
+    from triton.testing import do_bench as bench
+
+    a, b = torch.randn(1000, 1000, device="cuda"), torch.randn(1000, 1000, device="cuda")
+    return {"": statistics.median(bench(lambda: a @ b) for _ in range(5))}
+
+
+def pinned_dtoh(torch) -> dict:
+    rows = {}
+    for size in SIZES:
+        src = torch.ones(size, dtype=torch.uint8, device="cuda")
+        outs = [torch.empty(size, dtype=torch.uint8, pin_memory=True) for _ in range(16)]
+        rates = []
+        for _ in range(max(3, min(30, (256 << 20) // (16 * size)))):
+            t = time.perf_counter()
+            for out in outs:
+                out.copy_(src, non_blocking=True)
+            torch.cuda.synchronize()
+            rates.append(16 * size / (time.perf_counter() - t) / 1e9)
+        rows[label(size)] = statistics.median(rates)
+    return rows
+
+
+def pinned_htod(torch) -> dict:
+    streams = [torch.cuda.Stream() for _ in range(4)]
+    rows = {}
+    for size in SIZES:
+        batches = [torch.ones(size, dtype=torch.uint8, pin_memory=True) for _ in range(16)]
+        dst = [torch.empty(size, dtype=torch.uint8, device="cuda") for _ in range(16)]
+        rates = []
+        for _ in range(max(3, min(30, (256 << 20) // (16 * size)))):
+            t = time.perf_counter()
+            for k, (batch, d) in enumerate(zip(batches, dst, strict=True)):
+                with torch.cuda.stream(streams[k % 4]):
+                    d.copy_(batch, non_blocking=True)
+            torch.cuda.synchronize()
+            rates.append(16 * size / (time.perf_counter() - t) / 1e9)
+        rows[label(size)] = statistics.median(rates)
+    return rows
+
+
+def small_copies(torch) -> dict:
+    rows = {}
+    for size in SMALL:
+        host = torch.ones(size, dtype=torch.uint8)
+        dev = torch.empty(size, dtype=torch.uint8, device="cuda")
+        for name, copy in (
+            ("HtoD", lambda h=host, d=dev: d.copy_(h)),
+            ("DtoH", lambda h=host, d=dev: h.copy_(d)),
+        ):
+            copy()
+            times = []
+            for _ in range(200):
+                t = time.perf_counter()
+                copy()
+                torch.cuda.synchronize()
+                times.append(time.perf_counter() - t)
+            rows[f"{name} {label(size)}"] = size / statistics.median(times) / 1e9
+    return rows
+
+
+def label(size: int) -> str:
+    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+
+
+def child(pattern: str) -> None:
+    import torch
+
+    torch.cuda.init()
+    print(json.dumps(globals()[pattern](torch)))
+
+
+# ---- the driver ----------------------------------------------------------------------------------
+
+
+def run(pattern: str, env: dict[str, str], timeout: float, profile: Path | None = None) -> dict | str:
+    """A pattern's results, or why there are none (one line)."""
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--child", pattern], env=env, capture_output=True,
+                              text=True, timeout=timeout)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout:.0f} s"
+    if profile is not None:
+        profile.write_text(proc.stderr)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"failed ({proc.returncode}): {last}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--patterns", default=",".join(PATTERNS),
+                        help=f"comma-separated, default all: {','.join(PATTERNS)}")  # fmt: skip
+    parser.add_argument("--tcp", action="store_true", help="loopback TCP, not the worker's local socket")
+    parser.add_argument(
+        "--encrypt", action="store_true", help="TLS 1.3 on the data connection, as across hosts"
+    )
+    parser.add_argument("--profile", action="store_true", help="the remote runs' profiles under $OUT")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per child run (default 300)")
+    parser.add_argument(
+        "--partition-mib", type=int, default=16384, help="memory of the lease (default 16384)"
+    )
+    args = parser.parse_args()
+    if args.child:
+        child(args.child)
+        return 0
+    chosen = args.patterns.split(",")
+    unknown = [p for p in chosen if p not in PATTERNS]
+    if unknown:
+        print(f"bench_torch_patterns: unknown pattern {unknown[0]!r}\n  hint: choose from {', '.join(PATTERNS)}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+
+    sys.path.insert(0, str(ROOT))
+    from server.workers import WorkerDevice, start_worker
+    from virtualize import _wire
+    from virtualize.remote import fresh_shim, remote_env
+
+    started = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="gpupool-bench-torch-"))
+    out_dir = Path(os.environ.get("OUT") or work)
+    shim = fresh_shim(work / "shim")
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_") or k.startswith("GPUPOOL_SHIM_")
+    }
+    env["PYTHONPATH"] = os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), env.get("PYTHONPATH")])
+    )
+    try:
+        uuid = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader", "-i", "0"],
+                              capture_output=True, text=True, check=True, timeout=30).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"bench_torch_patterns: no GPU here ({exc})\n  hint: run it on a GPU machine", file=sys.stderr)
+        return 1
+    worker_env = {"GPUPOOL_WORKER_PROFILE": str(out_dir)} if args.profile else {}
+    results: dict[str, dict] = {}
+    for pattern in chosen:
+        print(f"{pattern}: native ...", flush=True)
+        native = run(pattern, env, args.timeout)
+        worker = start_worker("bench-torch", [WorkerDevice(0, uuid, args.partition_mib << 20)],
+                              bind_host="127.0.0.1", env=worker_env, executor="cuda")  # fmt: skip
+        try:
+            remote_vars = {**env, **remote_env({"id": "bench-torch", "worker": worker.answer()},
+                                               cache_root=work / "cache", library=shim)}  # fmt: skip
+            if args.encrypt:
+                remote_vars["GPUPOOL_DATA_ENCRYPTION"] = "always"
+            if args.tcp:
+                remote_vars.pop(_wire.ENV_LOCAL, None)
+            profile = None
+            if args.profile:
+                remote_vars[_wire.ENV_PROFILE] = "1"
+                profile = out_dir / f"torch-{pattern}-shim-profile.txt"
+            print(f"{pattern}: remote ...", flush=True)
+            remote = run(pattern, remote_vars, args.timeout, profile)
+            time.sleep(0.5 if args.profile else 0)  # the worker writes its profile when the client goes
+        finally:
+            worker.stop()
+        results[pattern] = {"native": native, "remote": remote}
+    report(results)
+    results["transport"] = "tls" if args.encrypt else "tcp" if args.tcp else "local socket"
+    results["seconds"] = time.monotonic() - started
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "bench_torch_patterns.json").write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def report(results: dict) -> None:
+    print("\n| pattern | native | remote | remote as % of native |")
+    print("| --- | --- | --- | --- |")
+    for pattern, both in results.items():
+        unit, higher = PATTERNS[pattern]
+        native, remote = both["native"], both["remote"]
+        if isinstance(native, str) or isinstance(remote, str):
+            why = native if isinstance(native, str) else remote
+            print(f"| {pattern} | {native if isinstance(native, str) else '-'} | {why} | - |")
+            continue
+        for key, n in native.items():
+            r = remote.get(key)
+            name = f"{pattern} {key}".strip()
+            if not r or not n:
+                print(f"| {name} | {n:.3f} {unit} | {r} | - |")
+                continue
+            pct = (r / n if higher else n / r) * 100
+            print(f"| {name} | {n:.3f} {unit} | {r:.3f} {unit} | {pct:.0f} % |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
