@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from etcd_cluster import free_ports  # the one free-port helper of the test harnesses
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 NODE = "gp1"  # the node's name in slurm.conf (its address is 127.0.0.1)
 
@@ -26,19 +28,6 @@ def missing_tools() -> list[str]:
     tools = (*DAEMONS, "sbatch", "srun", "scancel", "squeue", "scontrol")
     missing = [t for t in tools if not shutil.which(t) and not Path("/usr/sbin", t).exists()]
     return missing + (["root"] if os.geteuid() != 0 else [])
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _exe(name: str) -> str:
@@ -68,7 +57,7 @@ class SlurmCluster:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
     def _write_conf(self) -> None:
-        ctld_port, slurmd_port = _free_ports(2)
+        ctld_port, slurmd_port = free_ports(2)
         host = socket.gethostname().split(".")[0]  # slurmctld matches its short host name
         r = self.root
         lines = [
