@@ -424,11 +424,27 @@ def test_pytorch_and_nvml_report_the_quota(small_server, tmp_path):
 
 
 # The GPU host's own NVML, at the seam where a --local run hands it the queries the lease does not
-# answer: a library that answers only as the driver's would for a device handle it gave out.
+# answer: a library that answers only as the driver's would for a device handle it gave out. Its
+# running compute (and MPS compute) processes, where STANDIN_OWN_BYTES is set: the calling process
+# holding that many bytes and STANDIN_FOREIGN_PID (another tenant) 64 GiB; unset, the query fails.
 HOST_NVML_C = r"""
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #define API __attribute__((visibility("default")))
 static int device;
+typedef struct { unsigned pid; unsigned long long used; unsigned gpu_instance, compute_instance; } proc_t;
+static int procs(void *h, unsigned *count, proc_t *out) {
+    const char *own = getenv("STANDIN_OWN_BYTES"), *foreign = getenv("STANDIN_FOREIGN_PID");
+    if (h != &device || !own || !foreign) return 3;
+    if (*count < 2) { *count = 2; return 7; }
+    out[0] = (proc_t){(unsigned)atoi(foreign), 64ULL << 30, ~0u, ~0u};
+    out[1] = (proc_t){(unsigned)getpid(), strtoull(own, NULL, 10), ~0u, ~0u};
+    *count = 2;
+    return 0;
+}
+API int nvmlDeviceGetComputeRunningProcesses_v3(void *h, unsigned *n, proc_t *p) { return procs(h, n, p); }
+API int nvmlDeviceGetMPSComputeRunningProcesses_v3(void *h, unsigned *n, proc_t *p) { return procs(h, n, p); }
 API int nvmlInit_v2(void) { return 0; }
 API int nvmlDeviceGetHandleByUUID(const char *uuid, void **h) {
     if (strcmp(uuid, "GPU-11111111-2222-3333-4444-555555555555")) return 6;
@@ -451,6 +467,7 @@ LOCAL_QUERIES = """
 import pynvml as N
 N.nvmlInit(); h = N.nvmlDeviceGetHandleByIndex(0)
 print("total", N.nvmlDeviceGetMemoryInfo(h).total)
+print("used", N.nvmlDeviceGetMemoryInfo(h).used)
 print("link3", N.nvmlDeviceGetNvLinkState(h, 3))
 print("link0", N.nvmlDeviceGetNvLinkState(h, 0))
 try:
@@ -465,12 +482,8 @@ print("mig_mode", *N.nvmlDeviceGetMigMode(h))
 """
 
 
-def test_a_local_run_asks_the_hosts_nvml_what_the_lease_does_not_answer(nvml_dir, tmp_path):
-    """In a --local run the view names the GPU host's own NVML: queries the lease does not answer
-    (NVLink here) reach it with its own device handle, the lease's numbers (memory) stay the lease's,
-    and a change to the shared GPU is still refused (NO_PERMISSION), never handed on. The real GPU's
-    state (persistence, ECC, a temperature the view lacks) is the host's; what the host lacks (MIG
-    mode here) gets the lease's answer, not an error."""
+def host_nvml(tmp_path: Path) -> Path:
+    """The stand-in GPU host's NVML (HOST_NVML_C), compiled."""
     import shutil
 
     host = tmp_path / "host"
@@ -479,17 +492,65 @@ def test_a_local_run_asks_the_hosts_nvml_what_the_lease_does_not_answer(nvml_dir
     source.write_text(HOST_NVML_C)
     cc = shutil.which("cc") or shutil.which("gcc")
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(host / "libnvidia-ml.so.1"), str(source)], check=True)
+    return host / "libnvidia-ml.so.1"
+
+
+def local_view_env(nvml_dir: Path, tmp_path: Path, pids) -> dict[str, str]:
+    """A --local run's environment: the view lists `pids` as the run's and names the host's NVML."""
     env = view_env(nvml_dir, tmp_path)
-    view = Path(env["GPUPOOL_NVML_VIEW"])
-    _nvml_view.write(view, render(LEASE, [4242], real_nvml=host / "libnvidia-ml.so.1"))
+    _nvml_view.write(Path(env["GPUPOOL_NVML_VIEW"]), render(LEASE, pids, real_nvml=host_nvml(tmp_path)))
+    return env
+
+
+def test_a_local_run_asks_the_hosts_nvml_what_the_lease_does_not_answer(nvml_dir, tmp_path):
+    """In a --local run the view names the GPU host's own NVML: queries the lease does not answer
+    (NVLink here) reach it with its own device handle, the lease's numbers (memory) stay the lease's,
+    and a change to the shared GPU is still refused (NO_PERMISSION), never handed on. The real GPU's
+    state (persistence, ECC, a temperature the view lacks) is the host's; what the host lacks (MIG
+    mode here) gets the lease's answer, not an error. Where the host cannot list its processes, used
+    memory is the view's (the server's sample)."""
+    env = local_view_env(nvml_dir, tmp_path, [4242])
     out = run([sys.executable, "-c", LOCAL_QUERIES], env)
     assert out.returncode == 0, out.stderr
     got = lines(out.stdout)
     assert int(got["total"]) == PARTITION
+    assert int(got["used"]) == USED
     assert got["link3"] == "1" and got["link0"] == "0"
     assert got["set"] == str(NVML_NO_PERMISSION)
     assert got["persistence"] == "1" and got["ecc"] == "1 1" and got["temperature_v"] == "33"
     assert got["mig_mode"] == "0 0"
+
+
+LIVE_USE = """
+import os, pynvml as N
+N.nvmlInit(); h = N.nvmlDeviceGetHandleByIndex(0)
+m = N.nvmlDeviceGetMemoryInfo(h)
+print("total", m.total)
+print("used", m.used)
+print("free", m.free)
+print("used_v2", N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2).used)
+print("procs", *[f"{p.pid}:{p.usedGpuMemory}" for p in N.nvmlDeviceGetComputeRunningProcesses(h)])
+print("me", os.getpid())
+"""
+
+
+@pytest.mark.parametrize("own", [256 * MiB, 2 * PARTITION], ids=["allocated", "beyond-the-partition"])
+def test_a_local_runs_used_memory_is_the_hosts_at_the_call(nvml_dir, tmp_path, own):
+    """In a --local run, used memory and the process list come from the host's NVML when asked, not
+    from the server's sample (the view's USED, which lags): the run's processes, here a child started
+    after the view named its parent, count with their bytes, once even when listed as MPS clients
+    too; another tenant's process (the run's own parent) does not; used is clamped to the partition
+    and free = total - used."""
+    env = local_view_env(nvml_dir, tmp_path, [os.getpid()])
+    env.update(STANDIN_OWN_BYTES=str(own), STANDIN_FOREIGN_PID=str(os.getppid()))
+    out = run([sys.executable, "-c", LIVE_USE], env)
+    assert out.returncode == 0, out.stderr
+    got = lines(out.stdout)
+    used = min(own, PARTITION)
+    assert int(got["total"]) == PARTITION
+    assert int(got["used"]) == int(got["used_v2"]) == used
+    assert int(got["free"]) == PARTITION - used
+    assert got["procs"] == f"{got['me']}:{used}"
 
 
 def test_the_hosts_nvml_is_found_and_never_gpupools_own(nvml_dir, tmp_path):
