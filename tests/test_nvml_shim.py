@@ -425,8 +425,9 @@ def test_pytorch_and_nvml_report_the_quota(small_server, tmp_path):
 
 # The GPU host's own NVML, at the seam where a --local run hands it the queries the lease does not
 # answer: a library that answers only as the driver's would for a device handle it gave out. Its
-# running compute (and MPS compute) processes, where STANDIN_OWN_BYTES is set: the calling process
-# holding that many bytes and STANDIN_FOREIGN_PID (another tenant) 64 GiB; unset, the query fails.
+# running processes, where STANDIN_OWN_BYTES is set: the compute list holds STANDIN_FOREIGN_PID
+# (another tenant) with 64 GiB, the MPS list pid 1 (another MPS client) with 64 GiB, and the calling
+# process with STANDIN_OWN_BYTES is in the list(s) STANDIN_OWN_IN names; unset, the queries fail.
 HOST_NVML_C = r"""
 #include <stdlib.h>
 #include <string.h>
@@ -434,17 +435,20 @@ HOST_NVML_C = r"""
 #define API __attribute__((visibility("default")))
 static int device;
 typedef struct { unsigned pid; unsigned long long used; unsigned gpu_instance, compute_instance; } proc_t;
-static int procs(void *h, unsigned *count, proc_t *out) {
+static int procs(void *h, unsigned *count, proc_t *out, const char *list) {
     const char *own = getenv("STANDIN_OWN_BYTES"), *foreign = getenv("STANDIN_FOREIGN_PID");
-    if (h != &device || !own || !foreign) return 3;
-    if (*count < 2) { *count = 2; return 7; }
-    out[0] = (proc_t){(unsigned)atoi(foreign), 64ULL << 30, ~0u, ~0u};
-    out[1] = (proc_t){(unsigned)getpid(), strtoull(own, NULL, 10), ~0u, ~0u};
-    *count = 2;
+    const char *own_in = getenv("STANDIN_OWN_IN");
+    if (h != &device || !own || !foreign || !own_in) return 3;
+    unsigned n = 1 + (strstr(own_in, list) != NULL);
+    if (*count < n) { *count = n; return 7; }
+    unsigned other = strcmp(list, "mps") ? (unsigned)atoi(foreign) : 1;
+    out[0] = (proc_t){other, 64ULL << 30, ~0u, ~0u};
+    if (n == 2) out[1] = (proc_t){(unsigned)getpid(), strtoull(own, NULL, 10), ~0u, ~0u};
+    *count = n;
     return 0;
 }
-API int nvmlDeviceGetComputeRunningProcesses_v3(void *h, unsigned *n, proc_t *p) { return procs(h, n, p); }
-API int nvmlDeviceGetMPSComputeRunningProcesses_v3(void *h, unsigned *n, proc_t *p) { return procs(h, n, p); }
+API int nvmlDeviceGetComputeRunningProcesses_v3(void *h, unsigned *n, proc_t *p) { return procs(h, n, p, "compute"); }
+API int nvmlDeviceGetMPSComputeRunningProcesses_v3(void *h, unsigned *n, proc_t *p) { return procs(h, n, p, "mps"); }
 API int nvmlInit_v2(void) { return 0; }
 API int nvmlDeviceGetHandleByUUID(const char *uuid, void **h) {
     if (strcmp(uuid, "GPU-11111111-2222-3333-4444-555555555555")) return 6;
@@ -531,18 +535,31 @@ print("free", m.free)
 print("used_v2", N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2).used)
 print("procs", *[f"{p.pid}:{p.usedGpuMemory}" for p in N.nvmlDeviceGetComputeRunningProcesses(h)])
 print("me", os.getpid())
+import ctypes, uuid  # nvidia-smi's process list: its private table's slot 213
+lib, table = ctypes.CDLL("libnvidia-ml.so.1"), ctypes.POINTER(ctypes.c_uint64)()
+lib.nvmlInternalGetExportTable(ctypes.byref(table), uuid.UUID("6c3efec4-8fc9-4e6c-a327-ee696e12f7c4").bytes_le)
+count, entries = ctypes.c_uint(4), ctypes.create_string_buffer(4 * 4128)
+ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(table[213])(
+    ctypes.cast(h, ctypes.c_void_p), ctypes.addressof(count), ctypes.addressof(entries))
+print("smi_procs", *[f"{int.from_bytes(entries.raw[i * 4128:i * 4128 + 4], 'little')}:"
+                     f"{int.from_bytes(entries.raw[i * 4128 + 8:i * 4128 + 16], 'little')}" for i in range(count.value)])
 """
 
 
-@pytest.mark.parametrize("own", [256 * MiB, 2 * PARTITION], ids=["allocated", "beyond-the-partition"])
-def test_a_local_runs_used_memory_is_the_hosts_at_the_call(nvml_dir, tmp_path, own):
+@pytest.mark.parametrize(
+    ("own", "listed_in"),
+    [(256 * MiB, "compute,mps"), (256 * MiB, "compute"), (256 * MiB, "mps"), (2 * PARTITION, "compute,mps")],
+    ids=["both-lists", "compute-list", "mps-list", "beyond-the-partition"],
+)
+def test_a_local_runs_used_memory_is_the_hosts_at_the_call(nvml_dir, tmp_path, own, listed_in):
     """In a --local run, used memory and the process list come from the host's NVML when asked, not
     from the server's sample (the view's USED, which lags): the run's processes, here a child started
-    after the view named its parent, count with their bytes, once even when listed as MPS clients
-    too; another tenant's process (the run's own parent) does not; used is clamped to the partition
-    and free = total - used."""
+    after the view named its parent, count with their bytes, whether the host lists them as compute
+    processes, MPS clients or both (once); another tenant's process (the run's own parent) and another
+    MPS client do not; used is clamped to the partition and free = total - used. nvidia-smi's own
+    process list (its private table) says the same."""
     env = local_view_env(nvml_dir, tmp_path, [os.getpid()])
-    env.update(STANDIN_OWN_BYTES=str(own), STANDIN_FOREIGN_PID=str(os.getppid()))
+    env.update(STANDIN_OWN_BYTES=str(own), STANDIN_FOREIGN_PID=str(os.getppid()), STANDIN_OWN_IN=listed_in)
     out = run([sys.executable, "-c", LIVE_USE], env)
     assert out.returncode == 0, out.stderr
     got = lines(out.stdout)
@@ -550,7 +567,7 @@ def test_a_local_runs_used_memory_is_the_hosts_at_the_call(nvml_dir, tmp_path, o
     assert int(got["total"]) == PARTITION
     assert int(got["used"]) == int(got["used_v2"]) == used
     assert int(got["free"]) == PARTITION - used
-    assert got["procs"] == f"{got['me']}:{used}"
+    assert got["procs"] == got["smi_procs"] == f"{got['me']}:{used}"
 
 
 def test_the_hosts_nvml_is_found_and_never_gpupools_own(nvml_dir, tmp_path):

@@ -556,9 +556,9 @@ static void use_of(const device_t *d, use_t *now) {
     if (!handle) return;
     int n = host_list("nvmlDeviceGetComputeRunningProcesses", handle, host_found);
     if (n < 0) return;
-    int mps = host_list("nvmlDeviceGetMPSComputeRunningProcesses", handle, host_found + n);
+    int compute = n, mps = host_list("nvmlDeviceGetMPSComputeRunningProcesses", handle, host_found + n);
     for (int m = 0; m < mps; m++) { /* an MPS client may be in both lists: once, with the larger number */
-        host_process_t *p = &host_found[n + m];
+        host_process_t *p = &host_found[compute + m]; /* n <= compute + m: appending overwrites none unread */
         int k = 0;
         while (k < n && host_found[k].pid != p->pid) k++;
         if (k == n) host_found[n++] = *p;
