@@ -424,11 +424,31 @@ def test_pytorch_and_nvml_report_the_quota(small_server, tmp_path):
 
 
 # The GPU host's own NVML, at the seam where a --local run hands it the queries the lease does not
-# answer: a library that answers only as the driver's would for a device handle it gave out.
+# answer: a library that answers only as the driver's would for a device handle it gave out. Its
+# running processes, where STANDIN_OWN_BYTES is set: the compute list holds STANDIN_FOREIGN_PID
+# (another tenant) with 64 GiB, the MPS list pid 1 (another MPS client) with 64 GiB, and the calling
+# process with STANDIN_OWN_BYTES is in the list(s) STANDIN_OWN_IN names; unset, the queries fail.
 HOST_NVML_C = r"""
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #define API __attribute__((visibility("default")))
 static int device;
+typedef struct { unsigned pid; unsigned long long used; unsigned gpu_instance, compute_instance; } proc_t;
+static int procs(void *h, unsigned *count, proc_t *out, const char *list) {
+    const char *own = getenv("STANDIN_OWN_BYTES"), *foreign = getenv("STANDIN_FOREIGN_PID");
+    const char *own_in = getenv("STANDIN_OWN_IN");
+    if (h != &device || !own || !foreign || !own_in) return 3;
+    unsigned n = 1 + (strstr(own_in, list) != NULL);
+    if (*count < n) { *count = n; return 7; }
+    unsigned other = strcmp(list, "mps") ? (unsigned)atoi(foreign) : 1;
+    out[0] = (proc_t){other, 64ULL << 30, ~0u, ~0u};
+    if (n == 2) out[1] = (proc_t){(unsigned)getpid(), strtoull(own, NULL, 10), ~0u, ~0u};
+    *count = n;
+    return 0;
+}
+API int nvmlDeviceGetComputeRunningProcesses_v3(void *h, unsigned *n, proc_t *p) { return procs(h, n, p, "compute"); }
+API int nvmlDeviceGetMPSComputeRunningProcesses_v3(void *h, unsigned *n, proc_t *p) { return procs(h, n, p, "mps"); }
 API int nvmlInit_v2(void) { return 0; }
 API int nvmlDeviceGetHandleByUUID(const char *uuid, void **h) {
     if (strcmp(uuid, "GPU-11111111-2222-3333-4444-555555555555")) return 6;
@@ -451,6 +471,7 @@ LOCAL_QUERIES = """
 import pynvml as N
 N.nvmlInit(); h = N.nvmlDeviceGetHandleByIndex(0)
 print("total", N.nvmlDeviceGetMemoryInfo(h).total)
+print("used", N.nvmlDeviceGetMemoryInfo(h).used)
 print("link3", N.nvmlDeviceGetNvLinkState(h, 3))
 print("link0", N.nvmlDeviceGetNvLinkState(h, 0))
 try:
@@ -465,12 +486,8 @@ print("mig_mode", *N.nvmlDeviceGetMigMode(h))
 """
 
 
-def test_a_local_run_asks_the_hosts_nvml_what_the_lease_does_not_answer(nvml_dir, tmp_path):
-    """In a --local run the view names the GPU host's own NVML: queries the lease does not answer
-    (NVLink here) reach it with its own device handle, the lease's numbers (memory) stay the lease's,
-    and a change to the shared GPU is still refused (NO_PERMISSION), never handed on. The real GPU's
-    state (persistence, ECC, a temperature the view lacks) is the host's; what the host lacks (MIG
-    mode here) gets the lease's answer, not an error."""
+def host_nvml(tmp_path: Path) -> Path:
+    """The stand-in GPU host's NVML (HOST_NVML_C), compiled."""
     import shutil
 
     host = tmp_path / "host"
@@ -479,17 +496,78 @@ def test_a_local_run_asks_the_hosts_nvml_what_the_lease_does_not_answer(nvml_dir
     source.write_text(HOST_NVML_C)
     cc = shutil.which("cc") or shutil.which("gcc")
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(host / "libnvidia-ml.so.1"), str(source)], check=True)
+    return host / "libnvidia-ml.so.1"
+
+
+def local_view_env(nvml_dir: Path, tmp_path: Path, pids) -> dict[str, str]:
+    """A --local run's environment: the view lists `pids` as the run's and names the host's NVML."""
     env = view_env(nvml_dir, tmp_path)
-    view = Path(env["GPUPOOL_NVML_VIEW"])
-    _nvml_view.write(view, render(LEASE, [4242], real_nvml=host / "libnvidia-ml.so.1"))
+    _nvml_view.write(Path(env["GPUPOOL_NVML_VIEW"]), render(LEASE, pids, real_nvml=host_nvml(tmp_path)))
+    return env
+
+
+def test_a_local_run_asks_the_hosts_nvml_what_the_lease_does_not_answer(nvml_dir, tmp_path):
+    """In a --local run the view names the GPU host's own NVML: queries the lease does not answer
+    (NVLink here) reach it with its own device handle, the lease's numbers (memory) stay the lease's,
+    and a change to the shared GPU is still refused (NO_PERMISSION), never handed on. The real GPU's
+    state (persistence, ECC, a temperature the view lacks) is the host's; what the host lacks (MIG
+    mode here) gets the lease's answer, not an error. Where the host cannot list its processes, used
+    memory is the view's (the server's sample)."""
+    env = local_view_env(nvml_dir, tmp_path, [4242])
     out = run([sys.executable, "-c", LOCAL_QUERIES], env)
     assert out.returncode == 0, out.stderr
     got = lines(out.stdout)
     assert int(got["total"]) == PARTITION
+    assert int(got["used"]) == USED
     assert got["link3"] == "1" and got["link0"] == "0"
     assert got["set"] == str(NVML_NO_PERMISSION)
     assert got["persistence"] == "1" and got["ecc"] == "1 1" and got["temperature_v"] == "33"
     assert got["mig_mode"] == "0 0"
+
+
+LIVE_USE = """
+import os, pynvml as N
+N.nvmlInit(); h = N.nvmlDeviceGetHandleByIndex(0)
+m = N.nvmlDeviceGetMemoryInfo(h)
+print("total", m.total)
+print("used", m.used)
+print("free", m.free)
+print("used_v2", N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2).used)
+print("procs", *[f"{p.pid}:{p.usedGpuMemory}" for p in N.nvmlDeviceGetComputeRunningProcesses(h)])
+print("me", os.getpid())
+import ctypes, uuid  # nvidia-smi's process list: its private table's slot 213
+lib, table = ctypes.CDLL("libnvidia-ml.so.1"), ctypes.POINTER(ctypes.c_uint64)()
+lib.nvmlInternalGetExportTable(ctypes.byref(table), uuid.UUID("6c3efec4-8fc9-4e6c-a327-ee696e12f7c4").bytes_le)
+count, entries = ctypes.c_uint(4), ctypes.create_string_buffer(4 * 4128)
+ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(table[213])(
+    ctypes.cast(h, ctypes.c_void_p), ctypes.addressof(count), ctypes.addressof(entries))
+print("smi_procs", *[f"{int.from_bytes(entries.raw[i * 4128:i * 4128 + 4], 'little')}:"
+                     f"{int.from_bytes(entries.raw[i * 4128 + 8:i * 4128 + 16], 'little')}" for i in range(count.value)])
+"""
+
+
+@pytest.mark.parametrize(
+    ("own", "listed_in"),
+    [(256 * MiB, "compute,mps"), (256 * MiB, "compute"), (256 * MiB, "mps"), (2 * PARTITION, "compute,mps")],
+    ids=["both-lists", "compute-list", "mps-list", "beyond-the-partition"],
+)
+def test_a_local_runs_used_memory_is_the_hosts_at_the_call(nvml_dir, tmp_path, own, listed_in):
+    """In a --local run, used memory and the process list come from the host's NVML when asked, not
+    from the server's sample (the view's USED, which lags): the run's processes, here a child started
+    after the view named its parent, count with their bytes, whether the host lists them as compute
+    processes, MPS clients or both (once); another tenant's process (the run's own parent) and another
+    MPS client do not; used is clamped to the partition and free = total - used. nvidia-smi's own
+    process list (its private table) says the same."""
+    env = local_view_env(nvml_dir, tmp_path, [os.getpid()])
+    env.update(STANDIN_OWN_BYTES=str(own), STANDIN_FOREIGN_PID=str(os.getppid()), STANDIN_OWN_IN=listed_in)
+    out = run([sys.executable, "-c", LIVE_USE], env)
+    assert out.returncode == 0, out.stderr
+    got = lines(out.stdout)
+    used = min(own, PARTITION)
+    assert int(got["total"]) == PARTITION
+    assert int(got["used"]) == int(got["used_v2"]) == used
+    assert int(got["free"]) == PARTITION - used
+    assert got["procs"] == got["smi_procs"] == f"{got['me']}:{used}"
 
 
 def test_the_hosts_nvml_is_found_and_never_gpupools_own(nvml_dir, tmp_path):

@@ -9,6 +9,10 @@ used = what the lease holds, utilization = the lease's busy share. See docs/remo
 The format is plain text the C side parses without a library, one ``key value`` per line; ``device``
 starts a GPU's block and ``process PID BYTES`` lines belong to the block above them. A key that is
 absent means "unknown": the shim then answers that query with NVML_ERROR_NOT_SUPPORTED.
+
+In a --local run (``real_nvml`` names the GPU host's NVML) the ``process`` pids are also the roots of
+the run's process tree: the shim answers used memory and the process list from the host's NVML at the
+call, for those pids and their descendants, and the bytes here stand only where the host cannot tell.
 """
 
 from __future__ import annotations

@@ -91,7 +91,9 @@ free, total = torch.cuda.mem_get_info(0)
 x = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 props = torch.cuda.get_device_properties(0).total_memory
 N.nvmlInit(); h = N.nvmlDeviceGetHandleByIndex(0)
-import time; time.sleep(3)  # the NVML view is refreshed every second
+print(f"nvml_used_at_once={N.nvmlDeviceGetMemoryInfo(h).used}")  # --local: the host's NVML, live
+import os, time; time.sleep(3)  # the NVML view is refreshed every second
+print(f"me={os.getpid()}")
 m = N.nvmlDeviceGetMemoryInfo(h)
 print(f"torch_total={total}"); print(f"props_total={props}"); print(f"nvml_total={m.total}"); print(f"nvml_used={m.used}")
 print(f"procs={[p.pid for p in N.nvmlDeviceGetComputeRunningProcesses(h)]}")
@@ -173,6 +175,13 @@ def checks(label: str, attach: list[str], quota: int, env: dict) -> None:
             and int(got.get("nvml_used", 0)) >= 256 * MiB
             and ("--local" not in attach or "localcuda" in got.get("libcuda", ""))
         )
+        # --local: used is the host's NVML at the call, so the allocation shows at once and the run's
+        # own process is listed (remote: the view, refreshed within about two seconds).
+        live = "--local" not in attach or (
+            int(got.get("nvml_used_at_once", 0)) >= 256 * MiB
+            and got.get("me") in re.findall(r"\d+", got.get("procs", ""))
+        )
+        record(f"{label} NVML used at once after an allocation", "PASS" if live else "FAIL", f"{got}")
         record(
             f"{label} torch mem_get_info = properties = NVML = quota",
             "PASS" if ok else "FAIL",
