@@ -6,23 +6,19 @@ only so that `pip install .` and `pip install -e .` build it wherever a C compil
 `virtualize.remote` links it into a directory as `libcuda.so.1`.
 """
 
+from glob import glob
+
 from setuptools import Extension, setup
 
 setup(
     ext_modules=[
         Extension(
             "virtualize._libcuda_shim",
-            sources=[
-                "virtualize/shim/shim.c",
-                "virtualize/shim/shim_calls.c",
-                "virtualize/shim/shim_exports.c",
-                "virtualize/shim/shim_memo.c",
-                "virtualize/shim/shim_auth.c",
-                "virtualize/shim/shim_managed.c",
-                "virtualize/shim/shim_pools.c",
-            ],
+            # every C file of the shim's folder (virtualize/remote.py's compile_shim takes the same)
+            sources=sorted(glob("virtualize/shim/*.c")),
             depends=[
                 "virtualize/shim/shim.h",
+                "virtualize/shim/shim_calls.h",
                 "virtualize/shim/calls_gen.h",
                 "virtualize/shim/calls_gen_types.h",
                 "virtualize/shim/exports_gen.h",

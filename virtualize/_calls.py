@@ -62,7 +62,7 @@ class Call:
     params: tuple[Param, ...]
     mode: Mode
     sync_point: bool = False  # reports errors left by earlier asynchronous calls
-    custom: bool = False  # body hand-written in shim/shim_calls.c (its wire layout is still here)
+    custom: bool = False  # body hand-written in shim/ (shim_calls.c or a file beside it); its wire layout is here
     wire: tuple[Param, ...] | None = None  # the wire layout when it differs from the C parameters
     # Answers the client keeps (shim/shim_memo.c): the memo group whose answer this call's is, whether
     # the answer depends on the current context, the groups this call can change, and the group whose
@@ -641,7 +641,7 @@ CALLS: tuple[Call, ...] = (
             "i32 mode, i32 swizzle, i32 l2, i32 oob, bytes shape"),
     _c("cuTensorMapReplaceAddress", 12000, "ptr map, ptr address", custom=True, wire="dptr address, bytes map"),
     # Stream memory operations: a 32- or 64-bit word of the lease's memory waited on or written in order
-    # (not of mirrored host memory, which the program would see only at a synchronisation: shim_calls.c).
+    # (not of mirrored host memory, which the program would see only at a synchronisation: shim_streams.c).
     *(_c(name, since, f"stream stream, dptr addr, {bits} value, u32 flags", A, symbol=name + suffix, custom=True)
       for name, bits in (("cuStreamWaitValue32", "u32"), ("cuStreamWaitValue64", "u64"),
                          ("cuStreamWriteValue32", "u32"), ("cuStreamWriteValue64", "u64"))
@@ -763,7 +763,7 @@ CALLS: tuple[Call, ...] = (
     _c("cuGraphNodeFindInClone", 10000, "o_node node, node original, graph clone"),
     _c("cuGraphNodeGetType", 10000, "node node, o_i32 type"),
     # User objects (what keeps a host node's function alive) live in the client: a graph's references
-    # are kept for the life of the process (shim_calls.c says why).
+    # are kept for the life of the process (shim_graphs.c says why).
     _c("cuUserObjectCreate", 11030, "o_u64 obj, ptr ptr, ptr destroy, u32 refs, u32 flags", L, custom=True,
        how="user objects live in the client (a graph's references last the process)"),
     _c("cuUserObjectRetain", 11030, "u64 obj, u32 count", L, custom=True,

@@ -238,7 +238,16 @@ def generate_types() -> str:
     for call in CALLS:
         out.extend(wire_structs(call))
     out.append("")
-    out.append("/* Every exported call (custom ones are hand-written in shim_calls.c). */")
+    # used by several files of hand-written calls, so here rather than in calls_gen.h
+    ints = " || ".join(f"(a) == {a}" for a in POOL_INT_ATTRIBUTES)
+    out.append(f"#define GP_POOL_ATTRIBUTE_IS_INT(a) ({ints})")
+    out.append(
+        f"#define GP_FORWARDED_LAUNCH_ATTRIBUTES {launch_attribute_mask()} /* bit i: CUlaunchAttributeID i */"
+    )
+    out.append("")
+    out.append(
+        "/* Every exported call (custom ones are hand-written in shim_calls.c and the files beside it). */"
+    )
     for call in CALLS:
         if call.symbol != "-":
             out.append(f"GP_EXPORT {prototype(call)};")
@@ -299,11 +308,6 @@ def generate_bodies() -> str:
     out.append("")
     sizes = ", ".join(f"[{a}] = {s}" for a, s in POINTER_ATTRIBUTE_SIZES.items())
     out.append(f"static const unsigned char gp_pointer_attribute_size[32] = {{ {sizes} }};")
-    ints = " || ".join(f"(a) == {a}" for a in POOL_INT_ATTRIBUTES)
-    out.append(f"#define GP_POOL_ATTRIBUTE_IS_INT(a) ({ints})")
-    out.append(
-        f"#define GP_FORWARDED_LAUNCH_ATTRIBUTES {launch_attribute_mask()} /* bit i: CUlaunchAttributeID i */"
-    )
     return "\n".join(out) + "\n"
 
 

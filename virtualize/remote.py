@@ -51,17 +51,7 @@ def shim_library_path(module: str = SHIM_MODULE) -> Path:
     return Path(spec.origin)
 
 
-SHIM_SOURCES = Path(__file__).parent / "shim"
-# setup.py lists the same
-SHIM_C_SOURCES = (
-    "shim.c",
-    "shim_calls.c",
-    "shim_exports.c",
-    "shim_memo.c",
-    "shim_auth.c",
-    "shim_managed.c",
-    "shim_pools.c",
-)
+SHIM_SOURCES = Path(__file__).parent / "shim"  # every C file there is the shim's (setup.py builds the same)
 COMPILE_FLAGS = [
     "-O2",
     "-shared",
@@ -81,7 +71,7 @@ def compile_shim(dest_dir: Path, *, compiler: str | None = None, extra_flags: tu
         raise ShimNotBuilt()
     dest_dir.mkdir(parents=True, exist_ok=True)
     out = dest_dir / "libcuda.so.1"
-    sources = [str(SHIM_SOURCES / name) for name in SHIM_C_SOURCES]
+    sources = sorted(str(path) for path in SHIM_SOURCES.glob("*.c"))
     subprocess.run(
         [cc, *COMPILE_FLAGS, *extra_flags, "-o", str(out), *sources, *LINK_LIBRARIES], check=True, timeout=300
     )

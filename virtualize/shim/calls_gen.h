@@ -2295,5 +2295,3 @@ static const struct gp_result_text gp_result_texts[] = {
 };
 
 static const unsigned char gp_pointer_attribute_size[32] = { [1] = 8, [2] = 4, [3] = 8, [4] = 8, [6] = 4, [7] = 8, [8] = 4, [9] = 4, [10] = 4, [11] = 8, [12] = 8, [13] = 4, [14] = 8, [15] = 4, [16] = 4, [17] = 8, [18] = 8, [19] = 8, [20] = 8, [21] = 4 };
-#define GP_POOL_ATTRIBUTE_IS_INT(a) ((a) == 1 || (a) == 2 || (a) == 3)
-#define GP_FORWARDED_LAUNCH_ATTRIBUTES 0x75fffull /* bit i: CUlaunchAttributeID i */

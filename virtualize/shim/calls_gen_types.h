@@ -883,7 +883,10 @@ struct gp_in_cuLogsUnregisterCallback { uint64_t handle; } __attribute__((packed
 struct gp_in_cuGetErrorName { int32_t error; } __attribute__((packed));
 struct gp_in_cuGetErrorString { int32_t error; } __attribute__((packed));
 
-/* Every exported call (custom ones are hand-written in shim_calls.c). */
+#define GP_POOL_ATTRIBUTE_IS_INT(a) ((a) == 1 || (a) == 2 || (a) == 3)
+#define GP_FORWARDED_LAUNCH_ATTRIBUTES 0x75fffull /* bit i: CUlaunchAttributeID i */
+
+/* Every exported call (custom ones are hand-written in shim_calls.c and the files beside it). */
 GP_EXPORT CUresult cuInit(uint32_t flags);
 GP_EXPORT CUresult cuDriverGetVersion(int32_t *version);
 GP_EXPORT CUresult cuDeviceGet(int32_t *device, int32_t ordinal);

@@ -1,4 +1,5 @@
-/* gpupool's libcuda.so.1: shared declarations of the transport (shim.c) and the calls (shim_calls.c).
+/* gpupool's libcuda.so.1: shared declarations of the transport (shim.c) and the calls (shim_calls.c and
+ * the files of hand-written calls beside it, shim_calls.h).
  * No cuda.h: the few CUDA types the shim needs are declared here, handles travel as 64-bit values. */
 #pragma once
 #include <stddef.h>
@@ -111,7 +112,7 @@ int gp_reserve_range(uint64_t base, uint64_t size); /* kept from this process's 
 int gp_dev_lookup(uint64_t ptr, uint64_t *base, uint64_t *size, int *owned);
 
 /* Page-locked host memory served locally; an address in an allocation of it that a forwarded call
- * names as device memory makes that allocation the device's at its own address (shim_calls.c). */
+ * names as device memory makes that allocation the device's at its own address (shim_memory.c). */
 void gp_pinned_touch(uint64_t ptr);
 /* Page-locked host memory served locally. */
 int gp_host_add(uint64_t base, uint64_t size, unsigned flags, int allocated);
