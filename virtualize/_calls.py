@@ -62,7 +62,7 @@ class Call:
     params: tuple[Param, ...]
     mode: Mode
     sync_point: bool = False  # reports errors left by earlier asynchronous calls
-    custom: bool = False  # body hand-written in shim/ (shim_calls.c or a file beside it); its wire layout is here
+    custom: bool = False  # hand-written in shim/*.c (its wire layout is here)
     wire: tuple[Param, ...] | None = None  # the wire layout when it differs from the C parameters
     # Answers the client keeps (shim/shim_memo.c): the memo group whose answer this call's is, whether
     # the answer depends on the current context, the groups this call can change, and the group whose
