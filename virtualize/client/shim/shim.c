@@ -50,7 +50,7 @@ void gp_trace(const char *name) { fprintf(stderr, "gpupool: call %s\n", name); }
 
 static pthread_mutex_t conn_lock = PTHREAD_MUTEX_INITIALIZER;
 /* A connection to the worker: the process's own (every call), or the callback thread's (host functions
- * the worker calls back, shim_calls.c). The I/O below works on the calling thread's connection. */
+ * the worker calls back, shim_streams.c). The I/O below works on the calling thread's connection. */
 struct gp_conn {
     int fd;
     void *ssl;              /* the TLS session when the connection leaves this host (shim_auth.c) */

@@ -1,5 +1,5 @@
-/* gpupool's libcuda.so.1, exported calls: CUDA arrays, 2D and 3D copies, textures, surfaces and tensor maps (objects of the
- * worker's driver). */
+/* gpupool's libcuda.so.1, hand-written calls: CUDA arrays, 2D and 3D copies, textures, surfaces and
+ * tensor maps, all objects of the worker's driver. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>

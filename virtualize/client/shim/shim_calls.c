@@ -1,11 +1,12 @@
 /* gpupool's libcuda.so.1, part 2: the exported CUDA calls; here the general ones (cuGetProcAddress,
  * error strings, devices, contexts, pointer attributes, log callbacks) and the generated ones.
  *
- * Plain calls are generated from virtualize/common/_calls.py (calls_gen.h, included here only). The ones
- * written by hand, here and in the files of one concern beside this one (listed in shim_calls.h, which
- * they share), need the client's own state: host memory and the context stack stay local, allocations are reserved in this
- * address space, generic copies are sorted into host/device by address, kernel parameters are packed
- * at the offsets the worker reported once per function, and module images are measured before sending. */
+ * Plain calls are generated from virtualize/common/_calls.py (calls_gen.h, included here only). The
+ * ones written by hand, here and in the files of one concern beside this one (listed in shim_calls.h,
+ * which they share), need the client's own state: host memory and the context stack stay local,
+ * allocations are reserved in this address space, generic copies are sorted into host/device by
+ * address, kernel parameters are packed at the offsets the worker reported once per function, and
+ * module images are measured before sending. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>

@@ -1,4 +1,5 @@
-/* gpupool's libcuda.so.1, exported calls: copies, sorted into host and device sides by address; batched copies; 2D memsets. */
+/* gpupool's libcuda.so.1, hand-written calls: copies, sorted into host and device sides by address;
+ * batched copies; 2D memsets. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>

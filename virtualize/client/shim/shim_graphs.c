@@ -1,4 +1,5 @@
-/* gpupool's libcuda.so.1, exported calls: graphs built node by node, user objects and stream capture. */
+/* gpupool's libcuda.so.1, hand-written calls: graphs built node by node, user objects and stream
+ * capture. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>

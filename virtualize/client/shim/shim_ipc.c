@@ -1,4 +1,5 @@
-/* gpupool's libcuda.so.1, exported calls: IPC between the processes of one lease: memory, pool, virtual memory and event handles. */
+/* gpupool's libcuda.so.1, hand-written calls: IPC between the processes of one lease (memory, pool,
+ * virtual memory and event handles). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>

@@ -1,5 +1,6 @@
-/* gpupool's libcuda.so.1, exported calls: device memory, the virtual memory API and page-locked host memory: allocations
- * reserved in this address space, host memory kept here, copies landing in it settled first. */
+/* gpupool's libcuda.so.1, hand-written calls: device memory, the virtual memory API and page-locked
+ * host memory. Allocations are reserved in this address space; host memory stays here, and copies
+ * still landing in it are settled before the host reads or frees it. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>

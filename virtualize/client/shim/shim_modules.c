@@ -1,5 +1,6 @@
-/* gpupool's libcuda.so.1, exported calls: modules, libraries and launches: images read here and sent, kernel parameters packed
- * at the offsets the worker reported once per function, the driver's linker, cluster occupancy. */
+/* gpupool's libcuda.so.1, hand-written calls: modules and libraries (images read here and sent),
+ * launches (kernel parameters packed at the offsets the worker reported once per function), the
+ * driver's linker, cluster occupancy. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>

@@ -1,4 +1,5 @@
-/* gpupool's libcuda.so.1, exported calls: streams: memory operations, attributes and host functions. */
+/* gpupool's libcuda.so.1, hand-written calls: streams' memory operations, their attributes, and host
+ * functions (run here when the worker's stream reaches them). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
