@@ -3,30 +3,26 @@ libcuda.so.1 interposer with the package; everything else is in pyproject.toml.
 
 The shim is plain C with no CUDA headers and no Python API: it is compiled as an extension module
 only so that `pip install .` and `pip install -e .` build it wherever a C compiler exists;
-`virtualize.remote` links it into a directory as `libcuda.so.1`.
+`virtualize.client.remote` links it into a directory as `libcuda.so.1`.
 """
+
+from glob import glob
 
 from setuptools import Extension, setup
 
 setup(
     ext_modules=[
         Extension(
-            "virtualize._libcuda_shim",
-            sources=[
-                "virtualize/shim/shim.c",
-                "virtualize/shim/shim_calls.c",
-                "virtualize/shim/shim_exports.c",
-                "virtualize/shim/shim_memo.c",
-                "virtualize/shim/shim_auth.c",
-                "virtualize/shim/shim_managed.c",
-                "virtualize/shim/shim_pools.c",
-            ],
+            "virtualize.client._libcuda_shim",
+            # every C file of the shim's folder (virtualize/client/remote.py's compile_shim takes the same)
+            sources=sorted(glob("virtualize/client/shim/*.c")),
             depends=[
-                "virtualize/shim/shim.h",
-                "virtualize/shim/calls_gen.h",
-                "virtualize/shim/calls_gen_types.h",
-                "virtualize/shim/exports_gen.h",
-                "virtualize/include/gp_ranges.h",
+                "virtualize/client/shim/shim.h",
+                "virtualize/client/shim/shim_calls.h",
+                "virtualize/client/shim/calls_gen.h",
+                "virtualize/client/shim/calls_gen_types.h",
+                "virtualize/client/shim/exports_gen.h",
+                "virtualize/common/include/gp_ranges.h",
             ],
             extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread", "-std=gnu11"],
             extra_link_args=["-pthread", "-Wl,-soname,libcuda.so.1", "-ldl"],
@@ -34,38 +30,38 @@ setup(
             # Without a C compiler the install goes on; remote runs then say the shim is not built.
             optional=True,
         ),
-        # gpupool's libnvidia-ml.so.1: NVML answered from the lease (virtualize/_nvml_view.py), for
+        # gpupool's libnvidia-ml.so.1: NVML answered from the lease (virtualize/client/_nvml_view.py), for
         # nvidia-smi, pynvml, nvitop and gpustat inside `gpuattach run`. Plain C, no NVML headers.
         Extension(
-            "virtualize._libnvml_shim",
-            sources=["virtualize/nvml/nvml_shim.c"],
-            depends=["virtualize/nvml/nvml_stubs_gen.h"],
+            "virtualize.client._libnvml_shim",
+            sources=["virtualize/client/nvml/nvml_shim.c"],
+            depends=["virtualize/client/nvml/nvml_stubs_gen.h"],
             extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread", "-std=gnu11"],
             extra_link_args=["-pthread", "-Wl,-soname,libnvidia-ml.so.1", "-ldl"],
             py_limited_api=False,
             optional=True,
         ),
-        # The --local interposer (virtualize/localcuda/local_cuda.c): the host's real libcuda.so.1 with
+        # The --local interposer (virtualize/client/localcuda/local_cuda.c): the host's real libcuda.so.1 with
         # the lease's memory size. Plain C, no CUDA headers.
         Extension(
-            "virtualize._liblocalcuda",
-            sources=["virtualize/localcuda/local_cuda.c"],
-            depends=["virtualize/localcuda/forward_gen.h"],
+            "virtualize.client._liblocalcuda",
+            sources=["virtualize/client/localcuda/local_cuda.c"],
+            depends=["virtualize/client/localcuda/forward_gen.h"],
             extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread", "-std=gnu11"],
             extra_link_args=["-pthread", "-Wl,-soname,libcuda.so.1", "-ldl"],
             py_limited_api=False,
             optional=True,
         ),
-        # The worker's native hot path and its TLS stream (virtualize/_native_dispatch.py and
+        # The worker's native hot path and its TLS stream (virtualize/server/_native_dispatch.py and
         # _native_tls.py load it with ctypes; no Python API either). Without it the worker serves
         # every call, and runs TLS, in Python.
         Extension(
-            "virtualize._dispatch",
-            sources=["virtualize/native/dispatch.c", "virtualize/native/tls.c"],
+            "virtualize.server._dispatch",
+            sources=["virtualize/server/native/dispatch.c", "virtualize/server/native/tls.c"],
             depends=[
-                "virtualize/native/native.h",
-                "virtualize/native/dispatch_gen.h",
-                "virtualize/include/gp_ranges.h",
+                "virtualize/server/native/native.h",
+                "virtualize/server/native/dispatch_gen.h",
+                "virtualize/common/include/gp_ranges.h",
             ],
             extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread", "-std=gnu11"],
             extra_link_args=["-pthread", "-ldl"],

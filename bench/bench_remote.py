@@ -392,8 +392,8 @@ def main() -> int:
         return netem_main(args)
 
     from server.workers import WorkerDevice, start_worker
-    from virtualize import _wire
-    from virtualize.remote import fresh_shim, remote_env
+    from virtualize.client.remote import fresh_shim, remote_env
+    from virtualize.common import _wire
 
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="gpupool-bench-remote-"))
@@ -471,7 +471,7 @@ def netem_main(args) -> int:
     from netem_link import LinkOptions, NetemLink, raw_transfer, unavailable
 
     from server.workers import WorkerDevice, start_worker
-    from virtualize.remote import fresh_shim, remote_env
+    from virtualize.client.remote import fresh_shim, remote_env
 
     why = unavailable()
     if why:

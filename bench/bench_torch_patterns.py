@@ -190,8 +190,8 @@ def main() -> int:
 
     sys.path.insert(0, str(ROOT))
     from server.workers import WorkerDevice, start_worker
-    from virtualize import _wire
-    from virtualize.remote import fresh_shim, remote_env
+    from virtualize.client.remote import fresh_shim, remote_env
+    from virtualize.common import _wire
 
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="gpupool-bench-torch-"))

@@ -12,7 +12,7 @@ whether it happens to have a title:
     │   ├── PoolError                    the server's refusals, one per HTTP status (server/_errors.py)
     │   ├── PoolClientError              the client library's (server/client_errors.py)
     │   └── EtcdUnavailable, EtcdError, WorkerError, Denied (the Kubernetes webhook's)
-    ├── virtualize.errors.VirtualizeError    virtualize/errors.py (ShimNotBuilt, CensusError, TlsUnavailable,
+    ├── virtualize.common.errors.VirtualizeError    virtualize/common/errors.py (ShimNotBuilt, CensusError, TlsUnavailable,
     │                                             JobError: the Slurm hook's, UncheckedArgument,
     │                                             MigrationRefused)
     └── tui.cli.UsageError               the console's bad options (exit 2)

@@ -291,7 +291,7 @@ def _wrap(container: dict, at: str, run_args: list[str], secret: str) -> list[di
     env = [
         # The user's own GPUPOOL_TOKEN (another source) wins; else the namespace's Secret.
         {"name": "GPUPOOL_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": "token"}}},
-        # The shim's link directory (virtualize.remote.shim_dir) on the writable volume: HOME may be read-only.
+        # The shim's link directory (virtualize.client.remote.shim_dir) on the writable volume: HOME may be read-only.
         {"name": "XDG_CACHE_HOME", "value": f"{INSTALL_DIR}/cache"},
     ]
     env = [e for e in env if e["name"] not in have]

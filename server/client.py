@@ -409,7 +409,7 @@ def heartbeat_interval(ttl_s: float) -> float:
 
 class Heartbeater:
     """The one heartbeat loop of a lease: ``gpuattach run`` runs it in a thread (``start``), the session
-    keeper (``virtualize._keeper``) in its main thread (``run``).
+    keeper (``virtualize.client._keeper``) in its main thread (``run``).
 
     It beats every ``interval_s``; the end of the lease (released, expired, reclaimed: 410) is reported
     once through ``on_end(state, reason)`` and ends the loop. Any other failure is reported once through

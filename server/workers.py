@@ -1,6 +1,6 @@
 """Where the pool starts and stops a lease's worker: the process that runs the lease's CUDA calls.
 
-The pool never imports remote execution: it starts ``python -m virtualize.worker`` (``WORKER_MODULE``)
+The pool never imports remote execution: it starts ``python -m virtualize.server.worker`` (``WORKER_MODULE``)
 by name and talks to it through the interface declared here, which the worker process implements:
 
 - command line: ``--lease ID --bind HOST --devices JSON --state-dir DIR --parent PID``, the devices
@@ -14,7 +14,7 @@ by name and talks to it through the interface declared here, which the worker pr
   partition order), rewritten within a second of a change (the lease's NVML view shows it)
 - migration (``WorkerHandle.migrate``): the server writes ``<state dir>/migrate`` (JSON
   ``{"device": lease device, "to": GPU index on this host}``) and sends SIGUSR1; the worker moves the
-  device (``virtualize._migrate``) and writes ``<state dir>/migrated``: ``{"ok": true, "from", "to",
+  device (``virtualize.server._migrate``) and writes ``<state dir>/migrated``: ``{"ok": true, "from", "to",
   "bytes", "pause_s", ...}`` or ``{"ok": false, "error"}`` (the lease still runs where it was)
 - it exits on SIGTERM (``WorkerHandle.stop``) or when its parent is gone
 
@@ -55,7 +55,7 @@ from server.errors import ServerError
 
 log = logging.getLogger("gpupool.server")
 
-WORKER_MODULE = "virtualize.worker"
+WORKER_MODULE = "virtualize.server.worker"
 ACTIVITY_FILE = "activity"
 USAGE_FILE = "usage"
 EXECUTOR_ENV = "GPUPOOL_WORKER_EXECUTOR"  # "cuda" (default) or "host" (tests only: no GPU)

@@ -299,7 +299,7 @@ def _raw_main(argv: list[str]) -> None:
         listener = socket.create_server((host, 0))
         print(listener.getsockname()[1], flush=True)
         if tls:
-            from virtualize import _data_tls
+            from virtualize.server import _data_tls
 
             context, _ = _data_tls.server_context(Path(tempfile.mkdtemp(prefix="gpnetem-raw-")), "raw")
         conn, _ = listener.accept()
@@ -319,7 +319,7 @@ def _raw_main(argv: list[str]) -> None:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         context.minimum_version = ssl.TLSVersion.TLSv1_3
         context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-        from virtualize import _data_tls
+        from virtualize.server import _data_tls
 
         conn = _data_tls.TlsStream(conn, context, server_side=False)
         conn.do_handshake()

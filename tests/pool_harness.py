@@ -28,7 +28,7 @@ def server_cmd() -> list[str]:
 
 def gpuattach_cmd() -> list[str]:
     exe = BIN / "gpuattach"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "virtualize.cli"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "virtualize.client.cli"]
 
 
 class ServerProc:

@@ -8,8 +8,8 @@ import base64
 import secrets
 import socket
 
-from virtualize import _wire
-from virtualize._calls import CALL_IDS, INTERNAL, WIRE_VERSION
+from virtualize.common import _wire
+from virtualize.common._calls import CALL_IDS, INTERNAL, WIRE_VERSION
 
 HELLO, PROVE = INTERNAL["gpHello"], INTERNAL["gpProve"]
 

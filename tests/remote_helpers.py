@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from server.workers import WorkerDevice, start_worker
-from virtualize.remote import compile_shim, remote_env
+from virtualize.client.remote import compile_shim, remote_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIM = ROOT / "virtualize" / "shim"

@@ -25,7 +25,9 @@ ALLOW_ENV = "GPUPOOL_ALLOW_MISSING_TOOLS"
 
 def _native_built() -> str | None:
     missing = [
-        m for m in ("virtualize._libcuda_shim", "virtualize._dispatch") if importlib.util.find_spec(m) is None
+        m
+        for m in ("virtualize.client._libcuda_shim", "virtualize.server._dispatch")
+        if importlib.util.find_spec(m) is None
     ]
     if missing:
         return f"{', '.join(missing)} not built (with gcc installed: pip install -e . or setup.py build_ext --inplace)"

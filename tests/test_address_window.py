@@ -1,4 +1,4 @@
-"""The worker's side of the address windows (virtualize/_address_window.py), with the host executor:
+"""The worker's side of the address windows (virtualize/server/_address_window.py), with the host executor:
 where allocations land, that small ones share pages, that freed space is found again, and that a full
 window says so (the guard then lets the driver allocate)."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from virtualize._address_window import GRANULE, SMALL_ALIGN, FreeRanges, WindowFull, WindowMemory
-from virtualize._executor_host import HostExecutor
+from virtualize.server._address_window import GRANULE, SMALL_ALIGN, FreeRanges, WindowFull, WindowMemory
+from virtualize.server._executor_host import HostExecutor
 
 MiB = 1 << 20
 

@@ -10,8 +10,8 @@ import ctypes
 
 import pytest
 
-from virtualize._cuda import TENSOR_MAP_CALLS, with_aligned_tensor_map
-from virtualize._executor import CudaError
+from virtualize.server._cuda import TENSOR_MAP_CALLS, with_aligned_tensor_map
+from virtualize.server._executor import CudaError
 
 REPLACE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *TENSOR_MAP_CALLS["cuTensorMapReplaceAddress"][1])
 
@@ -47,7 +47,7 @@ def test_a_driver_refusal_is_the_calls_result():
 def test_each_tensor_map_call_declares_the_abi_of_the_header():
     """The parameter lists after the map match cuda.h's (from cuda-bindings' declarations): a wrong
     count would pass garbage to the driver."""
-    from virtualize._census import installed_header
+    from virtualize.common._census import installed_header
 
     declared = installed_header().entry_points
     for name, (_version, argtypes) in TENSOR_MAP_CALLS.items():

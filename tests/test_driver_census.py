@@ -10,10 +10,10 @@ import re
 
 import pytest
 
-from virtualize import _census
-from virtualize._calls import CALLS
-from virtualize._census import CensusError, Group, Verdict
-from virtualize.remote import shim_library_path
+from virtualize.client.remote import shim_library_path
+from virtualize.common import _census
+from virtualize.common._calls import CALLS
+from virtualize.common._census import CensusError, Group, Verdict
 
 NOT_SUPPORTED = 801
 
@@ -39,9 +39,9 @@ def test_every_entry_point_the_installed_header_declares_has_a_row_in_the_commit
 
 def test_the_committed_census_and_its_summary_in_remote_md_are_up_to_date():
     """Changing the call table, a group's reasons or the installed cuda-bindings without regenerating
-    fails here (and `python -m virtualize._shimgen` fixes it)."""
+    fails here (and `python -m virtualize.common._shimgen` fixes it)."""
     for path, text in _census.generated().items():
-        assert path.read_text() == text, f"{path.name} is stale: run python -m virtualize._shimgen"
+        assert path.read_text() == text, f"{path.name} is stale: run python -m virtualize.common._shimgen"
 
 
 def test_a_new_entry_point_with_no_decision_stops_the_generator(header_text):

@@ -16,13 +16,13 @@ from collector.errors import GpupoolError
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("collector", "analytics", "reports", "tui", "server", "virtualize")
 # Exceptions that never reach a person: control flow inside one module, or a CUDA result travelling back
-# to the program that made the call (virtualize/_results.py turns it into a CUresult).
+# to the program that made the call (virtualize/common/_results.py turns it into a CUresult).
 NOT_FOR_PEOPLE = {
     "collector.durations.OutOfRange": "parse_duration's ValueError: argument() and setting() word it",
     "server._pool._Conflict": "a cluster grant's compare-and-swap lost; retried at once",
-    "virtualize._executor.CudaError": "a CUDA result code, answered to the caller as CUresult",
-    "virtualize.worker.ConnectionClosed": "the shim hung up; the worker's loop ends",
-    "virtualize._address_window.WindowFull": "the address window's allocator, answered as out-of-memory",
+    "virtualize.server._executor.CudaError": "a CUDA result code, answered to the caller as CUresult",
+    "virtualize.server.worker.ConnectionClosed": "the shim hung up; the worker's loop ends",
+    "virtualize.server._address_window.WindowFull": "the address window's allocator, answered as out-of-memory",
 }
 
 
@@ -81,7 +81,7 @@ def test_no_two_error_classes_share_a_name():
         ["reports.cli", "--no-such-option"],
         ["tui.cli", "--refresh", "soon"],
         ["server.cli", "serve", "--lease-ttl", "soon", "--simulate-gpus", "1xH100-80GB"],
-        ["virtualize.cli", "--no-such-option"],
+        ["virtualize.client.cli", "--no-such-option"],
     ],
     ids=["gpustat-collect", "gpustat-report", "gpupool-console", "gpupool-server", "gpuattach"],
 )

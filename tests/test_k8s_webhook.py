@@ -265,7 +265,7 @@ def test_gpuattach_reads_the_wrapper_as_the_pod_asked(annotations, parsed):
     meant it: the GPU count, share or memory, SM share, filters, timeout, the pool's servers and the
     container's original command after `--`."""
     from server._admission import WebhookOptions, mutate
-    from virtualize.cli import _parser
+    from virtualize.client.cli import _parser
 
     pod = fixture("pod-create-fraction.json")["request"]["object"]
     pod["metadata"]["annotations"] = annotations

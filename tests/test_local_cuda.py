@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from pool_harness import ServerProc, api, client_env, gpuattach
 
-from virtualize import _localgen
-from virtualize.remote import (
+from virtualize.client import _localgen
+from virtualize.client.remote import (
     ENV_PARTITION_BYTES,
     ENV_REAL_LIBCUDA,
     LOCAL_CUDA_MODULE,

@@ -15,10 +15,11 @@ import struct
 import pytest
 from test_remote_native_dispatch import CAPTURING, EVENT, FUNC, LAYOUT, STREAM, Recorder, python_frame
 
-from virtualize import _guard_rules, _native_dispatch, _shimgen, _wire
-from virtualize._calls import CALL_IDS, Call
-from virtualize._executor_guard import Allocation, LeaseState, Session
-from virtualize.worker import Channel
+from virtualize.common import _shimgen, _wire
+from virtualize.common._calls import CALL_IDS, Call
+from virtualize.server import _guard_rules, _native_dispatch
+from virtualize.server._executor_guard import Allocation, LeaseState, Session
+from virtualize.server.worker import Channel
 
 pytestmark = pytest.mark.skipif(_native_dispatch._load() is None, reason="the native loop is not built")
 

@@ -1,4 +1,4 @@
-"""The worker's TLS in C (virtualize/native/tls.c through virtualize/_native_tls.py), against Python's
+"""The worker's TLS in C (virtualize/server/native/tls.c through virtualize/server/_native_tls.py), against Python's
 ssl as the client on real sockets: bytes both ways at once, and every way a connection goes wrong
 ending in a clear error, not a hang."""
 
@@ -13,7 +13,7 @@ import time
 import pytest
 from test_remote_native_dispatch import encrypted_pair
 
-from virtualize import _data_tls, _native_dispatch, _native_tls
+from virtualize.server import _data_tls, _native_dispatch, _native_tls
 
 pytestmark = pytest.mark.needs("native")
 

@@ -20,8 +20,8 @@ from pool_harness import ServerProc, api, client_env, gpuattach
 
 from server.api import Lease
 from server.api import read as read_answer
-from virtualize import _nvml_view, _nvmlgen
-from virtualize.remote import NVML_MODULE, SHIM_MODULE, fresh_nvml
+from virtualize.client import _nvml_view, _nvmlgen
+from virtualize.client.remote import NVML_MODULE, SHIM_MODULE, fresh_nvml
 
 pytestmark = pytest.mark.timeout(120)
 # gpuattach run uses the installed shims (pip install -e ., or setup.py build_ext --inplace)
@@ -94,9 +94,9 @@ def test_every_nvml_function_pynvml_resolves_has_a_verdict_and_the_stubs_are_cur
         line.split() for line in _nvmlgen.NAMES_OUTPUT.read_text().splitlines() if not line.startswith("#")
     )
     missing = sorted(set(_nvmlgen.pynvml_names()) - set(table))
-    assert not missing, f"no verdict for {missing[:5]}: run python -m virtualize._nvmlgen"
+    assert not missing, f"no verdict for {missing[:5]}: run python -m virtualize.client._nvmlgen"
     assert set(table.values()) <= {"answer", "not_supported", "no_permission"}
-    assert not _nvmlgen.stale(), "stale: run python -m virtualize._nvmlgen"
+    assert not _nvmlgen.stale(), "stale: run python -m virtualize.client._nvmlgen"
     assert table["nvmlDeviceGetMemoryInfo_v2"] == "answer"
     assert table["nvmlDeviceSetPowerManagementLimit"] == "no_permission"
 
@@ -573,7 +573,7 @@ def test_a_local_runs_used_memory_is_the_hosts_at_the_call(nvml_dir, tmp_path, o
 def test_the_hosts_nvml_is_found_and_never_gpupools_own(nvml_dir, tmp_path):
     """gpuattach finds the driver's libnvidia-ml.so.1 on the library path for --local runs, passing
     over gpupool's own shim there."""
-    from virtualize.remote import host_nvml
+    from virtualize.client.remote import host_nvml
 
     host = tmp_path / "driver"
     host.mkdir()

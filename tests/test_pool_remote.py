@@ -1,7 +1,7 @@
 """The control plane's remote-execution hook, end to end without a GPU.
 
 The server runs on simulated GPUs with ``GPUPOOL_WORKER_EXECUTOR=host``: its lease workers (the
-remote-execution component's ``virtualize/worker.py``) serve CUDA calls from host memory, so
+remote-execution component's ``virtualize/server/worker.py``) serve CUDA calls from host memory, so
 ``gpuattach run`` without ``--local`` drives the real path: lease with a worker, the shim in the
 command's environment, heartbeats, release stopping the worker, idle reclaim from the worker's
 activity, a dying worker ending its lease.
@@ -20,7 +20,7 @@ import pytest
 from pool_harness import ServerProc, api, client_env, gpuattach, wait_for
 from raw_wire_client import connect_local, handshake
 
-from virtualize._results import CUresult
+from virtualize.common._results import CUresult
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -50,7 +50,7 @@ def workers_of(server) -> list[psutil.Process]:
     live = []
     for p in psutil.Process(server.proc.pid).children():
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and "virtualize.worker" in " ".join(p.cmdline()):
+            if p.status() != psutil.STATUS_ZOMBIE and "virtualize.server.worker" in " ".join(p.cmdline()):
                 live.append(p)
         except (psutil.ZombieProcess, psutil.NoSuchProcess):
             pass
@@ -102,7 +102,7 @@ def test_lease_answer_carries_the_worker_and_release_stops_it(server):
 
 
 def test_a_client_with_a_valid_token_cannot_join_another_clients_lease(server, tmp_path):
-    from virtualize.remote import remote_env
+    from virtualize.client.remote import remote_env
 
     mine, theirs = server.token("lease-owner"), server.token("other-client")
     _, lease = api(server.url, "POST", "/v1/leases", mine, {"n": 1, "mem_mib": 64, "remote": True})

@@ -17,7 +17,7 @@ from pool_harness import ServerProc, api, env_for, gpuattach
 pytestmark = [
     pytest.mark.timeout(120),
     pytest.mark.skipif(
-        importlib.util.find_spec("virtualize._libcuda_shim") is None, reason="the shim is not built"
+        importlib.util.find_spec("virtualize.client._libcuda_shim") is None, reason="the shim is not built"
     ),
 ]
 MiB = 1 << 20

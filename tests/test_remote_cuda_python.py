@@ -1,6 +1,6 @@
 """Real cuda-python programs through the shim, and the CUDA executor itself, on a machine with no GPU.
 
-The chain test runs the worker's CUDA executor (virtualize/_cuda.py, cuda.bindings) for real: its
+The chain test runs the worker's CUDA executor (virtualize/server/_cuda.py, cuda.bindings) for real: its
 cuda.bindings loads gpupool's libcuda.so.1 too, which forwards to a second worker with the host
 executor. So every call the executor makes goes through the real cuda.bindings API.
 """
@@ -15,7 +15,7 @@ import pytest
 from remote_helpers import MiB, client_env, expected_queries, needs_cc, parse, run_client, shim_dir, worker
 
 from server.workers import WorkerDevice, start_worker
-from virtualize.remote import remote_env
+from virtualize.client.remote import remote_env
 
 pytest.importorskip("cuda.bindings.driver")
 pytest.importorskip("cuda.core")
@@ -84,7 +84,7 @@ def cuda_executor_worker(shim_dir):
     ],
 )
 def test_the_cuda_executor_serves_every_scenario(shim_dir, cuda_executor_worker, scenario):
-    """virtualize/_cuda.py through real cuda.bindings: the lease's device 0 is the host worker's device 1."""
+    """virtualize/server/_cuda.py through real cuda.bindings: the lease's device 0 is the host worker's device 1."""
     out, _ = run_client(scenario, client_env(shim_dir, cuda_executor_worker))
     expected = {
         "devices": {
@@ -177,7 +177,7 @@ def test_the_gpu_machines_raw_bindings_program_runs_here_on_the_host_executor(sh
 
 
 def test_ptx_kernels_are_known_to_the_host_executor_with_their_parameter_layout():
-    from virtualize._executor_host import ptx_layouts
+    from virtualize.server._executor_host import ptx_layouts
 
     ptx = b""".visible .entry k(
         .param .u64 k_param_0, .param .u32 k_param_1, .param .align 8 .b8 k_param_2[24], .param .u8 k_param_3)
@@ -209,7 +209,7 @@ def test_the_gpu_machines_vmm_sharing_program_runs_here_on_a_two_device_lease(sh
 
 
 def test_the_cuda_executor_shares_virtual_memory_between_processes(shim_dir, cuda_executor_worker, tmp_path):
-    """The same program against the CUDA executor (virtualize/_cuda.py through real cuda.bindings): the
+    """The same program against the CUDA executor (virtualize/server/_cuda.py through real cuda.bindings): the
     worker gives the importer its reference by retaining a mapping, or, before any mapping, by
     exporting and importing a descriptor inside the worker."""
     proc = _vmm_share(client_env(shim_dir, cuda_executor_worker), tmp_path)

@@ -1,4 +1,4 @@
-"""Which connection a copy to the client's page-locked memory travels on (virtualize/_deliveries.py),
+"""Which connection a copy to the client's page-locked memory travels on (virtualize/server/_deliveries.py),
 with a staged copy the test finishes by hand: the callback connection, counted, unless a host function
 is out there; then ahead of the reply, on the process's own connection."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import threading
 
-from virtualize import _wire
-from virtualize._deliveries import Deliveries
-from virtualize._executor import StagedCopy
+from virtualize.common import _wire
+from virtualize.server._deliveries import Deliveries
+from virtualize.server._executor import StagedCopy
 
 
 class Staged(StagedCopy):

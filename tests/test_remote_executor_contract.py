@@ -7,16 +7,16 @@ import inspect
 
 import pytest
 
-from virtualize._calls import CALLS, Mode
-from virtualize._executor import GUARD_CALLS, PER_CALL, SHAPED, Executor, executor_method
-from virtualize._executor_guard import LeaseState, Session
-from virtualize._executor_host import HostExecutor
+from virtualize.common._calls import CALLS, Mode
+from virtualize.server._executor import GUARD_CALLS, PER_CALL, SHAPED, Executor, executor_method
+from virtualize.server._executor_guard import LeaseState, Session
+from virtualize.server._executor_host import HostExecutor
 
 FORWARDED = [c for c in CALLS if executor_method(c) is not None]
 
 
 def _executors():
-    cuda = pytest.importorskip("virtualize._cuda", reason="cuda-bindings is not installed")
+    cuda = pytest.importorskip("virtualize.server._cuda", reason="cuda-bindings is not installed")
     return [HostExecutor, cuda.CudaExecutor]
 
 

@@ -1,7 +1,7 @@
 """The data connection's handshake and frame decoder, at the socket level.
 
 The shim and a lease's worker prove to each other that they hold the lease's secret without sending it
-(virtualize/_wire.py); a recorded handshake replayed later is refused; a peer without the secret gets
+(virtualize/common/_wire.py); a recorded handshake replayed later is refused; a peer without the secret gets
 nothing; and whatever bytes a client sends after the handshake, the worker answers or closes that
 connection and keeps serving the others. Real worker processes (host executor), real sockets, the
 shim compiled from this tree.
@@ -24,9 +24,9 @@ from raw_wire_client import HELLO, PROVE, frame, handshake, hello, recv_exact, r
 from remote_helpers import client_env, needs_cc, run_client
 from tcp_proxy import TcpProxy
 
-from virtualize import _wire
-from virtualize._calls import CALLS, INTERNAL
-from virtualize._results import CUresult
+from virtualize.common import _wire
+from virtualize.common._calls import CALLS, INTERNAL
+from virtualize.common._results import CUresult
 
 shim_dir = remote_helpers.shim_dir  # fixtures
 worker = remote_helpers.worker
@@ -149,7 +149,7 @@ def test_a_worker_that_offers_no_encryption_is_refused_when_encryption_is_needed
 
 
 def test_only_addresses_on_this_host_count_as_loopback():
-    from virtualize._data_tls import is_loopback
+    from virtualize.server._data_tls import is_loopback
 
     assert all(map(is_loopback, ["127.0.0.1", "127.3.4.5", "::1", "::ffff:127.0.0.1", "localhost"]))
     assert not any(map(is_loopback, ["10.0.0.1", "192.168.1.2", "::ffff:10.0.0.1", "fe80::1", "gpu1"]))
@@ -267,8 +267,8 @@ def test_kernel_parameters_shorter_than_the_functions_layout_are_refused(worker)
 def test_each_connections_thread_state_is_freed_when_its_client_goes(tmp_path):
     """The executor's per-thread state (the CUDA executor's page-locked staging buffers) goes with the
     connection: a worker serving many short runs would otherwise pin memory for every run it served."""
-    from virtualize._executor_host import HostExecutor
-    from virtualize.worker import Worker
+    from virtualize.server._executor_host import HostExecutor
+    from virtualize.server.worker import Worker
 
     class Spy(HostExecutor):
         ended: ClassVar[list[int]] = []

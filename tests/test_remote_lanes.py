@@ -1,5 +1,5 @@
 """Large copies over an encrypted connection striped across more connections of the process ("lanes":
-virtualize/_lanes.py on the worker, gp_bulk_copy in the shim): a program gets the same bytes and answers
+virtualize/server/_lanes.py on the worker, gp_bulk_copy in the shim): a program gets the same bytes and answers
 with lanes and without, and the copies' pieces meet their copy whatever order they arrive in, with
 nothing left waiting when a lane goes away."""
 
@@ -12,8 +12,8 @@ import pytest
 import remote_helpers
 from remote_helpers import client_env, needs_cc, run_client
 
-from virtualize._lanes import WAIT_S, Lanes
-from virtualize._results import CUresult
+from virtualize.common._results import CUresult
+from virtualize.server._lanes import WAIT_S, Lanes
 
 shim_dir = remote_helpers.shim_dir  # fixture
 worker = remote_helpers.worker  # fixture

@@ -1,4 +1,4 @@
-"""Live migration of a running remote lease to another GPU of its server (virtualize._migrate), on the
+"""Live migration of a running remote lease to another GPU of its server (virtualize.server._migrate), on the
 host executor: its "GPUs" are host memory, so CI runs the whole path — a real worker process, a real
 client program through the shim, the server's request through the worker's state directory."""
 

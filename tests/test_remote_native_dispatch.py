@@ -1,4 +1,4 @@
-"""The worker's native loop (virtualize/native/dispatch.c): what it serves itself, and what it leaves to
+"""The worker's native loop (virtualize/server/native/dispatch.c): what it serves itself, and what it leaves to
 the Python path, at the socket level; and a whole program answered the same with it and without it.
 
 The socket-level tests drive the loop as the worker does (a real socket pair, the worker's `Channel`;
@@ -22,11 +22,12 @@ import remote_helpers
 from remote_helpers import client_env, needs_cc, run_client
 
 from server.workers import WorkerDevice, start_worker
-from virtualize import _data_tls, _native_dispatch, _native_tls, _wire
-from virtualize._calls import CALL_IDS, CALLS
-from virtualize._executor import CudaError
-from virtualize._executor_guard import Allocation, LeaseState
-from virtualize.worker import Channel
+from virtualize.common import _wire
+from virtualize.common._calls import CALL_IDS, CALLS
+from virtualize.server import _data_tls, _native_dispatch, _native_tls
+from virtualize.server._executor import CudaError
+from virtualize.server._executor_guard import Allocation, LeaseState
+from virtualize.server.worker import Channel
 
 shim_dir = remote_helpers.shim_dir  # fixture
 BY_SYMBOL = {c.symbol: c for c in CALLS}

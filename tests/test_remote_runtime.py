@@ -19,7 +19,7 @@ import pytest
 import remote_helpers
 from remote_helpers import MiB, client_env, needs_cc, parse
 
-from virtualize._exports import BY_KEY, TABLES
+from virtualize.client._exports import BY_KEY, TABLES
 
 pytestmark = needs_cc
 shim_dir = remote_helpers.shim_dir  # fixtures
@@ -124,7 +124,7 @@ def test_cuda_bindings_runtime_api_runs_through_the_shim(shim_dir, worker):
 
 
 def test_an_export_table_slot_gpupool_does_not_emulate_fails_with_one_line(shim_dir, worker):
-    """A slot of a known table that the table in virtualize/_exports.py does not list answers
+    """A slot of a known table that the table in virtualize/client/_exports.py does not list answers
     CUDA_ERROR_NOT_SUPPORTED and names the table and slot once; an unknown table is refused."""
     table = next(t for t in TABLES if t.name == "cudart_interface")
     slot = next(i for i in range(1, table.words) if i not in {s.index for s in table.slots})
@@ -161,7 +161,7 @@ def test_every_export_table_has_a_distinct_uuid_and_fits_its_slots():
 
 def test_the_shim_exports_every_name_the_real_driver_exports(shim_dir):
     """Libraries that resolve the driver with dlsym (cuBLASLt) find every name; unforwarded ones refuse."""
-    from virtualize._shimgen import DRIVER_SYMBOLS
+    from virtualize.common._shimgen import DRIVER_SYMBOLS
 
     names = [
         n.strip() for n in DRIVER_SYMBOLS.read_text().splitlines() if n.strip() and not n.startswith("#")

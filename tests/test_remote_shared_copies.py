@@ -18,9 +18,9 @@ from remote_helpers import client_env, needs_cc, run_client
 from test_remote_handshake import handshake, reply
 
 from server.workers import WorkerDevice, start_worker
-from virtualize import _wire
-from virtualize._calls import CALL_IDS, CALLS, INTERNAL
-from virtualize._results import CUresult
+from virtualize.common import _wire
+from virtualize.common._calls import CALL_IDS, CALLS, INTERNAL
+from virtualize.common._results import CUresult
 
 shim_dir = remote_helpers.shim_dir  # fixtures
 worker = remote_helpers.worker

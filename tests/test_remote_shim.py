@@ -25,7 +25,7 @@ from remote_helpers import (
 )
 
 from server.workers import WorkerDevice, start_worker
-from virtualize import _wire
+from virtualize.common import _wire
 
 pytestmark = needs_cc
 __all__ = ["shim_dir", "worker"]  # fixtures

@@ -6,14 +6,14 @@ import ctypes
 
 import pytest
 
-from virtualize import _shimgen
-from virtualize._calls import CALLS, Mode
-from virtualize.remote import remote_env, shim_dir, shim_library_path
+from virtualize.client.remote import remote_env, shim_dir, shim_library_path
+from virtualize.common import _shimgen
+from virtualize.common._calls import CALLS, Mode
 
 
 def test_generated_c_is_up_to_date():
     for path, text in _shimgen.generated().items():
-        assert path.read_text() == text, f"{path.name} is stale: run python -m virtualize._shimgen"
+        assert path.read_text() == text, f"{path.name} is stale: run python -m virtualize.common._shimgen"
 
 
 def test_every_call_has_one_abi_per_version():
@@ -55,7 +55,7 @@ def test_a_lease_without_a_worker_is_a_clear_error():
 def test_without_a_built_shim_the_error_says_how_to_get_one(monkeypatch):
     import importlib.util
 
-    from virtualize.remote import ShimNotBuilt
+    from virtualize.client.remote import ShimNotBuilt
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ShimNotBuilt, match="reinstall with a C compiler"):

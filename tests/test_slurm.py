@@ -57,7 +57,7 @@ def hook_settings(pool, root: Path) -> Path:
     cfg.write_text(f'token = "{pool.token("slurm")}"\nservers = ["{pool.url}"]\ntimeout = "3s"\n')
     settings = root / "slurm.env"
     settings.write_text(
-        f"GPUPOOL_SLURM='{sys.executable} -m virtualize.slurm'\nGPUPOOL_CONFIG={cfg}\n"
+        f"GPUPOOL_SLURM='{sys.executable} -m virtualize.client.slurm'\nGPUPOOL_CONFIG={cfg}\n"
         f"GPUPOOL_SLURM_DIR={root / 'run'}\nPYTHONPATH={ROOT}\nexport PYTHONPATH\n"
     )
     return settings
@@ -270,7 +270,7 @@ def test_a_pool_that_cannot_be_reached_fails_the_job_with_one_line(tmp_path):
     cfg = tmp_path / "client.toml"
     cfg.write_text(f'token = "gp_x"\nservers = ["127.0.0.1:{free_ports(1)[0]}"]\ntimeout = "1s"\n')
     settings = tmp_path / "slurm.env"
-    settings.write_text(f"GPUPOOL_SLURM='{sys.executable} -m virtualize.slurm'\nGPUPOOL_CONFIG={cfg}\n"
+    settings.write_text(f"GPUPOOL_SLURM='{sys.executable} -m virtualize.client.slurm'\nGPUPOOL_CONFIG={cfg}\n"
                         f"GPUPOOL_SLURM_DIR={tmp_path / 'run'}\nPYTHONPATH={ROOT}\nexport PYTHONPATH\n")  # fmt: skip
     env = {"GPUPOOL_SLURM_ENV": str(settings)}
     cmd = [sys.executable, "-c", "print('the task ran')"]
@@ -292,7 +292,7 @@ def test_the_prolog_and_epilog_never_fail_the_node(step, tmp_path):
         (tmp_path / "run").mkdir()
         (tmp_path / "run" / "900004.lease").write_text("not json")
         env["GPUPOOL_SLURM_DIR"] = str(tmp_path / "run")
-    out = subprocess.run([sys.executable, "-m", "virtualize.slurm", step], env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "virtualize.client.slurm", step], env=env, capture_output=True,
                          text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0 and "Traceback" not in out.stderr
     assert out.stderr.startswith("gpupool-slurm:") and len(out.stderr.strip().splitlines()) == 1, out.stderr

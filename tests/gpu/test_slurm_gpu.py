@@ -47,14 +47,14 @@ def pool(tmp_path_factory):
 @pytest.fixture(scope="module")
 def settings(pool) -> Path:
     """/etc/gpupool/slurm.env of this run: the helper, the client config, a shim built from this tree."""
-    from virtualize.remote import fresh_shim
+    from virtualize.client.remote import fresh_shim
 
     shim = fresh_shim(pool.base / "shim")
     cfg = pool.base / "client.toml"
     cfg.write_text(f'token = "{pool.token("slurm")}"\nservers = ["{pool.url}"]\ntimeout = "60s"\n')
     path = pool.base / "slurm.env"
     path.write_text(
-        f"GPUPOOL_SLURM='{sys.executable} -m virtualize.slurm'\nGPUPOOL_CONFIG={cfg}\n"
+        f"GPUPOOL_SLURM='{sys.executable} -m virtualize.client.slurm'\nGPUPOOL_CONFIG={cfg}\n"
         f"GPUPOOL_SLURM_DIR={pool.base / 'run'}\nGPUPOOL_SHIM_LIBRARY={shim}\n"
         f"PYTHONPATH={ROOT}\nexport PYTHONPATH\n"
     )

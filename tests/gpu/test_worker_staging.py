@@ -19,7 +19,7 @@ import remote_helpers
 from remote_helpers import client_env, run_client
 
 from server.workers import WorkerDevice, start_worker
-from virtualize._cuda import STAGING_CHUNK
+from virtualize.server._cuda import STAGING_CHUNK
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(240)]
 shim_dir = remote_helpers.shim_dir  # fixture

@@ -20,7 +20,7 @@ Steps (each bounded by a timeout, each PASS/FAIL/SKIP with why; the exit status 
 NCCL's transport lines (`... via P2P/CUMEM`, `via NET/Socket`) are shown for each run: what crosses
 which link. Results: a table on stdout, and $OUT/multi_results.md, $OUT/multi_results.json, $OUT/logs/
 when $OUT is set. `--only KEY ...` runs a part. Needs: Python with torch (CUDA, NCCL); a C compiler
-for the shim (else a prebuilt virtualize/_libcuda_shim*.so). About 10-15 minutes on two H100s.
+for the shim (else a prebuilt virtualize/client/_libcuda_shim*.so). About 10-15 minutes on two H100s.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ sys.path.insert(0, str(HERE.parent / "remote"))
 from _pool import installed, pool_server  # noqa: E402
 
 from server.workers import WorkerDevice, start_worker  # noqa: E402
-from virtualize.remote import fresh_shim, remote_env  # noqa: E402
+from virtualize.client.remote import fresh_shim, remote_env  # noqa: E402
 
 DEFAULT_TIMEOUT = 240  # seconds for one run (--timeout); a hung NCCL run costs this much
 STEP_TIMEOUT = DEFAULT_TIMEOUT

@@ -34,7 +34,7 @@ ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 
 from server.workers import WorkerDevice, start_worker  # noqa: E402
-from virtualize.remote import fresh_shim, remote_env  # noqa: E402
+from virtualize.client.remote import fresh_shim, remote_env  # noqa: E402
 
 TRAIN_TIMEOUT_S = 900
 HOLDER = """

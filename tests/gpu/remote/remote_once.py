@@ -23,7 +23,7 @@ sys.path.insert(0, str(HERE))
 from run import gpus  # noqa: E402
 
 from server.workers import WorkerDevice, start_worker  # noqa: E402
-from virtualize.remote import fresh_shim, remote_env  # noqa: E402
+from virtualize.client.remote import fresh_shim, remote_env  # noqa: E402
 
 
 def main() -> int:

@@ -17,7 +17,7 @@ to $OUT/remote_gpu_results.json when $OUT is set. The whole run takes about 8 mi
 training resnet50 gpt2 isolation kill two_gpus pool).
 
 Needs: Python 3.12 with cuda-bindings, cuda-core (and NVRTC), numba-cuda, numpy; a C compiler to
-build the shim here (else a prebuilt virtualize/_libcuda_shim*.so from the tree is used).
+build the shim here (else a prebuilt virtualize/client/_libcuda_shim*.so from the tree is used).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ sys.path.insert(0, str(ROOT))
 from _pool import installed, pool_server  # noqa: E402
 
 from server.workers import WorkerDevice, start_worker  # noqa: E402
-from virtualize import _wire  # noqa: E402
-from virtualize.remote import fresh_shim, remote_env  # noqa: E402
+from virtualize.client.remote import fresh_shim, remote_env  # noqa: E402
+from virtualize.common import _wire  # noqa: E402
 
 PROGRAMS = [
     "prog_bindings.py",

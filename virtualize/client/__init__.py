@@ -1,0 +1,1 @@
+"""What runs in the program's process: gpuattach, the shims (shim/, nvml/, localcuda/), the Slurm hook."""

@@ -1,0 +1,1491 @@
+/* gpupool's libcuda.so.1, part 1: the connection to the lease's worker, the client-side tables.
+ *
+ * One TCP connection per process (TCP_NODELAY, keep-alive), opened at the first forwarded call and
+ * guarded by one mutex. Calls that want no reply are written and forgotten; the worker keeps their
+ * first error and reports it at the next synchronising call. When the connection breaks, every later
+ * call fails with CUDA_ERROR_DEVICE_UNAVAILABLE and the shim says once on stderr what happened. */
+#define _GNU_SOURCE
+#include "shim.h"
+#include "../../common/include/gp_ranges.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+
+int gp_trace_enabled;
+
+void gp_say(const char *fmt, ...) {
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "gpupool: %s\n", line);
+    fflush(stderr);
+}
+
+void gp_trace(const char *name) { fprintf(stderr, "gpupool: call %s\n", name); }
+
+/* ---- the connection ---------------------------------------------------------------------------- */
+
+static pthread_mutex_t conn_lock = PTHREAD_MUTEX_INITIALIZER;
+/* A connection to the worker: the process's own (every call), or the callback thread's (host functions
+ * the worker calls back, shim_streams.c). The I/O below works on the calling thread's connection. */
+struct gp_conn {
+    int fd;
+    void *ssl;              /* the TLS session when the connection leaves this host (shim_auth.c) */
+    unsigned char *joined;  /* a frame's small pieces joined into one TLS record (send_tls) */
+};
+static struct gp_conn main_conn = {-1, NULL, NULL};
+static __thread struct gp_conn *thread_conn;
+static struct gp_conn *conn(void) { return thread_conn ? thread_conn : &main_conn; }
+#define conn_fd (conn()->fd)
+#define conn_ssl (conn()->ssl)
+static CUresult conn_failure; /* sticky: once set, every call returns it */
+static int conn_local;        /* the process's connection is the worker's Unix socket (same host) */
+static uint64_t conn_ctx;     /* the context the worker's thread has current */
+static char conn_where[300];
+
+static int window_state; /* gp_window_ensure: 0 not asked yet, 1 reserved, -1 none to be had */
+static void callbacks_after_fork_in_child(void);
+static void shm_after_fork_in_child(void);
+static void lanes_after_fork_in_child(void);
+
+static void after_fork_in_child(void) {
+    /* The child must not share the parent's stream of frames; it opens its own on first use. */
+    if (main_conn.fd >= 0) close(main_conn.fd);
+    main_conn.fd = -1;
+    main_conn.ssl = NULL; /* the parent's session: not ours to use or to end */
+    callbacks_after_fork_in_child();
+    lanes_after_fork_in_child();
+    conn_ctx = 0;
+    pthread_mutex_init(&conn_lock, NULL);
+    gp_memo_after_fork_in_child();
+    window_state = 0; /* the child's connection is a new client process to the worker: its own window */
+    shm_after_fork_in_child();
+    gp_pinned_after_fork_in_child();
+}
+
+/* ---- the profile (GPUPOOL_SHIM_PROFILE=1): per forwarded call, how often and how long ----------- */
+
+static int profile_enabled;
+static uint64_t profile_lane_copies, profile_lane_bytes; /* copies striped across the lanes (below) */
+static int profile_lanes;
+static struct {
+    uint64_t calls, waited, ns, bytes_out, bytes_in;
+} profile[GP_N_CALLS];
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void profile_note(uint32_t call, uint32_t flags, uint64_t ns, uint64_t out, uint64_t in) {
+    if (call >= GP_N_CALLS) return;
+    __atomic_fetch_add(&profile[call].calls, 1, __ATOMIC_RELAXED);
+    if (flags & GP_FLAG_WANTS_REPLY) __atomic_fetch_add(&profile[call].waited, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&profile[call].ns, ns, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&profile[call].bytes_out, out, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&profile[call].bytes_in, in, __ATOMIC_RELAXED);
+}
+
+static void profile_print(void) {
+    /* Sorted by time spent, the calls that cost this process the most first. */
+    uint32_t order[GP_N_CALLS], n = 0;
+    uint64_t total_ns = 0, total_calls = 0, total_waited = 0;
+    for (uint32_t i = 0; i < GP_N_CALLS; i++) {
+        if (!profile[i].calls && !gp_memo_kept(i)) continue;
+        order[n++] = i;
+        total_ns += profile[i].ns;
+        total_calls += profile[i].calls;
+        total_waited += profile[i].waited;
+    }
+    for (uint32_t i = 1; i < n; i++)
+        for (uint32_t j = i; j > 0 && profile[order[j]].ns > profile[order[j - 1]].ns; j--) {
+            uint32_t t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    fprintf(stderr,
+            "gpupool: profile of pid %d: %llu forwarded calls (%llu waited for the worker), %.3f s inside them\n"
+            "gpupool: %-44s %10s %10s %11s %9s %12s %12s %10s\n",
+            (int)getpid(), (unsigned long long)total_calls, (unsigned long long)total_waited, total_ns / 1e9,
+            "call", "calls", "waited", "total ms", "mean us", "bytes sent", "bytes recv", "kept");
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t i = order[k];
+        fprintf(stderr, "gpupool: %-44s %10llu %10llu %11.1f %9.1f %12llu %12llu %10llu\n", gp_call_names[i],
+                (unsigned long long)profile[i].calls, (unsigned long long)profile[i].waited, profile[i].ns / 1e6,
+                profile[i].calls ? profile[i].ns / 1e3 / (double)profile[i].calls : 0.0,
+                (unsigned long long)profile[i].bytes_out, (unsigned long long)profile[i].bytes_in,
+                (unsigned long long)gp_memo_kept(i));
+    }
+    if (profile_lane_copies)
+        fprintf(stderr, "gpupool: %llu of these copies (%.1f MiB) went in pieces across %d connections at once\n",
+                (unsigned long long)profile_lane_copies, profile_lane_bytes / 1048576.0, profile_lanes);
+    gp_memo_print_outcomes();
+    fflush(stderr);
+}
+
+__attribute__((constructor)) static void shim_init(void) {
+    const char *trace = getenv(GP_ENV_TRACE);
+    gp_trace_enabled = trace && *trace && strcmp(trace, "0") != 0;
+    const char *prof = getenv(GP_ENV_PROFILE);
+    profile_enabled = prof && *prof && strcmp(prof, "0") != 0;
+    if (profile_enabled) atexit(profile_print);
+    pthread_atfork(NULL, NULL, after_fork_in_child);
+}
+
+static CUresult fail(CUresult code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static CUresult fail(CUresult code, const char *fmt, ...) {
+    char line[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (!conn_failure) gp_say("%s", line);
+    conn_failure = code;
+    gp_tls_free(conn_ssl);
+    conn_ssl = NULL;
+    if (conn_fd >= 0) close(conn_fd);
+    conn_fd = -1;
+    return code;
+}
+
+static CUresult lost(const char *what) {
+    return fail(CUDA_ERROR_DEVICE_UNAVAILABLE,
+                "lost the connection to the lease's worker at %s (%s): the remote GPU is gone, CUDA calls "
+                "fail from now on (check the lease with `gpuattach leases`, then run again)",
+                conn_where, what);
+}
+
+static int send_tls(struct iovec *iov, int n) {
+    /* A frame's small pieces go as one TLS record; large bulk goes as it is. Each connection has its
+     * own buffer for joining: the copy lanes send on theirs at the same time. */
+    enum { JOINED = 64 << 10 };
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += iov[i].iov_len;
+    struct gp_conn *c = conn();
+    if (total <= JOINED && (c->joined || (c->joined = malloc(JOINED)))) {
+        size_t at = 0;
+        for (int i = 0; i < n; i++) {
+            memcpy(c->joined + at, iov[i].iov_base, iov[i].iov_len);
+            at += iov[i].iov_len;
+        }
+        return gp_tls_write(conn_ssl, c->joined, total);
+    }
+    for (int i = 0; i < n; i++)
+        if (gp_tls_write(conn_ssl, iov[i].iov_base, iov[i].iov_len) < 0) return -1;
+    return 0;
+}
+
+static int send_iov(struct iovec *iov, int n) {
+    if (conn_ssl) return send_tls(iov, n);
+    while (n > 0) {
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        ssize_t sent = sendmsg(conn_fd, &msg, MSG_NOSIGNAL);
+        if (sent < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        while (n > 0 && (size_t)sent >= iov->iov_len) {
+            sent -= (ssize_t)iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (char *)iov->iov_base + sent;
+            iov->iov_len -= (size_t)sent;
+        }
+    }
+    return 0;
+}
+
+/* A file descriptor the worker sent with a reply (gpShmAttach's), taken by whoever asked for it. */
+static int received_fd = -1;
+
+/* recv on a plain socket, keeping a descriptor that comes with the bytes (recv would drop it). */
+static ssize_t recv_plain(void *p, size_t want, int flags) {
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } control;
+    struct iovec iov = {p, want};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                         .msg_controllen = sizeof control.buf};
+    ssize_t got = recvmsg(conn_fd, &msg, flags | MSG_CMSG_CLOEXEC);
+    for (struct cmsghdr *c = got > 0 ? CMSG_FIRSTHDR(&msg) : NULL; c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int))) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c), sizeof fd);
+            if (received_fd >= 0) close(received_fd);
+            received_fd = fd;
+        }
+    }
+    return got;
+}
+
+static int recv_all(void *buf, uint64_t len) {
+    char *p = buf;
+    while (len > 0) {
+        size_t want = len > (1u << 30) ? (1u << 30) : (size_t)len;
+        ssize_t got = conn_ssl ? gp_tls_read(conn_ssl, p, want) : recv_plain(p, want, 0);
+        if (got == 0) {
+            errno = ECONNRESET;
+            return -1;
+        }
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += got;
+        len -= (uint64_t)got;
+    }
+    return 0;
+}
+
+/* A reply's header: on a plain socket, polled for a few microseconds before the thread sleeps in recv
+ * (a worker answering a synchronise or a query replies within microseconds, and a sleeping thread
+ * takes about as long again to wake). GPUPOOL_SHIM_SPIN_US: how long (0: never); by default 40 µs
+ * where there are 4 CPUs or more, else never (there polling takes the CPU the worker needs). */
+static long spin_ns = -1;
+
+static int recv_header(void *buf, uint64_t len) {
+    if (spin_ns < 0) {
+        const char *env = getenv("GPUPOOL_SHIM_SPIN_US");
+        spin_ns = env ? atol(env) * 1000 : sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? 40000 : 0;
+    }
+    if (conn_ssl || spin_ns <= 0) return recv_all(buf, len);
+    uint64_t until = 0;
+    for (;;) {
+        ssize_t got = recv_plain(buf, len, MSG_DONTWAIT);
+        if (got > 0) return (uint64_t)got == len ? 0 : recv_all((char *)buf + got, len - (uint64_t)got);
+        if (got == 0) {
+            errno = ECONNRESET;
+            return -1;
+        }
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        uint64_t now = (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+        if (!until) until = now + (uint64_t)spin_ns;
+        else if (now >= until) return recv_all(buf, len);
+    }
+}
+
+static int discard(uint64_t len) {
+    char scratch[16384];
+    while (len > 0) {
+        uint64_t n = len < sizeof scratch ? len : sizeof scratch;
+        if (recv_all(scratch, n) < 0) return -1;
+        len -= n;
+    }
+    return 0;
+}
+
+static int send_frame(uint32_t call, uint32_t flags, const void *args, uint32_t args_len, const void *b1,
+                      uint64_t b1_len, const void *b2, uint64_t b2_len) {
+    struct gp_request hdr = {call, flags, args_len, 0, b1_len + b2_len};
+    struct iovec iov[4];
+    int n = 0;
+    iov[n++] = (struct iovec){&hdr, sizeof hdr};
+    if (args_len) iov[n++] = (struct iovec){(void *)args, args_len};
+    if (b1_len) iov[n++] = (struct iovec){(void *)b1, b1_len};
+    if (b2_len) iov[n++] = (struct iovec){(void *)b2, b2_len};
+    return send_iov(iov, n);
+}
+
+/* Reads one reply; returns its result, or -1 on a broken connection. */
+/* What a kernel printed, sent ahead of a reply: onto this process's stdout, as the driver would write it. */
+static int kernel_output(uint64_t len) {
+    char chunk[16384];
+    while (len > 0) {
+        size_t n = len < sizeof chunk ? (size_t)len : sizeof chunk;
+        if (recv_all(chunk, n) < 0) return -1;
+        for (size_t done = 0; done < n;) {
+            ssize_t w = write(STDOUT_FILENO, chunk + done, n - done);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) break; /* stdout closed: the text is dropped, the call goes on */
+            done += (size_t)w;
+        }
+        len -= n;
+    }
+    return 0;
+}
+
+static void copies_wait(uint64_t need);
+static int land_copy(const struct gp_reply *rep, int counted);
+
+static int recv_reply(int32_t *result, void *outs, uint32_t outs_len, void *bulk_out, uint64_t bulk_out_len) {
+    struct gp_reply rep;
+    if (recv_header(&rep, sizeof rep) < 0) return -1;
+    for (;;) {
+        if (rep.result == GP_KERNEL_OUTPUT && rep.outs_len == 0) {
+            fflush(stdout); /* what the program printf'ed before the synchronise comes first */
+            if (kernel_output(rep.bulk_len) < 0) return -1;
+        } else if (rep.result == GP_COPIES_SENT && rep.outs_len == sizeof(uint64_t) && rep.bulk_len == 0) {
+            /* Copies the worker finished before this reply: in place before the reply is read (it may
+             * say they are done, or carry newer bytes for the same buffer). */
+            uint64_t need;
+            if (recv_all(&need, sizeof need) < 0) return -1;
+            copies_wait(need);
+        } else if (rep.result == GP_COPY_DATA) { /* a copy sent here while a host function runs */
+            if (land_copy(&rep, 0) < 0) return -1;
+        } else {
+            break;
+        }
+        if (recv_all(&rep, sizeof rep) < 0) return -1;
+    }
+    uint32_t take = rep.outs_len < outs_len ? rep.outs_len : outs_len;
+    if (take && recv_all(outs, take) < 0) return -1;
+    if (discard(rep.outs_len - take) < 0) return -1;
+    uint64_t btake = rep.bulk_len < bulk_out_len ? rep.bulk_len : bulk_out_len;
+    if (btake && recv_all(bulk_out, btake) < 0) return -1;
+    if (discard(rep.bulk_len - btake) < 0) return -1;
+    *result = rep.result;
+    return 0;
+}
+
+static int is_loopback(const struct sockaddr *addr) {
+    static const unsigned char v6_loopback[16] = {[15] = 1};
+    static const unsigned char v4_mapped[12] = {[10] = 0xff, [11] = 0xff};
+    if (addr->sa_family == AF_INET) return (ntohl(((const struct sockaddr_in *)addr)->sin_addr.s_addr) >> 24) == 127;
+    if (addr->sa_family != AF_INET6) return 0;
+    const unsigned char *a = ((const struct sockaddr_in6 *)addr)->sin6_addr.s6_addr;
+    return memcmp(a, v6_loopback, 16) == 0 || (memcmp(a, v4_mapped, 12) == 0 && a[12] == 127);
+}
+
+/* Is `addr` one of this host's own addresses (the pool server may advertise its LAN address to a
+ * client on the GPU server itself)? */
+static int is_this_host(const struct sockaddr *addr) {
+    if (is_loopback(addr)) return 1;
+    struct ifaddrs *all = NULL;
+    if (getifaddrs(&all) != 0) return 0;
+    int found = 0;
+    for (struct ifaddrs *i = all; i && !found; i = i->ifa_next) {
+        const struct sockaddr *a = i->ifa_addr;
+        if (!a || a->sa_family != addr->sa_family) continue;
+        if (a->sa_family == AF_INET)
+            found = ((const struct sockaddr_in *)a)->sin_addr.s_addr == ((const struct sockaddr_in *)addr)->sin_addr.s_addr;
+        else if (a->sa_family == AF_INET6)
+            found = memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)addr)->sin6_addr,
+                           16) == 0;
+    }
+    freeifaddrs(all);
+    return found;
+}
+
+/* The worker's Unix socket in the abstract namespace, when it runs on this host: no TCP stack (about
+ * twice the bulk rate of loopback TCP), and the bytes never leave the kernel, so nothing to encrypt.
+ * -1 where there is none or it cannot be reached (another network namespace): TCP then. */
+static int connect_local(const char *name) {
+    struct sockaddr_un sun = {.sun_family = AF_UNIX};
+    size_t len = strlen(name);
+    if (!len || len + 1 > sizeof sun.sun_path) return -1;
+    memcpy(sun.sun_path + 1, name, len); /* sun_path[0] = 0: the abstract namespace */
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    if (connect(fd, (struct sockaddr *)&sun, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len)) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static CUresult handshake(const char *secret);
+
+/* A run spread over several leases (gpuattach run --spread): the process whose LOCAL_RANK (torchrun,
+ * accelerate; OMPI_COMM_WORLD_LOCAL_RANK under Open MPI) is r talks to lease r's worker, named by the
+ * lease variables with the suffix _r; a process that is no rank uses lease 0's, which have none. */
+static char rank_suffix[24];
+
+static const char *lease_getenv(const char *name) {
+    if (!rank_suffix[0]) return getenv(name);
+    char key[128];
+    snprintf(key, sizeof key, "%s%s", name, rank_suffix);
+    return getenv(key);
+}
+
+static CUresult pick_rank_lease(void) {
+    const char *ranks = getenv(GP_ENV_RANKS);
+    const char *rank = getenv("LOCAL_RANK");
+    if (!rank || !*rank) rank = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    rank_suffix[0] = 0;
+    if (!ranks || !*ranks || !rank || !*rank) return CUDA_SUCCESS;
+    char *end;
+    long n = strtol(ranks, NULL, 10), r = strtol(rank, &end, 10);
+    if (*end || r < 0 || r >= n)
+        return fail(CUDA_ERROR_NO_DEVICE,
+                    "this process's local rank is %s but the run holds %ld leases, one per rank (gpuattach run "
+                    "--spread -n %ld): start as many ranks per node as -n",
+                    rank, n, n);
+    snprintf(rank_suffix, sizeof rank_suffix, "_%ld", r);
+    return CUDA_SUCCESS;
+}
+
+static CUresult connect_worker(void) {
+    CUresult picked = pick_rank_lease();
+    if (picked != CUDA_SUCCESS) return picked;
+    const char *where = lease_getenv(GP_ENV_WORKER);
+    const char *secret = lease_getenv(GP_ENV_SECRET);
+    if (!where || !*where || !secret) {
+        return fail(CUDA_ERROR_NO_DEVICE,
+                    "no GPU lease for this process: this libcuda.so.1 is gpupool's remote-execution shim and "
+                    "%s is not set; run the program under `gpuattach run -- ...`",
+                    GP_ENV_WORKER);
+    }
+    const char *lease = lease_getenv(GP_ENV_LEASE);
+    if (lease && *lease) snprintf(conn_where, sizeof conn_where, "%s (lease %s)", where, lease);
+    else snprintf(conn_where, sizeof conn_where, "%s", where);
+    char host[256];
+    const char *colon = strrchr(where, ':');
+    if (!colon || colon == where || (size_t)(colon - where) >= sizeof host) {
+        return fail(CUDA_ERROR_NO_DEVICE, "%s=%s is not HOST:PORT", GP_ENV_WORKER, where);
+    }
+    memcpy(host, where, (size_t)(colon - where));
+    host[colon - where] = 0;
+    if (host[0] == '[' && host[strlen(host) - 1] == ']') {
+        memmove(host, host + 1, strlen(host));
+        host[strlen(host) - 1] = 0;
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    int rc = getaddrinfo(host, colon + 1, &hints, &res);
+    if (rc != 0) return fail(CUDA_ERROR_NO_DEVICE, "cannot resolve the lease's worker %s: %s", where, gai_strerror(rc));
+    int fd = -1;
+    int err = 0;
+    int loopback = 0;
+    const char *pin = lease_getenv(GP_ENV_TLS), *policy = getenv(GP_ENV_ENCRYPT), *local = lease_getenv(GP_ENV_LOCAL);
+    int always_encrypt = policy && strcmp(policy, "always") == 0;
+    if (local && *local && !always_encrypt) {
+        for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next)
+            if (is_this_host(ai->ai_addr)) fd = connect_local(local);
+    }
+    if (fd >= 0) {
+        freeaddrinfo(res);
+        conn_fd = fd;
+        conn_ctx = 0;
+        conn_ssl = NULL;
+        conn_local = 1;
+        return handshake(secret);
+    }
+    conn_local = 0;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        loopback = is_loopback(ai->ai_addr);
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0) continue;
+        /* Connect with a deadline: a firewalled worker must not hang the program. */
+        int fl = fcntl(fd, F_GETFL);
+        fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 || errno == EINPROGRESS) {
+            struct pollfd pfd = {fd, POLLOUT, 0};
+            socklen_t len = sizeof err;
+            if (poll(&pfd, 1, 10000) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) {
+                fcntl(fd, F_SETFL, fl);
+                break;
+            }
+            if (!err) err = ETIMEDOUT;
+        } else {
+            err = errno;
+        }
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    if (fd < 0) {
+        return fail(CUDA_ERROR_DEVICE_UNAVAILABLE,
+                    "cannot reach the lease's worker at %s (%s): the lease may have ended", conn_where, strerror(err));
+    }
+    int one = 1, idle = 10, interval = 5, count = 3;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+    conn_fd = fd;
+    conn_ctx = 0;
+    conn_ssl = NULL;
+    /* Encrypted unless the worker is on this host (loopback never leaves it), or always when asked. */
+    int encrypt = !loopback || always_encrypt;
+    if (encrypt && !(pin && *pin)) {
+        return fail(CUDA_ERROR_NOT_PERMITTED,
+                    "the lease's worker at %s offers no encryption and the connection would leave this host "
+                    "unencrypted: refused (is the GPU server's gpupool older than this one, or %s not set?)",
+                    conn_where, GP_ENV_TLS);
+    }
+    if (encrypt) {
+        struct timeval limit = {10, 0}, none = {0, 0};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
+        char why[300];
+        conn_ssl = gp_tls_connect(fd, pin, why, sizeof why);
+        if (!conn_ssl) return fail(CUDA_ERROR_NOT_PERMITTED, "the lease's worker at %s refused: %s", conn_where, why);
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none);
+    }
+    return handshake(secret);
+}
+
+/* The handshake of virtualize/common/_wire.py: the secret never crosses the wire. */
+static CUresult handshake(const char *secret) {
+    if (!gp_auth_ready()) {
+        return fail(CUDA_ERROR_NOT_INITIALIZED,
+                    "cannot load the system's OpenSSL (libcrypto.so.3 or .so.1.1), which the connection to the "
+                    "lease's worker needs to prove the lease secret: install OpenSSL (e.g. apt-get install libssl3)");
+    }
+    unsigned char nonce_c[GP_NONCE_BYTES], answer[GP_NONCE_BYTES + GP_PROOF_BYTES], expect[GP_PROOF_BYTES];
+    unsigned char mine[GP_PROOF_BYTES];
+    if (gp_auth_nonce(nonce_c, sizeof nonce_c) < 0) return fail(CUDA_ERROR_NOT_INITIALIZED, "no random bytes: %s", strerror(errno));
+    struct gp_in_gpHello hello = {.version = GP_PROTOCOL_VERSION};
+    int32_t result;
+    if (send_frame(GP_CALL_gpHello, GP_FLAG_WANTS_REPLY, &hello, sizeof hello, nonce_c, sizeof nonce_c, NULL, 0) < 0 ||
+        recv_reply(&result, NULL, 0, answer, sizeof answer) < 0) {
+        return lost(strerror(errno));
+    }
+    if (result != 0) {
+        return fail(CUDA_ERROR_NOT_PERMITTED, "the lease's worker at %s refused this process: it speaks another protocol "
+                    "version (update gpupool on this machine or on the GPU server)", conn_where);
+    }
+    const unsigned char *nonce_w = answer, *theirs = answer + GP_NONCE_BYTES;
+    if (gp_auth_proof(secret, GP_WORKER_LABEL, nonce_c, nonce_w, expect) < 0 ||
+        !gp_auth_equal(expect, theirs, GP_PROOF_BYTES)) {
+        return fail(CUDA_ERROR_NOT_PERMITTED,
+                    "the lease's worker at %s refused this process: the two do not share the lease's secret (%s "
+                    "is not this lease's: run the program under `gpuattach run`; or something else listens there)",
+                    conn_where, GP_ENV_SECRET);
+    }
+    struct gp_out_gpProve proved;
+    if (gp_auth_proof(secret, GP_CLIENT_LABEL, nonce_w, nonce_c, mine) < 0)
+        return fail(CUDA_ERROR_NOT_INITIALIZED, "OpenSSL could not compute the lease proof");
+    if (send_frame(GP_CALL_gpProve, GP_FLAG_WANTS_REPLY, NULL, 0, mine, sizeof mine, NULL, 0) < 0 ||
+        recv_reply(&result, &proved, sizeof proved, NULL, 0) < 0) {
+        return lost(strerror(errno));
+    }
+    if (result != 0) {
+        return fail(CUDA_ERROR_NOT_PERMITTED,
+                    "the lease's worker at %s refused this process: wrong lease secret (%s does not belong to "
+                    "this lease; run the program under `gpuattach run`)", conn_where, GP_ENV_SECRET);
+    }
+    return CUDA_SUCCESS;
+}
+
+static __thread uint64_t ctx_stack[32];
+static __thread int ctx_depth;
+
+/* Connected, and the worker's thread in this thread's context: before any frame (under conn_lock). */
+static CUresult prepare_locked(void) {
+    if (conn_failure) return conn_failure;
+    if (conn_fd < 0) {
+        CUresult r = connect_worker();
+        if (r) return r;
+    }
+    uint64_t want = gp_ctx_current();
+    if (want != conn_ctx) {
+        struct gp_in_gpSetContext in = {.ctx = want};
+        if (send_frame(GP_CALL_gpSetContext, 0, &in, sizeof in, NULL, 0, NULL, 0) < 0) return lost(strerror(errno));
+        conn_ctx = want;
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult call_locked(uint32_t call, uint32_t flags, const void *args, uint32_t args_len, const void *b1,
+                            uint64_t b1_len, const void *b2, uint64_t b2_len, void *outs, uint32_t outs_len,
+                            void *bulk_out, uint64_t bulk_out_len) {
+    CUresult r = prepare_locked();
+    if (r) return r;
+    if (send_frame(call, flags, args, args_len, b1, b1_len, b2, b2_len) < 0) return lost(strerror(errno));
+    if (!(flags & GP_FLAG_WANTS_REPLY)) return CUDA_SUCCESS;
+    int32_t result;
+    if (recv_reply(&result, outs, outs_len, bulk_out, bulk_out_len) < 0) return lost(strerror(errno));
+    return result;
+}
+
+CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args_len, const void *bulk1,
+                  uint64_t bulk1_len, const void *bulk2, uint64_t bulk2_len, void *outs, uint32_t outs_len,
+                  void *bulk_out, uint64_t bulk_out_len) {
+    uint64_t start = profile_enabled ? now_ns() : 0;
+    int changes = call < GP_N_CALLS && (gp_call_invalidates[call] | gp_call_pauses[call] | gp_call_resumes[call]);
+    if (changes) gp_memo_changing(call);
+    gp_managed_before(call);
+    pthread_mutex_lock(&conn_lock);
+    CUresult r = call_locked(call, flags, args, args_len, bulk1, bulk1_len, bulk2, bulk2_len, outs, outs_len,
+                             bulk_out, bulk_out_len);
+    pthread_mutex_unlock(&conn_lock);
+    gp_managed_after(call, r);
+    if (changes) gp_memo_changed(call, r);
+    if (profile_enabled) profile_note(call, flags, now_ns() - start, args_len + bulk1_len + bulk2_len, bulk_out_len);
+    return r;
+}
+
+/* ---- large copies through memory the worker maps too (a worker on this host) --------------------
+ * Over the socket a copy's bytes are copied into the kernel and out again into the worker's page-locked
+ * buffer before its DMA: two memcpys of every byte on two processes, about half of what a local
+ * pageable copy reaches. With a worker on this host it hands over page-locked memory of its own
+ * (gpShmAttach: a file descriptor with the reply); a copy to the device is then one memcpy here into
+ * it, piece by piece, each piece's DMA running while the next is written; a copy to the host is the
+ * worker's DMAs into it, each piece copied out here as soon as the worker says it has landed. A copy
+ * larger than the memory goes in parts. Once per process connection; never over TLS or TCP. */
+static uint8_t *shm_base;
+static uint64_t shm_size;
+static int shm_state; /* 0 not asked yet, 1 attached, -1 none: every copy through the socket */
+
+/* The bytes of a piece of 512 KiB or more are copied by two threads (this one and a helper kept for it): one
+ * thread's memcpy (6-8 GB/s measured) is what held copies through the shared memory below a local
+ * pageable copy. Under conn_lock: one piece at a time. Only where there are 4 CPUs or more
+ * (GPUPOOL_SHIM_COPY_THREADS=1 or 2 decides instead). */
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    void *dst;
+    const void *src;
+    size_t n;
+    uint64_t asked, done; /* jobs handed over and finished (atomics) */
+    int state;            /* 0 not started, 1 running, -1 none (few CPUs, or no thread) */
+} helper = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+
+static void *helper_main(void *unused) {
+    (void)unused;
+    uint64_t seen = 0;
+    for (;;) {
+        uint64_t until = now_ns() + 200000; /* the next piece usually follows within microseconds */
+        while (__atomic_load_n(&helper.asked, __ATOMIC_ACQUIRE) == seen && now_ns() < until) {}
+        pthread_mutex_lock(&helper.lock);
+        while (__atomic_load_n(&helper.asked, __ATOMIC_ACQUIRE) == seen) pthread_cond_wait(&helper.cond, &helper.lock);
+        pthread_mutex_unlock(&helper.lock);
+        seen = __atomic_load_n(&helper.asked, __ATOMIC_ACQUIRE);
+        memcpy(helper.dst, helper.src, helper.n);
+        __atomic_store_n(&helper.done, seen, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
+static void copy_bytes(void *dst, const void *src, size_t n) {
+    if (n < (512u << 10) || helper.state < 0) {
+        memcpy(dst, src, n);
+        return;
+    }
+    if (helper.state == 0) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        const char *env = getenv("GPUPOOL_SHIM_COPY_THREADS"); /* 1: this thread alone; 2: two, whatever the CPUs */
+        int two = env ? strcmp(env, "2") == 0 : sysconf(_SC_NPROCESSORS_ONLN) >= 4;
+        helper.state = two && pthread_create(&t, &attr, helper_main, NULL) == 0 ? 1 : -1;
+        pthread_attr_destroy(&attr);
+        if (helper.state < 0) {
+            memcpy(dst, src, n);
+            return;
+        }
+    }
+    size_t half = (n / 2 + 4095) & ~(size_t)4095;
+    helper.dst = (char *)dst + half;
+    helper.src = (const char *)src + half;
+    helper.n = n - half;
+    pthread_mutex_lock(&helper.lock);
+    uint64_t job = __atomic_add_fetch(&helper.asked, 1, __ATOMIC_RELEASE);
+    pthread_cond_signal(&helper.cond);
+    pthread_mutex_unlock(&helper.lock);
+    memcpy(dst, src, half);
+    while (__atomic_load_n(&helper.done, __ATOMIC_ACQUIRE) != job) {}
+}
+
+static void shm_after_fork_in_child(void) {
+    /* The helper thread is not in the child: a new one when needed. */
+    pthread_mutex_init(&helper.lock, NULL);
+    pthread_cond_init(&helper.cond, NULL);
+    helper.asked = helper.done = 0;
+    if (helper.state > 0) helper.state = 0;
+    if (shm_base) munmap(shm_base, shm_size); /* the parent's: its worker connection, not ours */
+    shm_base = NULL;
+    shm_size = 0;
+    shm_state = 0;
+}
+
+static void shm_attach_locked(void) {
+    shm_state = -1;
+    struct gp_out_gpShmAttach out;
+    int32_t result;
+    if (send_frame(GP_CALL_gpShmAttach, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, NULL, 0) < 0 ||
+        recv_reply(&result, &out, sizeof out, NULL, 0) < 0) {
+        lost(strerror(errno));
+        return;
+    }
+    int fd = received_fd;
+    received_fd = -1;
+    if (result != CUDA_SUCCESS || fd < 0 || !out.size) {
+        if (fd >= 0) close(fd);
+        return;
+    }
+    void *p = mmap(NULL, out.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return;
+    shm_base = p;
+    shm_size = out.size;
+    shm_state = 1;
+}
+
+/* Page-locked memory shared with a worker on this host (issue 31): a descriptor of new memory the worker
+ * has pinned, for the allocation at `base` to be mapped onto, so the worker's DMAs go straight into and
+ * out of it; -1 where it is not shared (another host, TLS, GPUPOOL_SHIM_SHARED_PINNED=0, refused). */
+int gp_pinned_share(uint64_t base, uint64_t size) {
+    const char *env = getenv("GPUPOOL_SHIM_SHARED_PINNED");
+    if (thread_conn || (env && strcmp(env, "0") == 0)) return -1;
+    struct gp_in_gpPinnedShare in = {.base = base, .size = size};
+    int fd = -1;
+    pthread_mutex_lock(&conn_lock);
+    if (prepare_locked() == CUDA_SUCCESS && conn_local && !conn_ssl) {
+        int32_t result;
+        if (send_frame(GP_CALL_gpPinnedShare, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0) < 0 ||
+            recv_reply(&result, NULL, 0, NULL, 0) < 0) {
+            lost(strerror(errno));
+        } else {
+            fd = received_fd;
+            received_fd = -1;
+            if (result != CUDA_SUCCESS && fd >= 0) {
+                close(fd);
+                fd = -1;
+            }
+        }
+    }
+    pthread_mutex_unlock(&conn_lock);
+    return fd;
+}
+
+static uint64_t shm_piece(uint64_t count) { /* a copy's pieces: about 8 of them, 512 KiB to 4 MiB */
+    uint64_t chunk = count / 8;
+    chunk = chunk < (512u << 10) ? (512u << 10) : chunk > (4u << 20) ? (4u << 20) : chunk;
+    return (chunk + 4095) & ~(uint64_t)4095;
+}
+
+static CUresult shm_htod_locked(uint64_t dst, const uint8_t *src, uint64_t count, uint64_t stream, int is_async) {
+    CUresult r = CUDA_SUCCESS;
+    for (uint64_t done = 0; done < count && r == CUDA_SUCCESS;) {
+        uint64_t part = count - done < shm_size ? count - done : shm_size, chunk = shm_piece(part);
+        for (uint64_t at = 0; at < part; at += chunk) {
+            uint64_t n = part - at < chunk ? part - at : chunk;
+            copy_bytes(shm_base + at, src + done + at, n);
+            int last = at + n == part;
+            struct gp_in_gpShmHtoD in = {.dst = dst + done + at, .count = n, .stream = stream, .offset = at,
+                                         .flags = (uint32_t)(last | (is_async ? 2 : 0))};
+            if (send_frame(GP_CALL_gpShmHtoD, last ? GP_FLAG_WANTS_REPLY : 0, &in, sizeof in, NULL, 0, NULL, 0) < 0)
+                return lost(strerror(errno));
+        }
+        int32_t result;
+        if (recv_reply(&result, NULL, 0, NULL, 0) < 0) return lost(strerror(errno));
+        r = result;
+        done += part;
+    }
+    return r;
+}
+
+static CUresult shm_dtoh_locked(uint8_t *dst, uint64_t src, uint64_t count, uint64_t stream, int is_async) {
+    for (uint64_t done = 0; done < count;) {
+        uint64_t part = count - done < shm_size ? count - done : shm_size;
+        struct gp_in_gpShmDtoH in = {.src = src + done, .count = part, .stream = stream,
+                                     .flags = is_async ? 2u : 0u, .chunk = (uint32_t)shm_piece(part)};
+        if (send_frame(GP_CALL_gpShmDtoH, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0) < 0)
+            return lost(strerror(errno));
+        for (uint64_t got = 0; got < part;) { /* a reply per piece as it lands, in order */
+            struct gp_out_gpShmDtoH out;
+            int32_t result;
+            if (recv_reply(&result, &out, sizeof out, NULL, 0) < 0) return lost(strerror(errno));
+            if (result != CUDA_SUCCESS) return result;
+            if (out.offset != got || !out.size || out.size > part - got) return lost("a copy's pieces out of order");
+            copy_bytes(dst + done + got, shm_base + got, out.size);
+            got += out.size;
+        }
+        done += part;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* ---- large copies over an encrypted connection, striped across more connections ("lanes") ---------
+ * One TLS connection is one core's record layer at each end: 1.2-1.9 GB/s on a fast host, less than a
+ * 25 Gbit/s link carries. A copy of GP_LANE_MIN_COPY or more over an encrypted connection goes as one
+ * frame on the process's connection (in order with everything sent before it; the worker goes on with
+ * the next frame when the copy is done) and its bytes in pieces, one per lane, each lane's TLS on its
+ * own thread here and on the worker (virtualize/server/_lanes.py). The lanes open at the first such copy
+ * (each proves the lease secret like any connection); where they cannot, copies go through the
+ * process's connection as before. GPUPOOL_SHIM_LANES: how many (default 3; 0 or 1: none). */
+#define GP_LANE_MIN_COPY (16u << 20)
+#define GP_MAX_LANES 8
+static struct gp_conn lane_conns[GP_MAX_LANES];
+static int lanes_state; /* 0 not tried, n > 0 lanes open, -1 none (under conn_lock) */
+static uint64_t next_lane_copy = 1;
+
+static void lane_close(struct gp_conn *c) {
+    gp_tls_free(c->ssl);
+    if (c->fd >= 0) close(c->fd);
+    free(c->joined);
+    *c = (struct gp_conn){-1, NULL, NULL};
+}
+
+static void lanes_close_locked(void) {
+    for (int i = 0; i < lanes_state; i++) lane_close(&lane_conns[i]);
+    lanes_state = -1;
+}
+
+static void lanes_after_fork_in_child(void) {
+    /* The parent's lanes: the child drops its copies of their sockets and opens its own if it needs. */
+    for (int i = 0; i < lanes_state; i++) {
+        if (lane_conns[i].fd >= 0) close(lane_conns[i].fd);
+        free(lane_conns[i].joined);
+        lane_conns[i] = (struct gp_conn){-1, NULL, NULL};
+    }
+    lanes_state = 0;
+    next_lane_copy = 1;
+}
+
+/* Under conn_lock, the process's connection up and encrypted: lanes_state set. A lane that cannot
+ * connect leaves the process's connection as it was (its failure is not the process's). */
+static void lanes_open_locked(void) {
+    const char *env = getenv("GPUPOOL_SHIM_LANES");
+    int want = env ? atoi(env) : 3;
+    if (want > GP_MAX_LANES) want = GP_MAX_LANES;
+    struct gp_out_gpCallbackToken token;
+    if (want < 2 || call_locked(GP_CALL_gpCallbackToken, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, NULL, 0, &token,
+                                sizeof token, NULL, 0) != CUDA_SUCCESS) {
+        lanes_state = -1;
+        return;
+    }
+    CUresult failure = conn_failure;
+    uint64_t ctx = conn_ctx;
+    int opened = 0;
+    for (; opened < want; opened++) {
+        lane_conns[opened] = (struct gp_conn){-1, NULL, NULL};
+        thread_conn = &lane_conns[opened];
+        struct gp_in_gpLaneAttach in = {.token = token.token};
+        int32_t result = -1;
+        int ok = connect_worker() == CUDA_SUCCESS && conn_ssl &&
+                 send_frame(GP_CALL_gpLaneAttach, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0) == 0 &&
+                 recv_reply(&result, NULL, 0, NULL, 0) == 0 && result == 0;
+        thread_conn = NULL;
+        if (!ok) {
+            lane_close(&lane_conns[opened]);
+            break;
+        }
+    }
+    conn_failure = failure;
+    conn_ctx = ctx;
+    lanes_state = opened;
+    if (opened < want) {
+        lanes_close_locked();
+        gp_say("the copy lanes to the lease's worker did not open: large copies go through one connection");
+    }
+}
+
+struct lane_piece {
+    int lane, to_device, failed;
+    int32_t result;
+    uint64_t id, offset, count;
+    char *host;
+};
+
+static void *lane_run(void *arg) {
+    struct lane_piece *p = arg;
+    thread_conn = &lane_conns[p->lane];
+    struct gp_in_gpLanePiece in = {.id = p->id, .offset = p->offset, .count = p->count};
+    if (p->to_device)
+        p->failed = send_frame(GP_CALL_gpLanePiece, 0, &in, sizeof in, p->host, p->count, NULL, 0) < 0;
+    else /* the reply carries the bytes, straight into the caller's buffer; an error reply none */
+        p->failed = send_frame(GP_CALL_gpLanePiece, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0) < 0 ||
+                    recv_reply(&p->result, NULL, 0, p->host, p->count) < 0;
+    thread_conn = NULL;
+    return NULL;
+}
+
+static CUresult lane_copy_locked(int to_device, int is_async, uint64_t device, char *host, uint64_t count,
+                                 uint64_t stream) {
+    int n = lanes_state;
+    struct gp_in_gpLaneCopy in = {.device = device, .count = count, .stream = stream,
+                                  .flags = (to_device ? 1u : 0u) | (is_async ? 2u : 0u), .pieces = (uint32_t)n,
+                                  .id = next_lane_copy++};
+    if (send_frame(GP_CALL_gpLaneCopy, to_device ? 0 : GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0) < 0)
+        return lost(strerror(errno));
+    struct lane_piece pieces[GP_MAX_LANES];
+    pthread_t threads[GP_MAX_LANES];
+    int started[GP_MAX_LANES];
+    uint64_t each = (count / (uint64_t)n + 4095) & ~4095ull, at = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t len = i == n - 1 ? count - at : each;
+        pieces[i] = (struct lane_piece){.lane = i, .to_device = to_device, .id = in.id, .offset = at, .count = len,
+                                        .host = host + at};
+        at += len;
+        started[i] = pthread_create(&threads[i], NULL, lane_run, &pieces[i]) == 0;
+        if (!started[i]) lane_run(&pieces[i]); /* no thread to be had: this one carries the piece */
+    }
+    int failed = 0;
+    for (int i = 0; i < n; i++) {
+        if (started[i]) pthread_join(threads[i], NULL);
+        failed |= pieces[i].failed;
+    }
+    if (failed) { /* the worker hears the lanes close and fails the copy; so does this process */
+        lanes_close_locked();
+        return lost("a copy lane failed");
+    }
+    if (to_device) return CUDA_SUCCESS; /* every byte is sent: an error comes with the next synchronise */
+    int32_t result;
+    if (recv_reply(&result, NULL, 0, NULL, 0) < 0) return lost(strerror(errno));
+    return result;
+}
+
+/* A large copy between pageable memory here and the device, through the memory shared with a worker on
+ * this host or across the lanes of an encrypted connection: 1 with *result set, or 0 where neither is
+ * for it (small, plaintext TCP, turned off, a callback thread): the process's connection then. */
+int gp_bulk_copy(uint32_t call, uint64_t device, void *host, uint64_t count, uint64_t stream, CUresult *result) {
+    int lanes_fit = count >= GP_LANE_MIN_COPY && lanes_state >= 0;
+    if (count < GP_SHM_MIN_COPY || thread_conn || (shm_state < 0 && !lanes_fit)) return 0;
+    if (shm_state == 0) {
+        const char *env = getenv("GPUPOOL_SHIM_SHARED_COPIES"); /* 0: every copy through the socket */
+        if (env && strcmp(env, "0") == 0) shm_state = -1;
+    }
+    int to_device = call == GP_CALL_cuMemcpyHtoD_v2 || call == GP_CALL_cuMemcpyHtoDAsync_v2;
+    int is_async = call == GP_CALL_cuMemcpyHtoDAsync_v2 || call == GP_CALL_cuMemcpyDtoHAsync_v2;
+    uint64_t start = profile_enabled ? now_ns() : 0;
+    gp_managed_before(call);
+    pthread_mutex_lock(&conn_lock);
+    CUresult r = prepare_locked();
+    int lanes = 0;
+    if (r == CUDA_SUCCESS) {
+        if (shm_state == 0 && conn_local && !conn_ssl) shm_attach_locked();
+        if (shm_state != 1 && lanes_fit) {
+            if (!conn_ssl || conn_local) lanes_state = -1; /* plaintext: one connection is fast enough */
+            else if (lanes_state == 0) lanes_open_locked();
+            lanes = lanes_state > 0;
+        }
+        if (shm_state != 1 && !lanes) {
+            pthread_mutex_unlock(&conn_lock);
+            return 0;
+        }
+        if (lanes) r = lane_copy_locked(to_device, is_async, device, host, count, stream);
+        else r = to_device ? shm_htod_locked(device, host, count, stream, is_async)
+                           : shm_dtoh_locked(host, device, count, stream, is_async);
+    }
+    pthread_mutex_unlock(&conn_lock);
+    gp_managed_after(call, r);
+    if (profile_enabled) {
+        uint32_t waited = lanes && to_device ? 0 : GP_FLAG_WANTS_REPLY; /* striped to the device: no answer */
+        profile_note(call, waited, now_ns() - start, to_device ? count : 0, to_device ? 0 : count);
+        if (lanes) {
+            __atomic_fetch_add(&profile_lane_copies, 1, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&profile_lane_bytes, count, __ATOMIC_RELAXED);
+            profile_lanes = lanes_state > 0 ? lanes_state : profile_lanes;
+        }
+    }
+    *result = r;
+    return 1;
+}
+
+CUresult gp_call(uint32_t call, uint32_t flags, const void *args, uint32_t args_len, const void *bulk,
+                 uint64_t bulk_len, void *outs, uint32_t outs_len, void *bulk_out, uint64_t bulk_out_len) {
+    CUresult r = gp_call2(call, flags, args, args_len, bulk, bulk_len, NULL, 0, outs, outs_len, bulk_out, bulk_out_len);
+    if (r && gp_trace_enabled) { /* with its in-arguments in hex: what the program asked that the driver refused */
+        char hex[2 * 64 + 1] = "";
+        for (uint32_t i = 0; i < args_len && i < 64; i++) snprintf(hex + 2 * i, 3, "%02x", ((const unsigned char *)args)[i]);
+        gp_say("call %s returned %d (arguments %s)", call < GP_N_CALLS ? gp_call_names[call] : "?", r, hex);
+    }
+    return r;
+}
+
+/* ---- host functions the worker calls back (cuLaunchHostFunc, cuStreamAddCallback) ---------------
+ *
+ * When a stream reaches a host function, the worker's driver thread sends its id on a second
+ * connection of this process, kept by the callback thread, and waits: the thread runs the function
+ * here and answers with the id, and only then does the stream go on, as natively. A second connection,
+ * so that a host function runs while the program's own threads wait in a synchronise on the first. */
+
+/* keep: captured into a graph, so it runs at every launch of it (kept as long as the process lives). */
+struct host_call { uint64_t id, stream; int kind, keep; void *fn, *data; struct host_call *next; };
+static pthread_mutex_t host_calls_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t callbacks_cond = PTHREAD_COND_INITIALIZER;
+static struct host_call *host_calls;
+static uint64_t next_host_call = 1;
+static struct gp_conn callback_conn = {-1, NULL, NULL};
+static int callbacks_state; /* 0 not started, 1 starting, 2 running, or the CUresult that stopped it (< 0) */
+static CUresult callbacks_result;
+
+uint64_t gp_host_call_add(int kind, void *fn, void *data, uint64_t stream, int keep) {
+    struct host_call *c = malloc(sizeof *c);
+    if (!c) return 0;
+    pthread_mutex_lock(&host_calls_lock);
+    *c = (struct host_call){next_host_call++, stream, kind, keep, fn, data, host_calls};
+    host_calls = c;
+    pthread_mutex_unlock(&host_calls_lock);
+    return c->id;
+}
+
+/* The host call `id` (taken out unless it is kept); 0 when there is none. */
+static int host_call_take(uint64_t id, struct host_call *copy, int drop) {
+    pthread_mutex_lock(&host_calls_lock);
+    struct host_call **at = &host_calls;
+    while (*at && (*at)->id != id) at = &(*at)->next;
+    struct host_call *c = *at;
+    if (c) *copy = *c;
+    if (c && (drop || !c->keep)) {
+        *at = c->next;
+        free(c);
+    }
+    pthread_mutex_unlock(&host_calls_lock);
+    return c != NULL;
+}
+
+void gp_host_call_drop(uint64_t id) {
+    struct host_call c;
+    host_call_take(id, &c, 1);
+}
+
+static int callback_send(const void *buf, size_t len) {
+    if (callback_conn.ssl) return gp_tls_write(callback_conn.ssl, buf, len);
+    for (const char *p = buf; len > 0;) {
+        ssize_t n = send(callback_conn.fd, p, len, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* ---- copies into page-locked memory that complete later (cuMemcpyDtoHAsync, cuMemcpyAsync) --------
+ *
+ * The call returns once its request is sent. The worker queues the copy behind its stream and, once
+ * its bytes are in host memory there, sends them on the callback connection, where the callback thread
+ * writes them into the destination. Before any reply on the process's connection the worker says how
+ * many such frames it has sent (GP_COPIES_SENT) and recv_reply waits until as many have landed, so no
+ * synchronise, query that says done, or copy returns before the bytes it could show the program. */
+
+struct pending_copy { uint64_t id; void *dst; uint64_t count; struct pending_copy *next; };
+static pthread_mutex_t copies_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t copies_cond = PTHREAD_COND_INITIALIZER;
+static struct pending_copy *copies;
+static uint64_t next_copy = 1, copies_landed, copies_in_flight;
+static int copies_stopped; /* the callback connection ended: nothing more will land */
+
+uint64_t gp_copy_expect(void *dst, uint64_t count) {
+    struct pending_copy *c = malloc(sizeof *c);
+    if (!c) return 0;
+    pthread_mutex_lock(&copies_lock);
+    *c = (struct pending_copy){next_copy++, dst, count, copies};
+    copies = c;
+    __atomic_add_fetch(&copies_in_flight, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&copies_lock);
+    return c->id;
+}
+
+static struct pending_copy *copy_unlink(uint64_t id) { /* under copies_lock */
+    struct pending_copy **at = &copies;
+    while (*at && (*at)->id != id) at = &(*at)->next;
+    struct pending_copy *c = *at;
+    if (c) {
+        *at = c->next;
+        __atomic_sub_fetch(&copies_in_flight, 1, __ATOMIC_RELEASE);
+    }
+    return c;
+}
+
+void gp_copy_drop(uint64_t id) { /* its request never left: nothing will come for it */
+    pthread_mutex_lock(&copies_lock);
+    free(copy_unlink(id));
+    pthread_mutex_unlock(&copies_lock);
+}
+
+int gp_copies_in_flight(void) { return __atomic_load_n(&copies_in_flight, __ATOMIC_ACQUIRE) != 0; }
+
+int gp_copies_into(const void *p, uint64_t count) {
+    if (!gp_copies_in_flight()) return 0;
+    uint64_t lo = (uint64_t)p, hi = lo + count;
+    int hit = 0;
+    pthread_mutex_lock(&copies_lock);
+    for (struct pending_copy *c = copies; c && !hit; c = c->next)
+        hit = (uint64_t)c->dst < hi && lo < (uint64_t)c->dst + c->count;
+    pthread_mutex_unlock(&copies_lock);
+    return hit;
+}
+
+/* One copy's frame: its bytes straight into the destination. `counted`: it came on the callback
+ * connection (the frames the worker counts in GP_COPIES_SENT), else ahead of a reply. */
+static int land_copy(const struct gp_reply *rep, int counted) {
+    struct gp_copy_head head;
+    if (rep->outs_len != sizeof head || recv_all(&head, sizeof head) < 0) return -1;
+    pthread_mutex_lock(&copies_lock);
+    struct pending_copy *c = copies;
+    while (c && c->id != head.id) c = c->next;
+    pthread_mutex_unlock(&copies_lock); /* only the frame's reader takes it out once it was sent */
+    uint64_t take = c && rep->bulk_len <= c->count ? rep->bulk_len : 0;
+    if (take && recv_all(c->dst, take) < 0) return -1;
+    if (discard(rep->bulk_len - take) < 0) return -1;
+    pthread_mutex_lock(&copies_lock);
+    free(copy_unlink(head.id));
+    copies_landed += counted != 0;
+    pthread_cond_broadcast(&copies_cond);
+    pthread_mutex_unlock(&copies_lock);
+    return 0;
+}
+
+static void copies_wait(uint64_t need) {
+    pthread_mutex_lock(&copies_lock);
+    while (copies_landed < need && !copies_stopped) pthread_cond_wait(&copies_cond, &copies_lock);
+    pthread_mutex_unlock(&copies_lock);
+}
+
+static void copies_stop(void) {
+    pthread_mutex_lock(&copies_lock);
+    copies_stopped = 1;
+    pthread_cond_broadcast(&copies_cond);
+    pthread_mutex_unlock(&copies_lock);
+}
+
+static void copies_after_fork_in_child(void) {
+    /* The parent's copies land in the parent; the child starts with none (their entries are the
+     * parent's memory, left as they are). */
+    copies = NULL;
+    next_copy = 1;
+    copies_landed = copies_in_flight = 0;
+    copies_stopped = 0;
+    pthread_mutex_init(&copies_lock, NULL);
+    pthread_cond_init(&copies_cond, NULL);
+}
+
+static void *callback_thread(void *arg) {
+    uint64_t token = *(uint64_t *)arg;
+    thread_conn = &callback_conn;
+    pthread_mutex_lock(&conn_lock); /* the handshake's I/O shares buffers with the process's connection */
+    CUresult r = connect_worker();
+    if (r == CUDA_SUCCESS) {
+        struct gp_in_gpCallbackAttach in = {.token = token};
+        int32_t result = -1;
+        if (send_frame(GP_CALL_gpCallbackAttach, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0) < 0 ||
+            recv_reply(&result, NULL, 0, NULL, 0) < 0)
+            r = CUDA_ERROR_DEVICE_UNAVAILABLE;
+        else
+            r = result;
+    }
+    pthread_mutex_unlock(&conn_lock);
+    pthread_mutex_lock(&host_calls_lock);
+    callbacks_result = r;
+    callbacks_state = r == CUDA_SUCCESS ? 2 : -1;
+    pthread_cond_broadcast(&callbacks_cond);
+    pthread_mutex_unlock(&host_calls_lock);
+    while (r == CUDA_SUCCESS) {
+        struct gp_reply rep;
+        uint64_t id;
+        if (recv_all(&rep, sizeof rep) < 0) break;
+        if (rep.result == GP_COPY_DATA) {
+            if (land_copy(&rep, 1) < 0) break;
+            continue;
+        }
+        if (rep.outs_len != sizeof id || recv_all(&id, sizeof id) < 0) break;
+        struct host_call c;
+        if (host_call_take(id, &c, 0)) {
+            if (c.kind == 0) ((void (*)(void *))c.fn)(c.data);
+            else ((void (*)(uint64_t, CUresult, void *))c.fn)(c.stream, rep.result, c.data);
+        }
+        if (callback_send(&id, sizeof id) < 0) break; /* the function returned: the stream goes on */
+    }
+    copies_stop(); /* nothing more lands: no call waits for it */
+    return NULL; /* the worker closed it: the process's connection is ending */
+}
+
+CUresult gp_callbacks_start(void) {
+    pthread_mutex_lock(&host_calls_lock);
+    int state = callbacks_state;
+    if (state == 0) callbacks_state = 1;
+    pthread_mutex_unlock(&host_calls_lock);
+    if (state == 0) {
+        static uint64_t token;
+        struct gp_out_gpCallbackToken out;
+        CUresult r = gp_call(GP_CALL_gpCallbackToken, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
+        token = out.token;
+        pthread_t thread;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        if (r == CUDA_SUCCESS && pthread_create(&thread, &attr, callback_thread, &token) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+        pthread_attr_destroy(&attr);
+        if (r != CUDA_SUCCESS) {
+            pthread_mutex_lock(&host_calls_lock);
+            callbacks_result = r;
+            callbacks_state = -1;
+            pthread_cond_broadcast(&callbacks_cond);
+            pthread_mutex_unlock(&host_calls_lock);
+        }
+    }
+    pthread_mutex_lock(&host_calls_lock);
+    while (callbacks_state == 1) pthread_cond_wait(&callbacks_cond, &host_calls_lock);
+    CUresult r = callbacks_state == 2 ? CUDA_SUCCESS : callbacks_result;
+    pthread_mutex_unlock(&host_calls_lock);
+    return r;
+}
+
+static void callbacks_after_fork_in_child(void) {
+    /* The callback thread and its connection stay with the parent; the child starts its own. */
+    copies_after_fork_in_child();
+    callback_conn = (struct gp_conn){-1, NULL, callback_conn.joined};
+    callbacks_state = 0;
+    host_calls = NULL;
+    pthread_mutex_init(&host_calls_lock, NULL);
+    pthread_cond_init(&callbacks_cond, NULL);
+}
+
+/* ---- contexts ---------------------------------------------------------------------------------- */
+
+uint64_t gp_ctx_current(void) { return ctx_depth ? ctx_stack[ctx_depth - 1] : 0; }
+
+void gp_ctx_set(uint64_t ctx) {
+    if (ctx_depth == 0) {
+        if (ctx) ctx_stack[ctx_depth++] = ctx;
+    } else if (ctx) {
+        ctx_stack[ctx_depth - 1] = ctx;
+    } else {
+        ctx_depth--; /* cuCtxSetCurrent(NULL) unbinds the top of the stack */
+    }
+}
+
+int gp_ctx_push(uint64_t ctx) {
+    if (ctx_depth == (int)(sizeof ctx_stack / sizeof ctx_stack[0])) return -1;
+    ctx_stack[ctx_depth++] = ctx;
+    return 0;
+}
+
+uint64_t gp_ctx_pop(int *ok) {
+    *ok = ctx_depth > 0;
+    return ctx_depth ? ctx_stack[--ctx_depth] : 0;
+}
+
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct { uint64_t ctx; int device; } ctx_devices[64];
+static int n_ctx_devices;
+
+void gp_ctx_note_device(uint64_t ctx, int device) {
+    pthread_mutex_lock(&table_lock);
+    int i;
+    for (i = 0; i < n_ctx_devices && ctx_devices[i].ctx != ctx; i++) {
+    }
+    if (i < (int)(sizeof ctx_devices / sizeof ctx_devices[0])) {
+        ctx_devices[i].ctx = ctx;
+        ctx_devices[i].device = device;
+        if (i == n_ctx_devices) n_ctx_devices++;
+    }
+    pthread_mutex_unlock(&table_lock);
+}
+
+/* A destroyed context: no longer known, and off the calling thread's stack (other threads' use of it
+ * fails at the worker, as natively). */
+void gp_ctx_forget(uint64_t ctx) {
+    pthread_mutex_lock(&table_lock);
+    for (int i = 0; i < n_ctx_devices; i++)
+        if (ctx_devices[i].ctx == ctx) ctx_devices[i] = ctx_devices[--n_ctx_devices];
+    pthread_mutex_unlock(&table_lock);
+    int w = 0;
+    for (int i = 0; i < ctx_depth; i++)
+        if (ctx_stack[i] != ctx) ctx_stack[w++] = ctx_stack[i];
+    ctx_depth = w;
+}
+
+int gp_ctx_device(uint64_t ctx, int *device) {
+    int found = 0;
+    pthread_mutex_lock(&table_lock);
+    for (int i = 0; i < n_ctx_devices; i++) {
+        if (ctx_devices[i].ctx == ctx) {
+            *device = ctx_devices[i].device;
+            found = 1;
+        }
+    }
+    pthread_mutex_unlock(&table_lock);
+    return found;
+}
+
+/* ---- ranges: device allocations and page-locked host memory, each a sorted array --------------- */
+
+struct range { uint64_t base, size; unsigned flags; int owned; };
+struct ranges { struct range *v; size_t n, cap; };
+static struct ranges dev_ranges, host_ranges, reserved;
+
+_Static_assert(offsetof(struct range, base) == 0, "gp_ranges_upper reads each range's base first");
+
+static size_t ranges_upper(const struct ranges *r, uint64_t ptr) { /* first index with base > ptr */
+    return gp_ranges_upper(r->v, r->n, sizeof *r->v, ptr);
+}
+
+static const struct range *ranges_find(const struct ranges *r, uint64_t ptr) {
+    size_t i = ranges_upper(r, ptr);
+    if (i == 0) return NULL;
+    const struct range *x = &r->v[i - 1];
+    return gp_range_holds(x->base, x->size, ptr) ? x : NULL;
+}
+
+static int ranges_insert(struct ranges *r, struct range x) {
+    if (r->n == r->cap) {
+        size_t cap = r->cap ? r->cap * 2 : 64;
+        struct range *v = realloc(r->v, cap * sizeof *v);
+        if (!v) return -1;
+        r->v = v;
+        r->cap = cap;
+    }
+    size_t i = ranges_upper(r, x.base);
+    if (i > 0 && r->v[i - 1].base == x.base) { /* the same base again (a reused address): replace */
+        r->v[i - 1] = x;
+        return 0;
+    }
+    memmove(&r->v[i + 1], &r->v[i], (r->n - i) * sizeof x);
+    r->v[i] = x;
+    r->n++;
+    return 0;
+}
+
+static int ranges_remove(struct ranges *r, uint64_t base, struct range *removed) {
+    size_t i = ranges_upper(r, base);
+    if (i == 0 || r->v[i - 1].base != base) return -1;
+    if (removed) *removed = r->v[i - 1];
+    memmove(&r->v[i - 1], &r->v[i], (r->n - i) * sizeof *r->v);
+    r->n--;
+    return 0;
+}
+
+/* Reserve [base, base+size) of this process's address space (PROT_NONE, nothing committed) in 2 MiB
+ * chunks, so no host allocation of the client can ever land on a lease's device address. Chunks stay
+ * reserved until exit: pools hand the same addresses out again. */
+#define CHUNK (2ull << 20)
+static int reserve(uint64_t base, uint64_t size) {
+    uint64_t a = base & ~(CHUNK - 1), end = (base + size + CHUNK - 1) & ~(CHUNK - 1);
+    while (a < end) {
+        const struct range *r = ranges_find(&reserved, a);
+        if (r) {
+            a = r->base + r->size;
+            continue;
+        }
+        size_t next = ranges_upper(&reserved, a);
+        uint64_t stop = next < reserved.n && reserved.v[next].base < end ? reserved.v[next].base : end;
+        void *p = mmap((void *)a, stop - a, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE,
+                       -1, 0);
+        if (p == MAP_FAILED) return -1;
+        if ((uint64_t)p != a) { /* an old kernel took the address as a hint */
+            munmap(p, stop - a);
+            return -1;
+        }
+        ranges_insert(&reserved, (struct range){a, stop - a, 0, 0});
+        a = stop;
+    }
+    return 0;
+}
+
+/* The worker offers a range it reserved for this process (virtualize/server/_address_window.py); a range this
+ * process cannot reserve (some of it is already mapped here) is passed over and another asked for. */
+#define WINDOW_TRIES 8
+static pthread_mutex_t window_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void gp_window_ensure(void) {
+    if (__atomic_load_n(&window_state, __ATOMIC_ACQUIRE)) return;
+    pthread_mutex_lock(&window_lock);
+    if (!window_state) {
+        int state = -1, taken = 0;
+        for (int i = 0; i < WINDOW_TRIES && state < 0; i++) {
+            struct gp_out_gpWindowOffer offer;
+            if (gp_call(GP_CALL_gpWindowOffer, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &offer, sizeof offer, NULL, 0))
+                break;
+            pthread_mutex_lock(&table_lock);
+            int rc = reserve(offer.base, offer.size);
+            pthread_mutex_unlock(&table_lock);
+            if (rc != 0) {
+                taken++;
+                continue;
+            }
+            struct gp_in_gpWindowAccept accept = {.base = offer.base};
+            if (gp_call(GP_CALL_gpWindowAccept, GP_FLAG_WANTS_REPLY, &accept, sizeof accept, NULL, 0, NULL, 0, NULL, 0))
+                break;
+            state = 1;
+        }
+        if (state < 0)
+            gp_say("no window of device addresses could be reserved (%d offered ranges were host memory here): "
+                   "each allocation's addresses are reserved as it arrives",
+                   taken);
+        __atomic_store_n(&window_state, state, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&window_lock);
+}
+
+int gp_dev_add(uint64_t base, uint64_t size, int owned) {
+    pthread_mutex_lock(&table_lock);
+    int rc = reserve(base, size ? size : 1);
+    if (rc == 0 || !owned) ranges_insert(&dev_ranges, (struct range){base, size, 0, owned});
+    pthread_mutex_unlock(&table_lock);
+    return rc;
+}
+
+int gp_reserve_range(uint64_t base, uint64_t size) {
+    pthread_mutex_lock(&table_lock);
+    int rc = reserve(base, size);
+    pthread_mutex_unlock(&table_lock);
+    return rc;
+}
+
+void gp_dev_remove(uint64_t base) {
+    pthread_mutex_lock(&table_lock);
+    ranges_remove(&dev_ranges, base, NULL);
+    pthread_mutex_unlock(&table_lock);
+}
+
+int gp_dev_lookup(uint64_t ptr, uint64_t *base, uint64_t *size, int *owned) {
+    pthread_mutex_lock(&table_lock);
+    const struct range *r = ranges_find(&dev_ranges, ptr);
+    if (r) {
+        if (base) *base = r->base;
+        if (size) *size = r->size;
+        if (owned) *owned = r->owned;
+    }
+    pthread_mutex_unlock(&table_lock);
+    return r != NULL;
+}
+
+int gp_host_add(uint64_t base, uint64_t size, unsigned flags, int allocated) {
+    pthread_mutex_lock(&table_lock);
+    int rc = -1;
+    const struct range *before = ranges_find(&host_ranges, base);
+    size_t next = ranges_upper(&host_ranges, base);
+    int overlaps = before || (next < host_ranges.n && host_ranges.v[next].base < base + size);
+    if (!overlaps) rc = ranges_insert(&host_ranges, (struct range){base, size, flags, allocated});
+    pthread_mutex_unlock(&table_lock);
+    return rc;
+}
+
+int gp_host_remove(uint64_t base, int allocated) {
+    pthread_mutex_lock(&table_lock);
+    struct range r;
+    int rc = -1;
+    const struct range *x = ranges_find(&host_ranges, base);
+    if (x && x->base == base && x->owned == allocated) rc = ranges_remove(&host_ranges, base, &r);
+    pthread_mutex_unlock(&table_lock);
+    return rc;
+}
+
+int gp_host_lookup(uint64_t ptr, uint64_t *base, uint64_t *size, unsigned *flags) {
+    pthread_mutex_lock(&table_lock);
+    const struct range *r = ranges_find(&host_ranges, ptr);
+    if (r) {
+        if (base) *base = r->base;
+        if (size) *size = r->size;
+        if (flags) *flags = r->flags;
+    }
+    pthread_mutex_unlock(&table_lock);
+    return r != NULL;
+}

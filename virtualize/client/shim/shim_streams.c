@@ -1,0 +1,129 @@
+/* gpupool's libcuda.so.1, hand-written calls: streams' memory operations, their attributes, and host
+ * functions (run here when the worker's stream reaches them). */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "shim_calls.h"
+
+/* ---- stream memory operations: words of device memory ---------------------------------------------- */
+
+/* A word of mirrored host memory (mapped, registered or managed) is refused: the program reads it without
+ * a synchronisation, and the mirror brings the device's bytes back only at one (docs/remote.md), so a
+ * flag the stream wrote would never be seen, and one the host wrote never waited for. */
+static CUresult stream_value(uint32_t call, uint64_t stream, uint64_t addr, uint64_t value, uint32_t flags, int wide) {
+    static int said;
+    if (gp_managed_lookup(addr) || gp_mirror_of_device(addr)) {
+        if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+            gp_say("%s on mapped, registered or managed host memory is not forwarded (the program would see it "
+                   "only at a synchronisation); it returns CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)",
+                   gp_call_names[call]);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    if (wide) {
+        struct gp_in_cuStreamWriteValue64_v2 in = {.stream = stream, .addr = addr, .value = value, .flags = flags};
+        return gp_call(call, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    }
+    struct gp_in_cuStreamWriteValue32_v2 in = {.stream = stream, .addr = addr, .value = (uint32_t)value, .flags = flags};
+    return gp_call(call, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
+#define STREAM_VALUE(name, bits, wide)                                                                    \
+    CUresult name(uint64_t stream, uint64_t addr, uint##bits##_t value, uint32_t flags) {                  \
+        GP_TRACE(#name);                                                                                  \
+        return stream_value(GP_CALL_##name, stream, addr, value, flags, wide);                            \
+    }
+STREAM_VALUE(cuStreamWaitValue32, 32, 0)
+STREAM_VALUE(cuStreamWaitValue32_v2, 32, 0)
+STREAM_VALUE(cuStreamWriteValue32, 32, 0)
+STREAM_VALUE(cuStreamWriteValue32_v2, 32, 0)
+STREAM_VALUE(cuStreamWaitValue64, 64, 1)
+STREAM_VALUE(cuStreamWaitValue64_v2, 64, 1)
+STREAM_VALUE(cuStreamWriteValue64, 64, 1)
+STREAM_VALUE(cuStreamWriteValue64_v2, 64, 1)
+
+/* ---- stream attributes: the 64-byte CUstreamAttrValue both ways ---------------------------------- */
+
+#define STREAM_ATTR_BYTES 64
+
+CUresult cuStreamGetAttribute(uint64_t stream, int32_t attr, void *value) {
+    GP_TRACE("cuStreamGetAttribute");
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuStreamGetAttribute in = {.stream = stream, .attr = attr};
+    return gp_call(GP_CALL_cuStreamGetAttribute, WANT, &in, sizeof in, NULL, 0, NULL, 0, value, STREAM_ATTR_BYTES);
+}
+
+CUresult cuStreamSetAttribute(uint64_t stream, int32_t attr, void *value) {
+    GP_TRACE("cuStreamSetAttribute");
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuStreamSetAttribute in = {.stream = stream, .attr = attr};
+    return gp_call(GP_CALL_cuStreamSetAttribute, WANT, &in, sizeof in, value, STREAM_ATTR_BYTES, NULL, 0, NULL, 0);
+}
+
+/* ---- host functions: run here when the worker's stream reaches them (shim.c) ------------------------ */
+
+static CUresult host_call(int kind, uint32_t call, uint64_t stream, void *fn, void *data) {
+    if (!fn) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = gp_callbacks_start();
+    if (r != CUDA_SUCCESS) return r;
+    int32_t capturing = 0; /* a host node of the graph being captured: it runs at every launch */
+    if (cuStreamIsCapturing(stream, &capturing) != CUDA_SUCCESS) capturing = 0;
+    uint64_t id = gp_host_call_add(kind, fn, data, stream, capturing != 0);
+    if (!id) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct gp_in_cuLaunchHostFunc in = {.stream = stream, .id = id};
+    r = gp_call(call, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    if (r != CUDA_SUCCESS) gp_host_call_drop(id);
+    return r;
+}
+
+CUresult cuLaunchHostFunc(uint64_t stream, void *fn, void *data) {
+    GP_TRACE("cuLaunchHostFunc");
+    return host_call(0, GP_CALL_cuLaunchHostFunc, stream, fn, data);
+}
+
+CUresult cuStreamAddCallback(uint64_t stream, void *callback, void *data, uint32_t flags) {
+    GP_TRACE("cuStreamAddCallback");
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE; /* reserved, as the driver says */
+    return host_call(1, GP_CALL_cuStreamAddCallback, stream, callback, data);
+}
+
+CUresult cuMemPoolSetAttribute(uint64_t pool, int32_t attr, void *value) {
+    GP_TRACE("cuMemPoolSetAttribute");
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    if (gp_pool_is_local(pool)) return gp_pool_attribute_local(pool, attr, value, 1);
+    uint64_t v = GP_POOL_ATTRIBUTE_IS_INT(attr) ? (uint64_t)(uint32_t) * (int *)value : *(uint64_t *)value;
+    struct gp_in_cuMemPoolSetAttribute in = {.pool = pool, .attr = attr, .value = v};
+    return gp_call(GP_CALL_cuMemPoolSetAttribute, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
+CUresult cuMemPoolTrimTo(uint64_t pool, uint64_t min_bytes_to_keep) {
+    GP_TRACE("cuMemPoolTrimTo");
+    if (gp_pool_is_local(pool)) return CUDA_SUCCESS; /* it keeps nothing to trim */
+    struct gp_in_cuMemPoolTrimTo in = {.pool = pool, .min_bytes_to_keep = min_bytes_to_keep};
+    return gp_call(GP_CALL_cuMemPoolTrimTo, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
+CUresult cuMemPoolDestroy(uint64_t pool) {
+    GP_TRACE("cuMemPoolDestroy");
+    if (gp_pool_is_local(pool)) return gp_pool_destroy_local(pool);
+    struct gp_in_cuMemPoolDestroy in = {.pool = pool};
+    return gp_call(GP_CALL_cuMemPoolDestroy, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
+CUresult cuMemPoolGetAttribute(uint64_t pool, int32_t attr, void *value) {
+    GP_TRACE("cuMemPoolGetAttribute");
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    if (gp_pool_is_local(pool)) return gp_pool_attribute_local(pool, attr, value, 0);
+    struct gp_in_cuMemPoolGetAttribute in = {.pool = pool, .attr = attr};
+    struct gp_out_cuMemPoolGetAttribute out;
+    CUresult r = CALL(cuMemPoolGetAttribute, WANT, in, out);
+    if (r == CUDA_SUCCESS) {
+        if (GP_POOL_ATTRIBUTE_IS_INT(attr)) *(int *)value = (int)out.value;
+        else *(uint64_t *)value = out.value;
+    }
+    return r;
+}

@@ -1,0 +1,1 @@
+"""What runs on the GPU host: the worker process, its guard and executors, the native loop (native/)."""

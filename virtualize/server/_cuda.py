@@ -1,0 +1,1617 @@
+"""The CUDA executor: runs a lease's checked calls on the real GPU through cuda-python.
+
+The only module of gpupool that imports `cuda.bindings` (an import-linter contract says so). Handles
+travel as ints and are wrapped into cuda.bindings' types here; host buffers are passed by address.
+Every call returns its values or raises `CudaError` with the driver's CUresult.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import itertools
+import logging
+import mmap
+import os
+import threading
+from collections.abc import Callable
+
+from cuda.bindings import driver
+
+from virtualize.common._calls import FORWARDED_LAUNCH_ATTRIBUTES
+from virtualize.common._results import CUresult
+from virtualize.server._arrays import (
+    DEVICE,
+    HOST,
+    RESOURCE_DESC_BYTES,
+    TEXTURE_DESC_BYTES,
+    VIEW_DESC_BYTES,
+    ArrayShape,
+)
+from virtualize.server._executor import (
+    INVALID_VALUE,
+    NOT_SUPPORTED,
+    CopiedBytes,
+    Copy3D,
+    CudaError,
+    Executor,
+    Launch,
+    SharedHostMemory,
+    StagedCopy,
+    linked_image,
+)
+
+_INVALID_VALUE_RESULT = driver.CUresult.CUDA_ERROR_INVALID_VALUE
+SMALL_COPY = 256 << 10  # up to this, copies go through pageable memory (one driver call)
+STAGING_CHUNK = 8 << 20
+_HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_size_t)  # CUhostFn: void (*)(void *userData)
+# Asynchronous copies to the client: each one's own page-locked buffer, kept for reuse up to this much;
+# a larger copy is staged before the call returns (as every copy to the host was before).
+ASYNC_STAGING_MAX = 256 << 20
+ASYNC_STAGING_KEPT = 512 << 20
+# A copy's completion mark, which the host-function thread calling clients back reads (it may make no
+# CUDA call): the stream writes a word into host memory behind the copy (cuStreamWriteValue32, no host
+# thread involved), or, where stream memory operations are refused, the driver calls sem_post on a
+# semaphore — a C function, so the stream never waits for the GIL (its int result, ignored, is fine on
+# the 64-bit ABIs CUDA runs on). Other threads ask the copy's event.
+_libc = ctypes.CDLL(None, use_errno=True)
+_SEM_BYTES = 32  # sizeof(sem_t), 64-bit Linux
+_SEM_POST = driver.CUhostFn(ctypes.cast(_libc.sem_post, ctypes.c_void_p).value)
+_kept: list = []  # marks a dead context never wrote or posted, and their memory: never freed
+_MARK_BYTES = 4096  # after each staging buffer: the word the stream writes
+_marks = itertools.count(1)
+_driver_thread = threading.local()  # `calling_back` while the driver's thread runs a host function
+
+# Tensor maps go to the driver through its own entry points, written into a 64-byte-aligned CUtensorMap
+# of ours: cuda.bindings keeps a CUtensorMap inside a Python object, which is only 16-byte aligned, and
+# the driver refuses a map that is not 64-byte aligned with CUDA_ERROR_INVALID_VALUE (three encodes in
+# four failed that way). Each call: its ABI version and its parameters after the CUtensorMap *.
+TENSOR_MAP_BYTES, TENSOR_MAP_ALIGN = 128, 64
+_int32, _uint32, _u64s, _u32s, _i32s = (
+    ctypes.c_int32,
+    ctypes.c_uint32,
+    ctypes.POINTER(ctypes.c_uint64),
+    ctypes.POINTER(ctypes.c_uint32),
+    ctypes.POINTER(ctypes.c_int32),
+)
+TENSOR_MAP_CALLS: dict[str, tuple[int, tuple]] = {
+    "cuTensorMapEncodeTiled": (12000, (_int32, _uint32, ctypes.c_void_p, _u64s, _u64s, _u32s, _u32s,
+                                       _int32, _int32, _int32, _int32)),
+    "cuTensorMapEncodeIm2col": (12000, (_int32, _uint32, ctypes.c_void_p, _u64s, _u64s, _i32s, _i32s, _uint32,
+                                        _uint32, _u32s, _int32, _int32, _int32, _int32)),
+    "cuTensorMapEncodeIm2colWide": (12080, (_int32, _uint32, ctypes.c_void_p, _u64s, _u64s, _int32, _int32,
+                                            _uint32, _uint32, _u32s, _int32, _int32, _int32, _int32, _int32)),
+    "cuTensorMapReplaceAddress": (12000, (ctypes.c_void_p,)),
+}  # fmt: skip
+
+
+def with_aligned_tensor_map(function: Callable[..., int], args: tuple, initial: bytes = b"") -> bytes:
+    """Call `function(map, *args)` on a 64-byte-aligned CUtensorMap holding `initial`; its 128 bytes after."""
+    storage = ctypes.create_string_buffer(TENSOR_MAP_BYTES + TENSOR_MAP_ALIGN)
+    address = -(-ctypes.addressof(storage) // TENSOR_MAP_ALIGN) * TENSOR_MAP_ALIGN
+    ctypes.memmove(address, bytes(initial).ljust(TENSOR_MAP_BYTES, b"\0"), TENSOR_MAP_BYTES)
+    result = function(address, *args)
+    if result:
+        raise CudaError(result, "tensor map")
+    return ctypes.string_at(address, TENSOR_MAP_BYTES)
+
+
+def _ok(result):
+    """(CUresult, values...) -> the values; raises CudaError for anything but CUDA_SUCCESS."""
+    err = result[0]
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise CudaError(int(err))
+    if len(result) == 1:
+        return None
+    if len(result) == 2:
+        return result[1]
+    return result[1:]
+
+
+def _int(value) -> int:
+    return int(value) if value is not None else 0
+
+
+def _edge_data_bytes(edge) -> bytes:
+    """CUgraphEdgeData as the wire carries it: from port, to port, type, five reserved bytes."""
+    return bytes((int(edge.from_port), int(edge.to_port), int(edge.type))) + bytes(5)
+
+
+def _enum(kind, value: int):
+    try:
+        return kind(value)
+    except ValueError as exc:
+        raise CudaError(INVALID_VALUE, f"{kind.__name__} {value}") from exc
+
+
+def _address(view: memoryview) -> int:
+    """The address of a writable buffer's first byte."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+
+class _Launchable:
+    """A function's parameter buffer and the kernelParams array pointing into it, built once."""
+
+    def __init__(self, func: int, layout: list[tuple[int, int]]) -> None:
+        size = max((offset + size for offset, size in layout), default=0)
+        self.buffer = ctypes.create_string_buffer(max(size, 1))
+        base = ctypes.addressof(self.buffer)
+        self.pointers = (ctypes.c_void_p * max(len(layout), 1))(*[base + offset for offset, _ in layout])
+        self.params = ctypes.addressof(self.pointers) if layout else 0
+        self.function = driver.CUfunction(func)
+        self.layout = layout
+        self.lock = threading.Lock()
+
+
+class _Staging:
+    """Two page-locked chunk buffers and their events, for one thread in one context."""
+
+    def __init__(self) -> None:
+        flags = 1  # CU_MEMHOSTALLOC_PORTABLE
+        self.addresses = [int(_ok(driver.cuMemHostAlloc(STAGING_CHUNK, flags))) for _ in range(2)]
+        self.views = [
+            memoryview((ctypes.c_char * STAGING_CHUNK).from_address(a)).cast("B") for a in self.addresses
+        ]
+        self.events = [_ok(driver.cuEventCreate(2)) for _ in range(2)]  # CU_EVENT_DISABLE_TIMING
+        self.busy = [False, False]
+
+    def record(self, k: int, stream) -> None:
+        _ok(driver.cuEventRecord(self.events[k], stream))
+        self.busy[k] = True
+
+    def wait(self, k: int) -> None:
+        if self.busy[k]:
+            _ok(driver.cuEventSynchronize(self.events[k]))
+            self.busy[k] = False
+
+    def free(self) -> None:
+        for k in range(2):
+            self.wait(k)
+            driver.cuEventDestroy(self.events[k])
+            driver.cuMemFreeHost(self.addresses[k])
+
+
+class _Buffer:
+    """Host memory of the worker's own (mmap), registered with the driver: it outlives any context, so
+    a context the client destroys or resets leaves it valid (a copy into it is then merely synchronous).
+    A page after it holds the word streams write as copies' marks, registered on its own, mapped for
+    the device, once a stream is to write there."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.memory = mmap.mmap(-1, size + _MARK_BYTES)
+        self.anchor = ctypes.c_char.from_buffer(self.memory)
+        self.address = ctypes.addressof(self.anchor)
+        self.mark = ctypes.c_uint32.from_address(self.address + size)
+        # PORTABLE: page-locked for every context. Refused (no room): pageable, still correct.
+        self.registered = driver.cuMemHostRegister(self.address, size, 1)[0] == 0
+        self._mark_device: int | None = None
+        self._mark_registered = False
+
+    def mark_device(self) -> int:
+        """The mark's device address (0: none to be had)."""
+        if self._mark_device is None:
+            self._mark_device = 0
+            flags = 3  # PORTABLE | DEVICEMAP
+            if driver.cuMemHostRegister(self.address + self.size, _MARK_BYTES, flags)[0] == 0:
+                found = driver.cuMemHostGetDevicePointer(self.address + self.size, 0)
+                self._mark_device = int(found[1]) if found[0] == 0 else 0
+                self._mark_registered = True
+        return self._mark_device
+
+    def drop(self) -> None:
+        if self.registered:
+            driver.cuMemHostUnregister(self.address)
+        if self._mark_registered:
+            driver.cuMemHostUnregister(self.address + self.size)
+
+
+class _PinnedPool:
+    """Page-locked buffers of copies in flight to the client, by power-of-two size, and their events.
+    Both come back on any thread (the host-function thread may make no CUDA call), so what is not kept
+    is unregistered or destroyed at the next take, on a connection's thread."""
+
+    def __init__(self) -> None:
+        self.free: dict[int, list[_Buffer]] = {}
+        self.kept = 0
+        self.doomed: list[_Buffer] = []
+        self.doomed_events: list = []
+        self.lock = threading.Lock()
+
+    def take(self, count: int) -> _Buffer:
+        size = max(64 << 10, 1 << (count - 1).bit_length())
+        with self.lock:
+            doomed, self.doomed = self.doomed, []
+            events, self.doomed_events = self.doomed_events, []
+            free = self.free.get(size)
+            buffer = free.pop() if free else None
+            self.kept -= size if buffer else 0
+        for old in doomed:
+            old.drop()
+        for event in events:
+            driver.cuEventDestroy(event)  # a context gone since: an error, and nothing to do
+        return buffer or _Buffer(size)
+
+    def give(self, buffer: _Buffer | None, event) -> None:
+        """`buffer` None: only the event comes back."""
+        with self.lock:
+            self.doomed_events.append(event)
+            if buffer is None:
+                return
+            if self.kept + buffer.size <= ASYNC_STAGING_KEPT:
+                self.free.setdefault(buffer.size, []).append(buffer)
+                self.kept += buffer.size
+            else:
+                self.doomed.append(buffer)
+
+
+class _InFlight(StagedCopy):
+    """A copy queued on a stream into a page-locked buffer, with an event and a mark behind it."""
+
+    def __init__(self, executor: CudaExecutor, src: int, count: int, stream) -> None:
+        self.executor, self.count = executor, count
+        self.ctx = executor._local().ctx
+        self.buffer = executor.pinned.take(count)
+        self.address = self.buffer.address
+        self.sem = None
+        self.seq = next(_marks) & 0xFFFFFFFF or 1  # never the word left there before: no reset needed
+        self.event = _ok(driver.cuEventCreate(2))  # CU_EVENT_DISABLE_TIMING
+        self.error = 0
+        self.done = False
+        try:
+            _ok(driver.cuMemcpyDtoHAsync(self.address, src, count, stream))
+            _ok(driver.cuEventRecord(self.event, stream))
+            marked = bool(executor.stream_marks and self.buffer.mark_device())
+            if marked and driver.cuStreamWriteValue32(stream, self.buffer.mark_device(), self.seq, 0)[0]:
+                executor.stream_marks = marked = False  # refused (no stream memory operations): not again
+            if not marked:
+                self.sem = (ctypes.c_char * _SEM_BYTES)()
+                _libc.sem_init(self.sem, 0, 0)
+                _ok(driver.cuLaunchHostFunc(stream, _SEM_POST, ctypes.addressof(self.sem)))
+        except CudaError:
+            driver.cuStreamSynchronize(stream)  # nothing of ours left in flight on it
+            self.done = True
+            self.release()
+            raise
+
+    def _marked(self) -> bool:
+        if self.sem is None:
+            return self.buffer.mark.value == self.seq
+        value = ctypes.c_int()
+        _libc.sem_getvalue(self.sem, ctypes.byref(value))
+        return value.value > 0
+
+    def ready(self) -> bool:
+        if self.done or self._marked():
+            return True
+        if getattr(_driver_thread, "calling_back", False):
+            return False  # the mark comes soon after the event; no CUDA call on the driver's thread
+        return self._in_context(driver.cuEventQuery) == driver.CUresult.CUDA_SUCCESS
+
+    def _in_context(self, ask):
+        """`ask(event)`'s result, made in the copy's context from any thread."""
+        err = driver.cuCtxPushCurrent(driver.CUcontext(self.ctx))[0]
+        if err == driver.CUresult.CUDA_SUCCESS:
+            err = ask(self.event)[0]
+            driver.cuCtxPopCurrent()
+        return err
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        err = self._in_context(driver.cuEventSynchronize)
+        if err != driver.CUresult.CUDA_SUCCESS:  # the context failed or is gone: no bytes to send
+            self.error = int(err)
+        self.done = True  # the event says the bytes are in; the mark may come later
+
+    def view(self) -> memoryview:
+        if self.error:
+            raise CudaError(self.error, "the copy to the host failed")
+        return memoryview((ctypes.c_char * self.count).from_address(self.address)).cast("B")
+
+    def release(self) -> None:
+        if self.address == 0:
+            return
+        if not self.ready():
+            self.wait()  # the client is gone: the buffer goes back once the DMA is over
+        if self._marked():
+            if self.sem is not None:
+                _libc.sem_destroy(self.sem)
+            self.executor.pinned.give(self.buffer, self.event)
+        else:  # the stream may still write its mark or the driver post it (a context that failed)
+            _kept.append((self.sem, self.buffer))
+            self.executor.pinned.give(None, self.event)
+        self.address = 0
+
+
+class CudaExecutor(Executor):
+    name = "cuda"
+
+    def __init__(self, devices) -> None:
+        """`devices`: the lease's GPUs (WorkerDevice), shown to the client as devices 0..n-1."""
+        _ok(driver.cuInit(0))
+        self.real = [self._find(d, position) for position, d in enumerate(devices)]
+        self.launchables: dict[int, _Launchable] = {}
+        self.streams: dict[int, driver.CUstream] = {}
+        self.local = threading.local()  # per connection thread: scratch and staging buffers
+        self.linked: dict[int, bytes] = {}  # link state -> the image cuLinkComplete made
+        # Host functions: one C thunk for the process's life (the driver calls it with a key).
+        self.host_funcs: dict[int, Callable[[], None]] = {}
+        self.kept_host_funcs: set[int] = set()  # host functions captured into graphs (never popped)
+        self._host_keys = itertools.count(1)
+        self._host_thunk = _HOST_FN(self._run_host_func)
+        self._host_thunk_fn = driver.CUhostFn(ctypes.cast(self._host_thunk, ctypes.c_void_p).value)
+        self.pinned = _PinnedPool()  # buffers of asynchronous copies to the client
+        self.stream_marks = True  # whether the streams write copies' marks (stream memory operations)
+        self.tensor_map_functions: dict[str, Callable[..., int]] = {}  # the driver's, for aligned maps
+
+    @staticmethod
+    def _find(device, position: int) -> int:
+        """The CUDA ordinal of a lease GPU: by UUID, else its position (start_worker makes the lease's
+        GPUs the process's CUDA_VISIBLE_DEVICES, in order)."""
+        count = _ok(driver.cuDeviceGetCount())
+        if device.uuid:
+            want = device.uuid.removeprefix("GPU-").replace("-", "").lower()
+            for ordinal in range(count):
+                if bytes(_ok(driver.cuDeviceGetUuid(ordinal)).bytes).hex() == want:
+                    return ordinal
+            raise CudaError(CUresult.INVALID_DEVICE, f"no CUDA device has UUID {device.uuid}")
+        if not 0 <= position < count:
+            raise CudaError(CUresult.INVALID_DEVICE, f"CUDA sees {count} device(s), the lease has more")
+        return position
+
+    # -- helpers -------------------------------------------------------------------------------------
+
+    def _local(self) -> threading.local:
+        local = self.local
+        if not hasattr(local, "scratch"):
+            local.scratch = memoryview(bytearray(SMALL_COPY))
+            local.staging = {}
+            local.copy_events = {}  # ctx -> events of copies through shared memory
+            local.ctx = 0
+        return local
+
+    def _staging(self) -> _Staging:
+        """This thread's staging buffers for the current context (events belong to a context)."""
+        local = self._local()
+        staging = local.staging.get(local.ctx)
+        if staging is None:
+            staging = local.staging[local.ctx] = _Staging()
+        return staging
+
+    def _d(self, dev: int) -> int:
+        """The client's device ordinal (0..n-1 of the lease) -> this host's CUDA ordinal."""
+        if not 0 <= dev < len(self.real):
+            raise CudaError(CUresult.INVALID_DEVICE, f"device {dev} is not part of this lease")
+        return self.real[dev]
+
+    def _stream(self, handle: int):
+        stream = self.streams.get(handle)
+        if stream is None:
+            stream = self.streams[handle] = driver.CUstream(handle)
+        return stream
+
+    # -- the seam ------------------------------------------------------------------------------------
+
+    def end_thread(self) -> None:
+        """A connection's thread is done: its page-locked staging buffers and copy events go (each pins
+        host memory; a worker serving many short runs would otherwise keep every run's). A context the
+        client destroyed took its own with it."""
+        local = self._local()
+        for ctx, staging in local.staging.items():
+            with contextlib.suppress(CudaError):
+                self.set_context(ctx)
+                staging.free()
+        local.staging.clear()
+        for ctx, events in local.copy_events.items():
+            with contextlib.suppress(CudaError):
+                self.set_context(ctx)
+                for event in events:
+                    driver.cuEventDestroy(event)
+        local.copy_events.clear()
+
+    def set_context(self, ctx: int) -> None:
+        _ok(driver.cuCtxSetCurrent(driver.CUcontext(ctx)))
+        self._local().ctx = ctx
+
+    def copy_to_device(self, dst, count, stream, fill) -> None:
+        s = self._stream(stream or 0)  # None (the synchronous copy) runs on the legacy default stream
+        if count <= SMALL_COPY:
+            # Pageable memory: the driver has taken the bytes when the call returns.
+            view = self._local().scratch[:count]
+            fill(view)
+            if stream is None:
+                _ok(driver.cuMemcpyHtoD(dst, _address(view), count))
+            else:
+                _ok(driver.cuMemcpyHtoDAsync(dst, _address(view), count, s))
+            return
+        # Large: page-locked chunks, two in flight, so receiving chunk k+1 overlaps the DMA of chunk k.
+        staging = self._staging()
+        offset, k = 0, 0
+        while offset < count:
+            n = min(STAGING_CHUNK, count - offset)
+            staging.wait(k)
+            fill(staging.views[k][:n])
+            _ok(driver.cuMemcpyHtoDAsync(dst + offset, staging.addresses[k], n, s))
+            staging.record(k, s)
+            offset += n
+            k ^= 1
+        if stream is None:
+            staging.wait(k ^ 1)  # synchronous: on the device before the next call runs
+
+    def copy_from_device(self, src, count, stream, send) -> None:
+        s = self._stream(stream or 0)
+        if count <= SMALL_COPY:
+            view = self._local().scratch[:count]
+            if stream is None:
+                _ok(driver.cuMemcpyDtoH(_address(view), src, count))
+            else:
+                _ok(driver.cuMemcpyDtoHAsync(_address(view), src, count, s))
+                _ok(driver.cuStreamSynchronize(s))
+            send(view)
+            return
+        # Large: the DMA of chunk k+1 runs while chunk k goes out on the socket.
+        staging = self._staging()
+        sizes = []
+        offset, k = 0, 0
+        while offset < count or sizes:
+            if offset < count:
+                n = min(STAGING_CHUNK, count - offset)
+                staging.wait(k)  # its previous chunk has been sent (send() returns when it has)
+                _ok(driver.cuMemcpyDtoHAsync(staging.addresses[k], src + offset, n, s))
+                staging.record(k, s)
+                sizes.append((k, n))
+                offset += n
+                k ^= 1
+                if len(sizes) < 2 and offset < count:
+                    continue
+            j, n = sizes.pop(0)
+            staging.wait(j)
+            send(staging.views[j][:n])
+
+    def shared_host_memory(self, size: int) -> SharedHostMemory:
+        shared = super().shared_host_memory(size)
+        shared.address = _address(shared.view)
+        try:
+            _ok(driver.cuMemHostRegister(shared.address, size, 1))  # CU_MEMHOSTREGISTER_PORTABLE
+        except CudaError:
+            shared.close()
+            raise
+        return shared
+
+    def release_shared_host_memory(self, shared: SharedHostMemory) -> None:
+        driver.cuMemHostUnregister(shared.address)
+        shared.close()
+
+    def copy_in_from(self, dst, shared, offset, count, stream, last) -> None:
+        s = self._stream(stream or 0)
+        _ok(driver.cuMemcpyHtoDAsync(dst, shared.address + offset, count, s))
+        if last:  # the client writes the memory again once answered: every piece read by then
+            event = self._copy_events()[0]
+            _ok(driver.cuEventRecord(event, s))
+            _ok(driver.cuEventSynchronize(event))
+
+    def copy_out_into(self, shared, offset, src, count, stream) -> StagedCopy:
+        s = self._stream(stream or 0)
+        _ok(driver.cuMemcpyDtoHAsync(shared.address + offset, src, count, s))
+        done = _ok(driver.cuEventCreate(2))  # CU_EVENT_DISABLE_TIMING
+        _ok(driver.cuEventRecord(done, s))
+        landed = _Landed(done)
+        if stream is None:
+            landed.wait()
+        return landed
+
+    def copy_out_to(self, shared, src, count, stream, chunk, ready) -> None:
+        s = self._stream(stream or 0)
+        events = self._copy_events()
+        pieces = [(at, min(chunk, count - at)) for at in range(0, count, chunk)]
+        issued = 0
+        for i, (at, n) in enumerate(pieces):  # up to len(events) DMAs ahead of the piece handed over
+            while issued < len(pieces) and issued < i + len(events):
+                start, size = pieces[issued]
+                _ok(driver.cuMemcpyDtoHAsync(shared.address + start, src + start, size, s))
+                _ok(driver.cuEventRecord(events[issued % len(events)], s))
+                issued += 1
+            _ok(driver.cuEventSynchronize(events[i % len(events)]))
+            ready(at, n)
+
+    def _copy_events(self) -> list:
+        """This thread's events for copies through shared memory, in the current context."""
+        local = self._local()
+        events = local.copy_events.get(local.ctx)
+        if events is None:
+            events = local.copy_events[local.ctx] = [_ok(driver.cuEventCreate(2)) for _ in range(16)]
+        return events
+
+    def copy_from_device_async(self, src, count, stream) -> StagedCopy:
+        if count > ASYNC_STAGING_MAX:  # not worth pinning that much: staged now, the stream waited for
+            data = bytearray(count)
+            at = 0
+
+            def keep(view: memoryview) -> None:
+                nonlocal at
+                data[at : at + len(view)] = view
+                at += len(view)
+
+            self.copy_from_device(src, count, stream, keep)
+            return CopiedBytes(data)
+        return _InFlight(self, src, count, self._stream(stream))
+
+    def memset(self, dst: int, value: int, element_size: int, count: int, stream: int | None) -> None:
+        name = {1: "cuMemsetD8", 2: "cuMemsetD16", 4: "cuMemsetD32"}[element_size]
+        if stream is None:
+            _ok(getattr(driver, name)(dst, value, count))
+        else:
+            _ok(getattr(driver, name + "Async")(dst, value, count, self._stream(stream)))
+
+    def cuStreamWaitValue32(self, stream, addr, value, flags):
+        _ok(driver.cuStreamWaitValue32(self._stream(stream), addr, value, flags))
+
+    def cuStreamWaitValue64(self, stream, addr, value, flags):
+        _ok(driver.cuStreamWaitValue64(self._stream(stream), addr, value, flags))
+
+    def cuStreamWriteValue32(self, stream, addr, value, flags):
+        _ok(driver.cuStreamWriteValue32(self._stream(stream), addr, value, flags))
+
+    def cuStreamWriteValue64(self, stream, addr, value, flags):
+        _ok(driver.cuStreamWriteValue64(self._stream(stream), addr, value, flags))
+
+    def cuStreamGetAttribute(self, stream, attr):
+        value = _ok(driver.cuStreamGetAttribute(self._stream(stream), _enum(driver.CUstreamAttrID, attr)))
+        return ctypes.string_at(value.getPtr(), 64)
+
+    def cuStreamSetAttribute(self, stream, attr, value):
+        kind = _enum(driver.CUstreamAttrID, attr)
+        _ok(
+            driver.cuStreamSetAttribute(
+                self._stream(stream), kind, self._struct(driver.CUstreamAttrValue, value)
+            )
+        )
+
+    def cuStreamCopyAttributes(self, dst, src):
+        _ok(driver.cuStreamCopyAttributes(self._stream(dst), self._stream(src)))
+
+    def copy_3d(self, src, dst, extent, stream, data):
+        width, height, depth = extent
+        host = (
+            bytearray(data)
+            if src.kind == HOST
+            else bytearray(width * height * depth)
+            if dst.kind == HOST
+            else None
+        )
+        copy = driver.CUDA_MEMCPY3D()
+        for prefix, side in (("src", src), ("dst", dst)):
+            setattr(copy, f"{prefix}MemoryType", driver.CUmemorytype(side.kind))
+            setattr(copy, f"{prefix}XInBytes", side.x)
+            setattr(copy, f"{prefix}Y", side.y)
+            setattr(copy, f"{prefix}Z", side.z)
+            setattr(copy, f"{prefix}Pitch", side.pitch)
+            setattr(copy, f"{prefix}Height", side.height)
+            if side.kind == HOST:
+                setattr(
+                    copy, f"{prefix}Host", ctypes.addressof((ctypes.c_char * len(host)).from_buffer(host))
+                )
+            elif side.kind == DEVICE:
+                setattr(copy, f"{prefix}Device", side.at)
+            else:
+                setattr(copy, f"{prefix}Array", driver.CUarray(side.at))
+        copy.WidthInBytes, copy.Height, copy.Depth = width, height, depth
+        if stream is None:
+            _ok(driver.cuMemcpy3D(copy))
+        else:
+            _ok(driver.cuMemcpy3DAsync(copy, self._stream(stream)))
+            if dst.kind == HOST:  # the bytes go back in this call's reply
+                _ok(driver.cuStreamSynchronize(self._stream(stream)))
+        return host if dst.kind == HOST else None
+
+    def param_layout(self, func: int, is_kernel: bool) -> list[tuple[int, int]]:
+        layout = []
+        handle = driver.CUkernel(func) if is_kernel else driver.CUfunction(func)
+        info = driver.cuKernelGetParamInfo if is_kernel else driver.cuFuncGetParamInfo
+        while True:
+            result = info(handle, len(layout))
+            if result[0] == _INVALID_VALUE_RESULT:  # one past the last parameter
+                return layout
+            offset, size = _ok(result)
+            layout.append((int(offset), int(size)))
+
+    def launch(self, launch: Launch) -> None:
+        func, layout, params = launch.func, launch.layout, launch.params
+        target = self.launchables.get(func)
+        if target is None or target.layout is not layout:  # new, or a reused handle of unloaded code
+            target = self.launchables[func] = _Launchable(func, layout)
+        with target.lock:  # the buffer is read by the driver during the call only
+            ctypes.memmove(target.buffer, params, min(len(params), len(target.buffer)))
+            stream = self._stream(launch.stream)
+            if not launch.attributes:
+                _ok(
+                    driver.cuLaunchKernel(
+                        target.function,
+                        *launch.grid,
+                        *launch.block,
+                        launch.shared_mem,
+                        stream,
+                        target.params,
+                        0,
+                    )
+                )
+                return
+            config = self._config(
+                launch.grid, launch.block, launch.shared_mem, launch.stream, launch.attributes
+            )
+            _ok(driver.cuLaunchKernelEx(config, target.function, target.params, 0))
+
+    def _config(self, grid, block, shared_mem, stream, attributes):
+        config = driver.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = block
+        config.sharedMemBytes = shared_mem
+        config.hStream = self._stream(stream)
+        config.attrs = [self._attribute(i, v) for i, v in attributes]
+        config.numAttrs = len(attributes)
+        return config
+
+    def tensor_map(self, name: str, ins: tuple, arrays: list[list[int]]) -> bytes:
+        dims, strides = (
+            (ctypes.c_uint64 * len(arrays[0]))(*arrays[0]),
+            (ctypes.c_uint64 * len(arrays[1]))(*arrays[1]),
+        )
+        if name == "cuTensorMapEncodeTiled":
+            dtype, rank, address, interleave, swizzle, l2, oob = ins
+            box, element = ((ctypes.c_uint32 * len(a))(*a) for a in arrays[2:])
+            args = (dtype, rank, address, dims, strides, box, element, interleave, swizzle, l2, oob)
+        elif name == "cuTensorMapEncodeIm2col":
+            dtype, rank, address, channels, pixels, interleave, swizzle, l2, oob = ins
+            lower, upper = ((ctypes.c_int32 * len(a))(*a) for a in arrays[2:4])
+            element = (ctypes.c_uint32 * len(arrays[4]))(*arrays[4])
+            args = (dtype, rank, address, dims, strides, lower, upper, channels, pixels, element, interleave,
+                    swizzle, l2, oob)  # fmt: skip
+        else:  # cuTensorMapEncodeIm2colWide
+            dtype, rank, address, lower, upper, channels, pixels, interleave, mode, swizzle, l2, oob = ins
+            element = (ctypes.c_uint32 * len(arrays[2]))(*arrays[2])
+            args = (dtype, rank, address, dims, strides, lower, upper, channels, pixels, element, interleave, mode,
+                    swizzle, l2, oob)  # fmt: skip
+        return with_aligned_tensor_map(self._tensor_map_function(name), args)
+
+    def tensor_map_address(self, encoded: bytes, address: int) -> bytes:
+        return with_aligned_tensor_map(
+            self._tensor_map_function("cuTensorMapReplaceAddress"), (address,), encoded
+        )
+
+    def _tensor_map_function(self, name: str):
+        """The driver's own entry point for a tensor-map call, as a ctypes function (looked up once)."""
+        function = self.tensor_map_functions.get(name)
+        if function is None:
+            version, argtypes = TENSOR_MAP_CALLS[name]
+            flags = driver.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
+            pfn, _status = _ok(driver.cuGetProcAddress(name.encode(), version, flags))
+            if not _int(pfn):
+                raise CudaError(NOT_SUPPORTED, f"the driver has no {name}")
+            function = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *argtypes)(_int(pfn))
+            self.tensor_map_functions[name] = function
+        return function
+
+    def launch_host_func(self, stream, fn) -> None:
+        key = next(self._host_keys)
+        self.host_funcs[key] = fn
+        capturing = _ok(driver.cuStreamIsCapturing(self._stream(stream)))
+        if capturing != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE:
+            self.kept_host_funcs.add(key)  # a graph's host node: it runs at every launch
+        try:
+            _ok(driver.cuLaunchHostFunc(self._stream(stream), self._host_thunk_fn, key))
+        except BaseException:
+            self.host_funcs.pop(key, None)
+            raise
+
+    def _run_host_func(self, key) -> None:
+        """On the driver's callback thread: no CUDA call may be made here (none is)."""
+        fn = self.host_funcs.get(key) if key in self.kept_host_funcs else self.host_funcs.pop(key, None)
+        if fn is not None:
+            _driver_thread.calling_back = True
+            try:
+                fn()
+            except Exception:  # a failure here must not take the driver's thread down
+                logging.getLogger("gpupool.worker").exception("host function failed")
+            finally:
+                _driver_thread.calling_back = False
+
+    def reserve_addresses(self, size: int, hint: int) -> int:
+        return _int(_ok(driver.cuMemAddressReserve(size, 1 << 30, hint, 0)))
+
+    def release_addresses(self, base: int, size: int) -> None:
+        _ok(driver.cuMemAddressFree(base, size))
+
+    def _prop(self, device: int, handle_types: int = 0):
+        prop = driver.CUmemAllocationProp()
+        prop.type = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = self._d(device)
+        if handle_types:
+            prop.requestedHandleTypes = _enum(driver.CUmemAllocationHandleType, handle_types)
+        return prop
+
+    def map_memory(self, base: int, size: int, device: int):
+        handle = _ok(driver.cuMemCreate(size, self._prop(device), 0))
+        mapped = False
+        try:
+            _ok(driver.cuMemMap(base, size, 0, handle, 0))
+            mapped = True
+            access = self._access(device)
+            _ok(driver.cuMemSetAccess(base, size, access, len(access)))
+        except BaseException:
+            if mapped:
+                driver.cuMemUnmap(base, size)
+            driver.cuMemRelease(handle)
+            raise
+        return handle
+
+    def _access(self, device: int) -> list:
+        """Who may touch `device`'s memory: the device, and each lease device that can reach it as a peer
+        (cuMemAlloc memory needs cuCtxEnablePeerAccess first; mapped memory is granted here, once)."""
+        return self._descs(
+            [
+                (other, 3)  # CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                for other, real in enumerate(self.real)
+                if other == device or _ok(driver.cuDeviceCanAccessPeer(real, self.real[device]))
+            ]
+        )
+
+    def _descs(self, access: list[tuple[int, int]]) -> list:
+        descs = []
+        for device, flags in access:
+            desc = driver.CUmemAccessDesc()
+            desc.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+            desc.location.id = self._d(device)
+            desc.flags = _enum(driver.CUmemAccess_flags, flags)
+            descs.append(desc)
+        return descs
+
+    # The virtual memory API as the program calls it (the guard checked ranges and handles).
+    def cuMemCreate(self, size, device, handle_types):
+        return _int(_ok(driver.cuMemCreate(size, self._prop(device, handle_types), 0)))
+
+    def cuMemRelease(self, handle):
+        _ok(driver.cuMemRelease(driver.CUmemGenericAllocationHandle(handle)))
+
+    def cuMemImportFromShareableHandle(self, handle):
+        """Another reference to memory of the lease, for another of its processes: exported as a POSIX
+        descriptor and imported back in this process, as the driver shares memory between processes."""
+        posix = driver.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        fd = _int(
+            _ok(driver.cuMemExportToShareableHandle(driver.CUmemGenericAllocationHandle(handle), posix, 0))
+        )
+        try:
+            return _int(_ok(driver.cuMemImportFromShareableHandle(fd, posix)))
+        finally:
+            os.close(fd)
+
+    # -- CUDA arrays, textures and surfaces ------------------------------------------------------------
+
+    @staticmethod
+    def _array_descriptor(shape: ArrayShape):
+        desc = driver.CUDA_ARRAY3D_DESCRIPTOR()
+        desc.Width, desc.Height, desc.Depth = shape.width, shape.height, shape.depth
+        desc.Format = _enum(driver.CUarray_format, shape.format)
+        desc.NumChannels, desc.Flags = shape.channels, shape.flags
+        return desc
+
+    def cuArray3DCreate(self, shape):
+        return _int(_ok(driver.cuArray3DCreate(self._array_descriptor(shape))))
+
+    def cuArrayDestroy(self, handle):
+        _ok(driver.cuArrayDestroy(driver.CUarray(handle)))
+
+    def cuArray3DGetDescriptor(self, handle):
+        d = _ok(driver.cuArray3DGetDescriptor(driver.CUarray(handle)))
+        return ArrayShape(
+            int(d.Width), int(d.Height), int(d.Depth), int(d.Format), int(d.NumChannels), int(d.Flags)
+        )
+
+    def cuMipmappedArrayCreate(self, shape, levels):
+        return _int(_ok(driver.cuMipmappedArrayCreate(self._array_descriptor(shape), levels)))
+
+    def cuMipmappedArrayGetLevel(self, handle, level):
+        return _int(_ok(driver.cuMipmappedArrayGetLevel(driver.CUmipmappedArray(handle), level)))
+
+    def cuMipmappedArrayDestroy(self, handle):
+        _ok(driver.cuMipmappedArrayDestroy(driver.CUmipmappedArray(handle)))
+
+    @staticmethod
+    def _struct(kind, raw: bytes):
+        """A cuda.bindings structure holding the client's C struct as it is (its handles are this worker's)."""
+        value = kind()
+        ctypes.memmove(value.getPtr(), bytes(raw), len(raw))
+        return value
+
+    def cuTexObjectCreate(self, res, tex, view):
+        descs = self._struct(driver.CUDA_RESOURCE_DESC, res), self._struct(driver.CUDA_TEXTURE_DESC, tex)
+        view_desc = self._struct(driver.CUDA_RESOURCE_VIEW_DESC, view) if view else None
+        return _int(_ok(driver.cuTexObjectCreate(*descs, view_desc)))
+
+    def cuTexObjectGetResourceDesc(self, tex):
+        desc = _ok(driver.cuTexObjectGetResourceDesc(driver.CUtexObject(tex)))
+        return ctypes.string_at(desc.getPtr(), RESOURCE_DESC_BYTES)
+
+    def cuTexObjectGetTextureDesc(self, tex):
+        desc = _ok(driver.cuTexObjectGetTextureDesc(driver.CUtexObject(tex)))
+        return ctypes.string_at(desc.getPtr(), TEXTURE_DESC_BYTES)
+
+    def cuTexObjectGetResourceViewDesc(self, tex):
+        desc = _ok(driver.cuTexObjectGetResourceViewDesc(driver.CUtexObject(tex)))
+        return ctypes.string_at(desc.getPtr(), VIEW_DESC_BYTES)
+
+    def cuSurfObjectGetResourceDesc(self, surf):
+        desc = _ok(driver.cuSurfObjectGetResourceDesc(driver.CUsurfObject(surf)))
+        return ctypes.string_at(desc.getPtr(), RESOURCE_DESC_BYTES)
+
+    def cuTexObjectDestroy(self, tex):
+        _ok(driver.cuTexObjectDestroy(driver.CUtexObject(tex)))
+
+    def cuSurfObjectCreate(self, res):
+        return _int(_ok(driver.cuSurfObjectCreate(self._struct(driver.CUDA_RESOURCE_DESC, res))))
+
+    def cuSurfObjectDestroy(self, surf):
+        _ok(driver.cuSurfObjectDestroy(driver.CUsurfObject(surf)))
+
+    def cuMemGetAccess(self, ptr, device):
+        location = driver.CUmemLocation()
+        location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        location.id = self._d(device)
+        return int(_ok(driver.cuMemGetAccess(location, ptr)))
+
+    def cuMemRetainAllocationHandle(self, addr):
+        return _int(_ok(driver.cuMemRetainAllocationHandle(addr)))
+
+    def cuMemMap(self, ptr, size, offset, handle, flags):
+        _ok(driver.cuMemMap(ptr, size, offset, driver.CUmemGenericAllocationHandle(handle), flags))
+
+    def cuMemUnmap(self, ptr, size):
+        _ok(driver.cuMemUnmap(ptr, size))
+
+    def cuMemSetAccess(self, ptr, size, access):
+        descs = self._descs(access)
+        _ok(driver.cuMemSetAccess(ptr, size, descs, len(descs)))
+
+    def cuMemGetAllocationGranularity(self, device, option):
+        kind = _enum(driver.CUmemAllocationGranularity_flags, option)
+        return int(_ok(driver.cuMemGetAllocationGranularity(self._prop(device), kind)))
+
+    def unmap_memory(self, base: int, size: int, backing) -> None:
+        _ok(driver.cuMemUnmap(base, size))
+        _ok(driver.cuMemRelease(backing))
+
+    def cluster_occupancy(self, name: str, launch: Launch) -> int:
+        config = self._config(launch.grid, launch.block, launch.shared_mem, launch.stream, launch.attributes)
+        return int(_ok(getattr(driver, name)(driver.CUfunction(launch.func), config)))
+
+    @staticmethod
+    def _attribute(attr_id: int, value: bytes):
+        """A launch attribute as the client built it: its 64-byte value goes over unchanged (addresses
+        and event handles in it are this worker's own; a bogus one can only hurt this lease's worker)."""
+        ids = driver.CUlaunchAttributeID
+        if attr_id not in FORWARDED_LAUNCH_ATTRIBUTES:
+            raise CudaError(NOT_SUPPORTED, f"launch attribute {attr_id} is not forwarded")
+        attribute = driver.CUlaunchAttribute()
+        attribute.id = _enum(ids, attr_id)
+        ctypes.memmove(attribute.value.getPtr(), bytes(value[:64]).ljust(64, b"\0"), 64)
+        return attribute
+
+    # -- devices -------------------------------------------------------------------------------------
+
+    def cuInit(self, flags):
+        _ok(driver.cuInit(flags))
+
+    def cuDriverGetVersion(self):
+        return _ok(driver.cuDriverGetVersion())
+
+    def cuDeviceGet(self, ordinal):
+        self._d(ordinal)
+        return ordinal
+
+    def cuDeviceGetCount(self):
+        return len(self.real)
+
+    def cuDeviceGetName(self, length, dev):
+        return bytes(_ok(driver.cuDeviceGetName(max(length, 1), self._d(dev)))).split(b"\0", 1)[0]
+
+    def cuDeviceGetUuid(self, dev):
+        return bytes(_ok(driver.cuDeviceGetUuid(self._d(dev))).bytes)
+
+    def cuDeviceGetPCIBusId(self, length, dev):
+        return bytes(_ok(driver.cuDeviceGetPCIBusId(max(length, 1), self._d(dev)))).split(b"\0", 1)[0]
+
+    def cuDeviceTotalMem(self, dev):
+        return _ok(driver.cuDeviceTotalMem(self._d(dev)))
+
+    def cuDeviceGetAttribute(self, attrib, dev):
+        return _ok(driver.cuDeviceGetAttribute(_enum(driver.CUdevice_attribute, attrib), self._d(dev)))
+
+    def cuDeviceComputeCapability(self, dev):
+        a = driver.CUdevice_attribute
+        dev = self._d(dev)
+        major = _ok(driver.cuDeviceGetAttribute(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
+        minor = _ok(driver.cuDeviceGetAttribute(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
+        return major, minor
+
+    def cuDeviceGetP2PAttribute(self, attrib, src, dst):
+        kind = _enum(driver.CUdevice_P2PAttribute, attrib)
+        return int(_ok(driver.cuDeviceGetP2PAttribute(kind, self._d(src), self._d(dst))))
+
+    def cuDeviceGetP2PAtomicCapabilities(self, operations, src, dst):
+        kinds = [_enum(driver.CUatomicOperation, op) for op in operations]
+        found = _ok(driver.cuDeviceGetP2PAtomicCapabilities(kinds, len(kinds), self._d(src), self._d(dst)))
+        return [int(c) for c in found]
+
+    def cuDeviceGetTexture1DLinearMaxWidth(self, format_, channels, dev):
+        kind = _enum(driver.CUarray_format, format_)
+        return int(_ok(driver.cuDeviceGetTexture1DLinearMaxWidth(kind, channels, self._d(dev))))
+
+    def cuDeviceCanAccessPeer(self, dev, peer):
+        return _ok(driver.cuDeviceCanAccessPeer(self._d(dev), self._d(peer)))
+
+    def cuDeviceGetMemPool(self, dev):
+        return _int(_ok(driver.cuDeviceGetMemPool(self._d(dev))))
+
+    def cuDeviceGetDefaultMemPool(self, dev):
+        return _int(_ok(driver.cuDeviceGetDefaultMemPool(self._d(dev))))
+
+    def cuMemPoolCreate(self, device, handle_types, max_size):
+        props = driver.CUmemPoolProps()
+        props.allocType = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        props.handleTypes = _enum(driver.CUmemAllocationHandleType, handle_types)
+        props.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        props.location.id = self._d(device)
+        props.maxSize = max_size
+        return _int(_ok(driver.cuMemPoolCreate(props)))
+
+    def cuMemPoolDestroy(self, pool):
+        _ok(driver.cuMemPoolDestroy(driver.CUmemoryPool(pool)))
+
+    # -- contexts ------------------------------------------------------------------------------------
+
+    def cuDevicePrimaryCtxRetain(self, dev):
+        return _int(_ok(driver.cuDevicePrimaryCtxRetain(self._d(dev))))
+
+    def cuCtxCreate(self, flags, dev):
+        try:  # cuda-bindings 13: cuCtxCreate(params, flags, dev); 12: cuCtxCreate(flags, dev)
+            ctx = _ok(driver.cuCtxCreate(None, flags, self._d(dev)))
+        except TypeError:
+            ctx = _ok(driver.cuCtxCreate(flags, self._d(dev)))
+        _ok(driver.cuCtxPopCurrent())  # it was pushed on this thread; the client's stack says what is current
+        return _int(ctx)
+
+    def cuCtxDestroy(self, ctx):
+        _ok(driver.cuCtxDestroy(driver.CUcontext(ctx)))
+        if getattr(self._local(), "ctx", 0) == ctx:
+            self._local().ctx = 0
+
+    def cuDevicePrimaryCtxRelease(self, dev):
+        _ok(driver.cuDevicePrimaryCtxRelease(self._d(dev)))
+
+    def cuDevicePrimaryCtxGetState(self, dev):
+        flags, active = _ok(driver.cuDevicePrimaryCtxGetState(self._d(dev)))
+        return int(flags), int(active)
+
+    def cuDevicePrimaryCtxSetFlags(self, dev, flags):
+        _ok(driver.cuDevicePrimaryCtxSetFlags(self._d(dev), flags))
+
+    def cuDevicePrimaryCtxReset(self, dev):
+        _ok(driver.cuDevicePrimaryCtxReset(self._d(dev)))
+
+    def cuCtxSynchronize(self):
+        _ok(driver.cuCtxSynchronize())
+
+    def cuCtxGetApiVersion(self, ctx):
+        return _ok(driver.cuCtxGetApiVersion(driver.CUcontext(ctx)))
+
+    def cuModuleGetLoadingMode(self):
+        return int(_ok(driver.cuModuleGetLoadingMode()))
+
+    def cuCtxGetFlags(self):
+        return int(_ok(driver.cuCtxGetFlags()))
+
+    def cuCtxGetLimit(self, limit):
+        return _ok(driver.cuCtxGetLimit(_enum(driver.CUlimit, limit)))
+
+    def cuCtxSetLimit(self, limit, value):
+        _ok(driver.cuCtxSetLimit(_enum(driver.CUlimit, limit), value))
+
+    def cuCtxEnablePeerAccess(self, peer, flags):
+        _ok(driver.cuCtxEnablePeerAccess(driver.CUcontext(peer), flags))
+
+    def cuCtxDisablePeerAccess(self, peer):
+        _ok(driver.cuCtxDisablePeerAccess(driver.CUcontext(peer)))
+
+    def cuCtxSetFlags(self, flags):
+        _ok(driver.cuCtxSetFlags(flags))
+
+    def cuCtxResetPersistingL2Cache(self):
+        _ok(driver.cuCtxResetPersistingL2Cache())
+
+    def cuCtxRecordEvent(self, ctx, event):
+        _ok(driver.cuCtxRecordEvent(driver.CUcontext(ctx), driver.CUevent(event)))
+
+    def cuCtxWaitEvent(self, ctx, event):
+        _ok(driver.cuCtxWaitEvent(driver.CUcontext(ctx), driver.CUevent(event)))
+
+    def cuCtxGetCacheConfig(self):
+        return int(_ok(driver.cuCtxGetCacheConfig()))
+
+    def cuCtxSetCacheConfig(self, config):
+        _ok(driver.cuCtxSetCacheConfig(_enum(driver.CUfunc_cache, config)))
+
+    def cuCtxGetSharedMemConfig(self):
+        return int(_ok(driver.cuCtxGetSharedMemConfig()))
+
+    def cuCtxSetSharedMemConfig(self, config):
+        _ok(driver.cuCtxSetSharedMemConfig(_enum(driver.CUsharedconfig, config)))
+
+    def cuCtxGetStreamPriorityRange(self):
+        least, greatest = _ok(driver.cuCtxGetStreamPriorityRange())
+        return least, greatest
+
+    def cuCtxGetId(self, ctx):
+        return _ok(driver.cuCtxGetId(driver.CUcontext(ctx)))
+
+    def cuProfilerStart(self):
+        _ok(driver.cuProfilerStart())
+
+    def cuProfilerStop(self):
+        _ok(driver.cuProfilerStop())
+
+    # -- memory --------------------------------------------------------------------------------------
+
+    def cuMemGetInfo(self):
+        free, total = _ok(driver.cuMemGetInfo())
+        return free, total
+
+    def cuMemAlloc(self, size):
+        return _int(_ok(driver.cuMemAlloc(size)))
+
+    def cuMemAllocAsync(self, size, stream):
+        return _int(_ok(driver.cuMemAllocAsync(size, self._stream(stream))))
+
+    def cuMemAllocFromPoolAsync(self, size, pool, stream):
+        return _int(
+            _ok(driver.cuMemAllocFromPoolAsync(size, driver.CUmemoryPool(pool), self._stream(stream)))
+        )
+
+    def cuMemFree(self, ptr):
+        _ok(driver.cuMemFree(ptr))
+
+    def cuMemFreeAsync(self, ptr, stream):
+        _ok(driver.cuMemFreeAsync(ptr, self._stream(stream)))
+
+    def cuMemGetAddressRange(self, ptr):
+        base, size = _ok(driver.cuMemGetAddressRange(ptr))
+        return _int(base), int(size)
+
+    def cuMemPoolSetAttribute(self, pool, attr, value):
+        kind = _enum(driver.CUmemPool_attribute, attr)
+        wrapped = value if attr in (1, 2, 3) else driver.cuuint64_t(value)
+        _ok(driver.cuMemPoolSetAttribute(driver.CUmemoryPool(pool), kind, wrapped))
+
+    def cuMemPoolGetAttribute(self, pool, attr):
+        kind = _enum(driver.CUmemPool_attribute, attr)
+        return _int(_ok(driver.cuMemPoolGetAttribute(driver.CUmemoryPool(pool), kind)))
+
+    def cuMemPoolTrimTo(self, pool, keep):
+        _ok(driver.cuMemPoolTrimTo(driver.CUmemoryPool(pool), keep))
+
+    def cuMemcpyDtoD(self, dst, src, count):
+        _ok(driver.cuMemcpyDtoD(dst, src, count))
+
+    def cuMemcpyDtoDAsync(self, dst, src, count, stream):
+        _ok(driver.cuMemcpyDtoDAsync(dst, src, count, self._stream(stream)))
+
+    def cuMemcpyPeer(self, dst, dst_ctx, src, src_ctx, count):
+        _ok(driver.cuMemcpyPeer(dst, driver.CUcontext(dst_ctx), src, driver.CUcontext(src_ctx), count))
+
+    def cuMemcpyPeerAsync(self, dst, dst_ctx, src, src_ctx, count, stream):
+        _ok(
+            driver.cuMemcpyPeerAsync(
+                dst, driver.CUcontext(dst_ctx), src, driver.CUcontext(src_ctx), count, self._stream(stream)
+            )
+        )
+
+    def cuPointerGetAttribute(self, attr, ptr):
+        value = _int(_ok(driver.cuPointerGetAttribute(_enum(driver.CUpointer_attribute, attr), ptr)))
+        if attr == driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+            return self.real.index(value)  # the client numbers the lease's devices 0..n-1
+        return value
+
+    # -- modules, libraries, functions ---------------------------------------------------------------
+
+    @staticmethod
+    def _image(image: bytes):
+        return ctypes.create_string_buffer(image, len(image))  # kept alive by the caller during the load
+
+    def cuModuleLoadData(self, image):
+        buf = self._image(image)
+        return _int(_ok(driver.cuModuleLoadData(ctypes.addressof(buf))))
+
+    cuModuleLoadDataEx = cuModuleLoadFatBinary = cuModuleLoadData
+
+    def cuLibraryLoadData(self, image):
+        buf = self._image(image)
+        return _int(_ok(driver.cuLibraryLoadData(ctypes.addressof(buf), None, None, 0, None, None, 0)))
+
+    # The driver's linker: inputs are copied by the driver; the linked image belongs to the link state
+    # until cuLinkDestroy, so a copy is kept here for gpLinkImage.
+    def cuLinkCreate(self):
+        return _int(_ok(driver.cuLinkCreate(0, [], [])))
+
+    def cuLinkAddData(self, state, kind, data):
+        buf = self._image(data)
+        _ok(driver.cuLinkAddData(driver.CUlinkState(state), _enum(driver.CUjitInputType, kind),
+                                 ctypes.addressof(buf), len(data), b"input", 0, [], []))  # fmt: skip
+
+    def cuLinkComplete(self, state):
+        cubin, size = _ok(driver.cuLinkComplete(driver.CUlinkState(state)))
+        self.linked[state] = ctypes.string_at(int(cubin), size)
+        return size
+
+    def gpLinkImage(self, state, size):
+        return linked_image(self.linked, state, size)
+
+    def cuLinkDestroy(self, state):
+        self.linked.pop(state, None)
+        _ok(driver.cuLinkDestroy(driver.CUlinkState(state)))
+
+    def cuModuleUnload(self, module):
+        _ok(driver.cuModuleUnload(driver.CUmodule(module)))
+
+    def cuLibraryUnload(self, library):
+        _ok(driver.cuLibraryUnload(driver.CUlibrary(library)))
+
+    def cuModuleGetFunction(self, module, name):
+        return _int(_ok(driver.cuModuleGetFunction(driver.CUmodule(module), name.encode())))
+
+    def cuModuleGetGlobal(self, module, name):
+        ptr, size = _ok(driver.cuModuleGetGlobal(driver.CUmodule(module), name.encode()))
+        return _int(ptr), int(size)
+
+    def cuLibraryGetKernel(self, library, name):
+        return _int(_ok(driver.cuLibraryGetKernel(driver.CUlibrary(library), name.encode())))
+
+    def cuLibraryGetModule(self, library):
+        return _int(_ok(driver.cuLibraryGetModule(driver.CUlibrary(library))))
+
+    def cuLibraryGetGlobal(self, library, name):
+        ptr, size = _ok(driver.cuLibraryGetGlobal(driver.CUlibrary(library), name.encode()))
+        return _int(ptr), int(size)
+
+    def cuKernelGetFunction(self, kernel):
+        return _int(_ok(driver.cuKernelGetFunction(driver.CUkernel(kernel))))
+
+    def cuModuleGetFunctionCount(self, mod):
+        return int(_ok(driver.cuModuleGetFunctionCount(driver.CUmodule(mod))))
+
+    def cuModuleEnumerateFunctions(self, num, mod):
+        return [_int(f) for f in _ok(driver.cuModuleEnumerateFunctions(num, driver.CUmodule(mod)))]
+
+    def cuLibraryGetKernelCount(self, lib):
+        return int(_ok(driver.cuLibraryGetKernelCount(driver.CUlibrary(lib))))
+
+    def cuLibraryEnumerateKernels(self, num, lib):
+        return [_int(k) for k in _ok(driver.cuLibraryEnumerateKernels(num, driver.CUlibrary(lib)))]
+
+    def cuKernelGetLibrary(self, kernel):
+        return _int(_ok(driver.cuKernelGetLibrary(driver.CUkernel(kernel))))
+
+    def cuKernelGetName(self, kernel, length):
+        return _ok(driver.cuKernelGetName(driver.CUkernel(kernel)))
+
+    def cuFuncGetName(self, func, length):
+        return _ok(driver.cuFuncGetName(driver.CUfunction(func)))
+
+    def cuFuncIsLoaded(self, func):
+        return int(_ok(driver.cuFuncIsLoaded(driver.CUfunction(func))))
+
+    def cuFuncLoad(self, func):
+        _ok(driver.cuFuncLoad(driver.CUfunction(func)))
+
+    def cuKernelGetAttribute(self, attrib, kernel, dev):
+        kind = _enum(driver.CUfunction_attribute, attrib)
+        return _ok(driver.cuKernelGetAttribute(kind, driver.CUkernel(kernel), self._d(dev)))
+
+    def cuKernelSetAttribute(self, attrib, value, kernel, dev):
+        kind = _enum(driver.CUfunction_attribute, attrib)
+        _ok(driver.cuKernelSetAttribute(kind, value, driver.CUkernel(kernel), self._d(dev)))
+
+    def cuKernelGetParamInfo(self, kernel, index):
+        offset, size = _ok(driver.cuKernelGetParamInfo(driver.CUkernel(kernel), index))
+        return int(offset), int(size)
+
+    def cuFuncGetParamInfo(self, func, index):
+        offset, size = _ok(driver.cuFuncGetParamInfo(driver.CUfunction(func), index))
+        return int(offset), int(size)
+
+    def cuFuncGetAttribute(self, attrib, func):
+        return _ok(
+            driver.cuFuncGetAttribute(_enum(driver.CUfunction_attribute, attrib), driver.CUfunction(func))
+        )
+
+    def cuFuncSetAttribute(self, func, attrib, value):
+        kind = _enum(driver.CUfunction_attribute, attrib)
+        _ok(driver.cuFuncSetAttribute(driver.CUfunction(func), kind, value))
+
+    def cuFuncSetCacheConfig(self, func, config):
+        _ok(driver.cuFuncSetCacheConfig(driver.CUfunction(func), _enum(driver.CUfunc_cache, config)))
+
+    def cuFuncSetSharedMemConfig(self, func, config):
+        _ok(driver.cuFuncSetSharedMemConfig(driver.CUfunction(func), _enum(driver.CUsharedconfig, config)))
+
+    def cuKernelSetCacheConfig(self, kernel, config, dev):
+        cache = _enum(driver.CUfunc_cache, config)
+        _ok(driver.cuKernelSetCacheConfig(driver.CUkernel(kernel), cache, self._d(dev)))
+
+    def cuFuncGetModule(self, func):
+        return _int(_ok(driver.cuFuncGetModule(driver.CUfunction(func))))
+
+    def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, func, block_size, smem):
+        return _ok(
+            driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(driver.CUfunction(func), block_size, smem)
+        )
+
+    def cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(self, func, block_size, smem, flags):
+        f = driver.CUfunction(func)
+        return _ok(driver.cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(f, block_size, smem, flags))
+
+    def cuOccupancyMaxPotentialBlockSize(self, func, callback, smem, limit):
+        if callback:
+            raise CudaError(NOT_SUPPORTED, "a block-size callback runs in the client")
+        grid, block = _ok(driver.cuOccupancyMaxPotentialBlockSize(driver.CUfunction(func), None, smem, limit))
+        return grid, block
+
+    def cuOccupancyMaxPotentialBlockSizeWithFlags(self, func, callback, smem, limit, flags):
+        if callback:
+            raise CudaError(NOT_SUPPORTED, "a block-size callback runs in the client")
+        f = driver.CUfunction(func)
+        grid, block = _ok(driver.cuOccupancyMaxPotentialBlockSizeWithFlags(f, None, smem, limit, flags))
+        return grid, block
+
+    def cuOccupancyAvailableDynamicSMemPerBlock(self, func, num_blocks, block_size):
+        f = driver.CUfunction(func)
+        return _ok(driver.cuOccupancyAvailableDynamicSMemPerBlock(f, num_blocks, block_size))
+
+    # -- streams and events --------------------------------------------------------------------------
+
+    def cuStreamCreate(self, flags):
+        return _int(_ok(driver.cuStreamCreate(flags)))
+
+    def cuStreamCreateWithPriority(self, flags, priority):
+        return _int(_ok(driver.cuStreamCreateWithPriority(flags, priority)))
+
+    def cuStreamDestroy(self, stream):
+        _ok(driver.cuStreamDestroy(self._stream(stream)))
+        self.streams.pop(stream, None)
+
+    def cuStreamQuery(self, stream):
+        _ok(driver.cuStreamQuery(self._stream(stream)))
+
+    def cuStreamSynchronize(self, stream):
+        _ok(driver.cuStreamSynchronize(self._stream(stream)))
+
+    def cuStreamWaitEvent(self, stream, event, flags):
+        _ok(driver.cuStreamWaitEvent(self._stream(stream), driver.CUevent(event), flags))
+
+    def cuStreamIsCapturing(self, stream):
+        return int(_ok(driver.cuStreamIsCapturing(self._stream(stream))))
+
+    def cuStreamGetPriority(self, stream):
+        return _ok(driver.cuStreamGetPriority(self._stream(stream)))
+
+    def cuStreamGetFlags(self, stream):
+        return int(_ok(driver.cuStreamGetFlags(self._stream(stream))))
+
+    def cuStreamGetCtx(self, stream):
+        return _int(_ok(driver.cuStreamGetCtx(self._stream(stream))))
+
+    def cuStreamGetId(self, stream):
+        return int(_ok(driver.cuStreamGetId(self._stream(stream))))
+
+    def cuStreamGetDevice(self, stream):
+        return self.real.index(_int(_ok(driver.cuStreamGetDevice(self._stream(stream)))))
+
+    def cuStreamBeginCapture(self, stream, mode):
+        _ok(driver.cuStreamBeginCapture(self._stream(stream), _enum(driver.CUstreamCaptureMode, mode)))
+
+    def cuStreamEndCapture(self, stream):
+        return _int(_ok(driver.cuStreamEndCapture(self._stream(stream))))
+
+    def capture_info(self, stream):
+        status, capture_id, graph, deps, _edges, count = _ok(
+            driver.cuStreamGetCaptureInfo(self._stream(stream))
+        )
+        return int(status), int(capture_id), _int(graph), [_int(n) for n in list(deps)[:count]]
+
+    def capture_to_graph(self, stream, graph, deps, mode):
+        _ok(driver.cuStreamBeginCaptureToGraph(
+            self._stream(stream), driver.CUgraph(graph), self._deps(deps), None, len(deps),
+            _enum(driver.CUstreamCaptureMode, mode),
+        ))  # fmt: skip
+
+    def update_capture_dependencies(self, stream, deps, flags):
+        _ok(
+            driver.cuStreamUpdateCaptureDependencies(
+                self._stream(stream), self._deps(deps), None, len(deps), flags
+            )
+        )
+
+    def cuThreadExchangeStreamCaptureMode(self, mode):
+        return int(_ok(driver.cuThreadExchangeStreamCaptureMode(_enum(driver.CUstreamCaptureMode, mode))))
+
+    @staticmethod
+    def _listed(query, subject):
+        """A graph query that fills arrays of the length it is given: asked for the count, then the lists."""
+        count = _ok(query(subject))[-1]
+        return _ok(query(subject, count)) if count else None
+
+    def graph_nodes(self, graph):
+        listed = self._listed(driver.cuGraphGetNodes, driver.CUgraph(graph))
+        return [_int(n) for n in listed[0]] if listed else []
+
+    def graph_edges(self, graph):
+        listed = self._listed(driver.cuGraphGetEdges, driver.CUgraph(graph))
+        return [(_int(a), _int(b)) for a, b in zip(listed[0], listed[1], strict=True)] if listed else []
+
+    def graph_node_list(self, which, subject):
+        if which == "cuGraphGetRootNodes":
+            listed = self._listed(driver.cuGraphGetRootNodes, driver.CUgraph(subject))
+            return ([_int(n) for n in listed[0]] if listed else []), []
+        query = getattr(driver, which)  # cuGraphNodeGetDependencies / cuGraphNodeGetDependentNodes
+        listed = self._listed(query, driver.CUgraphNode(subject))
+        if not listed:
+            return [], []
+        nodes, data = listed[0], listed[1]
+        return [_int(n) for n in nodes], [_edge_data_bytes(d) for d in data]
+
+    def cuGraphClone(self, graph):
+        return _int(_ok(driver.cuGraphClone(driver.CUgraph(graph))))
+
+    def cuGraphNodeFindInClone(self, original, clone):
+        return _int(_ok(driver.cuGraphNodeFindInClone(driver.CUgraphNode(original), driver.CUgraph(clone))))
+
+    def cuGraphNodeGetType(self, node):
+        return int(_ok(driver.cuGraphNodeGetType(driver.CUgraphNode(node))))
+
+    def graph_add_event_node(self, graph, deps, event, wait):
+        add = driver.cuGraphAddEventWaitNode if wait else driver.cuGraphAddEventRecordNode
+        return _int(_ok(add(driver.CUgraph(graph), self._deps(deps), len(deps), driver.CUevent(event))))
+
+    @staticmethod
+    def _memcpy_node(copy: Copy3D):
+        params = driver.CUDA_MEMCPY3D()
+        params.srcMemoryType = params.dstMemoryType = driver.CUmemorytype.CU_MEMORYTYPE_DEVICE
+        params.srcDevice, params.srcPitch, params.srcHeight = copy.src, copy.src_pitch, copy.src_height
+        params.dstDevice, params.dstPitch, params.dstHeight = copy.dst, copy.dst_pitch, copy.dst_height
+        params.WidthInBytes, params.Height, params.Depth = copy.width, copy.height, copy.depth
+        return params
+
+    def graph_add_memcpy_node(self, graph, deps, copy: Copy3D):
+        params, ctx = self._memcpy_node(copy), _ok(driver.cuCtxGetCurrent())
+        return _int(
+            _ok(driver.cuGraphAddMemcpyNode(driver.CUgraph(graph), self._deps(deps), len(deps), params, ctx))
+        )
+
+    def graph_exec_memcpy_node(self, graph_exec, node, copy: Copy3D):
+        params, ctx = self._memcpy_node(copy), _ok(driver.cuCtxGetCurrent())
+        _ok(driver.cuGraphExecMemcpyNodeSetParams(
+            driver.CUgraphExec(graph_exec), driver.CUgraphNode(node), params, ctx
+        ))  # fmt: skip
+
+    def cuGraphExecChildGraphNodeSetParams(self, graph_exec, node, child):
+        _ok(driver.cuGraphExecChildGraphNodeSetParams(
+            driver.CUgraphExec(graph_exec), driver.CUgraphNode(node), driver.CUgraph(child)
+        ))  # fmt: skip
+
+    def cuGraphNodeSetEnabled(self, graph_exec, node, enabled):
+        _ok(driver.cuGraphNodeSetEnabled(driver.CUgraphExec(graph_exec), driver.CUgraphNode(node), enabled))
+
+    def cuGraphNodeGetEnabled(self, graph_exec, node):
+        return int(
+            _ok(driver.cuGraphNodeGetEnabled(driver.CUgraphExec(graph_exec), driver.CUgraphNode(node)))
+        )
+
+    def cuGraphExecEventRecordNodeSetEvent(self, graph_exec, node, event):
+        _ok(driver.cuGraphExecEventRecordNodeSetEvent(
+            driver.CUgraphExec(graph_exec), driver.CUgraphNode(node), driver.CUevent(event)
+        ))  # fmt: skip
+
+    def cuGraphExecEventWaitNodeSetEvent(self, graph_exec, node, event):
+        _ok(driver.cuGraphExecEventWaitNodeSetEvent(
+            driver.CUgraphExec(graph_exec), driver.CUgraphNode(node), driver.CUevent(event)
+        ))  # fmt: skip
+
+    def cuGraphEventRecordNodeGetEvent(self, node):
+        return _int(_ok(driver.cuGraphEventRecordNodeGetEvent(driver.CUgraphNode(node))))
+
+    def cuGraphEventRecordNodeSetEvent(self, node, event):
+        _ok(driver.cuGraphEventRecordNodeSetEvent(driver.CUgraphNode(node), driver.CUevent(event)))
+
+    def cuGraphEventWaitNodeGetEvent(self, node):
+        return _int(_ok(driver.cuGraphEventWaitNodeGetEvent(driver.CUgraphNode(node))))
+
+    def cuGraphEventWaitNodeSetEvent(self, node, event):
+        _ok(driver.cuGraphEventWaitNodeSetEvent(driver.CUgraphNode(node), driver.CUevent(event)))
+
+    def cuGraphExecGetFlags(self, graph_exec):
+        return int(_ok(driver.cuGraphExecGetFlags(driver.CUgraphExec(graph_exec))))
+
+    def graph_add_host_node(self, graph, deps, fn):
+        key = next(self._host_keys)
+        self.host_funcs[key] = fn
+        self.kept_host_funcs.add(key)  # it runs at every launch
+        params = driver.CUDA_HOST_NODE_PARAMS()
+        params.fn = self._host_thunk_fn
+        params.userData = key
+        return _int(
+            _ok(driver.cuGraphAddHostNode(driver.CUgraph(graph), self._deps(deps), len(deps), params))
+        )
+
+    def cuGraphInstantiateWithFlags(self, graph, flags):
+        return _int(_ok(driver.cuGraphInstantiate(driver.CUgraph(graph), flags)))
+
+    def cuGraphLaunch(self, graph_exec, stream):
+        _ok(driver.cuGraphLaunch(driver.CUgraphExec(graph_exec), self._stream(stream)))
+
+    def cuGraphUpload(self, graph_exec, stream):
+        _ok(driver.cuGraphUpload(driver.CUgraphExec(graph_exec), self._stream(stream)))
+
+    def cuGraphExecDestroy(self, graph_exec):
+        _ok(driver.cuGraphExecDestroy(driver.CUgraphExec(graph_exec)))
+
+    def cuGraphDestroy(self, graph):
+        _ok(driver.cuGraphDestroy(driver.CUgraph(graph)))
+
+    def cuGraphCreate(self, flags):
+        return _int(_ok(driver.cuGraphCreate(flags)))
+
+    def cuGraphDestroyNode(self, node):
+        _ok(driver.cuGraphDestroyNode(driver.CUgraphNode(node)))
+
+    @staticmethod
+    def _kernel_node(launch: Launch):
+        """CUDA_KERNEL_NODE_PARAMS over a buffer of its own (the driver copies the parameters)."""
+        func = launch.func
+        if launch.is_kernel:  # a kernel node names a function (of the current context), not a CUkernel
+            func = _int(_ok(driver.cuKernelGetFunction(driver.CUkernel(func))))
+        target = _Launchable(func, launch.layout)
+        ctypes.memmove(target.buffer, launch.params, min(len(launch.params), len(target.buffer)))
+        params = driver.CUDA_KERNEL_NODE_PARAMS()
+        params.func = target.function
+        params.gridDimX, params.gridDimY, params.gridDimZ = launch.grid
+        params.blockDimX, params.blockDimY, params.blockDimZ = launch.block
+        params.sharedMemBytes = launch.shared_mem
+        params.kernelParams = target.params
+        return params, target
+
+    @staticmethod
+    def _deps(deps: list[int]) -> list:
+        return [driver.CUgraphNode(d) for d in deps]
+
+    def graph_add_kernel_node(self, graph, deps, launch) -> int:
+        params, _keep = self._kernel_node(launch)
+        return _int(
+            _ok(driver.cuGraphAddKernelNode(driver.CUgraph(graph), self._deps(deps), len(deps), params))
+        )
+
+    def graph_exec_kernel_node(self, graph_exec, node, launch) -> None:
+        params, _keep = self._kernel_node(launch)
+        _ok(
+            driver.cuGraphExecKernelNodeSetParams(
+                driver.CUgraphExec(graph_exec), driver.CUgraphNode(node), params
+            )
+        )
+
+    @staticmethod
+    def _memset_node(dst, pitch, value, element_size, width, height):
+        params = driver.CUDA_MEMSET_NODE_PARAMS()
+        params.dst, params.pitch, params.value = dst, pitch, value
+        params.elementSize, params.width, params.height = element_size, width, height
+        return params
+
+    def graph_add_memset_node(self, graph, deps, dst, pitch, value, element_size, width, height) -> int:
+        params = self._memset_node(dst, pitch, value, element_size, width, height)
+        ctx = _ok(driver.cuCtxGetCurrent())
+        return _int(
+            _ok(driver.cuGraphAddMemsetNode(driver.CUgraph(graph), self._deps(deps), len(deps), params, ctx))
+        )
+
+    def graph_exec_memset_node(
+        self, graph_exec, node, dst, pitch, value, element_size, width, height
+    ) -> None:
+        params = self._memset_node(dst, pitch, value, element_size, width, height)
+        ctx = _ok(driver.cuCtxGetCurrent())
+        _ok(driver.cuGraphExecMemsetNodeSetParams(
+            driver.CUgraphExec(graph_exec), driver.CUgraphNode(node), params, ctx
+        ))  # fmt: skip
+
+    def graph_add_empty_node(self, graph, deps) -> int:
+        return _int(_ok(driver.cuGraphAddEmptyNode(driver.CUgraph(graph), self._deps(deps), len(deps))))
+
+    def graph_add_child_node(self, graph, deps, child) -> int:
+        return _int(_ok(driver.cuGraphAddChildGraphNode(
+            driver.CUgraph(graph), self._deps(deps), len(deps), driver.CUgraph(child)
+        )))  # fmt: skip
+
+    def cuGraphChildGraphNodeGetGraph(self, node):
+        return _int(_ok(driver.cuGraphChildGraphNodeGetGraph(driver.CUgraphNode(node))))
+
+    def cuGraphConditionalHandleCreate(self, graph, ctx, default_value, flags):
+        return _int(_ok(driver.cuGraphConditionalHandleCreate(
+            driver.CUgraph(graph), driver.CUcontext(ctx) if ctx else _ok(driver.cuCtxGetCurrent()), default_value, flags
+        )))  # fmt: skip
+
+    def graph_add_conditional_node(self, graph, deps, handle, kind, size, ctx):
+        params = driver.CUgraphNodeParams()
+        params.type = driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
+        params.conditional.handle = driver.CUgraphConditionalHandle(handle)
+        params.conditional.type = _enum(driver.CUgraphConditionalNodeType, kind)
+        params.conditional.size = size
+        params.conditional.ctx = driver.CUcontext(ctx) if ctx else _ok(driver.cuCtxGetCurrent())
+        node = _ok(driver.cuGraphAddNode(driver.CUgraph(graph), self._deps(deps), None, len(deps), params))
+        return _int(node), [_int(params.conditional.phGraph_out[i]) for i in range(size)]
+
+    def graph_exec_update(self, graph_exec, graph):
+        err, info = driver.cuGraphExecUpdate(driver.CUgraphExec(graph_exec), driver.CUgraph(graph))
+        return int(info.result) if info is not None else 0, int(err)
+
+    def graph_add_dependencies(self, graph, edges, edge_data=None) -> None:
+        sources, targets = self._deps([a for a, _ in edges]), self._deps([b for _, b in edges])
+        data = None
+        if edge_data and any(any(d) for d in edge_data):
+            data = []
+            for raw in edge_data:
+                e = driver.CUgraphEdgeData()
+                e.from_port, e.to_port, e.type = raw[0], raw[1], raw[2]
+                data.append(e)
+        _ok(driver.cuGraphAddDependencies(driver.CUgraph(graph), sources, targets, data, len(edges)))
+
+    def cuEventCreate(self, flags):
+        return _int(_ok(driver.cuEventCreate(flags)))
+
+    def cuEventRecord(self, event, stream):
+        _ok(driver.cuEventRecord(driver.CUevent(event), self._stream(stream)))
+
+    def cuEventRecordWithFlags(self, event, stream, flags):
+        _ok(driver.cuEventRecordWithFlags(driver.CUevent(event), self._stream(stream), flags))
+
+    def cuEventQuery(self, event):
+        _ok(driver.cuEventQuery(driver.CUevent(event)))
+
+    def cuEventSynchronize(self, event):
+        _ok(driver.cuEventSynchronize(driver.CUevent(event)))
+
+    def cuEventDestroy(self, event):
+        _ok(driver.cuEventDestroy(driver.CUevent(event)))
+
+    def cuEventElapsedTime(self, start, end):
+        return float(_ok(driver.cuEventElapsedTime(driver.CUevent(start), driver.CUevent(end))))
+
+
+class _Landed(StagedCopy):
+    """A copy straight into memory the client maps: done once its event is (the event goes then)."""
+
+    def __init__(self, event) -> None:
+        self._event = event
+        self._done = False
+
+    def ready(self) -> bool:
+        if not self._done and driver.cuEventQuery(self._event)[0] != driver.CUresult.CUDA_ERROR_NOT_READY:
+            self._finish()
+        return self._done
+
+    def wait(self) -> None:
+        if not self._done:
+            driver.cuEventSynchronize(self._event)
+            self._finish()
+
+    def _finish(self) -> None:
+        self._done = True
+        driver.cuEventDestroy(self._event)
+
+    def view(self) -> memoryview:
+        return memoryview(b"")

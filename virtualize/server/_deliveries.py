@@ -1,0 +1,157 @@
+"""Copies into a client's page-locked memory that complete later (cuMemcpyDtoHAsync, cuMemcpyAsync).
+
+The executor queues each copy behind its stream into a host buffer of its own and the client's call
+returns at once. Each copy's bytes then go to the client as one frame (`_wire.COPY_DATA`) on its
+process's callback connection, where the shim's callback thread writes them into the destination: from
+a thread of their own as soon as they are in host memory, and from whoever is about to tell the client
+something that could show it the copy is done. Before a host function is called back, the copies done
+by then go first on the same connection. Before any reply, they go too, and the client hears how many
+frames the callback connection has carried (`_wire.COPIES_SENT`) and reads the reply once it has landed
+as many — so it never sees "done" before the bytes.
+
+While a host function is out at the client (its answer awaited) nothing goes on the callback
+connection: the client's callback thread is running the function, and a program thread waiting there
+for bytes behind it could be what the function waits for. Copies due ahead of a reply then travel on
+the process's own connection instead, ahead of the reply, read by the thread that waits for it.
+
+Frames go out in the order they are counted: one lock covers picking copies and sending them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from virtualize.common import _wire
+from virtualize.server._executor import CudaError, StagedCopy
+
+log = logging.getLogger("gpupool.worker")
+
+
+@dataclass
+class _Copy:
+    ident: int  # the client's id of the copy
+    staged: StagedCopy | None  # None: it failed before it was queued
+    error: int = 0
+
+
+class Deliveries:
+    """One client process's copies in flight. `send(*parts) -> bool` writes a frame on its callback
+    connection (False once that is gone); `outlet` is held by whoever uses that connection for a host
+    function, from sending its id until its answer. Thread-safe."""
+
+    def __init__(self, send: Callable[..., bool], outlet: threading.Lock) -> None:
+        self._send = send
+        self._outlet = outlet
+        self._queue: deque[_Copy] = deque()
+        self._changed = threading.Condition()
+        self._sending = threading.Lock()  # held from picking copies until their frames are out
+        self.sent = 0  # frames sent on the callback connection (the client counts those it has landed)
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def add(self, ident: int, staged: StagedCopy) -> None:
+        self._push(_Copy(ident, staged))
+        if staged.transient:  # its bytes are the device's own: out before another call can change them
+            self.flush()  # (only executors whose streams run at once make these: no host function is out)
+
+    def failed(self, ident: int, error: int) -> None:
+        """A copy refused before it was queued: the client hears of it too, so it stops waiting."""
+        self._push(_Copy(ident, None, error))
+
+    def _push(self, copy: _Copy) -> None:
+        with self._changed:
+            if self._closed:  # the client is gone: its buffer goes back
+                if copy.staged is not None:
+                    copy.staged.release()
+                return
+            self._queue.append(copy)
+            self._changed.notify()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="gpupool-deliveries", daemon=True)
+                self._thread.start()
+
+    def flush(self, wait: bool = False, inline: Callable[..., None] | None = None) -> int:
+        """Send every copy that is done by now (`wait`: every copy queued, once it is done) on the
+        callback connection — or, given `inline` (a reply's connection) while a host function is out, on
+        that. Returns how many frames the callback connection has carried, for the client to wait for."""
+        if wait:
+            for copy in list(self._queue):
+                if copy.staged is not None:
+                    copy.staged.wait()
+        if self._outlet.acquire(blocking=inline is None):
+            try:
+                return self.send_done()
+            finally:
+                self._outlet.release()
+        self._send_done(inline)
+        return self.sent
+
+    def send_done(self) -> int:
+        """`flush` on the callback connection, by a caller that holds `outlet`."""
+        return self._send_done(None)
+
+    def _send_done(self, inline: Callable[..., None] | None) -> int:
+        with self._sending:
+            while True:
+                with self._changed:
+                    done = [c for c in self._queue if c.staged is None or c.staged.ready()]
+                    for c in done:
+                        self._queue.remove(c)
+                if not done:
+                    return self.sent
+                for c in done:
+                    self._deliver(c, inline)
+
+    def _deliver(self, copy: _Copy, inline: Callable[..., None] | None) -> None:
+        """One frame (under `_sending`): the bytes, or the error the copy met."""
+        error, data = copy.error, b""
+        if copy.staged is not None:
+            try:
+                data = copy.staged.view()
+            except CudaError as exc:
+                error = exc.code
+        head = _wire.COPY_HEAD.pack(copy.ident, error, 0)
+        frame = (_wire.REPLY.pack(_wire.COPY_DATA, len(head), len(data)), head, data)
+        try:
+            if inline is not None:
+                inline(*frame)
+                return
+            if not self._send(*frame):
+                self.close()  # the client's process is gone
+            self.sent += 1
+        finally:
+            if copy.staged is not None:
+                copy.staged.release()
+
+    def _run(self) -> None:
+        """Sends each copy as soon as it is done, oldest first (later ones that finish earlier go too)."""
+        while True:
+            with self._changed:
+                while not self._queue and not self._closed:
+                    self._changed.wait()
+                if self._closed:
+                    return
+                head = self._queue[0]
+            try:
+                if head.staged is not None:
+                    head.staged.wait()
+                self.flush()
+            except Exception:  # a bug here must not leave the client waiting for ever
+                log.exception("sending a copy to the client failed")
+                self.close()
+                return
+
+    def close(self) -> None:
+        """The client is gone: nothing more is sent, buffers go back."""
+        with self._changed:
+            self._closed = True
+            left = list(self._queue)
+            self._queue.clear()
+            self._changed.notify_all()
+        for copy in left:
+            if copy.staged is not None:
+                copy.staged.release()

@@ -1,0 +1,521 @@
+"""The executor seam of a lease's worker: what actually runs the CUDA calls a client forwards.
+
+Two executors plug in here: `virtualize.server._cuda.CudaExecutor` (the real GPU through cuda-python) and
+`virtualize.server._executor_host.HostExecutor` (host memory, for tests on machines without a GPU). Both get
+calls already checked by `virtualize.server._executor_guard` (handles, pointers, quota), with plain ints, bytes
+and memoryviews, and raise `CudaError` with the CUresult when CUDA says no.
+
+Most methods carry the name of the CUDA call they execute, take its in-parameters in order (a name
+as `str`, an image as `bytes`) and return its out-parameters (one value, a tuple, or None). The few
+below with lower-case names are the shapes the wire needs, and the address windows each client
+process's allocations live in: copies that stream chunk by chunk between
+the socket and the device (the executor owns the buffers, so the CUDA one can use page-locked
+memory and overlap the network with the DMA), memsets of any width,
+launches with packed parameters, and a kernel's parameter layout.
+"""
+
+from __future__ import annotations
+
+import abc
+import mmap
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from virtualize.common._calls import CALLS, Call, Mode
+from virtualize.common._results import CUresult
+
+
+class CudaError(Exception):
+    """A CUDA call failed with `code` (a CUresult)."""
+
+    def __init__(self, code: int, detail: str = "") -> None:
+        super().__init__(f"CUresult {code}" + (f": {detail}" if detail else ""))
+        self.code = int(code)
+
+
+# The CUresult codes the guard and the executors raise most (all codes: `virtualize.common._results`).
+INVALID_VALUE = CUresult.INVALID_VALUE
+OUT_OF_MEMORY = CUresult.OUT_OF_MEMORY
+INVALID_CONTEXT = CUresult.INVALID_CONTEXT
+INVALID_HANDLE = CUresult.INVALID_HANDLE
+NOT_FOUND = CUresult.NOT_FOUND
+NOT_SUPPORTED = CUresult.NOT_SUPPORTED
+
+
+# Forwarded calls that the seam's shaped methods (below) run; every other forwarded call of the table
+# runs through the executor method of its own name.
+SHAPED: dict[str, str] = {
+    "gpSetContext": "set_context",
+    "gpParamLayout": "param_layout",
+    "cuMemcpyHtoD": "copy_to_device",
+    "cuMemcpyHtoDAsync": "copy_to_device",
+    "cuMemcpyDtoH": "copy_from_device",
+    "cuMemcpyDtoHAsync": "copy_from_device",
+    "gpMemcpyDtoHAsync": "copy_from_device_async",
+    **dict.fromkeys(
+        (
+            "cuMemsetD8",
+            "cuMemsetD16",
+            "cuMemsetD32",
+            "cuMemsetD8Async",
+            "cuMemsetD16Async",
+            "cuMemsetD32Async",
+        ),
+        "memset",
+    ),
+    "cuLaunchKernelEx": "launch",
+    "gpMemcpy3D": "copy_3d",
+    "cuOccupancyMaxActiveClusters": "cluster_occupancy",
+    "cuOccupancyMaxPotentialClusterSize": "cluster_occupancy",
+    "cuStreamGetCaptureInfo": "capture_info",
+    "cuStreamBeginCaptureToGraph": "capture_to_graph",
+    "cuStreamUpdateCaptureDependencies": "update_capture_dependencies",
+    "cuGraphAddChildGraphNode": "graph_add_child_node",
+    "gpGraphAddConditionalNode": "graph_add_conditional_node",
+    "cuGraphExecUpdate": "graph_exec_update",
+    "cuGraphAddEventRecordNode": "graph_add_event_node",
+    "cuGraphAddEventWaitNode": "graph_add_event_node",
+    "cuGraphAddHostNode": "graph_add_host_node",
+    "cuGraphAddMemcpyNode": "graph_add_memcpy_node",
+    "cuGraphExecMemsetNodeSetParams": "graph_exec_memset_node",
+    "cuGraphExecMemcpyNodeSetParams": "graph_exec_memcpy_node",
+    "cuGraphGetNodes": "graph_nodes",
+    "cuGraphGetRootNodes": "graph_node_list",
+    "cuGraphNodeGetDependencies": "graph_node_list",
+    "cuGraphNodeGetDependentNodes": "graph_node_list",
+    "cuGraphGetEdges": "graph_edges",
+}
+
+
+def linked_image(linked: dict[int, bytes], state: int, size: int) -> bytes:
+    """gpLinkImage in every executor: the image cuLinkComplete made for `state`, asked for by its size."""
+    image = linked.get(state)
+    if image is None or size != len(image):
+        raise CudaError(INVALID_VALUE, "no linked image of that size")
+    return image
+
+
+HANDSHAKE = ("gpHello", "gpProve")  # the worker's own, before any call reaches an executor
+# Served by the guard itself: from the client process's address window (virtualize.server._address_window),
+# host functions (through `Executor.launch_host_func`) and tensor maps (`Executor.tensor_map`).
+GUARD_CALLS = (
+    *("gpWindowOffer", "gpWindowAccept", "cuMemAddressReserve", "cuMemAddressFree"),
+    *("gpCallbackToken", "gpCallbackAttach", "cuLaunchHostFunc", "cuStreamAddCallback"),  # host functions
+    *("cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuTensorMapEncodeIm2colWide"),  # tensor maps
+    "cuTensorMapReplaceAddress",
+    *(
+        "cuGraphAddKernelNode",
+        "cuGraphExecKernelNodeSetParams",
+        "cuGraphAddMemsetNode",
+        "cuGraphAddEmptyNode",
+    ),
+    "cuGraphAddDependencies",  # graphs built node by node
+    *("cuArrayCreate", "cuArrayGetDescriptor"),  # as cuArray3DCreate and cuArray3DGetDescriptor
+    "cuMemGetAllocationPropertiesFromHandle",  # what the handle was created with
+    "cuMemExportToShareableHandle",  # recorded in the lease: another process of it may import the handle
+    "gpCopiesFlush",  # asynchronous copies to the client's page-locked memory (virtualize.server._deliveries)
+    # copies through memory shared with a client on this host (`Executor.copy_in_from`, `copy_out_to`)
+    *("gpShmAttach", "gpShmHtoD", "gpShmDtoH"),
+    # the client's page-locked memory mapped by both (`Executor.copy_out_into`, `copy_in_from`)
+    *("gpPinnedShare", "gpPinnedCopy", "gpPinnedSettle", "gpPinnedDrop"),
+    *("gpLaneAttach", "gpLaneCopy", "gpLanePiece"),  # copies striped across a process's connections
+)
+
+
+def executor_method(call: Call) -> str | None:
+    """The Executor method that runs `call` on the worker; None for calls that never reach one
+    (served in the client, or the worker's own hello)."""
+    if call.mode is Mode.LOCAL or call.name in HANDSHAKE or call.name in GUARD_CALLS:
+        return None
+    return SHAPED.get(call.name, call.name)
+
+
+# One method per forwarded call, named as the call (several ABI versions of a call share one).
+PER_CALL: tuple[str, ...] = tuple(
+    sorted({m for m in map(executor_method, CALLS) if m is not None} - set(SHAPED.values()))
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Copy3D:
+    """A copy node's copy: each side's first byte, pitch and height (rows per slice); the extent."""
+
+    src: int
+    src_pitch: int
+    src_height: int
+    dst: int
+    dst_pitch: int
+    dst_height: int
+    width: int
+    height: int
+    depth: int
+
+    def span(self, pitch: int, rows: int) -> int:
+        """Bytes from a side's first byte to the end of the last row the copy touches there."""
+        return (self.depth - 1) * pitch * rows + (self.height - 1) * pitch + self.width
+
+    def rows(self):
+        """(source, destination) address of each row."""
+        for z in range(self.depth):
+            for y in range(self.height):
+                yield (
+                    self.src + (z * self.src_height + y) * self.src_pitch,
+                    self.dst + (z * self.dst_height + y) * self.dst_pitch,
+                )
+
+
+@dataclass(frozen=True, slots=True)
+class CopySide:
+    """One side of a copy in rows and slices (gpMemcpy3D): host memory (`kind` 1: the request's or the
+    reply's bytes, rows packed), device memory (2: `at` is the address) or a CUDA array (3: `at` is
+    the array); the copy starts `x` bytes, `y` rows and `z` slices in, rows `pitch` bytes apart and
+    slices `height` rows apart (an array's own)."""
+
+    kind: int
+    at: int
+    x: int
+    y: int
+    z: int
+    pitch: int
+    height: int
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """One kernel launch as the worker received it (cuLaunchKernelEx; cuLaunchKernel is one without
+    attributes)."""
+
+    func: int  # a CUfunction or CUkernel handle of the lease
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem: int
+    stream: int
+    params: bytes  # the parameters, packed at `layout`'s offsets
+    layout: list[tuple[int, int]]  # (offset, size) of each parameter, from `param_layout`
+    attributes: tuple[tuple[int, bytes], ...] = ()  # (CUlaunchAttributeID, its 64-byte value)
+    is_kernel: bool = False  # `func` is a CUkernel (a graph's kernel node needs its function)
+
+
+class SharedHostMemory:
+    """Memory a client process on this host maps too (an anonymous file: its descriptor goes to the
+    client over the local socket). Copies through it skip the socket (the guard's gpShm* calls)."""
+
+    def __init__(self, size: int) -> None:
+        self.fd = os.memfd_create("gpupool-copies", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, size)
+        self.size = size
+        self.map = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+        self.view = memoryview(self.map)
+        self.address = 0  # set by an executor that pins it (its DMAs read and write it directly)
+
+    def close(self) -> None:
+        self.view.release()
+        self.map.close()
+        os.close(self.fd)
+
+
+class StagedCopy(abc.ABC):
+    """A copy from the device queued behind its stream into a host buffer of the executor's
+    (`Executor.copy_from_device_async`): safe to ask from any thread."""
+
+    @abc.abstractmethod
+    def ready(self) -> bool:
+        """Whether the stream has got past the copy (its bytes are in host memory, or it failed)."""
+
+    @abc.abstractmethod
+    def wait(self) -> None:
+        """Block until `ready()`."""
+
+    @abc.abstractmethod
+    def view(self) -> memoryview:
+        """The copied bytes, once ready; raises CudaError if the copy failed."""
+
+    # True: `view()` is the device memory itself, valid only until the executor runs another call, so
+    # the bytes are sent before the call that queued the copy returns (an executor whose streams run at
+    # once needs no copy of its own).
+    transient = False
+
+    def release(self) -> None:  # noqa: B027 - optional hook: a buffer that is plain memory needs nothing
+        """The bytes have been sent: the buffer may be reused."""
+
+
+class CopiedBytes(StagedCopy):
+    """A copy whose bytes were taken before the call returned (nothing left in flight)."""
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        self.data = data
+
+    def ready(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        return None
+
+    def view(self) -> memoryview:
+        return memoryview(self.data)
+
+
+class Executor(abc.ABC):
+    """Runs checked CUDA calls: the shaped methods below, and one abstract method per name in `PER_CALL`,
+    declared from the call table (an executor that misses one cannot be created)."""
+
+    name = "executor"
+
+    @abc.abstractmethod
+    def set_context(self, ctx: int) -> None:
+        """Make `ctx` (0: none) current on the calling thread."""
+
+    @abc.abstractmethod
+    def copy_to_device(
+        self, dst: int, count: int, stream: int | None, fill: Callable[[memoryview], None]
+    ) -> None:
+        """Copy `count` bytes to device address `dst`, chunk by chunk: `fill(view)` puts the next
+        len(view) bytes of the client's data into a buffer of the executor's. Stream None is the
+        synchronous copy (done before the next call runs)."""
+
+    @abc.abstractmethod
+    def copy_from_device(
+        self, src: int, count: int, stream: int | None, send: Callable[[memoryview], None]
+    ) -> None:
+        """Copy `count` bytes from device address `src`, handing each chunk to `send` in order,
+        once the chunk's bytes are in host memory."""
+
+    def shared_host_memory(self, size: int) -> SharedHostMemory:
+        """Memory to copy through with a client on this host (an executor with DMA pins it)."""
+        return SharedHostMemory(size)
+
+    def release_shared_host_memory(self, shared: SharedHostMemory) -> None:
+        shared.close()
+
+    def copy_in_from(
+        self, dst: int, shared: SharedHostMemory, offset: int, count: int, stream, last: bool
+    ) -> None:
+        """`count` bytes of `shared` at `offset` to device address `dst`; `last`: the client's call ends
+        here, so every piece of it must have been read from `shared` on return."""
+        at = offset
+
+        def fill(view: memoryview) -> None:
+            nonlocal at
+            view[:] = shared.view[at : at + len(view)]
+            at += len(view)
+
+        self.copy_to_device(dst, count, stream, fill)
+
+    def copy_out_into(
+        self, shared: SharedHostMemory, offset: int, src: int, count: int, stream
+    ) -> StagedCopy:
+        """`count` bytes of device address `src` into `shared` at `offset`, queued behind `stream` (None:
+        synchronous); the answer says when they are there."""
+        at = offset
+
+        def put(view: memoryview) -> None:
+            nonlocal at
+            shared.view[at : at + len(view)] = view
+            at += len(view)
+
+        self.copy_from_device(src, count, stream, put)
+        return CopiedBytes(b"")
+
+    def copy_out_to(
+        self,
+        shared: SharedHostMemory,
+        src: int,
+        count: int,
+        stream,
+        chunk: int,
+        ready: Callable[[int, int], None],
+    ) -> None:
+        """`count` bytes of device address `src` into `shared` from offset 0; `ready(offset, n)` as each
+        piece of at most `chunk` bytes is there, in order."""
+        at = 0
+
+        def send(view: memoryview) -> None:
+            nonlocal at
+            shared.view[at : at + len(view)] = view
+            for piece in range(at, at + len(view), chunk):
+                ready(piece, min(chunk, at + len(view) - piece))
+            at += len(view)
+
+        self.copy_from_device(src, count, stream, send)
+
+    @abc.abstractmethod
+    def copy_from_device_async(self, src: int, count: int, stream: int) -> StagedCopy:
+        """Queue a copy of `count` bytes from device address `src` behind `stream`'s work and return at
+        once, without waiting for the stream: the bytes are the device's as the stream reaches the copy."""
+
+    @abc.abstractmethod
+    def memset(self, dst: int, value: int, element_size: int, count: int, stream: int | None) -> None: ...
+
+    @abc.abstractmethod
+    def copy_3d(
+        self,
+        src: CopySide,
+        dst: CopySide,
+        extent: tuple[int, int, int],
+        stream: int | None,
+        data: bytes | None,
+    ) -> bytes | None:
+        """Copy `extent` (bytes per row, rows, slices) from `src` to `dst` (checked: the lease's memory
+        and arrays); a host source is `data`, a host destination is returned. Stream None: synchronous."""
+
+    @abc.abstractmethod
+    def param_layout(self, func: int, is_kernel: bool) -> list[tuple[int, int]]:
+        """(offset, size) of each kernel parameter, in order."""
+
+    @abc.abstractmethod
+    def cluster_occupancy(self, name: str, launch: Launch) -> int:
+        """cuOccupancyMaxActiveClusters or cuOccupancyMaxPotentialClusterSize (`name`) of a launch
+        configuration (`launch` without parameters)."""
+
+    @abc.abstractmethod
+    def launch(self, launch: Launch) -> None:
+        """Launch `launch.func` as `launch` says (parameters already packed at the layout's offsets)."""
+
+    # Graphs built node by node (the guard checked the graph, the nodes and the memory).
+    @abc.abstractmethod
+    def graph_add_kernel_node(self, graph: int, deps: list[int], launch: Launch) -> int:
+        """cuGraphAddKernelNode: `launch` (its stream unused) as a node after `deps`; the node."""
+
+    @abc.abstractmethod
+    def graph_exec_kernel_node(self, graph_exec: int, node: int, launch: Launch) -> None:
+        """cuGraphExecKernelNodeSetParams."""
+
+    @abc.abstractmethod
+    def graph_add_memset_node(self, graph, deps, dst, pitch, value, element_size, width, height) -> int: ...
+
+    @abc.abstractmethod
+    def graph_add_empty_node(self, graph: int, deps: list[int]) -> int: ...
+
+    @abc.abstractmethod
+    def graph_add_dependencies(
+        self, graph: int, edges: list[tuple[int, int]], edge_data: list[bytes] | None = None
+    ) -> None:
+        """`edge_data`: per edge, CUgraphEdgeData's 8 bytes (from port, to port, type; zero: the default)."""
+
+    @abc.abstractmethod
+    def graph_add_child_node(self, graph: int, deps: list[int], child: int) -> int:
+        """cuGraphAddChildGraphNode: a copy of graph `child` as a node after `deps`; the node."""
+
+    @abc.abstractmethod
+    def graph_add_conditional_node(
+        self, graph: int, deps: list[int], handle: int, kind: int, size: int, ctx: int
+    ) -> tuple[int, list[int]]:
+        """A conditional node (CU_GRAPH_COND_TYPE_IF 0, WHILE 1, SWITCH 2) on condition `handle` with
+        `size` body graphs; the node and the body graphs (owned by the node)."""
+
+    @abc.abstractmethod
+    def graph_add_event_node(self, graph: int, deps: list[int], event: int, wait: bool) -> int:
+        """cuGraphAddEventRecordNode, or cuGraphAddEventWaitNode when `wait`; the node."""
+
+    @abc.abstractmethod
+    def graph_add_memcpy_node(self, graph: int, deps: list[int], copy: Copy3D) -> int:
+        """cuGraphAddMemcpyNode between device memory of the lease (`copy` checked); the node."""
+
+    @abc.abstractmethod
+    def graph_add_host_node(self, graph: int, deps: list[int], fn: Callable[[], None]) -> int:
+        """cuGraphAddHostNode: `fn` runs (on a thread of the executor's) at every launch; the node."""
+
+    @abc.abstractmethod
+    def graph_exec_memset_node(
+        self, graph_exec, node, dst, pitch, value, element_size, width, height
+    ) -> None:
+        """cuGraphExecMemsetNodeSetParams (the memory checked)."""
+
+    @abc.abstractmethod
+    def graph_exec_memcpy_node(self, graph_exec: int, node: int, copy: Copy3D) -> None:
+        """cuGraphExecMemcpyNodeSetParams between device memory of the lease (`copy` checked)."""
+
+    @abc.abstractmethod
+    def graph_node_list(self, which: str, subject: int) -> tuple[list[int], list[bytes]]:
+        """`which` is cuGraphGetRootNodes (of graph `subject`), cuGraphNodeGetDependencies or
+        cuGraphNodeGetDependentNodes (of node `subject`): the nodes, and each edge's 8 bytes of data."""
+
+    @abc.abstractmethod
+    def graph_nodes(self, graph: int) -> list[int]:
+        """cuGraphGetNodes: the graph's nodes."""
+
+    @abc.abstractmethod
+    def graph_edges(self, graph: int) -> list[tuple[int, int]]:
+        """cuGraphGetEdges: (from, to) of each edge."""
+
+    @abc.abstractmethod
+    def graph_exec_update(self, graph_exec: int, graph: int) -> tuple[int, int]:
+        """cuGraphExecUpdate: (CUgraphExecUpdateResult, CUresult); a refused update is no exception."""
+
+    @abc.abstractmethod
+    def capture_info(self, stream: int) -> tuple[int, int, int, list[int]]:
+        """cuStreamGetCaptureInfo: status, capture id, the capturing graph, the dependency nodes."""
+
+    @abc.abstractmethod
+    def capture_to_graph(self, stream: int, graph: int, deps: list[int], mode: int) -> None:
+        """cuStreamBeginCaptureToGraph: capture into `graph`, after `deps`."""
+
+    @abc.abstractmethod
+    def update_capture_dependencies(self, stream: int, deps: list[int], flags: int) -> None:
+        """cuStreamUpdateCaptureDependencies (CU_STREAM_ADD_CAPTURE_DEPENDENCIES 0, SET 1)."""
+
+    @abc.abstractmethod
+    def tensor_map(self, name: str, ins: tuple, arrays: list[list[int]]) -> bytes:
+        """cuTensorMapEncodeTiled, Im2col or Im2colWide (`name`): the table's in-parameters and the shape
+        arrays in the C order (dims, strides, box or lower/upper corners, element strides); the 128-byte
+        CUtensorMap."""
+
+    @abc.abstractmethod
+    def tensor_map_address(self, encoded: bytes, address: int) -> bytes:
+        """cuTensorMapReplaceAddress on a 128-byte CUtensorMap."""
+
+    @abc.abstractmethod
+    def launch_host_func(self, stream: int, fn: Callable[[], None]) -> None:
+        """Call `fn` (on a thread of the executor's) when `stream` reaches this point; later work on the
+        stream waits until it returns (cuLaunchHostFunc)."""
+
+    # Device address windows (`virtualize.server._address_window`): reserved ranges of device addresses that
+    # the worker maps memory into at addresses it chooses.
+    @abc.abstractmethod
+    def reserve_addresses(self, size: int, hint: int) -> int:
+        """Reserve `size` bytes of device address space, at `hint` where it is free; returns the start."""
+
+    @abc.abstractmethod
+    def release_addresses(self, base: int, size: int) -> None: ...
+
+    @abc.abstractmethod
+    def map_memory(self, base: int, size: int, device: int) -> object:
+        """Back [base, base+size) of a reserved range (2 MiB multiples) with new memory of lease device
+        `device`, readable and writable from every device of the lease that can reach it; returns what
+        `unmap_memory` needs."""
+
+    @abc.abstractmethod
+    def unmap_memory(self, base: int, size: int, backing: object) -> None: ...
+
+    # Live migration (`virtualize.server._migrate`): the worker pauses the lease's calls around `migrate`.
+    def migration_refusal(self, target: int) -> str | None:
+        """Why this executor cannot move a lease device to GPU `target` of this host, or None."""
+        return f"the {self.name} executor cannot move a lease to another GPU yet"
+
+    def migrate(self, device: int, target: int) -> dict:
+        """Move lease device `device` onto GPU `target`, its calls paused: drain its streams, copy its memory
+        to the same addresses there, re-create every object the lease holds on it behind the handles the
+        client has. All or nothing: on an exception the lease is as it was, on its source. Returns
+        {"bytes": copied, "uuid": the target's}."""
+        raise CudaError(NOT_SUPPORTED, self.migration_refusal(target) or "")
+
+    def end_thread(self) -> None:  # noqa: B027 - optional hook
+        """A connection's thread is done: release what the executor keeps for it."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook: most executors hold nothing to release
+        """Release what the executor holds (the worker is ending)."""
+
+
+def _declare(name: str) -> Callable:
+    def method(self, *args):
+        raise NotImplementedError(name)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"Run {name}: its in-parameters in the table's order; returns its out-parameters."
+    return abc.abstractmethod(method)
+
+
+for _name in PER_CALL:
+    setattr(Executor, _name, _declare(_name))
+abc.update_abstractmethods(Executor)

@@ -1,0 +1,995 @@
+"""The lease guard in front of an executor: decodes each forwarded call, checks it, runs it, answers.
+
+Everything a client names is checked against what its own lease created before an executor sees it:
+handles (a garbage handle would crash the driver, and so the worker), device pointers and the byte
+ranges of copies and memsets (a guessed address gets CUDA_ERROR_INVALID_VALUE), and the partition's
+memory quota (CUDA_ERROR_OUT_OF_MEMORY beyond it). Memory queries report the partition, not the GPU.
+
+Calls of mode ASYNC get no reply; their first error is kept and returned by the next synchronising
+call (`sync_point` in the table), as CUDA reports asynchronous errors.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import secrets
+import struct
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from virtualize.common import _wire
+from virtualize.common._calls import CALL_IDS, CALLS, HANDLE_TYPES, Call, Mode
+from virtualize.common._results import CUresult
+from virtualize.server._address_window import GRANULE, WindowFull, WindowMemory
+from virtualize.server._deliveries import Deliveries
+from virtualize.server._executor import (
+    HANDSHAKE,
+    INVALID_CONTEXT,
+    INVALID_HANDLE,
+    INVALID_VALUE,
+    OUT_OF_MEMORY,
+    CudaError,
+    Executor,
+    SharedHostMemory,
+    StagedCopy,
+)
+from virtualize.server._guard_arrays import ArrayCalls
+from virtualize.server._guard_concern import ANSWERED, EMPTY
+from virtualize.server._guard_contexts import ContextCalls
+from virtualize.server._guard_copies import CopyCalls
+from virtualize.server._guard_graphs import GraphCalls
+from virtualize.server._guard_launches import LaunchCalls
+from virtualize.server._guard_rules import BUILTIN_STREAMS, RANGES_BY_ID
+from virtualize.server._guard_tensor_maps import TensorMapCalls
+from virtualize.server._lanes import Lanes
+from virtualize.server._migrate import Gate
+
+log = logging.getLogger("gpupool.worker")
+
+ALLOCATION_PROP_BYTES, ACCESS_DESC_BYTES = 32, 12  # CUmemAllocationProp, CUmemAccessDesc
+POSIX_FILE_DESCRIPTOR = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+P2P_ATOMIC_OPERATIONS_MAX = (
+    64  # operations one cuDeviceGetP2PAtomicCapabilities asks about (the shim's limit too)
+)
+POOL_PROPS_BYTES = 88  # CUmemPoolProps
+# CUstreamAttrID values whose CUstreamAttrValue is plain data, or (the access-policy window) a range the
+# guard checks: access-policy window, synchronization policy, priority, memory sync domain map, domain.
+ACCESS_POLICY_WINDOW, STREAM_ATTRIBUTE_BYTES = 1, 64
+STREAM_ATTRIBUTES = frozenset({ACCESS_POLICY_WINDOW, 3, 8, 9, 10})
+# CUdevice_attribute: PAGEABLE_MEMORY_ACCESS, CONCURRENT_MANAGED_ACCESS, PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
+# DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: 0 remotely (docs/remote.md, managed memory).
+NOT_COHERENT_ATTRIBUTES = frozenset({88, 89, 100, 101})
+# What a device offers that memory shared remotely cannot be (docs/remote.md, "Many GPUs in one run"), so
+# that NCCL and others take the way that works: HANDLE_TYPE_FABRIC_SUPPORTED, MULTICAST_SUPPORTED,
+# LOGICAL_ENDPOINT_MULTICAST_SUPPORTED answer 0, MEMPOOL_SUPPORTED_HANDLE_TYPES only POSIX descriptors.
+ATTRIBUTE_MASKS = {
+    **dict.fromkeys(NOT_COHERENT_ATTRIBUTES, 0),
+    128: 0,
+    132: 0,
+    154: 0,
+    119: POSIX_FILE_DESCRIPTOR,
+}
+# CUpointer_attribute values the guard answers for memory in a window (cuda.h numbering).
+POINTER_CONTEXT, POINTER_DEVICE_ORDINAL, POINTER_LEGACY_IPC = 1, 9, 10
+POINTER_RANGE_START, POINTER_RANGE_SIZE, POINTER_MEMPOOL = 11, 12, 17
+WINDOW_POINTER_ATTRIBUTES = frozenset(
+    {
+        POINTER_CONTEXT,
+        POINTER_DEVICE_ORDINAL,
+        POINTER_LEGACY_IPC,
+        POINTER_RANGE_START,
+        POINTER_RANGE_SIZE,
+        POINTER_MEMPOOL,
+    }
+)
+
+
+@dataclass
+class Allocation:
+    base: int
+    size: int
+    device: int
+    owned: bool  # False: a module global (not freed by the client, not counted against the quota)
+    ctx: int = 0  # the context it was made in (a destroyed context takes its memory with it)
+    window: WindowMemory | None = None  # the client process's window it lives in; None: the driver's
+
+
+@dataclass
+class LeaseState:
+    """What one lease created, shared by all connections of the lease (a program and its children)."""
+
+    limits: list[int]
+    used: list[int] = field(default_factory=list)
+    allocations: dict[int, Allocation] = field(default_factory=dict)
+    bases: list[int] = field(default_factory=list)
+    handles: dict[str, set[int]] = field(default_factory=lambda: {t: set() for t in HANDLE_TYPES})
+    children: dict[int, set[int]] = field(default_factory=dict)  # module/library -> functions/kernels
+    ctx_device: dict[int, int] = field(default_factory=dict)
+    primary_ctx: dict[int, int] = field(default_factory=dict)  # device -> its primary context
+    layouts: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    callback_tokens: dict[int, Session] = field(default_factory=dict)  # token -> connection to call back for
+    tensor_maps: dict[bytes, int] = field(default_factory=dict)  # encoded map -> its tensor's extent
+    # Memory of the virtual memory API a process exported (cuMemExportToShareableHandle) -> (size, device,
+    # CUmemAllocationProp): what another process of this lease may import; nothing of another lease is here.
+    vm_exported: dict[int, tuple[int, int, bytes]] = field(default_factory=dict)
+    # The processes holding each such handle (the driver gives every process of the lease the same value
+    # for one memory: they share the worker) and the addresses where the lease's processes map it.
+    vm_holders: Counter = field(default_factory=Counter)
+    # The memory a handle names (its first handle: an import inside the worker may give it another value),
+    # how many references the lease's processes hold to it, and what it counts against the partition,
+    # (size, device), from its first holder to its last.
+    vm_memory_of: dict[int, int] = field(default_factory=dict)
+    vm_memory_holders: Counter = field(default_factory=Counter)
+    vm_charged: dict[int, tuple[int, int]] = field(default_factory=dict)
+    vm_mapped_at: dict[int, set[int]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    native: Any = (
+        None  # the worker's native hot path (a virtualize.server._native_dispatch.NativeLease), if any
+    )
+    # Holds the lease's calls while it migrates (virtualize.server._migrate).
+    gate: Gate = field(default_factory=Gate)
+
+    def __post_init__(self) -> None:
+        self.used = [0] * len(self.limits)
+
+    def find(self, ptr: int) -> Allocation | None:
+        i = bisect.bisect_right(self.bases, ptr)
+        if i == 0:
+            return None
+        a = self.allocations[self.bases[i - 1]]
+        return a if ptr < a.base + max(a.size, 1) else None
+
+    def add(self, a: Allocation) -> None:
+        with self.lock:
+            if a.base in self.allocations:
+                self._drop(a.base)
+            self.allocations[a.base] = a
+            bisect.insort(self.bases, a.base)
+            if a.owned:
+                self.used[a.device] += a.size
+            if self.native is not None:  # the native loop checks small copies against the same ranges
+                self.native.range_added(a.base, a.size)
+
+    def remove(self, base: int) -> Allocation | None:
+        with self.lock:
+            return self._drop(base)
+
+    def _drop(self, base: int) -> Allocation | None:
+        if self.native is not None:  # out of the native loop's ranges before it is freed
+            self.native.range_dropped(base)
+        a = self.allocations.pop(base, None)
+        if a is not None:
+            self.bases.pop(bisect.bisect_left(self.bases, base))
+            if a.owned:
+                self.used[a.device] -= a.size
+        return a
+
+    def vm_hold(self, handle: int, size: int, device: int, *, charged: bool = False, memory: int = 0) -> None:
+        """A process of the lease holds `handle` now (created, retained or imported; `memory`: the handle
+        it was imported from). The memory counts against the partition once, however many processes and
+        handle values hold it (`charged`: already counted)."""
+        with self.lock:
+            key = self.vm_memory_of.setdefault(handle, self.vm_memory_of.get(memory, memory) or handle)
+            self.vm_holders[handle] += 1
+            self.vm_memory_holders[key] += 1
+            self.handles["vmem"].add(handle)
+            if key not in self.vm_charged:
+                self.vm_charged[key] = (size, device)
+                if not charged:
+                    self.used[device] += size
+            elif charged:
+                self.used[device] -= size
+
+    def vm_drop(self, handle: int) -> None:
+        """A process let go of `handle`; the lease forgets a handle value (and its export) when none
+        holds it, and stops counting the memory when no value of it is held."""
+        with self.lock:
+            key = self.vm_memory_of[handle]
+            self.vm_holders[handle] -= 1
+            if self.vm_holders[handle] <= 0:
+                del self.vm_holders[handle], self.vm_memory_of[handle]
+                self.handles["vmem"].discard(handle)
+                self.vm_exported.pop(handle, None)
+            self.vm_memory_holders[key] -= 1
+            if self.vm_memory_holders[key] <= 0:
+                del self.vm_memory_holders[key]
+                size, device = self.vm_charged.pop(key)
+                self.used[device] -= size
+
+    def vm_mapping(self, handle: int, ptr: int, mapped: bool) -> None:
+        with self.lock:
+            at = self.vm_mapped_at.setdefault(handle, set())
+            (at.add if mapped else at.discard)(ptr)
+            if not at:
+                del self.vm_mapped_at[handle]
+
+    def reserve(self, device: int, size: int) -> None:
+        """Refuse an allocation that would take the lease past its partition of `device`."""
+        if self.used[device] + size > self.limits[device]:
+            raise CudaError(OUT_OF_MEMORY, f"partition of device {device} is {self.limits[device]} bytes")
+
+
+class HostCallbacks:
+    """The client process's callback connection: the worker's driver thread sends a host function's id
+    when its stream reaches it and waits until the client answers that it has run (one at a time).
+    Copies to the client's page-locked memory travel on it too (`virtualize.server._deliveries`); those done
+    by then go first, so a host function after a copy sees its bytes."""
+
+    def __init__(self, channel) -> None:
+        self.channel = channel
+        self.lock = threading.Lock()  # one host function at a time
+        self.send_lock = threading.Lock()  # frames whole: host function ids and copies share the channel
+        self.closed = threading.Event()  # the process's connection has ended: stop calling back
+        self.deliveries = Deliveries(self.send, self.lock)
+
+    def send(self, *parts) -> bool:
+        with self.send_lock:
+            if self.closed.is_set():
+                return False
+            try:
+                self.channel.send(*parts)
+                return True
+            except (OSError, ConnectionError, EOFError) as exc:
+                log.info("the client's callback connection is gone (%s); host functions are skipped", exc)
+                self.closed.set()
+                return False
+
+    def call(self, ident: int, status: int = 0) -> None:
+        with self.lock:
+            self.deliveries.send_done()  # copies done by now land before the function runs
+            if not self.send(_wire.REPLY.pack(status, 8, 0), struct.pack("<Q", ident)):
+                return
+            try:
+                self.channel.read_exact(8)  # the id again: the function has returned
+            except (OSError, ConnectionError, EOFError) as exc:
+                log.info("the client's callback connection is gone (%s); host functions are skipped", exc)
+                self.closed.set()
+
+    def close(self) -> None:
+        self.closed.set()
+        self.deliveries.close()
+
+
+class Session:
+    """One client connection: its current context, its pending asynchronous error, its calls."""
+
+    def __init__(self, lease: LeaseState, executor: Executor, channel, kernel_output=None) -> None:
+        self.lease = lease
+        self.executor = executor
+        self.channel = channel
+        self.kernel_output = (
+            kernel_output  # () -> bytes kernels printed since the last call (worker's stdout)
+        )
+        self.ctx = 0
+        self.pending = 0
+        self.calls = 0
+        self.owned: set[int] = set()  # allocations made on this connection, freed when it closes
+        self.context_calls = ContextCalls(self)  # the current context, contexts this connection creates
+        self.window = WindowMemory(executor, lease.limits)  # this client process's device addresses
+        self.spoiled_captures: set[int] = set()  # streams whose capture met a copy it cannot hold
+        self.callbacks: HostCallbacks | None = None  # this process's callback connection, once attached
+        self.copies_announced = 0  # copy frames the client was last told to wait for (_wire.COPIES_SENT)
+        self.callback_token = 0
+        self.calls_back_for: Session | None = None  # set on a callback connection: stop reading it
+        # The virtual memory API on this connection: reserved ranges, mappings, and created memory.
+        self.vm_ranges: dict[int, int] = {}  # base -> size
+        self.vm_mapped: dict[int, int] = {}  # mapped address -> size
+        self.vm_handles: dict[int, tuple[int, int]] = {}  # handle -> (size, device)
+        self.vm_references: dict[int, int] = {}  # handle -> references beyond the first (retains)
+        self.vm_props: dict[int, bytes] = {}  # handle -> the CUmemAllocationProp it was created with
+        self.vm_mapping_of: dict[int, tuple[int, int, int]] = {}  # mapped address -> (handle, size, device)
+        self.array_calls = ArrayCalls(self)  # arrays, 3D copies, textures, surfaces
+        self.graph_calls = GraphCalls(self)  # graphs built node by node, and from stream captures
+        self.shared: SharedHostMemory | None = None  # memory the client maps too (gpShmAttach)
+        self.shared_error = 0  # the first error of the pieces of a copy through it, for its answer
+        # the client's page-locked allocations this worker maps too (gpPinnedShare): its address -> the
+        # memory, and the copies into it not known to be done yet (virtualize.server._guard_copies)
+        self.pinned: dict[int, SharedHostMemory] = {}
+        self.pinned_landing: dict[int, list[StagedCopy]] = {}
+        self.lanes: Lanes | None = None  # this process's extra connections' copies, once one attached
+        self.lane_of: Session | None = None  # set on a lane: the connection whose copies it carries
+        self.special: dict[str, Callable] = {
+            "cuDeviceGetAttribute": self._device_attribute,
+            "cuMemPoolCreate": self._pool_create,
+            "gpCallbackToken": self._callback_token,
+            "gpCallbackAttach": self._callback_attach,
+            "cuLaunchHostFunc": self._host_function,
+            "cuStreamAddCallback": self._host_function,
+            "cuMemAddressReserve": self._vm_reserve,
+            "cuMemAddressFree": self._vm_address_free,
+            "cuMemCreate": self._vm_create,
+            "cuMemRelease": self._vm_release,
+            "cuMemMap": self._vm_map,
+            "cuMemUnmap": self._vm_unmap,
+            "cuMemSetAccess": self._vm_set_access,
+            "cuMemGetAllocationGranularity": self._vm_granularity,
+            "cuMemRetainAllocationHandle": self._vm_retain,
+            "cuMemGetAllocationPropertiesFromHandle": self._vm_properties,
+            "cuMemGetAccess": self._vm_access,
+            "cuMemExportToShareableHandle": self._vm_export,
+            "cuDeviceGetP2PAtomicCapabilities": self._p2p_atomics,
+            "cuMemImportFromShareableHandle": self._vm_import,
+            "cuStreamGetAttribute": self._stream_attribute,
+            **dict.fromkeys(
+                (
+                    f"{op}{bits}{suffix}"
+                    for op in ("cuStreamWaitValue", "cuStreamWriteValue")
+                    for bits in ("32", "64")
+                    for suffix in ("", "_v2")
+                ),
+                self._stream_value,
+            ),
+            "cuStreamSetAttribute": self._stream_attribute,
+            "cuModuleEnumerateFunctions": self._enumerate,
+            "cuLibraryEnumerateKernels": self._enumerate,
+            "gpWindowOffer": self._window_offer,
+            "gpWindowAccept": self._window_accept,
+            "cuMemGetAddressRange_v2": self._address_range,
+            "cuPointerGetAttribute": self._pointer_attribute,
+            "cuDeviceTotalMem_v2": self._total_mem,
+            "cuMemGetInfo_v2": self._mem_get_info,
+            "cuMemAlloc_v2": self._alloc,
+            "cuMemAllocAsync": self._alloc,
+            "cuMemAllocFromPoolAsync": self._alloc,
+            "cuMemFree_v2": self._free,
+            "cuMemFreeAsync": self._free,
+            "cuModuleGetGlobal_v2": self._get_global,
+            "cuLibraryGetGlobal": self._get_global,
+            **self.array_calls.handlers(),
+            **self.graph_calls.handlers(),
+            **TensorMapCalls(self).handlers(),
+            **CopyCalls(self).handlers(),
+            **LaunchCalls(self).handlers(),
+            **self.context_calls.handlers(),
+        }
+        # One handler per call id, looked up by index on every request. None: not the client's to send
+        # (the handshake is the worker's own; LOCAL calls never leave the client).
+        self.handlers: list[Callable | None] = [
+            None
+            if c.name in HANDSHAKE or c.mode is Mode.LOCAL
+            else self.special.get(c.name if c.symbol == "-" else c.symbol, self._plain)
+            for c in CALLS
+        ]
+
+    # -- the loop body -------------------------------------------------------------------------------
+
+    def dispatch(self, call_id: int, flags: int, args: bytes, bulk_len: int) -> None:
+        """Run one request; consumes its bulk bytes and answers it when it wants an answer."""
+        self.calls += 1
+        wants_reply = flags & _wire.FLAG_WANTS_REPLY
+        handler = self.handlers[call_id] if 0 <= call_id < len(self.handlers) else None
+        if handler is None:
+            self.channel.skip(bulk_len)
+            self._answer(wants_reply, None, INVALID_VALUE)
+            return
+        call = CALLS[call_id]
+        self.channel.bulk_left = bulk_len
+        try:
+            answer = handler(call, call.in_struct.unpack(args) if call.ins else ())
+            result = 0
+        except CudaError as exc:
+            answer, result = None, exc.code
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s -> %s", call.symbol, exc)
+        except struct.error:
+            answer, result = None, INVALID_VALUE
+        except (ConnectionError, OSError, EOFError):
+            raise  # the client is gone: the worker's loop ends this connection
+        except Exception:  # a bug here must not cost the client its connection: this call fails
+            log.exception("%s failed inside the worker", call.symbol if call.symbol != "-" else call.name)
+            answer, result = None, CUresult.UNKNOWN
+        if self.channel.bulk_left:
+            self.channel.skip(self.channel.bulk_left)
+        if answer is ANSWERED:
+            return
+        if call.sync_point and self.pending:  # the earlier asynchronous error comes first
+            result, self.pending = self.pending, 0
+        if call.sync_point and wants_reply:
+            self._send_kernel_output()
+        if not wants_reply or call.mode is Mode.ASYNC:
+            if result and not self.pending:
+                self.pending = result
+            return
+        self._answer(True, answer, result)
+
+    def _send_kernel_output(self) -> None:
+        """What kernels printed (the driver writes it at synchronising calls), ahead of the reply."""
+        text = self.kernel_output() if self.kernel_output is not None else b""
+        if text:
+            self.channel.send(_wire.REPLY.pack(_wire.KERNEL_OUTPUT, 0, len(text)), text)
+
+    def _answer(self, wants_reply: bool, answer, result: int) -> None:
+        if not wants_reply:
+            return
+        self._announce_copies()
+        outs, bulk = answer if (answer and result == 0) else (b"", b"")
+        self.channel.send(_wire.REPLY.pack(result, len(outs), len(bulk)), outs, bulk)
+
+    def _announce_copies(self, wait: bool = False) -> None:
+        """Before any reply: the copies to the client's page-locked memory that are done by now go out,
+        and the client hears how many it is to wait for — whatever the reply says (a synchronise, a
+        query that says done), it returns with those bytes in place."""
+        callbacks = self.callbacks
+        if callbacks is None:
+            return
+        sent = callbacks.deliveries.flush(wait, inline=self.channel.send)
+        if sent != self.copies_announced:
+            self.copies_announced = sent
+            count = _wire.COPIES_COUNT.pack(sent)
+            self.channel.send(_wire.REPLY.pack(_wire.COPIES_SENT, len(count), 0), count)
+
+    def close(self) -> None:
+        """The client is gone: free what it left allocated, as process exit does on a local GPU."""
+        if self.callbacks is not None:
+            self.callbacks.close()  # its callback connection's thread ends, host functions are skipped
+        for lanes in (self.lanes, self.lane_of.lanes if self.lane_of is not None else None):
+            if lanes is not None:
+                lanes.lane_lost()  # copies waiting for pieces fail rather than wait
+        with self.lease.lock:
+            self.lease.callback_tokens.pop(self.callback_token, None)
+        self.context_calls.close()  # the contexts it created, and their memory
+        contexts = self.lease.primary_ctx
+        left = [a for a in map(self.lease.allocations.get, self.owned) if a is not None]
+        for a in left:
+            try:
+                try:
+                    self.executor.set_context(contexts.get(a.device, 0))
+                except CudaError:
+                    if a.window is None:
+                        raise
+                if a.window is not None:  # mapped memory outlives a released context: unmap it anyway
+                    a.window.free(a.base)
+                else:
+                    self.executor.cuMemFree(a.base)
+            except CudaError as exc:
+                log.warning("could not free 0x%x after the client left: %s", a.base, exc)
+            self.lease.remove(a.base)
+        self._vm_close()
+        self.array_calls.close()
+        for base in list(self.pinned):
+            CopyCalls.pinned_release(self, base)
+        if self.shared is not None:
+            try:
+                self.executor.release_shared_host_memory(self.shared)
+            except (CudaError, OSError) as exc:
+                log.warning("could not release the memory shared with the client: %s", exc)
+            self.shared = None
+        try:
+            self.window.close()
+        except CudaError as exc:
+            log.warning("could not release the client's device address window: %s", exc)
+        if left:
+            log.info(
+                "freed %d allocation(s), %d bytes, the client left behind",
+                len(left),
+                sum(a.size for a in left),
+            )
+        self.owned.clear()
+
+    # -- checks --------------------------------------------------------------------------------------
+
+    def _check(self, call: Call, ins: tuple) -> None:
+        handles = self.lease.handles
+        for i, t in call.checked:
+            value = ins[i]
+            if t == "dptr":
+                if self.lease.find(value) is None:
+                    raise CudaError(INVALID_VALUE, f"0x{value:x} is not memory of this lease")
+            elif t == "stream":
+                if value not in BUILTIN_STREAMS and value not in handles["stream"]:
+                    raise CudaError(INVALID_HANDLE, "stream")
+            elif t == "ctx":
+                if value and value not in handles["ctx"]:
+                    raise CudaError(INVALID_CONTEXT, "context")
+            elif t == "func":
+                if value not in handles["func"] and value not in handles["kernel"]:
+                    raise CudaError(INVALID_HANDLE, "function")
+            elif value not in handles[t]:
+                raise CudaError(INVALID_HANDLE, t)
+
+    def _check_ranges(self, call: Call, ins: tuple) -> None:
+        """The call's handles (`_check`), then the device bytes it names (_guard_rules.DEVICE_RANGES)."""
+        self._check(call, ins)
+        for ptr, length in RANGES_BY_ID[CALL_IDS[call]]:
+            self._check_range(ins[ptr], ins[length])
+
+    def _check_range(self, ptr: int, count: int) -> Allocation:
+        a = self.lease.find(ptr)
+        if a is None or count > a.base + a.size - ptr:
+            raise CudaError(INVALID_VALUE, f"[0x{ptr:x}, +{count}) is not memory of this lease")
+        return a
+
+    def _device(self) -> int:
+        if not self.ctx:
+            raise CudaError(INVALID_CONTEXT, "no current context")
+        return self.lease.ctx_device[self.ctx]
+
+    # -- plain calls: the table says everything ------------------------------------------------------
+
+    def _plain(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        args = list(ins)
+        for p in call.wire_params:
+            if p.type == "cstr":
+                args.append(self.channel.read_bulk(limit=4096).rstrip(b"\0").decode())
+            elif p.type == "bytes":
+                args.append(self.channel.read_bulk(limit=_wire.MAX_SMALL_BULK_BYTES))
+        result = getattr(self.executor, call.name)(*args)
+        outs = call.outs
+        if not outs:
+            if call.name in _DESTROYS:
+                self._note_created(call, ins, ())
+            return EMPTY
+        values = result if len(outs) > 1 else (result,)
+        self._note_created(call, ins, values)
+        fixed = [v for p, v in zip(outs, values, strict=True) if p.struct_code]
+        bulk = b""
+        for p, v in zip(outs, values, strict=True):
+            if p.type == "buf":
+                limit = ins[[q.name for q in call.ins].index(p.length_from)]
+                data = v.encode() if isinstance(v, str) else bytes(v)
+                bulk = data[: max(limit - 1, 0)].ljust(max(limit, 0), b"\0")  # NUL-padded, as the driver does
+            elif p.type == "b16":
+                bulk = bytes(v)[:16].ljust(16, b"\0")
+        return call.out_struct.pack(*fixed), bulk
+
+    def _note_created(self, call: Call, ins: tuple, values: tuple) -> None:
+        handles = self.lease.handles
+        for p, v in zip(call.outs, values, strict=True):
+            if p.type in HANDLE_TYPES and v:
+                handles[p.type].add(v)
+                parent = next(
+                    (i for q, i in zip(call.ins, ins, strict=True) if q.type in ("module", "library")), None
+                )
+                if parent is not None:
+                    self.lease.children.setdefault(parent, set()).add(v)
+        gone = _DESTROYS.get(call.name)
+        if gone:
+            handles[gone].discard(ins[0])
+            for child in self.lease.children.pop(ins[0], ()):  # a module's functions, a graph's nodes
+                for kind in ("func", "kernel", "node", "graph"):
+                    handles[kind].discard(child)
+                self.lease.layouts.pop(child, None)
+
+    # -- calls that need the lease's state -----------------------------------------------------------
+
+    def _total_mem(self, call: Call, ins: tuple):
+        (dev,) = ins
+        if not 0 <= dev < len(self.lease.limits):
+            raise CudaError(CUresult.INVALID_DEVICE, "device ordinal")
+        real = self.executor.cuDeviceTotalMem(dev)
+        return struct.pack("<Q", min(real, self.lease.limits[dev])), b""
+
+    def _mem_get_info(self, call: Call, ins: tuple):
+        dev = self._device()
+        free, total = self.executor.cuMemGetInfo()
+        limit = min(total, self.lease.limits[dev])
+        return struct.pack("<QQ", max(0, min(free, limit - self.lease.used[dev])), limit), b""
+
+    def _alloc(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        size = ins[0]
+        dev = self._device()
+        with self.lease.lock:
+            self.lease.reserve(dev, size)
+            self.lease.used[dev] += size  # held while the executor allocates, so racing threads see it
+        window = self.window if self._in_window(call, ins) else None
+        try:
+            if window is not None:
+                try:
+                    ptr = window.allocate(size, dev)
+                except WindowFull as exc:
+                    log.warning("%s: the driver allocates instead", exc)
+                    window = None
+            if window is None:
+                ptr = getattr(self.executor, call.name)(*ins)
+        finally:
+            with self.lease.lock:
+                self.lease.used[dev] -= size
+        self.lease.add(Allocation(ptr, size, dev, owned=True, ctx=self.ctx, window=window))
+        self.owned.add(ptr)
+        return struct.pack("<Q", ptr), b""
+
+    def _in_window(self, call: Call, ins: tuple) -> bool:
+        """Whether this allocation comes from the client's window: all of them once it has one, but a
+        stream-ordered one during a capture (the graph's memory node places it, the driver picks)."""
+        if not self.window.ready:
+            return False
+        return call.name == "cuMemAlloc" or not self.executor.cuStreamIsCapturing(ins[-1])
+
+    def _device_attribute(self, call: Call, ins: tuple):
+        """The device's answer, but no host access to managed or pageable memory while kernels run (the
+        client's mirror of managed memory is kept in step at launches and synchronisations only), and no
+        fabric handles or multicast objects, which are not forwarded (ATTRIBUTE_MASKS)."""
+        mask = ATTRIBUTE_MASKS.get(ins[0])
+        if mask == 0:
+            self._check(call, ins)
+            return struct.pack("<i", 0), b""
+        answer = self._plain(call, ins)
+        if mask is None:
+            return answer
+        (value,) = struct.unpack("<i", answer[0])
+        return struct.pack("<i", value & mask), answer[1]
+
+    def _stream_value(self, call: Call, ins: tuple):
+        """cuStreamWaitValue32/64, cuStreamWriteValue32/64: the whole word must be the lease's memory."""
+        self._check(call, ins)
+        stream, addr, value, flags = ins
+        self._check_range(addr, 8 if call.name.endswith("64") else 4)
+        getattr(self.executor, call.name)(stream, addr, value, flags)
+
+    # -- stream attributes ----------------------------------------------------------------------------
+
+    def _stream_attribute(self, call: Call, ins: tuple):
+        """cuStreamGetAttribute / SetAttribute: a CUstreamAttrValue (64 bytes) each way; an access-policy
+        window (its base and length first) must be memory of the lease."""
+        self._check(call, ins)
+        stream, attr = ins
+        if attr not in STREAM_ATTRIBUTES:
+            raise CudaError(CUresult.NOT_SUPPORTED, f"stream attribute {attr} is not forwarded")
+        if call.name == "cuStreamGetAttribute":
+            return b"", bytes(self.executor.cuStreamGetAttribute(stream, attr))[:STREAM_ATTRIBUTE_BYTES]
+        value = self.channel.read_bulk(limit=STREAM_ATTRIBUTE_BYTES)
+        if len(value) != STREAM_ATTRIBUTE_BYTES:
+            raise CudaError(INVALID_VALUE, "a stream attribute's value is 64 bytes")
+        base, size = struct.unpack_from("<QQ", value)
+        if attr == ACCESS_POLICY_WINDOW and size:
+            self._check_range(base, size)
+        self.executor.cuStreamSetAttribute(stream, attr, value)
+        return EMPTY
+
+    # -- what a module or library holds --------------------------------------------------------------
+
+    def _enumerate(self, call: Call, ins: tuple):
+        """cuModuleEnumerateFunctions / cuLibraryEnumerateKernels: the handles, now the lease's (children
+        of their module or library, gone with it), in the reply's bulk."""
+        self._check(call, ins)
+        num, parent = ins
+        found = getattr(self.executor, call.name)(num, parent)[:num]
+        kind = "func" if call.name == "cuModuleEnumerateFunctions" else "kernel"
+        with self.lease.lock:
+            self.lease.handles[kind].update(found)
+            self.lease.children.setdefault(parent, set()).update(found)
+        return b"", struct.pack(f"<{len(found)}Q", *found)
+
+    # -- host functions ------------------------------------------------------------------------------
+
+    def _callback_token(self, call: Call, ins: tuple):
+        """What this process's callback connection shows to be attached to this one."""
+        with self.lease.lock:
+            if not self.callback_token:
+                self.callback_token = secrets.randbits(63) | 1
+                self.lease.callback_tokens[self.callback_token] = self
+        return struct.pack("<Q", self.callback_token), b""
+
+    def _callback_attach(self, call: Call, ins: tuple):
+        """This connection becomes `token`'s callback connection; the worker stops reading requests
+        from it after this answer (the driver thread that calls back reads the answers)."""
+        with self.lease.lock:
+            owner = self.lease.callback_tokens.get(ins[0])
+            if owner is None or owner.callbacks is not None:
+                raise CudaError(INVALID_VALUE, "not a connection waiting for its callback connection")
+            owner.callbacks = HostCallbacks(self.channel)
+        self.calls_back_for = owner
+
+    def _host_function(self, call: Call, ins: tuple):
+        stream, ident = ins
+        self._check(call, ins)
+        callbacks = self.callbacks
+        if callbacks is None:
+            raise CudaError(CUresult.NOT_SUPPORTED, "no callback connection")
+        self.executor.launch_host_func(stream, lambda: callbacks.call(ident))
+
+    def _pool_create(self, call: Call, ins: tuple):
+        """cuMemPoolCreate: a pool of the lease's device (its allocations come from the process's window,
+        like the default pool's; the pool carries the attributes and the export)."""
+        props = self.channel.read_bulk(limit=POOL_PROPS_BYTES)
+        if len(props) != POOL_PROPS_BYTES:
+            raise CudaError(INVALID_VALUE, "CUmemPoolProps")
+        kind, handle_types, location, device = struct.unpack_from("<iiii", props)
+        (max_size,) = struct.unpack_from("<Q", props, 24)
+        if kind != 1 or location != 1:  # pinned, on a device
+            raise CudaError(CUresult.NOT_SUPPORTED, "only pools of device memory are created remotely")
+        if not 0 <= device < len(self.lease.limits):
+            raise CudaError(CUresult.INVALID_DEVICE, "device ordinal")
+        pool = self.executor.cuMemPoolCreate(device, handle_types, max_size)
+        self.lease.handles["pool"].add(pool)
+        return struct.pack("<Q", pool), b""
+
+    # -- the virtual memory API ----------------------------------------------------------------------
+
+    def _vm_reserve(self, call: Call, ins: tuple):
+        size, align = ins[:2]
+        if not size or size % GRANULE or (align & (align - 1)):
+            raise CudaError(INVALID_VALUE, "size must be a multiple of 2 MiB, alignment a power of two")
+        base = self.window.reserve_range(size, align)
+        self.vm_ranges[base] = size
+        self.lease.add(Allocation(base, size, 0, owned=False))  # copies and launches may name it
+        return struct.pack("<Q", base), b""
+
+    def _vm_address_free(self, call: Call, ins: tuple):
+        base, size = ins
+        if self.vm_ranges.get(base) != size:
+            raise CudaError(INVALID_VALUE, f"[0x{base:x}, +{size}) is not a range this process reserved")
+        if any(base <= m < base + size for m in self.vm_mapped):
+            raise CudaError(INVALID_VALUE, "memory is still mapped in the range")
+        self.window.release_range(base, size)
+        del self.vm_ranges[base]
+        self.lease.remove(base)
+
+    def _vm_inside(self, ptr: int, size: int) -> None:
+        """[ptr, +size) lies inside one range this process reserved."""
+        for base, n in self.vm_ranges.items():
+            if base <= ptr and ptr + size <= base + n:
+                return
+        raise CudaError(INVALID_VALUE, f"[0x{ptr:x}, +{size}) is not inside a range this process reserved")
+
+    def _vm_device(self, prop: bytes) -> tuple[int, int]:
+        """A CUmemAllocationProp's device (of the lease) and requested handle types; pinned device memory only."""
+        if len(prop) != ALLOCATION_PROP_BYTES:
+            raise CudaError(INVALID_VALUE, "CUmemAllocationProp")
+        kind, handle_types, location, device = struct.unpack_from("<iiii", prop)
+        if kind != 1 or location != 1:  # CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE
+            raise CudaError(CUresult.NOT_SUPPORTED, "only pinned device memory is created remotely")
+        if not 0 <= device < len(self.lease.limits):
+            raise CudaError(CUresult.INVALID_DEVICE, "device ordinal")
+        return device, handle_types
+
+    def _vm_create(self, call: Call, ins: tuple):
+        size, _flags = ins  # flags: reserved by CUDA, 0
+        prop = self.channel.read_bulk(limit=ALLOCATION_PROP_BYTES)
+        device, handle_types = self._vm_device(prop)
+        if not size or size % GRANULE:
+            raise CudaError(INVALID_VALUE, "size must be a multiple of the granularity (2 MiB)")
+        with self.lease.lock:
+            self.lease.reserve(device, size)
+            self.lease.used[device] += size
+        try:
+            handle = self.executor.cuMemCreate(size, device, handle_types)
+        except BaseException:
+            with self.lease.lock:
+                self.lease.used[device] -= size
+            raise
+        self.vm_handles[handle] = (size, device)
+        self.vm_props[handle] = bytes(prop)
+        self.lease.vm_hold(handle, size, device, charged=True)
+        return struct.pack("<Q", handle), b""
+
+    def _vm_release(self, call: Call, ins: tuple):
+        (handle,) = ins
+        if handle not in self.vm_handles:
+            raise CudaError(INVALID_VALUE, "not memory this process created")
+        self.executor.cuMemRelease(handle)
+        if self.vm_references.get(handle):  # a retained reference: the memory has another holder
+            self.vm_references[handle] -= 1
+            return
+        self.vm_handles.pop(handle)
+        self.vm_props.pop(handle, None)
+        self.lease.vm_drop(handle)
+
+    def _vm_map(self, call: Call, ins: tuple):
+        ptr, size, offset, handle, flags = ins
+        if handle not in self.vm_handles or offset + size > self.vm_handles[handle][0]:
+            raise CudaError(INVALID_VALUE, "not memory this process created, or past its end")
+        self._vm_inside(ptr, size)
+        self.executor.cuMemMap(ptr, size, offset, handle, flags)
+        self.vm_mapped[ptr] = size
+        self.vm_mapping_of[ptr] = (handle, *self.vm_handles[handle])
+        self.lease.vm_mapping(handle, ptr, True)
+
+    def _vm_unmap(self, call: Call, ins: tuple):
+        ptr, size = ins
+        inside = [m for m, n in self.vm_mapped.items() if ptr <= m and m + n <= ptr + size]
+        if not inside or sum(self.vm_mapped[m] for m in inside) != size:
+            raise CudaError(INVALID_VALUE, f"[0x{ptr:x}, +{size}) is not whole mappings of this process")
+        self.executor.cuMemUnmap(ptr, size)
+        for m in inside:
+            del self.vm_mapped[m]
+            self._vm_forget_mapping(m)
+
+    def _vm_forget_mapping(self, ptr: int) -> None:
+        mapping = self.vm_mapping_of.pop(ptr, None)
+        if mapping is not None:
+            self.lease.vm_mapping(mapping[0], ptr, False)
+
+    def _vm_properties(self, call: Call, ins: tuple):
+        """cuMemGetAllocationPropertiesFromHandle: as this process created it (its device, the lease's)."""
+        (handle,) = ins
+        if handle not in self.vm_handles or handle not in self.vm_props:
+            raise CudaError(INVALID_VALUE, "not memory this process created")
+        return b"", self.vm_props[handle]
+
+    def _vm_access(self, call: Call, ins: tuple):
+        """cuMemGetAccess: the access a device of the lease has to memory this process mapped."""
+        location, device, ptr = ins
+        if not any(m <= ptr < m + n for m, n in self.vm_mapped.items()):
+            raise CudaError(INVALID_VALUE, f"0x{ptr:x} is not memory this process mapped")
+        if location != 1 or not 0 <= device < len(self.lease.limits):  # CU_MEM_LOCATION_TYPE_DEVICE
+            raise CudaError(CUresult.INVALID_DEVICE, "location")
+        return struct.pack("<Q", self.executor.cuMemGetAccess(ptr, device)), b""
+
+    def _vm_retain(self, call: Call, ins: tuple):
+        """cuMemRetainAllocationHandle: another reference to the memory this process mapped at `addr`
+        (never the memory of the process's window, which the worker maps for cuMemAlloc)."""
+        (addr,) = ins
+        mapped = next((m for m, n in self.vm_mapped.items() if m <= addr < m + n), None)
+        if mapped is None:
+            raise CudaError(INVALID_VALUE, f"0x{addr:x} is not memory this process mapped")
+        handle = self.executor.cuMemRetainAllocationHandle(addr)
+        if handle in self.vm_handles:
+            self.vm_references[handle] = self.vm_references.get(handle, 0) + 1
+        else:  # a reference of this process's own, its first (the memory's creator may be gone)
+            _, size, device = self.vm_mapping_of[mapped]
+            self.vm_handles[handle] = (size, device)
+            self.lease.vm_hold(handle, size, device)
+        return struct.pack("<Q", handle), b""
+
+    def _p2p_atomics(self, call: Call, ins: tuple):
+        """cuDeviceGetP2PAtomicCapabilities between two of the lease's devices: a mask per operation."""
+        count, src, dst = ins
+        raw = self.channel.read_bulk(limit=4 * P2P_ATOMIC_OPERATIONS_MAX)
+        if not 0 < count <= P2P_ATOMIC_OPERATIONS_MAX or len(raw) != 4 * count:
+            raise CudaError(INVALID_VALUE, "operations")
+        for dev in (src, dst):
+            if not 0 <= dev < len(self.lease.limits):
+                raise CudaError(CUresult.INVALID_DEVICE, "device ordinal")
+        operations = list(struct.unpack(f"<{count}i", raw))
+        capabilities = self.executor.cuDeviceGetP2PAtomicCapabilities(operations, src, dst)
+        return b"", struct.pack(f"<{count}I", *capabilities)
+
+    def _vm_export(self, call: Call, ins: tuple):
+        """cuMemExportToShareableHandle: memory this process holds, created to be shared as a POSIX file
+        descriptor, becomes importable by the lease's other processes (the shim makes the descriptor)."""
+        handle, handle_type = ins
+        if handle_type != POSIX_FILE_DESCRIPTOR:
+            raise CudaError(CUresult.NOT_SUPPORTED, "only POSIX file descriptors are shared remotely")
+        if handle not in self.vm_handles:
+            raise CudaError(INVALID_VALUE, "not memory this process holds")
+        prop = self.vm_props.get(handle) or self.lease.vm_exported.get(handle, (0, 0, b""))[2]
+        if not prop or not struct.unpack_from("<i", prop, 4)[0] & POSIX_FILE_DESCRIPTOR:
+            raise CudaError(INVALID_VALUE, "created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR")
+        with self.lease.lock:
+            self.lease.vm_exported[handle] = (*self.vm_handles[handle], prop)
+
+    def _vm_import(self, call: Call, ins: tuple):
+        """cuMemImportFromShareableHandle: a reference of this process's own to memory another process of
+        the lease exported; a handle the lease did not export (another lease's) is refused."""
+        (exported,) = ins
+        with self.lease.lock:
+            found = self.lease.vm_exported.get(exported)
+        if found is None:
+            raise CudaError(INVALID_VALUE, "not memory exported by a process of this lease")
+        size, device, prop = found
+        # Another reference to the memory in the worker: retained where a process of the lease maps it
+        # (the driver's own way, the same handle value), else through a descriptor exported and imported.
+        with self.lease.lock:
+            mapped = next(iter(self.lease.vm_mapped_at.get(exported, ())), None)
+        if mapped is not None:
+            handle = self.executor.cuMemRetainAllocationHandle(mapped)
+        else:
+            handle = self.executor.cuMemImportFromShareableHandle(exported)
+        if handle in self.vm_handles:
+            self.vm_references[handle] = self.vm_references.get(handle, 0) + 1
+        else:
+            self.vm_handles[handle] = (size, device)
+            self.vm_props[handle] = prop
+            self.lease.vm_hold(handle, size, device, memory=exported)
+        return struct.pack("<Q", handle), b""
+
+    def _vm_set_access(self, call: Call, ins: tuple):
+        ptr, size, count = ins
+        raw = self.channel.read_bulk(limit=64 * ACCESS_DESC_BYTES)
+        if len(raw) != count * ACCESS_DESC_BYTES:
+            raise CudaError(INVALID_VALUE, "CUmemAccessDesc")
+        self._vm_inside(ptr, size)
+        access = []
+        for i in range(count):
+            location, device, flags = struct.unpack_from("<iii", raw, i * ACCESS_DESC_BYTES)
+            if location != 1 or not 0 <= device < len(self.lease.limits):
+                raise CudaError(CUresult.INVALID_DEVICE, "access descriptor's device")
+            access.append((device, flags))
+        self.executor.cuMemSetAccess(ptr, size, access)
+
+    def _vm_granularity(self, call: Call, ins: tuple):
+        (option,) = ins
+        device, _ = self._vm_device(self.channel.read_bulk(limit=ALLOCATION_PROP_BYTES))
+        return struct.pack("<Q", self.executor.cuMemGetAllocationGranularity(device, option)), b""
+
+    def _vm_close(self) -> None:
+        """The client is gone: unmap, release and free what it left of the virtual memory API."""
+        try:
+            if self.vm_mapped:
+                self.executor.cuCtxSynchronize()
+            for ptr, size in list(self.vm_mapped.items()):
+                self.executor.cuMemUnmap(ptr, size)
+                del self.vm_mapped[ptr]
+                self._vm_forget_mapping(ptr)
+            for handle in list(self.vm_handles):
+                while handle in self.vm_handles:  # every reference, retained ones too
+                    self._vm_release(None, (handle,))
+            for base, size in list(self.vm_ranges.items()):
+                self._vm_address_free(None, (base, size))
+        except CudaError as exc:
+            log.warning("could not release the client's mapped memory: %s", exc)
+
+    def _window_offer(self, call: Call, ins: tuple):
+        return struct.pack("<QQ", *self.window.offer()), b""
+
+    def _window_accept(self, call: Call, ins: tuple):
+        self.window.accept(ins[0])
+
+    def _address_range(self, call: Call, ins: tuple):
+        """The allocation's own range (a window's pages hold several small ones)."""
+        a = self.lease.find(ins[0])
+        if a is None:
+            raise CudaError(INVALID_VALUE, f"0x{ins[0]:x} is not memory of this lease")
+        return struct.pack("<QQ", a.base, a.size), b""
+
+    def _pointer_attribute(self, call: Call, ins: tuple):
+        """What cuMemAlloc memory answers, for memory mapped into a window as well (the driver would
+        give the window's range and no context)."""
+        attr, ptr = ins
+        a = self.lease.find(ptr)
+        if a is None:
+            raise CudaError(INVALID_VALUE, f"0x{ptr:x} is not memory of this lease")
+        if a.window is not None and attr in WINDOW_POINTER_ATTRIBUTES:
+            value = {
+                POINTER_CONTEXT: a.ctx or self.lease.primary_ctx.get(a.device, 0),
+                POINTER_DEVICE_ORDINAL: a.device,
+                POINTER_LEGACY_IPC: 1,
+                POINTER_RANGE_START: a.base,
+                POINTER_RANGE_SIZE: a.size,
+                POINTER_MEMPOOL: 0,
+            }[attr]
+        else:
+            value = self.executor.cuPointerGetAttribute(attr, ptr)
+        return struct.pack("<Q", value), b""
+
+    def _free(self, call: Call, ins: tuple):
+        self._check(call, ins)
+        ptr = ins[0]
+        a = self.lease.allocations.get(ptr)
+        if a is None or not a.owned:
+            raise CudaError(INVALID_VALUE, f"0x{ptr:x} is not an allocation of this lease")
+        if a.window is None:
+            getattr(self.executor, call.name)(*ins)
+        elif call.name == "cuMemFreeAsync":
+            a.window.free_after(ptr, ins[1])
+        else:
+            a.window.free(ptr)
+        self.lease.remove(ptr)
+        self.owned.discard(ptr)
+
+    def _get_global(self, call: Call, ins: tuple):
+        answer = self._plain(call, ins)
+        ptr, size = struct.unpack("<QQ", answer[0])
+        dev = self.lease.ctx_device.get(self.ctx, 0)
+        if self.lease.find(ptr) is None:
+            self.lease.add(Allocation(ptr, size, dev, owned=False))
+        return answer
+
+    def _layout(self, func: int) -> list[tuple[int, int]]:
+        layout = self.lease.layouts.get(func)
+        if layout is None:
+            layout = self.executor.param_layout(func, func in self.lease.handles["kernel"])
+            self.lease.layouts[func] = layout
+        return layout
+
+
+_DESTROYS = {
+    "cuTexObjectDestroy": "texobj",
+    "cuSurfObjectDestroy": "surfobj",
+    "cuStreamDestroy": "stream",
+    "cuEventDestroy": "event",
+    "cuModuleUnload": "module",
+    "cuLibraryUnload": "library",
+    "cuGraphDestroy": "graph",
+    "cuGraphExecDestroy": "graphexec",
+    "cuLinkDestroy": "link",
+    "cuMemPoolDestroy": "pool",
+    "cuGraphDestroyNode": "node",
+}

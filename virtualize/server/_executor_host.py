@@ -1,0 +1,1364 @@
+"""A host-memory executor, FOR TESTS ONLY: it lets CI run the shim and the worker end to end without a GPU.
+
+It emulates what a CUDA program can observe through the driver API: device queries (a made-up
+device with the lease's partitions), allocations at device-like addresses (GPUPOOL_HOST_EXECUTOR_BASE,
+default 0x5e0000000000) backed by bytearrays, copies, memsets, pools, streams and events (everything
+runs at once, in order; elapsed times are host clock times), modules and pointer attributes.
+Kernels: any image loads, and a few built-in functions run on host memory —
+`fill_u32(u32 *ptr, u32 value, u32 n)`, `add_u32(u32 *ptr, u32 value, u32 n)`,
+`saxpy(f32 *x, f32 *y, f32 a, u32 n)`, `printf_u32(u32)` (prints "kernel says N" as a device printf
+would), `empty()`, `spin(ptr, u32)` (sleeps 10 ms, a stand-in for
+a long kernel), `sleep_ms(u32 ms)` and `fault()`, which fails the way a GPU kernel that
+touches a wild address does (CUDA_ERROR_ILLEGAL_ADDRESS, reported at the next synchronising call).
+A kernel that a PTX image declares (`.entry`) also loads, with its parameter layout read from the
+PTX, and runs as a no-op: programs that compile their own kernels (cuda.core, numba-cuda) go through
+their whole call sequence, though their results are not computed. Any other name is
+CUDA_ERROR_NOT_FOUND.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import os
+import re
+import struct
+import threading
+import time
+
+from virtualize.common._calls import FORWARDED_LAUNCH_ATTRIBUTES
+from virtualize.common._results import CUresult
+from virtualize.server._arrays import ARRAY, HOST, ArrayShape
+from virtualize.server._executor import (
+    INVALID_HANDLE,
+    INVALID_VALUE,
+    NOT_FOUND,
+    CopiedBytes,
+    Copy3D,
+    CopySide,
+    CudaError,
+    Executor,
+    Launch,
+    StagedCopy,
+    linked_image,
+)
+
+DEVICE_TOTAL = 80 << 30
+COOPERATIVE = 2  # CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+CHUNK = 4 << 20
+ALIGN = 1 << 21
+HOST_KERNELS = {
+    "fill_u32": [(0, 8), (8, 4), (12, 4)],
+    "add_u32": [(0, 8), (8, 4), (12, 4)],
+    "bounded_add_u32": [(0, 8), (8, 4), (12, 4)],  # add_u32 under __launch_bounds__(128)
+    "fault": [],
+    "spin": [(0, 8), (8, 4)],  # stands for a long kernel: sleeps 10 ms
+    "empty": [],
+    "sleep_ms": [(0, 4)],  # occupies the worker for a while, like a long kernel behind a sync
+    "saxpy": [(0, 8), (8, 8), (16, 4), (20, 4)],  # y = a * x + y over float32
+    "printf_u32": [(0, 4)],  # writes "kernel says N" to the worker's stdout, as a device printf does
+    # Conditional nodes' conditions, as device code sets them (cudaGraphSetConditional):
+    "set_condition": [(0, 8), (8, 4)],  # (handle, value)
+    "count_down": [(0, 8), (8, 8)],  # (handle, u32 *counter): --*counter, the condition is *counter != 0
+}
+# A few attributes programs ask for; the rest read 0 (cuda.h numbering).
+ATTRIBUTES = {
+    1: 1024,
+    2: 1024,
+    3: 1024,
+    4: 64,
+    5: 2**31 - 1,
+    6: 65535,
+    7: 65535,
+    8: 49152,
+    10: 32,
+    12: 65536,  # MAX_REGISTERS_PER_BLOCK
+    16: 4,
+    39: 2048,
+    75: 9,
+    76: 0,
+    83: 1,  # MANAGED_MEMORY
+    97: 232448,  # MAX_SHARED_MEMORY_PER_BLOCK_OPTIN (an H100's 227 KiB)
+    95: 1,  # COOPERATIVE_LAUNCH
+    115: 1,
+    103: 1,  # HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
+    119: 9,  # MEMPOOL_SUPPORTED_HANDLE_TYPES: POSIX descriptors and fabric handles, as on an NVLink system
+    128: 1,  # HANDLE_TYPE_FABRIC_SUPPORTED
+    132: 1,  # MULTICAST_SUPPORTED
+}
+
+
+CACHE_CONFIGS = range(4)  # CUfunc_cache: PREFER_NONE, SHARED, L1, EQUAL
+SHARED_CONFIGS = range(3)  # CUsharedconfig: DEFAULT, FOUR_BYTE, EIGHT_BYTE bank size
+CARVEOUT, MAX_DYNAMIC_SHARED = 9, 8  # CUfunction_attribute
+
+
+def _in_range(value: int, allowed: range, kind: str) -> int:
+    if value not in allowed:
+        raise CudaError(INVALID_VALUE, f"{kind} {value}")
+    return value
+
+
+def _settable_attribute(attrib: int, value: int) -> int:
+    """What cuFuncSetAttribute accepts: a carve-out of -1 (the default) to 100 percent, dynamic shared
+    memory up to the device's opt-in maximum; the attributes before them (0-7) are read-only."""
+    if attrib < MAX_DYNAMIC_SHARED:
+        raise CudaError(INVALID_VALUE, f"function attribute {attrib} is read-only")
+    if attrib == CARVEOUT:
+        return _in_range(value, range(-1, 101), "shared memory carve-out")
+    if attrib == MAX_DYNAMIC_SHARED:
+        return _in_range(value, range(ATTRIBUTES[97] + 1), "dynamic shared memory")
+    return value
+
+
+_PTX_ENTRY = re.compile(rb"\.entry\s+([A-Za-z_$][\w$]*)\s*\(([^)]*)\)")
+_PTX_PARAM = re.compile(rb"\.param\s+(?:\.align\s+(\d+)\s+)?\.([busf])(\d+)\s+[\w$]+(?:\[(\d+)\])?")
+
+
+def ptx_layouts(image: bytes) -> dict[str, list[tuple[int, int]]]:
+    """Each `.entry` of a PTX image -> its parameters' (offset, size), laid out as the driver does."""
+    kernels = {}
+    for name, params in _PTX_ENTRY.findall(image):
+        layout, offset = [], 0
+        for align, _kind, bits, count in _PTX_PARAM.findall(params):
+            size = int(bits) // 8 * (int(count) if count else 1)
+            alignment = int(align) if align else int(bits) // 8
+            offset = (offset + alignment - 1) // alignment * alignment
+            layout.append((offset, size))
+            offset += size
+        kernels[name.decode()] = layout
+    return kernels
+
+
+class _Copied(CopiedBytes):
+    """A copy done at once, its bytes where they lie: sent before the next call can change them."""
+
+    transient = True
+
+
+class HostExecutor(Executor):
+    name = "host (tests only)"
+
+    def __init__(self, devices) -> None:
+        self.n = len(devices)
+        base = int(os.environ.get("GPUPOOL_HOST_EXECUTOR_BASE", "0x5e0000000000"), 0)
+        self.next_address = [base + i * (1 << 40) for i in range(self.n)]
+        self.memory: dict[int, bytearray] = {}
+        self.bases: list[int] = []
+        self.owner: dict[int, int] = {}  # base -> device
+        self.reserved: dict[int, int] = {}  # reserved address ranges: base -> size
+        self.created: dict[int, int] = {}  # cuMemCreate handle -> device
+        self.references: dict[int, int] = {}  # cuMemCreate handle -> references (create, retains)
+        self.backing: dict[int, bytearray] = {}  # cuMemCreate handle -> its bytes, shared by its mappings
+        self.mapped_handles: dict[int, int] = {}  # mapped address -> the handle mapped there
+        self.access: dict[tuple[int, int], int] = {}  # (mapped address, device) -> CUmemAccess_flags
+        self.nodes: dict[int, tuple[int, object]] = {}  # graph node -> (its graph, its work)
+        self.edges: list[tuple[int, int]] = []  # (from, to) between nodes
+        self.node_order: dict[int, list[int]] = {}  # graph -> its nodes in the order they run
+        self.exec_order: dict[int, list[int]] = {}  # graph exec -> its graph's nodes at instantiation
+        self.ids = itertools.count(0x1000)
+        self.contexts = {0xC0000 + d: d for d in range(self.n)}
+        self.pools = {0xB0000 + d: d for d in range(self.n)}
+        self.functions: dict[int, str] = {}
+        self.function_handles: dict[tuple[int, str], int] = {}  # (module or library, name) -> its handle
+        self.parents: dict[int, int] = {}  # function or kernel -> its module or library
+        self.kernel_of: dict[int, int] = {}  # a kernel's function in a context -> the kernel
+        self.links: dict[int, list[bytes]] = {}  # link state -> its inputs
+        self.linked: dict[int, bytes] = {}  # link state -> the image cuLinkComplete made
+        self.function_attributes: dict[
+            tuple[int, int], int
+        ] = {}  # (function or kernel, attribute) -> set value
+        self.primary_retains: dict[int, int] = {}  # device -> retains of its primary context
+        self.primary_flags: dict[int, int] = {}
+        self.cache_config: dict[int, int] = {}  # context -> CUfunc_cache
+        self.context_flags: dict[int, int] = {}  # context -> cuCtxSetFlags' flags
+        self.peers: set[tuple[int, int]] = set()  # (context, peer context) with peer access enabled
+        self.stream_attributes: dict[tuple[int, int], bytes] = {}  # (stream, CUstreamAttrID) -> its value
+        self.shared_config: dict[int, int] = {}  # context -> CUsharedconfig
+        self.ptx_kernels: dict[int, dict[str, list[tuple[int, int]]]] = {}  # module -> kernels it declares
+        self.layouts: dict[int, list[tuple[int, int]]] = {}  # PTX-declared functions -> parameter layout
+        self.events: dict[int, float | None] = {}
+        # stream -> [its capture's graph, the nodes the next captured work depends on]
+        self.capturing: dict[int, list] = {}
+        self.conditions: dict[int, list[int]] = {}  # conditional handle -> [value, default, flags]
+        self.child_graphs: dict[int, int] = {}  # child graph node -> its copy of the graph
+        self.clones: dict[int, dict[int, int]] = {}  # cloned graph -> {original node: its twin}
+        self.node_types: dict[int, int] = {}  # node -> CUgraphNodeType, where not a kernel's (0)
+        self.edge_data: dict[tuple[int, int], bytes] = {}  # (from, to) -> CUgraphEdgeData, where not 0
+        self.node_events: dict[int, int] = {}  # event record or wait node -> its event
+        self.disabled: dict[tuple[int, int], object] = {}  # (graph exec, node) switched off -> its work
+        self.exec_flags: dict[int, int] = {}  # graph exec -> the flags it was instantiated with
+        self.graphs: dict[int, list] = {}  # graph or executable graph -> its work, in stream order
+        self.arrays: dict[int, tuple[ArrayShape, bytearray]] = {}  # CUDA arrays: their shape and bytes
+        self.array_device: dict[int, int] = {}  # CUDA array -> the device it was made on
+        self.mipmaps: dict[int, list[int]] = {}  # mipmapped array -> its levels' arrays
+        self.samplers: dict[int, tuple] = {}  # texture or surface -> its resource, texture, view descriptors
+        self.local = threading.local()
+        self.lock = threading.Lock()
+
+    # -- helpers -------------------------------------------------------------------------------------
+
+    def _ctx(self) -> int:
+        ctx = getattr(self.local, "ctx", 0)
+        if not ctx:
+            raise CudaError(CUresult.INVALID_CONTEXT, "no current context")
+        return ctx
+
+    def _device(self, dev: int) -> int:
+        if not 0 <= dev < self.n:
+            raise CudaError(CUresult.INVALID_DEVICE, f"device {dev}")
+        return dev
+
+    def _ctx_device(self) -> int:
+        return self.contexts[self._ctx()]
+
+    def _find(self, ptr: int, count: int) -> tuple[bytearray, int]:
+        with self.lock:
+            i = bisect.bisect_right(self.bases, ptr)
+            if i:
+                base = self.bases[i - 1]
+                mem = self.memory[base]
+                if ptr - base + count <= len(mem):
+                    return mem, ptr - base
+        raise CudaError(CUresult.ILLEGAL_ADDRESS, f"illegal address 0x{ptr:x}")
+
+    def _alloc(self, size: int) -> int:
+        dev = self._ctx_device()
+        with self.lock:
+            ptr = self.next_address[dev]
+            self.next_address[dev] += (max(size, 1) + ALIGN - 1) // ALIGN * ALIGN
+        self._place(ptr, size, dev)
+        return ptr
+
+    def _place(self, ptr: int, size: int, dev: int) -> None:
+        with self.lock:
+            self.memory[ptr] = bytearray(size)
+            self.owner[ptr] = dev
+            bisect.insort(self.bases, ptr)
+
+    def _free(self, ptr: int) -> None:
+        with self.lock:
+            if self.memory.pop(ptr, None) is None:
+                raise CudaError(INVALID_VALUE)
+            self.bases.remove(ptr)
+            self.owner.pop(ptr)
+
+    # -- the seam ------------------------------------------------------------------------------------
+
+    def tensor_map(self, name: str, ins: tuple, arrays: list[list[int]]) -> bytes:
+        # Not a real descriptor: the type, the rank, the address and the dimensions, so tests can see them.
+        # The driver's own refusals: an address or a stride that is not a multiple of 16 bytes.
+        dtype, rank, address = ins[:3]
+        if address % 16 or any(stride % 16 for stride in arrays[1]):
+            raise CudaError(INVALID_VALUE, "a tensor's address and strides are multiples of 16 bytes")
+        return struct.pack("<iIQ", dtype, rank, address).ljust(32, b"\0") + struct.pack(
+            f"<{rank}Q", *arrays[0]
+        ).ljust(96, b"\0")
+
+    def tensor_map_address(self, encoded: bytes, address: int) -> bytes:
+        if address % 16:
+            raise CudaError(INVALID_VALUE, "a tensor's address is a multiple of 16 bytes")
+        return encoded[:8] + struct.pack("<Q", address) + encoded[16:]
+
+    # CUDA arrays: bytes row by row, slice by slice; texture and surface objects are plain handles.
+    def cuArray3DCreate(self, shape):
+        handle = next(self.ids)
+        self.arrays[handle] = (shape, bytearray(shape.nbytes))
+        self.array_device[handle] = self._ctx_device()
+        return handle
+
+    def cuArrayDestroy(self, handle):
+        self.array_device.pop(handle, None)
+        if self.arrays.pop(handle, None) is None:
+            raise CudaError(INVALID_HANDLE, "array")
+
+    def cuArray3DGetDescriptor(self, handle):
+        return self.arrays[handle][0]
+
+    def cuMipmappedArrayCreate(self, shape, levels):
+        if not 1 <= levels <= max(shape.width, shape.height, shape.depth).bit_length():
+            raise CudaError(INVALID_VALUE, f"{levels} levels")
+        handle = next(self.ids)
+        self.mipmaps[handle] = [self.cuArray3DCreate(shape.level(n)) for n in range(levels)]
+        return handle
+
+    def cuMipmappedArrayGetLevel(self, handle, level):
+        levels = self.mipmaps[handle]
+        if not 0 <= level < len(levels):
+            raise CudaError(INVALID_VALUE, f"level {level}")
+        return levels[level]
+
+    def cuMipmappedArrayDestroy(self, handle):
+        for level in self.mipmaps.pop(handle):
+            self.arrays.pop(level, None)
+
+    def _sampler(self, res: bytes, tex: bytes = b"", view: bytes | None = None) -> int:
+        handle = next(self.ids)
+        self.samplers[handle] = (bytes(res), bytes(tex), bytes(view) if view else None)
+        return handle
+
+    def cuTexObjectCreate(self, res, tex, view):
+        return self._sampler(res, tex, view)
+
+    def cuSurfObjectCreate(self, res):
+        return self._sampler(res)
+
+    def cuTexObjectDestroy(self, handle):
+        if self.samplers.pop(handle, None) is None:
+            raise CudaError(INVALID_VALUE)
+
+    cuSurfObjectDestroy = cuTexObjectDestroy
+
+    def cuTexObjectGetResourceDesc(self, tex):
+        return self.samplers[tex][0]
+
+    def cuTexObjectGetTextureDesc(self, tex):
+        return self.samplers[tex][1]
+
+    def cuTexObjectGetResourceViewDesc(self, tex):
+        view = self.samplers[tex][2]
+        if view is None:
+            raise CudaError(INVALID_VALUE, "the texture has no resource view")
+        return view
+
+    cuSurfObjectGetResourceDesc = cuTexObjectGetResourceDesc
+
+    def _rows(self, side: CopySide, extent: tuple[int, int, int], host: bytearray | bytes | None):
+        """(buffer, offset) of each row a copy touches on one side, slice by slice."""
+        width, height, depth = extent
+        if side.kind == ARRAY:
+            shape, data = self.arrays[side.at]
+            if (
+                side.x + width > shape.row_bytes
+                or side.y + height > shape.rows
+                or side.z + depth > shape.slices
+            ):
+                raise CudaError(INVALID_VALUE, "rows outside the array")
+            pitch, rows = shape.row_bytes, shape.rows
+        for k in range(depth):
+            for j in range(height):
+                if side.kind == HOST:
+                    yield host, (k * height + j) * width
+                elif side.kind == ARRAY:
+                    yield data, side.x + ((side.z + k) * rows + side.y + j) * pitch
+                else:
+                    yield self._find(
+                        side.at + side.x + ((side.z + k) * side.height + side.y + j) * side.pitch, width
+                    )
+
+    def copy_3d(self, src, dst, extent, stream, data):
+        width, height, depth = extent
+        out = bytearray(width * height * depth) if dst.kind == HOST else None
+        pairs = list(zip(self._rows(src, extent, data), self._rows(dst, extent, out), strict=True))
+        for (src_buffer, at), (dst_buffer, to) in pairs:
+            dst_buffer[to : to + width] = src_buffer[at : at + width]
+        return out
+
+    def launch_host_func(self, stream, fn) -> None:
+        self._on(stream, fn)  # everything here runs at once, in order (or at each launch of a graph)
+
+    def reserve_addresses(self, size: int, hint: int) -> int:
+        with self.lock:  # at `hint` unless it overlaps a range reserved before, as the driver does
+            while any(b < hint + size and hint < b + n for b, n in self.reserved.items()):
+                hint += 1 << 40
+            self.reserved[hint] = size
+        return hint
+
+    def release_addresses(self, base: int, size: int) -> None:
+        with self.lock:
+            if self.reserved.get(base) != size:
+                raise CudaError(INVALID_VALUE, "not a reserved range")
+            del self.reserved[base]
+
+    def map_memory(self, base: int, size: int, device: int):
+        self._place(base, size, device)
+        return base
+
+    def unmap_memory(self, base: int, size: int, backing) -> None:
+        self._free(base)
+
+    # The virtual memory API: each mapping is memory of its own here (two mappings of one handle do
+    # not share bytes, as they do on a GPU).
+    def cuMemCreate(self, size, device, handle_types):
+        handle = next(self.ids)
+        self.created[handle] = device
+        self.references[handle] = 1
+        self.backing[handle] = bytearray(size)
+        return handle
+
+    def cuMemImportFromShareableHandle(self, handle):
+        """Another handle to the same memory, as the driver's import of an exported descriptor gives."""
+        if handle not in self.created:
+            raise CudaError(INVALID_VALUE, "not created memory")
+        imported = next(self.ids)
+        self.created[imported] = self.created[handle]
+        self.references[imported] = 1
+        self.backing[imported] = self.backing[handle]
+        return imported
+
+    def cuMemRelease(self, handle):
+        if handle not in self.created:
+            raise CudaError(INVALID_VALUE)
+        self.references[handle] -= 1
+        if not self.references[handle]:
+            del self.created[handle], self.references[handle]
+            self.backing.pop(handle, None)  # its mappings keep the bytes while they last
+
+    def cuMemRetainAllocationHandle(self, addr):
+        _, offset = self._find(addr, 0)
+        handle = self.mapped_handles.get(addr - offset)
+        if handle is None:
+            raise CudaError(INVALID_VALUE, "not mapped memory")
+        self.created.setdefault(handle, self.owner[addr - offset])
+        self.references[handle] = self.references.get(handle, 0) + 1
+        return handle
+
+    def cuMemMap(self, ptr, size, offset, handle, flags):
+        self._place(ptr, size, self.created[handle])
+        backing = self.backing.get(handle)
+        if backing is not None:  # every mapping of one memory (in any process of the lease) shares its bytes
+            with self.lock:
+                self.memory[ptr] = memoryview(backing)[offset : offset + size]
+        self.mapped_handles[ptr] = handle
+
+    def cuMemUnmap(self, ptr, size):
+        for base in [b for b in self.bases if ptr <= b < ptr + size]:
+            self._free(base)
+            self.mapped_handles.pop(base, None)
+            for key in [k for k in self.access if k[0] == base]:
+                del self.access[key]
+
+    def cuMemSetAccess(self, ptr, size, access):
+        for base in [b for b in self.mapped_handles if ptr <= b < ptr + size]:
+            for device, flags in access:
+                self.access[base, device] = flags
+
+    def cuMemGetAccess(self, ptr, device):
+        _, offset = self._find(ptr, 0)
+        return self.access.get((ptr - offset, device), 0)  # CU_MEM_ACCESS_FLAGS_PROT_NONE until granted
+
+    def cuMemGetAllocationGranularity(self, device, option):
+        return ALIGN
+
+    def set_context(self, ctx: int) -> None:
+        self.local.ctx = ctx
+
+    # Live migration. This host's "GPUs" are GPUPOOL_HOST_EXECUTOR_GPUS (default 2) labels on host memory;
+    # the lease's objects are host objects whose handles stay as they are, so a move copies the device's
+    # memory into new buffers at the same addresses (the target's memory) and swaps them in at the end.
+    # GPUPOOL_HOST_EXECUTOR_FAILING_GPUS (a comma list) makes a copy to those GPUs fail after the first
+    # allocation: a target that dies mid-way (the tests' seam).
+    def migration_refusal(self, target: int) -> str | None:
+        gpus = int(os.environ.get("GPUPOOL_HOST_EXECUTOR_GPUS", "2"))
+        if not 0 <= target < gpus:
+            return f"this host has no GPU {target} (it has {gpus})"
+        return None
+
+    def migrate(self, device: int, target: int) -> dict:
+        failing = {int(g) for g in os.environ.get("GPUPOOL_HOST_EXECUTOR_FAILING_GPUS", "").split(",") if g}
+        with self.lock:
+            bases = [b for b in self.bases if self.owner[b] == device]
+        arrays = [a for a in self.arrays if self.array_device.get(a) == device]
+        copies: dict[int, bytearray] = {}
+        array_copies: dict[int, tuple[ArrayShape, bytearray]] = {}
+        for base in bases:  # the calls are paused: nothing changes these buffers while they are copied
+            if target in failing and copies:
+                raise CudaError(CUresult.DEVICE_UNAVAILABLE, f"GPU {target} failed during the copy")
+            copies[base] = bytearray(self.memory[base])
+        for array in arrays:
+            shape, data = self.arrays[array]
+            array_copies[array] = (shape, bytearray(data))
+        with self.lock:  # commit: the lease's memory is the target's from here on
+            self.memory.update(copies)
+            self.arrays.update(array_copies)
+        moved = [*copies.values(), *(data for _, data in array_copies.values())]
+        return {"bytes": sum(len(c) for c in moved), "uuid": f"GPU-host-{target}"}
+
+    def copy_to_device(self, dst, count, stream, fill) -> None:
+        mem, off = self._find(dst, count)
+        view = memoryview(mem)
+        for start in range(0, count, CHUNK):
+            fill(view[off + start : off + min(count, start + CHUNK)])
+
+    def copy_from_device(self, src, count, stream, send) -> None:
+        mem, off = self._find(src, count)
+        view = memoryview(mem)  # sent from where it lies, as the CUDA executor sends its staging buffer
+        for start in range(0, count, CHUNK):
+            send(view[off + start : off + min(count, start + CHUNK)])
+
+    def copy_from_device_async(self, src, count, stream) -> StagedCopy:
+        mem, off = self._find(src, count)
+        return _Copied(memoryview(mem)[off : off + count])  # streams run at once here: the copy is done
+
+    def _on(self, stream, work) -> None:
+        """Run stream work now, or record it when the stream is being captured into a graph."""
+        capture = self.capturing.get(stream)
+        if capture is None:
+            work()
+        else:  # a node after the capture's dependencies, and the next work after it
+            capture[1] = [self._add_node(capture[0], capture[1], work)]
+
+    def memset(self, dst: int, value: int, element_size: int, count: int, stream: int | None) -> None:
+        def work():
+            mem, off = self._find(dst, element_size * count)
+            mem[off : off + element_size * count] = value.to_bytes(element_size, "little") * count
+
+        self._on(stream, work)
+
+    def param_layout(self, func: int, is_kernel: bool) -> list[tuple[int, int]]:
+        return self.layouts.get(func) or HOST_KERNELS[self.functions[func]]
+
+    def launch(self, launch: Launch) -> None:
+        func, grid, block, params = launch.func, launch.grid, launch.block, launch.params
+        for attr_id, value in launch.attributes:
+            if attr_id not in FORWARDED_LAUNCH_ATTRIBUTES:  # the same refusals as on a GPU
+                raise CudaError(CUresult.NOT_SUPPORTED, f"launch attribute {attr_id} is not forwarded")
+            if attr_id == COOPERATIVE and struct.unpack_from("<i", value)[0]:
+                self._check_cooperative(launch)
+        params = bytes(params)  # a captured launch runs later, with the parameters of its capture
+        self._on(launch.stream, lambda: self._run_kernel(func, grid, block, params))
+
+    def _check_cooperative(self, launch: Launch) -> None:
+        """All blocks of a cooperative launch must fit on the device at once (occupancy x SMs)."""
+        threads = launch.block[0] * launch.block[1] * launch.block[2]
+        per_sm = self.cuOccupancyMaxActiveBlocksPerMultiprocessor(launch.func, threads, launch.shared_mem)
+        if launch.grid[0] * launch.grid[1] * launch.grid[2] > per_sm * ATTRIBUTES[16]:
+            raise CudaError(
+                CUresult.COOPERATIVE_LAUNCH_TOO_LARGE, "more blocks than fit on the device at once"
+            )
+
+    def _run_kernel(self, func, grid, block, params) -> None:
+        if func in self.layouts:
+            return  # a kernel of a PTX image: it runs as a no-op (its parameters did arrive)
+        name = self.functions[func]
+        if name == "fault":
+            raise CudaError(CUresult.ILLEGAL_ADDRESS, "the fault kernel touched a wild address")
+        if name == "spin":
+            time.sleep(0.01)
+            return
+        if name == "empty":
+            return
+        if name == "sleep_ms":
+            time.sleep(struct.unpack_from("<I", params)[0] / 1000)
+            return
+        if name == "printf_u32":  # the driver writes device printf output to the process's stdout
+            os.write(1, f"kernel says {struct.unpack_from('<I', params)[0]}\n".encode())
+            return
+        if name in ("set_condition", "count_down"):
+            handle, arg = struct.unpack_from("<QQ", params.ljust(16, b"\0"))
+            if name == "count_down":
+                mem, off = self._find(arg, 4)
+                counter = memoryview(mem)[off : off + 4].cast("I")
+                counter[0] = max(counter[0] - 1, 0)
+                arg = counter[0]
+            self.conditions[handle][0] = 1 if arg & 0xFFFFFFFF else 0
+            return
+        if name == "saxpy":
+            x_ptr, y_ptr, a, n = struct.unpack_from("<QQfI", params)
+            xm, xo = self._find(x_ptr, 4 * n)
+            ym, yo = self._find(y_ptr, 4 * n)
+            x = memoryview(xm)[xo : xo + 4 * n].cast("f")
+            y = memoryview(ym)[yo : yo + 4 * n].cast("f")
+            for i in range(n):
+                y[i] = a * x[i] + y[i]
+            return
+        ptr, value, n = struct.unpack_from("<QII", params)
+        mem, off = self._find(ptr, 4 * n)
+        words = memoryview(mem)[off : off + 4 * n].cast("I")
+        for i in range(min(n, grid[0] * block[0])):
+            words[i] = value if name == "fill_u32" else (words[i] + value) & 0xFFFFFFFF
+
+    def cluster_occupancy(self, name: str, launch: Launch) -> int:
+        return 1  # one cluster at a time, of one block
+
+    # -- the calls -----------------------------------------------------------------------------------
+
+    def cuInit(self, flags):
+        return None
+
+    def cuDriverGetVersion(self):
+        return 13000
+
+    def cuDeviceGet(self, ordinal):
+        if not 0 <= ordinal < self.n:
+            raise CudaError(CUresult.INVALID_DEVICE)
+        return ordinal
+
+    def cuDeviceGetCount(self):
+        return self.n
+
+    def cuDeviceGetName(self, length, dev):
+        return f"gpupool host executor {dev} (tests only)"
+
+    def cuDeviceGetUuid(self, dev):
+        return bytes([0x60 + dev] * 16)
+
+    def cuDeviceGetPCIBusId(self, length, dev):
+        return f"0000:{dev:02x}:00.0"
+
+    def cuDeviceTotalMem(self, dev):
+        return DEVICE_TOTAL
+
+    def cuDeviceGetAttribute(self, attrib, dev):
+        return ATTRIBUTES.get(attrib, 0)
+
+    def cuDeviceComputeCapability(self, dev):
+        return 9, 0
+
+    def cuDeviceCanAccessPeer(self, dev, peer):
+        return 1
+
+    def cuDeviceGetP2PAttribute(self, attrib, src, dst):
+        if self._device(src) == self._device(dst):
+            raise CudaError(CUresult.INVALID_DEVICE, "a device is not its own peer")
+        return {1: 0}.get(attrib, 1)  # PERFORMANCE_RANK 0; access, atomics, arrays supported
+
+    def cuDeviceGetP2PAtomicCapabilities(self, operations, src, dst):
+        if self._device(src) == self._device(dst):
+            raise CudaError(CUresult.INVALID_DEVICE, "a device is not its own peer")
+        # CUatomicOperationCapability: SIGNED | UNSIGNED | SCALAR_32 | SCALAR_64 for every operation kind
+        return [1 | 2 | 8 | 16 for _ in operations]
+
+    def cuDeviceGetTexture1DLinearMaxWidth(self, format_, channels, dev):
+        self._device(dev)
+        return 1 << 28
+
+    def cuCtxEnablePeerAccess(self, peer, flags):
+        mine, theirs = self._ctx(), peer
+        if self.contexts[mine] == self.contexts[theirs]:
+            raise CudaError(CUresult.INVALID_DEVICE, "a context of the same device")
+        if (mine, theirs) in self.peers:
+            raise CudaError(CUresult.PEER_ACCESS_ALREADY_ENABLED)
+        self.peers.add((mine, theirs))
+
+    def cuCtxDisablePeerAccess(self, peer):
+        if (self._ctx(), peer) not in self.peers:
+            raise CudaError(CUresult.PEER_ACCESS_NOT_ENABLED)
+        self.peers.discard((self._ctx(), peer))
+
+    def cuDeviceGetMemPool(self, dev):
+        return 0xB0000 + dev
+
+    cuDeviceGetDefaultMemPool = cuDeviceGetMemPool
+
+    def cuMemPoolCreate(self, device, handle_types, max_size):
+        pool = next(self.ids)
+        self.pools[pool] = device
+        return pool
+
+    def cuMemPoolDestroy(self, pool):
+        if 0xB0000 <= pool < 0xB0000 + self.n or self.pools.pop(pool, None) is None:
+            raise CudaError(INVALID_VALUE, "a device's own pool, or not a pool")
+
+    def cuDevicePrimaryCtxRetain(self, dev):
+        self.primary_retains[dev] = self.primary_retains.get(dev, 0) + 1
+        return 0xC0000 + dev
+
+    def cuCtxCreate(self, flags, dev):
+        ctx = next(self.ids)
+        self.contexts[ctx] = dev
+        return ctx
+
+    def cuCtxDestroy(self, ctx):
+        if self.contexts.pop(ctx, None) is None:
+            raise CudaError(CUresult.INVALID_CONTEXT, "context")
+
+    def cuDevicePrimaryCtxRelease(self, dev):
+        self.primary_retains[dev] = max(0, self.primary_retains.get(dev, 0) - 1)
+
+    def cuDevicePrimaryCtxGetState(self, dev):
+        return self.primary_flags.get(dev, 0), int(self.primary_retains.get(dev, 0) > 0)
+
+    def cuDevicePrimaryCtxSetFlags(self, dev, flags):
+        self.primary_flags[dev] = flags
+
+    def cuDevicePrimaryCtxReset(self, dev):
+        self.primary_retains[dev] = 0
+
+    def cuCtxSynchronize(self):
+        self._ctx_device()
+
+    def cuCtxGetApiVersion(self, ctx):
+        return 13000
+
+    def cuCtxGetFlags(self):
+        return self.context_flags.get(self._ctx(), 0)
+
+    def cuCtxSetFlags(self, flags):
+        self.context_flags[self._ctx()] = flags
+
+    def cuCtxResetPersistingL2Cache(self):
+        return None  # no L2 here
+
+    def cuCtxRecordEvent(self, ctx, event):
+        self.cuEventRecord(event, 0)  # all the context's work so far is done here
+
+    def cuCtxWaitEvent(self, ctx, event):
+        return None  # work here runs at once, in order
+
+    def cuCtxGetLimit(self, limit):
+        return 1024
+
+    def cuCtxSetLimit(self, limit, value):
+        return None
+
+    # Cache and shared-memory configuration: kept per context, checked as the driver checks them.
+    def cuCtxGetCacheConfig(self):
+        return self.cache_config.get(self._ctx(), 0)  # CU_FUNC_CACHE_PREFER_NONE
+
+    def cuCtxSetCacheConfig(self, config):
+        self.cache_config[self._ctx()] = _in_range(config, CACHE_CONFIGS, "CUfunc_cache")
+
+    def cuCtxGetSharedMemConfig(self):
+        return self.shared_config.get(self._ctx(), 1)  # CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE
+
+    def cuCtxSetSharedMemConfig(self, config):
+        self.shared_config[self._ctx()] = _in_range(config, SHARED_CONFIGS, "CUsharedconfig")
+
+    def cuCtxGetStreamPriorityRange(self):
+        return 0, -5
+
+    def cuCtxGetId(self, ctx):
+        return ctx
+
+    def cuProfilerStart(self):
+        return None  # no profiler here: a no-op, as on a GPU nothing profiles
+
+    cuProfilerStop = cuProfilerStart
+
+    def cuMemGetInfo(self):
+        dev = self._ctx_device()
+        used = sum(len(m) for b, m in self.memory.items() if self.owner[b] == dev)
+        return DEVICE_TOTAL - used, DEVICE_TOTAL
+
+    def cuMemAlloc(self, size):
+        return self._alloc(size)
+
+    def cuMemAllocAsync(self, size, stream):
+        return self._alloc(size)
+
+    def cuMemAllocFromPoolAsync(self, size, pool, stream):
+        return self._alloc(size)
+
+    def cuMemFree(self, ptr):
+        self._free(ptr)
+
+    def cuMemFreeAsync(self, ptr, stream):
+        self._free(ptr)
+
+    def cuMemGetAddressRange(self, ptr):
+        mem, off = self._find(ptr, 0)
+        return ptr - off, len(mem)
+
+    def cuMemPoolSetAttribute(self, pool, attr, value):
+        return None
+
+    def cuMemPoolGetAttribute(self, pool, attr):
+        return 0
+
+    def cuMemPoolTrimTo(self, pool, keep):
+        return None
+
+    def cuMemcpyDtoD(self, dst, src, count):
+        smem, soff = self._find(src, count)
+        data = bytes(smem[soff : soff + count])
+        dmem, doff = self._find(dst, count)
+        dmem[doff : doff + count] = data
+
+    def cuMemcpyDtoDAsync(self, dst, src, count, stream):
+        self._on(stream, lambda: self.cuMemcpyDtoD(dst, src, count))
+
+    def cuMemcpyPeer(self, dst, dst_ctx, src, src_ctx, count):
+        self.cuMemcpyDtoD(dst, src, count)
+
+    def cuMemcpyPeerAsync(self, dst, dst_ctx, src, src_ctx, count, stream):
+        self.cuMemcpyDtoD(dst, src, count)
+
+    def cuPointerGetAttribute(self, attr, ptr):
+        mem, off = self._find(ptr, 0)
+        base = ptr - off
+        dev = self.owner[base]
+        return {1: 0xC0000 + dev, 2: 2, 3: ptr, 9: dev, 11: base, 12: len(mem), 17: 0xB0000 + dev}.get(
+            attr, 0
+        )
+
+    def _load(self, image: bytes) -> int:
+        if not image:
+            raise CudaError(CUresult.INVALID_IMAGE, "empty image")
+        handle = next(self.ids)
+        self.ptx_kernels[handle] = ptx_layouts(image)
+        return handle
+
+    def cuModuleLoadData(self, image):
+        return self._load(image)
+
+    cuModuleLoadDataEx = cuModuleLoadFatBinary = cuLibraryLoadData = cuModuleLoadData
+
+    # The linker: an image is its inputs one after the other (the module loader reads PTX declarations).
+    def cuLinkCreate(self):
+        handle = next(self.ids)
+        self.links[handle] = []
+        return handle
+
+    def cuLinkAddData(self, state, kind, data):
+        if not data:
+            raise CudaError(INVALID_VALUE, "empty link input")
+        self.links[state].append(bytes(data).rstrip(b"\0") + b"\n")
+
+    def cuLinkComplete(self, state):
+        if not self.links[state]:
+            raise CudaError(INVALID_VALUE, "nothing to link")
+        self.linked[state] = b"".join(self.links[state]) + b"\0"
+        return len(self.linked[state])
+
+    def gpLinkImage(self, state, size):
+        return linked_image(self.linked, state, size)
+
+    def cuLinkDestroy(self, state):
+        self.links.pop(state, None)
+        self.linked.pop(state, None)
+
+    def cuModuleGetLoadingMode(self):
+        return 2  # CU_MODULE_LAZY_LOADING, the driver's default since CUDA 12.2
+
+    def cuModuleUnload(self, module):
+        return None
+
+    cuLibraryUnload = cuModuleUnload
+
+    def _function(self, module: int, name: str) -> int:
+        """A module's function (a library's kernel) by name: one handle per name, as the driver gives."""
+        declared = self.ptx_kernels.get(module, {})
+        if name not in HOST_KERNELS and name not in declared:
+            raise CudaError(NOT_FOUND, name)
+        if (module, name) in self.function_handles:
+            return self.function_handles[module, name]
+        handle = next(self.ids)
+        self.function_handles[module, name] = handle
+        self.parents[handle] = module
+        self.functions[handle] = name
+        if name not in HOST_KERNELS:
+            self.layouts[handle] = declared[name]
+        return handle
+
+    def cuModuleGetFunction(self, module, name):
+        return self._function(module, name)
+
+    def _names(self, module: int) -> list[str]:
+        """What a module holds here: the kernels its PTX declares and the built-in ones, by name."""
+        return sorted(set(self.ptx_kernels.get(module, {})) | set(HOST_KERNELS))
+
+    def cuModuleGetFunctionCount(self, mod):
+        return len(self._names(mod))
+
+    def cuModuleEnumerateFunctions(self, num, mod):
+        return [self._function(mod, name) for name in self._names(mod)[:num]]
+
+    cuLibraryGetKernelCount, cuLibraryEnumerateKernels = cuModuleGetFunctionCount, cuModuleEnumerateFunctions
+
+    def cuKernelGetLibrary(self, kernel):
+        return self.parents[kernel]
+
+    def cuKernelGetName(self, kernel, length):
+        return self.functions[kernel]
+
+    cuFuncGetName = cuKernelGetName
+
+    def cuFuncIsLoaded(self, func):
+        return 1  # CU_FUNCTION_LOADING_STATE_LOADED: everything here is loaded at once
+
+    def cuFuncLoad(self, func):
+        return None
+
+    def cuLibraryGetKernel(self, library, name):
+        return self._function(library, name)
+
+    def cuLibraryGetModule(self, library):
+        return library
+
+    def cuKernelGetFunction(self, kernel):
+        handle = next(self.ids)
+        self.functions[handle] = self.functions[kernel]
+        self.kernel_of[handle] = kernel  # a kernel's attribute, set on the kernel, is its functions' too
+        if kernel in self.layouts:
+            self.layouts[handle] = self.layouts[kernel]
+        return handle
+
+    def cuModuleGetGlobal(self, module, name):
+        raise CudaError(NOT_FOUND, name)
+
+    cuLibraryGetGlobal = cuModuleGetGlobal
+
+    def _param_info(self, func, index):
+        layout = self.param_layout(func, False)
+        if index >= len(layout):
+            raise CudaError(INVALID_VALUE)
+        return layout[index]
+
+    def cuKernelGetParamInfo(self, kernel, index):
+        return self._param_info(kernel, index)
+
+    def cuFuncGetParamInfo(self, func, index):
+        return self._param_info(func, index)
+
+    def cuFuncGetAttribute(self, attrib, func):
+        # MAX_THREADS_PER_BLOCK (0): saxpy stands for a kernel whose registers (NUM_REGS, 4) allow only
+        # 256 threads, bounded_add_u32 for one whose launch bounds allow 128;
+        # MAX_DYNAMIC_SHARED_SIZE_BYTES (8): 48 KiB until a program raises it.
+        name = self.functions.get(func)
+        limit = {"saxpy": 256, "bounded_add_u32": 128}.get(name, 1024)
+        default = {0: limit, 4: 255 if name == "saxpy" else 32, 8: 49152}.get(attrib, 0)  # 4: NUM_REGS
+        kernel_value = self.function_attributes.get((self.kernel_of.get(func), attrib), default)
+        return self.function_attributes.get((func, attrib), kernel_value)
+
+    def cuKernelGetAttribute(self, attrib, kernel, dev):
+        return self.cuFuncGetAttribute(attrib, kernel)
+
+    def cuFuncSetAttribute(self, func, attrib, value):
+        self.function_attributes[func, attrib] = _settable_attribute(attrib, value)
+
+    def cuKernelSetAttribute(self, attrib, value, kernel, dev):
+        self._device(dev)
+        self.function_attributes[kernel, attrib] = _settable_attribute(attrib, value)
+
+    def cuFuncSetCacheConfig(self, func, config):
+        _in_range(config, CACHE_CONFIGS, "CUfunc_cache")
+
+    def cuFuncSetSharedMemConfig(self, func, config):
+        _in_range(config, SHARED_CONFIGS, "CUsharedconfig")
+
+    def cuKernelSetCacheConfig(self, kernel, config, dev):
+        self._device(dev)
+        _in_range(config, CACHE_CONFIGS, "CUfunc_cache")
+
+    def cuFuncGetModule(self, func):
+        raise CudaError(INVALID_HANDLE)
+
+    def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, func, block_size, smem):
+        return 2048 // max(block_size, 1)
+
+    def cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(self, func, block_size, smem, flags):
+        return 2048 // max(block_size, 1)
+
+    def cuOccupancyMaxPotentialBlockSize(self, func, callback, smem, limit):
+        if callback:
+            raise CudaError(CUresult.NOT_SUPPORTED, "a block-size callback runs in the client")
+        return 8, min(limit or 1024, 1024)
+
+    def cuOccupancyMaxPotentialBlockSizeWithFlags(self, func, callback, smem, limit, flags):
+        return self.cuOccupancyMaxPotentialBlockSize(func, callback, smem, limit)
+
+    def cuOccupancyAvailableDynamicSMemPerBlock(self, func, num_blocks, block_size):
+        return 49152
+
+    def cuStreamCreate(self, flags):
+        return next(self.ids)
+
+    def cuStreamCreateWithPriority(self, flags, priority):
+        return next(self.ids)
+
+    def cuStreamDestroy(self, stream):
+        return None
+
+    def cuStreamQuery(self, stream):
+        return None
+
+    def cuStreamSynchronize(self, stream):
+        return None
+
+    def cuStreamWaitEvent(self, stream, event, flags):
+        return None
+
+    def cuStreamIsCapturing(self, stream):
+        return 1 if stream in self.capturing else 0  # CU_STREAM_CAPTURE_STATUS_ACTIVE / NONE
+
+    def cuStreamBeginCapture(self, stream, mode):
+        if stream in (0, 1, 2):
+            raise CudaError(900, "the legacy stream cannot be captured")
+        if stream in self.capturing:
+            raise CudaError(INVALID_VALUE, "already capturing")
+        self.capturing[stream] = [self.cuGraphCreate(0), []]
+
+    def capture_to_graph(self, stream, graph, deps, mode):
+        if stream in (0, 1, 2) or stream in self.capturing or graph not in self.graphs:
+            raise CudaError(INVALID_VALUE, "cannot capture there")
+        self.capturing[stream] = [graph, list(deps)]
+
+    def cuStreamEndCapture(self, stream):
+        capture = self.capturing.pop(stream, None)
+        if capture is None:
+            raise CudaError(903, "not capturing")
+        return capture[0]
+
+    def capture_info(self, stream):
+        capture = self.capturing.get(stream)
+        if capture is None:
+            return 0, 0, 0, []
+        return 1, stream, capture[0], list(capture[1])
+
+    def update_capture_dependencies(self, stream, deps, flags):
+        capture = self.capturing.get(stream)
+        if capture is None:
+            raise CudaError(401, "not capturing")  # CUDA_ERROR_ILLEGAL_STATE
+        capture[1] = list(deps) if flags == 1 else capture[1] + [d for d in deps if d not in capture[1]]
+
+    def cuThreadExchangeStreamCaptureMode(self, mode):
+        previous = getattr(self.local, "capture_mode", 0)
+        self.local.capture_mode = mode
+        return previous
+
+    def graph_nodes(self, graph):
+        return list(self.node_order.get(graph, []))
+
+    def graph_edges(self, graph):
+        mine = set(self.node_order.get(graph, []))
+        return [(a, b) for a, b in self.edges if a in mine]
+
+    def cuGraphClone(self, graph):
+        clone = self.cuGraphCreate(0)
+        twins = {n: self._add_node(clone, [], self.nodes[n][1]) for n in self.node_order.get(graph, [])}
+        self.graph_add_dependencies(clone, [(twins[a], twins[b]) for a, b in self.graph_edges(graph)])
+        self.clones[clone] = twins
+        for original, twin in twins.items():
+            if original in self.node_types:
+                self.node_types[twin] = self.node_types[original]
+        return clone
+
+    def cuGraphNodeFindInClone(self, original, clone):
+        twin = self.clones.get(clone, {}).get(original)
+        if twin is None:
+            raise CudaError(INVALID_VALUE, "not a node of the graph that clone was made from")
+        return twin
+
+    def cuGraphNodeGetType(self, node):
+        return self.node_types.get(node, 0)
+
+    def graph_add_event_node(self, graph, deps, event, wait):
+        node = self._add_node(graph, deps, lambda: None)  # everything here is done at once
+        self.node_types[node] = 6 if wait else 7  # CU_GRAPH_NODE_TYPE_WAIT_EVENT / EVENT_RECORD
+        self.node_events[node] = event
+        return node
+
+    def _event_node(self, node, *types) -> int:
+        if self.node_types.get(node) not in types:
+            raise CudaError(INVALID_VALUE, "not an event node of that kind")
+        return node
+
+    def cuGraphEventRecordNodeGetEvent(self, node):
+        return self.node_events[self._event_node(node, 7)]
+
+    def cuGraphEventWaitNodeGetEvent(self, node):
+        return self.node_events[self._event_node(node, 6)]
+
+    def cuGraphEventRecordNodeSetEvent(self, node, event):
+        self.node_events[self._event_node(node, 7)] = event
+
+    def cuGraphEventWaitNodeSetEvent(self, node, event):
+        self.node_events[self._event_node(node, 6)] = event
+
+    def cuGraphExecEventRecordNodeSetEvent(self, graph_exec, node, event):
+        self._exec_index(graph_exec, self._event_node(node, 7))
+
+    def cuGraphExecEventWaitNodeSetEvent(self, graph_exec, node, event):
+        self._exec_index(graph_exec, self._event_node(node, 6))
+
+    def _memcpy_work(self, copy: Copy3D):
+        def work():
+            for src, dst in copy.rows():
+                sm, so = self._find(src, copy.width)
+                dm, do = self._find(dst, copy.width)
+                dm[do : do + copy.width] = sm[so : so + copy.width]
+
+        return work
+
+    def graph_add_memcpy_node(self, graph, deps, copy: Copy3D):
+        node = self._add_node(graph, deps, self._memcpy_work(copy))
+        self.node_types[node] = 1  # CU_GRAPH_NODE_TYPE_MEMCPY
+        return node
+
+    def graph_exec_memcpy_node(self, graph_exec, node, copy: Copy3D):
+        self._set_exec_work(graph_exec, node, self._memcpy_work(copy), kind=1)
+
+    def graph_add_host_node(self, graph, deps, fn):
+        node = self._add_node(graph, deps, fn)
+        self.node_types[node] = 3  # CU_GRAPH_NODE_TYPE_HOST
+        return node
+
+    def cuGraphInstantiateWithFlags(self, graph, flags):
+        graph_exec = next(self.ids)
+        self.exec_flags[graph_exec] = flags
+        self.graphs[graph_exec] = list(self.graphs[graph])
+        self.exec_order[graph_exec] = list(self.node_order.get(graph, []))
+        return graph_exec
+
+    # Graphs built node by node: each node is its work; a graph runs its nodes in an order that keeps
+    # every dependency (insertion order where none says otherwise).
+    def cuGraphCreate(self, flags):
+        graph = next(self.ids)
+        self.graphs[graph] = []
+        return graph
+
+    def _add_node(self, graph, deps, work) -> int:
+        node = next(self.ids)
+        self.nodes[node] = (graph, work)
+        self.edges.extend((d, node) for d in deps)
+        order = self.node_order.setdefault(graph, [])
+        if set(deps) <= set(order):  # after all it depends on: the order stays one that keeps them
+            order.append(node)
+            self.graphs[graph].append(work)
+        else:
+            self._order(graph)
+        return node
+
+    def _order(self, graph) -> None:
+        mine = [n for n, (g, _) in self.nodes.items() if g == graph]
+        before = {n: {a for a, b in self.edges if b == n} for n in mine}
+        order = []
+        while before:
+            ready = [n for n in mine if n in before and not before[n] - set(order)]
+            if not ready:
+                raise CudaError(INVALID_VALUE, "the graph's dependencies form a cycle")
+            order.append(ready[0])
+            del before[ready[0]]
+        self.node_order[graph] = order
+        self.graphs[graph] = [self.nodes[n][1] for n in order]
+
+    def graph_add_kernel_node(self, graph, deps, launch) -> int:
+        params = bytes(launch.params)
+        return self._add_node(
+            graph, deps, lambda: self._run_kernel(launch.func, launch.grid, launch.block, params)
+        )
+
+    # An instantiated graph's nodes set anew: the node keeps its place (and its switch, on or off).
+    def _exec_index(self, graph_exec, node) -> int:
+        order = self.exec_order.get(graph_exec, [])
+        if node not in order:
+            raise CudaError(INVALID_VALUE, "not a node of that graph")
+        return order.index(node)
+
+    def _set_exec_work(self, graph_exec, node, work, kind: int) -> None:
+        if self.node_types.get(node, 0) != kind:
+            raise CudaError(INVALID_VALUE, "a node of another type")
+        at = self._exec_index(graph_exec, node)
+        if (graph_exec, node) in self.disabled:
+            self.disabled[graph_exec, node] = work
+        else:
+            self.graphs[graph_exec][at] = work
+
+    def graph_exec_kernel_node(self, graph_exec, node, launch) -> None:
+        params = bytes(launch.params)
+        work = lambda: self._run_kernel(launch.func, launch.grid, launch.block, params)  # noqa: E731
+        self._set_exec_work(graph_exec, node, work, kind=0)
+
+    def cuGraphNodeSetEnabled(self, graph_exec, node, enabled):
+        if self.node_types.get(node, 0) not in (0, 1, 2):  # kernel, copy and memset nodes only
+            raise CudaError(INVALID_VALUE, "only kernel, copy and memset nodes are switched")
+        at = self._exec_index(graph_exec, node)
+        if enabled and (graph_exec, node) in self.disabled:
+            self.graphs[graph_exec][at] = self.disabled.pop((graph_exec, node))
+        elif not enabled and (graph_exec, node) not in self.disabled:
+            self.disabled[graph_exec, node] = self.graphs[graph_exec][at]
+            self.graphs[graph_exec][at] = lambda: None
+
+    def cuGraphNodeGetEnabled(self, graph_exec, node):
+        self._exec_index(graph_exec, node)
+        return 0 if (graph_exec, node) in self.disabled else 1
+
+    def cuGraphExecGetFlags(self, graph_exec):
+        if graph_exec not in self.exec_flags:
+            raise CudaError(INVALID_VALUE, "not an instantiated graph")
+        return self.exec_flags[graph_exec]
+
+    def _memset_work(self, dst, pitch, value, element_size, width, height):
+        def work():
+            for row in range(height):
+                mem, off = self._find(dst + row * pitch, element_size * width)
+                mem[off : off + element_size * width] = value.to_bytes(element_size, "little") * width
+
+        return work
+
+    def graph_add_memset_node(self, graph, deps, dst, pitch, value, element_size, width, height) -> int:
+        node = self._add_node(graph, deps, self._memset_work(dst, pitch, value, element_size, width, height))
+        self.node_types[node] = 2  # CU_GRAPH_NODE_TYPE_MEMSET
+        return node
+
+    def graph_exec_memset_node(
+        self, graph_exec, node, dst, pitch, value, element_size, width, height
+    ) -> None:
+        work = self._memset_work(dst, pitch, value, element_size, width, height)
+        self._set_exec_work(graph_exec, node, work, kind=2)
+
+    def graph_add_empty_node(self, graph, deps) -> int:
+        node = self._add_node(graph, deps, lambda: None)
+        self.node_types[node] = 5  # CU_GRAPH_NODE_TYPE_EMPTY
+        return node
+
+    def _child_work(self, child):
+        copy = self.cuGraphClone(child)  # a copy of the child as it is now, as the driver takes
+        return copy, lambda: [work() for work in list(self.graphs[copy])]
+
+    def graph_add_child_node(self, graph, deps, child) -> int:
+        copy, work = self._child_work(child)
+        node = self._add_node(graph, deps, work)
+        self.child_graphs[node] = copy
+        self.node_types[node] = 4  # CU_GRAPH_NODE_TYPE_GRAPH
+        return node
+
+    def cuGraphExecChildGraphNodeSetParams(self, graph_exec, node, child):
+        current = self.child_graphs.get(node)
+        if current is not None and len(self.graphs.get(child, [])) != len(self.graphs.get(current, [])):
+            raise CudaError(INVALID_VALUE, "the child graph's topology differs")  # as the driver requires
+        self._set_exec_work(graph_exec, node, self._child_work(child)[1], kind=4)
+
+    def graph_node_list(self, which, subject):
+        if which == "cuGraphGetRootNodes":
+            order = self.node_order.get(subject, [])
+            targets = {b for _, b in self.edges}
+            return [n for n in order if n not in targets], []
+        if subject not in self.nodes:
+            raise CudaError(INVALID_VALUE, "not a node")
+        dependencies = which == "cuGraphNodeGetDependencies"
+        edges = [(a, b) for a, b in self.edges if (b if dependencies else a) == subject]
+        nodes = [a if dependencies else b for a, b in edges]
+        return nodes, [self.edge_data.get(edge, bytes(8)) for edge in edges]
+
+    def cuGraphChildGraphNodeGetGraph(self, node):
+        if node not in self.child_graphs:
+            raise CudaError(INVALID_VALUE, "not a child graph node")
+        return self.child_graphs[node]
+
+    def cuGraphConditionalHandleCreate(self, graph, ctx, default_value, flags):
+        handle = next(self.ids)
+        self.conditions[handle] = [default_value if flags & 1 else 0, default_value, flags]
+        return handle
+
+    def graph_add_conditional_node(self, graph, deps, handle, kind, size, ctx):
+        if handle not in self.conditions or kind not in (0, 1, 2) or (kind == 1 and size != 1):
+            raise CudaError(INVALID_VALUE, "conditional node")
+        bodies = [self.cuGraphCreate(0) for _ in range(size)]
+        condition = self.conditions[handle]
+
+        def work():
+            def run(body):
+                for body_work in list(self.graphs[body]):
+                    body_work()
+
+            if kind == 0:  # if (and else, with two bodies)
+                if condition[0] or size == 2:
+                    run(bodies[0 if condition[0] else 1])
+            elif kind == 1:  # while
+                for _ in range(1_000_000):
+                    if not condition[0]:
+                        break
+                    run(bodies[0])
+            elif condition[0] < size:  # switch
+                run(bodies[condition[0]])
+
+        return self._add_node(graph, deps, work), bodies
+
+    def graph_exec_update(self, graph_exec, graph):
+        if len(self.graphs.get(graph, [])) != len(self.graphs.get(graph_exec, [])):
+            return 2, 910  # CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE
+        self.graphs[graph_exec] = list(self.graphs[graph])
+        self.exec_order[graph_exec] = list(self.node_order.get(graph, []))
+        return 0, 0
+
+    def graph_add_dependencies(self, graph, edges, edge_data=None) -> None:
+        # A programmatic edge (nonzero data) still orders the two nodes here: this executor runs nodes
+        # one after the other, which every kind of edge allows.
+        self.edges.extend(edges)
+        for edge, data in zip(edges, edge_data or (), strict=False):
+            if any(data):
+                self.edge_data[edge] = bytes(data)
+        self._order(graph)
+
+    def cuGraphDestroyNode(self, node):
+        graph, _ = self.nodes.pop(node)
+        self.edges[:] = [(a, b) for a, b in self.edges if node not in (a, b)]
+        self._order(graph)
+
+    def cuGraphLaunch(self, graph_exec, stream):
+        for condition in self.conditions.values():  # CU_GRAPH_COND_ASSIGN_DEFAULT: at each launch
+            if condition[2] & 1:
+                condition[0] = condition[1]
+        for work in self.graphs[graph_exec]:
+            self._on(stream, work)
+
+    def cuGraphUpload(self, graph_exec, stream):
+        return None
+
+    def cuGraphExecDestroy(self, graph_exec):
+        self.graphs.pop(graph_exec, None)
+
+    def cuGraphDestroy(self, graph):
+        self.graphs.pop(graph, None)
+
+    def cuStreamGetPriority(self, stream):
+        return 0
+
+    # Stream memory operations: a write lands at once; a wait is met at once (work here runs in order,
+    # so what it waits for was written before it or never will be).
+    def _write_value(self, stream, addr, value, size):
+        mem, off = self._find(addr, size)
+        self._on(stream, lambda: mem.__setitem__(slice(off, off + size), value.to_bytes(size, "little")))
+
+    def cuStreamWriteValue32(self, stream, addr, value, flags):
+        self._write_value(stream, addr, value, 4)
+
+    def cuStreamWriteValue64(self, stream, addr, value, flags):
+        self._write_value(stream, addr, value, 8)
+
+    def cuStreamWaitValue32(self, stream, addr, value, flags):
+        self._find(addr, 4)
+
+    def cuStreamWaitValue64(self, stream, addr, value, flags):
+        self._find(addr, 8)
+
+    def cuStreamGetAttribute(self, stream, attr):
+        return self.stream_attributes.get((stream, attr), bytes(64))
+
+    def cuStreamSetAttribute(self, stream, attr, value):
+        self.stream_attributes[stream, attr] = bytes(value)
+
+    def cuStreamCopyAttributes(self, dst, src):
+        for (stream, attr), value in list(self.stream_attributes.items()):
+            if stream == src:
+                self.stream_attributes[dst, attr] = value
+
+    def cuStreamGetFlags(self, stream):
+        return 0
+
+    def cuStreamGetCtx(self, stream):
+        return getattr(self.local, "ctx", 0)
+
+    def cuStreamGetId(self, stream):
+        return stream
+
+    def cuStreamGetDevice(self, stream):
+        return self._ctx_device()
+
+    def cuEventCreate(self, flags):
+        handle = next(self.ids)
+        self.events[handle] = None
+        return handle
+
+    def cuEventRecord(self, event, stream):
+        self.events[event] = time.perf_counter()
+
+    def cuEventRecordWithFlags(self, event, stream, flags):
+        self.cuEventRecord(event, stream)
+
+    def cuEventQuery(self, event):
+        return None
+
+    def cuEventSynchronize(self, event):
+        return None
+
+    def cuEventDestroy(self, event):
+        self.events.pop(event, None)
+
+    def cuEventElapsedTime(self, start, end):
+        t0, t1 = self.events.get(start), self.events.get(end)
+        if t0 is None or t1 is None:
+            raise CudaError(CUresult.NOT_READY, "event not recorded")
+        return (t1 - t0) * 1000.0

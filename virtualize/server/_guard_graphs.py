@@ -1,0 +1,244 @@
+"""The guard's graphs built node by node, and the graph calls of stream captures: every node, dependency
+and body graph a call names must be the lease's, and the nodes and graphs the driver hands back become
+the lease's (a graph's nodes go with it).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import ClassVar
+
+from virtualize.common._calls import Call
+from virtualize.common._results import CUresult
+from virtualize.server._executor import INVALID_VALUE, Copy3D, CudaError, Launch
+from virtualize.server._guard_concern import EMPTY, Concern
+
+MAX_NODE_DEPS = 4096  # dependencies of one graph node (the shim's limit too)
+MAX_CONDITIONAL_BODIES = 64  # body graphs of one conditional node (a switch's cases; the shim's limit too)
+
+
+class GraphCalls(Concern):
+    """Graph nodes, edges and updates, and a capture's graph and dependencies."""
+
+    CALLS: ClassVar[dict[str, str]] = {
+        "cuGraphAddKernelNode_v2": "graph_kernel_node",
+        "cuGraphExecKernelNodeSetParams_v2": "graph_kernel_node",
+        "cuGraphAddMemsetNode": "graph_memset_node",
+        "cuGraphAddEmptyNode": "graph_empty_node",
+        "cuGraphAddDependencies": "graph_dependencies",
+        "cuGraphAddDependencies_v2": "graph_dependencies",
+        "cuGraphAddChildGraphNode": "graph_child_node",
+        "cuGraphAddEventRecordNode": "graph_event_node",
+        "cuGraphAddEventWaitNode": "graph_event_node",
+        "cuGraphAddHostNode": "graph_host_node",
+        "cuGraphAddMemcpyNode": "graph_memcpy_node",
+        "cuGraphExecMemsetNodeSetParams": "graph_memset_node",
+        "cuGraphExecMemcpyNodeSetParams": "graph_memcpy_node",
+        "cuGraphGetNodes": "graph_nodes",
+        "cuGraphGetRootNodes": "graph_node_list",
+        "cuGraphNodeGetDependencies": "graph_node_list",
+        "cuGraphNodeGetDependencies_v2": "graph_node_list",
+        "cuGraphNodeGetDependentNodes": "graph_node_list",
+        "cuGraphNodeGetDependentNodes_v2": "graph_node_list",
+        "cuGraphGetEdges": "graph_edges",
+        "cuGraphGetEdges_v2": "graph_edges",
+        "gpGraphAddConditionalNode": "graph_conditional_node",
+        "cuGraphExecUpdate_v2": "graph_exec_update",
+        "cuStreamGetCaptureInfo_v2": "capture_info",
+        "cuStreamGetCaptureInfo_v3": "capture_info",
+        "cuStreamBeginCaptureToGraph": "capture_to_graph",
+        "cuStreamUpdateCaptureDependencies": "capture_dependencies",
+        "cuStreamUpdateCaptureDependencies_v2": "capture_dependencies",
+    }
+
+    def nodes(self, raw: bytes, count: int) -> list[int]:
+        """`count` node handles of this lease from the front of `raw`."""
+        if len(raw) < 8 * count:
+            raise CudaError(INVALID_VALUE, "dependency array")
+        nodes = list(struct.unpack_from(f"<{count}Q", raw))
+        if any(n not in self.session.lease.handles["node"] for n in nodes):
+            raise CudaError(INVALID_VALUE, "a node that is not this lease's")
+        return nodes
+
+    def _new_node(self, node: int, graph: int):
+        self.session.lease.handles["node"].add(node)
+        self.session.lease.children.setdefault(graph, set()).add(node)
+        return struct.pack("<Q", node), b""
+
+    def graph_kernel_node(self, call: Call, ins: tuple):
+        self.session._check(call, ins)
+        adding = call.name == "cuGraphAddKernelNode"
+        owner, func, dims = ins[0], ins[1 + (not adding)], ins[2 + (not adding) : 9 + (not adding)]
+        node = None if adding else ins[1]
+        num_deps = ins[-1] if adding else 0
+        data = self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8 + (1 << 20))
+        deps = self.nodes(data, num_deps)
+        params = data[8 * num_deps :]
+        layout = self.session._layout(func)
+        if len(params) < max((offset + size for offset, size in layout), default=0):
+            raise CudaError(INVALID_VALUE, "kernel parameters shorter than the function's parameter layout")
+        is_kernel = func in self.session.lease.handles["kernel"]
+        launch = Launch(
+            func, tuple(dims[:3]), tuple(dims[3:6]), dims[6], 0, params, layout, is_kernel=is_kernel
+        )
+        if not adding:
+            self.session.executor.graph_exec_kernel_node(owner, node, launch)
+            return EMPTY
+        return self._new_node(self.session.executor.graph_add_kernel_node(owner, deps, launch), owner)
+
+    def graph_memset_node(self, call: Call, ins: tuple):
+        """cuGraphAddMemsetNode, or cuGraphExecMemsetNodeSetParams (an instantiated graph's node anew)."""
+        self.session._check(call, ins)
+        setting = call.name == "cuGraphExecMemsetNodeSetParams"
+        owner, node = ins[0], ins[1] if setting else None
+        dst, pitch, value, element_size, width, height = ins[1 + setting : 7 + setting]
+        if element_size not in (1, 2, 4) or height < 1:
+            raise CudaError(INVALID_VALUE, "memset node shape")
+        self.session._check_range(dst, pitch * (height - 1) + width * element_size)
+        executor = self.session.executor
+        if setting:
+            executor.graph_exec_memset_node(owner, node, dst, pitch, value, element_size, width, height)
+            return EMPTY
+        deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), ins[-1])
+        node = executor.graph_add_memset_node(owner, deps, dst, pitch, value, element_size, width, height)
+        return self._new_node(node, owner)
+
+    def graph_empty_node(self, call: Call, ins: tuple):
+        self.session._check(call, ins)
+        graph, num_deps = ins
+        deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        return self._new_node(self.session.executor.graph_add_empty_node(graph, deps), graph)
+
+    def graph_dependencies(self, call: Call, ins: tuple):
+        """Edges as (from, to) pairs; cuGraphAddDependencies_v2's each with its 8 bytes of edge data (from
+        port, to port, type: a programmatic dependency), which the driver checks."""
+        self.session._check(call, ins)
+        graph, count = ins
+        words = 3 if call.symbol == "cuGraphAddDependencies_v2" else 2
+        data = self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8 * words)
+        if len(data) != 8 * words * count:
+            raise CudaError(INVALID_VALUE, "graph edges")
+        triples = [data[8 * words * i : 8 * words * (i + 1)] for i in range(count)]
+        nodes = self.nodes(b"".join(t[:16] for t in triples), 2 * count)
+        edge_data = [t[16:24] if words == 3 else bytes(8) for t in triples]
+        self.session.executor.graph_add_dependencies(
+            graph, list(zip(nodes[::2], nodes[1::2], strict=True)), edge_data
+        )
+
+    def graph_child_node(self, call: Call, ins: tuple):
+        self.session._check(call, ins)
+        graph, child, num_deps = ins
+        deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        return self._new_node(self.session.executor.graph_add_child_node(graph, deps, child), graph)
+
+    def graph_event_node(self, call: Call, ins: tuple):
+        self.session._check(call, ins)
+        graph, event, num_deps = ins
+        deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        node = self.session.executor.graph_add_event_node(
+            graph, deps, event, call.name == "cuGraphAddEventWaitNode"
+        )
+        return self._new_node(node, graph)
+
+    def graph_memcpy_node(self, call: Call, ins: tuple):
+        """cuGraphAddMemcpyNode, or cuGraphExecMemcpyNodeSetParams (an instantiated graph's node anew)."""
+        self.session._check(call, ins)
+        setting = call.name == "cuGraphExecMemcpyNodeSetParams"
+        owner = ins[0]
+        copy = Copy3D(*ins[2:11] if setting else ins[1:10])
+        if copy.width == 0 or copy.height == 0 or copy.depth == 0:
+            raise CudaError(INVALID_VALUE, "memcpy node extent")
+        if copy.height > 1 and (copy.src_pitch < copy.width or copy.dst_pitch < copy.width):
+            raise CudaError(INVALID_VALUE, "memcpy node pitch")
+        self.session._check_range(copy.src, copy.span(copy.src_pitch, copy.src_height))
+        self.session._check_range(copy.dst, copy.span(copy.dst_pitch, copy.dst_height))
+        if setting:
+            self.session.executor.graph_exec_memcpy_node(owner, ins[1], copy)
+            return EMPTY
+        deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), ins[-1])
+        return self._new_node(self.session.executor.graph_add_memcpy_node(owner, deps, copy), owner)
+
+    def graph_host_node(self, call: Call, ins: tuple):
+        """A host node: the program's function `ident` (kept by its shim), called back at every launch."""
+        self.session._check(call, ins)
+        graph, ident, num_deps = ins
+        deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        callbacks = self.session.callbacks
+        if callbacks is None:
+            raise CudaError(CUresult.NOT_SUPPORTED, "no callback connection")
+        return self._new_node(
+            self.session.executor.graph_add_host_node(graph, deps, lambda: callbacks.call(ident)), graph
+        )
+
+    def graph_nodes(self, call: Call, ins: tuple):
+        """The count; the nodes (now this lease's) in the bulk."""
+        self.session._check(call, ins)
+        nodes = self.session.executor.graph_nodes(ins[0])
+        self.session.lease.handles["node"].update(nodes)
+        self.session.lease.children.setdefault(ins[0], set()).update(nodes)
+        return call.out_struct.pack(len(nodes)), struct.pack(f"<{len(nodes)}Q", *nodes)
+
+    def graph_node_list(self, call: Call, ins: tuple):
+        """A graph's root nodes, or a node's dependencies or dependents: the count; the nodes in the bulk,
+        then (the _v2 calls) each edge's 8 bytes of data."""
+        self.session._check(call, ins)
+        nodes, edge_data = self.session.executor.graph_node_list(call.name, ins[0])
+        self.session.lease.handles["node"].update(nodes)
+        bulk = struct.pack(f"<{len(nodes)}Q", *nodes)
+        if call.symbol.endswith("_v2"):
+            bulk += b"".join(edge_data)
+        return call.out_struct.pack(len(nodes)), bulk
+
+    def graph_edges(self, call: Call, ins: tuple):
+        """The count; the (from, to) pairs in the bulk."""
+        self.session._check(call, ins)
+        edges = self.session.executor.graph_edges(ins[0])
+        flat = [n for edge in edges for n in edge]
+        self.session.lease.handles["node"].update(flat)
+        return call.out_struct.pack(len(edges)), struct.pack(f"<{len(flat)}Q", *flat)
+
+    def graph_conditional_node(self, call: Call, ins: tuple):
+        """A conditional node; its body graphs (the driver's, owned by the node's graph) become this
+        lease's graphs, sent after the node's handle."""
+        self.session._check(call, ins)
+        graph, handle, kind, size, ctx, num_deps = ins
+        if not 1 <= size <= MAX_CONDITIONAL_BODIES:
+            raise CudaError(INVALID_VALUE, "conditional node size")
+        deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        node, bodies = self.session.executor.graph_add_conditional_node(graph, deps, handle, kind, size, ctx)
+        self.session.lease.handles["graph"].update(bodies)
+        self.session.lease.children.setdefault(graph, set()).update(bodies)
+        out, _ = self._new_node(node, graph)
+        return out, struct.pack(f"<{len(bodies)}Q", *bodies)
+
+    def graph_exec_update(self, call: Call, ins: tuple):
+        """The update's result and status both travel: a refused update says why (its result)."""
+        self.session._check(call, ins)
+        result, status = self.session.executor.graph_exec_update(*ins)
+        return call.out_struct.pack(result, status), b""
+
+    def capture_info(self, call: Call, ins: tuple):
+        """Status, id, graph and the count; the dependency nodes (now this lease's) in the bulk."""
+        self.session._check(call, ins)
+        status, capture_id, graph, deps = self.session.executor.capture_info(ins[0])
+        self.session.lease.handles["node"].update(deps)
+        if graph:  # the graph being captured: nodes may be added to it (the one cuStreamEndCapture gives)
+            self.session.lease.handles["graph"].add(graph)
+            self.session.lease.children.setdefault(graph, set()).update(deps)
+        return call.out_struct.pack(status, capture_id, graph, len(deps)), struct.pack(
+            f"<{len(deps)}Q", *deps
+        )
+
+    def capture_to_graph(self, call: Call, ins: tuple):
+        self.session._check(call, ins)
+        stream, graph, num_deps, mode = ins
+        deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        self.session.executor.capture_to_graph(stream, graph, deps, mode)
+        return EMPTY
+
+    def capture_dependencies(self, call: Call, ins: tuple):
+        self.session._check(call, ins)
+        stream, num_deps, flags = ins
+        deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        self.session.executor.update_capture_dependencies(stream, deps, flags)
+        return EMPTY

@@ -1,0 +1,88 @@
+"""The guard's launches: a kernel launch (its function and stream the lease's, its parameters as long as
+the function's layout, its attributes as the shim sent them), a cluster occupancy asked with a launch's
+configuration, a function's parameter layout and a linked image. A function launched once here is then
+launched by the native loop too (`NativeLease.learn`).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import ClassVar
+
+from virtualize.common._calls import Call
+from virtualize.common._wire import LAUNCH_ATTRIBUTE_BYTES
+from virtualize.server._executor import INVALID_HANDLE, INVALID_VALUE, CudaError, Launch
+from virtualize.server._guard_concern import Concern
+from virtualize.server._guard_rules import BUILTIN_STREAMS
+
+
+def launch_attributes(raw: bytes) -> list[tuple[int, bytes]]:
+    """A launch's attributes from its bulk: (CUlaunchAttributeID, its 64-byte value) each."""
+    return [
+        (struct.unpack_from("<i", raw, i)[0], raw[i + 8 : i + LAUNCH_ATTRIBUTE_BYTES])
+        for i in range(0, len(raw) - LAUNCH_ATTRIBUTE_BYTES + 1, LAUNCH_ATTRIBUTE_BYTES)
+    ]
+
+
+class LaunchCalls(Concern):
+    """Kernel launches and the questions asked about a launch."""
+
+    CALLS: ClassVar[dict[str, str]] = {
+        "gpParamLayout": "param_layout",
+        "gpLinkImage": "link_image",
+        "cuLaunchKernelEx": "launch",
+        "cuOccupancyMaxActiveClusters": "cluster_occupancy",
+        "cuOccupancyMaxPotentialClusterSize": "cluster_occupancy",
+    }
+
+    def param_layout(self, call: Call, ins: tuple):
+        self.session._check(call, ins)
+        layout = self.session._layout(ins[0])
+        flat = [x for pair in layout for x in pair]
+        return struct.pack("<I", len(layout)), struct.pack(f"<{len(flat)}I", *flat)
+
+    def link_image(self, call: Call, ins: tuple):
+        self.session._check(call, ins)
+        return b"", self.session.executor.gpLinkImage(*ins)  # the bytes as they are (not a NUL-padded string)
+
+    def _check_launch(self, func: int, stream: int) -> None:
+        handles = self.session.lease.handles
+        if func not in handles["func"] and func not in handles["kernel"]:
+            raise CudaError(INVALID_HANDLE, "function")
+        if stream not in BUILTIN_STREAMS and stream not in handles["stream"]:
+            raise CudaError(INVALID_HANDLE, "stream")
+
+    def cluster_occupancy(self, call: Call, ins: tuple):
+        func, gx, gy, gz, bx, by, bz, smem, stream, n_attrs = ins
+        self._check_launch(func, stream)
+        raw = self.session.channel.read_bulk(limit=64 * LAUNCH_ATTRIBUTE_BYTES)
+        if len(raw) != n_attrs * LAUNCH_ATTRIBUTE_BYTES:
+            raise CudaError(INVALID_VALUE, "launch attributes")
+        config = Launch(
+            func, (gx, gy, gz), (bx, by, bz), smem, stream, b"", [], tuple(launch_attributes(raw))
+        )
+        return struct.pack("<i", self.session.executor.cluster_occupancy(call.name, config)), b""
+
+    def launch(self, call: Call, ins: tuple):
+        func, gx, gy, gz, bx, by, bz, smem, stream = ins[:9]
+        self._check_launch(func, stream)
+        n_attrs = ins[9] if len(ins) > 9 else 0
+        bulk = self.session.channel.read_bulk(limit=1 << 20)
+        layout = self.session.lease.layouts.get(func)
+        if layout is None:
+            layout = self.session._layout(func)
+        split = len(bulk) - n_attrs * LAUNCH_ATTRIBUTE_BYTES
+        if split < 0:
+            raise CudaError(INVALID_VALUE, "launch attributes")
+        params, raw = bulk[:split], bulk[split:]
+        if len(params) < max((offset + size for offset, size in layout), default=0):
+            raise CudaError(INVALID_VALUE, "kernel parameters shorter than the function's parameter layout")
+        attributes = tuple(launch_attributes(raw))
+        self.session.executor.launch(
+            Launch(func, (gx, gy, gz), (bx, by, bz), smem, stream, params, layout, attributes)
+        )
+        if (
+            self.session.lease.native is not None
+        ):  # checked and launched once: the native loop may launch it now
+            self.session.lease.native.learn(func, layout)
+        return None

@@ -1,0 +1,74 @@
+"""The lease guard's per-call rules that are data, read by the guard (`_executor_guard.Session`) and
+generated into the worker's native loop (`virtualize/server/native/dispatch_gen.h`, by `virtualize.common._shimgen`),
+so both paths apply one set: which wire arguments name device bytes, which copies a stream capture
+refuses, and which calls the native loop serves. Handles are checked by their kind in the call table
+(`Call.checked`).
+"""
+
+from __future__ import annotations
+
+from virtualize.common._calls import BY_SYMBOL, CALLS, INTERNAL, Call
+
+# Streams every context has, no lease's own: NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD.
+BUILTIN_STREAMS = frozenset({0, 1, 2})
+# The device bytes each copy names, as (pointer, length) wire parameters: `Session._check_ranges`.
+DEVICE_RANGES: dict[str, tuple[tuple[str, str], ...]] = {
+    **dict.fromkeys(("cuMemcpyHtoD_v2", "cuMemcpyHtoDAsync_v2"), (("dst", "count"),)),
+    **dict.fromkeys(("cuMemcpyDtoH_v2", "cuMemcpyDtoHAsync_v2", "gpMemcpyDtoHAsync"), (("src", "count"),)),
+    **dict.fromkeys(
+        ("cuMemcpyDtoD_v2", "cuMemcpyDtoDAsync_v2", "cuMemcpyPeer", "cuMemcpyPeerAsync"),
+        (("dst", "count"), ("src", "count")),
+    ),
+}
+
+# The calls the native loop serves, by exported symbol, with dispatch.c's name for each (C_LAUNCH ...), in
+# C's order. The executor runs each as the call of the same name; a served call's every checked argument
+# must be one the loop can check (the generator says which is not).
+NATIVE_CALLS = {
+    "cuLaunchKernelEx": "LAUNCH",
+    "cuCtxSynchronize": "CTX_SYNC",
+    "cuStreamSynchronize": "STREAM_SYNC",
+    "cuStreamQuery": "STREAM_QUERY",
+    "cuEventSynchronize": "EVENT_SYNC",
+    "cuEventQuery": "EVENT_QUERY",
+    "cuEventRecord": "EVENT_RECORD",
+    "cuEventRecordWithFlags": "EVENT_RECORD_FLAGS",
+    "cuStreamWaitEvent": "STREAM_WAIT_EVENT",
+    "cuMemcpyHtoD_v2": "HTOD",
+    "cuMemcpyHtoDAsync_v2": "HTOD_ASYNC",
+    "cuMemcpyDtoH_v2": "DTOH",
+    "cuMemcpyDtoHAsync_v2": "DTOH_ASYNC",
+}
+
+
+def capture_refuses(call: Call) -> bool:
+    """Whether a stream capture cannot hold this copy between the client's memory and the GPU: the ones
+    on a stream (`Session._capturing`; the native loop leaves them to Python on a capturing stream)."""
+    return call.name.endswith("Async")
+
+
+def range_positions(call: Call) -> tuple[tuple[int, int], ...]:
+    """(pointer, length) positions in `call.ins` of the device bytes it names (DEVICE_RANGES)."""
+    names = [p.name for p in call.ins]
+    pairs = DEVICE_RANGES.get(call.name if call.symbol == "-" else call.symbol, ())
+    return tuple((names.index(ptr), names.index(length)) for ptr, length in pairs)
+
+
+def call_named(name: str) -> Call:
+    """The call a rule or a handler names (its exported symbol, or an internal call's name); a name the
+    table lacks is a typo, said at import rather than never matching a request."""
+    call = BY_SYMBOL.get(name) or INTERNAL.get(name)
+    if call is None:
+        raise ValueError(
+            f"{name} is named by a guard rule or handler, but virtualize/common/_calls.py does not declare it"
+        )
+    return call
+
+
+def _check_names() -> None:
+    for name in (*DEVICE_RANGES, *NATIVE_CALLS):
+        range_positions(call_named(name))  # every named parameter exists
+
+
+_check_names()
+RANGES_BY_ID = [range_positions(c) for c in CALLS]  # by call id, for the guard's per-request lookup

@@ -1,0 +1,118 @@
+"""The guard's tensor maps (cuTensorMapEncode*, cuTensorMapReplaceAddress): the whole tensor a map
+describes must be the lease's memory, and a map to re-point must be one this lease encoded (kept with its
+tensor's extent, per lease).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import ClassVar
+
+from virtualize.common._calls import Call
+from virtualize.server._executor import INVALID_VALUE, CudaError
+from virtualize.server._guard_concern import Concern
+
+TENSOR_MAP_BYTES, TENSOR_RANK_MAX = 128, 5  # CUtensorMap
+# Each tensor-map call's shape arrays in the bulk, in the C order: (count as rank + offset, struct code).
+TENSOR_SHAPE_ARRAYS = {
+    "cuTensorMapEncodeTiled": (
+        (0, "Q"),
+        (-1, "Q"),
+        (0, "I"),
+        (0, "I"),
+    ),  # dims, strides, box, element strides
+    "cuTensorMapEncodeIm2col": (
+        (0, "Q"),
+        (-1, "Q"),
+        (-2, "i"),
+        (-2, "i"),
+        (0, "I"),
+    ),  # + lower, upper corners
+    "cuTensorMapEncodeIm2colWide": ((0, "Q"), (-1, "Q"), (0, "I")),  # dims, strides, element strides
+}
+# Bytes of one element of each CUtensorMapDataType (the packed 4- and 6-bit types: at most one).
+TENSOR_ELEMENT_BYTES = {
+    0: 1,
+    1: 2,
+    2: 4,
+    3: 4,
+    4: 8,
+    5: 8,
+    6: 2,
+    7: 4,
+    8: 8,
+    9: 2,
+    10: 4,
+    11: 4,
+    12: 4,
+    13: 1,
+    14: 1,
+    15: 1,
+}
+TENSOR_MAPS_KEPT = 65536  # maps a lease encoded, kept with their extent for cuTensorMapReplaceAddress
+
+
+def tensor_extent(dtype: int, dims: list[int], strides: list[int]) -> int:
+    """Bytes from a tensor's address to the end of its last element: a row of dims[0] elements, and
+    dims[i] steps of strides[i-1] bytes along each other dimension."""
+    if dtype not in TENSOR_ELEMENT_BYTES:
+        raise CudaError(INVALID_VALUE, f"tensor data type {dtype}")
+    if not all(dims):
+        raise CudaError(INVALID_VALUE, "a tensor dimension of 0")
+    return dims[0] * TENSOR_ELEMENT_BYTES[dtype] + sum(
+        (d - 1) * s for d, s in zip(dims[1:], strides, strict=True)
+    )
+
+
+class TensorMapCalls(Concern):
+    """Encoding tensor maps over the lease's memory, and moving them to other lease memory."""
+
+    CALLS: ClassVar[dict[str, str]] = {
+        "cuTensorMapEncodeTiled": "encode",
+        "cuTensorMapEncodeIm2col": "encode",
+        "cuTensorMapEncodeIm2colWide": "encode",
+        "cuTensorMapReplaceAddress": "replace_address",
+    }
+
+    def encode(self, call: Call, ins: tuple):
+        """cuTensorMapEncodeTiled / Im2col / Im2colWide: the shape arrays from the bulk; the whole tensor
+        (its dimensions and strides from its address) must be memory of this lease; the 128 bytes go
+        back as bulk, and the tensor's extent is kept for cuTensorMapReplaceAddress."""
+        self.session._check(call, ins)
+        dtype, rank, address = ins[:3]
+        if not 1 <= rank <= TENSOR_RANK_MAX:
+            raise CudaError(INVALID_VALUE, "tensor rank")
+        raw = self.session.channel.read_bulk(limit=TENSOR_RANK_MAX * 24)
+        arrays, at = [], 0
+        for offset, code in TENSOR_SHAPE_ARRAYS[call.name]:
+            n = max(rank + offset, 0)
+            if at + n * struct.calcsize(code) > len(raw):
+                raise CudaError(INVALID_VALUE, "tensor shape arrays")
+            arrays.append(list(struct.unpack_from(f"<{n}{code}", raw, at)))
+            at += n * struct.calcsize(code)
+        extent = tensor_extent(dtype, arrays[0], arrays[1])
+        self.session._check_range(address, extent)
+        encoded = self.session.executor.tensor_map(call.name, ins, arrays)
+        self._keep(encoded, extent)
+        return b"", encoded
+
+    def replace_address(self, call: Call, ins: tuple):
+        """cuTensorMapReplaceAddress: a map this lease encoded, its tensor moved to other lease memory."""
+        self.session._check(call, ins)
+        encoded = bytes(self.session.channel.read_bulk(limit=TENSOR_MAP_BYTES))
+        if len(encoded) != TENSOR_MAP_BYTES:
+            raise CudaError(INVALID_VALUE, "a tensor map is 128 bytes")
+        extent = self.session.lease.tensor_maps.get(encoded)
+        if extent is None:
+            raise CudaError(INVALID_VALUE, "not a tensor map this lease encoded")
+        self.session._check_range(ins[0], extent)
+        replaced = self.session.executor.tensor_map_address(encoded, ins[0])
+        self._keep(replaced, extent)
+        return b"", replaced
+
+    def _keep(self, encoded: bytes, extent: int) -> None:
+        maps = self.session.lease.tensor_maps
+        with self.session.lease.lock:
+            maps[bytes(encoded)] = extent
+            while len(maps) > TENSOR_MAPS_KEPT:  # the oldest first (dicts keep insertion order)
+                del maps[next(iter(maps))]

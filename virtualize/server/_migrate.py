@@ -1,0 +1,158 @@
+"""Live migration of a running lease to another GPU of this server (docs/remote.md, "Migration").
+
+The worker owns every GPU object of the lease and the client holds only handles and addresses from
+its address window, so a lease can move while its processes run: the lease's calls are held at a
+point where none is executing (`Gate`), each context is synchronised (its streams drained), the
+executor copies the device's memory to the target GPU at the same addresses and re-creates what the
+processes hold there (`Executor.migrate`: all or nothing, the source untouched until it commits),
+and the calls resume. The client notices a pause.
+
+What cannot move is refused before anything pauses, with the reason (`refusal`); the lease keeps
+running. The pool server asks through the worker's state directory (``server.workers``: the request
+file, SIGUSR1, the result file), so no frame of the client protocol changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from server.workers import MIGRATE_REQUEST_FILE, MIGRATE_RESULT_FILE
+from virtualize.common.errors import VirtualizeError
+from virtualize.server._executor import CudaError
+
+log = logging.getLogger("gpupool.worker")
+
+DRAIN_TIMEOUT_S = 30.0  # the longest a migration waits for the calls executing now to return
+CAPTURING = 0  # CU_STREAM_CAPTURE_STATUS_NONE: any other status is a capture in flight
+
+
+class MigrationRefused(VirtualizeError):
+    """The lease cannot move now; it keeps running where it is (the title says why; the worker answers it
+    to the pool server, which reports it as a ``MigrationFailed``)."""
+
+
+class Gate:
+    """Lets the lease's calls through, or holds new ones while the lease moves.
+
+    Each call runs inside ``with gate:`` (one lock taken twice: it is on every call's path);
+    `closed()` stops new calls and waits until those executing have returned (a call blocked in a
+    synchronise keeps the lease from moving until it returns, or the migration gives up after its
+    timeout and the lease runs on)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when the last running call returns
+        self._open = threading.Event()
+        self._open.set()
+        self._running = 0
+
+    def __enter__(self) -> None:
+        while True:
+            with self._lock:
+                if self._open.is_set():
+                    self._running += 1
+                    return
+            self._open.wait()
+
+    def __exit__(self, *_) -> None:
+        with self._lock:
+            self._running -= 1
+            if not self._running and not self._open.is_set():
+                self._idle.notify_all()
+
+    @contextlib.contextmanager
+    def closed(self, timeout: float):
+        with self._lock:
+            if not self._open.is_set():
+                raise MigrationRefused("a migration of this lease is already under way")
+            self._open.clear()
+            if not self._idle.wait_for(lambda: self._running == 0, timeout):
+                self._open.set()
+                raise MigrationRefused(f"the lease's calls did not pause within {timeout:.0f} s")
+        try:
+            yield
+        finally:
+            self._open.set()
+
+
+def refusal(worker, device: int, target: int) -> str | None:
+    """Why the lease's `device` cannot move to GPU `target` of this host now, or None."""
+    devices = worker.devices
+    if not 0 <= device < len(devices):
+        return f"the lease has no device {device} (it has {len(devices)})"
+    if target in {d.index for d in devices}:
+        return f"GPU {target} already holds a partition of this lease"
+    if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
+        return "the lease runs under MPS: its memory belongs to the GPU's MPS server, which cannot move it"
+    reason = worker.executor.migration_refusal(target)
+    if reason:
+        return reason
+    lease = worker.lease
+    if any(not a.window for a in lease.allocations.values() if a.owned and a.device == device):
+        return "memory outside the processes' address windows (an older client): its addresses cannot be kept"
+    for stream in list(lease.handles["stream"]):
+        with contextlib.suppress(CudaError):  # a stream of a context gone meanwhile is not a capture
+            if worker.executor.cuStreamIsCapturing(stream) != CAPTURING:
+                return "a stream capture is in flight; migrate after cuStreamEndCapture"
+    return None
+
+
+def migrate(worker, device: int, target: int, timeout: float = DRAIN_TIMEOUT_S) -> dict:
+    """Move the lease's `device` to GPU `target`; the answer for the server, or MigrationRefused."""
+    reason = refusal(worker, device, target)
+    if reason:
+        raise MigrationRefused(reason)
+    source = worker.devices[device].index
+    asked = time.monotonic()
+    with worker.lease.gate.closed(timeout):
+        paused = time.monotonic()
+        reason = refusal(worker, device, target)  # a call just before the pause may have changed it
+        if reason:
+            raise MigrationRefused(reason)
+        try:
+            moved = worker.executor.migrate(device, target)
+        except Exception as exc:  # the executor left the lease on its source
+            log.exception("migration of device %d to GPU %d failed; the lease stays on GPU %d",
+                          device, target, source)  # fmt: skip
+            raise MigrationRefused(
+                f"the target GPU {target} failed: {exc}; the lease stays on GPU {source}"
+            ) from None
+        worker.devices[device] = replace(worker.devices[device], index=target, uuid=moved.get("uuid", ""))
+        resumed = time.monotonic()
+    answer = {"device": device, "from": source, "to": target, "bytes": moved["bytes"],
+              "pause_s": round(resumed - paused, 6), "wait_s": round(paused - asked, 6)}  # fmt: skip
+    log.info("migrated device %d from GPU %d to GPU %d: %d bytes, paused %.3f s",
+             device, source, target, moved["bytes"], resumed - paused)  # fmt: skip
+    return answer
+
+
+def serve_requests(worker, state_dir: Path) -> None:
+    """Answer the pool server's migration requests (SIGUSR1 after it writes the request file)."""
+
+    def run() -> None:
+        request = state_dir / MIGRATE_REQUEST_FILE
+        try:
+            asked = json.loads(request.read_text())
+            request.unlink()
+            answer = {"ok": True, **migrate(worker, int(asked["device"]), int(asked["to"]))}
+        except MigrationRefused as exc:
+            answer = {"ok": False, "error": exc.title}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            answer = {"ok": False, "error": f"unreadable migration request ({exc})"}
+        except Exception as exc:  # a bug: the server still gets its answer, not a wait for its timeout
+            log.exception("migration failed")
+            answer = {"ok": False, "error": f"the worker failed: {exc}"}
+        result = state_dir / MIGRATE_RESULT_FILE
+        partial = result.with_suffix(".partial")
+        partial.write_text(json.dumps(answer))
+        partial.replace(result)  # the server never reads half an answer
+
+    signal.signal(signal.SIGUSR1, lambda *_: threading.Thread(target=run, name="gpupool-migrate").start())

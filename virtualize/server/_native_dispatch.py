@@ -1,0 +1,415 @@
+"""The worker's native hot path (``virtualize/server/native/dispatch.c``), driven from the connection loop.
+
+A training loop sends mostly kernel launches, event records and waits, and synchronising calls. In the
+worker's Python each costs 10-20 µs of dispatch, more than the driver's own launch (~4 µs), so the
+launch rate and the round trip were the worker's, not the GPU's. The C loop serves those frames from
+the connection's socket and receive buffer without Python and returns at the first frame it does not
+serve exactly as the Python path (`_executor_guard.Session`) would; that frame then goes through
+Python as before, so every check, quota and lease rule stays in one readable place.
+
+What C may touch is what the guard has already checked: the lease's streams and events are mirrored
+into C as the guard's tables change (`MirroredHandles`), and a function is served natively only after
+the Python path has launched it once (its parameter layout known and checked). A handle the guard
+forgets is dropped from C before it leaves the guard's table.
+C checks each argument by the guard's own rules, generated into it from `_guard_rules` and the call
+table (native/dispatch_gen.h); tests/test_native_guard_parity.py holds the two paths to one verdict.
+
+``GPUPOOL_WORKER_NATIVE=0`` turns it off (every frame through Python: for comparing, or if in doubt).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from virtualize.common import _wire
+from virtualize.common._calls import BY_SYMBOL, WIRE_VERSION
+from virtualize.common._results import CUresult
+from virtualize.server._executor import CudaError, Launch
+from virtualize.server._guard_rules import NATIVE_CALLS
+
+log = logging.getLogger("gpupool.worker")
+
+ENV = "GPUPOOL_WORKER_NATIVE"
+SPIN_ENV = "GPUPOOL_WORKER_SPIN_US"  # how long the loop polls for the next frame before it sleeps
+LIBRARY_MODULE = "virtualize.server._dispatch"
+# The calls C serves (C's `which` is the index): their ids, argument offsets and the guard's checks of
+# each argument are generated into native/dispatch_gen.h (`python -m virtualize.common._shimgen`).
+IN_C_CALLS = tuple(BY_SYMBOL[symbol] for symbol in NATIVE_CALLS)
+KINDS = {"stream": 0, "event": 1, "func": 2, "kernel": 2}  # the guard's handle tables C reads
+TO_PYTHON, ASYNC_ERROR, CLOSED, IO_ERROR, SERVED, REPLY_AFTER_OUTPUT = range(6)
+BUDGET = 4096  # frames per return to Python (the worker notes activity between)
+
+_LAUNCH = ctypes.CFUNCTYPE(
+    ctypes.c_int,
+    ctypes.c_uint64,
+    ctypes.POINTER(ctypes.c_uint32),
+    ctypes.c_uint64,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_uint64,
+    ctypes.c_void_p,
+    ctypes.c_uint32,
+)
+_CALL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32)
+_COPY = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64
+)
+_CAPTURING = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.POINTER(ctypes.c_int))
+
+
+class _Buffer(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("cap", ctypes.c_uint64),
+        ("start", ctypes.c_uint64),
+        ("end", ctypes.c_uint64),
+    ]
+
+
+class _Outcome(ctypes.Structure):
+    _fields_ = [
+        ("result", ctypes.c_int32),
+        ("served", ctypes.c_uint32),
+        ("data", ctypes.c_void_p),  # REPLY_AFTER_OUTPUT of a copy to the host: its bytes
+        ("data_len", ctypes.c_uint64),
+    ]
+
+
+_library: ctypes.CDLL | None = None
+
+
+def _load() -> ctypes.CDLL | None:
+    """The built loop, its call ids set from the table; None where it is not built (no C compiler)."""
+    global _library
+    if _library is not None:
+        return _library
+    spec = importlib.util.find_spec(LIBRARY_MODULE)
+    if spec is None or not spec.origin or not Path(spec.origin).is_file():
+        return None
+    try:
+        lib = ctypes.CDLL(spec.origin)
+    except OSError as exc:  # built for another machine or Python: the Python path serves every call
+        log.warning("native dispatch not loaded (%s): every call through Python", exc)
+        return None
+    p, u64, u32, i = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_int
+    for name, args, res in (
+        ("gpf_use_driver", [], i),
+        ("gpf_wire_version", [], u32),
+        ("gpf_set_spin", [u64], None),
+        ("gpf_lease_new", [_LAUNCH, _CALL, _COPY, _CAPTURING], p),
+        ("gpf_range_add", [p, u64, u64], None),
+        ("gpf_range_drop", [p, u64], None),
+        ("gpf_lease_free", [p], None),
+        ("gpf_handle_add", [p, i, u64], None),
+        ("gpf_handle_drop", [p, i, u64], None),
+        ("gpf_handle_clear", [p, i], None),
+        ("gpf_function_add", [p, u64, u32, ctypes.POINTER(u32), u32], None),
+        ("gpf_output_watch", [i], None),
+        ("gpf_output_mark", [i], None),
+        ("gpf_session_new", [p], p),
+        ("gpf_session_free", [p], None),
+        ("gpf_session_busy", [p], i),
+        ("gpf_session_calls", [p], u64),
+        ("gpf_serve", [p, i, p, ctypes.POINTER(_Buffer), i, u32, ctypes.POINTER(_Outcome)], i),
+    ):
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, res
+    if lib.gpf_wire_version() != WIRE_VERSION:  # its call ids and rules are another table's
+        log.warning(
+            "native dispatch not loaded: built from another call table (rebuild it: python setup.py "
+            "build_ext --inplace); every call through Python"
+        )
+        return None
+    lib.gpf_set_spin(_spin_ns())
+    _library = lib
+    return lib
+
+
+def _spin_ns() -> int:
+    """40 µs where there are 4 CPUs or more; on fewer, polling takes the CPU the client needs."""
+    default = 40_000 if (os.cpu_count() or 1) >= 4 else 0
+    try:
+        return max(int(float(os.environ[SPIN_ENV]) * 1000), 0) if SPIN_ENV in os.environ else default
+    except ValueError:
+        log.warning("%s=%r is not a number of microseconds; the default", SPIN_ENV, os.environ[SPIN_ENV])
+        return default
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1") != "0"
+
+
+class MirroredHandles(set):
+    """A guard handle table that C reads too: every handle leaves C before it leaves the set."""
+
+    def __init__(self, items, add: Callable[[int], None], drop: Callable[[int], None]) -> None:
+        super().__init__()
+        self._add, self._drop = add, drop
+        self.update(items)
+
+    def add(self, handle) -> None:
+        super().add(handle)
+        self._add(handle)
+
+    def update(self, *others) -> None:
+        for other in others:
+            for handle in list(other):
+                self.add(handle)
+
+    def discard(self, handle) -> None:
+        self._drop(handle)
+        super().discard(handle)
+
+    def remove(self, handle) -> None:
+        self._drop(handle)
+        super().remove(handle)
+
+    def pop(self):
+        handle = next(iter(self))
+        self.remove(handle)
+        return handle
+
+    def clear(self) -> None:
+        for handle in list(self):
+            self._drop(handle)
+        super().clear()
+
+    def difference_update(self, *others) -> None:
+        for other in others:
+            for handle in list(other):
+                self.discard(handle)
+
+    def intersection_update(self, *others) -> None:
+        self.difference_update(set(self).difference(*others))
+
+    def symmetric_difference_update(self, other) -> None:
+        other = set(other)
+        self.difference_update(self & other)
+        self.update(other - self)
+
+    def __isub__(self, other):
+        self.difference_update(other)
+        return self
+
+    def __iand__(self, other):
+        self.intersection_update(other)
+        return self
+
+    def __ior__(self, other):
+        self.update(other)
+        return self
+
+    def __ixor__(self, other):
+        self.symmetric_difference_update(other)
+        return self
+
+
+class NativeLease:
+    """The C side of one lease's handle tables, shared by its connections."""
+
+    def __init__(self, lib: ctypes.CDLL, lease, executor) -> None:
+        self.lib = lib
+        self.lease = lease
+        self._callbacks = None
+        if executor.name != "cuda":  # no driver: C calls back into the executor (the host one: tests, CI)
+            self._callbacks = (
+                _LAUNCH(self._host_launch),
+                _CALL(self._host_call),
+                _COPY(self._host_copy),
+                _CAPTURING(self._host_capturing),
+            )
+            self.ptr = lib.gpf_lease_new(*self._callbacks)
+        else:
+            self.ptr = lib.gpf_lease_new(_LAUNCH(), _CALL(), _COPY(), _CAPTURING())
+        self.executor = executor
+        self.learned: dict[int, list[tuple[int, int]]] = {}  # functions C launches -> their layout
+        for name, kind in KINDS.items():
+            keep = kind != 2  # functions reach C with their layout, at their first launch (`learn`)
+            lease.handles[name] = MirroredHandles(
+                lease.handles[name],
+                (lambda h, k=kind: lib.gpf_handle_add(self.ptr, k, h)) if keep else (lambda h: None),
+                lambda h, k=kind: self._forget(k, h),
+            )
+        with lease.lock:  # its memory: copies into it may be served in C (LeaseState keeps this up to date)
+            for a in lease.allocations.values():
+                lib.gpf_range_add(self.ptr, a.base, a.size)
+            lease.native = self
+
+    def range_added(self, base: int, size: int) -> None:
+        self.lib.gpf_range_add(self.ptr, base, size)
+
+    def range_dropped(self, base: int) -> None:
+        self.lib.gpf_range_drop(self.ptr, base)
+
+    def _forget(self, kind: int, handle: int) -> None:
+        self.lib.gpf_handle_drop(self.ptr, kind, handle)
+        if kind == 2:
+            self.learned.pop(handle, None)
+
+    def learn(self, func: int, layout: list[tuple[int, int]]) -> None:
+        """A function the Python path has just launched: from now on C launches it too."""
+        if func in self.learned:
+            return
+        self.learned[func] = layout
+        offsets = (ctypes.c_uint32 * max(len(layout), 1))(*(offset for offset, _ in layout))
+        need = max((offset + size for offset, size in layout), default=0)
+        self.lib.gpf_function_add(self.ptr, func, len(layout), offsets, need)
+
+    def session(self) -> NativeSession:
+        return NativeSession(self)
+
+    # -- the host executor's side (ctypes callbacks, on the connection's thread) ---------------------
+
+    def _host_launch(self, func, dims, stream, _args, params, params_len, attrs, n_attrs) -> int:
+        from virtualize.server._guard_launches import launch_attributes
+
+        def run() -> None:
+            raw = ctypes.string_at(attrs, n_attrs * _wire.LAUNCH_ATTRIBUTE_BYTES) if n_attrs else b""
+            grid, block = (dims[0], dims[1], dims[2]), (dims[3], dims[4], dims[5])
+            data = ctypes.string_at(params, params_len) if params_len else b""
+            layout, attributes = self.learned[func], tuple(launch_attributes(raw))
+            self.executor.launch(Launch(func, grid, block, dims[6], stream, data, layout, attributes))
+
+        return self._run(run)
+
+    def _host_call(self, which, a, b, c) -> int:
+        call = IN_C_CALLS[which]
+        return self._run(lambda: getattr(self.executor, call.name)(*(a, b, c)[: len(call.ins)]))
+
+    def _host_copy(self, which, device, host, count, stream) -> int:
+        call = IN_C_CALLS[which]
+        to_device, on_stream = call.bulk_in, call.name.endswith("Async")
+        window = (ctypes.c_char * count).from_address(host)
+        view = memoryview(window).cast("B")
+        at = 0
+
+        def move(piece: memoryview) -> None:
+            nonlocal at
+            if to_device:
+                piece[:] = view[at : at + len(piece)]
+            else:
+                view[at : at + len(piece)] = piece
+            at += len(piece)
+
+        if to_device:
+            return self._run(
+                lambda: self.executor.copy_to_device(device, count, stream if on_stream else None, move)
+            )
+        return self._run(
+            lambda: self.executor.copy_from_device(device, count, stream if on_stream else None, move)
+        )
+
+    def _host_capturing(self, stream, capturing) -> int:
+        def ask() -> None:
+            capturing[0] = int(bool(self.executor.cuStreamIsCapturing(stream)))
+
+        return self._run(ask)
+
+    def _run(self, fn) -> int:
+        try:
+            with self.lease.gate:  # held while the lease migrates, as the Python path's calls are
+                fn()
+        except CudaError as exc:
+            return exc.code
+        except Exception:  # a bug must not unwind into C
+            log.exception("native dispatch: the host executor failed")
+            return int(CUresult.UNKNOWN)
+        return 0
+
+
+class NativeSession:
+    """One connection's native loop."""
+
+    def __init__(self, lease: NativeLease) -> None:
+        self.lease = lease
+        self.lib = lease.lib
+        self.ptr = self.lib.gpf_session_new(lease.ptr)
+        self._outcome = _Outcome()
+        self._seen_calls = 0
+        self._lock = threading.Lock()  # `active` (the worker's activity thread) against `close`
+
+    def active(self) -> bool:
+        """Inside a driver call now, or served calls since last asked (the idle reclaimer's activity)."""
+        with self._lock:
+            if not self.ptr:
+                return False
+            calls = self.lib.gpf_session_calls(self.ptr)
+            busy = self.lib.gpf_session_busy(self.ptr)
+        moved, self._seen_calls = calls != self._seen_calls, calls
+        return moved or bool(busy)
+
+    def serve(self, channel, session, touch: Callable[[], None]) -> None:
+        """Frames served in C until the next one is Python's (the channel's buffer starts with it)."""
+        fd = channel.sock.fileno()
+        tls = getattr(channel.sock, "native_stream", None)  # an encrypted connection's stream in C
+        outcome = self._outcome
+        while True:
+            may_reply = not session.pending and session.callbacks is None
+            buf = channel.buf
+            window = (ctypes.c_char * len(buf)).from_buffer(buf)
+            b = _Buffer(ctypes.addressof(window), len(buf), channel.start, channel.end)
+            try:
+                reason = self.lib.gpf_serve(
+                    self.ptr, fd, tls, ctypes.byref(b), may_reply, BUDGET, ctypes.byref(outcome)
+                )
+            finally:
+                del window  # the bytearray may grow again (read_exact)
+            channel.start, channel.end = b.start, b.end
+            session.calls += outcome.served
+            if reason == TO_PYTHON:
+                return
+            if reason == SERVED:
+                touch()
+            elif reason == ASYNC_ERROR:
+                if not session.pending:
+                    session.pending = outcome.result
+            elif reason == REPLY_AFTER_OUTPUT:  # (a copy to the host: its bytes after the header)
+                session._send_kernel_output()
+                data = ctypes.string_at(outcome.data, outcome.data_len) if outcome.data_len else b""
+                channel.send(_wire.REPLY.pack(outcome.result, 0, len(data)), data)
+            elif reason == CLOSED:
+                raise ConnectionResetError("the client closed the connection")
+            else:
+                raise OSError("the connection failed")
+
+    def close(self) -> None:
+        with self._lock:
+            if self.ptr:
+                self.lib.gpf_session_free(self.ptr)
+                self.ptr = None
+
+
+def for_worker(lease, executor) -> NativeLease | None:
+    """The native loop for this worker's lease, or None (turned off, not built, no driver symbols)."""
+    if not enabled():
+        log.info("native dispatch off (%s=0): every call through Python", ENV)
+        return None
+    lib = _load()
+    if lib is None:
+        log.info("native dispatch not built: every call through Python")
+        return None
+    if executor.name == "cuda" and lib.gpf_use_driver() != 0:
+        log.warning("native dispatch: the driver's entry points were not found; every call through Python")
+        return None
+    return NativeLease(lib, lease, executor)
+
+
+def can_serve(sock) -> bool:
+    """Plain sockets, and TLS streams in C (`_native_tls`); not a TLS connection decrypted in Python."""
+    return isinstance(sock, socket.socket) or getattr(sock, "native_stream", None) is not None
+
+
+def watch_kernel_output(fd: int) -> Callable[[int], None] | None:
+    """Tell C where kernels' printf lands; returns the reader thread's marker (None: no native loop)."""
+    lib = _load() if enabled() else None
+    if lib is None:
+        return None
+    lib.gpf_output_watch(fd)
+    return lib.gpf_output_mark

@@ -1,0 +1,669 @@
+/* The worker's native hot path: frames of the calls a training loop sends most, served in C.
+ *
+ * The worker's Python loop (virtualize/server/worker.py) hands its connection's socket (and its TLS stream,
+ * tls.c, when the connection is encrypted) and receive buffer to gpf_serve, which reads frames and
+ * runs, without Python, the ones it can answer exactly as the Python path would: kernel launches of
+ * functions the Python path has already launched once (their parameter layout is known), event records
+ * and waits, and the synchronising calls (stream/event/context synchronise and query) when no earlier
+ * asynchronous error and nothing else is to be said first. Handles
+ * are checked against the lease's own objects, mirrored here by virtualize/server/_native_dispatch.py from the
+ * guard's tables: a handle the guard has never seen, or has forgotten, is never passed to the driver.
+ * Every other frame, and every case the Python path answers differently, goes back to Python untouched:
+ * gpf_serve returns with the buffer positioned at that frame's header.
+ *
+ * The frame layout, the served calls' ids and argument offsets, and the guard's checks of each argument
+ * (handles by kind, builtin streams, device ranges, copies a capture refuses) are generated from the
+ * Python tables the guard itself reads (dispatch_gen.h, by `python -m virtualize.common._shimgen`): this file
+ * applies them and types none of them. No Python API and no CUDA headers: the Python side drives it
+ * through ctypes (which lets go of the GIL for the whole call), and the driver's entry points are looked
+ * up in the libcuda.so.1 the worker has loaded. A worker without a GPU (the host executor) passes its own
+ * functions instead, so the same loop is tested where there is no driver. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../../common/include/gp_ranges.h"
+#include "dispatch_gen.h"
+#include "native.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+enum { HEADER = GPF_REQUEST_BYTES, REPLY = GPF_REPLY_BYTES, ATTR_BYTES = GPF_LAUNCH_ATTRIBUTE_BYTES };
+enum { KIND_STREAM, KIND_EVENT, KIND_FUNC, KINDS };
+/* Why gpf_serve returned. */
+enum { TO_PYTHON = 0, ASYNC_ERROR = 1, CLOSED = 2, IO_ERROR = 3, SERVED = 4, REPLY_AFTER_OUTPUT = 5 };
+/* REPLY_AFTER_OUTPUT with bytes: a copy to the host whose reply (result, then the bytes at
+ * outcome.data) follows the kernel output. */
+/* The calls served here (C_LAUNCH ...) and their rules: gpf_calls, in dispatch_gen.h. */
+enum { SMALL_COPY = 256 << 10 }; /* larger copies go through shared memory or Python's chunked path */
+
+/* -- how calls are executed: the driver's entry points, or the host executor's functions ------------- */
+
+typedef int (*launch_fn)(uint64_t func, const uint32_t dims[7], uint64_t stream, void **args,
+                         const uint8_t *params, uint64_t params_len, const void *attrs, uint32_t n_attrs);
+typedef int (*call_fn)(uint32_t which, uint64_t a, uint64_t b, uint32_t c);
+/* C_HTOD..C_DTOH_ASYNC: `count` bytes between device address `device` and `host` (on `stream`, and
+ * done on return); C_STREAM_IS_CAPTURING (which = C_COUNT): *capturing set. */
+typedef int (*copy_fn)(uint32_t which, uint64_t device, void *host, uint64_t count, uint64_t stream);
+typedef int (*capturing_fn)(uint64_t stream, int *capturing);
+
+struct ops {
+    launch_fn launch;
+    call_fn call;
+    copy_fn copy;
+    capturing_fn capturing;
+};
+
+static int (*drv_launch)(uint64_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, uint64_t,
+                         void **, void **);
+static int (*drv_launch_ex)(const void *, uint64_t, void **, void **);
+static int (*drv_ctx_sync)(void);
+static int (*drv_stream_sync)(uint64_t);  /* cuStreamSynchronize */
+static int (*drv_stream_query)(uint64_t);
+static int (*drv_event_sync)(uint64_t);
+static int (*drv_event_query)(uint64_t);
+static int (*drv_event_record)(uint64_t, uint64_t);
+static int (*drv_event_record_flags)(uint64_t, uint64_t, uint32_t);
+static int (*drv_stream_wait)(uint64_t, uint64_t, uint32_t);
+static int (*drv_htod)(uint64_t, const void *, size_t);
+static int (*drv_htod_async)(uint64_t, const void *, size_t, uint64_t);
+static int (*drv_dtoh)(void *, uint64_t, size_t);
+static int (*drv_dtoh_async)(void *, uint64_t, size_t, uint64_t);
+static int (*drv_is_capturing)(uint64_t, int *);
+
+struct launch_config { /* CUlaunchConfig */
+    uint32_t dims[7];
+    uint32_t pad;
+    uint64_t stream;
+    const void *attrs;
+    uint32_t n_attrs;
+};
+
+static int driver_launch(uint64_t func, const uint32_t d[7], uint64_t stream, void **args, const uint8_t *params,
+                         uint64_t params_len, const void *attrs, uint32_t n_attrs) {
+    (void)params, (void)params_len;
+    if (!n_attrs) return drv_launch(func, d[0], d[1], d[2], d[3], d[4], d[5], d[6], stream, args, NULL);
+    struct launch_config config = {.stream = stream, .attrs = attrs, .n_attrs = n_attrs};
+    memcpy(config.dims, d, sizeof config.dims);
+    return drv_launch_ex(&config, func, args, NULL);
+}
+
+static int driver_call(uint32_t which, uint64_t a, uint64_t b, uint32_t c) {
+    switch (which) {
+    case C_CTX_SYNC: return drv_ctx_sync();
+    case C_STREAM_SYNC: return drv_stream_sync(a);
+    case C_STREAM_QUERY: return drv_stream_query(a);
+    case C_EVENT_SYNC: return drv_event_sync(a);
+    case C_EVENT_QUERY: return drv_event_query(a);
+    case C_EVENT_RECORD: return drv_event_record(a, b);
+    case C_EVENT_RECORD_FLAGS: return drv_event_record_flags(a, b, c);
+    case C_STREAM_WAIT_EVENT: return drv_stream_wait(a, b, c);
+    }
+    return 1; /* CUDA_ERROR_INVALID_VALUE */
+}
+
+/* Pageable host memory, as the Python path copies it: the driver has taken (or written) the bytes on
+ * return; a copy to the host on a stream is waited for. */
+static int driver_copy(uint32_t which, uint64_t device, void *host, uint64_t count, uint64_t stream) {
+    switch (which) {
+    case C_HTOD: return drv_htod(device, host, count);
+    case C_HTOD_ASYNC: return drv_htod_async(device, host, count, stream);
+    case C_DTOH: return drv_dtoh(host, device, count);
+    case C_DTOH_ASYNC: {
+        int r = drv_dtoh_async(host, device, count, stream);
+        return r ? r : drv_stream_sync(stream);
+    }
+    }
+    return 1;
+}
+
+static int driver_capturing(uint64_t stream, int *capturing) { return drv_is_capturing(stream, capturing); }
+
+static const struct ops driver_ops = {driver_launch, driver_call, driver_copy, driver_capturing};
+
+/* The driver the worker's process has loaded (cuda-python opened it): 0, or -1 where there is none. */
+EXPORT int gpf_use_driver(void) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!lib) return -1;
+    struct {
+        void **slot;
+        const char *name;
+    } want[] = {
+        {(void **)&drv_launch, "cuLaunchKernel"},           {(void **)&drv_launch_ex, "cuLaunchKernelEx"},
+        {(void **)&drv_ctx_sync, "cuCtxSynchronize"},       {(void **)&drv_stream_sync, "cuStreamSynchronize"},
+        {(void **)&drv_stream_query, "cuStreamQuery"},      {(void **)&drv_event_sync, "cuEventSynchronize"},
+        {(void **)&drv_event_query, "cuEventQuery"},        {(void **)&drv_event_record, "cuEventRecord"},
+        {(void **)&drv_event_record_flags, "cuEventRecordWithFlags"},
+        {(void **)&drv_stream_wait, "cuStreamWaitEvent"},
+        {(void **)&drv_htod, "cuMemcpyHtoD_v2"},
+        {(void **)&drv_htod_async, "cuMemcpyHtoDAsync_v2"},
+        {(void **)&drv_dtoh, "cuMemcpyDtoH_v2"},
+        {(void **)&drv_dtoh_async, "cuMemcpyDtoHAsync_v2"},
+        {(void **)&drv_is_capturing, "cuStreamIsCapturing"},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        *want[i].slot = dlsym(lib, want[i].name);
+        if (!*want[i].slot) return -1;
+    }
+    return 0;
+}
+
+/* The call table this loop was generated from: the worker uses it only with the same table. */
+EXPORT uint32_t gpf_wire_version(void) { return GPF_WIRE_VERSION; }
+
+/* -- the lease's handles: open-addressed sets of 64-bit keys, a function's layout as the value ------- */
+
+#define TOMB UINT64_MAX
+
+struct layout {
+    uint32_t n, min_len;
+    uint32_t offsets[];
+};
+
+struct table {
+    uint64_t *keys; /* 0: empty slot, TOMB: removed */
+    struct layout **values;
+    size_t cap, used; /* used counts tombstones too */
+};
+
+struct range {
+    uint64_t base, size;
+};
+_Static_assert(offsetof(struct range, base) == 0, "gp_ranges_upper reads each range's base first");
+
+struct lease {
+    pthread_mutex_t lock;
+    struct table kinds[KINDS];
+    struct range *ranges; /* the lease's memory (the guard's allocations), sorted by base */
+    size_t n_ranges, cap_ranges;
+    struct ops ops;
+};
+
+static size_t slot_of(const struct table *t, uint64_t key) {
+    size_t mask = t->cap - 1, i = (size_t)(key * 0x9E3779B97F4A7C15ull >> 17) & mask;
+    while (t->keys[i] && t->keys[i] != key) i = (i + 1) & mask;
+    return i;
+}
+
+static int table_has(const struct table *t, uint64_t key, struct layout **value) {
+    if (!t->cap || !key || key == TOMB) return 0;
+    size_t i = slot_of(t, key);
+    if (t->keys[i] != key) return 0;
+    if (value) *value = t->values[i];
+    return 1;
+}
+
+static void table_put(struct table *t, uint64_t key, struct layout *value);
+
+static int table_grow(struct table *t) {
+    struct table bigger = {0};
+    bigger.cap = t->cap ? t->cap * 2 : 64;
+    while (bigger.cap / 2 < t->used) bigger.cap *= 2;
+    bigger.keys = calloc(bigger.cap, sizeof *bigger.keys);
+    bigger.values = calloc(bigger.cap, sizeof *bigger.values);
+    if (!bigger.keys || !bigger.values) {
+        free(bigger.keys), free(bigger.values);
+        return -1;
+    }
+    for (size_t i = 0; i < t->cap; i++)
+        if (t->keys[i] && t->keys[i] != TOMB) table_put(&bigger, t->keys[i], t->values[i]);
+    free(t->keys), free(t->values);
+    *t = bigger;
+    return 0;
+}
+
+static void table_put(struct table *t, uint64_t key, struct layout *value) {
+    if (!key || key == TOMB) {
+        free(value);
+        return;
+    }
+    if ((t->used + 1) * 2 > t->cap && table_grow(t) < 0) {
+        free(value);
+        return; /* not mirrored: its calls take the Python path */
+    }
+    size_t mask = t->cap - 1, i = (size_t)(key * 0x9E3779B97F4A7C15ull >> 17) & mask, tomb = SIZE_MAX;
+    while (t->keys[i] && t->keys[i] != key) {
+        if (t->keys[i] == TOMB && tomb == SIZE_MAX) tomb = i;
+        i = (i + 1) & mask;
+    }
+    if (t->keys[i] == key) {
+        free(t->values[i]);
+        t->values[i] = value;
+        return;
+    }
+    if (tomb != SIZE_MAX) i = tomb;
+    else t->used++;
+    t->keys[i] = key;
+    t->values[i] = value;
+}
+
+static void table_drop(struct table *t, uint64_t key) {
+    if (!t->cap || !key || key == TOMB) return;
+    size_t i = slot_of(t, key);
+    if (t->keys[i] != key) return;
+    t->keys[i] = TOMB;
+    free(t->values[i]);
+    t->values[i] = NULL;
+}
+
+static void table_clear(struct table *t) {
+    for (size_t i = 0; i < t->cap; i++) free(t->values[i]);
+    free(t->keys), free(t->values);
+    memset(t, 0, sizeof *t);
+}
+
+/* ops: NULL for the driver (gpf_use_driver first), else the host executor's functions. */
+EXPORT struct lease *gpf_lease_new(launch_fn launch, call_fn call, copy_fn copy, capturing_fn capturing) {
+    struct lease *l = calloc(1, sizeof *l);
+    if (!l) return NULL;
+    pthread_mutex_init(&l->lock, NULL);
+    l->ops = launch && call && copy && capturing ? (struct ops){launch, call, copy, capturing} : driver_ops;
+    return l;
+}
+
+/* The first range whose base is above `ptr` (under the lock). */
+static size_t range_after(const struct lease *l, uint64_t ptr) {
+    return gp_ranges_upper(l->ranges, l->n_ranges, sizeof *l->ranges, ptr);
+}
+
+/* [ptr, ptr + count) inside one allocation of the lease, as the guard's _check_range says. */
+static int range_ok(const struct lease *l, uint64_t ptr, uint64_t count) {
+    size_t i = range_after(l, ptr);
+    if (!i) return 0;
+    const struct range *r = &l->ranges[i - 1];
+    return gp_range_holds(r->base, r->size, ptr) && count <= r->base + r->size - ptr;
+}
+
+EXPORT void gpf_range_drop(struct lease *l, uint64_t base) {
+    pthread_mutex_lock(&l->lock);
+    size_t i = range_after(l, base);
+    if (i && l->ranges[i - 1].base == base) {
+        memmove(&l->ranges[i - 1], &l->ranges[i], (l->n_ranges - i) * sizeof *l->ranges);
+        l->n_ranges--;
+    }
+    pthread_mutex_unlock(&l->lock);
+}
+
+EXPORT void gpf_range_add(struct lease *l, uint64_t base, uint64_t size) {
+    gpf_range_drop(l, base);
+    pthread_mutex_lock(&l->lock);
+    if (l->n_ranges == l->cap_ranges) {
+        size_t cap = l->cap_ranges ? l->cap_ranges * 2 : 256;
+        struct range *bigger = realloc(l->ranges, cap * sizeof *bigger);
+        if (!bigger) { /* not mirrored: copies into it take the Python path */
+            pthread_mutex_unlock(&l->lock);
+            return;
+        }
+        l->ranges = bigger, l->cap_ranges = cap;
+    }
+    size_t i = range_after(l, base);
+    memmove(&l->ranges[i + 1], &l->ranges[i], (l->n_ranges - i) * sizeof *l->ranges);
+    l->ranges[i] = (struct range){base, size};
+    l->n_ranges++;
+    pthread_mutex_unlock(&l->lock);
+}
+
+EXPORT void gpf_lease_free(struct lease *l) {
+    free(l->ranges);
+    for (int k = 0; k < KINDS; k++) table_clear(&l->kinds[k]);
+    pthread_mutex_destroy(&l->lock);
+    free(l);
+}
+
+EXPORT void gpf_handle_add(struct lease *l, int kind, uint64_t handle) {
+    if (kind < 0 || kind >= KINDS || kind == KIND_FUNC) return;
+    pthread_mutex_lock(&l->lock);
+    table_put(&l->kinds[kind], handle, NULL);
+    pthread_mutex_unlock(&l->lock);
+}
+
+EXPORT void gpf_handle_drop(struct lease *l, int kind, uint64_t handle) {
+    if (kind < 0 || kind >= KINDS) return;
+    pthread_mutex_lock(&l->lock);
+    table_drop(&l->kinds[kind], handle);
+    pthread_mutex_unlock(&l->lock);
+}
+
+EXPORT void gpf_handle_clear(struct lease *l, int kind) {
+    if (kind < 0 || kind >= KINDS) return;
+    pthread_mutex_lock(&l->lock);
+    table_clear(&l->kinds[kind]);
+    pthread_mutex_unlock(&l->lock);
+}
+
+/* A function the Python path has launched: its parameters' offsets and the bytes they need. */
+EXPORT void gpf_function_add(struct lease *l, uint64_t func, uint32_t n, const uint32_t *offsets, uint32_t min_len) {
+    struct layout *layout = malloc(sizeof *layout + (size_t)n * sizeof(uint32_t));
+    if (!layout) return;
+    layout->n = n;
+    layout->min_len = min_len;
+    memcpy(layout->offsets, offsets, (size_t)n * sizeof(uint32_t));
+    pthread_mutex_lock(&l->lock);
+    table_put(&l->kinds[KIND_FUNC], func, layout);
+    pthread_mutex_unlock(&l->lock);
+}
+
+/* -- kernel output: the worker's stdout pipe, read by a Python thread ------------------------------- */
+
+static int output_fd = -1;
+static int output_seen; /* set (atomically) by that thread before it reads, cleared when it is taken */
+
+EXPORT void gpf_output_watch(int fd) { output_fd = fd; }
+EXPORT void gpf_output_mark(int seen) { __atomic_store_n(&output_seen, seen, __ATOMIC_SEQ_CST); }
+
+/* Whether a kernel printed something not yet sent: bytes in the pipe, or the reader holding some. */
+static int output_waiting(void) {
+    if (output_fd < 0) return 0;
+    if (__atomic_load_n(&output_seen, __ATOMIC_SEQ_CST)) return 1;
+    int n = 0;
+    return ioctl(output_fd, FIONREAD, &n) == 0 ? n > 0 : 1;
+}
+
+/* -- one connection --------------------------------------------------------------------------------- */
+
+struct session {
+    struct lease *lease;
+    int busy;        /* inside a driver call now (a long synchronise is use of the lease) */
+    uint64_t calls;  /* frames served here, ever */
+    uint8_t *scratch; /* a launch's parameters, aligned */
+    size_t scratch_cap;
+    uint8_t *copied; /* a small copy to the host: [REPLY header][bytes], SMALL_COPY + REPLY */
+};
+
+EXPORT struct session *gpf_session_new(struct lease *l) {
+    struct session *s = calloc(1, sizeof *s);
+    if (s) s->lease = l;
+    return s;
+}
+
+EXPORT void gpf_session_free(struct session *s) {
+    if (!s) return;
+    free(s->scratch);
+    free(s->copied);
+    free(s);
+}
+
+EXPORT int gpf_session_busy(const struct session *s) { return __atomic_load_n(&s->busy, __ATOMIC_RELAXED); }
+EXPORT uint64_t gpf_session_calls(const struct session *s) { return __atomic_load_n(&s->calls, __ATOMIC_RELAXED); }
+
+struct buffer {
+    uint8_t *data;
+    uint64_t cap, start, end;
+};
+
+struct outcome {
+    int32_t result; /* ASYNC_ERROR: the call's error; REPLY_AFTER_OUTPUT: the reply's result */
+    uint32_t served;
+    const uint8_t *data; /* REPLY_AFTER_OUTPUT of a copy to the host: its bytes */
+    uint64_t data_len;
+};
+
+static uint32_t u32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static uint64_t u64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* How long the loop polls the socket for the next frame before its thread sleeps in recv: a program
+ * between calls sends the next one within microseconds, and waking a sleeping thread costs as much
+ * again (GPUPOOL_WORKER_SPIN_US, default 40; 0: never poll). */
+static uint64_t spin_ns = 40000;
+
+EXPORT void gpf_set_spin(uint64_t ns) { spin_ns = ns; }
+
+static uint64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* The connection: a plain socket, or the TLS stream over it (tls.c). */
+struct io {
+    int fd;
+    struct gpt_stream *tls;
+};
+
+/* Like recv(2), MSG_DONTWAIT when `nowait`. */
+static ssize_t io_recv(const struct io *io, void *p, size_t n, int nowait) {
+    if (!io->tls) return recv(io->fd, p, n, nowait ? MSG_DONTWAIT : 0);
+    long got = gpt_recv(io->tls, p, n, nowait ? 0 : -1);
+    if (got >= 0) return got;
+    errno = got == -2 ? EAGAIN : EIO;
+    return -1;
+}
+
+/* At least `need` bytes from start: reads more (waiting), moving what is kept to the front first when
+ * the buffer's end is in the way. 0, CLOSED or IO_ERROR. */
+static int fill(const struct io *io, struct buffer *b, uint64_t need) {
+    uint64_t until = 0;
+    while (b->end - b->start < need) {
+        if (b->cap - b->start < need) {
+            memmove(b->data, b->data + b->start, b->end - b->start);
+            b->end -= b->start;
+            b->start = 0;
+        }
+        int polling = spin_ns && (!until || now_ns() < until);
+        ssize_t got = io_recv(io, b->data + b->end, b->cap - b->end, polling);
+        if (got == 0) return CLOSED;
+        if (got < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                if (!until) until = now_ns() + spin_ns;
+                continue;
+            }
+            if (errno == EINTR) continue;
+            return IO_ERROR;
+        }
+        b->end += (uint64_t)got;
+    }
+    return 0;
+}
+
+static int which_call(uint32_t id) {
+    for (int c = 0; c < C_COUNT; c++)
+        if (gpf_calls[c].id == id) return c;
+    return -1;
+}
+
+/* Argument i of served call c, from its frame's arguments at `a`. */
+static uint64_t arg(int c, int i, const uint8_t *a) {
+    const struct gpf_arg *g = &gpf_calls[c].args[i];
+    uint64_t v = 0;
+    memcpy(&v, a + g->offset, g->size); /* little-endian, as the wire */
+    return v;
+}
+
+static int stream_known(struct lease *l, uint64_t stream) {
+    return GPF_BUILTIN_STREAM(stream) || table_has(&l->kinds[KIND_STREAM], stream, NULL);
+}
+
+/* Every argument of the frame passes the guard's check of it (Session._check, _check_ranges): handles
+ * the lease's, device bytes inside one of its allocations (under the lock). */
+static int args_ok(struct lease *l, int c, const uint8_t *a) {
+    for (int i = 0; i < gpf_calls[c].n_args; i++) {
+        const struct gpf_arg *g = &gpf_calls[c].args[i];
+        uint64_t v = arg(c, i, a);
+        int ok;
+        switch (g->check) {
+        case GPF_PLAIN: ok = 1; break;
+        case GPF_STREAM: ok = stream_known(l, v); break;
+        case GPF_EVENT: ok = table_has(&l->kinds[KIND_EVENT], v, NULL); break;
+        case GPF_FUNC: ok = table_has(&l->kinds[KIND_FUNC], v, NULL); break; /* only functions launched once */
+        case GPF_RANGE: ok = range_ok(l, v, g->length == GPF_NO_ARG ? 0 : arg(c, g->length, a)); break;
+        default: ok = 0; /* a check this loop does not know: Python's */
+        }
+        if (!ok) return 0;
+    }
+    return 1;
+}
+
+static int send_all(const struct io *io, const void *p, size_t n) {
+    if (io->tls) return gpt_send_all(io->tls, p, n);
+    const uint8_t *c = p;
+    while (n) {
+        ssize_t sent = send(io->fd, c, n, MSG_NOSIGNAL);
+        if (sent < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        c += sent, n -= (size_t)sent;
+    }
+    return 0;
+}
+
+/* A launch's frame (args at `a`, parameters then attributes at `bulk`): run, or -1 for the Python path. */
+static int launch(struct session *s, const uint8_t *a, const uint8_t *bulk, uint64_t bulk_len, int *result) {
+    struct lease *l = s->lease;
+    uint64_t func = u64(a + GPF_AT_LAUNCH_f), stream = u64(a + GPF_AT_LAUNCH_stream);
+    uint32_t dims[7], n_attrs = u32(a + GPF_AT_LAUNCH_n_attrs);
+    for (int i = 0; i < 7; i++) dims[i] = u32(a + GPF_AT_LAUNCH_gx + 4 * i); /* grid, block, shared memory */
+    if ((uint64_t)n_attrs * ATTR_BYTES > bulk_len || n_attrs > 64) return -1;
+    uint64_t params_len = bulk_len - (uint64_t)n_attrs * ATTR_BYTES;
+    uint64_t attrs[64 * ATTR_BYTES / 8]; /* aligned copies of the attributes */
+    for (uint32_t i = 0; i < n_attrs; i++) {
+        uint32_t id = u32(bulk + params_len + (uint64_t)i * ATTR_BYTES);
+        if (id >= 64 || !(GPF_FORWARDED_LAUNCH_ATTRIBUTES >> id & 1)) return -1;
+    }
+    memcpy(attrs, bulk + params_len, (size_t)n_attrs * ATTR_BYTES);
+    pthread_mutex_lock(&l->lock);
+    struct layout *layout = NULL;
+    int known = args_ok(l, C_LAUNCH, a) && table_has(&l->kinds[KIND_FUNC], func, &layout) && layout &&
+                params_len >= layout->min_len;
+    uint32_t n = known ? layout->n : 0;
+    void *small[64], **args = small;
+    if (known && n > 64 && !(args = malloc(n * sizeof *args))) known = 0;
+    if (known && s->scratch_cap < params_len + 1) {
+        size_t cap = params_len + 1 > 4096 ? params_len + 1 : 4096;
+        void *bigger = NULL;
+        if (posix_memalign(&bigger, 16, cap) == 0) {
+            free(s->scratch);
+            s->scratch = bigger, s->scratch_cap = cap;
+        } else {
+            known = 0;
+        }
+    }
+    if (known) {
+        memcpy(s->scratch, bulk, params_len);
+        for (uint32_t i = 0; i < n; i++) args[i] = s->scratch + layout->offsets[i];
+    }
+    pthread_mutex_unlock(&l->lock);
+    if (!known) {
+        if (args != small) free(args);
+        return -1;
+    }
+    __atomic_store_n(&s->busy, 1, __ATOMIC_RELAXED);
+    *result = l->ops.launch(func, dims, stream, n ? args : NULL, s->scratch, params_len, n_attrs ? attrs : NULL,
+                            n_attrs);
+    __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
+    if (args != small) free(args);
+    return 0;
+}
+
+/* Any other call served here: checked, run; -1 for the Python path. */
+static int other(struct session *s, int c, const uint8_t *a, int *result) {
+    struct lease *l = s->lease;
+    int n = gpf_calls[c].n_args;
+    uint64_t x = n > 0 ? arg(c, 0, a) : 0, y = n > 1 ? arg(c, 1, a) : 0;
+    uint32_t z = n > 2 ? (uint32_t)arg(c, 2, a) : 0;
+    pthread_mutex_lock(&l->lock);
+    int ok = args_ok(l, c, a);
+    pthread_mutex_unlock(&l->lock);
+    if (!ok) return -1;
+    __atomic_store_n(&s->busy, 1, __ATOMIC_RELAXED);
+    *result = l->ops.call((uint32_t)c, x, y, z);
+    __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
+    return 0;
+}
+
+/* A small copy (args: device address, count, stream; a copy to the device's bytes at `bulk`): checked
+ * as the guard checks it, run; -1 for the Python path (outside the lease's memory, a capture, ...).
+ * A copy to the host leaves [reply header][bytes] at s->copied. */
+static int copy(struct session *s, int c, const uint8_t *a, const uint8_t *bulk, uint64_t bulk_len, int *result) {
+    struct lease *l = s->lease;
+    const struct gpf_call *call = &gpf_calls[c];
+    uint64_t device = arg(c, 0, a), count = arg(c, 1, a), stream = arg(c, 2, a);
+    int to_device = call->bulk_in;
+    if (count > SMALL_COPY || (to_device ? bulk_len != count : bulk_len != 0) || !count) return -1;
+    pthread_mutex_lock(&l->lock);
+    int ok = args_ok(l, c, a);
+    pthread_mutex_unlock(&l->lock);
+    if (!ok) return -1;
+    if (call->capture != GPF_NO_ARG) { /* a copy on a capturing stream is the guard's to refuse or spoil */
+        int capturing = 1;
+        if (l->ops.capturing(arg(c, call->capture, a), &capturing) || capturing) return -1;
+    }
+    if (!to_device && !s->copied && !(s->copied = malloc(REPLY + SMALL_COPY))) return -1;
+    __atomic_store_n(&s->busy, 1, __ATOMIC_RELAXED);
+    *result = l->ops.copy((uint32_t)c, device, to_device ? (void *)bulk : s->copied + REPLY, count, stream);
+    __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
+    return 0;
+}
+
+/* Serve frames from `fd` (through `tls` when the connection is encrypted: NULL for a plain socket) until one is Python's (TO_PYTHON: b->start is its header), an asynchronous call
+ * failed (ASYNC_ERROR, its frame consumed: the Python path keeps it for the next synchronising call),
+ * a synchronising call's reply must follow kernel output (REPLY_AFTER_OUTPUT: Python sends both), the
+ * client is gone, or `budget` frames were served (SERVED). `may_reply`: no earlier asynchronous error is
+ * pending and nothing else is owed before a reply, so synchronising calls are answered here. */
+EXPORT int gpf_serve(struct session *s, int fd, struct gpt_stream *tls, struct buffer *b, int may_reply,
+                     uint32_t budget, struct outcome *out) {
+    const struct io io = {fd, tls};
+    out->served = 0;
+    out->result = 0;
+    while (out->served < budget) {
+        int r = fill(&io, b, HEADER);
+        if (r) return r;
+        const uint8_t *h = b->data + b->start;
+        uint32_t id = u32(h + GPF_REQUEST_CALL), flags = u32(h + GPF_REQUEST_FLAGS);
+        uint32_t args_len = u32(h + GPF_REQUEST_ARGS_LEN);
+        uint64_t bulk_len = u64(h + GPF_REQUEST_BULK_LEN);
+        int c = which_call(id);
+        if (c < 0 || args_len != gpf_calls[c].args_bytes || HEADER + args_len + bulk_len > b->cap) return TO_PYTHON;
+        int copying = gpf_calls[c].n_args && gpf_calls[c].args[0].check == GPF_RANGE, sync = gpf_calls[c].sync;
+        if (sync && (!may_reply || !(flags & GPF_FLAG_WANTS_REPLY))) return TO_PYTHON;
+        if (!gpf_calls[c].bulk_in && bulk_len) return TO_PYTHON;
+        if ((r = fill(&io, b, HEADER + args_len + bulk_len))) return r;
+        h = b->data + b->start;
+        int result = 0;
+        const uint8_t *a = h + HEADER, *bulk = h + HEADER + args_len;
+        if ((c == C_LAUNCH ? launch(s, a, bulk, bulk_len, &result)
+             : copying     ? copy(s, c, a, bulk, bulk_len, &result)
+                           : other(s, c, a, &result)) < 0)
+            return TO_PYTHON;
+        b->start += HEADER + args_len + bulk_len;
+        out->served++;
+        __atomic_fetch_add(&s->calls, 1, __ATOMIC_RELAXED);
+        if (!sync) {
+            if (result) {
+                out->result = result;
+                return ASYNC_ERROR;
+            }
+            continue;
+        }
+        uint64_t count = copying ? arg(c, 1, a) : 0, sent = result ? 0 : count; /* bytes of a copy to the host */
+        if (output_waiting()) {
+            out->result = result;
+            out->data = sent ? s->copied + REPLY : NULL;
+            out->data_len = sent;
+            return REPLY_AFTER_OUTPUT;
+        }
+        uint8_t head[REPLY] = {0}, *reply = copying ? s->copied : head;
+        memset(reply, 0, REPLY);
+        memcpy(reply + GPF_REPLY_RESULT, &result, 4);
+        memcpy(reply + GPF_REPLY_BULK_LEN, &sent, 8);
+        if (send_all(&io, reply, REPLY + sent) < 0) return IO_ERROR;
+    }
+    return SERVED;
+}
