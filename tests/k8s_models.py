@@ -9,6 +9,8 @@ the way the API server's strict field validation answers. What the models cannot
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from datetime import datetime
 
@@ -51,15 +53,21 @@ def _build(value: object, type_name: str, path: str) -> object:
         return value
     if type_name == "object":  # IntOrString, RawExtension: any JSON value
         return value
+    if type_name in ("bytes", "bytearray"):  # JSON carries bytes as base64 (caBundle): 37 on types them
+        try:
+            return base64.b64decode(value if isinstance(value, str) else b"!", validate=True)
+        except binascii.Error:
+            raise SchemaError(f"{path}: {value!r} is not base64") from None
     if type_name == "datetime":
         if not isinstance(value, str):
             raise SchemaError(f"{path}: {value!r} is not a timestamp")
         return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    if m := re.fullmatch(r"list\[(.+)\]", type_name):
+    # the client spells containers list[X] / dict(str, X) (up to 36) or List[X] / Dict[str, X] (37 on)
+    if m := re.fullmatch(r"[lL]ist\[(.+)\]", type_name):
         if not isinstance(value, list):
             raise SchemaError(f"{path}: expected a list, got {type(value).__name__}")
         return [_build(v, m.group(1), f"{path}[{i}]") for i, v in enumerate(value)]
-    if m := re.fullmatch(r"dict[(\[]str, (.+)[)\]]", type_name):
+    if m := re.fullmatch(r"[dD]ict[(\[]str, (.+)[)\]]", type_name):
         if not isinstance(value, dict):
             raise SchemaError(f"{path}: expected a map, got {type(value).__name__}")
         return {k: _build(v, m.group(1), f"{path}.{k}") for k, v in value.items()}
