@@ -12,6 +12,7 @@ from virtualize.common._calls import Call
 from virtualize.common._results import CUresult
 from virtualize.server._executor import INVALID_VALUE, Copy3D, CudaError, Launch
 from virtualize.server._guard_concern import EMPTY, Concern
+from virtualize.server._guard_rules import padded_params
 
 MAX_NODE_DEPS = 4096  # dependencies of one graph node (the shim's limit too)
 MAX_CONDITIONAL_BODIES = 64  # body graphs of one conditional node (a switch's cases; the shim's limit too)
@@ -75,8 +76,7 @@ class GraphCalls(Concern):
         deps = self.nodes(data, num_deps)
         params = data[8 * num_deps :]
         layout = self.session._layout(func)
-        if len(params) < max((offset + size for offset, size in layout), default=0):
-            raise CudaError(INVALID_VALUE, "kernel parameters shorter than the function's parameter layout")
+        params = padded_params(params, layout)
         is_kernel = func in self.session.lease.handles["kernel"]
         launch = Launch(
             func, tuple(dims[:3]), tuple(dims[3:6]), dims[6], 0, params, layout, is_kernel=is_kernel

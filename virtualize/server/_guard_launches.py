@@ -13,7 +13,7 @@ from virtualize.common._calls import Call
 from virtualize.common._wire import LAUNCH_ATTRIBUTE_BYTES
 from virtualize.server._executor import INVALID_HANDLE, INVALID_VALUE, CudaError, Launch
 from virtualize.server._guard_concern import Concern
-from virtualize.server._guard_rules import BUILTIN_STREAMS
+from virtualize.server._guard_rules import BUILTIN_STREAMS, padded_params
 
 
 def launch_attributes(raw: bytes) -> list[tuple[int, bytes]]:
@@ -75,8 +75,7 @@ class LaunchCalls(Concern):
         if split < 0:
             raise CudaError(INVALID_VALUE, "launch attributes")
         params, raw = bulk[:split], bulk[split:]
-        if len(params) < max((offset + size for offset, size in layout), default=0):
-            raise CudaError(INVALID_VALUE, "kernel parameters shorter than the function's parameter layout")
+        params = padded_params(params, layout)
         attributes = tuple(launch_attributes(raw))
         self.session.executor.launch(
             Launch(func, (gx, gy, gz), (bx, by, bz), smem, stream, params, layout, attributes)

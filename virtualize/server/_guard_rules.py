@@ -72,3 +72,11 @@ def _check_names() -> None:
 
 _check_names()
 RANGES_BY_ID = [range_positions(c) for c in CALLS]  # by call id, for the guard's per-request lookup
+
+
+def padded_params(params: bytes, layout) -> bytes:
+    """A launch's parameters at least as long as the function's layout: the bytes an `extra` buffer
+    leaves out are zero (NCCL declares a 4 KiB argument struct and sends the part its work uses; the
+    driver then reads the layout's length, which must not run past what arrived)."""
+    need = max((offset + size for offset, size in layout), default=0)
+    return params if len(params) >= need else params + bytes(need - len(params))

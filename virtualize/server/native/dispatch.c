@@ -540,13 +540,15 @@ static int launch(struct session *s, const uint8_t *a, const uint8_t *bulk, uint
     memcpy(attrs, bulk + params_len, (size_t)n_attrs * ATTR_BYTES);
     pthread_mutex_lock(&l->lock);
     struct layout *layout = NULL;
-    int known = args_ok(l, C_LAUNCH, a) && table_has(&l->kinds[KIND_FUNC], func, &layout) && layout &&
-                params_len >= layout->min_len;
+    int known = args_ok(l, C_LAUNCH, a) && table_has(&l->kinds[KIND_FUNC], func, &layout) && layout;
     uint32_t n = known ? layout->n : 0;
+    /* Parameters shorter than the layout (an `extra` buffer: NCCL declares a 4 KiB argument struct and
+     * sends the bytes its work uses) are padded with zeros: the driver reads the layout's length. */
+    uint64_t padded_len = known && params_len < layout->min_len ? layout->min_len : params_len;
     void *small[64], **args = small;
     if (known && n > 64 && !(args = malloc(n * sizeof *args))) known = 0;
-    if (known && s->scratch_cap < params_len + 1) {
-        size_t cap = params_len + 1 > 4096 ? params_len + 1 : 4096;
+    if (known && s->scratch_cap < padded_len + 1) {
+        size_t cap = padded_len + 1 > 4096 ? padded_len + 1 : 4096;
         void *bigger = NULL;
         if (posix_memalign(&bigger, 16, cap) == 0) {
             free(s->scratch);
@@ -557,6 +559,7 @@ static int launch(struct session *s, const uint8_t *a, const uint8_t *bulk, uint
     }
     if (known) {
         memcpy(s->scratch, bulk, params_len);
+        memset(s->scratch + params_len, 0, padded_len - params_len);
         for (uint32_t i = 0; i < n; i++) args[i] = s->scratch + layout->offsets[i];
     }
     pthread_mutex_unlock(&l->lock);
@@ -565,7 +568,7 @@ static int launch(struct session *s, const uint8_t *a, const uint8_t *bulk, uint
         return -1;
     }
     __atomic_store_n(&s->busy, 1, __ATOMIC_RELAXED);
-    *result = l->ops.launch(func, dims, stream, n ? args : NULL, s->scratch, params_len, n_attrs ? attrs : NULL,
+    *result = l->ops.launch(func, dims, stream, n ? args : NULL, s->scratch, padded_len, n_attrs ? attrs : NULL,
                             n_attrs);
     __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
     if (args != small) free(args);
