@@ -1,5 +1,6 @@
 """A real gpupool-server on this GPU host for the GPU checks and benchmarks: started on 127.0.0.1 with
-its own state directory and a token, stopped (its log tail printed) on exit."""
+its own state directory and a token, stopped (its log tail printed) on exit; and, for leases the checks
+start by hand, the NVML view gpuattach would give their programs."""
 
 from __future__ import annotations
 
@@ -68,3 +69,19 @@ def pool_server(
             proc.kill()
             out = proc.communicate()[0]
         print("[gpupool-server log tail]\n" + "\n".join(out.splitlines()[-15:]), flush=True)
+
+
+def nvml_view_env(name: str, devices, base_env: dict[str, str], work: Path) -> dict[str, str]:
+    """What gpuattach adds for a lease's NVML (issue 29), for a lease started by hand from `devices`
+    (server.workers.WorkerDevice): PyTorch counts GPUs through NVML, and a lease of one GPU on a host
+    of two must not look like two. Merge over `base_env` (it carries the shim's LD_LIBRARY_PATH)."""
+    from virtualize.client._nvml_view import HEADER
+    from virtualize.client.remote import nvml_env
+
+    lines = [HEADER, f"lease {name}"]
+    for number, d in enumerate(devices):
+        lines += [f"device {number}", f"uuid {d.uuid}", f"host_index {d.index}",
+                  f"memory_total {d.mem_limit_bytes}", "memory_used 0"]  # fmt: skip
+    view = work / f"{name}.nvml-view"
+    view.write_text("\n".join(lines) + "\n")
+    return nvml_env(view, base_env, cache_root=work / "cache")
