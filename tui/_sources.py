@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from analytics import live
 from analytics.live import GpuNow, ProcessNow
+from server.api import Client, Gpu, Health, Lease
 from server.client import PoolClientError, ServerClient
 
 GpuKey = tuple[str, str]  # (host, gpu_uuid)
@@ -108,25 +109,18 @@ class ServerState:
     url: str
     reachable: bool = False
     error: str | None = None  # why it is unreachable or why admin data is missing
-    health: dict[str, Any] | None = None
-    gpus: list[dict[str, Any]] = field(default_factory=list)
-    leases: list[dict[str, Any]] = field(default_factory=list)
-    clients: list[dict[str, Any]] = field(default_factory=list)
-    policy: dict[str, Any] | None = None
+    health: Health | None = None
+    gpus: list[Gpu] = field(default_factory=list)
+    leases: list[Lease] = field(default_factory=list)
+    clients: list[Client] = field(default_factory=list)
+    policy: Any = None  # an api.Policy (built from server.ranges.POLICY)
     checked_at: datetime | None = None
     failures: int = 0  # consecutive failed refreshes (drives the retry back-off)
     down_since: datetime | None = None  # first failure of the current outage
 
     @property
     def hostname(self) -> str:
-        return (self.health or {}).get("server", {}).get("hostname") or self.url
-
-
-def _records(items: Any, key: str) -> list[dict[str, Any]]:
-    """The objects of a list answer that carry ``key`` (what the views need to show a row)."""
-    if not isinstance(items, list):
-        raise TypeError(f"expected a list, got {type(items).__name__}")
-    return [item for item in items if isinstance(item, dict) and key in item]
+        return self.health.server.hostname if self.health else self.url
 
 
 def _short(exc: PoolClientError, url: str) -> str:
@@ -187,18 +181,18 @@ class Pool:
                 "--admin`, give it with --admin-token-file or GPUPOOL_ADMIN_TOKEN)"
             )
             return state
-        # Each route on its own: one failing answer (a 403, a server bug) must not hide the others.
+        # Each route on its own: one failing answer (a 403, a server bug, a server of another version
+        # whose answer is not the struct) must not hide the others.
         errors = []
-        for name, call in (
-            ("gpus", lambda: _records(client.gpus().get("gpus"), "uuid")),
-            ("leases", lambda: _records(client.leases(), "id")),
-            ("clients", lambda: _records(client.clients(), "client")),
+        calls: tuple[tuple[str, Callable[[], Any]], ...] = (
+            ("gpus", lambda: client.gpus().gpus),
+            ("leases", client.leases),
+            ("clients", client.clients),
             ("policy", client.policy),
-        ):
+        )
+        for name, call in calls:
             try:
                 setattr(state, name, call())
-            except (KeyError, TypeError, AttributeError) as exc:  # a server of another version
-                errors.append(f"{name}: unexpected answer ({exc!r})")
             except PoolClientError as exc:
                 errors.append(_short(exc, client.url))
                 if exc.unreachable:  # it went away mid-refresh: the rest would time out too

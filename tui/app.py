@@ -313,11 +313,11 @@ class ConsoleApp(App):
         client = self._admin_client(server)
         if client is None:
             return
-        lease = next(
-            (x for s in self.last_pool if s.url == server for x in s.leases if x["id"] == lease_id), {}
+        holder = next(
+            (x.client for s in self.last_pool if s.url == server for x in s.leases if x.id == lease_id), "?"
         )
         question = (
-            f"Release lease {lease_id} of client {lease.get('client', '?')} on {server}?\n"
+            f"Release lease {lease_id} of client {holder} on {server}?\n"
             "Its holder loses the GPUs at once; running work on them fails."
         )
 
