@@ -86,9 +86,17 @@ class TelemetryFleet:
                 con = self._connection()
                 newest = live.newest_sample_time(con)
                 gpus = live.latest_gpu_samples(con, at=newest) if newest else []
-                opts = dict(minutes=self.series.minutes, buckets=self.series.buckets, at=newest)
-                util = live.gpu_series(con, "util_gpu_mean", **opts) if newest else {}
-                sm = live.gpu_series(con, "sm_activity", **opts) if newest else {}
+                minutes, buckets = self.series.minutes, self.series.buckets
+                util = (
+                    live.gpu_series(con, "util_gpu_mean", minutes=minutes, buckets=buckets, at=newest)
+                    if newest
+                    else {}
+                )
+                sm = (
+                    live.gpu_series(con, "sm_activity", minutes=minutes, buckets=buckets, at=newest)
+                    if newest
+                    else {}
+                )
             except Exception as exc:  # a half-written or foreign file must not kill the console
                 return FleetSnapshot(self.label, [], error=f"telemetry unreadable: {_one_line(exc)}")
         return FleetSnapshot(self.label, gpus, util, sm, newest)
@@ -163,15 +171,16 @@ class Pool:
 
     def _fetch(self, client: ServerClient) -> ServerState:
         previous = self.states.get(client.url) or ServerState(client.url)
-        state = ServerState(client.url, checked_at=self.clock())
+        checked_at = self.clock()
+        state = ServerState(client.url, checked_at=checked_at)
         try:
             state.health = client.health()
         except PoolClientError as exc:
             state.error = _short(exc, client.url)
             state.failures = previous.failures + 1
-            state.down_since = previous.down_since or state.checked_at
+            state.down_since = previous.down_since or checked_at
             backoff = min(self.MAX_BACKOFF_S, 2.0 ** min(state.failures, 5))
-            self._next_try[client.url] = state.checked_at + timedelta(seconds=backoff)
+            self._next_try[client.url] = checked_at + timedelta(seconds=backoff)
             return state
         state.reachable = True
         self._next_try.pop(client.url, None)
