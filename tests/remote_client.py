@@ -645,8 +645,6 @@ def scenario_cache_config():
     say("func_cache", cu.cuFuncSetCacheConfig(fill, 1))
     say("func_cache_unknown", cu.cuFuncSetCacheConfig(fill, 9))
     say("func_cache_foreign", cu.cuFuncSetCacheConfig(c_u64(0x1234), 1))
-    say("block_shape", cu.cuFuncSetBlockShape(fill, 32, 1, 1))
-    say("block_shape_foreign", cu.cuFuncSetBlockShape(c_u64(0x1234), 32, 1, 1))
     say("func_shared", cu.cuFuncSetSharedMemConfig(fill, 1))
     say("func_shared_unknown", cu.cuFuncSetSharedMemConfig(fill, 7))
     say("kernel_cache", cu.cuKernelSetCacheConfig(kernel, 3, 0))

@@ -336,8 +336,6 @@ def test_cache_and_shared_memory_configuration_round_trip_with_the_drivers_refus
         "func_cache": "0",
         "func_cache_unknown": "1",
         "func_cache_foreign": "400",  # CUDA_ERROR_INVALID_HANDLE: not a function of this lease
-        "block_shape": "0",
-        "block_shape_foreign": "400",
         "func_shared": "0",
         "func_shared_unknown": "1",
         "kernel_cache": "0",

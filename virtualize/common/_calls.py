@@ -585,7 +585,6 @@ CALLS: tuple[Call, ...] = (
     _c("cuFuncSetAttribute", 9000, "func func, i32 attrib, i32 value", memo="functions", forgets="functions"),
     _c("cuFuncSetCacheConfig", 3000, "func func, i32 config", forgets="functions"),
     _c("cuFuncSetSharedMemConfig", 4020, "func func, i32 config", forgets="functions"),
-    _c("cuFuncSetBlockShape", 2000, "func func, i32 x, i32 y, i32 z"),
     _c("cuKernelSetCacheConfig", 12000, "kernel kernel, i32 config, i32 dev", forgets="functions"),
     _c("cuFuncGetModule", 11000, "o_module module, func func"),
     _c("cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050,

@@ -250,7 +250,7 @@ GROUPS: tuple[Group, ...] = (
         """Deprecated: the parameter-by-parameter launch API
        since CUDA 4.0, texture and surface references since CUDA 11 (CUDA 12's compilers emit none).
        Forwardable as handles, not built.""",
-        "cuFuncSetSharedSize cuParamSet* cuLaunch cuLaunchGrid cuLaunchGridAsync "
+        "cuFuncSetBlockShape cuFuncSetSharedSize cuParamSet* cuLaunch cuLaunchGrid cuLaunchGridAsync "
         "cuTexRef* cuSurfRef* cuModuleGetTexRef cuModuleGetSurfRef",
     ),
     _g(

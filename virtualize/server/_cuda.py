@@ -1243,9 +1243,6 @@ class CudaExecutor(Executor):
     def cuFuncSetSharedMemConfig(self, func, config):
         _ok(driver.cuFuncSetSharedMemConfig(driver.CUfunction(func), _enum(driver.CUsharedconfig, config)))
 
-    def cuFuncSetBlockShape(self, func, x, y, z):
-        _ok(driver.cuFuncSetBlockShape(driver.CUfunction(func), x, y, z))
-
     def cuKernelSetCacheConfig(self, kernel, config, dev):
         cache = _enum(driver.CUfunc_cache, config)
         _ok(driver.cuKernelSetCacheConfig(driver.CUkernel(kernel), cache, self._d(dev)))

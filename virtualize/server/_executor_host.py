@@ -927,9 +927,6 @@ class HostExecutor(Executor):
     def cuFuncSetSharedMemConfig(self, func, config):
         _in_range(config, SHARED_CONFIGS, "CUsharedconfig")
 
-    def cuFuncSetBlockShape(self, func, x, y, z):
-        pass  # only the deprecated cuLaunch* read it, and they are not forwarded
-
     def cuKernelSetCacheConfig(self, kernel, config, dev):
         self._device(dev)
         _in_range(config, CACHE_CONFIGS, "CUfunc_cache")

@@ -873,13 +873,6 @@ GP_EXPORT CUresult cuFuncSetSharedMemConfig(uint64_t func, int32_t config) {
     return r;
 }
 
-GP_EXPORT CUresult cuFuncSetBlockShape(uint64_t func, int32_t x, int32_t y, int32_t z) {
-    GP_TRACE("cuFuncSetBlockShape");
-    struct gp_in_cuFuncSetBlockShape in = { .func = func, .x = x, .y = y, .z = z };
-    CUresult r = gp_call(GP_CALL_cuFuncSetBlockShape, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
-    return r;
-}
-
 GP_EXPORT CUresult cuKernelSetCacheConfig(uint64_t kernel, int32_t config, int32_t dev) {
     GP_TRACE("cuKernelSetCacheConfig");
     struct gp_in_cuKernelSetCacheConfig in = { .kernel = kernel, .config = config, .dev = dev };
@@ -1577,6 +1570,7 @@ GP_EXPORT CUresult cuEventDestroy(void) { return gp_unforwarded("cuEventDestroy"
 GP_EXPORT CUresult cuExternalMemoryGetMappedBuffer(void) { return gp_unforwarded("cuExternalMemoryGetMappedBuffer"); }
 GP_EXPORT CUresult cuExternalMemoryGetMappedMipmappedArray(void) { return gp_unforwarded("cuExternalMemoryGetMappedMipmappedArray"); }
 GP_EXPORT CUresult cuFlushGPUDirectRDMAWrites(void) { return gp_unforwarded("cuFlushGPUDirectRDMAWrites"); }
+GP_EXPORT CUresult cuFuncSetBlockShape(void) { return gp_unforwarded("cuFuncSetBlockShape"); }
 GP_EXPORT CUresult cuFuncSetSharedSize(void) { return gp_unforwarded("cuFuncSetSharedSize"); }
 GP_EXPORT CUresult cuGLCtxCreate(void) { return gp_unforwarded("cuGLCtxCreate"); }
 GP_EXPORT CUresult cuGLCtxCreate_v2(void) { return gp_unforwarded("cuGLCtxCreate_v2"); }
@@ -1897,6 +1891,7 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuLibraryGetManaged", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
     {"cuLibraryGetUnifiedFunction", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
     {"cuTensorMapSetAllocationClass", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
+    {"cuFuncSetBlockShape", "legacy launches and texture references: not forwarded yet"},
     {"cuFuncSetSharedSize", "legacy launches and texture references: not forwarded yet"},
     {"cuParamSet*", "legacy launches and texture references: not forwarded yet"},
     {"cuLaunch", "legacy launches and texture references: not forwarded yet"},
@@ -2009,7 +2004,6 @@ static const struct gp_proc gp_procs[] = {
     {"cuFuncIsLoaded", 12040, (void *)cuFuncIsLoaded},
     {"cuFuncLoad", 12040, (void *)cuFuncLoad},
     {"cuFuncSetAttribute", 9000, (void *)cuFuncSetAttribute},
-    {"cuFuncSetBlockShape", 2000, (void *)cuFuncSetBlockShape},
     {"cuFuncSetCacheConfig", 3000, (void *)cuFuncSetCacheConfig},
     {"cuFuncSetSharedMemConfig", 4020, (void *)cuFuncSetSharedMemConfig},
     {"cuGetErrorName", 6000, (void *)cuGetErrorName},
