@@ -468,7 +468,7 @@ class Pool:
                 lease = {"id": lease_id, "client": caller.client, "label": req.label, "created": now,
                          "expires": now + ttl, "max_end": max_end, "ttl_s": ttl, "last_active": now,
                          "local": req.local, "remote": req.remote, "pids": pids, "env": env,
-                         "job": _job(req), "note": req.note}  # fmt: skip
+                         "job": _job(req)}  # fmt: skip
                 partitions = [
                     {
                         "gpu_index": g.index,
@@ -578,7 +578,6 @@ class Pool:
             "state": row["state"],
             "reason": row["reason"],
             "label": row["label"],
-            "note": row.get("note"),  # absent: an old store on a full disk
             "job": row["job"],
             "created_at": iso(row["created"]),
             "ended_at": iso(row["ended"]),

@@ -53,8 +53,7 @@ CREATE TABLE IF NOT EXISTS leases (
     pids TEXT NOT NULL DEFAULT '[]',  -- [[pid, create_time], ...] of local processes
     worker TEXT,                      -- {"host", "port", "secret", "pid", "create_time"}
     env TEXT NOT NULL DEFAULT '{}',
-    job TEXT,                         -- {"scheduler", "id", "account", "user"} of a batch job, or NULL
-    note TEXT
+    job TEXT                          -- {"scheduler", "id", "account", "user"} of a batch job, or NULL
 );
 CREATE INDEX IF NOT EXISTS leases_state ON leases(state);
 CREATE TABLE IF NOT EXISTS partitions (
@@ -390,8 +389,8 @@ class Store:
                "job": json.dumps(lease["job"]) if lease.get("job") else None}  # fmt: skip
         self.db.execute(
             "INSERT INTO leases(id, client, state, label, created, expires, max_end, ttl_s, last_active,"
-            " local, remote, pids, env, job, note) VALUES (:id, :client, 'active', :label, :created, :expires,"
-            " :max_end, :ttl_s, :last_active, :local, :remote, :pids, :env, :job, :note)",
+            " local, remote, pids, env, job) VALUES (:id, :client, 'active', :label, :created, :expires,"
+            " :max_end, :ttl_s, :last_active, :local, :remote, :pids, :env, :job)",
             row,
         )
         self.db.executemany(
@@ -541,7 +540,7 @@ def _lease(row: dict) -> dict:
 
 # Columns added to a table after its first release: (table, column, declaration). A store written by an
 # older version gets them at open (NULL in its old rows); SCHEMA above has them for a new store.
-ADDED_COLUMNS = (("leases", "job", "TEXT"), ("leases", "note", "TEXT"))
+ADDED_COLUMNS = (("leases", "job", "TEXT"),)
 
 
 def _add_columns(db: sqlite3.Connection) -> None:

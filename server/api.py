@@ -78,7 +78,6 @@ class LeaseRequest(_Checked):
     pids: list[Pid] = []
     label: Annotated[str, Meta(max_length=200)] | None = None
     job: Job | None = None
-    note: Annotated[str, Meta(max_length=200)] | None = None
 
 
 class Heartbeat(msgspec.Struct, forbid_unknown_fields=True):
@@ -417,7 +416,6 @@ class Lease(_Answer, kw_only=True):
         str | None, Meta(description="Why the lease ended (for released/expired/reclaimed).")
     ] = None
     label: str | None = None
-    note: Annotated[str | None, Meta(description="The request's note, as given.")] = None
     job: Annotated[
         LeaseJob | None,
         Meta(

@@ -90,14 +90,6 @@ def test_a_store_written_before_leases_carried_a_job_keeps_its_leases_and_takes_
     assert pool.lease(lease["id"])["job"] == job
 
 
-def test_a_leases_note_is_kept_and_answered(tmp_path):
-    """A request's note comes back in the lease's answer, and in the lease list."""
-    pool = make_pool(tmp_path, [80])
-    lease = pool.grant(ALICE, LeaseRequest(n=1, fraction=0.5, note="nightly eval"), now=0)
-    assert pool.lease(lease["id"])["note"] == "nightly eval"
-    assert [x["note"] for x in pool.list(ALICE, False, "active")] == ["nightly eval"]
-
-
 def test_ended_leases_are_forgotten_after_the_retention(tmp_path):
     pool = make_pool(tmp_path, [80], ended_retention_s=100.0)
     old = pool.grant(ALICE, LeaseRequest(n=1, fraction=0.25), now=0)
