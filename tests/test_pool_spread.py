@@ -37,8 +37,8 @@ for rank in (0, 1, 2):
 def servers(tmp_path_factory):
     base = tmp_path_factory.mktemp("spread")
     procs = [
-        ServerProc(base / f"s{i}", "1xH100-80GB", env={"GPUPOOL_WORKER_EXECUTOR": "host"}).start()
-        for i in range(2)
+        ServerProc(base / f"s{i}", fleet, env={"GPUPOOL_WORKER_EXECUTOR": "host"}).start()
+        for i, fleet in enumerate(("1xH100-80GB", "1xA100-40GB"))  # two kinds: GPUs told apart
     ]
     yield procs
     for s in procs:
@@ -98,3 +98,30 @@ def test_spread_with_local_or_an_existing_lease_is_refused_as_bad_usage(servers,
     for extra in (["--local", "-n", "2"], ["--lease", "some-lease"]):
         out = gpuattach("run", *extra, "--spread", "--", sys.executable, "-c", "pass", env=env)
         assert out.returncode == 125 and "--spread takes new remote leases" in out.stderr, out.stderr
+
+
+NVML_LAUNCHER = """
+import json, os, subprocess, sys
+probe = "import pynvml as N; N.nvmlInit(); h = N.nvmlDeviceGetHandleByIndex(0); print(N.nvmlDeviceGetCount(), N.nvmlDeviceGetUUID(h), N.nvmlDeviceGetName(h).replace(' ', '_'))"
+for rank in (0, 1):
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                       env={**os.environ, "LOCAL_RANK": str(rank)}, timeout=60)
+    print(json.dumps({"rank": rank, "rc": p.returncode, "lease": os.environ.get(f"GPUPOOL_LEASE_{rank}"),
+                      "nvml": p.stdout.split(), "err": p.stderr[-400:]}), flush=True)
+"""
+
+
+def test_under_spread_each_ranks_nvml_shows_its_own_leases_gpu(servers, tmp_path):
+    """NVML, like CUDA, follows the rank under --spread: the process of local rank r sees one GPU, lease
+    r's (NCCL looks its CUDA device up in NVML and stops when the GPU is not there)."""
+    env, token = env_for(tmp_path, servers, "spread-nvml")
+    out = gpuattach("run", "-n", "2", "-m", "2048", "--spread", "--", sys.executable, "-c", NVML_LAUNCHER, env=env,
+                    timeout=90)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    ranks = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [r["rc"] for r in ranks] == [0, 0], ranks
+    for rank in ranks:
+        index = _server_of(servers, rank["lease"], token)
+        gpu = api(servers[index].url, "GET", "/v1/gpus", token)[1]["gpus"][0]
+        assert rank["nvml"] == ["1", gpu["uuid"], gpu["name"].replace(" ", "_")], (rank, gpu)
+    assert ranks[0]["nvml"] != ranks[1]["nvml"]  # the two servers' GPUs are of two kinds

@@ -122,3 +122,18 @@ class ViewKeeper:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+class ViewKeepers:
+    """The views of a run's leases (one, or one per rank under --spread), started and stopped together."""
+
+    def __init__(self, keepers: Sequence[ViewKeeper]) -> None:
+        self.keepers = list(keepers)
+
+    def start(self, pids: list[int]) -> None:
+        for keeper in self.keepers:
+            keeper.start(pids)
+
+    def stop(self) -> None:
+        for keeper in self.keepers:
+            keeper.stop()

@@ -742,7 +742,7 @@ def _nvml_view(run: _Run, env: dict, scratch: Path, *, local: bool):
     put first on the command's library path (remote and --local alike), so nvidia-smi, pynvml,
     nvitop and gpustat show the lease's slice; in a --local run this host's own NVML answers the
     other queries (NVLink, clocks, ECC …). None (and a note) where that library is not built."""
-    from virtualize.client._nvml_view import ViewKeeper
+    from virtualize.client._nvml_view import VIEW_ENV, ViewKeeper, ViewKeepers
 
     try:
         from virtualize.client.remote import ShimNotBuilt, host_nvml, nvml_env
@@ -750,13 +750,21 @@ def _nvml_view(run: _Run, env: dict, scratch: Path, *, local: bool):
         return None
     try:
         real = host_nvml(env) if local else None
-        keeper = ViewKeeper(run.client, run.server, run.lease, scratch, real)
-        env.update(nvml_env(keeper.path, env))
+        # One view per lease: under --spread the process of local rank r shows lease r's GPU
+        # (GPUPOOL_NVML_VIEW_r, picked as the CUDA shim picks lease r's worker).
+        keepers = []
+        for rank, (server, lease) in enumerate(run.leases):
+            directory = scratch / f"nvml-{rank}"
+            directory.mkdir()
+            keepers.append(ViewKeeper(run.client, server, lease, directory, real))
+        env.update(nvml_env(keepers[0].path, env))
+        if len(keepers) > 1:
+            env.update({f"{VIEW_ENV}_{rank}": str(k.path) for rank, k in enumerate(keepers)})
     except ShimNotBuilt:
         print("gpuattach: note: gpupool's libnvidia-ml.so.1 is not built: NVML tools (nvidia-smi, nvitop) "
               "in the command do not show the lease's slice", file=sys.stderr)  # fmt: skip
         return None
-    return keeper
+    return ViewKeepers(keepers)
 
 
 def _run_command(args, cmd, run: _Run, env: dict, view) -> int:

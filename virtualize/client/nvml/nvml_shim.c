@@ -193,9 +193,24 @@ static int read_view(const char *path) {
     return 0;
 }
 
+/* The view of this process's lease: under gpuattach run --spread (GPUPOOL_RANKS set), the process whose
+ * LOCAL_RANK (OMPI_COMM_WORLD_LOCAL_RANK under Open MPI) is r shows lease r's GPU, GPUPOOL_NVML_VIEW_r, as
+ * the CUDA shim runs it on lease r's worker; any other process, lease 0's. */
+static const char *view_path(void) {
+    const char *ranks = getenv("GPUPOOL_RANKS"), *rank = getenv("LOCAL_RANK");
+    if (!rank || !*rank) rank = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (ranks && *ranks && rank && *rank && strlen(rank) < 16) {
+        char key[64];
+        snprintf(key, sizeof key, "GPUPOOL_NVML_VIEW_%s", rank);
+        const char *mine = getenv(key);
+        if (mine && *mine) return mine;
+    }
+    return getenv("GPUPOOL_NVML_VIEW");
+}
+
 /* Re-reads the view when its file changed since the last read. Holds `lock`. */
 static void refresh(void) {
-    const char *path = getenv("GPUPOOL_NVML_VIEW");
+    const char *path = view_path();
     struct stat st;
     if (!path || stat(path, &st) != 0) return;
     if (st.st_ino == view_seen.st_ino && st.st_mtim.tv_sec == view_seen.st_mtim.tv_sec &&
@@ -253,7 +268,7 @@ static void open_real(void);
 NVML_API nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
     pthread_mutex_lock(&lock);
-    const char *path = getenv("GPUPOOL_NVML_VIEW");
+    const char *path = view_path();
     nvmlReturn_t rc = NVML_SUCCESS;
     if (!n_devices) {
         struct stat st;
