@@ -97,6 +97,7 @@ class Allocation:
     owned: bool  # False: a module global (not freed by the client, not counted against the quota)
     ctx: int = 0  # the context it was made in (a destroyed context takes its memory with it)
     window: WindowMemory | None = None  # the client process's window it lives in; None: the driver's
+    is_global: bool = False  # a module's global variable (its address is the module's, on its GPU)
 
 
 @dataclass
@@ -977,7 +978,7 @@ class Session:
         ptr, size = struct.unpack("<QQ", answer[0])
         dev = self.lease.ctx_device.get(self.ctx, 0)
         if self.lease.find(ptr) is None:
-            self.lease.add(Allocation(ptr, size, dev, owned=False))
+            self.lease.add(Allocation(ptr, size, dev, owned=False, is_global=True))
         return answer
 
     def _layout(self, func: int) -> list[tuple[int, int]]:

@@ -140,12 +140,14 @@ class Translated:
         self.records: dict[tuple, Record] = {}  # in the order the objects were made and configured
         self.record_lock = threading.Lock()
         self.local = threading.local()  # the client's context current on this thread
+        self.cached: set[str] = set()  # methods looked up and kept on this object
 
     def __getattr__(self, name: str):
         method = getattr(self.inner, name)
         wrapped = self._wrap(name, method) if callable(method) else None
-        if callable(method):  # built once: later lookups find it directly
+        if callable(method):  # built once: later lookups find it directly (until the next move)
             setattr(self, name, wrapped or method)
+            self.cached.add(name)
         return wrapped or method
 
     # -- the per-call wrappers -------------------------------------------------------------------------
@@ -155,12 +157,7 @@ class Translated:
             params = list(inspect.signature(method).parameters)
         except (TypeError, ValueError):
             return None
-        if name in SHAPED_HANDLES:
-            ins, outs = SHAPED_HANDLES[name], ()
-        elif name in TABLE_KINDS:
-            ins, outs = TABLE_KINDS[name]
-        else:
-            return None
+        ins, outs = (SHAPED_HANDLES[name], ()) if name in SHAPED_HANDLES else TABLE_KINDS.get(name, ({}, ()))
         kinds = tuple((params.index(p), kind) for p, kind in ins.items() if p in params)
         outs = tuple((i, kind) for i, kind in outs if NAMESPACE[kind] in RECREATED)
         device_at = next((params.index(p) for p in DEVICE_PARAMS if p in params), None)
@@ -169,10 +166,11 @@ class Translated:
         destroys = DESTROYED_BY.get(name)
         if name == "set_context":
             return self._set_context
-        if not kinds and not outs and not recorded and not destroys:
-            return None
+        if not kinds and not outs and not recorded and not destroys and not self.generation:
+            return None  # nothing to map, and every thread's context is the client's
 
         def call(*args):
+            given = args  # as the client names them (what the records keep)
             if self.generation:
                 self._current()
                 args = self._args_in(args, kinds)
@@ -180,9 +178,9 @@ class Translated:
             if outs and self.generation:
                 result = self._results_out(result, outs)
             if recorded:
-                self._record(name, args, kinds, result, makes, device_at)
+                self._record(name, given, kinds, result, makes, device_at)
             elif destroys and NAMESPACE[destroys] in RECREATED:
-                self._forget(NAMESPACE[destroys], args[0])
+                self._forget(NAMESPACE[destroys], given[0])
             return result
 
         call.__name__ = name
@@ -239,12 +237,6 @@ class Translated:
     # -- what a move replays ---------------------------------------------------------------------------
 
     def _record(self, name: str, args: tuple, kinds, result, makes, device_at) -> None:
-        client_args = list(args)
-        if self.generation:  # as the client names them: the replay maps them to the target's objects
-            for i, kind in kinds:
-                ns = NAMESPACE[kind] if kind != LAUNCH else None
-                if ns in RECREATED and i < len(client_args) and client_args[i]:
-                    client_args[i] = self.map.client(ns, client_args[i])
         device = args[device_at] if device_at is not None and device_at < len(args) else None
         ctx = getattr(self.local, "ctx", 0)
         made = None
@@ -258,7 +250,7 @@ class Translated:
             made = (NAMESPACE[kind], value)
             if name == "cuDevicePrimaryCtxRetain" or name == "cuCtxCreate":
                 ctx = value  # a context belongs to itself (its device is the call's)
-        record = Record(name, tuple(client_args), kinds, ctx, device, made, position)
+        record = Record(name, tuple(args), kinds, ctx, device, made, position)
         with self.record_lock:
             if made is not None:
                 if ("made", *made) in self.records and name not in ("cuDevicePrimaryCtxRetain",):
@@ -330,6 +322,9 @@ class Translated:
         for (ns, client), real in made.items():
             self.map.move(ns, client, real)
         self.generation += 1
+        for name in self.cached:  # wrapped anew: every call first sets its thread's context to the new one
+            self.__dict__.pop(name, None)
+        self.cached.clear()
         return {**moved, "objects": len(made)}
 
     def _replay(self, record: Record, made: dict[tuple[str, int], int]) -> None:

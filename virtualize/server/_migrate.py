@@ -87,7 +87,7 @@ def holding(lease) -> dict[str, int]:
     """How many objects of each handle kind the lease holds, and module globals whose address it has."""
     with lease.lock:
         held = {kind: len(values) for kind, values in lease.handles.items()}
-        held["global"] = sum(1 for a in lease.allocations.values() if not a.owned)
+        held["global"] = sum(1 for a in lease.allocations.values() if a.is_global)
     return held
 
 
