@@ -967,6 +967,7 @@ class CudaExecutor(Executor):
             raise
         finally:
             if stream is not None:
+                driver.cuCtxSetCurrent(ctx)
                 driver.cuStreamDestroy(stream)
             driver.cuDevicePrimaryCtxRelease(source)
         access = self._access(device)  # commit: the same addresses, the target's memory

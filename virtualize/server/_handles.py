@@ -24,7 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from virtualize.common._calls import CALLS, DESTROYS, HANDLE_TYPES
-from virtualize.server._executor import PER_CALL, Executor, Launch, executor_method
+from virtualize.server._executor import (
+    INVALID_CONTEXT,
+    PER_CALL,
+    CudaError,
+    Executor,
+    Launch,
+    executor_method,
+)
 
 # One value space per kind, but a CUfunction parameter may carry a CUkernel: those two share one.
 NAMESPACE = {**{kind: kind for kind in HANDLE_TYPES}, "kernel": "func"}
@@ -253,10 +260,8 @@ class Translated:
         record = Record(name, tuple(args), kinds, ctx, device, made, position)
         with self.record_lock:
             if made is not None:
-                if ("made", *made) in self.records and name not in ("cuDevicePrimaryCtxRetain",):
-                    self._forget_locked(*made)  # a value used again: the old object's records go
-                elif ("made", *made) in self.records:
-                    return  # the primary context retained again: the same object
+                if ("made", *made) in self.records:
+                    return  # an object made before, asked for again (retained, or a getter's answer)
                 self.records[("made", *made)] = record
             else:
                 key = ("set", name, ctx, record.args)
@@ -268,9 +273,11 @@ class Translated:
             self._forget_locked(ns, value)
 
     def _forget_locked(self, ns: str, value: int) -> None:
+        """An object is gone: its record, and those of what was made from it or configures it (a
+        module's functions), so that its value, used again, is recorded anew."""
         self.records.pop(("made", ns, value), None)
         for key, record in list(self.records.items()):
-            if key[0] == "set" and any(
+            if any(
                 NAMESPACE[kind] == ns and record.args[i] == value
                 for i, kind in record.kinds
                 if kind != LAUNCH
@@ -332,10 +339,12 @@ class Translated:
             return made.get((ns, value), self.map.real(ns, value))
 
         if record.ctx and record.method not in ("cuDevicePrimaryCtxRetain", "cuCtxCreate"):
-            self.inner.set_context(target("ctx", record.ctx))
+            if ("ctx", record.ctx) not in made:  # never made on the source GPU's context: all or nothing
+                raise CudaError(INVALID_CONTEXT, f"{record.method}: its context was not re-created")
+            self.inner.set_context(made["ctx", record.ctx])
         args = list(record.args)
         for i, kind in record.kinds:
-            ns = NAMESPACE[kind]
+            ns = NAMESPACE.get(kind)
             if ns in RECREATED and args[i] and not (ns == "stream" and args[i] in BUILTIN_STREAMS):
                 args[i] = target(ns, args[i])
         result = getattr(self.inner, record.method)(*args)
