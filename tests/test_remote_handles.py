@@ -139,3 +139,50 @@ def test_a_replay_that_fails_leaves_the_client_on_its_source(lease):
     assert translated.generation == 0
     translated.cuEventRecord(made["event"], made["stream"])
     translated.cuStreamSynchronize(made["stream"])
+
+
+class WithGlobals(HostExecutor):
+    """The host executor with module global variables (it has none): each (module, name) is 64 bytes of
+    its own, made at the first ask in the current context — the seam stands in for a GPU module."""
+
+    def __init__(self, devices) -> None:
+        super().__init__(devices)
+        self.variables: dict[tuple[int, str], int] = {}
+
+    def cuModuleGetGlobal(self, module, name):
+        if (module, name) not in self.variables:
+            self.variables[module, name] = self.cuMemAlloc(64)
+        return self.variables[module, name], 64
+
+
+def _write(translated, address: int, data: bytes) -> None:
+    def fill(view) -> None:
+        view[:] = data[: len(view)]
+
+    translated.copy_to_device(address, len(data), None, fill)
+
+
+def _read(executor, address: int, count: int) -> bytes:
+    got = bytearray()
+    executor.copy_from_device(address, count, None, got.extend)
+    return bytes(got)
+
+
+def test_a_global_variable_moves_with_its_module_and_keeps_the_clients_address():
+    """The address of a module's global the client holds reaches the variable of the re-created module
+    after a move: its bytes were copied there, a copy through the old address lands in the new variable
+    (not the source's), and asking for the global again answers the address the client has."""
+    held: dict[str, set[int]] = {}
+    translated = Translated(WithGlobals([64 * MiB]), lambda kind, value: value in held.get(kind, set()))
+    made = _make(translated, held)
+    address, size = translated.cuModuleGetGlobal(made["module"], "counter")
+    _write(translated, address, b"before".ljust(size, b"."))
+    translated.migrate(0, 1, [])
+    new_module = translated.map.real("module", made["module"])
+    moved_to = translated.inner.variables[new_module, "counter"]
+    assert moved_to != address and translated.addresses.real(address) == moved_to
+    assert _read(translated, address, size) == b"before".ljust(size, b".")
+    _write(translated, address, b"after".ljust(size, b"."))
+    assert _read(translated.inner, moved_to, size) == b"after".ljust(size, b".")
+    assert _read(translated.inner, address, size) == b"before".ljust(size, b".")  # the source's, untouched
+    assert translated.cuModuleGetGlobal(made["module"], "counter") == (address, size)

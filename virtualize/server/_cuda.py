@@ -50,7 +50,6 @@ CANNOT_MOVE = {
     "link": "a link in progress (cuLinkCreate)", "array": "CUDA arrays", "mipmap": "mipmapped arrays",
     "texobj": "texture objects", "surfobj": "surface objects",
     "vmem": "memory of the virtual memory API it made itself (cuMemCreate)",
-    "global": "the address of a module's global variable (cuModuleGetGlobal: it differs on another GPU)",
 }  # fmt: skip
 SMALL_COPY = 256 << 10  # up to this, copies go through pageable memory (one driver call)
 STAGING_CHUNK = 8 << 20

@@ -17,6 +17,7 @@ context's: they stay as they are and load into the target's context when first u
 
 from __future__ import annotations
 
+import bisect
 import inspect
 import itertools
 import threading
@@ -66,6 +67,13 @@ SHAPED_HANDLES: dict[str, dict[str, str]] = {
         "copy_from_device_async", "memset", "copy_3d", "launch_host_func", "capture_info",
         "capture_to_graph", "update_capture_dependencies")},
 }  # fmt: skip
+# The shaped methods' device addresses (a module's global variable is at another address on the target).
+SHAPED_ADDRESSES: dict[str, tuple[str, ...]] = {
+    "copy_to_device": ("dst",), "copy_from_device": ("src",), "copy_in_from": ("dst",),
+    "copy_out_into": ("src",), "copy_out_to": ("src",), "copy_from_device_async": ("src",),
+    "memset": ("dst",),
+}  # fmt: skip
+GLOBAL_GETTERS = frozenset({"cuModuleGetGlobal", "cuLibraryGetGlobal"})  # -> (address, size)
 DEVICE_PARAMS = ("dev", "device")  # the lease device a call names, where it names one
 SYNTHETIC = 0x7FF0_0000_0000_0000  # values handed out where a new object's value is an old one's
 
@@ -132,7 +140,57 @@ def _table_kinds() -> dict[str, tuple[dict[str, str], tuple[tuple[int, str], ...
     return kinds
 
 
+def _table_addresses() -> dict[str, tuple[tuple[str, ...], tuple[int, ...]]]:
+    """Per-call method -> (its device address parameters by name, positions of address results)."""
+    found: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {}
+    for call in CALLS:
+        method = executor_method(call)
+        if method in PER_CALL:
+            ins = tuple(p.name for p in call.ins if p.type == "dptr")
+            outs = tuple(i for i, p in enumerate(call.outs) if p.type == "dptr")
+            if ins or outs:
+                found[method] = ins, outs
+    return found
+
+
 TABLE_KINDS = _table_kinds()
+TABLE_ADDRESSES = _table_addresses()
+
+
+@dataclass
+class GlobalVariable:
+    """A module's global variable whose address the client asked for: where it asked, how."""
+
+    method: str  # cuModuleGetGlobal or cuLibraryGetGlobal
+    args: tuple  # (module or library, name) as the client names them
+    ctx: int
+    size: int
+
+
+class Addresses:
+    """Device addresses the client holds -> where the bytes are now (module globals that moved)."""
+
+    def __init__(self) -> None:
+        self.ranges: list[tuple[int, int, int]] = []  # (client's base, size, real base), by base
+
+    def real(self, address: int) -> int:
+        i = bisect.bisect_right(self.ranges, (address, 1 << 64, 0)) - 1
+        if i >= 0:
+            base, size, real = self.ranges[i]
+            if base <= address < base + size:
+                return real + address - base
+        return address
+
+    def client(self, address: int) -> int:
+        for base, size, real in self.ranges:
+            if real <= address < real + size:
+                return base + address - real
+        return address
+
+    def move(self, base: int, size: int, real: int) -> None:
+        self.ranges = sorted(
+            [r for r in self.ranges if r[0] != base] + ([(base, size, real)] if real != base else [])
+        )
 
 
 class Translated:
@@ -143,6 +201,8 @@ class Translated:
         self.name = inner.name
         self.alive = alive  # whether the lease still holds a handle (the guard's tables)
         self.map = HandleMap()
+        self.addresses = Addresses()
+        self.globals: dict[int, GlobalVariable] = {}  # the client's address of each -> how it got it
         self.generation = 0  # moves so far: a thread whose context predates the last one sets it again
         self.records: dict[tuple, Record] = {}  # in the order the objects were made and configured
         self.record_lock = threading.Lock()
@@ -167,24 +227,33 @@ class Translated:
         ins, outs = (SHAPED_HANDLES[name], ()) if name in SHAPED_HANDLES else TABLE_KINDS.get(name, ({}, ()))
         kinds = tuple((params.index(p), kind) for p, kind in ins.items() if p in params)
         outs = tuple((i, kind) for i, kind in outs if NAMESPACE[kind] in RECREATED)
+        address_ins, address_outs = (
+            (SHAPED_ADDRESSES.get(name, ()), ())
+            if name in SHAPED_HANDLES
+            else TABLE_ADDRESSES.get(name, ((), ()))
+        )
+        addresses = tuple(params.index(p) for p in address_ins if p in params)
         device_at = next((params.index(p) for p in DEVICE_PARAMS if p in params), None)
         makes = tuple((i, kind) for i, kind in outs if kind not in KEPT)
         recorded = name in SETTERS or bool(makes)
         destroys = DESTROYED_BY.get(name)
         if name == "set_context":
             return self._set_context
-        if not kinds and not outs and not recorded and not destroys and not self.generation:
+        variable = name in GLOBAL_GETTERS
+        if not kinds and not outs and not recorded and not destroys and not variable and not self.generation:
             return None  # nothing to map, and every thread's context is the client's
 
         def call(*args):
             given = args  # as the client names them (what the records keep)
             if self.generation:
                 self._current()
-                args = self._args_in(args, kinds)
+                args = self._args_in(args, kinds, addresses)
             result = method(*args)
-            if outs and self.generation:
-                result = self._results_out(result, outs)
-            if recorded:
+            if self.generation and (outs or address_outs):
+                result = self._results_out(result, outs, address_outs)
+            if variable:
+                self._global(name, given, result)
+            elif recorded:
                 self._record(name, given, kinds, result, makes, device_at)
             elif destroys and NAMESPACE[destroys] in RECREATED:
                 self._forget(NAMESPACE[destroys], given[0])
@@ -206,11 +275,15 @@ class Translated:
                 self.inner.set_context(self.map.real("ctx", ctx))
             local.generation = self.generation
 
-    def _args_in(self, args: tuple, kinds) -> tuple:
+    def _args_in(self, args: tuple, kinds, addresses=()) -> tuple:
         args = list(args)
         for i, kind in kinds:
             if i < len(args):
                 args[i] = self._in(kind, args[i])
+        if self.addresses.ranges:
+            for i in addresses:
+                if i < len(args) and args[i]:
+                    args[i] = self.addresses.real(args[i])
         return tuple(args)
 
     def _in(self, kind: str, value):
@@ -234,12 +307,24 @@ class Translated:
         return replace(launch, func=self._in("func", launch.func), stream=self._in("stream", launch.stream),
                        attributes=attributes)  # fmt: skip
 
-    def _results_out(self, result, outs):
+    def _results_out(self, result, outs, addresses=()):
         values = list(result) if isinstance(result, tuple) else [result]
         for i, kind in outs:
             if i < len(values) and values[i]:
                 values[i] = self.map.client(NAMESPACE[kind], values[i])
+        for i in addresses:
+            if i < len(values) and values[i]:
+                values[i] = self.addresses.client(values[i])
         return tuple(values) if isinstance(result, tuple) else values[0]
+
+    def _global(self, name: str, args: tuple, result) -> None:
+        """A module's global variable the client now has the address of: a move re-finds it in the
+        re-created module and copies its bytes there."""
+        address, size = result
+        with self.record_lock:
+            self.globals.setdefault(
+                address, GlobalVariable(name, tuple(args), getattr(self.local, "ctx", 0), size)
+            )
 
     # -- what a move replays ---------------------------------------------------------------------------
 
@@ -320,19 +405,46 @@ class Translated:
             self.inner.cuCtxSynchronize()
         made: dict[tuple[str, int], int] = {}
 
+        contexts = {r.made[1]: r.device for r in records if r.made and r.made[0] == "ctx"}
+        variables = [
+            (address, v) for address, v in list(self.globals.items()) if contexts.get(v.ctx) == device
+        ]
+        placed: list[tuple[int, int, int]] = []  # the globals' (client's address, size, target's address)
+
         def recreate() -> list[tuple[str, int, int]]:
             for record in records:
                 self._replay(record, made)
+            for address, variable in variables:
+                placed.extend(self._global_moved(address, variable, made))
             return [(ns, self.map.real(ns, client), real) for (ns, client), real in made.items()]
 
         moved = self.inner.migrate(device, target, mappings, recreate, **where)
         for (ns, client), real in made.items():
             self.map.move(ns, client, real)
+        for address, size, real in placed:
+            self.addresses.move(address, size, real)
         self.generation += 1
         for name in self.cached:  # wrapped anew: every call first sets its thread's context to the new one
             self.__dict__.pop(name, None)
         self.cached.clear()
         return {**moved, "objects": len(made)}
+
+    def _global_moved(self, address: int, variable: GlobalVariable, made) -> list[tuple[int, int, int]]:
+        """The global variable found again in its re-created module on the target, its bytes copied there
+        from the source; ([(the client's address, size, the new address)]), or [] when the lease has let
+        go of its module."""
+        (owner, name), ns = variable.args, "module" if variable.method == "cuModuleGetGlobal" else "library"
+        if not self.alive(ns, owner) or ("ctx", variable.ctx) not in made:
+            return []
+        self.inner.set_context(made["ctx", variable.ctx])
+        found, size = getattr(self.inner, variable.method)(
+            made.get((ns, owner), self.map.real(ns, owner)), name
+        )
+        source_ctx = self.map.real("ctx", variable.ctx)
+        self.inner.cuMemcpyPeer(
+            found, made["ctx", variable.ctx], self.addresses.real(address), source_ctx, size
+        )
+        return [(address, size, found)]
 
     def _replay(self, record: Record, made: dict[tuple[str, int], int]) -> None:
         def target(ns: str, value: int) -> int:
