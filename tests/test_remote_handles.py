@@ -15,8 +15,10 @@ from virtualize.server._executor_host import HostExecutor
 from virtualize.server._handles import (
     NAMESPACE,
     RECREATED,
+    SHAPED_ADDRESSES,
     SHAPED_HANDLES,
     SYNTHETIC,
+    TABLE_ADDRESSES,
     TABLE_KINDS,
     HandleMap,
     Translated,
@@ -30,14 +32,20 @@ GUARD_SETS = {"cuCtxSynchronize": "the guard makes the context it names current 
 
 @pytest.mark.parametrize("executor", [HostExecutor, CudaExecutor], ids=["host", "cuda"])
 def test_every_declared_handle_reaches_a_parameter_of_the_same_name(executor):
-    """Each handle the call table declares for a call, and each handle of a shaped method, is a parameter
-    of that name of the executor's method: the map finds every one (a renamed parameter would pass the
-    client's old value to the driver after a move)."""
+    """Each handle and device address the call table declares for a call, and each of a shaped method,
+    is a parameter of that name of the executor's method: the map finds every one (a renamed parameter
+    would pass the client's old value to the driver after a move)."""
     missing = []
     for name, (ins, _) in TABLE_KINDS.items():
         params = inspect.signature(getattr(executor, name)).parameters
         missing += [(name, p) for p, kind in ins.items() if NAMESPACE[kind] in RECREATED and p not in params]
     for name, ins in SHAPED_HANDLES.items():
+        params = inspect.signature(getattr(executor, name)).parameters
+        missing += [(name, p) for p in ins if p not in params]
+    for name, (ins, _) in TABLE_ADDRESSES.items():  # device addresses too (a global moves)
+        params = inspect.signature(getattr(executor, name)).parameters
+        missing += [(name, p) for p in ins if p not in params]
+    for name, ins in SHAPED_ADDRESSES.items():
         params = inspect.signature(getattr(executor, name)).parameters
         missing += [(name, p) for p in ins if p not in params]
     assert [m for m in missing if m[0] not in GUARD_SETS] == []

@@ -1198,14 +1198,14 @@ class CudaExecutor(Executor):
             _ok(driver.cuMemAllocFromPoolAsync(size, driver.CUmemoryPool(pool), self._stream(stream)))
         )
 
-    def cuMemFree(self, ptr):
-        _ok(driver.cuMemFree(ptr))
+    def cuMemFree(self, dptr):
+        _ok(driver.cuMemFree(dptr))
 
-    def cuMemFreeAsync(self, ptr, stream):
-        _ok(driver.cuMemFreeAsync(ptr, self._stream(stream)))
+    def cuMemFreeAsync(self, dptr, stream):
+        _ok(driver.cuMemFreeAsync(dptr, self._stream(stream)))
 
-    def cuMemGetAddressRange(self, ptr):
-        base, size = _ok(driver.cuMemGetAddressRange(ptr))
+    def cuMemGetAddressRange(self, dptr):
+        base, size = _ok(driver.cuMemGetAddressRange(dptr))
         return _int(base), int(size)
 
     def cuMemPoolSetAttribute(self, pool, attr, value):

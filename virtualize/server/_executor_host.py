@@ -758,15 +758,15 @@ class HostExecutor(Executor):
     def cuMemAllocFromPoolAsync(self, size, pool, stream):
         return self._alloc(size)
 
-    def cuMemFree(self, ptr):
-        self._free(ptr)
+    def cuMemFree(self, dptr):
+        self._free(dptr)
 
-    def cuMemFreeAsync(self, ptr, stream):
-        self._free(ptr)
+    def cuMemFreeAsync(self, dptr, stream):
+        self._free(dptr)
 
-    def cuMemGetAddressRange(self, ptr):
-        mem, off = self._find(ptr, 0)
-        return ptr - off, len(mem)
+    def cuMemGetAddressRange(self, dptr):
+        mem, off = self._find(dptr, 0)
+        return dptr - off, len(mem)
 
     def cuMemPoolSetAttribute(self, pool, attr, value):
         return None
