@@ -81,11 +81,24 @@ fill((1024,), (256,), (expect, cupy.uint64(n), cupy.uint32(9)))
 print("after", same, bool((x == expect).all()), flush=True)
 """
 results: list[dict] = []
+OUT_DIR = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+STARTED = time.monotonic()
+BUDGET_S = [420.0]  # the whole run's (--budget): a part or size that would start later is skipped
 
 
 def record(name: str, status: str, detail: str = "") -> None:
     results.append({"check": name, "status": status, "detail": detail})
     print(f"--> {status}: {name}" + (f" ({detail})" if detail else ""), flush=True)
+    if OUT_DIR is not None:  # as it goes: a run cut short keeps what it found
+        (OUT_DIR / "migrate_results.json").write_text(json.dumps(results, indent=1))
+
+
+def out_of_time(name: str, needs: float) -> bool:
+    left = BUDGET_S[0] - (time.monotonic() - STARTED)
+    if left >= needs:
+        return False
+    record(name, "SKIP", f"{left:.0f} s of the run's budget left, it needs about {needs:.0f} s")
+    return True
 
 
 def gpus() -> list[tuple[int, str, int]]:
@@ -182,6 +195,8 @@ def pause_table(shim: Path, work: Path, two: list, sizes: list[int], out_dir: Pa
     print("\n=== pause against device memory (PyTorch holders)", flush=True)
     rows = []
     for gib in sizes:
+        if out_of_time(f"pause table {gib} GiB", 40):
+            continue
         handle = worker_on(two[0], gib + 4)
         try:
             _, answer, after, smi = hold(HOLDER, [str(gib)], handle, shim, work, two[1])
@@ -260,8 +275,10 @@ def main() -> int:
     parser.add_argument("--at", type=int, default=8, help="the step after which the lease moves (default 8)")
     parser.add_argument("--sizes", default="1,4,16", help="GiB held for the pause table (default 1,4,16)")
     parser.add_argument("--only", nargs="*", default=["cupy", "pause", "training"], help="parts to run")
+    parser.add_argument("--budget", type=float, default=420, help="seconds for the whole run (default 420)")
     args = parser.parse_args()
-    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+    BUDGET_S[0] = args.budget
+    out_dir = OUT_DIR
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpupool-migrate-{os.getpid()}"
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -281,7 +298,10 @@ def main() -> int:
             ),
             "training": lambda: training(shim, work, found[:2], args.steps, args.at),
         }
+        needs = {"cupy": 30, "pause": 40, "training": 120}
         for name in args.only:
+            if out_of_time(name, needs.get(name, 30)):
+                continue
             started = time.monotonic()
             try:
                 parts[name]()
