@@ -9,7 +9,7 @@ import inspect
 import pytest
 
 from virtualize.common._results import CUresult
-from virtualize.server._cuda import CudaExecutor
+from virtualize.server._cuda import CANNOT_MOVE, CudaExecutor
 from virtualize.server._executor import CudaError, Launch
 from virtualize.server._executor_host import HostExecutor
 from virtualize.server._handles import (
@@ -194,3 +194,12 @@ def test_a_global_variable_moves_with_its_module_and_keeps_the_clients_address()
     assert _read(translated.inner, moved_to, size) == b"after".ljust(size, b".")
     assert _read(translated.inner, address, size) == b"before".ljust(size, b".")  # the source's, untouched
     assert translated.cuModuleGetGlobal(made["module"], "counter") == (address, size)
+
+
+@pytest.mark.parametrize("kind", sorted(CANNOT_MOVE))
+def test_the_cuda_executor_refuses_what_it_does_not_move_and_says_what(kind):
+    """A lease holding a graph, an array, a texture, its own virtual memory, ... is refused before anything
+    pauses, and the reason names what it holds (checked before the executor asks the driver anything)."""
+    executor = object.__new__(CudaExecutor)  # its refusal of held objects needs no GPU
+    reason = CudaExecutor.migration_refusal(executor, 1, {kind: 1, "stream": 3})
+    assert reason and CANNOT_MOVE[kind] in reason
