@@ -205,6 +205,7 @@ class Translated:
         self.globals: dict[int, GlobalVariable] = {}  # the client's address of each -> how it got it
         self.generation = 0  # moves so far: a thread whose context predates the last one sets it again
         self.records: dict[tuple, Record] = {}  # in the order the objects were made and configured
+        self.uses: dict[tuple[str, int], set[tuple]] = {}  # an object -> the records naming it
         self.record_lock = threading.Lock()
         self.local = threading.local()  # the client's context current on this thread
         self.cached: set[str] = set()  # methods looked up and kept on this object
@@ -343,15 +344,16 @@ class Translated:
             if name == "cuDevicePrimaryCtxRetain" or name == "cuCtxCreate":
                 ctx = value  # a context belongs to itself (its device is the call's)
         record = Record(name, tuple(args), kinds, ctx, device, made, position)
+        key = ("made", *made) if made is not None else ("set", name, ctx, record.args)
         with self.record_lock:
-            if made is not None:
-                if ("made", *made) in self.records:
-                    return  # an object made before, asked for again (retained, or a getter's answer)
-                self.records[("made", *made)] = record
-            else:
-                key = ("set", name, ctx, record.args)
-                self.records.pop(key, None)
-                self.records[key] = record  # the newest setting last
+            if made is not None and key in self.records:
+                return  # an object made before, asked for again (retained, or a getter's answer)
+            self.records.pop(key, None)
+            self.records[key] = record  # a setting: the newest last
+            for i, kind in kinds:
+                ns = NAMESPACE.get(kind)
+                if ns in RECREATED and i < len(args) and args[i]:
+                    self.uses.setdefault((ns, args[i]), set()).add(key)
 
     def _forget(self, ns: str, value: int) -> None:
         with self.record_lock:
@@ -361,13 +363,8 @@ class Translated:
         """An object is gone: its record, and those of what was made from it or configures it (a
         module's functions), so that its value, used again, is recorded anew."""
         self.records.pop(("made", ns, value), None)
-        for key, record in list(self.records.items()):
-            if any(
-                NAMESPACE[kind] == ns and record.args[i] == value
-                for i, kind in record.kinds
-                if kind != LAUNCH
-            ):
-                del self.records[key]
+        for key in self.uses.pop((ns, value), ()):
+            self.records.pop(key, None)
 
     def _device_of(self, record: Record, contexts: dict[int, int]) -> int | None:
         return record.device if record.device is not None else contexts.get(record.ctx)
