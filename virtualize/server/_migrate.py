@@ -5,7 +5,9 @@ its address window, so a lease can move while its processes run: the lease's cal
 point where none is executing (`Gate`), each context is synchronised (its streams drained), the
 executor copies the device's memory to the target GPU at the same addresses and re-creates what the
 processes hold there (`Executor.migrate`: all or nothing, the source untouched until it commits),
-and the calls resume. The client notices a pause.
+and the calls resume. The client notices a pause. The objects made anew have new handle values: the
+worker's executor maps the client's values to them from then on (`virtualize.server._handles`), and
+the native loop leaves every frame to the Python path, where that map is.
 
 What cannot move is refused before anything pauses, with the reason (`refusal`); the lease keeps
 running. The pool server asks through the worker's state directory (``server.workers``: the request
