@@ -4,16 +4,19 @@ Each lease here runs on a worker of GPU 0 with the real CUDA executor; it is mov
 (``WorkerHandle.migrate``: the request gpupool-server's ``POST /v1/admin/leases/{id}/migrate`` sends its
 worker) while its program runs.
 
-1. cupy: a CuPy program (its own kernel, no library) holds 1 GiB filled with a pattern; moved; it
+1. driver: a program of the driver API alone (ctypes on the shim) holds 256 MiB filled on a stream of
+   its own, with an event; moved; the same address, stream and event work after the move.
+2. cupy: a CuPy program (its own kernel, no library) holds 1 GiB filled with a pattern; moved; it
    checks the bytes and runs its kernel on them again.
-2. pause: a PyTorch program holds N GiB (random int32, checksummed) for each N of --sizes; moved; the
+3. pause: a PyTorch program holds N GiB (random int32, checksummed) for each N of --sizes; moved; the
    table prints bytes, objects re-created, pause, wait, the copy rate, the GPUs' used memory before and
    after (nvidia-smi), and whether the checksum and a kernel on the moved tensor hold.
-3. training: a GPT-2-style training (bench/train_models.py gpt2, seeded, deterministic) on GPU 0
+4. training: a GPT-2-style training (bench/train_models.py gpt2, seeded, deterministic) on GPU 0
    unmigrated (the reference losses), then again with the lease moved to GPU 1 after step --at; the
    losses must be equal step for step.
 
-A refused migration prints its reason (REFUSED): the lease must keep running unharmed. Each step is
+`--executor host --only driver` rehearses the steps on a machine without a GPU. A refused migration
+prints its reason (REFUSED): the lease must keep running unharmed. Each step is
 bounded by a timeout; the worker's log goes to stderr. The summary lists PASS / REFUSED / FAIL / SKIP;
 the exit status is 1 unless every check passed. Results go to $OUT/migrate_results.json and the pause
 table to $OUT/migrate_pause.md when $OUT is set:
@@ -80,6 +83,37 @@ fill((1024,), (256,), (x, cupy.uint64(n), cupy.uint32(9)))
 fill((1024,), (256,), (expect, cupy.uint64(n), cupy.uint32(9)))
 print("after", same, bool((x == expect).all()), flush=True)
 """
+# The driver API alone (the shim's libcuda.so.1, no library): 256 MiB filled on a stream of its own with
+# an event behind; after the move the same stream, event and address: the bytes, then a new fill.
+DRIVER_HOLDER = r"""
+import ctypes, sys
+cu = ctypes.CDLL("libcuda.so.1")
+def ok(rc, what):
+    if rc:
+        print("failed", what, rc, flush=True)
+        sys.exit(1)
+u64 = ctypes.c_uint64
+dev, ctx, ptr, stream, event = ctypes.c_int(), u64(), u64(), u64(), u64()
+ok(cu.cuInit(0), "init"); ok(cu.cuDeviceGet(ctypes.byref(dev), 0), "device")
+ok(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "retain"); ok(cu.cuCtxSetCurrent(ctx), "current")
+n = 256 << 20
+ok(cu.cuMemAlloc_v2(ctypes.byref(ptr), u64(n)), "alloc")
+ok(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream"); ok(cu.cuEventCreate(ctypes.byref(event), 0), "event")
+def fill(word):
+    ok(cu.cuMemsetD32Async(ptr, ctypes.c_uint(word), u64(n // 4), stream), "fill")
+    ok(cu.cuEventRecord(event, stream), "record"); ok(cu.cuEventSynchronize(event), "event sync")
+def same(word):
+    back = ctypes.create_string_buffer(n)
+    ok(cu.cuMemcpyDtoH_v2(back, ptr, u64(n)), "read")
+    return back.raw == word.to_bytes(4, "little") * (n // 4)
+fill(0x5A5AA5A5)
+print("ready", same(0x5A5AA5A5), flush=True)
+sys.stdin.readline()
+kept = same(0x5A5AA5A5)
+fill(0x01020304)
+ok(cu.cuStreamSynchronize(stream), "stream sync")
+print("after", kept, same(0x01020304) and cu.cuEventQuery(event) == 0, flush=True)
+"""
 results: list[dict] = []
 OUT_DIR = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
 STARTED = time.monotonic()
@@ -127,9 +161,12 @@ def lease_env(handle, shim: Path, work: Path) -> dict[str, str]:
                                 library=shim)}  # fmt: skip
 
 
+EXECUTOR = ["cuda"]  # --executor host: a rehearsal of this script's steps without a GPU (driver part only)
+
+
 def worker_on(gpu: tuple[int, str, int], mem_gib: int):
     return start_worker("migrate-test", [WorkerDevice(gpu[0], gpu[1], mem_gib << 30)], bind_host="127.0.0.1",
-                        env={}, executor="cuda")  # fmt: skip
+                        env={}, executor=EXECUTOR[0])  # fmt: skip
 
 
 def move(handle, to: tuple[int, str, int]) -> dict:
@@ -177,6 +214,20 @@ def outcome(name: str, answer: dict, intact: bool, detail: str) -> None:
         record(name, "PASS", detail)
     else:
         record(name, "REFUSED", f"{answer.get('error')}; the program ran on unharmed")
+
+
+def driver_check(shim: Path, work: Path, two: list) -> None:
+    print(f"\n=== driver: 256 MiB, a stream and an event of the driver API, moved GPU {two[0][0]} -> {two[1][0]}",
+          flush=True)  # fmt: skip
+    handle = worker_on(two[0], 2)
+    try:
+        first, answer, after, smi = hold(DRIVER_HOLDER, [], handle, shim, work, two[1])
+    finally:
+        handle.stop()
+    intact = first == "ready True" and after == "after True True"
+    outcome("driver API: memory, stream and event moved", answer, intact,
+            f"{answer.get('bytes', 0) >> 20} MiB, {answer.get('objects')} objects, paused {answer.get('pause_s', 0):.3f} s, "
+            f"used MiB {smi}")  # fmt: skip
 
 
 def cupy_check(shim: Path, work: Path, two: list) -> None:
@@ -274,15 +325,20 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     parser.add_argument("--at", type=int, default=8, help="the step after which the lease moves (default 8)")
     parser.add_argument("--sizes", default="1,4,16", help="GiB held for the pause table (default 1,4,16)")
-    parser.add_argument("--only", nargs="*", default=["cupy", "pause", "training"], help="parts to run")
+    parser.add_argument(
+        "--only", nargs="*", default=["driver", "cupy", "pause", "training"], help="parts to run"
+    )
+    parser.add_argument("--executor", default="cuda", choices=["cuda", "host"],
+                        help="host: rehearse the driver part without a GPU (two host 'GPUs')")  # fmt: skip
     parser.add_argument("--budget", type=float, default=420, help="seconds for the whole run (default 420)")
     args = parser.parse_args()
     BUDGET_S[0] = args.budget
+    EXECUTOR[0] = args.executor
     out_dir = OUT_DIR
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpupool-migrate-{os.getpid()}"
     work.mkdir(parents=True, exist_ok=True)
     try:
-        found = gpus()
+        found = gpus() if args.executor == "cuda" else [(0, "", 0), (1, "", 0)]
     except (OSError, subprocess.SubprocessError) as exc:
         found = []
         print(f"nvidia-smi failed: {exc}")
@@ -292,13 +348,14 @@ def main() -> int:
         shim = fresh_shim(work / "shim")
         print(f"shim: {shim}; GPUs: {found[:2]}; used MiB {used_mib()}", flush=True)
         parts = {
+            "driver": lambda: driver_check(shim, work, found[:2]),
             "cupy": lambda: cupy_check(shim, work, found[:2]),
             "pause": lambda: pause_table(
                 shim, work, found[:2], [int(s) for s in args.sizes.split(",")], out_dir
             ),
             "training": lambda: training(shim, work, found[:2], args.steps, args.at),
         }
-        needs = {"cupy": 30, "pause": 40, "training": 120}
+        needs = {"driver": 20, "cupy": 30, "pause": 40, "training": 120}
         for name in args.only:
             if out_of_time(name, needs.get(name, 30)):
                 continue
