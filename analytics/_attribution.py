@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from analytics._scope import ALL, Scope, no_data_error
+from analytics._scope import ALL, Scope, no_data_error, one_row
 from collector.reader import TelemetryError
 from collector.sample_columns import DEFAULT_OPTIONS, GIB, SummaryOptions
 from collector.weights import PROCESS_ENTITY, weighted_query
@@ -61,9 +61,9 @@ def attribution(
         raise TelemetryError(f"unknown attribution key {by!r}", "use one of: " + ", ".join(BY))
     where, params = scope.where()
     col = BY[by]
-    (unknown,) = con.execute(
-        f"SELECT count(*) FROM process_samples WHERE {where} AND sm_util IS NULL", params
-    ).fetchone()
+    (unknown,) = one_row(
+        con, f"SELECT count(*) FROM process_samples WHERE {where} AND sm_util IS NULL", params
+    )
     # Where NVML gave no busy share, the GPU's utilization.gpu in that minute stands in. Joined per
     # minute, not per sample (a per-sample join would hold a month of GPU samples in a hash table),
     # and computed once for all chunks.

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import duckdb
 
 from analytics import _rollup
-from analytics._scope import ALL, Scope, no_data_error
+from analytics._scope import ALL, Scope, no_data_error, one_row
 from collector.reader import TelemetryError
 from collector.weights import median_of, weighted_query
 
@@ -73,7 +74,7 @@ def _grouped(
     where, wparams = scope.where()
     plan = _rollup.plan(con, scope, None, bucket_us // 1_000_000)[0] if bucket_us else None
     windowed, (raw_where, raw_params, extra_cols, extra_params, keep) = _rollup.raw_source(con, plan, scope)
-    raw = {
+    raw: dict[str, Any] = {
         "table": "gpu_samples",
         "where": where + raw_where,
         "params": [*wparams, *raw_params],
@@ -86,7 +87,7 @@ def _grouped(
     # (``fb``, rare) take: it is read (raw and rollups) only where some row needs it.
     result = weighted_query(con, key_sets=(("e", "k"),), aggregates=_SUMS, intervals=False, **raw)
     rolled = []
-    if plan is not None:
+    if plan is not None and bucket_us is not None:  # a plan is made only for buckets
         rolled = _rollup.read_buckets(con, plan, where, wparams, bucket_us, per, span=span is not None)
         if span is not None:
             lo, hi = _rollup.span(con, plan, where, wparams, windowed, rollups=False)
@@ -129,7 +130,7 @@ def _weighted(rows, key_of, gpus: bool = True) -> dict:
     """Fold ``_grouped`` rows into time-weighted means per key: {key: (util, sm, mem, gpu_hours, gpus, simulated)}.
     ``gpus=False`` counts no GPUs (0): the heatmap shows none, and at 512 GPUs over 90 days their
     sets are a million insertions."""
-    acc: dict = {}
+    acc: dict[Any, list[Any]] = {}
     for host, index, k, w, w_u, s_u, w_a, s_a, w_m, s_m, sim, e in rows:
         key = key_of(host, index, k)
         a = acc.get(key)
@@ -185,10 +186,8 @@ def _bucket_for(con: duckdb.DuckDBPyConnection, scope: Scope, max_points: int) -
     if plan is not None:  # the span from the rollups and the raw samples after them
         lo, hi = _rollup.span(con, plan, where, params, _rollup.raw_source(con, plan, scope)[0])
     else:
-        lo, hi = con.execute(
-            f"SELECT min(epoch(ts)), max(epoch(ts)) FROM gpu_samples WHERE {where}", params
-        ).fetchone()
-    if lo is None:
+        lo, hi = one_row(con, f"SELECT min(epoch(ts)), max(epoch(ts)) FROM gpu_samples WHERE {where}", params)
+    if lo is None or hi is None:  # both or neither: no rows
         raise no_data_error(con, scope)
     return _round_bucket(lo, hi, max_points)
 
@@ -380,7 +379,9 @@ def _periods(con, scope: Scope, timeline: Timeline, n: int) -> Periods:
     by_util = sorted(candidates, key=lambda p: (p.util_gpu_mean, p.start))
     return Periods(
         bucket_s,
-        busiest=tuple(period(p) for p in sorted(by_util, key=lambda p: (-p.util_gpu_mean, p.start))[:n]),
+        busiest=tuple(
+            period(p) for p in sorted(by_util, key=lambda p: (-(p.util_gpu_mean or 0.0), p.start))[:n]
+        ),
         idlest=tuple(period(p) for p in by_util[:n]),
         simulated=timeline.simulated,
         partial=partial,

@@ -54,7 +54,8 @@ class _Pool:
         self.size, self.growable, self.n = size, growable, gpus
         self.free = np.full(max(gpus, 16), size, np.int64)
 
-    def place(self, parts: int, policy: str) -> int | None:
+    def place(self, parts: int, policy: str) -> int:
+        """The GPU that takes ``parts`` (a fixed pool's caller has checked that one has room)."""
         free = self.free[: self.n]
         if policy == "best-fit":
             # The GPU left with the least room, the lowest-numbered of those.
@@ -67,7 +68,7 @@ class _Pool:
             ok = len(fits) > 0 and bool(fits[gpu])
         if not ok:
             if not self.growable:
-                return None
+                raise RuntimeError(f"no GPU of the fixed pool has {parts} partition(s) free")
             if self.n == len(self.free):
                 self.free = np.concatenate([self.free, np.full(len(self.free), self.size, np.int64)])
             gpu, self.n = self.n, self.n + 1

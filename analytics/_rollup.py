@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from analytics._scope import Scope, utc
+from analytics._scope import Scope, one_row, utc
 from collector.rollups import (
     DAY_TABLE,
     DAY_US,
@@ -38,7 +38,7 @@ class Plan:
     """Which data answers a summary: rollup rows before each host's marks, raw samples after."""
 
     levels: tuple[str, ...]  # "1d", "1h", "1m" and/or "raw", coarsest first
-    marks: dict[str, dict[str, int | None]]  # host -> {level: covered up to (epoch µs) or None}
+    marks: dict[str, dict[str, int]]  # host -> {level: covered up to (epoch µs)}; a host without any: {}
     raw_from_us: dict[str, int]  # host -> raw samples from here on (hosts not listed: all raw)
     # With "1d": the whole UTC days of the range, [days_from_us, days_to_us) (None: unbounded); hours
     # answer its parts before and after them (the range is on the hour).
@@ -64,9 +64,7 @@ def _aligned(ts: dt.datetime | None, period_us: int) -> bool:
 def rollups_built(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether some host's minute rollups exist (``gpustat-report rollup`` has run on this telemetry)."""
     try:
-        return bool(
-            con.execute("SELECT count(*) FROM rollup_marks WHERE covers_to_us IS NOT NULL").fetchone()[0]
-        )
+        return bool(one_row(con, "SELECT count(*) FROM rollup_marks WHERE covers_to_us IS NOT NULL")[0])
     except duckdb.CatalogException:
         return False
 
@@ -82,7 +80,7 @@ def plan(
         ).fetchall()
     except duckdb.CatalogException:
         return None, "no rollups"
-    marks: dict[str, dict[str, int | None]] = {}
+    marks: dict[str, dict[str, int]] = {}
     for host, level, covers_to, idle_below, held in rows:
         if scope.hosts and host not in scope.hosts:
             continue
@@ -92,7 +90,9 @@ def plan(
             and (idle_below != options.idle_below or held != options.held_mem_bytes)
         ):
             return None, "thresholds differ from the rollups'"
-        marks.setdefault(host, {})[level] = covers_to
+        levels_of = marks.setdefault(host, {})  # a host with marks but none covering yet: all raw
+        if covers_to is not None:
+            levels_of[level] = covers_to
     if not any(m.get("1m") is not None for m in marks.values()):  # hours are read only before minutes
         return None, "no rollups"
     levels = [
@@ -252,7 +252,7 @@ TAIL_COLUMNS = (
 def _any_order(con: duckdb.DuckDBPyConnection):
     """The statements inside may produce their rows in any order: the LIMIT over a parallel scan
     then keeps no order across the files (a quarter of the raw tail's window at 512 GPUs)."""
-    (was,) = con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()
+    (was,) = one_row(con, "SELECT current_setting('preserve_insertion_order')")
     con.execute("SET preserve_insertion_order = false")
     try:
         yield
@@ -396,13 +396,16 @@ def span(
     raw_where, raw_params, *_ = raw_tail(p) if windowed is None else ("", [])
     raw = f"SELECT epoch(min(ts)) AS lo, epoch(max(ts)) AS hi FROM {windowed or 'gpu_samples'} WHERE {where}{raw_where}"
     if not rollups:
-        return con.execute(raw, [*params, *raw_params]).fetchone()
+        lo, hi = one_row(con, raw, [*params, *raw_params])
+        return lo, hi
     rel, rp = rollup_relation(p, where, params)
-    return con.execute(
+    lo, hi = one_row(
+        con,
         f"""SELECT min(lo), max(hi) FROM (
                 SELECT epoch(min(first_ts)) AS lo, epoch(max(last_ts)) AS hi FROM {rel} UNION ALL {raw})""",
         [*rp, *params, *raw_params],
-    ).fetchone()
+    )
+    return lo, hi
 
 
 @dataclass

@@ -7,8 +7,10 @@ partition so DuckDB skips whole days of segments outside the range.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import duckdb
 
@@ -87,11 +89,20 @@ class Extent:
     process_rows: int
 
 
+def one_row(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...]:
+    """The row of an aggregate query without GROUP BY (SQL always gives it exactly one)."""
+    row = con.execute(sql, params).fetchone()
+    if row is None:
+        raise RuntimeError(f"an aggregate query returned no row: {sql}")
+    return row
+
+
 def no_data_error(con: duckdb.DuckDBPyConnection, scope: Scope, table: str = "gpu_samples") -> TelemetryError:
     """The error for a scope that matches no rows, with the span that does hold data as the hint."""
-    row = con.execute(
-        f"SELECT min(ts) AT TIME ZONE 'UTC', max(ts) AT TIME ZONE 'UTC', string_agg(DISTINCT host, ', ') FROM {table}"
-    ).fetchone()
+    row = one_row(
+        con,
+        f"SELECT min(ts) AT TIME ZONE 'UTC', max(ts) AT TIME ZONE 'UTC', string_agg(DISTINCT host, ', ') FROM {table}",
+    )
     if row[0] is None:
         return TelemetryError(f"no {table} rows in this telemetry", "is the collector writing there?")
     hint = f"the telemetry holds {row[0]:%Y-%m-%d %H:%M} to {row[1]:%Y-%m-%d %H:%M} UTC on hosts {row[2]}"

@@ -143,6 +143,7 @@ class WhatIf:
     cost_observed: float  # the GPU-hours observed (the summary's) x price: what was used
     cost_pooled: float  # pool_gpus x span x price: a pool is paid for all along
     need: tuple[int, ...] = field(repr=False)  # pool GPUs in use per step, the first at need_start
+    need_start: datetime  # UTC
     assumptions: tuple[str, ...] = field(repr=False, default=())
     simulated: bool = False
     demand: str = "process"  # the demand basis used: "process" or "gpu" (options.demand may say "auto")
@@ -152,7 +153,6 @@ class WhatIf:
     gpu_mem_bytes: int = 0  # the pool GPU's memory the replay used
     gpu_mem_from: str = "telemetry"  # where that came from: "telemetry", "given", or "model NAME"
     data_source: str = "raw samples"  # which data answered: rollups (GPU demand) and/or raw samples
-    need_start: datetime | None = None
 
     @property
     def need_over_time(self) -> tuple[tuple[datetime, int], ...]:
@@ -292,7 +292,10 @@ class _Runs:
     peak units, and every step's busy share, run after run."""
 
     def __init__(self) -> None:
-        self.key, self.start, self.steps, self.units = [], [], [], []
+        self.key: list[np.ndarray] = []
+        self.start: list[np.ndarray] = []
+        self.steps: list[np.ndarray] = []
+        self.units: list[np.ndarray] = []
         self.busy: list[np.ndarray] = []
         self._last: tuple[int, int] | None = None  # (key, step) of the last row seen
 
@@ -361,7 +364,7 @@ class _Cells:
         busy, n = self.util_sum, self.util_n
         np.divide(busy, n, out=busy, where=n > 0)
         observed = int((n.reshape(-1, self.horizon) > 0).sum(axis=0).max(initial=0))
-        self.util_n = n = None
+        del self.util_n, n  # the grids are large: each goes as soon as it is used (this runs once)
         use = self.held
         use |= busy >= idle_below
         np.clip(busy, 0.0, 1.0, out=busy)
@@ -375,7 +378,7 @@ class _Cells:
         del before, grid
         self.units[~use] = 0
         units = np.maximum.reduceat(self.units, starts).astype(np.int64) if len(starts) else starts
-        self.held = self.units = None
+        del self.held, self.units
         return (
             starts // self.horizon,
             starts % self.horizon,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import duckdb
 
-from collector.reader import _empty_select
+from collector.reader import _empty_select, utc
 from collector.schema import PARTITION_TYPES, TABLES
 
 # Series the console may ask for: column name -> what it is. A fixed list, because a column name
@@ -71,12 +71,6 @@ class ProcessNow:
     sm_util: float | None
 
 
-def _utc(ts: datetime | None) -> datetime | None:
-    # Queries return naive UTC (``ts AT TIME ZONE 'UTC'``) so results do not depend on the session's
-    # time zone; callers get aware datetimes.
-    return None if ts is None else ts.replace(tzinfo=UTC)
-
-
 def _naive(ts: datetime) -> datetime:
     return ts.astimezone(UTC).replace(tzinfo=None) if ts.tzinfo else ts
 
@@ -89,7 +83,7 @@ def newest_sample_time(con: duckdb.DuckDBPyConnection) -> datetime | None:
         WHERE date >= (SELECT max(date) FROM gpu_samples) - INTERVAL 1 DAY
         """
     ).fetchone()
-    return _utc(row[0]) if row else None
+    return utc(row[0]) if row else None
 
 
 def _window(
@@ -132,7 +126,7 @@ def latest_gpu_samples(
             gpu_uuid=r[2],
             gpu_name=r[3],
             state=r[4] or "ok",
-            ts=_utc(r[5]),
+            ts=utc(r[5]),
             util_gpu=r[6],
             sm_activity=r[7],
             mem_used_bytes=r[8],
@@ -230,7 +224,7 @@ def gpu_processes(
             host=r[0],
             gpu_index=int(r[1]),
             gpu_uuid=r[2],
-            ts=_utc(r[3]),
+            ts=utc(r[3]),
             pid=int(r[4]),
             process_name=r[5],
             user=r[6],

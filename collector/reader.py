@@ -28,6 +28,7 @@ import os
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import overload
 
 import duckdb
 import pyarrow as pa
@@ -49,6 +50,10 @@ from collector.weights import RULE as WEIGHTS_RULE
 log = logging.getLogger("gpupool.telemetry")
 
 
+@overload
+def utc(ts: datetime) -> datetime: ...
+@overload
+def utc(ts: None) -> None: ...
 def utc(ts: datetime | None) -> datetime | None:
     """An aware UTC datetime (naive input is taken to be UTC already): how telemetry holds time."""
     if ts is None:

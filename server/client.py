@@ -484,10 +484,11 @@ class ServerClientOptions:
 
 
 class ServerClient:
-    """One server of the pool, as the console uses it. The reads return the documented answers as JSON
-    values (the console lays them out as records and keeps the usable ones of a server of another
-    version); the operator actions return ``server.api`` structs. Failures are ``Unreachable`` or
-    ``ApiError`` with the console's wording and hints."""
+    """One server of the pool, as the console uses it. Every answer is decoded into its ``server.api``
+    struct (``Health``, ``Gpu``, ``Lease``, ``Client``, ``Policy``, ...): an answer that is not one (a
+    server of another version, another program) is an ``ApiError`` naming the struct, so the console
+    reports that route and shows the others. Failures are ``Unreachable`` or ``ApiError`` with the
+    console's wording and hints."""
 
     def __init__(
         self,
@@ -508,20 +509,21 @@ class ServerClient:
         return f"ServerClient({self.url!r}, token={'set' if self.token else 'none'})"
 
     # Reads ---------------------------------------------------------------------------------------
-    def health(self) -> dict[str, Any]:
-        return self._call("GET", "/v1/health", auth=False)
+    def health(self) -> api.Health:
+        return self._typed(api.Health, "GET", "/v1/health", auth=False)
 
-    def gpus(self) -> dict[str, Any]:
-        return self._call("GET", "/v1/gpus")
+    def gpus(self) -> api.GpuList:
+        return self._typed(api.GpuList, "GET", "/v1/gpus")
 
-    def leases(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/v1/leases?all=true&state=active")["leases"]
+    def leases(self) -> list[Lease]:
+        return self._typed(api.LeaseList, "GET", "/v1/leases?all=true&state=active").leases
 
-    def clients(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/v1/admin/clients").get("clients", [])
+    def clients(self) -> list[api.Client]:
+        return self._typed(api.ClientList, "GET", "/v1/admin/clients").clients
 
-    def policy(self) -> dict[str, Any]:
-        return self._call("GET", "/v1/admin/policy")
+    def policy(self) -> Any:
+        """The policy in force: an ``api.Policy`` (a struct built from ``server.ranges.POLICY``)."""
+        return self._typed(api.Policy, "GET", "/v1/admin/policy")
 
     # Operator actions (admin token): answers decoded into server.api's structs -------------------
     def release(self, lease_id: str) -> Lease:
@@ -538,15 +540,17 @@ class ServerClient:
         """Set policy values (``server.ranges.POLICY``); None clears one back to the config file's."""
         return self._typed(api.Policy, "PUT", "/v1/admin/policy", _update(api.PolicyUpdate, fields))
 
-    def _typed(self, kind: type[T], method: str, path: str, body: msgspec.Struct | None = None) -> T:
+    def _typed(
+        self, kind: type[T], method: str, path: str, body: msgspec.Struct | None = None, *, auth: bool = True
+    ) -> T:
         try:
-            return msgspec.convert(self._call(method, path, body), kind)
+            return msgspec.convert(self._call(method, path, body, auth=auth), kind)
         except msgspec.ValidationError as exc:
             raise ApiError(
                 self.url,
                 200,
                 api.Error(error=f"answer is not a {kind.__name__}: {exc}", code="unknown"),
-                title=f"{method} {path} on {self.url}: answer is not a {kind.__name__} ({exc})",
+                title=f"{method} {path.split('?')[0]} on {self.url}: answer is not a {kind.__name__} ({exc})",
                 hint="is this a gpupool-server of this version?",
             ) from None
 

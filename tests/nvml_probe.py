@@ -25,8 +25,13 @@ def every() -> None:
         if not (name.startswith("nvmlDeviceGet") and callable(fn)):
             continue
         params = list(inspect.signature(fn).parameters.values())
-        # The handle first, then 0 for each further required argument (a sensor, an index, a type).
-        args = [handle] + [0 for p in params[1:] if p.default is inspect.Parameter.empty]
+        # The handle first, then the handle again for a further device (nvmlDeviceGetP2PStatus's second)
+        # and 0 for each other required argument (a sensor, an index, a type).
+        args = [handle] + [
+            handle if "device" in p.name.lower() else 0
+            for p in params[1:]
+            if p.default is inspect.Parameter.empty
+        ]
         try:
             fn(*args)
             results[name] = "ok"
@@ -108,6 +113,31 @@ def cuda(mib: int) -> None:
     print("my_pid", __import__("os").getpid(), flush=True)
 
 
+def peers() -> None:
+    """What NCCL asks NVML of every pair of GPUs before it starts (P2P read and write status), next to
+    CUDA's cuDeviceCanAccessPeer for the same pair; and each GPU's compute capability."""
+    import ctypes
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    import remote_client as rc
+
+    rc.check(rc.cu.cuInit(0), "cuInit")
+    N.nvmlInit()
+    count = N.nvmlDeviceGetCount()
+    print("count", count)
+    for a in range(count):
+        major, minor = N.nvmlDeviceGetCudaComputeCapability(N.nvmlDeviceGetHandleByIndex(a))
+        print(f"cc_{a}", f"{major}.{minor}")
+        for b in range(count):
+            ha, hb = N.nvmlDeviceGetHandleByIndex(a), N.nvmlDeviceGetHandleByIndex(b)
+            read = N.nvmlDeviceGetP2PStatus(ha, hb, 0)  # NVML_P2P_CAPS_INDEX_READ
+            write = N.nvmlDeviceGetP2PStatus(ha, hb, 1)  # NVML_P2P_CAPS_INDEX_WRITE
+            can = ctypes.c_int(-1)
+            if a != b:
+                rc.check(rc.cu.cuDeviceCanAccessPeer(ctypes.byref(can), a, b), "cuDeviceCanAccessPeer")
+            print(f"p2p_{a}_{b}", read, write, can.value, flush=True)
+
+
 def fill() -> None:
     """A program that takes "all free memory" gets the partition: all of it, and not a byte more."""
     import ctypes
@@ -156,5 +186,7 @@ if __name__ == "__main__":
         fill()
     elif what == "torch":
         torch_sizes()
+    elif what == "peers":
+        peers()
     else:
         cuda(int(sys.argv[2]))

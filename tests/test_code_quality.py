@@ -33,7 +33,7 @@ def test_tool_passes(args):
 
 def test_the_typed_seams_type_check():
     """mypy passes over the files [tool.mypy] lists (the pool API's structs and client, the wire format,
-    the telemetry schema, analytics' public functions): a wrong type there fails the suite."""
+    the telemetry schema, analytics and the console): a wrong type there fails the suite."""
     proc = subprocess.run([_tool("mypy")], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

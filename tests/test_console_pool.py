@@ -271,7 +271,7 @@ def test_pool_client_errors_carry_the_servers_message(server):
     with pytest.raises(PoolClientError) as err:
         ServerClient(server.url, "gp_wrong").clients()
     assert err.value.status == 401
-    assert ServerClient(server.url).health()["simulated"] is True
+    assert ServerClient(server.url).health().simulated is True
 
 
 @pytest.mark.needs("openssl")
@@ -307,8 +307,8 @@ def test_tls_server_with_a_private_ca(tmp_path):
             ServerClient(srv.url).health()  # not trusted by the system's CAs
         assert "TLS failed" in err.value.title and "--ca-cert" in err.value.hint
         trusted = ServerClient(srv.url, srv.tokens["ops"], ServerClientOptions(ca_cert=str(cert)))
-        assert trusted.health()["server"]["tls"] is True
-        assert len(trusted.gpus()["gpus"]) == 4
+        assert trusted.health().server.tls is True
+        assert len(trusted.gpus().gpus) == 4
     finally:
         srv.stop()
 

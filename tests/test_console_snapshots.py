@@ -54,6 +54,7 @@ def _lease(lid: str, client: str, fractions: list[float], age_s: float, idle_s: 
         "idle_timeout_s": 1800,
         "label": label,
         "simulated": True,
+        "server": SERVER,
         "partitions": [
             {
                 "gpu_index": i,
@@ -69,7 +70,13 @@ def _lease(lid: str, client: str, fractions: list[float], age_s: float, idle_s: 
 
 
 ANSWERS: dict[str, Any] = {
-    "/v1/health": {"status": "ok", "server": SERVER, "simulated": True, "leases_active": 2},
+    "/v1/health": {
+        "status": "ok",
+        "server": SERVER,
+        "simulated": True,
+        "leases_active": 2,
+        "store": {"writable": True, "unsaved_leases": 0},
+    },
     "/v1/gpus": {
         "server": SERVER,
         "simulated": True,
@@ -127,12 +134,20 @@ ANSWERS: dict[str, Any] = {
             },
         ]
     },
-    "/v1/admin/policy": {"default_limit": 2.0, "default_idle_timeout_s": 1800, "max_lease_s": None},
+    "/v1/admin/policy": {
+        "default_limit": 2.0,
+        "default_idle_timeout_s": 1800,
+        "max_lease_s": None,
+        "lease_ttl_s": 30,
+        "max_leases_per_client": 32,
+        "max_workers_per_client": 8,
+    },
 }
 
 
 class CannedServer(ServerClient):
-    """A pool server's documented answers, fixed: the seam is ServerClient._call (HTTP is tested elsewhere)."""
+    """A pool server's documented answers (each decodes as its server.api struct), fixed: the seam is
+    ServerClient._call (HTTP is tested elsewhere)."""
 
     def _call(self, method: str, path: str, body=None, *, auth: bool = True):
         return json.loads(json.dumps(ANSWERS[path.split("?")[0]]))

@@ -306,6 +306,26 @@ def test_one_memory_size_everywhere_under_gpuattach_run(server, tmp_path):
     assert got["nvml_processes"] == got["my_pid"]
 
 
+@pytest.mark.slow
+@needs_shims
+def test_nccls_first_questions_of_a_two_gpu_lease_are_answered(server, tmp_path):
+    """Under `gpuattach run -n 2`, what NCCL asks NVML before it starts and stops without: each GPU's
+    compute capability, and the P2P read and write status of every pair of the lease's GPUs (a GPU with
+    itself included), answered OK exactly where CUDA says the two reach each other."""
+    env = client_env(tmp_path, [server.url], server.token("nvml-peers"))
+    out = gpuattach("run", "-n", "2", "-p", "0.25", "--", sys.executable, PROBE, "peers", env=env, timeout=90)
+    assert out.returncode == 0, out.stderr
+    got = lines(out.stdout)
+    assert got["count"] == "2"
+    assert got["cc_0"] == got["cc_1"] != ""
+    ok, not_supported = "0", "5"  # nvmlGpuP2PStatus_t: NVML_P2P_STATUS_OK, NVML_P2P_STATUS_NOT_SUPPORTED
+    for a, b in ((0, 0), (1, 1)):
+        assert got[f"p2p_{a}_{b}"].split()[:2] == [ok, ok]
+    for a, b in ((0, 1), (1, 0)):
+        read, write, can = got[f"p2p_{a}_{b}"].split()
+        assert can in ("0", "1") and read == write == (ok if can == "1" else not_supported)
+
+
 @needs_shims
 def test_a_local_run_shows_the_same_slice(server, tmp_path):
     """`gpuattach run --local -p 0.25` gets the same NVML shim: the tools see the partition, not the GPU."""

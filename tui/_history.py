@@ -173,7 +173,8 @@ class HistoryView(View):
 
     @work(thread=True, exclusive=True, group="history")
     def _load(self, label: str) -> None:
-        self.post_message(self.Loaded(self.source.load(label)))
+        if self.source is not None:  # reload() starts it only then
+            self.post_message(self.Loaded(self.source.load(label)))
 
     @on(Loaded)
     def _loaded(self, message: Loaded) -> None:

@@ -70,9 +70,6 @@ class HelpScreen(ModalScreen[None]):
         with VerticalScroll(id="help-box"):
             yield Static(help_renderable())
 
-    def action_dismiss(self) -> None:
-        self.dismiss(None)
-
 
 class ConfirmScreen(ModalScreen[bool]):
     """Ask one question; `y`/enter on Yes confirms, `n`/esc cancels."""

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from analytics import live
 from analytics.live import GpuNow, ProcessNow
+from server.api import Client, Gpu, Health, Lease
 from server.client import PoolClientError, ServerClient
 
 GpuKey = tuple[str, str]  # (host, gpu_uuid)
@@ -85,9 +86,17 @@ class TelemetryFleet:
                 con = self._connection()
                 newest = live.newest_sample_time(con)
                 gpus = live.latest_gpu_samples(con, at=newest) if newest else []
-                opts = dict(minutes=self.series.minutes, buckets=self.series.buckets, at=newest)
-                util = live.gpu_series(con, "util_gpu_mean", **opts) if newest else {}
-                sm = live.gpu_series(con, "sm_activity", **opts) if newest else {}
+                minutes, buckets = self.series.minutes, self.series.buckets
+                util = (
+                    live.gpu_series(con, "util_gpu_mean", minutes=minutes, buckets=buckets, at=newest)
+                    if newest
+                    else {}
+                )
+                sm = (
+                    live.gpu_series(con, "sm_activity", minutes=minutes, buckets=buckets, at=newest)
+                    if newest
+                    else {}
+                )
             except Exception as exc:  # a half-written or foreign file must not kill the console
                 return FleetSnapshot(self.label, [], error=f"telemetry unreadable: {_one_line(exc)}")
         return FleetSnapshot(self.label, gpus, util, sm, newest)
@@ -108,25 +117,18 @@ class ServerState:
     url: str
     reachable: bool = False
     error: str | None = None  # why it is unreachable or why admin data is missing
-    health: dict[str, Any] | None = None
-    gpus: list[dict[str, Any]] = field(default_factory=list)
-    leases: list[dict[str, Any]] = field(default_factory=list)
-    clients: list[dict[str, Any]] = field(default_factory=list)
-    policy: dict[str, Any] | None = None
+    health: Health | None = None
+    gpus: list[Gpu] = field(default_factory=list)
+    leases: list[Lease] = field(default_factory=list)
+    clients: list[Client] = field(default_factory=list)
+    policy: Any = None  # an api.Policy (built from server.ranges.POLICY)
     checked_at: datetime | None = None
     failures: int = 0  # consecutive failed refreshes (drives the retry back-off)
     down_since: datetime | None = None  # first failure of the current outage
 
     @property
     def hostname(self) -> str:
-        return (self.health or {}).get("server", {}).get("hostname") or self.url
-
-
-def _records(items: Any, key: str) -> list[dict[str, Any]]:
-    """The objects of a list answer that carry ``key`` (what the views need to show a row)."""
-    if not isinstance(items, list):
-        raise TypeError(f"expected a list, got {type(items).__name__}")
-    return [item for item in items if isinstance(item, dict) and key in item]
+        return self.health.server.hostname if self.health else self.url
 
 
 def _short(exc: PoolClientError, url: str) -> str:
@@ -169,15 +171,16 @@ class Pool:
 
     def _fetch(self, client: ServerClient) -> ServerState:
         previous = self.states.get(client.url) or ServerState(client.url)
-        state = ServerState(client.url, checked_at=self.clock())
+        checked_at = self.clock()
+        state = ServerState(client.url, checked_at=checked_at)
         try:
             state.health = client.health()
         except PoolClientError as exc:
             state.error = _short(exc, client.url)
             state.failures = previous.failures + 1
-            state.down_since = previous.down_since or state.checked_at
+            state.down_since = previous.down_since or checked_at
             backoff = min(self.MAX_BACKOFF_S, 2.0 ** min(state.failures, 5))
-            self._next_try[client.url] = state.checked_at + timedelta(seconds=backoff)
+            self._next_try[client.url] = checked_at + timedelta(seconds=backoff)
             return state
         state.reachable = True
         self._next_try.pop(client.url, None)
@@ -187,18 +190,18 @@ class Pool:
                 "--admin`, give it with --admin-token-file or GPUPOOL_ADMIN_TOKEN)"
             )
             return state
-        # Each route on its own: one failing answer (a 403, a server bug) must not hide the others.
+        # Each route on its own: one failing answer (a 403, a server bug, a server of another version
+        # whose answer is not the struct) must not hide the others.
         errors = []
-        for name, call in (
-            ("gpus", lambda: _records(client.gpus().get("gpus"), "uuid")),
-            ("leases", lambda: _records(client.leases(), "id")),
-            ("clients", lambda: _records(client.clients(), "client")),
+        calls: tuple[tuple[str, Callable[[], Any]], ...] = (
+            ("gpus", lambda: client.gpus().gpus),
+            ("leases", client.leases),
+            ("clients", client.clients),
             ("policy", client.policy),
-        ):
+        )
+        for name, call in calls:
             try:
                 setattr(state, name, call())
-            except (KeyError, TypeError, AttributeError) as exc:  # a server of another version
-                errors.append(f"{name}: unexpected answer ({exc!r})")
             except PoolClientError as exc:
                 errors.append(_short(exc, client.url))
                 if exc.unreachable:  # it went away mid-refresh: the rest would time out too

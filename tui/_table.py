@@ -16,6 +16,7 @@ from typing import Any
 from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class SyncTable(DataTable):
     def cycle_sort(self) -> str:
         """Sort by the next column (after the last one: back to the natural order)."""
         keys = [c.key for c in self.spec]
+        nxt: str | None
         if self.sort_column is None:
             nxt = keys[0]
         else:
@@ -167,9 +169,9 @@ class SyncTable(DataTable):
         for i, col in enumerate(self.spec):
             if col.width is not None:
                 continue
-            label = str(self.columns[col.key].label)
+            label = str(self.columns[ColumnKey(col.key)].label)
             need = max([cell_len(label), *(cell_len(_plain(self._rows[k].cells[i])) for k in keys)])
-            column = self.columns[col.key]
+            column = self.columns[ColumnKey(col.key)]
             if column.width != need:
                 column.width = need
                 changed = True
@@ -189,7 +191,7 @@ class SyncTable(DataTable):
             arrow = ""
             if col.key == self.sort_column:
                 arrow = " ▼" if self.sort_reverse else " ▲"
-            self.columns[col.key].label = Text(col.label + arrow)
+            self.columns[ColumnKey(col.key)].label = Text(col.label + arrow)
         self._fit_columns(self._shown)
         self.refresh()
 

@@ -12,6 +12,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.widgets import Static
 
+from server.api import Client, Gpu, Lease
 from tui import _format as fmt
 from tui._sources import FleetSnapshot, GpuKey, ServerState
 from tui._table import Column, Row, SyncTable
@@ -320,7 +321,7 @@ class PoolView(View):
             status.append(f", {len(states) - up} unreachable (retrying)", style="bold red")
         if not has_token:
             status.append("   read-only: no admin token", style="yellow")
-        if any((s.health or {}).get("simulated") for s in states):
+        if any(s.health and s.health.simulated for s in states):
             status.append("   SIMULATED GPUs", style="bold magenta")
         self.query_one("#pool-status", Static).update(status)
         self.query_one("#pool-servers", SyncTable).set_rows([self._server_row(s, now) for s in states])
@@ -334,7 +335,7 @@ class PoolView(View):
         self.query_one("#pool-clients", SyncTable).set_rows(clients)
 
     def _server_row(self, s: ServerState, now: datetime) -> Row:
-        info = (s.health or {}).get("server", {})
+        health, info, policy = s.health, s.health.server if s.health else None, s.policy
         if s.reachable:
             status = Text("ok", style="bold green")
         else:
@@ -342,111 +343,107 @@ class PoolView(View):
             tries = "1 try" if s.failures == 1 else f"{s.failures} tries"
             status = Text(f"unreachable {down} ({tries})", style="bold red")
         mode = []
-        if (s.health or {}).get("simulated") or info.get("simulated"):
+        if health and (health.simulated or health.server.simulated):
             mode.append("simulated")
-        if info.get("mps"):
+        if info and info.mps:
             mode.append("mps")
-        if info.get("tls"):
+        if info and info.tls:
             mode.append("tls")
-        policy = s.policy or {}
-        leases = (s.health or {}).get("leases_active")
+        leases = health.leases_active if health else None
         note = s.error or ""
         return Row(
             s.url,
             (
                 s.url,
                 status,
-                info.get("hostname", fmt.MISSING),
-                str(info.get("gpu_count", fmt.MISSING)),
+                info.hostname if info else fmt.MISSING,
+                str(info.gpu_count) if info else fmt.MISSING,
                 fmt.MISSING if leases is None else str(leases),
-                fmt.limit(policy.get("default_limit")) if s.policy else fmt.MISSING,
-                fmt.idle_timeout(policy.get("default_idle_timeout_s")) if s.policy else fmt.MISSING,
-                ", ".join(mode) or ("nvml" if s.health else fmt.MISSING),
+                fmt.limit(policy.default_limit) if policy else fmt.MISSING,
+                fmt.idle_timeout(policy.default_idle_timeout_s) if policy else fmt.MISSING,
+                ", ".join(mode) or ("nvml" if health else fmt.MISSING),
                 Text(note, style="red" if not s.reachable else "yellow"),
             ),
             (
                 s.url,
                 "ok" if s.reachable else "unreachable",
-                info.get("hostname"),
-                info.get("gpu_count"),
+                info.hostname if info else None,
+                info.gpu_count if info else None,
                 leases,
-                policy.get("default_limit"),
-                policy.get("default_idle_timeout_s"),
+                policy.default_limit if policy else None,
+                policy.default_idle_timeout_s if policy else None,
                 ", ".join(mode),
                 note,
             ),
         )
 
-    def _gpu_row(self, s: ServerState, g: dict) -> Row:
-        parts = [
-            f"{p.get('lease_id', '?')} {p.get('client', '?')} {p.get('fraction') or 0:g}"
-            for p in g.get("partitions") or []
-        ]
-        free = g.get("free_fraction")
-        free_text = f"{fmt.ratio(free)} ({fmt.mib(g.get('mem_free_bytes'))})"
+    def _gpu_row(self, s: ServerState, g: Gpu) -> Row:
+        parts = [f"{p.lease_id} {p.client} {p.fraction:g}" for p in g.partitions]
+        free = g.free_fraction
+        free_text = f"{fmt.ratio(free)} ({fmt.mib(g.mem_free_bytes)})"
         return Row(
-            row_key(s.url, g.get("uuid", str(g.get("index")))),
+            row_key(s.url, g.uuid),
             (
                 s.hostname,
-                str(g.get("index")),
-                g.get("name", ""),
-                Text(free_text, style="green" if (free or 0) >= 0.999 else "yellow" if free else "red"),
+                str(g.index),
+                g.name,
+                Text(free_text, style="green" if free >= 0.999 else "yellow" if free else "red"),
                 " | ".join(parts) or Text("free", style="dim"),
             ),
-            (s.hostname, g.get("index"), g.get("name"), free, " ".join(parts)),
+            (s.hostname, g.index, g.name, free, " ".join(parts)),
         )
 
-    def _lease_row(self, s: ServerState, lease: dict, now: datetime) -> Row:
-        parts = lease.get("partitions") or []
-        fractions = sorted({round(p.get("fraction") or 0, 4) for p in parts})
-        mem = sum(p.get("mem_bytes") or 0 for p in parts)
+    def _lease_row(self, s: ServerState, lease: Lease, now: datetime) -> Row:
+        parts = lease.partitions
+        fractions = sorted({round(p.fraction, 4) for p in parts})
+        mem = sum(p.mem_bytes for p in parts)
         share = f"{fractions[0]:g}" if len(fractions) == 1 else "+".join(f"{f:g}" for f in fractions)
         size = f"{len(parts)} × {share} ({fmt.mib(mem)})"
-        created = _parse_time(lease.get("created_at"))
-        last_active = _parse_time(lease.get("last_active_at")) or created
+        created = _parse_time(lease.created_at)
+        last_active = _parse_time(lease.last_active_at) or created
         idle_for = _age(now, last_active)
-        timeout = lease.get("idle_timeout_s")
+        timeout = lease.idle_timeout_s
         idle_text = f"{fmt.duration(idle_for)} / {fmt.idle_timeout(timeout)}"
         style = ""
         if timeout and idle_for is not None:
             style = "bold red" if idle_for >= timeout else "yellow" if idle_for >= 0.75 * timeout else ""
-        expires = _age(_parse_time(lease.get("expires_at")) or now, now)
+        expires = _age(_parse_time(lease.expires_at) or now, now)
         return Row(
-            row_key(s.url, lease["id"]),
+            row_key(s.url, lease.id),
             (
-                lease["id"],
-                lease.get("client", ""),
+                lease.id,
+                lease.client,
                 s.hostname,
                 size,
                 fmt.duration(_age(now, created)),
                 Text(idle_text, style=style),
                 fmt.duration(expires),
-                lease.get("label") or "",
+                lease.label or "",
             ),
             (
-                lease["id"],
-                lease.get("client"),
+                lease.id,
+                lease.client,
                 s.hostname,
-                lease.get("fraction_total") or sum(p.get("fraction") or 0 for p in parts),
+                lease.fraction_total or sum(p.fraction for p in parts),
                 _age(now, created),
                 idle_for,
                 expires,
-                lease.get("label"),
+                lease.label,
             ),
         )
 
-    def _client_row(self, s: ServerState, c: dict) -> Row:
-        usage, limit = c.get("usage") or 0.0, c.get("limit")
+    def _client_row(self, s: ServerState, c: Client) -> Row:
+        usage, limit = c.usage, c.limit
         style = "bold red" if limit is not None and usage >= limit > 0 else ""
-        source = lambda k: " (default)" if c.get(k) == "default" else ""  # noqa: E731
+        source = lambda chosen: " (default)" if chosen == "default" else ""  # noqa: E731
         return Row(
-            row_key(s.url, c.get("client", "")),
+            row_key(s.url, c.client),
             (
-                c.get("client", ""),
+                c.client,
                 s.hostname,
-                Text(f"{usage:g} / {fmt.limit(limit)}{source('limit_source')}", style=style),
-                str(c.get("leases_active", 0)),
-                fmt.idle_timeout(c.get("idle_timeout_s")) + source("idle_timeout_source"),
+                Text(f"{usage:g} / {fmt.limit(limit)}{source(c.limit_source)}", style=style),
+                str(c.leases_active),
+                fmt.idle_timeout(c.idle_timeout_s) + source(c.idle_timeout_source),
             ),
-            (c.get("client"), s.hostname, usage, c.get("leases_active"), c.get("idle_timeout_s")),
+            (c.client, s.hostname, usage, c.leases_active, c.idle_timeout_s),
         )

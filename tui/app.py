@@ -146,7 +146,9 @@ class ConsoleApp(App):
         tables = self.active_view.tables
         if tables:
             # The most useful table of each view first: the GPUs, the leases.
-            preferred = {"fleet": "fleet-gpus", "pool": "pool-leases"}.get(self.active_view.id[:-5])
+            preferred = {"fleet-view": "fleet-gpus", "pool-view": "pool-leases"}.get(
+                self.active_view.id or ""
+            )
             pick = next((t for t in tables if t.id == preferred), tables[0])
             # Synchronously: a deferred focus() landing after a quick view switch would pull the
             # view back (TabbedContent follows focus into its pane).
@@ -163,6 +165,8 @@ class ConsoleApp(App):
 
     @work(thread=True, exclusive=True, group="fleet")
     def load_fleet(self, selected: GpuKey | None) -> None:
+        if self.fleet is None:  # started only with a fleet source
+            return
         snapshot = self.fleet.snapshot()
         self.post_message(self.FleetLoaded(snapshot))
         if selected is None and snapshot.gpus:
@@ -172,11 +176,13 @@ class ConsoleApp(App):
 
     @work(thread=True, exclusive=True, group="processes")
     def load_processes(self, key: GpuKey) -> None:
-        self.post_message(self.ProcessesLoaded(key, self.fleet.processes(key)))
+        if self.fleet is not None:
+            self.post_message(self.ProcessesLoaded(key, self.fleet.processes(key)))
 
     @work(thread=True, exclusive=True, group="pool")
     def load_pool(self, force: bool = False) -> None:
-        self.post_message(self.PoolLoaded(self.pool.refresh(force=force)))
+        if self.pool is not None:  # started only with pool servers
+            self.post_message(self.PoolLoaded(self.pool.refresh(force=force)))
 
     @on(FleetLoaded)
     def _fleet_loaded(self, message: FleetLoaded) -> None:
@@ -192,9 +198,8 @@ class ConsoleApp(App):
     @on(PoolLoaded)
     def _pool_loaded(self, message: PoolLoaded) -> None:
         self.last_pool = message.states
-        self.query_one(PoolView).update_pool(
-            message.states, self.clock(), has_token=self.pool.has_admin_token
-        )
+        has_token = self.pool is not None and self.pool.has_admin_token
+        self.query_one(PoolView).update_pool(message.states, self.clock(), has_token=has_token)
 
     @on(DataTable.RowHighlighted, "#fleet-gpus")
     def _gpu_highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -313,11 +318,11 @@ class ConsoleApp(App):
         client = self._admin_client(server)
         if client is None:
             return
-        lease = next(
-            (x for s in self.last_pool if s.url == server for x in s.leases if x["id"] == lease_id), {}
+        holder = next(
+            (x.client for s in self.last_pool if s.url == server for x in s.leases if x.id == lease_id), "?"
         )
         question = (
-            f"Release lease {lease_id} of client {lease.get('client', '?')} on {server}?\n"
+            f"Release lease {lease_id} of client {holder} on {server}?\n"
             "Its holder loses the GPUs at once; running work on them fails."
         )
 
@@ -383,6 +388,8 @@ class ConsoleApp(App):
 
     @work(thread=True, group="actions")
     def pool_action(self, server: str, what: str, call: Callable[[ServerClient], Any]) -> None:
+        if self.pool is None:  # the actions ask for a selected row of the Pool view first
+            return
         try:
             call(self.pool.client(server))
         except PoolClientError as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -139,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_options(argv: list[str] | None = None, env: dict[str, str] | None = None) -> ConsoleOptions:
+def parse_options(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> ConsoleOptions:
     """Options from the command line and environment, checked; raises UsageError with a hint."""
     env = os.environ if env is None else env
     args = build_parser().parse_args(argv)
@@ -219,10 +220,12 @@ def build_app(options: ConsoleOptions):
     """The console for these options (imports Textual and analytics)."""
     from server.client import ServerClient, ServerClientOptions
     from tui._history import HistorySource
-    from tui._sources import Pool, SeriesOptions, TelemetryFleet
+    from tui._sources import FleetSource, Pool, SeriesOptions, TelemetryFleet
     from tui.app import ConsoleApp
 
-    fleet = history = pool = None
+    fleet: FleetSource | None = None
+    history: HistorySource | None = None
+    pool: Pool | None = None
     series = SeriesOptions(minutes=options.window_s / 60)
     if options.telemetry:
         import analytics

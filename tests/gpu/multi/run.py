@@ -40,7 +40,7 @@ ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE.parent / "remote"))
 
-from _pool import installed, pool_server  # noqa: E402
+from _pool import installed, nvml_view_env, pool_server  # noqa: E402
 
 from server.workers import WorkerDevice, start_worker  # noqa: E402
 from virtualize.client.remote import fresh_shim, remote_env  # noqa: E402
@@ -226,10 +226,8 @@ def main() -> int:
         say(
             f"lease {name}: worker pid {w.pid}, GPUs {[d.uuid for d in devs]}, partitions {[d.mem_limit_bytes >> 20 for d in devs]} MiB"
         )
-        return {
-            **env,
-            **remote_env({"id": name, "worker": w.answer()}, cache_root=work / "cache", library=shim),
-        }
+        shim_env = remote_env({"id": name, "worker": w.answer()}, cache_root=work / "cache", library=shim)
+        return {**env, **shim_env, **nvml_view_env(name, devs, shim_env, work)}
 
     native_two = {**env, "CUDA_VISIBLE_DEVICES": ",".join(u for _, u in two)}
     try:

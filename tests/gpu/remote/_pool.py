@@ -1,5 +1,6 @@
 """A real gpupool-server on this GPU host for the GPU checks and benchmarks: started on 127.0.0.1 with
-its own state directory and a token, stopped (its log tail printed) on exit."""
+its own state directory and a token, stopped (its log tail printed) on exit; and, for leases the checks
+start by hand, the NVML view gpuattach would give their programs."""
 
 from __future__ import annotations
 
@@ -68,3 +69,34 @@ def pool_server(
             proc.kill()
             out = proc.communicate()[0]
         print("[gpupool-server log tail]\n" + "\n".join(out.splitlines()[-15:]), flush=True)
+
+
+def nvml_view_env(name: str, devices, base_env: dict[str, str], work: Path) -> dict[str, str]:
+    """What gpuattach adds for a lease's NVML (issue 29), for a lease started by hand from `devices`
+    (server.workers.WorkerDevice): PyTorch counts GPUs through NVML, and a lease of one GPU on a host
+    of two must not look like two. Merge over `base_env` (it carries the shim's LD_LIBRARY_PATH)."""
+    from virtualize.client._nvml_view import HEADER
+    from virtualize.client.remote import nvml_env
+
+    known = _gpu_identities()
+    lines = [HEADER, f"lease {name}"]
+    for number, d in enumerate(devices):
+        bus_id, gpu_name = known.get(d.uuid, ("", ""))
+        lines += [f"device {number}", f"uuid {d.uuid}", f"host_index {d.index}",
+                  f"memory_total {d.mem_limit_bytes}", "memory_used 0"]  # fmt: skip
+        # PyTorch's allocator looks the device up by its PCI bus id when memory runs out.
+        lines += [f"pci_bus_id {bus_id}"] * bool(bus_id) + [f"name {gpu_name}"] * bool(gpu_name)
+    view = work / f"{name}.nvml-view"
+    view.write_text("\n".join(lines) + "\n")
+    return nvml_env(view, base_env, cache_root=work / "cache")
+
+
+def _gpu_identities() -> dict[str, tuple[str, str]]:
+    """uuid -> (PCI bus id, name) of this host's GPUs, from nvidia-smi ({} without it)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=uuid,pci.bus_id,name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    rows = [[f.strip() for f in line.split(",", 2)] for line in out.strip().splitlines()]
+    return {r[0]: (r[1], r[2]) for r in rows if len(r) == 3}

@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 
-from _pool import installed, pool_server  # noqa: E402
+from _pool import installed, nvml_view_env, pool_server  # noqa: E402
 
 from server.workers import WorkerDevice, start_worker  # noqa: E402
 from virtualize.client.remote import fresh_shim, remote_env  # noqa: E402
@@ -121,9 +121,19 @@ def base_env(extra_pythonpath: Path) -> dict[str, str]:
 ENCRYPT: dict[str, str] = {}  # --encrypt: GPUPOOL_DATA_ENCRYPTION=always for every remote run
 
 
+def lease_worker(name: str, devices: list) -> object:
+    """A worker with the CUDA executor for a lease of `devices` (kept on the handle for lease_env)."""
+    handle = start_worker(name, devices, bind_host="127.0.0.1", env={}, executor="cuda")
+    handle.devices = devices
+    return handle
+
+
 def lease_env(handle, shim: Path, work: Path, env: dict[str, str]) -> dict[str, str]:
+    """The environment gpuattach gives a program of this lease: the shim, and NVML showing the lease."""
     answer = {"id": "gpu-test", "worker": handle.answer()}
-    return {**env, **remote_env(answer, cache_root=work / "cache", library=shim), **ENCRYPT}
+    shim_env = remote_env(answer, cache_root=work / "cache", library=shim)
+    view = nvml_view_env(f"lease-{handle.pid}", handle.devices, shim_env, work)
+    return {**env, **shim_env, **view, **ENCRYPT}
 
 
 def run(cmd: list[str], env: dict[str, str], timeout: float = 600, stdin=None):
@@ -210,6 +220,9 @@ def main() -> int:
     parser.add_argument(
         "--partition-mib", type=int, default=4096, help="memory of the test lease (default 4096)"
     )
+    parser.add_argument(
+        "--gpu", type=int, default=0, help="the GPU to run on (default 0); another runs beside it"
+    )
     parser.add_argument("--only", nargs="*", help="run only these checks (bindings core numba quota ...)")
     parser.add_argument("--encrypt", action="store_true",
                         help="every remote run over TLS 1.3, as across hosts, though on loopback")  # fmt: skip
@@ -231,6 +244,7 @@ def main() -> int:
         except Exception as exc:
             print(mod, "not importable:", exc)
     devices = gpus()
+    devices = devices[args.gpu :] + devices[: args.gpu]  # --gpu N: that GPU first
     for index, uuid, mib in devices:
         print(f"GPU {index}: {uuid}, {mib} MiB")
     shim = find_shim(work)
@@ -248,8 +262,7 @@ def main() -> int:
 
     partition = args.partition_mib << 20
     step(f"start a worker: 1 GPU ({devices[0][1]}), partition {args.partition_mib} MiB, CUDA executor")
-    worker = start_worker("gpu-test", [WorkerDevice(devices[0][0], devices[0][1], partition)],
-                          bind_host="127.0.0.1", env={}, executor="cuda")  # fmt: skip
+    worker = lease_worker("gpu-test", [WorkerDevice(devices[0][0], devices[0][1], partition)])
     print(f"worker pid {worker.pid} listening on {worker.host}:{worker.port}")
     remote = lease_env(worker, shim, work, env)
     native_one = {**env, "CUDA_VISIBLE_DEVICES": devices[0][1]}  # natively, the same single GPU
@@ -282,8 +295,7 @@ def main() -> int:
         if models:
             # Training needs more than the test lease: half the GPU, what `gpuattach run -p 0.5` gets.
             half = (devices[0][2] << 20) // 2
-            trainer = start_worker("gpu-train", [WorkerDevice(devices[0][0], devices[0][1], half)],
-                                   bind_host="127.0.0.1", env={}, executor="cuda")  # fmt: skip
+            trainer = lease_worker("gpu-train", [WorkerDevice(devices[0][0], devices[0][1], half)])
             try:
                 for model in models:
                     training(model, native_one, lease_env(trainer, shim, work, env))
@@ -292,8 +304,7 @@ def main() -> int:
 
         if selected("isolation"):
             step("isolation: a guessed address and another lease's live address are refused")
-            other = start_worker("gpu-test-other", [WorkerDevice(devices[0][0], devices[0][1], 256 << 20)],
-                                 bind_host="127.0.0.1", env={}, executor="cuda")  # fmt: skip
+            other = lease_worker("gpu-test-other", [WorkerDevice(devices[0][0], devices[0][1], 256 << 20)])
             holder = subprocess.Popen(
                 [sys.executable, "-c", HOLDER], env=lease_env(other, shim, work, env), cwd=HERE,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -318,8 +329,7 @@ def main() -> int:
 
         if selected("kill"):
             step("a worker killed mid-run: the next call fails, the shim says why, the program ends")
-            victim = start_worker("gpu-test-victim", [WorkerDevice(devices[0][0], devices[0][1], partition)],
-                                  bind_host="127.0.0.1", env={}, executor="cuda")  # fmt: skip
+            victim = lease_worker("gpu-test-victim", [WorkerDevice(devices[0][0], devices[0][1], partition)])
             proc = subprocess.Popen([sys.executable, "prog_limits.py", "kill"], env=lease_env(victim, shim, work, env),
                                     cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
             first = readline_within(proc, 180)
@@ -345,7 +355,7 @@ def main() -> int:
             else:
                 step("two-GPU lease: two devices, memory on each, a peer copy")
                 pair = [WorkerDevice(i, u, partition) for i, u, _ in devices[:2]]
-                two = start_worker("gpu-test-two", pair, bind_host="127.0.0.1", env={}, executor="cuda")
+                two = lease_worker("gpu-test-two", pair)
                 native = {**env, "CUDA_VISIBLE_DEVICES": ",".join(u for _, u, _ in devices[:2])}
                 native_vs_remote("two-GPU lease", [sys.executable, "prog_limits.py", "two_gpus"], native,
                                  lease_env(two, shim, work, env), shim)  # fmt: skip

@@ -647,13 +647,54 @@ NVML_API nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int 
     LEAVE(NVML_SUCCESS);
 }
 
+static void *host_function(nvmlDevice_t device, const char *name);
+
+/* The process's CUDA driver: gpupool's libcuda.so.1 in a remote run (first on the library path), the
+ * host's in a --local one. Where the view does not say, NVML answers what CUDA says of the same device
+ * (a lease's NVML device numbers are its CUDA ordinals): NCCL stops at start when NVML cannot tell a
+ * GPU's compute capability or whether two GPUs reach each other. NULL where no driver loads. */
+static void *cuda_function(const char *name) {
+    static void *lib;
+    if (!__atomic_load_n(&lib, __ATOMIC_ACQUIRE)) {
+        void *opened = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+        if (!opened) return NULL;
+        int (*init)(unsigned) = (int (*)(unsigned))dlsym(opened, "cuInit");
+        if (!init || init(0) != 0) return NULL;
+        __atomic_store_n(&lib, opened, __ATOMIC_RELEASE);
+    }
+    return dlsym(lib, name);
+}
+
 NVML_API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor) {
     DEVICE_CALL(device);
     if (!major || !minor) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
-    if (d->cc_major < 0) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    int known = d->cc_major >= 0, number = d->number;
     *major = d->cc_major;
     *minor = d->cc_minor;
-    LEAVE(NVML_SUCCESS);
+    pthread_mutex_unlock(&lock);
+    if (known) return NVML_SUCCESS;
+    /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75, _MINOR 76 */
+    int (*attribute)(int *, int, int) = (int (*)(int *, int, int))cuda_function("cuDeviceGetAttribute");
+    if (attribute && attribute(major, 75, number) == 0 && attribute(minor, 76, number) == 0) return NVML_SUCCESS;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+/* Whether two of the lease's GPUs reach each other (nvmlGpuP2PStatus_t: 0 OK, 5 NOT_SUPPORTED): the GPU
+ * host's NVML in a --local run, else the driver's cuDeviceCanAccessPeer for the two devices (one GPU is
+ * its own peer). NCCL asks it of every pair of GPUs it sees before anything else, and stops when it fails. */
+NVML_API nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t a, nvmlDevice_t b, int index, int *status) {
+    DEVICE_CALL(a);
+    int i = d->number, j = device_number(b);
+    nvmlReturn_t (*host)(nvmlDevice_t, nvmlDevice_t, int, int *) =
+        j >= 0 && real_handles[j] == b ? host_function(a, "nvmlDeviceGetP2PStatus") : NULL;
+    pthread_mutex_unlock(&lock);
+    if (j < 0 || !status || index < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    if (host) return host(a, b, index, status);
+    int can = i == j;
+    int (*peer)(int *, int, int) = (int (*)(int *, int, int))cuda_function("cuDeviceCanAccessPeer");
+    if (i != j && (!peer || peer(&can, i, j) != 0)) can = 0;
+    *status = can ? 0 : 5;
+    return NVML_SUCCESS;
 }
 
 /* NVML's architecture numbers by compute capability major (nvmlDeviceArchitecture_t). */
