@@ -39,6 +39,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 
+from _pool import nvml_view_env  # noqa: E402
+
 from server.workers import WorkerDevice, start_worker  # noqa: E402
 from virtualize.client.remote import fresh_shim, remote_env  # noqa: E402
 
@@ -154,19 +156,28 @@ def used_mib() -> str:
 
 
 def lease_env(handle, shim: Path, work: Path) -> dict[str, str]:
+    """What gpuattach gives a program of the lease: the shim, and NVML showing the lease's one GPU
+    (PyTorch counts GPUs through NVML: on a host of two, a lease of one must not look like two)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     env["PYTHONUNBUFFERED"] = "1"
     env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # cuBLAS deterministic across runs
-    return {**env, **remote_env({"id": "migrate-test", "worker": handle.answer()}, cache_root=work / "cache",
-                                library=shim)}  # fmt: skip
+    shim_env = remote_env(
+        {"id": "migrate-test", "worker": handle.answer()}, cache_root=work / "cache", library=shim
+    )
+    view = (
+        nvml_view_env(f"lease-{handle.pid}", handle.devices, shim_env, work) if EXECUTOR[0] == "cuda" else {}
+    )
+    return {**env, **shim_env, **view}
 
 
 EXECUTOR = ["cuda"]  # --executor host: a rehearsal of this script's steps without a GPU (driver part only)
 
 
 def worker_on(gpu: tuple[int, str, int], mem_gib: int):
-    return start_worker("migrate-test", [WorkerDevice(gpu[0], gpu[1], mem_gib << 30)], bind_host="127.0.0.1",
-                        env={}, executor=EXECUTOR[0])  # fmt: skip
+    devices = [WorkerDevice(gpu[0], gpu[1], mem_gib << 30)]
+    handle = start_worker("migrate-test", devices, bind_host="127.0.0.1", env={}, executor=EXECUTOR[0])
+    handle.devices = devices  # for the lease's NVML view
+    return handle
 
 
 def move(handle, to: tuple[int, str, int]) -> dict:
