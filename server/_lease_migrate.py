@@ -84,7 +84,7 @@ async def migrate(st, lease_id: str, partition: int, to: int) -> dict:
 async def _migrate(st, lease_id: str, partition: int, to: int) -> dict:
     handle = st.workers.get(lease_id)
     moved = await st.db(plan, st.pool, lease_id, partition, to, handle is not None)
-    answer = await asyncio.to_thread(handle.migrate, partition, to)
+    answer = await asyncio.to_thread(handle.migrate, partition, to, uuid=moved["to_uuid"])
     if not answer.get("ok"):
         log.warning("lease %s stays on GPU %d: %s", lease_id, moved["from"], answer.get("error"))
         await st.db(undo, st.pool, lease_id, moved)

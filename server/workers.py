@@ -4,8 +4,9 @@ The pool never imports remote execution: it starts ``python -m virtualize.server
 by name and talks to it through the interface declared here, which the worker process implements:
 
 - command line: ``--lease ID --bind HOST --devices JSON --state-dir DIR --parent PID``, the devices
-  a JSON list of ``WorkerDevice`` (index: the physical NVML index; the worker sees the lease's GPUs as
-  devices 0..n-1 in this order, through ``CUDA_VISIBLE_DEVICES``)
+  a JSON list of ``WorkerDevice`` (index: the physical NVML index; the worker shows the lease's GPUs as
+  devices 0..n-1 in this order, found by UUID; it sees the host's others too, for a live migration,
+  except under MPS or without UUIDs, where ``CUDA_VISIBLE_DEVICES`` is exactly the lease's GPUs)
 - environment: ``GPUPOOL_WORKER_SECRET`` (the lease's secret, removed by the worker on start),
   ``GPUPOOL_WORKER_EXECUTOR`` (``cuda``, or ``host`` in tests), the MPS client settings of the lease
 - the ready line: one JSON object on stdout, ``{"host", "port", "pid"}`` or ``{"error"}``
@@ -130,13 +131,14 @@ class WorkerHandle:
 
         threading.Thread(target=wait, name=f"gpupool-worker-{self.pid}", daemon=True).start()
 
-    def migrate(self, device: int, to: int, timeout: float = MIGRATE_TIMEOUT_S) -> dict:
-        """Move the lease's `device` (its partition order) to GPU `to` of this host; the worker's answer
-        (``{"ok": false, "error"}`` when it refused or failed: the lease still runs where it was)."""
+    def migrate(self, device: int, to: int, timeout: float = MIGRATE_TIMEOUT_S, uuid: str = "") -> dict:
+        """Move the lease's `device` (its partition order) to GPU `to` of this host (`uuid`: its UUID, how
+        the worker finds it; else by index); the worker's answer (``{"ok": false, "error"}`` when it
+        refused or failed: the lease still runs where it was)."""
         result = self.state_dir / MIGRATE_RESULT_FILE
         result.unlink(missing_ok=True)
         request = self.state_dir / MIGRATE_REQUEST_FILE
-        request.with_suffix(".partial").write_text(json.dumps({"device": device, "to": to}))
+        request.with_suffix(".partial").write_text(json.dumps({"device": device, "to": to, "uuid": uuid}))
         request.with_suffix(".partial").replace(request)
         try:
             os.kill(self.pid, signal.SIGUSR1)
@@ -188,10 +190,14 @@ def start_worker(
     state_dir = Path(tempfile.mkdtemp(prefix=f"gpupool-worker-{_safe(lease_id)}-"))
     child_env = {**os.environ, **env, SECRET_ENV: secret}
     child_env[EXECUTOR_ENV] = executor or env.get(EXECUTOR_ENV) or os.environ.get(EXECUTOR_ENV, "cuda")
-    # The worker sees exactly the lease's GPUs, as devices 0..n-1 in the lease's order (the MPS limits
-    # in `env` are keyed that way) and shows them to the client in that order.
-    if devices:
+    # The worker shows the client the lease's GPUs as devices 0..n-1 in the lease's order. It finds them
+    # by UUID, and sees the host's other GPUs too, so that a live migration can move the lease to one
+    # (numbered as nvidia-smi numbers them). Under MPS (limits in `env`, keyed by visible ordinal), or
+    # without UUIDs, it sees exactly the lease's GPUs, in that order.
+    if devices and (any(k.startswith("CUDA_MPS_") for k in env) or not all(d.uuid for d in devices)):
         child_env["CUDA_VISIBLE_DEVICES"] = ",".join(d.uuid or str(d.index) for d in devices)
+    elif devices:
+        child_env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     cmd = [
         *prefix,
         sys.executable,

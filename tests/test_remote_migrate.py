@@ -4,6 +4,7 @@ client program through the shim, the server's request through the worker's state
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -144,3 +145,28 @@ def test_a_target_failing_mid_copy_leaves_the_lease_on_its_source(shim_dir):
         _assert_intact(client.finish())
     finally:
         handle.stop()
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def test_a_worker_sees_the_gpus_a_move_can_go_to_except_under_mps():
+    """A worker whose GPUs have UUIDs (the pool's always do) is not narrowed to them, so a move can reach
+    another GPU of the host (numbered as nvidia-smi numbers them); under MPS it sees exactly the lease's
+    GPU, in the lease's order, as before."""
+    devices = [WorkerDevice(0, "GPU-00000000-0000-0000-0000-000000000001", 64 * MiB)]
+    free = start_worker("free-lease", devices, bind_host="127.0.0.1", env={}, executor="host")
+    mps = start_worker("mps-lease", devices, bind_host="127.0.0.1", env={"CUDA_MPS_PIPE_DIRECTORY": "/nonexistent/mps"},
+                       executor="host")  # fmt: skip
+    try:
+        seen = _environ(free.pid)
+        assert seen.get("CUDA_VISIBLE_DEVICES") == os.environ.get(
+            "CUDA_VISIBLE_DEVICES"
+        )  # the server's, if any
+        assert seen["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        assert _environ(mps.pid)["CUDA_VISIBLE_DEVICES"] == devices[0].uuid
+    finally:
+        free.stop()
+        mps.stop()

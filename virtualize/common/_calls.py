@@ -865,3 +865,18 @@ POOL_INT_ATTRIBUTES = (1, 2, 3)
 # (device-updatable kernel node): it writes a device-side handle back, and graphs' device updates are
 # not forwarded.
 FORWARDED_LAUNCH_ATTRIBUTES = frozenset({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 16, 17, 18})
+
+# The calls that end an object of the lease: call name -> the kind of handle its first parameter is.
+DESTROYS = {
+    "cuTexObjectDestroy": "texobj",
+    "cuSurfObjectDestroy": "surfobj",
+    "cuStreamDestroy": "stream",
+    "cuEventDestroy": "event",
+    "cuModuleUnload": "module",
+    "cuLibraryUnload": "library",
+    "cuGraphDestroy": "graph",
+    "cuGraphExecDestroy": "graphexec",
+    "cuLinkDestroy": "link",
+    "cuMemPoolDestroy": "pool",
+    "cuGraphDestroyNode": "node",
+}

@@ -15,6 +15,7 @@ import mmap
 import os
 import threading
 from collections.abc import Callable
+from types import SimpleNamespace
 
 from cuda.bindings import driver
 
@@ -42,6 +43,14 @@ from virtualize.server._executor import (
 )
 
 _INVALID_VALUE_RESULT = driver.CUresult.CUDA_ERROR_INVALID_VALUE
+# What a lease may hold that a live migration does not re-create on another GPU (it is refused up front
+# with these words): handle kind -> what the lease holds.
+CANNOT_MOVE = {
+    "graph": "CUDA graphs", "graphexec": "instantiated graphs", "node": "graph nodes",
+    "link": "a link in progress (cuLinkCreate)", "array": "CUDA arrays", "mipmap": "mipmapped arrays",
+    "texobj": "texture objects", "surfobj": "surface objects",
+    "vmem": "memory of the virtual memory API it made itself (cuMemCreate)",
+}  # fmt: skip
 SMALL_COPY = 256 << 10  # up to this, copies go through pageable memory (one driver call)
 STAGING_CHUNK = 8 << 20
 _HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_size_t)  # CUhostFn: void (*)(void *userData)
@@ -723,10 +732,14 @@ class CudaExecutor(Executor):
         _ok(driver.cuMemAddressFree(base, size))
 
     def _prop(self, device: int, handle_types: int = 0):
+        return self._prop_at(self._d(device), handle_types)
+
+    @staticmethod
+    def _prop_at(ordinal: int, handle_types: int = 0):
         prop = driver.CUmemAllocationProp()
         prop.type = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
         prop.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        prop.location.id = self._d(device)
+        prop.location.id = ordinal
         if handle_types:
             prop.requestedHandleTypes = _enum(driver.CUmemAllocationHandleType, handle_types)
         return prop
@@ -764,6 +777,18 @@ class CudaExecutor(Executor):
             desc.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
             desc.location.id = self._d(device)
             desc.flags = _enum(driver.CUmemAccess_flags, flags)
+            descs.append(desc)
+        return descs
+
+    @staticmethod
+    def _descs_at(ordinals: list[int]) -> list:
+        """Read-write access for these CUDA ordinals (a migration's scratch range)."""
+        descs = []
+        for ordinal in ordinals:
+            desc = driver.CUmemAccessDesc()
+            desc.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+            desc.location.id = ordinal
+            desc.flags = driver.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
             descs.append(desc)
         return descs
 
@@ -880,6 +905,102 @@ class CudaExecutor(Executor):
     def unmap_memory(self, base: int, size: int, backing) -> None:
         _ok(driver.cuMemUnmap(base, size))
         _ok(driver.cuMemRelease(backing))
+
+    # -- live migration (virtualize.server._migrate; the handles: virtualize.server._handles) -----------
+
+    def migration_refusal(self, target: int, holding: dict[str, int], uuid: str = "") -> str | None:
+        held = [what for kind, what in CANNOT_MOVE.items() if holding.get(kind)]
+        if held:
+            return f"the lease holds {', '.join(held)}, which the cuda executor does not move to another GPU"
+        try:
+            ordinal = self._find(SimpleNamespace(uuid=uuid), target)
+        except CudaError as exc:
+            return f"this worker does not see GPU {target} ({exc})"
+        if ordinal in self.real:
+            return f"GPU {target} already holds a partition of this lease"
+        for real in self.real:
+            if not _ok(driver.cuDeviceCanAccessPeer(real, ordinal)):
+                return f"GPU {target} has no peer access to the lease's GPUs (a copy through the host is not done)"
+        return None
+
+    def migrate(
+        self, device: int, target: int, mappings: list, recreate: Callable[[], list], uuid: str = ""
+    ) -> dict:
+        """The device's pages are copied GPU to GPU into new memory of the target, mapped meanwhile at a
+        scratch range; the lease's objects are made there (`recreate`); then each page range is unmapped
+        and the new memory mapped at the same address. Until that commit the source is untouched."""
+        ordinal = self._find(SimpleNamespace(uuid=uuid), target)
+        source = self.real[device]
+        mine = [m for m in mappings if m.device == device]
+        total = sum(m.size for m in mine)
+        ctx = _ok(driver.cuDevicePrimaryCtxRetain(source))  # the copies run in the source's primary context
+        staged: list = []  # the target's new memory, one handle per mapping
+        scratch, stream = 0, None
+        try:
+            _ok(driver.cuCtxSetCurrent(ctx))
+            stream = _ok(driver.cuStreamCreate(1))  # CU_STREAM_NON_BLOCKING
+            if total:
+                scratch = _int(_ok(driver.cuMemAddressReserve(total, 0, 0, 0)))
+            prop, both = self._prop_at(ordinal), self._descs_at([source, ordinal])
+            offset = 0
+            for m in mine:
+                handle = _ok(driver.cuMemCreate(m.size, prop, 0))
+                try:
+                    _ok(driver.cuMemMap(scratch + offset, m.size, 0, handle, 0))
+                except CudaError:
+                    driver.cuMemRelease(handle)
+                    raise
+                staged.append(handle)
+                _ok(driver.cuMemSetAccess(scratch + offset, m.size, both, len(both)))
+                _ok(driver.cuMemcpyDtoDAsync(scratch + offset, m.base, m.size, stream))
+                offset += m.size
+            _ok(driver.cuStreamSynchronize(stream))
+            self.real[device] = ordinal  # the device's objects are made on the target from here
+            try:
+                recreate()
+            except BaseException:
+                self.real[device] = source
+                raise
+        except BaseException:
+            self._drop_scratch(scratch, total, mine, staged)
+            raise
+        finally:
+            if stream is not None:
+                driver.cuCtxSetCurrent(ctx)
+                driver.cuStreamDestroy(stream)
+            driver.cuDevicePrimaryCtxRelease(source)
+        access = self._access(device)  # commit: the same addresses, the target's memory
+        for m, handle in zip(mine, staged, strict=True):
+            _ok(driver.cuMemUnmap(m.base, m.size))
+            _ok(driver.cuMemMap(m.base, m.size, 0, handle, 0))
+            _ok(driver.cuMemSetAccess(m.base, m.size, access, len(access)))
+            _ok(driver.cuMemRelease(m.backing))  # the source's memory, no longer mapped anywhere
+            m.backing = handle
+        self._drop_scratch(scratch, total, mine, [])
+        for m in mappings:  # the lease's other GPUs' memory, reachable from the target where it can be
+            if m.device != device and _ok(driver.cuDeviceCanAccessPeer(ordinal, self.real[m.device])):
+                reach = self._descs([(device, 3)])
+                _ok(driver.cuMemSetAccess(m.base, m.size, reach, len(reach)))
+        self.launchables.clear()  # functions of the source's contexts
+        found = bytes(_ok(driver.cuDeviceGetUuid(ordinal)).bytes).hex()
+        return {
+            "bytes": total,
+            "uuid": uuid or f"GPU-{found[:8]}-{found[8:12]}-{found[12:16]}-{found[16:20]}-{found[20:]}",
+        }
+
+    @staticmethod
+    def _drop_scratch(scratch: int, total: int, mine: list, staged: list) -> None:
+        """The scratch range of a move, and (a move that failed) the target's memory staged there."""
+        if not scratch:
+            return
+        offset = 0
+        for m, handle in zip(mine, staged, strict=False):
+            driver.cuMemUnmap(scratch + offset, m.size)
+            driver.cuMemRelease(handle)
+            offset += m.size
+        if not staged:
+            driver.cuMemUnmap(scratch, total)
+        driver.cuMemAddressFree(scratch, total)
 
     def cluster_occupancy(self, name: str, launch: Launch) -> int:
         config = self._config(launch.grid, launch.block, launch.shared_mem, launch.stream, launch.attributes)
@@ -1077,14 +1198,14 @@ class CudaExecutor(Executor):
             _ok(driver.cuMemAllocFromPoolAsync(size, driver.CUmemoryPool(pool), self._stream(stream)))
         )
 
-    def cuMemFree(self, ptr):
-        _ok(driver.cuMemFree(ptr))
+    def cuMemFree(self, dptr):
+        _ok(driver.cuMemFree(dptr))
 
-    def cuMemFreeAsync(self, ptr, stream):
-        _ok(driver.cuMemFreeAsync(ptr, self._stream(stream)))
+    def cuMemFreeAsync(self, dptr, stream):
+        _ok(driver.cuMemFreeAsync(dptr, self._stream(stream)))
 
-    def cuMemGetAddressRange(self, ptr):
-        base, size = _ok(driver.cuMemGetAddressRange(ptr))
+    def cuMemGetAddressRange(self, dptr):
+        base, size = _ok(driver.cuMemGetAddressRange(dptr))
         return _int(base), int(size)
 
     def cuMemPoolSetAttribute(self, pool, attr, value):

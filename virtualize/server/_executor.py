@@ -489,16 +489,23 @@ class Executor(abc.ABC):
     def unmap_memory(self, base: int, size: int, backing: object) -> None: ...
 
     # Live migration (`virtualize.server._migrate`): the worker pauses the lease's calls around `migrate`.
-    def migration_refusal(self, target: int) -> str | None:
-        """Why this executor cannot move a lease device to GPU `target` of this host, or None."""
+    def migration_refusal(self, target: int, holding: dict[str, int], uuid: str = "") -> str | None:
+        """Why this executor cannot move a lease device to GPU `target` of this host (`uuid`: its UUID,
+        where known), or None. `holding`: how many objects of each handle kind the lease holds (and
+        "global": module globals whose address it asked for)."""
         return f"the {self.name} executor cannot move a lease to another GPU yet"
 
-    def migrate(self, device: int, target: int) -> dict:
-        """Move lease device `device` onto GPU `target`, its calls paused: drain its streams, copy its memory
-        to the same addresses there, re-create every object the lease holds on it behind the handles the
-        client has. All or nothing: on an exception the lease is as it was, on its source. Returns
-        {"bytes": copied, "uuid": the target's}."""
-        raise CudaError(NOT_SUPPORTED, self.migration_refusal(target) or "")
+    def migrate(
+        self, device: int, target: int, mappings: list, recreate: Callable[[], list], uuid: str = ""
+    ) -> dict:
+        """Move lease device `device` onto GPU `target`, its calls paused and its contexts drained: copy
+        its memory (`mappings`: the address windows' `Mapping`s of every device of the lease; this
+        device's are moved, the others' granted to the target) to the same addresses there, and call
+        `recreate()` once the target is where the device's new objects are made (it replays how the
+        lease made them, `virtualize.server._handles`, and returns (kind, old value, new value) of each
+        object it made anew). All or nothing: on an exception the lease is as
+        it was, on its source. Returns {"bytes": copied, "uuid": the target's}."""
+        raise CudaError(NOT_SUPPORTED, self.migration_refusal(target, {}, uuid) or "")
 
     def end_thread(self) -> None:  # noqa: B027 - optional hook
         """A connection's thread is done: release what the executor keeps for it."""

@@ -16,13 +16,14 @@ import logging
 import secrets
 import struct
 import threading
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from virtualize.common import _wire
-from virtualize.common._calls import CALL_IDS, CALLS, HANDLE_TYPES, Call, Mode
+from virtualize.common._calls import CALL_IDS, CALLS, DESTROYS, HANDLE_TYPES, Call, Mode
 from virtualize.common._results import CUresult
 from virtualize.server._address_window import GRANULE, WindowFull, WindowMemory
 from virtualize.server._deliveries import Deliveries
@@ -96,6 +97,7 @@ class Allocation:
     owned: bool  # False: a module global (not freed by the client, not counted against the quota)
     ctx: int = 0  # the context it was made in (a destroyed context takes its memory with it)
     window: WindowMemory | None = None  # the client process's window it lives in; None: the driver's
+    is_global: bool = False  # a module's global variable (its address is the module's, on its GPU)
 
 
 @dataclass
@@ -130,11 +132,17 @@ class LeaseState:
     native: Any = (
         None  # the worker's native hot path (a virtualize.server._native_dispatch.NativeLease), if any
     )
-    # Holds the lease's calls while it migrates (virtualize.server._migrate).
+    # Holds the lease's calls while it migrates (virtualize.server._migrate), which moves the memory of
+    # every process's address window.
     gate: Gate = field(default_factory=Gate)
+    windows: weakref.WeakSet = field(default_factory=weakref.WeakSet)
 
     def __post_init__(self) -> None:
         self.used = [0] * len(self.limits)
+
+    def holds(self, kind: str, handle: int) -> bool:
+        """Whether a process of the lease holds `handle` of `kind` ("func": a function or a kernel)."""
+        return handle in self.handles[kind] or (kind == "func" and handle in self.handles["kernel"])
 
     def find(self, ptr: int) -> Allocation | None:
         i = bisect.bisect_right(self.bases, ptr)
@@ -270,6 +278,7 @@ class Session:
         self.owned: set[int] = set()  # allocations made on this connection, freed when it closes
         self.context_calls = ContextCalls(self)  # the current context, contexts this connection creates
         self.window = WindowMemory(executor, lease.limits)  # this client process's device addresses
+        lease.windows.add(self.window)
         self.spoiled_captures: set[int] = set()  # streams whose capture met a copy it cannot hold
         self.callbacks: HostCallbacks | None = None  # this process's callback connection, once attached
         self.copies_announced = 0  # copy frames the client was last told to wait for (_wire.COPIES_SENT)
@@ -521,7 +530,7 @@ class Session:
         result = getattr(self.executor, call.name)(*args)
         outs = call.outs
         if not outs:
-            if call.name in _DESTROYS:
+            if call.name in DESTROYS:
                 self._note_created(call, ins, ())
             return EMPTY
         values = result if len(outs) > 1 else (result,)
@@ -547,7 +556,7 @@ class Session:
                 )
                 if parent is not None:
                     self.lease.children.setdefault(parent, set()).add(v)
-        gone = _DESTROYS.get(call.name)
+        gone = DESTROYS.get(call.name)
         if gone:
             handles[gone].discard(ins[0])
             for child in self.lease.children.pop(ins[0], ()):  # a module's functions, a graph's nodes
@@ -969,7 +978,7 @@ class Session:
         ptr, size = struct.unpack("<QQ", answer[0])
         dev = self.lease.ctx_device.get(self.ctx, 0)
         if self.lease.find(ptr) is None:
-            self.lease.add(Allocation(ptr, size, dev, owned=False))
+            self.lease.add(Allocation(ptr, size, dev, owned=False, is_global=True))
         return answer
 
     def _layout(self, func: int) -> list[tuple[int, int]]:
@@ -978,18 +987,3 @@ class Session:
             layout = self.executor.param_layout(func, func in self.lease.handles["kernel"])
             self.lease.layouts[func] = layout
         return layout
-
-
-_DESTROYS = {
-    "cuTexObjectDestroy": "texobj",
-    "cuSurfObjectDestroy": "surfobj",
-    "cuStreamDestroy": "stream",
-    "cuEventDestroy": "event",
-    "cuModuleUnload": "module",
-    "cuLibraryUnload": "library",
-    "cuGraphDestroy": "graph",
-    "cuGraphExecDestroy": "graphexec",
-    "cuLinkDestroy": "link",
-    "cuMemPoolDestroy": "pool",
-    "cuGraphDestroyNode": "node",
-}

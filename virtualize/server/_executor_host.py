@@ -25,6 +25,7 @@ import re
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 from virtualize.common._calls import FORWARDED_LAUNCH_ATTRIBUTES
 from virtualize.common._results import CUresult
@@ -178,6 +179,7 @@ class HostExecutor(Executor):
         self.ptx_kernels: dict[int, dict[str, list[tuple[int, int]]]] = {}  # module -> kernels it declares
         self.layouts: dict[int, list[tuple[int, int]]] = {}  # PTX-declared functions -> parameter layout
         self.events: dict[int, float | None] = {}
+        self.streams: set[int] = set()
         # stream -> [its capture's graph, the nodes the next captured work depends on]
         self.capturing: dict[int, list] = {}
         self.conditions: dict[int, list[int]] = {}  # conditional handle -> [value, default, flags]
@@ -444,17 +446,20 @@ class HostExecutor(Executor):
         self.local.ctx = ctx
 
     # Live migration. This host's "GPUs" are GPUPOOL_HOST_EXECUTOR_GPUS (default 2) labels on host memory;
-    # the lease's objects are host objects whose handles stay as they are, so a move copies the device's
-    # memory into new buffers at the same addresses (the target's memory) and swaps them in at the end.
+    # a move copies the device's memory into new buffers at the same addresses (the target's memory),
+    # re-creates the lease's contexts and their objects as the CUDA executor does (new handle values the
+    # worker maps the client's to: CI exercises that translation), and swaps the memory in at the end.
     # GPUPOOL_HOST_EXECUTOR_FAILING_GPUS (a comma list) makes a copy to those GPUs fail after the first
     # allocation: a target that dies mid-way (the tests' seam).
-    def migration_refusal(self, target: int) -> str | None:
+    def migration_refusal(self, target: int, holding: dict[str, int], uuid: str = "") -> str | None:
         gpus = int(os.environ.get("GPUPOOL_HOST_EXECUTOR_GPUS", "2"))
         if not 0 <= target < gpus:
             return f"this host has no GPU {target} (it has {gpus})"
         return None
 
-    def migrate(self, device: int, target: int) -> dict:
+    def migrate(
+        self, device: int, target: int, mappings: list, recreate: Callable[[], list], uuid: str = ""
+    ) -> dict:
         failing = {int(g) for g in os.environ.get("GPUPOOL_HOST_EXECUTOR_FAILING_GPUS", "").split(",") if g}
         with self.lock:
             bases = [b for b in self.bases if self.owner[b] == device]
@@ -468,11 +473,24 @@ class HostExecutor(Executor):
         for array in arrays:
             shape, data = self.arrays[array]
             array_copies[array] = (shape, bytearray(data))
-        with self.lock:  # commit: the lease's memory is the target's from here on
+        made = recreate()  # the lease's contexts and their objects anew, with new handle values
+        with self.lock:
+            self._retire(made)  # commit: the lease's memory is the target's from here on
             self.memory.update(copies)
             self.arrays.update(array_copies)
         moved = [*copies.values(), *(data for _, data in array_copies.values())]
         return {"bytes": sum(len(c) for c in moved), "uuid": f"GPU-host-{target}"}
+
+    def _retire(self, made: list[tuple[str, int, int]]) -> None:
+        """The contexts, streams and events a move re-created are gone from the source, as on a GPU: a call
+        that still names one (the worker failed to map the client's value to the new one) fails.
+        Functions stay: a graph here holds its kernel nodes' functions as they were."""
+        for kind, old, new in made:
+            if old == new:
+                continue
+            {"ctx": self.contexts, "event": self.events}.get(kind, {}).pop(old, None)
+            if kind == "stream":
+                self.streams.discard(old)
 
     def copy_to_device(self, dst, count, stream, fill) -> None:
         mem, off = self._find(dst, count)
@@ -740,15 +758,15 @@ class HostExecutor(Executor):
     def cuMemAllocFromPoolAsync(self, size, pool, stream):
         return self._alloc(size)
 
-    def cuMemFree(self, ptr):
-        self._free(ptr)
+    def cuMemFree(self, dptr):
+        self._free(dptr)
 
-    def cuMemFreeAsync(self, ptr, stream):
-        self._free(ptr)
+    def cuMemFreeAsync(self, dptr, stream):
+        self._free(dptr)
 
-    def cuMemGetAddressRange(self, ptr):
-        mem, off = self._find(ptr, 0)
-        return ptr - off, len(mem)
+    def cuMemGetAddressRange(self, dptr):
+        mem, off = self._find(dptr, 0)
+        return dptr - off, len(mem)
 
     def cuMemPoolSetAttribute(self, pool, attr, value):
         return None
@@ -862,7 +880,8 @@ class HostExecutor(Executor):
     def cuKernelGetName(self, kernel, length):
         return self.functions[kernel]
 
-    cuFuncGetName = cuKernelGetName
+    def cuFuncGetName(self, func, length):
+        return self.cuKernelGetName(func, length)
 
     def cuFuncIsLoaded(self, func):
         return 1  # CU_FUNCTION_LOADING_STATE_LOADED: everything here is loaded at once
@@ -952,19 +971,26 @@ class HostExecutor(Executor):
         return 49152
 
     def cuStreamCreate(self, flags):
-        return next(self.ids)
+        stream = next(self.ids)
+        self.streams.add(stream)
+        return stream
 
     def cuStreamCreateWithPriority(self, flags, priority):
-        return next(self.ids)
+        return self.cuStreamCreate(flags)
 
     def cuStreamDestroy(self, stream):
-        return None
+        self._stream(stream)
+        self.streams.discard(stream)
 
     def cuStreamQuery(self, stream):
-        return None
+        self._stream(stream)
 
     def cuStreamSynchronize(self, stream):
-        return None
+        self._stream(stream)
+
+    def _stream(self, stream: int) -> None:
+        if stream not in self.streams and stream not in (0, 1, 2):
+            raise CudaError(INVALID_HANDLE, "stream")
 
     def cuStreamWaitEvent(self, stream, event, flags):
         return None
@@ -1343,16 +1369,21 @@ class HostExecutor(Executor):
         return handle
 
     def cuEventRecord(self, event, stream):
+        self._event(event)
         self.events[event] = time.perf_counter()
 
     def cuEventRecordWithFlags(self, event, stream, flags):
         self.cuEventRecord(event, stream)
 
     def cuEventQuery(self, event):
-        return None
+        self._event(event)
 
     def cuEventSynchronize(self, event):
-        return None
+        self._event(event)
+
+    def _event(self, event: int) -> None:
+        if event not in self.events:
+            raise CudaError(INVALID_HANDLE, "event")
 
     def cuEventDestroy(self, event):
         self.events.pop(event, None)

@@ -5,7 +5,9 @@ its address window, so a lease can move while its processes run: the lease's cal
 point where none is executing (`Gate`), each context is synchronised (its streams drained), the
 executor copies the device's memory to the target GPU at the same addresses and re-creates what the
 processes hold there (`Executor.migrate`: all or nothing, the source untouched until it commits),
-and the calls resume. The client notices a pause.
+and the calls resume. The client notices a pause. The objects made anew have new handle values: the
+worker's executor maps the client's values to them from then on (`virtualize.server._handles`), and
+the native loop leaves every frame to the Python path, where that map is.
 
 What cannot move is refused before anything pauses, with the reason (`refusal`); the lease keeps
 running. The pool server asks through the worker's state directory (``server.workers``: the request
@@ -83,7 +85,15 @@ class Gate:
             self._open.set()
 
 
-def refusal(worker, device: int, target: int) -> str | None:
+def holding(lease) -> dict[str, int]:
+    """How many objects of each handle kind the lease holds, and module globals whose address it has."""
+    with lease.lock:
+        held = {kind: len(values) for kind, values in lease.handles.items()}
+        held["global"] = sum(1 for a in lease.allocations.values() if a.is_global)
+    return held
+
+
+def refusal(worker, device: int, target: int, uuid: str = "") -> str | None:
     """Why the lease's `device` cannot move to GPU `target` of this host now, or None."""
     devices = worker.devices
     if not 0 <= device < len(devices):
@@ -92,7 +102,7 @@ def refusal(worker, device: int, target: int) -> str | None:
         return f"GPU {target} already holds a partition of this lease"
     if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
         return "the lease runs under MPS: its memory belongs to the GPU's MPS server, which cannot move it"
-    reason = worker.executor.migration_refusal(target)
+    reason = worker.executor.migration_refusal(target, holding(worker.lease), uuid)
     if reason:
         return reason
     lease = worker.lease
@@ -105,32 +115,74 @@ def refusal(worker, device: int, target: int) -> str | None:
     return None
 
 
-def migrate(worker, device: int, target: int, timeout: float = DRAIN_TIMEOUT_S) -> dict:
+def mappings(lease) -> list:
+    """The address windows' mapped pages, of every device (`Mapping`s: a move replaces their backing);
+    with the windows held (`_windows_held`)."""
+    found: dict[int, object] = {}
+    for window in list(lease.windows):
+        for m in [*window.mappings.values(), *(m for slabs in window.slabs.values() for m in slabs)]:
+            found[id(m)] = m
+    return list(found.values())
+
+
+@contextlib.contextmanager
+def _windows_held(lease):
+    """No process's window maps or unmaps while its memory moves (a client leaving closes its window
+    outside the gate)."""
+    with contextlib.ExitStack() as stack:
+        for window in sorted(lease.windows, key=id):
+            stack.enter_context(window.lock)
+        yield
+
+
+def _native_paused(worker, timeout: float) -> None:
+    """The native loop leaves every frame to the Python path (gated, translated) from now on, and the
+    calls it is inside of return first."""
+    native = worker.native
+    if native is None:
+        return
+    native.python_only()
+    deadline = time.monotonic() + timeout
+    while any(session.busy() for session in list(worker.native_sessions)):
+        if time.monotonic() > deadline:
+            raise MigrationRefused(f"the lease's calls did not pause within {timeout:.0f} s")
+        time.sleep(0.001)
+
+
+def migrate(worker, device: int, target: int, timeout: float = DRAIN_TIMEOUT_S, uuid: str = "") -> dict:
     """Move the lease's `device` to GPU `target`; the answer for the server, or MigrationRefused."""
-    reason = refusal(worker, device, target)
+    reason = refusal(worker, device, target, uuid)
     if reason:
         raise MigrationRefused(reason)
     source = worker.devices[device].index
     asked = time.monotonic()
-    with worker.lease.gate.closed(timeout):
-        paused = time.monotonic()
-        reason = refusal(worker, device, target)  # a call just before the pause may have changed it
-        if reason:
-            raise MigrationRefused(reason)
-        try:
-            moved = worker.executor.migrate(device, target)
-        except Exception as exc:  # the executor left the lease on its source
-            log.exception("migration of device %d to GPU %d failed; the lease stays on GPU %d",
-                          device, target, source)  # fmt: skip
-            raise MigrationRefused(
-                f"the target GPU {target} failed: {exc}; the lease stays on GPU {source}"
-            ) from None
-        worker.devices[device] = replace(worker.devices[device], index=target, uuid=moved.get("uuid", ""))
-        resumed = time.monotonic()
+    try:
+        _native_paused(worker, timeout)
+        with worker.lease.gate.closed(timeout):
+            paused = time.monotonic()
+            reason = refusal(worker, device, target, uuid)  # a call just before the pause may have changed it
+            if reason:
+                raise MigrationRefused(reason)
+            try:
+                with _windows_held(worker.lease):
+                    moved = worker.executor.migrate(device, target, mappings(worker.lease), uuid=uuid)
+            except Exception as exc:  # the executor left the lease on its source
+                log.exception("migration of device %d to GPU %d failed; the lease stays on GPU %d",
+                              device, target, source)  # fmt: skip
+                raise MigrationRefused(
+                    f"the target GPU {target} failed: {exc}; the lease stays on GPU {source}"
+                ) from None
+            worker.devices[device] = replace(worker.devices[device], index=target, uuid=moved.get("uuid", ""))
+            resumed = time.monotonic()
+    except MigrationRefused:
+        if worker.native is not None and not worker.executor.generation:  # never moved: C may serve again
+            worker.native.python_only(False)
+        raise
     answer = {"device": device, "from": source, "to": target, "bytes": moved["bytes"],
-              "pause_s": round(resumed - paused, 6), "wait_s": round(paused - asked, 6)}  # fmt: skip
-    log.info("migrated device %d from GPU %d to GPU %d: %d bytes, paused %.3f s",
-             device, source, target, moved["bytes"], resumed - paused)  # fmt: skip
+              "objects": moved.get("objects", 0), "pause_s": round(resumed - paused, 6),
+              "wait_s": round(paused - asked, 6)}  # fmt: skip
+    log.info("migrated device %d from GPU %d to GPU %d: %d bytes, %d objects re-created, paused %.3f s",
+             device, source, target, moved["bytes"], moved.get("objects", 0), resumed - paused)  # fmt: skip
     return answer
 
 
@@ -142,7 +194,8 @@ def serve_requests(worker, state_dir: Path) -> None:
         try:
             asked = json.loads(request.read_text())
             request.unlink()
-            answer = {"ok": True, **migrate(worker, int(asked["device"]), int(asked["to"]))}
+            answer = {"ok": True, **migrate(worker, int(asked["device"]), int(asked["to"]),
+                                            uuid=str(asked.get("uuid") or ""))}  # fmt: skip
         except MigrationRefused as exc:
             answer = {"ok": False, "error": exc.title}
         except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -116,6 +116,7 @@ def _load() -> ctypes.CDLL | None:
         ("gpf_session_new", [p], p),
         ("gpf_session_free", [p], None),
         ("gpf_session_busy", [p], i),
+        ("gpf_lease_python_only", [p, i], None),
         ("gpf_session_calls", [p], u64),
         ("gpf_serve", [p, i, p, ctypes.POINTER(_Buffer), i, u32, ctypes.POINTER(_Outcome)], i),
     ):
@@ -265,6 +266,11 @@ class NativeLease:
     def session(self) -> NativeSession:
         return NativeSession(self)
 
+    def python_only(self, on: bool = True) -> None:
+        """Every frame of the lease through Python from now on (a live migration: the client's handle
+        values then map to the target's objects, which only the Python path translates)."""
+        self.lib.gpf_lease_python_only(self.ptr, int(on))
+
     # -- the host executor's side (ctypes callbacks, on the connection's thread) ---------------------
 
     def _host_launch(self, func, dims, stream, _args, params, params_len, attrs, n_attrs) -> int:
@@ -344,6 +350,11 @@ class NativeSession:
             busy = self.lib.gpf_session_busy(self.ptr)
         moved, self._seen_calls = calls != self._seen_calls, calls
         return moved or bool(busy)
+
+    def busy(self) -> bool:
+        """Inside a driver call now."""
+        with self._lock:
+            return bool(self.ptr) and bool(self.lib.gpf_session_busy(self.ptr))
 
     def serve(self, channel, session, touch: Callable[[], None]) -> None:
         """Frames served in C until the next one is Python's (the channel's buffer starts with it)."""

@@ -36,6 +36,7 @@ from virtualize.common import _wire
 from virtualize.common._calls import CALL_IDS, INTERNAL, WIRE_VERSION
 from virtualize.common._results import CUresult
 from virtualize.server import _data_tls, _migrate, _native_dispatch, _native_tls
+from virtualize.server._handles import Translated
 
 log = logging.getLogger("gpupool.worker")
 
@@ -217,8 +218,9 @@ class Worker:
 
         self.lease_id = lease_id
         self.devices = devices
-        self.executor = executor
         self.lease = LeaseState([d.mem_limit_bytes for d in devices])
+        # The executor behind the handle values the client knows, which a live migration keeps.
+        self.executor = Translated(executor, self.lease.holds)
         self.activity = state_dir / ACTIVITY_FILE
         self.usage = state_dir / USAGE_FILE
         self._usage_written: list[int] | None = None
@@ -229,7 +231,7 @@ class Worker:
         self.kernel_output = kernel_output
         self._last_touch = 0.0
         self.in_calls: set[int] = set()  # connections executing a call now (a long sync is use, not idleness)
-        self.native = _native_dispatch.for_worker(self.lease, executor)
+        self.native = _native_dispatch.for_worker(self.lease, self.executor)
         self.native_sessions: set = set()  # connections' native loops (their calls are activity too)
 
     def serve(self, listener: socket.socket, local: socket.socket | None = None) -> None:

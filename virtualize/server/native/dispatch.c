@@ -185,6 +185,7 @@ struct lease {
     struct range *ranges; /* the lease's memory (the guard's allocations), sorted by base */
     size_t n_ranges, cap_ranges;
     struct ops ops;
+    int python_only; /* every frame to Python: the lease migrates, or has (its handles map there) */
 };
 
 static size_t slot_of(const struct table *t, uint64_t key) {
@@ -391,7 +392,19 @@ EXPORT void gpf_session_free(struct session *s) {
     free(s);
 }
 
-EXPORT int gpf_session_busy(const struct session *s) { return __atomic_load_n(&s->busy, __ATOMIC_RELAXED); }
+EXPORT int gpf_session_busy(const struct session *s) { return __atomic_load_n(&s->busy, __ATOMIC_SEQ_CST); }
+
+/* From now on (on: 1) every frame goes to Python. A session that is about to call the driver has said
+ * so (busy) before it looks, so once the switch is on and no session is busy, none calls it again. */
+EXPORT void gpf_lease_python_only(struct lease *l, int on) { __atomic_store_n(&l->python_only, on, __ATOMIC_SEQ_CST); }
+
+/* Before a driver call: busy, unless the lease's frames are Python's now (0: leave the frame to it). */
+static int enter(struct session *s) {
+    __atomic_store_n(&s->busy, 1, __ATOMIC_SEQ_CST);
+    if (!__atomic_load_n(&s->lease->python_only, __ATOMIC_SEQ_CST)) return 1;
+    __atomic_store_n(&s->busy, 0, __ATOMIC_SEQ_CST);
+    return 0;
+}
 EXPORT uint64_t gpf_session_calls(const struct session *s) { return __atomic_load_n(&s->calls, __ATOMIC_RELAXED); }
 
 struct buffer {
@@ -563,11 +576,10 @@ static int launch(struct session *s, const uint8_t *a, const uint8_t *bulk, uint
         for (uint32_t i = 0; i < n; i++) args[i] = s->scratch + layout->offsets[i];
     }
     pthread_mutex_unlock(&l->lock);
-    if (!known) {
+    if (!known || !enter(s)) {
         if (args != small) free(args);
         return -1;
     }
-    __atomic_store_n(&s->busy, 1, __ATOMIC_RELAXED);
     *result = l->ops.launch(func, dims, stream, n ? args : NULL, s->scratch, padded_len, n_attrs ? attrs : NULL,
                             n_attrs);
     __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
@@ -584,8 +596,7 @@ static int other(struct session *s, int c, const uint8_t *a, int *result) {
     pthread_mutex_lock(&l->lock);
     int ok = args_ok(l, c, a);
     pthread_mutex_unlock(&l->lock);
-    if (!ok) return -1;
-    __atomic_store_n(&s->busy, 1, __ATOMIC_RELAXED);
+    if (!ok || !enter(s)) return -1;
     *result = l->ops.call((uint32_t)c, x, y, z);
     __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
     return 0;
@@ -604,12 +615,15 @@ static int copy(struct session *s, int c, const uint8_t *a, const uint8_t *bulk,
     int ok = args_ok(l, c, a);
     pthread_mutex_unlock(&l->lock);
     if (!ok) return -1;
+    if (!to_device && !s->copied && !(s->copied = malloc(REPLY + SMALL_COPY))) return -1;
+    if (!enter(s)) return -1;
     if (call->capture != GPF_NO_ARG) { /* a copy on a capturing stream is the guard's to refuse or spoil */
         int capturing = 1;
-        if (l->ops.capturing(arg(c, call->capture, a), &capturing) || capturing) return -1;
+        if (l->ops.capturing(arg(c, call->capture, a), &capturing) || capturing) {
+            __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
+            return -1;
+        }
     }
-    if (!to_device && !s->copied && !(s->copied = malloc(REPLY + SMALL_COPY))) return -1;
-    __atomic_store_n(&s->busy, 1, __ATOMIC_RELAXED);
     *result = l->ops.copy((uint32_t)c, device, to_device ? (void *)bulk : s->copied + REPLY, count, stream);
     __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
     return 0;

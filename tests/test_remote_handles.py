@@ -1,0 +1,205 @@
+"""The client's handle values across a live migration (virtualize.server._handles): every handle argument
+is mapped from the call table's declarations, the lease's objects are re-created from what it did, and
+the client's old values reach the new objects — on the real host executor, in process."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from virtualize.common._results import CUresult
+from virtualize.server._cuda import CANNOT_MOVE, CudaExecutor
+from virtualize.server._executor import CudaError, Launch
+from virtualize.server._executor_host import HostExecutor
+from virtualize.server._handles import (
+    NAMESPACE,
+    RECREATED,
+    SHAPED_ADDRESSES,
+    SHAPED_HANDLES,
+    SYNTHETIC,
+    TABLE_ADDRESSES,
+    TABLE_KINDS,
+    HandleMap,
+    Translated,
+)
+
+MiB = 1 << 20
+MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+# Per-call methods that take no handle the table declares, and why that is right.
+GUARD_SETS = {"cuCtxSynchronize": "the guard makes the context it names current first (cuCtxSynchronize_v2)"}
+
+
+@pytest.mark.parametrize("executor", [HostExecutor, CudaExecutor], ids=["host", "cuda"])
+def test_every_declared_handle_reaches_a_parameter_of_the_same_name(executor):
+    """Each handle and device address the call table declares for a call, and each of a shaped method,
+    is a parameter of that name of the executor's method: the map finds every one (a renamed parameter
+    would pass the client's old value to the driver after a move)."""
+    missing = []
+    for name, (ins, _) in TABLE_KINDS.items():
+        params = inspect.signature(getattr(executor, name)).parameters
+        missing += [(name, p) for p, kind in ins.items() if NAMESPACE[kind] in RECREATED and p not in params]
+    for name, ins in SHAPED_HANDLES.items():
+        params = inspect.signature(getattr(executor, name)).parameters
+        missing += [(name, p) for p in ins if p not in params]
+    for name, (ins, _) in TABLE_ADDRESSES.items():  # device addresses too (a global moves)
+        params = inspect.signature(getattr(executor, name)).parameters
+        missing += [(name, p) for p in ins if p not in params]
+    for name, ins in SHAPED_ADDRESSES.items():
+        params = inspect.signature(getattr(executor, name)).parameters
+        missing += [(name, p) for p in ins if p not in params]
+    assert [m for m in missing if m[0] not in GUARD_SETS] == []
+
+
+def test_a_new_object_whose_value_the_client_uses_for_another_gets_a_value_of_its_own():
+    """After a move the client's value V names a new object; should the driver later give another new
+    object the value V, the client gets a different value for it, and each value reaches its object."""
+    handles = HandleMap()
+    handles.move("stream", 0x100, 0x200)  # the client's 0x100 is the target's 0x200 now
+    assert handles.real("stream", 0x100) == 0x200
+    assert handles.client("stream", 0x200) == 0x100
+    other = handles.client("stream", 0x100)  # a new stream the driver put at 0x100
+    assert other != 0x100 and other >= SYNTHETIC
+    assert handles.real("stream", other) == 0x100 and handles.real("stream", 0x100) == 0x200
+    assert handles.client("stream", 0x100) == other  # asked again: the same value
+    assert handles.real("event", 0x100) == 0x100  # another kind: its own values
+
+
+@pytest.fixture
+def lease():
+    held: dict[str, set[int]] = {}
+
+    def holds(kind: str, value: int) -> bool:
+        return value in held.get(kind, set())
+
+    translated = Translated(HostExecutor([64 * MiB]), holds)
+    return translated, held
+
+
+def _make(translated: Translated, held: dict[str, set[int]]) -> dict[str, int]:
+    """A context, a module and its function (with an attribute raised), a stream and an event."""
+    ctx = translated.cuCtxCreate(0, 0)
+    translated.set_context(ctx)
+    made = {"ctx": ctx, "stream": translated.cuStreamCreate(0), "event": translated.cuEventCreate(0)}
+    made["module"] = translated.cuModuleLoadData(b"// module\n")
+    made["func"] = translated.cuModuleGetFunction(made["module"], "add_u32")
+    translated.cuFuncSetAttribute(made["func"], MAX_DYNAMIC_SHARED, 96 << 10)
+    for kind, value in made.items():
+        held.setdefault(kind, set()).add(value)
+    return made
+
+
+def test_the_clients_values_reach_the_objects_made_anew_on_the_target(lease):
+    """A move re-creates the context's objects with new values and configures them as the client did;
+    the client's old values then reach the new objects (the old ones are gone: a call that reached one
+    would fail), results come back as the client's values, and a second move maps them again."""
+    translated, held = lease
+    made = _make(translated, held)
+    before = {kind: translated.map.real(kind, value) for kind, value in made.items()}
+    moved = translated.migrate(0, 1, [])
+    assert moved["objects"] == len(made)
+    for kind, value in made.items():
+        assert translated.map.real(kind, value) != before[kind], kind
+    translated.cuEventRecord(made["event"], made["stream"])  # old values, new objects
+    translated.cuStreamSynchronize(made["stream"])
+    assert translated.cuEventQuery(made["event"]) is None
+    assert translated.cuFuncGetAttribute(MAX_DYNAMIC_SHARED, made["func"]) == 96 << 10  # replayed
+    assert translated.cuStreamGetCtx(made["stream"]) == made["ctx"]  # a result: the client's value
+    ptr = translated.cuMemAlloc(4096)
+    translated.memset(ptr, 0, 4, 4, None)
+    params = ptr.to_bytes(8, "little") + (3).to_bytes(4, "little") + (4).to_bytes(4, "little")
+    layout = translated.param_layout(made["func"], False)
+    translated.launch(Launch(made["func"], (1, 1, 1), (4, 1, 1), 0, made["stream"], params, layout))
+    got = bytearray()
+    translated.copy_from_device(ptr, 16, made["stream"], got.extend)
+    assert got == (3).to_bytes(4, "little") * 4  # the function ran on the moved stream
+    translated.migrate(0, 0, [])  # and back: the same client values, objects made again
+    translated.cuStreamSynchronize(made["stream"])
+    assert translated.cuEventQuery(made["event"]) is None
+
+
+def test_objects_the_lease_let_go_of_are_not_made_again(lease):
+    """A destroyed stream is not re-created by a move; what the lease still holds is."""
+    translated, held = lease
+    made = _make(translated, held)
+    gone = translated.cuStreamCreate(0)
+    held["stream"].add(gone)
+    translated.cuStreamDestroy(gone)
+    held["stream"].discard(gone)
+    moved = translated.migrate(0, 1, [])
+    assert moved["objects"] == len(made)
+
+
+def test_a_replay_that_fails_leaves_the_client_on_its_source(lease):
+    """A move whose re-creation fails changes no mapping: the client's values still reach the source's
+    objects and the lease keeps running."""
+    translated, held = lease
+    made = _make(translated, held)
+    source = {kind: translated.map.real(kind, value) for kind, value in made.items()}
+
+    def target_died(module, name):
+        raise CudaError(CUresult.DEVICE_UNAVAILABLE, "the target GPU fell off the bus")
+
+    translated.inner.cuModuleGetFunction = target_died  # the seam: the target fails mid-replay
+    with pytest.raises(CudaError):
+        translated.migrate(0, 1, [])
+    assert {kind: translated.map.real(kind, value) for kind, value in made.items()} == source
+    assert translated.generation == 0
+    translated.cuEventRecord(made["event"], made["stream"])
+    translated.cuStreamSynchronize(made["stream"])
+
+
+class WithGlobals(HostExecutor):
+    """The host executor with module global variables (it has none): each (module, name) is 64 bytes of
+    its own, made at the first ask in the current context — the seam stands in for a GPU module."""
+
+    def __init__(self, devices) -> None:
+        super().__init__(devices)
+        self.variables: dict[tuple[int, str], int] = {}
+
+    def cuModuleGetGlobal(self, module, name):
+        if (module, name) not in self.variables:
+            self.variables[module, name] = self.cuMemAlloc(64)
+        return self.variables[module, name], 64
+
+
+def _write(translated, address: int, data: bytes) -> None:
+    def fill(view) -> None:
+        view[:] = data[: len(view)]
+
+    translated.copy_to_device(address, len(data), None, fill)
+
+
+def _read(executor, address: int, count: int) -> bytes:
+    got = bytearray()
+    executor.copy_from_device(address, count, None, got.extend)
+    return bytes(got)
+
+
+def test_a_global_variable_moves_with_its_module_and_keeps_the_clients_address():
+    """The address of a module's global the client holds reaches the variable of the re-created module
+    after a move: its bytes were copied there, a copy through the old address lands in the new variable
+    (not the source's), and asking for the global again answers the address the client has."""
+    held: dict[str, set[int]] = {}
+    translated = Translated(WithGlobals([64 * MiB]), lambda kind, value: value in held.get(kind, set()))
+    made = _make(translated, held)
+    address, size = translated.cuModuleGetGlobal(made["module"], "counter")
+    _write(translated, address, b"before".ljust(size, b"."))
+    translated.migrate(0, 1, [])
+    new_module = translated.map.real("module", made["module"])
+    moved_to = translated.inner.variables[new_module, "counter"]
+    assert moved_to != address and translated.addresses.real(address) == moved_to
+    assert _read(translated, address, size) == b"before".ljust(size, b".")
+    _write(translated, address, b"after".ljust(size, b"."))
+    assert _read(translated.inner, moved_to, size) == b"after".ljust(size, b".")
+    assert _read(translated.inner, address, size) == b"before".ljust(size, b".")  # the source's, untouched
+    assert translated.cuModuleGetGlobal(made["module"], "counter") == (address, size)
+
+
+@pytest.mark.parametrize("kind", sorted(CANNOT_MOVE))
+def test_the_cuda_executor_refuses_what_it_does_not_move_and_says_what(kind):
+    """A lease holding a graph, an array, a texture, its own virtual memory, ... is refused before anything
+    pauses, and the reason names what it holds (checked before the executor asks the driver anything)."""
+    executor = object.__new__(CudaExecutor)  # its refusal of held objects needs no GPU
+    reason = CudaExecutor.migration_refusal(executor, 1, {kind: 1, "stream": 3})
+    assert reason and CANNOT_MOVE[kind] in reason

@@ -1,0 +1,462 @@
+"""Handle values across a live migration: the client keeps the values it was given, the objects behind
+them are re-created on the target GPU with new values (virtualize.server._migrate).
+
+`Translated` sits between the guard and the executor. Every executor method that takes or returns a
+handle maps it in one place, from declarations, not call by call: a per-call method's handle parameters
+and results are the call table's (`virtualize.common._calls`: each parameter's kind, matched to the
+method's parameter of the same name), a shaped method's are in `SHAPED_HANDLES`. Until the lease first
+moves, the map is empty and every value passes unchanged.
+
+It also keeps what a move needs to re-create the lease's objects: the call that made each context,
+stream, event, module, function and pool (its arguments as the client named them, and the context it
+was made in), and the calls that configured them since (`SETTERS`). A move replays them on the target,
+in order, each object's handle arguments mapped to the objects already re-created there, and from then
+on maps the client's old values to the new ones. Libraries and kernels are the process's, not a
+context's: they stay as they are and load into the target's context when first used there.
+"""
+
+from __future__ import annotations
+
+import bisect
+import inspect
+import itertools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from virtualize.common._calls import CALLS, DESTROYS, HANDLE_TYPES
+from virtualize.server._executor import (
+    INVALID_CONTEXT,
+    PER_CALL,
+    CudaError,
+    Executor,
+    Launch,
+    executor_method,
+)
+
+# One value space per kind, but a CUfunction parameter may carry a CUkernel: those two share one.
+NAMESPACE = {**{kind: kind for kind in HANDLE_TYPES}, "kernel": "func"}
+RECREATED = frozenset({"ctx", "stream", "event", "module", "func", "pool"})  # a context's objects
+KEPT = frozenset({"library", "kernel"})  # the process's: valid in every context, not re-created
+DESTROYED_BY = {**DESTROYS, "cuCtxDestroy": "ctx"}
+BUILTIN_STREAMS = frozenset({0, 1, 2})  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD: every context's
+# Calls that configure an object or a context and are replayed after it on the target (the newest
+# call of each argument list last).
+SETTERS = frozenset({
+    "cuDevicePrimaryCtxSetFlags", "cuCtxSetLimit", "cuCtxSetCacheConfig", "cuCtxSetSharedMemConfig",
+    "cuCtxSetFlags", "cuCtxEnablePeerAccess", "cuFuncSetAttribute", "cuFuncSetCacheConfig",
+    "cuFuncSetSharedMemConfig", "cuKernelSetAttribute", "cuKernelSetCacheConfig", "cuStreamSetAttribute",
+    "cuMemPoolSetAttribute",
+})  # fmt: skip
+LAUNCH = "launch"  # a `Launch` argument: its function, its stream, and the events its attributes name
+# CUlaunchAttributeID values whose value starts with a CUevent: PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT.
+EVENT_ATTRIBUTES = frozenset({7, 12})
+# The shaped methods' parameters that hold handles of the kinds a move re-creates (the others keep
+# their values: nothing re-creates them).
+SHAPED_HANDLES: dict[str, dict[str, str]] = {
+    "set_context": {"ctx": "ctx"},
+    "param_layout": {"func": "func"},
+    "launch": {"launch": LAUNCH},
+    "cluster_occupancy": {"launch": LAUNCH},
+    "graph_add_kernel_node": {"launch": LAUNCH},
+    "graph_exec_kernel_node": {"launch": LAUNCH},
+    "graph_add_event_node": {"event": "event"},
+    "graph_add_conditional_node": {"ctx": "ctx"},
+    **{method: {"stream": "stream"} for method in (
+        "copy_to_device", "copy_from_device", "copy_in_from", "copy_out_into", "copy_out_to",
+        "copy_from_device_async", "memset", "copy_3d", "launch_host_func", "capture_info",
+        "capture_to_graph", "update_capture_dependencies")},
+}  # fmt: skip
+# The shaped methods' device addresses (a module's global variable is at another address on the target).
+SHAPED_ADDRESSES: dict[str, tuple[str, ...]] = {
+    "copy_to_device": ("dst",), "copy_from_device": ("src",), "copy_in_from": ("dst",),
+    "copy_out_into": ("src",), "copy_out_to": ("src",), "copy_from_device_async": ("src",),
+    "memset": ("dst",),
+}  # fmt: skip
+GLOBAL_GETTERS = frozenset({"cuModuleGetGlobal", "cuLibraryGetGlobal"})  # -> (address, size)
+DEVICE_PARAMS = ("dev", "device")  # the lease device a call names, where it names one
+SYNTHETIC = 0x7FF0_0000_0000_0000  # values handed out where a new object's value is an old one's
+
+
+@dataclass
+class Record:
+    """A call that made (`made`: its namespace and the client's value) or configured a lease object."""
+
+    method: str
+    args: tuple
+    kinds: tuple[tuple[int, str], ...]  # (position, kind) of each handle argument
+    ctx: int  # the client's context current when it ran
+    device: int | None  # the lease device it belongs to (None: that of its context)
+    made: tuple[str, int] | None = None
+    made_at: int = 0  # the result that is the made object
+
+
+class HandleMap:
+    """The client's value of each re-created object -> the executor's, and back (a bijection per
+    namespace; a value the client never saw maps to itself)."""
+
+    def __init__(self) -> None:
+        self.to_real: dict[str, dict[int, int]] = {ns: {} for ns in set(NAMESPACE.values())}
+        self.to_client: dict[str, dict[int, int]] = {ns: {} for ns in set(NAMESPACE.values())}
+        self._synthetic = itertools.count(SYNTHETIC)
+        self.lock = threading.Lock()
+
+    def real(self, ns: str, value: int) -> int:
+        return self.to_real[ns].get(value, value)
+
+    def client(self, ns: str, value: int) -> int:
+        found = self.to_client[ns].get(value)
+        if found is not None:
+            return found
+        if value not in self.to_real[ns]:
+            return value
+        with self.lock:  # the client names another object by this value: it gets one of its own
+            found = self.to_client[ns].get(value)
+            if found is None:
+                found = next(self._synthetic)
+                self.to_real[ns][found], self.to_client[ns][value] = value, found
+            return found
+
+    def move(self, ns: str, client: int, real: int) -> None:
+        """From now on the client's `client` names the executor's `real`."""
+        with self.lock:
+            old = self.to_real[ns].pop(client, client)
+            self.to_client[ns].pop(old, None)
+            if real != client:
+                self.to_real[ns][client], self.to_client[ns][real] = real, client
+
+
+def _table_kinds() -> dict[str, tuple[dict[str, str], tuple[tuple[int, str], ...]]]:
+    """Per-call method -> (its handle parameters by name -> kind, (position, kind) of handle results)."""
+    kinds: dict[str, tuple[dict[str, str], tuple[tuple[int, str], ...]]] = {}
+    for call in CALLS:
+        method = executor_method(call)
+        if method not in PER_CALL:
+            continue
+        ins = {p.name: p.type for p in call.ins if p.type in NAMESPACE}
+        outs = tuple((i, p.type) for i, p in enumerate(call.outs) if p.type in NAMESPACE)
+        known_ins, known_outs = kinds.get(method, ({}, ()))
+        kinds[method] = ({**known_ins, **ins}, outs or known_outs)
+    return kinds
+
+
+def _table_addresses() -> dict[str, tuple[tuple[str, ...], tuple[int, ...]]]:
+    """Per-call method -> (its device address parameters by name, positions of address results)."""
+    found: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {}
+    for call in CALLS:
+        method = executor_method(call)
+        if method in PER_CALL:
+            ins = tuple(p.name for p in call.ins if p.type == "dptr")
+            outs = tuple(i for i, p in enumerate(call.outs) if p.type == "dptr")
+            if ins or outs:
+                found[method] = ins, outs
+    return found
+
+
+TABLE_KINDS = _table_kinds()
+TABLE_ADDRESSES = _table_addresses()
+
+
+@dataclass
+class GlobalVariable:
+    """A module's global variable whose address the client asked for: where it asked, how."""
+
+    method: str  # cuModuleGetGlobal or cuLibraryGetGlobal
+    args: tuple  # (module or library, name) as the client names them
+    ctx: int
+    size: int
+
+
+class Addresses:
+    """Device addresses the client holds -> where the bytes are now (module globals that moved)."""
+
+    def __init__(self) -> None:
+        self.ranges: list[tuple[int, int, int]] = []  # (client's base, size, real base), by base
+
+    def real(self, address: int) -> int:
+        i = bisect.bisect_right(self.ranges, (address, 1 << 64, 0)) - 1
+        if i >= 0:
+            base, size, real = self.ranges[i]
+            if base <= address < base + size:
+                return real + address - base
+        return address
+
+    def client(self, address: int) -> int:
+        for base, size, real in self.ranges:
+            if real <= address < real + size:
+                return base + address - real
+        return address
+
+    def move(self, base: int, size: int, real: int) -> None:
+        self.ranges = sorted(
+            [r for r in self.ranges if r[0] != base] + ([(base, size, real)] if real != base else [])
+        )
+
+
+class Translated:
+    """The executor as the guard sees it: handle values as the client knows them (module docstring)."""
+
+    def __init__(self, inner: Executor, alive: Callable[[str, int], bool] = lambda kind, value: True) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.alive = alive  # whether the lease still holds a handle (the guard's tables)
+        self.map = HandleMap()
+        self.addresses = Addresses()
+        self.globals: dict[int, GlobalVariable] = {}  # the client's address of each -> how it got it
+        self.generation = 0  # moves so far: a thread whose context predates the last one sets it again
+        self.records: dict[tuple, Record] = {}  # in the order the objects were made and configured
+        self.uses: dict[tuple[str, int], set[tuple]] = {}  # an object -> the records naming it
+        self.record_lock = threading.Lock()
+        self.local = threading.local()  # the client's context current on this thread
+        self.cached: set[str] = set()  # methods looked up and kept on this object
+
+    def __getattr__(self, name: str):
+        method = getattr(self.inner, name)
+        wrapped = self._wrap(name, method) if callable(method) else None
+        if callable(method):  # built once: later lookups find it directly (until the next move)
+            setattr(self, name, wrapped or method)
+            self.cached.add(name)
+        return wrapped or method
+
+    # -- the per-call wrappers -------------------------------------------------------------------------
+
+    def _wrap(self, name: str, method: Callable):
+        try:
+            params = list(inspect.signature(method).parameters)
+        except (TypeError, ValueError):
+            return None
+        ins, outs = (SHAPED_HANDLES[name], ()) if name in SHAPED_HANDLES else TABLE_KINDS.get(name, ({}, ()))
+        kinds = tuple((params.index(p), kind) for p, kind in ins.items() if p in params)
+        outs = tuple((i, kind) for i, kind in outs if NAMESPACE[kind] in RECREATED)
+        address_ins, address_outs = (
+            (SHAPED_ADDRESSES.get(name, ()), ())
+            if name in SHAPED_HANDLES
+            else TABLE_ADDRESSES.get(name, ((), ()))
+        )
+        addresses = tuple(params.index(p) for p in address_ins if p in params)
+        device_at = next((params.index(p) for p in DEVICE_PARAMS if p in params), None)
+        makes = tuple((i, kind) for i, kind in outs if kind not in KEPT)
+        recorded = name in SETTERS or bool(makes)
+        destroys = DESTROYED_BY.get(name)
+        if name == "set_context":
+            return self._set_context
+        variable = name in GLOBAL_GETTERS
+        if not kinds and not outs and not recorded and not destroys and not variable and not self.generation:
+            return None  # nothing to map, and every thread's context is the client's
+
+        def call(*args):
+            given = args  # as the client names them (what the records keep)
+            if self.generation:
+                self._current()
+                args = self._args_in(args, kinds, addresses)
+            result = method(*args)
+            if self.generation and (outs or address_outs):
+                result = self._results_out(result, outs, address_outs)
+            if variable:
+                self._global(name, given, result)
+            elif recorded:
+                self._record(name, given, kinds, result, makes, device_at)
+            elif destroys and NAMESPACE[destroys] in RECREATED:
+                self._forget(NAMESPACE[destroys], given[0])
+            return result
+
+        call.__name__ = name
+        return call
+
+    def _set_context(self, ctx: int) -> None:
+        self.inner.set_context(self.map.real("ctx", ctx) if self.generation else ctx)
+        self.local.ctx, self.local.generation = ctx, self.generation
+
+    def _current(self) -> None:
+        """This thread's context is the client's current one as of the last move."""
+        local = self.local
+        if getattr(local, "generation", 0) != self.generation:
+            ctx = getattr(local, "ctx", 0)
+            if ctx:
+                self.inner.set_context(self.map.real("ctx", ctx))
+            local.generation = self.generation
+
+    def _args_in(self, args: tuple, kinds, addresses=()) -> tuple:
+        args = list(args)
+        for i, kind in kinds:
+            if i < len(args):
+                args[i] = self._in(kind, args[i])
+        if self.addresses.ranges:
+            for i in addresses:
+                if i < len(args) and args[i]:
+                    args[i] = self.addresses.real(args[i])
+        return tuple(args)
+
+    def _in(self, kind: str, value):
+        if kind == LAUNCH:
+            return self._launch_in(value)
+        ns = NAMESPACE[kind]
+        if ns not in RECREATED or not value or (ns == "stream" and value in BUILTIN_STREAMS):
+            return value
+        return self.map.real(ns, value)
+
+    def _launch_in(self, launch: Launch) -> Launch:
+        attributes = tuple(
+            (
+                attr,
+                self.map.real("event", int.from_bytes(value[:8], "little")).to_bytes(8, "little") + value[8:],
+            )
+            if attr in EVENT_ATTRIBUTES and len(value) >= 8
+            else (attr, value)
+            for attr, value in launch.attributes
+        )
+        return replace(launch, func=self._in("func", launch.func), stream=self._in("stream", launch.stream),
+                       attributes=attributes)  # fmt: skip
+
+    def _results_out(self, result, outs, addresses=()):
+        values = list(result) if isinstance(result, tuple) else [result]
+        for i, kind in outs:
+            if i < len(values) and values[i]:
+                values[i] = self.map.client(NAMESPACE[kind], values[i])
+        for i in addresses:
+            if i < len(values) and values[i]:
+                values[i] = self.addresses.client(values[i])
+        return tuple(values) if isinstance(result, tuple) else values[0]
+
+    def _global(self, name: str, args: tuple, result) -> None:
+        """A module's global variable the client now has the address of: a move re-finds it in the
+        re-created module and copies its bytes there."""
+        address, size = result
+        with self.record_lock:
+            self.globals.setdefault(
+                address, GlobalVariable(name, tuple(args), getattr(self.local, "ctx", 0), size)
+            )
+
+    # -- what a move replays ---------------------------------------------------------------------------
+
+    def _record(self, name: str, args: tuple, kinds, result, makes, device_at) -> None:
+        device = args[device_at] if device_at is not None and device_at < len(args) else None
+        ctx = getattr(self.local, "ctx", 0)
+        made = None
+        position = 0
+        if makes:
+            values = result if isinstance(result, tuple) else (result,)
+            position, kind = makes[0]
+            value = values[position] if position < len(values) else 0
+            if not value:
+                return
+            made = (NAMESPACE[kind], value)
+            if name == "cuDevicePrimaryCtxRetain" or name == "cuCtxCreate":
+                ctx = value  # a context belongs to itself (its device is the call's)
+        record = Record(name, tuple(args), kinds, ctx, device, made, position)
+        key = ("made", *made) if made is not None else ("set", name, ctx, record.args)
+        with self.record_lock:
+            if made is not None and key in self.records:
+                return  # an object made before, asked for again (retained, or a getter's answer)
+            self.records.pop(key, None)
+            self.records[key] = record  # a setting: the newest last
+            for i, kind in kinds:
+                ns = NAMESPACE.get(kind)
+                if ns in RECREATED and i < len(args) and args[i]:
+                    self.uses.setdefault((ns, args[i]), set()).add(key)
+
+    def _forget(self, ns: str, value: int) -> None:
+        with self.record_lock:
+            self._forget_locked(ns, value)
+
+    def _forget_locked(self, ns: str, value: int) -> None:
+        """An object is gone: its record, and those of what was made from it or configures it (a
+        module's functions), so that its value, used again, is recorded anew."""
+        self.records.pop(("made", ns, value), None)
+        for key in self.uses.pop((ns, value), ()):
+            self.records.pop(key, None)
+
+    def _device_of(self, record: Record, contexts: dict[int, int]) -> int | None:
+        return record.device if record.device is not None else contexts.get(record.ctx)
+
+    def _holds(self, record: Record) -> bool:
+        """Whether the lease still holds what the record made or configures."""
+        if record.made is not None:
+            ns, value = record.made
+            return self.alive(ns, value)
+        return all(
+            self.alive(NAMESPACE[kind], record.args[i])
+            for i, kind in record.kinds
+            if kind != LAUNCH and NAMESPACE[kind] in RECREATED and record.args[i]
+            and not (NAMESPACE[kind] == "stream" and record.args[i] in BUILTIN_STREAMS)
+        )  # fmt: skip
+
+    def moving(self, device: int) -> list[Record]:
+        """The records a move of lease device `device` replays, in order."""
+        with self.record_lock:
+            records = list(self.records.values())
+        contexts = {r.made[1]: r.device for r in records if r.made and r.made[0] == "ctx"}
+        return [r for r in records if self._device_of(r, contexts) == device and self._holds(r)]
+
+    def contexts(self, device: int) -> list[int]:
+        """The client's contexts on lease device `device`."""
+        return [r.made[1] for r in self.moving(device) if r.made and r.made[0] == "ctx"]
+
+    def migrate(self, device: int, target: int, mappings: list, **where) -> dict:
+        """Move lease device `device` to GPU `target` (`Executor.migrate`), the calls paused: drain its
+        contexts, let the executor move the memory and re-create the objects by replaying their records,
+        then map the client's values to the new objects."""
+        records = self.moving(device)
+        for ctx in self.contexts(device):  # nothing runs while the memory is copied
+            self.inner.set_context(self.map.real("ctx", ctx))
+            self.inner.cuCtxSynchronize()
+        made: dict[tuple[str, int], int] = {}
+
+        contexts = {r.made[1]: r.device for r in records if r.made and r.made[0] == "ctx"}
+        variables = [
+            (address, v) for address, v in list(self.globals.items()) if contexts.get(v.ctx) == device
+        ]
+        placed: list[tuple[int, int, int]] = []  # the globals' (client's address, size, target's address)
+
+        def recreate() -> list[tuple[str, int, int]]:
+            for record in records:
+                self._replay(record, made)
+            for address, variable in variables:
+                placed.extend(self._global_moved(address, variable, made))
+            return [(ns, self.map.real(ns, client), real) for (ns, client), real in made.items()]
+
+        moved = self.inner.migrate(device, target, mappings, recreate, **where)
+        for (ns, client), real in made.items():
+            self.map.move(ns, client, real)
+        for address, size, real in placed:
+            self.addresses.move(address, size, real)
+        self.generation += 1
+        for name in self.cached:  # wrapped anew: every call first sets its thread's context to the new one
+            self.__dict__.pop(name, None)
+        self.cached.clear()
+        return {**moved, "objects": len(made)}
+
+    def _global_moved(self, address: int, variable: GlobalVariable, made) -> list[tuple[int, int, int]]:
+        """The global variable found again in its re-created module on the target, its bytes copied there
+        from the source; ([(the client's address, size, the new address)]), or [] when the lease has let
+        go of its module."""
+        (owner, name), ns = variable.args, "module" if variable.method == "cuModuleGetGlobal" else "library"
+        if not self.alive(ns, owner) or ("ctx", variable.ctx) not in made:
+            return []
+        self.inner.set_context(made["ctx", variable.ctx])
+        found, size = getattr(self.inner, variable.method)(
+            made.get((ns, owner), self.map.real(ns, owner)), name
+        )
+        source_ctx = self.map.real("ctx", variable.ctx)
+        self.inner.cuMemcpyPeer(
+            found, made["ctx", variable.ctx], self.addresses.real(address), source_ctx, size
+        )
+        return [(address, size, found)]
+
+    def _replay(self, record: Record, made: dict[tuple[str, int], int]) -> None:
+        def target(ns: str, value: int) -> int:
+            return made.get((ns, value), self.map.real(ns, value))
+
+        if record.ctx and record.method not in ("cuDevicePrimaryCtxRetain", "cuCtxCreate"):
+            if ("ctx", record.ctx) not in made:  # never made on the source GPU's context: all or nothing
+                raise CudaError(INVALID_CONTEXT, f"{record.method}: its context was not re-created")
+            self.inner.set_context(made["ctx", record.ctx])
+        args = list(record.args)
+        for i, kind in record.kinds:
+            ns = NAMESPACE.get(kind)
+            if ns in RECREATED and args[i] and not (ns == "stream" and args[i] in BUILTIN_STREAMS):
+                args[i] = target(ns, args[i])
+        result = getattr(self.inner, record.method)(*args)
+        if record.made is not None:
+            values = result if isinstance(result, tuple) else (result,)
+            made[record.made] = int(values[record.made_at])
