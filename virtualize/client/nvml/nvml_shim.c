@@ -751,25 +751,28 @@ typedef nvmlReturn_t (*host_link_uint_t)(nvmlDevice_t, unsigned int, unsigned in
 typedef nvmlReturn_t (*host_link_cap_t)(nvmlDevice_t, unsigned int, int, unsigned int *);
 typedef nvmlReturn_t (*host_link_pci_t)(nvmlDevice_t, unsigned int, void *);
 
+/* Starts NVLink query `name` of `device`'s `link`: returns the error, or the GPU host's answer (its
+   function, of type `host_type`, given the caller's further arguments), else the view's link is `l`. */
+#define NVLINK_QUERY(name, host_type, ...)                                 \
+    void *host;                                                          \
+    nvlink_t l;                                                          \
+    nvmlReturn_t rc = nvlink_of(device, link, name, &host, &l);          \
+    if (rc) return rc;                                                   \
+    if (host) return ((host_type)host)(device, link, __VA_ARGS__);
+
 /* NVML_NVLINK_CAP_*: P2P, system memory access, P2P atomics, system memory atomics, SLI bridge, valid */
 #define NVLINK_CAP_SLI_BRIDGE 4
 #define NVLINK_CAP_COUNT 6
 
 NVML_API nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, unsigned int *active) {
-    void *host;
-    nvlink_t l;
-    nvmlReturn_t rc = nvlink_of(device, link, "nvmlDeviceGetNvLinkState", &host, &l);
-    if (rc || host) return rc ? rc : ((host_link_uint_t)host)(device, link, active);
+    NVLINK_QUERY("nvmlDeviceGetNvLinkState", host_link_uint_t, active);
     if (!active) return NVML_ERROR_INVALID_ARGUMENT;
     *active = (unsigned int)l.active; /* NVML_FEATURE_ENABLED or NVML_FEATURE_DISABLED */
     return NVML_SUCCESS;
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetNvLinkVersion(nvmlDevice_t device, unsigned int link, unsigned int *version) {
-    void *host;
-    nvlink_t l;
-    nvmlReturn_t rc = nvlink_of(device, link, "nvmlDeviceGetNvLinkVersion", &host, &l);
-    if (rc || host) return rc ? rc : ((host_link_uint_t)host)(device, link, version);
+    NVLINK_QUERY("nvmlDeviceGetNvLinkVersion", host_link_uint_t, version);
     if (!version) return NVML_ERROR_INVALID_ARGUMENT;
     if (!l.active || l.version < 0) return NVML_ERROR_NOT_SUPPORTED;
     *version = (unsigned int)l.version;
@@ -780,10 +783,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetNvLinkVersion(nvmlDevice_t device, unsigned i
    one); a link that is down, nothing. */
 NVML_API nvmlReturn_t nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsigned int link, int capability,
                                                     unsigned int *result) {
-    void *host;
-    nvlink_t l;
-    nvmlReturn_t rc = nvlink_of(device, link, "nvmlDeviceGetNvLinkCapability", &host, &l);
-    if (rc || host) return rc ? rc : ((host_link_cap_t)host)(device, link, capability, result);
+    NVLINK_QUERY("nvmlDeviceGetNvLinkCapability", host_link_cap_t, capability, result);
     if (!result || capability < 0 || capability >= NVLINK_CAP_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
     *result = l.active && capability != NVLINK_CAP_SLI_BRIDGE;
     return NVML_SUCCESS;
@@ -792,10 +792,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsigne
 /* The nvmlPciInfo_t of the device at the link's other end. NCCL resolves the name without a suffix
    and reads the whole current struct (busId included), as pynvml does through _v2: both get all of it. */
 static nvmlReturn_t remote_pci(nvmlDevice_t device, unsigned int link, void *pci, const char *name) {
-    void *host;
-    nvlink_t l;
-    nvmlReturn_t rc = nvlink_of(device, link, name, &host, &l);
-    if (rc || host) return rc ? rc : ((host_link_pci_t)host)(device, link, pci);
+    NVLINK_QUERY(name, host_link_pci_t, pci);
     if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
     if (!l.active) return NVML_ERROR_NOT_SUPPORTED; /* nothing at the other end of a link that is down */
     fill_pci(l.bus_id, pci, sizeof(pci_info_t));
