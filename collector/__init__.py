@@ -5,7 +5,8 @@ The public face, loaded lazily so ``gpustat-collect --help`` does not import pya
 - ``TelemetryWriter(root, host, *, flush_interval_s=10.0)``: buffered, atomic Parquet segments, in a
   directory or an S3-compatible bucket (``root="s3://bucket/prefix"``, ``collector.location``).
 - ``read_inventory() -> list[GpuInfo]`` and ``process_activity(gpu_index) -> list[ProcessActivity]``
-  through NVML, raising ``NvmlUnavailable`` where NVML does not start.
+  through NVML, raising ``NvmlUnavailable`` where NVML does not start; a ``GpuInfo``'s ``nvlinks``
+  (``NvLink``: link, remote PCI bus id, version) are its active NVLinks.
 - ``simulated_inventory(n)``: the GPUs of the simulated fleet, for machines without GPUs.
 - ``NvmlSource``: one tick of this host's GPUs at a time (``.sample(now) -> Tick`` of schema rows), for
   a process that writes its own telemetry (the pool server); ``SimulatedFleet`` the simulated model.
@@ -34,6 +35,7 @@ _EXPORTS = {
     "process_activity": "collector._inventory",
     "simulated_inventory": "collector._simulated",
     "GpuInfo": "collector._types",
+    "NvLink": "collector._types",
     "ProcessActivity": "collector._types",
     "CollectorError": "collector._errors",
     "NvmlUnavailable": "collector._errors",
@@ -65,6 +67,7 @@ __all__ = [
     "GpuInfo",
     "GpuLost",
     "InputError",
+    "NvLink",
     "NvmlSource",
     "NvmlUnavailable",
     "ProcessActivity",
@@ -92,7 +95,7 @@ if TYPE_CHECKING:
     from collector._rollup_keeper import RollupKeeper, RollupOptions
     from collector._run import RunOptions, run
     from collector._simulated import SimulatedFleet, simulated_inventory
-    from collector._types import GpuInfo, ProcessActivity
+    from collector._types import GpuInfo, NvLink, ProcessActivity
     from collector.durations import parse_duration
     from collector.rollups import ExpireResult, RollupResult, build_rollups, expire_raw
     from collector.writer import TelemetryWriter

@@ -45,6 +45,7 @@ def inventory_from(backend) -> list[GpuInfo]:
                     driver_version=driver,
                     cuda_version=cuda,
                     pci_bus_id=getattr(backend, "pci_bus_id", lambda _: None)(index),
+                    nvlinks=tuple(getattr(backend, "nvlinks", lambda _: ())(index)),
                 )
             )
         except GpuLost:

@@ -21,6 +21,7 @@ from typing import Any
 import pynvml
 
 from collector._errors import GpuLost, NvmlUnavailable
+from collector._types import NvLink
 
 # Errors that mean "this GPU is gone", not "this field is unsupported".
 _LOST_CODES = frozenset(
@@ -156,6 +157,26 @@ class NvmlBackend:
     def pci_bus_id(self, index: int) -> str | None:
         info = query(pynvml.nvmlDeviceGetPciInfo, self._handle(index))
         return None if info is None else _text(info.busId)
+
+    def nvlinks(self, index: int) -> list[NvLink]:
+        """The GPU's active NVLinks, each with the bus id at its other end (what NCCL's topology reads).
+        A GPU without NVLink answers NOT_SUPPORTED at link 0 and one past its last link
+        INVALID_ARGUMENT (NVML_NVLINK_MAX_LINKS is the most any GPU has): either ends the list."""
+        handle, links = self._handle(index), []
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                if pynvml.nvmlDeviceGetNvLinkState(handle, link) != pynvml.NVML_FEATURE_ENABLED:
+                    continue
+                remote = _text(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId)
+            except pynvml.NVMLError as exc:
+                if exc.value in _LOST_CODES:
+                    raise GpuLost(str(exc)) from exc
+                if exc.value in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT):
+                    break
+                continue  # this link cannot tell: the others still count
+            version = query(pynvml.nvmlDeviceGetNvLinkVersion, handle, link)
+            links.append(NvLink(link, remote, None if version is None else int(version)))
+        return links
 
     def name(self, index: int) -> str | None:
         value = query(pynvml.nvmlDeviceGetName, self._handle(index))

@@ -6,6 +6,15 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class NvLink:
+    """One active NVLink of a GPU, as NVML reports it: NCCL builds its topology from these."""
+
+    link: int  # the link's number on this GPU (0-17 on an H100)
+    remote_pci_bus_id: str  # the PCI bus id at the other end: a GPU or an NVSwitch
+    version: int | None = None  # NVML's nvmlNvlinkVersion_t (6 = NVLink 4.0); None where NVML does not say
+
+
+@dataclass(frozen=True)
 class GpuInfo:
     """One GPU of this host, as NVML (or the simulated fleet) describes it."""
 
@@ -17,6 +26,7 @@ class GpuInfo:
     driver_version: str
     cuda_version: str
     pci_bus_id: str | None = None  # "00000000:19:00.0", as NVML and cuDeviceGetPCIBusId spell it
+    nvlinks: tuple[NvLink, ...] = ()  # its active NVLinks (none without NVLink, or NVML does not say)
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,13 @@ import re
 import socket
 import uuid as uuidlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from server._errors import BadRequest
 from server.ranges import MAX_GPUS_PER_REQUEST
+
+if TYPE_CHECKING:
+    from collector import NvLink
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -30,6 +34,7 @@ class Gpu:
     driver_version: str | None
     cuda_version: str | None
     pci_bus_id: str | None = None  # the real GPU's (None for simulated ones)
+    nvlinks: tuple[NvLink, ...] = ()  # its active NVLinks (none for simulated GPUs)
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,7 @@ def nvml_inventory(hostname: str, addr: str) -> Inventory:
                 driver_version=g.driver_version,
                 cuda_version=g.cuda_version,
                 pci_bus_id=g.pci_bus_id,
+                nvlinks=g.nvlinks,
             )
         )
     return Inventory(hostname=hostname, addr=addr, gpus=tuple(gpus), simulated=False)

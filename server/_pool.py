@@ -565,6 +565,10 @@ class Pool:
                     "gpu_name": g.name if g else "unknown",
                     "compute_capability": g.compute_capability if g else None,
                     "pci_bus_id": g.pci_bus_id if g else None,
+                    "nvlinks": [
+                        {"link": n.link, "remote_pci_bus_id": n.remote_pci_bus_id, "version": n.version}
+                        for n in (g.nvlinks if g else ())
+                    ],
                     "mem_total_bytes": g.mem_total_bytes if g else None,
                     "mem_bytes": p["mem_bytes"],
                     "fraction": p["fraction"],

@@ -347,6 +347,19 @@ class PartitionUsage(_Answer, kw_only=True):
     power_w: Annotated[float | None, Meta(description="The GPU's.")] = None
 
 
+class NvLink(_Answer, kw_only=True):
+    """One active NVLink of the partition's GPU, as the GPU host's NVML reports it."""
+
+    link: Annotated[int, Meta(description="The link's number on the GPU (0-17 on an H100).")]
+    remote_pci_bus_id: Annotated[
+        str, Meta(description='PCI bus id at the other end (a GPU or an NVSwitch), e.g. "00000000:1A:00.0".')
+    ]
+    version: Annotated[
+        int | None,
+        Meta(description="NVML's NVLink version number (6: NVLink 4.0); null where NVML does not say."),
+    ] = None
+
+
 class Partition(_Answer, kw_only=True):
     gpu_index: int
     gpu_uuid: str
@@ -368,6 +381,13 @@ class Partition(_Answer, kw_only=True):
             description='The GPU\'s PCI bus id as NVML spells it, e.g. "00000000:19:00.0" (null for simulated GPUs).'
         ),
     ] = None
+    nvlinks: Annotated[
+        list[NvLink],
+        Meta(
+            description="The GPU's active NVLinks (none for simulated GPUs and GPUs without NVLink): the NVML view of "
+            "a lease's runs answers NCCL's NVLink queries from them."
+        ),
+    ] = []
 
 
 class Worker(_Answer, kw_only=True):

@@ -3,6 +3,7 @@
 python tests/nvml_probe.py every     # call every nvmlDeviceGet* pynvml has on device 0: one JSON line
                                       # {name: "ok" | NVML error code | "args: …"} per function
 python tests/nvml_probe.py slice     # the answered values of device 0 as `name value` lines
+python tests/nvml_probe.py nvlinks   # each device's NVLink answers, and the topology NCCL's walk finds
 python tests/nvml_probe.py cuda MiB  # (under gpuattach run) CUDA's and NVML's memory sizes, then
                                       # allocate MiB through the CUDA shim and wait for NVML to show it
 """
@@ -138,6 +139,49 @@ def peers() -> None:
             print(f"p2p_{a}_{b}", read, write, can.value, flush=True)
 
 
+def _answer(call, *args):
+    try:
+        return call(*args)
+    except N.NVMLError as exc:
+        return f"error {exc.value}"
+
+
+def nvlinks() -> None:
+    """Per device and link: state, P2P capability, remote bus id, version (or `error CODE`), link 0 to
+    one past NVML's most; then NCCL's own walk (ncclTopoGetXmlFromGpu): for links 0-17, the P2P
+    capability, the state through the field values (sm_90), the remote PCI info through the name without
+    a suffix, its lower-case bus id looked up with nvmlDeviceGetHandleByPciBusId: `nccl_D PEER:COUNT`."""
+    import ctypes
+
+    N.nvmlInit()
+    P2P = N.NVML_NVLINK_CAP_P2P_SUPPORTED
+    lib = N.nvmlLib  # the library pynvml loaded: the one on the library path
+    for d in range(N.nvmlDeviceGetCount()):
+        h = N.nvmlDeviceGetHandleByIndex(d)
+        for link in range(N.NVML_NVLINK_MAX_LINKS + 1):
+            print(f"state_{d}_{link}", _answer(N.nvmlDeviceGetNvLinkState, h, link))
+            print(f"cap_{d}_{link}", _answer(N.nvmlDeviceGetNvLinkCapability, h, link, P2P))
+            remote = _answer(N.nvmlDeviceGetNvLinkRemotePciInfo, h, link)
+            print(f"remote_{d}_{link}", getattr(remote, "busId", remote))
+            print(f"version_{d}_{link}", _answer(N.nvmlDeviceGetNvLinkVersion, h, link))
+        (c2c,) = N.nvmlDeviceGetFieldValues(h, [N.NVML_FI_DEV_C2C_LINK_COUNT])
+        print(f"c2c_{d}", c2c.nvmlReturn)
+        peers: dict[int, int] = {}
+        for link in range(18):
+            if _answer(N.nvmlDeviceGetNvLinkCapability, h, link, P2P) != 1:
+                continue
+            (state,) = N.nvmlDeviceGetFieldValues(h, [(N.NVML_FI_DEV_NVLINK_GET_STATE, link)])
+            if state.nvmlReturn != N.NVML_SUCCESS or state.value.uiVal != N.NVML_FEATURE_ENABLED:
+                continue
+            pci = N.nvmlPciInfo_t()
+            if lib.nvmlDeviceGetNvLinkRemotePciInfo(h, ctypes.c_uint(link), ctypes.byref(pci)) != 0:
+                continue
+            peer = N.nvmlDeviceGetIndex(N.nvmlDeviceGetHandleByPciBusId(pci.busId.lower()))
+            peers[peer] = peers.get(peer, 0) + 1
+        print(f"nccl_{d}", ",".join(f"{peer}:{count}" for peer, count in sorted(peers.items())), flush=True)
+    N.nvmlShutdown()
+
+
 def fill() -> None:
     """A program that takes "all free memory" gets the partition: all of it, and not a byte more."""
     import ctypes
@@ -188,5 +232,7 @@ if __name__ == "__main__":
         torch_sizes()
     elif what == "peers":
         peers()
+    elif what == "nvlinks":
+        nvlinks()
     else:
         cuda(int(sys.argv[2]))

@@ -140,3 +140,66 @@ def test_no_process_samples_is_an_empty_list_not_unsupported(started, monkeypatc
     assert started.process_utilization(0, 0) == []
     monkeypatch.setattr(pynvml, "nvmlDeviceGetProcessUtilization", _raise(pynvml.NVML_ERROR_NOT_SUPPORTED))
     assert started.process_utilization(0, 0) is None
+
+
+def _nvlink_gpu(monkeypatch, state, remote, version):
+    """A stubbed GPU whose NVLink queries answer from `state`, `remote` and `version` (link -> value, or
+    an NVMLError to raise); a link a table does not name is past the GPU's last (INVALID_ARGUMENT)."""
+
+    def answer(table, link):
+        value = table.get(link, pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT))
+        if isinstance(value, pynvml.NVMLError):
+            raise value
+        return value
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetNvLinkState", lambda h, link: answer(state, link))
+    monkeypatch.setattr(
+        pynvml,
+        "nvmlDeviceGetNvLinkRemotePciInfo",
+        lambda h, link: SimpleNamespace(busId=answer(remote, link)),
+    )
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetNvLinkVersion", lambda h, link: answer(version, link))
+
+
+def test_a_gpus_active_nvlinks_are_read_with_the_bus_id_at_their_other_end(started, monkeypatch):
+    """The inventory carries each active NVLink (link number, remote PCI bus id, version): links that are
+    down are left out, one link whose query fails is skipped while the later ones still count, a version
+    NVML does not tell is None, and the list ends at the GPU's last link."""
+    from collector._inventory import inventory_from
+
+    raise_ = pynvml.NVMLError
+    state = {0: 1, 1: 1, 2: 0, 3: raise_(pynvml.NVML_ERROR_UNKNOWN), 4: 1}
+    state.update({link: 0 for link in range(5, 18)})
+    remote = {0: b"00000000:1A:00.0", 1: b"00000000:1A:00.0", 4: "00000000:2B:00.0"}
+    version = {0: 6, 1: raise_(pynvml.NVML_ERROR_NOT_SUPPORTED), 4: 6}
+    _nvlink_gpu(monkeypatch, state, remote, version)
+    links = started.nvlinks(0)
+    assert [(n.link, n.remote_pci_bus_id, n.version) for n in links] == [
+        (0, "00000000:1A:00.0", 6),
+        (1, "00000000:1A:00.0", None),
+        (4, "00000000:2B:00.0", 6),
+    ]
+    monkeypatch.setattr(pynvml, "nvmlSystemGetDriverVersion", lambda: "580.65")
+    monkeypatch.setattr(pynvml, "nvmlSystemGetCudaDriverVersion", lambda: 13000)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 1)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", lambda h: SimpleNamespace(used=0, total=80))
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetUUID", lambda h: "GPU-1")
+    (gpu,) = inventory_from(started)
+    assert gpu.nvlinks == tuple(links)
+
+
+@pytest.mark.parametrize(
+    "code", [pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, pynvml.NVML_ERROR_UNKNOWN]
+)
+def test_a_gpu_whose_nvlink_queries_fail_has_no_nvlinks(started, monkeypatch, code):
+    """A GPU without NVLink (NOT_SUPPORTED), an NVML without the functions, or one whose every NVLink query
+    fails: no links, and the rest of the inventory still reads."""
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetNvLinkState", _raise(code))
+    assert started.nvlinks(0) == []
+
+
+def test_a_gpu_lost_while_its_nvlinks_are_read_raises_gpulost(started, monkeypatch):
+    """A GPU that falls off the bus during the NVLink reading is lost, not a GPU without NVLink."""
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetNvLinkState", _raise(pynvml.NVML_ERROR_GPU_IS_LOST))
+    with pytest.raises(GpuLost):
+        started.nvlinks(0)

@@ -606,6 +606,61 @@ def test_the_hosts_nvml_is_found_and_never_gpupools_own(nvml_dir, tmp_path):
         assert found == host / "libnvidia-ml.so.1"
 
 
+BUS = ["00000000:19:00.0", "00000000:1A:00.0"]
+NVLINKED = {  # two H100s joined by links 0-3, as the server's NVML reported them (link 3's version unknown)
+    **LEASE,
+    "partitions": [
+        {
+            **LEASE["partitions"][0],
+            "gpu_index": i,
+            "gpu_uuid": f"GPU-{i}1111111-2222-3333-4444-555555555555",
+            "pci_bus_id": BUS[i],
+            "nvlinks": [
+                {"link": k, "remote_pci_bus_id": BUS[1 - i], "version": None if k == 3 else 6}
+                for k in range(4)
+            ],
+        }
+        for i in range(2)
+    ],
+}
+NVML_INVALID_ARGUMENT = 2
+MAX_LINKS = 36  # pynvml's NVML_NVLINK_MAX_LINKS
+
+
+def test_two_gpus_joined_by_nvlink_answer_as_the_hosts_nvml_does(nvml_dir, tmp_path):
+    """The lease's NVLinks, from the view: each listed link is up (state, field value and P2P capability
+    1), its remote PCI info names the other GPU, whose handle nvmlDeviceGetHandleByPciBusId finds (NCCL's
+    walk counts four links to the peer); the version is the server's, NOT_SUPPORTED where it did not say;
+    an unlisted link is down (0), one past NVML's most INVALID_ARGUMENT; other field values answer
+    NOT_SUPPORTED in their own slot."""
+    out = run([sys.executable, PROBE, "nvlinks"], view_env(nvml_dir, tmp_path, NVLINKED))
+    assert out.returncode == 0, out.stderr
+    got = lines(out.stdout)
+    for d in range(2):
+        assert got[f"nccl_{d}"] == f"{1 - d}:4"
+        for k in range(4):
+            assert (got[f"state_{d}_{k}"], got[f"cap_{d}_{k}"]) == ("1", "1")
+            assert got[f"remote_{d}_{k}"] == BUS[1 - d]
+        assert [got[f"version_{d}_{k}"] for k in range(4)] == ["6", "6", "6", f"error {NVML_NOT_SUPPORTED}"]
+        for k in range(4, MAX_LINKS):
+            assert (got[f"state_{d}_{k}"], got[f"cap_{d}_{k}"]) == ("0", "0")
+            assert got[f"remote_{d}_{k}"] == f"error {NVML_NOT_SUPPORTED}"
+        assert got[f"state_{d}_{MAX_LINKS}"] == f"error {NVML_INVALID_ARGUMENT}"
+        assert got[f"c2c_{d}"] == str(NVML_NOT_SUPPORTED)
+
+
+def test_a_gpu_the_view_gives_no_nvlink_answers_as_a_gpu_without_nvlink(nvml_dir, tmp_path):
+    """Without nvlink lines (a simulated GPU, a GPU without NVLink) every NVLink query is NOT_SUPPORTED, as
+    before, and NCCL's walk finds no link."""
+    out = run([sys.executable, PROBE, "nvlinks"], view_env(nvml_dir, tmp_path))
+    assert out.returncode == 0, out.stderr
+    got = lines(out.stdout)
+    assert got["nccl_0"] == ""
+    for k in range(MAX_LINKS + 1):
+        for query in ("state", "cap", "remote", "version"):
+            assert got[f"{query}_0_{k}"] == f"error {NVML_NOT_SUPPORTED}", (query, k)
+
+
 PCI_SIZES = """
 import ctypes
 lib = ctypes.CDLL("libnvidia-ml.so.1")
@@ -643,6 +698,12 @@ for i in range(N.nvmlDeviceGetCount()):
         util = N.nvmlDeviceGetUtilizationRates(h).gpu
     except N.NVMLError_NotSupported:
         util = 0
+    for link in range(N.NVML_NVLINK_MAX_LINKS + 1):  # whatever the nvlink lines held
+        try:
+            N.nvmlDeviceGetNvLinkRemotePciInfo(h, link)
+            N.nvmlDeviceGetNvLinkVersion(h, link)
+        except N.NVMLError:
+            pass
     print("device", i, util, m.total, m.used, len(N.nvmlDeviceGetComputeRunningProcesses(h)))
 """
 
@@ -661,6 +722,11 @@ BAD_VIEWS = {
     "too many devices and processes": "gpupool-nvml-view 1\n"
     + "".join(f"device {i}\nuuid GPU-{i}\nmemory_total 1024\n" + "process 1 1\n" * 40 for i in range(40)),
     "binary": "gpupool-nvml-view 1\n\0\xff\xfe device \0 0\n",
+    "bad nvlink lines": "gpupool-nvml-view 1\nnvlink 0 00000000:1A:00.0 6\ndevice 0\nuuid GPU-1\nmemory_total 1024\n"
+    "nvlink -1 X\nnvlink 36 X\nnvlink 4294967296 X\nnvlink 0\nnvlink x y z\nnvlink 1 "
+    + "b" * 500
+    + " 6\n"
+    + "nvlink 2 00000000:1A:00.0 6\n" * 100,
 }
 
 

@@ -189,3 +189,43 @@ def test_a_server_owns_only_the_gpus_its_cuda_visible_devices_names_as_cuda_woul
     assert [g.index for g in visible(gpus, "2,7,1")] == [2]  # 7 names no GPU: the list ends there
     assert [g.index for g in visible(gpus, "GPU-")] == []  # names every GPU: none
     assert visible(gpus, "") == []
+
+
+def test_a_leases_partitions_carry_their_gpus_nvlinks_through_the_api_into_the_nvml_view(tmp_path):
+    """A GPU's active NVLinks (from the server's NVML) reach the client in the lease answer, typed, and
+    the NVML view of the lease's runs lists them per device (NCCL's topology comes from there); a GPU
+    without NVLink has none."""
+    from collector import NvLink
+    from server.api import Lease, answer, read
+    from virtualize.client._nvml_view import render
+
+    buses = ["00000000:19:00.0", "00000000:1A:00.0", "00000000:3B:00.0"]
+    links = [
+        tuple(NvLink(k, buses[1], 6) for k in range(4)),
+        tuple(NvLink(k, buses[0], None if k == 3 else 6) for k in range(4)),
+        (),
+    ]
+    gpus = tuple(
+        Gpu(i, f"GPU-{i}", "H100", 80 * GIB, "9.0", "580", "13.0", pci_bus_id=buses[i], nvlinks=links[i])
+        for i in range(3)
+    )
+    pool = Pool(
+        Store(tmp_path / "pool.sqlite"),
+        Inventory("h", "127.0.0.1", gpus, False),
+        ServerConfig(),
+        EventLog(None, "h", simulated=False),
+    )
+    granted = pool.grant(ALICE, LeaseRequest(n=3, fraction=1.0), now=0)
+    lease = read(answer(Lease, pool.lease(granted["id"])), Lease)
+    got = {
+        p.gpu_index: [(n.link, n.remote_pci_bus_id, n.version) for n in p.nvlinks] for p in lease.partitions
+    }
+    assert got == {i: [(n.link, n.remote_pci_bus_id, n.version) for n in links[i]] for i in range(3)}
+    blocks = render(lease).split("device ")[1:]
+    view = {
+        int(b.split("\n")[0]): [line for line in b.splitlines() if line.startswith("nvlink ")] for b in blocks
+    }
+    number = {p.gpu_index: n for n, p in enumerate(lease.partitions)}
+    assert view[number[0]] == [f"nvlink {k} {buses[1]} 6" for k in range(4)]
+    assert view[number[1]] == [f"nvlink {k} {buses[0]}" + ("" if k == 3 else " 6") for k in range(4)]
+    assert view[number[2]] == []

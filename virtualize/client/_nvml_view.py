@@ -7,7 +7,8 @@ and gpustat inside the run see the lease's GPUs as the lease has them: memory to
 used = what the lease holds, utilization = the lease's busy share. See docs/remote.md, "What tools see".
 
 The format is plain text the C side parses without a library, one ``key value`` per line; ``device``
-starts a GPU's block and ``process PID BYTES`` lines belong to the block above them. A key that is
+starts a GPU's block and ``process PID BYTES`` and ``nvlink LINK REMOTE_BUS_ID [VERSION]`` lines (the
+GPU's active NVLinks, as the server's NVML reports them) belong to the block above them. A key that is
 absent means "unknown": the shim then answers that query with NVML_ERROR_NOT_SUPPORTED.
 
 In a --local run (``real_nvml`` names the GPU host's NVML) the ``process`` pids are also the roots of
@@ -70,6 +71,10 @@ def render(lease: Lease, pids: Sequence[int] = (), real_nvml: Path | None = None
             lines.append(f"pci_bus_id {part.pci_bus_id}")
         if part.compute_capability:
             lines.append(f"compute_capability {part.compute_capability}")
+        # NCCL reads NVLink from NVML: without these the lease's GPUs look joined by PCI alone.
+        for nv in part.nvlinks:
+            version = "" if nv.version is None else f" {nv.version}"
+            lines.append(f"nvlink {nv.link} {nv.remote_pci_bus_id}{version}")
         if part.sm_share is not None:
             lines.append(f"sm_share_percent {round(part.sm_share * 100)}")
         if usage and usage.util_gpu is not None:

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define NVML_API __attribute__((visibility("default")))
@@ -46,6 +47,15 @@ enum {
 #define MAX_PROCS 16
 #define TEXT 96
 #define UNKNOWN (-1LL)
+/* NVML_NVLINK_MAX_LINKS of today's nvml.h (18 before NVML 12.9; an H100 has 18): a link number NVML
+   takes, whether or not this GPU has that link. */
+#define NVLINK_MAX_LINKS 36
+
+typedef struct {
+    int active;       /* the view lists it: up, the GPU at `bus_id` at its other end */
+    int version;      /* nvmlNvlinkVersion_t, -1 where the view does not say */
+    char bus_id[32];  /* as NVML spells it: "00000000:1A:00.0" */
+} nvlink_t;
 
 typedef struct {
     int number; /* the lease's device number, 0..n-1 */
@@ -55,6 +65,8 @@ typedef struct {
     int n_procs;
     unsigned int proc_pid[MAX_PROCS];
     unsigned long long proc_mem[MAX_PROCS];
+    int n_links; /* active NVLinks the view lists; none: no NVLink known (NOT_SUPPORTED) */
+    nvlink_t links[NVLINK_MAX_LINKS];
 } device_t;
 
 typedef struct nvmlDevice_st *nvmlDevice_t; /* a pointer to one of `devices` */
@@ -159,6 +171,18 @@ static int read_view(const char *path) {
             d->temperature_c = number_or_unknown(value);
         } else if (!strcmp(line, "power_mw")) {
             d->power_mw = number_or_unknown(value);
+        } else if (!strcmp(line, "nvlink")) { /* nvlink LINK REMOTE_BUS_ID [VERSION] */
+            unsigned int link;
+            int version = -1;
+            char bus[32];
+            int got = sscanf(value, "%u %31s %d", &link, bus, &version);
+            if (got >= 2 && link < NVLINK_MAX_LINKS && !d->links[link].active) {
+                nvlink_t *l = &d->links[link];
+                l->active = 1;
+                l->version = got == 3 && version >= 0 ? version : -1;
+                snprintf(l->bus_id, sizeof l->bus_id, "%s", bus);
+                d->n_links++;
+            }
         } else if (!strcmp(line, "process") && d->n_procs < MAX_PROCS) {
             unsigned int pid;
             unsigned long long mem;
@@ -466,18 +490,23 @@ typedef struct {
     char busId[32];
 } pci_info_t;
 
-static nvmlReturn_t pci_info(nvmlDevice_t device, void *out, size_t size) {
-    DEVICE_CALL(device);
-    if (!out) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+/* Fills the first `size` bytes of an nvmlPciInfo_t at `out` for the device at `bus_id`. */
+static void fill_pci(const char *bus_id, void *out, size_t size) {
     pci_info_t pci;
     memset(&pci, 0, sizeof pci);
     unsigned int function = 0;
-    sscanf(d->bus_id, "%x:%x:%x.%x", &pci.domain, &pci.bus, &pci.device, &function);
+    sscanf(bus_id, "%x:%x:%x.%x", &pci.domain, &pci.bus, &pci.device, &function);
     snprintf(pci.busIdLegacy, sizeof pci.busIdLegacy, "%04X:%02X:%02X.%X", pci.domain & 0xFFFF, pci.bus,
              pci.device, function);
-    snprintf(pci.busId, sizeof pci.busId, "%s", d->bus_id);
+    snprintf(pci.busId, sizeof pci.busId, "%s", bus_id);
     memset(out, 0, size);
     memcpy(out, &pci, size < sizeof pci ? size : sizeof pci);
+}
+
+static nvmlReturn_t pci_info(nvmlDevice_t device, void *out, size_t size) {
+    DEVICE_CALL(device);
+    if (!out) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    fill_pci(d->bus_id, out, size);
     LEAVE(NVML_SUCCESS);
 }
 
@@ -710,6 +739,125 @@ NVML_API nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t a, nvmlDevice_t b, int
     if (i != j && (!peer || peer(&can, i, j) != 0)) can = 0;
     *status = can ? 0 : 5;
     return NVML_SUCCESS;
+}
+
+/* --- NVLink -------------------------------------------------------------------------------------- */
+/* The GPU's active NVLinks come with the view (`nvlink` lines, from the server's NVML). NCCL builds its
+ * topology from them: for each link it asks the P2P capability, the state (on sm_90 and later through
+ * nvmlDeviceGetFieldValues, NVML_FI_DEV_NVLINK_GET_STATE) and the PCI bus id at the other end; without
+ * them two leased GPUs look joined by PCI alone and NCCL takes its shared-memory transport instead of
+ * P2P. A device the view gives no link answers NOT_SUPPORTED, as a GPU without NVLink does; a --local
+ * run asks the GPU host's own NVML. */
+
+/* What the view says of NVLink `link` of `device` (copied out under `lock`): NVML_SUCCESS with *l,
+ * or the error; *host is the GPU host's function `name` in a --local run (it answers instead). */
+static nvmlReturn_t nvlink_of(nvmlDevice_t device, unsigned int link, const char *name, void **host, nvlink_t *l) {
+    DEVICE_CALL(device);
+    *host = host_function(device, name);
+    if (*host) LEAVE(NVML_SUCCESS);
+    if (!d->n_links) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    if (link >= NVLINK_MAX_LINKS) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *l = d->links[link];
+    LEAVE(NVML_SUCCESS);
+}
+
+/* The GPU host's NVLink functions, by their arguments after the device and the link. */
+typedef nvmlReturn_t (*host_link_uint_t)(nvmlDevice_t, unsigned int, unsigned int *);
+typedef nvmlReturn_t (*host_link_cap_t)(nvmlDevice_t, unsigned int, int, unsigned int *);
+typedef nvmlReturn_t (*host_link_pci_t)(nvmlDevice_t, unsigned int, void *);
+
+/* Starts NVLink query `name` of `device`'s `link`: returns the error, or the GPU host's answer (its
+   function, of type `host_type`, given the caller's further arguments), else the view's link is `l`. */
+#define NVLINK_QUERY(name, host_type, ...)                                 \
+    void *host;                                                          \
+    nvlink_t l;                                                          \
+    nvmlReturn_t rc = nvlink_of(device, link, name, &host, &l);          \
+    if (rc) return rc;                                                   \
+    if (host) return ((host_type)host)(device, link, __VA_ARGS__);
+
+/* NVML_NVLINK_CAP_*: P2P, system memory access, P2P atomics, system memory atomics, SLI bridge, valid */
+#define NVLINK_CAP_SLI_BRIDGE 4
+#define NVLINK_CAP_COUNT 6
+
+NVML_API nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, unsigned int *active) {
+    NVLINK_QUERY("nvmlDeviceGetNvLinkState", host_link_uint_t, active);
+    if (!active) return NVML_ERROR_INVALID_ARGUMENT;
+    *active = (unsigned int)l.active; /* NVML_FEATURE_ENABLED or NVML_FEATURE_DISABLED */
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetNvLinkVersion(nvmlDevice_t device, unsigned int link, unsigned int *version) {
+    NVLINK_QUERY("nvmlDeviceGetNvLinkVersion", host_link_uint_t, version);
+    if (!version) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!l.active || l.version < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *version = (unsigned int)l.version;
+    return NVML_SUCCESS;
+}
+
+/* An active link can do what NVLink between GPUs does (every capability but the SLI bridge, a graphics
+   one); a link that is down, nothing. */
+NVML_API nvmlReturn_t nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsigned int link, int capability,
+                                                    unsigned int *result) {
+    NVLINK_QUERY("nvmlDeviceGetNvLinkCapability", host_link_cap_t, capability, result);
+    if (!result || capability < 0 || capability >= NVLINK_CAP_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    *result = l.active && capability != NVLINK_CAP_SLI_BRIDGE;
+    return NVML_SUCCESS;
+}
+
+/* The nvmlPciInfo_t of the device at the link's other end. NCCL resolves the name without a suffix
+   and reads the whole current struct (busId included), as pynvml does through _v2: both get all of it. */
+static nvmlReturn_t remote_pci(nvmlDevice_t device, unsigned int link, void *pci, const char *name) {
+    NVLINK_QUERY(name, host_link_pci_t, pci);
+    if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!l.active) return NVML_ERROR_NOT_SUPPORTED; /* nothing at the other end of a link that is down */
+    fill_pci(l.bus_id, pci, sizeof(pci_info_t));
+    return NVML_SUCCESS;
+}
+NVML_API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link, void *pci) {
+    return remote_pci(device, link, pci, "nvmlDeviceGetNvLinkRemotePciInfo_v2");
+}
+NVML_API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned int link, void *pci) {
+    return remote_pci(device, link, pci, "nvmlDeviceGetNvLinkRemotePciInfo");
+}
+
+/* nvmlFieldValue_t. Of NVML's fields the lease knows each link's state (what NCCL asks on sm_90 and
+   later); every other field answers NOT_SUPPORTED in its own nvmlReturn, as a GPU without it does. */
+typedef struct {
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    int valueType;
+    nvmlReturn_t nvmlReturn;
+    union {
+        unsigned int uiVal;
+        unsigned long long ullVal;
+    } value;
+} field_value_t;
+#define NVML_FI_DEV_NVLINK_GET_STATE 165
+#define NVML_VALUE_TYPE_UNSIGNED_INT 1
+
+NVML_API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, field_value_t *values) {
+    DEVICE_CALL(device);
+    nvmlReturn_t (*host)(nvmlDevice_t, int, field_value_t *) = host_function(device, "nvmlDeviceGetFieldValues");
+    if (host) {
+        pthread_mutex_unlock(&lock);
+        return host(device, count, values);
+    }
+    if (count < 0 || (count && !values)) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    for (int i = 0; i < count; i++) {
+        field_value_t *v = &values[i];
+        v->timestamp = (long long)now.tv_sec * 1000000 + now.tv_nsec / 1000;
+        v->latencyUsec = 0;
+        v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        if (v->fieldId == NVML_FI_DEV_NVLINK_GET_STATE && d->n_links) {
+            v->nvmlReturn = v->scopeId < NVLINK_MAX_LINKS ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+            v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+            v->value.ullVal = 0;
+            v->value.uiVal = v->scopeId < NVLINK_MAX_LINKS ? (unsigned int)d->links[v->scopeId].active : 0;
+        }
+    }
+    LEAVE(NVML_SUCCESS);
 }
 
 /* NVML's architecture numbers by compute capability major (nvmlDeviceArchitecture_t). */
