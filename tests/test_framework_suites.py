@@ -5,6 +5,7 @@ remote crash needs to be understood (the shim's trace, the worker's log)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -126,3 +127,41 @@ def test_a_remote_crash_keeps_the_shims_trace_and_the_workers_log(tmp_path):
     assert "gpupool-worker[" in crash
     assert "gpupool: call" not in (out / "demo.remote.log").read_text()
     assert "connected" in (out / "demo.remote.worker.log").read_text()
+
+
+@pytest.mark.needs("git")
+def test_fetch_suites_brings_pytorchs_test_files_with_the_test_modules_they_import(tmp_path):
+    """bench/fetch_suites.sh against a local clone standing in for PyTorch's repository: the three test
+    files, each module of test/ they import (directly, through another, or as a package), and nothing else."""
+    repo = tmp_path / "pytorch"
+    files = {
+        "test/test_cuda.py": "import torch\nfrom helpers_a import x\n",
+        "test/test_cuda_multigpu.py": "from test_cuda import y\n",
+        "test/test_nn.py": "import nn.util as u\nfrom torch.testing._internal.common_nn import z\n",
+        "test/helpers_a.py": "    import helpers_b  # inside a function\n",
+        "test/helpers_b.py": "",
+        "test/nn/__init__.py": "",
+        "test/nn/util.py": "",
+        "test/test_unrelated.py": "from helpers_c import q\n",
+        "test/helpers_c.py": "",
+    }
+    for path, text in files.items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(text)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for step in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "tests"], ["tag", "v9.9.9"]):
+        subprocess.run([*git, *step], check=True, capture_output=True)
+    env = {**os.environ, "TORCH_GIT": f"file://{repo}", "TORCH_TAG": "v9.9.9"}
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "fetch_suites.sh"), str(tmp_path / "suites"), "torch"],
+                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    got = {
+        str(p.relative_to(tmp_path / "suites" / "torch"))
+        for p in (tmp_path / "suites" / "torch").rglob("*.py")
+    }
+    assert got == set(files) - {"test/test_unrelated.py", "test/helpers_c.py"}
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert (tmp_path / "suites" / "torch" / "COMMIT").read_text().strip() == head
+    refused = subprocess.run(["bash", str(ROOT / "bench" / "fetch_suites.sh"), str(tmp_path / "x"), "tensorflow"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert refused.returncode == 2 and "no suite named tensorflow" in refused.stderr
