@@ -7,7 +7,9 @@
 # Needs the network; the GPU machine has none, so run this where there is one and carry DIR there (it is
 # about 8 MB). PyTorch's test files come with every module of test/ they import, found by following their
 # imports (torch.testing._internal itself ships in the torch wheel); DIR/torch/COMMIT names the commit.
-# TORCH_TAG, CUPY_TAG, JAX_TAG pick other versions; TORCH_GIT, CUPY_GIT, JAX_GIT other clones.
+# TORCH_TAG, CUPY_TAG, JAX_TAG pick other versions; TORCH_GIT, CUPY_GIT, JAX_GIT other clones;
+# TORCH_SITE_WHEELS (default "expecttest psutil", empty: none) what PyTorch's tests import beyond torch,
+# downloaded for TORCH_PY (default 3.12) into DIR/torch/site.
 set -euo pipefail
 dir=${1:-.suites}
 shift || true
@@ -72,6 +74,16 @@ while wanted:
 print(f"  {len(done)} files: " + " ".join(sorted(done)))
 PY
   git -C "$tmp/torch" rev-parse HEAD > "$dir/torch/COMMIT"
+  # What torch.testing._internal and these files import beyond torch, unpacked for the GPU host's Python
+  # (bench/framework_suites.py puts DIR/torch/site on the path): the GPU machine has no network to install them.
+  local wheels=${TORCH_SITE_WHEELS-expecttest psutil}
+  if [[ -n "$wheels" ]]; then
+    echo "  $wheels for Python ${TORCH_PY:-3.12} on x86_64 Linux, into $dir/torch/site ..."
+    # shellcheck disable=SC2086 # the list is words
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version "${TORCH_PY:-3.12}" \
+      --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d "$tmp/wheels" $wheels
+    for wheel in "$tmp"/wheels/*.whl; do python3 -m zipfile -e "$wheel" "$dir/torch/site"; done
+  fi
 }
 
 for name in $wanted; do

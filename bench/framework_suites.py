@@ -21,10 +21,11 @@ and, for the parts named by --trace, the shim's trace of every driver call (GPUP
 only there, not in the log).
 
 A part's native run is limited to --timeout seconds; if it stops there, the remote run runs the tests the
-native run got through, and no others, within --remote-timeout. The suites are not in this repository:
+native run got through, and no others, within --remote-timeout. A suite's `site/` folder (DIR/torch/site:
+expecttest, psutil), when there, is put on the runs' PYTHONPATH. The suites are not in this repository:
 `bash bench/fetch_suites.sh DIR` downloads the versions that match the GPU machine's PyTorch, CuPy and
 JAX (it needs the network; the GPU machine has none, so fetch them where there is one and carry DIR
-there). Without --part, DEFAULT_PARTS runs; --native-only sizes parts cheaply.
+there). Without --part, DEFAULT_PARTS runs (those whose files were fetched); --native-only sizes parts cheaply.
 """
 
 from __future__ import annotations
@@ -225,7 +226,9 @@ def run_part(name: str, part: Part, suites: Path, out: Path, remote: bool, timeo
     log, worker_log = out / f"{name}.{mode}.log", (out / f"{name}.{mode}.worker.log" if remote else None)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     env.setdefault("CUDA_VISIBLE_DEVICES", "0")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH), env.get("PYTHONPATH")]))
+    site = suites / part.path.split("/")[0] / "site"  # what the suite imports that the GPU host may lack
+    paths = [str(BENCH), str(site) if site.is_dir() else "", env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     env.pop("SUITE_SHARD", None)
     if part.shard:
         env["SUITE_SHARD"] = part.shard
@@ -319,10 +322,18 @@ def main() -> int:
         if unknown:
             parser.error(f"no part named {', '.join(unknown)}; parts: {', '.join(parts)}")
         parts = {k: v for k, v in parts.items() if k in args.only}
-    missing = sorted({p.path for p in parts.values() if not (args.suites / p.path).exists()})
-    if missing:
+    missing = {name for name, p in parts.items() if not (args.suites / p.path).exists()}
+    if missing and (args.part or args.only):
+        files = sorted({parts[name].path for name in missing})
         parser.error(
-            f"not in {args.suites}: {', '.join(missing)}; run bash bench/fetch_suites.sh {args.suites}"
+            f"not in {args.suites}: {', '.join(files)}; run bash bench/fetch_suites.sh {args.suites}"
+        )
+    for name in sorted(missing):  # of the default set: run what was fetched
+        print(f"{name}: skipped, {parts[name].path} is not in {args.suites} (bash bench/fetch_suites.sh)")
+        del parts[name]
+    if not parts:
+        parser.error(
+            f"none of the parts' files is in {args.suites}: run bash bench/fetch_suites.sh {args.suites}"
         )
     traced = set(parts) if args.trace == [] else set(args.trace or ())
     suites = args.suites.resolve()

@@ -100,6 +100,7 @@ def test_a_bad_part_or_a_missing_suite_file_is_refused_in_one_line(tmp_path):
         (["--only", "no-such-part"], "no part named no-such-part"),
         (["--part", "x=demo/not_there.py"], "demo/not_there.py"),
         (["--part", "x=demo/test_demo.py@4/3"], "I must be between 1 and N"),
+        ([], "none of the parts' files is in"),  # the default parts, none of them fetched
     ):
         proc = run(tmp_path, *args, "--native-only")
         assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
@@ -151,7 +152,7 @@ def test_fetch_suites_brings_pytorchs_test_files_with_the_test_modules_they_impo
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
     for step in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "tests"], ["tag", "v9.9.9"]):
         subprocess.run([*git, *step], check=True, capture_output=True)
-    env = {**os.environ, "TORCH_GIT": f"file://{repo}", "TORCH_TAG": "v9.9.9"}
+    env = {**os.environ, "TORCH_GIT": f"file://{repo}", "TORCH_TAG": "v9.9.9", "TORCH_SITE_WHEELS": ""}
     proc = subprocess.run(["bash", str(ROOT / "bench" / "fetch_suites.sh"), str(tmp_path / "suites"), "torch"],
                           env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
