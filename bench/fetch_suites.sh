@@ -40,11 +40,11 @@ fetch_jax() {
 
 fetch_torch() {
   local tag=${TORCH_TAG:-v2.11.0}
-  echo "PyTorch $tag: test_cuda.py, test_cuda_multigpu.py, test_nn.py and the modules of test/ they import ..."
+  echo "PyTorch $tag: test_cuda.py, test_cuda_multigpu.py, test_nn.py, test_modules.py and the modules of test/ they import ..."
   mkdir -p "$dir/torch"
   git clone -q --depth 1 --branch "$tag" --filter=blob:none --no-checkout \
     "${TORCH_GIT:-https://github.com/pytorch/pytorch}" "$tmp/torch"
-  python3 - "$tmp/torch" "$dir/torch" test/test_cuda.py test/test_cuda_multigpu.py test/test_nn.py <<'PY'
+  python3 - "$tmp/torch" "$dir/torch" test/test_cuda.py test/test_cuda_multigpu.py test/test_nn.py test/test_modules.py <<'PY'
 """Copy the named files of the clone and, transitively, each module of test/ they import (with the
 __init__.py of each package on the way)."""
 import re, subprocess, sys
@@ -53,6 +53,9 @@ from pathlib import Path
 clone, into, wanted = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
 git = ["git", "-C", clone]
 tree = set(subprocess.check_output([*git, "ls-tree", "-r", "--name-only", "HEAD", "test/"], text=True).split())
+absent = [path for path in wanted if path not in tree]
+if absent:
+    sys.exit(f"fetch_suites.sh: not in the clone: {' '.join(absent)}")
 done = set()
 while wanted:
     path = wanted.pop()

@@ -60,6 +60,10 @@ DEFAULT_PARTS = {
     "torch-nn-1": "torch/test/test_nn.py::cuda@1/3",
     "torch-nn-2": "torch/test/test_nn.py::cuda@2/3",
     "torch-nn-3": "torch/test/test_nn.py::cuda@3/3",
+    "torch-modules-1": "torch/test/test_modules.py::cuda@1/4",  # every nn module of module_db, on CUDA
+    "torch-modules-2": "torch/test/test_modules.py::cuda@2/4",
+    "torch-modules-3": "torch/test/test_modules.py::cuda@3/4",
+    "torch-modules-4": "torch/test/test_modules.py::cuda@4/4",
     "cupy-fft": "cupy/tests/cupy_tests/fft_tests/test_fft.py::not callback and not Plan",
     "cupy-sparse-csr": "cupy/tests/cupyx_tests/scipy_tests/sparse_tests/test_csr.py::TestCsrMatrixScipyComparison",
     "cupy-linalg-solve": "cupy/tests/cupy_tests/linalg_tests/test_solve.py",

@@ -139,6 +139,7 @@ def test_fetch_suites_brings_pytorchs_test_files_with_the_test_modules_they_impo
         "test/test_cuda.py": "import torch\nfrom helpers_a import x\n",
         "test/test_cuda_multigpu.py": "from test_cuda import y\n",
         "test/test_nn.py": "import nn.util as u\nfrom torch.testing._internal.common_nn import z\n",
+        "test/test_modules.py": "from torch.testing._internal.common_modules import module_db\n",
         "test/helpers_a.py": "    import helpers_b  # inside a function\n",
         "test/helpers_b.py": "",
         "test/nn/__init__.py": "",
