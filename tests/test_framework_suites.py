@@ -167,3 +167,23 @@ def test_fetch_suites_brings_pytorchs_test_files_with_the_test_modules_they_impo
     refused = subprocess.run(["bash", str(ROOT / "bench" / "fetch_suites.sh"), str(tmp_path / "x"), "tensorflow"],
                              capture_output=True, text=True, timeout=60)  # fmt: skip
     assert refused.returncode == 2 and "no suite named tensorflow" in refused.stderr
+
+
+@needs_cc
+@pytest.mark.slow
+def test_a_native_run_cut_by_its_time_limit_decides_the_tests_the_remote_run_runs(tmp_path):
+    """The part's size is what the native run got through in --timeout: the remote run (host executor)
+    runs exactly those tests, not the whole file, so the two counts compare the same tests."""
+    suite(tmp_path, "import time\n" + "".join(f"def test_{n:02d}(): time.sleep(0.5)\n" for n in range(80)))
+    proc = run(tmp_path, "--part", "slow=demo/test_demo.py", "--executor", "host", "--timeout", "15",
+               "--remote-timeout", "200", timeout=400)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    part = row(tmp_path, "slow")
+    assert part["native"]["exit"] == 124 and 0 < part["native"]["ran"] < 80
+    out = tmp_path / "out"
+    ended = {
+        mode: sorted(json.loads(line)["end"] for line in (out / f"slow.{mode}.1.progress").read_text().splitlines()
+                     if '"end"' in line)
+        for mode in ("native", "remote")
+    }  # fmt: skip
+    assert ended["remote"] == ended["native"]
