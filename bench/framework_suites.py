@@ -48,6 +48,7 @@ BENCH = ROOT / "bench"
 REMOTE_ONCE = ROOT / "tests" / "gpu" / "remote" / "remote_once.py"
 TAIL_LINES = 3000  # output lines kept for a crash's file: the trace of the last calls before it
 TRACE_LINE = "gpupool: call "  # how the shim's trace (GPUPOOL_SHIM_TRACE) starts each call's line
+INTERRUPT_GRACE_S = 10  # for pytest to write its report after the time limit's SIGINT, then SIGKILL
 LEAST_RUN_S = 15  # a resumed run with less time left than this is not started
 
 # name -> path under the suites directory, optionally `::` a pytest -k expression, optionally `@I/N`.
@@ -200,7 +201,7 @@ def _run_once(cmd: list[str], env: dict, cwd: Path, timeout: float, log: Path, w
         # An interrupted pytest still reports the tests it ran; then nothing is left behind.
         os.killpg(proc.pid, signal.SIGINT)
         try:
-            proc.wait(30)
+            proc.wait(INTERRUPT_GRACE_S)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
