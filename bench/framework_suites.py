@@ -1,38 +1,70 @@
 """The frameworks' own test suites, natively and through a lease: pass counts side by side.
 
-    python bench/framework_suites.py --suites DIR [--part NAME=PATH[::EXPR] ...] [--out DIR]
+    python bench/framework_suites.py --suites DIR [--only PART ...] [--part NAME=PATH[::EXPR][@I/N] ...]
+                                     [--out DIR] [--native-only] [--trace [PART ...]]
 
-Each part is a pytest run of a piece of a suite nobody here wrote (CuPy's, JAX's), made twice on this
-GPU host: natively on GPU 0, and remotely through `tests/gpu/remote/remote_once.py` (a lease worker with
-the CUDA executor, the shim compiled from this tree, a fresh worker per part). The counts come from
-pytest's JUnit XML; a test that passes natively and not remotely is listed with the first line of its
-failure, so each remaining difference has a cause to read. Results: a table on stdout, `suites.json`
-and `suites.md` in --out (default $OUT or the working directory).
+Each part is a pytest run of a piece of a suite nobody here wrote (PyTorch's, CuPy's, JAX's), made twice on
+this GPU host: natively on GPU 0, and remotely through `tests/gpu/remote/remote_once.py` (a lease worker
+with the CUDA executor, the shim compiled from this tree, a fresh worker per run). A part is a test file,
+optionally `::` a pytest -k expression, optionally `@I/N`: every N-th of those tests from the I-th, so a
+long file splits into parts that each fit a call. A test that passes natively and not remotely is listed
+with the first line of its failure, so each remaining difference has a cause to read. Results: a table
+on stdout, `suites.json` and `suites.md` in --out (default $OUT or the working directory).
 
-The suites are not in this repository: `bash bench/fetch_suites.sh DIR` downloads the versions that
-match the GPU machine's CuPy and JAX (it needs the network; the GPU machine has none, so fetch them
-where there is one and carry DIR there). Without --part, DEFAULT_PARTS runs: each fits the device
-tool's ten-minute call with both runs.
+Counts come from bench/_suite_progress.py, a pytest plugin that writes each test's outcome as it happens
+(JUnit's categories; pytest's JUnit XML is still written per run). A run that dies in a test (an abort,
+a segfault) does not lose the part: that test counts as failed, "crashed", and the tests not yet run
+run in a fresh process (with a fresh worker remotely), until the part is done or its time is up. For
+each crash, `PART.MODE.crash-K.txt` in --out keeps the run's last lines of output: the program's
+stderr, the worker's log (it logs at DEBUG in remote runs, also kept whole in `PART.remote.worker.log`)
+and, for the parts named by --trace, the shim's trace of every driver call (GPUPOOL_SHIM_TRACE, kept
+only there, not in the log).
+
+A part's native run is limited to --timeout seconds; if it stops there, the remote run runs the tests the
+native run got through, and no others, within --remote-timeout. A suite's `site/` folder (DIR/torch/site:
+expecttest, psutil), when there, is put on the runs' PYTHONPATH. The suites are not in this repository:
+`bash bench/fetch_suites.sh DIR` downloads the versions that match the GPU machine's PyTorch, CuPy and
+JAX (it needs the network; the GPU machine has none, so fetch them where there is one and carry DIR
+there). Without --part, DEFAULT_PARTS runs (those whose files were fetched); --native-only sizes parts cheaply.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
-import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
 REMOTE_ONCE = ROOT / "tests" / "gpu" / "remote" / "remote_once.py"
+TAIL_LINES = 3000  # output lines kept for a crash's file: the trace of the last calls before it
+TRACE_LINE = "gpupool: call "  # how the shim's trace (GPUPOOL_SHIM_TRACE) starts each call's line
+INTERRUPT_GRACE_S = 10  # for pytest to write its report after the time limit's SIGINT, then SIGKILL
+LEAST_RUN_S = 15  # a resumed run with less time left than this is not started
 
-# name -> path under the suites directory, optionally `::` and a pytest -k expression.
+# name -> path under the suites directory, optionally `::` a pytest -k expression, optionally `@I/N`.
 DEFAULT_PARTS = {
+    "torch-cuda-1": "torch/test/test_cuda.py@1/4",
+    "torch-cuda-2": "torch/test/test_cuda.py@2/4",
+    "torch-cuda-3": "torch/test/test_cuda.py@3/4",
+    "torch-cuda-4": "torch/test/test_cuda.py@4/4",
+    "torch-cuda-multigpu": "torch/test/test_cuda_multigpu.py",
+    "torch-nn-1": "torch/test/test_nn.py::cuda@1/3",
+    "torch-nn-2": "torch/test/test_nn.py::cuda@2/3",
+    "torch-nn-3": "torch/test/test_nn.py::cuda@3/3",
+    "torch-modules-1": "torch/test/test_modules.py::cuda@1/4",  # every nn module of module_db, on CUDA
+    "torch-modules-2": "torch/test/test_modules.py::cuda@2/4",
+    "torch-modules-3": "torch/test/test_modules.py::cuda@3/4",
+    "torch-modules-4": "torch/test/test_modules.py::cuda@4/4",
     "cupy-fft": "cupy/tests/cupy_tests/fft_tests/test_fft.py::not callback and not Plan",
     "cupy-sparse-csr": "cupy/tests/cupyx_tests/scipy_tests/sparse_tests/test_csr.py::TestCsrMatrixScipyComparison",
     "cupy-linalg-solve": "cupy/tests/cupy_tests/linalg_tests/test_solve.py",
@@ -44,68 +76,209 @@ DEFAULT_PARTS = {
 }
 
 
+@dataclass(frozen=True)
+class Part:
+    """What one part runs: a test file under the suites directory, a -k expression, a shard."""
+
+    path: str
+    expr: str = ""
+    shard: str = ""  # "I/N": every N-th test of the selection from the I-th
+
+    @classmethod
+    def parse(cls, target: str) -> Part:
+        shard = re.search(r"@(\d+)/(\d+)$", target)
+        if shard:
+            target = target[: shard.start()]
+            if not 1 <= int(shard[1]) <= int(shard[2]):
+                raise ValueError(f"shard @{shard[1]}/{shard[2]}: I must be between 1 and N")
+        path, _, expr = target.partition("::")
+        return cls(path, expr, f"{shard[1]}/{shard[2]}" if shard else "")
+
+
 @dataclass
 class Counts:
     passed: int = 0
-    failed: int = 0
+    failed: int = 0  # crashed tests included
     errors: int = 0
     skipped: int = 0
+    crashes: int = 0
     seconds: float = 0.0
-    exit: int = 0
+    exit: int = 0  # the last run's exit status; 124: the part's time ran out
+    ran: list[str] = field(default_factory=list)  # test ids in the order they finished
     outcomes: dict[str, str] = field(default_factory=dict)  # test id -> "passed" or the failure's first line
 
-
-def junit_counts(path: Path) -> Counts:
-    counts = Counts()
-    if not path.exists():
-        return counts
-    for case in ET.parse(path).iter("testcase"):
-        test = f"{case.get('classname')}::{case.get('name')}"
-        problem = next((c for c in case if c.tag in ("failure", "error", "skipped")), None)
-        if problem is None:
-            counts.passed += 1
-            counts.outcomes[test] = "passed"
-        elif problem.tag == "skipped":
-            counts.skipped += 1
+    def add(self, test: str, outcome: str, message: str) -> None:
+        self.ran.append(test)
+        if outcome == "skipped":
+            self.skipped += 1
+            return
+        if outcome == "passed":
+            self.passed += 1
+            self.outcomes[test] = "passed"
+            return
+        if outcome == "error":
+            self.errors += 1
         else:
-            setattr(counts, "failed" if problem.tag == "failure" else "errors",
-                    getattr(counts, "failed" if problem.tag == "failure" else "errors") + 1)  # fmt: skip
-            first = (problem.get("message") or problem.text or problem.tag).strip().splitlines()
-            counts.outcomes[test] = (first[0] if first else problem.tag)[:200]
-    return counts
+            self.failed += 1
+        self.outcomes[test] = message or outcome
 
 
-def run_part(
-    name: str, target: str, suites: Path, out: Path, remote: bool, timeout: float, per_test: int
-) -> Counts:
-    path, _, expr = target.partition("::")
-    xml = out / f"{name}.{'remote' if remote else 'native'}.xml"
-    xml.unlink(missing_ok=True)
-    pytest = [sys.executable, "-m", "pytest", str(suites / path), "-q", "-p", "no:cacheprovider", "-W", "ignore",
-              f"--junitxml={xml}", f"--timeout={per_test}", "-o", "addopts="]  # fmt: skip
-    if expr:
-        pytest += ["-k", expr]
-    cmd = [sys.executable, str(REMOTE_ONCE), "--mib", "16384", "--", *pytest] if remote else pytest
+@dataclass
+class Progress:
+    """What one pytest process wrote through bench/_suite_progress.py before it ended."""
+
+    collected: list[str] = field(default_factory=list)
+    ended: list[tuple[str, str, str]] = field(default_factory=list)  # (test, outcome, message)
+    running: str | None = None  # started and never ended: the test the process died in
+    finished: bool = False
+
+    @classmethod
+    def read(cls, path: Path) -> Progress:
+        progress = cls()
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.exists() else []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:  # a line cut short by the crash
+                continue
+            if "collected" in record:
+                progress.collected = record["collected"]
+            elif "start" in record:
+                progress.running = record["start"]
+            elif "end" in record:
+                progress.ended.append((record["end"], record["outcome"], record.get("message", "")))
+                progress.running = None
+            elif "finished" in record:
+                progress.finished = True
+        return progress
+
+
+class OutputTail:
+    """A run's output, read from its pipe: to the log (less the shim's trace), the worker's lines also
+    to their own file, and the last TAIL_LINES lines of everything kept for a crash's file."""
+
+    def __init__(self, pipe, log: Path, worker_log: Path | None) -> None:
+        self.lines: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._pipe, self._log, self._worker_log = pipe, log, worker_log
+        self._thread = threading.Thread(target=self._pump, daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        worker = self._worker_log.open("a") if self._worker_log else None
+        with self._log.open("a") as log:
+            for raw in self._pipe:
+                line = raw.decode("utf-8", "replace")
+                self.lines.append(line)
+                traced = line.find(TRACE_LINE)
+                if traced >= 0:  # the trace: only in the tail (after pytest's progress dots, if any)
+                    line = line[:traced]
+                log.write(line)
+                if worker and "gpupool-worker[" in line:
+                    worker.write(line)
+        if worker:
+            worker.close()
+
+    def join(self) -> None:
+        self._thread.join(30)
+
+
+def _pytest_command(part: Part, suites: Path, xml: Path, per_test: int) -> list[str]:
+    # -s: what a test writes (a library's last message, the shim's trace) reaches the pipe, not a capture
+    # file that dies with the process.
+    cmd = [sys.executable, "-m", "pytest", str(suites / part.path), "-q", "-s", "-p", "no:cacheprovider",
+           "-W", "ignore", "-p", "_suite_progress", f"--junitxml={xml}", f"--timeout={per_test}", "-o", "addopts="]  # fmt: skip
+    return [*cmd, "-k", part.expr] if part.expr else cmd
+
+
+def _run_once(cmd: list[str], env: dict, cwd: Path, timeout: float, log: Path, worker_log: Path | None):
+    """One pytest process (under remote_once.py for a remote run): its exit status and its output's tail."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd,
+                            start_new_session=True)  # fmt: skip
+    tail = OutputTail(proc.stdout, log, worker_log)
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        # An interrupted pytest still reports the tests it ran; then nothing is left behind.
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(INTERRUPT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        code = 124
+    tail.join()
+    return code, tail
+
+
+def _exit_text(code: int) -> str:
+    if code < 0 or code > 128:  # killed by a signal, directly or through remote_once.py's exit status
+        number = -code if code < 0 else (code - 128 if code < 192 else 256 - code)
+        try:
+            return f"killed by {signal.Signals(number).name}"
+        except ValueError:
+            pass
+    return f"exit status {code}"
+
+
+def run_part(name: str, part: Part, suites: Path, out: Path, remote: bool, timeout: float, per_test: int,
+             only: list[str] | None = None, trace: bool = False, executor: str = "cuda") -> Counts:  # fmt: skip
+    """Run one part (natively or remotely) to its end or its time limit, resuming after each crash.
+
+    `only`: run just these test ids (the ones the native run got through)."""
+    mode = "remote" if remote else "native"
+    for old in out.glob(f"{name}.{mode}.*"):
+        old.unlink()
+    log, worker_log = out / f"{name}.{mode}.log", (out / f"{name}.{mode}.worker.log" if remote else None)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     env.setdefault("CUDA_VISIBLE_DEVICES", "0")
+    site = suites / part.path.split("/")[0] / "site"  # what the suite imports that the GPU host may lack
+    paths = [str(BENCH), str(site) if site.is_dir() else "", env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
+    env.pop("SUITE_SHARD", None)
+    if part.shard:
+        env["SUITE_SHARD"] = part.shard
+    if remote:
+        env["GPUPOOL_WORKER_LOG"] = "DEBUG"  # every refused call, for the crash files
+        if trace:
+            env["GPUPOOL_SHIM_TRACE"] = "1"
+    counts, pending = Counts(), only
     started = time.monotonic()
-    log = out / f"{name}.{'remote' if remote else 'native'}.log"
-    with log.open("w") as sink:
-        proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT, cwd=suites / path.split("/")[0],
-                                start_new_session=True)  # fmt: skip
-        try:
-            code = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            # An interrupted pytest still writes its report of the tests it ran; then nothing is left behind.
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            code = 124
-    counts = junit_counts(xml)
-    counts.seconds, counts.exit = time.monotonic() - started, code
+    for attempt in range(1, 1000):
+        left = timeout - (time.monotonic() - started)
+        if attempt > 1 and left < LEAST_RUN_S:
+            counts.exit = 124
+            break
+        progress_file = out / f"{name}.{mode}.{attempt}.progress"
+        env["SUITE_PROGRESS"] = str(progress_file)
+        env.pop("SUITE_SELECT", None)
+        if pending is not None:
+            select = out / f"{name}.{mode}.{attempt}.select"
+            select.write_text("\n".join(pending) + "\n")
+            env["SUITE_SELECT"] = str(select)
+            env.pop("SUITE_SHARD", None)  # the ids are already the shard's
+        pytest = _pytest_command(part, suites, out / f"{name}.{mode}.{attempt}.xml", per_test)
+        remote_once = [sys.executable, str(REMOTE_ONCE), "--mib", "16384", "--executor", executor, "--"]
+        cmd = [*remote_once, *pytest] if remote else pytest
+        with log.open("a") as sink:
+            sink.write(f"=== run {attempt}: {len(pending) if pending is not None else 'all'} tests ===\n")
+        code, tail = _run_once(cmd, env, suites / part.path.split("/")[0], left, log, worker_log)
+        progress = Progress.read(progress_file)
+        for test, outcome, message in progress.ended:
+            counts.add(test, outcome, message)
+        counts.exit = code
+        if progress.finished or code == 124 or progress.running is None:
+            break  # done, out of time, or died outside a test (collection): nothing to resume
+        counts.crashes += 1
+        counts.add(progress.running, "failed", f"crashed: {_exit_text(code)}")
+        crash = out / f"{name}.{mode}.crash-{counts.crashes}.txt"
+        crash.write_text(f"{progress.running}: the {mode} run died in this test ({_exit_text(code)}), "
+                         f"after {len(progress.ended)} tests of run {attempt}.\n"
+                         f"Its last {len(tail.lines)} lines of output, oldest first:\n\n" + "".join(tail.lines))  # fmt: skip
+        done = set(counts.ran)
+        pending = [t for t in progress.collected if t not in done]
+        if not pending:
+            break
+    counts.seconds = time.monotonic() - started
     return counts
 
 
@@ -115,54 +288,90 @@ def differences(native: Counts, remote: Counts, limit: int = 15) -> list[str]:
     return [f"{t}: {remote.outcomes.get(t, 'not run remotely')}" for t in lost[:limit]]
 
 
+def _summary(name: str, mode: str, c: Counts) -> str:
+    crashes = f", {c.crashes} crashed and resumed" if c.crashes else ""
+    return (f"{name}: {mode} {c.passed} passed, {c.failed + c.errors} failed, {c.skipped} skipped{crashes} "
+            f"in {c.seconds:.0f} s ({'time limit' if c.exit == 124 else _exit_text(c.exit)})")  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--suites", type=Path, required=True, help="where bench/fetch_suites.sh put the suites"
     )
-    parser.add_argument("--part", action="append", default=[], metavar="NAME=PATH[::EXPR]",
+    parser.add_argument("--part", action="append", default=[], metavar="NAME=PATH[::EXPR][@I/N]",
                         help="a part to run (repeatable); default: every part of DEFAULT_PARTS")  # fmt: skip
     parser.add_argument("--only", nargs="*", help="run only these DEFAULT_PARTS by name")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
-    parser.add_argument("--timeout", type=float, default=240, help="seconds per run of a part (default 240)")
+    parser.add_argument("--timeout", type=float, default=240,
+                        help="seconds for a part's native run, resumed runs included (default 240)")  # fmt: skip
+    parser.add_argument("--remote-timeout", type=float,
+                        help="seconds for a part's remote run (default: --timeout)")  # fmt: skip
     parser.add_argument("--per-test", type=int, default=60, help="seconds per test (default 60)")
-    parser.add_argument("--native-only", action="store_true")
+    parser.add_argument("--native-only", action="store_true", help="only the native runs: to size parts")
+    parser.add_argument("--executor", default="cuda", choices=["cuda", "host"],
+                        help="the remote worker's executor (host: no GPU, for testing this script)")  # fmt: skip
+    parser.add_argument("--trace", nargs="*", metavar="PART",
+                        help="trace the shim's calls in these parts' remote runs (none named: all), "
+                        "kept in the crash files")  # fmt: skip
     args = parser.parse_args()
     if not args.suites.is_dir():
         parser.error(f"no suites at {args.suites}: run bash bench/fetch_suites.sh {args.suites} first")
-    parts = dict(p.split("=", 1) for p in args.part) if args.part else dict(DEFAULT_PARTS)
+    try:
+        targets = dict(p.split("=", 1) for p in args.part) if args.part else dict(DEFAULT_PARTS)
+        parts = {name: Part.parse(target) for name, target in targets.items()}
+    except ValueError as e:
+        parser.error(f"bad --part: {e} (expected NAME=PATH[::EXPR][@I/N])")
     if args.only:
+        unknown = sorted(set(args.only) - set(parts))
+        if unknown:
+            parser.error(f"no part named {', '.join(unknown)}; parts: {', '.join(parts)}")
         parts = {k: v for k, v in parts.items() if k in args.only}
+    missing = {name for name, p in parts.items() if not (args.suites / p.path).exists()}
+    if missing and (args.part or args.only):
+        files = sorted({parts[name].path for name in missing})
+        parser.error(
+            f"not in {args.suites}: {', '.join(files)}; run bash bench/fetch_suites.sh {args.suites}"
+        )
+    for name in sorted(missing):  # of the default set: run what was fetched
+        print(f"{name}: skipped, {parts[name].path} is not in {args.suites} (bash bench/fetch_suites.sh)")
+        del parts[name]
+    if not parts:
+        parser.error(
+            f"none of the parts' files is in {args.suites}: run bash bench/fetch_suites.sh {args.suites}"
+        )
+    traced = set(parts) if args.trace == [] else set(args.trace or ())
+    suites = args.suites.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for name, target in parts.items():
-        native = run_part(name, target, args.suites.resolve(), args.out, False, args.timeout, args.per_test)
-        print(f"{name}: native {native.passed} passed, {native.failed + native.errors} failed, "
-              f"{native.skipped} skipped in {native.seconds:.0f} s (exit {native.exit})", flush=True)  # fmt: skip
-        remote = (
-            Counts()
-            if args.native_only
-            else run_part(name, target, args.suites.resolve(), args.out, True, args.timeout, args.per_test)
-        )
+    for name, part in parts.items():
+        native = run_part(name, part, suites, args.out, False, args.timeout, args.per_test)
+        print(_summary(name, "native", native), flush=True)
+        remote, lost = Counts(), []
         if not args.native_only:
-            print(f"{name}: remote {remote.passed} passed, {remote.failed + remote.errors} failed, "
-                  f"{remote.skipped} skipped in {remote.seconds:.0f} s (exit {remote.exit})", flush=True)  # fmt: skip
-        lost = differences(native, remote) if not args.native_only else []
+            # A native run cut by its time limit defines the part: the remote run runs those tests only.
+            only = native.ran if native.exit == 124 else None
+            remote = run_part(name, part, suites, args.out, True, args.remote_timeout or args.timeout,
+                              args.per_test, only, name in traced, args.executor)  # fmt: skip
+            print(_summary(name, "remote", remote), flush=True)
+            lost = differences(native, remote)
         for line in lost:
             print(f"  lost: {line}")
-        rows.append({"part": name, "target": target, "native": {**asdict(native), "outcomes": None},
-                     "remote": {**asdict(remote), "outcomes": None}, "lost": lost})  # fmt: skip
+        rows.append({"part": name, "target": targets[name],
+                     "native": {**asdict(native), "outcomes": None, "ran": len(native.ran)},
+                     "remote": {**asdict(remote), "outcomes": None, "ran": len(remote.ran)}, "lost": lost})  # fmt: skip
         (args.out / "suites.json").write_text(
             json.dumps(rows, indent=2)
         )  # after each part: a cut run keeps it
     table = [
-        "| part | native passed / failed / skipped | remote passed / failed / skipped |",
-        "| --- | --- | --- |",
+        "| part | native passed / failed / skipped | remote passed / failed / skipped | crashes native / remote |",
+        "| --- | --- | --- | --- |",
     ]
     for r in rows:
         n, m = r["native"], r["remote"]
         table.append(f"| {r['part']} | {n['passed']} / {n['failed'] + n['errors']} / {n['skipped']} | "
-                     f"{m['passed']} / {m['failed'] + m['errors']} / {m['skipped']} |")  # fmt: skip
+                     f"{m['passed']} / {m['failed'] + m['errors']} / {m['skipped']} | "
+                     f"{n['crashes']} / {m['crashes']} |")  # fmt: skip
     (args.out / "suites.md").write_text("\n".join(table) + "\n")
     print("\n".join(table))
     return 0

@@ -71,6 +71,9 @@ TOOLS: dict[str, Tool] = {
     ),
     "chromium": Tool("chromium", "the report in a real headless browser", ("chromium", "chromium-browser")),
     "tmux": Tool("tmux", "the console in a real terminal", ("tmux",)),
+    "git": Tool(
+        "git", "bench/fetch_suites.sh: a partial clone of a framework's tests and what they import", ("git",)
+    ),
     "etcd": Tool("etcd-server", "cluster mode and the etcd client against a real etcd", ("etcd",)),
     "openssl": Tool("openssl", "the console over TLS with a private CA", ("openssl",)),
     "iproute2": Tool(
