@@ -2253,6 +2253,20 @@ def scenario_vmm():
     check(cu.cuMemGetAllocationGranularity(ctypes.byref(granularity), ctypes.byref(prop), 0), "granularity")
     say("granularity", granularity.value)
     base, handle, second = c_u64(), c_u64(), c_u64()
+    # Pinned host memory on a NUMA node (NCCL's probe): the granularity is answered, the creation refused.
+    host = AllocationProp(1, 1, 3, 0)  # pinned, POSIX descriptor, CU_MEM_LOCATION_TYPE_HOST_NUMA, node 0
+    host_granularity = c_u64()
+    say(
+        "host_granularity_rc",
+        cu.cuMemGetAllocationGranularity(ctypes.byref(host_granularity), ctypes.byref(host), 0),
+    )
+    say("host_granularity_positive", host_granularity.value > 0)
+    say(
+        "host_create",
+        cu.cuMemCreate(
+            ctypes.byref(second), c_u64(host_granularity.value or MiB), ctypes.byref(host), c_u64(0)
+        ),
+    )
     check(
         cu.cuMemAddressReserve(ctypes.byref(base), c_u64(16 * MiB), c_u64(0), c_u64(0), c_u64(0)), "reserve"
     )

@@ -285,9 +285,15 @@ def test_a_copy_from_the_programs_memory_inside_a_capture_fails_the_capture_not_
 
 
 def test_the_virtual_memory_api_maps_memory_in_ranges_the_program_reserved(shim_dir, worker):
+    """Reserve, create, map, grant access, use, undo, with the partition counting created memory; pinned
+    host memory is not created remotely, but its granularity is answered (NCCL asks it first and falls
+    back to /dev/shm when the creation fails, and stops when the question fails)."""
     out, err = run_client("vmm", client_env(shim_dir, worker))
     assert out == {
         "granularity": str(2 * MiB),
+        "host_granularity_rc": "0",
+        "host_granularity_positive": "True",
+        "host_create": "801",  # CUDA_ERROR_NOT_SUPPORTED
         "past_partition": "2",  # CUDA_ERROR_OUT_OF_MEMORY: the 64 MiB partition holds 4 MiB already
         "map_outside": "1",  # CUDA_ERROR_INVALID_VALUE: not a range this process reserved
         "contents": "True",

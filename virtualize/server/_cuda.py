@@ -902,6 +902,15 @@ class CudaExecutor(Executor):
         kind = _enum(driver.CUmemAllocationGranularity_flags, option)
         return int(_ok(driver.cuMemGetAllocationGranularity(self._prop(device), kind)))
 
+    def host_allocation_granularity(self, option):
+        """The driver's granularity of pinned memory on this host's NUMA node 0 (asked, never created)."""
+        prop = driver.CUmemAllocationProp()
+        prop.type = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST_NUMA
+        prop.location.id = 0
+        kind = _enum(driver.CUmemAllocationGranularity_flags, option)
+        return int(_ok(driver.cuMemGetAllocationGranularity(prop, kind)))
+
     def unmap_memory(self, base: int, size: int, backing) -> None:
         _ok(driver.cuMemUnmap(base, size))
         _ok(driver.cuMemRelease(backing))

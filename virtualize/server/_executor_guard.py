@@ -905,7 +905,15 @@ class Session:
 
     def _vm_granularity(self, call: Call, ins: tuple):
         (option,) = ins
-        device, _ = self._vm_device(self.channel.read_bulk(limit=ALLOCATION_PROP_BYTES))
+        prop = self.channel.read_bulk(limit=ALLOCATION_PROP_BYTES)
+        if len(prop) == ALLOCATION_PROP_BYTES:
+            kind, _, location, _ = struct.unpack_from("<iiii", prop)
+            # Pinned host memory (CU_MEM_LOCATION_TYPE_HOST, _HOST_NUMA, _HOST_NUMA_CURRENT) is not created
+            # remotely, but its granularity is a question the driver answers: NCCL asks it before it tries a
+            # creation and falls back to /dev/shm when that fails, and stops when the question fails.
+            if kind == 1 and location in (2, 3, 4):
+                return struct.pack("<Q", self.executor.host_allocation_granularity(option)), b""
+        device, _ = self._vm_device(prop)
         return struct.pack("<Q", self.executor.cuMemGetAllocationGranularity(device, option)), b""
 
     def _vm_close(self) -> None:

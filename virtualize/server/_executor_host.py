@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import mmap
 import os
 import re
 import struct
@@ -441,6 +442,9 @@ class HostExecutor(Executor):
 
     def cuMemGetAllocationGranularity(self, device, option):
         return ALIGN
+
+    def host_allocation_granularity(self, option):
+        return mmap.PAGESIZE  # host memory comes in pages
 
     def set_context(self, ctx: int) -> None:
         self.local.ctx = ctx
