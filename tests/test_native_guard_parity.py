@@ -13,7 +13,16 @@ import socket
 import struct
 
 import pytest
-from test_remote_native_dispatch import CAPTURING, EVENT, FUNC, LAYOUT, STREAM, Recorder, python_frame
+from test_remote_native_dispatch import (
+    CAPTURING,
+    EVENT,
+    FUNC,
+    GRAPH_EXEC,
+    LAYOUT,
+    STREAM,
+    Recorder,
+    python_frame,
+)
 
 from virtualize.common import _shimgen, _wire
 from virtualize.common._calls import CALL_IDS, Call
@@ -24,13 +33,19 @@ from virtualize.server.worker import Channel
 pytestmark = pytest.mark.skipif(_native_dispatch._load() is None, reason="the native loop is not built")
 
 BASE, SIZE, COUNT = 0x10000, 4096, 64  # the lease's one allocation; the bytes each copy names
+PINNED, PINNED_SIZE = 0x7F0000000000, 4096  # the client's page-locked allocation shared with the worker
 FOREIGN = 0xDEAD0000  # a handle or address the lease never made
-VALID = {"stream": STREAM, "event": EVENT, "func": FUNC, "dptr": BASE + 16}
+VALID = {"stream": STREAM, "event": EVENT, "func": FUNC, "graphexec": GRAPH_EXEC, "dptr": BASE + 16}
 
 
 def valid_args(call: Call) -> list[int]:
-    lengths = {length for _, length in _guard_rules.range_positions(call)}
-    return [VALID.get(p.type, COUNT if i in lengths else 0) for i, p in enumerate(call.ins)]
+    ranges = (*_guard_rules.range_positions(call), *_guard_rules.pinned_positions(call))
+    lengths = {length for _, length in ranges}
+    pinned = {at for at, _ in _guard_rules.pinned_positions(call)}
+    return [
+        PINNED + 16 if i in pinned else VALID.get(p.type, COUNT if i in lengths else 0)
+        for i, p in enumerate(call.ins)
+    ]
 
 
 def bulk_of(call: Call, args: list[int]) -> bytes:
@@ -50,8 +65,12 @@ def cases() -> list[tuple[str, Call, list[int]]]:
         valid = valid_args(call)
         out.append(("valid", call, valid))
         ranges = dict(_guard_rules.range_positions(call))
+        pinned = dict(_guard_rules.pinned_positions(call))
         for i, p in enumerate(call.ins):
             broken = {}
+            if i in pinned:
+                broken[f"{p.name} outside the shared page-locked memory"] = PINNED + PINNED_SIZE + 4096
+                broken[f"{p.name} past the shared memory's end"] = PINNED + PINNED_SIZE - COUNT // 2
             if p.type in VALID and p.type != "dptr":
                 broken[f"foreign {p.type}"] = FOREIGN
             if p.type == "stream":
@@ -78,6 +97,7 @@ def lease_with_handles() -> tuple[LeaseState, Recorder, _native_dispatch.NativeL
     lease.handles["stream"].update({STREAM, CAPTURING})
     lease.handles["event"].add(EVENT)
     lease.handles["func"].add(FUNC)
+    lease.handles["graphexec"].add(GRAPH_EXEC)
     lease.layouts[FUNC] = LAYOUT
     native.learn(FUNC, LAYOUT)
     lease.add(Allocation(BASE, SIZE, 0, owned=True))
@@ -89,9 +109,10 @@ def run_in_c(call: Call, args: list[int], bulk: bytes, flags: int) -> tuple[bool
     _, executor, native = lease_with_handles()
     client, served = socket.socketpair()
     session = native.session()
+    session.pinned_add(PINNED, executor.shared_host_memory(PINNED_SIZE))
     try:
         channel = Channel(served)
-        state = type("PythonSide", (), {"pending": 0, "callbacks": None, "calls": 0})()
+        state = type("PythonSide", (), {"pending": 0, "callbacks": None, "calls": 0, "ctx": 0})()
         packed = call.in_struct.pack(*args)
         client.sendall(
             _wire.REQUEST.pack(CALL_IDS[call], flags, len(packed), 0, len(bulk))
@@ -101,7 +122,7 @@ def run_in_c(call: Call, args: list[int], bulk: bytes, flags: int) -> tuple[bool
         )
         session.serve(channel, state, touch=lambda: None)
         header = channel.read_exact(_wire.REQUEST.size)
-        return header == python_frame()[: _wire.REQUEST.size], executor.ran
+        return header == python_frame()[: _wire.REQUEST.size], list(executor.ran)
     finally:
         session.close()
         client.close()
@@ -114,6 +135,7 @@ def run_in_python(call: Call, args: list[int], bulk: bytes, flags: int) -> list:
     client, served = socket.socketpair()
     try:
         session = Session(lease, executor, Channel(served))
+        session.pinned[PINNED] = executor.shared_host_memory(PINNED_SIZE)
         client.sendall(bulk)
         session.dispatch(CALL_IDS[call], flags, call.in_struct.pack(*args), len(bulk))
         return executor.ran
@@ -146,7 +168,7 @@ def test_a_frame_runs_in_c_exactly_when_the_python_guard_runs_it(what, call, arg
 def test_every_served_call_is_checked_valid_and_broken():
     """The cases cover every call the native loop serves, each with at least its valid frame, and each
     served call's valid frame runs in C (a rule C cannot apply would send every such frame to Python)."""
-    served = {call.symbol for what, call, _ in CASES if what == "valid"}
+    served = {call.symbol if call.symbol != "-" else call.name for what, call, _ in CASES if what == "valid"}
     assert served == set(_guard_rules.NATIVE_CALLS)
     for what, call, args in CASES:
         if what == "valid":

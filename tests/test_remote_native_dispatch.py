@@ -25,13 +25,14 @@ from server.workers import WorkerDevice, start_worker
 from virtualize.common import _wire
 from virtualize.common._calls import CALL_IDS, CALLS
 from virtualize.server import _data_tls, _native_dispatch, _native_tls
-from virtualize.server._executor import CudaError
+from virtualize.server._executor import CopiedBytes, CudaError, SharedHostMemory
 from virtualize.server._executor_guard import Allocation, LeaseState
 from virtualize.server.worker import Channel
 
 shim_dir = remote_helpers.shim_dir  # fixture
 BY_SYMBOL = {c.symbol: c for c in CALLS}
-STREAM, EVENT, FUNC, OTHER_FUNC, CAPTURING = 0x5000, 0x6000, 0xF00, 0xF08, 0x5008
+STREAM, EVENT, FUNC, OTHER_FUNC, CAPTURING, GRAPH_EXEC = 0x5000, 0x6000, 0xF00, 0xF08, 0x5008, 0x7000
+ELAPSED_MS = 1.5  # what the recording executor says of any two events
 LAYOUT = [(0, 8), (8, 4)]  # a pointer and a u32: 12 bytes of parameters
 
 pytestmark = pytest.mark.needs("native")
@@ -63,6 +64,25 @@ class Recorder:
 
     def cuStreamIsCapturing(self, stream) -> int:
         return int(stream == CAPTURING)
+
+    def cuEventElapsedTime(self, start, end) -> float:
+        self.ran.append(("cuEventElapsedTime", start, end))
+        return ELAPSED_MS
+
+    # The client's page-locked memory shared with the worker (gpPinnedShare), as the host executor's.
+    def shared_host_memory(self, size: int) -> SharedHostMemory:
+        return SharedHostMemory(size)
+
+    def release_shared_host_memory(self, shared: SharedHostMemory) -> None:
+        shared.close()
+
+    def copy_in_from(self, dst, shared, offset, count, stream, last) -> None:
+        self.ran.append(("pinned_in", dst, bytes(shared.view[offset : offset + count]), stream, last))
+
+    def copy_out_into(self, shared, offset, src, count, stream) -> CopiedBytes:
+        shared.view[offset : offset + count] = bytes(i % 251 for i in range(count))
+        self.ran.append(("pinned_out", src, offset, count, stream))
+        return CopiedBytes(b"")
 
     def __getattr__(self, name):
         if not name.startswith("cu"):
@@ -120,7 +140,7 @@ def loop(request, tmp_path):
     native.learn(FUNC, LAYOUT)
     client, served = socket.socketpair() if request.param == "plain" else encrypted_pair(tmp_path)
     channel = Channel(served)
-    session = SimpleNamespace(pending=0, callbacks=None, calls=0, _send_kernel_output=lambda: None)
+    session = SimpleNamespace(pending=0, callbacks=None, calls=0, ctx=0, _send_kernel_output=lambda: None)
     native_session = native.session()
 
     def serve(*frames: bytes) -> bytes:
@@ -137,7 +157,7 @@ def loop(request, tmp_path):
 
     yield SimpleNamespace(
         lease=lease, executor=executor, native=native, client=client, channel=channel, session=session,
-        serve=serve,
+        serve=serve, native_session=native_session,
     )  # fmt: skip
     native_session.close()
     client.close()
