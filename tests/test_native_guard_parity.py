@@ -145,7 +145,9 @@ def run_in_python(call: Call, args: list[int], bulk: bytes, flags: int) -> list:
 
 
 @pytest.mark.parametrize(
-    ("what", "call", "args"), CASES, ids=[f"{call.symbol}: {what}" for what, call, _ in CASES]
+    ("what", "call", "args"),
+    CASES,
+    ids=[f"{call.symbol if call.symbol != '-' else call.name}: {what}" for what, call, _ in CASES],
 )
 def test_a_frame_runs_in_c_exactly_when_the_python_guard_runs_it(what, call, args):
     """C serves a frame exactly when the Python guard would run it, with the same executor calls; a frame
