@@ -409,6 +409,13 @@ def native_args(call: Call) -> list[str]:
     return out
 
 
+def moves_client_bytes(call: Call) -> bool:
+    """A copy between the lease's memory and bytes in its frame (to the device) or reply (to the host)."""
+    return bool(_guard_rules.range_positions(call)) and any(
+        p.type in ("bytes", "buf") for p in call.wire_params
+    )
+
+
 def generate_native() -> str:
     """The worker's native loop's share of the wire and of the guard: the frame layout, the ids of the
     calls it serves (`_guard_rules.NATIVE_CALLS`) with each argument's offset and the guard's check of it,
@@ -457,6 +464,7 @@ def generate_native() -> str:
         "    uint8_t replies; /* answered when the frame asks (not an asynchronous call) */",
         f"    uint8_t outs;    /* bytes of its one answered value (at most {NATIVE_OUT_BYTES}), or 0 */",
         "    uint8_t bulk_in; /* bytes follow its arguments (a launch's parameters, a copy's data) */",
+        "    uint8_t data;    /* a copy whose client-side bytes travel in the frame or in the reply */",
         "    uint8_t capture; /* the stream argument on which a capture refuses it (capture_refuses), or none */",
         "    uint8_t n_args;",
         f"    struct gpf_arg args[{most}];",
@@ -465,12 +473,13 @@ def generate_native() -> str:
     ]
     for call, name in zip(served, _guard_rules.NATIVE_CALLS.values(), strict=True):
         streams = [i for i, p in enumerate(call.ins) if p.type == "stream"]
-        capture = streams[0] if streams and _guard_rules.capture_refuses(call) else NO_ARG
+        refused = _guard_rules.capture_refuses(call) and moves_client_bytes(call)  # not device to device
+        capture = streams[0] if streams and refused else NO_ARG
         args = ", ".join(native_args(call)) or "{0}"  # ISO C: no empty braces
         out.append(
             f"    [C_{name}] = {{{CALL_IDS[call]}, {call.in_struct.size}, {int(call.sync_point)}, "
             f"{int(call.mode is not Mode.ASYNC)}, {call.out_struct.size}, "
-            f"{int(call.bulk_in)}, {capture}, {len(call.ins)}, {{{args}}}}},"
+            f"{int(call.bulk_in)}, {int(moves_client_bytes(call))}, {capture}, {len(call.ins)}, {{{args}}}}},"
         )
     out.append("};")
     out.append("")

@@ -42,6 +42,8 @@ NATIVE_CALLS = {
     "cuMemcpyHtoDAsync_v2": "HTOD_ASYNC",
     "cuMemcpyDtoH_v2": "DTOH",
     "cuMemcpyDtoHAsync_v2": "DTOH_ASYNC",
+    "cuMemcpyDtoD_v2": "DTOD",
+    "cuMemcpyDtoDAsync_v2": "DTOD_ASYNC",
     "gpPinnedCopy": "PINNED_COPY",
     "cuGraphLaunch": "GRAPH_LAUNCH",
     "cuEventElapsedTime": "EVENT_ELAPSED",

@@ -59,12 +59,7 @@ _LAUNCH = ctypes.CFUNCTYPE(
     ctypes.c_uint32,
 )
 _CALL = ctypes.CFUNCTYPE(
-    ctypes.c_int,
-    ctypes.c_uint32,
-    ctypes.c_uint64,
-    ctypes.c_uint64,
-    ctypes.c_uint32,
-    ctypes.POINTER(ctypes.c_uint64),
+    ctypes.c_int, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)
 )
 _COPY = ctypes.CFUNCTYPE(
     ctypes.c_int,
@@ -303,11 +298,11 @@ class NativeLease:
 
         return self._run(run)
 
-    def _host_call(self, which, a, b, c, out) -> int:
+    def _host_call(self, which, args, out) -> int:
         call = IN_C_CALLS[which]
 
         def run() -> None:
-            value = getattr(self.executor, call.name)(*(a, b, c)[: len(call.ins)])
+            value = getattr(self.executor, call.name)(*args[: len(call.ins)])
             if call.out_struct.size:  # its one answered value, as the wire packs it
                 out[0] = int.from_bytes(call.out_struct.pack(value), "little")
 

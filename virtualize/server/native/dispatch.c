@@ -50,8 +50,9 @@ enum { SMALL_COPY = 1 << 20 }; /* larger copies go through shared memory or Pyth
 
 typedef int (*launch_fn)(uint64_t func, const uint32_t dims[7], uint64_t stream, void **args,
                          const uint8_t *params, uint64_t params_len, const void *attrs, uint32_t n_attrs);
-/* `out`: the call's one answered value (cuEventElapsedTime's milliseconds), little-endian. */
-typedef int (*call_fn)(uint32_t which, uint64_t a, uint64_t b, uint32_t c, uint64_t *out);
+/* `args`: the frame's arguments, each widened to 64 bits; `out`: the call's one answered value
+ * (cuEventElapsedTime's milliseconds), little-endian. */
+typedef int (*call_fn)(uint32_t which, const uint64_t *args, uint64_t *out);
 /* C_HTOD..C_DTOH_ASYNC: `count` bytes between device address `device` and `host` (on `stream`, and
  * done on return); C_PINNED_COPY: between `device` and the worker's mapping of the client's shared
  * page-locked memory (`flags` as gpPinnedCopy's: 1 to the device, 2 synchronous, else queued on `stream`). */
@@ -82,6 +83,8 @@ static int (*drv_dtoh)(void *, uint64_t, size_t);
 static int (*drv_dtoh_async)(void *, uint64_t, size_t, uint64_t);
 static int (*drv_is_capturing)(uint64_t, int *);
 static int (*drv_graph_launch)(uint64_t, uint64_t);
+static int (*drv_dtod)(uint64_t, uint64_t, size_t);
+static int (*drv_dtod_async)(uint64_t, uint64_t, size_t, uint64_t);
 static int (*drv_elapsed)(float *, uint64_t, uint64_t); /* cuEventElapsedTime_v2 where the driver has it */
 
 struct launch_config { /* CUlaunchConfig */
@@ -101,9 +104,13 @@ static int driver_launch(uint64_t func, const uint32_t d[7], uint64_t stream, vo
     return drv_launch_ex(&config, func, args, NULL);
 }
 
-static int driver_call(uint32_t which, uint64_t a, uint64_t b, uint32_t c, uint64_t *out) {
+static int driver_call(uint32_t which, const uint64_t *args, uint64_t *out) {
+    uint64_t a = args[0], b = args[1];
+    uint32_t c = (uint32_t)args[2];
     switch (which) {
     case C_GRAPH_LAUNCH: return drv_graph_launch(a, b);
+    case C_DTOD: return drv_dtod(a, b, args[2]);
+    case C_DTOD_ASYNC: return drv_dtod_async(a, b, args[2], args[3]);
     case C_EVENT_ELAPSED:
     case C_EVENT_ELAPSED_V2: {
         float ms = 0;
@@ -172,6 +179,8 @@ EXPORT int gpf_use_driver(void) {
         {(void **)&drv_dtoh_async, "cuMemcpyDtoHAsync_v2"},
         {(void **)&drv_is_capturing, "cuStreamIsCapturing"},
         {(void **)&drv_graph_launch, "cuGraphLaunch"},
+        {(void **)&drv_dtod, "cuMemcpyDtoD_v2"},
+        {(void **)&drv_dtod_async, "cuMemcpyDtoDAsync_v2"},
         {(void **)&drv_elapsed, "cuEventElapsedTime"},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
@@ -687,15 +696,14 @@ static int launch(struct session *s, const uint8_t *a, const uint8_t *bulk, uint
 /* Any other call served here: checked, run (its answered value at *out); -1 for the Python path. */
 static int other(struct session *s, int c, const uint8_t *a, int *result, uint64_t *out) {
     struct lease *l = s->lease;
-    int n = gpf_calls[c].n_args;
-    uint64_t x = n > 0 ? arg(c, 0, a) : 0, y = n > 1 ? arg(c, 1, a) : 0;
-    uint32_t z = n > 2 ? (uint32_t)arg(c, 2, a) : 0;
+    uint64_t args[sizeof gpf_calls[c].args / sizeof gpf_calls[c].args[0]] = {0};
+    for (int i = 0; i < gpf_calls[c].n_args; i++) args[i] = arg(c, i, a);
     pthread_mutex_lock(&l->lock);
     int ok = args_ok(s, c, a);
     pthread_mutex_unlock(&l->lock);
     if (!ok) return -1;
     __atomic_store_n(&s->busy, 1, __ATOMIC_RELAXED);
-    *result = l->ops.call((uint32_t)c, x, y, z, out);
+    *result = l->ops.call((uint32_t)c, args, out);
     __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
     return 0;
 }
@@ -771,7 +779,7 @@ EXPORT int gpf_serve(struct session *s, int fd, struct gpt_stream *tls, struct b
         int c = which_call(id);
         if (c < 0 || args_len != gpf_calls[c].args_bytes || HEADER + args_len + bulk_len > b->cap) return TO_PYTHON;
         int pinned = c == C_PINNED_COPY, sync = gpf_calls[c].sync;
-        int copying = !pinned && gpf_calls[c].n_args && gpf_calls[c].args[0].check == GPF_RANGE;
+        int copying = gpf_calls[c].data;
         /* Answered when the frame asks (a synchronising call sent without asking is run unanswered, its
          * error kept for the next one, as the Python path does: an asynchronous gpPinnedCopy). */
         int replies = gpf_calls[c].replies && (flags & GPF_FLAG_WANTS_REPLY);

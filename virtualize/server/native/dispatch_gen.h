@@ -35,6 +35,8 @@ enum {
     C_HTOD_ASYNC, /* cuMemcpyHtoDAsync_v2 */
     C_DTOH, /* cuMemcpyDtoH_v2 */
     C_DTOH_ASYNC, /* cuMemcpyDtoHAsync_v2 */
+    C_DTOD, /* cuMemcpyDtoD_v2 */
+    C_DTOD_ASYNC, /* cuMemcpyDtoDAsync_v2 */
     C_PINNED_COPY, /* gpPinnedCopy */
     C_GRAPH_LAUNCH, /* cuGraphLaunch */
     C_EVENT_ELAPSED, /* cuEventElapsedTime */
@@ -57,28 +59,31 @@ struct gpf_call {
     uint8_t replies; /* answered when the frame asks (not an asynchronous call) */
     uint8_t outs;    /* bytes of its one answered value (at most 8), or 0 */
     uint8_t bulk_in; /* bytes follow its arguments (a launch's parameters, a copy's data) */
+    uint8_t data;    /* a copy whose client-side bytes travel in the frame or in the reply */
     uint8_t capture; /* the stream argument on which a capture refuses it (capture_refuses), or none */
     uint8_t n_args;
     struct gpf_arg args[10];
 };
 static const struct gpf_call gpf_calls[C_COUNT] = {
-    [C_LAUNCH] = {235, 48, 0, 0, 0, 1, 255, 10, {{0, 8, GPF_FUNC, 255}, {8, 4, GPF_PLAIN, 255}, {12, 4, GPF_PLAIN, 255}, {16, 4, GPF_PLAIN, 255}, {20, 4, GPF_PLAIN, 255}, {24, 4, GPF_PLAIN, 255}, {28, 4, GPF_PLAIN, 255}, {32, 4, GPF_PLAIN, 255}, {36, 8, GPF_STREAM, 255}, {44, 4, GPF_PLAIN, 255}}},
-    [C_CTX_SYNC] = {41, 0, 1, 1, 0, 0, 255, 0, {{0}}},
-    [C_STREAM_SYNC] = {241, 8, 1, 1, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255}}},
-    [C_STREAM_QUERY] = {240, 8, 1, 1, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255}}},
-    [C_EVENT_SYNC] = {332, 8, 1, 1, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255}}},
-    [C_EVENT_QUERY] = {331, 8, 1, 1, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255}}},
-    [C_EVENT_RECORD] = {329, 16, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_STREAM, 255}}},
-    [C_EVENT_RECORD_FLAGS] = {330, 20, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_STREAM, 255}, {16, 4, GPF_PLAIN, 255}}},
-    [C_STREAM_WAIT_EVENT] = {242, 20, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_STREAM, 255}, {8, 8, GPF_EVENT, 255}, {16, 4, GPF_PLAIN, 255}}},
-    [C_HTOD] = {112, 24, 0, 0, 0, 1, 255, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
-    [C_HTOD_ASYNC] = {113, 24, 0, 0, 0, 1, 2, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
-    [C_DTOH] = {114, 24, 1, 1, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
-    [C_DTOH_ASYNC] = {115, 24, 1, 1, 0, 0, 2, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
-    [C_PINNED_COPY] = {122, 36, 1, 1, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_PINNED, 2}, {16, 8, GPF_PLAIN, 255}, {24, 8, GPF_STREAM, 255}, {32, 4, GPF_PLAIN, 255}}},
-    [C_GRAPH_LAUNCH] = {324, 16, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_GRAPHEXEC, 255}, {8, 8, GPF_STREAM, 255}}},
-    [C_EVENT_ELAPSED] = {334, 16, 0, 1, 4, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_EVENT, 255}}},
-    [C_EVENT_ELAPSED_V2] = {335, 16, 0, 1, 4, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_EVENT, 255}}},
+    [C_LAUNCH] = {235, 48, 0, 0, 0, 1, 0, 255, 10, {{0, 8, GPF_FUNC, 255}, {8, 4, GPF_PLAIN, 255}, {12, 4, GPF_PLAIN, 255}, {16, 4, GPF_PLAIN, 255}, {20, 4, GPF_PLAIN, 255}, {24, 4, GPF_PLAIN, 255}, {28, 4, GPF_PLAIN, 255}, {32, 4, GPF_PLAIN, 255}, {36, 8, GPF_STREAM, 255}, {44, 4, GPF_PLAIN, 255}}},
+    [C_CTX_SYNC] = {41, 0, 1, 1, 0, 0, 0, 255, 0, {{0}}},
+    [C_STREAM_SYNC] = {241, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255}}},
+    [C_STREAM_QUERY] = {240, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255}}},
+    [C_EVENT_SYNC] = {332, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255}}},
+    [C_EVENT_QUERY] = {331, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255}}},
+    [C_EVENT_RECORD] = {329, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_STREAM, 255}}},
+    [C_EVENT_RECORD_FLAGS] = {330, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_STREAM, 255}, {16, 4, GPF_PLAIN, 255}}},
+    [C_STREAM_WAIT_EVENT] = {242, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_STREAM, 255}, {8, 8, GPF_EVENT, 255}, {16, 4, GPF_PLAIN, 255}}},
+    [C_HTOD] = {112, 24, 0, 0, 0, 1, 1, 255, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
+    [C_HTOD_ASYNC] = {113, 24, 0, 0, 0, 1, 1, 2, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
+    [C_DTOH] = {114, 24, 1, 1, 0, 0, 1, 255, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
+    [C_DTOH_ASYNC] = {115, 24, 1, 1, 0, 0, 1, 2, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
+    [C_DTOD] = {128, 24, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_RANGE, 2}, {16, 8, GPF_PLAIN, 255}}},
+    [C_DTOD_ASYNC] = {129, 32, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_RANGE, 2}, {16, 8, GPF_PLAIN, 255}, {24, 8, GPF_STREAM, 255}}},
+    [C_PINNED_COPY] = {122, 36, 1, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_PINNED, 2}, {16, 8, GPF_PLAIN, 255}, {24, 8, GPF_STREAM, 255}, {32, 4, GPF_PLAIN, 255}}},
+    [C_GRAPH_LAUNCH] = {324, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_GRAPHEXEC, 255}, {8, 8, GPF_STREAM, 255}}},
+    [C_EVENT_ELAPSED] = {334, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_EVENT, 255}}},
+    [C_EVENT_ELAPSED_V2] = {335, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_EVENT, 255}}},
 };
 
 /* Each argument's offset by name: GPF_AT_<call>_<argument>. */
@@ -116,6 +121,13 @@ static const struct gpf_call gpf_calls[C_COUNT] = {
 #define GPF_AT_DTOH_ASYNC_src 0
 #define GPF_AT_DTOH_ASYNC_count 8
 #define GPF_AT_DTOH_ASYNC_stream 16
+#define GPF_AT_DTOD_dst 0
+#define GPF_AT_DTOD_src 8
+#define GPF_AT_DTOD_count 16
+#define GPF_AT_DTOD_ASYNC_dst 0
+#define GPF_AT_DTOD_ASYNC_src 8
+#define GPF_AT_DTOD_ASYNC_count 16
+#define GPF_AT_DTOD_ASYNC_stream 24
 #define GPF_AT_PINNED_COPY_device 0
 #define GPF_AT_PINNED_COPY_host 8
 #define GPF_AT_PINNED_COPY_count 16
