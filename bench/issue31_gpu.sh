@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 31's rows on one GPU, native vs remote in each run, in one command under 8 minutes (an H100):
 #   OUT=/some/dir bash bench/issue31_gpu.sh            (DRY_RUN=1: print the steps and their budgets only)
-# 0. builds the native loop and the shim in place (the worker must serve calls in C) and says so;
+# 0. builds the native loop and the shim in place (the worker must serve calls in C) and says so, and
+#    checks what the loop serves gives native results (tests/gpu/remote/run.py --only native_calls);
 # 1. bench_remote.py over the worker's local socket: async copies 16 in flight into/from page-locked
 #    memory (64 KiB / 1 MiB / 16 MiB), synchronous copies 4 KiB / 64 KiB / 1 MiB, graph replays, the
 #    event loop of a benchmark harness, round trip and launches;
@@ -65,6 +66,11 @@ print("native loop:", "built" if _native_dispatch._load() is not None else "NOT 
 EOF
     { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } |
         head -1 | sed 's/^/GPU: /' | tee -a "$TABLE"
+fi
+
+step correctness 60 "$PY" tests/gpu/remote/run.py --only native_calls
+if [ "$DRY_RUN" != 1 ]; then
+    grep -- '^--> ' "$OUT/correctness/stdout.txt" 2>/dev/null | sed 's/^--> /correctness: /' | tee -a "$TABLE"
 fi
 
 step local 110 "$PY" bench/bench_remote.py --patterns "$PATTERNS" --max-copy-mib 16
