@@ -10,7 +10,9 @@
 #    do_bench of a 1000x1000 matmul, pinned non_blocking copies both ways, small copies;
 # 3. training over TCP + TLS as a client on another host (tests/gpu/remote/run.py --encrypt --only
 #    training: ResNet-50 bf16 b64 and GPT-2-style);
-# 4. bench_remote.py over loopback TCP + TLS, the same patterns, if time is left.
+# 4. if time is left: small copies over the local socket with those up to 1 MiB in their frames (served
+#    by the native loop) instead of through shared memory (GPUPOOL_SHIM_SHARED_MIN_KIB=1025), to pick
+#    that default; bench_remote.py over loopback TCP + TLS, the same patterns.
 # Each step is bounded by its own budget and by what is left of the whole (BUDGET_S, default 470 s);
 # a failing or cut step is reported and the next one runs. The table at the end is for pasting;
 # every step's full output is under $OUT/<step>/.
@@ -90,6 +92,10 @@ if [ "$DRY_RUN" != 1 ]; then
         sed -n 's/^--> \([A-Z]*\): \(training [^ ]*\) (\(.*\))$/| \2 | \1 | \3 |/p' "$OUT/training_tls/stdout.txt" 2>/dev/null
     } >>"$TABLE"
 fi
+
+step copies_in_frames 45 env GPUPOOL_SHIM_SHARED_MIN_KIB=1025 "$PY" bench/bench_remote.py --patterns copies \
+    --max-copy-mib 1
+rows copies_in_frames "bench_remote.py copies, local socket, up to 1 MiB in their frames (GPUPOOL_SHIM_SHARED_MIN_KIB=1025)"
 
 step tls 110 "$PY" bench/bench_remote.py --tcp --encrypt --patterns "$PATTERNS" --max-copy-mib 16
 rows tls "bench_remote.py, loopback TCP + TLS (as a client on another host)"
