@@ -6,8 +6,8 @@
 # 1. bench_remote.py over the worker's local socket: async copies 16 in flight into/from page-locked
 #    memory (64 KiB / 1 MiB / 16 MiB), synchronous copies 4 KiB / 64 KiB / 1 MiB, graph replays, the
 #    event loop of a benchmark harness, round trip and launches;
-# 2. bench_torch_patterns.py over the local socket: make_graphed_callables MLP training, triton
-#    do_bench of a 1000x1000 matmul, pinned non_blocking copies both ways, small copies;
+# 2. bench_torch_patterns.py over the local socket: make_graphed_callables MLP training and triton
+#    do_bench of a 1000x1000 matmul (its copy patterns are step 1's rows, through cuda.bindings);
 # 3. training over TCP + TLS as a client on another host (tests/gpu/remote/run.py --encrypt --only
 #    training: ResNet-50 bf16 b64 and GPT-2-style);
 # 4. if time is left: small copies over the local socket with those up to 1 MiB in their frames (served
@@ -78,8 +78,7 @@ fi
 step local 110 "$PY" bench/bench_remote.py --patterns "$PATTERNS" --max-copy-mib 16
 rows local "bench_remote.py, local socket (a client on the GPU server)"
 
-step torch 200 "$PY" bench/bench_torch_patterns.py --timeout 80 \
-    --patterns graphed_mlp,do_bench,pinned_dtoh,pinned_htod,small_copies
+step torch 150 "$PY" bench/bench_torch_patterns.py --timeout 70 --patterns graphed_mlp,do_bench
 rows torch "bench_torch_patterns.py, local socket"
 
 step training_tls 200 "$PY" tests/gpu/remote/run.py --encrypt --only training
