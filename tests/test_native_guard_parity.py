@@ -104,8 +104,20 @@ def lease_with_handles() -> tuple[LeaseState, Recorder, _native_dispatch.NativeL
     return lease, executor, native
 
 
-def run_in_c(call: Call, args: list[int], bulk: bytes, flags: int) -> tuple[bool, list]:
-    """Whether the native loop served the frame itself, and what reached the executor."""
+def answered(client: socket.socket) -> bytes:
+    """What the worker has sent the client so far."""
+    client.setblocking(False)
+    data = b""
+    try:
+        while chunk := client.recv(1 << 16):
+            data += chunk
+    except BlockingIOError:
+        pass
+    return data
+
+
+def run_in_c(call: Call, args: list[int], bulk: bytes, flags: int) -> tuple[bool, list, bytes]:
+    """Whether the native loop served the frame itself, what reached the executor, what it answered."""
     _, executor, native = lease_with_handles()
     client, served = socket.socketpair()
     session = native.session()
@@ -122,15 +134,15 @@ def run_in_c(call: Call, args: list[int], bulk: bytes, flags: int) -> tuple[bool
         )
         session.serve(channel, state, touch=lambda: None)
         header = channel.read_exact(_wire.REQUEST.size)
-        return header == python_frame()[: _wire.REQUEST.size], list(executor.ran)
+        return header == python_frame()[: _wire.REQUEST.size], list(executor.ran), answered(client)
     finally:
         session.close()
         client.close()
         served.close()
 
 
-def run_in_python(call: Call, args: list[int], bulk: bytes, flags: int) -> list:
-    """What reached the executor when the Python path ran the frame."""
+def run_in_python(call: Call, args: list[int], bulk: bytes, flags: int) -> tuple[list, bytes]:
+    """What reached the executor when the Python path ran the frame, and what it answered."""
     lease, executor, _ = lease_with_handles()
     client, served = socket.socketpair()
     try:
@@ -138,7 +150,7 @@ def run_in_python(call: Call, args: list[int], bulk: bytes, flags: int) -> list:
         session.pinned[PINNED] = executor.shared_host_memory(PINNED_SIZE)
         client.sendall(bulk)
         session.dispatch(CALL_IDS[call], flags, call.in_struct.pack(*args), len(bulk))
-        return executor.ran
+        return executor.ran, answered(client)
     finally:
         client.close()
         served.close()
@@ -154,8 +166,8 @@ def test_a_frame_runs_in_c_exactly_when_the_python_guard_runs_it(what, call, arg
     that breaks a rule (other than a capture, which only copies mind) never reaches the executor."""
     bulk = bulk_of(call, args)
     flags = _wire.FLAG_WANTS_REPLY if call.sync_point else 0
-    in_c, ran_from_c = run_in_c(call, args, bulk, flags)
-    ran_from_python = run_in_python(call, args, bulk, flags)
+    in_c, ran_from_c, _ = run_in_c(call, args, bulk, flags)
+    ran_from_python, _ = run_in_python(call, args, bulk, flags)
     assert in_c == bool(ran_from_python), (
         f"{call.symbol} with {what}: the Python guard {'runs' if ran_from_python else 'refuses'} it, "
         f"the native loop {'serves' if in_c else 'leaves'} it"
@@ -165,6 +177,24 @@ def test_a_frame_runs_in_c_exactly_when_the_python_guard_runs_it(what, call, arg
     if what != "valid":
         allowed = what == "capturing stream" or what.startswith("builtin stream")
         assert not ran_from_python or allowed, f"{what} reached the executor"
+
+
+@pytest.mark.parametrize("asks", [True, False], ids=["answer asked", "no answer asked"])
+@pytest.mark.parametrize(
+    "call",
+    _native_dispatch.IN_C_CALLS,
+    ids=[c.symbol if c.symbol != "-" else c.name for c in _native_dispatch.IN_C_CALLS],
+)
+def test_a_served_call_answers_the_client_byte_for_byte_as_the_python_path(call, asks):
+    """Every served call's valid frame, asking for an answer and not: C runs what the Python path runs and
+    sends the client exactly the bytes it sends (an answer, an answered value, a copy's bytes, or none)."""
+    args = valid_args(call)
+    bulk = bulk_of(call, args)
+    flags = _wire.FLAG_WANTS_REPLY if asks else 0
+    in_c, ran_from_c, from_c = run_in_c(call, args, bulk, flags)
+    ran_from_python, from_python = run_in_python(call, args, bulk, flags)
+    assert in_c and ran_from_c == ran_from_python
+    assert from_c == from_python
 
 
 def test_every_served_call_is_checked_valid_and_broken():

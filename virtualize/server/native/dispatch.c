@@ -780,9 +780,10 @@ EXPORT int gpf_serve(struct session *s, int fd, struct gpt_stream *tls, struct b
         if (c < 0 || args_len != gpf_calls[c].args_bytes || HEADER + args_len + bulk_len > b->cap) return TO_PYTHON;
         int pinned = c == C_PINNED_COPY, sync = gpf_calls[c].sync;
         int copying = gpf_calls[c].data;
-        /* Answered when the frame asks (a synchronising call sent without asking is run unanswered, its
-         * error kept for the next one, as the Python path does: an asynchronous gpPinnedCopy). */
-        int replies = gpf_calls[c].replies && (flags & GPF_FLAG_WANTS_REPLY);
+        /* Answered when the frame asks, and a copy to the host always (its bytes come back, as on the
+         * Python path); a synchronising call sent without asking (an async gpPinnedCopy) is run
+         * unanswered, its error kept for the next one, as the Python path does. */
+        int replies = gpf_calls[c].replies && (flags & GPF_FLAG_WANTS_REPLY || copying);
         if (replies && !may_reply) return TO_PYTHON;
         if (!gpf_calls[c].bulk_in && bulk_len) return TO_PYTHON;
         if ((r = fill(&io, b, HEADER + args_len + bulk_len))) return r;
