@@ -34,16 +34,22 @@ pytestmark = pytest.mark.skipif(_native_dispatch._load() is None, reason="the na
 
 BASE, SIZE, COUNT = 0x10000, 4096, 64  # the lease's one allocation; the bytes each copy names
 PINNED, PINNED_SIZE = 0x7F0000000000, 4096  # the client's page-locked allocation shared with the worker
+SHARED_SIZE = 4096  # the memory the connection shares with its process (gpShmAttach)
 FOREIGN = 0xDEAD0000  # a handle or address the lease never made
 VALID = {"stream": STREAM, "event": EVENT, "func": FUNC, "graphexec": GRAPH_EXEC, "dptr": BASE + 16}
 
 
 def valid_args(call: Call) -> list[int]:
-    ranges = (*_guard_rules.range_positions(call), *_guard_rules.pinned_positions(call))
+    ranges = (
+        *_guard_rules.range_positions(call),
+        *_guard_rules.pinned_positions(call),
+        *_guard_rules.shared_positions(call),
+    )
     lengths = {length for _, length in ranges}
     pinned = {at for at, _ in _guard_rules.pinned_positions(call)}
+    shared = {at for at, _ in _guard_rules.shared_positions(call)}
     return [
-        PINNED + 16 if i in pinned else VALID.get(p.type, COUNT if i in lengths else 0)
+        PINNED + 16 if i in pinned else 16 if i in shared else VALID.get(p.type, COUNT if i in lengths else 0)
         for i, p in enumerate(call.ins)
     ]
 
@@ -66,8 +72,11 @@ def cases() -> list[tuple[str, Call, list[int]]]:
         out.append(("valid", call, valid))
         ranges = dict(_guard_rules.range_positions(call))
         pinned = dict(_guard_rules.pinned_positions(call))
+        shared = dict(_guard_rules.shared_positions(call))
         for i, p in enumerate(call.ins):
             broken = {}
+            if i in shared:
+                broken[f"{p.name} past the shared memory's end"] = SHARED_SIZE - COUNT // 2
             if i in pinned:
                 broken[f"{p.name} outside the shared page-locked memory"] = PINNED + PINNED_SIZE + 4096
                 broken[f"{p.name} past the shared memory's end"] = PINNED + PINNED_SIZE - COUNT // 2
@@ -122,9 +131,12 @@ def run_in_c(call: Call, args: list[int], bulk: bytes, flags: int) -> tuple[bool
     client, served = socket.socketpair()
     session = native.session()
     session.pinned_add(PINNED, executor.shared_host_memory(PINNED_SIZE))
+    session.shared_set(executor.shared_host_memory(SHARED_SIZE))
     try:
         channel = Channel(served)
-        state = type("PythonSide", (), {"pending": 0, "callbacks": None, "calls": 0, "ctx": 0})()
+        state = type(
+            "PythonSide", (), {"pending": 0, "callbacks": None, "calls": 0, "ctx": 0, "shared_error": 0}
+        )()
         packed = call.in_struct.pack(*args)
         client.sendall(
             _wire.REQUEST.pack(CALL_IDS[call], flags, len(packed), 0, len(bulk))
@@ -148,6 +160,7 @@ def run_in_python(call: Call, args: list[int], bulk: bytes, flags: int) -> tuple
     try:
         session = Session(lease, executor, Channel(served))
         session.pinned[PINNED] = executor.shared_host_memory(PINNED_SIZE)
+        session.shared = executor.shared_host_memory(SHARED_SIZE)
         client.sendall(bulk)
         session.dispatch(CALL_IDS[call], flags, call.in_struct.pack(*args), len(bulk))
         return executor.ran, answered(client)

@@ -141,7 +141,9 @@ def loop(request, tmp_path):
     native.learn(FUNC, LAYOUT)
     client, served = socket.socketpair() if request.param == "plain" else encrypted_pair(tmp_path)
     channel = Channel(served)
-    session = SimpleNamespace(pending=0, callbacks=None, calls=0, ctx=0, _send_kernel_output=lambda: None)
+    session = SimpleNamespace(
+        pending=0, callbacks=None, calls=0, ctx=0, shared_error=0, _send_kernel_output=lambda: None
+    )
     native_session = native.session()
 
     def serve(*frames: bytes) -> bytes:
@@ -331,6 +333,34 @@ def test_copies_through_shared_page_locked_memory_run_in_c_and_are_waited_for_be
     gone = frame("gpPinnedCopy", 0x10000, PINNED, 8, STREAM, 1)
     assert loop.serve(gone) == gone[: _wire.REQUEST.size]
     assert loop.executor.ran == [("cuStreamSynchronize", STREAM)]
+    shared.close()
+
+
+def test_pieces_of_a_copy_through_the_connections_shared_memory_run_in_c_and_the_last_is_answered(loop):
+    """gpShmHtoD on the worker's host: each piece of a copy to the device is copied from the shared
+    memory in C, and only the copy's last piece is answered; once a piece has failed (the Python path
+    keeps its error for the answer), the copy's later pieces go to Python, which answers with it. A
+    piece past the shared memory's end goes to Python."""
+    loop.lease.add(Allocation(0x10000, 8192, 0, owned=True))
+    shared = loop.executor.shared_host_memory(8192)
+    shared.view[:16] = bytes(range(16))
+    loop.native_session.shared_set(shared)
+    past_end = frame("gpShmHtoD", 0x10000, 16, STREAM, 8190, 2)
+    header = loop.serve(
+        frame("gpShmHtoD", 0x10000, 8, STREAM, 0, 2),  # a piece, on the stream
+        frame("gpShmHtoD", 0x10008, 8, STREAM, 8, 3, flags=_wire.FLAG_WANTS_REPLY),  # the last
+        past_end,
+    )
+    assert header == past_end[: _wire.REQUEST.size]
+    assert loop.executor.ran == [
+        ("pinned_in", 0x10000, bytes(range(8)), STREAM, False),
+        ("pinned_in", 0x10008, bytes(range(8, 16)), STREAM, True),
+    ]
+    assert _wire.REPLY.unpack(recv_exact(loop.client, _wire.REPLY.size)) == (0, 0, 0)
+    loop.session.shared_error = 700  # an earlier piece failed on the Python path
+    piece = frame("gpShmHtoD", 0x10000, 8, 0, 0, 1, flags=_wire.FLAG_WANTS_REPLY)
+    assert loop.serve(piece) == piece[: _wire.REQUEST.size]
+    assert len(loop.executor.ran) == 2
     shared.close()
 
 

@@ -387,6 +387,7 @@ def native_args(call: Call) -> list[str]:
     """Each in-argument of a served call as C's struct gpf_arg: offset, size, check, length argument."""
     lengths = dict(_guard_rules.range_positions(call))
     pinned = dict(_guard_rules.pinned_positions(call))
+    shared = dict(_guard_rules.shared_positions(call))
     name = call.symbol if call.symbol != "-" else call.name
     if len([p for p in call.outs if p.struct_code]) > 1 or call.out_struct.size > NATIVE_OUT_BYTES:
         raise UncheckedArgument(
@@ -403,8 +404,15 @@ def native_args(call: Call) -> list[str]:
                 f"argument `{p.name}` (it checks {', '.join(NATIVE_CHECKS)})",
                 "serve it in Python, or add the check",
             )
-        check = "GPF_PINNED" if i in pinned else NATIVE_CHECKS.get(p.type, "GPF_PLAIN")
-        out.append(f"{{{offset}, {size}, {check}, {pinned.get(i, lengths.get(i, NO_ARG))}}}")
+        check = (
+            "GPF_PINNED"
+            if i in pinned
+            else "GPF_SHARED"
+            if i in shared
+            else NATIVE_CHECKS.get(p.type, "GPF_PLAIN")
+        )
+        length = pinned.get(i, shared.get(i, lengths.get(i, NO_ARG)))
+        out.append(f"{{{offset}, {size}, {check}, {length}}}")
         offset += size
     return out
 
@@ -450,8 +458,9 @@ def generate_native() -> str:
         "/* How the guard checks an argument (virtualize/server/_guard_rules.py): a handle of the lease's of that",
         " * kind, or device bytes inside one of the lease's allocations (`length`: the argument holding their",
         " * count, DEVICE_RANGES; none: the pointer alone);",
-        " * GPF_PINNED: the client's page-locked memory shared with the worker (PINNED_RANGES). */",
-        "enum { GPF_PLAIN, GPF_STREAM, GPF_EVENT, GPF_FUNC, GPF_GRAPHEXEC, GPF_RANGE, GPF_PINNED };",
+        " * GPF_PINNED: the client's page-locked memory shared with the worker (PINNED_RANGES); GPF_SHARED: an",
+        " * offset of the memory the connection shares with its process on this host (SHARED_RANGES). */",
+        "enum { GPF_PLAIN, GPF_STREAM, GPF_EVENT, GPF_FUNC, GPF_GRAPHEXEC, GPF_RANGE, GPF_PINNED, GPF_SHARED };",
         "/* A stream every context has (_guard_rules.BUILTIN_STREAMS): no lease's own, always allowed. */",
         "#define GPF_BUILTIN_STREAM(s) ("
         + " || ".join(f"(s) == {n}" for n in sorted(_guard_rules.BUILTIN_STREAMS))

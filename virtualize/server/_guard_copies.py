@@ -156,6 +156,8 @@ class CopyCalls(Concern):
             raise CudaError(CUresult.NOT_SUPPORTED, "shared memory is for a process on this host")
         if self.session.shared is None:
             self.session.shared = self.session.executor.shared_host_memory(SHARED_COPY_BYTES)
+            if self.session.native is not None:  # its pieces to the device are served in C from now on
+                self.session.native.shared_set(self.session.shared)
         outs = call.out_struct.pack(self.session.shared.size)
         self.session._announce_copies()
         self.session.channel.send_with_fd(self.session.shared.fd, _wire.REPLY.pack(0, len(outs), 0), outs)
@@ -242,8 +244,7 @@ class CopyCalls(Concern):
         dst, count, stream, offset, flags = ins
         last, is_async = flags & 1, flags & 2
         try:
-            self.session._check(call, ins)
-            self.session._check_range(dst, count)
+            self.session._check_ranges(call, ins)
             if self.session.shared is None or offset + count > self.session.shared.size:
                 raise CudaError(INVALID_VALUE, "not in the shared memory")
             if not self.session.shared_error and not (is_async and self._capturing(_HTOD_ASYNC, stream)):

@@ -16,6 +16,7 @@ DEVICE_RANGES: dict[str, tuple[tuple[str, str], ...]] = {
     **dict.fromkeys(("cuMemcpyHtoD_v2", "cuMemcpyHtoDAsync_v2"), (("dst", "count"),)),
     **dict.fromkeys(("cuMemcpyDtoH_v2", "cuMemcpyDtoHAsync_v2", "gpMemcpyDtoHAsync"), (("src", "count"),)),
     "gpPinnedCopy": (("device", "count"),),
+    "gpShmHtoD": (("dst", "count"),),
     **dict.fromkeys(
         ("cuMemcpyDtoD_v2", "cuMemcpyDtoDAsync_v2", "cuMemcpyPeer", "cuMemcpyPeerAsync"),
         (("dst", "count"), ("src", "count")),
@@ -24,6 +25,9 @@ DEVICE_RANGES: dict[str, tuple[tuple[str, str], ...]] = {
 # The client's page-locked memory shared with the worker (gpPinnedShare) each call names, as (address,
 # length) wire parameters: `CopyCalls._pinned_at`.
 PINNED_RANGES: dict[str, tuple[tuple[str, str], ...]] = {"gpPinnedCopy": (("host", "count"),)}
+# Bytes at an offset of the memory a process on this host shares with its connection (gpShmAttach), as
+# (offset, length) wire parameters: `CopyCalls.shm_htod`.
+SHARED_RANGES: dict[str, tuple[tuple[str, str], ...]] = {"gpShmHtoD": (("offset", "count"),)}
 
 # The calls the native loop serves, by exported symbol (an internal call by its name), with dispatch.c's
 # name for each (C_LAUNCH ...), in C's order. The executor runs each as the call of the same name; a served call's every checked argument
@@ -45,6 +49,7 @@ NATIVE_CALLS = {
     "cuMemcpyDtoD_v2": "DTOD",
     "cuMemcpyDtoDAsync_v2": "DTOD_ASYNC",
     "gpPinnedCopy": "PINNED_COPY",
+    "gpShmHtoD": "SHM_HTOD",
     "cuGraphLaunch": "GRAPH_LAUNCH",
     "cuEventElapsedTime": "EVENT_ELAPSED",
     "cuEventElapsedTime_v2": "EVENT_ELAPSED_V2",
@@ -72,6 +77,11 @@ def pinned_positions(call: Call) -> tuple[tuple[int, int], ...]:
     return range_positions(call, PINNED_RANGES)
 
 
+def shared_positions(call: Call) -> tuple[tuple[int, int], ...]:
+    """(offset, length) positions in `call.ins` of the bytes of the connection's shared memory it names."""
+    return range_positions(call, SHARED_RANGES)
+
+
 def native_calls() -> tuple[Call, ...]:
     """The calls the native loop serves, in C's order (its `which`)."""
     return tuple(call_named(name) for name in NATIVE_CALLS)
@@ -93,6 +103,8 @@ def _check_names() -> None:
         range_positions(call_named(name))  # every named parameter exists
     for name in PINNED_RANGES:
         pinned_positions(call_named(name))
+    for name in SHARED_RANGES:
+        shared_positions(call_named(name))
 
 
 _check_names()

@@ -44,7 +44,7 @@ LIBRARY_MODULE = "virtualize.server._dispatch"
 IN_C_CALLS = native_calls()
 KINDS = {"stream": 0, "event": 1, "func": 2, "kernel": 2, "graphexec": 3}  # the guard's handle tables C reads
 LANDING_STREAMS = 8  # dispatch.c's: the streams with copies landing in one shared page-locked allocation
-TO_PYTHON, ASYNC_ERROR, CLOSED, IO_ERROR, SERVED, REPLY_AFTER_OUTPUT = range(6)
+TO_PYTHON, ASYNC_ERROR, CLOSED, IO_ERROR, SERVED, REPLY_AFTER_OUTPUT, SHARED_ERROR = range(7)
 BUDGET = 4096  # frames per return to Python (the worker notes activity between)
 
 _LAUNCH = ctypes.CFUNCTYPE(
@@ -129,7 +129,8 @@ def _load() -> ctypes.CDLL | None:
         ("gpf_pinned_add", [p, u64, u64, p], i),
         ("gpf_pinned_landing", [p, u64, ctypes.POINTER(u64), ctypes.POINTER(u64)], u32),
         ("gpf_pinned_drop", [p, u64], None),
-        ("gpf_serve", [p, i, p, ctypes.POINTER(_Buffer), i, u64, u32, ctypes.POINTER(_Outcome)], i),
+        ("gpf_shm_set", [p, p, u64], None),
+        ("gpf_serve", [p, i, p, ctypes.POINTER(_Buffer), i, i, u64, u32, ctypes.POINTER(_Outcome)], i),
     ):
         fn = getattr(lib, name, None)
         if fn is None:  # an older build of the loop: its functions are not these
@@ -312,6 +313,8 @@ class NativeLease:
         call = IN_C_CALLS[which]
         if call.name == "gpPinnedCopy":
             return self._run(lambda: self._host_pinned_copy(device, host, count, stream, flags))
+        if call.name == "gpShmHtoD":
+            return self._run(lambda: self._host_shared_copy(device, host, count, stream, flags))
         to_device, on_stream = call.bulk_in, call.name.endswith("Async")
         window = (ctypes.c_char * count).from_address(host)
         view = memoryview(window).cast("B")
@@ -333,9 +336,19 @@ class NativeLease:
             lambda: self.executor.copy_from_device(device, count, stream if on_stream else None, move)
         )
 
+    def _mapping(self, host: int) -> tuple[int, SharedHostMemory]:
+        return next((a, m) for a, m in self.mapped.items() if a <= host < a + m.size)
+
+    def _host_shared_copy(self, device, host, count, stream, flags) -> None:
+        """As CopyCalls.shm_htod has the executor copy a piece (`host`: in the shared memory)."""
+        at, shared = self._mapping(host)
+        self.executor.copy_in_from(
+            device, shared, host - at, count, stream if flags & 2 else None, bool(flags & 1)
+        )
+
     def _host_pinned_copy(self, device, host, count, stream, flags) -> None:
         """As CopyCalls.pinned_copy has the executor copy (`host`: in the worker's mapping)."""
-        at, shared = next((a, m) for a, m in self.mapped.items() if a <= host < a + m.size)
+        at, shared = self._mapping(host)
         on = None if flags & 2 else stream
         if flags & 1:
             self.executor.copy_in_from(device, shared, host - at, count, on, bool(flags & 2))
@@ -372,16 +385,32 @@ class NativeSession:
         self._lock = threading.Lock()  # `active` (the worker's activity thread) against `close`
         self._pinned: dict[int, int] = {}  # the client's shared page-locked allocations -> C's address
         self._ctx = 0  # the connection's current context (the guard Session's), for settling copies
+        self._shared = 0  # where C reaches the memory shared with the process (gpShmAttach), once set
 
     # -- the client's page-locked memory shared with the worker (CopyCalls.pinned_*) -------------------
 
+    @staticmethod
+    def _address(shared: SharedHostMemory) -> int:
+        """Where C reaches `shared`: the executor's pinned address, else (the host executor) its mapping."""
+        if shared.address:
+            return shared.address
+        window = ctypes.c_char.from_buffer(shared.map)
+        address = ctypes.addressof(window)
+        del window  # the mapping must stay closable
+        return address
+
+    def shared_set(self, shared: SharedHostMemory) -> None:
+        """Pieces of copies to the device through the memory this connection shares with its process
+        (gpShmHtoD) run in C from now on."""
+        if self.ptr:
+            address = self._address(shared)
+            self.lib.gpf_shm_set(self.ptr, address, shared.size)
+            self.lease.mapped[address] = shared
+            self._shared = address
+
     def pinned_add(self, base: int, shared: SharedHostMemory) -> None:
         """Copies between the lease's memory and the client's allocation at `base` run in C from now on."""
-        address = shared.address
-        if not address:  # not pinned by the executor (the host one): C copies through its mapping
-            window = ctypes.c_char.from_buffer(shared.map)
-            address = ctypes.addressof(window)
-            del window  # the mapping must stay closable
+        address = self._address(shared)
         if self.ptr and self.lib.gpf_pinned_add(self.ptr, base, shared.size, address) == 0:
             self._pinned[base] = address
             self.lease.mapped[address] = shared
@@ -438,7 +467,15 @@ class NativeSession:
             b = _Buffer(ctypes.addressof(window), len(buf), channel.start, channel.end)
             try:
                 reason = self.lib.gpf_serve(
-                    self.ptr, fd, tls, ctypes.byref(b), may_reply, session.ctx, BUDGET, ctypes.byref(outcome)
+                    self.ptr,
+                    fd,
+                    tls,
+                    ctypes.byref(b),
+                    may_reply,
+                    not session.shared_error,
+                    session.ctx,
+                    BUDGET,
+                    ctypes.byref(outcome),
                 )
             finally:
                 del window  # the bytearray may grow again (read_exact)
@@ -451,6 +488,8 @@ class NativeSession:
             elif reason == ASYNC_ERROR:
                 if not session.pending:
                     session.pending = outcome.result
+            elif reason == SHARED_ERROR:  # kept for the copy's answer, at its last piece
+                session.shared_error = session.shared_error or outcome.result
             elif reason == REPLY_AFTER_OUTPUT:  # (a copy to the host: its bytes after the header)
                 session._send_kernel_output()
                 data = ctypes.string_at(outcome.data, outcome.data_len) if outcome.data_len else b""
@@ -463,6 +502,7 @@ class NativeSession:
     def close(self) -> None:
         for base in list(self._pinned):  # no DMA may still be landing in memory the guard then frees
             self.pinned_drop(base)
+        self.lease.mapped.pop(self._shared, None)
         with self._lock:
             if self.ptr:
                 self.lib.gpf_session_free(self.ptr)

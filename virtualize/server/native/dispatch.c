@@ -40,7 +40,9 @@
 enum { HEADER = GPF_REQUEST_BYTES, REPLY = GPF_REPLY_BYTES, ATTR_BYTES = GPF_LAUNCH_ATTRIBUTE_BYTES };
 enum { KIND_STREAM, KIND_EVENT, KIND_FUNC, KIND_GRAPHEXEC, KINDS };
 /* Why gpf_serve returned. */
-enum { TO_PYTHON = 0, ASYNC_ERROR = 1, CLOSED = 2, IO_ERROR = 3, SERVED = 4, REPLY_AFTER_OUTPUT = 5 };
+enum { TO_PYTHON = 0, ASYNC_ERROR = 1, CLOSED = 2, IO_ERROR = 3, SERVED = 4, REPLY_AFTER_OUTPUT = 5, SHARED_ERROR = 6 };
+/* SHARED_ERROR: a piece of a copy through the connection's shared memory (gpShmHtoD, not its last) failed:
+ * the Python path keeps the error for the copy's answer. */
 /* REPLY_AFTER_OUTPUT with bytes: a copy to the host whose reply (result, then the bytes at
  * outcome.data) follows the kernel output. */
 /* The calls served here (C_LAUNCH ...) and their rules: gpf_calls, in dispatch_gen.h. */
@@ -55,7 +57,9 @@ typedef int (*launch_fn)(uint64_t func, const uint32_t dims[7], uint64_t stream,
 typedef int (*call_fn)(uint32_t which, const uint64_t *args, uint64_t *out);
 /* C_HTOD..C_DTOH_ASYNC: `count` bytes between device address `device` and `host` (on `stream`, and
  * done on return); C_PINNED_COPY: between `device` and the worker's mapping of the client's shared
- * page-locked memory (`flags` as gpPinnedCopy's: 1 to the device, 2 synchronous, else queued on `stream`). */
+ * page-locked memory (`flags` as gpPinnedCopy's: 1 to the device, 2 synchronous, else queued on `stream`);
+ * C_SHM_HTOD: from the connection's shared memory to `device` (flags as gpShmHtoD's: 1 the copy's last
+ * piece, read by the DMA on return; 2 on `stream`, else on the legacy stream). */
 typedef int (*copy_fn)(uint32_t which, uint64_t device, void *host, uint64_t count, uint64_t stream, uint32_t flags);
 typedef int (*capturing_fn)(uint64_t stream, int *capturing);
 
@@ -143,6 +147,11 @@ static int driver_pinned_copy(uint64_t device, void *host, uint64_t count, uint6
  * return; a copy to the host on a stream is waited for. */
 static int driver_copy(uint32_t which, uint64_t device, void *host, uint64_t count, uint64_t stream, uint32_t flags) {
     switch (which) {
+    case C_SHM_HTOD: { /* as CopyCalls.shm_htod has the executor copy (copy_in_from) */
+        uint64_t on = flags & 2 ? stream : 0;
+        int r = drv_htod_async(device, host, count, on);
+        return r || !(flags & 1) ? r : drv_stream_sync(on);
+    }
     case C_PINNED_COPY: return driver_pinned_copy(device, host, count, stream, flags);
     case C_HTOD: return drv_htod(device, host, count);
     case C_HTOD_ASYNC: return drv_htod_async(device, host, count, stream);
@@ -434,6 +443,9 @@ struct session {
     uint64_t ctx;    /* the connection's current context (the Python path's, passed to gpf_serve) */
     struct pinned *pinned; /* the connection's shared page-locked allocations */
     size_t n_pinned, cap_pinned;
+    uint8_t *shm;     /* the memory the connection shares with its process (gpShmAttach), its size */
+    uint64_t shm_size;
+    int shm_ok;       /* no piece of a copy through it has failed yet (passed to gpf_serve) */
 };
 
 EXPORT struct session *gpf_session_new(struct lease *l) {
@@ -494,6 +506,12 @@ EXPORT uint32_t gpf_pinned_landing(struct session *s, uint64_t base, uint64_t *s
 EXPORT void gpf_pinned_drop(struct session *s, uint64_t base) {
     struct pinned *p = pinned_find(s, base);
     if (p) *p = s->pinned[--s->n_pinned];
+}
+
+/* The memory this connection shares with its process on this host (CopyCalls.shm_attach). */
+EXPORT void gpf_shm_set(struct session *s, void *mapped, uint64_t size) {
+    s->shm = mapped;
+    s->shm_size = size;
 }
 
 /* A copy into `p` queued on `stream` is noted for the next settle: 0, or -1 when the allocation has
@@ -620,6 +638,11 @@ static int args_ok(const struct session *s, int c, const uint8_t *a) {
         case GPF_FUNC: ok = table_has(&l->kinds[KIND_FUNC], v, NULL); break; /* only functions launched once */
         case GPF_GRAPHEXEC: ok = table_has(&l->kinds[KIND_GRAPHEXEC], v, NULL); break;
         case GPF_PINNED: ok = pinned_at(s, v, arg(c, g->length, a)) != NULL; break;
+        case GPF_SHARED: {
+            uint64_t count = arg(c, g->length, a);
+            ok = s->shm && count <= s->shm_size && v <= s->shm_size - count;
+            break;
+        }
         case GPF_RANGE: ok = range_ok(l, v, g->length == GPF_NO_ARG ? 0 : arg(c, g->length, a)); break;
         default: ok = 0; /* a check this loop does not know: Python's */
         }
@@ -757,6 +780,29 @@ static int pinned_copy(struct session *s, const uint8_t *a, int *result) {
     return 0;
 }
 
+/* A piece of a copy to the device through the connection's shared memory (gpShmHtoD), as
+ * CopyCalls.shm_htod runs it: checked, copied; -1 for the Python path (a check fails, an earlier piece
+ * failed, a piece on a capturing stream: the Python path records or spoils it). */
+static int shm_htod(struct session *s, const uint8_t *a, int *result) {
+    struct lease *l = s->lease;
+    uint64_t device = u64(a + GPF_AT_SHM_HTOD_dst), count = u64(a + GPF_AT_SHM_HTOD_count);
+    uint64_t stream = u64(a + GPF_AT_SHM_HTOD_stream), offset = u64(a + GPF_AT_SHM_HTOD_offset);
+    uint32_t flags = u32(a + GPF_AT_SHM_HTOD_flags);
+    if (!s->shm_ok) return -1;
+    pthread_mutex_lock(&l->lock);
+    int ok = args_ok(s, C_SHM_HTOD, a);
+    pthread_mutex_unlock(&l->lock);
+    if (!ok) return -1;
+    if (flags & 2) {
+        int capturing = 1;
+        if (l->ops.capturing(stream, &capturing) || capturing) return -1;
+    }
+    __atomic_store_n(&s->busy, 1, __ATOMIC_RELAXED);
+    *result = l->ops.copy(C_SHM_HTOD, device, s->shm + offset, count, stream, flags & 3);
+    __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
+    return 0;
+}
+
 /* Serve frames from `fd` (through `tls` when the connection is encrypted: NULL for a plain socket) until one is Python's (TO_PYTHON: b->start is its header), an asynchronous call
  * failed (ASYNC_ERROR, its frame consumed: the Python path keeps it for the next synchronising call),
  * a synchronising call's reply must follow kernel output (REPLY_AFTER_OUTPUT: Python sends both), the
@@ -764,9 +810,10 @@ static int pinned_copy(struct session *s, const uint8_t *a, int *result) {
  * pending and nothing else is owed before a reply, so synchronising calls are answered here. `ctx`: the
  * connection's current context (copies landing in shared page-locked memory are noted with it). */
 EXPORT int gpf_serve(struct session *s, int fd, struct gpt_stream *tls, struct buffer *b, int may_reply,
-                     uint64_t ctx, uint32_t budget, struct outcome *out) {
+                     int shared_ok, uint64_t ctx, uint32_t budget, struct outcome *out) {
     const struct io io = {fd, tls};
     s->ctx = ctx;
+    s->shm_ok = shared_ok;
     out->served = 0;
     out->result = 0;
     while (out->served < budget) {
@@ -778,7 +825,7 @@ EXPORT int gpf_serve(struct session *s, int fd, struct gpt_stream *tls, struct b
         uint64_t bulk_len = u64(h + GPF_REQUEST_BULK_LEN);
         int c = which_call(id);
         if (c < 0 || args_len != gpf_calls[c].args_bytes || HEADER + args_len + bulk_len > b->cap) return TO_PYTHON;
-        int pinned = c == C_PINNED_COPY, sync = gpf_calls[c].sync;
+        int pinned = c == C_PINNED_COPY, shm = c == C_SHM_HTOD, sync = gpf_calls[c].sync;
         int copying = gpf_calls[c].data;
         /* Answered when the frame asks, and a copy to the host always (its bytes come back, as on the
          * Python path); a synchronising call sent without asking (an async gpPinnedCopy) is run
@@ -788,11 +835,16 @@ EXPORT int gpf_serve(struct session *s, int fd, struct gpt_stream *tls, struct b
         if (!gpf_calls[c].bulk_in && bulk_len) return TO_PYTHON;
         if ((r = fill(&io, b, HEADER + args_len + bulk_len))) return r;
         h = b->data + b->start;
+        if (shm) { /* a copy through shared memory answers its last piece, always, and no other */
+            replies = u32(h + HEADER + GPF_AT_SHM_HTOD_flags) & 1;
+            if (replies && !may_reply) return TO_PYTHON;
+        }
         int result = 0;
         uint64_t value = 0; /* the answered value, if the call has one */
         const uint8_t *a = h + HEADER, *bulk = h + HEADER + args_len;
         if ((c == C_LAUNCH ? launch(s, a, bulk, bulk_len, &result)
              : pinned      ? pinned_copy(s, a, &result)
+             : shm         ? shm_htod(s, a, &result)
              : copying     ? copy(s, c, a, bulk, bulk_len, &result)
                            : other(s, c, a, &result, &value)) < 0)
             return TO_PYTHON;
@@ -802,7 +854,7 @@ EXPORT int gpf_serve(struct session *s, int fd, struct gpt_stream *tls, struct b
         if (!replies) {
             if (result) {
                 out->result = result;
-                return ASYNC_ERROR;
+                return shm ? SHARED_ERROR : ASYNC_ERROR;
             }
             continue;
         }

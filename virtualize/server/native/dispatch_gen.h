@@ -38,6 +38,7 @@ enum {
     C_DTOD, /* cuMemcpyDtoD_v2 */
     C_DTOD_ASYNC, /* cuMemcpyDtoDAsync_v2 */
     C_PINNED_COPY, /* gpPinnedCopy */
+    C_SHM_HTOD, /* gpShmHtoD */
     C_GRAPH_LAUNCH, /* cuGraphLaunch */
     C_EVENT_ELAPSED, /* cuEventElapsedTime */
     C_EVENT_ELAPSED_V2, /* cuEventElapsedTime_v2 */
@@ -47,8 +48,9 @@ enum {
 /* How the guard checks an argument (virtualize/server/_guard_rules.py): a handle of the lease's of that
  * kind, or device bytes inside one of the lease's allocations (`length`: the argument holding their
  * count, DEVICE_RANGES; none: the pointer alone);
- * GPF_PINNED: the client's page-locked memory shared with the worker (PINNED_RANGES). */
-enum { GPF_PLAIN, GPF_STREAM, GPF_EVENT, GPF_FUNC, GPF_GRAPHEXEC, GPF_RANGE, GPF_PINNED };
+ * GPF_PINNED: the client's page-locked memory shared with the worker (PINNED_RANGES); GPF_SHARED: an
+ * offset of the memory the connection shares with its process on this host (SHARED_RANGES). */
+enum { GPF_PLAIN, GPF_STREAM, GPF_EVENT, GPF_FUNC, GPF_GRAPHEXEC, GPF_RANGE, GPF_PINNED, GPF_SHARED };
 /* A stream every context has (_guard_rules.BUILTIN_STREAMS): no lease's own, always allowed. */
 #define GPF_BUILTIN_STREAM(s) ((s) == 0 || (s) == 1 || (s) == 2)
 #define GPF_NO_ARG 255
@@ -81,6 +83,7 @@ static const struct gpf_call gpf_calls[C_COUNT] = {
     [C_DTOD] = {128, 24, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_RANGE, 2}, {16, 8, GPF_PLAIN, 255}}},
     [C_DTOD_ASYNC] = {129, 32, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_RANGE, 2}, {16, 8, GPF_PLAIN, 255}, {24, 8, GPF_STREAM, 255}}},
     [C_PINNED_COPY] = {122, 36, 1, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_PINNED, 2}, {16, 8, GPF_PLAIN, 255}, {24, 8, GPF_STREAM, 255}, {32, 4, GPF_PLAIN, 255}}},
+    [C_SHM_HTOD] = {119, 36, 0, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}, {24, 8, GPF_SHARED, 1}, {32, 4, GPF_PLAIN, 255}}},
     [C_GRAPH_LAUNCH] = {324, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_GRAPHEXEC, 255}, {8, 8, GPF_STREAM, 255}}},
     [C_EVENT_ELAPSED] = {334, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_EVENT, 255}}},
     [C_EVENT_ELAPSED_V2] = {335, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_EVENT, 255}}},
@@ -133,6 +136,11 @@ static const struct gpf_call gpf_calls[C_COUNT] = {
 #define GPF_AT_PINNED_COPY_count 16
 #define GPF_AT_PINNED_COPY_stream 24
 #define GPF_AT_PINNED_COPY_flags 32
+#define GPF_AT_SHM_HTOD_dst 0
+#define GPF_AT_SHM_HTOD_count 8
+#define GPF_AT_SHM_HTOD_stream 16
+#define GPF_AT_SHM_HTOD_offset 24
+#define GPF_AT_SHM_HTOD_flags 32
 #define GPF_AT_GRAPH_LAUNCH_graph_exec 0
 #define GPF_AT_GRAPH_LAUNCH_stream 8
 #define GPF_AT_EVENT_ELAPSED_start 0
