@@ -13,7 +13,16 @@ import socket
 import struct
 
 import pytest
-from test_remote_native_dispatch import CAPTURING, EVENT, FUNC, LAYOUT, STREAM, Recorder, python_frame
+from test_remote_native_dispatch import (
+    CAPTURING,
+    EVENT,
+    FUNC,
+    GRAPH_EXEC,
+    LAYOUT,
+    STREAM,
+    Recorder,
+    python_frame,
+)
 
 from virtualize.common import _shimgen, _wire
 from virtualize.common._calls import CALL_IDS, Call
@@ -24,13 +33,25 @@ from virtualize.server.worker import Channel
 pytestmark = pytest.mark.skipif(_native_dispatch._load() is None, reason="the native loop is not built")
 
 BASE, SIZE, COUNT = 0x10000, 4096, 64  # the lease's one allocation; the bytes each copy names
+PINNED, PINNED_SIZE = 0x7F0000000000, 4096  # the client's page-locked allocation shared with the worker
+SHARED_SIZE = 4096  # the memory the connection shares with its process (gpShmAttach)
 FOREIGN = 0xDEAD0000  # a handle or address the lease never made
-VALID = {"stream": STREAM, "event": EVENT, "func": FUNC, "dptr": BASE + 16}
+VALID = {"stream": STREAM, "event": EVENT, "func": FUNC, "graphexec": GRAPH_EXEC, "dptr": BASE + 16}
 
 
 def valid_args(call: Call) -> list[int]:
-    lengths = {length for _, length in _guard_rules.range_positions(call)}
-    return [VALID.get(p.type, COUNT if i in lengths else 0) for i, p in enumerate(call.ins)]
+    ranges = (
+        *_guard_rules.range_positions(call),
+        *_guard_rules.pinned_positions(call),
+        *_guard_rules.shared_positions(call),
+    )
+    lengths = {length for _, length in ranges}
+    pinned = {at for at, _ in _guard_rules.pinned_positions(call)}
+    shared = {at for at, _ in _guard_rules.shared_positions(call)}
+    return [
+        PINNED + 16 if i in pinned else 16 if i in shared else VALID.get(p.type, COUNT if i in lengths else 0)
+        for i, p in enumerate(call.ins)
+    ]
 
 
 def bulk_of(call: Call, args: list[int]) -> bytes:
@@ -50,8 +71,15 @@ def cases() -> list[tuple[str, Call, list[int]]]:
         valid = valid_args(call)
         out.append(("valid", call, valid))
         ranges = dict(_guard_rules.range_positions(call))
+        pinned = dict(_guard_rules.pinned_positions(call))
+        shared = dict(_guard_rules.shared_positions(call))
         for i, p in enumerate(call.ins):
             broken = {}
+            if i in shared:
+                broken[f"{p.name} past the shared memory's end"] = SHARED_SIZE - COUNT // 2
+            if i in pinned:
+                broken[f"{p.name} outside the shared page-locked memory"] = PINNED + PINNED_SIZE + 4096
+                broken[f"{p.name} past the shared memory's end"] = PINNED + PINNED_SIZE - COUNT // 2
             if p.type in VALID and p.type != "dptr":
                 broken[f"foreign {p.type}"] = FOREIGN
             if p.type == "stream":
@@ -78,20 +106,37 @@ def lease_with_handles() -> tuple[LeaseState, Recorder, _native_dispatch.NativeL
     lease.handles["stream"].update({STREAM, CAPTURING})
     lease.handles["event"].add(EVENT)
     lease.handles["func"].add(FUNC)
+    lease.handles["graphexec"].add(GRAPH_EXEC)
     lease.layouts[FUNC] = LAYOUT
     native.learn(FUNC, LAYOUT)
     lease.add(Allocation(BASE, SIZE, 0, owned=True))
     return lease, executor, native
 
 
-def run_in_c(call: Call, args: list[int], bulk: bytes, flags: int) -> tuple[bool, list]:
-    """Whether the native loop served the frame itself, and what reached the executor."""
+def answered(client: socket.socket) -> bytes:
+    """What the worker has sent the client so far."""
+    client.setblocking(False)
+    data = b""
+    try:
+        while chunk := client.recv(1 << 16):
+            data += chunk
+    except BlockingIOError:
+        pass
+    return data
+
+
+def run_in_c(call: Call, args: list[int], bulk: bytes, flags: int) -> tuple[bool, list, bytes]:
+    """Whether the native loop served the frame itself, what reached the executor, what it answered."""
     _, executor, native = lease_with_handles()
     client, served = socket.socketpair()
     session = native.session()
+    session.pinned_add(PINNED, executor.shared_host_memory(PINNED_SIZE))
+    session.shared_set(executor.shared_host_memory(SHARED_SIZE))
     try:
         channel = Channel(served)
-        state = type("PythonSide", (), {"pending": 0, "callbacks": None, "calls": 0})()
+        state = type(
+            "PythonSide", (), {"pending": 0, "callbacks": None, "calls": 0, "ctx": 0, "shared_error": 0}
+        )()
         packed = call.in_struct.pack(*args)
         client.sendall(
             _wire.REQUEST.pack(CALL_IDS[call], flags, len(packed), 0, len(bulk))
@@ -101,37 +146,41 @@ def run_in_c(call: Call, args: list[int], bulk: bytes, flags: int) -> tuple[bool
         )
         session.serve(channel, state, touch=lambda: None)
         header = channel.read_exact(_wire.REQUEST.size)
-        return header == python_frame()[: _wire.REQUEST.size], executor.ran
+        return header == python_frame()[: _wire.REQUEST.size], list(executor.ran), answered(client)
     finally:
         session.close()
         client.close()
         served.close()
 
 
-def run_in_python(call: Call, args: list[int], bulk: bytes, flags: int) -> list:
-    """What reached the executor when the Python path ran the frame."""
+def run_in_python(call: Call, args: list[int], bulk: bytes, flags: int) -> tuple[list, bytes]:
+    """What reached the executor when the Python path ran the frame, and what it answered."""
     lease, executor, _ = lease_with_handles()
     client, served = socket.socketpair()
     try:
         session = Session(lease, executor, Channel(served))
+        session.pinned[PINNED] = executor.shared_host_memory(PINNED_SIZE)
+        session.shared = executor.shared_host_memory(SHARED_SIZE)
         client.sendall(bulk)
         session.dispatch(CALL_IDS[call], flags, call.in_struct.pack(*args), len(bulk))
-        return executor.ran
+        return executor.ran, answered(client)
     finally:
         client.close()
         served.close()
 
 
 @pytest.mark.parametrize(
-    ("what", "call", "args"), CASES, ids=[f"{call.symbol}: {what}" for what, call, _ in CASES]
+    ("what", "call", "args"),
+    CASES,
+    ids=[f"{call.symbol if call.symbol != '-' else call.name}: {what}" for what, call, _ in CASES],
 )
 def test_a_frame_runs_in_c_exactly_when_the_python_guard_runs_it(what, call, args):
     """C serves a frame exactly when the Python guard would run it, with the same executor calls; a frame
     that breaks a rule (other than a capture, which only copies mind) never reaches the executor."""
     bulk = bulk_of(call, args)
     flags = _wire.FLAG_WANTS_REPLY if call.sync_point else 0
-    in_c, ran_from_c = run_in_c(call, args, bulk, flags)
-    ran_from_python = run_in_python(call, args, bulk, flags)
+    in_c, ran_from_c, _ = run_in_c(call, args, bulk, flags)
+    ran_from_python, _ = run_in_python(call, args, bulk, flags)
     assert in_c == bool(ran_from_python), (
         f"{call.symbol} with {what}: the Python guard {'runs' if ran_from_python else 'refuses'} it, "
         f"the native loop {'serves' if in_c else 'leaves'} it"
@@ -143,10 +192,28 @@ def test_a_frame_runs_in_c_exactly_when_the_python_guard_runs_it(what, call, arg
         assert not ran_from_python or allowed, f"{what} reached the executor"
 
 
+@pytest.mark.parametrize("asks", [True, False], ids=["answer asked", "no answer asked"])
+@pytest.mark.parametrize(
+    "call",
+    _native_dispatch.IN_C_CALLS,
+    ids=[c.symbol if c.symbol != "-" else c.name for c in _native_dispatch.IN_C_CALLS],
+)
+def test_a_served_call_answers_the_client_byte_for_byte_as_the_python_path(call, asks):
+    """Every served call's valid frame, asking for an answer and not: C runs what the Python path runs and
+    sends the client exactly the bytes it sends (an answer, an answered value, a copy's bytes, or none)."""
+    args = valid_args(call)
+    bulk = bulk_of(call, args)
+    flags = _wire.FLAG_WANTS_REPLY if asks else 0
+    in_c, ran_from_c, from_c = run_in_c(call, args, bulk, flags)
+    ran_from_python, from_python = run_in_python(call, args, bulk, flags)
+    assert in_c and ran_from_c == ran_from_python
+    assert from_c == from_python
+
+
 def test_every_served_call_is_checked_valid_and_broken():
     """The cases cover every call the native loop serves, each with at least its valid frame, and each
     served call's valid frame runs in C (a rule C cannot apply would send every such frame to Python)."""
-    served = {call.symbol for what, call, _ in CASES if what == "valid"}
+    served = {call.symbol if call.symbol != "-" else call.name for what, call, _ in CASES if what == "valid"}
     assert served == set(_guard_rules.NATIVE_CALLS)
     for what, call, args in CASES:
         if what == "valid":

@@ -176,6 +176,38 @@ def test_the_gpu_machines_raw_bindings_program_runs_here_on_the_host_executor(sh
     assert "libcuda" in proc.stderr and str(shim_dir) in proc.stderr  # it loaded the shim
 
 
+NATIVE_CALLS_LINES = [
+    "chained copies to the host in place True",
+    "copies from the host, kernels, back True",
+    "synchronous page-locked and device copies True",
+    "1 MiB pageable round trip True",
+    "graph x10 of 3 kernels True",
+    "elapsed time of the replays >= 0 and < 10 s True",
+]
+
+
+@pytest.mark.parametrize("transport", ["local socket", "tcp"])
+def test_the_gpu_machines_native_calls_program_gets_its_results_through_the_native_loop(
+    shim_dir, worker, tmp_path, transport
+):
+    """tests/gpu/remote/prog_native_calls.py itself, the calls the worker serves in C (issue 31):
+    sixteen copies into page-locked memory in flight on four streams chained by events are all in place
+    at the last event, copies back, kernels on them and copies out again in stream order, synchronous
+    page-locked and device-to-device copies, 1 MiB copies, a captured graph replayed ten times and an
+    elapsed time — over the local socket (page-locked memory shared with the worker) and over TCP."""
+    from virtualize.common import _wire
+
+    env = client_env(shim_dir, worker)
+    if transport == "tcp":
+        env.pop(_wire.ENV_LOCAL, None)
+    program = Path(__file__).parent / "gpu" / "remote" / "prog_native_calls.py"
+    proc = subprocess.run([sys.executable, str(program)], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == NATIVE_CALLS_LINES, proc.stdout + proc.stderr
+    assert str(shim_dir) in proc.stderr  # it loaded the shim
+
+
 def test_ptx_kernels_are_known_to_the_host_executor_with_their_parameter_layout():
     from virtualize.server._executor_host import ptx_layouts
 

@@ -25,13 +25,15 @@ from server.workers import WorkerDevice, start_worker
 from virtualize.common import _wire
 from virtualize.common._calls import CALL_IDS, CALLS
 from virtualize.server import _data_tls, _native_dispatch, _native_tls
-from virtualize.server._executor import CudaError
+from virtualize.server._executor import CopiedBytes, CudaError, SharedHostMemory
 from virtualize.server._executor_guard import Allocation, LeaseState
 from virtualize.server.worker import Channel
 
 shim_dir = remote_helpers.shim_dir  # fixture
-BY_SYMBOL = {c.symbol: c for c in CALLS}
-STREAM, EVENT, FUNC, OTHER_FUNC, CAPTURING = 0x5000, 0x6000, 0xF00, 0xF08, 0x5008
+BY_SYMBOL = {c.symbol if c.symbol != "-" else c.name: c for c in CALLS}  # internal calls by name
+STREAM, EVENT, FUNC, OTHER_FUNC, CAPTURING, GRAPH_EXEC = 0x5000, 0x6000, 0xF00, 0xF08, 0x5008, 0x7000
+ELAPSED_MS = 1.5  # what the recording executor says of any two events
+PINNED = 0x7F0000000000  # the client's address of its page-locked allocation shared with the worker
 LAYOUT = [(0, 8), (8, 4)]  # a pointer and a u32: 12 bytes of parameters
 
 pytestmark = pytest.mark.needs("native")
@@ -63,6 +65,25 @@ class Recorder:
 
     def cuStreamIsCapturing(self, stream) -> int:
         return int(stream == CAPTURING)
+
+    def cuEventElapsedTime(self, start, end) -> float:
+        self.ran.append(("cuEventElapsedTime", start, end))
+        return ELAPSED_MS
+
+    # The client's page-locked memory shared with the worker (gpPinnedShare), as the host executor's.
+    def shared_host_memory(self, size: int) -> SharedHostMemory:
+        return SharedHostMemory(size)
+
+    def release_shared_host_memory(self, shared: SharedHostMemory) -> None:
+        shared.close()
+
+    def copy_in_from(self, dst, shared, offset, count, stream, last) -> None:
+        self.ran.append(("pinned_in", dst, bytes(shared.view[offset : offset + count]), stream, last))
+
+    def copy_out_into(self, shared, offset, src, count, stream) -> CopiedBytes:
+        shared.view[offset : offset + count] = bytes(i % 251 for i in range(count))
+        self.ran.append(("pinned_out", src, offset, count, stream))
+        return CopiedBytes(b"")
 
     def __getattr__(self, name):
         if not name.startswith("cu"):
@@ -120,7 +141,9 @@ def loop(request, tmp_path):
     native.learn(FUNC, LAYOUT)
     client, served = socket.socketpair() if request.param == "plain" else encrypted_pair(tmp_path)
     channel = Channel(served)
-    session = SimpleNamespace(pending=0, callbacks=None, calls=0, _send_kernel_output=lambda: None)
+    session = SimpleNamespace(
+        pending=0, callbacks=None, calls=0, ctx=0, shared_error=0, _send_kernel_output=lambda: None
+    )
     native_session = native.session()
 
     def serve(*frames: bytes) -> bytes:
@@ -137,7 +160,7 @@ def loop(request, tmp_path):
 
     yield SimpleNamespace(
         lease=lease, executor=executor, native=native, client=client, channel=channel, session=session,
-        serve=serve,
+        serve=serve, native_session=native_session,
     )  # fmt: skip
     native_session.close()
     client.close()
@@ -233,6 +256,114 @@ def test_small_copies_within_the_leases_memory_run_in_c_and_the_rest_goes_to_pyt
     loop.lease.remove(0x10000)  # freed: no longer the lease's
     freed = frame("cuMemcpyHtoD_v2", 0x10000, 4, 0, bulk=b"1234")
     assert loop.serve(freed) == freed[: _wire.REQUEST.size] and loop.executor.ran == []
+
+
+def test_a_one_mib_copy_each_way_runs_in_c(loop):
+    """Copies up to 1 MiB travel whole in one frame and are served in C, the copy to the host answered
+    with its bytes; a larger one goes to Python's chunked path."""
+    loop.lease.add(Allocation(0x100000, 4 << 20, 0, owned=True))
+    data = bytes(i % 253 for i in range(1 << 20))
+    larger = frame("cuMemcpyHtoD_v2", 0x100000, (1 << 20) + 1, 0, bulk=bytes((1 << 20) + 1))
+    sent = (
+        frame("cuMemcpyHtoD_v2", 0x100000, len(data), 0, bulk=data)
+        + sync("cuMemcpyDtoH_v2", 0x100000, 1 << 20, STREAM)
+        + larger
+    )
+    answer = {}
+    # more than a socket buffer each way: the client sends and reads on threads of its own
+    sender = threading.Thread(target=loop.client.sendall, args=(sent,))
+    reader = threading.Thread(
+        target=lambda: answer.update(reply=recv_exact(loop.client, _wire.REPLY.size + (1 << 20)))
+    )
+    sender.start(), reader.start()
+    loop.native_session.serve(loop.channel, loop.session, touch=lambda: None)
+    reader.join(30)
+    assert loop.channel.read_exact(_wire.REQUEST.size) == larger[: _wire.REQUEST.size]
+    loop.channel.read_exact(len(larger) - _wire.REQUEST.size)
+    sender.join(30)
+    assert loop.executor.ran == [("htod", 0x100000, data, None), ("dtoh", 0x100000, 1 << 20, None)]
+    assert _wire.REPLY.unpack(answer["reply"][: _wire.REPLY.size]) == (0, 0, 1 << 20)
+    assert answer["reply"][_wire.REPLY.size :] == bytes(i % 251 for i in range(1 << 20))
+
+
+def test_graph_launches_and_elapsed_times_run_in_c_and_a_forgotten_graph_goes_to_python(loop):
+    """cuGraphLaunch of the lease's executable graph is one unanswered frame served in C; an elapsed time
+    is answered in C with the executor's milliseconds as the wire packs them; a graph the guard has
+    forgotten (destroyed) is never launched from C."""
+    loop.lease.handles["graphexec"].add(GRAPH_EXEC)
+    loop.serve(frame("cuGraphLaunch", GRAPH_EXEC, STREAM), sync("cuEventElapsedTime_v2", EVENT, EVENT))
+    assert loop.executor.ran == [("cuGraphLaunch", GRAPH_EXEC, STREAM), ("cuEventElapsedTime", EVENT, EVENT)]
+    assert _wire.REPLY.unpack(recv_exact(loop.client, _wire.REPLY.size)) == (0, 4, 0)
+    assert struct.unpack("<f", recv_exact(loop.client, 4)) == (ELAPSED_MS,)
+    loop.lease.handles["graphexec"].discard(GRAPH_EXEC)
+    stale = frame("cuGraphLaunch", GRAPH_EXEC, STREAM)
+    assert loop.serve(stale) == stale[: _wire.REQUEST.size]
+    assert len(loop.executor.ran) == 2
+
+
+def test_copies_through_shared_page_locked_memory_run_in_c_and_are_waited_for_before_it_is_read(loop):
+    """gpPinnedCopy: a queued copy either way is one unanswered frame served in C, a synchronous one is
+    answered once done; the copies queued into the memory are waited for (their stream synchronised,
+    once) when the guard settles it or lets it go. A copy past the shared memory's end, one queued on a
+    capturing stream, and any once the memory is no longer shared go to Python."""
+    loop.lease.add(Allocation(0x10000, 4096, 0, owned=True))
+    shared = loop.executor.shared_host_memory(4096)
+    shared.view[:8] = b"12345678"
+    loop.native_session.pinned_add(PINNED, shared)
+    past_end = frame("gpPinnedCopy", 0x10000, PINNED + 4090, 16, STREAM, 0)
+    header = loop.serve(
+        frame("gpPinnedCopy", 0x10000, PINNED, 8, STREAM, 1),  # to the device, queued
+        frame("gpPinnedCopy", 0x10000, PINNED + 64, 32, STREAM, 0),  # to the host, queued
+        sync("gpPinnedCopy", 0x10000, PINNED, 8, 0, 3),  # to the device, synchronous
+        past_end,
+    )
+    assert header == past_end[: _wire.REQUEST.size]
+    assert loop.executor.ran == [
+        ("pinned_in", 0x10000, b"12345678", STREAM, False),
+        ("pinned_out", 0x10000, 64, 32, STREAM),
+        ("pinned_in", 0x10000, b"12345678", None, True),
+    ]
+    assert reply(loop.client) == 0  # the synchronous one's only
+    assert bytes(shared.view[64:96]) == bytes(range(32))
+    loop.executor.ran.clear()
+    loop.native_session.pinned_settle(PINNED)
+    loop.native_session.pinned_settle(PINNED)  # nothing landing since
+    assert loop.executor.ran == [("cuStreamSynchronize", STREAM)]
+    on_capture = frame("gpPinnedCopy", 0x10000, PINNED + 64, 32, CAPTURING, 0)
+    assert loop.serve(on_capture) == on_capture[: _wire.REQUEST.size]
+    loop.native_session.pinned_drop(PINNED)
+    gone = frame("gpPinnedCopy", 0x10000, PINNED, 8, STREAM, 1)
+    assert loop.serve(gone) == gone[: _wire.REQUEST.size]
+    assert loop.executor.ran == [("cuStreamSynchronize", STREAM)]
+    shared.close()
+
+
+def test_pieces_of_a_copy_through_the_connections_shared_memory_run_in_c_and_the_last_is_answered(loop):
+    """gpShmHtoD on the worker's host: each piece of a copy to the device is copied from the shared
+    memory in C, and only the copy's last piece is answered; once a piece has failed (the Python path
+    keeps its error for the answer), the copy's later pieces go to Python, which answers with it. A
+    piece past the shared memory's end goes to Python."""
+    loop.lease.add(Allocation(0x10000, 8192, 0, owned=True))
+    shared = loop.executor.shared_host_memory(8192)
+    shared.view[:16] = bytes(range(16))
+    loop.native_session.shared_set(shared)
+    past_end = frame("gpShmHtoD", 0x10000, 16, STREAM, 8190, 2)
+    header = loop.serve(
+        frame("gpShmHtoD", 0x10000, 8, STREAM, 0, 2),  # a piece, on the stream
+        frame("gpShmHtoD", 0x10008, 8, STREAM, 8, 3, flags=_wire.FLAG_WANTS_REPLY),  # the last
+        past_end,
+    )
+    assert header == past_end[: _wire.REQUEST.size]
+    assert loop.executor.ran == [
+        ("pinned_in", 0x10000, bytes(range(8)), STREAM, False),
+        ("pinned_in", 0x10008, bytes(range(8, 16)), STREAM, True),
+    ]
+    assert _wire.REPLY.unpack(recv_exact(loop.client, _wire.REPLY.size)) == (0, 0, 0)
+    loop.session.shared_error = 700  # an earlier piece failed on the Python path
+    piece = frame("gpShmHtoD", 0x10000, 8, 0, 0, 1, flags=_wire.FLAG_WANTS_REPLY)
+    assert loop.serve(piece) == piece[: _wire.REQUEST.size]
+    assert len(loop.executor.ran) == 2
+    shared.close()
 
 
 def test_a_loop_built_from_another_call_table_is_not_used(monkeypatch, caplog):

@@ -99,6 +99,9 @@ def test_pieces_land_in_lease_memory_only_and_come_back_byte_for_byte(worker):
 
 @needs_cc
 def test_a_program_copies_the_same_with_the_shared_memory_and_without(shim_dir):
+    """The same bytes land every way a copy can go: through shared memory (one or two threads writing
+    it), through the socket only, with copies up to 1 MiB in their frames (GPUPOOL_SHIM_SHARED_MIN_KIB),
+    and with that knob misspelt (said on stderr, the default kept)."""
     big = start_worker(
         "copies", [WorkerDevice(0, "", 128 * MiB)], bind_host="127.0.0.1", env={}, executor="host"
     )
@@ -106,9 +109,17 @@ def test_a_program_copies_the_same_with_the_shared_memory_and_without(shim_dir):
         with_shared, _ = run_client("shared_copies", client_env(shim_dir, big))
         two_threads, _ = run_client("shared_copies", client_env(shim_dir, big, GPUPOOL_SHIM_COPY_THREADS="2"))
         without, _ = run_client("shared_copies", client_env(shim_dir, big, GPUPOOL_SHIM_SHARED_COPIES="0"))
+        # up to 1 MiB in their frames (the worker's native loop), larger ones through the shared memory
+        in_frames, _ = run_client(
+            "shared_copies", client_env(shim_dir, big, GPUPOOL_SHIM_SHARED_MIN_KIB="1024")
+        )
+        misspelt, said = run_client(
+            "shared_copies", client_env(shim_dir, big, GPUPOOL_SHIM_SHARED_MIN_KIB="1M")
+        )
     finally:
         big.stop()
-    assert with_shared == two_threads == without
+    assert with_shared == two_threads == without == in_frames == misspelt
+    assert "GPUPOOL_SHIM_SHARED_MIN_KIB=1M is not a number of KiB" in said
     assert with_shared == {
         "sizes": "262144 1048577 70254592",
         "htod_dtoh_equal": "True True True",

@@ -16,7 +16,6 @@ from virtualize.client._exports import TABLES
 from virtualize.common import _census, _wire
 from virtualize.common._calls import (
     ALIASES,
-    BY_SYMBOL,
     CALL_IDS,
     CALLS,
     FORWARDED_LAUNCH_ATTRIBUTES,
@@ -369,7 +368,14 @@ def generate_exports() -> str:
 
 # How the native loop checks each argument of a served call: the guard's checks by the argument's
 # type (`Session._check`: handles by kind, a device pointer inside the lease's memory).
-NATIVE_CHECKS = {"stream": "GPF_STREAM", "event": "GPF_EVENT", "func": "GPF_FUNC", "dptr": "GPF_RANGE"}
+NATIVE_CHECKS = {
+    "stream": "GPF_STREAM",
+    "event": "GPF_EVENT",
+    "func": "GPF_FUNC",
+    "graphexec": "GPF_GRAPHEXEC",
+    "dptr": "GPF_RANGE",
+}
+NATIVE_OUT_BYTES = 8  # a served call's answer: at most one fixed-size value of up to this many bytes
 NO_ARG = 0xFF  # an argument index that is none
 
 
@@ -380,19 +386,42 @@ class UncheckedArgument(VirtualizeError):
 def native_args(call: Call) -> list[str]:
     """Each in-argument of a served call as C's struct gpf_arg: offset, size, check, length argument."""
     lengths = dict(_guard_rules.range_positions(call))
+    pinned = dict(_guard_rules.pinned_positions(call))
+    shared = dict(_guard_rules.shared_positions(call))
+    name = call.symbol if call.symbol != "-" else call.name
+    if len([p for p in call.outs if p.struct_code]) > 1 or call.out_struct.size > NATIVE_OUT_BYTES:
+        raise UncheckedArgument(
+            f"{name} is in _guard_rules.NATIVE_CALLS but the native loop answers at most one value of up "
+            f"to {NATIVE_OUT_BYTES} bytes",
+            "serve it in Python",
+        )
     out, offset = [], 0
     for i, p in enumerate(call.ins):
         size = struct.calcsize("<" + p.struct_code)
         if p.type in (*HANDLE_TYPES, "dptr") and p.type not in NATIVE_CHECKS:
             raise UncheckedArgument(
-                f"{call.symbol} is in _guard_rules.NATIVE_CALLS but the native loop cannot check its {p.type} "
+                f"{name} is in _guard_rules.NATIVE_CALLS but the native loop cannot check its {p.type} "
                 f"argument `{p.name}` (it checks {', '.join(NATIVE_CHECKS)})",
                 "serve it in Python, or add the check",
             )
-        check = NATIVE_CHECKS.get(p.type, "GPF_PLAIN")
-        out.append(f"{{{offset}, {size}, {check}, {lengths.get(i, NO_ARG)}}}")
+        check = (
+            "GPF_PINNED"
+            if i in pinned
+            else "GPF_SHARED"
+            if i in shared
+            else NATIVE_CHECKS.get(p.type, "GPF_PLAIN")
+        )
+        length = pinned.get(i, shared.get(i, lengths.get(i, NO_ARG)))
+        out.append(f"{{{offset}, {size}, {check}, {length}}}")
         offset += size
     return out
+
+
+def moves_client_bytes(call: Call) -> bool:
+    """A copy between the lease's memory and bytes in its frame (to the device) or reply (to the host)."""
+    return bool(_guard_rules.range_positions(call)) and any(
+        p.type in ("bytes", "buf") for p in call.wire_params
+    )
 
 
 def generate_native() -> str:
@@ -401,7 +430,7 @@ def generate_native() -> str:
     and which copies a stream capture refuses. dispatch.c hand-codes none of these."""
     request = _wire.offsets(_wire.REQUEST, _wire.REQUEST_FIELDS)
     reply = _wire.offsets(_wire.REPLY, _wire.REPLY_FIELDS)
-    served = [BY_SYMBOL[symbol] for symbol in _guard_rules.NATIVE_CALLS]
+    served = _guard_rules.native_calls()
     most = max(len(c.ins) for c in served)
     out = [
         HEADER,
@@ -428,8 +457,10 @@ def generate_native() -> str:
         "",
         "/* How the guard checks an argument (virtualize/server/_guard_rules.py): a handle of the lease's of that",
         " * kind, or device bytes inside one of the lease's allocations (`length`: the argument holding their",
-        " * count, DEVICE_RANGES; none: the pointer alone). */",
-        "enum { GPF_PLAIN, GPF_STREAM, GPF_EVENT, GPF_FUNC, GPF_RANGE };",
+        " * count, DEVICE_RANGES; none: the pointer alone);",
+        " * GPF_PINNED: the client's page-locked memory shared with the worker (PINNED_RANGES); GPF_SHARED: an",
+        " * offset of the memory the connection shares with its process on this host (SHARED_RANGES). */",
+        "enum { GPF_PLAIN, GPF_STREAM, GPF_EVENT, GPF_FUNC, GPF_GRAPHEXEC, GPF_RANGE, GPF_PINNED, GPF_SHARED };",
         "/* A stream every context has (_guard_rules.BUILTIN_STREAMS): no lease's own, always allowed. */",
         "#define GPF_BUILTIN_STREAM(s) ("
         + " || ".join(f"(s) == {n}" for n in sorted(_guard_rules.BUILTIN_STREAMS))
@@ -439,7 +470,10 @@ def generate_native() -> str:
         "struct gpf_call {",
         "    uint32_t id, args_bytes;",
         "    uint8_t sync;    /* a synchronising call: it answers, with an earlier asynchronous error first */",
+        "    uint8_t replies; /* answered when the frame asks (not an asynchronous call) */",
+        f"    uint8_t outs;    /* bytes of its one answered value (at most {NATIVE_OUT_BYTES}), or 0 */",
         "    uint8_t bulk_in; /* bytes follow its arguments (a launch's parameters, a copy's data) */",
+        "    uint8_t data;    /* a copy whose client-side bytes travel in the frame or in the reply */",
         "    uint8_t capture; /* the stream argument on which a capture refuses it (capture_refuses), or none */",
         "    uint8_t n_args;",
         f"    struct gpf_arg args[{most}];",
@@ -448,11 +482,13 @@ def generate_native() -> str:
     ]
     for call, name in zip(served, _guard_rules.NATIVE_CALLS.values(), strict=True):
         streams = [i for i, p in enumerate(call.ins) if p.type == "stream"]
-        capture = streams[0] if streams and _guard_rules.capture_refuses(call) else NO_ARG
+        refused = _guard_rules.capture_refuses(call) and moves_client_bytes(call)  # not device to device
+        capture = streams[0] if streams and refused else NO_ARG
         args = ", ".join(native_args(call)) or "{0}"  # ISO C: no empty braces
         out.append(
             f"    [C_{name}] = {{{CALL_IDS[call]}, {call.in_struct.size}, {int(call.sync_point)}, "
-            f"{int(call.bulk_in)}, {capture}, {len(call.ins)}, {{{args}}}}},"
+            f"{int(call.mode is not Mode.ASYNC)}, {call.out_struct.size}, "
+            f"{int(call.bulk_in)}, {int(moves_client_bytes(call))}, {capture}, {len(call.ins)}, {{{args}}}}},"
         )
     out.append("};")
     out.append("")

@@ -299,6 +299,7 @@ class Session:
         # memory, and the copies into it not known to be done yet (virtualize.server._guard_copies)
         self.pinned: dict[int, SharedHostMemory] = {}
         self.pinned_landing: dict[int, list[StagedCopy]] = {}
+        self.native = None  # this connection's native loop (_native_dispatch.NativeSession), if it has one
         self.lanes: Lanes | None = None  # this process's extra connections' copies, once one attached
         self.lane_of: Session | None = None  # set on a lane: the connection whose copies it carries
         self.special: dict[str, Callable] = {

@@ -156,6 +156,8 @@ class CopyCalls(Concern):
             raise CudaError(CUresult.NOT_SUPPORTED, "shared memory is for a process on this host")
         if self.session.shared is None:
             self.session.shared = self.session.executor.shared_host_memory(SHARED_COPY_BYTES)
+            if self.session.native is not None:  # its pieces to the device are served in C from now on
+                self.session.native.shared_set(self.session.shared)
         outs = call.out_struct.pack(self.session.shared.size)
         self.session._announce_copies()
         self.session.channel.send_with_fd(self.session.shared.fd, _wire.REPLY.pack(0, len(outs), 0), outs)
@@ -173,6 +175,8 @@ class CopyCalls(Concern):
             raise CudaError(INVALID_VALUE, "not a new allocation of a size the worker shares")
         shared = session.executor.shared_host_memory(size)
         session.pinned[base] = shared
+        if session.native is not None:  # its copies are served in C from now on
+            session.native.pinned_add(base, shared)
         session._announce_copies()
         session.channel.send_with_fd(shared.fd, _wire.REPLY.pack(0, 0, 0))
         return ANSWERED
@@ -191,8 +195,7 @@ class CopyCalls(Concern):
         session = self.session
         device, host, count, stream, flags = ins
         to_device, synchronous = flags & 1, flags & 2
-        session._check(call, ins)
-        session._check_range(device, count)
+        session._check_ranges(call, ins)
         base, shared = self._pinned_at(host, count)
         if not synchronous and self._capturing(_HTOD_ASYNC if to_device else _DTOH_ASYNC, stream):
             raise CudaError(CUresult.STREAM_CAPTURE_UNSUPPORTED, "a copy with the client's memory")
@@ -210,6 +213,8 @@ class CopyCalls(Concern):
         host, count = ins
         for base, shared in self.session.pinned.items():
             if base < host + count and host < base + shared.size:
+                if self.session.native is not None:
+                    self.session.native.pinned_settle(base)
                 for copy in self.session.pinned_landing.pop(base, []):
                     copy.wait()
         return EMPTY
@@ -225,6 +230,8 @@ class CopyCalls(Concern):
     def pinned_release(session, base: int) -> None:
         """Give back one shared page-locked allocation (its copies landed first: no DMA into memory that
         goes); the Session's close() calls it for what the client left."""
+        if session.native is not None:
+            session.native.pinned_drop(base)
         for copy in session.pinned_landing.pop(base, []):
             copy.wait()
         try:
@@ -237,8 +244,7 @@ class CopyCalls(Concern):
         dst, count, stream, offset, flags = ins
         last, is_async = flags & 1, flags & 2
         try:
-            self.session._check(call, ins)
-            self.session._check_range(dst, count)
+            self.session._check_ranges(call, ins)
             if self.session.shared is None or offset + count > self.session.shared.size:
                 raise CudaError(INVALID_VALUE, "not in the shared memory")
             if not self.session.shared_error and not (is_async and self._capturing(_HTOD_ASYNC, stream)):

@@ -15,14 +15,22 @@ BUILTIN_STREAMS = frozenset({0, 1, 2})
 DEVICE_RANGES: dict[str, tuple[tuple[str, str], ...]] = {
     **dict.fromkeys(("cuMemcpyHtoD_v2", "cuMemcpyHtoDAsync_v2"), (("dst", "count"),)),
     **dict.fromkeys(("cuMemcpyDtoH_v2", "cuMemcpyDtoHAsync_v2", "gpMemcpyDtoHAsync"), (("src", "count"),)),
+    "gpPinnedCopy": (("device", "count"),),
+    "gpShmHtoD": (("dst", "count"),),
     **dict.fromkeys(
         ("cuMemcpyDtoD_v2", "cuMemcpyDtoDAsync_v2", "cuMemcpyPeer", "cuMemcpyPeerAsync"),
         (("dst", "count"), ("src", "count")),
     ),
 }
+# The client's page-locked memory shared with the worker (gpPinnedShare) each call names, as (address,
+# length) wire parameters: `CopyCalls._pinned_at`.
+PINNED_RANGES: dict[str, tuple[tuple[str, str], ...]] = {"gpPinnedCopy": (("host", "count"),)}
+# Bytes at an offset of the memory a process on this host shares with its connection (gpShmAttach), as
+# (offset, length) wire parameters: `CopyCalls.shm_htod`.
+SHARED_RANGES: dict[str, tuple[tuple[str, str], ...]] = {"gpShmHtoD": (("offset", "count"),)}
 
-# The calls the native loop serves, by exported symbol, with dispatch.c's name for each (C_LAUNCH ...), in
-# C's order. The executor runs each as the call of the same name; a served call's every checked argument
+# The calls the native loop serves, by exported symbol (an internal call by its name), with dispatch.c's
+# name for each (C_LAUNCH ...), in C's order. The executor runs each as the call of the same name; a served call's every checked argument
 # must be one the loop can check (the generator says which is not).
 NATIVE_CALLS = {
     "cuLaunchKernelEx": "LAUNCH",
@@ -38,6 +46,13 @@ NATIVE_CALLS = {
     "cuMemcpyHtoDAsync_v2": "HTOD_ASYNC",
     "cuMemcpyDtoH_v2": "DTOH",
     "cuMemcpyDtoHAsync_v2": "DTOH_ASYNC",
+    "cuMemcpyDtoD_v2": "DTOD",
+    "cuMemcpyDtoDAsync_v2": "DTOD_ASYNC",
+    "gpPinnedCopy": "PINNED_COPY",
+    "gpShmHtoD": "SHM_HTOD",
+    "cuGraphLaunch": "GRAPH_LAUNCH",
+    "cuEventElapsedTime": "EVENT_ELAPSED",
+    "cuEventElapsedTime_v2": "EVENT_ELAPSED_V2",
 }
 
 
@@ -47,11 +62,29 @@ def capture_refuses(call: Call) -> bool:
     return call.name.endswith("Async")
 
 
-def range_positions(call: Call) -> tuple[tuple[int, int], ...]:
-    """(pointer, length) positions in `call.ins` of the device bytes it names (DEVICE_RANGES)."""
+def range_positions(call: Call, rule: dict | None = None) -> tuple[tuple[int, int], ...]:
+    """(pointer, length) positions in `call.ins` of the device bytes it names (DEVICE_RANGES), or of
+    what another such rule (PINNED_RANGES) names."""
     names = [p.name for p in call.ins]
-    pairs = DEVICE_RANGES.get(call.name if call.symbol == "-" else call.symbol, ())
+    pairs = (DEVICE_RANGES if rule is None else rule).get(
+        call.name if call.symbol == "-" else call.symbol, ()
+    )
     return tuple((names.index(ptr), names.index(length)) for ptr, length in pairs)
+
+
+def pinned_positions(call: Call) -> tuple[tuple[int, int], ...]:
+    """(address, length) positions in `call.ins` of the client's shared page-locked bytes it names."""
+    return range_positions(call, PINNED_RANGES)
+
+
+def shared_positions(call: Call) -> tuple[tuple[int, int], ...]:
+    """(offset, length) positions in `call.ins` of the bytes of the connection's shared memory it names."""
+    return range_positions(call, SHARED_RANGES)
+
+
+def native_calls() -> tuple[Call, ...]:
+    """The calls the native loop serves, in C's order (its `which`)."""
+    return tuple(call_named(name) for name in NATIVE_CALLS)
 
 
 def call_named(name: str) -> Call:
@@ -68,6 +101,10 @@ def call_named(name: str) -> Call:
 def _check_names() -> None:
     for name in (*DEVICE_RANGES, *NATIVE_CALLS):
         range_positions(call_named(name))  # every named parameter exists
+    for name in PINNED_RANGES:
+        pinned_positions(call_named(name))
+    for name in SHARED_RANGES:
+        shared_positions(call_named(name))
 
 
 _check_names()

@@ -29,10 +29,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from virtualize.common import _wire
-from virtualize.common._calls import BY_SYMBOL, WIRE_VERSION
+from virtualize.common._calls import WIRE_VERSION
 from virtualize.common._results import CUresult
-from virtualize.server._executor import CudaError, Launch
-from virtualize.server._guard_rules import NATIVE_CALLS
+from virtualize.server._executor import CudaError, Launch, SharedHostMemory
+from virtualize.server._guard_rules import native_calls
 
 log = logging.getLogger("gpupool.worker")
 
@@ -41,9 +41,10 @@ SPIN_ENV = "GPUPOOL_WORKER_SPIN_US"  # how long the loop polls for the next fram
 LIBRARY_MODULE = "virtualize.server._dispatch"
 # The calls C serves (C's `which` is the index): their ids, argument offsets and the guard's checks of
 # each argument are generated into native/dispatch_gen.h (`python -m virtualize.common._shimgen`).
-IN_C_CALLS = tuple(BY_SYMBOL[symbol] for symbol in NATIVE_CALLS)
-KINDS = {"stream": 0, "event": 1, "func": 2, "kernel": 2}  # the guard's handle tables C reads
-TO_PYTHON, ASYNC_ERROR, CLOSED, IO_ERROR, SERVED, REPLY_AFTER_OUTPUT = range(6)
+IN_C_CALLS = native_calls()
+KINDS = {"stream": 0, "event": 1, "func": 2, "kernel": 2, "graphexec": 3}  # the guard's handle tables C reads
+LANDING_STREAMS = 8  # dispatch.c's: the streams with copies landing in one shared page-locked allocation
+TO_PYTHON, ASYNC_ERROR, CLOSED, IO_ERROR, SERVED, REPLY_AFTER_OUTPUT, SHARED_ERROR = range(7)
 BUDGET = 4096  # frames per return to Python (the worker notes activity between)
 
 _LAUNCH = ctypes.CFUNCTYPE(
@@ -57,9 +58,17 @@ _LAUNCH = ctypes.CFUNCTYPE(
     ctypes.c_void_p,
     ctypes.c_uint32,
 )
-_CALL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32)
+_CALL = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)
+)
 _COPY = ctypes.CFUNCTYPE(
-    ctypes.c_int, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64
+    ctypes.c_int,
+    ctypes.c_uint32,
+    ctypes.c_uint64,
+    ctypes.c_void_p,
+    ctypes.c_uint64,
+    ctypes.c_uint64,
+    ctypes.c_uint32,
 )
 _CAPTURING = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.POINTER(ctypes.c_int))
 
@@ -118,9 +127,18 @@ def _load() -> ctypes.CDLL | None:
         ("gpf_session_busy", [p], i),
         ("gpf_lease_python_only", [p, i], None),
         ("gpf_session_calls", [p], u64),
-        ("gpf_serve", [p, i, p, ctypes.POINTER(_Buffer), i, u32, ctypes.POINTER(_Outcome)], i),
+        ("gpf_pinned_add", [p, u64, u64, p], i),
+        ("gpf_pinned_landing", [p, u64, ctypes.POINTER(u64), ctypes.POINTER(u64)], u32),
+        ("gpf_pinned_drop", [p, u64], None),
+        ("gpf_shm_set", [p, p, u64], None),
+        ("gpf_serve", [p, i, p, ctypes.POINTER(_Buffer), i, i, u64, u32, ctypes.POINTER(_Outcome)], i),
     ):
-        fn = getattr(lib, name)
+        fn = getattr(lib, name, None)
+        if fn is None:  # an older build of the loop: its functions are not these
+            log.warning(
+                "native dispatch not loaded: an older build (rebuild it: python setup.py build_ext --inplace)"
+            )
+            return None
         fn.argtypes, fn.restype = args, res
     if lib.gpf_wire_version() != WIRE_VERSION:  # its call ids and rules are another table's
         log.warning(
@@ -231,6 +249,8 @@ class NativeLease:
             self.ptr = lib.gpf_lease_new(_LAUNCH(), _CALL(), _COPY(), _CAPTURING())
         self.executor = executor
         self.learned: dict[int, list[tuple[int, int]]] = {}  # functions C launches -> their layout
+        # the worker's mappings of clients' shared page-locked memory C copies through: address -> memory
+        self.mapped: dict[int, SharedHostMemory] = {}
         for name, kind in KINDS.items():
             keep = kind != 2  # functions reach C with their layout, at their first launch (`learn`)
             lease.handles[name] = MirroredHandles(
@@ -285,12 +305,22 @@ class NativeLease:
 
         return self._run(run)
 
-    def _host_call(self, which, a, b, c) -> int:
+    def _host_call(self, which, args, out) -> int:
         call = IN_C_CALLS[which]
-        return self._run(lambda: getattr(self.executor, call.name)(*(a, b, c)[: len(call.ins)]))
 
-    def _host_copy(self, which, device, host, count, stream) -> int:
+        def run() -> None:
+            value = getattr(self.executor, call.name)(*args[: len(call.ins)])
+            if call.out_struct.size:  # its one answered value, as the wire packs it
+                out[0] = int.from_bytes(call.out_struct.pack(value), "little")
+
+        return self._run(run)
+
+    def _host_copy(self, which, device, host, count, stream, flags) -> int:
         call = IN_C_CALLS[which]
+        if call.name == "gpPinnedCopy":
+            return self._run(lambda: self._host_pinned_copy(device, host, count, stream, flags))
+        if call.name == "gpShmHtoD":
+            return self._run(lambda: self._host_shared_copy(device, host, count, stream, flags))
         to_device, on_stream = call.bulk_in, call.name.endswith("Async")
         window = (ctypes.c_char * count).from_address(host)
         view = memoryview(window).cast("B")
@@ -311,6 +341,25 @@ class NativeLease:
         return self._run(
             lambda: self.executor.copy_from_device(device, count, stream if on_stream else None, move)
         )
+
+    def _mapping(self, host: int) -> tuple[int, SharedHostMemory]:
+        return next((a, m) for a, m in self.mapped.items() if a <= host < a + m.size)
+
+    def _host_shared_copy(self, device, host, count, stream, flags) -> None:
+        """As CopyCalls.shm_htod has the executor copy a piece (`host`: in the shared memory)."""
+        at, shared = self._mapping(host)
+        self.executor.copy_in_from(
+            device, shared, host - at, count, stream if flags & 2 else None, bool(flags & 1)
+        )
+
+    def _host_pinned_copy(self, device, host, count, stream, flags) -> None:
+        """As CopyCalls.pinned_copy has the executor copy (`host`: in the worker's mapping)."""
+        at, shared = self._mapping(host)
+        on = None if flags & 2 else stream
+        if flags & 1:
+            self.executor.copy_in_from(device, shared, host - at, count, on, bool(flags & 2))
+        else:
+            self.executor.copy_out_into(shared, host - at, device, count, on)
 
     def _host_capturing(self, stream, capturing) -> int:
         def ask() -> None:
@@ -340,6 +389,66 @@ class NativeSession:
         self._outcome = _Outcome()
         self._seen_calls = 0
         self._lock = threading.Lock()  # `active` (the worker's activity thread) against `close`
+        self._pinned: dict[int, int] = {}  # the client's shared page-locked allocations -> C's address
+        self._ctx = 0  # the connection's current context (the guard Session's), for settling copies
+        self._shared = 0  # where C reaches the memory shared with the process (gpShmAttach), once set
+
+    # -- the client's page-locked memory shared with the worker (CopyCalls.pinned_*) -------------------
+
+    @staticmethod
+    def _address(shared: SharedHostMemory) -> int:
+        """Where C reaches `shared`: the executor's pinned address, else (the host executor) its mapping."""
+        if shared.address:
+            return shared.address
+        window = ctypes.c_char.from_buffer(shared.map)
+        address = ctypes.addressof(window)
+        del window  # the mapping must stay closable
+        return address
+
+    def shared_set(self, shared: SharedHostMemory) -> None:
+        """Pieces of copies to the device through the memory this connection shares with its process
+        (gpShmHtoD) run in C from now on."""
+        if self.ptr:
+            address = self._address(shared)
+            self.lib.gpf_shm_set(self.ptr, address, shared.size)
+            self.lease.mapped[address] = shared
+            self._shared = address
+
+    def pinned_add(self, base: int, shared: SharedHostMemory) -> None:
+        """Copies between the lease's memory and the client's allocation at `base` run in C from now on."""
+        address = self._address(shared)
+        if self.ptr and self.lib.gpf_pinned_add(self.ptr, base, shared.size, address) == 0:
+            self._pinned[base] = address
+            self.lease.mapped[address] = shared
+
+    def pinned_settle(self, base: int) -> None:
+        """Every copy into the allocation at `base` that C queued is in place (its streams waited for,
+        each in the context it was queued in). On the connection's thread, inside its call's gate."""
+        if not self.ptr or base not in self._pinned:
+            return
+        streams, ctxs = (ctypes.c_uint64 * LANDING_STREAMS)(), (ctypes.c_uint64 * LANDING_STREAMS)()
+        executor = self.lease.executor
+        for i in range(self.lib.gpf_pinned_landing(self.ptr, base, streams, ctxs)):
+            if ctxs[i] != self._ctx:
+                executor.set_context(ctxs[i])
+            try:
+                executor.cuStreamSynchronize(streams[i])
+            except CudaError:  # the stream is gone since: its context's work, all of it
+                try:
+                    executor.cuCtxSynchronize()
+                except CudaError as exc:
+                    log.warning("copies into shared page-locked memory not waited for: %s", exc)
+            finally:
+                if ctxs[i] != self._ctx:
+                    executor.set_context(self._ctx)
+
+    def pinned_drop(self, base: int) -> None:
+        """The allocation at `base` is no longer shared: C's copies into it are waited for, then forgotten."""
+        self.pinned_settle(base)
+        address = self._pinned.pop(base, None)
+        if address is not None:
+            self.lib.gpf_pinned_drop(self.ptr, base)
+            self.lease.mapped.pop(address, None)
 
     def active(self) -> bool:
         """Inside a driver call now, or served calls since last asked (the idle reclaimer's activity)."""
@@ -363,12 +472,21 @@ class NativeSession:
         outcome = self._outcome
         while True:
             may_reply = not session.pending and session.callbacks is None
+            self._ctx = session.ctx
             buf = channel.buf
             window = (ctypes.c_char * len(buf)).from_buffer(buf)
             b = _Buffer(ctypes.addressof(window), len(buf), channel.start, channel.end)
             try:
                 reason = self.lib.gpf_serve(
-                    self.ptr, fd, tls, ctypes.byref(b), may_reply, BUDGET, ctypes.byref(outcome)
+                    self.ptr,
+                    fd,
+                    tls,
+                    ctypes.byref(b),
+                    may_reply,
+                    not session.shared_error,
+                    session.ctx,
+                    BUDGET,
+                    ctypes.byref(outcome),
                 )
             finally:
                 del window  # the bytearray may grow again (read_exact)
@@ -381,6 +499,8 @@ class NativeSession:
             elif reason == ASYNC_ERROR:
                 if not session.pending:
                     session.pending = outcome.result
+            elif reason == SHARED_ERROR:  # kept for the copy's answer, at its last piece
+                session.shared_error = session.shared_error or outcome.result
             elif reason == REPLY_AFTER_OUTPUT:  # (a copy to the host: its bytes after the header)
                 session._send_kernel_output()
                 data = ctypes.string_at(outcome.data, outcome.data_len) if outcome.data_len else b""
@@ -391,6 +511,9 @@ class NativeSession:
                 raise OSError("the connection failed")
 
     def close(self) -> None:
+        for base in list(self._pinned):  # no DMA may still be landing in memory the guard then frees
+            self.pinned_drop(base)
+        self.lease.mapped.pop(self._shared, None)
         with self._lock:
             if self.ptr:
                 self.lib.gpf_session_free(self.ptr)

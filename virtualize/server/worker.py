@@ -56,7 +56,7 @@ class Channel:
         self.sock = sock
         self.local = getattr(sock, "family", None) == socket.AF_UNIX  # a process on this host
         self.encrypted = not isinstance(sock, socket.socket)  # a TLS stream, in C or in Python
-        self.buf = bytearray(1 << 20)
+        self.buf = bytearray((1 << 20) + 4096)  # a 1 MiB copy's whole frame: the native loop serves it here
         self.view = memoryview(self.buf)
         self.start = self.end = 0
         self.bulk_left = 0
@@ -276,6 +276,7 @@ class Worker:
             native = self.native.session() if self.native and _native_dispatch.can_serve(sock) else None
             if native is not None:
                 self.native_sessions.add(native)
+                session.native = native
             log.info("client %s connected (%s)%s", who, how, ", native dispatch" if native else "")
             header, lane_logged = _wire.REQUEST, False
             while True:

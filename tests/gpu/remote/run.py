@@ -77,6 +77,7 @@ PROGRAMS = [
     "prog_driver_calls.py",  # cooperative launches, cache config, enumeration, a retained handle, tensor maps
     "prog_torch_batchnorm.py",  # cuDNN batch norm, fp16 channels-last, deterministic: cooperative kernels
     "prog_arrays.py",  # CUDA arrays sampled through a texture, painted through a surface; 2D/3D copies
+    "prog_native_calls.py",  # what the worker serves in C: page-locked copies chained by events, graphs, elapsed
 ]
 results: list[dict] = []
 

@@ -3,9 +3,10 @@
  * The worker's Python loop (virtualize/server/worker.py) hands its connection's socket (and its TLS stream,
  * tls.c, when the connection is encrypted) and receive buffer to gpf_serve, which reads frames and
  * runs, without Python, the ones it can answer exactly as the Python path would: kernel launches of
- * functions the Python path has already launched once (their parameter layout is known), event records
- * and waits, and the synchronising calls (stream/event/context synchronise and query) when no earlier
- * asynchronous error and nothing else is to be said first. Handles
+ * functions the Python path has already launched once (their parameter layout is known), graph launches,
+ * event records, waits and elapsed times, copies up to 1 MiB in the frame, copies through the client's
+ * page-locked memory shared on this host (gpPinnedCopy), and the synchronising calls (stream/event/context
+ * synchronise and query) when no earlier asynchronous error and nothing else is to be said first. Handles
  * are checked against the lease's own objects, mirrored here by virtualize/server/_native_dispatch.py from the
  * guard's tables: a handle the guard has never seen, or has forgotten, is never passed to the driver.
  * Every other frame, and every case the Python path answers differently, goes back to Python untouched:
@@ -37,22 +38,29 @@
 #define EXPORT __attribute__((visibility("default")))
 
 enum { HEADER = GPF_REQUEST_BYTES, REPLY = GPF_REPLY_BYTES, ATTR_BYTES = GPF_LAUNCH_ATTRIBUTE_BYTES };
-enum { KIND_STREAM, KIND_EVENT, KIND_FUNC, KINDS };
+enum { KIND_STREAM, KIND_EVENT, KIND_FUNC, KIND_GRAPHEXEC, KINDS };
 /* Why gpf_serve returned. */
-enum { TO_PYTHON = 0, ASYNC_ERROR = 1, CLOSED = 2, IO_ERROR = 3, SERVED = 4, REPLY_AFTER_OUTPUT = 5 };
+enum { TO_PYTHON = 0, ASYNC_ERROR = 1, CLOSED = 2, IO_ERROR = 3, SERVED = 4, REPLY_AFTER_OUTPUT = 5, SHARED_ERROR = 6 };
+/* SHARED_ERROR: a piece of a copy through the connection's shared memory (gpShmHtoD, not its last) failed:
+ * the Python path keeps the error for the copy's answer. */
 /* REPLY_AFTER_OUTPUT with bytes: a copy to the host whose reply (result, then the bytes at
  * outcome.data) follows the kernel output. */
 /* The calls served here (C_LAUNCH ...) and their rules: gpf_calls, in dispatch_gen.h. */
-enum { SMALL_COPY = 256 << 10 }; /* larger copies go through shared memory or Python's chunked path */
+enum { SMALL_COPY = 1 << 20 }; /* larger copies go through shared memory or Python's chunked path */
 
 /* -- how calls are executed: the driver's entry points, or the host executor's functions ------------- */
 
 typedef int (*launch_fn)(uint64_t func, const uint32_t dims[7], uint64_t stream, void **args,
                          const uint8_t *params, uint64_t params_len, const void *attrs, uint32_t n_attrs);
-typedef int (*call_fn)(uint32_t which, uint64_t a, uint64_t b, uint32_t c);
+/* `args`: the frame's arguments, each widened to 64 bits; `out`: the call's one answered value
+ * (cuEventElapsedTime's milliseconds), little-endian. */
+typedef int (*call_fn)(uint32_t which, const uint64_t *args, uint64_t *out);
 /* C_HTOD..C_DTOH_ASYNC: `count` bytes between device address `device` and `host` (on `stream`, and
- * done on return); C_STREAM_IS_CAPTURING (which = C_COUNT): *capturing set. */
-typedef int (*copy_fn)(uint32_t which, uint64_t device, void *host, uint64_t count, uint64_t stream);
+ * done on return); C_PINNED_COPY: between `device` and the worker's mapping of the client's shared
+ * page-locked memory (`flags` as gpPinnedCopy's: 1 to the device, 2 synchronous, else queued on `stream`);
+ * C_SHM_HTOD: from the connection's shared memory to `device` (flags as gpShmHtoD's: 1 the copy's last
+ * piece, read by the DMA on return; 2 on `stream`, else on the legacy stream). */
+typedef int (*copy_fn)(uint32_t which, uint64_t device, void *host, uint64_t count, uint64_t stream, uint32_t flags);
 typedef int (*capturing_fn)(uint64_t stream, int *capturing);
 
 struct ops {
@@ -78,6 +86,10 @@ static int (*drv_htod_async)(uint64_t, const void *, size_t, uint64_t);
 static int (*drv_dtoh)(void *, uint64_t, size_t);
 static int (*drv_dtoh_async)(void *, uint64_t, size_t, uint64_t);
 static int (*drv_is_capturing)(uint64_t, int *);
+static int (*drv_graph_launch)(uint64_t, uint64_t);
+static int (*drv_dtod)(uint64_t, uint64_t, size_t);
+static int (*drv_dtod_async)(uint64_t, uint64_t, size_t, uint64_t);
+static int (*drv_elapsed)(float *, uint64_t, uint64_t); /* cuEventElapsedTime_v2 where the driver has it */
 
 struct launch_config { /* CUlaunchConfig */
     uint32_t dims[7];
@@ -96,8 +108,20 @@ static int driver_launch(uint64_t func, const uint32_t d[7], uint64_t stream, vo
     return drv_launch_ex(&config, func, args, NULL);
 }
 
-static int driver_call(uint32_t which, uint64_t a, uint64_t b, uint32_t c) {
+static int driver_call(uint32_t which, const uint64_t *args, uint64_t *out) {
+    uint64_t a = args[0], b = args[1];
+    uint32_t c = (uint32_t)args[2];
     switch (which) {
+    case C_GRAPH_LAUNCH: return drv_graph_launch(a, b);
+    case C_DTOD: return drv_dtod(a, b, args[2]);
+    case C_DTOD_ASYNC: return drv_dtod_async(a, b, args[2], args[3]);
+    case C_EVENT_ELAPSED:
+    case C_EVENT_ELAPSED_V2: {
+        float ms = 0;
+        int r = drv_elapsed(&ms, a, b);
+        memcpy(out, &ms, sizeof ms);
+        return r;
+    }
     case C_CTX_SYNC: return drv_ctx_sync();
     case C_STREAM_SYNC: return drv_stream_sync(a);
     case C_STREAM_QUERY: return drv_stream_query(a);
@@ -110,10 +134,25 @@ static int driver_call(uint32_t which, uint64_t a, uint64_t b, uint32_t c) {
     return 1; /* CUDA_ERROR_INVALID_VALUE */
 }
 
+/* The client's shared page-locked memory, as the Python path copies it (CopyCalls.pinned_copy): the
+ * worker's DMA straight into or out of it; a synchronous one on the legacy stream, done on return. */
+static int driver_pinned_copy(uint64_t device, void *host, uint64_t count, uint64_t stream, uint32_t flags) {
+    int synchronous = flags & 2;
+    uint64_t on = synchronous ? 0 : stream;
+    int r = flags & 1 ? drv_htod_async(device, host, count, on) : drv_dtoh_async(host, device, count, on);
+    return r || !synchronous ? r : drv_stream_sync(on);
+}
+
 /* Pageable host memory, as the Python path copies it: the driver has taken (or written) the bytes on
  * return; a copy to the host on a stream is waited for. */
-static int driver_copy(uint32_t which, uint64_t device, void *host, uint64_t count, uint64_t stream) {
+static int driver_copy(uint32_t which, uint64_t device, void *host, uint64_t count, uint64_t stream, uint32_t flags) {
     switch (which) {
+    case C_SHM_HTOD: { /* as CopyCalls.shm_htod has the executor copy (copy_in_from) */
+        uint64_t on = flags & 2 ? stream : 0;
+        int r = drv_htod_async(device, host, count, on);
+        return r || !(flags & 1) ? r : drv_stream_sync(on);
+    }
+    case C_PINNED_COPY: return driver_pinned_copy(device, host, count, stream, flags);
     case C_HTOD: return drv_htod(device, host, count);
     case C_HTOD_ASYNC: return drv_htod_async(device, host, count, stream);
     case C_DTOH: return drv_dtoh(host, device, count);
@@ -148,11 +187,17 @@ EXPORT int gpf_use_driver(void) {
         {(void **)&drv_dtoh, "cuMemcpyDtoH_v2"},
         {(void **)&drv_dtoh_async, "cuMemcpyDtoHAsync_v2"},
         {(void **)&drv_is_capturing, "cuStreamIsCapturing"},
+        {(void **)&drv_graph_launch, "cuGraphLaunch"},
+        {(void **)&drv_dtod, "cuMemcpyDtoD_v2"},
+        {(void **)&drv_dtod_async, "cuMemcpyDtoDAsync_v2"},
+        {(void **)&drv_elapsed, "cuEventElapsedTime"},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         *want[i].slot = dlsym(lib, want[i].name);
         if (!*want[i].slot) return -1;
     }
+    void *elapsed_v2 = dlsym(lib, "cuEventElapsedTime_v2"); /* CUDA 12.8+: what cuda-python's name calls */
+    if (elapsed_v2) drv_elapsed = (int (*)(float *, uint64_t, uint64_t))elapsed_v2;
     return 0;
 }
 
@@ -370,6 +415,25 @@ static int output_waiting(void) {
 
 /* -- one connection --------------------------------------------------------------------------------- */
 
+/* A copy into the client's shared page-locked memory queued here and not yet settled: the stream it is
+ * on, and the context that was current (the Python path waits for these at gpPinnedSettle and before
+ * the memory goes: gpf_pinned_landing). */
+struct landing {
+    uint64_t stream, ctx;
+};
+enum { LANDING_STREAMS = 8 }; /* per allocation; a copy on a further stream takes the Python path */
+
+/* One page-locked allocation of the client's that the worker maps too (gpPinnedShare): the client's
+ * address range and the worker's mapping of the same pages. */
+struct pinned {
+    uint64_t base, size;
+    uint8_t *mapped;
+    uint32_t n_landing;
+    struct landing landing[LANDING_STREAMS];
+};
+
+/* Used only by its connection's thread (the native loop and the Python path that drives it), so its
+ * own tables need no lock. */
 struct session {
     struct lease *lease;
     int busy;        /* inside a driver call now (a long synchronise is use of the lease) */
@@ -377,6 +441,12 @@ struct session {
     uint8_t *scratch; /* a launch's parameters, aligned */
     size_t scratch_cap;
     uint8_t *copied; /* a small copy to the host: [REPLY header][bytes], SMALL_COPY + REPLY */
+    uint64_t ctx;    /* the connection's current context (the Python path's, passed to gpf_serve) */
+    struct pinned *pinned; /* the connection's shared page-locked allocations */
+    size_t n_pinned, cap_pinned;
+    uint8_t *shm;     /* the memory the connection shares with its process (gpShmAttach), its size */
+    uint64_t shm_size;
+    int shm_ok;       /* no piece of a copy through it has failed yet (passed to gpf_serve) */
 };
 
 EXPORT struct session *gpf_session_new(struct lease *l) {
@@ -389,8 +459,72 @@ EXPORT void gpf_session_free(struct session *s) {
     if (!s) return;
     free(s->scratch);
     free(s->copied);
+    free(s->pinned);
     free(s);
 }
+
+/* The allocation of the client's shared page-locked memory holding all of [host, host + count), or NULL. */
+static struct pinned *pinned_at(const struct session *s, uint64_t host, uint64_t count) {
+    for (size_t i = 0; i < s->n_pinned; i++) {
+        struct pinned *p = &s->pinned[i];
+        if (host >= p->base && count <= p->size && host - p->base <= p->size - count) return p;
+    }
+    return NULL;
+}
+
+static struct pinned *pinned_find(const struct session *s, uint64_t base) {
+    for (size_t i = 0; i < s->n_pinned; i++)
+        if (s->pinned[i].base == base) return &s->pinned[i];
+    return NULL;
+}
+
+/* The client's allocation at `base` is the worker's memory at `mapped` too (CopyCalls.pinned_share):
+ * 0, or -1 (not mirrored: its copies take the Python path). */
+EXPORT int gpf_pinned_add(struct session *s, uint64_t base, uint64_t size, void *mapped) {
+    if (pinned_find(s, base)) return -1;
+    if (s->n_pinned == s->cap_pinned) {
+        size_t cap = s->cap_pinned ? s->cap_pinned * 2 : 16;
+        struct pinned *bigger = realloc(s->pinned, cap * sizeof *bigger);
+        if (!bigger) return -1;
+        s->pinned = bigger, s->cap_pinned = cap;
+    }
+    s->pinned[s->n_pinned++] = (struct pinned){.base = base, .size = size, .mapped = mapped};
+    return 0;
+}
+
+/* The copies into the allocation at `base` queued here and not yet waited for, taken (up to
+ * LANDING_STREAMS; each stream once, with its context): the caller waits for them. */
+EXPORT uint32_t gpf_pinned_landing(struct session *s, uint64_t base, uint64_t *streams, uint64_t *ctxs) {
+    struct pinned *p = pinned_find(s, base);
+    if (!p) return 0;
+    uint32_t n = p->n_landing;
+    for (uint32_t i = 0; i < n; i++) streams[i] = p->landing[i].stream, ctxs[i] = p->landing[i].ctx;
+    p->n_landing = 0;
+    return n;
+}
+
+/* The allocation at `base` is no longer shared (its landing copies taken and waited for first). */
+EXPORT void gpf_pinned_drop(struct session *s, uint64_t base) {
+    struct pinned *p = pinned_find(s, base);
+    if (p) *p = s->pinned[--s->n_pinned];
+}
+
+/* The memory this connection shares with its process on this host (CopyCalls.shm_attach). */
+EXPORT void gpf_shm_set(struct session *s, void *mapped, uint64_t size) {
+    s->shm = mapped;
+    s->shm_size = size;
+}
+
+/* A copy into `p` queued on `stream` is noted for the next settle: 0, or -1 when the allocation has
+ * copies on LANDING_STREAMS other streams already. */
+static int pinned_note_landing(struct session *s, struct pinned *p, uint64_t stream) {
+    for (uint32_t i = 0; i < p->n_landing; i++)
+        if (p->landing[i].stream == stream && p->landing[i].ctx == s->ctx) return 0;
+    if (p->n_landing == LANDING_STREAMS) return -1;
+    p->landing[p->n_landing++] = (struct landing){stream, s->ctx};
+    return 0;
+}
+
 
 EXPORT int gpf_session_busy(const struct session *s) { return __atomic_load_n(&s->busy, __ATOMIC_SEQ_CST); }
 
@@ -505,7 +639,8 @@ static int stream_known(struct lease *l, uint64_t stream) {
 
 /* Every argument of the frame passes the guard's check of it (Session._check, _check_ranges): handles
  * the lease's, device bytes inside one of its allocations (under the lock). */
-static int args_ok(struct lease *l, int c, const uint8_t *a) {
+static int args_ok(const struct session *s, int c, const uint8_t *a) {
+    struct lease *l = s->lease;
     for (int i = 0; i < gpf_calls[c].n_args; i++) {
         const struct gpf_arg *g = &gpf_calls[c].args[i];
         uint64_t v = arg(c, i, a);
@@ -515,6 +650,13 @@ static int args_ok(struct lease *l, int c, const uint8_t *a) {
         case GPF_STREAM: ok = stream_known(l, v); break;
         case GPF_EVENT: ok = table_has(&l->kinds[KIND_EVENT], v, NULL); break;
         case GPF_FUNC: ok = table_has(&l->kinds[KIND_FUNC], v, NULL); break; /* only functions launched once */
+        case GPF_GRAPHEXEC: ok = table_has(&l->kinds[KIND_GRAPHEXEC], v, NULL); break;
+        case GPF_PINNED: ok = pinned_at(s, v, arg(c, g->length, a)) != NULL; break;
+        case GPF_SHARED: {
+            uint64_t count = arg(c, g->length, a);
+            ok = s->shm && count <= s->shm_size && v <= s->shm_size - count;
+            break;
+        }
         case GPF_RANGE: ok = range_ok(l, v, g->length == GPF_NO_ARG ? 0 : arg(c, g->length, a)); break;
         default: ok = 0; /* a check this loop does not know: Python's */
         }
@@ -553,7 +695,7 @@ static int launch(struct session *s, const uint8_t *a, const uint8_t *bulk, uint
     memcpy(attrs, bulk + params_len, (size_t)n_attrs * ATTR_BYTES);
     pthread_mutex_lock(&l->lock);
     struct layout *layout = NULL;
-    int known = args_ok(l, C_LAUNCH, a) && table_has(&l->kinds[KIND_FUNC], func, &layout) && layout;
+    int known = args_ok(s, C_LAUNCH, a) && table_has(&l->kinds[KIND_FUNC], func, &layout) && layout;
     uint32_t n = known ? layout->n : 0;
     /* Parameters shorter than the layout (an `extra` buffer: NCCL declares a 4 KiB argument struct and
      * sends the bytes its work uses) are padded with zeros: the driver reads the layout's length. */
@@ -587,17 +729,16 @@ static int launch(struct session *s, const uint8_t *a, const uint8_t *bulk, uint
     return 0;
 }
 
-/* Any other call served here: checked, run; -1 for the Python path. */
-static int other(struct session *s, int c, const uint8_t *a, int *result) {
+/* Any other call served here: checked, run (its answered value at *out); -1 for the Python path. */
+static int other(struct session *s, int c, const uint8_t *a, int *result, uint64_t *out) {
     struct lease *l = s->lease;
-    int n = gpf_calls[c].n_args;
-    uint64_t x = n > 0 ? arg(c, 0, a) : 0, y = n > 1 ? arg(c, 1, a) : 0;
-    uint32_t z = n > 2 ? (uint32_t)arg(c, 2, a) : 0;
+    uint64_t args[sizeof gpf_calls[c].args / sizeof gpf_calls[c].args[0]] = {0};
+    for (int i = 0; i < gpf_calls[c].n_args; i++) args[i] = arg(c, i, a);
     pthread_mutex_lock(&l->lock);
-    int ok = args_ok(l, c, a);
+    int ok = args_ok(s, c, a);
     pthread_mutex_unlock(&l->lock);
     if (!ok || !enter(s)) return -1;
-    *result = l->ops.call((uint32_t)c, x, y, z);
+    *result = l->ops.call((uint32_t)c, args, out);
     __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
     return 0;
 }
@@ -612,7 +753,7 @@ static int copy(struct session *s, int c, const uint8_t *a, const uint8_t *bulk,
     int to_device = call->bulk_in;
     if (count > SMALL_COPY || (to_device ? bulk_len != count : bulk_len != 0) || !count) return -1;
     pthread_mutex_lock(&l->lock);
-    int ok = args_ok(l, c, a);
+    int ok = args_ok(s, c, a);
     pthread_mutex_unlock(&l->lock);
     if (!ok) return -1;
     if (!to_device && !s->copied && !(s->copied = malloc(REPLY + SMALL_COPY))) return -1;
@@ -624,7 +765,61 @@ static int copy(struct session *s, int c, const uint8_t *a, const uint8_t *bulk,
             return -1;
         }
     }
-    *result = l->ops.copy((uint32_t)c, device, to_device ? (void *)bulk : s->copied + REPLY, count, stream);
+    *result = l->ops.copy((uint32_t)c, device, to_device ? (void *)bulk : s->copied + REPLY, count, stream, 0);
+    __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
+    return 0;
+}
+
+/* A copy between the lease's memory and the client's shared page-locked memory (gpPinnedCopy), as
+ * CopyCalls.pinned_copy runs it: checked, queued on its stream (a synchronous one done on return); -1
+ * for the Python path (a check fails, a queued one on a capturing stream, too many streams landing). */
+static int pinned_copy(struct session *s, const uint8_t *a, int *result) {
+    struct lease *l = s->lease;
+    uint64_t device = u64(a + GPF_AT_PINNED_COPY_device), host = u64(a + GPF_AT_PINNED_COPY_host);
+    uint64_t count = u64(a + GPF_AT_PINNED_COPY_count), stream = u64(a + GPF_AT_PINNED_COPY_stream);
+    uint32_t flags = u32(a + GPF_AT_PINNED_COPY_flags);
+    int to_device = flags & 1, synchronous = flags & 2;
+    pthread_mutex_lock(&l->lock);
+    int ok = args_ok(s, C_PINNED_COPY, a);
+    pthread_mutex_unlock(&l->lock);
+    if (!ok) return -1;
+    struct pinned *p = pinned_at(s, host, count);
+    if (!enter(s)) return -1;
+    if (!synchronous) { /* a queued one on a capturing stream is the guard's to refuse and spoil */
+        int capturing = 1;
+        if (l->ops.capturing(stream, &capturing) || capturing ||
+            (!to_device && pinned_note_landing(s, p, stream) < 0)) {
+            __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
+            return -1;
+        }
+    }
+    *result = l->ops.copy(C_PINNED_COPY, device, p->mapped + (host - p->base), count, stream, flags);
+    __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
+    return 0;
+}
+
+/* A piece of a copy to the device through the connection's shared memory (gpShmHtoD), as
+ * CopyCalls.shm_htod runs it: checked, copied; -1 for the Python path (a check fails, an earlier piece
+ * failed, a piece on a capturing stream: the Python path records or spoils it). */
+static int shm_htod(struct session *s, const uint8_t *a, int *result) {
+    struct lease *l = s->lease;
+    uint64_t device = u64(a + GPF_AT_SHM_HTOD_dst), count = u64(a + GPF_AT_SHM_HTOD_count);
+    uint64_t stream = u64(a + GPF_AT_SHM_HTOD_stream), offset = u64(a + GPF_AT_SHM_HTOD_offset);
+    uint32_t flags = u32(a + GPF_AT_SHM_HTOD_flags);
+    if (!s->shm_ok) return -1;
+    pthread_mutex_lock(&l->lock);
+    int ok = args_ok(s, C_SHM_HTOD, a);
+    pthread_mutex_unlock(&l->lock);
+    if (!ok) return -1;
+    if (!enter(s)) return -1;
+    if (flags & 2) {
+        int capturing = 1;
+        if (l->ops.capturing(stream, &capturing) || capturing) {
+            __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
+            return -1;
+        }
+    }
+    *result = l->ops.copy(C_SHM_HTOD, device, s->shm + offset, count, stream, flags & 3);
     __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
     return 0;
 }
@@ -633,10 +828,13 @@ static int copy(struct session *s, int c, const uint8_t *a, const uint8_t *bulk,
  * failed (ASYNC_ERROR, its frame consumed: the Python path keeps it for the next synchronising call),
  * a synchronising call's reply must follow kernel output (REPLY_AFTER_OUTPUT: Python sends both), the
  * client is gone, or `budget` frames were served (SERVED). `may_reply`: no earlier asynchronous error is
- * pending and nothing else is owed before a reply, so synchronising calls are answered here. */
+ * pending and nothing else is owed before a reply, so synchronising calls are answered here. `ctx`: the
+ * connection's current context (copies landing in shared page-locked memory are noted with it). */
 EXPORT int gpf_serve(struct session *s, int fd, struct gpt_stream *tls, struct buffer *b, int may_reply,
-                     uint32_t budget, struct outcome *out) {
+                     int shared_ok, uint64_t ctx, uint32_t budget, struct outcome *out) {
     const struct io io = {fd, tls};
+    s->ctx = ctx;
+    s->shm_ok = shared_ok;
     out->served = 0;
     out->result = 0;
     while (out->served < budget) {
@@ -648,39 +846,54 @@ EXPORT int gpf_serve(struct session *s, int fd, struct gpt_stream *tls, struct b
         uint64_t bulk_len = u64(h + GPF_REQUEST_BULK_LEN);
         int c = which_call(id);
         if (c < 0 || args_len != gpf_calls[c].args_bytes || HEADER + args_len + bulk_len > b->cap) return TO_PYTHON;
-        int copying = gpf_calls[c].n_args && gpf_calls[c].args[0].check == GPF_RANGE, sync = gpf_calls[c].sync;
-        if (sync && (!may_reply || !(flags & GPF_FLAG_WANTS_REPLY))) return TO_PYTHON;
+        int pinned = c == C_PINNED_COPY, shm = c == C_SHM_HTOD, sync = gpf_calls[c].sync;
+        int copying = gpf_calls[c].data;
+        /* Answered when the frame asks, and a copy to the host always (its bytes come back, as on the
+         * Python path); a synchronising call sent without asking (an async gpPinnedCopy) is run
+         * unanswered, its error kept for the next one, as the Python path does. */
+        int replies = gpf_calls[c].replies && (flags & GPF_FLAG_WANTS_REPLY || copying);
+        if (replies && !may_reply) return TO_PYTHON;
         if (!gpf_calls[c].bulk_in && bulk_len) return TO_PYTHON;
         if ((r = fill(&io, b, HEADER + args_len + bulk_len))) return r;
         h = b->data + b->start;
+        if (shm) { /* a copy through shared memory answers its last piece, always, and no other */
+            replies = u32(h + HEADER + GPF_AT_SHM_HTOD_flags) & 1;
+            if (replies && !may_reply) return TO_PYTHON;
+        }
         int result = 0;
+        uint64_t value = 0; /* the answered value, if the call has one */
         const uint8_t *a = h + HEADER, *bulk = h + HEADER + args_len;
         if ((c == C_LAUNCH ? launch(s, a, bulk, bulk_len, &result)
+             : pinned      ? pinned_copy(s, a, &result)
+             : shm         ? shm_htod(s, a, &result)
              : copying     ? copy(s, c, a, bulk, bulk_len, &result)
-                           : other(s, c, a, &result)) < 0)
+                           : other(s, c, a, &result, &value)) < 0)
             return TO_PYTHON;
         b->start += HEADER + args_len + bulk_len;
         out->served++;
         __atomic_fetch_add(&s->calls, 1, __ATOMIC_RELAXED);
-        if (!sync) {
+        if (!replies) {
             if (result) {
                 out->result = result;
-                return ASYNC_ERROR;
+                return shm ? SHARED_ERROR : ASYNC_ERROR;
             }
             continue;
         }
         uint64_t count = copying ? arg(c, 1, a) : 0, sent = result ? 0 : count; /* bytes of a copy to the host */
-        if (output_waiting()) {
+        if (sync && output_waiting()) {
             out->result = result;
             out->data = sent ? s->copied + REPLY : NULL;
             out->data_len = sent;
             return REPLY_AFTER_OUTPUT;
         }
-        uint8_t head[REPLY] = {0}, *reply = copying ? s->copied : head;
+        uint8_t head[REPLY + 8] = {0}, *reply = copying ? s->copied : head;
+        uint32_t outs = result ? 0 : gpf_calls[c].outs; /* a failed call answers no value */
         memset(reply, 0, REPLY);
         memcpy(reply + GPF_REPLY_RESULT, &result, 4);
+        memcpy(reply + GPF_REPLY_OUTS_LEN, &outs, 4);
         memcpy(reply + GPF_REPLY_BULK_LEN, &sent, 8);
-        if (send_all(&io, reply, REPLY + sent) < 0) return IO_ERROR;
+        memcpy(reply + REPLY, &value, outs); /* little-endian, as the wire */
+        if (send_all(&io, reply, REPLY + (copying ? sent : outs)) < 0) return IO_ERROR;
     }
     return SERVED;
 }

@@ -35,13 +35,22 @@ enum {
     C_HTOD_ASYNC, /* cuMemcpyHtoDAsync_v2 */
     C_DTOH, /* cuMemcpyDtoH_v2 */
     C_DTOH_ASYNC, /* cuMemcpyDtoHAsync_v2 */
+    C_DTOD, /* cuMemcpyDtoD_v2 */
+    C_DTOD_ASYNC, /* cuMemcpyDtoDAsync_v2 */
+    C_PINNED_COPY, /* gpPinnedCopy */
+    C_SHM_HTOD, /* gpShmHtoD */
+    C_GRAPH_LAUNCH, /* cuGraphLaunch */
+    C_EVENT_ELAPSED, /* cuEventElapsedTime */
+    C_EVENT_ELAPSED_V2, /* cuEventElapsedTime_v2 */
     C_COUNT
 };
 
 /* How the guard checks an argument (virtualize/server/_guard_rules.py): a handle of the lease's of that
  * kind, or device bytes inside one of the lease's allocations (`length`: the argument holding their
- * count, DEVICE_RANGES; none: the pointer alone). */
-enum { GPF_PLAIN, GPF_STREAM, GPF_EVENT, GPF_FUNC, GPF_RANGE };
+ * count, DEVICE_RANGES; none: the pointer alone);
+ * GPF_PINNED: the client's page-locked memory shared with the worker (PINNED_RANGES); GPF_SHARED: an
+ * offset of the memory the connection shares with its process on this host (SHARED_RANGES). */
+enum { GPF_PLAIN, GPF_STREAM, GPF_EVENT, GPF_FUNC, GPF_GRAPHEXEC, GPF_RANGE, GPF_PINNED, GPF_SHARED };
 /* A stream every context has (_guard_rules.BUILTIN_STREAMS): no lease's own, always allowed. */
 #define GPF_BUILTIN_STREAM(s) ((s) == 0 || (s) == 1 || (s) == 2)
 #define GPF_NO_ARG 255
@@ -49,25 +58,35 @@ struct gpf_arg { uint8_t offset, size, check, length; };
 struct gpf_call {
     uint32_t id, args_bytes;
     uint8_t sync;    /* a synchronising call: it answers, with an earlier asynchronous error first */
+    uint8_t replies; /* answered when the frame asks (not an asynchronous call) */
+    uint8_t outs;    /* bytes of its one answered value (at most 8), or 0 */
     uint8_t bulk_in; /* bytes follow its arguments (a launch's parameters, a copy's data) */
+    uint8_t data;    /* a copy whose client-side bytes travel in the frame or in the reply */
     uint8_t capture; /* the stream argument on which a capture refuses it (capture_refuses), or none */
     uint8_t n_args;
     struct gpf_arg args[10];
 };
 static const struct gpf_call gpf_calls[C_COUNT] = {
-    [C_LAUNCH] = {235, 48, 0, 1, 255, 10, {{0, 8, GPF_FUNC, 255}, {8, 4, GPF_PLAIN, 255}, {12, 4, GPF_PLAIN, 255}, {16, 4, GPF_PLAIN, 255}, {20, 4, GPF_PLAIN, 255}, {24, 4, GPF_PLAIN, 255}, {28, 4, GPF_PLAIN, 255}, {32, 4, GPF_PLAIN, 255}, {36, 8, GPF_STREAM, 255}, {44, 4, GPF_PLAIN, 255}}},
-    [C_CTX_SYNC] = {41, 0, 1, 0, 255, 0, {{0}}},
-    [C_STREAM_SYNC] = {241, 8, 1, 0, 255, 1, {{0, 8, GPF_STREAM, 255}}},
-    [C_STREAM_QUERY] = {240, 8, 1, 0, 255, 1, {{0, 8, GPF_STREAM, 255}}},
-    [C_EVENT_SYNC] = {332, 8, 1, 0, 255, 1, {{0, 8, GPF_EVENT, 255}}},
-    [C_EVENT_QUERY] = {331, 8, 1, 0, 255, 1, {{0, 8, GPF_EVENT, 255}}},
-    [C_EVENT_RECORD] = {329, 16, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_STREAM, 255}}},
-    [C_EVENT_RECORD_FLAGS] = {330, 20, 0, 0, 255, 3, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_STREAM, 255}, {16, 4, GPF_PLAIN, 255}}},
-    [C_STREAM_WAIT_EVENT] = {242, 20, 0, 0, 255, 3, {{0, 8, GPF_STREAM, 255}, {8, 8, GPF_EVENT, 255}, {16, 4, GPF_PLAIN, 255}}},
-    [C_HTOD] = {112, 24, 0, 1, 255, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
-    [C_HTOD_ASYNC] = {113, 24, 0, 1, 2, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
-    [C_DTOH] = {114, 24, 1, 0, 255, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
-    [C_DTOH_ASYNC] = {115, 24, 1, 0, 2, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
+    [C_LAUNCH] = {235, 48, 0, 0, 0, 1, 0, 255, 10, {{0, 8, GPF_FUNC, 255}, {8, 4, GPF_PLAIN, 255}, {12, 4, GPF_PLAIN, 255}, {16, 4, GPF_PLAIN, 255}, {20, 4, GPF_PLAIN, 255}, {24, 4, GPF_PLAIN, 255}, {28, 4, GPF_PLAIN, 255}, {32, 4, GPF_PLAIN, 255}, {36, 8, GPF_STREAM, 255}, {44, 4, GPF_PLAIN, 255}}},
+    [C_CTX_SYNC] = {41, 0, 1, 1, 0, 0, 0, 255, 0, {{0}}},
+    [C_STREAM_SYNC] = {241, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255}}},
+    [C_STREAM_QUERY] = {240, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255}}},
+    [C_EVENT_SYNC] = {332, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255}}},
+    [C_EVENT_QUERY] = {331, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255}}},
+    [C_EVENT_RECORD] = {329, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_STREAM, 255}}},
+    [C_EVENT_RECORD_FLAGS] = {330, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_STREAM, 255}, {16, 4, GPF_PLAIN, 255}}},
+    [C_STREAM_WAIT_EVENT] = {242, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_STREAM, 255}, {8, 8, GPF_EVENT, 255}, {16, 4, GPF_PLAIN, 255}}},
+    [C_HTOD] = {112, 24, 0, 0, 0, 1, 1, 255, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
+    [C_HTOD_ASYNC] = {113, 24, 0, 0, 0, 1, 1, 2, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
+    [C_DTOH] = {114, 24, 1, 1, 0, 0, 1, 255, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
+    [C_DTOH_ASYNC] = {115, 24, 1, 1, 0, 0, 1, 2, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
+    [C_DTOD] = {128, 24, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_RANGE, 2}, {16, 8, GPF_PLAIN, 255}}},
+    [C_DTOD_ASYNC] = {129, 32, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_RANGE, 2}, {16, 8, GPF_PLAIN, 255}, {24, 8, GPF_STREAM, 255}}},
+    [C_PINNED_COPY] = {122, 36, 1, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_PINNED, 2}, {16, 8, GPF_PLAIN, 255}, {24, 8, GPF_STREAM, 255}, {32, 4, GPF_PLAIN, 255}}},
+    [C_SHM_HTOD] = {119, 36, 0, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}, {24, 8, GPF_SHARED, 1}, {32, 4, GPF_PLAIN, 255}}},
+    [C_GRAPH_LAUNCH] = {324, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_GRAPHEXEC, 255}, {8, 8, GPF_STREAM, 255}}},
+    [C_EVENT_ELAPSED] = {334, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_EVENT, 255}}},
+    [C_EVENT_ELAPSED_V2] = {335, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_EVENT, 255}}},
 };
 
 /* Each argument's offset by name: GPF_AT_<call>_<argument>. */
@@ -105,3 +124,26 @@ static const struct gpf_call gpf_calls[C_COUNT] = {
 #define GPF_AT_DTOH_ASYNC_src 0
 #define GPF_AT_DTOH_ASYNC_count 8
 #define GPF_AT_DTOH_ASYNC_stream 16
+#define GPF_AT_DTOD_dst 0
+#define GPF_AT_DTOD_src 8
+#define GPF_AT_DTOD_count 16
+#define GPF_AT_DTOD_ASYNC_dst 0
+#define GPF_AT_DTOD_ASYNC_src 8
+#define GPF_AT_DTOD_ASYNC_count 16
+#define GPF_AT_DTOD_ASYNC_stream 24
+#define GPF_AT_PINNED_COPY_device 0
+#define GPF_AT_PINNED_COPY_host 8
+#define GPF_AT_PINNED_COPY_count 16
+#define GPF_AT_PINNED_COPY_stream 24
+#define GPF_AT_PINNED_COPY_flags 32
+#define GPF_AT_SHM_HTOD_dst 0
+#define GPF_AT_SHM_HTOD_count 8
+#define GPF_AT_SHM_HTOD_stream 16
+#define GPF_AT_SHM_HTOD_offset 24
+#define GPF_AT_SHM_HTOD_flags 32
+#define GPF_AT_GRAPH_LAUNCH_graph_exec 0
+#define GPF_AT_GRAPH_LAUNCH_stream 8
+#define GPF_AT_EVENT_ELAPSED_start 0
+#define GPF_AT_EVENT_ELAPSED_end 8
+#define GPF_AT_EVENT_ELAPSED_V2_start 0
+#define GPF_AT_EVENT_ELAPSED_V2_end 8

@@ -1,0 +1,200 @@
+"""The worker's cost per frame, native loop vs Python path: python bench/bench_native_frames.py  (< 1 min, no GPU)
+
+Sends the same run of frames of one call over a socket pair to the worker's connection code (the
+worker's own `Channel`, `Session` and `_native_dispatch.NativeSession`), once served by the native loop
+(dispatch.c) and once by the Python guard (`Session.dispatch`, as with GPUPOOL_WORKER_NATIVE=0), and
+prints the worker's time per frame for each. The executor does nothing (every call returns at once),
+so the numbers are the worker's dispatch alone — what each remote call costs on top of the driver's
+own work. Without a driver the loop calls back into Python for the work (ctypes), as the host executor
+does; on a GPU server C calls the driver directly: the third column is the loop with C functions that
+do nothing in the driver's place (compiled here with `cc`), the loop's own cost as on a GPU server.
+
+Calls measured: an asynchronous gpPinnedCopy of 64 KiB into the client's shared page-locked memory
+(issue 31's data loader), cuGraphLaunch, cuEventRecord, cuEventElapsedTime (answered), and a
+synchronous 64 KiB cuMemcpyHtoD (its bytes in the frame).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from virtualize.common import _wire  # noqa: E402
+from virtualize.common._calls import CALL_IDS, CALLS  # noqa: E402
+from virtualize.server import _native_dispatch  # noqa: E402
+from virtualize.server._executor import CopiedBytes, SharedHostMemory  # noqa: E402
+from virtualize.server._executor_guard import Allocation, LeaseState, Session  # noqa: E402
+from virtualize.server.worker import Channel  # noqa: E402
+
+BY_NAME = {c.symbol if c.symbol != "-" else c.name: c for c in CALLS}
+STREAM, EVENT, GRAPH_EXEC, BASE, PINNED = 0x5000, 0x6000, 0x7000, 0x10000, 0x7F0000000000
+COPY = 64 << 10
+
+
+class IdleExecutor:
+    """Every call returns at once: the worker's dispatch is all that is measured."""
+
+    name = "idle"
+
+    def copy_to_device(self, dst, count, stream, fill) -> None:
+        fill(memoryview(bytearray(count)))
+
+    def copy_in_from(self, dst, shared, offset, count, stream, last) -> None:
+        return None
+
+    def copy_out_into(self, shared, offset, src, count, stream) -> CopiedBytes:
+        return CopiedBytes(b"")
+
+    def shared_host_memory(self, size: int) -> SharedHostMemory:
+        return SharedHostMemory(size)
+
+    def cuStreamIsCapturing(self, stream) -> int:
+        return 0
+
+    def cuEventElapsedTime(self, start, end) -> float:
+        return 0.5
+
+    def __getattr__(self, name):
+        if not name.startswith("cu"):
+            raise AttributeError(name)
+        return lambda *args: None
+
+
+def frame(name: str, *args, bulk: bytes = b"", flags: int = 0) -> bytes:
+    call = BY_NAME[name]
+    packed = call.in_struct.pack(*args)
+    return _wire.REQUEST.pack(CALL_IDS[call], flags, len(packed), 0, len(bulk)) + packed + bulk
+
+
+FRAMES = {
+    "gpPinnedCopy, 64 KiB to the host, queued": frame("gpPinnedCopy", BASE, PINNED, COPY, STREAM, 0),
+    "cuGraphLaunch": frame("cuGraphLaunch", GRAPH_EXEC, STREAM),
+    "cuEventRecord": frame("cuEventRecord", EVENT, STREAM),
+    "cuEventElapsedTime (answered)": frame(
+        "cuEventElapsedTime_v2", EVENT, EVENT, flags=_wire.FLAG_WANTS_REPLY
+    ),
+    "cuMemcpyHtoD, 64 KiB in the frame": frame("cuMemcpyHtoD_v2", BASE, COPY, 0, bulk=bytes(COPY)),
+}
+END = frame("cuDeviceGetCount", flags=_wire.FLAG_WANTS_REPLY)  # no loop serves it: the run's end
+
+
+# The driver's place, for the loop's own cost: every call succeeds at once, no stream is capturing.
+STUB_C = """
+#include <stdint.h>
+int gp_stub_launch(void) { return 0; }
+int gp_stub_call(void) { return 0; }
+int gp_stub_copy(void) { return 0; }
+int gp_stub_capturing(uint64_t stream, int *capturing) { (void)stream; *capturing = 0; return 0; }
+"""
+
+
+def stub_ops() -> tuple | None:
+    """gpf_lease_new's four functions, compiled; None where there is no C compiler."""
+    folder = Path(tempfile.mkdtemp(prefix="gpupool-bench-frames-"))
+    (folder / "stub.c").write_text(STUB_C)
+    built = subprocess.run(
+        ["cc", "-O2", "-shared", "-fPIC", "-o", str(folder / "stub.so"), str(folder / "stub.c")],
+        capture_output=True,
+    )
+    if built.returncode:
+        return None
+    lib = ctypes.CDLL(str(folder / "stub.so"))
+    types = (
+        _native_dispatch._LAUNCH,
+        _native_dispatch._CALL,
+        _native_dispatch._COPY,
+        _native_dispatch._CAPTURING,
+    )
+    names = ("gp_stub_launch", "gp_stub_call", "gp_stub_copy", "gp_stub_capturing")
+    return tuple(
+        kind(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value)
+        for kind, name in zip(types, names, strict=True)
+    )
+
+
+def lease_and_session(sock: socket.socket, native: bool, ops: tuple | None = None):
+    lease = LeaseState([1 << 30])
+    executor = IdleExecutor()
+    loop = _native_dispatch.for_worker(lease, executor) if native else None
+    if loop is not None and ops is not None:  # C's own functions in the driver's place
+        loop.ptr = loop.lib.gpf_lease_new(*ops)
+    lease.handles["stream"].add(STREAM)
+    lease.handles["event"].add(EVENT)
+    lease.handles["graphexec"].add(GRAPH_EXEC)
+    lease.add(Allocation(BASE, 1 << 20, 0, owned=True))
+    channel = Channel(sock)
+    session = Session(lease, executor, channel)
+    shared = executor.shared_host_memory(1 << 20)
+    session.pinned[PINNED] = shared
+    native_session = loop.session() if loop is not None else None
+    if native_session is not None:
+        session.native = native_session
+        native_session.pinned_add(PINNED, shared)
+    return channel, session, native_session
+
+
+def run(one: bytes, n: int, native: bool, ops: tuple | None = None) -> float:
+    """Seconds the worker spent on `n` frames of `one`."""
+    client, served = socket.socketpair()
+    channel, session, native_session = lease_and_session(served, native, ops)
+    drained = threading.Thread(target=lambda: _drain(client), daemon=True)
+    drained.start()
+    sender = threading.Thread(target=client.sendall, args=(one * n + END,), daemon=True)
+    sender.start()
+    start = time.perf_counter()
+    if native_session is not None:
+        native_session.serve(channel, session, touch=lambda: None)
+    header = _wire.REQUEST
+    while True:  # the Python path: every frame (after the loop: only the last one)
+        call_id, flags, args_len, _, bulk_len = header.unpack(channel.read_exact(header.size))
+        if call_id == CALL_IDS[BY_NAME["cuDeviceGetCount"]]:
+            break
+        session.dispatch(call_id, flags, channel.read_exact(args_len), bulk_len)
+    took = time.perf_counter() - start
+    sender.join(10)
+    client.close()
+    served.close()
+    return took
+
+
+def _drain(sock: socket.socket) -> None:
+    try:
+        while sock.recv(1 << 20):
+            pass
+    except OSError:
+        pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--frames", type=int, default=20_000, help="frames per run (default 20000)")
+    args = parser.parse_args()
+    if _native_dispatch._load() is None:
+        sys.exit("bench_native_frames: the native loop is not built (python setup.py build_ext --inplace)")
+    ops = stub_ops()
+    print(
+        "| frame (idle executor) | Python path, µs per frame | native loop calling back into Python | "
+        "native loop, C in the driver's place |"
+    )
+    print("| --- | --- | --- | --- |")
+    for what, one in FRAMES.items():
+        per = [
+            min(run(one, args.frames, native, c_ops) for _ in range(3)) / args.frames * 1e6
+            for native, c_ops in ((False, None), (True, None), (True, ops))
+        ]
+        stub = f"{per[2]:.2f}" if ops is not None else "(no cc)"
+        print(f"| {what} | {per[0]:.2f} | {per[1]:.2f} | {stub} |")
+
+
+if __name__ == "__main__":
+    main()
