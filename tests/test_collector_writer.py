@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -240,9 +241,16 @@ def test_sigterm_flushes_and_exits_0(tmp_path):
         [*CLI, "--simulate", "2", "--interval", "0.1s", "--flush", "60s", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    time.sleep(2.0)
+    # Sample for a second from when the collector says it started (its start-up time varies with load).
+    banner = ""
+    deadline = time.monotonic() + 60
+    while "SIMULATED FLEET" not in banner and time.monotonic() < deadline:
+        if select.select([proc.stderr], [], [], 1.0)[0]:
+            banner += proc.stderr.readline()
+    time.sleep(1.0)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=20)
+    err = banner + err
     assert proc.returncode == 0, err
     assert "SIMULATED FLEET" in err
     # nothing was flushed before the signal (60 s interval): everything came from the final flush
