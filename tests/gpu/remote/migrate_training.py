@@ -227,30 +227,31 @@ def outcome(name: str, answer: dict, intact: bool, detail: str) -> None:
         record(name, "REFUSED", f"{answer.get('error')}; the program ran on unharmed")
 
 
-def driver_check(shim: Path, work: Path, two: list) -> None:
-    print(f"\n=== driver: 256 MiB, a stream and an event of the driver API, moved GPU {two[0][0]} -> {two[1][0]}",
-          flush=True)  # fmt: skip
-    handle = worker_on(two[0], 2)
+def moved_holder(
+    title: str, holder: str, mem_gib: int, check: str, shim: Path, work: Path, two: list
+) -> None:
+    """A program holding `holder`'s objects on GPU two[0], moved to two[1] while it waits; intact after?"""
+    print(f"\n=== {title}, moved GPU {two[0][0]} -> {two[1][0]}", flush=True)
+    handle = worker_on(two[0], mem_gib)
     try:
-        first, answer, after, smi = hold(DRIVER_HOLDER, [], handle, shim, work, two[1])
+        first, answer, after, smi = hold(holder, [], handle, shim, work, two[1])
     finally:
         handle.stop()
     intact = first == "ready True" and after == "after True True"
-    outcome("driver API: memory, stream and event moved", answer, intact,
+    outcome(check, answer, intact,
             f"{answer.get('bytes', 0) >> 20} MiB, {answer.get('objects')} objects, paused {answer.get('pause_s', 0):.3f} s, "
             f"used MiB {smi}")  # fmt: skip
 
 
+def driver_check(shim: Path, work: Path, two: list) -> None:
+    moved_holder("driver: 256 MiB, a stream and an event of the driver API", DRIVER_HOLDER, 2,
+                 "driver API: memory, stream and event moved", shim, work, two)  # fmt: skip
+
+
 def cupy_check(shim: Path, work: Path, two: list) -> None:
-    print(f"\n=== cupy: 1 GiB held by a CuPy kernel, moved GPU {two[0][0]} -> {two[1][0]}", flush=True)
-    handle = worker_on(two[0], 4)
-    try:
-        first, answer, after, smi = hold(CUPY_HOLDER, [], handle, shim, work, two[1])
-    finally:
-        handle.stop()
-    intact = first == "ready True" and after == "after True True"
-    outcome("cupy: 1 GiB and a kernel moved", answer, intact,
-            f"{answer.get('bytes', 0) >> 20} MiB, paused {answer.get('pause_s', 0):.3f} s, used MiB {smi}")  # fmt: skip
+    moved_holder(
+        "cupy: 1 GiB held by a CuPy kernel", CUPY_HOLDER, 4, "cupy: 1 GiB and a kernel moved", shim, work, two
+    )
 
 
 def pause_table(shim: Path, work: Path, two: list, sizes: list[int], out_dir: Path | None) -> None:

@@ -539,6 +539,16 @@ static int enter(struct session *s) {
     __atomic_store_n(&s->busy, 0, __ATOMIC_SEQ_CST);
     return 0;
 }
+
+/* enter(), and `stream` not capturing (a copy queued on a capturing stream is the guard's to record,
+ * refuse or spoil): 1, or 0 (not busy) to leave the frame to Python. */
+static int enter_uncaptured(struct session *s, uint64_t stream) {
+    if (!enter(s)) return 0;
+    int capturing = 1;
+    if (s->lease->ops.capturing(stream, &capturing) == 0 && !capturing) return 1;
+    __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
+    return 0;
+}
 EXPORT uint64_t gpf_session_calls(const struct session *s) { return __atomic_load_n(&s->calls, __ATOMIC_RELAXED); }
 
 struct buffer {
@@ -665,6 +675,14 @@ static int args_ok(const struct session *s, int c, const uint8_t *a) {
     return 1;
 }
 
+/* args_ok under the lease's lock. */
+static int checked(struct session *s, int c, const uint8_t *a) {
+    pthread_mutex_lock(&s->lease->lock);
+    int ok = args_ok(s, c, a);
+    pthread_mutex_unlock(&s->lease->lock);
+    return ok;
+}
+
 static int send_all(const struct io *io, const void *p, size_t n) {
     if (io->tls) return gpt_send_all(io->tls, p, n);
     const uint8_t *c = p;
@@ -734,10 +752,7 @@ static int other(struct session *s, int c, const uint8_t *a, int *result, uint64
     struct lease *l = s->lease;
     uint64_t args[sizeof gpf_calls[c].args / sizeof gpf_calls[c].args[0]] = {0};
     for (int i = 0; i < gpf_calls[c].n_args; i++) args[i] = arg(c, i, a);
-    pthread_mutex_lock(&l->lock);
-    int ok = args_ok(s, c, a);
-    pthread_mutex_unlock(&l->lock);
-    if (!ok || !enter(s)) return -1;
+    if (!checked(s, c, a) || !enter(s)) return -1;
     *result = l->ops.call((uint32_t)c, args, out);
     __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
     return 0;
@@ -752,19 +767,9 @@ static int copy(struct session *s, int c, const uint8_t *a, const uint8_t *bulk,
     uint64_t device = arg(c, 0, a), count = arg(c, 1, a), stream = arg(c, 2, a);
     int to_device = call->bulk_in;
     if (count > SMALL_COPY || (to_device ? bulk_len != count : bulk_len != 0) || !count) return -1;
-    pthread_mutex_lock(&l->lock);
-    int ok = args_ok(s, c, a);
-    pthread_mutex_unlock(&l->lock);
-    if (!ok) return -1;
+    if (!checked(s, c, a)) return -1;
     if (!to_device && !s->copied && !(s->copied = malloc(REPLY + SMALL_COPY))) return -1;
-    if (!enter(s)) return -1;
-    if (call->capture != GPF_NO_ARG) { /* a copy on a capturing stream is the guard's to refuse or spoil */
-        int capturing = 1;
-        if (l->ops.capturing(arg(c, call->capture, a), &capturing) || capturing) {
-            __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
-            return -1;
-        }
-    }
+    if (!(call->capture != GPF_NO_ARG ? enter_uncaptured(s, arg(c, call->capture, a)) : enter(s))) return -1;
     *result = l->ops.copy((uint32_t)c, device, to_device ? (void *)bulk : s->copied + REPLY, count, stream, 0);
     __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
     return 0;
@@ -779,19 +784,12 @@ static int pinned_copy(struct session *s, const uint8_t *a, int *result) {
     uint64_t count = u64(a + GPF_AT_PINNED_COPY_count), stream = u64(a + GPF_AT_PINNED_COPY_stream);
     uint32_t flags = u32(a + GPF_AT_PINNED_COPY_flags);
     int to_device = flags & 1, synchronous = flags & 2;
-    pthread_mutex_lock(&l->lock);
-    int ok = args_ok(s, C_PINNED_COPY, a);
-    pthread_mutex_unlock(&l->lock);
-    if (!ok) return -1;
+    if (!checked(s, C_PINNED_COPY, a)) return -1;
     struct pinned *p = pinned_at(s, host, count);
-    if (!enter(s)) return -1;
-    if (!synchronous) { /* a queued one on a capturing stream is the guard's to refuse and spoil */
-        int capturing = 1;
-        if (l->ops.capturing(stream, &capturing) || capturing ||
-            (!to_device && pinned_note_landing(s, p, stream) < 0)) {
-            __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
-            return -1;
-        }
+    if (!(synchronous ? enter(s) : enter_uncaptured(s, stream))) return -1;
+    if (!synchronous && !to_device && pinned_note_landing(s, p, stream) < 0) {
+        __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
+        return -1;
     }
     *result = l->ops.copy(C_PINNED_COPY, device, p->mapped + (host - p->base), count, stream, flags);
     __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
@@ -806,19 +804,8 @@ static int shm_htod(struct session *s, const uint8_t *a, int *result) {
     uint64_t device = u64(a + GPF_AT_SHM_HTOD_dst), count = u64(a + GPF_AT_SHM_HTOD_count);
     uint64_t stream = u64(a + GPF_AT_SHM_HTOD_stream), offset = u64(a + GPF_AT_SHM_HTOD_offset);
     uint32_t flags = u32(a + GPF_AT_SHM_HTOD_flags);
-    if (!s->shm_ok) return -1;
-    pthread_mutex_lock(&l->lock);
-    int ok = args_ok(s, C_SHM_HTOD, a);
-    pthread_mutex_unlock(&l->lock);
-    if (!ok) return -1;
-    if (!enter(s)) return -1;
-    if (flags & 2) {
-        int capturing = 1;
-        if (l->ops.capturing(stream, &capturing) || capturing) {
-            __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
-            return -1;
-        }
-    }
+    if (!s->shm_ok || !checked(s, C_SHM_HTOD, a)) return -1;
+    if (!(flags & 2 ? enter_uncaptured(s, stream) : enter(s))) return -1;
     *result = l->ops.copy(C_SHM_HTOD, device, s->shm + offset, count, stream, flags & 3);
     __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
     return 0;
