@@ -137,10 +137,14 @@ async def test_without_an_admin_token_the_keys_say_so_and_send_nothing(server):
 
 
 async def test_drain_a_gpu_from_the_gpu_table_and_undo_it(server, tmp_path):
-    """`d` on the GPU of a running remote lease, confirmed: the lease moves to another GPU, the GPU is
-    shown as draining and the API reports it so; `d` again, confirmed, makes it take leases again."""
+    """`d` on the GPU of a running remote lease, confirmed: the lease moves to another GPU, a local
+    lease there stays and the status line names it (partly done), the GPU is shown as draining and
+    the API reports it so; `d` again, confirmed, makes it take leases again."""
     admin = server.token("ops", admin=True)
     run, lease = start_program(server, tmp_path, "drained", admin)
+    # A local lease on every GPU, so on the drained one too: it cannot move.
+    status, local = api(server.url, "POST", "/v1/leases", server.token("local-all"), {"n": 3, "mem_mib": 256})
+    assert status == 201, local
     try:
         (gpu,) = partitions(server, admin, lease["id"])
         app = make_app(server, admin)
@@ -158,6 +162,8 @@ async def test_drain_a_gpu_from_the_gpu_table_and_undo_it(server, tmp_path):
             assert [g["index"] for g in view["gpus"] if g["draining"]] == [gpu]
             row = next(r for r in shown(app, "pool-gpus") if r[1] == str(gpu))
             assert row[3].startswith("draining")
+            assert f"{local['id']} stays" in status_line(app)
+            assert any(n.severity == "warning" and n.title == "Partly done" for n in app._notifications)
             await pilot.press("d", "y")  # the same row: it is draining, so this undoes it
             await settle(pilot)
             _, view = api(server.url, "GET", "/v1/gpus", admin)
@@ -168,4 +174,5 @@ async def test_drain_a_gpu_from_the_gpu_table_and_undo_it(server, tmp_path):
     finally:
         if run.poll() is None:
             run.kill()
+        api(server.url, "DELETE", f"/v1/leases/{local['id']}", admin)
     assert "same_plain True" in out and "finished 1" in out

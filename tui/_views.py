@@ -341,9 +341,11 @@ class PoolView(View):
         self.query_one("#pool-leases", SyncTable).set_rows(leases)
         self.query_one("#pool-clients", SyncTable).set_rows(clients)
 
-    def show_action(self, text: str, *, failed: bool = False, running: bool = False) -> None:
+    def show_action(
+        self, text: str, *, failed: bool = False, partial: bool = False, running: bool = False
+    ) -> None:
         """Put an action's outcome (or that it is under way) on the status line, until the next one."""
-        style = "bold red" if failed else "yellow" if running else "bold green"
+        style = "bold red" if failed else "bold yellow" if partial else "yellow" if running else "bold green"
         self.action = Text(text, style=style)
         self._show_status()
 

@@ -80,12 +80,14 @@ class ConsoleApp(App):
             self.states = states
 
     class ActionDone(Message):
-        """An operator action finished: ``error`` is None on success, else the one line why not."""
+        """An operator action finished: ``error`` is None on success, else the one line why not;
+        ``partial``: it happened but left something undone (a drain that could not move every lease)."""
 
-        def __init__(self, what: str, error: str | None):
+        def __init__(self, what: str, error: str | None, *, partial: bool = False):
             super().__init__()
             self.what = what
             self.error = error
+            self.partial = partial
 
     def __init__(
         self,
@@ -407,10 +409,11 @@ class ConsoleApp(App):
         what: str,
         call: Callable[[ServerClient], Any],
         *,
-        outcome: Callable[[Any], str] | None = None,
+        outcome: Callable[[Any], tuple[str, bool]] | None = None,
         client: ServerClient | None = None,
     ) -> None:
-        """Run `call` against `server`; ``outcome`` words its answer (else `what` is the outcome).
+        """Run `call` against `server`; ``outcome`` words its answer and says whether it was only partly
+        done (else `what` is the outcome).
         ``client``: one with a longer timeout than the console's --timeout, for a long action."""
         if self.pool is None:  # the actions ask for a selected row of the Pool view first
             return
@@ -420,7 +423,8 @@ class ConsoleApp(App):
         except PoolClientError as exc:
             self.post_message(self.ActionDone(what, str(exc)))
         else:
-            self.post_message(self.ActionDone(outcome(answer) if outcome else what, None))
+            text, partial = outcome(answer) if outcome else (what, False)
+            self.post_message(self.ActionDone(text, None, partial=partial))
 
     @on(ActionDone)
     def _action_done(self, message: ActionDone) -> None:
@@ -429,6 +433,9 @@ class ConsoleApp(App):
         if message.error:
             self.notify(message.error, title="Action failed", severity="error", timeout=10)
             view.show_action(f"{message.what} failed: {message.error}", failed=True)
+        elif message.partial:
+            self.notify(message.what, title="Partly done", severity="warning", timeout=10)
+            view.show_action(message.what, partial=True)
         else:
             self.notify(message.what, title="Done", timeout=4)
             view.show_action(message.what)
@@ -467,12 +474,13 @@ class ConsoleApp(App):
         what = f"migrating lease {lease_id} partition {partition} from GPU {choice.source} to GPU {to}"
         self.query_one(PoolView).show_action(what + " …", running=True)
 
-        def moved(lease: api.MigratedLease) -> str:
+        def moved(lease: api.MigratedLease) -> tuple[str, bool]:
             m = lease.migration
-            return (
+            text = (
                 f"moved lease {lease_id} partition {m.device}: GPU {m.from_} → GPU {m.to}, "
                 f"paused {m.pause_s:.3f} s ({fmt.mib(m.bytes)} copied)"
             )
+            return text, False
 
         call = lambda c: c.migrate(lease_id, to, partition)  # noqa: E731
         patient = self.pool.patient_client(server, MIGRATE_WAIT_S) if self.pool else None
@@ -501,14 +509,13 @@ class ConsoleApp(App):
             )
             what = f"draining GPU {index} of {server}"
 
-        def drained(done: api.Drain) -> str:
+        def drained(done: api.Drain) -> tuple[str, bool]:
             if not done.draining:
-                return f"GPU {done.gpu} of {server} takes new leases again"
+                return f"GPU {done.gpu} of {server} takes new leases again", False
             moved = [f"{m.lease} → GPU {m.to} (paused {m.pause_s:.3f} s)" for m in done.moved]
             stayed = [f"{s.lease} stays: {s.reason}" for s in done.stayed]
-            return f"GPU {done.gpu} of {server} draining, no new leases; " + (
-                "; ".join(moved + stayed) or "no lease on it"
-            )
+            lines = "; ".join(moved + stayed) or "no lease on it"
+            return f"GPU {done.gpu} of {server} draining, no new leases; {lines}", bool(stayed)
 
         def answered(yes: bool | None) -> None:
             if yes:
