@@ -8,7 +8,7 @@ post a Message back; handlers on the UI thread only lay data out.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
@@ -42,6 +42,7 @@ from tui._views import FleetView, PoolView, View, split_row_key
 MIGRATE_WAIT_S = MIGRATE_TIMEOUT_S + 30.0
 
 VIEWS = ("fleet", "pool", "history")
+T = TypeVar("T")
 
 
 class ConsoleApp(App):
@@ -441,17 +442,24 @@ class ConsoleApp(App):
             view.show_action(message.what)
         self.load_pool(True)
 
+    def _picked_item(
+        self, table_id: str, what: str, items: Callable[[ServerState], Iterable[T]], key: Callable[[T], str]
+    ) -> tuple[ServerState, T] | None:
+        """The selected row's server and item as the last refresh saw them, the admin token checked;
+        None when there is none (a notice says why) or the row went away with a refresh."""
+        picked = self._selected(table_id, what)
+        if picked is None or self._admin_client(picked[0]) is None:
+            return None
+        state = next((s for s in self.last_pool if s.url == picked[0]), None)
+        item = next((x for x in items(state) if key(x) == picked[1]), None) if state else None
+        return (state, item) if state is not None and item is not None else None
+
     def action_migrate_lease(self) -> None:
-        picked = self._selected("pool-leases", "lease")
+        picked = self._picked_item("pool-leases", "lease", lambda s: s.leases, lambda x: x.id)
         if picked is None:
             return
-        server, lease_id = picked
-        if self._admin_client(server) is None:
-            return
-        state = next((s for s in self.last_pool if s.url == server), None)
-        lease = next((x for x in state.leases if x.id == lease_id), None) if state else None
-        if state is None or lease is None:
-            return  # the row went away with a refresh
+        state, lease = picked
+        server, lease_id = state.url, lease.id
         choices = migration_choices(lease, state.gpus)
         if not choices:
             self.notify(
@@ -487,16 +495,10 @@ class ConsoleApp(App):
         self.pool_action(server, what, call, outcome=moved, client=patient)
 
     def action_drain_gpu(self) -> None:
-        picked = self._selected("pool-gpus", "GPU")
+        picked = self._picked_item("pool-gpus", "GPU", lambda s: s.gpus, lambda g: g.uuid)
         if picked is None:
             return
-        server, uuid = picked
-        if self._admin_client(server) is None:
-            return
-        state = next((s for s in self.last_pool if s.url == server), None)
-        gpu = next((g for g in state.gpus if g.uuid == uuid), None) if state else None
-        if gpu is None:
-            return  # the row went away with a refresh
+        server, gpu = picked[0].url, picked[1]
         index, undo = gpu.index, gpu.draining
         if undo:
             question = f"GPU {index} of {server} is draining. Let it take new leases again?"
