@@ -3,14 +3,17 @@ lease workers run the host executor, with a real program under `gpuattach run` h
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from pool_harness import ServerProc, api
 from test_console import settle, shown
 from test_console_pool import SIZE, focus_row
+from test_console_snapshots import GIB, _lease
 from test_pool_migrate import partitions, start_program
 
+from server.api import Gpu, Lease
 from server.client import HttpTransport, Reply, ServerClient, ServerClientOptions
-from tui._screens import ConfirmScreen, MigrateScreen
+from tui._screens import ConfirmScreen, MigrateScreen, migration_choices
 from tui._sources import Pool
 from tui.app import ConsoleApp
 
@@ -176,3 +179,24 @@ async def test_drain_a_gpu_from_the_gpu_table_and_undo_it(server, tmp_path):
             run.kill()
         api(server.url, "DELETE", f"/v1/leases/{local['id']}", admin)
     assert "same_plain True" in out and "finished 1" in out
+
+
+def test_the_dialog_offers_each_partition_every_gpu_the_lease_does_not_hold_roomiest_first():
+    """For a lease on GPUs 0 and 2 of four, the choices are both partitions to GPUs 1 and 3 (never one
+    the lease holds), the GPU with the most free memory first, a draining GPU after every other."""
+    answer = _lease("lease-x", "alice", [0.25, 0.25], 60, 1)
+    answer["partitions"][1]["gpu_index"] = 2
+    lease = msgspec.convert(answer, Lease)
+
+    def gpu(index: int, free_gib: int, draining: bool = False) -> Gpu:
+        return Gpu(index=index, uuid=f"GPU-{index}", name="H100", mem_total_bytes=80 * GIB,
+                   mem_free_bytes=free_gib * GIB, free_fraction=free_gib / 80, draining=draining)  # fmt: skip
+
+    choices = migration_choices(lease, [gpu(0, 10), gpu(1, 80, draining=True), gpu(2, 10), gpu(3, 40)])
+    assert [(c.partition, c.source, c.target.index) for c in choices] == [
+        (0, 0, 3),
+        (1, 2, 3),
+        (0, 0, 1),
+        (1, 2, 1),
+    ]
+    assert "draining" in choices[-1].label and "GPU 0 → GPU 3" in choices[0].label
