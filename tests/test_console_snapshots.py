@@ -208,6 +208,15 @@ def test_release_confirmation(snap_compare):
     assert snap_compare(app_for(pool=True), terminal_size=SIZE, run_before=open_dialog)
 
 
+def test_migrate_dialog(snap_compare):
+    async def open_dialog(pilot):
+        await settled(pilot)
+        await pilot.press("down", "m")  # bob's lease, on GPU 0: GPU 1 is the one to offer
+        await pilot.pause()
+
+    assert snap_compare(app_for(pool=True), terminal_size=SIZE, run_before=open_dialog)
+
+
 def test_help(snap_compare):
     async def open_help(pilot):
         await settled(pilot)

@@ -108,7 +108,7 @@ def test_console_in_tmux_with_a_real_server_and_collector(tmp_path, collector_di
         tmux.wait_for("simhost", "SIMULATED fleet", "Util trend", "? Help", "Processes on simhost GPU 0")
 
         tmux.keys("2")  # Pool: the lease of bob, the server healthy
-        tmux.wait_for(lease, "jupyter", "x Release lease", "1 server(s), 1 reachable")
+        tmux.wait_for(lease, "jupyter", "x Release", "m Migrate", "1 server(s), 1 reachable")
 
         tmux.keys("x")  # release it: the dialog asks first
         tmux.wait_for(f"Release lease {lease} of client bob")

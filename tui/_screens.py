@@ -1,8 +1,10 @@
-"""Modal screens: help, a yes/no confirmation, and a one-field prompt with validation."""
+"""Modal screens: help, a yes/no confirmation, a one-field prompt with validation, and the pick of a
+migration's target GPU."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rich.console import Group
@@ -13,7 +15,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Static
+from textual.widgets import Button, Input, Label, OptionList, Static
+from textual.widgets.option_list import Option
+
+from server.api import Gpu, Lease
+from tui import _format as fmt
 
 # (section, [(keys, what they do)]): the help screen and docs/console.md say the same.
 HELP: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
@@ -39,6 +45,8 @@ HELP: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("l", "set the selected client's GPU limit (sum of fractions; 'default' clears)"),
             ("i", "set the selected client's idle timeout (30m; 0 = never; 'default' clears)"),
             ("I", "set the default idle timeout of the selected server"),
+            ("m", "migrate the selected remote lease to another GPU of its server, live (pick the GPU)"),
+            ("d", "drain the selected GPU (its remote leases move off, no new ones) / undo a drain"),
         ),
     ),
     ("History view", (("[  ]", "shorter / longer range: 1h 6h 24h 7d 30d all"),)),
@@ -138,3 +146,65 @@ class PromptScreen(ModalScreen[Any]):
 
     def action_cancel(self) -> None:
         self.dismiss(CANCELLED)
+
+
+@dataclass(frozen=True)
+class MigrationChoice:
+    """One move the operator can pick: a partition of the lease to one GPU it does not hold."""
+
+    partition: int
+    source: int  # GPU index the partition runs on now
+    target: Gpu
+
+    @property
+    def label(self) -> str:
+        g = self.target
+        note = "   draining" if g.draining else ""
+        return (
+            f"partition {self.partition}: GPU {self.source} → GPU {g.index}  {g.name}  "
+            f"free {fmt.mib(g.mem_free_bytes)} ({fmt.ratio(g.free_fraction)}){note}"
+        )
+
+
+def migration_choices(lease: Lease, gpus: Sequence[Gpu]) -> list[MigrationChoice]:
+    """Every (partition, other GPU) pair, the most free memory first (draining GPUs last): the first is
+    the default. Whether the server accepts one (model, order, room) is the server's to say."""
+    held = {p.gpu_index for p in lease.partitions}
+    choices = [
+        MigrationChoice(i, p.gpu_index, g)
+        for i, p in enumerate(lease.partitions)
+        for g in gpus
+        if g.index not in held
+    ]
+    return sorted(
+        choices, key=lambda c: (c.target.draining, -c.target.mem_free_bytes, c.partition, c.target.index)
+    )
+
+
+class MigrateScreen(ModalScreen[MigrationChoice | None]):
+    """Pick where a lease moves: enter migrates to the highlighted GPU, esc cancels."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, question: str, choices: Sequence[MigrationChoice]):
+        super().__init__()
+        self.question = question
+        self.choices = list(choices)
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self.question, classes="question")
+            yield OptionList(*(Option(c.label) for c in self.choices), id="migrate-targets")
+            yield Label("enter: migrate to the highlighted GPU   esc: cancel", classes="hint")
+
+    def on_mount(self) -> None:
+        targets = self.query_one(OptionList)
+        targets.highlighted = 0  # the GPU with the most room
+        targets.focus()
+
+    @on(OptionList.OptionSelected)
+    def _selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(self.choices[event.option_index])
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
@@ -159,6 +159,12 @@ class Pool:
 
     def client(self, url: str) -> ServerClient:
         return next(c for c in self.clients if c.url == url)
+
+    def patient_client(self, url: str, timeout_s: float) -> ServerClient:
+        """The server's client with a longer per-call timeout, for an action that takes as long as its
+        work (a migration's copy); the refreshes keep the short one."""
+        c = self.client(url)
+        return ServerClient(c.url, c.token, replace(c.options, timeout_s=timeout_s))
 
     def refresh(self, *, force: bool = False) -> list[ServerState]:
         now = self.clock()

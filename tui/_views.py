@@ -258,10 +258,13 @@ def split_row_key(key: str) -> tuple[str, str]:
 class PoolView(View):
     # Operator actions: shown in the footer while the Pool view has focus; the app runs them.
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("x", "app.release_lease", "Release lease"),
-        Binding("l", "app.set_client_limit", "Client limit"),
-        Binding("i", "app.set_client_idle_timeout", "Client idle"),
+        # Short labels: with the global keys they must fit a 150-column footer (`?` explains each).
+        Binding("x", "app.release_lease", "Release"),
+        Binding("l", "app.set_client_limit", "Limit"),
+        Binding("i", "app.set_client_idle_timeout", "Idle"),
         Binding("I", "app.set_default_idle_timeout", "Default idle"),
+        Binding("m", "app.migrate_lease", "Migrate"),
+        Binding("d", "app.drain_gpu", "Drain"),
     ]
     SERVERS = (
         Column("server", "Server"),
@@ -299,6 +302,9 @@ class PoolView(View):
         Column("idle", "Idle timeout"),
     )
 
+    # The last operator action's outcome (or the one under way), kept on the status line across refreshes.
+    action: Text | None = None
+
     def compose(self) -> ComposeResult:
         yield Static("", id="pool-status", classes="status")
         for ident, title, spec, empty in (
@@ -323,7 +329,8 @@ class PoolView(View):
             status.append("   read-only: no admin token", style="yellow")
         if any(s.health and s.health.simulated for s in states):
             status.append("   SIMULATED GPUs", style="bold magenta")
-        self.query_one("#pool-status", Static).update(status)
+        self._status = status
+        self._show_status()
         self.query_one("#pool-servers", SyncTable).set_rows([self._server_row(s, now) for s in states])
         gpus, leases, clients = [], [], []
         for s in states:
@@ -333,6 +340,20 @@ class PoolView(View):
         self.query_one("#pool-gpus", SyncTable).set_rows(gpus)
         self.query_one("#pool-leases", SyncTable).set_rows(leases)
         self.query_one("#pool-clients", SyncTable).set_rows(clients)
+
+    def show_action(
+        self, text: str, *, failed: bool = False, partial: bool = False, running: bool = False
+    ) -> None:
+        """Put an action's outcome (or that it is under way) on the status line, until the next one."""
+        style = "bold red" if failed else "bold yellow" if partial else "yellow" if running else "bold green"
+        self.action = Text(text, style=style)
+        self._show_status()
+
+    def _show_status(self) -> None:
+        status = getattr(self, "_status", None) or Text("")
+        if self.action is not None:
+            status = Text.assemble(status, "\n", self.action)
+        self.query_one("#pool-status", Static).update(status)
 
     def _server_row(self, s: ServerState, now: datetime) -> Row:
         health, info, policy = s.health, s.health.server if s.health else None, s.policy
@@ -380,14 +401,19 @@ class PoolView(View):
     def _gpu_row(self, s: ServerState, g: Gpu) -> Row:
         parts = [f"{p.lease_id} {p.client} {p.fraction:g}" for p in g.partitions]
         free = g.free_fraction
-        free_text = f"{fmt.ratio(free)} ({fmt.mib(g.mem_free_bytes)})"
+        free_text = Text(
+            f"{fmt.ratio(free)} ({fmt.mib(g.mem_free_bytes)})",
+            style="green" if free >= 0.999 else "yellow" if free else "red",
+        )
+        if g.draining:  # its free memory takes no new lease (gpupool-server drain)
+            free_text = Text.assemble(("draining ", "bold magenta"), free_text)
         return Row(
             row_key(s.url, g.uuid),
             (
                 s.hostname,
                 str(g.index),
                 g.name,
-                Text(free_text, style="green" if free >= 0.999 else "yellow" if free else "red"),
+                free_text,
                 " | ".join(parts) or Text("free", style="dim"),
             ),
             (s.hostname, g.index, g.name, free, " ".join(parts)),

@@ -8,7 +8,7 @@ post a Message back; handlers on the UI thread only lay data out.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
@@ -18,16 +18,31 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, TabbedContent, TabPane
 
 from collector.durations import parse_duration
+from server import api
 from server.client import PoolClientError, ServerClient
 from server.ranges import CLIENT as CLIENT_RANGES
+from server.workers import MIGRATE_TIMEOUT_S
 from tui import _format as fmt
 from tui._history import HistorySource, HistoryView
-from tui._screens import CANCELLED, ConfirmScreen, HelpScreen, PromptScreen
+from tui._screens import (
+    CANCELLED,
+    ConfirmScreen,
+    HelpScreen,
+    MigrateScreen,
+    MigrationChoice,
+    PromptScreen,
+    migration_choices,
+)
 from tui._sources import Clock, FleetSnapshot, FleetSource, GpuKey, Pool, ServerState, utc_now
 from tui._table import SyncTable
 from tui._views import FleetView, PoolView, View, split_row_key
 
+# How long the console waits for a migration's answer: the worker's own limit for the copy, and the
+# server's answer after it (as `gpupool-server lease migrate`); a drain, that for each lease on the GPU.
+MIGRATE_WAIT_S = MIGRATE_TIMEOUT_S + 30.0
+
 VIEWS = ("fleet", "pool", "history")
+T = TypeVar("T")
 
 
 class ConsoleApp(App):
@@ -66,12 +81,14 @@ class ConsoleApp(App):
             self.states = states
 
     class ActionDone(Message):
-        """An operator action finished: ``error`` is None on success, else the one line why not."""
+        """An operator action finished: ``error`` is None on success, else the one line why not;
+        ``partial``: it happened but left something undone (a drain that could not move every lease)."""
 
-        def __init__(self, what: str, error: str | None):
+        def __init__(self, what: str, error: str | None, *, partial: bool = False):
             super().__init__()
             self.what = what
             self.error = error
+            self.partial = partial
 
     def __init__(
         self,
@@ -387,24 +404,131 @@ class ConsoleApp(App):
         self.push_screen(PromptScreen(question, parse_idle_timeout), answered)
 
     @work(thread=True, group="actions")
-    def pool_action(self, server: str, what: str, call: Callable[[ServerClient], Any]) -> None:
+    def pool_action(
+        self,
+        server: str,
+        what: str,
+        call: Callable[[ServerClient], Any],
+        *,
+        outcome: Callable[[Any], tuple[str, bool]] | None = None,
+        client: ServerClient | None = None,
+    ) -> None:
+        """Run `call` against `server`; ``outcome`` words its answer and says whether it was only partly
+        done (else `what` is the outcome).
+        ``client``: one with a longer timeout than the console's --timeout, for a long action."""
         if self.pool is None:  # the actions ask for a selected row of the Pool view first
             return
+        client = client or self.pool.client(server)
         try:
-            call(self.pool.client(server))
+            answer = call(client)
         except PoolClientError as exc:
             self.post_message(self.ActionDone(what, str(exc)))
         else:
-            self.post_message(self.ActionDone(what, None))
+            text, partial = outcome(answer) if outcome else (what, False)
+            self.post_message(self.ActionDone(text, None, partial=partial))
 
     @on(ActionDone)
     def _action_done(self, message: ActionDone) -> None:
         self.action_log.append((message.what, message.error))
+        view = self.query_one(PoolView)
         if message.error:
             self.notify(message.error, title="Action failed", severity="error", timeout=10)
+            view.show_action(f"{message.what} failed: {message.error}", failed=True)
+        elif message.partial:
+            self.notify(message.what, title="Partly done", severity="warning", timeout=10)
+            view.show_action(message.what, partial=True)
         else:
             self.notify(message.what, title="Done", timeout=4)
+            view.show_action(message.what)
         self.load_pool(True)
+
+    def _picked_item(
+        self, table_id: str, what: str, items: Callable[[ServerState], Iterable[T]], key: Callable[[T], str]
+    ) -> tuple[ServerState, T] | None:
+        """The selected row's server and item as the last refresh saw them, the admin token checked;
+        None when there is none (a notice says why) or the row went away with a refresh."""
+        picked = self._selected(table_id, what)
+        if picked is None or self._admin_client(picked[0]) is None:
+            return None
+        state = next((s for s in self.last_pool if s.url == picked[0]), None)
+        item = next((x for x in items(state) if key(x) == picked[1]), None) if state else None
+        return (state, item) if state is not None and item is not None else None
+
+    def action_migrate_lease(self) -> None:
+        picked = self._picked_item("pool-leases", "lease", lambda s: s.leases, lambda x: x.id)
+        if picked is None:
+            return
+        state, lease = picked
+        server, lease_id = state.url, lease.id
+        choices = migration_choices(lease, state.gpus)
+        if not choices:
+            self.notify(
+                f"Lease {lease_id} holds every GPU of {server}: no GPU to move it to.", severity="warning"
+            )
+            return
+        question = (
+            f"Move lease {lease_id} of client {lease.client} on {server} to another GPU, live?\n"
+            "Its calls pause while its memory is copied; the program goes on there."
+        )
+
+        def answered(choice: MigrationChoice | None) -> None:
+            if choice is not None:
+                self._migrate(server, lease_id, choice)
+
+        self.push_screen(MigrateScreen(question, choices), answered)
+
+    def _migrate(self, server: str, lease_id: str, choice: MigrationChoice) -> None:
+        to, partition = choice.target.index, choice.partition
+        what = f"migrating lease {lease_id} partition {partition} from GPU {choice.source} to GPU {to}"
+        self.query_one(PoolView).show_action(what + " …", running=True)
+
+        def moved(lease: api.MigratedLease) -> tuple[str, bool]:
+            m = lease.migration
+            text = (
+                f"moved lease {lease_id} partition {m.device}: GPU {m.from_} → GPU {m.to}, "
+                f"paused {m.pause_s:.3f} s ({fmt.mib(m.bytes)} copied)"
+            )
+            return text, False
+
+        call = lambda c: c.migrate(lease_id, to, partition)  # noqa: E731
+        patient = self.pool.patient_client(server, MIGRATE_WAIT_S) if self.pool else None
+        self.pool_action(server, what, call, outcome=moved, client=patient)
+
+    def action_drain_gpu(self) -> None:
+        picked = self._picked_item("pool-gpus", "GPU", lambda s: s.gpus, lambda g: g.uuid)
+        if picked is None:
+            return
+        server, gpu = picked[0].url, picked[1]
+        index, undo = gpu.index, gpu.draining
+        if undo:
+            question = f"GPU {index} of {server} is draining. Let it take new leases again?"
+            what = f"GPU {index} of {server}: taking new leases again"
+        else:
+            question = (
+                f"Drain GPU {index} ({gpu.name}) of {server}?\n"
+                "No new lease goes to it; its remote leases move to other GPUs of its model, live "
+                "(their calls pause while memory is copied). Local leases stay."
+            )
+            what = f"draining GPU {index} of {server}"
+
+        def drained(done: api.Drain) -> tuple[str, bool]:
+            if not done.draining:
+                return f"GPU {done.gpu} of {server} takes new leases again", False
+            moved = [f"{m.lease} → GPU {m.to} (paused {m.pause_s:.3f} s)" for m in done.moved]
+            stayed = [f"{s.lease} stays: {s.reason}" for s in done.stayed]
+            lines = "; ".join(moved + stayed) or "no lease on it"
+            return f"GPU {done.gpu} of {server} draining, no new leases; {lines}", bool(stayed)
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.query_one(PoolView).show_action(what + " …", running=True)
+                call = lambda c: c.drain(index, undo=undo)  # noqa: E731
+                # One move after another, each as long as a migration may take.
+                wait = MIGRATE_WAIT_S * max(1, len(gpu.partitions))
+                patient = self.pool.patient_client(server, wait) if self.pool else None
+                self.pool_action(server, what, call, outcome=drained, client=patient)
+
+        self.push_screen(ConfirmScreen(question, yes="Undo drain" if undo else "Drain"), answered)
 
     # Command palette -----------------------------------------------------------------------------
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
@@ -440,6 +564,16 @@ class ConsoleApp(App):
             "Set default idle timeout",
             "Default idle timeout of the selected server (admin)",
             self.action_set_default_idle_timeout,
+        )
+        yield SystemCommand(
+            "Migrate lease",
+            "Move the selected remote lease to another GPU, live (admin)",
+            self.action_migrate_lease,
+        )
+        yield SystemCommand(
+            "Drain GPU",
+            "Drain the selected GPU, or undo its drain (admin, asks first)",
+            self.action_drain_gpu,
         )
         for label in HistoryView.RANGES:
             yield SystemCommand(
