@@ -230,7 +230,8 @@ async def create_lease(request: web.Request) -> web.Response:
     if req.remote:
         try:
             handle = await asyncio.to_thread(start_remote_worker, lease, simulated=st.pool.inv.simulated,
-                                             bind_host=st.bind_host, mps=st.pool.mps)  # fmt: skip
+                                             bind_host=st.bind_host, mps=st.pool.mps,
+                                             host_gpus=len(st.pool.inv.gpus))  # fmt: skip
         except RemoteUnavailable as exc:
             await st.db(st.pool.end, lease["id"], "released", exc.title, time.time())
             raise

@@ -275,14 +275,20 @@ def remote_refusal(simulated: bool) -> RemoteUnavailable | None:
     return None
 
 
-def start_remote_worker(lease: dict, *, simulated: bool, bind_host: str, mps=None):
-    """Start the lease's worker; raises RemoteUnavailable with a one-line reason."""
+def start_remote_worker(
+    lease: dict, *, simulated: bool, bind_host: str, mps=None, host_gpus: int | None = None
+):
+    """Start the lease's worker; raises RemoteUnavailable with a one-line reason. `host_gpus`: how many GPUs
+    this server has; a simulated server's host executor gets as many (a migration may go to any of them)."""
     refusal = remote_refusal(simulated)
     if refusal is not None:
         raise refusal
     devices = [WorkerDevice(p["gpu_index"], p["gpu_uuid"], p["mem_bytes"]) for p in lease["partitions"]]
+    env = worker_env(lease, mps)
+    if simulated and host_gpus and "GPUPOOL_HOST_EXECUTOR_GPUS" not in os.environ:
+        env["GPUPOOL_HOST_EXECUTOR_GPUS"] = str(host_gpus)
     try:
-        return start_worker(lease["id"], devices, bind_host=bind_host, env=worker_env(lease, mps))
+        return start_worker(lease["id"], devices, bind_host=bind_host, env=env)
     except Exception as exc:  # the worker's own failure, whatever it is, is the lease's 503
         log.exception("worker for %s failed to start", lease["id"])
         raise RemoteUnavailable(

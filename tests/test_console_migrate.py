@@ -27,8 +27,8 @@ def anyio_backend():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    # Three GPUs: the dialog has a choice to make. The host executor is told the same count.
-    env = {"GPUPOOL_WORKER_EXECUTOR": "host", "GPUPOOL_HOST_EXECUTOR_GPUS": "3"}
+    # Three GPUs: the dialog has a choice to make (the server tells its host-executor workers the count).
+    env = {"GPUPOOL_WORKER_EXECUTOR": "host"}
     srv = ServerProc(tmp_path_factory.mktemp("console-migrate"), "3xH100-80GB", env=env).start()
     yield srv
     srv.stop()
