@@ -126,7 +126,11 @@ class ViewKeeper:
                 write(self.path, render(self.lease, self.pids, self.real_nvml))
 
     def stop(self) -> None:
+        """Stop refreshing, and wait for a refresh under way: its file lands before the run's scratch
+        folder is removed."""
         self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)  # a server that hangs does not hold the run's end longer
 
 
 class ViewKeepers:

@@ -710,7 +710,8 @@ def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
             return _fail(f"cannot set up remote execution: {exc}", hint)
     if lease.simulated:
         print(f"gpuattach: note: lease {lease.id} is on SIMULATED GPUs (control plane only)", file=sys.stderr)
-    with tempfile.TemporaryDirectory(prefix="gpupool-run-") as scratch:
+    # A file a helper thread left behind never turns the run's end into a traceback.
+    with tempfile.TemporaryDirectory(prefix="gpupool-run-", ignore_cleanup_errors=True) as scratch:
         view = _nvml_view(run, env, Path(scratch), local=args.local)
         try:
             return _run_command(args, cmd, run, env, view)
