@@ -1808,6 +1808,113 @@ def scenario_graph_nodes():
     say("second", struct.unpack("<I", dtoh(ptr, 4)[1])[0])
 
 
+def scenario_graph_node_params():
+    """What PyTorch's and XLA's graphs do with a graph's own nodes: read a memset node's parameters back,
+    set a kernel, memset and copy node anew (a graph instantiated before keeps the old ones, one
+    instantiated after runs the new), remove an edge, ask the ids and the containing graph; node handles
+    and memory that are not the lease's are refused."""
+    setup()
+    cu131 = Driver(13010)  # the ids and the containing graph: CUDA 13.1
+    n = 64
+    rc, ptr = alloc(4 * n)
+    check(rc, "alloc")
+    rc, out = alloc(64)
+    check(rc, "alloc out")
+    module, fill = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(fill), module, b"fill_u32"), "fill")
+    keep = []
+
+    def kernel(value):
+        args = [c_u64(ptr), ctypes.c_uint32(value), ctypes.c_uint32(n)]
+        pointers = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in args])
+        keep.append((args, pointers))
+        return KernelNodeParams(fill.value, (ctypes.c_uint32 * 6)(1, 1, 1, n, 1, 1), 0, 0,
+                                ctypes.cast(pointers, ctypes.c_void_p))  # fmt: skip
+
+    def memset(dst, value, width):  # CUDA_MEMSET_NODE_PARAMS: 4-byte elements, one row
+        return ctypes.create_string_buffer(struct.pack("<QQIIQQ", dst, 0, value, 4, width, 1), 40)
+
+    def copy(src, dst, width):  # CUDA_MEMCPY3D between device memory (memory type 2)
+        params = (ctypes.c_uint8 * 200)()
+        struct.pack_into("<IxxxxQQ", params, 32, 2, 0, src)
+        struct.pack_into("<IxxxxQQ", params, 120, 2, 0, dst)
+        struct.pack_into("<QQQ", params, 176, width, 1, 1)
+        return params
+
+    def read_memset(node):
+        got = ctypes.create_string_buffer(40)
+        rc = cu.cuGraphMemsetNodeGetParams(node, got)
+        return rc, struct.unpack("<QQIIQQ", got.raw)
+
+    def run(exe):
+        check(cu.cuMemsetD8(c_u64(ptr), 0, c_u64(4 * n)), "zero")
+        check(cu.cuMemsetD8(c_u64(out), 0, c_u64(64)), "zero out")
+        check(cu.cuGraphLaunch(exe, c_u64(0)), "launch")
+        check(cu.cuCtxSynchronize(), "sync")
+        words = struct.unpack("<16I", dtoh(out, 64)[1])
+        return f"{struct.unpack('<I', dtoh(ptr, 4)[1])[0]} {words[0]:x} {words[4]:x}"
+
+    graph, k, m, c, old, new = (c_u64() for _ in range(6))
+    check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
+    check(cu.cuGraphAddKernelNode(ctypes.byref(k), graph, None, c_u64(0), ctypes.byref(kernel(10))), "kernel")
+    check(cu.cuGraphAddMemsetNode(ctypes.byref(m), graph, ctypes.byref(k), c_u64(1),
+                                  memset(ptr + 128, 0x01010101, 4), c_u64(0)), "memset")  # fmt: skip
+    check(cu.cuGraphAddMemcpyNode(ctypes.byref(c), graph, ctypes.byref(m), c_u64(1), copy(ptr + 128, out, 16),
+                                  c_u64(0)), "copy")  # fmt: skip
+    rc, params = read_memset(m)
+    say("memset_read_back", f"{rc} {params == (ptr + 128, 0, 0x01010101, 4, 4, 1)}")
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(old), graph, c_u64(0)), "instantiate")
+    say("first", run(old))
+    check(cu.cuGraphKernelNodeSetParams(k, ctypes.byref(kernel(20))), "kernel anew")
+    check(cu.cuGraphMemsetNodeSetParams(m, memset(ptr + 128, 0x02020202, 4)), "memset anew")
+    check(cu.cuGraphMemcpyNodeSetParams(c, copy(ptr + 128, out + 16, 16)), "copy anew")
+    rc, params = read_memset(m)
+    say("memset_read_back_anew", f"{rc} {params == (ptr + 128, 0, 0x02020202, 4, 4, 1)}")
+    say("instantiated_before", run(old))
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(new), graph, c_u64(0)), "instantiate anew")
+    say("instantiated_after", run(new))
+    count = c_u64(0)
+    check(cu.cuGraphNodeGetDependencies(m, None, None, ctypes.byref(count)), "dependencies")
+    removed = cu.cuGraphRemoveDependencies(graph, ctypes.byref(k), ctypes.byref(m), None, c_u64(1))
+    after = c_u64(0)
+    check(cu.cuGraphNodeGetDependencies(m, None, None, ctypes.byref(after)), "dependencies after")
+    again = cu.cuGraphRemoveDependencies(graph, ctypes.byref(k), ctypes.byref(m), None, c_u64(1))
+    say("removed", f"{removed} {count.value} {after.value} {again}")
+    containing, tools = c_u64(), c_u64()
+    check(cu131.cuGraphNodeGetContainingGraph(k, ctypes.byref(containing)), "containing graph")
+    ids = [ctypes.c_uint32() for _ in range(5)]
+    check(cu131.cuGraphNodeGetLocalId(k, ctypes.byref(ids[0])), "local id")
+    check(cu131.cuGraphNodeGetLocalId(m, ctypes.byref(ids[1])), "local id")
+    check(cu131.cuGraphGetId(graph, ctypes.byref(ids[2])), "graph id")
+    check(cu131.cuGraphExecGetId(old, ctypes.byref(ids[3])), "exec id")
+    check(cu131.cuGraphExecGetId(new, ctypes.byref(ids[4])), "exec id")
+    check(cu131.cuGraphNodeGetToolsId(k, ctypes.byref(tools)), "tools id")
+    say(
+        "ids",
+        f"{containing.value == graph.value} {ids[0].value != ids[1].value} {ids[3].value != ids[4].value}",
+    )
+    say("copy_attributes", cu.cuGraphKernelNodeCopyAttributes(k, k))
+    foreign = c_u64(12345)
+    say("foreign_node", " ".join(str(rc) for rc in (
+        read_memset(foreign)[0],
+        cu.cuGraphKernelNodeSetParams(foreign, ctypes.byref(kernel(1))),
+        cu.cuGraphMemsetNodeSetParams(foreign, memset(ptr, 1, 4)),
+        cu131.cuGraphNodeGetLocalId(foreign, ctypes.byref(ids[0])),
+        cu.cuGraphKernelNodeCopyAttributes(k, foreign),
+    )))  # fmt: skip
+    say(
+        "foreign_edge",
+        cu.cuGraphRemoveDependencies(graph, ctypes.byref(foreign), ctypes.byref(m), None, c_u64(1)),
+    )
+    say("memset_outside_the_lease", cu.cuGraphMemsetNodeSetParams(m, memset(0x1000, 1, 4)))
+    say("memset_past_the_allocation", cu.cuGraphMemsetNodeSetParams(m, memset(ptr + 4 * n - 8, 1, 4)))
+    say("copy_past_the_allocation", cu.cuGraphMemcpyNodeSetParams(c, copy(ptr, out + 32, 64)))
+    say("memset_params_on_a_kernel_node", cu.cuGraphMemsetNodeSetParams(k, memset(ptr, 1, 4)))
+    rc, params = read_memset(m)
+    say("memset_kept", f"{rc} {params[2] == 0x02020202}")
+
+
 def scenario_graph_conditionals():
     """What cuda.core's graph builder does: a conditional node added to a capturing stream's graph after
     the capture's dependency nodes, its body captured into from another stream (a while loop counting

@@ -762,6 +762,30 @@ CALLS: tuple[Call, ...] = (
     _c("cuGraphClone", 10000, "o_graph clone, graph graph"),
     _c("cuGraphNodeFindInClone", 10000, "o_node node, node original, graph clone"),
     _c("cuGraphNodeGetType", 10000, "node node, o_i32 type"),
+    # -- graph nodes read back, changed or queried (issue 25) ---------------------------------------------
+    # A node's parameters set anew, checked as adding such a node is; a memset node's read back (its
+    # address is the lease's, as the program gave it); edges removed as they are added; ids and the
+    # containing graph (a graph of the lease: the node's).
+    _c("cuGraphKernelNodeSetParams", 12000, "node node, ptr params", custom=True,
+       symbol="cuGraphKernelNodeSetParams_v2",
+       wire="node node, func func, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, bytes data"),
+    _c("cuGraphMemsetNodeSetParams", 10000, "node node, ptr params", custom=True,
+       wire="node node, dptr dst, u64 pitch, u32 value, u32 element_size, u64 width, u64 height"),
+    _c("cuGraphMemsetNodeGetParams", 10000, "node node, ptr params", custom=True,
+       wire="node node, o_u64 dst, o_u64 pitch, o_u32 value, o_u32 element_size, o_u64 width, o_u64 height"),
+    _c("cuGraphMemcpyNodeSetParams", 10000, "node node, ptr params", custom=True,
+       wire="node node, u64 src, u64 src_pitch, u64 src_height, u64 dst, u64 dst_pitch, u64 dst_height, "
+            "u64 width, u64 height, u64 depth"),
+    _c("cuGraphRemoveDependencies", 10000, "graph graph, ptr from, ptr to, u64 count", custom=True,
+       wire="graph graph, u64 count, bytes edges"),
+    _c("cuGraphRemoveDependencies", 12030, "graph graph, ptr from, ptr to, ptr edge_data, u64 count", custom=True,
+       symbol="cuGraphRemoveDependencies_v2", wire="graph graph, u64 count, bytes edges"),
+    _c("cuGraphKernelNodeCopyAttributes", 11000, "node dst, node src"),
+    _c("cuGraphNodeGetContainingGraph", 13010, "node node, o_graph graph"),
+    _c("cuGraphNodeGetLocalId", 13010, "node node, o_u32 node_id"),
+    _c("cuGraphNodeGetToolsId", 13010, "node node, o_u64 tools_id"),
+    _c("cuGraphGetId", 13010, "graph graph, o_u32 graph_id"),
+    _c("cuGraphExecGetId", 13010, "graphexec exec, o_u32 graph_id"),
     # User objects (what keeps a host node's function alive) live in the client: a graph's references
     # are kept for the life of the process (shim_graphs.c says why).
     _c("cuUserObjectCreate", 11030, "o_u64 obj, ptr ptr, ptr destroy, u32 refs, u32 flags", L, custom=True,

@@ -205,16 +205,18 @@ GROUPS: tuple[Group, ...] = (
     _g(
         "graph nodes read back, changed or queried",
         N,
-        """A node's parameter structures hold pointers into
-       the client (host nodes' functions, copy descriptors) to translate both ways; the worker holds the
-       nodes. cuGraphDebugDotPrint's file is to be written in the client.""",
-        "cuGraphKernelNodeGetParams cuGraphKernelNodeSetParams cuGraphMemcpyNodeGetParams "
-        "cuGraphMemcpyNodeSetParams cuGraphMemsetNodeGetParams cuGraphMemsetNodeSetParams "
+        """A kernel node's parameters read back are an array of
+       pointers to each argument's bytes, in memory the driver keeps for the node: the shim is to keep
+       such a copy per node. A copy node's read back is the program's own descriptor (its host pointers,
+       its arrays), not the device addresses the worker runs. Host nodes' functions are the program's,
+       kept by the shim under an id to be mapped back. Kernel node attributes hold device addresses (an
+       access policy window) to check; the generic node calls are to be sent as the typed calls, as
+       cuGraphAddNode is. cuGraphDebugDotPrint's file is to be written in the client.""",
+        "cuGraphKernelNodeGetParams cuGraphMemcpyNodeGetParams "
         "cuGraphHostNodeGetParams cuGraphHostNodeSetParams cuGraphExecHostNodeSetParams "
-        "cuGraphKernelNodeCopyAttributes cuGraphKernelNodeGetAttribute cuGraphKernelNodeSetAttribute "
+        "cuGraphKernelNodeGetAttribute cuGraphKernelNodeSetAttribute "
         "cuGraphDebugDotPrint cuGraphNodeSetParams cuGraphNodeSetParams_v2 cuGraphExecNodeSetParams "
-        "cuGraphNodeGetParams cuGraphRemoveDependencies cuGraphNodeGetContainingGraph "
-        "cuGraphNodeGetLocalId cuGraphNodeGetToolsId cuGraphGetId cuGraphExecGetId cuGraphAddNode_v3",
+        "cuGraphNodeGetParams cuGraphAddNode_v3",
     ),
     _g(
         "graph memory nodes and batch memory-operation nodes",

@@ -1689,7 +1689,8 @@ class CudaExecutor(Executor):
         err, info = driver.cuGraphExecUpdate(driver.CUgraphExec(graph_exec), driver.CUgraph(graph))
         return int(info.result) if info is not None else 0, int(err)
 
-    def graph_add_dependencies(self, graph, edges, edge_data=None) -> None:
+    def _edges(self, edges, edge_data):
+        """The driver's (from, to, data) arrays for `edges`; no data where every edge is the default."""
         sources, targets = self._deps([a for a, _ in edges]), self._deps([b for _, b in edges])
         data = None
         if edge_data and any(any(d) for d in edge_data):
@@ -1698,7 +1699,51 @@ class CudaExecutor(Executor):
                 e = driver.CUgraphEdgeData()
                 e.from_port, e.to_port, e.type = raw[0], raw[1], raw[2]
                 data.append(e)
-        _ok(driver.cuGraphAddDependencies(driver.CUgraph(graph), sources, targets, data, len(edges)))
+        return sources, targets, data
+
+    def graph_add_dependencies(self, graph, edges, edge_data=None) -> None:
+        _ok(driver.cuGraphAddDependencies(driver.CUgraph(graph), *self._edges(edges, edge_data), len(edges)))
+
+    def graph_remove_dependencies(self, graph, edges, edge_data=None) -> None:
+        _ok(
+            driver.cuGraphRemoveDependencies(
+                driver.CUgraph(graph), *self._edges(edges, edge_data), len(edges)
+            )
+        )
+
+    # A graph's nodes set anew, read back, and asked their ids (issue 25's graph calls).
+    def graph_kernel_node_set(self, node, launch) -> None:
+        params, _keep = self._kernel_node(launch)
+        _ok(driver.cuGraphKernelNodeSetParams(driver.CUgraphNode(node), params))
+
+    def graph_memset_node_set(self, node, dst, pitch, value, element_size, width, height) -> None:
+        params = self._memset_node(dst, pitch, value, element_size, width, height)
+        _ok(driver.cuGraphMemsetNodeSetParams(driver.CUgraphNode(node), params))
+
+    def cuGraphMemsetNodeGetParams(self, node):
+        p = _ok(driver.cuGraphMemsetNodeGetParams(driver.CUgraphNode(node)))
+        return _int(p.dst), p.pitch, p.value, p.elementSize, p.width, p.height
+
+    def graph_memcpy_node_set(self, node, copy: Copy3D) -> None:
+        _ok(driver.cuGraphMemcpyNodeSetParams(driver.CUgraphNode(node), self._memcpy_node(copy)))
+
+    def cuGraphKernelNodeCopyAttributes(self, dst, src):
+        _ok(driver.cuGraphKernelNodeCopyAttributes(driver.CUgraphNode(dst), driver.CUgraphNode(src)))
+
+    def cuGraphNodeGetContainingGraph(self, node):
+        return _int(_ok(driver.cuGraphNodeGetContainingGraph(driver.CUgraphNode(node))))
+
+    def cuGraphNodeGetLocalId(self, node):
+        return int(_ok(driver.cuGraphNodeGetLocalId(driver.CUgraphNode(node))))
+
+    def cuGraphNodeGetToolsId(self, node):
+        return int(_ok(driver.cuGraphNodeGetToolsId(driver.CUgraphNode(node))))
+
+    def cuGraphGetId(self, graph):
+        return int(_ok(driver.cuGraphGetId(driver.CUgraph(graph))))
+
+    def cuGraphExecGetId(self, graph_exec):
+        return int(_ok(driver.cuGraphExecGetId(driver.CUgraphExec(graph_exec))))
 
     def cuEventCreate(self, flags):
         return _int(_ok(driver.cuEventCreate(flags)))

@@ -80,6 +80,10 @@ SHAPED: dict[str, str] = {
     "cuGraphAddMemcpyNode": "graph_add_memcpy_node",
     "cuGraphExecMemsetNodeSetParams": "graph_exec_memset_node",
     "cuGraphExecMemcpyNodeSetParams": "graph_exec_memcpy_node",
+    "cuGraphKernelNodeSetParams": "graph_kernel_node_set",
+    "cuGraphMemsetNodeSetParams": "graph_memset_node_set",
+    "cuGraphMemcpyNodeSetParams": "graph_memcpy_node_set",
+    "cuGraphRemoveDependencies": "graph_remove_dependencies",
     "cuGraphGetNodes": "graph_nodes",
     "cuGraphGetRootNodes": "graph_node_list",
     "cuGraphNodeGetDependencies": "graph_node_list",
@@ -425,6 +429,25 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def graph_exec_memcpy_node(self, graph_exec: int, node: int, copy: Copy3D) -> None:
         """cuGraphExecMemcpyNodeSetParams between device memory of the lease (`copy` checked)."""
+
+    # A graph's nodes set anew (the graph's own; graphs instantiated before keep what they had).
+    @abc.abstractmethod
+    def graph_kernel_node_set(self, node: int, launch: Launch) -> None:
+        """cuGraphKernelNodeSetParams."""
+
+    @abc.abstractmethod
+    def graph_memset_node_set(self, node, dst, pitch, value, element_size, width, height) -> None:
+        """cuGraphMemsetNodeSetParams (the memory checked)."""
+
+    @abc.abstractmethod
+    def graph_memcpy_node_set(self, node: int, copy: Copy3D) -> None:
+        """cuGraphMemcpyNodeSetParams between device memory of the lease (`copy` checked)."""
+
+    @abc.abstractmethod
+    def graph_remove_dependencies(
+        self, graph: int, edges: list[tuple[int, int]], edge_data: list[bytes] | None = None
+    ) -> None:
+        """cuGraphRemoveDependencies: each edge (with its data) must be the graph's."""
 
     @abc.abstractmethod
     def graph_node_list(self, which: str, subject: int) -> tuple[list[int], list[bytes]]:

@@ -189,6 +189,7 @@ class HostExecutor(Executor):
         self.node_types: dict[int, int] = {}  # node -> CUgraphNodeType, where not a kernel's (0)
         self.edge_data: dict[tuple[int, int], bytes] = {}  # (from, to) -> CUgraphEdgeData, where not 0
         self.node_events: dict[int, int] = {}  # event record or wait node -> its event
+        self.memsets: dict[int, tuple] = {}  # memset node -> (dst, pitch, value, element size, width, height)
         self.disabled: dict[tuple[int, int], object] = {}  # (graph exec, node) switched off -> its work
         self.exec_flags: dict[int, int] = {}  # graph exec -> the flags it was instantiated with
         self.graphs: dict[int, list] = {}  # graph or executable graph -> its work, in stream order
@@ -1052,6 +1053,8 @@ class HostExecutor(Executor):
         for original, twin in twins.items():
             if original in self.node_types:
                 self.node_types[twin] = self.node_types[original]
+            if original in self.memsets:
+                self.memsets[twin] = self.memsets[original]
         return clone
 
     def cuGraphNodeFindInClone(self, original, clone):
@@ -1210,7 +1213,70 @@ class HostExecutor(Executor):
     def graph_add_memset_node(self, graph, deps, dst, pitch, value, element_size, width, height) -> int:
         node = self._add_node(graph, deps, self._memset_work(dst, pitch, value, element_size, width, height))
         self.node_types[node] = 2  # CU_GRAPH_NODE_TYPE_MEMSET
+        self.memsets[node] = (dst, pitch, value, element_size, width, height)
         return node
+
+    # A graph's node set anew: the graph runs the new work from its next instantiation (graphs
+    # instantiated before keep what they had, as the driver's do).
+    def _set_node_work(self, node, work, kind: int) -> None:
+        if node not in self.nodes or self.node_types.get(node, 0) != kind:
+            raise CudaError(INVALID_VALUE, "not a node of that type")
+        graph, _ = self.nodes[node]
+        self.nodes[node] = (graph, work)
+        self.graphs[graph][self.node_order[graph].index(node)] = work
+
+    def graph_kernel_node_set(self, node, launch) -> None:
+        params = bytes(launch.params)
+        work = lambda: self._run_kernel(launch.func, launch.grid, launch.block, params)  # noqa: E731
+        self._set_node_work(node, work, kind=0)
+
+    def graph_memset_node_set(self, node, dst, pitch, value, element_size, width, height) -> None:
+        self._set_node_work(node, self._memset_work(dst, pitch, value, element_size, width, height), kind=2)
+        self.memsets[node] = (dst, pitch, value, element_size, width, height)
+
+    def cuGraphMemsetNodeGetParams(self, node):
+        if node not in self.memsets:
+            raise CudaError(INVALID_VALUE, "not a memset node")
+        return self.memsets[node]
+
+    def graph_memcpy_node_set(self, node, copy: Copy3D) -> None:
+        self._set_node_work(node, self._memcpy_work(copy), kind=1)
+
+    def graph_remove_dependencies(self, graph, edges, edge_data=None) -> None:
+        mine = set(self.node_order.get(graph, []))
+        if any(edge not in self.edges or edge[0] not in mine for edge in edges):
+            raise CudaError(INVALID_VALUE, "an edge the graph does not have")
+        for edge in edges:
+            self.edges.remove(edge)
+            self.edge_data.pop(edge, None)
+
+    def cuGraphKernelNodeCopyAttributes(self, dst, src):
+        # This executor keeps no launch attributes: both nodes must be kernel nodes, as the driver asks.
+        if any(n not in self.nodes or self.node_types.get(n, 0) != 0 for n in (dst, src)):
+            raise CudaError(INVALID_VALUE, "not a kernel node")
+
+    def cuGraphNodeGetContainingGraph(self, node):
+        if node not in self.nodes:
+            raise CudaError(INVALID_VALUE, "not a node")
+        return self.nodes[node][0]
+
+    def cuGraphNodeGetLocalId(self, node):
+        """The node's place among its graph's nodes in the order they were made."""
+        graph = self.cuGraphNodeGetContainingGraph(node)
+        return [n for n, (g, _) in self.nodes.items() if g == graph].index(node)
+
+    def cuGraphNodeGetToolsId(self, node):
+        return self.cuGraphGetId(self.nodes[node][0]) << 32 | self.cuGraphNodeGetLocalId(node)
+
+    def cuGraphGetId(self, graph):
+        if graph not in self.graphs:
+            raise CudaError(INVALID_VALUE, "not a graph")
+        return graph & 0xFFFFFFFF
+
+    def cuGraphExecGetId(self, graph_exec):
+        if graph_exec not in self.exec_order:
+            raise CudaError(INVALID_VALUE, "not an instantiated graph")
+        return graph_exec & 0xFFFFFFFF
 
     def graph_exec_memset_node(
         self, graph_exec, node, dst, pitch, value, element_size, width, height

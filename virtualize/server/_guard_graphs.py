@@ -24,10 +24,13 @@ class GraphCalls(Concern):
     CALLS: ClassVar[dict[str, str]] = {
         "cuGraphAddKernelNode_v2": "graph_kernel_node",
         "cuGraphExecKernelNodeSetParams_v2": "graph_kernel_node",
+        "cuGraphKernelNodeSetParams_v2": "graph_kernel_node",
         "cuGraphAddMemsetNode": "graph_memset_node",
         "cuGraphAddEmptyNode": "graph_empty_node",
         "cuGraphAddDependencies": "graph_dependencies",
         "cuGraphAddDependencies_v2": "graph_dependencies",
+        "cuGraphRemoveDependencies": "graph_dependencies",
+        "cuGraphRemoveDependencies_v2": "graph_dependencies",
         "cuGraphAddChildGraphNode": "graph_child_node",
         "cuGraphAddEventRecordNode": "graph_event_node",
         "cuGraphAddEventWaitNode": "graph_event_node",
@@ -35,6 +38,8 @@ class GraphCalls(Concern):
         "cuGraphAddMemcpyNode": "graph_memcpy_node",
         "cuGraphExecMemsetNodeSetParams": "graph_memset_node",
         "cuGraphExecMemcpyNodeSetParams": "graph_memcpy_node",
+        "cuGraphMemsetNodeSetParams": "graph_memset_node",
+        "cuGraphMemcpyNodeSetParams": "graph_memcpy_node",
         "cuGraphGetNodes": "graph_nodes",
         "cuGraphGetRootNodes": "graph_node_list",
         "cuGraphNodeGetDependencies": "graph_node_list",
@@ -67,10 +72,12 @@ class GraphCalls(Concern):
         return struct.pack("<Q", node), b""
 
     def graph_kernel_node(self, call: Call, ins: tuple):
+        """cuGraphAddKernelNode, or a kernel node set anew: a graph's (cuGraphKernelNodeSetParams) or an
+        instantiated graph's (cuGraphExecKernelNodeSetParams)."""
         self.session._check(call, ins)
         adding = call.name == "cuGraphAddKernelNode"
-        owner, func, dims = ins[0], ins[1 + (not adding)], ins[2 + (not adding) : 9 + (not adding)]
-        node = None if adding else ins[1]
+        at = 2 if call.name == "cuGraphExecKernelNodeSetParams" else 1  # after (exec, node), a graph, a node
+        owner, func, dims = ins[0], ins[at], ins[at + 1 : at + 8]
         num_deps = ins[-1] if adding else 0
         data = self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8 + (1 << 20))
         deps = self.nodes(data, num_deps)
@@ -81,27 +88,35 @@ class GraphCalls(Concern):
         launch = Launch(
             func, tuple(dims[:3]), tuple(dims[3:6]), dims[6], 0, params, layout, is_kernel=is_kernel
         )
-        if not adding:
-            self.session.executor.graph_exec_kernel_node(owner, node, launch)
-            return EMPTY
-        return self._new_node(self.session.executor.graph_add_kernel_node(owner, deps, launch), owner)
+        executor = self.session.executor
+        if call.name == "cuGraphKernelNodeSetParams":
+            executor.graph_kernel_node_set(owner, launch)
+        elif not adding:
+            executor.graph_exec_kernel_node(owner, ins[1], launch)
+        else:
+            return self._new_node(executor.graph_add_kernel_node(owner, deps, launch), owner)
+        return EMPTY
 
     def graph_memset_node(self, call: Call, ins: tuple):
-        """cuGraphAddMemsetNode, or cuGraphExecMemsetNodeSetParams (an instantiated graph's node anew)."""
+        """cuGraphAddMemsetNode, or a memset node set anew: a graph's (cuGraphMemsetNodeSetParams) or an
+        instantiated graph's (cuGraphExecMemsetNodeSetParams)."""
         self.session._check(call, ins)
-        setting = call.name == "cuGraphExecMemsetNodeSetParams"
-        owner, node = ins[0], ins[1] if setting else None
-        dst, pitch, value, element_size, width, height = ins[1 + setting : 7 + setting]
+        on_exec = call.name == "cuGraphExecMemsetNodeSetParams"
+        owner = ins[0]
+        dst, pitch, value, element_size, width, height = ins[1 + on_exec : 7 + on_exec]
         if element_size not in (1, 2, 4) or height < 1:
             raise CudaError(INVALID_VALUE, "memset node shape")
         self.session._check_range(dst, pitch * (height - 1) + width * element_size)
         executor = self.session.executor
-        if setting:
-            executor.graph_exec_memset_node(owner, node, dst, pitch, value, element_size, width, height)
-            return EMPTY
-        deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), ins[-1])
-        node = executor.graph_add_memset_node(owner, deps, dst, pitch, value, element_size, width, height)
-        return self._new_node(node, owner)
+        if on_exec:
+            executor.graph_exec_memset_node(owner, ins[1], dst, pitch, value, element_size, width, height)
+        elif call.name == "cuGraphMemsetNodeSetParams":
+            executor.graph_memset_node_set(owner, dst, pitch, value, element_size, width, height)
+        else:
+            deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), ins[-1])
+            node = executor.graph_add_memset_node(owner, deps, dst, pitch, value, element_size, width, height)
+            return self._new_node(node, owner)
+        return EMPTY
 
     def graph_empty_node(self, call: Call, ins: tuple):
         self.session._check(call, ins)
@@ -110,20 +125,22 @@ class GraphCalls(Concern):
         return self._new_node(self.session.executor.graph_add_empty_node(graph, deps), graph)
 
     def graph_dependencies(self, call: Call, ins: tuple):
-        """Edges as (from, to) pairs; cuGraphAddDependencies_v2's each with its 8 bytes of edge data (from
-        port, to port, type: a programmatic dependency), which the driver checks."""
+        """Edges added or removed as (from, to) pairs; the _v2 calls' each with its 8 bytes of edge data
+        (from port, to port, type: a programmatic dependency), which the driver checks."""
         self.session._check(call, ins)
         graph, count = ins
-        words = 3 if call.symbol == "cuGraphAddDependencies_v2" else 2
+        words = 3 if call.symbol.endswith("_v2") else 2
         data = self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8 * words)
         if len(data) != 8 * words * count:
             raise CudaError(INVALID_VALUE, "graph edges")
         triples = [data[8 * words * i : 8 * words * (i + 1)] for i in range(count)]
         nodes = self.nodes(b"".join(t[:16] for t in triples), 2 * count)
         edge_data = [t[16:24] if words == 3 else bytes(8) for t in triples]
-        self.session.executor.graph_add_dependencies(
-            graph, list(zip(nodes[::2], nodes[1::2], strict=True)), edge_data
-        )
+        edges = list(zip(nodes[::2], nodes[1::2], strict=True))
+        if call.name == "cuGraphRemoveDependencies":
+            self.session.executor.graph_remove_dependencies(graph, edges, edge_data)
+        else:
+            self.session.executor.graph_add_dependencies(graph, edges, edge_data)
 
     def graph_child_node(self, call: Call, ins: tuple):
         self.session._check(call, ins)
@@ -141,22 +158,26 @@ class GraphCalls(Concern):
         return self._new_node(node, graph)
 
     def graph_memcpy_node(self, call: Call, ins: tuple):
-        """cuGraphAddMemcpyNode, or cuGraphExecMemcpyNodeSetParams (an instantiated graph's node anew)."""
+        """cuGraphAddMemcpyNode, or a copy node set anew: a graph's (cuGraphMemcpyNodeSetParams) or an
+        instantiated graph's (cuGraphExecMemcpyNodeSetParams)."""
         self.session._check(call, ins)
-        setting = call.name == "cuGraphExecMemcpyNodeSetParams"
+        on_exec = call.name == "cuGraphExecMemcpyNodeSetParams"
         owner = ins[0]
-        copy = Copy3D(*ins[2:11] if setting else ins[1:10])
+        copy = Copy3D(*ins[1 + on_exec : 10 + on_exec])
         if copy.width == 0 or copy.height == 0 or copy.depth == 0:
             raise CudaError(INVALID_VALUE, "memcpy node extent")
         if copy.height > 1 and (copy.src_pitch < copy.width or copy.dst_pitch < copy.width):
             raise CudaError(INVALID_VALUE, "memcpy node pitch")
         self.session._check_range(copy.src, copy.span(copy.src_pitch, copy.src_height))
         self.session._check_range(copy.dst, copy.span(copy.dst_pitch, copy.dst_height))
-        if setting:
+        if on_exec:
             self.session.executor.graph_exec_memcpy_node(owner, ins[1], copy)
-            return EMPTY
-        deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), ins[-1])
-        return self._new_node(self.session.executor.graph_add_memcpy_node(owner, deps, copy), owner)
+        elif call.name == "cuGraphMemcpyNodeSetParams":
+            self.session.executor.graph_memcpy_node_set(owner, copy)
+        else:
+            deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), ins[-1])
+            return self._new_node(self.session.executor.graph_add_memcpy_node(owner, deps, copy), owner)
+        return EMPTY
 
     def graph_host_node(self, call: Call, ins: tuple):
         """A host node: the program's function `ident` (kept by its shim), called back at every launch."""

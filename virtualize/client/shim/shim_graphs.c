@@ -80,6 +80,12 @@ CUresult cuGraphExecKernelNodeSetParams_v2(uint64_t exec, uint64_t node, void *p
     return kernel_node(GP_CALL_cuGraphExecKernelNodeSetParams_v2, head, sizeof head, NULL, 0, params, NULL);
 }
 
+/* A graph's kernel node set anew: packed and checked as a new kernel node is. */
+CUresult cuGraphKernelNodeSetParams_v2(uint64_t node, void *params) {
+    GP_TRACE("cuGraphKernelNodeSetParams_v2");
+    return kernel_node(GP_CALL_cuGraphKernelNodeSetParams_v2, &node, 8, NULL, 0, params, NULL);
+}
+
 /* CUDA_MEMSET_NODE_PARAMS: dst, pitch, value, elementSize, width, height (40 bytes), into a request. */
 #define MEMSET_NODE_PARAMS(in, params)                                                                    \
     do {                                                                                                  \
@@ -111,6 +117,30 @@ CUresult cuGraphExecMemsetNodeSetParams(uint64_t exec, uint64_t node, void *para
     struct gp_in_cuGraphExecMemsetNodeSetParams in = {.exec = exec, .node = node};
     MEMSET_NODE_PARAMS(in, params);
     return gp_call(GP_CALL_cuGraphExecMemsetNodeSetParams, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
+/* A graph's memset node set anew (checked as a new one is), or read back: its address is the lease's
+ * device memory, as the program gave it. */
+CUresult cuGraphMemsetNodeSetParams(uint64_t node, void *params) {
+    GP_TRACE("cuGraphMemsetNodeSetParams");
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphMemsetNodeSetParams in = {.node = node};
+    MEMSET_NODE_PARAMS(in, params);
+    return gp_call(GP_CALL_cuGraphMemsetNodeSetParams, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
+CUresult cuGraphMemsetNodeGetParams(uint64_t node, void *params) {
+    GP_TRACE("cuGraphMemsetNodeGetParams");
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphMemsetNodeGetParams in = {.node = node};
+    struct gp_out_cuGraphMemsetNodeGetParams out;
+    CUresult r = gp_call(GP_CALL_cuGraphMemsetNodeGetParams, WANT, &in, sizeof in, NULL, 0, &out, sizeof out,
+                         NULL, 0);
+    if (r != CUDA_SUCCESS) return r;
+    unsigned char *p = params;
+    memcpy(p, &out.dst, 8), memcpy(p + 8, &out.pitch, 8), memcpy(p + 16, &out.value, 4);
+    memcpy(p + 20, &out.element_size, 4), memcpy(p + 24, &out.width, 8), memcpy(p + 32, &out.height, 8);
+    return CUDA_SUCCESS;
 }
 
 CUresult cuGraphAddEmptyNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps) {
@@ -149,7 +179,7 @@ static CUresult add_dependencies(uint32_t call, uint64_t graph, const uint64_t *
                                  const void *edge_data, uint64_t count) {
     if (count && (!from || !to)) return CUDA_ERROR_INVALID_VALUE;
     if (count > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
-    int with_data = call == GP_CALL_cuGraphAddDependencies_v2;
+    int with_data = call == GP_CALL_cuGraphAddDependencies_v2 || call == GP_CALL_cuGraphRemoveDependencies_v2;
     uint64_t words = with_data ? 3 : 2;
     uint64_t *edges = calloc(words * (count ? count : 1), 8);
     if (!edges) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -171,6 +201,17 @@ CUresult cuGraphAddDependencies(uint64_t graph, void *from, void *to, uint64_t c
 CUresult cuGraphAddDependencies_v2(uint64_t graph, void *from, void *to, void *edge_data, uint64_t count) {
     GP_TRACE("cuGraphAddDependencies_v2");
     return add_dependencies(GP_CALL_cuGraphAddDependencies_v2, graph, from, to, edge_data, count);
+}
+
+/* Edges removed travel as edges added do; the worker's driver refuses an edge the graph does not have. */
+CUresult cuGraphRemoveDependencies(uint64_t graph, void *from, void *to, uint64_t count) {
+    GP_TRACE("cuGraphRemoveDependencies");
+    return add_dependencies(GP_CALL_cuGraphRemoveDependencies, graph, from, to, NULL, count);
+}
+
+CUresult cuGraphRemoveDependencies_v2(uint64_t graph, void *from, void *to, void *edge_data, uint64_t count) {
+    GP_TRACE("cuGraphRemoveDependencies_v2");
+    return add_dependencies(GP_CALL_cuGraphRemoveDependencies_v2, graph, from, to, edge_data, count);
 }
 
 CUresult cuGraphAddChildGraphNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, uint64_t child) {
@@ -287,6 +328,16 @@ CUresult cuGraphExecMemcpyNodeSetParams(uint64_t exec, uint64_t node, void *para
     MEMCPY_NODE_PARAMS(in, params);
     if (!in.src || !in.dst) return memcpy_node_refused("cuGraphExecMemcpyNodeSetParams");
     return gp_call(GP_CALL_cuGraphExecMemcpyNodeSetParams, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
+/* A graph's copy node set anew: checked on the worker as a new copy node is. */
+CUresult cuGraphMemcpyNodeSetParams(uint64_t node, void *params) {
+    GP_TRACE("cuGraphMemcpyNodeSetParams");
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphMemcpyNodeSetParams in = {.node = node};
+    MEMCPY_NODE_PARAMS(in, params);
+    if (!in.src || !in.dst) return memcpy_node_refused("cuGraphMemcpyNodeSetParams");
+    return gp_call(GP_CALL_cuGraphMemcpyNodeSetParams, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
 }
 
 /* A conditional node's body graphs, in an array the program reads through the node parameters'
