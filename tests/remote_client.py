@@ -1809,8 +1809,8 @@ def scenario_graph_nodes():
 
 
 def scenario_graph_node_params():
-    """What PyTorch's and XLA's graphs do with a graph's own nodes: read a memset node's parameters back,
-    set a kernel, memset and copy node anew (a graph instantiated before keeps the old ones, one
+    """What PyTorch's and XLA's graphs do with a graph's own nodes: read a memset and a host node's
+    parameters back, set a kernel, memset, copy and host node anew (a graph instantiated before keeps the old ones, one
     instantiated after runs the new), remove an edge, ask the ids and the containing graph; node handles
     and memory that are not the lease's are refused."""
     setup()
@@ -1823,7 +1823,16 @@ def scenario_graph_node_params():
     module, fill = c_u64(), c_u64()
     check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
     check(cu.cuModuleGetFunction(ctypes.byref(fill), module, b"fill_u32"), "fill")
-    keep = []
+    keep, ran = [], []
+    recorder = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(ran.append)  # a host node: the value it was given
+
+    def host(value):  # CUDA_HOST_NODE_PARAMS
+        return (ctypes.c_void_p * 2)(ctypes.cast(recorder, ctypes.c_void_p), value)
+
+    def read_host(node):
+        got = (ctypes.c_void_p * 2)()
+        rc = cu.cuGraphHostNodeGetParams(node, got)
+        return rc, got[0] == ctypes.cast(recorder, ctypes.c_void_p).value, got[1]
 
     def kernel(value):
         args = [c_u64(ptr), ctypes.c_uint32(value), ctypes.c_uint32(n)]
@@ -1855,25 +1864,32 @@ def scenario_graph_node_params():
         words = struct.unpack("<16I", dtoh(out, 64)[1])
         return f"{struct.unpack('<I', dtoh(ptr, 4)[1])[0]} {words[0]:x} {words[4]:x}"
 
-    graph, k, m, c, old, new = (c_u64() for _ in range(6))
+    graph, k, m, c, h, old, new = (c_u64() for _ in range(7))
     check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
     check(cu.cuGraphAddKernelNode(ctypes.byref(k), graph, None, c_u64(0), ctypes.byref(kernel(10))), "kernel")
     check(cu.cuGraphAddMemsetNode(ctypes.byref(m), graph, ctypes.byref(k), c_u64(1),
                                   memset(ptr + 128, 0x01010101, 4), c_u64(0)), "memset")  # fmt: skip
     check(cu.cuGraphAddMemcpyNode(ctypes.byref(c), graph, ctypes.byref(m), c_u64(1), copy(ptr + 128, out, 16),
                                   c_u64(0)), "copy")  # fmt: skip
+    check(cu.cuGraphAddHostNode(ctypes.byref(h), graph, None, c_u64(0), host(7)), "host node")
     rc, params = read_memset(m)
     say("memset_read_back", f"{rc} {params == (ptr + 128, 0, 0x01010101, 4, 4, 1)}")
+    say("host_read_back", " ".join(map(str, read_host(h))))
     check(cu.cuGraphInstantiateWithFlags(ctypes.byref(old), graph, c_u64(0)), "instantiate")
     say("first", run(old))
     check(cu.cuGraphKernelNodeSetParams(k, ctypes.byref(kernel(20))), "kernel anew")
     check(cu.cuGraphMemsetNodeSetParams(m, memset(ptr + 128, 0x02020202, 4)), "memset anew")
     check(cu.cuGraphMemcpyNodeSetParams(c, copy(ptr + 128, out + 16, 16)), "copy anew")
+    check(cu.cuGraphHostNodeSetParams(h, host(8)), "host anew")
+    say("host_read_back_anew", " ".join(map(str, read_host(h))))
     rc, params = read_memset(m)
     say("memset_read_back_anew", f"{rc} {params == (ptr + 128, 0, 0x02020202, 4, 4, 1)}")
     say("instantiated_before", run(old))
     check(cu.cuGraphInstantiateWithFlags(ctypes.byref(new), graph, c_u64(0)), "instantiate anew")
     say("instantiated_after", run(new))
+    check(cu.cuGraphExecHostNodeSetParams(old, h, host(9)), "instantiated host node anew")
+    run(old)
+    say("host_ran", ran)  # the first launch, the old instance twice (then set anew), the new one
     count = c_u64(0)
     check(cu.cuGraphNodeGetDependencies(m, None, None, ctypes.byref(count)), "dependencies")
     removed = cu.cuGraphRemoveDependencies(graph, ctypes.byref(k), ctypes.byref(m), None, c_u64(1))
@@ -1901,6 +1917,8 @@ def scenario_graph_node_params():
         cu.cuGraphKernelNodeSetParams(foreign, ctypes.byref(kernel(1))),
         cu.cuGraphMemsetNodeSetParams(foreign, memset(ptr, 1, 4)),
         cu131.cuGraphNodeGetLocalId(foreign, ctypes.byref(ids[0])),
+        read_host(foreign)[0],
+        cu.cuGraphHostNodeSetParams(foreign, host(1)),
         cu.cuGraphKernelNodeCopyAttributes(k, foreign),
     )))  # fmt: skip
     say(
@@ -1911,6 +1929,7 @@ def scenario_graph_node_params():
     say("memset_past_the_allocation", cu.cuGraphMemsetNodeSetParams(m, memset(ptr + 4 * n - 8, 1, 4)))
     say("copy_past_the_allocation", cu.cuGraphMemcpyNodeSetParams(c, copy(ptr, out + 32, 64)))
     say("memset_params_on_a_kernel_node", cu.cuGraphMemsetNodeSetParams(k, memset(ptr, 1, 4)))
+    say("host_params_of_a_kernel_node", f"{read_host(k)[0]} {cu.cuGraphHostNodeSetParams(k, host(1))}")
     rc, params = read_memset(m)
     say("memset_kept", f"{rc} {params[2] == 0x02020202}")
 

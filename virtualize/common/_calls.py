@@ -780,6 +780,12 @@ CALLS: tuple[Call, ...] = (
        wire="graph graph, u64 count, bytes edges"),
     _c("cuGraphRemoveDependencies", 12030, "graph graph, ptr from, ptr to, ptr edge_data, u64 count", custom=True,
        symbol="cuGraphRemoveDependencies_v2", wire="graph graph, u64 count, bytes edges"),
+    # A host node's function and argument stay in the program (kept under an id, as cuGraphAddHostNode's):
+    # a new function travels as its id, and a node's is read back as the id its shim maps back.
+    _c("cuGraphHostNodeSetParams", 10000, "node node, ptr params", custom=True, wire="node node, u64 id"),
+    _c("cuGraphExecHostNodeSetParams", 10020, "graphexec exec, node node, ptr params", custom=True,
+       wire="graphexec exec, node node, u64 id"),
+    _c("cuGraphHostNodeGetParams", 10000, "node node, ptr params", custom=True, wire="node node, o_u64 id"),
     _c("cuGraphKernelNodeCopyAttributes", 11000, "node dst, node src"),
     _c("cuGraphNodeGetContainingGraph", 13010, "node node, o_graph graph"),
     _c("cuGraphNodeGetLocalId", 13010, "node node, o_u32 node_id"),

@@ -208,12 +208,10 @@ GROUPS: tuple[Group, ...] = (
         """A kernel node's parameters read back are an array of
        pointers to each argument's bytes, in memory the driver keeps for the node: the shim is to keep
        such a copy per node. A copy node's read back is the program's own descriptor (its host pointers,
-       its arrays), not the device addresses the worker runs. Host nodes' functions are the program's,
-       kept by the shim under an id to be mapped back. Kernel node attributes hold device addresses (an
+       its arrays), not the device addresses the worker runs. Kernel node attributes hold device addresses (an
        access policy window) to check; the generic node calls are to be sent as the typed calls, as
        cuGraphAddNode is. cuGraphDebugDotPrint's file is to be written in the client.""",
         "cuGraphKernelNodeGetParams cuGraphMemcpyNodeGetParams "
-        "cuGraphHostNodeGetParams cuGraphHostNodeSetParams cuGraphExecHostNodeSetParams "
         "cuGraphKernelNodeGetAttribute cuGraphKernelNodeSetAttribute "
         "cuGraphDebugDotPrint cuGraphNodeSetParams cuGraphNodeSetParams_v2 cuGraphExecNodeSetParams "
         "cuGraphNodeGetParams cuGraphAddNode_v3",

@@ -1570,16 +1570,32 @@ class CudaExecutor(Executor):
     def cuGraphExecGetFlags(self, graph_exec):
         return int(_ok(driver.cuGraphExecGetFlags(driver.CUgraphExec(graph_exec))))
 
-    def graph_add_host_node(self, graph, deps, fn):
+    def _host_node(self, fn):
+        """CUDA_HOST_NODE_PARAMS that call `fn` (kept: it runs at every launch)."""
         key = next(self._host_keys)
         self.host_funcs[key] = fn
-        self.kept_host_funcs.add(key)  # it runs at every launch
+        self.kept_host_funcs.add(key)
         params = driver.CUDA_HOST_NODE_PARAMS()
         params.fn = self._host_thunk_fn
         params.userData = key
+        return params
+
+    def graph_add_host_node(self, graph, deps, fn):
+        params = self._host_node(fn)
         return _int(
             _ok(driver.cuGraphAddHostNode(driver.CUgraph(graph), self._deps(deps), len(deps), params))
         )
+
+    def graph_host_node_set(self, graph_exec, node, fn) -> None:
+        params = self._host_node(fn)
+        if graph_exec:
+            _ok(
+                driver.cuGraphExecHostNodeSetParams(
+                    driver.CUgraphExec(graph_exec), driver.CUgraphNode(node), params
+                )
+            )
+        else:
+            _ok(driver.cuGraphHostNodeSetParams(driver.CUgraphNode(node), params))
 
     def cuGraphInstantiateWithFlags(self, graph, flags):
         return _int(_ok(driver.cuGraphInstantiate(driver.CUgraph(graph), flags)))

@@ -84,6 +84,8 @@ SHAPED: dict[str, str] = {
     "cuGraphMemsetNodeSetParams": "graph_memset_node_set",
     "cuGraphMemcpyNodeSetParams": "graph_memcpy_node_set",
     "cuGraphRemoveDependencies": "graph_remove_dependencies",
+    "cuGraphHostNodeSetParams": "graph_host_node_set",
+    "cuGraphExecHostNodeSetParams": "graph_host_node_set",
     "cuGraphGetNodes": "graph_nodes",
     "cuGraphGetRootNodes": "graph_node_list",
     "cuGraphNodeGetDependencies": "graph_node_list",
@@ -115,6 +117,7 @@ GUARD_CALLS = (
         "cuGraphAddEmptyNode",
     ),
     "cuGraphAddDependencies",  # graphs built node by node
+    "cuGraphHostNodeGetParams",  # the id of the program's function, which the guard keeps
     *("cuArrayCreate", "cuArrayGetDescriptor"),  # as cuArray3DCreate and cuArray3DGetDescriptor
     "cuMemGetAllocationPropertiesFromHandle",  # what the handle was created with
     "cuMemExportToShareableHandle",  # recorded in the lease: another process of it may import the handle
@@ -442,6 +445,10 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def graph_memcpy_node_set(self, node: int, copy: Copy3D) -> None:
         """cuGraphMemcpyNodeSetParams between device memory of the lease (`copy` checked)."""
+
+    @abc.abstractmethod
+    def graph_host_node_set(self, graph_exec: int, node: int, fn: Callable[[], None]) -> None:
+        """cuGraphHostNodeSetParams (`graph_exec` 0), or cuGraphExecHostNodeSetParams: `fn` runs instead."""
 
     @abc.abstractmethod
     def graph_remove_dependencies(

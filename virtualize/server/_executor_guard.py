@@ -115,6 +115,9 @@ class LeaseState:
     layouts: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     callback_tokens: dict[int, Session] = field(default_factory=dict)  # token -> connection to call back for
     tensor_maps: dict[bytes, int] = field(default_factory=dict)  # encoded map -> its tensor's extent
+    # Host node -> (the callback connection of the process whose function it runs, the function's id
+    # there): what cuGraphHostNodeGetParams answers, to that process only.
+    host_nodes: dict[int, tuple[object, int]] = field(default_factory=dict)
     # Memory of the virtual memory API a process exported (cuMemExportToShareableHandle) -> (size, device,
     # CUmemAllocationProp): what another process of this lease may import; nothing of another lease is here.
     vm_exported: dict[int, tuple[int, int, bytes]] = field(default_factory=dict)

@@ -1242,6 +1242,12 @@ class HostExecutor(Executor):
     def graph_memcpy_node_set(self, node, copy: Copy3D) -> None:
         self._set_node_work(node, self._memcpy_work(copy), kind=1)
 
+    def graph_host_node_set(self, graph_exec, node, fn) -> None:
+        if graph_exec:
+            self._set_exec_work(graph_exec, node, fn, kind=3)
+        else:
+            self._set_node_work(node, fn, kind=3)
+
     def graph_remove_dependencies(self, graph, edges, edge_data=None) -> None:
         mine = set(self.node_order.get(graph, []))
         if any(edge not in self.edges or edge[0] not in mine for edge in edges):

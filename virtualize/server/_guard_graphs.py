@@ -35,6 +35,9 @@ class GraphCalls(Concern):
         "cuGraphAddEventRecordNode": "graph_event_node",
         "cuGraphAddEventWaitNode": "graph_event_node",
         "cuGraphAddHostNode": "graph_host_node",
+        "cuGraphHostNodeSetParams": "graph_host_node_set",
+        "cuGraphExecHostNodeSetParams": "graph_host_node_set",
+        "cuGraphHostNodeGetParams": "graph_host_node_get",
         "cuGraphAddMemcpyNode": "graph_memcpy_node",
         "cuGraphExecMemsetNodeSetParams": "graph_memset_node",
         "cuGraphExecMemcpyNodeSetParams": "graph_memcpy_node",
@@ -179,17 +182,42 @@ class GraphCalls(Concern):
             return self._new_node(self.session.executor.graph_add_memcpy_node(owner, deps, copy), owner)
         return EMPTY
 
+    def _callbacks(self):
+        callbacks = self.session.callbacks
+        if callbacks is None:
+            raise CudaError(CUresult.NOT_SUPPORTED, "no callback connection")
+        return callbacks
+
     def graph_host_node(self, call: Call, ins: tuple):
         """A host node: the program's function `ident` (kept by its shim), called back at every launch."""
         self.session._check(call, ins)
         graph, ident, num_deps = ins
         deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
-        callbacks = self.session.callbacks
-        if callbacks is None:
-            raise CudaError(CUresult.NOT_SUPPORTED, "no callback connection")
-        return self._new_node(
-            self.session.executor.graph_add_host_node(graph, deps, lambda: callbacks.call(ident)), graph
-        )
+        callbacks = self._callbacks()
+        node = self.session.executor.graph_add_host_node(graph, deps, lambda: callbacks.call(ident))
+        self.session.lease.host_nodes[node] = (callbacks, ident)
+        return self._new_node(node, graph)
+
+    def graph_host_node_set(self, call: Call, ins: tuple):
+        """A host node's function anew: the graph's (cuGraphHostNodeSetParams) or an instantiated graph's."""
+        self.session._check(call, ins)
+        graph_exec, node, ident = ins if len(ins) == 3 else (0, *ins)
+        callbacks = self._callbacks()
+        self.session.executor.graph_host_node_set(graph_exec, node, lambda: callbacks.call(ident))
+        if not graph_exec:
+            self.session.lease.host_nodes[node] = (callbacks, ident)
+        return EMPTY
+
+    def graph_host_node_get(self, call: Call, ins: tuple):
+        """The id of the host node's function in its program; a node whose function is not this process's
+        (another process's, or a clone's twin) is not read back."""
+        self.session._check(call, ins)
+        owner, ident = self.session.lease.host_nodes.get(ins[0], (None, 0))
+        if self.session.executor.cuGraphNodeGetType(ins[0]) != 3:  # CU_GRAPH_NODE_TYPE_HOST
+            raise CudaError(INVALID_VALUE, "not a host node")
+        if owner is None or owner is not self.session.callbacks:
+            raise CudaError(CUresult.NOT_SUPPORTED, "a host node whose function is not this process's")
+        return call.out_struct.pack(ident), b""
 
     def graph_nodes(self, call: Call, ins: tuple):
         """The count; the nodes (now this lease's) in the bulk."""

@@ -1667,7 +1667,6 @@ GP_EXPORT CUresult cuGraphDebugDotPrint(void) { return gp_unforwarded("cuGraphDe
 GP_EXPORT CUresult cuGraphExecBatchMemOpNodeSetParams(void) { return gp_unforwarded("cuGraphExecBatchMemOpNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecExternalSemaphoresSignalNodeSetParams(void) { return gp_unforwarded("cuGraphExecExternalSemaphoresSignalNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecExternalSemaphoresWaitNodeSetParams(void) { return gp_unforwarded("cuGraphExecExternalSemaphoresWaitNodeSetParams"); }
-GP_EXPORT CUresult cuGraphExecHostNodeSetParams(void) { return gp_unforwarded("cuGraphExecHostNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecKernelNodeSetParams(void) { return gp_unforwarded("cuGraphExecKernelNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecNodeSetParams(void) { return gp_unforwarded("cuGraphExecNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecUpdate(void) { return gp_unforwarded("cuGraphExecUpdate"); }
@@ -1675,8 +1674,6 @@ GP_EXPORT CUresult cuGraphExternalSemaphoresSignalNodeGetParams(void) { return g
 GP_EXPORT CUresult cuGraphExternalSemaphoresSignalNodeSetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresSignalNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExternalSemaphoresWaitNodeGetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresWaitNodeGetParams"); }
 GP_EXPORT CUresult cuGraphExternalSemaphoresWaitNodeSetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresWaitNodeSetParams"); }
-GP_EXPORT CUresult cuGraphHostNodeGetParams(void) { return gp_unforwarded("cuGraphHostNodeGetParams"); }
-GP_EXPORT CUresult cuGraphHostNodeSetParams(void) { return gp_unforwarded("cuGraphHostNodeSetParams"); }
 GP_EXPORT CUresult cuGraphInstantiate(void) { return gp_unforwarded("cuGraphInstantiate"); }
 GP_EXPORT CUresult cuGraphInstantiate_v2(void) { return gp_unforwarded("cuGraphInstantiate_v2"); }
 GP_EXPORT CUresult cuGraphKernelNodeGetAttribute(void) { return gp_unforwarded("cuGraphKernelNodeGetAttribute"); }
@@ -1910,9 +1907,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuDeviceGetCliqueInfo", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuGraphKernelNodeGetParams", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphMemcpyNodeGetParams", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphHostNodeGetParams", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphHostNodeSetParams", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphExecHostNodeSetParams", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphKernelNodeGetAttribute", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphKernelNodeSetAttribute", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphDebugDotPrint", "graph nodes read back, changed or queried: not forwarded yet"},
@@ -2086,6 +2080,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphExecEventWaitNodeSetEvent", 11010, (void *)cuGraphExecEventWaitNodeSetEvent},
     {"cuGraphExecGetFlags", 12000, (void *)cuGraphExecGetFlags},
     {"cuGraphExecGetId", 13010, (void *)cuGraphExecGetId},
+    {"cuGraphExecHostNodeSetParams", 10020, (void *)cuGraphExecHostNodeSetParams},
     {"cuGraphExecKernelNodeSetParams", 12000, (void *)cuGraphExecKernelNodeSetParams_v2},
     {"cuGraphExecMemcpyNodeSetParams", 10020, (void *)cuGraphExecMemcpyNodeSetParams},
     {"cuGraphExecMemsetNodeSetParams", 10020, (void *)cuGraphExecMemsetNodeSetParams},
@@ -2095,6 +2090,8 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphGetId", 13010, (void *)cuGraphGetId},
     {"cuGraphGetNodes", 10000, (void *)cuGraphGetNodes},
     {"cuGraphGetRootNodes", 10000, (void *)cuGraphGetRootNodes},
+    {"cuGraphHostNodeGetParams", 10000, (void *)cuGraphHostNodeGetParams},
+    {"cuGraphHostNodeSetParams", 10000, (void *)cuGraphHostNodeSetParams},
     {"cuGraphInstantiate", 12000, (void *)cuGraphInstantiateWithFlags},
     {"cuGraphInstantiateWithFlags", 11040, (void *)cuGraphInstantiateWithFlags},
     {"cuGraphInstantiateWithParams", 12000, (void *)cuGraphInstantiateWithParams},

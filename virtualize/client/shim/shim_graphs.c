@@ -265,6 +265,51 @@ CUresult cuGraphAddHostNode(uint64_t *node, uint64_t graph, void *deps, uint64_t
     return r;
 }
 
+/* A host node's function anew (CUDA_HOST_NODE_PARAMS): kept here under a new id, as cuGraphAddHostNode's;
+ * the old one stays for the graphs instantiated before. `head`: the node, or the exec and the node. */
+static CUresult host_node_set(uint32_t call, const uint64_t *head, uint32_t head_words, const void *params) {
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    void *fn, *data;
+    memcpy(&fn, params, 8);
+    memcpy(&data, (const unsigned char *)params + 8, 8);
+    if (!fn) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = gp_callbacks_start();
+    if (r != CUDA_SUCCESS) return r;
+    uint64_t in[3];
+    memcpy(in, head, 8 * head_words);
+    in[head_words] = gp_host_call_add(0, fn, data, 0, 1);
+    if (!in[head_words]) return CUDA_ERROR_OUT_OF_MEMORY;
+    r = gp_call(call, WANT, in, 8 * (head_words + 1), NULL, 0, NULL, 0, NULL, 0);
+    if (r != CUDA_SUCCESS) gp_host_call_drop(in[head_words]);
+    return r;
+}
+
+CUresult cuGraphHostNodeSetParams(uint64_t node, void *params) {
+    GP_TRACE("cuGraphHostNodeSetParams");
+    return host_node_set(GP_CALL_cuGraphHostNodeSetParams, &node, 1, params);
+}
+
+CUresult cuGraphExecHostNodeSetParams(uint64_t exec, uint64_t node, void *params) {
+    GP_TRACE("cuGraphExecHostNodeSetParams");
+    uint64_t head[2] = {exec, node};
+    return host_node_set(GP_CALL_cuGraphExecHostNodeSetParams, head, 2, params);
+}
+
+/* A host node's function and argument read back: the worker answers the id this shim keeps them under. */
+CUresult cuGraphHostNodeGetParams(uint64_t node, void *params) {
+    GP_TRACE("cuGraphHostNodeGetParams");
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphHostNodeGetParams in = {.node = node};
+    struct gp_out_cuGraphHostNodeGetParams out;
+    CUresult r = gp_call(GP_CALL_cuGraphHostNodeGetParams, WANT, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r != CUDA_SUCCESS) return r;
+    void *fn, *data;
+    if (!gp_host_call_find(out.id, &fn, &data)) return CUDA_ERROR_INVALID_VALUE;
+    memcpy(params, &fn, 8);
+    memcpy((unsigned char *)params + 8, &data, 8);
+    return CUDA_SUCCESS;
+}
+
 /* One side of a CUDA_MEMCPY3D as a device address of the lease: device or unified memory, or mirrored
  * host memory (its device copy). Page-locked memory is mirrored now if it is not yet, as its device
  * pointer would be (pinned memory at its own address, registered memory by a device allocation): the
