@@ -1933,6 +1933,18 @@ def scenario_graph_node_params():
     rc, params = read_memset(m)
     say("memset_kept", f"{rc} {params[2] == 0x02020202}")
 
+    def generic(node_type, typed):  # CUgraphNodeParams: the type, then the typed parameters at 16
+        params = (ctypes.c_uint8 * 256)()
+        struct.pack_into("<I", params, 0, node_type)
+        ctypes.memmove(ctypes.addressof(params) + 16, ctypes.addressof(typed), ctypes.sizeof(typed))
+        return params
+
+    set_memset = cu.cuGraphNodeSetParams(m, generic(2, memset(ptr + 128, 0x03030303, 4)))
+    say("generic_memset", f"{set_memset} {read_memset(m)[1][2] == 0x03030303}")
+    check(cu.cuGraphExecNodeSetParams(new, k, generic(0, kernel(30))), "generic kernel on the instance")
+    say("generic_kernel_instance", run(new))
+    say("generic_type_mismatch", cu.cuGraphNodeSetParams(k, generic(2, memset(ptr, 1, 4))))
+
 
 def scenario_graph_conditionals():
     """What cuda.core's graph builder does: a conditional node added to a capturing stream's graph after

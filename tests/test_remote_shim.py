@@ -703,6 +703,9 @@ def test_a_graphs_own_nodes_are_read_back_set_anew_and_queried_as_pytorch_and_xl
         "memset_params_on_a_kernel_node": "1",
         "host_params_of_a_kernel_node": "1 1",
         "memset_kept": "0 True",  # what was refused changed nothing
+        "generic_memset": "0 True",  # cuGraphNodeSetParams, as the memset setter
+        "generic_kernel_instance": "30 0 2020202",  # cuGraphExecNodeSetParams, as the kernel setter
+        "generic_type_mismatch": "1",  # a kernel node given memset parameters
     }
     assert "gpupool:" not in err
 

@@ -786,6 +786,12 @@ CALLS: tuple[Call, ...] = (
     _c("cuGraphExecHostNodeSetParams", 10020, "graphexec exec, node node, ptr params", custom=True,
        wire="graphexec exec, node node, u64 id"),
     _c("cuGraphHostNodeGetParams", 10000, "node node, ptr params", custom=True, wire="node node, o_u64 id"),
+    # The generic setters: by the type their parameters name, one of the typed calls (kernel, memset, copy,
+    # host, event, and an instantiated graph's child graph); other types are refused with a message.
+    _c("cuGraphNodeSetParams", 12020, "node node, ptr params", L, custom=True,
+       how="sent as the setter of its type (kernel, memset, copy, host, event)"),
+    _c("cuGraphExecNodeSetParams", 12020, "graphexec exec, node node, ptr params", L, custom=True,
+       how="sent as the instantiated graph's setter of its type (kernel, memset, copy, host, event, child graph)"),
     _c("cuGraphKernelNodeCopyAttributes", 11000, "node dst, node src"),
     _c("cuGraphNodeGetContainingGraph", 13010, "node node, o_graph graph"),
     _c("cuGraphNodeGetLocalId", 13010, "node node, o_u32 node_id"),

@@ -1668,7 +1668,6 @@ GP_EXPORT CUresult cuGraphExecBatchMemOpNodeSetParams(void) { return gp_unforwar
 GP_EXPORT CUresult cuGraphExecExternalSemaphoresSignalNodeSetParams(void) { return gp_unforwarded("cuGraphExecExternalSemaphoresSignalNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecExternalSemaphoresWaitNodeSetParams(void) { return gp_unforwarded("cuGraphExecExternalSemaphoresWaitNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecKernelNodeSetParams(void) { return gp_unforwarded("cuGraphExecKernelNodeSetParams"); }
-GP_EXPORT CUresult cuGraphExecNodeSetParams(void) { return gp_unforwarded("cuGraphExecNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecUpdate(void) { return gp_unforwarded("cuGraphExecUpdate"); }
 GP_EXPORT CUresult cuGraphExternalSemaphoresSignalNodeGetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresSignalNodeGetParams"); }
 GP_EXPORT CUresult cuGraphExternalSemaphoresSignalNodeSetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresSignalNodeSetParams"); }
@@ -1684,7 +1683,6 @@ GP_EXPORT CUresult cuGraphKernelNodeSetParams(void) { return gp_unforwarded("cuG
 GP_EXPORT CUresult cuGraphMemAllocNodeGetParams(void) { return gp_unforwarded("cuGraphMemAllocNodeGetParams"); }
 GP_EXPORT CUresult cuGraphMemFreeNodeGetParams(void) { return gp_unforwarded("cuGraphMemFreeNodeGetParams"); }
 GP_EXPORT CUresult cuGraphMemcpyNodeGetParams(void) { return gp_unforwarded("cuGraphMemcpyNodeGetParams"); }
-GP_EXPORT CUresult cuGraphNodeSetParams(void) { return gp_unforwarded("cuGraphNodeSetParams"); }
 GP_EXPORT CUresult cuGraphicsEGLRegisterImage(void) { return gp_unforwarded("cuGraphicsEGLRegisterImage"); }
 GP_EXPORT CUresult cuGraphicsGLRegisterBuffer(void) { return gp_unforwarded("cuGraphicsGLRegisterBuffer"); }
 GP_EXPORT CUresult cuGraphicsGLRegisterImage(void) { return gp_unforwarded("cuGraphicsGLRegisterImage"); }
@@ -1910,9 +1908,7 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuGraphKernelNodeGetAttribute", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphKernelNodeSetAttribute", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphDebugDotPrint", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphNodeSetParams", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphNodeSetParams_v2", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphExecNodeSetParams", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphNodeGetParams", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphAddNode_v3", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphAddMemAllocNode", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
@@ -2084,6 +2080,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphExecKernelNodeSetParams", 12000, (void *)cuGraphExecKernelNodeSetParams_v2},
     {"cuGraphExecMemcpyNodeSetParams", 10020, (void *)cuGraphExecMemcpyNodeSetParams},
     {"cuGraphExecMemsetNodeSetParams", 10020, (void *)cuGraphExecMemsetNodeSetParams},
+    {"cuGraphExecNodeSetParams", 12020, (void *)cuGraphExecNodeSetParams},
     {"cuGraphExecUpdate", 12000, (void *)cuGraphExecUpdate_v2},
     {"cuGraphGetEdges", 10000, (void *)cuGraphGetEdges},
     {"cuGraphGetEdges", 12030, (void *)cuGraphGetEdges_v2},
@@ -2112,6 +2109,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphNodeGetToolsId", 13010, (void *)cuGraphNodeGetToolsId},
     {"cuGraphNodeGetType", 10000, (void *)cuGraphNodeGetType},
     {"cuGraphNodeSetEnabled", 11060, (void *)cuGraphNodeSetEnabled},
+    {"cuGraphNodeSetParams", 12020, (void *)cuGraphNodeSetParams},
     {"cuGraphReleaseUserObject", 11030, (void *)cuGraphReleaseUserObject},
     {"cuGraphRemoveDependencies", 10000, (void *)cuGraphRemoveDependencies},
     {"cuGraphRemoveDependencies", 12030, (void *)cuGraphRemoveDependencies_v2},

@@ -484,6 +484,56 @@ CUresult cuGraphAddNode_v2(uint64_t *node, uint64_t graph, void *deps, void *edg
     return add_node(node, graph, deps, edges, num_deps, params);
 }
 
+/* The generic setters (CUgraphNodeParams, as cuGraphAddNode reads it): sent as the typed call of the
+ * node type the parameters name, a graph's node (`exec` 0) or an instantiated graph's; the worker checks
+ * the node is of that type. */
+static CUresult node_set_params(const char *name, uint64_t exec, uint64_t node, void *params) {
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    unsigned char *p = params;
+    uint32_t type;
+    memcpy(&type, p, 4);
+    uint64_t u64;
+    switch (type) {
+    case NODE_KERNEL:
+        return exec ? cuGraphExecKernelNodeSetParams_v2(exec, node, p + 16) : cuGraphKernelNodeSetParams_v2(node, p + 16);
+    case NODE_MEMSET:
+        memcpy(&u64, p + 16 + 40, 8); /* CUDA_MEMSET_NODE_PARAMS_v2's context */
+        if (exec) return cuGraphExecMemsetNodeSetParams(exec, node, p + 16, u64);
+        if (node_context(name, u64) != CUDA_SUCCESS) return CUDA_ERROR_NOT_SUPPORTED;
+        return cuGraphMemsetNodeSetParams(node, p + 16);
+    case NODE_MEMCPY: /* CUDA_MEMCPY_NODE_PARAMS: flags, reserved, the context, then CUDA_MEMCPY3D */
+        memcpy(&u64, p + 16 + 8, 8);
+        if (exec) return cuGraphExecMemcpyNodeSetParams(exec, node, p + 32, u64);
+        if (node_context(name, u64) != CUDA_SUCCESS) return CUDA_ERROR_NOT_SUPPORTED;
+        return cuGraphMemcpyNodeSetParams(node, p + 32);
+    case NODE_HOST:
+        return exec ? cuGraphExecHostNodeSetParams(exec, node, p + 16) : cuGraphHostNodeSetParams(node, p + 16);
+    case NODE_GRAPH: /* only an instantiated graph's child graph node is set anew, as natively */
+        memcpy(&u64, p + 16, 8);
+        return exec ? cuGraphExecChildGraphNodeSetParams(exec, node, u64) : CUDA_ERROR_INVALID_VALUE;
+    case NODE_WAIT_EVENT:
+        memcpy(&u64, p + 16, 8);
+        return exec ? cuGraphExecEventWaitNodeSetEvent(exec, node, u64) : cuGraphEventWaitNodeSetEvent(node, u64);
+    case NODE_EVENT_RECORD:
+        memcpy(&u64, p + 16, 8);
+        return exec ? cuGraphExecEventRecordNodeSetEvent(exec, node, u64) : cuGraphEventRecordNodeSetEvent(node, u64);
+    }
+    gp_say("%s: nodes of type %u are not forwarded to the remote GPU; it returns CUDA_ERROR_NOT_SUPPORTED "
+           "(docs/remote.md)", name, type);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+CUresult cuGraphNodeSetParams(uint64_t node, void *params) {
+    GP_TRACE("cuGraphNodeSetParams");
+    return node_set_params("cuGraphNodeSetParams", 0, node, params);
+}
+
+CUresult cuGraphExecNodeSetParams(uint64_t exec, uint64_t node, void *params) {
+    GP_TRACE("cuGraphExecNodeSetParams");
+    if (!exec) return CUDA_ERROR_INVALID_VALUE;
+    return node_set_params("cuGraphExecNodeSetParams", exec, node, params);
+}
+
 /* CUgraphExecUpdateResultInfo: the result, then the error node and the node it came from (not forwarded:
  * they are left empty). */
 CUresult cuGraphExecUpdate_v2(uint64_t exec, uint64_t graph, void *info) {
