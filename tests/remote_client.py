@@ -1897,6 +1897,25 @@ def scenario_graph_node_params():
     check(cu.cuGraphNodeGetDependencies(m, None, None, ctypes.byref(after)), "dependencies after")
     again = cu.cuGraphRemoveDependencies(graph, ctypes.byref(k), ctypes.byref(m), None, c_u64(1))
     say("removed", f"{removed} {count.value} {after.value} {again}")
+
+    def attribute(node, attr, value=None):  # CUkernelNodeAttrValue: 64 bytes; a priority is an int first
+        raw = ctypes.create_string_buffer(64)
+        if value is not None:
+            ctypes.memmove(raw, value, len(value))
+            return cu.cuGraphKernelNodeSetAttribute(node, attr, raw)
+        rc = cu.cuGraphKernelNodeGetAttribute(node, attr, raw)
+        return rc, struct.unpack_from("<i", raw.raw)[0]
+
+    priority = struct.pack("<i", -1)
+    say("attribute_set", f"{attribute(k, 8, priority)} {attribute(k, 8)}")  # CU_LAUNCH_ATTRIBUTE_PRIORITY
+    window = struct.pack("<QQfii", 0x1000, 4096, 1.0, 2, 0)  # an access-policy window outside the lease
+    say("attribute_window_outside_the_lease", attribute(k, 1, window))
+    say("attribute_event", attribute(k, 7, struct.pack("<Q", 1)))  # PROGRAMMATIC_EVENT: an event handle
+    other_graph, other = c_u64(), c_u64()
+    check(cu.cuGraphCreate(ctypes.byref(other_graph), 0), "other graph")
+    check(cu.cuGraphAddKernelNode(ctypes.byref(other), other_graph, None, c_u64(0), ctypes.byref(kernel(1))),
+          "other kernel")  # fmt: skip
+    say("attribute_copied", f"{cu.cuGraphKernelNodeCopyAttributes(other, k)} {attribute(other, 8)}")
     containing, tools = c_u64(), c_u64()
     check(cu131.cuGraphNodeGetContainingGraph(k, ctypes.byref(containing)), "containing graph")
     ids = [ctypes.c_uint32() for _ in range(5)]
@@ -1910,7 +1929,6 @@ def scenario_graph_node_params():
         "ids",
         f"{containing.value == graph.value} {ids[0].value != ids[1].value} {ids[3].value != ids[4].value}",
     )
-    say("copy_attributes", cu.cuGraphKernelNodeCopyAttributes(k, k))
     foreign = c_u64(12345)
     say("foreign_node", " ".join(str(rc) for rc in (
         read_memset(foreign)[0],
@@ -1920,6 +1938,7 @@ def scenario_graph_node_params():
         read_host(foreign)[0],
         cu.cuGraphHostNodeSetParams(foreign, host(1)),
         cu.cuGraphKernelNodeCopyAttributes(k, foreign),
+        attribute(foreign, 8)[0],
     )))  # fmt: skip
     say(
         "foreign_edge",

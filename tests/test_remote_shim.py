@@ -679,10 +679,12 @@ def test_a_graph_built_node_by_node_runs_its_nodes_in_dependency_order(shim_dir,
 
 
 def test_a_graphs_own_nodes_are_read_back_set_anew_and_queried_as_pytorch_and_xla_do(shim_dir, worker):
-    """Memset and host nodes read back what was set; kernel, memset, copy and host nodes set anew run in graphs
-    instantiated after (not in one instantiated before), as natively; an edge removed is gone; ids and the
-    containing graph answer; nodes and memory that are not the lease's are refused."""
+    """Memset and host nodes read back what was set; kernel, memset, copy and host nodes set anew run in
+    graphs instantiated after (not in one instantiated before), as natively; an edge removed is gone; ids
+    and the containing graph answer; kernel node attributes are set, read back and copied; nodes, memory
+    and attributes that are not the lease's are refused."""
     out, err = run_client("graph_node_params", client_env(shim_dir, worker))
+    not_the_leases = "400 400 400 400 400 400 400 400"  # CUDA_ERROR_INVALID_HANDLE: not a node of this lease
     assert out == {
         "memset_read_back": "0 True",
         "host_read_back": "0 True 7",  # the program's own function and argument
@@ -693,9 +695,12 @@ def test_a_graphs_own_nodes_are_read_back_set_anew_and_queried_as_pytorch_and_xl
         "instantiated_after": "20 0 2020202",  # fill 20, memset 2 copied to out[16:32]
         "host_ran": "[7, 7, 8, 9]",  # the first launch, the old instance, the new one, the old one set anew
         "removed": "0 1 0 1",  # removed once; a second time: CUDA_ERROR_INVALID_VALUE (no such edge)
+        "attribute_set": "0 (0, -1)",  # a kernel node's priority set and read back
+        "attribute_window_outside_the_lease": "1",  # CUDA_ERROR_INVALID_VALUE: not memory of this lease
+        "attribute_event": "801",  # CUDA_ERROR_NOT_SUPPORTED: an event in an attribute is not forwarded
+        "attribute_copied": "0 (0, -1)",  # onto a kernel node of another graph
         "ids": "True True True",
-        "copy_attributes": "0",
-        "foreign_node": "400 400 400 400 400 400 400",  # CUDA_ERROR_INVALID_HANDLE: not a node of this lease
+        "foreign_node": not_the_leases,
         "foreign_edge": "1",  # CUDA_ERROR_INVALID_VALUE: as an edge added between nodes not the lease's
         "memset_outside_the_lease": "1",
         "memset_past_the_allocation": "1",

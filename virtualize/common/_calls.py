@@ -792,6 +792,13 @@ CALLS: tuple[Call, ...] = (
        how="sent as the setter of its type (kernel, memset, copy, host, event)"),
     _c("cuGraphExecNodeSetParams", 12020, "graphexec exec, node node, ptr params", L, custom=True,
        how="sent as the instantiated graph's setter of its type (kernel, memset, copy, host, event, child graph)"),
+    # A kernel node's launch attributes: the 64-byte value as the client wrote it, as a stream's; an
+    # access-policy window must be memory of the lease; attributes naming events or handing out a
+    # device-side node are refused.
+    _c("cuGraphKernelNodeGetAttribute", 11000, "node node, i32 attr, ptr value", custom=True,
+       wire="node node, i32 attr"),
+    _c("cuGraphKernelNodeSetAttribute", 11000, "node node, i32 attr, ptr value", custom=True,
+       wire="node node, i32 attr, bytes value"),
     _c("cuGraphKernelNodeCopyAttributes", 11000, "node dst, node src"),
     _c("cuGraphNodeGetContainingGraph", 13010, "node node, o_graph graph"),
     _c("cuGraphNodeGetLocalId", 13010, "node node, o_u32 node_id"),

@@ -1743,6 +1743,16 @@ class CudaExecutor(Executor):
     def graph_memcpy_node_set(self, node, copy: Copy3D) -> None:
         _ok(driver.cuGraphMemcpyNodeSetParams(driver.CUgraphNode(node), self._memcpy_node(copy)))
 
+    def cuGraphKernelNodeGetAttribute(self, node, attr):
+        kind = _enum(driver.CUkernelNodeAttrID, attr)
+        value = _ok(driver.cuGraphKernelNodeGetAttribute(driver.CUgraphNode(node), kind))
+        return ctypes.string_at(value.getPtr(), 64)
+
+    def cuGraphKernelNodeSetAttribute(self, node, attr, value):
+        kind = _enum(driver.CUkernelNodeAttrID, attr)
+        raw = self._struct(driver.CUkernelNodeAttrValue, value)
+        _ok(driver.cuGraphKernelNodeSetAttribute(driver.CUgraphNode(node), kind, raw))
+
     def cuGraphKernelNodeCopyAttributes(self, dst, src):
         _ok(driver.cuGraphKernelNodeCopyAttributes(driver.CUgraphNode(dst), driver.CUgraphNode(src)))
 

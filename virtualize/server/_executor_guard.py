@@ -44,7 +44,12 @@ from virtualize.server._guard_contexts import ContextCalls
 from virtualize.server._guard_copies import CopyCalls
 from virtualize.server._guard_graphs import GraphCalls
 from virtualize.server._guard_launches import LaunchCalls
-from virtualize.server._guard_rules import BUILTIN_STREAMS, RANGES_BY_ID
+from virtualize.server._guard_rules import (
+    ACCESS_POLICY_WINDOW,
+    BUILTIN_STREAMS,
+    RANGES_BY_ID,
+    STREAM_ATTRIBUTE_BYTES,
+)
 from virtualize.server._guard_tensor_maps import TensorMapCalls
 from virtualize.server._lanes import Lanes
 from virtualize.server._migrate import Gate
@@ -59,7 +64,6 @@ P2P_ATOMIC_OPERATIONS_MAX = (
 POOL_PROPS_BYTES = 88  # CUmemPoolProps
 # CUstreamAttrID values whose CUstreamAttrValue is plain data, or (the access-policy window) a range the
 # guard checks: access-policy window, synchronization policy, priority, memory sync domain map, domain.
-ACCESS_POLICY_WINDOW, STREAM_ATTRIBUTE_BYTES = 1, 64
 STREAM_ATTRIBUTES = frozenset({ACCESS_POLICY_WINDOW, 3, 8, 9, 10})
 # CUdevice_attribute: PAGEABLE_MEMORY_ACCESS, CONCURRENT_MANAGED_ACCESS, PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
 # DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: 0 remotely (docs/remote.md, managed memory).

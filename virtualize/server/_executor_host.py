@@ -189,6 +189,7 @@ class HostExecutor(Executor):
         self.node_types: dict[int, int] = {}  # node -> CUgraphNodeType, where not a kernel's (0)
         self.edge_data: dict[tuple[int, int], bytes] = {}  # (from, to) -> CUgraphEdgeData, where not 0
         self.node_events: dict[int, int] = {}  # event record or wait node -> its event
+        self.node_attributes: dict[tuple[int, int], bytes] = {}  # (kernel node, attribute) -> its value
         self.memsets: dict[int, tuple] = {}  # memset node -> (dst, pitch, value, element size, width, height)
         self.disabled: dict[tuple[int, int], object] = {}  # (graph exec, node) switched off -> its work
         self.exec_flags: dict[int, int] = {}  # graph exec -> the flags it was instantiated with
@@ -1256,10 +1257,23 @@ class HostExecutor(Executor):
             self.edges.remove(edge)
             self.edge_data.pop(edge, None)
 
-    def cuGraphKernelNodeCopyAttributes(self, dst, src):
-        # This executor keeps no launch attributes: both nodes must be kernel nodes, as the driver asks.
-        if any(n not in self.nodes or self.node_types.get(n, 0) != 0 for n in (dst, src)):
+    def _kernel_node(self, node) -> int:
+        if node not in self.nodes or self.node_types.get(node, 0) != 0:
             raise CudaError(INVALID_VALUE, "not a kernel node")
+        return node
+
+    # A kernel node's launch attributes are kept, not acted on (this executor has no L2 or clusters).
+    def cuGraphKernelNodeGetAttribute(self, node, attr):
+        return self.node_attributes.get((self._kernel_node(node), attr), bytes(64))
+
+    def cuGraphKernelNodeSetAttribute(self, node, attr, value):
+        self.node_attributes[self._kernel_node(node), attr] = bytes(value)
+
+    def cuGraphKernelNodeCopyAttributes(self, dst, src):
+        self._kernel_node(dst)
+        for (node, attr), value in list(self.node_attributes.items()):
+            if node == self._kernel_node(src):
+                self.node_attributes[dst, attr] = value
 
     def cuGraphNodeGetContainingGraph(self, node):
         if node not in self.nodes:

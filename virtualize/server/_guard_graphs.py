@@ -12,10 +12,13 @@ from virtualize.common._calls import Call
 from virtualize.common._results import CUresult
 from virtualize.server._executor import INVALID_VALUE, Copy3D, CudaError, Launch
 from virtualize.server._guard_concern import EMPTY, Concern
-from virtualize.server._guard_rules import padded_params
+from virtualize.server._guard_rules import ACCESS_POLICY_WINDOW, STREAM_ATTRIBUTE_BYTES, padded_params
 
 MAX_NODE_DEPS = 4096  # dependencies of one graph node (the shim's limit too)
 MAX_CONDITIONAL_BODIES = 64  # body graphs of one conditional node (a switch's cases; the shim's limit too)
+# A kernel node's launch attributes (CUlaunchAttributeID) whose values are plain numbers or an access-policy
+# window: not the programmatic and completion events (7, 12: handles), nor the device-side node (13).
+KERNEL_NODE_ATTRIBUTES = frozenset({ACCESS_POLICY_WINDOW, 2, 4, 5, 8, 9, 10, 11, 14, 16, 17, 18})
 
 
 class GraphCalls(Concern):
@@ -38,6 +41,8 @@ class GraphCalls(Concern):
         "cuGraphHostNodeSetParams": "graph_host_node_set",
         "cuGraphExecHostNodeSetParams": "graph_host_node_set",
         "cuGraphHostNodeGetParams": "graph_host_node_get",
+        "cuGraphKernelNodeGetAttribute": "kernel_node_attribute",
+        "cuGraphKernelNodeSetAttribute": "kernel_node_attribute",
         "cuGraphAddMemcpyNode": "graph_memcpy_node",
         "cuGraphExecMemsetNodeSetParams": "graph_memset_node",
         "cuGraphExecMemcpyNodeSetParams": "graph_memcpy_node",
@@ -218,6 +223,25 @@ class GraphCalls(Concern):
         if owner is None or owner is not self.session.callbacks:
             raise CudaError(CUresult.NOT_SUPPORTED, "a host node whose function is not this process's")
         return call.out_struct.pack(ident), b""
+
+    def kernel_node_attribute(self, call: Call, ins: tuple):
+        """cuGraphKernelNodeGetAttribute / SetAttribute: a CUkernelNodeAttrValue (64 bytes) each way, checked
+        as a stream attribute's."""
+        self.session._check(call, ins)
+        node, attr = ins
+        if attr not in KERNEL_NODE_ATTRIBUTES:
+            raise CudaError(CUresult.NOT_SUPPORTED, f"kernel node attribute {attr} is not forwarded")
+        executor = self.session.executor
+        if call.name == "cuGraphKernelNodeGetAttribute":
+            return b"", bytes(executor.cuGraphKernelNodeGetAttribute(node, attr))[:STREAM_ATTRIBUTE_BYTES]
+        value = self.session.channel.read_bulk(limit=STREAM_ATTRIBUTE_BYTES)
+        if len(value) != STREAM_ATTRIBUTE_BYTES:
+            raise CudaError(INVALID_VALUE, "a kernel node attribute's value is 64 bytes")
+        base, size = struct.unpack_from("<QQ", value)
+        if attr == ACCESS_POLICY_WINDOW and size:
+            self.session._check_range(base, size)
+        executor.cuGraphKernelNodeSetAttribute(node, attr, value)
+        return EMPTY
 
     def graph_nodes(self, call: Call, ins: tuple):
         """The count; the nodes (now this lease's) in the bulk."""

@@ -1675,10 +1675,8 @@ GP_EXPORT CUresult cuGraphExternalSemaphoresWaitNodeGetParams(void) { return gp_
 GP_EXPORT CUresult cuGraphExternalSemaphoresWaitNodeSetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresWaitNodeSetParams"); }
 GP_EXPORT CUresult cuGraphInstantiate(void) { return gp_unforwarded("cuGraphInstantiate"); }
 GP_EXPORT CUresult cuGraphInstantiate_v2(void) { return gp_unforwarded("cuGraphInstantiate_v2"); }
-GP_EXPORT CUresult cuGraphKernelNodeGetAttribute(void) { return gp_unforwarded("cuGraphKernelNodeGetAttribute"); }
 GP_EXPORT CUresult cuGraphKernelNodeGetParams(void) { return gp_unforwarded("cuGraphKernelNodeGetParams"); }
 GP_EXPORT CUresult cuGraphKernelNodeGetParams_v2(void) { return gp_unforwarded("cuGraphKernelNodeGetParams_v2"); }
-GP_EXPORT CUresult cuGraphKernelNodeSetAttribute(void) { return gp_unforwarded("cuGraphKernelNodeSetAttribute"); }
 GP_EXPORT CUresult cuGraphKernelNodeSetParams(void) { return gp_unforwarded("cuGraphKernelNodeSetParams"); }
 GP_EXPORT CUresult cuGraphMemAllocNodeGetParams(void) { return gp_unforwarded("cuGraphMemAllocNodeGetParams"); }
 GP_EXPORT CUresult cuGraphMemFreeNodeGetParams(void) { return gp_unforwarded("cuGraphMemFreeNodeGetParams"); }
@@ -1905,8 +1903,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuDeviceGetCliqueInfo", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuGraphKernelNodeGetParams", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphMemcpyNodeGetParams", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphKernelNodeGetAttribute", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphKernelNodeSetAttribute", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphDebugDotPrint", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphNodeSetParams_v2", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphNodeGetParams", "graph nodes read back, changed or queried: not forwarded yet"},
@@ -2093,6 +2089,8 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphInstantiateWithFlags", 11040, (void *)cuGraphInstantiateWithFlags},
     {"cuGraphInstantiateWithParams", 12000, (void *)cuGraphInstantiateWithParams},
     {"cuGraphKernelNodeCopyAttributes", 11000, (void *)cuGraphKernelNodeCopyAttributes},
+    {"cuGraphKernelNodeGetAttribute", 11000, (void *)cuGraphKernelNodeGetAttribute},
+    {"cuGraphKernelNodeSetAttribute", 11000, (void *)cuGraphKernelNodeSetAttribute},
     {"cuGraphKernelNodeSetParams", 12000, (void *)cuGraphKernelNodeSetParams_v2},
     {"cuGraphLaunch", 10000, (void *)cuGraphLaunch},
     {"cuGraphMemcpyNodeSetParams", 10000, (void *)cuGraphMemcpyNodeSetParams},

@@ -86,6 +86,26 @@ CUresult cuGraphKernelNodeSetParams_v2(uint64_t node, void *params) {
     return kernel_node(GP_CALL_cuGraphKernelNodeSetParams_v2, &node, 8, NULL, 0, params, NULL);
 }
 
+/* A kernel node's launch attribute: its 64-byte CUkernelNodeAttrValue each way (checked on the worker as a
+ * stream attribute's). */
+#define NODE_ATTR_BYTES 64
+
+CUresult cuGraphKernelNodeGetAttribute(uint64_t node, int32_t attr, void *value) {
+    GP_TRACE("cuGraphKernelNodeGetAttribute");
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphKernelNodeGetAttribute in = {.node = node, .attr = attr};
+    return gp_call(GP_CALL_cuGraphKernelNodeGetAttribute, WANT, &in, sizeof in, NULL, 0, NULL, 0, value,
+                   NODE_ATTR_BYTES);
+}
+
+CUresult cuGraphKernelNodeSetAttribute(uint64_t node, int32_t attr, void *value) {
+    GP_TRACE("cuGraphKernelNodeSetAttribute");
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphKernelNodeSetAttribute in = {.node = node, .attr = attr};
+    return gp_call(GP_CALL_cuGraphKernelNodeSetAttribute, WANT, &in, sizeof in, value, NODE_ATTR_BYTES, NULL, 0,
+                   NULL, 0);
+}
+
 /* CUDA_MEMSET_NODE_PARAMS: dst, pitch, value, elementSize, width, height (40 bytes), into a request. */
 #define MEMSET_NODE_PARAMS(in, params)                                                                    \
     do {                                                                                                  \
