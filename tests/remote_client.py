@@ -1851,6 +1851,11 @@ def scenario_graph_node_params():
         struct.pack_into("<QQQ", params, 176, width, 1, 1)
         return params
 
+    def read_copy(node):
+        got = (ctypes.c_uint8 * 200)()
+        rc = cu.cuGraphMemcpyNodeGetParams(node, got)
+        return rc, bytes(got)
+
     def read_memset(node):
         got = ctypes.create_string_buffer(40)
         rc = cu.cuGraphMemsetNodeGetParams(node, got)
@@ -1875,6 +1880,7 @@ def scenario_graph_node_params():
     rc, params = read_memset(m)
     say("memset_read_back", f"{rc} {params == (ptr + 128, 0, 0x01010101, 4, 4, 1)}")
     say("host_read_back", " ".join(map(str, read_host(h))))
+    say("copy_read_back", f"{read_copy(c)[0]} {read_copy(c)[1] == bytes(copy(ptr + 128, out, 16))}")
     check(cu.cuGraphInstantiateWithFlags(ctypes.byref(old), graph, c_u64(0)), "instantiate")
     say("first", run(old))
     check(cu.cuGraphKernelNodeSetParams(k, ctypes.byref(kernel(20))), "kernel anew")
@@ -1882,6 +1888,7 @@ def scenario_graph_node_params():
     check(cu.cuGraphMemcpyNodeSetParams(c, copy(ptr + 128, out + 16, 16)), "copy anew")
     check(cu.cuGraphHostNodeSetParams(h, host(8)), "host anew")
     say("host_read_back_anew", " ".join(map(str, read_host(h))))
+    say("copy_read_back_anew", read_copy(c)[1] == bytes(copy(ptr + 128, out + 16, 16)))
     rc, params = read_memset(m)
     say("memset_read_back_anew", f"{rc} {params == (ptr + 128, 0, 0x02020202, 4, 4, 1)}")
     say("instantiated_before", run(old))
@@ -1916,6 +1923,20 @@ def scenario_graph_node_params():
     check(cu.cuGraphAddKernelNode(ctypes.byref(other), other_graph, None, c_u64(0), ctypes.byref(kernel(1))),
           "other kernel")  # fmt: skip
     say("attribute_copied", f"{cu.cuGraphKernelNodeCopyAttributes(other, k)} {attribute(other, 8)}")
+    pinned, pinned_graph, pinned_copy, clone, twin = (c_u64() for _ in range(5))
+    check(cu.cuMemAllocHost(ctypes.byref(pinned), c_u64(64)), "pinned")
+    from_pinned = copy(0, out, 16)  # from page-locked host memory (memory type 1, its host pointer)
+    struct.pack_into("<IxxxxQQ", from_pinned, 32, 1, pinned.value, 0)
+    check(cu.cuGraphCreate(ctypes.byref(pinned_graph), 0), "pinned graph")
+    check(cu.cuGraphAddMemcpyNode(ctypes.byref(pinned_copy), pinned_graph, None, c_u64(0), from_pinned, c_u64(0)),
+          "copy from pinned memory")  # fmt: skip
+    say(
+        "copy_read_back_pinned", read_copy(pinned_copy)[1] == bytes(from_pinned)
+    )  # the program's host pointer
+    check(cu.cuGraphClone(ctypes.byref(clone), pinned_graph), "clone")
+    check(cu.cuGraphNodeFindInClone(ctypes.byref(twin), pinned_copy, clone), "twin")
+    rc, twin_params = read_copy(twin)  # a twin the program did not describe: the device side
+    say("copy_read_back_twin", f"{rc} {struct.unpack_from('<I', twin_params, 32)[0]}")
     containing, tools = c_u64(), c_u64()
     check(cu131.cuGraphNodeGetContainingGraph(k, ctypes.byref(containing)), "containing graph")
     ids = [ctypes.c_uint32() for _ in range(5)]
@@ -1939,6 +1960,7 @@ def scenario_graph_node_params():
         cu.cuGraphHostNodeSetParams(foreign, host(1)),
         cu.cuGraphKernelNodeCopyAttributes(k, foreign),
         attribute(foreign, 8)[0],
+        read_copy(foreign)[0],
     )))  # fmt: skip
     say(
         "foreign_edge",

@@ -776,6 +776,11 @@ CALLS: tuple[Call, ...] = (
     _c("cuGraphMemcpyNodeSetParams", 10000, "node node, ptr params", custom=True,
        wire="node node, u64 src, u64 src_pitch, u64 src_height, u64 dst, u64 dst_pitch, u64 dst_height, "
             "u64 width, u64 height, u64 depth"),
+    # A copy node read back: the device side as the worker runs it; the shim answers the program's own
+    # descriptor (its host pointers) where it set one that the worker's answer still matches.
+    _c("cuGraphMemcpyNodeGetParams", 10000, "node node, ptr params", custom=True,
+       wire="node node, o_u64 src, o_u64 src_pitch, o_u64 src_height, o_u64 dst, o_u64 dst_pitch, "
+            "o_u64 dst_height, o_u64 width, o_u64 height, o_u64 depth"),
     _c("cuGraphRemoveDependencies", 10000, "graph graph, ptr from, ptr to, u64 count", custom=True,
        wire="graph graph, u64 count, bytes edges"),
     _c("cuGraphRemoveDependencies", 12030, "graph graph, ptr from, ptr to, ptr edge_data, u64 count", custom=True,

@@ -207,12 +207,11 @@ GROUPS: tuple[Group, ...] = (
         N,
         """A kernel node's parameters read back are an array of
        pointers to each argument's bytes, in memory the driver keeps for the node: the shim is to keep
-       such a copy per node. A copy node's read back is the program's own descriptor (its host pointers,
-       its arrays), not the device addresses the worker runs. cuGraphNodeGetParams is to be answered by the typed getters;
+       such a copy per node. cuGraphNodeGetParams is to be answered by the typed getters;
        cuGraphAddNode_v3 and cuGraphNodeSetParams_v2 (CUDA 13's) to be sent as cuGraphAddNode and
        cuGraphNodeSetParams once their parameter layout is checked against the older one.
        cuGraphDebugDotPrint's file is to be written in the client.""",
-        "cuGraphKernelNodeGetParams cuGraphMemcpyNodeGetParams "
+        "cuGraphKernelNodeGetParams "
         "cuGraphDebugDotPrint cuGraphNodeSetParams_v2 "
         "cuGraphNodeGetParams cuGraphAddNode_v3",
     ),

@@ -1740,6 +1740,17 @@ class CudaExecutor(Executor):
         p = _ok(driver.cuGraphMemsetNodeGetParams(driver.CUgraphNode(node)))
         return _int(p.dst), p.pitch, p.value, p.elementSize, p.width, p.height
 
+    def graph_memcpy_node_params(self, node) -> Copy3D:
+        p = _ok(driver.cuGraphMemcpyNodeGetParams(driver.CUgraphNode(node)))
+        device = (driver.CUmemorytype.CU_MEMORYTYPE_DEVICE, driver.CUmemorytype.CU_MEMORYTYPE_UNIFIED)
+        if p.srcMemoryType not in device or p.dstMemoryType not in device:
+            raise CudaError(NOT_SUPPORTED, "a copy node of host memory or an array")
+        src = int(p.srcDevice) + (p.srcZ * p.srcHeight + p.srcY) * p.srcPitch + p.srcXInBytes
+        dst = int(p.dstDevice) + (p.dstZ * p.dstHeight + p.dstY) * p.dstPitch + p.dstXInBytes
+        return Copy3D(
+            src, p.srcPitch, p.srcHeight, dst, p.dstPitch, p.dstHeight, p.WidthInBytes, p.Height, p.Depth
+        )
+
     def graph_memcpy_node_set(self, node, copy: Copy3D) -> None:
         _ok(driver.cuGraphMemcpyNodeSetParams(driver.CUgraphNode(node), self._memcpy_node(copy)))
 

@@ -83,6 +83,7 @@ SHAPED: dict[str, str] = {
     "cuGraphKernelNodeSetParams": "graph_kernel_node_set",
     "cuGraphMemsetNodeSetParams": "graph_memset_node_set",
     "cuGraphMemcpyNodeSetParams": "graph_memcpy_node_set",
+    "cuGraphMemcpyNodeGetParams": "graph_memcpy_node_params",
     "cuGraphRemoveDependencies": "graph_remove_dependencies",
     "cuGraphHostNodeSetParams": "graph_host_node_set",
     "cuGraphExecHostNodeSetParams": "graph_host_node_set",
@@ -441,6 +442,11 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def graph_memset_node_set(self, node, dst, pitch, value, element_size, width, height) -> None:
         """cuGraphMemsetNodeSetParams (the memory checked)."""
+
+    @abc.abstractmethod
+    def graph_memcpy_node_params(self, node: int) -> Copy3D:
+        """cuGraphMemcpyNodeGetParams: the node's copy, each side as its first byte's device address;
+        CudaError(NOT_SUPPORTED) for a side that is not device memory (host memory, an array)."""
 
     @abc.abstractmethod
     def graph_memcpy_node_set(self, node: int, copy: Copy3D) -> None:

@@ -190,6 +190,7 @@ class HostExecutor(Executor):
         self.edge_data: dict[tuple[int, int], bytes] = {}  # (from, to) -> CUgraphEdgeData, where not 0
         self.node_events: dict[int, int] = {}  # event record or wait node -> its event
         self.node_attributes: dict[tuple[int, int], bytes] = {}  # (kernel node, attribute) -> its value
+        self.copies: dict[int, Copy3D] = {}  # copy node -> its copy
         self.memsets: dict[int, tuple] = {}  # memset node -> (dst, pitch, value, element size, width, height)
         self.disabled: dict[tuple[int, int], object] = {}  # (graph exec, node) switched off -> its work
         self.exec_flags: dict[int, int] = {}  # graph exec -> the flags it was instantiated with
@@ -1054,8 +1055,9 @@ class HostExecutor(Executor):
         for original, twin in twins.items():
             if original in self.node_types:
                 self.node_types[twin] = self.node_types[original]
-            if original in self.memsets:
-                self.memsets[twin] = self.memsets[original]
+            for kept in (self.memsets, self.copies):
+                if original in kept:
+                    kept[twin] = kept[original]
         return clone
 
     def cuGraphNodeFindInClone(self, original, clone):
@@ -1108,6 +1110,7 @@ class HostExecutor(Executor):
     def graph_add_memcpy_node(self, graph, deps, copy: Copy3D):
         node = self._add_node(graph, deps, self._memcpy_work(copy))
         self.node_types[node] = 1  # CU_GRAPH_NODE_TYPE_MEMCPY
+        self.copies[node] = copy
         return node
 
     def graph_exec_memcpy_node(self, graph_exec, node, copy: Copy3D):
@@ -1242,6 +1245,12 @@ class HostExecutor(Executor):
 
     def graph_memcpy_node_set(self, node, copy: Copy3D) -> None:
         self._set_node_work(node, self._memcpy_work(copy), kind=1)
+        self.copies[node] = copy
+
+    def graph_memcpy_node_params(self, node) -> Copy3D:
+        if node not in self.copies:
+            raise CudaError(INVALID_VALUE, "not a copy node")
+        return self.copies[node]
 
     def graph_host_node_set(self, graph_exec, node, fn) -> None:
         if graph_exec:

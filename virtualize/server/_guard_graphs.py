@@ -5,6 +5,7 @@ the lease's (a graph's nodes go with it).
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from typing import ClassVar
 
@@ -48,6 +49,7 @@ class GraphCalls(Concern):
         "cuGraphExecMemcpyNodeSetParams": "graph_memcpy_node",
         "cuGraphMemsetNodeSetParams": "graph_memset_node",
         "cuGraphMemcpyNodeSetParams": "graph_memcpy_node",
+        "cuGraphMemcpyNodeGetParams": "graph_memcpy_node_get",
         "cuGraphGetNodes": "graph_nodes",
         "cuGraphGetRootNodes": "graph_node_list",
         "cuGraphNodeGetDependencies": "graph_node_list",
@@ -186,6 +188,21 @@ class GraphCalls(Concern):
             deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), ins[-1])
             return self._new_node(self.session.executor.graph_add_memcpy_node(owner, deps, copy), owner)
         return EMPTY
+
+    def graph_memcpy_node_get(self, call: Call, ins: tuple):
+        """A copy node's device-side copy; only between memory of this lease (a copy the worker made with
+        memory of its own, such as a captured copy's staging, is not read back)."""
+        self.session._check(call, ins)
+        copy = self.session.executor.graph_memcpy_node_params(ins[0])
+        for side, pitch, rows in (
+            (copy.src, copy.src_pitch, copy.src_height),
+            (copy.dst, copy.dst_pitch, copy.dst_height),
+        ):
+            try:
+                self.session._check_range(side, copy.span(pitch, rows))
+            except CudaError:
+                raise CudaError(CUresult.NOT_SUPPORTED, "a copy node of memory not the lease's") from None
+        return call.out_struct.pack(*dataclasses.astuple(copy)), b""
 
     def _callbacks(self):
         callbacks = self.session.callbacks

@@ -1680,7 +1680,6 @@ GP_EXPORT CUresult cuGraphKernelNodeGetParams_v2(void) { return gp_unforwarded("
 GP_EXPORT CUresult cuGraphKernelNodeSetParams(void) { return gp_unforwarded("cuGraphKernelNodeSetParams"); }
 GP_EXPORT CUresult cuGraphMemAllocNodeGetParams(void) { return gp_unforwarded("cuGraphMemAllocNodeGetParams"); }
 GP_EXPORT CUresult cuGraphMemFreeNodeGetParams(void) { return gp_unforwarded("cuGraphMemFreeNodeGetParams"); }
-GP_EXPORT CUresult cuGraphMemcpyNodeGetParams(void) { return gp_unforwarded("cuGraphMemcpyNodeGetParams"); }
 GP_EXPORT CUresult cuGraphicsEGLRegisterImage(void) { return gp_unforwarded("cuGraphicsEGLRegisterImage"); }
 GP_EXPORT CUresult cuGraphicsGLRegisterBuffer(void) { return gp_unforwarded("cuGraphicsGLRegisterBuffer"); }
 GP_EXPORT CUresult cuGraphicsGLRegisterImage(void) { return gp_unforwarded("cuGraphicsGLRegisterImage"); }
@@ -1902,7 +1901,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuDeviceGetCliqueCount", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuDeviceGetCliqueInfo", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuGraphKernelNodeGetParams", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphMemcpyNodeGetParams", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphDebugDotPrint", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphNodeSetParams_v2", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphNodeGetParams", "graph nodes read back, changed or queried: not forwarded yet"},
@@ -2093,6 +2091,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphKernelNodeSetAttribute", 11000, (void *)cuGraphKernelNodeSetAttribute},
     {"cuGraphKernelNodeSetParams", 12000, (void *)cuGraphKernelNodeSetParams_v2},
     {"cuGraphLaunch", 10000, (void *)cuGraphLaunch},
+    {"cuGraphMemcpyNodeGetParams", 10000, (void *)cuGraphMemcpyNodeGetParams},
     {"cuGraphMemcpyNodeSetParams", 10000, (void *)cuGraphMemcpyNodeSetParams},
     {"cuGraphMemsetNodeGetParams", 10000, (void *)cuGraphMemsetNodeGetParams},
     {"cuGraphMemsetNodeSetParams", 10000, (void *)cuGraphMemsetNodeSetParams},

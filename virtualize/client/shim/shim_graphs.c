@@ -363,6 +363,46 @@ static uint64_t copy_side(const unsigned char *p, uint64_t *pitch, uint64_t *hei
         memcpy(&(in).depth, p_ + 192, 8);                                                                 \
     } while (0)
 
+/* The descriptors the program gave its copy nodes, each with the device-side copy it was sent as (what
+ * cuGraphMemcpyNodeGetParams answers; a few hundred bytes per copy node, for the life of the process). */
+#define MEMCPY3D_BYTES 200
+struct copy_desc {
+    uint64_t node;
+    unsigned char desc[MEMCPY3D_BYTES];
+    struct gp_out_cuGraphMemcpyNodeGetParams sent;
+    struct copy_desc *next;
+};
+static struct copy_desc *copy_descs;
+static pthread_mutex_t copy_descs_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void copy_desc_keep(uint64_t node, const void *params, const struct gp_out_cuGraphMemcpyNodeGetParams *sent) {
+    pthread_mutex_lock(&copy_descs_lock);
+    struct copy_desc *d = copy_descs;
+    while (d && d->node != node) d = d->next;
+    if (!d && (d = malloc(sizeof *d)) != NULL) d->node = node, d->next = copy_descs, copy_descs = d;
+    if (d) memcpy(d->desc, params, MEMCPY3D_BYTES), d->sent = *sent;
+    pthread_mutex_unlock(&copy_descs_lock);
+}
+
+/* The request's copy (a node added or set anew) as the worker answers it back. */
+#define COPY_DESC_KEEP(node, params, in)                                                                  \
+    do {                                                                                                  \
+        struct gp_out_cuGraphMemcpyNodeGetParams sent_ = {                                                \
+            (in).src, (in).src_pitch, (in).src_height, (in).dst,  (in).dst_pitch,                         \
+            (in).dst_height, (in).width, (in).height, (in).depth};                                        \
+        copy_desc_keep((node), (params), &sent_);                                                         \
+    } while (0)
+
+static int copy_desc_find(uint64_t node, const struct gp_out_cuGraphMemcpyNodeGetParams *answer, void *params) {
+    pthread_mutex_lock(&copy_descs_lock);
+    struct copy_desc *d = copy_descs;
+    while (d && d->node != node) d = d->next;
+    int found = d && memcmp(&d->sent, answer, sizeof *answer) == 0;
+    if (found) memcpy(params, d->desc, MEMCPY3D_BYTES);
+    pthread_mutex_unlock(&copy_descs_lock);
+    return found;
+}
+
 static CUresult memcpy_node_refused(const char *name) {
     gp_say("%s: a copy node from or to pageable host memory of the program (or a CUDA array) cannot run on "
            "the remote GPU; it returns CUDA_ERROR_NOT_SUPPORTED (page-locked memory can: docs/remote.md)", name);
@@ -380,7 +420,10 @@ CUresult cuGraphAddMemcpyNode(uint64_t *node, uint64_t graph, void *deps, uint64
     struct gp_out_cuGraphAddMemcpyNode out;
     CUresult r = gp_call(GP_CALL_cuGraphAddMemcpyNode, WANT, &in, sizeof in, deps, num_deps * 8, &out, sizeof out,
                          NULL, 0);
-    if (r == CUDA_SUCCESS) *node = out.node;
+    if (r == CUDA_SUCCESS) {
+        *node = out.node;
+        COPY_DESC_KEEP(out.node, params, in);
+    }
     return r;
 }
 
@@ -402,7 +445,30 @@ CUresult cuGraphMemcpyNodeSetParams(uint64_t node, void *params) {
     struct gp_in_cuGraphMemcpyNodeSetParams in = {.node = node};
     MEMCPY_NODE_PARAMS(in, params);
     if (!in.src || !in.dst) return memcpy_node_refused("cuGraphMemcpyNodeSetParams");
-    return gp_call(GP_CALL_cuGraphMemcpyNodeSetParams, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    CUresult r = gp_call(GP_CALL_cuGraphMemcpyNodeSetParams, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    if (r == CUDA_SUCCESS) COPY_DESC_KEEP(node, params, in);
+    return r;
+}
+
+/* A copy node read back: the program's own descriptor where the worker's device-side answer is still the
+ * copy it was sent as (the node was not destroyed and another made under its handle since); else the
+ * device-side copy as a descriptor of device memory (a copy captured from a stream, or a clone's twin). */
+CUresult cuGraphMemcpyNodeGetParams(uint64_t node, void *params) {
+    GP_TRACE("cuGraphMemcpyNodeGetParams");
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphMemcpyNodeGetParams in = {.node = node};
+    struct gp_out_cuGraphMemcpyNodeGetParams out;
+    CUresult r = gp_call(GP_CALL_cuGraphMemcpyNodeGetParams, WANT, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r != CUDA_SUCCESS || copy_desc_find(node, &out, params)) return r;
+    unsigned char *p = params;
+    const uint32_t device = 2; /* CU_MEMORYTYPE_DEVICE */
+    memset(p, 0, MEMCPY3D_BYTES);
+    memcpy(p + 32, &device, 4), memcpy(p + 48, &out.src, 8), memcpy(p + 72, &out.src_pitch, 8);
+    memcpy(p + 80, &out.src_height, 8);
+    memcpy(p + 88 + 32, &device, 4), memcpy(p + 88 + 48, &out.dst, 8), memcpy(p + 88 + 72, &out.dst_pitch, 8);
+    memcpy(p + 88 + 80, &out.dst_height, 8);
+    memcpy(p + 176, &out.width, 8), memcpy(p + 184, &out.height, 8), memcpy(p + 192, &out.depth, 8);
+    return CUDA_SUCCESS;
 }
 
 /* A conditional node's body graphs, in an array the program reads through the node parameters'
