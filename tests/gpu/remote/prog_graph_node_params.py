@@ -1,5 +1,5 @@
 """A graph's own nodes read back, set anew and queried, as PyTorch's and XLA's graphs do (issue 25): a
-memset and a host node read back, kernel, memset, copy and host nodes set anew (a graph instantiated
+memset, a copy (one from page-locked memory too) and a host node read back, kernel, memset, copy and host nodes set anew (a graph instantiated
 before keeps the old parameters, one instantiated after runs the new), the generic setters, an edge
 removed, a kernel node's priority set, read back and copied, and (drivers of CUDA 13.1 and up) the ids.
 
@@ -70,6 +70,9 @@ def main() -> int:
     print("memset read back", int(got.dst) == int(y), got.value, got.elementSize, got.width, got.height)
     got = ok(cu.cuGraphHostNodeGetParams(hn))
     print("host read back", int(got.fn) == recorder_address, int(got.userData))
+    got = ok(cu.cuGraphMemcpyNodeGetParams(cp))
+    print("copy read back", int(got.srcDevice) == int(y), int(got.dstDevice) == int(z), got.WidthInBytes,
+          got.srcMemoryType == cu.CUmemorytype.CU_MEMORYTYPE_DEVICE)  # fmt: skip
     out = np.empty(N, dtype=np.float32)
 
     def launch(label, graph_exec):
@@ -119,6 +122,13 @@ def main() -> int:
     other_graph = ok(cu.cuGraphCreate(0))
     other = ok(cu.cuGraphAddKernelNode(other_graph, None, 0, kernel(1.0)))
     ok(cu.cuGraphKernelNodeCopyAttributes(other, kn))
+    pinned = ok(cu.cuMemAllocHost(4 * N))  # a copy node from page-locked memory reads back its host pointer
+    from_pinned = copy(x)
+    from_pinned.srcMemoryType, from_pinned.srcHost = cu.CUmemorytype.CU_MEMORYTYPE_HOST, pinned
+    pinned_node = ok(cu.cuGraphAddMemcpyNode(other_graph, None, 0, from_pinned, ctx))
+    got = ok(cu.cuGraphMemcpyNodeGetParams(pinned_node))
+    print("copy from pinned memory read back", got.srcMemoryType == cu.CUmemorytype.CU_MEMORYTYPE_HOST,
+          int(got.srcHost) == int(pinned))  # fmt: skip
     print("priority set, copied", ok(cu.cuGraphKernelNodeGetAttribute(kn, attr)).priority,
           ok(cu.cuGraphKernelNodeGetAttribute(other, attr)).priority)  # fmt: skip
 
@@ -135,6 +145,7 @@ def main() -> int:
         ok(cu.cuGraphExecDestroy(graph_exec))
     ok(cu.cuGraphDestroy(other_graph))
     ok(cu.cuGraphDestroy(graph))
+    ok(cu.cuMemFreeHost(pinned))
     return 0
 
 
