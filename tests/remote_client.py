@@ -1856,6 +1856,16 @@ def scenario_graph_node_params():
         rc = cu.cuGraphMemcpyNodeGetParams(node, got)
         return rc, bytes(got)
 
+    def read_kernel(node):  # rc, and the function, shape and arguments (through kernelParams) read back
+        got = KernelNodeParams()
+        rc = cu.cuGraphKernelNodeGetParams(node, ctypes.byref(got))
+        if rc:
+            return rc, got
+        at = ctypes.cast(got.params, ctypes.POINTER(ctypes.c_void_p))
+        args = c_u64.from_address(at[0]).value == ptr, ctypes.c_uint32.from_address(at[1]).value
+        shown = f"{got.func == fill.value} {list(got.dims)} {got.smem} {args[0]} {args[1]}"
+        return rc, f"{shown} {ctypes.c_uint32.from_address(at[2]).value}", got
+
     def read_memset(node):
         got = ctypes.create_string_buffer(40)
         rc = cu.cuGraphMemsetNodeGetParams(node, got)
@@ -1880,6 +1890,7 @@ def scenario_graph_node_params():
     rc, params = read_memset(m)
     say("memset_read_back", f"{rc} {params == (ptr + 128, 0, 0x01010101, 4, 4, 1)}")
     say("host_read_back", " ".join(map(str, read_host(h))))
+    say("kernel_read_back", " ".join(map(str, read_kernel(k)[:2])))
     say("copy_read_back", f"{read_copy(c)[0]} {read_copy(c)[1] == bytes(copy(ptr + 128, out, 16))}")
     check(cu.cuGraphInstantiateWithFlags(ctypes.byref(old), graph, c_u64(0)), "instantiate")
     say("first", run(old))
@@ -1888,6 +1899,7 @@ def scenario_graph_node_params():
     check(cu.cuGraphMemcpyNodeSetParams(c, copy(ptr + 128, out + 16, 16)), "copy anew")
     check(cu.cuGraphHostNodeSetParams(h, host(8)), "host anew")
     say("host_read_back_anew", " ".join(map(str, read_host(h))))
+    say("kernel_read_back_anew", " ".join(map(str, read_kernel(k)[:2])))
     say("copy_read_back_anew", read_copy(c)[1] == bytes(copy(ptr + 128, out + 16, 16)))
     rc, params = read_memset(m)
     say("memset_read_back_anew", f"{rc} {params == (ptr + 128, 0, 0x02020202, 4, 4, 1)}")
@@ -1923,6 +1935,11 @@ def scenario_graph_node_params():
     check(cu.cuGraphAddKernelNode(ctypes.byref(other), other_graph, None, c_u64(0), ctypes.byref(kernel(1))),
           "other kernel")  # fmt: skip
     say("attribute_copied", f"{cu.cuGraphKernelNodeCopyAttributes(other, k)} {attribute(other, 8)}")
+    _rc, _shown, read_back = read_kernel(k)
+    check(
+        cu.cuGraphKernelNodeSetParams(other, ctypes.byref(read_back)), "read-back parameters set on another"
+    )
+    say("kernel_round_trip", read_kernel(other)[1])
     pinned, pinned_graph, pinned_copy, clone, twin = (c_u64() for _ in range(5))
     check(cu.cuMemAllocHost(ctypes.byref(pinned), c_u64(64)), "pinned")
     from_pinned = copy(0, out, 16)  # from page-locked host memory (memory type 1, its host pointer)
@@ -1961,6 +1978,7 @@ def scenario_graph_node_params():
         cu.cuGraphKernelNodeCopyAttributes(k, foreign),
         attribute(foreign, 8)[0],
         read_copy(foreign)[0],
+        read_kernel(foreign)[0],
     )))  # fmt: skip
     say(
         "foreign_edge",
@@ -1971,6 +1989,7 @@ def scenario_graph_node_params():
     say("copy_past_the_allocation", cu.cuGraphMemcpyNodeSetParams(c, copy(ptr, out + 32, 64)))
     say("memset_params_on_a_kernel_node", cu.cuGraphMemsetNodeSetParams(k, memset(ptr, 1, 4)))
     say("host_params_of_a_kernel_node", f"{read_host(k)[0]} {cu.cuGraphHostNodeSetParams(k, host(1))}")
+    say("kernel_params_of_a_memset_node", read_kernel(m)[0])
     rc, params = read_memset(m)
     say("memset_kept", f"{rc} {params[2] == 0x02020202}")
 

@@ -776,6 +776,11 @@ CALLS: tuple[Call, ...] = (
     _c("cuGraphMemcpyNodeSetParams", 10000, "node node, ptr params", custom=True,
        wire="node node, u64 src, u64 src_pitch, u64 src_height, u64 dst, u64 dst_pitch, u64 dst_height, "
             "u64 width, u64 height, u64 depth"),
+    # A kernel node read back: its function (the handle the program gave it), shape and parameters packed
+    # at the function's layout in the reply's bulk; the shim keeps them for the node as the driver does.
+    _c("cuGraphKernelNodeGetParams", 12000, "node node, ptr params", custom=True,
+       symbol="cuGraphKernelNodeGetParams_v2",
+       wire="node node, o_u64 func, o_u32 gx, o_u32 gy, o_u32 gz, o_u32 bx, o_u32 by, o_u32 bz, o_u32 smem"),
     # A copy node read back: the device side as the worker runs it; the shim answers the program's own
     # descriptor (its host pointers) where it set one that the worker's answer still matches.
     _c("cuGraphMemcpyNodeGetParams", 10000, "node node, ptr params", custom=True,

@@ -205,15 +205,11 @@ GROUPS: tuple[Group, ...] = (
     _g(
         "graph nodes read back, changed or queried",
         N,
-        """A kernel node's parameters read back are an array of
-       pointers to each argument's bytes, in memory the driver keeps for the node: the shim is to keep
-       such a copy per node. cuGraphNodeGetParams is to be answered by the typed getters;
+        """cuGraphNodeGetParams is to be answered by the typed getters;
        cuGraphAddNode_v3 and cuGraphNodeSetParams_v2 (CUDA 13's) to be sent as cuGraphAddNode and
        cuGraphNodeSetParams once their parameter layout is checked against the older one.
        cuGraphDebugDotPrint's file is to be written in the client.""",
-        "cuGraphKernelNodeGetParams "
-        "cuGraphDebugDotPrint cuGraphNodeSetParams_v2 "
-        "cuGraphNodeGetParams cuGraphAddNode_v3",
+        "cuGraphDebugDotPrint cuGraphNodeSetParams_v2 cuGraphNodeGetParams cuGraphAddNode_v3",
     ),
     _g(
         "graph memory nodes and batch memory-operation nodes",

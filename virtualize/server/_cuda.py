@@ -1740,6 +1740,21 @@ class CudaExecutor(Executor):
         p = _ok(driver.cuGraphMemsetNodeGetParams(driver.CUgraphNode(node)))
         return _int(p.dst), p.pitch, p.value, p.elementSize, p.width, p.height
 
+    def graph_kernel_node_params(self, node, layout_of):
+        p = _ok(driver.cuGraphKernelNodeGetParams(driver.CUgraphNode(node)))
+        func = _int(p.func)
+        layout = layout_of(func)
+        pointers = int(p.kernelParams or 0)
+        if layout and not pointers:
+            raise CudaError(NOT_SUPPORTED, "a kernel node whose parameters are in an extra buffer")
+        packed = bytearray(max((offset + size for offset, size in layout), default=0))
+        for i, (offset, size) in enumerate(layout):  # kernelParams: one pointer per parameter
+            packed[offset : offset + size] = ctypes.string_at(
+                ctypes.c_void_p.from_address(pointers + 8 * i).value, size
+            )
+        grid = (p.gridDimX, p.gridDimY, p.gridDimZ)
+        return func, grid, (p.blockDimX, p.blockDimY, p.blockDimZ), p.sharedMemBytes, bytes(packed)
+
     def graph_memcpy_node_params(self, node) -> Copy3D:
         p = _ok(driver.cuGraphMemcpyNodeGetParams(driver.CUgraphNode(node)))
         device = (driver.CUmemorytype.CU_MEMORYTYPE_DEVICE, driver.CUmemorytype.CU_MEMORYTYPE_UNIFIED)

@@ -84,6 +84,7 @@ SHAPED: dict[str, str] = {
     "cuGraphMemsetNodeSetParams": "graph_memset_node_set",
     "cuGraphMemcpyNodeSetParams": "graph_memcpy_node_set",
     "cuGraphMemcpyNodeGetParams": "graph_memcpy_node_params",
+    "cuGraphKernelNodeGetParams": "graph_kernel_node_params",
     "cuGraphRemoveDependencies": "graph_remove_dependencies",
     "cuGraphHostNodeSetParams": "graph_host_node_set",
     "cuGraphExecHostNodeSetParams": "graph_host_node_set",
@@ -442,6 +443,13 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def graph_memset_node_set(self, node, dst, pitch, value, element_size, width, height) -> None:
         """cuGraphMemsetNodeSetParams (the memory checked)."""
+
+    @abc.abstractmethod
+    def graph_kernel_node_params(
+        self, node: int, layout_of: Callable[[int], list[tuple[int, int]]]
+    ) -> tuple[int, tuple[int, int, int], tuple[int, int, int], int, bytes]:
+        """cuGraphKernelNodeGetParams: the node's function, grid, block, shared memory and parameters
+        packed at `layout_of(function)`'s offsets."""
 
     @abc.abstractmethod
     def graph_memcpy_node_params(self, node: int) -> Copy3D:

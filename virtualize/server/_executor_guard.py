@@ -122,6 +122,9 @@ class LeaseState:
     # Host node -> (the callback connection of the process whose function it runs, the function's id
     # there): what cuGraphHostNodeGetParams answers, to that process only.
     host_nodes: dict[int, tuple[object, int]] = field(default_factory=dict)
+    # Kernel node -> the function or kernel handle the program gave it (what cuGraphKernelNodeGetParams
+    # answers where the node's function is still that one's).
+    kernel_nodes: dict[int, int] = field(default_factory=dict)
     # Memory of the virtual memory API a process exported (cuMemExportToShareableHandle) -> (size, device,
     # CUmemAllocationProp): what another process of this lease may import; nothing of another lease is here.
     vm_exported: dict[int, tuple[int, int, bytes]] = field(default_factory=dict)

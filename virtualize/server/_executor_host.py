@@ -191,6 +191,7 @@ class HostExecutor(Executor):
         self.node_events: dict[int, int] = {}  # event record or wait node -> its event
         self.node_attributes: dict[tuple[int, int], bytes] = {}  # (kernel node, attribute) -> its value
         self.copies: dict[int, Copy3D] = {}  # copy node -> its copy
+        self.launches: dict[int, Launch] = {}  # kernel node -> its launch
         self.memsets: dict[int, tuple] = {}  # memset node -> (dst, pitch, value, element size, width, height)
         self.disabled: dict[tuple[int, int], object] = {}  # (graph exec, node) switched off -> its work
         self.exec_flags: dict[int, int] = {}  # graph exec -> the flags it was instantiated with
@@ -1055,7 +1056,7 @@ class HostExecutor(Executor):
         for original, twin in twins.items():
             if original in self.node_types:
                 self.node_types[twin] = self.node_types[original]
-            for kept in (self.memsets, self.copies):
+            for kept in (self.memsets, self.copies, self.launches):
                 if original in kept:
                     kept[twin] = kept[original]
         return clone
@@ -1162,9 +1163,11 @@ class HostExecutor(Executor):
 
     def graph_add_kernel_node(self, graph, deps, launch) -> int:
         params = bytes(launch.params)
-        return self._add_node(
+        node = self._add_node(
             graph, deps, lambda: self._run_kernel(launch.func, launch.grid, launch.block, params)
         )
+        self.launches[node] = launch
+        return node
 
     # An instantiated graph's nodes set anew: the node keeps its place (and its switch, on or off).
     def _exec_index(self, graph_exec, node) -> int:
@@ -1233,6 +1236,14 @@ class HostExecutor(Executor):
         params = bytes(launch.params)
         work = lambda: self._run_kernel(launch.func, launch.grid, launch.block, params)  # noqa: E731
         self._set_node_work(node, work, kind=0)
+        self.launches[node] = launch
+
+    def graph_kernel_node_params(self, node, layout_of):
+        launch = self.launches.get(node)
+        if launch is None or self.node_types.get(node, 0) != 0:
+            raise CudaError(INVALID_VALUE, "not a kernel node")
+        layout_of(launch.func)
+        return launch.func, launch.grid, launch.block, launch.shared_mem, bytes(launch.params)
 
     def graph_memset_node_set(self, node, dst, pitch, value, element_size, width, height) -> None:
         self._set_node_work(node, self._memset_work(dst, pitch, value, element_size, width, height), kind=2)

@@ -50,6 +50,7 @@ class GraphCalls(Concern):
         "cuGraphMemsetNodeSetParams": "graph_memset_node",
         "cuGraphMemcpyNodeSetParams": "graph_memcpy_node",
         "cuGraphMemcpyNodeGetParams": "graph_memcpy_node_get",
+        "cuGraphKernelNodeGetParams_v2": "graph_kernel_node_get",
         "cuGraphGetNodes": "graph_nodes",
         "cuGraphGetRootNodes": "graph_node_list",
         "cuGraphNodeGetDependencies": "graph_node_list",
@@ -101,11 +102,45 @@ class GraphCalls(Concern):
         executor = self.session.executor
         if call.name == "cuGraphKernelNodeSetParams":
             executor.graph_kernel_node_set(owner, launch)
+            self.session.lease.kernel_nodes[owner] = func
         elif not adding:
             executor.graph_exec_kernel_node(owner, ins[1], launch)
         else:
-            return self._new_node(executor.graph_add_kernel_node(owner, deps, launch), owner)
+            node = executor.graph_add_kernel_node(owner, deps, launch)
+            self.session.lease.kernel_nodes[node] = func
+            return self._new_node(node, owner)
         return EMPTY
+
+    def _program_function(self, node: int, func: int) -> int:
+        """The lease's handle for a kernel node's function `func` (the worker's): the one the program gave
+        the node while it still names that function, else `func` where it is the lease's own."""
+        handles = self.session.lease.handles
+        given = self.session.lease.kernel_nodes.get(node)
+        if given in handles["func"] and given == func:
+            return given
+        if given in handles["kernel"] and func in (given, self.session.executor.cuKernelGetFunction(given)):
+            return given
+        if func in handles["func"]:
+            return func
+        raise CudaError(CUresult.NOT_SUPPORTED, "a kernel node whose function is not one of the lease's")
+
+    def graph_kernel_node_get(self, call: Call, ins: tuple):
+        """The node's function (a handle of the lease; the kernel's function for a node made from a
+        CUkernel, as a launch of it runs), shape and shared memory; its parameters in the bulk."""
+        self.session._check(call, ins)
+        node, program_func = ins[0], []
+
+        def layout_of(func: int) -> list[tuple[int, int]]:
+            program_func.append(self._program_function(node, func))
+            return self.session._layout(program_func[0])
+
+        executor = self.session.executor
+        _func, grid, block, smem, params = executor.graph_kernel_node_params(node, layout_of)
+        func = program_func[0]
+        if func in self.session.lease.handles["kernel"]:  # a node made from a kernel: the kernel's function
+            func = executor.cuKernelGetFunction(func)
+            self.session.lease.handles["func"].add(func)
+        return call.out_struct.pack(func, *grid, *block, smem), params
 
     def graph_memset_node(self, call: Call, ins: tuple):
         """cuGraphAddMemsetNode, or a memset node set anew: a graph's (cuGraphMemsetNodeSetParams) or an

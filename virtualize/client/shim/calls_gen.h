@@ -1676,7 +1676,6 @@ GP_EXPORT CUresult cuGraphExternalSemaphoresWaitNodeSetParams(void) { return gp_
 GP_EXPORT CUresult cuGraphInstantiate(void) { return gp_unforwarded("cuGraphInstantiate"); }
 GP_EXPORT CUresult cuGraphInstantiate_v2(void) { return gp_unforwarded("cuGraphInstantiate_v2"); }
 GP_EXPORT CUresult cuGraphKernelNodeGetParams(void) { return gp_unforwarded("cuGraphKernelNodeGetParams"); }
-GP_EXPORT CUresult cuGraphKernelNodeGetParams_v2(void) { return gp_unforwarded("cuGraphKernelNodeGetParams_v2"); }
 GP_EXPORT CUresult cuGraphKernelNodeSetParams(void) { return gp_unforwarded("cuGraphKernelNodeSetParams"); }
 GP_EXPORT CUresult cuGraphMemAllocNodeGetParams(void) { return gp_unforwarded("cuGraphMemAllocNodeGetParams"); }
 GP_EXPORT CUresult cuGraphMemFreeNodeGetParams(void) { return gp_unforwarded("cuGraphMemFreeNodeGetParams"); }
@@ -1900,7 +1899,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuDeviceGetFabricClusterUuid", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuDeviceGetCliqueCount", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuDeviceGetCliqueInfo", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
-    {"cuGraphKernelNodeGetParams", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphDebugDotPrint", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphNodeSetParams_v2", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphNodeGetParams", "graph nodes read back, changed or queried: not forwarded yet"},
@@ -2088,6 +2086,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphInstantiateWithParams", 12000, (void *)cuGraphInstantiateWithParams},
     {"cuGraphKernelNodeCopyAttributes", 11000, (void *)cuGraphKernelNodeCopyAttributes},
     {"cuGraphKernelNodeGetAttribute", 11000, (void *)cuGraphKernelNodeGetAttribute},
+    {"cuGraphKernelNodeGetParams", 12000, (void *)cuGraphKernelNodeGetParams_v2},
     {"cuGraphKernelNodeSetAttribute", 11000, (void *)cuGraphKernelNodeSetAttribute},
     {"cuGraphKernelNodeSetParams", 12000, (void *)cuGraphKernelNodeSetParams_v2},
     {"cuGraphLaunch", 10000, (void *)cuGraphLaunch},

@@ -80,6 +80,73 @@ CUresult cuGraphExecKernelNodeSetParams_v2(uint64_t exec, uint64_t node, void *p
     return kernel_node(GP_CALL_cuGraphExecKernelNodeSetParams_v2, head, sizeof head, NULL, 0, params, NULL);
 }
 
+/* A kernel node read back: its parameters live here, one block per node (an array of pointers to each
+ * argument's bytes, then the bytes), as the driver keeps them for the node: valid until the next read of
+ * the same node, which refills the block in place where it fits. */
+struct kernel_args {
+    uint64_t node;
+    size_t cap;
+    unsigned char *block;
+    struct kernel_args *next;
+};
+static struct kernel_args *kernel_args;
+static pthread_mutex_t kernel_args_lock = PTHREAD_MUTEX_INITIALIZER;
+
+#define MAX_PARAM_BYTES (1 << 16)
+
+/* The block for `node`, at least `need` bytes (NULL when out of memory); under kernel_args_lock. */
+static unsigned char *kernel_args_block(uint64_t node, size_t need) {
+    struct kernel_args *k = kernel_args;
+    while (k && k->node != node) k = k->next;
+    if (!k) {
+        if (!(k = calloc(1, sizeof *k))) return NULL;
+        k->node = node, k->next = kernel_args, kernel_args = k;
+    }
+    if (k->cap < need) {
+        unsigned char *grown = malloc(need);
+        if (!grown) return NULL;
+        free(k->block), k->block = grown, k->cap = need;
+    }
+    return k->block;
+}
+
+CUresult cuGraphKernelNodeGetParams_v2(uint64_t node, void *params) {
+    GP_TRACE("cuGraphKernelNodeGetParams_v2");
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    unsigned char *packed = malloc(MAX_PARAM_BYTES);
+    if (!packed) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct gp_in_cuGraphKernelNodeGetParams_v2 in = {.node = node};
+    struct gp_out_cuGraphKernelNodeGetParams_v2 out;
+    struct layout l;
+    CUresult r = gp_call(GP_CALL_cuGraphKernelNodeGetParams_v2, WANT, &in, sizeof in, NULL, 0, &out, sizeof out,
+                         packed, MAX_PARAM_BYTES);
+    if (r == CUDA_SUCCESS) r = layout_of(out.func, &l);
+    if (r == CUDA_SUCCESS && l.total > MAX_PARAM_BYTES) r = CUDA_ERROR_INVALID_VALUE;
+    if (r != CUDA_SUCCESS) {
+        free(packed);
+        return r;
+    }
+    pthread_mutex_lock(&kernel_args_lock);
+    unsigned char *block = kernel_args_block(node, 8 * (size_t)l.count + l.total + 1);
+    if (block) {
+        void **pointers = (void **)block;
+        unsigned char *bytes = block + 8 * (size_t)l.count;
+        memcpy(bytes, packed, l.total);
+        for (uint32_t i = 0; i < l.count; i++) pointers[i] = bytes + l.offset_size[2 * i];
+    }
+    pthread_mutex_unlock(&kernel_args_lock);
+    free(packed);
+    if (!block) return CUDA_ERROR_OUT_OF_MEMORY;
+    /* CUDA_KERNEL_NODE_PARAMS_v2: the function, dimensions, shared memory, kernelParams; no extra, no
+     * kern (a node made from a CUkernel reads back as the kernel's function), the current context. */
+    unsigned char *p = params;
+    uint64_t ctx = gp_ctx_current();
+    memset(p, 0, 72);
+    memcpy(p, &out.func, 8), memcpy(p + 8, &out.gx, 7 * 4);
+    memcpy(p + 40, &block, 8), memcpy(p + 64, &ctx, 8);
+    return CUDA_SUCCESS;
+}
+
 /* A graph's kernel node set anew: packed and checked as a new kernel node is. */
 CUresult cuGraphKernelNodeSetParams_v2(uint64_t node, void *params) {
     GP_TRACE("cuGraphKernelNodeSetParams_v2");
