@@ -1,5 +1,5 @@
 """A graph's own nodes read back, set anew and queried, as PyTorch's and XLA's graphs do (issue 25): a
-memset, a copy (one from page-locked memory too) and a host node read back, kernel, memset, copy and host nodes set anew (a graph instantiated
+kernel, a memset, a copy (one from page-locked memory too) and a host node read back, kernel, memset, copy and host nodes set anew (a graph instantiated
 before keeps the old parameters, one instantiated after runs the new), the generic setters, an edge
 removed, a kernel node's priority set, read back and copied, and (drivers of CUDA 13.1 and up) the ids.
 
@@ -70,6 +70,15 @@ def main() -> int:
     print("memset read back", int(got.dst) == int(y), got.value, got.elementSize, got.width, got.height)
     got = ok(cu.cuGraphHostNodeGetParams(hn))
     print("host read back", int(got.fn) == recorder_address, int(got.userData))
+
+    def read_kernel(node):  # the function, the shape and the saxpy's `a`, through kernelParams
+        got = ok(cu.cuGraphKernelNodeGetParams(node))
+        pointers = int(got.kernelParams)
+        a = ctypes.c_float.from_address(ctypes.c_void_p.from_address(pointers + 16).value).value
+        n = ctypes.c_uint32.from_address(ctypes.c_void_p.from_address(pointers + 24).value).value
+        return int(got.func) == int(saxpy), got.gridDimX, got.blockDimX, got.sharedMemBytes, a, n
+
+    print("kernel read back", *read_kernel(kn))
     got = ok(cu.cuGraphMemcpyNodeGetParams(cp))
     print("copy read back", int(got.srcDevice) == int(y), int(got.dstDevice) == int(z), got.WidthInBytes,
           got.srcMemoryType == cu.CUmemorytype.CU_MEMORYTYPE_DEVICE)  # fmt: skip
@@ -89,6 +98,7 @@ def main() -> int:
     w = ok(cu.cuMemAlloc(4 * N))
     ok(cu.cuGraphMemcpyNodeSetParams(cp, copy(w)))
     ok(cu.cuGraphHostNodeSetParams(hn, host(8)))
+    print("kernel read back anew", *read_kernel(kn))
     got = ok(cu.cuGraphMemsetNodeGetParams(ms))
     print("memset read back anew", hex(got.value), int(ok(cu.cuGraphHostNodeGetParams(hn)).userData))
     launch("instantiated before", old)  # still 0 + 2 into z
@@ -121,6 +131,8 @@ def main() -> int:
     ok(cu.cuGraphKernelNodeSetAttribute(kn, attr, priority))
     other_graph = ok(cu.cuGraphCreate(0))
     other = ok(cu.cuGraphAddKernelNode(other_graph, None, 0, kernel(1.0)))
+    ok(cu.cuGraphKernelNodeSetParams(other, ok(cu.cuGraphKernelNodeGetParams(kn))))  # read back, set anew
+    print("read-back parameters on another node", *read_kernel(other))
     ok(cu.cuGraphKernelNodeCopyAttributes(other, kn))
     pinned = ok(cu.cuMemAllocHost(4 * N))  # a copy node from page-locked memory reads back its host pointer
     from_pinned = copy(x)
