@@ -1,7 +1,8 @@
-"""A graph's own nodes read back, set anew and queried, as PyTorch's and XLA's graphs do (issue 25): a
-kernel, a memset, a copy (one from page-locked memory too) and a host node read back, kernel, memset, copy and host nodes set anew (a graph instantiated
-before keeps the old parameters, one instantiated after runs the new), the generic setters, an edge
-removed, a kernel node's priority set, read back and copied, and (drivers of CUDA 13.1 and up) the ids.
+"""A graph's own nodes read back, set anew and queried, as PyTorch's and XLA's graphs do (issue 25):
+kernel, memset, copy (one from page-locked memory too) and host nodes read back; kernel, memset, copy
+and host nodes set anew (a graph instantiated before keeps the old parameters, one instantiated after
+runs the new); the generic setters; an edge removed; a kernel node's priority set, read back and
+copied; and (drivers of CUDA 13.1 and up) the ids.
 
 Runs unchanged on a local GPU or, under gpupool's libcuda.so.1, on a leased one; prints the same.
 """
