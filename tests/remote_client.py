@@ -2005,6 +2005,20 @@ def scenario_graph_node_params():
     say("generic_kernel_instance", run(new))
     say("generic_type_mismatch", cu.cuGraphNodeSetParams(k, generic(2, memset(ptr, 1, 4))))
 
+    def read_generic(node):  # rc, the type, and the typed parameters' first bytes
+        got = (ctypes.c_uint8 * 256)()
+        rc = cu131.cuGraphNodeGetParams(node, got)
+        return rc, struct.unpack_from("<I", got)[0], bytes(got)[16:]
+
+    kernel_params, memset_params, copy_params, host_params = (read_generic(n) for n in (k, m, c, h))
+    say("generic_read_back", " ".join(str(x) for x in (
+        kernel_params[:2], struct.unpack_from("<Q", kernel_params[2])[0] == fill.value,
+        memset_params[:2], struct.unpack_from("<I", memset_params[2], 16)[0] == 0x03030303,
+        copy_params[:2], copy_params[2][16:216] == bytes(copy(ptr + 128, out + 16, 16)),
+        host_params[:2], struct.unpack_from("<Q", host_params[2], 8)[0],
+    )))  # fmt: skip
+    say("generic_read_back_foreign", read_generic(foreign)[0])
+
 
 def scenario_graph_conditionals():
     """What cuda.core's graph builder does: a conditional node added to a capturing stream's graph after

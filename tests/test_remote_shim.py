@@ -719,6 +719,9 @@ def test_a_graphs_own_nodes_are_read_back_set_anew_and_queried_as_pytorch_and_xl
         "generic_memset": "0 True",  # cuGraphNodeSetParams, as the memset setter
         "generic_kernel_instance": "30 0 2020202",  # cuGraphExecNodeSetParams, as the kernel setter
         "generic_type_mismatch": "1",  # a kernel node given memset parameters
+        # cuGraphNodeGetParams: each node's type and its typed getter's answer
+        "generic_read_back": "(0, 0) True (0, 2) True (0, 1) True (0, 3) 8",
+        "generic_read_back_foreign": "400",
     }
     assert "gpupool:" not in err
 

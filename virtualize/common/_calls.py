@@ -809,6 +809,8 @@ CALLS: tuple[Call, ...] = (
        wire="node node, i32 attr"),
     _c("cuGraphKernelNodeSetAttribute", 11000, "node node, i32 attr, ptr value", custom=True,
        wire="node node, i32 attr, bytes value"),
+    _c("cuGraphNodeGetParams", 13010, "node node, ptr params", L, custom=True,
+       how="answered by the typed getter of the node's type (kernel, memset, copy, host, child graph, event)"),
     _c("cuGraphKernelNodeCopyAttributes", 11000, "node dst, node src"),
     _c("cuGraphNodeGetContainingGraph", 13010, "node node, o_graph graph"),
     _c("cuGraphNodeGetLocalId", 13010, "node node, o_u32 node_id"),

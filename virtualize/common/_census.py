@@ -205,11 +205,11 @@ GROUPS: tuple[Group, ...] = (
     _g(
         "graph nodes read back, changed or queried",
         N,
-        """cuGraphNodeGetParams is to be answered by the typed getters;
-       cuGraphAddNode_v3 and cuGraphNodeSetParams_v2 (CUDA 13's) to be sent as cuGraphAddNode and
-       cuGraphNodeSetParams once their parameter layout is checked against the older one.
-       cuGraphDebugDotPrint's file is to be written in the client.""",
-        "cuGraphDebugDotPrint cuGraphNodeSetParams_v2 cuGraphNodeGetParams cuGraphAddNode_v3",
+        """CUDA 13's cuGraphAddNode_v3 and
+       cuGraphNodeSetParams_v2 are to be sent as cuGraphAddNode and cuGraphNodeSetParams once their
+       parameter layout is checked against the older one. cuGraphDebugDotPrint's file is to be written in
+       the client, from a description of the graph the worker's driver writes.""",
+        "cuGraphDebugDotPrint cuGraphNodeSetParams_v2 cuGraphAddNode_v3",
     ),
     _g(
         "graph memory nodes and batch memory-operation nodes",

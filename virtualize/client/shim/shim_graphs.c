@@ -676,6 +676,44 @@ static CUresult node_set_params(const char *name, uint64_t exec, uint64_t node, 
     return CUDA_ERROR_NOT_SUPPORTED;
 }
 
+/* The generic getter: the node's type, then its typed getter's answer in the union (CUgraphNodeParams:
+ * the type at 0, the typed parameters at 16), with the current context where the parameters hold one. */
+CUresult cuGraphNodeGetParams(uint64_t node, void *params) {
+    GP_TRACE("cuGraphNodeGetParams");
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    int32_t type;
+    CUresult r = cuGraphNodeGetType(node, &type);
+    if (r != CUDA_SUCCESS) return r;
+    unsigned char *p = params, *typed = p + 16;
+    uint64_t ctx = gp_ctx_current();
+    memset(p, 0, 256);
+    memcpy(p, &type, 4);
+    switch (type) {
+    case NODE_KERNEL:
+        return cuGraphKernelNodeGetParams_v2(node, typed);
+    case NODE_MEMSET: /* CUDA_MEMSET_NODE_PARAMS_v2: the v1 fields, then the context */
+        r = cuGraphMemsetNodeGetParams(node, typed);
+        memcpy(typed + 40, &ctx, 8);
+        return r;
+    case NODE_MEMCPY: /* CUDA_MEMCPY_NODE_PARAMS: flags, reserved, the context, then CUDA_MEMCPY3D */
+        memcpy(typed + 8, &ctx, 8);
+        return cuGraphMemcpyNodeGetParams(node, typed + 16);
+    case NODE_HOST:
+        return cuGraphHostNodeGetParams(node, typed);
+    case NODE_GRAPH:
+        return cuGraphChildGraphNodeGetGraph(node, (uint64_t *)typed);
+    case NODE_EMPTY:
+        return CUDA_SUCCESS;
+    case NODE_WAIT_EVENT:
+        return cuGraphEventWaitNodeGetEvent(node, (uint64_t *)typed);
+    case NODE_EVENT_RECORD:
+        return cuGraphEventRecordNodeGetEvent(node, (uint64_t *)typed);
+    }
+    gp_say("cuGraphNodeGetParams: nodes of type %d are not read back from the remote GPU; it returns "
+           "CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)", type);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
 CUresult cuGraphNodeSetParams(uint64_t node, void *params) {
     GP_TRACE("cuGraphNodeSetParams");
     return node_set_params("cuGraphNodeSetParams", 0, node, params);
