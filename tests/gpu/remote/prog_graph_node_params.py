@@ -150,6 +150,8 @@ def main() -> int:
         local = {int(ok(cu.cuGraphNodeGetLocalId(n))) for n in (ms, kn, cp, hn)}
         print("local ids distinct", len(local) == 4)
         print("exec ids distinct", int(ok(cu.cuGraphExecGetId(old))) != int(ok(cu.cuGraphExecGetId(new))))
+        generic = ok(cu.cuGraphNodeGetParams(ms))  # the generic getter came with them
+        print("generic read back", int(generic.type), hex(generic.memset.value))
         ok(cu.cuGraphGetId(graph))
         ok(cu.cuGraphNodeGetToolsId(kn))
     else:
