@@ -2018,6 +2018,14 @@ def scenario_graph_node_params():
         host_params[:2], struct.unpack_from("<Q", host_params[2], 8)[0],
     )))  # fmt: skip
     say("generic_read_back_foreign", read_generic(foreign)[0])
+    dot = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"gpupool-graph-{os.getpid()}.dot")
+    rc = cu.cuGraphDebugDotPrint(graph, dot.encode(), 0)
+    with open(dot) as f:
+        text = f.read()
+    os.unlink(dot)
+    say("dot", f"{rc} {text.startswith('digraph')} {str(k.value) in text or 'kernel' in text.lower()}")
+    say("dot_unwritable", cu.cuGraphDebugDotPrint(graph, b"/nonexistent-dir/graph.dot", 0))
+    say("dot_foreign_graph", cu.cuGraphDebugDotPrint(c_u64(12345), dot.encode(), 0))
 
 
 def scenario_graph_conditionals():

@@ -722,6 +722,9 @@ def test_a_graphs_own_nodes_are_read_back_set_anew_and_queried_as_pytorch_and_xl
         # cuGraphNodeGetParams: each node's type and its typed getter's answer
         "generic_read_back": "(0, 0) True (0, 2) True (0, 1) True (0, 3) 8",
         "generic_read_back_foreign": "400",
+        "dot": "0 True True",  # the worker's description, written to the program's path
+        "dot_unwritable": "304",  # CUDA_ERROR_OPERATING_SYSTEM, as the driver's
+        "dot_foreign_graph": "400",
     }
     assert "gpupool:" not in err
 

@@ -812,6 +812,10 @@ CALLS: tuple[Call, ...] = (
     _c("cuGraphNodeGetParams", 13010, "node node, ptr params", L, custom=True,
        how="answered by the typed getter of the node's type (kernel, memset, copy, host, child graph, event)"),
     _c("cuGraphKernelNodeCopyAttributes", 11000, "node dst, node src"),
+    # A graph's DOT description: written by the worker's driver, sent back, and written to the program's
+    # path by the shim (the size first; the text in the reply's bulk).
+    _c("cuGraphDebugDotPrint", 11030, "graph graph, cstr path, u32 flags", custom=True,
+       wire="graph graph, u32 flags, o_u64 size"),
     _c("cuGraphNodeGetContainingGraph", 13010, "node node, o_graph graph"),
     _c("cuGraphNodeGetLocalId", 13010, "node node, o_u32 node_id"),
     _c("cuGraphNodeGetToolsId", 13010, "node node, o_u64 tools_id"),

@@ -207,9 +207,8 @@ GROUPS: tuple[Group, ...] = (
         N,
         """CUDA 13's cuGraphAddNode_v3 and
        cuGraphNodeSetParams_v2 are to be sent as cuGraphAddNode and cuGraphNodeSetParams once their
-       parameter layout is checked against the older one. cuGraphDebugDotPrint's file is to be written in
-       the client, from a description of the graph the worker's driver writes.""",
-        "cuGraphDebugDotPrint cuGraphNodeSetParams_v2 cuGraphAddNode_v3",
+       parameter layout is checked against the older one.""",
+        "cuGraphNodeSetParams_v2 cuGraphAddNode_v3",
     ),
     _g(
         "graph memory nodes and batch memory-operation nodes",

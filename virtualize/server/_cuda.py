@@ -13,6 +13,7 @@ import itertools
 import logging
 import mmap
 import os
+import tempfile
 import threading
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -1739,6 +1740,13 @@ class CudaExecutor(Executor):
     def cuGraphMemsetNodeGetParams(self, node):
         p = _ok(driver.cuGraphMemsetNodeGetParams(driver.CUgraphNode(node)))
         return _int(p.dst), p.pitch, p.value, p.elementSize, p.width, p.height
+
+    def cuGraphDebugDotPrint(self, graph, flags) -> bytes:
+        with tempfile.TemporaryDirectory(prefix="gpupool-dot-") as folder:
+            path = os.path.join(folder, "graph.dot")
+            _ok(driver.cuGraphDebugDotPrint(driver.CUgraph(graph), path.encode(), flags))
+            with open(path, "rb") as f:
+                return f.read()
 
     def graph_kernel_node_params(self, node, layout_of):
         p = _ok(driver.cuGraphKernelNodeGetParams(driver.CUgraphNode(node)))

@@ -1283,6 +1283,16 @@ class HostExecutor(Executor):
         return node
 
     # A kernel node's launch attributes are kept, not acted on (this executor has no L2 or clusters).
+    def cuGraphDebugDotPrint(self, graph, flags) -> bytes:
+        """A DOT graph of the nodes (their handles and types) and edges, as the driver's names them."""
+        if graph not in self.graphs:
+            raise CudaError(INVALID_VALUE, "not a graph")
+        lines = [
+            f'  "{n}" [label="{n} type {self.node_types.get(n, 0)}"];' for n in self.node_order.get(graph, [])
+        ]
+        lines += [f'  "{a}" -> "{b}";' for a, b in self.graph_edges(graph)]
+        return ("digraph dot {\n" + "\n".join(lines) + "\n}\n").encode()
+
     def cuGraphKernelNodeGetAttribute(self, node, attr):
         return self.node_attributes.get((self._kernel_node(node), attr), bytes(64))
 

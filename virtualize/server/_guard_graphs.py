@@ -15,6 +15,7 @@ from virtualize.server._executor import INVALID_VALUE, Copy3D, CudaError, Launch
 from virtualize.server._guard_concern import EMPTY, Concern
 from virtualize.server._guard_rules import ACCESS_POLICY_WINDOW, STREAM_ATTRIBUTE_BYTES, padded_params
 
+MAX_DOT_BYTES = 64 << 20  # a graph's DOT description sent back (cuGraphDebugDotPrint)
 MAX_NODE_DEPS = 4096  # dependencies of one graph node (the shim's limit too)
 MAX_CONDITIONAL_BODIES = 64  # body graphs of one conditional node (a switch's cases; the shim's limit too)
 # A kernel node's launch attributes (CUlaunchAttributeID) whose values are plain numbers or an access-policy
@@ -51,6 +52,7 @@ class GraphCalls(Concern):
         "cuGraphMemcpyNodeSetParams": "graph_memcpy_node",
         "cuGraphMemcpyNodeGetParams": "graph_memcpy_node_get",
         "cuGraphKernelNodeGetParams_v2": "graph_kernel_node_get",
+        "cuGraphDebugDotPrint": "graph_dot",
         "cuGraphGetNodes": "graph_nodes",
         "cuGraphGetRootNodes": "graph_node_list",
         "cuGraphNodeGetDependencies": "graph_node_list",
@@ -238,6 +240,14 @@ class GraphCalls(Concern):
             except CudaError:
                 raise CudaError(CUresult.NOT_SUPPORTED, "a copy node of memory not the lease's") from None
         return call.out_struct.pack(*dataclasses.astuple(copy)), b""
+
+    def graph_dot(self, call: Call, ins: tuple):
+        """The DOT text the worker's driver writes for the graph: its length, then the text in the bulk."""
+        self.session._check(call, ins)
+        text = bytes(self.session.executor.cuGraphDebugDotPrint(*ins))
+        if len(text) > MAX_DOT_BYTES:
+            raise CudaError(CUresult.OUT_OF_MEMORY, "a graph description past 64 MiB")
+        return call.out_struct.pack(len(text)), text
 
     def _callbacks(self):
         callbacks = self.session.callbacks

@@ -2,7 +2,7 @@
 kernel, memset, copy (one from page-locked memory too) and host nodes read back; kernel, memset, copy
 and host nodes set anew (a graph instantiated before keeps the old parameters, one instantiated after
 runs the new); the generic setters; an edge removed; a kernel node's priority set, read back and
-copied; and (drivers of CUDA 13.1 and up) the ids.
+copied; the DOT description; and (drivers of CUDA 13.1 and up) the ids.
 
 Runs unchanged on a local GPU or, under gpupool's libcuda.so.1, on a leased one; prints the same.
 """
@@ -10,7 +10,9 @@ Runs unchanged on a local GPU or, under gpupool's libcuda.so.1, on a leased one;
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
+import tempfile
 
 import numpy as np
 from _common import PTX, loaded_libcuda, ok
@@ -145,6 +147,11 @@ def main() -> int:
     print("priority set, copied", ok(cu.cuGraphKernelNodeGetAttribute(kn, attr)).priority,
           ok(cu.cuGraphKernelNodeGetAttribute(other, attr)).priority)  # fmt: skip
 
+    with tempfile.TemporaryDirectory() as folder:  # the graph's DOT description, written to our path
+        path = os.path.join(folder, "graph.dot")
+        ok(cu.cuGraphDebugDotPrint(graph, path.encode(), 0))
+        with open(path) as f:
+            print("dot description", f.read().startswith("digraph"))
     if ok(cu.cuDriverGetVersion()) >= 13010:  # the ids came with CUDA 13.1
         print("containing graph", int(ok(cu.cuGraphNodeGetContainingGraph(kn))) == int(graph))
         local = {int(ok(cu.cuGraphNodeGetLocalId(n))) for n in (ms, kn, cp, hn)}

@@ -1663,7 +1663,6 @@ GP_EXPORT CUresult cuGraphAddMemAllocNode(void) { return gp_unforwarded("cuGraph
 GP_EXPORT CUresult cuGraphAddMemFreeNode(void) { return gp_unforwarded("cuGraphAddMemFreeNode"); }
 GP_EXPORT CUresult cuGraphBatchMemOpNodeGetParams(void) { return gp_unforwarded("cuGraphBatchMemOpNodeGetParams"); }
 GP_EXPORT CUresult cuGraphBatchMemOpNodeSetParams(void) { return gp_unforwarded("cuGraphBatchMemOpNodeSetParams"); }
-GP_EXPORT CUresult cuGraphDebugDotPrint(void) { return gp_unforwarded("cuGraphDebugDotPrint"); }
 GP_EXPORT CUresult cuGraphExecBatchMemOpNodeSetParams(void) { return gp_unforwarded("cuGraphExecBatchMemOpNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecExternalSemaphoresSignalNodeSetParams(void) { return gp_unforwarded("cuGraphExecExternalSemaphoresSignalNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecExternalSemaphoresWaitNodeSetParams(void) { return gp_unforwarded("cuGraphExecExternalSemaphoresWaitNodeSetParams"); }
@@ -1899,7 +1898,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuDeviceGetFabricClusterUuid", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuDeviceGetCliqueCount", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuDeviceGetCliqueInfo", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
-    {"cuGraphDebugDotPrint", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphNodeSetParams_v2", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphAddNode_v3", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphAddMemAllocNode", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
@@ -2055,6 +2053,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphClone", 10000, (void *)cuGraphClone},
     {"cuGraphConditionalHandleCreate", 12030, (void *)cuGraphConditionalHandleCreate},
     {"cuGraphCreate", 10000, (void *)cuGraphCreate},
+    {"cuGraphDebugDotPrint", 11030, (void *)cuGraphDebugDotPrint},
     {"cuGraphDestroy", 10000, (void *)cuGraphDestroy},
     {"cuGraphDestroyNode", 10000, (void *)cuGraphDestroyNode},
     {"cuGraphEventRecordNodeGetEvent", 11010, (void *)cuGraphEventRecordNodeGetEvent},

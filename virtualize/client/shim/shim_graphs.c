@@ -725,6 +725,33 @@ CUresult cuGraphExecNodeSetParams(uint64_t exec, uint64_t node, void *params) {
     return node_set_params("cuGraphExecNodeSetParams", exec, node, params);
 }
 
+/* A graph's DOT description: the worker's driver writes it, the text comes back (asked again with room for
+ * all of it where it did not fit), and is written here to the program's path. */
+CUresult cuGraphDebugDotPrint(uint64_t graph, const char *path, uint32_t flags) {
+    GP_TRACE("cuGraphDebugDotPrint");
+    if (!path) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphDebugDotPrint in = {.graph = graph, .flags = flags};
+    struct gp_out_cuGraphDebugDotPrint out = {0};
+    uint64_t cap = 1 << 20;
+    char *text = NULL;
+    for (;;) {
+        free(text);
+        if (!(text = malloc(cap))) return CUDA_ERROR_OUT_OF_MEMORY;
+        CUresult r = gp_call(GP_CALL_cuGraphDebugDotPrint, WANT, &in, sizeof in, NULL, 0, &out, sizeof out, text, cap);
+        if (r != CUDA_SUCCESS) {
+            free(text);
+            return r;
+        }
+        if (out.size <= cap) break;
+        cap = out.size;
+    }
+    FILE *f = fopen(path, "wb");
+    int written = f && fwrite(text, 1, out.size, f) == out.size;
+    if (f && fclose(f) != 0) written = 0;
+    free(text);
+    return written ? CUDA_SUCCESS : (CUresult)304; /* CUDA_ERROR_OPERATING_SYSTEM, as the driver's */
+}
+
 /* CUgraphExecUpdateResultInfo: the result, then the error node and the node it came from (not forwarded:
  * they are left empty). */
 CUresult cuGraphExecUpdate_v2(uint64_t exec, uint64_t graph, void *info) {
