@@ -570,10 +570,14 @@ class Session:
         gone = DESTROYS.get(call.name)
         if gone:
             handles[gone].discard(ins[0])
-            for child in self.lease.children.pop(ins[0], ()):  # a module's functions, a graph's nodes
+            children = self.lease.children.pop(ins[0], ())  # a module's functions, a graph's nodes
+            for child in children:
                 for kind in ("func", "kernel", "node", "graph"):
                     handles[kind].discard(child)
                 self.lease.layouts.pop(child, None)
+            for node in (ins[0], *children):  # what the graph calls keep about a node goes with it
+                self.lease.kernel_nodes.pop(node, None)
+                self.lease.host_nodes.pop(node, None)
 
     # -- calls that need the lease's state -----------------------------------------------------------
 
