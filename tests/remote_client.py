@@ -1808,6 +1808,226 @@ def scenario_graph_nodes():
     say("second", struct.unpack("<I", dtoh(ptr, 4)[1])[0])
 
 
+def scenario_graph_node_params():
+    """What PyTorch's and XLA's graphs do with a graph's own nodes: read a memset and a host node's
+    parameters back, set a kernel, memset, copy and host node anew (a graph instantiated before keeps the old ones, one
+    instantiated after runs the new), remove an edge, ask the ids and the containing graph; node handles
+    and memory that are not the lease's are refused."""
+    setup()
+    cu131 = Driver(13010)  # the ids and the containing graph: CUDA 13.1
+    n = 64
+    rc, ptr = alloc(4 * n)
+    check(rc, "alloc")
+    rc, out = alloc(64)
+    check(rc, "alloc out")
+    module, fill = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(fill), module, b"fill_u32"), "fill")
+    keep, ran = [], []
+    recorder = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(ran.append)  # a host node: the value it was given
+
+    def host(value):  # CUDA_HOST_NODE_PARAMS
+        return (ctypes.c_void_p * 2)(ctypes.cast(recorder, ctypes.c_void_p), value)
+
+    def read_host(node):
+        got = (ctypes.c_void_p * 2)()
+        rc = cu.cuGraphHostNodeGetParams(node, got)
+        return rc, got[0] == ctypes.cast(recorder, ctypes.c_void_p).value, got[1]
+
+    def kernel(value):
+        args = [c_u64(ptr), ctypes.c_uint32(value), ctypes.c_uint32(n)]
+        pointers = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in args])
+        keep.append((args, pointers))
+        return KernelNodeParams(fill.value, (ctypes.c_uint32 * 6)(1, 1, 1, n, 1, 1), 0, 0,
+                                ctypes.cast(pointers, ctypes.c_void_p))  # fmt: skip
+
+    def memset(dst, value, width):  # CUDA_MEMSET_NODE_PARAMS: 4-byte elements, one row
+        return ctypes.create_string_buffer(struct.pack("<QQIIQQ", dst, 0, value, 4, width, 1), 40)
+
+    def copy(src, dst, width):  # CUDA_MEMCPY3D between device memory (memory type 2)
+        params = (ctypes.c_uint8 * 200)()
+        struct.pack_into("<IxxxxQQ", params, 32, 2, 0, src)
+        struct.pack_into("<IxxxxQQ", params, 120, 2, 0, dst)
+        struct.pack_into("<QQQ", params, 176, width, 1, 1)
+        return params
+
+    def read_copy(node):
+        got = (ctypes.c_uint8 * 200)()
+        rc = cu.cuGraphMemcpyNodeGetParams(node, got)
+        return rc, bytes(got)
+
+    def read_kernel(node):  # rc, and the function, shape and arguments (through kernelParams) read back
+        got = KernelNodeParams()
+        rc = cu.cuGraphKernelNodeGetParams(node, ctypes.byref(got))
+        if rc:
+            return rc, got
+        at = ctypes.cast(got.params, ctypes.POINTER(ctypes.c_void_p))
+        args = c_u64.from_address(at[0]).value == ptr, ctypes.c_uint32.from_address(at[1]).value
+        shown = f"{got.func == fill.value} {list(got.dims)} {got.smem} {args[0]} {args[1]}"
+        return rc, f"{shown} {ctypes.c_uint32.from_address(at[2]).value}", got
+
+    def read_memset(node):
+        got = ctypes.create_string_buffer(40)
+        rc = cu.cuGraphMemsetNodeGetParams(node, got)
+        return rc, struct.unpack("<QQIIQQ", got.raw)
+
+    def run(exe):
+        check(cu.cuMemsetD8(c_u64(ptr), 0, c_u64(4 * n)), "zero")
+        check(cu.cuMemsetD8(c_u64(out), 0, c_u64(64)), "zero out")
+        check(cu.cuGraphLaunch(exe, c_u64(0)), "launch")
+        check(cu.cuCtxSynchronize(), "sync")
+        words = struct.unpack("<16I", dtoh(out, 64)[1])
+        return f"{struct.unpack('<I', dtoh(ptr, 4)[1])[0]} {words[0]:x} {words[4]:x}"
+
+    graph, k, m, c, h, old, new = (c_u64() for _ in range(7))
+    check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
+    check(cu.cuGraphAddKernelNode(ctypes.byref(k), graph, None, c_u64(0), ctypes.byref(kernel(10))), "kernel")
+    check(cu.cuGraphAddMemsetNode(ctypes.byref(m), graph, ctypes.byref(k), c_u64(1),
+                                  memset(ptr + 128, 0x01010101, 4), c_u64(0)), "memset")  # fmt: skip
+    check(cu.cuGraphAddMemcpyNode(ctypes.byref(c), graph, ctypes.byref(m), c_u64(1), copy(ptr + 128, out, 16),
+                                  c_u64(0)), "copy")  # fmt: skip
+    check(cu.cuGraphAddHostNode(ctypes.byref(h), graph, None, c_u64(0), host(7)), "host node")
+    rc, params = read_memset(m)
+    say("memset_read_back", f"{rc} {params == (ptr + 128, 0, 0x01010101, 4, 4, 1)}")
+    say("host_read_back", " ".join(map(str, read_host(h))))
+    say("kernel_read_back", " ".join(map(str, read_kernel(k)[:2])))
+    say("copy_read_back", f"{read_copy(c)[0]} {read_copy(c)[1] == bytes(copy(ptr + 128, out, 16))}")
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(old), graph, c_u64(0)), "instantiate")
+    say("first", run(old))
+    check(cu.cuGraphKernelNodeSetParams(k, ctypes.byref(kernel(20))), "kernel anew")
+    check(cu.cuGraphMemsetNodeSetParams(m, memset(ptr + 128, 0x02020202, 4)), "memset anew")
+    check(cu.cuGraphMemcpyNodeSetParams(c, copy(ptr + 128, out + 16, 16)), "copy anew")
+    check(cu.cuGraphHostNodeSetParams(h, host(8)), "host anew")
+    say("host_read_back_anew", " ".join(map(str, read_host(h))))
+    say("kernel_read_back_anew", " ".join(map(str, read_kernel(k)[:2])))
+    say("copy_read_back_anew", read_copy(c)[1] == bytes(copy(ptr + 128, out + 16, 16)))
+    rc, params = read_memset(m)
+    say("memset_read_back_anew", f"{rc} {params == (ptr + 128, 0, 0x02020202, 4, 4, 1)}")
+    say("instantiated_before", run(old))
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(new), graph, c_u64(0)), "instantiate anew")
+    say("instantiated_after", run(new))
+    check(cu.cuGraphExecHostNodeSetParams(old, h, host(9)), "instantiated host node anew")
+    run(old)
+    say("host_ran", ran)  # the first launch, the old instance twice (then set anew), the new one
+    count = c_u64(0)
+    check(cu.cuGraphNodeGetDependencies(m, None, None, ctypes.byref(count)), "dependencies")
+    removed = cu.cuGraphRemoveDependencies(graph, ctypes.byref(k), ctypes.byref(m), None, c_u64(1))
+    after = c_u64(0)
+    check(cu.cuGraphNodeGetDependencies(m, None, None, ctypes.byref(after)), "dependencies after")
+    again = cu.cuGraphRemoveDependencies(graph, ctypes.byref(k), ctypes.byref(m), None, c_u64(1))
+    say("removed", f"{removed} {count.value} {after.value} {again}")
+
+    def attribute(node, attr, value=None):  # CUkernelNodeAttrValue: 64 bytes; a priority is an int first
+        raw = ctypes.create_string_buffer(64)
+        if value is not None:
+            ctypes.memmove(raw, value, len(value))
+            return cu.cuGraphKernelNodeSetAttribute(node, attr, raw)
+        rc = cu.cuGraphKernelNodeGetAttribute(node, attr, raw)
+        return rc, struct.unpack_from("<i", raw.raw)[0]
+
+    priority = struct.pack("<i", -1)
+    say("attribute_set", f"{attribute(k, 8, priority)} {attribute(k, 8)}")  # CU_LAUNCH_ATTRIBUTE_PRIORITY
+    window = struct.pack("<QQfii", 0x1000, 4096, 1.0, 2, 0)  # an access-policy window outside the lease
+    say("attribute_window_outside_the_lease", attribute(k, 1, window))
+    say("attribute_event", attribute(k, 7, struct.pack("<Q", 1)))  # PROGRAMMATIC_EVENT: an event handle
+    other_graph, other = c_u64(), c_u64()
+    check(cu.cuGraphCreate(ctypes.byref(other_graph), 0), "other graph")
+    check(cu.cuGraphAddKernelNode(ctypes.byref(other), other_graph, None, c_u64(0), ctypes.byref(kernel(1))),
+          "other kernel")  # fmt: skip
+    say("attribute_copied", f"{cu.cuGraphKernelNodeCopyAttributes(other, k)} {attribute(other, 8)}")
+    _rc, _shown, read_back = read_kernel(k)
+    check(
+        cu.cuGraphKernelNodeSetParams(other, ctypes.byref(read_back)), "read-back parameters set on another"
+    )
+    say("kernel_round_trip", read_kernel(other)[1])
+    pinned, pinned_graph, pinned_copy, clone, twin = (c_u64() for _ in range(5))
+    check(cu.cuMemAllocHost(ctypes.byref(pinned), c_u64(64)), "pinned")
+    from_pinned = copy(0, out, 16)  # from page-locked host memory (memory type 1, its host pointer)
+    struct.pack_into("<IxxxxQQ", from_pinned, 32, 1, pinned.value, 0)
+    check(cu.cuGraphCreate(ctypes.byref(pinned_graph), 0), "pinned graph")
+    check(cu.cuGraphAddMemcpyNode(ctypes.byref(pinned_copy), pinned_graph, None, c_u64(0), from_pinned, c_u64(0)),
+          "copy from pinned memory")  # fmt: skip
+    say(
+        "copy_read_back_pinned", read_copy(pinned_copy)[1] == bytes(from_pinned)
+    )  # the program's host pointer
+    check(cu.cuGraphClone(ctypes.byref(clone), pinned_graph), "clone")
+    check(cu.cuGraphNodeFindInClone(ctypes.byref(twin), pinned_copy, clone), "twin")
+    rc, twin_params = read_copy(twin)  # a twin the program did not describe: the device side
+    say("copy_read_back_twin", f"{rc} {struct.unpack_from('<I', twin_params, 32)[0]}")
+    containing, tools = c_u64(), c_u64()
+    check(cu131.cuGraphNodeGetContainingGraph(k, ctypes.byref(containing)), "containing graph")
+    ids = [ctypes.c_uint32() for _ in range(5)]
+    check(cu131.cuGraphNodeGetLocalId(k, ctypes.byref(ids[0])), "local id")
+    check(cu131.cuGraphNodeGetLocalId(m, ctypes.byref(ids[1])), "local id")
+    check(cu131.cuGraphGetId(graph, ctypes.byref(ids[2])), "graph id")
+    check(cu131.cuGraphExecGetId(old, ctypes.byref(ids[3])), "exec id")
+    check(cu131.cuGraphExecGetId(new, ctypes.byref(ids[4])), "exec id")
+    check(cu131.cuGraphNodeGetToolsId(k, ctypes.byref(tools)), "tools id")
+    say(
+        "ids",
+        f"{containing.value == graph.value} {ids[0].value != ids[1].value} {ids[3].value != ids[4].value}",
+    )
+    foreign = c_u64(12345)
+    say("foreign_node", " ".join(str(rc) for rc in (
+        read_memset(foreign)[0],
+        cu.cuGraphKernelNodeSetParams(foreign, ctypes.byref(kernel(1))),
+        cu.cuGraphMemsetNodeSetParams(foreign, memset(ptr, 1, 4)),
+        cu131.cuGraphNodeGetLocalId(foreign, ctypes.byref(ids[0])),
+        read_host(foreign)[0],
+        cu.cuGraphHostNodeSetParams(foreign, host(1)),
+        cu.cuGraphKernelNodeCopyAttributes(k, foreign),
+        attribute(foreign, 8)[0],
+        read_copy(foreign)[0],
+        read_kernel(foreign)[0],
+    )))  # fmt: skip
+    say(
+        "foreign_edge",
+        cu.cuGraphRemoveDependencies(graph, ctypes.byref(foreign), ctypes.byref(m), None, c_u64(1)),
+    )
+    say("memset_outside_the_lease", cu.cuGraphMemsetNodeSetParams(m, memset(0x1000, 1, 4)))
+    say("memset_past_the_allocation", cu.cuGraphMemsetNodeSetParams(m, memset(ptr + 4 * n - 8, 1, 4)))
+    say("copy_past_the_allocation", cu.cuGraphMemcpyNodeSetParams(c, copy(ptr, out + 32, 64)))
+    say("memset_params_on_a_kernel_node", cu.cuGraphMemsetNodeSetParams(k, memset(ptr, 1, 4)))
+    say("host_params_of_a_kernel_node", f"{read_host(k)[0]} {cu.cuGraphHostNodeSetParams(k, host(1))}")
+    say("kernel_params_of_a_memset_node", read_kernel(m)[0])
+    rc, params = read_memset(m)
+    say("memset_kept", f"{rc} {params[2] == 0x02020202}")
+
+    def generic(node_type, typed):  # CUgraphNodeParams: the type, then the typed parameters at 16
+        params = (ctypes.c_uint8 * 256)()
+        struct.pack_into("<I", params, 0, node_type)
+        ctypes.memmove(ctypes.addressof(params) + 16, ctypes.addressof(typed), ctypes.sizeof(typed))
+        return params
+
+    set_memset = cu.cuGraphNodeSetParams(m, generic(2, memset(ptr + 128, 0x03030303, 4)))
+    say("generic_memset", f"{set_memset} {read_memset(m)[1][2] == 0x03030303}")
+    check(cu.cuGraphExecNodeSetParams(new, k, generic(0, kernel(30))), "generic kernel on the instance")
+    say("generic_kernel_instance", run(new))
+    say("generic_type_mismatch", cu.cuGraphNodeSetParams(k, generic(2, memset(ptr, 1, 4))))
+
+    def read_generic(node):  # rc, the type, and the typed parameters' first bytes
+        got = (ctypes.c_uint8 * 256)()
+        rc = cu131.cuGraphNodeGetParams(node, got)
+        return rc, struct.unpack_from("<I", got)[0], bytes(got)[16:]
+
+    kernel_params, memset_params, copy_params, host_params = (read_generic(n) for n in (k, m, c, h))
+    say("generic_read_back", " ".join(str(x) for x in (
+        kernel_params[:2], struct.unpack_from("<Q", kernel_params[2])[0] == fill.value,
+        memset_params[:2], struct.unpack_from("<I", memset_params[2], 16)[0] == 0x03030303,
+        copy_params[:2], copy_params[2][16:216] == bytes(copy(ptr + 128, out + 16, 16)),
+        host_params[:2], struct.unpack_from("<Q", host_params[2], 8)[0],
+    )))  # fmt: skip
+    say("generic_read_back_foreign", read_generic(foreign)[0])
+    dot = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"gpupool-graph-{os.getpid()}.dot")
+    rc = cu.cuGraphDebugDotPrint(graph, dot.encode(), 0)
+    with open(dot) as f:
+        text = f.read()
+    os.unlink(dot)
+    say("dot", f"{rc} {text.startswith('digraph')} {str(k.value) in text or 'kernel' in text.lower()}")
+    say("dot_unwritable", cu.cuGraphDebugDotPrint(graph, b"/nonexistent-dir/graph.dot", 0))
+    say("dot_foreign_graph", cu.cuGraphDebugDotPrint(c_u64(12345), dot.encode(), 0))
+
+
 def scenario_graph_conditionals():
     """What cuda.core's graph builder does: a conditional node added to a capturing stream's graph after
     the capture's dependency nodes, its body captured into from another stream (a while loop counting

@@ -678,6 +678,57 @@ def test_a_graph_built_node_by_node_runs_its_nodes_in_dependency_order(shim_dir,
     assert "gpupool:" not in err
 
 
+def test_a_graphs_own_nodes_are_read_back_set_anew_and_queried_as_pytorch_and_xla_do(shim_dir, worker):
+    """Kernel, memset, copy and host nodes read back what was set; kernel, memset, copy and host nodes set anew run in
+    graphs instantiated after (not in one instantiated before), as natively; an edge removed is gone; ids
+    and the containing graph answer; kernel node attributes are set, read back and copied; nodes, memory
+    and attributes that are not the lease's are refused."""
+    out, err = run_client("graph_node_params", client_env(shim_dir, worker))
+    # Every call given a node that is not the lease's: CUDA_ERROR_INVALID_HANDLE.
+    assert set(out.pop("foreign_node").split()) == {"400"}
+    assert out == {
+        "memset_read_back": "0 True",
+        "host_read_back": "0 True 7",  # the program's own function and argument
+        "kernel_read_back": "0 True [1, 1, 1, 64, 1, 1] 0 True 10 64",  # function, shape, arguments
+        "copy_read_back": "0 True",  # the program's own descriptor
+        "first": "10 1010101 0",  # fill 10, memset 1 copied to out[0:16]
+        "memset_read_back_anew": "0 True",
+        "host_read_back_anew": "0 True 8",
+        "kernel_read_back_anew": "0 True [1, 1, 1, 64, 1, 1] 0 True 20 64",
+        "copy_read_back_anew": "True",
+        "instantiated_before": "10 1010101 0",  # the old instance keeps its parameters
+        "instantiated_after": "20 0 2020202",  # fill 20, memset 2 copied to out[16:32]
+        "host_ran": "[7, 7, 8, 9]",  # the first launch, the old instance, the new one, the old one set anew
+        "removed": "0 1 0 1",  # removed once; a second time: CUDA_ERROR_INVALID_VALUE (no such edge)
+        "attribute_set": "0 (0, -1)",  # a kernel node's priority set and read back
+        "attribute_window_outside_the_lease": "1",  # CUDA_ERROR_INVALID_VALUE: not memory of this lease
+        "attribute_event": "801",  # CUDA_ERROR_NOT_SUPPORTED: an event in an attribute is not forwarded
+        "attribute_copied": "0 (0, -1)",  # onto a kernel node of another graph
+        "kernel_round_trip": "True [1, 1, 1, 64, 1, 1] 0 True 20 64",  # read back, set on another node
+        "copy_read_back_pinned": "True",  # page-locked host memory: the program's pointer, not the mirror's
+        "copy_read_back_twin": "0 2",  # a clone's twin: the device side (CU_MEMORYTYPE_DEVICE)
+        "ids": "True True True",
+        "foreign_edge": "1",  # CUDA_ERROR_INVALID_VALUE: as an edge added between nodes not the lease's
+        "memset_outside_the_lease": "1",
+        "memset_past_the_allocation": "1",
+        "copy_past_the_allocation": "1",
+        "memset_params_on_a_kernel_node": "1",
+        "host_params_of_a_kernel_node": "1 1",
+        "kernel_params_of_a_memset_node": "1",
+        "memset_kept": "0 True",  # what was refused changed nothing
+        "generic_memset": "0 True",  # cuGraphNodeSetParams, as the memset setter
+        "generic_kernel_instance": "30 0 2020202",  # cuGraphExecNodeSetParams, as the kernel setter
+        "generic_type_mismatch": "1",  # a kernel node given memset parameters
+        # cuGraphNodeGetParams: each node's type and its typed getter's answer
+        "generic_read_back": "(0, 0) True (0, 2) True (0, 1) True (0, 3) 8",
+        "generic_read_back_foreign": "400",
+        "dot": "0 True True",  # the worker's description, written to the program's path
+        "dot_unwritable": "304",  # CUDA_ERROR_OPERATING_SYSTEM, as the driver's
+        "dot_foreign_graph": "400",
+    }
+    assert "gpupool:" not in err
+
+
 def test_an_instantiated_graph_takes_new_node_parameters_as_command_buffers_set_them(shim_dir, worker):
     """XLA's command buffers update an instantiated graph in place (memset, copy and child-graph nodes set
     anew, nodes switched off and on) and read a node's neighbours back: each takes effect at the next

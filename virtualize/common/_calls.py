@@ -762,6 +762,65 @@ CALLS: tuple[Call, ...] = (
     _c("cuGraphClone", 10000, "o_graph clone, graph graph"),
     _c("cuGraphNodeFindInClone", 10000, "o_node node, node original, graph clone"),
     _c("cuGraphNodeGetType", 10000, "node node, o_i32 type"),
+    # -- graph nodes read back, changed or queried (issue 25) ---------------------------------------------
+    # A node's parameters set anew, checked as adding such a node is; a memset node's read back (its
+    # address is the lease's, as the program gave it); edges removed as they are added; ids and the
+    # containing graph (a graph of the lease: the node's).
+    _c("cuGraphKernelNodeSetParams", 12000, "node node, ptr params", custom=True,
+       symbol="cuGraphKernelNodeSetParams_v2",
+       wire="node node, func func, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, bytes data"),
+    _c("cuGraphMemsetNodeSetParams", 10000, "node node, ptr params", custom=True,
+       wire="node node, dptr dst, u64 pitch, u32 value, u32 element_size, u64 width, u64 height"),
+    _c("cuGraphMemsetNodeGetParams", 10000, "node node, ptr params", custom=True,
+       wire="node node, o_u64 dst, o_u64 pitch, o_u32 value, o_u32 element_size, o_u64 width, o_u64 height"),
+    _c("cuGraphMemcpyNodeSetParams", 10000, "node node, ptr params", custom=True,
+       wire="node node, u64 src, u64 src_pitch, u64 src_height, u64 dst, u64 dst_pitch, u64 dst_height, "
+            "u64 width, u64 height, u64 depth"),
+    # A kernel node read back: its function (the handle the program gave it), shape and parameters packed
+    # at the function's layout in the reply's bulk; the shim keeps them for the node as the driver does.
+    _c("cuGraphKernelNodeGetParams", 12000, "node node, ptr params", custom=True,
+       symbol="cuGraphKernelNodeGetParams_v2",
+       wire="node node, o_u64 func, o_u32 gx, o_u32 gy, o_u32 gz, o_u32 bx, o_u32 by, o_u32 bz, o_u32 smem"),
+    # A copy node read back: the device side as the worker runs it; the shim answers the program's own
+    # descriptor (its host pointers) where it set one that the worker's answer still matches.
+    _c("cuGraphMemcpyNodeGetParams", 10000, "node node, ptr params", custom=True,
+       wire="node node, o_u64 src, o_u64 src_pitch, o_u64 src_height, o_u64 dst, o_u64 dst_pitch, "
+            "o_u64 dst_height, o_u64 width, o_u64 height, o_u64 depth"),
+    _c("cuGraphRemoveDependencies", 10000, "graph graph, ptr from, ptr to, u64 count", custom=True,
+       wire="graph graph, u64 count, bytes edges"),
+    _c("cuGraphRemoveDependencies", 12030, "graph graph, ptr from, ptr to, ptr edge_data, u64 count", custom=True,
+       symbol="cuGraphRemoveDependencies_v2", wire="graph graph, u64 count, bytes edges"),
+    # A host node's function and argument stay in the program (kept under an id, as cuGraphAddHostNode's):
+    # a new function travels as its id, and a node's is read back as the id its shim maps back.
+    _c("cuGraphHostNodeSetParams", 10000, "node node, ptr params", custom=True, wire="node node, u64 id"),
+    _c("cuGraphExecHostNodeSetParams", 10020, "graphexec exec, node node, ptr params", custom=True,
+       wire="graphexec exec, node node, u64 id"),
+    _c("cuGraphHostNodeGetParams", 10000, "node node, ptr params", custom=True, wire="node node, o_u64 id"),
+    # The generic setters: by the type their parameters name, one of the typed calls (kernel, memset, copy,
+    # host, event, and an instantiated graph's child graph); other types are refused with a message.
+    _c("cuGraphNodeSetParams", 12020, "node node, ptr params", L, custom=True,
+       how="sent as the setter of its type (kernel, memset, copy, host, event)"),
+    _c("cuGraphExecNodeSetParams", 12020, "graphexec exec, node node, ptr params", L, custom=True,
+       how="sent as the instantiated graph's setter of its type (kernel, memset, copy, host, event, child graph)"),
+    # A kernel node's launch attributes: the 64-byte value as the client wrote it, as a stream's; an
+    # access-policy window must be memory of the lease; attributes naming events or handing out a
+    # device-side node are refused.
+    _c("cuGraphKernelNodeGetAttribute", 11000, "node node, i32 attr, ptr value", custom=True,
+       wire="node node, i32 attr"),
+    _c("cuGraphKernelNodeSetAttribute", 11000, "node node, i32 attr, ptr value", custom=True,
+       wire="node node, i32 attr, bytes value"),
+    _c("cuGraphNodeGetParams", 13010, "node node, ptr params", L, custom=True,
+       how="answered by the typed getter of the node's type (kernel, memset, copy, host, child graph, event)"),
+    _c("cuGraphKernelNodeCopyAttributes", 11000, "node dst, node src"),
+    # A graph's DOT description: written by the worker's driver, sent back, and written to the program's
+    # path by the shim (the size first; the text in the reply's bulk).
+    _c("cuGraphDebugDotPrint", 11030, "graph graph, cstr path, u32 flags", custom=True,
+       wire="graph graph, u32 flags, o_u64 size"),
+    _c("cuGraphNodeGetContainingGraph", 13010, "node node, o_graph graph"),
+    _c("cuGraphNodeGetLocalId", 13010, "node node, o_u32 node_id"),
+    _c("cuGraphNodeGetToolsId", 13010, "node node, o_u64 tools_id"),
+    _c("cuGraphGetId", 13010, "graph graph, o_u32 graph_id"),
+    _c("cuGraphExecGetId", 13010, "graphexec exec, o_u32 graph_id"),
     # User objects (what keeps a host node's function alive) live in the client: a graph's references
     # are kept for the life of the process (shim_graphs.c says why).
     _c("cuUserObjectCreate", 11030, "o_u64 obj, ptr ptr, ptr destroy, u32 refs, u32 flags", L, custom=True,

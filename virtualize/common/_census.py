@@ -205,16 +205,10 @@ GROUPS: tuple[Group, ...] = (
     _g(
         "graph nodes read back, changed or queried",
         N,
-        """A node's parameter structures hold pointers into
-       the client (host nodes' functions, copy descriptors) to translate both ways; the worker holds the
-       nodes. cuGraphDebugDotPrint's file is to be written in the client.""",
-        "cuGraphKernelNodeGetParams cuGraphKernelNodeSetParams cuGraphMemcpyNodeGetParams "
-        "cuGraphMemcpyNodeSetParams cuGraphMemsetNodeGetParams cuGraphMemsetNodeSetParams "
-        "cuGraphHostNodeGetParams cuGraphHostNodeSetParams cuGraphExecHostNodeSetParams "
-        "cuGraphKernelNodeCopyAttributes cuGraphKernelNodeGetAttribute cuGraphKernelNodeSetAttribute "
-        "cuGraphDebugDotPrint cuGraphNodeSetParams cuGraphNodeSetParams_v2 cuGraphExecNodeSetParams "
-        "cuGraphNodeGetParams cuGraphRemoveDependencies cuGraphNodeGetContainingGraph "
-        "cuGraphNodeGetLocalId cuGraphNodeGetToolsId cuGraphGetId cuGraphExecGetId cuGraphAddNode_v3",
+        """CUDA 13's cuGraphAddNode_v3 and
+       cuGraphNodeSetParams_v2 are to be sent as cuGraphAddNode and cuGraphNodeSetParams once their
+       parameter layout is checked against the older one.""",
+        "cuGraphNodeSetParams_v2 cuGraphAddNode_v3",
     ),
     _g(
         "graph memory nodes and batch memory-operation nodes",

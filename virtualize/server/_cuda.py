@@ -13,6 +13,7 @@ import itertools
 import logging
 import mmap
 import os
+import tempfile
 import threading
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -1570,16 +1571,32 @@ class CudaExecutor(Executor):
     def cuGraphExecGetFlags(self, graph_exec):
         return int(_ok(driver.cuGraphExecGetFlags(driver.CUgraphExec(graph_exec))))
 
-    def graph_add_host_node(self, graph, deps, fn):
+    def _host_node(self, fn):
+        """CUDA_HOST_NODE_PARAMS that call `fn` (kept: it runs at every launch)."""
         key = next(self._host_keys)
         self.host_funcs[key] = fn
-        self.kept_host_funcs.add(key)  # it runs at every launch
+        self.kept_host_funcs.add(key)
         params = driver.CUDA_HOST_NODE_PARAMS()
         params.fn = self._host_thunk_fn
         params.userData = key
+        return params
+
+    def graph_add_host_node(self, graph, deps, fn):
+        params = self._host_node(fn)
         return _int(
             _ok(driver.cuGraphAddHostNode(driver.CUgraph(graph), self._deps(deps), len(deps), params))
         )
+
+    def graph_host_node_set(self, graph_exec, node, fn) -> None:
+        params = self._host_node(fn)
+        if graph_exec:
+            _ok(
+                driver.cuGraphExecHostNodeSetParams(
+                    driver.CUgraphExec(graph_exec), driver.CUgraphNode(node), params
+                )
+            )
+        else:
+            _ok(driver.cuGraphHostNodeSetParams(driver.CUgraphNode(node), params))
 
     def cuGraphInstantiateWithFlags(self, graph, flags):
         return _int(_ok(driver.cuGraphInstantiate(driver.CUgraph(graph), flags)))
@@ -1689,7 +1706,8 @@ class CudaExecutor(Executor):
         err, info = driver.cuGraphExecUpdate(driver.CUgraphExec(graph_exec), driver.CUgraph(graph))
         return int(info.result) if info is not None else 0, int(err)
 
-    def graph_add_dependencies(self, graph, edges, edge_data=None) -> None:
+    def _edges(self, edges, edge_data):
+        """The driver's (from, to, data) arrays for `edges`; no data where every edge is the default."""
         sources, targets = self._deps([a for a, _ in edges]), self._deps([b for _, b in edges])
         data = None
         if edge_data and any(any(d) for d in edge_data):
@@ -1698,7 +1716,94 @@ class CudaExecutor(Executor):
                 e = driver.CUgraphEdgeData()
                 e.from_port, e.to_port, e.type = raw[0], raw[1], raw[2]
                 data.append(e)
-        _ok(driver.cuGraphAddDependencies(driver.CUgraph(graph), sources, targets, data, len(edges)))
+        return sources, targets, data
+
+    def graph_add_dependencies(self, graph, edges, edge_data=None) -> None:
+        _ok(driver.cuGraphAddDependencies(driver.CUgraph(graph), *self._edges(edges, edge_data), len(edges)))
+
+    def graph_remove_dependencies(self, graph, edges, edge_data=None) -> None:
+        _ok(
+            driver.cuGraphRemoveDependencies(
+                driver.CUgraph(graph), *self._edges(edges, edge_data), len(edges)
+            )
+        )
+
+    # A graph's nodes set anew, read back, and asked their ids (issue 25's graph calls).
+    def graph_kernel_node_set(self, node, launch) -> None:
+        params, _keep = self._kernel_node(launch)
+        _ok(driver.cuGraphKernelNodeSetParams(driver.CUgraphNode(node), params))
+
+    def graph_memset_node_set(self, node, dst, pitch, value, element_size, width, height) -> None:
+        params = self._memset_node(dst, pitch, value, element_size, width, height)
+        _ok(driver.cuGraphMemsetNodeSetParams(driver.CUgraphNode(node), params))
+
+    def cuGraphMemsetNodeGetParams(self, node):
+        p = _ok(driver.cuGraphMemsetNodeGetParams(driver.CUgraphNode(node)))
+        return _int(p.dst), p.pitch, p.value, p.elementSize, p.width, p.height
+
+    def cuGraphDebugDotPrint(self, graph, flags) -> bytes:
+        with tempfile.TemporaryDirectory(prefix="gpupool-dot-") as folder:
+            path = os.path.join(folder, "graph.dot")
+            _ok(driver.cuGraphDebugDotPrint(driver.CUgraph(graph), path.encode(), flags))
+            with open(path, "rb") as f:
+                return f.read()
+
+    def graph_kernel_node_params(self, node, layout_of):
+        p = _ok(driver.cuGraphKernelNodeGetParams(driver.CUgraphNode(node)))
+        func = _int(p.func)
+        layout = layout_of(func)
+        pointers = int(p.kernelParams or 0)
+        if layout and not pointers:
+            raise CudaError(NOT_SUPPORTED, "a kernel node whose parameters are in an extra buffer")
+        packed = bytearray(max((offset + size for offset, size in layout), default=0))
+        for i, (offset, size) in enumerate(layout):  # kernelParams: one pointer per parameter
+            packed[offset : offset + size] = ctypes.string_at(
+                ctypes.c_void_p.from_address(pointers + 8 * i).value, size
+            )
+        grid = (p.gridDimX, p.gridDimY, p.gridDimZ)
+        return func, grid, (p.blockDimX, p.blockDimY, p.blockDimZ), p.sharedMemBytes, bytes(packed)
+
+    def graph_memcpy_node_params(self, node) -> Copy3D:
+        p = _ok(driver.cuGraphMemcpyNodeGetParams(driver.CUgraphNode(node)))
+        device = (driver.CUmemorytype.CU_MEMORYTYPE_DEVICE, driver.CUmemorytype.CU_MEMORYTYPE_UNIFIED)
+        if p.srcMemoryType not in device or p.dstMemoryType not in device:
+            raise CudaError(NOT_SUPPORTED, "a copy node of host memory or an array")
+        src = int(p.srcDevice) + (p.srcZ * p.srcHeight + p.srcY) * p.srcPitch + p.srcXInBytes
+        dst = int(p.dstDevice) + (p.dstZ * p.dstHeight + p.dstY) * p.dstPitch + p.dstXInBytes
+        return Copy3D(
+            src, p.srcPitch, p.srcHeight, dst, p.dstPitch, p.dstHeight, p.WidthInBytes, p.Height, p.Depth
+        )
+
+    def graph_memcpy_node_set(self, node, copy: Copy3D) -> None:
+        _ok(driver.cuGraphMemcpyNodeSetParams(driver.CUgraphNode(node), self._memcpy_node(copy)))
+
+    def cuGraphKernelNodeGetAttribute(self, node, attr):
+        kind = _enum(driver.CUkernelNodeAttrID, attr)
+        value = _ok(driver.cuGraphKernelNodeGetAttribute(driver.CUgraphNode(node), kind))
+        return ctypes.string_at(value.getPtr(), 64)
+
+    def cuGraphKernelNodeSetAttribute(self, node, attr, value):
+        kind = _enum(driver.CUkernelNodeAttrID, attr)
+        raw = self._struct(driver.CUkernelNodeAttrValue, value)
+        _ok(driver.cuGraphKernelNodeSetAttribute(driver.CUgraphNode(node), kind, raw))
+
+    def cuGraphKernelNodeCopyAttributes(self, dst, src):
+        _ok(driver.cuGraphKernelNodeCopyAttributes(driver.CUgraphNode(dst), driver.CUgraphNode(src)))
+
+    def cuGraphNodeGetContainingGraph(self, node):
+        return _int(_ok(driver.cuGraphNodeGetContainingGraph(driver.CUgraphNode(node))))
+
+    def cuGraphNodeGetLocalId(self, node):
+        return int(_ok(driver.cuGraphNodeGetLocalId(driver.CUgraphNode(node))))
+
+    def cuGraphNodeGetToolsId(self, node):
+        return int(_ok(driver.cuGraphNodeGetToolsId(driver.CUgraphNode(node))))
+
+    def cuGraphGetId(self, graph):
+        return int(_ok(driver.cuGraphGetId(driver.CUgraph(graph))))
+
+    def cuGraphExecGetId(self, graph_exec):
+        return int(_ok(driver.cuGraphExecGetId(driver.CUgraphExec(graph_exec))))
 
     def cuEventCreate(self, flags):
         return _int(_ok(driver.cuEventCreate(flags)))

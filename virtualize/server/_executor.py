@@ -80,6 +80,14 @@ SHAPED: dict[str, str] = {
     "cuGraphAddMemcpyNode": "graph_add_memcpy_node",
     "cuGraphExecMemsetNodeSetParams": "graph_exec_memset_node",
     "cuGraphExecMemcpyNodeSetParams": "graph_exec_memcpy_node",
+    "cuGraphKernelNodeSetParams": "graph_kernel_node_set",
+    "cuGraphMemsetNodeSetParams": "graph_memset_node_set",
+    "cuGraphMemcpyNodeSetParams": "graph_memcpy_node_set",
+    "cuGraphMemcpyNodeGetParams": "graph_memcpy_node_params",
+    "cuGraphKernelNodeGetParams": "graph_kernel_node_params",
+    "cuGraphRemoveDependencies": "graph_remove_dependencies",
+    "cuGraphHostNodeSetParams": "graph_host_node_set",
+    "cuGraphExecHostNodeSetParams": "graph_host_node_set",
     "cuGraphGetNodes": "graph_nodes",
     "cuGraphGetRootNodes": "graph_node_list",
     "cuGraphNodeGetDependencies": "graph_node_list",
@@ -111,6 +119,7 @@ GUARD_CALLS = (
         "cuGraphAddEmptyNode",
     ),
     "cuGraphAddDependencies",  # graphs built node by node
+    "cuGraphHostNodeGetParams",  # the id of the program's function, which the guard keeps
     *("cuArrayCreate", "cuArrayGetDescriptor"),  # as cuArray3DCreate and cuArray3DGetDescriptor
     "cuMemGetAllocationPropertiesFromHandle",  # what the handle was created with
     "cuMemExportToShareableHandle",  # recorded in the lease: another process of it may import the handle
@@ -425,6 +434,41 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def graph_exec_memcpy_node(self, graph_exec: int, node: int, copy: Copy3D) -> None:
         """cuGraphExecMemcpyNodeSetParams between device memory of the lease (`copy` checked)."""
+
+    # A graph's nodes set anew (the graph's own; graphs instantiated before keep what they had).
+    @abc.abstractmethod
+    def graph_kernel_node_set(self, node: int, launch: Launch) -> None:
+        """cuGraphKernelNodeSetParams."""
+
+    @abc.abstractmethod
+    def graph_memset_node_set(self, node, dst, pitch, value, element_size, width, height) -> None:
+        """cuGraphMemsetNodeSetParams (the memory checked)."""
+
+    @abc.abstractmethod
+    def graph_kernel_node_params(
+        self, node: int, layout_of: Callable[[int], list[tuple[int, int]]]
+    ) -> tuple[int, tuple[int, int, int], tuple[int, int, int], int, bytes]:
+        """cuGraphKernelNodeGetParams: the node's function, grid, block, shared memory and parameters
+        packed at `layout_of(function)`'s offsets."""
+
+    @abc.abstractmethod
+    def graph_memcpy_node_params(self, node: int) -> Copy3D:
+        """cuGraphMemcpyNodeGetParams: the node's copy, each side as its first byte's device address;
+        CudaError(NOT_SUPPORTED) for a side that is not device memory (host memory, an array)."""
+
+    @abc.abstractmethod
+    def graph_memcpy_node_set(self, node: int, copy: Copy3D) -> None:
+        """cuGraphMemcpyNodeSetParams between device memory of the lease (`copy` checked)."""
+
+    @abc.abstractmethod
+    def graph_host_node_set(self, graph_exec: int, node: int, fn: Callable[[], None]) -> None:
+        """cuGraphHostNodeSetParams (`graph_exec` 0), or cuGraphExecHostNodeSetParams: `fn` runs instead."""
+
+    @abc.abstractmethod
+    def graph_remove_dependencies(
+        self, graph: int, edges: list[tuple[int, int]], edge_data: list[bytes] | None = None
+    ) -> None:
+        """cuGraphRemoveDependencies: each edge (with its data) must be the graph's."""
 
     @abc.abstractmethod
     def graph_node_list(self, which: str, subject: int) -> tuple[list[int], list[bytes]]:

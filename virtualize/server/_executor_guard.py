@@ -44,7 +44,12 @@ from virtualize.server._guard_contexts import ContextCalls
 from virtualize.server._guard_copies import CopyCalls
 from virtualize.server._guard_graphs import GraphCalls
 from virtualize.server._guard_launches import LaunchCalls
-from virtualize.server._guard_rules import BUILTIN_STREAMS, RANGES_BY_ID
+from virtualize.server._guard_rules import (
+    ACCESS_POLICY_WINDOW,
+    BUILTIN_STREAMS,
+    RANGES_BY_ID,
+    STREAM_ATTRIBUTE_BYTES,
+)
 from virtualize.server._guard_tensor_maps import TensorMapCalls
 from virtualize.server._lanes import Lanes
 from virtualize.server._migrate import Gate
@@ -59,7 +64,6 @@ P2P_ATOMIC_OPERATIONS_MAX = (
 POOL_PROPS_BYTES = 88  # CUmemPoolProps
 # CUstreamAttrID values whose CUstreamAttrValue is plain data, or (the access-policy window) a range the
 # guard checks: access-policy window, synchronization policy, priority, memory sync domain map, domain.
-ACCESS_POLICY_WINDOW, STREAM_ATTRIBUTE_BYTES = 1, 64
 STREAM_ATTRIBUTES = frozenset({ACCESS_POLICY_WINDOW, 3, 8, 9, 10})
 # CUdevice_attribute: PAGEABLE_MEMORY_ACCESS, CONCURRENT_MANAGED_ACCESS, PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
 # DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: 0 remotely (docs/remote.md, managed memory).
@@ -115,6 +119,12 @@ class LeaseState:
     layouts: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     callback_tokens: dict[int, Session] = field(default_factory=dict)  # token -> connection to call back for
     tensor_maps: dict[bytes, int] = field(default_factory=dict)  # encoded map -> its tensor's extent
+    # Host node -> (the callback connection of the process whose function it runs, the function's id
+    # there): what cuGraphHostNodeGetParams answers, to that process only.
+    host_nodes: dict[int, tuple[object, int]] = field(default_factory=dict)
+    # Kernel node -> the function or kernel handle the program gave it (what cuGraphKernelNodeGetParams
+    # answers where the node's function is still that one's).
+    kernel_nodes: dict[int, int] = field(default_factory=dict)
     # Memory of the virtual memory API a process exported (cuMemExportToShareableHandle) -> (size, device,
     # CUmemAllocationProp): what another process of this lease may import; nothing of another lease is here.
     vm_exported: dict[int, tuple[int, int, bytes]] = field(default_factory=dict)
@@ -560,10 +570,14 @@ class Session:
         gone = DESTROYS.get(call.name)
         if gone:
             handles[gone].discard(ins[0])
-            for child in self.lease.children.pop(ins[0], ()):  # a module's functions, a graph's nodes
+            children = self.lease.children.pop(ins[0], ())  # a module's functions, a graph's nodes
+            for child in children:
                 for kind in ("func", "kernel", "node", "graph"):
                     handles[kind].discard(child)
                 self.lease.layouts.pop(child, None)
+            for node in (ins[0], *children):  # what the graph calls keep about a node goes with it
+                self.lease.kernel_nodes.pop(node, None)
+                self.lease.host_nodes.pop(node, None)
 
     # -- calls that need the lease's state -----------------------------------------------------------
 

@@ -189,6 +189,10 @@ class HostExecutor(Executor):
         self.node_types: dict[int, int] = {}  # node -> CUgraphNodeType, where not a kernel's (0)
         self.edge_data: dict[tuple[int, int], bytes] = {}  # (from, to) -> CUgraphEdgeData, where not 0
         self.node_events: dict[int, int] = {}  # event record or wait node -> its event
+        self.node_attributes: dict[tuple[int, int], bytes] = {}  # (kernel node, attribute) -> its value
+        self.copies: dict[int, Copy3D] = {}  # copy node -> its copy
+        self.launches: dict[int, Launch] = {}  # kernel node -> its launch
+        self.memsets: dict[int, tuple] = {}  # memset node -> (dst, pitch, value, element size, width, height)
         self.disabled: dict[tuple[int, int], object] = {}  # (graph exec, node) switched off -> its work
         self.exec_flags: dict[int, int] = {}  # graph exec -> the flags it was instantiated with
         self.graphs: dict[int, list] = {}  # graph or executable graph -> its work, in stream order
@@ -1052,6 +1056,9 @@ class HostExecutor(Executor):
         for original, twin in twins.items():
             if original in self.node_types:
                 self.node_types[twin] = self.node_types[original]
+            for kept in (self.memsets, self.copies, self.launches):
+                if original in kept:
+                    kept[twin] = kept[original]
         return clone
 
     def cuGraphNodeFindInClone(self, original, clone):
@@ -1104,6 +1111,7 @@ class HostExecutor(Executor):
     def graph_add_memcpy_node(self, graph, deps, copy: Copy3D):
         node = self._add_node(graph, deps, self._memcpy_work(copy))
         self.node_types[node] = 1  # CU_GRAPH_NODE_TYPE_MEMCPY
+        self.copies[node] = copy
         return node
 
     def graph_exec_memcpy_node(self, graph_exec, node, copy: Copy3D):
@@ -1155,9 +1163,11 @@ class HostExecutor(Executor):
 
     def graph_add_kernel_node(self, graph, deps, launch) -> int:
         params = bytes(launch.params)
-        return self._add_node(
+        node = self._add_node(
             graph, deps, lambda: self._run_kernel(launch.func, launch.grid, launch.block, params)
         )
+        self.launches[node] = launch
+        return node
 
     # An instantiated graph's nodes set anew: the node keeps its place (and its switch, on or off).
     def _exec_index(self, graph_exec, node) -> int:
@@ -1210,7 +1220,113 @@ class HostExecutor(Executor):
     def graph_add_memset_node(self, graph, deps, dst, pitch, value, element_size, width, height) -> int:
         node = self._add_node(graph, deps, self._memset_work(dst, pitch, value, element_size, width, height))
         self.node_types[node] = 2  # CU_GRAPH_NODE_TYPE_MEMSET
+        self.memsets[node] = (dst, pitch, value, element_size, width, height)
         return node
+
+    # A graph's node set anew: the graph runs the new work from its next instantiation (graphs
+    # instantiated before keep what they had, as the driver's do).
+    def _set_node_work(self, node, work, kind: int) -> None:
+        if node not in self.nodes or self.node_types.get(node, 0) != kind:
+            raise CudaError(INVALID_VALUE, "not a node of that type")
+        graph, _ = self.nodes[node]
+        self.nodes[node] = (graph, work)
+        self.graphs[graph][self.node_order[graph].index(node)] = work
+
+    def graph_kernel_node_set(self, node, launch) -> None:
+        params = bytes(launch.params)
+        work = lambda: self._run_kernel(launch.func, launch.grid, launch.block, params)  # noqa: E731
+        self._set_node_work(node, work, kind=0)
+        self.launches[node] = launch
+
+    def graph_kernel_node_params(self, node, layout_of):
+        launch = self.launches.get(node)
+        if launch is None or self.node_types.get(node, 0) != 0:
+            raise CudaError(INVALID_VALUE, "not a kernel node")
+        layout_of(launch.func)
+        return launch.func, launch.grid, launch.block, launch.shared_mem, bytes(launch.params)
+
+    def graph_memset_node_set(self, node, dst, pitch, value, element_size, width, height) -> None:
+        self._set_node_work(node, self._memset_work(dst, pitch, value, element_size, width, height), kind=2)
+        self.memsets[node] = (dst, pitch, value, element_size, width, height)
+
+    def cuGraphMemsetNodeGetParams(self, node):
+        if node not in self.memsets:
+            raise CudaError(INVALID_VALUE, "not a memset node")
+        return self.memsets[node]
+
+    def graph_memcpy_node_set(self, node, copy: Copy3D) -> None:
+        self._set_node_work(node, self._memcpy_work(copy), kind=1)
+        self.copies[node] = copy
+
+    def graph_memcpy_node_params(self, node) -> Copy3D:
+        if node not in self.copies:
+            raise CudaError(INVALID_VALUE, "not a copy node")
+        return self.copies[node]
+
+    def graph_host_node_set(self, graph_exec, node, fn) -> None:
+        if graph_exec:
+            self._set_exec_work(graph_exec, node, fn, kind=3)
+        else:
+            self._set_node_work(node, fn, kind=3)
+
+    def graph_remove_dependencies(self, graph, edges, edge_data=None) -> None:
+        mine = set(self.node_order.get(graph, []))
+        if any(edge not in self.edges or edge[0] not in mine for edge in edges):
+            raise CudaError(INVALID_VALUE, "an edge the graph does not have")
+        for edge in edges:
+            self.edges.remove(edge)
+            self.edge_data.pop(edge, None)
+
+    def _kernel_node(self, node) -> int:
+        if node not in self.nodes or self.node_types.get(node, 0) != 0:
+            raise CudaError(INVALID_VALUE, "not a kernel node")
+        return node
+
+    # A kernel node's launch attributes are kept, not acted on (this executor has no L2 or clusters).
+    def cuGraphDebugDotPrint(self, graph, flags) -> bytes:
+        """A DOT graph of the nodes (their handles and types) and edges, as the driver's names them."""
+        if graph not in self.graphs:
+            raise CudaError(INVALID_VALUE, "not a graph")
+        lines = [
+            f'  "{n}" [label="{n} type {self.node_types.get(n, 0)}"];' for n in self.node_order.get(graph, [])
+        ]
+        lines += [f'  "{a}" -> "{b}";' for a, b in self.graph_edges(graph)]
+        return ("digraph dot {\n" + "\n".join(lines) + "\n}\n").encode()
+
+    def cuGraphKernelNodeGetAttribute(self, node, attr):
+        return self.node_attributes.get((self._kernel_node(node), attr), bytes(64))
+
+    def cuGraphKernelNodeSetAttribute(self, node, attr, value):
+        self.node_attributes[self._kernel_node(node), attr] = bytes(value)
+
+    def cuGraphKernelNodeCopyAttributes(self, dst, src):
+        self._kernel_node(dst)
+        for (node, attr), value in list(self.node_attributes.items()):
+            if node == self._kernel_node(src):
+                self.node_attributes[dst, attr] = value
+
+    def cuGraphNodeGetContainingGraph(self, node):
+        if node not in self.nodes:
+            raise CudaError(INVALID_VALUE, "not a node")
+        return self.nodes[node][0]
+
+    def cuGraphNodeGetLocalId(self, node):
+        """The node's place among its graph's nodes in the order they were made."""
+        graph = self.cuGraphNodeGetContainingGraph(node)
+        return [n for n, (g, _) in self.nodes.items() if g == graph].index(node)
+
+    def cuGraphNodeGetToolsId(self, node):
+        return self.cuGraphGetId(self.nodes[node][0]) << 32 | self.cuGraphNodeGetLocalId(node)
+
+    def cuGraphGetId(self, graph):
+        if graph not in self.graphs:
+            raise CudaError(INVALID_VALUE, "not a graph")
+        return graph & 0xFFFFFFFF
+
+    def cuGraphExecGetId(self, graph_exec):
+        if graph_exec not in self.exec_order:
+            raise CudaError(INVALID_VALUE, "not an instantiated graph")
+        return graph_exec & 0xFFFFFFFF
 
     def graph_exec_memset_node(
         self, graph_exec, node, dst, pitch, value, element_size, width, height

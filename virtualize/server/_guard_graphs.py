@@ -5,6 +5,7 @@ the lease's (a graph's nodes go with it).
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from typing import ClassVar
 
@@ -12,10 +13,14 @@ from virtualize.common._calls import Call
 from virtualize.common._results import CUresult
 from virtualize.server._executor import INVALID_VALUE, Copy3D, CudaError, Launch
 from virtualize.server._guard_concern import EMPTY, Concern
-from virtualize.server._guard_rules import padded_params
+from virtualize.server._guard_rules import ACCESS_POLICY_WINDOW, STREAM_ATTRIBUTE_BYTES, padded_params
 
+MAX_DOT_BYTES = 64 << 20  # a graph's DOT description sent back (cuGraphDebugDotPrint)
 MAX_NODE_DEPS = 4096  # dependencies of one graph node (the shim's limit too)
 MAX_CONDITIONAL_BODIES = 64  # body graphs of one conditional node (a switch's cases; the shim's limit too)
+# A kernel node's launch attributes (CUlaunchAttributeID) whose values are plain numbers or an access-policy
+# window: not the programmatic and completion events (7, 12: handles), nor the device-side node (13).
+KERNEL_NODE_ATTRIBUTES = frozenset({ACCESS_POLICY_WINDOW, 2, 4, 5, 8, 9, 10, 11, 14, 16, 17, 18})
 
 
 class GraphCalls(Concern):
@@ -24,17 +29,30 @@ class GraphCalls(Concern):
     CALLS: ClassVar[dict[str, str]] = {
         "cuGraphAddKernelNode_v2": "graph_kernel_node",
         "cuGraphExecKernelNodeSetParams_v2": "graph_kernel_node",
+        "cuGraphKernelNodeSetParams_v2": "graph_kernel_node",
         "cuGraphAddMemsetNode": "graph_memset_node",
         "cuGraphAddEmptyNode": "graph_empty_node",
         "cuGraphAddDependencies": "graph_dependencies",
         "cuGraphAddDependencies_v2": "graph_dependencies",
+        "cuGraphRemoveDependencies": "graph_dependencies",
+        "cuGraphRemoveDependencies_v2": "graph_dependencies",
         "cuGraphAddChildGraphNode": "graph_child_node",
         "cuGraphAddEventRecordNode": "graph_event_node",
         "cuGraphAddEventWaitNode": "graph_event_node",
         "cuGraphAddHostNode": "graph_host_node",
+        "cuGraphHostNodeSetParams": "graph_host_node_set",
+        "cuGraphExecHostNodeSetParams": "graph_host_node_set",
+        "cuGraphHostNodeGetParams": "graph_host_node_get",
+        "cuGraphKernelNodeGetAttribute": "kernel_node_attribute",
+        "cuGraphKernelNodeSetAttribute": "kernel_node_attribute",
         "cuGraphAddMemcpyNode": "graph_memcpy_node",
         "cuGraphExecMemsetNodeSetParams": "graph_memset_node",
         "cuGraphExecMemcpyNodeSetParams": "graph_memcpy_node",
+        "cuGraphMemsetNodeSetParams": "graph_memset_node",
+        "cuGraphMemcpyNodeSetParams": "graph_memcpy_node",
+        "cuGraphMemcpyNodeGetParams": "graph_memcpy_node_get",
+        "cuGraphKernelNodeGetParams_v2": "graph_kernel_node_get",
+        "cuGraphDebugDotPrint": "graph_dot",
         "cuGraphGetNodes": "graph_nodes",
         "cuGraphGetRootNodes": "graph_node_list",
         "cuGraphNodeGetDependencies": "graph_node_list",
@@ -67,10 +85,12 @@ class GraphCalls(Concern):
         return struct.pack("<Q", node), b""
 
     def graph_kernel_node(self, call: Call, ins: tuple):
+        """cuGraphAddKernelNode, or a kernel node set anew: a graph's (cuGraphKernelNodeSetParams) or an
+        instantiated graph's (cuGraphExecKernelNodeSetParams)."""
         self.session._check(call, ins)
         adding = call.name == "cuGraphAddKernelNode"
-        owner, func, dims = ins[0], ins[1 + (not adding)], ins[2 + (not adding) : 9 + (not adding)]
-        node = None if adding else ins[1]
+        at = 2 if call.name == "cuGraphExecKernelNodeSetParams" else 1  # after (exec, node), a graph, a node
+        owner, func, dims = ins[0], ins[at], ins[at + 1 : at + 8]
         num_deps = ins[-1] if adding else 0
         data = self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8 + (1 << 20))
         deps = self.nodes(data, num_deps)
@@ -81,27 +101,69 @@ class GraphCalls(Concern):
         launch = Launch(
             func, tuple(dims[:3]), tuple(dims[3:6]), dims[6], 0, params, layout, is_kernel=is_kernel
         )
-        if not adding:
-            self.session.executor.graph_exec_kernel_node(owner, node, launch)
-            return EMPTY
-        return self._new_node(self.session.executor.graph_add_kernel_node(owner, deps, launch), owner)
+        executor = self.session.executor
+        if call.name == "cuGraphKernelNodeSetParams":
+            executor.graph_kernel_node_set(owner, launch)
+            self.session.lease.kernel_nodes[owner] = func
+        elif not adding:
+            executor.graph_exec_kernel_node(owner, ins[1], launch)
+        else:
+            node = executor.graph_add_kernel_node(owner, deps, launch)
+            self.session.lease.kernel_nodes[node] = func
+            return self._new_node(node, owner)
+        return EMPTY
+
+    def _program_function(self, node: int, func: int) -> int:
+        """The lease's handle for a kernel node's function `func` (the worker's): the one the program gave
+        the node while it still names that function, else `func` where it is the lease's own."""
+        handles = self.session.lease.handles
+        given = self.session.lease.kernel_nodes.get(node)
+        if given in handles["func"] and given == func:
+            return given
+        if given in handles["kernel"] and func in (given, self.session.executor.cuKernelGetFunction(given)):
+            return given
+        if func in handles["func"]:
+            return func
+        raise CudaError(CUresult.NOT_SUPPORTED, "a kernel node whose function is not one of the lease's")
+
+    def graph_kernel_node_get(self, call: Call, ins: tuple):
+        """The node's function (a handle of the lease; the kernel's function for a node made from a
+        CUkernel, as a launch of it runs), shape and shared memory; its parameters in the bulk."""
+        self.session._check(call, ins)
+        node, program_func = ins[0], []
+
+        def layout_of(func: int) -> list[tuple[int, int]]:
+            program_func.append(self._program_function(node, func))
+            return self.session._layout(program_func[0])
+
+        executor = self.session.executor
+        _func, grid, block, smem, params = executor.graph_kernel_node_params(node, layout_of)
+        func = program_func[0]
+        if func in self.session.lease.handles["kernel"]:  # a node made from a kernel: the kernel's function
+            func = executor.cuKernelGetFunction(func)
+            self.session.lease.handles["func"].add(func)
+        return call.out_struct.pack(func, *grid, *block, smem), params
 
     def graph_memset_node(self, call: Call, ins: tuple):
-        """cuGraphAddMemsetNode, or cuGraphExecMemsetNodeSetParams (an instantiated graph's node anew)."""
+        """cuGraphAddMemsetNode, or a memset node set anew: a graph's (cuGraphMemsetNodeSetParams) or an
+        instantiated graph's (cuGraphExecMemsetNodeSetParams)."""
         self.session._check(call, ins)
-        setting = call.name == "cuGraphExecMemsetNodeSetParams"
-        owner, node = ins[0], ins[1] if setting else None
-        dst, pitch, value, element_size, width, height = ins[1 + setting : 7 + setting]
+        on_exec = call.name == "cuGraphExecMemsetNodeSetParams"
+        owner = ins[0]
+        dst, pitch, value, element_size, width, height = ins[1 + on_exec : 7 + on_exec]
         if element_size not in (1, 2, 4) or height < 1:
             raise CudaError(INVALID_VALUE, "memset node shape")
         self.session._check_range(dst, pitch * (height - 1) + width * element_size)
         executor = self.session.executor
-        if setting:
-            executor.graph_exec_memset_node(owner, node, dst, pitch, value, element_size, width, height)
-            return EMPTY
-        deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), ins[-1])
-        node = executor.graph_add_memset_node(owner, deps, dst, pitch, value, element_size, width, height)
-        return self._new_node(node, owner)
+        if on_exec:
+            executor.graph_exec_memset_node(owner, ins[1], dst, pitch, value, element_size, width, height)
+        elif call.name == "cuGraphMemsetNodeSetParams":
+            executor.graph_memset_node_set(owner, dst, pitch, value, element_size, width, height)
+        else:
+            deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), ins[-1])
+            node = executor.graph_add_memset_node(owner, deps, dst, pitch, value, element_size, width, height)
+            return self._new_node(node, owner)
+        return EMPTY
 
     def graph_empty_node(self, call: Call, ins: tuple):
         self.session._check(call, ins)
@@ -110,20 +172,22 @@ class GraphCalls(Concern):
         return self._new_node(self.session.executor.graph_add_empty_node(graph, deps), graph)
 
     def graph_dependencies(self, call: Call, ins: tuple):
-        """Edges as (from, to) pairs; cuGraphAddDependencies_v2's each with its 8 bytes of edge data (from
-        port, to port, type: a programmatic dependency), which the driver checks."""
+        """Edges added or removed as (from, to) pairs; the _v2 calls' each with its 8 bytes of edge data
+        (from port, to port, type: a programmatic dependency), which the driver checks."""
         self.session._check(call, ins)
         graph, count = ins
-        words = 3 if call.symbol == "cuGraphAddDependencies_v2" else 2
+        words = 3 if call.symbol.endswith("_v2") else 2
         data = self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8 * words)
         if len(data) != 8 * words * count:
             raise CudaError(INVALID_VALUE, "graph edges")
         triples = [data[8 * words * i : 8 * words * (i + 1)] for i in range(count)]
         nodes = self.nodes(b"".join(t[:16] for t in triples), 2 * count)
         edge_data = [t[16:24] if words == 3 else bytes(8) for t in triples]
-        self.session.executor.graph_add_dependencies(
-            graph, list(zip(nodes[::2], nodes[1::2], strict=True)), edge_data
-        )
+        edges = list(zip(nodes[::2], nodes[1::2], strict=True))
+        if call.name == "cuGraphRemoveDependencies":
+            self.session.executor.graph_remove_dependencies(graph, edges, edge_data)
+        else:
+            self.session.executor.graph_add_dependencies(graph, edges, edge_data)
 
     def graph_child_node(self, call: Call, ins: tuple):
         self.session._check(call, ins)
@@ -141,34 +205,105 @@ class GraphCalls(Concern):
         return self._new_node(node, graph)
 
     def graph_memcpy_node(self, call: Call, ins: tuple):
-        """cuGraphAddMemcpyNode, or cuGraphExecMemcpyNodeSetParams (an instantiated graph's node anew)."""
+        """cuGraphAddMemcpyNode, or a copy node set anew: a graph's (cuGraphMemcpyNodeSetParams) or an
+        instantiated graph's (cuGraphExecMemcpyNodeSetParams)."""
         self.session._check(call, ins)
-        setting = call.name == "cuGraphExecMemcpyNodeSetParams"
+        on_exec = call.name == "cuGraphExecMemcpyNodeSetParams"
         owner = ins[0]
-        copy = Copy3D(*ins[2:11] if setting else ins[1:10])
+        copy = Copy3D(*ins[1 + on_exec : 10 + on_exec])
         if copy.width == 0 or copy.height == 0 or copy.depth == 0:
             raise CudaError(INVALID_VALUE, "memcpy node extent")
         if copy.height > 1 and (copy.src_pitch < copy.width or copy.dst_pitch < copy.width):
             raise CudaError(INVALID_VALUE, "memcpy node pitch")
         self.session._check_range(copy.src, copy.span(copy.src_pitch, copy.src_height))
         self.session._check_range(copy.dst, copy.span(copy.dst_pitch, copy.dst_height))
-        if setting:
+        if on_exec:
             self.session.executor.graph_exec_memcpy_node(owner, ins[1], copy)
-            return EMPTY
-        deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), ins[-1])
-        return self._new_node(self.session.executor.graph_add_memcpy_node(owner, deps, copy), owner)
+        elif call.name == "cuGraphMemcpyNodeSetParams":
+            self.session.executor.graph_memcpy_node_set(owner, copy)
+        else:
+            deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), ins[-1])
+            return self._new_node(self.session.executor.graph_add_memcpy_node(owner, deps, copy), owner)
+        return EMPTY
+
+    def graph_memcpy_node_get(self, call: Call, ins: tuple):
+        """A copy node's device-side copy; only between memory of this lease (a copy the worker made with
+        memory of its own, such as a captured copy's staging, is not read back)."""
+        self.session._check(call, ins)
+        copy = self.session.executor.graph_memcpy_node_params(ins[0])
+        for side, pitch, rows in (
+            (copy.src, copy.src_pitch, copy.src_height),
+            (copy.dst, copy.dst_pitch, copy.dst_height),
+        ):
+            try:
+                self.session._check_range(side, copy.span(pitch, rows))
+            except CudaError:
+                raise CudaError(CUresult.NOT_SUPPORTED, "a copy node of memory not the lease's") from None
+        return call.out_struct.pack(*dataclasses.astuple(copy)), b""
+
+    def graph_dot(self, call: Call, ins: tuple):
+        """The DOT text the worker's driver writes for the graph: its length, then the text in the bulk."""
+        self.session._check(call, ins)
+        text = bytes(self.session.executor.cuGraphDebugDotPrint(*ins))
+        if len(text) > MAX_DOT_BYTES:
+            raise CudaError(CUresult.OUT_OF_MEMORY, "a graph description past 64 MiB")
+        return call.out_struct.pack(len(text)), text
+
+    def _callbacks(self):
+        callbacks = self.session.callbacks
+        if callbacks is None:
+            raise CudaError(CUresult.NOT_SUPPORTED, "no callback connection")
+        return callbacks
 
     def graph_host_node(self, call: Call, ins: tuple):
         """A host node: the program's function `ident` (kept by its shim), called back at every launch."""
         self.session._check(call, ins)
         graph, ident, num_deps = ins
         deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
-        callbacks = self.session.callbacks
-        if callbacks is None:
-            raise CudaError(CUresult.NOT_SUPPORTED, "no callback connection")
-        return self._new_node(
-            self.session.executor.graph_add_host_node(graph, deps, lambda: callbacks.call(ident)), graph
-        )
+        callbacks = self._callbacks()
+        node = self.session.executor.graph_add_host_node(graph, deps, lambda: callbacks.call(ident))
+        self.session.lease.host_nodes[node] = (callbacks, ident)
+        return self._new_node(node, graph)
+
+    def graph_host_node_set(self, call: Call, ins: tuple):
+        """A host node's function anew: the graph's (cuGraphHostNodeSetParams) or an instantiated graph's."""
+        self.session._check(call, ins)
+        graph_exec, node, ident = ins if len(ins) == 3 else (0, *ins)
+        callbacks = self._callbacks()
+        self.session.executor.graph_host_node_set(graph_exec, node, lambda: callbacks.call(ident))
+        if not graph_exec:
+            self.session.lease.host_nodes[node] = (callbacks, ident)
+        return EMPTY
+
+    def graph_host_node_get(self, call: Call, ins: tuple):
+        """The id of the host node's function in its program; a node whose function is not this process's
+        (another process's, or a clone's twin) is not read back."""
+        self.session._check(call, ins)
+        owner, ident = self.session.lease.host_nodes.get(ins[0], (None, 0))
+        if self.session.executor.cuGraphNodeGetType(ins[0]) != 3:  # CU_GRAPH_NODE_TYPE_HOST
+            raise CudaError(INVALID_VALUE, "not a host node")
+        if owner is None or owner is not self.session.callbacks:
+            raise CudaError(CUresult.NOT_SUPPORTED, "a host node whose function is not this process's")
+        return call.out_struct.pack(ident), b""
+
+    def kernel_node_attribute(self, call: Call, ins: tuple):
+        """cuGraphKernelNodeGetAttribute / SetAttribute: a CUkernelNodeAttrValue (64 bytes) each way, checked
+        as a stream attribute's."""
+        self.session._check(call, ins)
+        node, attr = ins
+        if attr not in KERNEL_NODE_ATTRIBUTES:
+            raise CudaError(CUresult.NOT_SUPPORTED, f"kernel node attribute {attr} is not forwarded")
+        executor = self.session.executor
+        if call.name == "cuGraphKernelNodeGetAttribute":
+            return b"", bytes(executor.cuGraphKernelNodeGetAttribute(node, attr))[:STREAM_ATTRIBUTE_BYTES]
+        value = self.session.channel.read_bulk(limit=STREAM_ATTRIBUTE_BYTES)
+        if len(value) != STREAM_ATTRIBUTE_BYTES:
+            raise CudaError(INVALID_VALUE, "a kernel node attribute's value is 64 bytes")
+        base, size = struct.unpack_from("<QQ", value)
+        if attr == ACCESS_POLICY_WINDOW and size:
+            self.session._check_range(base, size)
+        executor.cuGraphKernelNodeSetAttribute(node, attr, value)
+        return EMPTY
 
     def graph_nodes(self, call: Call, ins: tuple):
         """The count; the nodes (now this lease's) in the bulk."""

@@ -11,6 +11,9 @@ from virtualize.common._calls import BY_SYMBOL, CALLS, INTERNAL, Call
 
 # Streams every context has, no lease's own: NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD.
 BUILTIN_STREAMS = frozenset({0, 1, 2})
+# A stream's or a kernel node's attribute value (CUstreamAttrValue, CUkernelNodeAttrValue: 64 bytes), and
+# the attribute that names memory, a range the guard checks (its base and length first).
+ACCESS_POLICY_WINDOW, STREAM_ATTRIBUTE_BYTES = 1, 64
 # The device bytes each copy names, as (pointer, length) wire parameters: `Session._check_ranges`.
 DEVICE_RANGES: dict[str, tuple[tuple[str, str], ...]] = {
     **dict.fromkeys(("cuMemcpyHtoD_v2", "cuMemcpyHtoDAsync_v2"), (("dst", "count"),)),

@@ -60,6 +60,7 @@ SHAPED_HANDLES: dict[str, dict[str, str]] = {
     "cluster_occupancy": {"launch": LAUNCH},
     "graph_add_kernel_node": {"launch": LAUNCH},
     "graph_exec_kernel_node": {"launch": LAUNCH},
+    "graph_kernel_node_set": {"launch": LAUNCH},
     "graph_add_event_node": {"event": "event"},
     "graph_add_conditional_node": {"ctx": "ctx"},
     **{method: {"stream": "stream"} for method in (

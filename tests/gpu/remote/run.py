@@ -66,6 +66,7 @@ PROGRAMS = [
     "prog_mapped.py",  # mapped page-locked memory: DEVICEMAP, registered arrays, a kernel given the host address
     "prog_graph_nodes.py",  # a graph built node by node: kernel, memset, empty nodes, dependencies
     "prog_graph_updates.py",  # an instantiated graph set anew in place, as XLA's command buffers do
+    "prog_graph_node_params.py",  # a graph's own nodes read back, set anew, attributes and ids (PyTorch, XLA)
     "prog_graph_core.py",  # cuda.core graph builder: while and if/else conditionals, embed, callback, update
     # Frameworks and libraries beyond PyTorch's defaults (issue 25).
     "prog_jax.py",  # XLA with its autotuner: jit, grad, lax.scan, FFT, an optax training loop

@@ -1313,6 +1313,73 @@ GP_EXPORT CUresult cuGraphNodeGetType(uint64_t node, int32_t *type) {
     return r;
 }
 
+GP_EXPORT CUresult cuGraphKernelNodeCopyAttributes(uint64_t dst, uint64_t src) {
+    GP_TRACE("cuGraphKernelNodeCopyAttributes");
+    struct gp_in_cuGraphKernelNodeCopyAttributes in = { .dst = dst, .src = src };
+    CUresult r = gp_call(GP_CALL_cuGraphKernelNodeCopyAttributes, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphNodeGetContainingGraph(uint64_t node, uint64_t *graph) {
+    GP_TRACE("cuGraphNodeGetContainingGraph");
+    if (!graph) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphNodeGetContainingGraph in = { .node = node };
+    struct gp_out_cuGraphNodeGetContainingGraph out;
+    CUresult r = gp_call(GP_CALL_cuGraphNodeGetContainingGraph, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *graph = (uint64_t)out.graph;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphNodeGetLocalId(uint64_t node, uint32_t *node_id) {
+    GP_TRACE("cuGraphNodeGetLocalId");
+    if (!node_id) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphNodeGetLocalId in = { .node = node };
+    struct gp_out_cuGraphNodeGetLocalId out;
+    CUresult r = gp_call(GP_CALL_cuGraphNodeGetLocalId, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *node_id = (uint32_t)out.node_id;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphNodeGetToolsId(uint64_t node, uint64_t *tools_id) {
+    GP_TRACE("cuGraphNodeGetToolsId");
+    if (!tools_id) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphNodeGetToolsId in = { .node = node };
+    struct gp_out_cuGraphNodeGetToolsId out;
+    CUresult r = gp_call(GP_CALL_cuGraphNodeGetToolsId, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *tools_id = (uint64_t)out.tools_id;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphGetId(uint64_t graph, uint32_t *graph_id) {
+    GP_TRACE("cuGraphGetId");
+    if (!graph_id) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphGetId in = { .graph = graph };
+    struct gp_out_cuGraphGetId out;
+    CUresult r = gp_call(GP_CALL_cuGraphGetId, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *graph_id = (uint32_t)out.graph_id;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuGraphExecGetId(uint64_t exec, uint32_t *graph_id) {
+    GP_TRACE("cuGraphExecGetId");
+    if (!graph_id) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphExecGetId in = { .exec = exec };
+    struct gp_out_cuGraphExecGetId out;
+    CUresult r = gp_call(GP_CALL_cuGraphExecGetId, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *graph_id = (uint32_t)out.graph_id;
+    }
+    return r;
+}
+
 GP_EXPORT CUresult cuGraphInstantiateWithFlags(uint64_t *graph_exec, uint64_t graph, uint64_t flags) {
     GP_TRACE("cuGraphInstantiateWithFlags");
     if (!graph_exec) return CUDA_ERROR_INVALID_VALUE;
@@ -1596,38 +1663,21 @@ GP_EXPORT CUresult cuGraphAddMemAllocNode(void) { return gp_unforwarded("cuGraph
 GP_EXPORT CUresult cuGraphAddMemFreeNode(void) { return gp_unforwarded("cuGraphAddMemFreeNode"); }
 GP_EXPORT CUresult cuGraphBatchMemOpNodeGetParams(void) { return gp_unforwarded("cuGraphBatchMemOpNodeGetParams"); }
 GP_EXPORT CUresult cuGraphBatchMemOpNodeSetParams(void) { return gp_unforwarded("cuGraphBatchMemOpNodeSetParams"); }
-GP_EXPORT CUresult cuGraphDebugDotPrint(void) { return gp_unforwarded("cuGraphDebugDotPrint"); }
 GP_EXPORT CUresult cuGraphExecBatchMemOpNodeSetParams(void) { return gp_unforwarded("cuGraphExecBatchMemOpNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecExternalSemaphoresSignalNodeSetParams(void) { return gp_unforwarded("cuGraphExecExternalSemaphoresSignalNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecExternalSemaphoresWaitNodeSetParams(void) { return gp_unforwarded("cuGraphExecExternalSemaphoresWaitNodeSetParams"); }
-GP_EXPORT CUresult cuGraphExecHostNodeSetParams(void) { return gp_unforwarded("cuGraphExecHostNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecKernelNodeSetParams(void) { return gp_unforwarded("cuGraphExecKernelNodeSetParams"); }
-GP_EXPORT CUresult cuGraphExecNodeSetParams(void) { return gp_unforwarded("cuGraphExecNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecUpdate(void) { return gp_unforwarded("cuGraphExecUpdate"); }
 GP_EXPORT CUresult cuGraphExternalSemaphoresSignalNodeGetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresSignalNodeGetParams"); }
 GP_EXPORT CUresult cuGraphExternalSemaphoresSignalNodeSetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresSignalNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExternalSemaphoresWaitNodeGetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresWaitNodeGetParams"); }
 GP_EXPORT CUresult cuGraphExternalSemaphoresWaitNodeSetParams(void) { return gp_unforwarded("cuGraphExternalSemaphoresWaitNodeSetParams"); }
-GP_EXPORT CUresult cuGraphHostNodeGetParams(void) { return gp_unforwarded("cuGraphHostNodeGetParams"); }
-GP_EXPORT CUresult cuGraphHostNodeSetParams(void) { return gp_unforwarded("cuGraphHostNodeSetParams"); }
 GP_EXPORT CUresult cuGraphInstantiate(void) { return gp_unforwarded("cuGraphInstantiate"); }
 GP_EXPORT CUresult cuGraphInstantiate_v2(void) { return gp_unforwarded("cuGraphInstantiate_v2"); }
-GP_EXPORT CUresult cuGraphKernelNodeCopyAttributes(void) { return gp_unforwarded("cuGraphKernelNodeCopyAttributes"); }
-GP_EXPORT CUresult cuGraphKernelNodeGetAttribute(void) { return gp_unforwarded("cuGraphKernelNodeGetAttribute"); }
 GP_EXPORT CUresult cuGraphKernelNodeGetParams(void) { return gp_unforwarded("cuGraphKernelNodeGetParams"); }
-GP_EXPORT CUresult cuGraphKernelNodeGetParams_v2(void) { return gp_unforwarded("cuGraphKernelNodeGetParams_v2"); }
-GP_EXPORT CUresult cuGraphKernelNodeSetAttribute(void) { return gp_unforwarded("cuGraphKernelNodeSetAttribute"); }
 GP_EXPORT CUresult cuGraphKernelNodeSetParams(void) { return gp_unforwarded("cuGraphKernelNodeSetParams"); }
-GP_EXPORT CUresult cuGraphKernelNodeSetParams_v2(void) { return gp_unforwarded("cuGraphKernelNodeSetParams_v2"); }
 GP_EXPORT CUresult cuGraphMemAllocNodeGetParams(void) { return gp_unforwarded("cuGraphMemAllocNodeGetParams"); }
 GP_EXPORT CUresult cuGraphMemFreeNodeGetParams(void) { return gp_unforwarded("cuGraphMemFreeNodeGetParams"); }
-GP_EXPORT CUresult cuGraphMemcpyNodeGetParams(void) { return gp_unforwarded("cuGraphMemcpyNodeGetParams"); }
-GP_EXPORT CUresult cuGraphMemcpyNodeSetParams(void) { return gp_unforwarded("cuGraphMemcpyNodeSetParams"); }
-GP_EXPORT CUresult cuGraphMemsetNodeGetParams(void) { return gp_unforwarded("cuGraphMemsetNodeGetParams"); }
-GP_EXPORT CUresult cuGraphMemsetNodeSetParams(void) { return gp_unforwarded("cuGraphMemsetNodeSetParams"); }
-GP_EXPORT CUresult cuGraphNodeSetParams(void) { return gp_unforwarded("cuGraphNodeSetParams"); }
-GP_EXPORT CUresult cuGraphRemoveDependencies(void) { return gp_unforwarded("cuGraphRemoveDependencies"); }
-GP_EXPORT CUresult cuGraphRemoveDependencies_v2(void) { return gp_unforwarded("cuGraphRemoveDependencies_v2"); }
 GP_EXPORT CUresult cuGraphicsEGLRegisterImage(void) { return gp_unforwarded("cuGraphicsEGLRegisterImage"); }
 GP_EXPORT CUresult cuGraphicsGLRegisterBuffer(void) { return gp_unforwarded("cuGraphicsGLRegisterBuffer"); }
 GP_EXPORT CUresult cuGraphicsGLRegisterImage(void) { return gp_unforwarded("cuGraphicsGLRegisterImage"); }
@@ -1848,29 +1898,7 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuDeviceGetFabricClusterUuid", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuDeviceGetCliqueCount", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuDeviceGetCliqueInfo", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
-    {"cuGraphKernelNodeGetParams", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphKernelNodeSetParams", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphMemcpyNodeGetParams", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphMemcpyNodeSetParams", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphMemsetNodeGetParams", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphMemsetNodeSetParams", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphHostNodeGetParams", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphHostNodeSetParams", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphExecHostNodeSetParams", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphKernelNodeCopyAttributes", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphKernelNodeGetAttribute", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphKernelNodeSetAttribute", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphDebugDotPrint", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphNodeSetParams", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphNodeSetParams_v2", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphExecNodeSetParams", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphNodeGetParams", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphRemoveDependencies", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphNodeGetContainingGraph", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphNodeGetLocalId", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphNodeGetToolsId", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphGetId", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphExecGetId", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphAddNode_v3", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphAddMemAllocNode", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
     {"cuGraphMemAllocNodeGetParams", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
@@ -2025,6 +2053,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphClone", 10000, (void *)cuGraphClone},
     {"cuGraphConditionalHandleCreate", 12030, (void *)cuGraphConditionalHandleCreate},
     {"cuGraphCreate", 10000, (void *)cuGraphCreate},
+    {"cuGraphDebugDotPrint", 11030, (void *)cuGraphDebugDotPrint},
     {"cuGraphDestroy", 10000, (void *)cuGraphDestroy},
     {"cuGraphDestroyNode", 10000, (void *)cuGraphDestroyNode},
     {"cuGraphEventRecordNodeGetEvent", 11010, (void *)cuGraphEventRecordNodeGetEvent},
@@ -2036,27 +2065,49 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphExecEventRecordNodeSetEvent", 11010, (void *)cuGraphExecEventRecordNodeSetEvent},
     {"cuGraphExecEventWaitNodeSetEvent", 11010, (void *)cuGraphExecEventWaitNodeSetEvent},
     {"cuGraphExecGetFlags", 12000, (void *)cuGraphExecGetFlags},
+    {"cuGraphExecGetId", 13010, (void *)cuGraphExecGetId},
+    {"cuGraphExecHostNodeSetParams", 10020, (void *)cuGraphExecHostNodeSetParams},
     {"cuGraphExecKernelNodeSetParams", 12000, (void *)cuGraphExecKernelNodeSetParams_v2},
     {"cuGraphExecMemcpyNodeSetParams", 10020, (void *)cuGraphExecMemcpyNodeSetParams},
     {"cuGraphExecMemsetNodeSetParams", 10020, (void *)cuGraphExecMemsetNodeSetParams},
+    {"cuGraphExecNodeSetParams", 12020, (void *)cuGraphExecNodeSetParams},
     {"cuGraphExecUpdate", 12000, (void *)cuGraphExecUpdate_v2},
     {"cuGraphGetEdges", 10000, (void *)cuGraphGetEdges},
     {"cuGraphGetEdges", 12030, (void *)cuGraphGetEdges_v2},
+    {"cuGraphGetId", 13010, (void *)cuGraphGetId},
     {"cuGraphGetNodes", 10000, (void *)cuGraphGetNodes},
     {"cuGraphGetRootNodes", 10000, (void *)cuGraphGetRootNodes},
+    {"cuGraphHostNodeGetParams", 10000, (void *)cuGraphHostNodeGetParams},
+    {"cuGraphHostNodeSetParams", 10000, (void *)cuGraphHostNodeSetParams},
     {"cuGraphInstantiate", 12000, (void *)cuGraphInstantiateWithFlags},
     {"cuGraphInstantiateWithFlags", 11040, (void *)cuGraphInstantiateWithFlags},
     {"cuGraphInstantiateWithParams", 12000, (void *)cuGraphInstantiateWithParams},
+    {"cuGraphKernelNodeCopyAttributes", 11000, (void *)cuGraphKernelNodeCopyAttributes},
+    {"cuGraphKernelNodeGetAttribute", 11000, (void *)cuGraphKernelNodeGetAttribute},
+    {"cuGraphKernelNodeGetParams", 12000, (void *)cuGraphKernelNodeGetParams_v2},
+    {"cuGraphKernelNodeSetAttribute", 11000, (void *)cuGraphKernelNodeSetAttribute},
+    {"cuGraphKernelNodeSetParams", 12000, (void *)cuGraphKernelNodeSetParams_v2},
     {"cuGraphLaunch", 10000, (void *)cuGraphLaunch},
+    {"cuGraphMemcpyNodeGetParams", 10000, (void *)cuGraphMemcpyNodeGetParams},
+    {"cuGraphMemcpyNodeSetParams", 10000, (void *)cuGraphMemcpyNodeSetParams},
+    {"cuGraphMemsetNodeGetParams", 10000, (void *)cuGraphMemsetNodeGetParams},
+    {"cuGraphMemsetNodeSetParams", 10000, (void *)cuGraphMemsetNodeSetParams},
     {"cuGraphNodeFindInClone", 10000, (void *)cuGraphNodeFindInClone},
+    {"cuGraphNodeGetContainingGraph", 13010, (void *)cuGraphNodeGetContainingGraph},
     {"cuGraphNodeGetDependencies", 10000, (void *)cuGraphNodeGetDependencies},
     {"cuGraphNodeGetDependencies", 12030, (void *)cuGraphNodeGetDependencies_v2},
     {"cuGraphNodeGetDependentNodes", 10000, (void *)cuGraphNodeGetDependentNodes},
     {"cuGraphNodeGetDependentNodes", 12030, (void *)cuGraphNodeGetDependentNodes_v2},
     {"cuGraphNodeGetEnabled", 11060, (void *)cuGraphNodeGetEnabled},
+    {"cuGraphNodeGetLocalId", 13010, (void *)cuGraphNodeGetLocalId},
+    {"cuGraphNodeGetParams", 13010, (void *)cuGraphNodeGetParams},
+    {"cuGraphNodeGetToolsId", 13010, (void *)cuGraphNodeGetToolsId},
     {"cuGraphNodeGetType", 10000, (void *)cuGraphNodeGetType},
     {"cuGraphNodeSetEnabled", 11060, (void *)cuGraphNodeSetEnabled},
+    {"cuGraphNodeSetParams", 12020, (void *)cuGraphNodeSetParams},
     {"cuGraphReleaseUserObject", 11030, (void *)cuGraphReleaseUserObject},
+    {"cuGraphRemoveDependencies", 10000, (void *)cuGraphRemoveDependencies},
+    {"cuGraphRemoveDependencies", 12030, (void *)cuGraphRemoveDependencies_v2},
     {"cuGraphRetainUserObject", 11030, (void *)cuGraphRetainUserObject},
     {"cuGraphUpload", 11010, (void *)cuGraphUpload},
     {"cuInit", 2000, (void *)cuInit},

@@ -1068,6 +1068,17 @@ static int host_call_take(uint64_t id, struct host_call *copy, int drop) {
     return c != NULL;
 }
 
+/* The function and argument kept under `id` for a graph (a host node's), left in place; 0 when none. */
+int gp_host_call_find(uint64_t id, void **fn, void **data) {
+    pthread_mutex_lock(&host_calls_lock);
+    struct host_call *c = host_calls;
+    while (c && c->id != id) c = c->next;
+    if (c && c->keep) *fn = c->fn, *data = c->data;
+    int found = c && c->keep;
+    pthread_mutex_unlock(&host_calls_lock);
+    return found;
+}
+
 void gp_host_call_drop(uint64_t id) {
     struct host_call c;
     host_call_take(id, &c, 1);

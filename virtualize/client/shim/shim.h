@@ -84,6 +84,7 @@ void gp_window_ensure(void);
 CUresult gp_callbacks_start(void);
 uint64_t gp_host_call_add(int kind, void *fn, void *data, uint64_t stream, int keep);
 void gp_host_call_drop(uint64_t id);
+int gp_host_call_find(uint64_t id, void **fn, void **data);
 /* Copies into page-locked memory that complete later (shim.c): each registered before its request is
  * sent (its id; 0: no memory) and dropped if it could not be sent; whether any is in flight, and whether
  * one lands in [p, p+count). The callback thread writes each one's bytes when the worker sends them. */

@@ -80,6 +80,99 @@ CUresult cuGraphExecKernelNodeSetParams_v2(uint64_t exec, uint64_t node, void *p
     return kernel_node(GP_CALL_cuGraphExecKernelNodeSetParams_v2, head, sizeof head, NULL, 0, params, NULL);
 }
 
+/* A kernel node read back: its parameters live here, one block per node (an array of pointers to each
+ * argument's bytes, then the bytes), as the driver keeps them for the node: valid until the next read of
+ * the same node, which refills the block in place where it fits. */
+struct kernel_args {
+    uint64_t node;
+    size_t cap;
+    unsigned char *block;
+    struct kernel_args *next;
+};
+static struct kernel_args *kernel_args;
+static pthread_mutex_t kernel_args_lock = PTHREAD_MUTEX_INITIALIZER;
+
+#define MAX_PARAM_BYTES (1 << 16)
+
+/* The block for `node`, at least `need` bytes (NULL when out of memory); under kernel_args_lock. */
+static unsigned char *kernel_args_block(uint64_t node, size_t need) {
+    struct kernel_args *k = kernel_args;
+    while (k && k->node != node) k = k->next;
+    if (!k) {
+        if (!(k = calloc(1, sizeof *k))) return NULL;
+        k->node = node, k->next = kernel_args, kernel_args = k;
+    }
+    if (k->cap < need) {
+        unsigned char *grown = malloc(need);
+        if (!grown) return NULL;
+        free(k->block), k->block = grown, k->cap = need;
+    }
+    return k->block;
+}
+
+CUresult cuGraphKernelNodeGetParams_v2(uint64_t node, void *params) {
+    GP_TRACE("cuGraphKernelNodeGetParams_v2");
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    unsigned char *packed = malloc(MAX_PARAM_BYTES);
+    if (!packed) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct gp_in_cuGraphKernelNodeGetParams_v2 in = {.node = node};
+    struct gp_out_cuGraphKernelNodeGetParams_v2 out;
+    struct layout l;
+    CUresult r = gp_call(GP_CALL_cuGraphKernelNodeGetParams_v2, WANT, &in, sizeof in, NULL, 0, &out, sizeof out,
+                         packed, MAX_PARAM_BYTES);
+    if (r == CUDA_SUCCESS) r = layout_of(out.func, &l);
+    if (r == CUDA_SUCCESS && l.total > MAX_PARAM_BYTES) r = CUDA_ERROR_INVALID_VALUE;
+    if (r != CUDA_SUCCESS) {
+        free(packed);
+        return r;
+    }
+    pthread_mutex_lock(&kernel_args_lock);
+    unsigned char *block = kernel_args_block(node, 8 * (size_t)l.count + l.total + 1);
+    if (block) {
+        void **pointers = (void **)block;
+        unsigned char *bytes = block + 8 * (size_t)l.count;
+        memcpy(bytes, packed, l.total);
+        for (uint32_t i = 0; i < l.count; i++) pointers[i] = bytes + l.offset_size[2 * i];
+    }
+    pthread_mutex_unlock(&kernel_args_lock);
+    free(packed);
+    if (!block) return CUDA_ERROR_OUT_OF_MEMORY;
+    /* CUDA_KERNEL_NODE_PARAMS_v2: the function, dimensions, shared memory, kernelParams; no extra, no
+     * kern (a node made from a CUkernel reads back as the kernel's function), the current context. */
+    unsigned char *p = params;
+    uint64_t ctx = gp_ctx_current();
+    memset(p, 0, 72);
+    memcpy(p, &out.func, 8), memcpy(p + 8, &out.gx, 7 * 4);
+    memcpy(p + 40, &block, 8), memcpy(p + 64, &ctx, 8);
+    return CUDA_SUCCESS;
+}
+
+/* A graph's kernel node set anew: packed and checked as a new kernel node is. */
+CUresult cuGraphKernelNodeSetParams_v2(uint64_t node, void *params) {
+    GP_TRACE("cuGraphKernelNodeSetParams_v2");
+    return kernel_node(GP_CALL_cuGraphKernelNodeSetParams_v2, &node, 8, NULL, 0, params, NULL);
+}
+
+/* A kernel node's launch attribute: its 64-byte CUkernelNodeAttrValue each way (checked on the worker as a
+ * stream attribute's). */
+#define NODE_ATTR_BYTES 64
+
+CUresult cuGraphKernelNodeGetAttribute(uint64_t node, int32_t attr, void *value) {
+    GP_TRACE("cuGraphKernelNodeGetAttribute");
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphKernelNodeGetAttribute in = {.node = node, .attr = attr};
+    return gp_call(GP_CALL_cuGraphKernelNodeGetAttribute, WANT, &in, sizeof in, NULL, 0, NULL, 0, value,
+                   NODE_ATTR_BYTES);
+}
+
+CUresult cuGraphKernelNodeSetAttribute(uint64_t node, int32_t attr, void *value) {
+    GP_TRACE("cuGraphKernelNodeSetAttribute");
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphKernelNodeSetAttribute in = {.node = node, .attr = attr};
+    return gp_call(GP_CALL_cuGraphKernelNodeSetAttribute, WANT, &in, sizeof in, value, NODE_ATTR_BYTES, NULL, 0,
+                   NULL, 0);
+}
+
 /* CUDA_MEMSET_NODE_PARAMS: dst, pitch, value, elementSize, width, height (40 bytes), into a request. */
 #define MEMSET_NODE_PARAMS(in, params)                                                                    \
     do {                                                                                                  \
@@ -111,6 +204,30 @@ CUresult cuGraphExecMemsetNodeSetParams(uint64_t exec, uint64_t node, void *para
     struct gp_in_cuGraphExecMemsetNodeSetParams in = {.exec = exec, .node = node};
     MEMSET_NODE_PARAMS(in, params);
     return gp_call(GP_CALL_cuGraphExecMemsetNodeSetParams, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
+/* A graph's memset node set anew (checked as a new one is), or read back: its address is the lease's
+ * device memory, as the program gave it. */
+CUresult cuGraphMemsetNodeSetParams(uint64_t node, void *params) {
+    GP_TRACE("cuGraphMemsetNodeSetParams");
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphMemsetNodeSetParams in = {.node = node};
+    MEMSET_NODE_PARAMS(in, params);
+    return gp_call(GP_CALL_cuGraphMemsetNodeSetParams, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
+CUresult cuGraphMemsetNodeGetParams(uint64_t node, void *params) {
+    GP_TRACE("cuGraphMemsetNodeGetParams");
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphMemsetNodeGetParams in = {.node = node};
+    struct gp_out_cuGraphMemsetNodeGetParams out;
+    CUresult r = gp_call(GP_CALL_cuGraphMemsetNodeGetParams, WANT, &in, sizeof in, NULL, 0, &out, sizeof out,
+                         NULL, 0);
+    if (r != CUDA_SUCCESS) return r;
+    unsigned char *p = params;
+    memcpy(p, &out.dst, 8), memcpy(p + 8, &out.pitch, 8), memcpy(p + 16, &out.value, 4);
+    memcpy(p + 20, &out.element_size, 4), memcpy(p + 24, &out.width, 8), memcpy(p + 32, &out.height, 8);
+    return CUDA_SUCCESS;
 }
 
 CUresult cuGraphAddEmptyNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps) {
@@ -149,7 +266,7 @@ static CUresult add_dependencies(uint32_t call, uint64_t graph, const uint64_t *
                                  const void *edge_data, uint64_t count) {
     if (count && (!from || !to)) return CUDA_ERROR_INVALID_VALUE;
     if (count > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
-    int with_data = call == GP_CALL_cuGraphAddDependencies_v2;
+    int with_data = call == GP_CALL_cuGraphAddDependencies_v2 || call == GP_CALL_cuGraphRemoveDependencies_v2;
     uint64_t words = with_data ? 3 : 2;
     uint64_t *edges = calloc(words * (count ? count : 1), 8);
     if (!edges) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -171,6 +288,17 @@ CUresult cuGraphAddDependencies(uint64_t graph, void *from, void *to, uint64_t c
 CUresult cuGraphAddDependencies_v2(uint64_t graph, void *from, void *to, void *edge_data, uint64_t count) {
     GP_TRACE("cuGraphAddDependencies_v2");
     return add_dependencies(GP_CALL_cuGraphAddDependencies_v2, graph, from, to, edge_data, count);
+}
+
+/* Edges removed travel as edges added do; the worker's driver refuses an edge the graph does not have. */
+CUresult cuGraphRemoveDependencies(uint64_t graph, void *from, void *to, uint64_t count) {
+    GP_TRACE("cuGraphRemoveDependencies");
+    return add_dependencies(GP_CALL_cuGraphRemoveDependencies, graph, from, to, NULL, count);
+}
+
+CUresult cuGraphRemoveDependencies_v2(uint64_t graph, void *from, void *to, void *edge_data, uint64_t count) {
+    GP_TRACE("cuGraphRemoveDependencies_v2");
+    return add_dependencies(GP_CALL_cuGraphRemoveDependencies_v2, graph, from, to, edge_data, count);
 }
 
 CUresult cuGraphAddChildGraphNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, uint64_t child) {
@@ -224,6 +352,51 @@ CUresult cuGraphAddHostNode(uint64_t *node, uint64_t graph, void *deps, uint64_t
     return r;
 }
 
+/* A host node's function anew (CUDA_HOST_NODE_PARAMS): kept here under a new id, as cuGraphAddHostNode's;
+ * the old one stays for the graphs instantiated before. `head`: the node, or the exec and the node. */
+static CUresult host_node_set(uint32_t call, const uint64_t *head, uint32_t head_words, const void *params) {
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    void *fn, *data;
+    memcpy(&fn, params, 8);
+    memcpy(&data, (const unsigned char *)params + 8, 8);
+    if (!fn) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = gp_callbacks_start();
+    if (r != CUDA_SUCCESS) return r;
+    uint64_t in[3];
+    memcpy(in, head, 8 * head_words);
+    in[head_words] = gp_host_call_add(0, fn, data, 0, 1);
+    if (!in[head_words]) return CUDA_ERROR_OUT_OF_MEMORY;
+    r = gp_call(call, WANT, in, 8 * (head_words + 1), NULL, 0, NULL, 0, NULL, 0);
+    if (r != CUDA_SUCCESS) gp_host_call_drop(in[head_words]);
+    return r;
+}
+
+CUresult cuGraphHostNodeSetParams(uint64_t node, void *params) {
+    GP_TRACE("cuGraphHostNodeSetParams");
+    return host_node_set(GP_CALL_cuGraphHostNodeSetParams, &node, 1, params);
+}
+
+CUresult cuGraphExecHostNodeSetParams(uint64_t exec, uint64_t node, void *params) {
+    GP_TRACE("cuGraphExecHostNodeSetParams");
+    uint64_t head[2] = {exec, node};
+    return host_node_set(GP_CALL_cuGraphExecHostNodeSetParams, head, 2, params);
+}
+
+/* A host node's function and argument read back: the worker answers the id this shim keeps them under. */
+CUresult cuGraphHostNodeGetParams(uint64_t node, void *params) {
+    GP_TRACE("cuGraphHostNodeGetParams");
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphHostNodeGetParams in = {.node = node};
+    struct gp_out_cuGraphHostNodeGetParams out;
+    CUresult r = gp_call(GP_CALL_cuGraphHostNodeGetParams, WANT, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r != CUDA_SUCCESS) return r;
+    void *fn, *data;
+    if (!gp_host_call_find(out.id, &fn, &data)) return CUDA_ERROR_INVALID_VALUE;
+    memcpy(params, &fn, 8);
+    memcpy((unsigned char *)params + 8, &data, 8);
+    return CUDA_SUCCESS;
+}
+
 /* One side of a CUDA_MEMCPY3D as a device address of the lease: device or unified memory, or mirrored
  * host memory (its device copy). Page-locked memory is mirrored now if it is not yet, as its device
  * pointer would be (pinned memory at its own address, registered memory by a device allocation): the
@@ -257,6 +430,46 @@ static uint64_t copy_side(const unsigned char *p, uint64_t *pitch, uint64_t *hei
         memcpy(&(in).depth, p_ + 192, 8);                                                                 \
     } while (0)
 
+/* The descriptors the program gave its copy nodes, each with the device-side copy it was sent as (what
+ * cuGraphMemcpyNodeGetParams answers; a few hundred bytes per copy node, for the life of the process). */
+#define MEMCPY3D_BYTES 200
+struct copy_desc {
+    uint64_t node;
+    unsigned char desc[MEMCPY3D_BYTES];
+    struct gp_out_cuGraphMemcpyNodeGetParams sent;
+    struct copy_desc *next;
+};
+static struct copy_desc *copy_descs;
+static pthread_mutex_t copy_descs_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void copy_desc_keep(uint64_t node, const void *params, const struct gp_out_cuGraphMemcpyNodeGetParams *sent) {
+    pthread_mutex_lock(&copy_descs_lock);
+    struct copy_desc *d = copy_descs;
+    while (d && d->node != node) d = d->next;
+    if (!d && (d = malloc(sizeof *d)) != NULL) d->node = node, d->next = copy_descs, copy_descs = d;
+    if (d) memcpy(d->desc, params, MEMCPY3D_BYTES), d->sent = *sent;
+    pthread_mutex_unlock(&copy_descs_lock);
+}
+
+/* The request's copy (a node added or set anew) as the worker answers it back. */
+#define COPY_DESC_KEEP(node, params, in)                                                                  \
+    do {                                                                                                  \
+        struct gp_out_cuGraphMemcpyNodeGetParams sent_ = {                                                \
+            (in).src, (in).src_pitch, (in).src_height, (in).dst,  (in).dst_pitch,                         \
+            (in).dst_height, (in).width, (in).height, (in).depth};                                        \
+        copy_desc_keep((node), (params), &sent_);                                                         \
+    } while (0)
+
+static int copy_desc_find(uint64_t node, const struct gp_out_cuGraphMemcpyNodeGetParams *answer, void *params) {
+    pthread_mutex_lock(&copy_descs_lock);
+    struct copy_desc *d = copy_descs;
+    while (d && d->node != node) d = d->next;
+    int found = d && memcmp(&d->sent, answer, sizeof *answer) == 0;
+    if (found) memcpy(params, d->desc, MEMCPY3D_BYTES);
+    pthread_mutex_unlock(&copy_descs_lock);
+    return found;
+}
+
 static CUresult memcpy_node_refused(const char *name) {
     gp_say("%s: a copy node from or to pageable host memory of the program (or a CUDA array) cannot run on "
            "the remote GPU; it returns CUDA_ERROR_NOT_SUPPORTED (page-locked memory can: docs/remote.md)", name);
@@ -274,7 +487,10 @@ CUresult cuGraphAddMemcpyNode(uint64_t *node, uint64_t graph, void *deps, uint64
     struct gp_out_cuGraphAddMemcpyNode out;
     CUresult r = gp_call(GP_CALL_cuGraphAddMemcpyNode, WANT, &in, sizeof in, deps, num_deps * 8, &out, sizeof out,
                          NULL, 0);
-    if (r == CUDA_SUCCESS) *node = out.node;
+    if (r == CUDA_SUCCESS) {
+        *node = out.node;
+        COPY_DESC_KEEP(out.node, params, in);
+    }
     return r;
 }
 
@@ -287,6 +503,39 @@ CUresult cuGraphExecMemcpyNodeSetParams(uint64_t exec, uint64_t node, void *para
     MEMCPY_NODE_PARAMS(in, params);
     if (!in.src || !in.dst) return memcpy_node_refused("cuGraphExecMemcpyNodeSetParams");
     return gp_call(GP_CALL_cuGraphExecMemcpyNodeSetParams, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
+/* A graph's copy node set anew: checked on the worker as a new copy node is. */
+CUresult cuGraphMemcpyNodeSetParams(uint64_t node, void *params) {
+    GP_TRACE("cuGraphMemcpyNodeSetParams");
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphMemcpyNodeSetParams in = {.node = node};
+    MEMCPY_NODE_PARAMS(in, params);
+    if (!in.src || !in.dst) return memcpy_node_refused("cuGraphMemcpyNodeSetParams");
+    CUresult r = gp_call(GP_CALL_cuGraphMemcpyNodeSetParams, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    if (r == CUDA_SUCCESS) COPY_DESC_KEEP(node, params, in);
+    return r;
+}
+
+/* A copy node read back: the program's own descriptor where the worker's device-side answer is still the
+ * copy it was sent as (the node was not destroyed and another made under its handle since); else the
+ * device-side copy as a descriptor of device memory (a copy captured from a stream, or a clone's twin). */
+CUresult cuGraphMemcpyNodeGetParams(uint64_t node, void *params) {
+    GP_TRACE("cuGraphMemcpyNodeGetParams");
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphMemcpyNodeGetParams in = {.node = node};
+    struct gp_out_cuGraphMemcpyNodeGetParams out;
+    CUresult r = gp_call(GP_CALL_cuGraphMemcpyNodeGetParams, WANT, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r != CUDA_SUCCESS || copy_desc_find(node, &out, params)) return r;
+    unsigned char *p = params;
+    const uint32_t device = 2; /* CU_MEMORYTYPE_DEVICE */
+    memset(p, 0, MEMCPY3D_BYTES);
+    memcpy(p + 32, &device, 4), memcpy(p + 48, &out.src, 8), memcpy(p + 72, &out.src_pitch, 8);
+    memcpy(p + 80, &out.src_height, 8);
+    memcpy(p + 88 + 32, &device, 4), memcpy(p + 88 + 48, &out.dst, 8), memcpy(p + 88 + 72, &out.dst_pitch, 8);
+    memcpy(p + 88 + 80, &out.dst_height, 8);
+    memcpy(p + 176, &out.width, 8), memcpy(p + 184, &out.height, 8), memcpy(p + 192, &out.depth, 8);
+    return CUDA_SUCCESS;
 }
 
 /* A conditional node's body graphs, in an array the program reads through the node parameters'
@@ -386,6 +635,121 @@ CUresult cuGraphAddNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num
 CUresult cuGraphAddNode_v2(uint64_t *node, uint64_t graph, void *deps, void *edges, uint64_t num_deps, void *params) {
     GP_TRACE("cuGraphAddNode_v2");
     return add_node(node, graph, deps, edges, num_deps, params);
+}
+
+/* The generic setters (CUgraphNodeParams, as cuGraphAddNode reads it): sent as the typed call of the
+ * node type the parameters name, a graph's node (`exec` 0) or an instantiated graph's; the worker checks
+ * the node is of that type. */
+static CUresult node_set_params(const char *name, uint64_t exec, uint64_t node, void *params) {
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    unsigned char *p = params;
+    uint32_t type;
+    memcpy(&type, p, 4);
+    uint64_t u64;
+    switch (type) {
+    case NODE_KERNEL:
+        return exec ? cuGraphExecKernelNodeSetParams_v2(exec, node, p + 16) : cuGraphKernelNodeSetParams_v2(node, p + 16);
+    case NODE_MEMSET:
+        memcpy(&u64, p + 16 + 40, 8); /* CUDA_MEMSET_NODE_PARAMS_v2's context */
+        if (exec) return cuGraphExecMemsetNodeSetParams(exec, node, p + 16, u64);
+        if (node_context(name, u64) != CUDA_SUCCESS) return CUDA_ERROR_NOT_SUPPORTED;
+        return cuGraphMemsetNodeSetParams(node, p + 16);
+    case NODE_MEMCPY: /* CUDA_MEMCPY_NODE_PARAMS: flags, reserved, the context, then CUDA_MEMCPY3D */
+        memcpy(&u64, p + 16 + 8, 8);
+        if (exec) return cuGraphExecMemcpyNodeSetParams(exec, node, p + 32, u64);
+        if (node_context(name, u64) != CUDA_SUCCESS) return CUDA_ERROR_NOT_SUPPORTED;
+        return cuGraphMemcpyNodeSetParams(node, p + 32);
+    case NODE_HOST:
+        return exec ? cuGraphExecHostNodeSetParams(exec, node, p + 16) : cuGraphHostNodeSetParams(node, p + 16);
+    case NODE_GRAPH: /* only an instantiated graph's child graph node is set anew, as natively */
+        memcpy(&u64, p + 16, 8);
+        return exec ? cuGraphExecChildGraphNodeSetParams(exec, node, u64) : CUDA_ERROR_INVALID_VALUE;
+    case NODE_WAIT_EVENT:
+        memcpy(&u64, p + 16, 8);
+        return exec ? cuGraphExecEventWaitNodeSetEvent(exec, node, u64) : cuGraphEventWaitNodeSetEvent(node, u64);
+    case NODE_EVENT_RECORD:
+        memcpy(&u64, p + 16, 8);
+        return exec ? cuGraphExecEventRecordNodeSetEvent(exec, node, u64) : cuGraphEventRecordNodeSetEvent(node, u64);
+    }
+    gp_say("%s: nodes of type %u are not forwarded to the remote GPU; it returns CUDA_ERROR_NOT_SUPPORTED "
+           "(docs/remote.md)", name, type);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+/* The generic getter: the node's type, then its typed getter's answer in the union (CUgraphNodeParams:
+ * the type at 0, the typed parameters at 16), with the current context where the parameters hold one. */
+CUresult cuGraphNodeGetParams(uint64_t node, void *params) {
+    GP_TRACE("cuGraphNodeGetParams");
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    int32_t type;
+    CUresult r = cuGraphNodeGetType(node, &type);
+    if (r != CUDA_SUCCESS) return r;
+    unsigned char *p = params, *typed = p + 16;
+    uint64_t ctx = gp_ctx_current();
+    memset(p, 0, 256);
+    memcpy(p, &type, 4);
+    switch (type) {
+    case NODE_KERNEL:
+        return cuGraphKernelNodeGetParams_v2(node, typed);
+    case NODE_MEMSET: /* CUDA_MEMSET_NODE_PARAMS_v2: the v1 fields, then the context */
+        r = cuGraphMemsetNodeGetParams(node, typed);
+        memcpy(typed + 40, &ctx, 8);
+        return r;
+    case NODE_MEMCPY: /* CUDA_MEMCPY_NODE_PARAMS: flags, reserved, the context, then CUDA_MEMCPY3D */
+        memcpy(typed + 8, &ctx, 8);
+        return cuGraphMemcpyNodeGetParams(node, typed + 16);
+    case NODE_HOST:
+        return cuGraphHostNodeGetParams(node, typed);
+    case NODE_GRAPH:
+        return cuGraphChildGraphNodeGetGraph(node, (uint64_t *)typed);
+    case NODE_EMPTY:
+        return CUDA_SUCCESS;
+    case NODE_WAIT_EVENT:
+        return cuGraphEventWaitNodeGetEvent(node, (uint64_t *)typed);
+    case NODE_EVENT_RECORD:
+        return cuGraphEventRecordNodeGetEvent(node, (uint64_t *)typed);
+    }
+    gp_say("cuGraphNodeGetParams: nodes of type %d are not read back from the remote GPU; it returns "
+           "CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)", type);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+CUresult cuGraphNodeSetParams(uint64_t node, void *params) {
+    GP_TRACE("cuGraphNodeSetParams");
+    return node_set_params("cuGraphNodeSetParams", 0, node, params);
+}
+
+CUresult cuGraphExecNodeSetParams(uint64_t exec, uint64_t node, void *params) {
+    GP_TRACE("cuGraphExecNodeSetParams");
+    if (!exec) return CUDA_ERROR_INVALID_VALUE;
+    return node_set_params("cuGraphExecNodeSetParams", exec, node, params);
+}
+
+/* A graph's DOT description: the worker's driver writes it, the text comes back (asked again with room for
+ * all of it where it did not fit), and is written here to the program's path. */
+CUresult cuGraphDebugDotPrint(uint64_t graph, const char *path, uint32_t flags) {
+    GP_TRACE("cuGraphDebugDotPrint");
+    if (!path) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphDebugDotPrint in = {.graph = graph, .flags = flags};
+    struct gp_out_cuGraphDebugDotPrint out = {0};
+    uint64_t cap = 1 << 20;
+    char *text = NULL;
+    for (;;) {
+        free(text);
+        if (!(text = malloc(cap))) return CUDA_ERROR_OUT_OF_MEMORY;
+        CUresult r = gp_call(GP_CALL_cuGraphDebugDotPrint, WANT, &in, sizeof in, NULL, 0, &out, sizeof out, text, cap);
+        if (r != CUDA_SUCCESS) {
+            free(text);
+            return r;
+        }
+        if (out.size <= cap) break;
+        cap = out.size;
+    }
+    FILE *f = fopen(path, "wb");
+    int written = f && fwrite(text, 1, out.size, f) == out.size;
+    if (f && fclose(f) != 0) written = 0;
+    free(text);
+    return written ? CUDA_SUCCESS : (CUresult)304; /* CUDA_ERROR_OPERATING_SYSTEM, as the driver's */
 }
 
 /* CUgraphExecUpdateResultInfo: the result, then the error node and the node it came from (not forwarded:
