@@ -312,7 +312,7 @@ CALLS: tuple[Call, ...] = (
     _c("cuMemGetDefaultMemPool", 13000, "o_pool pool, ptr location, i32 type", L, custom=True,
        how="host and managed pools are the client's (shim_pools.c); a device's pool is its cuDeviceGetMemPool on the worker"),
     _c("cuMemSetMemPool", 13000, "ptr location, i32 type, pool pool", L, custom=True,
-       how="host and managed pools are the client's (shim_pools.c); a device's pool is its cuDeviceGetMemPool on the worker"),
+       how="host and managed pools are the client's (shim_pools.c); a device's is set by its cuDeviceSetMemPool on the worker"),
     _c("cuMemPoolSetAccess", 11020, "pool pool, ptr map, u64 count", L, custom=True,
        how="every device of the lease may read and write a pool's memory: answered in the client"),
     _c("cuMemPoolGetAccess", 11020, "ptr flags, pool pool, ptr location", L, custom=True,
@@ -515,6 +515,35 @@ CALLS: tuple[Call, ...] = (
        wire="i32 attr, dptr ptr, o_u64 value"),
     _c("cuPointerGetAttributes", 7000, "u32 count, ptr attrs, ptr data, u64 ptr", L, custom=True,
        how="sent as cuPointerGetAttribute, one attribute at a time"),
+    # -- issue 25's memory calls (one block: device and memory settings, managed-memory hints, copies) --
+    # The only settable attribute (SYNC_MEMOPS) of a device pointer the worker checks is the lease's.
+    _c("cuPointerSetAttribute", 6000, "ptr value, i32 attr, u64 ptr", custom=True,
+       wire="i32 attr, dptr ptr, u32 value"),
+    # A device's current pool is a pool of the lease (one worker process per lease: no other lease's).
+    _c("cuDeviceSetMemPool", 11020, "i32 dev, pool pool"),
+    _c("cuFlushGPUDirectRDMAWrites", 11030, "i32 target, i32 scope"),
+    # CUDA_MEMCPY3D_PEER is CUDA_MEMCPY3D with the contexts where its reserved words are: with unified
+    # addressing the addresses name their devices, so the copy is sent as cuMemcpy3D's.
+    _c("cuMemcpy3DPeer", 4000, "ptr copy", L, custom=True, how="sent as gpMemcpy3D, the host side packed"),
+    _c("cuMemcpy3DPeerAsync", 4000, "ptr copy, stream stream", L, custom=True,
+       how="sent as gpMemcpy3D, the host side packed"),
+    _c("cuStreamAttachMemAsync", 6000, "stream stream, dptr dptr, u64 length, u32 flags", L, custom=True,
+       how="a hint: checked (managed memory of the lease, a valid flag) and accepted, as cuMemAdvise"),
+    *(_c("cuStreamBatchMemOp", since, "stream stream, u32 count, ptr ops, u32 flags", L, symbol=symbol,
+         custom=True, how="each wait or write sent as its cuStreamWaitValue/cuStreamWriteValue, in order")
+      for since, symbol in ((8000, "cuStreamBatchMemOp"), (11070, "cuStreamBatchMemOp_v2"))),
+    _c("cuMemcpyWithAttributesAsync", 13000, "dptr dst, dptr src, u64 size, ptr attr, stream stream", L,
+       custom=True, how="the attributes checked as a batch's; sent as cuMemcpyAsync"),
+    _c("cuMemcpy3DWithAttributesAsync", 13000, "ptr op, u64 flags, stream stream", L, custom=True,
+       how="sent as cuMemcpy3DBatchAsync's one copy"),
+    _c("cuMemPrefetchBatchAsync", 13000, "ptr dptrs, ptr sizes, u64 count, ptr locations, ptr location_idxs, "
+       "u64 num_locations, u64 flags, stream stream", L, custom=True,
+       how="each range sent as cuMemPrefetchAsync to its location"),
+    _c("cuMemDiscardBatchAsync", 13000, "ptr dptrs, ptr sizes, u64 count, u64 flags, stream stream", L,
+       custom=True, how="a hint: each range checked (managed memory) and its contents kept"),
+    _c("cuMemDiscardAndPrefetchBatchAsync", 13000, "ptr dptrs, ptr sizes, u64 count, ptr locations, "
+       "ptr location_idxs, u64 num_locations, u64 flags, stream stream", L, custom=True,
+       how="each range sent as cuMemPrefetchAsync to its location (its contents kept)"),
     # -- modules and libraries: the image travels once, functions and globals are handles ------------
     _c("cuModuleLoadData", 2000, "o_module module, ptr image", custom=True, wire="o_module module, bytes image"),
     _c("cuModuleLoadDataEx", 2010, "o_module module, ptr image, u32 n, ptr options, ptr values", custom=True,

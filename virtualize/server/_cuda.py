@@ -1086,6 +1086,17 @@ class CudaExecutor(Executor):
     def cuDeviceGetDefaultMemPool(self, dev):
         return _int(_ok(driver.cuDeviceGetDefaultMemPool(self._d(dev))))
 
+    def cuDeviceSetMemPool(self, dev, pool):
+        _ok(driver.cuDeviceSetMemPool(self._d(dev), driver.CUmemoryPool(pool)))
+
+    def cuFlushGPUDirectRDMAWrites(self, target, scope):
+        _ok(
+            driver.cuFlushGPUDirectRDMAWrites(
+                _enum(driver.CUflushGPUDirectRDMAWritesTarget, target),
+                _enum(driver.CUflushGPUDirectRDMAWritesScope, scope),
+            )
+        )
+
     def cuMemPoolCreate(self, device, handle_types, max_size):
         props = driver.CUmemPoolProps()
         props.allocType = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
@@ -1250,6 +1261,12 @@ class CudaExecutor(Executor):
         if attr == driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
             return self.real.index(value)  # the client numbers the lease's devices 0..n-1
         return value
+
+    def cuPointerSetAttribute(self, attr, ptr, value):
+        word = ctypes.c_uint32(value)  # SYNC_MEMOPS, the one settable attribute, is a 4-byte bool
+        _ok(
+            driver.cuPointerSetAttribute(ctypes.addressof(word), _enum(driver.CUpointer_attribute, attr), ptr)
+        )
 
     # -- modules, libraries, functions ---------------------------------------------------------------
 

@@ -384,6 +384,16 @@ CUresult cuPointerGetAttributes(uint32_t count, void *attrs, void *data, uint64_
     return CUDA_SUCCESS;
 }
 
+/* SYNC_MEMOPS (a bool) is the one attribute a program may set; the worker checks the pointer. */
+#define POINTER_SYNC_MEMOPS 6
+
+CUresult cuPointerSetAttribute(void *value, int32_t attr, uint64_t ptr) {
+    GP_TRACE("cuPointerSetAttribute");
+    if (!value || attr != POINTER_SYNC_MEMOPS) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuPointerSetAttribute in = {.attr = attr, .ptr = ptr, .value = *(const uint32_t *)value};
+    return gp_call(GP_CALL_cuPointerSetAttribute, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
 /* ---- driver log callbacks ------------------------------------------------------------------------- */
 
 CUresult cuLogsRegisterCallback(void *callback, void *user_data, uint64_t *handle) {

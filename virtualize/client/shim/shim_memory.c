@@ -174,6 +174,61 @@ CUresult cuMemAdvise_v2(uint64_t dptr, uint64_t count, int32_t advice, uint64_t 
     return managed_hint(dptr, count, 0);
 }
 
+/* Attaching managed memory to a stream only says which streams may touch it while others run: the
+ * mirror needs no such hint. The whole allocation (length 0) or the range must be managed memory. */
+#define ATTACH_GLOBAL 1
+#define ATTACH_HOST 2
+#define ATTACH_SINGLE 4
+
+CUresult cuStreamAttachMemAsync(uint64_t stream, uint64_t dptr, uint64_t length, uint32_t flags) {
+    GP_TRACE("cuStreamAttachMemAsync");
+    (void)stream;
+    if (flags != ATTACH_GLOBAL && flags != ATTACH_HOST && flags != ATTACH_SINGLE) return CUDA_ERROR_INVALID_VALUE;
+    return managed_hint(dptr, length ? length : 1, 0);
+}
+
+/* Batched prefetch and discard (CUDA 13): location k applies to ranges location_idxs[k] up to the next
+ * index (the last to the end); each range goes as cuMemPrefetchAsync_v2 to its location. A discard makes
+ * the contents undefined: keeping them is one of the outcomes it allows, so a discard is checked only. */
+static CUresult batch_ranges(const uint64_t *dptrs, const uint64_t *sizes, uint64_t count, const uint64_t *locations,
+                             const uint64_t *location_idxs, uint64_t num_locations, uint64_t flags, int prefetch) {
+    if (!count || !dptrs || !sizes || flags) return CUDA_ERROR_INVALID_VALUE;
+    if (prefetch) {
+        if (!locations || !location_idxs || !num_locations || num_locations > count || location_idxs[0] != 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        for (uint64_t k = 1; k < num_locations; k++)
+            if (location_idxs[k] <= location_idxs[k - 1] || location_idxs[k] >= count) return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (uint64_t i = 0; i < count; i++)
+        if (managed_hint(dptrs[i], sizes[i], 0) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_VALUE;
+    for (uint64_t i = 0, k = 0; prefetch && i < count; i++) {
+        while (k + 1 < num_locations && location_idxs[k + 1] <= i) k++;
+        managed_hint(dptrs[i], sizes[i], (int32_t)(locations[k] & 0xffffffffu) != LOCATION_HOST);
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemPrefetchBatchAsync(void *dptrs, void *sizes, uint64_t count, void *locations, void *location_idxs,
+                                 uint64_t num_locations, uint64_t flags, uint64_t stream) {
+    GP_TRACE("cuMemPrefetchBatchAsync");
+    (void)stream;
+    return batch_ranges(dptrs, sizes, count, locations, location_idxs, num_locations, flags, 1);
+}
+
+CUresult cuMemDiscardBatchAsync(void *dptrs, void *sizes, uint64_t count, uint64_t flags, uint64_t stream) {
+    GP_TRACE("cuMemDiscardBatchAsync");
+    (void)stream;
+    return batch_ranges(dptrs, sizes, count, NULL, NULL, 0, flags, 0);
+}
+
+CUresult cuMemDiscardAndPrefetchBatchAsync(void *dptrs, void *sizes, uint64_t count, void *locations,
+                                           void *location_idxs, uint64_t num_locations, uint64_t flags,
+                                           uint64_t stream) {
+    GP_TRACE("cuMemDiscardAndPrefetchBatchAsync");
+    (void)stream;
+    return batch_ranges(dptrs, sizes, count, locations, location_idxs, num_locations, flags, 1);
+}
+
 CUresult cuMemFree_v2(uint64_t dptr) {
     GP_TRACE("cuMemFree_v2");
     if (!dptr) return CUDA_SUCCESS; /* as the driver does: cudart's cudaFree(NULL) idiom ends here */
