@@ -2817,6 +2817,40 @@ def scenario_memory_calls():
     say("discard_and_prefetch_batch", rc)
     say("sync", cu.cuStreamSynchronize(stream))
 
+    # What was advised and prefetched, read back per range (pages of 4 KiB here).
+    def attribute(number, start, length, slots=1):
+        out = (ctypes.c_int * slots)()
+        rc = cu.cuMemRangeGetAttribute(out, c_u64(4 * slots), number, c_u64(start), c_u64(length))
+        return f"{rc} {' '.join(map(str, out))}"
+
+    m = managed.value
+    say(
+        "last_prefetch_per_range",
+        [attribute(4, m, 4096), attribute(4, m + 4096, 4096), attribute(4, m, 8192)],
+    )
+    say("last_prefetch_type_id", [attribute(7, m, 4096), attribute(8, m, 4096), attribute(7, m + 4096, 4096)])
+    say("no_advice_yet", [attribute(1, m, 8192), attribute(2, m, 8192), attribute(3, m, 8192, 3)])
+    device0, host = c_u64(1), c_u64(2)  # CUmemLocation by value (cuMemAdvise_v2): DEVICE 0, HOST
+    check(cu.cuMemAdvise(managed, c_u64(8192), 1, device0), "read mostly")  # SET_READ_MOSTLY
+    check(cu.cuMemAdvise(managed, c_u64(100), 3, device0), "preferred")  # SET_PREFERRED_LOCATION: 1 page
+    check(cu.cuMemAdvise(managed, c_u64(8192), 5, device0), "accessed by device 0")  # SET_ACCESSED_BY
+    check(cu.cuMemAdvise(c_u64(m + 4096), c_u64(4096), 5, host), "accessed by the host")
+    say("read_mostly", attribute(1, m, 8192))
+    say("preferred", [attribute(2, m, 4096), attribute(2, m, 8192), attribute(5, m, 10), attribute(6, m, 10)])
+    say("accessed_by", [attribute(3, m, 8192, 3), attribute(3, m + 4096, 4096, 3)])
+    check(cu.cuMemAdvise(managed, c_u64(8192), 2, device0), "not read mostly")  # UNSET_READ_MOSTLY
+    values = (ctypes.c_int * 2)(9, 9)
+    pointers = (ctypes.c_void_p * 2)(ctypes.addressof(values), ctypes.addressof(values) + 4)
+    rc = cu.cuMemRangeGetAttributes(pointers, (c_u64 * 2)(4, 4), (ctypes.c_int * 2)(1, 2), c_u64(2), managed,
+                                    c_u64(4096))  # fmt: skip
+    say("attributes", f"{rc} {values[0]} {values[1]}")
+    say("attribute_of_plain_memory", attribute(1, buf, 64))
+    say("attribute_wrong_size", cu.cuMemRangeGetAttribute(values, c_u64(8), 1, managed, c_u64(64)))
+    say("unknown_advice", cu.cuMemAdvise(managed, c_u64(64), 9, device0))
+    check(cu.cuMemFree(managed), "free managed")
+    check(cu.cuMemAllocManaged(ctypes.byref(managed), c_u64(8192), 1), "alloc managed again")
+    say("new_memory_has_no_advice", [attribute(2, managed.value, 8192), attribute(4, managed.value, 8192)])
+
 
 def scenario_collision():
     # Host memory of this process where a worker without a window would put its first allocation, and

@@ -468,8 +468,9 @@ def test_stream_attributes_and_memory_operations_touch_only_the_leases_memory(sh
 
 def test_memory_settings_batches_and_hints_of_issue_25_act_on_the_leases_memory_only(shim_dir, worker):
     """cuPointerSetAttribute, cuDeviceSetMemPool, cuFlushGPUDirectRDMAWrites, cuMemcpy3DPeer(Async),
-    cuStreamBatchMemOp, cuStreamAttachMemAsync, cuMemcpy(3D)WithAttributesAsync and batched prefetch and
-    discard answer as the driver does, and refuse memory, pools or operations that are not the lease's."""
+    cuStreamBatchMemOp, cuStreamAttachMemAsync, cuMemcpy(3D)WithAttributesAsync, batched prefetch and
+    discard, and cuMemRangeGetAttribute(s) over what was advised and prefetched answer as the driver does,
+    and refuse memory, pools or operations that are not the lease's."""
     out, err = run_client("memory_calls", client_env(shim_dir, worker))
     assert out == {
         "set_sync_memops": "0",
@@ -507,6 +508,18 @@ def test_memory_settings_batches_and_hints_of_issue_25_act_on_the_leases_memory_
         "discard_batch_plain": "1",
         "discard_and_prefetch_batch": "0",
         "sync": "0",
+        # cuMemRangeGetAttribute: rc, then the value(s); CU_DEVICE_CPU -1, CU_DEVICE_INVALID -2
+        "last_prefetch_per_range": "['0 0', '0 -1', '0 -2']",  # device 0, the host, the two disagree
+        "last_prefetch_type_id": "['0 1', '0 0', '0 2']",  # DEVICE 0; HOST
+        "no_advice_yet": "['0 0', '0 -2', '0 -2 -2 -2']",
+        "read_mostly": "0 1",
+        "preferred": "['0 0', '0 -2', '0 1', '0 0']",  # the advised page; with one that was not; type, id
+        "accessed_by": "['0 0 -2 -2', '0 0 -1 -2']",  # devices advised for every page of the range
+        "attributes": "0 0 0",  # read mostly unset again; preferred device 0
+        "attribute_of_plain_memory": "1 0",
+        "attribute_wrong_size": "1",
+        "unknown_advice": "1",
+        "new_memory_has_no_advice": "['0 -2', '0 -2']",
     }
     assert "gpupool:" not in err
 

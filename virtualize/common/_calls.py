@@ -292,9 +292,9 @@ CALLS: tuple[Call, ...] = (
        symbol="cuMemPrefetchAsync_v2", custom=True,
        how="to a device: sends what the host wrote; to the host: the next touch fetches"),
     _c("cuMemAdvise", 8000, "dptr dptr, u64 count, i32 advice, i32 device", L, custom=True,
-       how="a hint: checked (managed memory only) and accepted"),
+       how="a hint: checked (managed memory only) and kept for cuMemRangeGetAttribute"),
     _c("cuMemAdvise", 12020, "dptr dptr, u64 count, i32 advice, u64 location", L, symbol="cuMemAdvise_v2",
-       custom=True, how="a hint: checked (managed memory only) and accepted"),
+       custom=True, how="a hint: checked (managed memory only) and kept for cuMemRangeGetAttribute"),
     _c("cuMemAllocAsync", 11020, "o_dptr dptr, u64 bytesize, stream stream", custom=True),
     _c("cuMemAllocFromPoolAsync", 11020, "o_dptr dptr, u64 bytesize, pool pool, stream stream", custom=True),
     _c("cuMemFreeAsync", 11020, "dptr dptr, stream stream", A, custom=True),
@@ -532,6 +532,11 @@ CALLS: tuple[Call, ...] = (
     *(_c("cuStreamBatchMemOp", since, "stream stream, u32 count, ptr ops, u32 flags", L, symbol=symbol,
          custom=True, how="each wait or write sent as its cuStreamWaitValue/cuStreamWriteValue, in order")
       for since, symbol in ((8000, "cuStreamBatchMemOp"), (11070, "cuStreamBatchMemOp_v2"))),
+    # What the program advised about managed memory and where it prefetched it, kept in the client per page.
+    _c("cuMemRangeGetAttribute", 8000, "ptr data, u64 size, i32 attribute, dptr ptr, u64 count", L, custom=True,
+       how="the advice and prefetches the client kept, per page"),
+    _c("cuMemRangeGetAttributes", 8000, "ptr data, ptr sizes, ptr attributes, u64 n, dptr ptr, u64 count", L,
+       custom=True, how="the advice and prefetches the client kept, per page"),
     _c("cuMemcpyWithAttributesAsync", 13000, "dptr dst, dptr src, u64 size, ptr attr, stream stream", L,
        custom=True, how="the attributes checked as a batch's; sent as cuMemcpyAsync"),
     _c("cuMemcpy3DWithAttributesAsync", 13000, "ptr op, u64 flags, stream stream", L, custom=True,

@@ -257,7 +257,6 @@ GROUPS: tuple[Group, ...] = (
        driver's log (which stays on the worker) to be read from memory and written in the client; an
        asynchronous notification delivered on the callback connection, as host functions are.""",
         "cuDeviceGetHostAtomicCapabilities cuMemGetLocationInfo "
-        "cuMemRangeGetAttribute cuMemRangeGetAttributes "
         "cuDeviceRegisterAsyncNotification cuDeviceUnregisterAsyncNotification cuLogsCurrent cuLogsDumpToFile "
         "cuLogsDumpToMemory",
     ),

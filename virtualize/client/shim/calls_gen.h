@@ -1701,8 +1701,6 @@ GP_EXPORT CUresult cuMemHostGetDevicePointer(void) { return gp_unforwarded("cuMe
 GP_EXPORT CUresult cuMemHostRegister(void) { return gp_unforwarded("cuMemHostRegister"); }
 GP_EXPORT CUresult cuMemMapArrayAsync(void) { return gp_unforwarded("cuMemMapArrayAsync"); }
 GP_EXPORT CUresult cuMemMapArrayAsync_ptsz(void) { return gp_unforwarded("cuMemMapArrayAsync_ptsz"); }
-GP_EXPORT CUresult cuMemRangeGetAttribute(void) { return gp_unforwarded("cuMemRangeGetAttribute"); }
-GP_EXPORT CUresult cuMemRangeGetAttributes(void) { return gp_unforwarded("cuMemRangeGetAttributes"); }
 GP_EXPORT CUresult cuMemcpy2D(void) { return gp_unforwarded("cuMemcpy2D"); }
 GP_EXPORT CUresult cuMemcpy2DAsync(void) { return gp_unforwarded("cuMemcpy2DAsync"); }
 GP_EXPORT CUresult cuMemcpy2DUnaligned(void) { return gp_unforwarded("cuMemcpy2DUnaligned"); }
@@ -1909,8 +1907,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuCtxGetExecAffinity", "green contexts and execution affinity: not forwarded yet"},
     {"cuDeviceGetHostAtomicCapabilities", "device, memory and log queries: not forwarded yet"},
     {"cuMemGetLocationInfo", "device, memory and log queries: not forwarded yet"},
-    {"cuMemRangeGetAttribute", "device, memory and log queries: not forwarded yet"},
-    {"cuMemRangeGetAttributes", "device, memory and log queries: not forwarded yet"},
     {"cuDeviceRegisterAsyncNotification", "device, memory and log queries: not forwarded yet"},
     {"cuDeviceUnregisterAsyncNotification", "device, memory and log queries: not forwarded yet"},
     {"cuLogsCurrent", "device, memory and log queries: not forwarded yet"},
@@ -2131,6 +2127,8 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemPrefetchAsync", 8000, (void *)cuMemPrefetchAsync},
     {"cuMemPrefetchAsync", 12020, (void *)cuMemPrefetchAsync_v2},
     {"cuMemPrefetchBatchAsync", 13000, (void *)cuMemPrefetchBatchAsync},
+    {"cuMemRangeGetAttribute", 8000, (void *)cuMemRangeGetAttribute},
+    {"cuMemRangeGetAttributes", 8000, (void *)cuMemRangeGetAttributes},
     {"cuMemRelease", 10020, (void *)cuMemRelease},
     {"cuMemRetainAllocationHandle", 11000, (void *)cuMemRetainAllocationHandle},
     {"cuMemSetAccess", 10020, (void *)cuMemSetAccess},

@@ -150,28 +150,45 @@ static CUresult managed_hint(uint64_t dptr, uint64_t count, int to_device) {
     return CUDA_SUCCESS;
 }
 
+/* A prefetch to a CUmemLocation (its type in the low word, its id in the high one), kept for
+ * cuMemRangeGetAttribute's LAST_PREFETCH_LOCATION. */
+static CUresult prefetch(uint64_t dptr, uint64_t count, uint64_t location) {
+    int32_t type = (int32_t)(location & 0xffffffffu), id = (int32_t)(location >> 32);
+    CUresult r = managed_hint(dptr, count, type != LOCATION_HOST);
+    if (r == CUDA_SUCCESS) gp_hints_prefetched(dptr, count, type, id);
+    return r;
+}
+
+#define LOCATION_DEVICE 1 /* CU_MEM_LOCATION_TYPE_DEVICE */
+
+static uint64_t location_of_device(int32_t device) { /* CU_DEVICE_CPU (-1) is the host */
+    return device < 0 ? LOCATION_HOST : LOCATION_DEVICE | (uint64_t)(uint32_t)device << 32;
+}
+
 CUresult cuMemPrefetchAsync(uint64_t dptr, uint64_t count, int32_t device, uint64_t stream) {
     GP_TRACE("cuMemPrefetchAsync");
     (void)stream;
-    return managed_hint(dptr, count, device >= 0); /* CU_DEVICE_CPU is -1 */
+    return prefetch(dptr, count, location_of_device(device));
 }
 
 CUresult cuMemPrefetchAsync_v2(uint64_t dptr, uint64_t count, uint64_t location, uint32_t flags, uint64_t stream) {
     GP_TRACE("cuMemPrefetchAsync_v2");
     (void)flags, (void)stream;
-    return managed_hint(dptr, count, (int32_t)(location & 0xffffffffu) != LOCATION_HOST);
+    return prefetch(dptr, count, location);
 }
 
 CUresult cuMemAdvise(uint64_t dptr, uint64_t count, int32_t advice, int32_t device) {
     GP_TRACE("cuMemAdvise");
-    (void)advice, (void)device;
-    return managed_hint(dptr, count, 0);
+    CUresult r = managed_hint(dptr, count, 0);
+    return r == CUDA_SUCCESS ? gp_hints_advise_device(dptr, count, advice, device) : r;
 }
 
 CUresult cuMemAdvise_v2(uint64_t dptr, uint64_t count, int32_t advice, uint64_t location) {
     GP_TRACE("cuMemAdvise_v2");
-    (void)advice, (void)location;
-    return managed_hint(dptr, count, 0);
+    CUresult r = managed_hint(dptr, count, 0);
+    return r == CUDA_SUCCESS ? gp_hints_advise(dptr, count, advice, (int32_t)(location & 0xffffffffu),
+                                               (int32_t)(location >> 32))
+                             : r;
 }
 
 /* Attaching managed memory to a stream only says which streams may touch it while others run: the
@@ -191,9 +208,9 @@ CUresult cuStreamAttachMemAsync(uint64_t stream, uint64_t dptr, uint64_t length,
  * index (the last to the end); each range goes as cuMemPrefetchAsync_v2 to its location. A discard makes
  * the contents undefined: keeping them is one of the outcomes it allows, so a discard is checked only. */
 static CUresult batch_ranges(const uint64_t *dptrs, const uint64_t *sizes, uint64_t count, const uint64_t *locations,
-                             const uint64_t *location_idxs, uint64_t num_locations, uint64_t flags, int prefetch) {
+                             const uint64_t *location_idxs, uint64_t num_locations, uint64_t flags, int prefetching) {
     if (!count || !dptrs || !sizes || flags) return CUDA_ERROR_INVALID_VALUE;
-    if (prefetch) {
+    if (prefetching) {
         if (!locations || !location_idxs || !num_locations || num_locations > count || location_idxs[0] != 0)
             return CUDA_ERROR_INVALID_VALUE;
         for (uint64_t k = 1; k < num_locations; k++)
@@ -201,9 +218,9 @@ static CUresult batch_ranges(const uint64_t *dptrs, const uint64_t *sizes, uint6
     }
     for (uint64_t i = 0; i < count; i++)
         if (managed_hint(dptrs[i], sizes[i], 0) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_VALUE;
-    for (uint64_t i = 0, k = 0; prefetch && i < count; i++) {
+    for (uint64_t i = 0, k = 0; prefetching && i < count; i++) {
         while (k + 1 < num_locations && location_idxs[k + 1] <= i) k++;
-        managed_hint(dptrs[i], sizes[i], (int32_t)(locations[k] & 0xffffffffu) != LOCATION_HOST);
+        prefetch(dptrs[i], sizes[i], locations[k]);
     }
     return CUDA_SUCCESS;
 }
