@@ -2752,6 +2752,15 @@ def scenario_memory_calls():
     say("current_is_default", current.value == default.value)
     check(cu.cuMemPoolDestroy(pool), "pool destroy")
 
+    native = ctypes.c_int(-1)
+    check(cu.cuDeviceGetAttribute(ctypes.byref(native), 86, 0), "host native atomics")
+    capabilities = (ctypes.c_uint * 2)(7, 7)
+    rc = cu13.cuDeviceGetHostAtomicCapabilities(
+        capabilities, (ctypes.c_int * 2)(0, 10), 2, 0
+    )  # INTEGER_ADD, FLOAT_ADD
+    say("host_atomics", f"{native.value} {rc} {capabilities[0]} {capabilities[1]}")
+    say("host_atomics_bad", [cu13.cuDeviceGetHostAtomicCapabilities(capabilities, (ctypes.c_int * 1)(13), 1, 0),
+                             cu13.cuDeviceGetHostAtomicCapabilities(capabilities, (ctypes.c_int * 1)(0), 1, 5)])  # fmt: skip
     say("flush_rdma_writes", cu.cuFlushGPUDirectRDMAWrites(0, 100))  # CURRENT_CTX, TO_OWNER
     say("flush_bad_scope", cu.cuFlushGPUDirectRDMAWrites(0, 7))
 

@@ -482,6 +482,8 @@ def test_memory_settings_batches_and_hints_of_issue_25_act_on_the_leases_memory_
         "set_foreign_pool": "400",  # CUDA_ERROR_INVALID_HANDLE: not a pool of the lease
         "set_default_back": "0",
         "current_is_default": "True",
+        "host_atomics": "0 0 0 0",  # HOST_NATIVE_ATOMIC_SUPPORTED 0; no operation native to the host
+        "host_atomics_bad": "[1, 101]",  # an unknown operation; a device outside the lease
         "flush_rdma_writes": "0",
         "flush_bad_scope": "1",
         "peer_3d": "0",

@@ -521,6 +521,8 @@ CALLS: tuple[Call, ...] = (
        wire="i32 attr, dptr ptr, u32 value"),
     # A device's current pool is a pool of the lease (one worker process per lease: no other lease's).
     _c("cuDeviceSetMemPool", 11020, "i32 dev, pool pool"),
+    _c("cuDeviceGetHostAtomicCapabilities", 13000, "ptr capabilities, ptr operations, u32 count, i32 dev", L,
+       custom=True, how="no operation is native: the program's host memory reaches the GPU through a mirror"),
     _c("cuFlushGPUDirectRDMAWrites", 11030, "i32 target, i32 scope"),
     # CUDA_MEMCPY3D_PEER is CUDA_MEMCPY3D with the contexts where its reserved words are: with unified
     # addressing the addresses name their devices, so the copy is sent as cuMemcpy3D's.

@@ -61,9 +61,10 @@ POOL_PROPS_BYTES = 88  # CUmemPoolProps
 # guard checks: access-policy window, synchronization policy, priority, memory sync domain map, domain.
 ACCESS_POLICY_WINDOW, STREAM_ATTRIBUTE_BYTES = 1, 64
 STREAM_ATTRIBUTES = frozenset({ACCESS_POLICY_WINDOW, 3, 8, 9, 10})
-# CUdevice_attribute: PAGEABLE_MEMORY_ACCESS, CONCURRENT_MANAGED_ACCESS, PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
-# DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: 0 remotely (docs/remote.md, managed memory).
-NOT_COHERENT_ATTRIBUTES = frozenset({88, 89, 100, 101})
+# CUdevice_attribute: HOST_NATIVE_ATOMIC_SUPPORTED, PAGEABLE_MEMORY_ACCESS, CONCURRENT_MANAGED_ACCESS,
+# PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES, DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: 0 remotely (docs/remote.md,
+# managed memory): the program's host memory reaches the GPU through a mirror, not over a coherent link.
+NOT_COHERENT_ATTRIBUTES = frozenset({86, 88, 89, 100, 101})
 # What a device offers that memory shared remotely cannot be (docs/remote.md, "Many GPUs in one run"), so
 # that NCCL and others take the way that works: HANDLE_TYPE_FABRIC_SUPPORTED, MULTICAST_SUPPORTED,
 # LOGICAL_ENDPOINT_MULTICAST_SUPPORTED answer 0, MEMPOOL_SUPPORTED_HANDLE_TYPES only POSIX descriptors.

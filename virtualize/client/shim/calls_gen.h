@@ -1569,7 +1569,6 @@ GP_EXPORT CUresult cuDevSmResourceSplitByCount(void) { return gp_unforwarded("cu
 GP_EXPORT CUresult cuDeviceGetDevResource(void) { return gp_unforwarded("cuDeviceGetDevResource"); }
 GP_EXPORT CUresult cuDeviceGetExecAffinitySupport(void) { return gp_unforwarded("cuDeviceGetExecAffinitySupport"); }
 GP_EXPORT CUresult cuDeviceGetGraphMemAttribute(void) { return gp_unforwarded("cuDeviceGetGraphMemAttribute"); }
-GP_EXPORT CUresult cuDeviceGetHostAtomicCapabilities(void) { return gp_unforwarded("cuDeviceGetHostAtomicCapabilities"); }
 GP_EXPORT CUresult cuDeviceGetLuid(void) { return gp_unforwarded("cuDeviceGetLuid"); }
 GP_EXPORT CUresult cuDeviceGetNvSciSyncAttributes(void) { return gp_unforwarded("cuDeviceGetNvSciSyncAttributes"); }
 GP_EXPORT CUresult cuDeviceGraphMemTrim(void) { return gp_unforwarded("cuDeviceGraphMemTrim"); }
@@ -1905,7 +1904,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuStreamGetDevResource", "green contexts and execution affinity: not forwarded yet"},
     {"cuDeviceGetExecAffinitySupport", "green contexts and execution affinity: not forwarded yet"},
     {"cuCtxGetExecAffinity", "green contexts and execution affinity: not forwarded yet"},
-    {"cuDeviceGetHostAtomicCapabilities", "device, memory and log queries: not forwarded yet"},
     {"cuMemGetLocationInfo", "device, memory and log queries: not forwarded yet"},
     {"cuDeviceRegisterAsyncNotification", "device, memory and log queries: not forwarded yet"},
     {"cuDeviceUnregisterAsyncNotification", "device, memory and log queries: not forwarded yet"},
@@ -1956,6 +1954,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuDeviceGetByPCIBusId", 4010, (void *)cuDeviceGetByPCIBusId},
     {"cuDeviceGetCount", 2000, (void *)cuDeviceGetCount},
     {"cuDeviceGetDefaultMemPool", 11020, (void *)cuDeviceGetDefaultMemPool},
+    {"cuDeviceGetHostAtomicCapabilities", 13000, (void *)cuDeviceGetHostAtomicCapabilities},
     {"cuDeviceGetMemPool", 11020, (void *)cuDeviceGetMemPool},
     {"cuDeviceGetName", 2000, (void *)cuDeviceGetName},
     {"cuDeviceGetP2PAtomicCapabilities", 13000, (void *)cuDeviceGetP2PAtomicCapabilities},

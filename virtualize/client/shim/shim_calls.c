@@ -201,6 +201,25 @@ CUresult cuDeviceGetP2PAtomicCapabilities(void *capabilities, void *operations, 
                    0, capabilities, 4ull * count);
 }
 
+/* Atomics between a device and the program's host: none is native, as HOST_NATIVE_ATOMIC_SUPPORTED
+ * (0 remotely) says; the host memory kernels see is the worker's mirror of the program's. */
+#define ATOMIC_OPERATION_KINDS 13 /* CU_ATOMIC_OPERATION_MAX */
+
+CUresult cuDeviceGetHostAtomicCapabilities(void *capabilities, void *operations, uint32_t count, int32_t dev) {
+    GP_TRACE("cuDeviceGetHostAtomicCapabilities");
+    int32_t devices;
+    if (!capabilities || !operations || !count) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cuDeviceGetCount(&devices);
+    if (r != CUDA_SUCCESS) return r;
+    if (dev < 0 || dev >= devices) return CUDA_ERROR_INVALID_DEVICE;
+    for (uint32_t i = 0; i < count; i++) {
+        int32_t op = ((const int32_t *)operations)[i];
+        if (op < 0 || op >= ATOMIC_OPERATION_KINDS) return CUDA_ERROR_INVALID_VALUE;
+    }
+    memset(capabilities, 0, 4ull * count);
+    return CUDA_SUCCESS;
+}
+
 CUresult cuDeviceGetByPCIBusId(int32_t *dev, const char *bus_id) {
     GP_TRACE("cuDeviceGetByPCIBusId");
     unsigned want[4], have[4];
