@@ -2761,6 +2761,21 @@ def scenario_memory_calls():
     say("host_atomics", f"{native.value} {rc} {capabilities[0]} {capabilities[1]}")
     say("host_atomics_bad", [cu13.cuDeviceGetHostAtomicCapabilities(capabilities, (ctypes.c_int * 1)(13), 1, 0),
                              cu13.cuDeviceGetHostAtomicCapabilities(capabilities, (ctypes.c_int * 1)(0), 1, 5)])  # fmt: skip
+    # The worker's driver log (the host executor's says nothing): an iterator, a dump into memory and a file.
+    iterator, size = ctypes.c_uint(77), c_u64(64)
+    text = ctypes.create_string_buffer(b"x" * 64)
+    say("log_current", f"{cu.cuLogsCurrent(ctypes.byref(iterator), 0)} {iterator.value}")
+    rc = cu.cuLogsDumpToMemory(ctypes.byref(iterator), text, ctypes.byref(size), 0)
+    say("log_dump", f"{rc} {size.value} {text.raw[:1].hex()}")  # nothing since the iterator, NUL-terminated
+    say(
+        "log_dump_bad", [cu.cuLogsDumpToMemory(None, text, ctypes.byref(size), 1), size.value]
+    )  # reserved flags
+    path = f"/tmp/gpupool-log-{os.getpid()}"
+    rc = cu.cuLogsDumpToFile(None, path.encode(), 0)
+    with open(path, "rb") as file:
+        say("log_file", f"{rc} {file.read()!r}")
+    os.unlink(path)
+    say("log_file_unwritable", cu.cuLogsDumpToFile(None, b"/nonexistent-dir/log", 0))
     say("flush_rdma_writes", cu.cuFlushGPUDirectRDMAWrites(0, 100))  # CURRENT_CTX, TO_OWNER
     say("flush_bad_scope", cu.cuFlushGPUDirectRDMAWrites(0, 7))
 

@@ -484,6 +484,11 @@ def test_memory_settings_batches_and_hints_of_issue_25_act_on_the_leases_memory_
         "current_is_default": "True",
         "host_atomics": "0 0 0 0",  # HOST_NATIVE_ATOMIC_SUPPORTED 0; no operation native to the host
         "host_atomics_bad": "[1, 101]",  # an unknown operation; a device outside the lease
+        "log_current": "0 0",
+        "log_dump": "0 0 00",
+        "log_dump_bad": "[1, 0]",
+        "log_file": "0 b''",
+        "log_file_unwritable": "1",
         "flush_rdma_writes": "0",
         "flush_bad_scope": "1",
         "peer_3d": "0",

@@ -840,6 +840,12 @@ CALLS: tuple[Call, ...] = (
        how="accepted, never called: the driver's messages stay on the worker"),
     _c("cuLogsUnregisterCallback", 12080, "u64 handle", L, custom=True,
        how="accepted: the callback was never called"),
+    # The worker's driver log (the worker process is the lease's alone): read back, an iterator at a time.
+    _c("cuLogsCurrent", 12080, "o_u32 iterator, u32 flags"),
+    _c("cuLogsDumpToMemory", 12080, "ptr iterator, ptr buffer, ptr size, u32 flags", custom=True,
+       wire="u32 from_start, u32 iterator, u64 size, u32 flags, o_u32 next, o_u64 written"),
+    _c("cuLogsDumpToFile", 12080, "ptr iterator, cstr path, u32 flags", L, custom=True,
+       how="the worker's log read as cuLogsDumpToMemory, written to the file by the client"),
     # -- error strings, answered in the client --------------------------------------------------------
     # -- the profiler: a profiler attached to the worker (nsys, ncu) sees the program's range -----------
     _c("cuProfilerStart", 4000, ""),

@@ -256,9 +256,7 @@ GROUPS: tuple[Group, ...] = (
         """Plain queries of the lease's devices and memory; the
        driver's log (which stays on the worker) to be read from memory and written in the client; an
        asynchronous notification delivered on the callback connection, as host functions are.""",
-        "cuMemGetLocationInfo "
-        "cuDeviceRegisterAsyncNotification cuDeviceUnregisterAsyncNotification cuLogsCurrent cuLogsDumpToFile "
-        "cuLogsDumpToMemory",
+        "cuMemGetLocationInfo cuDeviceRegisterAsyncNotification cuDeviceUnregisterAsyncNotification",
     ),
 )
 

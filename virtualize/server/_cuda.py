@@ -1086,6 +1086,16 @@ class CudaExecutor(Executor):
     def cuDeviceGetDefaultMemPool(self, dev):
         return _int(_ok(driver.cuDeviceGetDefaultMemPool(self._d(dev))))
 
+    def cuLogsCurrent(self, flags):
+        return _int(_ok(driver.cuLogsCurrent(flags)))
+
+    def cuLogsDumpToMemory(self, iterator, size, flags):
+        """(the iterator after the dump, the log's bytes without the NUL)."""
+        buffer = bytearray(size)
+        start = None if iterator is None else driver.CUlogIterator(iterator)
+        following, written = _ok(driver.cuLogsDumpToMemory(start, buffer, size, flags))
+        return (0 if iterator is None else _int(following)), bytes(buffer[:written])
+
     def cuDeviceSetMemPool(self, dev, pool):
         _ok(driver.cuDeviceSetMemPool(self._d(dev), driver.CUmemoryPool(pool)))
 

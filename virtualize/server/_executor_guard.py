@@ -75,6 +75,8 @@ ATTRIBUTE_MASKS = {
     154: 0,
     119: POSIX_FILE_DESCRIPTOR,
 }
+# The most the driver keeps of its log (cuLogsDumpToMemory): no dump is larger.
+LOG_BYTES_MAX = 25600
 # CUpointer_attribute values the guard answers for memory in a window (cuda.h numbering).
 POINTER_CONTEXT, POINTER_DEVICE_ORDINAL, POINTER_LEGACY_IPC = 1, 9, 10
 POINTER_RANGE_START, POINTER_RANGE_SIZE, POINTER_MEMPOOL = 11, 12, 17
@@ -323,6 +325,7 @@ class Session:
             "cuMemGetAccess": self._vm_access,
             "cuMemExportToShareableHandle": self._vm_export,
             "cuDeviceGetP2PAtomicCapabilities": self._p2p_atomics,
+            "cuLogsDumpToMemory": self._logs_dump,
             "cuMemImportFromShareableHandle": self._vm_import,
             "cuStreamGetAttribute": self._stream_attribute,
             **dict.fromkeys(
@@ -851,6 +854,16 @@ class Session:
         operations = list(struct.unpack(f"<{count}i", raw))
         capabilities = self.executor.cuDeviceGetP2PAtomicCapabilities(operations, src, dst)
         return b"", struct.pack(f"<{count}I", *capabilities)
+
+    def _logs_dump(self, call: Call, ins: tuple):
+        """cuLogsDumpToMemory: the worker's driver log (this lease's process alone) from an iterator, or
+        from its start; the bytes without the driver's NUL, the advanced iterator and their length."""
+        from_start, iterator, size, flags = ins
+        following, text = self.executor.cuLogsDumpToMemory(
+            None if from_start else iterator, min(size, LOG_BYTES_MAX + 1), flags
+        )
+        text = bytes(text)[: max(size - 1, 0)]
+        return struct.pack("<IQ", following, len(text)), text
 
     def _vm_export(self, call: Call, ins: tuple):
         """cuMemExportToShareableHandle: memory this process holds, created to be shared as a POSIX file

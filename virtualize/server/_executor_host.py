@@ -671,6 +671,17 @@ class HostExecutor(Executor):
             raise CudaError(CUresult.INVALID_VALUE, "the pool is not of this device")
         self.current_pools[dev] = pool
 
+    # The host executor's driver writes no log messages: its log stays empty.
+    def cuLogsCurrent(self, flags):
+        if flags:
+            raise CudaError(CUresult.INVALID_VALUE, "flags are reserved")
+        return 0
+
+    def cuLogsDumpToMemory(self, iterator, size, flags):
+        if flags or not size:
+            raise CudaError(CUresult.INVALID_VALUE, "flags are reserved; a buffer holds at least the NUL")
+        return 0, b""
+
     def cuFlushGPUDirectRDMAWrites(self, target, scope):
         if target != 0 or scope not in (100, 200):  # CURRENT_CTX; TO_OWNER, TO_ALL_DEVICES
             raise CudaError(CUresult.INVALID_VALUE, "flush target or scope")

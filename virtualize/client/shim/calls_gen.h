@@ -1431,6 +1431,18 @@ GP_EXPORT CUresult cuEventElapsedTime_v2(float *ms, uint64_t start, uint64_t end
     return r;
 }
 
+GP_EXPORT CUresult cuLogsCurrent(uint32_t *iterator, uint32_t flags) {
+    GP_TRACE("cuLogsCurrent");
+    if (!iterator) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuLogsCurrent in = { .flags = flags };
+    struct gp_out_cuLogsCurrent out;
+    CUresult r = gp_call(GP_CALL_cuLogsCurrent, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *iterator = (uint32_t)out.iterator;
+    }
+    return r;
+}
+
 GP_EXPORT CUresult cuProfilerStart(void) {
     GP_TRACE("cuProfilerStart");
     CUresult r = gp_call(GP_CALL_cuProfilerStart, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, NULL, 0, NULL, 0);
@@ -1682,9 +1694,6 @@ GP_EXPORT CUresult cuLibraryGetUnifiedFunction(void) { return gp_unforwarded("cu
 GP_EXPORT CUresult cuLinkAddData(void) { return gp_unforwarded("cuLinkAddData"); }
 GP_EXPORT CUresult cuLinkAddFile(void) { return gp_unforwarded("cuLinkAddFile"); }
 GP_EXPORT CUresult cuLinkCreate(void) { return gp_unforwarded("cuLinkCreate"); }
-GP_EXPORT CUresult cuLogsCurrent(void) { return gp_unforwarded("cuLogsCurrent"); }
-GP_EXPORT CUresult cuLogsDumpToFile(void) { return gp_unforwarded("cuLogsDumpToFile"); }
-GP_EXPORT CUresult cuLogsDumpToMemory(void) { return gp_unforwarded("cuLogsDumpToMemory"); }
 GP_EXPORT CUresult cuMemAlloc(void) { return gp_unforwarded("cuMemAlloc"); }
 GP_EXPORT CUresult cuMemAllocHost(void) { return gp_unforwarded("cuMemAllocHost"); }
 GP_EXPORT CUresult cuMemAllocPitch(void) { return gp_unforwarded("cuMemAllocPitch"); }
@@ -1907,9 +1916,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuMemGetLocationInfo", "device, memory and log queries: not forwarded yet"},
     {"cuDeviceRegisterAsyncNotification", "device, memory and log queries: not forwarded yet"},
     {"cuDeviceUnregisterAsyncNotification", "device, memory and log queries: not forwarded yet"},
-    {"cuLogsCurrent", "device, memory and log queries: not forwarded yet"},
-    {"cuLogsDumpToFile", "device, memory and log queries: not forwarded yet"},
-    {"cuLogsDumpToMemory", "device, memory and log queries: not forwarded yet"},
 };
 
 /* What cuGetProcAddress hands out: (name, ABI version) -> function, sorted by name then version. */
@@ -2079,6 +2085,9 @@ static const struct gp_proc gp_procs[] = {
     {"cuLinkComplete", 5050, (void *)cuLinkComplete},
     {"cuLinkCreate", 6050, (void *)cuLinkCreate_v2},
     {"cuLinkDestroy", 5050, (void *)cuLinkDestroy},
+    {"cuLogsCurrent", 12080, (void *)cuLogsCurrent},
+    {"cuLogsDumpToFile", 12080, (void *)cuLogsDumpToFile},
+    {"cuLogsDumpToMemory", 12080, (void *)cuLogsDumpToMemory},
     {"cuLogsRegisterCallback", 12080, (void *)cuLogsRegisterCallback},
     {"cuLogsUnregisterCallback", 12080, (void *)cuLogsUnregisterCallback},
     {"cuMemAddressFree", 10020, (void *)cuMemAddressFree},

@@ -428,3 +428,44 @@ CUresult cuLogsUnregisterCallback(uint64_t handle) {
     GP_TRACE("cuLogsUnregisterCallback");
     return handle ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
+
+/* The worker's driver log: its bytes come back without the NUL, which the client adds. The driver keeps
+ * at most this much (older messages are overwritten): no dump is larger. */
+#define LOG_BYTES_MAX 25600
+
+CUresult cuLogsDumpToMemory(void *iterator_, void *buffer_, void *size_, uint32_t flags) {
+    GP_TRACE("cuLogsDumpToMemory");
+    uint32_t *iterator = iterator_; /* CUlogIterator: an unsigned int */
+    char *buffer = buffer_;
+    uint64_t *size = size_;
+    if (!buffer || !size) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t room = *size < LOG_BYTES_MAX + 1 ? *size : LOG_BYTES_MAX + 1;
+    struct gp_in_cuLogsDumpToMemory in = {
+        .from_start = !iterator, .iterator = iterator ? *iterator : 0, .size = room, .flags = flags};
+    struct gp_out_cuLogsDumpToMemory out = {0};
+    CUresult r = gp_call(GP_CALL_cuLogsDumpToMemory, WANT, &in, sizeof in, NULL, 0, &out, sizeof out, buffer,
+                         room ? room - 1 : 0);
+    if (r != CUDA_SUCCESS) {
+        if (r == CUDA_ERROR_INVALID_VALUE) *size = 0;
+        return r;
+    }
+    if (out.written >= room) out.written = room ? room - 1 : 0; /* the worker never sends more */
+    if (room) buffer[out.written] = 0;
+    *size = out.written;
+    if (iterator) *iterator = out.next;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLogsDumpToFile(void *iterator, const char *path, uint32_t flags) {
+    GP_TRACE("cuLogsDumpToFile");
+    if (!path) return CUDA_ERROR_INVALID_VALUE;
+    char *text = malloc(LOG_BYTES_MAX + 1);
+    if (!text) return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t size = LOG_BYTES_MAX + 1;
+    CUresult r = cuLogsDumpToMemory(iterator, text, &size, flags);
+    FILE *file = r == CUDA_SUCCESS ? fopen(path, "w") : NULL;
+    if (r == CUDA_SUCCESS && (!file || fwrite(text, 1, size, file) != size)) r = CUDA_ERROR_INVALID_VALUE;
+    if (file && fclose(file) != 0) r = CUDA_ERROR_INVALID_VALUE;
+    free(text);
+    return r;
+}
