@@ -190,6 +190,13 @@ def main() -> int:
     managed_hints(stream, cuda13)
     pointer_and_pool(dev, stream)
     copies_and_stream_operations(ctx, stream, cuda13)
+    if (
+        version >= 12080
+    ):  # the driver's log: its text differs (the worker's process, remotely), not the results
+        err, iterator = driver.cuLogsCurrent(0)
+        print("log iterator", err.name)
+        buffer = bytearray(4096)
+        print("log dump", name(driver.cuLogsDumpToMemory(iterator, buffer, len(buffer), 0)))
     ok(driver.cuStreamDestroy(stream))
     print("libcuda", loaded_libcuda(), file=sys.stderr)
     return 0
