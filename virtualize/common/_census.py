@@ -211,8 +211,8 @@ GROUPS: tuple[Group, ...] = (
     _g(
         "recapture, host functions with flags",
         N,
-        """A recapture is a capture into a graph of the lease; a host function with flags runs in the
-       client as cuLaunchHostFunc's do.""",
+        """A recapture is a capture into a graph of the lease; a host function with a synchronisation
+       mode runs in the client as cuLaunchHostFunc's do, once its modes are mapped onto them.""",
         "cuStreamBeginRecaptureToGraph cuLaunchHostFunc_v2",
     ),
     _g(
@@ -253,9 +253,9 @@ GROUPS: tuple[Group, ...] = (
     _g(
         "device, memory and log queries",
         N,
-        """Plain queries of the lease's devices and memory; the
-       driver's log (which stays on the worker) to be read from memory and written in the client; an
-       asynchronous notification delivered on the callback connection, as host functions are.""",
+        """Where the lease's memory lies (cuMemGetLocationInfo) is a plain query of the
+       lease's memory, its address checked; an asynchronous notification is to be delivered on the callback
+       connection, as host functions are.""",
         "cuMemGetLocationInfo cuDeviceRegisterAsyncNotification cuDeviceUnregisterAsyncNotification",
     ),
 )
