@@ -2807,6 +2807,9 @@ def scenario_memory_calls():
     say("attach_managed", cu.cuStreamAttachMemAsync(stream, managed, c_u64(0), 4))  # CU_MEM_ATTACH_SINGLE
     say("attach_plain", cu.cuStreamAttachMemAsync(stream, c_u64(buf), c_u64(0), 4))
     say("attach_bad_flags", cu.cuStreamAttachMemAsync(stream, managed, c_u64(0), 3))
+    rc = cu.cuStreamBatchMemOp(stream, 2, mem_op(2, at + 20, 5) + mem_op(2, managed.value, 5), 0)
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("batch_on_managed_memory", f"{rc} {dtoh(at + 20, 4)[1].hex()}")  # refused whole: nothing written
 
     source = ctypes.create_string_buffer(b"\x42" * 512)
     attribute = MemcpyAttributes(1)  # CU_MEMCPY_SRC_ACCESS_ORDER_STREAM

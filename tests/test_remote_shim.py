@@ -504,6 +504,7 @@ def test_memory_settings_batches_and_hints_of_issue_25_act_on_the_leases_memory_
         "attach_managed": "0",
         "attach_plain": "1",  # only managed memory attaches to a stream
         "attach_bad_flags": "1",
+        "batch_on_managed_memory": "801 00000000",  # CUDA_ERROR_NOT_SUPPORTED, as a single write there
         "copy_with_attributes": "0",
         "copy_3d_with_attributes": "0",
         "attributed_copies_landed": "True",
@@ -528,7 +529,7 @@ def test_memory_settings_batches_and_hints_of_issue_25_act_on_the_leases_memory_
         "unknown_advice": "1",
         "new_memory_has_no_advice": "['0 -2', '0 -2']",
     }
-    assert "gpupool:" not in err
+    assert "not forwarded yet" not in err  # every call of the scenario is served
 
 
 def test_a_pool_and_its_pointers_are_shared_with_another_process_of_the_lease(shim_dir, worker):
