@@ -2932,6 +2932,173 @@ def scenario_stream_attributes():
     say("device_properties", f"{rc} {props[0]} {props[9]}")  # max threads per block, warp size
 
 
+def mem_op(op, addr=0, value=0, flags=0):
+    """One CUstreamBatchMemOpParams (48 bytes): operation, then a wait's or write's address, value, flags."""
+    params = (ctypes.c_uint8 * 48)()
+    struct.pack_into("<IxxxxQQI", params, 0, op, addr, value, flags)
+    return bytes(params)
+
+
+def scenario_memory_calls():
+    """Issue 25's memory calls on the lease's memory: a pointer's SYNC_MEMOPS set and read back, a device's
+    current pool set to a pool of the lease and back, a flush of GPUDirect RDMA writes, 3D copies between
+    contexts, stream memory operations in a batch, managed memory attached to a stream, a copy with
+    attributes, batched prefetch and discard; each refused where the driver refuses or the memory is not
+    the lease's."""
+    ctx = setup()
+    rc, buf = alloc(1 << 20)
+    check(rc, "alloc")
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    on, flag = ctypes.c_uint32(1), ctypes.c_uint32(7)
+    say("set_sync_memops", cu.cuPointerSetAttribute(ctypes.byref(on), 6, c_u64(buf + 64)))
+    check(cu.cuPointerGetAttribute(ctypes.byref(flag), 6, c_u64(buf)), "sync memops")
+    say("sync_memops", flag.value)
+    say("set_sync_memops_elsewhere", cu.cuPointerSetAttribute(ctypes.byref(on), 6, c_u64(0x1000)))
+    say("set_unsettable_attribute", cu.cuPointerSetAttribute(ctypes.byref(on), 1, c_u64(buf)))
+
+    pool, default, current, ptr = c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuMemPoolCreate(ctypes.byref(pool), ctypes.byref(PoolProps(1, 0, 1, 0))), "pool create")
+    check(cu.cuDeviceGetDefaultMemPool(ctypes.byref(default), 0), "default pool")
+    say("set_pool", cu.cuDeviceSetMemPool(0, pool))
+    check(cu.cuDeviceGetMemPool(ctypes.byref(current), 0), "current pool")
+    say("current_is_set", current.value == pool.value)
+    check(cu.cuMemAllocAsync(ctypes.byref(ptr), c_u64(4096), stream), "alloc from the current pool")
+    check(cu.cuMemFreeAsync(ptr, stream), "free")
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("set_foreign_pool", cu.cuDeviceSetMemPool(0, c_u64(0xDEAD0000)))
+    say("set_default_back", cu.cuDeviceSetMemPool(0, default))
+    check(cu.cuDeviceGetMemPool(ctypes.byref(current), 0), "current pool")
+    say("current_is_default", current.value == default.value)
+    check(cu.cuMemPoolDestroy(pool), "pool destroy")
+
+    native = ctypes.c_int(-1)
+    check(cu.cuDeviceGetAttribute(ctypes.byref(native), 86, 0), "host native atomics")
+    capabilities = (ctypes.c_uint * 2)(7, 7)
+    rc = cu13.cuDeviceGetHostAtomicCapabilities(
+        capabilities, (ctypes.c_int * 2)(0, 10), 2, 0
+    )  # INTEGER_ADD, FLOAT_ADD
+    say("host_atomics", f"{native.value} {rc} {capabilities[0]} {capabilities[1]}")
+    say("host_atomics_bad", [cu13.cuDeviceGetHostAtomicCapabilities(capabilities, (ctypes.c_int * 1)(13), 1, 0),
+                             cu13.cuDeviceGetHostAtomicCapabilities(capabilities, (ctypes.c_int * 1)(0), 1, 5)])  # fmt: skip
+    # The worker's driver log (the host executor's says nothing): an iterator, a dump into memory and a file.
+    iterator, size = ctypes.c_uint(77), c_u64(64)
+    text = ctypes.create_string_buffer(b"x" * 64)
+    say("log_current", f"{cu.cuLogsCurrent(ctypes.byref(iterator), 0)} {iterator.value}")
+    rc = cu.cuLogsDumpToMemory(ctypes.byref(iterator), text, ctypes.byref(size), 0)
+    say("log_dump", f"{rc} {size.value} {text.raw[:1].hex()}")  # nothing since the iterator, NUL-terminated
+    say(
+        "log_dump_bad", [cu.cuLogsDumpToMemory(None, text, ctypes.byref(size), 1), size.value]
+    )  # reserved flags
+    path = f"/tmp/gpupool-log-{os.getpid()}"
+    rc = cu.cuLogsDumpToFile(None, path.encode(), 0)
+    with open(path, "rb") as file:
+        say("log_file", f"{rc} {file.read()!r}")
+    os.unlink(path)
+    say("log_file_unwritable", cu.cuLogsDumpToFile(None, b"/nonexistent-dir/log", 0))
+    say("flush_rdma_writes", cu.cuFlushGPUDirectRDMAWrites(0, 100))  # CURRENT_CTX, TO_OWNER
+    say("flush_bad_scope", cu.cuFlushGPUDirectRDMAWrites(0, 7))
+
+    check(cu.cuMemcpyHtoD(c_u64(buf), bytes(range(256)), c_u64(256)), "fill")
+    peer = Memcpy3D(srcMemoryType=DEVICE, srcDevice=buf, srcReserved=ctx.value, dstMemoryType=DEVICE,
+                    dstDevice=buf + 4096, dstReserved=ctx.value, WidthInBytes=256, Height=1, Depth=1)  # fmt: skip
+    say("peer_3d", cu.cuMemcpy3DPeer(ctypes.byref(peer)))
+    peer.dstDevice = buf + 8192
+    say("peer_3d_async", cu.cuMemcpy3DPeerAsync(ctypes.byref(peer), stream))
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("peer_copied", dtoh(buf + 4096, 256)[1] == bytes(range(256)) == dtoh(buf + 8192, 256)[1])
+    peer.dstDevice = 0x1000
+    say("peer_3d_elsewhere", cu.cuMemcpy3DPeer(ctypes.byref(peer)))
+
+    # Stream memory operations in a batch: WRITE_VALUE_32, WRITE_VALUE_64, a BARRIER, WAIT_VALUE_32.
+    at = buf + 16384
+    ops = mem_op(2, at, 7) + mem_op(5, at + 8, 1 << 40) + mem_op(6) + mem_op(1, at, 7)
+    say("batch_mem_op", cu.cuStreamBatchMemOp(stream, 4, ops, 0))
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("batch_written", struct.unpack("<IIQ", dtoh(at, 16)[1]))
+    say("batch_bad_op", cu.cuStreamBatchMemOp(stream, 2, mem_op(2, at + 16, 9) + mem_op(9), 0))
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("bad_batch_wrote_nothing", dtoh(at + 16, 4)[1].hex())
+    say("batch_past_the_end", cu.cuStreamBatchMemOp(stream, 1, mem_op(5, buf + (1 << 20) - 4, 1), 0))
+    say("sync_after_batch", cu.cuStreamSynchronize(stream))
+
+    managed = c_u64()
+    check(cu.cuMemAllocManaged(ctypes.byref(managed), c_u64(8192), 1), "alloc managed")
+    say("attach_managed", cu.cuStreamAttachMemAsync(stream, managed, c_u64(0), 4))  # CU_MEM_ATTACH_SINGLE
+    say("attach_plain", cu.cuStreamAttachMemAsync(stream, c_u64(buf), c_u64(0), 4))
+    say("attach_bad_flags", cu.cuStreamAttachMemAsync(stream, managed, c_u64(0), 3))
+    rc = cu.cuStreamBatchMemOp(stream, 2, mem_op(2, at + 20, 5) + mem_op(2, managed.value, 5), 0)
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("batch_on_managed_memory", f"{rc} {dtoh(at + 20, 4)[1].hex()}")  # refused whole: nothing written
+
+    source = ctypes.create_string_buffer(b"\x42" * 512)
+    attribute = MemcpyAttributes(1)  # CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+    rc = cu13.cuMemcpyWithAttributesAsync(c_u64(buf + 32768), c_u64(ctypes.addressof(source)), c_u64(512),
+                                          ctypes.byref(attribute), stream)  # fmt: skip
+    say("copy_with_attributes", rc)
+    whole = BatchOp3D(
+        Operand3D(1, 0, buf + 32768, 0, 0), Operand3D(1, 0, buf + 40960, 0, 0), (c_u64 * 3)(512, 1, 1), 1
+    )
+    say("copy_3d_with_attributes", cu13.cuMemcpy3DWithAttributesAsync(ctypes.byref(whole), c_u64(0), stream))
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("attributed_copies_landed", dtoh(buf + 40960, 512)[1] == b"\x42" * 512)
+    say("copy_invalid_order", cu13.cuMemcpyWithAttributesAsync(c_u64(buf), c_u64(buf + 512), c_u64(64),
+                                                                ctypes.byref(MemcpyAttributes(0)), stream))  # fmt: skip
+
+    # Batched prefetch and discard: hints over managed memory (which the next device work brings up to
+    # date whatever the hints say): checked, and accepted.
+    ranges, sizes = (c_u64 * 2)(managed.value, managed.value + 4096), (c_u64 * 2)(4096, 4096)
+    locations, starts = (c_u64 * 2)(1, 2), (c_u64 * 2)(0, 1)  # device 0 for the first range, the host after
+    rc = cu13.cuMemPrefetchBatchAsync(ranges, sizes, c_u64(2), locations, starts, c_u64(2), c_u64(0), stream)
+    say("prefetch_batch", rc)
+    plain = (c_u64 * 2)(managed.value, buf)
+    say("prefetch_batch_plain", cu13.cuMemPrefetchBatchAsync(plain, sizes, c_u64(2), locations, starts, c_u64(2),
+                                                             c_u64(0), stream))  # fmt: skip
+    say("prefetch_batch_bad_starts", cu13.cuMemPrefetchBatchAsync(ranges, sizes, c_u64(2), locations,
+                                                                  (c_u64 * 2)(1, 0), c_u64(2), c_u64(0), stream))  # fmt: skip
+    say("discard_batch", cu13.cuMemDiscardBatchAsync(ranges, sizes, c_u64(2), c_u64(0), stream))
+    say("discard_batch_plain", cu13.cuMemDiscardBatchAsync(plain, sizes, c_u64(2), c_u64(0), stream))
+    rc = cu13.cuMemDiscardAndPrefetchBatchAsync(
+        ranges, sizes, c_u64(2), locations, starts, c_u64(2), c_u64(0), stream
+    )
+    say("discard_and_prefetch_batch", rc)
+    say("sync", cu.cuStreamSynchronize(stream))
+
+    # What was advised and prefetched, read back per range (pages of 4 KiB here).
+    def attribute(number, start, length, slots=1):
+        out = (ctypes.c_int * slots)()
+        rc = cu.cuMemRangeGetAttribute(out, c_u64(4 * slots), number, c_u64(start), c_u64(length))
+        return f"{rc} {' '.join(map(str, out))}"
+
+    m = managed.value
+    say(
+        "last_prefetch_per_range",
+        [attribute(4, m, 4096), attribute(4, m + 4096, 4096), attribute(4, m, 8192)],
+    )
+    say("last_prefetch_type_id", [attribute(7, m, 4096), attribute(8, m, 4096), attribute(7, m + 4096, 4096)])
+    say("no_advice_yet", [attribute(1, m, 8192), attribute(2, m, 8192), attribute(3, m, 8192, 3)])
+    device0, host = c_u64(1), c_u64(2)  # CUmemLocation by value (cuMemAdvise_v2): DEVICE 0, HOST
+    check(cu.cuMemAdvise(managed, c_u64(8192), 1, device0), "read mostly")  # SET_READ_MOSTLY
+    check(cu.cuMemAdvise(managed, c_u64(100), 3, device0), "preferred")  # SET_PREFERRED_LOCATION: 1 page
+    check(cu.cuMemAdvise(managed, c_u64(8192), 5, device0), "accessed by device 0")  # SET_ACCESSED_BY
+    check(cu.cuMemAdvise(c_u64(m + 4096), c_u64(4096), 5, host), "accessed by the host")
+    say("read_mostly", attribute(1, m, 8192))
+    say("preferred", [attribute(2, m, 4096), attribute(2, m, 8192), attribute(5, m, 10), attribute(6, m, 10)])
+    say("accessed_by", [attribute(3, m, 8192, 3), attribute(3, m + 4096, 4096, 3)])
+    check(cu.cuMemAdvise(managed, c_u64(8192), 2, device0), "not read mostly")  # UNSET_READ_MOSTLY
+    values = (ctypes.c_int * 2)(9, 9)
+    pointers = (ctypes.c_void_p * 2)(ctypes.addressof(values), ctypes.addressof(values) + 4)
+    rc = cu.cuMemRangeGetAttributes(pointers, (c_u64 * 2)(4, 4), (ctypes.c_int * 2)(1, 2), c_u64(2), managed,
+                                    c_u64(4096))  # fmt: skip
+    say("attributes", f"{rc} {values[0]} {values[1]}")
+    say("attribute_of_plain_memory", attribute(1, buf, 64))
+    say("attribute_wrong_size", cu.cuMemRangeGetAttribute(values, c_u64(8), 1, managed, c_u64(64)))
+    say("unknown_advice", cu.cuMemAdvise(managed, c_u64(64), 9, device0))
+    check(cu.cuMemFree(managed), "free managed")
+    check(cu.cuMemAllocManaged(ctypes.byref(managed), c_u64(8192), 1), "alloc managed again")
+    say("new_memory_has_no_advice", [attribute(2, managed.value, 8192), attribute(4, managed.value, 8192)])
+
+
 def scenario_collision():
     # Host memory of this process where a worker without a window would put its first allocation, and
     # every range where workers place windows taken as well: the shim must fall back.

@@ -81,6 +81,7 @@ def cuda_executor_worker(shim_dir):
         "async_copy_ordering",
         "pinned_stream_order",
         "pinned_kernels",
+        "memory_calls",
     ],
 )
 def test_the_cuda_executor_serves_every_scenario(shim_dir, cuda_executor_worker, scenario):
@@ -149,6 +150,24 @@ def test_the_cuda_executor_serves_every_scenario(shim_dir, cuda_executor_worker,
             "exec_updated": "[16, 320]",
             "registered_launch": "801 801",
         },
+        "memory_calls": {  # the executor's cuPointerSetAttribute, cuDeviceSetMemPool, cuFlushGPUDirectRDMAWrites
+            "set_sync_memops": "0",
+            "sync_memops": "1",
+            "set_sync_memops_elsewhere": "1",
+            "set_pool": "0",
+            "current_is_set": "True",
+            "set_default_back": "0",
+            "current_is_default": "True",
+            "flush_rdma_writes": "0",
+            "flush_bad_scope": "1",
+            "log_current": "0 0",
+            "log_dump": "0 0 00",
+            "log_dump_bad": "[1, 0]",
+            "peer_copied": "True",
+            "batch_written": "(7, 0, 1099511627776)",
+            "sync_after_batch": "1",
+            "new_memory_has_no_advice": "['0 -2', '0 -2']",
+        },
     }[scenario]
     assert {k: out.get(k) for k in expected} == expected
 
@@ -174,6 +193,33 @@ def test_the_gpu_machines_raw_bindings_program_runs_here_on_the_host_executor(sh
     ):
         assert line in lines, proc.stdout
     assert "libcuda" in proc.stderr and str(shim_dir) in proc.stderr  # it loaded the shim
+
+
+def test_the_gpu_machines_memory_calls_program_runs_here_on_the_host_executor(shim_dir, worker, tmp_path):
+    """tests/gpu/remote/prog_memory_calls.py itself (issue 25's memory calls through cuda.bindings' own
+    structures): every step answers CUDA_SUCCESS and reads back what it set."""
+    program = Path(__file__).parent / "gpu" / "remote" / "prog_memory_calls.py"
+    proc = subprocess.run([sys.executable, str(program)], env=client_env(shim_dir, worker), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    for line in (
+        "first half ('CUDA_SUCCESS', 1) ('CUDA_SUCCESS', 0) ('CUDA_SUCCESS', [0, -2, -2]) ('CUDA_SUCCESS', 0)",
+        "second half ('CUDA_SUCCESS', 1) ('CUDA_SUCCESS', -2) ('CUDA_SUCCESS', [0, -1, -2]) ('CUDA_SUCCESS', -1)",
+        "whole ('CUDA_SUCCESS', 1) ('CUDA_SUCCESS', -2) ('CUDA_SUCCESS', [0, -2, -2]) ('CUDA_SUCCESS', -2)",
+        "attributes of the first half CUDA_SUCCESS [1, 0]",
+        "after the batch ('CUDA_SUCCESS', -1) ('CUDA_SUCCESS', 0)",
+        "SYNC_MEMOPS True",
+        "current is the new pool True",
+        "current is the default True",
+        "flush GPUDirect RDMA writes CUDA_SUCCESS",
+        "copied True",
+        "written 7 1099511627776",
+        "copied with attributes True",
+    ):
+        assert line in lines, proc.stdout
+    assert not [line for line in lines if "CUDA_ERROR" in line], proc.stdout
+    assert str(shim_dir) in proc.stderr  # it loaded the shim
 
 
 NATIVE_CALLS_LINES = [

@@ -466,6 +466,72 @@ def test_stream_attributes_and_memory_operations_touch_only_the_leases_memory(sh
     assert "is not forwarded to the remote GPU" not in err
 
 
+def test_memory_settings_batches_and_hints_of_issue_25_act_on_the_leases_memory_only(shim_dir, worker):
+    """cuPointerSetAttribute, cuDeviceSetMemPool, cuFlushGPUDirectRDMAWrites, cuMemcpy3DPeer(Async),
+    cuStreamBatchMemOp, cuStreamAttachMemAsync, cuMemcpy(3D)WithAttributesAsync, batched prefetch and
+    discard, and cuMemRangeGetAttribute(s) over what was advised and prefetched answer as the driver does,
+    and refuse memory, pools or operations that are not the lease's."""
+    out, err = run_client("memory_calls", client_env(shim_dir, worker))
+    assert out == {
+        "set_sync_memops": "0",
+        "sync_memops": "1",  # read back anywhere in the allocation
+        "set_sync_memops_elsewhere": "1",  # CUDA_ERROR_INVALID_VALUE: not the lease's memory
+        "set_unsettable_attribute": "1",
+        "set_pool": "0",
+        "current_is_set": "True",
+        "set_foreign_pool": "400",  # CUDA_ERROR_INVALID_HANDLE: not a pool of the lease
+        "set_default_back": "0",
+        "current_is_default": "True",
+        "host_atomics": "0 0 0 0",  # HOST_NATIVE_ATOMIC_SUPPORTED 0; no operation native to the host
+        "host_atomics_bad": "[1, 101]",  # an unknown operation; a device outside the lease
+        "log_current": "0 0",
+        "log_dump": "0 0 00",
+        "log_dump_bad": "[1, 0]",
+        "log_file": "0 b''",
+        "log_file_unwritable": "1",
+        "flush_rdma_writes": "0",
+        "flush_bad_scope": "1",
+        "peer_3d": "0",
+        "peer_3d_async": "0",
+        "peer_copied": "True",
+        "peer_3d_elsewhere": "1",
+        "batch_mem_op": "0",
+        "batch_written": "(7, 0, 1099511627776)",
+        "batch_bad_op": "1",  # an unknown operation: refused before any operation of the batch is sent
+        "bad_batch_wrote_nothing": "00000000",
+        "batch_past_the_end": "0",  # asynchronous ...
+        "sync_after_batch": "1",  # ... its last 4 bytes are not the lease's: CUDA_ERROR_INVALID_VALUE
+        "attach_managed": "0",
+        "attach_plain": "1",  # only managed memory attaches to a stream
+        "attach_bad_flags": "1",
+        "batch_on_managed_memory": "801 00000000",  # CUDA_ERROR_NOT_SUPPORTED, as a single write there
+        "copy_with_attributes": "0",
+        "copy_3d_with_attributes": "0",
+        "attributed_copies_landed": "True",
+        "copy_invalid_order": "1",
+        "prefetch_batch": "0",
+        "prefetch_batch_plain": "1",
+        "prefetch_batch_bad_starts": "1",
+        "discard_batch": "0",
+        "discard_batch_plain": "1",
+        "discard_and_prefetch_batch": "0",
+        "sync": "0",
+        # cuMemRangeGetAttribute: rc, then the value(s); CU_DEVICE_CPU -1, CU_DEVICE_INVALID -2
+        "last_prefetch_per_range": "['0 0', '0 -1', '0 -2']",  # device 0, the host, the two disagree
+        "last_prefetch_type_id": "['0 1', '0 0', '0 2']",  # DEVICE 0; HOST
+        "no_advice_yet": "['0 0', '0 -2', '0 -2 -2 -2']",
+        "read_mostly": "0 1",
+        "preferred": "['0 0', '0 -2', '0 1', '0 0']",  # the advised page; with one that was not; type, id
+        "accessed_by": "['0 0 -2 -2', '0 0 -1 -2']",  # devices advised for every page of the range
+        "attributes": "0 0 0",  # read mostly unset again; preferred device 0
+        "attribute_of_plain_memory": "1 0",
+        "attribute_wrong_size": "1",
+        "unknown_advice": "1",
+        "new_memory_has_no_advice": "['0 -2', '0 -2']",
+    }
+    assert "not forwarded yet" not in err  # every call of the scenario is served
+
+
 def test_a_pool_and_its_pointers_are_shared_with_another_process_of_the_lease(shim_dir, worker):
     out, _ = run_client("pool_export", client_env(shim_dir, worker))
     assert out == {

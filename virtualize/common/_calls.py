@@ -292,9 +292,9 @@ CALLS: tuple[Call, ...] = (
        symbol="cuMemPrefetchAsync_v2", custom=True,
        how="to a device: sends what the host wrote; to the host: the next touch fetches"),
     _c("cuMemAdvise", 8000, "dptr dptr, u64 count, i32 advice, i32 device", L, custom=True,
-       how="a hint: checked (managed memory only) and accepted"),
+       how="a hint: checked (managed memory only) and kept for cuMemRangeGetAttribute"),
     _c("cuMemAdvise", 12020, "dptr dptr, u64 count, i32 advice, u64 location", L, symbol="cuMemAdvise_v2",
-       custom=True, how="a hint: checked (managed memory only) and accepted"),
+       custom=True, how="a hint: checked (managed memory only) and kept for cuMemRangeGetAttribute"),
     _c("cuMemAllocAsync", 11020, "o_dptr dptr, u64 bytesize, stream stream", custom=True),
     _c("cuMemAllocFromPoolAsync", 11020, "o_dptr dptr, u64 bytesize, pool pool, stream stream", custom=True),
     _c("cuMemFreeAsync", 11020, "dptr dptr, stream stream", A, custom=True),
@@ -312,7 +312,7 @@ CALLS: tuple[Call, ...] = (
     _c("cuMemGetDefaultMemPool", 13000, "o_pool pool, ptr location, i32 type", L, custom=True,
        how="host and managed pools are the client's (shim_pools.c); a device's pool is its cuDeviceGetMemPool on the worker"),
     _c("cuMemSetMemPool", 13000, "ptr location, i32 type, pool pool", L, custom=True,
-       how="host and managed pools are the client's (shim_pools.c); a device's pool is its cuDeviceGetMemPool on the worker"),
+       how="host and managed pools are the client's (shim_pools.c); a device's is set by its cuDeviceSetMemPool on the worker"),
     _c("cuMemPoolSetAccess", 11020, "pool pool, ptr map, u64 count", L, custom=True,
        how="every device of the lease may read and write a pool's memory: answered in the client"),
     _c("cuMemPoolGetAccess", 11020, "ptr flags, pool pool, ptr location", L, custom=True,
@@ -515,6 +515,42 @@ CALLS: tuple[Call, ...] = (
        wire="i32 attr, dptr ptr, o_u64 value"),
     _c("cuPointerGetAttributes", 7000, "u32 count, ptr attrs, ptr data, u64 ptr", L, custom=True,
        how="sent as cuPointerGetAttribute, one attribute at a time"),
+    # -- issue 25's memory calls (one block: device and memory settings, managed-memory hints, copies) --
+    # The only settable attribute (SYNC_MEMOPS) of a device pointer the worker checks is the lease's.
+    _c("cuPointerSetAttribute", 6000, "ptr value, i32 attr, u64 ptr", custom=True,
+       wire="i32 attr, dptr ptr, u32 value"),
+    # A device's current pool is a pool of the lease (one worker process per lease: no other lease's).
+    _c("cuDeviceSetMemPool", 11020, "i32 dev, pool pool"),
+    _c("cuDeviceGetHostAtomicCapabilities", 13000, "ptr capabilities, ptr operations, u32 count, i32 dev", L,
+       custom=True, how="no operation is native: the program's host memory reaches the GPU through a mirror"),
+    _c("cuFlushGPUDirectRDMAWrites", 11030, "i32 target, i32 scope"),
+    # CUDA_MEMCPY3D_PEER is CUDA_MEMCPY3D with the contexts where its reserved words are: with unified
+    # addressing the addresses name their devices, so the copy is sent as cuMemcpy3D's.
+    _c("cuMemcpy3DPeer", 4000, "ptr copy", L, custom=True, how="sent as gpMemcpy3D, the host side packed"),
+    _c("cuMemcpy3DPeerAsync", 4000, "ptr copy, stream stream", L, custom=True,
+       how="sent as gpMemcpy3D, the host side packed"),
+    _c("cuStreamAttachMemAsync", 6000, "stream stream, dptr dptr, u64 length, u32 flags", L, custom=True,
+       how="a hint: checked (managed memory of the lease, a valid flag) and accepted, as cuMemAdvise"),
+    *(_c("cuStreamBatchMemOp", since, "stream stream, u32 count, ptr ops, u32 flags", L, symbol=symbol,
+         custom=True, how="each wait or write sent as its cuStreamWaitValue/cuStreamWriteValue, in order")
+      for since, symbol in ((8000, "cuStreamBatchMemOp"), (11070, "cuStreamBatchMemOp_v2"))),
+    # What the program advised about managed memory and where it prefetched it, kept in the client per page.
+    _c("cuMemRangeGetAttribute", 8000, "ptr data, u64 size, i32 attribute, dptr ptr, u64 count", L, custom=True,
+       how="the advice and prefetches the client kept, per page"),
+    _c("cuMemRangeGetAttributes", 8000, "ptr data, ptr sizes, ptr attributes, u64 n, dptr ptr, u64 count", L,
+       custom=True, how="the advice and prefetches the client kept, per page"),
+    _c("cuMemcpyWithAttributesAsync", 13000, "dptr dst, dptr src, u64 size, ptr attr, stream stream", L,
+       custom=True, how="the attributes checked as a batch's; sent as cuMemcpyAsync"),
+    _c("cuMemcpy3DWithAttributesAsync", 13000, "ptr op, u64 flags, stream stream", L, custom=True,
+       how="sent as cuMemcpy3DBatchAsync's one copy"),
+    _c("cuMemPrefetchBatchAsync", 13000, "ptr dptrs, ptr sizes, u64 count, ptr locations, ptr location_idxs, "
+       "u64 num_locations, u64 flags, stream stream", L, custom=True,
+       how="each range sent as cuMemPrefetchAsync to its location"),
+    _c("cuMemDiscardBatchAsync", 13000, "ptr dptrs, ptr sizes, u64 count, u64 flags, stream stream", L,
+       custom=True, how="a hint: each range checked (managed memory) and its contents kept"),
+    _c("cuMemDiscardAndPrefetchBatchAsync", 13000, "ptr dptrs, ptr sizes, u64 count, ptr locations, "
+       "ptr location_idxs, u64 num_locations, u64 flags, stream stream", L, custom=True,
+       how="each range sent as cuMemPrefetchAsync to its location (its contents kept)"),
     # -- modules and libraries: the image travels once, functions and globals are handles ------------
     _c("cuModuleLoadData", 2000, "o_module module, ptr image", custom=True, wire="o_module module, bytes image"),
     _c("cuModuleLoadDataEx", 2010, "o_module module, ptr image, u32 n, ptr options, ptr values", custom=True,
@@ -863,6 +899,12 @@ CALLS: tuple[Call, ...] = (
        how="accepted, never called: the driver's messages stay on the worker"),
     _c("cuLogsUnregisterCallback", 12080, "u64 handle", L, custom=True,
        how="accepted: the callback was never called"),
+    # The worker's driver log (the worker process is the lease's alone): read back, an iterator at a time.
+    _c("cuLogsCurrent", 12080, "o_u32 iterator, u32 flags"),
+    _c("cuLogsDumpToMemory", 12080, "ptr iterator, ptr buffer, ptr size, u32 flags", custom=True,
+       wire="u32 from_start, u32 iterator, u64 size, u32 flags, o_u32 next, o_u64 written"),
+    _c("cuLogsDumpToFile", 12080, "ptr iterator, cstr path, u32 flags", L, custom=True,
+       how="the worker's log read as cuLogsDumpToMemory, written to the file by the client"),
     # -- error strings, answered in the client --------------------------------------------------------
     # -- the profiler: a profiler attached to the worker (nsys, ncu) sees the program's range -----------
     _c("cuProfilerStart", 4000, ""),

@@ -169,29 +169,11 @@ GROUPS: tuple[Group, ...] = (
         "cuArray* cuMipmappedArray* cuTexObject* cuSurfObject* cuMemMapArrayAsync",
     ),
     _g(
-        "3D copies between contexts",
+        "batched decompression",
         N,
-        """A 3D copy between two contexts of the lease is a 3D copy (gpMemcpy3D) whose sides name their
-       contexts.""",
-        "cuMemcpy3DPeer cuMemcpy3DPeerAsync",
-    ),
-    _g(
-        "batched and attributed copies, batched prefetch and discard",
-        N,
-        """Each copy of the batch is
-       checked and sent as a single copy is; a prefetch or discard range is checked against the
-       lease.""",
-        "cuMemcpyWithAttributesAsync cuMemcpy3DWithAttributesAsync "
-        "cuMemPrefetchBatchAsync cuMemDiscardBatchAsync cuMemDiscardAndPrefetchBatchAsync "
+        """Each operation's source and destination are to be checked against the lease as a copy's are,
+       its out-parameters (the status and the bytes written) are device memory of the lease.""",
         "cuMemBatchDecompressAsync",
-    ),
-    _g(
-        "memory pools beyond the default, and pool access",
-        N,
-        """A pool is a handle of the lease already;
-       the current pool of a device or location, and a pool's access from other devices, are settings of
-       the worker's driver over the lease's pools.""",
-        "cuDeviceSetMemPool",
     ),
     _g(
         "multicast, logical endpoints and NVLink fabric",
@@ -221,12 +203,11 @@ GROUPS: tuple[Group, ...] = (
         "cuGraphBatchMemOpNodeGetParams cuGraphBatchMemOpNodeSetParams cuGraphExecBatchMemOpNodeSetParams",
     ),
     _g(
-        "stream memory operations, managed memory attached to a stream, recapture",
+        "recapture, host functions with flags",
         N,
-        """A wait or write on a value is at an address of the lease, checked as a copy's is; attaching
-       managed memory to a stream is a hint over memory the lease mirrors; a recapture is a capture into a
-       graph of the lease.""",
-        "cuStreamBatchMemOp cuStreamAttachMemAsync cuStreamBeginRecaptureToGraph cuLaunchHostFunc_v2",
+        """A recapture is a capture into a graph of the lease; a host function with a synchronisation
+       mode runs in the client as cuLaunchHostFunc's do, once its modes are mapped onto them.""",
+        "cuStreamBeginRecaptureToGraph cuLaunchHostFunc_v2",
     ),
     _g(
         "code: managed globals, unified functions, multi-device launches, tensor-map classes",
@@ -266,13 +247,10 @@ GROUPS: tuple[Group, ...] = (
     _g(
         "device, memory and log queries",
         N,
-        """Plain queries of the lease's devices and memory; the
-       driver's log (which stays on the worker) to be read from memory and written in the client; an
-       asynchronous notification delivered on the callback connection, as host functions are.""",
-        "cuDeviceGetHostAtomicCapabilities cuMemGetLocationInfo "
-        "cuMemRangeGetAttribute cuMemRangeGetAttributes cuPointerSetAttribute cuFlushGPUDirectRDMAWrites "
-        "cuDeviceRegisterAsyncNotification cuDeviceUnregisterAsyncNotification cuLogsCurrent cuLogsDumpToFile "
-        "cuLogsDumpToMemory",
+        """Where the lease's memory lies (cuMemGetLocationInfo) is a plain query of the
+       lease's memory, its address checked; an asynchronous notification is to be delivered on the callback
+       connection, as host functions are.""",
+        "cuMemGetLocationInfo cuDeviceRegisterAsyncNotification cuDeviceUnregisterAsyncNotification",
     ),
 )
 

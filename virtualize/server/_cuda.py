@@ -1087,6 +1087,27 @@ class CudaExecutor(Executor):
     def cuDeviceGetDefaultMemPool(self, dev):
         return _int(_ok(driver.cuDeviceGetDefaultMemPool(self._d(dev))))
 
+    def cuLogsCurrent(self, flags):
+        return _int(_ok(driver.cuLogsCurrent(flags)))
+
+    def cuLogsDumpToMemory(self, iterator, size, flags):
+        """(the iterator after the dump, the log's bytes without the NUL)."""
+        buffer = bytearray(size)
+        start = None if iterator is None else driver.CUlogIterator(iterator)
+        following, written = _ok(driver.cuLogsDumpToMemory(start, buffer, size, flags))
+        return (0 if iterator is None else _int(following)), bytes(buffer[:written])
+
+    def cuDeviceSetMemPool(self, dev, pool):
+        _ok(driver.cuDeviceSetMemPool(self._d(dev), driver.CUmemoryPool(pool)))
+
+    def cuFlushGPUDirectRDMAWrites(self, target, scope):
+        _ok(
+            driver.cuFlushGPUDirectRDMAWrites(
+                _enum(driver.CUflushGPUDirectRDMAWritesTarget, target),
+                _enum(driver.CUflushGPUDirectRDMAWritesScope, scope),
+            )
+        )
+
     def cuMemPoolCreate(self, device, handle_types, max_size):
         props = driver.CUmemPoolProps()
         props.allocType = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
@@ -1251,6 +1272,12 @@ class CudaExecutor(Executor):
         if attr == driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
             return self.real.index(value)  # the client numbers the lease's devices 0..n-1
         return value
+
+    def cuPointerSetAttribute(self, attr, ptr, value):
+        word = ctypes.c_uint32(value)  # SYNC_MEMOPS, the one settable attribute, is a 4-byte bool
+        _ok(
+            driver.cuPointerSetAttribute(ctypes.addressof(word), _enum(driver.CUpointer_attribute, attr), ptr)
+        )
 
     # -- modules, libraries, functions ---------------------------------------------------------------
 

@@ -65,9 +65,10 @@ POOL_PROPS_BYTES = 88  # CUmemPoolProps
 # CUstreamAttrID values whose CUstreamAttrValue is plain data, or (the access-policy window) a range the
 # guard checks: access-policy window, synchronization policy, priority, memory sync domain map, domain.
 STREAM_ATTRIBUTES = frozenset({ACCESS_POLICY_WINDOW, 3, 8, 9, 10})
-# CUdevice_attribute: PAGEABLE_MEMORY_ACCESS, CONCURRENT_MANAGED_ACCESS, PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
-# DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: 0 remotely (docs/remote.md, managed memory).
-NOT_COHERENT_ATTRIBUTES = frozenset({88, 89, 100, 101})
+# CUdevice_attribute: HOST_NATIVE_ATOMIC_SUPPORTED, PAGEABLE_MEMORY_ACCESS, CONCURRENT_MANAGED_ACCESS,
+# PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES, DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: 0 remotely (docs/remote.md,
+# managed memory): the program's host memory reaches the GPU through a mirror, not over a coherent link.
+NOT_COHERENT_ATTRIBUTES = frozenset({86, 88, 89, 100, 101})
 # What a device offers that memory shared remotely cannot be (docs/remote.md, "Many GPUs in one run"), so
 # that NCCL and others take the way that works: HANDLE_TYPE_FABRIC_SUPPORTED, MULTICAST_SUPPORTED,
 # LOGICAL_ENDPOINT_MULTICAST_SUPPORTED answer 0, MEMPOOL_SUPPORTED_HANDLE_TYPES only POSIX descriptors.
@@ -78,6 +79,8 @@ ATTRIBUTE_MASKS = {
     154: 0,
     119: POSIX_FILE_DESCRIPTOR,
 }
+# The most the driver keeps of its log (cuLogsDumpToMemory): no dump is larger.
+LOG_BYTES_MAX = 25600
 # CUpointer_attribute values the guard answers for memory in a window (cuda.h numbering).
 POINTER_CONTEXT, POINTER_DEVICE_ORDINAL, POINTER_LEGACY_IPC = 1, 9, 10
 POINTER_RANGE_START, POINTER_RANGE_SIZE, POINTER_MEMPOOL = 11, 12, 17
@@ -332,6 +335,7 @@ class Session:
             "cuMemGetAccess": self._vm_access,
             "cuMemExportToShareableHandle": self._vm_export,
             "cuDeviceGetP2PAtomicCapabilities": self._p2p_atomics,
+            "cuLogsDumpToMemory": self._logs_dump,
             "cuMemImportFromShareableHandle": self._vm_import,
             "cuStreamGetAttribute": self._stream_attribute,
             **dict.fromkeys(
@@ -864,6 +868,16 @@ class Session:
         operations = list(struct.unpack(f"<{count}i", raw))
         capabilities = self.executor.cuDeviceGetP2PAtomicCapabilities(operations, src, dst)
         return b"", struct.pack(f"<{count}I", *capabilities)
+
+    def _logs_dump(self, call: Call, ins: tuple):
+        """cuLogsDumpToMemory: the worker's driver log (this lease's process alone) from an iterator, or
+        from its start; the bytes without the driver's NUL, the advanced iterator and their length."""
+        from_start, iterator, size, flags = ins
+        following, text = self.executor.cuLogsDumpToMemory(
+            None if from_start else iterator, min(size, LOG_BYTES_MAX + 1), flags
+        )
+        text = bytes(text)[: max(size - 1, 0)]
+        return struct.pack("<IQ", following, len(text)), text
 
     def _vm_export(self, call: Call, ins: tuple):
         """cuMemExportToShareableHandle: memory this process holds, created to be shared as a POSIX file

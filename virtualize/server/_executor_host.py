@@ -161,6 +161,8 @@ class HostExecutor(Executor):
         self.ids = itertools.count(0x1000)
         self.contexts = {0xC0000 + d: d for d in range(self.n)}
         self.pools = {0xB0000 + d: d for d in range(self.n)}
+        self.current_pools = {d: 0xB0000 + d for d in range(self.n)}  # cuDeviceSetMemPool's
+        self.sync_memops: set[int] = set()  # allocations (bases) with CU_POINTER_ATTRIBUTE_SYNC_MEMOPS set
         self.functions: dict[int, str] = {}
         self.function_handles: dict[tuple[int, str], int] = {}  # (module or library, name) -> its handle
         self.parents: dict[int, int] = {}  # function or kernel -> its module or library
@@ -663,9 +665,30 @@ class HostExecutor(Executor):
         self.peers.discard((self._ctx(), peer))
 
     def cuDeviceGetMemPool(self, dev):
+        return self.current_pools[dev]
+
+    def cuDeviceGetDefaultMemPool(self, dev):
         return 0xB0000 + dev
 
-    cuDeviceGetDefaultMemPool = cuDeviceGetMemPool
+    def cuDeviceSetMemPool(self, dev, pool):
+        if self.pools.get(pool) != dev:  # as the driver: a pool of another device is refused
+            raise CudaError(CUresult.INVALID_VALUE, "the pool is not of this device")
+        self.current_pools[dev] = pool
+
+    # The host executor's driver writes no log messages: its log stays empty.
+    def cuLogsCurrent(self, flags):
+        if flags:
+            raise CudaError(CUresult.INVALID_VALUE, "flags are reserved")
+        return 0
+
+    def cuLogsDumpToMemory(self, iterator, size, flags):
+        if flags or not size:
+            raise CudaError(CUresult.INVALID_VALUE, "flags are reserved; a buffer holds at least the NUL")
+        return 0, b""
+
+    def cuFlushGPUDirectRDMAWrites(self, target, scope):
+        if target != 0 or scope not in (100, 200):  # CURRENT_CTX; TO_OWNER, TO_ALL_DEVICES
+            raise CudaError(CUresult.INVALID_VALUE, "flush target or scope")
 
     def cuMemPoolCreate(self, device, handle_types, max_size):
         pool = next(self.ids)
@@ -675,6 +698,9 @@ class HostExecutor(Executor):
     def cuMemPoolDestroy(self, pool):
         if 0xB0000 <= pool < 0xB0000 + self.n or self.pools.pop(pool, None) is None:
             raise CudaError(INVALID_VALUE, "a device's own pool, or not a pool")
+        for dev, current in self.current_pools.items():  # as the driver: the device's own pool again
+            if current == pool:
+                self.current_pools[dev] = 0xB0000 + dev
 
     def cuDevicePrimaryCtxRetain(self, dev):
         self.primary_retains[dev] = self.primary_retains.get(dev, 0) + 1
@@ -804,9 +830,22 @@ class HostExecutor(Executor):
         mem, off = self._find(ptr, 0)
         base = ptr - off
         dev = self.owner[base]
-        return {1: 0xC0000 + dev, 2: 2, 3: ptr, 9: dev, 11: base, 12: len(mem), 17: 0xB0000 + dev}.get(
-            attr, 0
-        )
+        return {
+            1: 0xC0000 + dev,
+            2: 2,
+            3: ptr,
+            6: int(base in self.sync_memops),
+            9: dev,
+            11: base,
+            12: len(mem),
+            17: 0xB0000 + dev,
+        }.get(attr, 0)
+
+    def cuPointerSetAttribute(self, attr, ptr, value):
+        if attr != 6:  # CU_POINTER_ATTRIBUTE_SYNC_MEMOPS is the one settable attribute
+            raise CudaError(CUresult.INVALID_VALUE, "pointer attribute is not settable")
+        _, off = self._find(ptr, 0)
+        (self.sync_memops.add if value else self.sync_memops.discard)(ptr - off)
 
     def _load(self, image: bytes) -> int:
         if not image:

@@ -631,6 +631,20 @@ GP_EXPORT CUresult cuMemsetD32Async(uint64_t dst, uint32_t value, uint64_t count
     return r;
 }
 
+GP_EXPORT CUresult cuDeviceSetMemPool(int32_t dev, uint64_t pool) {
+    GP_TRACE("cuDeviceSetMemPool");
+    struct gp_in_cuDeviceSetMemPool in = { .dev = dev, .pool = pool };
+    CUresult r = gp_call(GP_CALL_cuDeviceSetMemPool, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuFlushGPUDirectRDMAWrites(int32_t target, int32_t scope) {
+    GP_TRACE("cuFlushGPUDirectRDMAWrites");
+    struct gp_in_cuFlushGPUDirectRDMAWrites in = { .target = target, .scope = scope };
+    CUresult r = gp_call(GP_CALL_cuFlushGPUDirectRDMAWrites, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
 GP_EXPORT CUresult cuModuleGetLoadingMode(int32_t *mode) {
     GP_TRACE("cuModuleGetLoadingMode");
     if (!mode) return CUDA_ERROR_INVALID_VALUE;
@@ -1484,6 +1498,18 @@ GP_EXPORT CUresult cuEventElapsedTime_v2(float *ms, uint64_t start, uint64_t end
     return r;
 }
 
+GP_EXPORT CUresult cuLogsCurrent(uint32_t *iterator, uint32_t flags) {
+    GP_TRACE("cuLogsCurrent");
+    if (!iterator) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuLogsCurrent in = { .flags = flags };
+    struct gp_out_cuLogsCurrent out;
+    CUresult r = gp_call(GP_CALL_cuLogsCurrent, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *iterator = (uint32_t)out.iterator;
+    }
+    return r;
+}
+
 GP_EXPORT CUresult cuProfilerStart(void) {
     GP_TRACE("cuProfilerStart");
     CUresult r = gp_call(GP_CALL_cuProfilerStart, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, NULL, 0, NULL, 0);
@@ -1509,15 +1535,20 @@ GP_EXPORT CUresult cuLaunchKernelEx_ptsz(void *config, uint64_t f, void *params,
 GP_EXPORT CUresult cuLaunchKernel_ptsz(uint64_t f, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t bx, uint32_t by, uint32_t bz, uint32_t smem, uint64_t stream, void *params, void *extra) { return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra); }
 GP_EXPORT CUresult cuMemAllocAsync_ptsz(uint64_t *dptr, uint64_t bytesize, uint64_t stream) { return cuMemAllocAsync(dptr, bytesize, stream); }
 GP_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(uint64_t *dptr, uint64_t bytesize, uint64_t pool, uint64_t stream) { return cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream); }
+GP_EXPORT CUresult cuMemDiscardAndPrefetchBatchAsync_ptsz(void *dptrs, void *sizes, uint64_t count, void *locations, void *location_idxs, uint64_t num_locations, uint64_t flags, uint64_t stream) { return cuMemDiscardAndPrefetchBatchAsync(dptrs, sizes, count, locations, location_idxs, num_locations, flags, stream); }
+GP_EXPORT CUresult cuMemDiscardBatchAsync_ptsz(void *dptrs, void *sizes, uint64_t count, uint64_t flags, uint64_t stream) { return cuMemDiscardBatchAsync(dptrs, sizes, count, flags, stream); }
 GP_EXPORT CUresult cuMemFreeAsync_ptsz(uint64_t dptr, uint64_t stream) { return cuMemFreeAsync(dptr, stream); }
 GP_EXPORT CUresult cuMemPrefetchAsync_ptsz(uint64_t dptr, uint64_t count, int32_t device, uint64_t stream) { return cuMemPrefetchAsync(dptr, count, device, stream); }
 GP_EXPORT CUresult cuMemPrefetchAsync_v2_ptsz(uint64_t dptr, uint64_t count, uint64_t location, uint32_t flags, uint64_t stream) { return cuMemPrefetchAsync_v2(dptr, count, location, flags, stream); }
+GP_EXPORT CUresult cuMemPrefetchBatchAsync_ptsz(void *dptrs, void *sizes, uint64_t count, void *locations, void *location_idxs, uint64_t num_locations, uint64_t flags, uint64_t stream) { return cuMemPrefetchBatchAsync(dptrs, sizes, count, locations, location_idxs, num_locations, flags, stream); }
 GP_EXPORT CUresult cuMemcpy2DAsync_v2_ptsz(void *copy, uint64_t stream) { return cuMemcpy2DAsync_v2(copy, stream); }
 GP_EXPORT CUresult cuMemcpy2DUnaligned_v2_ptds(void *copy) { return cuMemcpy2DUnaligned_v2(copy); }
 GP_EXPORT CUresult cuMemcpy2D_v2_ptds(void *copy) { return cuMemcpy2D_v2(copy); }
 GP_EXPORT CUresult cuMemcpy3DAsync_v2_ptsz(void *copy, uint64_t stream) { return cuMemcpy3DAsync_v2(copy, stream); }
 GP_EXPORT CUresult cuMemcpy3DBatchAsync_ptsz(uint64_t num_ops, void *ops, void *fail_idx, uint64_t flags, uint64_t stream) { return cuMemcpy3DBatchAsync(num_ops, ops, fail_idx, flags, stream); }
 GP_EXPORT CUresult cuMemcpy3DBatchAsync_v2_ptsz(uint64_t num_ops, void *ops, uint64_t flags, uint64_t stream) { return cuMemcpy3DBatchAsync_v2(num_ops, ops, flags, stream); }
+GP_EXPORT CUresult cuMemcpy3DPeerAsync_ptsz(void *copy, uint64_t stream) { return cuMemcpy3DPeerAsync(copy, stream); }
+GP_EXPORT CUresult cuMemcpy3DPeer_ptds(void *copy) { return cuMemcpy3DPeer(copy); }
 GP_EXPORT CUresult cuMemcpy3D_v2_ptds(void *copy) { return cuMemcpy3D_v2(copy); }
 GP_EXPORT CUresult cuMemcpyAsync_ptsz(uint64_t dst, uint64_t src, uint64_t count, uint64_t stream) { return cuMemcpyAsync(dst, src, count, stream); }
 GP_EXPORT CUresult cuMemcpyAtoA_v2_ptds(uint64_t dst, uint64_t dst_offset, uint64_t src, uint64_t src_offset, uint64_t count) { return cuMemcpyAtoA_v2(dst, dst_offset, src, src_offset, count); }
@@ -1551,6 +1582,9 @@ GP_EXPORT CUresult cuMemsetD32_v2_ptds(uint64_t dst, uint32_t value, uint64_t co
 GP_EXPORT CUresult cuMemsetD8Async_ptsz(uint64_t dst, uint8_t value, uint64_t count, uint64_t stream) { return cuMemsetD8Async(dst, value, count, stream); }
 GP_EXPORT CUresult cuMemsetD8_v2_ptds(uint64_t dst, uint8_t value, uint64_t count) { return cuMemsetD8_v2(dst, value, count); }
 GP_EXPORT CUresult cuStreamAddCallback_ptsz(uint64_t stream, void *callback, void *data, uint32_t flags) { return cuStreamAddCallback(stream, callback, data, flags); }
+GP_EXPORT CUresult cuStreamAttachMemAsync_ptsz(uint64_t stream, uint64_t dptr, uint64_t length, uint32_t flags) { return cuStreamAttachMemAsync(stream, dptr, length, flags); }
+GP_EXPORT CUresult cuStreamBatchMemOp_ptsz(uint64_t stream, uint32_t count, void *ops, uint32_t flags) { return cuStreamBatchMemOp(stream, count, ops, flags); }
+GP_EXPORT CUresult cuStreamBatchMemOp_v2_ptsz(uint64_t stream, uint32_t count, void *ops, uint32_t flags) { return cuStreamBatchMemOp_v2(stream, count, ops, flags); }
 GP_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(uint64_t stream, uint64_t graph, void *deps, void *edges, uint64_t num_deps, int32_t mode) { return cuStreamBeginCaptureToGraph(stream, graph, deps, edges, num_deps, mode); }
 GP_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(uint64_t stream, int32_t mode) { return cuStreamBeginCapture_v2(stream, mode); }
 GP_EXPORT CUresult cuStreamCopyAttributes_ptsz(uint64_t dst, uint64_t src) { return cuStreamCopyAttributes(dst, src); }
@@ -1614,13 +1648,11 @@ GP_EXPORT CUresult cuDevSmResourceSplitByCount(void) { return gp_unforwarded("cu
 GP_EXPORT CUresult cuDeviceGetDevResource(void) { return gp_unforwarded("cuDeviceGetDevResource"); }
 GP_EXPORT CUresult cuDeviceGetExecAffinitySupport(void) { return gp_unforwarded("cuDeviceGetExecAffinitySupport"); }
 GP_EXPORT CUresult cuDeviceGetGraphMemAttribute(void) { return gp_unforwarded("cuDeviceGetGraphMemAttribute"); }
-GP_EXPORT CUresult cuDeviceGetHostAtomicCapabilities(void) { return gp_unforwarded("cuDeviceGetHostAtomicCapabilities"); }
 GP_EXPORT CUresult cuDeviceGetLuid(void) { return gp_unforwarded("cuDeviceGetLuid"); }
 GP_EXPORT CUresult cuDeviceGetNvSciSyncAttributes(void) { return gp_unforwarded("cuDeviceGetNvSciSyncAttributes"); }
 GP_EXPORT CUresult cuDeviceGraphMemTrim(void) { return gp_unforwarded("cuDeviceGraphMemTrim"); }
 GP_EXPORT CUresult cuDeviceRegisterAsyncNotification(void) { return gp_unforwarded("cuDeviceRegisterAsyncNotification"); }
 GP_EXPORT CUresult cuDeviceSetGraphMemAttribute(void) { return gp_unforwarded("cuDeviceSetGraphMemAttribute"); }
-GP_EXPORT CUresult cuDeviceSetMemPool(void) { return gp_unforwarded("cuDeviceSetMemPool"); }
 GP_EXPORT CUresult cuDeviceTotalMem(void) { return gp_unforwarded("cuDeviceTotalMem"); }
 GP_EXPORT CUresult cuDeviceUnregisterAsyncNotification(void) { return gp_unforwarded("cuDeviceUnregisterAsyncNotification"); }
 GP_EXPORT CUresult cuEGLApiInit(void) { return gp_unforwarded("cuEGLApiInit"); }
@@ -1636,7 +1668,6 @@ GP_EXPORT CUresult cuEGLStreamProducerReturnFrame(void) { return gp_unforwarded(
 GP_EXPORT CUresult cuEventDestroy(void) { return gp_unforwarded("cuEventDestroy"); }
 GP_EXPORT CUresult cuExternalMemoryGetMappedBuffer(void) { return gp_unforwarded("cuExternalMemoryGetMappedBuffer"); }
 GP_EXPORT CUresult cuExternalMemoryGetMappedMipmappedArray(void) { return gp_unforwarded("cuExternalMemoryGetMappedMipmappedArray"); }
-GP_EXPORT CUresult cuFlushGPUDirectRDMAWrites(void) { return gp_unforwarded("cuFlushGPUDirectRDMAWrites"); }
 GP_EXPORT CUresult cuFuncSetBlockShape(void) { return gp_unforwarded("cuFuncSetBlockShape"); }
 GP_EXPORT CUresult cuFuncSetSharedSize(void) { return gp_unforwarded("cuFuncSetSharedSize"); }
 GP_EXPORT CUresult cuGLCtxCreate(void) { return gp_unforwarded("cuGLCtxCreate"); }
@@ -1713,18 +1744,11 @@ GP_EXPORT CUresult cuLibraryGetUnifiedFunction(void) { return gp_unforwarded("cu
 GP_EXPORT CUresult cuLinkAddData(void) { return gp_unforwarded("cuLinkAddData"); }
 GP_EXPORT CUresult cuLinkAddFile(void) { return gp_unforwarded("cuLinkAddFile"); }
 GP_EXPORT CUresult cuLinkCreate(void) { return gp_unforwarded("cuLinkCreate"); }
-GP_EXPORT CUresult cuLogsCurrent(void) { return gp_unforwarded("cuLogsCurrent"); }
-GP_EXPORT CUresult cuLogsDumpToFile(void) { return gp_unforwarded("cuLogsDumpToFile"); }
-GP_EXPORT CUresult cuLogsDumpToMemory(void) { return gp_unforwarded("cuLogsDumpToMemory"); }
 GP_EXPORT CUresult cuMemAlloc(void) { return gp_unforwarded("cuMemAlloc"); }
 GP_EXPORT CUresult cuMemAllocHost(void) { return gp_unforwarded("cuMemAllocHost"); }
 GP_EXPORT CUresult cuMemAllocPitch(void) { return gp_unforwarded("cuMemAllocPitch"); }
 GP_EXPORT CUresult cuMemBatchDecompressAsync(void) { return gp_unforwarded("cuMemBatchDecompressAsync"); }
 GP_EXPORT CUresult cuMemBatchDecompressAsync_ptsz(void) { return gp_unforwarded("cuMemBatchDecompressAsync_ptsz"); }
-GP_EXPORT CUresult cuMemDiscardAndPrefetchBatchAsync(void) { return gp_unforwarded("cuMemDiscardAndPrefetchBatchAsync"); }
-GP_EXPORT CUresult cuMemDiscardAndPrefetchBatchAsync_ptsz(void) { return gp_unforwarded("cuMemDiscardAndPrefetchBatchAsync_ptsz"); }
-GP_EXPORT CUresult cuMemDiscardBatchAsync(void) { return gp_unforwarded("cuMemDiscardBatchAsync"); }
-GP_EXPORT CUresult cuMemDiscardBatchAsync_ptsz(void) { return gp_unforwarded("cuMemDiscardBatchAsync_ptsz"); }
 GP_EXPORT CUresult cuMemFree(void) { return gp_unforwarded("cuMemFree"); }
 GP_EXPORT CUresult cuMemGetAddressRange(void) { return gp_unforwarded("cuMemGetAddressRange"); }
 GP_EXPORT CUresult cuMemGetAttribute(void) { return gp_unforwarded("cuMemGetAttribute"); }
@@ -1735,19 +1759,11 @@ GP_EXPORT CUresult cuMemHostGetDevicePointer(void) { return gp_unforwarded("cuMe
 GP_EXPORT CUresult cuMemHostRegister(void) { return gp_unforwarded("cuMemHostRegister"); }
 GP_EXPORT CUresult cuMemMapArrayAsync(void) { return gp_unforwarded("cuMemMapArrayAsync"); }
 GP_EXPORT CUresult cuMemMapArrayAsync_ptsz(void) { return gp_unforwarded("cuMemMapArrayAsync_ptsz"); }
-GP_EXPORT CUresult cuMemPrefetchBatchAsync(void) { return gp_unforwarded("cuMemPrefetchBatchAsync"); }
-GP_EXPORT CUresult cuMemPrefetchBatchAsync_ptsz(void) { return gp_unforwarded("cuMemPrefetchBatchAsync_ptsz"); }
-GP_EXPORT CUresult cuMemRangeGetAttribute(void) { return gp_unforwarded("cuMemRangeGetAttribute"); }
-GP_EXPORT CUresult cuMemRangeGetAttributes(void) { return gp_unforwarded("cuMemRangeGetAttributes"); }
 GP_EXPORT CUresult cuMemcpy2D(void) { return gp_unforwarded("cuMemcpy2D"); }
 GP_EXPORT CUresult cuMemcpy2DAsync(void) { return gp_unforwarded("cuMemcpy2DAsync"); }
 GP_EXPORT CUresult cuMemcpy2DUnaligned(void) { return gp_unforwarded("cuMemcpy2DUnaligned"); }
 GP_EXPORT CUresult cuMemcpy3D(void) { return gp_unforwarded("cuMemcpy3D"); }
 GP_EXPORT CUresult cuMemcpy3DAsync(void) { return gp_unforwarded("cuMemcpy3DAsync"); }
-GP_EXPORT CUresult cuMemcpy3DPeer(void) { return gp_unforwarded("cuMemcpy3DPeer"); }
-GP_EXPORT CUresult cuMemcpy3DPeerAsync(void) { return gp_unforwarded("cuMemcpy3DPeerAsync"); }
-GP_EXPORT CUresult cuMemcpy3DPeerAsync_ptsz(void) { return gp_unforwarded("cuMemcpy3DPeerAsync_ptsz"); }
-GP_EXPORT CUresult cuMemcpy3DPeer_ptds(void) { return gp_unforwarded("cuMemcpy3DPeer_ptds"); }
 GP_EXPORT CUresult cuMemcpyAtoA(void) { return gp_unforwarded("cuMemcpyAtoA"); }
 GP_EXPORT CUresult cuMemcpyAtoD(void) { return gp_unforwarded("cuMemcpyAtoD"); }
 GP_EXPORT CUresult cuMemcpyAtoH(void) { return gp_unforwarded("cuMemcpyAtoH"); }
@@ -1783,16 +1799,9 @@ GP_EXPORT CUresult cuParamSetTexRef(void) { return gp_unforwarded("cuParamSetTex
 GP_EXPORT CUresult cuParamSetf(void) { return gp_unforwarded("cuParamSetf"); }
 GP_EXPORT CUresult cuParamSeti(void) { return gp_unforwarded("cuParamSeti"); }
 GP_EXPORT CUresult cuParamSetv(void) { return gp_unforwarded("cuParamSetv"); }
-GP_EXPORT CUresult cuPointerSetAttribute(void) { return gp_unforwarded("cuPointerSetAttribute"); }
 GP_EXPORT CUresult cuProfilerInitialize(void) { return gp_unforwarded("cuProfilerInitialize"); }
 GP_EXPORT CUresult cuSignalExternalSemaphoresAsync(void) { return gp_unforwarded("cuSignalExternalSemaphoresAsync"); }
 GP_EXPORT CUresult cuSignalExternalSemaphoresAsync_ptsz(void) { return gp_unforwarded("cuSignalExternalSemaphoresAsync_ptsz"); }
-GP_EXPORT CUresult cuStreamAttachMemAsync(void) { return gp_unforwarded("cuStreamAttachMemAsync"); }
-GP_EXPORT CUresult cuStreamAttachMemAsync_ptsz(void) { return gp_unforwarded("cuStreamAttachMemAsync_ptsz"); }
-GP_EXPORT CUresult cuStreamBatchMemOp(void) { return gp_unforwarded("cuStreamBatchMemOp"); }
-GP_EXPORT CUresult cuStreamBatchMemOp_ptsz(void) { return gp_unforwarded("cuStreamBatchMemOp_ptsz"); }
-GP_EXPORT CUresult cuStreamBatchMemOp_v2(void) { return gp_unforwarded("cuStreamBatchMemOp_v2"); }
-GP_EXPORT CUresult cuStreamBatchMemOp_v2_ptsz(void) { return gp_unforwarded("cuStreamBatchMemOp_v2_ptsz"); }
 GP_EXPORT CUresult cuStreamBeginCapture(void) { return gp_unforwarded("cuStreamBeginCapture"); }
 GP_EXPORT CUresult cuStreamBeginCapture_ptsz(void) { return gp_unforwarded("cuStreamBeginCapture_ptsz"); }
 GP_EXPORT CUresult cuStreamDestroy(void) { return gp_unforwarded("cuStreamDestroy"); }
@@ -1883,15 +1892,7 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuTexObject*", "the rest of arrays: sparse and planar arrays, memory requirements: not forwarded yet"},
     {"cuSurfObject*", "the rest of arrays: sparse and planar arrays, memory requirements: not forwarded yet"},
     {"cuMemMapArrayAsync", "the rest of arrays: sparse and planar arrays, memory requirements: not forwarded yet"},
-    {"cuMemcpy3DPeer", "3D copies between contexts: not forwarded yet"},
-    {"cuMemcpy3DPeerAsync", "3D copies between contexts: not forwarded yet"},
-    {"cuMemcpyWithAttributesAsync", "batched and attributed copies, batched prefetch and discard: not forwarded yet"},
-    {"cuMemcpy3DWithAttributesAsync", "batched and attributed copies, batched prefetch and discard: not forwarded yet"},
-    {"cuMemPrefetchBatchAsync", "batched and attributed copies, batched prefetch and discard: not forwarded yet"},
-    {"cuMemDiscardBatchAsync", "batched and attributed copies, batched prefetch and discard: not forwarded yet"},
-    {"cuMemDiscardAndPrefetchBatchAsync", "batched and attributed copies, batched prefetch and discard: not forwarded yet"},
-    {"cuMemBatchDecompressAsync", "batched and attributed copies, batched prefetch and discard: not forwarded yet"},
-    {"cuDeviceSetMemPool", "memory pools beyond the default, and pool access: not forwarded yet"},
+    {"cuMemBatchDecompressAsync", "batched decompression: not forwarded yet"},
     {"cuMulticast*", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuLogicalEndpoint*", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuFabricCpyBatchAsync", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
@@ -1911,10 +1912,8 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuGraphBatchMemOpNodeGetParams", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
     {"cuGraphBatchMemOpNodeSetParams", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
     {"cuGraphExecBatchMemOpNodeSetParams", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
-    {"cuStreamBatchMemOp", "stream memory operations, managed memory attached to a stream, recapture: not forwarded yet"},
-    {"cuStreamAttachMemAsync", "stream memory operations, managed memory attached to a stream, recapture: not forwarded yet"},
-    {"cuStreamBeginRecaptureToGraph", "stream memory operations, managed memory attached to a stream, recapture: not forwarded yet"},
-    {"cuLaunchHostFunc_v2", "stream memory operations, managed memory attached to a stream, recapture: not forwarded yet"},
+    {"cuStreamBeginRecaptureToGraph", "recapture, host functions with flags: not forwarded yet"},
+    {"cuLaunchHostFunc_v2", "recapture, host functions with flags: not forwarded yet"},
     {"cuLaunchCooperativeKernelMultiDevice", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
     {"cuLibraryGetManaged", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
     {"cuLibraryGetUnifiedFunction", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
@@ -1942,17 +1941,9 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuStreamGetDevResource", "green contexts and execution affinity: not forwarded yet"},
     {"cuDeviceGetExecAffinitySupport", "green contexts and execution affinity: not forwarded yet"},
     {"cuCtxGetExecAffinity", "green contexts and execution affinity: not forwarded yet"},
-    {"cuDeviceGetHostAtomicCapabilities", "device, memory and log queries: not forwarded yet"},
     {"cuMemGetLocationInfo", "device, memory and log queries: not forwarded yet"},
-    {"cuMemRangeGetAttribute", "device, memory and log queries: not forwarded yet"},
-    {"cuMemRangeGetAttributes", "device, memory and log queries: not forwarded yet"},
-    {"cuPointerSetAttribute", "device, memory and log queries: not forwarded yet"},
-    {"cuFlushGPUDirectRDMAWrites", "device, memory and log queries: not forwarded yet"},
     {"cuDeviceRegisterAsyncNotification", "device, memory and log queries: not forwarded yet"},
     {"cuDeviceUnregisterAsyncNotification", "device, memory and log queries: not forwarded yet"},
-    {"cuLogsCurrent", "device, memory and log queries: not forwarded yet"},
-    {"cuLogsDumpToFile", "device, memory and log queries: not forwarded yet"},
-    {"cuLogsDumpToMemory", "device, memory and log queries: not forwarded yet"},
 };
 
 /* What cuGetProcAddress hands out: (name, ABI version) -> function, sorted by name then version. */
@@ -1997,6 +1988,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuDeviceGetByPCIBusId", 4010, (void *)cuDeviceGetByPCIBusId},
     {"cuDeviceGetCount", 2000, (void *)cuDeviceGetCount},
     {"cuDeviceGetDefaultMemPool", 11020, (void *)cuDeviceGetDefaultMemPool},
+    {"cuDeviceGetHostAtomicCapabilities", 13000, (void *)cuDeviceGetHostAtomicCapabilities},
     {"cuDeviceGetMemPool", 11020, (void *)cuDeviceGetMemPool},
     {"cuDeviceGetName", 2000, (void *)cuDeviceGetName},
     {"cuDeviceGetP2PAtomicCapabilities", 13000, (void *)cuDeviceGetP2PAtomicCapabilities},
@@ -2014,6 +2006,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuDevicePrimaryCtxRetain", 7000, (void *)cuDevicePrimaryCtxRetain},
     {"cuDevicePrimaryCtxSetFlags", 7000, (void *)cuDevicePrimaryCtxSetFlags},
     {"cuDevicePrimaryCtxSetFlags", 11000, (void *)cuDevicePrimaryCtxSetFlags_v2},
+    {"cuDeviceSetMemPool", 11020, (void *)cuDeviceSetMemPool},
     {"cuDeviceTotalMem", 3020, (void *)cuDeviceTotalMem_v2},
     {"cuDriverGetVersion", 2020, (void *)cuDriverGetVersion},
     {"cuEventCreate", 2000, (void *)cuEventCreate},
@@ -2024,6 +2017,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuEventRecord", 2000, (void *)cuEventRecord},
     {"cuEventRecordWithFlags", 11010, (void *)cuEventRecordWithFlags},
     {"cuEventSynchronize", 2000, (void *)cuEventSynchronize},
+    {"cuFlushGPUDirectRDMAWrites", 11030, (void *)cuFlushGPUDirectRDMAWrites},
     {"cuFuncGetAttribute", 2020, (void *)cuFuncGetAttribute},
     {"cuFuncGetModule", 11000, (void *)cuFuncGetModule},
     {"cuFuncGetName", 12030, (void *)cuFuncGetName},
@@ -2142,6 +2136,9 @@ static const struct gp_proc gp_procs[] = {
     {"cuLinkComplete", 5050, (void *)cuLinkComplete},
     {"cuLinkCreate", 6050, (void *)cuLinkCreate_v2},
     {"cuLinkDestroy", 5050, (void *)cuLinkDestroy},
+    {"cuLogsCurrent", 12080, (void *)cuLogsCurrent},
+    {"cuLogsDumpToFile", 12080, (void *)cuLogsDumpToFile},
+    {"cuLogsDumpToMemory", 12080, (void *)cuLogsDumpToMemory},
     {"cuLogsRegisterCallback", 12080, (void *)cuLogsRegisterCallback},
     {"cuLogsUnregisterCallback", 12080, (void *)cuLogsUnregisterCallback},
     {"cuMemAddressFree", 10020, (void *)cuMemAddressFree},
@@ -2155,6 +2152,8 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemAllocManaged", 6000, (void *)cuMemAllocManaged},
     {"cuMemAllocPitch", 3020, (void *)cuMemAllocPitch_v2},
     {"cuMemCreate", 10020, (void *)cuMemCreate},
+    {"cuMemDiscardAndPrefetchBatchAsync", 13000, (void *)cuMemDiscardAndPrefetchBatchAsync},
+    {"cuMemDiscardBatchAsync", 13000, (void *)cuMemDiscardBatchAsync},
     {"cuMemExportToShareableHandle", 10020, (void *)cuMemExportToShareableHandle},
     {"cuMemFree", 3020, (void *)cuMemFree_v2},
     {"cuMemFreeAsync", 11020, (void *)cuMemFreeAsync},
@@ -2186,6 +2185,9 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemPoolTrimTo", 11020, (void *)cuMemPoolTrimTo},
     {"cuMemPrefetchAsync", 8000, (void *)cuMemPrefetchAsync},
     {"cuMemPrefetchAsync", 12020, (void *)cuMemPrefetchAsync_v2},
+    {"cuMemPrefetchBatchAsync", 13000, (void *)cuMemPrefetchBatchAsync},
+    {"cuMemRangeGetAttribute", 8000, (void *)cuMemRangeGetAttribute},
+    {"cuMemRangeGetAttributes", 8000, (void *)cuMemRangeGetAttributes},
     {"cuMemRelease", 10020, (void *)cuMemRelease},
     {"cuMemRetainAllocationHandle", 11000, (void *)cuMemRetainAllocationHandle},
     {"cuMemSetAccess", 10020, (void *)cuMemSetAccess},
@@ -2199,6 +2201,9 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemcpy3DAsync", 3020, (void *)cuMemcpy3DAsync_v2},
     {"cuMemcpy3DBatchAsync", 12080, (void *)cuMemcpy3DBatchAsync},
     {"cuMemcpy3DBatchAsync", 13000, (void *)cuMemcpy3DBatchAsync_v2},
+    {"cuMemcpy3DPeer", 4000, (void *)cuMemcpy3DPeer},
+    {"cuMemcpy3DPeerAsync", 4000, (void *)cuMemcpy3DPeerAsync},
+    {"cuMemcpy3DWithAttributesAsync", 13000, (void *)cuMemcpy3DWithAttributesAsync},
     {"cuMemcpyAsync", 4000, (void *)cuMemcpyAsync},
     {"cuMemcpyAtoA", 3020, (void *)cuMemcpyAtoA_v2},
     {"cuMemcpyAtoD", 3020, (void *)cuMemcpyAtoD_v2},
@@ -2217,6 +2222,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemcpyHtoDAsync", 3020, (void *)cuMemcpyHtoDAsync_v2},
     {"cuMemcpyPeer", 4000, (void *)cuMemcpyPeer},
     {"cuMemcpyPeerAsync", 4000, (void *)cuMemcpyPeerAsync},
+    {"cuMemcpyWithAttributesAsync", 13000, (void *)cuMemcpyWithAttributesAsync},
     {"cuMemsetD16", 3020, (void *)cuMemsetD16_v2},
     {"cuMemsetD16Async", 3020, (void *)cuMemsetD16Async},
     {"cuMemsetD2D16", 3020, (void *)cuMemsetD2D16_v2},
@@ -2251,9 +2257,13 @@ static const struct gp_proc gp_procs[] = {
     {"cuOccupancyMaxPotentialClusterSize", 11070, (void *)cuOccupancyMaxPotentialClusterSize},
     {"cuPointerGetAttribute", 4000, (void *)cuPointerGetAttribute},
     {"cuPointerGetAttributes", 7000, (void *)cuPointerGetAttributes},
+    {"cuPointerSetAttribute", 6000, (void *)cuPointerSetAttribute},
     {"cuProfilerStart", 4000, (void *)cuProfilerStart},
     {"cuProfilerStop", 4000, (void *)cuProfilerStop},
     {"cuStreamAddCallback", 5000, (void *)cuStreamAddCallback},
+    {"cuStreamAttachMemAsync", 6000, (void *)cuStreamAttachMemAsync},
+    {"cuStreamBatchMemOp", 8000, (void *)cuStreamBatchMemOp},
+    {"cuStreamBatchMemOp", 11070, (void *)cuStreamBatchMemOp_v2},
     {"cuStreamBeginCapture", 10010, (void *)cuStreamBeginCapture_v2},
     {"cuStreamBeginCaptureToGraph", 12030, (void *)cuStreamBeginCaptureToGraph},
     {"cuStreamCopyAttributes", 11000, (void *)cuStreamCopyAttributes},

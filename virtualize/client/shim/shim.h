@@ -103,6 +103,12 @@ void gp_managed_forget(uint64_t base); /* the mirror ends, its bytes not wanted 
 int gp_managed_lookup(uint64_t ptr);               /* the kind of the mirror holding ptr, or 0 */
 int gp_mirror_device(uint64_t ptr, uint64_t *dev); /* ptr's device address when a mirror holds it */
 int gp_mirror_of_device(uint64_t ptr);             /* whether ptr is the device side of a mirror */
+/* What a program advised about its managed memory and where it prefetched it (shim_hints.c), per page;
+ * locations as CUmemLocation's type and id. */
+void gp_hints_clear(uint64_t base, uint64_t size);
+CUresult gp_hints_advise(uint64_t ptr, uint64_t count, int32_t advice, int32_t type, int32_t id);
+CUresult gp_hints_advise_device(uint64_t ptr, uint64_t count, int32_t advice, int32_t device);
+void gp_hints_prefetched(uint64_t ptr, uint64_t count, int32_t type, int32_t id);
 void gp_managed_before(uint32_t call);
 void gp_managed_after(uint32_t call, CUresult r);
 

@@ -193,6 +193,17 @@ CUresult cuMemcpy3DAsync_v2(void *copy, uint64_t stream) {
     return copy_3d_params(copy, stream, 1);
 }
 
+/* CUDA_MEMCPY3D_PEER: CUDA_MEMCPY3D's layout, the contexts where its reserved words are (ignored). */
+CUresult cuMemcpy3DPeer(void *copy) {
+    GP_TRACE("cuMemcpy3DPeer");
+    return copy_3d_params(copy, 0, 0);
+}
+
+CUresult cuMemcpy3DPeerAsync(void *copy, uint64_t stream) {
+    GP_TRACE("cuMemcpy3DPeerAsync");
+    return copy_3d_params(copy, stream, 1);
+}
+
 /* Copies of `count` bytes to or from a one-dimensional stretch of an array, from byte `offset`. */
 static struct copy_side linear(uint32_t kind, uint64_t at, uint64_t offset, uint64_t count) {
     return (struct copy_side){.kind = kind, .at = at, .x = offset, .pitch = count, .height = 1};

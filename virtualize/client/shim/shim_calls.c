@@ -201,6 +201,25 @@ CUresult cuDeviceGetP2PAtomicCapabilities(void *capabilities, void *operations, 
                    0, capabilities, 4ull * count);
 }
 
+/* Atomics between a device and the program's host: none is native, as HOST_NATIVE_ATOMIC_SUPPORTED
+ * (0 remotely) says; the host memory kernels see is the worker's mirror of the program's. */
+#define ATOMIC_OPERATION_KINDS 13 /* CU_ATOMIC_OPERATION_MAX */
+
+CUresult cuDeviceGetHostAtomicCapabilities(void *capabilities, void *operations, uint32_t count, int32_t dev) {
+    GP_TRACE("cuDeviceGetHostAtomicCapabilities");
+    int32_t devices;
+    if (!capabilities || !operations || !count) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cuDeviceGetCount(&devices);
+    if (r != CUDA_SUCCESS) return r;
+    if (dev < 0 || dev >= devices) return CUDA_ERROR_INVALID_DEVICE;
+    for (uint32_t i = 0; i < count; i++) {
+        int32_t op = ((const int32_t *)operations)[i];
+        if (op < 0 || op >= ATOMIC_OPERATION_KINDS) return CUDA_ERROR_INVALID_VALUE;
+    }
+    memset(capabilities, 0, 4ull * count);
+    return CUDA_SUCCESS;
+}
+
 CUresult cuDeviceGetByPCIBusId(int32_t *dev, const char *bus_id) {
     GP_TRACE("cuDeviceGetByPCIBusId");
     unsigned want[4], have[4];
@@ -384,6 +403,16 @@ CUresult cuPointerGetAttributes(uint32_t count, void *attrs, void *data, uint64_
     return CUDA_SUCCESS;
 }
 
+/* SYNC_MEMOPS (a bool) is the one attribute a program may set; the worker checks the pointer. */
+#define POINTER_SYNC_MEMOPS 6
+
+CUresult cuPointerSetAttribute(void *value, int32_t attr, uint64_t ptr) {
+    GP_TRACE("cuPointerSetAttribute");
+    if (!value || attr != POINTER_SYNC_MEMOPS) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuPointerSetAttribute in = {.attr = attr, .ptr = ptr, .value = *(const uint32_t *)value};
+    return gp_call(GP_CALL_cuPointerSetAttribute, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
 /* ---- driver log callbacks ------------------------------------------------------------------------- */
 
 CUresult cuLogsRegisterCallback(void *callback, void *user_data, uint64_t *handle) {
@@ -398,4 +427,45 @@ CUresult cuLogsRegisterCallback(void *callback, void *user_data, uint64_t *handl
 CUresult cuLogsUnregisterCallback(uint64_t handle) {
     GP_TRACE("cuLogsUnregisterCallback");
     return handle ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* The worker's driver log: its bytes come back without the NUL, which the client adds. The driver keeps
+ * at most this much (older messages are overwritten): no dump is larger. */
+#define LOG_BYTES_MAX 25600
+
+CUresult cuLogsDumpToMemory(void *iterator_, void *buffer_, void *size_, uint32_t flags) {
+    GP_TRACE("cuLogsDumpToMemory");
+    uint32_t *iterator = iterator_; /* CUlogIterator: an unsigned int */
+    char *buffer = buffer_;
+    uint64_t *size = size_;
+    if (!buffer || !size) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t room = *size < LOG_BYTES_MAX + 1 ? *size : LOG_BYTES_MAX + 1;
+    struct gp_in_cuLogsDumpToMemory in = {
+        .from_start = !iterator, .iterator = iterator ? *iterator : 0, .size = room, .flags = flags};
+    struct gp_out_cuLogsDumpToMemory out = {0};
+    CUresult r = gp_call(GP_CALL_cuLogsDumpToMemory, WANT, &in, sizeof in, NULL, 0, &out, sizeof out, buffer,
+                         room ? room - 1 : 0);
+    if (r != CUDA_SUCCESS) {
+        if (r == CUDA_ERROR_INVALID_VALUE) *size = 0;
+        return r;
+    }
+    if (out.written >= room) out.written = room ? room - 1 : 0; /* the worker never sends more */
+    if (room) buffer[out.written] = 0;
+    *size = out.written;
+    if (iterator) *iterator = out.next;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLogsDumpToFile(void *iterator, const char *path, uint32_t flags) {
+    GP_TRACE("cuLogsDumpToFile");
+    if (!path) return CUDA_ERROR_INVALID_VALUE;
+    char *text = malloc(LOG_BYTES_MAX + 1);
+    if (!text) return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t size = LOG_BYTES_MAX + 1;
+    CUresult r = cuLogsDumpToMemory(iterator, text, &size, flags);
+    FILE *file = r == CUDA_SUCCESS ? fopen(path, "w") : NULL;
+    if (r == CUDA_SUCCESS && (!file || fwrite(text, 1, size, file) != size)) r = CUDA_ERROR_INVALID_VALUE;
+    if (file && fclose(file) != 0) r = CUDA_ERROR_INVALID_VALUE;
+    free(text);
+    return r;
 }

@@ -230,6 +230,21 @@ CUresult cuMemcpy3DBatchAsync_v2(uint64_t num_ops, void *ops, uint64_t flags, ui
     return batch_copy_3d(num_ops, ops, NULL, flags, stream);
 }
 
+/* One copy with a batch's attributes (CUDA 13), checked as the batch's are. */
+CUresult cuMemcpyWithAttributesAsync(uint64_t dst, uint64_t src, uint64_t size, void *attr, uint64_t stream) {
+    GP_TRACE("cuMemcpyWithAttributesAsync");
+    int32_t order;
+    if (!attr) return CUDA_ERROR_INVALID_VALUE;
+    memcpy(&order, attr, 4);
+    if (order < 1 || order > SRC_ACCESS_ORDER_ANY) return CUDA_ERROR_INVALID_VALUE;
+    return generic_copy(dst, src, size, stream, 1);
+}
+
+CUresult cuMemcpy3DWithAttributesAsync(void *op, uint64_t flags, uint64_t stream) {
+    GP_TRACE("cuMemcpy3DWithAttributesAsync");
+    return batch_copy_3d(1, op, NULL, flags, stream);
+}
+
 /* The virtual memory API's queries: the properties a handle was created with, a mapping's access. */
 CUresult cuMemGetAllocationPropertiesFromHandle(void *prop, uint64_t handle) {
     GP_TRACE("cuMemGetAllocationPropertiesFromHandle");

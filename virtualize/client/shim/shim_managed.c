@@ -289,6 +289,7 @@ int gp_managed_add(uint64_t base, uint64_t size, int kind) {
         free(state);
         return -1;
     }
+    gp_hints_clear(base, size);
     return 0;
 }
 

@@ -150,28 +150,100 @@ static CUresult managed_hint(uint64_t dptr, uint64_t count, int to_device) {
     return CUDA_SUCCESS;
 }
 
+/* A prefetch to a CUmemLocation (its type in the low word, its id in the high one), kept for
+ * cuMemRangeGetAttribute's LAST_PREFETCH_LOCATION. */
+static CUresult prefetch(uint64_t dptr, uint64_t count, uint64_t location) {
+    int32_t type = (int32_t)(location & 0xffffffffu), id = (int32_t)(location >> 32);
+    CUresult r = managed_hint(dptr, count, type != LOCATION_HOST);
+    if (r == CUDA_SUCCESS) gp_hints_prefetched(dptr, count, type, id);
+    return r;
+}
+
+#define LOCATION_DEVICE 1 /* CU_MEM_LOCATION_TYPE_DEVICE */
+
+static uint64_t location_of_device(int32_t device) { /* CU_DEVICE_CPU (-1) is the host */
+    return device < 0 ? LOCATION_HOST : LOCATION_DEVICE | (uint64_t)(uint32_t)device << 32;
+}
+
 CUresult cuMemPrefetchAsync(uint64_t dptr, uint64_t count, int32_t device, uint64_t stream) {
     GP_TRACE("cuMemPrefetchAsync");
     (void)stream;
-    return managed_hint(dptr, count, device >= 0); /* CU_DEVICE_CPU is -1 */
+    return prefetch(dptr, count, location_of_device(device));
 }
 
 CUresult cuMemPrefetchAsync_v2(uint64_t dptr, uint64_t count, uint64_t location, uint32_t flags, uint64_t stream) {
     GP_TRACE("cuMemPrefetchAsync_v2");
     (void)flags, (void)stream;
-    return managed_hint(dptr, count, (int32_t)(location & 0xffffffffu) != LOCATION_HOST);
+    return prefetch(dptr, count, location);
 }
 
 CUresult cuMemAdvise(uint64_t dptr, uint64_t count, int32_t advice, int32_t device) {
     GP_TRACE("cuMemAdvise");
-    (void)advice, (void)device;
-    return managed_hint(dptr, count, 0);
+    CUresult r = managed_hint(dptr, count, 0);
+    return r == CUDA_SUCCESS ? gp_hints_advise_device(dptr, count, advice, device) : r;
 }
 
 CUresult cuMemAdvise_v2(uint64_t dptr, uint64_t count, int32_t advice, uint64_t location) {
     GP_TRACE("cuMemAdvise_v2");
-    (void)advice, (void)location;
-    return managed_hint(dptr, count, 0);
+    CUresult r = managed_hint(dptr, count, 0);
+    return r == CUDA_SUCCESS ? gp_hints_advise(dptr, count, advice, (int32_t)(location & 0xffffffffu),
+                                               (int32_t)(location >> 32))
+                             : r;
+}
+
+/* Attaching managed memory to a stream only says which streams may touch it while others run: the
+ * mirror needs no such hint. The whole allocation (length 0) or the range must be managed memory. */
+#define ATTACH_GLOBAL 1
+#define ATTACH_HOST 2
+#define ATTACH_SINGLE 4
+
+CUresult cuStreamAttachMemAsync(uint64_t stream, uint64_t dptr, uint64_t length, uint32_t flags) {
+    GP_TRACE("cuStreamAttachMemAsync");
+    (void)stream;
+    if (flags != ATTACH_GLOBAL && flags != ATTACH_HOST && flags != ATTACH_SINGLE) return CUDA_ERROR_INVALID_VALUE;
+    return managed_hint(dptr, length ? length : 1, 0);
+}
+
+/* Batched prefetch and discard (CUDA 13): location k applies to ranges location_idxs[k] up to the next
+ * index (the last to the end); each range goes as cuMemPrefetchAsync_v2 to its location. A discard makes
+ * the contents undefined: keeping them is one of the outcomes it allows, so a discard is checked only. */
+static CUresult batch_ranges(const uint64_t *dptrs, const uint64_t *sizes, uint64_t count, const uint64_t *locations,
+                             const uint64_t *location_idxs, uint64_t num_locations, uint64_t flags, int prefetching) {
+    if (!count || !dptrs || !sizes || flags) return CUDA_ERROR_INVALID_VALUE;
+    if (prefetching) {
+        if (!locations || !location_idxs || !num_locations || num_locations > count || location_idxs[0] != 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        for (uint64_t k = 1; k < num_locations; k++)
+            if (location_idxs[k] <= location_idxs[k - 1] || location_idxs[k] >= count) return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (uint64_t i = 0; i < count; i++)
+        if (managed_hint(dptrs[i], sizes[i], 0) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_VALUE;
+    for (uint64_t i = 0, k = 0; prefetching && i < count; i++) {
+        while (k + 1 < num_locations && location_idxs[k + 1] <= i) k++;
+        prefetch(dptrs[i], sizes[i], locations[k]);
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemPrefetchBatchAsync(void *dptrs, void *sizes, uint64_t count, void *locations, void *location_idxs,
+                                 uint64_t num_locations, uint64_t flags, uint64_t stream) {
+    GP_TRACE("cuMemPrefetchBatchAsync");
+    (void)stream;
+    return batch_ranges(dptrs, sizes, count, locations, location_idxs, num_locations, flags, 1);
+}
+
+CUresult cuMemDiscardBatchAsync(void *dptrs, void *sizes, uint64_t count, uint64_t flags, uint64_t stream) {
+    GP_TRACE("cuMemDiscardBatchAsync");
+    (void)stream;
+    return batch_ranges(dptrs, sizes, count, NULL, NULL, 0, flags, 0);
+}
+
+CUresult cuMemDiscardAndPrefetchBatchAsync(void *dptrs, void *sizes, uint64_t count, void *locations,
+                                           void *location_idxs, uint64_t num_locations, uint64_t flags,
+                                           uint64_t stream) {
+    GP_TRACE("cuMemDiscardAndPrefetchBatchAsync");
+    (void)stream;
+    return batch_ranges(dptrs, sizes, count, locations, location_idxs, num_locations, flags, 1);
 }
 
 CUresult cuMemFree_v2(uint64_t dptr) {

@@ -142,10 +142,10 @@ CUresult cuMemSetMemPool(void *location, int32_t type, uint64_t pool) {
     GP_TRACE("cuMemSetMemPool");
     int managed, where;
     CUresult r = kind_of(location, type, &managed, &where);
-    if (r == CUDA_ERROR_NOT_FOUND) {
-        gp_say("cuMemSetMemPool: another current pool for a device is not forwarded to the remote GPU; it "
-               "returns CUDA_ERROR_NOT_SUPPORTED");
-        return CUDA_ERROR_NOT_SUPPORTED;
+    if (r == CUDA_ERROR_NOT_FOUND) { /* the device's: its current pool on the worker */
+        int32_t dev;
+        memcpy(&dev, (const char *)location + 4, 4);
+        return cuDeviceSetMemPool(dev, pool);
     }
     if (r != CUDA_SUCCESS) return r;
     pthread_mutex_lock(&lock);

@@ -15,15 +15,18 @@
 /* A word of mirrored host memory (mapped, registered or managed) is refused: the program reads it without
  * a synchronisation, and the mirror brings the device's bytes back only at one (docs/remote.md), so a
  * flag the stream wrote would never be seen, and one the host wrote never waited for. */
-static CUresult stream_value(uint32_t call, uint64_t stream, uint64_t addr, uint64_t value, uint32_t flags, int wide) {
+static int mirrored(uint32_t call, uint64_t addr) {
     static int said;
-    if (gp_managed_lookup(addr) || gp_mirror_of_device(addr)) {
-        if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
-            gp_say("%s on mapped, registered or managed host memory is not forwarded (the program would see it "
-                   "only at a synchronisation); it returns CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)",
-                   gp_call_names[call]);
-        return CUDA_ERROR_NOT_SUPPORTED;
-    }
+    if (!gp_managed_lookup(addr) && !gp_mirror_of_device(addr)) return 0;
+    if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+        gp_say("%s on mapped, registered or managed host memory is not forwarded (the program would see it "
+               "only at a synchronisation); it returns CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)",
+               gp_call_names[call]);
+    return 1;
+}
+
+static CUresult stream_value(uint32_t call, uint64_t stream, uint64_t addr, uint64_t value, uint32_t flags, int wide) {
+    if (mirrored(call, addr)) return CUDA_ERROR_NOT_SUPPORTED;
     if (wide) {
         struct gp_in_cuStreamWriteValue64_v2 in = {.stream = stream, .addr = addr, .value = value, .flags = flags};
         return gp_call(call, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
@@ -45,6 +48,57 @@ STREAM_VALUE(cuStreamWaitValue64, 64, 1)
 STREAM_VALUE(cuStreamWaitValue64_v2, 64, 1)
 STREAM_VALUE(cuStreamWriteValue64, 64, 1)
 STREAM_VALUE(cuStreamWriteValue64_v2, 64, 1)
+
+/* cuStreamBatchMemOp: CUstreamBatchMemOpParams is a 48-byte union, its operation first; a wait or write
+ * holds the address at 8, the value at 16 and the flags at 24. Every operation is checked before any is
+ * sent; then each wait or write goes as its own call, in the batch's order on the stream (which orders
+ * them at least as strictly as a barrier would). A flush of remote writes has none to flush: nothing
+ * outside the lease's worker can write its memory through GPUDirect RDMA. A word of mirrored host memory
+ * refuses the whole batch, as it refuses a single wait or write. */
+#define MEM_OP_BYTES 48
+#define MEM_OPS_MAX 256 /* the driver's limit on one batch */
+enum { OP_WAIT_32 = 1, OP_WRITE_32 = 2, OP_FLUSH_REMOTE_WRITES = 3, OP_WAIT_64 = 4, OP_WRITE_64 = 5, OP_BARRIER = 6 };
+
+static CUresult batch_mem_op(uint64_t stream, uint32_t count, const void *ops, uint32_t flags, int v2) {
+    if (flags || !count || count > MEM_OPS_MAX || !ops) return CUDA_ERROR_INVALID_VALUE;
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t op;
+        uint64_t addr;
+        memcpy(&op, (const unsigned char *)ops + (size_t)i * MEM_OP_BYTES, 4);
+        memcpy(&addr, (const unsigned char *)ops + (size_t)i * MEM_OP_BYTES + 8, 8);
+        if (op < OP_WAIT_32 || op > OP_BARRIER) return CUDA_ERROR_INVALID_VALUE;
+        if (op != OP_FLUSH_REMOTE_WRITES && op != OP_BARRIER && mirrored(GP_CALL_cuStreamBatchMemOp, addr))
+            return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    static const uint32_t calls[2][6] = {
+        {GP_CALL_cuStreamWaitValue32, GP_CALL_cuStreamWriteValue32, 0, GP_CALL_cuStreamWaitValue64,
+         GP_CALL_cuStreamWriteValue64, 0},
+        {GP_CALL_cuStreamWaitValue32_v2, GP_CALL_cuStreamWriteValue32_v2, 0, GP_CALL_cuStreamWaitValue64_v2,
+         GP_CALL_cuStreamWriteValue64_v2, 0},
+    };
+    for (uint32_t i = 0; i < count; i++) {
+        const unsigned char *p = (const unsigned char *)ops + (size_t)i * MEM_OP_BYTES;
+        uint32_t op, op_flags;
+        uint64_t addr, value;
+        memcpy(&op, p, 4), memcpy(&addr, p + 8, 8), memcpy(&value, p + 16, 8), memcpy(&op_flags, p + 24, 4);
+        uint32_t call = calls[v2][op - 1];
+        if (!call) continue; /* a barrier or a flush: see above */
+        int wide = op == OP_WAIT_64 || op == OP_WRITE_64;
+        CUresult r = stream_value(call, stream, addr, wide ? value : (uint32_t)value, op_flags, wide);
+        if (r != CUDA_SUCCESS) return r;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuStreamBatchMemOp(uint64_t stream, uint32_t count, void *ops, uint32_t flags) {
+    GP_TRACE("cuStreamBatchMemOp");
+    return batch_mem_op(stream, count, ops, flags, 0);
+}
+
+CUresult cuStreamBatchMemOp_v2(uint64_t stream, uint32_t count, void *ops, uint32_t flags) {
+    GP_TRACE("cuStreamBatchMemOp_v2");
+    return batch_mem_op(stream, count, ops, flags, 1);
+}
 
 /* ---- stream attributes: the 64-byte CUstreamAttrValue both ways ---------------------------------- */
 
