@@ -586,6 +586,87 @@ def scenario_launch_errors():
     say("sync", cu.cuCtxSynchronize())
 
 
+def scenario_legacy_launch():
+    """The legacy launch API (block shape, shared size and parameters set per function, then cuLaunch,
+    cuLaunchGrid, cuLaunchGridAsync) against the same kernels through cuLaunchKernel; its bad uses; and
+    cuCtxAttach/cuCtxDetach's usage count."""
+    ctx = setup()
+    module, fill, add, saxpy, empty = c_u64(), c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// host-executor module\n"), "load")
+    for func, name in ((fill, b"fill_u32"), (add, b"add_u32"), (saxpy, b"saxpy"), (empty, b"empty")):
+        check(cu.cuModuleGetFunction(ctypes.byref(func), module, name), name.decode())
+    (_, legacy), (_, modern) = alloc(4096), alloc(4096)
+    # fill_u32(u32 *p, u32 value, u32 n) over grid x block threads: 2 blocks of 32 from cuLaunchGrid
+    check(cu.cuFuncSetBlockShape(fill, 32, 1, 1), "block shape")
+    check(cu.cuFuncSetSharedSize(fill, 1024), "shared size")
+    check(cu.cuParamSetSize(fill, 16), "param size")
+    check(cu.cuParamSetv(fill, 0, ctypes.byref(c_u64(legacy)), 8), "param pointer")
+    check(cu.cuParamSeti(fill, 8, 7), "param value")
+    check(cu.cuParamSeti(fill, 12, 100), "param count")
+    check(cu.cuLaunchGrid(fill, 2, 1), "launch grid")
+    # add_u32 (same parameters) by cuLaunch: one block of the shape set
+    check(cu.cuFuncSetBlockShape(add, 16, 1, 1), "add block shape")
+    check(cu.cuParamSetSize(add, 16), "add param size")
+    check(cu.cuParamSetv(add, 0, ctypes.byref(c_u64(legacy)), 8), "add pointer")
+    check(cu.cuParamSeti(add, 8, 5), "add value")
+    check(cu.cuParamSeti(add, 12, 100), "add count")
+    check(cu.cuLaunch(add), "launch")
+    ptr, n = c_u64(modern), ctypes.c_uint32(100)
+    for func, value, grid, block in ((fill, 7, 2, 32), (add, 5, 1, 16)):
+        v = ctypes.c_uint32(value)
+        params = (ctypes.c_void_p * 3)(*map(ctypes.addressof, (ptr, v, n)))
+        check(cu.cuLaunchKernel(func, grid, 1, 1, block, 1, 1, 1024, c_u64(0), params, None), "launch kernel")
+    check(cu.cuCtxSynchronize(), "sync")
+    words = list(memoryview(dtoh(legacy, 400)[1]).cast("I"))
+    say("legacy_words", f"{words[0]} {words[15]} {words[16]} {words[63]} {words[64]}")
+    say("fill_add_same", dtoh(legacy, 400)[1] == dtoh(modern, 400)[1])
+    # saxpy(float *x, float *y, float a, u32 n) by cuLaunchGridAsync on a stream, a float by cuParamSetf
+    (_, x), (_, y_legacy), (_, y_modern) = alloc(64), alloc(64), alloc(64)
+    floats = struct.pack("<16f", *range(16))
+    for p in (x, y_legacy, y_modern):
+        check(cu.cuMemcpyHtoD(c_u64(p), floats, c_u64(64)), "floats")
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    check(cu.cuFuncSetBlockShape(saxpy, 16, 1, 1), "saxpy block shape")
+    check(cu.cuParamSetSize(saxpy, 24), "saxpy param size")
+    check(cu.cuParamSetv(saxpy, 0, ctypes.byref(c_u64(x)), 8), "x")
+    check(cu.cuParamSetv(saxpy, 8, ctypes.byref(c_u64(y_legacy)), 8), "y")
+    check(cu.cuParamSetf(saxpy, 16, ctypes.c_float(2.5)), "a")
+    check(cu.cuParamSeti(saxpy, 20, 16), "n")
+    check(cu.cuLaunchGridAsync(saxpy, 1, 1, stream), "launch grid async")
+    xp, yp, a, count = c_u64(x), c_u64(y_modern), ctypes.c_float(2.5), ctypes.c_uint32(16)
+    params = (ctypes.c_void_p * 4)(*map(ctypes.addressof, (xp, yp, a, count)))
+    check(cu.cuLaunchKernel(saxpy, 1, 1, 1, 16, 1, 1, 0, stream, params, None), "saxpy kernel")
+    check(cu.cuStreamSynchronize(stream), "stream sync")
+    say("saxpy_y3", struct.unpack_from("<f", dtoh(y_legacy, 64)[1], 12)[0])
+    say("saxpy_same", dtoh(y_legacy, 64)[1] == dtoh(y_modern, 64)[1])
+    # bad uses: the driver's errors, from the call, nothing sent
+    say("seti_past_size", cu.cuParamSeti(saxpy, 24, 1))
+    say("setv_across_size", cu.cuParamSetv(saxpy, 20, ctypes.byref(c_u64(0)), 8))
+    say("setf_negative_offset", cu.cuParamSetf(saxpy, -4, ctypes.c_float(1.0)))
+    say("size_over_limit", cu.cuParamSetSize(saxpy, 1 << 20))
+    say("launch_without_block_shape", cu.cuLaunch(empty))
+    say("grid_of_zero", cu.cuLaunchGrid(fill, 0, 1))
+    say("block_shape_of_zero", cu.cuFuncSetBlockShape(fill, 0, 1, 1))
+    say("unknown_function", cu.cuFuncSetBlockShape(c_u64(0x1234), 1, 1, 1))
+    say("sync_after_bad_uses", cu.cuCtxSynchronize())
+    # cuCtxAttach counts a use of the current context; cuCtxDetach takes it back, the last use destroys
+    attached = c_u64()
+    say("attach", cu.cuCtxAttach(ctypes.byref(attached), 0))
+    say("attached_current", attached.value == ctx.value)
+    say("attach_flags", cu.cuCtxAttach(ctypes.byref(attached), 1))
+    say("detach", cu.cuCtxDetach(attached))
+    say("memset_after_detach", cu.cuMemsetD8(c_u64(legacy), 1, c_u64(4)))
+    own = c_u64()
+    check(cu.cuCtxCreate(ctypes.byref(own), None, 0, 0), "create")  # v4: params, flags, device
+    say("attach_own", cu.cuCtxAttach(ctypes.byref(attached), 0))
+    say("detach_own_attach", cu.cuCtxDetach(own))
+    say("detach_own_last", cu.cuCtxDetach(own))
+    say("own_destroyed", cu.cuCtxSetCurrent(own) != 0 or cu.cuMemsetD8(c_u64(legacy), 1, c_u64(4)) != 0)
+    check(cu.cuCtxSetCurrent(ctx), "primary again")
+    say("detach_not_current", cu.cuCtxDetach(c_u64(0x5678)))
+
+
 def scenario_cooperative():
     """Cooperative launches (cuLaunchCooperativeKernel, and cuLaunchKernelEx with the cooperative
     attribute) run; one with more blocks than fit on the device at once (the host executor's device: 4

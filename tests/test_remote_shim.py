@@ -934,6 +934,41 @@ def test_a_launch_the_driver_refuses_fails_from_the_launch_call_itself(shim_dir,
     }
 
 
+def test_the_legacy_launch_api_runs_kernels_as_cuLaunchKernel_does(shim_dir, worker):
+    """cuFuncSetBlockShape / cuFuncSetSharedSize / cuParamSet* then cuLaunch, cuLaunchGrid and
+    cuLaunchGridAsync give the same memory as the same launches through cuLaunchKernel (the grid from the
+    call, the block shape from the setter, each parameter at the offset set); parameters past the size
+    set, a launch without a block shape and an unknown function get the driver's errors from the call,
+    nothing sent; cuCtxAttach/cuCtxDetach count uses of a context, the last detach destroys it."""
+    out, _ = run_client("legacy_launch", client_env(shim_dir, worker))
+    assert out == {
+        # fill 7 over 2 x 32 threads, then +5 over one block of 16; untouched past the grid
+        "legacy_words": "12 12 7 7 0",
+        "fill_add_same": "True",
+        "saxpy_y3": "10.5",  # 2.5 * 3 + 3
+        "saxpy_same": "True",
+        "seti_past_size": "1",  # CUDA_ERROR_INVALID_VALUE
+        "setv_across_size": "1",
+        "setf_negative_offset": "1",
+        "size_over_limit": "1",
+        "launch_without_block_shape": "1",
+        "grid_of_zero": "1",
+        "block_shape_of_zero": "1",
+        "unknown_function": "400",  # CUDA_ERROR_INVALID_HANDLE
+        "sync_after_bad_uses": "0",
+        "attach": "0",
+        "attached_current": "True",
+        "attach_flags": "1",
+        "detach": "0",
+        "memset_after_detach": "0",  # the primary context's attach taken back; the context lives on
+        "attach_own": "0",
+        "detach_own_attach": "0",
+        "detach_own_last": "0",  # its creation's use: the context is destroyed
+        "own_destroyed": "True",
+        "detach_not_current": "201",  # CUDA_ERROR_INVALID_CONTEXT
+    }
+
+
 def test_cooperative_launches_run_and_one_too_large_is_refused_by_the_launch_call(shim_dir, worker):
     """Cooperative launches run; one with more blocks than fit at once fails from the launch call, as natively."""
     out, err = run_client("cooperative", client_env(shim_dir, worker))

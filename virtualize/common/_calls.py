@@ -650,6 +650,25 @@ CALLS: tuple[Call, ...] = (
     _c("cuLaunchCooperativeKernel", 9000,
        "func f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, stream stream, ptr params", L,
        custom=True, how="sent as cuLaunchKernelEx with the cooperative launch attribute"),
+    # -- legacy launches and context attach (deprecated since CUDA 4.0), served in the client (shim_legacy.c):
+    # block shape, shared size and parameter bytes kept per function, launched as cuLaunchKernel's `extra`.
+    *(_c(name, 2000, params, L, custom=True, how="kept per function in the client for cuLaunch and cuLaunchGrid")
+      for name, params in (("cuFuncSetBlockShape", "func f, i32 x, i32 y, i32 z"),
+                           ("cuFuncSetSharedSize", "func f, u32 bytes"),
+                           ("cuParamSetSize", "func f, u32 numbytes"),
+                           ("cuParamSeti", "func f, i32 offset, u32 value"),
+                           ("cuParamSetf", "func f, i32 offset, f32 value"),
+                           ("cuParamSetv", "func f, i32 offset, ptr p, u32 numbytes"))),
+    *(_c(name, 2000, params, L, custom=True,
+         how="sent as cuLaunchKernel: the call's grid, the block shape, shared size and parameter bytes kept "
+             "for the function, the parameters as its `extra` buffer")
+      for name, params in (("cuLaunch", "func f"),
+                           ("cuLaunchGrid", "func f, i32 grid_width, i32 grid_height"),
+                           ("cuLaunchGridAsync", "func f, i32 grid_width, i32 grid_height, stream stream"))),
+    _c("cuCtxAttach", 2000, "o_ctx ctx, u32 flags", L, custom=True,
+       how="a usage count on the current context, kept in the client"),
+    _c("cuCtxDetach", 2000, "ctx ctx", L, custom=True,
+       how="takes back an attach; the context's last use sends cuCtxDestroy"),
     # -- streams and events ---------------------------------------------------------------------------
     _c("cuStreamCreate", 2000, "o_stream stream, u32 flags"),
     _c("cuStreamCreateWithPriority", 5050, "o_stream stream, u32 flags, i32 priority"),

@@ -220,20 +220,14 @@ GROUPS: tuple[Group, ...] = (
         "cuLibraryGetUnifiedFunction cuTensorMapSetAllocationClass",
     ),
     _g(
-        "legacy launches and texture references",
+        "legacy texture and surface references",
         N,
-        """Deprecated: the parameter-by-parameter launch API
-       since CUDA 4.0, texture and surface references since CUDA 11 (CUDA 12's compilers emit none).
-       Forwardable as handles, not built.""",
-        "cuFuncSetBlockShape cuFuncSetSharedSize cuParamSet* cuLaunch cuLaunchGrid cuLaunchGridAsync "
-        "cuTexRef* cuSurfRef* cuModuleGetTexRef cuModuleGetSurfRef",
-    ),
-    _g(
-        "legacy context attach",
-        N,
-        """cuCtxAttach and cuCtxDetach (deprecated since CUDA 4.0) count references to a context the lease
-       holds; cuDevicePrimaryCtxRetain and cuCtxCreate, which are forwarded, replaced them.""",
-        "cuCtxAttach cuCtxDetach",
+        """Deprecated since CUDA 11 (CUDA 12's compilers emit none): a module's texture or surface
+       reference is the worker's driver's object, forwardable as a handle of the lease once what it binds is
+       checked (an address range of the lease's memory, an array or mipmapped array of the lease) and its
+       descriptor fields are carried; cuParamSetTexRef binds one to the legacy launch's parameters. Not built
+       yet; the legacy launch API itself is served in the client.""",
+        "cuTexRef* cuSurfRef* cuModuleGetTexRef cuModuleGetSurfRef cuParamSetTexRef",
     ),
     _g(
         "green contexts and execution affinity",

@@ -1632,10 +1632,8 @@ GP_EXPORT CUresult cuCoredumpGetAttribute(void) { return gp_unforwarded("cuCored
 GP_EXPORT CUresult cuCoredumpGetAttributeGlobal(void) { return gp_unforwarded("cuCoredumpGetAttributeGlobal"); }
 GP_EXPORT CUresult cuCoredumpSetAttribute(void) { return gp_unforwarded("cuCoredumpSetAttribute"); }
 GP_EXPORT CUresult cuCoredumpSetAttributeGlobal(void) { return gp_unforwarded("cuCoredumpSetAttributeGlobal"); }
-GP_EXPORT CUresult cuCtxAttach(void) { return gp_unforwarded("cuCtxAttach"); }
 GP_EXPORT CUresult cuCtxCreate(void) { return gp_unforwarded("cuCtxCreate"); }
 GP_EXPORT CUresult cuCtxDestroy(void) { return gp_unforwarded("cuCtxDestroy"); }
-GP_EXPORT CUresult cuCtxDetach(void) { return gp_unforwarded("cuCtxDetach"); }
 GP_EXPORT CUresult cuCtxFromGreenCtx(void) { return gp_unforwarded("cuCtxFromGreenCtx"); }
 GP_EXPORT CUresult cuCtxGetDevResource(void) { return gp_unforwarded("cuCtxGetDevResource"); }
 GP_EXPORT CUresult cuCtxGetExecAffinity(void) { return gp_unforwarded("cuCtxGetExecAffinity"); }
@@ -1668,8 +1666,6 @@ GP_EXPORT CUresult cuEGLStreamProducerReturnFrame(void) { return gp_unforwarded(
 GP_EXPORT CUresult cuEventDestroy(void) { return gp_unforwarded("cuEventDestroy"); }
 GP_EXPORT CUresult cuExternalMemoryGetMappedBuffer(void) { return gp_unforwarded("cuExternalMemoryGetMappedBuffer"); }
 GP_EXPORT CUresult cuExternalMemoryGetMappedMipmappedArray(void) { return gp_unforwarded("cuExternalMemoryGetMappedMipmappedArray"); }
-GP_EXPORT CUresult cuFuncSetBlockShape(void) { return gp_unforwarded("cuFuncSetBlockShape"); }
-GP_EXPORT CUresult cuFuncSetSharedSize(void) { return gp_unforwarded("cuFuncSetSharedSize"); }
 GP_EXPORT CUresult cuGLCtxCreate(void) { return gp_unforwarded("cuGLCtxCreate"); }
 GP_EXPORT CUresult cuGLCtxCreate_v2(void) { return gp_unforwarded("cuGLCtxCreate_v2"); }
 GP_EXPORT CUresult cuGLGetDevices(void) { return gp_unforwarded("cuGLGetDevices"); }
@@ -1735,10 +1731,7 @@ GP_EXPORT CUresult cuGreenCtxStreamCreate(void) { return gp_unforwarded("cuGreen
 GP_EXPORT CUresult cuGreenCtxWaitEvent(void) { return gp_unforwarded("cuGreenCtxWaitEvent"); }
 GP_EXPORT CUresult cuImportExternalMemory(void) { return gp_unforwarded("cuImportExternalMemory"); }
 GP_EXPORT CUresult cuImportExternalSemaphore(void) { return gp_unforwarded("cuImportExternalSemaphore"); }
-GP_EXPORT CUresult cuLaunch(void) { return gp_unforwarded("cuLaunch"); }
 GP_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(void) { return gp_unforwarded("cuLaunchCooperativeKernelMultiDevice"); }
-GP_EXPORT CUresult cuLaunchGrid(void) { return gp_unforwarded("cuLaunchGrid"); }
-GP_EXPORT CUresult cuLaunchGridAsync(void) { return gp_unforwarded("cuLaunchGridAsync"); }
 GP_EXPORT CUresult cuLibraryGetManaged(void) { return gp_unforwarded("cuLibraryGetManaged"); }
 GP_EXPORT CUresult cuLibraryGetUnifiedFunction(void) { return gp_unforwarded("cuLibraryGetUnifiedFunction"); }
 GP_EXPORT CUresult cuLinkAddData(void) { return gp_unforwarded("cuLinkAddData"); }
@@ -1794,11 +1787,7 @@ GP_EXPORT CUresult cuMulticastBindMem(void) { return gp_unforwarded("cuMulticast
 GP_EXPORT CUresult cuMulticastCreate(void) { return gp_unforwarded("cuMulticastCreate"); }
 GP_EXPORT CUresult cuMulticastGetGranularity(void) { return gp_unforwarded("cuMulticastGetGranularity"); }
 GP_EXPORT CUresult cuMulticastUnbind(void) { return gp_unforwarded("cuMulticastUnbind"); }
-GP_EXPORT CUresult cuParamSetSize(void) { return gp_unforwarded("cuParamSetSize"); }
 GP_EXPORT CUresult cuParamSetTexRef(void) { return gp_unforwarded("cuParamSetTexRef"); }
-GP_EXPORT CUresult cuParamSetf(void) { return gp_unforwarded("cuParamSetf"); }
-GP_EXPORT CUresult cuParamSeti(void) { return gp_unforwarded("cuParamSeti"); }
-GP_EXPORT CUresult cuParamSetv(void) { return gp_unforwarded("cuParamSetv"); }
 GP_EXPORT CUresult cuProfilerInitialize(void) { return gp_unforwarded("cuProfilerInitialize"); }
 GP_EXPORT CUresult cuSignalExternalSemaphoresAsync(void) { return gp_unforwarded("cuSignalExternalSemaphoresAsync"); }
 GP_EXPORT CUresult cuSignalExternalSemaphoresAsync_ptsz(void) { return gp_unforwarded("cuSignalExternalSemaphoresAsync_ptsz"); }
@@ -1918,18 +1907,11 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuLibraryGetManaged", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
     {"cuLibraryGetUnifiedFunction", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
     {"cuTensorMapSetAllocationClass", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
-    {"cuFuncSetBlockShape", "legacy launches and texture references: not forwarded yet"},
-    {"cuFuncSetSharedSize", "legacy launches and texture references: not forwarded yet"},
-    {"cuParamSet*", "legacy launches and texture references: not forwarded yet"},
-    {"cuLaunch", "legacy launches and texture references: not forwarded yet"},
-    {"cuLaunchGrid", "legacy launches and texture references: not forwarded yet"},
-    {"cuLaunchGridAsync", "legacy launches and texture references: not forwarded yet"},
-    {"cuTexRef*", "legacy launches and texture references: not forwarded yet"},
-    {"cuSurfRef*", "legacy launches and texture references: not forwarded yet"},
-    {"cuModuleGetTexRef", "legacy launches and texture references: not forwarded yet"},
-    {"cuModuleGetSurfRef", "legacy launches and texture references: not forwarded yet"},
-    {"cuCtxAttach", "legacy context attach: not forwarded yet"},
-    {"cuCtxDetach", "legacy context attach: not forwarded yet"},
+    {"cuTexRef*", "legacy texture and surface references: not forwarded yet"},
+    {"cuSurfRef*", "legacy texture and surface references: not forwarded yet"},
+    {"cuModuleGetTexRef", "legacy texture and surface references: not forwarded yet"},
+    {"cuModuleGetSurfRef", "legacy texture and surface references: not forwarded yet"},
+    {"cuParamSetTexRef", "legacy texture and surface references: not forwarded yet"},
     {"cuGreenCtx*", "green contexts and execution affinity: not forwarded yet"},
     {"cuCtxFromGreenCtx", "green contexts and execution affinity: not forwarded yet"},
     {"cuDeviceGetDevResource", "green contexts and execution affinity: not forwarded yet"},
@@ -1953,10 +1935,12 @@ static const struct gp_proc gp_procs[] = {
     {"cuArrayCreate", 3020, (void *)cuArrayCreate_v2},
     {"cuArrayDestroy", 2000, (void *)cuArrayDestroy},
     {"cuArrayGetDescriptor", 3020, (void *)cuArrayGetDescriptor_v2},
+    {"cuCtxAttach", 2000, (void *)cuCtxAttach},
     {"cuCtxCreate", 3020, (void *)cuCtxCreate_v2},
     {"cuCtxCreate", 11040, (void *)cuCtxCreate_v3},
     {"cuCtxCreate", 12050, (void *)cuCtxCreate_v4},
     {"cuCtxDestroy", 4000, (void *)cuCtxDestroy_v2},
+    {"cuCtxDetach", 2000, (void *)cuCtxDetach},
     {"cuCtxDisablePeerAccess", 4000, (void *)cuCtxDisablePeerAccess},
     {"cuCtxEnablePeerAccess", 4000, (void *)cuCtxEnablePeerAccess},
     {"cuCtxGetApiVersion", 3020, (void *)cuCtxGetApiVersion},
@@ -2026,8 +2010,10 @@ static const struct gp_proc gp_procs[] = {
     {"cuFuncIsLoaded", 12040, (void *)cuFuncIsLoaded},
     {"cuFuncLoad", 12040, (void *)cuFuncLoad},
     {"cuFuncSetAttribute", 9000, (void *)cuFuncSetAttribute},
+    {"cuFuncSetBlockShape", 2000, (void *)cuFuncSetBlockShape},
     {"cuFuncSetCacheConfig", 3000, (void *)cuFuncSetCacheConfig},
     {"cuFuncSetSharedMemConfig", 4020, (void *)cuFuncSetSharedMemConfig},
+    {"cuFuncSetSharedSize", 2000, (void *)cuFuncSetSharedSize},
     {"cuGetErrorName", 6000, (void *)cuGetErrorName},
     {"cuGetErrorString", 6000, (void *)cuGetErrorString},
     {"cuGetExportTable", 3000, (void *)cuGetExportTable},
@@ -2119,7 +2105,10 @@ static const struct gp_proc gp_procs[] = {
     {"cuKernelGetParamInfo", 12040, (void *)cuKernelGetParamInfo},
     {"cuKernelSetAttribute", 12000, (void *)cuKernelSetAttribute},
     {"cuKernelSetCacheConfig", 12000, (void *)cuKernelSetCacheConfig},
+    {"cuLaunch", 2000, (void *)cuLaunch},
     {"cuLaunchCooperativeKernel", 9000, (void *)cuLaunchCooperativeKernel},
+    {"cuLaunchGrid", 2000, (void *)cuLaunchGrid},
+    {"cuLaunchGridAsync", 2000, (void *)cuLaunchGridAsync},
     {"cuLaunchHostFunc", 10000, (void *)cuLaunchHostFunc},
     {"cuLaunchKernel", 4000, (void *)cuLaunchKernel},
     {"cuLaunchKernelEx", 11060, (void *)cuLaunchKernelEx},
@@ -2255,6 +2244,10 @@ static const struct gp_proc gp_procs[] = {
     {"cuOccupancyMaxPotentialBlockSize", 6050, (void *)cuOccupancyMaxPotentialBlockSize},
     {"cuOccupancyMaxPotentialBlockSizeWithFlags", 7000, (void *)cuOccupancyMaxPotentialBlockSizeWithFlags},
     {"cuOccupancyMaxPotentialClusterSize", 11070, (void *)cuOccupancyMaxPotentialClusterSize},
+    {"cuParamSetSize", 2000, (void *)cuParamSetSize},
+    {"cuParamSetf", 2000, (void *)cuParamSetf},
+    {"cuParamSeti", 2000, (void *)cuParamSeti},
+    {"cuParamSetv", 2000, (void *)cuParamSetv},
     {"cuPointerGetAttribute", 4000, (void *)cuPointerGetAttribute},
     {"cuPointerGetAttributes", 7000, (void *)cuPointerGetAttributes},
     {"cuPointerSetAttribute", 6000, (void *)cuPointerSetAttribute},

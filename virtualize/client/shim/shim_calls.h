@@ -34,3 +34,5 @@ CUresult params_reach(const unsigned char *params, int64_t len);
 struct layout { uint64_t func; uint32_t count, total; uint32_t *offset_size; };
 CUresult layout_of(uint64_t func, struct layout *result);
 int64_t pack_params(const struct layout *l, void **params, void **extra, unsigned char *buf, size_t cap);
+/* The legacy launch API's per-function state (shim_legacy.c), forgotten with the layouts at an unload. */
+void legacy_forget(void);

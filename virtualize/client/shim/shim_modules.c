@@ -145,6 +145,7 @@ CUresult cuModuleUnload(uint64_t module) {
     CUresult r = gp_call(GP_CALL_cuModuleUnload, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     gp_memo_forget(GP_MEMO_functions, module, GP_HANDLE_module, -1);
     forget_layouts();
+    legacy_forget();
     return r;
 }
 
@@ -155,6 +156,7 @@ CUresult cuLibraryUnload(uint64_t library) {
     CUresult r = gp_call(GP_CALL_cuLibraryUnload, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     gp_memo_forget(GP_MEMO_functions, library, GP_HANDLE_library, -1);
     forget_layouts();
+    legacy_forget();
     return r;
 }
 
