@@ -3215,6 +3215,11 @@ def scenario_migrate():
             captured = c_u64()
             check(cu.cuStreamEndCapture(stream, ctypes.byref(captured)), "end capture")
             check(cu.cuGraphDestroy(captured), "destroy the captured graph")
+        if line == "green":  # a green context of the device's SMs: a partition of this GPU, which stays
+            resource, desc, green = DevResource(), c_u64(), c_u64()
+            check(cu.cuDeviceGetDevResource(0, ctypes.byref(resource), 1), "device resource")
+            check(cu.cuDevResourceGenerateDesc(ctypes.byref(desc), ctypes.byref(resource), 1), "descriptor")
+            check(cu.cuGreenCtxCreate(ctypes.byref(green), desc, 0, 1), "green context")
         if line == "long":  # a 1.5 s kernel the worker is inside of when the test asks for the move
             sleep, ms = c_u64(), ctypes.c_uint32(1500)
             check(cu.cuModuleGetFunction(ctypes.byref(sleep), module, b"sleep_ms"), "sleep_ms")
