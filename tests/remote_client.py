@@ -3286,6 +3286,10 @@ def scenario_green():
     say("device_sms", device.sm_count)
     say("context_sms", of_ctx.sm_count)
     say("wrong_type", cu.cuDeviceGetDevResource(0, by(DevResource()), 2))
+    affinity = (ctypes.c_int * 2)()  # CUexecAffinityParam: type, SM count
+    check(cu.cuCtxGetExecAffinity(affinity, 0), "affinity")  # CU_EXEC_AFFINITY_TYPE_SM_COUNT
+    say("affinity_sms", affinity[1])
+    say("affinity_wrong_type", cu.cuCtxGetExecAffinity(affinity, 1))
     possible = ctypes.c_uint(0)
     check(cu.cuDevSmResourceSplitByCount(None, by(possible), by(device), None, 0, 1), "count groups")
     say("groups_possible", possible.value)
@@ -3325,6 +3329,8 @@ def scenario_green():
     dev = ctypes.c_int(-1)
     check(cu.cuCtxGetDevice(by(dev)), "its device")
     say("green_ctx_device", dev.value)
+    check(cu.cuCtxGetExecAffinity(affinity, 0), "the green context's affinity")
+    say("green_affinity_sms", affinity[1])
     module, fill = c_u64(), c_u64()
     check(cu.cuModuleLoadData(by(module), b"// host-executor module\n.visible .entry fill_u32()\n"), "load")
     check(cu.cuModuleGetFunction(by(fill), module, b"fill_u32"), "function")

@@ -302,6 +302,8 @@ CALLS: tuple[Call, ...] = (
     # Execution affinity is not offered (answered 0 by the worker; cuCtxCreate_v3's is refused): green
     # contexts are how a program takes part of the lease's SMs.
     _c("cuDeviceGetExecAffinitySupport", 11040, "o_i32 supported, i32 type, i32 dev"),
+    # A context's affinity is the SMs it runs on: the lease's share, or its green context's.
+    _c("cuCtxGetExecAffinity", 11040, "ptr affinity, i32 type", custom=True, wire="o_u32 sm_count, i32 type"),
     # -- device memory: allocations are reserved in the client's address space ------------------------
     _c("cuMemGetInfo", 3020, "o_u64 free, o_u64 total", symbol="cuMemGetInfo_v2"),
     _c("cuMemAlloc", 3020, "o_dptr dptr, u64 bytesize", symbol="cuMemAlloc_v2", custom=True),

@@ -238,10 +238,10 @@ GROUPS: tuple[Group, ...] = (
     _g(
         "green contexts and execution affinity",
         N,
-        """CUDA 13.1's calls (cuDevSmResourceSplit's structured groups, a stream's resources) and a
-       context's execution affinity (the lease's SM share, to be answered as cuCtxGetDevResource's SM
-       count) are not built; the green contexts of CUDA 12.4 and 13.0 are forwarded, within the lease's share.""",
-        "cuDevSmResourceSplit cuStreamGetDevResource cuCtxGetExecAffinity",
+        """CUDA 13.1's calls (cuDevSmResourceSplit's structured groups, a stream's resources)
+       are not built: they are not in the CUDA 13.0 headers this shim is built against; the green contexts
+       of CUDA 12.4 and 13.0 are forwarded, within the lease's share.""",
+        "cuDevSmResourceSplit cuStreamGetDevResource",
     ),
     _g(
         "device, memory and log queries",

@@ -125,7 +125,8 @@ GUARD_CALLS = (
     *("cuArrayCreate", "cuArrayGetDescriptor"),  # as cuArray3DCreate and cuArray3DGetDescriptor
     "cuMemGetAllocationPropertiesFromHandle",  # what the handle was created with
     "cuMemExportToShareableHandle",  # recorded in the lease: another process of it may import the handle
-    "cuDeviceGetExecAffinitySupport",  # none offered: green contexts are (virtualize.server._guard_green)
+    # affinity: none offered at creation; a context's is its SMs (virtualize.server._guard_green)
+    *("cuDeviceGetExecAffinitySupport", "cuCtxGetExecAffinity"),
     "gpCopiesFlush",  # asynchronous copies to the client's page-locked memory (virtualize.server._deliveries)
     # copies through memory shared with a client on this host (`Executor.copy_in_from`, `copy_out_to`)
     *("gpShmAttach", "gpShmHtoD", "gpShmDtoH"),

@@ -25,6 +25,7 @@ from virtualize.server._guard_concern import EMPTY, Concern
 log = logging.getLogger("gpupool.worker")
 
 RESOURCE_TYPE_SM = 1  # CU_DEV_RESOURCE_TYPE_SM, the only kind CUDA 12.4 to 13.0 has
+AFFINITY_SM_COUNT = 0  # CU_EXEC_AFFINITY_TYPE_SM_COUNT
 SHARE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"  # the lease's SM share, set by the pool (server/workers.py)
 GROUP = struct.Struct("<QIII")  # a split's group on the wire: id, smCount, minSmPartitionSize, alignment
 MAX_DESC_RESOURCES = 64  # what the shim sends at most (shim_green.c)
@@ -73,6 +74,7 @@ class GreenCalls(Concern):
         "cuGreenCtxDestroy": "destroy",
         "cuCtxFromGreenCtx": "context_of",
         "cuDeviceGetExecAffinitySupport": "affinity_support",
+        "cuCtxGetExecAffinity": "affinity",
     }
 
     def __init__(self, session) -> None:
@@ -137,10 +139,13 @@ class GreenCalls(Concern):
         return self._answer(*self._share_of(self._device_ordinal(dev)))
 
     def context_resource(self, call: Call, ins: tuple):
-        """A green context's CUcontext has the green context's SMs; any other context the lease's share."""
         ctx, kind = ins
         self.session._check(call, ins)
         self._sm_type(kind)
+        return self._context_resource(ctx)
+
+    def _context_resource(self, ctx: int):
+        """A green context's CUcontext has the green context's SMs; any other context the lease's share."""
         ctx = ctx or self.session.ctx
         if not ctx:
             raise CudaError(INVALID_CONTEXT, "no current context")
@@ -148,6 +153,15 @@ class GreenCalls(Concern):
         if green is not None:
             return self._green_resource(green)
         return self._answer(*self._share_of(self.session.lease.ctx_device[ctx]))
+
+    def affinity(self, call: Call, ins: tuple):
+        """cuCtxGetExecAffinity: the current context's SM count (CU_EXEC_AFFINITY_TYPE_SM_COUNT, the only
+        type), as its SM resource says."""
+        (kind,) = ins
+        if kind != AFFINITY_SM_COUNT:
+            raise CudaError(CUresult.INVALID_VALUE, f"execution affinity type {kind}")
+        packed, _ = self._context_resource(0)
+        return struct.pack("<I", GROUP.unpack(packed)[1]), b""
 
     def green_resource(self, call: Call, ins: tuple):
         green, kind = ins

@@ -28,6 +28,11 @@ def main() -> int:
     print("device resource has the GPU's SMs", int(device.sm.smCount) == sms)
     of_ctx = ok(cu.cuCtxGetDevResource(primary, SM))
     print("primary context's resource the same", int(of_ctx.sm.smCount) == sms)
+    affinity = cu.cuCtxGetExecAffinity(cu.CUexecAffinityType.CU_EXEC_AFFINITY_TYPE_SM_COUNT)
+    shown = (
+        int(affinity[1].param.smCount.val) if affinity[0] == cu.CUresult.CUDA_SUCCESS else affinity[0].name
+    )
+    print("primary context's execution affinity (SMs):", shown, "of", sms, file=sys.stderr)  # not diffed
     min_size = int(device.sm.minSmPartitionSize)
     print("partition size sensible", 0 < min_size <= sms)
     # Two groups of the smallest partition, the rest in the remainder.

@@ -1717,7 +1717,6 @@ GP_EXPORT CUresult cuCtxAttach(void) { return gp_unforwarded("cuCtxAttach"); }
 GP_EXPORT CUresult cuCtxCreate(void) { return gp_unforwarded("cuCtxCreate"); }
 GP_EXPORT CUresult cuCtxDestroy(void) { return gp_unforwarded("cuCtxDestroy"); }
 GP_EXPORT CUresult cuCtxDetach(void) { return gp_unforwarded("cuCtxDetach"); }
-GP_EXPORT CUresult cuCtxGetExecAffinity(void) { return gp_unforwarded("cuCtxGetExecAffinity"); }
 GP_EXPORT CUresult cuCtxPopCurrent(void) { return gp_unforwarded("cuCtxPopCurrent"); }
 GP_EXPORT CUresult cuCtxPushCurrent(void) { return gp_unforwarded("cuCtxPushCurrent"); }
 GP_EXPORT CUresult cuDestroyExternalMemory(void) { return gp_unforwarded("cuDestroyExternalMemory"); }
@@ -1999,7 +1998,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuCtxDetach", "legacy context attach: not forwarded yet"},
     {"cuDevSmResourceSplit", "green contexts and execution affinity: not forwarded yet"},
     {"cuStreamGetDevResource", "green contexts and execution affinity: not forwarded yet"},
-    {"cuCtxGetExecAffinity", "green contexts and execution affinity: not forwarded yet"},
     {"cuMemGetLocationInfo", "device, memory and log queries: not forwarded yet"},
     {"cuDeviceRegisterAsyncNotification", "device, memory and log queries: not forwarded yet"},
     {"cuDeviceUnregisterAsyncNotification", "device, memory and log queries: not forwarded yet"},
@@ -2025,6 +2023,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuCtxGetDevResource", 12040, (void *)cuCtxGetDevResource},
     {"cuCtxGetDevice", 2000, (void *)cuCtxGetDevice},
     {"cuCtxGetDevice", 13000, (void *)cuCtxGetDevice_v2},
+    {"cuCtxGetExecAffinity", 11040, (void *)cuCtxGetExecAffinity},
     {"cuCtxGetFlags", 7000, (void *)cuCtxGetFlags},
     {"cuCtxGetId", 12000, (void *)cuCtxGetId},
     {"cuCtxGetLimit", 3010, (void *)cuCtxGetLimit},

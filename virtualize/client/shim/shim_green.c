@@ -112,3 +112,17 @@ CUresult cuCtxFromGreenCtx(void *ctx, uint64_t green) {
     }
     return r;
 }
+
+/* CUexecAffinityParam: its type, then the SM count (CUexecAffinitySmCount). */
+CUresult cuCtxGetExecAffinity(void *affinity, int32_t type) {
+    GP_TRACE("cuCtxGetExecAffinity");
+    if (!affinity) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuCtxGetExecAffinity in = {.type = type};
+    struct gp_out_cuCtxGetExecAffinity out;
+    CUresult r = CALL(cuCtxGetExecAffinity, WANT, in, out);
+    if (r == CUDA_SUCCESS) {
+        memcpy(affinity, &type, 4);
+        memcpy((unsigned char *)affinity + 4, &out.sm_count, 4);
+    }
+    return r;
+}

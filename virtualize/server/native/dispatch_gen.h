@@ -4,7 +4,7 @@
 #include <stdint.h>
 
 /* The call table this was generated from (gpf_wire_version: the worker loads no other). */
-#define GPF_WIRE_VERSION 0x02a76839u
+#define GPF_WIRE_VERSION 0x02f01d88u
 /* A request's header and a reply's (virtualize/common/_wire.py REQUEST, REPLY): sizes, field offsets. */
 #define GPF_REQUEST_BYTES 24
 #define GPF_REQUEST_CALL 0
@@ -67,26 +67,26 @@ struct gpf_call {
     struct gpf_arg args[10];
 };
 static const struct gpf_call gpf_calls[C_COUNT] = {
-    [C_LAUNCH] = {265, 48, 0, 0, 0, 1, 0, 255, 10, {{0, 8, GPF_FUNC, 255}, {8, 4, GPF_PLAIN, 255}, {12, 4, GPF_PLAIN, 255}, {16, 4, GPF_PLAIN, 255}, {20, 4, GPF_PLAIN, 255}, {24, 4, GPF_PLAIN, 255}, {28, 4, GPF_PLAIN, 255}, {32, 4, GPF_PLAIN, 255}, {36, 8, GPF_STREAM, 255}, {44, 4, GPF_PLAIN, 255}}},
+    [C_LAUNCH] = {266, 48, 0, 0, 0, 1, 0, 255, 10, {{0, 8, GPF_FUNC, 255}, {8, 4, GPF_PLAIN, 255}, {12, 4, GPF_PLAIN, 255}, {16, 4, GPF_PLAIN, 255}, {20, 4, GPF_PLAIN, 255}, {24, 4, GPF_PLAIN, 255}, {28, 4, GPF_PLAIN, 255}, {32, 4, GPF_PLAIN, 255}, {36, 8, GPF_STREAM, 255}, {44, 4, GPF_PLAIN, 255}}},
     [C_CTX_SYNC] = {41, 0, 1, 1, 0, 0, 0, 255, 0, {{0}}},
-    [C_STREAM_SYNC] = {271, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255}}},
-    [C_STREAM_QUERY] = {270, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255}}},
-    [C_EVENT_SYNC] = {385, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255}}},
-    [C_EVENT_QUERY] = {384, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255}}},
-    [C_EVENT_RECORD] = {382, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_STREAM, 255}}},
-    [C_EVENT_RECORD_FLAGS] = {383, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_STREAM, 255}, {16, 4, GPF_PLAIN, 255}}},
-    [C_STREAM_WAIT_EVENT] = {272, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_STREAM, 255}, {8, 8, GPF_EVENT, 255}, {16, 4, GPF_PLAIN, 255}}},
-    [C_HTOD] = {126, 24, 0, 0, 0, 1, 1, 255, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
-    [C_HTOD_ASYNC] = {127, 24, 0, 0, 0, 1, 1, 2, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
-    [C_DTOH] = {128, 24, 1, 1, 0, 0, 1, 255, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
-    [C_DTOH_ASYNC] = {129, 24, 1, 1, 0, 0, 1, 2, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
-    [C_DTOD] = {142, 24, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_RANGE, 2}, {16, 8, GPF_PLAIN, 255}}},
-    [C_DTOD_ASYNC] = {143, 32, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_RANGE, 2}, {16, 8, GPF_PLAIN, 255}, {24, 8, GPF_STREAM, 255}}},
-    [C_PINNED_COPY] = {136, 36, 1, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_PINNED, 2}, {16, 8, GPF_PLAIN, 255}, {24, 8, GPF_STREAM, 255}, {32, 4, GPF_PLAIN, 255}}},
-    [C_SHM_HTOD] = {133, 36, 0, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}, {24, 8, GPF_SHARED, 1}, {32, 4, GPF_PLAIN, 255}}},
-    [C_GRAPH_LAUNCH] = {377, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_GRAPHEXEC, 255}, {8, 8, GPF_STREAM, 255}}},
-    [C_EVENT_ELAPSED] = {387, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_EVENT, 255}}},
-    [C_EVENT_ELAPSED_V2] = {388, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_EVENT, 255}}},
+    [C_STREAM_SYNC] = {272, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255}}},
+    [C_STREAM_QUERY] = {271, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255}}},
+    [C_EVENT_SYNC] = {386, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255}}},
+    [C_EVENT_QUERY] = {385, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255}}},
+    [C_EVENT_RECORD] = {383, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_STREAM, 255}}},
+    [C_EVENT_RECORD_FLAGS] = {384, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_STREAM, 255}, {16, 4, GPF_PLAIN, 255}}},
+    [C_STREAM_WAIT_EVENT] = {273, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_STREAM, 255}, {8, 8, GPF_EVENT, 255}, {16, 4, GPF_PLAIN, 255}}},
+    [C_HTOD] = {127, 24, 0, 0, 0, 1, 1, 255, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
+    [C_HTOD_ASYNC] = {128, 24, 0, 0, 0, 1, 1, 2, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
+    [C_DTOH] = {129, 24, 1, 1, 0, 0, 1, 255, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
+    [C_DTOH_ASYNC] = {130, 24, 1, 1, 0, 0, 1, 2, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
+    [C_DTOD] = {143, 24, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_RANGE, 2}, {16, 8, GPF_PLAIN, 255}}},
+    [C_DTOD_ASYNC] = {144, 32, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_RANGE, 2}, {16, 8, GPF_PLAIN, 255}, {24, 8, GPF_STREAM, 255}}},
+    [C_PINNED_COPY] = {137, 36, 1, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_PINNED, 2}, {16, 8, GPF_PLAIN, 255}, {24, 8, GPF_STREAM, 255}, {32, 4, GPF_PLAIN, 255}}},
+    [C_SHM_HTOD] = {134, 36, 0, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}, {24, 8, GPF_SHARED, 1}, {32, 4, GPF_PLAIN, 255}}},
+    [C_GRAPH_LAUNCH] = {378, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_GRAPHEXEC, 255}, {8, 8, GPF_STREAM, 255}}},
+    [C_EVENT_ELAPSED] = {388, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_EVENT, 255}}},
+    [C_EVENT_ELAPSED_V2] = {389, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_EVENT, 255}}},
 };
 
 /* Each argument's offset by name: GPF_AT_<call>_<argument>. */
