@@ -25,6 +25,7 @@ from virtualize.server._guard_concern import EMPTY, Concern
 log = logging.getLogger("gpupool.worker")
 
 RESOURCE_TYPE_SM = 1  # CU_DEV_RESOURCE_TYPE_SM, the only kind CUDA 12.4 to 13.0 has
+MULTIPROCESSOR_COUNT = 16  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
 AFFINITY_SM_COUNT = 0  # CU_EXEC_AFFINITY_TYPE_SM_COUNT
 SHARE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"  # the lease's SM share, set by the pool (server/workers.py)
 GROUP = struct.Struct("<QIII")  # a split's group on the wire: id, smCount, minSmPartitionSize, alignment
@@ -43,6 +44,8 @@ def share_percent() -> int:
 def share_sms(total: int, min_partition: int, alignment: int, percent: int) -> int:
     """The SMs of a `percent` share of `total`: whole co-scheduled groups, at least the smallest partition
     the driver makes (MPS still holds the lease to its share of threads below that)."""
+    if percent >= 100:
+        return total
     sms = total * percent // 100
     sms -= sms % max(alignment, 1)
     return min(total, max(sms, min_partition))
@@ -117,7 +120,10 @@ class GreenCalls(Concern):
             return kept, self.resources[kept]
         executor = self.session.executor
         rid, total, min_partition, alignment = executor.cuDeviceGetDevResource(dev, RESOURCE_TYPE_SM)
-        sms = share_sms(total, min_partition, alignment, share_percent())
+        # The share is of the GPU's SMs (its attribute): a resource the driver already limited to the
+        # MPS partition is not cut again.
+        gpu_sms = max(total, executor.cuDeviceGetAttribute(MULTIPROCESSOR_COUNT, dev))
+        sms = share_sms(gpu_sms, min_partition, alignment, share_percent())
         if sms < total:  # one group of the share's SMs; the rest stays with the GPU's other tenants
             groups, _ = executor.sm_split(rid, 1, 0, sms, False)
             rid, total, min_partition, alignment = groups[0]
