@@ -56,8 +56,6 @@ class CUresult(enum.IntEnum):
     COOPERATIVE_LAUNCH_TOO_LARGE = 720, "too many blocks in cooperative launch"
     NOT_PERMITTED = 800, "operation not permitted"
     NOT_SUPPORTED = 801, "operation not supported"
-    INVALID_RESOURCE_TYPE = 914, "invalid resource type"
-    INVALID_RESOURCE_CONFIGURATION = 915, "invalid resource configuration"
     STREAM_CAPTURE_UNSUPPORTED = 900, "operation not permitted when stream is capturing"
     STREAM_CAPTURE_INVALIDATED = 901, "operation failed due to a previous error during capture"
     STREAM_CAPTURE_UNMATCHED = 903, "capture was not initiated in this stream"
@@ -66,6 +64,8 @@ class CUresult(enum.IntEnum):
         906,
         "operation would make the legacy stream depend on a capturing blocking stream",
     )
+    INVALID_RESOURCE_TYPE = 914, "invalid resource type"
+    INVALID_RESOURCE_CONFIGURATION = 915, "invalid resource configuration"
     UNKNOWN = 999, "unknown error"
 
 

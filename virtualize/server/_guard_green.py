@@ -7,6 +7,7 @@ a descriptor naming more SMs than the share, or a split asking for more than its
 before the driver sees it. A whole-GPU lease sees the GPU's SMs. Resources, descriptors and green
 contexts are handles of the lease (`devres`, `resdesc`, `greenctx`), a green context's CUcontext and the
 streams made in it are the lease's contexts and streams; a connection's green contexts go when it closes.
+Execution affinity is not offered at context creation; a context's affinity reads as its SM count.
 """
 
 from __future__ import annotations
