@@ -3296,6 +3296,11 @@ def scenario_migrate():
             captured = c_u64()
             check(cu.cuStreamEndCapture(stream, ctypes.byref(captured)), "end capture")
             check(cu.cuGraphDestroy(captured), "destroy the captured graph")
+        if line == "green":  # a green context of the device's SMs: a partition of this GPU, which stays
+            resource, desc, green = DevResource(), c_u64(), c_u64()
+            check(cu.cuDeviceGetDevResource(0, ctypes.byref(resource), 1), "device resource")
+            check(cu.cuDevResourceGenerateDesc(ctypes.byref(desc), ctypes.byref(resource), 1), "descriptor")
+            check(cu.cuGreenCtxCreate(ctypes.byref(green), desc, 0, 1), "green context")
         if line == "long":  # a 1.5 s kernel the worker is inside of when the test asks for the move
             sleep, ms = c_u64(), ctypes.c_uint32(1500)
             check(cu.cuModuleGetFunction(ctypes.byref(sleep), module, b"sleep_ms"), "sleep_ms")
@@ -3337,6 +3342,102 @@ def scenario_migrate():
     check(cu.cuGraphExecDestroy(exe), "graph exec destroy")
     check(cu.cuArrayDestroy(array), "array destroy")
     check(cu.cuCtxDestroy(own), "context destroy")
+    say("finished", 1)
+
+
+class DevResource(ctypes.Structure):  # CUdevResource (RESOURCE_ABI_VERSION 1): type, padding, SM fields
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("padding", ctypes.c_ubyte * 92),
+        ("sm_count", ctypes.c_uint),
+        ("min_partition", ctypes.c_uint),
+        ("alignment", ctypes.c_uint),
+        ("rest", ctypes.c_ubyte * 36),
+    ]
+
+
+def scenario_green():
+    """Green contexts: the device's SMs (the lease's share), a split, a green context, a stream, an event and
+    a launch in it; forged resources and foreign green contexts refused; the share never exceeded."""
+    ctx = setup()
+    sm, by = 1, ctypes.byref  # CU_DEV_RESOURCE_TYPE_SM
+    device, of_ctx = DevResource(), DevResource()
+    check(cu.cuDeviceGetDevResource(0, by(device), sm), "device resource")
+    check(cu.cuCtxGetDevResource(ctx, by(of_ctx), sm), "context resource")
+    say("device_sms", device.sm_count)
+    say("context_sms", of_ctx.sm_count)
+    say("wrong_type", cu.cuDeviceGetDevResource(0, by(DevResource()), 2))
+    affinity = (ctypes.c_int * 2)()  # CUexecAffinityParam: type, SM count
+    check(cu.cuCtxGetExecAffinity(affinity, 0), "affinity")  # CU_EXEC_AFFINITY_TYPE_SM_COUNT
+    say("affinity_sms", affinity[1])
+    say("affinity_wrong_type", cu.cuCtxGetExecAffinity(affinity, 1))
+    possible = ctypes.c_uint(0)
+    check(cu.cuDevSmResourceSplitByCount(None, by(possible), by(device), None, 0, 1), "count groups")
+    say("groups_possible", possible.value)
+    groups, n, rest = (DevResource * 2)(), ctypes.c_uint(2), DevResource()
+    check(cu.cuDevSmResourceSplitByCount(groups, by(n), by(device), by(rest), 0, 1), "split")
+    say("groups", n.value)
+    say("group_sms", groups[0].sm_count)
+    say("rest_sms", rest.sm_count)
+    one = ctypes.c_uint(1)
+    beyond = cu.cuDevSmResourceSplitByCount(groups, by(one), by(device), None, 0, device.sm_count + 1)
+    say("split_beyond_share", beyond)
+    forged = DevResource.from_buffer_copy(bytes(device))
+    forged.padding[0] ^= 0x5A  # another id than the worker gave: no resource of this lease
+    forged.sm_count = 1000
+    say("forged_split", cu.cuDevSmResourceSplitByCount(groups, by(one), by(forged), None, 0, 1))
+    desc = c_u64()
+    say("forged_desc", cu.cuDevResourceGenerateDesc(by(desc), by(forged), 1))
+    both = (DevResource * 2)(device, groups[0])  # the whole share and a part of it again: more SMs than it
+    say("desc_beyond_share", cu.cuDevResourceGenerateDesc(by(desc), both, 2))
+    check(cu.cuDevResourceGenerateDesc(by(desc), groups, 1), "descriptor")
+    green = c_u64()
+    check(cu.cuGreenCtxCreate(by(green), desc, 0, 1), "green context")  # CU_GREEN_CTX_DEFAULT_STREAM
+    of_green, green_ctx_res = DevResource(), DevResource()
+    check(cu.cuGreenCtxGetDevResource(green, by(of_green), sm), "green context's resource")
+    say("green_sms", of_green.sm_count)
+    green_ctx = c_u64()
+    check(cu.cuCtxFromGreenCtx(by(green_ctx), green), "its context")
+    check(cu.cuCtxGetDevResource(green_ctx, by(green_ctx_res), sm), "its context's resource")
+    say("green_ctx_sms", green_ctx_res.sm_count)
+    green_id = c_u64()
+    say("green_id", cu13.cuGreenCtxGetId(green, by(green_id)))
+    stream, back = c_u64(), c_u64()
+    check(cu.cuGreenCtxStreamCreate(by(stream), green, 1, 0), "stream in it")  # CU_STREAM_NON_BLOCKING
+    check(cu.cuStreamGetGreenCtx(stream, by(back)), "stream's green context")
+    say("stream_green_same", back.value == green.value)
+    check(cu.cuCtxSetCurrent(green_ctx), "green context current")
+    dev = ctypes.c_int(-1)
+    check(cu.cuCtxGetDevice(by(dev)), "its device")
+    say("green_ctx_device", dev.value)
+    check(cu.cuCtxGetExecAffinity(affinity, 0), "the green context's affinity")
+    say("green_affinity_sms", affinity[1])
+    module, fill = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(by(module), b"// host-executor module\n.visible .entry fill_u32()\n"), "load")
+    check(cu.cuModuleGetFunction(by(fill), module, b"fill_u32"), "function")
+    rc, buf = alloc(4096)
+    check(rc, "alloc in the green context")
+    ptr, value, count = c_u64(buf), ctypes.c_uint32(9), ctypes.c_uint32(64)
+    params = (ctypes.c_void_p * 3)(ctypes.addressof(ptr), ctypes.addressof(value), ctypes.addressof(count))
+    check(cu.cuLaunchKernel(fill, 1, 1, 1, 64, 1, 1, 0, stream, params, None), "launch in it")
+    event = c_u64()
+    check(cu.cuEventCreate(by(event), 0), "event")
+    check(cu.cuGreenCtxRecordEvent(green, event), "record")
+    check(cu.cuGreenCtxWaitEvent(green, event), "wait")
+    check(cu.cuEventSynchronize(event), "event sync")
+    check(cu.cuStreamSynchronize(stream), "stream sync")
+    say("launched", struct.unpack("<I", dtoh(buf, 4)[1])[0])
+    foreign, other = c_u64(green.value ^ 0x5A00), c_u64()
+    say("foreign_green_stream", cu.cuGreenCtxStreamCreate(by(other), foreign, 1, 0))
+    say("foreign_green_record", cu.cuGreenCtxRecordEvent(foreign, event))
+    say("foreign_green_destroy", cu.cuGreenCtxDestroy(foreign))
+    supported = ctypes.c_int(-1)
+    check(cu.cuDeviceGetExecAffinitySupport(by(supported), 0, 0), "affinity support")
+    say("affinity_supported", supported.value)
+    check(cu.cuCtxSetCurrent(ctx), "primary again")
+    check(cu.cuStreamDestroy(stream), "stream destroy")
+    check(cu.cuGreenCtxDestroy(green), "green destroy")
+    say("destroyed_twice", cu.cuGreenCtxDestroy(green))
     say("finished", 1)
 
 

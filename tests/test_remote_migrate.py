@@ -103,8 +103,9 @@ def test_the_move_waits_for_the_call_running_then(shim_dir, worker):
 
 
 def test_what_cannot_move_is_refused_and_the_lease_keeps_running(shim_dir, worker):
-    """A GPU this host does not have, the GPU the lease is on, a device the lease lacks, and a stream
-    capture in flight are each refused with a reason; the lease keeps running with its memory intact."""
+    """A GPU this host does not have, the GPU the lease is on, a device the lease lacks, a stream
+    capture in flight, and green contexts (partitions of this GPU's SMs) are each refused with a reason;
+    the lease keeps running with its memory intact."""
     client = Client(shim_dir, worker)
     for device, to in ((0, 7), (0, 0), (3, 1)):
         refused = worker.migrate(device, to)
@@ -115,6 +116,10 @@ def test_what_cannot_move_is_refused_and_the_lease_keeps_running(shim_dir, worke
     client.send("capture ends")
     client.until("step")
     assert not during_capture["ok"] and "capture" in during_capture["error"]
+    client.send("green")
+    client.until("step")
+    holding_green = worker.migrate(0, 1)
+    assert not holding_green["ok"] and "green contexts" in holding_green["error"]
     _assert_intact(client.finish())
 
 

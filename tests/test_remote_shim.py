@@ -1144,3 +1144,54 @@ def test_processes_of_one_lease_share_virtual_memory_through_descriptors_as_nccl
             if proc is not None:
                 proc.kill()
                 proc.wait(10)
+
+
+def _green(shim_dir, handle):
+    out, _ = run_client("green", client_env(shim_dir, handle))
+    assert out["finished"] == "1"
+    return out
+
+
+def test_green_contexts_partition_the_gpu_and_run_work(shim_dir, worker):
+    """A whole-GPU lease sees the modelled GPU's SMs (4) as its device's and context's resource, splits
+    them (the primary context's execution affinity is those SMs), makes a green context of a group with a
+    stream in it, records and waits an event in it, runs a
+    kernel there; forged resources, a split or descriptor beyond the SMs it has, and green contexts of no
+    process of the lease are refused; destroying one twice is refused the second time."""
+    out = _green(shim_dir, worker)
+    assert (out["device_sms"], out["context_sms"], out["affinity_sms"]) == ("4", "4", "4")
+    assert out["affinity_wrong_type"] == "1"
+    assert out["wrong_type"] == "914"  # CUDA_ERROR_INVALID_RESOURCE_TYPE
+    assert out["groups_possible"] == "4"  # one SM each
+    assert (out["groups"], out["group_sms"], out["rest_sms"]) == ("2", "1", "2")
+    assert out["split_beyond_share"] == "915"  # CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION
+    assert out["forged_split"] == "400"  # CUDA_ERROR_INVALID_HANDLE
+    assert out["forged_desc"] == "400"
+    assert out["desc_beyond_share"] == "915"
+    assert (out["green_sms"], out["green_ctx_sms"], out["green_affinity_sms"]) == ("1", "1", "1")
+    assert out["green_id"] == "0"
+    assert out["stream_green_same"] == "True"
+    assert out["green_ctx_device"] == "0"
+    assert out["launched"] == "9"
+    assert out["foreign_green_stream"] == out["foreign_green_record"] == out["foreign_green_destroy"] == "400"
+    assert out["affinity_supported"] == "0"
+    assert out["destroyed_twice"] == "400"
+
+
+def test_a_lease_with_an_sm_share_sees_and_splits_only_its_share(shim_dir):
+    """A lease given half the GPU's SMs (its MPS partition, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50) sees 2 of
+    the 4 SMs as its device's and primary context's resource and affinity; its splits and green contexts stay within
+    them, and a split or descriptor asking for more than the 2 is refused before the driver."""
+    shared = start_worker("share-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1",
+                          env={"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}, executor="host")  # fmt: skip
+    try:
+        out = _green(shim_dir, shared)
+    finally:
+        shared.stop()
+    assert (out["device_sms"], out["context_sms"], out["affinity_sms"]) == ("2", "2", "2")
+    assert out["groups_possible"] == "2"
+    assert (out["groups"], out["group_sms"], out["rest_sms"]) == ("2", "1", "0")
+    assert out["split_beyond_share"] == "915"
+    assert out["desc_beyond_share"] == "915"
+    assert out["green_sms"] == "1"
+    assert out["launched"] == "9"

@@ -28,6 +28,7 @@ HANDLE_TYPES = (
     "node",  # a CUgraphNode
     "array", "mipmap",  # a CUarray, a CUmipmappedArray
     "texobj", "surfobj",  # a CUtexObject, a CUsurfObject
+    "greenctx", "devres", "resdesc",  # a CUgreenCtx, a CUdevResource (its id), a CUdevResourceDesc
 )  # fmt: skip
 SCALAR_TYPES = {"i32": "i", "u32": "I", "u64": "Q", "u8": "B", "u16": "H", "f32": "f", "dptr": "Q"}
 SCALAR_TYPES.update(dict.fromkeys(HANDLE_TYPES, "Q"))
@@ -274,6 +275,35 @@ CALLS: tuple[Call, ...] = (
     _c("cuCtxSetCacheConfig", 3020, "i32 config"),
     _c("cuCtxGetSharedMemConfig", 4020, "o_i32 config"),
     _c("cuCtxSetSharedMemConfig", 4020, "i32 config"),
+    # -- green contexts: partitions of the lease's share of a device's SMs (the worker's _guard_green) ---
+    # A CUdevResource crosses as the id of the worker's (in its padding) and its SM fields; a device's or
+    # context's is the lease's share of the SMs, splits and green contexts stay within it.
+    _c("cuDeviceGetDevResource", 12040, "i32 dev, ptr resource, i32 type", custom=True,
+       wire="o_devres resource, o_u32 sm_count, o_u32 min_partition, o_u32 alignment, i32 dev, i32 type"),
+    _c("cuCtxGetDevResource", 12040, "ctx ctx, ptr resource, i32 type", custom=True,
+       wire="o_devres resource, o_u32 sm_count, o_u32 min_partition, o_u32 alignment, ctx ctx, i32 type"),
+    _c("cuGreenCtxGetDevResource", 12040, "greenctx green, ptr resource, i32 type", custom=True,
+       wire="o_devres resource, o_u32 sm_count, o_u32 min_partition, o_u32 alignment, greenctx green, i32 type"),
+    # The groups come back in the reply's bulk: (id, smCount, minSmPartitionSize, smCoscheduledAlignment) each.
+    _c("cuDevSmResourceSplitByCount", 12040,
+       "ptr result, ptr nb_groups, ptr input, ptr remaining, u32 flags, u32 min_count", custom=True,
+       wire="o_u32 groups, o_devres remaining, o_u32 sm_count, o_u32 min_partition, o_u32 alignment, "
+            "devres input, u32 nb_groups, u32 flags, u32 min_count, u32 count_only"),
+    _c("cuDevResourceGenerateDesc", 12040, "ptr desc, ptr resources, u32 count", custom=True,
+       wire="o_resdesc desc, u32 count, bytes resources"),
+    _c("cuGreenCtxCreate", 12040, "o_greenctx green, resdesc desc, i32 dev, u32 flags"),
+    _c("cuGreenCtxDestroy", 12040, "greenctx green"),
+    _c("cuCtxFromGreenCtx", 12040, "ptr ctx, greenctx green", custom=True, wire="o_ctx ctx, o_i32 dev, greenctx green"),
+    _c("cuGreenCtxRecordEvent", 12040, "greenctx green, event event"),
+    _c("cuGreenCtxWaitEvent", 12040, "greenctx green, event event"),
+    _c("cuStreamGetGreenCtx", 12040, "stream stream, o_greenctx green"),
+    _c("cuGreenCtxStreamCreate", 12040, "o_stream stream, greenctx green, u32 flags, i32 priority"),
+    _c("cuGreenCtxGetId", 12090, "greenctx green, o_u64 id"),
+    # Execution affinity is not offered (answered 0 by the worker; cuCtxCreate_v3's is refused): green
+    # contexts are how a program takes part of the lease's SMs.
+    _c("cuDeviceGetExecAffinitySupport", 11040, "o_i32 supported, i32 type, i32 dev"),
+    # A context's affinity is the SMs it runs on: the lease's share, or its green context's.
+    _c("cuCtxGetExecAffinity", 11040, "ptr affinity, i32 type", custom=True, wire="o_u32 sm_count, i32 type"),
     # -- device memory: allocations are reserved in the client's address space ------------------------
     _c("cuMemGetInfo", 3020, "o_u64 free, o_u64 total", symbol="cuMemGetInfo_v2"),
     _c("cuMemAlloc", 3020, "o_dptr dptr, u64 bytesize", symbol="cuMemAlloc_v2", custom=True),
@@ -998,5 +1028,6 @@ DESTROYS = {
     "cuGraphExecDestroy": "graphexec",
     "cuLinkDestroy": "link",
     "cuMemPoolDestroy": "pool",
+    "cuGreenCtxDestroy": "greenctx",
     "cuGraphDestroyNode": "node",
 }

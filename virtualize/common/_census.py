@@ -232,11 +232,10 @@ GROUPS: tuple[Group, ...] = (
     _g(
         "green contexts and execution affinity",
         N,
-        """Partitions of a device's SMs: to be checked against
-       the lease's own share of the GPU (its MPS partition) before they reach the driver.""",
-        "cuGreenCtx* cuCtxFromGreenCtx cuDeviceGetDevResource cuCtxGetDevResource cuDevSmResourceSplitByCount "
-        "cuDevSmResourceSplit cuDevResourceGenerateDesc cuStreamGetGreenCtx cuStreamGetDevResource "
-        "cuDeviceGetExecAffinitySupport cuCtxGetExecAffinity",
+        """CUDA 13.1's calls (cuDevSmResourceSplit's structured groups, a stream's resources)
+       are not built: they are not in the CUDA 13.0 headers this shim is built against; the green contexts
+       of CUDA 12.4 and 13.0 are forwarded, within the lease's share.""",
+        "cuDevSmResourceSplit cuStreamGetDevResource",
     ),
     _g(
         "device, memory and log queries",

@@ -64,6 +64,8 @@ class CUresult(enum.IntEnum):
         906,
         "operation would make the legacy stream depend on a capturing blocking stream",
     )
+    INVALID_RESOURCE_TYPE = 914, "invalid resource type"
+    INVALID_RESOURCE_CONFIGURATION = 915, "invalid resource configuration"
     UNKNOWN = 999, "unknown error"
 
 

@@ -354,6 +354,11 @@ class CudaExecutor(Executor):
         self.pinned = _PinnedPool()  # buffers of asynchronous copies to the client
         self.stream_marks = True  # whether the streams write copies' marks (stream memory operations)
         self.tensor_map_functions: dict[str, Callable[..., int]] = {}  # the driver's, for aligned maps
+        # Green contexts: the driver's CUdevResource structs by the ids the client holds, each green
+        # context's device, and the ids' source.
+        self.resources: dict[int, driver.CUdevResource] = {}
+        self.green_devices: dict[int, int] = {}
+        self._resource_ids = itertools.count(1)
 
     @staticmethod
     def _find(device, position: int) -> int:
@@ -1186,6 +1191,80 @@ class CudaExecutor(Executor):
 
     def cuCtxWaitEvent(self, ctx, event):
         _ok(driver.cuCtxWaitEvent(driver.CUcontext(ctx), driver.CUevent(event)))
+
+    # -- green contexts: device resources are structs here, ids for the guard and the client -----------
+
+    def _resource(self, resource) -> tuple[int, int, int, int]:
+        rid = next(self._resource_ids)
+        self.resources[rid] = resource
+        sm = resource.sm
+        return rid, int(sm.smCount), int(sm.minSmPartitionSize), int(sm.smCoscheduledAlignment)
+
+    def _known_resource(self, rid: int):
+        resource = self.resources.get(rid)
+        if resource is None:
+            raise CudaError(CUresult.INVALID_VALUE, "device resource")
+        return resource
+
+    def cuDeviceGetDevResource(self, dev, kind):
+        return self._resource(
+            _ok(driver.cuDeviceGetDevResource(self._d(dev), driver.CUdevResourceType(kind)))
+        )
+
+    def cuCtxGetDevResource(self, ctx, kind):
+        ctx = ctx or self._local().ctx
+        return self._resource(
+            _ok(driver.cuCtxGetDevResource(driver.CUcontext(ctx), driver.CUdevResourceType(kind)))
+        )
+
+    def cuGreenCtxGetDevResource(self, green, kind):
+        resource = _ok(
+            driver.cuGreenCtxGetDevResource(driver.CUgreenCtx(green), driver.CUdevResourceType(kind))
+        )
+        return self._resource(resource)
+
+    def sm_split(self, resource, nb_groups, flags, min_count, count_only):
+        source = self._known_resource(resource)
+        if count_only:  # no result array: the driver says how many groups it would make
+            _, count, _ = _ok(driver.cuDevSmResourceSplitByCount(0, source, flags, min_count))
+            return [], int(count)
+        groups, count, remaining = _ok(
+            driver.cuDevSmResourceSplitByCount(nb_groups, source, flags, min_count)
+        )
+        made = [self._resource(g) for g in list(groups)[: int(count)]]
+        left = self._resource(remaining) if int(remaining.sm.smCount) else (0, 0, 0, 0)
+        return made, left
+
+    def resource_desc(self, resources):
+        chosen = [self._known_resource(r) for r in resources]
+        return _int(_ok(driver.cuDevResourceGenerateDesc(chosen, len(chosen))))
+
+    def cuGreenCtxCreate(self, desc, dev, flags):
+        green = _int(_ok(driver.cuGreenCtxCreate(driver.CUdevResourceDesc(desc), self._d(dev), flags)))
+        self.green_devices[green] = dev
+        return green
+
+    def cuGreenCtxDestroy(self, green):
+        _ok(driver.cuGreenCtxDestroy(driver.CUgreenCtx(green)))
+        self.green_devices.pop(green, None)
+
+    def cuCtxFromGreenCtx(self, green):
+        return _int(_ok(driver.cuCtxFromGreenCtx(driver.CUgreenCtx(green)))), self.green_devices.get(green, 0)
+
+    def cuGreenCtxRecordEvent(self, green, event):
+        _ok(driver.cuGreenCtxRecordEvent(driver.CUgreenCtx(green), driver.CUevent(event)))
+
+    def cuGreenCtxWaitEvent(self, green, event):
+        _ok(driver.cuGreenCtxWaitEvent(driver.CUgreenCtx(green), driver.CUevent(event)))
+
+    def cuGreenCtxStreamCreate(self, green, flags, priority):
+        return _int(_ok(driver.cuGreenCtxStreamCreate(driver.CUgreenCtx(green), flags, priority)))
+
+    def cuStreamGetGreenCtx(self, stream):
+        return _int(_ok(driver.cuStreamGetGreenCtx(self._stream(stream))))
+
+    def cuGreenCtxGetId(self, green):
+        return int(_ok(driver.cuGreenCtxGetId(driver.CUgreenCtx(green))))
 
     def cuCtxGetCacheConfig(self):
         return int(_ok(driver.cuCtxGetCacheConfig()))

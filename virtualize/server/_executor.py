@@ -74,6 +74,8 @@ SHAPED: dict[str, str] = {
     "cuGraphAddChildGraphNode": "graph_add_child_node",
     "gpGraphAddConditionalNode": "graph_add_conditional_node",
     "cuGraphExecUpdate": "graph_exec_update",
+    "cuDevSmResourceSplitByCount": "sm_split",
+    "cuDevResourceGenerateDesc": "resource_desc",
     "cuGraphAddEventRecordNode": "graph_add_event_node",
     "cuGraphAddEventWaitNode": "graph_add_event_node",
     "cuGraphAddHostNode": "graph_add_host_node",
@@ -123,6 +125,8 @@ GUARD_CALLS = (
     *("cuArrayCreate", "cuArrayGetDescriptor"),  # as cuArray3DCreate and cuArray3DGetDescriptor
     "cuMemGetAllocationPropertiesFromHandle",  # what the handle was created with
     "cuMemExportToShareableHandle",  # recorded in the lease: another process of it may import the handle
+    # affinity: none offered at creation; a context's is its SMs (virtualize.server._guard_green)
+    *("cuDeviceGetExecAffinitySupport", "cuCtxGetExecAffinity"),
     "gpCopiesFlush",  # asynchronous copies to the client's page-locked memory (virtualize.server._deliveries)
     # copies through memory shared with a client on this host (`Executor.copy_in_from`, `copy_out_to`)
     *("gpShmAttach", "gpShmHtoD", "gpShmDtoH"),
@@ -531,6 +535,20 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     def unmap_memory(self, base: int, size: int, backing: object) -> None: ...
+
+    # Green contexts (`virtualize.server._guard_green`). A device resource is an id of the executor's,
+    # given with its SM fields as (id, smCount, minSmPartitionSize, smCoscheduledAlignment).
+    @abc.abstractmethod
+    def sm_split(
+        self, resource: int, nb_groups: int, flags: int, min_count: int, count_only: bool
+    ) -> tuple[list[tuple[int, int, int, int]], tuple[int, int, int, int] | int]:
+        """cuDevSmResourceSplitByCount of `resource` into at most `nb_groups` groups of at least
+        `min_count` SMs: (the groups, the remainder (id 0: none)); with `count_only`, ([], how many
+        groups it would make)."""
+
+    @abc.abstractmethod
+    def resource_desc(self, resources: list[int]) -> int:
+        """cuDevResourceGenerateDesc of the resources: a descriptor's handle."""
 
     # Live migration (`virtualize.server._migrate`): the worker pauses the lease's calls around `migrate`.
     def migration_refusal(self, target: int, holding: dict[str, int], uuid: str = "") -> str | None:

@@ -43,6 +43,7 @@ from virtualize.server._guard_concern import ANSWERED, EMPTY
 from virtualize.server._guard_contexts import ContextCalls
 from virtualize.server._guard_copies import CopyCalls
 from virtualize.server._guard_graphs import GraphCalls
+from virtualize.server._guard_green import GreenCalls
 from virtualize.server._guard_launches import LaunchCalls
 from virtualize.server._guard_rules import (
     ACCESS_POLICY_WINDOW,
@@ -119,6 +120,11 @@ class LeaseState:
     children: dict[int, set[int]] = field(default_factory=dict)  # module/library -> functions/kernels
     ctx_device: dict[int, int] = field(default_factory=dict)
     primary_ctx: dict[int, int] = field(default_factory=dict)  # device -> its primary context
+    # Green contexts (virtualize.server._guard_green): per kind ("devres", "resdesc", "greenctx"), each
+    # object's device and SMs; device -> the lease's SM resource of it; green context -> its CUcontext.
+    green: dict[str, dict] = field(default_factory=lambda: {"devres": {}, "resdesc": {}, "greenctx": {}})
+    device_resource: dict[int, int] = field(default_factory=dict)
+    green_context: dict[int, int] = field(default_factory=dict)
     layouts: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     callback_tokens: dict[int, Session] = field(default_factory=dict)  # token -> connection to call back for
     tensor_maps: dict[bytes, int] = field(default_factory=dict)  # encoded map -> its tensor's extent
@@ -306,6 +312,7 @@ class Session:
         self.vm_mapping_of: dict[int, tuple[int, int, int]] = {}  # mapped address -> (handle, size, device)
         self.array_calls = ArrayCalls(self)  # arrays, 3D copies, textures, surfaces
         self.graph_calls = GraphCalls(self)  # graphs built node by node, and from stream captures
+        self.green_calls = GreenCalls(self)  # device resources and the green contexts made of them
         self.shared: SharedHostMemory | None = None  # memory the client maps too (gpShmAttach)
         self.shared_error = 0  # the first error of the pieces of a copy through it, for its answer
         # the client's page-locked allocations this worker maps too (gpPinnedShare): its address -> the
@@ -369,6 +376,7 @@ class Session:
             **CopyCalls(self).handlers(),
             **LaunchCalls(self).handlers(),
             **self.context_calls.handlers(),
+            **self.green_calls.handlers(),
         }
         # One handler per call id, looked up by index on every request. None: not the client's to send
         # (the handshake is the worker's own; LOCAL calls never leave the client).
@@ -455,6 +463,7 @@ class Session:
                 lanes.lane_lost()  # copies waiting for pieces fail rather than wait
         with self.lease.lock:
             self.lease.callback_tokens.pop(self.callback_token, None)
+        self.green_calls.close()  # the green contexts it made
         self.context_calls.close()  # the contexts it created, and their memory
         contexts = self.lease.primary_ctx
         left = [a for a in map(self.lease.allocations.get, self.owned) if a is not None]

@@ -90,6 +90,8 @@ ATTRIBUTES = {
 }
 
 
+SM_MIN_PARTITION, SM_ALIGNMENT = 1, 1  # the modelled GPU's green-context partitions: any whole SM
+
 CACHE_CONFIGS = range(4)  # CUfunc_cache: PREFER_NONE, SHARED, L1, EQUAL
 SHARED_CONFIGS = range(3)  # CUsharedconfig: DEFAULT, FOUR_BYTE, EIGHT_BYTE bank size
 CARVEOUT, MAX_DYNAMIC_SHARED = 9, 8  # CUfunction_attribute
@@ -202,6 +204,12 @@ class HostExecutor(Executor):
         self.array_device: dict[int, int] = {}  # CUDA array -> the device it was made on
         self.mipmaps: dict[int, list[int]] = {}  # mipmapped array -> its levels' arrays
         self.samplers: dict[int, tuple] = {}  # texture or surface -> its resource, texture, view descriptors
+        # Green contexts over the modelled SMs: resource -> (device, SMs), descriptor -> (device, SMs),
+        # green context -> (device, SMs, its CUcontext), stream -> the green context it was made in.
+        self.resources: dict[int, tuple[int, int]] = {}
+        self.resource_descs: dict[int, tuple[int, int]] = {}
+        self.greens: dict[int, tuple[int, int, int]] = {}
+        self.stream_green: dict[int, int] = {}
         self.local = threading.local()
         self.lock = threading.Lock()
 
@@ -1024,6 +1032,99 @@ class HostExecutor(Executor):
 
     def cuStreamCreateWithPriority(self, flags, priority):
         return self.cuStreamCreate(flags)
+
+    # Green contexts: partitions of the modelled SMs (ATTRIBUTES[16]), split as the driver splits them:
+    # groups of at least the smallest partition, in whole co-scheduled groups.
+    def _resource(self, device: int, sms: int) -> tuple[int, int, int, int]:
+        rid = next(self.ids)
+        self.resources[rid] = (device, sms)
+        return rid, sms, SM_MIN_PARTITION, SM_ALIGNMENT
+
+    def _green(self, green: int) -> tuple[int, int, int]:
+        if green not in self.greens:
+            raise CudaError(INVALID_HANDLE, "green context")
+        return self.greens[green]
+
+    def cuDeviceGetDevResource(self, dev, kind):
+        return self._resource(self._device(dev), ATTRIBUTES[16])
+
+    def cuCtxGetDevResource(self, ctx, kind):
+        ctx = ctx or self._ctx()
+        green = next((g for g, (_, _, c) in self.greens.items() if c == ctx), None)
+        if green is not None:
+            return self.cuGreenCtxGetDevResource(green, kind)
+        if ctx not in self.contexts:
+            raise CudaError(CUresult.INVALID_CONTEXT, "context")
+        return self._resource(self.contexts[ctx], ATTRIBUTES[16])
+
+    def cuGreenCtxGetDevResource(self, green, kind):
+        device, sms, _ = self._green(green)
+        return self._resource(device, sms)
+
+    def sm_split(self, resource, nb_groups, flags, min_count, count_only):
+        if resource not in self.resources:
+            raise CudaError(INVALID_VALUE, "resource")
+        device, sms = self.resources[resource]
+        size = max(min_count, SM_MIN_PARTITION)
+        size += -size % SM_ALIGNMENT
+        possible = sms // size
+        if count_only:
+            return [], possible
+        if not possible or not nb_groups:
+            raise CudaError(CUresult.INVALID_RESOURCE_CONFIGURATION, f"groups of {size} SMs from {sms}")
+        groups = [self._resource(device, size) for _ in range(min(nb_groups, possible))]
+        left = sms - size * len(groups)
+        return groups, self._resource(device, left) if left else (0, 0, 0, 0)
+
+    def resource_desc(self, resources):
+        devices = {self.resources[r][0] for r in resources}
+        if len(devices) != 1:
+            raise CudaError(CUresult.INVALID_RESOURCE_CONFIGURATION, "resources of several devices")
+        desc = next(self.ids)
+        self.resource_descs[desc] = (devices.pop(), sum(self.resources[r][1] for r in resources))
+        return desc
+
+    def cuGreenCtxCreate(self, desc, dev, flags):
+        if desc not in self.resource_descs or self.resource_descs[desc][0] != self._device(dev):
+            raise CudaError(INVALID_VALUE, "resource descriptor")
+        green, ctx = next(self.ids), next(self.ids)
+        self.contexts[ctx] = dev
+        self.greens[green] = (dev, self.resource_descs[desc][1], ctx)
+        return green
+
+    def cuGreenCtxDestroy(self, green):
+        _, _, ctx = self._green(green)
+        del self.greens[green]
+        self.contexts.pop(ctx, None)
+        for stream in [s for s, g in self.stream_green.items() if g == green]:
+            del self.stream_green[stream]
+            self.streams.discard(stream)
+
+    def cuCtxFromGreenCtx(self, green):
+        device, _, ctx = self._green(green)
+        return ctx, device
+
+    def cuGreenCtxRecordEvent(self, green, event):
+        self._green(green)
+        self.cuEventRecord(event, 0)  # all the green context's work so far is done here
+
+    def cuGreenCtxWaitEvent(self, green, event):
+        self._green(green)
+        self._event(event)  # work here runs at once, in order
+
+    def cuGreenCtxStreamCreate(self, green, flags, priority):
+        self._green(green)
+        stream = self.cuStreamCreate(flags)
+        self.stream_green[stream] = green
+        return stream
+
+    def cuStreamGetGreenCtx(self, stream):
+        self._stream(stream)
+        return self.stream_green.get(stream, 0)
+
+    def cuGreenCtxGetId(self, green):
+        self._green(green)
+        return green
 
     def cuStreamDestroy(self, stream):
         self._stream(stream)

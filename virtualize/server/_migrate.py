@@ -34,6 +34,7 @@ log = logging.getLogger("gpupool.worker")
 
 DRAIN_TIMEOUT_S = 30.0  # the longest a migration waits for the calls executing now to return
 CAPTURING = 0  # CU_STREAM_CAPTURE_STATUS_NONE: any other status is a capture in flight
+GREEN_KINDS = ("devres", "resdesc", "greenctx")  # SM partitions of the GPU the lease is on (_guard_green)
 
 
 class MigrationRefused(VirtualizeError):
@@ -106,6 +107,11 @@ def refusal(worker, device: int, target: int, uuid: str = "") -> str | None:
     if reason:
         return reason
     lease = worker.lease
+    if any(lease.handles[kind] for kind in GREEN_KINDS):
+        return (
+            "the lease holds device resources or green contexts: they are partitions of this GPU's SMs, "
+            "not re-created on another"
+        )
     if any(not a.window for a in lease.allocations.values() if a.owned and a.device == device):
         return "memory outside the processes' address windows (an older client): its addresses cannot be kept"
     for stream in list(lease.handles["stream"]):

@@ -79,6 +79,7 @@ PROGRAMS = [
     "prog_torch_batchnorm.py",  # cuDNN batch norm, fp16 channels-last, deterministic: cooperative kernels
     "prog_arrays.py",  # CUDA arrays sampled through a texture, painted through a surface; 2D/3D copies
     "prog_native_calls.py",  # what the worker serves in C: page-locked copies chained by events, graphs, elapsed
+    "prog_green_contexts.py",  # issue 25: SM resources split, a green context with a stream, event, launch
     "prog_memory_calls.py",  # issue 25: range attributes of managed memory, current pool, batched stream memory ops
     "prog_legacy.py",  # issue 25: the legacy launch API (cuParamSet*, cuLaunchGrid), cuCtxAttach/cuCtxDetach
 ]

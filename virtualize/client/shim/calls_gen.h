@@ -449,6 +449,87 @@ GP_EXPORT CUresult cuCtxSetSharedMemConfig(int32_t config) {
     return r;
 }
 
+GP_EXPORT CUresult cuGreenCtxCreate(uint64_t *green, uint64_t desc, int32_t dev, uint32_t flags) {
+    GP_TRACE("cuGreenCtxCreate");
+    if (!green) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGreenCtxCreate in = { .desc = desc, .dev = dev, .flags = flags };
+    struct gp_out_cuGreenCtxCreate out;
+    CUresult r = gp_call(GP_CALL_cuGreenCtxCreate, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *green = (uint64_t)out.green;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuGreenCtxDestroy(uint64_t green) {
+    GP_TRACE("cuGreenCtxDestroy");
+    struct gp_in_cuGreenCtxDestroy in = { .green = green };
+    CUresult r = gp_call(GP_CALL_cuGreenCtxDestroy, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuGreenCtxRecordEvent(uint64_t green, uint64_t event) {
+    GP_TRACE("cuGreenCtxRecordEvent");
+    struct gp_in_cuGreenCtxRecordEvent in = { .green = green, .event = event };
+    CUresult r = gp_call(GP_CALL_cuGreenCtxRecordEvent, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuGreenCtxWaitEvent(uint64_t green, uint64_t event) {
+    GP_TRACE("cuGreenCtxWaitEvent");
+    struct gp_in_cuGreenCtxWaitEvent in = { .green = green, .event = event };
+    CUresult r = gp_call(GP_CALL_cuGreenCtxWaitEvent, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuStreamGetGreenCtx(uint64_t stream, uint64_t *green) {
+    GP_TRACE("cuStreamGetGreenCtx");
+    if (!green) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuStreamGetGreenCtx in = { .stream = stream };
+    struct gp_out_cuStreamGetGreenCtx out;
+    CUresult r = gp_call(GP_CALL_cuStreamGetGreenCtx, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *green = (uint64_t)out.green;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuGreenCtxStreamCreate(uint64_t *stream, uint64_t green, uint32_t flags, int32_t priority) {
+    GP_TRACE("cuGreenCtxStreamCreate");
+    if (!stream) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGreenCtxStreamCreate in = { .green = green, .flags = flags, .priority = priority };
+    struct gp_out_cuGreenCtxStreamCreate out;
+    CUresult r = gp_call(GP_CALL_cuGreenCtxStreamCreate, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *stream = (uint64_t)out.stream;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuGreenCtxGetId(uint64_t green, uint64_t *id) {
+    GP_TRACE("cuGreenCtxGetId");
+    if (!id) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGreenCtxGetId in = { .green = green };
+    struct gp_out_cuGreenCtxGetId out;
+    CUresult r = gp_call(GP_CALL_cuGreenCtxGetId, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *id = (uint64_t)out.id;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuDeviceGetExecAffinitySupport(int32_t *supported, int32_t type, int32_t dev) {
+    GP_TRACE("cuDeviceGetExecAffinitySupport");
+    if (!supported) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuDeviceGetExecAffinitySupport in = { .type = type, .dev = dev };
+    struct gp_out_cuDeviceGetExecAffinitySupport out;
+    CUresult r = gp_call(GP_CALL_cuDeviceGetExecAffinitySupport, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *supported = (int32_t)out.supported;
+    }
+    return r;
+}
+
 GP_EXPORT CUresult cuMemGetInfo_v2(uint64_t *free, uint64_t *total) {
     GP_TRACE("cuMemGetInfo_v2");
     if (!free) return CUDA_ERROR_INVALID_VALUE;
@@ -1634,17 +1715,10 @@ GP_EXPORT CUresult cuCoredumpSetAttribute(void) { return gp_unforwarded("cuCored
 GP_EXPORT CUresult cuCoredumpSetAttributeGlobal(void) { return gp_unforwarded("cuCoredumpSetAttributeGlobal"); }
 GP_EXPORT CUresult cuCtxCreate(void) { return gp_unforwarded("cuCtxCreate"); }
 GP_EXPORT CUresult cuCtxDestroy(void) { return gp_unforwarded("cuCtxDestroy"); }
-GP_EXPORT CUresult cuCtxFromGreenCtx(void) { return gp_unforwarded("cuCtxFromGreenCtx"); }
-GP_EXPORT CUresult cuCtxGetDevResource(void) { return gp_unforwarded("cuCtxGetDevResource"); }
-GP_EXPORT CUresult cuCtxGetExecAffinity(void) { return gp_unforwarded("cuCtxGetExecAffinity"); }
 GP_EXPORT CUresult cuCtxPopCurrent(void) { return gp_unforwarded("cuCtxPopCurrent"); }
 GP_EXPORT CUresult cuCtxPushCurrent(void) { return gp_unforwarded("cuCtxPushCurrent"); }
 GP_EXPORT CUresult cuDestroyExternalMemory(void) { return gp_unforwarded("cuDestroyExternalMemory"); }
 GP_EXPORT CUresult cuDestroyExternalSemaphore(void) { return gp_unforwarded("cuDestroyExternalSemaphore"); }
-GP_EXPORT CUresult cuDevResourceGenerateDesc(void) { return gp_unforwarded("cuDevResourceGenerateDesc"); }
-GP_EXPORT CUresult cuDevSmResourceSplitByCount(void) { return gp_unforwarded("cuDevSmResourceSplitByCount"); }
-GP_EXPORT CUresult cuDeviceGetDevResource(void) { return gp_unforwarded("cuDeviceGetDevResource"); }
-GP_EXPORT CUresult cuDeviceGetExecAffinitySupport(void) { return gp_unforwarded("cuDeviceGetExecAffinitySupport"); }
 GP_EXPORT CUresult cuDeviceGetGraphMemAttribute(void) { return gp_unforwarded("cuDeviceGetGraphMemAttribute"); }
 GP_EXPORT CUresult cuDeviceGetLuid(void) { return gp_unforwarded("cuDeviceGetLuid"); }
 GP_EXPORT CUresult cuDeviceGetNvSciSyncAttributes(void) { return gp_unforwarded("cuDeviceGetNvSciSyncAttributes"); }
@@ -1722,13 +1796,6 @@ GP_EXPORT CUresult cuGraphicsUnmapResources_ptsz(void) { return gp_unforwarded("
 GP_EXPORT CUresult cuGraphicsUnregisterResource(void) { return gp_unforwarded("cuGraphicsUnregisterResource"); }
 GP_EXPORT CUresult cuGraphicsVDPAURegisterOutputSurface(void) { return gp_unforwarded("cuGraphicsVDPAURegisterOutputSurface"); }
 GP_EXPORT CUresult cuGraphicsVDPAURegisterVideoSurface(void) { return gp_unforwarded("cuGraphicsVDPAURegisterVideoSurface"); }
-GP_EXPORT CUresult cuGreenCtxCreate(void) { return gp_unforwarded("cuGreenCtxCreate"); }
-GP_EXPORT CUresult cuGreenCtxDestroy(void) { return gp_unforwarded("cuGreenCtxDestroy"); }
-GP_EXPORT CUresult cuGreenCtxGetDevResource(void) { return gp_unforwarded("cuGreenCtxGetDevResource"); }
-GP_EXPORT CUresult cuGreenCtxGetId(void) { return gp_unforwarded("cuGreenCtxGetId"); }
-GP_EXPORT CUresult cuGreenCtxRecordEvent(void) { return gp_unforwarded("cuGreenCtxRecordEvent"); }
-GP_EXPORT CUresult cuGreenCtxStreamCreate(void) { return gp_unforwarded("cuGreenCtxStreamCreate"); }
-GP_EXPORT CUresult cuGreenCtxWaitEvent(void) { return gp_unforwarded("cuGreenCtxWaitEvent"); }
 GP_EXPORT CUresult cuImportExternalMemory(void) { return gp_unforwarded("cuImportExternalMemory"); }
 GP_EXPORT CUresult cuImportExternalSemaphore(void) { return gp_unforwarded("cuImportExternalSemaphore"); }
 GP_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(void) { return gp_unforwarded("cuLaunchCooperativeKernelMultiDevice"); }
@@ -1796,7 +1863,6 @@ GP_EXPORT CUresult cuStreamBeginCapture_ptsz(void) { return gp_unforwarded("cuSt
 GP_EXPORT CUresult cuStreamDestroy(void) { return gp_unforwarded("cuStreamDestroy"); }
 GP_EXPORT CUresult cuStreamGetCaptureInfo(void) { return gp_unforwarded("cuStreamGetCaptureInfo"); }
 GP_EXPORT CUresult cuStreamGetCaptureInfo_ptsz(void) { return gp_unforwarded("cuStreamGetCaptureInfo_ptsz"); }
-GP_EXPORT CUresult cuStreamGetGreenCtx(void) { return gp_unforwarded("cuStreamGetGreenCtx"); }
 GP_EXPORT CUresult cuSurfRefGetArray(void) { return gp_unforwarded("cuSurfRefGetArray"); }
 GP_EXPORT CUresult cuSurfRefSetArray(void) { return gp_unforwarded("cuSurfRefSetArray"); }
 GP_EXPORT CUresult cuTexRefCreate(void) { return gp_unforwarded("cuTexRefCreate"); }
@@ -1912,17 +1978,8 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuModuleGetTexRef", "legacy texture and surface references: not forwarded yet"},
     {"cuModuleGetSurfRef", "legacy texture and surface references: not forwarded yet"},
     {"cuParamSetTexRef", "legacy texture and surface references: not forwarded yet"},
-    {"cuGreenCtx*", "green contexts and execution affinity: not forwarded yet"},
-    {"cuCtxFromGreenCtx", "green contexts and execution affinity: not forwarded yet"},
-    {"cuDeviceGetDevResource", "green contexts and execution affinity: not forwarded yet"},
-    {"cuCtxGetDevResource", "green contexts and execution affinity: not forwarded yet"},
-    {"cuDevSmResourceSplitByCount", "green contexts and execution affinity: not forwarded yet"},
     {"cuDevSmResourceSplit", "green contexts and execution affinity: not forwarded yet"},
-    {"cuDevResourceGenerateDesc", "green contexts and execution affinity: not forwarded yet"},
-    {"cuStreamGetGreenCtx", "green contexts and execution affinity: not forwarded yet"},
     {"cuStreamGetDevResource", "green contexts and execution affinity: not forwarded yet"},
-    {"cuDeviceGetExecAffinitySupport", "green contexts and execution affinity: not forwarded yet"},
-    {"cuCtxGetExecAffinity", "green contexts and execution affinity: not forwarded yet"},
     {"cuMemGetLocationInfo", "device, memory and log queries: not forwarded yet"},
     {"cuDeviceRegisterAsyncNotification", "device, memory and log queries: not forwarded yet"},
     {"cuDeviceUnregisterAsyncNotification", "device, memory and log queries: not forwarded yet"},
@@ -1943,11 +2000,14 @@ static const struct gp_proc gp_procs[] = {
     {"cuCtxDetach", 2000, (void *)cuCtxDetach},
     {"cuCtxDisablePeerAccess", 4000, (void *)cuCtxDisablePeerAccess},
     {"cuCtxEnablePeerAccess", 4000, (void *)cuCtxEnablePeerAccess},
+    {"cuCtxFromGreenCtx", 12040, (void *)cuCtxFromGreenCtx},
     {"cuCtxGetApiVersion", 3020, (void *)cuCtxGetApiVersion},
     {"cuCtxGetCacheConfig", 3020, (void *)cuCtxGetCacheConfig},
     {"cuCtxGetCurrent", 4000, (void *)cuCtxGetCurrent},
+    {"cuCtxGetDevResource", 12040, (void *)cuCtxGetDevResource},
     {"cuCtxGetDevice", 2000, (void *)cuCtxGetDevice},
     {"cuCtxGetDevice", 13000, (void *)cuCtxGetDevice_v2},
+    {"cuCtxGetExecAffinity", 11040, (void *)cuCtxGetExecAffinity},
     {"cuCtxGetFlags", 7000, (void *)cuCtxGetFlags},
     {"cuCtxGetId", 12000, (void *)cuCtxGetId},
     {"cuCtxGetLimit", 3010, (void *)cuCtxGetLimit},
@@ -1965,6 +2025,8 @@ static const struct gp_proc gp_procs[] = {
     {"cuCtxSynchronize", 2000, (void *)cuCtxSynchronize},
     {"cuCtxSynchronize", 13000, (void *)cuCtxSynchronize_v2},
     {"cuCtxWaitEvent", 12050, (void *)cuCtxWaitEvent},
+    {"cuDevResourceGenerateDesc", 12040, (void *)cuDevResourceGenerateDesc},
+    {"cuDevSmResourceSplitByCount", 12040, (void *)cuDevSmResourceSplitByCount},
     {"cuDeviceCanAccessPeer", 4000, (void *)cuDeviceCanAccessPeer},
     {"cuDeviceComputeCapability", 2000, (void *)cuDeviceComputeCapability},
     {"cuDeviceGet", 2000, (void *)cuDeviceGet},
@@ -1972,6 +2034,8 @@ static const struct gp_proc gp_procs[] = {
     {"cuDeviceGetByPCIBusId", 4010, (void *)cuDeviceGetByPCIBusId},
     {"cuDeviceGetCount", 2000, (void *)cuDeviceGetCount},
     {"cuDeviceGetDefaultMemPool", 11020, (void *)cuDeviceGetDefaultMemPool},
+    {"cuDeviceGetDevResource", 12040, (void *)cuDeviceGetDevResource},
+    {"cuDeviceGetExecAffinitySupport", 11040, (void *)cuDeviceGetExecAffinitySupport},
     {"cuDeviceGetHostAtomicCapabilities", 13000, (void *)cuDeviceGetHostAtomicCapabilities},
     {"cuDeviceGetMemPool", 11020, (void *)cuDeviceGetMemPool},
     {"cuDeviceGetName", 2000, (void *)cuDeviceGetName},
@@ -2090,6 +2154,13 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphRemoveDependencies", 12030, (void *)cuGraphRemoveDependencies_v2},
     {"cuGraphRetainUserObject", 11030, (void *)cuGraphRetainUserObject},
     {"cuGraphUpload", 11010, (void *)cuGraphUpload},
+    {"cuGreenCtxCreate", 12040, (void *)cuGreenCtxCreate},
+    {"cuGreenCtxDestroy", 12040, (void *)cuGreenCtxDestroy},
+    {"cuGreenCtxGetDevResource", 12040, (void *)cuGreenCtxGetDevResource},
+    {"cuGreenCtxGetId", 12090, (void *)cuGreenCtxGetId},
+    {"cuGreenCtxRecordEvent", 12040, (void *)cuGreenCtxRecordEvent},
+    {"cuGreenCtxStreamCreate", 12040, (void *)cuGreenCtxStreamCreate},
+    {"cuGreenCtxWaitEvent", 12040, (void *)cuGreenCtxWaitEvent},
     {"cuInit", 2000, (void *)cuInit},
     {"cuIpcCloseMemHandle", 4010, (void *)cuIpcCloseMemHandle},
     {"cuIpcGetEventHandle", 4010, (void *)cuIpcGetEventHandle},
@@ -2271,6 +2342,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuStreamGetCtx", 12050, (void *)cuStreamGetCtx_v2},
     {"cuStreamGetDevice", 12080, (void *)cuStreamGetDevice},
     {"cuStreamGetFlags", 5050, (void *)cuStreamGetFlags},
+    {"cuStreamGetGreenCtx", 12040, (void *)cuStreamGetGreenCtx},
     {"cuStreamGetId", 12000, (void *)cuStreamGetId},
     {"cuStreamGetPriority", 5050, (void *)cuStreamGetPriority},
     {"cuStreamIsCapturing", 10000, (void *)cuStreamIsCapturing},
@@ -2345,6 +2417,8 @@ static const struct gp_result_text gp_result_texts[] = {
     {903, "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED", "capture was not initiated in this stream"},
     {904, "CUDA_ERROR_STREAM_CAPTURE_UNJOINED", "capturing stream has unjoined work"},
     {906, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT", "operation would make the legacy stream depend on a capturing blocking stream"},
+    {914, "CUDA_ERROR_INVALID_RESOURCE_TYPE", "invalid resource type"},
+    {915, "CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION", "invalid resource configuration"},
     {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
