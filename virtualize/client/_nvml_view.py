@@ -130,7 +130,7 @@ class ViewKeeper:
         folder is removed."""
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=5)  # a server that hangs does not hold the run's end longer
+            self._thread.join(timeout=1)  # a server that hangs does not hold the run's end longer
 
 
 class ViewKeepers:
