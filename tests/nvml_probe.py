@@ -179,6 +179,11 @@ def nvlinks() -> None:
             peer = N.nvmlDeviceGetIndex(N.nvmlDeviceGetHandleByPciBusId(pci.busId.lower()))
             peers[peer] = peers.get(peer, 0) + 1
         print(f"nccl_{d}", ",".join(f"{peer}:{count}" for peer, count in sorted(peers.items())), flush=True)
+        for other in range(N.nvmlDeviceGetCount()):  # P2P read status, as NCCL asks it of every pair
+            print(
+                f"p2p_{d}_{other}",
+                _answer(N.nvmlDeviceGetP2PStatus, h, N.nvmlDeviceGetHandleByIndex(other), 0),
+            )
     N.nvmlShutdown()
 
 

@@ -630,7 +630,8 @@ MAX_LINKS = 36  # pynvml's NVML_NVLINK_MAX_LINKS
 def test_two_gpus_joined_by_nvlink_answer_as_the_hosts_nvml_does(nvml_dir, tmp_path):
     """The lease's NVLinks, from the view: each listed link is up (state, field value and P2P capability
     1), its remote PCI info names the other GPU, whose handle nvmlDeviceGetHandleByPciBusId finds (NCCL's
-    walk counts four links to the peer); the version is the server's, NOT_SUPPORTED where it did not say;
+    walk counts four links to the peer), and the two report P2P status OK without asking CUDA; the version
+    is the server's, NOT_SUPPORTED where it did not say;
     an unlisted link is down (0), one past NVML's most INVALID_ARGUMENT; other field values answer
     NOT_SUPPORTED in their own slot."""
     out = run([sys.executable, PROBE, "nvlinks"], view_env(nvml_dir, tmp_path, NVLINKED))
@@ -647,6 +648,8 @@ def test_two_gpus_joined_by_nvlink_answer_as_the_hosts_nvml_does(nvml_dir, tmp_p
             assert got[f"remote_{d}_{k}"] == f"error {NVML_NOT_SUPPORTED}"
         assert got[f"state_{d}_{MAX_LINKS}"] == f"error {NVML_INVALID_ARGUMENT}"
         assert got[f"c2c_{d}"] == str(NVML_NOT_SUPPORTED)
+        # P2P status OK between the two NVLinked GPUs from the view alone (no CUDA driver in this process)
+        assert got[f"p2p_{d}_{1 - d}"] == got[f"p2p_{d}_{d}"] == "0"
 
 
 def test_a_gpu_the_view_gives_no_nvlink_answers_as_a_gpu_without_nvlink(nvml_dir, tmp_path):

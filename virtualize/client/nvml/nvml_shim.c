@@ -724,17 +724,25 @@ NVML_API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, in
 }
 
 /* Whether two of the lease's GPUs reach each other (nvmlGpuP2PStatus_t: 0 OK, 5 NOT_SUPPORTED): the GPU
- * host's NVML in a --local run, else the driver's cuDeviceCanAccessPeer for the two devices (one GPU is
- * its own peer). NCCL asks it of every pair of GPUs it sees before anything else, and stops when it fails. */
+ * host's NVML in a --local run; OK for one GPU with itself and for two joined by an NVLink of the view;
+ * else the driver's cuDeviceCanAccessPeer for the two devices (a tool that never used CUDA then opens the
+ * lease's worker to ask). NCCL asks it of every pair of GPUs it sees before anything else, and stops when
+ * it fails. */
 NVML_API nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t a, nvmlDevice_t b, int index, int *status) {
     DEVICE_CALL(a);
     int i = d->number, j = device_number(b);
     nvmlReturn_t (*host)(nvmlDevice_t, nvmlDevice_t, int, int *) =
         j >= 0 && real_handles[j] == b ? host_function(a, "nvmlDeviceGetP2PStatus") : NULL;
+    int can = i == j;
+    for (int k = 0; j >= 0 && !can && k < NVLINK_MAX_LINKS; k++)
+        can = d->links[k].active && !strcasecmp(d->links[k].bus_id, devices[j].bus_id);
     pthread_mutex_unlock(&lock);
     if (j < 0 || !status || index < 0) return NVML_ERROR_INVALID_ARGUMENT;
     if (host) return host(a, b, index, status);
-    int can = i == j;
+    if (can) {
+        *status = 0;
+        return NVML_SUCCESS;
+    }
     int (*peer)(int *, int, int) = (int (*)(int *, int, int))cuda_function("cuDeviceCanAccessPeer");
     if (i != j && (!peer || peer(&can, i, j) != 0)) can = 0;
     *status = can ? 0 : 5;
