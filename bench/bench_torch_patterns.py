@@ -158,8 +158,10 @@ def run(pattern: str, env: dict[str, str], timeout: float, profile: Path | None 
     if profile is not None:
         profile.write_text(proc.stderr)
     if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"failed ({proc.returncode}): {last}"
+        lines = proc.stderr.strip().splitlines() or ["no output"]
+        # the exception's own line, not the last of a traceback torch appends to it
+        errors = [line for line in lines if "Error" in line.split(":", 1)[0]]
+        return f"failed ({proc.returncode}): {(errors or lines)[-1].strip()[:300]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

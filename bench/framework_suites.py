@@ -221,7 +221,7 @@ def _exit_text(code: int) -> str:
 
 
 def run_part(name: str, part: Part, suites: Path, out: Path, remote: bool, timeout: float, per_test: int,
-             only: list[str] | None = None, trace: bool = False, executor: str = "cuda") -> Counts:  # fmt: skip
+             only: list[str] | None = None, trace: bool = False, executor: str = "cuda", gpu: int = 0) -> Counts:  # fmt: skip
     """Run one part (natively or remotely) to its end or its time limit, resuming after each crash.
 
     `only`: run just these test ids (the ones the native run got through)."""
@@ -230,7 +230,10 @@ def run_part(name: str, part: Part, suites: Path, out: Path, remote: bool, timeo
         old.unlink()
     log, worker_log = out / f"{name}.{mode}.log", (out / f"{name}.{mode}.worker.log" if remote else None)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.setdefault("CUDA_VISIBLE_DEVICES", "0")
+    # Natively the part sees GPU `gpu` alone; remotely the worker finds it by UUID among all of them.
+    env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    if remote:
+        del env["CUDA_VISIBLE_DEVICES"]
     site = suites / part.path.split("/")[0] / "site"  # what the suite imports that the GPU host may lack
     paths = [str(BENCH), str(site) if site.is_dir() else "", env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
@@ -257,7 +260,8 @@ def run_part(name: str, part: Part, suites: Path, out: Path, remote: bool, timeo
             env["SUITE_SELECT"] = str(select)
             env.pop("SUITE_SHARD", None)  # the ids are already the shard's
         pytest = _pytest_command(part, suites, out / f"{name}.{mode}.{attempt}.xml", per_test)
-        remote_once = [sys.executable, str(REMOTE_ONCE), "--mib", "16384", "--executor", executor, "--"]
+        remote_once = [sys.executable, str(REMOTE_ONCE), "--mib", "16384", "--executor", executor,
+                       "--gpu", str(gpu), "--"]  # fmt: skip
         cmd = [*remote_once, *pytest] if remote else pytest
         with log.open("a") as sink:
             sink.write(f"=== run {attempt}: {len(pending) if pending is not None else 'all'} tests ===\n")
@@ -309,6 +313,8 @@ def main() -> int:
                         help="seconds for a part's remote run (default: --timeout)")  # fmt: skip
     parser.add_argument("--per-test", type=int, default=60, help="seconds per test (default 60)")
     parser.add_argument("--native-only", action="store_true", help="only the native runs: to size parts")
+    parser.add_argument("--gpu", type=int, default=0,
+                        help="the GPU to run on, as nvidia-smi numbers it (default 0): two runs side by side")  # fmt: skip
     parser.add_argument("--executor", default="cuda", choices=["cuda", "host"],
                         help="the remote worker's executor (host: no GPU, for testing this script)")  # fmt: skip
     parser.add_argument("--trace", nargs="*", metavar="PART",
@@ -345,14 +351,14 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name, part in parts.items():
-        native = run_part(name, part, suites, args.out, False, args.timeout, args.per_test)
+        native = run_part(name, part, suites, args.out, False, args.timeout, args.per_test, gpu=args.gpu)
         print(_summary(name, "native", native), flush=True)
         remote, lost = Counts(), []
         if not args.native_only:
             # A native run cut by its time limit defines the part: the remote run runs those tests only.
             only = native.ran if native.exit == 124 else None
             remote = run_part(name, part, suites, args.out, True, args.remote_timeout or args.timeout,
-                              args.per_test, only, name in traced, args.executor)  # fmt: skip
+                              args.per_test, only, name in traced, args.executor, args.gpu)  # fmt: skip
             print(_summary(name, "remote", remote), flush=True)
             lost = differences(native, remote)
         for line in lost:

@@ -239,8 +239,16 @@ class _PinnedPool:
         for old in doomed:
             old.drop()
         for event in events:
-            driver.cuEventDestroy(event)  # a context gone since: an error, and nothing to do
+            driver.cuEventDestroy(event)
         return buffer or _Buffer(size)
+
+    def destroy_events(self) -> None:
+        """Before a context goes: the events given back may be its (the driver frees them with it, and
+        destroying one after that would free freed memory)."""
+        with self.lock:
+            events, self.doomed_events = self.doomed_events, []
+        for event in events:
+            driver.cuEventDestroy(event)
 
     def give(self, buffer: _Buffer | None, event) -> None:
         """`buffer` None: only the event comes back."""
@@ -344,6 +352,10 @@ class CudaExecutor(Executor):
         self.launchables: dict[int, _Launchable] = {}
         self.streams: dict[int, driver.CUstream] = {}
         self.local = threading.local()  # per connection thread: scratch and staging buffers
+        # Every thread's staging and copy-event maps (context -> ...), so that a context destroyed on one
+        # thread is forgotten by all: what the driver freed with it must never be freed again.
+        self._context_maps: list[tuple[dict, dict]] = []
+        self._context_maps_lock = threading.Lock()
         self.linked: dict[int, bytes] = {}  # link state -> the image cuLinkComplete made
         # Host functions: one C thunk for the process's life (the driver calls it with a key).
         self.host_funcs: dict[int, Callable[[], None]] = {}
@@ -384,6 +396,8 @@ class CudaExecutor(Executor):
             local.staging = {}
             local.copy_events = {}  # ctx -> events of copies through shared memory
             local.ctx = 0
+            with self._context_maps_lock:
+                self._context_maps.append((local.staging, local.copy_events))
         return local
 
     def _staging(self) -> _Staging:
@@ -411,8 +425,10 @@ class CudaExecutor(Executor):
     def end_thread(self) -> None:
         """A connection's thread is done: its page-locked staging buffers and copy events go (each pins
         host memory; a worker serving many short runs would otherwise keep every run's). A context the
-        client destroyed took its own with it."""
+        client destroyed took its own with it (`_forget_context`)."""
         local = self._local()
+        with self._context_maps_lock:
+            self._context_maps = [m for m in self._context_maps if m[0] is not local.staging]
         for ctx, staging in local.staging.items():
             with contextlib.suppress(CudaError):
                 self.set_context(ctx)
@@ -1139,7 +1155,17 @@ class CudaExecutor(Executor):
         return _int(ctx)
 
     def cuCtxDestroy(self, ctx):
+        self.pinned.destroy_events()
         _ok(driver.cuCtxDestroy(driver.CUcontext(ctx)))
+        self._forget_context(ctx)
+
+    def _forget_context(self, ctx: int) -> None:
+        """`ctx` is destroyed, and with it the page-locked staging memory and events the worker made in
+        it on any thread: drop them unfreed (freeing them again crashed the worker: a double free)."""
+        with self._context_maps_lock:
+            for staging, events in self._context_maps:
+                staging.pop(ctx, None)
+                events.pop(ctx, None)
         if getattr(self._local(), "ctx", 0) == ctx:
             self._local().ctx = 0
 
@@ -1154,7 +1180,11 @@ class CudaExecutor(Executor):
         _ok(driver.cuDevicePrimaryCtxSetFlags(self._d(dev), flags))
 
     def cuDevicePrimaryCtxReset(self, dev):
+        ctx = _int(_ok(driver.cuDevicePrimaryCtxRetain(self._d(dev))))  # its handle: retained, let go at once
+        driver.cuDevicePrimaryCtxRelease(self._d(dev))
+        self.pinned.destroy_events()
         _ok(driver.cuDevicePrimaryCtxReset(self._d(dev)))
+        self._forget_context(ctx)
 
     def cuCtxSynchronize(self):
         _ok(driver.cuCtxSynchronize())
@@ -1245,8 +1275,12 @@ class CudaExecutor(Executor):
         return green
 
     def cuGreenCtxDestroy(self, green):
+        found, ctx = driver.cuCtxFromGreenCtx(driver.CUgreenCtx(green))  # goes with the green context
+        self.pinned.destroy_events()
         _ok(driver.cuGreenCtxDestroy(driver.CUgreenCtx(green)))
         self.green_devices.pop(green, None)
+        if found == driver.CUresult.CUDA_SUCCESS:
+            self._forget_context(_int(ctx))
 
     def cuCtxFromGreenCtx(self, green):
         return _int(_ok(driver.cuCtxFromGreenCtx(driver.CUgreenCtx(green)))), self.green_devices.get(green, 0)
@@ -1349,7 +1383,12 @@ class CudaExecutor(Executor):
     def cuPointerGetAttribute(self, attr, ptr):
         value = _int(_ok(driver.cuPointerGetAttribute(_enum(driver.CUpointer_attribute, attr), ptr)))
         if attr == driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
-            return self.real.index(value)  # the client numbers the lease's devices 0..n-1
+            if value in self.real:
+                return self.real.index(value)  # the client numbers the lease's devices 0..n-1
+            # A GPU outside the lease (on GPU 1, JAX met 0): host memory the worker itself page-locked,
+            # which every GPU reaches. Natively such memory reads as the device of the current context.
+            current = _int(_ok(driver.cuCtxGetDevice()))
+            return self.real.index(current) if current in self.real else 0
         return value
 
     def cuPointerSetAttribute(self, attr, ptr, value):

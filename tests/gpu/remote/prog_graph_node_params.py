@@ -28,7 +28,8 @@ def main() -> int:
     ok(cu.cuCtxSetCurrent(ctx))
     saxpy = ok(cu.cuModuleGetFunction(ok(cu.cuModuleLoadData(PTX.encode())), b"saxpy"))
     x, y, z = (ok(cu.cuMemAlloc(4 * N)) for _ in range(3))
-    ok(cu.cuMemcpyHtoD(x, np.ones(N, dtype=np.float32).ctypes.data, 4 * N))
+    ones = np.ones(N, dtype=np.float32)  # held: a temporary's memory is free before the copy reads it
+    ok(cu.cuMemcpyHtoD(x, ones.ctypes.data, 4 * N))
     keep, ran = [], []
     recorder = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(ran.append)  # a host node: the value it was given
     recorder_address = ctypes.cast(recorder, ctypes.c_void_p).value
@@ -79,7 +80,12 @@ def main() -> int:
         pointers = int(got.kernelParams)
         a = ctypes.c_float.from_address(ctypes.c_void_p.from_address(pointers + 16).value).value
         n = ctypes.c_uint32.from_address(ctypes.c_void_p.from_address(pointers + 24).value).value
-        return int(got.func) == int(saxpy), got.gridDimX, got.blockDimX, got.sharedMemBytes, a, n
+        xy = [
+            ctypes.c_uint64.from_address(ctypes.c_void_p.from_address(pointers + 8 * i).value).value
+            for i in (0, 1)
+        ]
+        same = xy == [int(x), int(y)]
+        return int(got.func) == int(saxpy), got.gridDimX, got.blockDimX, got.sharedMemBytes, a, n, same
 
     print("kernel read back", *read_kernel(kn))
     got = ok(cu.cuGraphMemcpyNodeGetParams(cp))

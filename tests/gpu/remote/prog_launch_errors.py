@@ -44,7 +44,8 @@ def main() -> int:
     )
     n = 4096
     x = ok(cu.cuMemAlloc(4 * n))
-    ok(cu.cuMemcpyHtoD(x, np.ones(n, dtype=np.float32).ctypes.data, 4 * n))
+    ones = np.ones(n, dtype=np.float32)  # held: a temporary's memory is free before the copy reads it
+    ok(cu.cuMemcpyHtoD(x, ones.ctypes.data, 4 * n))
     args = ((x, n), (None, ctypes.c_int))
 
     def launch(fn, grid, block, smem=0):

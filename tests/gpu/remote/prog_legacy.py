@@ -57,8 +57,9 @@ def main() -> int:
     empty = int(ok(cu.cuModuleGetFunction(module, b"empty")))
     n = 1000
     x, y = int(ok(cu.cuMemAlloc(4 * n))), int(ok(cu.cuMemAlloc(4 * n)))
-    ok(cu.cuMemcpyHtoD(x, np.arange(n, dtype=np.float32).ctypes.data, 4 * n))
-    ok(cu.cuMemcpyHtoD(y, np.ones(n, dtype=np.float32).ctypes.data, 4 * n))
+    xs, ys = np.arange(n, dtype=np.float32), np.ones(n, dtype=np.float32)  # held until copied
+    ok(cu.cuMemcpyHtoD(x, xs.ctypes.data, 4 * n))
+    ok(cu.cuMemcpyHtoD(y, ys.ctypes.data, 4 * n))
 
     def read_y() -> np.ndarray:
         out = np.empty(n, dtype=np.float32)

@@ -169,7 +169,12 @@ def copies_and_stream_operations(ctx, stream, cuda13: bool) -> None:
     if cuda13:
         attrs = driver.CUmemcpyAttributes()
         attrs.srcAccessOrder = driver.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
-        result = driver.cuMemcpyWithAttributesAsync(buf + 393216, buf, len(data), attrs, stream)
+        try:
+            result = driver.cuMemcpyWithAttributesAsync(buf + 393216, buf, len(data), attrs, stream)
+        except RuntimeError:  # cuda-bindings declares it; a CUDA 13.0 driver (580) has no such entry point
+            print("copy with attributes: not in this driver")
+            ok(driver.cuMemFree(buf))
+            return
         print("copy with attributes", name(result))
         ok(driver.cuStreamSynchronize(stream))
         again = bytearray(len(data))

@@ -1,7 +1,7 @@
 """Run one command remotely against a lease worker on this GPU host: python remote_once.py [--mib N] -- CMD...
 
 For looking into one program: the shim is compiled from this tree, the worker runs the CUDA executor on
-GPU 0 with a partition of --mib MiB, and the command runs with the shim first on its library path
+GPU --gpu (default 0) with a partition of --mib MiB, and the command runs with the shim first on its library path
 (add GPUPOOL_SHIM_TRACE=1 to the environment to see every driver call, GPUPOOL_SHIM_PROFILE=1 for a
 table of where the client's time went, GPUPOOL_WORKER_PROFILE=DIR for the worker's cProfile).
 """
@@ -30,6 +30,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=int, default=8192, help="partition of GPU 0 (default 8192 MiB)")
     parser.add_argument("--executor", default="cuda", choices=["cuda", "host"])
+    parser.add_argument("--gpu", type=int, default=0, help="the GPU, as nvidia-smi numbers it (default 0)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -37,7 +38,7 @@ def main() -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     work = Path(tempfile.mkdtemp(prefix="gpupool-once-"))
     shim = fresh_shim(work / "shim")
-    uuid = gpus()[0][1] if args.executor == "cuda" else ""
+    uuid = gpus()[args.gpu][1] if args.executor == "cuda" else ""
     worker = start_worker("once", [WorkerDevice(0, uuid, args.mib << 20)], bind_host="127.0.0.1", env={},
                           executor=args.executor)  # fmt: skip
     answer = {"id": "once", "worker": worker.answer()}

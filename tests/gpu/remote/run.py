@@ -276,6 +276,11 @@ def main() -> int:
             key = program.removeprefix("prog_").removesuffix(".py")
             if selected(key):
                 native_vs_remote(key, [sys.executable, program], native_one, remote, shim)
+                if not worker.alive():  # a crash at the client's exit shows in no program's output
+                    record(f"{key}: the worker outlives the program", "FAIL",
+                           f"the worker exited ({worker.proc.returncode}) at or after the program's end")  # fmt: skip
+                    worker = lease_worker("gpu-test", [WorkerDevice(devices[0][0], devices[0][1], partition)])
+                    remote = lease_env(worker, shim, work, env)
 
         if selected("quota"):
             step("quota: the program sees the partition, allocations beyond it fail")
