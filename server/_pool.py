@@ -604,7 +604,9 @@ class Pool:
             out["env"] = row["env"]
             # What the owner's shim needs: where, the secret, the certificate to pin, the local socket.
             keys = ("host", "port", "secret", "tls_sha256", "local")
-            out["worker"] = {k: worker.get(k, "") for k in keys} if worker else None
+            out["worker"] = (
+                {**{k: worker.get(k, "") for k in keys}, "lacks": worker.get("lacks", [])} if worker else None
+            )
         return out
 
     def _owned(self, caller: Caller, lease_id: str):

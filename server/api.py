@@ -413,6 +413,14 @@ class Worker(_Answer, kw_only=True):
             "when there is none."
         ),
     ] = ""
+    lacks: Annotated[
+        list[str],
+        Meta(
+            description="Driver entry points the call table forwards that the GPU server's driver does not "
+            "have (a newer CUDA's calls): the client's shim answers cuGetProcAddress for them as that "
+            "driver does, not found."
+        ),
+    ] = []
 
 
 class LeaseJob(_Answer, kw_only=True):

@@ -89,6 +89,7 @@ class WorkerHandle:
         state_dir: Path,
         tls_sha256: str = "",
         local: str = "",
+        lacks: list[str] | None = None,
     ) -> None:
         self.proc = proc
         self.host = host
@@ -98,6 +99,7 @@ class WorkerHandle:
             tls_sha256  # the worker's certificate, pinned by the client ("": none, loopback only)
         )
         self.local = local  # its Unix socket (abstract namespace) for clients on this host ("": none)
+        self.lacks = list(lacks or [])  # entry points its driver does not have (the shim answers not found)
         self.pid = proc.pid
         self.state_dir = state_dir
         self._started = time.time()
@@ -110,6 +112,7 @@ class WorkerHandle:
             "secret": self.secret,
             "tls_sha256": self.tls_sha256,
             "local": self.local,
+            "lacks": self.lacks,
         }
 
     def last_activity(self) -> float:
@@ -225,7 +228,7 @@ def start_worker(
     # A wildcard bind is reachable at this host's name; the pool server may advertise another.
     host = socket.getfqdn() if bind_host in ("", "0.0.0.0", "::") else bind_host
     return WorkerHandle(proc, host, int(ready["port"]), secret, state_dir, str(ready.get("tls_sha256", "")),
-                        str(ready.get("local", "")))  # fmt: skip
+                        str(ready.get("local", "")), [str(n) for n in ready.get("lacks", [])])  # fmt: skip
 
 
 def _read_ready_line(proc: subprocess.Popen, timeout: float) -> dict:

@@ -640,7 +640,7 @@ def scenario_legacy_launch():
     check(cu.cuStreamSynchronize(stream), "stream sync")
     say("saxpy_y3", struct.unpack_from("<f", dtoh(y_legacy, 64)[1], 12)[0])
     say("saxpy_same", dtoh(y_legacy, 64)[1] == dtoh(y_modern, 64)[1])
-    # bad uses: the driver's errors, from the call, nothing sent
+    # bad uses: what the driver answers, from the call, nothing sent
     say("seti_past_size", cu.cuParamSeti(saxpy, 24, 1))
     say("setv_across_size", cu.cuParamSetv(saxpy, 20, ctypes.byref(c_u64(0)), 8))
     say("setf_negative_offset", cu.cuParamSetf(saxpy, -4, ctypes.c_float(1.0)))

@@ -937,9 +937,10 @@ def test_a_launch_the_driver_refuses_fails_from_the_launch_call_itself(shim_dir,
 def test_the_legacy_launch_api_runs_kernels_as_cuLaunchKernel_does(shim_dir, worker):
     """cuFuncSetBlockShape / cuFuncSetSharedSize / cuParamSet* then cuLaunch, cuLaunchGrid and
     cuLaunchGridAsync give the same memory as the same launches through cuLaunchKernel (the grid from the
-    call, the block shape from the setter, each parameter at the offset set); parameters past the size
-    set, a launch without a block shape and an unknown function get the driver's errors from the call,
-    nothing sent; cuCtxAttach/cuCtxDetach count uses of a context, the last detach destroys it."""
+    call, the block shape from the setter, each parameter at the offset set); the bad uses answer as the
+    580 driver answers them on an H100 (tests/gpu/remote/prog_legacy.py): a parameter past the size set
+    and a launch without a block shape succeed (the latter runs nothing), a size over the parameter
+    limit, a negative offset, a grid or block of zero and an unknown function are refused from the call; cuCtxAttach/cuCtxDetach count uses of a context, the last detach destroys it."""
     out, _ = run_client("legacy_launch", client_env(shim_dir, worker))
     assert out == {
         # fill 7 over 2 x 32 threads, then +5 over one block of 16; untouched past the grid
@@ -947,11 +948,11 @@ def test_the_legacy_launch_api_runs_kernels_as_cuLaunchKernel_does(shim_dir, wor
         "fill_add_same": "True",
         "saxpy_y3": "10.5",  # 2.5 * 3 + 3
         "saxpy_same": "True",
-        "seti_past_size": "1",  # CUDA_ERROR_INVALID_VALUE
-        "setv_across_size": "1",
+        "seti_past_size": "0",  # accepted; a launch passes only the size set
+        "setv_across_size": "0",
         "setf_negative_offset": "1",
         "size_over_limit": "1",
-        "launch_without_block_shape": "1",
+        "launch_without_block_shape": "0",
         "grid_of_zero": "1",
         "block_shape_of_zero": "1",
         "unknown_function": "400",  # CUDA_ERROR_INVALID_HANDLE
@@ -1195,3 +1196,37 @@ def test_a_lease_with_an_sm_share_sees_and_splits_only_its_share(shim_dir):
     assert out["desc_beyond_share"] == "915"
     assert out["green_sms"] == "1"
     assert out["launched"] == "9"
+
+
+PROC_ADDRESS_PROBE = """
+import ctypes, sys
+lib = ctypes.CDLL("libcuda.so.1")
+find = lib.cuGetProcAddress_v2
+find.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_uint64,
+                 ctypes.POINTER(ctypes.c_int)]
+for name in sys.argv[1:]:
+    pfn, status = ctypes.c_void_p(), ctypes.c_int(-1)
+    rc = find(name.encode(), ctypes.byref(pfn), 13000, 0, ctypes.byref(status))
+    print(name, rc, bool(pfn.value), status.value)
+"""
+
+
+@pytest.mark.parametrize("lacks", ["", "cuLogsCurrent,cuMemcpyWithAttributesAsync"])
+def test_an_entry_point_the_servers_driver_lacks_is_not_found_as_that_driver_answers(shim_dir, lacks):
+    """A call of a newer CUDA than the GPU server's driver (cuda-bindings declares CUDA 13.3's, the
+    580 driver is 13.0) is not found by cuGetProcAddress in the client, as on the server itself: the
+    worker tells the names its driver lacks (here the host executor's test seam pretends), the lease
+    answer carries them to the shim; every other name is found, and without such names all are."""
+    handle = start_worker("test-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1",
+                          env={"GPUPOOL_HOST_EXECUTOR_LACKS": lacks}, executor="host")  # fmt: skip
+    try:
+        names = ["cuLogsCurrent", "cuMemcpyWithAttributesAsync", "cuMemAlloc", "cuLaunchKernel"]
+        proc = subprocess.run([sys.executable, "-c", PROC_ADDRESS_PROBE, *names], env=client_env(shim_dir, handle),
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        found = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()}
+    finally:
+        handle.stop()
+    missing = set(filter(None, lacks.split(",")))
+    for name in names:  # CUDA_ERROR_NOT_FOUND, no function, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
+        assert found[name] == (["500", "False", "1"] if name in missing else ["0", "True", "0"]), name

@@ -193,6 +193,8 @@ def remote_env(
         env[_wire.ENV_TLS] = worker.tls_sha256
     if worker.local:
         env[_wire.ENV_LOCAL] = worker.local
+    if worker.lacks:
+        env[_wire.ENV_LACKS] = ",".join(worker.lacks)
     if lease_id:
         env[_wire.ENV_LEASE] = str(lease_id)
     return env

@@ -189,6 +189,7 @@ def generate_types() -> str:
         f'#define GP_ENV_TLS "{_wire.ENV_TLS}"',
         f'#define GP_ENV_ENCRYPT "{_wire.ENV_ENCRYPT}"',
         f'#define GP_ENV_LOCAL "{_wire.ENV_LOCAL}"',
+        f'#define GP_ENV_LACKS "{_wire.ENV_LACKS}"',
         f'#define GP_ENV_TRACE "{_wire.ENV_TRACE}"',
         f'#define GP_ENV_PROFILE "{_wire.ENV_PROFILE}"',
         f'#define GP_ENV_MEMO "{_wire.ENV_MEMO}"',

@@ -60,6 +60,9 @@ ENV_WORKER = "GPUPOOL_WORKER"  # host:port of the lease's worker
 ENV_SECRET = "GPUPOOL_SECRET"  # the lease's worker secret
 ENV_LEASE = "GPUPOOL_LEASE"  # the lease id, for messages
 ENV_TLS = "GPUPOOL_WORKER_TLS_SHA256"  # the worker's certificate: the shim talks TLS to it and pins it
+ENV_LACKS = (
+    "GPUPOOL_DRIVER_LACKS"  # entry points the worker's driver lacks (commas): cuGetProcAddress says not found
+)
 ENV_LOCAL = "GPUPOOL_WORKER_LOCAL"  # the worker's Unix socket (abstract name), used when it runs on this host
 ENV_ENCRYPT = "GPUPOOL_DATA_ENCRYPTION"  # "auto" (default: all but loopback) or "always"
 ENV_TRACE = "GPUPOOL_SHIM_TRACE"  # 1: the shim prints every call it handles to stderr
@@ -68,7 +71,14 @@ ENV_MEMO = "GPUPOOL_SHIM_MEMO"  # 0: every question goes to the worker (answers 
 # A run spread over several leases (`gpuattach run --spread`): how many; lease r's variables are the ones
 # above with the suffix `_r`, and a process whose LOCAL_RANK is r talks to lease r's worker.
 ENV_RANKS = "GPUPOOL_RANKS"
-LEASE_ENV = (ENV_WORKER, ENV_SECRET, ENV_LEASE, ENV_TLS, ENV_LOCAL)  # what differs from one lease to another
+LEASE_ENV = (
+    ENV_WORKER,
+    ENV_SECRET,
+    ENV_LEASE,
+    ENV_TLS,
+    ENV_LOCAL,
+    ENV_LACKS,
+)  # what differs from one lease to another
 
 
 def offsets(layout: struct.Struct, fields: tuple[str, ...]) -> dict[str, int]:

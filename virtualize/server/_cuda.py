@@ -57,6 +57,7 @@ STAGING_CHUNK = 8 << 20
 _HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_size_t)  # CUhostFn: void (*)(void *userData)
 # Asynchronous copies to the client: each one's own page-locked buffer, kept for reuse up to this much;
 # a larger copy is staged before the call returns (as every copy to the host was before).
+log = logging.getLogger("gpupool.worker")
 ASYNC_STAGING_MAX = 256 << 20
 ASYNC_STAGING_KEPT = 512 << 20
 # A copy's completion mark, which the host-function thread calling clients back reads (it may make no
@@ -342,8 +343,37 @@ class _InFlight(StagedCopy):
         self.address = 0
 
 
+def _driver_lacks() -> list[str]:
+    """The call table's entry points this driver does not have, asked of it (cuGetProcAddress at its
+    own version): cuda-bindings may declare calls of a newer CUDA than the driver installed."""
+    from virtualize.common._calls import CALLS
+
+    lib = ctypes.CDLL("libcuda.so.1")
+    version = ctypes.c_int()
+    lib.cuDriverGetVersion(ctypes.byref(version))
+    lookup = lib.cuGetProcAddress_v2
+    lookup.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_uint64,
+                       ctypes.POINTER(ctypes.c_int)]  # fmt: skip
+    lacks = []
+    for name in sorted({c.name for c in CALLS if c.symbol != "-" and not c.name.startswith("gp")}):
+        pfn, status = ctypes.c_void_p(), ctypes.c_int()
+        if (
+            lookup(name.encode(), ctypes.byref(pfn), version.value, 0, ctypes.byref(status)) != 0
+            or not pfn.value
+        ):
+            lacks.append(name)
+    return lacks
+
+
 class CudaExecutor(Executor):
     name = "cuda"
+
+    def driver_lacks(self) -> list[str]:
+        try:
+            return _driver_lacks()
+        except (OSError, AttributeError) as exc:  # a driver older than cuGetProcAddress_v2: nothing to say
+            log.warning("could not ask the driver which entry points it has: %s", exc)
+            return []
 
     def __init__(self, devices) -> None:
         """`devices`: the lease's GPUs (WorkerDevice), shown to the client as devices 0..n-1."""
@@ -743,7 +773,7 @@ class CudaExecutor(Executor):
             try:
                 fn()
             except Exception:  # a failure here must not take the driver's thread down
-                logging.getLogger("gpupool.worker").exception("host function failed")
+                log.exception("host function failed")
             finally:
                 _driver_thread.calling_back = False
 

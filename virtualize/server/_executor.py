@@ -294,6 +294,11 @@ class Executor(abc.ABC):
         """Copy `count` bytes from device address `src`, handing each chunk to `send` in order,
         once the chunk's bytes are in host memory."""
 
+    def driver_lacks(self) -> list[str]:
+        """Entry points of the call table this host's driver does not have: the client's shim answers
+        cuGetProcAddress for them as that driver does (not found), so a program sees the server's driver."""
+        return []
+
     def shared_host_memory(self, size: int) -> SharedHostMemory:
         """Memory to copy through with a client on this host (an executor with DMA pins it)."""
         return SharedHostMemory(size)

@@ -411,6 +411,12 @@ class Session:
             answer, result = None, INVALID_VALUE
         except (ConnectionError, OSError, EOFError):
             raise  # the client is gone: the worker's loop ends this connection
+        except RuntimeError as exc:  # cuda-bindings: this host's driver has no such entry point
+            if "not found" not in str(exc):
+                log.exception("%s failed inside the worker", call.symbol if call.symbol != "-" else call.name)
+                answer, result = None, CUresult.UNKNOWN
+            else:
+                answer, result = None, CUresult.NOT_FOUND
         except Exception:  # a bug here must not cost the client its connection: this call fails
             log.exception("%s failed inside the worker", call.symbol if call.symbol != "-" else call.name)
             answer, result = None, CUresult.UNKNOWN

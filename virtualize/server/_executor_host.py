@@ -143,6 +143,10 @@ class _Copied(CopiedBytes):
 class HostExecutor(Executor):
     name = "host (tests only)"
 
+    def driver_lacks(self) -> list[str]:
+        """Tests name entry points this pretend driver lacks (GPUPOOL_HOST_EXECUTOR_LACKS, commas)."""
+        return [n for n in os.environ.get("GPUPOOL_HOST_EXECUTOR_LACKS", "").split(",") if n]
+
     def __init__(self, devices) -> None:
         self.n = len(devices)
         base = int(os.environ.get("GPUPOOL_HOST_EXECUTOR_BASE", "0x5e0000000000"), 0)

@@ -522,7 +522,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.parent:
         threading.Thread(target=_watch_parent, args=(args.parent,), daemon=True).start()
     log.info("listening on %s:%d, %d device(s), %s executor", host, port, len(devices), executor.name)
-    ready(host=host, port=port, pid=os.getpid(), tls_sha256=fingerprint, local=local_name)
+    lacks = executor.driver_lacks()
+    if lacks:
+        log.info("this driver lacks %d entry point(s) of the call table: %s", len(lacks), ", ".join(lacks))
+    ready(host=host, port=port, pid=os.getpid(), tls_sha256=fingerprint, local=local_name, lacks=lacks)
     output = KernelOutput()  # after the ready line, the last thing this process says on stdout
     try:
         worker = Worker(args.lease, devices, executor, Path(args.state_dir), secret, tls, output)

@@ -120,9 +120,28 @@ static CUresult gp_unforwarded(const char *name) {
     return stub_hit(slot < 0 ? N_STUBS - 1 : slot);
 }
 
+/* Whether the worker's driver lacks `symbol` (GP_ENV_LACKS: the names the worker found missing when it
+ * asked its own driver, commas; lease 0's under --spread, asked before a rank's lease is picked). */
+static int driver_lacks(const char *symbol) {
+    const char *lacks = getenv(GP_ENV_LACKS);
+    size_t n = strlen(symbol);
+    for (const char *p = lacks; p && *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, symbol, n) == 0) return 1;
+        p = end ? end + 1 : NULL;
+    }
+    return 0;
+}
+
 GP_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, uint64_t flags, int *status) {
     (void)flags; /* per-thread default stream variants: the worker runs one thread per connection */
     if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
+    if (driver_lacks(symbol)) { /* as the GPU server's driver answers: a newer CUDA's call it does not have */
+        *pfn = NULL;
+        if (status) *status = 1; /* CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND */
+        return CUDA_ERROR_NOT_FOUND;
+    }
     void *fn = lookup_proc(symbol, version);
     *pfn = fn ? fn : stub_for(symbol);
     if (status) *status = 0; /* CU_GET_PROC_ADDRESS_SUCCESS */

@@ -9,12 +9,13 @@
 
 #include "shim_calls.h"
 
-/* The legacy API's parameter space: 4 KiB, the kernel parameter limit of the toolkits that used it. */
-#define LEGACY_PARAM_BYTES 4096
+/* The legacy API's parameter space: the kernel parameter limit since CUDA 12.1 (the 580 driver takes a
+ * cuParamSetSize of 5000, past the 4 KiB of the toolkits that used this API). */
+#define LEGACY_PARAM_BYTES 32764
 
 struct legacy {
     uint64_t func;
-    uint32_t block[3]; /* 0 until cuFuncSetBlockShape: a launch without one is refused, as by the driver */
+    uint32_t block[3]; /* 0 until cuFuncSetBlockShape: a launch without one runs nothing, as on the driver */
     uint32_t shared;
     uint32_t size; /* cuParamSetSize: the bytes a launch passes */
     unsigned char params[LEGACY_PARAM_BYTES];
@@ -55,7 +56,8 @@ static CUresult known_function(uint64_t func) {
     return func ? layout_of(func, &l) : CUDA_ERROR_INVALID_HANDLE;
 }
 
-/* Writes `count` bytes at `offset` of the function's parameters: past the size set is invalid. */
+/* Writes `count` bytes at `offset` of the function's parameters. Past the size set is accepted, as the
+ * driver accepts it (the 580 driver answers CUDA_SUCCESS): a launch passes only the size set. */
 static CUresult set_param(uint64_t func, int32_t offset, const void *value, uint32_t count) {
     CUresult r = known_function(func);
     if (r != CUDA_SUCCESS) return r;
@@ -63,7 +65,7 @@ static CUresult set_param(uint64_t func, int32_t offset, const void *value, uint
     pthread_mutex_lock(&legacy_lock);
     struct legacy *s = state_of(func);
     if (!s) r = CUDA_ERROR_OUT_OF_MEMORY;
-    else if ((uint64_t)offset + count > s->size) r = CUDA_ERROR_INVALID_VALUE;
+    else if ((uint64_t)offset + count > LEGACY_PARAM_BYTES) r = CUDA_ERROR_INVALID_VALUE;
     else memcpy(s->params + offset, value, count);
     pthread_mutex_unlock(&legacy_lock);
     return r;
@@ -130,6 +132,7 @@ static CUresult launch_legacy(uint64_t f, int32_t gx, int32_t gy, uint64_t strea
     if (s) memcpy(&copy, s, sizeof copy);
     pthread_mutex_unlock(&legacy_lock);
     if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!copy.block[0]) return CUDA_SUCCESS; /* no block shape yet: the driver answers success, no threads */
     size_t size = copy.size;
     void *extra[] = {(void *)1, copy.params, (void *)2, &size, NULL}; /* BUFFER_POINTER, BUFFER_SIZE, END */
     return cuLaunchKernel(f, (uint32_t)gx, (uint32_t)gy, 1, copy.block[0], copy.block[1], copy.block[2], copy.shared,
