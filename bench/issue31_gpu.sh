@@ -20,6 +20,8 @@ set -u
 : "${OUT:?set OUT to a folder for the results}"
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# GPU 0 alone: natively, torch failed to start ("device=1, num_gpus=1") while other runs used GPU 1
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 BUDGET_S=${BUDGET_S:-470}
 DRY_RUN=${DRY_RUN:-0}
 START=$SECONDS
