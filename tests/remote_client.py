@@ -586,6 +586,27 @@ def scenario_launch_errors():
     say("sync", cu.cuCtxSynchronize())
 
 
+def scenario_globals_reused():
+    """A module's global, then the module unloaded and another loaded whose larger global the driver
+    places at the same address: the new global's whole range is the program's to copy to and from."""
+    setup()
+    first, second = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(first), b".global .align 4 .b8 small[16];\n\0"), "load first")
+    address, size = c_u64(), c_u64()
+    check(cu.cuModuleGetGlobal(ctypes.byref(address), ctypes.byref(size), first, b"small"), "small")
+    old = address.value
+    check(cu.cuModuleUnload(first), "unload first")
+    check(cu.cuModuleLoadData(ctypes.byref(second), b".global .align 8 .b8 table[24];\n\0"), "load second")
+    check(cu.cuModuleGetGlobal(ctypes.byref(address), ctypes.byref(size), second, b"table"), "table")
+    say("same_address", address.value == old)
+    say("size", size.value)
+    data = bytes(range(24))
+    say("copy_to", cu.cuMemcpyHtoD(address, data, c_u64(24)))
+    rc, back = dtoh(address.value, 24)
+    say("copy_back", rc)
+    say("bytes_equal", back == data)
+
+
 def scenario_legacy_launch():
     """The legacy launch API (block shape, shared size and parameters set per function, then cuLaunch,
     cuLaunchGrid, cuLaunchGridAsync) against the same kernels through cuLaunchKernel; its bad uses; and

@@ -118,6 +118,12 @@ def _settable_attribute(attrib: int, value: int) -> int:
 _PTX_ENTRY = re.compile(rb"\.entry\s+([A-Za-z_$][\w$]*)\s*\(([^)]*)\)")
 _PTX_PARAM = re.compile(rb"\.param\s+(?:\.align\s+(\d+)\s+)?\.([busf])(\d+)\s+[\w$]+(?:\[(\d+)\])?")
 
+# A module-scope variable: `.global [.align N] .TYPE name[COUNT];` (its size is the type's times COUNT)
+PTX_GLOBAL = re.compile(
+    r"^\s*(?:\.visible\s+)?\.global\s+(?:\.align\s+\d+\s+)?\.([busf]\d+)\s+([A-Za-z_$][\w$]*)(?:\[(\d+)\])?",
+    re.M,
+)
+
 
 def ptx_layouts(image: bytes) -> dict[str, list[tuple[int, int]]]:
     """Each `.entry` of a PTX image -> its parameters' (offset, size), laid out as the driver does."""
@@ -186,6 +192,12 @@ class HostExecutor(Executor):
         self.stream_attributes: dict[tuple[int, int], bytes] = {}  # (stream, CUstreamAttrID) -> its value
         self.shared_config: dict[int, int] = {}  # context -> CUsharedconfig
         self.ptx_kernels: dict[int, dict[str, list[tuple[int, int]]]] = {}  # module -> kernels it declares
+        # Module globals (PTX `.global` declarations): each module's in one region of module memory, given
+        # back at unload and reused first-fit by the next module, as the driver places modules.
+        self.module_globals: dict[int, dict[str, tuple[int, int]]] = {}  # module -> name -> (address, size)
+        self.module_regions: dict[int, tuple[int, int]] = {}  # module -> (base, size)
+        self.global_gaps: list[tuple[int, int]] = []  # (base, size) of unloaded modules' regions
+        self.next_global = base + (1 << 39)  # past device 0's allocations, below device 1's
         self.layouts: dict[int, list[tuple[int, int]]] = {}  # PTX-declared functions -> parameter layout
         self.events: dict[int, float | None] = {}
         self.streams: set[int] = set()
@@ -864,7 +876,31 @@ class HostExecutor(Executor):
             raise CudaError(CUresult.INVALID_IMAGE, "empty image")
         handle = next(self.ids)
         self.ptx_kernels[handle] = ptx_layouts(image)
+        self._place_globals(handle, image)
         return handle
+
+    def _place_globals(self, module: int, image: bytes) -> None:
+        text = bytes(image).decode("latin-1")
+        declared = [
+            (name, int(kind[1:]) // 8 * int(count or 1)) for kind, name, count in PTX_GLOBAL.findall(text)
+        ]
+        if not declared:
+            return
+        size = sum((s + ALIGN - 1) // ALIGN * ALIGN for _, s in declared)
+        with self.lock:
+            gap = next((g for g in self.global_gaps if g[1] >= size), None)
+            if gap is not None:
+                self.global_gaps.remove(gap)
+                base = gap[0]
+            else:
+                base, self.next_global = self.next_global, self.next_global + size
+        self.module_regions[module] = (base, size)
+        at, placed = base, {}
+        for name, s in declared:
+            self._place(at, s, self._ctx_device())
+            placed[name] = (at, s)
+            at += (s + ALIGN - 1) // ALIGN * ALIGN
+        self.module_globals[module] = placed
 
     def cuModuleLoadData(self, image):
         return self._load(image)
@@ -899,7 +935,12 @@ class HostExecutor(Executor):
         return 2  # CU_MODULE_LAZY_LOADING, the driver's default since CUDA 12.2
 
     def cuModuleUnload(self, module):
-        return None
+        for address, _ in self.module_globals.pop(module, {}).values():
+            self._free(address)
+        region = self.module_regions.pop(module, None)
+        if region is not None:
+            with self.lock:
+                self.global_gaps.append(region)
 
     cuLibraryUnload = cuModuleUnload
 
@@ -963,7 +1004,10 @@ class HostExecutor(Executor):
         return handle
 
     def cuModuleGetGlobal(self, module, name):
-        raise CudaError(NOT_FOUND, name)
+        found = self.module_globals.get(module, {}).get(name)
+        if found is None:
+            raise CudaError(NOT_FOUND, name)
+        return found
 
     cuLibraryGetGlobal = cuModuleGetGlobal
 
