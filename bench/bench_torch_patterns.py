@@ -191,6 +191,9 @@ def main() -> int:
         return 2
 
     sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "tests" / "gpu" / "remote"))
+    from _pool import nvml_view_env  # NVML shows the lease's GPU alone, as under gpuattach
+
     from server.workers import WorkerDevice, start_worker
     from virtualize.client.remote import fresh_shim, remote_env
     from virtualize.common import _wire
@@ -216,11 +219,12 @@ def main() -> int:
     for pattern in chosen:
         print(f"{pattern}: native ...", flush=True)
         native = run(pattern, env, args.timeout)
-        worker = start_worker("bench-torch", [WorkerDevice(0, uuid, args.partition_mib << 20)],
-                              bind_host="127.0.0.1", env=worker_env, executor="cuda")  # fmt: skip
+        devices = [WorkerDevice(0, uuid, args.partition_mib << 20)]
+        worker = start_worker("bench-torch", devices, bind_host="127.0.0.1", env=worker_env, executor="cuda")
         try:
             remote_vars = {**env, **remote_env({"id": "bench-torch", "worker": worker.answer()},
                                                cache_root=work / "cache", library=shim)}  # fmt: skip
+            remote_vars.update(nvml_view_env("bench-torch", devices, remote_vars, work))
             if args.encrypt:
                 remote_vars["GPUPOOL_DATA_ENCRYPTION"] = "always"
             if args.tcp:

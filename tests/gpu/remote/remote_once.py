@@ -20,6 +20,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 sys.path.insert(0, str(HERE))
 
+from _pool import nvml_view_env  # noqa: E402
 from run import gpus  # noqa: E402
 
 from server.workers import WorkerDevice, start_worker  # noqa: E402
@@ -39,8 +40,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="gpupool-once-"))
     shim = fresh_shim(work / "shim")
     uuid = gpus()[args.gpu][1] if args.executor == "cuda" else ""
-    worker = start_worker("once", [WorkerDevice(0, uuid, args.mib << 20)], bind_host="127.0.0.1", env={},
-                          executor=args.executor)  # fmt: skip
+    devices = [WorkerDevice(args.gpu, uuid, args.mib << 20)]
+    worker = start_worker("once", devices, bind_host="127.0.0.1", env={}, executor=args.executor)
     answer = {"id": "once", "worker": worker.answer()}
     keep = (
         "GPUPOOL_SHIM_TRACE",
@@ -51,6 +52,8 @@ def main() -> int:
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_") or k in keep}
     env.update(remote_env(answer, cache_root=work / "cache", library=shim))
+    if args.executor == "cuda":  # NVML shows the lease's GPU alone, as under gpuattach (torch counts by NVML)
+        env.update(nvml_view_env("once", devices, env, work))
     try:
         return subprocess.run(command, env=env).returncode
     finally:
