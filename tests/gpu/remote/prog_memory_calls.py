@@ -198,10 +198,14 @@ def main() -> int:
     if (
         version >= 12080
     ):  # the driver's log: its text differs (the worker's process, remotely), not the results
-        err, iterator = driver.cuLogsCurrent(0)
-        print("log iterator", err.name)
-        buffer = bytearray(4096)
-        print("log dump", name(driver.cuLogsDumpToMemory(iterator, buffer, len(buffer), 0)))
+        try:
+            err, iterator = driver.cuLogsCurrent(0)
+        except RuntimeError:  # declared by cuda-bindings, absent from the 580 driver
+            print("log: not in this driver")
+        else:
+            print("log iterator", err.name)
+            buffer = bytearray(4096)
+            print("log dump", name(driver.cuLogsDumpToMemory(iterator, buffer, len(buffer), 0)))
     ok(driver.cuStreamDestroy(stream))
     print("libcuda", loaded_libcuda(), file=sys.stderr)
     return 0
