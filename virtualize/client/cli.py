@@ -701,6 +701,7 @@ def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
                 env.update(spread_env([answer for _, answer in run.spread]))
             else:
                 env.update(remote_env(lease))
+            _nccl_forwarding(env, spread=bool(run.spread))
         except (
             Exception
         ) as exc:  # the shim is not built, the lease has no worker, …: one line, lease released
@@ -718,6 +719,18 @@ def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
         finally:
             if view is not None:
                 view.stop()
+
+
+def _nccl_forwarding(env: dict, *, spread: bool) -> None:
+    """NCCL run by the lease's worker (libgpupool_nccl.so preloaded): for --spread runs, or GPUPOOL_NCCL=forward.
+    A note, and the program's own NCCL, where the library is not built."""
+    from virtualize.client.remote import ShimNotBuilt, nccl_env
+
+    try:
+        env.update(nccl_env(env, spread=spread))
+    except ShimNotBuilt:
+        print("gpuattach: note: gpupool's libgpupool_nccl.so is not built: NCCL runs in the command's processes, "
+              "and across servers its transfers go through this machine", file=sys.stderr)  # fmt: skip
 
 
 def _local_cuda(lease: Lease, env: dict) -> None:

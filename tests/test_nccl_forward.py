@@ -1,0 +1,124 @@
+"""NCCL forwarded at its API under `gpuattach run --spread`: NCCL runs in each rank's worker, and the
+workers' NCCL connects worker to worker, not through the clients.
+
+Two real gpupool-servers (simulated GPUs, lease workers on the host executor); each worker's NCCL is a
+stand-in library (tests/nccl_standin/standin_nccl.c, built here) doing the calls over TCP between the
+ranks' processes, as NCCL's socket transport does, and logging which process made each connection. The
+ranks are tests/nccl_rank.py (ctypes: the shim for CUDA, the preloaded libgpupool_nccl.so for NCCL).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from pool_harness import ROOT, ServerProc, env_for, gpuattach
+
+from virtualize.common._calls import CALL_IDS, INTERNAL
+
+pytestmark = [
+    pytest.mark.timeout(150),
+    pytest.mark.skipif(
+        importlib.util.find_spec("virtualize.client._libgpupool_nccl") is None
+        or importlib.util.find_spec("virtualize.client._libcuda_shim") is None,
+        reason="the shim or libgpupool_nccl.so is not built",
+    ),
+]
+# Starts both ranks at once, as torchrun does, and reports each one's lines.
+LAUNCHER = """
+import json, os, subprocess, sys
+ranks = [subprocess.Popen([sys.executable, "tests/nccl_rank.py"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env={**os.environ, "LOCAL_RANK": str(r)}) for r in (0, 1)]
+for r, p in enumerate(ranks):
+    out, err = p.communicate(timeout=90)
+    lines = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+    print(json.dumps({"rank": r, "rc": p.returncode, "out": lines, "err": err[-1500:]}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "a C compiler is needed to build the stand-in NCCL"
+    out = tmp_path_factory.mktemp("standin") / "libstandin_nccl.so"
+    source = ROOT / "tests" / "nccl_standin" / "standin_nccl.c"
+    subprocess.run([cc, "-O1", "-shared", "-fPIC", "-fvisibility=hidden", "-o", str(out), str(source)], check=True,
+                   timeout=120)  # fmt: skip
+    return out
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory, standin):
+    base = tmp_path_factory.mktemp("ncclspread")
+    log = base / "standin.log"
+    env = {
+        "GPUPOOL_WORKER_EXECUTOR": "host",
+        "GPUPOOL_WORKER_NCCL_LIBRARY": str(standin),
+        "GPUPOOL_STANDIN_NCCL_LOG": str(log),
+    }
+    procs = [ServerProc(base / f"s{i}", "1xH100-80GB", env=env).start() for i in range(2)]
+    yield procs, log
+    for s in procs:
+        s.stop()
+
+
+def test_spread_ranks_run_nccl_in_their_workers_which_connect_to_each_other(servers, tmp_path):
+    """Under `gpuattach run -n 2 --spread` each rank's NCCL calls run in its lease's worker: all-reduce and
+    broadcast give the right values, the collective's bytes travel over a connection between the two
+    workers (the stand-in logs no client process), another lease's communicator is refused (by the client
+    library and by the worker), a name that is not forwarded returns ncclInvalidUsage, and a destroyed
+    communicator is refused."""
+    procs, log = servers
+    env, _ = env_for(tmp_path, procs, "ncclranks")
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    env.update(NCCL_TEST_DIR=str(meet), NCCL_TEST_QUERY_CALL=str(CALL_IDS[INTERNAL["gpNcclCommQuery"]]))
+    out = gpuattach("run", "-n", "2", "-m", "1024", "--spread", "--", sys.executable, "-c", LAUNCHER, env=env,
+                    timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    ranks = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [r["rc"] for r in ranks] == [0, 0], ranks
+    for r in ranks:
+        assert r["out"]["count"] == "2", r
+        assert r["out"]["allreduce"] == "3.0", r  # 1 + 2 on every element, on both ranks
+        assert r["out"]["broadcast"] == "ok", r
+        assert r["out"]["async_error"] == "0", r
+        assert r["out"]["after_destroy"] == "4", r  # ncclInvalidArgument: the communicator is gone
+    first = ranks[0]["out"]
+    assert first["foreign_allreduce"] == "4", first  # refused by this process's library
+    assert first["foreign_query"] == "0 4", first  # the worker answers, and refuses it: not this lease's
+    assert first["unforwarded"] == "5", first  # ncclInvalidUsage
+    assert "ncclCommShrink" in ranks[0]["err"]
+
+    # Who talked to whom: every stand-in event happened in a worker process, never in a rank's.
+    events = [
+        dict(re.findall(r"(\w+)=(\S+)", line), what=line.split()[0]) for line in log.read_text().splitlines()
+    ]
+    client_pids = {r["out"]["pid"] for r in ranks}
+    assert events and all(e["pid"] not in client_pids for e in events), events
+    assert all("virtualize.server.worker" in line for line in log.read_text().splitlines())
+    accepted = [e for e in events if e["what"] == "accepted"]
+    connected = [e for e in events if e["what"] == "connected"]
+    assert len(accepted) == 1 and len(connected) == 1, events
+    assert accepted[0]["pid"] != connected[0]["pid"]  # two workers, one each side
+    assert accepted[0]["peer"] == connected[0]["local"]  # one connection, worker to worker
+    reduced = [e for e in events if e["what"] == "allreduce"]
+    assert {e["pid"] for e in reduced} == {accepted[0]["pid"], connected[0]["pid"]}, events
+
+
+def test_a_bad_gpupool_nccl_value_fails_the_run_in_one_line(servers, tmp_path):
+    """GPUPOOL_NCCL takes forward or off: another value stops gpuattach with one line and no traceback,
+    and the leases are given back."""
+    procs, _ = servers
+    env, _ = env_for(tmp_path, procs, "ncclbad")
+    env["GPUPOOL_NCCL"] = "sometimes"
+    out = gpuattach("run", "-n", "2", "-m", "1024", "--spread", "--", sys.executable, "-c", "print('ran')", env=env,
+                    timeout=60)  # fmt: skip
+    assert out.returncode != 0
+    assert "ran" not in out.stdout
+    assert "Traceback" not in out.stderr and "GPUPOOL_NCCL" in out.stderr
