@@ -15,10 +15,12 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from pool_harness import ROOT, ServerProc, env_for, gpuattach
 
+from virtualize.client.remote import nccl_env
 from virtualize.common._calls import CALL_IDS, INTERNAL
 
 pytestmark = [
@@ -122,3 +124,41 @@ def test_a_bad_gpupool_nccl_value_fails_the_run_in_one_line(servers, tmp_path):
     assert out.returncode != 0
     assert "ran" not in out.stdout
     assert "Traceback" not in out.stderr and "GPUPOOL_NCCL" in out.stderr
+
+
+def test_the_forwarding_library_defines_every_name_the_installed_nccl_exports():
+    """A program never reaches a libnccl of the client past libgpupool_nccl.so: every name the installed NCCL
+    (the nvidia-nccl package PyTorch's wheels bring) exports is defined by the built library too."""
+    spec = importlib.util.find_spec("nvidia.nccl") if importlib.util.find_spec("nvidia") else None
+    real = next(
+        (Path(p) / "lib" / "libnccl.so.2" for p in (spec.submodule_search_locations or []) if spec), None
+    )
+    if real is None or not real.is_file():
+        pytest.skip("no nvidia-nccl package here to compare with")
+    ours = Path(importlib.util.find_spec("virtualize.client._libgpupool_nccl").origin)
+    assert _nccl_names(real) - _nccl_names(ours) == set()
+
+
+def _nccl_names(library: Path) -> set[str]:
+    out = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True, check=True,
+                         timeout=60).stdout  # fmt: skip
+    return {line.split()[-1] for line in out.splitlines() if re.match(r"p?nccl", line.split()[-1])}
+
+
+@pytest.mark.parametrize(
+    ("value", "spread", "preloaded"),
+    [
+        ("", True, True),
+        ("", False, False),
+        ("off", True, False),
+        ("forward", False, True),
+        ("FORWARD", True, True),
+    ],
+)
+def test_gpupool_nccl_decides_whether_nccl_is_forwarded(tmp_path, value, spread, preloaded):
+    """NCCL goes to the workers in --spread runs unless GPUPOOL_NCCL=off, and elsewhere only with
+    GPUPOOL_NCCL=forward; what the program preloaded already stays preloaded after it."""
+    library = tmp_path / "libgpupool_nccl.so"
+    env = nccl_env({"GPUPOOL_NCCL": value, "LD_PRELOAD": "/opt/other.so"}, spread=spread, library=library)
+    assert (env.get("LD_PRELOAD", "").split() == [str(library), "/opt/other.so"]) is preloaded
+    assert ("LD_PRELOAD" in env) is preloaded
