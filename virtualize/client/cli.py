@@ -187,7 +187,8 @@ def _parser() -> argparse.ArgumentParser:
         "  gpuattach run -n 2 --spread -- torchrun --nproc-per-node 2 train.py   (one GPU on each of 2 servers)\n\n"
         "placement: -n N takes N separate physical GPUs of ONE server (their GPUs talk over NVLink/PCIe there);\n"
         "--spread takes one GPU on each of N different servers instead, one lease each, and the process whose\n"
-        "LOCAL_RANK is r uses server r's GPU as its device 0 (docs/remote.md, \"Many GPUs in one run\").\n\n"
+        "LOCAL_RANK is r uses server r's GPU as its device 0 (docs/remote.md, \"Many GPUs in one run\"); its NCCL\n"
+        "runs in each rank's worker, the workers connected server to server (GPUPOOL_NCCL=off: in COMMAND).\n\n"
         "exit status: COMMAND's (128+N when signal N ended it); 125 gpuattach failed (bad usage, no GPUs\n"
         "within --timeout, bad token, pool unreachable); 126 COMMAND not executable; 127 COMMAND not found",
     )  # fmt: skip
