@@ -64,6 +64,7 @@ SHAPED_HANDLES: dict[str, dict[str, str]] = {
     "graph_add_event_node": {"event": "event"},
     "graph_add_conditional_node": {"ctx": "ctx"},
     "nccl_stream": {"stream": "stream"},
+    "nccl_buffer": {},  # its address is mapped (SHAPED_ADDRESSES)
     **{method: {"stream": "stream"} for method in (
         "copy_to_device", "copy_from_device", "copy_in_from", "copy_out_into", "copy_out_to",
         "copy_from_device_async", "memset", "copy_3d", "launch_host_func", "capture_info",

@@ -66,7 +66,8 @@ def library_path() -> str:
     if named:
         return named
     spec = importlib.util.find_spec("nvidia.nccl") if importlib.util.find_spec("nvidia") else None
-    for folder in spec.submodule_search_locations or () if spec else ():
+    folders = (spec.submodule_search_locations or []) if spec else []
+    for folder in folders:
         candidate = Path(folder) / "lib" / "libnccl.so.2"
         if candidate.is_file():
             return str(candidate)
