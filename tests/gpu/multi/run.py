@@ -170,6 +170,20 @@ def compare_losses(check: str, native, remote, *, runs: str = "remote") -> None:
     record(check, "PASS" if same else "FAIL", detail)
 
 
+def busbw_table(native, remote, columns: tuple[str, str]) -> list[tuple[int, str, str, float]]:
+    """prog_allreduce.py's busbw per size, native and remote runs side by side (printed): rows of (bytes,
+    native GB/s, remote GB/s or "-" where the remote run did not get there, remote/native)."""
+    nb = dict(v.split() for v in values(native[1], "busbw"))
+    rb = dict(v.split() for v in values(remote[1], "busbw"))
+    say(f"{'size':>10} {columns[0]:>20} {columns[1]:>20} {'ratio':>8}")
+    table = []
+    for size in nb:
+        ratio = float(rb[size]) / float(nb[size]) if size in rb and float(nb[size]) else 0.0
+        table.append((int(size), nb[size], rb.get(size, "-"), ratio))
+        say(f"{int(size) >> 20:>7} MiB {nb[size]:>20} {rb.get(size, '-'):>20} {ratio:>8.0%}")
+    return table
+
+
 def nccl_path(debug_dir: Path, client_output: str) -> tuple[str, list[str]]:
     """Where NCCL ran in a --spread run: "workers" when the servers' NCCL wrote its debug files (only the
     servers' environment names NCCL_DEBUG_FILE), "client" when the ranks' own output has NCCL's init
@@ -233,15 +247,8 @@ def spread_step(
         # All-reduce bus bandwidth across the two servers, against native ranks on the same socket transport.
         n = run("spread-allreduce-native", torchrun("prog_allreduce.py"), {**native_two, **SOCKETS_ONLY})
         r = run("spread-allreduce-remote", [*spread, *torchrun("prog_allreduce.py")], {**env, **SOCKETS_ONLY})
-        nb = dict(v.split() for v in values(n[1], "busbw"))
-        rb = dict(v.split() for v in values(r[1], "busbw"))
-        say(f"{'size':>10} {'native sockets GB/s':>20} {'spread GB/s':>12} {'spread/native':>14}")
-        table = []
-        for size in nb:
-            ratio = float(rb[size]) / float(nb[size]) if size in rb and float(nb[size]) else 0.0
-            table.append((int(size), nb[size], rb.get(size, "-"), ratio))
-            say(f"{int(size) >> 20:>7} MiB {nb[size]:>20} {rb.get(size, '-'):>12} {ratio:>13.0%}")
-        ok = n[0] == 0 and r[0] == 0 and bool(nb) and len(rb) == len(nb)
+        table = busbw_table(n, r, ("native sockets GB/s", "spread GB/s"))
+        ok = n[0] == 0 and r[0] == 0 and bool(table) and all(row[2] != "-" for row in table)
         big = table[-1] if table else None
         record("--spread all_reduce busbw, NCCL sockets worker to worker (vs native sockets)", "PASS" if ok else "FAIL",
                f"1 GiB: {big[2]} vs {big[1]} GB/s ({big[3]:.0%})" if big and ok else f"native exit {n[0]}, remote exit {r[0]}")  # fmt: skip
@@ -329,18 +336,9 @@ def main() -> int:
             say("\n=== allreduce: bus bandwidth, 1 MiB to 1 GiB")
             n = run("allreduce-native", torchrun("prog_allreduce.py"), native_two)
             r = run("allreduce-remote", torchrun("prog_allreduce.py"), remote_two)
-            nb, rb = (
-                dict(v.split() for v in values(n[1], "busbw")),
-                dict(v.split() for v in values(r[1], "busbw")),
-            )
-            say(f"{'size':>10} {'native GB/s':>12} {'remote GB/s':>12} {'remote/native':>14}")
-            table = []
-            for size in nb:
-                ratio = float(rb[size]) / float(nb[size]) if size in rb and float(nb[size]) else 0.0
-                table.append((int(size), nb[size], rb.get(size, "-"), ratio))
-                say(f"{int(size) >> 20:>7} MiB {nb[size]:>12} {rb.get(size, '-'):>12} {ratio:>13.0%}")
+            table = busbw_table(n, r, ("native GB/s", "remote GB/s"))
             big = table[-1][3] if table else 0.0
-            ok = n[0] == 0 and r[0] == 0 and len(rb) == len(nb) and big >= 0.9
+            ok = n[0] == 0 and r[0] == 0 and all(row[2] != "-" for row in table) and big >= 0.9
             record("all_reduce busbw, 1 GiB remote >= 90 % of native", "PASS" if ok else "FAIL",
                    f"1 GiB: {big:.0%}" if table else f"native exit {n[0]}, remote exit {r[0]}")  # fmt: skip
             if OUT:
