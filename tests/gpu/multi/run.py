@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -254,6 +255,9 @@ def spread_step(
                f"1 GiB: {big[2]} vs {big[1]} GB/s ({big[3]:.0%})" if big and ok else f"native exit {n[0]}, remote exit {r[0]}")  # fmt: skip
         if OUT:
             (OUT / "allreduce_spread.json").write_text(json.dumps(table))
+            shutil.copytree(
+                debug_dir, OUT / "logs" / "nccl-spread", dirs_exist_ok=True
+            )  # the workers' NCCL lines
 
 
 def main() -> int:
