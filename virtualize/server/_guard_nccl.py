@@ -290,6 +290,8 @@ class NcclCalls(Concern):
                 raise Refused(result, f"nccl{name} returned {result}: {self._lib().last_error()}")
         except (Refused, CudaError) as exc:
             self._keep_error(comm, exc)
+        finally:
+            self._restore_context()
         return EMPTY
 
     def group(self, call: Call, ins: tuple):
@@ -300,6 +302,8 @@ class NcclCalls(Concern):
                 raise Refused(result, f"ncclGroup{'Start' if start else 'End'} returned {result}")
         except Refused as exc:
             self._keep_error(None, exc)
+        finally:
+            self._restore_context()  # a group end launches
         return EMPTY
 
     def op_destroy(self, call: Call, ins: tuple):
@@ -405,4 +409,15 @@ class NcclCalls(Concern):
             code = exc.code if isinstance(exc, Refused) else INVALID_ARGUMENT
             log.info("NCCL call %s refused: %s", call.name, exc)
             values, bulk = (code,) + (0,) * (len(call.outs) - 1), b""
+        finally:
+            self._restore_context()
         return call.out_struct.pack(*values), bulk
+
+    def _restore_context(self) -> None:
+        """NCCL makes its device's primary context current on the calling thread (cudaSetDevice); the
+        connection's next calls run in the context the client has current, which may be another."""
+        if self.session.ctx:
+            try:
+                self.session.executor.set_context(self.session.ctx)
+            except CudaError as exc:
+                log.warning("could not make the client's context current again after NCCL: %s", exc)
