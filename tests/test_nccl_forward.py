@@ -113,6 +113,39 @@ def test_spread_ranks_run_nccl_in_their_workers_which_connect_to_each_other(serv
     assert {e["pid"] for e in reduced} == {accepted[0]["pid"], connected[0]["pid"]}, events
 
 
+# Both ranks exit without destroying their communicator; the launcher then waits (the leases still held)
+# until the stand-in has logged what the workers did with them.
+LEAVING_LAUNCHER = (
+    LAUNCHER
+    + """
+import time
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline and open(os.environ["STANDIN_LOG"]).read().count("aborted") < 2:
+    time.sleep(0.1)
+"""
+)
+
+
+def test_a_rank_that_exits_holding_a_communicator_has_it_aborted_by_its_worker(servers, tmp_path):
+    """A rank process that ends without ncclCommDestroy (a crash, an exit) does not leave its communicator
+    behind in the worker: the worker aborts it when the process's connection ends, as the process's end
+    does natively."""
+    procs, log = servers
+    env, _ = env_for(tmp_path, procs, "nccleave")
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    start = log.stat().st_size if log.exists() else 0
+    env.update(NCCL_TEST_DIR=str(meet), NCCL_TEST_QUERY_CALL=str(CALL_IDS[INTERNAL["gpNcclCommQuery"]]),
+               NCCL_TEST_LEAVE="1", STANDIN_LOG=str(log))  # fmt: skip
+    out = gpuattach("run", "-n", "2", "-m", "1024", "--spread", "--", sys.executable, "-c", LEAVING_LAUNCHER,
+                    env=env, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    ranks = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [r["rc"] for r in ranks] == [0, 0] and all(r["out"]["left"] == "1" for r in ranks), ranks
+    aborted = [line for line in log.read_text()[start:].splitlines() if line.startswith("aborted")]
+    assert len(aborted) == 2 and all("virtualize.server.worker" in line for line in aborted), aborted
+
+
 def test_a_bad_gpupool_nccl_value_fails_the_run_in_one_line(servers, tmp_path):
     """GPUPOOL_NCCL takes forward or off: another value stops gpuattach with one line and no traceback,
     and the leases are given back."""
