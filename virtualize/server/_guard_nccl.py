@@ -286,7 +286,7 @@ class NcclCalls(Concern):
                 "Scatter": (send_at, recv_at, c_count, datatype, peer, c_comm, c_stream),
             }[name]
             result = self._lib().collective(f"nccl{name}", *args)
-            if result != SUCCESS:
+            if result not in (SUCCESS, _nccl.IN_PROGRESS):  # in progress: a non-blocking communicator's
                 raise Refused(result, f"nccl{name} returned {result}: {self._lib().last_error()}")
         except (Refused, CudaError) as exc:
             self._keep_error(comm, exc)
