@@ -195,3 +195,30 @@ def test_gpupool_nccl_decides_whether_nccl_is_forwarded(tmp_path, value, spread,
     env = nccl_env({"GPUPOOL_NCCL": value, "LD_PRELOAD": "/opt/other.so"}, spread=spread, library=library)
     assert (env.get("LD_PRELOAD", "").split() == [str(library), "/opt/other.so"]) is preloaded
     assert ("LD_PRELOAD" in env) is preloaded
+
+
+def test_a_server_without_nccl_answers_each_nccl_call_with_a_system_error(tmp_path):
+    """A worker whose server has no NCCL library refuses the program's NCCL calls (ncclSystemError) and the
+    run goes on: no crash, the program's CUDA still works (GPUPOOL_NCCL=forward on a one-GPU run here)."""
+    server = ServerProc(tmp_path / "s", "1xH100-80GB", env={
+        "GPUPOOL_WORKER_EXECUTOR": "host", "GPUPOOL_WORKER_NCCL_LIBRARY": str(tmp_path / "no" / "libnccl.so.2")})  # fmt: skip
+    server.start()
+    try:
+        env, _ = env_for(tmp_path, [server], "ncclnone")
+        env["GPUPOOL_NCCL"] = "forward"
+        program = (
+            "import ctypes; cuda = ctypes.CDLL('libcuda.so.1'); v = ctypes.c_int(); n = ctypes.c_int()\n"
+            "print('nccl', ctypes.CDLL(None).ncclGetVersion(ctypes.byref(v)))\n"
+            "print('cuda', cuda.cuInit(0), cuda.cuDeviceGetCount(ctypes.byref(n)), n.value)\n"
+        )
+        out = gpuattach(
+            "run", "-n", "1", "-m", "512", "--", sys.executable, "-c", program, env=env, timeout=60
+        )
+    finally:
+        server.stop()
+    assert out.returncode == 0, out.stderr
+    assert "nccl 2" in out.stdout  # ncclSystemError
+    assert "cuda 0 0 1" in out.stdout
+    assert "Traceback" not in out.stderr
+    log = server.log.read_text()
+    assert "cannot load the server's NCCL" in log and "Traceback" not in log  # one line for the operator

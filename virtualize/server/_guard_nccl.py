@@ -77,7 +77,7 @@ def decode_config(data: bytes) -> NcclConfig:
     config = NcclConfig()
     config.size = ctypes.sizeof(NcclConfig)
     config.magic = _nccl.API_MAGIC
-    result, version = _nccl.nccl().version()
+    result, version = NcclCalls._lib().version()
     config.version = version if result == SUCCESS else 0
     for name, value in zip(CONFIG_INTS, CONFIG_HEAD.unpack_from(data), strict=True):
         setattr(config, name, value)
@@ -131,7 +131,7 @@ class NcclCalls(Concern):
     # -- the calls that answer -------------------------------------------------------------------------
 
     def version(self, call: Call, ins: tuple):
-        return self._reply(call, lambda: (*_nccl.nccl().version(),))
+        return self._reply(call, lambda: (*self._lib().version(),))
 
     def unique_id(self, call: Call, ins: tuple):
         def run():
