@@ -31,6 +31,18 @@ pytestmark = [
         reason="the shim or libgpupool_nccl.so is not built",
     ),
 ]
+
+
+def _installed_nccl() -> Path | None:
+    """The nvidia-nccl package's libnccl.so.2 (what PyTorch's CUDA wheels install), if here."""
+    spec = importlib.util.find_spec("nvidia.nccl") if importlib.util.find_spec("nvidia") else None
+    found = [
+        Path(p) / "lib" / "libnccl.so.2" for p in ((spec.submodule_search_locations or []) if spec else [])
+    ]
+    return next((path for path in found if path.is_file()), None)
+
+
+INSTALLED_NCCL = _installed_nccl()
 # Starts both ranks at once, as torchrun does, and reports each one's lines.
 LAUNCHER = """
 import json, os, subprocess, sys
@@ -162,11 +174,8 @@ def test_a_bad_gpupool_nccl_value_fails_the_run_in_one_line(servers, tmp_path):
 def test_the_forwarding_library_defines_every_name_the_installed_nccl_exports():
     """A program never reaches a libnccl of the client past libgpupool_nccl.so: every name the installed NCCL
     (the nvidia-nccl package PyTorch's wheels bring) exports is defined by the built library too."""
-    spec = importlib.util.find_spec("nvidia.nccl") if importlib.util.find_spec("nvidia") else None
-    real = next(
-        (Path(p) / "lib" / "libnccl.so.2" for p in (spec.submodule_search_locations or []) if spec), None
-    )
-    if real is None or not real.is_file():
+    real = INSTALLED_NCCL
+    if real is None:
         pytest.skip("no nvidia-nccl package here to compare with")
     ours = Path(importlib.util.find_spec("virtualize.client._libgpupool_nccl").origin)
     assert _nccl_names(real) - _nccl_names(ours) == set()
@@ -222,3 +231,41 @@ def test_a_server_without_nccl_answers_each_nccl_call_with_a_system_error(tmp_pa
     assert "Traceback" not in out.stderr
     log = server.log.read_text()
     assert "cannot load the server's NCCL" in log and "Traceback" not in log  # one line for the operator
+
+
+# Asks the server's NCCL for a unique id and says which process listens on the address it names.
+BOOTSTRAP_PROGRAM = """
+import ctypes, os, socket, struct, psutil
+nccl = ctypes.CDLL(None)
+uid = ctypes.create_string_buffer(128)
+print("rc", nccl.ncclGetUniqueId(uid))
+family, port = struct.unpack_from("<H", uid.raw, 8)[0], struct.unpack_from(">H", uid.raw, 10)[0]
+host = socket.inet_ntoa(uid.raw[12:16])
+listeners = [c.pid for c in psutil.net_connections(kind="tcp") if c.status == "LISTEN" and c.laddr.port == port]
+print("root", family, host, port, os.getpid(), *listeners)
+print("cmd", " ".join(psutil.Process(listeners[0]).cmdline()) if listeners else "-")
+"""
+
+
+@pytest.mark.skipif(INSTALLED_NCCL is None, reason="no nvidia-nccl package here")
+def test_the_real_nccl_bootstrap_root_listens_in_the_worker_not_in_the_program(tmp_path):
+    """With the server's real NCCL (the nvidia-nccl package; no GPU needed for this call), ncclGetUniqueId
+    runs in the lease's worker: the address the unique id names is a socket the worker listens on, on the
+    server, so the other ranks' workers connect there and not to the program."""
+    server = ServerProc(tmp_path / "s", "1xH100-80GB", env={"GPUPOOL_WORKER_EXECUTOR": "host",
+                                                             "NCCL_SOCKET_IFNAME": "lo"})  # fmt: skip
+    server.start()
+    try:
+        env, _ = env_for(tmp_path, [server], "ncclroot")
+        env["GPUPOOL_NCCL"] = "forward"
+        out = gpuattach("run", "-n", "1", "-m", "512", "--", sys.executable, "-c", BOOTSTRAP_PROGRAM, env=env,
+                        timeout=60)  # fmt: skip
+    finally:
+        server.stop()
+    assert out.returncode == 0, out.stderr
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    assert lines["rc"] == "0", out.stdout + out.stderr
+    family, host, port, program, *listeners = lines["root"].split()
+    assert (family, host) == ("2", "127.0.0.1") and int(port) > 0  # AF_INET on the loopback NCCL was told
+    assert listeners and program not in listeners, lines
+    assert "virtualize.server.worker" in lines["cmd"], lines
