@@ -29,6 +29,7 @@ for the shim (else a prebuilt virtualize/client/_libcuda_shim*.so). About 10-15 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -215,6 +216,10 @@ def spread_step(
     its lease's worker, and the workers' NCCL connects server to server. The servers' environment holds NCCL's
     settings (sockets only over loopback, as two hosts would talk; debug lines to files, so the run can say
     which side ran NCCL). Native runs use the same socket transport, so the numbers compare like for like."""
+    if importlib.util.find_spec("virtualize.client._libgpupool_nccl") is None:
+        record("--spread: NCCL runs in the workers, connected server to server", "FAIL",
+               "libgpupool_nccl.so is not built here: python setup.py build_ext --inplace (or pip install -e .)")  # fmt: skip
+        return
     debug_dir = work / "nccl-spread"
     debug_dir.mkdir()
     server_env = {**env, **SOCKETS_ONLY, "NCCL_DEBUG_FILE": str(debug_dir / "%h.%p.log")}
