@@ -142,6 +142,12 @@ def main() -> None:
             c_u64(0),
         )
         say("foreign_query", f"{rc} {struct.unpack_from('<i', outs.raw)[0]}")
+        # A buffer that is not the lease's memory: the call is enqueued (no reply), the worker refuses it
+        # before NCCL sees it, and the communicator's asynchronous error says so from then on.
+        rc = nccl.ncclAllReduce(c_void_p(0x1000), c_void_p(recv), c_size_t(COUNT), FLOAT32, SUM, comm,
+                                c_void_p(stream.value))  # fmt: skip
+        check(nccl.ncclCommGetAsyncError(comm, ctypes.byref(async_error)), "ncclCommGetAsyncError")
+        say("stray_buffer", f"{rc} {async_error.value}")
         # A name NCCL has that is not forwarded: refused, no crash.
         say("unforwarded", nccl.ncclCommShrink(comm, None, 0, ctypes.byref(c_void_p()), None, 0))
     if os.environ.get("NCCL_TEST_LEAVE"):  # exit holding the communicator, as a crashed rank does

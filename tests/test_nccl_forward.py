@@ -85,7 +85,8 @@ def test_spread_ranks_run_nccl_in_their_workers_which_connect_to_each_other(serv
     """Under `gpuattach run -n 2 --spread` each rank's NCCL calls run in its lease's worker: all-reduce and
     broadcast give the right values, the collective's bytes travel over a connection between the two
     workers (the stand-in logs no client process), another lease's communicator is refused (by the client
-    library and by the worker), a name that is not forwarded returns ncclInvalidUsage, and a destroyed
+    library and by the worker), a collective on memory that is not the lease's is refused with the
+    communicator's asynchronous error, a name that is not forwarded returns ncclInvalidUsage, and a destroyed
     communicator is refused."""
     procs, log = servers
     env, _ = env_for(tmp_path, procs, "ncclranks")
@@ -107,6 +108,7 @@ def test_spread_ranks_run_nccl_in_their_workers_which_connect_to_each_other(serv
     assert first["foreign_allreduce"] == "4", first  # refused by this process's library
     assert first["foreign_query"] == "0 4", first  # the worker answers, and refuses it: not this lease's
     assert first["unforwarded"] == "5", first  # ncclInvalidUsage
+    assert first["stray_buffer"] == "0 4", first  # enqueued, then refused: ncclInvalidArgument, kept
     assert "ncclCommShrink" in ranks[0]["err"]
 
     # Who talked to whom: every stand-in event happened in a worker process, never in a rank's.

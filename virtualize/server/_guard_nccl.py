@@ -11,7 +11,7 @@ pointer, and an id the lease did not make is refused (ncclInvalidArgument) befor
 buffers outside the lease's memory and streams that are not the lease's. A connection's communicators
 are aborted when it ends (the process is gone, as a crashed rank's are natively). Each call's NCCL result
 travels as its out `nccl`; an enqueued call (a collective, a group end) has no reply, and its error is
-kept for its communicator's next ncclCommGetAsyncError.
+kept: ncclCommGetAsyncError of its communicator (a group end's: of any) returns it from then on.
 """
 
 from __future__ import annotations
@@ -194,9 +194,8 @@ class NcclCalls(Concern):
         def run():
             comm = self._comm(comm_id)
             result, error = self._lib().comm_int("GetAsyncError", comm.real)
-            kept = comm.error or self.error
-            comm.error = self.error = SUCCESS
-            return result, kept or error, comm.nranks, comm.device, comm.rank
+            # An enqueued call's error stays, as NCCL's own asynchronous errors do: the communicator is broken.
+            return result, comm.error or self.error or error, comm.nranks, comm.device, comm.rank
 
         return self._reply(call, run)
 
