@@ -70,8 +70,11 @@ def read_back(ptr: int, size: int) -> bytes:
 def main() -> None:
     say("pid", os.getpid())
     check(cuda.cuInit(0), "cuInit")
-    ctx = c_u64()
-    check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "retain")
+    devices, ctx = ctypes.c_int(), c_u64()
+    check(cuda.cuDeviceGetCount(ctypes.byref(devices)), "cuDeviceGetCount")
+    check(
+        cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), rank % devices.value), "retain"
+    )  # as torchrun's ranks
     check(cuda.cuCtxSetCurrent(ctx), "set current")
     stream = c_u64()
     check(cuda.cuStreamCreate(ctypes.byref(stream), 0), "cuStreamCreate")
