@@ -1,5 +1,5 @@
-"""Builds gpupool's libcuda.so.1 (the remote-execution shim), its libnvidia-ml.so.1 (NVML) and the --local
-libcuda.so.1 interposer with the package; everything else is in pyproject.toml.
+"""Builds gpupool's libcuda.so.1 (the remote-execution shim), its libnvidia-ml.so.1 (NVML), libgpupool_nccl.so
+(NCCL at its API) and the --local libcuda.so.1 interposer with the package; everything else is in pyproject.toml.
 
 The shim is plain C with no CUDA headers and no Python API: it is compiled as an extension module
 only so that `pip install .` and `pip install -e .` build it wherever a C compiler exists;
@@ -38,6 +38,21 @@ setup(
             depends=["virtualize/client/nvml/nvml_stubs_gen.h"],
             extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread", "-std=gnu11"],
             extra_link_args=["-pthread", "-Wl,-soname,libnvidia-ml.so.1", "-ldl"],
+            py_limited_api=False,
+            optional=True,
+        ),
+        # libgpupool_nccl.so: NCCL forwarded at its API to the lease's worker (virtualize/client/nccl/nccl_forward.c),
+        # preloaded by `gpuattach run --spread`. Plain C, no NCCL headers.
+        Extension(
+            "virtualize.client._libgpupool_nccl",
+            sources=["virtualize/client/nccl/nccl_forward.c"],
+            depends=[
+                "virtualize/client/nccl/nccl_stubs_gen.h",
+                "virtualize/client/shim/shim.h",
+                "virtualize/client/shim/calls_gen_types.h",
+            ],
+            extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread", "-std=gnu11"],
+            extra_link_args=["-pthread", "-Wl,-soname,libgpupool_nccl.so", "-ldl"],
             py_limited_api=False,
             optional=True,
         ),

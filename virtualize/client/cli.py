@@ -187,7 +187,8 @@ def _parser() -> argparse.ArgumentParser:
         "  gpuattach run -n 2 --spread -- torchrun --nproc-per-node 2 train.py   (one GPU on each of 2 servers)\n\n"
         "placement: -n N takes N separate physical GPUs of ONE server (their GPUs talk over NVLink/PCIe there);\n"
         "--spread takes one GPU on each of N different servers instead, one lease each, and the process whose\n"
-        "LOCAL_RANK is r uses server r's GPU as its device 0 (docs/remote.md, \"Many GPUs in one run\").\n\n"
+        "LOCAL_RANK is r uses server r's GPU as its device 0 (docs/remote.md, \"Many GPUs in one run\"); its NCCL\n"
+        "runs in each rank's worker, the workers connected server to server (GPUPOOL_NCCL=off: in COMMAND).\n\n"
         "exit status: COMMAND's (128+N when signal N ended it); 125 gpuattach failed (bad usage, no GPUs\n"
         "within --timeout, bad token, pool unreachable); 126 COMMAND not executable; 127 COMMAND not found",
     )  # fmt: skip
@@ -701,6 +702,7 @@ def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
                 env.update(spread_env([answer for _, answer in run.spread]))
             else:
                 env.update(remote_env(lease))
+            _nccl_forwarding(env, spread=bool(run.spread))
         except (
             Exception
         ) as exc:  # the shim is not built, the lease has no worker, …: one line, lease released
@@ -718,6 +720,18 @@ def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
         finally:
             if view is not None:
                 view.stop()
+
+
+def _nccl_forwarding(env: dict, *, spread: bool) -> None:
+    """NCCL run by the lease's worker (libgpupool_nccl.so preloaded): for --spread runs, or GPUPOOL_NCCL=forward.
+    A note, and the program's own NCCL, where the library is not built."""
+    from virtualize.client.remote import ShimNotBuilt, nccl_env
+
+    try:
+        env.update(nccl_env(env, spread=spread))
+    except ShimNotBuilt:
+        print("gpuattach: note: gpupool's libgpupool_nccl.so is not built: NCCL runs in the command's processes, "
+              "and across servers its transfers go through this machine", file=sys.stderr)  # fmt: skip
 
 
 def _local_cuda(lease: Lease, env: dict) -> None:

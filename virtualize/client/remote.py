@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 SHIM_MODULE = "virtualize.client._libcuda_shim"
 NVML_MODULE = "virtualize.client._libnvml_shim"
 LOCAL_CUDA_MODULE = "virtualize.client._liblocalcuda"
+NCCL_MODULE = "virtualize.client._libgpupool_nccl"  # NCCL at its API (virtualize/client/nccl/nccl_forward.c)
+# Whether a run's NCCL calls go to the lease's worker (libgpupool_nccl.so preloaded): "forward" or "off";
+# unset: forwarded in `gpuattach run --spread` runs only.
+ENV_NCCL = "GPUPOOL_NCCL"
+NCCL_CHOICES = ("forward", "off")
 # What the --local interposer reads (virtualize/client/localcuda/local_cuda.c)
 ENV_REAL_LIBCUDA = "GPUPOOL_REAL_LIBCUDA"
 ENV_PARTITION_BYTES = "GPUPOOL_PARTITION_BYTES"
@@ -83,6 +88,7 @@ def compile_shim(dest_dir: Path, *, compiler: str | None = None, extra_flags: tu
 
 NVML_SOURCE = Path(__file__).parent / "nvml" / "nvml_shim.c"  # setup.py builds the same
 LOCAL_CUDA_SOURCE = Path(__file__).parent / "localcuda" / "local_cuda.c"  # setup.py builds the same
+NCCL_SOURCE = Path(__file__).parent / "nccl" / "nccl_forward.c"  # setup.py builds the same
 
 
 def _compile_one(dest_dir: Path, source: Path, soname: str, compiler: str | None) -> Path:
@@ -104,6 +110,35 @@ def compile_nvml(dest_dir: Path, *, compiler: str | None = None) -> Path:
 def compile_local_cuda(dest_dir: Path, *, compiler: str | None = None) -> Path:
     """Compile the --local interposer into `dest_dir/libcuda.so.1` without pip (GPU hosts, tests)."""
     return _compile_one(dest_dir, LOCAL_CUDA_SOURCE, "libcuda.so.1", compiler)
+
+
+def compile_nccl_forward(dest_dir: Path, *, compiler: str | None = None) -> Path:
+    """Compile libgpupool_nccl.so (NCCL forwarded at its API) into `dest_dir` without pip (GPU hosts, tests)."""
+    return _compile_one(dest_dir, NCCL_SOURCE, "libgpupool_nccl.so", compiler)
+
+
+def fresh_nccl_forward(dest_dir: Path) -> Path:
+    """libgpupool_nccl.so for test runs: compiled from this tree when a compiler is here, else the installed build."""
+    try:
+        return compile_nccl_forward(dest_dir)
+    except (ShimNotBuilt, subprocess.CalledProcessError, OSError):
+        return shim_library_path(NCCL_MODULE)
+
+
+def nccl_env(base_env: dict[str, str], *, spread: bool, library: Path | None = None) -> dict[str, str]:
+    """What makes the command's NCCL run on its lease's worker: libgpupool_nccl.so first on LD_PRELOAD (it
+    defines every NCCL name, so it wins over any libnccl the program loads). On for --spread runs
+    (`spread`), or where GPUPOOL_NCCL=forward; GPUPOOL_NCCL=off keeps the program's own NCCL. Raises
+    ValueError for another GPUPOOL_NCCL, ShimNotBuilt where the library is not built."""
+    choice = base_env.get(ENV_NCCL, "").strip().lower()
+    if choice and choice not in NCCL_CHOICES:
+        raise ValueError(f"{ENV_NCCL}={base_env[ENV_NCCL]!r} is not one of {', '.join(NCCL_CHOICES)}")
+    if choice == "off" or (not spread and choice != "forward"):
+        return {}
+    library = library or shim_library_path(NCCL_MODULE)
+    old = base_env.get("LD_PRELOAD", "")
+    kept = " ".join(p for p in old.replace(":", " ").split() if Path(p).name != library.name)
+    return {"LD_PRELOAD": f"{library} {kept}".strip(), ENV_NCCL: "forward"}
 
 
 def fresh_nvml(dest_dir: Path) -> Path:

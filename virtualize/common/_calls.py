@@ -29,6 +29,7 @@ HANDLE_TYPES = (
     "array", "mipmap",  # a CUarray, a CUmipmappedArray
     "texobj", "surfobj",  # a CUtexObject, a CUsurfObject
     "greenctx", "devres", "resdesc",  # a CUgreenCtx, a CUdevResource (its id), a CUdevResourceDesc
+    "comm",  # an NCCL communicator made on the worker (virtualize.server._guard_nccl)
 )  # fmt: skip
 SCALAR_TYPES = {"i32": "i", "u32": "I", "u64": "Q", "u8": "B", "u16": "H", "f32": "f", "dptr": "Q"}
 SCALAR_TYPES.update(dict.fromkeys(HANDLE_TYPES, "Q"))
@@ -954,6 +955,29 @@ CALLS: tuple[Call, ...] = (
        wire="u32 from_start, u32 iterator, u64 size, u32 flags, o_u32 next, o_u64 written"),
     _c("cuLogsDumpToFile", 12080, "ptr iterator, cstr path, u32 flags", L, custom=True,
        how="the worker's log read as cuLogsDumpToMemory, written to the file by the client"),
+    # -- NCCL, forwarded at its API (virtualize/client/nccl/nccl_forward.c -> virtualize.server._guard_nccl):
+    # NCCL itself runs in the worker, on the lease's GPU and streams; its bootstrap and its transports
+    # connect worker to worker. Each call's NCCL result comes back as the out `nccl` (the frame's result
+    # stays a CUresult: the connection's and the guard's own). A collective is enqueued like a launch:
+    # no reply; its error comes back with the next ncclCommGetAsyncError of that communicator.
+    _c("gpNcclVersion", 0, "o_i32 nccl, o_i32 version", symbol="-"),
+    _c("gpNcclGetUniqueId", 0, "o_i32 nccl, o_u32 size", symbol="-"),  # the id's bytes in the reply's bulk
+    # The unique id (128 bytes), then the config (NcclConfig in virtualize.server._guard_nccl) if any.
+    _c("gpNcclCommInitRank", 0, "o_i32 nccl, o_comm comm, i32 nranks, i32 rank, u32 has_config, bytes id_config",
+       symbol="-"),
+    _c("gpNcclCommSplit", 0, "o_i32 nccl, o_comm comm, comm parent, i32 color, i32 key, u32 has_config, bytes config",
+       symbol="-"),
+    _c("gpNcclCommEnd", 0, "o_i32 nccl, comm comm, u32 how", symbol="-"),  # how: finalize, destroy, abort
+    _c("gpNcclCommQuery", 0, "o_i32 nccl, o_i32 async_error, o_i32 count, o_i32 device, o_i32 rank, comm comm",
+       symbol="-"),
+    _c("gpNcclCollective", 0, "comm comm, stream stream, u64 send, u64 recv, u64 count, i32 datatype, i32 op, "
+       "i32 peer, u32 kind", A, symbol="-"),  # peer: the root, or the peer of a send or receive
+    _c("gpNcclGroup", 0, "u32 start", A, symbol="-"),
+    _c("gpNcclRedOpCreatePreMulSum", 0, "o_i32 nccl, o_i32 op, u64 scalar, i32 datatype, i32 residence, comm comm",
+       symbol="-"),  # scalar: its bytes (host-immediate) or its device address
+    _c("gpNcclRedOpDestroy", 0, "i32 op, comm comm", A, symbol="-"),
+    _c("gpNcclRegister", 0, "o_i32 nccl, o_u64 handle, comm comm, u64 buffer, u64 size", symbol="-"),
+    _c("gpNcclDeregister", 0, "o_i32 nccl, comm comm, u64 handle", symbol="-"),
     # -- error strings, answered in the client --------------------------------------------------------
     # -- the profiler: a profiler attached to the worker (nsys, ncu) sees the program's range -----------
     _c("cuProfilerStart", 4000, ""),
@@ -983,6 +1007,22 @@ WIRE_VERSION = (PROTOCOL_GENERATION << 24) | (
 )
 BY_SYMBOL: dict[str, Call] = {call.symbol: call for call in CALLS if call.symbol != "-"}
 INTERNAL: dict[str, Call] = {call.name: call for call in CALLS if call.symbol == "-"}
+
+# The NCCL calls gpNcclCollective carries, by `kind` (its position here; the client's C reads
+# GP_NCCL_<name> from the generated header): each NCCL function's name without its "nccl".
+NCCL_COLLECTIVES = (
+    "AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter", "Send", "Recv", "AlltoAll", "Gather",
+    "Scatter",
+)  # fmt: skip
+# The int fields of NCCL's ncclConfig_t after its header, in the order gpNcclCommInitRank and
+# gpNcclCommSplit carry them (a field the client's NCCL lacks crosses as NCCL_CONFIG_UNDEF_INT), then its
+# two names, NUL-terminated (virtualize.server._nccl.NcclConfig is the struct they fill).
+NCCL_CONFIG_INTS = (
+    "blocking", "cgaClusterSize", "minCTAs", "maxCTAs", "splitShare", "trafficClass", "collnetEnable",
+    "CTAPolicy", "shrinkShare", "nvlsCTAs", "nChannelsPerNetPeer", "nvlinkCentricSched", "graphUsageMode",
+    "numRmaCtx", "maxP2pPeers", "graphStreamOrdering",
+)  # fmt: skip
+NCCL_CONFIG_STRINGS = ("netName", "commName")
 
 # Bytes behind each CUpointer_attribute (cuda.h), for cuPointerGetAttribute(s).
 POINTER_ATTRIBUTE_SIZES: dict[int, int] = {

@@ -8,6 +8,7 @@ tests/test_driver_census.py fail when it is stale.
 
 from __future__ import annotations
 
+import re
 import struct
 import sys
 from pathlib import Path
@@ -21,6 +22,8 @@ from virtualize.common._calls import (
     FORWARDED_LAUNCH_ATTRIBUTES,
     HANDLE_TYPES,
     MEMO_GROUPS,
+    NCCL_COLLECTIVES,
+    NCCL_CONFIG_INTS,
     POINTER_ATTRIBUTE_SIZES,
     POOL_INT_ATTRIBUTES,
     SUBJECT_TYPES,
@@ -37,6 +40,8 @@ SHIM_DIR = Path(__file__).parent.parent / "client" / "shim"
 TYPES_OUTPUT = SHIM_DIR / "calls_gen_types.h"  # ids, wire structs, prototypes (every C file)
 BODIES_OUTPUT = SHIM_DIR / "calls_gen.h"  # plain call bodies and lookup tables (shim_calls.c only)
 EXPORTS_OUTPUT = SHIM_DIR / "exports_gen.h"  # the private export tables (shim_exports.c only)
+NCCL_DIR = SHIM_DIR.parent / "nccl"  # libgpupool_nccl.so: NCCL at its API
+NCCL_STUBS_OUTPUT = NCCL_DIR / "nccl_stubs_gen.h"  # every NCCL name nccl_forward.c does not forward
 DRIVER_SYMBOLS = SHIM_DIR / "driver_symbols.txt"  # every name the real libcuda.so.1 exports
 NATIVE_OUTPUT = (
     Path(__file__).parent.parent / "server" / "native" / "dispatch_gen.h"
@@ -215,6 +220,11 @@ def generate_types() -> str:
     ]
     for name, value in RESULTS.items():
         out.append(f"#define {name} {value}")
+    out.append("")
+    out.append("/* gpNcclCollective's kinds (NCCL_COLLECTIVES). */")
+    out.extend(f"#define GP_NCCL_{name} {kind}" for kind, name in enumerate(NCCL_COLLECTIVES))
+    out.append("/* The config's ints in their order on the wire (NCCL_CONFIG_INTS), X(field) each. */")
+    out.append("#define GP_NCCL_CONFIG_INTS(X) " + " ".join(f"X({name})" for name in NCCL_CONFIG_INTS))
     out.append("")
     for call in CALLS:
         out.append(f"#define GP_CALL_{key(call)} {CALL_IDS[call]}")
@@ -502,6 +512,34 @@ def generate_native() -> str:
     return "\n".join(out) + "\n"
 
 
+def generate_nccl_stubs() -> str:
+    """Every name NCCL exports (nccl/nccl_symbols.txt) that nccl_forward.c does not define: a profiling
+    name `pnccl…` of a forwarded one is its alias, any other a refusal (GP_STUB)."""
+    source = (NCCL_DIR / "nccl_forward.c").read_text()
+    defined = set(re.findall(r"GP_EXPORT [\w\s*]*?\b(nccl\w+)\(", source))
+    defined |= set(re.findall(r"^GP_COMM_INT\((nccl\w+),", source, re.M))
+    names = [
+        line.strip()
+        for line in (NCCL_DIR / "nccl_symbols.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    out = [
+        HEADER.replace(
+            "virtualize/common/_calls.py and _wire.py",
+            "virtualize/client/nccl/nccl_symbols.txt and nccl_forward.c",
+        ),
+        "",
+    ]
+    for name in names:
+        if name in defined:
+            continue
+        if name.startswith("p") and name[1:] in defined:
+            out.append(f"GP_ALIAS({name}, {name[1:]})")
+        else:
+            out.append(f"GP_STUB({name})")
+    return "\n".join(out) + "\n"
+
+
 def generated() -> dict[Path, str]:
     """The shim's and the native loop's generated C (the census is _census.generated(): it needs
     cuda-bindings' declarations)."""
@@ -510,6 +548,7 @@ def generated() -> dict[Path, str]:
         BODIES_OUTPUT: generate_bodies(),
         EXPORTS_OUTPUT: generate_exports(),
         NATIVE_OUTPUT: generate_native(),
+        NCCL_STUBS_OUTPUT: generate_nccl_stubs(),
     }
 
 

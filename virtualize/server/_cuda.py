@@ -51,6 +51,7 @@ CANNOT_MOVE = {
     "link": "a link in progress (cuLinkCreate)", "array": "CUDA arrays", "mipmap": "mipmapped arrays",
     "texobj": "texture objects", "surfobj": "surface objects",
     "vmem": "memory of the virtual memory API it made itself (cuMemCreate)",
+    "comm": "NCCL communicators (NCCL's connections to the other ranks' workers are this GPU's)",
 }  # fmt: skip
 SMALL_COPY = 256 << 10  # up to this, copies go through pageable memory (one driver call)
 STAGING_CHUNK = 8 << 20

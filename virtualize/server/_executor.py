@@ -133,6 +133,8 @@ GUARD_CALLS = (
     # the client's page-locked memory mapped by both (`Executor.copy_out_into`, `copy_in_from`)
     *("gpPinnedShare", "gpPinnedCopy", "gpPinnedSettle", "gpPinnedDrop"),
     *("gpLaneAttach", "gpLaneCopy", "gpLanePiece"),  # copies striped across a process's connections
+    # NCCL at its API: the server's libnccl (virtualize.server._nccl) on `Executor.nccl_buffer`, `nccl_stream`
+    *(c.name for c in CALLS if c.name.startswith("gpNccl")),
 )
 
 
@@ -573,6 +575,16 @@ class Executor(abc.ABC):
         object it made anew). All or nothing: on an exception the lease is as
         it was, on its source. Returns {"bytes": copied, "uuid": the target's}."""
         raise CudaError(NOT_SUPPORTED, self.migration_refusal(target, {}, uuid) or "")
+
+    def nccl_buffer(self, ptr: int, count: int) -> int:
+        """The address the server's NCCL is given for `count` bytes of lease memory at `ptr` (checked by
+        the guard): the same address on a GPU (the client's device addresses are the worker's)."""
+        return ptr
+
+    def nccl_stream(self, stream: int) -> int:
+        """The cudaStream_t the server's NCCL enqueues on for the client's `stream`: the same handle on a
+        GPU (a CUstream is a cudaStream_t; 0, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD read alike)."""
+        return stream
 
     def end_thread(self) -> None:  # noqa: B027 - optional hook
         """A connection's thread is done: release what the executor keeps for it."""

@@ -45,6 +45,7 @@ from virtualize.server._guard_copies import CopyCalls
 from virtualize.server._guard_graphs import GraphCalls
 from virtualize.server._guard_green import GreenCalls
 from virtualize.server._guard_launches import LaunchCalls
+from virtualize.server._guard_nccl import NcclCalls
 from virtualize.server._guard_rules import (
     ACCESS_POLICY_WINDOW,
     BUILTIN_STREAMS,
@@ -147,6 +148,9 @@ class LeaseState:
     vm_memory_holders: Counter = field(default_factory=Counter)
     vm_charged: dict[int, tuple[int, int]] = field(default_factory=dict)
     vm_mapped_at: dict[int, set[int]] = field(default_factory=dict)
+    # NCCL communicators made by the lease's processes: the id the client holds -> the server's
+    # (virtualize.server._guard_nccl.Communicator)
+    nccl_comms: dict[int, Any] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     native: Any = (
         None  # the worker's native hot path (a virtualize.server._native_dispatch.NativeLease), if any
@@ -313,6 +317,7 @@ class Session:
         self.array_calls = ArrayCalls(self)  # arrays, 3D copies, textures, surfaces
         self.graph_calls = GraphCalls(self)  # graphs built node by node, and from stream captures
         self.green_calls = GreenCalls(self)  # device resources and the green contexts made of them
+        self.nccl_calls = NcclCalls(self)  # NCCL at its API: the communicators this connection made
         self.shared: SharedHostMemory | None = None  # memory the client maps too (gpShmAttach)
         self.shared_error = 0  # the first error of the pieces of a copy through it, for its answer
         # the client's page-locked allocations this worker maps too (gpPinnedShare): its address -> the
@@ -377,6 +382,7 @@ class Session:
             **LaunchCalls(self).handlers(),
             **self.context_calls.handlers(),
             **self.green_calls.handlers(),
+            **self.nccl_calls.handlers(),
         }
         # One handler per call id, looked up by index on every request. None: not the client's to send
         # (the handshake is the worker's own; LOCAL calls never leave the client).
@@ -469,6 +475,7 @@ class Session:
                 lanes.lane_lost()  # copies waiting for pieces fail rather than wait
         with self.lease.lock:
             self.lease.callback_tokens.pop(self.callback_token, None)
+        self.nccl_calls.close()  # its NCCL communicators, aborted before their contexts go
         self.green_calls.close()  # the green contexts it made
         self.context_calls.close()  # the contexts it created, and their memory
         contexts = self.lease.primary_ctx

@@ -19,6 +19,7 @@ CUDA_ERROR_NOT_FOUND.
 from __future__ import annotations
 
 import bisect
+import ctypes
 import itertools
 import mmap
 import os
@@ -254,6 +255,15 @@ class HostExecutor(Executor):
                 if ptr - base + count <= len(mem):
                     return mem, ptr - base
         raise CudaError(CUresult.ILLEGAL_ADDRESS, f"illegal address 0x{ptr:x}")
+
+    def nccl_buffer(self, ptr: int, count: int) -> int:
+        """Host memory stands for the device here: the address in this process of the bytes behind `ptr`
+        (the test's stand-in NCCL reads and writes them)."""
+        mem, offset = self._find(ptr, count)
+        return ctypes.addressof(ctypes.c_char.from_buffer(mem)) + offset
+
+    def nccl_stream(self, stream: int) -> int:
+        return 0  # every call here has run when it returns: the stand-in NCCL works at the call too
 
     def _alloc(self, size: int) -> int:
         dev = self._ctx_device()

@@ -63,6 +63,8 @@ SHAPED_HANDLES: dict[str, dict[str, str]] = {
     "graph_kernel_node_set": {"launch": LAUNCH},
     "graph_add_event_node": {"event": "event"},
     "graph_add_conditional_node": {"ctx": "ctx"},
+    "nccl_stream": {"stream": "stream"},
+    "nccl_buffer": {},  # its address is mapped (SHAPED_ADDRESSES)
     **{method: {"stream": "stream"} for method in (
         "copy_to_device", "copy_from_device", "copy_in_from", "copy_out_into", "copy_out_to",
         "copy_from_device_async", "memset", "copy_3d", "launch_host_func", "capture_info",
@@ -72,7 +74,7 @@ SHAPED_HANDLES: dict[str, dict[str, str]] = {
 SHAPED_ADDRESSES: dict[str, tuple[str, ...]] = {
     "copy_to_device": ("dst",), "copy_from_device": ("src",), "copy_in_from": ("dst",),
     "copy_out_into": ("src",), "copy_out_to": ("src",), "copy_from_device_async": ("src",),
-    "memset": ("dst",),
+    "memset": ("dst",), "nccl_buffer": ("ptr",),
 }  # fmt: skip
 GLOBAL_GETTERS = frozenset({"cuModuleGetGlobal", "cuLibraryGetGlobal"})  # -> (address, size)
 DEVICE_PARAMS = ("dev", "device")  # the lease device a call names, where it names one

@@ -15,6 +15,9 @@ Steps (each bounded by a timeout, each PASS/FAIL/SKIP with why; the exit status 
              socket transport (P2P and SHM off; bounded at 150 s: its kernels poll mapped host memory)
   spread     two real gpupool-servers on this host, each owning one GPU (CUDA_VISIBLE_DEVICES), and
              `gpuattach run -n 2 --spread -- torchrun --nproc-per-node 2 prog_ddp.py`, gloo then NCCL
+             forwarded at its API (NCCL in each rank's worker, the workers connected over NCCL's socket
+             transport: the servers' environment), which side ran NCCL, and all_reduce busbw 1 MiB-1 GiB
+             across the two servers vs native ranks on the same socket transport
   gpuattach  the DDP run as a user types it, through a real gpupool-server:
              `gpuattach run -n 2 -- python -m torch.distributed.run --nproc-per-node 2 prog_ddp.py`
 NCCL's transport lines (`... via P2P/CUMEM`, `via NET/Socket`) are shown for each run: what crosses
@@ -26,8 +29,10 @@ for the shim (else a prebuilt virtualize/client/_libcuda_shim*.so). About 10-15 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -167,6 +172,99 @@ def compare_losses(check: str, native, remote, *, runs: str = "remote") -> None:
     record(check, "PASS" if same else "FAIL", detail)
 
 
+def busbw_table(native, remote, columns: tuple[str, str]) -> list[tuple[int, str, str, float]]:
+    """prog_allreduce.py's busbw per size, native and remote runs side by side (printed): rows of (bytes,
+    native GB/s, remote GB/s or "-" where the remote run did not get there, remote/native)."""
+    nb = dict(v.split() for v in values(native[1], "busbw"))
+    rb = dict(v.split() for v in values(remote[1], "busbw"))
+    say(f"{'size':>10} {columns[0]:>20} {columns[1]:>20} {'ratio':>8}")
+    table = []
+    for size in nb:
+        ratio = float(rb[size]) / float(nb[size]) if size in rb and float(nb[size]) else 0.0
+        table.append((int(size), nb[size], rb.get(size, "-"), ratio))
+        say(f"{int(size) >> 20:>7} MiB {nb[size]:>20} {rb.get(size, '-'):>20} {ratio:>8.0%}")
+    return table
+
+
+def nccl_path(debug_dir: Path, client_output: str) -> tuple[str, list[str]]:
+    """Where NCCL ran in a --spread run: "workers" when the servers' NCCL wrote its debug files (only the
+    servers' environment names NCCL_DEBUG_FILE), "client" when the ranks' own output has NCCL's init
+    lines, and the transport lines it printed (`... via NET/Socket/0`)."""
+    lines = [ln for f in sorted(debug_dir.glob("*.log")) for ln in f.read_text(errors="replace").splitlines()]
+    in_workers = any("Init COMPLETE" in ln or " via " in ln for ln in lines)
+    in_client = any(
+        "NCCL INFO" in ln and ("Init COMPLETE" in ln or " via " in ln) for ln in client_output.splitlines()
+    )
+    transports = sorted({ln.split("NCCL INFO", 1)[-1].strip() for ln in lines if " via " in ln})[:6]
+    where = (
+        "workers"
+        if in_workers and not in_client
+        else "client"
+        if in_client and not in_workers
+        else "both"
+        if in_workers
+        else "none"
+    )
+    return where, transports
+
+
+def spread_step(
+    work: Path, env: dict[str, str], native_two: dict[str, str], two, gloo, nccl_bound: float
+) -> None:
+    """Two real servers, each owning one GPU; one rank on each through `gpuattach run -n 2 --spread`.
+    NCCL is forwarded at its API there (libgpupool_nccl.so, preloaded by gpuattach): each rank's NCCL runs in
+    its lease's worker, and the workers' NCCL connects server to server. The servers' environment holds NCCL's
+    settings (sockets only over loopback, as two hosts would talk; debug lines to files, so the run can say
+    which side ran NCCL). Native runs use the same socket transport, so the numbers compare like for like."""
+    if importlib.util.find_spec("virtualize.client._libgpupool_nccl") is None:
+        record("--spread: NCCL runs in the workers, connected server to server", "FAIL",
+               "libgpupool_nccl.so is not built here: python setup.py build_ext --inplace (or pip install -e .)")  # fmt: skip
+        return
+    debug_dir = work / "nccl-spread"
+    debug_dir.mkdir()
+    server_env = {**env, **SOCKETS_ONLY, "NCCL_DEBUG_FILE": str(debug_dir / "%h.%p.log")}
+    with (
+        pool_server(work / "pool-a", {**server_env, "CUDA_VISIBLE_DEVICES": two[0][1]}) as a,
+        pool_server(work / "pool-b", {**server_env, "CUDA_VISIBLE_DEVICES": two[1][1]}, token=a.token) as b,
+    ):
+        spread = [
+            installed()[1],
+            "run",
+            "--server",
+            f"{a.url},{b.url}",
+            "--token",
+            a.token,
+            "-n",
+            "2",
+            "--spread",
+            "--",
+        ]
+        for label, extra, bound in (("gloo", gloo, None), ("nccl-forwarded", SOCKETS_ONLY, nccl_bound)):
+            cmd = [*spread, *torchrun("prog_ddp.py")]
+            say("$ " + " ".join(cmd))
+            n = run(f"spread-{label}-native", torchrun("prog_ddp.py"), {**native_two, **extra})
+            r = run(f"spread-{label}-remote", cmd, {**env, **extra}, timeout=bound)
+            compare_losses(f"gpuattach run -n 2 --spread (a GPU on each of two servers), DDP over {label}", n, r,
+                           runs="gpuattach")  # fmt: skip
+        where, transports = nccl_path(debug_dir, r[1] + r[2])
+        say(f"NCCL ran in: {where}; transports: {transports}")
+        record("--spread: NCCL runs in the workers, connected server to server", "PASS" if where == "workers" else "FAIL",
+               f"ran in {where}; {'; '.join(transports) or 'no transport lines'}")  # fmt: skip
+        # All-reduce bus bandwidth across the two servers, against native ranks on the same socket transport.
+        n = run("spread-allreduce-native", torchrun("prog_allreduce.py"), {**native_two, **SOCKETS_ONLY})
+        r = run("spread-allreduce-remote", [*spread, *torchrun("prog_allreduce.py")], {**env, **SOCKETS_ONLY})
+        table = busbw_table(n, r, ("native sockets GB/s", "spread GB/s"))
+        ok = n[0] == 0 and r[0] == 0 and bool(table) and all(row[2] != "-" for row in table)
+        big = table[-1] if table else None
+        record("--spread all_reduce busbw, NCCL sockets worker to worker (vs native sockets)", "PASS" if ok else "FAIL",
+               f"1 GiB: {big[2]} vs {big[1]} GB/s ({big[3]:.0%})" if big and ok else f"native exit {n[0]}, remote exit {r[0]}")  # fmt: skip
+        if OUT:
+            (OUT / "allreduce_spread.json").write_text(json.dumps(table))
+            shutil.copytree(
+                debug_dir, OUT / "logs" / "nccl-spread", dirs_exist_ok=True
+            )  # the workers' NCCL lines
+
+
 def main() -> int:
     global STEP_TIMEOUT
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -247,18 +345,9 @@ def main() -> int:
             say("\n=== allreduce: bus bandwidth, 1 MiB to 1 GiB")
             n = run("allreduce-native", torchrun("prog_allreduce.py"), native_two)
             r = run("allreduce-remote", torchrun("prog_allreduce.py"), remote_two)
-            nb, rb = (
-                dict(v.split() for v in values(n[1], "busbw")),
-                dict(v.split() for v in values(r[1], "busbw")),
-            )
-            say(f"{'size':>10} {'native GB/s':>12} {'remote GB/s':>12} {'remote/native':>14}")
-            table = []
-            for size in nb:
-                ratio = float(rb[size]) / float(nb[size]) if size in rb and float(nb[size]) else 0.0
-                table.append((int(size), nb[size], rb.get(size, "-"), ratio))
-                say(f"{int(size) >> 20:>7} MiB {nb[size]:>12} {rb.get(size, '-'):>12} {ratio:>13.0%}")
+            table = busbw_table(n, r, ("native GB/s", "remote GB/s"))
             big = table[-1][3] if table else 0.0
-            ok = n[0] == 0 and r[0] == 0 and len(rb) == len(nb) and big >= 0.9
+            ok = n[0] == 0 and r[0] == 0 and all(row[2] != "-" for row in table) and big >= 0.9
             record("all_reduce busbw, 1 GiB remote >= 90 % of native", "PASS" if ok else "FAIL",
                    f"1 GiB: {big:.0%}" if table else f"native exit {n[0]}, remote exit {r[0]}")  # fmt: skip
             if OUT:
@@ -325,24 +414,7 @@ def main() -> int:
                     "gpupool-server / gpuattach not installed",
                 )
             else:
-                # Each server owns one GPU; the second stores the first's token, so one token serves both.
-                with (
-                    pool_server(work / "pool-a", {**env, "CUDA_VISIBLE_DEVICES": two[0][1]}) as a,
-                    pool_server(
-                        work / "pool-b", {**env, "CUDA_VISIBLE_DEVICES": two[1][1]}, token=a.token
-                    ) as b,
-                ):
-                    for label, extra, bound in (
-                        ("gloo", gloo, None),
-                        ("nccl-sockets", SOCKETS_ONLY, nccl_bound),
-                    ):
-                        cmd = [installed()[1], "run", "--server", f"{a.url},{b.url}", "--token", a.token, "-n", "2",
-                               "--spread", "--", *torchrun("prog_ddp.py")]  # fmt: skip
-                        say("$ " + " ".join(cmd))
-                        n = run(f"spread-{label}-native", torchrun("prog_ddp.py"), {**native_two, **extra})
-                        r = run(f"spread-{label}-remote", cmd, {**env, **extra}, timeout=bound)
-                        compare_losses(f"gpuattach run -n 2 --spread (a GPU on each of two servers), DDP over {label}",
-                                       n, r, runs="gpuattach")  # fmt: skip
+                spread_step(work, env, native_two, two, gloo, nccl_bound)
     finally:
         for w in workers:
             w.stop()

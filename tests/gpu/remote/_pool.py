@@ -5,6 +5,7 @@ start by hand, the NVML view gpuattach would give their programs."""
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
 import subprocess
@@ -69,6 +70,10 @@ def pool_server(
             proc.kill()
             out = proc.communicate()[0]
         print("[gpupool-server log tail]\n" + "\n".join(out.splitlines()[-15:]), flush=True)
+        if os.environ.get("OUT"):  # the whole log (its workers' lines too) beside the run's other logs
+            logs = Path(os.environ["OUT"]) / "logs"
+            logs.mkdir(parents=True, exist_ok=True)
+            (logs / f"gpupool-server-{port}.log").write_text(out)
 
 
 def nvml_view_env(name: str, devices, base_env: dict[str, str], work: Path) -> dict[str, str]:

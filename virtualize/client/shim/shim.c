@@ -1026,6 +1026,15 @@ CUresult gp_call(uint32_t call, uint32_t flags, const void *args, uint32_t args_
     return r;
 }
 
+/* The entry point of gpupool's libraries that forward another API over this process's connection
+ * (libgpupool_nccl.so: NCCL at its API, virtualize/client/nccl/nccl_forward.c): one call of the table,
+ * in order with the process's CUDA calls on the same connection. */
+GP_EXPORT CUresult gpupool_forward(uint32_t call, uint32_t flags, const void *args, uint32_t args_len,
+                                   const void *bulk, uint64_t bulk_len, void *outs, uint32_t outs_len,
+                                   void *bulk_out, uint64_t bulk_out_len) {
+    return gp_call(call, flags, args, args_len, bulk, bulk_len, outs, outs_len, bulk_out, bulk_out_len);
+}
+
 /* ---- host functions the worker calls back (cuLaunchHostFunc, cuStreamAddCallback) ---------------
  *
  * When a stream reaches a host function, the worker's driver thread sends its id on a second
