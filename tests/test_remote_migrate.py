@@ -25,10 +25,10 @@ def _worker(**env):
 
 
 class Client:
-    """tests/remote_client.py's `migrate` scenario, driven step by step over its stdin."""
+    """A scenario of tests/remote_client.py (`migrate` unless named), driven step by step over its stdin."""
 
-    def __init__(self, shim: Path, handle) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(CLIENT), "migrate"], env=client_env(shim, handle),
+    def __init__(self, shim: Path, handle, scenario: str = "migrate") -> None:
+        self.proc = subprocess.Popen([sys.executable, str(CLIENT), scenario], env=client_env(shim, handle),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)  # fmt: skip
         self.seen = self.until("ready")
@@ -88,6 +88,29 @@ def test_a_lease_holding_every_object_kind_moves_and_keeps_addresses_and_content
     back = worker.migrate(0, 0)
     assert back["ok"] and back["to"] == 0, back
     _assert_intact(client.finish())
+
+
+def test_graphs_move_and_replay_as_before(shim_dir, worker):
+    """A lease holding CUDA graphs — built node by node (memset, kernel, copy, child graph, event record and
+    empty nodes), captured from a stream (a memset, a CUkernel's and a function's launches, a copy) and
+    destroyed once instantiated, instantiated graphs whose nodes were set anew or switched off — moves
+    GPU 0 -> 1 -> 0: each instantiated graph leaves the same bytes at the same addresses as before the
+    moves, and the graph, node and instantiated-graph handles the program holds still answer (its nodes
+    listed, a kernel node's function and an event node's event read back, a node set anew and run)."""
+    client = Client(shim_dir, worker, "migrate_graphs")
+    assert client.seen["distinct"] == "True"
+    for to in (1, 0):
+        moved = worker.migrate(0, to)
+        assert moved["ok"], moved
+        assert moved["objects"] >= 3 + 6 + 3  # at least the graphs, the graph's nodes, the instantiated ones
+        client.send(f"moved to {to}")
+        client.until("step")
+    result = client.finish()
+    for name in ("first", "second", "captured", "nodes"):
+        assert result[f"same_{name}"] == "True", name
+    assert result["node_function"] == "True" and result["event_node"] == "True"
+    assert result["set_after"] == "09020202"  # 0x02020202 + 7: the node set anew after the moves ran
+    assert result["finished"] == "1"
 
 
 def test_the_move_waits_for_the_call_running_then(shim_dir, worker):
