@@ -13,8 +13,9 @@ from virtualize.server._cuda import CANNOT_MOVE, CudaExecutor
 from virtualize.server._executor import CudaError, Launch
 from virtualize.server._executor_host import HostExecutor
 from virtualize.server._handles import (
+    MAPPED,
     NAMESPACE,
-    RECREATED,
+    PARAM_ALIASES,
     SHAPED_ADDRESSES,
     SHAPED_HANDLES,
     SYNTHETIC,
@@ -32,13 +33,17 @@ GUARD_SETS = {"cuCtxSynchronize": "the guard makes the context it names current 
 
 @pytest.mark.parametrize("executor", [HostExecutor, CudaExecutor], ids=["host", "cuda"])
 def test_every_declared_handle_reaches_a_parameter_of_the_same_name(executor):
-    """Each handle and device address the call table declares for a call, and each of a shaped method,
-    is a parameter of that name of the executor's method: the map finds every one (a renamed parameter
+    """Each handle and device address the call table declares for a call (graphs' included), and each of a
+    shaped method, is a parameter of that name (or its declared alias) of the executor's method: the map finds every one (a renamed parameter
     would pass the client's old value to the driver after a move)."""
     missing = []
     for name, (ins, _) in TABLE_KINDS.items():
         params = inspect.signature(getattr(executor, name)).parameters
-        missing += [(name, p) for p, kind in ins.items() if NAMESPACE[kind] in RECREATED and p not in params]
+        missing += [
+            (name, p)
+            for p, kind in ins.items()
+            if NAMESPACE[kind] in MAPPED and p not in params and PARAM_ALIASES.get(p) not in params
+        ]
     for name, ins in SHAPED_HANDLES.items():
         params = inspect.signature(getattr(executor, name)).parameters
         missing += [(name, p) for p in ins if p not in params]
