@@ -3235,7 +3235,8 @@ def scenario_migrate():
     a kernel, a stream, events, a graph and its executable, a pool, allocations from cuMemAlloc, a pool
     and the virtual memory API, a CUDA array), says `ready` and waits for the test to migrate the lease (one line on
     stdin per step: `capture` begins a stream capture and ends it at the next line, `long` launches a
-    1.5 s kernel); then checks that
+    1.5 s kernel, `memop graph` captures a graph holding a stream write and `memop graph ends` destroys
+    it); then checks that
     every address still holds its bytes and every handle still works."""
     ctx = setup()
     own = c_u64()
@@ -3296,6 +3297,15 @@ def scenario_migrate():
             captured = c_u64()
             check(cu.cuStreamEndCapture(stream, ctypes.byref(captured)), "end capture")
             check(cu.cuGraphDestroy(captured), "destroy the captured graph")
+        if line == "memop graph":  # a graph holding a captured stream write: a node a move does not build
+            memop_graph = c_u64()
+            check(cu.cuStreamBeginCapture(stream, 2), "begin capture")
+            check(
+                cu.cuStreamWriteValue32(stream, c_u64(plain + 4096), ctypes.c_uint32(1), 0), "captured write"
+            )
+            check(cu.cuStreamEndCapture(stream, ctypes.byref(memop_graph)), "end capture")
+        if line == "memop graph ends":
+            check(cu.cuGraphDestroy(memop_graph), "destroy the graph")
         if line == "green":  # a green context of the device's SMs: a partition of this GPU, which stays
             resource, desc, green = DevResource(), c_u64(), c_u64()
             check(cu.cuDeviceGetDevResource(0, ctypes.byref(resource), 1), "device resource")

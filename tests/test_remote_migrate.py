@@ -127,8 +127,9 @@ def test_the_move_waits_for_the_call_running_then(shim_dir, worker):
 
 def test_what_cannot_move_is_refused_and_the_lease_keeps_running(shim_dir, worker):
     """A GPU this host does not have, the GPU the lease is on, a device the lease lacks, a stream
-    capture in flight, and green contexts (partitions of this GPU's SMs) are each refused with a reason;
-    the lease keeps running with its memory intact."""
+    capture in flight, a graph holding a node a move does not build (a captured stream write), and green
+    contexts (partitions of this GPU's SMs) are each refused with a reason; the lease keeps running with its
+    memory intact (and moves once it let go of the graph)."""
     client = Client(shim_dir, worker)
     for device, to in ((0, 7), (0, 0), (3, 1)):
         refused = worker.migrate(device, to)
@@ -139,6 +140,14 @@ def test_what_cannot_move_is_refused_and_the_lease_keeps_running(shim_dir, worke
     client.send("capture ends")
     client.until("step")
     assert not during_capture["ok"] and "capture" in during_capture["error"]
+    client.send("memop graph")
+    client.until("step")
+    holding_memop = worker.migrate(0, 1)
+    assert not holding_memop["ok"] and "stream memory operation" in holding_memop["error"]
+    assert "failed" not in holding_memop["error"]  # refused up front, not a move that failed part-way
+    client.send("memop graph ends")
+    client.until("step")
+    assert worker.migrate(0, 1)["ok"] and worker.migrate(0, 0)["ok"]  # the graph let go of, the lease moves
     client.send("green")
     client.until("step")
     holding_green = worker.migrate(0, 1)
