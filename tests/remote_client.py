@@ -3363,7 +3363,7 @@ def scenario_migrate_graphs():
     instantiated, as PyTorch does. Runs every instantiated graph, says `ready` and waits for the test to
     migrate the lease (one line on stdin per move, `done` at the end); then runs them again and says
     whether each left the same bytes at the same addresses, and whether the graph calls still answer
-    for the handles it holds."""
+    for the handles it holds (a kernel node's function and launch attribute, an event node's event)."""
     setup()
     by = ctypes.byref
     module, library, add, fill = c_u64(), c_u64(), c_u64(), c_u64()
@@ -3402,6 +3402,8 @@ def scenario_migrate_graphs():
     check(cu.cuGraphAddChildGraphNode(by(ch), graph, by(cp), c_u64(1), child), "child node")
     check(cu.cuGraphAddEventRecordNode(by(ev), graph, by(ch), c_u64(1), event), "event record node")
     check(cu.cuGraphAddEmptyNode(by(empty), graph, None, c_u64(0)), "empty node")
+    priority = (ctypes.c_uint8 * 64)(3)  # CU_LAUNCH_ATTRIBUTE_PRIORITY 3
+    check(cu.cuGraphKernelNodeSetAttribute(k, 8, priority), "a kernel node's attribute")
     first, second, captured_exec = c_u64(), c_u64(), c_u64()
     check(cu.cuGraphInstantiateWithFlags(by(first), graph, c_u64(0)), "instantiate")
     check(cu.cuGraphExecKernelNodeSetParams(first, k, by(kernel(add, 0, 3))), "the instantiated graph's node")
@@ -3442,6 +3444,9 @@ def scenario_migrate_graphs():
     got = KernelNodeParams()
     check(cu.cuGraphKernelNodeGetParams(k, by(got)), "the kernel node's parameters")
     say("node_function", got.func == add.value)
+    attribute = (ctypes.c_uint8 * 64)()
+    check(cu.cuGraphKernelNodeGetAttribute(k, 8, attribute), "the kernel node's attribute")
+    say("node_attribute", bytes(attribute) == bytes(priority))
     kind, recorded = ctypes.c_int(-1), c_u64()
     check(cu.cuGraphNodeGetType(ev, by(kind)), "a node's type")
     check(cu.cuGraphEventRecordNodeGetEvent(ev, by(recorded)), "the event node's event")

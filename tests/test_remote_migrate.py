@@ -96,7 +96,8 @@ def test_graphs_move_and_replay_as_before(shim_dir, worker):
     destroyed once instantiated, instantiated graphs whose nodes were set anew or switched off — moves
     GPU 0 -> 1 -> 0: each instantiated graph leaves the same bytes at the same addresses as before the
     moves, and the graph, node and instantiated-graph handles the program holds still answer (its nodes
-    listed, a kernel node's function and an event node's event read back, a node set anew and run)."""
+    listed, a kernel node's function and attribute and an event node's event read back, a node set anew
+    and run)."""
     client = Client(shim_dir, worker, "migrate_graphs")
     assert client.seen["distinct"] == "True"
     for to in (1, 0):
@@ -108,7 +109,7 @@ def test_graphs_move_and_replay_as_before(shim_dir, worker):
     result = client.finish()
     for name in ("first", "second", "captured", "nodes"):
         assert result[f"same_{name}"] == "True", name
-    assert result["node_function"] == "True" and result["event_node"] == "True"
+    assert result["node_function"] == result["node_attribute"] == result["event_node"] == "True"
     assert result["set_after"] == "09020202"  # 0x02020202 + 7: the node set anew after the moves ran
     assert result["finished"] == "1"
 

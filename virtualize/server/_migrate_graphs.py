@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from virtualize.server._executor import NOT_SUPPORTED, CudaError, Launch
+from virtualize.server._guard_graphs import KERNEL_NODE_ATTRIBUTES
 
 KERNEL, MEMCPY, MEMSET, HOST, CHILD, EMPTY, WAIT_EVENT, RECORD_EVENT = range(8)  # CUgraphNodeType
 NODE_TYPES = {8: "external semaphore signal", 9: "external semaphore wait", 10: "memory allocation",
@@ -49,6 +50,7 @@ class Node:
     type: int
     params: tuple = ()  # per type: see `describe`
     child: Graph | None = None  # a child graph node's graph
+    attributes: dict[int, bytes] = field(default_factory=dict)  # a kernel node's, where set (clusters...)
 
 
 @dataclass
@@ -158,6 +160,17 @@ class Book:
                 inner.cuGraphDestroy(found.snapshot)
 
 
+def _attributes(inner, node: int) -> dict[int, bytes]:
+    """A kernel node's launch attributes that are set (a cuBLASLt kernel's cluster shape, a priority...)."""
+    found = {}
+    for attr in sorted(KERNEL_NODE_ATTRIBUTES):
+        with contextlib.suppress(CudaError):  # an attribute this driver does not know for the node
+            value = bytes(inner.cuGraphKernelNodeGetAttribute(node, attr))
+            if any(value):
+                found[attr] = value
+    return found
+
+
 def describe(inner, graph: int, layout_of: Callable[[int], list]) -> Graph:
     """The source's `graph` read node by node (refuses a node type a move does not re-create)."""
     found = Graph(graph)
@@ -166,6 +179,7 @@ def describe(inner, graph: int, layout_of: Callable[[int], list]) -> Graph:
         node = Node(value, kind)
         if kind == KERNEL:
             node.params = inner.graph_kernel_node_params(value, layout_of)
+            node.attributes = _attributes(inner, value)
         elif kind == MEMCPY:
             node.params = (inner.graph_memcpy_node_params(value),)
         elif kind == MEMSET:
@@ -217,7 +231,10 @@ def _node(inner, node: Node, graph: int, targets: Targets, nodes: dict[int, int]
         target, is_kernel = targets.function(func)
         launch = Launch(target, tuple(grid), tuple(block), shared_mem, 0, bytes(packed),
                         targets.layout(target, is_kernel), is_kernel=is_kernel)  # fmt: skip
-        return inner.graph_add_kernel_node(graph, [], launch)
+        made = inner.graph_add_kernel_node(graph, [], launch)
+        for attr, value in node.attributes.items():
+            inner.cuGraphKernelNodeSetAttribute(made, attr, value)
+        return made
     if kind == MEMCPY:
         return inner.graph_add_memcpy_node(graph, [], params[0])
     if kind == MEMSET:
