@@ -203,7 +203,7 @@ def test_a_global_variable_moves_with_its_module_and_keeps_the_clients_address()
 
 @pytest.mark.parametrize("kind", sorted(CANNOT_MOVE))
 def test_the_cuda_executor_refuses_what_it_does_not_move_and_says_what(kind):
-    """A lease holding a graph, an array, a texture, its own virtual memory, ... is refused before anything
+    """A lease holding a link in progress, an array, a texture, its own virtual memory, ... is refused before anything
     pauses, and the reason names what it holds (checked before the executor asks the driver anything)."""
     executor = object.__new__(CudaExecutor)  # its refusal of held objects needs no GPU
     reason = CudaExecutor.migration_refusal(executor, 1, {kind: 1, "stream": 3})

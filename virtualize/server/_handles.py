@@ -12,7 +12,10 @@ stream, event, module, function and pool (its arguments as the client named them
 was made in), and the calls that configured them since (`SETTERS`). A move replays them on the target,
 in order, each object's handle arguments mapped to the objects already re-created there, and from then
 on maps the client's old values to the new ones. Libraries and kernels are the process's, not a
-context's: they stay as they are and load into the target's context when first used there.
+context's: they stay as they are and load into the target's context when first used there. Graphs,
+their nodes and instantiated graphs are not replayed but read on the source and built on the target
+(`virtualize.server._migrate_graphs`); their values map the same way, a node named with an
+instantiated graph through that graph's own map.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ The worker owns every GPU object of the lease and the client holds only handles 
 its address window, so a lease can move while its processes run: the lease's calls are held at a
 point where none is executing (`Gate`), each context is synchronised (its streams drained), the
 executor copies the device's memory to the target GPU at the same addresses and re-creates what the
-processes hold there (`Executor.migrate`: all or nothing, the source untouched until it commits),
+processes hold there (`Executor.migrate`: all or nothing, the source untouched until it commits; CUDA
+graphs are read on the source and built there: `virtualize.server._migrate_graphs`),
 and the calls resume. The client notices a pause. The objects made anew have new handle values: the
 worker's executor maps the client's values to them from then on (`virtualize.server._handles`), and
 the native loop leaves every frame to the Python path, where that map is.
