@@ -969,6 +969,8 @@ class CudaExecutor(Executor):
                 _ok(driver.cuMemcpyDtoDAsync(scratch + offset, m.base, m.size, stream))
                 offset += m.size
             _ok(driver.cuStreamSynchronize(stream))
+            for m in mine:  # the target reaches the lease's memory at its addresses while its objects
+                _ok(driver.cuMemSetAccess(m.base, m.size, both, len(both)))  # are made (graphs' nodes)
             self.real[device] = ordinal  # the device's objects are made on the target from here
             try:
                 recreate()
