@@ -348,6 +348,11 @@ class Translated:
         self.inner.set_context(self.map.real("ctx", ctx) if self.generation else ctx)
         self.local.ctx, self.local.generation = ctx, self.generation
 
+    def current(self) -> None:
+        """This thread's context is the client's current one as of the last move (the native loop calls
+        the driver on the connection's thread)."""
+        self._current()
+
     def _current(self) -> None:
         """This thread's context is the client's current one as of the last move."""
         local = self.local
