@@ -143,8 +143,8 @@ def _windows_held(lease):
 
 
 def _native_paused(worker, timeout: float) -> None:
-    """The native loop leaves every frame to the Python path (gated, translated) from now on, and the
-    calls it is inside of return first."""
+    """The native loop leaves every frame to the Python path (gated, translated) until the lease has
+    moved (`NativeLease.moved`), and the calls it is inside of return first."""
     native = worker.native
     if native is None:
         return
