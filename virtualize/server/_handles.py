@@ -593,8 +593,8 @@ class Translated:
         plans.exec_values = {e: self.map.real("graphexec", e) for e, _, _ in plans.execs}
         kernels: dict[int, dict[int, int]] = {}  # per context: its functions of the lease's kernels
         for ctx, func in plans.functions():
-            if func not in plans.origins:
-                plans.origins[func] = self._origin(func, ctx, kernels)
+            if func not in plans.origins:  # (a graph made with no context current: the device's first)
+                plans.origins[func] = self._origin(func, ctx or next(iter(contexts), 0), kernels)
         return plans
 
     def _origin(self, func: int, ctx: int, kernels: dict[int, dict[int, int]]) -> tuple[str, int]:
@@ -635,7 +635,7 @@ class Translated:
         targets = graphs.Targets(function, event, self.inner.param_layout)
         fallback = next((made["ctx", c] for c in self.contexts(device) if ("ctx", c) in made), None)
         for g, ctx, plan in plans.graphs:
-            self.inner.set_context(made.get(("ctx", ctx), fallback))
+            self._target_context(made.get(("ctx", ctx), fallback))
             new, nodes = self.inner.cuGraphCreate(0), {}
             graphs.build(self.inner, plan, new, targets, nodes)
             made["graph", g] = new
@@ -644,7 +644,7 @@ class Translated:
                 made["graph", self.map.client("graph", source)] = real
         rebuilt = []
         for e, kept, plan in plans.execs:
-            self.inner.set_context(made.get(("ctx", kept.ctx), fallback))
+            self._target_context(made.get(("ctx", kept.ctx), fallback))
             snapshot, nodes = self.inner.cuGraphCreate(0), {}
             graphs.build(self.inner, plan, snapshot, targets, nodes)
             new = self.inner.cuGraphInstantiateWithFlags(snapshot, kept.flags)
@@ -654,6 +654,10 @@ class Translated:
                 self._set_anew(method, args, new, twins, made)
             rebuilt.append((e, replace(kept, snapshot=snapshot, twins=twins, setters=dict(kept.setters))))
         return rebuilt
+
+    def _target_context(self, ctx: int | None) -> None:
+        if ctx:  # a lease with no context on the device builds no node that needs one
+            self.inner.set_context(ctx)
 
     def _set_anew(self, method: str, args: tuple, graph_exec: int, twins: dict[int, int], made: dict) -> None:
         """A call that set an instantiated graph's node, replayed on the target's instantiated graph."""
