@@ -273,6 +273,10 @@ class Translated:
         self.alive = alive  # whether the lease still holds a handle (the guard's tables)
         self.held = held  # the handles of a kind the lease holds
         self.book = graphs.Book()  # its graphs and instantiated graphs, as a move reads and builds them
+        # The CUkernels launched, per the client's context, and the executor's function of each there (what
+        # a captured launch's kernel node names): a move finds the kernel of such a node by it.
+        self.kernels_launched: set[tuple[int, int]] = set()
+        self.kernel_functions: dict[int, dict[int, int]] = {}  # the client's context -> function -> kernel
         self.map = HandleMap()
         self.addresses = Addresses()
         self.globals: dict[int, GlobalVariable] = {}  # the client's address of each -> how it got it
@@ -339,6 +343,11 @@ class Translated:
                 self._forget(NAMESPACE[destroys], given[0])
             if booked:
                 self._book(name, given, args, result, exec_node)
+            elif (
+                name == "launch"
+                and (getattr(self.local, "ctx", 0), given[0].func) not in self.kernels_launched
+            ):
+                self._kernel_launched(given[0].func)
             return result
 
         call.__name__ = name
@@ -453,6 +462,15 @@ class Translated:
         elif exec_node is not None and given[exec_node[0]]:  # graph_host_node_set names no exec: a graph's
             self.book.set_anew(name, given, *exec_node)
 
+    def _kernel_launched(self, func: int) -> None:
+        """A launch's function first seen in this context: a CUkernel's function here is noted."""
+        ctx = getattr(self.local, "ctx", 0)
+        if self.alive("kernel", func):
+            function = self.inner.cuKernelGetFunction(func)
+            with self.record_lock:
+                self.kernel_functions.setdefault(ctx, {})[function] = func
+        self.kernels_launched.add((ctx, func))
+
     def _client_node(self, node: int) -> int:
         return self.map.client("node", node)
 
@@ -538,6 +556,7 @@ class Translated:
         placed: list[tuple[int, int, int]] = []  # the globals' (client's address, size, target's address)
         plans = self._graph_plans(device)  # read on the source before anything is made on the target
         rebuilt: list[tuple[int, graphs.Instantiated]] = []
+        kernel_functions: dict[int, dict[int, int]] = {}
 
         def recreate() -> list[tuple[str, int, int]]:
             for record in records:
@@ -545,6 +564,7 @@ class Translated:
             for address, variable in variables:
                 placed.extend(self._global_moved(address, variable, made))
             rebuilt.extend(self._graphs_built(device, plans, made))
+            kernel_functions.update(self._kernel_functions_on_target(made))
             return [(ns, self.map.real(ns, client), real) for (ns, client), real in made.items()]
 
         moved = self.inner.migrate(device, target, mappings, recreate, **where)
@@ -553,6 +573,8 @@ class Translated:
         for address, size, real in placed:
             self.addresses.move(address, size, real)
         self._graphs_committed(plans, rebuilt)
+        with self.record_lock:
+            self.kernel_functions.update(kernel_functions)
         self.generation += 1
         for name in self.cached:  # wrapped anew: every call first sets its thread's context to the new one
             self.__dict__.pop(name, None)
@@ -605,7 +627,10 @@ class Translated:
             return "func", client
         if self.alive("kernel", func):
             return "kernel", func
-        if ctx not in kernels:  # a launch of a CUkernel captured: the driver names its function
+        launched = self.kernel_functions.get(ctx, {}).get(func)
+        if launched is not None and self.alive("kernel", launched):  # a captured launch of a CUkernel
+            return "kernel", launched
+        if ctx not in kernels:  # else ask the driver for each of the lease's kernels' function there
             self.inner.set_context(self.map.real("ctx", ctx))
             kernels[ctx] = {self.inner.cuKernelGetFunction(k): k for k in self.held("kernel")}
         if func in kernels[ctx]:
@@ -654,6 +679,16 @@ class Translated:
                 self._set_anew(method, args, new, twins, made)
             rebuilt.append((e, replace(kept, snapshot=snapshot, twins=twins, setters=dict(kept.setters))))
         return rebuilt
+
+    def _kernel_functions_on_target(self, made: dict) -> dict[int, dict[int, int]]:
+        """The launched CUkernels' functions in the moved contexts, on the target (what the kernel nodes
+        of graphs captured after the move name)."""
+        found: dict[int, dict[int, int]] = {}
+        for ctx, func in sorted(self.kernels_launched):
+            if ("ctx", ctx) in made and self.alive("kernel", func):
+                self.inner.set_context(made["ctx", ctx])
+                found.setdefault(ctx, {})[self.inner.cuKernelGetFunction(func)] = func
+        return found
 
     def _target_context(self, ctx: int | None) -> None:
         if ctx:  # a lease with no context on the device builds no node that needs one
