@@ -3357,9 +3357,9 @@ def scenario_migrate():
 
 def scenario_migrate_graphs():
     """Holds graphs a move must build again on the target: one built node by node (memset, kernel, copy,
-    child graph, event record and empty nodes), instantiated twice (the first instantiated graph's
+    child graph, event record, host and empty nodes), instantiated twice (the first instantiated graph's
     kernel node set anew, then the graph's own; a copy node switched off in the second), and one captured
-    from a stream (a memset, a CUkernel's and a function's launches, a copy) and destroyed once
+    from a stream (a memset, a CUkernel's and a function's launches, a copy, a host function) and destroyed once
     instantiated, as PyTorch does. Runs every instantiated graph, says `ready` and waits for the test to
     migrate the lease (one line on stdin per move, `done` at the end); then runs them again and says
     whether each left the same bytes at the same addresses, and whether the graph calls still answer
@@ -3402,6 +3402,11 @@ def scenario_migrate_graphs():
     check(cu.cuGraphAddChildGraphNode(by(ch), graph, by(cp), c_u64(1), child), "child node")
     check(cu.cuGraphAddEventRecordNode(by(ev), graph, by(ch), c_u64(1), event), "event record node")
     check(cu.cuGraphAddEmptyNode(by(empty), graph, None, c_u64(0)), "empty node")
+    ran = []  # what the host node and the captured host function were given, as they ran
+    recorder = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(ran.append)
+    host_node = c_u64()
+    host_params = (ctypes.c_void_p * 2)(ctypes.cast(recorder, ctypes.c_void_p), 5)
+    check(cu.cuGraphAddHostNode(by(host_node), graph, by(ev), c_u64(1), host_params), "host node")
     priority = (ctypes.c_uint8 * 64)(3)  # CU_LAUNCH_ATTRIBUTE_PRIORITY 3
     check(cu.cuGraphKernelNodeSetAttribute(k, 8, priority), "a kernel node's attribute")
     first, second, captured_exec = c_u64(), c_u64(), c_u64()
@@ -3416,6 +3421,7 @@ def scenario_migrate_graphs():
     check(cu.cuLaunchKernel(fill, 1, 1, 1, 16, 1, 1, 0, stream, args(320, 9), None), "captured kernel")
     check(cu.cuLaunchKernel(add, 1, 1, 1, 16, 1, 1, 0, stream, args(256, 4), None), "captured function")
     check(cu.cuMemcpyDtoDAsync(c_u64(buf + 384), c_u64(buf + 256), c_u64(64), stream), "captured copy")
+    check(cu.cuLaunchHostFunc(stream, recorder, ctypes.c_void_p(6)), "captured host function")
     check(cu.cuStreamEndCapture(stream, by(captured)), "end capture")
     check(cu.cuGraphInstantiateWithFlags(by(captured_exec), captured, c_u64(0)), "instantiate the capture")
     check(cu.cuGraphDestroy(captured), "the captured graph destroyed")
@@ -3432,15 +3438,19 @@ def scenario_migrate_graphs():
 
     before = run_all()
     say("distinct", len(set(before)) == 3)  # each instantiated graph does something of its own
+    host_calls = list(ran)
     say("ready", 1)
     while sys.stdin.readline().strip() not in ("", "done"):  # the test migrates meanwhile
         say("step", 1)
+    del ran[:]
     after = run_all()
+    say("same_host_calls", ran == host_calls == [5, 5, 6])
     for name, was, now in zip(("first", "second", "captured"), before, after, strict=True):
         say(f"same_{name}", was == now)
     count, nodes = c_u64(8), (c_u64 * 8)()
     check(cu.cuGraphGetNodes(graph, nodes, by(count)), "the graph's nodes")
-    say("same_nodes", sorted(nodes[: count.value]) == sorted(n.value for n in (ms, k, cp, ch, ev, empty)))
+    held = (ms, k, cp, ch, ev, empty, host_node)
+    say("same_nodes", sorted(nodes[: count.value]) == sorted(n.value for n in held))
     got = KernelNodeParams()
     check(cu.cuGraphKernelNodeGetParams(k, by(got)), "the kernel node's parameters")
     say("node_function", got.func == add.value)

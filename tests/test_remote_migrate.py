@@ -91,9 +91,9 @@ def test_a_lease_holding_every_object_kind_moves_and_keeps_addresses_and_content
 
 
 def test_graphs_move_and_replay_as_before(shim_dir, worker):
-    """A lease holding CUDA graphs — built node by node (memset, kernel, copy, child graph, event record and
-    empty nodes), captured from a stream (a memset, a CUkernel's and a function's launches, a copy) and
-    destroyed once instantiated, instantiated graphs whose nodes were set anew or switched off — moves
+    """A lease holding CUDA graphs — built node by node (memset, kernel, copy, child graph, event record, host
+    and empty nodes), captured from a stream (a memset, a CUkernel's and a function's launches, a copy, a
+    host function) and destroyed once instantiated, instantiated graphs whose nodes were set anew or switched off — moves
     GPU 0 -> 1 -> 0: each instantiated graph leaves the same bytes at the same addresses as before the
     moves, and the graph, node and instantiated-graph handles the program holds still answer (its nodes
     listed, a kernel node's function and attribute and an event node's event read back, a node set anew
@@ -103,11 +103,11 @@ def test_graphs_move_and_replay_as_before(shim_dir, worker):
     for to in (1, 0):
         moved = worker.migrate(0, to)
         assert moved["ok"], moved
-        assert moved["objects"] >= 3 + 6 + 3  # at least the graphs, the graph's nodes, the instantiated ones
+        assert moved["objects"] >= 3 + 7 + 3  # at least the graphs, the graph's nodes, the instantiated ones
         client.send(f"moved to {to}")
         client.until("step")
     result = client.finish()
-    for name in ("first", "second", "captured", "nodes"):
+    for name in ("first", "second", "captured", "nodes", "host_calls"):
         assert result[f"same_{name}"] == "True", name
     assert result["node_function"] == result["node_attribute"] == result["event_node"] == "True"
     assert result["set_after"] == "09020202"  # 0x02020202 + 7: the node set anew after the moves ran
