@@ -232,8 +232,10 @@ def _node(inner, node: Node, graph: int, targets: Targets, nodes: dict[int, int]
         launch = Launch(target, tuple(grid), tuple(block), shared_mem, 0, bytes(packed),
                         targets.layout(target, is_kernel), is_kernel=is_kernel)  # fmt: skip
         made = inner.graph_add_kernel_node(graph, [], launch)
+        built = _attributes(inner, made)  # what the node has already (a cluster shape compiled in, ...)
         for attr, value in node.attributes.items():
-            inner.cuGraphKernelNodeSetAttribute(made, attr, value)
+            if built.get(attr) != value:
+                inner.cuGraphKernelNodeSetAttribute(made, attr, value)
         return made
     if kind == MEMCPY:
         return inner.graph_add_memcpy_node(graph, [], params[0])
