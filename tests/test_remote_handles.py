@@ -208,3 +208,27 @@ def test_the_cuda_executor_refuses_what_it_does_not_move_and_says_what(kind):
     executor = object.__new__(CudaExecutor)  # its refusal of held objects needs no GPU
     reason = CudaExecutor.migration_refusal(executor, 1, {kind: 1, "stream": 3})
     assert reason and CANNOT_MOVE[kind] in reason
+
+
+def test_a_graph_the_driver_does_not_clone_runs_on_and_keeps_the_lease_from_moving(lease, monkeypatch):
+    """At instantiation the worker keeps a clone of the graph for a move; where the driver refuses the
+    clone, the program's instantiated graph still runs, and a move is refused up front with the reason."""
+    translated, held = lease
+    made = _make(translated, held)
+    graph = translated.cuGraphCreate(0)
+    ptr = translated.cuMemAlloc(4096)
+    translated.graph_add_memset_node(graph, [], ptr, 0, 7, 1, 16, 1)
+
+    def no_clone(graph):
+        raise CudaError(CUresult.NOT_SUPPORTED, "this graph cannot be cloned")
+
+    monkeypatch.setattr(translated.inner, "cuGraphClone", no_clone)
+    graph_exec = translated.cuGraphInstantiateWithFlags(graph, 0)  # the program's call succeeds
+    held.setdefault("graph", set()).add(graph)
+    held.setdefault("graphexec", set()).add(graph_exec)
+    translated.cuGraphLaunch(graph_exec, made["stream"])
+    got = bytearray()
+    translated.copy_from_device(ptr, 16, made["stream"], got.extend)
+    assert got == bytes([7]) * 16
+    reason = translated.migration_refusal(1, {})
+    assert reason and "clone" in reason

@@ -599,7 +599,7 @@ class Translated:
         with self.record_lock:
             contexts = {r.made[1]: r.device for r in self.records.values() if r.made and r.made[0] == "ctx"}
         with self.book.lock:
-            held = [(g, ctx) for g, ctx in self.book.graphs.items() if self.alive("graph", g)]
+            made_graphs = [(g, ctx) for g, ctx in self.book.graphs.items() if self.alive("graph", g)]
             execs = [(e, x) for e, x in self.book.execs.items() if self.alive("graphexec", e)]
 
         def mine(ctx: int) -> bool:  # a graph made with no context current goes with any move
@@ -609,8 +609,9 @@ class Translated:
             return self.inner.param_layout(func, self.alive("kernel", func))
 
         plans = graphs.Plans(
-            [(g, ctx, graphs.describe(self.inner, self.map.real("graph", g), layout_of)) for g, ctx in held if mine(ctx)],
-            [(e, x, graphs.describe(self.inner, x.snapshot, layout_of)) for e, x in execs if mine(x.ctx)],
+            [(g, ctx, graphs.describe(self.inner, self.map.real("graph", g), layout_of))
+             for g, ctx in made_graphs if mine(ctx)],
+            [(e, x, graphs.describe(self.inner, x.snapshot, layout_of, x.unkept)) for e, x in execs if mine(x.ctx)],
         )  # fmt: skip
         plans.exec_values = {e: self.map.real("graphexec", e) for e, _, _ in plans.execs}
         kernels: dict[int, dict[int, int]] = {}  # per context: its functions of the lease's kernels

@@ -73,6 +73,7 @@ class Instantiated:
     ctx: int  # the client's context current at instantiation
     twins: dict[int, int]  # the client's node of `graph` -> its twin in `snapshot` (the executor's)
     setters: dict[tuple, tuple] = field(default_factory=dict)  # (method, node) -> the newest call's args
+    unkept: str = ""  # why no snapshot could be kept (snapshot 0): a move refuses the lease then
 
 
 @dataclass
@@ -121,17 +122,25 @@ class Book:
 
     def instantiated(self, inner, graph_exec: int, graph: int, real_graph: int, flags: int, ctx: int,
                      client_node: Callable[[int], int]) -> None:  # fmt: skip
-        """Keep a clone of the graph as it is at instantiation, and which of its nodes is which there."""
-        snapshot = inner.cuGraphClone(real_graph)
-        twins = {
-            client_node(n): inner.cuGraphNodeFindInClone(n, snapshot) for n in inner.graph_nodes(real_graph)
-        }
+        """Keep a clone of the graph as it is at instantiation, and which of its nodes is which there (a
+        graph the driver does not clone only keeps the lease from moving, not the program from running)."""
+        snapshot, twins, unkept = 0, {}, ""
+        try:
+            snapshot = inner.cuGraphClone(real_graph)
+            for n in inner.graph_nodes(real_graph):
+                twins[client_node(n)] = inner.cuGraphNodeFindInClone(n, snapshot)
+        except CudaError as exc:
+            unkept = f"an instantiated graph whose graph the driver did not clone: {exc}"
+            if snapshot:
+                with contextlib.suppress(CudaError):
+                    inner.cuGraphDestroy(snapshot)
+                snapshot = 0
         with self.lock:
             old = self.execs.get(graph_exec)
             self.execs[graph_exec] = Instantiated(graph, snapshot, flags if old is None else old.flags,
-                                                  ctx if old is None else old.ctx, twins)  # fmt: skip
+                                                  ctx if old is None else old.ctx, twins, unkept=unkept)  # fmt: skip
             self.exec_nodes.pop(graph_exec, None)
-        if old is not None:
+        if old is not None and old.snapshot:
             with contextlib.suppress(CudaError):
                 inner.cuGraphDestroy(old.snapshot)
 
@@ -155,7 +164,7 @@ class Book:
         with self.lock:
             found = self.execs.pop(graph_exec, None)
             self.exec_nodes.pop(graph_exec, None)
-        if found is not None:
+        if found is not None and found.snapshot:
             with contextlib.suppress(CudaError):
                 inner.cuGraphDestroy(found.snapshot)
 
@@ -171,8 +180,11 @@ def _attributes(inner, node: int) -> dict[int, bytes]:
     return found
 
 
-def describe(inner, graph: int, layout_of: Callable[[int], list]) -> Graph:
-    """The source's `graph` read node by node (refuses a node type a move does not re-create)."""
+def describe(inner, graph: int, layout_of: Callable[[int], list], unkept: str = "") -> Graph:
+    """The source's `graph` read node by node (refuses a node type a move does not re-create, and an
+    instantiated graph of which no snapshot was kept: `unkept` says why)."""
+    if unkept:
+        raise CudaError(NOT_SUPPORTED, unkept)
     found = Graph(graph)
     for value in inner.graph_nodes(graph):
         kind = inner.cuGraphNodeGetType(value)
