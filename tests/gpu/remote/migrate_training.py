@@ -460,8 +460,10 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     parser.add_argument("--at", type=int, default=8, help="the step after which the lease moves (default 8)")
     parser.add_argument("--sizes", default="1,4,16", help="GiB held for the pause table (default 1,4,16)")
-    parser.add_argument("--only", nargs="*", default=["driver", "cupy", "cupy_graph", "graphed", "pause", "training"],
-                        help="parts to run")  # fmt: skip
+    part_names = ["driver", "cupy", "cupy_graph", "graphed", "pause", "training"]
+    parser.add_argument(
+        "--only", nargs="*", default=part_names, choices=part_names, help="parts to run (default: all)"
+    )
     parser.add_argument("--executor", default="cuda", choices=["cuda", "host"],
                         help="host: rehearse the driver part without a GPU (two host 'GPUs')")  # fmt: skip
     parser.add_argument("--budget", type=float, default=420, help="seconds for the whole run (default 420)")
