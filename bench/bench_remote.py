@@ -6,7 +6,9 @@ GPU server does (`--tcp`: loopback TCP, `--encrypt`: TLS 1.3, as across hosts) �
 remote as % of native:
 
   - synchronous round trip: cuCtxSynchronize on an idle GPU (µs, median)
-  - empty-kernel launches per second, pipelined (20 000 launches, then one sync)
+  - empty-kernel launches per second, pipelined (20 000 launches, then one sync); with `--move-to GPU`
+    the remote run's lease then moves to that GPU (a live migration, asked by the program itself) and
+    the launches are measured again: the rate the lease runs at after a move
   - HtoD / DtoH bandwidth, synchronous copies from pageable memory, 4 KiB .. 1 GiB (median of
     repeated copies, each followed by cuCtxSynchronize, so small sizes include one round trip)
   - cuMemcpyDtoHAsync into page-locked memory, 64 KiB .. 16 MiB: how long the call takes to return,
@@ -102,6 +104,9 @@ def child() -> None:
         out["round_trip_us"] = round_trip(cu, ok)
     if want("launches"):
         out["launches_per_s"] = launches(cu, ok, empty, stream)
+        if os.environ.get("GPUPOOL_BENCH_MOVE_TO"):  # the remote run: its lease moves, the rate again
+            out["move"] = moved_here()
+            out["launches_after_move_per_s"] = launches(cu, ok, empty, stream)
     if want("copies"):
         out["bandwidth_gb_s"], out["cpu_s_per_gb"] = copies(cu, ok, np)
     if want("dtoh_async"):
@@ -126,6 +131,18 @@ def child() -> None:
     if want("events"):
         out["event_loop_us"] = event_loop(cu, ok, saxpy, sargs, stream)
     print(json.dumps(out))
+
+
+def moved_here() -> dict:
+    """This program's lease moved to GPU $GPUPOOL_BENCH_MOVE_TO by its worker (asked as the pool server asks)."""
+    from server.workers import ask_migration
+
+    to, uuid = os.environ["GPUPOOL_BENCH_MOVE_TO"].split(",")
+    state = Path(os.environ["GPUPOOL_BENCH_WORKER_STATE"])
+    answer = ask_migration(state, int(os.environ["GPUPOOL_BENCH_WORKER_PID"]), 0, int(to), uuid=uuid)
+    if not answer.get("ok"):
+        raise SystemExit(f"the move to GPU {to} failed: {answer.get('error')}")
+    return answer
 
 
 def round_trip(cu, ok) -> float:
@@ -379,6 +396,9 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true",
                         help="where the remote run's time goes: the shim's per-call profile and the worker's "
                         "cProfile, written under $OUT (or the run's temporary folder)")  # fmt: skip
+    parser.add_argument("--move-to", type=int, metavar="GPU",
+                        help="after the launches, move the remote run's lease to this GPU of the host (a live "
+                        "migration) and measure the launches again")  # fmt: skip
     parser.add_argument("--netem", action="store_true",
                         help="across a tc-shaped veth link between two network namespaces (root)")  # fmt: skip
     parser.add_argument("--link-rate", default="25gbit", help="--netem: the link's rate each way (tc units)")
@@ -404,9 +424,7 @@ def main() -> int:
     if args.executor == "cuda":
         print("native run ...", flush=True)
         results["native"] = run_child(env)
-        uuid = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader", "-i", "0"],
-                              capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-        device = WorkerDevice(0, uuid, args.partition_mib << 20)
+        device = WorkerDevice(0, gpu_uuid(0), args.partition_mib << 20)
     else:
         device = WorkerDevice(0, "", args.partition_mib << 20)
     profile_dir = Path(os.environ.get("OUT") or work)
@@ -426,6 +444,10 @@ def main() -> int:
         if args.tcp:
             remote.pop("GPUPOOL_WORKER_LOCAL", None)
         remote["GPUPOOL_BENCH_WORKER_PID"] = str(worker.pid)
+        if args.move_to is not None:
+            remote["GPUPOOL_BENCH_WORKER_STATE"] = str(worker.state_dir)
+            target = gpu_uuid(args.move_to) if args.executor == "cuda" else ""
+            remote["GPUPOOL_BENCH_MOVE_TO"] = f"{args.move_to},{target}"
         profile = None
         if args.profile:
             remote[_wire.ENV_PROFILE] = "1"
@@ -439,6 +461,11 @@ def main() -> int:
         worker.stop()
     report(results)
     return finish(results, started, "bench_remote.json")
+
+
+def gpu_uuid(index: int) -> str:
+    return subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader", "-i", str(index)],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
 
 
 def patterns_arg(text: str) -> str:
@@ -614,6 +641,11 @@ def report(results: dict) -> None:
     print("| --- | --- | --- | --- |")
     row("cuCtxSynchronize round trip (median)", "round_trip_us", "µs", False)
     row("empty-kernel launches, pipelined", "launches_per_s", "/s", True, "{:,.0f}")
+    if "launches_after_move_per_s" in remote:
+        after, move = remote["launches_after_move_per_s"], remote["move"]
+        print(f"| empty-kernel launches after the lease moved GPU {move['from']} -> {move['to']} (paused "
+              f"{move['pause_s']:.3f} s) | - | {after:,.0f} /s | {after / remote['launches_per_s'] * 100:.0f} % "
+              "of the remote rate before the move |")  # fmt: skip
     row("compute-bound: 40 x ~2 ms kernels", "compute_bound_s", "s", False, "{:.3f}")
     row("launch-bound: 5 000 tiny kernels", "launch_bound_s", "s", False, "{:.3f}")
     row("graph replays (20 tiny kernels each), pipelined", "graph_replays_per_s", "/s", True, "{:,.0f}")

@@ -46,7 +46,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -75,6 +75,31 @@ class WorkerDevice:
 
 class WorkerError(ServerError):
     """The worker process could not be started."""
+
+
+def ask_migration(state_dir: Path, pid: int, device: int, to: int, timeout: float = MIGRATE_TIMEOUT_S,
+                  uuid: str = "", alive: Callable[[], bool] = lambda: True) -> dict:  # fmt: skip
+    """Ask the worker `pid` (its state directory) to move its lease's `device` to GPU `to`, and wait for its
+    answer (WorkerHandle.migrate; a program timing itself across a move asks the same way)."""
+    result = state_dir / MIGRATE_RESULT_FILE
+    result.unlink(missing_ok=True)
+    request = state_dir / MIGRATE_REQUEST_FILE
+    request.with_suffix(".partial").write_text(json.dumps({"device": device, "to": to, "uuid": uuid}))
+    request.with_suffix(".partial").replace(request)
+    try:
+        os.kill(pid, signal.SIGUSR1)
+    except ProcessLookupError:
+        return {"ok": False, "error": "the worker is gone"}
+    deadline = time.monotonic() + timeout
+    while not result.exists():
+        if not alive():
+            return {"ok": False, "error": "the worker exited during the migration"}
+        if time.monotonic() > deadline:
+            return {"ok": False, "error": f"the worker did not answer within {timeout:.0f} s"}
+        time.sleep(0.02)
+    answer = json.loads(result.read_text())
+    result.unlink(missing_ok=True)
+    return answer
 
 
 class WorkerHandle:
@@ -138,25 +163,7 @@ class WorkerHandle:
         """Move the lease's `device` (its partition order) to GPU `to` of this host (`uuid`: its UUID, how
         the worker finds it; else by index); the worker's answer (``{"ok": false, "error"}`` when it
         refused or failed: the lease still runs where it was)."""
-        result = self.state_dir / MIGRATE_RESULT_FILE
-        result.unlink(missing_ok=True)
-        request = self.state_dir / MIGRATE_REQUEST_FILE
-        request.with_suffix(".partial").write_text(json.dumps({"device": device, "to": to, "uuid": uuid}))
-        request.with_suffix(".partial").replace(request)
-        try:
-            os.kill(self.pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            return {"ok": False, "error": "the worker is gone"}
-        deadline = time.monotonic() + timeout
-        while not result.exists():
-            if not self.alive():
-                return {"ok": False, "error": "the worker exited during the migration"}
-            if time.monotonic() > deadline:
-                return {"ok": False, "error": f"the worker did not answer within {timeout:.0f} s"}
-            time.sleep(0.02)
-        answer = json.loads(result.read_text())
-        result.unlink(missing_ok=True)
-        return answer
+        return ask_migration(self.state_dir, self.pid, device, to, timeout, uuid, self.alive)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Terminate the worker (its GPU memory goes with it) and wait; kill if it does not go."""

@@ -3256,7 +3256,8 @@ def scenario_migrate():
     a kernel, a stream, events, a graph and its executable, a pool, allocations from cuMemAlloc, a pool
     and the virtual memory API, a CUDA array), says `ready` and waits for the test to migrate the lease (one line on
     stdin per step: `capture` begins a stream capture and ends it at the next line, `long` launches a
-    1.5 s kernel); then checks that
+    1.5 s kernel, `memop graph` captures a graph holding a stream write and `memop graph ends` destroys
+    it); then checks that
     every address still holds its bytes and every handle still works."""
     ctx = setup()
     own = c_u64()
@@ -3317,6 +3318,15 @@ def scenario_migrate():
             captured = c_u64()
             check(cu.cuStreamEndCapture(stream, ctypes.byref(captured)), "end capture")
             check(cu.cuGraphDestroy(captured), "destroy the captured graph")
+        if line == "memop graph":  # a graph holding a captured stream write: a node a move does not build
+            memop_graph = c_u64()
+            check(cu.cuStreamBeginCapture(stream, 2), "begin capture")
+            check(
+                cu.cuStreamWriteValue32(stream, c_u64(plain + 4096), ctypes.c_uint32(1), 0), "captured write"
+            )
+            check(cu.cuStreamEndCapture(stream, ctypes.byref(memop_graph)), "end capture")
+        if line == "memop graph ends":
+            check(cu.cuGraphDestroy(memop_graph), "destroy the graph")
         if line == "green":  # a green context of the device's SMs: a partition of this GPU, which stays
             resource, desc, green = DevResource(), c_u64(), c_u64()
             check(cu.cuDeviceGetDevResource(0, ctypes.byref(resource), 1), "device resource")
@@ -3363,6 +3373,124 @@ def scenario_migrate():
     check(cu.cuGraphExecDestroy(exe), "graph exec destroy")
     check(cu.cuArrayDestroy(array), "array destroy")
     check(cu.cuCtxDestroy(own), "context destroy")
+    say("finished", 1)
+
+
+def scenario_migrate_graphs():
+    """Holds graphs a move must build again on the target: one built node by node (memset, kernel, copy,
+    child graph, event record, host and empty nodes), instantiated twice (the first instantiated graph's
+    kernel node set anew, then the graph's own; a copy node switched off in the second), and one captured
+    from a stream (a memset, a CUkernel's and a function's launches, a copy, a host function) and destroyed once
+    instantiated, as PyTorch does. Runs every instantiated graph, says `ready` and waits for the test to
+    migrate the lease (one line on stdin per move, `done` at the end); then runs them again and says
+    whether each left the same bytes at the same addresses, and whether the graph calls still answer
+    for the handles it holds (a kernel node's function and launch attribute, an event node's event)."""
+    setup()
+    by = ctypes.byref
+    module, library, add, fill = c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuModuleLoadData(by(module), b"// module\n"), "load")
+    check(cu.cuModuleGetFunction(by(add), module, b"add_u32"), "function")
+    check(cu.cuLibraryLoadData(by(library), b"// lib\n", None, None, 0, None, None, 0), "library")
+    check(cu.cuLibraryGetKernel(by(fill), library, b"fill_u32"), "kernel")
+    stream, event = c_u64(), c_u64()
+    check(cu.cuStreamCreate(by(stream), 0), "stream")
+    check(cu.cuEventCreate(by(event), 0), "event")
+    rc, buf = alloc(4096)
+    check(rc, "alloc")
+    keep = []
+
+    def args(at, value):
+        values = [c_u64(buf + at), ctypes.c_uint32(value), ctypes.c_uint32(16)]
+        pointers = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in values])
+        keep.append((values, pointers))
+        return pointers
+
+    def kernel(func, at, value):
+        return KernelNodeParams(func.value, (ctypes.c_uint32 * 6)(1, 1, 1, 16, 1, 1), 0, 0,
+                                ctypes.cast(args(at, value), ctypes.c_void_p))  # fmt: skip
+
+    graph, child, ms, k, cp, ch, ev, empty, inner = (c_u64() for _ in range(9))
+    check(cu.cuGraphCreate(by(graph), 0), "graph")
+    check(cu.cuGraphCreate(by(child), 0), "child graph")
+    check(
+        cu.cuGraphAddKernelNode(by(inner), child, None, c_u64(0), by(kernel(add, 64, 10))), "child's kernel"
+    )
+    check(cu.cuGraphAddMemsetNode(by(ms), graph, None, c_u64(0), memset_node(buf, 2, 64), c_u64(0)), "memset")
+    check(cu.cuGraphAddKernelNode(by(k), graph, by(ms), c_u64(1), by(kernel(add, 0, 1))), "kernel node")
+    check(
+        cu.cuGraphAddMemcpyNode(by(cp), graph, by(k), c_u64(1), memcpy3d(buf, buf + 64, 64), c_u64(0)), "copy"
+    )
+    check(cu.cuGraphAddChildGraphNode(by(ch), graph, by(cp), c_u64(1), child), "child node")
+    check(cu.cuGraphAddEventRecordNode(by(ev), graph, by(ch), c_u64(1), event), "event record node")
+    check(cu.cuGraphAddEmptyNode(by(empty), graph, None, c_u64(0)), "empty node")
+    ran = []  # what the host node and the captured host function were given, as they ran
+    recorder = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(ran.append)
+    host_node = c_u64()
+    host_params = (ctypes.c_void_p * 2)(ctypes.cast(recorder, ctypes.c_void_p), 5)
+    check(cu.cuGraphAddHostNode(by(host_node), graph, by(ev), c_u64(1), host_params), "host node")
+    priority = (ctypes.c_uint8 * 64)(3)  # CU_LAUNCH_ATTRIBUTE_PRIORITY 3
+    check(cu.cuGraphKernelNodeSetAttribute(k, 8, priority), "a kernel node's attribute")
+    first, second, captured_exec = c_u64(), c_u64(), c_u64()
+    check(cu.cuGraphInstantiateWithFlags(by(first), graph, c_u64(0)), "instantiate")
+    check(cu.cuGraphExecKernelNodeSetParams(first, k, by(kernel(add, 0, 3))), "the instantiated graph's node")
+    check(cu.cuGraphKernelNodeSetParams(k, by(kernel(add, 0, 100))), "the graph's node")
+    check(cu.cuGraphInstantiateWithFlags(by(second), graph, c_u64(0)), "instantiate again")
+    check(cu.cuGraphNodeSetEnabled(second, cp, 0), "the copy off")
+    captured = c_u64()
+    check(cu.cuStreamBeginCapture(stream, 2), "begin capture")  # relaxed
+    check(cu.cuMemsetD32Async(c_u64(buf + 256), ctypes.c_uint32(5), c_u64(16), stream), "captured memset")
+    check(cu.cuLaunchKernel(fill, 1, 1, 1, 16, 1, 1, 0, stream, args(320, 9), None), "captured kernel")
+    check(cu.cuLaunchKernel(add, 1, 1, 1, 16, 1, 1, 0, stream, args(256, 4), None), "captured function")
+    check(cu.cuMemcpyDtoDAsync(c_u64(buf + 384), c_u64(buf + 256), c_u64(64), stream), "captured copy")
+    check(cu.cuLaunchHostFunc(stream, recorder, ctypes.c_void_p(6)), "captured host function")
+    check(cu.cuStreamEndCapture(stream, by(captured)), "end capture")
+    check(cu.cuGraphInstantiateWithFlags(by(captured_exec), captured, c_u64(0)), "instantiate the capture")
+    check(cu.cuGraphDestroy(captured), "the captured graph destroyed")
+
+    def run_all():
+        """What each instantiated graph leaves in the buffer, run from zeros."""
+        found = []
+        for exe in (first, second, captured_exec):
+            check(cu.cuMemsetD8(c_u64(buf), 0, c_u64(512)), "zeros")
+            check(cu.cuGraphLaunch(exe, stream), "graph launch")
+            check(cu.cuStreamSynchronize(stream), "sync")
+            found.append(dtoh(buf, 512)[1])
+        return found
+
+    before = run_all()
+    say("distinct", len(set(before)) == 3)  # each instantiated graph does something of its own
+    host_calls = list(ran)
+    say("ready", 1)
+    while sys.stdin.readline().strip() not in ("", "done"):  # the test migrates meanwhile
+        say("step", 1)
+    del ran[:]
+    after = run_all()
+    say("same_host_calls", ran == host_calls == [5, 5, 6])
+    for name, was, now in zip(("first", "second", "captured"), before, after, strict=True):
+        say(f"same_{name}", was == now)
+    count, nodes = c_u64(8), (c_u64 * 8)()
+    check(cu.cuGraphGetNodes(graph, nodes, by(count)), "the graph's nodes")
+    held = (ms, k, cp, ch, ev, empty, host_node)
+    say("same_nodes", sorted(nodes[: count.value]) == sorted(n.value for n in held))
+    got = KernelNodeParams()
+    check(cu.cuGraphKernelNodeGetParams(k, by(got)), "the kernel node's parameters")
+    say("node_function", got.func == add.value)
+    attribute = (ctypes.c_uint8 * 64)()
+    check(cu.cuGraphKernelNodeGetAttribute(k, 8, attribute), "the kernel node's attribute")
+    say("node_attribute", bytes(attribute) == bytes(priority))
+    kind, recorded = ctypes.c_int(-1), c_u64()
+    check(cu.cuGraphNodeGetType(ev, by(kind)), "a node's type")
+    check(cu.cuGraphEventRecordNodeGetEvent(ev, by(recorded)), "the event node's event")
+    say("event_node", kind.value == 7 and recorded.value == event.value)
+    check(cu.cuGraphExecKernelNodeSetParams(first, k, by(kernel(add, 0, 7))), "set anew after the move")
+    check(cu.cuMemsetD8(c_u64(buf), 0, c_u64(512)), "zeros")
+    check(cu.cuGraphLaunch(first, stream), "graph launch")
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("set_after", dtoh(buf, 4)[1].hex())
+    for exe in (first, second, captured_exec):
+        check(cu.cuGraphExecDestroy(exe), "graph exec destroy")
+    check(cu.cuGraphDestroy(graph), "graph destroy")
+    check(cu.cuGraphDestroy(child), "child graph destroy")
     say("finished", 1)
 
 

@@ -52,3 +52,21 @@ def test_the_host_executor_benchmark_measures_graph_replays_and_event_loops(tmp_
     remote = json.loads((tmp_path / "bench_remote.json").read_text())["remote"]
     assert remote["graph_replays_per_s"] > 0 and remote["event_loop_us"] > 0
     assert "graph replays" in proc.stdout and "event loop" in proc.stdout
+
+
+@needs_cc
+def test_the_host_executor_benchmark_measures_launches_after_a_live_migration(tmp_path):
+    """With --move-to, the remote program's lease moves to the other host "GPU" between two launch
+    measurements (the program asks its worker, as the pool server does): both rates are reported, and the
+    move's answer with them."""
+    env = {**os.environ, "OUT": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_remote.py"), "--executor", "host", "--patterns",
+         "launches", "--move-to", "1", "--partition-mib", "64"],
+        env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    remote = json.loads((tmp_path / "bench_remote.json").read_text())["remote"]
+    assert remote["move"]["ok"] and (remote["move"]["from"], remote["move"]["to"]) == (0, 1)
+    assert remote["launches_per_s"] > 0 and remote["launches_after_move_per_s"] > 0
+    assert "after the lease moved" in proc.stdout

@@ -9,6 +9,7 @@ newly served in C, or a rule tightened in Python but not in C's generated table,
 
 from __future__ import annotations
 
+import inspect
 import socket
 import struct
 
@@ -25,9 +26,11 @@ from test_remote_native_dispatch import (
 )
 
 from virtualize.common import _shimgen, _wire
-from virtualize.common._calls import CALL_IDS, Call
+from virtualize.common._calls import CALL_IDS, CALLS, Call
 from virtualize.server import _guard_rules, _native_dispatch
+from virtualize.server._executor import executor_method
 from virtualize.server._executor_guard import Allocation, LeaseState, Session
+from virtualize.server._handles import Translated
 from virtualize.server.worker import Channel
 
 pytestmark = pytest.mark.skipif(_native_dispatch._load() is None, reason="the native loop is not built")
@@ -97,12 +100,33 @@ def cases() -> list[tuple[str, Call, list[int]]]:
 
 
 CASES = cases()
+# After a live migration the client's values name new objects (the executor's values here).
+MOVED = {"stream": (STREAM, 0x15000), "event": (EVENT, 0x16000), "func": (FUNC, 0x1F00),
+         "graphexec": (GRAPH_EXEC, 0x17000)}  # fmt: skip
 
 
-def lease_with_handles() -> tuple[LeaseState, Recorder, _native_dispatch.NativeLease]:
+class NamedRecorder(Recorder):
+    """The recording executor with each per-call method's parameters named as the call table names them,
+    as the executors' are, so the worker's handle translation finds them."""
+
+    def __getattr__(self, name):
+        record = super().__getattr__(name)
+        call = next((c for c in CALLS if executor_method(c) == name), None)
+        if call is not None:
+            kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+            record.__signature__ = inspect.Signature([inspect.Parameter(p.name, kind) for p in call.ins])
+        return record
+
+
+def lease_with_handles(
+    moved: bool = False,
+) -> tuple[LeaseState, Recorder, _native_dispatch.NativeLease, object]:
+    """The lease's tables, the recording executor, the native loop, and the executor the guard calls
+    (`moved`: the worker's translation of the client's values, after a move mapped to others)."""
     lease = LeaseState([1 << 30])
-    executor = Recorder()
-    native = _native_dispatch.for_worker(lease, executor)
+    executor = NamedRecorder() if moved else Recorder()
+    guarded = Translated(executor, lease.holds) if moved else executor
+    native = _native_dispatch.for_worker(lease, guarded)
     lease.handles["stream"].update({STREAM, CAPTURING})
     lease.handles["event"].add(EVENT)
     lease.handles["func"].add(FUNC)
@@ -110,7 +134,13 @@ def lease_with_handles() -> tuple[LeaseState, Recorder, _native_dispatch.NativeL
     lease.layouts[FUNC] = LAYOUT
     native.learn(FUNC, LAYOUT)
     lease.add(Allocation(BASE, SIZE, 0, owned=True))
-    return lease, executor, native
+    if moved:
+        native.python_only()
+        for ns, (client, real) in MOVED.items():
+            guarded.map.move(ns, client, real)
+        guarded.generation += 1
+        native.moved()
+    return lease, executor, native, guarded
 
 
 def answered(client: socket.socket) -> bytes:
@@ -125,9 +155,9 @@ def answered(client: socket.socket) -> bytes:
     return data
 
 
-def run_in_c(call: Call, args: list[int], bulk: bytes, flags: int) -> tuple[bool, list, bytes]:
+def run_in_c(call: Call, args: list[int], bulk: bytes, flags: int, moved=False) -> tuple[bool, list, bytes]:
     """Whether the native loop served the frame itself, what reached the executor, what it answered."""
-    _, executor, native = lease_with_handles()
+    _, executor, native, _ = lease_with_handles(moved)
     client, served = socket.socketpair()
     session = native.session()
     session.pinned_add(PINNED, executor.shared_host_memory(PINNED_SIZE))
@@ -153,12 +183,12 @@ def run_in_c(call: Call, args: list[int], bulk: bytes, flags: int) -> tuple[bool
         served.close()
 
 
-def run_in_python(call: Call, args: list[int], bulk: bytes, flags: int) -> tuple[list, bytes]:
+def run_in_python(call: Call, args: list[int], bulk: bytes, flags: int, moved=False) -> tuple[list, bytes]:
     """What reached the executor when the Python path ran the frame, and what it answered."""
-    lease, executor, _ = lease_with_handles()
+    lease, executor, _, guarded = lease_with_handles(moved)
     client, served = socket.socketpair()
     try:
-        session = Session(lease, executor, Channel(served))
+        session = Session(lease, guarded, Channel(served))
         session.pinned[PINNED] = executor.shared_host_memory(PINNED_SIZE)
         session.shared = executor.shared_host_memory(SHARED_SIZE)
         client.sendall(bulk)
@@ -192,22 +222,28 @@ def test_a_frame_runs_in_c_exactly_when_the_python_guard_runs_it(what, call, arg
         assert not ran_from_python or allowed, f"{what} reached the executor"
 
 
+@pytest.mark.parametrize("moved", [False, True], ids=["", "after a move"])
 @pytest.mark.parametrize("asks", [True, False], ids=["answer asked", "no answer asked"])
 @pytest.mark.parametrize(
     "call",
     _native_dispatch.IN_C_CALLS,
     ids=[c.symbol if c.symbol != "-" else c.name for c in _native_dispatch.IN_C_CALLS],
 )
-def test_a_served_call_answers_the_client_byte_for_byte_as_the_python_path(call, asks):
-    """Every served call's valid frame, asking for an answer and not: C runs what the Python path runs and
-    sends the client exactly the bytes it sends (an answer, an answered value, a copy's bytes, or none)."""
+def test_a_served_call_answers_the_client_byte_for_byte_as_the_python_path(call, asks, moved):
+    """Every served call's valid frame, asking for an answer and not, before and after a live migration
+    (the client's stream, event, function and instantiated graph then name other objects): C runs what
+    the Python path runs, on the same objects, and sends the client exactly the bytes it sends (an
+    answer, an answered value, a copy's bytes, or none)."""
     args = valid_args(call)
     bulk = bulk_of(call, args)
     flags = _wire.FLAG_WANTS_REPLY if asks else 0
-    in_c, ran_from_c, from_c = run_in_c(call, args, bulk, flags)
-    ran_from_python, from_python = run_in_python(call, args, bulk, flags)
+    in_c, ran_from_c, from_c = run_in_c(call, args, bulk, flags, moved)
+    ran_from_python, from_python = run_in_python(call, args, bulk, flags, moved)
     assert in_c and ran_from_c == ran_from_python
     assert from_c == from_python
+    if moved:  # the new objects reached the executor, not the client's values
+        reached = {value for ran in ran_from_c for value in ran[1:] if isinstance(value, int)}
+        assert not reached & {client for client, real in MOVED.values() if client != real}
 
 
 def test_every_served_call_is_checked_valid_and_broken():

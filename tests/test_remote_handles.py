@@ -13,8 +13,9 @@ from virtualize.server._cuda import CANNOT_MOVE, CudaExecutor
 from virtualize.server._executor import CudaError, Launch
 from virtualize.server._executor_host import HostExecutor
 from virtualize.server._handles import (
+    MAPPED,
     NAMESPACE,
-    RECREATED,
+    PARAM_ALIASES,
     SHAPED_ADDRESSES,
     SHAPED_HANDLES,
     SYNTHETIC,
@@ -32,13 +33,17 @@ GUARD_SETS = {"cuCtxSynchronize": "the guard makes the context it names current 
 
 @pytest.mark.parametrize("executor", [HostExecutor, CudaExecutor], ids=["host", "cuda"])
 def test_every_declared_handle_reaches_a_parameter_of_the_same_name(executor):
-    """Each handle and device address the call table declares for a call, and each of a shaped method,
-    is a parameter of that name of the executor's method: the map finds every one (a renamed parameter
+    """Each handle and device address the call table declares for a call (graphs' included), and each of a
+    shaped method, is a parameter of that name (or its declared alias) of the executor's method: the map finds every one (a renamed parameter
     would pass the client's old value to the driver after a move)."""
     missing = []
     for name, (ins, _) in TABLE_KINDS.items():
         params = inspect.signature(getattr(executor, name)).parameters
-        missing += [(name, p) for p, kind in ins.items() if NAMESPACE[kind] in RECREATED and p not in params]
+        missing += [
+            (name, p)
+            for p, kind in ins.items()
+            if NAMESPACE[kind] in MAPPED and p not in params and PARAM_ALIASES.get(p) not in params
+        ]
     for name, ins in SHAPED_HANDLES.items():
         params = inspect.signature(getattr(executor, name)).parameters
         missing += [(name, p) for p in ins if p not in params]
@@ -198,8 +203,32 @@ def test_a_global_variable_moves_with_its_module_and_keeps_the_clients_address()
 
 @pytest.mark.parametrize("kind", sorted(CANNOT_MOVE))
 def test_the_cuda_executor_refuses_what_it_does_not_move_and_says_what(kind):
-    """A lease holding a graph, an array, a texture, its own virtual memory, ... is refused before anything
+    """A lease holding a link in progress, an array, a texture, its own virtual memory, ... is refused before anything
     pauses, and the reason names what it holds (checked before the executor asks the driver anything)."""
     executor = object.__new__(CudaExecutor)  # its refusal of held objects needs no GPU
     reason = CudaExecutor.migration_refusal(executor, 1, {kind: 1, "stream": 3})
     assert reason and CANNOT_MOVE[kind] in reason
+
+
+def test_a_graph_the_driver_does_not_clone_runs_on_and_keeps_the_lease_from_moving(lease, monkeypatch):
+    """At instantiation the worker keeps a clone of the graph for a move; where the driver refuses the
+    clone, the program's instantiated graph still runs, and a move is refused up front with the reason."""
+    translated, held = lease
+    made = _make(translated, held)
+    graph = translated.cuGraphCreate(0)
+    ptr = translated.cuMemAlloc(4096)
+    translated.graph_add_memset_node(graph, [], ptr, 0, 7, 1, 16, 1)
+
+    def no_clone(graph):
+        raise CudaError(CUresult.NOT_SUPPORTED, "this graph cannot be cloned")
+
+    monkeypatch.setattr(translated.inner, "cuGraphClone", no_clone)
+    graph_exec = translated.cuGraphInstantiateWithFlags(graph, 0)  # the program's call succeeds
+    held.setdefault("graph", set()).add(graph)
+    held.setdefault("graphexec", set()).add(graph_exec)
+    translated.cuGraphLaunch(graph_exec, made["stream"])
+    got = bytearray()
+    translated.copy_from_device(ptr, 16, made["stream"], got.extend)
+    assert got == bytes([7]) * 16
+    reason = translated.migration_refusal(1, {})
+    assert reason and "clone" in reason

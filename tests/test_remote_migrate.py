@@ -25,10 +25,10 @@ def _worker(**env):
 
 
 class Client:
-    """tests/remote_client.py's `migrate` scenario, driven step by step over its stdin."""
+    """A scenario of tests/remote_client.py (`migrate` unless named), driven step by step over its stdin."""
 
-    def __init__(self, shim: Path, handle) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(CLIENT), "migrate"], env=client_env(shim, handle),
+    def __init__(self, shim: Path, handle, scenario: str = "migrate") -> None:
+        self.proc = subprocess.Popen([sys.executable, str(CLIENT), scenario], env=client_env(shim, handle),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)  # fmt: skip
         self.seen = self.until("ready")
@@ -90,6 +90,30 @@ def test_a_lease_holding_every_object_kind_moves_and_keeps_addresses_and_content
     _assert_intact(client.finish())
 
 
+def test_graphs_move_and_replay_as_before(shim_dir, worker):
+    """A lease holding CUDA graphs — built node by node (memset, kernel, copy, child graph, event record, host
+    and empty nodes), captured from a stream (a memset, a CUkernel's and a function's launches, a copy, a
+    host function) and destroyed once instantiated, instantiated graphs whose nodes were set anew or switched off — moves
+    GPU 0 -> 1 -> 0: each instantiated graph leaves the same bytes at the same addresses as before the
+    moves, and the graph, node and instantiated-graph handles the program holds still answer (its nodes
+    listed, a kernel node's function and attribute and an event node's event read back, a node set anew
+    and run)."""
+    client = Client(shim_dir, worker, "migrate_graphs")
+    assert client.seen["distinct"] == "True"
+    for to in (1, 0):
+        moved = worker.migrate(0, to)
+        assert moved["ok"], moved
+        assert moved["objects"] >= 3 + 7 + 3  # at least the graphs, the graph's nodes, the instantiated ones
+        client.send(f"moved to {to}")
+        client.until("step")
+    result = client.finish()
+    for name in ("first", "second", "captured", "nodes", "host_calls"):
+        assert result[f"same_{name}"] == "True", name
+    assert result["node_function"] == result["node_attribute"] == result["event_node"] == "True"
+    assert result["set_after"] == "09020202"  # 0x02020202 + 7: the node set anew after the moves ran
+    assert result["finished"] == "1"
+
+
 def test_the_move_waits_for_the_call_running_then(shim_dir, worker):
     """A migration asked while the worker runs a long kernel of the lease waits until it has returned
     (the lease's streams are drained before the copy), then moves; the program goes on unharmed."""
@@ -104,8 +128,9 @@ def test_the_move_waits_for_the_call_running_then(shim_dir, worker):
 
 def test_what_cannot_move_is_refused_and_the_lease_keeps_running(shim_dir, worker):
     """A GPU this host does not have, the GPU the lease is on, a device the lease lacks, a stream
-    capture in flight, and green contexts (partitions of this GPU's SMs) are each refused with a reason;
-    the lease keeps running with its memory intact."""
+    capture in flight, a graph holding a node a move does not build (a captured stream write), and green
+    contexts (partitions of this GPU's SMs) are each refused with a reason; the lease keeps running with its
+    memory intact (and moves once it let go of the graph)."""
     client = Client(shim_dir, worker)
     for device, to in ((0, 7), (0, 0), (3, 1)):
         refused = worker.migrate(device, to)
@@ -116,6 +141,14 @@ def test_what_cannot_move_is_refused_and_the_lease_keeps_running(shim_dir, worke
     client.send("capture ends")
     client.until("step")
     assert not during_capture["ok"] and "capture" in during_capture["error"]
+    client.send("memop graph")
+    client.until("step")
+    holding_memop = worker.migrate(0, 1)
+    assert not holding_memop["ok"] and "stream memory operation" in holding_memop["error"]
+    assert "failed" not in holding_memop["error"]  # refused up front, not a move that failed part-way
+    client.send("memop graph ends")
+    client.until("step")
+    assert worker.migrate(0, 1)["ok"] and worker.migrate(0, 0)["ok"]  # the graph let go of, the lease moves
     client.send("green")
     client.until("step")
     holding_green = worker.migrate(0, 1)

@@ -27,6 +27,7 @@ from virtualize.common._calls import CALL_IDS, CALLS
 from virtualize.server import _data_tls, _native_dispatch, _native_tls
 from virtualize.server._executor import CopiedBytes, CudaError, SharedHostMemory
 from virtualize.server._executor_guard import Allocation, LeaseState
+from virtualize.server._handles import Translated
 from virtualize.server.worker import Channel
 
 shim_dir = remote_helpers.shim_dir  # fixture
@@ -134,7 +135,8 @@ def encrypted_pair(state_dir) -> tuple[ssl.SSLSocket, _native_tls.NativeTlsStrea
 def loop(request, tmp_path):
     lease = LeaseState([1 << 30])
     executor = Recorder()
-    native = _native_dispatch.for_worker(lease, executor)
+    translated = Translated(executor)  # as the worker has it: the client's values, mapped after a move
+    native = _native_dispatch.for_worker(lease, translated)
     lease.handles["stream"].update({STREAM, CAPTURING})
     lease.handles["event"].add(EVENT)
     lease.handles["func"].update({FUNC, OTHER_FUNC})
@@ -160,7 +162,7 @@ def loop(request, tmp_path):
 
     yield SimpleNamespace(
         lease=lease, executor=executor, native=native, client=client, channel=channel, session=session,
-        serve=serve, native_session=native_session,
+        serve=serve, native_session=native_session, translated=translated,
     )  # fmt: skip
     native_session.close()
     client.close()
@@ -299,6 +301,37 @@ def test_graph_launches_and_elapsed_times_run_in_c_and_a_forgotten_graph_goes_to
     stale = frame("cuGraphLaunch", GRAPH_EXEC, STREAM)
     assert loop.serve(stale) == stale[: _wire.REQUEST.size]
     assert len(loop.executor.ran) == 2
+
+
+def test_after_a_move_c_serves_the_lease_again_with_the_targets_objects(loop):
+    """After a live migration the client's stream, event, function and instantiated graph name new objects
+    on the target: C serves the lease's frames again (none goes to the Python path) and hands the
+    executor the new objects, as the Python path maps them; a copy names the new stream too."""
+    loop.lease.handles["graphexec"].add(GRAPH_EXEC)
+    loop.lease.add(Allocation(0x10000, 4096, 0, owned=True))
+    targets = {"stream": (STREAM, 0x15000), "event": (EVENT, 0x16000), "func": (FUNC, 0x1F00),
+               "graphexec": (GRAPH_EXEC, 0x17000)}  # fmt: skip
+    loop.native.python_only()  # as a migration does, until the lease has moved
+    for ns, (client, real) in targets.items():
+        loop.translated.map.move(ns, client, real)
+    loop.translated.generation += 1
+    loop.native.moved()
+    loop.serve(
+        launch(FUNC, STREAM, 1),
+        frame("cuEventRecord", EVENT, STREAM),
+        frame("cuGraphLaunch", GRAPH_EXEC, 0),
+        frame("cuMemcpyHtoDAsync_v2", 0x10000, 4, STREAM, bulk=b"abcd"),
+        sync("cuStreamSynchronize", STREAM),
+    )
+    assert loop.executor.ran == [
+        ("launch", 0x1F00, (1, 1, 1), (64, 1, 1), 0x15000, struct.pack("<QI", 0x1000, 1)),
+        ("cuEventRecord", 0x16000, 0x15000),
+        ("cuGraphLaunch", 0x17000, 0),
+        ("htod", 0x10000, b"abcd", 0x15000),
+        ("cuStreamSynchronize", 0x15000),
+    ]
+    assert loop.session.calls == 5  # every frame in C
+    assert reply(loop.client) == 0
 
 
 def test_copies_through_shared_page_locked_memory_run_in_c_and_are_waited_for_before_it_is_read(loop):

@@ -47,7 +47,6 @@ _INVALID_VALUE_RESULT = driver.CUresult.CUDA_ERROR_INVALID_VALUE
 # What a lease may hold that a live migration does not re-create on another GPU (it is refused up front
 # with these words): handle kind -> what the lease holds.
 CANNOT_MOVE = {
-    "graph": "CUDA graphs", "graphexec": "instantiated graphs", "node": "graph nodes",
     "link": "a link in progress (cuLinkCreate)", "array": "CUDA arrays", "mipmap": "mipmapped arrays",
     "texobj": "texture objects", "surfobj": "surface objects",
     "vmem": "memory of the virtual memory API it made itself (cuMemCreate)",
@@ -1017,6 +1016,8 @@ class CudaExecutor(Executor):
                 _ok(driver.cuMemcpyDtoDAsync(scratch + offset, m.base, m.size, stream))
                 offset += m.size
             _ok(driver.cuStreamSynchronize(stream))
+            for m in mine:  # the target reaches the lease's memory at its addresses while its objects
+                _ok(driver.cuMemSetAccess(m.base, m.size, both, len(both)))  # are made (graphs' nodes)
             self.real[device] = ordinal  # the device's objects are made on the target from here
             try:
                 recreate()
@@ -1756,6 +1757,10 @@ class CudaExecutor(Executor):
         params.fn = self._host_thunk_fn
         params.userData = key
         return params
+
+    def graph_host_node_fn(self, node):
+        params = _ok(driver.cuGraphHostNodeGetParams(driver.CUgraphNode(node)))
+        return self.host_funcs[int(params.userData)]
 
     def graph_add_host_node(self, graph, deps, fn):
         params = self._host_node(fn)

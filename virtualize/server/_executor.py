@@ -491,6 +491,10 @@ class Executor(abc.ABC):
         """cuGraphGetNodes: the graph's nodes."""
 
     @abc.abstractmethod
+    def graph_host_node_fn(self, node: int) -> Callable[[], None]:
+        """The function a host node calls (a move builds the node again with it)."""
+
+    @abc.abstractmethod
     def graph_edges(self, graph: int) -> list[tuple[int, int]]:
         """cuGraphGetEdges: (from, to) of each edge."""
 

@@ -28,6 +28,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from virtualize.common._calls import FORWARDED_LAUNCH_ATTRIBUTES
 from virtualize.common._results import CUresult
@@ -398,7 +399,7 @@ class HostExecutor(Executor):
         return out
 
     def launch_host_func(self, stream, fn) -> None:
-        self._on(stream, fn)  # everything here runs at once, in order (or at each launch of a graph)
+        self._on(stream, fn, kind=3)  # everything here runs at once, in order (or at each launch of a graph)
 
     def reserve_addresses(self, size: int, hint: int) -> int:
         with self.lock:  # at `hint` unless it overlaps a range reserved before, as the driver does
@@ -526,13 +527,14 @@ class HostExecutor(Executor):
         return {"bytes": sum(len(c) for c in moved), "uuid": f"GPU-host-{target}"}
 
     def _retire(self, made: list[tuple[str, int, int]]) -> None:
-        """The contexts, streams and events a move re-created are gone from the source, as on a GPU: a call
-        that still names one (the worker failed to map the client's value to the new one) fails.
-        Functions stay: a graph here holds its kernel nodes' functions as they were."""
+        """The contexts, streams, events, functions and graph nodes a move re-created are gone from the
+        source, as on a GPU: a call that still names one (the worker failed to map the client's value to
+        the new one), or a graph left on the source that runs one, fails."""
+        gone = {"ctx": self.contexts, "event": self.events, "node": self.nodes, "func": self.functions}
         for kind, old, new in made:
             if old == new:
                 continue
-            {"ctx": self.contexts, "event": self.events}.get(kind, {}).pop(old, None)
+            gone.get(kind, {}).pop(old, None)
             if kind == "stream":
                 self.streams.discard(old)
 
@@ -552,20 +554,27 @@ class HostExecutor(Executor):
         mem, off = self._find(src, count)
         return _Copied(memoryview(mem)[off : off + count])  # streams run at once here: the copy is done
 
-    def _on(self, stream, work) -> None:
-        """Run stream work now, or record it when the stream is being captured into a graph."""
+    def _on(self, stream, work, kind: int = 0, described=None) -> None:
+        """Run stream work now, or record it when the stream is being captured into a graph: a node of
+        CUgraphNodeType `kind` that `described` describes (a kernel's launch, a copy, a memset's shape), as
+        the driver's captured nodes can be read back."""
         capture = self.capturing.get(stream)
         if capture is None:
             work()
-        else:  # a node after the capture's dependencies, and the next work after it
-            capture[1] = [self._add_node(capture[0], capture[1], work)]
+            return
+        node = self._add_node(capture[0], capture[1], work)
+        capture[1] = [node]  # the next captured work comes after it
+        if kind:
+            self.node_types[node] = kind
+        if described is not None:
+            {0: self.launches, 1: self.copies, 2: self.memsets}[kind][node] = described
 
     def memset(self, dst: int, value: int, element_size: int, count: int, stream: int | None) -> None:
         def work():
             mem, off = self._find(dst, element_size * count)
             mem[off : off + element_size * count] = value.to_bytes(element_size, "little") * count
 
-        self._on(stream, work)
+        self._on(stream, work, kind=2, described=(dst, element_size * count, value, element_size, count, 1))
 
     def param_layout(self, func: int, is_kernel: bool) -> list[tuple[int, int]]:
         return self.layouts.get(func) or HOST_KERNELS[self.functions[func]]
@@ -578,7 +587,8 @@ class HostExecutor(Executor):
             if attr_id == COOPERATIVE and struct.unpack_from("<i", value)[0]:
                 self._check_cooperative(launch)
         params = bytes(params)  # a captured launch runs later, with the parameters of its capture
-        self._on(launch.stream, lambda: self._run_kernel(func, grid, block, params))
+        work = lambda: self._run_kernel(func, grid, block, params)  # noqa: E731
+        self._on(launch.stream, work, described=replace(launch, params=params))
 
     def _check_cooperative(self, launch: Launch) -> None:
         """All blocks of a cooperative launch must fit on the device at once (occupancy x SMs)."""
@@ -592,7 +602,9 @@ class HostExecutor(Executor):
     def _run_kernel(self, func, grid, block, params) -> None:
         if func in self.layouts:
             return  # a kernel of a PTX image: it runs as a no-op (its parameters did arrive)
-        name = self.functions[func]
+        name = self.functions.get(func)
+        if name is None:  # a function of a context a move left behind
+            raise CudaError(INVALID_HANDLE, f"function 0x{func:x}")
         if name == "fault":
             raise CudaError(CUresult.ILLEGAL_ADDRESS, "the fault kernel touched a wild address")
         if name == "spin":
@@ -852,7 +864,8 @@ class HostExecutor(Executor):
         dmem[doff : doff + count] = data
 
     def cuMemcpyDtoDAsync(self, dst, src, count, stream):
-        self._on(stream, lambda: self.cuMemcpyDtoD(dst, src, count))
+        copy = Copy3D(src, count, 1, dst, count, 1, count, 1, 1)
+        self._on(stream, lambda: self.cuMemcpyDtoD(dst, src, count), kind=1, described=copy)
 
     def cuMemcpyPeer(self, dst, dst_ctx, src, src_ctx, count):
         self.cuMemcpyDtoD(dst, src, count)
@@ -1254,9 +1267,12 @@ class HostExecutor(Executor):
         for original, twin in twins.items():
             if original in self.node_types:
                 self.node_types[twin] = self.node_types[original]
-            for kept in (self.memsets, self.copies, self.launches):
+            for kept in (self.memsets, self.copies, self.launches, self.node_events, self.child_graphs):
                 if original in kept:
                     kept[twin] = kept[original]
+        for (node, attr), value in list(self.node_attributes.items()):
+            if node in twins:
+                self.node_attributes[twins[node], attr] = value
         return clone
 
     def cuGraphNodeFindInClone(self, original, clone):
@@ -1314,6 +1330,11 @@ class HostExecutor(Executor):
 
     def graph_exec_memcpy_node(self, graph_exec, node, copy: Copy3D):
         self._set_exec_work(graph_exec, node, self._memcpy_work(copy), kind=1)
+
+    def graph_host_node_fn(self, node):
+        if self.node_types.get(node) != 3:
+            raise CudaError(INVALID_VALUE, "not a host node")
+        return self.nodes[node][1]
 
     def graph_add_host_node(self, graph, deps, fn):
         node = self._add_node(graph, deps, fn)
@@ -1598,7 +1619,9 @@ class HostExecutor(Executor):
             elif condition[0] < size:  # switch
                 run(bodies[condition[0]])
 
-        return self._add_node(graph, deps, work), bodies
+        node = self._add_node(graph, deps, work)
+        self.node_types[node] = 13  # CU_GRAPH_NODE_TYPE_CONDITIONAL
+        return node, bodies
 
     def graph_exec_update(self, graph_exec, graph):
         if len(self.graphs.get(graph, [])) != len(self.graphs.get(graph_exec, [])):
@@ -1644,7 +1667,8 @@ class HostExecutor(Executor):
     # so what it waits for was written before it or never will be).
     def _write_value(self, stream, addr, value, size):
         mem, off = self._find(addr, size)
-        self._on(stream, lambda: mem.__setitem__(slice(off, off + size), value.to_bytes(size, "little")))
+        write = lambda: mem.__setitem__(slice(off, off + size), value.to_bytes(size, "little"))  # noqa: E731
+        self._on(stream, write, kind=12)  # CU_GRAPH_NODE_TYPE_BATCH_MEM_OP, captured
 
     def cuStreamWriteValue32(self, stream, addr, value, flags):
         self._write_value(stream, addr, value, 4)

@@ -12,7 +12,10 @@ stream, event, module, function and pool (its arguments as the client named them
 was made in), and the calls that configured them since (`SETTERS`). A move replays them on the target,
 in order, each object's handle arguments mapped to the objects already re-created there, and from then
 on maps the client's old values to the new ones. Libraries and kernels are the process's, not a
-context's: they stay as they are and load into the target's context when first used there.
+context's: they stay as they are and load into the target's context when first used there. Graphs,
+their nodes and instantiated graphs are not replayed but read on the source and built on the target
+(`virtualize.server._migrate_graphs`); their values map the same way, a node named with an
+instantiated graph through that graph's own map.
 """
 
 from __future__ import annotations
@@ -20,13 +23,16 @@ from __future__ import annotations
 import bisect
 import inspect
 import itertools
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from virtualize.common._calls import CALLS, DESTROYS, HANDLE_TYPES
+from virtualize.server import _migrate_graphs as graphs
 from virtualize.server._executor import (
     INVALID_CONTEXT,
+    NOT_SUPPORTED,
     PER_CALL,
     CudaError,
     Executor,
@@ -34,9 +40,13 @@ from virtualize.server._executor import (
     executor_method,
 )
 
+log = logging.getLogger("gpupool.worker")
+
 # One value space per kind, but a CUfunction parameter may carry a CUkernel: those two share one.
 NAMESPACE = {**{kind: kind for kind in HANDLE_TYPES}, "kernel": "func"}
 RECREATED = frozenset({"ctx", "stream", "event", "module", "func", "pool"})  # a context's objects
+REBUILT = frozenset({"graph", "node", "graphexec"})  # read on the source and built anew (_migrate_graphs)
+MAPPED = RECREATED | REBUILT
 KEPT = frozenset({"library", "kernel"})  # the process's: valid in every context, not re-created
 DESTROYED_BY = {**DESTROYS, "cuCtxDestroy": "ctx"}
 BUILTIN_STREAMS = frozenset({0, 1, 2})  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD: every context's
@@ -49,6 +59,9 @@ SETTERS = frozenset({
     "cuMemPoolSetAttribute",
 })  # fmt: skip
 LAUNCH = "launch"  # a `Launch` argument: its function, its stream, and the events its attributes name
+NODES = "nodes"  # a list of graph nodes
+EDGES = "edges"  # a list of (from, to) graph nodes
+SUBJECT = "subject"  # a graph or a node (graph_node_list: the roots of a graph, or a node's neighbours)
 # CUlaunchAttributeID values whose value starts with a CUevent: PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT.
 EVENT_ATTRIBUTES = frozenset({7, 12})
 # The shaped methods' parameters that hold handles of the kinds a move re-creates (the others keep
@@ -58,17 +71,44 @@ SHAPED_HANDLES: dict[str, dict[str, str]] = {
     "param_layout": {"func": "func"},
     "launch": {"launch": LAUNCH},
     "cluster_occupancy": {"launch": LAUNCH},
-    "graph_add_kernel_node": {"launch": LAUNCH},
-    "graph_exec_kernel_node": {"launch": LAUNCH},
-    "graph_kernel_node_set": {"launch": LAUNCH},
-    "graph_add_event_node": {"event": "event"},
-    "graph_add_conditional_node": {"ctx": "ctx"},
+    "graph_add_kernel_node": {"graph": "graph", "deps": NODES, "launch": LAUNCH},
+    "graph_exec_kernel_node": {"graph_exec": "graphexec", "node": "node", "launch": LAUNCH},
+    "graph_kernel_node_set": {"node": "node", "launch": LAUNCH},
+    "graph_add_event_node": {"graph": "graph", "deps": NODES, "event": "event"},
+    "graph_add_conditional_node": {"graph": "graph", "deps": NODES, "ctx": "ctx"},
+    "graph_add_child_node": {"graph": "graph", "deps": NODES, "child": "graph"},
+    "graph_exec_update": {"graph_exec": "graphexec", "graph": "graph"},
+    "graph_node_list": {"subject": SUBJECT},
+    "capture_to_graph": {"stream": "stream", "graph": "graph", "deps": NODES},
+    "update_capture_dependencies": {"stream": "stream", "deps": NODES},
+    **{method: {"graph": "graph", "deps": NODES} for method in (
+        "graph_add_memcpy_node", "graph_add_host_node", "graph_add_memset_node", "graph_add_empty_node")},
+    **{method: {"graph_exec": "graphexec", "node": "node"} for method in (
+        "graph_exec_memcpy_node", "graph_host_node_set", "graph_exec_memset_node")},
+    **{method: {"graph": "graph", "edges": EDGES} for method in (
+        "graph_add_dependencies", "graph_remove_dependencies")},
+    **{method: {"graph": "graph"} for method in ("graph_nodes", "graph_edges")},
+    **{method: {"node": "node"} for method in (
+        "graph_memset_node_set", "graph_memcpy_node_set", "graph_kernel_node_params",
+        "graph_memcpy_node_params")},
     "nccl_stream": {"stream": "stream"},
     "nccl_buffer": {},  # its address is mapped (SHAPED_ADDRESSES)
     **{method: {"stream": "stream"} for method in (
         "copy_to_device", "copy_from_device", "copy_in_from", "copy_out_into", "copy_out_to",
-        "copy_from_device_async", "memset", "copy_3d", "launch_host_func", "capture_info",
-        "capture_to_graph", "update_capture_dependencies")},
+        "copy_from_device_async", "memset", "copy_3d", "launch_host_func", "capture_info")},
+}  # fmt: skip
+# The shaped methods' results that are handles: (position in the result tuple, None: the result itself;
+# kind).
+SHAPED_RESULTS: dict[str, tuple[tuple[int | None, str], ...]] = {
+    **{method: ((None, "node"),) for method in (
+        "graph_add_kernel_node", "graph_add_event_node", "graph_add_memcpy_node", "graph_add_host_node",
+        "graph_add_memset_node", "graph_add_empty_node", "graph_add_child_node")},
+    "graph_add_conditional_node": ((0, "node"), (1, "graphs")),
+    "graph_nodes": ((None, NODES),),
+    "graph_edges": ((None, EDGES),),
+    "graph_node_list": ((0, NODES),),
+    "capture_info": ((2, "graph"), (3, NODES)),
+    "graph_kernel_node_params": ((0, "func"),),
 }  # fmt: skip
 # The shaped methods' device addresses (a module's global variable is at another address on the target).
 SHAPED_ADDRESSES: dict[str, tuple[str, ...]] = {
@@ -76,6 +116,15 @@ SHAPED_ADDRESSES: dict[str, tuple[str, ...]] = {
     "copy_out_into": ("src",), "copy_out_to": ("src",), "copy_from_device_async": ("src",),
     "memset": ("dst",), "nccl_buffer": ("ptr",),
 }  # fmt: skip
+LISTS = frozenset({NODES, EDGES, "graphs"})  # results that are lists of handles
+# Calls whose effect on the lease's graphs a move needs to know (graphs._migrate_graphs.Book).
+BOOKED = (
+    graphs.GRAPH_MAKERS
+    | graphs.EXEC_SETTERS
+    | {"cuGraphInstantiateWithFlags", "graph_exec_update", "cuGraphExecDestroy", "cuGraphDestroy"}
+)
+# The call table's parameter names that the executors' methods spell otherwise.
+PARAM_ALIASES = {"exec": "graph_exec"}
 GLOBAL_GETTERS = frozenset({"cuModuleGetGlobal", "cuLibraryGetGlobal"})  # -> (address, size)
 DEVICE_PARAMS = ("dev", "device")  # the lease device a call names, where it names one
 SYNTHETIC = 0x7FF0_0000_0000_0000  # values handed out where a new object's value is an old one's
@@ -160,6 +209,22 @@ TABLE_KINDS = _table_kinds()
 TABLE_ADDRESSES = _table_addresses()
 
 
+def _kinds(name: str, params: list[str]) -> tuple[tuple[tuple[int, str], ...], tuple]:
+    """A method's handle parameters ((position, kind)) and handle results, by its parameters' names."""
+    if name in SHAPED_HANDLES:
+        ins, outs = SHAPED_HANDLES[name], SHAPED_RESULTS.get(name, ())
+    else:
+        ins, outs = TABLE_KINDS.get(name, ({}, ()))
+    ins = {PARAM_ALIASES.get(p, p) if p not in params else p: kind for p, kind in ins.items()}
+    return tuple((params.index(p), kind) for p, kind in ins.items() if p in params), outs
+
+
+def _exec_node(kinds) -> tuple[int, int] | None:
+    """Where a call names an instantiated graph and a node of it: (the graph's position, the node's)."""
+    at = {kind: i for i, kind in kinds}
+    return (at["graphexec"], at["node"]) if "graphexec" in at and "node" in at else None
+
+
 @dataclass
 class GlobalVariable:
     """A module's global variable whose address the client asked for: where it asked, how."""
@@ -199,10 +264,21 @@ class Addresses:
 class Translated:
     """The executor as the guard sees it: handle values as the client knows them (module docstring)."""
 
-    def __init__(self, inner: Executor, alive: Callable[[str, int], bool] = lambda kind, value: True) -> None:
+    def __init__(
+        self,
+        inner: Executor,
+        alive: Callable[[str, int], bool] = lambda kind, value: True,
+        held: Callable[[str], list[int]] = lambda kind: [],
+    ) -> None:
         self.inner = inner
         self.name = inner.name
         self.alive = alive  # whether the lease still holds a handle (the guard's tables)
+        self.held = held  # the handles of a kind the lease holds
+        self.book = graphs.Book()  # its graphs and instantiated graphs, as a move reads and builds them
+        # The CUkernels launched, per the client's context, and the executor's function of each there (what
+        # a captured launch's kernel node names): a move finds the kernel of such a node by it.
+        self.kernels_launched: set[tuple[int, int]] = set()
+        self.kernel_functions: dict[int, dict[int, int]] = {}  # the client's context -> function -> kernel
         self.map = HandleMap()
         self.addresses = Addresses()
         self.globals: dict[int, GlobalVariable] = {}  # the client's address of each -> how it got it
@@ -228,9 +304,9 @@ class Translated:
             params = list(inspect.signature(method).parameters)
         except (TypeError, ValueError):
             return None
-        ins, outs = (SHAPED_HANDLES[name], ()) if name in SHAPED_HANDLES else TABLE_KINDS.get(name, ({}, ()))
-        kinds = tuple((params.index(p), kind) for p, kind in ins.items() if p in params)
-        outs = tuple((i, kind) for i, kind in outs if NAMESPACE[kind] in RECREATED)
+        kinds, outs = _kinds(name, params)
+        outs = tuple((i, kind) for i, kind in outs if NAMESPACE.get(kind, kind) in MAPPED or kind in LISTS)
+        exec_node = _exec_node(kinds)  # a node named together with its instantiated graph
         address_ins, address_outs = (
             (SHAPED_ADDRESSES.get(name, ()), ())
             if name in SHAPED_HANDLES
@@ -238,12 +314,15 @@ class Translated:
         )
         addresses = tuple(params.index(p) for p in address_ins if p in params)
         device_at = next((params.index(p) for p in DEVICE_PARAMS if p in params), None)
-        makes = tuple((i, kind) for i, kind in outs if kind not in KEPT)
+        makes = (
+            () if name in SHAPED_HANDLES else tuple((i, k) for i, k in outs if NAMESPACE.get(k) in RECREATED)
+        )
         recorded = name in SETTERS or bool(makes)
         destroys = DESTROYED_BY.get(name)
         if name == "set_context":
             return self._set_context
         variable = name in GLOBAL_GETTERS
+        booked = name in BOOKED
         if not kinds and not outs and not recorded and not destroys and not variable and not self.generation:
             return None  # nothing to map, and every thread's context is the client's
 
@@ -251,7 +330,10 @@ class Translated:
             given = args  # as the client names them (what the records keep)
             if self.generation:
                 self._current()
-                args = self._args_in(args, kinds, addresses)
+                args = self._args_in(args, kinds, addresses, exec_node)
+                if name == "graph_kernel_node_params":  # the guard's callback learns the client's function
+                    layout_of = args[1]
+                    args = (args[0], lambda func: layout_of(self.map.client("func", func)))
             result = method(*args)
             if self.generation and (outs or address_outs):
                 result = self._results_out(result, outs, address_outs)
@@ -261,6 +343,13 @@ class Translated:
                 self._record(name, given, kinds, result, makes, device_at)
             elif destroys and NAMESPACE[destroys] in RECREATED:
                 self._forget(NAMESPACE[destroys], given[0])
+            if booked:
+                self._book(name, given, args, result, exec_node)
+            elif (
+                name == "launch"
+                and (getattr(self.local, "ctx", 0), given[0].func) not in self.kernels_launched
+            ):
+                self._kernel_launched(given[0].func)
             return result
 
         call.__name__ = name
@@ -269,6 +358,11 @@ class Translated:
     def _set_context(self, ctx: int) -> None:
         self.inner.set_context(self.map.real("ctx", ctx) if self.generation else ctx)
         self.local.ctx, self.local.generation = ctx, self.generation
+
+    def current(self) -> None:
+        """This thread's context is the client's current one as of the last move (the native loop calls
+        the driver on the connection's thread)."""
+        self._current()
 
     def _current(self) -> None:
         """This thread's context is the client's current one as of the last move."""
@@ -279,11 +373,16 @@ class Translated:
                 self.inner.set_context(self.map.real("ctx", ctx))
             local.generation = self.generation
 
-    def _args_in(self, args: tuple, kinds, addresses=()) -> tuple:
-        args = list(args)
+    def _args_in(self, args: tuple, kinds, addresses=(), exec_node=None) -> tuple:
+        given, args = args, list(args)
         for i, kind in kinds:
             if i < len(args):
                 args[i] = self._in(kind, args[i])
+        if exec_node is not None and max(exec_node) < len(args):
+            at_exec, at_node = exec_node
+            found = self.book.exec_node(given[at_exec], given[at_node])
+            if found is not None:  # a move instantiated the graph anew: its own twin of the node
+                args[at_node] = found
         if self.addresses.ranges:
             for i in addresses:
                 if i < len(args) and args[i]:
@@ -293,8 +392,15 @@ class Translated:
     def _in(self, kind: str, value):
         if kind == LAUNCH:
             return self._launch_in(value)
+        if kind == NODES:
+            return [self.map.real("node", n) for n in value]
+        if kind == EDGES:
+            return [(self.map.real("node", a), self.map.real("node", b)) for a, b in value]
+        if kind == SUBJECT:  # a node's value, or else a graph's (distinct objects: distinct values)
+            node = self.map.real("node", value)
+            return node if node != value else self.map.real("graph", value)
         ns = NAMESPACE[kind]
-        if ns not in RECREATED or not value or (ns == "stream" and value in BUILTIN_STREAMS):
+        if ns not in MAPPED or not value or (ns == "stream" and value in BUILTIN_STREAMS):
             return value
         return self.map.real(ns, value)
 
@@ -311,11 +417,22 @@ class Translated:
         return replace(launch, func=self._in("func", launch.func), stream=self._in("stream", launch.stream),
                        attributes=attributes)  # fmt: skip
 
+    def _out(self, kind: str, value):
+        if kind == NODES:
+            return [self.map.client("node", n) for n in value]
+        if kind == EDGES:
+            return [(self.map.client("node", a), self.map.client("node", b)) for a, b in value]
+        if kind == "graphs":
+            return [self.map.client("graph", g) for g in value]
+        return self.map.client(NAMESPACE[kind], value)
+
     def _results_out(self, result, outs, addresses=()):
+        if outs and outs[0][0] is None:  # a shaped method's result is itself a handle, or a list
+            return self._out(outs[0][1], result) if result else result
         values = list(result) if isinstance(result, tuple) else [result]
         for i, kind in outs:
             if i < len(values) and values[i]:
-                values[i] = self.map.client(NAMESPACE[kind], values[i])
+                values[i] = self._out(kind, values[i])
         for i in addresses:
             if i < len(values) and values[i]:
                 values[i] = self.addresses.client(values[i])
@@ -329,6 +446,35 @@ class Translated:
             self.globals.setdefault(
                 address, GlobalVariable(name, tuple(args), getattr(self.local, "ctx", 0), size)
             )
+
+    def _book(self, name: str, given: tuple, args: tuple, result, exec_node) -> None:
+        """What a move needs to know of the lease's graphs (`graphs.Book`), as the client names them."""
+        ctx = getattr(self.local, "ctx", 0)
+        if name in graphs.GRAPH_MAKERS:
+            self.book.made(result, ctx)
+        elif name == "cuGraphInstantiateWithFlags":
+            self.book.instantiated(self.inner, result, given[0], args[0], given[1], ctx, self._client_node)
+        elif name == "graph_exec_update":
+            if not result[1]:  # updated: the instantiated graph is now that graph's
+                self.book.instantiated(self.inner, given[0], given[1], args[1], 0, ctx, self._client_node)
+        elif name == "cuGraphExecDestroy":
+            self.book.forget_exec(self.inner, given[0])
+        elif name == "cuGraphDestroy":
+            self.book.forget_graph(given[0])
+        elif exec_node is not None and given[exec_node[0]]:  # graph_host_node_set names no exec: a graph's
+            self.book.set_anew(name, given, *exec_node)
+
+    def _kernel_launched(self, func: int) -> None:
+        """A launch's function first seen in this context: a CUkernel's function here is noted."""
+        ctx = getattr(self.local, "ctx", 0)
+        if self.alive("kernel", func):
+            function = self.inner.cuKernelGetFunction(func)
+            with self.record_lock:
+                self.kernel_functions.setdefault(ctx, {})[function] = func
+        self.kernels_launched.add((ctx, func))
+
+    def _client_node(self, node: int) -> int:
+        return self.map.client("node", node)
 
     # -- what a move replays ---------------------------------------------------------------------------
 
@@ -410,12 +556,17 @@ class Translated:
             (address, v) for address, v in list(self.globals.items()) if contexts.get(v.ctx) == device
         ]
         placed: list[tuple[int, int, int]] = []  # the globals' (client's address, size, target's address)
+        plans = self._graph_plans(device)  # read on the source before anything is made on the target
+        rebuilt: list[tuple[int, graphs.Instantiated]] = []
+        kernel_functions: dict[int, dict[int, int]] = {}
 
         def recreate() -> list[tuple[str, int, int]]:
             for record in records:
                 self._replay(record, made)
             for address, variable in variables:
                 placed.extend(self._global_moved(address, variable, made))
+            rebuilt.extend(self._graphs_built(device, plans, made))
+            kernel_functions.update(self._kernel_functions_on_target(made))
             return [(ns, self.map.real(ns, client), real) for (ns, client), real in made.items()]
 
         moved = self.inner.migrate(device, target, mappings, recreate, **where)
@@ -423,11 +574,160 @@ class Translated:
             self.map.move(ns, client, real)
         for address, size, real in placed:
             self.addresses.move(address, size, real)
+        self._graphs_committed(plans, rebuilt)
+        with self.record_lock:
+            self.kernel_functions.update(kernel_functions)
         self.generation += 1
         for name in self.cached:  # wrapped anew: every call first sets its thread's context to the new one
             self.__dict__.pop(name, None)
         self.cached.clear()
         return {**moved, "objects": len(made)}
+
+    def migration_refusal(self, target: int, holding: dict[str, int], uuid: str = "") -> str | None:
+        reason = self.inner.migration_refusal(target, holding, uuid)
+        if reason:
+            return reason
+        try:
+            self._graph_plans(None)
+        except CudaError as exc:
+            return f"the lease holds a CUDA graph that a move cannot re-create ({exc})"
+        return None
+
+    # -- graphs: read on the source, built on the target (virtualize.server._migrate_graphs) -----------
+
+    def _graph_plans(self, device: int | None) -> graphs.Plans:
+        """The lease's graphs and instantiated graphs of lease device `device` (every device: None) as they
+        are on the source, and where each kernel node's function comes from."""
+        with self.record_lock:
+            contexts = {r.made[1]: r.device for r in self.records.values() if r.made and r.made[0] == "ctx"}
+        with self.book.lock:
+            made_graphs = [(g, ctx) for g, ctx in self.book.graphs.items() if self.alive("graph", g)]
+            execs = [(e, x) for e, x in self.book.execs.items() if self.alive("graphexec", e)]
+
+        def mine(ctx: int) -> bool:  # a graph made with no context current goes with any move
+            return device is None or contexts.get(ctx, device) == device
+
+        def layout_of(func: int) -> list:
+            return self.inner.param_layout(func, self.alive("kernel", func))
+
+        plans = graphs.Plans(
+            [(g, ctx, graphs.describe(self.inner, self.map.real("graph", g), layout_of))
+             for g, ctx in made_graphs if mine(ctx)],
+            [(e, x, graphs.describe(self.inner, x.snapshot, layout_of, x.unkept)) for e, x in execs if mine(x.ctx)],
+        )  # fmt: skip
+        plans.exec_values = {e: self.map.real("graphexec", e) for e, _, _ in plans.execs}
+        kernels: dict[int, dict[int, int]] = {}  # per context: its functions of the lease's kernels
+        for ctx, func in plans.functions():
+            if func not in plans.origins:  # (a graph made with no context current: the device's first)
+                plans.origins[func] = self._origin(func, ctx or next(iter(contexts), 0), kernels)
+        return plans
+
+    def _origin(self, func: int, ctx: int, kernels: dict[int, dict[int, int]]) -> tuple[str, int]:
+        """Where a kernel node's function (the source's) comes from: ("func", the client's function, which a
+        move re-creates) or ("kernel", the lease's CUkernel, which loads into the target's context)."""
+        client = self.map.client("func", func)
+        if ("made", "func", client) in self.records:
+            return "func", client
+        if self.alive("kernel", func):
+            return "kernel", func
+        launched = self.kernel_functions.get(ctx, {}).get(func)
+        if launched is not None and self.alive("kernel", launched):  # a captured launch of a CUkernel
+            return "kernel", launched
+        if ctx not in kernels:  # else ask the driver for each of the lease's kernels' function there
+            self.inner.set_context(self.map.real("ctx", ctx))
+            kernels[ctx] = {self.inner.cuKernelGetFunction(k): k for k in self.held("kernel")}
+        if func in kernels[ctx]:
+            return "kernel", kernels[ctx][func]
+        raise CudaError(NOT_SUPPORTED, "a kernel node whose function is not one the lease loaded")
+
+    def _graphs_built(
+        self, device: int, plans: graphs.Plans, made: dict
+    ) -> list[tuple[int, graphs.Instantiated]]:
+        """The plans built on the target (its contexts and their objects already made): the new graphs and
+        their nodes go into `made`; the instantiated graphs as they will be kept after the move."""
+
+        def function(func: int) -> tuple[int, bool]:
+            kind, value = plans.origins[func]
+            return (
+                (made.get(("func", value), self.map.real("func", value)), False)
+                if kind == "func"
+                else (value, True)
+            )
+
+        def event(source: int) -> int:
+            client = self.map.client("event", source)
+            if ("event", client) in made:
+                return made["event", client]
+            raise CudaError(NOT_SUPPORTED, "an event node whose event the lease destroyed")
+
+        targets = graphs.Targets(function, event, self.inner.param_layout)
+        fallback = next((made["ctx", c] for c in self.contexts(device) if ("ctx", c) in made), None)
+        for g, ctx, plan in plans.graphs:
+            self._target_context(made.get(("ctx", ctx), fallback))
+            new, nodes = self.inner.cuGraphCreate(0), {}
+            graphs.build(self.inner, plan, new, targets, nodes)
+            made["graph", g] = new
+            made.update({("node", self._client_node(n)): real for n, real in nodes.items()})
+            for source, real in graphs.child_graphs(plan, nodes, self.inner).items():
+                made["graph", self.map.client("graph", source)] = real
+        rebuilt = []
+        for e, kept, plan in plans.execs:
+            self._target_context(made.get(("ctx", kept.ctx), fallback))
+            snapshot, nodes = self.inner.cuGraphCreate(0), {}
+            graphs.build(self.inner, plan, snapshot, targets, nodes)
+            new = self.inner.cuGraphInstantiateWithFlags(snapshot, kept.flags)
+            made["graphexec", e] = new
+            twins = {n: nodes[t] for n, t in kept.twins.items() if t in nodes}
+            for (method, _), args in kept.setters.items():
+                self._set_anew(method, args, new, twins, made)
+            rebuilt.append((e, replace(kept, snapshot=snapshot, twins=twins, setters=dict(kept.setters))))
+        return rebuilt
+
+    def _kernel_functions_on_target(self, made: dict) -> dict[int, dict[int, int]]:
+        """The launched CUkernels' functions in the moved contexts, on the target (what the kernel nodes
+        of graphs captured after the move name)."""
+        found: dict[int, dict[int, int]] = {}
+        for ctx, func in sorted(self.kernels_launched):
+            if ("ctx", ctx) in made and self.alive("kernel", func):
+                self.inner.set_context(made["ctx", ctx])
+                found.setdefault(ctx, {})[self.inner.cuKernelGetFunction(func)] = func
+        return found
+
+    def _target_context(self, ctx: int | None) -> None:
+        if ctx:  # a lease with no context on the device builds no node that needs one
+            self.inner.set_context(ctx)
+
+    def _set_anew(self, method: str, args: tuple, graph_exec: int, twins: dict[int, int], made: dict) -> None:
+        """A call that set an instantiated graph's node, replayed on the target's instantiated graph."""
+        kinds, _ = _kinds(method, list(inspect.signature(getattr(self.inner, method)).parameters))
+        args = list(args)
+        for i, kind in kinds:
+            ns = NAMESPACE.get(kind)
+            if kind == "graphexec":
+                args[i] = graph_exec
+            elif kind == "node":
+                if args[i] not in twins:
+                    return  # a node added after instantiation: the instantiated graph never had it
+                args[i] = twins[args[i]]
+            elif kind == LAUNCH:
+                func = args[i].func
+                args[i] = replace(args[i], func=made.get(("func", func), self.map.real("func", func)))
+            elif ns in MAPPED and args[i] and not (ns == "stream" and args[i] in BUILTIN_STREAMS):
+                args[i] = made.get((ns, args[i]), self.map.real(ns, args[i]))
+        getattr(self.inner, method)(*args)
+
+    def _graphs_committed(self, plans: graphs.Plans, rebuilt: list[tuple[int, graphs.Instantiated]]) -> None:
+        """After the move: the instantiated graphs' new snapshots and node maps kept, the source's graphs,
+        instantiated graphs and snapshots destroyed (their nodes name objects of the source's contexts)."""
+        with self.book.lock:
+            for e, kept in rebuilt:
+                self.book.execs[e] = kept
+                self.book.exec_nodes[e] = dict(kept.twins)
+        for method, value in plans.sources():
+            try:
+                getattr(self.inner, method)(value)
+            except CudaError as exc:  # the lease runs on the target already: the source's leftovers only
+                log.warning("the source's graph %x was not destroyed after the move: %s", value, exc)
 
     def _global_moved(self, address: int, variable: GlobalVariable, made) -> list[tuple[int, int, int]]:
         """The global variable found again in its re-created module on the target, its bytes copied there

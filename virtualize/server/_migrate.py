@@ -4,10 +4,11 @@ The worker owns every GPU object of the lease and the client holds only handles 
 its address window, so a lease can move while its processes run: the lease's calls are held at a
 point where none is executing (`Gate`), each context is synchronised (its streams drained), the
 executor copies the device's memory to the target GPU at the same addresses and re-creates what the
-processes hold there (`Executor.migrate`: all or nothing, the source untouched until it commits),
+processes hold there (`Executor.migrate`: all or nothing, the source untouched until it commits; CUDA
+graphs are read on the source and built there: `virtualize.server._migrate_graphs`),
 and the calls resume. The client notices a pause. The objects made anew have new handle values: the
 worker's executor maps the client's values to them from then on (`virtualize.server._handles`), and
-the native loop leaves every frame to the Python path, where that map is.
+the native loop is given the same map (its handle tables' values) once the lease has moved.
 
 What cannot move is refused before anything pauses, with the reason (`refusal`); the lease keeps
 running. The pool server asks through the worker's state directory (``server.workers``: the request
@@ -142,8 +143,8 @@ def _windows_held(lease):
 
 
 def _native_paused(worker, timeout: float) -> None:
-    """The native loop leaves every frame to the Python path (gated, translated) from now on, and the
-    calls it is inside of return first."""
+    """The native loop leaves every frame to the Python path (gated, translated) until the lease has
+    moved (`NativeLease.moved`), and the calls it is inside of return first."""
     native = worker.native
     if native is None:
         return
@@ -179,9 +180,11 @@ def migrate(worker, device: int, target: int, timeout: float = DRAIN_TIMEOUT_S, 
                     f"the target GPU {target} failed: {exc}; the lease stays on GPU {source}"
                 ) from None
             worker.devices[device] = replace(worker.devices[device], index=target, uuid=moved.get("uuid", ""))
+            if worker.native is not None:  # C passes the target's objects on and serves again
+                worker.native.moved()
             resumed = time.monotonic()
     except MigrationRefused:
-        if worker.native is not None and not worker.executor.generation:  # never moved: C may serve again
+        if worker.native is not None:  # nothing moved: C serves again, its handles as they were
             worker.native.python_only(False)
         raise
     answer = {"device": device, "from": source, "to": target, "bytes": moved["bytes"],

@@ -43,6 +43,13 @@ LIBRARY_MODULE = "virtualize.server._dispatch"
 # each argument are generated into native/dispatch_gen.h (`python -m virtualize.common._shimgen`).
 IN_C_CALLS = native_calls()
 KINDS = {"stream": 0, "event": 1, "func": 2, "kernel": 2, "graphexec": 3}  # the guard's handle tables C reads
+NAMESPACES = {
+    "stream": "stream",
+    "event": "event",
+    "func": "func",
+    "kernel": "func",
+    "graphexec": "graphexec",
+}
 LANDING_STREAMS = 8  # dispatch.c's: the streams with copies landing in one shared page-locked allocation
 TO_PYTHON, ASYNC_ERROR, CLOSED, IO_ERROR, SERVED, REPLY_AFTER_OUTPUT, SHARED_ERROR = range(7)
 BUDGET = 4096  # frames per return to Python (the worker notes activity between)
@@ -119,6 +126,7 @@ def _load() -> ctypes.CDLL | None:
         ("gpf_handle_add", [p, i, u64], None),
         ("gpf_handle_drop", [p, i, u64], None),
         ("gpf_handle_clear", [p, i], None),
+        ("gpf_handle_map", [p, i, u64, u64], None),
         ("gpf_function_add", [p, u64, u32, ctypes.POINTER(u32), u32], None),
         ("gpf_output_watch", [i], None),
         ("gpf_output_mark", [i], None),
@@ -126,6 +134,7 @@ def _load() -> ctypes.CDLL | None:
         ("gpf_session_free", [p], None),
         ("gpf_session_busy", [p], i),
         ("gpf_lease_python_only", [p, i], None),
+        ("gpf_lease_moved", [p], None),
         ("gpf_session_calls", [p], u64),
         ("gpf_pinned_add", [p, u64, u64, p], i),
         ("gpf_pinned_landing", [p, u64, ctypes.POINTER(u64), ctypes.POINTER(u64)], u32),
@@ -248,14 +257,19 @@ class NativeLease:
         else:
             self.ptr = lib.gpf_lease_new(_LAUNCH(), _CALL(), _COPY(), _CAPTURING())
         self.executor = executor
+        # What C calls back with are the executor's values (a live migration maps the client's to them).
+        translated = hasattr(type(executor), "current")  # virtualize.server._handles.Translated
+        self.direct = executor.inner if translated else executor
+        self.current = executor.current if translated else None
         self.learned: dict[int, list[tuple[int, int]]] = {}  # functions C launches -> their layout
+        self.layouts: dict[int, list[tuple[int, int]]] = {}  # the same, by the executor's value
         # the worker's mappings of clients' shared page-locked memory C copies through: address -> memory
         self.mapped: dict[int, SharedHostMemory] = {}
         for name, kind in KINDS.items():
             keep = kind != 2  # functions reach C with their layout, at their first launch (`learn`)
             lease.handles[name] = MirroredHandles(
                 lease.handles[name],
-                (lambda h, k=kind: lib.gpf_handle_add(self.ptr, k, h)) if keep else (lambda h: None),
+                (lambda h, n=name: self._add(n, h)) if keep else (lambda h: None),
                 lambda h, k=kind: self._forget(k, h),
             )
         with lease.lock:  # its memory: copies into it may be served in C (LeaseState keeps this up to date)
@@ -269,10 +283,22 @@ class NativeLease:
     def range_dropped(self, base: int) -> None:
         self.lib.gpf_range_drop(self.ptr, base)
 
+    def _real(self, name: str, handle: int) -> int:
+        """The executor's value of the client's handle (itself until the lease first moves)."""
+        return self.executor.map.real(NAMESPACES[name], handle) if self.current is not None else handle
+
+    def _add(self, name: str, handle: int) -> None:
+        self.lib.gpf_handle_add(self.ptr, KINDS[name], handle)
+        real = self._real(name, handle)
+        if real != handle:  # an object made after a move whose value the client knows as another
+            self.lib.gpf_handle_map(self.ptr, KINDS[name], handle, real)
+
     def _forget(self, kind: int, handle: int) -> None:
         self.lib.gpf_handle_drop(self.ptr, kind, handle)
         if kind == 2:
-            self.learned.pop(handle, None)
+            layout = self.learned.pop(handle, None)
+            if layout is not None:
+                self.layouts.pop(self._real("func", handle), None)
 
     def learn(self, func: int, layout: list[tuple[int, int]]) -> None:
         """A function the Python path has just launched: from now on C launches it too."""
@@ -282,13 +308,30 @@ class NativeLease:
         offsets = (ctypes.c_uint32 * max(len(layout), 1))(*(offset for offset, _ in layout))
         need = max((offset + size for offset, size in layout), default=0)
         self.lib.gpf_function_add(self.ptr, func, len(layout), offsets, need)
+        real = self._real("func", func)
+        self.layouts[real] = layout
+        if real != func:
+            self.lib.gpf_handle_map(self.ptr, KINDS["func"], func, real)
+
+    def moved(self) -> None:
+        """After a live migration: C hands the executor the target's objects (the client's handles mapped as
+        the Python path maps them), and leaves copies naming a moved module global (at another address on
+        the target) to the Python path; then it serves the lease's frames again."""
+        for name, kind in KINDS.items():
+            for handle in list(self.lease.handles[name]):
+                if kind != 2 or handle in self.learned:
+                    self.lib.gpf_handle_map(self.ptr, kind, handle, self._real(name, handle))
+        self.layouts = {self._real("func", f): layout for f, layout in self.learned.items()}
+        for base, _size, _real in self.executor.addresses.ranges if self.current is not None else []:
+            self.lib.gpf_range_drop(self.ptr, base)
+        self.lib.gpf_lease_moved(self.ptr)
 
     def session(self) -> NativeSession:
         return NativeSession(self)
 
     def python_only(self, on: bool = True) -> None:
-        """Every frame of the lease through Python from now on (a live migration: the client's handle
-        values then map to the target's objects, which only the Python path translates)."""
+        """Every frame of the lease through Python from now on (a live migration, until `moved`), or C
+        serves again."""
         self.lib.gpf_lease_python_only(self.ptr, int(on))
 
     # -- the host executor's side (ctypes callbacks, on the connection's thread) ---------------------
@@ -300,8 +343,8 @@ class NativeLease:
             raw = ctypes.string_at(attrs, n_attrs * _wire.LAUNCH_ATTRIBUTE_BYTES) if n_attrs else b""
             grid, block = (dims[0], dims[1], dims[2]), (dims[3], dims[4], dims[5])
             data = ctypes.string_at(params, params_len) if params_len else b""
-            layout, attributes = self.learned[func], tuple(launch_attributes(raw))
-            self.executor.launch(Launch(func, grid, block, dims[6], stream, data, layout, attributes))
+            layout, attributes = self.layouts[func], tuple(launch_attributes(raw))
+            self.direct.launch(Launch(func, grid, block, dims[6], stream, data, layout, attributes))
 
         return self._run(run)
 
@@ -309,7 +352,7 @@ class NativeLease:
         call = IN_C_CALLS[which]
 
         def run() -> None:
-            value = getattr(self.executor, call.name)(*args[: len(call.ins)])
+            value = getattr(self.direct, call.name)(*args[: len(call.ins)])
             if call.out_struct.size:  # its one answered value, as the wire packs it
                 out[0] = int.from_bytes(call.out_struct.pack(value), "little")
 
@@ -336,10 +379,10 @@ class NativeLease:
 
         if to_device:
             return self._run(
-                lambda: self.executor.copy_to_device(device, count, stream if on_stream else None, move)
+                lambda: self.direct.copy_to_device(device, count, stream if on_stream else None, move)
             )
         return self._run(
-            lambda: self.executor.copy_from_device(device, count, stream if on_stream else None, move)
+            lambda: self.direct.copy_from_device(device, count, stream if on_stream else None, move)
         )
 
     def _mapping(self, host: int) -> tuple[int, SharedHostMemory]:
@@ -348,7 +391,7 @@ class NativeLease:
     def _host_shared_copy(self, device, host, count, stream, flags) -> None:
         """As CopyCalls.shm_htod has the executor copy a piece (`host`: in the shared memory)."""
         at, shared = self._mapping(host)
-        self.executor.copy_in_from(
+        self.direct.copy_in_from(
             device, shared, host - at, count, stream if flags & 2 else None, bool(flags & 1)
         )
 
@@ -357,13 +400,13 @@ class NativeLease:
         at, shared = self._mapping(host)
         on = None if flags & 2 else stream
         if flags & 1:
-            self.executor.copy_in_from(device, shared, host - at, count, on, bool(flags & 2))
+            self.direct.copy_in_from(device, shared, host - at, count, on, bool(flags & 2))
         else:
-            self.executor.copy_out_into(shared, host - at, device, count, on)
+            self.direct.copy_out_into(shared, host - at, device, count, on)
 
     def _host_capturing(self, stream, capturing) -> int:
         def ask() -> None:
-            capturing[0] = int(bool(self.executor.cuStreamIsCapturing(stream)))
+            capturing[0] = int(bool(self.direct.cuStreamIsCapturing(stream)))
 
         return self._run(ask)
 
@@ -470,6 +513,8 @@ class NativeSession:
         fd = channel.sock.fileno()
         tls = getattr(channel.sock, "native_stream", None)  # an encrypted connection's stream in C
         outcome = self._outcome
+        if self.lease.current is not None:  # after a move: this thread's context is the target's (C calls
+            self.lease.current()  # the driver)
         while True:
             may_reply = not session.pending and session.callbacks is None
             self._ctx = session.ctx

@@ -220,7 +220,7 @@ class Worker:
         self.devices = devices
         self.lease = LeaseState([d.mem_limit_bytes for d in devices])
         # The executor behind the handle values the client knows, which a live migration keeps.
-        self.executor = Translated(executor, self.lease.holds)
+        self.executor = Translated(executor, self.lease.holds, lambda kind: list(self.lease.handles[kind]))
         self.activity = state_dir / ACTIVITY_FILE
         self.usage = state_dir / USAGE_FILE
         self._usage_written: list[int] | None = None

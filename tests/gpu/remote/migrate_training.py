@@ -5,9 +5,15 @@ Each lease here runs on a worker of GPU 0 with the real CUDA executor; it is mov
 worker) while its program runs.
 
 1. driver: a program of the driver API alone (ctypes on the shim) holds 256 MiB filled on a stream of
-   its own, with an event; moved; the same address, stream and event work after the move.
+   its own, with an event, and an instantiated graph captured from that stream (a memset and a copy;
+   the captured graph destroyed); moved; the same address, stream, event and graph work after the move.
 2. cupy: a CuPy program (its own kernel, no library) holds 1 GiB filled with a pattern; moved; it
    checks the bytes and runs its kernel on them again.
+2b. cupy_graph: a CuPy program captures its own kernel and a copy into a CUDA graph and replays it; moved;
+   the graph replayed from the same start leaves the same bytes.
+2c. graphed: a PyTorch training whose whole step (forward, backward, SGD with momentum) is one captured
+   CUDA graph (torch.cuda.graph), replayed step by step: unmigrated, then moved to GPU 1 after step
+   --at; the losses must be equal step for step.
 3. pause: a PyTorch program holds N GiB (random int32, checksummed) for each N of --sizes; moved; the
    table prints bytes, objects re-created, pause, wait, the copy rate, the GPUs' used memory before and
    after (nvidia-smi), and whether the checksum and a kernel on the moved tensor hold.
@@ -104,6 +110,21 @@ ok(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "retain"); ok(cu.cuCtxSe
 n = 256 << 20
 ok(cu.cuMemAlloc_v2(ctypes.byref(ptr), u64(n)), "alloc")
 ok(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream"); ok(cu.cuEventCreate(ctypes.byref(event), 0), "event")
+# a graph captured from the stream: the first MiB set to a word, then copied to the second MiB
+graph, exe, mib = u64(), u64(), 1 << 20
+ok(cu.cuStreamBeginCapture_v2(stream, 2), "begin capture")
+ok(cu.cuMemsetD32Async(ptr, ctypes.c_uint(0x0BADCAFE), u64(mib // 4), stream), "captured memset")
+ok(cu.cuMemcpyDtoDAsync_v2(u64(ptr.value + mib), ptr, u64(mib), stream), "captured copy")
+ok(cu.cuStreamEndCapture(stream, ctypes.byref(graph)), "end capture")
+ok(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, u64(0)), "instantiate")
+ok(cu.cuGraphDestroy(graph), "graph destroyed")
+def replayed():
+    ok(cu.cuMemsetD8_v2(ptr, 0, u64(2 * mib)), "zeros")
+    ok(cu.cuGraphLaunch(exe, stream), "graph launch"); ok(cu.cuStreamSynchronize(stream), "graph sync")
+    back = ctypes.create_string_buffer(2 * mib)
+    ok(cu.cuMemcpyDtoH_v2(back, ptr, u64(2 * mib)), "read the graph's")
+    return back.raw == (0x0BADCAFE).to_bytes(4, "little") * (2 * mib // 4)
+graph_ran = replayed()
 def fill(word):
     ok(cu.cuMemsetD32Async(ptr, ctypes.c_uint(word), u64(n // 4), stream), "fill")
     ok(cu.cuEventRecord(event, stream), "record"); ok(cu.cuEventSynchronize(event), "event sync")
@@ -112,12 +133,85 @@ def same(word):
     ok(cu.cuMemcpyDtoH_v2(back, ptr, u64(n)), "read")
     return back.raw == word.to_bytes(4, "little") * (n // 4)
 fill(0x5A5AA5A5)
-print("ready", same(0x5A5AA5A5), flush=True)
+print("ready", same(0x5A5AA5A5) and graph_ran, flush=True)
 sys.stdin.readline()
 kept = same(0x5A5AA5A5)
 fill(0x01020304)
 ok(cu.cuStreamSynchronize(stream), "stream sync")
-print("after", kept, same(0x01020304) and cu.cuEventQuery(event) == 0, flush=True)
+print("after", kept, same(0x01020304) and cu.cuEventQuery(event) == 0 and replayed(), flush=True)
+"""
+# CuPy's own kernel and a copy captured into a CUDA graph, replayed from zeros before and after the move.
+CUPY_GRAPH_HOLDER = r"""
+import hashlib, sys, cupy
+step = cupy.RawKernel(r'''
+extern "C" __global__ void step(const float *x, float *y, unsigned long long n) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x)
+        y[i] = y[i] * 0.5f + x[i];
+}''', "step")
+n = 1 << 24
+x = cupy.arange(n, dtype=cupy.float32) % 1000
+y, z = cupy.zeros(n, dtype=cupy.float32), cupy.zeros(n, dtype=cupy.float32)
+s = cupy.cuda.Stream(non_blocking=True)
+with s:
+    s.begin_capture()
+    step((1024,), (256,), (x, y, cupy.uint64(n)))
+    cupy.copyto(z, y)
+    graph = s.end_capture()
+def replayed():
+    y.fill(0)
+    z.fill(0)
+    cupy.cuda.runtime.deviceSynchronize()
+    for _ in range(3):
+        graph.launch(s)
+    s.synchronize()
+    return hashlib.sha256(y.get().tobytes()).hexdigest(), bool((y == z).all())
+before, copied = replayed()
+print("ready", copied, flush=True)
+sys.stdin.readline()
+after, copied = replayed()
+print("after", after == before, copied, flush=True)
+"""
+# A training whose whole step is one captured CUDA graph (torch.cuda.graph), replayed step by step; the
+# lease may move after step `at` (the losses so far on the ready line, the rest on the after line).
+GRAPHED_TRAINER = r"""
+import sys, torch
+steps, at = int(sys.argv[1]), int(sys.argv[2])
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 1024),
+                            torch.nn.GELU(), torch.nn.Linear(1024, 10)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+loss_fn = torch.nn.CrossEntropyLoss()
+g = torch.Generator(device="cuda").manual_seed(1)
+data = torch.randn(steps, 512, 256, device="cuda", generator=g)
+labels = torch.randint(0, 10, (steps, 512), device="cuda", generator=g)
+static_x, static_y = data[0].clone(), labels[0].clone()
+side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):  # warm-up before capture, as PyTorch asks
+    for _ in range(3):
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(static_x), static_y).backward()
+        opt.step()
+torch.cuda.current_stream().wait_stream(side)
+graph = torch.cuda.CUDAGraph()
+opt.zero_grad(set_to_none=True)
+with torch.cuda.graph(graph):
+    static_loss = loss_fn(model(static_x), static_y)
+    static_loss.backward()
+    opt.step()
+losses = []
+def run(steps_):
+    for i in steps_:
+        static_x.copy_(data[i])
+        static_y.copy_(labels[i])
+        graph.replay()
+        losses.append(static_loss.item())
+run(range(at))
+print("ready", *map(repr, losses), flush=True)
+sys.stdin.readline()
+run(range(at, steps))
+print("after", *map(repr, losses[at:]), flush=True)
 """
 results: list[dict] = []
 OUT_DIR = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
@@ -191,8 +285,8 @@ def move(handle, to: tuple[int, str, int]) -> dict:
 
 
 def hold(code: str, args: list[str], handle, shim: Path, work: Path, to) -> tuple[str, dict, str, list[str]]:
-    """Start a holder, move its lease once it is ready, let it check; (ready line, answer, after line,
-    nvidia-smi before/after)."""
+    """Start a holder, move its lease once it is ready (to None: no move), let it check; (ready line,
+    answer, after line, nvidia-smi before/after)."""
     proc = subprocess.Popen([sys.executable, "-c", code, *args], env=lease_env(handle, shim, work),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     killer = threading.Timer(HOLD_TIMEOUT_S, proc.kill)
@@ -204,7 +298,7 @@ def hold(code: str, args: list[str], handle, shim: Path, work: Path, to) -> tupl
             proc.kill()
             return first, {"ok": False, "error": "the holder failed: " + proc.stderr.read()[-1500:]}, "", []
         smi = [used_mib()]
-        answer = move(handle, to)
+        answer = move(handle, to) if to is not None else {"ok": True, "unmoved": True}
         smi.append(used_mib())
         out, err = proc.communicate("go\n", timeout=HOLD_TIMEOUT_S)
         after = next((line for line in out.splitlines() if line.startswith("after")), "")
@@ -247,14 +341,40 @@ def moved_holder(
 
 
 def driver_check(shim: Path, work: Path, two: list) -> None:
-    moved_holder("driver: 256 MiB, a stream and an event of the driver API", DRIVER_HOLDER, 2,
-                 "driver API: memory, stream and event moved", shim, work, two)  # fmt: skip
+    moved_holder("driver: 256 MiB, a stream, an event and a captured graph of the driver API", DRIVER_HOLDER, 2,
+                 "driver API: memory, stream, event and a captured graph moved", shim, work, two)  # fmt: skip
 
 
 def cupy_check(shim: Path, work: Path, two: list) -> None:
     moved_holder(
         "cupy: 1 GiB held by a CuPy kernel", CUPY_HOLDER, 4, "cupy: 1 GiB and a kernel moved", shim, work, two
     )
+
+
+def cupy_graph_check(shim: Path, work: Path, two: list) -> None:
+    moved_holder("cupy_graph: a CUDA graph of CuPy's kernel and a copy, replayed", CUPY_GRAPH_HOLDER, 2,
+                 "cupy: a captured CUDA graph moved, replayed the same", shim, work, two)  # fmt: skip
+
+
+def graphed_training(shim: Path, work: Path, two: list, steps: int, at: int) -> None:
+    print(f"\n=== graphed: a training step captured as one CUDA graph, {steps} steps, moved after step {at}",
+          flush=True)  # fmt: skip
+    runs = {}
+    for label, to in (("reference", None), ("migrated", two[1])):
+        handle = worker_on(two[0], 8)
+        try:
+            first, answer, after, _ = hold(GRAPHED_TRAINER, [str(steps), str(at)], handle, shim, work, to)
+        finally:
+            handle.stop()
+        losses = [float(v) for v in first.split()[1:] + after.split()[1:]] if after else []
+        runs[label] = (losses, answer)
+        print(f"[{label}] {len(losses)} steps", flush=True)
+    (ref, _), (moved, answer) = runs["reference"], runs["migrated"]
+    for i, (a, b) in enumerate(zip(ref, moved, strict=False)):
+        print(f"{i:5d} {a:12.6f} {b:12.6f}{'' if a == b else '  DIFFERENT'}")
+    equal = len(ref) == len(moved) == steps and ref == moved
+    outcome("graphed training (one captured CUDA graph a step) migrated mid-run, losses equal", answer, equal,
+            f"{answer.get('objects')} objects, paused {answer.get('pause_s', 0):.3f} s")  # fmt: skip
 
 
 def pause_table(shim: Path, work: Path, two: list, sizes: list[int], out_dir: Path | None) -> None:
@@ -340,8 +460,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     parser.add_argument("--at", type=int, default=8, help="the step after which the lease moves (default 8)")
     parser.add_argument("--sizes", default="1,4,16", help="GiB held for the pause table (default 1,4,16)")
+    part_names = ["driver", "cupy", "cupy_graph", "graphed", "pause", "training"]
     parser.add_argument(
-        "--only", nargs="*", default=["driver", "cupy", "pause", "training"], help="parts to run"
+        "--only", nargs="*", default=part_names, choices=part_names, help="parts to run (default: all)"
     )
     parser.add_argument("--executor", default="cuda", choices=["cuda", "host"],
                         help="host: rehearse the driver part without a GPU (two host 'GPUs')")  # fmt: skip
@@ -365,12 +486,14 @@ def main() -> int:
         parts = {
             "driver": lambda: driver_check(shim, work, found[:2]),
             "cupy": lambda: cupy_check(shim, work, found[:2]),
+            "cupy_graph": lambda: cupy_graph_check(shim, work, found[:2]),
+            "graphed": lambda: graphed_training(shim, work, found[:2], args.steps, args.at),
             "pause": lambda: pause_table(
                 shim, work, found[:2], [int(s) for s in args.sizes.split(",")], out_dir
             ),
             "training": lambda: training(shim, work, found[:2], args.steps, args.at),
         }
-        needs = {"driver": 20, "cupy": 30, "pause": 40, "training": 120}
+        needs = {"driver": 20, "cupy": 30, "cupy_graph": 30, "graphed": 60, "pause": 40, "training": 120}
         for name in args.only:
             if out_of_time(name, needs.get(name, 30)):
                 continue

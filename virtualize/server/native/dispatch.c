@@ -216,6 +216,7 @@ struct layout {
 struct table {
     uint64_t *keys; /* 0: empty slot, TOMB: removed */
     struct layout **values;
+    uint64_t *reals; /* the executor's value of the client's handle after a live migration; 0: the same */
     size_t cap, used; /* used counts tombstones too */
 };
 
@@ -230,7 +231,8 @@ struct lease {
     struct range *ranges; /* the lease's memory (the guard's allocations), sorted by base */
     size_t n_ranges, cap_ranges;
     struct ops ops;
-    int python_only; /* every frame to Python: the lease migrates, or has (its handles map there) */
+    int python_only; /* every frame to Python: the lease is migrating */
+    uint64_t moves;  /* live migrations done: a session that began serving before the last one goes to Python */
 };
 
 static size_t slot_of(const struct table *t, uint64_t key) {
@@ -247,6 +249,13 @@ static int table_has(const struct table *t, uint64_t key, struct layout **value)
     return 1;
 }
 
+/* The value to hand the executor for the client's `key` (one of the table's). */
+static uint64_t table_real(const struct table *t, uint64_t key) {
+    if (!t->cap || !key || key == TOMB) return key;
+    size_t i = slot_of(t, key);
+    return t->keys[i] == key && t->reals[i] ? t->reals[i] : key;
+}
+
 static void table_put(struct table *t, uint64_t key, struct layout *value);
 
 static int table_grow(struct table *t) {
@@ -255,13 +264,17 @@ static int table_grow(struct table *t) {
     while (bigger.cap / 2 < t->used) bigger.cap *= 2;
     bigger.keys = calloc(bigger.cap, sizeof *bigger.keys);
     bigger.values = calloc(bigger.cap, sizeof *bigger.values);
-    if (!bigger.keys || !bigger.values) {
-        free(bigger.keys), free(bigger.values);
+    bigger.reals = calloc(bigger.cap, sizeof *bigger.reals);
+    if (!bigger.keys || !bigger.values || !bigger.reals) {
+        free(bigger.keys), free(bigger.values), free(bigger.reals);
         return -1;
     }
     for (size_t i = 0; i < t->cap; i++)
-        if (t->keys[i] && t->keys[i] != TOMB) table_put(&bigger, t->keys[i], t->values[i]);
-    free(t->keys), free(t->values);
+        if (t->keys[i] && t->keys[i] != TOMB) {
+            table_put(&bigger, t->keys[i], t->values[i]);
+            bigger.reals[slot_of(&bigger, t->keys[i])] = t->reals[i];
+        }
+    free(t->keys), free(t->values), free(t->reals);
     *t = bigger;
     return 0;
 }
@@ -280,7 +293,7 @@ static void table_put(struct table *t, uint64_t key, struct layout *value) {
         if (t->keys[i] == TOMB && tomb == SIZE_MAX) tomb = i;
         i = (i + 1) & mask;
     }
-    if (t->keys[i] == key) {
+    if (t->keys[i] == key) { /* known: a new layout, the same executor's value */
         free(t->values[i]);
         t->values[i] = value;
         return;
@@ -289,6 +302,7 @@ static void table_put(struct table *t, uint64_t key, struct layout *value) {
     else t->used++;
     t->keys[i] = key;
     t->values[i] = value;
+    t->reals[i] = 0;
 }
 
 static void table_drop(struct table *t, uint64_t key) {
@@ -298,11 +312,12 @@ static void table_drop(struct table *t, uint64_t key) {
     t->keys[i] = TOMB;
     free(t->values[i]);
     t->values[i] = NULL;
+    t->reals[i] = 0;
 }
 
 static void table_clear(struct table *t) {
     for (size_t i = 0; i < t->cap; i++) free(t->values[i]);
-    free(t->keys), free(t->values);
+    free(t->keys), free(t->values), free(t->reals);
     memset(t, 0, sizeof *t);
 }
 
@@ -378,6 +393,19 @@ EXPORT void gpf_handle_drop(struct lease *l, int kind, uint64_t handle) {
     pthread_mutex_unlock(&l->lock);
 }
 
+/* After a live migration the client's `handle` names the executor's `real` (the same value: unmapped);
+ * the frames C serves pass `real` on. A handle the table does not hold is left alone. */
+EXPORT void gpf_handle_map(struct lease *l, int kind, uint64_t handle, uint64_t real) {
+    if (kind < 0 || kind >= KINDS) return;
+    pthread_mutex_lock(&l->lock);
+    struct table *t = &l->kinds[kind];
+    if (t->cap && handle && handle != TOMB) {
+        size_t i = slot_of(t, handle);
+        if (t->keys[i] == handle) t->reals[i] = real == handle ? 0 : real;
+    }
+    pthread_mutex_unlock(&l->lock);
+}
+
 EXPORT void gpf_handle_clear(struct lease *l, int kind) {
     if (kind < 0 || kind >= KINDS) return;
     pthread_mutex_lock(&l->lock);
@@ -447,6 +475,7 @@ struct session {
     uint8_t *shm;     /* the memory the connection shares with its process (gpShmAttach), its size */
     uint64_t shm_size;
     int shm_ok;       /* no piece of a copy through it has failed yet (passed to gpf_serve) */
+    uint64_t moves;   /* the lease's moves when this serve began (its thread's context is of then) */
 };
 
 EXPORT struct session *gpf_session_new(struct lease *l) {
@@ -532,10 +561,19 @@ EXPORT int gpf_session_busy(const struct session *s) { return __atomic_load_n(&s
  * so (busy) before it looks, so once the switch is on and no session is busy, none calls it again. */
 EXPORT void gpf_lease_python_only(struct lease *l, int on) { __atomic_store_n(&l->python_only, on, __ATOMIC_SEQ_CST); }
 
+/* The lease has moved (its handles mapped anew: gpf_handle_map) and C serves it again; a session serving
+ * since before leaves its next frame to Python, which makes the target's context current on its thread. */
+EXPORT void gpf_lease_moved(struct lease *l) {
+    __atomic_fetch_add(&l->moves, 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&l->python_only, 0, __ATOMIC_SEQ_CST);
+}
+
 /* Before a driver call: busy, unless the lease's frames are Python's now (0: leave the frame to it). */
 static int enter(struct session *s) {
     __atomic_store_n(&s->busy, 1, __ATOMIC_SEQ_CST);
-    if (!__atomic_load_n(&s->lease->python_only, __ATOMIC_SEQ_CST)) return 1;
+    if (!__atomic_load_n(&s->lease->python_only, __ATOMIC_SEQ_CST) &&
+        __atomic_load_n(&s->lease->moves, __ATOMIC_SEQ_CST) == s->moves)
+        return 1;
     __atomic_store_n(&s->busy, 0, __ATOMIC_SEQ_CST);
     return 0;
 }
@@ -647,6 +685,25 @@ static int stream_known(struct lease *l, uint64_t stream) {
     return GPF_BUILTIN_STREAM(stream) || table_has(&l->kinds[KIND_STREAM], stream, NULL);
 }
 
+/* The executor's value of a checked argument (a handle the client names: mapped after a move). */
+static uint64_t real_arg(struct lease *l, int check, uint64_t v) {
+    switch (check) {
+    case GPF_STREAM: return GPF_BUILTIN_STREAM(v) ? v : table_real(&l->kinds[KIND_STREAM], v);
+    case GPF_EVENT: return table_real(&l->kinds[KIND_EVENT], v);
+    case GPF_FUNC: return table_real(&l->kinds[KIND_FUNC], v);
+    case GPF_GRAPHEXEC: return table_real(&l->kinds[KIND_GRAPHEXEC], v);
+    default: return v;
+    }
+}
+
+/* A stream the client names, as the executor knows it (under the lock). */
+static uint64_t real_stream(struct lease *l, uint64_t stream) {
+    pthread_mutex_lock(&l->lock);
+    uint64_t real = real_arg(l, GPF_STREAM, stream);
+    pthread_mutex_unlock(&l->lock);
+    return real;
+}
+
 /* Every argument of the frame passes the guard's check of it (Session._check, _check_ranges): handles
  * the lease's, device bytes inside one of its allocations (under the lock). */
 static int args_ok(const struct session *s, int c, const uint8_t *a) {
@@ -675,10 +732,12 @@ static int args_ok(const struct session *s, int c, const uint8_t *a) {
     return 1;
 }
 
-/* args_ok under the lease's lock. */
-static int checked(struct session *s, int c, const uint8_t *a) {
+/* args_ok under the lease's lock; `real` (if not NULL): each argument as the executor knows it. */
+static int checked(struct session *s, int c, const uint8_t *a, uint64_t *real) {
     pthread_mutex_lock(&s->lease->lock);
     int ok = args_ok(s, c, a);
+    if (ok && real)
+        for (int i = 0; i < gpf_calls[c].n_args; i++) real[i] = real_arg(s->lease, gpf_calls[c].args[i].check, arg(c, i, a));
     pthread_mutex_unlock(&s->lease->lock);
     return ok;
 }
@@ -714,6 +773,7 @@ static int launch(struct session *s, const uint8_t *a, const uint8_t *bulk, uint
     pthread_mutex_lock(&l->lock);
     struct layout *layout = NULL;
     int known = args_ok(s, C_LAUNCH, a) && table_has(&l->kinds[KIND_FUNC], func, &layout) && layout;
+    func = real_arg(l, GPF_FUNC, func), stream = real_arg(l, GPF_STREAM, stream); /* the executor's */
     uint32_t n = known ? layout->n : 0;
     /* Parameters shorter than the layout (an `extra` buffer: NCCL declares a 4 KiB argument struct and
      * sends the bytes its work uses) are padded with zeros: the driver reads the layout's length. */
@@ -751,8 +811,7 @@ static int launch(struct session *s, const uint8_t *a, const uint8_t *bulk, uint
 static int other(struct session *s, int c, const uint8_t *a, int *result, uint64_t *out) {
     struct lease *l = s->lease;
     uint64_t args[sizeof gpf_calls[c].args / sizeof gpf_calls[c].args[0]] = {0};
-    for (int i = 0; i < gpf_calls[c].n_args; i++) args[i] = arg(c, i, a);
-    if (!checked(s, c, a) || !enter(s)) return -1;
+    if (!checked(s, c, a, args) || !enter(s)) return -1;
     *result = l->ops.call((uint32_t)c, args, out);
     __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
     return 0;
@@ -767,9 +826,11 @@ static int copy(struct session *s, int c, const uint8_t *a, const uint8_t *bulk,
     uint64_t device = arg(c, 0, a), count = arg(c, 1, a), stream = arg(c, 2, a);
     int to_device = call->bulk_in;
     if (count > SMALL_COPY || (to_device ? bulk_len != count : bulk_len != 0) || !count) return -1;
-    if (!checked(s, c, a)) return -1;
+    uint64_t real[sizeof call->args / sizeof call->args[0]] = {0};
+    if (!checked(s, c, a, real)) return -1;
+    stream = real[2];
     if (!to_device && !s->copied && !(s->copied = malloc(REPLY + SMALL_COPY))) return -1;
-    if (!(call->capture != GPF_NO_ARG ? enter_uncaptured(s, arg(c, call->capture, a)) : enter(s))) return -1;
+    if (!(call->capture != GPF_NO_ARG ? enter_uncaptured(s, real[call->capture]) : enter(s))) return -1;
     *result = l->ops.copy((uint32_t)c, device, to_device ? (void *)bulk : s->copied + REPLY, count, stream, 0);
     __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
     return 0;
@@ -784,14 +845,15 @@ static int pinned_copy(struct session *s, const uint8_t *a, int *result) {
     uint64_t count = u64(a + GPF_AT_PINNED_COPY_count), stream = u64(a + GPF_AT_PINNED_COPY_stream);
     uint32_t flags = u32(a + GPF_AT_PINNED_COPY_flags);
     int to_device = flags & 1, synchronous = flags & 2;
-    if (!checked(s, C_PINNED_COPY, a)) return -1;
+    if (!checked(s, C_PINNED_COPY, a, NULL)) return -1;
     struct pinned *p = pinned_at(s, host, count);
-    if (!(synchronous ? enter(s) : enter_uncaptured(s, stream))) return -1;
+    uint64_t on = real_stream(l, stream); /* the client's `stream` is what a landing is noted with */
+    if (!(synchronous ? enter(s) : enter_uncaptured(s, on))) return -1;
     if (!synchronous && !to_device && pinned_note_landing(s, p, stream) < 0) {
         __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
         return -1;
     }
-    *result = l->ops.copy(C_PINNED_COPY, device, p->mapped + (host - p->base), count, stream, flags);
+    *result = l->ops.copy(C_PINNED_COPY, device, p->mapped + (host - p->base), count, on, flags);
     __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
     return 0;
 }
@@ -804,7 +866,8 @@ static int shm_htod(struct session *s, const uint8_t *a, int *result) {
     uint64_t device = u64(a + GPF_AT_SHM_HTOD_dst), count = u64(a + GPF_AT_SHM_HTOD_count);
     uint64_t stream = u64(a + GPF_AT_SHM_HTOD_stream), offset = u64(a + GPF_AT_SHM_HTOD_offset);
     uint32_t flags = u32(a + GPF_AT_SHM_HTOD_flags);
-    if (!s->shm_ok || !checked(s, C_SHM_HTOD, a)) return -1;
+    if (!s->shm_ok || !checked(s, C_SHM_HTOD, a, NULL)) return -1;
+    stream = real_stream(l, stream);
     if (!(flags & 2 ? enter_uncaptured(s, stream) : enter(s))) return -1;
     *result = l->ops.copy(C_SHM_HTOD, device, s->shm + offset, count, stream, flags & 3);
     __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
@@ -821,6 +884,7 @@ EXPORT int gpf_serve(struct session *s, int fd, struct gpt_stream *tls, struct b
                      int shared_ok, uint64_t ctx, uint32_t budget, struct outcome *out) {
     const struct io io = {fd, tls};
     s->ctx = ctx;
+    s->moves = __atomic_load_n(&s->lease->moves, __ATOMIC_SEQ_CST); /* the caller made its context current */
     s->shm_ok = shared_ok;
     out->served = 0;
     out->result = 0;

@@ -1,0 +1,282 @@
+"""CUDA graphs across a live migration (virtualize.server._migrate): the lease's graphs and instantiated
+graphs made anew on the target GPU, whichever way they were built.
+
+A graph is not replayed from the calls that built it (a captured graph's nodes came from launches that
+already ran): a move reads each graph as it is now on the source (`describe`: its nodes in order, each
+node's type and parameters, its edges with their data) and builds that on the target (`build`), so graphs
+built node by node, captured, cloned, set anew or captured into (cuStreamBeginCaptureToGraph) move alike.
+A graph's nodes name the lease's contexts' objects (functions, events): those are already re-created on
+the target when graphs are built, and a node names the new ones.
+
+An instantiated graph cannot be read back, and its graph may be changed or destroyed after instantiation
+(PyTorch destroys it): at instantiation the worker keeps a clone of the graph (`Book`, the snapshot), and
+each call that sets the instantiated graph's nodes anew since (`EXEC_SETTERS`). A move builds the snapshot
+on the target, instantiates it with the same flags and replays those calls. The client names the nodes
+of the graph it instantiated; the target's instantiated graph knows the snapshot's: each instantiated
+graph has its own map of the client's nodes to the target's (`Book.exec_nodes`).
+
+Node types a move re-creates: kernel, copy (device memory), memset, host, child graph, empty, event
+record and event wait. Others (memory allocation and free, external semaphores, stream memory
+operations, conditional nodes) are refused up front, with the type, and the lease stays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from virtualize.server._executor import NOT_SUPPORTED, CudaError, Launch
+from virtualize.server._guard_graphs import KERNEL_NODE_ATTRIBUTES
+
+KERNEL, MEMCPY, MEMSET, HOST, CHILD, EMPTY, WAIT_EVENT, RECORD_EVENT = range(8)  # CUgraphNodeType
+NODE_TYPES = {8: "external semaphore signal", 9: "external semaphore wait", 10: "memory allocation",
+              11: "memory free", 12: "stream memory operation", 13: "conditional"}  # fmt: skip
+GRAPH_MAKERS = frozenset({"cuGraphCreate", "cuGraphClone", "cuStreamEndCapture"})  # a graph of its own
+# Calls that set an instantiated graph's node anew (replayed on the target's instantiated graph).
+EXEC_SETTERS = frozenset({
+    "graph_exec_kernel_node", "graph_exec_memcpy_node", "graph_exec_memset_node", "graph_host_node_set",
+    "cuGraphExecChildGraphNodeSetParams", "cuGraphExecEventRecordNodeSetEvent",
+    "cuGraphExecEventWaitNodeSetEvent", "cuGraphNodeSetEnabled",
+})  # fmt: skip
+
+
+@dataclass
+class Node:
+    """A node as read on the source: its value there, its type and what building it again needs."""
+
+    value: int
+    type: int
+    params: tuple = ()  # per type: see `describe`
+    child: Graph | None = None  # a child graph node's graph
+    attributes: dict[int, bytes] = field(default_factory=dict)  # a kernel node's, where set (clusters...)
+
+
+@dataclass
+class Graph:
+    """A graph as read on the source: its nodes in the order they run, its edges and their data."""
+
+    value: int
+    nodes: list[Node] = field(default_factory=list)
+    edges: list[tuple[int, int]] = field(default_factory=list)
+    edge_data: list[bytes] = field(default_factory=list)
+
+
+@dataclass
+class Instantiated:
+    """What the worker keeps of an instantiated graph (client values, but `snapshot`: the executor's)."""
+
+    graph: int  # the client's graph it was instantiated from (or last updated from)
+    snapshot: int  # the executor's clone of that graph, as it was then
+    flags: int
+    ctx: int  # the client's context current at instantiation
+    twins: dict[int, int]  # the client's node of `graph` -> its twin in `snapshot` (the executor's)
+    setters: dict[tuple, tuple] = field(default_factory=dict)  # (method, node) -> the newest call's args
+    unkept: str = ""  # why no snapshot could be kept (snapshot 0): a move refuses the lease then
+
+
+@dataclass
+class Plans:
+    """What a move of one device re-creates: the graphs and instantiated graphs as read on the source."""
+
+    graphs: list[tuple[int, int, Graph]]  # (the client's graph, the client's context it was made in, read)
+    execs: list[tuple[int, Instantiated, Graph]]  # (the client's, what is kept of it, its snapshot read)
+    exec_values: dict[int, int] = field(default_factory=dict)  # the client's -> the source's
+    origins: dict[int, tuple[str, int]] = field(default_factory=dict)  # a node's function -> its origin
+
+    def functions(self):
+        """(the client's context, the source's function) of every kernel node, child graphs' included."""
+
+        def walk(graph: Graph, ctx: int):
+            for node in graph.nodes:
+                if node.type == KERNEL:
+                    yield ctx, node.params[0]
+                elif node.child is not None:
+                    yield from walk(node.child, ctx)
+
+        for _, ctx, graph in self.graphs:
+            yield from walk(graph, ctx)
+        for _, kept, graph in self.execs:
+            yield from walk(graph, kept.ctx)
+
+    def sources(self):
+        """(the executor's method, the source's value) destroying each once the lease has moved."""
+        yield from (("cuGraphExecDestroy", value) for value in self.exec_values.values())
+        yield from (("cuGraphDestroy", kept.snapshot) for _, kept, _ in self.execs)
+        yield from (("cuGraphDestroy", graph.value) for _, _, graph in self.graphs)
+
+
+class Book:
+    """The lease's graphs and instantiated graphs, as a move needs them (kept by `Translated`)."""
+
+    def __init__(self) -> None:
+        self.graphs: dict[int, int] = {}  # the client's graph -> the client's context current when made
+        self.execs: dict[int, Instantiated] = {}
+        self.exec_nodes: dict[int, dict[int, int]] = {}  # after a move: exec -> client node -> target's
+        self.lock = threading.Lock()
+
+    def made(self, graph: int, ctx: int) -> None:
+        with self.lock:
+            self.graphs[graph] = ctx
+
+    def instantiated(self, inner, graph_exec: int, graph: int, real_graph: int, flags: int, ctx: int,
+                     client_node: Callable[[int], int]) -> None:  # fmt: skip
+        """Keep a clone of the graph as it is at instantiation, and which of its nodes is which there (a
+        graph the driver does not clone only keeps the lease from moving, not the program from running)."""
+        snapshot, twins, unkept = 0, {}, ""
+        try:
+            snapshot = inner.cuGraphClone(real_graph)
+            for n in inner.graph_nodes(real_graph):
+                twins[client_node(n)] = inner.cuGraphNodeFindInClone(n, snapshot)
+        except CudaError as exc:
+            unkept = f"an instantiated graph whose graph the driver did not clone: {exc}"
+            if snapshot:
+                with contextlib.suppress(CudaError):
+                    inner.cuGraphDestroy(snapshot)
+                snapshot = 0
+        with self.lock:
+            old = self.execs.get(graph_exec)
+            self.execs[graph_exec] = Instantiated(graph, snapshot, flags if old is None else old.flags,
+                                                  ctx if old is None else old.ctx, twins, unkept=unkept)  # fmt: skip
+            self.exec_nodes.pop(graph_exec, None)
+        if old is not None and old.snapshot:
+            with contextlib.suppress(CudaError):
+                inner.cuGraphDestroy(old.snapshot)
+
+    def set_anew(self, method: str, args: tuple, exec_at: int, node_at: int) -> None:
+        with self.lock:
+            found = self.execs.get(args[exec_at])
+            if found is not None:
+                key = (method, args[node_at])
+                found.setters.pop(key, None)
+                found.setters[key] = args  # the newest last
+
+    def exec_node(self, graph_exec: int, node: int) -> int | None:
+        """The executor's node that the client's `node` names in `graph_exec`, where a move set it."""
+        return self.exec_nodes.get(graph_exec, {}).get(node)
+
+    def forget_graph(self, graph: int) -> None:
+        with self.lock:
+            self.graphs.pop(graph, None)
+
+    def forget_exec(self, inner, graph_exec: int) -> None:
+        with self.lock:
+            found = self.execs.pop(graph_exec, None)
+            self.exec_nodes.pop(graph_exec, None)
+        if found is not None and found.snapshot:
+            with contextlib.suppress(CudaError):
+                inner.cuGraphDestroy(found.snapshot)
+
+
+def _attributes(inner, node: int) -> dict[int, bytes]:
+    """A kernel node's launch attributes that are set (a cuBLASLt kernel's cluster shape, a priority...)."""
+    found = {}
+    for attr in sorted(KERNEL_NODE_ATTRIBUTES):
+        with contextlib.suppress(CudaError):  # an attribute this driver does not know for the node
+            value = bytes(inner.cuGraphKernelNodeGetAttribute(node, attr))
+            if any(value):
+                found[attr] = value
+    return found
+
+
+def describe(inner, graph: int, layout_of: Callable[[int], list], unkept: str = "") -> Graph:
+    """The source's `graph` read node by node (refuses a node type a move does not re-create, and an
+    instantiated graph of which no snapshot was kept: `unkept` says why)."""
+    if unkept:
+        raise CudaError(NOT_SUPPORTED, unkept)
+    found = Graph(graph)
+    for value in inner.graph_nodes(graph):
+        kind = inner.cuGraphNodeGetType(value)
+        node = Node(value, kind)
+        if kind == KERNEL:
+            node.params = inner.graph_kernel_node_params(value, layout_of)
+            node.attributes = _attributes(inner, value)
+        elif kind == MEMCPY:
+            node.params = (inner.graph_memcpy_node_params(value),)
+        elif kind == MEMSET:
+            node.params = tuple(inner.cuGraphMemsetNodeGetParams(value))
+        elif kind == HOST:
+            node.params = (inner.graph_host_node_fn(value),)
+        elif kind == CHILD:
+            node.child = describe(inner, inner.cuGraphChildGraphNodeGetGraph(value), layout_of)
+        elif kind in (WAIT_EVENT, RECORD_EVENT):
+            getter = (
+                inner.cuGraphEventWaitNodeGetEvent
+                if kind == WAIT_EVENT
+                else inner.cuGraphEventRecordNodeGetEvent
+            )
+            node.params = (getter(value),)
+        elif kind != EMPTY:
+            raise CudaError(NOT_SUPPORTED, f"a graph holds a {NODE_TYPES.get(kind, f'type {kind}')} node, which a "
+                            "move does not re-create")  # fmt: skip
+        found.nodes.append(node)
+        deps, data = inner.graph_node_list("cuGraphNodeGetDependencies", value)
+        found.edges += [(d, value) for d in deps]
+        found.edge_data += list(data) or [bytes(8)] * len(deps)
+    return found
+
+
+@dataclass
+class Targets:
+    """How a node's handles are found on the target: functions (kernel nodes), events, and the lease's
+    layout of a function's parameters."""
+
+    function: Callable[[int], tuple[int, bool]]  # the source's function -> (the target's, is a CUkernel)
+    event: Callable[[int], int]
+    layout: Callable[[int, bool], list]
+
+
+def build(inner, described: Graph, into: int, targets: Targets, nodes: dict[int, int]) -> None:
+    """Make `described`'s nodes and edges in the target's graph `into`; `nodes`: source node -> new one."""
+    for node in described.nodes:
+        nodes[node.value] = _node(inner, node, into, targets, nodes)
+    if described.edges:
+        edges = [(nodes[a], nodes[b]) for a, b in described.edges]
+        inner.graph_add_dependencies(into, edges, described.edge_data)
+
+
+def _node(inner, node: Node, graph: int, targets: Targets, nodes: dict[int, int]) -> int:
+    kind, params = node.type, node.params
+    if kind == KERNEL:
+        func, grid, block, shared_mem, packed = params
+        target, is_kernel = targets.function(func)
+        launch = Launch(target, tuple(grid), tuple(block), shared_mem, 0, bytes(packed),
+                        targets.layout(target, is_kernel), is_kernel=is_kernel)  # fmt: skip
+        made = inner.graph_add_kernel_node(graph, [], launch)
+        built = _attributes(inner, made)  # what the node has already (a cluster shape compiled in, ...)
+        for attr, value in node.attributes.items():
+            if built.get(attr) != value:
+                inner.cuGraphKernelNodeSetAttribute(made, attr, value)
+        return made
+    if kind == MEMCPY:
+        return inner.graph_add_memcpy_node(graph, [], params[0])
+    if kind == MEMSET:
+        return inner.graph_add_memset_node(graph, [], *params)
+    if kind == HOST:
+        return inner.graph_add_host_node(graph, [], params[0])
+    if kind == CHILD:  # an empty child, then its own graph built in place (its nodes are the new ones)
+        empty = inner.cuGraphCreate(0)
+        try:
+            made = inner.graph_add_child_node(graph, [], empty)
+        finally:
+            inner.cuGraphDestroy(empty)
+        build(inner, node.child, inner.cuGraphChildGraphNodeGetGraph(made), targets, nodes)
+        return made
+    if kind in (WAIT_EVENT, RECORD_EVENT):
+        return inner.graph_add_event_node(graph, [], targets.event(params[0]), kind == WAIT_EVENT)
+    return inner.graph_add_empty_node(graph, [])
+
+
+def child_graphs(described: Graph, made: dict[int, int], inner) -> dict[int, int]:
+    """The source's child graph nodes' graphs -> the target's (the client may hold them)."""
+    found: dict[int, int] = {}
+    for node in described.nodes:
+        if node.child is not None:
+            found[node.child.value] = inner.cuGraphChildGraphNodeGetGraph(made[node.value])
+            found.update(child_graphs(node.child, made, inner))
+    return found
+
+
+def launch_in(launch: Launch, function: Callable[[int], int]) -> Launch:
+    return replace(launch, func=function(launch.func))
