@@ -64,14 +64,14 @@ SHAPED_HANDLES: dict[str, dict[str, str]] = {
     "graph_add_event_node": {"event": "event"},
     "graph_add_conditional_node": {"ctx": "ctx"},
     **{method: {"stream": "stream"} for method in (
-        "copy_to_device", "copy_from_device", "copy_in_from", "copy_out_into", "copy_out_to",
+        "copy_to_device", "copy_from_device", "copy_in_from", "copy_out_into", "copy_out_piece",
         "copy_from_device_async", "memset", "copy_3d", "launch_host_func", "capture_info",
         "capture_to_graph", "update_capture_dependencies")},
 }  # fmt: skip
 # The shaped methods' device addresses (a module's global variable is at another address on the target).
 SHAPED_ADDRESSES: dict[str, tuple[str, ...]] = {
     "copy_to_device": ("dst",), "copy_from_device": ("src",), "copy_in_from": ("dst",),
-    "copy_out_into": ("src",), "copy_out_to": ("src",), "copy_from_device_async": ("src",),
+    "copy_out_into": ("src",), "copy_out_piece": ("src",), "copy_from_device_async": ("src",),
     "memset": ("dst",),
 }  # fmt: skip
 GLOBAL_GETTERS = frozenset({"cuModuleGetGlobal", "cuLibraryGetGlobal"})  # -> (address, size)
