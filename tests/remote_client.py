@@ -1311,6 +1311,27 @@ def scenario_async_copy_ordering():
     say("chain_sent_back", dtoh(back, total - size)[1] == old[: total - size])
     say("chain_overwritten_after", dtoh(src, total - size)[1] == new[: total - size])
 
+    # Memsets, and copies between pageable memory and the device on a stream (large enough to go through
+    # the memory shared with a worker on this host: each piece in order behind the stream's work), take
+    # their place in the chain too: on a stream that waits for the last event, a memset, a copy from
+    # pageable memory over part of it, a memset of two-byte values and a copy back into pageable memory,
+    # whose call returns with exactly what those four did after the whole chain.
+    span, pattern = 1 * MiB + 4096, 0x04030201
+    region = alloc(span)[1]
+    check(cu.cuMemcpyHtoD(c_u64(region), bytes(span), c_u64(span)), "zero")
+    patch = os.urandom(span // 2)
+    s = stream_of(steps)
+    check(cu.cuStreamWaitEvent(s, events[(steps - 1) % count], 0), "wait event")
+    check(cu.cuMemsetD32Async(c_u64(region), ctypes.c_uint32(pattern), c_u64(span // 4), s), "memset32")
+    check(cu.cuMemcpyHtoDAsync(c_u64(region + 4096), patch, c_u64(len(patch)), s), "htod over it")
+    check(cu.cuMemsetD16Async(c_u64(region + span - 64), ctypes.c_uint16(0xBEEF), c_u64(8), s), "memset16")
+    landed = ctypes.create_string_buffer(span)
+    check(cu.cuMemcpyDtoHAsync(landed, c_u64(region), c_u64(span), s), "dtoh pageable")
+    expected = bytearray(pattern.to_bytes(4, "little") * (span // 4))
+    expected[4096 : 4096 + len(patch)] = patch
+    expected[span - 64 : span - 48] = (0xBEEF).to_bytes(2, "little") * 8
+    say("memsets_and_pageable_copies_in_stream_order", landed.raw == bytes(expected))
+
 
 def scenario_pinned_stream_order():
     """Copies between the device and page-locked memory act when their stream gets there, as natively:

@@ -1027,7 +1027,8 @@ def test_async_copies_chained_by_events_land_exactly_when_their_events_complete(
     shows complete (synchronise, a query that says done, a stream that waited for it) its copy and
     every copy ordered before it are in place; a host function between two copies of the chain sees
     exactly the copies before it; a chain of copies sends each landed buffer back to the device and
-    then overwrites its source, in stream order."""
+    then overwrites its source, in stream order; memsets and large copies of pageable memory on a
+    stream (through the memory shared with the worker on its host) act in that order too."""
     env = client_env(shim_dir, worker)
     if transport == "tcp":  # bytes through the callback connection, no shared memory
         env.pop(_wire.ENV_LOCAL, None)
@@ -1036,6 +1037,7 @@ def test_async_copies_chained_by_events_land_exactly_when_their_events_complete(
     assert out["each_event_shows_its_copies"] == out["waiter_saw_all"] == "True"  # never later
     assert out["host_functions_see_exactly_the_earlier_copies"] == "True"
     assert out["chain_landed"] == out["chain_sent_back"] == out["chain_overwritten_after"] == "True"
+    assert out["memsets_and_pageable_copies_in_stream_order"] == "True"
     assert "gpupool:" not in err
 
 

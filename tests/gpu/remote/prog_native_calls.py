@@ -1,7 +1,8 @@
 """The calls the worker's native loop serves in C (issue 31), checked for their results on a real GPU:
 copies into and out of page-locked memory in flight on several streams chained by events (on the
 worker's host: through memory both map, `gpPinnedCopy`), synchronous ones, device-to-device copies,
-1 MiB copies from pageable memory, a captured graph replayed, event elapsed times.
+1 MiB copies from pageable memory, a memset and a 4 MiB copy into pageable memory queued behind a kernel
+on a stream, a captured graph replayed, event elapsed times.
 
 Runs unchanged on a local GPU or, under gpupool's libcuda.so.1, on a leased one; prints the same.
 """
@@ -89,6 +90,22 @@ def main() -> int:
     ok(cu.cuMemcpyDtoH(back.ctypes.data, dbig, big.nbytes))
     print("1 MiB pageable round trip", bool((back == big).all()))
 
+    # Behind a long kernel on a non-blocking stream: a memset, then a 4 MiB copy into pageable memory on
+    # that stream (on the worker's host through the memory shared with it, piece by piece, in C), whose
+    # call returns with the memset's values, never the bytes from before the kernel.
+    spin = ok(cu.cuModuleGetFunction(module, b"spin"))
+    spun = ok(cu.cuMemAlloc(132 * 256 * 4))  # spin writes one float per thread
+    words = 1 << 20
+    dwords = ok(cu.cuMemAlloc(words * 4))
+    ok(cu.cuMemsetD32(dwords, 0, words))
+    ok(cu.cuCtxSynchronize())
+    args = ((spun, 20000), (None, ctypes.c_uint32))
+    ok(cu.cuLaunchKernel(spin, 132, 1, 1, 256, 1, 1, 0, streams[2], args, 0))
+    ok(cu.cuMemsetD32Async(dwords, int(np.float32(1).view(np.uint32)), words, streams[2]))
+    landed = np.empty(words, dtype=np.float32)
+    ok(cu.cuMemcpyDtoHAsync(landed.ctypes.data, dwords, words * 4, streams[2]))
+    print("4 MiB pageable copy on a stream after a kernel and a memset", bool((landed == 1).all()))
+
     # A captured graph of three kernels, replayed ten times; elapsed time around the replays.
     ok(cu.cuMemsetD32(device[4], 0, N))
     ok(cu.cuCtxSynchronize())
@@ -114,7 +131,7 @@ def main() -> int:
     ok(cu.cuGraphDestroy(graph))
     for ptr, _ in pinned:
         ok(cu.cuMemFreeHost(ptr))
-    for ptr in (*device, ones, dbig):
+    for ptr in (*device, ones, dbig, spun, dwords):
         ok(cu.cuMemFree(ptr))
     for s in streams:
         ok(cu.cuStreamDestroy(s))
