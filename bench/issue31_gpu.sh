@@ -9,8 +9,9 @@
 # 2. where a synchronous 1 MiB copy's time goes: bench_remote.py --profile (the shim's profile says
 #    whether the copies went through the memory shared with the worker, and its time copying bytes vs
 #    waiting for the worker), then the same copies with one copying thread in the program
-#    (GPUPOOL_SHIM_COPY_THREADS=1), with the worker's Python serving them (GPUPOOL_WORKER_NATIVE=0) and
-#    with the copies in their frames (GPUPOOL_SHIM_SHARED_MIN_KIB=1025);
+#    (GPUPOOL_SHIM_COPY_THREADS=1), with the worker's Python serving them (GPUPOOL_WORKER_NATIVE=0),
+#    with the copies in their frames (GPUPOOL_SHIM_SHARED_MIN_KIB=1025) and with both sides polling
+#    1 ms instead of 40 µs before they sleep (a sleeping thread's wake-up on the copy's path?);
 # 3. training as a client on another host gets it: the worker and the program in two network
 #    namespaces across a veth shaped to 25 Gbit/s and 20 µs each way, TLS on (tests/gpu/remote/run.py
 #    --link --only training: ResNet-50 bf16 b64 and GPT-2-style; SKIP with the reason without root);
@@ -88,9 +89,11 @@ if [ "$DRY_RUN" != 1 ]; then
     grep -h 'memory shared with the worker\|cuMemcpyHtoD_v2\|cuMemcpyDtoH_v2\|cuCtxSynchronize ' \
         "$OUT"/copies_profile/shim-profile-*.txt 2>/dev/null | sed 's/^gpupool: /    /' >>"$TABLE"
 fi
-for variant in GPUPOOL_SHIM_COPY_THREADS=1 GPUPOOL_WORKER_NATIVE=0 GPUPOOL_SHIM_SHARED_MIN_KIB=1025; do
+for variant in GPUPOOL_SHIM_COPY_THREADS=1 GPUPOOL_WORKER_NATIVE=0 GPUPOOL_SHIM_SHARED_MIN_KIB=1025 \
+    "GPUPOOL_WORKER_SPIN_US=1000 GPUPOOL_SHIM_SPIN_US=1000"; do
     name=copies_${variant%%=*}
-    step "$name" 30 env "$variant" "$PY" bench/bench_remote.py --patterns copies --min-copy-mib 1 --max-copy-mib 1
+    # shellcheck disable=SC2086 # a variant is one or more NAME=VALUE words
+    step "$name" 30 env $variant "$PY" bench/bench_remote.py --patterns copies --min-copy-mib 1 --max-copy-mib 1
     rows "$name" "synchronous 1 MiB copies, local socket, $variant"
 done
 
