@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-import select
+import selectors
 import shutil
 import socket
 import subprocess
@@ -249,8 +249,9 @@ class NetemLink:
         relay_py = str(Path(__file__).with_name("delay_relay.py"))
         cmd = [sys.executable, relay_py, self.worker_ip, "127.0.0.1", str(port), str(self.options.delay_ns())]
         relay = self.popen(self.worker_ns, cmd, stdout=subprocess.PIPE, text=True)
-        ready, _, _ = select.select([relay.stdout], [], [], timeout)
-        line = relay.stdout.readline().strip() if ready else ""
+        with selectors.DefaultSelector() as waiting:  # poll: a test process's descriptors pass 1024
+            waiting.register(relay.stdout, selectors.EVENT_READ)
+            line = relay.stdout.readline().strip() if waiting.select(timeout) else ""
         if not line.isdigit():
             raise RuntimeError(f"the delay relay did not start within {timeout:.0f} s (exit {relay.poll()})")
         return self.worker_ip, int(line)
