@@ -194,6 +194,48 @@ def scenario_events():
     say("destroyed_stream_sync", cu.cuStreamSynchronize(stream))
 
 
+def scenario_elapsed_many():
+    """A benchmark harness's loop (triton's do_bench): 100 pairs of records on two streams, one
+    synchronise, the elapsed time of every pair; then one pair recorded again, a pair never recorded, a
+    pair with a destroyed event, and the same pairs asked again."""
+    setup()
+    pairs = 100
+    streams = []
+    for _ in range(2):
+        s = c_u64()
+        check(cu.cuStreamCreate(ctypes.byref(s), 1), "stream")
+        streams.append(s)
+    starts, ends = [c_u64() for _ in range(pairs)], [c_u64() for _ in range(pairs)]
+    for e in starts + ends:
+        check(cu.cuEventCreate(ctypes.byref(e), 0), "event")
+    for i in range(pairs):
+        check(cu.cuEventRecord(starts[i], streams[i % 2]), "record start")
+        time.sleep(0.0002 * (i % 3))  # times that differ from pair to pair (the host executor's clock)
+        check(cu.cuEventRecord(ends[i], streams[i % 2]), "record end")
+    for s in streams:
+        check(cu.cuStreamSynchronize(s), "sync")
+
+    def elapsed(a, b):
+        ms = ctypes.c_float(-1)
+        rc = cu.cuEventElapsedTime(ctypes.byref(ms), a, b)
+        return rc, ms.value
+
+    first = [elapsed(starts[i], ends[i]) for i in range(pairs)]
+    say("all_answered", all(rc == 0 and ms >= 0 for rc, ms in first))
+    say("asked_again_same", [elapsed(starts[i], ends[i]) for i in range(pairs)] == first)
+    # Recorded again, after its end: the kept answer goes, the new one is negative (end before start).
+    check(cu.cuEventRecord(starts[0], streams[0]), "record again")
+    check(cu.cuStreamSynchronize(streams[0]), "sync")
+    rc, again = elapsed(starts[0], ends[0])
+    say("recorded_again", f"{rc},{again < 0 < first[0][1] or again < first[0][1]}")
+    never = c_u64()
+    check(cu.cuEventCreate(ctypes.byref(never), 0), "event")
+    say("never_recorded", elapsed(never, ends[1])[0])
+    check(cu.cuEventDestroy(ends[2]), "destroy")
+    say("destroyed", elapsed(starts[2], ends[2])[0])
+    say("others_still", elapsed(starts[3], ends[3]) == first[3])
+
+
 def scenario_quota():
     setup()
     rc, a = alloc(40 * MiB)

@@ -38,6 +38,8 @@ SHARED_SIZE = 4096  # the memory the connection shares with its process (gpShmAt
 FOREIGN = 0xDEAD0000  # a handle or address the lease never made
 VALID = {"stream": STREAM, "event": EVENT, "func": FUNC, "graphexec": GRAPH_EXEC, "dptr": BASE + 16}
 CHUNK = COUNT // 2  # a copy through the shared memory answered in pieces (gpShmDtoH's `chunk`): two
+# gpEventElapsedMany's pairs: one of the lease's events, one naming an event it never made
+EVENT_PAIRS = ((EVENT, EVENT), (FOREIGN, EVENT))
 
 
 def valid_args(call: Call) -> list[int]:
@@ -56,6 +58,8 @@ def valid_args(call: Call) -> list[int]:
         if i in shared
         else CHUNK
         if p.name == "chunk"
+        else len(EVENT_PAIRS)
+        if call.name == "gpEventElapsedMany"
         else VALID.get(p.type, COUNT if i in lengths else 0)
         for i, p in enumerate(call.ins)
     ]
@@ -67,6 +71,8 @@ def bulk_of(call: Call, args: list[int]) -> bytes:
         return b""
     if any(p.type == "func" for p in call.ins):
         return struct.pack("<QI", 0x1000, 7)
+    if call.name == "gpEventElapsedMany":
+        return b"".join(_wire.EVENT_PAIR.pack(*pair) for pair in EVENT_PAIRS)
     (_, length), *_ = _guard_rules.range_positions(call)
     return bytes(i % 251 for i in range(args[length]))
 
@@ -91,6 +97,10 @@ def cases() -> list[tuple[str, Call, list[int]]]:
                 broken[f"foreign {p.type}"] = FOREIGN
             if p.name == "chunk":
                 broken["no chunk"] = 0
+            if call.name == "gpEventElapsedMany":  # a count its pairs do not match, none, too many
+                broken.update(
+                    {"count past its pairs": 3, "no pairs": 0, "too many pairs": _wire.MAX_EVENT_PAIRS + 1}
+                )
             if p.name == "flags":  # each of the copy's modes (to the device, synchronous, a last piece, ...)
                 for bits in (1, 2, 3):
                     broken[f"flags {bits}"] = bits

@@ -18,7 +18,7 @@ import sys
 import netem_link
 import pytest
 import remote_helpers
-from remote_helpers import CLIENT, MiB, client_env, needs_cc, parse
+from remote_helpers import CLIENT, MiB, client_env, needs_cc, parse, profile_rows
 
 from server.workers import WorkerDevice, start_worker
 
@@ -87,7 +87,7 @@ def test_copies_cross_the_link_encrypted(shim_dir, link, far_worker):
     assert _sent_bytes(after) - _sent_bytes(before) > 10 * MiB  # through the shaped link, not around it
     # Round trips: a copy to the device never waits (its bytes ride in its frame), a copy to the host
     # waits exactly once (its bytes ride in the reply), whatever the size.
-    rows = _profile(err)
+    rows = profile_rows(err)
     htod, dtoh = rows["cuMemcpyHtoD_v2"], rows["cuMemcpyDtoH_v2"]
     assert htod["calls"] >= 2 and htod["waited"] == 0
     assert dtoh["calls"] >= 3 and dtoh["waited"] == dtoh["calls"]
@@ -117,16 +117,6 @@ def test_the_worker_refuses_plaintext_from_the_links_real_address(shim_dir, link
 def _sent_bytes(stats: str) -> int:
     words = stats.split()
     return int(words[words.index("Sent") + 1])
-
-
-def _profile(stderr: str) -> dict[str, dict[str, int]]:
-    """The shim's GPUPOOL_SHIM_PROFILE rows: call name -> calls, waited."""
-    rows = {}
-    for line in stderr.splitlines():
-        words = line.split()
-        if len(words) == 9 and words[0] == "gpupool:" and words[2].isdigit() and words[3].isdigit():
-            rows[words[1]] = {"calls": int(words[2]), "waited": int(words[3])}
-    return rows
 
 
 def test_copies_cross_the_link_with_its_delay_encrypted(shim_dir, link, far_worker):

@@ -183,6 +183,7 @@ def generate_types() -> str:
         f"#define GP_FLAG_WANTS_REPLY {_wire.FLAG_WANTS_REPLY}u",
         f"#define GP_CHUNK_BYTES {_wire.CHUNK_BYTES}ull",
         f"#define GP_LAUNCH_ATTRIBUTE_BYTES {_wire.LAUNCH_ATTRIBUTE_BYTES}",
+        f"#define GP_MAX_EVENT_PAIRS {_wire.MAX_EVENT_PAIRS}u",
         f'#define GP_ENV_WORKER "{_wire.ENV_WORKER}"',
         f'#define GP_ENV_SECRET "{_wire.ENV_SECRET}"',
         f'#define GP_ENV_LEASE "{_wire.ENV_LEASE}"',
@@ -210,6 +211,12 @@ def generate_types() -> str:
         "/* An asynchronous copy's frame on the callback connection: its id and result (_wire.COPY_HEAD). */",
         "struct gp_copy_head { uint64_t id; int32_t result; uint32_t reserved; } __attribute__((packed));",
         f'_Static_assert(sizeof(struct gp_copy_head) == {_wire.COPY_HEAD.size}, "copy head");',
+        "/* gpEventElapsedMany: a (start, end) pair of its request, an answer of its reply (_wire.EVENT_PAIR,"
+        " EVENT_ELAPSED). */",
+        "struct gp_event_pair { uint64_t start, end; } __attribute__((packed));",
+        "struct gp_event_elapsed { int32_t result; float ms; } __attribute__((packed));",
+        f'_Static_assert(sizeof(struct gp_event_pair) == {_wire.EVENT_PAIR.size}, "event pair");',
+        f'_Static_assert(sizeof(struct gp_event_elapsed) == {_wire.EVENT_ELAPSED.size}, "elapsed answer");',
         "",
     ]
     for name, value in RESULTS.items():
@@ -450,6 +457,9 @@ def generate_native() -> str:
         *(f"#define GPF_REPLY_{name.upper()} {at}" for name, at in reply.items()),
         f"#define GPF_FLAG_WANTS_REPLY {_wire.FLAG_WANTS_REPLY}u",
         f"#define GPF_LAUNCH_ATTRIBUTE_BYTES {_wire.LAUNCH_ATTRIBUTE_BYTES}",
+        f"#define GPF_MAX_EVENT_PAIRS {_wire.MAX_EVENT_PAIRS}u",
+        f"#define GPF_EVENT_PAIR_BYTES {_wire.EVENT_PAIR.size}",
+        f"#define GPF_EVENT_ELAPSED_BYTES {_wire.EVENT_ELAPSED.size}",
         f"#define GPF_FORWARDED_LAUNCH_ATTRIBUTES {launch_attribute_mask()}",
         "",
         "/* The calls served here (virtualize/server/_guard_rules.py NATIVE_CALLS), in that order. */",

@@ -127,6 +127,7 @@ GUARD_CALLS = (
     "cuMemExportToShareableHandle",  # recorded in the lease: another process of it may import the handle
     # affinity: none offered at creation; a context's is its SMs (virtualize.server._guard_green)
     *("cuDeviceGetExecAffinitySupport", "cuCtxGetExecAffinity"),
+    "gpEventElapsedMany",  # each pair as cuEventElapsedTime (virtualize.server._guard_launches)
     "gpCopiesFlush",  # asynchronous copies to the client's page-locked memory (virtualize.server._deliveries)
     # copies through memory shared with a client on this host (`Executor.copy_in_from`, `copy_out_piece`)
     *("gpShmAttach", "gpShmHtoD", "gpShmDtoH"),

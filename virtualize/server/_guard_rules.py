@@ -72,6 +72,7 @@ NATIVE_CALLS = {
     "cuMemsetD8Async": "MEMSET_D8_ASYNC",
     "cuMemsetD16Async": "MEMSET_D16_ASYNC",
     "cuMemsetD32Async": "MEMSET_D32_ASYNC",
+    "gpEventElapsedMany": "EVENT_ELAPSED_MANY",
 }
 # Served calls whose C handler sends their answers itself, piece by piece (gpShmDtoH: one answer per piece
 # of the copy as it lands), not one answered value of at most 8 bytes.

@@ -81,6 +81,7 @@ static void after_fork_in_child(void) {
     conn_ctx = 0;
     pthread_mutex_init(&conn_lock, NULL);
     gp_memo_after_fork_in_child();
+    gp_events_after_fork_in_child();
     window_state = 0; /* the child's connection is a new client process to the worker: its own window */
     shm_after_fork_in_child();
     gp_pinned_after_fork_in_child();
@@ -637,6 +638,10 @@ CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args
     uint64_t start = profile_enabled ? now_ns() : 0;
     int changes = call < GP_N_CALLS && (gp_call_invalidates[call] | gp_call_pauses[call] | gp_call_resumes[call]);
     if (changes) gp_memo_changing(call);
+    if (call == GP_CALL_cuEventRecord || call == GP_CALL_cuEventRecordWithFlags) {
+        const struct gp_in_cuEventRecord *record = args; /* both begin with the event and the stream */
+        gp_event_recorded(record->event, record->stream);
+    }
     gp_managed_before(call);
     pthread_mutex_lock(&conn_lock);
     CUresult r = call_locked(call, flags, args, args_len, bulk1, bulk1_len, bulk2, bulk2_len, outs, outs_len,

@@ -4,7 +4,7 @@
  * tls.c, when the connection is encrypted) and receive buffer to gpf_serve, which reads frames and
  * runs, without Python, the ones it can answer exactly as the Python path would: kernel launches of
  * functions the Python path has already launched once (their parameter layout is known), graph launches,
- * event records, waits and elapsed times, memsets, copies up to 1 MiB in the frame, copies through the
+ * event records, waits and elapsed times (many pairs at once too), memsets, copies up to 1 MiB in the frame, copies through the
  * client's page-locked memory shared on this host (gpPinnedCopy) and through the memory a connection shares
  * with its process (gpShmHtoD, gpShmDtoH), and the synchronising calls (stream/event/context synchronise and
  * query) when no earlier asynchronous error and nothing else is to be said first. Handles
@@ -467,6 +467,8 @@ struct session {
     uint8_t *scratch; /* a launch's parameters, aligned */
     size_t scratch_cap;
     uint8_t *copied; /* a small copy to the host: [REPLY header][bytes], SMALL_COPY + REPLY */
+    uint8_t *answers; /* gpEventElapsedMany's reply: [REPLY header][an answer per pair] */
+    size_t answers_cap;
     uint64_t ctx;    /* the connection's current context (the Python path's, passed to gpf_serve) */
     struct pinned *pinned; /* the connection's shared page-locked allocations */
     size_t n_pinned, cap_pinned;
@@ -485,6 +487,7 @@ EXPORT void gpf_session_free(struct session *s) {
     if (!s) return;
     free(s->scratch);
     free(s->copied);
+    free(s->answers);
     free(s->pinned);
     free(s);
 }
@@ -874,6 +877,41 @@ static int shm_dtoh(struct session *s, const struct io *io, const uint8_t *a) {
     return done;
 }
 
+/* The elapsed times of many pairs of events (gpEventElapsedMany), as LaunchCalls.elapsed_many answers
+ * them: a pair with an event not the lease's is INVALID_HANDLE without reaching the driver, each other
+ * pair the driver's answer. 0, its answer sent when `replies`; -1 for the Python path (a count that does
+ * not match its pairs); -2 the connection failed. */
+static int elapsed_many(struct session *s, const struct io *io, const uint8_t *a, const uint8_t *bulk,
+                        uint64_t bulk_len, int replies) {
+    struct lease *l = s->lease;
+    uint32_t n = u32(a + GPF_AT_EVENT_ELAPSED_MANY_count);
+    if (!n || n > GPF_MAX_EVENT_PAIRS || bulk_len != (uint64_t)n * GPF_EVENT_PAIR_BYTES) return -1;
+    if (s->answers_cap < REPLY + (size_t)n * GPF_EVENT_ELAPSED_BYTES) {
+        uint8_t *bigger = realloc(s->answers, REPLY + (size_t)GPF_MAX_EVENT_PAIRS * GPF_EVENT_ELAPSED_BYTES);
+        if (!bigger) return -1;
+        s->answers = bigger, s->answers_cap = REPLY + (size_t)GPF_MAX_EVENT_PAIRS * GPF_EVENT_ELAPSED_BYTES;
+    }
+    if (!enter(s)) return -1;
+    uint8_t *answer = s->answers + REPLY;
+    for (uint32_t i = 0; i < n; i++, answer += GPF_EVENT_ELAPSED_BYTES) {
+        uint64_t pair[2] = {u64(bulk + (uint64_t)i * GPF_EVENT_PAIR_BYTES), u64(bulk + (uint64_t)i * GPF_EVENT_PAIR_BYTES + 8)};
+        pthread_mutex_lock(&l->lock);
+        int known = table_has(&l->kinds[KIND_EVENT], pair[0], NULL) && table_has(&l->kinds[KIND_EVENT], pair[1], NULL);
+        pthread_mutex_unlock(&l->lock);
+        uint64_t ms = 0;
+        int32_t result = known ? l->ops.call(C_EVENT_ELAPSED, pair, &ms) : 400; /* CUDA_ERROR_INVALID_HANDLE */
+        if (result) ms = 0; /* a failed pair answers 0.0 */
+        memcpy(answer, &result, 4);
+        memcpy(answer + 4, &ms, 4); /* the float's bytes, little-endian */
+    }
+    __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
+    if (!replies) return 0;
+    uint64_t answers_len = (uint64_t)n * GPF_EVENT_ELAPSED_BYTES;
+    memset(s->answers, 0, REPLY);
+    memcpy(s->answers + GPF_REPLY_BULK_LEN, &answers_len, 8);
+    return send_all(io, s->answers, REPLY + answers_len) < 0 ? -2 : 0;
+}
+
 /* Serve frames from `fd` (through `tls` when the connection is encrypted: NULL for a plain socket) until one is Python's (TO_PYTHON: b->start is its header), an asynchronous call
  * failed (ASYNC_ERROR, its frame consumed: the Python path keeps it for the next synchronising call),
  * a synchronising call's reply must follow kernel output (REPLY_AFTER_OUTPUT: Python sends both), the
@@ -897,6 +935,7 @@ EXPORT int gpf_serve(struct session *s, int fd, struct gpt_stream *tls, struct b
         int c = which_call(id);
         if (c < 0 || args_len != gpf_calls[c].args_bytes || HEADER + args_len + bulk_len > b->cap) return TO_PYTHON;
         int pinned = c == C_PINNED_COPY, shm = c == C_SHM_HTOD, shm_out = c == C_SHM_DTOH, sync = gpf_calls[c].sync;
+        int many = c == C_EVENT_ELAPSED_MANY;
         int copying = gpf_calls[c].data;
         /* Answered when the frame asks, and a copy to the host always (its bytes come back, as on the
          * Python path); a synchronising call sent without asking (an async gpPinnedCopy) is run
@@ -913,9 +952,10 @@ EXPORT int gpf_serve(struct session *s, int fd, struct gpt_stream *tls, struct b
         int result = 0;
         uint64_t value = 0; /* the answered value, if the call has one */
         const uint8_t *a = h + HEADER, *bulk = h + HEADER + args_len;
-        if (shm_out) { /* answered piece by piece as the bytes land */
-            if ((r = shm_dtoh(s, &io, a)) == -1) return TO_PYTHON;
-            b->start += HEADER + args_len;
+        if (shm_out || many) { /* answered by their handlers: piece by piece, or all pairs at once */
+            if ((r = shm_out ? shm_dtoh(s, &io, a) : elapsed_many(s, &io, a, bulk, bulk_len, replies)) == -1)
+                return TO_PYTHON;
+            b->start += HEADER + args_len + bulk_len;
             out->served++;
             __atomic_fetch_add(&s->calls, 1, __ATOMIC_RELAXED);
             if (r < 0) return IO_ERROR;

@@ -4,7 +4,7 @@
 #include <stdint.h>
 
 /* The call table this was generated from (gpf_wire_version: the worker loads no other). */
-#define GPF_WIRE_VERSION 0x02fbccf4u
+#define GPF_WIRE_VERSION 0x0282a6efu
 /* A request's header and a reply's (virtualize/common/_wire.py REQUEST, REPLY): sizes, field offsets. */
 #define GPF_REQUEST_BYTES 24
 #define GPF_REQUEST_CALL 0
@@ -18,6 +18,9 @@
 #define GPF_REPLY_BULK_LEN 8
 #define GPF_FLAG_WANTS_REPLY 1u
 #define GPF_LAUNCH_ATTRIBUTE_BYTES 72
+#define GPF_MAX_EVENT_PAIRS 4096u
+#define GPF_EVENT_PAIR_BYTES 16
+#define GPF_EVENT_ELAPSED_BYTES 8
 #define GPF_FORWARDED_LAUNCH_ATTRIBUTES 0x75fffull
 
 /* The calls served here (virtualize/server/_guard_rules.py NATIVE_CALLS), in that order. */
@@ -49,6 +52,7 @@ enum {
     C_MEMSET_D8_ASYNC, /* cuMemsetD8Async */
     C_MEMSET_D16_ASYNC, /* cuMemsetD16Async */
     C_MEMSET_D32_ASYNC, /* cuMemsetD32Async */
+    C_EVENT_ELAPSED_MANY, /* gpEventElapsedMany */
     C_COUNT
 };
 
@@ -101,6 +105,7 @@ static const struct gpf_call gpf_calls[C_COUNT] = {
     [C_MEMSET_D8_ASYNC] = {185, 25, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 1}, {8, 1, GPF_PLAIN, 255, 1}, {9, 8, GPF_PLAIN, 255, 1}, {17, 8, GPF_STREAM, 255, 1}}},
     [C_MEMSET_D16_ASYNC] = {186, 26, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 2}, {8, 2, GPF_PLAIN, 255, 1}, {10, 8, GPF_PLAIN, 255, 1}, {18, 8, GPF_STREAM, 255, 1}}},
     [C_MEMSET_D32_ASYNC] = {187, 28, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 4}, {8, 4, GPF_PLAIN, 255, 1}, {12, 8, GPF_PLAIN, 255, 1}, {20, 8, GPF_STREAM, 255, 1}}},
+    [C_EVENT_ELAPSED_MANY] = {401, 4, 0, 1, 0, 1, 0, 255, 1, {{0, 4, GPF_PLAIN, 255, 1}}},
 };
 
 /* Each argument's offset by name: GPF_AT_<call>_<argument>. */
@@ -187,3 +192,4 @@ static const struct gpf_call gpf_calls[C_COUNT] = {
 #define GPF_AT_MEMSET_D32_ASYNC_value 8
 #define GPF_AT_MEMSET_D32_ASYNC_count 12
 #define GPF_AT_MEMSET_D32_ASYNC_stream 20
+#define GPF_AT_EVENT_ELAPSED_MANY_count 0
