@@ -11,7 +11,8 @@ do nothing in the driver's place (compiled here with `cc`), the loop's own cost 
 
 Calls measured: an asynchronous gpPinnedCopy of 64 KiB into the client's shared page-locked memory
 (issue 31's data loader), cuGraphLaunch, cuEventRecord, cuEventElapsedTime (answered), a synchronous
-64 KiB cuMemcpyHtoD (its bytes in the frame), cuMemsetD32Async, and a synchronous 1 MiB copy to the
+64 KiB cuMemcpyHtoD (its bytes in the frame), cuMemsetD32Async, the elapsed times of 400 event pairs in
+one frame (gpEventElapsedMany, what a benchmark harness's 200 elapsed times cost now), and a synchronous 1 MiB copy to the
 host through the memory the connection shares with its process (gpShmDtoH: two 512 KiB pieces, each
 answered; the bytes themselves not copied by this executor).
 """
@@ -93,6 +94,12 @@ FRAMES = {
     ),
     "cuMemcpyHtoD, 64 KiB in the frame": frame("cuMemcpyHtoD_v2", BASE, COPY, 0, bulk=bytes(COPY)),
     "cuMemsetD32Async": frame("cuMemsetD32Async", BASE, 7, COPY // 4, STREAM),
+    "gpEventElapsedMany, 400 pairs (answered)": frame(
+        "gpEventElapsedMany",
+        400,
+        bulk=_wire.EVENT_PAIR.pack(EVENT, EVENT) * 400,
+        flags=_wire.FLAG_WANTS_REPLY,
+    ),
     "gpShmDtoH, 1 MiB in two pieces (answered)": frame(
         "gpShmDtoH", BASE, 1 << 20, 0, 0, 512 << 10, flags=_wire.FLAG_WANTS_REPLY
     ),
