@@ -230,6 +230,9 @@ NATIVE_CALLS_LINES = [
     "4 MiB pageable copy on a stream after a kernel and a memset True",
     "graph x10 of 3 kernels True",
     "elapsed time of the replays >= 0 and < 10 s True",
+    "40 pairs' elapsed times >= 0 True",
+    "reversed pairs <= 0 True",
+    "a start recorded again gives a new answer True",
 ]
 
 

@@ -2,7 +2,7 @@
 copies into and out of page-locked memory in flight on several streams chained by events (on the
 worker's host: through memory both map, `gpPinnedCopy`), synchronous ones, device-to-device copies,
 1 MiB copies from pageable memory, a memset and a 4 MiB copy into pageable memory queued behind a kernel
-on a stream, a captured graph replayed, event elapsed times.
+on a stream, a captured graph replayed, event elapsed times (a benchmark harness's many pairs too).
 
 Runs unchanged on a local GPU or, under gpupool's libcuda.so.1, on a leased one; prints the same.
 """
@@ -126,6 +126,26 @@ def main() -> int:
     print("graph x10 of 3 kernels", bool((pinned[2][1] == 30).all()))
     elapsed = ok(cu.cuEventElapsedTime(start, end))
     print("elapsed time of the replays >= 0 and < 10 s", 0 <= elapsed < 10_000)
+
+    # A benchmark harness's loop: a start and an end event around each of 40 launches on two streams,
+    # one synchronise, then every pair's elapsed time (remotely a handful of requests), each pair reversed
+    # (not asked before: negative or zero), and one pair again after its start was recorded anew.
+    marks = [(ok(cu.cuEventCreate(0)), ok(cu.cuEventCreate(0))) for _ in range(40)]
+    for k, (first, last) in enumerate(marks):
+        args = ((ones, device[5 + k % 2], 1.0, N), (None, None, ctypes.c_float, ctypes.c_uint32))
+        ok(cu.cuEventRecord(first, streams[k % 2]))
+        ok(cu.cuLaunchKernel(saxpy, (N + 255) // 256, 1, 1, 256, 1, 1, 0, streams[k % 2], args, 0))
+        ok(cu.cuEventRecord(last, streams[k % 2]))
+    ok(cu.cuCtxSynchronize())
+    times = [ok(cu.cuEventElapsedTime(first, last)) for first, last in marks]
+    print("40 pairs' elapsed times >= 0", all(t >= 0 for t in times))
+    print("reversed pairs <= 0", all(ok(cu.cuEventElapsedTime(last, first)) <= 0 for first, last in marks))
+    ok(cu.cuEventRecord(marks[0][0], streams[0]))  # after its end now
+    ok(cu.cuStreamSynchronize(streams[0]))
+    print("a start recorded again gives a new answer", ok(cu.cuEventElapsedTime(*marks[0])) <= 0 < times[0])
+    for pair in marks:
+        for event in pair:
+            ok(cu.cuEventDestroy(event))
 
     ok(cu.cuGraphExecDestroy(executable))
     ok(cu.cuGraphDestroy(graph))
