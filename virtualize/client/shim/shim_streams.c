@@ -191,16 +191,16 @@ CUresult cuMemPoolGetAttribute(uint64_t pool, int32_t attr, void *value) {
  * answers are kept (shim_memo.c, group "elapsed": only successes, until an event is recorded again, made
  * or destroyed, a graph is launched or a context reset), so the next pairs asked are answered here. */
 
-enum { RECENT_RECORDS = 2048, RECENT_STREAMS = 64 };
+enum { RECENT_RECORDS = 2048, RECENT_STREAMS = 64 }; /* the newest records, on up to so many streams */
 static struct {
     uint64_t event, stream;
 } recent[RECENT_RECORDS];
-static uint32_t n_recent;
+static uint64_t n_recent; /* noted since the last request; the newest RECENT_RECORDS of them kept */
 static pthread_mutex_t recent_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void gp_event_recorded(uint64_t event, uint64_t stream) {
     pthread_mutex_lock(&recent_lock);
-    if (n_recent < RECENT_RECORDS) recent[n_recent++] = (typeof(recent[0])){event, stream};
+    recent[n_recent++ % RECENT_RECORDS] = (typeof(recent[0])){event, stream};
     pthread_mutex_unlock(&recent_lock);
 }
 
@@ -209,23 +209,25 @@ void gp_events_after_fork_in_child(void) { /* the parent's events are not the ch
     n_recent = 0;
 }
 
-/* The asked pair first, then each pair of consecutive records on one stream noted since the last call
- * (taken): how many, at most `most`. */
+/* The asked pair first, then each pair of consecutive records on one stream among the newest noted since
+ * the last request (taken): how many, at most `most`. */
 static uint32_t candidate_pairs(uint64_t start, uint64_t end, struct gp_event_pair *pairs, uint32_t most) {
     uint64_t streams[RECENT_STREAMS], last[RECENT_STREAMS];
     uint32_t n_streams = 0, n = 0;
     pairs[n++] = (struct gp_event_pair){start, end};
     pthread_mutex_lock(&recent_lock);
-    for (uint32_t i = 0; i < n_recent && n < most; i++) {
+    uint64_t oldest = n_recent > RECENT_RECORDS ? n_recent - RECENT_RECORDS : 0;
+    for (uint64_t k = oldest; k < n_recent && n < most; k++) {
+        uint64_t event = recent[k % RECENT_RECORDS].event, stream = recent[k % RECENT_RECORDS].stream;
         uint32_t s = 0;
-        while (s < n_streams && streams[s] != recent[i].stream) s++;
+        while (s < n_streams && streams[s] != stream) s++;
         if (s == n_streams) {
             if (n_streams == RECENT_STREAMS) continue; /* more streams than that: theirs are asked one by one */
-            streams[n_streams++] = recent[i].stream;
-        } else if (!(last[s] == start && recent[i].event == end)) {
-            pairs[n++] = (struct gp_event_pair){last[s], recent[i].event};
+            streams[n_streams++] = stream;
+        } else if (!(last[s] == start && event == end)) {
+            pairs[n++] = (struct gp_event_pair){last[s], event};
         }
-        last[s] = recent[i].event;
+        last[s] = event;
     }
     n_recent = 0;
     pthread_mutex_unlock(&recent_lock);
