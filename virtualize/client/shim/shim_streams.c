@@ -197,6 +197,7 @@ static struct {
 } recent[RECENT_RECORDS];
 static uint64_t n_recent; /* noted since the last request; the newest RECENT_RECORDS of them kept */
 static pthread_mutex_t recent_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t ask_lock = PTHREAD_MUTEX_INITIALIZER; /* one request (and its buffers) at a time */
 
 void gp_event_recorded(uint64_t event, uint64_t stream) {
     pthread_mutex_lock(&recent_lock);
@@ -206,6 +207,7 @@ void gp_event_recorded(uint64_t event, uint64_t stream) {
 
 void gp_events_after_fork_in_child(void) { /* the parent's events are not the child's lease's */
     pthread_mutex_init(&recent_lock, NULL);
+    pthread_mutex_init(&ask_lock, NULL);
     n_recent = 0;
 }
 
@@ -240,9 +242,8 @@ static CUresult elapsed(uint32_t call, float *ms, uint64_t start, uint64_t end) 
     CUresult r;
     if (gp_memo_get(call, GP_MEMO_elapsed, 0, &key, sizeof key, ms, sizeof *ms, &r)) return r;
     uint64_t epoch = gp_memo_epoch(GP_MEMO_elapsed);
-    static struct gp_event_pair pairs[GP_MAX_EVENT_PAIRS]; /* under ask_lock: one request at a time */
+    static struct gp_event_pair pairs[GP_MAX_EVENT_PAIRS]; /* under ask_lock */
     static struct gp_event_elapsed answers[GP_MAX_EVENT_PAIRS];
-    static pthread_mutex_t ask_lock = PTHREAD_MUTEX_INITIALIZER;
     pthread_mutex_lock(&ask_lock);
     uint32_t n = candidate_pairs(start, end, pairs, GP_MAX_EVENT_PAIRS);
     struct gp_in_gpEventElapsedMany in = {.count = n};

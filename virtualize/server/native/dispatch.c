@@ -894,7 +894,8 @@ static int elapsed_many(struct session *s, const struct io *io, const uint8_t *a
     if (!enter(s)) return -1;
     uint8_t *answer = s->answers + REPLY;
     for (uint32_t i = 0; i < n; i++, answer += GPF_EVENT_ELAPSED_BYTES) {
-        uint64_t pair[2] = {u64(bulk + (uint64_t)i * GPF_EVENT_PAIR_BYTES), u64(bulk + (uint64_t)i * GPF_EVENT_PAIR_BYTES + 8)};
+        const uint8_t *at = bulk + (uint64_t)i * GPF_EVENT_PAIR_BYTES;
+        uint64_t pair[sizeof gpf_calls[0].args / sizeof gpf_calls[0].args[0]] = {u64(at), u64(at + 8)}; /* as other() */
         pthread_mutex_lock(&l->lock);
         int known = table_has(&l->kinds[KIND_EVENT], pair[0], NULL) && table_has(&l->kinds[KIND_EVENT], pair[1], NULL);
         pthread_mutex_unlock(&l->lock);
