@@ -4,10 +4,11 @@
  * tls.c, when the connection is encrypted) and receive buffer to gpf_serve, which reads frames and
  * runs, without Python, the ones it can answer exactly as the Python path would: kernel launches of
  * functions the Python path has already launched once (their parameter layout is known), graph launches,
- * event records, waits and elapsed times (many pairs at once too), memsets, copies up to 1 MiB in the frame, copies through the
- * client's page-locked memory shared on this host (gpPinnedCopy) and through the memory a connection shares
- * with its process (gpShmHtoD, gpShmDtoH), and the synchronising calls (stream/event/context synchronise and
- * query) when no earlier asynchronous error and nothing else is to be said first. Handles
+ * event records, waits and elapsed times (many pairs at once too), memsets, copies up to 1 MiB in the
+ * frame, copies through the client's page-locked memory shared on this host (gpPinnedCopy) and through the
+ * memory a connection shares with its process (gpShmHtoD, gpShmDtoH), and the synchronising calls
+ * (stream/event/context synchronise and query) when no earlier asynchronous error and nothing else is to
+ * be said first. Handles
  * are checked against the lease's own objects, mirrored here by virtualize/server/_native_dispatch.py from the
  * guard's tables: a handle the guard has never seen, or has forgotten, is never passed to the driver.
  * Every other frame, and every case the Python path answers differently, goes back to Python untouched:
