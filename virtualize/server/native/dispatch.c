@@ -896,9 +896,11 @@ static int elapsed_many(struct session *s, const struct io *io, const uint8_t *a
     uint8_t *answer = s->answers + REPLY;
     for (uint32_t i = 0; i < n; i++, answer += GPF_EVENT_ELAPSED_BYTES) {
         const uint8_t *at = bulk + (uint64_t)i * GPF_EVENT_PAIR_BYTES;
-        uint64_t pair[sizeof gpf_calls[0].args / sizeof gpf_calls[0].args[0]] = {u64(at), u64(at + 8)}; /* as other() */
+        /* a full argument array, as other() passes (the driver's call reads a third word) */
+        uint64_t pair[sizeof gpf_calls[0].args / sizeof gpf_calls[0].args[0]] = {u64(at), u64(at + 8)};
         pthread_mutex_lock(&l->lock);
-        int known = table_has(&l->kinds[KIND_EVENT], pair[0], NULL) && table_has(&l->kinds[KIND_EVENT], pair[1], NULL);
+        const struct table *events = &l->kinds[KIND_EVENT];
+        int known = table_has(events, pair[0], NULL) && table_has(events, pair[1], NULL);
         pthread_mutex_unlock(&l->lock);
         uint64_t ms = 0;
         int32_t result = known ? l->ops.call(C_EVENT_ELAPSED, pair, &ms) : 400; /* CUDA_ERROR_INVALID_HANDLE */
