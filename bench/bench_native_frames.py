@@ -10,8 +10,11 @@ does; on a GPU server C calls the driver directly: the third column is the loop 
 do nothing in the driver's place (compiled here with `cc`), the loop's own cost as on a GPU server.
 
 Calls measured: an asynchronous gpPinnedCopy of 64 KiB into the client's shared page-locked memory
-(issue 31's data loader), cuGraphLaunch, cuEventRecord, cuEventElapsedTime (answered), and a
-synchronous 64 KiB cuMemcpyHtoD (its bytes in the frame).
+(issue 31's data loader), cuGraphLaunch, cuEventRecord, cuEventElapsedTime (answered), a synchronous
+64 KiB cuMemcpyHtoD (its bytes in the frame), cuMemsetD32Async, the elapsed times of 400 event pairs in
+one frame (gpEventElapsedMany, what a benchmark harness's 200 elapsed times cost now), and a synchronous 1 MiB copy to the
+host through the memory the connection shares with its process (gpShmDtoH: two 512 KiB pieces, each
+answered; the bytes themselves not copied by this executor).
 """
 
 from __future__ import annotations
@@ -55,6 +58,12 @@ class IdleExecutor:
     def copy_out_into(self, shared, offset, src, count, stream) -> CopiedBytes:
         return CopiedBytes(b"")
 
+    def copy_out_piece(self, shared, offset, src, count, stream) -> None:
+        return None
+
+    def memset(self, dst, value, element_size, count, stream) -> None:
+        return None
+
     def shared_host_memory(self, size: int) -> SharedHostMemory:
         return SharedHostMemory(size)
 
@@ -84,6 +93,16 @@ FRAMES = {
         "cuEventElapsedTime_v2", EVENT, EVENT, flags=_wire.FLAG_WANTS_REPLY
     ),
     "cuMemcpyHtoD, 64 KiB in the frame": frame("cuMemcpyHtoD_v2", BASE, COPY, 0, bulk=bytes(COPY)),
+    "cuMemsetD32Async": frame("cuMemsetD32Async", BASE, 7, COPY // 4, STREAM),
+    "gpEventElapsedMany, 400 pairs (answered)": frame(
+        "gpEventElapsedMany",
+        400,
+        bulk=_wire.EVENT_PAIR.pack(EVENT, EVENT) * 400,
+        flags=_wire.FLAG_WANTS_REPLY,
+    ),
+    "gpShmDtoH, 1 MiB in two pieces (answered)": frame(
+        "gpShmDtoH", BASE, 1 << 20, 0, 0, 512 << 10, flags=_wire.FLAG_WANTS_REPLY
+    ),
 }
 END = frame("cuDeviceGetCount", flags=_wire.FLAG_WANTS_REPLY)  # no loop serves it: the run's end
 
@@ -136,10 +155,12 @@ def lease_and_session(sock: socket.socket, native: bool, ops: tuple | None = Non
     session = Session(lease, executor, channel)
     shared = executor.shared_host_memory(1 << 20)
     session.pinned[PINNED] = shared
+    session.shared = executor.shared_host_memory(1 << 20)  # gpShmAttach's
     native_session = loop.session() if loop is not None else None
     if native_session is not None:
         session.native = native_session
         native_session.pinned_add(PINNED, shared)
+        native_session.shared_set(session.shared)
     return channel, session, native_session
 
 

@@ -3,11 +3,15 @@ pair, shaped by `tc netem` in both directions (rate and one-way delay), for the 
 benchmark and tests. Needs root and `ip` / `tc` (iproute2), or where those are missing pyroute2 and
 `nsenter` (tests/netem_netlink.py: the same link through netlink; GPUPOOL_NETEM_NETLINK=1 or 0
 picks one); `unavailable()` says why not. On a kernel built without `sch_netem` the link is shaped by
-`tbf` instead: the same rate, no added delay (`NetemLink.shaping` says which one a link got).
+`tbf` instead: the same rate, no added delay in the kernel; a server reached through `reach(port)` is
+then reached through a userspace relay in the worker's namespace that holds each segment the link's
+delay (tests/delay_relay.py), so latency is still part of the measurement (`NetemLink.shaping` says
+which one a link got).
 
     with NetemLink(LinkOptions(rate="25gbit", delay="20us")) as link:
         link.popen(link.worker_ns, [...])          # e.g. the lease's worker, listening on link.worker_ip
         link.run(link.client_ns, [...])            # the client, reaching it across the link
+        host, port = link.reach(worker_port)       # where the client finds it, with the link's delay
 
 The worker's side is `worker_ns` at `worker_ip`, the client's `client_ns` at `client_ip`. Besides the
 real addresses the link carries a loopback pair (`worker_loopback_ip` 127.77.0.1 in the worker's
@@ -22,11 +26,15 @@ from __future__ import annotations
 
 import functools
 import os
+import re
+import selectors
 import shutil
 import socket
 import subprocess
+import sys
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import netem_netlink
 
@@ -52,6 +60,14 @@ class LinkOptions:
 
     def tbf(self) -> list[str]:
         return ["tbf", "rate", self.rate, "burst", str(self.tbf_burst), "limit", str(self.tbf_limit)]
+
+    def delay_ns(self) -> int:
+        """The one-way delay in nanoseconds (tc's units: 20us, 1ms, 0.5s, 100ns)."""
+        found = re.fullmatch(r"([0-9.]+)\s*(ns|us|usec|ms|msec|s|sec)?", self.delay.strip())
+        if not found:
+            raise ValueError(f"not a delay in tc's units: {self.delay!r} (e.g. 20us, 1ms)")
+        scale = {"ns": 1, "us": 1e3, "usec": 1e3, "ms": 1e6, "msec": 1e6, "s": 1e9, "sec": 1e9}
+        return int(float(found[1]) * scale[found[2] or "us"])  # tc reads a bare number as µs
 
 
 def netlink() -> bool:
@@ -112,10 +128,12 @@ class NetemLink:
         self.worker_loopback_ip, self.client_loopback_ip = WORKER_LOOPBACK_IP, CLIENT_LOOPBACK_IP
         o = self.options
         self.shaper = o.netem() if has_qdisc("netem") else o.tbf()
+        self.delays = self.shaper[0] == "netem"  # the kernel adds the delay (else: reach()'s relay)
         self.shaping = (
             f"netem rate {o.rate}, delay {o.delay} each way"
-            if self.shaper[0] == "netem"
-            else f"tbf rate {o.rate}, no added delay (this kernel has no sch_netem)"
+            if self.delays
+            else f"tbf rate {o.rate} (this kernel has no sch_netem), delay {o.delay} each way by a "
+            "userspace relay for servers reached through it"
         ) + f", MTU {o.mtu}, both directions"
         self._procs: list[subprocess.Popen] = []
         self._made: list[str] = []
@@ -220,6 +238,23 @@ class NetemLink:
 
     def run(self, ns: str, cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
         return subprocess.run([*self.prefix(ns), *cmd], **kwargs)
+
+    def reach(self, port: int, timeout: float = 10) -> tuple[str, int]:
+        """Where a client in `client_ns` reaches a server listening on `port` (any address) in
+        `worker_ns`, with the link's delay: the server itself where netem delays the link, else a
+        relay in the worker's namespace holding each segment the delay each way (tests/delay_relay.py;
+        ended with the link)."""
+        if self.delays:
+            return self.worker_ip, port
+        relay_py = str(Path(__file__).with_name("delay_relay.py"))
+        cmd = [sys.executable, relay_py, self.worker_ip, "127.0.0.1", str(port), str(self.options.delay_ns())]
+        relay = self.popen(self.worker_ns, cmd, stdout=subprocess.PIPE, text=True)
+        with selectors.DefaultSelector() as waiting:  # poll: a test process's descriptors pass 1024
+            waiting.register(relay.stdout, selectors.EVENT_READ)
+            line = relay.stdout.readline().strip() if waiting.select(timeout) else ""
+        if not line.isdigit():
+            raise RuntimeError(f"the delay relay did not start within {timeout:.0f} s (exit {relay.poll()})")
+        return self.worker_ip, int(line)
 
     def qdisc_stats(self) -> dict[str, str]:
         """Each side's qdisc statistics (bytes and packets sent, drops, overlimits), as tc prints them."""

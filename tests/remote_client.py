@@ -194,6 +194,48 @@ def scenario_events():
     say("destroyed_stream_sync", cu.cuStreamSynchronize(stream))
 
 
+def scenario_elapsed_many():
+    """A benchmark harness's loop (triton's do_bench): 100 pairs of records on two streams, one
+    synchronise, the elapsed time of every pair; then one pair recorded again, a pair never recorded, a
+    pair with a destroyed event, and the same pairs asked again."""
+    setup()
+    pairs = 100
+    streams = []
+    for _ in range(2):
+        s = c_u64()
+        check(cu.cuStreamCreate(ctypes.byref(s), 1), "stream")
+        streams.append(s)
+    starts, ends = [c_u64() for _ in range(pairs)], [c_u64() for _ in range(pairs)]
+    for e in starts + ends:
+        check(cu.cuEventCreate(ctypes.byref(e), 0), "event")
+    for i in range(pairs):
+        check(cu.cuEventRecord(starts[i], streams[i % 2]), "record start")
+        time.sleep(0.0002 * (i % 3))  # times that differ from pair to pair (the host executor's clock)
+        check(cu.cuEventRecord(ends[i], streams[i % 2]), "record end")
+    for s in streams:
+        check(cu.cuStreamSynchronize(s), "sync")
+
+    def elapsed(a, b):
+        ms = ctypes.c_float(-1)
+        rc = cu.cuEventElapsedTime(ctypes.byref(ms), a, b)
+        return rc, ms.value
+
+    first = [elapsed(starts[i], ends[i]) for i in range(pairs)]
+    say("all_answered", all(rc == 0 and ms >= 0 for rc, ms in first))
+    say("asked_again_same", [elapsed(starts[i], ends[i]) for i in range(pairs)] == first)
+    # Recorded again, after its end: the kept answer goes, the new one is negative (end before start).
+    check(cu.cuEventRecord(starts[0], streams[0]), "record again")
+    check(cu.cuStreamSynchronize(streams[0]), "sync")
+    rc, again = elapsed(starts[0], ends[0])
+    say("recorded_again", f"{rc},{again < 0 < first[0][1] or again < first[0][1]}")
+    never = c_u64()
+    check(cu.cuEventCreate(ctypes.byref(never), 0), "event")
+    say("never_recorded", elapsed(never, ends[1])[0])
+    check(cu.cuEventDestroy(ends[2]), "destroy")
+    say("destroyed", elapsed(starts[2], ends[2])[0])
+    say("others_still", elapsed(starts[3], ends[3]) == first[3])
+
+
 def scenario_quota():
     setup()
     rc, a = alloc(40 * MiB)
@@ -1331,6 +1373,27 @@ def scenario_async_copy_ordering():
     say("chain_landed", ctypes.string_at(pinned.value, total) == old[:total])
     say("chain_sent_back", dtoh(back, total - size)[1] == old[: total - size])
     say("chain_overwritten_after", dtoh(src, total - size)[1] == new[: total - size])
+
+    # Memsets, and copies between pageable memory and the device on a stream (large enough to go through
+    # the memory shared with a worker on this host: each piece in order behind the stream's work), take
+    # their place in the chain too: on a stream that waits for the last event, a memset, a copy from
+    # pageable memory over part of it, a memset of two-byte values and a copy back into pageable memory,
+    # whose call returns with exactly what those four did after the whole chain.
+    span, pattern = 1 * MiB + 4096, 0x04030201
+    region = alloc(span)[1]
+    check(cu.cuMemcpyHtoD(c_u64(region), bytes(span), c_u64(span)), "zero")
+    patch = os.urandom(span // 2)
+    s = stream_of(steps)
+    check(cu.cuStreamWaitEvent(s, events[(steps - 1) % count], 0), "wait event")
+    check(cu.cuMemsetD32Async(c_u64(region), ctypes.c_uint32(pattern), c_u64(span // 4), s), "memset32")
+    check(cu.cuMemcpyHtoDAsync(c_u64(region + 4096), patch, c_u64(len(patch)), s), "htod over it")
+    check(cu.cuMemsetD16Async(c_u64(region + span - 64), ctypes.c_uint16(0xBEEF), c_u64(8), s), "memset16")
+    landed = ctypes.create_string_buffer(span)
+    check(cu.cuMemcpyDtoHAsync(landed, c_u64(region), c_u64(span), s), "dtoh pageable")
+    expected = bytearray(pattern.to_bytes(4, "little") * (span // 4))
+    expected[4096 : 4096 + len(patch)] = patch
+    expected[span - 64 : span - 48] = (0xBEEF).to_bytes(2, "little") * 8
+    say("memsets_and_pageable_copies_in_stream_order", landed.raw == bytes(expected))
 
 
 def scenario_pinned_stream_order():

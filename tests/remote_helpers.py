@@ -116,3 +116,13 @@ def expected_queries() -> dict[str, str]:
         "pointer_attributes_values": "2,0,True",  # device memory, device 0, the allocation's size
         "function_after_unload": "400",  # the module's functions went with it
     }
+
+
+def profile_rows(stderr: str) -> dict[str, dict[str, int]]:
+    """The shim's GPUPOOL_SHIM_PROFILE rows: call name -> calls, waited."""
+    rows = {}
+    for line in stderr.splitlines():
+        words = line.split()
+        if len(words) == 9 and words[0] == "gpupool:" and words[2].isdigit() and words[3].isdigit():
+            rows[words[1]] = {"calls": int(words[2]), "waited": int(words[3])}
+    return rows

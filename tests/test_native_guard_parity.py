@@ -40,6 +40,9 @@ PINNED, PINNED_SIZE = 0x7F0000000000, 4096  # the client's page-locked allocatio
 SHARED_SIZE = 4096  # the memory the connection shares with its process (gpShmAttach)
 FOREIGN = 0xDEAD0000  # a handle or address the lease never made
 VALID = {"stream": STREAM, "event": EVENT, "func": FUNC, "graphexec": GRAPH_EXEC, "dptr": BASE + 16}
+CHUNK = COUNT // 2  # a copy through the shared memory answered in pieces (gpShmDtoH's `chunk`): two
+# gpEventElapsedMany's pairs: one of the lease's events, one naming an event it never made
+EVENT_PAIRS = ((EVENT, EVENT), (FOREIGN, EVENT))
 
 
 def valid_args(call: Call) -> list[int]:
@@ -52,7 +55,15 @@ def valid_args(call: Call) -> list[int]:
     pinned = {at for at, _ in _guard_rules.pinned_positions(call)}
     shared = {at for at, _ in _guard_rules.shared_positions(call)}
     return [
-        PINNED + 16 if i in pinned else 16 if i in shared else VALID.get(p.type, COUNT if i in lengths else 0)
+        PINNED + 16
+        if i in pinned
+        else 16
+        if i in shared
+        else CHUNK
+        if p.name == "chunk"
+        else len(EVENT_PAIRS)
+        if call.name == "gpEventElapsedMany"
+        else VALID.get(p.type, COUNT if i in lengths else 0)
         for i, p in enumerate(call.ins)
     ]
 
@@ -63,6 +74,8 @@ def bulk_of(call: Call, args: list[int]) -> bytes:
         return b""
     if any(p.type == "func" for p in call.ins):
         return struct.pack("<QI", 0x1000, 7)
+    if call.name == "gpEventElapsedMany":
+        return b"".join(_wire.EVENT_PAIR.pack(*pair) for pair in EVENT_PAIRS)
     (_, length), *_ = _guard_rules.range_positions(call)
     return bytes(i % 251 for i in range(args[length]))
 
@@ -85,6 +98,15 @@ def cases() -> list[tuple[str, Call, list[int]]]:
                 broken[f"{p.name} past the shared memory's end"] = PINNED + PINNED_SIZE - COUNT // 2
             if p.type in VALID and p.type != "dptr":
                 broken[f"foreign {p.type}"] = FOREIGN
+            if p.name == "chunk":
+                broken["no chunk"] = 0
+            if call.name == "gpEventElapsedMany":  # a count its pairs do not match, none, too many
+                broken.update(
+                    {"count past its pairs": 3, "no pairs": 0, "too many pairs": _wire.MAX_EVENT_PAIRS + 1}
+                )
+            if p.name == "flags":  # each of the copy's modes (to the device, synchronous, a last piece, ...)
+                for bits in (1, 2, 3):
+                    broken[f"flags {bits}"] = bits
             if p.type == "stream":
                 broken["capturing stream"] = CAPTURING
                 for builtin in sorted(_guard_rules.BUILTIN_STREAMS):  # every context's own: allowed
@@ -94,8 +116,17 @@ def cases() -> list[tuple[str, Call, list[int]]]:
                 broken[f"{p.name} outside the lease"] = BASE + SIZE + 4096
                 if i in ranges:
                     broken[f"{p.name} past the allocation's end"] = BASE + SIZE - COUNT // 2
+                if i in ranges and _guard_rules.element_bytes(call) > 1:  # counts values wider than bytes
+                    broken[f"{p.name} with room for {COUNT} bytes, not {COUNT} values"] = BASE + SIZE - COUNT
             for what, value in broken.items():
                 out.append((what, call, [value if j == i else v for j, v in enumerate(valid)]))
+        flags = next((i for i, p in enumerate(call.ins) if p.name == "flags"), None)
+        streams = [i for i, p in enumerate(call.ins) if p.type == "stream"]
+        if flags is not None and streams:  # a copy queued on a capturing stream, in each mode
+            for bits in (1, 2, 3):
+                args = list(valid)
+                args[flags], args[streams[0]] = bits, CAPTURING
+                out.append((f"flags {bits} on a capturing stream", call, args))
     return out
 
 
@@ -218,7 +249,7 @@ def test_a_frame_runs_in_c_exactly_when_the_python_guard_runs_it(what, call, arg
     if in_c:
         assert ran_from_c == ran_from_python
     if what != "valid":
-        allowed = what == "capturing stream" or what.startswith("builtin stream")
+        allowed = "capturing stream" in what or what.startswith(("builtin stream", "flags"))
         assert not ran_from_python or allowed, f"{what} reached the executor"
 
 

@@ -227,8 +227,12 @@ NATIVE_CALLS_LINES = [
     "copies from the host, kernels, back True",
     "synchronous page-locked and device copies True",
     "1 MiB pageable round trip True",
+    "4 MiB pageable copy on a stream after a kernel and a memset True",
     "graph x10 of 3 kernels True",
     "elapsed time of the replays >= 0 and < 10 s True",
+    "40 pairs' elapsed times >= 0 True",
+    "reversed pairs <= 0 True",
+    "a start recorded again gives a new answer True",
 ]
 
 

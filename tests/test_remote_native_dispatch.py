@@ -86,6 +86,13 @@ class Recorder:
         self.ran.append(("pinned_out", src, offset, count, stream))
         return CopiedBytes(b"")
 
+    def copy_out_piece(self, shared, offset, src, count, stream) -> None:
+        shared.view[offset : offset + count] = bytes((src + i) % 251 for i in range(count))
+        self.ran.append(("shared_out", src, offset, count, stream))
+
+    def memset(self, dst, value, element_size, count, stream) -> None:
+        self.ran.append(("memset", dst, value, element_size, count, stream))
+
     def __getattr__(self, name):
         if not name.startswith("cu"):
             raise AttributeError(name)

@@ -18,7 +18,7 @@ import sys
 import netem_link
 import pytest
 import remote_helpers
-from remote_helpers import CLIENT, MiB, client_env, needs_cc, parse
+from remote_helpers import CLIENT, MiB, client_env, needs_cc, parse, profile_rows
 
 from server.workers import WorkerDevice, start_worker
 
@@ -56,11 +56,11 @@ def far_worker(link):
 class _At:
     """The worker as a client on the link's other side reaches it."""
 
-    def __init__(self, handle, host: str) -> None:
-        self.handle, self.host = handle, host
+    def __init__(self, handle, host: str, port: int | None = None) -> None:
+        self.handle, self.host, self.port = handle, host, port
 
     def answer(self) -> dict:
-        return self.handle.answer(host=self.host)
+        return {**self.handle.answer(host=self.host), "port": self.port or self.handle.port}
 
 
 def run_across(link, env: dict[str, str], scenario: str = "copies") -> tuple[dict[str, str], str]:
@@ -87,7 +87,7 @@ def test_copies_cross_the_link_encrypted(shim_dir, link, far_worker):
     assert _sent_bytes(after) - _sent_bytes(before) > 10 * MiB  # through the shaped link, not around it
     # Round trips: a copy to the device never waits (its bytes ride in its frame), a copy to the host
     # waits exactly once (its bytes ride in the reply), whatever the size.
-    rows = _profile(err)
+    rows = profile_rows(err)
     htod, dtoh = rows["cuMemcpyHtoD_v2"], rows["cuMemcpyDtoH_v2"]
     assert htod["calls"] >= 2 and htod["waited"] == 0
     assert dtoh["calls"] >= 3 and dtoh["waited"] == dtoh["calls"]
@@ -119,11 +119,45 @@ def _sent_bytes(stats: str) -> int:
     return int(words[words.index("Sent") + 1])
 
 
-def _profile(stderr: str) -> dict[str, dict[str, int]]:
-    """The shim's GPUPOOL_SHIM_PROFILE rows: call name -> calls, waited."""
-    rows = {}
-    for line in stderr.splitlines():
-        words = line.split()
-        if len(words) == 9 and words[0] == "gpupool:" and words[2].isdigit() and words[3].isdigit():
-            rows[words[1]] = {"calls": int(words[2]), "waited": int(words[3])}
-    return rows
+def test_copies_cross_the_link_with_its_delay_encrypted(shim_dir, link, far_worker):
+    """Reached the way a measurement across the link reaches the worker (`NetemLink.reach`: directly
+    where netem delays the link, else through the userspace relay that holds each segment the delay),
+    the copies scenario's bytes arrive intact over TLS."""
+    out, err = run_across(link, client_env(shim_dir, _At(far_worker, *link.reach(far_worker.port))))
+    assert_copies_arrived(out, err)
+
+
+ECHO = """
+import socket, sys
+listener = socket.create_server(("0.0.0.0", 0))
+print(listener.getsockname()[1], flush=True)
+conn, _ = listener.accept()
+conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+while data := conn.recv(64):
+    conn.sendall(data)
+"""
+PING = """
+import socket, sys, time
+sock = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+rtts = []
+for _ in range(20):
+    t = time.perf_counter()
+    sock.sendall(b"x")
+    sock.recv(1)
+    rtts.append(time.perf_counter() - t)
+print(min(rtts) * 1e3)
+"""
+
+
+def test_a_round_trip_across_the_link_takes_the_delay_each_way():
+    """The link's one-way delay is in every round trip a client reaching a server through
+    `NetemLink.reach` makes, whether netem or (on a kernel without it) the relay adds it: no ping
+    comes back sooner than twice the delay."""
+    with netem_link.NetemLink(netem_link.LinkOptions(delay="2ms")) as link:
+        echo = link.popen(link.worker_ns, [sys.executable, "-c", ECHO], stdout=subprocess.PIPE, text=True)
+        host, port = link.reach(int(echo.stdout.readline()))
+        ping = link.run(link.client_ns, [sys.executable, "-c", PING, host, str(port)], capture_output=True,
+                        text=True, timeout=30)  # fmt: skip
+    assert ping.returncode == 0, ping.stderr
+    assert float(ping.stdout) >= 4.0  # ms: 2 ms each way

@@ -101,14 +101,20 @@ def test_pieces_land_in_lease_memory_only_and_come_back_byte_for_byte(worker):
 def test_a_program_copies_the_same_with_the_shared_memory_and_without(shim_dir):
     """The same bytes land every way a copy can go: through shared memory (one or two threads writing
     it), through the socket only, with copies up to 1 MiB in their frames (GPUPOOL_SHIM_SHARED_MIN_KIB),
-    and with that knob misspelt (said on stderr, the default kept)."""
+    and with that knob misspelt (said on stderr, the default kept); the shim's profile says which way
+    the copies went."""
     big = start_worker(
         "copies", [WorkerDevice(0, "", 128 * MiB)], bind_host="127.0.0.1", env={}, executor="host"
     )
     try:
-        with_shared, _ = run_client("shared_copies", client_env(shim_dir, big))
+        with_shared, profiled = run_client(
+            "shared_copies", client_env(shim_dir, big, GPUPOOL_SHIM_PROFILE="1")
+        )
         two_threads, _ = run_client("shared_copies", client_env(shim_dir, big, GPUPOOL_SHIM_COPY_THREADS="2"))
-        without, _ = run_client("shared_copies", client_env(shim_dir, big, GPUPOOL_SHIM_SHARED_COPIES="0"))
+        without, unshared = run_client(
+            "shared_copies",
+            client_env(shim_dir, big, GPUPOOL_SHIM_SHARED_COPIES="0", GPUPOOL_SHIM_PROFILE="1"),
+        )
         # up to 1 MiB in their frames (the worker's native loop), larger ones through the shared memory
         in_frames, _ = run_client(
             "shared_copies", client_env(shim_dir, big, GPUPOOL_SHIM_SHARED_MIN_KIB="1024")
@@ -120,6 +126,8 @@ def test_a_program_copies_the_same_with_the_shared_memory_and_without(shim_dir):
         big.stop()
     assert with_shared == two_threads == without == in_frames == misspelt
     assert "GPUPOOL_SHIM_SHARED_MIN_KIB=1M is not a number of KiB" in said
+    assert "went through memory shared with the worker" in profiled
+    assert "no memory shared with the worker: every copy went through the socket" in unshared
     assert with_shared == {
         "sizes": "262144 1048577 70254592",
         "htod_dtoh_equal": "True True True",

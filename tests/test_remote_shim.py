@@ -19,6 +19,7 @@ from remote_helpers import (
     expected_queries,
     needs_cc,
     parse,
+    profile_rows,
     run_client,
     shim_dir,
     worker,
@@ -26,6 +27,7 @@ from remote_helpers import (
 
 from server.workers import WorkerDevice, start_worker
 from virtualize.common import _wire
+from virtualize.common._results import CUresult
 
 pytestmark = needs_cc
 __all__ = ["shim_dir", "worker"]  # fixtures
@@ -690,6 +692,23 @@ def test_conditional_nodes_captured_bodies_child_graphs_and_updates_run_as_cuda_
     assert "gpupool:" not in err
 
 
+@pytest.mark.parametrize("transport", ["local socket", "tcp"])
+def test_a_benchmark_harness_gets_its_elapsed_times_in_a_few_round_trips(shim_dir, worker, transport):
+    """do_bench's loop: 100 pairs of events recorded on two streams, one synchronise, then each pair's
+    elapsed time: every pair answered (as the worker's driver answers it) in a handful of round trips,
+    not one each, and the same on asking again; an event recorded again is answered anew (its kept
+    answer gone), one never recorded and one destroyed fail as the driver fails them, the others stay."""
+    env = client_env(shim_dir, worker, GPUPOOL_SHIM_PROFILE="1")
+    if transport == "tcp":
+        env.pop(_wire.ENV_LOCAL, None)
+    out, err = run_client("elapsed_many", env)
+    assert out["all_answered"] == out["asked_again_same"] == out["others_still"] == "True", err
+    assert out["recorded_again"] == "0,True"
+    assert out["never_recorded"] == str(int(CUresult.NOT_READY))  # the host executor's answer for it
+    assert out["destroyed"] == str(int(CUresult.INVALID_HANDLE))
+    assert profile_rows(err)["gpEventElapsedMany"]["waited"] <= 10  # round trips for 200+ elapsed times
+
+
 def test_explicit_graphs_copy_event_and_host_nodes_read_back_and_clone(shim_dir, worker):
     out, err = run_client("graph_explicit_nodes", client_env(shim_dir, worker))
     assert out == {
@@ -1028,7 +1047,8 @@ def test_async_copies_chained_by_events_land_exactly_when_their_events_complete(
     shows complete (synchronise, a query that says done, a stream that waited for it) its copy and
     every copy ordered before it are in place; a host function between two copies of the chain sees
     exactly the copies before it; a chain of copies sends each landed buffer back to the device and
-    then overwrites its source, in stream order."""
+    then overwrites its source, in stream order; memsets and large copies of pageable memory on a
+    stream (through the memory shared with the worker on its host) act in that order too."""
     env = client_env(shim_dir, worker)
     if transport == "tcp":  # bytes through the callback connection, no shared memory
         env.pop(_wire.ENV_LOCAL, None)
@@ -1037,6 +1057,7 @@ def test_async_copies_chained_by_events_land_exactly_when_their_events_complete(
     assert out["each_event_shows_its_copies"] == out["waiter_saw_all"] == "True"  # never later
     assert out["host_functions_see_exactly_the_earlier_copies"] == "True"
     assert out["chain_landed"] == out["chain_sent_back"] == out["chain_overwritten_after"] == "True"
+    assert out["memsets_and_pageable_copies_in_stream_order"] == "True"
     assert "gpupool:" not in err
 
 

@@ -188,12 +188,22 @@ MEMO_GROUPS = {
     "context, changed by attribute setters (of that kernel or function) and unloads (of its library or module)",
     "limits": "a context's limits, changed by cuCtxSetLimit and a primary-context reset",
     "capture": "whether a stream captures: kept only while no capture is under way",
+    "elapsed": "the elapsed time between two events that have both completed (failures are not kept), "
+    "changed when an event is recorded again (cuEventRecord, a graph's record nodes, a context's or a green "
+    "context's record), created or destroyed, and by a reset",
 }
 
 
 R, A, L = Mode.REPLY, Mode.ASYNC, Mode.LOCAL
 PRIMARY = ("primary_ctx",)
-RESET = ("primary_ctx", "functions", "limits", "capture")  # a reset destroys everything of the context
+RESET = (
+    "primary_ctx",
+    "functions",
+    "limits",
+    "capture",
+    "elapsed",
+)  # a reset destroys everything of the context
+RECORDS = ("elapsed",)  # a call that records an event again, or makes or ends one
 
 # fmt: off
 CALLS: tuple[Call, ...] = (
@@ -245,7 +255,7 @@ CALLS: tuple[Call, ...] = (
     _c("cuCtxCreate", 12050, "o_ctx ctx, ptr params, u32 flags, i32 dev", L, custom=True,
        symbol="cuCtxCreate_v4",
        how="sent as cuCtxCreate_v2 (execution affinity and CIG parameters are refused)"),
-    _c("cuCtxDestroy", 4000, "ctx ctx", custom=True, symbol="cuCtxDestroy_v2"),
+    _c("cuCtxDestroy", 4000, "ctx ctx", custom=True, symbol="cuCtxDestroy_v2", invalidates=RECORDS),
     _c("cuCtxGetCurrent", 4000, "o_ctx ctx", L, custom=True,
        how="the context stack is kept per client thread"),
     _c("cuCtxSetCurrent", 4000, "ctx ctx", L, custom=True, how="the context stack is kept per client thread"),
@@ -269,7 +279,7 @@ CALLS: tuple[Call, ...] = (
     _c("cuCtxEnablePeerAccess", 4000, "ctx peer, u32 flags"),  # between the lease's own devices
     _c("cuCtxDisablePeerAccess", 4000, "ctx peer"),
     _c("cuCtxResetPersistingL2Cache", 11000, ""),
-    _c("cuCtxRecordEvent", 12050, "ctx ctx, event event", A),
+    _c("cuCtxRecordEvent", 12050, "ctx ctx, event event", A, invalidates=RECORDS),
     _c("cuCtxWaitEvent", 12050, "ctx ctx, event event", A),
     # The current context's preferred L1/shared split and (deprecated) shared memory bank size.
     _c("cuCtxGetCacheConfig", 3020, "o_i32 config"),
@@ -295,7 +305,7 @@ CALLS: tuple[Call, ...] = (
     _c("cuGreenCtxCreate", 12040, "o_greenctx green, resdesc desc, i32 dev, u32 flags"),
     _c("cuGreenCtxDestroy", 12040, "greenctx green"),
     _c("cuCtxFromGreenCtx", 12040, "ptr ctx, greenctx green", custom=True, wire="o_ctx ctx, o_i32 dev, greenctx green"),
-    _c("cuGreenCtxRecordEvent", 12040, "greenctx green, event event"),
+    _c("cuGreenCtxRecordEvent", 12040, "greenctx green, event event", invalidates=RECORDS),
     _c("cuGreenCtxWaitEvent", 12040, "greenctx green, event event"),
     _c("cuStreamGetGreenCtx", 12040, "stream stream, o_greenctx green"),
     _c("cuGreenCtxStreamCreate", 12040, "o_stream stream, greenctx green, u32 flags, i32 priority"),
@@ -932,18 +942,27 @@ CALLS: tuple[Call, ...] = (
     # CUDA_GRAPH_INSTANTIATE_PARAMS: the flags and the upload stream go as WithFlags and cuGraphUpload.
     _c("cuGraphInstantiateWithParams", 12000, "o_graphexec graph_exec, graph graph, ptr params", L, custom=True,
        how="sent as cuGraphInstantiateWithFlags and cuGraphUpload"),
-    _c("cuGraphLaunch", 10000, "graphexec graph_exec, stream stream", A),
+    _c("cuGraphLaunch", 10000, "graphexec graph_exec, stream stream", A, invalidates=RECORDS),
     _c("cuGraphUpload", 11010, "graphexec graph_exec, stream stream", A),
     _c("cuGraphExecDestroy", 10000, "graphexec graph_exec", A),
     _c("cuGraphDestroy", 10000, "graph graph", A),
-    _c("cuEventCreate", 2000, "o_event event, u32 flags"),
-    _c("cuEventRecord", 2000, "event event, stream stream", A),
-    _c("cuEventRecordWithFlags", 11010, "event event, stream stream, u32 flags", A),
+    _c("cuEventCreate", 2000, "o_event event, u32 flags", invalidates=RECORDS),
+    _c("cuEventRecord", 2000, "event event, stream stream", A, invalidates=RECORDS),
+    _c("cuEventRecordWithFlags", 11010, "event event, stream stream, u32 flags", A, invalidates=RECORDS),
     _c("cuEventQuery", 2000, "event event", sync=True),
     _c("cuEventSynchronize", 2000, "event event", sync=True),
-    _c("cuEventDestroy", 4000, "event event", A, symbol="cuEventDestroy_v2", custom=True),  # IPC-opened: local
-    _c("cuEventElapsedTime", 2000, "o_f32 ms, event start, event end"),
-    _c("cuEventElapsedTime", 12080, "o_f32 ms, event start, event end", symbol="cuEventElapsedTime_v2"),
+    _c("cuEventDestroy", 4000, "event event", A, symbol="cuEventDestroy_v2", custom=True,
+       invalidates=RECORDS),  # IPC-opened: local
+    # Kept once both events completed; a miss asks gpEventElapsedMany for the pairs of consecutive
+    # records on each stream at once (virtualize/client/shim/shim_streams.c).
+    _c("cuEventElapsedTime", 2000, "o_f32 ms, event start, event end", custom=True, memo="elapsed"),
+    _c("cuEventElapsedTime", 12080, "o_f32 ms, event start, event end", symbol="cuEventElapsedTime_v2",
+       custom=True, memo="elapsed"),
+    # Elapsed times of many pairs of events in one round trip (a benchmark harness asks one per pair of
+    # records, hundreds after one synchronise): `pairs` holds `count` (start, end) u64 pairs; the reply's
+    # bulk one (i32 CUresult, f32 ms) per pair, in order. The shim asks it for the pairs of consecutive
+    # records on each stream when a cuEventElapsedTime it has no answer for comes (shim_streams.c).
+    _c("gpEventElapsedMany", 0, "u32 count, bytes pairs", symbol="-"),
     # -- driver log callbacks: the driver's messages stay on the worker; a callback is kept, never called
     _c("cuLogsRegisterCallback", 12080, "ptr callback, ptr user_data, o_u64 handle", L, custom=True,
        how="accepted, never called: the driver's messages stay on the worker"),

@@ -188,6 +188,7 @@ def generate_types() -> str:
         f"#define GP_FLAG_WANTS_REPLY {_wire.FLAG_WANTS_REPLY}u",
         f"#define GP_CHUNK_BYTES {_wire.CHUNK_BYTES}ull",
         f"#define GP_LAUNCH_ATTRIBUTE_BYTES {_wire.LAUNCH_ATTRIBUTE_BYTES}",
+        f"#define GP_MAX_EVENT_PAIRS {_wire.MAX_EVENT_PAIRS}u",
         f'#define GP_ENV_WORKER "{_wire.ENV_WORKER}"',
         f'#define GP_ENV_SECRET "{_wire.ENV_SECRET}"',
         f'#define GP_ENV_LEASE "{_wire.ENV_LEASE}"',
@@ -216,6 +217,12 @@ def generate_types() -> str:
         "/* An asynchronous copy's frame on the callback connection: its id and result (_wire.COPY_HEAD). */",
         "struct gp_copy_head { uint64_t id; int32_t result; uint32_t reserved; } __attribute__((packed));",
         f'_Static_assert(sizeof(struct gp_copy_head) == {_wire.COPY_HEAD.size}, "copy head");',
+        "/* gpEventElapsedMany: a (start, end) pair of its request, an answer of its reply (_wire.EVENT_PAIR,"
+        " EVENT_ELAPSED). */",
+        "struct gp_event_pair { uint64_t start, end; } __attribute__((packed));",
+        "struct gp_event_elapsed { int32_t result; float ms; } __attribute__((packed));",
+        f'_Static_assert(sizeof(struct gp_event_pair) == {_wire.EVENT_PAIR.size}, "event pair");',
+        f'_Static_assert(sizeof(struct gp_event_elapsed) == {_wire.EVENT_ELAPSED.size}, "elapsed answer");',
         "",
     ]
     for name, value in RESULTS.items():
@@ -395,12 +402,14 @@ class UncheckedArgument(VirtualizeError):
 
 
 def native_args(call: Call) -> list[str]:
-    """Each in-argument of a served call as C's struct gpf_arg: offset, size, check, length argument."""
+    """Each in-argument of a served call as C's struct gpf_arg: offset, size, check, length argument, and
+    the bytes each counted element of that length is."""
     lengths = dict(_guard_rules.range_positions(call))
     pinned = dict(_guard_rules.pinned_positions(call))
     shared = dict(_guard_rules.shared_positions(call))
     name = call.symbol if call.symbol != "-" else call.name
-    if len([p for p in call.outs if p.struct_code]) > 1 or call.out_struct.size > NATIVE_OUT_BYTES:
+    one_value = len([p for p in call.outs if p.struct_code]) <= 1 and call.out_struct.size <= NATIVE_OUT_BYTES
+    if not one_value and name not in _guard_rules.NATIVE_ANSWERED_IN_PIECES:
         raise UncheckedArgument(
             f"{name} is in _guard_rules.NATIVE_CALLS but the native loop answers at most one value of up "
             f"to {NATIVE_OUT_BYTES} bytes",
@@ -423,7 +432,8 @@ def native_args(call: Call) -> list[str]:
             else NATIVE_CHECKS.get(p.type, "GPF_PLAIN")
         )
         length = pinned.get(i, shared.get(i, lengths.get(i, NO_ARG)))
-        out.append(f"{{{offset}, {size}, {check}, {length}}}")
+        element = _guard_rules.element_bytes(call) if i in lengths else 1
+        out.append(f"{{{offset}, {size}, {check}, {length}, {element}}}")
         offset += size
     return out
 
@@ -458,6 +468,9 @@ def generate_native() -> str:
         *(f"#define GPF_REPLY_{name.upper()} {at}" for name, at in reply.items()),
         f"#define GPF_FLAG_WANTS_REPLY {_wire.FLAG_WANTS_REPLY}u",
         f"#define GPF_LAUNCH_ATTRIBUTE_BYTES {_wire.LAUNCH_ATTRIBUTE_BYTES}",
+        f"#define GPF_MAX_EVENT_PAIRS {_wire.MAX_EVENT_PAIRS}u",
+        f"#define GPF_EVENT_PAIR_BYTES {_wire.EVENT_PAIR.size}",
+        f"#define GPF_EVENT_ELAPSED_BYTES {_wire.EVENT_ELAPSED.size}",
         f"#define GPF_FORWARDED_LAUNCH_ATTRIBUTES {launch_attribute_mask()}",
         "",
         "/* The calls served here (virtualize/server/_guard_rules.py NATIVE_CALLS), in that order. */",
@@ -468,7 +481,7 @@ def generate_native() -> str:
         "",
         "/* How the guard checks an argument (virtualize/server/_guard_rules.py): a handle of the lease's of that",
         " * kind, or device bytes inside one of the lease's allocations (`length`: the argument holding their",
-        " * count, DEVICE_RANGES; none: the pointer alone);",
+        " * count, DEVICE_RANGES, in elements of `element` bytes, ELEMENT_BYTES; none: the pointer alone);",
         " * GPF_PINNED: the client's page-locked memory shared with the worker (PINNED_RANGES); GPF_SHARED: an",
         " * offset of the memory the connection shares with its process on this host (SHARED_RANGES). */",
         "enum { GPF_PLAIN, GPF_STREAM, GPF_EVENT, GPF_FUNC, GPF_GRAPHEXEC, GPF_RANGE, GPF_PINNED, GPF_SHARED };",
@@ -477,12 +490,13 @@ def generate_native() -> str:
         + " || ".join(f"(s) == {n}" for n in sorted(_guard_rules.BUILTIN_STREAMS))
         + ")",
         f"#define GPF_NO_ARG {NO_ARG}",
-        "struct gpf_arg { uint8_t offset, size, check, length; };",
+        "struct gpf_arg { uint8_t offset, size, check, length, element; };",
         "struct gpf_call {",
         "    uint32_t id, args_bytes;",
         "    uint8_t sync;    /* a synchronising call: it answers, with an earlier asynchronous error first */",
         "    uint8_t replies; /* answered when the frame asks (not an asynchronous call) */",
-        f"    uint8_t outs;    /* bytes of its one answered value (at most {NATIVE_OUT_BYTES}), or 0 */",
+        f"    uint8_t outs;    /* bytes of its one answered value (at most {NATIVE_OUT_BYTES}), or 0; a call"
+        " answered in pieces (NATIVE_ANSWERED_IN_PIECES): each piece's */",
         "    uint8_t bulk_in; /* bytes follow its arguments (a launch's parameters, a copy's data) */",
         "    uint8_t data;    /* a copy whose client-side bytes travel in the frame or in the reply */",
         "    uint8_t capture; /* the stream argument on which a capture refuses it (capture_refuses), or none */",

@@ -51,6 +51,11 @@ COPIES_COUNT = struct.Struct("<Q")
 # A launch's attributes follow its kernel parameters in the bulk, each a CUlaunchAttribute: its id (4 bytes),
 # padding, a 64-byte value.
 LAUNCH_ATTRIBUTE_BYTES = 72
+# gpEventElapsedMany: its bulk holds (start, end) event pairs, its reply's bulk one answer per pair (the
+# CUresult, the milliseconds where it is CUDA_SUCCESS); at most MAX_EVENT_PAIRS a request.
+EVENT_PAIR = struct.Struct("<QQ")
+EVENT_ELAPSED = struct.Struct("<if")
+MAX_EVENT_PAIRS = 4096
 # A frame's fixed part is small; anything larger is a corrupt or hostile peer.
 MAX_ARGS_BYTES = 1 << 16
 # Module images and kernel parameters are bounded too (a fatbin of a big library is well under this).

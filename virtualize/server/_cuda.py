@@ -548,7 +548,7 @@ class CudaExecutor(Executor):
         s = self._stream(stream or 0)
         _ok(driver.cuMemcpyHtoDAsync(dst, shared.address + offset, count, s))
         if last:  # the client writes the memory again once answered: every piece read by then
-            event = self._copy_events()[0]
+            event = self._copy_event()
             _ok(driver.cuEventRecord(event, s))
             _ok(driver.cuEventSynchronize(event))
 
@@ -562,27 +562,19 @@ class CudaExecutor(Executor):
             landed.wait()
         return landed
 
-    def copy_out_to(self, shared, src, count, stream, chunk, ready) -> None:
+    def copy_out_piece(self, shared, offset, src, count, stream) -> None:
+        # as the native loop's shm_dtoh (dispatch.c): the copy, then its stream waited for
         s = self._stream(stream or 0)
-        events = self._copy_events()
-        pieces = [(at, min(chunk, count - at)) for at in range(0, count, chunk)]
-        issued = 0
-        for i, (at, n) in enumerate(pieces):  # up to len(events) DMAs ahead of the piece handed over
-            while issued < len(pieces) and issued < i + len(events):
-                start, size = pieces[issued]
-                _ok(driver.cuMemcpyDtoHAsync(shared.address + start, src + start, size, s))
-                _ok(driver.cuEventRecord(events[issued % len(events)], s))
-                issued += 1
-            _ok(driver.cuEventSynchronize(events[i % len(events)]))
-            ready(at, n)
+        _ok(driver.cuMemcpyDtoHAsync(shared.address + offset, src, count, s))
+        _ok(driver.cuStreamSynchronize(s))
 
-    def _copy_events(self) -> list:
-        """This thread's events for copies through shared memory, in the current context."""
+    def _copy_event(self):
+        """This thread's event for copies through shared memory, in the current context."""
         local = self._local()
         events = local.copy_events.get(local.ctx)
         if events is None:
-            events = local.copy_events[local.ctx] = [_ok(driver.cuEventCreate(2)) for _ in range(16)]
-        return events
+            events = local.copy_events[local.ctx] = [_ok(driver.cuEventCreate(2))]  # DISABLE_TIMING
+        return events[0]
 
     def copy_from_device_async(self, src, count, stream) -> StagedCopy:
         if count > ASYNC_STAGING_MAX:  # not worth pinning that much: staged now, the stream waited for

@@ -127,8 +127,9 @@ GUARD_CALLS = (
     "cuMemExportToShareableHandle",  # recorded in the lease: another process of it may import the handle
     # affinity: none offered at creation; a context's is its SMs (virtualize.server._guard_green)
     *("cuDeviceGetExecAffinitySupport", "cuCtxGetExecAffinity"),
+    "gpEventElapsedMany",  # each pair as cuEventElapsedTime (virtualize.server._guard_launches)
     "gpCopiesFlush",  # asynchronous copies to the client's page-locked memory (virtualize.server._deliveries)
-    # copies through memory shared with a client on this host (`Executor.copy_in_from`, `copy_out_to`)
+    # copies through memory shared with a client on this host (`Executor.copy_in_from`, `copy_out_piece`)
     *("gpShmAttach", "gpShmHtoD", "gpShmDtoH"),
     # the client's page-locked memory mapped by both (`Executor.copy_out_into`, `copy_in_from`)
     *("gpPinnedShare", "gpPinnedCopy", "gpPinnedSettle", "gpPinnedDrop"),
@@ -337,27 +338,11 @@ class Executor(abc.ABC):
         self.copy_from_device(src, count, stream, put)
         return CopiedBytes(b"")
 
-    def copy_out_to(
-        self,
-        shared: SharedHostMemory,
-        src: int,
-        count: int,
-        stream,
-        chunk: int,
-        ready: Callable[[int, int], None],
-    ) -> None:
-        """`count` bytes of device address `src` into `shared` from offset 0; `ready(offset, n)` as each
-        piece of at most `chunk` bytes is there, in order."""
-        at = 0
-
-        def send(view: memoryview) -> None:
-            nonlocal at
-            shared.view[at : at + len(view)] = view
-            for piece in range(at, at + len(view), chunk):
-                ready(piece, min(chunk, at + len(view) - piece))
-            at += len(view)
-
-        self.copy_from_device(src, count, stream, send)
+    def copy_out_piece(self, shared: SharedHostMemory, offset: int, src: int, count: int, stream) -> None:
+        """`count` bytes of device address `src` into `shared` at `offset`, there on return (queued
+        behind `stream`'s work; None: the legacy stream): a piece of a copy through the memory a
+        client on this host maps too (gpShmDtoH). Raises CudaError if the copy failed."""
+        self.copy_out_into(shared, offset, src, count, stream).wait()
 
     @abc.abstractmethod
     def copy_from_device_async(self, src: int, count: int, stream: int) -> StagedCopy:

@@ -540,8 +540,8 @@ class Session:
     def _check_ranges(self, call: Call, ins: tuple) -> None:
         """The call's handles (`_check`), then the device bytes it names (_guard_rules.DEVICE_RANGES)."""
         self._check(call, ins)
-        for ptr, length in RANGES_BY_ID[CALL_IDS[call]]:
-            self._check_range(ins[ptr], ins[length])
+        for ptr, length, element in RANGES_BY_ID[CALL_IDS[call]]:
+            self._check_range(ins[ptr], ins[length] * element)
 
     def _check_range(self, ptr: int, count: int) -> Allocation:
         a = self.lease.find(ptr)

@@ -19,12 +19,11 @@ from virtualize.common._calls import CALLS, Call
 from virtualize.common._results import CUresult
 from virtualize.server._executor import INVALID_VALUE, CudaError
 from virtualize.server._guard_concern import ANSWERED, EMPTY, Concern
-from virtualize.server._guard_rules import capture_refuses
+from virtualize.server._guard_rules import capture_refuses, element_bytes
 from virtualize.server._lanes import Lanes
 
 log = logging.getLogger("gpupool.worker")
 
-MEMSET_WIDTH = {"cuMemsetD8": 1, "cuMemsetD16": 2, "cuMemsetD32": 4}
 MAX_LANE_PIECES = 64
 SHARED_COPY_BYTES = 64 << 20  # per client connection on this host: the largest piece of one copy
 PINNED_SHARE_MAX = 1 << 40  # one page-locked allocation shared with a client (a sanity bound only)
@@ -259,11 +258,12 @@ class CopyCalls(Concern):
         return ANSWERED
 
     def shm_dtoh(self, call: Call, ins: tuple):
-        """A copy to the client: answered once per `chunk` bytes as each is in the shared memory."""
+        """A copy to the client: answered once per `chunk` bytes as each is in the shared memory (the
+        worker's DMA of the next piece runs while the client copies this one out). The native loop
+        serves it the same way, piece by piece (dispatch.c shm_dtoh)."""
         src, count, stream, flags, chunk = ins
         is_async = flags & 2
-        self.session._check(call, ins)
-        self.session._check_range(src, count)
+        self.session._check_ranges(call, ins)
         if self.session.shared is None or count > self.session.shared.size or not chunk:
             raise CudaError(INVALID_VALUE, "not in the shared memory")
         if is_async and self._capturing(_DTOH_ASYNC, stream):
@@ -271,23 +271,20 @@ class CopyCalls(Concern):
         if not is_async and self.session.pending:  # a synchronous copy reports the earlier asynchronous error
             result, self.session.pending = self.session.pending, 0
             raise CudaError(result, "an earlier asynchronous error")
-        answered = False
-
-        def ready(offset: int, n: int) -> None:
-            nonlocal answered
-            if not answered:
+        for at in range(0, count, chunk):
+            n = min(chunk, count - at)
+            try:
+                self.session.executor.copy_out_piece(
+                    self.session.shared, at, src + at, n, stream if is_async else None
+                )
+            except CudaError as exc:
+                self.session._answer(True, None, exc.code)
+                return ANSWERED
+            if at == 0:
                 self.session._send_kernel_output()
                 self.session._announce_copies()
-                answered = True
-            outs = call.out_struct.pack(offset, n)
+            outs = call.out_struct.pack(at, n)
             self.session.channel.send(_wire.REPLY.pack(0, len(outs), 0), outs)
-
-        try:
-            self.session.executor.copy_out_to(
-                self.session.shared, src, count, stream if is_async else None, chunk, ready
-            )
-        except CudaError as exc:
-            self.session._answer(True, None, exc.code)
         return ANSWERED
 
     # -- copies striped across the process's connections (virtualize/server/_lanes.py) ----------------------
@@ -426,8 +423,7 @@ class CopyCalls(Concern):
         getattr(self.session.executor, call.name)(*ins)
 
     def memset(self, call: Call, ins: tuple):
-        self.session._check(call, ins)
+        self.session._check_ranges(call, ins)  # `count` values of element_bytes(call) each
         dst, value, count = ins[:3]
-        width = MEMSET_WIDTH[call.name.removesuffix("Async")]
-        self.session._check_range(dst, count * width)
-        self.session.executor.memset(dst, value, width, count, ins[3] if len(ins) > 3 else None)
+        stream = ins[3] if len(ins) > 3 else None
+        self.session.executor.memset(dst, value, element_bytes(call), count, stream)

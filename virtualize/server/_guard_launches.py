@@ -1,6 +1,7 @@
 """The guard's launches: a kernel launch (its function and stream the lease's, its parameters as long as
 the function's layout, its attributes as the shim sent them), a cluster occupancy asked with a launch's
-configuration, a function's parameter layout and a linked image. A function launched once here is then
+configuration, a function's parameter layout, a linked image, and the elapsed times of many pairs of
+events at once (what a benchmark harness asks after its launches). A function launched once here is then
 launched by the native loop too (`NativeLease.learn`).
 """
 
@@ -10,7 +11,7 @@ import struct
 from typing import ClassVar
 
 from virtualize.common._calls import Call
-from virtualize.common._wire import LAUNCH_ATTRIBUTE_BYTES
+from virtualize.common._wire import EVENT_ELAPSED, EVENT_PAIR, LAUNCH_ATTRIBUTE_BYTES, MAX_EVENT_PAIRS
 from virtualize.server._executor import INVALID_HANDLE, INVALID_VALUE, CudaError, Launch
 from virtualize.server._guard_concern import Concern
 from virtualize.server._guard_rules import BUILTIN_STREAMS, padded_params
@@ -33,7 +34,27 @@ class LaunchCalls(Concern):
         "cuLaunchKernelEx": "launch",
         "cuOccupancyMaxActiveClusters": "cluster_occupancy",
         "cuOccupancyMaxPotentialClusterSize": "cluster_occupancy",
+        "gpEventElapsedMany": "elapsed_many",
     }
+
+    def elapsed_many(self, call: Call, ins: tuple):
+        """The elapsed time of each (start, end) pair, each answered on its own as cuEventElapsedTime
+        answers it: an event not the lease's is INVALID_HANDLE and never reaches the driver. The native
+        loop serves it the same way (dispatch.c elapsed_many)."""
+        (count,) = ins
+        if not 0 < count <= MAX_EVENT_PAIRS or self.session.channel.bulk_left != count * EVENT_PAIR.size:
+            raise CudaError(INVALID_VALUE, "event pairs")
+        pairs = self.session.channel.read_bulk(limit=MAX_EVENT_PAIRS * EVENT_PAIR.size)
+        events, answers = self.session.lease.handles["event"], bytearray()
+        for start, end in EVENT_PAIR.iter_unpack(pairs):
+            result, ms = INVALID_HANDLE, 0.0
+            if start in events and end in events:
+                try:
+                    result, ms = 0, self.session.executor.cuEventElapsedTime(start, end)
+                except CudaError as exc:
+                    result = exc.code
+            answers += EVENT_ELAPSED.pack(result, ms)
+        return b"", bytes(answers)
 
     def param_layout(self, call: Call, ins: tuple):
         self.session._check(call, ins)

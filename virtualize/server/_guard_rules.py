@@ -14,16 +14,25 @@ BUILTIN_STREAMS = frozenset({0, 1, 2})
 # A stream's or a kernel node's attribute value (CUstreamAttrValue, CUkernelNodeAttrValue: 64 bytes), and
 # the attribute that names memory, a range the guard checks (its base and length first).
 ACCESS_POLICY_WINDOW, STREAM_ATTRIBUTE_BYTES = 1, 64
-# The device bytes each copy names, as (pointer, length) wire parameters: `Session._check_ranges`.
+# The bytes one counted element of a range's length is (a memset counts 1-, 2- or 4-byte values); 1 where
+# not named: the length is bytes.
+ELEMENT_BYTES: dict[str, int] = {
+    **dict.fromkeys(("cuMemsetD8_v2", "cuMemsetD8Async"), 1),
+    **dict.fromkeys(("cuMemsetD16_v2", "cuMemsetD16Async"), 2),
+    **dict.fromkeys(("cuMemsetD32_v2", "cuMemsetD32Async"), 4),
+}
+# The device bytes each copy or memset names, as (pointer, length) wire parameters: `Session._check_ranges`.
 DEVICE_RANGES: dict[str, tuple[tuple[str, str], ...]] = {
     **dict.fromkeys(("cuMemcpyHtoD_v2", "cuMemcpyHtoDAsync_v2"), (("dst", "count"),)),
     **dict.fromkeys(("cuMemcpyDtoH_v2", "cuMemcpyDtoHAsync_v2", "gpMemcpyDtoHAsync"), (("src", "count"),)),
     "gpPinnedCopy": (("device", "count"),),
     "gpShmHtoD": (("dst", "count"),),
+    "gpShmDtoH": (("src", "count"),),
     **dict.fromkeys(
         ("cuMemcpyDtoD_v2", "cuMemcpyDtoDAsync_v2", "cuMemcpyPeer", "cuMemcpyPeerAsync"),
         (("dst", "count"), ("src", "count")),
     ),
+    **dict.fromkeys(ELEMENT_BYTES, (("dst", "count"),)),
 }
 # The client's page-locked memory shared with the worker (gpPinnedShare) each call names, as (address,
 # length) wire parameters: `CopyCalls._pinned_at`.
@@ -53,10 +62,21 @@ NATIVE_CALLS = {
     "cuMemcpyDtoDAsync_v2": "DTOD_ASYNC",
     "gpPinnedCopy": "PINNED_COPY",
     "gpShmHtoD": "SHM_HTOD",
+    "gpShmDtoH": "SHM_DTOH",
     "cuGraphLaunch": "GRAPH_LAUNCH",
     "cuEventElapsedTime": "EVENT_ELAPSED",
     "cuEventElapsedTime_v2": "EVENT_ELAPSED_V2",
+    "cuMemsetD8_v2": "MEMSET_D8",
+    "cuMemsetD16_v2": "MEMSET_D16",
+    "cuMemsetD32_v2": "MEMSET_D32",
+    "cuMemsetD8Async": "MEMSET_D8_ASYNC",
+    "cuMemsetD16Async": "MEMSET_D16_ASYNC",
+    "cuMemsetD32Async": "MEMSET_D32_ASYNC",
+    "gpEventElapsedMany": "EVENT_ELAPSED_MANY",
 }
+# Served calls whose C handler sends their answers itself, piece by piece (gpShmDtoH: one answer per piece
+# of the copy as it lands), not one answered value of at most 8 bytes.
+NATIVE_ANSWERED_IN_PIECES = frozenset({"gpShmDtoH"})
 
 
 def capture_refuses(call: Call) -> bool:
@@ -73,6 +93,11 @@ def range_positions(call: Call, rule: dict | None = None) -> tuple[tuple[int, in
         call.name if call.symbol == "-" else call.symbol, ()
     )
     return tuple((names.index(ptr), names.index(length)) for ptr, length in pairs)
+
+
+def element_bytes(call: Call) -> int:
+    """The bytes one counted element of the call's range length is (ELEMENT_BYTES; 1: bytes)."""
+    return ELEMENT_BYTES.get(call.name if call.symbol == "-" else call.symbol, 1)
 
 
 def pinned_positions(call: Call) -> tuple[tuple[int, int], ...]:
@@ -111,7 +136,8 @@ def _check_names() -> None:
 
 
 _check_names()
-RANGES_BY_ID = [range_positions(c) for c in CALLS]  # by call id, for the guard's per-request lookup
+# by call id, for the guard's per-request lookup: (pointer, length, bytes per counted element)
+RANGES_BY_ID = [tuple((*pair, element_bytes(c)) for pair in range_positions(c)) for c in CALLS]
 
 
 def padded_params(params: bytes, layout) -> bytes:

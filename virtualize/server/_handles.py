@@ -94,7 +94,7 @@ SHAPED_HANDLES: dict[str, dict[str, str]] = {
     "nccl_stream": {"stream": "stream"},
     "nccl_buffer": {},  # its address is mapped (SHAPED_ADDRESSES)
     **{method: {"stream": "stream"} for method in (
-        "copy_to_device", "copy_from_device", "copy_in_from", "copy_out_into", "copy_out_to",
+        "copy_to_device", "copy_from_device", "copy_in_from", "copy_out_into", "copy_out_piece",
         "copy_from_device_async", "memset", "copy_3d", "launch_host_func", "capture_info")},
 }  # fmt: skip
 # The shaped methods' results that are handles: (position in the result tuple, None: the result itself;
@@ -113,7 +113,7 @@ SHAPED_RESULTS: dict[str, tuple[tuple[int | None, str], ...]] = {
 # The shaped methods' device addresses (a module's global variable is at another address on the target).
 SHAPED_ADDRESSES: dict[str, tuple[str, ...]] = {
     "copy_to_device": ("dst",), "copy_from_device": ("src",), "copy_in_from": ("dst",),
-    "copy_out_into": ("src",), "copy_out_to": ("src",), "copy_from_device_async": ("src",),
+    "copy_out_into": ("src",), "copy_out_piece": ("src",), "copy_from_device_async": ("src",),
     "memset": ("dst",), "nccl_buffer": ("ptr",),
 }  # fmt: skip
 LISTS = frozenset({NODES, EDGES, "graphs"})  # results that are lists of handles

@@ -32,7 +32,7 @@ from virtualize.common import _wire
 from virtualize.common._calls import WIRE_VERSION
 from virtualize.common._results import CUresult
 from virtualize.server._executor import CudaError, Launch, SharedHostMemory
-from virtualize.server._guard_rules import native_calls
+from virtualize.server._guard_rules import ELEMENT_BYTES, element_bytes, native_calls
 
 log = logging.getLogger("gpupool.worker")
 
@@ -352,6 +352,10 @@ class NativeLease:
         call = IN_C_CALLS[which]
 
         def run() -> None:
+            if call.symbol in ELEMENT_BYTES:  # a memset, as CopyCalls.memset has the executor run it
+                stream = args[3] if len(call.ins) > 3 else None
+                self.direct.memset(args[0], args[1], element_bytes(call), args[2], stream)
+                return
             value = getattr(self.direct, call.name)(*args[: len(call.ins)])
             if call.out_struct.size:  # its one answered value, as the wire packs it
                 out[0] = int.from_bytes(call.out_struct.pack(value), "little")
@@ -364,6 +368,10 @@ class NativeLease:
             return self._run(lambda: self._host_pinned_copy(device, host, count, stream, flags))
         if call.name == "gpShmHtoD":
             return self._run(lambda: self._host_shared_copy(device, host, count, stream, flags))
+        if call.name == "gpShmDtoH":  # a piece, as CopyCalls.shm_dtoh has the executor copy it
+            at, shared = self._mapping(host)
+            on = stream if flags & 2 else None
+            return self._run(lambda: self.executor.copy_out_piece(shared, host - at, device, count, on))
         to_device, on_stream = call.bulk_in, call.name.endswith("Async")
         window = (ctypes.c_char * count).from_address(host)
         view = memoryview(window).cast("B")
@@ -449,8 +457,8 @@ class NativeSession:
         return address
 
     def shared_set(self, shared: SharedHostMemory) -> None:
-        """Pieces of copies to the device through the memory this connection shares with its process
-        (gpShmHtoD) run in C from now on."""
+        """Copies through the memory this connection shares with its process (gpShmHtoD, gpShmDtoH) run
+        in C from now on."""
         if self.ptr:
             address = self._address(shared)
             self.lib.gpf_shm_set(self.ptr, address, shared.size)

@@ -1,7 +1,8 @@
 """The calls the worker's native loop serves in C (issue 31), checked for their results on a real GPU:
 copies into and out of page-locked memory in flight on several streams chained by events (on the
 worker's host: through memory both map, `gpPinnedCopy`), synchronous ones, device-to-device copies,
-1 MiB copies from pageable memory, a captured graph replayed, event elapsed times.
+1 MiB copies from pageable memory, a memset and a 4 MiB copy into pageable memory queued behind a kernel
+on a stream, a captured graph replayed, event elapsed times (a benchmark harness's many pairs too).
 
 Runs unchanged on a local GPU or, under gpupool's libcuda.so.1, on a leased one; prints the same.
 """
@@ -89,6 +90,22 @@ def main() -> int:
     ok(cu.cuMemcpyDtoH(back.ctypes.data, dbig, big.nbytes))
     print("1 MiB pageable round trip", bool((back == big).all()))
 
+    # Behind a long kernel on a non-blocking stream: a memset, then a 4 MiB copy into pageable memory on
+    # that stream (on the worker's host through the memory shared with it, piece by piece, in C), whose
+    # call returns with the memset's values, never the bytes from before the kernel.
+    spin = ok(cu.cuModuleGetFunction(module, b"spin"))
+    spun = ok(cu.cuMemAlloc(132 * 256 * 4))  # spin writes one float per thread
+    words = 1 << 20
+    dwords = ok(cu.cuMemAlloc(words * 4))
+    ok(cu.cuMemsetD32(dwords, 0, words))
+    ok(cu.cuCtxSynchronize())
+    args = ((spun, 20000), (None, ctypes.c_uint32))
+    ok(cu.cuLaunchKernel(spin, 132, 1, 1, 256, 1, 1, 0, streams[2], args, 0))
+    ok(cu.cuMemsetD32Async(dwords, int(np.float32(1).view(np.uint32)), words, streams[2]))
+    landed = np.empty(words, dtype=np.float32)
+    ok(cu.cuMemcpyDtoHAsync(landed.ctypes.data, dwords, words * 4, streams[2]))
+    print("4 MiB pageable copy on a stream after a kernel and a memset", bool((landed == 1).all()))
+
     # A captured graph of three kernels, replayed ten times; elapsed time around the replays.
     ok(cu.cuMemsetD32(device[4], 0, N))
     ok(cu.cuCtxSynchronize())
@@ -110,11 +127,31 @@ def main() -> int:
     elapsed = ok(cu.cuEventElapsedTime(start, end))
     print("elapsed time of the replays >= 0 and < 10 s", 0 <= elapsed < 10_000)
 
+    # A benchmark harness's loop: a start and an end event around each of 40 launches on two streams,
+    # one synchronise, then every pair's elapsed time (remotely a handful of requests), each pair reversed
+    # (not asked before: negative or zero), and one pair again after its start was recorded anew.
+    marks = [(ok(cu.cuEventCreate(0)), ok(cu.cuEventCreate(0))) for _ in range(40)]
+    for k, (first, last) in enumerate(marks):
+        args = ((ones, device[5 + k % 2], 1.0, N), (None, None, ctypes.c_float, ctypes.c_uint32))
+        ok(cu.cuEventRecord(first, streams[k % 2]))
+        ok(cu.cuLaunchKernel(saxpy, (N + 255) // 256, 1, 1, 256, 1, 1, 0, streams[k % 2], args, 0))
+        ok(cu.cuEventRecord(last, streams[k % 2]))
+    ok(cu.cuCtxSynchronize())
+    times = [ok(cu.cuEventElapsedTime(first, last)) for first, last in marks]
+    print("40 pairs' elapsed times >= 0", all(t >= 0 for t in times))
+    print("reversed pairs <= 0", all(ok(cu.cuEventElapsedTime(last, first)) <= 0 for first, last in marks))
+    ok(cu.cuEventRecord(marks[0][0], streams[0]))  # after its end now
+    ok(cu.cuStreamSynchronize(streams[0]))
+    print("a start recorded again gives a new answer", ok(cu.cuEventElapsedTime(*marks[0])) <= 0 < times[0])
+    for pair in marks:
+        for event in pair:
+            ok(cu.cuEventDestroy(event))
+
     ok(cu.cuGraphExecDestroy(executable))
     ok(cu.cuGraphDestroy(graph))
     for ptr, _ in pinned:
         ok(cu.cuMemFreeHost(ptr))
-    for ptr in (*device, ones, dbig):
+    for ptr in (*device, ones, dbig, spun, dwords):
         ok(cu.cuMemFree(ptr))
     for s in streams:
         ok(cu.cuStreamDestroy(s))

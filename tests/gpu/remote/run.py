@@ -14,7 +14,9 @@ trainings as a user runs them: a real pool server and `gpuattach run -n 1 -p 0.5
 does; the summary lists PASS/FAIL/SKIP; the exit status is 1 if anything failed. Results also go
 to $OUT/remote_gpu_results.json when $OUT is set. The whole run takes about 8 minutes on an H100;
 `--only KEY ...` runs a part (keys: the programs' names without `prog_`, and quota torch_oom
-training resnet50 gpt2 isolation kill two_gpus pool).
+training resnet50 gpt2 isolation kill two_gpus pool). `--link` runs the trainings as a client on another
+host gets them: the worker in one network namespace, the program in another, across a shaped veth
+(tests/netem_link.py: 25 Gbit/s, 20 µs each way, TLS on; needs root and iproute2, else SKIP with why).
 
 Needs: Python 3.12 with cuda-bindings, cuda-core (and NVRTC), numba-cuda, numpy; a C compiler to
 build the shim here (else a prebuilt virtualize/client/_libcuda_shim*.so from the tree is used).
@@ -231,6 +233,11 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", help="run only these checks (bindings core numba quota ...)")
     parser.add_argument("--encrypt", action="store_true",
                         help="every remote run over TLS 1.3, as across hosts, though on loopback")  # fmt: skip
+    parser.add_argument("--link", action="store_true",
+                        help="the trainings across a shaped link between two network namespaces (25 Gbit/s, "
+                        "20 µs each way, TLS on), as a client on another host gets them (root)")  # fmt: skip
+    parser.add_argument("--link-rate", default="25gbit", help="--link: the link's rate each way (tc units)")
+    parser.add_argument("--link-delay", default="20us", help="--link: the link's one-way delay (tc units)")
     args = parser.parse_args()
     if args.encrypt:
         ENCRYPT.update({_wire.ENV_ENCRYPT: "always"})
@@ -305,12 +312,16 @@ def main() -> int:
         if models:
             # Training needs more than the test lease: half the GPU, what `gpuattach run -p 0.5` gets.
             half = (devices[0][2] << 20) // 2
-            trainer = lease_worker("gpu-train", [WorkerDevice(devices[0][0], devices[0][1], half)])
-            try:
-                for model in models:
-                    training(model, native_one, lease_env(trainer, shim, work, env))
-            finally:
-                trainer.stop()
+            half_gpu = [WorkerDevice(devices[0][0], devices[0][1], half)]
+            if args.link:
+                across_link(models, half_gpu, shim, work, env, native_one, args.link_rate, args.link_delay)
+            else:
+                trainer = lease_worker("gpu-train", half_gpu)
+                try:
+                    for model in models:
+                        training(model, native_one, lease_env(trainer, shim, work, env))
+                finally:
+                    trainer.stop()
 
         if selected("isolation"):
             step("isolation: a guessed address and another lease's live address are refused")
@@ -387,12 +398,47 @@ def main() -> int:
     return 1 if any(r["status"] == "FAIL" for r in results) else 0
 
 
+def across_link(models, devices, shim: Path, work: Path, env, native_env, rate: str, delay: str) -> None:
+    """The trainings as a client on another host runs them: the lease's worker in one network namespace,
+    the program in another, across a veth shaped to `rate` and `delay` each way, TLS on. SKIP, saying
+    why, where the namespaces cannot be made."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from netem_link import LinkOptions, NetemLink, unavailable
+
+    why = unavailable()
+    if why:
+        for model in models:
+            record(f"training {model} across a shaped link", "SKIP", f"no network namespaces here: {why}")
+        return
+    with NetemLink(LinkOptions(rate=rate, delay=delay)) as link:
+        step(f"a shaped link between two network namespaces: {link.shaping}")
+        worker = start_worker("gpu-train-link", devices, bind_host="0.0.0.0", env={}, executor="cuda",
+                              prefix=link.prefix(link.worker_ns))  # fmt: skip
+        worker.devices = devices
+        try:
+            host, port = link.reach(worker.port)  # with the link's delay (a relay where netem is missing)
+            print(
+                f"worker pid {worker.pid} in {link.worker_ns}, reached from {link.client_ns} at {host}:{port}"
+            )
+            remote = lease_env(worker, shim, work, env)
+            remote[_wire.ENV_WORKER] = f"{host}:{port}"
+            remote[_wire.ENV_ENCRYPT] = "always"  # as between two hosts
+            remote.pop(_wire.ENV_LOCAL, None)  # another namespace: the worker's local socket is not there
+            for model in models:
+                training(
+                    model, native_env, remote, via=link.prefix(link.client_ns), where="across a shaped link"
+                )
+        finally:
+            worker.stop()
+
+
 def training(
-    model: str, native_env: dict[str, str], remote_env_: dict[str, str], via: list[str] = ()
+    model: str, native_env: dict[str, str], remote_env_: dict[str, str], via: list[str] = (), where: str = ""
 ) -> None:
     """A real training run natively and remotely: losses step by step, throughput remote / native.
-    `via`: the command that runs the remote one (gpuattach run ... --), else the lease's environment does."""
-    name = f"training {model}" + (" through gpuattach" if via else "")
+    `via`: the command that runs the remote one (gpuattach run ... --), else the lease's environment does;
+    `where`: what the check's name says of it (default: through gpuattach, where `via` is given)."""
+    name = f"training {model}" + (f" {where}" if where else " through gpuattach" if via else "")
     step(f"{name}: native, then remote (bench/train_models.py)")
     script = str(ROOT / "bench" / "train_models.py")
     runs = {}

@@ -1555,30 +1555,6 @@ GP_EXPORT CUresult cuEventSynchronize(uint64_t event) {
     return r;
 }
 
-GP_EXPORT CUresult cuEventElapsedTime(float *ms, uint64_t start, uint64_t end) {
-    GP_TRACE("cuEventElapsedTime");
-    if (!ms) return CUDA_ERROR_INVALID_VALUE;
-    struct gp_in_cuEventElapsedTime in = { .start = start, .end = end };
-    struct gp_out_cuEventElapsedTime out;
-    CUresult r = gp_call(GP_CALL_cuEventElapsedTime, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
-    if (r == CUDA_SUCCESS) {
-        *ms = (float)out.ms;
-    }
-    return r;
-}
-
-GP_EXPORT CUresult cuEventElapsedTime_v2(float *ms, uint64_t start, uint64_t end) {
-    GP_TRACE("cuEventElapsedTime_v2");
-    if (!ms) return CUDA_ERROR_INVALID_VALUE;
-    struct gp_in_cuEventElapsedTime_v2 in = { .start = start, .end = end };
-    struct gp_out_cuEventElapsedTime_v2 out;
-    CUresult r = gp_call(GP_CALL_cuEventElapsedTime_v2, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
-    if (r == CUDA_SUCCESS) {
-        *ms = (float)out.ms;
-    }
-    return r;
-}
-
 GP_EXPORT CUresult cuLogsCurrent(uint32_t *iterator, uint32_t flags) {
     GP_TRACE("cuLogsCurrent");
     if (!iterator) return CUDA_ERROR_INVALID_VALUE;

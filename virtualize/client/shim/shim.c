@@ -81,6 +81,7 @@ static void after_fork_in_child(void) {
     conn_ctx = 0;
     pthread_mutex_init(&conn_lock, NULL);
     gp_memo_after_fork_in_child();
+    gp_events_after_fork_in_child();
     window_state = 0; /* the child's connection is a new client process to the worker: its own window */
     shm_after_fork_in_child();
     gp_pinned_after_fork_in_child();
@@ -91,6 +92,10 @@ static void after_fork_in_child(void) {
 static int profile_enabled;
 static uint64_t profile_lane_copies, profile_lane_bytes; /* copies striped across the lanes (below) */
 static int profile_lanes;
+/* copies through the memory shared with a worker on this host (below): how many, their bytes, the time
+ * this process spent copying bytes into or out of it and waiting for the worker's answers */
+static uint64_t profile_shm_copies, profile_shm_bytes, profile_shm_copy_ns, profile_shm_wait_ns;
+static int shm_state; /* 0 not asked yet, 1 attached, -1 none: every copy through the socket */
 static struct {
     uint64_t calls, waited, ns, bytes_out, bytes_in;
 } profile[GP_N_CALLS];
@@ -143,6 +148,14 @@ static void profile_print(void) {
     if (profile_lane_copies)
         fprintf(stderr, "gpupool: %llu of these copies (%.1f MiB) went in pieces across %d connections at once\n",
                 (unsigned long long)profile_lane_copies, profile_lane_bytes / 1048576.0, profile_lanes);
+    if (profile_shm_copies)
+        fprintf(stderr,
+                "gpupool: %llu of these copies (%.1f MiB) went through memory shared with the worker: %.1f ms "
+                "copying their bytes here, %.1f ms waiting for the worker\n",
+                (unsigned long long)profile_shm_copies, profile_shm_bytes / 1048576.0, profile_shm_copy_ns / 1e6,
+                profile_shm_wait_ns / 1e6);
+    else if (shm_state < 0)
+        fprintf(stderr, "gpupool: no memory shared with the worker: every copy went through the socket\n");
     gp_memo_print_outcomes();
     fflush(stderr);
 }
@@ -625,6 +638,10 @@ CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args
     uint64_t start = profile_enabled ? now_ns() : 0;
     int changes = call < GP_N_CALLS && (gp_call_invalidates[call] | gp_call_pauses[call] | gp_call_resumes[call]);
     if (changes) gp_memo_changing(call);
+    if (call == GP_CALL_cuEventRecord || call == GP_CALL_cuEventRecordWithFlags) {
+        const struct gp_in_cuEventRecord *record = args; /* both begin with the event and the stream */
+        gp_event_recorded(record->event, record->stream);
+    }
     gp_managed_before(call);
     pthread_mutex_lock(&conn_lock);
     CUresult r = call_locked(call, flags, args, args_len, bulk1, bulk1_len, bulk2, bulk2_len, outs, outs_len,
@@ -646,7 +663,6 @@ CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args
  * larger than the memory goes in parts. Once per process connection; never over TLS or TCP. */
 static uint8_t *shm_base;
 static uint64_t shm_size;
-static int shm_state; /* 0 not asked yet, 1 attached, -1 none: every copy through the socket */
 
 /* The bytes of a piece of 512 KiB or more are copied by two threads (this one and a helper kept for it): one
  * thread's memcpy (6-8 GB/s measured) is what held copies through the shared memory below a local
@@ -782,8 +798,9 @@ static CUresult shm_htod_locked(uint64_t dst, const uint8_t *src, uint64_t count
     for (uint64_t done = 0; done < count && r == CUDA_SUCCESS;) {
         uint64_t part = count - done < shm_size ? count - done : shm_size, chunk = shm_piece(part);
         for (uint64_t at = 0; at < part; at += chunk) {
-            uint64_t n = part - at < chunk ? part - at : chunk;
+            uint64_t n = part - at < chunk ? part - at : chunk, start = profile_enabled ? now_ns() : 0;
             copy_bytes(shm_base + at, src + done + at, n);
+            if (profile_enabled) profile_shm_copy_ns += now_ns() - start;
             int last = at + n == part;
             struct gp_in_gpShmHtoD in = {.dst = dst + done + at, .count = n, .stream = stream, .offset = at,
                                          .flags = (uint32_t)(last | (is_async ? 2 : 0))};
@@ -791,7 +808,9 @@ static CUresult shm_htod_locked(uint64_t dst, const uint8_t *src, uint64_t count
                 return lost(strerror(errno));
         }
         int32_t result;
+        uint64_t start = profile_enabled ? now_ns() : 0;
         if (recv_reply(&result, NULL, 0, NULL, 0) < 0) return lost(strerror(errno));
+        if (profile_enabled) profile_shm_wait_ns += now_ns() - start;
         r = result;
         done += part;
     }
@@ -808,10 +827,13 @@ static CUresult shm_dtoh_locked(uint8_t *dst, uint64_t src, uint64_t count, uint
         for (uint64_t got = 0; got < part;) { /* a reply per piece as it lands, in order */
             struct gp_out_gpShmDtoH out;
             int32_t result;
+            uint64_t start = profile_enabled ? now_ns() : 0;
             if (recv_reply(&result, &out, sizeof out, NULL, 0) < 0) return lost(strerror(errno));
+            if (profile_enabled) profile_shm_wait_ns += now_ns() - start, start = now_ns();
             if (result != CUDA_SUCCESS) return result;
             if (out.offset != got || !out.size || out.size > part - got) return lost("a copy's pieces out of order");
             copy_bytes(dst + done + got, shm_base + got, out.size);
+            if (profile_enabled) profile_shm_copy_ns += now_ns() - start;
             got += out.size;
         }
         done += part;
@@ -1009,6 +1031,9 @@ int gp_bulk_copy(uint32_t call, uint64_t device, void *host, uint64_t count, uin
             __atomic_fetch_add(&profile_lane_copies, 1, __ATOMIC_RELAXED);
             __atomic_fetch_add(&profile_lane_bytes, count, __ATOMIC_RELAXED);
             profile_lanes = lanes_state > 0 ? lanes_state : profile_lanes;
+        } else {
+            __atomic_fetch_add(&profile_shm_copies, 1, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&profile_shm_bytes, count, __ATOMIC_RELAXED);
         }
     }
     *result = r;

@@ -52,6 +52,10 @@ void gp_memo_changed(uint32_t call, CUresult result);
 uint64_t gp_memo_kept(uint32_t call);
 void gp_memo_print_outcomes(void);
 void gp_memo_after_fork_in_child(void);
+/* Events' elapsed times (shim_streams.c): an event record sent on a stream, noted for asking many pairs
+ * at once; a forked child forgets them. */
+void gp_event_recorded(uint64_t event, uint64_t stream);
+void gp_events_after_fork_in_child(void);
 
 /* The handshake's cryptography (shim_auth.c, the system's libcrypto loaded at first use). */
 int gp_auth_ready(void);

@@ -181,3 +181,90 @@ CUresult cuMemPoolGetAttribute(uint64_t pool, int32_t attr, void *value) {
     }
     return r;
 }
+
+/* ---- events' elapsed times: many pairs in one round trip ---------------------------------------------
+ * A benchmark harness (triton's do_bench, torch.utils.benchmark) records a start and an end event around
+ * each of hundreds of launches, synchronises once, then asks the elapsed time of every pair: natively a
+ * local computation each, here a round trip each. So the records are noted as they are sent, and an
+ * elapsed time the shim has no answer for asks the worker, in one request (gpEventElapsedMany), for the
+ * asked pair and every pair of consecutive records on one stream since the last such request; the
+ * answers are kept (shim_memo.c, group "elapsed": only successes, until an event is recorded again, made
+ * or destroyed, a graph is launched or a context reset), so the next pairs asked are answered here. */
+
+enum { RECENT_RECORDS = 2048, RECENT_STREAMS = 64 }; /* the newest records, on up to so many streams */
+static struct {
+    uint64_t event, stream;
+} recent[RECENT_RECORDS];
+static uint64_t n_recent; /* noted since the last request; the newest RECENT_RECORDS of them kept */
+static pthread_mutex_t recent_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t ask_lock = PTHREAD_MUTEX_INITIALIZER; /* one request (and its buffers) at a time */
+
+void gp_event_recorded(uint64_t event, uint64_t stream) {
+    pthread_mutex_lock(&recent_lock);
+    recent[n_recent++ % RECENT_RECORDS] = (typeof(recent[0])){event, stream};
+    pthread_mutex_unlock(&recent_lock);
+}
+
+void gp_events_after_fork_in_child(void) { /* the parent's events are not the child's lease's */
+    pthread_mutex_init(&recent_lock, NULL);
+    pthread_mutex_init(&ask_lock, NULL);
+    n_recent = 0;
+}
+
+/* The asked pair first, then each pair of consecutive records on one stream among the newest noted since
+ * the last request (taken): how many, at most `most`. */
+static uint32_t candidate_pairs(uint64_t start, uint64_t end, struct gp_event_pair *pairs, uint32_t most) {
+    uint64_t streams[RECENT_STREAMS], last[RECENT_STREAMS];
+    uint32_t n_streams = 0, n = 0;
+    pairs[n++] = (struct gp_event_pair){start, end};
+    pthread_mutex_lock(&recent_lock);
+    uint64_t oldest = n_recent > RECENT_RECORDS ? n_recent - RECENT_RECORDS : 0;
+    for (uint64_t k = oldest; k < n_recent && n < most; k++) {
+        uint64_t event = recent[k % RECENT_RECORDS].event, stream = recent[k % RECENT_RECORDS].stream;
+        uint32_t s = 0;
+        while (s < n_streams && streams[s] != stream) s++;
+        if (s == n_streams) {
+            if (n_streams == RECENT_STREAMS) continue; /* more streams than that: theirs are asked one by one */
+            streams[n_streams++] = stream;
+        } else if (!(last[s] == start && event == end)) {
+            pairs[n++] = (struct gp_event_pair){last[s], event};
+        }
+        last[s] = event;
+    }
+    n_recent = 0;
+    pthread_mutex_unlock(&recent_lock);
+    return n;
+}
+
+static CUresult elapsed(uint32_t call, float *ms, uint64_t start, uint64_t end) {
+    if (!ms) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuEventElapsedTime key = {.start = start, .end = end};
+    CUresult r;
+    if (gp_memo_get(call, GP_MEMO_elapsed, 0, &key, sizeof key, ms, sizeof *ms, &r)) return r;
+    uint64_t epoch = gp_memo_epoch(GP_MEMO_elapsed);
+    static struct gp_event_pair pairs[GP_MAX_EVENT_PAIRS]; /* under ask_lock */
+    static struct gp_event_elapsed answers[GP_MAX_EVENT_PAIRS];
+    pthread_mutex_lock(&ask_lock);
+    uint32_t n = candidate_pairs(start, end, pairs, GP_MAX_EVENT_PAIRS);
+    struct gp_in_gpEventElapsedMany in = {.count = n};
+    r = gp_call(GP_CALL_gpEventElapsedMany, GP_FLAG_WANTS_REPLY, &in, sizeof in, pairs, n * sizeof *pairs, NULL, 0,
+                answers, n * sizeof *answers);
+    for (uint32_t i = 0; r == CUDA_SUCCESS && i < n; i++) {
+        struct gp_in_cuEventElapsedTime pair = {.start = pairs[i].start, .end = pairs[i].end};
+        gp_memo_put(call, GP_MEMO_elapsed, 0, epoch, 0, -1, answers[i].result, &pair, sizeof pair, &answers[i].ms,
+                    sizeof answers[i].ms);
+    }
+    if (r == CUDA_SUCCESS && (r = answers[0].result) == CUDA_SUCCESS) *ms = answers[0].ms;
+    pthread_mutex_unlock(&ask_lock);
+    return r;
+}
+
+CUresult cuEventElapsedTime(float *ms, uint64_t start, uint64_t end) {
+    GP_TRACE("cuEventElapsedTime");
+    return elapsed(GP_CALL_cuEventElapsedTime, ms, start, end);
+}
+
+CUresult cuEventElapsedTime_v2(float *ms, uint64_t start, uint64_t end) {
+    GP_TRACE("cuEventElapsedTime_v2");
+    return elapsed(GP_CALL_cuEventElapsedTime_v2, ms, start, end);
+}

@@ -4,9 +4,11 @@
  * tls.c, when the connection is encrypted) and receive buffer to gpf_serve, which reads frames and
  * runs, without Python, the ones it can answer exactly as the Python path would: kernel launches of
  * functions the Python path has already launched once (their parameter layout is known), graph launches,
- * event records, waits and elapsed times, copies up to 1 MiB in the frame, copies through the client's
- * page-locked memory shared on this host (gpPinnedCopy), and the synchronising calls (stream/event/context
- * synchronise and query) when no earlier asynchronous error and nothing else is to be said first. Handles
+ * event records, waits and elapsed times (many pairs at once too), memsets, copies up to 1 MiB in the
+ * frame, copies through the client's page-locked memory shared on this host (gpPinnedCopy) and through the
+ * memory a connection shares with its process (gpShmHtoD, gpShmDtoH), and the synchronising calls
+ * (stream/event/context synchronise and query) when no earlier asynchronous error and nothing else is to
+ * be said first. Handles
  * are checked against the lease's own objects, mirrored here by virtualize/server/_native_dispatch.py from the
  * guard's tables: a handle the guard has never seen, or has forgotten, is never passed to the driver.
  * Every other frame, and every case the Python path answers differently, goes back to Python untouched:
@@ -59,7 +61,9 @@ typedef int (*call_fn)(uint32_t which, const uint64_t *args, uint64_t *out);
  * done on return); C_PINNED_COPY: between `device` and the worker's mapping of the client's shared
  * page-locked memory (`flags` as gpPinnedCopy's: 1 to the device, 2 synchronous, else queued on `stream`);
  * C_SHM_HTOD: from the connection's shared memory to `device` (flags as gpShmHtoD's: 1 the copy's last
- * piece, read by the DMA on return; 2 on `stream`, else on the legacy stream). */
+ * piece, read by the DMA on return; 2 on `stream`, else on the legacy stream); C_SHM_DTOH: a piece from
+ * `device` into the connection's shared memory, there on return (flags 2: on `stream`, else the legacy
+ * stream; Executor.copy_out_piece). */
 typedef int (*copy_fn)(uint32_t which, uint64_t device, void *host, uint64_t count, uint64_t stream, uint32_t flags);
 typedef int (*capturing_fn)(uint64_t stream, int *capturing);
 
@@ -90,6 +94,12 @@ static int (*drv_graph_launch)(uint64_t, uint64_t);
 static int (*drv_dtod)(uint64_t, uint64_t, size_t);
 static int (*drv_dtod_async)(uint64_t, uint64_t, size_t, uint64_t);
 static int (*drv_elapsed)(float *, uint64_t, uint64_t); /* cuEventElapsedTime_v2 where the driver has it */
+static int (*drv_memset_d8)(uint64_t, uint8_t, size_t);
+static int (*drv_memset_d16)(uint64_t, uint16_t, size_t);
+static int (*drv_memset_d32)(uint64_t, uint32_t, size_t);
+static int (*drv_memset_d8_async)(uint64_t, uint8_t, size_t, uint64_t);
+static int (*drv_memset_d16_async)(uint64_t, uint16_t, size_t, uint64_t);
+static int (*drv_memset_d32_async)(uint64_t, uint32_t, size_t, uint64_t);
 
 struct launch_config { /* CUlaunchConfig */
     uint32_t dims[7];
@@ -130,6 +140,12 @@ static int driver_call(uint32_t which, const uint64_t *args, uint64_t *out) {
     case C_EVENT_RECORD: return drv_event_record(a, b);
     case C_EVENT_RECORD_FLAGS: return drv_event_record_flags(a, b, c);
     case C_STREAM_WAIT_EVENT: return drv_stream_wait(a, b, c);
+    case C_MEMSET_D8: return drv_memset_d8(a, (uint8_t)b, args[2]);
+    case C_MEMSET_D16: return drv_memset_d16(a, (uint16_t)b, args[2]);
+    case C_MEMSET_D32: return drv_memset_d32(a, (uint32_t)b, args[2]);
+    case C_MEMSET_D8_ASYNC: return drv_memset_d8_async(a, (uint8_t)b, args[2], args[3]);
+    case C_MEMSET_D16_ASYNC: return drv_memset_d16_async(a, (uint16_t)b, args[2], args[3]);
+    case C_MEMSET_D32_ASYNC: return drv_memset_d32_async(a, (uint32_t)b, args[2], args[3]);
     }
     return 1; /* CUDA_ERROR_INVALID_VALUE */
 }
@@ -151,6 +167,11 @@ static int driver_copy(uint32_t which, uint64_t device, void *host, uint64_t cou
         uint64_t on = flags & 2 ? stream : 0;
         int r = drv_htod_async(device, host, count, on);
         return r || !(flags & 1) ? r : drv_stream_sync(on);
+    }
+    case C_SHM_DTOH: { /* as CudaExecutor.copy_out_piece */
+        uint64_t on = flags & 2 ? stream : 0;
+        int r = drv_dtoh_async(host, device, count, on);
+        return r ? r : drv_stream_sync(on);
     }
     case C_PINNED_COPY: return driver_pinned_copy(device, host, count, stream, flags);
     case C_HTOD: return drv_htod(device, host, count);
@@ -191,6 +212,12 @@ EXPORT int gpf_use_driver(void) {
         {(void **)&drv_dtod, "cuMemcpyDtoD_v2"},
         {(void **)&drv_dtod_async, "cuMemcpyDtoDAsync_v2"},
         {(void **)&drv_elapsed, "cuEventElapsedTime"},
+        {(void **)&drv_memset_d8, "cuMemsetD8_v2"},
+        {(void **)&drv_memset_d16, "cuMemsetD16_v2"},
+        {(void **)&drv_memset_d32, "cuMemsetD32_v2"},
+        {(void **)&drv_memset_d8_async, "cuMemsetD8Async"},
+        {(void **)&drv_memset_d16_async, "cuMemsetD16Async"},
+        {(void **)&drv_memset_d32_async, "cuMemsetD32Async"},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         *want[i].slot = dlsym(lib, want[i].name);
@@ -469,6 +496,8 @@ struct session {
     uint8_t *scratch; /* a launch's parameters, aligned */
     size_t scratch_cap;
     uint8_t *copied; /* a small copy to the host: [REPLY header][bytes], SMALL_COPY + REPLY */
+    uint8_t *answers; /* gpEventElapsedMany's reply: [REPLY header][an answer per pair] */
+    size_t answers_cap;
     uint64_t ctx;    /* the connection's current context (the Python path's, passed to gpf_serve) */
     struct pinned *pinned; /* the connection's shared page-locked allocations */
     size_t n_pinned, cap_pinned;
@@ -488,6 +517,7 @@ EXPORT void gpf_session_free(struct session *s) {
     if (!s) return;
     free(s->scratch);
     free(s->copied);
+    free(s->answers);
     free(s->pinned);
     free(s);
 }
@@ -724,7 +754,12 @@ static int args_ok(const struct session *s, int c, const uint8_t *a) {
             ok = s->shm && count <= s->shm_size && v <= s->shm_size - count;
             break;
         }
-        case GPF_RANGE: ok = range_ok(l, v, g->length == GPF_NO_ARG ? 0 : arg(c, g->length, a)); break;
+        case GPF_RANGE: { /* the length counts elements of g->element bytes (a memset's values) */
+            uint64_t bytes = 0;
+            ok = (g->length == GPF_NO_ARG || !__builtin_mul_overflow(arg(c, g->length, a), g->element, &bytes)) &&
+                 range_ok(l, v, bytes);
+            break;
+        }
         default: ok = 0; /* a check this loop does not know: Python's */
         }
         if (!ok) return 0;
@@ -874,6 +909,78 @@ static int shm_htod(struct session *s, const uint8_t *a, int *result) {
     return 0;
 }
 
+/* A copy to the host through the connection's shared memory (gpShmDtoH), as CopyCalls.shm_dtoh runs it:
+ * checked, then `chunk` bytes at a time into the memory from its start, each piece answered (its offset
+ * and size) once it is there, so the client copies one piece out while the next lands; a piece that fails
+ * is answered with its error and ends the copy. 0: answered; -1: the Python path's, nothing answered (a
+ * check fails, a queued copy on a capturing stream, kernel output to send before the first answer); -2:
+ * the connection failed. */
+static int shm_dtoh(struct session *s, const struct io *io, const uint8_t *a) {
+    struct lease *l = s->lease;
+    uint64_t device = u64(a + GPF_AT_SHM_DTOH_src), count = u64(a + GPF_AT_SHM_DTOH_count);
+    uint64_t stream = u64(a + GPF_AT_SHM_DTOH_stream), chunk = u32(a + GPF_AT_SHM_DTOH_chunk);
+    uint32_t on_stream = u32(a + GPF_AT_SHM_DTOH_flags) & 2;
+    if (!s->shm || !count || count > s->shm_size || !chunk || !checked(s, C_SHM_DTOH, a, NULL)) return -1;
+    stream = real_stream(l, stream); /* the executor's stream (mapped after a move) */
+    if (!(on_stream ? enter_uncaptured(s, stream) : enter(s))) return -1;
+    int r = 0, done = 0;
+    for (uint64_t at = 0; at < count && !r && !done;) {
+        uint64_t n = count - at < chunk ? count - at : chunk, piece[2] = {at, n};
+        r = l->ops.copy(C_SHM_DTOH, device + at, s->shm + at, n, stream, on_stream);
+        /* What kernels printed comes before the first answer: the Python path sends it, and copies this
+         * piece again (into memory nobody reads before the answer). */
+        if (at == 0 && !r && output_waiting()) done = -1;
+        uint8_t reply[REPLY + sizeof piece] = {0};
+        uint32_t outs = r ? 0 : sizeof piece;
+        memcpy(reply + GPF_REPLY_RESULT, &r, 4);
+        memcpy(reply + GPF_REPLY_OUTS_LEN, &outs, 4);
+        memcpy(reply + REPLY, piece, sizeof piece); /* little-endian, as the wire */
+        if (!done && send_all(io, reply, REPLY + outs) < 0) done = -2;
+        at += n;
+    }
+    __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
+    return done;
+}
+
+/* The elapsed times of many pairs of events (gpEventElapsedMany), as LaunchCalls.elapsed_many answers
+ * them: a pair with an event not the lease's is INVALID_HANDLE without reaching the driver, each other
+ * pair the driver's answer. 0, its answer sent when `replies`; -1 for the Python path (a count that does
+ * not match its pairs); -2 the connection failed. */
+static int elapsed_many(struct session *s, const struct io *io, const uint8_t *a, const uint8_t *bulk,
+                        uint64_t bulk_len, int replies) {
+    struct lease *l = s->lease;
+    uint32_t n = u32(a + GPF_AT_EVENT_ELAPSED_MANY_count);
+    if (!n || n > GPF_MAX_EVENT_PAIRS || bulk_len != (uint64_t)n * GPF_EVENT_PAIR_BYTES) return -1;
+    if (s->answers_cap < REPLY + (size_t)n * GPF_EVENT_ELAPSED_BYTES) {
+        uint8_t *bigger = realloc(s->answers, REPLY + (size_t)GPF_MAX_EVENT_PAIRS * GPF_EVENT_ELAPSED_BYTES);
+        if (!bigger) return -1;
+        s->answers = bigger, s->answers_cap = REPLY + (size_t)GPF_MAX_EVENT_PAIRS * GPF_EVENT_ELAPSED_BYTES;
+    }
+    if (!enter(s)) return -1;
+    uint8_t *answer = s->answers + REPLY;
+    for (uint32_t i = 0; i < n; i++, answer += GPF_EVENT_ELAPSED_BYTES) {
+        const uint8_t *at = bulk + (uint64_t)i * GPF_EVENT_PAIR_BYTES;
+        /* a full argument array, as other() passes (the driver's call reads a third word) */
+        uint64_t pair[sizeof gpf_calls[0].args / sizeof gpf_calls[0].args[0]] = {u64(at), u64(at + 8)};
+        pthread_mutex_lock(&l->lock);
+        const struct table *events = &l->kinds[KIND_EVENT];
+        int known = table_has(events, pair[0], NULL) && table_has(events, pair[1], NULL);
+        if (known) pair[0] = real_arg(l, GPF_EVENT, pair[0]), pair[1] = real_arg(l, GPF_EVENT, pair[1]);
+        pthread_mutex_unlock(&l->lock);
+        uint64_t ms = 0;
+        int32_t result = known ? l->ops.call(C_EVENT_ELAPSED, pair, &ms) : 400; /* CUDA_ERROR_INVALID_HANDLE */
+        if (result) ms = 0; /* a failed pair answers 0.0 */
+        memcpy(answer, &result, 4);
+        memcpy(answer + 4, &ms, 4); /* the float's bytes, little-endian */
+    }
+    __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
+    if (!replies) return 0;
+    uint64_t answers_len = (uint64_t)n * GPF_EVENT_ELAPSED_BYTES;
+    memset(s->answers, 0, REPLY);
+    memcpy(s->answers + GPF_REPLY_BULK_LEN, &answers_len, 8);
+    return send_all(io, s->answers, REPLY + answers_len) < 0 ? -2 : 0;
+}
+
 /* Serve frames from `fd` (through `tls` when the connection is encrypted: NULL for a plain socket) until one is Python's (TO_PYTHON: b->start is its header), an asynchronous call
  * failed (ASYNC_ERROR, its frame consumed: the Python path keeps it for the next synchronising call),
  * a synchronising call's reply must follow kernel output (REPLY_AFTER_OUTPUT: Python sends both), the
@@ -897,13 +1004,14 @@ EXPORT int gpf_serve(struct session *s, int fd, struct gpt_stream *tls, struct b
         uint64_t bulk_len = u64(h + GPF_REQUEST_BULK_LEN);
         int c = which_call(id);
         if (c < 0 || args_len != gpf_calls[c].args_bytes || HEADER + args_len + bulk_len > b->cap) return TO_PYTHON;
-        int pinned = c == C_PINNED_COPY, shm = c == C_SHM_HTOD, sync = gpf_calls[c].sync;
+        int pinned = c == C_PINNED_COPY, shm = c == C_SHM_HTOD, shm_out = c == C_SHM_DTOH, sync = gpf_calls[c].sync;
+        int many = c == C_EVENT_ELAPSED_MANY;
         int copying = gpf_calls[c].data;
         /* Answered when the frame asks, and a copy to the host always (its bytes come back, as on the
          * Python path); a synchronising call sent without asking (an async gpPinnedCopy) is run
          * unanswered, its error kept for the next one, as the Python path does. */
         int replies = gpf_calls[c].replies && (flags & GPF_FLAG_WANTS_REPLY || copying);
-        if (replies && !may_reply) return TO_PYTHON;
+        if ((replies || shm_out) && !may_reply) return TO_PYTHON; /* a copy through shared memory answers, always */
         if (!gpf_calls[c].bulk_in && bulk_len) return TO_PYTHON;
         if ((r = fill(&io, b, HEADER + args_len + bulk_len))) return r;
         h = b->data + b->start;
@@ -914,6 +1022,15 @@ EXPORT int gpf_serve(struct session *s, int fd, struct gpt_stream *tls, struct b
         int result = 0;
         uint64_t value = 0; /* the answered value, if the call has one */
         const uint8_t *a = h + HEADER, *bulk = h + HEADER + args_len;
+        if (shm_out || many) { /* answered by their handlers: piece by piece, or all pairs at once */
+            if ((r = shm_out ? shm_dtoh(s, &io, a) : elapsed_many(s, &io, a, bulk, bulk_len, replies)) == -1)
+                return TO_PYTHON;
+            b->start += HEADER + args_len + bulk_len;
+            out->served++;
+            __atomic_fetch_add(&s->calls, 1, __ATOMIC_RELAXED);
+            if (r < 0) return IO_ERROR;
+            continue;
+        }
         if ((c == C_LAUNCH ? launch(s, a, bulk, bulk_len, &result)
              : pinned      ? pinned_copy(s, a, &result)
              : shm         ? shm_htod(s, a, &result)

@@ -4,7 +4,7 @@
 #include <stdint.h>
 
 /* The call table this was generated from (gpf_wire_version: the worker loads no other). */
-#define GPF_WIRE_VERSION 0x02ed22f9u
+#define GPF_WIRE_VERSION 0x0296e775u
 /* A request's header and a reply's (virtualize/common/_wire.py REQUEST, REPLY): sizes, field offsets. */
 #define GPF_REQUEST_BYTES 24
 #define GPF_REQUEST_CALL 0
@@ -18,6 +18,9 @@
 #define GPF_REPLY_BULK_LEN 8
 #define GPF_FLAG_WANTS_REPLY 1u
 #define GPF_LAUNCH_ATTRIBUTE_BYTES 72
+#define GPF_MAX_EVENT_PAIRS 4096u
+#define GPF_EVENT_PAIR_BYTES 16
+#define GPF_EVENT_ELAPSED_BYTES 8
 #define GPF_FORWARDED_LAUNCH_ATTRIBUTES 0x75fffull
 
 /* The calls served here (virtualize/server/_guard_rules.py NATIVE_CALLS), in that order. */
@@ -39,27 +42,35 @@ enum {
     C_DTOD_ASYNC, /* cuMemcpyDtoDAsync_v2 */
     C_PINNED_COPY, /* gpPinnedCopy */
     C_SHM_HTOD, /* gpShmHtoD */
+    C_SHM_DTOH, /* gpShmDtoH */
     C_GRAPH_LAUNCH, /* cuGraphLaunch */
     C_EVENT_ELAPSED, /* cuEventElapsedTime */
     C_EVENT_ELAPSED_V2, /* cuEventElapsedTime_v2 */
+    C_MEMSET_D8, /* cuMemsetD8_v2 */
+    C_MEMSET_D16, /* cuMemsetD16_v2 */
+    C_MEMSET_D32, /* cuMemsetD32_v2 */
+    C_MEMSET_D8_ASYNC, /* cuMemsetD8Async */
+    C_MEMSET_D16_ASYNC, /* cuMemsetD16Async */
+    C_MEMSET_D32_ASYNC, /* cuMemsetD32Async */
+    C_EVENT_ELAPSED_MANY, /* gpEventElapsedMany */
     C_COUNT
 };
 
 /* How the guard checks an argument (virtualize/server/_guard_rules.py): a handle of the lease's of that
  * kind, or device bytes inside one of the lease's allocations (`length`: the argument holding their
- * count, DEVICE_RANGES; none: the pointer alone);
+ * count, DEVICE_RANGES, in elements of `element` bytes, ELEMENT_BYTES; none: the pointer alone);
  * GPF_PINNED: the client's page-locked memory shared with the worker (PINNED_RANGES); GPF_SHARED: an
  * offset of the memory the connection shares with its process on this host (SHARED_RANGES). */
 enum { GPF_PLAIN, GPF_STREAM, GPF_EVENT, GPF_FUNC, GPF_GRAPHEXEC, GPF_RANGE, GPF_PINNED, GPF_SHARED };
 /* A stream every context has (_guard_rules.BUILTIN_STREAMS): no lease's own, always allowed. */
 #define GPF_BUILTIN_STREAM(s) ((s) == 0 || (s) == 1 || (s) == 2)
 #define GPF_NO_ARG 255
-struct gpf_arg { uint8_t offset, size, check, length; };
+struct gpf_arg { uint8_t offset, size, check, length, element; };
 struct gpf_call {
     uint32_t id, args_bytes;
     uint8_t sync;    /* a synchronising call: it answers, with an earlier asynchronous error first */
     uint8_t replies; /* answered when the frame asks (not an asynchronous call) */
-    uint8_t outs;    /* bytes of its one answered value (at most 8), or 0 */
+    uint8_t outs;    /* bytes of its one answered value (at most 8), or 0; a call answered in pieces (NATIVE_ANSWERED_IN_PIECES): each piece's */
     uint8_t bulk_in; /* bytes follow its arguments (a launch's parameters, a copy's data) */
     uint8_t data;    /* a copy whose client-side bytes travel in the frame or in the reply */
     uint8_t capture; /* the stream argument on which a capture refuses it (capture_refuses), or none */
@@ -67,26 +78,34 @@ struct gpf_call {
     struct gpf_arg args[10];
 };
 static const struct gpf_call gpf_calls[C_COUNT] = {
-    [C_LAUNCH] = {266, 48, 0, 0, 0, 1, 0, 255, 10, {{0, 8, GPF_FUNC, 255}, {8, 4, GPF_PLAIN, 255}, {12, 4, GPF_PLAIN, 255}, {16, 4, GPF_PLAIN, 255}, {20, 4, GPF_PLAIN, 255}, {24, 4, GPF_PLAIN, 255}, {28, 4, GPF_PLAIN, 255}, {32, 4, GPF_PLAIN, 255}, {36, 8, GPF_STREAM, 255}, {44, 4, GPF_PLAIN, 255}}},
+    [C_LAUNCH] = {266, 48, 0, 0, 0, 1, 0, 255, 10, {{0, 8, GPF_FUNC, 255, 1}, {8, 4, GPF_PLAIN, 255, 1}, {12, 4, GPF_PLAIN, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}, {20, 4, GPF_PLAIN, 255, 1}, {24, 4, GPF_PLAIN, 255, 1}, {28, 4, GPF_PLAIN, 255, 1}, {32, 4, GPF_PLAIN, 255, 1}, {36, 8, GPF_STREAM, 255, 1}, {44, 4, GPF_PLAIN, 255, 1}}},
     [C_CTX_SYNC] = {41, 0, 1, 1, 0, 0, 0, 255, 0, {{0}}},
-    [C_STREAM_SYNC] = {283, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255}}},
-    [C_STREAM_QUERY] = {282, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255}}},
-    [C_EVENT_SYNC] = {397, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255}}},
-    [C_EVENT_QUERY] = {396, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255}}},
-    [C_EVENT_RECORD] = {394, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_STREAM, 255}}},
-    [C_EVENT_RECORD_FLAGS] = {395, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_STREAM, 255}, {16, 4, GPF_PLAIN, 255}}},
-    [C_STREAM_WAIT_EVENT] = {284, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_STREAM, 255}, {8, 8, GPF_EVENT, 255}, {16, 4, GPF_PLAIN, 255}}},
-    [C_HTOD] = {127, 24, 0, 0, 0, 1, 1, 255, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
-    [C_HTOD_ASYNC] = {128, 24, 0, 0, 0, 1, 1, 2, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
-    [C_DTOH] = {129, 24, 1, 1, 0, 0, 1, 255, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
-    [C_DTOH_ASYNC] = {130, 24, 1, 1, 0, 0, 1, 2, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
-    [C_DTOD] = {143, 24, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_RANGE, 2}, {16, 8, GPF_PLAIN, 255}}},
-    [C_DTOD_ASYNC] = {144, 32, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_RANGE, 2}, {16, 8, GPF_PLAIN, 255}, {24, 8, GPF_STREAM, 255}}},
-    [C_PINNED_COPY] = {137, 36, 1, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_PINNED, 2}, {16, 8, GPF_PLAIN, 255}, {24, 8, GPF_STREAM, 255}, {32, 4, GPF_PLAIN, 255}}},
-    [C_SHM_HTOD] = {134, 36, 0, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}, {24, 8, GPF_SHARED, 1}, {32, 4, GPF_PLAIN, 255}}},
-    [C_GRAPH_LAUNCH] = {389, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_GRAPHEXEC, 255}, {8, 8, GPF_STREAM, 255}}},
-    [C_EVENT_ELAPSED] = {399, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_EVENT, 255}}},
-    [C_EVENT_ELAPSED_V2] = {400, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_EVENT, 255}}},
+    [C_STREAM_SYNC] = {283, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255, 1}}},
+    [C_STREAM_QUERY] = {282, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255, 1}}},
+    [C_EVENT_SYNC] = {397, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255, 1}}},
+    [C_EVENT_QUERY] = {396, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255, 1}}},
+    [C_EVENT_RECORD] = {394, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_STREAM, 255, 1}}},
+    [C_EVENT_RECORD_FLAGS] = {395, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_STREAM, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}}},
+    [C_STREAM_WAIT_EVENT] = {284, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_STREAM, 255, 1}, {8, 8, GPF_EVENT, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}}},
+    [C_HTOD] = {127, 24, 0, 0, 0, 1, 1, 255, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
+    [C_HTOD_ASYNC] = {128, 24, 0, 0, 0, 1, 1, 2, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
+    [C_DTOH] = {129, 24, 1, 1, 0, 0, 1, 255, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
+    [C_DTOH_ASYNC] = {130, 24, 1, 1, 0, 0, 1, 2, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
+    [C_DTOD] = {143, 24, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_RANGE, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}}},
+    [C_DTOD_ASYNC] = {144, 32, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_RANGE, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}, {24, 8, GPF_STREAM, 255, 1}}},
+    [C_PINNED_COPY] = {137, 36, 1, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_PINNED, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}, {24, 8, GPF_STREAM, 255, 1}, {32, 4, GPF_PLAIN, 255, 1}}},
+    [C_SHM_HTOD] = {134, 36, 0, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}, {24, 8, GPF_SHARED, 1, 1}, {32, 4, GPF_PLAIN, 255, 1}}},
+    [C_SHM_DTOH] = {135, 32, 0, 1, 16, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}, {24, 4, GPF_PLAIN, 255, 1}, {28, 4, GPF_PLAIN, 255, 1}}},
+    [C_GRAPH_LAUNCH] = {389, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_GRAPHEXEC, 255, 1}, {8, 8, GPF_STREAM, 255, 1}}},
+    [C_EVENT_ELAPSED] = {399, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_EVENT, 255, 1}}},
+    [C_EVENT_ELAPSED_V2] = {400, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_EVENT, 255, 1}}},
+    [C_MEMSET_D8] = {182, 17, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 1}, {8, 1, GPF_PLAIN, 255, 1}, {9, 8, GPF_PLAIN, 255, 1}}},
+    [C_MEMSET_D16] = {183, 18, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 2}, {8, 2, GPF_PLAIN, 255, 1}, {10, 8, GPF_PLAIN, 255, 1}}},
+    [C_MEMSET_D32] = {184, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 4}, {8, 4, GPF_PLAIN, 255, 1}, {12, 8, GPF_PLAIN, 255, 1}}},
+    [C_MEMSET_D8_ASYNC] = {185, 25, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 1}, {8, 1, GPF_PLAIN, 255, 1}, {9, 8, GPF_PLAIN, 255, 1}, {17, 8, GPF_STREAM, 255, 1}}},
+    [C_MEMSET_D16_ASYNC] = {186, 26, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 2}, {8, 2, GPF_PLAIN, 255, 1}, {10, 8, GPF_PLAIN, 255, 1}, {18, 8, GPF_STREAM, 255, 1}}},
+    [C_MEMSET_D32_ASYNC] = {187, 28, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 4}, {8, 4, GPF_PLAIN, 255, 1}, {12, 8, GPF_PLAIN, 255, 1}, {20, 8, GPF_STREAM, 255, 1}}},
+    [C_EVENT_ELAPSED_MANY] = {401, 4, 0, 1, 0, 1, 0, 255, 1, {{0, 4, GPF_PLAIN, 255, 1}}},
 };
 
 /* Each argument's offset by name: GPF_AT_<call>_<argument>. */
@@ -141,9 +160,36 @@ static const struct gpf_call gpf_calls[C_COUNT] = {
 #define GPF_AT_SHM_HTOD_stream 16
 #define GPF_AT_SHM_HTOD_offset 24
 #define GPF_AT_SHM_HTOD_flags 32
+#define GPF_AT_SHM_DTOH_src 0
+#define GPF_AT_SHM_DTOH_count 8
+#define GPF_AT_SHM_DTOH_stream 16
+#define GPF_AT_SHM_DTOH_flags 24
+#define GPF_AT_SHM_DTOH_chunk 28
 #define GPF_AT_GRAPH_LAUNCH_graph_exec 0
 #define GPF_AT_GRAPH_LAUNCH_stream 8
 #define GPF_AT_EVENT_ELAPSED_start 0
 #define GPF_AT_EVENT_ELAPSED_end 8
 #define GPF_AT_EVENT_ELAPSED_V2_start 0
 #define GPF_AT_EVENT_ELAPSED_V2_end 8
+#define GPF_AT_MEMSET_D8_dst 0
+#define GPF_AT_MEMSET_D8_value 8
+#define GPF_AT_MEMSET_D8_count 9
+#define GPF_AT_MEMSET_D16_dst 0
+#define GPF_AT_MEMSET_D16_value 8
+#define GPF_AT_MEMSET_D16_count 10
+#define GPF_AT_MEMSET_D32_dst 0
+#define GPF_AT_MEMSET_D32_value 8
+#define GPF_AT_MEMSET_D32_count 12
+#define GPF_AT_MEMSET_D8_ASYNC_dst 0
+#define GPF_AT_MEMSET_D8_ASYNC_value 8
+#define GPF_AT_MEMSET_D8_ASYNC_count 9
+#define GPF_AT_MEMSET_D8_ASYNC_stream 17
+#define GPF_AT_MEMSET_D16_ASYNC_dst 0
+#define GPF_AT_MEMSET_D16_ASYNC_value 8
+#define GPF_AT_MEMSET_D16_ASYNC_count 10
+#define GPF_AT_MEMSET_D16_ASYNC_stream 18
+#define GPF_AT_MEMSET_D32_ASYNC_dst 0
+#define GPF_AT_MEMSET_D32_ASYNC_value 8
+#define GPF_AT_MEMSET_D32_ASYNC_count 12
+#define GPF_AT_MEMSET_D32_ASYNC_stream 20
+#define GPF_AT_EVENT_ELAPSED_MANY_count 0

@@ -1,0 +1,71 @@
+"""A TCP relay that holds every segment it forwards for a fixed time, in each direction: the link's
+one-way delay where the kernel has no `sch_netem` and the link is shaped by rate alone (tbf).
+tests/netem_link.py starts it in the worker's namespace (`NetemLink.reach`), so latency is part of
+what a run across the link measures, not only bandwidth.
+
+    python tests/delay_relay.py LISTEN_HOST TARGET_HOST TARGET_PORT DELAY_NS
+
+prints the port it listens on (one line), then relays every connection to TARGET until killed. Each
+direction of a connection is one thread: a segment read at time t is sent at t + DELAY_NS (the thread
+spins for the rest, so the delay is not a timer's granularity); while it waits, what follows queues in
+the socket, as behind a link's delay. Small segments pay the relay's own cost too (a Python thread's
+wake-up, tens of microseconds on a loaded host): the measured round trip says what a run got.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import sys
+import threading
+import time
+
+CHUNK = 1 << 20  # at most this much per read: a bulk copy moves in large segments, each held once
+
+
+def pump(source: socket.socket, sink: socket.socket, delay_ns: int) -> None:
+    """Forward what `source` sends to `sink`, each segment `delay_ns` after it arrived."""
+    buffer = bytearray(CHUNK)
+    view = memoryview(buffer)
+    try:
+        while n := source.recv_into(buffer):
+            due = time.perf_counter_ns() + delay_ns
+            while time.perf_counter_ns() < due:
+                pass
+            sink.sendall(view[:n])
+    except OSError:
+        pass  # either side gone: the other is closed below
+    finally:
+        for sock, how in ((sink, socket.SHUT_WR), (source, socket.SHUT_RD)):
+            with contextlib.suppress(OSError):
+                sock.shutdown(how)
+
+
+def serve(listener: socket.socket, target: tuple[str, int], delay_ns: int) -> None:
+    while True:
+        client, _ = listener.accept()
+        try:
+            server = socket.create_connection(target)
+        except OSError:
+            client.close()
+            continue
+        for sock in (client, server):  # a held segment must not wait again for Nagle
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for source, sink in ((client, server), (server, client)):
+            threading.Thread(target=pump, args=(source, sink, delay_ns), daemon=True).start()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 4:
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    listen_host, target_host, target_port, delay_ns = argv[0], argv[1], int(argv[2]), int(argv[3])
+    sys.setswitchinterval(1e-4)  # a thread with a segment due is not kept waiting by one spinning
+    listener = socket.create_server((listen_host, 0), backlog=64)
+    print(listener.getsockname()[1], flush=True)
+    serve(listener, (target_host, target_port), delay_ns)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
