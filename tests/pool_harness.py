@@ -9,7 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import select
+import selectors
 import signal
 import subprocess
 import sys
@@ -79,9 +79,10 @@ class ServerProc:
         logf.close()
         deadline = time.monotonic() + timeout
         line = b""
+        waiting = selectors.DefaultSelector()  # poll, not select(): a test process may hold 1024+ descriptors
+        waiting.register(self.proc.stdout, selectors.EVENT_READ)
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.proc.stdout], [], [], 0.2)
-            if ready:
+            if waiting.select(0.2):
                 line = self.proc.stdout.readline()
                 if b"listening on" in line:
                     break
@@ -92,6 +93,7 @@ class ServerProc:
         else:
             self.proc.kill()
             raise RuntimeError(f"gpupool-server did not start in {timeout}s: {self.log.read_text()[-2000:]}")
+        waiting.close()
         self.banner = line.decode().strip()  # what the server says it serves, and how
         self.url = line.split(b"listening on ")[1].split()[0].decode()
         self.port = int(self.url.rsplit(":", 1)[1])  # a restart comes back on the same port

@@ -23,6 +23,8 @@ NOT_FOR_PEOPLE = {
     "virtualize.server._executor.CudaError": "a CUDA result code, answered to the caller as CUresult",
     "virtualize.server.worker.ConnectionClosed": "the shim hung up; the worker's loop ends",
     "virtualize.server._address_window.WindowFull": "the address window's allocator, answered as out-of-memory",
+    "virtualize.server._guard_nccl.Refused": "an NCCL call the worker refuses, answered as its ncclResult_t",
+    "virtualize.server._nccl.NcclUnavailable": "no NCCL on the server: logged once, answered as ncclSystemError",
 }
 
 

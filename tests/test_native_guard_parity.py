@@ -191,8 +191,9 @@ def run_in_c(call: Call, args: list[int], bulk: bytes, flags: int, moved=False) 
     _, executor, native, _ = lease_with_handles(moved)
     client, served = socket.socketpair()
     session = native.session()
-    session.pinned_add(PINNED, executor.shared_host_memory(PINNED_SIZE))
-    session.shared_set(executor.shared_host_memory(SHARED_SIZE))
+    memories = [executor.shared_host_memory(PINNED_SIZE), executor.shared_host_memory(SHARED_SIZE)]
+    session.pinned_add(PINNED, memories[0])
+    session.shared_set(memories[1])
     try:
         channel = Channel(served)
         state = type(
@@ -212,22 +213,26 @@ def run_in_c(call: Call, args: list[int], bulk: bytes, flags: int, moved=False) 
         session.close()
         client.close()
         served.close()
+        for memory in memories:  # each holds a descriptor: a thousand cases would pass select()'s 1024
+            memory.close()
 
 
 def run_in_python(call: Call, args: list[int], bulk: bytes, flags: int, moved=False) -> tuple[list, bytes]:
     """What reached the executor when the Python path ran the frame, and what it answered."""
     lease, executor, _, guarded = lease_with_handles(moved)
     client, served = socket.socketpair()
+    memories = [executor.shared_host_memory(PINNED_SIZE), executor.shared_host_memory(SHARED_SIZE)]
     try:
         session = Session(lease, guarded, Channel(served))
-        session.pinned[PINNED] = executor.shared_host_memory(PINNED_SIZE)
-        session.shared = executor.shared_host_memory(SHARED_SIZE)
+        session.pinned[PINNED], session.shared = memories
         client.sendall(bulk)
         session.dispatch(CALL_IDS[call], flags, call.in_struct.pack(*args), len(bulk))
         return executor.ran, answered(client)
     finally:
         client.close()
         served.close()
+        for memory in memories:
+            memory.close()
 
 
 @pytest.mark.parametrize(
