@@ -2392,6 +2392,106 @@ def scenario_graph_explicit_nodes():
     say("host_node_ran", ran)
 
 
+class AllocNodeParams(ctypes.Structure):  # CUDA_MEM_ALLOC_NODE_PARAMS
+    _fields_ = [("pool", PoolProps), ("access", ctypes.c_void_p), ("access_count", ctypes.c_size_t),
+                ("bytesize", ctypes.c_size_t), ("dptr", c_u64)]  # fmt: skip
+
+
+def scenario_graph_memory():
+    """Graph memory nodes as cuda.core's GraphDefinition builds them: an allocation node, a kernel node
+    filling its memory, a copy node out of it and a free node, launched twice; the nodes read back; the
+    partition counting the node's bytes until the free node; the refusals; graph memory attributes."""
+    setup()
+    rc, out_ptr = alloc(256)
+    check(rc, "alloc")
+    check(cu.cuMemsetD8(c_u64(out_ptr), 0, c_u64(256)), "zero")
+    module, fill = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(fill), module, b"fill_u32"), "fill")
+    graph = c_u64()
+    check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
+    access = AccessDesc(1, 0, 3)  # device 0, read-write
+
+    def alloc_params(size, location_type=1, device=0):
+        return AllocNodeParams(PoolProps(1, 0, location_type, device), ctypes.addressof(access), 1, size, 0)
+
+    def free_bytes():
+        free, total = c_u64(), c_u64()
+        check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
+        return free.value
+
+    before = free_bytes()
+    params = alloc_params(4096)
+    allocation = c_u64()
+    check(cu.cuGraphAddMemAllocNode(ctypes.byref(allocation), graph, None, c_u64(0), ctypes.byref(params)),
+          "allocation node")  # fmt: skip
+    say("address_given", params.dptr != 0)
+    say("partition_counts_it", before - free_bytes() >= 4096)
+    args = [c_u64(params.dptr), ctypes.c_uint32(7), ctypes.c_uint32(64)]
+    pointers = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in args])
+    kernel = KernelNodeParams(fill.value, (ctypes.c_uint32 * 6)(1, 1, 1, 64, 1, 1), 0, 0,
+                              ctypes.cast(pointers, ctypes.c_void_p))  # fmt: skip
+    filled, copied, freed = c_u64(), c_u64(), c_u64()
+    check(cu.cuGraphAddKernelNode(ctypes.byref(filled), graph, ctypes.byref(allocation), c_u64(1),
+                                  ctypes.byref(kernel)), "kernel node")  # fmt: skip
+    check(cu.cuGraphAddMemcpyNode(ctypes.byref(copied), graph, ctypes.byref(filled), c_u64(1),
+                                  memcpy3d(params.dptr, out_ptr, 256), c_u64(0)), "copy node")  # fmt: skip
+    check(cu.cuGraphAddMemFreeNode(ctypes.byref(freed), graph, ctypes.byref(copied), c_u64(1), c_u64(params.dptr)),
+          "free node")  # fmt: skip
+    say("partition_free_again", free_bytes() == before)
+    by_type = (ctypes.c_uint8 * 256)()  # cuGraphAddNode of the allocation type: the address written back
+    struct.pack_into("<I", by_type, 0, 10)
+    by_type[16:136] = bytes(alloc_params(512))
+    second, second_free = c_u64(), c_u64()
+    check(
+        cu.cuGraphAddNode(ctypes.byref(second), graph, ctypes.byref(freed), None, c_u64(1), by_type),
+        "by type",
+    )
+    (second_ptr,) = struct.unpack_from("<Q", by_type, 16 + 112)
+    say("by_type_address_given", second_ptr not in (0, params.dptr))
+    check(cu.cuGraphAddMemFreeNode(ctypes.byref(second_free), graph, ctypes.byref(second), c_u64(1),
+                                   c_u64(second_ptr)), "second free node")  # fmt: skip
+    exe = c_u64()
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, c_u64(0)), "instantiate")
+    for _ in range(2):
+        check(cu.cuGraphLaunch(exe, c_u64(0)), "launch")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("copied", struct.unpack("<4I", dtoh(out_ptr, 16)[1]))
+    back = AllocNodeParams()
+    check(cu.cuGraphMemAllocNodeGetParams(allocation, ctypes.byref(back)), "read back")
+    descs = ctypes.cast(back.access, ctypes.POINTER(AccessDesc))
+    say("read_back", (back.pool.alloc_type, back.pool.location_type, back.pool.location_id, back.bytesize,
+                      back.dptr == params.dptr, back.access_count, descs[0].location_id, descs[0].flags))  # fmt: skip
+    address = c_u64()
+    check(cu.cuGraphMemFreeNodeGetParams(freed, ctypes.byref(address)), "free read back")
+    say("free_reads_back", address.value == params.dptr)
+    generic = (ctypes.c_uint8 * 256)()
+    check(Driver(13010).cuGraphNodeGetParams(allocation, generic), "generic read back")
+    say("generic_read_back", struct.unpack_from("<I", generic, 0)[0] == 10
+        and struct.unpack_from("<QQ", generic, 16 + 104) == (4096, params.dptr))  # fmt: skip
+    other = c_u64()
+    say(
+        "free_not_graph_memory",
+        cu.cuGraphAddMemFreeNode(ctypes.byref(other), graph, None, c_u64(0), c_u64(out_ptr)),
+    )
+    say("free_not_the_leases", cu.cuGraphAddMemFreeNode(ctypes.byref(other), graph, None, c_u64(0),
+                                                        c_u64(0x7123_4560_0000)))  # fmt: skip
+    for name, bad in (("past_partition", alloc_params(256 * MiB)), ("other_device", alloc_params(4096, device=3)),
+                      ("host_location", alloc_params(4096, location_type=2))):  # fmt: skip
+        say(name, cu.cuGraphAddMemAllocNode(ctypes.byref(other), graph, None, c_u64(0), ctypes.byref(bad)))
+    value = c_u64(1)
+    for attr in range(4):
+        check(cu.cuDeviceGetGraphMemAttribute(0, attr, ctypes.byref(value)), f"attribute {attr}")
+    zero = c_u64(0)
+    check(cu.cuDeviceSetGraphMemAttribute(0, 1, ctypes.byref(zero)), "reset the high-water mark")
+    say("set_current_refused", cu.cuDeviceSetGraphMemAttribute(0, 0, ctypes.byref(zero)))
+    check(cu.cuDeviceGraphMemTrim(0), "trim")
+    say("trim_other_device", cu.cuDeviceGraphMemTrim(3))
+    check(cu.cuGraphExecDestroy(exe), "destroy exec")
+    check(cu.cuGraphDestroy(graph), "destroy graph")
+    say("finished", 1)
+
+
 def scenario_unknown():
     check(cu.cuInit(0), "init")
     # Graphics interop is refused: an OpenGL or Vulkan resource of this machine means nothing on the GPU's

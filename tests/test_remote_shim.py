@@ -744,6 +744,27 @@ def test_a_graph_built_node_by_node_runs_its_nodes_in_dependency_order(shim_dir,
     assert "gpupool:" not in err
 
 
+def test_graph_memory_nodes_allocate_within_the_partition_and_free_at_their_free_node(shim_dir, worker):
+    """An allocation node gets an address the program can use in the graph's kernel and copy nodes (also
+    when added as cuGraphAddNode's type), the graph runs twice; its bytes count against the partition until
+    its free node; both nodes read back; a free node of memory that is not graph memory, or not the
+    lease's, an allocation past the partition, on another device or in host memory are refused; graph
+    memory attributes are read, the high-water mark reset, and trimming reaches only the lease's device."""
+    out, err = run_client("graph_memory", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert out["address_given"] == out["by_type_address_given"] == "True"
+    assert out["partition_counts_it"] == out["partition_free_again"] == "True"
+    assert out["copied"] == "(7, 7, 7, 7)"  # the kernel node filled graph memory, the copy node moved it out
+    assert out["read_back"] == "(1, 1, 0, 4096, True, 1, 0, 3)"  # pinned, on device 0, read-write for it
+    assert out["free_reads_back"] == out["generic_read_back"] == "True"
+    assert out["free_not_graph_memory"] == out["free_not_the_leases"] == "1"  # CUDA_ERROR_INVALID_VALUE
+    assert out["past_partition"] == "2"  # CUDA_ERROR_OUT_OF_MEMORY
+    assert out["other_device"] == out["trim_other_device"] == "101"  # CUDA_ERROR_INVALID_DEVICE
+    assert out["host_location"] == "801"  # CUDA_ERROR_NOT_SUPPORTED
+    assert out["set_current_refused"] == "1"
+    assert "gpupool:" not in err
+
+
 def test_a_graphs_own_nodes_are_read_back_set_anew_and_queried_as_pytorch_and_xla_do(shim_dir, worker):
     """Kernel, memset, copy and host nodes read back what was set; kernel, memset, copy and host nodes set anew run in
     graphs instantiated after (not in one instantiated before), as natively; an edge removed is gone; ids

@@ -847,6 +847,24 @@ CALLS: tuple[Call, ...] = (
     _c("cuGraphClone", 10000, "o_graph clone, graph graph"),
     _c("cuGraphNodeFindInClone", 10000, "o_node node, node original, graph clone"),
     _c("cuGraphNodeGetType", 10000, "node node, o_i32 type"),
+    # Memory nodes: the driver picks an allocation node's address when the node is added (outside the
+    # process's window, as a captured stream-ordered allocation's); the shim reserves it in the program,
+    # the lease counts its bytes against the device's partition until a free node or cuMemFree frees it.
+    # The pool properties travel as their fields, the access descriptors (location type, id, flags) and the
+    # dependencies in the bulk; a node's parameters come back the same way.
+    _c("cuGraphAddMemAllocNode", 11040, "o_node node, graph graph, ptr deps, u64 num_deps, ptr params", custom=True,
+       wire="o_node node, o_dptr dptr, graph graph, i32 alloc_type, i32 handle_types, i32 location_type, "
+            "i32 device, u64 bytesize, u32 num_access, u64 num_deps, bytes data"),
+    _c("cuGraphMemAllocNodeGetParams", 11040, "node node, ptr params", custom=True,
+       wire="node node, o_i32 device, o_u64 bytesize, o_dptr dptr, o_u32 num_access"),
+    _c("cuGraphAddMemFreeNode", 11040, "o_node node, graph graph, ptr deps, u64 num_deps, dptr dptr", custom=True,
+       wire="o_node node, graph graph, dptr dptr, u64 num_deps, bytes deps"),
+    _c("cuGraphMemFreeNodeGetParams", 11040, "node node, o_u64 dptr"),
+    # The worker's graph memory is its lease's alone (a worker serves one lease).
+    _c("cuDeviceGraphMemTrim", 11040, "i32 dev"),
+    _c("cuDeviceGetGraphMemAttribute", 11040, "i32 dev, i32 attr, o_u64 value"),
+    _c("cuDeviceSetGraphMemAttribute", 11040, "i32 dev, i32 attr, ptr value", custom=True,
+       wire="i32 dev, i32 attr, u64 value"),
     # -- graph nodes read back, changed or queried (issue 25) ---------------------------------------------
     # A node's parameters set anew, checked as adding such a node is; a memset node's read back (its
     # address is the lease's, as the program gave it); edges removed as they are added; ids and the

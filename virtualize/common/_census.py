@@ -193,14 +193,12 @@ GROUPS: tuple[Group, ...] = (
         "cuGraphNodeSetParams_v2 cuGraphAddNode_v3",
     ),
     _g(
-        "graph memory nodes and batch memory-operation nodes",
+        "batch memory-operation nodes",
         N,
-        """A memory node's address is the driver's
-       pick at instantiation, outside the process's window of addresses: the window must reserve it first.
-       A batch memory operation's addresses are checked as a stream memory operation's.""",
-        "cuGraphAddMemAllocNode cuGraphMemAllocNodeGetParams cuGraphAddMemFreeNode cuGraphMemFreeNodeGetParams "
-        "cuDeviceGraphMemTrim cuDeviceGetGraphMemAttribute cuDeviceSetGraphMemAttribute cuGraphAddBatchMemOpNode "
-        "cuGraphBatchMemOpNodeGetParams cuGraphBatchMemOpNodeSetParams cuGraphExecBatchMemOpNodeSetParams",
+        """A batch memory operation node's addresses are to be checked as a stream memory operation's
+       (cuStreamBatchMemOp, forwarded); graph memory nodes are forwarded.""",
+        "cuGraphAddBatchMemOpNode cuGraphBatchMemOpNodeGetParams cuGraphBatchMemOpNodeSetParams "
+        "cuGraphExecBatchMemOpNodeSetParams",
     ),
     _g(
         "recapture, host functions with flags",

@@ -1633,6 +1633,48 @@ class CudaExecutor(Executor):
             _ok(driver.cuGraphAddMemcpyNode(driver.CUgraph(graph), self._deps(deps), len(deps), params, ctx))
         )
 
+    def graph_add_mem_alloc_node(self, graph, deps, device, size, access):
+        params = driver.CUDA_MEM_ALLOC_NODE_PARAMS()
+        params.poolProps.allocType = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        params.poolProps.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        params.poolProps.location.id = self._d(device)
+        params.accessDescs = self._descs(access)
+        params.accessDescCount = len(access)
+        params.bytesize = size
+        node = _ok(driver.cuGraphAddMemAllocNode(driver.CUgraph(graph), self._deps(deps), len(deps), params))
+        return _int(node), _int(params.dptr)  # the driver wrote the address into the parameters
+
+    def graph_mem_alloc_node_params(self, node):
+        params = _ok(driver.cuGraphMemAllocNodeGetParams(driver.CUgraphNode(node)))
+        lease_device = {real: dev for dev, real in enumerate(self.real)}
+        descs = list(params.accessDescs)[: int(params.accessDescCount)]
+        access = [(lease_device[int(d.location.id)], int(d.flags)) for d in descs]
+        return (
+            lease_device[int(params.poolProps.location.id)],
+            int(params.bytesize),
+            _int(params.dptr),
+            access,
+        )
+
+    def graph_add_mem_free_node(self, graph, deps, ptr):
+        return _int(
+            _ok(driver.cuGraphAddMemFreeNode(driver.CUgraph(graph), self._deps(deps), len(deps), ptr))
+        )
+
+    def cuGraphMemFreeNodeGetParams(self, node):
+        return _int(_ok(driver.cuGraphMemFreeNodeGetParams(driver.CUgraphNode(node))))
+
+    def cuDeviceGraphMemTrim(self, dev):
+        _ok(driver.cuDeviceGraphMemTrim(self._d(dev)))
+
+    def cuDeviceGetGraphMemAttribute(self, dev, attr):
+        kind = _enum(driver.CUgraphMem_attribute, attr)
+        return int(_ok(driver.cuDeviceGetGraphMemAttribute(self._d(dev), kind)))
+
+    def cuDeviceSetGraphMemAttribute(self, dev, attr, value):
+        kind = _enum(driver.CUgraphMem_attribute, attr)
+        _ok(driver.cuDeviceSetGraphMemAttribute(self._d(dev), kind, driver.cuuint64_t(value)))
+
     def graph_exec_memcpy_node(self, graph_exec, node, copy: Copy3D):
         params, ctx = self._memcpy_node(copy), _ok(driver.cuCtxGetCurrent())
         _ok(driver.cuGraphExecMemcpyNodeSetParams(

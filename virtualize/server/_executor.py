@@ -80,6 +80,9 @@ SHAPED: dict[str, str] = {
     "cuGraphAddEventWaitNode": "graph_add_event_node",
     "cuGraphAddHostNode": "graph_add_host_node",
     "cuGraphAddMemcpyNode": "graph_add_memcpy_node",
+    "cuGraphAddMemAllocNode": "graph_add_mem_alloc_node",
+    "cuGraphMemAllocNodeGetParams": "graph_mem_alloc_node_params",
+    "cuGraphAddMemFreeNode": "graph_add_mem_free_node",
     "cuGraphExecMemsetNodeSetParams": "graph_exec_memset_node",
     "cuGraphExecMemcpyNodeSetParams": "graph_exec_memcpy_node",
     "cuGraphKernelNodeSetParams": "graph_kernel_node_set",
@@ -424,6 +427,22 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def graph_add_memcpy_node(self, graph: int, deps: list[int], copy: Copy3D) -> int:
         """cuGraphAddMemcpyNode between device memory of the lease (`copy` checked); the node."""
+
+    @abc.abstractmethod
+    def graph_add_mem_alloc_node(
+        self, graph: int, deps: list[int], device: int, size: int, access: list[tuple[int, int]]
+    ) -> tuple[int, int]:
+        """cuGraphAddMemAllocNode: `size` bytes of graph memory of lease device `device`, the lease devices
+        of `access` given (device, CUmemAccess_flags) access; the node and the address the driver placed
+        it at."""
+
+    @abc.abstractmethod
+    def graph_mem_alloc_node_params(self, node: int) -> tuple[int, int, int, list[tuple[int, int]]]:
+        """cuGraphMemAllocNodeGetParams: the node's lease device, size, address and access."""
+
+    @abc.abstractmethod
+    def graph_add_mem_free_node(self, graph: int, deps: list[int], ptr: int) -> int:
+        """cuGraphAddMemFreeNode of graph memory at `ptr`; the node."""
 
     @abc.abstractmethod
     def graph_add_host_node(self, graph: int, deps: list[int], fn: Callable[[], None]) -> int:

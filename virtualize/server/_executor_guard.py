@@ -611,25 +611,39 @@ class Session:
         self._check(call, ins)
         size = ins[0]
         dev = self._device()
-        with self.lease.lock:
-            self.lease.reserve(dev, size)
-            self.lease.used[dev] += size  # held while the executor allocates, so racing threads see it
         window = self.window if self._in_window(call, ins) else None
-        try:
+
+        def allocate() -> int:
+            nonlocal window
             if window is not None:
                 try:
-                    ptr = window.allocate(size, dev)
+                    return window.allocate(size, dev)
                 except WindowFull as exc:
                     log.warning("%s: the driver allocates instead", exc)
                     window = None
-            if window is None:
-                ptr = getattr(self.executor, call.name)(*ins)
+            return getattr(self.executor, call.name)(*ins)
+
+        ptr = self.charged(dev, size, allocate)
+        self.own(ptr, size, dev, window)
+        return struct.pack("<Q", ptr), b""
+
+    def charged(self, dev: int, size: int, allocate: Callable):
+        """`allocate()`'s answer, `size` bytes of `dev` held against the lease's partition while it runs (so
+        racing threads see them); refused with OUT_OF_MEMORY where they do not fit."""
+        with self.lease.lock:
+            self.lease.reserve(dev, size)
+            self.lease.used[dev] += size
+        try:
+            return allocate()
         finally:
             with self.lease.lock:
                 self.lease.used[dev] -= size
+
+    def own(self, ptr: int, size: int, dev: int, window: WindowMemory | None = None) -> None:
+        """Memory this process allocated (in its window, or the driver's where None): the lease's, counted
+        against its partition, freed when the process leaves if it has not freed it."""
         self.lease.add(Allocation(ptr, size, dev, owned=True, ctx=self.ctx, window=window))
         self.owned.add(ptr)
-        return struct.pack("<Q", ptr), b""
 
     def _in_window(self, call: Call, ins: tuple) -> bool:
         """Whether this allocation comes from the client's window: all of them once it has one, but a

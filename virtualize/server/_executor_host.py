@@ -197,6 +197,12 @@ class HostExecutor(Executor):
         self.copies: dict[int, Copy3D] = {}  # copy node -> its copy
         self.launches: dict[int, Launch] = {}  # kernel node -> its launch
         self.memsets: dict[int, tuple] = {}  # memset node -> (dst, pitch, value, element size, width, height)
+        # Graph memory: allocation node -> (device, size, address, access), free node -> the address it
+        # frees, and each device's graph memory now and at its high-water mark (cuDeviceGetGraphMemAttribute).
+        self.mem_alloc_nodes: dict[int, tuple[int, int, int, list[tuple[int, int]]]] = {}
+        self.mem_free_nodes: dict[int, int] = {}
+        self.graph_memory = [0] * self.n
+        self.graph_memory_high = [0] * self.n
         self.disabled: dict[tuple[int, int], object] = {}  # (graph exec, node) switched off -> its work
         self.exec_flags: dict[int, int] = {}  # graph exec -> the flags it was instantiated with
         self.graphs: dict[int, list] = {}  # graph or executable graph -> its work, in stream order
@@ -239,8 +245,8 @@ class HostExecutor(Executor):
                     return mem, ptr - base
         raise CudaError(CUresult.ILLEGAL_ADDRESS, f"illegal address 0x{ptr:x}")
 
-    def _alloc(self, size: int) -> int:
-        dev = self._ctx_device()
+    def _alloc(self, size: int, dev: int | None = None) -> int:
+        dev = self._ctx_device() if dev is None else dev
         with self.lock:
             ptr = self.next_address[dev]
             self.next_address[dev] += (max(size, 1) + ALIGN - 1) // ALIGN * ALIGN
@@ -1256,6 +1262,52 @@ class HostExecutor(Executor):
 
     def graph_exec_memcpy_node(self, graph_exec, node, copy: Copy3D):
         self._set_exec_work(graph_exec, node, self._memcpy_work(copy), kind=1)
+
+    # Graph memory is placed when its node is added, and stays for every launch (the driver's is mapped
+    # while the graph runs between its allocation and free nodes); CU_GRAPH_NODE_TYPE_MEM_ALLOC 10, FREE 11.
+    def graph_add_mem_alloc_node(self, graph, deps, device, size, access):
+        self._device(device)
+        for peer, _flags in access:
+            self._device(peer)
+        ptr = self._alloc(size, device)
+        node = self._add_node(graph, deps, lambda: None)
+        self.node_types[node] = 10
+        self.mem_alloc_nodes[node] = (device, size, ptr, list(access))
+        self.graph_memory[device] += size
+        self.graph_memory_high[device] = max(self.graph_memory_high[device], self.graph_memory[device])
+        return node, ptr
+
+    def graph_mem_alloc_node_params(self, node):
+        if node not in self.mem_alloc_nodes:
+            raise CudaError(INVALID_VALUE, "not a memory allocation node")
+        device, size, ptr, access = self.mem_alloc_nodes[node]
+        return device, size, ptr, list(access)
+
+    def graph_add_mem_free_node(self, graph, deps, ptr):
+        if not any(p == ptr for _, _, p, _ in self.mem_alloc_nodes.values()):
+            raise CudaError(INVALID_VALUE, "not graph memory")
+        node = self._add_node(graph, deps, lambda: None)
+        self.node_types[node] = 11
+        self.mem_free_nodes[node] = ptr
+        return node
+
+    def cuGraphMemFreeNodeGetParams(self, node):
+        if node not in self.mem_free_nodes:
+            raise CudaError(INVALID_VALUE, "not a memory free node")
+        return self.mem_free_nodes[node]
+
+    def cuDeviceGraphMemTrim(self, dev):
+        self._device(dev)
+
+    def cuDeviceGetGraphMemAttribute(self, dev, attr):
+        # CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, _HIGH, RESERVED_MEM_CURRENT, _HIGH: all of it is used here
+        current, high = self.graph_memory[self._device(dev)], self.graph_memory_high[dev]
+        return {0: current, 1: high, 2: current, 3: high}[_in_range(attr, range(4), "graph memory attribute")]
+
+    def cuDeviceSetGraphMemAttribute(self, dev, attr, value):
+        if attr not in (1, 3) or value != 0:  # only a high-water mark is set, and only back to 0
+            raise CudaError(INVALID_VALUE, "only a graph memory high-water mark is reset, to 0")
+        self.graph_memory_high[self._device(dev)] = self.graph_memory[dev]
 
     def graph_add_host_node(self, graph, deps, fn):
         node = self._add_node(graph, deps, fn)

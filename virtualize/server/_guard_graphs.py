@@ -21,6 +21,12 @@ MAX_CONDITIONAL_BODIES = 64  # body graphs of one conditional node (a switch's c
 # A kernel node's launch attributes (CUlaunchAttributeID) whose values are plain numbers or an access-policy
 # window: not the programmatic and completion events (7, 12: handles), nor the device-side node (13).
 KERNEL_NODE_ATTRIBUTES = frozenset({ACCESS_POLICY_WINDOW, 2, 4, 5, 8, 9, 10, 11, 14, 16, 17, 18})
+# A memory node's access descriptors on the wire (CUmemAccessDesc: location type, location id, flags), at
+# most one per device of a lease (the shim's limit too).
+ACCESS_DESC = struct.Struct("<iiI")
+MAX_ACCESS_DESCS = 64
+ALLOCATION_PINNED = 1  # CU_MEM_ALLOCATION_TYPE_PINNED, what graph memory is
+LOCATION_DEVICE = 1  # CU_MEM_LOCATION_TYPE_DEVICE
 
 
 class GraphCalls(Concern):
@@ -46,6 +52,9 @@ class GraphCalls(Concern):
         "cuGraphKernelNodeGetAttribute": "kernel_node_attribute",
         "cuGraphKernelNodeSetAttribute": "kernel_node_attribute",
         "cuGraphAddMemcpyNode": "graph_memcpy_node",
+        "cuGraphAddMemAllocNode": "graph_mem_alloc_node",
+        "cuGraphMemAllocNodeGetParams": "graph_mem_alloc_node_get",
+        "cuGraphAddMemFreeNode": "graph_mem_free_node",
         "cuGraphExecMemsetNodeSetParams": "graph_memset_node",
         "cuGraphExecMemcpyNodeSetParams": "graph_memcpy_node",
         "cuGraphMemsetNodeSetParams": "graph_memset_node",
@@ -225,6 +234,61 @@ class GraphCalls(Concern):
             deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), ins[-1])
             return self._new_node(self.session.executor.graph_add_memcpy_node(owner, deps, copy), owner)
         return EMPTY
+
+    def _lease_device(self, device: int) -> int:
+        if not 0 <= device < len(self.session.lease.limits):
+            raise CudaError(CUresult.INVALID_DEVICE, f"device {device} is not one of the lease's")
+        return device
+
+    def graph_mem_alloc_node(self, call: Call, ins: tuple):
+        """A memory allocation node: graph memory of one of the lease's devices, which the lease's devices
+        may be given access to. The driver places it when the node is added; from then its bytes count
+        against the device's partition (refused with OUT_OF_MEMORY past it) and its addresses are the
+        lease's, until a free node or cuMemFree frees it."""
+        self.session._check(call, ins)
+        graph, alloc_type, handle_types, location_type, device, size, num_access, num_deps = ins
+        if num_access > MAX_ACCESS_DESCS or not size or alloc_type != ALLOCATION_PINNED or handle_types:
+            raise CudaError(INVALID_VALUE, "memory allocation node parameters")
+        if location_type != LOCATION_DEVICE:
+            raise CudaError(CUresult.NOT_SUPPORTED, "graph memory other than device memory is not forwarded")
+        data = self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8 + MAX_ACCESS_DESCS * ACCESS_DESC.size)
+        deps = self.nodes(data, num_deps)
+        if len(data) != 8 * num_deps + ACCESS_DESC.size * num_access:
+            raise CudaError(INVALID_VALUE, "access descriptors")
+        access = []
+        for kind, peer, flags in ACCESS_DESC.iter_unpack(data[8 * num_deps :]):
+            if kind != LOCATION_DEVICE:
+                raise CudaError(INVALID_VALUE, "an access descriptor not of a device")
+            access.append((self._lease_device(peer), flags))
+        device = self._lease_device(device)
+        executor = self.session.executor
+        node, ptr = self.session.charged(
+            device, size, lambda: executor.graph_add_mem_alloc_node(graph, deps, device, size, access)
+        )
+        self.session.own(ptr, size, device)
+        self._new_node(node, graph)
+        return call.out_struct.pack(node, ptr), b""
+
+    def graph_mem_alloc_node_get(self, call: Call, ins: tuple):
+        """The node's device, size and address; its access descriptors in the bulk."""
+        self.session._check(call, ins)
+        device, size, ptr, access = self.session.executor.graph_mem_alloc_node_params(ins[0])
+        described = b"".join(ACCESS_DESC.pack(LOCATION_DEVICE, peer, flags) for peer, flags in access)
+        return call.out_struct.pack(device, size, ptr, len(access)), described
+
+    def graph_mem_free_node(self, call: Call, ins: tuple):
+        """A memory free node of an allocation of the lease (its first byte): from here the memory is no
+        longer the lease's, nor counted against its partition, as a captured cuMemFreeAsync's is not."""
+        self.session._check(call, ins)
+        graph, ptr, num_deps = ins
+        held = self.session.lease.allocations.get(ptr)
+        if held is None or not held.owned or held.window is not None:
+            raise CudaError(INVALID_VALUE, f"0x{ptr:x} is not graph memory of this lease")
+        deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        node = self.session.executor.graph_add_mem_free_node(graph, deps, ptr)
+        self.session.lease.remove(ptr)
+        self.session.owned.discard(ptr)
+        return self._new_node(node, graph)
 
     def graph_memcpy_node_get(self, call: Call, ins: tuple):
         """A copy node's device-side copy; only between memory of this lease (a copy the worker made with

@@ -1408,6 +1408,37 @@ GP_EXPORT CUresult cuGraphNodeGetType(uint64_t node, int32_t *type) {
     return r;
 }
 
+GP_EXPORT CUresult cuGraphMemFreeNodeGetParams(uint64_t node, uint64_t *dptr) {
+    GP_TRACE("cuGraphMemFreeNodeGetParams");
+    if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphMemFreeNodeGetParams in = { .node = node };
+    struct gp_out_cuGraphMemFreeNodeGetParams out;
+    CUresult r = gp_call(GP_CALL_cuGraphMemFreeNodeGetParams, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *dptr = (uint64_t)out.dptr;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuDeviceGraphMemTrim(int32_t dev) {
+    GP_TRACE("cuDeviceGraphMemTrim");
+    struct gp_in_cuDeviceGraphMemTrim in = { .dev = dev };
+    CUresult r = gp_call(GP_CALL_cuDeviceGraphMemTrim, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuDeviceGetGraphMemAttribute(int32_t dev, int32_t attr, uint64_t *value) {
+    GP_TRACE("cuDeviceGetGraphMemAttribute");
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuDeviceGetGraphMemAttribute in = { .dev = dev, .attr = attr };
+    struct gp_out_cuDeviceGetGraphMemAttribute out;
+    CUresult r = gp_call(GP_CALL_cuDeviceGetGraphMemAttribute, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *value = (uint64_t)out.value;
+    }
+    return r;
+}
+
 GP_EXPORT CUresult cuGraphKernelNodeCopyAttributes(uint64_t dst, uint64_t src) {
     GP_TRACE("cuGraphKernelNodeCopyAttributes");
     struct gp_in_cuGraphKernelNodeCopyAttributes in = { .dst = dst, .src = src };
@@ -1719,12 +1750,9 @@ GP_EXPORT CUresult cuCtxPopCurrent(void) { return gp_unforwarded("cuCtxPopCurren
 GP_EXPORT CUresult cuCtxPushCurrent(void) { return gp_unforwarded("cuCtxPushCurrent"); }
 GP_EXPORT CUresult cuDestroyExternalMemory(void) { return gp_unforwarded("cuDestroyExternalMemory"); }
 GP_EXPORT CUresult cuDestroyExternalSemaphore(void) { return gp_unforwarded("cuDestroyExternalSemaphore"); }
-GP_EXPORT CUresult cuDeviceGetGraphMemAttribute(void) { return gp_unforwarded("cuDeviceGetGraphMemAttribute"); }
 GP_EXPORT CUresult cuDeviceGetLuid(void) { return gp_unforwarded("cuDeviceGetLuid"); }
 GP_EXPORT CUresult cuDeviceGetNvSciSyncAttributes(void) { return gp_unforwarded("cuDeviceGetNvSciSyncAttributes"); }
-GP_EXPORT CUresult cuDeviceGraphMemTrim(void) { return gp_unforwarded("cuDeviceGraphMemTrim"); }
 GP_EXPORT CUresult cuDeviceRegisterAsyncNotification(void) { return gp_unforwarded("cuDeviceRegisterAsyncNotification"); }
-GP_EXPORT CUresult cuDeviceSetGraphMemAttribute(void) { return gp_unforwarded("cuDeviceSetGraphMemAttribute"); }
 GP_EXPORT CUresult cuDeviceTotalMem(void) { return gp_unforwarded("cuDeviceTotalMem"); }
 GP_EXPORT CUresult cuDeviceUnregisterAsyncNotification(void) { return gp_unforwarded("cuDeviceUnregisterAsyncNotification"); }
 GP_EXPORT CUresult cuEGLApiInit(void) { return gp_unforwarded("cuEGLApiInit"); }
@@ -1760,8 +1788,6 @@ GP_EXPORT CUresult cuGraphAddBatchMemOpNode(void) { return gp_unforwarded("cuGra
 GP_EXPORT CUresult cuGraphAddExternalSemaphoresSignalNode(void) { return gp_unforwarded("cuGraphAddExternalSemaphoresSignalNode"); }
 GP_EXPORT CUresult cuGraphAddExternalSemaphoresWaitNode(void) { return gp_unforwarded("cuGraphAddExternalSemaphoresWaitNode"); }
 GP_EXPORT CUresult cuGraphAddKernelNode(void) { return gp_unforwarded("cuGraphAddKernelNode"); }
-GP_EXPORT CUresult cuGraphAddMemAllocNode(void) { return gp_unforwarded("cuGraphAddMemAllocNode"); }
-GP_EXPORT CUresult cuGraphAddMemFreeNode(void) { return gp_unforwarded("cuGraphAddMemFreeNode"); }
 GP_EXPORT CUresult cuGraphBatchMemOpNodeGetParams(void) { return gp_unforwarded("cuGraphBatchMemOpNodeGetParams"); }
 GP_EXPORT CUresult cuGraphBatchMemOpNodeSetParams(void) { return gp_unforwarded("cuGraphBatchMemOpNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecBatchMemOpNodeSetParams(void) { return gp_unforwarded("cuGraphExecBatchMemOpNodeSetParams"); }
@@ -1777,8 +1803,6 @@ GP_EXPORT CUresult cuGraphInstantiate(void) { return gp_unforwarded("cuGraphInst
 GP_EXPORT CUresult cuGraphInstantiate_v2(void) { return gp_unforwarded("cuGraphInstantiate_v2"); }
 GP_EXPORT CUresult cuGraphKernelNodeGetParams(void) { return gp_unforwarded("cuGraphKernelNodeGetParams"); }
 GP_EXPORT CUresult cuGraphKernelNodeSetParams(void) { return gp_unforwarded("cuGraphKernelNodeSetParams"); }
-GP_EXPORT CUresult cuGraphMemAllocNodeGetParams(void) { return gp_unforwarded("cuGraphMemAllocNodeGetParams"); }
-GP_EXPORT CUresult cuGraphMemFreeNodeGetParams(void) { return gp_unforwarded("cuGraphMemFreeNodeGetParams"); }
 GP_EXPORT CUresult cuGraphicsEGLRegisterImage(void) { return gp_unforwarded("cuGraphicsEGLRegisterImage"); }
 GP_EXPORT CUresult cuGraphicsGLRegisterBuffer(void) { return gp_unforwarded("cuGraphicsGLRegisterBuffer"); }
 GP_EXPORT CUresult cuGraphicsGLRegisterImage(void) { return gp_unforwarded("cuGraphicsGLRegisterImage"); }
@@ -1956,17 +1980,10 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuDeviceGetCliqueInfo", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuGraphNodeSetParams_v2", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphAddNode_v3", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphAddMemAllocNode", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
-    {"cuGraphMemAllocNodeGetParams", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
-    {"cuGraphAddMemFreeNode", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
-    {"cuGraphMemFreeNodeGetParams", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
-    {"cuDeviceGraphMemTrim", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
-    {"cuDeviceGetGraphMemAttribute", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
-    {"cuDeviceSetGraphMemAttribute", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
-    {"cuGraphAddBatchMemOpNode", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
-    {"cuGraphBatchMemOpNodeGetParams", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
-    {"cuGraphBatchMemOpNodeSetParams", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
-    {"cuGraphExecBatchMemOpNodeSetParams", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
+    {"cuGraphAddBatchMemOpNode", "batch memory-operation nodes: not forwarded yet"},
+    {"cuGraphBatchMemOpNodeGetParams", "batch memory-operation nodes: not forwarded yet"},
+    {"cuGraphBatchMemOpNodeSetParams", "batch memory-operation nodes: not forwarded yet"},
+    {"cuGraphExecBatchMemOpNodeSetParams", "batch memory-operation nodes: not forwarded yet"},
     {"cuStreamBeginRecaptureToGraph", "recapture, host functions with flags: not forwarded yet"},
     {"cuLaunchHostFunc_v2", "recapture, host functions with flags: not forwarded yet"},
     {"cuLaunchCooperativeKernelMultiDevice", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
@@ -2036,6 +2053,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuDeviceGetDefaultMemPool", 11020, (void *)cuDeviceGetDefaultMemPool},
     {"cuDeviceGetDevResource", 12040, (void *)cuDeviceGetDevResource},
     {"cuDeviceGetExecAffinitySupport", 11040, (void *)cuDeviceGetExecAffinitySupport},
+    {"cuDeviceGetGraphMemAttribute", 11040, (void *)cuDeviceGetGraphMemAttribute},
     {"cuDeviceGetHostAtomicCapabilities", 13000, (void *)cuDeviceGetHostAtomicCapabilities},
     {"cuDeviceGetMemPool", 11020, (void *)cuDeviceGetMemPool},
     {"cuDeviceGetName", 2000, (void *)cuDeviceGetName},
@@ -2046,6 +2064,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuDeviceGetTexture1DLinearMaxWidth", 11010, (void *)cuDeviceGetTexture1DLinearMaxWidth},
     {"cuDeviceGetUuid", 9020, (void *)cuDeviceGetUuid},
     {"cuDeviceGetUuid", 11040, (void *)cuDeviceGetUuid_v2},
+    {"cuDeviceGraphMemTrim", 11040, (void *)cuDeviceGraphMemTrim},
     {"cuDevicePrimaryCtxGetState", 7000, (void *)cuDevicePrimaryCtxGetState},
     {"cuDevicePrimaryCtxRelease", 7000, (void *)cuDevicePrimaryCtxRelease},
     {"cuDevicePrimaryCtxRelease", 11000, (void *)cuDevicePrimaryCtxRelease_v2},
@@ -2054,6 +2073,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuDevicePrimaryCtxRetain", 7000, (void *)cuDevicePrimaryCtxRetain},
     {"cuDevicePrimaryCtxSetFlags", 7000, (void *)cuDevicePrimaryCtxSetFlags},
     {"cuDevicePrimaryCtxSetFlags", 11000, (void *)cuDevicePrimaryCtxSetFlags_v2},
+    {"cuDeviceSetGraphMemAttribute", 11040, (void *)cuDeviceSetGraphMemAttribute},
     {"cuDeviceSetMemPool", 11020, (void *)cuDeviceSetMemPool},
     {"cuDeviceTotalMem", 3020, (void *)cuDeviceTotalMem_v2},
     {"cuDriverGetVersion", 2020, (void *)cuDriverGetVersion},
@@ -2089,6 +2109,8 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphAddEventWaitNode", 11010, (void *)cuGraphAddEventWaitNode},
     {"cuGraphAddHostNode", 10000, (void *)cuGraphAddHostNode},
     {"cuGraphAddKernelNode", 12000, (void *)cuGraphAddKernelNode_v2},
+    {"cuGraphAddMemAllocNode", 11040, (void *)cuGraphAddMemAllocNode},
+    {"cuGraphAddMemFreeNode", 11040, (void *)cuGraphAddMemFreeNode},
     {"cuGraphAddMemcpyNode", 10000, (void *)cuGraphAddMemcpyNode},
     {"cuGraphAddMemsetNode", 10000, (void *)cuGraphAddMemsetNode},
     {"cuGraphAddNode", 12020, (void *)cuGraphAddNode},
@@ -2132,6 +2154,8 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphKernelNodeSetAttribute", 11000, (void *)cuGraphKernelNodeSetAttribute},
     {"cuGraphKernelNodeSetParams", 12000, (void *)cuGraphKernelNodeSetParams_v2},
     {"cuGraphLaunch", 10000, (void *)cuGraphLaunch},
+    {"cuGraphMemAllocNodeGetParams", 11040, (void *)cuGraphMemAllocNodeGetParams},
+    {"cuGraphMemFreeNodeGetParams", 11040, (void *)cuGraphMemFreeNodeGetParams},
     {"cuGraphMemcpyNodeGetParams", 10000, (void *)cuGraphMemcpyNodeGetParams},
     {"cuGraphMemcpyNodeSetParams", 10000, (void *)cuGraphMemcpyNodeSetParams},
     {"cuGraphMemsetNodeGetParams", 10000, (void *)cuGraphMemsetNodeGetParams},
