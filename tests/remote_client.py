@@ -3015,6 +3015,87 @@ def scenario_arrays():
     say("destroy_again", cu.cuArrayDestroy(array))
 
 
+SPARSE, DEFERRED_MAPPING, NV12 = 0x40, 0x80, 0xB0  # CUDA_ARRAY3D_* flags, CU_AD_FORMAT_NV12
+
+
+def array_map_info(kind, array, memory, operation=1, devices=1):
+    """A CUarrayMapInfo: the first 128x128 tile range of level 0 of `array`, mapped to (operation 1) or
+    unmapped from (2) memory handle `memory` at its start, on the devices of the mask."""
+    raw = ctypes.create_string_buffer(96)
+    struct.pack_into("<iiQi", raw, 0, kind, 0, array, 0)
+    struct.pack_into("<8I", raw, 24, 0, 0, 0, 0, 0, 128, 128, 1)
+    struct.pack_into("<iiQQI", raw, 56, operation, 0, memory, 0, devices)
+    return raw
+
+
+def scenario_arrays_rest():
+    """An NV12 array's planes; a sparse array's (and a sparse mipmapped array's) properties; a deferred
+    array's memory requirements; tiles of a sparse array mapped to memory the program created and
+    unmapped; what is not the lease's, or not such an array, refused."""
+    setup()
+
+    def array(width, height, fmt, channels, flags=0):
+        handle = c_u64()
+        desc = Array3DDesc(width, height, 0, fmt, channels, flags)
+        check(cu.cuArray3DCreate(ctypes.byref(handle), ctypes.byref(desc)), f"array {fmt:#x} {flags:#x}")
+        return handle
+
+    nv12 = array(64, 32, NV12, 3)
+    plain = array(64, 32, FLOAT, 1)
+    planes = []
+    for index in (0, 1):
+        plane, desc = c_u64(), Array3DDesc()
+        check(cu.cuArrayGetPlane(ctypes.byref(plane), nv12, index), f"plane {index}")
+        check(cu.cuArray3DGetDescriptor(ctypes.byref(desc), plane), "plane descriptor")
+        planes.append((desc.Width, desc.Height, desc.Format, desc.NumChannels))
+    say("planes", planes)
+    other = c_u64()
+    say("plane_beyond", cu.cuArrayGetPlane(ctypes.byref(other), nv12, 2))
+    say("plane_of_plain", cu.cuArrayGetPlane(ctypes.byref(other), plain, 0))
+    say("plane_of_foreign", cu.cuArrayGetPlane(ctypes.byref(other), c_u64(0x4242), 0))
+    sparse = array(512, 512, FLOAT, 1, SPARSE)
+    props = (ctypes.c_uint32 * 12)()
+    check(cu.cuArrayGetSparseProperties(props, sparse), "sparse properties")
+    say("sparse_tile", tuple(props[:3]))
+    say("sparse_of_plain", cu.cuArrayGetSparseProperties(props, plain))
+    mipmap, desc = c_u64(), Array3DDesc(512, 512, 0, FLOAT, 1, SPARSE)
+    check(cu.cuMipmappedArrayCreate(ctypes.byref(mipmap), ctypes.byref(desc), 4), "sparse mipmap")
+    check(cu.cuMipmappedArrayGetSparseProperties(props, mipmap), "mipmap sparse properties")
+    say("mipmap_tile", tuple(props[:3]))
+    deferred = array(512, 512, FLOAT, 1, DEFERRED_MAPPING)
+    reqs = (c_u64 * 4)()
+    check(cu.cuArrayGetMemoryRequirements(reqs, deferred, 0), "requirements")
+    say("requirements_cover_it", reqs[0] >= 512 * 512 * 4 and reqs[1] > 0)
+    say("requirements_other_device", cu.cuArrayGetMemoryRequirements(reqs, deferred, 3))
+    memory = c_u64()
+    tile_pool = AllocationProp(1, 0, 1, 0, None, 1 << 16)  # allocFlags.usage CU_MEM_CREATE_USAGE_TILE_POOL
+    check(cu.cuMemCreate(ctypes.byref(memory), c_u64(2 * MiB), ctypes.byref(tile_pool), c_u64(0)), "memory")
+    other_usage = AllocationProp(1, 0, 1, 0, None, 2 << 16)  # CU_MEM_CREATE_USAGE_HW_DECOMPRESS
+    say(
+        "other_usage",
+        cu.cuMemCreate(ctypes.byref(c_u64()), c_u64(2 * MiB), ctypes.byref(other_usage), c_u64(0)),
+    )
+    check(cu.cuMemMapArrayAsync(array_map_info(0, sparse.value, memory.value), 1, c_u64(0)), "map tiles")
+    check(
+        cu.cuMemMapArrayAsync(array_map_info(0, sparse.value, memory.value, operation=2), 1, c_u64(0)),
+        "unmap",
+    )
+    check(cu.cuStreamSynchronize(c_u64(0)), "sync")
+    refusals = {
+        "map_foreign_memory": array_map_info(0, sparse.value, 0x4242),
+        "map_foreign_array": array_map_info(0, 0x4242, memory.value),
+        "map_other_device": array_map_info(0, sparse.value, memory.value, devices=2),
+        "map_plain_array": array_map_info(0, plain.value, memory.value),
+    }
+    for name, info in refusals.items():
+        say(name, cu.cuMemMapArrayAsync(info, 1, c_u64(0)))
+    check(cu.cuMipmappedArrayDestroy(mipmap), "destroy mipmap")
+    for handle in (nv12, plain, sparse, deferred):
+        check(cu.cuArrayDestroy(handle), "destroy")
+    check(cu.cuMemRelease(memory), "release")
+    say("finished", 1)
+
+
 def scenario_pitched_and_context():
     """Pitched allocations and 2D memsets (rows apart by the pitch, one memset when they touch), a
     library read from a file, a context's flags and events."""

@@ -419,6 +419,27 @@ def test_cuda_arrays_copies_in_rows_and_slices_textures_and_surfaces_are_forward
     assert "not forwarded" not in err
 
 
+def test_planes_sparse_and_deferred_arrays_and_their_tile_mappings_are_forwarded(shim_dir, worker):
+    """An NV12 array's two planes are arrays of the lease (luma, and chroma at half size in two channels);
+    sparse arrays and sparse mipmapped arrays report their tiles, a deferred-mapping array its memory
+    requirements; a sparse array's tiles are mapped to memory the program created for tiles and unmapped; memory,
+    arrays and devices that are not the lease's, or arrays that are not sparse, are refused."""
+    out, err = run_client("arrays_rest", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert out["planes"] == "[(64, 32, 1, 1), (32, 16, 1, 2)]"
+    assert out["plane_beyond"] == out["plane_of_plain"] == "1"  # CUDA_ERROR_INVALID_VALUE
+    assert out["plane_of_foreign"] == "400"  # CUDA_ERROR_INVALID_HANDLE
+    assert out["sparse_tile"] == out["mipmap_tile"] == "(128, 128, 1)"  # 64 KiB of 4-byte texels
+    assert out["sparse_of_plain"] == "1"
+    assert out["requirements_cover_it"] == "True"
+    assert out["requirements_other_device"] == "101"  # CUDA_ERROR_INVALID_DEVICE
+    assert out["map_foreign_memory"] == out["map_foreign_array"] == "400"
+    assert out["map_other_device"] == "101"
+    assert out["map_plain_array"] == "1"
+    assert out["other_usage"] == "801"  # memory for sparse tiles is created; other usages are not forwarded
+    assert "gpupool:" not in err
+
+
 def test_pitched_memory_2d_memsets_a_library_file_and_context_settings_are_forwarded(shim_dir, worker):
     """Pitched memory and 2D memsets, a library from a file, a context's flags and events behave as natively."""
     out, err = run_client("pitched_and_context", client_env(shim_dir, worker))

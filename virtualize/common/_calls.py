@@ -495,6 +495,19 @@ CALLS: tuple[Call, ...] = (
        wire="o_mipmap handle, u32 levels, bytes desc"),
     _c("cuMipmappedArrayGetLevel", 5000, "o_array array, mipmap handle, u32 level"),
     _c("cuMipmappedArrayDestroy", 5000, "mipmap handle"),
+    # The rest of arrays: an NV12 array's planes (arrays of the lease, gone with their array), sparse
+    # arrays' properties and arrays' memory requirements (their C structures in the reply's bulk), and
+    # tiles of sparse or deferred-mapping arrays mapped to memory the lease created (cuMemMapArrayAsync:
+    # its CUarrayMapInfo list in the bulk, each array, memory handle and device checked).
+    _c("cuArrayGetPlane", 11020, "o_array plane, array array, u32 index"),
+    _c("cuArrayGetSparseProperties", 11010, "ptr props, array array", custom=True, wire="array array"),
+    _c("cuMipmappedArrayGetSparseProperties", 11010, "ptr props, mipmap mipmap", custom=True, wire="mipmap mipmap"),
+    _c("cuArrayGetMemoryRequirements", 11060, "ptr reqs, array array, i32 dev", custom=True,
+       wire="array array, i32 dev"),
+    _c("cuMipmappedArrayGetMemoryRequirements", 11060, "ptr reqs, mipmap mipmap, i32 dev", custom=True,
+       wire="mipmap mipmap, i32 dev"),
+    _c("cuMemMapArrayAsync", 11010, "ptr infos, u32 count, stream stream", custom=True,
+       wire="u32 count, stream stream, bytes infos"),
     # Copies between any two of host memory, device memory and arrays, in rows and slices: the host side
     # travels packed (its rows one after another) in the request or the reply; `kinds` is the source's
     # CUmemorytype (1 host, 2 device, 3 array) plus the destination's times 256; flags 1: on `stream`.

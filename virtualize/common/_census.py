@@ -160,15 +160,6 @@ GROUPS: tuple[Group, ...] = (
     ),
     # -- not forwarded yet: forwardable, not built ----------------------------------------------------
     _g(
-        "the rest of arrays: sparse and planar arrays, memory requirements",
-        N,
-        """Arrays, mipmapped arrays, texture and surface objects (their descriptors too) and copies to
-       and from arrays are forwarded; what is left are sparse arrays (their properties and mapping), an
-       NV12 array's planes and an array's memory requirements: plain calls over handles of the lease,
-       their structures returned as bytes.""",
-        "cuArray* cuMipmappedArray* cuTexObject* cuSurfObject* cuMemMapArrayAsync",
-    ),
-    _g(
         "batched decompression",
         N,
         """Each operation's source and destination are to be checked against the lease as a copy's are,

@@ -25,7 +25,10 @@ from virtualize.common._results import CUresult
 from virtualize.server._arrays import (
     DEVICE,
     HOST,
+    MAP_INFO_DEVICES,
+    MEMORY_REQUIREMENTS_BYTES,
     RESOURCE_DESC_BYTES,
+    SPARSE_PROPERTIES_BYTES,
     TEXTURE_DESC_BYTES,
     VIEW_DESC_BYTES,
     ArrayShape,
@@ -799,8 +802,10 @@ class CudaExecutor(Executor):
         return descs
 
     # The virtual memory API as the program calls it (the guard checked ranges and handles).
-    def cuMemCreate(self, size, device, handle_types):
-        return _int(_ok(driver.cuMemCreate(size, self._prop(device, handle_types), 0)))
+    def cuMemCreate(self, size, device, handle_types, usage=0):
+        prop = self._prop(device, handle_types)
+        prop.allocFlags.usage = usage  # CU_MEM_CREATE_USAGE_TILE_POOL: tiles of sparse arrays
+        return _int(_ok(driver.cuMemCreate(size, prop, 0)))
 
     def cuMemRelease(self, handle):
         _ok(driver.cuMemRelease(driver.CUmemGenericAllocationHandle(handle)))
@@ -847,6 +852,38 @@ class CudaExecutor(Executor):
 
     def cuMipmappedArrayDestroy(self, handle):
         _ok(driver.cuMipmappedArrayDestroy(driver.CUmipmappedArray(handle)))
+
+    def cuArrayGetPlane(self, handle, index):
+        return _int(_ok(driver.cuArrayGetPlane(driver.CUarray(handle), index)))
+
+    def cuArrayGetSparseProperties(self, handle):
+        props = _ok(driver.cuArrayGetSparseProperties(driver.CUarray(handle)))
+        return ctypes.string_at(props.getPtr(), SPARSE_PROPERTIES_BYTES)
+
+    def cuMipmappedArrayGetSparseProperties(self, handle):
+        props = _ok(driver.cuMipmappedArrayGetSparseProperties(driver.CUmipmappedArray(handle)))
+        return ctypes.string_at(props.getPtr(), SPARSE_PROPERTIES_BYTES)
+
+    def cuArrayGetMemoryRequirements(self, handle, dev):
+        reqs = _ok(driver.cuArrayGetMemoryRequirements(driver.CUarray(handle), self._d(dev)))
+        return ctypes.string_at(reqs.getPtr(), MEMORY_REQUIREMENTS_BYTES)
+
+    def cuMipmappedArrayGetMemoryRequirements(self, handle, dev):
+        reqs = _ok(
+            driver.cuMipmappedArrayGetMemoryRequirements(driver.CUmipmappedArray(handle), self._d(dev))
+        )
+        return ctypes.string_at(reqs.getPtr(), MEMORY_REQUIREMENTS_BYTES)
+
+    def cuMemMapArrayAsync(self, mappings, stream):
+        """The client's CUarrayMapInfo structs as they are (their handles are this worker's), each device
+        mask rewritten from the lease's ordinals to this host's."""
+        infos = []
+        for m in mappings:
+            mask = sum(1 << self._d(dev) for dev in range(len(self.real)) if m.devices >> dev & 1)
+            raw = bytearray(m.raw)
+            raw[MAP_INFO_DEVICES : MAP_INFO_DEVICES + 4] = mask.to_bytes(4, "little")
+            infos.append(self._struct(driver.CUarrayMapInfo, bytes(raw)))
+        _ok(driver.cuMemMapArrayAsync(infos, len(infos), self._stream(stream)))
 
     @staticmethod
     def _struct(kind, raw: bytes):

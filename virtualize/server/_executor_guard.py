@@ -63,6 +63,8 @@ P2P_ATOMIC_OPERATIONS_MAX = (
     64  # operations one cuDeviceGetP2PAtomicCapabilities asks about (the shim's limit too)
 )
 POOL_PROPS_BYTES = 88  # CUmemPoolProps
+# CUmemAllocationProp's allocFlags.usage, and the one usage created remotely: memory for sparse arrays' tiles
+ALLOCATION_USAGE_AT, USAGE_TILE_POOL = 26, 0x1
 # CUstreamAttrID values whose CUstreamAttrValue is plain data, or (the access-policy window) a range the
 # guard checks: access-policy window, synchronization policy, priority, memory sync domain map, domain.
 STREAM_ATTRIBUTES = frozenset({ACCESS_POLICY_WINDOW, 3, 8, 9, 10})
@@ -794,13 +796,16 @@ class Session:
         size, _flags = ins  # flags: reserved by CUDA, 0
         prop = self.channel.read_bulk(limit=ALLOCATION_PROP_BYTES)
         device, handle_types = self._vm_device(prop)
+        (usage,) = struct.unpack_from("<H", prop, ALLOCATION_USAGE_AT)
         if not size or size % GRANULE:
             raise CudaError(INVALID_VALUE, "size must be a multiple of the granularity (2 MiB)")
+        if usage & ~USAGE_TILE_POOL:
+            raise CudaError(CUresult.NOT_SUPPORTED, f"memory of usage {usage:#x} is not created remotely")
         with self.lease.lock:
             self.lease.reserve(device, size)
             self.lease.used[device] += size
         try:
-            handle = self.executor.cuMemCreate(size, device, handle_types)
+            handle = self.executor.cuMemCreate(size, device, handle_types, usage)
         except BaseException:
             with self.lease.lock:
                 self.lease.used[device] -= size

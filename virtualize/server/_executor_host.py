@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from virtualize.common._calls import FORWARDED_LAUNCH_ATTRIBUTES
 from virtualize.common._results import CUresult
-from virtualize.server._arrays import ARRAY, HOST, ArrayShape
+from virtualize.server._arrays import ARRAY, DEFERRED_MAPPING, FORMAT_BYTES, HOST, NV12, SPARSE, ArrayShape
 from virtualize.server._executor import (
     INVALID_HANDLE,
     INVALID_VALUE,
@@ -95,6 +95,11 @@ SM_MIN_PARTITION, SM_ALIGNMENT = 1, 1  # the modelled GPU's green-context partit
 CACHE_CONFIGS = range(4)  # CUfunc_cache: PREFER_NONE, SHARED, L1, EQUAL
 SHARED_CONFIGS = range(3)  # CUsharedconfig: DEFAULT, FOUR_BYTE, EIGHT_BYTE bank size
 CARVEOUT, MAX_DYNAMIC_SHARED = 9, 8  # CUfunction_attribute
+
+
+TILE_BYTES, TILE_ROWS = 64 << 10, 128  # a sparse array's tile, as the GPUs' 64 KiB tiles are
+SPARSE_PROPERTIES = struct.Struct("<IIIIQI16x4x")  # CUDA_ARRAY_SPARSE_PROPERTIES: tile, mip tail, flags
+MEMORY_REQUIREMENTS = struct.Struct("<QQ16x")  # CUDA_ARRAY_MEMORY_REQUIREMENTS: size, alignment
 
 
 def _in_range(value: int, allowed: range, kind: str) -> int:
@@ -209,6 +214,8 @@ class HostExecutor(Executor):
         self.arrays: dict[int, tuple[ArrayShape, bytearray]] = {}  # CUDA arrays: their shape and bytes
         self.array_device: dict[int, int] = {}  # CUDA array -> the device it was made on
         self.mipmaps: dict[int, list[int]] = {}  # mipmapped array -> its levels' arrays
+        self.planes: dict[tuple[int, int], int] = {}  # (NV12 array, plane) -> the plane's array
+        self.tiles_mapped: dict[int, int] = {}  # sparse or deferred array -> tile ranges mapped to memory
         self.samplers: dict[int, tuple] = {}  # texture or surface -> its resource, texture, view descriptors
         # Green contexts over the modelled SMs: resource -> (device, SMs), descriptor -> (device, SMs),
         # green context -> (device, SMs, its CUcontext), stream -> the green context it was made in.
@@ -291,6 +298,8 @@ class HostExecutor(Executor):
         return handle
 
     def cuArrayDestroy(self, handle):
+        for index in (0, 1):  # an NV12 array's planes go with it
+            self.arrays.pop(self.planes.pop((handle, index), 0), None)
         self.array_device.pop(handle, None)
         if self.arrays.pop(handle, None) is None:
             raise CudaError(INVALID_HANDLE, "array")
@@ -314,6 +323,75 @@ class HostExecutor(Executor):
     def cuMipmappedArrayDestroy(self, handle):
         for level in self.mipmaps.pop(handle):
             self.arrays.pop(level, None)
+
+    # The rest of arrays, modelled on 64 KiB tiles of 128 rows: an NV12 array's planes (the luma, and the
+    # chroma at half the size in two channels), sparse properties, memory requirements, tile mappings.
+    def cuArrayGetPlane(self, handle, index):
+        shape = self._array(handle)
+        if shape.format != NV12 or index not in (0, 1):
+            raise CudaError(INVALID_VALUE, "a plane of an NV12 array: 0 or 1")
+        if (handle, index) not in self.planes:
+            half = ArrayShape(max(shape.width // 2, 1), max(shape.height // 2, 1), 0, 0x01, 2)
+            plane = ArrayShape(shape.width, shape.height, 0, 0x01, 1) if index == 0 else half
+            self.planes[handle, index] = self.cuArray3DCreate(plane)
+        return self.planes[handle, index]
+
+    def _array(self, handle) -> ArrayShape:
+        if handle not in self.arrays:
+            raise CudaError(INVALID_HANDLE, "array")
+        return self.arrays[handle][0]
+
+    @staticmethod
+    def _tile(shape: ArrayShape) -> tuple[int, int, int]:
+        element = FORMAT_BYTES[shape.format] * shape.channels
+        return max(TILE_BYTES // (element * TILE_ROWS), 1), TILE_ROWS if shape.height else 1, 1
+
+    def _sparse_properties(self, shape: ArrayShape, levels: int) -> bytes:
+        if not shape.flags & SPARSE:
+            raise CudaError(INVALID_VALUE, "not a sparse array")
+        tile = self._tile(shape)
+        first = next(
+            (n for n in range(levels) if shape.level(n).width < tile[0] or shape.level(n).rows < tile[1]),
+            levels,
+        )
+        return SPARSE_PROPERTIES.pack(*tile, first, TILE_BYTES if first < levels else 0, 0)
+
+    def cuArrayGetSparseProperties(self, handle):
+        return self._sparse_properties(self._array(handle), 1)
+
+    def cuMipmappedArrayGetSparseProperties(self, handle):
+        levels = self._levels(handle)
+        return self._sparse_properties(self._array(levels[0]), len(levels))
+
+    def _levels(self, handle) -> list[int]:
+        if handle not in self.mipmaps:
+            raise CudaError(INVALID_HANDLE, "mipmapped array")
+        return self.mipmaps[handle]
+
+    def _requirements(self, shapes: list[ArrayShape], dev: int) -> bytes:
+        self._device(dev)
+        if not shapes[0].flags & DEFERRED_MAPPING:
+            raise CudaError(INVALID_VALUE, "not an array of deferred mapping")
+        size = sum(-(-s.nbytes // TILE_BYTES) * TILE_BYTES for s in shapes)
+        return MEMORY_REQUIREMENTS.pack(size, TILE_BYTES)
+
+    def cuArrayGetMemoryRequirements(self, handle, dev):
+        return self._requirements([self._array(handle)], dev)
+
+    def cuMipmappedArrayGetMemoryRequirements(self, handle, dev):
+        return self._requirements([self._array(level) for level in self._levels(handle)], dev)
+
+    def cuMemMapArrayAsync(self, mappings, stream):
+        for m in mappings:
+            shape = self._array(m.array) if m.kind == 0 else self._array(self._levels(m.array)[0])
+            if not shape.flags & (SPARSE | DEFERRED_MAPPING):
+                raise CudaError(
+                    INVALID_VALUE, "tiles of an array that is neither sparse nor of deferred mapping"
+                )
+            if m.operation == 1 and m.memory not in self.created:
+                raise CudaError(INVALID_HANDLE, "memory handle")
+        for m in mappings:  # all checked: all done
+            self.tiles_mapped[m.array] = self.tiles_mapped.get(m.array, 0) + (1 if m.operation == 1 else -1)
 
     def _sampler(self, res: bytes, tex: bytes = b"", view: bytes | None = None) -> int:
         handle = next(self.ids)
@@ -402,7 +480,7 @@ class HostExecutor(Executor):
 
     # The virtual memory API: each mapping is memory of its own here (two mappings of one handle do
     # not share bytes, as they do on a GPU).
-    def cuMemCreate(self, size, device, handle_types):
+    def cuMemCreate(self, size, device, handle_types, usage=0):
         handle = next(self.ids)
         self.created[handle] = device
         self.references[handle] = 1

@@ -650,6 +650,18 @@ GP_EXPORT CUresult cuMipmappedArrayDestroy(uint64_t handle) {
     return r;
 }
 
+GP_EXPORT CUresult cuArrayGetPlane(uint64_t *plane, uint64_t array, uint32_t index) {
+    GP_TRACE("cuArrayGetPlane");
+    if (!plane) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuArrayGetPlane in = { .array = array, .index = index };
+    struct gp_out_cuArrayGetPlane out;
+    CUresult r = gp_call(GP_CALL_cuArrayGetPlane, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *plane = (uint64_t)out.plane;
+    }
+    return r;
+}
+
 GP_EXPORT CUresult cuTexObjectDestroy(uint64_t tex) {
     GP_TRACE("cuTexObjectDestroy");
     struct gp_in_cuTexObjectDestroy in = { .tex = tex };
@@ -1650,6 +1662,7 @@ GP_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(uint64_t *dptr, uint64_t bytesiz
 GP_EXPORT CUresult cuMemDiscardAndPrefetchBatchAsync_ptsz(void *dptrs, void *sizes, uint64_t count, void *locations, void *location_idxs, uint64_t num_locations, uint64_t flags, uint64_t stream) { return cuMemDiscardAndPrefetchBatchAsync(dptrs, sizes, count, locations, location_idxs, num_locations, flags, stream); }
 GP_EXPORT CUresult cuMemDiscardBatchAsync_ptsz(void *dptrs, void *sizes, uint64_t count, uint64_t flags, uint64_t stream) { return cuMemDiscardBatchAsync(dptrs, sizes, count, flags, stream); }
 GP_EXPORT CUresult cuMemFreeAsync_ptsz(uint64_t dptr, uint64_t stream) { return cuMemFreeAsync(dptr, stream); }
+GP_EXPORT CUresult cuMemMapArrayAsync_ptsz(void *infos, uint32_t count, uint64_t stream) { return cuMemMapArrayAsync(infos, count, stream); }
 GP_EXPORT CUresult cuMemPrefetchAsync_ptsz(uint64_t dptr, uint64_t count, int32_t device, uint64_t stream) { return cuMemPrefetchAsync(dptr, count, device, stream); }
 GP_EXPORT CUresult cuMemPrefetchAsync_v2_ptsz(uint64_t dptr, uint64_t count, uint64_t location, uint32_t flags, uint64_t stream) { return cuMemPrefetchAsync_v2(dptr, count, location, flags, stream); }
 GP_EXPORT CUresult cuMemPrefetchBatchAsync_ptsz(void *dptrs, void *sizes, uint64_t count, void *locations, void *location_idxs, uint64_t num_locations, uint64_t flags, uint64_t stream) { return cuMemPrefetchBatchAsync(dptrs, sizes, count, locations, location_idxs, num_locations, flags, stream); }
@@ -1731,9 +1744,6 @@ GP_EXPORT CUresult cuArray3DCreate(void) { return gp_unforwarded("cuArray3DCreat
 GP_EXPORT CUresult cuArray3DGetDescriptor(void) { return gp_unforwarded("cuArray3DGetDescriptor"); }
 GP_EXPORT CUresult cuArrayCreate(void) { return gp_unforwarded("cuArrayCreate"); }
 GP_EXPORT CUresult cuArrayGetDescriptor(void) { return gp_unforwarded("cuArrayGetDescriptor"); }
-GP_EXPORT CUresult cuArrayGetMemoryRequirements(void) { return gp_unforwarded("cuArrayGetMemoryRequirements"); }
-GP_EXPORT CUresult cuArrayGetPlane(void) { return gp_unforwarded("cuArrayGetPlane"); }
-GP_EXPORT CUresult cuArrayGetSparseProperties(void) { return gp_unforwarded("cuArrayGetSparseProperties"); }
 GP_EXPORT CUresult cuCheckpointProcessCheckpoint(void) { return gp_unforwarded("cuCheckpointProcessCheckpoint"); }
 GP_EXPORT CUresult cuCheckpointProcessGetRestoreThreadId(void) { return gp_unforwarded("cuCheckpointProcessGetRestoreThreadId"); }
 GP_EXPORT CUresult cuCheckpointProcessGetState(void) { return gp_unforwarded("cuCheckpointProcessGetState"); }
@@ -1841,8 +1851,6 @@ GP_EXPORT CUresult cuMemGetHandleForAddressRange(void) { return gp_unforwarded("
 GP_EXPORT CUresult cuMemGetInfo(void) { return gp_unforwarded("cuMemGetInfo"); }
 GP_EXPORT CUresult cuMemHostGetDevicePointer(void) { return gp_unforwarded("cuMemHostGetDevicePointer"); }
 GP_EXPORT CUresult cuMemHostRegister(void) { return gp_unforwarded("cuMemHostRegister"); }
-GP_EXPORT CUresult cuMemMapArrayAsync(void) { return gp_unforwarded("cuMemMapArrayAsync"); }
-GP_EXPORT CUresult cuMemMapArrayAsync_ptsz(void) { return gp_unforwarded("cuMemMapArrayAsync_ptsz"); }
 GP_EXPORT CUresult cuMemcpy2D(void) { return gp_unforwarded("cuMemcpy2D"); }
 GP_EXPORT CUresult cuMemcpy2DAsync(void) { return gp_unforwarded("cuMemcpy2DAsync"); }
 GP_EXPORT CUresult cuMemcpy2DUnaligned(void) { return gp_unforwarded("cuMemcpy2DUnaligned"); }
@@ -1867,8 +1875,6 @@ GP_EXPORT CUresult cuMemsetD2D32(void) { return gp_unforwarded("cuMemsetD2D32");
 GP_EXPORT CUresult cuMemsetD2D8(void) { return gp_unforwarded("cuMemsetD2D8"); }
 GP_EXPORT CUresult cuMemsetD32(void) { return gp_unforwarded("cuMemsetD32"); }
 GP_EXPORT CUresult cuMemsetD8(void) { return gp_unforwarded("cuMemsetD8"); }
-GP_EXPORT CUresult cuMipmappedArrayGetMemoryRequirements(void) { return gp_unforwarded("cuMipmappedArrayGetMemoryRequirements"); }
-GP_EXPORT CUresult cuMipmappedArrayGetSparseProperties(void) { return gp_unforwarded("cuMipmappedArrayGetSparseProperties"); }
 GP_EXPORT CUresult cuModuleGetGlobal(void) { return gp_unforwarded("cuModuleGetGlobal"); }
 GP_EXPORT CUresult cuModuleGetSurfRef(void) { return gp_unforwarded("cuModuleGetSurfRef"); }
 GP_EXPORT CUresult cuModuleGetTexRef(void) { return gp_unforwarded("cuModuleGetTexRef"); }
@@ -1966,11 +1972,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuCoredump*", "GPU core dump settings: refused"},
     {"cuProfilerInitialize", "profiler initialisation: refused"},
     {"cuDeviceGetLuid", "Windows-only queries: refused"},
-    {"cuArray*", "the rest of arrays: sparse and planar arrays, memory requirements: not forwarded yet"},
-    {"cuMipmappedArray*", "the rest of arrays: sparse and planar arrays, memory requirements: not forwarded yet"},
-    {"cuTexObject*", "the rest of arrays: sparse and planar arrays, memory requirements: not forwarded yet"},
-    {"cuSurfObject*", "the rest of arrays: sparse and planar arrays, memory requirements: not forwarded yet"},
-    {"cuMemMapArrayAsync", "the rest of arrays: sparse and planar arrays, memory requirements: not forwarded yet"},
     {"cuMemBatchDecompressAsync", "batched decompression: not forwarded yet"},
     {"cuMulticast*", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuLogicalEndpoint*", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
@@ -2009,6 +2010,9 @@ static const struct gp_proc gp_procs[] = {
     {"cuArrayCreate", 3020, (void *)cuArrayCreate_v2},
     {"cuArrayDestroy", 2000, (void *)cuArrayDestroy},
     {"cuArrayGetDescriptor", 3020, (void *)cuArrayGetDescriptor_v2},
+    {"cuArrayGetMemoryRequirements", 11060, (void *)cuArrayGetMemoryRequirements},
+    {"cuArrayGetPlane", 11020, (void *)cuArrayGetPlane},
+    {"cuArrayGetSparseProperties", 11010, (void *)cuArrayGetSparseProperties},
     {"cuCtxAttach", 2000, (void *)cuCtxAttach},
     {"cuCtxCreate", 3020, (void *)cuCtxCreate_v2},
     {"cuCtxCreate", 11040, (void *)cuCtxCreate_v3},
@@ -2256,6 +2260,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemHostUnregister", 4000, (void *)cuMemHostUnregister},
     {"cuMemImportFromShareableHandle", 10020, (void *)cuMemImportFromShareableHandle},
     {"cuMemMap", 10020, (void *)cuMemMap},
+    {"cuMemMapArrayAsync", 11010, (void *)cuMemMapArrayAsync},
     {"cuMemPoolCreate", 11020, (void *)cuMemPoolCreate},
     {"cuMemPoolDestroy", 11020, (void *)cuMemPoolDestroy},
     {"cuMemPoolExportPointer", 11020, (void *)cuMemPoolExportPointer},
@@ -2322,6 +2327,8 @@ static const struct gp_proc gp_procs[] = {
     {"cuMipmappedArrayCreate", 5000, (void *)cuMipmappedArrayCreate},
     {"cuMipmappedArrayDestroy", 5000, (void *)cuMipmappedArrayDestroy},
     {"cuMipmappedArrayGetLevel", 5000, (void *)cuMipmappedArrayGetLevel},
+    {"cuMipmappedArrayGetMemoryRequirements", 11060, (void *)cuMipmappedArrayGetMemoryRequirements},
+    {"cuMipmappedArrayGetSparseProperties", 11010, (void *)cuMipmappedArrayGetSparseProperties},
     {"cuModuleEnumerateFunctions", 12040, (void *)cuModuleEnumerateFunctions},
     {"cuModuleGetFunction", 2000, (void *)cuModuleGetFunction},
     {"cuModuleGetFunctionCount", 12040, (void *)cuModuleGetFunctionCount},
