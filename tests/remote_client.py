@@ -2690,6 +2690,57 @@ def scenario_vmm():
     say("used_mib_after", (total.value - free.value) // MiB)
 
 
+def multicast_prop(devices=1, size=2 * MiB, handle_types=0):
+    """A CUmulticastObjectProp: device count, size, handle types, flags."""
+    return (c_u64 * 4)(devices, size, handle_types, 0)
+
+
+def scenario_multicast():
+    """A multicast object over the lease's device: its granularity, the device added, memory the program
+    created bound to it (and an allocation's address), the object mapped in a reserved range with access,
+    written and read through, unbound, released; what is not the lease's, or past the object, refused."""
+    setup()
+    granularity = c_u64()
+    check(cu.cuMulticastGetGranularity(ctypes.byref(granularity), multicast_prop(), 0), "granularity")
+    say("granularity", granularity.value)
+    mc, memory, base = c_u64(), c_u64(), c_u64()
+    check(cu.cuMulticastCreate(ctypes.byref(mc), multicast_prop()), "create")
+    check(cu.cuMulticastAddDevice(mc, 0), "add device")
+    prop = AllocationProp(1, 0, 1, 0)
+    check(cu.cuMemCreate(ctypes.byref(memory), c_u64(2 * MiB), ctypes.byref(prop), c_u64(0)), "memory")
+    check(cu.cuMulticastBindMem(mc, c_u64(0), memory, c_u64(0), c_u64(2 * MiB), c_u64(0)), "bind memory")
+    check(cu.cuMemAddressReserve(ctypes.byref(base), c_u64(2 * MiB), c_u64(0), c_u64(0), c_u64(0)), "reserve")
+    check(cu.cuMemMap(base, c_u64(2 * MiB), c_u64(0), mc, c_u64(0)), "map the multicast object")
+    access = AccessDesc(1, 0, 3)
+    check(cu.cuMemSetAccess(base, c_u64(2 * MiB), ctypes.byref(access), c_u64(1)), "access")
+    check(cu.cuMemsetD32(base, 0x5A5A5A5A, c_u64(16)), "write through it")
+    say("read_through", dtoh(base.value, 8)[1].hex())
+    check(cu.cuMulticastUnbind(mc, 0, c_u64(0), c_u64(2 * MiB)), "unbind")
+    rc, ptr = alloc(2 * MiB)
+    check(rc, "alloc")
+    say("bind_allocation", cu.cuMulticastBindAddr(mc, c_u64(0), c_u64(ptr), c_u64(2 * MiB), c_u64(0)))
+    other = c_u64()
+    say("more_devices_than_the_lease", cu.cuMulticastCreate(ctypes.byref(other), multicast_prop(devices=2)))
+    say("shared_with_processes", cu.cuMulticastCreate(ctypes.byref(other), multicast_prop(handle_types=1)))
+    say("add_other_device", cu.cuMulticastAddDevice(mc, 3))
+    say("add_to_memory", cu.cuMulticastAddDevice(memory, 0))
+    say(
+        "bind_foreign_memory",
+        cu.cuMulticastBindMem(mc, c_u64(0), c_u64(0x4242), c_u64(0), c_u64(2 * MiB), c_u64(0)),
+    )
+    say("bind_past_the_object",
+        cu.cuMulticastBindMem(mc, c_u64(2 * MiB), memory, c_u64(0), c_u64(2 * MiB), c_u64(0)))  # fmt: skip
+    say("bind_to_itself", cu.cuMulticastBindMem(mc, c_u64(0), mc, c_u64(0), c_u64(2 * MiB), c_u64(0)))
+    say("bind_foreign_address",
+        cu.cuMulticastBindAddr(mc, c_u64(0), c_u64(0x7123_4560_0000), c_u64(2 * MiB), c_u64(0)))  # fmt: skip
+    check(cu.cuMemUnmap(base, c_u64(2 * MiB)), "unmap")
+    check(cu.cuMemRelease(mc), "release the multicast object")
+    say("bind_after_release", cu.cuMulticastBindMem(mc, c_u64(0), memory, c_u64(0), c_u64(2 * MiB), c_u64(0)))
+    check(cu.cuMemRelease(memory), "release memory")
+    check(cu.cuMemAddressFree(base, c_u64(2 * MiB)), "address free")
+    say("finished", 1)
+
+
 def scenario_vmm_retain():
     """cuMemRetainAllocationHandle, as NCCL frees its memory: the handle of what this process mapped,
     one more reference to release; the memory lives until the last one goes, whoever made it. Memory

@@ -304,6 +304,26 @@ def test_the_virtual_memory_api_maps_memory_in_ranges_the_program_reserved(shim_
     assert "gpupool:" not in err
 
 
+def test_multicast_objects_span_the_leases_devices_and_bind_only_its_memory(shim_dir, worker):
+    """A multicast object over the lease's device is created, its device added, memory the program created
+    bound, mapped in a range it reserved, written and read through, unbound and released; an allocation's
+    address binds too. More devices than the lease has, sharing with other processes, another device,
+    memory or addresses not the lease's, a binding past the object, a memory handle used as a multicast
+    object and a released object are refused."""
+    out, err = run_client("multicast", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert out["granularity"] == str(2 * MiB)
+    assert out["read_through"] == "5a5a5a5a5a5a5a5a"
+    assert out["bind_allocation"] == "0"
+    assert out["more_devices_than_the_lease"] == "1"  # CUDA_ERROR_INVALID_VALUE
+    assert out["shared_with_processes"] == "801"  # CUDA_ERROR_NOT_SUPPORTED
+    assert out["add_other_device"] == "101"  # CUDA_ERROR_INVALID_DEVICE
+    refused = ("add_to_memory", "bind_foreign_memory", "bind_past_the_object", "bind_to_itself")
+    assert [out[name] for name in refused] == ["1"] * len(refused)
+    assert out["bind_foreign_address"] == out["bind_after_release"] == "1"
+    assert "gpupool:" not in err
+
+
 def test_a_retained_handle_is_one_more_reference_to_memory_this_process_mapped(shim_dir, worker):
     """cuMemRetainAllocationHandle gives this process's mapping's handle as one more reference to release."""
     out, err = run_client("vmm_retain", client_env(shim_dir, worker))

@@ -383,6 +383,16 @@ CALLS: tuple[Call, ...] = (
        wire="o_u64 flags, i32 location_type, i32 location_id, dptr ptr"),
     _c("cuMemGetAllocationGranularity", 10020, "o_u64 granularity, ptr prop, i32 option", custom=True,
        wire="o_u64 granularity, i32 option, bytes prop"),
+    # Multicast objects (NVLink SHARP) over the lease's own GPUs: a handle of the virtual memory API (mapped,
+    # given access and released as created memory is), bound to memory of the lease only; never shared with
+    # another process (handle types none). The properties (CUmulticastObjectProp) travel in the bulk.
+    _c("cuMulticastCreate", 12010, "o_vmem handle, ptr prop", custom=True, wire="o_vmem handle, bytes prop"),
+    _c("cuMulticastAddDevice", 12010, "vmem mc, i32 dev"),
+    _c("cuMulticastBindMem", 12010, "vmem mc, u64 mc_offset, vmem memory, u64 mem_offset, u64 size, u64 flags"),
+    _c("cuMulticastBindAddr", 12010, "vmem mc, u64 mc_offset, u64 ptr, u64 size, u64 flags"),
+    _c("cuMulticastUnbind", 12010, "vmem mc, i32 dev, u64 mc_offset, u64 size"),
+    _c("cuMulticastGetGranularity", 12010, "o_u64 granularity, ptr prop, i32 option", custom=True,
+       wire="o_u64 granularity, i32 option, bytes prop"),
     # -- host memory stays in the client --------------------------------------------------------------
     _c("cuMemAllocHost", 3020, "o_u64 pp, u64 bytesize", L, symbol="cuMemAllocHost_v2", custom=True,
        how="host memory stays in the client"),

@@ -169,10 +169,12 @@ GROUPS: tuple[Group, ...] = (
     _g(
         "multicast, logical endpoints and NVLink fabric",
         N,
-        """Objects over the lease's own GPUs are
-       forwardable as handles; exporting one to another process or node would name memory outside the
-       lease and is to stay refused.""",
-        "cuMulticast* cuLogicalEndpoint* cuFabricCpyBatchAsync cuDeviceGetFabricClusterUuid "
+        """Multicast objects of CUDA 12.1 are forwarded; CUDA 13.1's per-device binds
+       (cuMulticastBindMem_v2, cuMulticastBindAddr_v2) are not in the CUDA 13.0 headers this shim is built
+       against. Logical endpoints and NVLink-fabric copies over the lease's own GPUs are forwardable as
+       handles; exporting one to another process or node would name memory outside the lease and is to
+       stay refused.""",
+        "cuMulticastBindMem_v2 cuMulticastBindAddr_v2 cuLogicalEndpoint* cuFabricCpyBatchAsync cuDeviceGetFabricClusterUuid "
         "cuDeviceGetCliqueCount cuDeviceGetCliqueInfo",
     ),
     _g(

@@ -807,6 +807,33 @@ class CudaExecutor(Executor):
         prop.allocFlags.usage = usage  # CU_MEM_CREATE_USAGE_TILE_POOL: tiles of sparse arrays
         return _int(_ok(driver.cuMemCreate(size, prop, 0)))
 
+    # Multicast objects: their handle types are none (the guard's), devices are the lease's ordinals.
+    @staticmethod
+    def _multicast_prop(devices, size, flags):
+        prop = driver.CUmulticastObjectProp()
+        prop.numDevices, prop.size, prop.handleTypes, prop.flags = devices, size, 0, flags
+        return prop
+
+    def cuMulticastCreate(self, devices, size, flags):
+        return _int(_ok(driver.cuMulticastCreate(self._multicast_prop(devices, size, flags))))
+
+    def cuMulticastAddDevice(self, mc, dev):
+        _ok(driver.cuMulticastAddDevice(driver.CUmemGenericAllocationHandle(mc), self._d(dev)))
+
+    def cuMulticastBindMem(self, mc, mc_offset, memory, mem_offset, size, flags):
+        handles = driver.CUmemGenericAllocationHandle(mc), driver.CUmemGenericAllocationHandle(memory)
+        _ok(driver.cuMulticastBindMem(handles[0], mc_offset, handles[1], mem_offset, size, flags))
+
+    def cuMulticastBindAddr(self, mc, mc_offset, ptr, size, flags):
+        _ok(driver.cuMulticastBindAddr(driver.CUmemGenericAllocationHandle(mc), mc_offset, ptr, size, flags))
+
+    def cuMulticastUnbind(self, mc, dev, mc_offset, size):
+        _ok(driver.cuMulticastUnbind(driver.CUmemGenericAllocationHandle(mc), self._d(dev), mc_offset, size))
+
+    def cuMulticastGetGranularity(self, devices, size, flags, option):
+        kind = _enum(driver.CUmulticastGranularity_flags, option)
+        return int(_ok(driver.cuMulticastGetGranularity(self._multicast_prop(devices, size, flags), kind)))
+
     def cuMemRelease(self, handle):
         _ok(driver.cuMemRelease(driver.CUmemGenericAllocationHandle(handle)))
 

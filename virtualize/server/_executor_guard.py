@@ -45,6 +45,7 @@ from virtualize.server._guard_copies import CopyCalls
 from virtualize.server._guard_graphs import GraphCalls
 from virtualize.server._guard_green import GreenCalls
 from virtualize.server._guard_launches import LaunchCalls
+from virtualize.server._guard_multicast import MulticastCalls
 from virtualize.server._guard_rules import (
     ACCESS_POLICY_WINDOW,
     BUILTIN_STREAMS,
@@ -379,6 +380,7 @@ class Session:
             **LaunchCalls(self).handlers(),
             **self.context_calls.handlers(),
             **self.green_calls.handlers(),
+            **MulticastCalls(self).handlers(),
         }
         # One handler per call id, looked up by index on every request. None: not the client's to send
         # (the handshake is the worker's own; LOCAL calls never leave the client).

@@ -97,6 +97,7 @@ SHARED_CONFIGS = range(3)  # CUsharedconfig: DEFAULT, FOUR_BYTE, EIGHT_BYTE bank
 CARVEOUT, MAX_DYNAMIC_SHARED = 9, 8  # CUfunction_attribute
 
 
+MULTICAST_GRANULARITY = 2 << 20
 TILE_BYTES, TILE_ROWS = 64 << 10, 128  # a sparse array's tile, as the GPUs' 64 KiB tiles are
 SPARSE_PROPERTIES = struct.Struct("<IIIIQI16x4x")  # CUDA_ARRAY_SPARSE_PROPERTIES: tile, mip tail, flags
 MEMORY_REQUIREMENTS = struct.Struct("<QQ16x")  # CUDA_ARRAY_MEMORY_REQUIREMENTS: size, alignment
@@ -214,6 +215,8 @@ class HostExecutor(Executor):
         self.arrays: dict[int, tuple[ArrayShape, bytearray]] = {}  # CUDA arrays: their shape and bytes
         self.array_device: dict[int, int] = {}  # CUDA array -> the device it was made on
         self.mipmaps: dict[int, list[int]] = {}  # mipmapped array -> its levels' arrays
+        # Multicast objects: handle -> [devices it spans, devices added, {(device, offset): bound size}]
+        self.multicast: dict[int, list] = {}
         self.planes: dict[tuple[int, int], int] = {}  # (NV12 array, plane) -> the plane's array
         self.tiles_mapped: dict[int, int] = {}  # sparse or deferred array -> tile ranges mapped to memory
         self.samplers: dict[int, tuple] = {}  # texture or surface -> its resource, texture, view descriptors
@@ -497,6 +500,56 @@ class HostExecutor(Executor):
         self.backing[imported] = self.backing[handle]
         return imported
 
+    # Multicast objects: a handle mapped as created memory is, with bytes of its own here (the GPU's switch
+    # copies a write through it to every bound memory, which this executor does not model); each device
+    # added, each binding kept and checked as the driver checks it.
+    def cuMulticastCreate(self, devices, size, flags):
+        if not size or size % MULTICAST_GRANULARITY:
+            raise CudaError(INVALID_VALUE, "a multicast object's size is a multiple of its granularity")
+        handle = next(self.ids)
+        self.created[handle], self.references[handle] = 0, 1
+        self.backing[handle] = bytearray(size)
+        self.multicast[handle] = [devices, set(), {}]
+        return handle
+
+    def _multicast(self, mc, offset, size) -> list:
+        if mc not in self.multicast or mc not in self.created:
+            raise CudaError(INVALID_VALUE, "not a multicast object")
+        if offset % MULTICAST_GRANULARITY or size % MULTICAST_GRANULARITY:
+            raise CudaError(INVALID_VALUE, "offsets and sizes are multiples of the granularity")
+        return self.multicast[mc]
+
+    def cuMulticastAddDevice(self, mc, dev):
+        devices, added, _ = self._multicast(mc, 0, 0)
+        if len(added | {self._device(dev)}) > devices:
+            raise CudaError(INVALID_VALUE, "more devices than the multicast object was made for")
+        added.add(dev)
+
+    def _bind(self, mc, mc_offset, device, size) -> None:
+        _, added, bound = self._multicast(mc, mc_offset, size)
+        if device not in added:
+            raise CudaError(CUresult.INVALID_DEVICE, "a device not added to the multicast object")
+        bound[device, mc_offset] = size
+
+    def cuMulticastBindMem(self, mc, mc_offset, memory, mem_offset, size, flags):
+        if memory not in self.created or memory in self.multicast:
+            raise CudaError(INVALID_HANDLE, "memory handle")
+        self._bind(mc, mc_offset, self.created[memory], size)
+
+    def cuMulticastBindAddr(self, mc, mc_offset, ptr, size, flags):
+        _, offset = self._find(ptr, size)
+        self._bind(mc, mc_offset, self.owner[ptr - offset], size)
+
+    def cuMulticastUnbind(self, mc, dev, mc_offset, size):
+        _, _, bound = self._multicast(mc, mc_offset, size)
+        if bound.get((dev, mc_offset)) != size:
+            raise CudaError(INVALID_VALUE, "not a binding of that device there")
+        del bound[dev, mc_offset]
+
+    def cuMulticastGetGranularity(self, devices, size, flags, option):
+        _in_range(option, range(2), "granularity option")  # MINIMUM, RECOMMENDED
+        return MULTICAST_GRANULARITY
+
     def cuMemRelease(self, handle):
         if handle not in self.created:
             raise CudaError(INVALID_VALUE)
@@ -504,6 +557,7 @@ class HostExecutor(Executor):
         if not self.references[handle]:
             del self.created[handle], self.references[handle]
             self.backing.pop(handle, None)  # its mappings keep the bytes while they last
+            self.multicast.pop(handle, None)
 
     def cuMemRetainAllocationHandle(self, addr):
         _, offset = self._find(addr, 0)

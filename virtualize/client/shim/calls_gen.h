@@ -588,6 +588,34 @@ GP_EXPORT CUresult cuMemRetainAllocationHandle(uint64_t *handle, uint64_t addr) 
     return r;
 }
 
+GP_EXPORT CUresult cuMulticastAddDevice(uint64_t mc, int32_t dev) {
+    GP_TRACE("cuMulticastAddDevice");
+    struct gp_in_cuMulticastAddDevice in = { .mc = mc, .dev = dev };
+    CUresult r = gp_call(GP_CALL_cuMulticastAddDevice, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuMulticastBindMem(uint64_t mc, uint64_t mc_offset, uint64_t memory, uint64_t mem_offset, uint64_t size, uint64_t flags) {
+    GP_TRACE("cuMulticastBindMem");
+    struct gp_in_cuMulticastBindMem in = { .mc = mc, .mc_offset = mc_offset, .memory = memory, .mem_offset = mem_offset, .size = size, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuMulticastBindMem, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuMulticastBindAddr(uint64_t mc, uint64_t mc_offset, uint64_t ptr, uint64_t size, uint64_t flags) {
+    GP_TRACE("cuMulticastBindAddr");
+    struct gp_in_cuMulticastBindAddr in = { .mc = mc, .mc_offset = mc_offset, .ptr = ptr, .size = size, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuMulticastBindAddr, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuMulticastUnbind(uint64_t mc, int32_t dev, uint64_t mc_offset, uint64_t size) {
+    GP_TRACE("cuMulticastUnbind");
+    struct gp_in_cuMulticastUnbind in = { .mc = mc, .dev = dev, .mc_offset = mc_offset, .size = size };
+    CUresult r = gp_call(GP_CALL_cuMulticastUnbind, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
 GP_EXPORT CUresult cuMemcpyDtoD_v2(uint64_t dst, uint64_t src, uint64_t count) {
     GP_TRACE("cuMemcpyDtoD_v2");
     gp_pinned_touch(dst);
@@ -1878,12 +1906,6 @@ GP_EXPORT CUresult cuMemsetD8(void) { return gp_unforwarded("cuMemsetD8"); }
 GP_EXPORT CUresult cuModuleGetGlobal(void) { return gp_unforwarded("cuModuleGetGlobal"); }
 GP_EXPORT CUresult cuModuleGetSurfRef(void) { return gp_unforwarded("cuModuleGetSurfRef"); }
 GP_EXPORT CUresult cuModuleGetTexRef(void) { return gp_unforwarded("cuModuleGetTexRef"); }
-GP_EXPORT CUresult cuMulticastAddDevice(void) { return gp_unforwarded("cuMulticastAddDevice"); }
-GP_EXPORT CUresult cuMulticastBindAddr(void) { return gp_unforwarded("cuMulticastBindAddr"); }
-GP_EXPORT CUresult cuMulticastBindMem(void) { return gp_unforwarded("cuMulticastBindMem"); }
-GP_EXPORT CUresult cuMulticastCreate(void) { return gp_unforwarded("cuMulticastCreate"); }
-GP_EXPORT CUresult cuMulticastGetGranularity(void) { return gp_unforwarded("cuMulticastGetGranularity"); }
-GP_EXPORT CUresult cuMulticastUnbind(void) { return gp_unforwarded("cuMulticastUnbind"); }
 GP_EXPORT CUresult cuParamSetTexRef(void) { return gp_unforwarded("cuParamSetTexRef"); }
 GP_EXPORT CUresult cuProfilerInitialize(void) { return gp_unforwarded("cuProfilerInitialize"); }
 GP_EXPORT CUresult cuSignalExternalSemaphoresAsync(void) { return gp_unforwarded("cuSignalExternalSemaphoresAsync"); }
@@ -1973,7 +1995,8 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuProfilerInitialize", "profiler initialisation: refused"},
     {"cuDeviceGetLuid", "Windows-only queries: refused"},
     {"cuMemBatchDecompressAsync", "batched decompression: not forwarded yet"},
-    {"cuMulticast*", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
+    {"cuMulticastBindMem_v2", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
+    {"cuMulticastBindAddr_v2", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuLogicalEndpoint*", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuFabricCpyBatchAsync", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuDeviceGetFabricClusterUuid", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
@@ -2339,6 +2362,12 @@ static const struct gp_proc gp_procs[] = {
     {"cuModuleLoadDataEx", 2010, (void *)cuModuleLoadDataEx},
     {"cuModuleLoadFatBinary", 2000, (void *)cuModuleLoadFatBinary},
     {"cuModuleUnload", 2000, (void *)cuModuleUnload},
+    {"cuMulticastAddDevice", 12010, (void *)cuMulticastAddDevice},
+    {"cuMulticastBindAddr", 12010, (void *)cuMulticastBindAddr},
+    {"cuMulticastBindMem", 12010, (void *)cuMulticastBindMem},
+    {"cuMulticastCreate", 12010, (void *)cuMulticastCreate},
+    {"cuMulticastGetGranularity", 12010, (void *)cuMulticastGetGranularity},
+    {"cuMulticastUnbind", 12010, (void *)cuMulticastUnbind},
     {"cuOccupancyAvailableDynamicSMemPerBlock", 10020, (void *)cuOccupancyAvailableDynamicSMemPerBlock},
     {"cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050, (void *)cuOccupancyMaxActiveBlocksPerMultiprocessor},
     {"cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 7000, (void *)cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags},
