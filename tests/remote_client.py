@@ -3147,6 +3147,85 @@ def scenario_arrays_rest():
     say("finished", 1)
 
 
+def scenario_texture_references():
+    """Legacy texture and surface references of a module: found by name, bound to an array, to memory and
+    to 2D rows of it, their settings set and read back, a surface reference bound to an array made for
+    surfaces, one created and destroyed, one given to a function's legacy launches; what is not the
+    lease's, or past its memory, refused; a module's references gone with it."""
+    setup()
+    module, tex, surf, other, fill = c_u64(), c_u64(), c_u64(), c_u64(), c_u64()
+    image = b"// module\n.global .texref tex_in;\n.global .surfref surf_out;\n"
+    check(cu.cuModuleLoadData(ctypes.byref(module), image), "load")
+    check(cu.cuModuleGetTexRef(ctypes.byref(tex), module, b"tex_in"), "texture reference")
+    check(cu.cuModuleGetSurfRef(ctypes.byref(surf), module, b"surf_out"), "surface reference")
+    say(
+        "same_again",
+        cu.cuModuleGetTexRef(ctypes.byref(other), module, b"tex_in") == 0 and other.value == tex.value,
+    )
+    say("unknown_name", cu.cuModuleGetTexRef(ctypes.byref(other), module, b"nothing"))
+    say("surface_as_texture", cu.cuModuleGetTexRef(ctypes.byref(other), module, b"surf_out"))
+    array, surface_array, back = c_u64(), c_u64(), c_u64()
+    check(cu.cuArray3DCreate(ctypes.byref(array), ctypes.byref(Array3DDesc(64, 32, 0, FLOAT, 1, 0))), "array")
+    check(cu.cuTexRefSetArray(tex, array, 1), "bind the array")  # CU_TRSA_OVERRIDE_FORMAT
+    check(cu.cuTexRefGetArray(ctypes.byref(back), tex), "its array")
+    say("array_back", back.value == array.value)
+    rc, ptr = alloc(4096)
+    check(rc, "alloc")
+    offset, address = c_u64(1), c_u64()
+    check(cu.cuTexRefSetAddress(ctypes.byref(offset), tex, c_u64(ptr), c_u64(4096)), "bind memory")
+    check(cu.cuTexRefGetAddress(ctypes.byref(address), tex), "its address")
+    say("address_back", (offset.value, address.value == ptr))
+    say("address_past_memory", cu.cuTexRefSetAddress(ctypes.byref(offset), tex, c_u64(ptr), c_u64(8192)))
+    say("address_not_the_leases",
+        cu.cuTexRefSetAddress(ctypes.byref(offset), tex, c_u64(0x7123_4560_0000), c_u64(16)))  # fmt: skip
+    check(
+        cu.cuTexRefSetAddress2D(tex, ctypes.byref(ArrayDesc(16, 16, FLOAT, 1)), c_u64(ptr), c_u64(256)),
+        "2D rows",
+    )
+    say("rows_past_memory", cu.cuTexRefSetAddress2D(tex, ctypes.byref(ArrayDesc(16, 32, FLOAT, 1)), c_u64(ptr),
+                                                    c_u64(256)))  # fmt: skip
+    check(cu.cuTexRefSetFormat(tex, U8, 2), "format")
+    check(cu.cuTexRefSetAddressMode(tex, 1, 2), "address mode")  # dimension 1: CU_TR_ADDRESS_MODE_MIRROR
+    check(cu.cuTexRefSetFilterMode(tex, 1), "filter")
+    check(cu.cuTexRefSetMipmapFilterMode(tex, 1), "mipmap filter")
+    check(cu.cuTexRefSetMipmapLevelBias(tex, ctypes.c_float(0.5)), "bias")
+    check(cu.cuTexRefSetMipmapLevelClamp(tex, ctypes.c_float(0.25), ctypes.c_float(3.0)), "clamp")
+    check(cu.cuTexRefSetMaxAnisotropy(tex, 4), "anisotropy")
+    check(cu.cuTexRefSetBorderColor(tex, (ctypes.c_float * 4)(0.125, 0.25, 0.5, 1.0)), "border")
+    check(cu.cuTexRefSetFlags(tex, 2), "flags")  # CU_TRSF_NORMALIZED_COORDINATES
+    fmt, channels, mode, filt, mip, aniso, flags = (ctypes.c_int() for _ in range(7))
+    bias, low, high, border = ctypes.c_float(), ctypes.c_float(), ctypes.c_float(), (ctypes.c_float * 4)()
+    check(cu.cuTexRefGetFormat(ctypes.byref(fmt), ctypes.byref(channels), tex), "get format")
+    check(cu.cuTexRefGetAddressMode(ctypes.byref(mode), tex, 1), "get mode")
+    check(cu.cuTexRefGetFilterMode(ctypes.byref(filt), tex), "get filter")
+    check(cu.cuTexRefGetMipmapFilterMode(ctypes.byref(mip), tex), "get mipmap filter")
+    check(cu.cuTexRefGetMipmapLevelBias(ctypes.byref(bias), tex), "get bias")
+    check(cu.cuTexRefGetMipmapLevelClamp(ctypes.byref(low), ctypes.byref(high), tex), "get clamp")
+    check(cu.cuTexRefGetMaxAnisotropy(ctypes.byref(aniso), tex), "get anisotropy")
+    check(cu.cuTexRefGetBorderColor(border, tex), "get border")
+    check(cu.cuTexRefGetFlags(ctypes.byref(flags), tex), "get flags")
+    say("settings", (fmt.value, channels.value, mode.value, filt.value, mip.value, bias.value, low.value,
+                     high.value, aniso.value, tuple(border), flags.value))  # fmt: skip
+    check(cu.cuArray3DCreate(ctypes.byref(surface_array), ctypes.byref(Array3DDesc(64, 32, 0, FLOAT, 1, 2))),
+          "surface array")  # fmt: skip
+    check(cu.cuSurfRefSetArray(surf, surface_array, 0), "bind the surface")
+    check(cu.cuSurfRefGetArray(ctypes.byref(back), surf), "its array")
+    say("surface_array_back", back.value == surface_array.value)
+    say("surface_over_foreign_array", cu.cuSurfRefSetArray(surf, c_u64(0x4242), 0))
+    say("foreign_reference", cu.cuTexRefSetFlags(c_u64(0x4242), 0))
+    made = c_u64()
+    check(cu.cuTexRefCreate(ctypes.byref(made)), "create")
+    check(cu.cuTexRefDestroy(made), "destroy")
+    say("destroyed_twice", cu.cuTexRefDestroy(made))
+    check(cu.cuModuleGetFunction(ctypes.byref(fill), module, b"fill_u32"), "function")
+    check(cu.cuParamSetTexRef(fill, -1, tex), "legacy launch's texture")  # CU_PARAM_TR_DEFAULT
+    check(cu.cuModuleUnload(module), "unload")
+    say("after_unload", cu.cuTexRefSetFlags(tex, 0))
+    for handle in (array, surface_array):
+        check(cu.cuArrayDestroy(handle), "destroy array")
+    say("finished", 1)
+
+
 def scenario_pitched_and_context():
     """Pitched allocations and 2D memsets (rows apart by the pitch, one memset when they touch), a
     library read from a file, a context's flags and events."""

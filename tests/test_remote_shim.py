@@ -460,6 +460,23 @@ def test_planes_sparse_and_deferred_arrays_and_their_tile_mappings_are_forwarded
     assert "gpupool:" not in err
 
 
+def test_legacy_texture_and_surface_references_bind_only_the_leases_arrays_and_memory(shim_dir, worker):
+    """A module's texture and surface references are found by name (one handle per name), bound to an
+    array, to memory and to rows of it, their settings read back as set, a surface reference bound to an
+    array made for surfaces; memory past an allocation or not the lease's, arrays and references not the
+    lease's, a reference destroyed twice or after its module's unload are refused."""
+    out, err = run_client("texture_references", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert out["same_again"] == out["array_back"] == out["surface_array_back"] == "True"
+    assert out["unknown_name"] == out["surface_as_texture"] == "500"  # CUDA_ERROR_NOT_FOUND
+    assert out["address_back"] == "(0, True)"
+    assert out["address_past_memory"] == out["address_not_the_leases"] == out["rows_past_memory"] == "1"
+    assert out["settings"] == "(1, 2, 2, 1, 1, 0.5, 0.25, 3.0, 4, (0.125, 0.25, 0.5, 1.0), 2)"
+    assert out["surface_over_foreign_array"] == out["foreign_reference"] == "400"  # CUDA_ERROR_INVALID_HANDLE
+    assert out["destroyed_twice"] == out["after_unload"] == "400"
+    assert "gpupool:" not in err
+
+
 def test_pitched_memory_2d_memsets_a_library_file_and_context_settings_are_forwarded(shim_dir, worker):
     """Pitched memory and 2D memsets, a library from a file, a context's flags and events behave as natively."""
     out, err = run_client("pitched_and_context", client_env(shim_dir, worker))

@@ -29,6 +29,7 @@ HANDLE_TYPES = (
     "array", "mipmap",  # a CUarray, a CUmipmappedArray
     "texobj", "surfobj",  # a CUtexObject, a CUsurfObject
     "greenctx", "devres", "resdesc",  # a CUgreenCtx, a CUdevResource (its id), a CUdevResourceDesc
+    "texref", "surfref",  # a CUtexref, a CUsurfref (legacy texture and surface references)
 )  # fmt: skip
 SCALAR_TYPES = {"i32": "i", "u32": "I", "u64": "Q", "u8": "B", "u16": "H", "f32": "f", "dptr": "Q"}
 SCALAR_TYPES.update(dict.fromkeys(HANDLE_TYPES, "Q"))
@@ -551,6 +552,46 @@ CALLS: tuple[Call, ...] = (
     _c("cuTexObjectGetTextureDesc", 5000, "ptr desc, texobj tex", custom=True, wire="texobj tex"),
     _c("cuTexObjectGetResourceViewDesc", 5000, "ptr desc, texobj tex", custom=True, wire="texobj tex"),
     _c("cuSurfObjectGetResourceDesc", 5000, "ptr desc, surfobj surf", custom=True, wire="surfobj surf"),
+    # Legacy texture and surface references (deprecated since CUDA 11; a module's, or cuTexRefCreate's): the
+    # worker's driver's objects, handles of the lease (a module's go with it). What one binds is checked as
+    # a texture object's resource is: an array or mipmapped array of the lease, or a range of its memory
+    # (cuTexRefSetAddress's bytes, cuTexRefSetAddress2D's rows: the descriptor's fields travel).
+    _c("cuModuleGetTexRef", 2000, "o_texref tex, module module, cstr name"),
+    _c("cuModuleGetSurfRef", 3000, "o_surfref surf, module module, cstr name"),
+    _c("cuTexRefCreate", 2000, "o_texref tex"),
+    _c("cuTexRefDestroy", 2000, "texref tex"),
+    _c("cuTexRefSetArray", 2000, "texref tex, array array, u32 flags"),
+    _c("cuTexRefSetMipmappedArray", 5000, "texref tex, mipmap mipmap, u32 flags"),
+    _c("cuTexRefSetAddress", 3020, "o_u64 offset, texref tex, dptr ptr, u64 bytes", symbol="cuTexRefSetAddress_v2"),
+    _c("cuTexRefSetAddress2D", 4010, "texref tex, ptr desc, dptr ptr, u64 pitch", symbol="cuTexRefSetAddress2D_v3",
+       custom=True, wire="texref tex, dptr ptr, u64 pitch, u64 width, u64 height, i32 format, u32 channels"),
+    _c("cuTexRefSetFormat", 2000, "texref tex, i32 format, i32 components"),
+    _c("cuTexRefSetAddressMode", 2000, "texref tex, i32 dim, i32 mode"),
+    _c("cuTexRefSetFilterMode", 2000, "texref tex, i32 mode"),
+    _c("cuTexRefSetMipmapFilterMode", 5000, "texref tex, i32 mode"),
+    _c("cuTexRefSetMipmapLevelBias", 5000, "texref tex, f32 bias"),
+    _c("cuTexRefSetMipmapLevelClamp", 5000, "texref tex, f32 min_clamp, f32 max_clamp"),
+    _c("cuTexRefSetMaxAnisotropy", 5000, "texref tex, u32 max_aniso"),
+    _c("cuTexRefSetBorderColor", 8000, "texref tex, ptr color", custom=True,
+       wire="texref tex, f32 red, f32 green, f32 blue, f32 alpha"),
+    _c("cuTexRefSetFlags", 2000, "texref tex, u32 flags"),
+    _c("cuTexRefGetAddress", 3020, "o_u64 ptr, texref tex", symbol="cuTexRefGetAddress_v2"),
+    _c("cuTexRefGetArray", 2000, "o_array array, texref tex"),
+    _c("cuTexRefGetMipmappedArray", 5000, "o_mipmap mipmap, texref tex"),
+    _c("cuTexRefGetAddressMode", 2000, "o_i32 mode, texref tex, i32 dim"),
+    _c("cuTexRefGetFilterMode", 2000, "o_i32 mode, texref tex"),
+    _c("cuTexRefGetFormat", 2000, "o_i32 format, o_i32 channels, texref tex"),
+    _c("cuTexRefGetMipmapFilterMode", 5000, "o_i32 mode, texref tex"),
+    _c("cuTexRefGetMipmapLevelBias", 5000, "o_f32 bias, texref tex"),
+    _c("cuTexRefGetMipmapLevelClamp", 5000, "o_f32 min_clamp, o_f32 max_clamp, texref tex"),
+    _c("cuTexRefGetMaxAnisotropy", 5000, "o_i32 max_aniso, texref tex"),
+    _c("cuTexRefGetBorderColor", 8000, "ptr color, texref tex", custom=True,
+       wire="o_f32 red, o_f32 green, o_f32 blue, o_f32 alpha, texref tex"),
+    _c("cuTexRefGetFlags", 2000, "o_u32 flags, texref tex"),
+    _c("cuSurfRefSetArray", 3000, "surfref surf, array array, u32 flags"),
+    _c("cuSurfRefGetArray", 3000, "o_array array, surfref surf"),
+    # Binds a texture reference to a function's legacy launches (CU_PARAM_TR_DEFAULT): the driver's answer.
+    _c("cuParamSetTexRef", 2000, "func func, i32 texunit, texref tex"),
     # -- memsets -------------------------------------------------------------------------------------
     _c("cuMemsetD8", 3020, "dptr dst, u8 value, u64 count", A, symbol="cuMemsetD8_v2"),
     _c("cuMemsetD16", 3020, "dptr dst, u16 value, u64 count", A, symbol="cuMemsetD16_v2"),
@@ -1059,6 +1100,7 @@ FORWARDED_LAUNCH_ATTRIBUTES = frozenset({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 1
 
 # The calls that end an object of the lease: call name -> the kind of handle its first parameter is.
 DESTROYS = {
+    "cuTexRefDestroy": "texref",
     "cuTexObjectDestroy": "texobj",
     "cuSurfObjectDestroy": "surfobj",
     "cuStreamDestroy": "stream",

@@ -211,16 +211,6 @@ GROUPS: tuple[Group, ...] = (
         "cuLibraryGetUnifiedFunction cuTensorMapSetAllocationClass",
     ),
     _g(
-        "legacy texture and surface references",
-        N,
-        """Deprecated since CUDA 11 (CUDA 12's compilers emit none): a module's texture or surface
-       reference is the worker's driver's object, forwardable as a handle of the lease once what it binds is
-       checked (an address range of the lease's memory, an array or mipmapped array of the lease) and its
-       descriptor fields are carried; cuParamSetTexRef binds one to the legacy launch's parameters. Not built
-       yet; the legacy launch API itself is served in the client.""",
-        "cuTexRef* cuSurfRef* cuModuleGetTexRef cuModuleGetSurfRef cuParamSetTexRef",
-    ),
-    _g(
         "green contexts and execution affinity",
         N,
         """CUDA 13.1's calls (cuDevSmResourceSplit's structured groups, a stream's resources)

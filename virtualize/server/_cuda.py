@@ -54,6 +54,7 @@ CANNOT_MOVE = {
     "link": "a link in progress (cuLinkCreate)", "array": "CUDA arrays", "mipmap": "mipmapped arrays",
     "texobj": "texture objects", "surfobj": "surface objects",
     "vmem": "memory of the virtual memory API it made itself (cuMemCreate)",
+    "texref": "texture references", "surfref": "surface references",
 }  # fmt: skip
 SMALL_COPY = 256 << 10  # up to this, copies go through pageable memory (one driver call)
 STAGING_CHUNK = 8 << 20
@@ -356,7 +357,8 @@ class CudaExecutor(Executor):
         self._host_thunk_fn = driver.CUhostFn(ctypes.cast(self._host_thunk, ctypes.c_void_p).value)
         self.pinned = _PinnedPool()  # buffers of asynchronous copies to the client
         self.stream_marks = True  # whether the streams write copies' marks (stream memory operations)
-        self.tensor_map_functions: dict[str, Callable[..., int]] = {}  # the driver's, for aligned maps
+        # the driver's own entry points called through ctypes: tensor maps (aligned), border colors (float[4])
+        self.driver_functions: dict[str, Callable[..., int]] = {}
         # Green contexts: the driver's CUdevResource structs by the ids the client holds, each green
         # context's device, and the ids' source.
         self.resources: dict[int, driver.CUdevResource] = {}
@@ -698,16 +700,19 @@ class CudaExecutor(Executor):
         )
 
     def _tensor_map_function(self, name: str):
-        """The driver's own entry point for a tensor-map call, as a ctypes function (looked up once)."""
-        function = self.tensor_map_functions.get(name)
+        version, argtypes = TENSOR_MAP_CALLS[name]
+        return self._driver_function(name, version, (ctypes.c_void_p, *argtypes))
+
+    def _driver_function(self, name: str, version: int, argtypes: tuple):
+        """The driver's own entry point `name`, as a ctypes function returning a CUresult (looked up once)."""
+        function = self.driver_functions.get(name)
         if function is None:
-            version, argtypes = TENSOR_MAP_CALLS[name]
             flags = driver.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
             pfn, _status = _ok(driver.cuGetProcAddress(name.encode(), version, flags))
             if not _int(pfn):
                 raise CudaError(NOT_SUPPORTED, f"the driver has no {name}")
-            function = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *argtypes)(_int(pfn))
-            self.tensor_map_functions[name] = function
+            function = ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(_int(pfn))
+            self.driver_functions[name] = function
         return function
 
     def launch_host_func(self, stream, fn) -> None:
@@ -911,6 +916,118 @@ class CudaExecutor(Executor):
             raw[MAP_INFO_DEVICES : MAP_INFO_DEVICES + 4] = mask.to_bytes(4, "little")
             infos.append(self._struct(driver.CUarrayMapInfo, bytes(raw)))
         _ok(driver.cuMemMapArrayAsync(infos, len(infos), self._stream(stream)))
+
+    # Legacy texture and surface references (what they bind checked by the guard).
+    def cuModuleGetTexRef(self, module, name):
+        return _int(_ok(driver.cuModuleGetTexRef(driver.CUmodule(module), name.encode())))
+
+    def cuModuleGetSurfRef(self, module, name):
+        return _int(_ok(driver.cuModuleGetSurfRef(driver.CUmodule(module), name.encode())))
+
+    def cuTexRefCreate(self):
+        return _int(_ok(driver.cuTexRefCreate()))
+
+    def cuTexRefDestroy(self, tex):
+        _ok(driver.cuTexRefDestroy(driver.CUtexref(tex)))
+
+    def cuTexRefSetArray(self, tex, array, flags):
+        _ok(driver.cuTexRefSetArray(driver.CUtexref(tex), driver.CUarray(array), flags))
+
+    def cuTexRefSetMipmappedArray(self, tex, mipmap, flags):
+        _ok(driver.cuTexRefSetMipmappedArray(driver.CUtexref(tex), driver.CUmipmappedArray(mipmap), flags))
+
+    def cuTexRefSetAddress(self, tex, ptr, size):
+        return int(_ok(driver.cuTexRefSetAddress(driver.CUtexref(tex), ptr, size)))
+
+    def cuTexRefSetAddress2D(self, tex, ptr, pitch, shape: ArrayShape):
+        desc = driver.CUDA_ARRAY_DESCRIPTOR()
+        desc.Width, desc.Height = shape.width, shape.height
+        desc.Format, desc.NumChannels = _enum(driver.CUarray_format, shape.format), shape.channels
+        _ok(driver.cuTexRefSetAddress2D(driver.CUtexref(tex), desc, ptr, pitch))
+
+    def cuTexRefSetFormat(self, tex, format_, components):
+        _ok(driver.cuTexRefSetFormat(driver.CUtexref(tex), _enum(driver.CUarray_format, format_), components))
+
+    def cuTexRefSetAddressMode(self, tex, dim, mode):
+        _ok(driver.cuTexRefSetAddressMode(driver.CUtexref(tex), dim, _enum(driver.CUaddress_mode, mode)))
+
+    def cuTexRefSetFilterMode(self, tex, mode):
+        _ok(driver.cuTexRefSetFilterMode(driver.CUtexref(tex), _enum(driver.CUfilter_mode, mode)))
+
+    def cuTexRefSetMipmapFilterMode(self, tex, mode):
+        _ok(driver.cuTexRefSetMipmapFilterMode(driver.CUtexref(tex), _enum(driver.CUfilter_mode, mode)))
+
+    def cuTexRefSetMipmapLevelBias(self, tex, bias):
+        _ok(driver.cuTexRefSetMipmapLevelBias(driver.CUtexref(tex), bias))
+
+    def cuTexRefSetMipmapLevelClamp(self, tex, min_clamp, max_clamp):
+        _ok(driver.cuTexRefSetMipmapLevelClamp(driver.CUtexref(tex), min_clamp, max_clamp))
+
+    def cuTexRefSetMaxAnisotropy(self, tex, max_aniso):
+        _ok(driver.cuTexRefSetMaxAnisotropy(driver.CUtexref(tex), max_aniso))
+
+    def cuTexRefSetFlags(self, tex, flags):
+        _ok(driver.cuTexRefSetFlags(driver.CUtexref(tex), flags))
+
+    def _border_color(self, name: str, tex: int, color) -> None:
+        """cuTexRefSetBorderColor / GetBorderColor through the driver's own entry point: a float[4] each way
+        (cuda.bindings passes one float)."""
+        function = self._driver_function(name, 8000, (ctypes.c_void_p, ctypes.c_void_p))
+        result = function(tex, color) if name.startswith("cuTexRefSet") else function(color, tex)
+        if result:
+            raise CudaError(result, name)
+
+    def cuTexRefSetBorderColor(self, tex, red, green, blue, alpha):
+        self._border_color("cuTexRefSetBorderColor", tex, (ctypes.c_float * 4)(red, green, blue, alpha))
+
+    def cuTexRefGetBorderColor(self, tex):
+        color = (ctypes.c_float * 4)()
+        self._border_color("cuTexRefGetBorderColor", tex, color)
+        return tuple(color)
+
+    def cuTexRefGetAddress(self, tex):
+        return _int(_ok(driver.cuTexRefGetAddress(driver.CUtexref(tex))))
+
+    def cuTexRefGetArray(self, tex):
+        return _int(_ok(driver.cuTexRefGetArray(driver.CUtexref(tex))))
+
+    def cuTexRefGetMipmappedArray(self, tex):
+        return _int(_ok(driver.cuTexRefGetMipmappedArray(driver.CUtexref(tex))))
+
+    def cuTexRefGetAddressMode(self, tex, dim):
+        return int(_ok(driver.cuTexRefGetAddressMode(driver.CUtexref(tex), dim)))
+
+    def cuTexRefGetFilterMode(self, tex):
+        return int(_ok(driver.cuTexRefGetFilterMode(driver.CUtexref(tex))))
+
+    def cuTexRefGetFormat(self, tex):
+        format_, channels = _ok(driver.cuTexRefGetFormat(driver.CUtexref(tex)))
+        return int(format_), int(channels)
+
+    def cuTexRefGetMipmapFilterMode(self, tex):
+        return int(_ok(driver.cuTexRefGetMipmapFilterMode(driver.CUtexref(tex))))
+
+    def cuTexRefGetMipmapLevelBias(self, tex):
+        return float(_ok(driver.cuTexRefGetMipmapLevelBias(driver.CUtexref(tex))))
+
+    def cuTexRefGetMipmapLevelClamp(self, tex):
+        low, high = _ok(driver.cuTexRefGetMipmapLevelClamp(driver.CUtexref(tex)))
+        return float(low), float(high)
+
+    def cuTexRefGetMaxAnisotropy(self, tex):
+        return int(_ok(driver.cuTexRefGetMaxAnisotropy(driver.CUtexref(tex))))
+
+    def cuTexRefGetFlags(self, tex):
+        return int(_ok(driver.cuTexRefGetFlags(driver.CUtexref(tex))))
+
+    def cuSurfRefSetArray(self, surf, array, flags):
+        _ok(driver.cuSurfRefSetArray(driver.CUsurfref(surf), driver.CUarray(array), flags))
+
+    def cuSurfRefGetArray(self, surf):
+        return _int(_ok(driver.cuSurfRefGetArray(driver.CUsurfref(surf))))
+
+    def cuParamSetTexRef(self, func, texunit, tex):
+        _ok(driver.cuParamSetTexRef(driver.CUfunction(func), texunit, driver.CUtexref(tex)))
 
     @staticmethod
     def _struct(kind, raw: bytes):

@@ -548,7 +548,7 @@ class Session:
     # -- plain calls: the table says everything ------------------------------------------------------
 
     def _plain(self, call: Call, ins: tuple):
-        self._check(call, ins)
+        self._check_ranges(call, ins)
         args = list(ins)
         for p in call.wire_params:
             if p.type == "cstr":
@@ -589,7 +589,7 @@ class Session:
             handles[gone].discard(ins[0])
             children = self.lease.children.pop(ins[0], ())  # a module's functions, a graph's nodes
             for child in children:
-                for kind in ("func", "kernel", "node", "graph"):
+                for kind in ("func", "kernel", "node", "graph", "texref", "surfref"):
                     handles[kind].discard(child)
                 self.lease.layouts.pop(child, None)
             for node in (ins[0], *children):  # what the graph calls keep about a node goes with it

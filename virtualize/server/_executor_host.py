@@ -98,6 +98,7 @@ CARVEOUT, MAX_DYNAMIC_SHARED = 9, 8  # CUfunction_attribute
 
 
 MULTICAST_GRANULARITY = 2 << 20
+SURFACE_LDST = 0x02  # CUDA_ARRAY3D_SURFACE_LDST
 TILE_BYTES, TILE_ROWS = 64 << 10, 128  # a sparse array's tile, as the GPUs' 64 KiB tiles are
 SPARSE_PROPERTIES = struct.Struct("<IIIIQI16x4x")  # CUDA_ARRAY_SPARSE_PROPERTIES: tile, mip tail, flags
 MEMORY_REQUIREMENTS = struct.Struct("<QQ16x")  # CUDA_ARRAY_MEMORY_REQUIREMENTS: size, alignment
@@ -217,6 +218,9 @@ class HostExecutor(Executor):
         self.mipmaps: dict[int, list[int]] = {}  # mipmapped array -> its levels' arrays
         # Multicast objects: handle -> [devices it spans, devices added, {(device, offset): bound size}]
         self.multicast: dict[int, list] = {}
+        # Legacy texture and surface references: handle -> its settings; (module, name) -> its handle.
+        self.references_of: dict[int, dict] = {}
+        self.module_references: dict[tuple[int, str], list] = {}  # -> [a surface's, its handle once asked]
         self.planes: dict[tuple[int, int], int] = {}  # (NV12 array, plane) -> the plane's array
         self.tiles_mapped: dict[int, int] = {}  # sparse or deferred array -> tile ranges mapped to memory
         self.samplers: dict[int, tuple] = {}  # texture or surface -> its resource, texture, view descriptors
@@ -395,6 +399,150 @@ class HostExecutor(Executor):
                 raise CudaError(INVALID_HANDLE, "memory handle")
         for m in mappings:  # all checked: all done
             self.tiles_mapped[m.array] = self.tiles_mapped.get(m.array, 0) + (1 if m.operation == 1 else -1)
+
+    # Legacy texture and surface references: settings kept per reference, what they bind checked.
+    def _reference(self, module, name, surface: bool) -> int:
+        declared = self.module_references.get((module, name))
+        if declared is None or declared[0] != surface:
+            raise CudaError(NOT_FOUND, name)
+        if not declared[1]:  # one handle per name, as the driver gives
+            declared[1] = self.cuTexRefCreate()
+        return declared[1]
+
+    def cuModuleGetTexRef(self, module, name):
+        return self._reference(module, name, surface=False)
+
+    def cuModuleGetSurfRef(self, module, name):
+        return self._reference(module, name, surface=True)
+
+    def cuTexRefCreate(self):
+        handle = next(self.ids)
+        self.references_of[handle] = {
+            "array": 0, "mipmap": 0, "address": 0, "format": (0x20, 1), "modes": [0, 0, 0], "filter": 0,
+            "mipmap_filter": 0, "bias": 0.0, "clamp": (0.0, 0.0), "anisotropy": 1, "border": (0.0,) * 4,
+            "flags": 0,
+        }  # fmt: skip
+        return handle
+
+    def _texref(self, tex) -> dict:
+        if tex not in self.references_of:
+            raise CudaError(INVALID_HANDLE, "texture reference")
+        return self.references_of[tex]
+
+    def cuTexRefDestroy(self, tex):
+        self._texref(tex)
+        del self.references_of[tex]
+
+    def _bind_reference(self, tex, array=0, mipmap=0, address=0) -> None:
+        self._texref(tex).update(array=array, mipmap=mipmap, address=address)
+
+    def cuTexRefSetArray(self, tex, array, flags):
+        self._array(array)
+        self._bind_reference(tex, array=array)
+
+    def cuTexRefSetMipmappedArray(self, tex, mipmap, flags):
+        self._levels(mipmap)
+        self._bind_reference(tex, mipmap=mipmap)
+
+    def cuTexRefSetAddress(self, tex, ptr, size):
+        self._find(ptr, size)
+        self._bind_reference(tex, address=ptr)
+        return 0  # no offset: any address is aligned here
+
+    def cuTexRefSetAddress2D(self, tex, ptr, pitch, shape):
+        self._find(ptr, pitch * (shape.rows - 1) + shape.row_bytes)
+        self._bind_reference(tex, address=ptr)
+        self._texref(tex)["format"] = (shape.format, shape.channels)
+
+    def _set(self, tex, field, value, allowed: range | None = None):
+        if allowed is not None:
+            _in_range(value, allowed, field)
+        self._texref(tex)[field] = value
+
+    def cuTexRefSetFormat(self, tex, format_, components):
+        if format_ not in FORMAT_BYTES or components not in (1, 2, 4):
+            raise CudaError(INVALID_VALUE, "texture format")
+        self._set(tex, "format", (format_, components))
+
+    def cuTexRefSetAddressMode(self, tex, dim, mode):
+        _in_range(mode, range(4), "address mode")  # WRAP, CLAMP, MIRROR, BORDER
+        self._texref(tex)["modes"][_in_range(dim, range(3), "dimension")] = mode
+
+    def cuTexRefSetFilterMode(self, tex, mode):
+        self._set(tex, "filter", mode, range(2))  # POINT, LINEAR
+
+    def cuTexRefSetMipmapFilterMode(self, tex, mode):
+        self._set(tex, "mipmap_filter", mode, range(2))
+
+    def cuTexRefSetMipmapLevelBias(self, tex, bias):
+        self._set(tex, "bias", bias)
+
+    def cuTexRefSetMipmapLevelClamp(self, tex, min_clamp, max_clamp):
+        self._set(tex, "clamp", (min_clamp, max_clamp))
+
+    def cuTexRefSetMaxAnisotropy(self, tex, max_aniso):
+        self._set(tex, "anisotropy", max_aniso, range(1, 17))
+
+    def cuTexRefSetBorderColor(self, tex, red, green, blue, alpha):
+        self._set(tex, "border", (red, green, blue, alpha))
+
+    def cuTexRefSetFlags(self, tex, flags):
+        self._set(tex, "flags", flags, range(0x10))  # READ_AS_INTEGER, NORMALIZED_COORDINATES, SRGB, ...
+
+    def _bound(self, tex, field) -> int:
+        value = self._texref(tex)[field]
+        if not value:
+            raise CudaError(INVALID_VALUE, f"the reference is not bound to {field}")
+        return value
+
+    def cuTexRefGetAddress(self, tex):
+        return self._bound(tex, "address")
+
+    def cuTexRefGetArray(self, tex):
+        return self._bound(tex, "array")
+
+    def cuTexRefGetMipmappedArray(self, tex):
+        return self._bound(tex, "mipmap")
+
+    def cuTexRefGetAddressMode(self, tex, dim):
+        return self._texref(tex)["modes"][_in_range(dim, range(3), "dimension")]
+
+    def cuTexRefGetFilterMode(self, tex):
+        return self._texref(tex)["filter"]
+
+    def cuTexRefGetFormat(self, tex):
+        return self._texref(tex)["format"]
+
+    def cuTexRefGetMipmapFilterMode(self, tex):
+        return self._texref(tex)["mipmap_filter"]
+
+    def cuTexRefGetMipmapLevelBias(self, tex):
+        return self._texref(tex)["bias"]
+
+    def cuTexRefGetMipmapLevelClamp(self, tex):
+        return self._texref(tex)["clamp"]
+
+    def cuTexRefGetMaxAnisotropy(self, tex):
+        return self._texref(tex)["anisotropy"]
+
+    def cuTexRefGetBorderColor(self, tex):
+        return self._texref(tex)["border"]
+
+    def cuTexRefGetFlags(self, tex):
+        return self._texref(tex)["flags"]
+
+    def cuSurfRefSetArray(self, surf, array, flags):
+        if not self._array(array).flags & SURFACE_LDST:
+            raise CudaError(INVALID_VALUE, "a surface reference binds an array made for surfaces")
+        self._bind_reference(surf, array=array)
+
+    def cuSurfRefGetArray(self, surf):
+        return self._bound(surf, "array")
+
+    def cuParamSetTexRef(self, func, texunit, tex):
+        self._texref(tex)
+        if texunit != -1:  # CU_PARAM_TR_DEFAULT, the one texture unit
+            raise CudaError(INVALID_VALUE, "texunit")
 
     def _sampler(self, res: bytes, tex: bytes = b"", view: bytes | None = None) -> int:
         handle = next(self.ids)
@@ -998,6 +1146,9 @@ class HostExecutor(Executor):
             raise CudaError(CUresult.INVALID_IMAGE, "empty image")
         handle = next(self.ids)
         self.ptx_kernels[handle] = ptx_layouts(image)
+        # the texture and surface references the image declares (`.global .texref name;`)
+        for kind, name in re.findall(rb"\.(tex|surf)ref\s+(\w+)\s*;", image):
+            self.module_references[handle, name.decode()] = [kind == b"surf", 0]
         return handle
 
     def cuModuleLoadData(self, image):

@@ -62,6 +62,7 @@ class ArrayCalls(Concern):
         "cuTexObjectGetTextureDesc": "object_descriptor",
         "cuTexObjectGetResourceViewDesc": "object_descriptor",
         "cuSurfObjectGetResourceDesc": "object_descriptor",
+        "cuTexRefSetAddress2D_v3": "texture_reference_2d",
     }
 
     def __init__(self, session) -> None:
@@ -203,6 +204,19 @@ class ArrayCalls(Concern):
         surf = self.session.executor.cuSurfObjectCreate(raw)
         self.session.lease.handles["surfobj"].add(surf)
         return struct.pack("<Q", surf), b""
+
+    def texture_reference_2d(self, call: Call, ins: tuple):
+        """cuTexRefSetAddress2D: rows of `pitch` bytes of the lease's memory, as many as the descriptor has,
+        each as wide as its format says."""
+        self.session._check(call, ins)
+        tex, ptr, pitch, width, height, format_, channels = ins
+        row = ArrayShape(width, height, 0, format_, channels).row_bytes
+        if not height or pitch < row:
+            raise CudaError(INVALID_VALUE, "a pitch shorter than a row, or no rows")
+        self.session._check_range(ptr, pitch * (height - 1) + row)
+        self.session.executor.cuTexRefSetAddress2D(
+            tex, ptr, pitch, ArrayShape(width, height, 0, format_, channels)
+        )
 
     def object_descriptor(self, call: Call, ins: tuple):
         """A texture's or surface's descriptor, a sparse array's properties or an array's memory

@@ -24,6 +24,7 @@ DEVICE_RANGES: dict[str, tuple[tuple[str, str], ...]] = {
         ("cuMemcpyDtoD_v2", "cuMemcpyDtoDAsync_v2", "cuMemcpyPeer", "cuMemcpyPeerAsync"),
         (("dst", "count"), ("src", "count")),
     ),
+    "cuTexRefSetAddress_v2": (("ptr", "bytes"),),  # the bytes a texture reference reads
 }
 # The client's page-locked memory shared with the worker (gpPinnedShare) each call names, as (address,
 # length) wire parameters: `CopyCalls._pinned_at`.

@@ -704,6 +704,294 @@ GP_EXPORT CUresult cuSurfObjectDestroy(uint64_t surf) {
     return r;
 }
 
+GP_EXPORT CUresult cuModuleGetTexRef(uint64_t *tex, uint64_t module, const char *name) {
+    GP_TRACE("cuModuleGetTexRef");
+    if (!tex) return CUDA_ERROR_INVALID_VALUE;
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuModuleGetTexRef in = { .module = module };
+    struct gp_out_cuModuleGetTexRef out;
+    CUresult r = gp_call(GP_CALL_cuModuleGetTexRef, GP_FLAG_WANTS_REPLY, &in, sizeof in, name, strlen(name) + 1, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *tex = (uint64_t)out.tex;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuModuleGetSurfRef(uint64_t *surf, uint64_t module, const char *name) {
+    GP_TRACE("cuModuleGetSurfRef");
+    if (!surf) return CUDA_ERROR_INVALID_VALUE;
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuModuleGetSurfRef in = { .module = module };
+    struct gp_out_cuModuleGetSurfRef out;
+    CUresult r = gp_call(GP_CALL_cuModuleGetSurfRef, GP_FLAG_WANTS_REPLY, &in, sizeof in, name, strlen(name) + 1, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *surf = (uint64_t)out.surf;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefCreate(uint64_t *tex) {
+    GP_TRACE("cuTexRefCreate");
+    if (!tex) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_out_cuTexRefCreate out;
+    CUresult r = gp_call(GP_CALL_cuTexRefCreate, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *tex = (uint64_t)out.tex;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefDestroy(uint64_t tex) {
+    GP_TRACE("cuTexRefDestroy");
+    struct gp_in_cuTexRefDestroy in = { .tex = tex };
+    CUresult r = gp_call(GP_CALL_cuTexRefDestroy, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefSetArray(uint64_t tex, uint64_t array, uint32_t flags) {
+    GP_TRACE("cuTexRefSetArray");
+    struct gp_in_cuTexRefSetArray in = { .tex = tex, .array = array, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuTexRefSetArray, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefSetMipmappedArray(uint64_t tex, uint64_t mipmap, uint32_t flags) {
+    GP_TRACE("cuTexRefSetMipmappedArray");
+    struct gp_in_cuTexRefSetMipmappedArray in = { .tex = tex, .mipmap = mipmap, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuTexRefSetMipmappedArray, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefSetAddress_v2(uint64_t *offset, uint64_t tex, uint64_t ptr, uint64_t bytes) {
+    GP_TRACE("cuTexRefSetAddress_v2");
+    if (!offset) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefSetAddress_v2 in = { .tex = tex, .ptr = ptr, .bytes = bytes };
+    struct gp_out_cuTexRefSetAddress_v2 out;
+    CUresult r = gp_call(GP_CALL_cuTexRefSetAddress_v2, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *offset = (uint64_t)out.offset;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefSetFormat(uint64_t tex, int32_t format, int32_t components) {
+    GP_TRACE("cuTexRefSetFormat");
+    struct gp_in_cuTexRefSetFormat in = { .tex = tex, .format = format, .components = components };
+    CUresult r = gp_call(GP_CALL_cuTexRefSetFormat, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefSetAddressMode(uint64_t tex, int32_t dim, int32_t mode) {
+    GP_TRACE("cuTexRefSetAddressMode");
+    struct gp_in_cuTexRefSetAddressMode in = { .tex = tex, .dim = dim, .mode = mode };
+    CUresult r = gp_call(GP_CALL_cuTexRefSetAddressMode, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefSetFilterMode(uint64_t tex, int32_t mode) {
+    GP_TRACE("cuTexRefSetFilterMode");
+    struct gp_in_cuTexRefSetFilterMode in = { .tex = tex, .mode = mode };
+    CUresult r = gp_call(GP_CALL_cuTexRefSetFilterMode, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefSetMipmapFilterMode(uint64_t tex, int32_t mode) {
+    GP_TRACE("cuTexRefSetMipmapFilterMode");
+    struct gp_in_cuTexRefSetMipmapFilterMode in = { .tex = tex, .mode = mode };
+    CUresult r = gp_call(GP_CALL_cuTexRefSetMipmapFilterMode, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefSetMipmapLevelBias(uint64_t tex, float bias) {
+    GP_TRACE("cuTexRefSetMipmapLevelBias");
+    struct gp_in_cuTexRefSetMipmapLevelBias in = { .tex = tex, .bias = bias };
+    CUresult r = gp_call(GP_CALL_cuTexRefSetMipmapLevelBias, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefSetMipmapLevelClamp(uint64_t tex, float min_clamp, float max_clamp) {
+    GP_TRACE("cuTexRefSetMipmapLevelClamp");
+    struct gp_in_cuTexRefSetMipmapLevelClamp in = { .tex = tex, .min_clamp = min_clamp, .max_clamp = max_clamp };
+    CUresult r = gp_call(GP_CALL_cuTexRefSetMipmapLevelClamp, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefSetMaxAnisotropy(uint64_t tex, uint32_t max_aniso) {
+    GP_TRACE("cuTexRefSetMaxAnisotropy");
+    struct gp_in_cuTexRefSetMaxAnisotropy in = { .tex = tex, .max_aniso = max_aniso };
+    CUresult r = gp_call(GP_CALL_cuTexRefSetMaxAnisotropy, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefSetFlags(uint64_t tex, uint32_t flags) {
+    GP_TRACE("cuTexRefSetFlags");
+    struct gp_in_cuTexRefSetFlags in = { .tex = tex, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuTexRefSetFlags, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefGetAddress_v2(uint64_t *ptr, uint64_t tex) {
+    GP_TRACE("cuTexRefGetAddress_v2");
+    if (!ptr) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetAddress_v2 in = { .tex = tex };
+    struct gp_out_cuTexRefGetAddress_v2 out;
+    CUresult r = gp_call(GP_CALL_cuTexRefGetAddress_v2, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *ptr = (uint64_t)out.ptr;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefGetArray(uint64_t *array, uint64_t tex) {
+    GP_TRACE("cuTexRefGetArray");
+    if (!array) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetArray in = { .tex = tex };
+    struct gp_out_cuTexRefGetArray out;
+    CUresult r = gp_call(GP_CALL_cuTexRefGetArray, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *array = (uint64_t)out.array;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefGetMipmappedArray(uint64_t *mipmap, uint64_t tex) {
+    GP_TRACE("cuTexRefGetMipmappedArray");
+    if (!mipmap) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetMipmappedArray in = { .tex = tex };
+    struct gp_out_cuTexRefGetMipmappedArray out;
+    CUresult r = gp_call(GP_CALL_cuTexRefGetMipmappedArray, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *mipmap = (uint64_t)out.mipmap;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefGetAddressMode(int32_t *mode, uint64_t tex, int32_t dim) {
+    GP_TRACE("cuTexRefGetAddressMode");
+    if (!mode) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetAddressMode in = { .tex = tex, .dim = dim };
+    struct gp_out_cuTexRefGetAddressMode out;
+    CUresult r = gp_call(GP_CALL_cuTexRefGetAddressMode, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *mode = (int32_t)out.mode;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefGetFilterMode(int32_t *mode, uint64_t tex) {
+    GP_TRACE("cuTexRefGetFilterMode");
+    if (!mode) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetFilterMode in = { .tex = tex };
+    struct gp_out_cuTexRefGetFilterMode out;
+    CUresult r = gp_call(GP_CALL_cuTexRefGetFilterMode, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *mode = (int32_t)out.mode;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefGetFormat(int32_t *format, int32_t *channels, uint64_t tex) {
+    GP_TRACE("cuTexRefGetFormat");
+    if (!format) return CUDA_ERROR_INVALID_VALUE;
+    if (!channels) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetFormat in = { .tex = tex };
+    struct gp_out_cuTexRefGetFormat out;
+    CUresult r = gp_call(GP_CALL_cuTexRefGetFormat, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *format = (int32_t)out.format;
+        *channels = (int32_t)out.channels;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefGetMipmapFilterMode(int32_t *mode, uint64_t tex) {
+    GP_TRACE("cuTexRefGetMipmapFilterMode");
+    if (!mode) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetMipmapFilterMode in = { .tex = tex };
+    struct gp_out_cuTexRefGetMipmapFilterMode out;
+    CUresult r = gp_call(GP_CALL_cuTexRefGetMipmapFilterMode, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *mode = (int32_t)out.mode;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefGetMipmapLevelBias(float *bias, uint64_t tex) {
+    GP_TRACE("cuTexRefGetMipmapLevelBias");
+    if (!bias) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetMipmapLevelBias in = { .tex = tex };
+    struct gp_out_cuTexRefGetMipmapLevelBias out;
+    CUresult r = gp_call(GP_CALL_cuTexRefGetMipmapLevelBias, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *bias = (float)out.bias;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefGetMipmapLevelClamp(float *min_clamp, float *max_clamp, uint64_t tex) {
+    GP_TRACE("cuTexRefGetMipmapLevelClamp");
+    if (!min_clamp) return CUDA_ERROR_INVALID_VALUE;
+    if (!max_clamp) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetMipmapLevelClamp in = { .tex = tex };
+    struct gp_out_cuTexRefGetMipmapLevelClamp out;
+    CUresult r = gp_call(GP_CALL_cuTexRefGetMipmapLevelClamp, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *min_clamp = (float)out.min_clamp;
+        *max_clamp = (float)out.max_clamp;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefGetMaxAnisotropy(int32_t *max_aniso, uint64_t tex) {
+    GP_TRACE("cuTexRefGetMaxAnisotropy");
+    if (!max_aniso) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetMaxAnisotropy in = { .tex = tex };
+    struct gp_out_cuTexRefGetMaxAnisotropy out;
+    CUresult r = gp_call(GP_CALL_cuTexRefGetMaxAnisotropy, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *max_aniso = (int32_t)out.max_aniso;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefGetFlags(uint32_t *flags, uint64_t tex) {
+    GP_TRACE("cuTexRefGetFlags");
+    if (!flags) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetFlags in = { .tex = tex };
+    struct gp_out_cuTexRefGetFlags out;
+    CUresult r = gp_call(GP_CALL_cuTexRefGetFlags, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *flags = (uint32_t)out.flags;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuSurfRefSetArray(uint64_t surf, uint64_t array, uint32_t flags) {
+    GP_TRACE("cuSurfRefSetArray");
+    struct gp_in_cuSurfRefSetArray in = { .surf = surf, .array = array, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuSurfRefSetArray, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuSurfRefGetArray(uint64_t *array, uint64_t surf) {
+    GP_TRACE("cuSurfRefGetArray");
+    if (!array) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuSurfRefGetArray in = { .surf = surf };
+    struct gp_out_cuSurfRefGetArray out;
+    CUresult r = gp_call(GP_CALL_cuSurfRefGetArray, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *array = (uint64_t)out.array;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuParamSetTexRef(uint64_t func, int32_t texunit, uint64_t tex) {
+    GP_TRACE("cuParamSetTexRef");
+    struct gp_in_cuParamSetTexRef in = { .func = func, .texunit = texunit, .tex = tex };
+    CUresult r = gp_call(GP_CALL_cuParamSetTexRef, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
 GP_EXPORT CUresult cuMemsetD8_v2(uint64_t dst, uint8_t value, uint64_t count) {
     GP_TRACE("cuMemsetD8_v2");
     gp_pinned_touch(dst);
@@ -1904,9 +2192,6 @@ GP_EXPORT CUresult cuMemsetD2D8(void) { return gp_unforwarded("cuMemsetD2D8"); }
 GP_EXPORT CUresult cuMemsetD32(void) { return gp_unforwarded("cuMemsetD32"); }
 GP_EXPORT CUresult cuMemsetD8(void) { return gp_unforwarded("cuMemsetD8"); }
 GP_EXPORT CUresult cuModuleGetGlobal(void) { return gp_unforwarded("cuModuleGetGlobal"); }
-GP_EXPORT CUresult cuModuleGetSurfRef(void) { return gp_unforwarded("cuModuleGetSurfRef"); }
-GP_EXPORT CUresult cuModuleGetTexRef(void) { return gp_unforwarded("cuModuleGetTexRef"); }
-GP_EXPORT CUresult cuParamSetTexRef(void) { return gp_unforwarded("cuParamSetTexRef"); }
 GP_EXPORT CUresult cuProfilerInitialize(void) { return gp_unforwarded("cuProfilerInitialize"); }
 GP_EXPORT CUresult cuSignalExternalSemaphoresAsync(void) { return gp_unforwarded("cuSignalExternalSemaphoresAsync"); }
 GP_EXPORT CUresult cuSignalExternalSemaphoresAsync_ptsz(void) { return gp_unforwarded("cuSignalExternalSemaphoresAsync_ptsz"); }
@@ -1915,39 +2200,10 @@ GP_EXPORT CUresult cuStreamBeginCapture_ptsz(void) { return gp_unforwarded("cuSt
 GP_EXPORT CUresult cuStreamDestroy(void) { return gp_unforwarded("cuStreamDestroy"); }
 GP_EXPORT CUresult cuStreamGetCaptureInfo(void) { return gp_unforwarded("cuStreamGetCaptureInfo"); }
 GP_EXPORT CUresult cuStreamGetCaptureInfo_ptsz(void) { return gp_unforwarded("cuStreamGetCaptureInfo_ptsz"); }
-GP_EXPORT CUresult cuSurfRefGetArray(void) { return gp_unforwarded("cuSurfRefGetArray"); }
-GP_EXPORT CUresult cuSurfRefSetArray(void) { return gp_unforwarded("cuSurfRefSetArray"); }
-GP_EXPORT CUresult cuTexRefCreate(void) { return gp_unforwarded("cuTexRefCreate"); }
-GP_EXPORT CUresult cuTexRefDestroy(void) { return gp_unforwarded("cuTexRefDestroy"); }
 GP_EXPORT CUresult cuTexRefGetAddress(void) { return gp_unforwarded("cuTexRefGetAddress"); }
-GP_EXPORT CUresult cuTexRefGetAddressMode(void) { return gp_unforwarded("cuTexRefGetAddressMode"); }
-GP_EXPORT CUresult cuTexRefGetAddress_v2(void) { return gp_unforwarded("cuTexRefGetAddress_v2"); }
-GP_EXPORT CUresult cuTexRefGetArray(void) { return gp_unforwarded("cuTexRefGetArray"); }
-GP_EXPORT CUresult cuTexRefGetBorderColor(void) { return gp_unforwarded("cuTexRefGetBorderColor"); }
-GP_EXPORT CUresult cuTexRefGetFilterMode(void) { return gp_unforwarded("cuTexRefGetFilterMode"); }
-GP_EXPORT CUresult cuTexRefGetFlags(void) { return gp_unforwarded("cuTexRefGetFlags"); }
-GP_EXPORT CUresult cuTexRefGetFormat(void) { return gp_unforwarded("cuTexRefGetFormat"); }
-GP_EXPORT CUresult cuTexRefGetMaxAnisotropy(void) { return gp_unforwarded("cuTexRefGetMaxAnisotropy"); }
-GP_EXPORT CUresult cuTexRefGetMipmapFilterMode(void) { return gp_unforwarded("cuTexRefGetMipmapFilterMode"); }
-GP_EXPORT CUresult cuTexRefGetMipmapLevelBias(void) { return gp_unforwarded("cuTexRefGetMipmapLevelBias"); }
-GP_EXPORT CUresult cuTexRefGetMipmapLevelClamp(void) { return gp_unforwarded("cuTexRefGetMipmapLevelClamp"); }
-GP_EXPORT CUresult cuTexRefGetMipmappedArray(void) { return gp_unforwarded("cuTexRefGetMipmappedArray"); }
 GP_EXPORT CUresult cuTexRefSetAddress(void) { return gp_unforwarded("cuTexRefSetAddress"); }
 GP_EXPORT CUresult cuTexRefSetAddress2D(void) { return gp_unforwarded("cuTexRefSetAddress2D"); }
 GP_EXPORT CUresult cuTexRefSetAddress2D_v2(void) { return gp_unforwarded("cuTexRefSetAddress2D_v2"); }
-GP_EXPORT CUresult cuTexRefSetAddress2D_v3(void) { return gp_unforwarded("cuTexRefSetAddress2D_v3"); }
-GP_EXPORT CUresult cuTexRefSetAddressMode(void) { return gp_unforwarded("cuTexRefSetAddressMode"); }
-GP_EXPORT CUresult cuTexRefSetAddress_v2(void) { return gp_unforwarded("cuTexRefSetAddress_v2"); }
-GP_EXPORT CUresult cuTexRefSetArray(void) { return gp_unforwarded("cuTexRefSetArray"); }
-GP_EXPORT CUresult cuTexRefSetBorderColor(void) { return gp_unforwarded("cuTexRefSetBorderColor"); }
-GP_EXPORT CUresult cuTexRefSetFilterMode(void) { return gp_unforwarded("cuTexRefSetFilterMode"); }
-GP_EXPORT CUresult cuTexRefSetFlags(void) { return gp_unforwarded("cuTexRefSetFlags"); }
-GP_EXPORT CUresult cuTexRefSetFormat(void) { return gp_unforwarded("cuTexRefSetFormat"); }
-GP_EXPORT CUresult cuTexRefSetMaxAnisotropy(void) { return gp_unforwarded("cuTexRefSetMaxAnisotropy"); }
-GP_EXPORT CUresult cuTexRefSetMipmapFilterMode(void) { return gp_unforwarded("cuTexRefSetMipmapFilterMode"); }
-GP_EXPORT CUresult cuTexRefSetMipmapLevelBias(void) { return gp_unforwarded("cuTexRefSetMipmapLevelBias"); }
-GP_EXPORT CUresult cuTexRefSetMipmapLevelClamp(void) { return gp_unforwarded("cuTexRefSetMipmapLevelClamp"); }
-GP_EXPORT CUresult cuTexRefSetMipmappedArray(void) { return gp_unforwarded("cuTexRefSetMipmappedArray"); }
 GP_EXPORT CUresult cuVDPAUCtxCreate(void) { return gp_unforwarded("cuVDPAUCtxCreate"); }
 GP_EXPORT CUresult cuVDPAUCtxCreate_v2(void) { return gp_unforwarded("cuVDPAUCtxCreate_v2"); }
 GP_EXPORT CUresult cuVDPAUGetDevice(void) { return gp_unforwarded("cuVDPAUGetDevice"); }
@@ -2014,11 +2270,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuLibraryGetManaged", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
     {"cuLibraryGetUnifiedFunction", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
     {"cuTensorMapSetAllocationClass", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
-    {"cuTexRef*", "legacy texture and surface references: not forwarded yet"},
-    {"cuSurfRef*", "legacy texture and surface references: not forwarded yet"},
-    {"cuModuleGetTexRef", "legacy texture and surface references: not forwarded yet"},
-    {"cuModuleGetSurfRef", "legacy texture and surface references: not forwarded yet"},
-    {"cuParamSetTexRef", "legacy texture and surface references: not forwarded yet"},
     {"cuDevSmResourceSplit", "green contexts and execution affinity: not forwarded yet"},
     {"cuStreamGetDevResource", "green contexts and execution affinity: not forwarded yet"},
     {"cuMemGetLocationInfo", "device, memory and log queries: not forwarded yet"},
@@ -2357,6 +2608,8 @@ static const struct gp_proc gp_procs[] = {
     {"cuModuleGetFunctionCount", 12040, (void *)cuModuleGetFunctionCount},
     {"cuModuleGetGlobal", 3020, (void *)cuModuleGetGlobal_v2},
     {"cuModuleGetLoadingMode", 11070, (void *)cuModuleGetLoadingMode},
+    {"cuModuleGetSurfRef", 3000, (void *)cuModuleGetSurfRef},
+    {"cuModuleGetTexRef", 2000, (void *)cuModuleGetTexRef},
     {"cuModuleLoad", 2000, (void *)cuModuleLoad},
     {"cuModuleLoadData", 2000, (void *)cuModuleLoadData},
     {"cuModuleLoadDataEx", 2010, (void *)cuModuleLoadDataEx},
@@ -2376,6 +2629,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuOccupancyMaxPotentialBlockSizeWithFlags", 7000, (void *)cuOccupancyMaxPotentialBlockSizeWithFlags},
     {"cuOccupancyMaxPotentialClusterSize", 11070, (void *)cuOccupancyMaxPotentialClusterSize},
     {"cuParamSetSize", 2000, (void *)cuParamSetSize},
+    {"cuParamSetTexRef", 2000, (void *)cuParamSetTexRef},
     {"cuParamSetf", 2000, (void *)cuParamSetf},
     {"cuParamSeti", 2000, (void *)cuParamSeti},
     {"cuParamSetv", 2000, (void *)cuParamSetv},
@@ -2423,6 +2677,8 @@ static const struct gp_proc gp_procs[] = {
     {"cuSurfObjectCreate", 5000, (void *)cuSurfObjectCreate},
     {"cuSurfObjectDestroy", 5000, (void *)cuSurfObjectDestroy},
     {"cuSurfObjectGetResourceDesc", 5000, (void *)cuSurfObjectGetResourceDesc},
+    {"cuSurfRefGetArray", 3000, (void *)cuSurfRefGetArray},
+    {"cuSurfRefSetArray", 3000, (void *)cuSurfRefSetArray},
     {"cuTensorMapEncodeIm2col", 12000, (void *)cuTensorMapEncodeIm2col},
     {"cuTensorMapEncodeIm2colWide", 12080, (void *)cuTensorMapEncodeIm2colWide},
     {"cuTensorMapEncodeTiled", 12000, (void *)cuTensorMapEncodeTiled},
@@ -2432,6 +2688,33 @@ static const struct gp_proc gp_procs[] = {
     {"cuTexObjectGetResourceDesc", 5000, (void *)cuTexObjectGetResourceDesc},
     {"cuTexObjectGetResourceViewDesc", 5000, (void *)cuTexObjectGetResourceViewDesc},
     {"cuTexObjectGetTextureDesc", 5000, (void *)cuTexObjectGetTextureDesc},
+    {"cuTexRefCreate", 2000, (void *)cuTexRefCreate},
+    {"cuTexRefDestroy", 2000, (void *)cuTexRefDestroy},
+    {"cuTexRefGetAddress", 3020, (void *)cuTexRefGetAddress_v2},
+    {"cuTexRefGetAddressMode", 2000, (void *)cuTexRefGetAddressMode},
+    {"cuTexRefGetArray", 2000, (void *)cuTexRefGetArray},
+    {"cuTexRefGetBorderColor", 8000, (void *)cuTexRefGetBorderColor},
+    {"cuTexRefGetFilterMode", 2000, (void *)cuTexRefGetFilterMode},
+    {"cuTexRefGetFlags", 2000, (void *)cuTexRefGetFlags},
+    {"cuTexRefGetFormat", 2000, (void *)cuTexRefGetFormat},
+    {"cuTexRefGetMaxAnisotropy", 5000, (void *)cuTexRefGetMaxAnisotropy},
+    {"cuTexRefGetMipmapFilterMode", 5000, (void *)cuTexRefGetMipmapFilterMode},
+    {"cuTexRefGetMipmapLevelBias", 5000, (void *)cuTexRefGetMipmapLevelBias},
+    {"cuTexRefGetMipmapLevelClamp", 5000, (void *)cuTexRefGetMipmapLevelClamp},
+    {"cuTexRefGetMipmappedArray", 5000, (void *)cuTexRefGetMipmappedArray},
+    {"cuTexRefSetAddress", 3020, (void *)cuTexRefSetAddress_v2},
+    {"cuTexRefSetAddress2D", 4010, (void *)cuTexRefSetAddress2D_v3},
+    {"cuTexRefSetAddressMode", 2000, (void *)cuTexRefSetAddressMode},
+    {"cuTexRefSetArray", 2000, (void *)cuTexRefSetArray},
+    {"cuTexRefSetBorderColor", 8000, (void *)cuTexRefSetBorderColor},
+    {"cuTexRefSetFilterMode", 2000, (void *)cuTexRefSetFilterMode},
+    {"cuTexRefSetFlags", 2000, (void *)cuTexRefSetFlags},
+    {"cuTexRefSetFormat", 2000, (void *)cuTexRefSetFormat},
+    {"cuTexRefSetMaxAnisotropy", 5000, (void *)cuTexRefSetMaxAnisotropy},
+    {"cuTexRefSetMipmapFilterMode", 5000, (void *)cuTexRefSetMipmapFilterMode},
+    {"cuTexRefSetMipmapLevelBias", 5000, (void *)cuTexRefSetMipmapLevelBias},
+    {"cuTexRefSetMipmapLevelClamp", 5000, (void *)cuTexRefSetMipmapLevelClamp},
+    {"cuTexRefSetMipmappedArray", 5000, (void *)cuTexRefSetMipmappedArray},
     {"cuThreadExchangeStreamCaptureMode", 10010, (void *)cuThreadExchangeStreamCaptureMode},
     {"cuUserObjectCreate", 11030, (void *)cuUserObjectCreate},
     {"cuUserObjectRelease", 11030, (void *)cuUserObjectRelease},

@@ -340,6 +340,38 @@ CUresult cuSurfObjectCreate(uint64_t *surf, void *res) {
     return r;
 }
 
+/* ---- legacy texture references: the fields of what C passes by pointer -------------------------- */
+
+/* CUDA_ARRAY_DESCRIPTOR: width, height, format, channels; the worker checks the rows lie in the lease. */
+CUresult cuTexRefSetAddress2D_v3(uint64_t tex, void *desc, uint64_t ptr, uint64_t pitch) {
+    GP_TRACE("cuTexRefSetAddress2D_v3");
+    if (!desc) return CUDA_ERROR_INVALID_VALUE;
+    const unsigned char *d = desc;
+    struct gp_in_cuTexRefSetAddress2D_v3 in = {.tex = tex, .ptr = ptr, .pitch = pitch};
+    memcpy(&in.width, d, 8), memcpy(&in.height, d + 8, 8), memcpy(&in.format, d + 16, 4);
+    memcpy(&in.channels, d + 20, 4);
+    return gp_call(GP_CALL_cuTexRefSetAddress2D_v3, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
+/* The border color: four floats, red, green, blue, alpha. */
+CUresult cuTexRefSetBorderColor(uint64_t tex, void *color) {
+    GP_TRACE("cuTexRefSetBorderColor");
+    if (!color) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefSetBorderColor in = {.tex = tex};
+    memcpy(&in.red, color, 16);
+    return gp_call(GP_CALL_cuTexRefSetBorderColor, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
+CUresult cuTexRefGetBorderColor(void *color, uint64_t tex) {
+    GP_TRACE("cuTexRefGetBorderColor");
+    if (!color) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetBorderColor in = {.tex = tex};
+    struct gp_out_cuTexRefGetBorderColor out;
+    CUresult r = CALL(cuTexRefGetBorderColor, WANT, in, out);
+    if (r == CUDA_SUCCESS) memcpy(color, &out.red, 16);
+    return r;
+}
+
 /* ---- tensor maps: encoded by the worker's driver (the address is the lease's), 128 bytes back ------ */
 
 #define TENSOR_MAP_BYTES 128
