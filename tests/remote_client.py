@@ -2392,6 +2392,76 @@ def scenario_graph_explicit_nodes():
     say("host_node_ran", ran)
 
 
+def mem_ops(*ops):
+    """CUstreamBatchMemOpParams for (operation, address, value) each: 48 bytes, flags 0."""
+    raw = (ctypes.c_uint8 * (48 * len(ops)))()
+    for i, (op, address, value) in enumerate(ops):
+        struct.pack_into("<I4xQQ", raw, 48 * i, op, address, value)
+    return raw
+
+
+def batch_params(ops, count, ctx=0):
+    """CUDA_BATCH_MEM_OP_NODE_PARAMS: context, count, the operations, flags."""
+    raw = (ctypes.c_uint8 * 32)()
+    struct.pack_into("<QI4xQI", raw, 0, ctx, count, ctypes.addressof(ops), 0)
+    return raw
+
+
+def scenario_graph_batch_mem_ops():
+    """A batch memory-operation node: two writes and a barrier run at each launch; read back; set anew in
+    the graph and in the instantiated graph; added through cuGraphAddNode; operations on memory not the
+    lease's, past an allocation, of an unknown kind, or in another context refused."""
+    setup()
+    rc, ptr = alloc(256)
+    check(rc, "alloc")
+    check(cu.cuMemsetD8(c_u64(ptr), 0, c_u64(256)), "zero")
+    graph, node, exe, other = c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
+    ops = mem_ops(
+        (2, ptr, 0x11), (5, ptr + 8, 0x2222_3333_4444_5555), (6, 0, 0)
+    )  # WRITE_32, WRITE_64, BARRIER
+    check(
+        cu.cuGraphAddBatchMemOpNode(ctypes.byref(node), graph, None, c_u64(0), batch_params(ops, 3)), "node"
+    )
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, c_u64(0)), "instantiate")
+    check(cu.cuGraphLaunch(exe, c_u64(0)), "launch")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("written", struct.unpack("<IxxxxQ", dtoh(ptr, 16)[1]))
+    back = (ctypes.c_uint8 * 32)()
+    check(cu.cuGraphBatchMemOpNodeGetParams(node, back), "read back")
+    count, address = struct.unpack_from("<8xI4xQ", back)
+    say("read_back", (count, ctypes.string_at(address, 48 * count) == bytes(ops)))
+    again = mem_ops((2, ptr, 0x33))
+    check(cu.cuGraphBatchMemOpNodeSetParams(node, batch_params(again, 1)), "set in the graph")
+    in_exec = mem_ops((2, ptr, 0x44))
+    check(cu.cuGraphExecBatchMemOpNodeSetParams(exe, node, batch_params(in_exec, 1)), "set in the instance")
+    check(cu.cuGraphLaunch(exe, c_u64(0)), "launch again")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("instance_wrote", hex(struct.unpack("<I", dtoh(ptr, 4)[1])[0]))
+    by_type = (ctypes.c_uint8 * 256)()
+    struct.pack_into("<I", by_type, 0, 12)  # CU_GRAPH_NODE_TYPE_BATCH_MEM_OP
+    by_type[16:48] = bytes(batch_params(again, 1))
+    check(
+        cu.cuGraphAddNode(ctypes.byref(other), graph, ctypes.byref(node), None, c_u64(1), by_type), "by type"
+    )
+    refusals = {
+        "not_the_leases": (mem_ops((2, 0x7123_4560_0000, 1)), 1, 0),
+        "past_the_allocation": (mem_ops((5, ptr + 252, 1)), 1, 0),
+        "unknown_operation": (mem_ops((9, ptr, 1)), 1, 0),
+        "other_context": (mem_ops((2, ptr, 1)), 1, 0x4242),
+    }
+    for name, (bad, count, ctx) in refusals.items():
+        say(
+            name,
+            cu.cuGraphAddBatchMemOpNode(
+                ctypes.byref(other), graph, None, c_u64(0), batch_params(bad, count, ctx)
+            ),
+        )
+    check(cu.cuGraphExecDestroy(exe), "destroy exec")
+    check(cu.cuGraphDestroy(graph), "destroy graph")
+    say("finished", 1)
+
+
 class AllocNodeParams(ctypes.Structure):  # CUDA_MEM_ALLOC_NODE_PARAMS
     _fields_ = [("pool", PoolProps), ("access", ctypes.c_void_p), ("access_count", ctypes.c_size_t),
                 ("bytesize", ctypes.c_size_t), ("dptr", c_u64)]  # fmt: skip

@@ -802,6 +802,21 @@ def test_a_graph_built_node_by_node_runs_its_nodes_in_dependency_order(shim_dir,
     assert "gpupool:" not in err
 
 
+def test_batch_memory_operation_nodes_write_only_the_leases_memory(shim_dir, worker):
+    """A batch memory-operation node's writes land at each launch; its operations read back as given, set
+    anew in the graph and in the instantiated graph (the instance's run), and it is added by type; an
+    operation on memory not the lease's or past an allocation, of an unknown kind, or a node of another
+    context is refused before anything runs."""
+    out, err = run_client("graph_batch_mem_ops", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert out["written"] == str((0x11, 0x2222_3333_4444_5555))
+    assert out["read_back"] == "(3, True)"
+    assert out["instance_wrote"] == "0x44"
+    assert out["not_the_leases"] == out["past_the_allocation"] == out["unknown_operation"] == "1"
+    assert out["other_context"] == "801"  # CUDA_ERROR_NOT_SUPPORTED, said once
+    assert "not forwarded yet" not in err
+
+
 def test_graph_memory_nodes_allocate_within_the_partition_and_free_at_their_free_node(shim_dir, worker):
     """An allocation node gets an address the program can use in the graph's kernel and copy nodes (also
     when added as cuGraphAddNode's type), the graph runs twice; its bytes count against the partition until

@@ -924,6 +924,17 @@ CALLS: tuple[Call, ...] = (
     _c("cuGraphAddMemFreeNode", 11040, "o_node node, graph graph, ptr deps, u64 num_deps, dptr dptr", custom=True,
        wire="o_node node, graph graph, dptr dptr, u64 num_deps, bytes deps"),
     _c("cuGraphMemFreeNodeGetParams", 11040, "node node, o_u64 dptr"),
+    # Batch memory-operation nodes: each wait or write checked as a stream memory operation's (its whole word
+    # the lease's memory); the operations (CUstreamBatchMemOpParams, 48 bytes each) travel in the bulk, after
+    # a new node's dependencies; a node's context is the current one (the shim refuses another).
+    _c("cuGraphAddBatchMemOpNode", 11070, "o_node node, graph graph, ptr deps, u64 num_deps, ptr params",
+       custom=True, wire="o_node node, graph graph, u32 count, u32 flags, u64 num_deps, bytes data"),
+    _c("cuGraphBatchMemOpNodeSetParams", 11070, "node node, ptr params", custom=True,
+       wire="node node, u32 count, u32 flags, bytes ops"),
+    _c("cuGraphExecBatchMemOpNodeSetParams", 11070, "graphexec exec, node node, ptr params", custom=True,
+       wire="graphexec exec, node node, u32 count, u32 flags, bytes ops"),
+    _c("cuGraphBatchMemOpNodeGetParams", 11070, "node node, ptr params", custom=True,
+       wire="node node, o_u32 count, o_u32 flags"),  # the operations in the reply's bulk
     # The worker's graph memory is its lease's alone (a worker serves one lease).
     _c("cuDeviceGraphMemTrim", 11040, "i32 dev"),
     _c("cuDeviceGetGraphMemAttribute", 11040, "i32 dev, i32 attr, o_u64 value"),

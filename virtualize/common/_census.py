@@ -186,14 +186,6 @@ GROUPS: tuple[Group, ...] = (
         "cuGraphNodeSetParams_v2 cuGraphAddNode_v3",
     ),
     _g(
-        "batch memory-operation nodes",
-        N,
-        """A batch memory operation node's addresses are to be checked as a stream memory operation's
-       (cuStreamBatchMemOp, forwarded); graph memory nodes are forwarded.""",
-        "cuGraphAddBatchMemOpNode cuGraphBatchMemOpNodeGetParams cuGraphBatchMemOpNodeSetParams "
-        "cuGraphExecBatchMemOpNodeSetParams",
-    ),
-    _g(
         "recapture, host functions with flags",
         N,
         """A recapture is a capture into a graph of the lease; a host function with a synchronisation

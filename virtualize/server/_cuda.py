@@ -56,6 +56,7 @@ CANNOT_MOVE = {
     "vmem": "memory of the virtual memory API it made itself (cuMemCreate)",
     "texref": "texture references", "surfref": "surface references",
 }  # fmt: skip
+MEM_OP_BYTES = 48  # CUstreamBatchMemOpParams
 SMALL_COPY = 256 << 10  # up to this, copies go through pageable memory (one driver call)
 STAGING_CHUNK = 8 << 20
 _HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_size_t)  # CUhostFn: void (*)(void *userData)
@@ -1824,6 +1825,35 @@ class CudaExecutor(Executor):
         params.bytesize = size
         node = _ok(driver.cuGraphAddMemAllocNode(driver.CUgraph(graph), self._deps(deps), len(deps), params))
         return _int(node), _int(params.dptr)  # the driver wrote the address into the parameters
+
+    def _batch_mem_op_node(self, ops: bytes, flags: int):
+        params = driver.CUDA_BATCH_MEM_OP_NODE_PARAMS()
+        params.ctx = _ok(driver.cuCtxGetCurrent())
+        params.count = len(ops) // MEM_OP_BYTES
+        params.paramArray = [
+            self._struct(driver.CUstreamBatchMemOpParams, ops[at : at + MEM_OP_BYTES])
+            for at in range(0, len(ops), MEM_OP_BYTES)
+        ]
+        params.flags = flags
+        return params
+
+    def graph_add_batch_mem_op_node(self, graph, deps, ops, flags):
+        params = self._batch_mem_op_node(ops, flags)
+        return _int(
+            _ok(driver.cuGraphAddBatchMemOpNode(driver.CUgraph(graph), self._deps(deps), len(deps), params))
+        )
+
+    def graph_batch_mem_op_node_set(self, graph_exec, node, ops, flags):
+        params, node = self._batch_mem_op_node(ops, flags), driver.CUgraphNode(node)
+        if graph_exec:
+            _ok(driver.cuGraphExecBatchMemOpNodeSetParams(driver.CUgraphExec(graph_exec), node, params))
+        else:
+            _ok(driver.cuGraphBatchMemOpNodeSetParams(node, params))
+
+    def graph_batch_mem_op_node_params(self, node):
+        params = _ok(driver.cuGraphBatchMemOpNodeGetParams(driver.CUgraphNode(node)))
+        ops = list(params.paramArray)[: int(params.count)]
+        return b"".join(ctypes.string_at(op.getPtr(), MEM_OP_BYTES) for op in ops), int(params.flags)
 
     def graph_mem_alloc_node_params(self, node):
         params = _ok(driver.cuGraphMemAllocNodeGetParams(driver.CUgraphNode(node)))

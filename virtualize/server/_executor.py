@@ -83,6 +83,10 @@ SHAPED: dict[str, str] = {
     "cuGraphAddMemAllocNode": "graph_add_mem_alloc_node",
     "cuGraphMemAllocNodeGetParams": "graph_mem_alloc_node_params",
     "cuGraphAddMemFreeNode": "graph_add_mem_free_node",
+    "cuGraphAddBatchMemOpNode": "graph_add_batch_mem_op_node",
+    "cuGraphBatchMemOpNodeSetParams": "graph_batch_mem_op_node_set",
+    "cuGraphExecBatchMemOpNodeSetParams": "graph_batch_mem_op_node_set",
+    "cuGraphBatchMemOpNodeGetParams": "graph_batch_mem_op_node_params",
     "cuGraphExecMemsetNodeSetParams": "graph_exec_memset_node",
     "cuGraphExecMemcpyNodeSetParams": "graph_exec_memcpy_node",
     "cuGraphKernelNodeSetParams": "graph_kernel_node_set",
@@ -443,6 +447,20 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def graph_add_mem_free_node(self, graph: int, deps: list[int], ptr: int) -> int:
         """cuGraphAddMemFreeNode of graph memory at `ptr`; the node."""
+
+    @abc.abstractmethod
+    def graph_add_batch_mem_op_node(self, graph: int, deps: list[int], ops: bytes, flags: int) -> int:
+        """cuGraphAddBatchMemOpNode of `ops` (CUstreamBatchMemOpParams, 48 bytes each, checked) in the
+        current context; the node."""
+
+    @abc.abstractmethod
+    def graph_batch_mem_op_node_set(self, graph_exec: int, node: int, ops: bytes, flags: int) -> None:
+        """A batch memory-operation node's operations anew: the graph's (`graph_exec` 0) or an instantiated
+        graph's."""
+
+    @abc.abstractmethod
+    def graph_batch_mem_op_node_params(self, node: int) -> tuple[bytes, int]:
+        """cuGraphBatchMemOpNodeGetParams: the node's operations and flags."""
 
     @abc.abstractmethod
     def graph_add_host_node(self, graph: int, deps: list[int], fn: Callable[[], None]) -> int:

@@ -208,6 +208,7 @@ class HostExecutor(Executor):
         # frees, and each device's graph memory now and at its high-water mark (cuDeviceGetGraphMemAttribute).
         self.mem_alloc_nodes: dict[int, tuple[int, int, int, list[tuple[int, int]]]] = {}
         self.mem_free_nodes: dict[int, int] = {}
+        self.batch_ops: dict[int, tuple[bytes, int]] = {}  # batch memory-operation node -> (ops, flags)
         self.graph_memory = [0] * self.n
         self.graph_memory_high = [0] * self.n
         self.disabled: dict[tuple[int, int], object] = {}  # (graph exec, node) switched off -> its work
@@ -1573,6 +1574,37 @@ class HostExecutor(Executor):
         self.node_types[node] = 11
         self.mem_free_nodes[node] = ptr
         return node
+
+    # A batch memory-operation node (CU_GRAPH_NODE_TYPE_BATCH_MEM_OP 12): its writes done in order at every
+    # launch; a wait is met at once (this executor runs one thing at a time, so nothing could meet it later).
+    def _batch_work(self, ops: bytes):
+        def work():
+            for at in range(0, len(ops), 48):
+                op, address, value = struct.unpack_from("<I4xQQ", ops, at)
+                if op in (2, 5):  # CU_STREAM_MEM_OP_WRITE_VALUE_32 / _64
+                    size = 4 if op == 2 else 8
+                    mem, off = self._find(address, size)
+                    mem[off : off + size] = (value & ((1 << 8 * size) - 1)).to_bytes(size, "little")
+
+        return work
+
+    def graph_add_batch_mem_op_node(self, graph, deps, ops, flags):
+        node = self._add_node(graph, deps, self._batch_work(ops))
+        self.node_types[node] = 12
+        self.batch_ops[node] = (bytes(ops), flags)
+        return node
+
+    def graph_batch_mem_op_node_set(self, graph_exec, node, ops, flags):
+        if graph_exec:
+            self._set_exec_work(graph_exec, node, self._batch_work(ops), kind=12)
+        else:
+            self._set_node_work(node, self._batch_work(ops), kind=12)
+            self.batch_ops[node] = (bytes(ops), flags)
+
+    def graph_batch_mem_op_node_params(self, node):
+        if node not in self.batch_ops:
+            raise CudaError(INVALID_VALUE, "not a batch memory-operation node")
+        return self.batch_ops[node]
 
     def cuGraphMemFreeNodeGetParams(self, node):
         if node not in self.mem_free_nodes:

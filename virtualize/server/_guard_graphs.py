@@ -27,6 +27,12 @@ ACCESS_DESC = struct.Struct("<iiI")
 MAX_ACCESS_DESCS = 64
 ALLOCATION_PINNED = 1  # CU_MEM_ALLOCATION_TYPE_PINNED, what graph memory is
 LOCATION_DEVICE = 1  # CU_MEM_LOCATION_TYPE_DEVICE
+# A batch memory-operation node's operations: CUstreamBatchMemOpParams, its type then (a wait or write) the
+# address; at most the driver's batch (the shim's limit too). Waits and writes of 32 and 64 bits, by type.
+MEM_OP = struct.Struct("<I4xQ32x")
+MAX_MEM_OPS = 256
+MEM_OP_WORDS = {1: 4, 2: 4, 4: 8, 5: 8}  # WAIT_VALUE_32, WRITE_VALUE_32, WAIT_VALUE_64, WRITE_VALUE_64
+MEM_OP_OTHERS = (3, 6)  # FLUSH_REMOTE_WRITES, BARRIER: no address
 
 
 class GraphCalls(Concern):
@@ -55,6 +61,10 @@ class GraphCalls(Concern):
         "cuGraphAddMemAllocNode": "graph_mem_alloc_node",
         "cuGraphMemAllocNodeGetParams": "graph_mem_alloc_node_get",
         "cuGraphAddMemFreeNode": "graph_mem_free_node",
+        "cuGraphAddBatchMemOpNode": "graph_batch_mem_op_node",
+        "cuGraphBatchMemOpNodeSetParams": "graph_batch_mem_op_node",
+        "cuGraphExecBatchMemOpNodeSetParams": "graph_batch_mem_op_node",
+        "cuGraphBatchMemOpNodeGetParams": "graph_batch_mem_op_node_get",
         "cuGraphExecMemsetNodeSetParams": "graph_memset_node",
         "cuGraphExecMemcpyNodeSetParams": "graph_memcpy_node",
         "cuGraphMemsetNodeSetParams": "graph_memset_node",
@@ -289,6 +299,39 @@ class GraphCalls(Concern):
         self.session.lease.remove(ptr)
         self.session.owned.discard(ptr)
         return self._new_node(node, graph)
+
+    def _memory_operations(self, raw: bytes, count: int) -> bytes:
+        """`count` operations, each wait's or write's whole word memory of the lease."""
+        if not 1 <= count <= MAX_MEM_OPS or len(raw) != count * MEM_OP.size:
+            raise CudaError(INVALID_VALUE, "memory operations")
+        for op, address in MEM_OP.iter_unpack(raw):
+            if op in MEM_OP_WORDS:
+                self.session._check_range(address, MEM_OP_WORDS[op])
+            elif op not in MEM_OP_OTHERS:
+                raise CudaError(INVALID_VALUE, f"memory operation {op}")
+        return raw
+
+    def graph_batch_mem_op_node(self, call: Call, ins: tuple):
+        """cuGraphAddBatchMemOpNode, or a batch memory-operation node set anew: a graph's or an instantiated
+        graph's."""
+        self.session._check(call, ins)
+        executor = self.session.executor
+        if call.name == "cuGraphAddBatchMemOpNode":
+            graph, count, flags, num_deps = ins
+            data = self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8 + MAX_MEM_OPS * MEM_OP.size)
+            deps = self.nodes(data, num_deps)
+            ops = self._memory_operations(data[8 * num_deps :], count)
+            return self._new_node(executor.graph_add_batch_mem_op_node(graph, deps, ops, flags), graph)
+        graph_exec, node, count, flags = ins if len(ins) == 4 else (0, *ins)
+        ops = self._memory_operations(self.session.channel.read_bulk(limit=MAX_MEM_OPS * MEM_OP.size), count)
+        executor.graph_batch_mem_op_node_set(graph_exec, node, ops, flags)
+        return EMPTY
+
+    def graph_batch_mem_op_node_get(self, call: Call, ins: tuple):
+        """The count and flags; the operations in the bulk."""
+        self.session._check(call, ins)
+        ops, flags = self.session.executor.graph_batch_mem_op_node_params(ins[0])
+        return call.out_struct.pack(len(ops) // MEM_OP.size, flags), bytes(ops)
 
     def graph_memcpy_node_get(self, call: Call, ins: tuple):
         """A copy node's device-side copy; only between memory of this lease (a copy the worker made with

@@ -1,7 +1,7 @@
 """Issue 25's memory calls through cuda.bindings: advice and prefetches over managed memory read back by
 cuMemRangeGetAttribute(s), managed memory attached to a stream, a pointer's SYNC_MEMOPS, a device's
 current pool, a flush of GPUDirect RDMA writes, a 3D copy between contexts, a batch of stream memory
-operations, and (with a CUDA 13 driver) a copy with attributes and batched prefetch and discard.
+operations (on a stream and as a graph's node), and (with a CUDA 13 driver) a copy with attributes and batched prefetch and discard.
 
 Runs unchanged on a local GPU or, under gpupool's libcuda.so.1, on a leased one; prints the same. Each
 step prints the driver's result name, so a refusal shows as a difference rather than a stop.
@@ -165,6 +165,37 @@ def copies_and_stream_operations(ctx, stream, cuda13: bool) -> None:
     words = bytearray(16)
     ok(driver.cuMemcpyDtoH(words, at, 16))
     print("written", int.from_bytes(words[:4], "little"), int.from_bytes(words[8:], "little"))
+
+    # The same operations as a graph's batch memory-operation node: launched, read back, set anew.
+    ok(driver.cuMemsetD8(at, 0, 16))
+    params = driver.CUDA_BATCH_MEM_OP_NODE_PARAMS()
+    params.ctx, params.count, params.paramArray, params.flags = ctx, 3, [write32, write64, barrier], 0
+    graph = ok(driver.cuGraphCreate(0))
+    result = driver.cuGraphAddBatchMemOpNode(graph, None, 0, params)
+    print("batch memory-operation node", name(result))
+    if result[0] == driver.CUresult.CUDA_SUCCESS:
+        node = result[1]
+        graph_exec = ok(driver.cuGraphInstantiateWithFlags(graph, 0))
+        ok(driver.cuGraphLaunch(graph_exec, stream))
+        ok(driver.cuStreamSynchronize(stream))
+        ok(driver.cuMemcpyDtoH(words, at, 16))
+        print("node wrote", int.from_bytes(words[:4], "little"), int.from_bytes(words[8:], "little"))
+        back = ok(driver.cuGraphBatchMemOpNodeGetParams(node))
+        ops = list(back.paramArray)[: int(back.count)]
+        print(
+            "node read back", int(back.count), [int(op.operation) for op in ops], int(ops[0].writeValue.value)
+        )
+        write32.writeValue.value = 9
+        params.count, params.paramArray = 1, [write32]
+        print(
+            "set in the instance", name(driver.cuGraphExecBatchMemOpNodeSetParams(graph_exec, node, params))
+        )
+        ok(driver.cuGraphLaunch(graph_exec, stream))
+        ok(driver.cuStreamSynchronize(stream))
+        ok(driver.cuMemcpyDtoH(words, at, 4))
+        print("instance wrote", int.from_bytes(words[:4], "little"))
+        ok(driver.cuGraphExecDestroy(graph_exec))
+    ok(driver.cuGraphDestroy(graph))
 
     if cuda13:
         attrs = driver.CUmemcpyAttributes()

@@ -2110,13 +2110,9 @@ GP_EXPORT CUresult cuGLSetBufferObjectMapFlags(void) { return gp_unforwarded("cu
 GP_EXPORT CUresult cuGLUnmapBufferObject(void) { return gp_unforwarded("cuGLUnmapBufferObject"); }
 GP_EXPORT CUresult cuGLUnmapBufferObjectAsync(void) { return gp_unforwarded("cuGLUnmapBufferObjectAsync"); }
 GP_EXPORT CUresult cuGLUnregisterBufferObject(void) { return gp_unforwarded("cuGLUnregisterBufferObject"); }
-GP_EXPORT CUresult cuGraphAddBatchMemOpNode(void) { return gp_unforwarded("cuGraphAddBatchMemOpNode"); }
 GP_EXPORT CUresult cuGraphAddExternalSemaphoresSignalNode(void) { return gp_unforwarded("cuGraphAddExternalSemaphoresSignalNode"); }
 GP_EXPORT CUresult cuGraphAddExternalSemaphoresWaitNode(void) { return gp_unforwarded("cuGraphAddExternalSemaphoresWaitNode"); }
 GP_EXPORT CUresult cuGraphAddKernelNode(void) { return gp_unforwarded("cuGraphAddKernelNode"); }
-GP_EXPORT CUresult cuGraphBatchMemOpNodeGetParams(void) { return gp_unforwarded("cuGraphBatchMemOpNodeGetParams"); }
-GP_EXPORT CUresult cuGraphBatchMemOpNodeSetParams(void) { return gp_unforwarded("cuGraphBatchMemOpNodeSetParams"); }
-GP_EXPORT CUresult cuGraphExecBatchMemOpNodeSetParams(void) { return gp_unforwarded("cuGraphExecBatchMemOpNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecExternalSemaphoresSignalNodeSetParams(void) { return gp_unforwarded("cuGraphExecExternalSemaphoresSignalNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecExternalSemaphoresWaitNodeSetParams(void) { return gp_unforwarded("cuGraphExecExternalSemaphoresWaitNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecKernelNodeSetParams(void) { return gp_unforwarded("cuGraphExecKernelNodeSetParams"); }
@@ -2260,10 +2256,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuDeviceGetCliqueInfo", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuGraphNodeSetParams_v2", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphAddNode_v3", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphAddBatchMemOpNode", "batch memory-operation nodes: not forwarded yet"},
-    {"cuGraphBatchMemOpNodeGetParams", "batch memory-operation nodes: not forwarded yet"},
-    {"cuGraphBatchMemOpNodeSetParams", "batch memory-operation nodes: not forwarded yet"},
-    {"cuGraphExecBatchMemOpNodeSetParams", "batch memory-operation nodes: not forwarded yet"},
     {"cuStreamBeginRecaptureToGraph", "recapture, host functions with flags: not forwarded yet"},
     {"cuLaunchHostFunc_v2", "recapture, host functions with flags: not forwarded yet"},
     {"cuLaunchCooperativeKernelMultiDevice", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
@@ -2379,6 +2371,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuGetErrorName", 6000, (void *)cuGetErrorName},
     {"cuGetErrorString", 6000, (void *)cuGetErrorString},
     {"cuGetExportTable", 3000, (void *)cuGetExportTable},
+    {"cuGraphAddBatchMemOpNode", 11070, (void *)cuGraphAddBatchMemOpNode},
     {"cuGraphAddChildGraphNode", 10000, (void *)cuGraphAddChildGraphNode},
     {"cuGraphAddDependencies", 10000, (void *)cuGraphAddDependencies},
     {"cuGraphAddDependencies", 12030, (void *)cuGraphAddDependencies_v2},
@@ -2393,6 +2386,8 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphAddMemsetNode", 10000, (void *)cuGraphAddMemsetNode},
     {"cuGraphAddNode", 12020, (void *)cuGraphAddNode},
     {"cuGraphAddNode", 12030, (void *)cuGraphAddNode_v2},
+    {"cuGraphBatchMemOpNodeGetParams", 11070, (void *)cuGraphBatchMemOpNodeGetParams},
+    {"cuGraphBatchMemOpNodeSetParams", 11070, (void *)cuGraphBatchMemOpNodeSetParams},
     {"cuGraphChildGraphNodeGetGraph", 10000, (void *)cuGraphChildGraphNodeGetGraph},
     {"cuGraphClone", 10000, (void *)cuGraphClone},
     {"cuGraphConditionalHandleCreate", 12030, (void *)cuGraphConditionalHandleCreate},
@@ -2404,6 +2399,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphEventRecordNodeSetEvent", 11010, (void *)cuGraphEventRecordNodeSetEvent},
     {"cuGraphEventWaitNodeGetEvent", 11010, (void *)cuGraphEventWaitNodeGetEvent},
     {"cuGraphEventWaitNodeSetEvent", 11010, (void *)cuGraphEventWaitNodeSetEvent},
+    {"cuGraphExecBatchMemOpNodeSetParams", 11070, (void *)cuGraphExecBatchMemOpNodeSetParams},
     {"cuGraphExecChildGraphNodeSetParams", 11010, (void *)cuGraphExecChildGraphNodeSetParams},
     {"cuGraphExecDestroy", 10000, (void *)cuGraphExecDestroy},
     {"cuGraphExecEventRecordNodeSetEvent", 11010, (void *)cuGraphExecEventRecordNodeSetEvent},

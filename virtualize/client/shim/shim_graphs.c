@@ -427,6 +427,85 @@ CUresult cuDeviceSetGraphMemAttribute(int32_t dev, int32_t attr, void *value) {
     return gp_call(GP_CALL_cuDeviceSetGraphMemAttribute, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
 }
 
+/* ---- batch memory-operation nodes ---------------------------------------------------------------- */
+
+/* CUDA_BATCH_MEM_OP_NODE_PARAMS: the context, the count, the operations' array, the flags; the operations
+ * are checked here as a stream's batch is, and each wait's or write's word on the worker. */
+static CUresult batch_node_params(const char *name, const void *params, uint32_t *count, const void **ops,
+                                  uint32_t *flags) {
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    const unsigned char *p = params;
+    uint64_t ctx;
+    memcpy(&ctx, p, 8), memcpy(count, p + 8, 4), memcpy(ops, p + 16, 8), memcpy(flags, p + 24, 4);
+    if (node_context(name, ctx) != CUDA_SUCCESS) return CUDA_ERROR_NOT_SUPPORTED;
+    return mem_ops_check(GP_CALL_cuGraphAddBatchMemOpNode, *ops, *count);
+}
+
+CUresult cuGraphAddBatchMemOpNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params) {
+    GP_TRACE("cuGraphAddBatchMemOpNode");
+    if (!node || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    uint32_t count, flags;
+    const void *ops;
+    CUresult r = batch_node_params("cuGraphAddBatchMemOpNode", params, &count, &ops, &flags);
+    if (r != CUDA_SUCCESS) return r;
+    struct gp_in_cuGraphAddBatchMemOpNode in = {.graph = graph, .num_deps = num_deps, .count = count, .flags = flags};
+    struct gp_out_cuGraphAddBatchMemOpNode out;
+    r = gp_call2(GP_CALL_cuGraphAddBatchMemOpNode, WANT, &in, sizeof in, deps, num_deps * 8, ops,
+                 (uint64_t)in.count * MEM_OP_BYTES, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) *node = out.node;
+    return r;
+}
+
+CUresult cuGraphBatchMemOpNodeSetParams(uint64_t node, void *params) {
+    GP_TRACE("cuGraphBatchMemOpNodeSetParams");
+    uint32_t count, flags;
+    const void *ops;
+    CUresult r = batch_node_params("cuGraphBatchMemOpNodeSetParams", params, &count, &ops, &flags);
+    if (r != CUDA_SUCCESS) return r;
+    struct gp_in_cuGraphBatchMemOpNodeSetParams in = {.node = node, .count = count, .flags = flags};
+    return gp_call(GP_CALL_cuGraphBatchMemOpNodeSetParams, WANT, &in, sizeof in, ops,
+                   (uint64_t)in.count * MEM_OP_BYTES, NULL, 0, NULL, 0);
+}
+
+CUresult cuGraphExecBatchMemOpNodeSetParams(uint64_t exec, uint64_t node, void *params) {
+    GP_TRACE("cuGraphExecBatchMemOpNodeSetParams");
+    uint32_t count, flags;
+    const void *ops;
+    CUresult r = batch_node_params("cuGraphExecBatchMemOpNodeSetParams", params, &count, &ops, &flags);
+    if (r != CUDA_SUCCESS) return r;
+    struct gp_in_cuGraphExecBatchMemOpNodeSetParams in = {.exec = exec, .node = node, .count = count, .flags = flags};
+    return gp_call(GP_CALL_cuGraphExecBatchMemOpNodeSetParams, WANT, &in, sizeof in, ops,
+                   (uint64_t)in.count * MEM_OP_BYTES, NULL, 0, NULL, 0);
+}
+
+/* Read back: the operations live in a block of the node's, as a kernel node's arguments do. */
+CUresult cuGraphBatchMemOpNodeGetParams(uint64_t node, void *params) {
+    GP_TRACE("cuGraphBatchMemOpNodeGetParams");
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    unsigned char *ops = malloc(MEM_OPS_MAX * MEM_OP_BYTES);
+    if (!ops) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct gp_in_cuGraphBatchMemOpNodeGetParams in = {.node = node};
+    struct gp_out_cuGraphBatchMemOpNodeGetParams out;
+    CUresult r = gp_call(GP_CALL_cuGraphBatchMemOpNodeGetParams, WANT, &in, sizeof in, NULL, 0, &out, sizeof out, ops,
+                         MEM_OPS_MAX * MEM_OP_BYTES);
+    if (r == CUDA_SUCCESS && out.count > MEM_OPS_MAX) r = CUDA_ERROR_INVALID_VALUE;
+    unsigned char *block = NULL;
+    if (r == CUDA_SUCCESS) {
+        pthread_mutex_lock(&kernel_args_lock);
+        block = kernel_args_block(node, (size_t)out.count * MEM_OP_BYTES + 1);
+        if (block) memcpy(block, ops, (size_t)out.count * MEM_OP_BYTES);
+        pthread_mutex_unlock(&kernel_args_lock);
+        if (!block) r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    free(ops);
+    if (r != CUDA_SUCCESS) return r;
+    unsigned char *p = params;
+    uint64_t ctx = gp_ctx_current();
+    memset(p, 0, 32);
+    memcpy(p, &ctx, 8), memcpy(p + 8, &out.count, 4), memcpy(p + 16, &block, 8), memcpy(p + 24, &out.flags, 4);
+    return CUDA_SUCCESS;
+}
+
 /* CUDA_HOST_NODE_PARAMS: the function and its argument, kept here (shim.c) and run at every launch. */
 CUresult cuGraphAddHostNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params) {
     GP_TRACE("cuGraphAddHostNode");
@@ -663,7 +742,7 @@ static CUresult conditional_node(uint64_t *node, uint64_t graph, const void *dep
  * call's structure, which starts as the older one does). */
 enum {
     NODE_KERNEL = 0, NODE_MEMCPY = 1, NODE_MEMSET = 2, NODE_HOST = 3, NODE_GRAPH = 4, NODE_EMPTY = 5, NODE_WAIT_EVENT = 6,
-    NODE_EVENT_RECORD = 7, NODE_MEM_ALLOC = 10, NODE_MEM_FREE = 11, NODE_CONDITIONAL = 13
+    NODE_EVENT_RECORD = 7, NODE_MEM_ALLOC = 10, NODE_MEM_FREE = 11, NODE_BATCH_MEM_OP = 12, NODE_CONDITIONAL = 13
 };
 
 static CUresult add_node_of_type(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params);
@@ -721,6 +800,8 @@ static CUresult add_node_of_type(uint64_t *node, uint64_t graph, void *deps, uin
     case NODE_MEM_FREE:
         memcpy(&u64, p + 16, 8);
         return cuGraphAddMemFreeNode(node, graph, deps, num_deps, u64);
+    case NODE_BATCH_MEM_OP:
+        return cuGraphAddBatchMemOpNode(node, graph, deps, num_deps, p + 16);
     }
     gp_say("cuGraphAddNode: nodes of type %u are not forwarded to the remote GPU; it returns "
            "CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)", type);
@@ -770,6 +851,8 @@ static CUresult node_set_params(const char *name, uint64_t exec, uint64_t node, 
     case NODE_EVENT_RECORD:
         memcpy(&u64, p + 16, 8);
         return exec ? cuGraphExecEventRecordNodeSetEvent(exec, node, u64) : cuGraphEventRecordNodeSetEvent(node, u64);
+    case NODE_BATCH_MEM_OP:
+        return exec ? cuGraphExecBatchMemOpNodeSetParams(exec, node, p + 16) : cuGraphBatchMemOpNodeSetParams(node, p + 16);
     }
     gp_say("%s: nodes of type %u are not forwarded to the remote GPU; it returns CUDA_ERROR_NOT_SUPPORTED "
            "(docs/remote.md)", name, type);
@@ -812,6 +895,8 @@ CUresult cuGraphNodeGetParams(uint64_t node, void *params) {
         return cuGraphMemAllocNodeGetParams(node, typed);
     case NODE_MEM_FREE:
         return cuGraphMemFreeNodeGetParams(node, (uint64_t *)typed);
+    case NODE_BATCH_MEM_OP:
+        return cuGraphBatchMemOpNodeGetParams(node, typed);
     }
     gp_say("cuGraphNodeGetParams: nodes of type %d are not read back from the remote GPU; it returns "
            "CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)", type);
