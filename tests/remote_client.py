@@ -2562,6 +2562,30 @@ def scenario_graph_memory():
     say("finished", 1)
 
 
+def scenario_notifications_and_unified_functions():
+    """Asynchronous notifications registered for a device of the lease (and refused for another), then
+    unregistered; the unified-function-pointer attribute and cuLibraryGetUnifiedFunction, refused."""
+    setup()
+    handle = c_u64()
+    callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, c_u64)(lambda *_: None)
+    say("register", cu.cuDeviceRegisterAsyncNotification(0, callback, None, ctypes.byref(handle)))
+    say("handle_given", handle.value != 0)
+    say(
+        "register_other_device",
+        cu.cuDeviceRegisterAsyncNotification(3, callback, None, ctypes.byref(c_u64())),
+    )
+    say("unregister", cu.cuDeviceUnregisterAsyncNotification(0, handle))
+    unified = ctypes.c_int(-1)
+    check(cu.cuDeviceGetAttribute(ctypes.byref(unified), 129, 0), "attribute")  # UNIFIED_FUNCTION_POINTERS
+    say("unified_attribute", unified.value)
+    library, fptr = c_u64(), ctypes.c_void_p()
+    check(
+        cu.cuLibraryLoadData(ctypes.byref(library), b"// library\n", None, None, 0, None, None, 0), "library"
+    )
+    say("unified_function", cu.cuLibraryGetUnifiedFunction(ctypes.byref(fptr), library, b"fill_u32"))
+    say("finished", 1)
+
+
 def scenario_unknown():
     check(cu.cuInit(0), "init")
     # Graphics interop is refused: an OpenGL or Vulkan resource of this machine means nothing on the GPU's

@@ -126,6 +126,21 @@ def test_kernels_launch_with_parameters_and_faults_surface_at_the_next_sync(shim
     assert out["sync_after_fault"] == "700"  # ... the fault is reported by the next sync
 
 
+def test_async_notifications_are_accepted_for_lease_devices_and_unified_functions_are_refused(
+    shim_dir, worker
+):
+    """A notification callback registers for the lease's device (not for another) and unregisters; the
+    device says it has no unified function pointers, and asking a library for one is refused with the
+    census's reason on stderr."""
+    out, err = run_client("notifications_and_unified_functions", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert (out["register"], out["handle_given"], out["unregister"]) == ("0", "True", "0")
+    assert out["register_other_device"] == "101"  # CUDA_ERROR_INVALID_DEVICE
+    assert out["unified_attribute"] == "0"
+    assert out["unified_function"] == "801"  # CUDA_ERROR_NOT_SUPPORTED
+    assert "cuLibraryGetUnifiedFunction" in err and "refused" in err
+
+
 def test_a_call_that_is_not_forwarded_fails_and_says_why_once(shim_dir, worker):
     out, err = run_client("unknown", client_env(shim_dir, worker))
     assert out == {"first_call": "801", "second_call": "801"}

@@ -1041,6 +1041,13 @@ CALLS: tuple[Call, ...] = (
        how="accepted, never called: the driver's messages stay on the worker"),
     _c("cuLogsUnregisterCallback", 12080, "u64 handle", L, custom=True,
        how="accepted: the callback was never called"),
+    # Asynchronous notifications: the one kind (CU_ASYNC_NOTIFICATION_TYPE_OVER_BUDGET) is about the worker's
+    # process and its device memory budget; the lease's partition is the worker's to enforce.
+    _c("cuDeviceRegisterAsyncNotification", 12040, "i32 dev, ptr callback, ptr user_data, o_u64 handle", L,
+       custom=True, how="accepted for a device of the lease, never called: an over-budget notification "
+       "concerns the worker's process, and allocations past the lease's partition fail instead"),
+    _c("cuDeviceUnregisterAsyncNotification", 12040, "i32 dev, u64 handle", L, custom=True,
+       how="accepted for a handle registration gave: the callback was never called"),
     # The worker's driver log (the worker process is the lease's alone): read back, an iterator at a time.
     _c("cuLogsCurrent", 12080, "o_u32 iterator, u32 flags"),
     _c("cuLogsDumpToMemory", 12080, "ptr iterator, ptr buffer, ptr size, u32 flags", custom=True,

@@ -158,6 +158,15 @@ GROUPS: tuple[Group, ...] = (
        returns CUDA_ERROR_NOT_SUPPORTED, which is the shim's answer too.""",
         "cuDeviceGetLuid",
     ),
+    _g(
+        "unified function pointers",
+        R,
+        """cuLibraryGetUnifiedFunction gives a pointer that host code calls as well as kernels (on systems
+       with unified function pointers, CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS). Remotely it would be
+       a function of the worker's process: the program's host code cannot call it, and a call would jump to
+       an address of nothing in the program. The lease's devices answer that attribute 0.""",
+        "cuLibraryGetUnifiedFunction",
+    ),
     # -- not forwarded yet: forwardable, not built ----------------------------------------------------
     _g(
         "batched decompression",
@@ -195,12 +204,11 @@ GROUPS: tuple[Group, ...] = (
     _g(
         "code: managed globals, unified functions, multi-device launches, tensor-map classes",
         N,
-        """A library's managed global is managed memory of the lease (mirrored in the client as
-       cuMemAllocManaged's is); a unified function's address is a device address of the library; a multi-device
-       cooperative launch (deprecated) is one cooperative launch per device of the lease; a tensor map's
-       allocation class is a setting on a map the lease encoded.""",
-        "cuLaunchCooperativeKernelMultiDevice cuLibraryGetManaged "
-        "cuLibraryGetUnifiedFunction cuTensorMapSetAllocationClass",
+        """A library's managed global is managed memory of the lease (to be mirrored in the client as
+       cuMemAllocManaged's is, its first contents the device's); a multi-device cooperative launch
+       (deprecated) is to be sent as one driver call, each device's launch packed as cuLaunchKernel's; a
+       tensor map's allocation class (CUDA 13.1) is a setting on a map the lease encoded.""",
+        "cuLaunchCooperativeKernelMultiDevice cuLibraryGetManaged cuTensorMapSetAllocationClass",
     ),
     _g(
         "green contexts and execution affinity",
@@ -213,10 +221,9 @@ GROUPS: tuple[Group, ...] = (
     _g(
         "device, memory and log queries",
         N,
-        """Where the lease's memory lies (cuMemGetLocationInfo) is a plain query of the
-       lease's memory, its address checked; an asynchronous notification is to be delivered on the callback
-       connection, as host functions are.""",
-        "cuMemGetLocationInfo cuDeviceRegisterAsyncNotification cuDeviceUnregisterAsyncNotification",
+        """Where the lease's memory lies (cuMemGetLocationInfo, CUDA 13.1) is a plain query of
+       the lease's memory, its address checked.""",
+        "cuMemGetLocationInfo",
     ),
 )
 

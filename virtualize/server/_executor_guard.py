@@ -75,10 +75,12 @@ STREAM_ATTRIBUTES = frozenset({ACCESS_POLICY_WINDOW, 3, 8, 9, 10})
 NOT_COHERENT_ATTRIBUTES = frozenset({86, 88, 89, 100, 101})
 # What a device offers that memory shared remotely cannot be (docs/remote.md, "Many GPUs in one run"), so
 # that NCCL and others take the way that works: HANDLE_TYPE_FABRIC_SUPPORTED, MULTICAST_SUPPORTED,
-# LOGICAL_ENDPOINT_MULTICAST_SUPPORTED answer 0, MEMPOOL_SUPPORTED_HANDLE_TYPES only POSIX descriptors.
+# LOGICAL_ENDPOINT_MULTICAST_SUPPORTED answer 0, MEMPOOL_SUPPORTED_HANDLE_TYPES only POSIX descriptors;
+# UNIFIED_FUNCTION_POINTERS 0: a unified function's host side would be the worker's (docs/driver-census.md).
 ATTRIBUTE_MASKS = {
     **dict.fromkeys(NOT_COHERENT_ATTRIBUTES, 0),
     128: 0,
+    129: 0,
     132: 0,
     154: 0,
     119: POSIX_FILE_DESCRIPTOR,

@@ -221,6 +221,25 @@ def tensor_maps() -> None:
     ok(cu.cuMemFree(x))
 
 
+def notifications_and_unified(library) -> None:
+    """An asynchronous-notification callback registered and unregistered (never called remotely: printed
+    only is whether the calls succeed); unified function pointers, which an x86 host's GPU does not offer
+    (the lease's devices answer 0: on a system with them the attribute differs, so it goes to stderr)."""
+    function = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(lambda *_: None)
+    address = ctypes.cast(function, ctypes.c_void_p).value
+    callback = cu.CUasyncCallback(address) if hasattr(cu, "CUasyncCallback") else None
+    result = cu.cuDeviceRegisterAsyncNotification(0, callback, 0) if callback is not None else None
+    if result is None:
+        print("async notifications: not in these bindings")
+    else:
+        print("async notification registered", result[0].name)
+        if result[0] == cu.CUresult.CUDA_SUCCESS:
+            print("unregistered", cu.cuDeviceUnregisterAsyncNotification(0, result[1])[0].name)
+    unified = cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS, 0)
+    print("unified function pointers", unified, file=sys.stderr)
+    print("unified function", cu.cuLibraryGetUnifiedFunction(library, b"nothing")[0].name, file=sys.stderr)
+
+
 def main() -> int:
     dev = Device(0)
     dev.set_current()
@@ -239,6 +258,7 @@ def main() -> int:
     retained_handle()
     pitched_and_settings(ctx)
     tensor_maps()
+    notifications_and_unified(library)
     ok(cu.cuCtxSynchronize())
     return 0
 

@@ -2078,9 +2078,7 @@ GP_EXPORT CUresult cuDestroyExternalMemory(void) { return gp_unforwarded("cuDest
 GP_EXPORT CUresult cuDestroyExternalSemaphore(void) { return gp_unforwarded("cuDestroyExternalSemaphore"); }
 GP_EXPORT CUresult cuDeviceGetLuid(void) { return gp_unforwarded("cuDeviceGetLuid"); }
 GP_EXPORT CUresult cuDeviceGetNvSciSyncAttributes(void) { return gp_unforwarded("cuDeviceGetNvSciSyncAttributes"); }
-GP_EXPORT CUresult cuDeviceRegisterAsyncNotification(void) { return gp_unforwarded("cuDeviceRegisterAsyncNotification"); }
 GP_EXPORT CUresult cuDeviceTotalMem(void) { return gp_unforwarded("cuDeviceTotalMem"); }
-GP_EXPORT CUresult cuDeviceUnregisterAsyncNotification(void) { return gp_unforwarded("cuDeviceUnregisterAsyncNotification"); }
 GP_EXPORT CUresult cuEGLApiInit(void) { return gp_unforwarded("cuEGLApiInit"); }
 GP_EXPORT CUresult cuEGLStreamConsumerAcquireFrame(void) { return gp_unforwarded("cuEGLStreamConsumerAcquireFrame"); }
 GP_EXPORT CUresult cuEGLStreamConsumerConnect(void) { return gp_unforwarded("cuEGLStreamConsumerConnect"); }
@@ -2246,6 +2244,7 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuCoredump*", "GPU core dump settings: refused"},
     {"cuProfilerInitialize", "profiler initialisation: refused"},
     {"cuDeviceGetLuid", "Windows-only queries: refused"},
+    {"cuLibraryGetUnifiedFunction", "unified function pointers: refused"},
     {"cuMemBatchDecompressAsync", "batched decompression: not forwarded yet"},
     {"cuMulticastBindMem_v2", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuMulticastBindAddr_v2", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
@@ -2260,13 +2259,10 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuLaunchHostFunc_v2", "recapture, host functions with flags: not forwarded yet"},
     {"cuLaunchCooperativeKernelMultiDevice", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
     {"cuLibraryGetManaged", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
-    {"cuLibraryGetUnifiedFunction", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
     {"cuTensorMapSetAllocationClass", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
     {"cuDevSmResourceSplit", "green contexts and execution affinity: not forwarded yet"},
     {"cuStreamGetDevResource", "green contexts and execution affinity: not forwarded yet"},
     {"cuMemGetLocationInfo", "device, memory and log queries: not forwarded yet"},
-    {"cuDeviceRegisterAsyncNotification", "device, memory and log queries: not forwarded yet"},
-    {"cuDeviceUnregisterAsyncNotification", "device, memory and log queries: not forwarded yet"},
 };
 
 /* What cuGetProcAddress hands out: (name, ABI version) -> function, sorted by name then version. */
@@ -2343,9 +2339,11 @@ static const struct gp_proc gp_procs[] = {
     {"cuDevicePrimaryCtxRetain", 7000, (void *)cuDevicePrimaryCtxRetain},
     {"cuDevicePrimaryCtxSetFlags", 7000, (void *)cuDevicePrimaryCtxSetFlags},
     {"cuDevicePrimaryCtxSetFlags", 11000, (void *)cuDevicePrimaryCtxSetFlags_v2},
+    {"cuDeviceRegisterAsyncNotification", 12040, (void *)cuDeviceRegisterAsyncNotification},
     {"cuDeviceSetGraphMemAttribute", 11040, (void *)cuDeviceSetGraphMemAttribute},
     {"cuDeviceSetMemPool", 11020, (void *)cuDeviceSetMemPool},
     {"cuDeviceTotalMem", 3020, (void *)cuDeviceTotalMem_v2},
+    {"cuDeviceUnregisterAsyncNotification", 12040, (void *)cuDeviceUnregisterAsyncNotification},
     {"cuDriverGetVersion", 2020, (void *)cuDriverGetVersion},
     {"cuEventCreate", 2000, (void *)cuEventCreate},
     {"cuEventDestroy", 4000, (void *)cuEventDestroy_v2},

@@ -429,6 +429,30 @@ CUresult cuLogsUnregisterCallback(uint64_t handle) {
     return handle ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+/* Asynchronous notifications (over budget) concern the worker's process: a registration for a device
+ * of the lease is kept, never called. */
+CUresult cuDeviceRegisterAsyncNotification(int32_t dev, void *callback, void *user_data, uint64_t *handle) {
+    GP_TRACE("cuDeviceRegisterAsyncNotification");
+    (void)user_data;
+    int32_t count;
+    if (!callback || !handle) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cuDeviceGetCount(&count);
+    if (r != CUDA_SUCCESS) return r;
+    if (dev < 0 || dev >= count) return CUDA_ERROR_INVALID_DEVICE;
+    static uint64_t next_handle = 0xa51c;
+    *handle = __atomic_add_fetch(&next_handle, 1, __ATOMIC_RELAXED);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceUnregisterAsyncNotification(int32_t dev, uint64_t handle) {
+    GP_TRACE("cuDeviceUnregisterAsyncNotification");
+    int32_t count;
+    CUresult r = cuDeviceGetCount(&count);
+    if (r != CUDA_SUCCESS) return r;
+    if (dev < 0 || dev >= count) return CUDA_ERROR_INVALID_DEVICE;
+    return handle ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 /* The worker's driver log: its bytes come back without the NUL, which the client adds. The driver keeps
  * at most this much (older messages are overwritten): no dump is larger. */
 #define LOG_BYTES_MAX 25600
