@@ -2586,6 +2586,45 @@ def scenario_notifications_and_unified_functions():
     say("finished", 1)
 
 
+def scenario_decompress():
+    """Batched decompression of DEFLATE data between allocations of the lease, with the size written and
+    no operation's error; operations on memory not the lease's or past an allocation, or of an unknown
+    algorithm, refused before any runs."""
+    import zlib
+
+    setup()
+    data = bytes(range(256)) * 8
+    packer = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    packed = packer.compress(data) + packer.flush()
+    (rc1, src), (rc2, dst), (rc3, actual) = alloc(len(packed)), alloc(4096), alloc(16)
+    check(rc1 or rc2 or rc3, "alloc")
+    check(cu.cuMemcpyHtoD(c_u64(src), packed, c_u64(len(packed))), "compressed bytes")
+
+    packed_size = len(packed)
+
+    def params(src_bytes=packed_size, dst_bytes=4096, where=(src, dst, actual), algorithm=1):
+        raw = ctypes.create_string_buffer(64)
+        struct.pack_into("<QQQQQi", raw, 0, src_bytes, dst_bytes, where[2], where[0], where[1], algorithm)
+        return raw
+
+    index = c_u64(0)
+    check(cu.cuMemBatchDecompressAsync(params(), c_u64(1), 0, ctypes.byref(index), c_u64(0)), "decompress")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("decompressed", dtoh(dst, len(data))[1] == data)
+    say("actual_size", struct.unpack("<I", dtoh(actual, 4)[1])[0] == len(data))
+    say("no_error_index", index.value == (1 << 64) - 1)
+    foreign = 0x7123_4560_0000
+    refusals = {
+        "past_the_destination": params(dst_bytes=8192),
+        "source_not_the_leases": params(where=(foreign, dst, actual)),
+        "size_word_not_the_leases": params(where=(src, dst, foreign)),
+        "unknown_algorithm": params(algorithm=3),
+    }
+    for name, bad in refusals.items():
+        say(name, cu.cuMemBatchDecompressAsync(bad, c_u64(1), 0, ctypes.byref(index), c_u64(0)))
+    say("finished", 1)
+
+
 def scenario_unknown():
     check(cu.cuInit(0), "init")
     # Graphics interop is refused: an OpenGL or Vulkan resource of this machine means nothing on the GPU's
@@ -3215,7 +3254,7 @@ def scenario_arrays_rest():
     memory = c_u64()
     tile_pool = AllocationProp(1, 0, 1, 0, None, 1 << 16)  # allocFlags.usage CU_MEM_CREATE_USAGE_TILE_POOL
     check(cu.cuMemCreate(ctypes.byref(memory), c_u64(2 * MiB), ctypes.byref(tile_pool), c_u64(0)), "memory")
-    other_usage = AllocationProp(1, 0, 1, 0, None, 2 << 16)  # CU_MEM_CREATE_USAGE_HW_DECOMPRESS
+    other_usage = AllocationProp(1, 0, 1, 0, None, 4 << 16)  # CU_MEM_CREATE_USAGE_GPU_DIRECT_RDMA_OVER_PCIE
     say(
         "other_usage",
         cu.cuMemCreate(ctypes.byref(c_u64()), c_u64(2 * MiB), ctypes.byref(other_usage), c_u64(0)),

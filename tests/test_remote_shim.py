@@ -126,6 +126,22 @@ def test_kernels_launch_with_parameters_and_faults_surface_at_the_next_sync(shim
     assert out["sync_after_fault"] == "700"  # ... the fault is reported by the next sync
 
 
+def test_batched_decompression_reads_and_writes_only_the_leases_memory(shim_dir, worker):
+    """DEFLATE data in an allocation decompresses into another, its size written, no operation's error
+    index; an operation past its destination, on a source or size word not the lease's, or of an unknown
+    algorithm is refused."""
+    out, err = run_client("decompress", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert out["decompressed"] == out["actual_size"] == out["no_error_index"] == "True"
+    refused = (
+        "past_the_destination",
+        "source_not_the_leases",
+        "size_word_not_the_leases",
+        "unknown_algorithm",
+    )
+    assert [out[name] for name in refused] == ["1"] * len(refused)  # CUDA_ERROR_INVALID_VALUE
+
+
 def test_async_notifications_are_accepted_for_lease_devices_and_unified_functions_are_refused(
     shim_dir, worker
 ):
@@ -471,7 +487,7 @@ def test_planes_sparse_and_deferred_arrays_and_their_tile_mappings_are_forwarded
     assert out["map_foreign_memory"] == out["map_foreign_array"] == "400"
     assert out["map_other_device"] == "101"
     assert out["map_plain_array"] == "1"
-    assert out["other_usage"] == "801"  # memory for sparse tiles is created; other usages are not forwarded
+    assert out["other_usage"] == "801"  # memory for GPUDirect RDMA is not created remotely
     assert "gpupool:" not in err
 
 

@@ -478,6 +478,10 @@ CALLS: tuple[Call, ...] = (
        how="sent as cuMemcpyHtoDAsync, DtoHAsync or DtoDAsync"),
     # Batched copies (cuda.core's batched memcpy, newer PyTorch): each copy sent as the single copy of its
     # direction (cuMemcpyAsync's), in the batch's order; 3D operands between pointers only.
+    # Batched decompression (the copy engines' decompressor): each operation's source, destination and
+    # actual-size word checked as memory of the lease; its CUmemDecompressParams (64 bytes) in the bulk.
+    _c("cuMemBatchDecompressAsync", 12080, "ptr params, u64 count, u32 flags, ptr error_index, stream stream",
+       custom=True, wire="o_u64 error_index, u64 count, u32 flags, stream stream, bytes params"),
     _c("cuMemcpyBatchAsync", 12080, "ptr dsts, ptr srcs, ptr sizes, u64 count, ptr attrs, ptr attrs_idxs, "
        "u64 num_attrs, ptr fail_idx, stream stream", L, custom=True,
        how="each copy sent as the single copy of its direction"),

@@ -169,13 +169,6 @@ GROUPS: tuple[Group, ...] = (
     ),
     # -- not forwarded yet: forwardable, not built ----------------------------------------------------
     _g(
-        "batched decompression",
-        N,
-        """Each operation's source and destination are to be checked against the lease as a copy's are,
-       its out-parameters (the status and the bytes written) are device memory of the lease.""",
-        "cuMemBatchDecompressAsync",
-    ),
-    _g(
         "multicast, logical endpoints and NVLink fabric",
         N,
         """Multicast objects of CUDA 12.1 are forwarded; CUDA 13.1's per-device binds

@@ -34,6 +34,7 @@ from virtualize.server._arrays import (
     ArrayShape,
 )
 from virtualize.server._executor import (
+    DECOMPRESS_PARAMS,
     INVALID_VALUE,
     NOT_SUPPORTED,
     CopiedBytes,
@@ -1029,6 +1030,15 @@ class CudaExecutor(Executor):
 
     def cuParamSetTexRef(self, func, texunit, tex):
         _ok(driver.cuParamSetTexRef(driver.CUfunction(func), texunit, driver.CUtexref(tex)))
+
+    def cuMemBatchDecompressAsync(self, operations, flags, stream):
+        """Each operation's CUmemDecompressParams made from its checked fields (its pointers are device
+        addresses of the lease); the index of the operation the driver refused, or SIZE_MAX."""
+        params = [
+            self._struct(driver.CUmemDecompressParams, DECOMPRESS_PARAMS.pack(*operation))
+            for operation in operations
+        ]
+        return int(_ok(driver.cuMemBatchDecompressAsync(params, len(params), flags, self._stream(stream))))
 
     @staticmethod
     def _struct(kind, raw: bytes):

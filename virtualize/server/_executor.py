@@ -19,6 +19,7 @@ from __future__ import annotations
 import abc
 import mmap
 import os
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,6 +43,10 @@ INVALID_HANDLE = CUresult.INVALID_HANDLE
 NOT_FOUND = CUresult.NOT_FOUND
 NOT_SUPPORTED = CUresult.NOT_SUPPORTED
 
+
+# CUmemDecompressParams (cuMemBatchDecompressAsync): source and destination sizes, the actual-size word's
+# address, source, destination, algorithm (DEFLATE 1, SNAPPY 2, LZ4 4), padding.
+DECOMPRESS_PARAMS = struct.Struct("<QQQQQi20x")
 
 # Forwarded calls that the seam's shaped methods (below) run; every other forwarded call of the table
 # runs through the executor method of its own name.

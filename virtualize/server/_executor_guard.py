@@ -64,8 +64,9 @@ P2P_ATOMIC_OPERATIONS_MAX = (
     64  # operations one cuDeviceGetP2PAtomicCapabilities asks about (the shim's limit too)
 )
 POOL_PROPS_BYTES = 88  # CUmemPoolProps
-# CUmemAllocationProp's allocFlags.usage, and the one usage created remotely: memory for sparse arrays' tiles
-ALLOCATION_USAGE_AT, USAGE_TILE_POOL = 26, 0x1
+# CUmemAllocationProp's allocFlags.usage, and the usages created remotely: memory for sparse arrays' tiles,
+# memory the copy engines decompress from and into (cuMemBatchDecompressAsync)
+ALLOCATION_USAGE_AT, USAGE_TILE_POOL, USAGE_HW_DECOMPRESS = 26, 0x1, 0x2
 # CUstreamAttrID values whose CUstreamAttrValue is plain data, or (the access-policy window) a range the
 # guard checks: access-policy window, synchronization policy, priority, memory sync domain map, domain.
 STREAM_ATTRIBUTES = frozenset({ACCESS_POLICY_WINDOW, 3, 8, 9, 10})
@@ -803,7 +804,7 @@ class Session:
         (usage,) = struct.unpack_from("<H", prop, ALLOCATION_USAGE_AT)
         if not size or size % GRANULE:
             raise CudaError(INVALID_VALUE, "size must be a multiple of the granularity (2 MiB)")
-        if usage & ~USAGE_TILE_POOL:
+        if usage & ~(USAGE_TILE_POOL | USAGE_HW_DECOMPRESS):
             raise CudaError(CUresult.NOT_SUPPORTED, f"memory of usage {usage:#x} is not created remotely")
         with self.lease.lock:
             self.lease.reserve(device, size)

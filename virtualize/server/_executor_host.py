@@ -26,6 +26,7 @@ import re
 import struct
 import threading
 import time
+import zlib
 from collections.abc import Callable
 
 from virtualize.common._calls import FORWARDED_LAUNCH_ATTRIBUTES
@@ -98,6 +99,7 @@ CARVEOUT, MAX_DYNAMIC_SHARED = 9, 8  # CUfunction_attribute
 
 
 MULTICAST_GRANULARITY = 2 << 20
+DEFLATE, SIZE_MAX = 1, (1 << 64) - 1  # CU_MEM_DECOMPRESS_ALGORITHM_DEFLATE; no operation's error
 SURFACE_LDST = 0x02  # CUDA_ARRAY3D_SURFACE_LDST
 TILE_BYTES, TILE_ROWS = 64 << 10, 128  # a sparse array's tile, as the GPUs' 64 KiB tiles are
 SPARSE_PROPERTIES = struct.Struct("<IIIIQI16x4x")  # CUDA_ARRAY_SPARSE_PROPERTIES: tile, mip tail, flags
@@ -1092,6 +1094,28 @@ class HostExecutor(Executor):
 
     def cuMemFreeAsync(self, dptr, stream):
         self._free(dptr)
+
+    def cuMemBatchDecompressAsync(self, operations, flags, stream):
+        """DEFLATE (raw, RFC 1951) decompressed in order on the stream, each actual size written; the other
+        algorithms are not modelled here (CUDA_ERROR_NOT_SUPPORTED, as on a GPU without them)."""
+        if flags:
+            raise CudaError(INVALID_VALUE, "flags")
+        if any(operation[5] != DEFLATE for operation in operations):
+            raise CudaError(CUresult.NOT_SUPPORTED, "only DEFLATE is modelled")
+
+        def work():
+            for src_bytes, dst_bytes, actual, src, dst, _ in operations:
+                sm, so = self._find(src, src_bytes)
+                out = zlib.decompressobj(-zlib.MAX_WBITS).decompress(
+                    bytes(sm[so : so + src_bytes]), dst_bytes
+                )
+                dm, do = self._find(dst, len(out))
+                dm[do : do + len(out)] = out
+                am, ao = self._find(actual, 4)
+                am[ao : ao + 4] = len(out).to_bytes(4, "little")
+
+        self._on(stream, work)
+        return SIZE_MAX
 
     def cuMemGetAddressRange(self, dptr):
         mem, off = self._find(dptr, 0)

@@ -196,6 +196,7 @@ def copies_and_stream_operations(ctx, stream, cuda13: bool) -> None:
         print("instance wrote", int.from_bytes(words[:4], "little"))
         ok(driver.cuGraphExecDestroy(graph_exec))
     ok(driver.cuGraphDestroy(graph))
+    decompression(stream)
 
     if cuda13:
         attrs = driver.CUmemcpyAttributes()
@@ -207,6 +208,47 @@ def copies_and_stream_operations(ctx, stream, cuda13: bool) -> None:
         ok(driver.cuMemcpyDtoH(again, buf + 393216, len(data)))
         print("copied with attributes", bytes(again) == data)
     ok(driver.cuMemFree(buf))
+
+
+def decompression(stream) -> None:
+    """cuMemBatchDecompressAsync of DEFLATE data (the copy engines' decompressor: GPUs without one answer
+    CUDA_ERROR_NOT_SUPPORTED, the same through the lease)."""
+    import zlib
+
+    if not hasattr(driver, "cuMemBatchDecompressAsync"):
+        print("decompression: not in these bindings")
+        return
+    mask = driver.cuDeviceGetAttribute(
+        driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK, 0
+    )
+    print(
+        "decompression algorithms", name(mask), mask[1] if mask[0] == driver.CUresult.CUDA_SUCCESS else None
+    )
+    data = bytes(range(256)) * 16
+    packer = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    packed = packer.compress(data) + packer.flush()
+    src, dst, actual = (int(ok(driver.cuMemAlloc(size))) for size in (len(packed), len(data), 4))
+    ok(driver.cuMemcpyHtoD(src, packed, len(packed)))
+    raw = bytearray(64)
+    ctypes.memmove(
+        (ctypes.c_char * 64).from_buffer(raw),
+        (ctypes.c_uint64 * 5)(len(packed), len(data), actual, src, dst),
+        40,
+    )
+    raw[40:44] = int(driver.CUmemDecompressAlgorithm.CU_MEM_DECOMPRESS_ALGORITHM_DEFLATE).to_bytes(
+        4, "little"
+    )
+    params = driver.CUmemDecompressParams()
+    ctypes.memmove(params.getPtr(), bytes(raw), 64)
+    result = driver.cuMemBatchDecompressAsync([params], 1, 0, stream)
+    print("decompress", name(result))
+    if result[0] == driver.CUresult.CUDA_SUCCESS:
+        ok(driver.cuStreamSynchronize(stream))
+        back = bytearray(len(data))
+        ok(driver.cuMemcpyDtoH(back, dst, len(data)))
+        print("decompressed", bytes(back) == data)
+    for ptr in (src, dst, actual):
+        ok(driver.cuMemFree(ptr))
 
 
 def main() -> int:

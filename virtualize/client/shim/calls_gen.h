@@ -1975,6 +1975,7 @@ GP_EXPORT CUresult cuLaunchKernelEx_ptsz(void *config, uint64_t f, void *params,
 GP_EXPORT CUresult cuLaunchKernel_ptsz(uint64_t f, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t bx, uint32_t by, uint32_t bz, uint32_t smem, uint64_t stream, void *params, void *extra) { return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra); }
 GP_EXPORT CUresult cuMemAllocAsync_ptsz(uint64_t *dptr, uint64_t bytesize, uint64_t stream) { return cuMemAllocAsync(dptr, bytesize, stream); }
 GP_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(uint64_t *dptr, uint64_t bytesize, uint64_t pool, uint64_t stream) { return cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream); }
+GP_EXPORT CUresult cuMemBatchDecompressAsync_ptsz(void *params, uint64_t count, uint32_t flags, void *error_index, uint64_t stream) { return cuMemBatchDecompressAsync(params, count, flags, error_index, stream); }
 GP_EXPORT CUresult cuMemDiscardAndPrefetchBatchAsync_ptsz(void *dptrs, void *sizes, uint64_t count, void *locations, void *location_idxs, uint64_t num_locations, uint64_t flags, uint64_t stream) { return cuMemDiscardAndPrefetchBatchAsync(dptrs, sizes, count, locations, location_idxs, num_locations, flags, stream); }
 GP_EXPORT CUresult cuMemDiscardBatchAsync_ptsz(void *dptrs, void *sizes, uint64_t count, uint64_t flags, uint64_t stream) { return cuMemDiscardBatchAsync(dptrs, sizes, count, flags, stream); }
 GP_EXPORT CUresult cuMemFreeAsync_ptsz(uint64_t dptr, uint64_t stream) { return cuMemFreeAsync(dptr, stream); }
@@ -2151,8 +2152,6 @@ GP_EXPORT CUresult cuLinkCreate(void) { return gp_unforwarded("cuLinkCreate"); }
 GP_EXPORT CUresult cuMemAlloc(void) { return gp_unforwarded("cuMemAlloc"); }
 GP_EXPORT CUresult cuMemAllocHost(void) { return gp_unforwarded("cuMemAllocHost"); }
 GP_EXPORT CUresult cuMemAllocPitch(void) { return gp_unforwarded("cuMemAllocPitch"); }
-GP_EXPORT CUresult cuMemBatchDecompressAsync(void) { return gp_unforwarded("cuMemBatchDecompressAsync"); }
-GP_EXPORT CUresult cuMemBatchDecompressAsync_ptsz(void) { return gp_unforwarded("cuMemBatchDecompressAsync_ptsz"); }
 GP_EXPORT CUresult cuMemFree(void) { return gp_unforwarded("cuMemFree"); }
 GP_EXPORT CUresult cuMemGetAddressRange(void) { return gp_unforwarded("cuMemGetAddressRange"); }
 GP_EXPORT CUresult cuMemGetAttribute(void) { return gp_unforwarded("cuMemGetAttribute"); }
@@ -2245,7 +2244,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuProfilerInitialize", "profiler initialisation: refused"},
     {"cuDeviceGetLuid", "Windows-only queries: refused"},
     {"cuLibraryGetUnifiedFunction", "unified function pointers: refused"},
-    {"cuMemBatchDecompressAsync", "batched decompression: not forwarded yet"},
     {"cuMulticastBindMem_v2", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuMulticastBindAddr_v2", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuLogicalEndpoint*", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
@@ -2507,6 +2505,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemAllocHost", 3020, (void *)cuMemAllocHost_v2},
     {"cuMemAllocManaged", 6000, (void *)cuMemAllocManaged},
     {"cuMemAllocPitch", 3020, (void *)cuMemAllocPitch_v2},
+    {"cuMemBatchDecompressAsync", 12080, (void *)cuMemBatchDecompressAsync},
     {"cuMemCreate", 10020, (void *)cuMemCreate},
     {"cuMemDiscardAndPrefetchBatchAsync", 13000, (void *)cuMemDiscardAndPrefetchBatchAsync},
     {"cuMemDiscardBatchAsync", 13000, (void *)cuMemDiscardBatchAsync},
