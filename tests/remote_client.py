@@ -2625,6 +2625,31 @@ def scenario_decompress():
     say("finished", 1)
 
 
+def scenario_newer_abis():
+    """Names resolved at the versions cuda.bindings asks for their newer ABIs: cuLaunchHostFunc's (a
+    synchronisation mode) runs the function; the ones not forwarded (CUDA 13.1's per-device multicast
+    binds, CUDA 13.4's graph node calls) refuse instead of running as the older ABI."""
+    setup()
+    ran = []
+    hook = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda data: ran.append(data))
+    with_mode = Driver(13020).cuLaunchHostFunc
+    say("host_function_spinning", with_mode(c_u64(0), hook, ctypes.c_void_p(7), 1))  # CU_HOST_TASK_SPINWAIT
+    say("host_function_bad_mode", with_mode(c_u64(0), hook, ctypes.c_void_p(8), 5))
+    check(cu.cuCtxSynchronize(), "sync")
+    say("host_function_ran", ran)
+    say(
+        "bind_v2",
+        Driver(13010).cuMulticastBindMem(c_u64(1), 0, c_u64(0), c_u64(2), c_u64(0), c_u64(0), c_u64(0)),
+    )
+    node, graph = c_u64(), c_u64()
+    check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
+    params = (ctypes.c_uint8 * 256)()
+    struct.pack_into("<I", params, 0, 5)  # an empty node
+    say("add_node_v3", Driver(13041).cuGraphAddNode(ctypes.byref(node), graph, None, None, c_u64(0), params))
+    say("add_node_v2", Driver(13040).cuGraphAddNode(ctypes.byref(node), graph, None, None, c_u64(0), params))
+    say("finished", 1)
+
+
 def scenario_unknown():
     check(cu.cuInit(0), "init")
     # Graphics interop is refused: an OpenGL or Vulkan resource of this machine means nothing on the GPU's

@@ -82,6 +82,12 @@ def cuda_executor_worker(shim_dir):
         "pinned_stream_order",
         "pinned_kernels",
         "memory_calls",
+        "graph_memory",
+        "graph_batch_mem_ops",
+        "arrays_rest",
+        "multicast",
+        "texture_references",
+        "decompress",
     ],
 )
 def test_the_cuda_executor_serves_every_scenario(shim_dir, cuda_executor_worker, scenario):
@@ -167,6 +173,39 @@ def test_the_cuda_executor_serves_every_scenario(shim_dir, cuda_executor_worker,
             "batch_written": "(7, 0, 1099511627776)",
             "sync_after_batch": "1",
             "new_memory_has_no_advice": "['0 -2', '0 -2']",
+        },
+        "graph_memory": {  # issue 25's graph memory nodes through cuda.bindings' own structures
+            "finished": "1",
+            "copied": "(7, 7, 7, 7)",
+            "read_back": "(1, 1, 0, 4096, True, 1, 0, 3)",
+            "free_reads_back": "True",
+            "past_partition": "2",
+        },
+        "graph_batch_mem_ops": {
+            "finished": "1",
+            "written": str((0x11, 0x2222_3333_4444_5555)),
+            "read_back": "(3, True)",
+            "instance_wrote": "0x44",
+        },
+        "arrays_rest": {
+            "finished": "1",
+            "planes": "[(64, 32, 1, 1), (32, 16, 1, 2)]",
+            "sparse_tile": "(128, 128, 1)",
+            "requirements_cover_it": "True",
+            "map_foreign_memory": "400",
+        },
+        "multicast": {"finished": "1", "granularity": str(2 * MiB), "read_through": "5a5a5a5a5a5a5a5a"},
+        "texture_references": {
+            "finished": "1",
+            "address_back": "(0, True)",
+            "settings": "(1, 2, 2, 1, 1, 0.5, 0.25, 3.0, 4, (0.125, 0.25, 0.5, 1.0), 2)",
+            "after_unload": "400",
+        },
+        "decompress": {
+            "finished": "1",
+            "decompressed": "True",
+            "actual_size": "True",
+            "no_error_index": "True",
         },
     }[scenario]
     assert {k: out.get(k) for k in expected} == expected

@@ -157,6 +157,19 @@ def test_async_notifications_are_accepted_for_lease_devices_and_unified_function
     assert "cuLibraryGetUnifiedFunction" in err and "refused" in err
 
 
+def test_a_newer_abi_that_is_not_forwarded_refuses_instead_of_running_as_the_older_one(shim_dir, worker):
+    """cuGetProcAddress at the version of a newer ABI: cuLaunchHostFunc's with a synchronisation mode runs
+    the function (a bad mode refused); cuMulticastBindMem's per-device ABI and cuGraphAddNode's CUDA 13.4
+    one refuse with their census reason, while the older cuGraphAddNode still adds the node."""
+    out, err = run_client("newer_abis", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert (out["host_function_spinning"], out["host_function_bad_mode"]) == ("0", "1")
+    assert out["host_function_ran"] == "[7]"
+    assert out["bind_v2"] == out["add_node_v3"] == "801"  # CUDA_ERROR_NOT_SUPPORTED, not the older ABI
+    assert out["add_node_v2"] == "0"
+    assert "cuMulticastBindMem_v2" in err and "cuGraphAddNode_v3" in err
+
+
 def test_a_call_that_is_not_forwarded_fails_and_says_why_once(shim_dir, worker):
     out, err = run_client("unknown", client_env(shim_dir, worker))
     assert out == {"first_call": "801", "second_call": "801"}

@@ -480,7 +480,7 @@ CALLS: tuple[Call, ...] = (
     # direction (cuMemcpyAsync's), in the batch's order; 3D operands between pointers only.
     # Batched decompression (the copy engines' decompressor): each operation's source, destination and
     # actual-size word checked as memory of the lease; its CUmemDecompressParams (64 bytes) in the bulk.
-    _c("cuMemBatchDecompressAsync", 12080, "ptr params, u64 count, u32 flags, ptr error_index, stream stream",
+    _c("cuMemBatchDecompressAsync", 12060, "ptr params, u64 count, u32 flags, ptr error_index, stream stream",
        custom=True, wire="o_u64 error_index, u64 count, u32 flags, stream stream, bytes params"),
     _c("cuMemcpyBatchAsync", 12080, "ptr dsts, ptr srcs, ptr sizes, u64 count, ptr attrs, ptr attrs_idxs, "
        "u64 num_attrs, ptr fail_idx, stream stream", L, custom=True,
@@ -775,6 +775,10 @@ CALLS: tuple[Call, ...] = (
     _c("cuStreamSynchronize", 2000, "stream stream", sync=True),
     _c("cuStreamWaitEvent", 3020, "stream stream, event event, u32 flags", A),
     _c("cuLaunchHostFunc", 10000, "stream stream, ptr fn, ptr data", A, custom=True, wire="stream stream, u64 id"),
+    # CUDA 13.2's: the synchronisation mode says how the driver waits for the stream (blocking or spinning),
+    # which is the worker's business; the function runs in the program as cuLaunchHostFunc's does.
+    _c("cuLaunchHostFunc", 13020, "stream stream, ptr fn, ptr data, u32 sync_mode", L, symbol="cuLaunchHostFunc_v2",
+       custom=True, how="sent as cuLaunchHostFunc (a blocking or spinning wait is the worker's driver's)"),
     _c("cuStreamAddCallback", 5000, "stream stream, ptr callback, ptr data, u32 flags", A, custom=True,
        wire="stream stream, u64 id"),
     # Tensor maps (Hopper's TMA descriptors): encoded by the worker's driver; 128 opaque bytes come back.
@@ -1075,6 +1079,16 @@ CALLS: tuple[Call, ...] = (
 # Names cuGetProcAddress resolves to another call from an ABI version on: (name, since, symbol).
 ALIASES: tuple[tuple[str, int, str], ...] = (
     ("cuGraphInstantiate", 12000, "cuGraphInstantiateWithFlags"),  # CUDA 12 gave it WithFlags' signature
+)
+# Newer ABIs of forwarded calls that are not forwarded themselves: (name, since, cuda.h's versioned
+# symbol). cuGetProcAddress asked for the name at that version or later hands out a refusal (the symbol's,
+# with its census reason), never the older ABI, whose parameters differ (cuda.bindings asks for these
+# versions to call the newer ABIs). The versions are the ones cuda.bindings asks for.
+UNFORWARDED_ABIS: tuple[tuple[str, int, str], ...] = (
+    ("cuMulticastBindMem", 13010, "cuMulticastBindMem_v2"),  # a device before the offset
+    ("cuMulticastBindAddr", 13010, "cuMulticastBindAddr_v2"),
+    ("cuGraphAddNode", 13041, "cuGraphAddNode_v3"),  # CUgraphNodeParams of CUDA 13.4
+    ("cuGraphNodeSetParams", 13041, "cuGraphNodeSetParams_v2"),
 )
 
 CALL_IDS: dict[Call, int] = {call: index for index, call in enumerate(CALLS)}

@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from virtualize.common._calls import ALIASES, CALLS, Call, Mode
+from virtualize.common._calls import ALIASES, CALLS, UNFORWARDED_ABIS, Call, Mode
 from virtualize.common.errors import VirtualizeError
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -188,11 +188,11 @@ GROUPS: tuple[Group, ...] = (
         "cuGraphNodeSetParams_v2 cuGraphAddNode_v3",
     ),
     _g(
-        "recapture, host functions with flags",
+        "recapture",
         N,
-        """A recapture is a capture into a graph of the lease; a host function with a synchronisation
-       mode runs in the client as cuLaunchHostFunc's do, once its modes are mapped onto them.""",
-        "cuStreamBeginRecaptureToGraph cuLaunchHostFunc_v2",
+        """A recapture (CUDA 13.3) is a capture into a graph of the lease, its callback run in the program as
+       host functions are.""",
+        "cuStreamBeginRecaptureToGraph",
     ),
     _g(
         "code: managed globals, unified functions, multi-device launches, tensor-map classes",
@@ -298,6 +298,17 @@ def take(header: Header, calls: tuple[Call, ...] = CALLS, groups: tuple[Group, .
         for pattern in group.names:
             if not any(_matches(pattern, name) for name in header.entry_points):
                 problems.append(f"group {group.title!r} names {pattern}, which the header does not declare")
+    for (
+        _,
+        _,
+        symbol,
+    ) in UNFORWARDED_ABIS:  # each a newer ABI the header declares and the table does not forward
+        if symbol not in header.entry_points:
+            problems.append(f"UNFORWARDED_ABIS names {symbol}, which the header does not declare")
+        elif abi_call(header, symbol, calls) is not None:
+            problems.append(
+                f"{symbol} is forwarded: take it out of UNFORWARDED_ABIS (virtualize/common/_calls.py)"
+            )
     aliases = {name: target for name, _, target in ALIASES}
     by_symbol = {c.symbol: c for c in calls}
     entries = []

@@ -13,6 +13,7 @@ import itertools
 import logging
 import mmap
 import os
+import struct
 import tempfile
 import threading
 from collections.abc import Callable
@@ -58,6 +59,11 @@ CANNOT_MOVE = {
     "texref": "texture references", "surfref": "surface references",
 }  # fmt: skip
 MEM_OP_BYTES = 48  # CUstreamBatchMemOpParams
+BATCH_NODE_PARAMS = struct.Struct("<QI4xQI4x")  # CUDA_BATCH_MEM_OP_NODE_PARAMS: ctx, count, the ops, flags
+# CUDA_MEM_ALLOC_NODE_PARAMS: CUmemPoolProps' allocation type, handle types, location type and id (then
+# the rest of its 88 bytes), the access descriptors' address and count, the size, the address.
+ALLOC_NODE_PARAMS = struct.Struct("<iiii72xQQQQ")
+ACCESS_DESC = struct.Struct("<iiI")  # CUmemAccessDesc: location type, location id, flags
 SMALL_COPY = 256 << 10  # up to this, copies go through pageable memory (one driver call)
 STAGING_CHUNK = 8 << 20
 _HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_size_t)  # CUhostFn: void (*)(void *userData)
@@ -1032,13 +1038,18 @@ class CudaExecutor(Executor):
         _ok(driver.cuParamSetTexRef(driver.CUfunction(func), texunit, driver.CUtexref(tex)))
 
     def cuMemBatchDecompressAsync(self, operations, flags, stream):
-        """Each operation's CUmemDecompressParams made from its checked fields (its pointers are device
-        addresses of the lease); the index of the operation the driver refused, or SIZE_MAX."""
-        params = [
-            self._struct(driver.CUmemDecompressParams, DECOMPRESS_PARAMS.pack(*operation))
-            for operation in operations
-        ]
-        return int(_ok(driver.cuMemBatchDecompressAsync(params, len(params), flags, self._stream(stream))))
+        """The operations' CUmemDecompressParams, packed from their checked fields (their pointers are device
+        addresses of the lease), in one array for the driver's own entry point (cuda.bindings takes one);
+        the index of the operation the driver refused, or SIZE_MAX."""
+        packed = b"".join(DECOMPRESS_PARAMS.pack(*operation) for operation in operations)
+        array = ctypes.create_string_buffer(packed, len(packed))
+        index = ctypes.c_size_t(0)
+        argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p)
+        function = self._driver_function("cuMemBatchDecompressAsync", 12060, argtypes)
+        result = function(array, len(operations), flags, ctypes.byref(index), stream)
+        if result:
+            raise CudaError(result, f"decompression operation {index.value}")
+        return index.value
 
     @staticmethod
     def _struct(kind, raw: bytes):
@@ -1861,21 +1872,23 @@ class CudaExecutor(Executor):
             _ok(driver.cuGraphBatchMemOpNodeSetParams(node, params))
 
     def graph_batch_mem_op_node_params(self, node):
+        """Read from the C structure the driver filled: context, count, the operations' address, flags."""
         params = _ok(driver.cuGraphBatchMemOpNodeGetParams(driver.CUgraphNode(node)))
-        ops = list(params.paramArray)[: int(params.count)]
-        return b"".join(ctypes.string_at(op.getPtr(), MEM_OP_BYTES) for op in ops), int(params.flags)
+        _, count, ops_at, flags = BATCH_NODE_PARAMS.unpack(
+            ctypes.string_at(params.getPtr(), BATCH_NODE_PARAMS.size)
+        )
+        return (ctypes.string_at(ops_at, count * MEM_OP_BYTES) if count else b""), flags
 
     def graph_mem_alloc_node_params(self, node):
+        """Read from the C structure the driver filled (cuda.bindings' `accessDescs` lists only descriptors
+        it was given itself)."""
         params = _ok(driver.cuGraphMemAllocNodeGetParams(driver.CUgraphNode(node)))
+        raw = ctypes.string_at(params.getPtr(), ALLOC_NODE_PARAMS.size)
+        _, _, _, device, descs_at, count, size, ptr = ALLOC_NODE_PARAMS.unpack(raw)
         lease_device = {real: dev for dev, real in enumerate(self.real)}
-        descs = list(params.accessDescs)[: int(params.accessDescCount)]
-        access = [(lease_device[int(d.location.id)], int(d.flags)) for d in descs]
-        return (
-            lease_device[int(params.poolProps.location.id)],
-            int(params.bytesize),
-            _int(params.dptr),
-            access,
-        )
+        described = ctypes.string_at(descs_at, count * ACCESS_DESC.size) if count else b""
+        access = [(lease_device[peer], flags) for _, peer, flags in ACCESS_DESC.iter_unpack(described)]
+        return lease_device[device], size, ptr, access
 
     def graph_add_mem_free_node(self, graph, deps, ptr):
         return _int(

@@ -10,25 +10,14 @@ Runs unchanged on a local GPU or, under gpupool's libcuda.so.1, on a leased one;
 from __future__ import annotations
 
 import ctypes
+import struct
 import sys
 
 import numpy as np
-from _common import PTX, loaded_libcuda, ok
+from _common import PTX, loaded_libcuda, ok, saxpy_node
 from cuda.bindings import driver as cu
 
 N = 4096
-
-
-def saxpy_node(func, x, y, a, keep):
-    args = (ctypes.c_uint64(int(x)), ctypes.c_uint64(int(y)), ctypes.c_float(a), ctypes.c_uint32(N))
-    pointers = (ctypes.c_void_p * 4)(*[ctypes.addressof(v) for v in args])
-    keep.append((args, pointers))
-    params = cu.CUDA_KERNEL_NODE_PARAMS()
-    params.func = func
-    params.gridDimX, params.gridDimY, params.gridDimZ = (N + 255) // 256, 1, 1
-    params.blockDimX, params.blockDimY, params.blockDimZ = 256, 1, 1
-    params.kernelParams = ctypes.addressof(pointers)
-    return params
 
 
 def copy_params(src, dst, count):
@@ -79,10 +68,10 @@ def main() -> int:
         1,
     )
     zero = ok(cu.cuGraphAddMemsetNode(graph, [allocation], 1, memset, ctx))
-    fill = ok(cu.cuGraphAddKernelNode(graph, [zero], 1, saxpy_node(saxpy, x, tmp, 3.0, keep)))  # tmp = 3 x
+    fill = ok(cu.cuGraphAddKernelNode(graph, [zero], 1, saxpy_node(saxpy, x, tmp, 3.0, N, keep)))  # tmp = 3 x
     out = ok(cu.cuGraphAddMemcpyNode(graph, [fill], 1, copy_params(tmp, y, 4 * N), ctx))
     freed = ok(cu.cuGraphAddMemFreeNode(graph, [out], 1, tmp))
-    graph_exec = ok(cu.cuGraphInstantiateWithFlags(graph, 0))
+    graph_exec = ok(cu.cuGraphInstantiate(graph, 0))
     for _ in range(2):
         ok(cu.cuGraphLaunch(graph_exec, 0))
     ok(cu.cuCtxSynchronize())
@@ -90,9 +79,11 @@ def main() -> int:
     ok(cu.cuMemcpyDtoH(host.ctypes.data, y, 4 * N))
     print("copied out of graph memory", host[:2].tolist(), float(host.sum()))  # 3 each
     back = ok(cu.cuGraphMemAllocNodeGetParams(allocation))
-    descs = list(back.accessDescs)[: int(back.accessDescCount)]
+    # The access descriptors from the C structure the driver filled (cuda.bindings lists only its own).
+    descs_at, count = struct.unpack_from("<QQ", ctypes.string_at(back.getPtr(), 120), 88)
+    described = ctypes.string_at(descs_at, 12 * count) if count else b""
     print("allocation node reads back", int(back.bytesize), int(back.dptr) == tmp, int(back.poolProps.location.id),
-          [(int(d.location.id), int(d.flags)) for d in descs])  # fmt: skip
+          [(peer, flags) for _, peer, flags in struct.iter_unpack("<iiI", described)])  # fmt: skip
     print("free node reads back its address", int(ok(cu.cuGraphMemFreeNodeGetParams(freed))) == tmp)
     if ok(cu.cuDriverGetVersion()) >= 13010:  # the generic getter came with CUDA 13.1
         node = ok(cu.cuGraphNodeGetParams(allocation))

@@ -10,6 +10,7 @@ step prints the driver's result name, so a refusal shows as a difference rather 
 from __future__ import annotations
 
 import ctypes
+import struct
 import sys
 
 from _common import loaded_libcuda, ok
@@ -175,16 +176,18 @@ def copies_and_stream_operations(ctx, stream, cuda13: bool) -> None:
     print("batch memory-operation node", name(result))
     if result[0] == driver.CUresult.CUDA_SUCCESS:
         node = result[1]
-        graph_exec = ok(driver.cuGraphInstantiateWithFlags(graph, 0))
+        graph_exec = ok(driver.cuGraphInstantiate(graph, 0))
         ok(driver.cuGraphLaunch(graph_exec, stream))
         ok(driver.cuStreamSynchronize(stream))
         ok(driver.cuMemcpyDtoH(words, at, 16))
         print("node wrote", int.from_bytes(words[:4], "little"), int.from_bytes(words[8:], "little"))
         back = ok(driver.cuGraphBatchMemOpNodeGetParams(node))
-        ops = list(back.paramArray)[: int(back.count)]
-        print(
-            "node read back", int(back.count), [int(op.operation) for op in ops], int(ops[0].writeValue.value)
-        )
+        # The operations from the C structure the driver filled (cuda.bindings lists only its own).
+        count, ops_at = struct.unpack_from("<I4xQ", ctypes.string_at(back.getPtr(), 32), 8)
+        ops = [
+            struct.unpack_from("<I4xQQ", ctypes.string_at(ops_at, 48 * count), 48 * i) for i in range(count)
+        ]
+        print("node read back", count, [op[0] for op in ops], [op[2] for op in ops[:1]])
         write32.writeValue.value = 9
         params.count, params.paramArray = 1, [write32]
         print(
@@ -240,7 +243,7 @@ def decompression(stream) -> None:
     )
     params = driver.CUmemDecompressParams()
     ctypes.memmove(params.getPtr(), bytes(raw), 64)
-    result = driver.cuMemBatchDecompressAsync([params], 1, 0, stream)
+    result = driver.cuMemBatchDecompressAsync(params, 1, 0, stream)
     print("decompress", name(result))
     if result[0] == driver.CUresult.CUDA_SUCCESS:
         ok(driver.cuStreamSynchronize(stream))

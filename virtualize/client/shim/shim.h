@@ -9,7 +9,7 @@
 typedef int CUresult;
 #define GP_EXPORT __attribute__((visibility("default")))
 
-struct gp_proc { const char *name; int since; void *fn; };
+struct gp_proc { const char *name; int since; void *fn; const char *refused; }; /* refused: a newer ABI's symbol */
 struct gp_result_text { int code; const char *name; const char *text; };
 
 /* CUipcMemHandle: 64 bytes, passed by value. gpupool's: a magic, then the allocation's base and size. */

@@ -143,6 +143,14 @@ CUresult cuLaunchHostFunc(uint64_t stream, void *fn, void *data) {
     return host_call(0, GP_CALL_cuLaunchHostFunc, stream, fn, data);
 }
 
+/* CU_HOST_TASK_BLOCKING or CU_HOST_TASK_SPINWAIT: how the worker's driver waits for the stream, not what
+ * the program sees, so either runs as cuLaunchHostFunc. */
+CUresult cuLaunchHostFunc_v2(uint64_t stream, void *fn, void *data, uint32_t sync_mode) {
+    GP_TRACE("cuLaunchHostFunc_v2");
+    if (sync_mode > 1) return CUDA_ERROR_INVALID_VALUE;
+    return host_call(0, GP_CALL_cuLaunchHostFunc, stream, fn, data);
+}
+
 CUresult cuStreamAddCallback(uint64_t stream, void *callback, void *data, uint32_t flags) {
     GP_TRACE("cuStreamAddCallback");
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE; /* reserved, as the driver says */
