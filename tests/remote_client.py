@@ -2650,6 +2650,36 @@ def scenario_newer_abis():
     say("finished", 1)
 
 
+def scenario_library_managed():
+    """A library's managed variable: its address, the same when asked again, host and kernels sharing its
+    bytes as managed memory's (the host's write before a launch is what the kernel reads, the kernel's write
+    what the host reads after the synchronisation); a variable that is not managed is not found."""
+    setup()
+    image = (
+        b"// library\n.global .attribute(.managed) .align 4 .b8 counter[16];\n.global .align 4 .u32 plain;\n"
+    )
+    library, ptr, size, again = c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuLibraryLoadData(ctypes.byref(library), image, None, None, 0, None, None, 0), "library")
+    check(
+        cu.cuLibraryGetManaged(ctypes.byref(ptr), ctypes.byref(size), library, b"counter"), "managed variable"
+    )
+    check(cu.cuLibraryGetManaged(ctypes.byref(again), None, library, b"counter"), "asked again")
+    say("size", size.value)
+    say("same_again", again.value == ptr.value)
+    say("first_touch", list((ctypes.c_uint32 * 4).from_address(ptr.value)))
+    module, add = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(add), module, b"add_u32"), "function")
+    (ctypes.c_uint32 * 4).from_address(ptr.value)[:] = [5, 6, 7, 8]  # the host writes before the launch
+    value, count = ctypes.c_uint32(10), ctypes.c_uint32(4)
+    params = (ctypes.c_void_p * 3)(ctypes.addressof(ptr), ctypes.addressof(value), ctypes.addressof(count))
+    check(cu.cuLaunchKernel(add, 1, 1, 1, 4, 1, 1, 0, c_u64(0), params, None), "launch")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("after_kernel", list((ctypes.c_uint32 * 4).from_address(ptr.value)))
+    say("not_managed", cu.cuLibraryGetManaged(ctypes.byref(again), None, library, b"plain"))
+    say("finished", 1)
+
+
 def scenario_unknown():
     check(cu.cuInit(0), "init")
     # Graphics interop is refused: an OpenGL or Vulkan resource of this machine means nothing on the GPU's

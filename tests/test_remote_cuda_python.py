@@ -88,6 +88,7 @@ def cuda_executor_worker(shim_dir):
         "multicast",
         "texture_references",
         "decompress",
+        "library_managed",
     ],
 )
 def test_the_cuda_executor_serves_every_scenario(shim_dir, cuda_executor_worker, scenario):
@@ -207,6 +208,7 @@ def test_the_cuda_executor_serves_every_scenario(shim_dir, cuda_executor_worker,
             "actual_size": "True",
             "no_error_index": "True",
         },
+        "library_managed": {"finished": "1", "same_again": "True", "after_kernel": "[15, 16, 17, 18]"},
     }[scenario]
     assert {k: out.get(k) for k in expected} == expected
 

@@ -678,6 +678,19 @@ def test_managed_memory_is_the_same_bytes_for_the_program_and_its_kernels(shim_d
     assert "gpupool:" not in err
 
 
+def test_a_librarys_managed_variable_is_the_same_bytes_for_the_program_and_its_kernels(shim_dir, worker):
+    """cuLibraryGetManaged gives the variable's address (the same when asked again); the host's first touch
+    reads the device's bytes, its writes before a launch are what the kernel adds to, and the kernel's
+    result is what it reads after the synchronisation; a plain variable is not a managed one."""
+    out, err = run_client("library_managed", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert (out["size"], out["same_again"]) == ("16", "True")
+    assert out["first_touch"] == "[0, 0, 0, 0]"
+    assert out["after_kernel"] == "[15, 16, 17, 18]"
+    assert out["not_managed"] == "500"  # CUDA_ERROR_NOT_FOUND
+    assert "gpupool:" not in err
+
+
 def test_mapped_host_memory_is_the_same_bytes_for_the_program_and_its_kernels(shim_dir, worker):
     out, err = run_client("mapped", client_env(shim_dir, worker))
     assert out == {

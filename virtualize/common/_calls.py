@@ -691,6 +691,9 @@ CALLS: tuple[Call, ...] = (
     _c("cuLibraryGetKernel", 12000, "o_kernel kernel, library library, cstr name", links=True),
     _c("cuLibraryGetModule", 12000, "o_module module, library library", links=True),
     _c("cuLibraryGetGlobal", 12000, "o_dptr? dptr, o_u64? bytes, library library, cstr name", custom=True),
+    # A library's managed variable: the library's memory on the worker, mirrored in the program as managed
+    # memory is (its first contents the device's, fetched at the host's first touch).
+    _c("cuLibraryGetManaged", 12000, "o_dptr? dptr, o_u64? bytes, library library, cstr name", custom=True),
     _c("cuKernelGetFunction", 12000, "o_func func, kernel kernel", memo="functions", memo_ctx=True, links=True),
     _c("cuKernelGetAttribute", 12000, "o_i32 value, i32 attrib, kernel kernel, i32 dev", memo="functions"),
     _c("cuKernelSetAttribute", 12000, "i32 attrib, i32 value, kernel kernel, i32 dev", memo="functions",

@@ -195,13 +195,12 @@ GROUPS: tuple[Group, ...] = (
         "cuStreamBeginRecaptureToGraph",
     ),
     _g(
-        "code: managed globals, unified functions, multi-device launches, tensor-map classes",
+        "code: multi-device launches, tensor-map classes",
         N,
-        """A library's managed global is managed memory of the lease (to be mirrored in the client as
-       cuMemAllocManaged's is, its first contents the device's); a multi-device cooperative launch
-       (deprecated) is to be sent as one driver call, each device's launch packed as cuLaunchKernel's; a
-       tensor map's allocation class (CUDA 13.1) is a setting on a map the lease encoded.""",
-        "cuLaunchCooperativeKernelMultiDevice cuLibraryGetManaged cuTensorMapSetAllocationClass",
+        """A multi-device cooperative launch (deprecated) is to be sent as one driver call, each device's
+       launch packed as cuLaunchKernel's; a tensor map's allocation class (CUDA 13.5) is a setting on a map
+       the lease encoded.""",
+        "cuLaunchCooperativeKernelMultiDevice cuTensorMapSetAllocationClass",
     ),
     _g(
         "green contexts and execution affinity",

@@ -1622,6 +1622,10 @@ class CudaExecutor(Executor):
         ptr, size = _ok(driver.cuLibraryGetGlobal(driver.CUlibrary(library), name.encode()))
         return _int(ptr), int(size)
 
+    def cuLibraryGetManaged(self, library, name):
+        ptr, size = _ok(driver.cuLibraryGetManaged(driver.CUlibrary(library), name.encode()))
+        return _int(ptr), int(size)
+
     def cuKernelGetFunction(self, kernel):
         return _int(_ok(driver.cuKernelGetFunction(driver.CUkernel(kernel))))
 

@@ -376,6 +376,7 @@ class Session:
             "cuMemFreeAsync": self._free,
             "cuModuleGetGlobal_v2": self._get_global,
             "cuLibraryGetGlobal": self._get_global,
+            "cuLibraryGetManaged": self._get_global,
             **self.array_calls.handlers(),
             **self.graph_calls.handlers(),
             **TensorMapCalls(self).handlers(),

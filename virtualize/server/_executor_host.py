@@ -99,6 +99,14 @@ CARVEOUT, MAX_DYNAMIC_SHARED = 9, 8  # CUfunction_attribute
 
 
 MULTICAST_GRANULARITY = 2 << 20
+# A PTX variable: `.global [.attribute(.managed)] [.align N] .TYPE name[COUNT]`, and each type's bytes.
+VARIABLE = re.compile(
+    rb"\.global\s+(\.attribute\(\.managed\)\s+)?(?:\.align\s+\d+\s+)?\.(\w+)\s+(\w+)(?:\[(\d+)\])?"
+)
+VARIABLE_BYTES = {
+    **dict.fromkeys((b"b8", b"u8", b"s8"), 1), **dict.fromkeys((b"b16", b"u16", b"s16", b"f16"), 2),
+    **dict.fromkeys((b"b32", b"u32", b"s32", b"f32"), 4), **dict.fromkeys((b"b64", b"u64", b"s64", b"f64"), 8),
+}  # fmt: skip
 DEFLATE, SIZE_MAX = 1, (1 << 64) - 1  # CU_MEM_DECOMPRESS_ALGORITHM_DEFLATE; no operation's error
 SURFACE_LDST = 0x02  # CUDA_ARRAY3D_SURFACE_LDST
 TILE_BYTES, TILE_ROWS = 64 << 10, 128  # a sparse array's tile, as the GPUs' 64 KiB tiles are
@@ -223,6 +231,9 @@ class HostExecutor(Executor):
         self.multicast: dict[int, list] = {}
         # Legacy texture and surface references: handle -> its settings; (module, name) -> its handle.
         self.references_of: dict[int, dict] = {}
+        self.variables: dict[
+            int, dict[str, list]
+        ] = {}  # module -> name -> [size, managed, address once placed]
         self.module_references: dict[tuple[int, str], list] = {}  # -> [a surface's, its handle once asked]
         self.planes: dict[tuple[int, int], int] = {}  # (NV12 array, plane) -> the plane's array
         self.tiles_mapped: dict[int, int] = {}  # sparse or deferred array -> tile ranges mapped to memory
@@ -1171,6 +1182,11 @@ class HostExecutor(Executor):
             raise CudaError(CUresult.INVALID_IMAGE, "empty image")
         handle = next(self.ids)
         self.ptx_kernels[handle] = ptx_layouts(image)
+        self.variables[handle] = {
+            name.decode(): [VARIABLE_BYTES[kind] * int(count or 1), bool(managed), 0]
+            for managed, kind, name, count in VARIABLE.findall(image)
+            if kind in VARIABLE_BYTES
+        }
         # the texture and surface references the image declares (`.global .texref name;`)
         for kind, name in re.findall(rb"\.(tex|surf)ref\s+(\w+)\s*;", image):
             self.module_references[handle, name.decode()] = [kind == b"surf", 0]
@@ -1272,10 +1288,23 @@ class HostExecutor(Executor):
             self.layouts[handle] = self.layouts[kernel]
         return handle
 
+    # A module's (a library's) variables, as its PTX declares them: placed at the first ask, zero here.
+    def _variable(self, module, name, managed_only: bool):
+        declared = self.variables.get(module, {}).get(name)
+        if declared is None or (managed_only and not declared[1]):
+            raise CudaError(NOT_FOUND, name)
+        size, _managed, ptr = declared
+        if not ptr:
+            ptr = declared[2] = self._alloc(size)
+        return ptr, size
+
     def cuModuleGetGlobal(self, module, name):
-        raise CudaError(NOT_FOUND, name)
+        return self._variable(module, name, managed_only=False)
 
     cuLibraryGetGlobal = cuModuleGetGlobal
+
+    def cuLibraryGetManaged(self, library, name):
+        return self._variable(library, name, managed_only=True)
 
     def _param_info(self, func, index):
         layout = self.param_layout(func, False)

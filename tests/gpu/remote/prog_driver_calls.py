@@ -10,6 +10,7 @@
 - an allocation handle retained at its mapped address and released, as NCCL frees its memory;
 - a pitched allocation set row by row and read back, the device found by its PCI bus id, a stream's
   priority attribute, a context-wide event;
+- a library's managed variable read by the host, scaled by a kernel, read again;
 - tensor maps (Hopper's TMA descriptors) encoded 32 times and re-pointed 32 times for memory of the
   lease: every one must succeed (the worker once encoded them in cuda.bindings' CUtensorMap, which is
   only 16-byte aligned, and the driver refused three in four).
@@ -41,6 +42,7 @@ extern "C" __global__ void barrier(unsigned *arrived, unsigned *seen) {
     __syncthreads();
     seen[blockIdx.x * blockDim.x + threadIdx.x] = all;
 }
+__managed__ float managed_scale[4] = {1.0f, 2.0f, 3.0f, 4.0f};
 extern "C" __global__ void scale(float *x, float a, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= a;
@@ -221,6 +223,26 @@ def tensor_maps() -> None:
     ok(cu.cuMemFree(x))
 
 
+def library_managed(library, module) -> None:
+    """A library's managed variable (cuLibraryGetManaged): the host reads what the image put there, a kernel
+    scales it, the host reads the result after the synchronisation."""
+    result = cu.cuLibraryGetManaged(library, b"managed_scale")
+    print(
+        "managed variable", result[0].name, int(result[2]) if result[0] == cu.CUresult.CUDA_SUCCESS else None
+    )
+    if result[0] != cu.CUresult.CUDA_SUCCESS:
+        return
+    ptr = int(result[1])
+    values = (ctypes.c_float * 4).from_address(ptr)
+    print("host reads its first contents", list(values))
+    args = (c_u64(ptr), ctypes.c_float(10.0), ctypes.c_int(4))
+    pointers = (ctypes.c_void_p * 3)(*[ctypes.addressof(a) for a in args])
+    scale = ok(cu.cuModuleGetFunction(module, b"scale"))
+    ok(cu.cuLaunchKernel(scale, 1, 1, 1, 4, 1, 1, 0, 0, ctypes.addressof(pointers), 0))
+    ok(cu.cuCtxSynchronize())
+    print("host reads the kernel's result", list(values))
+
+
 def notifications_and_unified(library) -> None:
     """An asynchronous-notification callback registered and unregistered (never called remotely: printed
     only is whether the calls succeed); unified function pointers, which an x86 host's GPU does not offer
@@ -259,6 +281,7 @@ def main() -> int:
     pitched_and_settings(ctx)
     tensor_maps()
     notifications_and_unified(library)
+    library_managed(library, module)
     ok(cu.cuCtxSynchronize())
     return 0
 

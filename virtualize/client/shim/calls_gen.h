@@ -2144,7 +2144,6 @@ GP_EXPORT CUresult cuGraphicsVDPAURegisterVideoSurface(void) { return gp_unforwa
 GP_EXPORT CUresult cuImportExternalMemory(void) { return gp_unforwarded("cuImportExternalMemory"); }
 GP_EXPORT CUresult cuImportExternalSemaphore(void) { return gp_unforwarded("cuImportExternalSemaphore"); }
 GP_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(void) { return gp_unforwarded("cuLaunchCooperativeKernelMultiDevice"); }
-GP_EXPORT CUresult cuLibraryGetManaged(void) { return gp_unforwarded("cuLibraryGetManaged"); }
 GP_EXPORT CUresult cuLibraryGetUnifiedFunction(void) { return gp_unforwarded("cuLibraryGetUnifiedFunction"); }
 GP_EXPORT CUresult cuLinkAddData(void) { return gp_unforwarded("cuLinkAddData"); }
 GP_EXPORT CUresult cuLinkAddFile(void) { return gp_unforwarded("cuLinkAddFile"); }
@@ -2254,9 +2253,8 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuGraphNodeSetParams_v2", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphAddNode_v3", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuStreamBeginRecaptureToGraph", "recapture: not forwarded yet"},
-    {"cuLaunchCooperativeKernelMultiDevice", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
-    {"cuLibraryGetManaged", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
-    {"cuTensorMapSetAllocationClass", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
+    {"cuLaunchCooperativeKernelMultiDevice", "code: multi-device launches, tensor-map classes: not forwarded yet"},
+    {"cuTensorMapSetAllocationClass", "code: multi-device launches, tensor-map classes: not forwarded yet"},
     {"cuDevSmResourceSplit", "green contexts and execution affinity: not forwarded yet"},
     {"cuStreamGetDevResource", "green contexts and execution affinity: not forwarded yet"},
     {"cuMemGetLocationInfo", "device, memory and log queries: not forwarded yet"},
@@ -2484,6 +2482,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuLibraryGetGlobal", 12000, (void *)cuLibraryGetGlobal, NULL},
     {"cuLibraryGetKernel", 12000, (void *)cuLibraryGetKernel, NULL},
     {"cuLibraryGetKernelCount", 12040, (void *)cuLibraryGetKernelCount, NULL},
+    {"cuLibraryGetManaged", 12000, (void *)cuLibraryGetManaged, NULL},
     {"cuLibraryGetModule", 12000, (void *)cuLibraryGetModule, NULL},
     {"cuLibraryLoadData", 12000, (void *)cuLibraryLoadData, NULL},
     {"cuLibraryLoadFromFile", 12000, (void *)cuLibraryLoadFromFile, NULL},

@@ -293,6 +293,20 @@ int gp_managed_add(uint64_t base, uint64_t size, int kind) {
     return 0;
 }
 
+/* Managed memory the device side already holds data of (a library's managed variable, as its image set
+ * it): mirrored at its device address, the host's first touch fetches it. */
+int gp_managed_add_initialised(uint64_t base, uint64_t size) {
+    if (gp_managed_add(base, size, GP_MIRROR_MANAGED) != 0) return -1;
+    pthread_mutex_lock(&managed_lock);
+    for (int k = 0; k < n_managed; k++) {
+        if (managed[k].base != base) continue;
+        mprotect((void *)managed[k].lo, managed[k].mapped, PROT_NONE);
+        memset(managed[k].state, DEVICE, chunks_of(&managed[k]));
+    }
+    pthread_mutex_unlock(&managed_lock);
+    return 0;
+}
+
 /* Page-locked memory the program holds at [base, base + size), mirrored by the device allocation at
  * dev (GP_MIRROR_HOST): the host's bytes are the ones until the next device work sends them. Only the
  * pages wholly inside it are protected. */
