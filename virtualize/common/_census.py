@@ -171,20 +171,22 @@ GROUPS: tuple[Group, ...] = (
     _g(
         "multicast, logical endpoints and NVLink fabric",
         N,
-        """Multicast objects of CUDA 12.1 are forwarded; CUDA 13.1's per-device binds
-       (cuMulticastBindMem_v2, cuMulticastBindAddr_v2) are not in the CUDA 13.0 headers this shim is built
-       against. Logical endpoints and NVLink-fabric copies over the lease's own GPUs are forwardable as
+        """Multicast objects of CUDA 12.1 are forwarded. CUDA 13.1's per-device binds
+       (cuMulticastBindMem_v2, cuMulticastBindAddr_v2: a device of the lease, then checked as the older
+       binds are) refuse until built, never run as the older ABI (UNFORWARDED_ABIS). Logical endpoints (CUDA
+       13.3) and NVLink-fabric queries and copies (13.4, 13.5) over the lease's own GPUs are forwardable as
        handles; exporting one to another process or node would name memory outside the lease and is to
-       stay refused.""",
+       stay refused. The GPU servers' CUDA 13.0 drivers have none of these.""",
         "cuMulticastBindMem_v2 cuMulticastBindAddr_v2 cuLogicalEndpoint* cuFabricCpyBatchAsync cuDeviceGetFabricClusterUuid "
         "cuDeviceGetCliqueCount cuDeviceGetCliqueInfo",
     ),
     _g(
         "graph nodes read back, changed or queried",
         N,
-        """CUDA 13's cuGraphAddNode_v3 and
-       cuGraphNodeSetParams_v2 are to be sent as cuGraphAddNode and cuGraphNodeSetParams once their
-       parameter layout is checked against the older one.""",
+        """CUDA 13.4's cuGraphAddNode_v3 and cuGraphNodeSetParams_v2 (cuda.bindings asks for
+       cuGraphAddNode and cuGraphNodeSetParams at 13.4 to call them) are to be sent as the older ABIs once
+       their CUgraphNodeParams is checked against the older one; the GPU servers' CUDA 13.0 drivers have
+       neither. Until then they refuse, never run as the older ABI (UNFORWARDED_ABIS).""",
         "cuGraphNodeSetParams_v2 cuGraphAddNode_v3",
     ),
     _g(
@@ -197,24 +199,25 @@ GROUPS: tuple[Group, ...] = (
     _g(
         "code: multi-device launches, tensor-map classes",
         N,
-        """A multi-device cooperative launch (deprecated) is to be sent as one driver call, each device's
-       launch packed as cuLaunchKernel's; a tensor map's allocation class (CUDA 13.5) is a setting on a map
-       the lease encoded.""",
+        """A multi-device cooperative launch (deprecated; its kernels may synchronise across devices, so
+       it cannot be split into one cooperative launch per device) is to be sent as one driver call, each
+       device's launch packed as cuLaunchKernel's; a tensor map's allocation class (CUDA 13.5) is a setting
+       on a map the lease encoded.""",
         "cuLaunchCooperativeKernelMultiDevice cuTensorMapSetAllocationClass",
     ),
     _g(
         "green contexts and execution affinity",
         N,
         """CUDA 13.1's calls (cuDevSmResourceSplit's structured groups, a stream's resources)
-       are not built: they are not in the CUDA 13.0 headers this shim is built against; the green contexts
-       of CUDA 12.4 and 13.0 are forwarded, within the lease's share.""",
+       are not built: the GPU servers' CUDA 13.0 drivers do not have them; the green contexts of CUDA 12.4
+       and 13.0 are forwarded, within the lease's share.""",
         "cuDevSmResourceSplit cuStreamGetDevResource",
     ),
     _g(
         "device, memory and log queries",
         N,
-        """Where the lease's memory lies (cuMemGetLocationInfo, CUDA 13.1) is a plain query of
-       the lease's memory, its address checked.""",
+        """Where the lease's memory lies (cuMemGetLocationInfo, CUDA 13.4) is a plain query of
+       the lease's memory, its address checked; the GPU servers' CUDA 13.0 drivers do not have it.""",
         "cuMemGetLocationInfo",
     ),
 )
