@@ -698,6 +698,45 @@ def scenario_cooperative():
     say("sync_at_end", cu.cuCtxSynchronize())
 
 
+class LaunchParams(ctypes.Structure):  # CUDA_LAUNCH_PARAMS
+    _fields_ = [
+        ("function", c_u64),
+        ("dims", ctypes.c_uint * 7),
+        ("stream", c_u64),
+        ("params", ctypes.c_void_p),
+    ]
+
+
+def scenario_cooperative_multi_device():
+    """cuLaunchCooperativeKernelMultiDevice with the lease's one device: the launch runs; one with more blocks
+    than fit at once, more launches than the lease has devices, a stream not the lease's, or unknown flags
+    are refused by the call."""
+    setup()
+    module, fill = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// host-executor module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(fill), module, b"fill_u32"), "fill")
+    rc, buf = alloc(1 << 16)
+    check(rc, "alloc")
+    ptr, value, n = c_u64(buf), ctypes.c_uint32(5), ctypes.c_uint32(8192)
+    params = (ctypes.c_void_p * 3)(*map(ctypes.addressof, (ptr, value, n)))
+
+    def launches(*entries):
+        return (LaunchParams * len(entries))(
+            *[LaunchParams(fill.value, (ctypes.c_uint * 7)(blocks, 1, 1, 256, 1, 1, 0), stream,
+                           ctypes.cast(params, ctypes.c_void_p)) for blocks, stream in entries]
+        )  # fmt: skip
+
+    say("launched", cu.cuLaunchCooperativeKernelMultiDevice(launches((32, 0)), 1, 0))
+    say("sync", cu.cuCtxSynchronize())
+    words = memoryview(dtoh(buf, 4 * 8192)[1]).cast("I")
+    say("filled", f"{words[0]} {words[8191]}")
+    say("too_large", cu.cuLaunchCooperativeKernelMultiDevice(launches((33, 0)), 1, 0))
+    say("more_than_devices", cu.cuLaunchCooperativeKernelMultiDevice(launches((32, 0), (32, 0)), 2, 0))
+    say("foreign_stream", cu.cuLaunchCooperativeKernelMultiDevice(launches((32, 0x4242)), 1, 0))
+    say("unknown_flags", cu.cuLaunchCooperativeKernelMultiDevice(launches((32, 0)), 1, 4))
+    say("sync_at_end", cu.cuCtxSynchronize())
+
+
 def scenario_cache_config():
     """Cache and shared-memory configuration round trips: what a context, function or kernel is set to
     reads back, and a value the driver refuses (an unknown configuration, a carve-out past 100 %, more

@@ -89,6 +89,7 @@ def cuda_executor_worker(shim_dir):
         "texture_references",
         "decompress",
         "library_managed",
+        "cooperative_multi_device",
     ],
 )
 def test_the_cuda_executor_serves_every_scenario(shim_dir, cuda_executor_worker, scenario):
@@ -209,6 +210,12 @@ def test_the_cuda_executor_serves_every_scenario(shim_dir, cuda_executor_worker,
             "no_error_index": "True",
         },
         "library_managed": {"finished": "1", "same_again": "True", "after_kernel": "[15, 16, 17, 18]"},
+        "cooperative_multi_device": {
+            "launched": "0",
+            "filled": "5 5",
+            "too_large": "720",
+            "foreign_stream": "400",
+        },
     }[scenario]
     assert {k: out.get(k) for k in expected} == expected
 

@@ -1120,6 +1120,19 @@ def test_the_legacy_launch_api_runs_kernels_as_cuLaunchKernel_does(shim_dir, wor
     }
 
 
+def test_a_multi_device_cooperative_launch_runs_as_one_call_within_the_leases_devices(shim_dir, worker):
+    """cuLaunchCooperativeKernelMultiDevice runs its launch; one too large is refused by the call (as a
+    cooperative launch is), as are more launches than the lease has devices, a stream not the lease's and
+    unknown flags; nothing refused leaves an error for the next synchronise."""
+    out, err = run_client("cooperative_multi_device", client_env(shim_dir, worker))
+    assert (out["launched"], out["sync"], out["filled"]) == ("0", "0", "5 5")
+    assert out["too_large"] == "720"  # CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
+    assert out["more_than_devices"] == out["unknown_flags"] == "1"  # CUDA_ERROR_INVALID_VALUE
+    assert out["foreign_stream"] == "400"  # CUDA_ERROR_INVALID_HANDLE
+    assert out["sync_at_end"] == "0"
+    assert "not forwarded" not in err
+
+
 def test_cooperative_launches_run_and_one_too_large_is_refused_by_the_launch_call(shim_dir, worker):
     """Cooperative launches run; one with more blocks than fit at once fails from the launch call, as natively."""
     out, err = run_client("cooperative", client_env(shim_dir, worker))

@@ -751,6 +751,11 @@ CALLS: tuple[Call, ...] = (
     _c("cuLaunchCooperativeKernel", 9000,
        "func f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, stream stream, ptr params", L,
        custom=True, how="sent as cuLaunchKernelEx with the cooperative launch attribute"),
+    # A multi-device cooperative launch (deprecated): each device's launch checked and packed in the client as
+    # cuLaunchCooperativeKernel's (MULTI_LAUNCH: function, shape, shared memory, parameter bytes, stream; then
+    # the parameters), all sent as one call, since its kernels may synchronise across the lease's devices.
+    _c("cuLaunchCooperativeKernelMultiDevice", 9000, "ptr launches, u32 count, u32 flags", custom=True,
+       wire="u32 count, u32 flags, bytes launches"),
     # -- legacy launches and context attach (deprecated since CUDA 4.0), served in the client (shim_legacy.c):
     # block shape, shared size and parameter bytes kept per function, launched as cuLaunchKernel's `extra`.
     *(_c(name, 2000, params, L, custom=True, how="kept per function in the client for cuLaunch and cuLaunchGrid")

@@ -197,13 +197,11 @@ GROUPS: tuple[Group, ...] = (
         "cuStreamBeginRecaptureToGraph",
     ),
     _g(
-        "code: multi-device launches, tensor-map classes",
+        "tensor-map allocation classes",
         N,
-        """A multi-device cooperative launch (deprecated; its kernels may synchronise across devices, so
-       it cannot be split into one cooperative launch per device) is to be sent as one driver call, each
-       device's launch packed as cuLaunchKernel's; a tensor map's allocation class (CUDA 13.5) is a setting
-       on a map the lease encoded.""",
-        "cuLaunchCooperativeKernelMultiDevice cuTensorMapSetAllocationClass",
+        """A tensor map's allocation class (cuTensorMapSetAllocationClass, CUDA 13.5) is a setting on a map
+       the lease encoded; the GPU servers' CUDA 13.0 drivers do not have it.""",
+        "cuTensorMapSetAllocationClass",
     ),
     _g(
         "green contexts and execution affinity",

@@ -59,7 +59,10 @@ CANNOT_MOVE = {
     "texref": "texture references", "surfref": "surface references",
 }  # fmt: skip
 MEM_OP_BYTES = 48  # CUstreamBatchMemOpParams
-BATCH_NODE_PARAMS = struct.Struct("<QI4xQI4x")  # CUDA_BATCH_MEM_OP_NODE_PARAMS: ctx, count, the ops, flags
+BATCH_NODE_PARAMS = struct.Struct("<QI4xQI4x")
+LAUNCH_PARAMS = struct.Struct(
+    "<Q7I4xQQ"
+)  # CUDA_LAUNCH_PARAMS: function, dimensions, shared memory, stream, params  # CUDA_BATCH_MEM_OP_NODE_PARAMS: ctx, count, the ops, flags
 # CUDA_MEM_ALLOC_NODE_PARAMS: CUmemPoolProps' allocation type, handle types, location type and id (then
 # the rest of its 88 bytes), the access descriptors' address and count, the size, the address.
 ALLOC_NODE_PARAMS = struct.Struct("<iiii72xQQQQ")
@@ -1036,6 +1039,22 @@ class CudaExecutor(Executor):
 
     def cuParamSetTexRef(self, func, texunit, tex):
         _ok(driver.cuParamSetTexRef(driver.CUfunction(func), texunit, driver.CUtexref(tex)))
+
+    def launch_multi_device(self, launches, flags):
+        """CUDA_LAUNCH_PARAMS for each launch (its parameters in a buffer of its own, as a kernel node's), in
+        one array for the driver's own entry point (cuda.bindings takes one)."""
+        kept = [self._kernel_node(launch) for launch in launches]
+        packed = b"".join(
+            LAUNCH_PARAMS.pack(_int(target.function), *launch.grid, *launch.block, launch.shared_mem,
+                               _int(self._stream(launch.stream)), target.params)
+            for launch, (_, target) in zip(launches, kept, strict=True)
+        )  # fmt: skip
+        array = ctypes.create_string_buffer(packed, len(packed))
+        argtypes = (ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint)
+        function = self._driver_function("cuLaunchCooperativeKernelMultiDevice", 9000, argtypes)
+        result = function(array, len(launches), flags)
+        if result:
+            raise CudaError(result, "multi-device cooperative launch")
 
     def cuMemBatchDecompressAsync(self, operations, flags, stream):
         """The operations' CUmemDecompressParams, packed from their checked fields (their pointers are device

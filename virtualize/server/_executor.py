@@ -47,6 +47,9 @@ NOT_SUPPORTED = CUresult.NOT_SUPPORTED
 # CUmemDecompressParams (cuMemBatchDecompressAsync): source and destination sizes, the actual-size word's
 # address, source, destination, algorithm (DEFLATE 1, SNAPPY 2, LZ4 4), padding.
 DECOMPRESS_PARAMS = struct.Struct("<QQQQQi20x")
+# One launch of cuLaunchCooperativeKernelMultiDevice on the wire: function, grid and block dimensions, shared
+# memory, its parameters' length (they follow it), stream.
+MULTI_LAUNCH = struct.Struct("<Q7IIQ")
 
 # Forwarded calls that the seam's shaped methods (below) run; every other forwarded call of the table
 # runs through the executor method of its own name.
@@ -88,6 +91,7 @@ SHAPED: dict[str, str] = {
     "cuGraphAddMemAllocNode": "graph_add_mem_alloc_node",
     "cuGraphMemAllocNodeGetParams": "graph_mem_alloc_node_params",
     "cuGraphAddMemFreeNode": "graph_add_mem_free_node",
+    "cuLaunchCooperativeKernelMultiDevice": "launch_multi_device",
     "cuGraphAddBatchMemOpNode": "graph_add_batch_mem_op_node",
     "cuGraphBatchMemOpNodeSetParams": "graph_batch_mem_op_node_set",
     "cuGraphExecBatchMemOpNodeSetParams": "graph_batch_mem_op_node_set",
@@ -452,6 +456,11 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def graph_add_mem_free_node(self, graph: int, deps: list[int], ptr: int) -> int:
         """cuGraphAddMemFreeNode of graph memory at `ptr`; the node."""
+
+    @abc.abstractmethod
+    def launch_multi_device(self, launches: list[Launch], flags: int) -> None:
+        """cuLaunchCooperativeKernelMultiDevice: cooperative launches (checked, parameters padded), one per
+        device, as one driver call; `flags` its CUDA_COOPERATIVE_LAUNCH_MULTI_DEVICE_NO_*_SYNC bits."""
 
     @abc.abstractmethod
     def graph_add_batch_mem_op_node(self, graph: int, deps: list[int], ops: bytes, flags: int) -> int:

@@ -854,6 +854,14 @@ class HostExecutor(Executor):
         params = bytes(params)  # a captured launch runs later, with the parameters of its capture
         self._on(launch.stream, lambda: self._run_kernel(func, grid, block, params))
 
+    def launch_multi_device(self, launches, flags):
+        """Each launch checked as a cooperative one's, then all run, one after the other (the blocks of every
+        launch run at once here, which any synchronisation across them needs)."""
+        for launch in launches:
+            self._check_cooperative(launch)
+        for launch in launches:
+            self.launch(launch)
+
     def _check_cooperative(self, launch: Launch) -> None:
         """All blocks of a cooperative launch must fit on the device at once (occupancy x SMs)."""
         threads = launch.block[0] * launch.block[1] * launch.block[2]

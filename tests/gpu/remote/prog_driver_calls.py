@@ -23,6 +23,7 @@ would be refused natively as well.
 from __future__ import annotations
 
 import ctypes
+import struct
 import sys
 from collections import Counter
 
@@ -85,6 +86,19 @@ def cooperative(module) -> None:
     too_many = per_sm * sms + 1
     err = cu.cuLaunchCooperativeKernel(barrier, too_many, 1, 1, THREADS, 1, 1, 0, 0, args)[0]
     print("one block more than fit at once", err.name, "| sync after:", cu.cuCtxSynchronize()[0].name)
+    # The deprecated multi-device launch, on this one device: CUDA_LAUNCH_PARAMS through ctypes (the
+    # function, dimensions, shared memory, stream, kernel parameters).
+    ok(cu.cuMemsetD32(arrived, 0, 1))
+    values = (c_u64(int(arrived)), c_u64(int(seen)))
+    pointers = (ctypes.c_void_p * 2)(*[ctypes.addressof(v) for v in values])
+    launch = struct.pack(
+        "<Q7I4xQQ", int(barrier), BLOCKS, 1, 1, THREADS, 1, 1, 0, 0, ctypes.addressof(pointers)
+    )
+    multi = libcuda.cuLaunchCooperativeKernelMultiDevice
+    multi.argtypes, multi.restype = (ctypes.c_char_p, ctypes.c_uint, ctypes.c_uint), ctypes.c_int
+    err = multi(launch, 1, 0)
+    print("cuLaunchCooperativeKernelMultiDevice", name(err), "sync", cu.cuCtxSynchronize()[0].name,
+          result() if err == 0 else "")  # fmt: skip
     ok(cu.cuMemFree(arrived))
     ok(cu.cuMemFree(seen))
 

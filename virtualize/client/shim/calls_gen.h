@@ -2143,7 +2143,6 @@ GP_EXPORT CUresult cuGraphicsVDPAURegisterOutputSurface(void) { return gp_unforw
 GP_EXPORT CUresult cuGraphicsVDPAURegisterVideoSurface(void) { return gp_unforwarded("cuGraphicsVDPAURegisterVideoSurface"); }
 GP_EXPORT CUresult cuImportExternalMemory(void) { return gp_unforwarded("cuImportExternalMemory"); }
 GP_EXPORT CUresult cuImportExternalSemaphore(void) { return gp_unforwarded("cuImportExternalSemaphore"); }
-GP_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(void) { return gp_unforwarded("cuLaunchCooperativeKernelMultiDevice"); }
 GP_EXPORT CUresult cuLibraryGetUnifiedFunction(void) { return gp_unforwarded("cuLibraryGetUnifiedFunction"); }
 GP_EXPORT CUresult cuLinkAddData(void) { return gp_unforwarded("cuLinkAddData"); }
 GP_EXPORT CUresult cuLinkAddFile(void) { return gp_unforwarded("cuLinkAddFile"); }
@@ -2253,8 +2252,7 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuGraphNodeSetParams_v2", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphAddNode_v3", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuStreamBeginRecaptureToGraph", "recapture: not forwarded yet"},
-    {"cuLaunchCooperativeKernelMultiDevice", "code: multi-device launches, tensor-map classes: not forwarded yet"},
-    {"cuTensorMapSetAllocationClass", "code: multi-device launches, tensor-map classes: not forwarded yet"},
+    {"cuTensorMapSetAllocationClass", "tensor-map allocation classes: not forwarded yet"},
     {"cuDevSmResourceSplit", "green contexts and execution affinity: not forwarded yet"},
     {"cuStreamGetDevResource", "green contexts and execution affinity: not forwarded yet"},
     {"cuMemGetLocationInfo", "device, memory and log queries: not forwarded yet"},
@@ -2472,6 +2470,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuKernelSetCacheConfig", 12000, (void *)cuKernelSetCacheConfig, NULL},
     {"cuLaunch", 2000, (void *)cuLaunch, NULL},
     {"cuLaunchCooperativeKernel", 9000, (void *)cuLaunchCooperativeKernel, NULL},
+    {"cuLaunchCooperativeKernelMultiDevice", 9000, (void *)cuLaunchCooperativeKernelMultiDevice, NULL},
     {"cuLaunchGrid", 2000, (void *)cuLaunchGrid, NULL},
     {"cuLaunchGridAsync", 2000, (void *)cuLaunchGridAsync, NULL},
     {"cuLaunchHostFunc", 10000, (void *)cuLaunchHostFunc, NULL},

@@ -174,7 +174,7 @@ static void on_fault(int sig, siginfo_t *info, void *context) {
 
 static int device_work(uint32_t call) {
     switch (call) {
-    case GP_CALL_cuLaunchKernelEx: case GP_CALL_cuGraphLaunch:
+    case GP_CALL_cuLaunchKernelEx: case GP_CALL_cuGraphLaunch: case GP_CALL_cuLaunchCooperativeKernelMultiDevice:
     case GP_CALL_cuMemcpyHtoD_v2: case GP_CALL_cuMemcpyHtoDAsync_v2: case GP_CALL_cuMemcpyDtoH_v2:
     case GP_CALL_cuMemcpyDtoHAsync_v2: case GP_CALL_cuMemcpyDtoD_v2: case GP_CALL_cuMemcpyDtoDAsync_v2:
     case GP_CALL_cuMemcpyPeer: case GP_CALL_cuMemcpyPeerAsync:
