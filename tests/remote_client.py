@@ -2666,8 +2666,8 @@ def scenario_decompress():
 
 def scenario_newer_abis():
     """Names resolved at the versions cuda.bindings asks for their newer ABIs: cuLaunchHostFunc's (a
-    synchronisation mode) runs the function; the ones not forwarded (CUDA 13.1's per-device multicast
-    binds, CUDA 13.4's graph node calls) refuse instead of running as the older ABI."""
+    synchronisation mode) runs the function; the ones not forwarded (CUDA 13.4's graph node calls) refuse
+    instead of running as the older ABI."""
     setup()
     ran = []
     hook = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda data: ran.append(data))
@@ -2676,10 +2676,6 @@ def scenario_newer_abis():
     say("host_function_bad_mode", with_mode(c_u64(0), hook, ctypes.c_void_p(8), 5))
     check(cu.cuCtxSynchronize(), "sync")
     say("host_function_ran", ran)
-    say(
-        "bind_v2",
-        Driver(13010).cuMulticastBindMem(c_u64(1), 0, c_u64(0), c_u64(2), c_u64(0), c_u64(0), c_u64(0)),
-    )
     node, graph = c_u64(), c_u64()
     check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
     params = (ctypes.c_uint8 * 256)()
@@ -2943,6 +2939,10 @@ def scenario_multicast():
     check(cu.cuMemsetD32(base, 0x5A5A5A5A, c_u64(16)), "write through it")
     say("read_through", dtoh(base.value, 8)[1].hex())
     check(cu.cuMulticastUnbind(mc, 0, c_u64(0), c_u64(2 * MiB)), "unbind")
+    bind_on = Driver(13010).cuMulticastBindMem  # CUDA 13.1's: the device whose memory is bound
+    say("bind_on_its_device", bind_on(mc, 0, c_u64(0), memory, c_u64(0), c_u64(2 * MiB), c_u64(0)))
+    check(cu.cuMulticastUnbind(mc, 0, c_u64(0), c_u64(2 * MiB)), "unbind again")
+    say("bind_on_other_device", bind_on(mc, 3, c_u64(0), memory, c_u64(0), c_u64(2 * MiB), c_u64(0)))
     rc, ptr = alloc(2 * MiB)
     check(rc, "alloc")
     say("bind_allocation", cu.cuMulticastBindAddr(mc, c_u64(0), c_u64(ptr), c_u64(2 * MiB), c_u64(0)))

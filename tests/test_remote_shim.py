@@ -159,15 +159,15 @@ def test_async_notifications_are_accepted_for_lease_devices_and_unified_function
 
 def test_a_newer_abi_that_is_not_forwarded_refuses_instead_of_running_as_the_older_one(shim_dir, worker):
     """cuGetProcAddress at the version of a newer ABI: cuLaunchHostFunc's with a synchronisation mode runs
-    the function (a bad mode refused); cuMulticastBindMem's per-device ABI and cuGraphAddNode's CUDA 13.4
-    one refuse with their census reason, while the older cuGraphAddNode still adds the node."""
+    the function (a bad mode refused); cuGraphAddNode's CUDA 13.4 one refuses with its census reason, while
+    the older cuGraphAddNode still adds the node."""
     out, err = run_client("newer_abis", client_env(shim_dir, worker))
     assert out["finished"] == "1", err
     assert (out["host_function_spinning"], out["host_function_bad_mode"]) == ("0", "1")
     assert out["host_function_ran"] == "[7]"
-    assert out["bind_v2"] == out["add_node_v3"] == "801"  # CUDA_ERROR_NOT_SUPPORTED, not the older ABI
+    assert out["add_node_v3"] == "801"  # CUDA_ERROR_NOT_SUPPORTED, not the older ABI
     assert out["add_node_v2"] == "0"
-    assert "cuMulticastBindMem_v2" in err and "cuGraphAddNode_v3" in err
+    assert "cuGraphAddNode_v3" in err
 
 
 def test_a_call_that_is_not_forwarded_fails_and_says_why_once(shim_dir, worker):
@@ -350,8 +350,8 @@ def test_the_virtual_memory_api_maps_memory_in_ranges_the_program_reserved(shim_
 
 def test_multicast_objects_span_the_leases_devices_and_bind_only_its_memory(shim_dir, worker):
     """A multicast object over the lease's device is created, its device added, memory the program created
-    bound, mapped in a range it reserved, written and read through, unbound and released; an allocation's
-    address binds too. More devices than the lease has, sharing with other processes, another device,
+    bound (also by CUDA 13.1's bind naming its device), mapped in a range it reserved, written and read
+    through, unbound and released; an allocation's address binds too. More devices than the lease has, sharing with other processes, another device,
     memory or addresses not the lease's, a binding past the object, a memory handle used as a multicast
     object and a released object are refused."""
     out, err = run_client("multicast", client_env(shim_dir, worker))
@@ -359,6 +359,8 @@ def test_multicast_objects_span_the_leases_devices_and_bind_only_its_memory(shim
     assert out["granularity"] == str(2 * MiB)
     assert out["read_through"] == "5a5a5a5a5a5a5a5a"
     assert out["bind_allocation"] == "0"
+    assert out["bind_on_its_device"] == "0"  # CUDA 13.1's bind, naming the memory's own device
+    assert out["bind_on_other_device"] == "101"  # CUDA_ERROR_INVALID_DEVICE
     assert out["more_devices_than_the_lease"] == "1"  # CUDA_ERROR_INVALID_VALUE
     assert out["shared_with_processes"] == "801"  # CUDA_ERROR_NOT_SUPPORTED
     assert out["add_other_device"] == "101"  # CUDA_ERROR_INVALID_DEVICE

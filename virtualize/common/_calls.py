@@ -392,6 +392,12 @@ CALLS: tuple[Call, ...] = (
     _c("cuMulticastBindMem", 12010, "vmem mc, u64 mc_offset, vmem memory, u64 mem_offset, u64 size, u64 flags"),
     _c("cuMulticastBindAddr", 12010, "vmem mc, u64 mc_offset, u64 ptr, u64 size, u64 flags"),
     _c("cuMulticastUnbind", 12010, "vmem mc, i32 dev, u64 mc_offset, u64 size"),
+    # CUDA 13.1's binds name the device whose memory is bound: that of the memory (or address) itself, so
+    # the worker binds it as the older calls do (a CUDA 13.0 driver has only those).
+    _c("cuMulticastBindMem", 13010, "vmem mc, i32 dev, u64 mc_offset, vmem memory, u64 mem_offset, u64 size, u64 flags",
+       symbol="cuMulticastBindMem_v2"),
+    _c("cuMulticastBindAddr", 13010, "vmem mc, i32 dev, u64 mc_offset, u64 ptr, u64 size, u64 flags",
+       symbol="cuMulticastBindAddr_v2"),
     _c("cuMulticastGetGranularity", 12010, "o_u64 granularity, ptr prop, i32 option", custom=True,
        wire="o_u64 granularity, i32 option, bytes prop"),
     # -- host memory stays in the client --------------------------------------------------------------
@@ -1093,8 +1099,6 @@ ALIASES: tuple[tuple[str, int, str], ...] = (
 # with its census reason), never the older ABI, whose parameters differ (cuda.bindings asks for these
 # versions to call the newer ABIs). The versions are the ones cuda.bindings asks for.
 UNFORWARDED_ABIS: tuple[tuple[str, int, str], ...] = (
-    ("cuMulticastBindMem", 13010, "cuMulticastBindMem_v2"),  # a device before the offset
-    ("cuMulticastBindAddr", 13010, "cuMulticastBindAddr_v2"),
     ("cuGraphAddNode", 13041, "cuGraphAddNode_v3"),  # CUgraphNodeParams of CUDA 13.4
     ("cuGraphNodeSetParams", 13041, "cuGraphNodeSetParams_v2"),
 )

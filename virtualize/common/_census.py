@@ -171,13 +171,11 @@ GROUPS: tuple[Group, ...] = (
     _g(
         "multicast, logical endpoints and NVLink fabric",
         N,
-        """Multicast objects of CUDA 12.1 are forwarded. CUDA 13.1's per-device binds
-       (cuMulticastBindMem_v2, cuMulticastBindAddr_v2: a device of the lease, then checked as the older
-       binds are) refuse until built, never run as the older ABI (UNFORWARDED_ABIS). Logical endpoints (CUDA
+        """Multicast objects (CUDA 12.1, and CUDA 13.1's per-device binds) are forwarded. Logical endpoints (CUDA
        13.3) and NVLink-fabric queries and copies (13.4, 13.5) over the lease's own GPUs are forwardable as
        handles; exporting one to another process or node would name memory outside the lease and is to
        stay refused. The GPU servers' CUDA 13.0 drivers have none of these.""",
-        "cuMulticastBindMem_v2 cuMulticastBindAddr_v2 cuLogicalEndpoint* cuFabricCpyBatchAsync cuDeviceGetFabricClusterUuid "
+        "cuLogicalEndpoint* cuFabricCpyBatchAsync cuDeviceGetFabricClusterUuid "
         "cuDeviceGetCliqueCount cuDeviceGetCliqueInfo",
     ),
     _g(

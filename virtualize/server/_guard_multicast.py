@@ -26,6 +26,8 @@ class MulticastCalls(Concern):
         "cuMulticastBindMem": "bind_memory",
         "cuMulticastBindAddr": "bind_address",
         "cuMulticastUnbind": "unbind",
+        "cuMulticastBindMem_v2": "bind_memory_on",
+        "cuMulticastBindAddr_v2": "bind_address_on",
         "cuMulticastGetGranularity": "granularity",
     }
 
@@ -91,6 +93,28 @@ class MulticastCalls(Concern):
         if not any(m <= ptr and ptr + size <= m + n for m, n in self.session.vm_mapped.items()):
             self.session._check_range(ptr, size)
         self.session.executor.cuMulticastBindAddr(mc, mc_offset, ptr, size, flags)
+
+    def bind_memory_on(self, call: Call, ins: tuple):
+        """cuMulticastBindMem_v2: memory of device `dev`, which must be the memory's own device; bound as
+        cuMulticastBindMem binds it."""
+        mc, dev, mc_offset, memory, mem_offset, size, flags = ins
+        held = self.session.vm_handles.get(memory)
+        if held is not None and held[1] != self._device(dev):
+            raise CudaError(CUresult.INVALID_DEVICE, f"the memory is not device {dev}'s")
+        return self.bind_memory(call, (mc, mc_offset, memory, mem_offset, size, flags))
+
+    def bind_address_on(self, call: Call, ins: tuple):
+        """cuMulticastBindAddr_v2: memory of the lease at `ptr` on device `dev` (its allocation's device);
+        bound as cuMulticastBindAddr binds it."""
+        mc, dev, mc_offset, ptr, size, flags = ins
+        held = self.session.lease.find(ptr)
+        mapped = [m for m in self.session.vm_mapping_of if m <= ptr < m + self.session.vm_mapped.get(m, 0)]
+        device = (
+            held.device if held is not None else self.session.vm_mapping_of[mapped[0]][2] if mapped else None
+        )
+        if device is not None and device != self._device(dev):
+            raise CudaError(CUresult.INVALID_DEVICE, f"0x{ptr:x} is not device {dev}'s memory")
+        return self.bind_address(call, (mc, mc_offset, ptr, size, flags))
 
     def unbind(self, call: Call, ins: tuple):
         mc, dev, mc_offset, size = ins

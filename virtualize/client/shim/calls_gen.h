@@ -616,6 +616,20 @@ GP_EXPORT CUresult cuMulticastUnbind(uint64_t mc, int32_t dev, uint64_t mc_offse
     return r;
 }
 
+GP_EXPORT CUresult cuMulticastBindMem_v2(uint64_t mc, int32_t dev, uint64_t mc_offset, uint64_t memory, uint64_t mem_offset, uint64_t size, uint64_t flags) {
+    GP_TRACE("cuMulticastBindMem_v2");
+    struct gp_in_cuMulticastBindMem_v2 in = { .mc = mc, .dev = dev, .mc_offset = mc_offset, .memory = memory, .mem_offset = mem_offset, .size = size, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuMulticastBindMem_v2, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuMulticastBindAddr_v2(uint64_t mc, int32_t dev, uint64_t mc_offset, uint64_t ptr, uint64_t size, uint64_t flags) {
+    GP_TRACE("cuMulticastBindAddr_v2");
+    struct gp_in_cuMulticastBindAddr_v2 in = { .mc = mc, .dev = dev, .mc_offset = mc_offset, .ptr = ptr, .size = size, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuMulticastBindAddr_v2, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
 GP_EXPORT CUresult cuMemcpyDtoD_v2(uint64_t dst, uint64_t src, uint64_t count) {
     GP_TRACE("cuMemcpyDtoD_v2");
     gp_pinned_touch(dst);
@@ -2242,8 +2256,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuProfilerInitialize", "profiler initialisation: refused"},
     {"cuDeviceGetLuid", "Windows-only queries: refused"},
     {"cuLibraryGetUnifiedFunction", "unified function pointers: refused"},
-    {"cuMulticastBindMem_v2", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
-    {"cuMulticastBindAddr_v2", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuLogicalEndpoint*", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuFabricCpyBatchAsync", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuDeviceGetFabricClusterUuid", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
@@ -2611,9 +2623,9 @@ static const struct gp_proc gp_procs[] = {
     {"cuModuleUnload", 2000, (void *)cuModuleUnload, NULL},
     {"cuMulticastAddDevice", 12010, (void *)cuMulticastAddDevice, NULL},
     {"cuMulticastBindAddr", 12010, (void *)cuMulticastBindAddr, NULL},
-    {"cuMulticastBindAddr", 13010, NULL, "cuMulticastBindAddr_v2"},
+    {"cuMulticastBindAddr", 13010, (void *)cuMulticastBindAddr_v2, NULL},
     {"cuMulticastBindMem", 12010, (void *)cuMulticastBindMem, NULL},
-    {"cuMulticastBindMem", 13010, NULL, "cuMulticastBindMem_v2"},
+    {"cuMulticastBindMem", 13010, (void *)cuMulticastBindMem_v2, NULL},
     {"cuMulticastCreate", 12010, (void *)cuMulticastCreate, NULL},
     {"cuMulticastGetGranularity", 12010, (void *)cuMulticastGetGranularity, NULL},
     {"cuMulticastUnbind", 12010, (void *)cuMulticastUnbind, NULL},

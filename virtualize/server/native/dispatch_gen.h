@@ -4,7 +4,7 @@
 #include <stdint.h>
 
 /* The call table this was generated from (gpf_wire_version: the worker loads no other). */
-#define GPF_WIRE_VERSION 0x0240a81fu
+#define GPF_WIRE_VERSION 0x023568adu
 /* A request's header and a reply's (virtualize/common/_wire.py REQUEST, REPLY): sizes, field offsets. */
 #define GPF_REQUEST_BYTES 24
 #define GPF_REQUEST_CALL 0
@@ -67,26 +67,26 @@ struct gpf_call {
     struct gpf_arg args[10];
 };
 static const struct gpf_call gpf_calls[C_COUNT] = {
-    [C_LAUNCH] = {312, 48, 0, 0, 0, 1, 0, 255, 10, {{0, 8, GPF_FUNC, 255}, {8, 4, GPF_PLAIN, 255}, {12, 4, GPF_PLAIN, 255}, {16, 4, GPF_PLAIN, 255}, {20, 4, GPF_PLAIN, 255}, {24, 4, GPF_PLAIN, 255}, {28, 4, GPF_PLAIN, 255}, {32, 4, GPF_PLAIN, 255}, {36, 8, GPF_STREAM, 255}, {44, 4, GPF_PLAIN, 255}}},
+    [C_LAUNCH] = {314, 48, 0, 0, 0, 1, 0, 255, 10, {{0, 8, GPF_FUNC, 255}, {8, 4, GPF_PLAIN, 255}, {12, 4, GPF_PLAIN, 255}, {16, 4, GPF_PLAIN, 255}, {20, 4, GPF_PLAIN, 255}, {24, 4, GPF_PLAIN, 255}, {28, 4, GPF_PLAIN, 255}, {32, 4, GPF_PLAIN, 255}, {36, 8, GPF_STREAM, 255}, {44, 4, GPF_PLAIN, 255}}},
     [C_CTX_SYNC] = {41, 0, 1, 1, 0, 0, 0, 255, 0, {{0}}},
-    [C_STREAM_SYNC] = {330, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255}}},
-    [C_STREAM_QUERY] = {329, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255}}},
-    [C_EVENT_SYNC] = {456, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255}}},
-    [C_EVENT_QUERY] = {455, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255}}},
-    [C_EVENT_RECORD] = {453, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_STREAM, 255}}},
-    [C_EVENT_RECORD_FLAGS] = {454, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_STREAM, 255}, {16, 4, GPF_PLAIN, 255}}},
-    [C_STREAM_WAIT_EVENT] = {331, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_STREAM, 255}, {8, 8, GPF_EVENT, 255}, {16, 4, GPF_PLAIN, 255}}},
-    [C_HTOD] = {133, 24, 0, 0, 0, 1, 1, 255, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
-    [C_HTOD_ASYNC] = {134, 24, 0, 0, 0, 1, 1, 2, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
-    [C_DTOH] = {135, 24, 1, 1, 0, 0, 1, 255, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
-    [C_DTOH_ASYNC] = {136, 24, 1, 1, 0, 0, 1, 2, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
-    [C_DTOD] = {149, 24, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_RANGE, 2}, {16, 8, GPF_PLAIN, 255}}},
-    [C_DTOD_ASYNC] = {150, 32, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_RANGE, 2}, {16, 8, GPF_PLAIN, 255}, {24, 8, GPF_STREAM, 255}}},
-    [C_PINNED_COPY] = {143, 36, 1, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_PINNED, 2}, {16, 8, GPF_PLAIN, 255}, {24, 8, GPF_STREAM, 255}, {32, 4, GPF_PLAIN, 255}}},
-    [C_SHM_HTOD] = {140, 36, 0, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}, {24, 8, GPF_SHARED, 1}, {32, 4, GPF_PLAIN, 255}}},
-    [C_GRAPH_LAUNCH] = {448, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_GRAPHEXEC, 255}, {8, 8, GPF_STREAM, 255}}},
-    [C_EVENT_ELAPSED] = {458, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_EVENT, 255}}},
-    [C_EVENT_ELAPSED_V2] = {459, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_EVENT, 255}}},
+    [C_STREAM_SYNC] = {332, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255}}},
+    [C_STREAM_QUERY] = {331, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255}}},
+    [C_EVENT_SYNC] = {458, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255}}},
+    [C_EVENT_QUERY] = {457, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255}}},
+    [C_EVENT_RECORD] = {455, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_STREAM, 255}}},
+    [C_EVENT_RECORD_FLAGS] = {456, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_STREAM, 255}, {16, 4, GPF_PLAIN, 255}}},
+    [C_STREAM_WAIT_EVENT] = {333, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_STREAM, 255}, {8, 8, GPF_EVENT, 255}, {16, 4, GPF_PLAIN, 255}}},
+    [C_HTOD] = {135, 24, 0, 0, 0, 1, 1, 255, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
+    [C_HTOD_ASYNC] = {136, 24, 0, 0, 0, 1, 1, 2, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
+    [C_DTOH] = {137, 24, 1, 1, 0, 0, 1, 255, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
+    [C_DTOH_ASYNC] = {138, 24, 1, 1, 0, 0, 1, 2, 3, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}}},
+    [C_DTOD] = {151, 24, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_RANGE, 2}, {16, 8, GPF_PLAIN, 255}}},
+    [C_DTOD_ASYNC] = {152, 32, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_RANGE, 2}, {16, 8, GPF_PLAIN, 255}, {24, 8, GPF_STREAM, 255}}},
+    [C_PINNED_COPY] = {145, 36, 1, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 2}, {8, 8, GPF_PINNED, 2}, {16, 8, GPF_PLAIN, 255}, {24, 8, GPF_STREAM, 255}, {32, 4, GPF_PLAIN, 255}}},
+    [C_SHM_HTOD] = {142, 36, 0, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1}, {8, 8, GPF_PLAIN, 255}, {16, 8, GPF_STREAM, 255}, {24, 8, GPF_SHARED, 1}, {32, 4, GPF_PLAIN, 255}}},
+    [C_GRAPH_LAUNCH] = {450, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_GRAPHEXEC, 255}, {8, 8, GPF_STREAM, 255}}},
+    [C_EVENT_ELAPSED] = {460, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_EVENT, 255}}},
+    [C_EVENT_ELAPSED_V2] = {461, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255}, {8, 8, GPF_EVENT, 255}}},
 };
 
 /* Each argument's offset by name: GPF_AT_<call>_<argument>. */
