@@ -72,6 +72,11 @@ def main() -> int:
     print("written through the multicast object, read from the bound memory", [hex(int(v)) for v in back])
     print("a binding past the object", cu.cuMulticastBindMem(mc, size, memory, 0, size, 0)[0].name)
     ok(cu.cuMulticastUnbind(mc, 0, 0, size))
+    if ok(cu.cuDriverGetVersion()) >= 13010:  # CUDA 13.1's bind, naming the device whose memory it is
+        print("bind naming its device", cu.cuMulticastBindMem_v2(mc, 0, 0, memory, 0, size, 0)[0].name)
+        ok(cu.cuMulticastUnbind(mc, 0, 0, size))
+    else:
+        print("binds naming a device: not in this driver")
     for base in (through, own):
         ok(cu.cuMemUnmap(base, size))
         ok(cu.cuMemAddressFree(base, size))
