@@ -667,19 +667,25 @@ def scenario_legacy_launch():
     say("detach_not_current", cu.cuCtxDetach(c_u64(0x5678)))
 
 
-def scenario_cooperative():
-    """Cooperative launches (cuLaunchCooperativeKernel, and cuLaunchKernelEx with the cooperative
-    attribute) run; one with more blocks than fit on the device at once (the host executor's device: 4
-    multiprocessors, 2048 threads each) is refused by the launch call itself, as the driver does, and
-    leaves nothing to report at the next synchronise."""
+def fill_8192_words(value):
+    """The host executor's fill_u32 over 8192 words of a new allocation: the function, the allocation, the
+    launch parameters and what they point to (kept alive by the caller)."""
     setup()
     module, fill = c_u64(), c_u64()
     check(cu.cuModuleLoadData(ctypes.byref(module), b"// host-executor module\n"), "load")
     check(cu.cuModuleGetFunction(ctypes.byref(fill), module, b"fill_u32"), "fill")
     rc, buf = alloc(1 << 16)
     check(rc, "alloc")
-    ptr, value, n = c_u64(buf), ctypes.c_uint32(3), ctypes.c_uint32(8192)
-    params = (ctypes.c_void_p * 3)(*map(ctypes.addressof, (ptr, value, n)))
+    kept = (c_u64(buf), ctypes.c_uint32(value), ctypes.c_uint32(8192))
+    return fill, buf, (ctypes.c_void_p * 3)(*map(ctypes.addressof, kept)), kept
+
+
+def scenario_cooperative():
+    """Cooperative launches (cuLaunchCooperativeKernel, and cuLaunchKernelEx with the cooperative
+    attribute) run; one with more blocks than fit on the device at once (the host executor's device: 4
+    multiprocessors, 2048 threads each) is refused by the launch call itself, as the driver does, and
+    leaves nothing to report at the next synchronise."""
+    fill, buf, params, _kept = fill_8192_words(3)
     say("cooperative", cu.cuLaunchCooperativeKernel(fill, 32, 1, 1, 256, 1, 1, 0, c_u64(0), params))
     say("sync", cu.cuCtxSynchronize())
     words = memoryview(dtoh(buf, 4 * 8192)[1]).cast("I")
@@ -711,14 +717,7 @@ def scenario_cooperative_multi_device():
     """cuLaunchCooperativeKernelMultiDevice with the lease's one device: the launch runs; one with more blocks
     than fit at once, more launches than the lease has devices, a stream not the lease's, or unknown flags
     are refused by the call."""
-    setup()
-    module, fill = c_u64(), c_u64()
-    check(cu.cuModuleLoadData(ctypes.byref(module), b"// host-executor module\n"), "load")
-    check(cu.cuModuleGetFunction(ctypes.byref(fill), module, b"fill_u32"), "fill")
-    rc, buf = alloc(1 << 16)
-    check(rc, "alloc")
-    ptr, value, n = c_u64(buf), ctypes.c_uint32(5), ctypes.c_uint32(8192)
-    params = (ctypes.c_void_p * 3)(*map(ctypes.addressof, (ptr, value, n)))
+    fill, buf, params, _kept = fill_8192_words(5)
 
     def launches(*entries):
         return (LaunchParams * len(entries))(
