@@ -49,6 +49,7 @@ extern "C" __global__ void scale(float *x, float a, int n) {
     if (i < n) x[i] *= a;
 }
 """
+KEPT: list = []  # callbacks handed to the driver
 BLOCKS, THREADS = 8, 128  # few enough blocks to fit at once on any share of a GPU
 libcuda = ctypes.CDLL("libcuda.so.1")
 c_u64 = ctypes.c_uint64
@@ -258,19 +259,23 @@ def library_managed(library, module) -> None:
 
 
 def notifications_and_unified(library) -> None:
-    """An asynchronous-notification callback registered and unregistered (never called remotely: printed
-    only is whether the calls succeed); unified function pointers, which an x86 host's GPU does not offer
+    """An asynchronous-notification callback registered and unregistered (never called remotely: whether
+    the calls succeed goes to stderr); unified function pointers, which an x86 host's GPU does not offer
     (the lease's devices answer 0: on a system with them the attribute differs, so it goes to stderr)."""
     function = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(lambda *_: None)
+    KEPT.append(function)  # the driver may call it after this returns (natively), until the process ends
     address = ctypes.cast(function, ctypes.c_void_p).value
     callback = cu.CUasyncCallback(address) if hasattr(cu, "CUasyncCallback") else None
     result = cu.cuDeviceRegisterAsyncNotification(0, callback, 0) if callback is not None else None
+    # On stderr (not compared): a driver may not offer notifications on every platform, the shim accepts them.
     if result is None:
-        print("async notifications: not in these bindings")
+        print("async notifications: not in these bindings", file=sys.stderr)
     else:
-        print("async notification registered", result[0].name)
+        print("async notification registered", result[0].name, file=sys.stderr)
         if result[0] == cu.CUresult.CUDA_SUCCESS:
-            print("unregistered", cu.cuDeviceUnregisterAsyncNotification(0, result[1])[0].name)
+            print(
+                "unregistered", cu.cuDeviceUnregisterAsyncNotification(0, result[1])[0].name, file=sys.stderr
+            )
     unified = cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS, 0)
     print("unified function pointers", unified, file=sys.stderr)
     print("unified function", cu.cuLibraryGetUnifiedFunction(library, b"nothing")[0].name, file=sys.stderr)
