@@ -730,19 +730,25 @@ def scenario_legacy_launch():
     say("detach_not_current", cu.cuCtxDetach(c_u64(0x5678)))
 
 
-def scenario_cooperative():
-    """Cooperative launches (cuLaunchCooperativeKernel, and cuLaunchKernelEx with the cooperative
-    attribute) run; one with more blocks than fit on the device at once (the host executor's device: 4
-    multiprocessors, 2048 threads each) is refused by the launch call itself, as the driver does, and
-    leaves nothing to report at the next synchronise."""
+def fill_8192_words(value):
+    """The host executor's fill_u32 over 8192 words of a new allocation: the function, the allocation, the
+    launch parameters and what they point to (kept alive by the caller)."""
     setup()
     module, fill = c_u64(), c_u64()
     check(cu.cuModuleLoadData(ctypes.byref(module), b"// host-executor module\n"), "load")
     check(cu.cuModuleGetFunction(ctypes.byref(fill), module, b"fill_u32"), "fill")
     rc, buf = alloc(1 << 16)
     check(rc, "alloc")
-    ptr, value, n = c_u64(buf), ctypes.c_uint32(3), ctypes.c_uint32(8192)
-    params = (ctypes.c_void_p * 3)(*map(ctypes.addressof, (ptr, value, n)))
+    kept = (c_u64(buf), ctypes.c_uint32(value), ctypes.c_uint32(8192))
+    return fill, buf, (ctypes.c_void_p * 3)(*map(ctypes.addressof, kept)), kept
+
+
+def scenario_cooperative():
+    """Cooperative launches (cuLaunchCooperativeKernel, and cuLaunchKernelEx with the cooperative
+    attribute) run; one with more blocks than fit on the device at once (the host executor's device: 4
+    multiprocessors, 2048 threads each) is refused by the launch call itself, as the driver does, and
+    leaves nothing to report at the next synchronise."""
+    fill, buf, params, _kept = fill_8192_words(3)
     say("cooperative", cu.cuLaunchCooperativeKernel(fill, 32, 1, 1, 256, 1, 1, 0, c_u64(0), params))
     say("sync", cu.cuCtxSynchronize())
     words = memoryview(dtoh(buf, 4 * 8192)[1]).cast("I")
@@ -758,6 +764,38 @@ def scenario_cooperative():
     say("ex_cooperative", launch_ex(32, 1))
     say("ex_too_large", launch_ex(33, 1))
     say("ex_not_cooperative", launch_ex(33, 0))  # an ordinary launch may have any number of blocks
+    say("sync_at_end", cu.cuCtxSynchronize())
+
+
+class LaunchParams(ctypes.Structure):  # CUDA_LAUNCH_PARAMS
+    _fields_ = [
+        ("function", c_u64),
+        ("dims", ctypes.c_uint * 7),
+        ("stream", c_u64),
+        ("params", ctypes.c_void_p),
+    ]
+
+
+def scenario_cooperative_multi_device():
+    """cuLaunchCooperativeKernelMultiDevice with the lease's one device: the launch runs; one with more blocks
+    than fit at once, more launches than the lease has devices, a stream not the lease's, or unknown flags
+    are refused by the call."""
+    fill, buf, params, _kept = fill_8192_words(5)
+
+    def launches(*entries):
+        return (LaunchParams * len(entries))(
+            *[LaunchParams(fill.value, (ctypes.c_uint * 7)(blocks, 1, 1, 256, 1, 1, 0), stream,
+                           ctypes.cast(params, ctypes.c_void_p)) for blocks, stream in entries]
+        )  # fmt: skip
+
+    say("launched", cu.cuLaunchCooperativeKernelMultiDevice(launches((32, 0)), 1, 0))
+    say("sync", cu.cuCtxSynchronize())
+    words = memoryview(dtoh(buf, 4 * 8192)[1]).cast("I")
+    say("filled", f"{words[0]} {words[8191]}")
+    say("too_large", cu.cuLaunchCooperativeKernelMultiDevice(launches((33, 0)), 1, 0))
+    say("more_than_devices", cu.cuLaunchCooperativeKernelMultiDevice(launches((32, 0), (32, 0)), 2, 0))
+    say("foreign_stream", cu.cuLaunchCooperativeKernelMultiDevice(launches((32, 0x4242)), 1, 0))
+    say("unknown_flags", cu.cuLaunchCooperativeKernelMultiDevice(launches((32, 0)), 1, 4))
     say("sync_at_end", cu.cuCtxSynchronize())
 
 
@@ -2476,6 +2514,290 @@ def scenario_graph_explicit_nodes():
     say("host_node_ran", ran)
 
 
+def mem_ops(*ops):
+    """CUstreamBatchMemOpParams for (operation, address, value) each: 48 bytes, flags 0."""
+    raw = (ctypes.c_uint8 * (48 * len(ops)))()
+    for i, (op, address, value) in enumerate(ops):
+        struct.pack_into("<I4xQQ", raw, 48 * i, op, address, value)
+    return raw
+
+
+def batch_params(ops, count, ctx=0):
+    """CUDA_BATCH_MEM_OP_NODE_PARAMS: context, count, the operations, flags."""
+    raw = (ctypes.c_uint8 * 32)()
+    struct.pack_into("<QI4xQI", raw, 0, ctx, count, ctypes.addressof(ops), 0)
+    return raw
+
+
+def scenario_graph_batch_mem_ops():
+    """A batch memory-operation node: two writes and a barrier run at each launch; read back; set anew in
+    the graph and in the instantiated graph; added through cuGraphAddNode; operations on memory not the
+    lease's, past an allocation, of an unknown kind, or in another context refused."""
+    setup()
+    rc, ptr = alloc(256)
+    check(rc, "alloc")
+    check(cu.cuMemsetD8(c_u64(ptr), 0, c_u64(256)), "zero")
+    graph, node, exe, other = c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
+    ops = mem_ops(
+        (2, ptr, 0x11), (5, ptr + 8, 0x2222_3333_4444_5555), (6, 0, 0)
+    )  # WRITE_32, WRITE_64, BARRIER
+    check(
+        cu.cuGraphAddBatchMemOpNode(ctypes.byref(node), graph, None, c_u64(0), batch_params(ops, 3)), "node"
+    )
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, c_u64(0)), "instantiate")
+    check(cu.cuGraphLaunch(exe, c_u64(0)), "launch")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("written", struct.unpack("<IxxxxQ", dtoh(ptr, 16)[1]))
+    back = (ctypes.c_uint8 * 32)()
+    check(cu.cuGraphBatchMemOpNodeGetParams(node, back), "read back")
+    count, address = struct.unpack_from("<8xI4xQ", back)
+    say("read_back", (count, ctypes.string_at(address, 48 * count) == bytes(ops)))
+    again = mem_ops((2, ptr, 0x33))
+    check(cu.cuGraphBatchMemOpNodeSetParams(node, batch_params(again, 1)), "set in the graph")
+    in_exec = mem_ops((2, ptr, 0x44))
+    check(cu.cuGraphExecBatchMemOpNodeSetParams(exe, node, batch_params(in_exec, 1)), "set in the instance")
+    check(cu.cuGraphLaunch(exe, c_u64(0)), "launch again")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("instance_wrote", hex(struct.unpack("<I", dtoh(ptr, 4)[1])[0]))
+    by_type = (ctypes.c_uint8 * 256)()
+    struct.pack_into("<I", by_type, 0, 12)  # CU_GRAPH_NODE_TYPE_BATCH_MEM_OP
+    by_type[16:48] = bytes(batch_params(again, 1))
+    check(
+        cu.cuGraphAddNode(ctypes.byref(other), graph, ctypes.byref(node), None, c_u64(1), by_type), "by type"
+    )
+    refusals = {
+        "not_the_leases": (mem_ops((2, 0x7123_4560_0000, 1)), 1, 0),
+        "past_the_allocation": (mem_ops((5, ptr + 252, 1)), 1, 0),
+        "unknown_operation": (mem_ops((9, ptr, 1)), 1, 0),
+        "other_context": (mem_ops((2, ptr, 1)), 1, 0x4242),
+    }
+    for name, (bad, count, ctx) in refusals.items():
+        say(
+            name,
+            cu.cuGraphAddBatchMemOpNode(
+                ctypes.byref(other), graph, None, c_u64(0), batch_params(bad, count, ctx)
+            ),
+        )
+    check(cu.cuGraphExecDestroy(exe), "destroy exec")
+    check(cu.cuGraphDestroy(graph), "destroy graph")
+    say("finished", 1)
+
+
+class AllocNodeParams(ctypes.Structure):  # CUDA_MEM_ALLOC_NODE_PARAMS
+    _fields_ = [("pool", PoolProps), ("access", ctypes.c_void_p), ("access_count", ctypes.c_size_t),
+                ("bytesize", ctypes.c_size_t), ("dptr", c_u64)]  # fmt: skip
+
+
+def scenario_graph_memory():
+    """Graph memory nodes as cuda.core's GraphDefinition builds them: an allocation node, a kernel node
+    filling its memory, a copy node out of it and a free node, launched twice; the nodes read back; the
+    partition counting the node's bytes until the free node; the refusals; graph memory attributes."""
+    setup()
+    rc, out_ptr = alloc(256)
+    check(rc, "alloc")
+    check(cu.cuMemsetD8(c_u64(out_ptr), 0, c_u64(256)), "zero")
+    module, fill = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(fill), module, b"fill_u32"), "fill")
+    graph = c_u64()
+    check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
+    access = AccessDesc(1, 0, 3)  # device 0, read-write
+
+    def alloc_params(size, location_type=1, device=0):
+        return AllocNodeParams(PoolProps(1, 0, location_type, device), ctypes.addressof(access), 1, size, 0)
+
+    def free_bytes():
+        free, total = c_u64(), c_u64()
+        check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
+        return free.value
+
+    before = free_bytes()
+    params = alloc_params(4096)
+    allocation = c_u64()
+    check(cu.cuGraphAddMemAllocNode(ctypes.byref(allocation), graph, None, c_u64(0), ctypes.byref(params)),
+          "allocation node")  # fmt: skip
+    say("address_given", params.dptr != 0)
+    say("partition_counts_it", before - free_bytes() >= 4096)
+    args = [c_u64(params.dptr), ctypes.c_uint32(7), ctypes.c_uint32(64)]
+    pointers = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in args])
+    kernel = KernelNodeParams(fill.value, (ctypes.c_uint32 * 6)(1, 1, 1, 64, 1, 1), 0, 0,
+                              ctypes.cast(pointers, ctypes.c_void_p))  # fmt: skip
+    filled, copied, freed = c_u64(), c_u64(), c_u64()
+    check(cu.cuGraphAddKernelNode(ctypes.byref(filled), graph, ctypes.byref(allocation), c_u64(1),
+                                  ctypes.byref(kernel)), "kernel node")  # fmt: skip
+    check(cu.cuGraphAddMemcpyNode(ctypes.byref(copied), graph, ctypes.byref(filled), c_u64(1),
+                                  memcpy3d(params.dptr, out_ptr, 256), c_u64(0)), "copy node")  # fmt: skip
+    check(cu.cuGraphAddMemFreeNode(ctypes.byref(freed), graph, ctypes.byref(copied), c_u64(1), c_u64(params.dptr)),
+          "free node")  # fmt: skip
+    say("partition_free_again", free_bytes() == before)
+    by_type = (ctypes.c_uint8 * 256)()  # cuGraphAddNode of the allocation type: the address written back
+    struct.pack_into("<I", by_type, 0, 10)
+    by_type[16:136] = bytes(alloc_params(512))
+    second, second_free = c_u64(), c_u64()
+    check(
+        cu.cuGraphAddNode(ctypes.byref(second), graph, ctypes.byref(freed), None, c_u64(1), by_type),
+        "by type",
+    )
+    (second_ptr,) = struct.unpack_from("<Q", by_type, 16 + 112)
+    say("by_type_address_given", second_ptr not in (0, params.dptr))
+    check(cu.cuGraphAddMemFreeNode(ctypes.byref(second_free), graph, ctypes.byref(second), c_u64(1),
+                                   c_u64(second_ptr)), "second free node")  # fmt: skip
+    exe = c_u64()
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, c_u64(0)), "instantiate")
+    for _ in range(2):
+        check(cu.cuGraphLaunch(exe, c_u64(0)), "launch")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("copied", struct.unpack("<4I", dtoh(out_ptr, 16)[1]))
+    back = AllocNodeParams()
+    check(cu.cuGraphMemAllocNodeGetParams(allocation, ctypes.byref(back)), "read back")
+    descs = ctypes.cast(back.access, ctypes.POINTER(AccessDesc))
+    say("read_back", (back.pool.alloc_type, back.pool.location_type, back.pool.location_id, back.bytesize,
+                      back.dptr == params.dptr, back.access_count, descs[0].location_id, descs[0].flags))  # fmt: skip
+    address = c_u64()
+    check(cu.cuGraphMemFreeNodeGetParams(freed, ctypes.byref(address)), "free read back")
+    say("free_reads_back", address.value == params.dptr)
+    generic = (ctypes.c_uint8 * 256)()
+    check(Driver(13010).cuGraphNodeGetParams(allocation, generic), "generic read back")
+    say("generic_read_back", struct.unpack_from("<I", generic, 0)[0] == 10
+        and struct.unpack_from("<QQ", generic, 16 + 104) == (4096, params.dptr))  # fmt: skip
+    other = c_u64()
+    say(
+        "free_not_graph_memory",
+        cu.cuGraphAddMemFreeNode(ctypes.byref(other), graph, None, c_u64(0), c_u64(out_ptr)),
+    )
+    say("free_not_the_leases", cu.cuGraphAddMemFreeNode(ctypes.byref(other), graph, None, c_u64(0),
+                                                        c_u64(0x7123_4560_0000)))  # fmt: skip
+    for name, bad in (("past_partition", alloc_params(256 * MiB)), ("other_device", alloc_params(4096, device=3)),
+                      ("host_location", alloc_params(4096, location_type=2))):  # fmt: skip
+        say(name, cu.cuGraphAddMemAllocNode(ctypes.byref(other), graph, None, c_u64(0), ctypes.byref(bad)))
+    value = c_u64(1)
+    for attr in range(4):
+        check(cu.cuDeviceGetGraphMemAttribute(0, attr, ctypes.byref(value)), f"attribute {attr}")
+    zero = c_u64(0)
+    check(cu.cuDeviceSetGraphMemAttribute(0, 1, ctypes.byref(zero)), "reset the high-water mark")
+    say("set_current_refused", cu.cuDeviceSetGraphMemAttribute(0, 0, ctypes.byref(zero)))
+    check(cu.cuDeviceGraphMemTrim(0), "trim")
+    say("trim_other_device", cu.cuDeviceGraphMemTrim(3))
+    check(cu.cuGraphExecDestroy(exe), "destroy exec")
+    check(cu.cuGraphDestroy(graph), "destroy graph")
+    say("finished", 1)
+
+
+def scenario_notifications_and_unified_functions():
+    """Asynchronous notifications registered for a device of the lease (and refused for another), then
+    unregistered; the unified-function-pointer attribute and cuLibraryGetUnifiedFunction, refused."""
+    setup()
+    handle = c_u64()
+    callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, c_u64)(lambda *_: None)
+    say("register", cu.cuDeviceRegisterAsyncNotification(0, callback, None, ctypes.byref(handle)))
+    say("handle_given", handle.value != 0)
+    say(
+        "register_other_device",
+        cu.cuDeviceRegisterAsyncNotification(3, callback, None, ctypes.byref(c_u64())),
+    )
+    say("unregister", cu.cuDeviceUnregisterAsyncNotification(0, handle))
+    unified = ctypes.c_int(-1)
+    check(cu.cuDeviceGetAttribute(ctypes.byref(unified), 129, 0), "attribute")  # UNIFIED_FUNCTION_POINTERS
+    say("unified_attribute", unified.value)
+    library, fptr = c_u64(), ctypes.c_void_p()
+    check(
+        cu.cuLibraryLoadData(ctypes.byref(library), b"// library\n", None, None, 0, None, None, 0), "library"
+    )
+    say("unified_function", cu.cuLibraryGetUnifiedFunction(ctypes.byref(fptr), library, b"fill_u32"))
+    say("finished", 1)
+
+
+def scenario_decompress():
+    """Batched decompression of DEFLATE data between allocations of the lease, with the size written and
+    no operation's error; operations on memory not the lease's or past an allocation, or of an unknown
+    algorithm, refused before any runs."""
+    import zlib
+
+    setup()
+    data = bytes(range(256)) * 8
+    packer = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    packed = packer.compress(data) + packer.flush()
+    (rc1, src), (rc2, dst), (rc3, actual) = alloc(len(packed)), alloc(4096), alloc(16)
+    check(rc1 or rc2 or rc3, "alloc")
+    check(cu.cuMemcpyHtoD(c_u64(src), packed, c_u64(len(packed))), "compressed bytes")
+
+    packed_size = len(packed)
+
+    def params(src_bytes=packed_size, dst_bytes=4096, where=(src, dst, actual), algorithm=1):
+        raw = ctypes.create_string_buffer(64)
+        struct.pack_into("<QQQQQi", raw, 0, src_bytes, dst_bytes, where[2], where[0], where[1], algorithm)
+        return raw
+
+    index = c_u64(0)
+    check(cu.cuMemBatchDecompressAsync(params(), c_u64(1), 0, ctypes.byref(index), c_u64(0)), "decompress")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("decompressed", dtoh(dst, len(data))[1] == data)
+    say("actual_size", struct.unpack("<I", dtoh(actual, 4)[1])[0] == len(data))
+    say("no_error_index", index.value == (1 << 64) - 1)
+    foreign = 0x7123_4560_0000
+    refusals = {
+        "past_the_destination": params(dst_bytes=8192),
+        "source_not_the_leases": params(where=(foreign, dst, actual)),
+        "size_word_not_the_leases": params(where=(src, dst, foreign)),
+        "unknown_algorithm": params(algorithm=3),
+    }
+    for name, bad in refusals.items():
+        say(name, cu.cuMemBatchDecompressAsync(bad, c_u64(1), 0, ctypes.byref(index), c_u64(0)))
+    say("finished", 1)
+
+
+def scenario_newer_abis():
+    """Names resolved at the versions cuda.bindings asks for their newer ABIs: cuLaunchHostFunc's (a
+    synchronisation mode) runs the function; the ones not forwarded (CUDA 13.4's graph node calls) refuse
+    instead of running as the older ABI."""
+    setup()
+    ran = []
+    hook = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda data: ran.append(data))
+    with_mode = Driver(13020).cuLaunchHostFunc
+    say("host_function_spinning", with_mode(c_u64(0), hook, ctypes.c_void_p(7), 1))  # CU_HOST_TASK_SPINWAIT
+    say("host_function_bad_mode", with_mode(c_u64(0), hook, ctypes.c_void_p(8), 5))
+    check(cu.cuCtxSynchronize(), "sync")
+    say("host_function_ran", ran)
+    node, graph = c_u64(), c_u64()
+    check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
+    params = (ctypes.c_uint8 * 256)()
+    struct.pack_into("<I", params, 0, 5)  # an empty node
+    say("add_node_v3", Driver(13041).cuGraphAddNode(ctypes.byref(node), graph, None, None, c_u64(0), params))
+    say("add_node_v2", Driver(13040).cuGraphAddNode(ctypes.byref(node), graph, None, None, c_u64(0), params))
+    say("finished", 1)
+
+
+def scenario_library_managed():
+    """A library's managed variable: its address, the same when asked again, host and kernels sharing its
+    bytes as managed memory's (the host's write before a launch is what the kernel reads, the kernel's write
+    what the host reads after the synchronisation); a variable that is not managed is not found."""
+    setup()
+    image = (
+        b"// library\n.global .attribute(.managed) .align 4 .b8 counter[16];\n.global .align 4 .u32 plain;\n"
+    )
+    library, ptr, size, again = c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuLibraryLoadData(ctypes.byref(library), image, None, None, 0, None, None, 0), "library")
+    check(
+        cu.cuLibraryGetManaged(ctypes.byref(ptr), ctypes.byref(size), library, b"counter"), "managed variable"
+    )
+    check(cu.cuLibraryGetManaged(ctypes.byref(again), None, library, b"counter"), "asked again")
+    say("size", size.value)
+    say("same_again", again.value == ptr.value)
+    say("first_touch", list((ctypes.c_uint32 * 4).from_address(ptr.value)))
+    module, add = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(add), module, b"add_u32"), "function")
+    (ctypes.c_uint32 * 4).from_address(ptr.value)[:] = [5, 6, 7, 8]  # the host writes before the launch
+    value, count = ctypes.c_uint32(10), ctypes.c_uint32(4)
+    params = (ctypes.c_void_p * 3)(ctypes.addressof(ptr), ctypes.addressof(value), ctypes.addressof(count))
+    check(cu.cuLaunchKernel(add, 1, 1, 1, 4, 1, 1, 0, c_u64(0), params, None), "launch")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("after_kernel", list((ctypes.c_uint32 * 4).from_address(ptr.value)))
+    say("not_managed", cu.cuLibraryGetManaged(ctypes.byref(again), None, library, b"plain"))
+    say("finished", 1)
+
+
 def scenario_unknown():
     check(cu.cuInit(0), "init")
     # Graphics interop is refused: an OpenGL or Vulkan resource of this machine means nothing on the GPU's
@@ -2672,6 +2994,61 @@ def scenario_vmm():
     check(cu.cuMemAddressFree(base, c_u64(16 * MiB)), "address free")
     check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
     say("used_mib_after", (total.value - free.value) // MiB)
+
+
+def multicast_prop(devices=1, size=2 * MiB, handle_types=0):
+    """A CUmulticastObjectProp: device count, size, handle types, flags."""
+    return (c_u64 * 4)(devices, size, handle_types, 0)
+
+
+def scenario_multicast():
+    """A multicast object over the lease's device: its granularity, the device added, memory the program
+    created bound to it (and an allocation's address), the object mapped in a reserved range with access,
+    written and read through, unbound, released; what is not the lease's, or past the object, refused."""
+    setup()
+    granularity = c_u64()
+    check(cu.cuMulticastGetGranularity(ctypes.byref(granularity), multicast_prop(), 0), "granularity")
+    say("granularity", granularity.value)
+    mc, memory, base = c_u64(), c_u64(), c_u64()
+    check(cu.cuMulticastCreate(ctypes.byref(mc), multicast_prop()), "create")
+    check(cu.cuMulticastAddDevice(mc, 0), "add device")
+    prop = AllocationProp(1, 0, 1, 0)
+    check(cu.cuMemCreate(ctypes.byref(memory), c_u64(2 * MiB), ctypes.byref(prop), c_u64(0)), "memory")
+    check(cu.cuMulticastBindMem(mc, c_u64(0), memory, c_u64(0), c_u64(2 * MiB), c_u64(0)), "bind memory")
+    check(cu.cuMemAddressReserve(ctypes.byref(base), c_u64(2 * MiB), c_u64(0), c_u64(0), c_u64(0)), "reserve")
+    check(cu.cuMemMap(base, c_u64(2 * MiB), c_u64(0), mc, c_u64(0)), "map the multicast object")
+    access = AccessDesc(1, 0, 3)
+    check(cu.cuMemSetAccess(base, c_u64(2 * MiB), ctypes.byref(access), c_u64(1)), "access")
+    check(cu.cuMemsetD32(base, 0x5A5A5A5A, c_u64(16)), "write through it")
+    say("read_through", dtoh(base.value, 8)[1].hex())
+    check(cu.cuMulticastUnbind(mc, 0, c_u64(0), c_u64(2 * MiB)), "unbind")
+    bind_on = Driver(13010).cuMulticastBindMem  # CUDA 13.1's: the device whose memory is bound
+    say("bind_on_its_device", bind_on(mc, 0, c_u64(0), memory, c_u64(0), c_u64(2 * MiB), c_u64(0)))
+    check(cu.cuMulticastUnbind(mc, 0, c_u64(0), c_u64(2 * MiB)), "unbind again")
+    say("bind_on_other_device", bind_on(mc, 3, c_u64(0), memory, c_u64(0), c_u64(2 * MiB), c_u64(0)))
+    rc, ptr = alloc(2 * MiB)
+    check(rc, "alloc")
+    say("bind_allocation", cu.cuMulticastBindAddr(mc, c_u64(0), c_u64(ptr), c_u64(2 * MiB), c_u64(0)))
+    other = c_u64()
+    say("more_devices_than_the_lease", cu.cuMulticastCreate(ctypes.byref(other), multicast_prop(devices=2)))
+    say("shared_with_processes", cu.cuMulticastCreate(ctypes.byref(other), multicast_prop(handle_types=1)))
+    say("add_other_device", cu.cuMulticastAddDevice(mc, 3))
+    say("add_to_memory", cu.cuMulticastAddDevice(memory, 0))
+    say(
+        "bind_foreign_memory",
+        cu.cuMulticastBindMem(mc, c_u64(0), c_u64(0x4242), c_u64(0), c_u64(2 * MiB), c_u64(0)),
+    )
+    say("bind_past_the_object",
+        cu.cuMulticastBindMem(mc, c_u64(2 * MiB), memory, c_u64(0), c_u64(2 * MiB), c_u64(0)))  # fmt: skip
+    say("bind_to_itself", cu.cuMulticastBindMem(mc, c_u64(0), mc, c_u64(0), c_u64(2 * MiB), c_u64(0)))
+    say("bind_foreign_address",
+        cu.cuMulticastBindAddr(mc, c_u64(0), c_u64(0x7123_4560_0000), c_u64(2 * MiB), c_u64(0)))  # fmt: skip
+    check(cu.cuMemUnmap(base, c_u64(2 * MiB)), "unmap")
+    check(cu.cuMemRelease(mc), "release the multicast object")
+    say("bind_after_release", cu.cuMulticastBindMem(mc, c_u64(0), memory, c_u64(0), c_u64(2 * MiB), c_u64(0)))
+    check(cu.cuMemRelease(memory), "release memory")
+    check(cu.cuMemAddressFree(base, c_u64(2 * MiB)), "address free")
+    say("finished", 1)
 
 
 def scenario_vmm_retain():
@@ -2997,6 +3374,166 @@ def scenario_arrays():
     say("destroy", f"{cu.cuArrayDestroy(array)} {cu.cuArrayDestroy(other)} {cu.cuArrayDestroy(volume)} "
                    f"{cu.cuMipmappedArrayDestroy(mipmapped)}")  # fmt: skip
     say("destroy_again", cu.cuArrayDestroy(array))
+
+
+SPARSE, DEFERRED_MAPPING, NV12 = 0x40, 0x80, 0xB0  # CUDA_ARRAY3D_* flags, CU_AD_FORMAT_NV12
+
+
+def array_map_info(kind, array, memory, operation=1, devices=1):
+    """A CUarrayMapInfo: the first 128x128 tile range of level 0 of `array`, mapped to (operation 1) or
+    unmapped from (2) memory handle `memory` at its start, on the devices of the mask."""
+    raw = ctypes.create_string_buffer(96)
+    struct.pack_into("<iiQi", raw, 0, kind, 0, array, 0)
+    struct.pack_into("<8I", raw, 24, 0, 0, 0, 0, 0, 128, 128, 1)
+    struct.pack_into("<iiQQI", raw, 56, operation, 0, memory, 0, devices)
+    return raw
+
+
+def scenario_arrays_rest():
+    """An NV12 array's planes; a sparse array's (and a sparse mipmapped array's) properties; a deferred
+    array's memory requirements; tiles of a sparse array mapped to memory the program created and
+    unmapped; what is not the lease's, or not such an array, refused."""
+    setup()
+
+    def array(width, height, fmt, channels, flags=0):
+        handle = c_u64()
+        desc = Array3DDesc(width, height, 0, fmt, channels, flags)
+        check(cu.cuArray3DCreate(ctypes.byref(handle), ctypes.byref(desc)), f"array {fmt:#x} {flags:#x}")
+        return handle
+
+    nv12 = array(64, 32, NV12, 3)
+    plain = array(64, 32, FLOAT, 1)
+    planes = []
+    for index in (0, 1):
+        plane, desc = c_u64(), Array3DDesc()
+        check(cu.cuArrayGetPlane(ctypes.byref(plane), nv12, index), f"plane {index}")
+        check(cu.cuArray3DGetDescriptor(ctypes.byref(desc), plane), "plane descriptor")
+        planes.append((desc.Width, desc.Height, desc.Format, desc.NumChannels))
+    say("planes", planes)
+    other = c_u64()
+    say("plane_beyond", cu.cuArrayGetPlane(ctypes.byref(other), nv12, 2))
+    say("plane_of_plain", cu.cuArrayGetPlane(ctypes.byref(other), plain, 0))
+    say("plane_of_foreign", cu.cuArrayGetPlane(ctypes.byref(other), c_u64(0x4242), 0))
+    sparse = array(512, 512, FLOAT, 1, SPARSE)
+    props = (ctypes.c_uint32 * 12)()
+    check(cu.cuArrayGetSparseProperties(props, sparse), "sparse properties")
+    say("sparse_tile", tuple(props[:3]))
+    say("sparse_of_plain", cu.cuArrayGetSparseProperties(props, plain))
+    mipmap, desc = c_u64(), Array3DDesc(512, 512, 0, FLOAT, 1, SPARSE)
+    check(cu.cuMipmappedArrayCreate(ctypes.byref(mipmap), ctypes.byref(desc), 4), "sparse mipmap")
+    check(cu.cuMipmappedArrayGetSparseProperties(props, mipmap), "mipmap sparse properties")
+    say("mipmap_tile", tuple(props[:3]))
+    deferred = array(512, 512, FLOAT, 1, DEFERRED_MAPPING)
+    reqs = (c_u64 * 4)()
+    check(cu.cuArrayGetMemoryRequirements(reqs, deferred, 0), "requirements")
+    say("requirements_cover_it", reqs[0] >= 512 * 512 * 4 and reqs[1] > 0)
+    say("requirements_other_device", cu.cuArrayGetMemoryRequirements(reqs, deferred, 3))
+    memory = c_u64()
+    tile_pool = AllocationProp(1, 0, 1, 0, None, 1 << 16)  # allocFlags.usage CU_MEM_CREATE_USAGE_TILE_POOL
+    check(cu.cuMemCreate(ctypes.byref(memory), c_u64(2 * MiB), ctypes.byref(tile_pool), c_u64(0)), "memory")
+    other_usage = AllocationProp(1, 0, 1, 0, None, 4 << 16)  # CU_MEM_CREATE_USAGE_GPU_DIRECT_RDMA_OVER_PCIE
+    say(
+        "other_usage",
+        cu.cuMemCreate(ctypes.byref(c_u64()), c_u64(2 * MiB), ctypes.byref(other_usage), c_u64(0)),
+    )
+    check(cu.cuMemMapArrayAsync(array_map_info(0, sparse.value, memory.value), 1, c_u64(0)), "map tiles")
+    check(
+        cu.cuMemMapArrayAsync(array_map_info(0, sparse.value, memory.value, operation=2), 1, c_u64(0)),
+        "unmap",
+    )
+    check(cu.cuStreamSynchronize(c_u64(0)), "sync")
+    refusals = {
+        "map_foreign_memory": array_map_info(0, sparse.value, 0x4242),
+        "map_foreign_array": array_map_info(0, 0x4242, memory.value),
+        "map_other_device": array_map_info(0, sparse.value, memory.value, devices=2),
+        "map_plain_array": array_map_info(0, plain.value, memory.value),
+    }
+    for name, info in refusals.items():
+        say(name, cu.cuMemMapArrayAsync(info, 1, c_u64(0)))
+    check(cu.cuMipmappedArrayDestroy(mipmap), "destroy mipmap")
+    for handle in (nv12, plain, sparse, deferred):
+        check(cu.cuArrayDestroy(handle), "destroy")
+    check(cu.cuMemRelease(memory), "release")
+    say("finished", 1)
+
+
+def scenario_texture_references():
+    """Legacy texture and surface references of a module: found by name, bound to an array, to memory and
+    to 2D rows of it, their settings set and read back, a surface reference bound to an array made for
+    surfaces, one created and destroyed, one given to a function's legacy launches; what is not the
+    lease's, or past its memory, refused; a module's references gone with it."""
+    setup()
+    module, tex, surf, other, fill = c_u64(), c_u64(), c_u64(), c_u64(), c_u64()
+    image = b"// module\n.global .texref tex_in;\n.global .surfref surf_out;\n"
+    check(cu.cuModuleLoadData(ctypes.byref(module), image), "load")
+    check(cu.cuModuleGetTexRef(ctypes.byref(tex), module, b"tex_in"), "texture reference")
+    check(cu.cuModuleGetSurfRef(ctypes.byref(surf), module, b"surf_out"), "surface reference")
+    say(
+        "same_again",
+        cu.cuModuleGetTexRef(ctypes.byref(other), module, b"tex_in") == 0 and other.value == tex.value,
+    )
+    say("unknown_name", cu.cuModuleGetTexRef(ctypes.byref(other), module, b"nothing"))
+    say("surface_as_texture", cu.cuModuleGetTexRef(ctypes.byref(other), module, b"surf_out"))
+    array, surface_array, back = c_u64(), c_u64(), c_u64()
+    check(cu.cuArray3DCreate(ctypes.byref(array), ctypes.byref(Array3DDesc(64, 32, 0, FLOAT, 1, 0))), "array")
+    check(cu.cuTexRefSetArray(tex, array, 1), "bind the array")  # CU_TRSA_OVERRIDE_FORMAT
+    check(cu.cuTexRefGetArray(ctypes.byref(back), tex), "its array")
+    say("array_back", back.value == array.value)
+    rc, ptr = alloc(4096)
+    check(rc, "alloc")
+    offset, address = c_u64(1), c_u64()
+    check(cu.cuTexRefSetAddress(ctypes.byref(offset), tex, c_u64(ptr), c_u64(4096)), "bind memory")
+    check(cu.cuTexRefGetAddress(ctypes.byref(address), tex), "its address")
+    say("address_back", (offset.value, address.value == ptr))
+    say("address_past_memory", cu.cuTexRefSetAddress(ctypes.byref(offset), tex, c_u64(ptr), c_u64(8192)))
+    say("address_not_the_leases",
+        cu.cuTexRefSetAddress(ctypes.byref(offset), tex, c_u64(0x7123_4560_0000), c_u64(16)))  # fmt: skip
+    check(
+        cu.cuTexRefSetAddress2D(tex, ctypes.byref(ArrayDesc(16, 16, FLOAT, 1)), c_u64(ptr), c_u64(256)),
+        "2D rows",
+    )
+    say("rows_past_memory", cu.cuTexRefSetAddress2D(tex, ctypes.byref(ArrayDesc(16, 32, FLOAT, 1)), c_u64(ptr),
+                                                    c_u64(256)))  # fmt: skip
+    check(cu.cuTexRefSetFormat(tex, U8, 2), "format")
+    check(cu.cuTexRefSetAddressMode(tex, 1, 2), "address mode")  # dimension 1: CU_TR_ADDRESS_MODE_MIRROR
+    check(cu.cuTexRefSetFilterMode(tex, 1), "filter")
+    check(cu.cuTexRefSetMipmapFilterMode(tex, 1), "mipmap filter")
+    check(cu.cuTexRefSetMipmapLevelBias(tex, ctypes.c_float(0.5)), "bias")
+    check(cu.cuTexRefSetMipmapLevelClamp(tex, ctypes.c_float(0.25), ctypes.c_float(3.0)), "clamp")
+    check(cu.cuTexRefSetMaxAnisotropy(tex, 4), "anisotropy")
+    check(cu.cuTexRefSetBorderColor(tex, (ctypes.c_float * 4)(0.125, 0.25, 0.5, 1.0)), "border")
+    check(cu.cuTexRefSetFlags(tex, 2), "flags")  # CU_TRSF_NORMALIZED_COORDINATES
+    fmt, channels, mode, filt, mip, aniso, flags = (ctypes.c_int() for _ in range(7))
+    bias, low, high, border = ctypes.c_float(), ctypes.c_float(), ctypes.c_float(), (ctypes.c_float * 4)()
+    check(cu.cuTexRefGetFormat(ctypes.byref(fmt), ctypes.byref(channels), tex), "get format")
+    check(cu.cuTexRefGetAddressMode(ctypes.byref(mode), tex, 1), "get mode")
+    check(cu.cuTexRefGetFilterMode(ctypes.byref(filt), tex), "get filter")
+    check(cu.cuTexRefGetMipmapFilterMode(ctypes.byref(mip), tex), "get mipmap filter")
+    check(cu.cuTexRefGetMipmapLevelBias(ctypes.byref(bias), tex), "get bias")
+    check(cu.cuTexRefGetMipmapLevelClamp(ctypes.byref(low), ctypes.byref(high), tex), "get clamp")
+    check(cu.cuTexRefGetMaxAnisotropy(ctypes.byref(aniso), tex), "get anisotropy")
+    check(cu.cuTexRefGetBorderColor(border, tex), "get border")
+    check(cu.cuTexRefGetFlags(ctypes.byref(flags), tex), "get flags")
+    say("settings", (fmt.value, channels.value, mode.value, filt.value, mip.value, bias.value, low.value,
+                     high.value, aniso.value, tuple(border), flags.value))  # fmt: skip
+    check(cu.cuArray3DCreate(ctypes.byref(surface_array), ctypes.byref(Array3DDesc(64, 32, 0, FLOAT, 1, 2))),
+          "surface array")  # fmt: skip
+    check(cu.cuSurfRefSetArray(surf, surface_array, 0), "bind the surface")
+    check(cu.cuSurfRefGetArray(ctypes.byref(back), surf), "its array")
+    say("surface_array_back", back.value == surface_array.value)
+    say("surface_over_foreign_array", cu.cuSurfRefSetArray(surf, c_u64(0x4242), 0))
+    say("foreign_reference", cu.cuTexRefSetFlags(c_u64(0x4242), 0))
+    made = c_u64()
+    check(cu.cuTexRefCreate(ctypes.byref(made)), "create")
+    check(cu.cuTexRefDestroy(made), "destroy")
+    say("destroyed_twice", cu.cuTexRefDestroy(made))
+    check(cu.cuModuleGetFunction(ctypes.byref(fill), module, b"fill_u32"), "function")
+    check(cu.cuParamSetTexRef(fill, -1, tex), "legacy launch's texture")  # CU_PARAM_TR_DEFAULT
+    check(cu.cuModuleUnload(module), "unload")
+    say("after_unload", cu.cuTexRefSetFlags(tex, 0))
+    for handle in (array, surface_array):
+        check(cu.cuArrayDestroy(handle), "destroy array")
+    say("finished", 1)
 
 
 def scenario_pitched_and_context():

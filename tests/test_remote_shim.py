@@ -128,6 +128,50 @@ def test_kernels_launch_with_parameters_and_faults_surface_at_the_next_sync(shim
     assert out["sync_after_fault"] == "700"  # ... the fault is reported by the next sync
 
 
+def test_batched_decompression_reads_and_writes_only_the_leases_memory(shim_dir, worker):
+    """DEFLATE data in an allocation decompresses into another, its size written, no operation's error
+    index; an operation past its destination, on a source or size word not the lease's, or of an unknown
+    algorithm is refused."""
+    out, err = run_client("decompress", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert out["decompressed"] == out["actual_size"] == out["no_error_index"] == "True"
+    refused = (
+        "past_the_destination",
+        "source_not_the_leases",
+        "size_word_not_the_leases",
+        "unknown_algorithm",
+    )
+    assert [out[name] for name in refused] == ["1"] * len(refused)  # CUDA_ERROR_INVALID_VALUE
+
+
+def test_async_notifications_are_accepted_for_lease_devices_and_unified_functions_are_refused(
+    shim_dir, worker
+):
+    """A notification callback registers for the lease's device (not for another) and unregisters; the
+    device says it has no unified function pointers, and asking a library for one is refused with the
+    census's reason on stderr."""
+    out, err = run_client("notifications_and_unified_functions", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert (out["register"], out["handle_given"], out["unregister"]) == ("0", "True", "0")
+    assert out["register_other_device"] == "101"  # CUDA_ERROR_INVALID_DEVICE
+    assert out["unified_attribute"] == "0"
+    assert out["unified_function"] == "801"  # CUDA_ERROR_NOT_SUPPORTED
+    assert "cuLibraryGetUnifiedFunction" in err and "refused" in err
+
+
+def test_a_newer_abi_that_is_not_forwarded_refuses_instead_of_running_as_the_older_one(shim_dir, worker):
+    """cuGetProcAddress at the version of a newer ABI: cuLaunchHostFunc's with a synchronisation mode runs
+    the function (a bad mode refused); cuGraphAddNode's CUDA 13.4 one refuses with its census reason, while
+    the older cuGraphAddNode still adds the node."""
+    out, err = run_client("newer_abis", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert (out["host_function_spinning"], out["host_function_bad_mode"]) == ("0", "1")
+    assert out["host_function_ran"] == "[7]"
+    assert out["add_node_v3"] == "801"  # CUDA_ERROR_NOT_SUPPORTED, not the older ABI
+    assert out["add_node_v2"] == "0"
+    assert "cuGraphAddNode_v3" in err
+
+
 def test_a_call_that_is_not_forwarded_fails_and_says_why_once(shim_dir, worker):
     out, err = run_client("unknown", client_env(shim_dir, worker))
     assert out == {"first_call": "801", "second_call": "801"}
@@ -306,6 +350,28 @@ def test_the_virtual_memory_api_maps_memory_in_ranges_the_program_reserved(shim_
     assert "gpupool:" not in err
 
 
+def test_multicast_objects_span_the_leases_devices_and_bind_only_its_memory(shim_dir, worker):
+    """A multicast object over the lease's device is created, its device added, memory the program created
+    bound (also by CUDA 13.1's bind naming its device), mapped in a range it reserved, written and read
+    through, unbound and released; an allocation's address binds too. More devices than the lease has, sharing with other processes, another device,
+    memory or addresses not the lease's, a binding past the object, a memory handle used as a multicast
+    object and a released object are refused."""
+    out, err = run_client("multicast", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert out["granularity"] == str(2 * MiB)
+    assert out["read_through"] == "5a5a5a5a5a5a5a5a"
+    assert out["bind_allocation"] == "0"
+    assert out["bind_on_its_device"] == "0"  # CUDA 13.1's bind, naming the memory's own device
+    assert out["bind_on_other_device"] == "101"  # CUDA_ERROR_INVALID_DEVICE
+    assert out["more_devices_than_the_lease"] == "1"  # CUDA_ERROR_INVALID_VALUE
+    assert out["shared_with_processes"] == "801"  # CUDA_ERROR_NOT_SUPPORTED
+    assert out["add_other_device"] == "101"  # CUDA_ERROR_INVALID_DEVICE
+    refused = ("add_to_memory", "bind_foreign_memory", "bind_past_the_object", "bind_to_itself")
+    assert [out[name] for name in refused] == ["1"] * len(refused)
+    assert out["bind_foreign_address"] == out["bind_after_release"] == "1"
+    assert "gpupool:" not in err
+
+
 def test_a_retained_handle_is_one_more_reference_to_memory_this_process_mapped(shim_dir, worker):
     """cuMemRetainAllocationHandle gives this process's mapping's handle as one more reference to release."""
     out, err = run_client("vmm_retain", client_env(shim_dir, worker))
@@ -419,6 +485,44 @@ def test_cuda_arrays_copies_in_rows_and_slices_textures_and_surfaces_are_forward
         "destroy_again": "400",
     }
     assert "not forwarded" not in err
+
+
+def test_planes_sparse_and_deferred_arrays_and_their_tile_mappings_are_forwarded(shim_dir, worker):
+    """An NV12 array's two planes are arrays of the lease (luma, and chroma at half size in two channels);
+    sparse arrays and sparse mipmapped arrays report their tiles, a deferred-mapping array its memory
+    requirements; a sparse array's tiles are mapped to memory the program created for tiles and unmapped; memory,
+    arrays and devices that are not the lease's, or arrays that are not sparse, are refused."""
+    out, err = run_client("arrays_rest", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert out["planes"] == "[(64, 32, 1, 1), (32, 16, 1, 2)]"
+    assert out["plane_beyond"] == out["plane_of_plain"] == "1"  # CUDA_ERROR_INVALID_VALUE
+    assert out["plane_of_foreign"] == "400"  # CUDA_ERROR_INVALID_HANDLE
+    assert out["sparse_tile"] == out["mipmap_tile"] == "(128, 128, 1)"  # 64 KiB of 4-byte texels
+    assert out["sparse_of_plain"] == "1"
+    assert out["requirements_cover_it"] == "True"
+    assert out["requirements_other_device"] == "101"  # CUDA_ERROR_INVALID_DEVICE
+    assert out["map_foreign_memory"] == out["map_foreign_array"] == "400"
+    assert out["map_other_device"] == "101"
+    assert out["map_plain_array"] == "1"
+    assert out["other_usage"] == "801"  # memory for GPUDirect RDMA is not created remotely
+    assert "gpupool:" not in err
+
+
+def test_legacy_texture_and_surface_references_bind_only_the_leases_arrays_and_memory(shim_dir, worker):
+    """A module's texture and surface references are found by name (one handle per name), bound to an
+    array, to memory and to rows of it, their settings read back as set, a surface reference bound to an
+    array made for surfaces; memory past an allocation or not the lease's, arrays and references not the
+    lease's, a reference destroyed twice or after its module's unload are refused."""
+    out, err = run_client("texture_references", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert out["same_again"] == out["array_back"] == out["surface_array_back"] == "True"
+    assert out["unknown_name"] == out["surface_as_texture"] == "500"  # CUDA_ERROR_NOT_FOUND
+    assert out["address_back"] == "(0, True)"
+    assert out["address_past_memory"] == out["address_not_the_leases"] == out["rows_past_memory"] == "1"
+    assert out["settings"] == "(1, 2, 2, 1, 1, 0.5, 0.25, 3.0, 4, (0.125, 0.25, 0.5, 1.0), 2)"
+    assert out["surface_over_foreign_array"] == out["foreign_reference"] == "400"  # CUDA_ERROR_INVALID_HANDLE
+    assert out["destroyed_twice"] == out["after_unload"] == "400"
+    assert "gpupool:" not in err
 
 
 def test_pitched_memory_2d_memsets_a_library_file_and_context_settings_are_forwarded(shim_dir, worker):
@@ -575,6 +679,19 @@ def test_managed_memory_is_the_same_bytes_for_the_program_and_its_kernels(shim_d
         "free": "0",
         "bad_flags": "1",
     }
+    assert "gpupool:" not in err
+
+
+def test_a_librarys_managed_variable_is_the_same_bytes_for_the_program_and_its_kernels(shim_dir, worker):
+    """cuLibraryGetManaged gives the variable's address (the same when asked again); the host's first touch
+    reads the device's bytes, its writes before a launch are what the kernel adds to, and the kernel's
+    result is what it reads after the synchronisation; a plain variable is not a managed one."""
+    out, err = run_client("library_managed", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert (out["size"], out["same_again"]) == ("16", "True")
+    assert out["first_touch"] == "[0, 0, 0, 0]"
+    assert out["after_kernel"] == "[15, 16, 17, 18]"
+    assert out["not_managed"] == "500"  # CUDA_ERROR_NOT_FOUND
     assert "gpupool:" not in err
 
 
@@ -760,6 +877,42 @@ def test_a_graph_built_node_by_node_runs_its_nodes_in_dependency_order(shim_dir,
         "memset": "01010101",
         "second": "15",  # the instantiated graph's add node now adds 5
     }
+    assert "gpupool:" not in err
+
+
+def test_batch_memory_operation_nodes_write_only_the_leases_memory(shim_dir, worker):
+    """A batch memory-operation node's writes land at each launch; its operations read back as given, set
+    anew in the graph and in the instantiated graph (the instance's run), and it is added by type; an
+    operation on memory not the lease's or past an allocation, of an unknown kind, or a node of another
+    context is refused before anything runs."""
+    out, err = run_client("graph_batch_mem_ops", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert out["written"] == str((0x11, 0x2222_3333_4444_5555))
+    assert out["read_back"] == "(3, True)"
+    assert out["instance_wrote"] == "0x44"
+    assert out["not_the_leases"] == out["past_the_allocation"] == out["unknown_operation"] == "1"
+    assert out["other_context"] == "801"  # CUDA_ERROR_NOT_SUPPORTED, said once
+    assert "not forwarded yet" not in err
+
+
+def test_graph_memory_nodes_allocate_within_the_partition_and_free_at_their_free_node(shim_dir, worker):
+    """An allocation node gets an address the program can use in the graph's kernel and copy nodes (also
+    when added as cuGraphAddNode's type), the graph runs twice; its bytes count against the partition until
+    its free node; both nodes read back; a free node of memory that is not graph memory, or not the
+    lease's, an allocation past the partition, on another device or in host memory are refused; graph
+    memory attributes are read, the high-water mark reset, and trimming reaches only the lease's device."""
+    out, err = run_client("graph_memory", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert out["address_given"] == out["by_type_address_given"] == "True"
+    assert out["partition_counts_it"] == out["partition_free_again"] == "True"
+    assert out["copied"] == "(7, 7, 7, 7)"  # the kernel node filled graph memory, the copy node moved it out
+    assert out["read_back"] == "(1, 1, 0, 4096, True, 1, 0, 3)"  # pinned, on device 0, read-write for it
+    assert out["free_reads_back"] == out["generic_read_back"] == "True"
+    assert out["free_not_graph_memory"] == out["free_not_the_leases"] == "1"  # CUDA_ERROR_INVALID_VALUE
+    assert out["past_partition"] == "2"  # CUDA_ERROR_OUT_OF_MEMORY
+    assert out["other_device"] == out["trim_other_device"] == "101"  # CUDA_ERROR_INVALID_DEVICE
+    assert out["host_location"] == "801"  # CUDA_ERROR_NOT_SUPPORTED
+    assert out["set_current_refused"] == "1"
     assert "gpupool:" not in err
 
 
@@ -987,6 +1140,19 @@ def test_the_legacy_launch_api_runs_kernels_as_cuLaunchKernel_does(shim_dir, wor
         "own_destroyed": "True",
         "detach_not_current": "201",  # CUDA_ERROR_INVALID_CONTEXT
     }
+
+
+def test_a_multi_device_cooperative_launch_runs_as_one_call_within_the_leases_devices(shim_dir, worker):
+    """cuLaunchCooperativeKernelMultiDevice runs its launch; one too large is refused by the call (as a
+    cooperative launch is), as are more launches than the lease has devices, a stream not the lease's and
+    unknown flags; nothing refused leaves an error for the next synchronise."""
+    out, err = run_client("cooperative_multi_device", client_env(shim_dir, worker))
+    assert (out["launched"], out["sync"], out["filled"]) == ("0", "0", "5 5")
+    assert out["too_large"] == "720"  # CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
+    assert out["more_than_devices"] == out["unknown_flags"] == "1"  # CUDA_ERROR_INVALID_VALUE
+    assert out["foreign_stream"] == "400"  # CUDA_ERROR_INVALID_HANDLE
+    assert out["sync_at_end"] == "0"
+    assert "not forwarded" not in err
 
 
 def test_cooperative_launches_run_and_one_too_large_is_refused_by_the_launch_call(shim_dir, worker):

@@ -30,6 +30,7 @@ HANDLE_TYPES = (
     "texobj", "surfobj",  # a CUtexObject, a CUsurfObject
     "greenctx", "devres", "resdesc",  # a CUgreenCtx, a CUdevResource (its id), a CUdevResourceDesc
     "comm",  # an NCCL communicator made on the worker (virtualize.server._guard_nccl)
+    "texref", "surfref",  # a CUtexref, a CUsurfref (legacy texture and surface references)
 )  # fmt: skip
 SCALAR_TYPES = {"i32": "i", "u32": "I", "u64": "Q", "u8": "B", "u16": "H", "f32": "f", "dptr": "Q"}
 SCALAR_TYPES.update(dict.fromkeys(HANDLE_TYPES, "Q"))
@@ -394,6 +395,22 @@ CALLS: tuple[Call, ...] = (
        wire="o_u64 flags, i32 location_type, i32 location_id, dptr ptr"),
     _c("cuMemGetAllocationGranularity", 10020, "o_u64 granularity, ptr prop, i32 option", custom=True,
        wire="o_u64 granularity, i32 option, bytes prop"),
+    # Multicast objects (NVLink SHARP) over the lease's own GPUs: a handle of the virtual memory API (mapped,
+    # given access and released as created memory is), bound to memory of the lease only; never shared with
+    # another process (handle types none). The properties (CUmulticastObjectProp) travel in the bulk.
+    _c("cuMulticastCreate", 12010, "o_vmem handle, ptr prop", custom=True, wire="o_vmem handle, bytes prop"),
+    _c("cuMulticastAddDevice", 12010, "vmem mc, i32 dev"),
+    _c("cuMulticastBindMem", 12010, "vmem mc, u64 mc_offset, vmem memory, u64 mem_offset, u64 size, u64 flags"),
+    _c("cuMulticastBindAddr", 12010, "vmem mc, u64 mc_offset, u64 ptr, u64 size, u64 flags"),
+    _c("cuMulticastUnbind", 12010, "vmem mc, i32 dev, u64 mc_offset, u64 size"),
+    # CUDA 13.1's binds name the device whose memory is bound: that of the memory (or address) itself, so
+    # the worker binds it as the older calls do (a CUDA 13.0 driver has only those).
+    _c("cuMulticastBindMem", 13010, "vmem mc, i32 dev, u64 mc_offset, vmem memory, u64 mem_offset, u64 size, u64 flags",
+       symbol="cuMulticastBindMem_v2"),
+    _c("cuMulticastBindAddr", 13010, "vmem mc, i32 dev, u64 mc_offset, u64 ptr, u64 size, u64 flags",
+       symbol="cuMulticastBindAddr_v2"),
+    _c("cuMulticastGetGranularity", 12010, "o_u64 granularity, ptr prop, i32 option", custom=True,
+       wire="o_u64 granularity, i32 option, bytes prop"),
     # -- host memory stays in the client --------------------------------------------------------------
     _c("cuMemAllocHost", 3020, "o_u64 pp, u64 bytesize", L, symbol="cuMemAllocHost_v2", custom=True,
        how="host memory stays in the client"),
@@ -478,6 +495,10 @@ CALLS: tuple[Call, ...] = (
        how="sent as cuMemcpyHtoDAsync, DtoHAsync or DtoDAsync"),
     # Batched copies (cuda.core's batched memcpy, newer PyTorch): each copy sent as the single copy of its
     # direction (cuMemcpyAsync's), in the batch's order; 3D operands between pointers only.
+    # Batched decompression (the copy engines' decompressor): each operation's source, destination and
+    # actual-size word checked as memory of the lease; its CUmemDecompressParams (64 bytes) in the bulk.
+    _c("cuMemBatchDecompressAsync", 12060, "ptr params, u64 count, u32 flags, ptr error_index, stream stream",
+       custom=True, wire="o_u64 error_index, u64 count, u32 flags, stream stream, bytes params"),
     _c("cuMemcpyBatchAsync", 12080, "ptr dsts, ptr srcs, ptr sizes, u64 count, ptr attrs, ptr attrs_idxs, "
        "u64 num_attrs, ptr fail_idx, stream stream", L, custom=True,
        how="each copy sent as the single copy of its direction"),
@@ -506,6 +527,19 @@ CALLS: tuple[Call, ...] = (
        wire="o_mipmap handle, u32 levels, bytes desc"),
     _c("cuMipmappedArrayGetLevel", 5000, "o_array array, mipmap handle, u32 level"),
     _c("cuMipmappedArrayDestroy", 5000, "mipmap handle"),
+    # The rest of arrays: an NV12 array's planes (arrays of the lease, gone with their array), sparse
+    # arrays' properties and arrays' memory requirements (their C structures in the reply's bulk), and
+    # tiles of sparse or deferred-mapping arrays mapped to memory the lease created (cuMemMapArrayAsync:
+    # its CUarrayMapInfo list in the bulk, each array, memory handle and device checked).
+    _c("cuArrayGetPlane", 11020, "o_array plane, array array, u32 index"),
+    _c("cuArrayGetSparseProperties", 11010, "ptr props, array array", custom=True, wire="array array"),
+    _c("cuMipmappedArrayGetSparseProperties", 11010, "ptr props, mipmap mipmap", custom=True, wire="mipmap mipmap"),
+    _c("cuArrayGetMemoryRequirements", 11060, "ptr reqs, array array, i32 dev", custom=True,
+       wire="array array, i32 dev"),
+    _c("cuMipmappedArrayGetMemoryRequirements", 11060, "ptr reqs, mipmap mipmap, i32 dev", custom=True,
+       wire="mipmap mipmap, i32 dev"),
+    _c("cuMemMapArrayAsync", 11010, "ptr infos, u32 count, stream stream", custom=True,
+       wire="u32 count, stream stream, bytes infos"),
     # Copies between any two of host memory, device memory and arrays, in rows and slices: the host side
     # travels packed (its rows one after another) in the request or the reply; `kinds` is the source's
     # CUmemorytype (1 host, 2 device, 3 array) plus the destination's times 256; flags 1: on `stream`.
@@ -539,6 +573,46 @@ CALLS: tuple[Call, ...] = (
     _c("cuTexObjectGetTextureDesc", 5000, "ptr desc, texobj tex", custom=True, wire="texobj tex"),
     _c("cuTexObjectGetResourceViewDesc", 5000, "ptr desc, texobj tex", custom=True, wire="texobj tex"),
     _c("cuSurfObjectGetResourceDesc", 5000, "ptr desc, surfobj surf", custom=True, wire="surfobj surf"),
+    # Legacy texture and surface references (deprecated since CUDA 11; a module's, or cuTexRefCreate's): the
+    # worker's driver's objects, handles of the lease (a module's go with it). What one binds is checked as
+    # a texture object's resource is: an array or mipmapped array of the lease, or a range of its memory
+    # (cuTexRefSetAddress's bytes, cuTexRefSetAddress2D's rows: the descriptor's fields travel).
+    _c("cuModuleGetTexRef", 2000, "o_texref tex, module module, cstr name"),
+    _c("cuModuleGetSurfRef", 3000, "o_surfref surf, module module, cstr name"),
+    _c("cuTexRefCreate", 2000, "o_texref tex"),
+    _c("cuTexRefDestroy", 2000, "texref tex"),
+    _c("cuTexRefSetArray", 2000, "texref tex, array array, u32 flags"),
+    _c("cuTexRefSetMipmappedArray", 5000, "texref tex, mipmap mipmap, u32 flags"),
+    _c("cuTexRefSetAddress", 3020, "o_u64 offset, texref tex, dptr ptr, u64 bytes", symbol="cuTexRefSetAddress_v2"),
+    _c("cuTexRefSetAddress2D", 4010, "texref tex, ptr desc, dptr ptr, u64 pitch", symbol="cuTexRefSetAddress2D_v3",
+       custom=True, wire="texref tex, dptr ptr, u64 pitch, u64 width, u64 height, i32 format, u32 channels"),
+    _c("cuTexRefSetFormat", 2000, "texref tex, i32 format, i32 components"),
+    _c("cuTexRefSetAddressMode", 2000, "texref tex, i32 dim, i32 mode"),
+    _c("cuTexRefSetFilterMode", 2000, "texref tex, i32 mode"),
+    _c("cuTexRefSetMipmapFilterMode", 5000, "texref tex, i32 mode"),
+    _c("cuTexRefSetMipmapLevelBias", 5000, "texref tex, f32 bias"),
+    _c("cuTexRefSetMipmapLevelClamp", 5000, "texref tex, f32 min_clamp, f32 max_clamp"),
+    _c("cuTexRefSetMaxAnisotropy", 5000, "texref tex, u32 max_aniso"),
+    _c("cuTexRefSetBorderColor", 8000, "texref tex, ptr color", custom=True,
+       wire="texref tex, f32 red, f32 green, f32 blue, f32 alpha"),
+    _c("cuTexRefSetFlags", 2000, "texref tex, u32 flags"),
+    _c("cuTexRefGetAddress", 3020, "o_u64 ptr, texref tex", symbol="cuTexRefGetAddress_v2"),
+    _c("cuTexRefGetArray", 2000, "o_array array, texref tex"),
+    _c("cuTexRefGetMipmappedArray", 5000, "o_mipmap mipmap, texref tex"),
+    _c("cuTexRefGetAddressMode", 2000, "o_i32 mode, texref tex, i32 dim"),
+    _c("cuTexRefGetFilterMode", 2000, "o_i32 mode, texref tex"),
+    _c("cuTexRefGetFormat", 2000, "o_i32 format, o_i32 channels, texref tex"),
+    _c("cuTexRefGetMipmapFilterMode", 5000, "o_i32 mode, texref tex"),
+    _c("cuTexRefGetMipmapLevelBias", 5000, "o_f32 bias, texref tex"),
+    _c("cuTexRefGetMipmapLevelClamp", 5000, "o_f32 min_clamp, o_f32 max_clamp, texref tex"),
+    _c("cuTexRefGetMaxAnisotropy", 5000, "o_i32 max_aniso, texref tex"),
+    _c("cuTexRefGetBorderColor", 8000, "ptr color, texref tex", custom=True,
+       wire="o_f32 red, o_f32 green, o_f32 blue, o_f32 alpha, texref tex"),
+    _c("cuTexRefGetFlags", 2000, "o_u32 flags, texref tex"),
+    _c("cuSurfRefSetArray", 3000, "surfref surf, array array, u32 flags"),
+    _c("cuSurfRefGetArray", 3000, "o_array array, surfref surf"),
+    # Binds a texture reference to a function's legacy launches (CU_PARAM_TR_DEFAULT): the driver's answer.
+    _c("cuParamSetTexRef", 2000, "func func, i32 texunit, texref tex"),
     # -- memsets -------------------------------------------------------------------------------------
     _c("cuMemsetD8", 3020, "dptr dst, u8 value, u64 count", A, symbol="cuMemsetD8_v2"),
     _c("cuMemsetD16", 3020, "dptr dst, u16 value, u64 count", A, symbol="cuMemsetD16_v2"),
@@ -634,6 +708,9 @@ CALLS: tuple[Call, ...] = (
     _c("cuLibraryGetKernel", 12000, "o_kernel kernel, library library, cstr name", links=True),
     _c("cuLibraryGetModule", 12000, "o_module module, library library", links=True),
     _c("cuLibraryGetGlobal", 12000, "o_dptr? dptr, o_u64? bytes, library library, cstr name", custom=True),
+    # A library's managed variable: the library's memory on the worker, mirrored in the program as managed
+    # memory is (its first contents the device's, fetched at the host's first touch).
+    _c("cuLibraryGetManaged", 12000, "o_dptr? dptr, o_u64? bytes, library library, cstr name", custom=True),
     _c("cuKernelGetFunction", 12000, "o_func func, kernel kernel", memo="functions", memo_ctx=True, links=True),
     _c("cuKernelGetAttribute", 12000, "o_i32 value, i32 attrib, kernel kernel, i32 dev", memo="functions"),
     _c("cuKernelSetAttribute", 12000, "i32 attrib, i32 value, kernel kernel, i32 dev", memo="functions",
@@ -691,6 +768,11 @@ CALLS: tuple[Call, ...] = (
     _c("cuLaunchCooperativeKernel", 9000,
        "func f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 smem, stream stream, ptr params", L,
        custom=True, how="sent as cuLaunchKernelEx with the cooperative launch attribute"),
+    # A multi-device cooperative launch (deprecated): each device's launch checked and packed in the client as
+    # cuLaunchCooperativeKernel's (MULTI_LAUNCH: function, shape, shared memory, parameter bytes, stream; then
+    # the parameters), all sent as one call, since its kernels may synchronise across the lease's devices.
+    _c("cuLaunchCooperativeKernelMultiDevice", 9000, "ptr launches, u32 count, u32 flags", custom=True,
+       wire="u32 count, u32 flags, bytes launches"),
     # -- legacy launches and context attach (deprecated since CUDA 4.0), served in the client (shim_legacy.c):
     # block shape, shared size and parameter bytes kept per function, launched as cuLaunchKernel's `extra`.
     *(_c(name, 2000, params, L, custom=True, how="kept per function in the client for cuLaunch and cuLaunchGrid")
@@ -718,6 +800,10 @@ CALLS: tuple[Call, ...] = (
     _c("cuStreamSynchronize", 2000, "stream stream", sync=True),
     _c("cuStreamWaitEvent", 3020, "stream stream, event event, u32 flags", A),
     _c("cuLaunchHostFunc", 10000, "stream stream, ptr fn, ptr data", A, custom=True, wire="stream stream, u64 id"),
+    # CUDA 13.2's: the synchronisation mode says how the driver waits for the stream (blocking or spinning),
+    # which is the worker's business; the function runs in the program as cuLaunchHostFunc's does.
+    _c("cuLaunchHostFunc", 13020, "stream stream, ptr fn, ptr data, u32 sync_mode", L, symbol="cuLaunchHostFunc_v2",
+       custom=True, how="sent as cuLaunchHostFunc (a blocking or spinning wait is the worker's driver's)"),
     _c("cuStreamAddCallback", 5000, "stream stream, ptr callback, ptr data, u32 flags", A, custom=True,
        wire="stream stream, u64 id"),
     # Tensor maps (Hopper's TMA descriptors): encoded by the worker's driver; 128 opaque bytes come back.
@@ -858,6 +944,35 @@ CALLS: tuple[Call, ...] = (
     _c("cuGraphClone", 10000, "o_graph clone, graph graph"),
     _c("cuGraphNodeFindInClone", 10000, "o_node node, node original, graph clone"),
     _c("cuGraphNodeGetType", 10000, "node node, o_i32 type"),
+    # Memory nodes: the driver picks an allocation node's address when the node is added (outside the
+    # process's window, as a captured stream-ordered allocation's); the shim reserves it in the program,
+    # the lease counts its bytes against the device's partition until a free node or cuMemFree frees it.
+    # The pool properties travel as their fields, the access descriptors (location type, id, flags) and the
+    # dependencies in the bulk; a node's parameters come back the same way.
+    _c("cuGraphAddMemAllocNode", 11040, "o_node node, graph graph, ptr deps, u64 num_deps, ptr params", custom=True,
+       wire="o_node node, o_dptr dptr, graph graph, i32 alloc_type, i32 handle_types, i32 location_type, "
+            "i32 device, u64 bytesize, u32 num_access, u64 num_deps, bytes data"),
+    _c("cuGraphMemAllocNodeGetParams", 11040, "node node, ptr params", custom=True,
+       wire="node node, o_i32 device, o_u64 bytesize, o_dptr dptr, o_u32 num_access"),
+    _c("cuGraphAddMemFreeNode", 11040, "o_node node, graph graph, ptr deps, u64 num_deps, dptr dptr", custom=True,
+       wire="o_node node, graph graph, dptr dptr, u64 num_deps, bytes deps"),
+    _c("cuGraphMemFreeNodeGetParams", 11040, "node node, o_u64 dptr"),
+    # Batch memory-operation nodes: each wait or write checked as a stream memory operation's (its whole word
+    # the lease's memory); the operations (CUstreamBatchMemOpParams, 48 bytes each) travel in the bulk, after
+    # a new node's dependencies; a node's context is the current one (the shim refuses another).
+    _c("cuGraphAddBatchMemOpNode", 11070, "o_node node, graph graph, ptr deps, u64 num_deps, ptr params",
+       custom=True, wire="o_node node, graph graph, u32 count, u32 flags, u64 num_deps, bytes data"),
+    _c("cuGraphBatchMemOpNodeSetParams", 11070, "node node, ptr params", custom=True,
+       wire="node node, u32 count, u32 flags, bytes ops"),
+    _c("cuGraphExecBatchMemOpNodeSetParams", 11070, "graphexec exec, node node, ptr params", custom=True,
+       wire="graphexec exec, node node, u32 count, u32 flags, bytes ops"),
+    _c("cuGraphBatchMemOpNodeGetParams", 11070, "node node, ptr params", custom=True,
+       wire="node node, o_u32 count, o_u32 flags"),  # the operations in the reply's bulk
+    # The worker's graph memory is its lease's alone (a worker serves one lease).
+    _c("cuDeviceGraphMemTrim", 11040, "i32 dev"),
+    _c("cuDeviceGetGraphMemAttribute", 11040, "i32 dev, i32 attr, o_u64 value"),
+    _c("cuDeviceSetGraphMemAttribute", 11040, "i32 dev, i32 attr, ptr value", custom=True,
+       wire="i32 dev, i32 attr, u64 value"),
     # -- graph nodes read back, changed or queried (issue 25) ---------------------------------------------
     # A node's parameters set anew, checked as adding such a node is; a memset node's read back (its
     # address is the lease's, as the program gave it); edges removed as they are added; ids and the
@@ -968,6 +1083,13 @@ CALLS: tuple[Call, ...] = (
        how="accepted, never called: the driver's messages stay on the worker"),
     _c("cuLogsUnregisterCallback", 12080, "u64 handle", L, custom=True,
        how="accepted: the callback was never called"),
+    # Asynchronous notifications: the one kind (CU_ASYNC_NOTIFICATION_TYPE_OVER_BUDGET) is about the worker's
+    # process and its device memory budget; the lease's partition is the worker's to enforce.
+    _c("cuDeviceRegisterAsyncNotification", 12040, "i32 dev, ptr callback, ptr user_data, o_u64 handle", L,
+       custom=True, how="accepted for a device of the lease, never called: an over-budget notification "
+       "concerns the worker's process, and allocations past the lease's partition fail instead"),
+    _c("cuDeviceUnregisterAsyncNotification", 12040, "i32 dev, u64 handle", L, custom=True,
+       how="accepted for a handle registration gave: the callback was never called"),
     # The worker's driver log (the worker process is the lease's alone): read back, an iterator at a time.
     _c("cuLogsCurrent", 12080, "o_u32 iterator, u32 flags"),
     _c("cuLogsDumpToMemory", 12080, "ptr iterator, ptr buffer, ptr size, u32 flags", custom=True,
@@ -1014,6 +1136,14 @@ CALLS: tuple[Call, ...] = (
 # Names cuGetProcAddress resolves to another call from an ABI version on: (name, since, symbol).
 ALIASES: tuple[tuple[str, int, str], ...] = (
     ("cuGraphInstantiate", 12000, "cuGraphInstantiateWithFlags"),  # CUDA 12 gave it WithFlags' signature
+)
+# Newer ABIs of forwarded calls that are not forwarded themselves: (name, since, cuda.h's versioned
+# symbol). cuGetProcAddress asked for the name at that version or later hands out a refusal (the symbol's,
+# with its census reason), never the older ABI, whose parameters differ (cuda.bindings asks for these
+# versions to call the newer ABIs). The versions are the ones cuda.bindings asks for.
+UNFORWARDED_ABIS: tuple[tuple[str, int, str], ...] = (
+    ("cuGraphAddNode", 13041, "cuGraphAddNode_v3"),  # CUgraphNodeParams of CUDA 13.4
+    ("cuGraphNodeSetParams", 13041, "cuGraphNodeSetParams_v2"),
 )
 
 CALL_IDS: dict[Call, int] = {call: index for index, call in enumerate(CALLS)}
@@ -1077,6 +1207,7 @@ FORWARDED_LAUNCH_ATTRIBUTES = frozenset({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 1
 
 # The calls that end an object of the lease: call name -> the kind of handle its first parameter is.
 DESTROYS = {
+    "cuTexRefDestroy": "texref",
     "cuTexObjectDestroy": "texobj",
     "cuSurfObjectDestroy": "surfobj",
     "cuStreamDestroy": "stream",

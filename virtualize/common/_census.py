@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from virtualize.common._calls import ALIASES, CALLS, Call, Mode
+from virtualize.common._calls import ALIASES, CALLS, UNFORWARDED_ABIS, Call, Mode
 from virtualize.common.errors import VirtualizeError
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -158,92 +158,63 @@ GROUPS: tuple[Group, ...] = (
        returns CUDA_ERROR_NOT_SUPPORTED, which is the shim's answer too.""",
         "cuDeviceGetLuid",
     ),
+    _g(
+        "unified function pointers",
+        R,
+        """cuLibraryGetUnifiedFunction gives a pointer that host code calls as well as kernels (on systems
+       with unified function pointers, CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS). Remotely it would be
+       a function of the worker's process: the program's host code cannot call it, and a call would jump to
+       an address of nothing in the program. The lease's devices answer that attribute 0.""",
+        "cuLibraryGetUnifiedFunction",
+    ),
     # -- not forwarded yet: forwardable, not built ----------------------------------------------------
-    _g(
-        "the rest of arrays: sparse and planar arrays, memory requirements",
-        N,
-        """Arrays, mipmapped arrays, texture and surface objects (their descriptors too) and copies to
-       and from arrays are forwarded; what is left are sparse arrays (their properties and mapping), an
-       NV12 array's planes and an array's memory requirements: plain calls over handles of the lease,
-       their structures returned as bytes.""",
-        "cuArray* cuMipmappedArray* cuTexObject* cuSurfObject* cuMemMapArrayAsync",
-    ),
-    _g(
-        "batched decompression",
-        N,
-        """Each operation's source and destination are to be checked against the lease as a copy's are,
-       its out-parameters (the status and the bytes written) are device memory of the lease.""",
-        "cuMemBatchDecompressAsync",
-    ),
     _g(
         "multicast, logical endpoints and NVLink fabric",
         N,
-        """Objects over the lease's own GPUs are
-       forwardable as handles; exporting one to another process or node would name memory outside the
-       lease and is to stay refused.""",
-        "cuMulticast* cuLogicalEndpoint* cuFabricCpyBatchAsync cuDeviceGetFabricClusterUuid "
+        """Multicast objects (CUDA 12.1, and CUDA 13.1's per-device binds) are forwarded. Logical endpoints (CUDA
+       13.3) and NVLink-fabric queries and copies (13.4, 13.5) over the lease's own GPUs are forwardable as
+       handles; exporting one to another process or node would name memory outside the lease and is to
+       stay refused. The GPU servers' CUDA 13.0 drivers have none of these.""",
+        "cuLogicalEndpoint* cuFabricCpyBatchAsync cuDeviceGetFabricClusterUuid "
         "cuDeviceGetCliqueCount cuDeviceGetCliqueInfo",
     ),
     _g(
         "graph nodes read back, changed or queried",
         N,
-        """CUDA 13's cuGraphAddNode_v3 and
-       cuGraphNodeSetParams_v2 are to be sent as cuGraphAddNode and cuGraphNodeSetParams once their
-       parameter layout is checked against the older one.""",
+        """CUDA 13.4's cuGraphAddNode_v3 and cuGraphNodeSetParams_v2 (cuda.bindings asks for
+       cuGraphAddNode and cuGraphNodeSetParams at 13.4 to call them) are to be sent as the older ABIs once
+       their CUgraphNodeParams is checked against the older one; the GPU servers' CUDA 13.0 drivers have
+       neither. Until then they refuse, never run as the older ABI (UNFORWARDED_ABIS).""",
         "cuGraphNodeSetParams_v2 cuGraphAddNode_v3",
     ),
     _g(
-        "graph memory nodes and batch memory-operation nodes",
+        "recapture",
         N,
-        """A memory node's address is the driver's
-       pick at instantiation, outside the process's window of addresses: the window must reserve it first.
-       A batch memory operation's addresses are checked as a stream memory operation's.""",
-        "cuGraphAddMemAllocNode cuGraphMemAllocNodeGetParams cuGraphAddMemFreeNode cuGraphMemFreeNodeGetParams "
-        "cuDeviceGraphMemTrim cuDeviceGetGraphMemAttribute cuDeviceSetGraphMemAttribute cuGraphAddBatchMemOpNode "
-        "cuGraphBatchMemOpNodeGetParams cuGraphBatchMemOpNodeSetParams cuGraphExecBatchMemOpNodeSetParams",
+        """A recapture (CUDA 13.3) is a capture into a graph of the lease, its callback run in the program as
+       host functions are.""",
+        "cuStreamBeginRecaptureToGraph",
     ),
     _g(
-        "recapture, host functions with flags",
+        "tensor-map allocation classes",
         N,
-        """A recapture is a capture into a graph of the lease; a host function with a synchronisation
-       mode runs in the client as cuLaunchHostFunc's do, once its modes are mapped onto them.""",
-        "cuStreamBeginRecaptureToGraph cuLaunchHostFunc_v2",
-    ),
-    _g(
-        "code: managed globals, unified functions, multi-device launches, tensor-map classes",
-        N,
-        """A library's managed global is managed memory of the lease (mirrored in the client as
-       cuMemAllocManaged's is); a unified function's address is a device address of the library; a multi-device
-       cooperative launch (deprecated) is one cooperative launch per device of the lease; a tensor map's
-       allocation class is a setting on a map the lease encoded.""",
-        "cuLaunchCooperativeKernelMultiDevice cuLibraryGetManaged "
-        "cuLibraryGetUnifiedFunction cuTensorMapSetAllocationClass",
-    ),
-    _g(
-        "legacy texture and surface references",
-        N,
-        """Deprecated since CUDA 11 (CUDA 12's compilers emit none): a module's texture or surface
-       reference is the worker's driver's object, forwardable as a handle of the lease once what it binds is
-       checked (an address range of the lease's memory, an array or mipmapped array of the lease) and its
-       descriptor fields are carried; cuParamSetTexRef binds one to the legacy launch's parameters. Not built
-       yet; the legacy launch API itself is served in the client.""",
-        "cuTexRef* cuSurfRef* cuModuleGetTexRef cuModuleGetSurfRef cuParamSetTexRef",
+        """A tensor map's allocation class (cuTensorMapSetAllocationClass, CUDA 13.5) is a setting on a map
+       the lease encoded; the GPU servers' CUDA 13.0 drivers do not have it.""",
+        "cuTensorMapSetAllocationClass",
     ),
     _g(
         "green contexts and execution affinity",
         N,
         """CUDA 13.1's calls (cuDevSmResourceSplit's structured groups, a stream's resources)
-       are not built: they are not in the CUDA 13.0 headers this shim is built against; the green contexts
-       of CUDA 12.4 and 13.0 are forwarded, within the lease's share.""",
+       are not built: the GPU servers' CUDA 13.0 drivers do not have them; the green contexts of CUDA 12.4
+       and 13.0 are forwarded, within the lease's share.""",
         "cuDevSmResourceSplit cuStreamGetDevResource",
     ),
     _g(
         "device, memory and log queries",
         N,
-        """Where the lease's memory lies (cuMemGetLocationInfo) is a plain query of the
-       lease's memory, its address checked; an asynchronous notification is to be delivered on the callback
-       connection, as host functions are.""",
-        "cuMemGetLocationInfo cuDeviceRegisterAsyncNotification cuDeviceUnregisterAsyncNotification",
+        """Where the lease's memory lies (cuMemGetLocationInfo, CUDA 13.4) is a plain query of
+       the lease's memory, its address checked; the GPU servers' CUDA 13.0 drivers do not have it.""",
+        "cuMemGetLocationInfo",
     ),
 )
 
@@ -325,6 +296,17 @@ def take(header: Header, calls: tuple[Call, ...] = CALLS, groups: tuple[Group, .
         for pattern in group.names:
             if not any(_matches(pattern, name) for name in header.entry_points):
                 problems.append(f"group {group.title!r} names {pattern}, which the header does not declare")
+    for (
+        _,
+        _,
+        symbol,
+    ) in UNFORWARDED_ABIS:  # each a newer ABI the header declares and the table does not forward
+        if symbol not in header.entry_points:
+            problems.append(f"UNFORWARDED_ABIS names {symbol}, which the header does not declare")
+        elif abi_call(header, symbol, calls) is not None:
+            problems.append(
+                f"{symbol} is forwarded: take it out of UNFORWARDED_ABIS (virtualize/common/_calls.py)"
+            )
     aliases = {name: target for name, _, target in ALIASES}
     by_symbol = {c.symbol: c for c in calls}
     entries = []

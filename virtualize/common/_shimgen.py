@@ -27,6 +27,7 @@ from virtualize.common._calls import (
     POINTER_ATTRIBUTE_SIZES,
     POOL_INT_ATTRIBUTES,
     SUBJECT_TYPES,
+    UNFORWARDED_ABIS,
     WIRE_VERSION,
     Call,
     Mode,
@@ -310,12 +311,17 @@ def generate_bodies() -> str:
     out.append("};")
     out.append("")
     out.append(
-        "/* What cuGetProcAddress hands out: (name, ABI version) -> function, sorted by name then version. */"
+        "/* What cuGetProcAddress hands out: (name, ABI version) -> function, sorted by name then version."
+    )
+    out.append(
+        " * An entry with no function is a newer ABI that is not forwarded: its versioned symbol's refusal. */"
     )
     out.append("static const struct gp_proc gp_procs[] = {")
-    procs = [(c.name, c.since, c.symbol) for c in CALLS if c.symbol != "-"] + list(ALIASES)
-    for name, since, symbol in sorted(procs):
-        out.append(f'    {{"{name}", {since}, (void *){symbol}}},')
+    procs = [(c.name, c.since, f"(void *){c.symbol}, NULL") for c in CALLS if c.symbol != "-"]
+    procs += [(name, since, f"(void *){symbol}, NULL") for name, since, symbol in ALIASES]
+    procs += [(name, since, f'NULL, "{symbol}"') for name, since, symbol in UNFORWARDED_ABIS]
+    for name, since, target in sorted(procs):
+        out.append(f'    {{"{name}", {since}, {target}}},')
     out.append("};")
     out.append("")
     out.append("static const struct gp_result_text gp_result_texts[] = {")

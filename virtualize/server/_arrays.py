@@ -14,6 +14,12 @@ from virtualize.server._executor import INVALID_VALUE, CudaError
 ARRAY_DESCRIPTOR = struct.Struct("<QQiI")  # CUDA_ARRAY_DESCRIPTOR: width, height, format, channels
 ARRAY3D_DESCRIPTOR = struct.Struct("<QQQiII4x")  # CUDA_ARRAY3D_DESCRIPTOR: ... depth, format, channels, flags
 RESOURCE_DESC_BYTES, TEXTURE_DESC_BYTES, VIEW_DESC_BYTES = 144, 104, 112
+SPARSE_PROPERTIES_BYTES, MEMORY_REQUIREMENTS_BYTES = (
+    48,
+    32,
+)  # CUDA_ARRAY_SPARSE_PROPERTIES, _MEMORY_REQUIREMENTS
+SPARSE, DEFERRED_MAPPING = 0x40, 0x80  # CUDA_ARRAY3D_SPARSE, CUDA_ARRAY3D_DEFERRED_MAPPING
+NV12 = 0xB0  # CU_AD_FORMAT_NV12: a luma plane and a half-size chroma plane of two channels
 HOST, DEVICE, ARRAY = 1, 2, 3  # CUmemorytype
 # Bytes of one channel of each CUarray_format; the packed formats (UNORM_INT8X4 ...) are one channel of
 # their whole element, block-compressed ones (BC1-BC7, 4x4 texels) and NV12 at most a byte per texel.
@@ -108,6 +114,43 @@ def resource(raw: bytes) -> Resource:
         height, pitch = struct.unpack_from("<QQ", raw, 32)
         return Resource(kind, handle, height * pitch)
     raise CudaError(INVALID_VALUE, f"resource type {kind}")
+
+
+# CUarrayMapInfo: resource type and handle, subresource type, the subresource (a sparse level's or the
+# mip tail's place; not read here), memory operation and handle types, memory handle, its offset, the
+# device bit mask and flags.
+ARRAY_MAP_INFO = struct.Struct("<i4xQi4x32xiiQQII8x")
+MAP_INFO_DEVICES = 80  # the device bit mask's offset, which the executor rewrites for its own ordinals
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayMapping:
+    """One CUarrayMapInfo: the array or mipmapped array (resource `kind` 0 or 1), map (1) or unmap (2),
+    the memory handle mapped (generic handles only, `handle_type` 0), the lease devices of the mask."""
+
+    kind: int
+    array: int
+    operation: int
+    handle_type: int
+    memory: int
+    devices: int
+    raw: bytes
+
+
+def array_mappings(raw: bytes) -> list[ArrayMapping]:
+    if len(raw) % ARRAY_MAP_INFO.size:
+        raise CudaError(INVALID_VALUE, "CUarrayMapInfo list")
+    found = []
+    for at in range(0, len(raw), ARRAY_MAP_INFO.size):
+        kind, array, _sub, operation, handle_type, memory, _offset, devices, _flags = (
+            ARRAY_MAP_INFO.unpack_from(raw, at)
+        )
+        found.append(
+            ArrayMapping(
+                kind, array, operation, handle_type, memory, devices, raw[at : at + ARRAY_MAP_INFO.size]
+            )
+        )
+    return found
 
 
 def _unpack(layout: struct.Struct, raw: bytes) -> tuple:

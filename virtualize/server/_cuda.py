@@ -13,6 +13,7 @@ import itertools
 import logging
 import mmap
 import os
+import struct
 import tempfile
 import threading
 from collections.abc import Callable
@@ -25,12 +26,16 @@ from virtualize.common._results import CUresult
 from virtualize.server._arrays import (
     DEVICE,
     HOST,
+    MAP_INFO_DEVICES,
+    MEMORY_REQUIREMENTS_BYTES,
     RESOURCE_DESC_BYTES,
+    SPARSE_PROPERTIES_BYTES,
     TEXTURE_DESC_BYTES,
     VIEW_DESC_BYTES,
     ArrayShape,
 )
 from virtualize.server._executor import (
+    DECOMPRESS_PARAMS,
     INVALID_VALUE,
     NOT_SUPPORTED,
     CopiedBytes,
@@ -51,7 +56,17 @@ CANNOT_MOVE = {
     "texobj": "texture objects", "surfobj": "surface objects",
     "vmem": "memory of the virtual memory API it made itself (cuMemCreate)",
     "comm": "NCCL communicators (NCCL's connections to the other ranks' workers are this GPU's)",
+    "texref": "texture references", "surfref": "surface references",
 }  # fmt: skip
+MEM_OP_BYTES = 48  # CUstreamBatchMemOpParams
+BATCH_NODE_PARAMS = struct.Struct("<QI4xQI4x")
+LAUNCH_PARAMS = struct.Struct(
+    "<Q7I4xQQ"
+)  # CUDA_LAUNCH_PARAMS: function, dimensions, shared memory, stream, params  # CUDA_BATCH_MEM_OP_NODE_PARAMS: ctx, count, the ops, flags
+# CUDA_MEM_ALLOC_NODE_PARAMS: CUmemPoolProps' allocation type, handle types, location type and id (then
+# the rest of its 88 bytes), the access descriptors' address and count, the size, the address.
+ALLOC_NODE_PARAMS = struct.Struct("<iiii72xQQQQ")
+ACCESS_DESC = struct.Struct("<iiI")  # CUmemAccessDesc: location type, location id, flags
 SMALL_COPY = 256 << 10  # up to this, copies go through pageable memory (one driver call)
 STAGING_CHUNK = 8 << 20
 _HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_size_t)  # CUhostFn: void (*)(void *userData)
@@ -395,7 +410,8 @@ class CudaExecutor(Executor):
         self._host_thunk_fn = driver.CUhostFn(ctypes.cast(self._host_thunk, ctypes.c_void_p).value)
         self.pinned = _PinnedPool()  # buffers of asynchronous copies to the client
         self.stream_marks = True  # whether the streams write copies' marks (stream memory operations)
-        self.tensor_map_functions: dict[str, Callable[..., int]] = {}  # the driver's, for aligned maps
+        # the driver's own entry points called through ctypes: tensor maps (aligned), border colors (float[4])
+        self.driver_functions: dict[str, Callable[..., int]] = {}
         # Green contexts: the driver's CUdevResource structs by the ids the client holds, each green
         # context's device, and the ids' source.
         self.resources: dict[int, driver.CUdevResource] = {}
@@ -733,16 +749,19 @@ class CudaExecutor(Executor):
         )
 
     def _tensor_map_function(self, name: str):
-        """The driver's own entry point for a tensor-map call, as a ctypes function (looked up once)."""
-        function = self.tensor_map_functions.get(name)
+        version, argtypes = TENSOR_MAP_CALLS[name]
+        return self._driver_function(name, version, (ctypes.c_void_p, *argtypes))
+
+    def _driver_function(self, name: str, version: int, argtypes: tuple):
+        """The driver's own entry point `name`, as a ctypes function returning a CUresult (looked up once)."""
+        function = self.driver_functions.get(name)
         if function is None:
-            version, argtypes = TENSOR_MAP_CALLS[name]
             flags = driver.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
             pfn, _status = _ok(driver.cuGetProcAddress(name.encode(), version, flags))
             if not _int(pfn):
                 raise CudaError(NOT_SUPPORTED, f"the driver has no {name}")
-            function = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *argtypes)(_int(pfn))
-            self.tensor_map_functions[name] = function
+            function = ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(_int(pfn))
+            self.driver_functions[name] = function
         return function
 
     def launch_host_func(self, stream, fn) -> None:
@@ -837,8 +856,37 @@ class CudaExecutor(Executor):
         return descs
 
     # The virtual memory API as the program calls it (the guard checked ranges and handles).
-    def cuMemCreate(self, size, device, handle_types):
-        return _int(_ok(driver.cuMemCreate(size, self._prop(device, handle_types), 0)))
+    def cuMemCreate(self, size, device, handle_types, usage=0):
+        prop = self._prop(device, handle_types)
+        prop.allocFlags.usage = usage  # CU_MEM_CREATE_USAGE_TILE_POOL: tiles of sparse arrays
+        return _int(_ok(driver.cuMemCreate(size, prop, 0)))
+
+    # Multicast objects: their handle types are none (the guard's), devices are the lease's ordinals.
+    @staticmethod
+    def _multicast_prop(devices, size, flags):
+        prop = driver.CUmulticastObjectProp()
+        prop.numDevices, prop.size, prop.handleTypes, prop.flags = devices, size, 0, flags
+        return prop
+
+    def cuMulticastCreate(self, devices, size, flags):
+        return _int(_ok(driver.cuMulticastCreate(self._multicast_prop(devices, size, flags))))
+
+    def cuMulticastAddDevice(self, mc, dev):
+        _ok(driver.cuMulticastAddDevice(driver.CUmemGenericAllocationHandle(mc), self._d(dev)))
+
+    def cuMulticastBindMem(self, mc, mc_offset, memory, mem_offset, size, flags):
+        handles = driver.CUmemGenericAllocationHandle(mc), driver.CUmemGenericAllocationHandle(memory)
+        _ok(driver.cuMulticastBindMem(handles[0], mc_offset, handles[1], mem_offset, size, flags))
+
+    def cuMulticastBindAddr(self, mc, mc_offset, ptr, size, flags):
+        _ok(driver.cuMulticastBindAddr(driver.CUmemGenericAllocationHandle(mc), mc_offset, ptr, size, flags))
+
+    def cuMulticastUnbind(self, mc, dev, mc_offset, size):
+        _ok(driver.cuMulticastUnbind(driver.CUmemGenericAllocationHandle(mc), self._d(dev), mc_offset, size))
+
+    def cuMulticastGetGranularity(self, devices, size, flags, option):
+        kind = _enum(driver.CUmulticastGranularity_flags, option)
+        return int(_ok(driver.cuMulticastGetGranularity(self._multicast_prop(devices, size, flags), kind)))
 
     def cuMemRelease(self, handle):
         _ok(driver.cuMemRelease(driver.CUmemGenericAllocationHandle(handle)))
@@ -885,6 +933,180 @@ class CudaExecutor(Executor):
 
     def cuMipmappedArrayDestroy(self, handle):
         _ok(driver.cuMipmappedArrayDestroy(driver.CUmipmappedArray(handle)))
+
+    def cuArrayGetPlane(self, handle, index):
+        return _int(_ok(driver.cuArrayGetPlane(driver.CUarray(handle), index)))
+
+    def cuArrayGetSparseProperties(self, handle):
+        props = _ok(driver.cuArrayGetSparseProperties(driver.CUarray(handle)))
+        return ctypes.string_at(props.getPtr(), SPARSE_PROPERTIES_BYTES)
+
+    def cuMipmappedArrayGetSparseProperties(self, handle):
+        props = _ok(driver.cuMipmappedArrayGetSparseProperties(driver.CUmipmappedArray(handle)))
+        return ctypes.string_at(props.getPtr(), SPARSE_PROPERTIES_BYTES)
+
+    def cuArrayGetMemoryRequirements(self, handle, dev):
+        reqs = _ok(driver.cuArrayGetMemoryRequirements(driver.CUarray(handle), self._d(dev)))
+        return ctypes.string_at(reqs.getPtr(), MEMORY_REQUIREMENTS_BYTES)
+
+    def cuMipmappedArrayGetMemoryRequirements(self, handle, dev):
+        reqs = _ok(
+            driver.cuMipmappedArrayGetMemoryRequirements(driver.CUmipmappedArray(handle), self._d(dev))
+        )
+        return ctypes.string_at(reqs.getPtr(), MEMORY_REQUIREMENTS_BYTES)
+
+    def cuMemMapArrayAsync(self, mappings, stream):
+        """The client's CUarrayMapInfo structs as they are (their handles are this worker's), each device
+        mask rewritten from the lease's ordinals to this host's."""
+        infos = []
+        for m in mappings:
+            mask = sum(1 << self._d(dev) for dev in range(len(self.real)) if m.devices >> dev & 1)
+            raw = bytearray(m.raw)
+            raw[MAP_INFO_DEVICES : MAP_INFO_DEVICES + 4] = mask.to_bytes(4, "little")
+            infos.append(self._struct(driver.CUarrayMapInfo, bytes(raw)))
+        _ok(driver.cuMemMapArrayAsync(infos, len(infos), self._stream(stream)))
+
+    # Legacy texture and surface references (what they bind checked by the guard).
+    def cuModuleGetTexRef(self, module, name):
+        return _int(_ok(driver.cuModuleGetTexRef(driver.CUmodule(module), name.encode())))
+
+    def cuModuleGetSurfRef(self, module, name):
+        return _int(_ok(driver.cuModuleGetSurfRef(driver.CUmodule(module), name.encode())))
+
+    def cuTexRefCreate(self):
+        return _int(_ok(driver.cuTexRefCreate()))
+
+    def cuTexRefDestroy(self, tex):
+        _ok(driver.cuTexRefDestroy(driver.CUtexref(tex)))
+
+    def cuTexRefSetArray(self, tex, array, flags):
+        _ok(driver.cuTexRefSetArray(driver.CUtexref(tex), driver.CUarray(array), flags))
+
+    def cuTexRefSetMipmappedArray(self, tex, mipmap, flags):
+        _ok(driver.cuTexRefSetMipmappedArray(driver.CUtexref(tex), driver.CUmipmappedArray(mipmap), flags))
+
+    def cuTexRefSetAddress(self, tex, ptr, size):
+        return int(_ok(driver.cuTexRefSetAddress(driver.CUtexref(tex), ptr, size)))
+
+    def cuTexRefSetAddress2D(self, tex, ptr, pitch, shape: ArrayShape):
+        desc = driver.CUDA_ARRAY_DESCRIPTOR()
+        desc.Width, desc.Height = shape.width, shape.height
+        desc.Format, desc.NumChannels = _enum(driver.CUarray_format, shape.format), shape.channels
+        _ok(driver.cuTexRefSetAddress2D(driver.CUtexref(tex), desc, ptr, pitch))
+
+    def cuTexRefSetFormat(self, tex, format_, components):
+        _ok(driver.cuTexRefSetFormat(driver.CUtexref(tex), _enum(driver.CUarray_format, format_), components))
+
+    def cuTexRefSetAddressMode(self, tex, dim, mode):
+        _ok(driver.cuTexRefSetAddressMode(driver.CUtexref(tex), dim, _enum(driver.CUaddress_mode, mode)))
+
+    def cuTexRefSetFilterMode(self, tex, mode):
+        _ok(driver.cuTexRefSetFilterMode(driver.CUtexref(tex), _enum(driver.CUfilter_mode, mode)))
+
+    def cuTexRefSetMipmapFilterMode(self, tex, mode):
+        _ok(driver.cuTexRefSetMipmapFilterMode(driver.CUtexref(tex), _enum(driver.CUfilter_mode, mode)))
+
+    def cuTexRefSetMipmapLevelBias(self, tex, bias):
+        _ok(driver.cuTexRefSetMipmapLevelBias(driver.CUtexref(tex), bias))
+
+    def cuTexRefSetMipmapLevelClamp(self, tex, min_clamp, max_clamp):
+        _ok(driver.cuTexRefSetMipmapLevelClamp(driver.CUtexref(tex), min_clamp, max_clamp))
+
+    def cuTexRefSetMaxAnisotropy(self, tex, max_aniso):
+        _ok(driver.cuTexRefSetMaxAnisotropy(driver.CUtexref(tex), max_aniso))
+
+    def cuTexRefSetFlags(self, tex, flags):
+        _ok(driver.cuTexRefSetFlags(driver.CUtexref(tex), flags))
+
+    def _border_color(self, name: str, tex: int, color) -> None:
+        """cuTexRefSetBorderColor / GetBorderColor through the driver's own entry point: a float[4] each way
+        (cuda.bindings passes one float)."""
+        function = self._driver_function(name, 8000, (ctypes.c_void_p, ctypes.c_void_p))
+        result = function(tex, color) if name.startswith("cuTexRefSet") else function(color, tex)
+        if result:
+            raise CudaError(result, name)
+
+    def cuTexRefSetBorderColor(self, tex, red, green, blue, alpha):
+        self._border_color("cuTexRefSetBorderColor", tex, (ctypes.c_float * 4)(red, green, blue, alpha))
+
+    def cuTexRefGetBorderColor(self, tex):
+        color = (ctypes.c_float * 4)()
+        self._border_color("cuTexRefGetBorderColor", tex, color)
+        return tuple(color)
+
+    def cuTexRefGetAddress(self, tex):
+        return _int(_ok(driver.cuTexRefGetAddress(driver.CUtexref(tex))))
+
+    def cuTexRefGetArray(self, tex):
+        return _int(_ok(driver.cuTexRefGetArray(driver.CUtexref(tex))))
+
+    def cuTexRefGetMipmappedArray(self, tex):
+        return _int(_ok(driver.cuTexRefGetMipmappedArray(driver.CUtexref(tex))))
+
+    def cuTexRefGetAddressMode(self, tex, dim):
+        return int(_ok(driver.cuTexRefGetAddressMode(driver.CUtexref(tex), dim)))
+
+    def cuTexRefGetFilterMode(self, tex):
+        return int(_ok(driver.cuTexRefGetFilterMode(driver.CUtexref(tex))))
+
+    def cuTexRefGetFormat(self, tex):
+        format_, channels = _ok(driver.cuTexRefGetFormat(driver.CUtexref(tex)))
+        return int(format_), int(channels)
+
+    def cuTexRefGetMipmapFilterMode(self, tex):
+        return int(_ok(driver.cuTexRefGetMipmapFilterMode(driver.CUtexref(tex))))
+
+    def cuTexRefGetMipmapLevelBias(self, tex):
+        return float(_ok(driver.cuTexRefGetMipmapLevelBias(driver.CUtexref(tex))))
+
+    def cuTexRefGetMipmapLevelClamp(self, tex):
+        low, high = _ok(driver.cuTexRefGetMipmapLevelClamp(driver.CUtexref(tex)))
+        return float(low), float(high)
+
+    def cuTexRefGetMaxAnisotropy(self, tex):
+        return int(_ok(driver.cuTexRefGetMaxAnisotropy(driver.CUtexref(tex))))
+
+    def cuTexRefGetFlags(self, tex):
+        return int(_ok(driver.cuTexRefGetFlags(driver.CUtexref(tex))))
+
+    def cuSurfRefSetArray(self, surf, array, flags):
+        _ok(driver.cuSurfRefSetArray(driver.CUsurfref(surf), driver.CUarray(array), flags))
+
+    def cuSurfRefGetArray(self, surf):
+        return _int(_ok(driver.cuSurfRefGetArray(driver.CUsurfref(surf))))
+
+    def cuParamSetTexRef(self, func, texunit, tex):
+        _ok(driver.cuParamSetTexRef(driver.CUfunction(func), texunit, driver.CUtexref(tex)))
+
+    def launch_multi_device(self, launches, flags):
+        """CUDA_LAUNCH_PARAMS for each launch (its parameters in a buffer of its own, as a kernel node's), in
+        one array for the driver's own entry point (cuda.bindings takes one)."""
+        kept = [self._kernel_node(launch) for launch in launches]
+        packed = b"".join(
+            LAUNCH_PARAMS.pack(_int(target.function), *launch.grid, *launch.block, launch.shared_mem,
+                               _int(self._stream(launch.stream)), target.params)
+            for launch, (_, target) in zip(launches, kept, strict=True)
+        )  # fmt: skip
+        array = ctypes.create_string_buffer(packed, len(packed))
+        argtypes = (ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint)
+        function = self._driver_function("cuLaunchCooperativeKernelMultiDevice", 9000, argtypes)
+        result = function(array, len(launches), flags)
+        if result:
+            raise CudaError(result, "multi-device cooperative launch")
+
+    def cuMemBatchDecompressAsync(self, operations, flags, stream):
+        """The operations' CUmemDecompressParams, packed from their checked fields (their pointers are device
+        addresses of the lease), in one array for the driver's own entry point (cuda.bindings takes one);
+        the index of the operation the driver refused, or SIZE_MAX."""
+        packed = b"".join(DECOMPRESS_PARAMS.pack(*operation) for operation in operations)
+        array = ctypes.create_string_buffer(packed, len(packed))
+        index = ctypes.c_size_t(0)
+        argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p)
+        function = self._driver_function("cuMemBatchDecompressAsync", 12060, argtypes)
+        result = function(array, len(operations), flags, ctypes.byref(index), stream)
+        if result:
+            raise CudaError(result, f"decompression operation {index.value}")
+        return index.value
 
     @staticmethod
     def _struct(kind, raw: bytes):
@@ -1482,6 +1704,10 @@ class CudaExecutor(Executor):
         ptr, size = _ok(driver.cuLibraryGetGlobal(driver.CUlibrary(library), name.encode()))
         return _int(ptr), int(size)
 
+    def cuLibraryGetManaged(self, library, name):
+        ptr, size = _ok(driver.cuLibraryGetManaged(driver.CUlibrary(library), name.encode()))
+        return _int(ptr), int(size)
+
     def cuKernelGetFunction(self, kernel):
         return _int(_ok(driver.cuKernelGetFunction(driver.CUkernel(kernel))))
 
@@ -1695,6 +1921,79 @@ class CudaExecutor(Executor):
         return _int(
             _ok(driver.cuGraphAddMemcpyNode(driver.CUgraph(graph), self._deps(deps), len(deps), params, ctx))
         )
+
+    def graph_add_mem_alloc_node(self, graph, deps, device, size, access):
+        params = driver.CUDA_MEM_ALLOC_NODE_PARAMS()
+        params.poolProps.allocType = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        params.poolProps.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        params.poolProps.location.id = self._d(device)
+        params.accessDescs = self._descs(access)
+        params.accessDescCount = len(access)
+        params.bytesize = size
+        node = _ok(driver.cuGraphAddMemAllocNode(driver.CUgraph(graph), self._deps(deps), len(deps), params))
+        return _int(node), _int(params.dptr)  # the driver wrote the address into the parameters
+
+    def _batch_mem_op_node(self, ops: bytes, flags: int):
+        params = driver.CUDA_BATCH_MEM_OP_NODE_PARAMS()
+        params.ctx = _ok(driver.cuCtxGetCurrent())
+        params.count = len(ops) // MEM_OP_BYTES
+        params.paramArray = [
+            self._struct(driver.CUstreamBatchMemOpParams, ops[at : at + MEM_OP_BYTES])
+            for at in range(0, len(ops), MEM_OP_BYTES)
+        ]
+        params.flags = flags
+        return params
+
+    def graph_add_batch_mem_op_node(self, graph, deps, ops, flags):
+        params = self._batch_mem_op_node(ops, flags)
+        return _int(
+            _ok(driver.cuGraphAddBatchMemOpNode(driver.CUgraph(graph), self._deps(deps), len(deps), params))
+        )
+
+    def graph_batch_mem_op_node_set(self, graph_exec, node, ops, flags):
+        params, node = self._batch_mem_op_node(ops, flags), driver.CUgraphNode(node)
+        if graph_exec:
+            _ok(driver.cuGraphExecBatchMemOpNodeSetParams(driver.CUgraphExec(graph_exec), node, params))
+        else:
+            _ok(driver.cuGraphBatchMemOpNodeSetParams(node, params))
+
+    def graph_batch_mem_op_node_params(self, node):
+        """Read from the C structure the driver filled: context, count, the operations' address, flags."""
+        params = _ok(driver.cuGraphBatchMemOpNodeGetParams(driver.CUgraphNode(node)))
+        _, count, ops_at, flags = BATCH_NODE_PARAMS.unpack(
+            ctypes.string_at(params.getPtr(), BATCH_NODE_PARAMS.size)
+        )
+        return (ctypes.string_at(ops_at, count * MEM_OP_BYTES) if count else b""), flags
+
+    def graph_mem_alloc_node_params(self, node):
+        """Read from the C structure the driver filled (cuda.bindings' `accessDescs` lists only descriptors
+        it was given itself)."""
+        params = _ok(driver.cuGraphMemAllocNodeGetParams(driver.CUgraphNode(node)))
+        raw = ctypes.string_at(params.getPtr(), ALLOC_NODE_PARAMS.size)
+        _, _, _, device, descs_at, count, size, ptr = ALLOC_NODE_PARAMS.unpack(raw)
+        lease_device = {real: dev for dev, real in enumerate(self.real)}
+        described = ctypes.string_at(descs_at, count * ACCESS_DESC.size) if count else b""
+        access = [(lease_device[peer], flags) for _, peer, flags in ACCESS_DESC.iter_unpack(described)]
+        return lease_device[device], size, ptr, access
+
+    def graph_add_mem_free_node(self, graph, deps, ptr):
+        return _int(
+            _ok(driver.cuGraphAddMemFreeNode(driver.CUgraph(graph), self._deps(deps), len(deps), ptr))
+        )
+
+    def cuGraphMemFreeNodeGetParams(self, node):
+        return _int(_ok(driver.cuGraphMemFreeNodeGetParams(driver.CUgraphNode(node))))
+
+    def cuDeviceGraphMemTrim(self, dev):
+        _ok(driver.cuDeviceGraphMemTrim(self._d(dev)))
+
+    def cuDeviceGetGraphMemAttribute(self, dev, attr):
+        kind = _enum(driver.CUgraphMem_attribute, attr)
+        return int(_ok(driver.cuDeviceGetGraphMemAttribute(self._d(dev), kind)))
+
+    def cuDeviceSetGraphMemAttribute(self, dev, attr, value):
+        kind = _enum(driver.CUgraphMem_attribute, attr)
+        _ok(driver.cuDeviceSetGraphMemAttribute(self._d(dev), kind, driver.cuuint64_t(value)))
 
     def graph_exec_memcpy_node(self, graph_exec, node, copy: Copy3D):
         params, ctx = self._memcpy_node(copy), _ok(driver.cuCtxGetCurrent())

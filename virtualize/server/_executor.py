@@ -19,6 +19,7 @@ from __future__ import annotations
 import abc
 import mmap
 import os
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,6 +43,13 @@ INVALID_HANDLE = CUresult.INVALID_HANDLE
 NOT_FOUND = CUresult.NOT_FOUND
 NOT_SUPPORTED = CUresult.NOT_SUPPORTED
 
+
+# CUmemDecompressParams (cuMemBatchDecompressAsync): source and destination sizes, the actual-size word's
+# address, source, destination, algorithm (DEFLATE 1, SNAPPY 2, LZ4 4), padding.
+DECOMPRESS_PARAMS = struct.Struct("<QQQQQi20x")
+# One launch of cuLaunchCooperativeKernelMultiDevice on the wire: function, grid and block dimensions, shared
+# memory, its parameters' length (they follow it), stream.
+MULTI_LAUNCH = struct.Struct("<Q7IIQ")
 
 # Forwarded calls that the seam's shaped methods (below) run; every other forwarded call of the table
 # runs through the executor method of its own name.
@@ -80,6 +88,14 @@ SHAPED: dict[str, str] = {
     "cuGraphAddEventWaitNode": "graph_add_event_node",
     "cuGraphAddHostNode": "graph_add_host_node",
     "cuGraphAddMemcpyNode": "graph_add_memcpy_node",
+    "cuGraphAddMemAllocNode": "graph_add_mem_alloc_node",
+    "cuGraphMemAllocNodeGetParams": "graph_mem_alloc_node_params",
+    "cuGraphAddMemFreeNode": "graph_add_mem_free_node",
+    "cuLaunchCooperativeKernelMultiDevice": "launch_multi_device",
+    "cuGraphAddBatchMemOpNode": "graph_add_batch_mem_op_node",
+    "cuGraphBatchMemOpNodeSetParams": "graph_batch_mem_op_node_set",
+    "cuGraphExecBatchMemOpNodeSetParams": "graph_batch_mem_op_node_set",
+    "cuGraphBatchMemOpNodeGetParams": "graph_batch_mem_op_node_params",
     "cuGraphExecMemsetNodeSetParams": "graph_exec_memset_node",
     "cuGraphExecMemcpyNodeSetParams": "graph_exec_memcpy_node",
     "cuGraphKernelNodeSetParams": "graph_kernel_node_set",
@@ -416,6 +432,41 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def graph_add_memcpy_node(self, graph: int, deps: list[int], copy: Copy3D) -> int:
         """cuGraphAddMemcpyNode between device memory of the lease (`copy` checked); the node."""
+
+    @abc.abstractmethod
+    def graph_add_mem_alloc_node(
+        self, graph: int, deps: list[int], device: int, size: int, access: list[tuple[int, int]]
+    ) -> tuple[int, int]:
+        """cuGraphAddMemAllocNode: `size` bytes of graph memory of lease device `device`, the lease devices
+        of `access` given (device, CUmemAccess_flags) access; the node and the address the driver placed
+        it at."""
+
+    @abc.abstractmethod
+    def graph_mem_alloc_node_params(self, node: int) -> tuple[int, int, int, list[tuple[int, int]]]:
+        """cuGraphMemAllocNodeGetParams: the node's lease device, size, address and access."""
+
+    @abc.abstractmethod
+    def graph_add_mem_free_node(self, graph: int, deps: list[int], ptr: int) -> int:
+        """cuGraphAddMemFreeNode of graph memory at `ptr`; the node."""
+
+    @abc.abstractmethod
+    def launch_multi_device(self, launches: list[Launch], flags: int) -> None:
+        """cuLaunchCooperativeKernelMultiDevice: cooperative launches (checked, parameters padded), one per
+        device, as one driver call; `flags` its CUDA_COOPERATIVE_LAUNCH_MULTI_DEVICE_NO_*_SYNC bits."""
+
+    @abc.abstractmethod
+    def graph_add_batch_mem_op_node(self, graph: int, deps: list[int], ops: bytes, flags: int) -> int:
+        """cuGraphAddBatchMemOpNode of `ops` (CUstreamBatchMemOpParams, 48 bytes each, checked) in the
+        current context; the node."""
+
+    @abc.abstractmethod
+    def graph_batch_mem_op_node_set(self, graph_exec: int, node: int, ops: bytes, flags: int) -> None:
+        """A batch memory-operation node's operations anew: the graph's (`graph_exec` 0) or an instantiated
+        graph's."""
+
+    @abc.abstractmethod
+    def graph_batch_mem_op_node_params(self, node: int) -> tuple[bytes, int]:
+        """cuGraphBatchMemOpNodeGetParams: the node's operations and flags."""
 
     @abc.abstractmethod
     def graph_add_host_node(self, graph: int, deps: list[int], fn: Callable[[], None]) -> int:

@@ -45,6 +45,7 @@ from virtualize.server._guard_copies import CopyCalls
 from virtualize.server._guard_graphs import GraphCalls
 from virtualize.server._guard_green import GreenCalls
 from virtualize.server._guard_launches import LaunchCalls
+from virtualize.server._guard_multicast import MulticastCalls
 from virtualize.server._guard_nccl import NcclCalls
 from virtualize.server._guard_rules import (
     ACCESS_POLICY_WINDOW,
@@ -64,6 +65,9 @@ P2P_ATOMIC_OPERATIONS_MAX = (
     64  # operations one cuDeviceGetP2PAtomicCapabilities asks about (the shim's limit too)
 )
 POOL_PROPS_BYTES = 88  # CUmemPoolProps
+# CUmemAllocationProp's allocFlags.usage, and the usages created remotely: memory for sparse arrays' tiles,
+# memory the copy engines decompress from and into (cuMemBatchDecompressAsync)
+ALLOCATION_USAGE_AT, USAGE_TILE_POOL, USAGE_HW_DECOMPRESS = 26, 0x1, 0x2
 # CUstreamAttrID values whose CUstreamAttrValue is plain data, or (the access-policy window) a range the
 # guard checks: access-policy window, synchronization policy, priority, memory sync domain map, domain.
 STREAM_ATTRIBUTES = frozenset({ACCESS_POLICY_WINDOW, 3, 8, 9, 10})
@@ -73,10 +77,12 @@ STREAM_ATTRIBUTES = frozenset({ACCESS_POLICY_WINDOW, 3, 8, 9, 10})
 NOT_COHERENT_ATTRIBUTES = frozenset({86, 88, 89, 100, 101})
 # What a device offers that memory shared remotely cannot be (docs/remote.md, "Many GPUs in one run"), so
 # that NCCL and others take the way that works: HANDLE_TYPE_FABRIC_SUPPORTED, MULTICAST_SUPPORTED,
-# LOGICAL_ENDPOINT_MULTICAST_SUPPORTED answer 0, MEMPOOL_SUPPORTED_HANDLE_TYPES only POSIX descriptors.
+# LOGICAL_ENDPOINT_MULTICAST_SUPPORTED answer 0, MEMPOOL_SUPPORTED_HANDLE_TYPES only POSIX descriptors;
+# UNIFIED_FUNCTION_POINTERS 0: a unified function's host side would be the worker's (docs/driver-census.md).
 ATTRIBUTE_MASKS = {
     **dict.fromkeys(NOT_COHERENT_ATTRIBUTES, 0),
     128: 0,
+    129: 0,
     132: 0,
     154: 0,
     119: POSIX_FILE_DESCRIPTOR,
@@ -375,6 +381,7 @@ class Session:
             "cuMemFreeAsync": self._free,
             "cuModuleGetGlobal_v2": self._get_global,
             "cuLibraryGetGlobal": self._get_global,
+            "cuLibraryGetManaged": self._get_global,
             **self.array_calls.handlers(),
             **self.graph_calls.handlers(),
             **TensorMapCalls(self).handlers(),
@@ -383,6 +390,7 @@ class Session:
             **self.context_calls.handlers(),
             **self.green_calls.handlers(),
             **self.nccl_calls.handlers(),
+            **MulticastCalls(self).handlers(),
         }
         # One handler per call id, looked up by index on every request. None: not the client's to send
         # (the handshake is the worker's own; LOCAL calls never leave the client).
@@ -557,7 +565,7 @@ class Session:
     # -- plain calls: the table says everything ------------------------------------------------------
 
     def _plain(self, call: Call, ins: tuple):
-        self._check(call, ins)
+        self._check_ranges(call, ins)
         args = list(ins)
         for p in call.wire_params:
             if p.type == "cstr":
@@ -598,7 +606,7 @@ class Session:
             handles[gone].discard(ins[0])
             children = self.lease.children.pop(ins[0], ())  # a module's functions, a graph's nodes
             for child in children:
-                for kind in ("func", "kernel", "node", "graph"):
+                for kind in ("func", "kernel", "node", "graph", "texref", "surfref"):
                     handles[kind].discard(child)
                 self.lease.layouts.pop(child, None)
             for node in (ins[0], *children):  # what the graph calls keep about a node goes with it
@@ -624,25 +632,39 @@ class Session:
         self._check(call, ins)
         size = ins[0]
         dev = self._device()
-        with self.lease.lock:
-            self.lease.reserve(dev, size)
-            self.lease.used[dev] += size  # held while the executor allocates, so racing threads see it
         window = self.window if self._in_window(call, ins) else None
-        try:
+
+        def allocate() -> int:
+            nonlocal window
             if window is not None:
                 try:
-                    ptr = window.allocate(size, dev)
+                    return window.allocate(size, dev)
                 except WindowFull as exc:
                     log.warning("%s: the driver allocates instead", exc)
                     window = None
-            if window is None:
-                ptr = getattr(self.executor, call.name)(*ins)
+            return getattr(self.executor, call.name)(*ins)
+
+        ptr = self.charged(dev, size, allocate)
+        self.own(ptr, size, dev, window)
+        return struct.pack("<Q", ptr), b""
+
+    def charged(self, dev: int, size: int, allocate: Callable):
+        """`allocate()`'s answer, `size` bytes of `dev` held against the lease's partition while it runs (so
+        racing threads see them); refused with OUT_OF_MEMORY where they do not fit."""
+        with self.lease.lock:
+            self.lease.reserve(dev, size)
+            self.lease.used[dev] += size
+        try:
+            return allocate()
         finally:
             with self.lease.lock:
                 self.lease.used[dev] -= size
+
+    def own(self, ptr: int, size: int, dev: int, window: WindowMemory | None = None) -> None:
+        """Memory this process allocated (in its window, or the driver's where None): the lease's, counted
+        against its partition, freed when the process leaves if it has not freed it."""
         self.lease.add(Allocation(ptr, size, dev, owned=True, ctx=self.ctx, window=window))
         self.owned.add(ptr)
-        return struct.pack("<Q", ptr), b""
 
     def _in_window(self, call: Call, ins: tuple) -> bool:
         """Whether this allocation comes from the client's window: all of them once it has one, but a
@@ -793,13 +815,16 @@ class Session:
         size, _flags = ins  # flags: reserved by CUDA, 0
         prop = self.channel.read_bulk(limit=ALLOCATION_PROP_BYTES)
         device, handle_types = self._vm_device(prop)
+        (usage,) = struct.unpack_from("<H", prop, ALLOCATION_USAGE_AT)
         if not size or size % GRANULE:
             raise CudaError(INVALID_VALUE, "size must be a multiple of the granularity (2 MiB)")
+        if usage & ~(USAGE_TILE_POOL | USAGE_HW_DECOMPRESS):
+            raise CudaError(CUresult.NOT_SUPPORTED, f"memory of usage {usage:#x} is not created remotely")
         with self.lease.lock:
             self.lease.reserve(device, size)
             self.lease.used[device] += size
         try:
-            handle = self.executor.cuMemCreate(size, device, handle_types)
+            handle = self.executor.cuMemCreate(size, device, handle_types, usage)
         except BaseException:
             with self.lease.lock:
                 self.lease.used[device] -= size

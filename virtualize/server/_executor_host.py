@@ -27,12 +27,13 @@ import re
 import struct
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import replace
 
 from virtualize.common._calls import FORWARDED_LAUNCH_ATTRIBUTES
 from virtualize.common._results import CUresult
-from virtualize.server._arrays import ARRAY, HOST, ArrayShape
+from virtualize.server._arrays import ARRAY, DEFERRED_MAPPING, FORMAT_BYTES, HOST, NV12, SPARSE, ArrayShape
 from virtualize.server._executor import (
     INVALID_HANDLE,
     INVALID_VALUE,
@@ -99,6 +100,22 @@ SHARED_CONFIGS = range(3)  # CUsharedconfig: DEFAULT, FOUR_BYTE, EIGHT_BYTE bank
 CARVEOUT, MAX_DYNAMIC_SHARED = 9, 8  # CUfunction_attribute
 
 
+MULTICAST_GRANULARITY = 2 << 20
+# A PTX variable: `.global [.attribute(.managed)] [.align N] .TYPE name[COUNT]`, and each type's bytes.
+VARIABLE = re.compile(
+    rb"\.global\s+(\.attribute\(\.managed\)\s+)?(?:\.align\s+\d+\s+)?\.(\w+)\s+(\w+)(?:\[(\d+)\])?"
+)
+VARIABLE_BYTES = {
+    **dict.fromkeys((b"b8", b"u8", b"s8"), 1), **dict.fromkeys((b"b16", b"u16", b"s16", b"f16"), 2),
+    **dict.fromkeys((b"b32", b"u32", b"s32", b"f32"), 4), **dict.fromkeys((b"b64", b"u64", b"s64", b"f64"), 8),
+}  # fmt: skip
+DEFLATE, SIZE_MAX = 1, (1 << 64) - 1  # CU_MEM_DECOMPRESS_ALGORITHM_DEFLATE; no operation's error
+SURFACE_LDST = 0x02  # CUDA_ARRAY3D_SURFACE_LDST
+TILE_BYTES, TILE_ROWS = 64 << 10, 128  # a sparse array's tile, as the GPUs' 64 KiB tiles are
+SPARSE_PROPERTIES = struct.Struct("<IIIIQI16x4x")  # CUDA_ARRAY_SPARSE_PROPERTIES: tile, mip tail, flags
+MEMORY_REQUIREMENTS = struct.Struct("<QQ16x")  # CUDA_ARRAY_MEMORY_REQUIREMENTS: size, alignment
+
+
 def _in_range(value: int, allowed: range, kind: str) -> int:
     if value not in allowed:
         raise CudaError(INVALID_VALUE, f"{kind} {value}")
@@ -119,12 +136,6 @@ def _settable_attribute(attrib: int, value: int) -> int:
 
 _PTX_ENTRY = re.compile(rb"\.entry\s+([A-Za-z_$][\w$]*)\s*\(([^)]*)\)")
 _PTX_PARAM = re.compile(rb"\.param\s+(?:\.align\s+(\d+)\s+)?\.([busf])(\d+)\s+[\w$]+(?:\[(\d+)\])?")
-
-# A module-scope variable: `.global [.align N] .TYPE name[COUNT];` (its size is the type's times COUNT)
-PTX_GLOBAL = re.compile(
-    r"^\s*(?:\.visible\s+)?\.global\s+(?:\.align\s+\d+\s+)?\.([busf]\d+)\s+([A-Za-z_$][\w$]*)(?:\[(\d+)\])?",
-    re.M,
-)
 
 
 def ptx_layouts(image: bytes) -> dict[str, list[tuple[int, int]]]:
@@ -194,12 +205,11 @@ class HostExecutor(Executor):
         self.stream_attributes: dict[tuple[int, int], bytes] = {}  # (stream, CUstreamAttrID) -> its value
         self.shared_config: dict[int, int] = {}  # context -> CUsharedconfig
         self.ptx_kernels: dict[int, dict[str, list[tuple[int, int]]]] = {}  # module -> kernels it declares
-        # Module globals (PTX `.global` declarations): each module's in one region of module memory, given
-        # back at unload and reused first-fit by the next module, as the driver places modules.
-        self.module_globals: dict[int, dict[str, tuple[int, int]]] = {}  # module -> name -> (address, size)
-        self.module_regions: dict[int, tuple[int, int]] = {}  # module -> (base, size)
-        self.global_gaps: list[tuple[int, int]] = []  # (base, size) of unloaded modules' regions
-        self.next_global = base + (1 << 39)  # past device 0's allocations, below device 1's
+        # Module variables live in module memory, given back at unload and reused first-fit by the next
+        # module's, as the driver places modules (a new global may sit where an old one was).
+        self.module_memory: dict[int, list[tuple[int, int]]] = {}  # module -> its variables' (address, span)
+        self.module_gaps: list[tuple[int, int]] = []  # (address, span) free again
+        self.next_module_memory = base + (1 << 39)  # past device 0's allocations, below device 1's
         self.layouts: dict[int, list[tuple[int, int]]] = {}  # PTX-declared functions -> parameter layout
         self.events: dict[int, float | None] = {}
         self.streams: set[int] = set()
@@ -215,12 +225,29 @@ class HostExecutor(Executor):
         self.copies: dict[int, Copy3D] = {}  # copy node -> its copy
         self.launches: dict[int, Launch] = {}  # kernel node -> its launch
         self.memsets: dict[int, tuple] = {}  # memset node -> (dst, pitch, value, element size, width, height)
+        # Graph memory: allocation node -> (device, size, address, access), free node -> the address it
+        # frees, and each device's graph memory now and at its high-water mark (cuDeviceGetGraphMemAttribute).
+        self.mem_alloc_nodes: dict[int, tuple[int, int, int, list[tuple[int, int]]]] = {}
+        self.mem_free_nodes: dict[int, int] = {}
+        self.batch_ops: dict[int, tuple[bytes, int]] = {}  # batch memory-operation node -> (ops, flags)
+        self.graph_memory = [0] * self.n
+        self.graph_memory_high = [0] * self.n
         self.disabled: dict[tuple[int, int], object] = {}  # (graph exec, node) switched off -> its work
         self.exec_flags: dict[int, int] = {}  # graph exec -> the flags it was instantiated with
         self.graphs: dict[int, list] = {}  # graph or executable graph -> its work, in stream order
         self.arrays: dict[int, tuple[ArrayShape, bytearray]] = {}  # CUDA arrays: their shape and bytes
         self.array_device: dict[int, int] = {}  # CUDA array -> the device it was made on
         self.mipmaps: dict[int, list[int]] = {}  # mipmapped array -> its levels' arrays
+        # Multicast objects: handle -> [devices it spans, devices added, {(device, offset): bound size}]
+        self.multicast: dict[int, list] = {}
+        # Legacy texture and surface references: handle -> its settings; (module, name) -> its handle.
+        self.references_of: dict[int, dict] = {}
+        self.variables: dict[
+            int, dict[str, list]
+        ] = {}  # module -> name -> [size, managed, address once placed]
+        self.module_references: dict[tuple[int, str], list] = {}  # -> [a surface's, its handle once asked]
+        self.planes: dict[tuple[int, int], int] = {}  # (NV12 array, plane) -> the plane's array
+        self.tiles_mapped: dict[int, int] = {}  # sparse or deferred array -> tile ranges mapped to memory
         self.samplers: dict[int, tuple] = {}  # texture or surface -> its resource, texture, view descriptors
         # Green contexts over the modelled SMs: resource -> (device, SMs), descriptor -> (device, SMs),
         # green context -> (device, SMs, its CUcontext), stream -> the green context it was made in.
@@ -266,8 +293,8 @@ class HostExecutor(Executor):
     def nccl_stream(self, stream: int) -> int:
         return 0  # every call here has run when it returns: the stand-in NCCL works at the call too
 
-    def _alloc(self, size: int) -> int:
-        dev = self._ctx_device()
+    def _alloc(self, size: int, dev: int | None = None) -> int:
+        dev = self._ctx_device() if dev is None else dev
         with self.lock:
             ptr = self.next_address[dev]
             self.next_address[dev] += (max(size, 1) + ALIGN - 1) // ALIGN * ALIGN
@@ -312,6 +339,8 @@ class HostExecutor(Executor):
         return handle
 
     def cuArrayDestroy(self, handle):
+        for index in (0, 1):  # an NV12 array's planes go with it
+            self.arrays.pop(self.planes.pop((handle, index), 0), None)
         self.array_device.pop(handle, None)
         if self.arrays.pop(handle, None) is None:
             raise CudaError(INVALID_HANDLE, "array")
@@ -335,6 +364,219 @@ class HostExecutor(Executor):
     def cuMipmappedArrayDestroy(self, handle):
         for level in self.mipmaps.pop(handle):
             self.arrays.pop(level, None)
+
+    # The rest of arrays, modelled on 64 KiB tiles of 128 rows: an NV12 array's planes (the luma, and the
+    # chroma at half the size in two channels), sparse properties, memory requirements, tile mappings.
+    def cuArrayGetPlane(self, handle, index):
+        shape = self._array(handle)
+        if shape.format != NV12 or index not in (0, 1):
+            raise CudaError(INVALID_VALUE, "a plane of an NV12 array: 0 or 1")
+        if (handle, index) not in self.planes:
+            half = ArrayShape(max(shape.width // 2, 1), max(shape.height // 2, 1), 0, 0x01, 2)
+            plane = ArrayShape(shape.width, shape.height, 0, 0x01, 1) if index == 0 else half
+            self.planes[handle, index] = self.cuArray3DCreate(plane)
+        return self.planes[handle, index]
+
+    def _array(self, handle) -> ArrayShape:
+        if handle not in self.arrays:
+            raise CudaError(INVALID_HANDLE, "array")
+        return self.arrays[handle][0]
+
+    @staticmethod
+    def _tile(shape: ArrayShape) -> tuple[int, int, int]:
+        element = FORMAT_BYTES[shape.format] * shape.channels
+        return max(TILE_BYTES // (element * TILE_ROWS), 1), TILE_ROWS if shape.height else 1, 1
+
+    def _sparse_properties(self, shape: ArrayShape, levels: int) -> bytes:
+        if not shape.flags & SPARSE:
+            raise CudaError(INVALID_VALUE, "not a sparse array")
+        tile = self._tile(shape)
+        first = next(
+            (n for n in range(levels) if shape.level(n).width < tile[0] or shape.level(n).rows < tile[1]),
+            levels,
+        )
+        return SPARSE_PROPERTIES.pack(*tile, first, TILE_BYTES if first < levels else 0, 0)
+
+    def cuArrayGetSparseProperties(self, handle):
+        return self._sparse_properties(self._array(handle), 1)
+
+    def cuMipmappedArrayGetSparseProperties(self, handle):
+        levels = self._levels(handle)
+        return self._sparse_properties(self._array(levels[0]), len(levels))
+
+    def _levels(self, handle) -> list[int]:
+        if handle not in self.mipmaps:
+            raise CudaError(INVALID_HANDLE, "mipmapped array")
+        return self.mipmaps[handle]
+
+    def _requirements(self, shapes: list[ArrayShape], dev: int) -> bytes:
+        self._device(dev)
+        if not shapes[0].flags & DEFERRED_MAPPING:
+            raise CudaError(INVALID_VALUE, "not an array of deferred mapping")
+        size = sum(-(-s.nbytes // TILE_BYTES) * TILE_BYTES for s in shapes)
+        return MEMORY_REQUIREMENTS.pack(size, TILE_BYTES)
+
+    def cuArrayGetMemoryRequirements(self, handle, dev):
+        return self._requirements([self._array(handle)], dev)
+
+    def cuMipmappedArrayGetMemoryRequirements(self, handle, dev):
+        return self._requirements([self._array(level) for level in self._levels(handle)], dev)
+
+    def cuMemMapArrayAsync(self, mappings, stream):
+        for m in mappings:
+            shape = self._array(m.array) if m.kind == 0 else self._array(self._levels(m.array)[0])
+            if not shape.flags & (SPARSE | DEFERRED_MAPPING):
+                raise CudaError(
+                    INVALID_VALUE, "tiles of an array that is neither sparse nor of deferred mapping"
+                )
+            if m.operation == 1 and m.memory not in self.created:
+                raise CudaError(INVALID_HANDLE, "memory handle")
+        for m in mappings:  # all checked: all done
+            self.tiles_mapped[m.array] = self.tiles_mapped.get(m.array, 0) + (1 if m.operation == 1 else -1)
+
+    # Legacy texture and surface references: settings kept per reference, what they bind checked.
+    def _reference(self, module, name, surface: bool) -> int:
+        declared = self.module_references.get((module, name))
+        if declared is None or declared[0] != surface:
+            raise CudaError(NOT_FOUND, name)
+        if not declared[1]:  # one handle per name, as the driver gives
+            declared[1] = self.cuTexRefCreate()
+        return declared[1]
+
+    def cuModuleGetTexRef(self, module, name):
+        return self._reference(module, name, surface=False)
+
+    def cuModuleGetSurfRef(self, module, name):
+        return self._reference(module, name, surface=True)
+
+    def cuTexRefCreate(self):
+        handle = next(self.ids)
+        self.references_of[handle] = {
+            "array": 0, "mipmap": 0, "address": 0, "format": (0x20, 1), "modes": [0, 0, 0], "filter": 0,
+            "mipmap_filter": 0, "bias": 0.0, "clamp": (0.0, 0.0), "anisotropy": 1, "border": (0.0,) * 4,
+            "flags": 0,
+        }  # fmt: skip
+        return handle
+
+    def _texref(self, tex) -> dict:
+        if tex not in self.references_of:
+            raise CudaError(INVALID_HANDLE, "texture reference")
+        return self.references_of[tex]
+
+    def cuTexRefDestroy(self, tex):
+        self._texref(tex)
+        del self.references_of[tex]
+
+    def _bind_reference(self, tex, array=0, mipmap=0, address=0) -> None:
+        self._texref(tex).update(array=array, mipmap=mipmap, address=address)
+
+    def cuTexRefSetArray(self, tex, array, flags):
+        self._array(array)
+        self._bind_reference(tex, array=array)
+
+    def cuTexRefSetMipmappedArray(self, tex, mipmap, flags):
+        self._levels(mipmap)
+        self._bind_reference(tex, mipmap=mipmap)
+
+    def cuTexRefSetAddress(self, tex, ptr, size):
+        self._find(ptr, size)
+        self._bind_reference(tex, address=ptr)
+        return 0  # no offset: any address is aligned here
+
+    def cuTexRefSetAddress2D(self, tex, ptr, pitch, shape):
+        self._find(ptr, pitch * (shape.rows - 1) + shape.row_bytes)
+        self._bind_reference(tex, address=ptr)
+        self._texref(tex)["format"] = (shape.format, shape.channels)
+
+    def _set(self, tex, field, value, allowed: range | None = None):
+        if allowed is not None:
+            _in_range(value, allowed, field)
+        self._texref(tex)[field] = value
+
+    def cuTexRefSetFormat(self, tex, format_, components):
+        if format_ not in FORMAT_BYTES or components not in (1, 2, 4):
+            raise CudaError(INVALID_VALUE, "texture format")
+        self._set(tex, "format", (format_, components))
+
+    def cuTexRefSetAddressMode(self, tex, dim, mode):
+        _in_range(mode, range(4), "address mode")  # WRAP, CLAMP, MIRROR, BORDER
+        self._texref(tex)["modes"][_in_range(dim, range(3), "dimension")] = mode
+
+    def cuTexRefSetFilterMode(self, tex, mode):
+        self._set(tex, "filter", mode, range(2))  # POINT, LINEAR
+
+    def cuTexRefSetMipmapFilterMode(self, tex, mode):
+        self._set(tex, "mipmap_filter", mode, range(2))
+
+    def cuTexRefSetMipmapLevelBias(self, tex, bias):
+        self._set(tex, "bias", bias)
+
+    def cuTexRefSetMipmapLevelClamp(self, tex, min_clamp, max_clamp):
+        self._set(tex, "clamp", (min_clamp, max_clamp))
+
+    def cuTexRefSetMaxAnisotropy(self, tex, max_aniso):
+        self._set(tex, "anisotropy", max_aniso, range(1, 17))
+
+    def cuTexRefSetBorderColor(self, tex, red, green, blue, alpha):
+        self._set(tex, "border", (red, green, blue, alpha))
+
+    def cuTexRefSetFlags(self, tex, flags):
+        self._set(tex, "flags", flags, range(0x10))  # READ_AS_INTEGER, NORMALIZED_COORDINATES, SRGB, ...
+
+    def _bound(self, tex, field) -> int:
+        value = self._texref(tex)[field]
+        if not value:
+            raise CudaError(INVALID_VALUE, f"the reference is not bound to {field}")
+        return value
+
+    def cuTexRefGetAddress(self, tex):
+        return self._bound(tex, "address")
+
+    def cuTexRefGetArray(self, tex):
+        return self._bound(tex, "array")
+
+    def cuTexRefGetMipmappedArray(self, tex):
+        return self._bound(tex, "mipmap")
+
+    def cuTexRefGetAddressMode(self, tex, dim):
+        return self._texref(tex)["modes"][_in_range(dim, range(3), "dimension")]
+
+    def cuTexRefGetFilterMode(self, tex):
+        return self._texref(tex)["filter"]
+
+    def cuTexRefGetFormat(self, tex):
+        return self._texref(tex)["format"]
+
+    def cuTexRefGetMipmapFilterMode(self, tex):
+        return self._texref(tex)["mipmap_filter"]
+
+    def cuTexRefGetMipmapLevelBias(self, tex):
+        return self._texref(tex)["bias"]
+
+    def cuTexRefGetMipmapLevelClamp(self, tex):
+        return self._texref(tex)["clamp"]
+
+    def cuTexRefGetMaxAnisotropy(self, tex):
+        return self._texref(tex)["anisotropy"]
+
+    def cuTexRefGetBorderColor(self, tex):
+        return self._texref(tex)["border"]
+
+    def cuTexRefGetFlags(self, tex):
+        return self._texref(tex)["flags"]
+
+    def cuSurfRefSetArray(self, surf, array, flags):
+        if not self._array(array).flags & SURFACE_LDST:
+            raise CudaError(INVALID_VALUE, "a surface reference binds an array made for surfaces")
+        self._bind_reference(surf, array=array)
+
+    def cuSurfRefGetArray(self, surf):
+        return self._bound(surf, "array")
+
+    def cuParamSetTexRef(self, func, texunit, tex):
+        self._texref(tex)
+        if texunit != -1:  # CU_PARAM_TR_DEFAULT, the one texture unit
+            raise CudaError(INVALID_VALUE, "texunit")
 
     def _sampler(self, res: bytes, tex: bytes = b"", view: bytes | None = None) -> int:
         handle = next(self.ids)
@@ -423,7 +665,7 @@ class HostExecutor(Executor):
 
     # The virtual memory API: each mapping is memory of its own here (two mappings of one handle do
     # not share bytes, as they do on a GPU).
-    def cuMemCreate(self, size, device, handle_types):
+    def cuMemCreate(self, size, device, handle_types, usage=0):
         handle = next(self.ids)
         self.created[handle] = device
         self.references[handle] = 1
@@ -440,6 +682,56 @@ class HostExecutor(Executor):
         self.backing[imported] = self.backing[handle]
         return imported
 
+    # Multicast objects: a handle mapped as created memory is, with bytes of its own here (the GPU's switch
+    # copies a write through it to every bound memory, which this executor does not model); each device
+    # added, each binding kept and checked as the driver checks it.
+    def cuMulticastCreate(self, devices, size, flags):
+        if not size or size % MULTICAST_GRANULARITY:
+            raise CudaError(INVALID_VALUE, "a multicast object's size is a multiple of its granularity")
+        handle = next(self.ids)
+        self.created[handle], self.references[handle] = 0, 1
+        self.backing[handle] = bytearray(size)
+        self.multicast[handle] = [devices, set(), {}]
+        return handle
+
+    def _multicast(self, mc, offset, size) -> list:
+        if mc not in self.multicast or mc not in self.created:
+            raise CudaError(INVALID_VALUE, "not a multicast object")
+        if offset % MULTICAST_GRANULARITY or size % MULTICAST_GRANULARITY:
+            raise CudaError(INVALID_VALUE, "offsets and sizes are multiples of the granularity")
+        return self.multicast[mc]
+
+    def cuMulticastAddDevice(self, mc, dev):
+        devices, added, _ = self._multicast(mc, 0, 0)
+        if len(added | {self._device(dev)}) > devices:
+            raise CudaError(INVALID_VALUE, "more devices than the multicast object was made for")
+        added.add(dev)
+
+    def _bind(self, mc, mc_offset, device, size) -> None:
+        _, added, bound = self._multicast(mc, mc_offset, size)
+        if device not in added:
+            raise CudaError(CUresult.INVALID_DEVICE, "a device not added to the multicast object")
+        bound[device, mc_offset] = size
+
+    def cuMulticastBindMem(self, mc, mc_offset, memory, mem_offset, size, flags):
+        if memory not in self.created or memory in self.multicast:
+            raise CudaError(INVALID_HANDLE, "memory handle")
+        self._bind(mc, mc_offset, self.created[memory], size)
+
+    def cuMulticastBindAddr(self, mc, mc_offset, ptr, size, flags):
+        _, offset = self._find(ptr, size)
+        self._bind(mc, mc_offset, self.owner[ptr - offset], size)
+
+    def cuMulticastUnbind(self, mc, dev, mc_offset, size):
+        _, _, bound = self._multicast(mc, mc_offset, size)
+        if bound.get((dev, mc_offset)) != size:
+            raise CudaError(INVALID_VALUE, "not a binding of that device there")
+        del bound[dev, mc_offset]
+
+    def cuMulticastGetGranularity(self, devices, size, flags, option):
+        _in_range(option, range(2), "granularity option")  # MINIMUM, RECOMMENDED
+        return MULTICAST_GRANULARITY
+
     def cuMemRelease(self, handle):
         if handle not in self.created:
             raise CudaError(INVALID_VALUE)
@@ -447,6 +739,7 @@ class HostExecutor(Executor):
         if not self.references[handle]:
             del self.created[handle], self.references[handle]
             self.backing.pop(handle, None)  # its mappings keep the bytes while they last
+            self.multicast.pop(handle, None)
 
     def cuMemRetainAllocationHandle(self, addr):
         _, offset = self._find(addr, 0)
@@ -589,6 +882,14 @@ class HostExecutor(Executor):
         params = bytes(params)  # a captured launch runs later, with the parameters of its capture
         work = lambda: self._run_kernel(func, grid, block, params)  # noqa: E731
         self._on(launch.stream, work, described=replace(launch, params=params))
+
+    def launch_multi_device(self, launches, flags):
+        """Each launch checked as a cooperative one's, then all run, one after the other (the blocks of every
+        launch run at once here, which any synchronisation across them needs)."""
+        for launch in launches:
+            self._check_cooperative(launch)
+        for launch in launches:
+            self.launch(launch)
 
     def _check_cooperative(self, launch: Launch) -> None:
         """All blocks of a cooperative launch must fit on the device at once (occupancy x SMs)."""
@@ -844,6 +1145,28 @@ class HostExecutor(Executor):
     def cuMemFreeAsync(self, dptr, stream):
         self._free(dptr)
 
+    def cuMemBatchDecompressAsync(self, operations, flags, stream):
+        """DEFLATE (raw, RFC 1951) decompressed in order on the stream, each actual size written; the other
+        algorithms are not modelled here (CUDA_ERROR_NOT_SUPPORTED, as on a GPU without them)."""
+        if flags:
+            raise CudaError(INVALID_VALUE, "flags")
+        if any(operation[5] != DEFLATE for operation in operations):
+            raise CudaError(CUresult.NOT_SUPPORTED, "only DEFLATE is modelled")
+
+        def work():
+            for src_bytes, dst_bytes, actual, src, dst, _ in operations:
+                sm, so = self._find(src, src_bytes)
+                out = zlib.decompressobj(-zlib.MAX_WBITS).decompress(
+                    bytes(sm[so : so + src_bytes]), dst_bytes
+                )
+                dm, do = self._find(dst, len(out))
+                dm[do : do + len(out)] = out
+                am, ao = self._find(actual, 4)
+                am[ao : ao + 4] = len(out).to_bytes(4, "little")
+
+        self._on(stream, work)
+        return SIZE_MAX
+
     def cuMemGetAddressRange(self, dptr):
         mem, off = self._find(dptr, 0)
         return dptr - off, len(mem)
@@ -899,31 +1222,15 @@ class HostExecutor(Executor):
             raise CudaError(CUresult.INVALID_IMAGE, "empty image")
         handle = next(self.ids)
         self.ptx_kernels[handle] = ptx_layouts(image)
-        self._place_globals(handle, image)
+        self.variables[handle] = {
+            name.decode(): [VARIABLE_BYTES[kind] * int(count or 1), bool(managed), 0]
+            for managed, kind, name, count in VARIABLE.findall(image)
+            if kind in VARIABLE_BYTES
+        }
+        # the texture and surface references the image declares (`.global .texref name;`)
+        for kind, name in re.findall(rb"\.(tex|surf)ref\s+(\w+)\s*;", image):
+            self.module_references[handle, name.decode()] = [kind == b"surf", 0]
         return handle
-
-    def _place_globals(self, module: int, image: bytes) -> None:
-        text = bytes(image).decode("latin-1")
-        declared = [
-            (name, int(kind[1:]) // 8 * int(count or 1)) for kind, name, count in PTX_GLOBAL.findall(text)
-        ]
-        if not declared:
-            return
-        size = sum((s + ALIGN - 1) // ALIGN * ALIGN for _, s in declared)
-        with self.lock:
-            gap = next((g for g in self.global_gaps if g[1] >= size), None)
-            if gap is not None:
-                self.global_gaps.remove(gap)
-                base = gap[0]
-            else:
-                base, self.next_global = self.next_global, self.next_global + size
-        self.module_regions[module] = (base, size)
-        at, placed = base, {}
-        for name, s in declared:
-            self._place(at, s, self._ctx_device())
-            placed[name] = (at, s)
-            at += (s + ALIGN - 1) // ALIGN * ALIGN
-        self.module_globals[module] = placed
 
     def cuModuleLoadData(self, image):
         return self._load(image)
@@ -958,12 +1265,10 @@ class HostExecutor(Executor):
         return 2  # CU_MODULE_LAZY_LOADING, the driver's default since CUDA 12.2
 
     def cuModuleUnload(self, module):
-        for address, _ in self.module_globals.pop(module, {}).values():
+        for address, span in self.module_memory.pop(module, []):
             self._free(address)
-        region = self.module_regions.pop(module, None)
-        if region is not None:
             with self.lock:
-                self.global_gaps.append(region)
+                self.module_gaps.append((address, span))
 
     cuLibraryUnload = cuModuleUnload
 
@@ -1026,13 +1331,36 @@ class HostExecutor(Executor):
             self.layouts[handle] = self.layouts[kernel]
         return handle
 
-    def cuModuleGetGlobal(self, module, name):
-        found = self.module_globals.get(module, {}).get(name)
-        if found is None:
+    # A module's (a library's) variables, as its PTX declares them: placed at the first ask, zero here.
+    def _variable(self, module, name, managed_only: bool):
+        declared = self.variables.get(module, {}).get(name)
+        if declared is None or (managed_only and not declared[1]):
             raise CudaError(NOT_FOUND, name)
-        return found
+        size, _managed, ptr = declared
+        if not ptr:
+            ptr = declared[2] = self._module_alloc(module, size)
+        return ptr, size
+
+    def _module_alloc(self, module: int, size: int) -> int:
+        span = (max(size, 1) + ALIGN - 1) // ALIGN * ALIGN
+        with self.lock:
+            gap = next((g for g in self.module_gaps if g[1] >= span), None)
+            if gap is not None:
+                self.module_gaps.remove(gap)
+                ptr = gap[0]
+            else:
+                ptr, self.next_module_memory = self.next_module_memory, self.next_module_memory + span
+        self._place(ptr, size, self._ctx_device())
+        self.module_memory.setdefault(module, []).append((ptr, span))
+        return ptr
+
+    def cuModuleGetGlobal(self, module, name):
+        return self._variable(module, name, managed_only=False)
 
     cuLibraryGetGlobal = cuModuleGetGlobal
+
+    def cuLibraryGetManaged(self, library, name):
+        return self._variable(library, name, managed_only=True)
 
     def _param_info(self, func, index):
         layout = self.param_layout(func, False)
@@ -1335,6 +1663,83 @@ class HostExecutor(Executor):
         if self.node_types.get(node) != 3:
             raise CudaError(INVALID_VALUE, "not a host node")
         return self.nodes[node][1]
+
+    # Graph memory is placed when its node is added, and stays for every launch (the driver's is mapped
+    # while the graph runs between its allocation and free nodes); CU_GRAPH_NODE_TYPE_MEM_ALLOC 10, FREE 11.
+    def graph_add_mem_alloc_node(self, graph, deps, device, size, access):
+        self._device(device)
+        for peer, _flags in access:
+            self._device(peer)
+        ptr = self._alloc(size, device)
+        node = self._add_node(graph, deps, lambda: None)
+        self.node_types[node] = 10
+        self.mem_alloc_nodes[node] = (device, size, ptr, list(access))
+        self.graph_memory[device] += size
+        self.graph_memory_high[device] = max(self.graph_memory_high[device], self.graph_memory[device])
+        return node, ptr
+
+    def graph_mem_alloc_node_params(self, node):
+        if node not in self.mem_alloc_nodes:
+            raise CudaError(INVALID_VALUE, "not a memory allocation node")
+        device, size, ptr, access = self.mem_alloc_nodes[node]
+        return device, size, ptr, list(access)
+
+    def graph_add_mem_free_node(self, graph, deps, ptr):
+        if not any(p == ptr for _, _, p, _ in self.mem_alloc_nodes.values()):
+            raise CudaError(INVALID_VALUE, "not graph memory")
+        node = self._add_node(graph, deps, lambda: None)
+        self.node_types[node] = 11
+        self.mem_free_nodes[node] = ptr
+        return node
+
+    # A batch memory-operation node (CU_GRAPH_NODE_TYPE_BATCH_MEM_OP 12): its writes done in order at every
+    # launch; a wait is met at once (this executor runs one thing at a time, so nothing could meet it later).
+    def _batch_work(self, ops: bytes):
+        def work():
+            for at in range(0, len(ops), 48):
+                op, address, value = struct.unpack_from("<I4xQQ", ops, at)
+                if op in (2, 5):  # CU_STREAM_MEM_OP_WRITE_VALUE_32 / _64
+                    size = 4 if op == 2 else 8
+                    mem, off = self._find(address, size)
+                    mem[off : off + size] = (value & ((1 << 8 * size) - 1)).to_bytes(size, "little")
+
+        return work
+
+    def graph_add_batch_mem_op_node(self, graph, deps, ops, flags):
+        node = self._add_node(graph, deps, self._batch_work(ops))
+        self.node_types[node] = 12
+        self.batch_ops[node] = (bytes(ops), flags)
+        return node
+
+    def graph_batch_mem_op_node_set(self, graph_exec, node, ops, flags):
+        if graph_exec:
+            self._set_exec_work(graph_exec, node, self._batch_work(ops), kind=12)
+        else:
+            self._set_node_work(node, self._batch_work(ops), kind=12)
+            self.batch_ops[node] = (bytes(ops), flags)
+
+    def graph_batch_mem_op_node_params(self, node):
+        if node not in self.batch_ops:
+            raise CudaError(INVALID_VALUE, "not a batch memory-operation node")
+        return self.batch_ops[node]
+
+    def cuGraphMemFreeNodeGetParams(self, node):
+        if node not in self.mem_free_nodes:
+            raise CudaError(INVALID_VALUE, "not a memory free node")
+        return self.mem_free_nodes[node]
+
+    def cuDeviceGraphMemTrim(self, dev):
+        self._device(dev)
+
+    def cuDeviceGetGraphMemAttribute(self, dev, attr):
+        # CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, _HIGH, RESERVED_MEM_CURRENT, _HIGH: all of it is used here
+        current, high = self.graph_memory[self._device(dev)], self.graph_memory_high[dev]
+        return {0: current, 1: high, 2: current, 3: high}[_in_range(attr, range(4), "graph memory attribute")]
+
+    def cuDeviceSetGraphMemAttribute(self, dev, attr, value):
+        if attr not in (1, 3) or value != 0:  # only a high-water mark is set, and only back to 0
+            raise CudaError(INVALID_VALUE, "only a graph memory high-water mark is reset, to 0")
+        self.graph_memory_high[self._device(dev)] = self.graph_memory[dev]
 
     def graph_add_host_node(self, graph, deps, fn):
         node = self._add_node(graph, deps, fn)

@@ -11,20 +11,24 @@ from typing import ClassVar
 
 from virtualize.common import _wire
 from virtualize.common._calls import CALLS, Call
+from virtualize.common._results import CUresult
 from virtualize.server._arrays import (
     ARRAY,
+    ARRAY_MAP_INFO,
     DEVICE,
     HOST,
     RESOURCE_DESC_BYTES,
     TEXTURE_DESC_BYTES,
     VIEW_DESC_BYTES,
     ArrayShape,
+    array_mappings,
     resource,
 )
 from virtualize.server._executor import INVALID_HANDLE, INVALID_VALUE, CopySide, CudaError
 from virtualize.server._guard_concern import Concern
 
 log = logging.getLogger("gpupool.worker")
+MAX_MAP_INFOS = 1024  # tile mappings of one cuMemMapArrayAsync (the shim's limit too)
 
 DESTROY_CALL = {  # the call that destroys an array of each kind (a client's leftovers, at its end)
     "array": next(c for c in CALLS if c.name == "cuArrayDestroy"),
@@ -44,7 +48,13 @@ class ArrayCalls(Concern):
         "cuMipmappedArrayDestroy": "destroy",
         "cuArrayGetDescriptor_v2": "descriptor",
         "cuArray3DGetDescriptor_v2": "descriptor",
-        "cuMipmappedArrayGetLevel": "mipmap_level",
+        "cuMipmappedArrayGetLevel": "sub_array",
+        "cuArrayGetPlane": "sub_array",
+        "cuArrayGetSparseProperties": "object_descriptor",
+        "cuMipmappedArrayGetSparseProperties": "object_descriptor",
+        "cuArrayGetMemoryRequirements": "object_descriptor",
+        "cuMipmappedArrayGetMemoryRequirements": "object_descriptor",
+        "cuMemMapArrayAsync": "map_tiles",
         "gpMemcpy3D": "copy_3d",
         "cuTexObjectCreate": "texture_object",
         "cuSurfObjectCreate": "surface_object",
@@ -52,6 +62,7 @@ class ArrayCalls(Concern):
         "cuTexObjectGetTextureDesc": "object_descriptor",
         "cuTexObjectGetResourceViewDesc": "object_descriptor",
         "cuSurfObjectGetResourceDesc": "object_descriptor",
+        "cuTexRefSetAddress2D_v3": "texture_reference_2d",
     }
 
     def __init__(self, session) -> None:
@@ -102,10 +113,11 @@ class ArrayCalls(Concern):
         shape = self.session.executor.cuArray3DGetDescriptor(ins[0])
         return b"", shape.pack_2d() if call.name == "cuArrayGetDescriptor" else shape.pack_3d()
 
-    def mipmap_level(self, call: Call, ins: tuple):
+    def sub_array(self, call: Call, ins: tuple):
+        """A mipmapped array's level or an NV12 array's plane: an array of the lease, gone with its own."""
         self.session._check(call, ins)
-        handle, level = ins
-        array = self.session.executor.cuMipmappedArrayGetLevel(handle, level)
+        handle, index = ins
+        array = getattr(self.session.executor, call.name)(handle, index)
         self.session.lease.handles["array"].add(array)
         self.session.lease.children.setdefault(handle, set()).add(array)
         return struct.pack("<Q", array), b""
@@ -193,7 +205,43 @@ class ArrayCalls(Concern):
         self.session.lease.handles["surfobj"].add(surf)
         return struct.pack("<Q", surf), b""
 
-    def object_descriptor(self, call: Call, ins: tuple):
-        """A texture's or surface's descriptor, as the executor's driver gives it, in the reply's bulk."""
+    def texture_reference_2d(self, call: Call, ins: tuple):
+        """cuTexRefSetAddress2D: rows of `pitch` bytes of the lease's memory, as many as the descriptor has,
+        each as wide as its format says."""
         self.session._check(call, ins)
-        return b"", bytes(getattr(self.session.executor, call.name)(ins[0]))
+        tex, ptr, pitch, width, height, format_, channels = ins
+        row = ArrayShape(width, height, 0, format_, channels).row_bytes
+        if not height or pitch < row:
+            raise CudaError(INVALID_VALUE, "a pitch shorter than a row, or no rows")
+        self.session._check_range(ptr, pitch * (height - 1) + row)
+        self.session.executor.cuTexRefSetAddress2D(
+            tex, ptr, pitch, ArrayShape(width, height, 0, format_, channels)
+        )
+
+    def object_descriptor(self, call: Call, ins: tuple):
+        """A texture's or surface's descriptor, a sparse array's properties or an array's memory
+        requirements (on a device of the lease), as the executor's driver gives it, in the reply's bulk."""
+        self.session._check(call, ins)
+        return b"", bytes(getattr(self.session.executor, call.name)(*ins))
+
+    def map_tiles(self, call: Call, ins: tuple):
+        """cuMemMapArrayAsync: each tile range of a sparse or deferred-mapping array of the lease mapped to
+        (or unmapped from) memory a process of the lease created, on devices of the lease; nothing is sent
+        to the driver unless every one is."""
+        self.session._check(call, ins)
+        count, stream = ins
+        raw = self.session.channel.read_bulk(limit=MAX_MAP_INFOS * ARRAY_MAP_INFO.size)
+        mappings = array_mappings(raw)
+        if len(mappings) != count or not count:
+            raise CudaError(INVALID_VALUE, "CUarrayMapInfo count")
+        lease = self.session.lease
+        for m in mappings:
+            if m.kind not in (0, 1) or m.array not in lease.handles["array" if m.kind == 0 else "mipmap"]:
+                raise CudaError(INVALID_HANDLE, "an array that is not the lease's")
+            if m.operation not in (1, 2) or m.handle_type != 0:  # CU_MEM_OPERATION_TYPE_MAP / UNMAP; generic
+                raise CudaError(INVALID_VALUE, "memory operation or handle type")
+            if m.operation == 1 and m.memory not in lease.handles["vmem"]:
+                raise CudaError(INVALID_HANDLE, "memory that is not the lease's")
+            if m.devices >> len(lease.limits) or not m.devices:
+                raise CudaError(CUresult.INVALID_DEVICE, "a device mask beyond the lease's devices")
+        self.session.executor.cuMemMapArrayAsync(mappings, stream)

@@ -17,7 +17,7 @@ from typing import ClassVar
 from virtualize.common import _wire
 from virtualize.common._calls import CALLS, Call
 from virtualize.common._results import CUresult
-from virtualize.server._executor import INVALID_VALUE, CudaError
+from virtualize.server._executor import DECOMPRESS_PARAMS, INVALID_VALUE, CudaError
 from virtualize.server._guard_concern import ANSWERED, EMPTY, Concern
 from virtualize.server._guard_rules import capture_refuses, element_bytes
 from virtualize.server._lanes import Lanes
@@ -25,6 +25,12 @@ from virtualize.server._lanes import Lanes
 log = logging.getLogger("gpupool.worker")
 
 MAX_LANE_PIECES = 64
+DECOMPRESS_ALGORITHMS = (
+    1,
+    2,
+    4,
+)  # DEFLATE, SNAPPY, LZ4; at most MAX_DECOMPRESSIONS in one batch (the shim's too)
+MAX_DECOMPRESSIONS = 4096
 SHARED_COPY_BYTES = 64 << 20  # per client connection on this host: the largest piece of one copy
 PINNED_SHARE_MAX = 1 << 40  # one page-locked allocation shared with a client (a sanity bound only)
 _HTOD_ASYNC = next(c for c in CALLS if c.symbol == "cuMemcpyHtoDAsync_v2")
@@ -52,6 +58,7 @@ class CopyCalls(Concern):
         "gpLaneAttach": "lane_attach",
         "gpLaneCopy": "lane_copy",
         "gpLanePiece": "lane_piece",
+        "cuMemBatchDecompressAsync": "decompress",
         "cuMemcpyDtoD_v2": "device_copy",
         "cuMemcpyDtoDAsync_v2": "device_copy",
         "cuMemcpyPeer": "device_copy",
@@ -416,6 +423,23 @@ class CopyCalls(Concern):
     def copies_flush(self, call: Call, ins: tuple):
         """Every copy done by now reaches the client before this answer (`wait`: every copy queued)."""
         self.session._announce_copies(wait=bool(ins[0]))
+
+    def decompress(self, call: Call, ins: tuple):
+        """cuMemBatchDecompressAsync: every operation's source, destination and actual-size word memory of
+        the lease, or none is sent; the index of the operation the driver refused comes back."""
+        self.session._check(call, ins)
+        count, flags, stream = ins
+        raw = self.session.channel.read_bulk(limit=MAX_DECOMPRESSIONS * DECOMPRESS_PARAMS.size)
+        if not 1 <= count <= MAX_DECOMPRESSIONS or len(raw) != count * DECOMPRESS_PARAMS.size:
+            raise CudaError(INVALID_VALUE, "decompression parameters")
+        operations = list(DECOMPRESS_PARAMS.iter_unpack(raw))
+        for src_bytes, dst_bytes, actual, src, dst, algorithm in operations:
+            if algorithm not in DECOMPRESS_ALGORITHMS:
+                raise CudaError(INVALID_VALUE, f"decompression algorithm {algorithm}")
+            for ptr, size in ((src, src_bytes), (dst, dst_bytes), (actual, 4)):
+                self.session._check_range(ptr, size)
+        index = self.session.executor.cuMemBatchDecompressAsync(operations, flags, stream)
+        return struct.pack("<Q", index), b""
 
     def device_copy(self, call: Call, ins: tuple):
         """Device to device (within a context, or between two: cuMemcpyPeer): both ranges the lease's."""

@@ -21,6 +21,18 @@ MAX_CONDITIONAL_BODIES = 64  # body graphs of one conditional node (a switch's c
 # A kernel node's launch attributes (CUlaunchAttributeID) whose values are plain numbers or an access-policy
 # window: not the programmatic and completion events (7, 12: handles), nor the device-side node (13).
 KERNEL_NODE_ATTRIBUTES = frozenset({ACCESS_POLICY_WINDOW, 2, 4, 5, 8, 9, 10, 11, 14, 16, 17, 18})
+# A memory node's access descriptors on the wire (CUmemAccessDesc: location type, location id, flags), at
+# most one per device of a lease (the shim's limit too).
+ACCESS_DESC = struct.Struct("<iiI")
+MAX_ACCESS_DESCS = 64
+ALLOCATION_PINNED = 1  # CU_MEM_ALLOCATION_TYPE_PINNED, what graph memory is
+LOCATION_DEVICE = 1  # CU_MEM_LOCATION_TYPE_DEVICE
+# A batch memory-operation node's operations: CUstreamBatchMemOpParams, its type then (a wait or write) the
+# address; at most the driver's batch (the shim's limit too). Waits and writes of 32 and 64 bits, by type.
+MEM_OP = struct.Struct("<I4xQ32x")
+MAX_MEM_OPS = 256
+MEM_OP_WORDS = {1: 4, 2: 4, 4: 8, 5: 8}  # WAIT_VALUE_32, WRITE_VALUE_32, WAIT_VALUE_64, WRITE_VALUE_64
+MEM_OP_OTHERS = (3, 6)  # FLUSH_REMOTE_WRITES, BARRIER: no address
 
 
 class GraphCalls(Concern):
@@ -46,6 +58,13 @@ class GraphCalls(Concern):
         "cuGraphKernelNodeGetAttribute": "kernel_node_attribute",
         "cuGraphKernelNodeSetAttribute": "kernel_node_attribute",
         "cuGraphAddMemcpyNode": "graph_memcpy_node",
+        "cuGraphAddMemAllocNode": "graph_mem_alloc_node",
+        "cuGraphMemAllocNodeGetParams": "graph_mem_alloc_node_get",
+        "cuGraphAddMemFreeNode": "graph_mem_free_node",
+        "cuGraphAddBatchMemOpNode": "graph_batch_mem_op_node",
+        "cuGraphBatchMemOpNodeSetParams": "graph_batch_mem_op_node",
+        "cuGraphExecBatchMemOpNodeSetParams": "graph_batch_mem_op_node",
+        "cuGraphBatchMemOpNodeGetParams": "graph_batch_mem_op_node_get",
         "cuGraphExecMemsetNodeSetParams": "graph_memset_node",
         "cuGraphExecMemcpyNodeSetParams": "graph_memcpy_node",
         "cuGraphMemsetNodeSetParams": "graph_memset_node",
@@ -225,6 +244,94 @@ class GraphCalls(Concern):
             deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), ins[-1])
             return self._new_node(self.session.executor.graph_add_memcpy_node(owner, deps, copy), owner)
         return EMPTY
+
+    def _lease_device(self, device: int) -> int:
+        if not 0 <= device < len(self.session.lease.limits):
+            raise CudaError(CUresult.INVALID_DEVICE, f"device {device} is not one of the lease's")
+        return device
+
+    def graph_mem_alloc_node(self, call: Call, ins: tuple):
+        """A memory allocation node: graph memory of one of the lease's devices, which the lease's devices
+        may be given access to. The driver places it when the node is added; from then its bytes count
+        against the device's partition (refused with OUT_OF_MEMORY past it) and its addresses are the
+        lease's, until a free node or cuMemFree frees it."""
+        self.session._check(call, ins)
+        graph, alloc_type, handle_types, location_type, device, size, num_access, num_deps = ins
+        if num_access > MAX_ACCESS_DESCS or not size or alloc_type != ALLOCATION_PINNED or handle_types:
+            raise CudaError(INVALID_VALUE, "memory allocation node parameters")
+        if location_type != LOCATION_DEVICE:
+            raise CudaError(CUresult.NOT_SUPPORTED, "graph memory other than device memory is not forwarded")
+        data = self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8 + MAX_ACCESS_DESCS * ACCESS_DESC.size)
+        deps = self.nodes(data, num_deps)
+        if len(data) != 8 * num_deps + ACCESS_DESC.size * num_access:
+            raise CudaError(INVALID_VALUE, "access descriptors")
+        access = []
+        for kind, peer, flags in ACCESS_DESC.iter_unpack(data[8 * num_deps :]):
+            if kind != LOCATION_DEVICE:
+                raise CudaError(INVALID_VALUE, "an access descriptor not of a device")
+            access.append((self._lease_device(peer), flags))
+        device = self._lease_device(device)
+        executor = self.session.executor
+        node, ptr = self.session.charged(
+            device, size, lambda: executor.graph_add_mem_alloc_node(graph, deps, device, size, access)
+        )
+        self.session.own(ptr, size, device)
+        self._new_node(node, graph)
+        return call.out_struct.pack(node, ptr), b""
+
+    def graph_mem_alloc_node_get(self, call: Call, ins: tuple):
+        """The node's device, size and address; its access descriptors in the bulk."""
+        self.session._check(call, ins)
+        device, size, ptr, access = self.session.executor.graph_mem_alloc_node_params(ins[0])
+        described = b"".join(ACCESS_DESC.pack(LOCATION_DEVICE, peer, flags) for peer, flags in access)
+        return call.out_struct.pack(device, size, ptr, len(access)), described
+
+    def graph_mem_free_node(self, call: Call, ins: tuple):
+        """A memory free node of an allocation of the lease (its first byte): from here the memory is no
+        longer the lease's, nor counted against its partition, as a captured cuMemFreeAsync's is not."""
+        self.session._check(call, ins)
+        graph, ptr, num_deps = ins
+        held = self.session.lease.allocations.get(ptr)
+        if held is None or not held.owned or held.window is not None:
+            raise CudaError(INVALID_VALUE, f"0x{ptr:x} is not graph memory of this lease")
+        deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
+        node = self.session.executor.graph_add_mem_free_node(graph, deps, ptr)
+        self.session.lease.remove(ptr)
+        self.session.owned.discard(ptr)
+        return self._new_node(node, graph)
+
+    def _memory_operations(self, raw: bytes, count: int) -> bytes:
+        """`count` operations, each wait's or write's whole word memory of the lease."""
+        if not 1 <= count <= MAX_MEM_OPS or len(raw) != count * MEM_OP.size:
+            raise CudaError(INVALID_VALUE, "memory operations")
+        for op, address in MEM_OP.iter_unpack(raw):
+            if op in MEM_OP_WORDS:
+                self.session._check_range(address, MEM_OP_WORDS[op])
+            elif op not in MEM_OP_OTHERS:
+                raise CudaError(INVALID_VALUE, f"memory operation {op}")
+        return raw
+
+    def graph_batch_mem_op_node(self, call: Call, ins: tuple):
+        """cuGraphAddBatchMemOpNode, or a batch memory-operation node set anew: a graph's or an instantiated
+        graph's."""
+        self.session._check(call, ins)
+        executor = self.session.executor
+        if call.name == "cuGraphAddBatchMemOpNode":
+            graph, count, flags, num_deps = ins
+            data = self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8 + MAX_MEM_OPS * MEM_OP.size)
+            deps = self.nodes(data, num_deps)
+            ops = self._memory_operations(data[8 * num_deps :], count)
+            return self._new_node(executor.graph_add_batch_mem_op_node(graph, deps, ops, flags), graph)
+        graph_exec, node, count, flags = ins if len(ins) == 4 else (0, *ins)
+        ops = self._memory_operations(self.session.channel.read_bulk(limit=MAX_MEM_OPS * MEM_OP.size), count)
+        executor.graph_batch_mem_op_node_set(graph_exec, node, ops, flags)
+        return EMPTY
+
+    def graph_batch_mem_op_node_get(self, call: Call, ins: tuple):
+        """The count and flags; the operations in the bulk."""
+        self.session._check(call, ins)
+        ops, flags = self.session.executor.graph_batch_mem_op_node_params(ins[0])
+        return call.out_struct.pack(len(ops) // MEM_OP.size, flags), bytes(ops)
 
     def graph_memcpy_node_get(self, call: Call, ins: tuple):
         """A copy node's device-side copy; only between memory of this lease (a copy the worker made with

@@ -12,9 +12,11 @@ from typing import ClassVar
 
 from virtualize.common._calls import Call
 from virtualize.common._wire import EVENT_ELAPSED, EVENT_PAIR, LAUNCH_ATTRIBUTE_BYTES, MAX_EVENT_PAIRS
-from virtualize.server._executor import INVALID_HANDLE, INVALID_VALUE, CudaError, Launch
+from virtualize.server._executor import INVALID_HANDLE, INVALID_VALUE, MULTI_LAUNCH, CudaError, Launch
 from virtualize.server._guard_concern import Concern
 from virtualize.server._guard_rules import BUILTIN_STREAMS, padded_params
+
+MULTI_DEVICE_FLAGS = 0x3  # CUDA_COOPERATIVE_LAUNCH_MULTI_DEVICE_NO_PRE_LAUNCH_SYNC, _NO_POST_LAUNCH_SYNC
 
 
 def launch_attributes(raw: bytes) -> list[tuple[int, bytes]]:
@@ -32,6 +34,7 @@ class LaunchCalls(Concern):
         "gpParamLayout": "param_layout",
         "gpLinkImage": "link_image",
         "cuLaunchKernelEx": "launch",
+        "cuLaunchCooperativeKernelMultiDevice": "launch_multi_device",
         "cuOccupancyMaxActiveClusters": "cluster_occupancy",
         "cuOccupancyMaxPotentialClusterSize": "cluster_occupancy",
         "gpEventElapsedMany": "elapsed_many",
@@ -106,3 +109,27 @@ class LaunchCalls(Concern):
         ):  # checked and launched once: the native loop may launch it now
             self.session.lease.native.learn(func, layout)
         return None
+
+    def launch_multi_device(self, call: Call, ins: tuple):
+        """Each device's launch (its function and stream the lease's, its parameters as long as its layout),
+        at most one per device of the lease, all checked before any is sent."""
+        count, flags = ins
+        if not 1 <= count <= len(self.session.lease.limits) or flags & ~MULTI_DEVICE_FLAGS:
+            raise CudaError(INVALID_VALUE, "a launch per device of the lease, known flags")
+        bulk = self.session.channel.read_bulk(limit=count * (MULTI_LAUNCH.size + (1 << 16)))
+        launches, at = [], 0
+        for _ in range(count):
+            if at + MULTI_LAUNCH.size > len(bulk):
+                raise CudaError(INVALID_VALUE, "the launches")
+            func, gx, gy, gz, bx, by, bz, smem, length, stream = MULTI_LAUNCH.unpack_from(bulk, at)
+            self._check_launch(func, stream)
+            params = bulk[at + MULTI_LAUNCH.size : at + MULTI_LAUNCH.size + length]
+            at += MULTI_LAUNCH.size + length
+            layout = self.session._layout(func)
+            launches.append(
+                Launch(func, (gx, gy, gz), (bx, by, bz), smem, stream, padded_params(params, layout), layout,
+                       is_kernel=func in self.session.lease.handles["kernel"])
+            )  # fmt: skip
+        if at != len(bulk):
+            raise CudaError(INVALID_VALUE, "the launches")
+        self.session.executor.launch_multi_device(launches, flags)

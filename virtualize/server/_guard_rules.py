@@ -33,6 +33,7 @@ DEVICE_RANGES: dict[str, tuple[tuple[str, str], ...]] = {
         (("dst", "count"), ("src", "count")),
     ),
     **dict.fromkeys(ELEMENT_BYTES, (("dst", "count"),)),
+    "cuTexRefSetAddress_v2": (("ptr", "bytes"),),  # the bytes a texture reference reads
 }
 # The client's page-locked memory shared with the worker (gpPinnedShare) each call names, as (address,
 # length) wire parameters: `CopyCalls._pinned_at`.

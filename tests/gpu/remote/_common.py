@@ -91,3 +91,22 @@ def loaded_libcuda() -> str:
             if name.startswith("libcuda.so") or "_libcuda_shim" in name:
                 return os.path.realpath(path)
     return "none"
+
+
+def saxpy_node(func, x, y, a: float, n: int, keep: list, params=None):
+    """A kernel node's parameters (CUDA_KERNEL_NODE_PARAMS, or `params` filled in) for saxpy over n floats,
+    256 threads a block; the argument buffers go in `keep`, which must outlive the node's creation."""
+    import ctypes
+
+    from cuda.bindings import driver
+
+    args = (ctypes.c_uint64(int(x)), ctypes.c_uint64(int(y)), ctypes.c_float(a), ctypes.c_uint32(n))
+    pointers = (ctypes.c_void_p * 4)(*[ctypes.addressof(v) for v in args])
+    keep.append((args, pointers))
+    params = params or driver.CUDA_KERNEL_NODE_PARAMS()
+    params.func = func
+    params.gridDimX, params.gridDimY, params.gridDimZ = (n + 255) // 256, 1, 1
+    params.blockDimX, params.blockDimY, params.blockDimZ = 256, 1, 1
+    params.sharedMemBytes = 0
+    params.kernelParams = ctypes.addressof(pointers)
+    return params

@@ -61,6 +61,85 @@ def launch(function, args, types):
     return cu.cuCtxSynchronize()[0].name
 
 
+def made(desc, what: str):
+    """The array, or None after printing the driver's answer (a GPU without sparse or deferred arrays)."""
+    result = cu.cuArray3DCreate(desc)
+    if result[0] != cu.CUresult.CUDA_SUCCESS:
+        print(what, result[0].name)
+        return None
+    return result[1]
+
+
+def rest_of_arrays() -> None:
+    """Issue 25's rest of arrays: an NV12 array's planes, sparse properties (of an array and a mipmapped
+    array), a deferred-mapping array's memory requirements, a sparse array's first tiles mapped to memory
+    of cuMemCreate and unmapped; the driver's answers where an array is not of the kind asked."""
+    desc = cu.CUDA_ARRAY3D_DESCRIPTOR()
+    desc.Width, desc.Height, desc.Depth = 64, 32, 0
+    desc.Format, desc.NumChannels = cu.CUarray_format.CU_AD_FORMAT_NV12, 3
+    nv12 = made(desc, "NV12 array")
+    if nv12 is not None:
+        planes = [ok(cu.cuArray3DGetDescriptor(ok(cu.cuArrayGetPlane(nv12, n)))) for n in (0, 1)]
+        print(
+            "NV12 planes", [(int(d.Width), int(d.Height), int(d.Format), int(d.NumChannels)) for d in planes]
+        )
+        print("plane 2", cu.cuArrayGetPlane(nv12, 2)[0].name)
+        ok(cu.cuArrayDestroy(nv12))
+    desc.Width, desc.Height = 512, 512
+    desc.Format, desc.NumChannels = cu.CUarray_format.CU_AD_FORMAT_FLOAT, 1
+    plain = ok(cu.cuArray3DCreate(desc))
+    print("plane of a float array", cu.cuArrayGetPlane(plain, 0)[0].name)
+    print("sparse properties of a plain array", cu.cuArrayGetSparseProperties(plain)[0].name)
+    desc.Flags = cu.CUDA_ARRAY3D_SPARSE
+    sparse = made(desc, "sparse array")
+    if sparse is not None:
+        props = ok(cu.cuArrayGetSparseProperties(sparse))
+        tile = props.tileExtent
+        print("sparse tile", int(tile.width), int(tile.height), int(tile.depth), int(props.miptailFirstLevel))
+        sparse_mipmap = ok(cu.cuMipmappedArrayCreate(desc, 4))
+        props = ok(cu.cuMipmappedArrayGetSparseProperties(sparse_mipmap))
+        print(
+            "sparse mipmap tile",
+            int(props.tileExtent.width),
+            int(props.miptailFirstLevel),
+            int(props.miptailSize),
+        )
+        ok(cu.cuMipmappedArrayDestroy(sparse_mipmap))
+        prop = cu.CUmemAllocationProp()
+        prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = 0
+        prop.allocFlags.usage = cu.CU_MEM_CREATE_USAGE_TILE_POOL  # memory for sparse arrays' tiles
+        memory = ok(cu.cuMemCreate(2 << 20, prop, 0))
+        for operation in (
+            cu.CUmemOperationType.CU_MEM_OPERATION_TYPE_MAP,
+            cu.CUmemOperationType.CU_MEM_OPERATION_TYPE_UNMAP,
+        ):
+            info = cu.CUarrayMapInfo()
+            info.resourceType = cu.CUresourcetype.CU_RESOURCE_TYPE_ARRAY
+            info.resource.array = sparse
+            info.subresourceType = (
+                cu.CUarraySparseSubresourceType.CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_SPARSE_LEVEL
+            )
+            level = info.subresource.sparseLevel
+            level.extentWidth, level.extentHeight, level.extentDepth = int(tile.width), int(tile.height), 1
+            info.memOperationType = operation
+            info.memHandleType = cu.CUmemHandleType.CU_MEM_HANDLE_TYPE_GENERIC
+            info.memHandle.memHandle = memory
+            info.deviceBitMask = 1
+            print("tiles", operation.name, cu.cuMemMapArrayAsync([info], 1, 0)[0].name)
+        ok(cu.cuStreamSynchronize(0))
+        ok(cu.cuArrayDestroy(sparse))
+        ok(cu.cuMemRelease(memory))
+    desc.Flags = cu.CUDA_ARRAY3D_DEFERRED_MAPPING
+    deferred = made(desc, "deferred-mapping array")
+    if deferred is not None:
+        reqs = ok(cu.cuArrayGetMemoryRequirements(deferred, 0))
+        print("deferred requirements cover it", int(reqs.size) >= 512 * 512 * 4, int(reqs.alignment) > 0)
+        ok(cu.cuArrayDestroy(deferred))
+    ok(cu.cuArrayDestroy(plain))
+
+
 def main() -> int:
     dev = Device(0)
     dev.set_current()
@@ -130,6 +209,8 @@ def main() -> int:
     mipmapped = ok(cu.cuMipmappedArrayCreate(desc, 4))
     levels = [ok(cu.cuArray3DGetDescriptor(ok(cu.cuMipmappedArrayGetLevel(mipmapped, n)))) for n in range(4)]
     print("mipmap levels", [(int(d.Width), int(d.Height)) for d in levels])
+
+    rest_of_arrays()
 
     ok(cu.cuTexObjectDestroy(texture))
     ok(cu.cuSurfObjectDestroy(surface))

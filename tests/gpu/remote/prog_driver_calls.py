@@ -10,6 +10,7 @@
 - an allocation handle retained at its mapped address and released, as NCCL frees its memory;
 - a pitched allocation set row by row and read back, the device found by its PCI bus id, a stream's
   priority attribute, a context-wide event;
+- a library's managed variable read by the host, scaled by a kernel, read again;
 - tensor maps (Hopper's TMA descriptors) encoded 32 times and re-pointed 32 times for memory of the
   lease: every one must succeed (the worker once encoded them in cuda.bindings' CUtensorMap, which is
   only 16-byte aligned, and the driver refused three in four).
@@ -22,6 +23,7 @@ would be refused natively as well.
 from __future__ import annotations
 
 import ctypes
+import struct
 import sys
 from collections import Counter
 
@@ -41,11 +43,13 @@ extern "C" __global__ void barrier(unsigned *arrived, unsigned *seen) {
     __syncthreads();
     seen[blockIdx.x * blockDim.x + threadIdx.x] = all;
 }
+__managed__ float managed_scale[4] = {1.0f, 2.0f, 3.0f, 4.0f};
 extern "C" __global__ void scale(float *x, float a, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= a;
 }
 """
+KEPT: list = []  # callbacks handed to the driver
 BLOCKS, THREADS = 8, 128  # few enough blocks to fit at once on any share of a GPU
 libcuda = ctypes.CDLL("libcuda.so.1")
 c_u64 = ctypes.c_uint64
@@ -83,6 +87,19 @@ def cooperative(module) -> None:
     too_many = per_sm * sms + 1
     err = cu.cuLaunchCooperativeKernel(barrier, too_many, 1, 1, THREADS, 1, 1, 0, 0, args)[0]
     print("one block more than fit at once", err.name, "| sync after:", cu.cuCtxSynchronize()[0].name)
+    # The deprecated multi-device launch, on this one device: CUDA_LAUNCH_PARAMS through ctypes (the
+    # function, dimensions, shared memory, stream, kernel parameters).
+    ok(cu.cuMemsetD32(arrived, 0, 1))
+    values = (c_u64(int(arrived)), c_u64(int(seen)))
+    pointers = (ctypes.c_void_p * 2)(*[ctypes.addressof(v) for v in values])
+    launch = struct.pack(
+        "<Q7I4xQQ", int(barrier), BLOCKS, 1, 1, THREADS, 1, 1, 0, 0, ctypes.addressof(pointers)
+    )
+    multi = libcuda.cuLaunchCooperativeKernelMultiDevice
+    multi.argtypes, multi.restype = (ctypes.c_char_p, ctypes.c_uint, ctypes.c_uint), ctypes.c_int
+    err = multi(launch, 1, 0)
+    print("cuLaunchCooperativeKernelMultiDevice", name(err), "sync", cu.cuCtxSynchronize()[0].name,
+          result() if err == 0 else "")  # fmt: skip
     ok(cu.cuMemFree(arrived))
     ok(cu.cuMemFree(seen))
 
@@ -221,6 +238,49 @@ def tensor_maps() -> None:
     ok(cu.cuMemFree(x))
 
 
+def library_managed(library, module) -> None:
+    """A library's managed variable (cuLibraryGetManaged): the host reads what the image put there, a kernel
+    scales it, the host reads the result after the synchronisation."""
+    result = cu.cuLibraryGetManaged(library, b"managed_scale")
+    print(
+        "managed variable", result[0].name, int(result[2]) if result[0] == cu.CUresult.CUDA_SUCCESS else None
+    )
+    if result[0] != cu.CUresult.CUDA_SUCCESS:
+        return
+    ptr = int(result[1])
+    values = (ctypes.c_float * 4).from_address(ptr)
+    print("host reads its first contents", list(values))
+    args = (c_u64(ptr), ctypes.c_float(10.0), ctypes.c_int(4))
+    pointers = (ctypes.c_void_p * 3)(*[ctypes.addressof(a) for a in args])
+    scale = ok(cu.cuModuleGetFunction(module, b"scale"))
+    ok(cu.cuLaunchKernel(scale, 1, 1, 1, 4, 1, 1, 0, 0, ctypes.addressof(pointers), 0))
+    ok(cu.cuCtxSynchronize())
+    print("host reads the kernel's result", list(values))
+
+
+def notifications_and_unified(library) -> None:
+    """An asynchronous-notification callback registered and unregistered (never called remotely: whether
+    the calls succeed goes to stderr); unified function pointers, which an x86 host's GPU does not offer
+    (the lease's devices answer 0: on a system with them the attribute differs, so it goes to stderr)."""
+    function = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(lambda *_: None)
+    KEPT.append(function)  # the driver may call it after this returns (natively), until the process ends
+    address = ctypes.cast(function, ctypes.c_void_p).value
+    callback = cu.CUasyncCallback(address) if hasattr(cu, "CUasyncCallback") else None
+    result = cu.cuDeviceRegisterAsyncNotification(0, callback, 0) if callback is not None else None
+    # On stderr (not compared): a driver may not offer notifications on every platform, the shim accepts them.
+    if result is None:
+        print("async notifications: not in these bindings", file=sys.stderr)
+    else:
+        print("async notification registered", result[0].name, file=sys.stderr)
+        if result[0] == cu.CUresult.CUDA_SUCCESS:
+            print(
+                "unregistered", cu.cuDeviceUnregisterAsyncNotification(0, result[1])[0].name, file=sys.stderr
+            )
+    unified = cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS, 0)
+    print("unified function pointers", unified, file=sys.stderr)
+    print("unified function", cu.cuLibraryGetUnifiedFunction(library, b"nothing")[0].name, file=sys.stderr)
+
+
 def main() -> int:
     dev = Device(0)
     dev.set_current()
@@ -239,6 +299,8 @@ def main() -> int:
     retained_handle()
     pitched_and_settings(ctx)
     tensor_maps()
+    notifications_and_unified(library)
+    library_managed(library, module)
     ok(cu.cuCtxSynchronize())
     return 0
 

@@ -15,7 +15,7 @@ import sys
 import tempfile
 
 import numpy as np
-from _common import PTX, loaded_libcuda, ok
+from _common import PTX, loaded_libcuda, ok, saxpy_node
 from cuda.bindings import driver as cu
 
 N = 4096
@@ -35,16 +35,7 @@ def main() -> int:
     recorder_address = ctypes.cast(recorder, ctypes.c_void_p).value
 
     def kernel(a, params=None):  # y += a x
-        args = (ctypes.c_uint64(int(x)), ctypes.c_uint64(int(y)), ctypes.c_float(a), ctypes.c_uint32(N))
-        pointers = (ctypes.c_void_p * 4)(*[ctypes.addressof(v) for v in args])
-        keep.append((args, pointers))
-        params = params or cu.CUDA_KERNEL_NODE_PARAMS()
-        params.func = saxpy
-        params.gridDimX, params.gridDimY, params.gridDimZ = (N + 255) // 256, 1, 1
-        params.blockDimX, params.blockDimY, params.blockDimZ = 256, 1, 1
-        params.sharedMemBytes = 0
-        params.kernelParams = ctypes.addressof(pointers)
-        return params
+        return saxpy_node(saxpy, x, y, a, N, keep, params)
 
     def memset(value, params=None):  # y = value, as 4-byte words
         params = params or cu.CUDA_MEMSET_NODE_PARAMS()

@@ -7,27 +7,13 @@ Runs unchanged on a local GPU or, under gpupool's libcuda.so.1, on a leased one;
 
 from __future__ import annotations
 
-import ctypes
 import sys
 
 import numpy as np
-from _common import PTX, loaded_libcuda, ok
+from _common import PTX, loaded_libcuda, ok, saxpy_node
 from cuda.bindings import driver as cu
 
 N = 4096
-
-
-def kernel_node(func, x, y, a, keep):
-    args = (ctypes.c_uint64(int(x)), ctypes.c_uint64(int(y)), ctypes.c_float(a), ctypes.c_uint32(N))
-    pointers = (ctypes.c_void_p * 4)(*[ctypes.addressof(v) for v in args])
-    keep.append((args, pointers))
-    params = cu.CUDA_KERNEL_NODE_PARAMS()
-    params.func = func
-    params.gridDimX, params.gridDimY, params.gridDimZ = (N + 255) // 256, 1, 1
-    params.blockDimX, params.blockDimY, params.blockDimZ = 256, 1, 1
-    params.sharedMemBytes = 0
-    params.kernelParams = ctypes.addressof(pointers)
-    return params
 
 
 def main() -> int:
@@ -41,11 +27,11 @@ def main() -> int:
     ok(cu.cuMemcpyHtoD(x, ones.ctypes.data, 4 * N))
     keep = []
     graph = ok(cu.cuGraphCreate(0))
-    late = ok(cu.cuGraphAddKernelNode(graph, None, 0, kernel_node(saxpy, x, y, 10.0, keep)))  # y += 10 x
+    late = ok(cu.cuGraphAddKernelNode(graph, None, 0, saxpy_node(saxpy, x, y, 10.0, N, keep)))  # y += 10 x
     memset = cu.CUDA_MEMSET_NODE_PARAMS()
     memset.dst, memset.pitch, memset.value, memset.elementSize, memset.width, memset.height = y, 0, 0, 4, N, 1
     zero = ok(cu.cuGraphAddMemsetNode(graph, None, 0, memset, ctx))
-    first = ok(cu.cuGraphAddKernelNode(graph, [zero], 1, kernel_node(saxpy, x, y, 2.0, keep)))  # y += 2 x
+    first = ok(cu.cuGraphAddKernelNode(graph, [zero], 1, saxpy_node(saxpy, x, y, 2.0, N, keep)))  # y += 2 x
     empty = ok(cu.cuGraphAddEmptyNode(graph, [first], 1))
     ok(cu.cuGraphAddDependencies(graph, [empty], [late], None, 1))
     graph_exec = ok(cu.cuGraphInstantiate(graph, 0))
@@ -54,7 +40,7 @@ def main() -> int:
     ok(cu.cuCtxSynchronize())
     ok(cu.cuMemcpyDtoH(out.ctypes.data, y, 4 * N))
     print("after one launch", out[:2].tolist(), float(out.sum()))  # 0, +2, +10
-    ok(cu.cuGraphExecKernelNodeSetParams(graph_exec, late, kernel_node(saxpy, x, y, 100.0, keep)))
+    ok(cu.cuGraphExecKernelNodeSetParams(graph_exec, late, saxpy_node(saxpy, x, y, 100.0, N, keep)))
     ok(cu.cuGraphLaunch(graph_exec, 0))
     ok(cu.cuCtxSynchronize())
     ok(cu.cuMemcpyDtoH(out.ctypes.data, y, 4 * N))

@@ -1,8 +1,10 @@
 """The legacy launch API (deprecated since CUDA 4.0; issue 25): a function's block shape, shared size and
 parameters set one by one (cuFuncSetBlockShape, cuFuncSetSharedSize, cuParamSetSize/i/f/v), launched by
 cuLaunchGrid, cuLaunchGridAsync and cuLaunch; its bad uses (a parameter past the size set, a launch
-before a block shape); cuCtxAttach / cuCtxDetach. What each call answers is printed, so the native run
-says what the driver answers and the remote run must say the same.
+before a block shape); cuCtxAttach / cuCtxDetach; texture references of a PTX module (`.texref`) bound to
+memory and to an array and read by a kernel, their settings read back, a surface reference bound.
+What each call answers is printed, so the native run says what the driver answers and the remote run
+must say the same.
 
 Runs unchanged on a local GPU or, under gpupool's libcuda.so.1, on a leased one; prints the same.
 """
@@ -34,6 +36,89 @@ for name, args in {
 }.items():
     getattr(lib, name).argtypes = args
     getattr(lib, name).restype = ctypes.c_int
+
+
+# A kernel reading a texture reference bound to linear memory (tex1Dfetch): out[i] = tex_in[i] * 3.
+TEXREF_PTX = r"""
+.version 7.8
+.target sm_75
+.address_size 64
+
+.global .texref tex_in;
+.global .surfref surf_out;
+
+.visible .entry fetch3(.param .u64 out, .param .u32 n)
+{
+    .reg .pred p;
+    .reg .b32 r<5>;
+    .reg .f32 f<6>;
+    .reg .b64 rd<4>;
+    ld.param.u64 rd1, [out];
+    ld.param.u32 r1, [n];
+    mov.u32 r2, %ctaid.x;
+    mov.u32 r3, %ntid.x;
+    mov.u32 r4, %tid.x;
+    mad.lo.s32 r2, r2, r3, r4;
+    setp.ge.u32 p, r2, r1;
+    @p bra DONE;
+    tex.1d.v4.f32.s32 {f1, f2, f3, f4}, [tex_in, {r2}];
+    mul.f32 f5, f1, 0f40400000;
+    cvta.to.global.u64 rd2, rd1;
+    mul.wide.u32 rd3, r2, 4;
+    add.s64 rd2, rd2, rd3;
+    st.global.f32 [rd2], f5;
+DONE:
+    ret;
+}
+"""
+
+
+def texture_references(n: int) -> None:
+    """Issue 25's legacy texture and surface references, each call's answer printed."""
+    result = cu.cuModuleLoadData(TEXREF_PTX.encode())
+    print("module with texture references", result[0].name)
+    if result[0] != cu.CUresult.CUDA_SUCCESS:
+        return
+    module = result[1]
+    tex = ok(cu.cuModuleGetTexRef(module, b"tex_in"))
+    print("unknown reference", cu.cuModuleGetTexRef(module, b"nothing")[0].name)
+    values, out = int(ok(cu.cuMemAlloc(4 * n))), int(ok(cu.cuMemAlloc(4 * n)))
+    ok(cu.cuMemcpyHtoD(values, np.arange(n, dtype=np.float32).ctypes.data, 4 * n))
+    print("format", cu.cuTexRefSetFormat(tex, cu.CUarray_format.CU_AD_FORMAT_FLOAT, 1)[0].name)
+    print("bound to memory, offset", cu.cuTexRefSetAddress(tex, values, 4 * n))
+    print("address read back", int(ok(cu.cuTexRefGetAddress(tex))) == values)
+    fetch3 = ok(cu.cuModuleGetFunction(module, b"fetch3"))
+    args = (U64(out), U32(n))
+    pointers = (ctypes.c_void_p * 2)(*[ctypes.addressof(v) for v in args])
+    launched = cu.cuLaunchKernel(
+        fetch3, (n + 127) // 128, 1, 1, 128, 1, 1, 0, 0, ctypes.addressof(pointers), 0
+    )
+    print("kernel through the reference", launched[0].name, cu.cuCtxSynchronize()[0].name)
+    got = np.empty(n, dtype=np.float32)
+    ok(cu.cuMemcpyDtoH(got.ctypes.data, out, 4 * n))
+    print("out = 3 x:", bool(np.array_equal(got, 3 * np.arange(n, dtype=np.float32))), got[:3])
+    print("address mode", cu.cuTexRefSetAddressMode(tex, 0, cu.CUaddress_mode.CU_TR_ADDRESS_MODE_CLAMP)[0].name,
+          cu.cuTexRefGetAddressMode(tex, 0))  # fmt: skip
+    print("filter", cu.cuTexRefSetFilterMode(tex, cu.CUfilter_mode.CU_TR_FILTER_MODE_POINT)[0].name,
+          cu.cuTexRefGetFilterMode(tex))  # fmt: skip
+    print("flags", cu.cuTexRefSetFlags(tex, 1)[0].name, cu.cuTexRefGetFlags(tex))  # CU_TRSA_READ_AS_INTEGER
+    print("format read back", cu.cuTexRefGetFormat(tex))
+    print("max anisotropy", cu.cuTexRefSetMaxAnisotropy(tex, 4)[0].name, cu.cuTexRefGetMaxAnisotropy(tex))
+    desc = cu.CUDA_ARRAY3D_DESCRIPTOR()
+    desc.Width, desc.Height, desc.Format, desc.NumChannels = 64, 16, cu.CUarray_format.CU_AD_FORMAT_FLOAT, 1
+    desc.Flags = cu.CUDA_ARRAY3D_SURFACE_LDST
+    array = ok(cu.cuArray3DCreate(desc))
+    print("bound to an array", cu.cuTexRefSetArray(tex, array, 1)[0].name,
+          int(ok(cu.cuTexRefGetArray(tex))) == int(array))  # fmt: skip
+    surf = cu.cuModuleGetSurfRef(module, b"surf_out")
+    print("surface reference", surf[0].name)
+    if surf[0] == cu.CUresult.CUDA_SUCCESS:
+        print("surface bound", cu.cuSurfRefSetArray(surf[1], array, 0)[0].name,
+              int(ok(cu.cuSurfRefGetArray(surf[1]))) == int(array))  # fmt: skip
+    ok(cu.cuModuleUnload(module))
+    ok(cu.cuArrayDestroy(array))
+    for ptr in (values, out):
+        ok(cu.cuMemFree(ptr))
 
 
 def set_saxpy(f: int, x: int, y: int, a: float, n: int) -> list[int]:
@@ -93,6 +178,7 @@ def main() -> int:
     ok(cu.cuCtxSynchronize())
     ok(cu.cuMemFree(x))
     ok(cu.cuMemFree(y))
+    texture_references(n)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Issue 25's memory calls through cuda.bindings: advice and prefetches over managed memory read back by
 cuMemRangeGetAttribute(s), managed memory attached to a stream, a pointer's SYNC_MEMOPS, a device's
 current pool, a flush of GPUDirect RDMA writes, a 3D copy between contexts, a batch of stream memory
-operations, and (with a CUDA 13 driver) a copy with attributes and batched prefetch and discard.
+operations (on a stream and as a graph's node), and (with a CUDA 13 driver) a copy with attributes and batched prefetch and discard.
 
 Runs unchanged on a local GPU or, under gpupool's libcuda.so.1, on a leased one; prints the same. Each
 step prints the driver's result name, so a refusal shows as a difference rather than a stop.
@@ -10,6 +10,7 @@ step prints the driver's result name, so a refusal shows as a difference rather 
 from __future__ import annotations
 
 import ctypes
+import struct
 import sys
 
 from _common import loaded_libcuda, ok
@@ -166,6 +167,40 @@ def copies_and_stream_operations(ctx, stream, cuda13: bool) -> None:
     ok(driver.cuMemcpyDtoH(words, at, 16))
     print("written", int.from_bytes(words[:4], "little"), int.from_bytes(words[8:], "little"))
 
+    # The same operations as a graph's batch memory-operation node: launched, read back, set anew.
+    ok(driver.cuMemsetD8(at, 0, 16))
+    params = driver.CUDA_BATCH_MEM_OP_NODE_PARAMS()
+    params.ctx, params.count, params.paramArray, params.flags = ctx, 3, [write32, write64, barrier], 0
+    graph = ok(driver.cuGraphCreate(0))
+    result = driver.cuGraphAddBatchMemOpNode(graph, None, 0, params)
+    print("batch memory-operation node", name(result))
+    if result[0] == driver.CUresult.CUDA_SUCCESS:
+        node = result[1]
+        graph_exec = ok(driver.cuGraphInstantiate(graph, 0))
+        ok(driver.cuGraphLaunch(graph_exec, stream))
+        ok(driver.cuStreamSynchronize(stream))
+        ok(driver.cuMemcpyDtoH(words, at, 16))
+        print("node wrote", int.from_bytes(words[:4], "little"), int.from_bytes(words[8:], "little"))
+        back = ok(driver.cuGraphBatchMemOpNodeGetParams(node))
+        # The operations from the C structure the driver filled (cuda.bindings lists only its own).
+        count, ops_at = struct.unpack_from("<I4xQ", ctypes.string_at(back.getPtr(), 32), 8)
+        ops = [
+            struct.unpack_from("<I4xQQ", ctypes.string_at(ops_at, 48 * count), 48 * i) for i in range(count)
+        ]
+        print("node read back", count, [op[0] for op in ops], [op[2] for op in ops[:1]])
+        write32.writeValue.value = 9
+        params.count, params.paramArray = 1, [write32]
+        print(
+            "set in the instance", name(driver.cuGraphExecBatchMemOpNodeSetParams(graph_exec, node, params))
+        )
+        ok(driver.cuGraphLaunch(graph_exec, stream))
+        ok(driver.cuStreamSynchronize(stream))
+        ok(driver.cuMemcpyDtoH(words, at, 4))
+        print("instance wrote", int.from_bytes(words[:4], "little"))
+        ok(driver.cuGraphExecDestroy(graph_exec))
+    ok(driver.cuGraphDestroy(graph))
+    decompression(stream)
+
     if cuda13:
         attrs = driver.CUmemcpyAttributes()
         attrs.srcAccessOrder = driver.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
@@ -181,6 +216,47 @@ def copies_and_stream_operations(ctx, stream, cuda13: bool) -> None:
         ok(driver.cuMemcpyDtoH(again, buf + 393216, len(data)))
         print("copied with attributes", bytes(again) == data)
     ok(driver.cuMemFree(buf))
+
+
+def decompression(stream) -> None:
+    """cuMemBatchDecompressAsync of DEFLATE data (the copy engines' decompressor: GPUs without one answer
+    CUDA_ERROR_NOT_SUPPORTED, the same through the lease)."""
+    import zlib
+
+    if not hasattr(driver, "cuMemBatchDecompressAsync"):
+        print("decompression: not in these bindings")
+        return
+    mask = driver.cuDeviceGetAttribute(
+        driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK, 0
+    )
+    print(
+        "decompression algorithms", name(mask), mask[1] if mask[0] == driver.CUresult.CUDA_SUCCESS else None
+    )
+    data = bytes(range(256)) * 16
+    packer = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    packed = packer.compress(data) + packer.flush()
+    src, dst, actual = (int(ok(driver.cuMemAlloc(size))) for size in (len(packed), len(data), 4))
+    ok(driver.cuMemcpyHtoD(src, packed, len(packed)))
+    raw = bytearray(64)
+    ctypes.memmove(
+        (ctypes.c_char * 64).from_buffer(raw),
+        (ctypes.c_uint64 * 5)(len(packed), len(data), actual, src, dst),
+        40,
+    )
+    raw[40:44] = int(driver.CUmemDecompressAlgorithm.CU_MEM_DECOMPRESS_ALGORITHM_DEFLATE).to_bytes(
+        4, "little"
+    )
+    params = driver.CUmemDecompressParams()
+    ctypes.memmove(params.getPtr(), bytes(raw), 64)
+    result = driver.cuMemBatchDecompressAsync(params, 1, 0, stream)
+    print("decompress", name(result))
+    if result[0] == driver.CUresult.CUDA_SUCCESS:
+        ok(driver.cuStreamSynchronize(stream))
+        back = bytearray(len(data))
+        ok(driver.cuMemcpyDtoH(back, dst, len(data)))
+        print("decompressed", bytes(back) == data)
+    for ptr in (src, dst, actual):
+        ok(driver.cuMemFree(ptr))
 
 
 def main() -> int:

@@ -84,6 +84,8 @@ PROGRAMS = [
     "prog_green_contexts.py",  # issue 25: SM resources split, a green context with a stream, event, launch
     "prog_memory_calls.py",  # issue 25: range attributes of managed memory, current pool, batched stream memory ops
     "prog_legacy.py",  # issue 25: the legacy launch API (cuParamSet*, cuLaunchGrid), cuCtxAttach/cuCtxDetach
+    "prog_graph_memory.py",  # issue 25: graph memory nodes (allocation, free), read back, attributes, trim
+    "prog_multicast.py",  # issue 25: a multicast object bound, mapped and written through (NOT_SUPPORTED w/o NVLS)
 ]
 results: list[dict] = []
 

@@ -588,6 +588,48 @@ GP_EXPORT CUresult cuMemRetainAllocationHandle(uint64_t *handle, uint64_t addr) 
     return r;
 }
 
+GP_EXPORT CUresult cuMulticastAddDevice(uint64_t mc, int32_t dev) {
+    GP_TRACE("cuMulticastAddDevice");
+    struct gp_in_cuMulticastAddDevice in = { .mc = mc, .dev = dev };
+    CUresult r = gp_call(GP_CALL_cuMulticastAddDevice, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuMulticastBindMem(uint64_t mc, uint64_t mc_offset, uint64_t memory, uint64_t mem_offset, uint64_t size, uint64_t flags) {
+    GP_TRACE("cuMulticastBindMem");
+    struct gp_in_cuMulticastBindMem in = { .mc = mc, .mc_offset = mc_offset, .memory = memory, .mem_offset = mem_offset, .size = size, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuMulticastBindMem, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuMulticastBindAddr(uint64_t mc, uint64_t mc_offset, uint64_t ptr, uint64_t size, uint64_t flags) {
+    GP_TRACE("cuMulticastBindAddr");
+    struct gp_in_cuMulticastBindAddr in = { .mc = mc, .mc_offset = mc_offset, .ptr = ptr, .size = size, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuMulticastBindAddr, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuMulticastUnbind(uint64_t mc, int32_t dev, uint64_t mc_offset, uint64_t size) {
+    GP_TRACE("cuMulticastUnbind");
+    struct gp_in_cuMulticastUnbind in = { .mc = mc, .dev = dev, .mc_offset = mc_offset, .size = size };
+    CUresult r = gp_call(GP_CALL_cuMulticastUnbind, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuMulticastBindMem_v2(uint64_t mc, int32_t dev, uint64_t mc_offset, uint64_t memory, uint64_t mem_offset, uint64_t size, uint64_t flags) {
+    GP_TRACE("cuMulticastBindMem_v2");
+    struct gp_in_cuMulticastBindMem_v2 in = { .mc = mc, .dev = dev, .mc_offset = mc_offset, .memory = memory, .mem_offset = mem_offset, .size = size, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuMulticastBindMem_v2, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuMulticastBindAddr_v2(uint64_t mc, int32_t dev, uint64_t mc_offset, uint64_t ptr, uint64_t size, uint64_t flags) {
+    GP_TRACE("cuMulticastBindAddr_v2");
+    struct gp_in_cuMulticastBindAddr_v2 in = { .mc = mc, .dev = dev, .mc_offset = mc_offset, .ptr = ptr, .size = size, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuMulticastBindAddr_v2, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
 GP_EXPORT CUresult cuMemcpyDtoD_v2(uint64_t dst, uint64_t src, uint64_t count) {
     GP_TRACE("cuMemcpyDtoD_v2");
     gp_pinned_touch(dst);
@@ -650,6 +692,18 @@ GP_EXPORT CUresult cuMipmappedArrayDestroy(uint64_t handle) {
     return r;
 }
 
+GP_EXPORT CUresult cuArrayGetPlane(uint64_t *plane, uint64_t array, uint32_t index) {
+    GP_TRACE("cuArrayGetPlane");
+    if (!plane) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuArrayGetPlane in = { .array = array, .index = index };
+    struct gp_out_cuArrayGetPlane out;
+    CUresult r = gp_call(GP_CALL_cuArrayGetPlane, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *plane = (uint64_t)out.plane;
+    }
+    return r;
+}
+
 GP_EXPORT CUresult cuTexObjectDestroy(uint64_t tex) {
     GP_TRACE("cuTexObjectDestroy");
     struct gp_in_cuTexObjectDestroy in = { .tex = tex };
@@ -661,6 +715,294 @@ GP_EXPORT CUresult cuSurfObjectDestroy(uint64_t surf) {
     GP_TRACE("cuSurfObjectDestroy");
     struct gp_in_cuSurfObjectDestroy in = { .surf = surf };
     CUresult r = gp_call(GP_CALL_cuSurfObjectDestroy, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuModuleGetTexRef(uint64_t *tex, uint64_t module, const char *name) {
+    GP_TRACE("cuModuleGetTexRef");
+    if (!tex) return CUDA_ERROR_INVALID_VALUE;
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuModuleGetTexRef in = { .module = module };
+    struct gp_out_cuModuleGetTexRef out;
+    CUresult r = gp_call(GP_CALL_cuModuleGetTexRef, GP_FLAG_WANTS_REPLY, &in, sizeof in, name, strlen(name) + 1, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *tex = (uint64_t)out.tex;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuModuleGetSurfRef(uint64_t *surf, uint64_t module, const char *name) {
+    GP_TRACE("cuModuleGetSurfRef");
+    if (!surf) return CUDA_ERROR_INVALID_VALUE;
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuModuleGetSurfRef in = { .module = module };
+    struct gp_out_cuModuleGetSurfRef out;
+    CUresult r = gp_call(GP_CALL_cuModuleGetSurfRef, GP_FLAG_WANTS_REPLY, &in, sizeof in, name, strlen(name) + 1, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *surf = (uint64_t)out.surf;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefCreate(uint64_t *tex) {
+    GP_TRACE("cuTexRefCreate");
+    if (!tex) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_out_cuTexRefCreate out;
+    CUresult r = gp_call(GP_CALL_cuTexRefCreate, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *tex = (uint64_t)out.tex;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefDestroy(uint64_t tex) {
+    GP_TRACE("cuTexRefDestroy");
+    struct gp_in_cuTexRefDestroy in = { .tex = tex };
+    CUresult r = gp_call(GP_CALL_cuTexRefDestroy, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefSetArray(uint64_t tex, uint64_t array, uint32_t flags) {
+    GP_TRACE("cuTexRefSetArray");
+    struct gp_in_cuTexRefSetArray in = { .tex = tex, .array = array, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuTexRefSetArray, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefSetMipmappedArray(uint64_t tex, uint64_t mipmap, uint32_t flags) {
+    GP_TRACE("cuTexRefSetMipmappedArray");
+    struct gp_in_cuTexRefSetMipmappedArray in = { .tex = tex, .mipmap = mipmap, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuTexRefSetMipmappedArray, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefSetAddress_v2(uint64_t *offset, uint64_t tex, uint64_t ptr, uint64_t bytes) {
+    GP_TRACE("cuTexRefSetAddress_v2");
+    if (!offset) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefSetAddress_v2 in = { .tex = tex, .ptr = ptr, .bytes = bytes };
+    struct gp_out_cuTexRefSetAddress_v2 out;
+    CUresult r = gp_call(GP_CALL_cuTexRefSetAddress_v2, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *offset = (uint64_t)out.offset;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefSetFormat(uint64_t tex, int32_t format, int32_t components) {
+    GP_TRACE("cuTexRefSetFormat");
+    struct gp_in_cuTexRefSetFormat in = { .tex = tex, .format = format, .components = components };
+    CUresult r = gp_call(GP_CALL_cuTexRefSetFormat, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefSetAddressMode(uint64_t tex, int32_t dim, int32_t mode) {
+    GP_TRACE("cuTexRefSetAddressMode");
+    struct gp_in_cuTexRefSetAddressMode in = { .tex = tex, .dim = dim, .mode = mode };
+    CUresult r = gp_call(GP_CALL_cuTexRefSetAddressMode, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefSetFilterMode(uint64_t tex, int32_t mode) {
+    GP_TRACE("cuTexRefSetFilterMode");
+    struct gp_in_cuTexRefSetFilterMode in = { .tex = tex, .mode = mode };
+    CUresult r = gp_call(GP_CALL_cuTexRefSetFilterMode, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefSetMipmapFilterMode(uint64_t tex, int32_t mode) {
+    GP_TRACE("cuTexRefSetMipmapFilterMode");
+    struct gp_in_cuTexRefSetMipmapFilterMode in = { .tex = tex, .mode = mode };
+    CUresult r = gp_call(GP_CALL_cuTexRefSetMipmapFilterMode, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefSetMipmapLevelBias(uint64_t tex, float bias) {
+    GP_TRACE("cuTexRefSetMipmapLevelBias");
+    struct gp_in_cuTexRefSetMipmapLevelBias in = { .tex = tex, .bias = bias };
+    CUresult r = gp_call(GP_CALL_cuTexRefSetMipmapLevelBias, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefSetMipmapLevelClamp(uint64_t tex, float min_clamp, float max_clamp) {
+    GP_TRACE("cuTexRefSetMipmapLevelClamp");
+    struct gp_in_cuTexRefSetMipmapLevelClamp in = { .tex = tex, .min_clamp = min_clamp, .max_clamp = max_clamp };
+    CUresult r = gp_call(GP_CALL_cuTexRefSetMipmapLevelClamp, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefSetMaxAnisotropy(uint64_t tex, uint32_t max_aniso) {
+    GP_TRACE("cuTexRefSetMaxAnisotropy");
+    struct gp_in_cuTexRefSetMaxAnisotropy in = { .tex = tex, .max_aniso = max_aniso };
+    CUresult r = gp_call(GP_CALL_cuTexRefSetMaxAnisotropy, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefSetFlags(uint64_t tex, uint32_t flags) {
+    GP_TRACE("cuTexRefSetFlags");
+    struct gp_in_cuTexRefSetFlags in = { .tex = tex, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuTexRefSetFlags, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefGetAddress_v2(uint64_t *ptr, uint64_t tex) {
+    GP_TRACE("cuTexRefGetAddress_v2");
+    if (!ptr) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetAddress_v2 in = { .tex = tex };
+    struct gp_out_cuTexRefGetAddress_v2 out;
+    CUresult r = gp_call(GP_CALL_cuTexRefGetAddress_v2, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *ptr = (uint64_t)out.ptr;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefGetArray(uint64_t *array, uint64_t tex) {
+    GP_TRACE("cuTexRefGetArray");
+    if (!array) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetArray in = { .tex = tex };
+    struct gp_out_cuTexRefGetArray out;
+    CUresult r = gp_call(GP_CALL_cuTexRefGetArray, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *array = (uint64_t)out.array;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefGetMipmappedArray(uint64_t *mipmap, uint64_t tex) {
+    GP_TRACE("cuTexRefGetMipmappedArray");
+    if (!mipmap) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetMipmappedArray in = { .tex = tex };
+    struct gp_out_cuTexRefGetMipmappedArray out;
+    CUresult r = gp_call(GP_CALL_cuTexRefGetMipmappedArray, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *mipmap = (uint64_t)out.mipmap;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefGetAddressMode(int32_t *mode, uint64_t tex, int32_t dim) {
+    GP_TRACE("cuTexRefGetAddressMode");
+    if (!mode) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetAddressMode in = { .tex = tex, .dim = dim };
+    struct gp_out_cuTexRefGetAddressMode out;
+    CUresult r = gp_call(GP_CALL_cuTexRefGetAddressMode, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *mode = (int32_t)out.mode;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefGetFilterMode(int32_t *mode, uint64_t tex) {
+    GP_TRACE("cuTexRefGetFilterMode");
+    if (!mode) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetFilterMode in = { .tex = tex };
+    struct gp_out_cuTexRefGetFilterMode out;
+    CUresult r = gp_call(GP_CALL_cuTexRefGetFilterMode, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *mode = (int32_t)out.mode;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefGetFormat(int32_t *format, int32_t *channels, uint64_t tex) {
+    GP_TRACE("cuTexRefGetFormat");
+    if (!format) return CUDA_ERROR_INVALID_VALUE;
+    if (!channels) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetFormat in = { .tex = tex };
+    struct gp_out_cuTexRefGetFormat out;
+    CUresult r = gp_call(GP_CALL_cuTexRefGetFormat, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *format = (int32_t)out.format;
+        *channels = (int32_t)out.channels;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefGetMipmapFilterMode(int32_t *mode, uint64_t tex) {
+    GP_TRACE("cuTexRefGetMipmapFilterMode");
+    if (!mode) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetMipmapFilterMode in = { .tex = tex };
+    struct gp_out_cuTexRefGetMipmapFilterMode out;
+    CUresult r = gp_call(GP_CALL_cuTexRefGetMipmapFilterMode, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *mode = (int32_t)out.mode;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefGetMipmapLevelBias(float *bias, uint64_t tex) {
+    GP_TRACE("cuTexRefGetMipmapLevelBias");
+    if (!bias) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetMipmapLevelBias in = { .tex = tex };
+    struct gp_out_cuTexRefGetMipmapLevelBias out;
+    CUresult r = gp_call(GP_CALL_cuTexRefGetMipmapLevelBias, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *bias = (float)out.bias;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefGetMipmapLevelClamp(float *min_clamp, float *max_clamp, uint64_t tex) {
+    GP_TRACE("cuTexRefGetMipmapLevelClamp");
+    if (!min_clamp) return CUDA_ERROR_INVALID_VALUE;
+    if (!max_clamp) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetMipmapLevelClamp in = { .tex = tex };
+    struct gp_out_cuTexRefGetMipmapLevelClamp out;
+    CUresult r = gp_call(GP_CALL_cuTexRefGetMipmapLevelClamp, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *min_clamp = (float)out.min_clamp;
+        *max_clamp = (float)out.max_clamp;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefGetMaxAnisotropy(int32_t *max_aniso, uint64_t tex) {
+    GP_TRACE("cuTexRefGetMaxAnisotropy");
+    if (!max_aniso) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetMaxAnisotropy in = { .tex = tex };
+    struct gp_out_cuTexRefGetMaxAnisotropy out;
+    CUresult r = gp_call(GP_CALL_cuTexRefGetMaxAnisotropy, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *max_aniso = (int32_t)out.max_aniso;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuTexRefGetFlags(uint32_t *flags, uint64_t tex) {
+    GP_TRACE("cuTexRefGetFlags");
+    if (!flags) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetFlags in = { .tex = tex };
+    struct gp_out_cuTexRefGetFlags out;
+    CUresult r = gp_call(GP_CALL_cuTexRefGetFlags, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *flags = (uint32_t)out.flags;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuSurfRefSetArray(uint64_t surf, uint64_t array, uint32_t flags) {
+    GP_TRACE("cuSurfRefSetArray");
+    struct gp_in_cuSurfRefSetArray in = { .surf = surf, .array = array, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuSurfRefSetArray, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuSurfRefGetArray(uint64_t *array, uint64_t surf) {
+    GP_TRACE("cuSurfRefGetArray");
+    if (!array) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuSurfRefGetArray in = { .surf = surf };
+    struct gp_out_cuSurfRefGetArray out;
+    CUresult r = gp_call(GP_CALL_cuSurfRefGetArray, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *array = (uint64_t)out.array;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuParamSetTexRef(uint64_t func, int32_t texunit, uint64_t tex) {
+    GP_TRACE("cuParamSetTexRef");
+    struct gp_in_cuParamSetTexRef in = { .func = func, .texunit = texunit, .tex = tex };
+    CUresult r = gp_call(GP_CALL_cuParamSetTexRef, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
     return r;
 }
 
@@ -1408,6 +1750,37 @@ GP_EXPORT CUresult cuGraphNodeGetType(uint64_t node, int32_t *type) {
     return r;
 }
 
+GP_EXPORT CUresult cuGraphMemFreeNodeGetParams(uint64_t node, uint64_t *dptr) {
+    GP_TRACE("cuGraphMemFreeNodeGetParams");
+    if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphMemFreeNodeGetParams in = { .node = node };
+    struct gp_out_cuGraphMemFreeNodeGetParams out;
+    CUresult r = gp_call(GP_CALL_cuGraphMemFreeNodeGetParams, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *dptr = (uint64_t)out.dptr;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuDeviceGraphMemTrim(int32_t dev) {
+    GP_TRACE("cuDeviceGraphMemTrim");
+    struct gp_in_cuDeviceGraphMemTrim in = { .dev = dev };
+    CUresult r = gp_call(GP_CALL_cuDeviceGraphMemTrim, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuDeviceGetGraphMemAttribute(int32_t dev, int32_t attr, uint64_t *value) {
+    GP_TRACE("cuDeviceGetGraphMemAttribute");
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuDeviceGetGraphMemAttribute in = { .dev = dev, .attr = attr };
+    struct gp_out_cuDeviceGetGraphMemAttribute out;
+    CUresult r = gp_call(GP_CALL_cuDeviceGetGraphMemAttribute, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *value = (uint64_t)out.value;
+    }
+    return r;
+}
+
 GP_EXPORT CUresult cuGraphKernelNodeCopyAttributes(uint64_t dst, uint64_t src) {
     GP_TRACE("cuGraphKernelNodeCopyAttributes");
     struct gp_in_cuGraphKernelNodeCopyAttributes in = { .dst = dst, .src = src };
@@ -1592,9 +1965,11 @@ GP_EXPORT CUresult cuLaunchKernelEx_ptsz(void *config, uint64_t f, void *params,
 GP_EXPORT CUresult cuLaunchKernel_ptsz(uint64_t f, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t bx, uint32_t by, uint32_t bz, uint32_t smem, uint64_t stream, void *params, void *extra) { return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra); }
 GP_EXPORT CUresult cuMemAllocAsync_ptsz(uint64_t *dptr, uint64_t bytesize, uint64_t stream) { return cuMemAllocAsync(dptr, bytesize, stream); }
 GP_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(uint64_t *dptr, uint64_t bytesize, uint64_t pool, uint64_t stream) { return cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream); }
+GP_EXPORT CUresult cuMemBatchDecompressAsync_ptsz(void *params, uint64_t count, uint32_t flags, void *error_index, uint64_t stream) { return cuMemBatchDecompressAsync(params, count, flags, error_index, stream); }
 GP_EXPORT CUresult cuMemDiscardAndPrefetchBatchAsync_ptsz(void *dptrs, void *sizes, uint64_t count, void *locations, void *location_idxs, uint64_t num_locations, uint64_t flags, uint64_t stream) { return cuMemDiscardAndPrefetchBatchAsync(dptrs, sizes, count, locations, location_idxs, num_locations, flags, stream); }
 GP_EXPORT CUresult cuMemDiscardBatchAsync_ptsz(void *dptrs, void *sizes, uint64_t count, uint64_t flags, uint64_t stream) { return cuMemDiscardBatchAsync(dptrs, sizes, count, flags, stream); }
 GP_EXPORT CUresult cuMemFreeAsync_ptsz(uint64_t dptr, uint64_t stream) { return cuMemFreeAsync(dptr, stream); }
+GP_EXPORT CUresult cuMemMapArrayAsync_ptsz(void *infos, uint32_t count, uint64_t stream) { return cuMemMapArrayAsync(infos, count, stream); }
 GP_EXPORT CUresult cuMemPrefetchAsync_ptsz(uint64_t dptr, uint64_t count, int32_t device, uint64_t stream) { return cuMemPrefetchAsync(dptr, count, device, stream); }
 GP_EXPORT CUresult cuMemPrefetchAsync_v2_ptsz(uint64_t dptr, uint64_t count, uint64_t location, uint32_t flags, uint64_t stream) { return cuMemPrefetchAsync_v2(dptr, count, location, flags, stream); }
 GP_EXPORT CUresult cuMemPrefetchBatchAsync_ptsz(void *dptrs, void *sizes, uint64_t count, void *locations, void *location_idxs, uint64_t num_locations, uint64_t flags, uint64_t stream) { return cuMemPrefetchBatchAsync(dptrs, sizes, count, locations, location_idxs, num_locations, flags, stream); }
@@ -1676,9 +2051,6 @@ GP_EXPORT CUresult cuArray3DCreate(void) { return gp_unforwarded("cuArray3DCreat
 GP_EXPORT CUresult cuArray3DGetDescriptor(void) { return gp_unforwarded("cuArray3DGetDescriptor"); }
 GP_EXPORT CUresult cuArrayCreate(void) { return gp_unforwarded("cuArrayCreate"); }
 GP_EXPORT CUresult cuArrayGetDescriptor(void) { return gp_unforwarded("cuArrayGetDescriptor"); }
-GP_EXPORT CUresult cuArrayGetMemoryRequirements(void) { return gp_unforwarded("cuArrayGetMemoryRequirements"); }
-GP_EXPORT CUresult cuArrayGetPlane(void) { return gp_unforwarded("cuArrayGetPlane"); }
-GP_EXPORT CUresult cuArrayGetSparseProperties(void) { return gp_unforwarded("cuArrayGetSparseProperties"); }
 GP_EXPORT CUresult cuCheckpointProcessCheckpoint(void) { return gp_unforwarded("cuCheckpointProcessCheckpoint"); }
 GP_EXPORT CUresult cuCheckpointProcessGetRestoreThreadId(void) { return gp_unforwarded("cuCheckpointProcessGetRestoreThreadId"); }
 GP_EXPORT CUresult cuCheckpointProcessGetState(void) { return gp_unforwarded("cuCheckpointProcessGetState"); }
@@ -1695,14 +2067,9 @@ GP_EXPORT CUresult cuCtxPopCurrent(void) { return gp_unforwarded("cuCtxPopCurren
 GP_EXPORT CUresult cuCtxPushCurrent(void) { return gp_unforwarded("cuCtxPushCurrent"); }
 GP_EXPORT CUresult cuDestroyExternalMemory(void) { return gp_unforwarded("cuDestroyExternalMemory"); }
 GP_EXPORT CUresult cuDestroyExternalSemaphore(void) { return gp_unforwarded("cuDestroyExternalSemaphore"); }
-GP_EXPORT CUresult cuDeviceGetGraphMemAttribute(void) { return gp_unforwarded("cuDeviceGetGraphMemAttribute"); }
 GP_EXPORT CUresult cuDeviceGetLuid(void) { return gp_unforwarded("cuDeviceGetLuid"); }
 GP_EXPORT CUresult cuDeviceGetNvSciSyncAttributes(void) { return gp_unforwarded("cuDeviceGetNvSciSyncAttributes"); }
-GP_EXPORT CUresult cuDeviceGraphMemTrim(void) { return gp_unforwarded("cuDeviceGraphMemTrim"); }
-GP_EXPORT CUresult cuDeviceRegisterAsyncNotification(void) { return gp_unforwarded("cuDeviceRegisterAsyncNotification"); }
-GP_EXPORT CUresult cuDeviceSetGraphMemAttribute(void) { return gp_unforwarded("cuDeviceSetGraphMemAttribute"); }
 GP_EXPORT CUresult cuDeviceTotalMem(void) { return gp_unforwarded("cuDeviceTotalMem"); }
-GP_EXPORT CUresult cuDeviceUnregisterAsyncNotification(void) { return gp_unforwarded("cuDeviceUnregisterAsyncNotification"); }
 GP_EXPORT CUresult cuEGLApiInit(void) { return gp_unforwarded("cuEGLApiInit"); }
 GP_EXPORT CUresult cuEGLStreamConsumerAcquireFrame(void) { return gp_unforwarded("cuEGLStreamConsumerAcquireFrame"); }
 GP_EXPORT CUresult cuEGLStreamConsumerConnect(void) { return gp_unforwarded("cuEGLStreamConsumerConnect"); }
@@ -1732,15 +2099,9 @@ GP_EXPORT CUresult cuGLSetBufferObjectMapFlags(void) { return gp_unforwarded("cu
 GP_EXPORT CUresult cuGLUnmapBufferObject(void) { return gp_unforwarded("cuGLUnmapBufferObject"); }
 GP_EXPORT CUresult cuGLUnmapBufferObjectAsync(void) { return gp_unforwarded("cuGLUnmapBufferObjectAsync"); }
 GP_EXPORT CUresult cuGLUnregisterBufferObject(void) { return gp_unforwarded("cuGLUnregisterBufferObject"); }
-GP_EXPORT CUresult cuGraphAddBatchMemOpNode(void) { return gp_unforwarded("cuGraphAddBatchMemOpNode"); }
 GP_EXPORT CUresult cuGraphAddExternalSemaphoresSignalNode(void) { return gp_unforwarded("cuGraphAddExternalSemaphoresSignalNode"); }
 GP_EXPORT CUresult cuGraphAddExternalSemaphoresWaitNode(void) { return gp_unforwarded("cuGraphAddExternalSemaphoresWaitNode"); }
 GP_EXPORT CUresult cuGraphAddKernelNode(void) { return gp_unforwarded("cuGraphAddKernelNode"); }
-GP_EXPORT CUresult cuGraphAddMemAllocNode(void) { return gp_unforwarded("cuGraphAddMemAllocNode"); }
-GP_EXPORT CUresult cuGraphAddMemFreeNode(void) { return gp_unforwarded("cuGraphAddMemFreeNode"); }
-GP_EXPORT CUresult cuGraphBatchMemOpNodeGetParams(void) { return gp_unforwarded("cuGraphBatchMemOpNodeGetParams"); }
-GP_EXPORT CUresult cuGraphBatchMemOpNodeSetParams(void) { return gp_unforwarded("cuGraphBatchMemOpNodeSetParams"); }
-GP_EXPORT CUresult cuGraphExecBatchMemOpNodeSetParams(void) { return gp_unforwarded("cuGraphExecBatchMemOpNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecExternalSemaphoresSignalNodeSetParams(void) { return gp_unforwarded("cuGraphExecExternalSemaphoresSignalNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecExternalSemaphoresWaitNodeSetParams(void) { return gp_unforwarded("cuGraphExecExternalSemaphoresWaitNodeSetParams"); }
 GP_EXPORT CUresult cuGraphExecKernelNodeSetParams(void) { return gp_unforwarded("cuGraphExecKernelNodeSetParams"); }
@@ -1753,8 +2114,6 @@ GP_EXPORT CUresult cuGraphInstantiate(void) { return gp_unforwarded("cuGraphInst
 GP_EXPORT CUresult cuGraphInstantiate_v2(void) { return gp_unforwarded("cuGraphInstantiate_v2"); }
 GP_EXPORT CUresult cuGraphKernelNodeGetParams(void) { return gp_unforwarded("cuGraphKernelNodeGetParams"); }
 GP_EXPORT CUresult cuGraphKernelNodeSetParams(void) { return gp_unforwarded("cuGraphKernelNodeSetParams"); }
-GP_EXPORT CUresult cuGraphMemAllocNodeGetParams(void) { return gp_unforwarded("cuGraphMemAllocNodeGetParams"); }
-GP_EXPORT CUresult cuGraphMemFreeNodeGetParams(void) { return gp_unforwarded("cuGraphMemFreeNodeGetParams"); }
 GP_EXPORT CUresult cuGraphicsEGLRegisterImage(void) { return gp_unforwarded("cuGraphicsEGLRegisterImage"); }
 GP_EXPORT CUresult cuGraphicsGLRegisterBuffer(void) { return gp_unforwarded("cuGraphicsGLRegisterBuffer"); }
 GP_EXPORT CUresult cuGraphicsGLRegisterImage(void) { return gp_unforwarded("cuGraphicsGLRegisterImage"); }
@@ -1774,8 +2133,6 @@ GP_EXPORT CUresult cuGraphicsVDPAURegisterOutputSurface(void) { return gp_unforw
 GP_EXPORT CUresult cuGraphicsVDPAURegisterVideoSurface(void) { return gp_unforwarded("cuGraphicsVDPAURegisterVideoSurface"); }
 GP_EXPORT CUresult cuImportExternalMemory(void) { return gp_unforwarded("cuImportExternalMemory"); }
 GP_EXPORT CUresult cuImportExternalSemaphore(void) { return gp_unforwarded("cuImportExternalSemaphore"); }
-GP_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(void) { return gp_unforwarded("cuLaunchCooperativeKernelMultiDevice"); }
-GP_EXPORT CUresult cuLibraryGetManaged(void) { return gp_unforwarded("cuLibraryGetManaged"); }
 GP_EXPORT CUresult cuLibraryGetUnifiedFunction(void) { return gp_unforwarded("cuLibraryGetUnifiedFunction"); }
 GP_EXPORT CUresult cuLinkAddData(void) { return gp_unforwarded("cuLinkAddData"); }
 GP_EXPORT CUresult cuLinkAddFile(void) { return gp_unforwarded("cuLinkAddFile"); }
@@ -1783,8 +2140,6 @@ GP_EXPORT CUresult cuLinkCreate(void) { return gp_unforwarded("cuLinkCreate"); }
 GP_EXPORT CUresult cuMemAlloc(void) { return gp_unforwarded("cuMemAlloc"); }
 GP_EXPORT CUresult cuMemAllocHost(void) { return gp_unforwarded("cuMemAllocHost"); }
 GP_EXPORT CUresult cuMemAllocPitch(void) { return gp_unforwarded("cuMemAllocPitch"); }
-GP_EXPORT CUresult cuMemBatchDecompressAsync(void) { return gp_unforwarded("cuMemBatchDecompressAsync"); }
-GP_EXPORT CUresult cuMemBatchDecompressAsync_ptsz(void) { return gp_unforwarded("cuMemBatchDecompressAsync_ptsz"); }
 GP_EXPORT CUresult cuMemFree(void) { return gp_unforwarded("cuMemFree"); }
 GP_EXPORT CUresult cuMemGetAddressRange(void) { return gp_unforwarded("cuMemGetAddressRange"); }
 GP_EXPORT CUresult cuMemGetAttribute(void) { return gp_unforwarded("cuMemGetAttribute"); }
@@ -1793,8 +2148,6 @@ GP_EXPORT CUresult cuMemGetHandleForAddressRange(void) { return gp_unforwarded("
 GP_EXPORT CUresult cuMemGetInfo(void) { return gp_unforwarded("cuMemGetInfo"); }
 GP_EXPORT CUresult cuMemHostGetDevicePointer(void) { return gp_unforwarded("cuMemHostGetDevicePointer"); }
 GP_EXPORT CUresult cuMemHostRegister(void) { return gp_unforwarded("cuMemHostRegister"); }
-GP_EXPORT CUresult cuMemMapArrayAsync(void) { return gp_unforwarded("cuMemMapArrayAsync"); }
-GP_EXPORT CUresult cuMemMapArrayAsync_ptsz(void) { return gp_unforwarded("cuMemMapArrayAsync_ptsz"); }
 GP_EXPORT CUresult cuMemcpy2D(void) { return gp_unforwarded("cuMemcpy2D"); }
 GP_EXPORT CUresult cuMemcpy2DAsync(void) { return gp_unforwarded("cuMemcpy2DAsync"); }
 GP_EXPORT CUresult cuMemcpy2DUnaligned(void) { return gp_unforwarded("cuMemcpy2DUnaligned"); }
@@ -1819,18 +2172,7 @@ GP_EXPORT CUresult cuMemsetD2D32(void) { return gp_unforwarded("cuMemsetD2D32");
 GP_EXPORT CUresult cuMemsetD2D8(void) { return gp_unforwarded("cuMemsetD2D8"); }
 GP_EXPORT CUresult cuMemsetD32(void) { return gp_unforwarded("cuMemsetD32"); }
 GP_EXPORT CUresult cuMemsetD8(void) { return gp_unforwarded("cuMemsetD8"); }
-GP_EXPORT CUresult cuMipmappedArrayGetMemoryRequirements(void) { return gp_unforwarded("cuMipmappedArrayGetMemoryRequirements"); }
-GP_EXPORT CUresult cuMipmappedArrayGetSparseProperties(void) { return gp_unforwarded("cuMipmappedArrayGetSparseProperties"); }
 GP_EXPORT CUresult cuModuleGetGlobal(void) { return gp_unforwarded("cuModuleGetGlobal"); }
-GP_EXPORT CUresult cuModuleGetSurfRef(void) { return gp_unforwarded("cuModuleGetSurfRef"); }
-GP_EXPORT CUresult cuModuleGetTexRef(void) { return gp_unforwarded("cuModuleGetTexRef"); }
-GP_EXPORT CUresult cuMulticastAddDevice(void) { return gp_unforwarded("cuMulticastAddDevice"); }
-GP_EXPORT CUresult cuMulticastBindAddr(void) { return gp_unforwarded("cuMulticastBindAddr"); }
-GP_EXPORT CUresult cuMulticastBindMem(void) { return gp_unforwarded("cuMulticastBindMem"); }
-GP_EXPORT CUresult cuMulticastCreate(void) { return gp_unforwarded("cuMulticastCreate"); }
-GP_EXPORT CUresult cuMulticastGetGranularity(void) { return gp_unforwarded("cuMulticastGetGranularity"); }
-GP_EXPORT CUresult cuMulticastUnbind(void) { return gp_unforwarded("cuMulticastUnbind"); }
-GP_EXPORT CUresult cuParamSetTexRef(void) { return gp_unforwarded("cuParamSetTexRef"); }
 GP_EXPORT CUresult cuProfilerInitialize(void) { return gp_unforwarded("cuProfilerInitialize"); }
 GP_EXPORT CUresult cuSignalExternalSemaphoresAsync(void) { return gp_unforwarded("cuSignalExternalSemaphoresAsync"); }
 GP_EXPORT CUresult cuSignalExternalSemaphoresAsync_ptsz(void) { return gp_unforwarded("cuSignalExternalSemaphoresAsync_ptsz"); }
@@ -1839,39 +2181,10 @@ GP_EXPORT CUresult cuStreamBeginCapture_ptsz(void) { return gp_unforwarded("cuSt
 GP_EXPORT CUresult cuStreamDestroy(void) { return gp_unforwarded("cuStreamDestroy"); }
 GP_EXPORT CUresult cuStreamGetCaptureInfo(void) { return gp_unforwarded("cuStreamGetCaptureInfo"); }
 GP_EXPORT CUresult cuStreamGetCaptureInfo_ptsz(void) { return gp_unforwarded("cuStreamGetCaptureInfo_ptsz"); }
-GP_EXPORT CUresult cuSurfRefGetArray(void) { return gp_unforwarded("cuSurfRefGetArray"); }
-GP_EXPORT CUresult cuSurfRefSetArray(void) { return gp_unforwarded("cuSurfRefSetArray"); }
-GP_EXPORT CUresult cuTexRefCreate(void) { return gp_unforwarded("cuTexRefCreate"); }
-GP_EXPORT CUresult cuTexRefDestroy(void) { return gp_unforwarded("cuTexRefDestroy"); }
 GP_EXPORT CUresult cuTexRefGetAddress(void) { return gp_unforwarded("cuTexRefGetAddress"); }
-GP_EXPORT CUresult cuTexRefGetAddressMode(void) { return gp_unforwarded("cuTexRefGetAddressMode"); }
-GP_EXPORT CUresult cuTexRefGetAddress_v2(void) { return gp_unforwarded("cuTexRefGetAddress_v2"); }
-GP_EXPORT CUresult cuTexRefGetArray(void) { return gp_unforwarded("cuTexRefGetArray"); }
-GP_EXPORT CUresult cuTexRefGetBorderColor(void) { return gp_unforwarded("cuTexRefGetBorderColor"); }
-GP_EXPORT CUresult cuTexRefGetFilterMode(void) { return gp_unforwarded("cuTexRefGetFilterMode"); }
-GP_EXPORT CUresult cuTexRefGetFlags(void) { return gp_unforwarded("cuTexRefGetFlags"); }
-GP_EXPORT CUresult cuTexRefGetFormat(void) { return gp_unforwarded("cuTexRefGetFormat"); }
-GP_EXPORT CUresult cuTexRefGetMaxAnisotropy(void) { return gp_unforwarded("cuTexRefGetMaxAnisotropy"); }
-GP_EXPORT CUresult cuTexRefGetMipmapFilterMode(void) { return gp_unforwarded("cuTexRefGetMipmapFilterMode"); }
-GP_EXPORT CUresult cuTexRefGetMipmapLevelBias(void) { return gp_unforwarded("cuTexRefGetMipmapLevelBias"); }
-GP_EXPORT CUresult cuTexRefGetMipmapLevelClamp(void) { return gp_unforwarded("cuTexRefGetMipmapLevelClamp"); }
-GP_EXPORT CUresult cuTexRefGetMipmappedArray(void) { return gp_unforwarded("cuTexRefGetMipmappedArray"); }
 GP_EXPORT CUresult cuTexRefSetAddress(void) { return gp_unforwarded("cuTexRefSetAddress"); }
 GP_EXPORT CUresult cuTexRefSetAddress2D(void) { return gp_unforwarded("cuTexRefSetAddress2D"); }
 GP_EXPORT CUresult cuTexRefSetAddress2D_v2(void) { return gp_unforwarded("cuTexRefSetAddress2D_v2"); }
-GP_EXPORT CUresult cuTexRefSetAddress2D_v3(void) { return gp_unforwarded("cuTexRefSetAddress2D_v3"); }
-GP_EXPORT CUresult cuTexRefSetAddressMode(void) { return gp_unforwarded("cuTexRefSetAddressMode"); }
-GP_EXPORT CUresult cuTexRefSetAddress_v2(void) { return gp_unforwarded("cuTexRefSetAddress_v2"); }
-GP_EXPORT CUresult cuTexRefSetArray(void) { return gp_unforwarded("cuTexRefSetArray"); }
-GP_EXPORT CUresult cuTexRefSetBorderColor(void) { return gp_unforwarded("cuTexRefSetBorderColor"); }
-GP_EXPORT CUresult cuTexRefSetFilterMode(void) { return gp_unforwarded("cuTexRefSetFilterMode"); }
-GP_EXPORT CUresult cuTexRefSetFlags(void) { return gp_unforwarded("cuTexRefSetFlags"); }
-GP_EXPORT CUresult cuTexRefSetFormat(void) { return gp_unforwarded("cuTexRefSetFormat"); }
-GP_EXPORT CUresult cuTexRefSetMaxAnisotropy(void) { return gp_unforwarded("cuTexRefSetMaxAnisotropy"); }
-GP_EXPORT CUresult cuTexRefSetMipmapFilterMode(void) { return gp_unforwarded("cuTexRefSetMipmapFilterMode"); }
-GP_EXPORT CUresult cuTexRefSetMipmapLevelBias(void) { return gp_unforwarded("cuTexRefSetMipmapLevelBias"); }
-GP_EXPORT CUresult cuTexRefSetMipmapLevelClamp(void) { return gp_unforwarded("cuTexRefSetMipmapLevelClamp"); }
-GP_EXPORT CUresult cuTexRefSetMipmappedArray(void) { return gp_unforwarded("cuTexRefSetMipmappedArray"); }
 GP_EXPORT CUresult cuVDPAUCtxCreate(void) { return gp_unforwarded("cuVDPAUCtxCreate"); }
 GP_EXPORT CUresult cuVDPAUCtxCreate_v2(void) { return gp_unforwarded("cuVDPAUCtxCreate_v2"); }
 GP_EXPORT CUresult cuVDPAUGetDevice(void) { return gp_unforwarded("cuVDPAUGetDevice"); }
@@ -1918,13 +2231,7 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuCoredump*", "GPU core dump settings: refused"},
     {"cuProfilerInitialize", "profiler initialisation: refused"},
     {"cuDeviceGetLuid", "Windows-only queries: refused"},
-    {"cuArray*", "the rest of arrays: sparse and planar arrays, memory requirements: not forwarded yet"},
-    {"cuMipmappedArray*", "the rest of arrays: sparse and planar arrays, memory requirements: not forwarded yet"},
-    {"cuTexObject*", "the rest of arrays: sparse and planar arrays, memory requirements: not forwarded yet"},
-    {"cuSurfObject*", "the rest of arrays: sparse and planar arrays, memory requirements: not forwarded yet"},
-    {"cuMemMapArrayAsync", "the rest of arrays: sparse and planar arrays, memory requirements: not forwarded yet"},
-    {"cuMemBatchDecompressAsync", "batched decompression: not forwarded yet"},
-    {"cuMulticast*", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
+    {"cuLibraryGetUnifiedFunction", "unified function pointers: refused"},
     {"cuLogicalEndpoint*", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuFabricCpyBatchAsync", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuDeviceGetFabricClusterUuid", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
@@ -1932,426 +2239,470 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuDeviceGetCliqueInfo", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuGraphNodeSetParams_v2", "graph nodes read back, changed or queried: not forwarded yet"},
     {"cuGraphAddNode_v3", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphAddMemAllocNode", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
-    {"cuGraphMemAllocNodeGetParams", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
-    {"cuGraphAddMemFreeNode", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
-    {"cuGraphMemFreeNodeGetParams", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
-    {"cuDeviceGraphMemTrim", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
-    {"cuDeviceGetGraphMemAttribute", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
-    {"cuDeviceSetGraphMemAttribute", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
-    {"cuGraphAddBatchMemOpNode", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
-    {"cuGraphBatchMemOpNodeGetParams", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
-    {"cuGraphBatchMemOpNodeSetParams", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
-    {"cuGraphExecBatchMemOpNodeSetParams", "graph memory nodes and batch memory-operation nodes: not forwarded yet"},
-    {"cuStreamBeginRecaptureToGraph", "recapture, host functions with flags: not forwarded yet"},
-    {"cuLaunchHostFunc_v2", "recapture, host functions with flags: not forwarded yet"},
-    {"cuLaunchCooperativeKernelMultiDevice", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
-    {"cuLibraryGetManaged", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
-    {"cuLibraryGetUnifiedFunction", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
-    {"cuTensorMapSetAllocationClass", "code: managed globals, unified functions, multi-device launches, tensor-map classes: not forwarded yet"},
-    {"cuTexRef*", "legacy texture and surface references: not forwarded yet"},
-    {"cuSurfRef*", "legacy texture and surface references: not forwarded yet"},
-    {"cuModuleGetTexRef", "legacy texture and surface references: not forwarded yet"},
-    {"cuModuleGetSurfRef", "legacy texture and surface references: not forwarded yet"},
-    {"cuParamSetTexRef", "legacy texture and surface references: not forwarded yet"},
+    {"cuStreamBeginRecaptureToGraph", "recapture: not forwarded yet"},
+    {"cuTensorMapSetAllocationClass", "tensor-map allocation classes: not forwarded yet"},
     {"cuDevSmResourceSplit", "green contexts and execution affinity: not forwarded yet"},
     {"cuStreamGetDevResource", "green contexts and execution affinity: not forwarded yet"},
     {"cuMemGetLocationInfo", "device, memory and log queries: not forwarded yet"},
-    {"cuDeviceRegisterAsyncNotification", "device, memory and log queries: not forwarded yet"},
-    {"cuDeviceUnregisterAsyncNotification", "device, memory and log queries: not forwarded yet"},
 };
 
-/* What cuGetProcAddress hands out: (name, ABI version) -> function, sorted by name then version. */
+/* What cuGetProcAddress hands out: (name, ABI version) -> function, sorted by name then version.
+ * An entry with no function is a newer ABI that is not forwarded: its versioned symbol's refusal. */
 static const struct gp_proc gp_procs[] = {
-    {"cuArray3DCreate", 3020, (void *)cuArray3DCreate_v2},
-    {"cuArray3DGetDescriptor", 3020, (void *)cuArray3DGetDescriptor_v2},
-    {"cuArrayCreate", 3020, (void *)cuArrayCreate_v2},
-    {"cuArrayDestroy", 2000, (void *)cuArrayDestroy},
-    {"cuArrayGetDescriptor", 3020, (void *)cuArrayGetDescriptor_v2},
-    {"cuCtxAttach", 2000, (void *)cuCtxAttach},
-    {"cuCtxCreate", 3020, (void *)cuCtxCreate_v2},
-    {"cuCtxCreate", 11040, (void *)cuCtxCreate_v3},
-    {"cuCtxCreate", 12050, (void *)cuCtxCreate_v4},
-    {"cuCtxDestroy", 4000, (void *)cuCtxDestroy_v2},
-    {"cuCtxDetach", 2000, (void *)cuCtxDetach},
-    {"cuCtxDisablePeerAccess", 4000, (void *)cuCtxDisablePeerAccess},
-    {"cuCtxEnablePeerAccess", 4000, (void *)cuCtxEnablePeerAccess},
-    {"cuCtxFromGreenCtx", 12040, (void *)cuCtxFromGreenCtx},
-    {"cuCtxGetApiVersion", 3020, (void *)cuCtxGetApiVersion},
-    {"cuCtxGetCacheConfig", 3020, (void *)cuCtxGetCacheConfig},
-    {"cuCtxGetCurrent", 4000, (void *)cuCtxGetCurrent},
-    {"cuCtxGetDevResource", 12040, (void *)cuCtxGetDevResource},
-    {"cuCtxGetDevice", 2000, (void *)cuCtxGetDevice},
-    {"cuCtxGetDevice", 13000, (void *)cuCtxGetDevice_v2},
-    {"cuCtxGetExecAffinity", 11040, (void *)cuCtxGetExecAffinity},
-    {"cuCtxGetFlags", 7000, (void *)cuCtxGetFlags},
-    {"cuCtxGetId", 12000, (void *)cuCtxGetId},
-    {"cuCtxGetLimit", 3010, (void *)cuCtxGetLimit},
-    {"cuCtxGetSharedMemConfig", 4020, (void *)cuCtxGetSharedMemConfig},
-    {"cuCtxGetStreamPriorityRange", 5050, (void *)cuCtxGetStreamPriorityRange},
-    {"cuCtxPopCurrent", 4000, (void *)cuCtxPopCurrent_v2},
-    {"cuCtxPushCurrent", 4000, (void *)cuCtxPushCurrent_v2},
-    {"cuCtxRecordEvent", 12050, (void *)cuCtxRecordEvent},
-    {"cuCtxResetPersistingL2Cache", 11000, (void *)cuCtxResetPersistingL2Cache},
-    {"cuCtxSetCacheConfig", 3020, (void *)cuCtxSetCacheConfig},
-    {"cuCtxSetCurrent", 4000, (void *)cuCtxSetCurrent},
-    {"cuCtxSetFlags", 12010, (void *)cuCtxSetFlags},
-    {"cuCtxSetLimit", 3010, (void *)cuCtxSetLimit},
-    {"cuCtxSetSharedMemConfig", 4020, (void *)cuCtxSetSharedMemConfig},
-    {"cuCtxSynchronize", 2000, (void *)cuCtxSynchronize},
-    {"cuCtxSynchronize", 13000, (void *)cuCtxSynchronize_v2},
-    {"cuCtxWaitEvent", 12050, (void *)cuCtxWaitEvent},
-    {"cuDevResourceGenerateDesc", 12040, (void *)cuDevResourceGenerateDesc},
-    {"cuDevSmResourceSplitByCount", 12040, (void *)cuDevSmResourceSplitByCount},
-    {"cuDeviceCanAccessPeer", 4000, (void *)cuDeviceCanAccessPeer},
-    {"cuDeviceComputeCapability", 2000, (void *)cuDeviceComputeCapability},
-    {"cuDeviceGet", 2000, (void *)cuDeviceGet},
-    {"cuDeviceGetAttribute", 2000, (void *)cuDeviceGetAttribute},
-    {"cuDeviceGetByPCIBusId", 4010, (void *)cuDeviceGetByPCIBusId},
-    {"cuDeviceGetCount", 2000, (void *)cuDeviceGetCount},
-    {"cuDeviceGetDefaultMemPool", 11020, (void *)cuDeviceGetDefaultMemPool},
-    {"cuDeviceGetDevResource", 12040, (void *)cuDeviceGetDevResource},
-    {"cuDeviceGetExecAffinitySupport", 11040, (void *)cuDeviceGetExecAffinitySupport},
-    {"cuDeviceGetHostAtomicCapabilities", 13000, (void *)cuDeviceGetHostAtomicCapabilities},
-    {"cuDeviceGetMemPool", 11020, (void *)cuDeviceGetMemPool},
-    {"cuDeviceGetName", 2000, (void *)cuDeviceGetName},
-    {"cuDeviceGetP2PAtomicCapabilities", 13000, (void *)cuDeviceGetP2PAtomicCapabilities},
-    {"cuDeviceGetP2PAttribute", 8000, (void *)cuDeviceGetP2PAttribute},
-    {"cuDeviceGetPCIBusId", 4010, (void *)cuDeviceGetPCIBusId},
-    {"cuDeviceGetProperties", 2000, (void *)cuDeviceGetProperties},
-    {"cuDeviceGetTexture1DLinearMaxWidth", 11010, (void *)cuDeviceGetTexture1DLinearMaxWidth},
-    {"cuDeviceGetUuid", 9020, (void *)cuDeviceGetUuid},
-    {"cuDeviceGetUuid", 11040, (void *)cuDeviceGetUuid_v2},
-    {"cuDevicePrimaryCtxGetState", 7000, (void *)cuDevicePrimaryCtxGetState},
-    {"cuDevicePrimaryCtxRelease", 7000, (void *)cuDevicePrimaryCtxRelease},
-    {"cuDevicePrimaryCtxRelease", 11000, (void *)cuDevicePrimaryCtxRelease_v2},
-    {"cuDevicePrimaryCtxReset", 7000, (void *)cuDevicePrimaryCtxReset},
-    {"cuDevicePrimaryCtxReset", 11000, (void *)cuDevicePrimaryCtxReset_v2},
-    {"cuDevicePrimaryCtxRetain", 7000, (void *)cuDevicePrimaryCtxRetain},
-    {"cuDevicePrimaryCtxSetFlags", 7000, (void *)cuDevicePrimaryCtxSetFlags},
-    {"cuDevicePrimaryCtxSetFlags", 11000, (void *)cuDevicePrimaryCtxSetFlags_v2},
-    {"cuDeviceSetMemPool", 11020, (void *)cuDeviceSetMemPool},
-    {"cuDeviceTotalMem", 3020, (void *)cuDeviceTotalMem_v2},
-    {"cuDriverGetVersion", 2020, (void *)cuDriverGetVersion},
-    {"cuEventCreate", 2000, (void *)cuEventCreate},
-    {"cuEventDestroy", 4000, (void *)cuEventDestroy_v2},
-    {"cuEventElapsedTime", 2000, (void *)cuEventElapsedTime},
-    {"cuEventElapsedTime", 12080, (void *)cuEventElapsedTime_v2},
-    {"cuEventQuery", 2000, (void *)cuEventQuery},
-    {"cuEventRecord", 2000, (void *)cuEventRecord},
-    {"cuEventRecordWithFlags", 11010, (void *)cuEventRecordWithFlags},
-    {"cuEventSynchronize", 2000, (void *)cuEventSynchronize},
-    {"cuFlushGPUDirectRDMAWrites", 11030, (void *)cuFlushGPUDirectRDMAWrites},
-    {"cuFuncGetAttribute", 2020, (void *)cuFuncGetAttribute},
-    {"cuFuncGetModule", 11000, (void *)cuFuncGetModule},
-    {"cuFuncGetName", 12030, (void *)cuFuncGetName},
-    {"cuFuncGetParamCount", 13000, (void *)cuFuncGetParamCount},
-    {"cuFuncGetParamInfo", 12040, (void *)cuFuncGetParamInfo},
-    {"cuFuncIsLoaded", 12040, (void *)cuFuncIsLoaded},
-    {"cuFuncLoad", 12040, (void *)cuFuncLoad},
-    {"cuFuncSetAttribute", 9000, (void *)cuFuncSetAttribute},
-    {"cuFuncSetBlockShape", 2000, (void *)cuFuncSetBlockShape},
-    {"cuFuncSetCacheConfig", 3000, (void *)cuFuncSetCacheConfig},
-    {"cuFuncSetSharedMemConfig", 4020, (void *)cuFuncSetSharedMemConfig},
-    {"cuFuncSetSharedSize", 2000, (void *)cuFuncSetSharedSize},
-    {"cuGetErrorName", 6000, (void *)cuGetErrorName},
-    {"cuGetErrorString", 6000, (void *)cuGetErrorString},
-    {"cuGetExportTable", 3000, (void *)cuGetExportTable},
-    {"cuGraphAddChildGraphNode", 10000, (void *)cuGraphAddChildGraphNode},
-    {"cuGraphAddDependencies", 10000, (void *)cuGraphAddDependencies},
-    {"cuGraphAddDependencies", 12030, (void *)cuGraphAddDependencies_v2},
-    {"cuGraphAddEmptyNode", 10000, (void *)cuGraphAddEmptyNode},
-    {"cuGraphAddEventRecordNode", 11010, (void *)cuGraphAddEventRecordNode},
-    {"cuGraphAddEventWaitNode", 11010, (void *)cuGraphAddEventWaitNode},
-    {"cuGraphAddHostNode", 10000, (void *)cuGraphAddHostNode},
-    {"cuGraphAddKernelNode", 12000, (void *)cuGraphAddKernelNode_v2},
-    {"cuGraphAddMemcpyNode", 10000, (void *)cuGraphAddMemcpyNode},
-    {"cuGraphAddMemsetNode", 10000, (void *)cuGraphAddMemsetNode},
-    {"cuGraphAddNode", 12020, (void *)cuGraphAddNode},
-    {"cuGraphAddNode", 12030, (void *)cuGraphAddNode_v2},
-    {"cuGraphChildGraphNodeGetGraph", 10000, (void *)cuGraphChildGraphNodeGetGraph},
-    {"cuGraphClone", 10000, (void *)cuGraphClone},
-    {"cuGraphConditionalHandleCreate", 12030, (void *)cuGraphConditionalHandleCreate},
-    {"cuGraphCreate", 10000, (void *)cuGraphCreate},
-    {"cuGraphDebugDotPrint", 11030, (void *)cuGraphDebugDotPrint},
-    {"cuGraphDestroy", 10000, (void *)cuGraphDestroy},
-    {"cuGraphDestroyNode", 10000, (void *)cuGraphDestroyNode},
-    {"cuGraphEventRecordNodeGetEvent", 11010, (void *)cuGraphEventRecordNodeGetEvent},
-    {"cuGraphEventRecordNodeSetEvent", 11010, (void *)cuGraphEventRecordNodeSetEvent},
-    {"cuGraphEventWaitNodeGetEvent", 11010, (void *)cuGraphEventWaitNodeGetEvent},
-    {"cuGraphEventWaitNodeSetEvent", 11010, (void *)cuGraphEventWaitNodeSetEvent},
-    {"cuGraphExecChildGraphNodeSetParams", 11010, (void *)cuGraphExecChildGraphNodeSetParams},
-    {"cuGraphExecDestroy", 10000, (void *)cuGraphExecDestroy},
-    {"cuGraphExecEventRecordNodeSetEvent", 11010, (void *)cuGraphExecEventRecordNodeSetEvent},
-    {"cuGraphExecEventWaitNodeSetEvent", 11010, (void *)cuGraphExecEventWaitNodeSetEvent},
-    {"cuGraphExecGetFlags", 12000, (void *)cuGraphExecGetFlags},
-    {"cuGraphExecGetId", 13010, (void *)cuGraphExecGetId},
-    {"cuGraphExecHostNodeSetParams", 10020, (void *)cuGraphExecHostNodeSetParams},
-    {"cuGraphExecKernelNodeSetParams", 12000, (void *)cuGraphExecKernelNodeSetParams_v2},
-    {"cuGraphExecMemcpyNodeSetParams", 10020, (void *)cuGraphExecMemcpyNodeSetParams},
-    {"cuGraphExecMemsetNodeSetParams", 10020, (void *)cuGraphExecMemsetNodeSetParams},
-    {"cuGraphExecNodeSetParams", 12020, (void *)cuGraphExecNodeSetParams},
-    {"cuGraphExecUpdate", 12000, (void *)cuGraphExecUpdate_v2},
-    {"cuGraphGetEdges", 10000, (void *)cuGraphGetEdges},
-    {"cuGraphGetEdges", 12030, (void *)cuGraphGetEdges_v2},
-    {"cuGraphGetId", 13010, (void *)cuGraphGetId},
-    {"cuGraphGetNodes", 10000, (void *)cuGraphGetNodes},
-    {"cuGraphGetRootNodes", 10000, (void *)cuGraphGetRootNodes},
-    {"cuGraphHostNodeGetParams", 10000, (void *)cuGraphHostNodeGetParams},
-    {"cuGraphHostNodeSetParams", 10000, (void *)cuGraphHostNodeSetParams},
-    {"cuGraphInstantiate", 12000, (void *)cuGraphInstantiateWithFlags},
-    {"cuGraphInstantiateWithFlags", 11040, (void *)cuGraphInstantiateWithFlags},
-    {"cuGraphInstantiateWithParams", 12000, (void *)cuGraphInstantiateWithParams},
-    {"cuGraphKernelNodeCopyAttributes", 11000, (void *)cuGraphKernelNodeCopyAttributes},
-    {"cuGraphKernelNodeGetAttribute", 11000, (void *)cuGraphKernelNodeGetAttribute},
-    {"cuGraphKernelNodeGetParams", 12000, (void *)cuGraphKernelNodeGetParams_v2},
-    {"cuGraphKernelNodeSetAttribute", 11000, (void *)cuGraphKernelNodeSetAttribute},
-    {"cuGraphKernelNodeSetParams", 12000, (void *)cuGraphKernelNodeSetParams_v2},
-    {"cuGraphLaunch", 10000, (void *)cuGraphLaunch},
-    {"cuGraphMemcpyNodeGetParams", 10000, (void *)cuGraphMemcpyNodeGetParams},
-    {"cuGraphMemcpyNodeSetParams", 10000, (void *)cuGraphMemcpyNodeSetParams},
-    {"cuGraphMemsetNodeGetParams", 10000, (void *)cuGraphMemsetNodeGetParams},
-    {"cuGraphMemsetNodeSetParams", 10000, (void *)cuGraphMemsetNodeSetParams},
-    {"cuGraphNodeFindInClone", 10000, (void *)cuGraphNodeFindInClone},
-    {"cuGraphNodeGetContainingGraph", 13010, (void *)cuGraphNodeGetContainingGraph},
-    {"cuGraphNodeGetDependencies", 10000, (void *)cuGraphNodeGetDependencies},
-    {"cuGraphNodeGetDependencies", 12030, (void *)cuGraphNodeGetDependencies_v2},
-    {"cuGraphNodeGetDependentNodes", 10000, (void *)cuGraphNodeGetDependentNodes},
-    {"cuGraphNodeGetDependentNodes", 12030, (void *)cuGraphNodeGetDependentNodes_v2},
-    {"cuGraphNodeGetEnabled", 11060, (void *)cuGraphNodeGetEnabled},
-    {"cuGraphNodeGetLocalId", 13010, (void *)cuGraphNodeGetLocalId},
-    {"cuGraphNodeGetParams", 13010, (void *)cuGraphNodeGetParams},
-    {"cuGraphNodeGetToolsId", 13010, (void *)cuGraphNodeGetToolsId},
-    {"cuGraphNodeGetType", 10000, (void *)cuGraphNodeGetType},
-    {"cuGraphNodeSetEnabled", 11060, (void *)cuGraphNodeSetEnabled},
-    {"cuGraphNodeSetParams", 12020, (void *)cuGraphNodeSetParams},
-    {"cuGraphReleaseUserObject", 11030, (void *)cuGraphReleaseUserObject},
-    {"cuGraphRemoveDependencies", 10000, (void *)cuGraphRemoveDependencies},
-    {"cuGraphRemoveDependencies", 12030, (void *)cuGraphRemoveDependencies_v2},
-    {"cuGraphRetainUserObject", 11030, (void *)cuGraphRetainUserObject},
-    {"cuGraphUpload", 11010, (void *)cuGraphUpload},
-    {"cuGreenCtxCreate", 12040, (void *)cuGreenCtxCreate},
-    {"cuGreenCtxDestroy", 12040, (void *)cuGreenCtxDestroy},
-    {"cuGreenCtxGetDevResource", 12040, (void *)cuGreenCtxGetDevResource},
-    {"cuGreenCtxGetId", 12090, (void *)cuGreenCtxGetId},
-    {"cuGreenCtxRecordEvent", 12040, (void *)cuGreenCtxRecordEvent},
-    {"cuGreenCtxStreamCreate", 12040, (void *)cuGreenCtxStreamCreate},
-    {"cuGreenCtxWaitEvent", 12040, (void *)cuGreenCtxWaitEvent},
-    {"cuInit", 2000, (void *)cuInit},
-    {"cuIpcCloseMemHandle", 4010, (void *)cuIpcCloseMemHandle},
-    {"cuIpcGetEventHandle", 4010, (void *)cuIpcGetEventHandle},
-    {"cuIpcGetMemHandle", 4010, (void *)cuIpcGetMemHandle},
-    {"cuIpcOpenEventHandle", 4010, (void *)cuIpcOpenEventHandle},
-    {"cuIpcOpenMemHandle", 4010, (void *)cuIpcOpenMemHandle},
-    {"cuIpcOpenMemHandle", 11000, (void *)cuIpcOpenMemHandle_v2},
-    {"cuKernelGetAttribute", 12000, (void *)cuKernelGetAttribute},
-    {"cuKernelGetFunction", 12000, (void *)cuKernelGetFunction},
-    {"cuKernelGetLibrary", 12050, (void *)cuKernelGetLibrary},
-    {"cuKernelGetName", 12030, (void *)cuKernelGetName},
-    {"cuKernelGetParamCount", 13000, (void *)cuKernelGetParamCount},
-    {"cuKernelGetParamInfo", 12040, (void *)cuKernelGetParamInfo},
-    {"cuKernelSetAttribute", 12000, (void *)cuKernelSetAttribute},
-    {"cuKernelSetCacheConfig", 12000, (void *)cuKernelSetCacheConfig},
-    {"cuLaunch", 2000, (void *)cuLaunch},
-    {"cuLaunchCooperativeKernel", 9000, (void *)cuLaunchCooperativeKernel},
-    {"cuLaunchGrid", 2000, (void *)cuLaunchGrid},
-    {"cuLaunchGridAsync", 2000, (void *)cuLaunchGridAsync},
-    {"cuLaunchHostFunc", 10000, (void *)cuLaunchHostFunc},
-    {"cuLaunchKernel", 4000, (void *)cuLaunchKernel},
-    {"cuLaunchKernelEx", 11060, (void *)cuLaunchKernelEx},
-    {"cuLibraryEnumerateKernels", 12040, (void *)cuLibraryEnumerateKernels},
-    {"cuLibraryGetGlobal", 12000, (void *)cuLibraryGetGlobal},
-    {"cuLibraryGetKernel", 12000, (void *)cuLibraryGetKernel},
-    {"cuLibraryGetKernelCount", 12040, (void *)cuLibraryGetKernelCount},
-    {"cuLibraryGetModule", 12000, (void *)cuLibraryGetModule},
-    {"cuLibraryLoadData", 12000, (void *)cuLibraryLoadData},
-    {"cuLibraryLoadFromFile", 12000, (void *)cuLibraryLoadFromFile},
-    {"cuLibraryUnload", 12000, (void *)cuLibraryUnload},
-    {"cuLinkAddData", 6050, (void *)cuLinkAddData_v2},
-    {"cuLinkAddFile", 6050, (void *)cuLinkAddFile_v2},
-    {"cuLinkComplete", 5050, (void *)cuLinkComplete},
-    {"cuLinkCreate", 6050, (void *)cuLinkCreate_v2},
-    {"cuLinkDestroy", 5050, (void *)cuLinkDestroy},
-    {"cuLogsCurrent", 12080, (void *)cuLogsCurrent},
-    {"cuLogsDumpToFile", 12080, (void *)cuLogsDumpToFile},
-    {"cuLogsDumpToMemory", 12080, (void *)cuLogsDumpToMemory},
-    {"cuLogsRegisterCallback", 12080, (void *)cuLogsRegisterCallback},
-    {"cuLogsUnregisterCallback", 12080, (void *)cuLogsUnregisterCallback},
-    {"cuMemAddressFree", 10020, (void *)cuMemAddressFree},
-    {"cuMemAddressReserve", 10020, (void *)cuMemAddressReserve},
-    {"cuMemAdvise", 8000, (void *)cuMemAdvise},
-    {"cuMemAdvise", 12020, (void *)cuMemAdvise_v2},
-    {"cuMemAlloc", 3020, (void *)cuMemAlloc_v2},
-    {"cuMemAllocAsync", 11020, (void *)cuMemAllocAsync},
-    {"cuMemAllocFromPoolAsync", 11020, (void *)cuMemAllocFromPoolAsync},
-    {"cuMemAllocHost", 3020, (void *)cuMemAllocHost_v2},
-    {"cuMemAllocManaged", 6000, (void *)cuMemAllocManaged},
-    {"cuMemAllocPitch", 3020, (void *)cuMemAllocPitch_v2},
-    {"cuMemCreate", 10020, (void *)cuMemCreate},
-    {"cuMemDiscardAndPrefetchBatchAsync", 13000, (void *)cuMemDiscardAndPrefetchBatchAsync},
-    {"cuMemDiscardBatchAsync", 13000, (void *)cuMemDiscardBatchAsync},
-    {"cuMemExportToShareableHandle", 10020, (void *)cuMemExportToShareableHandle},
-    {"cuMemFree", 3020, (void *)cuMemFree_v2},
-    {"cuMemFreeAsync", 11020, (void *)cuMemFreeAsync},
-    {"cuMemFreeHost", 2000, (void *)cuMemFreeHost},
-    {"cuMemGetAccess", 10020, (void *)cuMemGetAccess},
-    {"cuMemGetAddressRange", 3020, (void *)cuMemGetAddressRange_v2},
-    {"cuMemGetAllocationGranularity", 10020, (void *)cuMemGetAllocationGranularity},
-    {"cuMemGetAllocationPropertiesFromHandle", 10020, (void *)cuMemGetAllocationPropertiesFromHandle},
-    {"cuMemGetDefaultMemPool", 13000, (void *)cuMemGetDefaultMemPool},
-    {"cuMemGetInfo", 3020, (void *)cuMemGetInfo_v2},
-    {"cuMemGetMemPool", 13000, (void *)cuMemGetMemPool},
-    {"cuMemHostAlloc", 2020, (void *)cuMemHostAlloc},
-    {"cuMemHostGetDevicePointer", 3020, (void *)cuMemHostGetDevicePointer_v2},
-    {"cuMemHostGetFlags", 2030, (void *)cuMemHostGetFlags},
-    {"cuMemHostRegister", 6050, (void *)cuMemHostRegister_v2},
-    {"cuMemHostUnregister", 4000, (void *)cuMemHostUnregister},
-    {"cuMemImportFromShareableHandle", 10020, (void *)cuMemImportFromShareableHandle},
-    {"cuMemMap", 10020, (void *)cuMemMap},
-    {"cuMemPoolCreate", 11020, (void *)cuMemPoolCreate},
-    {"cuMemPoolDestroy", 11020, (void *)cuMemPoolDestroy},
-    {"cuMemPoolExportPointer", 11020, (void *)cuMemPoolExportPointer},
-    {"cuMemPoolExportToShareableHandle", 11020, (void *)cuMemPoolExportToShareableHandle},
-    {"cuMemPoolGetAccess", 11020, (void *)cuMemPoolGetAccess},
-    {"cuMemPoolGetAttribute", 11020, (void *)cuMemPoolGetAttribute},
-    {"cuMemPoolImportFromShareableHandle", 11020, (void *)cuMemPoolImportFromShareableHandle},
-    {"cuMemPoolImportPointer", 11020, (void *)cuMemPoolImportPointer},
-    {"cuMemPoolSetAccess", 11020, (void *)cuMemPoolSetAccess},
-    {"cuMemPoolSetAttribute", 11020, (void *)cuMemPoolSetAttribute},
-    {"cuMemPoolTrimTo", 11020, (void *)cuMemPoolTrimTo},
-    {"cuMemPrefetchAsync", 8000, (void *)cuMemPrefetchAsync},
-    {"cuMemPrefetchAsync", 12020, (void *)cuMemPrefetchAsync_v2},
-    {"cuMemPrefetchBatchAsync", 13000, (void *)cuMemPrefetchBatchAsync},
-    {"cuMemRangeGetAttribute", 8000, (void *)cuMemRangeGetAttribute},
-    {"cuMemRangeGetAttributes", 8000, (void *)cuMemRangeGetAttributes},
-    {"cuMemRelease", 10020, (void *)cuMemRelease},
-    {"cuMemRetainAllocationHandle", 11000, (void *)cuMemRetainAllocationHandle},
-    {"cuMemSetAccess", 10020, (void *)cuMemSetAccess},
-    {"cuMemSetMemPool", 13000, (void *)cuMemSetMemPool},
-    {"cuMemUnmap", 10020, (void *)cuMemUnmap},
-    {"cuMemcpy", 4000, (void *)cuMemcpy},
-    {"cuMemcpy2D", 3020, (void *)cuMemcpy2D_v2},
-    {"cuMemcpy2DAsync", 3020, (void *)cuMemcpy2DAsync_v2},
-    {"cuMemcpy2DUnaligned", 3020, (void *)cuMemcpy2DUnaligned_v2},
-    {"cuMemcpy3D", 3020, (void *)cuMemcpy3D_v2},
-    {"cuMemcpy3DAsync", 3020, (void *)cuMemcpy3DAsync_v2},
-    {"cuMemcpy3DBatchAsync", 12080, (void *)cuMemcpy3DBatchAsync},
-    {"cuMemcpy3DBatchAsync", 13000, (void *)cuMemcpy3DBatchAsync_v2},
-    {"cuMemcpy3DPeer", 4000, (void *)cuMemcpy3DPeer},
-    {"cuMemcpy3DPeerAsync", 4000, (void *)cuMemcpy3DPeerAsync},
-    {"cuMemcpy3DWithAttributesAsync", 13000, (void *)cuMemcpy3DWithAttributesAsync},
-    {"cuMemcpyAsync", 4000, (void *)cuMemcpyAsync},
-    {"cuMemcpyAtoA", 3020, (void *)cuMemcpyAtoA_v2},
-    {"cuMemcpyAtoD", 3020, (void *)cuMemcpyAtoD_v2},
-    {"cuMemcpyAtoH", 3020, (void *)cuMemcpyAtoH_v2},
-    {"cuMemcpyAtoHAsync", 3020, (void *)cuMemcpyAtoHAsync_v2},
-    {"cuMemcpyBatchAsync", 12080, (void *)cuMemcpyBatchAsync},
-    {"cuMemcpyBatchAsync", 13000, (void *)cuMemcpyBatchAsync_v2},
-    {"cuMemcpyDtoA", 3020, (void *)cuMemcpyDtoA_v2},
-    {"cuMemcpyDtoD", 3020, (void *)cuMemcpyDtoD_v2},
-    {"cuMemcpyDtoDAsync", 3020, (void *)cuMemcpyDtoDAsync_v2},
-    {"cuMemcpyDtoH", 3020, (void *)cuMemcpyDtoH_v2},
-    {"cuMemcpyDtoHAsync", 3020, (void *)cuMemcpyDtoHAsync_v2},
-    {"cuMemcpyHtoA", 3020, (void *)cuMemcpyHtoA_v2},
-    {"cuMemcpyHtoAAsync", 3020, (void *)cuMemcpyHtoAAsync_v2},
-    {"cuMemcpyHtoD", 3020, (void *)cuMemcpyHtoD_v2},
-    {"cuMemcpyHtoDAsync", 3020, (void *)cuMemcpyHtoDAsync_v2},
-    {"cuMemcpyPeer", 4000, (void *)cuMemcpyPeer},
-    {"cuMemcpyPeerAsync", 4000, (void *)cuMemcpyPeerAsync},
-    {"cuMemcpyWithAttributesAsync", 13000, (void *)cuMemcpyWithAttributesAsync},
-    {"cuMemsetD16", 3020, (void *)cuMemsetD16_v2},
-    {"cuMemsetD16Async", 3020, (void *)cuMemsetD16Async},
-    {"cuMemsetD2D16", 3020, (void *)cuMemsetD2D16_v2},
-    {"cuMemsetD2D16Async", 3020, (void *)cuMemsetD2D16Async},
-    {"cuMemsetD2D32", 3020, (void *)cuMemsetD2D32_v2},
-    {"cuMemsetD2D32Async", 3020, (void *)cuMemsetD2D32Async},
-    {"cuMemsetD2D8", 3020, (void *)cuMemsetD2D8_v2},
-    {"cuMemsetD2D8Async", 3020, (void *)cuMemsetD2D8Async},
-    {"cuMemsetD32", 3020, (void *)cuMemsetD32_v2},
-    {"cuMemsetD32Async", 3020, (void *)cuMemsetD32Async},
-    {"cuMemsetD8", 3020, (void *)cuMemsetD8_v2},
-    {"cuMemsetD8Async", 3020, (void *)cuMemsetD8Async},
-    {"cuMipmappedArrayCreate", 5000, (void *)cuMipmappedArrayCreate},
-    {"cuMipmappedArrayDestroy", 5000, (void *)cuMipmappedArrayDestroy},
-    {"cuMipmappedArrayGetLevel", 5000, (void *)cuMipmappedArrayGetLevel},
-    {"cuModuleEnumerateFunctions", 12040, (void *)cuModuleEnumerateFunctions},
-    {"cuModuleGetFunction", 2000, (void *)cuModuleGetFunction},
-    {"cuModuleGetFunctionCount", 12040, (void *)cuModuleGetFunctionCount},
-    {"cuModuleGetGlobal", 3020, (void *)cuModuleGetGlobal_v2},
-    {"cuModuleGetLoadingMode", 11070, (void *)cuModuleGetLoadingMode},
-    {"cuModuleLoad", 2000, (void *)cuModuleLoad},
-    {"cuModuleLoadData", 2000, (void *)cuModuleLoadData},
-    {"cuModuleLoadDataEx", 2010, (void *)cuModuleLoadDataEx},
-    {"cuModuleLoadFatBinary", 2000, (void *)cuModuleLoadFatBinary},
-    {"cuModuleUnload", 2000, (void *)cuModuleUnload},
-    {"cuOccupancyAvailableDynamicSMemPerBlock", 10020, (void *)cuOccupancyAvailableDynamicSMemPerBlock},
-    {"cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050, (void *)cuOccupancyMaxActiveBlocksPerMultiprocessor},
-    {"cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 7000, (void *)cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags},
-    {"cuOccupancyMaxActiveClusters", 11070, (void *)cuOccupancyMaxActiveClusters},
-    {"cuOccupancyMaxPotentialBlockSize", 6050, (void *)cuOccupancyMaxPotentialBlockSize},
-    {"cuOccupancyMaxPotentialBlockSizeWithFlags", 7000, (void *)cuOccupancyMaxPotentialBlockSizeWithFlags},
-    {"cuOccupancyMaxPotentialClusterSize", 11070, (void *)cuOccupancyMaxPotentialClusterSize},
-    {"cuParamSetSize", 2000, (void *)cuParamSetSize},
-    {"cuParamSetf", 2000, (void *)cuParamSetf},
-    {"cuParamSeti", 2000, (void *)cuParamSeti},
-    {"cuParamSetv", 2000, (void *)cuParamSetv},
-    {"cuPointerGetAttribute", 4000, (void *)cuPointerGetAttribute},
-    {"cuPointerGetAttributes", 7000, (void *)cuPointerGetAttributes},
-    {"cuPointerSetAttribute", 6000, (void *)cuPointerSetAttribute},
-    {"cuProfilerStart", 4000, (void *)cuProfilerStart},
-    {"cuProfilerStop", 4000, (void *)cuProfilerStop},
-    {"cuStreamAddCallback", 5000, (void *)cuStreamAddCallback},
-    {"cuStreamAttachMemAsync", 6000, (void *)cuStreamAttachMemAsync},
-    {"cuStreamBatchMemOp", 8000, (void *)cuStreamBatchMemOp},
-    {"cuStreamBatchMemOp", 11070, (void *)cuStreamBatchMemOp_v2},
-    {"cuStreamBeginCapture", 10010, (void *)cuStreamBeginCapture_v2},
-    {"cuStreamBeginCaptureToGraph", 12030, (void *)cuStreamBeginCaptureToGraph},
-    {"cuStreamCopyAttributes", 11000, (void *)cuStreamCopyAttributes},
-    {"cuStreamCreate", 2000, (void *)cuStreamCreate},
-    {"cuStreamCreateWithPriority", 5050, (void *)cuStreamCreateWithPriority},
-    {"cuStreamDestroy", 4000, (void *)cuStreamDestroy_v2},
-    {"cuStreamEndCapture", 10000, (void *)cuStreamEndCapture},
-    {"cuStreamGetAttribute", 11000, (void *)cuStreamGetAttribute},
-    {"cuStreamGetCaptureInfo", 11030, (void *)cuStreamGetCaptureInfo_v2},
-    {"cuStreamGetCaptureInfo", 12030, (void *)cuStreamGetCaptureInfo_v3},
-    {"cuStreamGetCtx", 9020, (void *)cuStreamGetCtx},
-    {"cuStreamGetCtx", 12050, (void *)cuStreamGetCtx_v2},
-    {"cuStreamGetDevice", 12080, (void *)cuStreamGetDevice},
-    {"cuStreamGetFlags", 5050, (void *)cuStreamGetFlags},
-    {"cuStreamGetGreenCtx", 12040, (void *)cuStreamGetGreenCtx},
-    {"cuStreamGetId", 12000, (void *)cuStreamGetId},
-    {"cuStreamGetPriority", 5050, (void *)cuStreamGetPriority},
-    {"cuStreamIsCapturing", 10000, (void *)cuStreamIsCapturing},
-    {"cuStreamQuery", 2000, (void *)cuStreamQuery},
-    {"cuStreamSetAttribute", 11000, (void *)cuStreamSetAttribute},
-    {"cuStreamSynchronize", 2000, (void *)cuStreamSynchronize},
-    {"cuStreamUpdateCaptureDependencies", 11030, (void *)cuStreamUpdateCaptureDependencies},
-    {"cuStreamUpdateCaptureDependencies", 12030, (void *)cuStreamUpdateCaptureDependencies_v2},
-    {"cuStreamWaitEvent", 3020, (void *)cuStreamWaitEvent},
-    {"cuStreamWaitValue32", 8000, (void *)cuStreamWaitValue32},
-    {"cuStreamWaitValue32", 11070, (void *)cuStreamWaitValue32_v2},
-    {"cuStreamWaitValue64", 8000, (void *)cuStreamWaitValue64},
-    {"cuStreamWaitValue64", 11070, (void *)cuStreamWaitValue64_v2},
-    {"cuStreamWriteValue32", 8000, (void *)cuStreamWriteValue32},
-    {"cuStreamWriteValue32", 11070, (void *)cuStreamWriteValue32_v2},
-    {"cuStreamWriteValue64", 8000, (void *)cuStreamWriteValue64},
-    {"cuStreamWriteValue64", 11070, (void *)cuStreamWriteValue64_v2},
-    {"cuSurfObjectCreate", 5000, (void *)cuSurfObjectCreate},
-    {"cuSurfObjectDestroy", 5000, (void *)cuSurfObjectDestroy},
-    {"cuSurfObjectGetResourceDesc", 5000, (void *)cuSurfObjectGetResourceDesc},
-    {"cuTensorMapEncodeIm2col", 12000, (void *)cuTensorMapEncodeIm2col},
-    {"cuTensorMapEncodeIm2colWide", 12080, (void *)cuTensorMapEncodeIm2colWide},
-    {"cuTensorMapEncodeTiled", 12000, (void *)cuTensorMapEncodeTiled},
-    {"cuTensorMapReplaceAddress", 12000, (void *)cuTensorMapReplaceAddress},
-    {"cuTexObjectCreate", 5000, (void *)cuTexObjectCreate},
-    {"cuTexObjectDestroy", 5000, (void *)cuTexObjectDestroy},
-    {"cuTexObjectGetResourceDesc", 5000, (void *)cuTexObjectGetResourceDesc},
-    {"cuTexObjectGetResourceViewDesc", 5000, (void *)cuTexObjectGetResourceViewDesc},
-    {"cuTexObjectGetTextureDesc", 5000, (void *)cuTexObjectGetTextureDesc},
-    {"cuThreadExchangeStreamCaptureMode", 10010, (void *)cuThreadExchangeStreamCaptureMode},
-    {"cuUserObjectCreate", 11030, (void *)cuUserObjectCreate},
-    {"cuUserObjectRelease", 11030, (void *)cuUserObjectRelease},
-    {"cuUserObjectRetain", 11030, (void *)cuUserObjectRetain},
+    {"cuArray3DCreate", 3020, (void *)cuArray3DCreate_v2, NULL},
+    {"cuArray3DGetDescriptor", 3020, (void *)cuArray3DGetDescriptor_v2, NULL},
+    {"cuArrayCreate", 3020, (void *)cuArrayCreate_v2, NULL},
+    {"cuArrayDestroy", 2000, (void *)cuArrayDestroy, NULL},
+    {"cuArrayGetDescriptor", 3020, (void *)cuArrayGetDescriptor_v2, NULL},
+    {"cuArrayGetMemoryRequirements", 11060, (void *)cuArrayGetMemoryRequirements, NULL},
+    {"cuArrayGetPlane", 11020, (void *)cuArrayGetPlane, NULL},
+    {"cuArrayGetSparseProperties", 11010, (void *)cuArrayGetSparseProperties, NULL},
+    {"cuCtxAttach", 2000, (void *)cuCtxAttach, NULL},
+    {"cuCtxCreate", 3020, (void *)cuCtxCreate_v2, NULL},
+    {"cuCtxCreate", 11040, (void *)cuCtxCreate_v3, NULL},
+    {"cuCtxCreate", 12050, (void *)cuCtxCreate_v4, NULL},
+    {"cuCtxDestroy", 4000, (void *)cuCtxDestroy_v2, NULL},
+    {"cuCtxDetach", 2000, (void *)cuCtxDetach, NULL},
+    {"cuCtxDisablePeerAccess", 4000, (void *)cuCtxDisablePeerAccess, NULL},
+    {"cuCtxEnablePeerAccess", 4000, (void *)cuCtxEnablePeerAccess, NULL},
+    {"cuCtxFromGreenCtx", 12040, (void *)cuCtxFromGreenCtx, NULL},
+    {"cuCtxGetApiVersion", 3020, (void *)cuCtxGetApiVersion, NULL},
+    {"cuCtxGetCacheConfig", 3020, (void *)cuCtxGetCacheConfig, NULL},
+    {"cuCtxGetCurrent", 4000, (void *)cuCtxGetCurrent, NULL},
+    {"cuCtxGetDevResource", 12040, (void *)cuCtxGetDevResource, NULL},
+    {"cuCtxGetDevice", 2000, (void *)cuCtxGetDevice, NULL},
+    {"cuCtxGetDevice", 13000, (void *)cuCtxGetDevice_v2, NULL},
+    {"cuCtxGetExecAffinity", 11040, (void *)cuCtxGetExecAffinity, NULL},
+    {"cuCtxGetFlags", 7000, (void *)cuCtxGetFlags, NULL},
+    {"cuCtxGetId", 12000, (void *)cuCtxGetId, NULL},
+    {"cuCtxGetLimit", 3010, (void *)cuCtxGetLimit, NULL},
+    {"cuCtxGetSharedMemConfig", 4020, (void *)cuCtxGetSharedMemConfig, NULL},
+    {"cuCtxGetStreamPriorityRange", 5050, (void *)cuCtxGetStreamPriorityRange, NULL},
+    {"cuCtxPopCurrent", 4000, (void *)cuCtxPopCurrent_v2, NULL},
+    {"cuCtxPushCurrent", 4000, (void *)cuCtxPushCurrent_v2, NULL},
+    {"cuCtxRecordEvent", 12050, (void *)cuCtxRecordEvent, NULL},
+    {"cuCtxResetPersistingL2Cache", 11000, (void *)cuCtxResetPersistingL2Cache, NULL},
+    {"cuCtxSetCacheConfig", 3020, (void *)cuCtxSetCacheConfig, NULL},
+    {"cuCtxSetCurrent", 4000, (void *)cuCtxSetCurrent, NULL},
+    {"cuCtxSetFlags", 12010, (void *)cuCtxSetFlags, NULL},
+    {"cuCtxSetLimit", 3010, (void *)cuCtxSetLimit, NULL},
+    {"cuCtxSetSharedMemConfig", 4020, (void *)cuCtxSetSharedMemConfig, NULL},
+    {"cuCtxSynchronize", 2000, (void *)cuCtxSynchronize, NULL},
+    {"cuCtxSynchronize", 13000, (void *)cuCtxSynchronize_v2, NULL},
+    {"cuCtxWaitEvent", 12050, (void *)cuCtxWaitEvent, NULL},
+    {"cuDevResourceGenerateDesc", 12040, (void *)cuDevResourceGenerateDesc, NULL},
+    {"cuDevSmResourceSplitByCount", 12040, (void *)cuDevSmResourceSplitByCount, NULL},
+    {"cuDeviceCanAccessPeer", 4000, (void *)cuDeviceCanAccessPeer, NULL},
+    {"cuDeviceComputeCapability", 2000, (void *)cuDeviceComputeCapability, NULL},
+    {"cuDeviceGet", 2000, (void *)cuDeviceGet, NULL},
+    {"cuDeviceGetAttribute", 2000, (void *)cuDeviceGetAttribute, NULL},
+    {"cuDeviceGetByPCIBusId", 4010, (void *)cuDeviceGetByPCIBusId, NULL},
+    {"cuDeviceGetCount", 2000, (void *)cuDeviceGetCount, NULL},
+    {"cuDeviceGetDefaultMemPool", 11020, (void *)cuDeviceGetDefaultMemPool, NULL},
+    {"cuDeviceGetDevResource", 12040, (void *)cuDeviceGetDevResource, NULL},
+    {"cuDeviceGetExecAffinitySupport", 11040, (void *)cuDeviceGetExecAffinitySupport, NULL},
+    {"cuDeviceGetGraphMemAttribute", 11040, (void *)cuDeviceGetGraphMemAttribute, NULL},
+    {"cuDeviceGetHostAtomicCapabilities", 13000, (void *)cuDeviceGetHostAtomicCapabilities, NULL},
+    {"cuDeviceGetMemPool", 11020, (void *)cuDeviceGetMemPool, NULL},
+    {"cuDeviceGetName", 2000, (void *)cuDeviceGetName, NULL},
+    {"cuDeviceGetP2PAtomicCapabilities", 13000, (void *)cuDeviceGetP2PAtomicCapabilities, NULL},
+    {"cuDeviceGetP2PAttribute", 8000, (void *)cuDeviceGetP2PAttribute, NULL},
+    {"cuDeviceGetPCIBusId", 4010, (void *)cuDeviceGetPCIBusId, NULL},
+    {"cuDeviceGetProperties", 2000, (void *)cuDeviceGetProperties, NULL},
+    {"cuDeviceGetTexture1DLinearMaxWidth", 11010, (void *)cuDeviceGetTexture1DLinearMaxWidth, NULL},
+    {"cuDeviceGetUuid", 9020, (void *)cuDeviceGetUuid, NULL},
+    {"cuDeviceGetUuid", 11040, (void *)cuDeviceGetUuid_v2, NULL},
+    {"cuDeviceGraphMemTrim", 11040, (void *)cuDeviceGraphMemTrim, NULL},
+    {"cuDevicePrimaryCtxGetState", 7000, (void *)cuDevicePrimaryCtxGetState, NULL},
+    {"cuDevicePrimaryCtxRelease", 7000, (void *)cuDevicePrimaryCtxRelease, NULL},
+    {"cuDevicePrimaryCtxRelease", 11000, (void *)cuDevicePrimaryCtxRelease_v2, NULL},
+    {"cuDevicePrimaryCtxReset", 7000, (void *)cuDevicePrimaryCtxReset, NULL},
+    {"cuDevicePrimaryCtxReset", 11000, (void *)cuDevicePrimaryCtxReset_v2, NULL},
+    {"cuDevicePrimaryCtxRetain", 7000, (void *)cuDevicePrimaryCtxRetain, NULL},
+    {"cuDevicePrimaryCtxSetFlags", 7000, (void *)cuDevicePrimaryCtxSetFlags, NULL},
+    {"cuDevicePrimaryCtxSetFlags", 11000, (void *)cuDevicePrimaryCtxSetFlags_v2, NULL},
+    {"cuDeviceRegisterAsyncNotification", 12040, (void *)cuDeviceRegisterAsyncNotification, NULL},
+    {"cuDeviceSetGraphMemAttribute", 11040, (void *)cuDeviceSetGraphMemAttribute, NULL},
+    {"cuDeviceSetMemPool", 11020, (void *)cuDeviceSetMemPool, NULL},
+    {"cuDeviceTotalMem", 3020, (void *)cuDeviceTotalMem_v2, NULL},
+    {"cuDeviceUnregisterAsyncNotification", 12040, (void *)cuDeviceUnregisterAsyncNotification, NULL},
+    {"cuDriverGetVersion", 2020, (void *)cuDriverGetVersion, NULL},
+    {"cuEventCreate", 2000, (void *)cuEventCreate, NULL},
+    {"cuEventDestroy", 4000, (void *)cuEventDestroy_v2, NULL},
+    {"cuEventElapsedTime", 2000, (void *)cuEventElapsedTime, NULL},
+    {"cuEventElapsedTime", 12080, (void *)cuEventElapsedTime_v2, NULL},
+    {"cuEventQuery", 2000, (void *)cuEventQuery, NULL},
+    {"cuEventRecord", 2000, (void *)cuEventRecord, NULL},
+    {"cuEventRecordWithFlags", 11010, (void *)cuEventRecordWithFlags, NULL},
+    {"cuEventSynchronize", 2000, (void *)cuEventSynchronize, NULL},
+    {"cuFlushGPUDirectRDMAWrites", 11030, (void *)cuFlushGPUDirectRDMAWrites, NULL},
+    {"cuFuncGetAttribute", 2020, (void *)cuFuncGetAttribute, NULL},
+    {"cuFuncGetModule", 11000, (void *)cuFuncGetModule, NULL},
+    {"cuFuncGetName", 12030, (void *)cuFuncGetName, NULL},
+    {"cuFuncGetParamCount", 13000, (void *)cuFuncGetParamCount, NULL},
+    {"cuFuncGetParamInfo", 12040, (void *)cuFuncGetParamInfo, NULL},
+    {"cuFuncIsLoaded", 12040, (void *)cuFuncIsLoaded, NULL},
+    {"cuFuncLoad", 12040, (void *)cuFuncLoad, NULL},
+    {"cuFuncSetAttribute", 9000, (void *)cuFuncSetAttribute, NULL},
+    {"cuFuncSetBlockShape", 2000, (void *)cuFuncSetBlockShape, NULL},
+    {"cuFuncSetCacheConfig", 3000, (void *)cuFuncSetCacheConfig, NULL},
+    {"cuFuncSetSharedMemConfig", 4020, (void *)cuFuncSetSharedMemConfig, NULL},
+    {"cuFuncSetSharedSize", 2000, (void *)cuFuncSetSharedSize, NULL},
+    {"cuGetErrorName", 6000, (void *)cuGetErrorName, NULL},
+    {"cuGetErrorString", 6000, (void *)cuGetErrorString, NULL},
+    {"cuGetExportTable", 3000, (void *)cuGetExportTable, NULL},
+    {"cuGraphAddBatchMemOpNode", 11070, (void *)cuGraphAddBatchMemOpNode, NULL},
+    {"cuGraphAddChildGraphNode", 10000, (void *)cuGraphAddChildGraphNode, NULL},
+    {"cuGraphAddDependencies", 10000, (void *)cuGraphAddDependencies, NULL},
+    {"cuGraphAddDependencies", 12030, (void *)cuGraphAddDependencies_v2, NULL},
+    {"cuGraphAddEmptyNode", 10000, (void *)cuGraphAddEmptyNode, NULL},
+    {"cuGraphAddEventRecordNode", 11010, (void *)cuGraphAddEventRecordNode, NULL},
+    {"cuGraphAddEventWaitNode", 11010, (void *)cuGraphAddEventWaitNode, NULL},
+    {"cuGraphAddHostNode", 10000, (void *)cuGraphAddHostNode, NULL},
+    {"cuGraphAddKernelNode", 12000, (void *)cuGraphAddKernelNode_v2, NULL},
+    {"cuGraphAddMemAllocNode", 11040, (void *)cuGraphAddMemAllocNode, NULL},
+    {"cuGraphAddMemFreeNode", 11040, (void *)cuGraphAddMemFreeNode, NULL},
+    {"cuGraphAddMemcpyNode", 10000, (void *)cuGraphAddMemcpyNode, NULL},
+    {"cuGraphAddMemsetNode", 10000, (void *)cuGraphAddMemsetNode, NULL},
+    {"cuGraphAddNode", 12020, (void *)cuGraphAddNode, NULL},
+    {"cuGraphAddNode", 12030, (void *)cuGraphAddNode_v2, NULL},
+    {"cuGraphAddNode", 13041, NULL, "cuGraphAddNode_v3"},
+    {"cuGraphBatchMemOpNodeGetParams", 11070, (void *)cuGraphBatchMemOpNodeGetParams, NULL},
+    {"cuGraphBatchMemOpNodeSetParams", 11070, (void *)cuGraphBatchMemOpNodeSetParams, NULL},
+    {"cuGraphChildGraphNodeGetGraph", 10000, (void *)cuGraphChildGraphNodeGetGraph, NULL},
+    {"cuGraphClone", 10000, (void *)cuGraphClone, NULL},
+    {"cuGraphConditionalHandleCreate", 12030, (void *)cuGraphConditionalHandleCreate, NULL},
+    {"cuGraphCreate", 10000, (void *)cuGraphCreate, NULL},
+    {"cuGraphDebugDotPrint", 11030, (void *)cuGraphDebugDotPrint, NULL},
+    {"cuGraphDestroy", 10000, (void *)cuGraphDestroy, NULL},
+    {"cuGraphDestroyNode", 10000, (void *)cuGraphDestroyNode, NULL},
+    {"cuGraphEventRecordNodeGetEvent", 11010, (void *)cuGraphEventRecordNodeGetEvent, NULL},
+    {"cuGraphEventRecordNodeSetEvent", 11010, (void *)cuGraphEventRecordNodeSetEvent, NULL},
+    {"cuGraphEventWaitNodeGetEvent", 11010, (void *)cuGraphEventWaitNodeGetEvent, NULL},
+    {"cuGraphEventWaitNodeSetEvent", 11010, (void *)cuGraphEventWaitNodeSetEvent, NULL},
+    {"cuGraphExecBatchMemOpNodeSetParams", 11070, (void *)cuGraphExecBatchMemOpNodeSetParams, NULL},
+    {"cuGraphExecChildGraphNodeSetParams", 11010, (void *)cuGraphExecChildGraphNodeSetParams, NULL},
+    {"cuGraphExecDestroy", 10000, (void *)cuGraphExecDestroy, NULL},
+    {"cuGraphExecEventRecordNodeSetEvent", 11010, (void *)cuGraphExecEventRecordNodeSetEvent, NULL},
+    {"cuGraphExecEventWaitNodeSetEvent", 11010, (void *)cuGraphExecEventWaitNodeSetEvent, NULL},
+    {"cuGraphExecGetFlags", 12000, (void *)cuGraphExecGetFlags, NULL},
+    {"cuGraphExecGetId", 13010, (void *)cuGraphExecGetId, NULL},
+    {"cuGraphExecHostNodeSetParams", 10020, (void *)cuGraphExecHostNodeSetParams, NULL},
+    {"cuGraphExecKernelNodeSetParams", 12000, (void *)cuGraphExecKernelNodeSetParams_v2, NULL},
+    {"cuGraphExecMemcpyNodeSetParams", 10020, (void *)cuGraphExecMemcpyNodeSetParams, NULL},
+    {"cuGraphExecMemsetNodeSetParams", 10020, (void *)cuGraphExecMemsetNodeSetParams, NULL},
+    {"cuGraphExecNodeSetParams", 12020, (void *)cuGraphExecNodeSetParams, NULL},
+    {"cuGraphExecUpdate", 12000, (void *)cuGraphExecUpdate_v2, NULL},
+    {"cuGraphGetEdges", 10000, (void *)cuGraphGetEdges, NULL},
+    {"cuGraphGetEdges", 12030, (void *)cuGraphGetEdges_v2, NULL},
+    {"cuGraphGetId", 13010, (void *)cuGraphGetId, NULL},
+    {"cuGraphGetNodes", 10000, (void *)cuGraphGetNodes, NULL},
+    {"cuGraphGetRootNodes", 10000, (void *)cuGraphGetRootNodes, NULL},
+    {"cuGraphHostNodeGetParams", 10000, (void *)cuGraphHostNodeGetParams, NULL},
+    {"cuGraphHostNodeSetParams", 10000, (void *)cuGraphHostNodeSetParams, NULL},
+    {"cuGraphInstantiate", 12000, (void *)cuGraphInstantiateWithFlags, NULL},
+    {"cuGraphInstantiateWithFlags", 11040, (void *)cuGraphInstantiateWithFlags, NULL},
+    {"cuGraphInstantiateWithParams", 12000, (void *)cuGraphInstantiateWithParams, NULL},
+    {"cuGraphKernelNodeCopyAttributes", 11000, (void *)cuGraphKernelNodeCopyAttributes, NULL},
+    {"cuGraphKernelNodeGetAttribute", 11000, (void *)cuGraphKernelNodeGetAttribute, NULL},
+    {"cuGraphKernelNodeGetParams", 12000, (void *)cuGraphKernelNodeGetParams_v2, NULL},
+    {"cuGraphKernelNodeSetAttribute", 11000, (void *)cuGraphKernelNodeSetAttribute, NULL},
+    {"cuGraphKernelNodeSetParams", 12000, (void *)cuGraphKernelNodeSetParams_v2, NULL},
+    {"cuGraphLaunch", 10000, (void *)cuGraphLaunch, NULL},
+    {"cuGraphMemAllocNodeGetParams", 11040, (void *)cuGraphMemAllocNodeGetParams, NULL},
+    {"cuGraphMemFreeNodeGetParams", 11040, (void *)cuGraphMemFreeNodeGetParams, NULL},
+    {"cuGraphMemcpyNodeGetParams", 10000, (void *)cuGraphMemcpyNodeGetParams, NULL},
+    {"cuGraphMemcpyNodeSetParams", 10000, (void *)cuGraphMemcpyNodeSetParams, NULL},
+    {"cuGraphMemsetNodeGetParams", 10000, (void *)cuGraphMemsetNodeGetParams, NULL},
+    {"cuGraphMemsetNodeSetParams", 10000, (void *)cuGraphMemsetNodeSetParams, NULL},
+    {"cuGraphNodeFindInClone", 10000, (void *)cuGraphNodeFindInClone, NULL},
+    {"cuGraphNodeGetContainingGraph", 13010, (void *)cuGraphNodeGetContainingGraph, NULL},
+    {"cuGraphNodeGetDependencies", 10000, (void *)cuGraphNodeGetDependencies, NULL},
+    {"cuGraphNodeGetDependencies", 12030, (void *)cuGraphNodeGetDependencies_v2, NULL},
+    {"cuGraphNodeGetDependentNodes", 10000, (void *)cuGraphNodeGetDependentNodes, NULL},
+    {"cuGraphNodeGetDependentNodes", 12030, (void *)cuGraphNodeGetDependentNodes_v2, NULL},
+    {"cuGraphNodeGetEnabled", 11060, (void *)cuGraphNodeGetEnabled, NULL},
+    {"cuGraphNodeGetLocalId", 13010, (void *)cuGraphNodeGetLocalId, NULL},
+    {"cuGraphNodeGetParams", 13010, (void *)cuGraphNodeGetParams, NULL},
+    {"cuGraphNodeGetToolsId", 13010, (void *)cuGraphNodeGetToolsId, NULL},
+    {"cuGraphNodeGetType", 10000, (void *)cuGraphNodeGetType, NULL},
+    {"cuGraphNodeSetEnabled", 11060, (void *)cuGraphNodeSetEnabled, NULL},
+    {"cuGraphNodeSetParams", 12020, (void *)cuGraphNodeSetParams, NULL},
+    {"cuGraphNodeSetParams", 13041, NULL, "cuGraphNodeSetParams_v2"},
+    {"cuGraphReleaseUserObject", 11030, (void *)cuGraphReleaseUserObject, NULL},
+    {"cuGraphRemoveDependencies", 10000, (void *)cuGraphRemoveDependencies, NULL},
+    {"cuGraphRemoveDependencies", 12030, (void *)cuGraphRemoveDependencies_v2, NULL},
+    {"cuGraphRetainUserObject", 11030, (void *)cuGraphRetainUserObject, NULL},
+    {"cuGraphUpload", 11010, (void *)cuGraphUpload, NULL},
+    {"cuGreenCtxCreate", 12040, (void *)cuGreenCtxCreate, NULL},
+    {"cuGreenCtxDestroy", 12040, (void *)cuGreenCtxDestroy, NULL},
+    {"cuGreenCtxGetDevResource", 12040, (void *)cuGreenCtxGetDevResource, NULL},
+    {"cuGreenCtxGetId", 12090, (void *)cuGreenCtxGetId, NULL},
+    {"cuGreenCtxRecordEvent", 12040, (void *)cuGreenCtxRecordEvent, NULL},
+    {"cuGreenCtxStreamCreate", 12040, (void *)cuGreenCtxStreamCreate, NULL},
+    {"cuGreenCtxWaitEvent", 12040, (void *)cuGreenCtxWaitEvent, NULL},
+    {"cuInit", 2000, (void *)cuInit, NULL},
+    {"cuIpcCloseMemHandle", 4010, (void *)cuIpcCloseMemHandle, NULL},
+    {"cuIpcGetEventHandle", 4010, (void *)cuIpcGetEventHandle, NULL},
+    {"cuIpcGetMemHandle", 4010, (void *)cuIpcGetMemHandle, NULL},
+    {"cuIpcOpenEventHandle", 4010, (void *)cuIpcOpenEventHandle, NULL},
+    {"cuIpcOpenMemHandle", 4010, (void *)cuIpcOpenMemHandle, NULL},
+    {"cuIpcOpenMemHandle", 11000, (void *)cuIpcOpenMemHandle_v2, NULL},
+    {"cuKernelGetAttribute", 12000, (void *)cuKernelGetAttribute, NULL},
+    {"cuKernelGetFunction", 12000, (void *)cuKernelGetFunction, NULL},
+    {"cuKernelGetLibrary", 12050, (void *)cuKernelGetLibrary, NULL},
+    {"cuKernelGetName", 12030, (void *)cuKernelGetName, NULL},
+    {"cuKernelGetParamCount", 13000, (void *)cuKernelGetParamCount, NULL},
+    {"cuKernelGetParamInfo", 12040, (void *)cuKernelGetParamInfo, NULL},
+    {"cuKernelSetAttribute", 12000, (void *)cuKernelSetAttribute, NULL},
+    {"cuKernelSetCacheConfig", 12000, (void *)cuKernelSetCacheConfig, NULL},
+    {"cuLaunch", 2000, (void *)cuLaunch, NULL},
+    {"cuLaunchCooperativeKernel", 9000, (void *)cuLaunchCooperativeKernel, NULL},
+    {"cuLaunchCooperativeKernelMultiDevice", 9000, (void *)cuLaunchCooperativeKernelMultiDevice, NULL},
+    {"cuLaunchGrid", 2000, (void *)cuLaunchGrid, NULL},
+    {"cuLaunchGridAsync", 2000, (void *)cuLaunchGridAsync, NULL},
+    {"cuLaunchHostFunc", 10000, (void *)cuLaunchHostFunc, NULL},
+    {"cuLaunchHostFunc", 13020, (void *)cuLaunchHostFunc_v2, NULL},
+    {"cuLaunchKernel", 4000, (void *)cuLaunchKernel, NULL},
+    {"cuLaunchKernelEx", 11060, (void *)cuLaunchKernelEx, NULL},
+    {"cuLibraryEnumerateKernels", 12040, (void *)cuLibraryEnumerateKernels, NULL},
+    {"cuLibraryGetGlobal", 12000, (void *)cuLibraryGetGlobal, NULL},
+    {"cuLibraryGetKernel", 12000, (void *)cuLibraryGetKernel, NULL},
+    {"cuLibraryGetKernelCount", 12040, (void *)cuLibraryGetKernelCount, NULL},
+    {"cuLibraryGetManaged", 12000, (void *)cuLibraryGetManaged, NULL},
+    {"cuLibraryGetModule", 12000, (void *)cuLibraryGetModule, NULL},
+    {"cuLibraryLoadData", 12000, (void *)cuLibraryLoadData, NULL},
+    {"cuLibraryLoadFromFile", 12000, (void *)cuLibraryLoadFromFile, NULL},
+    {"cuLibraryUnload", 12000, (void *)cuLibraryUnload, NULL},
+    {"cuLinkAddData", 6050, (void *)cuLinkAddData_v2, NULL},
+    {"cuLinkAddFile", 6050, (void *)cuLinkAddFile_v2, NULL},
+    {"cuLinkComplete", 5050, (void *)cuLinkComplete, NULL},
+    {"cuLinkCreate", 6050, (void *)cuLinkCreate_v2, NULL},
+    {"cuLinkDestroy", 5050, (void *)cuLinkDestroy, NULL},
+    {"cuLogsCurrent", 12080, (void *)cuLogsCurrent, NULL},
+    {"cuLogsDumpToFile", 12080, (void *)cuLogsDumpToFile, NULL},
+    {"cuLogsDumpToMemory", 12080, (void *)cuLogsDumpToMemory, NULL},
+    {"cuLogsRegisterCallback", 12080, (void *)cuLogsRegisterCallback, NULL},
+    {"cuLogsUnregisterCallback", 12080, (void *)cuLogsUnregisterCallback, NULL},
+    {"cuMemAddressFree", 10020, (void *)cuMemAddressFree, NULL},
+    {"cuMemAddressReserve", 10020, (void *)cuMemAddressReserve, NULL},
+    {"cuMemAdvise", 8000, (void *)cuMemAdvise, NULL},
+    {"cuMemAdvise", 12020, (void *)cuMemAdvise_v2, NULL},
+    {"cuMemAlloc", 3020, (void *)cuMemAlloc_v2, NULL},
+    {"cuMemAllocAsync", 11020, (void *)cuMemAllocAsync, NULL},
+    {"cuMemAllocFromPoolAsync", 11020, (void *)cuMemAllocFromPoolAsync, NULL},
+    {"cuMemAllocHost", 3020, (void *)cuMemAllocHost_v2, NULL},
+    {"cuMemAllocManaged", 6000, (void *)cuMemAllocManaged, NULL},
+    {"cuMemAllocPitch", 3020, (void *)cuMemAllocPitch_v2, NULL},
+    {"cuMemBatchDecompressAsync", 12060, (void *)cuMemBatchDecompressAsync, NULL},
+    {"cuMemCreate", 10020, (void *)cuMemCreate, NULL},
+    {"cuMemDiscardAndPrefetchBatchAsync", 13000, (void *)cuMemDiscardAndPrefetchBatchAsync, NULL},
+    {"cuMemDiscardBatchAsync", 13000, (void *)cuMemDiscardBatchAsync, NULL},
+    {"cuMemExportToShareableHandle", 10020, (void *)cuMemExportToShareableHandle, NULL},
+    {"cuMemFree", 3020, (void *)cuMemFree_v2, NULL},
+    {"cuMemFreeAsync", 11020, (void *)cuMemFreeAsync, NULL},
+    {"cuMemFreeHost", 2000, (void *)cuMemFreeHost, NULL},
+    {"cuMemGetAccess", 10020, (void *)cuMemGetAccess, NULL},
+    {"cuMemGetAddressRange", 3020, (void *)cuMemGetAddressRange_v2, NULL},
+    {"cuMemGetAllocationGranularity", 10020, (void *)cuMemGetAllocationGranularity, NULL},
+    {"cuMemGetAllocationPropertiesFromHandle", 10020, (void *)cuMemGetAllocationPropertiesFromHandle, NULL},
+    {"cuMemGetDefaultMemPool", 13000, (void *)cuMemGetDefaultMemPool, NULL},
+    {"cuMemGetInfo", 3020, (void *)cuMemGetInfo_v2, NULL},
+    {"cuMemGetMemPool", 13000, (void *)cuMemGetMemPool, NULL},
+    {"cuMemHostAlloc", 2020, (void *)cuMemHostAlloc, NULL},
+    {"cuMemHostGetDevicePointer", 3020, (void *)cuMemHostGetDevicePointer_v2, NULL},
+    {"cuMemHostGetFlags", 2030, (void *)cuMemHostGetFlags, NULL},
+    {"cuMemHostRegister", 6050, (void *)cuMemHostRegister_v2, NULL},
+    {"cuMemHostUnregister", 4000, (void *)cuMemHostUnregister, NULL},
+    {"cuMemImportFromShareableHandle", 10020, (void *)cuMemImportFromShareableHandle, NULL},
+    {"cuMemMap", 10020, (void *)cuMemMap, NULL},
+    {"cuMemMapArrayAsync", 11010, (void *)cuMemMapArrayAsync, NULL},
+    {"cuMemPoolCreate", 11020, (void *)cuMemPoolCreate, NULL},
+    {"cuMemPoolDestroy", 11020, (void *)cuMemPoolDestroy, NULL},
+    {"cuMemPoolExportPointer", 11020, (void *)cuMemPoolExportPointer, NULL},
+    {"cuMemPoolExportToShareableHandle", 11020, (void *)cuMemPoolExportToShareableHandle, NULL},
+    {"cuMemPoolGetAccess", 11020, (void *)cuMemPoolGetAccess, NULL},
+    {"cuMemPoolGetAttribute", 11020, (void *)cuMemPoolGetAttribute, NULL},
+    {"cuMemPoolImportFromShareableHandle", 11020, (void *)cuMemPoolImportFromShareableHandle, NULL},
+    {"cuMemPoolImportPointer", 11020, (void *)cuMemPoolImportPointer, NULL},
+    {"cuMemPoolSetAccess", 11020, (void *)cuMemPoolSetAccess, NULL},
+    {"cuMemPoolSetAttribute", 11020, (void *)cuMemPoolSetAttribute, NULL},
+    {"cuMemPoolTrimTo", 11020, (void *)cuMemPoolTrimTo, NULL},
+    {"cuMemPrefetchAsync", 8000, (void *)cuMemPrefetchAsync, NULL},
+    {"cuMemPrefetchAsync", 12020, (void *)cuMemPrefetchAsync_v2, NULL},
+    {"cuMemPrefetchBatchAsync", 13000, (void *)cuMemPrefetchBatchAsync, NULL},
+    {"cuMemRangeGetAttribute", 8000, (void *)cuMemRangeGetAttribute, NULL},
+    {"cuMemRangeGetAttributes", 8000, (void *)cuMemRangeGetAttributes, NULL},
+    {"cuMemRelease", 10020, (void *)cuMemRelease, NULL},
+    {"cuMemRetainAllocationHandle", 11000, (void *)cuMemRetainAllocationHandle, NULL},
+    {"cuMemSetAccess", 10020, (void *)cuMemSetAccess, NULL},
+    {"cuMemSetMemPool", 13000, (void *)cuMemSetMemPool, NULL},
+    {"cuMemUnmap", 10020, (void *)cuMemUnmap, NULL},
+    {"cuMemcpy", 4000, (void *)cuMemcpy, NULL},
+    {"cuMemcpy2D", 3020, (void *)cuMemcpy2D_v2, NULL},
+    {"cuMemcpy2DAsync", 3020, (void *)cuMemcpy2DAsync_v2, NULL},
+    {"cuMemcpy2DUnaligned", 3020, (void *)cuMemcpy2DUnaligned_v2, NULL},
+    {"cuMemcpy3D", 3020, (void *)cuMemcpy3D_v2, NULL},
+    {"cuMemcpy3DAsync", 3020, (void *)cuMemcpy3DAsync_v2, NULL},
+    {"cuMemcpy3DBatchAsync", 12080, (void *)cuMemcpy3DBatchAsync, NULL},
+    {"cuMemcpy3DBatchAsync", 13000, (void *)cuMemcpy3DBatchAsync_v2, NULL},
+    {"cuMemcpy3DPeer", 4000, (void *)cuMemcpy3DPeer, NULL},
+    {"cuMemcpy3DPeerAsync", 4000, (void *)cuMemcpy3DPeerAsync, NULL},
+    {"cuMemcpy3DWithAttributesAsync", 13000, (void *)cuMemcpy3DWithAttributesAsync, NULL},
+    {"cuMemcpyAsync", 4000, (void *)cuMemcpyAsync, NULL},
+    {"cuMemcpyAtoA", 3020, (void *)cuMemcpyAtoA_v2, NULL},
+    {"cuMemcpyAtoD", 3020, (void *)cuMemcpyAtoD_v2, NULL},
+    {"cuMemcpyAtoH", 3020, (void *)cuMemcpyAtoH_v2, NULL},
+    {"cuMemcpyAtoHAsync", 3020, (void *)cuMemcpyAtoHAsync_v2, NULL},
+    {"cuMemcpyBatchAsync", 12080, (void *)cuMemcpyBatchAsync, NULL},
+    {"cuMemcpyBatchAsync", 13000, (void *)cuMemcpyBatchAsync_v2, NULL},
+    {"cuMemcpyDtoA", 3020, (void *)cuMemcpyDtoA_v2, NULL},
+    {"cuMemcpyDtoD", 3020, (void *)cuMemcpyDtoD_v2, NULL},
+    {"cuMemcpyDtoDAsync", 3020, (void *)cuMemcpyDtoDAsync_v2, NULL},
+    {"cuMemcpyDtoH", 3020, (void *)cuMemcpyDtoH_v2, NULL},
+    {"cuMemcpyDtoHAsync", 3020, (void *)cuMemcpyDtoHAsync_v2, NULL},
+    {"cuMemcpyHtoA", 3020, (void *)cuMemcpyHtoA_v2, NULL},
+    {"cuMemcpyHtoAAsync", 3020, (void *)cuMemcpyHtoAAsync_v2, NULL},
+    {"cuMemcpyHtoD", 3020, (void *)cuMemcpyHtoD_v2, NULL},
+    {"cuMemcpyHtoDAsync", 3020, (void *)cuMemcpyHtoDAsync_v2, NULL},
+    {"cuMemcpyPeer", 4000, (void *)cuMemcpyPeer, NULL},
+    {"cuMemcpyPeerAsync", 4000, (void *)cuMemcpyPeerAsync, NULL},
+    {"cuMemcpyWithAttributesAsync", 13000, (void *)cuMemcpyWithAttributesAsync, NULL},
+    {"cuMemsetD16", 3020, (void *)cuMemsetD16_v2, NULL},
+    {"cuMemsetD16Async", 3020, (void *)cuMemsetD16Async, NULL},
+    {"cuMemsetD2D16", 3020, (void *)cuMemsetD2D16_v2, NULL},
+    {"cuMemsetD2D16Async", 3020, (void *)cuMemsetD2D16Async, NULL},
+    {"cuMemsetD2D32", 3020, (void *)cuMemsetD2D32_v2, NULL},
+    {"cuMemsetD2D32Async", 3020, (void *)cuMemsetD2D32Async, NULL},
+    {"cuMemsetD2D8", 3020, (void *)cuMemsetD2D8_v2, NULL},
+    {"cuMemsetD2D8Async", 3020, (void *)cuMemsetD2D8Async, NULL},
+    {"cuMemsetD32", 3020, (void *)cuMemsetD32_v2, NULL},
+    {"cuMemsetD32Async", 3020, (void *)cuMemsetD32Async, NULL},
+    {"cuMemsetD8", 3020, (void *)cuMemsetD8_v2, NULL},
+    {"cuMemsetD8Async", 3020, (void *)cuMemsetD8Async, NULL},
+    {"cuMipmappedArrayCreate", 5000, (void *)cuMipmappedArrayCreate, NULL},
+    {"cuMipmappedArrayDestroy", 5000, (void *)cuMipmappedArrayDestroy, NULL},
+    {"cuMipmappedArrayGetLevel", 5000, (void *)cuMipmappedArrayGetLevel, NULL},
+    {"cuMipmappedArrayGetMemoryRequirements", 11060, (void *)cuMipmappedArrayGetMemoryRequirements, NULL},
+    {"cuMipmappedArrayGetSparseProperties", 11010, (void *)cuMipmappedArrayGetSparseProperties, NULL},
+    {"cuModuleEnumerateFunctions", 12040, (void *)cuModuleEnumerateFunctions, NULL},
+    {"cuModuleGetFunction", 2000, (void *)cuModuleGetFunction, NULL},
+    {"cuModuleGetFunctionCount", 12040, (void *)cuModuleGetFunctionCount, NULL},
+    {"cuModuleGetGlobal", 3020, (void *)cuModuleGetGlobal_v2, NULL},
+    {"cuModuleGetLoadingMode", 11070, (void *)cuModuleGetLoadingMode, NULL},
+    {"cuModuleGetSurfRef", 3000, (void *)cuModuleGetSurfRef, NULL},
+    {"cuModuleGetTexRef", 2000, (void *)cuModuleGetTexRef, NULL},
+    {"cuModuleLoad", 2000, (void *)cuModuleLoad, NULL},
+    {"cuModuleLoadData", 2000, (void *)cuModuleLoadData, NULL},
+    {"cuModuleLoadDataEx", 2010, (void *)cuModuleLoadDataEx, NULL},
+    {"cuModuleLoadFatBinary", 2000, (void *)cuModuleLoadFatBinary, NULL},
+    {"cuModuleUnload", 2000, (void *)cuModuleUnload, NULL},
+    {"cuMulticastAddDevice", 12010, (void *)cuMulticastAddDevice, NULL},
+    {"cuMulticastBindAddr", 12010, (void *)cuMulticastBindAddr, NULL},
+    {"cuMulticastBindAddr", 13010, (void *)cuMulticastBindAddr_v2, NULL},
+    {"cuMulticastBindMem", 12010, (void *)cuMulticastBindMem, NULL},
+    {"cuMulticastBindMem", 13010, (void *)cuMulticastBindMem_v2, NULL},
+    {"cuMulticastCreate", 12010, (void *)cuMulticastCreate, NULL},
+    {"cuMulticastGetGranularity", 12010, (void *)cuMulticastGetGranularity, NULL},
+    {"cuMulticastUnbind", 12010, (void *)cuMulticastUnbind, NULL},
+    {"cuOccupancyAvailableDynamicSMemPerBlock", 10020, (void *)cuOccupancyAvailableDynamicSMemPerBlock, NULL},
+    {"cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050, (void *)cuOccupancyMaxActiveBlocksPerMultiprocessor, NULL},
+    {"cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 7000, (void *)cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, NULL},
+    {"cuOccupancyMaxActiveClusters", 11070, (void *)cuOccupancyMaxActiveClusters, NULL},
+    {"cuOccupancyMaxPotentialBlockSize", 6050, (void *)cuOccupancyMaxPotentialBlockSize, NULL},
+    {"cuOccupancyMaxPotentialBlockSizeWithFlags", 7000, (void *)cuOccupancyMaxPotentialBlockSizeWithFlags, NULL},
+    {"cuOccupancyMaxPotentialClusterSize", 11070, (void *)cuOccupancyMaxPotentialClusterSize, NULL},
+    {"cuParamSetSize", 2000, (void *)cuParamSetSize, NULL},
+    {"cuParamSetTexRef", 2000, (void *)cuParamSetTexRef, NULL},
+    {"cuParamSetf", 2000, (void *)cuParamSetf, NULL},
+    {"cuParamSeti", 2000, (void *)cuParamSeti, NULL},
+    {"cuParamSetv", 2000, (void *)cuParamSetv, NULL},
+    {"cuPointerGetAttribute", 4000, (void *)cuPointerGetAttribute, NULL},
+    {"cuPointerGetAttributes", 7000, (void *)cuPointerGetAttributes, NULL},
+    {"cuPointerSetAttribute", 6000, (void *)cuPointerSetAttribute, NULL},
+    {"cuProfilerStart", 4000, (void *)cuProfilerStart, NULL},
+    {"cuProfilerStop", 4000, (void *)cuProfilerStop, NULL},
+    {"cuStreamAddCallback", 5000, (void *)cuStreamAddCallback, NULL},
+    {"cuStreamAttachMemAsync", 6000, (void *)cuStreamAttachMemAsync, NULL},
+    {"cuStreamBatchMemOp", 8000, (void *)cuStreamBatchMemOp, NULL},
+    {"cuStreamBatchMemOp", 11070, (void *)cuStreamBatchMemOp_v2, NULL},
+    {"cuStreamBeginCapture", 10010, (void *)cuStreamBeginCapture_v2, NULL},
+    {"cuStreamBeginCaptureToGraph", 12030, (void *)cuStreamBeginCaptureToGraph, NULL},
+    {"cuStreamCopyAttributes", 11000, (void *)cuStreamCopyAttributes, NULL},
+    {"cuStreamCreate", 2000, (void *)cuStreamCreate, NULL},
+    {"cuStreamCreateWithPriority", 5050, (void *)cuStreamCreateWithPriority, NULL},
+    {"cuStreamDestroy", 4000, (void *)cuStreamDestroy_v2, NULL},
+    {"cuStreamEndCapture", 10000, (void *)cuStreamEndCapture, NULL},
+    {"cuStreamGetAttribute", 11000, (void *)cuStreamGetAttribute, NULL},
+    {"cuStreamGetCaptureInfo", 11030, (void *)cuStreamGetCaptureInfo_v2, NULL},
+    {"cuStreamGetCaptureInfo", 12030, (void *)cuStreamGetCaptureInfo_v3, NULL},
+    {"cuStreamGetCtx", 9020, (void *)cuStreamGetCtx, NULL},
+    {"cuStreamGetCtx", 12050, (void *)cuStreamGetCtx_v2, NULL},
+    {"cuStreamGetDevice", 12080, (void *)cuStreamGetDevice, NULL},
+    {"cuStreamGetFlags", 5050, (void *)cuStreamGetFlags, NULL},
+    {"cuStreamGetGreenCtx", 12040, (void *)cuStreamGetGreenCtx, NULL},
+    {"cuStreamGetId", 12000, (void *)cuStreamGetId, NULL},
+    {"cuStreamGetPriority", 5050, (void *)cuStreamGetPriority, NULL},
+    {"cuStreamIsCapturing", 10000, (void *)cuStreamIsCapturing, NULL},
+    {"cuStreamQuery", 2000, (void *)cuStreamQuery, NULL},
+    {"cuStreamSetAttribute", 11000, (void *)cuStreamSetAttribute, NULL},
+    {"cuStreamSynchronize", 2000, (void *)cuStreamSynchronize, NULL},
+    {"cuStreamUpdateCaptureDependencies", 11030, (void *)cuStreamUpdateCaptureDependencies, NULL},
+    {"cuStreamUpdateCaptureDependencies", 12030, (void *)cuStreamUpdateCaptureDependencies_v2, NULL},
+    {"cuStreamWaitEvent", 3020, (void *)cuStreamWaitEvent, NULL},
+    {"cuStreamWaitValue32", 8000, (void *)cuStreamWaitValue32, NULL},
+    {"cuStreamWaitValue32", 11070, (void *)cuStreamWaitValue32_v2, NULL},
+    {"cuStreamWaitValue64", 8000, (void *)cuStreamWaitValue64, NULL},
+    {"cuStreamWaitValue64", 11070, (void *)cuStreamWaitValue64_v2, NULL},
+    {"cuStreamWriteValue32", 8000, (void *)cuStreamWriteValue32, NULL},
+    {"cuStreamWriteValue32", 11070, (void *)cuStreamWriteValue32_v2, NULL},
+    {"cuStreamWriteValue64", 8000, (void *)cuStreamWriteValue64, NULL},
+    {"cuStreamWriteValue64", 11070, (void *)cuStreamWriteValue64_v2, NULL},
+    {"cuSurfObjectCreate", 5000, (void *)cuSurfObjectCreate, NULL},
+    {"cuSurfObjectDestroy", 5000, (void *)cuSurfObjectDestroy, NULL},
+    {"cuSurfObjectGetResourceDesc", 5000, (void *)cuSurfObjectGetResourceDesc, NULL},
+    {"cuSurfRefGetArray", 3000, (void *)cuSurfRefGetArray, NULL},
+    {"cuSurfRefSetArray", 3000, (void *)cuSurfRefSetArray, NULL},
+    {"cuTensorMapEncodeIm2col", 12000, (void *)cuTensorMapEncodeIm2col, NULL},
+    {"cuTensorMapEncodeIm2colWide", 12080, (void *)cuTensorMapEncodeIm2colWide, NULL},
+    {"cuTensorMapEncodeTiled", 12000, (void *)cuTensorMapEncodeTiled, NULL},
+    {"cuTensorMapReplaceAddress", 12000, (void *)cuTensorMapReplaceAddress, NULL},
+    {"cuTexObjectCreate", 5000, (void *)cuTexObjectCreate, NULL},
+    {"cuTexObjectDestroy", 5000, (void *)cuTexObjectDestroy, NULL},
+    {"cuTexObjectGetResourceDesc", 5000, (void *)cuTexObjectGetResourceDesc, NULL},
+    {"cuTexObjectGetResourceViewDesc", 5000, (void *)cuTexObjectGetResourceViewDesc, NULL},
+    {"cuTexObjectGetTextureDesc", 5000, (void *)cuTexObjectGetTextureDesc, NULL},
+    {"cuTexRefCreate", 2000, (void *)cuTexRefCreate, NULL},
+    {"cuTexRefDestroy", 2000, (void *)cuTexRefDestroy, NULL},
+    {"cuTexRefGetAddress", 3020, (void *)cuTexRefGetAddress_v2, NULL},
+    {"cuTexRefGetAddressMode", 2000, (void *)cuTexRefGetAddressMode, NULL},
+    {"cuTexRefGetArray", 2000, (void *)cuTexRefGetArray, NULL},
+    {"cuTexRefGetBorderColor", 8000, (void *)cuTexRefGetBorderColor, NULL},
+    {"cuTexRefGetFilterMode", 2000, (void *)cuTexRefGetFilterMode, NULL},
+    {"cuTexRefGetFlags", 2000, (void *)cuTexRefGetFlags, NULL},
+    {"cuTexRefGetFormat", 2000, (void *)cuTexRefGetFormat, NULL},
+    {"cuTexRefGetMaxAnisotropy", 5000, (void *)cuTexRefGetMaxAnisotropy, NULL},
+    {"cuTexRefGetMipmapFilterMode", 5000, (void *)cuTexRefGetMipmapFilterMode, NULL},
+    {"cuTexRefGetMipmapLevelBias", 5000, (void *)cuTexRefGetMipmapLevelBias, NULL},
+    {"cuTexRefGetMipmapLevelClamp", 5000, (void *)cuTexRefGetMipmapLevelClamp, NULL},
+    {"cuTexRefGetMipmappedArray", 5000, (void *)cuTexRefGetMipmappedArray, NULL},
+    {"cuTexRefSetAddress", 3020, (void *)cuTexRefSetAddress_v2, NULL},
+    {"cuTexRefSetAddress2D", 4010, (void *)cuTexRefSetAddress2D_v3, NULL},
+    {"cuTexRefSetAddressMode", 2000, (void *)cuTexRefSetAddressMode, NULL},
+    {"cuTexRefSetArray", 2000, (void *)cuTexRefSetArray, NULL},
+    {"cuTexRefSetBorderColor", 8000, (void *)cuTexRefSetBorderColor, NULL},
+    {"cuTexRefSetFilterMode", 2000, (void *)cuTexRefSetFilterMode, NULL},
+    {"cuTexRefSetFlags", 2000, (void *)cuTexRefSetFlags, NULL},
+    {"cuTexRefSetFormat", 2000, (void *)cuTexRefSetFormat, NULL},
+    {"cuTexRefSetMaxAnisotropy", 5000, (void *)cuTexRefSetMaxAnisotropy, NULL},
+    {"cuTexRefSetMipmapFilterMode", 5000, (void *)cuTexRefSetMipmapFilterMode, NULL},
+    {"cuTexRefSetMipmapLevelBias", 5000, (void *)cuTexRefSetMipmapLevelBias, NULL},
+    {"cuTexRefSetMipmapLevelClamp", 5000, (void *)cuTexRefSetMipmapLevelClamp, NULL},
+    {"cuTexRefSetMipmappedArray", 5000, (void *)cuTexRefSetMipmappedArray, NULL},
+    {"cuThreadExchangeStreamCaptureMode", 10010, (void *)cuThreadExchangeStreamCaptureMode, NULL},
+    {"cuUserObjectCreate", 11030, (void *)cuUserObjectCreate, NULL},
+    {"cuUserObjectRelease", 11030, (void *)cuUserObjectRelease, NULL},
+    {"cuUserObjectRetain", 11030, (void *)cuUserObjectRetain, NULL},
 };
 
 static const struct gp_result_text gp_result_texts[] = {

@@ -9,7 +9,7 @@
 typedef int CUresult;
 #define GP_EXPORT __attribute__((visibility("default")))
 
-struct gp_proc { const char *name; int since; void *fn; };
+struct gp_proc { const char *name; int since; void *fn; const char *refused; }; /* refused: a newer ABI's symbol */
 struct gp_result_text { int code; const char *name; const char *text; };
 
 /* CUipcMemHandle: 64 bytes, passed by value. gpupool's: a magic, then the allocation's base and size. */
@@ -101,6 +101,7 @@ int gp_copies_into(const void *p, uint64_t count);
  * step around the calls that make the GPU work (gp_managed_before, from gp_call2). Kinds: */
 enum { GP_MIRROR_MANAGED = 1, GP_MIRROR_MAPPED = 2, GP_MIRROR_HOST = 3 };
 int gp_managed_add(uint64_t base, uint64_t size, int kind);
+int gp_managed_add_initialised(uint64_t base, uint64_t size); /* managed memory the device side holds data of */
 int gp_mirror_host(uint64_t base, uint64_t size, uint64_t dev);
 uint64_t gp_managed_remove(uint64_t base);
 void gp_managed_forget(uint64_t base); /* the mirror ends, its bytes not wanted (the memory is freed) */

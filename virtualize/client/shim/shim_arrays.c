@@ -286,6 +286,50 @@ CUresult cuSurfObjectGetResourceDesc(void *desc, uint64_t surf) {
     return object_desc(GP_CALL_cuSurfObjectGetResourceDesc, surf, desc, RESOURCE_DESC_BYTES);
 }
 
+/* A sparse array's properties (CUDA_ARRAY_SPARSE_PROPERTIES) and an array's memory requirements on a
+ * device (CUDA_ARRAY_MEMORY_REQUIREMENTS), read back as the descriptors are. */
+#define SPARSE_PROPERTIES_BYTES 48
+#define MEMORY_REQUIREMENTS_BYTES 32
+
+CUresult cuArrayGetSparseProperties(void *props, uint64_t array) {
+    GP_TRACE("cuArrayGetSparseProperties");
+    return object_desc(GP_CALL_cuArrayGetSparseProperties, array, props, SPARSE_PROPERTIES_BYTES);
+}
+
+CUresult cuMipmappedArrayGetSparseProperties(void *props, uint64_t mipmap) {
+    GP_TRACE("cuMipmappedArrayGetSparseProperties");
+    return object_desc(GP_CALL_cuMipmappedArrayGetSparseProperties, mipmap, props, SPARSE_PROPERTIES_BYTES);
+}
+
+static CUresult requirements(uint32_t call, uint64_t handle, int32_t dev, void *reqs) {
+    if (!reqs) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuArrayGetMemoryRequirements in = {.array = handle, .dev = dev};
+    return gp_call(call, WANT, &in, sizeof in, NULL, 0, NULL, 0, reqs, MEMORY_REQUIREMENTS_BYTES);
+}
+
+CUresult cuArrayGetMemoryRequirements(void *reqs, uint64_t array, int32_t dev) {
+    GP_TRACE("cuArrayGetMemoryRequirements");
+    return requirements(GP_CALL_cuArrayGetMemoryRequirements, array, dev, reqs);
+}
+
+CUresult cuMipmappedArrayGetMemoryRequirements(void *reqs, uint64_t mipmap, int32_t dev) {
+    GP_TRACE("cuMipmappedArrayGetMemoryRequirements");
+    return requirements(GP_CALL_cuMipmappedArrayGetMemoryRequirements, mipmap, dev, reqs);
+}
+
+/* Tiles of sparse or deferred-mapping arrays mapped to memory of cuMemCreate: the CUarrayMapInfo list as
+ * it is (its handles are the worker's); the worker checks each array, memory handle and device. */
+#define ARRAY_MAP_INFO_BYTES 96
+#define MAX_MAP_INFOS 1024
+
+CUresult cuMemMapArrayAsync(void *infos, uint32_t count, uint64_t stream) {
+    GP_TRACE("cuMemMapArrayAsync");
+    if (!infos || !count || count > MAX_MAP_INFOS) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuMemMapArrayAsync in = {.count = count, .stream = stream};
+    return gp_call(GP_CALL_cuMemMapArrayAsync, WANT, &in, sizeof in, infos, (uint64_t)count * ARRAY_MAP_INFO_BYTES,
+                   NULL, 0, NULL, 0);
+}
+
 CUresult cuSurfObjectCreate(uint64_t *surf, void *res) {
     GP_TRACE("cuSurfObjectCreate");
     if (!surf || !res) return CUDA_ERROR_INVALID_VALUE;
@@ -293,6 +337,38 @@ CUresult cuSurfObjectCreate(uint64_t *surf, void *res) {
     CUresult r = gp_call(GP_CALL_cuSurfObjectCreate, WANT, NULL, 0, res, RESOURCE_DESC_BYTES, &out, sizeof out, NULL,
                          0);
     if (r == CUDA_SUCCESS) *surf = out.surf;
+    return r;
+}
+
+/* ---- legacy texture references: the fields of what C passes by pointer -------------------------- */
+
+/* CUDA_ARRAY_DESCRIPTOR: width, height, format, channels; the worker checks the rows lie in the lease. */
+CUresult cuTexRefSetAddress2D_v3(uint64_t tex, void *desc, uint64_t ptr, uint64_t pitch) {
+    GP_TRACE("cuTexRefSetAddress2D_v3");
+    if (!desc) return CUDA_ERROR_INVALID_VALUE;
+    const unsigned char *d = desc;
+    struct gp_in_cuTexRefSetAddress2D_v3 in = {.tex = tex, .ptr = ptr, .pitch = pitch};
+    memcpy(&in.width, d, 8), memcpy(&in.height, d + 8, 8), memcpy(&in.format, d + 16, 4);
+    memcpy(&in.channels, d + 20, 4);
+    return gp_call(GP_CALL_cuTexRefSetAddress2D_v3, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
+/* The border color: four floats, red, green, blue, alpha. */
+CUresult cuTexRefSetBorderColor(uint64_t tex, void *color) {
+    GP_TRACE("cuTexRefSetBorderColor");
+    if (!color) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefSetBorderColor in = {.tex = tex};
+    memcpy(&in.red, color, 16);
+    return gp_call(GP_CALL_cuTexRefSetBorderColor, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
+CUresult cuTexRefGetBorderColor(void *color, uint64_t tex) {
+    GP_TRACE("cuTexRefGetBorderColor");
+    if (!color) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuTexRefGetBorderColor in = {.tex = tex};
+    struct gp_out_cuTexRefGetBorderColor out;
+    CUresult r = CALL(cuTexRefGetBorderColor, WANT, in, out);
+    if (r == CUDA_SUCCESS) memcpy(color, &out.red, 16);
     return r;
 }
 

@@ -79,6 +79,7 @@ static void *stub_for(const char *name) {
 }
 
 static void *lookup_proc(const char *name, int version);
+static const struct gp_proc *lookup_abi(const char *name, int version);
 
 static const char *refusal_in_census(const char *name) {
     for (size_t i = 0; i < sizeof gp_refusals / sizeof *gp_refusals; i++) {
@@ -101,7 +102,7 @@ static const char *refusal_of(const char *name) {
     end = strrchr(base, '_');
     if (end && end[1] == 'v' && end[2] >= '0' && end[2] <= '9') *end = 0;
     if ((why = refusal_in_census(base)) != NULL) return why;
-    if (lookup_proc(base, 1 << 30)) return "an ABI version of a forwarded call that is not forwarded";
+    if (lookup_abi(base, 1 << 30)) return "an ABI version of a forwarded call that is not forwarded";
     return "not an entry point of cuda.h";
 }
 
@@ -142,8 +143,10 @@ GP_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int versi
         if (status) *status = 1; /* CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND */
         return CUDA_ERROR_NOT_FOUND;
     }
+    const struct gp_proc *abi = lookup_abi(symbol, version);
     void *fn = lookup_proc(symbol, version);
-    *pfn = fn ? fn : stub_for(symbol);
+    /* a newer ABI that is not forwarded refuses as its versioned symbol, never runs as the older one */
+    *pfn = fn ? fn : stub_for(abi && abi->refused ? abi->refused : symbol);
     if (status) *status = 0; /* CU_GET_PROC_ADDRESS_SUCCESS */
     return CUDA_SUCCESS;
 }
@@ -152,14 +155,19 @@ GP_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
     return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
 }
 
-static void *lookup_proc(const char *name, int version) {
-    if (strcmp(name, "cuGetProcAddress") == 0) return version >= 12000 ? (void *)cuGetProcAddress_v2 : (void *)cuGetProcAddress;
-    void *best = NULL;
+static const struct gp_proc *lookup_abi(const char *name, int version) {
+    const struct gp_proc *best = NULL;
     size_t n = sizeof gp_procs / sizeof gp_procs[0];
     for (size_t i = 0; i < n; i++) { /* sorted by name then version: the last fitting one wins */
-        if (strcmp(gp_procs[i].name, name) == 0 && gp_procs[i].since <= version) best = gp_procs[i].fn;
+        if (strcmp(gp_procs[i].name, name) == 0 && gp_procs[i].since <= version) best = &gp_procs[i];
     }
     return best;
+}
+
+static void *lookup_proc(const char *name, int version) {
+    if (strcmp(name, "cuGetProcAddress") == 0) return version >= 12000 ? (void *)cuGetProcAddress_v2 : (void *)cuGetProcAddress;
+    const struct gp_proc *abi = lookup_abi(name, version);
+    return abi ? abi->fn : NULL;
 }
 
 /* ---- error strings ----------------------------------------------------------------------------- */
@@ -445,6 +453,30 @@ CUresult cuLogsRegisterCallback(void *callback, void *user_data, uint64_t *handl
 
 CUresult cuLogsUnregisterCallback(uint64_t handle) {
     GP_TRACE("cuLogsUnregisterCallback");
+    return handle ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* Asynchronous notifications (over budget) concern the worker's process: a registration for a device
+ * of the lease is kept, never called. */
+CUresult cuDeviceRegisterAsyncNotification(int32_t dev, void *callback, void *user_data, uint64_t *handle) {
+    GP_TRACE("cuDeviceRegisterAsyncNotification");
+    (void)user_data;
+    int32_t count;
+    if (!callback || !handle) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cuDeviceGetCount(&count);
+    if (r != CUDA_SUCCESS) return r;
+    if (dev < 0 || dev >= count) return CUDA_ERROR_INVALID_DEVICE;
+    static uint64_t next_handle = 0xa51c;
+    *handle = __atomic_add_fetch(&next_handle, 1, __ATOMIC_RELAXED);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceUnregisterAsyncNotification(int32_t dev, uint64_t handle) {
+    GP_TRACE("cuDeviceUnregisterAsyncNotification");
+    int32_t count;
+    CUresult r = cuDeviceGetCount(&count);
+    if (r != CUDA_SUCCESS) return r;
+    if (dev < 0 || dev >= count) return CUDA_ERROR_INVALID_DEVICE;
     return handle ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 

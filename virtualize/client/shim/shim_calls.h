@@ -34,5 +34,10 @@ CUresult params_reach(const unsigned char *params, int64_t len);
 struct layout { uint64_t func; uint32_t count, total; uint32_t *offset_size; };
 CUresult layout_of(uint64_t func, struct layout *result);
 int64_t pack_params(const struct layout *l, void **params, void **extra, unsigned char *buf, size_t cap);
+/* Stream memory operations (shim_streams.c): a batch of CUstreamBatchMemOpParams (48 bytes each) checked
+ * as cuStreamBatchMemOp checks it: known operations, no word of mirrored host memory. */
+#define MEM_OP_BYTES 48
+#define MEM_OPS_MAX 256 /* the driver's limit on one batch */
+CUresult mem_ops_check(uint32_t call, const void *ops, uint32_t count);
 /* The legacy launch API's per-function state (shim_legacy.c), forgotten with the layouts at an unload. */
 void legacy_forget(void);

@@ -318,3 +318,21 @@ CUresult cuMemsetD2D32Async(uint64_t dst, uint64_t pitch, uint32_t value, uint64
     GP_TRACE("cuMemsetD2D32Async");
     return memset_rows(4, dst, pitch, value, width, height, stream, 1);
 }
+
+/* ---- batched decompression: the operations (CUmemDecompressParams, 64 bytes each) as they are; the worker
+ * checks each one's memory, and the index of the one the driver refused comes back. */
+#define DECOMPRESS_PARAMS_BYTES 64
+#define MAX_DECOMPRESSIONS 4096
+
+CUresult cuMemBatchDecompressAsync(void *params, uint64_t count, uint32_t flags, void *error_index, uint64_t stream) {
+    GP_TRACE("cuMemBatchDecompressAsync");
+    uint64_t none = UINT64_MAX;
+    if (error_index) memcpy(error_index, &none, 8);
+    if (!params || !count || count > MAX_DECOMPRESSIONS) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuMemBatchDecompressAsync in = {.count = count, .flags = flags, .stream = stream};
+    struct gp_out_cuMemBatchDecompressAsync out;
+    CUresult r = gp_call(GP_CALL_cuMemBatchDecompressAsync, WANT, &in, sizeof in, params,
+                         count * DECOMPRESS_PARAMS_BYTES, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS && error_index) memcpy(error_index, &out.error_index, 8);
+    return r;
+}

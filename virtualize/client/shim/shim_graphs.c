@@ -332,6 +332,180 @@ CUresult cuGraphAddEventWaitNode(uint64_t *node, uint64_t graph, void *deps, uin
     return event_node(GP_CALL_cuGraphAddEventWaitNode, node, graph, deps, num_deps, event);
 }
 
+/* ---- memory nodes: graph memory the driver places when the node is added ---------------------------- */
+
+/* CUDA_MEM_ALLOC_NODE_PARAMS: CUmemPoolProps (allocation type, handle types, location type and id, ...;
+ * 88 bytes), then the access descriptors' pointer and count, the size, and the address (an out). */
+#define POOL_PROPS_BYTES 88
+#define ALLOC_ACCESS_AT 88
+#define ALLOC_ACCESS_COUNT_AT 96
+#define ALLOC_SIZE_AT 104
+#define ALLOC_ADDRESS_AT 112
+#define ACCESS_DESC_BYTES 12 /* CUmemAccessDesc: location type, location id, flags */
+#define MAX_ACCESS_DESCS 64
+
+/* The memory is the lease's from here: its address is reserved in this process as an allocation's is.
+ * One that is host memory here is given back (a free node, then both nodes destroyed, so the worker stops
+ * counting it) and the node refused. */
+CUresult cuGraphAddMemAllocNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params) {
+    GP_TRACE("cuGraphAddMemAllocNode");
+    if (!node || !params || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    unsigned char *p = params;
+    struct gp_in_cuGraphAddMemAllocNode in = {.graph = graph, .num_deps = num_deps};
+    uint64_t count;
+    const void *access;
+    memcpy(&in.alloc_type, p, 4), memcpy(&in.handle_types, p + 4, 4);
+    memcpy(&in.location_type, p + 8, 4), memcpy(&in.device, p + 12, 4);
+    memcpy(&access, p + ALLOC_ACCESS_AT, 8), memcpy(&count, p + ALLOC_ACCESS_COUNT_AT, 8);
+    memcpy(&in.bytesize, p + ALLOC_SIZE_AT, 8);
+    if (count > MAX_ACCESS_DESCS || (count && !access)) return CUDA_ERROR_INVALID_VALUE;
+    in.num_access = (uint32_t)count;
+    struct gp_out_cuGraphAddMemAllocNode out;
+    CUresult r = gp_call2(GP_CALL_cuGraphAddMemAllocNode, WANT, &in, sizeof in, deps, num_deps * 8, access,
+                          count * ACCESS_DESC_BYTES, &out, sizeof out, NULL, 0);
+    if (r != CUDA_SUCCESS) return r;
+    if (gp_dev_add(out.dptr, in.bytesize, 1) != 0) {
+        gp_say("cuGraphAddMemAllocNode: the driver placed the node's memory at 0x%llx, which is host memory in "
+               "this process; it returns CUDA_ERROR_OUT_OF_MEMORY", (unsigned long long)out.dptr);
+        uint64_t freeing = 0;
+        if (cuGraphAddMemFreeNode(&freeing, graph, &out.node, 1, out.dptr) == CUDA_SUCCESS)
+            cuGraphDestroyNode(freeing);
+        cuGraphDestroyNode(out.node);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    memcpy(p + ALLOC_ADDRESS_AT, &out.dptr, 8);
+    *node = out.node;
+    return CUDA_SUCCESS;
+}
+
+/* The access descriptors read back live in a block of the node's, as a kernel node's arguments do. */
+CUresult cuGraphMemAllocNodeGetParams(uint64_t node, void *params) {
+    GP_TRACE("cuGraphMemAllocNodeGetParams");
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    unsigned char descs[MAX_ACCESS_DESCS * ACCESS_DESC_BYTES];
+    struct gp_in_cuGraphMemAllocNodeGetParams in = {.node = node};
+    struct gp_out_cuGraphMemAllocNodeGetParams out;
+    CUresult r = gp_call(GP_CALL_cuGraphMemAllocNodeGetParams, WANT, &in, sizeof in, NULL, 0, &out, sizeof out,
+                         descs, sizeof descs);
+    if (r != CUDA_SUCCESS) return r;
+    if (out.num_access > MAX_ACCESS_DESCS) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&kernel_args_lock);
+    unsigned char *block = kernel_args_block(node, (size_t)out.num_access * ACCESS_DESC_BYTES + 1);
+    if (block) memcpy(block, descs, (size_t)out.num_access * ACCESS_DESC_BYTES);
+    pthread_mutex_unlock(&kernel_args_lock);
+    if (!block) return CUDA_ERROR_OUT_OF_MEMORY;
+    unsigned char *p = params;
+    int32_t pinned = 1, on_device = 1;
+    uint64_t count = out.num_access;
+    memset(p, 0, ALLOC_ADDRESS_AT + 8);
+    memcpy(p, &pinned, 4), memcpy(p + 8, &on_device, 4), memcpy(p + 12, &out.device, 4);
+    memcpy(p + ALLOC_ACCESS_AT, &block, 8), memcpy(p + ALLOC_ACCESS_COUNT_AT, &count, 8);
+    memcpy(p + ALLOC_SIZE_AT, &out.bytesize, 8), memcpy(p + ALLOC_ADDRESS_AT, &out.dptr, 8);
+    return CUDA_SUCCESS;
+}
+
+/* A free node: the memory is no longer this process's to touch outside the graph. */
+CUresult cuGraphAddMemFreeNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, uint64_t dptr) {
+    GP_TRACE("cuGraphAddMemFreeNode");
+    if (!node || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuGraphAddMemFreeNode in = {.graph = graph, .dptr = dptr, .num_deps = num_deps};
+    struct gp_out_cuGraphAddMemFreeNode out;
+    CUresult r = gp_call(GP_CALL_cuGraphAddMemFreeNode, WANT, &in, sizeof in, deps, num_deps * 8, &out, sizeof out,
+                         NULL, 0);
+    if (r != CUDA_SUCCESS) return r;
+    gp_dev_remove(dptr);
+    *node = out.node;
+    return CUDA_SUCCESS;
+}
+
+/* The value is a cuuint64_t (only a high-water mark may be set, to 0: the worker's driver says). */
+CUresult cuDeviceSetGraphMemAttribute(int32_t dev, int32_t attr, void *value) {
+    GP_TRACE("cuDeviceSetGraphMemAttribute");
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuDeviceSetGraphMemAttribute in = {.dev = dev, .attr = attr};
+    memcpy(&in.value, value, 8);
+    return gp_call(GP_CALL_cuDeviceSetGraphMemAttribute, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
+/* ---- batch memory-operation nodes ---------------------------------------------------------------- */
+
+/* CUDA_BATCH_MEM_OP_NODE_PARAMS: the context, the count, the operations' array, the flags; the operations
+ * are checked here as a stream's batch is, and each wait's or write's word on the worker. */
+static CUresult batch_node_params(const char *name, const void *params, uint32_t *count, const void **ops,
+                                  uint32_t *flags) {
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    const unsigned char *p = params;
+    uint64_t ctx;
+    memcpy(&ctx, p, 8), memcpy(count, p + 8, 4), memcpy(ops, p + 16, 8), memcpy(flags, p + 24, 4);
+    if (node_context(name, ctx) != CUDA_SUCCESS) return CUDA_ERROR_NOT_SUPPORTED;
+    return mem_ops_check(GP_CALL_cuGraphAddBatchMemOpNode, *ops, *count);
+}
+
+CUresult cuGraphAddBatchMemOpNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params) {
+    GP_TRACE("cuGraphAddBatchMemOpNode");
+    if (!node || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
+    uint32_t count, flags;
+    const void *ops;
+    CUresult r = batch_node_params("cuGraphAddBatchMemOpNode", params, &count, &ops, &flags);
+    if (r != CUDA_SUCCESS) return r;
+    struct gp_in_cuGraphAddBatchMemOpNode in = {.graph = graph, .num_deps = num_deps, .count = count, .flags = flags};
+    struct gp_out_cuGraphAddBatchMemOpNode out;
+    r = gp_call2(GP_CALL_cuGraphAddBatchMemOpNode, WANT, &in, sizeof in, deps, num_deps * 8, ops,
+                 (uint64_t)in.count * MEM_OP_BYTES, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) *node = out.node;
+    return r;
+}
+
+CUresult cuGraphBatchMemOpNodeSetParams(uint64_t node, void *params) {
+    GP_TRACE("cuGraphBatchMemOpNodeSetParams");
+    uint32_t count, flags;
+    const void *ops;
+    CUresult r = batch_node_params("cuGraphBatchMemOpNodeSetParams", params, &count, &ops, &flags);
+    if (r != CUDA_SUCCESS) return r;
+    struct gp_in_cuGraphBatchMemOpNodeSetParams in = {.node = node, .count = count, .flags = flags};
+    return gp_call(GP_CALL_cuGraphBatchMemOpNodeSetParams, WANT, &in, sizeof in, ops,
+                   (uint64_t)in.count * MEM_OP_BYTES, NULL, 0, NULL, 0);
+}
+
+CUresult cuGraphExecBatchMemOpNodeSetParams(uint64_t exec, uint64_t node, void *params) {
+    GP_TRACE("cuGraphExecBatchMemOpNodeSetParams");
+    uint32_t count, flags;
+    const void *ops;
+    CUresult r = batch_node_params("cuGraphExecBatchMemOpNodeSetParams", params, &count, &ops, &flags);
+    if (r != CUDA_SUCCESS) return r;
+    struct gp_in_cuGraphExecBatchMemOpNodeSetParams in = {.exec = exec, .node = node, .count = count, .flags = flags};
+    return gp_call(GP_CALL_cuGraphExecBatchMemOpNodeSetParams, WANT, &in, sizeof in, ops,
+                   (uint64_t)in.count * MEM_OP_BYTES, NULL, 0, NULL, 0);
+}
+
+/* Read back: the operations live in a block of the node's, as a kernel node's arguments do. */
+CUresult cuGraphBatchMemOpNodeGetParams(uint64_t node, void *params) {
+    GP_TRACE("cuGraphBatchMemOpNodeGetParams");
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    unsigned char *ops = malloc(MEM_OPS_MAX * MEM_OP_BYTES);
+    if (!ops) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct gp_in_cuGraphBatchMemOpNodeGetParams in = {.node = node};
+    struct gp_out_cuGraphBatchMemOpNodeGetParams out;
+    CUresult r = gp_call(GP_CALL_cuGraphBatchMemOpNodeGetParams, WANT, &in, sizeof in, NULL, 0, &out, sizeof out, ops,
+                         MEM_OPS_MAX * MEM_OP_BYTES);
+    if (r == CUDA_SUCCESS && out.count > MEM_OPS_MAX) r = CUDA_ERROR_INVALID_VALUE;
+    unsigned char *block = NULL;
+    if (r == CUDA_SUCCESS) {
+        pthread_mutex_lock(&kernel_args_lock);
+        block = kernel_args_block(node, (size_t)out.count * MEM_OP_BYTES + 1);
+        if (block) memcpy(block, ops, (size_t)out.count * MEM_OP_BYTES);
+        pthread_mutex_unlock(&kernel_args_lock);
+        if (!block) r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    free(ops);
+    if (r != CUDA_SUCCESS) return r;
+    unsigned char *p = params;
+    uint64_t ctx = gp_ctx_current();
+    memset(p, 0, 32);
+    memcpy(p, &ctx, 8), memcpy(p + 8, &out.count, 4), memcpy(p + 16, &block, 8), memcpy(p + 24, &out.flags, 4);
+    return CUDA_SUCCESS;
+}
+
 /* CUDA_HOST_NODE_PARAMS: the function and its argument, kept here (shim.c) and run at every launch. */
 CUresult cuGraphAddHostNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params) {
     GP_TRACE("cuGraphAddHostNode");
@@ -568,7 +742,7 @@ static CUresult conditional_node(uint64_t *node, uint64_t graph, const void *dep
  * call's structure, which starts as the older one does). */
 enum {
     NODE_KERNEL = 0, NODE_MEMCPY = 1, NODE_MEMSET = 2, NODE_HOST = 3, NODE_GRAPH = 4, NODE_EMPTY = 5, NODE_WAIT_EVENT = 6,
-    NODE_EVENT_RECORD = 7, NODE_CONDITIONAL = 13
+    NODE_EVENT_RECORD = 7, NODE_MEM_ALLOC = 10, NODE_MEM_FREE = 11, NODE_BATCH_MEM_OP = 12, NODE_CONDITIONAL = 13
 };
 
 static CUresult add_node_of_type(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params);
@@ -621,6 +795,13 @@ static CUresult add_node_of_type(uint64_t *node, uint64_t graph, void *deps, uin
                           node, graph, deps, num_deps, u64);
     case NODE_CONDITIONAL:
         return conditional_node(node, graph, deps, num_deps, p + 16);
+    case NODE_MEM_ALLOC: /* CUDA_MEM_ALLOC_NODE_PARAMS_v2: its address written back there */
+        return cuGraphAddMemAllocNode(node, graph, deps, num_deps, p + 16);
+    case NODE_MEM_FREE:
+        memcpy(&u64, p + 16, 8);
+        return cuGraphAddMemFreeNode(node, graph, deps, num_deps, u64);
+    case NODE_BATCH_MEM_OP:
+        return cuGraphAddBatchMemOpNode(node, graph, deps, num_deps, p + 16);
     }
     gp_say("cuGraphAddNode: nodes of type %u are not forwarded to the remote GPU; it returns "
            "CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)", type);
@@ -670,6 +851,8 @@ static CUresult node_set_params(const char *name, uint64_t exec, uint64_t node, 
     case NODE_EVENT_RECORD:
         memcpy(&u64, p + 16, 8);
         return exec ? cuGraphExecEventRecordNodeSetEvent(exec, node, u64) : cuGraphEventRecordNodeSetEvent(node, u64);
+    case NODE_BATCH_MEM_OP:
+        return exec ? cuGraphExecBatchMemOpNodeSetParams(exec, node, p + 16) : cuGraphBatchMemOpNodeSetParams(node, p + 16);
     }
     gp_say("%s: nodes of type %u are not forwarded to the remote GPU; it returns CUDA_ERROR_NOT_SUPPORTED "
            "(docs/remote.md)", name, type);
@@ -708,6 +891,12 @@ CUresult cuGraphNodeGetParams(uint64_t node, void *params) {
         return cuGraphEventWaitNodeGetEvent(node, (uint64_t *)typed);
     case NODE_EVENT_RECORD:
         return cuGraphEventRecordNodeGetEvent(node, (uint64_t *)typed);
+    case NODE_MEM_ALLOC:
+        return cuGraphMemAllocNodeGetParams(node, typed);
+    case NODE_MEM_FREE:
+        return cuGraphMemFreeNodeGetParams(node, (uint64_t *)typed);
+    case NODE_BATCH_MEM_OP:
+        return cuGraphBatchMemOpNodeGetParams(node, typed);
     }
     gp_say("cuGraphNodeGetParams: nodes of type %d are not read back from the remote GPU; it returns "
            "CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)", type);

@@ -240,6 +240,30 @@ CUresult cuModuleGetGlobal_v2(uint64_t *dptr, uint64_t *bytes, uint64_t module, 
     return r;
 }
 
+/* A library's managed variable: reserved here at its device address and mirrored as managed memory (the
+ * first touch fetches what the library's image put there), once; asked again, the same. One whose address
+ * is already host memory here cannot be mirrored: refused, said once. */
+CUresult cuLibraryGetManaged(uint64_t *dptr, uint64_t *bytes, uint64_t library, const char *name) {
+    GP_TRACE("cuLibraryGetManaged");
+    static int said;
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuLibraryGetManaged in = {.library = library};
+    struct gp_out_cuLibraryGetManaged out;
+    CUresult r = gp_call(GP_CALL_cuLibraryGetManaged, WANT, &in, sizeof in, name, strlen(name) + 1, &out, sizeof out,
+                         NULL, 0);
+    if (r != CUDA_SUCCESS) return r;
+    if (gp_managed_lookup(out.dptr) != GP_MIRROR_MANAGED &&
+        (gp_dev_add(out.dptr, out.bytes, 0) != 0 || gp_managed_add_initialised(out.dptr, out.bytes) != 0)) {
+        if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+            gp_say("cuLibraryGetManaged: the variable %s lies at 0x%llx, which is host memory in this process; it "
+                   "returns CUDA_ERROR_NOT_SUPPORTED", name, (unsigned long long)out.dptr);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    if (dptr) *dptr = out.dptr;
+    if (bytes) *bytes = out.bytes;
+    return CUDA_SUCCESS;
+}
+
 CUresult cuLibraryGetGlobal(uint64_t *dptr, uint64_t *bytes, uint64_t library, const char *name) {
     GP_TRACE("cuLibraryGetGlobal");
     if (!name) return CUDA_ERROR_INVALID_VALUE;

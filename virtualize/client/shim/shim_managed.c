@@ -174,7 +174,7 @@ static void on_fault(int sig, siginfo_t *info, void *context) {
 
 static int device_work(uint32_t call) {
     switch (call) {
-    case GP_CALL_cuLaunchKernelEx: case GP_CALL_cuGraphLaunch:
+    case GP_CALL_cuLaunchKernelEx: case GP_CALL_cuGraphLaunch: case GP_CALL_cuLaunchCooperativeKernelMultiDevice:
     case GP_CALL_cuMemcpyHtoD_v2: case GP_CALL_cuMemcpyHtoDAsync_v2: case GP_CALL_cuMemcpyDtoH_v2:
     case GP_CALL_cuMemcpyDtoHAsync_v2: case GP_CALL_cuMemcpyDtoD_v2: case GP_CALL_cuMemcpyDtoDAsync_v2:
     case GP_CALL_cuMemcpyPeer: case GP_CALL_cuMemcpyPeerAsync:
@@ -290,6 +290,20 @@ int gp_managed_add(uint64_t base, uint64_t size, int kind) {
         return -1;
     }
     gp_hints_clear(base, size);
+    return 0;
+}
+
+/* Managed memory the device side already holds data of (a library's managed variable, as its image set
+ * it): mirrored at its device address, the host's first touch fetches it. */
+int gp_managed_add_initialised(uint64_t base, uint64_t size) {
+    if (gp_managed_add(base, size, GP_MIRROR_MANAGED) != 0) return -1;
+    pthread_mutex_lock(&managed_lock);
+    for (int k = 0; k < n_managed; k++) {
+        if (managed[k].base != base) continue;
+        mprotect((void *)managed[k].lo, managed[k].mapped, PROT_NONE);
+        memset(managed[k].state, DEVICE, chunks_of(&managed[k]));
+    }
+    pthread_mutex_unlock(&managed_lock);
     return 0;
 }
 

@@ -338,6 +338,31 @@ CUresult cuMemGetAllocationGranularity(uint64_t *granularity, void *prop, int32_
     return r;
 }
 
+/* Multicast objects: the properties (CUmulticastObjectProp: device count, size, handle types, flags) travel
+ * as they are; the handle is mapped, given access and released as created memory's is. */
+#define MULTICAST_PROP_BYTES 32
+
+CUresult cuMulticastCreate(uint64_t *handle, void *prop) {
+    GP_TRACE("cuMulticastCreate");
+    if (!handle || !prop) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_out_cuMulticastCreate out;
+    CUresult r = gp_call(GP_CALL_cuMulticastCreate, WANT, NULL, 0, prop, MULTICAST_PROP_BYTES, &out, sizeof out, NULL,
+                         0);
+    if (r == CUDA_SUCCESS) *handle = out.handle;
+    return r;
+}
+
+CUresult cuMulticastGetGranularity(uint64_t *granularity, void *prop, int32_t option) {
+    GP_TRACE("cuMulticastGetGranularity");
+    if (!granularity || !prop) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuMulticastGetGranularity in = {.option = option};
+    struct gp_out_cuMulticastGetGranularity out;
+    CUresult r = gp_call(GP_CALL_cuMulticastGetGranularity, WANT, &in, sizeof in, prop, MULTICAST_PROP_BYTES, &out,
+                         sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) *granularity = out.granularity;
+    return r;
+}
+
 CUresult cuMemPoolCreate(uint64_t *pool, void *props) {
     GP_TRACE("cuMemPoolCreate");
     if (!pool || !props) return CUDA_ERROR_INVALID_VALUE;

@@ -424,6 +424,60 @@ CUresult cuLaunchCooperativeKernel(uint64_t f, uint32_t gx, uint32_t gy, uint32_
     return launch(f, dims, stream, params, NULL, cooperative, 1);
 }
 
+/* cuLaunchCooperativeKernelMultiDevice (deprecated): CUDA_LAUNCH_PARAMS are the function, grid and block
+ * dimensions, shared memory (at 32), the stream (at 40) and the kernel's parameters (at 48), 56 bytes each.
+ * Each launch is checked and packed as cuLaunchCooperativeKernel's, then all go as one call (its kernels
+ * may synchronise across devices): per launch a head (function, seven dimensions, the parameters' length,
+ * stream), then the parameters. */
+#define LAUNCH_PARAMS_BYTES 56
+#define MULTI_LAUNCH_HEAD 48
+#define MAX_MULTI_LAUNCHES 64
+
+CUresult cuLaunchCooperativeKernelMultiDevice(void *list, uint32_t count, uint32_t flags) {
+    GP_TRACE("cuLaunchCooperativeKernelMultiDevice");
+    if (!list || !count || count > MAX_MULTI_LAUNCHES) return CUDA_ERROR_INVALID_VALUE;
+    size_t cap = 0, used = 0;
+    unsigned char *bulk = NULL;
+    CUresult r = CUDA_SUCCESS;
+    for (uint32_t i = 0; i < count && r == CUDA_SUCCESS; i++) {
+        const unsigned char *p = (const unsigned char *)list + (size_t)i * LAUNCH_PARAMS_BYTES;
+        uint64_t f, stream;
+        uint32_t dims[7];
+        void **params;
+        memcpy(&f, p, 8), memcpy(dims, p + 8, sizeof dims), memcpy(&stream, p + 40, 8), memcpy(&params, p + 48, 8);
+        struct layout l;
+        r = refused_here(f, dims, check_launch_config(f, dims), "the function's and device's limits");
+        if (r == CUDA_SUCCESS) r = refused_here(f, dims, check_cooperative(f, dims), "a cooperative launch's size");
+        if (r == CUDA_SUCCESS) r = refused_here(f, dims, layout_of(f, &l), "the parameter layout");
+        if (r != CUDA_SUCCESS) break;
+        size_t need = used + MULTI_LAUNCH_HEAD + (l.total > 4096 ? l.total : 4096);
+        if (need > cap) {
+            unsigned char *grown = realloc(bulk, need);
+            if (!grown) {
+                r = CUDA_ERROR_OUT_OF_MEMORY;
+                break;
+            }
+            bulk = grown, cap = need;
+        }
+        int64_t len = pack_params(&l, params, NULL, bulk + used + MULTI_LAUNCH_HEAD, cap - used - MULTI_LAUNCH_HEAD);
+        r = len < 0 ? refused_here(f, dims, CUDA_ERROR_INVALID_VALUE, "packing the parameters")
+                    : refused_here(f, dims, params_reach(bulk + used + MULTI_LAUNCH_HEAD, len),
+                                   "page-locked memory the parameters name");
+        if (r != CUDA_SUCCESS) break;
+        uint32_t length = (uint32_t)len;
+        memcpy(bulk + used, &f, 8), memcpy(bulk + used + 8, dims, sizeof dims);
+        memcpy(bulk + used + 36, &length, 4), memcpy(bulk + used + 40, &stream, 8);
+        used += MULTI_LAUNCH_HEAD + (size_t)len;
+    }
+    if (r == CUDA_SUCCESS) {
+        struct gp_in_cuLaunchCooperativeKernelMultiDevice in = {.count = count, .flags = flags};
+        r = gp_call(GP_CALL_cuLaunchCooperativeKernelMultiDevice, WANT, &in, sizeof in, bulk, used, NULL, 0, NULL,
+                    0);
+    }
+    free(bulk);
+    return r;
+}
+
 /* CUlaunchConfig: seven unsigned ints, then CUstream at 32, CUlaunchAttribute* at 40, unsigned at 48;
  * each CUlaunchAttribute is 72 bytes (id, padding, a 64-byte value union). */
 CUresult cuLaunchKernelEx(void *config, uint64_t f, void *params, void *extra) {

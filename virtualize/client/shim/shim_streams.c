@@ -55,21 +55,25 @@ STREAM_VALUE(cuStreamWriteValue64_v2, 64, 1)
  * them at least as strictly as a barrier would). A flush of remote writes has none to flush: nothing
  * outside the lease's worker can write its memory through GPUDirect RDMA. A word of mirrored host memory
  * refuses the whole batch, as it refuses a single wait or write. */
-#define MEM_OP_BYTES 48
-#define MEM_OPS_MAX 256 /* the driver's limit on one batch */
 enum { OP_WAIT_32 = 1, OP_WRITE_32 = 2, OP_FLUSH_REMOTE_WRITES = 3, OP_WAIT_64 = 4, OP_WRITE_64 = 5, OP_BARRIER = 6 };
 
-static CUresult batch_mem_op(uint64_t stream, uint32_t count, const void *ops, uint32_t flags, int v2) {
-    if (flags || !count || count > MEM_OPS_MAX || !ops) return CUDA_ERROR_INVALID_VALUE;
+CUresult mem_ops_check(uint32_t call, const void *ops, uint32_t count) {
+    if (!count || count > MEM_OPS_MAX || !ops) return CUDA_ERROR_INVALID_VALUE;
     for (uint32_t i = 0; i < count; i++) {
         uint32_t op;
         uint64_t addr;
         memcpy(&op, (const unsigned char *)ops + (size_t)i * MEM_OP_BYTES, 4);
         memcpy(&addr, (const unsigned char *)ops + (size_t)i * MEM_OP_BYTES + 8, 8);
         if (op < OP_WAIT_32 || op > OP_BARRIER) return CUDA_ERROR_INVALID_VALUE;
-        if (op != OP_FLUSH_REMOTE_WRITES && op != OP_BARRIER && mirrored(GP_CALL_cuStreamBatchMemOp, addr))
-            return CUDA_ERROR_NOT_SUPPORTED;
+        if (op != OP_FLUSH_REMOTE_WRITES && op != OP_BARRIER && mirrored(call, addr)) return CUDA_ERROR_NOT_SUPPORTED;
     }
+    return CUDA_SUCCESS;
+}
+
+static CUresult batch_mem_op(uint64_t stream, uint32_t count, const void *ops, uint32_t flags, int v2) {
+    if (flags) return CUDA_ERROR_INVALID_VALUE;
+    CUresult checked = mem_ops_check(GP_CALL_cuStreamBatchMemOp, ops, count);
+    if (checked != CUDA_SUCCESS) return checked;
     static const uint32_t calls[2][6] = {
         {GP_CALL_cuStreamWaitValue32, GP_CALL_cuStreamWriteValue32, 0, GP_CALL_cuStreamWaitValue64,
          GP_CALL_cuStreamWriteValue64, 0},
@@ -136,6 +140,14 @@ static CUresult host_call(int kind, uint32_t call, uint64_t stream, void *fn, vo
 
 CUresult cuLaunchHostFunc(uint64_t stream, void *fn, void *data) {
     GP_TRACE("cuLaunchHostFunc");
+    return host_call(0, GP_CALL_cuLaunchHostFunc, stream, fn, data);
+}
+
+/* CU_HOST_TASK_BLOCKING or CU_HOST_TASK_SPINWAIT: how the worker's driver waits for the stream, not what
+ * the program sees, so either runs as cuLaunchHostFunc. */
+CUresult cuLaunchHostFunc_v2(uint64_t stream, void *fn, void *data, uint32_t sync_mode) {
+    GP_TRACE("cuLaunchHostFunc_v2");
+    if (sync_mode > 1) return CUDA_ERROR_INVALID_VALUE;
     return host_call(0, GP_CALL_cuLaunchHostFunc, stream, fn, data);
 }
 

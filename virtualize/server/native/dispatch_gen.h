@@ -4,7 +4,7 @@
 #include <stdint.h>
 
 /* The call table this was generated from (gpf_wire_version: the worker loads no other). */
-#define GPF_WIRE_VERSION 0x0296e775u
+#define GPF_WIRE_VERSION 0x0218bf40u
 /* A request's header and a reply's (virtualize/common/_wire.py REQUEST, REPLY): sizes, field offsets. */
 #define GPF_REQUEST_BYTES 24
 #define GPF_REQUEST_CALL 0
@@ -78,34 +78,34 @@ struct gpf_call {
     struct gpf_arg args[10];
 };
 static const struct gpf_call gpf_calls[C_COUNT] = {
-    [C_LAUNCH] = {266, 48, 0, 0, 0, 1, 0, 255, 10, {{0, 8, GPF_FUNC, 255, 1}, {8, 4, GPF_PLAIN, 255, 1}, {12, 4, GPF_PLAIN, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}, {20, 4, GPF_PLAIN, 255, 1}, {24, 4, GPF_PLAIN, 255, 1}, {28, 4, GPF_PLAIN, 255, 1}, {32, 4, GPF_PLAIN, 255, 1}, {36, 8, GPF_STREAM, 255, 1}, {44, 4, GPF_PLAIN, 255, 1}}},
+    [C_LAUNCH] = {314, 48, 0, 0, 0, 1, 0, 255, 10, {{0, 8, GPF_FUNC, 255, 1}, {8, 4, GPF_PLAIN, 255, 1}, {12, 4, GPF_PLAIN, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}, {20, 4, GPF_PLAIN, 255, 1}, {24, 4, GPF_PLAIN, 255, 1}, {28, 4, GPF_PLAIN, 255, 1}, {32, 4, GPF_PLAIN, 255, 1}, {36, 8, GPF_STREAM, 255, 1}, {44, 4, GPF_PLAIN, 255, 1}}},
     [C_CTX_SYNC] = {41, 0, 1, 1, 0, 0, 0, 255, 0, {{0}}},
-    [C_STREAM_SYNC] = {283, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255, 1}}},
-    [C_STREAM_QUERY] = {282, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255, 1}}},
-    [C_EVENT_SYNC] = {397, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255, 1}}},
-    [C_EVENT_QUERY] = {396, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255, 1}}},
-    [C_EVENT_RECORD] = {394, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_STREAM, 255, 1}}},
-    [C_EVENT_RECORD_FLAGS] = {395, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_STREAM, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}}},
-    [C_STREAM_WAIT_EVENT] = {284, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_STREAM, 255, 1}, {8, 8, GPF_EVENT, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}}},
-    [C_HTOD] = {127, 24, 0, 0, 0, 1, 1, 255, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
-    [C_HTOD_ASYNC] = {128, 24, 0, 0, 0, 1, 1, 2, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
-    [C_DTOH] = {129, 24, 1, 1, 0, 0, 1, 255, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
-    [C_DTOH_ASYNC] = {130, 24, 1, 1, 0, 0, 1, 2, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
-    [C_DTOD] = {143, 24, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_RANGE, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}}},
-    [C_DTOD_ASYNC] = {144, 32, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_RANGE, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}, {24, 8, GPF_STREAM, 255, 1}}},
-    [C_PINNED_COPY] = {137, 36, 1, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_PINNED, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}, {24, 8, GPF_STREAM, 255, 1}, {32, 4, GPF_PLAIN, 255, 1}}},
-    [C_SHM_HTOD] = {134, 36, 0, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}, {24, 8, GPF_SHARED, 1, 1}, {32, 4, GPF_PLAIN, 255, 1}}},
-    [C_SHM_DTOH] = {135, 32, 0, 1, 16, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}, {24, 4, GPF_PLAIN, 255, 1}, {28, 4, GPF_PLAIN, 255, 1}}},
-    [C_GRAPH_LAUNCH] = {389, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_GRAPHEXEC, 255, 1}, {8, 8, GPF_STREAM, 255, 1}}},
-    [C_EVENT_ELAPSED] = {399, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_EVENT, 255, 1}}},
-    [C_EVENT_ELAPSED_V2] = {400, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_EVENT, 255, 1}}},
-    [C_MEMSET_D8] = {182, 17, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 1}, {8, 1, GPF_PLAIN, 255, 1}, {9, 8, GPF_PLAIN, 255, 1}}},
-    [C_MEMSET_D16] = {183, 18, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 2}, {8, 2, GPF_PLAIN, 255, 1}, {10, 8, GPF_PLAIN, 255, 1}}},
-    [C_MEMSET_D32] = {184, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 4}, {8, 4, GPF_PLAIN, 255, 1}, {12, 8, GPF_PLAIN, 255, 1}}},
-    [C_MEMSET_D8_ASYNC] = {185, 25, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 1}, {8, 1, GPF_PLAIN, 255, 1}, {9, 8, GPF_PLAIN, 255, 1}, {17, 8, GPF_STREAM, 255, 1}}},
-    [C_MEMSET_D16_ASYNC] = {186, 26, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 2}, {8, 2, GPF_PLAIN, 255, 1}, {10, 8, GPF_PLAIN, 255, 1}, {18, 8, GPF_STREAM, 255, 1}}},
-    [C_MEMSET_D32_ASYNC] = {187, 28, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 4}, {8, 4, GPF_PLAIN, 255, 1}, {12, 8, GPF_PLAIN, 255, 1}, {20, 8, GPF_STREAM, 255, 1}}},
-    [C_EVENT_ELAPSED_MANY] = {401, 4, 0, 1, 0, 1, 0, 255, 1, {{0, 4, GPF_PLAIN, 255, 1}}},
+    [C_STREAM_SYNC] = {332, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255, 1}}},
+    [C_STREAM_QUERY] = {331, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255, 1}}},
+    [C_EVENT_SYNC] = {458, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255, 1}}},
+    [C_EVENT_QUERY] = {457, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255, 1}}},
+    [C_EVENT_RECORD] = {455, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_STREAM, 255, 1}}},
+    [C_EVENT_RECORD_FLAGS] = {456, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_STREAM, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}}},
+    [C_STREAM_WAIT_EVENT] = {333, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_STREAM, 255, 1}, {8, 8, GPF_EVENT, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}}},
+    [C_HTOD] = {135, 24, 0, 0, 0, 1, 1, 255, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
+    [C_HTOD_ASYNC] = {136, 24, 0, 0, 0, 1, 1, 2, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
+    [C_DTOH] = {137, 24, 1, 1, 0, 0, 1, 255, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
+    [C_DTOH_ASYNC] = {138, 24, 1, 1, 0, 0, 1, 2, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
+    [C_DTOD] = {151, 24, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_RANGE, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}}},
+    [C_DTOD_ASYNC] = {152, 32, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_RANGE, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}, {24, 8, GPF_STREAM, 255, 1}}},
+    [C_PINNED_COPY] = {145, 36, 1, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_PINNED, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}, {24, 8, GPF_STREAM, 255, 1}, {32, 4, GPF_PLAIN, 255, 1}}},
+    [C_SHM_HTOD] = {142, 36, 0, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}, {24, 8, GPF_SHARED, 1, 1}, {32, 4, GPF_PLAIN, 255, 1}}},
+    [C_SHM_DTOH] = {143, 32, 0, 1, 16, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}, {24, 4, GPF_PLAIN, 255, 1}, {28, 4, GPF_PLAIN, 255, 1}}},
+    [C_GRAPH_LAUNCH] = {450, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_GRAPHEXEC, 255, 1}, {8, 8, GPF_STREAM, 255, 1}}},
+    [C_EVENT_ELAPSED] = {460, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_EVENT, 255, 1}}},
+    [C_EVENT_ELAPSED_V2] = {461, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_EVENT, 255, 1}}},
+    [C_MEMSET_D8] = {229, 17, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 1}, {8, 1, GPF_PLAIN, 255, 1}, {9, 8, GPF_PLAIN, 255, 1}}},
+    [C_MEMSET_D16] = {230, 18, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 2}, {8, 2, GPF_PLAIN, 255, 1}, {10, 8, GPF_PLAIN, 255, 1}}},
+    [C_MEMSET_D32] = {231, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 4}, {8, 4, GPF_PLAIN, 255, 1}, {12, 8, GPF_PLAIN, 255, 1}}},
+    [C_MEMSET_D8_ASYNC] = {232, 25, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 1}, {8, 1, GPF_PLAIN, 255, 1}, {9, 8, GPF_PLAIN, 255, 1}, {17, 8, GPF_STREAM, 255, 1}}},
+    [C_MEMSET_D16_ASYNC] = {233, 26, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 2}, {8, 2, GPF_PLAIN, 255, 1}, {10, 8, GPF_PLAIN, 255, 1}, {18, 8, GPF_STREAM, 255, 1}}},
+    [C_MEMSET_D32_ASYNC] = {234, 28, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 4}, {8, 4, GPF_PLAIN, 255, 1}, {12, 8, GPF_PLAIN, 255, 1}, {20, 8, GPF_STREAM, 255, 1}}},
+    [C_EVENT_ELAPSED_MANY] = {462, 4, 0, 1, 0, 1, 0, 255, 1, {{0, 4, GPF_PLAIN, 255, 1}}},
 };
 
 /* Each argument's offset by name: GPF_AT_<call>_<argument>. */
