@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -104,3 +105,27 @@ def test_a_private_modules_contract_lists_every_private_module_of_its_package(pa
     (contract,) = [c for c in contracts if c["name"].startswith(contract_name)]
     private = {f"{package}.{p.stem}" for p in (ROOT / package).glob("_*.py") if p.stem != "__init__"}
     assert set(contract["forbidden_modules"]) == private
+
+
+def _temporaries_passed_by_address(source: str) -> list[int]:
+    """Lines where a call's result is passed by its address (`np.ones(n).ctypes.data`, `bytes(x).ptr`...):
+    nothing holds the object, so its memory may be freed and reused before the callee reads it."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Attribute) and node.attr in ("data", "ptr")
+                and isinstance(node.value, ast.Attribute) and node.value.attr == "ctypes"
+                and isinstance(node.value.value, ast.Call)):  # fmt: skip
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_gpu_program_passes_the_address_of_a_temporary():
+    """A GPU program that copies from `np.ones(n).ctypes.data` reads freed memory: natively it often still
+    holds the values, remotely the shim's own allocations reuse it (three programs compared garbage with
+    garbage on the H100s before this rule). Every such address must come from a named, held array."""
+    found = {}
+    for path in sorted((ROOT / "tests" / "gpu").rglob("*.py")) + sorted((ROOT / "tests").glob("remote_*.py")):
+        if lines := _temporaries_passed_by_address(path.read_text()):
+            found[str(path.relative_to(ROOT))] = lines
+    assert not found, f"hold these arrays in a name before passing their address: {found}"
+    assert _temporaries_passed_by_address("f(np.ones(4).ctypes.data)") == [1]  # the rule sees the pattern

@@ -85,6 +85,10 @@ def nvml_view_env(name: str, devices, base_env: dict[str, str], work: Path) -> d
 
     known = _gpu_identities()
     lines = [HEADER, f"lease {name}"]
+    # As a pool server's lease answer carries it: torch's test suite reads nvidia-smi's driver version
+    # (its green-context check), which was "N/A" under a view without it, and stopped collecting.
+    driver = _driver_version()
+    lines += [f"driver_version {driver}"] * bool(driver)
     for number, d in enumerate(devices):
         bus_id, gpu_name = known.get(d.uuid, ("", ""))
         lines += [f"device {number}", f"uuid {d.uuid}", f"host_index {d.index}",
@@ -94,6 +98,16 @@ def nvml_view_env(name: str, devices, base_env: dict[str, str], work: Path) -> d
     view = work / f"{name}.nvml-view"
     view.write_text("\n".join(lines) + "\n")
     return nvml_env(view, base_env, cache_root=work / "cache")
+
+
+def _driver_version() -> str:
+    """This host's NVIDIA driver version, from nvidia-smi ("" without it)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return (out.strip().splitlines() or [""])[0].strip()
 
 
 def _gpu_identities() -> dict[str, tuple[str, str]]:

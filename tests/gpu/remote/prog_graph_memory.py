@@ -50,7 +50,8 @@ def main() -> int:
     ok(cu.cuCtxSetCurrent(ctx))
     saxpy = ok(cu.cuModuleGetFunction(ok(cu.cuModuleLoadData(PTX.encode())), b"saxpy"))
     x, y = ok(cu.cuMemAlloc(4 * N)), ok(cu.cuMemAlloc(4 * N))
-    ok(cu.cuMemcpyHtoD(x, np.ones(N, dtype=np.float32).ctypes.data, 4 * N))
+    ones = np.ones(N, dtype=np.float32)  # held: a temporary's memory is free before the copy reads it
+    ok(cu.cuMemcpyHtoD(x, ones.ctypes.data, 4 * N))
     ok(cu.cuMemsetD8(y, 0, 4 * N))
     keep = []
     graph = ok(cu.cuGraphCreate(0))

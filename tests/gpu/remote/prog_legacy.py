@@ -83,7 +83,8 @@ def texture_references(n: int) -> None:
     tex = ok(cu.cuModuleGetTexRef(module, b"tex_in"))
     print("unknown reference", cu.cuModuleGetTexRef(module, b"nothing")[0].name)
     values, out = int(ok(cu.cuMemAlloc(4 * n))), int(ok(cu.cuMemAlloc(4 * n)))
-    ok(cu.cuMemcpyHtoD(values, np.arange(n, dtype=np.float32).ctypes.data, 4 * n))
+    counting = np.arange(n, dtype=np.float32)  # held until copied
+    ok(cu.cuMemcpyHtoD(values, counting.ctypes.data, 4 * n))
     print("format", cu.cuTexRefSetFormat(tex, cu.CUarray_format.CU_AD_FORMAT_FLOAT, 1)[0].name)
     print("bound to memory, offset", cu.cuTexRefSetAddress(tex, values, 4 * n))
     print("address read back", int(ok(cu.cuTexRefGetAddress(tex))) == values)
