@@ -90,10 +90,11 @@ ATTRIBUTE_MASKS = {
 # The most the driver keeps of its log (cuLogsDumpToMemory): no dump is larger.
 LOG_BYTES_MAX = 25600
 # CUpointer_attribute values the guard answers for memory in a window (cuda.h numbering).
-POINTER_CONTEXT, POINTER_DEVICE_ORDINAL, POINTER_LEGACY_IPC = 1, 9, 10
+POINTER_CONTEXT, POINTER_SYNC_MEMOPS, POINTER_DEVICE_ORDINAL, POINTER_LEGACY_IPC = 1, 6, 9, 10
 POINTER_RANGE_START, POINTER_RANGE_SIZE, POINTER_MEMPOOL = 11, 12, 17
 WINDOW_POINTER_ATTRIBUTES = frozenset(
     {
+        POINTER_SYNC_MEMOPS,
         POINTER_CONTEXT,
         POINTER_DEVICE_ORDINAL,
         POINTER_LEGACY_IPC,
@@ -113,6 +114,7 @@ class Allocation:
     ctx: int = 0  # the context it was made in (a destroyed context takes its memory with it)
     window: WindowMemory | None = None  # the client process's window it lives in; None: the driver's
     is_global: bool = False  # a module's global variable (its address is the module's, on its GPU)
+    sync_memops: int = 0  # CU_POINTER_ATTRIBUTE_SYNC_MEMOPS as the program set it (window memory: here)
 
 
 @dataclass
@@ -372,6 +374,7 @@ class Session:
             "gpWindowAccept": self._window_accept,
             "cuMemGetAddressRange_v2": self._address_range,
             "cuPointerGetAttribute": self._pointer_attribute,
+            "cuPointerSetAttribute": self._set_pointer_attribute,
             "cuDeviceTotalMem_v2": self._total_mem,
             "cuMemGetInfo_v2": self._mem_get_info,
             "cuMemAlloc_v2": self._alloc,
@@ -1032,6 +1035,7 @@ class Session:
         if a.window is not None and attr in WINDOW_POINTER_ATTRIBUTES:
             value = {
                 POINTER_CONTEXT: a.ctx or self.lease.primary_ctx.get(a.device, 0),
+                POINTER_SYNC_MEMOPS: a.sync_memops,
                 POINTER_DEVICE_ORDINAL: a.device,
                 POINTER_LEGACY_IPC: 1,
                 POINTER_RANGE_START: a.base,
@@ -1041,6 +1045,19 @@ class Session:
         else:
             value = self.executor.cuPointerGetAttribute(attr, ptr)
         return struct.pack("<Q", value), b""
+
+    def _set_pointer_attribute(self, call: Call, ins: tuple):
+        """SYNC_MEMOPS, the one settable attribute: the driver refuses it on memory mapped into a window
+        (NOT_SUPPORTED; on an H100 cuMemAlloc memory takes it). A window's memory keeps the program's
+        value here: a copy to or from the client is synchronous at its return anyway, as the flag asks."""
+        attr, ptr, value = ins  # as the wire carries them
+        a = self.lease.find(ptr)
+        if a is None:
+            raise CudaError(INVALID_VALUE, f"0x{ptr:x} is not memory of this lease")
+        if a.window is not None and attr == POINTER_SYNC_MEMOPS:
+            a.sync_memops = 1 if value else 0
+            return EMPTY
+        return self._plain(call, ins)
 
     def _free(self, call: Call, ins: tuple):
         self._check(call, ins)

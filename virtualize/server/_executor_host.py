@@ -188,6 +188,7 @@ class HostExecutor(Executor):
         self.pools = {0xB0000 + d: d for d in range(self.n)}
         self.current_pools = {d: 0xB0000 + d for d in range(self.n)}  # cuDeviceSetMemPool's
         self.sync_memops: set[int] = set()  # allocations (bases) with CU_POINTER_ATTRIBUTE_SYNC_MEMOPS set
+        self.mapped: set[int] = set()  # bases of memory mapped at a reserved address (cuMemMap's kind)
         self.functions: dict[int, str] = {}
         self.function_handles: dict[tuple[int, str], int] = {}  # (module or library, name) -> its handle
         self.parents: dict[int, int] = {}  # function or kernel -> its module or library
@@ -658,10 +659,12 @@ class HostExecutor(Executor):
 
     def map_memory(self, base: int, size: int, device: int):
         self._place(base, size, device)
+        self.mapped.add(base)
         return base
 
     def unmap_memory(self, base: int, size: int, backing) -> None:
         self._free(base)
+        self.mapped.discard(base)
 
     # The virtual memory API: each mapping is memory of its own here (two mappings of one handle do
     # not share bytes, as they do on a GPU).
@@ -1215,6 +1218,8 @@ class HostExecutor(Executor):
         if attr != 6:  # CU_POINTER_ATTRIBUTE_SYNC_MEMOPS is the one settable attribute
             raise CudaError(CUresult.INVALID_VALUE, "pointer attribute is not settable")
         _, off = self._find(ptr, 0)
+        if ptr - off in self.mapped:  # as the driver (580, H100) answers for memory mapped with cuMemMap
+            raise CudaError(CUresult.NOT_SUPPORTED, "SYNC_MEMOPS on mapped memory")
         (self.sync_memops.add if value else self.sync_memops.discard)(ptr - off)
 
     def _load(self, image: bytes) -> int:
