@@ -10,13 +10,23 @@ from glob import glob
 
 from setuptools import Extension, setup
 
+
+def plain_c(module: str, sources: list[str], depends: list[str], soname: str = "") -> Extension:
+    """A library of plain C built as an extension module (no Python API; loaded by path or ctypes).
+    optional: without a C compiler the install goes on, and what needs the library says it is not built."""
+    link = ["-pthread", *([f"-Wl,-soname,{soname}"] if soname else []), "-ldl"]
+    return Extension(module, sources=sources, depends=depends, py_limited_api=False, optional=True,
+                     extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread", "-std=gnu11"],
+                     extra_link_args=link)  # fmt: skip
+
+
 setup(
     ext_modules=[
-        Extension(
+        # every C file of the shim's folder (virtualize/client/remote.py's compile_shim takes the same)
+        plain_c(
             "virtualize.client._libcuda_shim",
-            # every C file of the shim's folder (virtualize/client/remote.py's compile_shim takes the same)
-            sources=sorted(glob("virtualize/client/shim/*.c")),
-            depends=[
+            sorted(glob("virtualize/client/shim/*.c")),
+            [
                 "virtualize/client/shim/shim.h",
                 "virtualize/client/shim/shim_calls.h",
                 "virtualize/client/shim/calls_gen.h",
@@ -24,64 +34,47 @@ setup(
                 "virtualize/client/shim/exports_gen.h",
                 "virtualize/common/include/gp_ranges.h",
             ],
-            extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread", "-std=gnu11"],
-            extra_link_args=["-pthread", "-Wl,-soname,libcuda.so.1", "-ldl"],
-            py_limited_api=False,
-            # Without a C compiler the install goes on; remote runs then say the shim is not built.
-            optional=True,
+            soname="libcuda.so.1",
         ),
         # gpupool's libnvidia-ml.so.1: NVML answered from the lease (virtualize/client/_nvml_view.py), for
         # nvidia-smi, pynvml, nvitop and gpustat inside `gpuattach run`. Plain C, no NVML headers.
-        Extension(
+        plain_c(
             "virtualize.client._libnvml_shim",
-            sources=["virtualize/client/nvml/nvml_shim.c"],
-            depends=["virtualize/client/nvml/nvml_stubs_gen.h"],
-            extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread", "-std=gnu11"],
-            extra_link_args=["-pthread", "-Wl,-soname,libnvidia-ml.so.1", "-ldl"],
-            py_limited_api=False,
-            optional=True,
+            ["virtualize/client/nvml/nvml_shim.c"],
+            ["virtualize/client/nvml/nvml_stubs_gen.h"],
+            soname="libnvidia-ml.so.1",
         ),
         # libgpupool_nccl.so: NCCL forwarded at its API to the lease's worker (virtualize/client/nccl/nccl_forward.c),
         # preloaded by `gpuattach run --spread`. Plain C, no NCCL headers.
-        Extension(
+        plain_c(
             "virtualize.client._libgpupool_nccl",
-            sources=["virtualize/client/nccl/nccl_forward.c"],
-            depends=[
+            ["virtualize/client/nccl/nccl_forward.c"],
+            [
                 "virtualize/client/nccl/nccl_stubs_gen.h",
                 "virtualize/client/shim/shim.h",
                 "virtualize/client/shim/calls_gen_types.h",
             ],
-            extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread", "-std=gnu11"],
-            extra_link_args=["-pthread", "-Wl,-soname,libgpupool_nccl.so", "-ldl"],
-            py_limited_api=False,
-            optional=True,
+            soname="libgpupool_nccl.so",
         ),
         # The --local interposer (virtualize/client/localcuda/local_cuda.c): the host's real libcuda.so.1 with
         # the lease's memory size. Plain C, no CUDA headers.
-        Extension(
+        plain_c(
             "virtualize.client._liblocalcuda",
-            sources=["virtualize/client/localcuda/local_cuda.c"],
-            depends=["virtualize/client/localcuda/forward_gen.h"],
-            extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread", "-std=gnu11"],
-            extra_link_args=["-pthread", "-Wl,-soname,libcuda.so.1", "-ldl"],
-            py_limited_api=False,
-            optional=True,
+            ["virtualize/client/localcuda/local_cuda.c"],
+            ["virtualize/client/localcuda/forward_gen.h"],
+            soname="libcuda.so.1",
         ),
         # The worker's native hot path and its TLS stream (virtualize/server/_native_dispatch.py and
         # _native_tls.py load it with ctypes; no Python API either). Without it the worker serves
         # every call, and runs TLS, in Python.
-        Extension(
+        plain_c(
             "virtualize.server._dispatch",
-            sources=["virtualize/server/native/dispatch.c", "virtualize/server/native/tls.c"],
-            depends=[
+            ["virtualize/server/native/dispatch.c", "virtualize/server/native/tls.c"],
+            [
                 "virtualize/server/native/native.h",
                 "virtualize/server/native/dispatch_gen.h",
                 "virtualize/common/include/gp_ranges.h",
             ],
-            extra_compile_args=["-O2", "-fvisibility=hidden", "-pthread", "-std=gnu11"],
-            extra_link_args=["-pthread", "-ldl"],
-            py_limited_api=False,
-            optional=True,
         ),
     ]
 )
