@@ -386,7 +386,9 @@ class CudaExecutor(Executor):
     def driver_lacks(self) -> list[str]:
         try:
             return _driver_lacks()
-        except (OSError, AttributeError) as exc:  # a driver older than cuGetProcAddress_v2: nothing to say
+        except (
+            Exception
+        ) as exc:  # best effort (a driver older than cuGetProcAddress_v2): the worker still serves
             log.warning("could not ask the driver which entry points it has: %s", exc)
             return []
 
