@@ -84,8 +84,9 @@ class Attribute(ctypes.Structure):  # CUlaunchAttribute: id, padding, a 64-byte 
 
 
 def scenario_devices():
+    n = ctypes.c_int(-1)  # before cuInit the driver answers NOT_INITIALIZED and leaves the count alone
+    say("count_before_init", f"{cu.cuDeviceGetCount(ctypes.byref(n))} {n.value}")
     check(cu.cuInit(0), "cuInit")
-    n = ctypes.c_int()
     check(cu.cuDeviceGetCount(ctypes.byref(n)), "count")
     say("count", n.value)
     name = ctypes.create_string_buffer(256)

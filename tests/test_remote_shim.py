@@ -34,7 +34,10 @@ __all__ = ["shim_dir", "worker"]  # fixtures
 
 
 def test_devices_show_the_partition_not_the_gpu(shim_dir, worker):
+    """A lease's device shows its partition; before cuInit a device query is refused with
+    CUDA_ERROR_NOT_INITIALIZED, as the driver does (PyTorch's lazy-init check relies on it)."""
     out, _ = run_client("devices", client_env(shim_dir, worker))
+    assert out["count_before_init"] == "3 -1"  # CUDA_ERROR_NOT_INITIALIZED, the count untouched
     assert out["count"] == "1"
     assert out["name"].startswith("gpupool host executor 0")
     assert out["total"] == str(64 * MiB)  # the partition, while the emulated GPU has 80 GiB

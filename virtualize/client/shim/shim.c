@@ -632,9 +632,27 @@ static CUresult call_locked(uint32_t call, uint32_t flags, const void *args, uin
     return result;
 }
 
+/* Until the program calls cuInit the driver answers every entry point but a few with
+ * CUDA_ERROR_NOT_INITIALIZED (PyTorch checks that `import torch` initialises nothing by calling
+ * cuDeviceGetCount and expecting exactly that). The worker's driver was initialised long before, so the
+ * shim keeps the rule for every driver call of the table; its own frames (gp*) are not the program's. */
+static int program_initialized;
+
+int gp_initialized(void) { return __atomic_load_n(&program_initialized, __ATOMIC_ACQUIRE); }
+
+static int answered_before_init(uint32_t call) {
+    static const char *const allowed[] = {"cuInit", "cuDriverGetVersion", "cuGetErrorName", "cuGetErrorString",
+                                          "cuGetExportTable", "cuGetProcAddress", "cuGetProcAddress_v2"};
+    if (call >= GP_N_CALLS || strncmp(gp_call_names[call], "cu", 2) != 0) return 1;
+    for (size_t i = 0; i < sizeof allowed / sizeof allowed[0]; i++)
+        if (strcmp(gp_call_names[call], allowed[i]) == 0) return 1;
+    return 0;
+}
+
 CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args_len, const void *bulk1,
                   uint64_t bulk1_len, const void *bulk2, uint64_t bulk2_len, void *outs, uint32_t outs_len,
                   void *bulk_out, uint64_t bulk_out_len) {
+    if (!gp_initialized() && !answered_before_init(call)) return CUDA_ERROR_NOT_INITIALIZED;
     uint64_t start = profile_enabled ? now_ns() : 0;
     int changes = call < GP_N_CALLS && (gp_call_invalidates[call] | gp_call_pauses[call] | gp_call_resumes[call]);
     if (changes) gp_memo_changing(call);
@@ -647,6 +665,9 @@ CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args
     CUresult r = call_locked(call, flags, args, args_len, bulk1, bulk1_len, bulk2, bulk2_len, outs, outs_len,
                              bulk_out, bulk_out_len);
     pthread_mutex_unlock(&conn_lock);
+    /* after the program's cuInit its calls go to the worker even when it failed: a lease that cannot be
+     * reached keeps answering why (NO_DEVICE, NOT_PERMITTED), not NOT_INITIALIZED */
+    if (call == GP_CALL_cuInit) __atomic_store_n(&program_initialized, 1, __ATOMIC_RELEASE);
     gp_managed_after(call, r);
     if (changes) gp_memo_changed(call, r);
     if (profile_enabled) profile_note(call, flags, now_ns() - start, args_len + bulk1_len + bulk2_len, bulk_out_len);
@@ -994,6 +1015,7 @@ static uint64_t shm_min_copy(void) {
 }
 
 int gp_bulk_copy(uint32_t call, uint64_t device, void *host, uint64_t count, uint64_t stream, CUresult *result) {
+    if (!gp_initialized()) return 0; /* the connection's path, which refuses it as the driver does */
     int lanes_fit = count >= GP_LANE_MIN_COPY && lanes_state >= 0;
     if ((count < shm_min_copy() && !lanes_fit) || thread_conn || (shm_state < 0 && !lanes_fit)) return 0;
     if (shm_state == 0) {

@@ -178,7 +178,7 @@ uint64_t gp_memo_epoch(int group) { return __atomic_load_n(&memo_epochs[group], 
 int gp_memo_get(uint32_t call, int group, int with_ctx, const void *in, uint32_t in_len, void *out, uint32_t out_len,
                 CUresult *result) {
     unsigned char key[MEMO_KEY_BYTES];
-    if (memo_off) return 0;
+    if (memo_off || !gp_initialized()) return 0; /* before cuInit the call is refused, never answered */
     uint32_t len = memo_key(key, in, in_len, with_ctx);
     if (!len && in_len) return 0;
     int outcome = MEMO_EMPTY;
