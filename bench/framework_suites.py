@@ -221,7 +221,8 @@ def _exit_text(code: int) -> str:
 
 
 def run_part(name: str, part: Part, suites: Path, out: Path, remote: bool, timeout: float, per_test: int,
-             only: list[str] | None = None, trace: bool = False, executor: str = "cuda", gpu: int = 0) -> Counts:  # fmt: skip
+             only: list[str] | None = None, trace: bool = False, executor: str = "cuda", gpu: int = 0,
+             partition_mib: int = 0) -> Counts:  # fmt: skip
     """Run one part (natively or remotely) to its end or its time limit, resuming after each crash.
 
     `only`: run just these test ids (the ones the native run got through)."""
@@ -260,7 +261,7 @@ def run_part(name: str, part: Part, suites: Path, out: Path, remote: bool, timeo
             env["SUITE_SELECT"] = str(select)
             env.pop("SUITE_SHARD", None)  # the ids are already the shard's
         pytest = _pytest_command(part, suites, out / f"{name}.{mode}.{attempt}.xml", per_test)
-        remote_once = [sys.executable, str(REMOTE_ONCE), "--mib", "16384", "--executor", executor,
+        remote_once = [sys.executable, str(REMOTE_ONCE), "--mib", str(partition_mib), "--executor", executor,
                        "--gpu", str(gpu), "--"]  # fmt: skip
         cmd = [*remote_once, *pytest] if remote else pytest
         with log.open("a") as sink:
@@ -315,6 +316,9 @@ def main() -> int:
     parser.add_argument("--native-only", action="store_true", help="only the native runs: to size parts")
     parser.add_argument("--gpu", type=int, default=0,
                         help="the GPU to run on, as nvidia-smi numbers it (default 0): two runs side by side")  # fmt: skip
+    parser.add_argument("--partition-mib", type=int, default=0,
+                        help="the remote lease's memory, MiB (default: the whole GPU, as `gpuattach run -n 1` "
+                        "gets it; a smaller partition skips a suite's large-tensor tests, as it should)")  # fmt: skip
     parser.add_argument("--executor", default="cuda", choices=["cuda", "host"],
                         help="the remote worker's executor (host: no GPU, for testing this script)")  # fmt: skip
     parser.add_argument("--trace", nargs="*", metavar="PART",
@@ -358,7 +362,8 @@ def main() -> int:
             # A native run cut by its time limit defines the part: the remote run runs those tests only.
             only = native.ran if native.exit == 124 else None
             remote = run_part(name, part, suites, args.out, True, args.remote_timeout or args.timeout,
-                              args.per_test, only, name in traced, args.executor, args.gpu)  # fmt: skip
+                              args.per_test, only, name in traced, args.executor, args.gpu,
+                              args.partition_mib)  # fmt: skip
             print(_summary(name, "remote", remote), flush=True)
             lost = differences(native, remote)
         for line in lost:

@@ -18,6 +18,11 @@ Steps (each bounded by a timeout, each PASS/FAIL/SKIP with why; the exit status 
              forwarded at its API (NCCL in each rank's worker, the workers connected over NCCL's socket
              transport: the servers' environment), which side ran NCCL, and all_reduce busbw 1 MiB-1 GiB
              across the two servers vs native ranks on the same socket transport
+  link       the spread run as two hosts would have it: each gpupool-server in its own network
+             namespace, joined by a veth pair shaped to 25 Gbit/s (tests/netem_link.py: netem where the
+             kernel has it, else tbf, rate only); the client beside server B, reaching server A across
+             the link; DDP over NCCL (the workers' sockets across the link) and all_reduce busbw, against
+             native ranks one in each namespace on the same link (needs root and iproute2)
   gpuattach  the DDP run as a user types it, through a real gpupool-server:
              `gpuattach run -n 2 -- python -m torch.distributed.run --nproc-per-node 2 prog_ddp.py`
 NCCL's transport lines (`... via P2P/CUMEM`, `via NET/Socket`) are shown for each run: what crosses
@@ -44,6 +49,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE.parent / "remote"))
+sys.path.insert(0, str(HERE.parents[1]))  # tests/: the shaped link between network namespaces
 
 from _pool import installed, nvml_view_env, pool_server  # noqa: E402
 
@@ -265,13 +271,83 @@ def spread_step(
             )  # the workers' NCCL lines
 
 
+def link_step(work: Path, env: dict[str, str], two, nccl_bound: float) -> None:
+    """`spread` across a shaped link: server A (GPU 0) in one network namespace, server B (GPU 1) and the
+    client in the other, the namespaces joined by a veth pair shaped to 25 Gbit/s each way. The servers
+    listen on the link's loopback pair (127.77.0.x, routed over the veth: the data connections stay
+    plaintext, as between two hosts of one machine), their workers' NCCL on the veth (NCCL_SOCKET_IFNAME),
+    so the ranks' NCCL traffic crosses the link worker to worker. Native: one rank in each namespace on
+    the same link and transport."""
+    from netem_link import LinkOptions, NetemLink, unavailable
+
+    check = "across a shaped link (two network namespaces), DDP over NCCL forwarded to the workers"
+    why = unavailable()
+    if why:
+        record(check, "SKIP", why)
+        return
+    with NetemLink(LinkOptions(rate="25gbit", delay="20us")) as link:
+        say(f"link: {link.shaping}")
+        ns_a, ns_b = link.worker_ns, link.client_ns
+        iface = {ns_a: "gpw", ns_b: "gpc"}  # the veth ends' name prefixes (netem_link.NetemLink._veth)
+        nccl = {ns: {**SOCKETS_ONLY, "NCCL_SOCKET_IFNAME": iface[ns]} for ns in (ns_a, ns_b)}
+        # Native: rank 0 in A's namespace on GPU 0, rank 1 in B's on GPU 1, rendezvous at A's address.
+        native = {}
+        for program in ("prog_ddp.py", "prog_allreduce.py"):
+            port = free_port()
+            ranks = [
+                ([*link.prefix(ns), sys.executable, program],
+                 {**env, **nccl[ns], "RANK": str(i), "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                  "MASTER_ADDR": link.worker_ip, "MASTER_PORT": str(port), "CUDA_VISIBLE_DEVICES": two[i][1]})
+                for i, ns in enumerate((ns_a, ns_b))
+            ]  # fmt: skip
+            native[program] = run_together(f"link-{program[5:-3]}-native", ranks)[0]
+        debug_dir = work / "nccl-link"
+        debug_dir.mkdir()
+        server_env = {
+            ns: {**env, **nccl[ns], "NCCL_DEBUG_FILE": str(debug_dir / "%h.%p.log")} for ns in (ns_a, ns_b)
+        }
+        with (
+            pool_server(work / "link-a", {**server_env[ns_a], "CUDA_VISIBLE_DEVICES": two[0][1]},
+                        host=link.worker_loopback_ip, prefix=link.prefix(ns_a)) as a,
+            pool_server(work / "link-b", {**server_env[ns_b], "CUDA_VISIBLE_DEVICES": two[1][1]}, token=a.token,
+                        host=link.client_loopback_ip, prefix=link.prefix(ns_b)) as b,
+        ):  # fmt: skip
+            spread = [*link.prefix(ns_b), installed()[1], "run", "--server", f"{a.url},{b.url}", "--token", a.token,
+                      "-n", "2", "--spread", "--"]  # fmt: skip
+            say("$ " + " ".join(spread + torchrun("prog_ddp.py")))
+            remote = run(
+                "link-ddp-remote",
+                spread + torchrun("prog_ddp.py"),
+                {**env, **SOCKETS_ONLY},
+                timeout=nccl_bound,
+            )
+            compare_losses(check, native["prog_ddp.py"], remote, runs="gpuattach")
+            where, transports = nccl_path(debug_dir, remote[1] + remote[2])
+            say(f"NCCL ran in: {where}; transports: {transports}")
+            remote = run(
+                "link-allreduce-remote", spread + torchrun("prog_allreduce.py"), {**env, **SOCKETS_ONLY}
+            )
+            n_ar = native["prog_allreduce.py"]
+            table = busbw_table(n_ar, remote, ("native across link GB/s", "spread across link GB/s"))
+            ok = n_ar[0] == 0 and remote[0] == 0 and bool(table) and all(row[2] != "-" for row in table)
+            big = table[-1] if table else None
+            record("all_reduce busbw across the shaped link, servers' NCCL worker to worker (vs native ranks)",
+                   "PASS" if ok else "FAIL",
+                   f"1 GiB: {big[2]} vs {big[1]} GB/s ({big[3]:.0%}); NCCL in {where}" if big and ok
+                   else f"native exit {n_ar[0]}, remote exit {remote[0]}")  # fmt: skip
+            say("link qdiscs: " + json.dumps(link.qdisc_stats()))
+            if OUT:
+                (OUT / "allreduce_link.json").write_text(json.dumps(table))
+                shutil.copytree(debug_dir, OUT / "logs" / "nccl-link", dirs_exist_ok=True)
+
+
 def main() -> int:
     global STEP_TIMEOUT
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--only",
         nargs="*",
-        help="run only these steps (vmm ddp allreduce tp halves gpuattach servers spread)",
+        help="run only these steps (vmm ddp allreduce tp halves gpuattach servers spread link)",
     )
     parser.add_argument(
         "--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds for one run (default 240)"
@@ -415,6 +491,14 @@ def main() -> int:
                 )
             else:
                 spread_step(work, env, native_two, two, gloo, nccl_bound)
+        if selected("link"):
+            say(
+                "\n=== link: the spread run with each server in its own network namespace, a 25 Gbit/s link between"
+            )
+            if not all(installed()):
+                record("across a shaped link", "SKIP", "gpupool-server / gpuattach not installed")
+            else:
+                link_step(work, env, two, nccl_bound)
     finally:
         for w in workers:
             w.stop()

@@ -26,11 +26,17 @@ def installed() -> tuple[str | None, str | None]:
 
 @contextlib.contextmanager
 def pool_server(
-    work: Path, env: dict[str, str], extra: list[str] = (), token: str | None = None
+    work: Path,
+    env: dict[str, str],
+    extra: list[str] = (),
+    token: str | None = None,
+    host: str = "127.0.0.1",
+    prefix: list[str] = (),
 ) -> Iterator[Callable[..., list[str]]]:
     """Yields attach(fraction) -> the `gpuattach run -n 1 -p F --` command line for this server, with
     attach.url and attach.token (`token`: one made on another server, imported so one token serves both).
-    Raises RuntimeError when the server does not come up."""
+    `host`: the address it listens on (its workers too); `prefix`: a command that runs it elsewhere, e.g.
+    `ip netns exec NS` (its health is then asked from there). Raises RuntimeError when it does not come up."""
     server, client = installed()
     if not server or not client:
         raise RuntimeError("gpupool-server / gpuattach not installed")
@@ -43,24 +49,23 @@ def pool_server(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [server, "serve", "--host", "127.0.0.1", "--port", str(port), "--state-dir", str(state), *extra]
+    cmd = [*prefix, server, "serve", "--host", host, "--port", str(port), "--state-dir", str(state), *extra]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://{host}:{port}"
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=2)
+            if _healthy(f"{url}/v1/health", prefix):
                 break
-            except OSError:
-                time.sleep(0.5)
+            time.sleep(0.5)
         if proc.poll() is not None:
             raise RuntimeError(f"gpupool-server exited with {proc.returncode}")
 
         def attach(fraction: str, *options: str, n: int = 1) -> list[str]:
-            return [client, "run", "--server", f"http://127.0.0.1:{port}", "--token", token, "-n", str(n),
+            return [client, "run", "--server", url, "--token", token, "-n", str(n),
                     "-p", fraction, *options, "--"]  # fmt: skip
 
-        attach.url, attach.token = f"http://127.0.0.1:{port}", token
+        attach.url, attach.token = url, token
         yield attach
     finally:
         proc.terminate()
@@ -74,6 +79,21 @@ def pool_server(
             logs = Path(os.environ["OUT"]) / "logs"
             logs.mkdir(parents=True, exist_ok=True)
             (logs / f"gpupool-server-{port}.log").write_text(out)
+
+
+def _healthy(url: str, prefix: list[str]) -> bool:
+    """Whether the server answers its health route (asked from inside `prefix`'s namespace when given)."""
+    if not prefix:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return True
+        except OSError:
+            return False
+    ask = "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)"
+    return (
+        subprocess.run([*prefix, sys.executable, "-c", ask, url], capture_output=True, timeout=30).returncode
+        == 0
+    )
 
 
 def nvml_view_env(name: str, devices, base_env: dict[str, str], work: Path) -> dict[str, str]:
@@ -90,11 +110,14 @@ def nvml_view_env(name: str, devices, base_env: dict[str, str], work: Path) -> d
     driver = _driver_version()
     lines += [f"driver_version {driver}"] * bool(driver)
     for number, d in enumerate(devices):
-        bus_id, gpu_name = known.get(d.uuid, ("", ""))
+        bus_id, gpu_name, temperature, power = known.get(d.uuid, ("", "", "", ""))
         lines += [f"device {number}", f"uuid {d.uuid}", f"host_index {d.index}",
                   f"memory_total {d.mem_limit_bytes}", "memory_used 0"]  # fmt: skip
         # PyTorch's allocator looks the device up by its PCI bus id when memory runs out.
         lines += [f"pci_bus_id {bus_id}"] * bool(bus_id) + [f"name {gpu_name}"] * bool(gpu_name)
+        # The sensors as the pool server's lease answer carries them (torch.cuda.temperature() reads one).
+        lines += [f"temperature_c {temperature}"] * temperature.isdigit()
+        lines += [f"power_mw {round(float(power) * 1000)}"] * _number(power)
     view = work / f"{name}.nvml-view"
     view.write_text("\n".join(lines) + "\n")
     return nvml_env(view, base_env, cache_root=work / "cache")
@@ -110,12 +133,22 @@ def _driver_version() -> str:
     return (out.strip().splitlines() or [""])[0].strip()
 
 
-def _gpu_identities() -> dict[str, tuple[str, str]]:
-    """uuid -> (PCI bus id, name) of this host's GPUs, from nvidia-smi ({} without it)."""
+def _number(text: str) -> bool:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=uuid,pci.bus_id,name", "--format=csv,noheader"],
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _gpu_identities() -> dict[str, tuple[str, str, str, str]]:
+    """uuid -> (PCI bus id, name, temperature °C, power W) of this host's GPUs, from nvidia-smi ({} without
+    it; a sensor it cannot read is "[N/A]")."""
+    try:
+        query = "--query-gpu=uuid,pci.bus_id,temperature.gpu,power.draw,name"
+        out = subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return {}
-    rows = [[f.strip() for f in line.split(",", 2)] for line in out.strip().splitlines()]
-    return {r[0]: (r[1], r[2]) for r in rows if len(r) == 3}
+    rows = [[f.strip() for f in line.split(",", 4)] for line in out.strip().splitlines()]  # the name last
+    return {r[0]: (r[1], r[4], r[2], r[3]) for r in rows if len(r) == 5}

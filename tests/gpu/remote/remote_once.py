@@ -1,7 +1,7 @@
 """Run one command remotely against a lease worker on this GPU host: python remote_once.py [--mib N] -- CMD...
 
 For looking into one program: the shim is compiled from this tree, the worker runs the CUDA executor on
-GPU --gpu (default 0) with a partition of --mib MiB, and the command runs with the shim first on its library path
+GPU --gpu (default 0) with a partition of --mib MiB (default the whole GPU), and the command runs with the shim first on its library path
 (add GPUPOOL_SHIM_TRACE=1 to the environment to see every driver call, GPUPOOL_SHIM_PROFILE=1 for a
 table of where the client's time went, GPUPOOL_WORKER_PROFILE=DIR for the worker's cProfile).
 """
@@ -29,7 +29,8 @@ from virtualize.client.remote import fresh_shim, remote_env  # noqa: E402
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mib", type=int, default=8192, help="partition of GPU 0 (default 8192 MiB)")
+    parser.add_argument("--mib", type=int, default=0,
+                        help="the partition, MiB (default: the whole GPU, as `gpuattach run -n 1` gets it)")  # fmt: skip
     parser.add_argument("--executor", default="cuda", choices=["cuda", "host"])
     parser.add_argument("--gpu", type=int, default=0, help="the GPU, as nvidia-smi numbers it (default 0)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
@@ -39,8 +40,8 @@ def main() -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     work = Path(tempfile.mkdtemp(prefix="gpupool-once-"))
     shim = fresh_shim(work / "shim")
-    uuid = gpus()[args.gpu][1] if args.executor == "cuda" else ""
-    devices = [WorkerDevice(args.gpu, uuid, args.mib << 20)]
+    _, uuid, total_mib = gpus()[args.gpu] if args.executor == "cuda" else (0, "", 8192)
+    devices = [WorkerDevice(args.gpu, uuid, (args.mib or total_mib) << 20)]
     worker = start_worker("once", devices, bind_host="127.0.0.1", env={}, executor=args.executor)
     answer = {"id": "once", "worker": worker.answer()}
     keep = (

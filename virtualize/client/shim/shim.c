@@ -995,7 +995,7 @@ static CUresult lane_copy_locked(int to_device, int is_async, uint64_t device, c
 /* A large copy between pageable memory here and the device, through the memory shared with a worker on
  * this host or across the lanes of an encrypted connection: 1 with *result set, or 0 where neither is
  * for it (small, plaintext TCP, turned off, a callback thread): the process's connection then. */
-/* The smallest copy that goes through shared memory: GPUPOOL_SHIM_SHARED_MIN_KIB (default 256); smaller
+/* The smallest copy that goes through shared memory: GPUPOOL_SHIM_SHARED_MIN_KIB (default 4); smaller
  * ones travel in their frame, which the worker's native loop serves up to 1 MiB. Not a number: the
  * default, said once. */
 static uint64_t shm_min_copy(void) {
