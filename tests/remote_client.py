@@ -1626,8 +1626,8 @@ def scenario_pinned_kernels():
     plain page-locked memory (cuMemAllocHost, cuMemHostAlloc without DEVICEMAP), as unified addressing
     allows — launched directly, with a cluster shape, as a graph's kernel node whose parameters change
     in the instantiated graph, and in a captured graph updated from another capture. The host reads what
-    the kernels wrote, kernels what the host wrote. The address of registered memory is refused at the
-    launch instead (its device pointer is another)."""
+    the kernels wrote, kernels what the host wrote. The address of registered memory (PyTorch's pinned
+    memory under `pinned_use_cuda_host_register`) works too: the kernel is given its device pointer."""
     setup()
     module, add = c_u64(), c_u64()
     check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
@@ -1733,16 +1733,17 @@ def scenario_pinned_kernels():
     check(cu.cuMemFreeHost(fresh), "free")
     check(cu.cuMemFreeHost(c_u64(filled.value)), "free")
 
-    registered = (ctypes.c_uint32 * n)()
+    registered = (ctypes.c_uint32 * n)(*range(n))
     check(cu.cuMemHostRegister(ctypes.byref(registered), c_u64(4 * n), 0), "register")
-    refused = [
+    launched = [
         cu.cuLaunchKernel(
             add, grid, 1, 1, 256, 1, 1, 0, c_u64(0), params(ctypes.addressof(registered), 1), None
         )
         for _ in range(2)
     ]
-    say("registered_launch", " ".join(map(str, refused)))
+    say("registered_launch", " ".join(map(str, launched)))
     say("sync_after_registered", cu.cuCtxSynchronize())
+    say("registered_words", [registered[0], registered[n - 1]])  # the kernels' + 1 twice, seen here
     check(cu.cuMemHostUnregister(ctypes.byref(registered)), "unregister")
     say("free", f"{cu.cuMemFreeHost(c_u64(a.value))} {cu.cuMemFreeHost(c_u64(b.value))}")
 

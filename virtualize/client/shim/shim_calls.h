@@ -28,7 +28,7 @@ int page_locked_side(uint64_t *side, uint64_t other, uint64_t count, int to_side
 uint64_t pinned_shared(const void *p, uint64_t count, int landing);
 CUresult pinned_copy(uint32_t call, uint64_t device, const void *host, uint64_t count, uint64_t stream);
 /* Kernel parameters that are addresses of page-locked memory here made the device's, or refused. */
-CUresult params_reach(const unsigned char *params, int64_t len);
+CUresult params_reach(unsigned char *params, int64_t len);
 
 /* Kernel parameter layouts, asked of the worker once per function, and packing (shim_modules.c). */
 struct layout { uint64_t func; uint32_t count, total; uint32_t *offset_size; };

@@ -563,11 +563,12 @@ void gp_pinned_touch(uint64_t ptr) {
 }
 
 /* Each 8-byte word of a kernel's packed parameters that is an address of page-locked memory here: that
- * memory is made the device's at that address if it can be (pinned_map); if not (registered memory,
- * whose device pointer is another), the launch is refused at the call, with a word on stderr once —
- * the kernel would fault on the worker, where the address is nothing of the program's. */
-CUresult params_reach(const unsigned char *params, int64_t len) {
-    static int said;
+ * memory is made the device's at that address if it can be (pinned_map); registered memory, whose
+ * device pointer is another (its mirror, cuMemHostGetDevicePointer), has the word replaced by that
+ * pointer: natively a GPU with unified addressing takes a registered page's own address in a kernel
+ * (PyTorch's pinned memory under `pinned_use_cuda_host_register` is passed so), and the worker's GPU
+ * can reach it only through the mirror. `params` is the shim's packed copy, rewritten in place. */
+CUresult params_reach(unsigned char *params, int64_t len) {
     if (!__atomic_load_n(&n_unreachable, __ATOMIC_ACQUIRE)) return CUDA_SUCCESS;
     for (int64_t at = 0; at + 8 <= len; at += 8) {
         uint64_t v, base, dev;
@@ -575,13 +576,9 @@ CUresult params_reach(const unsigned char *params, int64_t len) {
         if (v < 4096 || v >> 47 || !granule_marked(v) || !gp_host_lookup(v, &base, NULL, NULL)) continue;
         if (gp_mirror_device(v, &dev) && dev == v) continue; /* DEVICEMAP, or pinned and mapped */
         CUresult r = pinned_reach(base);
-        if (r == CUDA_ERROR_NOT_FOUND) {
-            if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
-                gp_say("a kernel was given 0x%llx, an address of registered page-locked memory of this process: the "
-                       "remote GPU cannot use it there; the launch returns CUDA_ERROR_NOT_SUPPORTED (give it "
-                       "cuMemHostGetDevicePointer's pointer, or allocate with cuMemHostAlloc)",
-                       (unsigned long long)v);
-            return CUDA_ERROR_NOT_SUPPORTED;
+        if (r == CUDA_ERROR_NOT_FOUND) { /* registered: its mirror's address, mirrored now if not yet */
+            r = cuMemHostGetDevicePointer_v2(&dev, (void *)v, 0);
+            if (r == CUDA_SUCCESS) memcpy(params + at, &dev, 8);
         }
         if (r != CUDA_SUCCESS) return r;
     }
@@ -671,7 +668,7 @@ CUresult cuMemHostGetFlags(uint32_t *flags, void *p) {
 
 /* An allocation's device pointer is its own address (DEVICEMAP, or pinned: mapped now). Registered
  * memory is mirrored from the first time its device pointer is asked for, by a device allocation of the
- * lease: the pointer is that allocation's (a kernel given the host address itself is refused,
+ * lease: the pointer is that allocation's (a kernel given the host address itself gets it instead,
  * params_reach). */
 CUresult cuMemHostGetDevicePointer_v2(uint64_t *pdptr, void *p, uint32_t flags) {
     GP_TRACE("cuMemHostGetDevicePointer_v2");
