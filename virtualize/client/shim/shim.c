@@ -995,34 +995,35 @@ static CUresult lane_copy_locked(int to_device, int is_async, uint64_t device, c
 /* A large copy between pageable memory here and the device, through the memory shared with a worker on
  * this host or across the lanes of an encrypted connection: 1 with *result set, or 0 where neither is
  * for it (small, plaintext TCP, turned off, a callback thread): the process's connection then. */
-/* The smallest copy that goes through shared memory: GPUPOOL_SHIM_SHARED_MIN_KIB (default 4); smaller
- * ones travel in their frame, which the worker's native loop serves up to 1 MiB. Not a number: the
- * default, said once. */
-static uint64_t shm_min_copy(void) {
-    static uint64_t min; /* 0: not read yet (a benign race: every thread reads the same) */
+/* The smallest copy that goes through shared memory: GPUPOOL_SHIM_SHARED_MIN_KIB for both directions,
+ * else GP_SHM_MIN_HTOD / GP_SHM_MIN_DTOH; smaller ones travel in their frame, which the worker's native
+ * loop serves up to 1 MiB. Not a number: the defaults, said once. */
+static uint64_t shm_min_copy(int to_device) {
+    static uint64_t min; /* 0: not read yet, 1: the defaults (a benign race: every thread reads the same) */
     if (!min) {
         const char *env = getenv("GPUPOOL_SHIM_SHARED_MIN_KIB");
         char *end = NULL;
         unsigned long long kib = env ? strtoull(env, &end, 10) : 0;
         if (env && (!*env || *end || kib > (1ull << 30))) {
-            gp_say("GPUPOOL_SHIM_SHARED_MIN_KIB=%s is not a number of KiB; copies of %u KiB and more go "
-                   "through shared memory", env, GP_SHM_MIN_COPY >> 10);
+            gp_say("GPUPOOL_SHIM_SHARED_MIN_KIB=%s is not a number of KiB; copies to the device of %u KiB and "
+                   "more, to the host of %u KiB and more, go through shared memory", env, GP_SHM_MIN_HTOD >> 10,
+                   GP_SHM_MIN_DTOH >> 10);
             env = NULL;
         }
-        min = env ? (kib << 10 ? kib << 10 : 1) : GP_SHM_MIN_COPY;
+        min = env && kib ? kib << 10 : 1;
     }
-    return min;
+    return min > 1 ? min : to_device ? GP_SHM_MIN_HTOD : GP_SHM_MIN_DTOH;
 }
 
 int gp_bulk_copy(uint32_t call, uint64_t device, void *host, uint64_t count, uint64_t stream, CUresult *result) {
     if (!gp_initialized()) return 0; /* the connection's path, which refuses it as the driver does */
+    int to_device = call == GP_CALL_cuMemcpyHtoD_v2 || call == GP_CALL_cuMemcpyHtoDAsync_v2;
     int lanes_fit = count >= GP_LANE_MIN_COPY && lanes_state >= 0;
-    if ((count < shm_min_copy() && !lanes_fit) || thread_conn || (shm_state < 0 && !lanes_fit)) return 0;
+    if ((count < shm_min_copy(to_device) && !lanes_fit) || thread_conn || (shm_state < 0 && !lanes_fit)) return 0;
     if (shm_state == 0) {
         const char *env = getenv("GPUPOOL_SHIM_SHARED_COPIES"); /* 0: every copy through the socket */
         if (env && strcmp(env, "0") == 0) shm_state = -1;
     }
-    int to_device = call == GP_CALL_cuMemcpyHtoD_v2 || call == GP_CALL_cuMemcpyHtoDAsync_v2;
     int is_async = call == GP_CALL_cuMemcpyHtoDAsync_v2 || call == GP_CALL_cuMemcpyDtoHAsync_v2;
     uint64_t start = profile_enabled ? now_ns() : 0;
     gp_managed_before(call);
