@@ -240,7 +240,11 @@ def main() -> int:
                         "20 µs each way, TLS on), as a client on another host gets them (root)")  # fmt: skip
     parser.add_argument("--link-rate", default="25gbit", help="--link: the link's rate each way (tc units)")
     parser.add_argument("--link-delay", default="20us", help="--link: the link's one-way delay (tc units)")
+    parser.add_argument("--train-args", default="",
+                        help="more arguments for bench/train_models.py, native and remote alike "
+                        "(e.g. '--input uint8')")  # fmt: skip
     args = parser.parse_args()
+    TRAIN_ARGS.extend(args.train_args.split())
     if args.encrypt:
         ENCRYPT.update({_wire.ENV_ENCRYPT: "always"})
     want = set(args.only or [])
@@ -434,6 +438,9 @@ def across_link(models, devices, shim: Path, work: Path, env, native_env, rate: 
             worker.stop()
 
 
+TRAIN_ARGS: list[str] = []  # --train-args
+
+
 def training(
     model: str, native_env: dict[str, str], remote_env_: dict[str, str], via: list[str] = (), where: str = ""
 ) -> None:
@@ -449,8 +456,8 @@ def training(
             runs[label] = NATIVE_TRAINING[model]
             print(f"[native] as measured above: {runs[label][2]}")
             continue
-        rc, out, err, seconds = run([*via, sys.executable, script, model] if label == "remote" else
-                                    [sys.executable, script, model], env, timeout=900)  # fmt: skip
+        command = [sys.executable, script, model, *TRAIN_ARGS]
+        rc, out, err, seconds = run([*via, *command] if label == "remote" else command, env, timeout=900)
         losses = [float(line.split()[3]) for line in out.splitlines() if line.startswith("step ")]
         summary = next((json.loads(line) for line in out.splitlines() if line.startswith("{")), {})
         runs[label] = (rc, losses, summary)
