@@ -489,6 +489,45 @@ def scenario_capture_copy():
     say("readback", dtoh(dev, 4)[1] == b"xxxx")
 
 
+def scenario_capture_page_locked():
+    """A captured graph that copies page-locked memory (cuMemHostAlloc) to the GPU, adds 1 in a kernel and
+    copies the result into registered memory (cuMemHostRegister), as PyTorch's pinned copies inside
+    torch.cuda.graph do: natively each launch reads and writes the pages as they are then. Replayed twice,
+    the host changing the input in between."""
+    setup()
+    module, add = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(add), module, b"add_u32"), "add")
+    n = 5000
+    rc, dev = alloc(4 * n)
+    check(rc, "alloc")
+    source = c_u64()
+    check(cu.cuMemHostAlloc(ctypes.byref(source), c_u64(4 * n), 0), "host alloc")
+    words_in = (ctypes.c_uint32 * n).from_address(source.value)
+    words_out = (ctypes.c_uint32 * n)()
+    check(cu.cuMemHostRegister(ctypes.byref(words_out), c_u64(4 * n), 0), "register")
+    stream, graph, exe = c_u64(), c_u64(), c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    args = [c_u64(dev), ctypes.c_uint32(1), ctypes.c_uint32(n)]
+    params = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in args])
+    check(cu.cuStreamBeginCapture(stream, 2), "begin capture")  # relaxed
+    say("htod_in_capture", cu.cuMemcpyHtoDAsync(c_u64(dev), c_u64(source.value), c_u64(4 * n), stream))
+    say("launch_in_capture", cu.cuLaunchKernel(add, (n + 255) // 256, 1, 1, 256, 1, 1, 0, stream, params, None))
+    say("dtoh_in_capture", cu.cuMemcpyDtoHAsync(ctypes.byref(words_out), c_u64(dev), c_u64(4 * n), stream))
+    say("end_capture", cu.cuStreamEndCapture(stream, ctypes.byref(graph)))
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, c_u64(0)), "instantiate")
+    replays = []
+    for base in (0, 100):
+        for i in range(n):
+            words_in[i] = base + i
+        check(cu.cuGraphLaunch(exe, stream), "launch graph")
+        check(cu.cuStreamSynchronize(stream), "sync")
+        replays.append([words_out[0], words_out[n - 1]])
+    say("replays", replays)
+    check(cu.cuMemHostUnregister(ctypes.byref(words_out)), "unregister")
+    say("free", cu.cuMemFreeHost(c_u64(source.value)))
+
+
 def scenario_memo_kernels():
     """A setter or an unload drops the kept answers about its own kernel, function or library only."""
     setup()

@@ -333,6 +333,22 @@ def test_a_copy_from_the_programs_memory_inside_a_capture_fails_the_capture_not_
     }
 
 
+
+def test_copies_with_page_locked_and_registered_memory_are_captured_and_replayed(shim_dir, worker):
+    """A graph captured with a copy from page-locked memory and a copy into registered memory (PyTorch's
+    pinned copies inside torch.cuda.graph) captures, and each launch reads and writes the pages as they
+    are then, as natively; before, the capture failed at its end."""
+    out, _ = run_client("capture_page_locked", client_env(shim_dir, worker))
+    n = 5000
+    assert out == {
+        "htod_in_capture": "0",
+        "launch_in_capture": "0",
+        "dtoh_in_capture": "0",
+        "end_capture": "0",
+        "replays": f"[[1, {n}], [101, {n + 100}]]",  # the input as the host left it before each launch, + 1
+        "free": "0",
+    }
+
 def test_the_virtual_memory_api_maps_memory_in_ranges_the_program_reserved(shim_dir, worker):
     """Reserve, create, map, grant access, use, undo, with the partition counting created memory; pinned
     host memory is not created remotely, but its granularity is answered (NCCL asks it first and falls

@@ -580,6 +580,13 @@ class CudaExecutor(Executor):
             landed.wait()
         return landed
 
+    def copy_pinned_captured(self, device, shared, offset, count, stream, to_device) -> None:
+        s = self._stream(stream)  # the driver records a memcpy node with the worker's mapping of the pages
+        if to_device:
+            _ok(driver.cuMemcpyHtoDAsync(device, shared.address + offset, count, s))
+        else:
+            _ok(driver.cuMemcpyDtoHAsync(shared.address + offset, device, count, s))
+
     def copy_out_piece(self, shared, offset, src, count, stream) -> None:
         # as the native loop's shm_dtoh (dispatch.c): the copy, then its stream waited for
         s = self._stream(stream or 0)

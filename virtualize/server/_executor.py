@@ -354,6 +354,14 @@ class Executor(abc.ABC):
         self.copy_from_device(src, count, stream, put)
         return CopiedBytes(b"")
 
+    def copy_pinned_captured(
+        self, device: int, shared: SharedHostMemory, offset: int, count: int, stream: int, to_device: bool
+    ) -> None:
+        """A copy between device address `device` and the client's page-locked memory this worker maps too
+        (`shared` at `offset`) on `stream` while it is captured: a node of the graph that copies at each
+        launch, as the driver captures a copy with page-locked memory (the pages are the client's own)."""
+        raise CudaError(CUresult.STREAM_CAPTURE_UNSUPPORTED, "this executor captures no copies with host memory")
+
     def copy_out_piece(self, shared: SharedHostMemory, offset: int, src: int, count: int, stream) -> None:
         """`count` bytes of device address `src` into `shared` at `offset`, there on return (queued
         behind `stream`'s work; None: the legacy stream): a piece of a copy through the memory a

@@ -846,6 +846,16 @@ class HostExecutor(Executor):
         for start in range(0, count, CHUNK):
             send(view[off + start : off + min(count, start + CHUNK)])
 
+    def copy_pinned_captured(self, device, shared, offset, count, stream, to_device) -> None:
+        def copy() -> None:  # at each launch of the graph, with the pages as they are then
+            mem, off = self._find(device, count)
+            if to_device:
+                mem[off : off + count] = shared.view[offset : offset + count]
+            else:
+                shared.view[offset : offset + count] = memoryview(mem)[off : off + count]
+
+        self._on(stream, copy)
+
     def copy_from_device_async(self, src, count, stream) -> StagedCopy:
         mem, off = self._find(src, count)
         return _Copied(memoryview(mem)[off : off + count])  # streams run at once here: the copy is done

@@ -197,14 +197,18 @@ class CopyCalls(Concern):
 
     def pinned_copy(self, call: Call, ins: tuple):
         """A copy between the lease's memory and the client's shared page-locked memory, by the worker's
-        DMA on the client's stream: nothing more to send; the stream orders it, as natively."""
+        DMA on the client's stream: nothing more to send; the stream orders it, as natively (on a stream
+        being captured, a node of the graph)."""
         session = self.session
         device, host, count, stream, flags = ins
         to_device, synchronous = flags & 1, flags & 2
         session._check_ranges(call, ins)
         base, shared = self._pinned_at(host, count)
-        if not synchronous and self._capturing(_HTOD_ASYNC if to_device else _DTOH_ASYNC, stream):
-            raise CudaError(CUresult.STREAM_CAPTURE_UNSUPPORTED, "a copy with the client's memory")
+        if not synchronous and session.executor.cuStreamIsCapturing(stream) != 0:
+            # The pages are the client's own, mapped here too: a node that copies at each launch, as the
+            # driver captures a copy with page-locked memory (PyTorch's pinned copies in CUDA graphs).
+            session.executor.copy_pinned_captured(device, shared, host - base, count, stream, bool(to_device))
+            return EMPTY
         on = None if synchronous else stream
         if to_device:
             session.executor.copy_in_from(device, shared, host - base, count, on, bool(synchronous))

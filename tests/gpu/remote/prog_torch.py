@@ -166,8 +166,33 @@ def cuda_graphs():
     print("graph_replay", digest(static_out), torch.equal(static_out, torch.relu(x) * 2 + 1))
 
 
+def graphed_pinned_copies():
+    """Pinned copies inside torch.cuda.graph, with cudaHostAlloc'd pinned memory and with registered
+    memory (`pinned_use_cuda_host_register`, as test_cuda.py's pinned-memory tests switch on): each
+    replay reads the input pages and writes the output pages as they are then."""
+    n = 1 << 14
+    for register in (False, True):
+        torch.cuda.memory._set_allocator_settings(f"pinned_use_cuda_host_register:{register}")
+        source = torch.zeros(n).pin_memory()
+        result = torch.zeros(n).pin_memory()
+        on_gpu = torch.zeros(n, device=DEV)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            on_gpu.copy_(source, non_blocking=True)
+            on_gpu.add_(1)
+            result.copy_(on_gpu, non_blocking=True)
+        replays = []
+        for start in (0, 100):
+            source.copy_(torch.arange(start, start + n, dtype=torch.float32))
+            graph.replay()
+            torch.cuda.synchronize()
+            replays.append([result[0].item(), result[-1].item()])
+        print("graphed_pinned_copies", "registered" if register else "allocated", replays)
+    torch.cuda.memory._set_allocator_settings("pinned_use_cuda_host_register:False")
+
+
 SECTIONS = [devices, copies, elementwise_and_reductions, matmuls, cudnn, training_steps, streams_and_events,
-            memory_stats, compiled, cuda_graphs]  # fmt: skip
+            memory_stats, compiled, cuda_graphs, graphed_pinned_copies]  # fmt: skip
 
 
 def main() -> int:

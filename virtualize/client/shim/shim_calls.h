@@ -27,7 +27,9 @@ CUresult copies_settle_host(const void *p);
 int page_locked_side(uint64_t *side, uint64_t other, uint64_t count, int to_side, CUresult *r);
 uint64_t pinned_shared(const void *p, uint64_t count, int landing);
 CUresult pinned_copy(uint32_t call, uint64_t device, const void *host, uint64_t count, uint64_t stream);
-/* Kernel parameters that are addresses of page-locked memory here made the device's, or refused. */
+/* Page-locked memory here made reachable by the device (its device address in *dev); kernel parameters
+ * that are addresses of it made the device's, registered memory's replaced by its mirror's. */
+CUresult gp_host_reach(uint64_t host, uint64_t base, uint64_t *dev);
 CUresult params_reach(unsigned char *params, int64_t len);
 
 /* Kernel parameter layouts, asked of the worker once per function, and packing (shim_modules.c). */

@@ -12,12 +12,26 @@
 
 /* ---- copies ------------------------------------------------------------------------------------ */
 
+/* An asynchronous copy with page-locked memory that the worker does not map too (registered memory;
+ * any page-locked memory across hosts), on a stream being captured: natively the graph gets a copy node
+ * with those pages. Here the memory is made the device's now, as for a kernel given its address
+ * (gp_host_reach), so the copy below is captured as a device copy with it, kept in step with the pages
+ * at launches and synchronisations. Outside a capture nothing changes: the bytes travel with the call. */
+static void reach_if_captured(const void *host, uint64_t count, uint64_t stream) {
+    uint64_t base, dev;
+    int32_t status = 0;
+    if (!page_locked(host, count) || pinned_shared(host, count, 0) || gp_mirror_device((uint64_t)host, &dev)) return;
+    if (cuStreamIsCapturing(stream, &status) != CUDA_SUCCESS || status != 1) return; /* ACTIVE */
+    if (gp_host_lookup((uint64_t)host, &base, NULL, NULL)) gp_host_reach((uint64_t)host, base, &dev);
+}
+
 static CUresult htod(uint32_t call, uint64_t dst, const void *src, uint64_t count, uint64_t stream) {
     uint64_t mirrored;
     CUresult here;
     if (count == 0) return CUDA_SUCCESS;
     int locked = page_locked_side(&dst, (uint64_t)src, count, 1, &here);
     if (locked == 1) return here;
+    if (call == GP_CALL_cuMemcpyHtoDAsync_v2) reach_if_captured(src, count, stream);
     if (gp_mirror_device((uint64_t)src, &mirrored)) /* mirrored memory as the source: the device copy of it */
         return call == GP_CALL_cuMemcpyHtoD_v2 ? cuMemcpyDtoD_v2(dst, mirrored, count)
                                                : cuMemcpyDtoDAsync_v2(dst, mirrored, count, stream);
@@ -49,6 +63,7 @@ static CUresult dtoh(uint32_t call, void *dst, uint64_t src, uint64_t count, uin
     if (count == 0) return CUDA_SUCCESS;
     int locked = page_locked_side(&src, (uint64_t)dst, count, 0, &here);
     if (locked == 1) return here;
+    if (call == GP_CALL_cuMemcpyDtoHAsync_v2) reach_if_captured(dst, count, stream);
     if (gp_mirror_device((uint64_t)dst, &mirrored)) /* into mirrored memory: into its device copy */
         return call == GP_CALL_cuMemcpyDtoH_v2 ? cuMemcpyDtoD_v2(mirrored, src, count)
                                                : cuMemcpyDtoDAsync_v2(mirrored, src, count, stream);

@@ -562,12 +562,21 @@ void gp_pinned_touch(uint64_t ptr) {
         pinned_reach(base); /* if it cannot be, the call fails on the worker as for any other address */
 }
 
+/* Page-locked memory of this process at `host` (known to be), made reachable by the device: an allocation
+ * at its own address (pinned_map), registered memory through its mirror (cuMemHostGetDevicePointer,
+ * mirrored now if it was not). *dev: the device address that reaches `host`. */
+CUresult gp_host_reach(uint64_t host, uint64_t base, uint64_t *dev) {
+    CUresult r = pinned_reach(base);
+    if (r == CUDA_SUCCESS) *dev = host;
+    if (r == CUDA_ERROR_NOT_FOUND) r = cuMemHostGetDevicePointer_v2(dev, (void *)host, 0);
+    return r;
+}
+
 /* Each 8-byte word of a kernel's packed parameters that is an address of page-locked memory here: that
- * memory is made the device's at that address if it can be (pinned_map); registered memory, whose
- * device pointer is another (its mirror, cuMemHostGetDevicePointer), has the word replaced by that
- * pointer: natively a GPU with unified addressing takes a registered page's own address in a kernel
- * (PyTorch's pinned memory under `pinned_use_cuda_host_register` is passed so), and the worker's GPU
- * can reach it only through the mirror. `params` is the shim's packed copy, rewritten in place. */
+ * memory is made the device's (gp_host_reach), and a word naming registered memory, whose device pointer
+ * is another (its mirror), is replaced by that pointer: natively a GPU with unified addressing takes a
+ * registered page's own address in a kernel (PyTorch's pinned memory under
+ * `pinned_use_cuda_host_register` is passed so). `params` is the shim's packed copy, rewritten in place. */
 CUresult params_reach(unsigned char *params, int64_t len) {
     if (!__atomic_load_n(&n_unreachable, __ATOMIC_ACQUIRE)) return CUDA_SUCCESS;
     for (int64_t at = 0; at + 8 <= len; at += 8) {
@@ -575,12 +584,9 @@ CUresult params_reach(unsigned char *params, int64_t len) {
         memcpy(&v, params + at, 8);
         if (v < 4096 || v >> 47 || !granule_marked(v) || !gp_host_lookup(v, &base, NULL, NULL)) continue;
         if (gp_mirror_device(v, &dev) && dev == v) continue; /* DEVICEMAP, or pinned and mapped */
-        CUresult r = pinned_reach(base);
-        if (r == CUDA_ERROR_NOT_FOUND) { /* registered: its mirror's address, mirrored now if not yet */
-            r = cuMemHostGetDevicePointer_v2(&dev, (void *)v, 0);
-            if (r == CUDA_SUCCESS) memcpy(params + at, &dev, 8);
-        }
+        CUresult r = gp_host_reach(v, base, &dev);
         if (r != CUDA_SUCCESS) return r;
+        if (dev != v) memcpy(params + at, &dev, 8);
     }
     return CUDA_SUCCESS;
 }
