@@ -329,6 +329,14 @@ async def admin_drain(request: web.Request) -> web.Response:
     return _json(api.Drain, await _lease_migrate.drain(st, gpu))
 
 
+async def admin_drain_server(request: web.Request) -> web.Response:
+    st: ServerState = request.app[STATE]
+    await _admin(request)
+    if request.method == "DELETE":
+        return _json(api.ServerDrain, _lease_migrate.undrain_server(st))
+    return _json(api.ServerDrain, await _lease_migrate.drain_server(st))
+
+
 def _gpu_index(text: str) -> int:
     if not text.isdigit() or len(text) > 4:
         raise BadRequest(f"GPU index {text!r} is not a number from 0", "GET /v1/gpus lists the GPUs")
@@ -395,6 +403,8 @@ ROUTES = [
     ("POST", "/v1/admin/leases/{lease_id}/migrate", admin_migrate),
     ("POST", "/v1/admin/gpus/{index}/drain", admin_drain),
     ("DELETE", "/v1/admin/gpus/{index}/drain", admin_drain),
+    ("POST", "/v1/admin/drain", admin_drain_server),
+    ("DELETE", "/v1/admin/drain", admin_drain_server),
 ]
 
 

@@ -214,14 +214,23 @@ def _moving_parsers(sub) -> None:
     _admin_options(m)
     d = sub.add_parser(
         "drain",
-        help="drain a GPU: no new leases go to it, its remote leases move to other GPUs, live",
-        description="Drain GPU --gpu of a running server: no new lease goes to it from now on (until --undo or "
-        "a restart of the server), and each remote lease on it moves, live, to another GPU of the same model "
-        "with room (see gpupool-server lease migrate). Prints what moved and what stayed, with the reason; "
-        "exit 1 if a lease stayed.",
+        help="drain a server (no new leases) or one of its GPUs (its remote leases move to other GPUs, live)",
+        description="Drain a running server: it grants no new lease from now on (until --undo or a restart of "
+        "the server; clients asking it are told it is draining and take another server), and the leases still "
+        "running on it are listed with why each stays until its program ends (moving a lease to another server "
+        "is not available yet). With --gpu N only that GPU drains: no new lease goes to it and each remote "
+        "lease on it moves, live, to another GPU of the same model with room (see gpupool-server lease "
+        "migrate). Prints what moved and what stayed, with the reason; exit 1 if a lease stayed.",
     )
-    d.add_argument("--gpu", required=True, type=ranged(int, 0, 1023, "a GPU index"), help="the GPU's index")
-    d.add_argument("--undo", action="store_true", help="end the draining: the GPU takes new leases again")
+    d.add_argument("target", nargs="?", metavar="SERVER",
+                   help="the server: host:port or URL, or a member name of --cluster (default --server, else "
+                        "http://127.0.0.1:56001)")  # fmt: skip
+    d.add_argument("--gpu", type=ranged(int, 0, 1023, "a GPU index"), help="drain only this GPU (its index)")
+    d.add_argument(
+        "--undo", action="store_true", help="end the draining: the server or GPU takes new leases again"
+    )
+    d.add_argument("--cluster", metavar="etcd://...", help="the cluster SERVER is a member of (names it as "
+                   "gpupool-server cluster members lists)")  # fmt: skip
     _admin_options(d)
 
 
@@ -531,7 +540,18 @@ def _lease(args) -> int:
 
 
 def _drain(args) -> int:
-    """`drain --gpu N [--undo]`: through the running server's admin API."""
+    """`drain [SERVER] [--gpu N] [--undo]`: through the running server's admin API."""
+    if args.target is not None:
+        if args.server is not None:
+            return _fail("give the server once", "as SERVER or as --server URL, not both")
+        args.server = _drain_target(args.target, args.cluster)
+    elif args.cluster:
+        return _fail(
+            "--cluster names the cluster of SERVER",
+            "give SERVER: a member name (gpupool-server cluster members)",
+        )
+    if args.gpu is None:
+        return _drain_server(args)
     what = f"GPU {args.gpu}: taking leases again" if args.undo else f"draining GPU {args.gpu}"
     done = _admin_call(
         args, what, lambda client: client.drain(args.gpu, undo=args.undo), None
@@ -545,6 +565,39 @@ def _drain(args) -> int:
     state = "drained: no new leases go to it" if done.draining else "takes new leases"
     print(f"GPU {args.gpu} {state}" + (f"; {len(done.stayed)} lease(s) stayed" if done.stayed else ""))
     return 1 if done.stayed else 0
+
+
+def _drain_server(args) -> int:
+    where = args.server or "the server"
+    what = f"{where}: taking leases again" if args.undo else f"draining {where}"
+    done = _admin_call(args, what, lambda client: client.drain_server(undo=args.undo), None)
+    if isinstance(done, int):
+        return done
+    for s in done.stayed:
+        print(f"{s.lease}: stays on {done.server}: {s.reason}")
+    state = "drained: it grants no new leases" if done.draining else "grants new leases"
+    print(f"server {done.server} {state}" + (f"; {len(done.stayed)} lease(s) stayed" if done.stayed else ""))
+    return 1 if done.stayed else 0
+
+
+def _drain_target(target: str, cluster: str | None) -> str:
+    """SERVER's URL: a cluster member's (by its name), or SERVER itself as host:port or URL."""
+    from server._errors import BadRequest, NotFound
+    from server.client_config import ConfigError, normalize_url
+
+    if cluster:
+        from server._cluster import open_cluster
+
+        members = {m["name"]: m["url"] for m in open_cluster(cluster, "gpupool-server-cli").members()}
+        if target in members:
+            return members[target]
+        if target not in members.values():
+            raise NotFound(f"cluster {cluster} has no member {target!r}",
+                           f"its members: {', '.join(sorted(members)) or 'none'}")  # fmt: skip
+    try:
+        return normalize_url(target)
+    except ConfigError as exc:
+        raise BadRequest(f"SERVER {target!r}: {exc.title}", exc.hint) from None
 
 
 def _admin_call(args, what: str, call, timeout: float | None):

@@ -240,6 +240,24 @@ async def test_a_failed_action_says_why_and_the_console_carries_on(server):
         assert shown(app, "pool-servers")[0][1].startswith("unreachable")  # and the view says so too
 
 
+async def test_a_draining_server_shows_as_draining_and_ok_again_after_undo(server):
+    """After `gpupool-server drain` the server's row says draining (not ok) and its GPUs too; after the
+    drain is undone the row says ok again."""
+    server.call("POST", "/v1/admin/drain", "ops")
+    app = make_app(server)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        (srv,) = shown(app, "pool-servers")
+        assert srv[1] == "draining"
+        assert all(g[3].startswith("draining") for g in shown(app, "pool-gpus"))
+    server.call("DELETE", "/v1/admin/drain", "ops")
+    app = make_app(server)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        (srv,) = shown(app, "pool-servers")
+        assert srv[1] == "ok"
+
+
 async def test_without_an_admin_token_the_pool_is_read_only(server):
     server.lease("alice", 1, 0.25)
     app = make_app(server, token=None)
