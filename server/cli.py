@@ -17,6 +17,7 @@ import logging
 import sys
 from pathlib import Path
 
+from collector import durations
 from collector.argtypes import ranged
 from collector.errors import report
 from collector.words import plural
@@ -220,7 +221,8 @@ def _moving_parsers(sub) -> None:
         "running on it are listed with why each stays until its program ends (moving a lease to another server "
         "is not available yet). With --gpu N only that GPU drains: no new lease goes to it and each remote "
         "lease on it moves, live, to another GPU of the same model with room (see gpupool-server lease "
-        "migrate). Prints what moved and what stayed, with the reason; exit 1 if a lease stayed.",
+        "migrate). Prints what moved and what stayed, with the reason; exit 1 if a lease stayed (with --wait: if "
+        "one still runs when the wait ends).",
     )
     d.add_argument("target", nargs="?", metavar="SERVER",
                    help="the server: host:port or URL, or a member name of --cluster (default --server, else "
@@ -229,6 +231,9 @@ def _moving_parsers(sub) -> None:
     d.add_argument(
         "--undo", action="store_true", help="end the draining: the server or GPU takes new leases again"
     )
+    d.add_argument("--wait", type=durations.argument(), metavar="DURATION",
+                   help="after draining the server, wait up to DURATION (e.g. 30m) until no lease runs on it, "
+                        "saying on stderr which still do as they end; exit 1 if some still run then")  # fmt: skip
     d.add_argument("--cluster", metavar="etcd://...", help="the cluster SERVER is a member of (names it as "
                    "gpupool-server cluster members lists)")  # fmt: skip
     _admin_options(d)
@@ -552,6 +557,8 @@ def _drain(args) -> int:
         )
     if args.gpu is None:
         return _drain_server(args)
+    if args.wait:
+        return _fail("--wait is for draining a whole server", "drop --gpu, or drop --wait")
     what = f"GPU {args.gpu}: taking leases again" if args.undo else f"draining GPU {args.gpu}"
     done = _admin_call(
         args, what, lambda client: client.drain(args.gpu, undo=args.undo), None
@@ -568,16 +575,45 @@ def _drain(args) -> int:
 
 
 def _drain_server(args) -> int:
+    if args.wait and args.undo:
+        return _fail("--wait is for draining", "drop --wait with --undo")
     where = args.server or "the server"
     what = f"{where}: taking leases again" if args.undo else f"draining {where}"
-    done = _admin_call(args, what, lambda client: client.drain_server(undo=args.undo), None)
-    if isinstance(done, int):
-        return done
+    return _admin_call(args, what, lambda client: _drained(client, args), None)
+
+
+def _drained(client, args) -> int:
+    """Drain (or undo) through `client`, print the leases that stay, and with --wait wait for them to end."""
+    done = client.drain_server(undo=args.undo)
     for s in done.stayed:
         print(f"{s.lease}: stays on {done.server}: {s.reason}")
     state = "drained: it grants no new leases" if done.draining else "grants new leases"
     print(f"server {done.server} {state}" + (f"; {len(done.stayed)} lease(s) stayed" if done.stayed else ""))
-    return 1 if done.stayed else 0
+    if not done.stayed or not args.wait:
+        return 1 if done.stayed else 0
+    return _wait_empty(client, done.server, args.wait, {s.lease for s in done.stayed})
+
+
+def _wait_empty(client, server: str, wait_s: float, running: set[str], poll_s: float = 1.0) -> int:
+    """Wait until no lease runs on the drained server, naming on stderr each that ends; 1 if some still
+    run after `wait_s`."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    print(f"waiting up to {durations.format_duration(wait_s)} for {plural(len(running), 'lease')} to end ...",
+          file=sys.stderr)  # fmt: skip
+    while running:
+        if time.monotonic() >= deadline:
+            return report("gpupool-server", f"{plural(len(running), 'lease')} left on {server} after "
+                          f"{durations.format_duration(wait_s)}: {', '.join(sorted(running))}",
+                          "wait longer (--wait), or release them", 1)  # fmt: skip
+        time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+        now = {lease.id for lease in client.leases()}
+        for ended in sorted(running - now):
+            print(f"{ended} ended; {plural(len(running & now), 'lease')} left", file=sys.stderr)
+        running &= now
+    print(f"server {server} drained: no lease runs on it")
+    return 0
 
 
 def _drain_target(target: str, cluster: str | None) -> str:

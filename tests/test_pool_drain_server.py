@@ -85,6 +85,41 @@ def test_a_drained_server_grants_nothing_new_and_clients_take_another_server(poo
             api(a.url, "DELETE", f"/v1/leases/{lease['id']}", a.token(client))
 
 
+def test_drain_wait_returns_once_the_last_lease_ends_or_fails_when_the_time_is_up(pool):
+    """`drain SERVER --wait D` names each lease as it ends and exits 0 once none runs on the server; with a
+    lease that outlives the wait it exits 1 naming it; the drained server's leases run on meanwhile."""
+    a, _ = pool
+    admin = a.token("ops", admin=True)
+    holder = a.token("waited")
+    leases = [api(a.url, "POST", "/v1/leases", holder, {"n": 1, "fraction": 0.25})[1]["id"] for _ in range(2)]
+    try:
+        short = drain(a.url, "--wait", "1s", token=admin)
+        assert short.returncode == 1, short.stdout + short.stderr
+        assert all(lease in short.stderr.splitlines()[-1] for lease in leases)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")} | {"GPUPOOL_TOKEN": admin}
+        waiting = subprocess.Popen([*server_cmd(), "drain", a.url, "--wait", "60s"], env=env, cwd=ROOT,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            first = waiting.stderr.readline()  # the progress line: the drain listed both leases
+            while first and not first.startswith("waiting"):
+                first = waiting.stderr.readline()
+            assert first.startswith("waiting"), waiting.stdout.read()
+            for lease in leases:
+                assert api(a.url, "GET", f"/v1/leases/{lease}", holder)[1]["state"] == "active"
+                assert waiting.poll() is None  # still waiting while a lease runs
+                assert api(a.url, "DELETE", f"/v1/leases/{lease}", holder)[0] == 200
+            out, err = waiting.communicate(timeout=30)
+        finally:
+            if waiting.poll() is None:
+                waiting.kill()
+        assert waiting.returncode == 0, out + err
+        assert all(f"{lease} ended" in err for lease in leases)
+    finally:
+        drain(a.url, "--undo", token=admin)
+        for lease in leases:
+            api(a.url, "DELETE", f"/v1/leases/{lease}", holder)
+
+
 def test_draining_through_the_api_needs_an_admin_token(pool):
     """POST /v1/admin/drain with a client token is refused (403) and the server keeps granting."""
     a, _ = pool
@@ -104,4 +139,6 @@ def test_bad_drain_requests_are_one_line_errors(pool):
     one_error_line(drain("127.0.0.1:1", token=admin))
     one_error_line(drain(a.url, token=None))
     one_error_line(drain("--cluster", "etcd://127.0.0.1:1", token=admin))
+    one_error_line(drain(a.url, "--gpu", "0", "--wait", "1m", token=admin))
+    one_error_line(drain(a.url, "--wait", "soon", token=admin))
     assert api(a.url, "GET", "/v1/health")[1]["server"]["draining"] is False
