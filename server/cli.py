@@ -208,8 +208,9 @@ def _moving_parsers(sub) -> None:
         "with the reason, and a failure leaves the lease running where it was. Prints the pause.",
     )
     m.add_argument("lease", help="the lease id (lease-...)")
-    m.add_argument("--to", required=True, type=ranged(int, 0, 1023, "a GPU index"), metavar="GPU",
-                   help="the target GPU's index on the lease's server (GET /v1/gpus)")  # fmt: skip
+    m.add_argument("--to", required=True, metavar="GPU",
+                   help="the target GPU's index on the lease's server (GET /v1/gpus); another server is not a "
+                        "target yet")  # fmt: skip
     m.add_argument("--partition", type=ranged(int, 0, 1023, "a partition"), default=0,
                    help="which of the lease's partitions moves, from 0 (default 0)")  # fmt: skip
     _admin_options(m)
@@ -530,6 +531,14 @@ def _client(args) -> int:
 
 def _lease(args) -> int:
     """`lease migrate`: through the running server's admin API (it holds the lease's worker)."""
+    if not args.to.isdigit():  # a server's name or address: the lease's state would leave its worker's host
+        return _fail(f"--to {args.to}: moving a running lease to another server is not available yet",
+                     "move it to another GPU of its server (--to GPU index), or drain the server "
+                     "(gpupool-server drain SERVER --wait) and let the lease end")  # fmt: skip
+    try:
+        args.to = ranged(int, 0, 1023, "a GPU index")(args.to)
+    except argparse.ArgumentTypeError as exc:
+        return _fail(f"--to: {exc}", "see gpupool-server lease migrate --help")
     what = f"migrating {args.lease} partition {args.partition} to GPU {args.to}"
     from server.workers import MIGRATE_TIMEOUT_S
 
