@@ -264,7 +264,7 @@ class PoolView(View):
         Binding("i", "app.set_client_idle_timeout", "Idle"),
         Binding("I", "app.set_default_idle_timeout", "Default idle"),
         Binding("m", "app.migrate_lease", "Migrate"),
-        Binding("d", "app.drain_gpu", "Drain"),
+        Binding("d", "app.drain", "Drain"),
     ]
     SERVERS = (
         Column("server", "Server"),
