@@ -66,6 +66,12 @@ def test_a_drained_server_grants_nothing_new_and_clients_take_another_server(poo
         assert status == 409 and refused["code"] == "busy" and "draining" in refused["error"], refused
 
         env, token = env_for(tmp_path, [a, b], "elsewhere")
+        listed = gpuattach("servers", env=env)  # what a user sees: which server grants nothing now, and why
+        assert listed.returncode == 0, listed.stderr
+        rows = {line.split()[0]: line for line in listed.stdout.splitlines()[1:]}
+        assert "draining" in rows[address] and "draining" not in rows[b.url.removeprefix("http://")], (
+            listed.stdout
+        )
         code = "import os; print(os.environ['GPUPOOL_LEASE_ID'])"
         ran = gpuattach("run", "-n", "1", "-p", "0.25", "--local", "--", sys.executable, "-c", code, env=env)
         assert ran.returncode == 0, ran.stderr
