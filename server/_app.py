@@ -50,6 +50,7 @@ class ServerState:
         self.reap_interval_s = reap_interval_s
         self.db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpupool-db")
         self.workers: dict[str, object] = {}  # lease id -> WorkerHandle
+        self.member_info = None  # cluster mode: () -> this server's member record (server._serve)
         self.stopping = threading.Event()
         self.last_purge = float("-inf")
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -333,7 +334,7 @@ async def admin_drain_server(request: web.Request) -> web.Response:
     st: ServerState = request.app[STATE]
     await _admin(request)
     if request.method == "DELETE":
-        return _json(api.ServerDrain, _lease_migrate.undrain_server(st))
+        return _json(api.ServerDrain, await _lease_migrate.undrain_server(st))
     return _json(api.ServerDrain, await _lease_migrate.drain_server(st))
 
 

@@ -153,6 +153,7 @@ async def drain_server(st) -> dict:
     """Stop granting on this server; its running leases, each with why it stays until its program ends."""
     st.pool.server_draining = True
     log.info("server draining: no new leases")
+    await _publish(st)
     leases = await st.db(st.pool.active_leases)
     stayed = [
         {"lease": lease["id"], "reason": STAYS_REMOTE if lease["remote"] else STAYS_LOCAL} for lease in leases
@@ -160,10 +161,21 @@ async def drain_server(st) -> dict:
     return {"server": st.pool.inv.hostname, "draining": True, "stayed": stayed}
 
 
-def undrain_server(st) -> dict:
+async def undrain_server(st) -> dict:
     st.pool.server_draining = False
     log.info("server takes new leases again")
+    await _publish(st)
     return {"server": st.pool.inv.hostname, "draining": False, "stayed": []}
+
+
+async def _publish(st) -> None:
+    """Cluster mode: the member record says whether the server drains (`gpupool-server cluster members`)."""
+    if st.pool.cluster is None or st.member_info is None:
+        return
+    try:
+        await asyncio.to_thread(st.pool.cluster.update_member, st.member_info())
+    except PoolError as exc:  # no quorum now: the drain holds here all the same; re-registering puts it
+        log.warning("the cluster's member record does not show the drain yet: %s", exc.title)
 
 
 def undrain(st, gpu: int) -> dict:

@@ -691,7 +691,8 @@ def _cluster(args) -> int:
         for m in sorted(members, key=lambda m: m["name"]):
             names = [g["name"] for g in m["gpus"]]
             gpus = ", ".join(f"{names.count(n)}x {n}" for n in dict.fromkeys(names))
-            print(f"{m['name']:<28} {m['url']:<32} {m['hostname']:<20} {gpus}")
+            drain = "  (draining: no new leases)" if m.get("draining") else ""
+            print(f"{m['name']:<28} {m['url']:<32} {m['hostname']:<20} {gpus}{drain}")
         print(f"({plural(len(members), 'server')} registered)", file=sys.stderr)
         return 0
     from server._cluster_migrate import migrate
