@@ -5,6 +5,7 @@
     gpupool-server token list | token revoke TOKEN_ID
     gpupool-server --cluster etcd://h1:2379,h2:2379,h3:2379 ...     (cluster mode: shared state on etcd)
     gpupool-server cluster migrate --state-dir DIR --cluster etcd://... | cluster members --cluster ...
+    gpupool-server lease migrate LEASE --to GPU | drain [SERVER] [--gpu N] [--wait 2h] | undrain [SERVER]
     gpupool-server webhook --image IMAGE --pool-server gpu1:56001 --tls-cert C --tls-key K   (Kubernetes)
 
 Heavy imports (aiohttp, msgspec, the collector) load only when a command needs them.
@@ -23,7 +24,7 @@ from collector.errors import report
 from collector.words import plural
 from server.ranges import CLIENT, MAX_LIMIT_GPUS, POLICY
 
-SUBCOMMANDS = ("serve", "token", "client", "cluster", "lease", "drain", "webhook")
+SUBCOMMANDS = ("serve", "token", "client", "cluster", "lease", "drain", "undrain", "webhook")
 EXIT_USAGE = 2
 
 
@@ -46,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
         description="The GPU server of the pool: inventory, leases of GPU partitions, limits, tokens, idle "
         "reclaim, HTTP/JSON API (OpenAPI at /openapi.json). See docs/pool.md.",
     )
-    sub = p.add_subparsers(dest="command", metavar="{serve,token,client,cluster,webhook}")
+    sub = p.add_subparsers(dest="command", metavar="{serve,token,client,cluster,lease,drain,undrain,webhook}")
     s = sub.add_parser("serve", help="serve leases (the default command)")
     s.add_argument("--config", type=Path, help="TOML config file (see deploy/server.toml)")
     s.add_argument("--host", help="address to bind (default 0.0.0.0)")
@@ -225,19 +226,29 @@ def _moving_parsers(sub) -> None:
         "migrate). Prints what moved and what stayed, with the reason; exit 1 if a lease stayed (with --wait: if "
         "one still runs when the wait ends).",
     )
-    d.add_argument("target", nargs="?", metavar="SERVER",
-                   help="the server: host:port or URL, or a member name of --cluster (default --server, else "
-                        "http://127.0.0.1:56001)")  # fmt: skip
-    d.add_argument("--gpu", type=ranged(int, 0, 1023, "a GPU index"), help="drain only this GPU (its index)")
+    _drain_target_options(d, "drain only this GPU (its index)")
     d.add_argument(
         "--undo", action="store_true", help="end the draining: the server or GPU takes new leases again"
     )
     d.add_argument("--wait", type=durations.argument(), metavar="DURATION",
                    help="after draining the server, wait up to DURATION (e.g. 30m) until no lease runs on it, "
                         "saying on stderr which still do as they end; exit 1 if some still run then")  # fmt: skip
-    d.add_argument("--cluster", metavar="etcd://...", help="the cluster SERVER is a member of (names it as "
+    u = sub.add_parser("undrain", help="end a drain: the server (or --gpu N) takes new leases again",
+                       description="End the drain of a running server, or of its GPU --gpu N: it takes new "
+                       "leases again (the same as gpupool-server drain --undo).")  # fmt: skip
+    _drain_target_options(u, "end only this GPU's drain (its index)")
+    u.set_defaults(undo=True, wait=None)
+
+
+def _drain_target_options(p, gpu_help: str) -> None:
+    """What `drain` and `undrain` name: the server (SERVER, --cluster, --server, --token) and --gpu."""
+    p.add_argument("target", nargs="?", metavar="SERVER",
+                   help="the server: host:port or URL, or a member name of --cluster (default --server, else "
+                        "http://127.0.0.1:56001)")  # fmt: skip
+    p.add_argument("--gpu", type=ranged(int, 0, 1023, "a GPU index"), help=gpu_help)
+    p.add_argument("--cluster", metavar="etcd://...", help="the cluster SERVER is a member of (names it as "
                    "gpupool-server cluster members lists)")  # fmt: skip
-    _admin_options(d)
+    _admin_options(p)
 
 
 def _admin_options(p) -> None:
@@ -372,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             return _cluster(args)
         if args.command == "lease":
             return _lease(args)
-        if args.command == "drain":
+        if args.command in ("drain", "undrain"):
             return _drain(args)
         if args.command == "webhook":
             return _webhook(args)

@@ -24,11 +24,11 @@ def pool(tmp_path_factory):
     b.stop()
 
 
-def drain(*args: str, token: str | None) -> subprocess.CompletedProcess:
+def drain(*args: str, token: str | None, command: str = "drain") -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     if token:
         env["GPUPOOL_TOKEN"] = token
-    return subprocess.run([*server_cmd(), "drain", *args], env=env, capture_output=True, text=True, timeout=60,
+    return subprocess.run([*server_cmd(), command, *args], env=env, capture_output=True, text=True, timeout=60,
                           cwd=ROOT)  # fmt: skip
 
 
@@ -41,7 +41,7 @@ def one_error_line(out: subprocess.CompletedProcess) -> None:
 def test_a_drained_server_grants_nothing_new_and_clients_take_another_server(pool, tmp_path):
     """Draining server A (named host:port) lists its running local and remote leases as staying (exit 1),
     leaves them running, answers new requests busy naming the drain, shows itself and its GPUs draining,
-    and gpuattach takes server B although A is the tighter fit; `--undo` makes A grant again."""
+    and gpuattach takes server B although A is the tighter fit; `undrain` makes A grant again."""
     a, b = pool
     admin = a.token("ops", admin=True)
     status, local = api(a.url, "POST", "/v1/leases", a.token("holder"), {"n": 2, "fraction": 0.5})
@@ -79,7 +79,7 @@ def test_a_drained_server_grants_nothing_new_and_clients_take_another_server(poo
         assert api(b.url, "GET", f"/v1/leases/{lease_id}", token)[0] == 200
         assert api(a.url, "GET", f"/v1/leases/{lease_id}", token)[0] == 404
 
-        undone = drain(a.url, "--undo", token=admin)
+        undone = drain(a.url, token=admin, command="undrain")
         assert undone.returncode == 0, undone.stdout + undone.stderr
         assert api(a.url, "GET", "/v1/health")[1]["server"]["draining"] is False
         status, again = api(a.url, "POST", "/v1/leases", a.token("late2"), {"n": 1, "fraction": 0.25})
