@@ -50,6 +50,7 @@ class ServerState:
         self.reap_interval_s = reap_interval_s
         self.db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpupool-db")
         self.workers: dict[str, object] = {}  # lease id -> WorkerHandle
+        self.member_info = None  # cluster mode: () -> this server's member record (server._serve)
         self.stopping = threading.Event()
         self.last_purge = float("-inf")
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -329,6 +330,14 @@ async def admin_drain(request: web.Request) -> web.Response:
     return _json(api.Drain, await _lease_migrate.drain(st, gpu))
 
 
+async def admin_drain_server(request: web.Request) -> web.Response:
+    st: ServerState = request.app[STATE]
+    await _admin(request)
+    if request.method == "DELETE":
+        return _json(api.ServerDrain, await _lease_migrate.undrain_server(st))
+    return _json(api.ServerDrain, await _lease_migrate.drain_server(st))
+
+
 def _gpu_index(text: str) -> int:
     if not text.isdigit() or len(text) > 4:
         raise BadRequest(f"GPU index {text!r} is not a number from 0", "GET /v1/gpus lists the GPUs")
@@ -395,6 +404,8 @@ ROUTES = [
     ("POST", "/v1/admin/leases/{lease_id}/migrate", admin_migrate),
     ("POST", "/v1/admin/gpus/{index}/drain", admin_drain),
     ("DELETE", "/v1/admin/gpus/{index}/drain", admin_drain),
+    ("POST", "/v1/admin/drain", admin_drain_server),
+    ("DELETE", "/v1/admin/drain", admin_drain_server),
 ]
 
 

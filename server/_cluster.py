@@ -140,6 +140,12 @@ class Cluster:
         self._call(self.etcd.put, MEMBERS + self.name, json.dumps(info), lease=self.lease_id)
         log.info("registered in the cluster as %s (membership TTL %ss)", self.name, self.ttl_s)
 
+    def update_member(self, info: dict) -> None:
+        """Put this server's member record anew under its membership lease (its drain changed); nothing
+        while unregistered: the next registration puts the record as it is then."""
+        if self.lease_id:
+            self._call(self.etcd.put, MEMBERS + self.name, json.dumps(info), lease=self.lease_id)
+
     def keepalive(self) -> bool:
         """Renew the membership lease; False when it is gone (expired during an outage)."""
         if not self.lease_id:

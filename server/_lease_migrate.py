@@ -9,6 +9,11 @@ the row back when the worker refused or failed (the lease then still runs on its
 Draining a GPU (``POST /v1/admin/gpus/{index}/drain``, ``gpupool-server drain --gpu N``): no new lease
 goes to it from then on, and each remote lease on it moves to another GPU of the same model with
 room; what cannot move stays, with the reason. ``DELETE`` of the route (``--undo``) takes leases again.
+
+Draining the whole server (``POST /v1/admin/drain``, ``gpupool-server drain [SERVER]``): it grants no
+new lease from then on (admission answers busy, naming the drain, so clients take another server) and
+its running leases are listed with why each stays: moving a lease to another server is not built yet,
+and another GPU of this server is not "off" it. ``DELETE`` (``--undo``) grants again.
 """
 
 from __future__ import annotations
@@ -137,6 +142,40 @@ def _targets(pool: Pool, gpu: int) -> list[int]:
     alike = [g for g in pool.inv.gpus if g.index != gpu and g.index not in pool.draining
              and (g.name, g.compute_capability) == (source.name, source.compute_capability)]  # fmt: skip
     return [g.index for g in sorted(alike, key=lambda g: (used.get(g.index, 0) - g.mem_total_bytes, g.index))]
+
+
+# Why a lease stays on a draining server; each ends when its program does.
+STAYS_LOCAL = "a local lease: its process holds the GPU state"
+STAYS_REMOTE = "moving a running lease to another server is not available yet (docs/remote.md, Migration)"
+
+
+async def drain_server(st) -> dict:
+    """Stop granting on this server; its running leases, each with why it stays until its program ends."""
+    st.pool.server_draining = True
+    log.info("server draining: no new leases")
+    await _publish(st)
+    leases = await st.db(st.pool.active_leases)
+    stayed = [
+        {"lease": lease["id"], "reason": STAYS_REMOTE if lease["remote"] else STAYS_LOCAL} for lease in leases
+    ]
+    return {"server": st.pool.inv.hostname, "draining": True, "stayed": stayed}
+
+
+async def undrain_server(st) -> dict:
+    st.pool.server_draining = False
+    log.info("server takes new leases again")
+    await _publish(st)
+    return {"server": st.pool.inv.hostname, "draining": False, "stayed": []}
+
+
+async def _publish(st) -> None:
+    """Cluster mode: the member record says whether the server drains (`gpupool-server cluster members`)."""
+    if st.pool.cluster is None or st.member_info is None:
+        return
+    try:
+        await asyncio.to_thread(st.pool.cluster.update_member, st.member_info())
+    except PoolError as exc:  # no quorum now: the drain holds here all the same; re-registering puts it
+        log.warning("the cluster's member record does not show the drain yet: %s", exc.title)
 
 
 def undrain(st, gpu: int) -> dict:

@@ -108,6 +108,7 @@ class Pool:
         self.started = time.time()
         self.live: dict[int, dict] = {}  # newest NVML sample per GPU index (real GPUs only)
         self.draining: set[int] = set()  # GPUs no new lease goes to (gpupool-server drain), until undone
+        self.server_draining = False  # no new lease at all (gpupool-server drain of the whole server)
         # newest process rows per GPU index: pid -> (memory bytes, busy share or None)
         self.live_procs: dict[int, dict[int, tuple[int | None, float | None]]] = {}
 
@@ -125,6 +126,7 @@ class Pool:
             "cuda_version": self.inv.cuda_version,
             "gpu_count": len(self.inv.gpus),
             "started_at": iso(self.started),
+            "draining": self.server_draining,
         }
 
     # --- auth ---------------------------------------------------------------------------------------
@@ -263,7 +265,7 @@ class Pool:
                     "compute_capability": g.compute_capability,
                     "partitions": parts.get(g.index, []),
                     "live": self.live.get(g.index),
-                    "draining": g.index in self.draining,
+                    "draining": self.server_draining or g.index in self.draining,
                 }
             )
         return out
@@ -315,6 +317,11 @@ class Pool:
             raise Impossible(
                 f"asks for {plural(n, 'GPU')}; on this server ({self.inv.hostname}) {detail}",
                 "loosen the filters or ask for fewer or smaller partitions",
+            )
+        if self.server_draining:  # checked after what never fits: that answer is the more useful one
+            raise Busy(
+                f"this server ({self.inv.hostname}) is draining: it takes no new leases",
+                "gpuattach asks the pool's other servers and retries (--timeout bounds the wait)",
             )
         free = {
             g.index: 0 if g.index in self.draining else g.mem_total_bytes - used.get(g.index, 0) for g in able

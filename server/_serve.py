@@ -195,7 +195,9 @@ async def _serve(cfg: ServerConfig, inv: Inventory) -> int:
             return {"name": cluster.name, "url": f"{scheme}://{inv.addr}:{pool.port}", "hostname": inv.hostname,
                     "addr": inv.addr, "simulated": inv.simulated, "started_at": pool.server_info()["started_at"],
                     "gpus": [{"index": g.index, "name": g.name, "mem_total_bytes": g.mem_total_bytes}
-                             for g in inv.gpus]}  # fmt: skip
+                             for g in inv.gpus], "draining": pool.server_draining}  # fmt: skip
+
+        st.member_info = member_info  # put again when the server's drain changes (_lease_migrate)
 
         looper = asyncio.create_task(cluster_loop(st, cluster, member_info))
         print(

@@ -215,6 +215,9 @@ class ServerInfo(_Answer, kw_only=True):
     cuda_version: str | None = None
     gpu_count: int
     started_at: Time | Unset = msgspec.UNSET
+    draining: Annotated[bool, Meta(description="the server grants no new lease (gpupool-server drain)")] = (
+        False
+    )
 
 
 class ClusterStatus(_Answer, kw_only=True):
@@ -521,6 +524,15 @@ class Drain(_Answer, kw_only=True):
     stayed: list[Stayed] = []
 
 
+class ServerDrain(_Answer, kw_only=True):
+    """The server's draining state, and the leases still running on it with why each stays (none on
+    ``--undo``)."""
+
+    server: Annotated[str, Meta(description="the server's hostname")]
+    draining: Annotated[bool, Meta(description="the server grants no new lease")]
+    stayed: list[Stayed] = []
+
+
 class LeaseList(_Answer, kw_only=True):
     leases: list[Lease]
 
@@ -613,7 +625,7 @@ def read(raw: bytes, kind: type):
 
 REQUESTS = (LeaseRequest, Heartbeat, ClientUpdate, PolicyUpdate, TokenCreate, MigrateRequest)
 ANSWERS = (Error, Health, GpuList, Fit, Lease, LeaseList, ClientList, Client, Policy, Token, TokenList,
-           MigratedLease, Drain)  # fmt: skip
+           MigratedLease, Drain, ServerDrain)  # fmt: skip
 OPENAPI = Path(__file__).with_name("openapi.json")
 
 

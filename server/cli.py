@@ -5,6 +5,7 @@
     gpupool-server token list | token revoke TOKEN_ID
     gpupool-server --cluster etcd://h1:2379,h2:2379,h3:2379 ...     (cluster mode: shared state on etcd)
     gpupool-server cluster migrate --state-dir DIR --cluster etcd://... | cluster members --cluster ...
+    gpupool-server lease migrate LEASE --to GPU | drain [SERVER] [--gpu N] [--wait 2h] | undrain [SERVER]
     gpupool-server webhook --image IMAGE --pool-server gpu1:56001 --tls-cert C --tls-key K   (Kubernetes)
 
 Heavy imports (aiohttp, msgspec, the collector) load only when a command needs them.
@@ -17,12 +18,13 @@ import logging
 import sys
 from pathlib import Path
 
+from collector import durations
 from collector.argtypes import ranged
 from collector.errors import report
 from collector.words import plural
 from server.ranges import CLIENT, MAX_LIMIT_GPUS, POLICY
 
-SUBCOMMANDS = ("serve", "token", "client", "cluster", "lease", "drain", "webhook")
+SUBCOMMANDS = ("serve", "token", "client", "cluster", "lease", "drain", "undrain", "webhook")
 EXIT_USAGE = 2
 
 
@@ -45,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
         description="The GPU server of the pool: inventory, leases of GPU partitions, limits, tokens, idle "
         "reclaim, HTTP/JSON API (OpenAPI at /openapi.json). See docs/pool.md.",
     )
-    sub = p.add_subparsers(dest="command", metavar="{serve,token,client,cluster,webhook}")
+    sub = p.add_subparsers(dest="command", metavar="{serve,token,client,cluster,lease,drain,undrain,webhook}")
     s = sub.add_parser("serve", help="serve leases (the default command)")
     s.add_argument("--config", type=Path, help="TOML config file (see deploy/server.toml)")
     s.add_argument("--host", help="address to bind (default 0.0.0.0)")
@@ -207,22 +209,46 @@ def _moving_parsers(sub) -> None:
         "with the reason, and a failure leaves the lease running where it was. Prints the pause.",
     )
     m.add_argument("lease", help="the lease id (lease-...)")
-    m.add_argument("--to", required=True, type=ranged(int, 0, 1023, "a GPU index"), metavar="GPU",
-                   help="the target GPU's index on the lease's server (GET /v1/gpus)")  # fmt: skip
+    m.add_argument("--to", required=True, metavar="GPU",
+                   help="the target GPU's index on the lease's server (GET /v1/gpus); another server is not a "
+                        "target yet")  # fmt: skip
     m.add_argument("--partition", type=ranged(int, 0, 1023, "a partition"), default=0,
                    help="which of the lease's partitions moves, from 0 (default 0)")  # fmt: skip
     _admin_options(m)
     d = sub.add_parser(
         "drain",
-        help="drain a GPU: no new leases go to it, its remote leases move to other GPUs, live",
-        description="Drain GPU --gpu of a running server: no new lease goes to it from now on (until --undo or "
-        "a restart of the server), and each remote lease on it moves, live, to another GPU of the same model "
-        "with room (see gpupool-server lease migrate). Prints what moved and what stayed, with the reason; "
-        "exit 1 if a lease stayed.",
+        help="drain a server (no new leases) or one of its GPUs (its remote leases move to other GPUs, live)",
+        description="Drain a running server: it grants no new lease from now on (until --undo or a restart of "
+        "the server; clients asking it are told it is draining and take another server), and the leases still "
+        "running on it are listed with why each stays until its program ends (moving a lease to another server "
+        "is not available yet). With --gpu N only that GPU drains: no new lease goes to it and each remote "
+        "lease on it moves, live, to another GPU of the same model with room (see gpupool-server lease "
+        "migrate). Prints what moved and what stayed, with the reason; exit 1 if a lease stayed (with --wait: if "
+        "one still runs when the wait ends).",
     )
-    d.add_argument("--gpu", required=True, type=ranged(int, 0, 1023, "a GPU index"), help="the GPU's index")
-    d.add_argument("--undo", action="store_true", help="end the draining: the GPU takes new leases again")
-    _admin_options(d)
+    _drain_target_options(d, "drain only this GPU (its index)")
+    d.add_argument(
+        "--undo", action="store_true", help="end the draining: the server or GPU takes new leases again"
+    )
+    d.add_argument("--wait", type=durations.argument(), metavar="DURATION",
+                   help="after draining the server, wait up to DURATION (e.g. 30m) until no lease runs on it, "
+                        "saying on stderr which still do as they end; exit 1 if some still run then")  # fmt: skip
+    u = sub.add_parser("undrain", help="end a drain: the server (or --gpu N) takes new leases again",
+                       description="End the drain of a running server, or of its GPU --gpu N: it takes new "
+                       "leases again (the same as gpupool-server drain --undo).")  # fmt: skip
+    _drain_target_options(u, "end only this GPU's drain (its index)")
+    u.set_defaults(undo=True, wait=None)
+
+
+def _drain_target_options(p, gpu_help: str) -> None:
+    """What `drain` and `undrain` name: the server (SERVER, --cluster, --server, --token) and --gpu."""
+    p.add_argument("target", nargs="?", metavar="SERVER",
+                   help="the server: host:port or URL, or a member name of --cluster (default --server, else "
+                        "http://127.0.0.1:56001)")  # fmt: skip
+    p.add_argument("--gpu", type=ranged(int, 0, 1023, "a GPU index"), help=gpu_help)
+    p.add_argument("--cluster", metavar="etcd://...", help="the cluster SERVER is a member of (names it as "
+                   "gpupool-server cluster members lists)")  # fmt: skip
+    _admin_options(p)
 
 
 def _admin_options(p) -> None:
@@ -357,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             return _cluster(args)
         if args.command == "lease":
             return _lease(args)
-        if args.command == "drain":
+        if args.command in ("drain", "undrain"):
             return _drain(args)
         if args.command == "webhook":
             return _webhook(args)
@@ -516,6 +542,14 @@ def _client(args) -> int:
 
 def _lease(args) -> int:
     """`lease migrate`: through the running server's admin API (it holds the lease's worker)."""
+    if not args.to.isdigit():  # a server's name or address: the lease's state would leave its worker's host
+        return _fail(f"--to {args.to}: moving a running lease to another server is not available yet",
+                     "move it to another GPU of its server (--to GPU index), or drain the server "
+                     "(gpupool-server drain SERVER --wait) and let the lease end")  # fmt: skip
+    try:
+        args.to = ranged(int, 0, 1023, "a GPU index")(args.to)
+    except argparse.ArgumentTypeError as exc:
+        return _fail(f"--to: {exc}", "see gpupool-server lease migrate --help")
     what = f"migrating {args.lease} partition {args.partition} to GPU {args.to}"
     from server.workers import MIGRATE_TIMEOUT_S
 
@@ -531,7 +565,20 @@ def _lease(args) -> int:
 
 
 def _drain(args) -> int:
-    """`drain --gpu N [--undo]`: through the running server's admin API."""
+    """`drain [SERVER] [--gpu N] [--undo]`: through the running server's admin API."""
+    if args.target is not None:
+        if args.server is not None:
+            return _fail("give the server once", "as SERVER or as --server URL, not both")
+        args.server = _drain_target(args.target, args.cluster)
+    elif args.cluster:
+        return _fail(
+            "--cluster names the cluster of SERVER",
+            "give SERVER: a member name (gpupool-server cluster members)",
+        )
+    if args.gpu is None:
+        return _drain_server(args)
+    if args.wait:
+        return _fail("--wait is for draining a whole server", "drop --gpu, or drop --wait")
     what = f"GPU {args.gpu}: taking leases again" if args.undo else f"draining GPU {args.gpu}"
     done = _admin_call(
         args, what, lambda client: client.drain(args.gpu, undo=args.undo), None
@@ -545,6 +592,68 @@ def _drain(args) -> int:
     state = "drained: no new leases go to it" if done.draining else "takes new leases"
     print(f"GPU {args.gpu} {state}" + (f"; {len(done.stayed)} lease(s) stayed" if done.stayed else ""))
     return 1 if done.stayed else 0
+
+
+def _drain_server(args) -> int:
+    if args.wait and args.undo:
+        return _fail("--wait is for draining", "drop --wait with --undo")
+    where = args.server or "the server"
+    what = f"{where}: taking leases again" if args.undo else f"draining {where}"
+    return _admin_call(args, what, lambda client: _drained(client, args), None)
+
+
+def _drained(client, args) -> int:
+    """Drain (or undo) through `client`, print the leases that stay, and with --wait wait for them to end."""
+    done = client.drain_server(undo=args.undo)
+    for s in done.stayed:
+        print(f"{s.lease}: stays on {done.server}: {s.reason}")
+    state = "drained: it grants no new leases" if done.draining else "grants new leases"
+    print(f"server {done.server} {state}" + (f"; {len(done.stayed)} lease(s) stayed" if done.stayed else ""))
+    if not done.stayed or not args.wait:
+        return 1 if done.stayed else 0
+    return _wait_empty(client, done.server, args.wait, {s.lease for s in done.stayed})
+
+
+def _wait_empty(client, server: str, wait_s: float, running: set[str], poll_s: float = 1.0) -> int:
+    """Wait until no lease runs on the drained server, naming on stderr each that ends; 1 if some still
+    run after `wait_s`."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    print(f"waiting up to {durations.format_duration(wait_s)} for {plural(len(running), 'lease')} to end ...",
+          file=sys.stderr)  # fmt: skip
+    while running:
+        if time.monotonic() >= deadline:
+            return report("gpupool-server", f"{plural(len(running), 'lease')} left on {server} after "
+                          f"{durations.format_duration(wait_s)}: {', '.join(sorted(running))}",
+                          "wait longer (--wait), or release them", 1)  # fmt: skip
+        time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+        now = {lease.id for lease in client.leases()}
+        for ended in sorted(running - now):
+            print(f"{ended} ended; {plural(len(running & now), 'lease')} left", file=sys.stderr)
+        running &= now
+    print(f"server {server} drained: no lease runs on it")
+    return 0
+
+
+def _drain_target(target: str, cluster: str | None) -> str:
+    """SERVER's URL: a cluster member's (by its name), or SERVER itself as host:port or URL."""
+    from server._errors import BadRequest, NotFound
+    from server.client_config import ConfigError, normalize_url
+
+    if cluster:
+        from server._cluster import open_cluster
+
+        members = {m["name"]: m["url"] for m in open_cluster(cluster, "gpupool-server-cli").members()}
+        if target in members:
+            return members[target]
+        if target not in members.values():
+            raise NotFound(f"cluster {cluster} has no member {target!r}",
+                           f"its members: {', '.join(sorted(members)) or 'none'}")  # fmt: skip
+    try:
+        return normalize_url(target)
+    except ConfigError as exc:
+        raise BadRequest(f"SERVER {target!r}: {exc.title}", exc.hint) from None
 
 
 def _admin_call(args, what: str, call, timeout: float | None):
@@ -593,7 +702,8 @@ def _cluster(args) -> int:
         for m in sorted(members, key=lambda m: m["name"]):
             names = [g["name"] for g in m["gpus"]]
             gpus = ", ".join(f"{names.count(n)}x {n}" for n in dict.fromkeys(names))
-            print(f"{m['name']:<28} {m['url']:<32} {m['hostname']:<20} {gpus}")
+            drain = "  (draining: no new leases)" if m.get("draining") else ""
+            print(f"{m['name']:<28} {m['url']:<32} {m['hostname']:<20} {gpus}{drain}")
         print(f"({plural(len(members), 'server')} registered)", file=sys.stderr)
         return 0
     from server._cluster_migrate import migrate

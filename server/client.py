@@ -563,6 +563,10 @@ class ServerClient:
         """Stop granting on GPU `gpu` and move its remote leases off (undo: take leases again)."""
         return self._typed(api.Drain, "DELETE" if undo else "POST", f"/v1/admin/gpus/{gpu}/drain")
 
+    def drain_server(self, *, undo: bool = False) -> api.ServerDrain:
+        """Stop the server granting new leases; its running leases and why each stays (undo: grant again)."""
+        return self._typed(api.ServerDrain, "DELETE" if undo else "POST", "/v1/admin/drain")
+
     # Transport -----------------------------------------------------------------------------------
     def _call(self, method: str, path: str, body: msgspec.Struct | None = None, *, auth: bool = True) -> Any:
         payload = msgspec.json.encode(body) if body is not None else None

@@ -240,6 +240,31 @@ async def test_a_failed_action_says_why_and_the_console_carries_on(server):
         assert shown(app, "pool-servers")[0][1].startswith("unreachable")  # and the view says so too
 
 
+async def test_drain_a_server_from_the_servers_table_and_undo_it(server):
+    """`d` on the servers table, confirmed, drains the server (the API says draining; its row and its GPUs
+    show draining; the status line names the lease that stays, partly done); `d` again undoes it (ok)."""
+    alice = server.lease("alice", 1, 0.25)
+    app = make_app(server)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await focus_row(pilot, "pool-servers", server.url)
+        await pilot.press("d")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await settle(pilot)
+        assert server.call("GET", "/v1/health", "ops")["server"]["draining"] is True
+        (srv,) = shown(app, "pool-servers")
+        assert srv[1] == "draining"
+        assert all(g[3].startswith("draining") for g in shown(app, "pool-gpus"))
+        assert f"{alice} stays" in str(app.query_one("#pool-status").render())
+        assert any(n.title == "Partly done" for n in app._notifications)
+        await pilot.press("d", "y")
+        await settle(pilot)
+        assert server.call("GET", "/v1/health", "ops")["server"]["draining"] is False
+        (srv,) = shown(app, "pool-servers")
+        assert srv[1] == "ok"
+
+
 async def test_without_an_admin_token_the_pool_is_read_only(server):
     server.lease("alice", 1, 0.25)
     app = make_app(server, token=None)

@@ -101,6 +101,47 @@ def test_servers_register_and_clients_discover_them_from_etcd(world, tmp_path):
     assert out.returncode == 0, out.stderr
 
 
+def test_drain_names_a_member_as_the_cluster_does_and_its_clients_go_elsewhere(world, tmp_path):
+    """`gpupool-server drain NAME --cluster URL` drains the member of that name (and only it): a cluster client
+    gets its lease from another member; an unknown name is one error line (exit 2); --undo by name ends it."""
+    etcd, servers = world["etcd"], world["servers"]
+    target = servers[0]
+    name = api(target.url, "GET", "/v1/health")[1]["cluster"]["member"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env["GPUPOOL_TOKEN"] = world["admin"]
+
+    def drain(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*server_cmd(), "drain", *args, "--cluster", etcd.url], env=env, capture_output=True,
+                              text=True, timeout=30, cwd=ROOT)  # fmt: skip
+
+    def draining() -> list[bool]:
+        return [api(s.url, "GET", "/v1/health")[1]["server"]["draining"] for s in servers]
+
+    try:
+        done = drain(name)
+        assert done.returncode in (0, 1) and "Traceback" not in done.stderr, done.stderr  # 1: a lease stayed
+        assert draining() == [True, False, False]
+        members = server_cli("cluster", "members", "--cluster", etcd.url).stdout.splitlines()
+        assert [line.startswith(name + " ") for line in members if "draining" in line] == [True], members
+        tok = token(etcd.url, "drainee")
+        client = client_env(tmp_path, etcd.url, tok)
+        got = gpuattach("request", "-n", "1", "-p", "0.25", "--local", "--no-keeper", env=client)
+        assert got.returncode == 0, got.stderr
+        lease_id = got.stdout.split()[-1]
+        holders = [s for s in servers if api(s.url, "GET", f"/v1/leases/{lease_id}", tok)[0] == 200]
+        assert len(holders) == 1 and holders[0] is not target
+        api(holders[0].url, "DELETE", f"/v1/leases/{lease_id}", tok)
+        unknown = drain("no-such-member:1")
+        assert unknown.returncode == 2 and "Traceback" not in unknown.stderr, unknown.stderr
+        assert drain(name, "--undo").returncode == 0
+        assert draining() == [False, False, False]
+        assert "draining" not in server_cli("cluster", "members", "--cluster", etcd.url).stdout
+    finally:
+        subprocess.run(
+            [*server_cmd(), "drain", target.url, "--undo"], env=env, capture_output=True, timeout=30
+        )
+
+
 def test_token_policy_and_limits_are_issued_once_and_valid_on_every_server(world):
     servers, admin = world["servers"], world["admin"]
     tok = token(world["etcd"].url, "erin")

@@ -100,6 +100,12 @@ def test_bad_migrations_are_one_line_errors(server):
     assert refused.returncode == 2 and "remote" in refused.stderr
     status, body = api(server.url, "POST", "/v1/admin/leases/x/migrate", admin, {"to": -1})
     assert status == 400, body
+    for target in ("gpu2:56001", "2000", "-1"):  # another server (not a target yet), GPU indexes out of range
+        refused = migrate(server, local["id"], "--to", target, token=admin)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1, (
+            refused.stderr
+        )  # refused before asking the server
 
 
 def test_a_target_failing_mid_copy_leaves_the_lease_and_its_record_on_the_source(tmp_path):

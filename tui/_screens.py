@@ -46,7 +46,11 @@ HELP: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("i", "set the selected client's idle timeout (30m; 0 = never; 'default' clears)"),
             ("I", "set the default idle timeout of the selected server"),
             ("m", "migrate the selected remote lease to another GPU of its server, live (pick the GPU)"),
-            ("d", "drain the selected GPU (its remote leases move off, no new ones) / undo a drain"),
+            (
+                "d",
+                "drain the selected GPU (its remote leases move off, no new ones) or, on the servers "
+                "table, the server (no new leases) / undo a drain",
+            ),
         ),
     ),
     ("History view", (("[  ]", "shorter / longer range: 1h 6h 24h 7d 30d all"),)),

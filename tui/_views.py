@@ -264,7 +264,7 @@ class PoolView(View):
         Binding("i", "app.set_client_idle_timeout", "Idle"),
         Binding("I", "app.set_default_idle_timeout", "Default idle"),
         Binding("m", "app.migrate_lease", "Migrate"),
-        Binding("d", "app.drain_gpu", "Drain"),
+        Binding("d", "app.drain", "Drain"),
     ]
     SERVERS = (
         Column("server", "Server"),
@@ -357,7 +357,10 @@ class PoolView(View):
 
     def _server_row(self, s: ServerState, now: datetime) -> Row:
         health, info, policy = s.health, s.health.server if s.health else None, s.policy
-        if s.reachable:
+        draining = bool(s.reachable and info and info.draining)  # grants no new lease (gpupool-server drain)
+        if draining:
+            status = Text("draining", style="bold magenta")
+        elif s.reachable:
             status = Text("ok", style="bold green")
         else:
             down = fmt.duration(_age(now, s.down_since)) if s.down_since else fmt.MISSING
@@ -387,7 +390,7 @@ class PoolView(View):
             ),
             (
                 s.url,
-                "ok" if s.reachable else "unreachable",
+                "draining" if draining else "ok" if s.reachable else "unreachable",
                 info.hostname if info else None,
                 info.gpu_count if info else None,
                 leases,

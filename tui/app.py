@@ -530,6 +530,48 @@ class ConsoleApp(App):
 
         self.push_screen(ConfirmScreen(question, yes="Undo drain" if undo else "Drain"), answered)
 
+    def action_drain(self) -> None:
+        """`d`: the server on the servers table, else the selected GPU."""
+        focused = self.focused
+        if focused is not None and focused.id == "pool-servers":
+            self.action_drain_server()
+        else:
+            self.action_drain_gpu()
+
+    def action_drain_server(self) -> None:
+        picked = self._selected("pool-servers", "server")
+        if picked is None or self._admin_client(picked[0]) is None:
+            return
+        server = picked[0]
+        state = next((s for s in self.last_pool if s.url == server), None)
+        if state is None or state.health is None:
+            self.notify(f"{server} did not answer: refresh, then try again.", severity="warning")
+            return
+        undo = state.health.server.draining
+        if undo:
+            question = f"{server} is draining. Let it grant new leases again?"
+            what = f"{server}: granting new leases again"
+        else:
+            question = (
+                f"Drain {server}?\nIt grants no new lease (clients take other servers); the leases "
+                "running on it go on until their programs end."
+            )
+            what = f"draining {server}"
+
+        def drained(done: api.ServerDrain) -> tuple[str, bool]:
+            if not done.draining:
+                return f"{server} grants new leases again", False
+            stayed = "; ".join(f"{s.lease} stays: {s.reason}" for s in done.stayed) or "no lease on it"
+            return f"{server} draining, no new leases; {stayed}", bool(done.stayed)
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.query_one(PoolView).show_action(what + " …", running=True)
+                call = lambda c: c.drain_server(undo=undo)  # noqa: E731
+                self.pool_action(server, what, call, outcome=drained)
+
+        self.push_screen(ConfirmScreen(question, yes="Undo drain" if undo else "Drain"), answered)
+
     # Command palette -----------------------------------------------------------------------------
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
@@ -574,6 +616,11 @@ class ConsoleApp(App):
             "Drain GPU",
             "Drain the selected GPU, or undo its drain (admin, asks first)",
             self.action_drain_gpu,
+        )
+        yield SystemCommand(
+            "Drain server",
+            "Stop the selected server granting leases, or undo its drain (admin, asks first)",
+            self.action_drain_server,
         )
         for label in HistoryView.RANGES:
             yield SystemCommand(

@@ -349,6 +349,7 @@ def cmd_servers(args) -> int:
                     ("mps", info.mps),
                     ("tls", info.tls),
                     ("state disk full: no new leases", not a.store.writable),
+                    ("draining: no new leases", info.draining),
                 )
                 if on
             )
