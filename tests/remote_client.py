@@ -58,6 +58,14 @@ def setup():
     return ctx
 
 
+def module_function(name):
+    """A function of the host executor's test module, loaded now (the current context's)."""
+    module, function = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(function), module, name), name.decode())
+    return function
+
+
 def alloc(n):
     p = c_u64()
     rc = cu.cuMemAlloc(ctypes.byref(p), c_u64(n))
@@ -495,9 +503,7 @@ def scenario_capture_page_locked():
     torch.cuda.graph do: natively each launch reads and writes the pages as they are then. Replayed twice,
     the host changing the input in between."""
     setup()
-    module, add = c_u64(), c_u64()
-    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
-    check(cu.cuModuleGetFunction(ctypes.byref(add), module, b"add_u32"), "add")
+    add = module_function(b"add_u32")
     n = 5000
     rc, dev = alloc(4 * n)
     check(rc, "alloc")
@@ -1668,9 +1674,7 @@ def scenario_pinned_kernels():
     the kernels wrote, kernels what the host wrote. The address of registered memory (PyTorch's pinned
     memory under `pinned_use_cuda_host_register`) works too: the kernel is given its device pointer."""
     setup()
-    module, add = c_u64(), c_u64()
-    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
-    check(cu.cuModuleGetFunction(ctypes.byref(add), module, b"add_u32"), "add")
+    add = module_function(b"add_u32")
     n = 40_000  # u32 elements: several 64 KiB chunks
     a, b = c_u64(), c_u64()
     check(cu.cuMemAllocHost(ctypes.byref(a), c_u64(4 * n)), "alloc host")
@@ -1949,9 +1953,7 @@ def scenario_graph_pinned_copies():
     import struct
 
     setup()
-    module, add = c_u64(), c_u64()
-    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
-    check(cu.cuModuleGetFunction(ctypes.byref(add), module, b"add_u32"), "add")
+    add = module_function(b"add_u32")
     n = 16
     rc, dev = alloc(4 * n)
     check(rc, "alloc")
