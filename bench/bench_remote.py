@@ -27,7 +27,8 @@ GPU (the host-memory test executor; no native run). Results: a table on stdout, 
 
 `--netem` (issue 12; root, iproute2) runs the remote side across a real network link instead: the
 worker in one network namespace, the program in another, joined by a veth pair shaped by `tc netem`
-(`--link-rate`, default 25gbit, and `--link-delay`, default 20us, each way; tests/netem_link.py). It
+(`--link-rate`, default 25gbit, and `--link-delay`, default 20us, each way; tests/netem_link.py; on a
+kernel without `sch_netem`, `tbf` for the rate and a relay in the worker's namespace for the delay). It
 runs the program twice, over the data connection's TLS (as between hosts) and in plaintext (over
 loopback addresses routed across the same link), and measures the link's raw capacity the same way
 (one Python TCP stream each way, plain and TLS), so copies read as % of the nominal link and % of what
@@ -531,9 +532,11 @@ def netem_main(args) -> int:
         worker = start_worker("bench", [device], bind_host="0.0.0.0", env={}, executor=args.executor,
                               prefix=link.prefix(link.worker_ns))  # fmt: skip
         try:
-            for mode, host in (("tls", link.worker_ip), ("plain", link.worker_loopback_ip)):
+            for mode, address in (("tls", link.worker_ip), ("plain", link.worker_loopback_ip)):
                 print(f"remote run across the link ({mode}, worker pid {worker.pid}) ...", flush=True)
-                answer = {"id": "bench", "worker": worker.answer(host=host)}
+                # Without netem the link has no delay of its own: a relay in the worker's namespace adds it.
+                host, port = link.reach(worker.port, host=address)
+                answer = {"id": "bench", "worker": worker.answer(host=host, port=port)}
                 remote = {**env, **remote_env(answer, cache_root=work / "cache", library=shim)}
                 remote.pop("GPUPOOL_WORKER_LOCAL", None)  # another namespace: TCP across the link
                 remote["GPUPOOL_BENCH_WORKER_PID"] = str(worker.pid)
@@ -591,7 +594,8 @@ def report_netem(results: dict) -> None:
     print("| --- | --- | --- |")
     for name, key, fmt in (("cuCtxSynchronize round trip (median)", "round_trip_us", "{:.1f} µs"),
                            ("empty-kernel launches, pipelined", "launches_per_s", "{:,.0f} /s")):  # fmt: skip
-        print(f"| {name} | {fmt.format(results['plain'][key])} | {fmt.format(results['tls'][key])} |")
+        if key in results["plain"] and key in results["tls"]:  # measured when --patterns asked for it
+            print(f"| {name} | {fmt.format(results['plain'][key])} | {fmt.format(results['tls'][key])} |")
     print(f"\n| copy | plaintext GB/s | % of {link * 8:.0f} Gbit/s | % of raw | CPU s/GB client, worker | TLS GB/s "
           f"| % of {link * 8:.0f} Gbit/s | % of raw TLS | CPU s/GB client, worker |")  # fmt: skip
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")

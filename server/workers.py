@@ -129,11 +129,12 @@ class WorkerHandle:
         self.state_dir = state_dir
         self._started = time.time()
 
-    def answer(self, host: str | None = None) -> dict:
-        """What the lease's owner needs to reach this worker (the lease answer's "worker")."""
+    def answer(self, host: str | None = None, port: int | None = None) -> dict:
+        """What the lease's owner needs to reach this worker (the lease answer's "worker"); `host` and
+        `port`: another way to it (a relay, another address of its host)."""
         return {
             "host": host or self.host,
-            "port": self.port,
+            "port": port or self.port,
             "secret": self.secret,
             "tls_sha256": self.tls_sha256,
             "local": self.local,

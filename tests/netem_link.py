@@ -239,22 +239,24 @@ class NetemLink:
     def run(self, ns: str, cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
         return subprocess.run([*self.prefix(ns), *cmd], **kwargs)
 
-    def reach(self, port: int, timeout: float = 10) -> tuple[str, int]:
+    def reach(self, port: int, timeout: float = 10, host: str | None = None) -> tuple[str, int]:
         """Where a client in `client_ns` reaches a server listening on `port` (any address) in
-        `worker_ns`, with the link's delay: the server itself where netem delays the link, else a
-        relay in the worker's namespace holding each segment the delay each way (tests/delay_relay.py;
-        ended with the link)."""
+        `worker_ns` at `host` (default `worker_ip`; `worker_loopback_ip` for a plaintext run), with the
+        link's delay: the server itself where netem delays the link, else a relay in the worker's
+        namespace at `host` holding each segment the delay each way (tests/delay_relay.py; ended with
+        the link)."""
+        host = host or self.worker_ip
         if self.delays:
-            return self.worker_ip, port
+            return host, port
         relay_py = str(Path(__file__).with_name("delay_relay.py"))
-        cmd = [sys.executable, relay_py, self.worker_ip, "127.0.0.1", str(port), str(self.options.delay_ns())]
+        cmd = [sys.executable, relay_py, host, "127.0.0.1", str(port), str(self.options.delay_ns())]
         relay = self.popen(self.worker_ns, cmd, stdout=subprocess.PIPE, text=True)
         with selectors.DefaultSelector() as waiting:  # poll: a test process's descriptors pass 1024
             waiting.register(relay.stdout, selectors.EVENT_READ)
             line = relay.stdout.readline().strip() if waiting.select(timeout) else ""
         if not line.isdigit():
             raise RuntimeError(f"the delay relay did not start within {timeout:.0f} s (exit {relay.poll()})")
-        return self.worker_ip, int(line)
+        return host, int(line)
 
     def qdisc_stats(self) -> dict[str, str]:
         """Each side's qdisc statistics (bytes and packets sent, drops, overlimits), as tc prints them."""
