@@ -2749,8 +2749,9 @@ def scenario_decompress():
 
 def scenario_newer_abis():
     """Names resolved at the versions cuda.bindings asks for their newer ABIs: cuLaunchHostFunc's (a
-    synchronisation mode) runs the function; the ones not forwarded (CUDA 13.4's graph node calls) refuse
-    instead of running as the older ABI."""
+    synchronisation mode) runs the function; CUDA 13.4's graph node calls add and set nodes whose layout is
+    the older one's (a host node with its sync mode and the current context runs its function, set anew
+    runs the new argument), and refuse what the older ABI cannot say (a new node type, a green context)."""
     setup()
     ran = []
     hook = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda data: ran.append(data))
@@ -2765,6 +2766,34 @@ def scenario_newer_abis():
     struct.pack_into("<I", params, 0, 5)  # an empty node
     say("add_node_v3", Driver(13041).cuGraphAddNode(ctypes.byref(node), graph, None, None, c_u64(0), params))
     say("add_node_v2", Driver(13040).cuGraphAddNode(ctypes.byref(node), graph, None, None, c_u64(0), params))
+    add_v3, set_v2 = Driver(13041).cuGraphAddNode, Driver(13041).cuGraphNodeSetParams
+
+    def host_params(data, sync_mode=1, green=0, node_type=3):  # CUDA_HOST_NODE_PARAMS_v2 of CUDA 13.4
+        raw = (ctypes.c_uint8 * 256)()
+        fn = ctypes.cast(hook, ctypes.c_void_p).value
+        struct.pack_into("<I12xQQIxxxxQQ", raw, 0, node_type, fn, data, sync_mode, ctx.value, green)
+        return raw
+
+    ctx = c_u64()
+    check(cu.cuCtxGetCurrent(ctypes.byref(ctx)), "context")
+    host_graph, host_node, exe = c_u64(), c_u64(), c_u64()
+    check(cu.cuGraphCreate(ctypes.byref(host_graph), 0), "graph")
+    check(add_v3(ctypes.byref(host_node), host_graph, None, None, c_u64(0), host_params(21)), "host node")
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), host_graph, c_u64(0)), "instantiate")
+    check(cu.cuGraphLaunch(exe, c_u64(0)), "launch")
+    check(cu.cuCtxSynchronize(), "sync")
+    check(set_v2(host_node, host_params(22, sync_mode=0)), "host node set")
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), host_graph, c_u64(0)), "instantiate again")
+    check(cu.cuGraphLaunch(exe, c_u64(0)), "launch again")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("graph_host_ran", ran[1:])
+    refused = c_u64()
+    say("v3_bad_sync_mode", add_v3(ctypes.byref(refused), graph, None, None, c_u64(0), host_params(0, 7)))
+    say("v3_green", add_v3(ctypes.byref(refused), graph, None, None, c_u64(0), host_params(0, green=0x77)))
+    batch = (ctypes.c_uint8 * 256)()
+    struct.pack_into("<I", batch, 0, 14)  # CU_GRAPH_NODE_TYPE_MEMCPY_BATCH
+    say("v3_copy_batch", add_v3(ctypes.byref(refused), graph, None, None, c_u64(0), batch))
+    say("v2_set_green", set_v2(host_node, host_params(0, green=0x77)))
     say("finished", 1)
 
 

@@ -159,17 +159,21 @@ def test_async_notifications_are_accepted_for_lease_devices_and_unified_function
     assert "cuLibraryGetUnifiedFunction" in err and "refused" in err
 
 
-def test_a_newer_abi_that_is_not_forwarded_refuses_instead_of_running_as_the_older_one(shim_dir, worker):
+def test_newer_abis_run_where_the_older_one_says_the_same_and_refuse_what_it_cannot(shim_dir, worker):
     """cuGetProcAddress at the version of a newer ABI: cuLaunchHostFunc's with a synchronisation mode runs
-    the function (a bad mode refused); cuGraphAddNode's CUDA 13.4 one refuses with its census reason, while
-    the older cuGraphAddNode still adds the node."""
+    the function (a bad mode refused); CUDA 13.4's cuGraphAddNode and cuGraphNodeSetParams add an empty node
+    and a host node (its sync mode and context in the grown structure) whose function runs with the argument
+    it was given, then set anew; a bad sync mode is invalid, and a node bound to a green context or of a type
+    the older ABI lacks (a copy batch) is refused with the reason, never run with its new fields dropped."""
     out, err = run_client("newer_abis", client_env(shim_dir, worker))
     assert out["finished"] == "1", err
     assert (out["host_function_spinning"], out["host_function_bad_mode"]) == ("0", "1")
     assert out["host_function_ran"] == "[7]"
-    assert out["add_node_v3"] == "801"  # CUDA_ERROR_NOT_SUPPORTED, not the older ABI
-    assert out["add_node_v2"] == "0"
-    assert "cuGraphAddNode_v3" in err
+    assert (out["add_node_v3"], out["add_node_v2"]) == ("0", "0")
+    assert out["graph_host_ran"] == "[21, 22]"
+    assert out["v3_bad_sync_mode"] == "1"  # CUDA_ERROR_INVALID_VALUE, as the driver
+    assert (out["v3_green"], out["v3_copy_batch"], out["v2_set_green"]) == ("801", "801", "801")
+    assert "green context" in err and "type 14" in err
 
 
 def test_a_call_that_is_not_forwarded_fails_and_says_why_once(shim_dir, worker):

@@ -1011,6 +1011,13 @@ CALLS: tuple[Call, ...] = (
     # host, event, and an instantiated graph's child graph); other types are refused with a message.
     _c("cuGraphNodeSetParams", 12020, "node node, ptr params", L, custom=True,
        how="sent as the setter of its type (kernel, memset, copy, host, event)"),
+    # CUDA 13.4's CUgraphNodeParams: read as the older one where the node type's layout is the same or
+    # what it added says what the older one meant (shim_graphs.c); a worker's driver without the new ABI is
+    # never asked for it.
+    _c("cuGraphNodeSetParams", 13041, "node node, ptr params", L, custom=True, symbol="cuGraphNodeSetParams_v2",
+       how="CUDA 13.4's node parameters checked against the older ones for the node's type, then sent as the "
+       "setter of its type; a host node's sync mode and an event node's context as the older ABI means them, "
+       "the new node types refused"),
     _c("cuGraphExecNodeSetParams", 12020, "graphexec exec, node node, ptr params", L, custom=True,
        how="sent as the instantiated graph's setter of its type (kernel, memset, copy, host, event, child graph)"),
     # A kernel node's launch attributes: the 64-byte value as the client wrote it, as a stream's; an
@@ -1051,6 +1058,11 @@ CALLS: tuple[Call, ...] = (
     _c("cuGraphAddNode", 12030, "o_node node, graph graph, ptr deps, ptr edges, u64 num_deps, ptr params", L,
        symbol="cuGraphAddNode_v2", custom=True,
        how="sent as the node call of its type (kernel, memset, empty, child graph, conditional)"),
+    _c("cuGraphAddNode", 13041, "o_node node, graph graph, ptr deps, ptr edges, u64 num_deps, ptr params", L,
+       symbol="cuGraphAddNode_v3", custom=True,
+       how="CUDA 13.4's node parameters checked against the older ones for the node's type, then sent as the "
+       "node call of its type; a host node's sync mode and an event node's context as the older ABI means "
+       "them, the new node types (copy batches, fabric copies, external engines) refused"),
     _c("cuGraphExecUpdate", 12000, "graphexec exec, graph graph, ptr info", custom=True,
        symbol="cuGraphExecUpdate_v2", wire="graphexec exec, graph graph, o_u32 result, o_i32 status"),
     _c("cuGraphInstantiateWithFlags", 11040, "o_graphexec graph_exec, graph graph, u64 flags"),
@@ -1141,10 +1153,7 @@ ALIASES: tuple[tuple[str, int, str], ...] = (
 # symbol). cuGetProcAddress asked for the name at that version or later hands out a refusal (the symbol's,
 # with its census reason), never the older ABI, whose parameters differ (cuda.bindings asks for these
 # versions to call the newer ABIs). The versions are the ones cuda.bindings asks for.
-UNFORWARDED_ABIS: tuple[tuple[str, int, str], ...] = (
-    ("cuGraphAddNode", 13041, "cuGraphAddNode_v3"),  # CUgraphNodeParams of CUDA 13.4
-    ("cuGraphNodeSetParams", 13041, "cuGraphNodeSetParams_v2"),
-)
+UNFORWARDED_ABIS: tuple[tuple[str, int, str], ...] = ()
 
 CALL_IDS: dict[Call, int] = {call: index for index, call in enumerate(CALLS)}
 # What the shim and the worker say in their hello: the protocol's generation and a digest of this

@@ -179,15 +179,6 @@ GROUPS: tuple[Group, ...] = (
         "cuDeviceGetCliqueCount cuDeviceGetCliqueInfo",
     ),
     _g(
-        "graph nodes read back, changed or queried",
-        N,
-        """CUDA 13.4's cuGraphAddNode_v3 and cuGraphNodeSetParams_v2 (cuda.bindings asks for
-       cuGraphAddNode and cuGraphNodeSetParams at 13.4 to call them) are to be sent as the older ABIs once
-       their CUgraphNodeParams is checked against the older one; the GPU servers' CUDA 13.0 drivers have
-       neither. Until then they refuse, never run as the older ABI (UNFORWARDED_ABIS).""",
-        "cuGraphNodeSetParams_v2 cuGraphAddNode_v3",
-    ),
-    _g(
         "recapture",
         N,
         """A recapture (CUDA 13.3) is a capture into a graph of the lease, its callback run in the program as
