@@ -2797,6 +2797,35 @@ def scenario_newer_abis():
     say("finished", 1)
 
 
+def scenario_location_info():
+    """cuMemGetLocationInfo (at the version cuda.bindings asks for it) on managed memory: after device work
+    every region is the device's; a region the host wrote since is the host's; a bad granularity, and
+    memory that is not managed, are invalid."""
+    setup()
+    chunk, managed, plain = 64 << 10, c_u64(), c_u64()
+    check(cu.cuMemAllocManaged(ctypes.byref(managed), c_u64(4 * chunk), 1), "alloc managed")
+    check(cu.cuMemsetD8_v2(managed, 3, c_u64(4 * chunk)), "memset")
+    check(cu.cuCtxSynchronize(), "sync")
+    locate = Driver(13041).cuMemGetLocationInfo
+    out = (ctypes.c_int32 * 8)()
+
+    def regions(ptr=managed.value, size=4 * chunk, summary=chunk, sampling=0):
+        rc = locate(c_u64(ptr), c_u64(size), c_u64(summary), c_u64(sampling), out)
+        return rc, [(out[2 * i], out[2 * i + 1]) for i in range(size // summary)] if rc == 0 else []
+
+    say("after_device_work", regions())
+    ctypes.memset(managed.value + chunk, 9, 16)  # the host writes into the second region
+    say("after_host_write", regions())
+    say("one_region", regions(summary=4 * chunk, sampling=chunk))
+    say("summary_past_size", regions(size=chunk, summary=2 * chunk)[0])
+    say("sampling_past_summary", regions(sampling=2 * chunk)[0])
+    plain_rc, plain_ptr = alloc(chunk)
+    check(plain_rc, "alloc")
+    say("not_managed", regions(ptr=plain_ptr, size=chunk)[0])
+    say("past_the_allocation", regions(size=8 * chunk)[0])
+    say("finished", 1)
+
+
 def scenario_library_managed():
     """A library's managed variable: its address, the same when asked again, host and kernels sharing its
     bytes as managed memory's (the host's write before a launch is what the kernel reads, the kernel's write

@@ -686,6 +686,21 @@ def test_managed_memory_is_the_same_bytes_for_the_program_and_its_kernels(shim_d
     assert "gpupool:" not in err
 
 
+def test_where_managed_memory_is_follows_who_touched_it_last(shim_dir, worker):
+    """cuMemGetLocationInfo answers, region by region, where managed memory's data is: the device after
+    device work, the host for a region the program wrote since (a majority of its samples); a summary
+    past the size, a sampling past the summary, memory that is not managed or a range past the allocation
+    are CUDA_ERROR_INVALID_VALUE."""
+    out, err = run_client("location_info", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    device, host = (1, 0), (2, 0)  # CU_MEM_LOCATION_TYPE_DEVICE of device 0, CU_MEM_LOCATION_TYPE_HOST
+    assert out["after_device_work"] == f"(0, {[device] * 4})"
+    assert out["after_host_write"] == f"(0, {[device, host, device, device]})"
+    assert out["one_region"] == f"(0, {[device]})"  # one of four samples is the host's
+    for case in ("summary_past_size", "sampling_past_summary", "not_managed", "past_the_allocation"):
+        assert out[case] == "1", case
+
+
 def test_a_librarys_managed_variable_is_the_same_bytes_for_the_program_and_its_kernels(shim_dir, worker):
     """cuLibraryGetManaged gives the variable's address (the same when asked again); the host's first touch
     reads the device's bytes, its writes before a launch are what the kernel adds to, and the kernel's

@@ -325,6 +325,11 @@ CALLS: tuple[Call, ...] = (
        how="sent as cuMemAlloc of the rows, each padded to the device's texture pitch alignment"),
     _c("cuMemGetAddressRange", 3020, "o_dptr? base, o_u64? size, dptr dptr", symbol="cuMemGetAddressRange_v2"),
     # Managed memory: a device allocation mirrored by host pages at the same address (shim_managed.c).
+    # Where managed memory is (CUDA 13.4): the mirror's chunks, the host's where it touched them since the
+    # last device work (shim_managed.c); the worker's driver holds only an ordinary allocation of it.
+    _c("cuMemGetLocationInfo", 13041, "dptr ptr, u64 size, u64 summary, u64 sampling, ptr location_out", L,
+       custom=True, how="managed memory's regions, each where most of its sampled chunks are: the host where the "
+       "program touched them since the last device work, else the device"),
     _c("cuMemAllocManaged", 6000, "o_dptr dptr, u64 bytesize, u32 flags", L, custom=True,
        how="a device allocation of the lease mirrored by host pages at its address"),
     # Prefetch and advice: hints; a prefetch to a device sends what the host wrote (CUmemLocation by value).

@@ -200,13 +200,6 @@ GROUPS: tuple[Group, ...] = (
        and 13.0 are forwarded, within the lease's share.""",
         "cuDevSmResourceSplit cuStreamGetDevResource",
     ),
-    _g(
-        "device, memory and log queries",
-        N,
-        """Where the lease's memory lies (cuMemGetLocationInfo, CUDA 13.4) is a plain query of
-       the lease's memory, its address checked; the GPU servers' CUDA 13.0 drivers do not have it.""",
-        "cuMemGetLocationInfo",
-    ),
 )
 
 

@@ -2241,7 +2241,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuTensorMapSetAllocationClass", "tensor-map allocation classes: not forwarded yet"},
     {"cuDevSmResourceSplit", "green contexts and execution affinity: not forwarded yet"},
     {"cuStreamGetDevResource", "green contexts and execution affinity: not forwarded yet"},
-    {"cuMemGetLocationInfo", "device, memory and log queries: not forwarded yet"},
 };
 
 /* What cuGetProcAddress hands out: (name, ABI version) -> function, sorted by name then version.
@@ -2506,6 +2505,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemGetAllocationPropertiesFromHandle", 10020, (void *)cuMemGetAllocationPropertiesFromHandle, NULL},
     {"cuMemGetDefaultMemPool", 13000, (void *)cuMemGetDefaultMemPool, NULL},
     {"cuMemGetInfo", 3020, (void *)cuMemGetInfo_v2, NULL},
+    {"cuMemGetLocationInfo", 13041, (void *)cuMemGetLocationInfo, NULL},
     {"cuMemGetMemPool", 13000, (void *)cuMemGetMemPool, NULL},
     {"cuMemHostAlloc", 2020, (void *)cuMemHostAlloc, NULL},
     {"cuMemHostGetDevicePointer", 3020, (void *)cuMemHostGetDevicePointer_v2, NULL},
