@@ -2802,7 +2802,7 @@ def scenario_location_info():
     every region is the device's; a region the host wrote since is the host's; a bad granularity, and
     memory that is not managed, are invalid."""
     setup()
-    chunk, managed, plain = 64 << 10, c_u64(), c_u64()
+    chunk, managed = 64 << 10, c_u64()
     check(cu.cuMemAllocManaged(ctypes.byref(managed), c_u64(4 * chunk), 1), "alloc managed")
     check(cu.cuMemsetD8_v2(managed, 3, c_u64(4 * chunk)), "memset")
     check(cu.cuCtxSynchronize(), "sync")
