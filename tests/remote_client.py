@@ -1620,6 +1620,42 @@ def scenario_tensor_maps():
     say("im2col_wide", f"{rc} {struct.unpack_from('<3Q', tensor_map.raw, 32)}")
 
 
+def scenario_tensor_map_classes():
+    """cuTensorMapSetAllocationClass (at the version cuda.bindings asks for it) on maps the worker encoded:
+    the small and automatic classes take effect as small, the large one only for a tensor that spans its
+    128 KiB window; a map changed so is still the lease's (it can be re-pointed); an unknown class, a made-up
+    map, and the large class on a smaller tensor are refused, the class reported small."""
+    setup()
+    rc, ptr = alloc(1 << 20)
+    check(rc, "alloc")
+    set_class = Driver(13050).cuTensorMapSetAllocationClass
+    box, element = (ctypes.c_uint32 * 2)(64, 32), (ctypes.c_uint32 * 2)(1, 1)
+
+    def encoded(rows, row_bytes):
+        tensor_map = ctypes.create_string_buffer(128)
+        dims, strides = (c_u64 * 2)(row_bytes // 4, rows), (c_u64 * 1)(row_bytes)
+        check(
+            cu.cuTensorMapEncodeTiled(tensor_map, 7, 2, c_u64(ptr), dims, strides, box, element, 0, 0, 0, 0),
+            "map",
+        )
+        return tensor_map
+
+    def classed(tensor_map, alloc_class):
+        effective = ctypes.c_int32(-1)
+        rc = set_class(tensor_map, alloc_class, ctypes.byref(effective))
+        return f"{rc} {effective.value}"
+
+    small, large = encoded(128, 512), encoded(256, 1024)  # 64 KiB and 256 KiB of floats
+    say("small_class", classed(small, 1))
+    say("auto_class", classed(small, 0))
+    say("large_on_a_small_tensor", classed(small, 2))
+    say("large_on_a_large_tensor", classed(large, 2))
+    say("replaced_after", cu.cuTensorMapReplaceAddress(large, c_u64(ptr + 4096)))
+    say("unknown_class", classed(small, 5))
+    say("made_up_map", classed(ctypes.create_string_buffer(bytes(range(128)), 128), 1))
+    say("finished", 1)
+
+
 def scenario_pinned_kernels():
     """cuda.core's graph_update and thread_block_cluster examples: kernels given the host address of
     plain page-locked memory (cuMemAllocHost, cuMemHostAlloc without DEVICEMAP), as unified addressing

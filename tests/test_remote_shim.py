@@ -888,6 +888,20 @@ def test_tensor_maps_are_encoded_by_the_worker_for_tensors_wholly_in_the_leases_
     }
 
 
+def test_a_tensor_maps_allocation_class_is_set_only_where_its_window_stays_in_the_lease(shim_dir, worker):
+    """cuTensorMapSetAllocationClass: small and automatic take effect as small; large only on a map whose
+    tensor spans the 128 KiB window the TMA may reach (a smaller tensor's is refused, as memory past it need
+    not be the lease's); the changed map stays the lease's; an unknown class and a map the lease did not
+    encode are invalid, the class reported small."""
+    out, err = run_client("tensor_map_classes", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert (out["small_class"], out["auto_class"]) == ("0 1", "0 1")
+    assert out["large_on_a_small_tensor"] == "801 1"  # CUDA_ERROR_NOT_SUPPORTED, the class still small
+    assert out["large_on_a_large_tensor"] == "0 2"
+    assert out["replaced_after"] == "0"
+    assert (out["unknown_class"], out["made_up_map"]) == ("1 1", "1 1")
+
+
 def test_a_graph_built_node_by_node_runs_its_nodes_in_dependency_order(shim_dir, worker):
     out, err = run_client("graph_nodes", client_env(shim_dir, worker))
     assert out == {

@@ -827,6 +827,10 @@ CALLS: tuple[Call, ...] = (
        wire="i32 dtype, u32 rank, dptr address, i32 lower, i32 upper, u32 channels, u32 pixels, i32 interleave, "
             "i32 mode, i32 swizzle, i32 l2, i32 oob, bytes shape"),
     _c("cuTensorMapReplaceAddress", 12000, "ptr map, ptr address", custom=True, wire="dptr address, bytes map"),
+    # A map's TMA allocation class (CUDA 13.5), set on a map this lease encoded: the map back in the reply's
+    # bulk, the class in effect as the out (virtualize.server._guard_tensor_maps says what is refused).
+    _c("cuTensorMapSetAllocationClass", 13050, "ptr map, i32 alloc_class, ptr effective", custom=True,
+       wire="i32 alloc_class, o_i32 effective, bytes map"),
     # Stream memory operations: a 32- or 64-bit word of the lease's memory waited on or written in order
     # (not of mirrored host memory, which the program would see only at a synchronisation: shim_streams.c).
     *(_c(name, since, f"stream stream, dptr addr, {bits} value, u32 flags", A, symbol=name + suffix, custom=True)

@@ -186,13 +186,6 @@ GROUPS: tuple[Group, ...] = (
         "cuStreamBeginRecaptureToGraph",
     ),
     _g(
-        "tensor-map allocation classes",
-        N,
-        """A tensor map's allocation class (cuTensorMapSetAllocationClass, CUDA 13.5) is a setting on a map
-       the lease encoded; the GPU servers' CUDA 13.0 drivers do not have it.""",
-        "cuTensorMapSetAllocationClass",
-    ),
-    _g(
         "green contexts and execution affinity",
         N,
         """CUDA 13.1's calls (cuDevSmResourceSplit's structured groups, a stream's resources)

@@ -108,6 +108,7 @@ TENSOR_MAP_CALLS: dict[str, tuple[int, tuple]] = {
     "cuTensorMapEncodeIm2colWide": (12080, (_int32, _uint32, ctypes.c_void_p, _u64s, _u64s, _int32, _int32,
                                             _uint32, _uint32, _u32s, _int32, _int32, _int32, _int32, _int32)),
     "cuTensorMapReplaceAddress": (12000, (ctypes.c_void_p,)),
+    "cuTensorMapSetAllocationClass": (13050, (_int32, ctypes.c_void_p)),
 }  # fmt: skip
 
 
@@ -749,6 +750,15 @@ class CudaExecutor(Executor):
         return with_aligned_tensor_map(
             self._tensor_map_function("cuTensorMapReplaceAddress"), (address,), encoded
         )
+
+    def tensor_map_alloc_class(self, encoded: bytes, alloc_class: int) -> tuple[bytes, int]:
+        effective = ctypes.c_int32(1)
+        changed = with_aligned_tensor_map(
+            self._tensor_map_function("cuTensorMapSetAllocationClass"),
+            (alloc_class, ctypes.addressof(effective)),
+            encoded,
+        )
+        return changed, effective.value
 
     def _tensor_map_function(self, name: str):
         version, argtypes = TENSOR_MAP_CALLS[name]

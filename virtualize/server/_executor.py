@@ -130,6 +130,7 @@ GUARD_CALLS = (
     *("gpCallbackToken", "gpCallbackAttach", "cuLaunchHostFunc", "cuStreamAddCallback"),  # host functions
     *("cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuTensorMapEncodeIm2colWide"),  # tensor maps
     "cuTensorMapReplaceAddress",
+    "cuTensorMapSetAllocationClass",
     *(
         "cuGraphAddKernelNode",
         "cuGraphExecKernelNodeSetParams",
@@ -559,6 +560,10 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def tensor_map_address(self, encoded: bytes, address: int) -> bytes:
         """cuTensorMapReplaceAddress on a 128-byte CUtensorMap."""
+
+    @abc.abstractmethod
+    def tensor_map_alloc_class(self, encoded: bytes, alloc_class: int) -> tuple[bytes, int]:
+        """cuTensorMapSetAllocationClass on a 128-byte CUtensorMap: the map after, and the class in effect."""
 
     @abc.abstractmethod
     def launch_host_func(self, stream: int, fn: Callable[[], None]) -> None:

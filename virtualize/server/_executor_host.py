@@ -332,6 +332,11 @@ class HostExecutor(Executor):
             raise CudaError(INVALID_VALUE, "a tensor's address is a multiple of 16 bytes")
         return encoded[:8] + struct.pack("<Q", address) + encoded[16:]
 
+    def tensor_map_alloc_class(self, encoded: bytes, alloc_class: int) -> tuple[bytes, int]:
+        # The class in the pretend map's last word; AUTO is the conservative small window.
+        effective = alloc_class or 1  # CU_TENSOR_MAP_ALLOC_CLASS_SMALL
+        return encoded[:124] + struct.pack("<i", effective), effective
+
     # CUDA arrays: bytes row by row, slice by slice; texture and surface objects are plain handles.
     def cuArray3DCreate(self, shape):
         handle = next(self.ids)

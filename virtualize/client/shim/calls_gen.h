@@ -2238,7 +2238,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuDeviceGetCliqueCount", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuDeviceGetCliqueInfo", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuStreamBeginRecaptureToGraph", "recapture: not forwarded yet"},
-    {"cuTensorMapSetAllocationClass", "tensor-map allocation classes: not forwarded yet"},
     {"cuDevSmResourceSplit", "green contexts and execution affinity: not forwarded yet"},
     {"cuStreamGetDevResource", "green contexts and execution affinity: not forwarded yet"},
 };
@@ -2665,6 +2664,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuTensorMapEncodeIm2colWide", 12080, (void *)cuTensorMapEncodeIm2colWide, NULL},
     {"cuTensorMapEncodeTiled", 12000, (void *)cuTensorMapEncodeTiled, NULL},
     {"cuTensorMapReplaceAddress", 12000, (void *)cuTensorMapReplaceAddress, NULL},
+    {"cuTensorMapSetAllocationClass", 13050, (void *)cuTensorMapSetAllocationClass, NULL},
     {"cuTexObjectCreate", 5000, (void *)cuTexObjectCreate, NULL},
     {"cuTexObjectDestroy", 5000, (void *)cuTexObjectDestroy, NULL},
     {"cuTexObjectGetResourceDesc", 5000, (void *)cuTexObjectGetResourceDesc, NULL},
