@@ -2840,7 +2840,7 @@ def scenario_location_info():
     setup()
     chunk, managed = 64 << 10, c_u64()
     check(cu.cuMemAllocManaged(ctypes.byref(managed), c_u64(4 * chunk), 1), "alloc managed")
-    check(cu.cuMemsetD8_v2(managed, 3, c_u64(4 * chunk)), "memset")
+    check(cu.cuMemsetD8(managed, 3, c_u64(4 * chunk)), "memset")
     check(cu.cuCtxSynchronize(), "sync")
     locate = Driver(13041).cuMemGetLocationInfo
     out = (ctypes.c_int32 * 8)()
@@ -4249,6 +4249,17 @@ def scenario_green():
     check(cu.cuGreenCtxStreamCreate(by(stream), green, 1, 0), "stream in it")  # CU_STREAM_NON_BLOCKING
     check(cu.cuStreamGetGreenCtx(stream, by(back)), "stream's green context")
     say("stream_green_same", back.value == green.value)
+    of_stream, of_plain_stream, of_null_stream, plain = DevResource(), DevResource(), DevResource(), c_u64()
+    stream_resource = Driver(13010).cuStreamGetDevResource  # CUDA 13.1, as cuda.bindings asks for it
+    check(stream_resource(stream, by(of_stream), sm), "the green stream's resource")
+    check(cu.cuStreamCreate(by(plain), 1), "a stream of the primary context")
+    check(stream_resource(plain, by(of_plain_stream), sm), "the plain stream's resource")
+    check(stream_resource(c_u64(0), by(of_null_stream), sm), "the NULL stream's resource")
+    say("stream_sms", (of_stream.sm_count, of_plain_stream.sm_count, of_null_stream.sm_count))
+    say(
+        "stream_wrong_type", stream_resource(stream, by(DevResource()), 1000)
+    )  # CU_DEV_RESOURCE_TYPE_WORKQUEUE
+    say("foreign_stream", stream_resource(c_u64(plain.value ^ 0x5A00), by(DevResource()), sm))
     check(cu.cuCtxSetCurrent(green_ctx), "green context current")
     dev = ctypes.c_int(-1)
     check(cu.cuCtxGetDevice(by(dev)), "its device")

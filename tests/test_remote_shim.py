@@ -1376,7 +1376,7 @@ def _green(shim_dir, handle):
 def test_green_contexts_partition_the_gpu_and_run_work(shim_dir, worker):
     """A whole-GPU lease sees the modelled GPU's SMs (4) as its device's and context's resource, splits
     them (the primary context's execution affinity is those SMs), makes a green context of a group with a
-    stream in it, records and waits an event in it, runs a
+    stream in it (whose resource is the group's, a plain stream's the context's: cuStreamGetDevResource), records and waits an event in it, runs a
     kernel there; forged resources, a split or descriptor beyond the SMs it has, and green contexts of no
     process of the lease are refused; destroying one twice is refused the second time."""
     out = _green(shim_dir, worker)
@@ -1392,6 +1392,8 @@ def test_green_contexts_partition_the_gpu_and_run_work(shim_dir, worker):
     assert (out["green_sms"], out["green_ctx_sms"], out["green_affinity_sms"]) == ("1", "1", "1")
     assert out["green_id"] == "0"
     assert out["stream_green_same"] == "True"
+    assert out["stream_sms"] == "(1, 4, 4)"  # a green context's stream its SMs; the others the context's
+    assert (out["stream_wrong_type"], out["foreign_stream"]) == ("914", "400")
     assert out["green_ctx_device"] == "0"
     assert out["launched"] == "9"
     assert out["foreign_green_stream"] == out["foreign_green_record"] == out["foreign_green_destroy"] == "400"
@@ -1424,11 +1426,26 @@ lib = ctypes.CDLL("libcuda.so.1")
 find = lib.cuGetProcAddress_v2
 find.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_uint64,
                  ctypes.POINTER(ctypes.c_int)]
-for name in sys.argv[1:]:
+for asked in sys.argv[1:]:
+    name, _, version = asked.partition("@")
     pfn, status = ctypes.c_void_p(), ctypes.c_int(-1)
-    rc = find(name.encode(), ctypes.byref(pfn), 13000, 0, ctypes.byref(status))
-    print(name, rc, bool(pfn.value), status.value)
+    rc = find(name.encode(), ctypes.byref(pfn), int(version or 13000), 0, ctypes.byref(status))
+    print(asked, rc, pfn.value or 0, status.value)
 """
+
+
+def probe_proc_addresses(shim_dir, lacks: str, asked: list[str]) -> dict[str, tuple[int, int, int]]:
+    """cuGetProcAddress_v2(name, version) for each `name@version` asked, in a program leased a host-executor
+    worker whose pretend driver lacks `lacks`: (result, function, status) for each."""
+    handle = start_worker("test-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1",
+                          env={"GPUPOOL_HOST_EXECUTOR_LACKS": lacks}, executor="host")  # fmt: skip
+    try:
+        proc = subprocess.run([sys.executable, "-c", PROC_ADDRESS_PROBE, *asked], env=client_env(shim_dir, handle),
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+    finally:
+        handle.stop()
+    return {line.split()[0]: tuple(map(int, line.split()[1:])) for line in proc.stdout.splitlines()}
 
 
 @pytest.mark.parametrize("lacks", ["", "cuLogsCurrent,cuMemcpyWithAttributesAsync"])
@@ -1437,19 +1454,40 @@ def test_an_entry_point_the_servers_driver_lacks_is_not_found_as_that_driver_ans
     580 driver is 13.0) is not found by cuGetProcAddress in the client, as on the server itself: the
     worker tells the names its driver lacks (here the host executor's test seam pretends), the lease
     answer carries them to the shim; every other name is found, and without such names all are."""
-    handle = start_worker("test-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1",
-                          env={"GPUPOOL_HOST_EXECUTOR_LACKS": lacks}, executor="host")  # fmt: skip
-    try:
-        names = ["cuLogsCurrent", "cuMemcpyWithAttributesAsync", "cuMemAlloc", "cuLaunchKernel"]
-        proc = subprocess.run([sys.executable, "-c", PROC_ADDRESS_PROBE, *names], env=client_env(shim_dir, handle),
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
-        assert proc.returncode == 0, proc.stderr
-        found = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()}
-    finally:
-        handle.stop()
+    names = ["cuLogsCurrent", "cuMemcpyWithAttributesAsync", "cuMemAlloc", "cuLaunchKernel"]
+    found = probe_proc_addresses(shim_dir, lacks, names)
     missing = set(filter(None, lacks.split(",")))
     for name in names:  # CUDA_ERROR_NOT_FOUND, no function, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
-        assert found[name] == (["500", "False", "1"] if name in missing else ["0", "True", "0"]), name
+        result, function, status = found[name]
+        assert (result, bool(function), status) == ((500, False, 1) if name in missing else (0, True, 0)), (
+            name
+        )
+
+
+def test_each_name_and_version_is_found_or_not_as_the_servers_driver_answers_it(shim_dir):
+    """cuGetProcAddress(name, version) per ABI, as a driver answers: a driver without a newer ABI of a name
+    hands out its older one at the newer version (cuMulticastBindMem asked at 13.1 on a driver without
+    its _v2); a name asked at a version older than the name is not found (VERSION_NOT_SUFFICIENT); a
+    newer ABI the shim serves itself is found though the driver lacks it (CUDA 13.4's cuGraphAddNode_v3
+    on a 13.0 driver, sent as calls that driver has); a name wholly lacked is not found at any version."""
+    lacks = "cuMulticastBindMem@13010,cuGraphAddNode@13041,cuLogsCurrent"
+    asked = ["cuMulticastBindMem@12010", "cuMulticastBindMem@13010", "cuMulticastBindAddr@13010",
+             "cuMulticastBindAddr@12010", "cuMemGetLocationInfo@13000", "cuMemGetLocationInfo@13041",
+             "cuGraphAddNode@12030", "cuGraphAddNode@13041", "cuLogsCurrent@12080", "cuLogsCurrent@13000",
+             "cuGraphAddKernelNode@11000"]  # fmt: skip
+    found = probe_proc_addresses(shim_dir, lacks, asked)
+    assert found["cuMulticastBindMem@13010"] == found["cuMulticastBindMem@12010"]  # the older ABI's function
+    assert found["cuMulticastBindMem@13010"][:2] != (500, 0)
+    assert (
+        found["cuMulticastBindAddr@13010"][1] != found["cuMulticastBindAddr@12010"][1]
+    )  # the driver has both
+    assert found["cuMemGetLocationInfo@13000"] == (500, 0, 2)  # CUDA_ERROR_NOT_FOUND, VERSION_NOT_SUFFICIENT
+    assert found["cuMemGetLocationInfo@13041"][0::2] == (0, 0)
+    assert found["cuGraphAddNode@13041"][0::2] == (0, 0)
+    assert found["cuGraphAddNode@13041"][1] != found["cuGraphAddNode@12030"][1]  # the shim's own _v3
+    assert found["cuLogsCurrent@12080"] == found["cuLogsCurrent@13000"] == (500, 0, 1)  # SYMBOL_NOT_FOUND
+    # an older ABI the table does not forward is found, and refuses when called, as before
+    assert found["cuGraphAddKernelNode@11000"][0::2] == (0, 0)
 
 
 def test_a_global_placed_over_an_unloaded_modules_global_is_the_programs_whole(shim_dir, worker):

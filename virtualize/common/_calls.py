@@ -296,6 +296,9 @@ CALLS: tuple[Call, ...] = (
        wire="o_devres resource, o_u32 sm_count, o_u32 min_partition, o_u32 alignment, ctx ctx, i32 type"),
     _c("cuGreenCtxGetDevResource", 12040, "greenctx green, ptr resource, i32 type", custom=True,
        wire="o_devres resource, o_u32 sm_count, o_u32 min_partition, o_u32 alignment, greenctx green, i32 type"),
+    # A stream's: its green context's where it was made in one, else its context's (the lease's share).
+    _c("cuStreamGetDevResource", 13010, "stream stream, ptr resource, i32 type", custom=True,
+       wire="o_devres resource, o_u32 sm_count, o_u32 min_partition, o_u32 alignment, stream stream, i32 type"),
     # The groups come back in the reply's bulk: (id, smCount, minSmPartitionSize, smCoscheduledAlignment) each.
     _c("cuDevSmResourceSplitByCount", 12040,
        "ptr result, ptr nb_groups, ptr input, ptr remaining, u32 flags, u32 min_count", custom=True,

@@ -188,10 +188,10 @@ GROUPS: tuple[Group, ...] = (
     _g(
         "green contexts and execution affinity",
         N,
-        """CUDA 13.1's calls (cuDevSmResourceSplit's structured groups, a stream's resources)
-       are not built: the GPU servers' CUDA 13.0 drivers do not have them; the green contexts of CUDA 12.4
-       and 13.0 are forwarded, within the lease's share.""",
-        "cuDevSmResourceSplit cuStreamGetDevResource",
+        """CUDA 13.1's structured split (cuDevSmResourceSplit: groups each of an SM count, co-scheduling and
+       locality settings) is not built: the GPU servers' CUDA 13.0 drivers do not have it; the green contexts of
+       CUDA 12.4 and 13.0, and a stream's resource (13.1), are forwarded, within the lease's share.""",
+        "cuDevSmResourceSplit",
     ),
 )
 

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 from cuda.bindings import driver
 
-from virtualize.common._calls import FORWARDED_LAUNCH_ATTRIBUTES
+from virtualize.common._calls import FORWARDED_LAUNCH_ATTRIBUTES, Call
 from virtualize.common._results import CUresult
 from virtualize.server._arrays import (
     DEVICE,
@@ -45,6 +45,7 @@ from virtualize.server._executor import (
     Launch,
     SharedHostMemory,
     StagedCopy,
+    lacked_abis,
     linked_image,
 )
 
@@ -360,25 +361,29 @@ class _InFlight(StagedCopy):
 
 
 def _driver_lacks() -> list[str]:
-    """The call table's entry points this driver does not have, asked of it (cuGetProcAddress at its
-    own version): cuda-bindings may declare calls of a newer CUDA than the driver installed."""
-    from virtualize.common._calls import CALLS
-
+    """The call table's ABIs this driver does not have, asked of it once (cuda-bindings may declare calls
+    of a newer CUDA than the driver installed): cuGetProcAddress(name, the ABI's version) finds a function,
+    and not the one the name's previous ABI's version finds (a driver without the newer ABI hands out its
+    older one there) unless the driver exports the ABI's own symbol."""
     lib = ctypes.CDLL("libcuda.so.1")
-    version = ctypes.c_int()
-    lib.cuDriverGetVersion(ctypes.byref(version))
     lookup = lib.cuGetProcAddress_v2
     lookup.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_uint64,
                        ctypes.POINTER(ctypes.c_int)]  # fmt: skip
-    lacks = []
-    for name in sorted({c.name for c in CALLS if c.symbol != "-" and not c.name.startswith("gp")}):
+
+    def found(name: str, version: int) -> int | None:
         pfn, status = ctypes.c_void_p(), ctypes.c_int()
-        if (
-            lookup(name.encode(), ctypes.byref(pfn), version.value, 0, ctypes.byref(status)) != 0
-            or not pfn.value
-        ):
-            lacks.append(name)
-    return lacks
+        if lookup(name.encode(), ctypes.byref(pfn), version, 0, ctypes.byref(status)) != 0:
+            return None
+        return pfn.value or None
+
+    previous: dict[str, int | None] = {}  # table_abis is oldest first: each name's previous ABI's answer
+
+    def has(call: Call) -> bool:
+        function = found(call.name, call.since)
+        before, previous[call.name] = previous.get(call.name), function
+        return function is not None and (function != before or hasattr(lib, call.symbol))
+
+    return lacked_abis(has)
 
 
 class CudaExecutor(Executor):
@@ -1509,6 +1514,10 @@ class CudaExecutor(Executor):
         resource = _ok(
             driver.cuGreenCtxGetDevResource(driver.CUgreenCtx(green), driver.CUdevResourceType(kind))
         )
+        return self._resource(resource)
+
+    def cuStreamGetDevResource(self, stream, kind):
+        resource = _ok(driver.cuStreamGetDevResource(self._stream(stream), driver.CUdevResourceType(kind)))
         return self._resource(resource)
 
     def sm_split(self, resource, nb_groups, flags, min_count, count_only):

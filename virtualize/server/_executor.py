@@ -170,6 +170,32 @@ PER_CALL: tuple[str, ...] = tuple(
 )
 
 
+def table_abis() -> dict[str, list[Call]]:
+    """The call table's driver entry points by name, each name's ABIs oldest first."""
+    abis: dict[str, list[Call]] = {}
+    for call in sorted(CALLS, key=lambda c: c.since):
+        if call.symbol != "-" and not call.name.startswith("gp"):
+            abis.setdefault(call.name, []).append(call)
+    return dict(sorted(abis.items()))
+
+
+def lacked_abis(has: Callable[[Call], bool]) -> list[str]:
+    """`name@since` for each ABI of the call table a driver does not have (`has(call)`: whether it does).
+    The exception: a newer ABI the shim serves itself (Mode.LOCAL) of a name the driver has at an older
+    ABI, because the shim reads the newer parameters and sends calls the driver has (CUDA 13.4's
+    cuGraphAddNode_v3 on a 13.0 driver). Given these, the shim's cuGetProcAddress(name, version) answers
+    as the driver: the newest ABI up to `version` the driver has, else not found."""
+    lacks = []
+    for name, abis in table_abis().items():
+        has_older = False
+        for call in abis:
+            if has(call):
+                has_older = True
+            elif not (call.mode is Mode.LOCAL and has_older):
+                lacks.append(f"{name}@{call.since}")
+    return lacks
+
+
 @dataclass(frozen=True, slots=True)
 class Copy3D:
     """A copy node's copy: each side's first byte, pitch and height (rows per slice); the extent."""
@@ -315,8 +341,8 @@ class Executor(abc.ABC):
         once the chunk's bytes are in host memory."""
 
     def driver_lacks(self) -> list[str]:
-        """Entry points of the call table this host's driver does not have: the client's shim answers
-        cuGetProcAddress for them as that driver does (not found), so a program sees the server's driver."""
+        """ABIs of the call table this host's driver does not have (`lacked_abis`): the client's shim
+        answers cuGetProcAddress for them as that driver does, so a program sees the server's driver."""
         return []
 
     def shared_host_memory(self, size: int) -> SharedHostMemory:

@@ -45,6 +45,7 @@ from virtualize.server._executor import (
     Executor,
     Launch,
     StagedCopy,
+    lacked_abis,
     linked_image,
 )
 
@@ -163,8 +164,10 @@ class HostExecutor(Executor):
     name = "host (tests only)"
 
     def driver_lacks(self) -> list[str]:
-        """Tests name entry points this pretend driver lacks (GPUPOOL_HOST_EXECUTOR_LACKS, commas)."""
-        return [n for n in os.environ.get("GPUPOOL_HOST_EXECUTOR_LACKS", "").split(",") if n]
+        """Tests name what this pretend driver lacks (GPUPOOL_HOST_EXECUTOR_LACKS, commas): an entry point
+        (every ABI of it) or one ABI, `name@since`."""
+        named = set(filter(None, os.environ.get("GPUPOOL_HOST_EXECUTOR_LACKS", "").split(",")))
+        return lacked_abis(lambda call: call.name not in named and f"{call.name}@{call.since}" not in named)
 
     def __init__(self, devices) -> None:
         self.n = len(devices)
@@ -1469,6 +1472,12 @@ class HostExecutor(Executor):
     def cuGreenCtxGetDevResource(self, green, kind):
         device, sms, _ = self._green(green)
         return self._resource(device, sms)
+
+    def cuStreamGetDevResource(self, stream, kind):
+        green = self.cuStreamGetGreenCtx(stream) if stream else 0
+        if green:
+            return self.cuGreenCtxGetDevResource(green, kind)
+        return self.cuCtxGetDevResource(self.cuStreamGetCtx(stream) if stream else 0, kind)
 
     def sm_split(self, resource, nb_groups, flags, min_count, count_only):
         if resource not in self.resources:

@@ -72,6 +72,7 @@ class GreenCalls(Concern):
         "cuDeviceGetDevResource": "device_resource",
         "cuCtxGetDevResource": "context_resource",
         "cuGreenCtxGetDevResource": "green_resource",
+        "cuStreamGetDevResource": "stream_resource",
         "cuDevSmResourceSplitByCount": "split",
         "cuDevResourceGenerateDesc": "generate_desc",
         "cuGreenCtxCreate": "create",
@@ -175,6 +176,18 @@ class GreenCalls(Concern):
         self.session._check(call, ins)
         self._sm_type(kind)
         return self._green_resource(green)
+
+    def stream_resource(self, call: Call, ins: tuple):
+        """cuStreamGetDevResource (CUDA 13.1): a stream made in a green context has its SMs; any other
+        stream (the NULL stream: the current context's) its context's."""
+        stream, kind = ins
+        self.session._check(call, ins)
+        self._sm_type(kind)  # the work-queue types are CUDA_ERROR_INVALID_RESOURCE_TYPE, as the driver says
+        executor = self.session.executor
+        green = executor.cuStreamGetGreenCtx(stream) if stream else 0
+        if green:
+            return self._green_resource(green)
+        return self._context_resource(executor.cuStreamGetCtx(stream) if stream else 0)
 
     def _green_resource(self, green: int):
         rid, sms, min_partition, alignment = self.session.executor.cuGreenCtxGetDevResource(

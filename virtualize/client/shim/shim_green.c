@@ -60,6 +60,11 @@ CUresult cuGreenCtxGetDevResource(uint64_t green, void *resource, int32_t type) 
     GET_RESOURCE(cuGreenCtxGetDevResource, in);
 }
 
+CUresult cuStreamGetDevResource(uint64_t stream, void *resource, int32_t type) {
+    struct gp_in_cuStreamGetDevResource in = {.stream = stream, .type = type};
+    GET_RESOURCE(cuStreamGetDevResource, in);
+}
+
 /* With `result` NULL only the number of groups is asked (the driver's count query). */
 CUresult cuDevSmResourceSplitByCount(void *result, void *nb_groups, void *input, void *remaining, uint32_t flags,
                                      uint32_t min_count) {
