@@ -4225,6 +4225,20 @@ def scenario_green():
     one = ctypes.c_uint(1)
     beyond = cu.cuDevSmResourceSplitByCount(groups, by(one), by(device), None, 0, device.sm_count + 1)
     say("split_beyond_share", beyond)
+    structured = Driver(13010).cuDevSmResourceSplit  # CUDA 13.1, as cuda.bindings asks for it
+
+    def split_by(counts, result=True):  # CU_DEV_SM_RESOURCE_GROUP_PARAMS: smCount first, the rest 0
+        params = ((ctypes.c_uint * 16) * len(counts))()
+        for i, count in enumerate(counts):
+            params[i][0] = count
+        made, left = (DevResource * len(counts))(), DevResource()
+        rc = structured(made if result else None, len(counts), by(device), by(left), 0, params)
+        return rc, [p[0] for p in params], [g.sm_count for g in made] if result else None, left.sm_count
+
+    say("structured_split", split_by([2, 0]))  # two SMs, then whatever is left (discovered)
+    say("structured_discovery", split_by([0], result=False))
+    say("structured_beyond_share", split_by([device.sm_count + 2])[0])
+    say("structured_odd", split_by([1])[0])
     forged = DevResource.from_buffer_copy(bytes(device))
     forged.padding[0] ^= 0x5A  # another id than the worker gave: no resource of this lease
     forged.sm_count = 1000

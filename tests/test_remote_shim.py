@@ -1386,6 +1386,10 @@ def test_green_contexts_partition_the_gpu_and_run_work(shim_dir, worker):
     assert out["groups_possible"] == "4"  # one SM each
     assert (out["groups"], out["group_sms"], out["rest_sms"]) == ("2", "1", "2")
     assert out["split_beyond_share"] == "915"  # CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION
+    # CUDA 13.1's structured split: a group of 2, the rest discovered and split off; discovery alone
+    assert out["structured_split"] == "(0, [2, 2], [2, 2], 0)"
+    assert out["structured_discovery"] == "(0, [4], None, 0)"
+    assert (out["structured_beyond_share"], out["structured_odd"]) == ("915", "915")
     assert out["forged_split"] == "400"  # CUDA_ERROR_INVALID_HANDLE
     assert out["forged_desc"] == "400"
     assert out["desc_beyond_share"] == "915"
@@ -1415,6 +1419,9 @@ def test_a_lease_with_an_sm_share_sees_and_splits_only_its_share(shim_dir):
     assert out["groups_possible"] == "2"
     assert (out["groups"], out["group_sms"], out["rest_sms"]) == ("2", "1", "0")
     assert out["split_beyond_share"] == "915"
+    assert out["structured_split"].startswith("(915,")  # the discovered group would have no SM left: invalid
+    assert out["structured_discovery"] == "(0, [2], None, 0)"
+    assert out["structured_beyond_share"] == "915"  # 4 SMs asked of the share's 2: refused before the driver
     assert out["desc_beyond_share"] == "915"
     assert out["green_sms"] == "1"
     assert out["launched"] == "9"

@@ -304,6 +304,11 @@ CALLS: tuple[Call, ...] = (
        "ptr result, ptr nb_groups, ptr input, ptr remaining, u32 flags, u32 min_count", custom=True,
        wire="o_u32 groups, o_devres remaining, o_u32 sm_count, o_u32 min_partition, o_u32 alignment, "
             "devres input, u32 nb_groups, u32 flags, u32 min_count, u32 count_only"),
+    # CUDA 13.1's structured split: CU_DEV_SM_RESOURCE_GROUP_PARAMS (64 bytes each) in the bulk, and back
+    # (the driver fills in discovered SM counts), followed by the groups when `result` is asked for.
+    _c("cuDevSmResourceSplit", 13010, "ptr result, u32 nb_groups, ptr input, ptr remainder, u32 flags, ptr params",
+       custom=True, wire="o_devres remaining, o_u32 sm_count, o_u32 min_partition, o_u32 alignment, devres input, "
+                         "u32 nb_groups, u32 flags, u32 want_groups, bytes params"),
     _c("cuDevResourceGenerateDesc", 12040, "ptr desc, ptr resources, u32 count", custom=True,
        wire="o_resdesc desc, u32 count, bytes resources"),
     _c("cuGreenCtxCreate", 12040, "o_greenctx green, resdesc desc, i32 dev, u32 flags"),

@@ -185,14 +185,6 @@ GROUPS: tuple[Group, ...] = (
        host functions are.""",
         "cuStreamBeginRecaptureToGraph",
     ),
-    _g(
-        "green contexts and execution affinity",
-        N,
-        """CUDA 13.1's structured split (cuDevSmResourceSplit: groups each of an SM count, co-scheduling and
-       locality settings) is not built: the GPU servers' CUDA 13.0 drivers do not have it; the green contexts of
-       CUDA 12.4 and 13.0, and a stream's resource (13.1), are forwarded, within the lease's share.""",
-        "cuDevSmResourceSplit",
-    ),
 )
 
 

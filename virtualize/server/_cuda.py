@@ -50,6 +50,7 @@ from virtualize.server._executor import (
 )
 
 _INVALID_VALUE_RESULT = driver.CUresult.CUDA_ERROR_INVALID_VALUE
+DEV_RESOURCE_BYTES = 144  # sizeof(CUdevResource)
 # What a lease may hold that a live migration does not re-create on another GPU (it is refused up front
 # with these words): handle kind -> what the lease holds.
 CANNOT_MOVE = {
@@ -1531,6 +1532,35 @@ class CudaExecutor(Executor):
         made = [self._resource(g) for g in list(groups)[: int(count)]]
         left = self._resource(remaining) if int(remaining.sm.smCount) else (0, 0, 0, 0)
         return made, left
+
+    def sm_split_structured(self, resource, nb_groups, flags, params, want_groups):
+        # Through the driver's entry point itself: cuda.bindings always passes a result array, and a
+        # discovery (`result` NULL) must not.
+        source = self._known_resource(resource)
+        split = self._driver_function(
+            "cuDevSmResourceSplit", 13010,
+            (ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p),
+        )  # fmt: skip
+        size = DEV_RESOURCE_BYTES
+        result = ctypes.create_string_buffer(size * nb_groups) if want_groups else None
+        remainder, group_params = (
+            ctypes.create_string_buffer(size),
+            ctypes.create_string_buffer(params, len(params)),
+        )
+        err = split(result, nb_groups, source.getPtr(), remainder, flags, group_params)
+        if err:
+            raise CudaError(err, "cuDevSmResourceSplit")
+
+        def resource_at(buffer, offset: int):
+            copied = driver.CUdevResource()
+            ctypes.memmove(copied.getPtr(), ctypes.addressof(buffer) + offset, size)
+            return copied
+
+        groups = (
+            [self._resource(resource_at(result, i * size)) for i in range(nb_groups)] if want_groups else []
+        )
+        left = resource_at(remainder, 0)
+        return groups, self._resource(left) if int(left.sm.smCount) else (0, 0, 0, 0), group_params.raw
 
     def resource_desc(self, resources):
         chosen = [self._known_resource(r) for r in resources]

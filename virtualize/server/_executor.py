@@ -83,6 +83,7 @@ SHAPED: dict[str, str] = {
     "gpGraphAddConditionalNode": "graph_add_conditional_node",
     "cuGraphExecUpdate": "graph_exec_update",
     "cuDevSmResourceSplitByCount": "sm_split",
+    "cuDevSmResourceSplit": "sm_split_structured",
     "cuDevResourceGenerateDesc": "resource_desc",
     "cuGraphAddEventRecordNode": "graph_add_event_node",
     "cuGraphAddEventWaitNode": "graph_add_event_node",
@@ -623,6 +624,14 @@ class Executor(abc.ABC):
         """cuDevSmResourceSplitByCount of `resource` into at most `nb_groups` groups of at least
         `min_count` SMs: (the groups, the remainder (id 0: none)); with `count_only`, ([], how many
         groups it would make)."""
+
+    @abc.abstractmethod
+    def sm_split_structured(
+        self, resource: int, nb_groups: int, flags: int, params: bytes, want_groups: bool
+    ) -> tuple[list[tuple[int, int, int, int]], tuple[int, int, int, int], bytes]:
+        """cuDevSmResourceSplit (CUDA 13.1) of `resource` by `nb_groups` CU_DEV_SM_RESOURCE_GROUP_PARAMS
+        (64 bytes each): (the groups, none unless `want_groups`; the remainder (id 0: none); the parameters
+        after, with discovered SM counts filled in)."""
 
     @abc.abstractmethod
     def resource_desc(self, resources: list[int]) -> int:

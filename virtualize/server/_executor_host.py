@@ -1494,6 +1494,32 @@ class HostExecutor(Executor):
         left = sms - size * len(groups)
         return groups, self._resource(device, left) if left else (0, 0, 0, 0)
 
+    def sm_split_structured(self, resource, nb_groups, flags, params, want_groups):
+        # The modelled GPU (compute capability below 9.0): SMs co-scheduled in pairs by default; each group
+        # takes its SMs from what the groups before it left, an SM count of 0 discovers the rest.
+        if resource not in self.resources:
+            raise CudaError(INVALID_VALUE, "resource")
+        if flags:
+            raise CudaError(INVALID_VALUE, "split flags")
+        device, sms = self.resources[resource]
+        left, groups, out = sms, [], bytearray(params)
+        for i in range(nb_groups):
+            sm_count, cosched, _, group_flags = struct.unpack_from("<4I", params, 64 * i)
+            unit, backfill = cosched or 2, bool(group_flags & 1)  # CU_DEV_SM_RESOURCE_GROUP_BACKFILL
+            if sm_count == 0:
+                sm_count = left if backfill else left - left % unit
+                struct.pack_into("<I", out, 64 * i, sm_count)
+            elif sm_count % 2 or sm_count > left or (sm_count % unit and not backfill):
+                raise CudaError(
+                    CUresult.INVALID_RESOURCE_CONFIGURATION, f"a group of {sm_count} SMs of {left}"
+                )
+            if want_groups:
+                if sm_count < max(unit, 1) or sm_count == 0:
+                    raise CudaError(CUresult.INVALID_RESOURCE_CONFIGURATION, f"a group of {sm_count} SMs")
+                groups.append(self._resource(device, sm_count))
+            left -= sm_count
+        return groups, self._resource(device, left) if left else (0, 0, 0, 0), bytes(out)
+
     def resource_desc(self, resources):
         devices = {self.resources[r][0] for r in resources}
         if len(devices) != 1:

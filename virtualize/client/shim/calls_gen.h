@@ -2238,7 +2238,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuDeviceGetCliqueCount", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuDeviceGetCliqueInfo", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuStreamBeginRecaptureToGraph", "recapture: not forwarded yet"},
-    {"cuDevSmResourceSplit", "green contexts and execution affinity: not forwarded yet"},
 };
 
 /* What cuGetProcAddress hands out: (name, ABI version) -> function, sorted by name then version.
@@ -2294,6 +2293,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuCtxSynchronize", 13000, (void *)cuCtxSynchronize_v2, NULL},
     {"cuCtxWaitEvent", 12050, (void *)cuCtxWaitEvent, NULL},
     {"cuDevResourceGenerateDesc", 12040, (void *)cuDevResourceGenerateDesc, NULL},
+    {"cuDevSmResourceSplit", 13010, (void *)cuDevSmResourceSplit, NULL},
     {"cuDevSmResourceSplitByCount", 12040, (void *)cuDevSmResourceSplitByCount, NULL},
     {"cuDeviceCanAccessPeer", 4000, (void *)cuDeviceCanAccessPeer, NULL},
     {"cuDeviceComputeCapability", 2000, (void *)cuDeviceComputeCapability, NULL},
