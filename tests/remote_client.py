@@ -3095,6 +3095,24 @@ def multicast_prop(devices=1, size=2 * MiB, handle_types=0):
     return (c_u64 * 4)(devices, size, handle_types, 0)
 
 
+def scenario_fabric_queries():
+    """The NVLink fabric of the lease's device, asked at the version cuda.bindings asks (CUDA 13.4): the host
+    executor's modelled GPU is in no fabric (no cluster UUID, no clique); a device not the lease's is
+    refused; a clique array without room for what it asks is invalid."""
+    setup()
+    fabric = Driver(13041)
+    uuid, count = (ctypes.c_uint8 * 16)(), c_u64(99)
+    say("cluster_uuid", fabric.cuDeviceGetFabricClusterUuid(uuid, 0))
+    say("clique_count", (fabric.cuDeviceGetCliqueCount(ctypes.byref(count), 0), count.value))
+    cliques, room = (ctypes.c_uint32 * 8)(), c_u64(4)
+    say("clique_info", (fabric.cuDeviceGetCliqueInfo(cliques, ctypes.byref(room), 0), room.value))
+    say("clique_info_no_array", fabric.cuDeviceGetCliqueInfo(None, ctypes.byref(c_u64(4)), 0))
+    say("other_device", [fabric.cuDeviceGetFabricClusterUuid(uuid, 7),
+                         fabric.cuDeviceGetCliqueCount(ctypes.byref(count), 7),
+                         fabric.cuDeviceGetCliqueInfo(cliques, ctypes.byref(c_u64(4)), 7)])  # fmt: skip
+    say("finished", 1)
+
+
 def scenario_multicast():
     """A multicast object over the lease's device: its granularity, the device added, memory the program
     created bound to it (and an allocation's address), the object mapped in a reserved range with access,

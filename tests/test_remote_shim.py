@@ -354,6 +354,19 @@ def test_the_virtual_memory_api_maps_memory_in_ranges_the_program_reserved(shim_
     assert "gpupool:" not in err
 
 
+def test_the_fabric_of_the_leases_devices_is_asked_of_the_worker(shim_dir, worker):
+    """cuDeviceGetFabricClusterUuid / cuDeviceGetCliqueCount / cuDeviceGetCliqueInfo reach the worker's
+    driver for a device of the lease (the host executor's GPU is in no NVLink fabric: not supported, no
+    clique) and are CUDA_ERROR_INVALID_DEVICE for any other; an array-less clique query is invalid."""
+    out, err = run_client("fabric_queries", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert out["cluster_uuid"] == "801"  # CUDA_ERROR_NOT_SUPPORTED, as the modelled driver says
+    assert out["clique_count"] == "(0, 0)"
+    assert out["clique_info"] == "(0, 0)"
+    assert out["clique_info_no_array"] == "1"
+    assert out["other_device"] == "[101, 101, 101]"
+
+
 def test_multicast_objects_span_the_leases_devices_and_bind_only_its_memory(shim_dir, worker):
     """A multicast object over the lease's device is created, its device added, memory the program created
     bound (also by CUDA 13.1's bind naming its device), mapped in a range it reserved, written and read

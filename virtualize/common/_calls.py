@@ -422,6 +422,12 @@ CALLS: tuple[Call, ...] = (
        symbol="cuMulticastBindMem_v2"),
     _c("cuMulticastBindAddr", 13010, "vmem mc, i32 dev, u64 mc_offset, u64 ptr, u64 size, u64 flags",
        symbol="cuMulticastBindAddr_v2"),
+    # The NVLink fabric the lease's GPUs are in (CUDA 13.4): its cluster's UUID, and the cliques (groups of
+    # GPUs that reach each other over it) a device is part of, CUcliqueInfo (type, id) each in the bulk.
+    _c("cuDeviceGetFabricClusterUuid", 13041, "o_b16 uuid, i32 dev"),
+    _c("cuDeviceGetCliqueCount", 13041, "o_u64 count, i32 dev"),
+    _c("cuDeviceGetCliqueInfo", 13041, "ptr info, ptr count, i32 dev", custom=True,
+       wire="i32 dev, u64 capacity, o_u64 count"),
     _c("cuMulticastGetGranularity", 12010, "o_u64 granularity, ptr prop, i32 option", custom=True,
        wire="o_u64 granularity, i32 option, bytes prop"),
     # -- host memory stays in the client --------------------------------------------------------------

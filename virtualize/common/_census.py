@@ -171,12 +171,13 @@ GROUPS: tuple[Group, ...] = (
     _g(
         "multicast, logical endpoints and NVLink fabric",
         N,
-        """Multicast objects (CUDA 12.1, and CUDA 13.1's per-device binds) are forwarded. Logical endpoints (CUDA
-       13.3) and NVLink-fabric queries and copies (13.4, 13.5) over the lease's own GPUs are forwardable as
-       handles; exporting one to another process or node would name memory outside the lease and is to
-       stay refused. The GPU servers' CUDA 13.0 drivers have none of these.""",
-        "cuLogicalEndpoint* cuFabricCpyBatchAsync cuDeviceGetFabricClusterUuid "
-        "cuDeviceGetCliqueCount cuDeviceGetCliqueInfo",
+        """Multicast objects (CUDA 12.1, and CUDA 13.1's per-device binds) and the fabric queries of the
+       lease's devices (cluster UUID, cliques: 13.4) are forwarded. Logical endpoints (CUDA 13.3) over the
+       lease's own GPUs, their ids reserved per lease, and NVLink-fabric copies (13.5) between the lease's
+       memory and its endpoints are forwardable as handles, not built; exporting or importing an endpoint
+       names memory of another process or node and is to stay refused. The GPU servers' CUDA 13.0 drivers
+       have none of these.""",
+        "cuLogicalEndpoint* cuFabricCpyBatchAsync",
     ),
     _g(
         "recapture",

@@ -1334,6 +1334,18 @@ class CudaExecutor(Executor):
     def cuDeviceGetUuid(self, dev):
         return bytes(_ok(driver.cuDeviceGetUuid(self._d(dev))).bytes)
 
+    def cuDeviceGetFabricClusterUuid(self, dev):
+        return bytes(_ok(driver.cuDeviceGetFabricClusterUuid(self._d(dev))).bytes)
+
+    def cuDeviceGetCliqueCount(self, dev):
+        return int(_ok(driver.cuDeviceGetCliqueCount(self._d(dev))))
+
+    def cuDeviceGetCliqueInfo(self, dev, capacity):
+        if not capacity:
+            return []
+        cliques, count = _ok(driver.cuDeviceGetCliqueInfo(capacity, self._d(dev)))
+        return [(int(c.type), int(c.id)) for c in list(cliques)[: int(count)]]
+
     def cuDeviceGetPCIBusId(self, length, dev):
         return bytes(_ok(driver.cuDeviceGetPCIBusId(max(length, 1), self._d(dev)))).split(b"\0", 1)[0]
 

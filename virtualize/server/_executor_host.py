@@ -1005,6 +1005,19 @@ class HostExecutor(Executor):
         # CUatomicOperationCapability: SIGNED | UNSIGNED | SCALAR_32 | SCALAR_64 for every operation kind
         return [1 | 2 | 8 | 16 for _ in operations]
 
+    # The modelled GPUs are in no NVLink fabric: no cluster, no clique.
+    def cuDeviceGetFabricClusterUuid(self, dev):
+        self._device(dev)
+        raise CudaError(CUresult.NOT_SUPPORTED, "the device is in no NVLink fabric")
+
+    def cuDeviceGetCliqueCount(self, dev):
+        self._device(dev)
+        return 0
+
+    def cuDeviceGetCliqueInfo(self, dev, capacity):
+        self._device(dev)
+        return []
+
     def cuDeviceGetTexture1DLinearMaxWidth(self, format_, channels, dev):
         self._device(dev)
         return 1 << 28

@@ -1,7 +1,7 @@
 """The guard's multicast objects (NVLink SHARP, `cuMulticast*`): an object over the lease's own GPUs, bound
 only to memory of the lease, mapped, given access and released as memory of the virtual memory API is
 (`_executor_guard.Session`'s cuMemMap, cuMemSetAccess, cuMemRelease). None is shared with another process:
-its handle types must be none, so no export names it.
+its handle types must be none, so no export names it. Also the NVLink fabric's cliques of a lease's device.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from virtualize.server._executor import INVALID_VALUE, CudaError
 from virtualize.server._guard_concern import Concern
 
 MULTICAST_PROP = struct.Struct("<I4xQQQ")  # CUmulticastObjectProp: numDevices, size, handleTypes, flags
+MAX_CLIQUES = 64  # CUcliqueInfo one cuDeviceGetCliqueInfo answers at most (the shim's limit too)
 
 
 class MulticastCalls(Concern):
@@ -29,6 +30,7 @@ class MulticastCalls(Concern):
         "cuMulticastBindMem_v2": "bind_memory_on",
         "cuMulticastBindAddr_v2": "bind_address_on",
         "cuMulticastGetGranularity": "granularity",
+        "cuDeviceGetCliqueInfo": "clique_info",
     }
 
     def __init__(self, session) -> None:
@@ -46,6 +48,13 @@ class MulticastCalls(Concern):
         if handle_types:
             raise CudaError(CUresult.NOT_SUPPORTED, "a multicast object shared with other processes")
         return devices, size, flags
+
+    def clique_info(self, call: Call, ins: tuple):
+        """cuDeviceGetCliqueInfo of one of the lease's devices: up to `capacity` CUcliqueInfo (type, id)."""
+        dev, capacity = ins
+        self._device(dev)
+        cliques = self.session.executor.cuDeviceGetCliqueInfo(dev, min(capacity, MAX_CLIQUES))
+        return call.out_struct.pack(len(cliques)), b"".join(struct.pack("<iI", *c) for c in cliques)
 
     def _object(self, handle: int) -> int:
         """The size of `handle`, a multicast object this process created and has not released."""

@@ -630,6 +630,26 @@ GP_EXPORT CUresult cuMulticastBindAddr_v2(uint64_t mc, int32_t dev, uint64_t mc_
     return r;
 }
 
+GP_EXPORT CUresult cuDeviceGetFabricClusterUuid(void *uuid, int32_t dev) {
+    GP_TRACE("cuDeviceGetFabricClusterUuid");
+    if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuDeviceGetFabricClusterUuid in = { .dev = dev };
+    CUresult r = gp_call(GP_CALL_cuDeviceGetFabricClusterUuid, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, uuid, 16);
+    return r;
+}
+
+GP_EXPORT CUresult cuDeviceGetCliqueCount(uint64_t *count, int32_t dev) {
+    GP_TRACE("cuDeviceGetCliqueCount");
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuDeviceGetCliqueCount in = { .dev = dev };
+    struct gp_out_cuDeviceGetCliqueCount out;
+    CUresult r = gp_call(GP_CALL_cuDeviceGetCliqueCount, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *count = (uint64_t)out.count;
+    }
+    return r;
+}
+
 GP_EXPORT CUresult cuMemcpyDtoD_v2(uint64_t dst, uint64_t src, uint64_t count) {
     GP_TRACE("cuMemcpyDtoD_v2");
     gp_pinned_touch(dst);
@@ -2234,9 +2254,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuLibraryGetUnifiedFunction", "unified function pointers: refused"},
     {"cuLogicalEndpoint*", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuFabricCpyBatchAsync", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
-    {"cuDeviceGetFabricClusterUuid", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
-    {"cuDeviceGetCliqueCount", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
-    {"cuDeviceGetCliqueInfo", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuStreamBeginRecaptureToGraph", "recapture: not forwarded yet"},
 };
 
@@ -2300,10 +2317,13 @@ static const struct gp_proc gp_procs[] = {
     {"cuDeviceGet", 2000, (void *)cuDeviceGet, NULL},
     {"cuDeviceGetAttribute", 2000, (void *)cuDeviceGetAttribute, NULL},
     {"cuDeviceGetByPCIBusId", 4010, (void *)cuDeviceGetByPCIBusId, NULL},
+    {"cuDeviceGetCliqueCount", 13041, (void *)cuDeviceGetCliqueCount, NULL},
+    {"cuDeviceGetCliqueInfo", 13041, (void *)cuDeviceGetCliqueInfo, NULL},
     {"cuDeviceGetCount", 2000, (void *)cuDeviceGetCount, NULL},
     {"cuDeviceGetDefaultMemPool", 11020, (void *)cuDeviceGetDefaultMemPool, NULL},
     {"cuDeviceGetDevResource", 12040, (void *)cuDeviceGetDevResource, NULL},
     {"cuDeviceGetExecAffinitySupport", 11040, (void *)cuDeviceGetExecAffinitySupport, NULL},
+    {"cuDeviceGetFabricClusterUuid", 13041, (void *)cuDeviceGetFabricClusterUuid, NULL},
     {"cuDeviceGetGraphMemAttribute", 11040, (void *)cuDeviceGetGraphMemAttribute, NULL},
     {"cuDeviceGetHostAtomicCapabilities", 13000, (void *)cuDeviceGetHostAtomicCapabilities, NULL},
     {"cuDeviceGetMemPool", 11020, (void *)cuDeviceGetMemPool, NULL},

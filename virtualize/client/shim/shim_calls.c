@@ -245,6 +245,23 @@ CUresult cuDeviceGetP2PAtomicCapabilities(void *capabilities, void *operations, 
                    0, capabilities, 4ull * count);
 }
 
+/* CUcliqueInfo (type, id): up to the count the program's array holds, and how many came back. */
+#define MAX_CLIQUES 64
+
+CUresult cuDeviceGetCliqueInfo(void *info, void *count, int32_t dev) {
+    GP_TRACE("cuDeviceGetCliqueInfo");
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t capacity;
+    memcpy(&capacity, count, 8);
+    if (capacity && !info) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuDeviceGetCliqueInfo in = {.dev = dev, .capacity = capacity < MAX_CLIQUES ? capacity : MAX_CLIQUES};
+    struct gp_out_cuDeviceGetCliqueInfo out;
+    CUresult r = gp_call(GP_CALL_cuDeviceGetCliqueInfo, WANT, &in, sizeof in, NULL, 0, &out, sizeof out, info,
+                         8 * in.capacity);
+    if (r == CUDA_SUCCESS) memcpy(count, &out.count, 8);
+    return r;
+}
+
 /* Atomics between a device and the program's host: none is native, as HOST_NATIVE_ATOMIC_SUPPORTED
  * (0 remotely) says; the host memory kernels see is the worker's mirror of the program's. */
 #define ATOMIC_OPERATION_KINDS 13 /* CU_ATOMIC_OPERATION_MAX */
