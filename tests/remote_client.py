@@ -3113,6 +3113,50 @@ def scenario_fabric_queries():
     say("finished", 1)
 
 
+def scenario_logical_endpoints():
+    """Logical endpoints (CUDA 13.3, at the version cuda.bindings asks): ids reserved, an endpoint created on
+    one, bound to and unbound from the lease's memory, its limits and readiness asked, destroyed, the ids
+    released; what would leave the lease refused (ids not reserved, another process's handle types, a
+    device or memory not the lease's, a binding past the endpoint, export and import)."""
+    setup()
+    le = Driver(13030)
+    two_mib = 2 << 20
+    base, status, alignment, max_size = ctypes.c_uint32(), ctypes.c_int(-1), c_u64(), c_u64()
+
+    def prop(kind=1, device=0, size=two_mib, handle_types=0):  # CUlogicalEndpointProp
+        return ctypes.create_string_buffer(struct.pack("<IiQII", kind, device, size, handle_types, 0), 24)
+
+    check(le.cuLogicalEndpointIdReserve(ctypes.byref(base), 4), "reserve")
+    first = base.value
+    say("create", le.cuLogicalEndpointCreate(first, prop()))
+    say("create_again", le.cuLogicalEndpointCreate(first, prop()))
+    say("create_unreserved", le.cuLogicalEndpointCreate(first + 100, prop()))
+    say("create_shared", le.cuLogicalEndpointCreate(first + 1, prop(handle_types=1)))
+    say("create_other_device", le.cuLogicalEndpointCreate(first + 1, prop(device=5)))
+    say("query", (le.cuLogicalEndpointQuery(first, 1, ctypes.byref(status)), status.value))
+    say("query_unreserved", le.cuLogicalEndpointQuery(first + 100, 1, ctypes.byref(status)))
+    rc, ptr = alloc(2 * two_mib)
+    check(rc, "alloc")
+    say("bind", le.cuLogicalEndpointBindAddr(first, 0, c_u64(0), c_u64(ptr), c_u64(two_mib), c_u64(0)))
+    foreign = c_u64(0x7123_4560_0000)
+    say("bind_foreign", le.cuLogicalEndpointBindAddr(first, 0, c_u64(0), foreign, c_u64(two_mib), c_u64(0)))
+    say(
+        "bind_past_end",
+        le.cuLogicalEndpointBindAddr(first, 0, c_u64(two_mib), c_u64(ptr), c_u64(two_mib), c_u64(0)),
+    )
+    say("unbind", le.cuLogicalEndpointUnbind(first, 0, c_u64(0), c_u64(two_mib)))
+    say("limits", (le.cuLogicalEndpointGetLimits(ctypes.byref(alignment), ctypes.byref(max_size), prop()),
+                   alignment.value))  # fmt: skip
+    say("release_in_use", le.cuLogicalEndpointIdRelease(first, 4))
+    handle = ctypes.create_string_buffer(64)
+    say("export", le.cuLogicalEndpointExport(handle, first, 1))
+    say("import", le.cuLogicalEndpointImport(first + 2, handle, 1))
+    say("destroy", le.cuLogicalEndpointDestroy(first))
+    say("destroy_again", le.cuLogicalEndpointDestroy(first))
+    say("release", le.cuLogicalEndpointIdRelease(first, 4))
+    say("finished", 1)
+
+
 def scenario_multicast():
     """A multicast object over the lease's device: its granularity, the device added, memory the program
     created bound to it (and an allocation's address), the object mapped in a reserved range with access,

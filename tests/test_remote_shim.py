@@ -367,6 +367,26 @@ def test_the_fabric_of_the_leases_devices_is_asked_of_the_worker(shim_dir, worke
     assert out["other_device"] == "[101, 101, 101]"
 
 
+def test_logical_endpoints_are_the_processs_own_and_bind_only_the_leases_memory(shim_dir, worker):
+    """Logical endpoints: a process reserves ids, creates an endpoint on one, binds the lease's memory to it
+    and unbinds it, asks its limits and readiness, destroys it and releases the ids. Ids it did not reserve,
+    an id used twice, handle types that share the endpoint, a device or memory not the lease's, a binding
+    past the endpoint, releasing ids that still have an endpoint and destroying one twice are refused before
+    the driver; export and import are refused with the census's reason."""
+    out, err = run_client("logical_endpoints", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert (out["create"], out["bind"], out["unbind"], out["destroy"], out["release"]) == ("0",) * 5
+    assert out["query"] == "(0, 1)"
+    assert out["limits"] == f"(0, {2 << 20})"
+    invalid = ("create_again", "create_unreserved", "query_unreserved", "bind_foreign", "bind_past_end",
+               "release_in_use", "destroy_again")  # fmt: skip
+    assert [out[name] for name in invalid] == ["1"] * len(invalid)  # CUDA_ERROR_INVALID_VALUE
+    assert out["create_shared"] == "801"  # CUDA_ERROR_NOT_SUPPORTED: shared with other processes
+    assert out["create_other_device"] == "101"  # CUDA_ERROR_INVALID_DEVICE
+    assert (out["export"], out["import"]) == ("801", "801")
+    assert "logical endpoints shared with other processes or nodes: refused" in err
+
+
 def test_multicast_objects_span_the_leases_devices_and_bind_only_its_memory(shim_dir, worker):
     """A multicast object over the lease's device is created, its device added, memory the program created
     bound (also by CUDA 13.1's bind naming its device), mapped in a range it reserved, written and read

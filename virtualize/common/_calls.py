@@ -428,6 +428,21 @@ CALLS: tuple[Call, ...] = (
     _c("cuDeviceGetCliqueCount", 13041, "o_u64 count, i32 dev"),
     _c("cuDeviceGetCliqueInfo", 13041, "ptr info, ptr count, i32 dev", custom=True,
        wire="i32 dev, u64 capacity, o_u64 count"),
+    # Logical endpoints (CUDA 13.3) over the lease's own GPUs: ids a process reserves, endpoints it creates
+    # on them (CUlogicalEndpointProp, 24 bytes, in the bulk), bound only to the lease's memory
+    # (virtualize.server._guard_endpoints); none exported or imported.
+    _c("cuLogicalEndpointIdReserve", 13030, "o_u32 base, u32 count"),
+    _c("cuLogicalEndpointIdRelease", 13030, "u32 base, u32 count"),
+    _c("cuLogicalEndpointCreate", 13030, "u32 id, ptr prop", custom=True, wire="u32 id, bytes prop"),
+    _c("cuLogicalEndpointAddDevice", 13030, "u32 id, i32 dev"),
+    _c("cuLogicalEndpointDestroy", 13030, "u32 id"),
+    _c("cuLogicalEndpointBindAddr", 13030, "u32 id, i32 dev, u64 offset, u64 ptr, u64 size, u64 flags"),
+    _c("cuLogicalEndpointBindMem", 13030,
+       "u32 id, i32 dev, u64 offset, vmem memory, u64 mem_offset, u64 size, u64 flags"),
+    _c("cuLogicalEndpointUnbind", 13030, "u32 id, i32 dev, u64 offset, u64 size"),
+    _c("cuLogicalEndpointGetLimits", 13030, "o_u64 alignment, o_u64 max_size, ptr prop", custom=True,
+       wire="o_u64 alignment, o_u64 max_size, bytes prop"),
+    _c("cuLogicalEndpointQuery", 13030, "u32 id, u32 count, o_i32 status"),
     _c("cuMulticastGetGranularity", 12010, "o_u64 granularity, ptr prop, i32 option", custom=True,
        wire="o_u64 granularity, i32 option, bytes prop"),
     # -- host memory stays in the client --------------------------------------------------------------

@@ -167,17 +167,26 @@ GROUPS: tuple[Group, ...] = (
        an address of nothing in the program. The lease's devices answer that attribute 0.""",
         "cuLibraryGetUnifiedFunction",
     ),
+    _g(
+        "logical endpoints shared with other processes or nodes",
+        R,
+        """cuLogicalEndpointExport gives a fabric handle that another process, on this node or another
+       one, imports to reach the memory bound to the endpoint; cuLogicalEndpointImport takes such a handle
+       into this process. Exported, the lease's memory would be reached by a process the pool does not
+       lease it to; imported, the lease would reach memory that is not its own. The lease's endpoints
+       are its processes' own (their IPC handle types must be none).""",
+        "cuLogicalEndpointExport cuLogicalEndpointImport",
+    ),
     # -- not forwarded yet: forwardable, not built ----------------------------------------------------
     _g(
         "multicast, logical endpoints and NVLink fabric",
         N,
-        """Multicast objects (CUDA 12.1, and CUDA 13.1's per-device binds) and the fabric queries of the
-       lease's devices (cluster UUID, cliques: 13.4) are forwarded. Logical endpoints (CUDA 13.3) over the
-       lease's own GPUs, their ids reserved per lease, and NVLink-fabric copies (13.5) between the lease's
-       memory and its endpoints are forwardable as handles, not built; exporting or importing an endpoint
-       names memory of another process or node and is to stay refused. The GPU servers' CUDA 13.0 drivers
-       have none of these.""",
-        "cuLogicalEndpoint* cuFabricCpyBatchAsync",
+        """Multicast objects (CUDA 12.1, and CUDA 13.1's per-device binds), the fabric queries of the lease's
+       devices (cluster UUID, cliques: 13.4) and logical endpoints over the lease's own GPUs (13.3) are
+       forwarded. NVLink-fabric copies (13.5) between the lease's memory and its own endpoints are forwardable
+       (each operand checked as a copy's: a pointer within the lease's memory, an endpoint of the process
+       with the offset inside it), not built. The GPU servers' CUDA 13.0 drivers have none of these.""",
+        "cuFabricCpyBatchAsync",
     ),
     _g(
         "recapture",

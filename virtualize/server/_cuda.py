@@ -1334,6 +1334,55 @@ class CudaExecutor(Executor):
     def cuDeviceGetUuid(self, dev):
         return bytes(_ok(driver.cuDeviceGetUuid(self._d(dev))).bytes)
 
+    # Logical endpoints (CUDA 13.3): the driver's, by cuda.bindings.
+    def cuLogicalEndpointIdReserve(self, count):
+        return int(_ok(driver.cuLogicalEndpointIdReserve(count)))
+
+    def cuLogicalEndpointIdRelease(self, base, count):
+        _ok(driver.cuLogicalEndpointIdRelease(base, count))
+
+    @staticmethod
+    def _endpoint_prop(kind, devices, size, flags):
+        prop = driver.CUlogicalEndpointProp()
+        prop.type = driver.CUlogicalEndpointType(kind)
+        if kind == 1:  # CU_LOGICAL_ENDPOINT_TYPE_UNICAST: the owner device
+            prop.unicast.device = devices
+        else:
+            prop.multicast.numDevices = devices
+        prop.size, prop.flags = size, flags
+        return prop
+
+    def cuLogicalEndpointCreate(self, le, kind, devices, size, flags):
+        if kind == 1:
+            devices = int(self._d(devices))
+        _ok(driver.cuLogicalEndpointCreate(le, self._endpoint_prop(kind, devices, size, flags)))
+
+    def cuLogicalEndpointAddDevice(self, le, dev):
+        _ok(driver.cuLogicalEndpointAddDevice(le, self._d(dev)))
+
+    def cuLogicalEndpointDestroy(self, le):
+        _ok(driver.cuLogicalEndpointDestroy(le))
+
+    def cuLogicalEndpointBindAddr(self, le, dev, offset, ptr, size, flags):
+        _ok(driver.cuLogicalEndpointBindAddr(le, self._d(dev), offset, ptr, size, flags))
+
+    def cuLogicalEndpointBindMem(self, le, dev, offset, memory, mem_offset, size, flags):
+        _ok(driver.cuLogicalEndpointBindMem(le, self._d(dev), offset, memory, mem_offset, size, flags))
+
+    def cuLogicalEndpointUnbind(self, le, dev, offset, size):
+        _ok(driver.cuLogicalEndpointUnbind(le, self._d(dev), offset, size))
+
+    def cuLogicalEndpointGetLimits(self, kind, devices, size, flags):
+        if kind == 1:
+            devices = int(self._d(devices))
+        alignment, max_size = _ok(
+            driver.cuLogicalEndpointGetLimits(self._endpoint_prop(kind, devices, size, flags))
+        )
+        return int(alignment), int(max_size)
+
+    def cuLogicalEndpointQuery(self, le, count):
+        return int(_ok(driver.cuLogicalEndpointQuery(le, count)))
+
     def cuDeviceGetFabricClusterUuid(self, dev):
         return bytes(_ok(driver.cuDeviceGetFabricClusterUuid(self._d(dev))).bytes)
 

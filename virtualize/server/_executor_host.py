@@ -244,6 +244,8 @@ class HostExecutor(Executor):
         self.mipmaps: dict[int, list[int]] = {}  # mipmapped array -> its levels' arrays
         # Multicast objects: handle -> [devices it spans, devices added, {(device, offset): bound size}]
         self.multicast: dict[int, list] = {}
+        self.endpoints: dict[int, list] = {}  # logical endpoint id -> [type, size, devices, bindings]
+        self.next_endpoint_id = 1
         # Legacy texture and surface references: handle -> its settings; (module, name) -> its handle.
         self.references_of: dict[int, dict] = {}
         self.variables: dict[
@@ -738,6 +740,58 @@ class HostExecutor(Executor):
         if bound.get((dev, mc_offset)) != size:
             raise CudaError(INVALID_VALUE, "not a binding of that device there")
         del bound[dev, mc_offset]
+
+    # Logical endpoints: ids from a counter, endpoints as (type, size, devices, bindings); every binding
+    # within the endpoint, as the driver checks.
+    def cuLogicalEndpointIdReserve(self, count):
+        base = self.next_endpoint_id
+        self.next_endpoint_id += count
+        return base
+
+    def cuLogicalEndpointIdRelease(self, base, count):
+        pass
+
+    def cuLogicalEndpointCreate(self, le, kind, devices, size, flags):
+        if not size or size % MULTICAST_GRANULARITY:
+            raise CudaError(INVALID_VALUE, "an endpoint's size is a multiple of its bind alignment")
+        self.endpoints[le] = [kind, size, {devices} if kind == 1 else set(), {}]
+
+    def _endpoint(self, le, dev, offset, size):
+        _, total, devices, bound = self.endpoints[le]
+        if dev not in devices or offset % MULTICAST_GRANULARITY or size % MULTICAST_GRANULARITY:
+            raise CudaError(INVALID_VALUE, "a device of the endpoint, at aligned offsets")
+        if offset + size > total:
+            raise CudaError(INVALID_VALUE, "past the endpoint's end")
+        return bound
+
+    def cuLogicalEndpointAddDevice(self, le, dev):
+        kind, _, devices, _ = self.endpoints[le]
+        if kind != 2:
+            raise CudaError(INVALID_VALUE, "a unicast endpoint has its one device")
+        devices.add(self._device(dev))
+
+    def cuLogicalEndpointDestroy(self, le):
+        del self.endpoints[le]
+
+    def cuLogicalEndpointBindAddr(self, le, dev, offset, ptr, size, flags):
+        self._find(ptr, size)
+        self._endpoint(le, dev, offset, size)[dev, offset] = size
+
+    def cuLogicalEndpointBindMem(self, le, dev, offset, memory, mem_offset, size, flags):
+        if memory not in self.created:
+            raise CudaError(INVALID_HANDLE, "memory handle")
+        self._endpoint(le, dev, offset, size)[dev, offset] = size
+
+    def cuLogicalEndpointUnbind(self, le, dev, offset, size):
+        bound = self._endpoint(le, dev, offset, size)
+        if bound.pop((dev, offset), None) != size:
+            raise CudaError(INVALID_VALUE, "not a binding of that device there")
+
+    def cuLogicalEndpointGetLimits(self, kind, devices, size, flags):
+        return MULTICAST_GRANULARITY, DEVICE_TOTAL
+
+    def cuLogicalEndpointQuery(self, le, count):
+        return int(all(i in self.endpoints for i in range(le, le + count)))
 
     def cuMulticastGetGranularity(self, devices, size, flags, option):
         _in_range(option, range(2), "granularity option")  # MINIMUM, RECOMMENDED

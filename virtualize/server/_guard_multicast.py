@@ -18,6 +18,18 @@ MULTICAST_PROP = struct.Struct("<I4xQQQ")  # CUmulticastObjectProp: numDevices, 
 MAX_CLIQUES = 64  # CUcliqueInfo one cuDeviceGetCliqueInfo answers at most (the shim's limit too)
 
 
+def lease_device(session, dev: int) -> int:
+    if not 0 <= dev < len(session.lease.limits):
+        raise CudaError(CUresult.INVALID_DEVICE, f"device {dev} is not one of the lease's")
+    return dev
+
+
+def lease_range(session, ptr: int, size: int) -> None:
+    """[ptr, ptr + size) is memory of the lease: a range this process mapped, or within an allocation."""
+    if not any(m <= ptr and ptr + size <= m + n for m, n in session.vm_mapped.items()):
+        session._check_range(ptr, size)
+
+
 class MulticastCalls(Concern):
     """One connection's multicast objects and the calls about them."""
 
@@ -67,9 +79,7 @@ class MulticastCalls(Concern):
             raise CudaError(INVALID_VALUE, "past the multicast object's end")
 
     def _device(self, dev: int) -> int:
-        if not 0 <= dev < len(self.session.lease.limits):
-            raise CudaError(CUresult.INVALID_DEVICE, f"device {dev} is not one of the lease's")
-        return dev
+        return lease_device(self.session, dev)
 
     def create(self, call: Call, ins: tuple):
         devices, size, flags = self._prop()
@@ -99,8 +109,7 @@ class MulticastCalls(Concern):
         """Memory of the lease at `ptr` (mapped by this process, or allocated), bound at `mc_offset`."""
         mc, mc_offset, ptr, size, flags = ins
         self._within(mc, mc_offset, size)
-        if not any(m <= ptr and ptr + size <= m + n for m, n in self.session.vm_mapped.items()):
-            self.session._check_range(ptr, size)
+        lease_range(self.session, ptr, size)
         self.session.executor.cuMulticastBindAddr(mc, mc_offset, ptr, size, flags)
 
     def bind_memory_on(self, call: Call, ins: tuple):

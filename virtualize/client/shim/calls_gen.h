@@ -650,6 +650,72 @@ GP_EXPORT CUresult cuDeviceGetCliqueCount(uint64_t *count, int32_t dev) {
     return r;
 }
 
+GP_EXPORT CUresult cuLogicalEndpointIdReserve(uint32_t *base, uint32_t count) {
+    GP_TRACE("cuLogicalEndpointIdReserve");
+    if (!base) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuLogicalEndpointIdReserve in = { .count = count };
+    struct gp_out_cuLogicalEndpointIdReserve out;
+    CUresult r = gp_call(GP_CALL_cuLogicalEndpointIdReserve, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *base = (uint32_t)out.base;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuLogicalEndpointIdRelease(uint32_t base, uint32_t count) {
+    GP_TRACE("cuLogicalEndpointIdRelease");
+    struct gp_in_cuLogicalEndpointIdRelease in = { .base = base, .count = count };
+    CUresult r = gp_call(GP_CALL_cuLogicalEndpointIdRelease, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuLogicalEndpointAddDevice(uint32_t id, int32_t dev) {
+    GP_TRACE("cuLogicalEndpointAddDevice");
+    struct gp_in_cuLogicalEndpointAddDevice in = { .id = id, .dev = dev };
+    CUresult r = gp_call(GP_CALL_cuLogicalEndpointAddDevice, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuLogicalEndpointDestroy(uint32_t id) {
+    GP_TRACE("cuLogicalEndpointDestroy");
+    struct gp_in_cuLogicalEndpointDestroy in = { .id = id };
+    CUresult r = gp_call(GP_CALL_cuLogicalEndpointDestroy, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuLogicalEndpointBindAddr(uint32_t id, int32_t dev, uint64_t offset, uint64_t ptr, uint64_t size, uint64_t flags) {
+    GP_TRACE("cuLogicalEndpointBindAddr");
+    struct gp_in_cuLogicalEndpointBindAddr in = { .id = id, .dev = dev, .offset = offset, .ptr = ptr, .size = size, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuLogicalEndpointBindAddr, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuLogicalEndpointBindMem(uint32_t id, int32_t dev, uint64_t offset, uint64_t memory, uint64_t mem_offset, uint64_t size, uint64_t flags) {
+    GP_TRACE("cuLogicalEndpointBindMem");
+    struct gp_in_cuLogicalEndpointBindMem in = { .id = id, .dev = dev, .offset = offset, .memory = memory, .mem_offset = mem_offset, .size = size, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuLogicalEndpointBindMem, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuLogicalEndpointUnbind(uint32_t id, int32_t dev, uint64_t offset, uint64_t size) {
+    GP_TRACE("cuLogicalEndpointUnbind");
+    struct gp_in_cuLogicalEndpointUnbind in = { .id = id, .dev = dev, .offset = offset, .size = size };
+    CUresult r = gp_call(GP_CALL_cuLogicalEndpointUnbind, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuLogicalEndpointQuery(uint32_t id, uint32_t count, int32_t *status) {
+    GP_TRACE("cuLogicalEndpointQuery");
+    if (!status) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuLogicalEndpointQuery in = { .id = id, .count = count };
+    struct gp_out_cuLogicalEndpointQuery out;
+    CUresult r = gp_call(GP_CALL_cuLogicalEndpointQuery, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *status = (int32_t)out.status;
+    }
+    return r;
+}
+
 GP_EXPORT CUresult cuMemcpyDtoD_v2(uint64_t dst, uint64_t src, uint64_t count) {
     GP_TRACE("cuMemcpyDtoD_v2");
     gp_pinned_touch(dst);
@@ -2252,7 +2318,8 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuProfilerInitialize", "profiler initialisation: refused"},
     {"cuDeviceGetLuid", "Windows-only queries: refused"},
     {"cuLibraryGetUnifiedFunction", "unified function pointers: refused"},
-    {"cuLogicalEndpoint*", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
+    {"cuLogicalEndpointExport", "logical endpoints shared with other processes or nodes: refused"},
+    {"cuLogicalEndpointImport", "logical endpoints shared with other processes or nodes: refused"},
     {"cuFabricCpyBatchAsync", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuStreamBeginRecaptureToGraph", "recapture: not forwarded yet"},
 };
@@ -2512,6 +2579,16 @@ static const struct gp_proc gp_procs[] = {
     {"cuLinkCreate", 0, NULL, "cuLinkCreate"},
     {"cuLinkCreate", 6050, (void *)cuLinkCreate_v2, NULL},
     {"cuLinkDestroy", 5050, (void *)cuLinkDestroy, NULL},
+    {"cuLogicalEndpointAddDevice", 13030, (void *)cuLogicalEndpointAddDevice, NULL},
+    {"cuLogicalEndpointBindAddr", 13030, (void *)cuLogicalEndpointBindAddr, NULL},
+    {"cuLogicalEndpointBindMem", 13030, (void *)cuLogicalEndpointBindMem, NULL},
+    {"cuLogicalEndpointCreate", 13030, (void *)cuLogicalEndpointCreate, NULL},
+    {"cuLogicalEndpointDestroy", 13030, (void *)cuLogicalEndpointDestroy, NULL},
+    {"cuLogicalEndpointGetLimits", 13030, (void *)cuLogicalEndpointGetLimits, NULL},
+    {"cuLogicalEndpointIdRelease", 13030, (void *)cuLogicalEndpointIdRelease, NULL},
+    {"cuLogicalEndpointIdReserve", 13030, (void *)cuLogicalEndpointIdReserve, NULL},
+    {"cuLogicalEndpointQuery", 13030, (void *)cuLogicalEndpointQuery, NULL},
+    {"cuLogicalEndpointUnbind", 13030, (void *)cuLogicalEndpointUnbind, NULL},
     {"cuLogsCurrent", 12080, (void *)cuLogsCurrent, NULL},
     {"cuLogsDumpToFile", 12080, (void *)cuLogsDumpToFile, NULL},
     {"cuLogsDumpToMemory", 12080, (void *)cuLogsDumpToMemory, NULL},

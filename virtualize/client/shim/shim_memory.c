@@ -352,6 +352,26 @@ CUresult cuMulticastCreate(uint64_t *handle, void *prop) {
     return r;
 }
 
+/* Logical endpoints (CUDA 13.3): CUlogicalEndpointProp travels in the bulk, the worker checks it. */
+#define ENDPOINT_PROP_BYTES 24
+
+CUresult cuLogicalEndpointCreate(uint32_t id, void *prop) {
+    GP_TRACE("cuLogicalEndpointCreate");
+    if (!prop) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuLogicalEndpointCreate in = {.id = id};
+    return gp_call(GP_CALL_cuLogicalEndpointCreate, WANT, &in, sizeof in, prop, ENDPOINT_PROP_BYTES, NULL, 0, NULL, 0);
+}
+
+CUresult cuLogicalEndpointGetLimits(uint64_t *alignment, uint64_t *max_size, void *prop) {
+    GP_TRACE("cuLogicalEndpointGetLimits");
+    if (!alignment || !max_size || !prop) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_out_cuLogicalEndpointGetLimits out;
+    CUresult r = gp_call(GP_CALL_cuLogicalEndpointGetLimits, WANT, NULL, 0, prop, ENDPOINT_PROP_BYTES, &out,
+                         sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) *alignment = out.alignment, *max_size = out.max_size;
+    return r;
+}
+
 CUresult cuMulticastGetGranularity(uint64_t *granularity, void *prop, int32_t option) {
     GP_TRACE("cuMulticastGetGranularity");
     if (!granularity || !prop) return CUDA_ERROR_INVALID_VALUE;
