@@ -3144,6 +3144,28 @@ def scenario_logical_endpoints():
         "bind_past_end",
         le.cuLogicalEndpointBindAddr(first, 0, c_u64(two_mib), c_u64(ptr), c_u64(two_mib), c_u64(0)),
     )
+    (rc1, src), (rc2, dst) = alloc(4096), alloc(4096)
+    check(rc1 or rc2, "alloc")
+    check(cu.cuMemcpyHtoD(c_u64(src), bytes(range(64)), c_u64(64)), "source bytes")
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    copy_batch = Driver(13050).cuFabricCpyBatchAsync
+
+    def copies(
+        *ops,
+    ):  # (src operand, dst operand, size); an operand (type, pointer or id, location or offset)
+        raw = b"".join(struct.pack("<I4xQQI4xQQQI4x", *s, *d, n, 0) for s, d, n in ops)
+        return copy_batch(c_u64(len(ops)), ctypes.create_string_buffer(raw, len(raw)), c_u64(0), stream)
+
+    to_endpoint = ((0, src, 0), (1, first, 256), 64)  # into the endpoint, 256 bytes in
+    from_endpoint = ((1, first, 256), (0, dst, 0), 64)  # and back out to other memory
+    say("fabric_copies", (copies(to_endpoint), copies(from_endpoint)))
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("fabric_bytes", dtoh(dst, 64)[1] == bytes(range(64)) and dtoh(ptr + 256, 64)[1] == bytes(range(64)))
+    say("fabric_foreign", copies(((0, 0x7123_4560_0000, 0), (1, first, 0), 64)))
+    say("fabric_past_end", copies(((0, src, 0), (1, first, two_mib - 32), 64)))
+    say("fabric_other_endpoint", copies(((0, src, 0), (1, first + 1, 0), 64)))
+    say("fabric_bad_type", copies(((2, src, 0), (1, first, 0), 64)))
     say("unbind", le.cuLogicalEndpointUnbind(first, 0, c_u64(0), c_u64(two_mib)))
     say("limits", (le.cuLogicalEndpointGetLimits(ctypes.byref(alignment), ctypes.byref(max_size), prop()),
                    alignment.value))  # fmt: skip

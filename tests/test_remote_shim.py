@@ -372,11 +372,17 @@ def test_logical_endpoints_are_the_processs_own_and_bind_only_the_leases_memory(
     and unbinds it, asks its limits and readiness, destroys it and releases the ids. Ids it did not reserve,
     an id used twice, handle types that share the endpoint, a device or memory not the lease's, a binding
     past the endpoint, releasing ids that still have an endpoint and destroying one twice are refused before
-    the driver; export and import are refused with the census's reason."""
+    the driver; export and import are refused with the census's reason. Fabric copies between the lease's
+    memory and the endpoint land in the memory bound to it; an operand outside the lease, past the endpoint,
+    of an endpoint the process did not create, or of an unknown type refuses the whole batch."""
     out, err = run_client("logical_endpoints", client_env(shim_dir, worker))
     assert out["finished"] == "1", err
     assert (out["create"], out["bind"], out["unbind"], out["destroy"], out["release"]) == ("0",) * 5
     assert out["query"] == "(0, 1)"
+    # fabric copies (CUDA 13.5) into the endpoint and out of it land in the memory bound to it
+    assert (out["fabric_copies"], out["fabric_bytes"]) == ("(0, 0)", "True")
+    fabric_refused = ("fabric_foreign", "fabric_past_end", "fabric_other_endpoint", "fabric_bad_type")
+    assert [out[name] for name in fabric_refused] == ["1"] * 4
     assert out["limits"] == f"(0, {2 << 20})"
     invalid = ("create_again", "create_unreserved", "query_unreserved", "bind_foreign", "bind_past_end",
                "release_in_use", "destroy_again")  # fmt: skip

@@ -443,6 +443,10 @@ CALLS: tuple[Call, ...] = (
     _c("cuLogicalEndpointGetLimits", 13030, "o_u64 alignment, o_u64 max_size, ptr prop", custom=True,
        wire="o_u64 alignment, o_u64 max_size, bytes prop"),
     _c("cuLogicalEndpointQuery", 13030, "u32 id, u32 count, o_i32 status"),
+    # Copies over the NVLink fabric (CUDA 13.5) between the lease's memory and the process's endpoints:
+    # CUDA_FABRIC_COPY_BATCH_OP (64 bytes each) in the bulk, every operand checked before any runs.
+    _c("cuFabricCpyBatchAsync", 13050, "u64 count, ptr ops, u64 flags, stream stream", custom=True,
+       wire="u64 count, u64 flags, stream stream, bytes ops"),
     _c("cuMulticastGetGranularity", 12010, "o_u64 granularity, ptr prop, i32 option", custom=True,
        wire="o_u64 granularity, i32 option, bytes prop"),
     # -- host memory stays in the client --------------------------------------------------------------

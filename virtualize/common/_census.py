@@ -179,16 +179,6 @@ GROUPS: tuple[Group, ...] = (
     ),
     # -- not forwarded yet: forwardable, not built ----------------------------------------------------
     _g(
-        "multicast, logical endpoints and NVLink fabric",
-        N,
-        """Multicast objects (CUDA 12.1, and CUDA 13.1's per-device binds), the fabric queries of the lease's
-       devices (cluster UUID, cliques: 13.4) and logical endpoints over the lease's own GPUs (13.3) are
-       forwarded. NVLink-fabric copies (13.5) between the lease's memory and its own endpoints are forwardable
-       (each operand checked as a copy's: a pointer within the lease's memory, an endpoint of the process
-       with the offset inside it), not built. The GPU servers' CUDA 13.0 drivers have none of these.""",
-        "cuFabricCpyBatchAsync",
-    ),
-    _g(
         "recapture",
         N,
         """A recapture (CUDA 13.3) is a capture into a graph of the lease, its callback run in the program as

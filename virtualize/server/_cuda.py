@@ -36,6 +36,7 @@ from virtualize.server._arrays import (
 )
 from virtualize.server._executor import (
     DECOMPRESS_PARAMS,
+    FABRIC_COPY,
     INVALID_VALUE,
     NOT_SUPPORTED,
     CopiedBytes,
@@ -1382,6 +1383,17 @@ class CudaExecutor(Executor):
 
     def cuLogicalEndpointQuery(self, le, count):
         return int(_ok(driver.cuLogicalEndpointQuery(le, count)))
+
+    def cuFabricCpyBatchAsync(self, operations, flags, stream):
+        """The operations packed from their checked fields, in one array for the driver's own entry point."""
+        packed = b"".join(FABRIC_COPY.pack(*operation) for operation in operations)
+        array = ctypes.create_string_buffer(packed, len(packed))
+        argtypes = (ctypes.c_size_t, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p)
+        result = self._driver_function("cuFabricCpyBatchAsync", 13050, argtypes)(
+            len(operations), array, flags, _int(self._stream(stream))
+        )
+        if result:
+            raise CudaError(result, "fabric copies")
 
     def cuDeviceGetFabricClusterUuid(self, dev):
         return bytes(_ok(driver.cuDeviceGetFabricClusterUuid(self._d(dev))).bytes)

@@ -47,6 +47,9 @@ NOT_SUPPORTED = CUresult.NOT_SUPPORTED
 # CUmemDecompressParams (cuMemBatchDecompressAsync): source and destination sizes, the actual-size word's
 # address, source, destination, algorithm (DEFLATE 1, SNAPPY 2, LZ4 4), padding.
 DECOMPRESS_PARAMS = struct.Struct("<QQQQQi20x")
+# CUDA_FABRIC_COPY_BATCH_OP (CUDA 13.5): two CUfabricCpyOperand (the type; a pointer and its location hint,
+# or an endpoint id and an offset), the size, flags.
+FABRIC_COPY = struct.Struct("<I4xQQI4xQQQI4x")
 # One launch of cuLaunchCooperativeKernelMultiDevice on the wire: function, grid and block dimensions, shared
 # memory, its parameters' length (they follow it), stream.
 MULTI_LAUNCH = struct.Struct("<Q7IIQ")

@@ -775,17 +775,41 @@ class HostExecutor(Executor):
 
     def cuLogicalEndpointBindAddr(self, le, dev, offset, ptr, size, flags):
         self._find(ptr, size)
-        self._endpoint(le, dev, offset, size)[dev, offset] = size
+        self._endpoint(le, dev, offset, size)[dev, offset] = (size, ptr)
 
     def cuLogicalEndpointBindMem(self, le, dev, offset, memory, mem_offset, size, flags):
         if memory not in self.created:
             raise CudaError(INVALID_HANDLE, "memory handle")
-        self._endpoint(le, dev, offset, size)[dev, offset] = size
+        self._endpoint(le, dev, offset, size)[dev, offset] = (size, None)
 
     def cuLogicalEndpointUnbind(self, le, dev, offset, size):
         bound = self._endpoint(le, dev, offset, size)
-        if bound.pop((dev, offset), None) != size:
+        if bound.get((dev, offset), (None,))[0] != size:
             raise CudaError(INVALID_VALUE, "not a binding of that device there")
+        del bound[dev, offset]
+
+    def _endpoint_address(self, le, offset, size):
+        """The device address behind [offset, offset + size) of a unicast endpoint: memory bound by address
+        (memory bound as a handle is not modelled: CUDA_ERROR_NOT_SUPPORTED)."""
+        for (_, at), (length, ptr) in self.endpoints[le][3].items():
+            if at <= offset and offset + size <= at + length:
+                if ptr is None:
+                    raise CudaError(CUresult.NOT_SUPPORTED, "copies to memory bound as a handle")
+                return ptr + offset - at
+        raise CudaError(INVALID_VALUE, "no memory bound there")
+
+    def cuFabricCpyBatchAsync(self, operations, flags, stream):
+        if flags:
+            raise CudaError(INVALID_VALUE, "flags")
+        copies = []
+        for src_type, src, src_at, dst_type, dst, dst_at, size, _ in operations:
+            if not size:
+                continue
+            source = src if src_type == 0 else self._endpoint_address(src & 0xFFFFFFFF, src_at, size)
+            target = dst if dst_type == 0 else self._endpoint_address(dst & 0xFFFFFFFF, dst_at, size)
+            copies.append((target, source, size))
+        for target, source, size in copies:
+            self.cuMemcpyDtoDAsync(target, source, size, stream)
 
     def cuLogicalEndpointGetLimits(self, kind, devices, size, flags):
         return MULTICAST_GRANULARITY, DEVICE_TOTAL

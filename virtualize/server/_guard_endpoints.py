@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from virtualize.common._calls import Call
 from virtualize.common._results import CUresult
-from virtualize.server._executor import INVALID_VALUE, CudaError
+from virtualize.server._executor import FABRIC_COPY, INVALID_VALUE, CudaError
 from virtualize.server._guard_concern import EMPTY, Concern
 from virtualize.server._guard_multicast import lease_device, lease_range
 
@@ -23,6 +23,8 @@ log = logging.getLogger("gpupool.worker")
 # ipcHandleTypes, flags.
 ENDPOINT_PROP = struct.Struct("<IiQII")
 UNICAST, MULTICAST = 1, 2  # CUlogicalEndpointType
+POINTER, LOGICAL_ENDPOINT = 0, 1  # CUfabricCpyOperandType
+MAX_FABRIC_COPIES = 4096  # operations one batch carries at most (the shim's limit too)
 MAX_IDS = 1 << 16  # ids one process reserves at most
 
 
@@ -40,6 +42,7 @@ class EndpointCalls(Concern):
         "cuLogicalEndpointUnbind": "unbind",
         "cuLogicalEndpointGetLimits": "limits",
         "cuLogicalEndpointQuery": "query",
+        "cuFabricCpyBatchAsync": "fabric_copies",
     }
 
     def __init__(self, session) -> None:
@@ -157,6 +160,26 @@ class EndpointCalls(Concern):
         le, count = ins
         self._ids(le, count)
         return struct.pack("<i", self.session.executor.cuLogicalEndpointQuery(le, count)), b""
+
+    def fabric_copies(self, call: Call, ins: tuple):
+        """cuFabricCpyBatchAsync: each operand memory of the lease (a pointer and `size` bytes from it) or
+        an endpoint this process created (the offset and `size` within it), or none is sent."""
+        self.session._check(call, ins)
+        count, flags, stream = ins
+        raw = self.session.channel.read_bulk(limit=MAX_FABRIC_COPIES * FABRIC_COPY.size)
+        if not 1 <= count <= MAX_FABRIC_COPIES or len(raw) != count * FABRIC_COPY.size:
+            raise CudaError(INVALID_VALUE, "fabric copy operations")
+        operations = list(FABRIC_COPY.iter_unpack(raw))
+        for src_type, src, src_at, dst_type, dst, dst_at, size, _ in operations:
+            for kind, first, second in ((src_type, src, src_at), (dst_type, dst, dst_at)):
+                if kind == POINTER:
+                    lease_range(self.session, first, size)
+                elif kind == LOGICAL_ENDPOINT:
+                    self._endpoint(first & 0xFFFFFFFF, second, size)
+                else:
+                    raise CudaError(INVALID_VALUE, f"fabric copy operand type {kind}")
+        self.session.executor.cuFabricCpyBatchAsync(operations, flags, stream)
+        return EMPTY
 
     def close(self) -> None:
         """The client is gone: its endpoints are destroyed and its ids released."""

@@ -2320,7 +2320,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuLibraryGetUnifiedFunction", "unified function pointers: refused"},
     {"cuLogicalEndpointExport", "logical endpoints shared with other processes or nodes: refused"},
     {"cuLogicalEndpointImport", "logical endpoints shared with other processes or nodes: refused"},
-    {"cuFabricCpyBatchAsync", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
     {"cuStreamBeginRecaptureToGraph", "recapture: not forwarded yet"},
 };
 
@@ -2427,6 +2426,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuEventRecord", 2000, (void *)cuEventRecord, NULL},
     {"cuEventRecordWithFlags", 11010, (void *)cuEventRecordWithFlags, NULL},
     {"cuEventSynchronize", 2000, (void *)cuEventSynchronize, NULL},
+    {"cuFabricCpyBatchAsync", 13050, (void *)cuFabricCpyBatchAsync, NULL},
     {"cuFlushGPUDirectRDMAWrites", 11030, (void *)cuFlushGPUDirectRDMAWrites, NULL},
     {"cuFuncGetAttribute", 2020, (void *)cuFuncGetAttribute, NULL},
     {"cuFuncGetModule", 11000, (void *)cuFuncGetModule, NULL},

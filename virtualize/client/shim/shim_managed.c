@@ -177,7 +177,7 @@ static int device_work(uint32_t call) {
     case GP_CALL_cuLaunchKernelEx: case GP_CALL_cuGraphLaunch: case GP_CALL_cuLaunchCooperativeKernelMultiDevice:
     case GP_CALL_cuMemcpyHtoD_v2: case GP_CALL_cuMemcpyHtoDAsync_v2: case GP_CALL_cuMemcpyDtoH_v2:
     case GP_CALL_cuMemcpyDtoHAsync_v2: case GP_CALL_cuMemcpyDtoD_v2: case GP_CALL_cuMemcpyDtoDAsync_v2:
-    case GP_CALL_cuMemcpyPeer: case GP_CALL_cuMemcpyPeerAsync:
+    case GP_CALL_cuMemcpyPeer: case GP_CALL_cuMemcpyPeerAsync: case GP_CALL_cuFabricCpyBatchAsync:
     case GP_CALL_cuMemsetD8_v2: case GP_CALL_cuMemsetD16_v2: case GP_CALL_cuMemsetD32_v2:
     case GP_CALL_cuMemsetD8Async: case GP_CALL_cuMemsetD16Async: case GP_CALL_cuMemsetD32Async:
         return 1;

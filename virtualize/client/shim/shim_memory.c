@@ -372,6 +372,20 @@ CUresult cuLogicalEndpointGetLimits(uint64_t *alignment, uint64_t *max_size, voi
     return r;
 }
 
+#define FABRIC_COPY_BYTES 64 /* CUDA_FABRIC_COPY_BATCH_OP */
+#define MAX_FABRIC_COPIES 4096
+
+CUresult cuFabricCpyBatchAsync(uint64_t count, void *ops, uint64_t flags, uint64_t stream) {
+    GP_TRACE("cuFabricCpyBatchAsync");
+    if (!ops || !count || count > MAX_FABRIC_COPIES) return CUDA_ERROR_INVALID_VALUE;
+    gp_managed_before(GP_CALL_cuFabricCpyBatchAsync);
+    struct gp_in_cuFabricCpyBatchAsync in = {.count = count, .flags = flags, .stream = stream};
+    CUresult r = gp_call(GP_CALL_cuFabricCpyBatchAsync, WANT, &in, sizeof in, ops, count * FABRIC_COPY_BYTES, NULL, 0,
+                         NULL, 0);
+    gp_managed_after(GP_CALL_cuFabricCpyBatchAsync, r);
+    return r;
+}
+
 CUresult cuMulticastGetGranularity(uint64_t *granularity, void *prop, int32_t option) {
     GP_TRACE("cuMulticastGetGranularity");
     if (!granularity || !prop) return CUDA_ERROR_INVALID_VALUE;
