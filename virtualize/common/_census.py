@@ -181,8 +181,13 @@ GROUPS: tuple[Group, ...] = (
     _g(
         "recapture",
         N,
-        """A recapture (CUDA 13.3) is a capture into a graph of the lease, its callback run in the program as
-       host functions are.""",
+        """A recapture (CUDA 13.3) records a stream again into a graph of the lease. For each node whose
+       parameters differ from the graph's, the driver calls the program's callback with both nodes'
+       CUgraphNodeParams during the captured call, and fails the capture unless it returns CUDA_SUCCESS.
+       Forwarded, the callback would run in the program over the callback connection while the worker's
+       call waits (as host functions run), its parameters translated back into the program's terms (a kernel
+       node's arguments are the worker's copies, its function the lease's handle); that is not built. The GPU
+       servers' CUDA 13.0 drivers do not have the call.""",
         "cuStreamBeginRecaptureToGraph",
     ),
 )
