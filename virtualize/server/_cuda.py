@@ -1355,7 +1355,7 @@ class CudaExecutor(Executor):
 
     def cuLogicalEndpointCreate(self, le, kind, devices, size, flags):
         if kind == 1:
-            devices = int(self._d(devices))
+            devices = self._d(devices)
         _ok(driver.cuLogicalEndpointCreate(le, self._endpoint_prop(kind, devices, size, flags)))
 
     def cuLogicalEndpointAddDevice(self, le, dev):
@@ -1368,14 +1368,15 @@ class CudaExecutor(Executor):
         _ok(driver.cuLogicalEndpointBindAddr(le, self._d(dev), offset, ptr, size, flags))
 
     def cuLogicalEndpointBindMem(self, le, dev, offset, memory, mem_offset, size, flags):
-        _ok(driver.cuLogicalEndpointBindMem(le, self._d(dev), offset, memory, mem_offset, size, flags))
+        handle = driver.CUmemGenericAllocationHandle(memory)
+        _ok(driver.cuLogicalEndpointBindMem(le, self._d(dev), offset, handle, mem_offset, size, flags))
 
     def cuLogicalEndpointUnbind(self, le, dev, offset, size):
         _ok(driver.cuLogicalEndpointUnbind(le, self._d(dev), offset, size))
 
     def cuLogicalEndpointGetLimits(self, kind, devices, size, flags):
         if kind == 1:
-            devices = int(self._d(devices))
+            devices = self._d(devices)
         alignment, max_size = _ok(
             driver.cuLogicalEndpointGetLimits(self._endpoint_prop(kind, devices, size, flags))
         )
