@@ -1666,6 +1666,42 @@ def scenario_tensor_maps():
     say("im2col_wide", f"{rc} {struct.unpack_from('<3Q', tensor_map.raw, 32)}")
 
 
+def scenario_tensor_map_classes():
+    """cuTensorMapSetAllocationClass (at the version cuda.bindings asks for it) on maps the worker encoded:
+    the small and automatic classes take effect as small, the large one only for a tensor that spans its
+    128 KiB window; a map changed so is still the lease's (it can be re-pointed); an unknown class, a made-up
+    map, and the large class on a smaller tensor are refused, the class reported small."""
+    setup()
+    rc, ptr = alloc(1 << 20)
+    check(rc, "alloc")
+    set_class = Driver(13050).cuTensorMapSetAllocationClass
+    box, element = (ctypes.c_uint32 * 2)(64, 32), (ctypes.c_uint32 * 2)(1, 1)
+
+    def encoded(rows, row_bytes):
+        tensor_map = ctypes.create_string_buffer(128)
+        dims, strides = (c_u64 * 2)(row_bytes // 4, rows), (c_u64 * 1)(row_bytes)
+        check(
+            cu.cuTensorMapEncodeTiled(tensor_map, 7, 2, c_u64(ptr), dims, strides, box, element, 0, 0, 0, 0),
+            "map",
+        )
+        return tensor_map
+
+    def classed(tensor_map, alloc_class):
+        effective = ctypes.c_int32(-1)
+        rc = set_class(tensor_map, alloc_class, ctypes.byref(effective))
+        return f"{rc} {effective.value}"
+
+    small, large = encoded(128, 512), encoded(256, 1024)  # 64 KiB and 256 KiB of floats
+    say("small_class", classed(small, 1))
+    say("auto_class", classed(small, 0))
+    say("large_on_a_small_tensor", classed(small, 2))
+    say("large_on_a_large_tensor", classed(large, 2))
+    say("replaced_after", cu.cuTensorMapReplaceAddress(large, c_u64(ptr + 4096)))
+    say("unknown_class", classed(small, 5))
+    say("made_up_map", classed(ctypes.create_string_buffer(bytes(range(128)), 128), 1))
+    say("finished", 1)
+
+
 def scenario_pinned_kernels():
     """cuda.core's graph_update and thread_block_cluster examples: kernels given the host address of
     plain page-locked memory (cuMemAllocHost, cuMemHostAlloc without DEVICEMAP), as unified addressing
@@ -2792,8 +2828,9 @@ def scenario_decompress():
 
 def scenario_newer_abis():
     """Names resolved at the versions cuda.bindings asks for their newer ABIs: cuLaunchHostFunc's (a
-    synchronisation mode) runs the function; the ones not forwarded (CUDA 13.4's graph node calls) refuse
-    instead of running as the older ABI."""
+    synchronisation mode) runs the function; CUDA 13.4's graph node calls add and set nodes whose layout is
+    the older one's (a host node with its sync mode and the current context runs its function, set anew
+    runs the new argument), and refuse what the older ABI cannot say (a new node type, a green context)."""
     setup()
     ran = []
     hook = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda data: ran.append(data))
@@ -2808,6 +2845,63 @@ def scenario_newer_abis():
     struct.pack_into("<I", params, 0, 5)  # an empty node
     say("add_node_v3", Driver(13041).cuGraphAddNode(ctypes.byref(node), graph, None, None, c_u64(0), params))
     say("add_node_v2", Driver(13040).cuGraphAddNode(ctypes.byref(node), graph, None, None, c_u64(0), params))
+    add_v3, set_v2 = Driver(13041).cuGraphAddNode, Driver(13041).cuGraphNodeSetParams
+
+    def host_params(data, sync_mode=1, green=0, node_type=3):  # CUDA_HOST_NODE_PARAMS_v2 of CUDA 13.4
+        raw = (ctypes.c_uint8 * 256)()
+        fn = ctypes.cast(hook, ctypes.c_void_p).value
+        struct.pack_into("<I12xQQIxxxxQQ", raw, 0, node_type, fn, data, sync_mode, ctx.value, green)
+        return raw
+
+    ctx = c_u64()
+    check(cu.cuCtxGetCurrent(ctypes.byref(ctx)), "context")
+    host_graph, host_node, exe = c_u64(), c_u64(), c_u64()
+    check(cu.cuGraphCreate(ctypes.byref(host_graph), 0), "graph")
+    check(add_v3(ctypes.byref(host_node), host_graph, None, None, c_u64(0), host_params(21)), "host node")
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), host_graph, c_u64(0)), "instantiate")
+    check(cu.cuGraphLaunch(exe, c_u64(0)), "launch")
+    check(cu.cuCtxSynchronize(), "sync")
+    check(set_v2(host_node, host_params(22, sync_mode=0)), "host node set")
+    check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), host_graph, c_u64(0)), "instantiate again")
+    check(cu.cuGraphLaunch(exe, c_u64(0)), "launch again")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("graph_host_ran", ran[1:])
+    refused = c_u64()
+    say("v3_bad_sync_mode", add_v3(ctypes.byref(refused), graph, None, None, c_u64(0), host_params(0, 7)))
+    say("v3_green", add_v3(ctypes.byref(refused), graph, None, None, c_u64(0), host_params(0, green=0x77)))
+    batch = (ctypes.c_uint8 * 256)()
+    struct.pack_into("<I", batch, 0, 14)  # CU_GRAPH_NODE_TYPE_MEMCPY_BATCH
+    say("v3_copy_batch", add_v3(ctypes.byref(refused), graph, None, None, c_u64(0), batch))
+    say("v2_set_green", set_v2(host_node, host_params(0, green=0x77)))
+    say("finished", 1)
+
+
+def scenario_location_info():
+    """cuMemGetLocationInfo (at the version cuda.bindings asks for it) on managed memory: after device work
+    every region is the device's; a region the host wrote since is the host's; a bad granularity, and
+    memory that is not managed, are invalid."""
+    setup()
+    chunk, managed = 64 << 10, c_u64()
+    check(cu.cuMemAllocManaged(ctypes.byref(managed), c_u64(4 * chunk), 1), "alloc managed")
+    check(cu.cuMemsetD8(managed, 3, c_u64(4 * chunk)), "memset")
+    check(cu.cuCtxSynchronize(), "sync")
+    locate = Driver(13041).cuMemGetLocationInfo
+    out = (ctypes.c_int32 * 8)()
+
+    def regions(ptr=managed.value, size=4 * chunk, summary=chunk, sampling=0):
+        rc = locate(c_u64(ptr), c_u64(size), c_u64(summary), c_u64(sampling), out)
+        return rc, [(out[2 * i], out[2 * i + 1]) for i in range(size // summary)] if rc == 0 else []
+
+    say("after_device_work", regions())
+    ctypes.memset(managed.value + chunk, 9, 16)  # the host writes into the second region
+    say("after_host_write", regions())
+    say("one_region", regions(summary=4 * chunk, sampling=chunk))
+    say("summary_past_size", regions(size=chunk, summary=2 * chunk)[0])
+    say("sampling_past_summary", regions(sampling=2 * chunk)[0])
+    plain_rc, plain_ptr = alloc(chunk)
+    check(plain_rc, "alloc")
+    say("not_managed", regions(ptr=plain_ptr, size=chunk)[0])
+    say("past_the_allocation", regions(size=8 * chunk)[0])
     say("finished", 1)
 
 
@@ -3042,6 +3136,90 @@ def scenario_vmm():
 def multicast_prop(devices=1, size=2 * MiB, handle_types=0):
     """A CUmulticastObjectProp: device count, size, handle types, flags."""
     return (c_u64 * 4)(devices, size, handle_types, 0)
+
+
+def scenario_fabric_queries():
+    """The NVLink fabric of the lease's device, asked at the version cuda.bindings asks (CUDA 13.4): the host
+    executor's modelled GPU is in no fabric (no cluster UUID, no clique); a device not the lease's is
+    refused; a clique array without room for what it asks is invalid."""
+    setup()
+    fabric = Driver(13041)
+    uuid, count = (ctypes.c_uint8 * 16)(), c_u64(99)
+    say("cluster_uuid", fabric.cuDeviceGetFabricClusterUuid(uuid, 0))
+    say("clique_count", (fabric.cuDeviceGetCliqueCount(ctypes.byref(count), 0), count.value))
+    cliques, room = (ctypes.c_uint32 * 8)(), c_u64(4)
+    say("clique_info", (fabric.cuDeviceGetCliqueInfo(cliques, ctypes.byref(room), 0), room.value))
+    say("clique_info_no_array", fabric.cuDeviceGetCliqueInfo(None, ctypes.byref(c_u64(4)), 0))
+    say("other_device", [fabric.cuDeviceGetFabricClusterUuid(uuid, 7),
+                         fabric.cuDeviceGetCliqueCount(ctypes.byref(count), 7),
+                         fabric.cuDeviceGetCliqueInfo(cliques, ctypes.byref(c_u64(4)), 7)])  # fmt: skip
+    say("finished", 1)
+
+
+def scenario_logical_endpoints():
+    """Logical endpoints (CUDA 13.3, at the version cuda.bindings asks): ids reserved, an endpoint created on
+    one, bound to and unbound from the lease's memory, its limits and readiness asked, destroyed, the ids
+    released; what would leave the lease refused (ids not reserved, another process's handle types, a
+    device or memory not the lease's, a binding past the endpoint, export and import)."""
+    setup()
+    le = Driver(13030)
+    two_mib = 2 << 20
+    base, status, alignment, max_size = ctypes.c_uint32(), ctypes.c_int(-1), c_u64(), c_u64()
+
+    def prop(kind=1, device=0, size=two_mib, handle_types=0):  # CUlogicalEndpointProp
+        return ctypes.create_string_buffer(struct.pack("<IiQII", kind, device, size, handle_types, 0), 24)
+
+    check(le.cuLogicalEndpointIdReserve(ctypes.byref(base), 4), "reserve")
+    first = base.value
+    say("create", le.cuLogicalEndpointCreate(first, prop()))
+    say("create_again", le.cuLogicalEndpointCreate(first, prop()))
+    say("create_unreserved", le.cuLogicalEndpointCreate(first + 100, prop()))
+    say("create_shared", le.cuLogicalEndpointCreate(first + 1, prop(handle_types=1)))
+    say("create_other_device", le.cuLogicalEndpointCreate(first + 1, prop(device=5)))
+    say("query", (le.cuLogicalEndpointQuery(first, 1, ctypes.byref(status)), status.value))
+    say("query_unreserved", le.cuLogicalEndpointQuery(first + 100, 1, ctypes.byref(status)))
+    rc, ptr = alloc(2 * two_mib)
+    check(rc, "alloc")
+    say("bind", le.cuLogicalEndpointBindAddr(first, 0, c_u64(0), c_u64(ptr), c_u64(two_mib), c_u64(0)))
+    foreign = c_u64(0x7123_4560_0000)
+    say("bind_foreign", le.cuLogicalEndpointBindAddr(first, 0, c_u64(0), foreign, c_u64(two_mib), c_u64(0)))
+    say(
+        "bind_past_end",
+        le.cuLogicalEndpointBindAddr(first, 0, c_u64(two_mib), c_u64(ptr), c_u64(two_mib), c_u64(0)),
+    )
+    (rc1, src), (rc2, dst) = alloc(4096), alloc(4096)
+    check(rc1 or rc2, "alloc")
+    check(cu.cuMemcpyHtoD(c_u64(src), bytes(range(64)), c_u64(64)), "source bytes")
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    copy_batch = Driver(13050).cuFabricCpyBatchAsync
+
+    def copies(
+        *ops,
+    ):  # (src operand, dst operand, size); an operand (type, pointer or id, location or offset)
+        raw = b"".join(struct.pack("<I4xQQI4xQQQI4x", *s, *d, n, 0) for s, d, n in ops)
+        return copy_batch(c_u64(len(ops)), ctypes.create_string_buffer(raw, len(raw)), c_u64(0), stream)
+
+    to_endpoint = ((0, src, 0), (1, first, 256), 64)  # into the endpoint, 256 bytes in
+    from_endpoint = ((1, first, 256), (0, dst, 0), 64)  # and back out to other memory
+    say("fabric_copies", (copies(to_endpoint), copies(from_endpoint)))
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("fabric_bytes", dtoh(dst, 64)[1] == bytes(range(64)) and dtoh(ptr + 256, 64)[1] == bytes(range(64)))
+    say("fabric_foreign", copies(((0, 0x7123_4560_0000, 0), (1, first, 0), 64)))
+    say("fabric_past_end", copies(((0, src, 0), (1, first, two_mib - 32), 64)))
+    say("fabric_other_endpoint", copies(((0, src, 0), (1, first + 1, 0), 64)))
+    say("fabric_bad_type", copies(((2, src, 0), (1, first, 0), 64)))
+    say("unbind", le.cuLogicalEndpointUnbind(first, 0, c_u64(0), c_u64(two_mib)))
+    say("limits", (le.cuLogicalEndpointGetLimits(ctypes.byref(alignment), ctypes.byref(max_size), prop()),
+                   alignment.value))  # fmt: skip
+    say("release_in_use", le.cuLogicalEndpointIdRelease(first, 4))
+    handle = ctypes.create_string_buffer(64)
+    say("export", le.cuLogicalEndpointExport(handle, first, 1))
+    say("import", le.cuLogicalEndpointImport(first + 2, handle, 1))
+    say("destroy", le.cuLogicalEndpointDestroy(first))
+    say("destroy_again", le.cuLogicalEndpointDestroy(first))
+    say("release", le.cuLogicalEndpointIdRelease(first, 4))
+    say("finished", 1)
 
 
 def scenario_multicast():
@@ -4174,6 +4352,20 @@ def scenario_green():
     one = ctypes.c_uint(1)
     beyond = cu.cuDevSmResourceSplitByCount(groups, by(one), by(device), None, 0, device.sm_count + 1)
     say("split_beyond_share", beyond)
+    structured = Driver(13010).cuDevSmResourceSplit  # CUDA 13.1, as cuda.bindings asks for it
+
+    def split_by(counts, result=True):  # CU_DEV_SM_RESOURCE_GROUP_PARAMS: smCount first, the rest 0
+        params = ((ctypes.c_uint * 16) * len(counts))()
+        for i, count in enumerate(counts):
+            params[i][0] = count
+        made, left = (DevResource * len(counts))(), DevResource()
+        rc = structured(made if result else None, len(counts), by(device), by(left), 0, params)
+        return rc, [p[0] for p in params], [g.sm_count for g in made] if result else None, left.sm_count
+
+    say("structured_split", split_by([2, 0]))  # two SMs, then whatever is left (discovered)
+    say("structured_discovery", split_by([0], result=False))
+    say("structured_beyond_share", split_by([device.sm_count + 2])[0])
+    say("structured_odd", split_by([1])[0])
     forged = DevResource.from_buffer_copy(bytes(device))
     forged.padding[0] ^= 0x5A  # another id than the worker gave: no resource of this lease
     forged.sm_count = 1000
@@ -4198,6 +4390,17 @@ def scenario_green():
     check(cu.cuGreenCtxStreamCreate(by(stream), green, 1, 0), "stream in it")  # CU_STREAM_NON_BLOCKING
     check(cu.cuStreamGetGreenCtx(stream, by(back)), "stream's green context")
     say("stream_green_same", back.value == green.value)
+    of_stream, of_plain_stream, of_null_stream, plain = DevResource(), DevResource(), DevResource(), c_u64()
+    stream_resource = Driver(13010).cuStreamGetDevResource  # CUDA 13.1, as cuda.bindings asks for it
+    check(stream_resource(stream, by(of_stream), sm), "the green stream's resource")
+    check(cu.cuStreamCreate(by(plain), 1), "a stream of the primary context")
+    check(stream_resource(plain, by(of_plain_stream), sm), "the plain stream's resource")
+    check(stream_resource(c_u64(0), by(of_null_stream), sm), "the NULL stream's resource")
+    say("stream_sms", (of_stream.sm_count, of_plain_stream.sm_count, of_null_stream.sm_count))
+    say(
+        "stream_wrong_type", stream_resource(stream, by(DevResource()), 1000)
+    )  # CU_DEV_RESOURCE_TYPE_WORKQUEUE
+    say("foreign_stream", stream_resource(c_u64(plain.value ^ 0x5A00), by(DevResource()), sm))
     check(cu.cuCtxSetCurrent(green_ctx), "green context current")
     dev = ctypes.c_int(-1)
     check(cu.cuCtxGetDevice(by(dev)), "its device")

@@ -123,6 +123,58 @@ def test_cuda_bindings_runtime_api_runs_through_the_shim(shim_dir, worker):
     assert out == {"count": "1", "name": "gpupool host executor 0 (tests only)", "roundtrip": "True"}
 
 
+def test_cuda_bindings_calls_the_newer_abis_it_asks_for_through_the_shim(shim_dir, worker):
+    """cuda.bindings (13.4+) resolves cuGraphAddNode and cuGraphNodeSetParams at CUDA 13.4 and calls their
+    _v3 / _v2 ABIs, cuMemGetLocationInfo and cuTensorMapSetAllocationClass at theirs: through the shim a
+    graph gets an empty node and a host node whose function runs with the argument set last, managed
+    memory reports where it is, and a map's allocation class is set, as cuda.bindings' own calls."""
+    out, err = run_program(
+        """
+        import ctypes
+        from cuda.bindings import driver as cu
+        def ok(result):
+            assert result[0] == cu.CUresult.CUDA_SUCCESS, result[0]
+            return result[1] if len(result) == 2 else result[1:]
+        ok(cu.cuInit(0))
+        ok(cu.cuCtxSetCurrent(ok(cu.cuDevicePrimaryCtxRetain(cu.CUdevice(0)))))
+        graph = ok(cu.cuGraphCreate(0))
+        empty = cu.CUgraphNodeParams()
+        empty.type = cu.CUgraphNodeType.CU_GRAPH_NODE_TYPE_EMPTY
+        ok(cu.cuGraphAddNode(graph, None, None, 0, empty))
+        seen = []
+        hook = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda data: seen.append(data))
+        host = cu.CUgraphNodeParams()
+        host.type = cu.CUgraphNodeType.CU_GRAPH_NODE_TYPE_HOST
+        host.host.fn = cu.CUhostFn(ctypes.cast(hook, ctypes.c_void_p).value)
+        host.host.userData = 5
+        node = ok(cu.cuGraphAddNode(graph, None, None, 0, host))
+        host.host.userData = 6
+        ok(cu.cuGraphNodeSetParams(node, host))
+        ok(cu.cuGraphLaunch(ok(cu.cuGraphInstantiate(graph, 0)), 0))
+        ok(cu.cuCtxSynchronize())
+        print("host_node_ran", seen)
+        managed = ok(cu.cuMemAllocManaged(1 << 16, 1))
+        ok(cu.cuMemsetD8(managed, 1, 1 << 16))
+        ok(cu.cuCtxSynchronize())
+        where = cu.CUmemLocation()
+        ok(cu.cuMemGetLocationInfo(managed, 1 << 16, 1 << 16, 0, where))
+        print("location", int(where.type), where.id)
+        data = ok(cu.cuMemAlloc(1 << 20))
+        u64s, u32s = (lambda *v: [cu.cuuint64_t(x) for x in v]), (lambda *v: [cu.cuuint32_t(x) for x in v])
+        tensor_map = ok(cu.cuTensorMapEncodeTiled(
+            cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32, cu.cuuint32_t(2), data, u64s(256, 1024),
+            u64s(1024), u32s(64, 32), u32s(1, 1),
+            cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+            cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_NONE,
+            cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
+        effective = ok(cu.cuTensorMapSetAllocationClass(tensor_map, cu.CUtensorMapAllocClass.CU_TENSOR_MAP_ALLOC_CLASS_LARGE))
+        print("alloc_class", int(effective))
+        """,
+        client_env(shim_dir, worker),
+    )
+    assert out == {"host_node_ran": "[6]", "location": "1 0", "alloc_class": "2"}, err
+
+
 def test_an_export_table_slot_gpupool_does_not_emulate_fails_with_one_line(shim_dir, worker):
     """A slot of a known table that the table in virtualize/client/_exports.py does not list answers
     CUDA_ERROR_NOT_SUPPORTED and names the table and slot once; an unknown table is refused."""

@@ -162,17 +162,21 @@ def test_async_notifications_are_accepted_for_lease_devices_and_unified_function
     assert "cuLibraryGetUnifiedFunction" in err and "refused" in err
 
 
-def test_a_newer_abi_that_is_not_forwarded_refuses_instead_of_running_as_the_older_one(shim_dir, worker):
+def test_newer_abis_run_where_the_older_one_says_the_same_and_refuse_what_it_cannot(shim_dir, worker):
     """cuGetProcAddress at the version of a newer ABI: cuLaunchHostFunc's with a synchronisation mode runs
-    the function (a bad mode refused); cuGraphAddNode's CUDA 13.4 one refuses with its census reason, while
-    the older cuGraphAddNode still adds the node."""
+    the function (a bad mode refused); CUDA 13.4's cuGraphAddNode and cuGraphNodeSetParams add an empty node
+    and a host node (its sync mode and context in the grown structure) whose function runs with the argument
+    it was given, then set anew; a bad sync mode is invalid, and a node bound to a green context or of a type
+    the older ABI lacks (a copy batch) is refused with the reason, never run with its new fields dropped."""
     out, err = run_client("newer_abis", client_env(shim_dir, worker))
     assert out["finished"] == "1", err
     assert (out["host_function_spinning"], out["host_function_bad_mode"]) == ("0", "1")
     assert out["host_function_ran"] == "[7]"
-    assert out["add_node_v3"] == "801"  # CUDA_ERROR_NOT_SUPPORTED, not the older ABI
-    assert out["add_node_v2"] == "0"
-    assert "cuGraphAddNode_v3" in err
+    assert (out["add_node_v3"], out["add_node_v2"]) == ("0", "0")
+    assert out["graph_host_ran"] == "[21, 22]"
+    assert out["v3_bad_sync_mode"] == "1"  # CUDA_ERROR_INVALID_VALUE, as the driver
+    assert (out["v3_green"], out["v3_copy_batch"], out["v2_set_green"]) == ("801", "801", "801")
+    assert "green context" in err and "type 14" in err
 
 
 def test_a_call_that_is_not_forwarded_fails_and_says_why_once(shim_dir, worker):
@@ -367,6 +371,45 @@ def test_the_virtual_memory_api_maps_memory_in_ranges_the_program_reserved(shim_
         "used_mib_after": "0",
     }
     assert "gpupool:" not in err
+
+
+def test_the_fabric_of_the_leases_devices_is_asked_of_the_worker(shim_dir, worker):
+    """cuDeviceGetFabricClusterUuid / cuDeviceGetCliqueCount / cuDeviceGetCliqueInfo reach the worker's
+    driver for a device of the lease (the host executor's GPU is in no NVLink fabric: not supported, no
+    clique) and are CUDA_ERROR_INVALID_DEVICE for any other; an array-less clique query is invalid."""
+    out, err = run_client("fabric_queries", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert out["cluster_uuid"] == "801"  # CUDA_ERROR_NOT_SUPPORTED, as the modelled driver says
+    assert out["clique_count"] == "(0, 0)"
+    assert out["clique_info"] == "(0, 0)"
+    assert out["clique_info_no_array"] == "1"
+    assert out["other_device"] == "[101, 101, 101]"
+
+
+def test_logical_endpoints_are_the_processs_own_and_bind_only_the_leases_memory(shim_dir, worker):
+    """Logical endpoints: a process reserves ids, creates an endpoint on one, binds the lease's memory to it
+    and unbinds it, asks its limits and readiness, destroys it and releases the ids. Ids it did not reserve,
+    an id used twice, handle types that share the endpoint, a device or memory not the lease's, a binding
+    past the endpoint, releasing ids that still have an endpoint and destroying one twice are refused before
+    the driver; export and import are refused with the census's reason. Fabric copies between the lease's
+    memory and the endpoint land in the memory bound to it; an operand outside the lease, past the endpoint,
+    of an endpoint the process did not create, or of an unknown type refuses the whole batch."""
+    out, err = run_client("logical_endpoints", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert (out["create"], out["bind"], out["unbind"], out["destroy"], out["release"]) == ("0",) * 5
+    assert out["query"] == "(0, 1)"
+    # fabric copies (CUDA 13.5) into the endpoint and out of it land in the memory bound to it
+    assert (out["fabric_copies"], out["fabric_bytes"]) == ("(0, 0)", "True")
+    fabric_refused = ("fabric_foreign", "fabric_past_end", "fabric_other_endpoint", "fabric_bad_type")
+    assert [out[name] for name in fabric_refused] == ["1"] * 4
+    assert out["limits"] == f"(0, {2 << 20})"
+    invalid = ("create_again", "create_unreserved", "query_unreserved", "bind_foreign", "bind_past_end",
+               "release_in_use", "destroy_again")  # fmt: skip
+    assert [out[name] for name in invalid] == ["1"] * len(invalid)  # CUDA_ERROR_INVALID_VALUE
+    assert out["create_shared"] == "801"  # CUDA_ERROR_NOT_SUPPORTED: shared with other processes
+    assert out["create_other_device"] == "101"  # CUDA_ERROR_INVALID_DEVICE
+    assert (out["export"], out["import"]) == ("801", "801")
+    assert "logical endpoints shared with other processes or nodes: refused" in err
 
 
 def test_multicast_objects_span_the_leases_devices_and_bind_only_its_memory(shim_dir, worker):
@@ -701,6 +744,21 @@ def test_managed_memory_is_the_same_bytes_for_the_program_and_its_kernels(shim_d
     assert "gpupool:" not in err
 
 
+def test_where_managed_memory_is_follows_who_touched_it_last(shim_dir, worker):
+    """cuMemGetLocationInfo answers, region by region, where managed memory's data is: the device after
+    device work, the host for a region the program wrote since (a majority of its samples); a summary
+    past the size, a sampling past the summary, memory that is not managed or a range past the allocation
+    are CUDA_ERROR_INVALID_VALUE."""
+    out, err = run_client("location_info", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    device, host = (1, 0), (2, 0)  # CU_MEM_LOCATION_TYPE_DEVICE of device 0, CU_MEM_LOCATION_TYPE_HOST
+    assert out["after_device_work"] == f"(0, {[device] * 4})"
+    assert out["after_host_write"] == f"(0, {[device, host, device, device]})"
+    assert out["one_region"] == f"(0, {[device]})"  # one of four samples is the host's
+    for case in ("summary_past_size", "sampling_past_summary", "not_managed", "past_the_allocation"):
+        assert out[case] == "1", case
+
+
 def test_a_librarys_managed_variable_is_the_same_bytes_for_the_program_and_its_kernels(shim_dir, worker):
     """cuLibraryGetManaged gives the variable's address (the same when asked again); the host's first touch
     reads the device's bytes, its writes before a launch are what the kernel adds to, and the kernel's
@@ -887,6 +945,20 @@ def test_tensor_maps_are_encoded_by_the_worker_for_tensors_wholly_in_the_leases_
         "im2col": "0 (8, 16, 16)",
         "im2col_wide": "0 (8, 16, 16)",
     }
+
+
+def test_a_tensor_maps_allocation_class_is_set_only_where_its_window_stays_in_the_lease(shim_dir, worker):
+    """cuTensorMapSetAllocationClass: small and automatic take effect as small; large only on a map whose
+    tensor spans the 128 KiB window the TMA may reach (a smaller tensor's is refused, as memory past it need
+    not be the lease's); the changed map stays the lease's; an unknown class and a map the lease did not
+    encode are invalid, the class reported small."""
+    out, err = run_client("tensor_map_classes", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert (out["small_class"], out["auto_class"]) == ("0 1", "0 1")
+    assert out["large_on_a_small_tensor"] == "801 1"  # CUDA_ERROR_NOT_SUPPORTED, the class still small
+    assert out["large_on_a_large_tensor"] == "0 2"
+    assert out["replaced_after"] == "0"
+    assert (out["unknown_class"], out["made_up_map"]) == ("1 1", "1 1")
 
 
 def test_a_graph_built_node_by_node_runs_its_nodes_in_dependency_order(shim_dir, worker):
@@ -1363,7 +1435,7 @@ def _green(shim_dir, handle):
 def test_green_contexts_partition_the_gpu_and_run_work(shim_dir, worker):
     """A whole-GPU lease sees the modelled GPU's SMs (4) as its device's and context's resource, splits
     them (the primary context's execution affinity is those SMs), makes a green context of a group with a
-    stream in it, records and waits an event in it, runs a
+    stream in it (whose resource is the group's, a plain stream's the context's: cuStreamGetDevResource), records and waits an event in it, runs a
     kernel there; forged resources, a split or descriptor beyond the SMs it has, and green contexts of no
     process of the lease are refused; destroying one twice is refused the second time."""
     out = _green(shim_dir, worker)
@@ -1373,12 +1445,18 @@ def test_green_contexts_partition_the_gpu_and_run_work(shim_dir, worker):
     assert out["groups_possible"] == "4"  # one SM each
     assert (out["groups"], out["group_sms"], out["rest_sms"]) == ("2", "1", "2")
     assert out["split_beyond_share"] == "915"  # CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION
+    # CUDA 13.1's structured split: a group of 2, the rest discovered and split off; discovery alone
+    assert out["structured_split"] == "(0, [2, 2], [2, 2], 0)"
+    assert out["structured_discovery"] == "(0, [4], None, 0)"
+    assert (out["structured_beyond_share"], out["structured_odd"]) == ("915", "915")
     assert out["forged_split"] == "400"  # CUDA_ERROR_INVALID_HANDLE
     assert out["forged_desc"] == "400"
     assert out["desc_beyond_share"] == "915"
     assert (out["green_sms"], out["green_ctx_sms"], out["green_affinity_sms"]) == ("1", "1", "1")
     assert out["green_id"] == "0"
     assert out["stream_green_same"] == "True"
+    assert out["stream_sms"] == "(1, 4, 4)"  # a green context's stream its SMs; the others the context's
+    assert (out["stream_wrong_type"], out["foreign_stream"]) == ("914", "400")
     assert out["green_ctx_device"] == "0"
     assert out["launched"] == "9"
     assert out["foreign_green_stream"] == out["foreign_green_record"] == out["foreign_green_destroy"] == "400"
@@ -1400,6 +1478,9 @@ def test_a_lease_with_an_sm_share_sees_and_splits_only_its_share(shim_dir):
     assert out["groups_possible"] == "2"
     assert (out["groups"], out["group_sms"], out["rest_sms"]) == ("2", "1", "0")
     assert out["split_beyond_share"] == "915"
+    assert out["structured_split"].startswith("(915,")  # the discovered group would have no SM left: invalid
+    assert out["structured_discovery"] == "(0, [2], None, 0)"
+    assert out["structured_beyond_share"] == "915"  # 4 SMs asked of the share's 2: refused before the driver
     assert out["desc_beyond_share"] == "915"
     assert out["green_sms"] == "1"
     assert out["launched"] == "9"
@@ -1411,11 +1492,26 @@ lib = ctypes.CDLL("libcuda.so.1")
 find = lib.cuGetProcAddress_v2
 find.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_uint64,
                  ctypes.POINTER(ctypes.c_int)]
-for name in sys.argv[1:]:
+for asked in sys.argv[1:]:
+    name, _, version = asked.partition("@")
     pfn, status = ctypes.c_void_p(), ctypes.c_int(-1)
-    rc = find(name.encode(), ctypes.byref(pfn), 13000, 0, ctypes.byref(status))
-    print(name, rc, bool(pfn.value), status.value)
+    rc = find(name.encode(), ctypes.byref(pfn), int(version or 13000), 0, ctypes.byref(status))
+    print(asked, rc, pfn.value or 0, status.value)
 """
+
+
+def probe_proc_addresses(shim_dir, lacks: str, asked: list[str]) -> dict[str, tuple[int, int, int]]:
+    """cuGetProcAddress_v2(name, version) for each `name@version` asked, in a program leased a host-executor
+    worker whose pretend driver lacks `lacks`: (result, function, status) for each."""
+    handle = start_worker("test-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1",
+                          env={"GPUPOOL_HOST_EXECUTOR_LACKS": lacks}, executor="host")  # fmt: skip
+    try:
+        proc = subprocess.run([sys.executable, "-c", PROC_ADDRESS_PROBE, *asked], env=client_env(shim_dir, handle),
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+    finally:
+        handle.stop()
+    return {line.split()[0]: tuple(map(int, line.split()[1:])) for line in proc.stdout.splitlines()}
 
 
 @pytest.mark.parametrize("lacks", ["", "cuLogsCurrent,cuMemcpyWithAttributesAsync"])
@@ -1424,19 +1520,40 @@ def test_an_entry_point_the_servers_driver_lacks_is_not_found_as_that_driver_ans
     580 driver is 13.0) is not found by cuGetProcAddress in the client, as on the server itself: the
     worker tells the names its driver lacks (here the host executor's test seam pretends), the lease
     answer carries them to the shim; every other name is found, and without such names all are."""
-    handle = start_worker("test-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1",
-                          env={"GPUPOOL_HOST_EXECUTOR_LACKS": lacks}, executor="host")  # fmt: skip
-    try:
-        names = ["cuLogsCurrent", "cuMemcpyWithAttributesAsync", "cuMemAlloc", "cuLaunchKernel"]
-        proc = subprocess.run([sys.executable, "-c", PROC_ADDRESS_PROBE, *names], env=client_env(shim_dir, handle),
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
-        assert proc.returncode == 0, proc.stderr
-        found = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()}
-    finally:
-        handle.stop()
+    names = ["cuLogsCurrent", "cuMemcpyWithAttributesAsync", "cuMemAlloc", "cuLaunchKernel"]
+    found = probe_proc_addresses(shim_dir, lacks, names)
     missing = set(filter(None, lacks.split(",")))
     for name in names:  # CUDA_ERROR_NOT_FOUND, no function, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
-        assert found[name] == (["500", "False", "1"] if name in missing else ["0", "True", "0"]), name
+        result, function, status = found[name]
+        assert (result, bool(function), status) == ((500, False, 1) if name in missing else (0, True, 0)), (
+            name
+        )
+
+
+def test_each_name_and_version_is_found_or_not_as_the_servers_driver_answers_it(shim_dir):
+    """cuGetProcAddress(name, version) per ABI, as a driver answers: a driver without a newer ABI of a name
+    hands out its older one at the newer version (cuMulticastBindMem asked at 13.1 on a driver without
+    its _v2); a name asked at a version older than the name is not found (VERSION_NOT_SUFFICIENT); a
+    newer ABI the shim serves itself is found though the driver lacks it (CUDA 13.4's cuGraphAddNode_v3
+    on a 13.0 driver, sent as calls that driver has); a name wholly lacked is not found at any version."""
+    lacks = "cuMulticastBindMem@13010,cuGraphAddNode@13041,cuLogsCurrent"
+    asked = ["cuMulticastBindMem@12010", "cuMulticastBindMem@13010", "cuMulticastBindAddr@13010",
+             "cuMulticastBindAddr@12010", "cuMemGetLocationInfo@13000", "cuMemGetLocationInfo@13041",
+             "cuGraphAddNode@12030", "cuGraphAddNode@13041", "cuLogsCurrent@12080", "cuLogsCurrent@13000",
+             "cuGraphAddKernelNode@11000"]  # fmt: skip
+    found = probe_proc_addresses(shim_dir, lacks, asked)
+    assert found["cuMulticastBindMem@13010"] == found["cuMulticastBindMem@12010"]  # the older ABI's function
+    assert found["cuMulticastBindMem@13010"][:2] != (500, 0)
+    assert (
+        found["cuMulticastBindAddr@13010"][1] != found["cuMulticastBindAddr@12010"][1]
+    )  # the driver has both
+    assert found["cuMemGetLocationInfo@13000"] == (500, 0, 2)  # CUDA_ERROR_NOT_FOUND, VERSION_NOT_SUFFICIENT
+    assert found["cuMemGetLocationInfo@13041"][0::2] == (0, 0)
+    assert found["cuGraphAddNode@13041"][0::2] == (0, 0)
+    assert found["cuGraphAddNode@13041"][1] != found["cuGraphAddNode@12030"][1]  # the shim's own _v3
+    assert found["cuLogsCurrent@12080"] == found["cuLogsCurrent@13000"] == (500, 0, 1)  # SYMBOL_NOT_FOUND
+    # an older ABI the table does not forward is found, and refuses when called, as before
+    assert found["cuGraphAddKernelNode@11000"][0::2] == (0, 0)
 
 
 def test_a_global_placed_over_an_unloaded_modules_global_is_the_programs_whole(shim_dir, worker):

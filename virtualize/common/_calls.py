@@ -296,11 +296,19 @@ CALLS: tuple[Call, ...] = (
        wire="o_devres resource, o_u32 sm_count, o_u32 min_partition, o_u32 alignment, ctx ctx, i32 type"),
     _c("cuGreenCtxGetDevResource", 12040, "greenctx green, ptr resource, i32 type", custom=True,
        wire="o_devres resource, o_u32 sm_count, o_u32 min_partition, o_u32 alignment, greenctx green, i32 type"),
+    # A stream's: its green context's where it was made in one, else its context's (the lease's share).
+    _c("cuStreamGetDevResource", 13010, "stream stream, ptr resource, i32 type", custom=True,
+       wire="o_devres resource, o_u32 sm_count, o_u32 min_partition, o_u32 alignment, stream stream, i32 type"),
     # The groups come back in the reply's bulk: (id, smCount, minSmPartitionSize, smCoscheduledAlignment) each.
     _c("cuDevSmResourceSplitByCount", 12040,
        "ptr result, ptr nb_groups, ptr input, ptr remaining, u32 flags, u32 min_count", custom=True,
        wire="o_u32 groups, o_devres remaining, o_u32 sm_count, o_u32 min_partition, o_u32 alignment, "
             "devres input, u32 nb_groups, u32 flags, u32 min_count, u32 count_only"),
+    # CUDA 13.1's structured split: CU_DEV_SM_RESOURCE_GROUP_PARAMS (64 bytes each) in the bulk, and back
+    # (the driver fills in discovered SM counts), followed by the groups when `result` is asked for.
+    _c("cuDevSmResourceSplit", 13010, "ptr result, u32 nb_groups, ptr input, ptr remainder, u32 flags, ptr params",
+       custom=True, wire="o_devres remaining, o_u32 sm_count, o_u32 min_partition, o_u32 alignment, devres input, "
+                         "u32 nb_groups, u32 flags, u32 want_groups, bytes params"),
     _c("cuDevResourceGenerateDesc", 12040, "ptr desc, ptr resources, u32 count", custom=True,
        wire="o_resdesc desc, u32 count, bytes resources"),
     _c("cuGreenCtxCreate", 12040, "o_greenctx green, resdesc desc, i32 dev, u32 flags"),
@@ -325,6 +333,11 @@ CALLS: tuple[Call, ...] = (
        how="sent as cuMemAlloc of the rows, each padded to the device's texture pitch alignment"),
     _c("cuMemGetAddressRange", 3020, "o_dptr? base, o_u64? size, dptr dptr", symbol="cuMemGetAddressRange_v2"),
     # Managed memory: a device allocation mirrored by host pages at the same address (shim_managed.c).
+    # Where managed memory is (CUDA 13.4): the mirror's chunks, the host's where it touched them since the
+    # last device work (shim_managed.c); the worker's driver holds only an ordinary allocation of it.
+    _c("cuMemGetLocationInfo", 13041, "dptr ptr, u64 size, u64 summary, u64 sampling, ptr location_out", L,
+       custom=True, how="managed memory's regions, each where most of its sampled chunks are: the host where the "
+       "program touched them since the last device work, else the device"),
     _c("cuMemAllocManaged", 6000, "o_dptr dptr, u64 bytesize, u32 flags", L, custom=True,
        how="a device allocation of the lease mirrored by host pages at its address"),
     # Prefetch and advice: hints; a prefetch to a device sends what the host wrote (CUmemLocation by value).
@@ -409,6 +422,31 @@ CALLS: tuple[Call, ...] = (
        symbol="cuMulticastBindMem_v2"),
     _c("cuMulticastBindAddr", 13010, "vmem mc, i32 dev, u64 mc_offset, u64 ptr, u64 size, u64 flags",
        symbol="cuMulticastBindAddr_v2"),
+    # The NVLink fabric the lease's GPUs are in (CUDA 13.4): its cluster's UUID, and the cliques (groups of
+    # GPUs that reach each other over it) a device is part of, CUcliqueInfo (type, id) each in the bulk.
+    _c("cuDeviceGetFabricClusterUuid", 13041, "o_b16 uuid, i32 dev"),
+    _c("cuDeviceGetCliqueCount", 13041, "o_u64 count, i32 dev"),
+    _c("cuDeviceGetCliqueInfo", 13041, "ptr info, ptr count, i32 dev", custom=True,
+       wire="i32 dev, u64 capacity, o_u64 count"),
+    # Logical endpoints (CUDA 13.3) over the lease's own GPUs: ids a process reserves, endpoints it creates
+    # on them (CUlogicalEndpointProp, 24 bytes, in the bulk), bound only to the lease's memory
+    # (virtualize.server._guard_endpoints); none exported or imported.
+    _c("cuLogicalEndpointIdReserve", 13030, "o_u32 base, u32 count"),
+    _c("cuLogicalEndpointIdRelease", 13030, "u32 base, u32 count"),
+    _c("cuLogicalEndpointCreate", 13030, "u32 id, ptr prop", custom=True, wire="u32 id, bytes prop"),
+    _c("cuLogicalEndpointAddDevice", 13030, "u32 id, i32 dev"),
+    _c("cuLogicalEndpointDestroy", 13030, "u32 id"),
+    _c("cuLogicalEndpointBindAddr", 13030, "u32 id, i32 dev, u64 offset, u64 ptr, u64 size, u64 flags"),
+    _c("cuLogicalEndpointBindMem", 13030,
+       "u32 id, i32 dev, u64 offset, vmem memory, u64 mem_offset, u64 size, u64 flags"),
+    _c("cuLogicalEndpointUnbind", 13030, "u32 id, i32 dev, u64 offset, u64 size"),
+    _c("cuLogicalEndpointGetLimits", 13030, "o_u64 alignment, o_u64 max_size, ptr prop", custom=True,
+       wire="o_u64 alignment, o_u64 max_size, bytes prop"),
+    _c("cuLogicalEndpointQuery", 13030, "u32 id, u32 count, o_i32 status"),
+    # Copies over the NVLink fabric (CUDA 13.5) between the lease's memory and the process's endpoints:
+    # CUDA_FABRIC_COPY_BATCH_OP (64 bytes each) in the bulk, every operand checked before any runs.
+    _c("cuFabricCpyBatchAsync", 13050, "u64 count, ptr ops, u64 flags, stream stream", custom=True,
+       wire="u64 count, u64 flags, stream stream, bytes ops"),
     _c("cuMulticastGetGranularity", 12010, "o_u64 granularity, ptr prop, i32 option", custom=True,
        wire="o_u64 granularity, i32 option, bytes prop"),
     # -- host memory stays in the client --------------------------------------------------------------
@@ -822,6 +860,10 @@ CALLS: tuple[Call, ...] = (
        wire="i32 dtype, u32 rank, dptr address, i32 lower, i32 upper, u32 channels, u32 pixels, i32 interleave, "
             "i32 mode, i32 swizzle, i32 l2, i32 oob, bytes shape"),
     _c("cuTensorMapReplaceAddress", 12000, "ptr map, ptr address", custom=True, wire="dptr address, bytes map"),
+    # A map's TMA allocation class (CUDA 13.5), set on a map this lease encoded: the map back in the reply's
+    # bulk, the class in effect as the out (virtualize.server._guard_tensor_maps says what is refused).
+    _c("cuTensorMapSetAllocationClass", 13050, "ptr map, i32 alloc_class, ptr effective", custom=True,
+       wire="i32 alloc_class, o_i32 effective, bytes map"),
     # Stream memory operations: a 32- or 64-bit word of the lease's memory waited on or written in order
     # (not of mirrored host memory, which the program would see only at a synchronisation: shim_streams.c).
     *(_c(name, since, f"stream stream, dptr addr, {bits} value, u32 flags", A, symbol=name + suffix, custom=True)
@@ -1011,6 +1053,13 @@ CALLS: tuple[Call, ...] = (
     # host, event, and an instantiated graph's child graph); other types are refused with a message.
     _c("cuGraphNodeSetParams", 12020, "node node, ptr params", L, custom=True,
        how="sent as the setter of its type (kernel, memset, copy, host, event)"),
+    # CUDA 13.4's CUgraphNodeParams: read as the older one where the node type's layout is the same or
+    # what it added says what the older one meant (shim_graphs.c); a worker's driver without the new ABI is
+    # never asked for it.
+    _c("cuGraphNodeSetParams", 13041, "node node, ptr params", L, custom=True, symbol="cuGraphNodeSetParams_v2",
+       how="CUDA 13.4's node parameters checked against the older ones for the node's type, then sent as the "
+       "setter of its type; a host node's sync mode and an event node's context as the older ABI means them, "
+       "the new node types refused"),
     _c("cuGraphExecNodeSetParams", 12020, "graphexec exec, node node, ptr params", L, custom=True,
        how="sent as the instantiated graph's setter of its type (kernel, memset, copy, host, event, child graph)"),
     # A kernel node's launch attributes: the 64-byte value as the client wrote it, as a stream's; an
@@ -1051,6 +1100,11 @@ CALLS: tuple[Call, ...] = (
     _c("cuGraphAddNode", 12030, "o_node node, graph graph, ptr deps, ptr edges, u64 num_deps, ptr params", L,
        symbol="cuGraphAddNode_v2", custom=True,
        how="sent as the node call of its type (kernel, memset, empty, child graph, conditional)"),
+    _c("cuGraphAddNode", 13041, "o_node node, graph graph, ptr deps, ptr edges, u64 num_deps, ptr params", L,
+       symbol="cuGraphAddNode_v3", custom=True,
+       how="CUDA 13.4's node parameters checked against the older ones for the node's type, then sent as the "
+       "node call of its type; a host node's sync mode and an event node's context as the older ABI means "
+       "them, the new node types (copy batches, fabric copies, external engines) refused"),
     _c("cuGraphExecUpdate", 12000, "graphexec exec, graph graph, ptr info", custom=True,
        symbol="cuGraphExecUpdate_v2", wire="graphexec exec, graph graph, o_u32 result, o_i32 status"),
     _c("cuGraphInstantiateWithFlags", 11040, "o_graphexec graph_exec, graph graph, u64 flags"),
@@ -1141,10 +1195,7 @@ ALIASES: tuple[tuple[str, int, str], ...] = (
 # symbol). cuGetProcAddress asked for the name at that version or later hands out a refusal (the symbol's,
 # with its census reason), never the older ABI, whose parameters differ (cuda.bindings asks for these
 # versions to call the newer ABIs). The versions are the ones cuda.bindings asks for.
-UNFORWARDED_ABIS: tuple[tuple[str, int, str], ...] = (
-    ("cuGraphAddNode", 13041, "cuGraphAddNode_v3"),  # CUgraphNodeParams of CUDA 13.4
-    ("cuGraphNodeSetParams", 13041, "cuGraphNodeSetParams_v2"),
-)
+UNFORWARDED_ABIS: tuple[tuple[str, int, str], ...] = ()
 
 CALL_IDS: dict[Call, int] = {call: index for index, call in enumerate(CALLS)}
 # What the shim and the worker say in their hello: the protocol's generation and a digest of this

@@ -167,54 +167,28 @@ GROUPS: tuple[Group, ...] = (
        an address of nothing in the program. The lease's devices answer that attribute 0.""",
         "cuLibraryGetUnifiedFunction",
     ),
+    _g(
+        "logical endpoints shared with other processes or nodes",
+        R,
+        """cuLogicalEndpointExport gives a fabric handle that another process, on this node or another
+       one, imports to reach the memory bound to the endpoint; cuLogicalEndpointImport takes such a handle
+       into this process. Exported, the lease's memory would be reached by a process the pool does not
+       lease it to; imported, the lease would reach memory that is not its own. The lease's endpoints
+       are its processes' own (their IPC handle types must be none).""",
+        "cuLogicalEndpointExport cuLogicalEndpointImport",
+    ),
     # -- not forwarded yet: forwardable, not built ----------------------------------------------------
-    _g(
-        "multicast, logical endpoints and NVLink fabric",
-        N,
-        """Multicast objects (CUDA 12.1, and CUDA 13.1's per-device binds) are forwarded. Logical endpoints (CUDA
-       13.3) and NVLink-fabric queries and copies (13.4, 13.5) over the lease's own GPUs are forwardable as
-       handles; exporting one to another process or node would name memory outside the lease and is to
-       stay refused. The GPU servers' CUDA 13.0 drivers have none of these.""",
-        "cuLogicalEndpoint* cuFabricCpyBatchAsync cuDeviceGetFabricClusterUuid "
-        "cuDeviceGetCliqueCount cuDeviceGetCliqueInfo",
-    ),
-    _g(
-        "graph nodes read back, changed or queried",
-        N,
-        """CUDA 13.4's cuGraphAddNode_v3 and cuGraphNodeSetParams_v2 (cuda.bindings asks for
-       cuGraphAddNode and cuGraphNodeSetParams at 13.4 to call them) are to be sent as the older ABIs once
-       their CUgraphNodeParams is checked against the older one; the GPU servers' CUDA 13.0 drivers have
-       neither. Until then they refuse, never run as the older ABI (UNFORWARDED_ABIS).""",
-        "cuGraphNodeSetParams_v2 cuGraphAddNode_v3",
-    ),
     _g(
         "recapture",
         N,
-        """A recapture (CUDA 13.3) is a capture into a graph of the lease, its callback run in the program as
-       host functions are.""",
+        """A recapture (CUDA 13.3) records a stream again into a graph of the lease. For each node whose
+       parameters differ from the graph's, the driver calls the program's callback with both nodes'
+       CUgraphNodeParams during the captured call, and fails the capture unless it returns CUDA_SUCCESS.
+       Forwarded, the callback would run in the program over the callback connection while the worker's
+       call waits (as host functions run), its parameters translated back into the program's terms (a kernel
+       node's arguments are the worker's copies, its function the lease's handle); that is not built. The GPU
+       servers' CUDA 13.0 drivers do not have the call.""",
         "cuStreamBeginRecaptureToGraph",
-    ),
-    _g(
-        "tensor-map allocation classes",
-        N,
-        """A tensor map's allocation class (cuTensorMapSetAllocationClass, CUDA 13.5) is a setting on a map
-       the lease encoded; the GPU servers' CUDA 13.0 drivers do not have it.""",
-        "cuTensorMapSetAllocationClass",
-    ),
-    _g(
-        "green contexts and execution affinity",
-        N,
-        """CUDA 13.1's calls (cuDevSmResourceSplit's structured groups, a stream's resources)
-       are not built: the GPU servers' CUDA 13.0 drivers do not have them; the green contexts of CUDA 12.4
-       and 13.0 are forwarded, within the lease's share.""",
-        "cuDevSmResourceSplit cuStreamGetDevResource",
-    ),
-    _g(
-        "device, memory and log queries",
-        N,
-        """Where the lease's memory lies (cuMemGetLocationInfo, CUDA 13.4) is a plain query of
-       the lease's memory, its address checked; the GPU servers' CUDA 13.0 drivers do not have it.""",
-        "cuMemGetLocationInfo",
     ),
 )
 

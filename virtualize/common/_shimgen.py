@@ -313,13 +313,18 @@ def generate_bodies() -> str:
     out.append(
         "/* What cuGetProcAddress hands out: (name, ABI version) -> function, sorted by name then version."
     )
-    out.append(
-        " * An entry with no function is a newer ABI that is not forwarded: its versioned symbol's refusal. */"
-    )
+    out.append(" * An entry with no function is an ABI that is not forwarded: its symbol's refusal. */")
     out.append("static const struct gp_proc gp_procs[] = {")
     procs = [(c.name, c.since, f"(void *){c.symbol}, NULL") for c in CALLS if c.symbol != "-"]
     procs += [(name, since, f"(void *){symbol}, NULL") for name, since, symbol in ALIASES]
     procs += [(name, since, f'NULL, "{symbol}"') for name, since, symbol in UNFORWARDED_ABIS]
+    # A name whose oldest ABI in the table is a versioned symbol (cuGraphAddKernelNode_v2) had an older ABI
+    # the table does not forward: asked at an older version it is found, and refuses as that ABI. A name
+    # whose oldest ABI is its own symbol did not exist before it: not found there, as the driver answers.
+    oldest = {}
+    for call in sorted((c for c in CALLS if c.symbol != "-"), key=lambda c: -c.since):
+        oldest[call.name] = call
+    procs += [(name, 0, f'NULL, "{name}"') for name, call in oldest.items() if call.symbol != name]
     for name, since, target in sorted(procs):
         out.append(f'    {{"{name}", {since}, {target}}},')
     out.append("};")

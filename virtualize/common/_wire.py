@@ -65,9 +65,7 @@ ENV_WORKER = "GPUPOOL_WORKER"  # host:port of the lease's worker
 ENV_SECRET = "GPUPOOL_SECRET"  # the lease's worker secret
 ENV_LEASE = "GPUPOOL_LEASE"  # the lease id, for messages
 ENV_TLS = "GPUPOOL_WORKER_TLS_SHA256"  # the worker's certificate: the shim talks TLS to it and pins it
-ENV_LACKS = (
-    "GPUPOOL_DRIVER_LACKS"  # entry points the worker's driver lacks (commas): cuGetProcAddress says not found
-)
+ENV_LACKS = "GPUPOOL_DRIVER_LACKS"  # ABIs (name@since, commas) the worker's driver lacks: cuGetProcAddress answers as it
 ENV_LOCAL = "GPUPOOL_WORKER_LOCAL"  # the worker's Unix socket (abstract name), used when it runs on this host
 ENV_ENCRYPT = "GPUPOOL_DATA_ENCRYPTION"  # "auto" (default: all but loopback) or "always"
 ENV_TRACE = "GPUPOOL_SHIM_TRACE"  # 1: the shim prints every call it handles to stderr

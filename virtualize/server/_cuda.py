@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 from cuda.bindings import driver
 
-from virtualize.common._calls import FORWARDED_LAUNCH_ATTRIBUTES
+from virtualize.common._calls import FORWARDED_LAUNCH_ATTRIBUTES, Call
 from virtualize.common._results import CUresult
 from virtualize.server._arrays import (
     DEVICE,
@@ -36,6 +36,7 @@ from virtualize.server._arrays import (
 )
 from virtualize.server._executor import (
     DECOMPRESS_PARAMS,
+    FABRIC_COPY,
     INVALID_VALUE,
     NOT_SUPPORTED,
     CopiedBytes,
@@ -45,10 +46,12 @@ from virtualize.server._executor import (
     Launch,
     SharedHostMemory,
     StagedCopy,
+    lacked_abis,
     linked_image,
 )
 
 _INVALID_VALUE_RESULT = driver.CUresult.CUDA_ERROR_INVALID_VALUE
+DEV_RESOURCE_BYTES = 144  # sizeof(CUdevResource)
 # What a lease may hold that a live migration does not re-create on another GPU (it is refused up front
 # with these words): handle kind -> what the lease holds.
 CANNOT_MOVE = {
@@ -108,6 +111,7 @@ TENSOR_MAP_CALLS: dict[str, tuple[int, tuple]] = {
     "cuTensorMapEncodeIm2colWide": (12080, (_int32, _uint32, ctypes.c_void_p, _u64s, _u64s, _int32, _int32,
                                             _uint32, _uint32, _u32s, _int32, _int32, _int32, _int32, _int32)),
     "cuTensorMapReplaceAddress": (12000, (ctypes.c_void_p,)),
+    "cuTensorMapSetAllocationClass": (13050, (_int32, ctypes.c_void_p)),
 }  # fmt: skip
 
 
@@ -359,25 +363,29 @@ class _InFlight(StagedCopy):
 
 
 def _driver_lacks() -> list[str]:
-    """The call table's entry points this driver does not have, asked of it (cuGetProcAddress at its
-    own version): cuda-bindings may declare calls of a newer CUDA than the driver installed."""
-    from virtualize.common._calls import CALLS
-
+    """The call table's ABIs this driver does not have, asked of it once (cuda-bindings may declare calls
+    of a newer CUDA than the driver installed): cuGetProcAddress(name, the ABI's version) finds a function,
+    and not the one the name's previous ABI's version finds (a driver without the newer ABI hands out its
+    older one there) unless the driver exports the ABI's own symbol."""
     lib = ctypes.CDLL("libcuda.so.1")
-    version = ctypes.c_int()
-    lib.cuDriverGetVersion(ctypes.byref(version))
     lookup = lib.cuGetProcAddress_v2
     lookup.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_uint64,
                        ctypes.POINTER(ctypes.c_int)]  # fmt: skip
-    lacks = []
-    for name in sorted({c.name for c in CALLS if c.symbol != "-" and not c.name.startswith("gp")}):
+
+    def found(name: str, version: int) -> int | None:
         pfn, status = ctypes.c_void_p(), ctypes.c_int()
-        if (
-            lookup(name.encode(), ctypes.byref(pfn), version.value, 0, ctypes.byref(status)) != 0
-            or not pfn.value
-        ):
-            lacks.append(name)
-    return lacks
+        if lookup(name.encode(), ctypes.byref(pfn), version, 0, ctypes.byref(status)) != 0:
+            return None
+        return pfn.value or None
+
+    previous: dict[str, int | None] = {}  # table_abis is oldest first: each name's previous ABI's answer
+
+    def has(call: Call) -> bool:
+        function = found(call.name, call.since)
+        before, previous[call.name] = previous.get(call.name), function
+        return function is not None and (function != before or hasattr(lib, call.symbol))
+
+    return lacked_abis(has)
 
 
 class CudaExecutor(Executor):
@@ -756,6 +764,15 @@ class CudaExecutor(Executor):
         return with_aligned_tensor_map(
             self._tensor_map_function("cuTensorMapReplaceAddress"), (address,), encoded
         )
+
+    def tensor_map_alloc_class(self, encoded: bytes, alloc_class: int) -> tuple[bytes, int]:
+        effective = ctypes.c_int32(1)
+        changed = with_aligned_tensor_map(
+            self._tensor_map_function("cuTensorMapSetAllocationClass"),
+            (alloc_class, ctypes.addressof(effective)),
+            encoded,
+        )
+        return changed, effective.value
 
     def _tensor_map_function(self, name: str):
         version, argtypes = TENSOR_MAP_CALLS[name]
@@ -1325,6 +1342,79 @@ class CudaExecutor(Executor):
     def cuDeviceGetUuid(self, dev):
         return bytes(_ok(driver.cuDeviceGetUuid(self._d(dev))).bytes)
 
+    # Logical endpoints (CUDA 13.3): the driver's, by cuda.bindings.
+    def cuLogicalEndpointIdReserve(self, count):
+        return int(_ok(driver.cuLogicalEndpointIdReserve(count)))
+
+    def cuLogicalEndpointIdRelease(self, base, count):
+        _ok(driver.cuLogicalEndpointIdRelease(base, count))
+
+    @staticmethod
+    def _endpoint_prop(kind, devices, size, flags):
+        prop = driver.CUlogicalEndpointProp()
+        prop.type = driver.CUlogicalEndpointType(kind)
+        if kind == 1:  # CU_LOGICAL_ENDPOINT_TYPE_UNICAST: the owner device
+            prop.unicast.device = devices
+        else:
+            prop.multicast.numDevices = devices
+        prop.size, prop.flags = size, flags
+        return prop
+
+    def cuLogicalEndpointCreate(self, le, kind, devices, size, flags):
+        if kind == 1:
+            devices = self._d(devices)
+        _ok(driver.cuLogicalEndpointCreate(le, self._endpoint_prop(kind, devices, size, flags)))
+
+    def cuLogicalEndpointAddDevice(self, le, dev):
+        _ok(driver.cuLogicalEndpointAddDevice(le, self._d(dev)))
+
+    def cuLogicalEndpointDestroy(self, le):
+        _ok(driver.cuLogicalEndpointDestroy(le))
+
+    def cuLogicalEndpointBindAddr(self, le, dev, offset, ptr, size, flags):
+        _ok(driver.cuLogicalEndpointBindAddr(le, self._d(dev), offset, ptr, size, flags))
+
+    def cuLogicalEndpointBindMem(self, le, dev, offset, memory, mem_offset, size, flags):
+        handle = driver.CUmemGenericAllocationHandle(memory)
+        _ok(driver.cuLogicalEndpointBindMem(le, self._d(dev), offset, handle, mem_offset, size, flags))
+
+    def cuLogicalEndpointUnbind(self, le, dev, offset, size):
+        _ok(driver.cuLogicalEndpointUnbind(le, self._d(dev), offset, size))
+
+    def cuLogicalEndpointGetLimits(self, kind, devices, size, flags):
+        if kind == 1:
+            devices = self._d(devices)
+        alignment, max_size = _ok(
+            driver.cuLogicalEndpointGetLimits(self._endpoint_prop(kind, devices, size, flags))
+        )
+        return int(alignment), int(max_size)
+
+    def cuLogicalEndpointQuery(self, le, count):
+        return int(_ok(driver.cuLogicalEndpointQuery(le, count)))
+
+    def cuFabricCpyBatchAsync(self, operations, flags, stream):
+        """The operations packed from their checked fields, in one array for the driver's own entry point."""
+        packed = b"".join(FABRIC_COPY.pack(*operation) for operation in operations)
+        array = ctypes.create_string_buffer(packed, len(packed))
+        argtypes = (ctypes.c_size_t, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p)
+        result = self._driver_function("cuFabricCpyBatchAsync", 13050, argtypes)(
+            len(operations), array, flags, _int(self._stream(stream))
+        )
+        if result:
+            raise CudaError(result, "fabric copies")
+
+    def cuDeviceGetFabricClusterUuid(self, dev):
+        return bytes(_ok(driver.cuDeviceGetFabricClusterUuid(self._d(dev))).bytes)
+
+    def cuDeviceGetCliqueCount(self, dev):
+        return int(_ok(driver.cuDeviceGetCliqueCount(self._d(dev))))
+
+    def cuDeviceGetCliqueInfo(self, dev, capacity):
+        if not capacity:
+            return []
+        cliques, count = _ok(driver.cuDeviceGetCliqueInfo(capacity, self._d(dev)))
+        return [(int(c.type), int(c.id)) for c in list(cliques)[: int(count)]]
+
     def cuDeviceGetPCIBusId(self, length, dev):
         return bytes(_ok(driver.cuDeviceGetPCIBusId(max(length, 1), self._d(dev)))).split(b"\0", 1)[0]
 
@@ -1508,6 +1598,10 @@ class CudaExecutor(Executor):
         )
         return self._resource(resource)
 
+    def cuStreamGetDevResource(self, stream, kind):
+        resource = _ok(driver.cuStreamGetDevResource(self._stream(stream), driver.CUdevResourceType(kind)))
+        return self._resource(resource)
+
     def sm_split(self, resource, nb_groups, flags, min_count, count_only):
         source = self._known_resource(resource)
         if count_only:  # no result array: the driver says how many groups it would make
@@ -1519,6 +1613,35 @@ class CudaExecutor(Executor):
         made = [self._resource(g) for g in list(groups)[: int(count)]]
         left = self._resource(remaining) if int(remaining.sm.smCount) else (0, 0, 0, 0)
         return made, left
+
+    def sm_split_structured(self, resource, nb_groups, flags, params, want_groups):
+        # Through the driver's entry point itself: cuda.bindings always passes a result array, and a
+        # discovery (`result` NULL) must not.
+        source = self._known_resource(resource)
+        split = self._driver_function(
+            "cuDevSmResourceSplit", 13010,
+            (ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p),
+        )  # fmt: skip
+        size = DEV_RESOURCE_BYTES
+        result = ctypes.create_string_buffer(size * nb_groups) if want_groups else None
+        remainder, group_params = (
+            ctypes.create_string_buffer(size),
+            ctypes.create_string_buffer(params, len(params)),
+        )
+        err = split(result, nb_groups, source.getPtr(), remainder, flags, group_params)
+        if err:
+            raise CudaError(err, "cuDevSmResourceSplit")
+
+        def resource_at(buffer, offset: int):
+            copied = driver.CUdevResource()
+            ctypes.memmove(copied.getPtr(), ctypes.addressof(buffer) + offset, size)
+            return copied
+
+        groups = (
+            [self._resource(resource_at(result, i * size)) for i in range(nb_groups)] if want_groups else []
+        )
+        left = resource_at(remainder, 0)
+        return groups, self._resource(left) if int(left.sm.smCount) else (0, 0, 0, 0), group_params.raw
 
     def resource_desc(self, resources):
         chosen = [self._known_resource(r) for r in resources]

@@ -47,6 +47,9 @@ NOT_SUPPORTED = CUresult.NOT_SUPPORTED
 # CUmemDecompressParams (cuMemBatchDecompressAsync): source and destination sizes, the actual-size word's
 # address, source, destination, algorithm (DEFLATE 1, SNAPPY 2, LZ4 4), padding.
 DECOMPRESS_PARAMS = struct.Struct("<QQQQQi20x")
+# CUDA_FABRIC_COPY_BATCH_OP (CUDA 13.5): two CUfabricCpyOperand (the type; a pointer and its location hint,
+# or an endpoint id and an offset), the size, flags.
+FABRIC_COPY = struct.Struct("<I4xQQI4xQQQI4x")
 # One launch of cuLaunchCooperativeKernelMultiDevice on the wire: function, grid and block dimensions, shared
 # memory, its parameters' length (they follow it), stream.
 MULTI_LAUNCH = struct.Struct("<Q7IIQ")
@@ -83,6 +86,7 @@ SHAPED: dict[str, str] = {
     "gpGraphAddConditionalNode": "graph_add_conditional_node",
     "cuGraphExecUpdate": "graph_exec_update",
     "cuDevSmResourceSplitByCount": "sm_split",
+    "cuDevSmResourceSplit": "sm_split_structured",
     "cuDevResourceGenerateDesc": "resource_desc",
     "cuGraphAddEventRecordNode": "graph_add_event_node",
     "cuGraphAddEventWaitNode": "graph_add_event_node",
@@ -130,6 +134,7 @@ GUARD_CALLS = (
     *("gpCallbackToken", "gpCallbackAttach", "cuLaunchHostFunc", "cuStreamAddCallback"),  # host functions
     *("cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuTensorMapEncodeIm2colWide"),  # tensor maps
     "cuTensorMapReplaceAddress",
+    "cuTensorMapSetAllocationClass",
     *(
         "cuGraphAddKernelNode",
         "cuGraphExecKernelNodeSetParams",
@@ -167,6 +172,32 @@ def executor_method(call: Call) -> str | None:
 PER_CALL: tuple[str, ...] = tuple(
     sorted({m for m in map(executor_method, CALLS) if m is not None} - set(SHAPED.values()))
 )
+
+
+def table_abis() -> dict[str, list[Call]]:
+    """The call table's driver entry points by name, each name's ABIs oldest first."""
+    abis: dict[str, list[Call]] = {}
+    for call in sorted(CALLS, key=lambda c: c.since):
+        if call.symbol != "-" and not call.name.startswith("gp"):
+            abis.setdefault(call.name, []).append(call)
+    return dict(sorted(abis.items()))
+
+
+def lacked_abis(has: Callable[[Call], bool]) -> list[str]:
+    """`name@since` for each ABI of the call table a driver does not have (`has(call)`: whether it does).
+    The exception: a newer ABI the shim serves itself (Mode.LOCAL) of a name the driver has at an older
+    ABI, because the shim reads the newer parameters and sends calls the driver has (CUDA 13.4's
+    cuGraphAddNode_v3 on a 13.0 driver). Given these, the shim's cuGetProcAddress(name, version) answers
+    as the driver: the newest ABI up to `version` the driver has, else not found."""
+    lacks = []
+    for name, abis in table_abis().items():
+        has_older = False
+        for call in abis:
+            if has(call):
+                has_older = True
+            elif not (call.mode is Mode.LOCAL and has_older):
+                lacks.append(f"{name}@{call.since}")
+    return lacks
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,8 +345,8 @@ class Executor(abc.ABC):
         once the chunk's bytes are in host memory."""
 
     def driver_lacks(self) -> list[str]:
-        """Entry points of the call table this host's driver does not have: the client's shim answers
-        cuGetProcAddress for them as that driver does (not found), so a program sees the server's driver."""
+        """ABIs of the call table this host's driver does not have (`lacked_abis`): the client's shim
+        answers cuGetProcAddress for them as that driver does, so a program sees the server's driver."""
         return []
 
     def shared_host_memory(self, size: int) -> SharedHostMemory:
@@ -569,6 +600,10 @@ class Executor(abc.ABC):
         """cuTensorMapReplaceAddress on a 128-byte CUtensorMap."""
 
     @abc.abstractmethod
+    def tensor_map_alloc_class(self, encoded: bytes, alloc_class: int) -> tuple[bytes, int]:
+        """cuTensorMapSetAllocationClass on a 128-byte CUtensorMap: the map after, and the class in effect."""
+
+    @abc.abstractmethod
     def launch_host_func(self, stream: int, fn: Callable[[], None]) -> None:
         """Call `fn` (on a thread of the executor's) when `stream` reaches this point; later work on the
         stream waits until it returns (cuLaunchHostFunc)."""
@@ -600,6 +635,14 @@ class Executor(abc.ABC):
         """cuDevSmResourceSplitByCount of `resource` into at most `nb_groups` groups of at least
         `min_count` SMs: (the groups, the remainder (id 0: none)); with `count_only`, ([], how many
         groups it would make)."""
+
+    @abc.abstractmethod
+    def sm_split_structured(
+        self, resource: int, nb_groups: int, flags: int, params: bytes, want_groups: bool
+    ) -> tuple[list[tuple[int, int, int, int]], tuple[int, int, int, int], bytes]:
+        """cuDevSmResourceSplit (CUDA 13.1) of `resource` by `nb_groups` CU_DEV_SM_RESOURCE_GROUP_PARAMS
+        (64 bytes each): (the groups, none unless `want_groups`; the remainder (id 0: none); the parameters
+        after, with discovered SM counts filled in)."""
 
     @abc.abstractmethod
     def resource_desc(self, resources: list[int]) -> int:

@@ -42,6 +42,7 @@ from virtualize.server._guard_arrays import ArrayCalls
 from virtualize.server._guard_concern import ANSWERED, EMPTY
 from virtualize.server._guard_contexts import ContextCalls
 from virtualize.server._guard_copies import CopyCalls
+from virtualize.server._guard_endpoints import EndpointCalls
 from virtualize.server._guard_graphs import GraphCalls
 from virtualize.server._guard_green import GreenCalls
 from virtualize.server._guard_launches import LaunchCalls
@@ -325,6 +326,7 @@ class Session:
         self.array_calls = ArrayCalls(self)  # arrays, 3D copies, textures, surfaces
         self.graph_calls = GraphCalls(self)  # graphs built node by node, and from stream captures
         self.green_calls = GreenCalls(self)  # device resources and the green contexts made of them
+        self.endpoint_calls = EndpointCalls(self)  # logical endpoint ids and endpoints
         self.nccl_calls = NcclCalls(self)  # NCCL at its API: the communicators this connection made
         self.shared: SharedHostMemory | None = None  # memory the client maps too (gpShmAttach)
         self.shared_error = 0  # the first error of the pieces of a copy through it, for its answer
@@ -394,6 +396,7 @@ class Session:
             **self.green_calls.handlers(),
             **self.nccl_calls.handlers(),
             **MulticastCalls(self).handlers(),
+            **self.endpoint_calls.handlers(),
         }
         # One handler per call id, looked up by index on every request. None: not the client's to send
         # (the handshake is the worker's own; LOCAL calls never leave the client).
@@ -488,6 +491,7 @@ class Session:
             self.lease.callback_tokens.pop(self.callback_token, None)
         self.nccl_calls.close()  # its NCCL communicators, aborted before their contexts go
         self.green_calls.close()  # the green contexts it made
+        self.endpoint_calls.close()  # its logical endpoints and ids, before the memory bound to them goes
         self.context_calls.close()  # the contexts it created, and their memory
         contexts = self.lease.primary_ctx
         left = [a for a in map(self.lease.allocations.get, self.owned) if a is not None]

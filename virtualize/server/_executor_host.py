@@ -45,6 +45,7 @@ from virtualize.server._executor import (
     Executor,
     Launch,
     StagedCopy,
+    lacked_abis,
     linked_image,
 )
 
@@ -163,8 +164,10 @@ class HostExecutor(Executor):
     name = "host (tests only)"
 
     def driver_lacks(self) -> list[str]:
-        """Tests name entry points this pretend driver lacks (GPUPOOL_HOST_EXECUTOR_LACKS, commas)."""
-        return [n for n in os.environ.get("GPUPOOL_HOST_EXECUTOR_LACKS", "").split(",") if n]
+        """Tests name what this pretend driver lacks (GPUPOOL_HOST_EXECUTOR_LACKS, commas): an entry point
+        (every ABI of it) or one ABI, `name@since`."""
+        named = set(filter(None, os.environ.get("GPUPOOL_HOST_EXECUTOR_LACKS", "").split(",")))
+        return lacked_abis(lambda call: call.name not in named and f"{call.name}@{call.since}" not in named)
 
     def __init__(self, devices) -> None:
         self.n = len(devices)
@@ -241,6 +244,8 @@ class HostExecutor(Executor):
         self.mipmaps: dict[int, list[int]] = {}  # mipmapped array -> its levels' arrays
         # Multicast objects: handle -> [devices it spans, devices added, {(device, offset): bound size}]
         self.multicast: dict[int, list] = {}
+        self.endpoints: dict[int, list] = {}  # logical endpoint id -> [type, size, devices, bindings]
+        self.next_endpoint_id = 1
         # Legacy texture and surface references: handle -> its settings; (module, name) -> its handle.
         self.references_of: dict[int, dict] = {}
         self.variables: dict[
@@ -331,6 +336,11 @@ class HostExecutor(Executor):
         if address % 16:
             raise CudaError(INVALID_VALUE, "a tensor's address is a multiple of 16 bytes")
         return encoded[:8] + struct.pack("<Q", address) + encoded[16:]
+
+    def tensor_map_alloc_class(self, encoded: bytes, alloc_class: int) -> tuple[bytes, int]:
+        # The class in the pretend map's last word; AUTO is the conservative small window.
+        effective = alloc_class or 1  # CU_TENSOR_MAP_ALLOC_CLASS_SMALL
+        return encoded[:124] + struct.pack("<i", effective), effective
 
     # CUDA arrays: bytes row by row, slice by slice; texture and surface objects are plain handles.
     def cuArray3DCreate(self, shape):
@@ -731,6 +741,82 @@ class HostExecutor(Executor):
             raise CudaError(INVALID_VALUE, "not a binding of that device there")
         del bound[dev, mc_offset]
 
+    # Logical endpoints: ids from a counter, endpoints as (type, size, devices, bindings); every binding
+    # within the endpoint, as the driver checks.
+    def cuLogicalEndpointIdReserve(self, count):
+        base = self.next_endpoint_id
+        self.next_endpoint_id += count
+        return base
+
+    def cuLogicalEndpointIdRelease(self, base, count):
+        pass
+
+    def cuLogicalEndpointCreate(self, le, kind, devices, size, flags):
+        if not size or size % MULTICAST_GRANULARITY:
+            raise CudaError(INVALID_VALUE, "an endpoint's size is a multiple of its bind alignment")
+        self.endpoints[le] = [kind, size, {devices} if kind == 1 else set(), {}]
+
+    def _endpoint(self, le, dev, offset, size):
+        _, total, devices, bound = self.endpoints[le]
+        if dev not in devices or offset % MULTICAST_GRANULARITY or size % MULTICAST_GRANULARITY:
+            raise CudaError(INVALID_VALUE, "a device of the endpoint, at aligned offsets")
+        if offset + size > total:
+            raise CudaError(INVALID_VALUE, "past the endpoint's end")
+        return bound
+
+    def cuLogicalEndpointAddDevice(self, le, dev):
+        kind, _, devices, _ = self.endpoints[le]
+        if kind != 2:
+            raise CudaError(INVALID_VALUE, "a unicast endpoint has its one device")
+        devices.add(self._device(dev))
+
+    def cuLogicalEndpointDestroy(self, le):
+        del self.endpoints[le]
+
+    def cuLogicalEndpointBindAddr(self, le, dev, offset, ptr, size, flags):
+        self._find(ptr, size)
+        self._endpoint(le, dev, offset, size)[dev, offset] = (size, ptr)
+
+    def cuLogicalEndpointBindMem(self, le, dev, offset, memory, mem_offset, size, flags):
+        if memory not in self.created:
+            raise CudaError(INVALID_HANDLE, "memory handle")
+        self._endpoint(le, dev, offset, size)[dev, offset] = (size, None)
+
+    def cuLogicalEndpointUnbind(self, le, dev, offset, size):
+        bound = self._endpoint(le, dev, offset, size)
+        if bound.get((dev, offset), (None,))[0] != size:
+            raise CudaError(INVALID_VALUE, "not a binding of that device there")
+        del bound[dev, offset]
+
+    def _endpoint_address(self, le, offset, size):
+        """The device address behind [offset, offset + size) of a unicast endpoint: memory bound by address
+        (memory bound as a handle is not modelled: CUDA_ERROR_NOT_SUPPORTED)."""
+        for (_, at), (length, ptr) in self.endpoints[le][3].items():
+            if at <= offset and offset + size <= at + length:
+                if ptr is None:
+                    raise CudaError(CUresult.NOT_SUPPORTED, "copies to memory bound as a handle")
+                return ptr + offset - at
+        raise CudaError(INVALID_VALUE, "no memory bound there")
+
+    def cuFabricCpyBatchAsync(self, operations, flags, stream):
+        if flags:
+            raise CudaError(INVALID_VALUE, "flags")
+        copies = []
+        for src_type, src, src_at, dst_type, dst, dst_at, size, _ in operations:
+            if not size:
+                continue
+            source = src if src_type == 0 else self._endpoint_address(src & 0xFFFFFFFF, src_at, size)
+            target = dst if dst_type == 0 else self._endpoint_address(dst & 0xFFFFFFFF, dst_at, size)
+            copies.append((target, source, size))
+        for target, source, size in copies:
+            self.cuMemcpyDtoDAsync(target, source, size, stream)
+
+    def cuLogicalEndpointGetLimits(self, kind, devices, size, flags):
+        return MULTICAST_GRANULARITY, DEVICE_TOTAL
+
+    def cuLogicalEndpointQuery(self, le, count):
+        return int(all(i in self.endpoints for i in range(le, le + count)))
+
     def cuMulticastGetGranularity(self, devices, size, flags, option):
         _in_range(option, range(2), "granularity option")  # MINIMUM, RECOMMENDED
         return MULTICAST_GRANULARITY
@@ -1006,6 +1092,19 @@ class HostExecutor(Executor):
             raise CudaError(CUresult.INVALID_DEVICE, "a device is not its own peer")
         # CUatomicOperationCapability: SIGNED | UNSIGNED | SCALAR_32 | SCALAR_64 for every operation kind
         return [1 | 2 | 8 | 16 for _ in operations]
+
+    # The modelled GPUs are in no NVLink fabric: no cluster, no clique.
+    def cuDeviceGetFabricClusterUuid(self, dev):
+        self._device(dev)
+        raise CudaError(CUresult.NOT_SUPPORTED, "the device is in no NVLink fabric")
+
+    def cuDeviceGetCliqueCount(self, dev):
+        self._device(dev)
+        return 0
+
+    def cuDeviceGetCliqueInfo(self, dev, capacity):
+        self._device(dev)
+        return []
 
     def cuDeviceGetTexture1DLinearMaxWidth(self, format_, channels, dev):
         self._device(dev)
@@ -1475,6 +1574,12 @@ class HostExecutor(Executor):
         device, sms, _ = self._green(green)
         return self._resource(device, sms)
 
+    def cuStreamGetDevResource(self, stream, kind):
+        green = self.cuStreamGetGreenCtx(stream) if stream else 0
+        if green:
+            return self.cuGreenCtxGetDevResource(green, kind)
+        return self.cuCtxGetDevResource(self.cuStreamGetCtx(stream) if stream else 0, kind)
+
     def sm_split(self, resource, nb_groups, flags, min_count, count_only):
         if resource not in self.resources:
             raise CudaError(INVALID_VALUE, "resource")
@@ -1489,6 +1594,32 @@ class HostExecutor(Executor):
         groups = [self._resource(device, size) for _ in range(min(nb_groups, possible))]
         left = sms - size * len(groups)
         return groups, self._resource(device, left) if left else (0, 0, 0, 0)
+
+    def sm_split_structured(self, resource, nb_groups, flags, params, want_groups):
+        # The modelled GPU (compute capability below 9.0): SMs co-scheduled in pairs by default; each group
+        # takes its SMs from what the groups before it left, an SM count of 0 discovers the rest.
+        if resource not in self.resources:
+            raise CudaError(INVALID_VALUE, "resource")
+        if flags:
+            raise CudaError(INVALID_VALUE, "split flags")
+        device, sms = self.resources[resource]
+        left, groups, out = sms, [], bytearray(params)
+        for i in range(nb_groups):
+            sm_count, cosched, _, group_flags = struct.unpack_from("<4I", params, 64 * i)
+            unit, backfill = cosched or 2, bool(group_flags & 1)  # CU_DEV_SM_RESOURCE_GROUP_BACKFILL
+            if sm_count == 0:
+                sm_count = left if backfill else left - left % unit
+                struct.pack_into("<I", out, 64 * i, sm_count)
+            elif sm_count % 2 or sm_count > left or (sm_count % unit and not backfill):
+                raise CudaError(
+                    CUresult.INVALID_RESOURCE_CONFIGURATION, f"a group of {sm_count} SMs of {left}"
+                )
+            if want_groups:
+                if sm_count < max(unit, 1) or sm_count == 0:
+                    raise CudaError(CUresult.INVALID_RESOURCE_CONFIGURATION, f"a group of {sm_count} SMs")
+                groups.append(self._resource(device, sm_count))
+            left -= sm_count
+        return groups, self._resource(device, left) if left else (0, 0, 0, 0), bytes(out)
 
     def resource_desc(self, resources):
         devices = {self.resources[r][0] for r in resources}

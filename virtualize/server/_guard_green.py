@@ -30,6 +30,10 @@ MULTIPROCESSOR_COUNT = 16  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
 AFFINITY_SM_COUNT = 0  # CU_EXEC_AFFINITY_TYPE_SM_COUNT
 SHARE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"  # the lease's SM share, set by the pool (server/workers.py)
 GROUP = struct.Struct("<QIII")  # a split's group on the wire: id, smCount, minSmPartitionSize, alignment
+# CU_DEV_SM_RESOURCE_GROUP_PARAMS (CUDA 13.1): smCount, coscheduledSmCount, preferredCoscheduledSmCount,
+# flags, localityDomainId, 11 reserved words.
+GROUP_PARAMS = struct.Struct("<5I44x")
+MAX_STRUCTURED_GROUPS = 256  # what the shim sends at most (shim_green.c)
 MAX_DESC_RESOURCES = 64  # what the shim sends at most (shim_green.c)
 
 
@@ -72,7 +76,9 @@ class GreenCalls(Concern):
         "cuDeviceGetDevResource": "device_resource",
         "cuCtxGetDevResource": "context_resource",
         "cuGreenCtxGetDevResource": "green_resource",
+        "cuStreamGetDevResource": "stream_resource",
         "cuDevSmResourceSplitByCount": "split",
+        "cuDevSmResourceSplit": "split_structured",
         "cuDevResourceGenerateDesc": "generate_desc",
         "cuGreenCtxCreate": "create",
         "cuGreenCtxDestroy": "destroy",
@@ -176,6 +182,18 @@ class GreenCalls(Concern):
         self._sm_type(kind)
         return self._green_resource(green)
 
+    def stream_resource(self, call: Call, ins: tuple):
+        """cuStreamGetDevResource (CUDA 13.1): a stream made in a green context has its SMs; any other
+        stream (the NULL stream: the current context's) its context's."""
+        stream, kind = ins
+        self.session._check(call, ins)
+        self._sm_type(kind)  # the work-queue types are CUDA_ERROR_INVALID_RESOURCE_TYPE, as the driver says
+        executor = self.session.executor
+        green = executor.cuStreamGetGreenCtx(stream) if stream else 0
+        if green:
+            return self._green_resource(green)
+        return self._context_resource(executor.cuStreamGetCtx(stream) if stream else 0)
+
     def _green_resource(self, green: int):
         rid, sms, min_partition, alignment = self.session.executor.cuGreenCtxGetDevResource(
             green, RESOURCE_TYPE_SM
@@ -208,6 +226,35 @@ class GreenCalls(Concern):
             if r_id:
                 self._keep("devres", r_id, Resource(source.device, r_sms, r_min, r_align))
         return call.out_struct.pack(len(groups), r_id, r_sms, r_min, r_align), bulk
+
+    def split_structured(self, call: Call, ins: tuple):
+        """cuDevSmResourceSplit (CUDA 13.1) of one of the lease's resources: no group asking for more SMs
+        than it has (the driver splits only what it is given: the groups stay within the lease's share)."""
+        rid, nb_groups, flags, want_groups = ins
+        self.session._check(call, ins)
+        raw = bytes(self.session.channel.read_bulk(limit=GROUP_PARAMS.size * MAX_STRUCTURED_GROUPS))
+        if not 0 < nb_groups <= MAX_STRUCTURED_GROUPS or len(raw) != GROUP_PARAMS.size * nb_groups:
+            raise CudaError(CUresult.INVALID_VALUE, "group parameters")
+        source = self.resources[rid]
+        asked = max(GROUP_PARAMS.unpack_from(raw, i * GROUP_PARAMS.size)[0] for i in range(nb_groups))
+        if asked > source.sm_count:
+            raise CudaError(
+                CUresult.INVALID_RESOURCE_CONFIGURATION,
+                f"a group of {asked} SMs from a resource of {source.sm_count} (the lease's share)",
+            )
+        groups, remaining, params = self.session.executor.sm_split_structured(
+            rid, nb_groups, flags, raw, bool(want_groups)
+        )
+        bulk = params
+        with self.session.lease.lock:
+            for g, sms, min_partition, alignment in groups:
+                resource = Resource(source.device, sms, min_partition, alignment)
+                self._keep("devres", g, resource)
+                bulk += resource.wire(g)
+            r_id, r_sms, r_min, r_align = remaining
+            if r_id:
+                self._keep("devres", r_id, Resource(source.device, r_sms, r_min, r_align))
+        return call.out_struct.pack(r_id, r_sms, r_min, r_align), bulk
 
     def generate_desc(self, call: Call, ins: tuple):
         """A descriptor of the lease's resources of one device, together no more SMs than its share."""

@@ -1,7 +1,7 @@
 """The guard's multicast objects (NVLink SHARP, `cuMulticast*`): an object over the lease's own GPUs, bound
 only to memory of the lease, mapped, given access and released as memory of the virtual memory API is
 (`_executor_guard.Session`'s cuMemMap, cuMemSetAccess, cuMemRelease). None is shared with another process:
-its handle types must be none, so no export names it.
+its handle types must be none, so no export names it. Also the NVLink fabric's cliques of a lease's device.
 """
 
 from __future__ import annotations
@@ -15,6 +15,19 @@ from virtualize.server._executor import INVALID_VALUE, CudaError
 from virtualize.server._guard_concern import Concern
 
 MULTICAST_PROP = struct.Struct("<I4xQQQ")  # CUmulticastObjectProp: numDevices, size, handleTypes, flags
+MAX_CLIQUES = 64  # CUcliqueInfo one cuDeviceGetCliqueInfo answers at most (the shim's limit too)
+
+
+def lease_device(session, dev: int) -> int:
+    if not 0 <= dev < len(session.lease.limits):
+        raise CudaError(CUresult.INVALID_DEVICE, f"device {dev} is not one of the lease's")
+    return dev
+
+
+def lease_range(session, ptr: int, size: int) -> None:
+    """[ptr, ptr + size) is memory of the lease: a range this process mapped, or within an allocation."""
+    if not any(m <= ptr and ptr + size <= m + n for m, n in session.vm_mapped.items()):
+        session._check_range(ptr, size)
 
 
 class MulticastCalls(Concern):
@@ -29,6 +42,7 @@ class MulticastCalls(Concern):
         "cuMulticastBindMem_v2": "bind_memory_on",
         "cuMulticastBindAddr_v2": "bind_address_on",
         "cuMulticastGetGranularity": "granularity",
+        "cuDeviceGetCliqueInfo": "clique_info",
     }
 
     def __init__(self, session) -> None:
@@ -47,6 +61,13 @@ class MulticastCalls(Concern):
             raise CudaError(CUresult.NOT_SUPPORTED, "a multicast object shared with other processes")
         return devices, size, flags
 
+    def clique_info(self, call: Call, ins: tuple):
+        """cuDeviceGetCliqueInfo of one of the lease's devices: up to `capacity` CUcliqueInfo (type, id)."""
+        dev, capacity = ins
+        self._device(dev)
+        cliques = self.session.executor.cuDeviceGetCliqueInfo(dev, min(capacity, MAX_CLIQUES))
+        return call.out_struct.pack(len(cliques)), b"".join(struct.pack("<iI", *c) for c in cliques)
+
     def _object(self, handle: int) -> int:
         """The size of `handle`, a multicast object this process created and has not released."""
         if handle not in self.sizes or handle not in self.session.vm_handles:
@@ -58,9 +79,7 @@ class MulticastCalls(Concern):
             raise CudaError(INVALID_VALUE, "past the multicast object's end")
 
     def _device(self, dev: int) -> int:
-        if not 0 <= dev < len(self.session.lease.limits):
-            raise CudaError(CUresult.INVALID_DEVICE, f"device {dev} is not one of the lease's")
-        return dev
+        return lease_device(self.session, dev)
 
     def create(self, call: Call, ins: tuple):
         devices, size, flags = self._prop()
@@ -90,8 +109,7 @@ class MulticastCalls(Concern):
         """Memory of the lease at `ptr` (mapped by this process, or allocated), bound at `mc_offset`."""
         mc, mc_offset, ptr, size, flags = ins
         self._within(mc, mc_offset, size)
-        if not any(m <= ptr and ptr + size <= m + n for m, n in self.session.vm_mapped.items()):
-            self.session._check_range(ptr, size)
+        lease_range(self.session, ptr, size)
         self.session.executor.cuMulticastBindAddr(mc, mc_offset, ptr, size, flags)
 
     def bind_memory_on(self, call: Call, ins: tuple):

@@ -1,6 +1,6 @@
-"""The guard's tensor maps (cuTensorMapEncode*, cuTensorMapReplaceAddress): the whole tensor a map
-describes must be the lease's memory, and a map to re-point must be one this lease encoded (kept with its
-tensor's extent, per lease).
+"""The guard's tensor maps (cuTensorMapEncode*, cuTensorMapReplaceAddress, cuTensorMapSetAllocationClass):
+the whole tensor a map describes must be the lease's memory, and a map to re-point or re-class must be one
+this lease encoded (kept with its tensor's extent, per lease).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import struct
 from typing import ClassVar
 
 from virtualize.common._calls import Call
-from virtualize.server._executor import INVALID_VALUE, CudaError
+from virtualize.server._executor import INVALID_VALUE, NOT_SUPPORTED, CudaError
 from virtualize.server._guard_concern import Concern
 
 TENSOR_MAP_BYTES, TENSOR_RANK_MAX = 128, 5  # CUtensorMap
@@ -49,6 +49,10 @@ TENSOR_ELEMENT_BYTES = {
     14: 1,
     15: 1,
 }
+# CUtensorMapAllocClass: AUTO (the driver's conservative choice from the tensor's geometry), SMALL (a 4 KiB
+# window), LARGE (a 128 KiB window that the TMA's out-of-bounds addressing may reach from the tensor's base).
+ALLOC_CLASS_AUTO, ALLOC_CLASS_SMALL, ALLOC_CLASS_LARGE = 0, 1, 2
+LARGE_WINDOW = 128 << 10
 TENSOR_MAPS_KEPT = 65536  # maps a lease encoded, kept with their extent for cuTensorMapReplaceAddress
 
 
@@ -72,6 +76,7 @@ class TensorMapCalls(Concern):
         "cuTensorMapEncodeIm2col": "encode",
         "cuTensorMapEncodeIm2colWide": "encode",
         "cuTensorMapReplaceAddress": "replace_address",
+        "cuTensorMapSetAllocationClass": "set_allocation_class",
     }
 
     def encode(self, call: Call, ins: tuple):
@@ -99,16 +104,39 @@ class TensorMapCalls(Concern):
     def replace_address(self, call: Call, ins: tuple):
         """cuTensorMapReplaceAddress: a map this lease encoded, its tensor moved to other lease memory."""
         self.session._check(call, ins)
+        encoded, extent = self._encoded_map()
+        self.session._check_range(ins[0], extent)
+        replaced = self.session.executor.tensor_map_address(encoded, ins[0])
+        self._keep(replaced, extent)
+        return b"", replaced
+
+    def set_allocation_class(self, call: Call, ins: tuple):
+        """cuTensorMapSetAllocationClass: a map this lease encoded; the large class's window reaches 128 KiB
+        from the tensor's base, which must then be the tensor's own (the lease's memory: its extent was
+        checked), so a smaller tensor's map may not take it. AUTO is the driver's conservative choice."""
+        (alloc_class,) = ins
+        encoded, extent = self._encoded_map()
+        if alloc_class not in (ALLOC_CLASS_AUTO, ALLOC_CLASS_SMALL, ALLOC_CLASS_LARGE):
+            raise CudaError(INVALID_VALUE, f"allocation class {alloc_class}")
+        if alloc_class == ALLOC_CLASS_LARGE and extent < LARGE_WINDOW:
+            raise CudaError(
+                NOT_SUPPORTED,
+                f"the large allocation class on a tensor of {extent} bytes: its 128 KiB window could reach "
+                "memory outside the lease",
+            )
+        changed, effective = self.session.executor.tensor_map_alloc_class(encoded, alloc_class)
+        self._keep(changed, extent)
+        return call.out_struct.pack(effective), changed
+
+    def _encoded_map(self) -> tuple[bytes, int]:
+        """The 128-byte map in the request's bulk, and its tensor's extent: a map this lease encoded."""
         encoded = bytes(self.session.channel.read_bulk(limit=TENSOR_MAP_BYTES))
         if len(encoded) != TENSOR_MAP_BYTES:
             raise CudaError(INVALID_VALUE, "a tensor map is 128 bytes")
         extent = self.session.lease.tensor_maps.get(encoded)
         if extent is None:
             raise CudaError(INVALID_VALUE, "not a tensor map this lease encoded")
-        self.session._check_range(ins[0], extent)
-        replaced = self.session.executor.tensor_map_address(encoded, ins[0])
-        self._keep(replaced, extent)
-        return b"", replaced
+        return encoded, extent
 
     def _keep(self, encoded: bytes, extent: int) -> None:
         maps = self.session.lease.tensor_maps

@@ -524,7 +524,9 @@ def main(argv: list[str] | None = None) -> int:
     log.info("listening on %s:%d, %d device(s), %s executor", host, port, len(devices), executor.name)
     lacks = executor.driver_lacks()
     if lacks:
-        log.info("this driver lacks %d entry point(s) of the call table: %s", len(lacks), ", ".join(lacks))
+        log.info(
+            "this driver lacks %d ABI(s) of the call table (name@version): %s", len(lacks), ", ".join(lacks)
+        )
     ready(host=host, port=port, pid=os.getpid(), tls_sha256=fingerprint, local=local_name, lacks=lacks)
     output = KernelOutput()  # after the ready line, the last thing this process says on stdout
     try:

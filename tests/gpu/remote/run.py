@@ -86,6 +86,7 @@ PROGRAMS = [
     "prog_legacy.py",  # issue 25: the legacy launch API (cuParamSet*, cuLaunchGrid), cuCtxAttach/cuCtxDetach
     "prog_graph_memory.py",  # issue 25: graph memory nodes (allocation, free), read back, attributes, trim
     "prog_multicast.py",  # issue 25: a multicast object bound, mapped and written through (NOT_SUPPORTED w/o NVLS)
+    "prog_proc_addresses.py",  # issue 25: cuGetProcAddress per (name, version) as the server's driver answers
 ]
 results: list[dict] = []
 

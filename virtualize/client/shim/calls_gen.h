@@ -630,6 +630,92 @@ GP_EXPORT CUresult cuMulticastBindAddr_v2(uint64_t mc, int32_t dev, uint64_t mc_
     return r;
 }
 
+GP_EXPORT CUresult cuDeviceGetFabricClusterUuid(void *uuid, int32_t dev) {
+    GP_TRACE("cuDeviceGetFabricClusterUuid");
+    if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuDeviceGetFabricClusterUuid in = { .dev = dev };
+    CUresult r = gp_call(GP_CALL_cuDeviceGetFabricClusterUuid, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, uuid, 16);
+    return r;
+}
+
+GP_EXPORT CUresult cuDeviceGetCliqueCount(uint64_t *count, int32_t dev) {
+    GP_TRACE("cuDeviceGetCliqueCount");
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuDeviceGetCliqueCount in = { .dev = dev };
+    struct gp_out_cuDeviceGetCliqueCount out;
+    CUresult r = gp_call(GP_CALL_cuDeviceGetCliqueCount, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *count = (uint64_t)out.count;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuLogicalEndpointIdReserve(uint32_t *base, uint32_t count) {
+    GP_TRACE("cuLogicalEndpointIdReserve");
+    if (!base) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuLogicalEndpointIdReserve in = { .count = count };
+    struct gp_out_cuLogicalEndpointIdReserve out;
+    CUresult r = gp_call(GP_CALL_cuLogicalEndpointIdReserve, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *base = (uint32_t)out.base;
+    }
+    return r;
+}
+
+GP_EXPORT CUresult cuLogicalEndpointIdRelease(uint32_t base, uint32_t count) {
+    GP_TRACE("cuLogicalEndpointIdRelease");
+    struct gp_in_cuLogicalEndpointIdRelease in = { .base = base, .count = count };
+    CUresult r = gp_call(GP_CALL_cuLogicalEndpointIdRelease, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuLogicalEndpointAddDevice(uint32_t id, int32_t dev) {
+    GP_TRACE("cuLogicalEndpointAddDevice");
+    struct gp_in_cuLogicalEndpointAddDevice in = { .id = id, .dev = dev };
+    CUresult r = gp_call(GP_CALL_cuLogicalEndpointAddDevice, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuLogicalEndpointDestroy(uint32_t id) {
+    GP_TRACE("cuLogicalEndpointDestroy");
+    struct gp_in_cuLogicalEndpointDestroy in = { .id = id };
+    CUresult r = gp_call(GP_CALL_cuLogicalEndpointDestroy, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuLogicalEndpointBindAddr(uint32_t id, int32_t dev, uint64_t offset, uint64_t ptr, uint64_t size, uint64_t flags) {
+    GP_TRACE("cuLogicalEndpointBindAddr");
+    struct gp_in_cuLogicalEndpointBindAddr in = { .id = id, .dev = dev, .offset = offset, .ptr = ptr, .size = size, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuLogicalEndpointBindAddr, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuLogicalEndpointBindMem(uint32_t id, int32_t dev, uint64_t offset, uint64_t memory, uint64_t mem_offset, uint64_t size, uint64_t flags) {
+    GP_TRACE("cuLogicalEndpointBindMem");
+    struct gp_in_cuLogicalEndpointBindMem in = { .id = id, .dev = dev, .offset = offset, .memory = memory, .mem_offset = mem_offset, .size = size, .flags = flags };
+    CUresult r = gp_call(GP_CALL_cuLogicalEndpointBindMem, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuLogicalEndpointUnbind(uint32_t id, int32_t dev, uint64_t offset, uint64_t size) {
+    GP_TRACE("cuLogicalEndpointUnbind");
+    struct gp_in_cuLogicalEndpointUnbind in = { .id = id, .dev = dev, .offset = offset, .size = size };
+    CUresult r = gp_call(GP_CALL_cuLogicalEndpointUnbind, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    return r;
+}
+
+GP_EXPORT CUresult cuLogicalEndpointQuery(uint32_t id, uint32_t count, int32_t *status) {
+    GP_TRACE("cuLogicalEndpointQuery");
+    if (!status) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuLogicalEndpointQuery in = { .id = id, .count = count };
+    struct gp_out_cuLogicalEndpointQuery out;
+    CUresult r = gp_call(GP_CALL_cuLogicalEndpointQuery, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) {
+        *status = (int32_t)out.status;
+    }
+    return r;
+}
+
 GP_EXPORT CUresult cuMemcpyDtoD_v2(uint64_t dst, uint64_t src, uint64_t count) {
     GP_TRACE("cuMemcpyDtoD_v2");
     gp_pinned_touch(dst);
@@ -2232,35 +2318,32 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuProfilerInitialize", "profiler initialisation: refused"},
     {"cuDeviceGetLuid", "Windows-only queries: refused"},
     {"cuLibraryGetUnifiedFunction", "unified function pointers: refused"},
-    {"cuLogicalEndpoint*", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
-    {"cuFabricCpyBatchAsync", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
-    {"cuDeviceGetFabricClusterUuid", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
-    {"cuDeviceGetCliqueCount", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
-    {"cuDeviceGetCliqueInfo", "multicast, logical endpoints and NVLink fabric: not forwarded yet"},
-    {"cuGraphNodeSetParams_v2", "graph nodes read back, changed or queried: not forwarded yet"},
-    {"cuGraphAddNode_v3", "graph nodes read back, changed or queried: not forwarded yet"},
+    {"cuLogicalEndpointExport", "logical endpoints shared with other processes or nodes: refused"},
+    {"cuLogicalEndpointImport", "logical endpoints shared with other processes or nodes: refused"},
     {"cuStreamBeginRecaptureToGraph", "recapture: not forwarded yet"},
-    {"cuTensorMapSetAllocationClass", "tensor-map allocation classes: not forwarded yet"},
-    {"cuDevSmResourceSplit", "green contexts and execution affinity: not forwarded yet"},
-    {"cuStreamGetDevResource", "green contexts and execution affinity: not forwarded yet"},
-    {"cuMemGetLocationInfo", "device, memory and log queries: not forwarded yet"},
 };
 
 /* What cuGetProcAddress hands out: (name, ABI version) -> function, sorted by name then version.
- * An entry with no function is a newer ABI that is not forwarded: its versioned symbol's refusal. */
+ * An entry with no function is an ABI that is not forwarded: its symbol's refusal. */
 static const struct gp_proc gp_procs[] = {
+    {"cuArray3DCreate", 0, NULL, "cuArray3DCreate"},
     {"cuArray3DCreate", 3020, (void *)cuArray3DCreate_v2, NULL},
+    {"cuArray3DGetDescriptor", 0, NULL, "cuArray3DGetDescriptor"},
     {"cuArray3DGetDescriptor", 3020, (void *)cuArray3DGetDescriptor_v2, NULL},
+    {"cuArrayCreate", 0, NULL, "cuArrayCreate"},
     {"cuArrayCreate", 3020, (void *)cuArrayCreate_v2, NULL},
     {"cuArrayDestroy", 2000, (void *)cuArrayDestroy, NULL},
+    {"cuArrayGetDescriptor", 0, NULL, "cuArrayGetDescriptor"},
     {"cuArrayGetDescriptor", 3020, (void *)cuArrayGetDescriptor_v2, NULL},
     {"cuArrayGetMemoryRequirements", 11060, (void *)cuArrayGetMemoryRequirements, NULL},
     {"cuArrayGetPlane", 11020, (void *)cuArrayGetPlane, NULL},
     {"cuArrayGetSparseProperties", 11010, (void *)cuArrayGetSparseProperties, NULL},
     {"cuCtxAttach", 2000, (void *)cuCtxAttach, NULL},
+    {"cuCtxCreate", 0, NULL, "cuCtxCreate"},
     {"cuCtxCreate", 3020, (void *)cuCtxCreate_v2, NULL},
     {"cuCtxCreate", 11040, (void *)cuCtxCreate_v3, NULL},
     {"cuCtxCreate", 12050, (void *)cuCtxCreate_v4, NULL},
+    {"cuCtxDestroy", 0, NULL, "cuCtxDestroy"},
     {"cuCtxDestroy", 4000, (void *)cuCtxDestroy_v2, NULL},
     {"cuCtxDetach", 2000, (void *)cuCtxDetach, NULL},
     {"cuCtxDisablePeerAccess", 4000, (void *)cuCtxDisablePeerAccess, NULL},
@@ -2278,7 +2361,9 @@ static const struct gp_proc gp_procs[] = {
     {"cuCtxGetLimit", 3010, (void *)cuCtxGetLimit, NULL},
     {"cuCtxGetSharedMemConfig", 4020, (void *)cuCtxGetSharedMemConfig, NULL},
     {"cuCtxGetStreamPriorityRange", 5050, (void *)cuCtxGetStreamPriorityRange, NULL},
+    {"cuCtxPopCurrent", 0, NULL, "cuCtxPopCurrent"},
     {"cuCtxPopCurrent", 4000, (void *)cuCtxPopCurrent_v2, NULL},
+    {"cuCtxPushCurrent", 0, NULL, "cuCtxPushCurrent"},
     {"cuCtxPushCurrent", 4000, (void *)cuCtxPushCurrent_v2, NULL},
     {"cuCtxRecordEvent", 12050, (void *)cuCtxRecordEvent, NULL},
     {"cuCtxResetPersistingL2Cache", 11000, (void *)cuCtxResetPersistingL2Cache, NULL},
@@ -2291,16 +2376,20 @@ static const struct gp_proc gp_procs[] = {
     {"cuCtxSynchronize", 13000, (void *)cuCtxSynchronize_v2, NULL},
     {"cuCtxWaitEvent", 12050, (void *)cuCtxWaitEvent, NULL},
     {"cuDevResourceGenerateDesc", 12040, (void *)cuDevResourceGenerateDesc, NULL},
+    {"cuDevSmResourceSplit", 13010, (void *)cuDevSmResourceSplit, NULL},
     {"cuDevSmResourceSplitByCount", 12040, (void *)cuDevSmResourceSplitByCount, NULL},
     {"cuDeviceCanAccessPeer", 4000, (void *)cuDeviceCanAccessPeer, NULL},
     {"cuDeviceComputeCapability", 2000, (void *)cuDeviceComputeCapability, NULL},
     {"cuDeviceGet", 2000, (void *)cuDeviceGet, NULL},
     {"cuDeviceGetAttribute", 2000, (void *)cuDeviceGetAttribute, NULL},
     {"cuDeviceGetByPCIBusId", 4010, (void *)cuDeviceGetByPCIBusId, NULL},
+    {"cuDeviceGetCliqueCount", 13041, (void *)cuDeviceGetCliqueCount, NULL},
+    {"cuDeviceGetCliqueInfo", 13041, (void *)cuDeviceGetCliqueInfo, NULL},
     {"cuDeviceGetCount", 2000, (void *)cuDeviceGetCount, NULL},
     {"cuDeviceGetDefaultMemPool", 11020, (void *)cuDeviceGetDefaultMemPool, NULL},
     {"cuDeviceGetDevResource", 12040, (void *)cuDeviceGetDevResource, NULL},
     {"cuDeviceGetExecAffinitySupport", 11040, (void *)cuDeviceGetExecAffinitySupport, NULL},
+    {"cuDeviceGetFabricClusterUuid", 13041, (void *)cuDeviceGetFabricClusterUuid, NULL},
     {"cuDeviceGetGraphMemAttribute", 11040, (void *)cuDeviceGetGraphMemAttribute, NULL},
     {"cuDeviceGetHostAtomicCapabilities", 13000, (void *)cuDeviceGetHostAtomicCapabilities, NULL},
     {"cuDeviceGetMemPool", 11020, (void *)cuDeviceGetMemPool, NULL},
@@ -2324,10 +2413,12 @@ static const struct gp_proc gp_procs[] = {
     {"cuDeviceRegisterAsyncNotification", 12040, (void *)cuDeviceRegisterAsyncNotification, NULL},
     {"cuDeviceSetGraphMemAttribute", 11040, (void *)cuDeviceSetGraphMemAttribute, NULL},
     {"cuDeviceSetMemPool", 11020, (void *)cuDeviceSetMemPool, NULL},
+    {"cuDeviceTotalMem", 0, NULL, "cuDeviceTotalMem"},
     {"cuDeviceTotalMem", 3020, (void *)cuDeviceTotalMem_v2, NULL},
     {"cuDeviceUnregisterAsyncNotification", 12040, (void *)cuDeviceUnregisterAsyncNotification, NULL},
     {"cuDriverGetVersion", 2020, (void *)cuDriverGetVersion, NULL},
     {"cuEventCreate", 2000, (void *)cuEventCreate, NULL},
+    {"cuEventDestroy", 0, NULL, "cuEventDestroy"},
     {"cuEventDestroy", 4000, (void *)cuEventDestroy_v2, NULL},
     {"cuEventElapsedTime", 2000, (void *)cuEventElapsedTime, NULL},
     {"cuEventElapsedTime", 12080, (void *)cuEventElapsedTime_v2, NULL},
@@ -2335,6 +2426,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuEventRecord", 2000, (void *)cuEventRecord, NULL},
     {"cuEventRecordWithFlags", 11010, (void *)cuEventRecordWithFlags, NULL},
     {"cuEventSynchronize", 2000, (void *)cuEventSynchronize, NULL},
+    {"cuFabricCpyBatchAsync", 13050, (void *)cuFabricCpyBatchAsync, NULL},
     {"cuFlushGPUDirectRDMAWrites", 11030, (void *)cuFlushGPUDirectRDMAWrites, NULL},
     {"cuFuncGetAttribute", 2020, (void *)cuFuncGetAttribute, NULL},
     {"cuFuncGetModule", 11000, (void *)cuFuncGetModule, NULL},
@@ -2359,6 +2451,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphAddEventRecordNode", 11010, (void *)cuGraphAddEventRecordNode, NULL},
     {"cuGraphAddEventWaitNode", 11010, (void *)cuGraphAddEventWaitNode, NULL},
     {"cuGraphAddHostNode", 10000, (void *)cuGraphAddHostNode, NULL},
+    {"cuGraphAddKernelNode", 0, NULL, "cuGraphAddKernelNode"},
     {"cuGraphAddKernelNode", 12000, (void *)cuGraphAddKernelNode_v2, NULL},
     {"cuGraphAddMemAllocNode", 11040, (void *)cuGraphAddMemAllocNode, NULL},
     {"cuGraphAddMemFreeNode", 11040, (void *)cuGraphAddMemFreeNode, NULL},
@@ -2366,7 +2459,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphAddMemsetNode", 10000, (void *)cuGraphAddMemsetNode, NULL},
     {"cuGraphAddNode", 12020, (void *)cuGraphAddNode, NULL},
     {"cuGraphAddNode", 12030, (void *)cuGraphAddNode_v2, NULL},
-    {"cuGraphAddNode", 13041, NULL, "cuGraphAddNode_v3"},
+    {"cuGraphAddNode", 13041, (void *)cuGraphAddNode_v3, NULL},
     {"cuGraphBatchMemOpNodeGetParams", 11070, (void *)cuGraphBatchMemOpNodeGetParams, NULL},
     {"cuGraphBatchMemOpNodeSetParams", 11070, (void *)cuGraphBatchMemOpNodeSetParams, NULL},
     {"cuGraphChildGraphNodeGetGraph", 10000, (void *)cuGraphChildGraphNodeGetGraph, NULL},
@@ -2388,10 +2481,12 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphExecGetFlags", 12000, (void *)cuGraphExecGetFlags, NULL},
     {"cuGraphExecGetId", 13010, (void *)cuGraphExecGetId, NULL},
     {"cuGraphExecHostNodeSetParams", 10020, (void *)cuGraphExecHostNodeSetParams, NULL},
+    {"cuGraphExecKernelNodeSetParams", 0, NULL, "cuGraphExecKernelNodeSetParams"},
     {"cuGraphExecKernelNodeSetParams", 12000, (void *)cuGraphExecKernelNodeSetParams_v2, NULL},
     {"cuGraphExecMemcpyNodeSetParams", 10020, (void *)cuGraphExecMemcpyNodeSetParams, NULL},
     {"cuGraphExecMemsetNodeSetParams", 10020, (void *)cuGraphExecMemsetNodeSetParams, NULL},
     {"cuGraphExecNodeSetParams", 12020, (void *)cuGraphExecNodeSetParams, NULL},
+    {"cuGraphExecUpdate", 0, NULL, "cuGraphExecUpdate"},
     {"cuGraphExecUpdate", 12000, (void *)cuGraphExecUpdate_v2, NULL},
     {"cuGraphGetEdges", 10000, (void *)cuGraphGetEdges, NULL},
     {"cuGraphGetEdges", 12030, (void *)cuGraphGetEdges_v2, NULL},
@@ -2405,8 +2500,10 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphInstantiateWithParams", 12000, (void *)cuGraphInstantiateWithParams, NULL},
     {"cuGraphKernelNodeCopyAttributes", 11000, (void *)cuGraphKernelNodeCopyAttributes, NULL},
     {"cuGraphKernelNodeGetAttribute", 11000, (void *)cuGraphKernelNodeGetAttribute, NULL},
+    {"cuGraphKernelNodeGetParams", 0, NULL, "cuGraphKernelNodeGetParams"},
     {"cuGraphKernelNodeGetParams", 12000, (void *)cuGraphKernelNodeGetParams_v2, NULL},
     {"cuGraphKernelNodeSetAttribute", 11000, (void *)cuGraphKernelNodeSetAttribute, NULL},
+    {"cuGraphKernelNodeSetParams", 0, NULL, "cuGraphKernelNodeSetParams"},
     {"cuGraphKernelNodeSetParams", 12000, (void *)cuGraphKernelNodeSetParams_v2, NULL},
     {"cuGraphLaunch", 10000, (void *)cuGraphLaunch, NULL},
     {"cuGraphMemAllocNodeGetParams", 11040, (void *)cuGraphMemAllocNodeGetParams, NULL},
@@ -2428,7 +2525,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuGraphNodeGetType", 10000, (void *)cuGraphNodeGetType, NULL},
     {"cuGraphNodeSetEnabled", 11060, (void *)cuGraphNodeSetEnabled, NULL},
     {"cuGraphNodeSetParams", 12020, (void *)cuGraphNodeSetParams, NULL},
-    {"cuGraphNodeSetParams", 13041, NULL, "cuGraphNodeSetParams_v2"},
+    {"cuGraphNodeSetParams", 13041, (void *)cuGraphNodeSetParams_v2, NULL},
     {"cuGraphReleaseUserObject", 11030, (void *)cuGraphReleaseUserObject, NULL},
     {"cuGraphRemoveDependencies", 10000, (void *)cuGraphRemoveDependencies, NULL},
     {"cuGraphRemoveDependencies", 12030, (void *)cuGraphRemoveDependencies_v2, NULL},
@@ -2474,11 +2571,24 @@ static const struct gp_proc gp_procs[] = {
     {"cuLibraryLoadData", 12000, (void *)cuLibraryLoadData, NULL},
     {"cuLibraryLoadFromFile", 12000, (void *)cuLibraryLoadFromFile, NULL},
     {"cuLibraryUnload", 12000, (void *)cuLibraryUnload, NULL},
+    {"cuLinkAddData", 0, NULL, "cuLinkAddData"},
     {"cuLinkAddData", 6050, (void *)cuLinkAddData_v2, NULL},
+    {"cuLinkAddFile", 0, NULL, "cuLinkAddFile"},
     {"cuLinkAddFile", 6050, (void *)cuLinkAddFile_v2, NULL},
     {"cuLinkComplete", 5050, (void *)cuLinkComplete, NULL},
+    {"cuLinkCreate", 0, NULL, "cuLinkCreate"},
     {"cuLinkCreate", 6050, (void *)cuLinkCreate_v2, NULL},
     {"cuLinkDestroy", 5050, (void *)cuLinkDestroy, NULL},
+    {"cuLogicalEndpointAddDevice", 13030, (void *)cuLogicalEndpointAddDevice, NULL},
+    {"cuLogicalEndpointBindAddr", 13030, (void *)cuLogicalEndpointBindAddr, NULL},
+    {"cuLogicalEndpointBindMem", 13030, (void *)cuLogicalEndpointBindMem, NULL},
+    {"cuLogicalEndpointCreate", 13030, (void *)cuLogicalEndpointCreate, NULL},
+    {"cuLogicalEndpointDestroy", 13030, (void *)cuLogicalEndpointDestroy, NULL},
+    {"cuLogicalEndpointGetLimits", 13030, (void *)cuLogicalEndpointGetLimits, NULL},
+    {"cuLogicalEndpointIdRelease", 13030, (void *)cuLogicalEndpointIdRelease, NULL},
+    {"cuLogicalEndpointIdReserve", 13030, (void *)cuLogicalEndpointIdReserve, NULL},
+    {"cuLogicalEndpointQuery", 13030, (void *)cuLogicalEndpointQuery, NULL},
+    {"cuLogicalEndpointUnbind", 13030, (void *)cuLogicalEndpointUnbind, NULL},
     {"cuLogsCurrent", 12080, (void *)cuLogsCurrent, NULL},
     {"cuLogsDumpToFile", 12080, (void *)cuLogsDumpToFile, NULL},
     {"cuLogsDumpToMemory", 12080, (void *)cuLogsDumpToMemory, NULL},
@@ -2488,30 +2598,39 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemAddressReserve", 10020, (void *)cuMemAddressReserve, NULL},
     {"cuMemAdvise", 8000, (void *)cuMemAdvise, NULL},
     {"cuMemAdvise", 12020, (void *)cuMemAdvise_v2, NULL},
+    {"cuMemAlloc", 0, NULL, "cuMemAlloc"},
     {"cuMemAlloc", 3020, (void *)cuMemAlloc_v2, NULL},
     {"cuMemAllocAsync", 11020, (void *)cuMemAllocAsync, NULL},
     {"cuMemAllocFromPoolAsync", 11020, (void *)cuMemAllocFromPoolAsync, NULL},
+    {"cuMemAllocHost", 0, NULL, "cuMemAllocHost"},
     {"cuMemAllocHost", 3020, (void *)cuMemAllocHost_v2, NULL},
     {"cuMemAllocManaged", 6000, (void *)cuMemAllocManaged, NULL},
+    {"cuMemAllocPitch", 0, NULL, "cuMemAllocPitch"},
     {"cuMemAllocPitch", 3020, (void *)cuMemAllocPitch_v2, NULL},
     {"cuMemBatchDecompressAsync", 12060, (void *)cuMemBatchDecompressAsync, NULL},
     {"cuMemCreate", 10020, (void *)cuMemCreate, NULL},
     {"cuMemDiscardAndPrefetchBatchAsync", 13000, (void *)cuMemDiscardAndPrefetchBatchAsync, NULL},
     {"cuMemDiscardBatchAsync", 13000, (void *)cuMemDiscardBatchAsync, NULL},
     {"cuMemExportToShareableHandle", 10020, (void *)cuMemExportToShareableHandle, NULL},
+    {"cuMemFree", 0, NULL, "cuMemFree"},
     {"cuMemFree", 3020, (void *)cuMemFree_v2, NULL},
     {"cuMemFreeAsync", 11020, (void *)cuMemFreeAsync, NULL},
     {"cuMemFreeHost", 2000, (void *)cuMemFreeHost, NULL},
     {"cuMemGetAccess", 10020, (void *)cuMemGetAccess, NULL},
+    {"cuMemGetAddressRange", 0, NULL, "cuMemGetAddressRange"},
     {"cuMemGetAddressRange", 3020, (void *)cuMemGetAddressRange_v2, NULL},
     {"cuMemGetAllocationGranularity", 10020, (void *)cuMemGetAllocationGranularity, NULL},
     {"cuMemGetAllocationPropertiesFromHandle", 10020, (void *)cuMemGetAllocationPropertiesFromHandle, NULL},
     {"cuMemGetDefaultMemPool", 13000, (void *)cuMemGetDefaultMemPool, NULL},
+    {"cuMemGetInfo", 0, NULL, "cuMemGetInfo"},
     {"cuMemGetInfo", 3020, (void *)cuMemGetInfo_v2, NULL},
+    {"cuMemGetLocationInfo", 13041, (void *)cuMemGetLocationInfo, NULL},
     {"cuMemGetMemPool", 13000, (void *)cuMemGetMemPool, NULL},
     {"cuMemHostAlloc", 2020, (void *)cuMemHostAlloc, NULL},
+    {"cuMemHostGetDevicePointer", 0, NULL, "cuMemHostGetDevicePointer"},
     {"cuMemHostGetDevicePointer", 3020, (void *)cuMemHostGetDevicePointer_v2, NULL},
     {"cuMemHostGetFlags", 2030, (void *)cuMemHostGetFlags, NULL},
+    {"cuMemHostRegister", 0, NULL, "cuMemHostRegister"},
     {"cuMemHostRegister", 6050, (void *)cuMemHostRegister_v2, NULL},
     {"cuMemHostUnregister", 4000, (void *)cuMemHostUnregister, NULL},
     {"cuMemImportFromShareableHandle", 10020, (void *)cuMemImportFromShareableHandle, NULL},
@@ -2539,10 +2658,15 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemSetMemPool", 13000, (void *)cuMemSetMemPool, NULL},
     {"cuMemUnmap", 10020, (void *)cuMemUnmap, NULL},
     {"cuMemcpy", 4000, (void *)cuMemcpy, NULL},
+    {"cuMemcpy2D", 0, NULL, "cuMemcpy2D"},
     {"cuMemcpy2D", 3020, (void *)cuMemcpy2D_v2, NULL},
+    {"cuMemcpy2DAsync", 0, NULL, "cuMemcpy2DAsync"},
     {"cuMemcpy2DAsync", 3020, (void *)cuMemcpy2DAsync_v2, NULL},
+    {"cuMemcpy2DUnaligned", 0, NULL, "cuMemcpy2DUnaligned"},
     {"cuMemcpy2DUnaligned", 3020, (void *)cuMemcpy2DUnaligned_v2, NULL},
+    {"cuMemcpy3D", 0, NULL, "cuMemcpy3D"},
     {"cuMemcpy3D", 3020, (void *)cuMemcpy3D_v2, NULL},
+    {"cuMemcpy3DAsync", 0, NULL, "cuMemcpy3DAsync"},
     {"cuMemcpy3DAsync", 3020, (void *)cuMemcpy3DAsync_v2, NULL},
     {"cuMemcpy3DBatchAsync", 12080, (void *)cuMemcpy3DBatchAsync, NULL},
     {"cuMemcpy3DBatchAsync", 13000, (void *)cuMemcpy3DBatchAsync_v2, NULL},
@@ -2550,34 +2674,53 @@ static const struct gp_proc gp_procs[] = {
     {"cuMemcpy3DPeerAsync", 4000, (void *)cuMemcpy3DPeerAsync, NULL},
     {"cuMemcpy3DWithAttributesAsync", 13000, (void *)cuMemcpy3DWithAttributesAsync, NULL},
     {"cuMemcpyAsync", 4000, (void *)cuMemcpyAsync, NULL},
+    {"cuMemcpyAtoA", 0, NULL, "cuMemcpyAtoA"},
     {"cuMemcpyAtoA", 3020, (void *)cuMemcpyAtoA_v2, NULL},
+    {"cuMemcpyAtoD", 0, NULL, "cuMemcpyAtoD"},
     {"cuMemcpyAtoD", 3020, (void *)cuMemcpyAtoD_v2, NULL},
+    {"cuMemcpyAtoH", 0, NULL, "cuMemcpyAtoH"},
     {"cuMemcpyAtoH", 3020, (void *)cuMemcpyAtoH_v2, NULL},
+    {"cuMemcpyAtoHAsync", 0, NULL, "cuMemcpyAtoHAsync"},
     {"cuMemcpyAtoHAsync", 3020, (void *)cuMemcpyAtoHAsync_v2, NULL},
     {"cuMemcpyBatchAsync", 12080, (void *)cuMemcpyBatchAsync, NULL},
     {"cuMemcpyBatchAsync", 13000, (void *)cuMemcpyBatchAsync_v2, NULL},
+    {"cuMemcpyDtoA", 0, NULL, "cuMemcpyDtoA"},
     {"cuMemcpyDtoA", 3020, (void *)cuMemcpyDtoA_v2, NULL},
+    {"cuMemcpyDtoD", 0, NULL, "cuMemcpyDtoD"},
     {"cuMemcpyDtoD", 3020, (void *)cuMemcpyDtoD_v2, NULL},
+    {"cuMemcpyDtoDAsync", 0, NULL, "cuMemcpyDtoDAsync"},
     {"cuMemcpyDtoDAsync", 3020, (void *)cuMemcpyDtoDAsync_v2, NULL},
+    {"cuMemcpyDtoH", 0, NULL, "cuMemcpyDtoH"},
     {"cuMemcpyDtoH", 3020, (void *)cuMemcpyDtoH_v2, NULL},
+    {"cuMemcpyDtoHAsync", 0, NULL, "cuMemcpyDtoHAsync"},
     {"cuMemcpyDtoHAsync", 3020, (void *)cuMemcpyDtoHAsync_v2, NULL},
+    {"cuMemcpyHtoA", 0, NULL, "cuMemcpyHtoA"},
     {"cuMemcpyHtoA", 3020, (void *)cuMemcpyHtoA_v2, NULL},
+    {"cuMemcpyHtoAAsync", 0, NULL, "cuMemcpyHtoAAsync"},
     {"cuMemcpyHtoAAsync", 3020, (void *)cuMemcpyHtoAAsync_v2, NULL},
+    {"cuMemcpyHtoD", 0, NULL, "cuMemcpyHtoD"},
     {"cuMemcpyHtoD", 3020, (void *)cuMemcpyHtoD_v2, NULL},
+    {"cuMemcpyHtoDAsync", 0, NULL, "cuMemcpyHtoDAsync"},
     {"cuMemcpyHtoDAsync", 3020, (void *)cuMemcpyHtoDAsync_v2, NULL},
     {"cuMemcpyPeer", 4000, (void *)cuMemcpyPeer, NULL},
     {"cuMemcpyPeerAsync", 4000, (void *)cuMemcpyPeerAsync, NULL},
     {"cuMemcpyWithAttributesAsync", 13000, (void *)cuMemcpyWithAttributesAsync, NULL},
+    {"cuMemsetD16", 0, NULL, "cuMemsetD16"},
     {"cuMemsetD16", 3020, (void *)cuMemsetD16_v2, NULL},
     {"cuMemsetD16Async", 3020, (void *)cuMemsetD16Async, NULL},
+    {"cuMemsetD2D16", 0, NULL, "cuMemsetD2D16"},
     {"cuMemsetD2D16", 3020, (void *)cuMemsetD2D16_v2, NULL},
     {"cuMemsetD2D16Async", 3020, (void *)cuMemsetD2D16Async, NULL},
+    {"cuMemsetD2D32", 0, NULL, "cuMemsetD2D32"},
     {"cuMemsetD2D32", 3020, (void *)cuMemsetD2D32_v2, NULL},
     {"cuMemsetD2D32Async", 3020, (void *)cuMemsetD2D32Async, NULL},
+    {"cuMemsetD2D8", 0, NULL, "cuMemsetD2D8"},
     {"cuMemsetD2D8", 3020, (void *)cuMemsetD2D8_v2, NULL},
     {"cuMemsetD2D8Async", 3020, (void *)cuMemsetD2D8Async, NULL},
+    {"cuMemsetD32", 0, NULL, "cuMemsetD32"},
     {"cuMemsetD32", 3020, (void *)cuMemsetD32_v2, NULL},
     {"cuMemsetD32Async", 3020, (void *)cuMemsetD32Async, NULL},
+    {"cuMemsetD8", 0, NULL, "cuMemsetD8"},
     {"cuMemsetD8", 3020, (void *)cuMemsetD8_v2, NULL},
     {"cuMemsetD8Async", 3020, (void *)cuMemsetD8Async, NULL},
     {"cuMipmappedArrayCreate", 5000, (void *)cuMipmappedArrayCreate, NULL},
@@ -2588,6 +2731,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuModuleEnumerateFunctions", 12040, (void *)cuModuleEnumerateFunctions, NULL},
     {"cuModuleGetFunction", 2000, (void *)cuModuleGetFunction, NULL},
     {"cuModuleGetFunctionCount", 12040, (void *)cuModuleGetFunctionCount, NULL},
+    {"cuModuleGetGlobal", 0, NULL, "cuModuleGetGlobal"},
     {"cuModuleGetGlobal", 3020, (void *)cuModuleGetGlobal_v2, NULL},
     {"cuModuleGetLoadingMode", 11070, (void *)cuModuleGetLoadingMode, NULL},
     {"cuModuleGetSurfRef", 3000, (void *)cuModuleGetSurfRef, NULL},
@@ -2626,18 +2770,22 @@ static const struct gp_proc gp_procs[] = {
     {"cuStreamAttachMemAsync", 6000, (void *)cuStreamAttachMemAsync, NULL},
     {"cuStreamBatchMemOp", 8000, (void *)cuStreamBatchMemOp, NULL},
     {"cuStreamBatchMemOp", 11070, (void *)cuStreamBatchMemOp_v2, NULL},
+    {"cuStreamBeginCapture", 0, NULL, "cuStreamBeginCapture"},
     {"cuStreamBeginCapture", 10010, (void *)cuStreamBeginCapture_v2, NULL},
     {"cuStreamBeginCaptureToGraph", 12030, (void *)cuStreamBeginCaptureToGraph, NULL},
     {"cuStreamCopyAttributes", 11000, (void *)cuStreamCopyAttributes, NULL},
     {"cuStreamCreate", 2000, (void *)cuStreamCreate, NULL},
     {"cuStreamCreateWithPriority", 5050, (void *)cuStreamCreateWithPriority, NULL},
+    {"cuStreamDestroy", 0, NULL, "cuStreamDestroy"},
     {"cuStreamDestroy", 4000, (void *)cuStreamDestroy_v2, NULL},
     {"cuStreamEndCapture", 10000, (void *)cuStreamEndCapture, NULL},
     {"cuStreamGetAttribute", 11000, (void *)cuStreamGetAttribute, NULL},
+    {"cuStreamGetCaptureInfo", 0, NULL, "cuStreamGetCaptureInfo"},
     {"cuStreamGetCaptureInfo", 11030, (void *)cuStreamGetCaptureInfo_v2, NULL},
     {"cuStreamGetCaptureInfo", 12030, (void *)cuStreamGetCaptureInfo_v3, NULL},
     {"cuStreamGetCtx", 9020, (void *)cuStreamGetCtx, NULL},
     {"cuStreamGetCtx", 12050, (void *)cuStreamGetCtx_v2, NULL},
+    {"cuStreamGetDevResource", 13010, (void *)cuStreamGetDevResource, NULL},
     {"cuStreamGetDevice", 12080, (void *)cuStreamGetDevice, NULL},
     {"cuStreamGetFlags", 5050, (void *)cuStreamGetFlags, NULL},
     {"cuStreamGetGreenCtx", 12040, (void *)cuStreamGetGreenCtx, NULL},
@@ -2667,6 +2815,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuTensorMapEncodeIm2colWide", 12080, (void *)cuTensorMapEncodeIm2colWide, NULL},
     {"cuTensorMapEncodeTiled", 12000, (void *)cuTensorMapEncodeTiled, NULL},
     {"cuTensorMapReplaceAddress", 12000, (void *)cuTensorMapReplaceAddress, NULL},
+    {"cuTensorMapSetAllocationClass", 13050, (void *)cuTensorMapSetAllocationClass, NULL},
     {"cuTexObjectCreate", 5000, (void *)cuTexObjectCreate, NULL},
     {"cuTexObjectDestroy", 5000, (void *)cuTexObjectDestroy, NULL},
     {"cuTexObjectGetResourceDesc", 5000, (void *)cuTexObjectGetResourceDesc, NULL},
@@ -2674,6 +2823,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuTexObjectGetTextureDesc", 5000, (void *)cuTexObjectGetTextureDesc, NULL},
     {"cuTexRefCreate", 2000, (void *)cuTexRefCreate, NULL},
     {"cuTexRefDestroy", 2000, (void *)cuTexRefDestroy, NULL},
+    {"cuTexRefGetAddress", 0, NULL, "cuTexRefGetAddress"},
     {"cuTexRefGetAddress", 3020, (void *)cuTexRefGetAddress_v2, NULL},
     {"cuTexRefGetAddressMode", 2000, (void *)cuTexRefGetAddressMode, NULL},
     {"cuTexRefGetArray", 2000, (void *)cuTexRefGetArray, NULL},
@@ -2686,7 +2836,9 @@ static const struct gp_proc gp_procs[] = {
     {"cuTexRefGetMipmapLevelBias", 5000, (void *)cuTexRefGetMipmapLevelBias, NULL},
     {"cuTexRefGetMipmapLevelClamp", 5000, (void *)cuTexRefGetMipmapLevelClamp, NULL},
     {"cuTexRefGetMipmappedArray", 5000, (void *)cuTexRefGetMipmappedArray, NULL},
+    {"cuTexRefSetAddress", 0, NULL, "cuTexRefSetAddress"},
     {"cuTexRefSetAddress", 3020, (void *)cuTexRefSetAddress_v2, NULL},
+    {"cuTexRefSetAddress2D", 0, NULL, "cuTexRefSetAddress2D"},
     {"cuTexRefSetAddress2D", 4010, (void *)cuTexRefSetAddress2D_v3, NULL},
     {"cuTexRefSetAddressMode", 2000, (void *)cuTexRefSetAddressMode, NULL},
     {"cuTexRefSetArray", 2000, (void *)cuTexRefSetArray, NULL},

@@ -429,6 +429,23 @@ CUresult cuTensorMapEncodeIm2colWide(void *map, int32_t dtype, uint32_t rank, vo
                    TENSOR_MAP_BYTES);
 }
 
+/* The class in effect is SMALL until the call succeeds, as the driver says; the map changes only then. */
+CUresult cuTensorMapSetAllocationClass(void *map, int32_t alloc_class, void *effective) {
+    GP_TRACE("cuTensorMapSetAllocationClass");
+    if (effective) *(int32_t *)effective = 1; /* CU_TENSOR_MAP_ALLOC_CLASS_SMALL */
+    if (!map) return CUDA_ERROR_INVALID_VALUE;
+    unsigned char before[TENSOR_MAP_BYTES], after[TENSOR_MAP_BYTES];
+    memcpy(before, map, sizeof before);
+    struct gp_in_cuTensorMapSetAllocationClass in = {.alloc_class = alloc_class};
+    struct gp_out_cuTensorMapSetAllocationClass out;
+    CUresult r = gp_call(GP_CALL_cuTensorMapSetAllocationClass, WANT, &in, sizeof in, before, sizeof before, &out,
+                         sizeof out, after, sizeof after);
+    if (r != CUDA_SUCCESS) return r;
+    memcpy(map, after, sizeof after);
+    if (effective) *(int32_t *)effective = out.effective;
+    return CUDA_SUCCESS;
+}
+
 CUresult cuTensorMapReplaceAddress(void *map, void *address) {
     GP_TRACE("cuTensorMapReplaceAddress");
     if (!map) return CUDA_ERROR_INVALID_VALUE;

@@ -121,32 +121,49 @@ static CUresult gp_unforwarded(const char *name) {
     return stub_hit(slot < 0 ? N_STUBS - 1 : slot);
 }
 
-/* Whether the worker's driver lacks `symbol` (GP_ENV_LACKS: the names the worker found missing when it
- * asked its own driver, commas; lease 0's under --spread, asked before a rank's lease is picked). */
-static int driver_lacks(const char *symbol) {
+/* Whether the worker's driver lacks the ABI (GP_ENV_LACKS: `name@since` of each ABI of the call table the
+ * worker found its own driver without, commas; lease 0's under --spread, asked before a rank's lease is
+ * picked). */
+static int driver_lacks(const struct gp_proc *abi) {
     const char *lacks = getenv(GP_ENV_LACKS);
-    size_t n = strlen(symbol);
+    char entry[160];
+    int n = snprintf(entry, sizeof entry, "%s@%d", abi->name, abi->since);
+    if (n <= 0 || (size_t)n >= sizeof entry) return 0;
     for (const char *p = lacks; p && *p;) {
         const char *end = strchr(p, ',');
         size_t len = end ? (size_t)(end - p) : strlen(p);
-        if (len == n && strncmp(p, symbol, n) == 0) return 1;
+        if (len == (size_t)n && strncmp(p, entry, len) == 0) return 1;
         p = end ? end + 1 : NULL;
     }
     return 0;
 }
 
+static CUresult not_found(void **pfn, int *status, int why) {
+    *pfn = NULL;
+    if (status) *status = why;
+    return CUDA_ERROR_NOT_FOUND;
+}
+
+/* As the GPU server's driver answers (name, version): for a name of the call table, the newest of its ABIs
+ * up to `version` that the worker's driver has (one it lacks falls back to the one before, as a driver
+ * without a newer ABI hands out its older one); none up to `version` is CU_GET_PROC_ADDRESS_VERSION_NOT_
+ * SUFFICIENT, none the driver has CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND. Every other name is found, and
+ * refuses when called (its census reason). */
 GP_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, uint64_t flags, int *status) {
     (void)flags; /* per-thread default stream variants: the worker runs one thread per connection */
     if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
-    if (driver_lacks(symbol)) { /* as the GPU server's driver answers: a newer CUDA's call it does not have */
-        *pfn = NULL;
-        if (status) *status = 1; /* CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND */
-        return CUDA_ERROR_NOT_FOUND;
+    if (strcmp(symbol, "cuGetProcAddress") != 0 && lookup_abi(symbol, 1 << 30)) { /* a name of the table */
+        const struct gp_proc *abi = lookup_abi(symbol, version);
+        if (!abi) return not_found(pfn, status, 2); /* CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT */
+        while (abi && driver_lacks(abi)) abi = abi > gp_procs && strcmp(abi[-1].name, symbol) == 0 ? abi - 1 : NULL;
+        if (!abi) return not_found(pfn, status, 1); /* CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND */
+        /* an ABI that is not forwarded refuses as its versioned symbol, never runs as another one */
+        *pfn = abi->fn ? abi->fn : stub_for(abi->refused);
+        if (status) *status = 0; /* CU_GET_PROC_ADDRESS_SUCCESS */
+        return CUDA_SUCCESS;
     }
-    const struct gp_proc *abi = lookup_abi(symbol, version);
     void *fn = lookup_proc(symbol, version);
-    /* a newer ABI that is not forwarded refuses as its versioned symbol, never runs as the older one */
-    *pfn = fn ? fn : stub_for(abi && abi->refused ? abi->refused : symbol);
+    *pfn = fn ? fn : stub_for(symbol);
     if (status) *status = 0; /* CU_GET_PROC_ADDRESS_SUCCESS */
     return CUDA_SUCCESS;
 }
@@ -226,6 +243,23 @@ CUresult cuDeviceGetP2PAtomicCapabilities(void *capabilities, void *operations, 
     struct gp_in_cuDeviceGetP2PAtomicCapabilities in = {.count = count, .src = src, .dst = dst};
     return gp_call(GP_CALL_cuDeviceGetP2PAtomicCapabilities, WANT, &in, sizeof in, operations, 4ull * count, NULL,
                    0, capabilities, 4ull * count);
+}
+
+/* CUcliqueInfo (type, id): up to the count the program's array holds, and how many came back. */
+#define MAX_CLIQUES 64
+
+CUresult cuDeviceGetCliqueInfo(void *info, void *count, int32_t dev) {
+    GP_TRACE("cuDeviceGetCliqueInfo");
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t capacity;
+    memcpy(&capacity, count, 8);
+    if (capacity && !info) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuDeviceGetCliqueInfo in = {.dev = dev, .capacity = capacity < MAX_CLIQUES ? capacity : MAX_CLIQUES};
+    struct gp_out_cuDeviceGetCliqueInfo out;
+    CUresult r = gp_call(GP_CALL_cuDeviceGetCliqueInfo, WANT, &in, sizeof in, NULL, 0, &out, sizeof out, info,
+                         8 * in.capacity);
+    if (r == CUDA_SUCCESS) memcpy(count, &out.count, 8);
+    return r;
 }
 
 /* Atomics between a device and the program's host: none is native, as HOST_NATIVE_ATOMIC_SUPPORTED

@@ -747,6 +747,44 @@ enum {
 
 static CUresult add_node_of_type(uint64_t *node, uint64_t graph, void *deps, uint64_t num_deps, void *params);
 
+/* CUDA 13.4's CUgraphNodeParams (cuGraphAddNode_v3, cuGraphNodeSetParams_v2) against the older one, type by
+ * type: the same bytes for every type but two, whose structures grew at their end (a host node's sync mode,
+ * context and green context after the function and its argument; an event record node's context and green
+ * context after the event), and three new types. A grown type is sent as the older ABI only when what it
+ * added says what the older one meant (a sync mode is how the worker's driver waits, either runs as a host
+ * function does: cuLaunchHostFunc_v2; the context the current one; no green context); anything else, and the
+ * new types, are refused with the reason, never run as the older ABI with the new fields dropped. */
+enum { NODE_MEMCPY_BATCH = 14, NODE_EXTERNAL_ENGINE = 17, NODE_FABRIC_CPY_BATCH = 18 };
+
+static CUresult refused_as_older(const char *name, uint32_t type, const char *why) {
+    gp_say("%s: a node of type %u %s, which the older CUgraphNodeParams the remote GPU is sent cannot say; "
+           "it returns CUDA_ERROR_NOT_SUPPORTED (docs/remote.md)", name, type, why);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+static CUresult params_13_4_as_older(const char *name, const unsigned char *p) {
+    uint32_t type, sync_mode;
+    uint64_t ctx, green;
+    memcpy(&type, p, 4);
+    switch (type) {
+    case NODE_HOST: /* CUDA_HOST_NODE_PARAMS_v2: fn, userData, syncMode at 16, ctx at 24, gCtx at 32 */
+        memcpy(&sync_mode, p + 16 + 16, 4), memcpy(&ctx, p + 16 + 24, 8), memcpy(&green, p + 16 + 32, 8);
+        if (sync_mode > 1) return CUDA_ERROR_INVALID_VALUE; /* neither BLOCKING nor SPINWAIT */
+        break;
+    case NODE_EVENT_RECORD: /* CUDA_EVENT_RECORD_NODE_PARAMS: event, ctx at 8, gCtx at 16 */
+        memcpy(&ctx, p + 16 + 8, 8), memcpy(&green, p + 16 + 16, 8);
+        break;
+    case NODE_MEMCPY_BATCH:
+        return refused_as_older(name, type, "(a batch of copies) is new in CUDA 13.4");
+    case NODE_EXTERNAL_ENGINE: case NODE_FABRIC_CPY_BATCH:
+        return refused_as_older(name, type, "(an external engine's work or NVLink-fabric copies) is new");
+    default:
+        return CUDA_SUCCESS; /* the same layout as the older ABI's */
+    }
+    if (green) return refused_as_older(name, type, "bound to a green context");
+    return node_context(name, ctx);
+}
+
 static CUresult add_node(uint64_t *node, uint64_t graph, void *deps, const void *edges, uint64_t num_deps,
                          void *params) {
     if (!node || !params || (num_deps && !deps) || num_deps > MAX_NODE_DEPS) return CUDA_ERROR_INVALID_VALUE;
@@ -816,6 +854,13 @@ CUresult cuGraphAddNode(uint64_t *node, uint64_t graph, void *deps, uint64_t num
 CUresult cuGraphAddNode_v2(uint64_t *node, uint64_t graph, void *deps, void *edges, uint64_t num_deps, void *params) {
     GP_TRACE("cuGraphAddNode_v2");
     return add_node(node, graph, deps, edges, num_deps, params);
+}
+
+CUresult cuGraphAddNode_v3(uint64_t *node, uint64_t graph, void *deps, void *edges, uint64_t num_deps, void *params) {
+    GP_TRACE("cuGraphAddNode_v3");
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = params_13_4_as_older("cuGraphAddNode", params);
+    return r == CUDA_SUCCESS ? add_node(node, graph, deps, edges, num_deps, params) : r;
 }
 
 /* The generic setters (CUgraphNodeParams, as cuGraphAddNode reads it): sent as the typed call of the
@@ -906,6 +951,13 @@ CUresult cuGraphNodeGetParams(uint64_t node, void *params) {
 CUresult cuGraphNodeSetParams(uint64_t node, void *params) {
     GP_TRACE("cuGraphNodeSetParams");
     return node_set_params("cuGraphNodeSetParams", 0, node, params);
+}
+
+CUresult cuGraphNodeSetParams_v2(uint64_t node, void *params) {
+    GP_TRACE("cuGraphNodeSetParams_v2");
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = params_13_4_as_older("cuGraphNodeSetParams", params);
+    return r == CUDA_SUCCESS ? node_set_params("cuGraphNodeSetParams", 0, node, params) : r;
 }
 
 CUresult cuGraphExecNodeSetParams(uint64_t exec, uint64_t node, void *params) {

@@ -60,6 +60,11 @@ CUresult cuGreenCtxGetDevResource(uint64_t green, void *resource, int32_t type) 
     GET_RESOURCE(cuGreenCtxGetDevResource, in);
 }
 
+CUresult cuStreamGetDevResource(uint64_t stream, void *resource, int32_t type) {
+    struct gp_in_cuStreamGetDevResource in = {.stream = stream, .type = type};
+    GET_RESOURCE(cuStreamGetDevResource, in);
+}
+
 /* With `result` NULL only the number of groups is asked (the driver's count query). */
 CUresult cuDevSmResourceSplitByCount(void *result, void *nb_groups, void *input, void *remaining, uint32_t flags,
                                      uint32_t min_count) {
@@ -83,6 +88,33 @@ CUresult cuDevSmResourceSplitByCount(void *result, void *nb_groups, void *input,
                  groups[i].min_partition, groups[i].alignment);
     if (remaining) fill(remaining, out.remaining, out.sm_count, out.min_partition, out.alignment);
     memcpy(nb_groups, &n, 4);
+    return CUDA_SUCCESS;
+}
+
+/* CUDA 13.1's structured split: the group parameters go (64 bytes each) and come back, the driver's SM counts
+ * filled in where they were 0 (discovery); with `result` NULL only they are asked for. */
+#define GROUP_PARAMS_BYTES 64 /* CU_DEV_SM_RESOURCE_GROUP_PARAMS */
+#define MAX_STRUCTURED_GROUPS 256
+
+CUresult cuDevSmResourceSplit(void *result, uint32_t nb_groups, void *input, void *remainder, uint32_t flags,
+                              void *params) {
+    GP_TRACE("cuDevSmResourceSplit");
+    if (!input || !params || nb_groups == 0 || nb_groups > MAX_STRUCTURED_GROUPS) return CUDA_ERROR_INVALID_VALUE;
+    static __thread unsigned char back[MAX_STRUCTURED_GROUPS * (GROUP_PARAMS_BYTES + sizeof(struct wire_resource))];
+    size_t params_bytes = (size_t)nb_groups * GROUP_PARAMS_BYTES;
+    struct gp_in_cuDevSmResourceSplit in = {
+        .input = id_of(input), .nb_groups = nb_groups, .flags = flags, .want_groups = result != NULL};
+    struct gp_out_cuDevSmResourceSplit out;
+    CUresult r = gp_call(GP_CALL_cuDevSmResourceSplit, WANT, &in, sizeof in, params, params_bytes, &out, sizeof out,
+                         back, params_bytes + (result ? nb_groups * sizeof(struct wire_resource) : 0));
+    if (r != CUDA_SUCCESS) return r;
+    memcpy(params, back, params_bytes);
+    for (uint32_t i = 0; result && i < nb_groups; i++) {
+        struct wire_resource g;
+        memcpy(&g, back + params_bytes + i * sizeof g, sizeof g);
+        fill((unsigned char *)result + (size_t)i * RESOURCE_BYTES, g.id, g.sm_count, g.min_partition, g.alignment);
+    }
+    if (remainder) fill(remainder, out.remaining, out.sm_count, out.min_partition, out.alignment);
     return CUDA_SUCCESS;
 }
 

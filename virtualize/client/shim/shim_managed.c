@@ -177,7 +177,7 @@ static int device_work(uint32_t call) {
     case GP_CALL_cuLaunchKernelEx: case GP_CALL_cuGraphLaunch: case GP_CALL_cuLaunchCooperativeKernelMultiDevice:
     case GP_CALL_cuMemcpyHtoD_v2: case GP_CALL_cuMemcpyHtoDAsync_v2: case GP_CALL_cuMemcpyDtoH_v2:
     case GP_CALL_cuMemcpyDtoHAsync_v2: case GP_CALL_cuMemcpyDtoD_v2: case GP_CALL_cuMemcpyDtoDAsync_v2:
-    case GP_CALL_cuMemcpyPeer: case GP_CALL_cuMemcpyPeerAsync:
+    case GP_CALL_cuMemcpyPeer: case GP_CALL_cuMemcpyPeerAsync: case GP_CALL_cuFabricCpyBatchAsync:
     case GP_CALL_cuMemsetD8_v2: case GP_CALL_cuMemsetD16_v2: case GP_CALL_cuMemsetD32_v2:
     case GP_CALL_cuMemsetD8Async: case GP_CALL_cuMemsetD16Async: case GP_CALL_cuMemsetD32Async:
         return 1;
@@ -365,4 +365,43 @@ uint64_t gp_managed_remove(uint64_t base) {
     }
     pthread_mutex_unlock(&managed_lock);
     return dev;
+}
+
+/* ---- where managed memory is (cuMemGetLocationInfo) ---------------------------------------------- */
+
+/* A sample's location: the host's pages where the host read or wrote its chunk since the last device
+ * work (CLEAN, DIRTY: the mirror holds the data), else the device allocation's (DEVICE, and the edges,
+ * which are copied both ways). */
+static int on_host(const struct managed *m, uint64_t addr) {
+    return addr >= m->lo && addr - m->lo < m->mapped && m->state[(addr - m->lo) / CHUNK] != DEVICE;
+}
+
+/* Managed memory of this process only: the device side of the lease's other memory is an ordinary
+ * allocation of the worker, and the program's pageable memory is on its own machine, which the lease's
+ * devices cannot reach (no pageable memory access), so both are CUDA_ERROR_INVALID_VALUE, as the driver
+ * answers for memory that is neither. Each summary region gets its most common sampled location (a tie:
+ * the device); a sampling granularity of 0 samples each 64 KiB chunk. */
+CUresult cuMemGetLocationInfo(uint64_t ptr, uint64_t size, uint64_t summary, uint64_t sampling, void *location_out) {
+    GP_TRACE("cuMemGetLocationInfo");
+    if (!location_out || !size || !summary || summary > size || sampling > summary) return CUDA_ERROR_INVALID_VALUE;
+    if (ptr + size < ptr) return CUDA_ERROR_INVALID_VALUE;
+    int device = 0;
+    gp_ctx_device(gp_ctx_current(), &device);
+    uint64_t step = sampling ? sampling : CHUNK;
+    pthread_mutex_lock(&managed_lock);
+    struct managed *m = find_data(ptr);
+    if (!m || m->kind != GP_MIRROR_MANAGED || size > m->size - (ptr - m->base)) {
+        pthread_mutex_unlock(&managed_lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    int32_t *out = location_out; /* CUmemLocation: the type, then the id */
+    for (uint64_t region = 0, at = ptr; at < ptr + size; region++, at += summary) {
+        uint64_t end = size - (at - ptr) < summary ? ptr + size : at + summary, host = 0, samples = 0;
+        for (uint64_t a = at; a < end; a += step, samples++) host += on_host(m, a);
+        int h = host * 2 > samples;
+        out[2 * region] = h ? 2 : 1; /* CU_MEM_LOCATION_TYPE_HOST or _DEVICE */
+        out[2 * region + 1] = h ? 0 : device;
+    }
+    pthread_mutex_unlock(&managed_lock);
+    return CUDA_SUCCESS;
 }

@@ -352,6 +352,40 @@ CUresult cuMulticastCreate(uint64_t *handle, void *prop) {
     return r;
 }
 
+/* Logical endpoints (CUDA 13.3): CUlogicalEndpointProp travels in the bulk, the worker checks it. */
+#define ENDPOINT_PROP_BYTES 24
+
+CUresult cuLogicalEndpointCreate(uint32_t id, void *prop) {
+    GP_TRACE("cuLogicalEndpointCreate");
+    if (!prop) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_in_cuLogicalEndpointCreate in = {.id = id};
+    return gp_call(GP_CALL_cuLogicalEndpointCreate, WANT, &in, sizeof in, prop, ENDPOINT_PROP_BYTES, NULL, 0, NULL, 0);
+}
+
+CUresult cuLogicalEndpointGetLimits(uint64_t *alignment, uint64_t *max_size, void *prop) {
+    GP_TRACE("cuLogicalEndpointGetLimits");
+    if (!alignment || !max_size || !prop) return CUDA_ERROR_INVALID_VALUE;
+    struct gp_out_cuLogicalEndpointGetLimits out;
+    CUresult r = gp_call(GP_CALL_cuLogicalEndpointGetLimits, WANT, NULL, 0, prop, ENDPOINT_PROP_BYTES, &out,
+                         sizeof out, NULL, 0);
+    if (r == CUDA_SUCCESS) *alignment = out.alignment, *max_size = out.max_size;
+    return r;
+}
+
+#define FABRIC_COPY_BYTES 64 /* CUDA_FABRIC_COPY_BATCH_OP */
+#define MAX_FABRIC_COPIES 4096
+
+CUresult cuFabricCpyBatchAsync(uint64_t count, void *ops, uint64_t flags, uint64_t stream) {
+    GP_TRACE("cuFabricCpyBatchAsync");
+    if (!ops || !count || count > MAX_FABRIC_COPIES) return CUDA_ERROR_INVALID_VALUE;
+    gp_managed_before(GP_CALL_cuFabricCpyBatchAsync);
+    struct gp_in_cuFabricCpyBatchAsync in = {.count = count, .flags = flags, .stream = stream};
+    CUresult r = gp_call(GP_CALL_cuFabricCpyBatchAsync, WANT, &in, sizeof in, ops, count * FABRIC_COPY_BYTES, NULL, 0,
+                         NULL, 0);
+    gp_managed_after(GP_CALL_cuFabricCpyBatchAsync, r);
+    return r;
+}
+
 CUresult cuMulticastGetGranularity(uint64_t *granularity, void *prop, int32_t option) {
     GP_TRACE("cuMulticastGetGranularity");
     if (!granularity || !prop) return CUDA_ERROR_INVALID_VALUE;
