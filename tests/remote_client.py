@@ -518,7 +518,10 @@ def scenario_capture_page_locked():
     params = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in args])
     check(cu.cuStreamBeginCapture(stream, 2), "begin capture")  # relaxed
     say("htod_in_capture", cu.cuMemcpyHtoDAsync(c_u64(dev), c_u64(source.value), c_u64(4 * n), stream))
-    say("launch_in_capture", cu.cuLaunchKernel(add, (n + 255) // 256, 1, 1, 256, 1, 1, 0, stream, params, None))
+    say(
+        "launch_in_capture",
+        cu.cuLaunchKernel(add, (n + 255) // 256, 1, 1, 256, 1, 1, 0, stream, params, None),
+    )
     say("dtoh_in_capture", cu.cuMemcpyDtoHAsync(ctypes.byref(words_out), c_u64(dev), c_u64(4 * n), stream))
     say("end_capture", cu.cuStreamEndCapture(stream, ctypes.byref(graph)))
     check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, c_u64(0)), "instantiate")

@@ -337,7 +337,6 @@ def test_a_copy_from_the_programs_memory_inside_a_capture_fails_the_capture_not_
     }
 
 
-
 def test_copies_with_page_locked_and_registered_memory_are_captured_and_replayed(shim_dir, worker):
     """A graph captured with a copy from page-locked memory and a copy into registered memory (PyTorch's
     pinned copies inside torch.cuda.graph) captures, and each launch reads and writes the pages as they
@@ -352,6 +351,7 @@ def test_copies_with_page_locked_and_registered_memory_are_captured_and_replayed
         "replays": f"[[1, {n}], [101, {n + 100}]]",  # the input as the host left it before each launch, + 1
         "free": "0",
     }
+
 
 def test_the_virtual_memory_api_maps_memory_in_ranges_the_program_reserved(shim_dir, worker):
     """Reserve, create, map, grant access, use, undo, with the partition counting created memory; pinned

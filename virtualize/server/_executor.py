@@ -391,7 +391,9 @@ class Executor(abc.ABC):
         """A copy between device address `device` and the client's page-locked memory this worker maps too
         (`shared` at `offset`) on `stream` while it is captured: a node of the graph that copies at each
         launch, as the driver captures a copy with page-locked memory (the pages are the client's own)."""
-        raise CudaError(CUresult.STREAM_CAPTURE_UNSUPPORTED, "this executor captures no copies with host memory")
+        raise CudaError(
+            CUresult.STREAM_CAPTURE_UNSUPPORTED, "this executor captures no copies with host memory"
+        )
 
     def copy_out_piece(self, shared: SharedHostMemory, offset: int, src: int, count: int, stream) -> None:
         """`count` bytes of device address `src` into `shared` at `offset`, there on return (queued
