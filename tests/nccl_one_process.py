@@ -1,0 +1,180 @@
+"""One process of an NCCL program for tests/test_nccl_forward.py, run under `gpuattach run` with NCCL forwarded:
+CUDA through `libcuda.so.1`, NCCL through the preloaded libgpupool_nccl.so (ctypes, as tests/nccl_rank.py).
+Prints `name value` lines. What it does is the first argument:
+
+  threads  thread A starts rank 0 of two (ncclCommInitRank blocks until rank 1 joins) while the main thread
+           goes on with CUDA calls on the same connection; then thread B joins as rank 1.
+  memory   a communicator made where the lease's partition has no room for NCCL's buffers; then what the
+           partition shows (cuMemGetInfo's free) around a communicator's life, and whether an allocation
+           that fits only without NCCL's buffers is refused while it lives; then a non-blocking one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+import time
+
+c_u64, c_void_p, c_size_t = ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t
+FLOAT32, SUM, IN_PROGRESS = 7, 0, 7
+MIB = 1 << 20
+WAIT_S = 20.0  # a CUDA call that has not returned by then is held behind the initialisation
+
+cuda = ctypes.CDLL("libcuda.so.1")
+nccl = ctypes.CDLL(None)
+ctx = c_u64()  # device 0's primary context: current on every thread (a thread starts with none)
+
+
+class UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * 128)]
+
+
+class Config(ctypes.Structure):
+    """The head of ncclConfig_t (a program built against an older nccl.h passes a smaller one: its size)."""
+
+    _fields_ = [("size", c_size_t), ("magic", ctypes.c_uint), ("version", ctypes.c_uint), ("blocking", ctypes.c_int),
+                ("cgaClusterSize", ctypes.c_int), ("minCTAs", ctypes.c_int), ("maxCTAs", ctypes.c_int),
+                ("netName", ctypes.c_char_p)]  # fmt: skip
+
+
+def say(name, value) -> None:
+    print(name, value, flush=True)
+
+
+def check(rc: int, what: str) -> None:
+    if rc != 0:
+        say("FAILED", f"{what} rc={rc}")
+        sys.exit(1)
+
+
+def free_bytes() -> int:
+    free, total = c_size_t(), c_size_t()
+    check(cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)), "cuMemGetInfo")
+    return free.value
+
+
+def alloc(size: int) -> tuple[int, int]:
+    """cuMemAlloc's result for `size` bytes, and the memory."""
+    ptr = c_u64()
+    return cuda.cuMemAlloc_v2(ctypes.byref(ptr), c_size_t(size)), ptr.value
+
+
+def alloc_rc(size: int) -> int:
+    """cuMemAlloc's result for `size` bytes (freed again where it worked)."""
+    rc, ptr = alloc(size)
+    if rc == 0:
+        check(cuda.cuMemFree_v2(c_u64(ptr)), "cuMemFree")
+    return rc
+
+
+def threads() -> None:
+    uid = UniqueId()
+    check(nccl.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
+    comms, results = [c_void_p(), c_void_p()], [None, None]
+
+    def init(rank: int) -> None:
+        check(cuda.cuCtxSetCurrent(ctx), "set current")
+        results[rank] = nccl.ncclCommInitRank(ctypes.byref(comms[rank]), 2, uid, rank)
+
+    first = threading.Thread(target=init, args=(0,), daemon=True)
+    first.start()
+    time.sleep(0.5)  # rank 0 is inside ncclCommInitRank, waiting for rank 1
+    cuda_done = []
+
+    def cuda_calls() -> None:  # the connection the initialisation uses, from another thread
+        check(cuda.cuCtxSetCurrent(ctx), "set current")
+        ptr, data = c_u64(), bytes(range(256)) * 16
+        check(cuda.cuMemAlloc_v2(ctypes.byref(ptr), c_size_t(len(data))), "cuMemAlloc")
+        check(cuda.cuMemcpyHtoD_v2(ptr, data, c_size_t(len(data))), "cuMemcpyHtoD")
+        back = ctypes.create_string_buffer(len(data))
+        check(cuda.cuMemcpyDtoH_v2(back, ptr, c_size_t(len(data))), "cuMemcpyDtoH")
+        check(cuda.cuCtxSynchronize(), "cuCtxSynchronize")
+        cuda_done.append(back.raw == data)
+
+    worker = threading.Thread(target=cuda_calls, daemon=True)
+    worker.start()
+    worker.join(WAIT_S)
+    say("cuda_during_init", "ok" if cuda_done == [True] else "blocked" if not cuda_done else "wrong")
+    say("init_still_waiting", int(first.is_alive()))
+    if not cuda_done:
+        sys.stdout.flush()
+        sys.exit(1)  # rank 1 never comes: the process's connection is held
+    second = threading.Thread(target=init, args=(1,), daemon=True)
+    second.start()
+    first.join(WAIT_S)
+    second.join(WAIT_S)
+    say("init_rc", " ".join(str(r) for r in results))
+    for comm in comms:
+        check(nccl.ncclCommDestroy(comm), "ncclCommDestroy")
+
+
+def new_comm(blocking: bool | None) -> tuple[int, c_void_p]:
+    """A one-rank communicator (config with `blocking` where given): ncclCommInitRank*'s result and it."""
+    uid, comm = UniqueId(), c_void_p()
+    check(nccl.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
+    if blocking is None:
+        return nccl.ncclCommInitRank(ctypes.byref(comm), 1, uid, 0), comm
+    unset = -(1 << 31)
+    config = Config(ctypes.sizeof(Config), 0xCAFEBEEF, 0, int(blocking), unset, unset, unset, None)
+    return nccl.ncclCommInitRankConfig(ctypes.byref(comm), 1, uid, 0, ctypes.byref(config)), comm
+
+
+def memory(slack_mib: int) -> None:
+    """`slack_mib`: less than what NCCL holds for a communicator."""
+    before = free_bytes()
+
+    def taken() -> int:  # MiB of the partition in use since the start
+        return round((before - free_bytes()) / MIB)
+
+    fits_alone = before - slack_mib * MIB  # fits the partition, but not beside a communicator
+    rc, hog = alloc(fits_alone)
+    check(rc, "cuMemAlloc")
+    rc, comm = new_comm(None)  # does not fit beside the allocation
+    say("crowded_init_rc", rc)
+    say("crowded_comm_null", int(not comm.value))
+    say("crowded_taken_mib", taken() - round(fits_alone / MIB))  # what the failed communicator left counted
+    check(cuda.cuMemFree_v2(c_u64(hog)), "cuMemFree")
+
+    rc, comm = new_comm(None)
+    say("init_rc", rc)
+    say("comm_null", int(not comm.value))
+    say("init_mib", taken())
+    say("alloc_beside_comm", alloc_rc(fits_alone))
+    stream = c_u64()
+    check(cuda.cuStreamCreate(ctypes.byref(stream), 0), "cuStreamCreate")
+    rc, buf = alloc(4096)
+    check(rc, "cuMemAlloc")
+    check(nccl.ncclAllReduce(c_void_p(buf), c_void_p(buf), c_size_t(1024), FLOAT32, SUM, comm,
+                             c_void_p(stream.value)), "ncclAllReduce")  # fmt: skip
+    check(cuda.cuStreamSynchronize(stream), "cuStreamSynchronize")
+    say("connected_mib", taken())  # NCCL's connections, made at the first collective
+    check(cuda.cuMemFree_v2(c_u64(buf)), "cuMemFree")
+    check(nccl.ncclCommDestroy(comm), "ncclCommDestroy")
+    say("destroyed_mib", taken())
+    say("alloc_after_destroy", alloc_rc(fits_alone))
+
+    rc, comm = new_comm(False)  # non-blocking: the program asks until it is made
+    state, polls = ctypes.c_int(IN_PROGRESS), 0
+    while state.value == IN_PROGRESS and polls < 10000:
+        check(nccl.ncclCommGetAsyncError(comm, ctypes.byref(state)), "ncclCommGetAsyncError")
+        polls += 1
+        time.sleep(0.001)
+    say("nonblocking", f"{rc} {state.value}")
+    say("nonblocking_mib", taken())
+    check(nccl.ncclCommAbort(comm), "ncclCommAbort")
+    say("aborted_mib", taken())
+
+
+def main() -> None:
+    check(cuda.cuInit(0), "cuInit")
+    check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "retain")
+    check(cuda.cuCtxSetCurrent(ctx), "set current")
+    if sys.argv[1] == "threads":
+        threads()
+    else:
+        memory(int(sys.argv[2]))
+
+
+if __name__ == "__main__":
+    main()
