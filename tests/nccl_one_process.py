@@ -2,11 +2,12 @@
 CUDA through `libcuda.so.1`, NCCL through the preloaded libgpupool_nccl.so (ctypes, as tests/nccl_rank.py).
 Prints `name value` lines. What it does is the first argument:
 
-  threads  thread A starts rank 0 of two (ncclCommInitRank blocks until rank 1 joins) while the main thread
-           goes on with CUDA calls on the same connection; then thread B joins as rank 1.
-  memory   a communicator made where the lease's partition has no room for NCCL's buffers; then what the
-           partition shows (cuMemGetInfo's free) around a communicator's life, and whether an allocation
-           that fits only without NCCL's buffers is refused while it lives; then a non-blocking one.
+  threads  thread A starts rank 0 of two (ncclCommInitRank blocks until rank 1 joins) while another thread
+           goes on with CUDA calls on the same connection; then thread B joins as rank 1 (on the lease's
+           second GPU where it has one).
+  memory   what the lease's partition shows (cuMemGetInfo's free) around a one-rank communicator's life, and
+           whether an allocation that fits only without NCCL's buffers is refused while it lives; then a
+           communicator made where the partition has no room for NCCL's buffers; then a non-blocking one.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ WAIT_S = 20.0  # a CUDA call that has not returned by then is held behind the in
 
 cuda = ctypes.CDLL("libcuda.so.1")
 nccl = ctypes.CDLL(None)
-ctx = c_u64()  # device 0's primary context: current on every thread (a thread starts with none)
+contexts: list[c_u64] = []  # each device's primary context; a thread starts with none current
 
 
 class UniqueId(ctypes.Structure):
@@ -73,8 +74,8 @@ def threads() -> None:
     check(nccl.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
     comms, results = [c_void_p(), c_void_p()], [None, None]
 
-    def init(rank: int) -> None:
-        check(cuda.cuCtxSetCurrent(ctx), "set current")
+    def init(rank: int) -> None:  # rank r on device r (NCCL wants a GPU per rank), where the lease has two
+        check(cuda.cuCtxSetCurrent(contexts[rank % len(contexts)]), "set current")
         results[rank] = nccl.ncclCommInitRank(ctypes.byref(comms[rank]), 2, uid, rank)
 
     first = threading.Thread(target=init, args=(0,), daemon=True)
@@ -83,7 +84,7 @@ def threads() -> None:
     cuda_done = []
 
     def cuda_calls() -> None:  # the connection the initialisation uses, from another thread
-        check(cuda.cuCtxSetCurrent(ctx), "set current")
+        check(cuda.cuCtxSetCurrent(contexts[0]), "set current")
         ptr, data = c_u64(), bytes(range(256)) * 16
         check(cuda.cuMemAlloc_v2(ctypes.byref(ptr), c_size_t(len(data))), "cuMemAlloc")
         check(cuda.cuMemcpyHtoD_v2(ptr, data, c_size_t(len(data))), "cuMemcpyHtoD")
@@ -120,27 +121,21 @@ def new_comm(blocking: bool | None) -> tuple[int, c_void_p]:
     return nccl.ncclCommInitRankConfig(ctypes.byref(comm), 1, uid, 0, ctypes.byref(config)), comm
 
 
-def memory(slack_mib: int) -> None:
-    """`slack_mib`: less than what NCCL holds for a communicator."""
+def memory() -> None:
     before = free_bytes()
 
-    def taken() -> int:  # MiB of the partition in use since the start
-        return round((before - free_bytes()) / MIB)
-
-    fits_alone = before - slack_mib * MIB  # fits the partition, but not beside a communicator
-    rc, hog = alloc(fits_alone)
-    check(rc, "cuMemAlloc")
-    rc, comm = new_comm(None)  # does not fit beside the allocation
-    say("crowded_init_rc", rc)
-    say("crowded_comm_null", int(not comm.value))
-    say("crowded_taken_mib", taken() - round(fits_alone / MIB))  # what the failed communicator left counted
-    check(cuda.cuMemFree_v2(c_u64(hog)), "cuMemFree")
+    def taken() -> int:  # bytes of the partition in use since the start
+        return before - free_bytes()
 
     rc, comm = new_comm(None)
     say("init_rc", rc)
     say("comm_null", int(not comm.value))
-    say("init_mib", taken())
-    say("alloc_beside_comm", alloc_rc(fits_alone))
+    check(rc, "ncclCommInitRank")
+    held = taken()
+    say("init_mib", round(held / MIB))
+    say("init_bytes", held)
+    fits_alone = before - held // 2  # fits the partition, but not beside the communicator
+    say("alloc_beside_comm", alloc_rc(fits_alone) if held else "-")
     stream = c_u64()
     check(cuda.cuStreamCreate(ctypes.byref(stream), 0), "cuStreamCreate")
     rc, buf = alloc(4096)
@@ -148,32 +143,46 @@ def memory(slack_mib: int) -> None:
     check(nccl.ncclAllReduce(c_void_p(buf), c_void_p(buf), c_size_t(1024), FLOAT32, SUM, comm,
                              c_void_p(stream.value)), "ncclAllReduce")  # fmt: skip
     check(cuda.cuStreamSynchronize(stream), "cuStreamSynchronize")
-    say("connected_mib", taken())  # NCCL's connections, made at the first collective
     check(cuda.cuMemFree_v2(c_u64(buf)), "cuMemFree")
+    say("connected_mib", round(taken() / MIB))  # NCCL's connections, made at the first collective
+    say("connected_bytes", taken())
     check(nccl.ncclCommDestroy(comm), "ncclCommDestroy")
-    say("destroyed_mib", taken())
+    say("destroyed_bytes", taken())
     say("alloc_after_destroy", alloc_rc(fits_alone))
+
+    if held:  # a communicator where the partition has no room for NCCL's buffers
+        rc, hog = alloc(fits_alone)
+        check(rc, "cuMemAlloc")
+        rc, comm = new_comm(None)
+        say("crowded_init_rc", rc)
+        say("crowded_comm_null", int(not comm.value))
+        say("crowded_left_bytes", taken() - fits_alone)  # what the failed communicator left counted
+        check(cuda.cuMemFree_v2(c_u64(hog)), "cuMemFree")
 
     rc, comm = new_comm(False)  # non-blocking: the program asks until it is made
     state, polls = ctypes.c_int(IN_PROGRESS), 0
-    while state.value == IN_PROGRESS and polls < 10000:
+    while state.value == IN_PROGRESS and polls < 30000:
         check(nccl.ncclCommGetAsyncError(comm, ctypes.byref(state)), "ncclCommGetAsyncError")
         polls += 1
         time.sleep(0.001)
     say("nonblocking", f"{rc} {state.value}")
-    say("nonblocking_mib", taken())
+    say("nonblocking_bytes", taken())
     check(nccl.ncclCommAbort(comm), "ncclCommAbort")
-    say("aborted_mib", taken())
+    say("aborted_bytes", taken())
 
 
 def main() -> None:
     check(cuda.cuInit(0), "cuInit")
-    check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "retain")
-    check(cuda.cuCtxSetCurrent(ctx), "set current")
+    count = ctypes.c_int()
+    check(cuda.cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
+    for device in range(count.value):
+        contexts.append(c_u64())
+        check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(contexts[-1]), device), "retain")
+    check(cuda.cuCtxSetCurrent(contexts[0]), "set current")
     if sys.argv[1] == "threads":
         threads()
     else:
-        memory(int(sys.argv[2]))
+        memory()
 
 
 if __name__ == "__main__":

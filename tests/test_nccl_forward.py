@@ -348,7 +348,7 @@ def test_a_thread_in_nccl_init_leaves_the_process_connection_to_its_other_thread
 @pytest.fixture(scope="module")
 def memory_run(counting_server, tmp_path_factory):
     """tests/nccl_one_process.py memory, once: its lines and how it ended."""
-    return _one_process(counting_server, tmp_path_factory.mktemp("ncclmem"), 64, "memory", str(COMM_MIB // 2))
+    return _one_process(counting_server, tmp_path_factory.mktemp("ncclmem"), 64, "memory")
 
 
 def test_nccl_buffers_count_against_the_lease_partition_and_come_back_at_destroy(memory_run):
@@ -364,11 +364,11 @@ def test_nccl_buffers_count_against_the_lease_partition_and_come_back_at_destroy
     assert int(lines["init_mib"]) == COMM_MIB, lines
     assert lines["alloc_beside_comm"] == "2", lines  # CUDA_ERROR_OUT_OF_MEMORY
     assert int(lines["connected_mib"]) == COMM_MIB + CONNECT_MIB, lines
-    assert int(lines["destroyed_mib"]) == 0, lines
+    assert int(lines["destroyed_bytes"]) == 0, lines
     assert lines["alloc_after_destroy"] == "0", lines
     assert lines["nonblocking"] in ("7 0", "0 0"), lines  # in progress (or made at once), then made
-    assert int(lines["nonblocking_mib"]) == COMM_MIB, lines
-    assert int(lines["aborted_mib"]) == 0, lines
+    assert int(lines["nonblocking_bytes"]) == COMM_MIB << 20, lines
+    assert int(lines["aborted_bytes"]) == 0, lines
 
 
 def test_an_nccl_init_that_does_not_fit_the_partition_fails_with_nccls_own_error_and_why(memory_run):
@@ -379,4 +379,4 @@ def test_an_nccl_init_that_does_not_fit_the_partition_fails_with_nccls_own_error
     assert out.returncode == 0, out.stdout + out.stderr
     assert lines["crowded_init_rc"] == "1" and lines["crowded_comm_null"] == "1", lines
     assert "partition" in out.stderr and "Traceback" not in out.stderr, out.stderr
-    assert int(lines["crowded_taken_mib"]) == 0, lines
+    assert int(lines["crowded_left_bytes"]) == 0, lines
