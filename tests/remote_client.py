@@ -3976,6 +3976,39 @@ def scenario_migrate():
     say("finished", 1)
 
 
+def scenario_migrate_primary():
+    """Holds two references to device 0's primary context (with flags set, a stream and memory in it), says
+    `ready` and waits for the test (it may move the lease meanwhile); then lets go of them one by one, saying
+    what cuDevicePrimaryCtxGetState answers each time and whether the context still works before the last."""
+    setup()
+    again = c_u64()
+    check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(again), 0), "retain again")
+    check(cu.cuDevicePrimaryCtxSetFlags(0, 4), "flags")  # CU_CTX_SCHED_BLOCKING_SYNC
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    rc, buf = alloc(MiB)
+    check(rc, "alloc")
+    flags, active = ctypes.c_uint(), ctypes.c_int()
+
+    def state() -> str:
+        check(cu.cuDevicePrimaryCtxGetState(0, ctypes.byref(flags), ctypes.byref(active)), "state")
+        return f"{flags.value}/{active.value}"
+
+    say("state_before", state())
+    say("ready", 1)
+    while sys.stdin.readline().strip() not in ("", "done"):  # the test migrates meanwhile
+        say("step", 1)
+    say("state_after", state())
+    check(cu.cuDevicePrimaryCtxRelease(0), "release")
+    say("state_one_released", state())
+    check(cu.cuMemsetD8Async(c_u64(buf), 5, c_u64(MiB), stream), "memset in the context still held")
+    check(cu.cuStreamSynchronize(stream), "stream sync")
+    say("works_one_released", dtoh(buf, 4)[1].hex())
+    check(cu.cuDevicePrimaryCtxRelease(0), "release")
+    say("state_all_released", state())
+    say("finished", 1)
+
+
 def scenario_migrate_graphs():
     """Holds graphs a move must build again on the target: one built node by node (memset, kernel, copy,
     child graph, event record, host and empty nodes), instantiated twice (the first instantiated graph's

@@ -114,6 +114,32 @@ def test_graphs_move_and_replay_as_before(shim_dir, worker):
     assert result["finished"] == "1"
 
 
+def test_the_primary_context_s_references_are_as_in_an_unmigrated_run(shim_dir, worker):
+    """A process holding two references to its device's primary context (flags set): after a move (and a move
+    back) cuDevicePrimaryCtxGetState answers what it answers without a move, the context stays active after
+    the first release and works, and the second release lets it go (inactive) — the references the program
+    holds are the target's, neither one more (the move's own) nor fewer."""
+    results = []
+    for moves in ((), (1, 0)):
+        client = Client(shim_dir, worker, "migrate_primary")
+        for to in moves:
+            moved = worker.migrate(0, to)
+            assert moved["ok"], moved
+            client.send(f"moved to {to}")
+            client.until("step")
+        results.append(client.finish())
+    unmigrated, migrated = results
+    assert unmigrated["state_after"] == "4/1" and unmigrated["state_all_released"] == "4/0", unmigrated
+    for key in (
+        "state_before",
+        "state_after",
+        "state_one_released",
+        "works_one_released",
+        "state_all_released",
+    ):
+        assert migrated[key] == unmigrated[key], (key, migrated, unmigrated)
+
+
 def test_the_move_waits_for_the_call_running_then(shim_dir, worker):
     """A migration asked while the worker runs a long kernel of the lease waits until it has returned
     (the lease's streams are drained before the copy), then moves; the program goes on unharmed."""

@@ -419,6 +419,8 @@ class CudaExecutor(Executor):
         self.resources: dict[int, driver.CUdevResource] = {}
         self.green_devices: dict[int, int] = {}
         self._resource_ids = itertools.count(1)
+        # References the lease's processes hold to each GPU's primary context (a move lets go of the source's).
+        self.primary_retains: dict[int, int] = {}
 
     @staticmethod
     def _find(device, position: int) -> int:
@@ -1236,7 +1238,7 @@ class CudaExecutor(Executor):
                 _ok(driver.cuMemSetAccess(m.base, m.size, both, len(both)))  # are made (graphs' nodes)
             self.real[device] = ordinal  # the device's objects are made on the target from here
             try:
-                recreate()
+                made = recreate()
             except BaseException:
                 self.real[device] = source
                 raise
@@ -1261,11 +1263,39 @@ class CudaExecutor(Executor):
                 reach = self._descs([(device, 3)])
                 _ok(driver.cuMemSetAccess(m.base, m.size, reach, len(reach)))
         self.launchables.clear()  # functions of the source's contexts
+        self._release_source(source, _int(ctx), made)
         found = bytes(_ok(driver.cuDeviceGetUuid(ordinal)).bytes).hex()
         return {
             "bytes": total,
             "uuid": uuid or f"GPU-{found[:8]}-{found[8:12]}-{found[12:16]}-{found[16:20]}-{found[20:]}",
         }
+
+    def _release_source(self, source: int, primary: int, made: list[tuple[str, int, int]]) -> None:
+        """After a move has committed, what the lease held on the source GPU goes, as if it had never been
+        there: the contexts its processes created, its memory pools, and every reference to the source's
+        primary context (the last one lets the driver reset it: its streams, events and modules go, and
+        its memory comes back). The lease runs on the target already: a failure here is logged."""
+        self.pinned.destroy_events()  # some may be the source contexts' (freed with them)
+        for ns, old, new in made:
+            if old == new or ns not in ("ctx", "pool") or (ns == "ctx" and old == primary):
+                continue
+            try:
+                if ns == "ctx":
+                    _ok(driver.cuCtxDestroy(driver.CUcontext(old)))
+                    self._forget_context(old)
+                else:  # a device's default pool is the driver's to keep: refused, and left
+                    _ok(driver.cuMemPoolDestroy(driver.CUmemoryPool(old)))
+            except CudaError as exc:
+                log.log(logging.DEBUG if ns == "pool" else logging.WARNING,
+                        "the source GPU's %s 0x%x was not let go after the move: %s", ns, old, exc)  # fmt: skip
+        for _ in range(self.primary_retains.pop(source, 0)):
+            driver.cuDevicePrimaryCtxRelease(source)
+        self._forget_context(primary)
+        active = _ok(driver.cuDevicePrimaryCtxGetState(source))[1]
+        if active:  # another library of the worker holds it (a CUDA runtime): it stays until the lease ends
+            log.warning(
+                "the source GPU %d's primary context is still held in the worker after the move", source
+            )
 
     @staticmethod
     def _drop_scratch(scratch: int, total: int, mine: list, staged: list) -> None:
@@ -1392,7 +1422,9 @@ class CudaExecutor(Executor):
     # -- contexts ------------------------------------------------------------------------------------
 
     def cuDevicePrimaryCtxRetain(self, dev):
-        return _int(_ok(driver.cuDevicePrimaryCtxRetain(self._d(dev))))
+        ctx = _int(_ok(driver.cuDevicePrimaryCtxRetain(self._d(dev))))
+        self.primary_retains[self._d(dev)] = self.primary_retains.get(self._d(dev), 0) + 1
+        return ctx
 
     def cuCtxCreate(self, flags, dev):
         try:  # cuda-bindings 13: cuCtxCreate(params, flags, dev); 12: cuCtxCreate(flags, dev)
@@ -1419,6 +1451,7 @@ class CudaExecutor(Executor):
 
     def cuDevicePrimaryCtxRelease(self, dev):
         _ok(driver.cuDevicePrimaryCtxRelease(self._d(dev)))
+        self.primary_retains[self._d(dev)] = max(0, self.primary_retains.get(self._d(dev), 0) - 1)
 
     def cuDevicePrimaryCtxGetState(self, dev):
         flags, active = _ok(driver.cuDevicePrimaryCtxGetState(self._d(dev)))

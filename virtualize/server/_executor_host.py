@@ -198,7 +198,10 @@ class HostExecutor(Executor):
         self.function_attributes: dict[
             tuple[int, int], int
         ] = {}  # (function or kernel, attribute) -> set value
-        self.primary_retains: dict[int, int] = {}  # device -> retains of its primary context
+        # A primary context is the GPU's, as the driver keeps one per device of the process: retains and
+        # flags by the host "GPU" a lease device is on (`_gpu`).
+        self.gpu: dict[int, int] = {}  # lease device -> the GPU a move put it on
+        self.primary_retains: dict[int, int] = {}  # GPU -> retains of its primary context
         self.primary_flags: dict[int, int] = {}
         self.cache_config: dict[int, int] = {}  # context -> CUfunc_cache
         self.context_flags: dict[int, int] = {}  # context -> cuCtxSetFlags' flags
@@ -814,11 +817,21 @@ class HostExecutor(Executor):
         for array in arrays:
             shape, data = self.arrays[array]
             array_copies[array] = (shape, bytearray(data))
-        made = recreate()  # the lease's contexts and their objects anew, with new handle values
+        source = self._gpu(device)
+        self.gpu[device] = target  # its objects are made on the target from here
+        try:
+            made = recreate()  # the lease's contexts and their objects anew, with new handle values
+        except BaseException:
+            self.gpu[device] = source
+            raise
         with self.lock:
             self._retire(made)  # commit: the lease's memory is the target's from here on
             self.memory.update(copies)
             self.arrays.update(array_copies)
+        self.primary_retains.pop(
+            source, None
+        )  # the source's primary context let go, as the CUDA executor does
+        self.primary_flags.pop(source, None)
         moved = [*copies.values(), *(data for _, data in array_copies.values())]
         return {"bytes": sum(len(c) for c in moved), "uuid": f"GPU-host-{target}"}
 
@@ -1052,8 +1065,13 @@ class HostExecutor(Executor):
             if current == pool:
                 self.current_pools[dev] = 0xB0000 + dev
 
+    def _gpu(self, dev: int) -> int:
+        """The host "GPU" lease device `dev` is on: where a move put it; before any, one of its own."""
+        return self.gpu.get(dev, -1 - dev)
+
     def cuDevicePrimaryCtxRetain(self, dev):
-        self.primary_retains[dev] = self.primary_retains.get(dev, 0) + 1
+        gpu = self._gpu(dev)
+        self.primary_retains[gpu] = self.primary_retains.get(gpu, 0) + 1
         return 0xC0000 + dev
 
     def cuCtxCreate(self, flags, dev):
@@ -1066,16 +1084,18 @@ class HostExecutor(Executor):
             raise CudaError(CUresult.INVALID_CONTEXT, "context")
 
     def cuDevicePrimaryCtxRelease(self, dev):
-        self.primary_retains[dev] = max(0, self.primary_retains.get(dev, 0) - 1)
+        gpu = self._gpu(dev)
+        self.primary_retains[gpu] = max(0, self.primary_retains.get(gpu, 0) - 1)
 
     def cuDevicePrimaryCtxGetState(self, dev):
-        return self.primary_flags.get(dev, 0), int(self.primary_retains.get(dev, 0) > 0)
+        gpu = self._gpu(dev)
+        return self.primary_flags.get(gpu, 0), int(self.primary_retains.get(gpu, 0) > 0)
 
     def cuDevicePrimaryCtxSetFlags(self, dev, flags):
-        self.primary_flags[dev] = flags
+        self.primary_flags[self._gpu(dev)] = flags
 
     def cuDevicePrimaryCtxReset(self, dev):
-        self.primary_retains[dev] = 0
+        self.primary_retains[self._gpu(dev)] = 0
 
     def cuCtxSynchronize(self):
         self._ctx_device()

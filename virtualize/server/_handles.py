@@ -16,6 +16,12 @@ context's: they stay as they are and load into the target's context when first u
 their nodes and instantiated graphs are not replayed but read on the source and built on the target
 (`virtualize.server._migrate_graphs`); their values map the same way, a node named with an
 instantiated graph through that graph's own map.
+
+A device's primary context is the process's, counted: the driver keeps it while a reference is held.
+The move gives the target's primary context as many references as the lease's processes hold on the
+source (the replayed retain is one of them; none held: it is let go after the commit), so what the
+program sees — `cuDevicePrimaryCtxGetState`, and when its last release lets the context go — is what
+an unmigrated run shows. The executor lets go of the source's references itself once the move commits.
 """
 
 from __future__ import annotations
@@ -127,6 +133,12 @@ BOOKED = (
 PARAM_ALIASES = {"exec": "graph_exec"}
 GLOBAL_GETTERS = frozenset({"cuModuleGetGlobal", "cuLibraryGetGlobal"})  # -> (address, size)
 DEVICE_PARAMS = ("dev", "device")  # the lease device a call names, where it names one
+# How each call changes the references the lease's processes hold to a device's primary context.
+PRIMARY_REFERENCES: dict[str, Callable[[int], int]] = {
+    "cuDevicePrimaryCtxRetain": lambda held: held + 1,
+    "cuDevicePrimaryCtxRelease": lambda held: max(0, held - 1),
+    "cuDevicePrimaryCtxReset": lambda held: 0,
+}
 SYNTHETIC = 0x7FF0_0000_0000_0000  # values handed out where a new object's value is an old one's
 
 
@@ -288,6 +300,7 @@ class Translated:
         self.record_lock = threading.Lock()
         self.local = threading.local()  # the client's context current on this thread
         self.cached: set[str] = set()  # methods looked up and kept on this object
+        self.primary_held: dict[int, int] = {}  # lease device -> references to its primary context
 
     def __getattr__(self, name: str):
         method = getattr(self.inner, name)
@@ -323,7 +336,11 @@ class Translated:
             return self._set_context
         variable = name in GLOBAL_GETTERS
         booked = name in BOOKED
-        if not kinds and not outs and not recorded and not destroys and not variable and not self.generation:
+        references = PRIMARY_REFERENCES.get(name)
+        if (
+            not kinds and not outs and not recorded and not destroys and not variable and not references
+            and not self.generation
+        ):  # fmt: skip
             return None  # nothing to map, and every thread's context is the client's
 
         def call(*args):
@@ -335,6 +352,10 @@ class Translated:
                     layout_of = args[1]
                     args = (args[0], lambda func: layout_of(self.map.client("func", func)))
             result = method(*args)
+            if references is not None and device_at is not None:
+                with self.record_lock:
+                    dev = given[device_at]
+                    self.primary_held[dev] = references(self.primary_held.get(dev, 0))
             if self.generation and (outs or address_outs):
                 result = self._results_out(result, outs, address_outs)
             if variable:
@@ -560,9 +581,14 @@ class Translated:
         rebuilt: list[tuple[int, graphs.Instantiated]] = []
         kernel_functions: dict[int, dict[int, int]] = {}
 
+        held = self.primary_held.get(device, 0)
+        primary = any(r.method == "cuDevicePrimaryCtxRetain" for r in records)
+
         def recreate() -> list[tuple[str, int, int]]:
             for record in records:
                 self._replay(record, made)
+            for _ in range(held - 1 if primary else 0):  # the replay retained it once: the others
+                self.inner.cuDevicePrimaryCtxRetain(device)
             for address, variable in variables:
                 placed.extend(self._global_moved(address, variable, made))
             rebuilt.extend(self._graphs_built(device, plans, made))
@@ -574,6 +600,11 @@ class Translated:
             self.map.move(ns, client, real)
         for address, size, real in placed:
             self.addresses.move(address, size, real)
+        if primary and not held:  # made to re-create its objects; the processes hold no reference to it
+            try:
+                self.inner.cuDevicePrimaryCtxRelease(device)
+            except CudaError as exc:
+                log.warning("the target's primary context was not let go after the move: %s", exc)
         self._graphs_committed(plans, rebuilt)
         with self.record_lock:
             self.kernel_functions.update(kernel_functions)

@@ -17,6 +17,10 @@ worker) while its program runs.
 3. pause: a PyTorch program holds N GiB (random int32, checksummed) for each N of --sizes; moved; the
    table prints bytes, objects re-created, pause, wait, the copy rate, the GPUs' used memory before and
    after (nvidia-smi), and whether the checksum and a kernel on the moved tensor hold.
+1b. primary: a driver API program holding two references to its primary context (flags set, a stream, memory),
+   run unmoved and moved: cuDevicePrimaryCtxGetState and what each release does are the same in both runs,
+   and after the move the worker has no context left on GPU 0 (nvidia-smi's compute apps: the source's
+   primary context and the lease's objects there were let go, not kept until the lease ends).
 4. training: a GPT-2-style training (bench/train_models.py gpt2, seeded, deterministic) on GPU 0
    unmigrated (the reference losses), then again with the lease moved to GPU 1 after step --at; the
    losses must be equal step for step.
@@ -139,6 +143,38 @@ kept = same(0x5A5AA5A5)
 fill(0x01020304)
 ok(cu.cuStreamSynchronize(stream), "stream sync")
 print("after", kept, same(0x01020304) and cu.cuEventQuery(event) == 0 and replayed(), flush=True)
+"""
+# Two references to the primary context; after the move (or none) each release's effect on its state.
+PRIMARY_HOLDER = r"""
+import ctypes, sys
+cu = ctypes.CDLL("libcuda.so.1")
+def ok(rc, what):
+    if rc:
+        print("failed", what, rc, flush=True)
+        sys.exit(1)
+u64 = ctypes.c_uint64
+ctx, again, ptr, stream = u64(), u64(), u64(), u64()
+ok(cu.cuInit(0), "init")
+ok(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "retain"); ok(cu.cuCtxSetCurrent(ctx), "current")
+ok(cu.cuDevicePrimaryCtxRetain(ctypes.byref(again), 0), "retain again")
+ok(cu.cuDevicePrimaryCtxSetFlags(0, 4), "flags")
+ok(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream"); ok(cu.cuMemAlloc_v2(ctypes.byref(ptr), u64(64 << 20)), "alloc")
+flags, active = ctypes.c_uint(), ctypes.c_int()
+def state():
+    ok(cu.cuDevicePrimaryCtxGetState(0, ctypes.byref(flags), ctypes.byref(active)), "state")
+    return f"{flags.value}/{active.value}"
+print("ready", state(), flush=True)
+sys.stdin.readline()
+states = [state()]
+ok(cu.cuDevicePrimaryCtxRelease(0), "release")
+states.append(state())
+ok(cu.cuMemsetD8Async(ptr, 5, u64(64 << 20), stream), "memset"); ok(cu.cuStreamSynchronize(stream), "sync")
+back = ctypes.create_string_buffer(4)
+ok(cu.cuMemcpyDtoH_v2(back, ptr, u64(4)), "read")
+states.append(back.raw.hex())
+ok(cu.cuDevicePrimaryCtxRelease(0), "release")
+states.append(state())
+print("after", *states, flush=True)
 """
 # CuPy's own kernel and a copy captured into a CUDA graph, replayed from zeros before and after the move.
 CUPY_GRAPH_HOLDER = r"""
@@ -284,9 +320,11 @@ def move(handle, to: tuple[int, str, int]) -> dict:
     return answer
 
 
-def hold(code: str, args: list[str], handle, shim: Path, work: Path, to) -> tuple[str, dict, str, list[str]]:
+def hold(
+    code: str, args: list[str], handle, shim: Path, work: Path, to, probe=used_mib
+) -> tuple[str, dict, str, list[str]]:
     """Start a holder, move its lease once it is ready (to None: no move), let it check; (ready line,
-    answer, after line, nvidia-smi before/after)."""
+    answer, after line, `probe()` before/after the move: nvidia-smi's used memory unless given)."""
     proc = subprocess.Popen([sys.executable, "-c", code, *args], env=lease_env(handle, shim, work),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     killer = threading.Timer(HOLD_TIMEOUT_S, proc.kill)
@@ -297,9 +335,9 @@ def hold(code: str, args: list[str], handle, shim: Path, work: Path, to) -> tupl
         if not first.startswith("ready"):
             proc.kill()
             return first, {"ok": False, "error": "the holder failed: " + proc.stderr.read()[-1500:]}, "", []
-        smi = [used_mib()]
+        smi = [probe()]
         answer = move(handle, to) if to is not None else {"ok": True, "unmoved": True}
-        smi.append(used_mib())
+        smi.append(probe())
         out, err = proc.communicate("go\n", timeout=HOLD_TIMEOUT_S)
         after = next((line for line in out.splitlines() if line.startswith("after")), "")
         print(f"    holder: {after or '(nothing)'}", flush=True)
@@ -343,6 +381,41 @@ def moved_holder(
 def driver_check(shim: Path, work: Path, two: list) -> None:
     moved_holder("driver: 256 MiB, a stream, an event and a captured graph of the driver API", DRIVER_HOLDER, 2,
                  "driver API: memory, stream, event and a captured graph moved", shim, work, two)  # fmt: skip
+
+
+def contexts_of(pid: int, uuid: str) -> str:
+    """MiB process `pid` holds on GPU `uuid` (nvidia-smi's compute apps; "none": no context there)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"? ({exc})"
+    rows = [[field.strip() for field in line.split(",")] for line in out.strip().splitlines() if line.strip()]
+    return next((row[2] for row in rows if row[:2] == [str(pid), uuid]), "none")
+
+
+def primary_check(shim: Path, work: Path, two: list) -> None:
+    print(f"\n=== primary: two references to the primary context, unmoved and moved GPU {two[0][0]} -> {two[1][0]}",
+          flush=True)  # fmt: skip
+    runs = {}
+    for label, to in (("unmoved", None), ("moved", two[1])):
+        handle = worker_on(two[0], 2)
+        try:
+            probe = lambda handle=handle: contexts_of(handle.pid, two[0][1])  # noqa: E731
+            runs[label] = hold(PRIMARY_HOLDER, [], handle, shim, work, to, probe)
+        finally:
+            handle.stop()
+        print(
+            f"    [{label}] {runs[label][0]} | {runs[label][2]} | worker on GPU {two[0][0]}: {runs[label][3]} MiB"
+        )
+    (first, _, after, _), (moved_first, answer, moved_after, on_source) = runs["unmoved"], runs["moved"]
+    same = bool(after) and first == moved_first and after == moved_after
+    outcome("primary context: references and state after a move as in an unmoved run", answer, same,
+            f"unmoved {after!r}, moved {moved_after!r}")  # fmt: skip
+    if answer.get("ok") and EXECUTOR[0] == "cuda":  # the host executor has no GPU for nvidia-smi to see
+        let_go = len(on_source) == 2 and on_source[1] == "none"
+        record("the source GPU let go after the move (no context of the worker left there)",
+               "PASS" if let_go else "FAIL", f"the worker's MiB on GPU {two[0][0]} before/after: {on_source}")  # fmt: skip
 
 
 def cupy_check(shim: Path, work: Path, two: list) -> None:
@@ -460,7 +533,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     parser.add_argument("--at", type=int, default=8, help="the step after which the lease moves (default 8)")
     parser.add_argument("--sizes", default="1,4,16", help="GiB held for the pause table (default 1,4,16)")
-    part_names = ["driver", "cupy", "cupy_graph", "graphed", "pause", "training"]
+    part_names = ["driver", "primary", "cupy", "cupy_graph", "graphed", "pause", "training"]
     parser.add_argument(
         "--only", nargs="*", default=part_names, choices=part_names, help="parts to run (default: all)"
     )
@@ -485,6 +558,7 @@ def main() -> int:
         print(f"shim: {shim}; GPUs: {found[:2]}; used MiB {used_mib()}", flush=True)
         parts = {
             "driver": lambda: driver_check(shim, work, found[:2]),
+            "primary": lambda: primary_check(shim, work, found[:2]),
             "cupy": lambda: cupy_check(shim, work, found[:2]),
             "cupy_graph": lambda: cupy_graph_check(shim, work, found[:2]),
             "graphed": lambda: graphed_training(shim, work, found[:2], args.steps, args.at),
@@ -493,7 +567,15 @@ def main() -> int:
             ),
             "training": lambda: training(shim, work, found[:2], args.steps, args.at),
         }
-        needs = {"driver": 20, "cupy": 30, "cupy_graph": 30, "graphed": 60, "pause": 40, "training": 120}
+        needs = {
+            "driver": 20,
+            "primary": 30,
+            "cupy": 30,
+            "cupy_graph": 30,
+            "graphed": 60,
+            "pause": 40,
+            "training": 120,
+        }
         for name in args.only:
             if out_of_time(name, needs.get(name, 30)):
                 continue
