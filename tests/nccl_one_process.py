@@ -7,7 +7,8 @@ Prints `name value` lines. What it does is the first argument:
            second GPU where it has one).
   memory   what the lease's partition shows (cuMemGetInfo's free) around a one-rank communicator's life, and
            whether an allocation that fits only without NCCL's buffers is refused while it lives; then a
-           communicator made where the partition has no room for NCCL's buffers; then a non-blocking one.
+           communicator made where the partition has no room for NCCL's buffers; then one whose first
+           collective's connections do not fit; then a non-blocking one.
 """
 
 from __future__ import annotations
@@ -158,6 +159,26 @@ def memory() -> None:
         say("crowded_comm_null", int(not comm.value))
         say("crowded_left_bytes", taken() - fits_alone)  # what the failed communicator left counted
         check(cuda.cuMemFree_v2(c_u64(hog)), "cuMemFree")
+
+    # NCCL's connections, made at a first collective where the partition has no room left for them: counted
+    # all the same (the memory is taken), and the communicator keeps an error from then on.
+    rc, comm = new_comm(None)
+    check(rc, "ncclCommInitRank")
+    rc, hog = alloc(free_bytes() - MIB)  # what is left of the partition, but a MiB
+    check(rc, "cuMemAlloc")
+    rc, buf = alloc(4096)
+    check(rc, "cuMemAlloc")
+    check(nccl.ncclAllReduce(c_void_p(buf), c_void_p(buf), c_size_t(1024), FLOAT32, SUM, comm,
+                             c_void_p(stream.value)), "ncclAllReduce")  # fmt: skip
+    check(cuda.cuStreamSynchronize(stream), "cuStreamSynchronize")
+    state = ctypes.c_int(-1)
+    check(nccl.ncclCommGetAsyncError(comm, ctypes.byref(state)), "ncclCommGetAsyncError")
+    say("overgrown_async_error", state.value)
+    say("overgrown_free_bytes", free_bytes())  # nothing left: NCCL's connections are counted past it
+    check(nccl.ncclCommDestroy(comm), "ncclCommDestroy")
+    for ptr in (hog, buf):
+        check(cuda.cuMemFree_v2(c_u64(ptr)), "cuMemFree")
+    say("overgrown_destroyed_bytes", taken())
 
     rc, comm = new_comm(False)  # non-blocking: the program asks until it is made
     state, polls = ctypes.c_int(IN_PROGRESS), 0

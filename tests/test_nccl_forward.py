@@ -371,6 +371,17 @@ def test_nccl_buffers_count_against_the_lease_partition_and_come_back_at_destroy
     assert int(lines["aborted_bytes"]) == 0, lines
 
 
+def test_nccl_connections_past_the_partition_are_counted_and_break_the_communicator(memory_run):
+    """What NCCL adds at a first collective (its connections) where the partition has no room left is
+    still counted (the memory is taken: the partition shows none free), the communicator's
+    ncclCommGetAsyncError returns ncclUnhandledCudaError from then on, and destroying it gives it all back."""
+    lines, out = memory_run
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert lines["overgrown_async_error"] == "1", lines
+    assert lines["overgrown_free_bytes"] == "0", lines
+    assert int(lines["overgrown_destroyed_bytes"]) == 0, lines
+
+
 def test_an_nccl_init_that_does_not_fit_the_partition_fails_with_nccls_own_error_and_why(memory_run):
     """A communicator whose NCCL buffers do not fit what is left of the lease's partition is not made:
     ncclCommInitRank returns ncclUnhandledCudaError (what NCCL returns when the driver cannot allocate) and no
