@@ -5,6 +5,7 @@ Prints `name value` lines. What it does is the first argument:
   threads  thread A starts rank 0 of two (ncclCommInitRank blocks until rank 1 joins) while another thread
            goes on with CUDA calls on the same connection; then thread B joins as rank 1 (on the lease's
            second GPU where it has one).
+  group    both ranks' ncclCommInitRank from one thread inside ncclGroupStart/End (waited for at the end).
   memory   what the lease's partition shows (cuMemGetInfo's free) around a one-rank communicator's life, and
            whether an allocation that fits only without NCCL's buffers is refused while it lives; then a
            communicator made where the partition has no room for NCCL's buffers; then one whose first
@@ -111,6 +112,28 @@ def threads() -> None:
         check(nccl.ncclCommDestroy(comm), "ncclCommDestroy")
 
 
+def group() -> None:
+    """Both ranks' communicators made from this one thread inside ncclGroupStart/End (one GPU each where the
+    lease has two), as a single process drives several GPUs: each init returns at once, the group's end
+    returns once both are made."""
+    uid = UniqueId()
+    check(nccl.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
+    comms, results = [c_void_p(), c_void_p()], []
+    check(nccl.ncclGroupStart(), "ncclGroupStart")
+    for rank in (0, 1):
+        check(cuda.cuCtxSetCurrent(contexts[rank % len(contexts)]), "set current")
+        results.append(nccl.ncclCommInitRank(ctypes.byref(comms[rank]), 2, uid, rank))
+    results.append(nccl.ncclGroupEnd())
+    say("group_rc", " ".join(map(str, results)))
+    counts = []
+    for comm in comms:
+        count = ctypes.c_int()
+        check(nccl.ncclCommCount(comm, ctypes.byref(count)), "ncclCommCount")
+        counts.append(count.value)
+        check(nccl.ncclCommDestroy(comm), "ncclCommDestroy")
+    say("group_counts", " ".join(map(str, counts)))
+
+
 def new_comm(blocking: bool | None) -> tuple[int, c_void_p]:
     """A one-rank communicator (config with `blocking` where given): ncclCommInitRank*'s result and it."""
     uid, comm = UniqueId(), c_void_p()
@@ -202,6 +225,8 @@ def main() -> None:
     check(cuda.cuCtxSetCurrent(contexts[0]), "set current")
     if sys.argv[1] == "threads":
         threads()
+    elif sys.argv[1] == "group":
+        group()
     else:
         memory()
 

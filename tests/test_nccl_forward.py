@@ -345,6 +345,16 @@ def test_a_thread_in_nccl_init_leaves_the_process_connection_to_its_other_thread
     assert out.returncode == 0, out.stderr
 
 
+def test_communicators_made_inside_a_group_are_waited_for_at_its_end(counting_server, tmp_path):
+    """One thread makes both ranks' communicators inside ncclGroupStart/ncclGroupEnd, as a process driving
+    several GPUs does: each ncclCommInitRank returns at once (waiting there would never see the other rank
+    arrive), ncclGroupEnd returns once both are made, and both are usable (their size is 2)."""
+    lines, out = _one_process(counting_server, tmp_path, 256, "group")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert lines["group_rc"] == "0 0 0", lines
+    assert lines["group_counts"] == "2 2", lines
+
+
 @pytest.fixture(scope="module")
 def memory_run(counting_server, tmp_path_factory):
     """tests/nccl_one_process.py memory, once: its lines and how it ended."""

@@ -20,7 +20,8 @@ Steps (each bounded by a timeout, each PASS/FAIL/SKIP with why; the exit status 
              across the two servers vs native ranks on the same socket transport
   ncclwait   NCCL forwarded to the worker (GPUPOOL_NCCL=forward, tests/nccl_one_process.py): a lease of two
              GPUs, one thread of the process in ncclCommInitRank (rank 0 of 2) while another thread's CUDA
-             calls go on, then a third thread joins as rank 1; and a one-GPU lease of 4 GiB where what the
+             calls go on, then a third thread joins as rank 1; both ranks made inside one group from one
+             thread (one GPU each); and a one-GPU lease of 4 GiB where what the
              server's NCCL holds for a communicator (ncclCommMemStats) shows in the partition's free memory,
              crowds out an allocation, is given back at destroy, and a communicator without room is refused
   gpuattach  the DDP run as a user types it, through a real gpupool-server:
@@ -287,6 +288,11 @@ def nccl_wait_step(lease, whole: list) -> None:
     ok = rc == 0 and lines.get("cuda_during_init") == "ok" and lines.get("init_rc") == "0 0"
     record("NCCL forwarded: a thread in ncclCommInitRank leaves the connection to the others", "PASS" if ok else "FAIL",
            f"exit {rc}, CUDA beside init: {lines.get('cuda_during_init')}, init results {lines.get('init_rc')}")  # fmt: skip
+    rc, out, _, _ = run("ncclwait-group", [*program, "group"], forwarded(lease("nccl-group", whole)))
+    lines = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+    ok = rc == 0 and lines.get("group_rc") == "0 0 0" and lines.get("group_counts") == "2 2"
+    record("NCCL forwarded: two GPUs' communicators made inside one group, from one thread", "PASS" if ok else "FAIL",
+           f"exit {rc}, results {lines.get('group_rc')}, sizes {lines.get('group_counts')}")  # fmt: skip
     small = [type(whole[0])(whole[0].index, whole[0].uuid, 4 << 30)]
     rc, out, _, _ = run("ncclwait-memory", [*program, "memory"], forwarded(lease("nccl-memory", small)))
     lines = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
