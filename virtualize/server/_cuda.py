@@ -258,6 +258,14 @@ class _PinnedPool:
             driver.cuEventDestroy(event)
         return buffer or _Buffer(size)
 
+    def drop_kept(self) -> None:
+        """Before a context goes: the buffers kept for reuse were page-locked in it, maybe (registered
+        while it was current); let go now, new ones are page-locked in the context current then."""
+        with self.lock:
+            kept, self.free, self.kept = [b for bs in self.free.values() for b in bs], {}, 0
+        for buffer in kept:
+            buffer.drop()
+
     def destroy_events(self) -> None:
         """Before a context goes: the events given back may be its (the driver frees them with it, and
         destroying one after that would free freed memory)."""
@@ -1276,6 +1284,7 @@ class CudaExecutor(Executor):
         primary context (the last one lets the driver reset it: its streams, events and modules go, and
         its memory comes back). The lease runs on the target already: a failure here is logged."""
         self.pinned.destroy_events()  # some may be the source contexts' (freed with them)
+        self.pinned.drop_kept()  # page-locked while a source context was current
         for ns, old, new in made:
             if old == new or ns not in ("ctx", "pool") or (ns == "ctx" and old == primary):
                 continue
