@@ -3896,6 +3896,18 @@ def scenario_migrate():
     to_array = Memcpy2D(srcMemoryType=HOST, srcHost=ctypes.addressof(image), srcPitch=256, dstMemoryType=ARRAY,
                         dstArray=array.value, WidthInBytes=256, Height=32)  # fmt: skip
     check(cu.cuMemcpy2D(ctypes.byref(to_array)), "fill the array")
+    # A texture object over the array (kernels hold its value), and a mipmapped array whose level 1 is filled.
+    texture, mipmapped, level = c_u64(), c_u64(), c_u64()
+    tex_desc = ctypes.create_string_buffer(104)
+    check(
+        cu.cuTexObjectCreate(ctypes.byref(texture), resource_desc(0, array.value), tex_desc, None), "texture"
+    )
+    check(cu.cuMipmappedArrayCreate(ctypes.byref(mipmapped), ctypes.byref(Array3DDesc(64, 64, 0, FLOAT, 1, 0)), 3),
+          "mipmapped")  # fmt: skip
+    check(cu.cuMipmappedArrayGetLevel(ctypes.byref(level), mipmapped, 1), "level")
+    to_level = Memcpy2D(srcMemoryType=HOST, srcHost=ctypes.addressof(image), srcPitch=128, dstMemoryType=ARRAY,
+                        dstArray=level.value, WidthInBytes=128, Height=32)  # fmt: skip
+    check(cu.cuMemcpy2D(ctypes.byref(to_level)), "fill the level")
     counter = c_u64(plain)  # the graph adds 1 to the first 64 words of `plain`, the kernels too
     value, n = ctypes.c_uint32(1), ctypes.c_uint32(64)
     params = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in (counter, value, n)])
@@ -3951,6 +3963,20 @@ def scenario_migrate():
                           dstHost=ctypes.addressof(back), dstPitch=256, WidthInBytes=256, Height=32)  # fmt: skip
     check(cu.cuMemcpy2D(ctypes.byref(from_array)), "read the array")
     say("same_array", bytes(back) == bytes(image))
+    described = ctypes.create_string_buffer(144)
+    check(cu.cuTexObjectGetResourceDesc(described, texture), "texture's resource")
+    say("texture_names_array", struct.unpack_from("<Q", described.raw, 8)[0] == array.value)
+    texture_after = c_u64()  # made after the move over the array the program holds
+    check(cu.cuTexObjectCreate(ctypes.byref(texture_after), resource_desc(0, array.value), tex_desc, None),
+          "texture")  # fmt: skip
+    check(cu.cuTexObjectGetResourceDesc(described, texture_after), "the later texture's resource")
+    say("later_texture_names_array", struct.unpack_from("<Q", described.raw, 8)[0] == array.value)
+    level_again, level_back = c_u64(), (ctypes.c_float * (32 * 32))()
+    check(cu.cuMipmappedArrayGetLevel(ctypes.byref(level_again), mipmapped, 1), "level again")
+    from_level = Memcpy2D(srcMemoryType=ARRAY, srcArray=level.value, dstMemoryType=HOST,
+                          dstHost=ctypes.addressof(level_back), dstPitch=128, WidthInBytes=128, Height=32)  # fmt: skip
+    check(cu.cuMemcpy2D(ctypes.byref(from_level)), "read the level")
+    say("same_level", level_again.value == level.value and bytes(level_back) == bytes(image)[: 128 * 32])
     check(cu.cuEventRecord(start, stream), "record")
     check(cu.cuLaunchKernel(add, 1, 1, 1, 64, 1, 1, 0, stream, params, None), "launch")
     check(cu.cuLaunchKernel(kernel, 1, 1, 1, 64, 1, 1, 0, stream, params, None), "launch a kernel")  # fill 1
@@ -3971,6 +3997,9 @@ def scenario_migrate():
     check(cu.cuMemUnmap(vbase, c_u64(2 * MiB)), "unmap")
     check(cu.cuMemRelease(vhandle), "release")
     check(cu.cuGraphExecDestroy(exe), "graph exec destroy")
+    check(cu.cuTexObjectDestroy(texture_after), "later texture destroy")
+    check(cu.cuTexObjectDestroy(texture), "texture destroy")
+    check(cu.cuMipmappedArrayDestroy(mipmapped), "mipmapped destroy")
     check(cu.cuArrayDestroy(array), "array destroy")
     check(cu.cuCtxDestroy(own), "context destroy")
     say("finished", 1)

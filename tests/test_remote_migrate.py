@@ -61,6 +61,9 @@ def _assert_intact(result: dict[str, str]) -> None:
         assert result[f"same_{name}"] == "True", name
         assert result[f"range_{name}"].split("+")[0] == address, name
     assert result["same_array"] == "True"
+    assert (
+        result["texture_names_array"] == result["later_texture_names_array"] == result["same_level"] == "True"
+    )
     assert result["counter"] == "2"  # a function, a kernel and a graph ran on the moved memory
     assert result["event_query"] == "0"
     assert result["alloc_after"] == "0" and result["memset_after"] == "07070707"
@@ -77,7 +80,9 @@ def worker():
 def test_a_lease_holding_every_object_kind_moves_and_keeps_addresses_and_contents(shim_dir, worker):
     """Migrating a running lease GPU 0 -> GPU 1: the worker reports the move and the bytes it copied; the
     process's allocations keep their addresses and bytes, and its contexts, module, library, function,
-    kernel, stream, events, graph, pool and mapped memory work after it resumed; moving back works too."""
+    kernel, stream, events, graph, pool and mapped memory work after it resumed, a CUDA array and a mipmapped
+    array keep their bytes under the handles the program holds (their texture object names the array, so
+    does one made after the move); moving back works too."""
     client = Client(shim_dir, worker)
     moved = worker.migrate(0, 1)
     assert moved["ok"], moved

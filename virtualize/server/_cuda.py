@@ -24,15 +24,20 @@ from cuda.bindings import driver
 from virtualize.common._calls import FORWARDED_LAUNCH_ATTRIBUTES
 from virtualize.common._results import CUresult
 from virtualize.server._arrays import (
+    DEFERRED_MAPPING,
     DEVICE,
+    FORMAT_BYTES,
     HOST,
     MAP_INFO_DEVICES,
     MEMORY_REQUIREMENTS_BYTES,
+    NV12,
     RESOURCE_DESC_BYTES,
+    SPARSE,
     SPARSE_PROPERTIES_BYTES,
     TEXTURE_DESC_BYTES,
     VIEW_DESC_BYTES,
     ArrayShape,
+    resource_mapped,
 )
 from virtualize.server._executor import (
     DECOMPRESS_PARAMS,
@@ -52,12 +57,12 @@ _INVALID_VALUE_RESULT = driver.CUresult.CUDA_ERROR_INVALID_VALUE
 # What a lease may hold that a live migration does not re-create on another GPU (it is refused up front
 # with these words): handle kind -> what the lease holds.
 CANNOT_MOVE = {
-    "link": "a link in progress (cuLinkCreate)", "array": "CUDA arrays", "mipmap": "mipmapped arrays",
-    "texobj": "texture objects", "surfobj": "surface objects",
+    "link": "a link in progress (cuLinkCreate)",
     "vmem": "memory of the virtual memory API it made itself (cuMemCreate)",
     "comm": "NCCL communicators (NCCL's connections to the other ranks' workers are this GPU's)",
     "texref": "texture references", "surfref": "surface references",
 }  # fmt: skip
+SPARE_SAMPLERS = 4096  # texture objects a move makes, at most, to reach the values the program holds
 MEM_OP_BYTES = 48  # CUstreamBatchMemOpParams
 BATCH_NODE_PARAMS = struct.Struct("<QI4xQI4x")
 LAUNCH_PARAMS = struct.Struct(
@@ -429,6 +434,11 @@ class CudaExecutor(Executor):
         self._resource_ids = itertools.count(1)
         # References the lease's processes hold to each GPU's primary context (a move lets go of the source's).
         self.primary_retains: dict[int, int] = {}
+        # What a move makes anew of the lease's arrays and samplers: each array's and mipmapped array's
+        # context and shape (and levels), each texture or surface object's context and descriptions.
+        self.array_homes: dict[int, tuple[int, ArrayShape]] = {}
+        self.mipmap_homes: dict[int, tuple[int, ArrayShape, int]] = {}
+        self.sampler_homes: dict[int, tuple[int, bytes, bytes | None, bytes | None]] = {}
 
     @staticmethod
     def _find(device, position: int) -> int:
@@ -926,10 +936,13 @@ class CudaExecutor(Executor):
         return desc
 
     def cuArray3DCreate(self, shape):
-        return _int(_ok(driver.cuArray3DCreate(self._array_descriptor(shape))))
+        array = _int(_ok(driver.cuArray3DCreate(self._array_descriptor(shape))))
+        self.array_homes[array] = (_int(_ok(driver.cuCtxGetCurrent())), shape)
+        return array
 
     def cuArrayDestroy(self, handle):
         _ok(driver.cuArrayDestroy(driver.CUarray(handle)))
+        self.array_homes.pop(handle, None)
 
     def cuArray3DGetDescriptor(self, handle):
         d = _ok(driver.cuArray3DGetDescriptor(driver.CUarray(handle)))
@@ -938,32 +951,35 @@ class CudaExecutor(Executor):
         )
 
     def cuMipmappedArrayCreate(self, shape, levels):
-        return _int(_ok(driver.cuMipmappedArrayCreate(self._array_descriptor(shape), levels)))
+        mipmap = _int(_ok(driver.cuMipmappedArrayCreate(self._array_descriptor(shape), levels)))
+        self.mipmap_homes[mipmap] = (_int(_ok(driver.cuCtxGetCurrent())), shape, levels)
+        return mipmap
 
     def cuMipmappedArrayGetLevel(self, handle, level):
         return _int(_ok(driver.cuMipmappedArrayGetLevel(driver.CUmipmappedArray(handle), level)))
 
     def cuMipmappedArrayDestroy(self, handle):
         _ok(driver.cuMipmappedArrayDestroy(driver.CUmipmappedArray(handle)))
+        self.mipmap_homes.pop(handle, None)
 
-    def cuArrayGetPlane(self, handle, index):
-        return _int(_ok(driver.cuArrayGetPlane(driver.CUarray(handle), index)))
+    def cuArrayGetPlane(self, array, index):
+        return _int(_ok(driver.cuArrayGetPlane(driver.CUarray(array), index)))
 
-    def cuArrayGetSparseProperties(self, handle):
-        props = _ok(driver.cuArrayGetSparseProperties(driver.CUarray(handle)))
+    def cuArrayGetSparseProperties(self, array):
+        props = _ok(driver.cuArrayGetSparseProperties(driver.CUarray(array)))
         return ctypes.string_at(props.getPtr(), SPARSE_PROPERTIES_BYTES)
 
-    def cuMipmappedArrayGetSparseProperties(self, handle):
-        props = _ok(driver.cuMipmappedArrayGetSparseProperties(driver.CUmipmappedArray(handle)))
+    def cuMipmappedArrayGetSparseProperties(self, mipmap):
+        props = _ok(driver.cuMipmappedArrayGetSparseProperties(driver.CUmipmappedArray(mipmap)))
         return ctypes.string_at(props.getPtr(), SPARSE_PROPERTIES_BYTES)
 
-    def cuArrayGetMemoryRequirements(self, handle, dev):
-        reqs = _ok(driver.cuArrayGetMemoryRequirements(driver.CUarray(handle), self._d(dev)))
+    def cuArrayGetMemoryRequirements(self, array, dev):
+        reqs = _ok(driver.cuArrayGetMemoryRequirements(driver.CUarray(array), self._d(dev)))
         return ctypes.string_at(reqs.getPtr(), MEMORY_REQUIREMENTS_BYTES)
 
-    def cuMipmappedArrayGetMemoryRequirements(self, handle, dev):
+    def cuMipmappedArrayGetMemoryRequirements(self, mipmap, dev):
         reqs = _ok(
-            driver.cuMipmappedArrayGetMemoryRequirements(driver.CUmipmappedArray(handle), self._d(dev))
+            driver.cuMipmappedArrayGetMemoryRequirements(driver.CUmipmappedArray(mipmap), self._d(dev))
         )
         return ctypes.string_at(reqs.getPtr(), MEMORY_REQUIREMENTS_BYTES)
 
@@ -1130,7 +1146,9 @@ class CudaExecutor(Executor):
     def cuTexObjectCreate(self, res, tex, view):
         descs = self._struct(driver.CUDA_RESOURCE_DESC, res), self._struct(driver.CUDA_TEXTURE_DESC, tex)
         view_desc = self._struct(driver.CUDA_RESOURCE_VIEW_DESC, view) if view else None
-        return _int(_ok(driver.cuTexObjectCreate(*descs, view_desc)))
+        tex_object = _int(_ok(driver.cuTexObjectCreate(*descs, view_desc)))
+        self.sampler_homes[tex_object] = (_int(_ok(driver.cuCtxGetCurrent())), bytes(res), bytes(tex), view)
+        return tex_object
 
     def cuTexObjectGetResourceDesc(self, tex):
         desc = _ok(driver.cuTexObjectGetResourceDesc(driver.CUtexObject(tex)))
@@ -1150,12 +1168,16 @@ class CudaExecutor(Executor):
 
     def cuTexObjectDestroy(self, tex):
         _ok(driver.cuTexObjectDestroy(driver.CUtexObject(tex)))
+        self.sampler_homes.pop(tex, None)
 
     def cuSurfObjectCreate(self, res):
-        return _int(_ok(driver.cuSurfObjectCreate(self._struct(driver.CUDA_RESOURCE_DESC, res))))
+        surf = _int(_ok(driver.cuSurfObjectCreate(self._struct(driver.CUDA_RESOURCE_DESC, res))))
+        self.sampler_homes[surf] = (_int(_ok(driver.cuCtxGetCurrent())), bytes(res), None, None)
+        return surf
 
     def cuSurfObjectDestroy(self, surf):
         _ok(driver.cuSurfObjectDestroy(driver.CUsurfObject(surf)))
+        self.sampler_homes.pop(surf, None)
 
     def cuMemGetAccess(self, ptr, device):
         location = driver.CUmemLocation()
@@ -1197,6 +1219,10 @@ class CudaExecutor(Executor):
 
     def migration_refusal(self, target: int, holding: dict[str, int], uuid: str = "") -> str | None:
         held = [what for kind, what in CANNOT_MOVE.items() if holding.get(kind)]
+        if not held:
+            shapes = [shape for _, shape in self.array_homes.values()]
+            shapes += [shape for _, shape, _ in self.mipmap_homes.values()]
+            held = sorted({self._array_unmovable(shape) for shape in shapes} - {""})
         if held:
             return f"the lease holds {', '.join(held)}, which the cuda executor does not move to another GPU"
         try:
@@ -1247,6 +1273,8 @@ class CudaExecutor(Executor):
             self.real[device] = ordinal  # the device's objects are made on the target from here
             try:
                 made = recreate()
+                contexts = {old: new for ns, old, new in made if ns == "ctx"}
+                arrays_made, arrays_moved = self._arrays_made(contexts)
             except BaseException:
                 self.real[device] = source
                 raise
@@ -1271,12 +1299,101 @@ class CudaExecutor(Executor):
                 reach = self._descs([(device, 3)])
                 _ok(driver.cuMemSetAccess(m.base, m.size, reach, len(reach)))
         self.launchables.clear()  # functions of the source's contexts
+        arrays_moved()
         self._release_source(source, _int(ctx), made)
         found = bytes(_ok(driver.cuDeviceGetUuid(ordinal)).bytes).hex()
         return {
             "bytes": total,
             "uuid": uuid or f"GPU-{found[:8]}-{found[8:12]}-{found[12:16]}-{found[16:20]}-{found[20:]}",
+            "made": arrays_made,
         }
+
+    @staticmethod
+    def _array_unmovable(shape: ArrayShape) -> str:
+        """Why an array of this shape is not made anew on another GPU ("" where it is)."""
+        if shape.flags & (SPARSE | DEFERRED_MAPPING):
+            return "sparse or deferred-mapping CUDA arrays (their tiles are mapped memory)"
+        if shape.format == NV12 or 0x91 <= shape.format <= 0x9F or shape.format not in FORMAT_BYTES:
+            return "CUDA arrays of a planar or block-compressed format"
+        return ""
+
+    def _arrays_made(self, contexts: dict[int, int]):
+        """The CUDA arrays and mipmapped arrays of the moving contexts (`contexts`: each source context ->
+        the target's) made anew in the target's with the same shapes, their bytes copied GPU to GPU
+        (cuMemcpy3DPeer), and the texture and surface objects made anew over them with the same values (a
+        kernel holds those in its parameters: a value the target's driver does not give back fails the
+        move). ([(namespace, old, new)] of the arrays, mipmapped arrays and their levels; what to keep of
+        them once the move commits)."""
+        renamed: dict[int, int] = {}  # array or level -> its target's
+        remipped: dict[int, int] = {}
+        homes = {a: home for a, home in self.array_homes.items() if home[0] in contexts}
+        mipmaps = {m: home for m, home in self.mipmap_homes.items() if home[0] in contexts}
+        samplers = {v: home for v, home in self.sampler_homes.items() if home[0] in contexts}
+        for old, (ctx, shape) in homes.items():
+            _ok(driver.cuCtxSetCurrent(driver.CUcontext(contexts[ctx])))
+            renamed[old] = _int(_ok(driver.cuArray3DCreate(self._array_descriptor(shape))))
+            self._array_copied(old, ctx, renamed[old], contexts[ctx], shape)
+        for old, (ctx, shape, levels) in mipmaps.items():
+            _ok(driver.cuCtxSetCurrent(driver.CUcontext(contexts[ctx])))
+            remipped[old] = _int(_ok(driver.cuMipmappedArrayCreate(self._array_descriptor(shape), levels)))
+            for n in range(levels):
+                level = _int(_ok(driver.cuMipmappedArrayGetLevel(driver.CUmipmappedArray(old), n)))
+                renamed[level] = _int(
+                    _ok(driver.cuMipmappedArrayGetLevel(driver.CUmipmappedArray(remipped[old]), n))
+                )
+                self._array_copied(level, ctx, renamed[level], contexts[ctx], shape.level(n))
+        spare: list[tuple[bool, int]] = []  # values the target gave before the wanted one: let go after
+        for value, (ctx, res, tex, view) in sorted(samplers.items()):
+            _ok(driver.cuCtxSetCurrent(driver.CUcontext(contexts[ctx])))
+            res = resource_mapped(res, lambda ns, h: (renamed if ns == "array" else remipped).get(h, h))
+            made = self._sampler_made(res, tex, view)
+            while made < value and len(spare) < SPARE_SAMPLERS:  # values destroyed since, in between
+                spare.append((tex is not None, made))
+                made = self._sampler_made(res, tex, view)
+            if made != value:
+                raise CudaError(
+                    NOT_SUPPORTED,
+                    f"a texture or surface object would have another value there ({made}, not {value})",
+                )
+        for is_texture, made in spare:
+            if is_texture:
+                driver.cuTexObjectDestroy(driver.CUtexObject(made))
+            else:
+                driver.cuSurfObjectDestroy(driver.CUsurfObject(made))
+
+        def moved() -> None:
+            for old, (ctx, shape) in homes.items():
+                self.array_homes.pop(old, None)
+                self.array_homes[renamed[old]] = (contexts[ctx], shape)
+            for old, (ctx, shape, levels) in mipmaps.items():
+                self.mipmap_homes.pop(old, None)
+                self.mipmap_homes[remipped[old]] = (contexts[ctx], shape, levels)
+            for value, (ctx, res, tex, view) in samplers.items():
+                res = resource_mapped(res, lambda ns, h: (renamed if ns == "array" else remipped).get(h, h))
+                self.sampler_homes[value] = (contexts[ctx], res, tex, view)
+
+        made = [("array", old, new) for old, new in renamed.items()]
+        return made + [("mipmap", old, new) for old, new in remipped.items()], moved
+
+    def _sampler_made(self, res: bytes, tex: bytes | None, view: bytes | None) -> int:
+        """A texture object (`tex` given) or a surface object over `res`, in the current context."""
+        resource = self._struct(driver.CUDA_RESOURCE_DESC, res)
+        if tex is None:
+            return _int(_ok(driver.cuSurfObjectCreate(resource)))
+        view_desc = self._struct(driver.CUDA_RESOURCE_VIEW_DESC, view) if view else None
+        return _int(
+            _ok(driver.cuTexObjectCreate(resource, self._struct(driver.CUDA_TEXTURE_DESC, tex), view_desc))
+        )
+
+    @staticmethod
+    def _array_copied(src: int, src_ctx: int, dst: int, dst_ctx: int, shape: ArrayShape) -> None:
+        """All of array `src`'s bytes into array `dst` of the same shape, GPU to GPU."""
+        copy = driver.CUDA_MEMCPY3D_PEER()
+        copy.srcMemoryType = copy.dstMemoryType = driver.CUmemorytype.CU_MEMORYTYPE_ARRAY
+        copy.srcArray, copy.dstArray = driver.CUarray(src), driver.CUarray(dst)
+        copy.srcContext, copy.dstContext = driver.CUcontext(src_ctx), driver.CUcontext(dst_ctx)
+        copy.WidthInBytes, copy.Height, copy.Depth = shape.row_bytes, shape.rows, shape.slices
+        _ok(driver.cuMemcpy3DPeer(copy))
 
     def _release_source(self, source: int, primary: int, made: list[tuple[str, int, int]]) -> None:
         """After a move has committed, what the lease held on the source GPU goes, as if it had never been

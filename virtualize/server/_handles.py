@@ -22,6 +22,12 @@ The move gives the target's primary context as many references as the lease's pr
 source (the replayed retain is one of them; none held: it is let go after the commit), so what the
 program sees — `cuDevicePrimaryCtxGetState`, and when its last release lets the context go — is what
 an unmigrated run shows. The executor lets go of the source's references itself once the move commits.
+
+CUDA arrays and mipmapped arrays are re-created by the executor itself (their bytes copied GPU to GPU;
+`Executor.migrate` answers which new object stands for which): their values map as the replayed
+objects' do, in every call that names one — directly, as a 3D copy's side, or in a texture's or
+surface's resource description. Texture and surface objects keep their values (kernels hold them in
+their parameters): the executor makes them anew with the same values or the move fails.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from dataclasses import dataclass, replace
 
 from virtualize.common._calls import CALLS, DESTROYS, HANDLE_TYPES
 from virtualize.server import _migrate_graphs as graphs
+from virtualize.server._arrays import ARRAY, resource_mapped
 from virtualize.server._executor import (
     INVALID_CONTEXT,
     NOT_SUPPORTED,
@@ -52,7 +59,8 @@ log = logging.getLogger("gpupool.worker")
 NAMESPACE = {**{kind: kind for kind in HANDLE_TYPES}, "kernel": "func"}
 RECREATED = frozenset({"ctx", "stream", "event", "module", "func", "pool"})  # a context's objects
 REBUILT = frozenset({"graph", "node", "graphexec"})  # read on the source and built anew (_migrate_graphs)
-MAPPED = RECREATED | REBUILT
+MOVED = frozenset({"array", "mipmap"})  # re-created by the executor's move itself (its answer's "made")
+MAPPED = RECREATED | REBUILT | MOVED
 KEPT = frozenset({"library", "kernel"})  # the process's: valid in every context, not re-created
 DESTROYED_BY = {**DESTROYS, "cuCtxDestroy": "ctx"}
 BUILTIN_STREAMS = frozenset({0, 1, 2})  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD: every context's
@@ -68,6 +76,10 @@ LAUNCH = "launch"  # a `Launch` argument: its function, its stream, and the even
 NODES = "nodes"  # a list of graph nodes
 EDGES = "edges"  # a list of (from, to) graph nodes
 SUBJECT = "subject"  # a graph or a node (graph_node_list: the roots of a graph, or a node's neighbours)
+ARRAY_SIDE = "array side"  # a 3D copy's side (`CopySide`): a CUDA array where it names one
+RESOURCE = "resource"  # a CUDA_RESOURCE_DESC's bytes: the array or mipmapped array it names
+RESOURCE_PARAMS = {"cuTexObjectCreate": "res", "cuSurfObjectCreate": "res"}  # methods taking one
+RESOURCE_RESULTS = frozenset({"cuTexObjectGetResourceDesc", "cuSurfObjectGetResourceDesc"})  # answering one
 # CUlaunchAttributeID values whose value starts with a CUevent: PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT.
 EVENT_ATTRIBUTES = frozenset({7, 12})
 # The shaped methods' parameters that hold handles of the kinds a move re-creates (the others keep
@@ -101,7 +113,8 @@ SHAPED_HANDLES: dict[str, dict[str, str]] = {
     "nccl_buffer": {},  # its address is mapped (SHAPED_ADDRESSES)
     **{method: {"stream": "stream"} for method in (
         "copy_to_device", "copy_from_device", "copy_in_from", "copy_out_into", "copy_out_piece",
-        "copy_from_device_async", "memset", "copy_3d", "launch_host_func", "capture_info")},
+        "copy_from_device_async", "memset", "launch_host_func", "capture_info")},
+    "copy_3d": {"stream": "stream", "src": ARRAY_SIDE, "dst": ARRAY_SIDE},
 }  # fmt: skip
 # The shaped methods' results that are handles: (position in the result tuple, None: the result itself;
 # kind).
@@ -228,6 +241,8 @@ def _kinds(name: str, params: list[str]) -> tuple[tuple[tuple[int, str], ...], t
     else:
         ins, outs = TABLE_KINDS.get(name, ({}, ()))
     ins = {PARAM_ALIASES.get(p, p) if p not in params else p: kind for p, kind in ins.items()}
+    if name in RESOURCE_PARAMS:
+        ins[RESOURCE_PARAMS[name]] = RESOURCE
     return tuple((params.index(p), kind) for p, kind in ins.items() if p in params), outs
 
 
@@ -319,6 +334,8 @@ class Translated:
             return None
         kinds, outs = _kinds(name, params)
         outs = tuple((i, kind) for i, kind in outs if NAMESPACE.get(kind, kind) in MAPPED or kind in LISTS)
+        if name in RESOURCE_RESULTS:
+            outs = ((None, RESOURCE),)
         exec_node = _exec_node(kinds)  # a node named together with its instantiated graph
         address_ins, address_outs = (
             (SHAPED_ADDRESSES.get(name, ()), ())
@@ -420,6 +437,10 @@ class Translated:
         if kind == SUBJECT:  # a node's value, or else a graph's (distinct objects: distinct values)
             node = self.map.real("node", value)
             return node if node != value else self.map.real("graph", value)
+        if kind == ARRAY_SIDE:
+            return replace(value, at=self.map.real("array", value.at)) if value.kind == ARRAY else value
+        if kind == RESOURCE:
+            return resource_mapped(value, self.map.real)
         ns = NAMESPACE[kind]
         if ns not in MAPPED or not value or (ns == "stream" and value in BUILTIN_STREAMS):
             return value
@@ -445,6 +466,8 @@ class Translated:
             return [(self.map.client("node", a), self.map.client("node", b)) for a, b in value]
         if kind == "graphs":
             return [self.map.client("graph", g) for g in value]
+        if kind == RESOURCE:
+            return resource_mapped(value, self.map.client)
         return self.map.client(NAMESPACE[kind], value)
 
     def _results_out(self, result, outs, addresses=()):
@@ -598,6 +621,11 @@ class Translated:
         moved = self.inner.migrate(device, target, mappings, recreate, **where)
         for (ns, client), real in made.items():
             self.map.move(ns, client, real)
+        moved_too = moved.pop(
+            "made", []
+        )  # the executor's own: arrays (their values as the executor had them)
+        for ns, old, new in moved_too:
+            self.map.move(ns, self.map.client(ns, old), new)
         for address, size, real in placed:
             self.addresses.move(address, size, real)
         if primary and not held:  # made to re-create its objects; the processes hold no reference to it
@@ -612,7 +640,7 @@ class Translated:
         for name in self.cached:  # wrapped anew: every call first sets its thread's context to the new one
             self.__dict__.pop(name, None)
         self.cached.clear()
-        return {**moved, "objects": len(made)}
+        return {**moved, "objects": len(made) + len(moved_too)}
 
     def migration_refusal(self, target: int, holding: dict[str, int], uuid: str = "") -> str | None:
         reason = self.inner.migration_refusal(target, holding, uuid)

@@ -17,6 +17,10 @@ worker) while its program runs.
 3. pause: a PyTorch program holds N GiB (random int32, checksummed) for each N of --sizes; moved; the
    table prints bytes, objects re-created, pause, wait, the copy rate, the GPUs' used memory before and
    after (nvidia-smi), and whether the checksum and a kernel on the moved tensor hold.
+1a. arrays: a driver API program holding a 2D CUDA array (a texture object over it, read by a kernel of
+   hand-written PTX through tex.2d), a mipmapped array with a level filled, and a surface object; moved;
+   the arrays' bytes, the texture object (the same value, read by the kernel on the target) and the
+   surface's and texture's resources naming the arrays the program holds.
 1b. primary: a driver API program holding two references to its primary context (flags set, a stream, memory),
    run unmoved and moved: cuDevicePrimaryCtxGetState and what each release does are the same in both runs,
    and after the move the worker has no context left on GPU 0 (nvidia-smi's compute apps: the source's
@@ -144,6 +148,97 @@ fill(0x01020304)
 ok(cu.cuStreamSynchronize(stream), "stream sync")
 print("after", kept, same(0x01020304) and cu.cuEventQuery(event) == 0 and replayed(), flush=True)
 """
+# CUDA arrays, a mipmapped array, a texture object read by a kernel (tex.2d), a surface object; after the move the
+# same bytes under the same handles, and the kernel reads the texture (its value unchanged) on the target.
+ARRAY_HOLDER = r"""
+import ctypes, struct, sys
+cu = ctypes.CDLL("libcuda.so.1")
+def ok(rc, what):
+    if rc:
+        print("failed", what, rc, flush=True)
+        sys.exit(1)
+u64 = ctypes.c_uint64
+PTX = b'''
+.version 6.0
+.target sm_52
+.address_size 64
+.visible .entry fetch_row(.param .u64 tex, .param .u64 out, .param .u32 row)
+{
+    .reg .f32 %f<7>;
+    .reg .b32 %r<3>;
+    .reg .b64 %rd<5>;
+    ld.param.u64 %rd1, [tex];
+    ld.param.u64 %rd2, [out];
+    ld.param.u32 %r1, [row];
+    mov.u32 %r2, %tid.x;
+    cvt.rn.f32.u32 %f1, %r2;
+    cvt.rn.f32.u32 %f2, %r1;
+    tex.2d.v4.f32.f32 {%f3, %f4, %f5, %f6}, [%rd1, {%f1, %f2}];
+    cvta.to.global.u64 %rd3, %rd2;
+    mul.wide.u32 %rd4, %r2, 4;
+    add.s64 %rd3, %rd3, %rd4;
+    st.global.f32 [%rd3], %f3;
+    ret;
+}
+'''
+class Desc(ctypes.Structure):  # CUDA_ARRAY3D_DESCRIPTOR
+    _fields_ = [("Width", u64), ("Height", u64), ("Depth", u64), ("Format", ctypes.c_int),
+                ("NumChannels", ctypes.c_uint), ("Flags", ctypes.c_uint)]
+class Copy2D(ctypes.Structure):  # CUDA_MEMCPY2D
+    _fields_ = [("srcXInBytes", ctypes.c_size_t), ("srcY", ctypes.c_size_t), ("srcMemoryType", ctypes.c_int),
+                ("srcHost", ctypes.c_void_p), ("srcDevice", u64), ("srcArray", u64), ("srcPitch", ctypes.c_size_t),
+                ("dstXInBytes", ctypes.c_size_t), ("dstY", ctypes.c_size_t), ("dstMemoryType", ctypes.c_int),
+                ("dstHost", ctypes.c_void_p), ("dstDevice", u64), ("dstArray", u64), ("dstPitch", ctypes.c_size_t),
+                ("WidthInBytes", ctypes.c_size_t), ("Height", ctypes.c_size_t)]
+FLOAT, HOST, ARRAY, W, H = 0x20, 1, 3, 256, 64
+ctx, array, mip, level, tex, surf_array, surf, module, fn, out = (u64() for _ in range(10))
+ok(cu.cuInit(0), "init")
+ok(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "retain"); ok(cu.cuCtxSetCurrent(ctx), "current")
+ok(cu.cuArray3DCreate_v2(ctypes.byref(array), ctypes.byref(Desc(W, H, 0, FLOAT, 1, 0))), "array")
+image = (ctypes.c_float * (W * H))(*(float(y * 1000 + x) for y in range(H) for x in range(W)))
+def to_array(dst, host, width, rows):
+    ok(cu.cuMemcpy2D_v2(ctypes.byref(Copy2D(srcMemoryType=HOST, srcHost=ctypes.addressof(host), srcPitch=4 * W,
+                                            dstMemoryType=ARRAY, dstArray=dst, WidthInBytes=4 * width, Height=rows))), "fill")
+def from_array(src, width, rows):
+    back = (ctypes.c_float * (width * rows))()
+    ok(cu.cuMemcpy2D_v2(ctypes.byref(Copy2D(srcMemoryType=ARRAY, srcArray=src, dstMemoryType=HOST,
+                                            dstHost=ctypes.addressof(back), dstPitch=4 * width, WidthInBytes=4 * width,
+                                            Height=rows))), "read")
+    return bytes(back)
+to_array(array.value, image, W, H)
+ok(cu.cuMipmappedArrayCreate(ctypes.byref(mip), ctypes.byref(Desc(W, W, 0, FLOAT, 1, 0)), 3), "mipmapped")
+ok(cu.cuMipmappedArrayGetLevel(ctypes.byref(level), mip, 1), "level")
+to_array(level.value, image, W // 2, H)
+level_bytes = from_array(level.value, W // 2, H)
+res = ctypes.create_string_buffer(144); struct.pack_into("<iiQ", res, 0, 0, 0, array.value)
+desc = ctypes.create_string_buffer(104); struct.pack_into("<3i", desc, 0, 1, 1, 1)  # clamp, point, unnormalized
+ok(cu.cuTexObjectCreate(ctypes.byref(tex), res, desc, None), "texture")
+ok(cu.cuArray3DCreate_v2(ctypes.byref(surf_array), ctypes.byref(Desc(W, H, 0, FLOAT, 1, 2))), "surface array")  # SURFACE_LDST
+sres = ctypes.create_string_buffer(144); struct.pack_into("<iiQ", sres, 0, 0, 0, surf_array.value)
+ok(cu.cuSurfObjectCreate(ctypes.byref(surf), sres), "surface")
+ok(cu.cuModuleLoadData(ctypes.byref(module), PTX), "module"); ok(cu.cuModuleGetFunction(ctypes.byref(fn), module, b"fetch_row"), "fetch_row")
+ok(cu.cuMemAlloc_v2(ctypes.byref(out), u64(4 * W)), "out")
+def fetched(row):
+    t, o, r = u64(tex.value), u64(out.value), ctypes.c_uint(row)
+    params = (ctypes.c_void_p * 3)(*(ctypes.addressof(v) for v in (t, o, r)))
+    ok(cu.cuLaunchKernel(fn, 1, 1, 1, W, 1, 1, 0, None, params, None), "launch"); ok(cu.cuCtxSynchronize(), "sync")
+    back = (ctypes.c_float * W)()
+    ok(cu.cuMemcpyDtoH_v2(back, out, u64(4 * W)), "read out")
+    return list(back) == [float(row * 1000 + x) for x in range(W)]
+def names(getter, handle, want):
+    got = ctypes.create_string_buffer(144)
+    ok(getter(got, handle), "resource")
+    return struct.unpack_from("<Q", got.raw, 8)[0] == want
+before = (tex.value, surf.value)
+print("ready", fetched(10) and from_array(array.value, W, H) == bytes(image), flush=True)
+sys.stdin.readline()
+kept = from_array(array.value, W, H) == bytes(image) and from_array(level.value, W // 2, H) == level_bytes
+again = u64(); ok(cu.cuMipmappedArrayGetLevel(ctypes.byref(again), mip, 1), "level again")
+same = (tex.value, surf.value) == before and again.value == level.value
+named = names(cu.cuTexObjectGetResourceDesc, tex, array.value) and names(cu.cuSurfObjectGetResourceDesc, surf, surf_array.value)
+print("after", kept and same and named, fetched(33), flush=True)
+"""
+
 # Two references to the primary context; after the move (or none) each release's effect on its state.
 PRIMARY_HOLDER = r"""
 import ctypes, sys
@@ -378,6 +473,11 @@ def moved_holder(
             f"used MiB {smi}")  # fmt: skip
 
 
+def arrays_check(shim: Path, work: Path, two: list) -> None:
+    moved_holder("arrays: a CUDA array read by a kernel through a texture object, a mipmapped array, a surface",
+                 ARRAY_HOLDER, 2, "CUDA arrays, a mipmapped array, texture and surface objects moved", shim, work, two)  # fmt: skip
+
+
 def driver_check(shim: Path, work: Path, two: list) -> None:
     moved_holder("driver: 256 MiB, a stream, an event and a captured graph of the driver API", DRIVER_HOLDER, 2,
                  "driver API: memory, stream, event and a captured graph moved", shim, work, two)  # fmt: skip
@@ -533,7 +633,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     parser.add_argument("--at", type=int, default=8, help="the step after which the lease moves (default 8)")
     parser.add_argument("--sizes", default="1,4,16", help="GiB held for the pause table (default 1,4,16)")
-    part_names = ["driver", "primary", "cupy", "cupy_graph", "graphed", "pause", "training"]
+    part_names = ["driver", "arrays", "primary", "cupy", "cupy_graph", "graphed", "pause", "training"]
     parser.add_argument(
         "--only", nargs="*", default=part_names, choices=part_names, help="parts to run (default: all)"
     )
@@ -558,6 +658,7 @@ def main() -> int:
         print(f"shim: {shim}; GPUs: {found[:2]}; used MiB {used_mib()}", flush=True)
         parts = {
             "driver": lambda: driver_check(shim, work, found[:2]),
+            "arrays": lambda: arrays_check(shim, work, found[:2]),
             "primary": lambda: primary_check(shim, work, found[:2]),
             "cupy": lambda: cupy_check(shim, work, found[:2]),
             "cupy_graph": lambda: cupy_graph_check(shim, work, found[:2]),
@@ -569,6 +670,7 @@ def main() -> int:
         }
         needs = {
             "driver": 20,
+            "arrays": 20,
             "primary": 30,
             "cupy": 30,
             "cupy_graph": 30,
