@@ -3958,6 +3958,13 @@ def scenario_migrate():
         )
         say(f"range_{name}", f"{range_base.value:x}+{range_size.value}")
         say(f"same_{name}", dtoh(ptr, size)[1] == before[name])
+    # The memory the program made itself, mapped again from the handle it holds: the same bytes.
+    check(cu.cuMemUnmap(vbase, c_u64(2 * MiB)), "unmap to map again")
+    check(cu.cuMemMap(vbase, c_u64(2 * MiB), c_u64(0), vhandle, c_u64(0)), "map again")
+    check(
+        cu.cuMemSetAccess(vbase, c_u64(2 * MiB), ctypes.byref(AccessDesc(1, 0, 3)), c_u64(1)), "access again"
+    )
+    say("remapped_vmm", dtoh(vbase.value, 2 * MiB)[1] == before["vmm"])
     back = (ctypes.c_float * (64 * 32))()
     from_array = Memcpy2D(srcMemoryType=ARRAY, srcArray=array.value, dstMemoryType=HOST,
                           dstHost=ctypes.addressof(back), dstPitch=256, WidthInBytes=256, Height=32)  # fmt: skip

@@ -228,6 +228,26 @@ def test_the_cuda_executor_refuses_arrays_it_cannot_make_anew(shape, said):
     assert reason and said in reason
 
 
+@pytest.mark.parametrize(
+    ("state", "said"),
+    [
+        ({"vm_homes": {5: (2 << 20, 0, 0, 0)}, "vm_shared": {5}}, "another reference"),  # imported, retained
+        ({"vm_maps": {1 << 40: (2 << 20, 0, 9)}}, "did not make here"),  # a multicast object's, say
+        ({"vm_homes": {5: (2 << 20, 0, 0, 1)}}, "sparse"),  # CU_MEM_CREATE_USAGE_TILE_POOL
+    ],
+)
+def test_the_cuda_executor_refuses_virtual_memory_it_cannot_follow(state, said):
+    """The program's own cuMemCreate memory moves with its lease, but not memory another reference holds, a
+    mapping of a handle not made here, or tiles of sparse arrays: refused up front, naming it."""
+    executor = object.__new__(CudaExecutor)  # its refusal needs no GPU
+    executor.array_homes, executor.mipmap_homes = {}, {}
+    executor.vm_homes, executor.vm_maps, executor.vm_shared, executor.vm_released = {}, {}, set(), {}
+    for name, value in state.items():
+        setattr(executor, name, value)
+    reason = CudaExecutor.migration_refusal(executor, 1, {"vmem": 1})
+    assert reason and said in reason
+
+
 def test_a_graph_the_driver_does_not_clone_runs_on_and_keeps_the_lease_from_moving(lease, monkeypatch):
     """At instantiation the worker keeps a clone of the graph for a move; where the driver refuses the
     clone, the program's instantiated graph still runs, and a move is refused up front with the reason."""

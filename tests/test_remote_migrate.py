@@ -61,6 +61,7 @@ def _assert_intact(result: dict[str, str]) -> None:
         assert result[f"same_{name}"] == "True", name
         assert result[f"range_{name}"].split("+")[0] == address, name
     assert result["same_array"] == "True"
+    assert result["remapped_vmm"] == "True"  # the handle it made with cuMemCreate names the moved memory
     assert (
         result["texture_names_array"] == result["later_texture_names_array"] == result["same_level"] == "True"
     )

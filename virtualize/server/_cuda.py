@@ -58,7 +58,6 @@ _INVALID_VALUE_RESULT = driver.CUresult.CUDA_ERROR_INVALID_VALUE
 # with these words): handle kind -> what the lease holds.
 CANNOT_MOVE = {
     "link": "a link in progress (cuLinkCreate)",
-    "vmem": "memory of the virtual memory API it made itself (cuMemCreate)",
     "comm": "NCCL communicators (NCCL's connections to the other ranks' workers are this GPU's)",
     "texref": "texture references", "surfref": "surface references",
 }  # fmt: skip
@@ -439,6 +438,15 @@ class CudaExecutor(Executor):
         self.array_homes: dict[int, tuple[int, ArrayShape]] = {}
         self.mipmap_homes: dict[int, tuple[int, ArrayShape, int]] = {}
         self.sampler_homes: dict[int, tuple[int, bytes, bytes | None, bytes | None]] = {}
+        # The program's own virtual memory: each cuMemCreate handle's size, GPU, handle types and usage (while
+        # the program holds it), each mapping (address -> size, offset, handle), the access each
+        # cuMemSetAccess gave ((address, size) -> lease devices and flags), and the handles a move cannot
+        # follow (imported, retained, bound to a multicast object: references it does not hold).
+        self.vm_homes: dict[int, tuple[int, int, int, int]] = {}
+        self.vm_maps: dict[int, tuple[int, int, int]] = {}
+        self.vm_access: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self.vm_shared: set[int] = set()
+        self.vm_released: dict[int, tuple[int, int, int, int]] = {}  # let go of, kept alive by its mappings
 
     @staticmethod
     def _find(device, position: int) -> int:
@@ -881,7 +889,9 @@ class CudaExecutor(Executor):
     def cuMemCreate(self, size, device, handle_types, usage=0):
         prop = self._prop(device, handle_types)
         prop.allocFlags.usage = usage  # CU_MEM_CREATE_USAGE_TILE_POOL: tiles of sparse arrays
-        return _int(_ok(driver.cuMemCreate(size, prop, 0)))
+        handle = _int(_ok(driver.cuMemCreate(size, prop, 0)))
+        self.vm_homes[handle] = (size, self._d(device), handle_types, usage)
+        return handle
 
     # Multicast objects: their handle types are none (the guard's), devices are the lease's ordinals.
     @staticmethod
@@ -899,9 +909,11 @@ class CudaExecutor(Executor):
     def cuMulticastBindMem(self, mc, mc_offset, memory, mem_offset, size, flags):
         handles = driver.CUmemGenericAllocationHandle(mc), driver.CUmemGenericAllocationHandle(memory)
         _ok(driver.cuMulticastBindMem(handles[0], mc_offset, handles[1], mem_offset, size, flags))
+        self.vm_shared.add(memory)
 
     def cuMulticastBindAddr(self, mc, mc_offset, ptr, size, flags):
         _ok(driver.cuMulticastBindAddr(driver.CUmemGenericAllocationHandle(mc), mc_offset, ptr, size, flags))
+        self.vm_shared.update(h for at, (n, _, h) in self.vm_maps.items() if at < ptr + size and ptr < at + n)
 
     def cuMulticastUnbind(self, mc, dev, mc_offset, size):
         _ok(driver.cuMulticastUnbind(driver.CUmemGenericAllocationHandle(mc), self._d(dev), mc_offset, size))
@@ -912,6 +924,10 @@ class CudaExecutor(Executor):
 
     def cuMemRelease(self, handle):
         _ok(driver.cuMemRelease(driver.CUmemGenericAllocationHandle(handle)))
+        if handle not in self.vm_shared and handle in self.vm_homes:  # its mappings keep the memory alive
+            home = self.vm_homes.pop(handle)
+            if any(m[2] == handle for m in self.vm_maps.values()):
+                self.vm_released[handle] = home
 
     def cuMemImportFromShareableHandle(self, handle):
         """Another reference to memory of the lease, for another of its processes: exported as a POSIX
@@ -921,9 +937,11 @@ class CudaExecutor(Executor):
             _ok(driver.cuMemExportToShareableHandle(driver.CUmemGenericAllocationHandle(handle), posix, 0))
         )
         try:
-            return _int(_ok(driver.cuMemImportFromShareableHandle(fd, posix)))
+            imported = _int(_ok(driver.cuMemImportFromShareableHandle(fd, posix)))
         finally:
             os.close(fd)
+        self.vm_shared.update((handle, imported))
+        return imported
 
     # -- CUDA arrays, textures and surfaces ------------------------------------------------------------
 
@@ -1186,17 +1204,28 @@ class CudaExecutor(Executor):
         return int(_ok(driver.cuMemGetAccess(location, ptr)))
 
     def cuMemRetainAllocationHandle(self, addr):
-        return _int(_ok(driver.cuMemRetainAllocationHandle(addr)))
+        handle = _int(_ok(driver.cuMemRetainAllocationHandle(addr)))
+        self.vm_shared.add(handle)
+        return handle
 
     def cuMemMap(self, ptr, size, offset, handle, flags):
         _ok(driver.cuMemMap(ptr, size, offset, driver.CUmemGenericAllocationHandle(handle), flags))
+        self.vm_maps[ptr] = (size, offset, handle)
 
     def cuMemUnmap(self, ptr, size):
         _ok(driver.cuMemUnmap(ptr, size))
+        for at in [at for at in self.vm_maps if ptr <= at < ptr + size]:
+            del self.vm_maps[at]
+        for key in [k for k in self.vm_access if k[0] < ptr + size and ptr < k[0] + k[1]]:
+            del self.vm_access[key]
+        still = {handle for _, _, handle in self.vm_maps.values()}
+        for handle in [h for h in self.vm_released if h not in still]:  # its last mapping went: freed
+            del self.vm_released[handle]
 
     def cuMemSetAccess(self, ptr, size, access):
         descs = self._descs(access)
         _ok(driver.cuMemSetAccess(ptr, size, descs, len(descs)))
+        self.vm_access[ptr, size] = list(access)
 
     def cuMemGetAllocationGranularity(self, device, option):
         kind = _enum(driver.CUmemAllocationGranularity_flags, option)
@@ -1223,6 +1252,8 @@ class CudaExecutor(Executor):
             shapes = [shape for _, shape in self.array_homes.values()]
             shapes += [shape for _, shape, _ in self.mipmap_homes.values()]
             held = sorted({self._array_unmovable(shape) for shape in shapes} - {""})
+        if not held and self._vm_unmovable():
+            held = [self._vm_unmovable()]
         if held:
             return f"the lease holds {', '.join(held)}, which the cuda executor does not move to another GPU"
         try:
@@ -1275,6 +1306,7 @@ class CudaExecutor(Executor):
                 made = recreate()
                 contexts = {old: new for ns, old, new in made if ns == "ctx"}
                 arrays_made, arrays_moved = self._arrays_made(contexts)
+                vm_made, vm_moved = self._vm_made(source, ordinal, ctx, stream)
             except BaseException:
                 self.real[device] = source
                 raise
@@ -1300,12 +1332,13 @@ class CudaExecutor(Executor):
                 _ok(driver.cuMemSetAccess(m.base, m.size, reach, len(reach)))
         self.launchables.clear()  # functions of the source's contexts
         arrays_moved()
+        vm_moved()
         self._release_source(source, _int(ctx), made)
         found = bytes(_ok(driver.cuDeviceGetUuid(ordinal)).bytes).hex()
         return {
             "bytes": total,
             "uuid": uuid or f"GPU-{found[:8]}-{found[8:12]}-{found[12:16]}-{found[16:20]}-{found[20:]}",
-            "made": arrays_made,
+            "made": arrays_made + vm_made,
         }
 
     @staticmethod
@@ -1374,6 +1407,82 @@ class CudaExecutor(Executor):
 
         made = [("array", old, new) for old, new in renamed.items()]
         return made + [("mipmap", old, new) for old, new in remipped.items()], moved
+
+    def _vm_unmovable(self) -> str:
+        """Why the program's own virtual memory cannot move ("" where it can): memory another reference
+        holds (imported from a descriptor, retained, bound to a multicast object), a mapping of a handle
+        this worker did not make with cuMemCreate, tiles of sparse arrays."""
+        mapped = {handle for _, _, handle in self.vm_maps.values()}
+        if self.vm_shared & (mapped | set(self.vm_homes)):
+            return "memory of the virtual memory API shared by another reference (imported, retained or multicast-bound)"
+        known = set(self.vm_homes) | set(self.vm_released)
+        if mapped - known:
+            return "a mapping of memory the virtual memory API did not make here (cuMemCreate)"
+        if any(usage for _, _, _, usage in [*self.vm_homes.values(), *self.vm_released.values()]):
+            return "tiles of sparse CUDA arrays (memory of usage TILE_POOL)"
+        return ""
+
+    def _vm_made(self, source: int, ordinal: int, ctx, stream):
+        """The program's own virtual memory on the source GPU (made with cuMemCreate, held or mapped) made
+        anew on the target and its bytes copied GPU to GPU on `stream` (of `ctx`, the source's primary
+        context) through a scratch mapping: all of an allocation the program still holds, the mapped parts of
+        one it let go of (nothing else can reach the rest); ([("vmem", old, new)] of the handles the program
+        holds; what to do once the move commits: each mapping remapped to the new memory at its address,
+        its access granted again, the old memory let go)."""
+        homes = {**self.vm_released, **self.vm_homes}
+        moving = {h: home for h, home in homes.items() if home[1] == source}
+        mapped = {at: m for at, m in self.vm_maps.items() if m[2] in moving}
+        if not moving:
+            return [], lambda: None
+        new: dict[int, int] = {}
+        for handle, (size, _, handle_types, usage) in moving.items():
+            prop = self._prop_at(ordinal, handle_types)
+            prop.allocFlags.usage = usage
+            new[handle] = _int(_ok(driver.cuMemCreate(size, prop, 0)))
+        both = self._descs_at([source, ordinal])
+        _ok(driver.cuCtxSetCurrent(ctx))  # the stream's
+        for handle, (size, *_) in moving.items():
+            held = handle in self.vm_homes  # else only its mappings reach it
+            scratch = _int(_ok(driver.cuMemAddressReserve(2 * size if held else size, 0, 0, 0)))
+            mapped_here: list[int] = []
+            try:
+                for at, memory in ((scratch, new[handle]), (scratch + size, handle))[: 2 if held else 1]:
+                    _ok(driver.cuMemMap(at, size, 0, driver.CUmemGenericAllocationHandle(memory), 0))
+                    mapped_here.append(at)
+                    _ok(driver.cuMemSetAccess(at, size, both, len(both)))
+                if held:
+                    _ok(driver.cuMemcpyDtoDAsync(scratch, scratch + size, size, stream))
+                for at, (n, offset, _) in (
+                    [] if held else [(at, m) for at, m in mapped.items() if m[2] == handle]
+                ):
+                    _ok(driver.cuMemcpyDtoDAsync(scratch + offset, at, n, stream))
+                _ok(driver.cuStreamSynchronize(stream))
+            finally:
+                for at in mapped_here:
+                    driver.cuMemUnmap(at, size)
+                driver.cuMemAddressFree(scratch, 2 * size if held else size)
+
+        def moved() -> None:
+            for at, (n, offset, handle) in mapped.items():
+                _ok(driver.cuMemUnmap(at, n))
+                _ok(driver.cuMemMap(at, n, offset, driver.CUmemGenericAllocationHandle(new[handle]), 0))
+                self.vm_maps[at] = (n, offset, new[handle])
+            for (at, n), access in self.vm_access.items():  # granted again, now naming the target
+                if any(at < m + mapped[m][0] and m < at + n for m in mapped):
+                    descs = self._descs(access)
+                    _ok(driver.cuMemSetAccess(at, n, descs, len(descs)))
+            for handle in moving:
+                home = homes[handle]
+                if handle in self.vm_homes:  # the program's reference is to the new memory from here
+                    driver.cuMemRelease(driver.CUmemGenericAllocationHandle(handle))  # unmapped now: freed
+                    del self.vm_homes[handle]
+                    self.vm_homes[new[handle]] = (home[0], ordinal, *home[2:])
+                else:  # let go of by the program already: the mappings keep it
+                    del self.vm_released[handle]
+                    self.vm_released[new[handle]] = (home[0], ordinal, *home[2:])
+                    driver.cuMemRelease(driver.CUmemGenericAllocationHandle(new[handle]))
+
+        return [("vmem", old, made) for old, made in new.items() if old in self.vm_homes], moved
 
     def _sampler_made(self, res: bytes, tex: bytes | None, view: bytes | None) -> int:
         """A texture object (`tex` given) or a surface object over `res`, in the current context."""

@@ -836,12 +836,27 @@ class HostExecutor(Executor):
         with self.lock:
             self._retire(made)  # commit: the lease's memory is the target's from here on
             self.memory.update(copies)
-            arrays_made = self._arrays_renamed(array_copies)
+            arrays_made = self._arrays_renamed(array_copies) + self._memory_renamed(device)
         # The source's primary context let go, as the CUDA executor does.
         self.primary_retains.pop(source, None)
         self.primary_flags.pop(source, None)
         moved = [*copies.values(), *(data for _, data in array_copies.values())]
         return {"bytes": sum(len(c) for c in moved), "uuid": f"GPU-host-{target}", "made": arrays_made}
+
+    def _memory_renamed(self, device: int) -> list[tuple[str, int, int]]:
+        """The program's own virtual memory of the moved device (cuMemCreate's) becomes the target's, with new
+        handle values as the CUDA executor's move gives them (the worker maps the client's). [(namespace,
+        old, new)]."""
+        renamed = {
+            h: next(self.ids) for h, d in self.created.items() if d == device and h not in self.multicast
+        }
+        for old, new in renamed.items():
+            self.created[new] = self.created.pop(old)
+            self.references[new] = self.references.pop(old)
+            if old in self.backing:
+                self.backing[new] = self.backing.pop(old)
+        self.mapped_handles = {at: renamed.get(h, h) for at, h in self.mapped_handles.items()}
+        return [("vmem", *pair) for pair in renamed.items()]
 
     def _arrays_renamed(self, copies: dict[int, tuple[ArrayShape, bytearray]]) -> list[tuple[str, int, int]]:
         """The moved arrays become the target's arrays, with new handle values as a GPU's driver gives them

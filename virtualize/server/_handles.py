@@ -23,7 +23,8 @@ source (the replayed retain is one of them; none held: it is let go after the co
 program sees — `cuDevicePrimaryCtxGetState`, and when its last release lets the context go — is what
 an unmigrated run shows. The executor lets go of the source's references itself once the move commits.
 
-CUDA arrays and mipmapped arrays are re-created by the executor itself (their bytes copied GPU to GPU;
+CUDA arrays, mipmapped arrays and the program's own virtual memory (cuMemCreate handles) are re-created
+by the executor itself (their bytes copied GPU to GPU;
 `Executor.migrate` answers which new object stands for which): their values map as the replayed
 objects' do, in every call that names one — directly, as a 3D copy's side, or in a texture's or
 surface's resource description. Texture and surface objects keep their values (kernels hold them in
@@ -59,7 +60,8 @@ log = logging.getLogger("gpupool.worker")
 NAMESPACE = {**{kind: kind for kind in HANDLE_TYPES}, "kernel": "func"}
 RECREATED = frozenset({"ctx", "stream", "event", "module", "func", "pool"})  # a context's objects
 REBUILT = frozenset({"graph", "node", "graphexec"})  # read on the source and built anew (_migrate_graphs)
-MOVED = frozenset({"array", "mipmap"})  # re-created by the executor's move itself (its answer's "made")
+# Re-created by the executor's move itself (its answer's "made").
+MOVED = frozenset({"array", "mipmap", "vmem"})
 MAPPED = RECREATED | REBUILT | MOVED
 KEPT = frozenset({"library", "kernel"})  # the process's: valid in every context, not re-created
 DESTROYED_BY = {**DESTROYS, "cuCtxDestroy": "ctx"}
@@ -79,6 +81,8 @@ SUBJECT = "subject"  # a graph or a node (graph_node_list: the roots of a graph,
 ARRAY_SIDE = "array side"  # a 3D copy's side (`CopySide`): a CUDA array where it names one
 RESOURCE = "resource"  # a CUDA_RESOURCE_DESC's bytes: the array or mipmapped array it names
 RESOURCE_PARAMS = {"cuTexObjectCreate": "res", "cuSurfObjectCreate": "res"}  # methods taking one
+# Handles the guard passes that the table does not declare: the exported memory another process imports.
+GUARD_HANDLES = {"cuMemImportFromShareableHandle": {"handle": "vmem"}}
 RESOURCE_RESULTS = frozenset({"cuTexObjectGetResourceDesc", "cuSurfObjectGetResourceDesc"})  # answering one
 # CUlaunchAttributeID values whose value starts with a CUevent: PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT.
 EVENT_ATTRIBUTES = frozenset({7, 12})
@@ -243,6 +247,7 @@ def _kinds(name: str, params: list[str]) -> tuple[tuple[tuple[int, str], ...], t
     ins = {PARAM_ALIASES.get(p, p) if p not in params else p: kind for p, kind in ins.items()}
     if name in RESOURCE_PARAMS:
         ins[RESOURCE_PARAMS[name]] = RESOURCE
+    ins.update(GUARD_HANDLES.get(name, {}))
     return tuple((params.index(p), kind) for p, kind in ins.items() if p in params), outs
 
 

@@ -18,9 +18,10 @@ worker) while its program runs.
    table prints bytes, objects re-created, pause, wait, the copy rate, the GPUs' used memory before and
    after (nvidia-smi), and whether the checksum and a kernel on the moved tensor hold.
 1a. arrays: a driver API program holding a 2D CUDA array (a texture object over it, read by a kernel of
-   hand-written PTX through tex.2d), a mipmapped array with a level filled, and a surface object; moved;
-   the arrays' bytes, the texture object (the same value, read by the kernel on the target) and the
-   surface's and texture's resources naming the arrays the program holds.
+   hand-written PTX through tex.2d), a mipmapped array with a level filled, a surface object, and memory
+   of its own virtual memory API (cuMemCreate: one allocation held, one let go of once mapped); moved;
+   the arrays' and the memory's bytes, the texture object (the same value, read by the kernel on the
+   target), the resources naming the arrays the program holds, the held handle mapped again.
 1b. primary: a driver API program holding two references to its primary context (flags set, a stream, memory),
    run unmoved and moved: cuDevicePrimaryCtxGetState and what each release does are the same in both runs,
    and after the move the worker has no context left on GPU 0 (nvidia-smi's compute apps: the source's
@@ -229,10 +230,33 @@ def names(getter, handle, want):
     got = ctypes.create_string_buffer(144)
     ok(getter(got, handle), "resource")
     return struct.unpack_from("<Q", got.raw, 8)[0] == want
+# The program's own virtual memory: one allocation it holds, one it let go of once mapped (its mapping keeps it).
+class Prop(ctypes.Structure):  # CUmemAllocationProp
+    _fields_ = [("type", ctypes.c_int), ("handle_types", ctypes.c_int), ("location_type", ctypes.c_int),
+                ("location_id", ctypes.c_int), ("win32", ctypes.c_void_p), ("flags", u64)]
+class Access(ctypes.Structure):  # CUmemAccessDesc
+    _fields_ = [("location_type", ctypes.c_int), ("location_id", ctypes.c_int), ("flags", ctypes.c_int)]
+VM = 2 << 20
+va, held, gone = u64(), u64(), u64()
+ok(cu.cuMemAddressReserve(ctypes.byref(va), u64(2 * VM), u64(0), u64(0), u64(0)), "reserve")
+for i, handle in enumerate((held, gone)):
+    ok(cu.cuMemCreate(ctypes.byref(handle), u64(VM), ctypes.byref(Prop(1, 0, 1, 0)), u64(0)), "create")
+    ok(cu.cuMemMap(u64(va.value + i * VM), u64(VM), u64(0), handle, u64(0)), "map")
+    ok(cu.cuMemSetAccess(u64(va.value + i * VM), u64(VM), ctypes.byref(Access(1, 0, 3)), u64(1)), "access")
+    ok(cu.cuMemsetD32_v2(u64(va.value + i * VM), ctypes.c_uint(0x1000 + i), u64(VM // 4)), "fill")
+ok(cu.cuMemRelease(gone), "let go")
+def vm_same():
+    back = ctypes.create_string_buffer(2 * VM)
+    ok(cu.cuMemcpyDtoH_v2(back, va, u64(2 * VM)), "read vm")
+    return back.raw == struct.pack("<I", 0x1000) * (VM // 4) + struct.pack("<I", 0x1001) * (VM // 4)
 before = (tex.value, surf.value)
-print("ready", fetched(10) and from_array(array.value, W, H) == bytes(image), flush=True)
+print("ready", fetched(10) and from_array(array.value, W, H) == bytes(image) and vm_same(), flush=True)
 sys.stdin.readline()
 kept = from_array(array.value, W, H) == bytes(image) and from_array(level.value, W // 2, H) == level_bytes
+kept = kept and vm_same()
+ok(cu.cuMemUnmap(va, u64(VM)), "unmap"); ok(cu.cuMemMap(va, u64(VM), u64(0), held, u64(0)), "map again")
+ok(cu.cuMemSetAccess(va, u64(VM), ctypes.byref(Access(1, 0, 3)), u64(1)), "access again")
+kept = kept and vm_same()
 again = u64(); ok(cu.cuMipmappedArrayGetLevel(ctypes.byref(again), mip, 1), "level again")
 same = (tex.value, surf.value) == before and again.value == level.value
 named = names(cu.cuTexObjectGetResourceDesc, tex, array.value) and names(cu.cuSurfObjectGetResourceDesc, surf, surf_array.value)
