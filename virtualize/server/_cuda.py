@@ -1333,12 +1333,13 @@ class CudaExecutor(Executor):
         self.launchables.clear()  # functions of the source's contexts
         arrays_moved()
         vm_moved()
-        self._release_source(source, _int(ctx), made)
         found = bytes(_ok(driver.cuDeviceGetUuid(ordinal)).bytes).hex()
         return {
             "bytes": total,
             "uuid": uuid or f"GPU-{found[:8]}-{found[8:12]}-{found[12:16]}-{found[16:20]}-{found[20:]}",
             "made": arrays_made + vm_made,
+            # Last, once the caller is through with the source's objects (its graphs destroyed).
+            "release_source": lambda: self._release_source(source, _int(ctx), made),
         }
 
     @staticmethod

@@ -639,6 +639,12 @@ class Translated:
             except CudaError as exc:
                 log.warning("the target's primary context was not let go after the move: %s", exc)
         self._graphs_committed(plans, rebuilt)
+        release_source = moved.pop("release_source", None)
+        if release_source is not None:  # the executor lets go of the source GPU: nothing names it any more
+            try:
+                release_source()
+            except Exception as exc:  # the lease runs on the target already: what stays is logged
+                log.warning("the source GPU was not let go entirely after the move: %s", exc)
         with self.record_lock:
             self.kernel_functions.update(kernel_functions)
         self.generation += 1
