@@ -228,7 +228,7 @@ static ncclResult_t wait_made(uint64_t id, const char *what) {
         }
         struct timespec pause = {0, pause_us * 1000};
         nanosleep(&pause, NULL);
-        if (pause_us < 2000) pause_us *= 2; /* an initialisation takes from milliseconds to seconds */
+        pause_us = pause_us < 1000 ? 2 * pause_us : 2000; /* an initialisation takes from milliseconds to seconds */
     }
 }
 
