@@ -4120,6 +4120,18 @@ def scenario_migrate():
     to_array = Memcpy2D(srcMemoryType=HOST, srcHost=ctypes.addressof(image), srcPitch=256, dstMemoryType=ARRAY,
                         dstArray=array.value, WidthInBytes=256, Height=32)  # fmt: skip
     check(cu.cuMemcpy2D(ctypes.byref(to_array)), "fill the array")
+    # A texture object over the array (kernels hold its value), and a mipmapped array whose level 1 is filled.
+    texture, mipmapped, level = c_u64(), c_u64(), c_u64()
+    tex_desc = ctypes.create_string_buffer(104)
+    check(
+        cu.cuTexObjectCreate(ctypes.byref(texture), resource_desc(0, array.value), tex_desc, None), "texture"
+    )
+    check(cu.cuMipmappedArrayCreate(ctypes.byref(mipmapped), ctypes.byref(Array3DDesc(64, 64, 0, FLOAT, 1, 0)), 3),
+          "mipmapped")  # fmt: skip
+    check(cu.cuMipmappedArrayGetLevel(ctypes.byref(level), mipmapped, 1), "level")
+    to_level = Memcpy2D(srcMemoryType=HOST, srcHost=ctypes.addressof(image), srcPitch=128, dstMemoryType=ARRAY,
+                        dstArray=level.value, WidthInBytes=128, Height=32)  # fmt: skip
+    check(cu.cuMemcpy2D(ctypes.byref(to_level)), "fill the level")
     counter = c_u64(plain)  # the graph adds 1 to the first 64 words of `plain`, the kernels too
     value, n = ctypes.c_uint32(1), ctypes.c_uint32(64)
     params = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in (counter, value, n)])
@@ -4170,11 +4182,32 @@ def scenario_migrate():
         )
         say(f"range_{name}", f"{range_base.value:x}+{range_size.value}")
         say(f"same_{name}", dtoh(ptr, size)[1] == before[name])
+    # The memory the program made itself, mapped again from the handle it holds: the same bytes.
+    check(cu.cuMemUnmap(vbase, c_u64(2 * MiB)), "unmap to map again")
+    check(cu.cuMemMap(vbase, c_u64(2 * MiB), c_u64(0), vhandle, c_u64(0)), "map again")
+    check(
+        cu.cuMemSetAccess(vbase, c_u64(2 * MiB), ctypes.byref(AccessDesc(1, 0, 3)), c_u64(1)), "access again"
+    )
+    say("remapped_vmm", dtoh(vbase.value, 2 * MiB)[1] == before["vmm"])
     back = (ctypes.c_float * (64 * 32))()
     from_array = Memcpy2D(srcMemoryType=ARRAY, srcArray=array.value, dstMemoryType=HOST,
                           dstHost=ctypes.addressof(back), dstPitch=256, WidthInBytes=256, Height=32)  # fmt: skip
     check(cu.cuMemcpy2D(ctypes.byref(from_array)), "read the array")
     say("same_array", bytes(back) == bytes(image))
+    described = ctypes.create_string_buffer(144)
+    check(cu.cuTexObjectGetResourceDesc(described, texture), "texture's resource")
+    say("texture_names_array", struct.unpack_from("<Q", described.raw, 8)[0] == array.value)
+    texture_after = c_u64()  # made after the move over the array the program holds
+    check(cu.cuTexObjectCreate(ctypes.byref(texture_after), resource_desc(0, array.value), tex_desc, None),
+          "texture")  # fmt: skip
+    check(cu.cuTexObjectGetResourceDesc(described, texture_after), "the later texture's resource")
+    say("later_texture_names_array", struct.unpack_from("<Q", described.raw, 8)[0] == array.value)
+    level_again, level_back = c_u64(), (ctypes.c_float * (32 * 32))()
+    check(cu.cuMipmappedArrayGetLevel(ctypes.byref(level_again), mipmapped, 1), "level again")
+    from_level = Memcpy2D(srcMemoryType=ARRAY, srcArray=level.value, dstMemoryType=HOST,
+                          dstHost=ctypes.addressof(level_back), dstPitch=128, WidthInBytes=128, Height=32)  # fmt: skip
+    check(cu.cuMemcpy2D(ctypes.byref(from_level)), "read the level")
+    say("same_level", level_again.value == level.value and bytes(level_back) == bytes(image)[: 128 * 32])
     check(cu.cuEventRecord(start, stream), "record")
     check(cu.cuLaunchKernel(add, 1, 1, 1, 64, 1, 1, 0, stream, params, None), "launch")
     check(cu.cuLaunchKernel(kernel, 1, 1, 1, 64, 1, 1, 0, stream, params, None), "launch a kernel")  # fill 1
@@ -4195,8 +4228,44 @@ def scenario_migrate():
     check(cu.cuMemUnmap(vbase, c_u64(2 * MiB)), "unmap")
     check(cu.cuMemRelease(vhandle), "release")
     check(cu.cuGraphExecDestroy(exe), "graph exec destroy")
+    check(cu.cuTexObjectDestroy(texture_after), "later texture destroy")
+    check(cu.cuTexObjectDestroy(texture), "texture destroy")
+    check(cu.cuMipmappedArrayDestroy(mipmapped), "mipmapped destroy")
     check(cu.cuArrayDestroy(array), "array destroy")
     check(cu.cuCtxDestroy(own), "context destroy")
+    say("finished", 1)
+
+
+def scenario_migrate_primary():
+    """Holds two references to device 0's primary context (with flags set, a stream and memory in it), says
+    `ready` and waits for the test (it may move the lease meanwhile); then lets go of them one by one, saying
+    what cuDevicePrimaryCtxGetState answers each time and whether the context still works before the last."""
+    setup()
+    again = c_u64()
+    check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(again), 0), "retain again")
+    check(cu.cuDevicePrimaryCtxSetFlags(0, 4), "flags")  # CU_CTX_SCHED_BLOCKING_SYNC
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    rc, buf = alloc(MiB)
+    check(rc, "alloc")
+    flags, active = ctypes.c_uint(), ctypes.c_int()
+
+    def state() -> str:
+        check(cu.cuDevicePrimaryCtxGetState(0, ctypes.byref(flags), ctypes.byref(active)), "state")
+        return f"{flags.value}/{active.value}"
+
+    say("state_before", state())
+    say("ready", 1)
+    while sys.stdin.readline().strip() not in ("", "done"):  # the test migrates meanwhile
+        say("step", 1)
+    say("state_after", state())
+    check(cu.cuDevicePrimaryCtxRelease(0), "release")
+    say("state_one_released", state())
+    check(cu.cuMemsetD8Async(c_u64(buf), 5, c_u64(MiB), stream), "memset in the context still held")
+    check(cu.cuStreamSynchronize(stream), "stream sync")
+    say("works_one_released", dtoh(buf, 4)[1].hex())
+    check(cu.cuDevicePrimaryCtxRelease(0), "release")
+    say("state_all_released", state())
     say("finished", 1)
 
 

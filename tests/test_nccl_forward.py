@@ -301,3 +301,103 @@ def test_the_real_nccl_bootstrap_root_listens_in_the_worker_not_in_the_program(t
     assert (family, host) == ("2", "127.0.0.1") and int(port) > 0  # AF_INET on the loopback NCCL was told
     assert listeners and program not in listeners, lines
     assert "virtualize.server.worker" in lines["cmd"], lines
+
+
+ONE_PROCESS = str(ROOT / "tests" / "nccl_one_process.py")
+COMM_MIB, CONNECT_MIB = (
+    24,
+    16,
+)  # what the stand-in NCCL says a communicator holds, and adds at a first collective
+
+
+@pytest.fixture(scope="module")
+def counting_server(tmp_path_factory, standin):
+    """One server whose workers' stand-in NCCL holds COMM_MIB per communicator, CONNECT_MIB more once used."""
+    base = tmp_path_factory.mktemp("ncclmemory")
+    server = ServerProc(base / "s", "1xH100-80GB", env={
+        "GPUPOOL_WORKER_EXECUTOR": "host", "GPUPOOL_WORKER_NCCL_LIBRARY": str(standin),
+        "GPUPOOL_STANDIN_NCCL_COMM_MIB": str(COMM_MIB), "GPUPOOL_STANDIN_NCCL_CONNECT_MIB": str(CONNECT_MIB)})  # fmt: skip
+    server.start()
+    yield server
+    server.stop()
+
+
+def _one_process(
+    server, tmp_path, mib: int, *args: str
+) -> tuple[dict[str, str], subprocess.CompletedProcess]:
+    env, _ = env_for(tmp_path, [server], f"nccl{args[0]}{mib}")
+    env["GPUPOOL_NCCL"] = "forward"
+    out = gpuattach("run", "-n", "1", "-m", str(mib), "--", sys.executable, ONE_PROCESS, *args, env=env,
+                    timeout=90)  # fmt: skip
+    return dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line), out
+
+
+def test_a_thread_in_nccl_init_leaves_the_process_connection_to_its_other_threads(counting_server, tmp_path):
+    """While one thread of a process waits in ncclCommInitRank for the other ranks, the process's other threads
+    go on with their CUDA calls over the same connection (copies, a synchronise) — as natively, where only
+    the calling thread waits — and a second thread can then join as the missing rank: both initialisations
+    succeed. (A worker that ran NCCL's initialisation on the connection's thread holds every other call of
+    the process until all ranks arrive: here that never happens, the program reports `blocked`.)"""
+    lines, out = _one_process(counting_server, tmp_path, 256, "threads")
+    assert lines.get("cuda_during_init") == "ok", out.stdout + out.stderr
+    assert lines["init_still_waiting"] == "1", lines  # the CUDA calls ran while rank 0 still waited
+    assert lines["init_rc"] == "0 0", lines
+    assert out.returncode == 0, out.stderr
+
+
+def test_communicators_made_inside_a_group_are_waited_for_at_its_end(counting_server, tmp_path):
+    """One thread makes both ranks' communicators inside ncclGroupStart/ncclGroupEnd, as a process driving
+    several GPUs does: each ncclCommInitRank returns at once (waiting there would never see the other rank
+    arrive), ncclGroupEnd returns once both are made, and both are usable (their size is 2)."""
+    lines, out = _one_process(counting_server, tmp_path, 256, "group")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert lines["group_rc"] == "0 0 0", lines
+    assert lines["group_counts"] == "2 2", lines
+
+
+@pytest.fixture(scope="module")
+def memory_run(counting_server, tmp_path_factory):
+    """tests/nccl_one_process.py memory, once: its lines and how it ended."""
+    return _one_process(counting_server, tmp_path_factory.mktemp("ncclmem"), 64, "memory")
+
+
+def test_nccl_buffers_count_against_the_lease_partition_and_come_back_at_destroy(memory_run):
+    """What NCCL holds for a communicator is the lease's memory: the partition's free memory (cuMemGetInfo)
+    drops by it when the communicator is made and again by what its first collective connects, an
+    allocation that fits the partition only without NCCL's buffers is refused (out of memory) while the
+    communicator lives and succeeds after ncclCommDestroy, which gives all of it back; a non-blocking
+    communicator (config blocking 0) answers ncclInProgress until made, is counted the same way, and an
+    abort gives it back."""
+    lines, out = memory_run
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert lines["init_rc"] == "0" and lines["comm_null"] == "0", lines
+    assert int(lines["init_mib"]) == COMM_MIB, lines
+    assert lines["alloc_beside_comm"] == "2", lines  # CUDA_ERROR_OUT_OF_MEMORY
+    assert int(lines["connected_mib"]) == COMM_MIB + CONNECT_MIB, lines
+    assert int(lines["destroyed_bytes"]) == 0, lines
+    assert lines["alloc_after_destroy"] == "0", lines
+    assert lines["nonblocking"] in ("7 0", "0 0"), lines  # in progress (or made at once), then made
+    assert int(lines["nonblocking_bytes"]) == COMM_MIB << 20, lines
+    assert int(lines["aborted_bytes"]) == 0, lines
+
+
+def test_nccl_connections_past_the_partition_are_counted_and_break_the_communicator(memory_run):
+    """What NCCL adds at a first collective (its connections) where the partition has no room left is
+    still counted (the memory is taken: the partition shows none free), the communicator's
+    ncclCommGetAsyncError returns ncclUnhandledCudaError from then on, and destroying it gives it all back."""
+    lines, out = memory_run
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert lines["overgrown_async_error"] == "1", lines
+    assert lines["overgrown_free_bytes"] == "0", lines
+    assert int(lines["overgrown_destroyed_bytes"]) == 0, lines
+
+
+def test_an_nccl_init_that_does_not_fit_the_partition_fails_with_nccls_own_error_and_why(memory_run):
+    """A communicator whose NCCL buffers do not fit what is left of the lease's partition is not made:
+    ncclCommInitRank returns ncclUnhandledCudaError (what NCCL returns when the driver cannot allocate) and no
+    communicator, a line on stderr says the partition is too small, and nothing of it stays counted."""
+    lines, out = memory_run
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert lines["crowded_init_rc"] == "1" and lines["crowded_comm_null"] == "1", lines
+    assert "partition" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert int(lines["crowded_left_bytes"]) == 0, lines

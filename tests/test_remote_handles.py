@@ -9,6 +9,7 @@ import inspect
 import pytest
 
 from virtualize.common._results import CUresult
+from virtualize.server._arrays import NV12, SPARSE, ArrayShape
 from virtualize.server._cuda import CANNOT_MOVE, CudaExecutor
 from virtualize.server._executor import CudaError, Launch
 from virtualize.server._executor_host import HostExecutor
@@ -208,6 +209,43 @@ def test_the_cuda_executor_refuses_what_it_does_not_move_and_says_what(kind):
     executor = object.__new__(CudaExecutor)  # its refusal of held objects needs no GPU
     reason = CudaExecutor.migration_refusal(executor, 1, {kind: 1, "stream": 3})
     assert reason and CANNOT_MOVE[kind] in reason
+
+
+@pytest.mark.parametrize(
+    ("shape", "said"),
+    [
+        (ArrayShape(64, 64, 0, 0x20, 1, SPARSE), "sparse"),
+        (ArrayShape(64, 64, 0, NV12, 1), "planar"),
+        (ArrayShape(64, 64, 0, 0x91, 1), "block-compressed"),
+    ],
+)
+def test_the_cuda_executor_refuses_arrays_it_cannot_make_anew(shape, said):
+    """CUDA arrays move with their lease, but not sparse ones (their tiles are mapped memory) nor those of a
+    planar or block-compressed format: a lease holding one is refused up front, naming it."""
+    executor = object.__new__(CudaExecutor)  # its refusal of held arrays needs no GPU
+    executor.array_homes, executor.mipmap_homes = {1: (7, shape)}, {}
+    reason = CudaExecutor.migration_refusal(executor, 1, {"array": 1})
+    assert reason and said in reason
+
+
+@pytest.mark.parametrize(
+    ("state", "said"),
+    [
+        ({"vm_homes": {5: (2 << 20, 0, 0, 0)}, "vm_shared": {5}}, "another reference"),  # imported, retained
+        ({"vm_maps": {1 << 40: (2 << 20, 0, 9)}}, "did not make here"),  # a multicast object's, say
+        ({"vm_homes": {5: (2 << 20, 0, 0, 1)}}, "sparse"),  # CU_MEM_CREATE_USAGE_TILE_POOL
+    ],
+)
+def test_the_cuda_executor_refuses_virtual_memory_it_cannot_follow(state, said):
+    """The program's own cuMemCreate memory moves with its lease, but not memory another reference holds, a
+    mapping of a handle not made here, or tiles of sparse arrays: refused up front, naming it."""
+    executor = object.__new__(CudaExecutor)  # its refusal needs no GPU
+    executor.array_homes, executor.mipmap_homes = {}, {}
+    executor.vm_homes, executor.vm_maps, executor.vm_shared, executor.vm_released = {}, {}, set(), {}
+    for name, value in state.items():
+        setattr(executor, name, value)
+    reason = CudaExecutor.migration_refusal(executor, 1, {"vmem": 1})
+    assert reason and said in reason
 
 
 def test_a_graph_the_driver_does_not_clone_runs_on_and_keeps_the_lease_from_moving(lease, monkeypatch):

@@ -61,6 +61,10 @@ def _assert_intact(result: dict[str, str]) -> None:
         assert result[f"same_{name}"] == "True", name
         assert result[f"range_{name}"].split("+")[0] == address, name
     assert result["same_array"] == "True"
+    assert result["remapped_vmm"] == "True"  # the handle it made with cuMemCreate names the moved memory
+    assert (
+        result["texture_names_array"] == result["later_texture_names_array"] == result["same_level"] == "True"
+    )
     assert result["counter"] == "2"  # a function, a kernel and a graph ran on the moved memory
     assert result["event_query"] == "0"
     assert result["alloc_after"] == "0" and result["memset_after"] == "07070707"
@@ -77,7 +81,9 @@ def worker():
 def test_a_lease_holding_every_object_kind_moves_and_keeps_addresses_and_contents(shim_dir, worker):
     """Migrating a running lease GPU 0 -> GPU 1: the worker reports the move and the bytes it copied; the
     process's allocations keep their addresses and bytes, and its contexts, module, library, function,
-    kernel, stream, events, graph, pool and mapped memory work after it resumed; moving back works too."""
+    kernel, stream, events, graph, pool and mapped memory work after it resumed, a CUDA array and a mipmapped
+    array keep their bytes under the handles the program holds (their texture object names the array, so
+    does one made after the move); moving back works too."""
     client = Client(shim_dir, worker)
     moved = worker.migrate(0, 1)
     assert moved["ok"], moved
@@ -112,6 +118,32 @@ def test_graphs_move_and_replay_as_before(shim_dir, worker):
     assert result["node_function"] == result["node_attribute"] == result["event_node"] == "True"
     assert result["set_after"] == "09020202"  # 0x02020202 + 7: the node set anew after the moves ran
     assert result["finished"] == "1"
+
+
+def test_the_primary_context_s_references_are_as_in_an_unmigrated_run(shim_dir, worker):
+    """A process holding two references to its device's primary context (flags set): after a move (and a move
+    back) cuDevicePrimaryCtxGetState answers what it answers without a move, the context stays active after
+    the first release and works, and the second release lets it go (inactive) — the references the program
+    holds are the target's, neither one more (the move's own) nor fewer."""
+    results = []
+    for moves in ((), (1, 0)):
+        client = Client(shim_dir, worker, "migrate_primary")
+        for to in moves:
+            moved = worker.migrate(0, to)
+            assert moved["ok"], moved
+            client.send(f"moved to {to}")
+            client.until("step")
+        results.append(client.finish())
+    unmigrated, migrated = results
+    assert unmigrated["state_after"] == "4/1" and unmigrated["state_all_released"] == "4/0", unmigrated
+    for key in (
+        "state_before",
+        "state_after",
+        "state_one_released",
+        "works_one_released",
+        "state_all_released",
+    ):
+        assert migrated[key] == unmigrated[key], (key, migrated, unmigrated)
 
 
 def test_the_move_waits_for_the_call_running_then(shim_dir, worker):

@@ -116,6 +116,18 @@ def resource(raw: bytes) -> Resource:
     raise CudaError(INVALID_VALUE, f"resource type {kind}")
 
 
+def resource_mapped(raw: bytes, mapped) -> bytes:
+    """A CUDA_RESOURCE_DESC with the array or mipmapped array it names as `mapped(namespace, handle)` says
+    (a move re-created it); memory it names keeps its address."""
+    if len(raw) < RESOURCE_DESC_BYTES:
+        return raw
+    (kind,) = struct.unpack_from("<i", raw)
+    if kind not in (0, 1):
+        return raw
+    (handle,) = struct.unpack_from("<Q", raw, 8)
+    return raw[:8] + struct.pack("<Q", mapped("array" if kind == 0 else "mipmap", handle)) + raw[16:]
+
+
 # CUarrayMapInfo: resource type and handle, subresource type, the subresource (a sparse level's or the
 # mip tail's place; not read here), memory operation and handle types, memory handle, its offset, the
 # device bit mask and flags.

@@ -24,15 +24,20 @@ from cuda.bindings import driver
 from virtualize.common._calls import FORWARDED_LAUNCH_ATTRIBUTES, Call
 from virtualize.common._results import CUresult
 from virtualize.server._arrays import (
+    DEFERRED_MAPPING,
     DEVICE,
+    FORMAT_BYTES,
     HOST,
     MAP_INFO_DEVICES,
     MEMORY_REQUIREMENTS_BYTES,
+    NV12,
     RESOURCE_DESC_BYTES,
+    SPARSE,
     SPARSE_PROPERTIES_BYTES,
     TEXTURE_DESC_BYTES,
     VIEW_DESC_BYTES,
     ArrayShape,
+    resource_mapped,
 )
 from virtualize.server._executor import (
     DECOMPRESS_PARAMS,
@@ -55,12 +60,11 @@ DEV_RESOURCE_BYTES = 144  # sizeof(CUdevResource)
 # What a lease may hold that a live migration does not re-create on another GPU (it is refused up front
 # with these words): handle kind -> what the lease holds.
 CANNOT_MOVE = {
-    "link": "a link in progress (cuLinkCreate)", "array": "CUDA arrays", "mipmap": "mipmapped arrays",
-    "texobj": "texture objects", "surfobj": "surface objects",
-    "vmem": "memory of the virtual memory API it made itself (cuMemCreate)",
+    "link": "a link in progress (cuLinkCreate)",
     "comm": "NCCL communicators (NCCL's connections to the other ranks' workers are this GPU's)",
     "texref": "texture references", "surfref": "surface references",
 }  # fmt: skip
+SPARE_SAMPLERS = 4096  # texture objects a move makes, at most, to reach the values the program holds
 MEM_OP_BYTES = 48  # CUstreamBatchMemOpParams
 BATCH_NODE_PARAMS = struct.Struct("<QI4xQI4x")
 LAUNCH_PARAMS = struct.Struct(
@@ -262,6 +266,14 @@ class _PinnedPool:
             driver.cuEventDestroy(event)
         return buffer or _Buffer(size)
 
+    def drop_kept(self) -> None:
+        """Before a context goes: the buffers kept for reuse were page-locked in it, maybe (registered
+        while it was current); let go now, new ones are page-locked in the context current then."""
+        with self.lock:
+            kept, self.free, self.kept = [b for bs in self.free.values() for b in bs], {}, 0
+        for buffer in kept:
+            buffer.drop()
+
     def destroy_events(self) -> None:
         """Before a context goes: the events given back may be its (the driver frees them with it, and
         destroying one after that would free freed memory)."""
@@ -427,6 +439,22 @@ class CudaExecutor(Executor):
         self.resources: dict[int, driver.CUdevResource] = {}
         self.green_devices: dict[int, int] = {}
         self._resource_ids = itertools.count(1)
+        # References the lease's processes hold to each GPU's primary context (a move lets go of the source's).
+        self.primary_retains: dict[int, int] = {}
+        # What a move makes anew of the lease's arrays and samplers: each array's and mipmapped array's
+        # context and shape (and levels), each texture or surface object's context and descriptions.
+        self.array_homes: dict[int, tuple[int, ArrayShape]] = {}
+        self.mipmap_homes: dict[int, tuple[int, ArrayShape, int]] = {}
+        self.sampler_homes: dict[int, tuple[int, bytes, bytes | None, bytes | None]] = {}
+        # The program's own virtual memory: each cuMemCreate handle's size, GPU, handle types and usage (while
+        # the program holds it), each mapping (address -> size, offset, handle), the access each
+        # cuMemSetAccess gave ((address, size) -> lease devices and flags), and the handles a move cannot
+        # follow (imported, retained, bound to a multicast object: references it does not hold).
+        self.vm_homes: dict[int, tuple[int, int, int, int]] = {}
+        self.vm_maps: dict[int, tuple[int, int, int]] = {}
+        self.vm_access: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self.vm_shared: set[int] = set()
+        self.vm_released: dict[int, tuple[int, int, int, int]] = {}  # let go of, kept alive by its mappings
 
     @staticmethod
     def _find(device, position: int) -> int:
@@ -885,7 +913,9 @@ class CudaExecutor(Executor):
     def cuMemCreate(self, size, device, handle_types, usage=0):
         prop = self._prop(device, handle_types)
         prop.allocFlags.usage = usage  # CU_MEM_CREATE_USAGE_TILE_POOL: tiles of sparse arrays
-        return _int(_ok(driver.cuMemCreate(size, prop, 0)))
+        handle = _int(_ok(driver.cuMemCreate(size, prop, 0)))
+        self.vm_homes[handle] = (size, self._d(device), handle_types, usage)
+        return handle
 
     # Multicast objects: their handle types are none (the guard's), devices are the lease's ordinals.
     @staticmethod
@@ -903,9 +933,11 @@ class CudaExecutor(Executor):
     def cuMulticastBindMem(self, mc, mc_offset, memory, mem_offset, size, flags):
         handles = driver.CUmemGenericAllocationHandle(mc), driver.CUmemGenericAllocationHandle(memory)
         _ok(driver.cuMulticastBindMem(handles[0], mc_offset, handles[1], mem_offset, size, flags))
+        self.vm_shared.add(memory)
 
     def cuMulticastBindAddr(self, mc, mc_offset, ptr, size, flags):
         _ok(driver.cuMulticastBindAddr(driver.CUmemGenericAllocationHandle(mc), mc_offset, ptr, size, flags))
+        self.vm_shared.update(h for at, (n, _, h) in self.vm_maps.items() if at < ptr + size and ptr < at + n)
 
     def cuMulticastUnbind(self, mc, dev, mc_offset, size):
         _ok(driver.cuMulticastUnbind(driver.CUmemGenericAllocationHandle(mc), self._d(dev), mc_offset, size))
@@ -916,6 +948,10 @@ class CudaExecutor(Executor):
 
     def cuMemRelease(self, handle):
         _ok(driver.cuMemRelease(driver.CUmemGenericAllocationHandle(handle)))
+        if handle not in self.vm_shared and handle in self.vm_homes:  # its mappings keep the memory alive
+            home = self.vm_homes.pop(handle)
+            if any(m[2] == handle for m in self.vm_maps.values()):
+                self.vm_released[handle] = home
 
     def cuMemImportFromShareableHandle(self, handle):
         """Another reference to memory of the lease, for another of its processes: exported as a POSIX
@@ -925,9 +961,11 @@ class CudaExecutor(Executor):
             _ok(driver.cuMemExportToShareableHandle(driver.CUmemGenericAllocationHandle(handle), posix, 0))
         )
         try:
-            return _int(_ok(driver.cuMemImportFromShareableHandle(fd, posix)))
+            imported = _int(_ok(driver.cuMemImportFromShareableHandle(fd, posix)))
         finally:
             os.close(fd)
+        self.vm_shared.update((handle, imported))
+        return imported
 
     # -- CUDA arrays, textures and surfaces ------------------------------------------------------------
 
@@ -940,10 +978,13 @@ class CudaExecutor(Executor):
         return desc
 
     def cuArray3DCreate(self, shape):
-        return _int(_ok(driver.cuArray3DCreate(self._array_descriptor(shape))))
+        array = _int(_ok(driver.cuArray3DCreate(self._array_descriptor(shape))))
+        self.array_homes[array] = (_int(_ok(driver.cuCtxGetCurrent())), shape)
+        return array
 
     def cuArrayDestroy(self, handle):
         _ok(driver.cuArrayDestroy(driver.CUarray(handle)))
+        self.array_homes.pop(handle, None)
 
     def cuArray3DGetDescriptor(self, handle):
         d = _ok(driver.cuArray3DGetDescriptor(driver.CUarray(handle)))
@@ -952,32 +993,35 @@ class CudaExecutor(Executor):
         )
 
     def cuMipmappedArrayCreate(self, shape, levels):
-        return _int(_ok(driver.cuMipmappedArrayCreate(self._array_descriptor(shape), levels)))
+        mipmap = _int(_ok(driver.cuMipmappedArrayCreate(self._array_descriptor(shape), levels)))
+        self.mipmap_homes[mipmap] = (_int(_ok(driver.cuCtxGetCurrent())), shape, levels)
+        return mipmap
 
     def cuMipmappedArrayGetLevel(self, handle, level):
         return _int(_ok(driver.cuMipmappedArrayGetLevel(driver.CUmipmappedArray(handle), level)))
 
     def cuMipmappedArrayDestroy(self, handle):
         _ok(driver.cuMipmappedArrayDestroy(driver.CUmipmappedArray(handle)))
+        self.mipmap_homes.pop(handle, None)
 
-    def cuArrayGetPlane(self, handle, index):
-        return _int(_ok(driver.cuArrayGetPlane(driver.CUarray(handle), index)))
+    def cuArrayGetPlane(self, array, index):
+        return _int(_ok(driver.cuArrayGetPlane(driver.CUarray(array), index)))
 
-    def cuArrayGetSparseProperties(self, handle):
-        props = _ok(driver.cuArrayGetSparseProperties(driver.CUarray(handle)))
+    def cuArrayGetSparseProperties(self, array):
+        props = _ok(driver.cuArrayGetSparseProperties(driver.CUarray(array)))
         return ctypes.string_at(props.getPtr(), SPARSE_PROPERTIES_BYTES)
 
-    def cuMipmappedArrayGetSparseProperties(self, handle):
-        props = _ok(driver.cuMipmappedArrayGetSparseProperties(driver.CUmipmappedArray(handle)))
+    def cuMipmappedArrayGetSparseProperties(self, mipmap):
+        props = _ok(driver.cuMipmappedArrayGetSparseProperties(driver.CUmipmappedArray(mipmap)))
         return ctypes.string_at(props.getPtr(), SPARSE_PROPERTIES_BYTES)
 
-    def cuArrayGetMemoryRequirements(self, handle, dev):
-        reqs = _ok(driver.cuArrayGetMemoryRequirements(driver.CUarray(handle), self._d(dev)))
+    def cuArrayGetMemoryRequirements(self, array, dev):
+        reqs = _ok(driver.cuArrayGetMemoryRequirements(driver.CUarray(array), self._d(dev)))
         return ctypes.string_at(reqs.getPtr(), MEMORY_REQUIREMENTS_BYTES)
 
-    def cuMipmappedArrayGetMemoryRequirements(self, handle, dev):
+    def cuMipmappedArrayGetMemoryRequirements(self, mipmap, dev):
         reqs = _ok(
-            driver.cuMipmappedArrayGetMemoryRequirements(driver.CUmipmappedArray(handle), self._d(dev))
+            driver.cuMipmappedArrayGetMemoryRequirements(driver.CUmipmappedArray(mipmap), self._d(dev))
         )
         return ctypes.string_at(reqs.getPtr(), MEMORY_REQUIREMENTS_BYTES)
 
@@ -1144,7 +1188,9 @@ class CudaExecutor(Executor):
     def cuTexObjectCreate(self, res, tex, view):
         descs = self._struct(driver.CUDA_RESOURCE_DESC, res), self._struct(driver.CUDA_TEXTURE_DESC, tex)
         view_desc = self._struct(driver.CUDA_RESOURCE_VIEW_DESC, view) if view else None
-        return _int(_ok(driver.cuTexObjectCreate(*descs, view_desc)))
+        tex_object = _int(_ok(driver.cuTexObjectCreate(*descs, view_desc)))
+        self.sampler_homes[tex_object] = (_int(_ok(driver.cuCtxGetCurrent())), bytes(res), bytes(tex), view)
+        return tex_object
 
     def cuTexObjectGetResourceDesc(self, tex):
         desc = _ok(driver.cuTexObjectGetResourceDesc(driver.CUtexObject(tex)))
@@ -1164,12 +1210,16 @@ class CudaExecutor(Executor):
 
     def cuTexObjectDestroy(self, tex):
         _ok(driver.cuTexObjectDestroy(driver.CUtexObject(tex)))
+        self.sampler_homes.pop(tex, None)
 
     def cuSurfObjectCreate(self, res):
-        return _int(_ok(driver.cuSurfObjectCreate(self._struct(driver.CUDA_RESOURCE_DESC, res))))
+        surf = _int(_ok(driver.cuSurfObjectCreate(self._struct(driver.CUDA_RESOURCE_DESC, res))))
+        self.sampler_homes[surf] = (_int(_ok(driver.cuCtxGetCurrent())), bytes(res), None, None)
+        return surf
 
     def cuSurfObjectDestroy(self, surf):
         _ok(driver.cuSurfObjectDestroy(driver.CUsurfObject(surf)))
+        self.sampler_homes.pop(surf, None)
 
     def cuMemGetAccess(self, ptr, device):
         location = driver.CUmemLocation()
@@ -1178,17 +1228,28 @@ class CudaExecutor(Executor):
         return int(_ok(driver.cuMemGetAccess(location, ptr)))
 
     def cuMemRetainAllocationHandle(self, addr):
-        return _int(_ok(driver.cuMemRetainAllocationHandle(addr)))
+        handle = _int(_ok(driver.cuMemRetainAllocationHandle(addr)))
+        self.vm_shared.add(handle)
+        return handle
 
     def cuMemMap(self, ptr, size, offset, handle, flags):
         _ok(driver.cuMemMap(ptr, size, offset, driver.CUmemGenericAllocationHandle(handle), flags))
+        self.vm_maps[ptr] = (size, offset, handle)
 
     def cuMemUnmap(self, ptr, size):
         _ok(driver.cuMemUnmap(ptr, size))
+        for at in [at for at in self.vm_maps if ptr <= at < ptr + size]:
+            del self.vm_maps[at]
+        for key in [k for k in self.vm_access if k[0] < ptr + size and ptr < k[0] + k[1]]:
+            del self.vm_access[key]
+        still = {handle for _, _, handle in self.vm_maps.values()}
+        for handle in [h for h in self.vm_released if h not in still]:  # its last mapping went: freed
+            del self.vm_released[handle]
 
     def cuMemSetAccess(self, ptr, size, access):
         descs = self._descs(access)
         _ok(driver.cuMemSetAccess(ptr, size, descs, len(descs)))
+        self.vm_access[ptr, size] = list(access)
 
     def cuMemGetAllocationGranularity(self, device, option):
         kind = _enum(driver.CUmemAllocationGranularity_flags, option)
@@ -1211,6 +1272,12 @@ class CudaExecutor(Executor):
 
     def migration_refusal(self, target: int, holding: dict[str, int], uuid: str = "") -> str | None:
         held = [what for kind, what in CANNOT_MOVE.items() if holding.get(kind)]
+        if not held:
+            shapes = [shape for _, shape in self.array_homes.values()]
+            shapes += [shape for _, shape, _ in self.mipmap_homes.values()]
+            held = sorted({self._array_unmovable(shape) for shape in shapes} - {""})
+        if not held and self._vm_unmovable():
+            held = [self._vm_unmovable()]
         if held:
             return f"the lease holds {', '.join(held)}, which the cuda executor does not move to another GPU"
         try:
@@ -1260,7 +1327,10 @@ class CudaExecutor(Executor):
                 _ok(driver.cuMemSetAccess(m.base, m.size, both, len(both)))  # are made (graphs' nodes)
             self.real[device] = ordinal  # the device's objects are made on the target from here
             try:
-                recreate()
+                made = recreate()
+                contexts = {old: new for ns, old, new in made if ns == "ctx"}
+                arrays_made, arrays_moved = self._arrays_made(contexts)
+                vm_made, vm_moved = self._vm_made(source, ordinal, ctx, stream)
             except BaseException:
                 self.real[device] = source
                 raise
@@ -1285,11 +1355,207 @@ class CudaExecutor(Executor):
                 reach = self._descs([(device, 3)])
                 _ok(driver.cuMemSetAccess(m.base, m.size, reach, len(reach)))
         self.launchables.clear()  # functions of the source's contexts
+        arrays_moved()
+        vm_moved()
         found = bytes(_ok(driver.cuDeviceGetUuid(ordinal)).bytes).hex()
         return {
             "bytes": total,
             "uuid": uuid or f"GPU-{found[:8]}-{found[8:12]}-{found[12:16]}-{found[16:20]}-{found[20:]}",
+            "made": arrays_made + vm_made,
+            # Last, once the caller is through with the source's objects (its graphs destroyed).
+            "release_source": lambda: self._release_source(source, _int(ctx), made),
         }
+
+    @staticmethod
+    def _array_unmovable(shape: ArrayShape) -> str:
+        """Why an array of this shape is not made anew on another GPU ("" where it is)."""
+        if shape.flags & (SPARSE | DEFERRED_MAPPING):
+            return "sparse or deferred-mapping CUDA arrays (their tiles are mapped memory)"
+        if shape.format == NV12 or 0x91 <= shape.format <= 0x9F or shape.format not in FORMAT_BYTES:
+            return "CUDA arrays of a planar or block-compressed format"
+        return ""
+
+    def _arrays_made(self, contexts: dict[int, int]):
+        """The CUDA arrays and mipmapped arrays of the moving contexts (`contexts`: each source context ->
+        the target's) made anew in the target's with the same shapes, their bytes copied GPU to GPU
+        (cuMemcpy3DPeer), and the texture and surface objects made anew over them with the same values (a
+        kernel holds those in its parameters: a value the target's driver does not give back fails the
+        move). ([(namespace, old, new)] of the arrays, mipmapped arrays and their levels; what to keep of
+        them once the move commits)."""
+        renamed: dict[int, int] = {}  # array or level -> its target's
+        remipped: dict[int, int] = {}
+        homes = {a: home for a, home in self.array_homes.items() if home[0] in contexts}
+        mipmaps = {m: home for m, home in self.mipmap_homes.items() if home[0] in contexts}
+        samplers = {v: home for v, home in self.sampler_homes.items() if home[0] in contexts}
+        for old, (ctx, shape) in homes.items():
+            _ok(driver.cuCtxSetCurrent(driver.CUcontext(contexts[ctx])))
+            renamed[old] = _int(_ok(driver.cuArray3DCreate(self._array_descriptor(shape))))
+            self._array_copied(old, ctx, renamed[old], contexts[ctx], shape)
+        for old, (ctx, shape, levels) in mipmaps.items():
+            _ok(driver.cuCtxSetCurrent(driver.CUcontext(contexts[ctx])))
+            remipped[old] = _int(_ok(driver.cuMipmappedArrayCreate(self._array_descriptor(shape), levels)))
+            for n in range(levels):
+                level = _int(_ok(driver.cuMipmappedArrayGetLevel(driver.CUmipmappedArray(old), n)))
+                renamed[level] = _int(
+                    _ok(driver.cuMipmappedArrayGetLevel(driver.CUmipmappedArray(remipped[old]), n))
+                )
+                self._array_copied(level, ctx, renamed[level], contexts[ctx], shape.level(n))
+        spare: list[tuple[bool, int]] = []  # values the target gave before the wanted one: let go after
+        for value, (ctx, res, tex, view) in sorted(samplers.items()):
+            _ok(driver.cuCtxSetCurrent(driver.CUcontext(contexts[ctx])))
+            res = resource_mapped(res, lambda ns, h: (renamed if ns == "array" else remipped).get(h, h))
+            made = self._sampler_made(res, tex, view)
+            while made < value and len(spare) < SPARE_SAMPLERS:  # values destroyed since, in between
+                spare.append((tex is not None, made))
+                made = self._sampler_made(res, tex, view)
+            if made != value:
+                raise CudaError(
+                    NOT_SUPPORTED,
+                    f"a texture or surface object would have another value there ({made}, not {value})",
+                )
+        for is_texture, made in spare:
+            if is_texture:
+                driver.cuTexObjectDestroy(driver.CUtexObject(made))
+            else:
+                driver.cuSurfObjectDestroy(driver.CUsurfObject(made))
+
+        def moved() -> None:
+            for old, (ctx, shape) in homes.items():
+                self.array_homes.pop(old, None)
+                self.array_homes[renamed[old]] = (contexts[ctx], shape)
+            for old, (ctx, shape, levels) in mipmaps.items():
+                self.mipmap_homes.pop(old, None)
+                self.mipmap_homes[remipped[old]] = (contexts[ctx], shape, levels)
+            for value, (ctx, res, tex, view) in samplers.items():
+                res = resource_mapped(res, lambda ns, h: (renamed if ns == "array" else remipped).get(h, h))
+                self.sampler_homes[value] = (contexts[ctx], res, tex, view)
+
+        made = [("array", old, new) for old, new in renamed.items()]
+        return made + [("mipmap", old, new) for old, new in remipped.items()], moved
+
+    def _vm_unmovable(self) -> str:
+        """Why the program's own virtual memory cannot move ("" where it can): memory another reference
+        holds (imported from a descriptor, retained, bound to a multicast object), a mapping of a handle
+        this worker did not make with cuMemCreate, tiles of sparse arrays."""
+        mapped = {handle for _, _, handle in self.vm_maps.values()}
+        if self.vm_shared & (mapped | set(self.vm_homes)):
+            return "memory of the virtual memory API shared by another reference (imported, retained or multicast-bound)"
+        known = set(self.vm_homes) | set(self.vm_released)
+        if mapped - known:
+            return "a mapping of memory the virtual memory API did not make here (cuMemCreate)"
+        if any(usage for _, _, _, usage in [*self.vm_homes.values(), *self.vm_released.values()]):
+            return "tiles of sparse CUDA arrays (memory of usage TILE_POOL)"
+        return ""
+
+    def _vm_made(self, source: int, ordinal: int, ctx, stream):
+        """The program's own virtual memory on the source GPU (made with cuMemCreate, held or mapped) made
+        anew on the target and its bytes copied GPU to GPU on `stream` (of `ctx`, the source's primary
+        context) through a scratch mapping: all of an allocation the program still holds, the mapped parts of
+        one it let go of (nothing else can reach the rest); ([("vmem", old, new)] of the handles the program
+        holds; what to do once the move commits: each mapping remapped to the new memory at its address,
+        its access granted again, the old memory let go)."""
+        homes = {**self.vm_released, **self.vm_homes}
+        moving = {h: home for h, home in homes.items() if home[1] == source}
+        mapped = {at: m for at, m in self.vm_maps.items() if m[2] in moving}
+        if not moving:
+            return [], lambda: None
+        new: dict[int, int] = {}
+        for handle, (size, _, handle_types, usage) in moving.items():
+            prop = self._prop_at(ordinal, handle_types)
+            prop.allocFlags.usage = usage
+            new[handle] = _int(_ok(driver.cuMemCreate(size, prop, 0)))
+        both = self._descs_at([source, ordinal])
+        _ok(driver.cuCtxSetCurrent(ctx))  # the stream's
+        for handle, (size, *_) in moving.items():
+            held = handle in self.vm_homes  # else only its mappings reach it
+            scratch = _int(_ok(driver.cuMemAddressReserve(2 * size if held else size, 0, 0, 0)))
+            mapped_here: list[int] = []
+            try:
+                for at, memory in ((scratch, new[handle]), (scratch + size, handle))[: 2 if held else 1]:
+                    _ok(driver.cuMemMap(at, size, 0, driver.CUmemGenericAllocationHandle(memory), 0))
+                    mapped_here.append(at)
+                    _ok(driver.cuMemSetAccess(at, size, both, len(both)))
+                if held:
+                    _ok(driver.cuMemcpyDtoDAsync(scratch, scratch + size, size, stream))
+                for at, (n, offset, _) in (
+                    [] if held else [(at, m) for at, m in mapped.items() if m[2] == handle]
+                ):
+                    _ok(driver.cuMemcpyDtoDAsync(scratch + offset, at, n, stream))
+                _ok(driver.cuStreamSynchronize(stream))
+            finally:
+                for at in mapped_here:
+                    driver.cuMemUnmap(at, size)
+                driver.cuMemAddressFree(scratch, 2 * size if held else size)
+
+        def moved() -> None:
+            for at, (n, offset, handle) in mapped.items():
+                _ok(driver.cuMemUnmap(at, n))
+                _ok(driver.cuMemMap(at, n, offset, driver.CUmemGenericAllocationHandle(new[handle]), 0))
+                self.vm_maps[at] = (n, offset, new[handle])
+            for (at, n), access in self.vm_access.items():  # granted again, now naming the target
+                if any(at < m + mapped[m][0] and m < at + n for m in mapped):
+                    descs = self._descs(access)
+                    _ok(driver.cuMemSetAccess(at, n, descs, len(descs)))
+            for handle in moving:
+                home = homes[handle]
+                if handle in self.vm_homes:  # the program's reference is to the new memory from here
+                    driver.cuMemRelease(driver.CUmemGenericAllocationHandle(handle))  # unmapped now: freed
+                    del self.vm_homes[handle]
+                    self.vm_homes[new[handle]] = (home[0], ordinal, *home[2:])
+                else:  # let go of by the program already: the mappings keep it
+                    del self.vm_released[handle]
+                    self.vm_released[new[handle]] = (home[0], ordinal, *home[2:])
+                    driver.cuMemRelease(driver.CUmemGenericAllocationHandle(new[handle]))
+
+        return [("vmem", old, made) for old, made in new.items() if old in self.vm_homes], moved
+
+    def _sampler_made(self, res: bytes, tex: bytes | None, view: bytes | None) -> int:
+        """A texture object (`tex` given) or a surface object over `res`, in the current context."""
+        resource = self._struct(driver.CUDA_RESOURCE_DESC, res)
+        if tex is None:
+            return _int(_ok(driver.cuSurfObjectCreate(resource)))
+        view_desc = self._struct(driver.CUDA_RESOURCE_VIEW_DESC, view) if view else None
+        return _int(
+            _ok(driver.cuTexObjectCreate(resource, self._struct(driver.CUDA_TEXTURE_DESC, tex), view_desc))
+        )
+
+    @staticmethod
+    def _array_copied(src: int, src_ctx: int, dst: int, dst_ctx: int, shape: ArrayShape) -> None:
+        """All of array `src`'s bytes into array `dst` of the same shape, GPU to GPU."""
+        copy = driver.CUDA_MEMCPY3D_PEER()
+        copy.srcMemoryType = copy.dstMemoryType = driver.CUmemorytype.CU_MEMORYTYPE_ARRAY
+        copy.srcArray, copy.dstArray = driver.CUarray(src), driver.CUarray(dst)
+        copy.srcContext, copy.dstContext = driver.CUcontext(src_ctx), driver.CUcontext(dst_ctx)
+        copy.WidthInBytes, copy.Height, copy.Depth = shape.row_bytes, shape.rows, shape.slices
+        _ok(driver.cuMemcpy3DPeer(copy))
+
+    def _release_source(self, source: int, primary: int, made: list[tuple[str, int, int]]) -> None:
+        """After a move has committed, what the lease held on the source GPU goes, as if it had never been
+        there: the contexts its processes created, its memory pools, and every reference to the source's
+        primary context (the last one lets the driver reset it: its streams, events and modules go, and
+        its memory comes back). The lease runs on the target already: a failure here is logged."""
+        self.pinned.destroy_events()  # some may be the source contexts' (freed with them)
+        self.pinned.drop_kept()  # page-locked while a source context was current
+        for ns, old, new in made:
+            if old == new or ns not in ("ctx", "pool") or (ns == "ctx" and old == primary):
+                continue
+            try:
+                if ns == "ctx":
+                    _ok(driver.cuCtxDestroy(driver.CUcontext(old)))
+                    self._forget_context(old)
+                else:  # a device's default pool is the driver's to keep: refused, and left
+                    _ok(driver.cuMemPoolDestroy(driver.CUmemoryPool(old)))
+            except CudaError as exc:
+                log.log(logging.DEBUG if ns == "pool" else logging.WARNING,
+                        "the source GPU's %s 0x%x was not let go after the move: %s", ns, old, exc)  # fmt: skip
+        for _ in range(self.primary_retains.pop(source, 0)):
+            driver.cuDevicePrimaryCtxRelease(source)
+        self._forget_context(primary)
+        active = _ok(driver.cuDevicePrimaryCtxGetState(source))[1]
+        if active:  # another library of the worker holds it (a CUDA runtime): it stays until the lease ends
+            log.warning(
+                "the source GPU %d's primary context is still held in the worker after the move", source
+            )
 
     @staticmethod
     def _drop_scratch(scratch: int, total: int, mine: list, staged: list) -> None:
@@ -1489,7 +1755,9 @@ class CudaExecutor(Executor):
     # -- contexts ------------------------------------------------------------------------------------
 
     def cuDevicePrimaryCtxRetain(self, dev):
-        return _int(_ok(driver.cuDevicePrimaryCtxRetain(self._d(dev))))
+        ctx = _int(_ok(driver.cuDevicePrimaryCtxRetain(self._d(dev))))
+        self.primary_retains[self._d(dev)] = self.primary_retains.get(self._d(dev), 0) + 1
+        return ctx
 
     def cuCtxCreate(self, flags, dev):
         try:  # cuda-bindings 13: cuCtxCreate(params, flags, dev); 12: cuCtxCreate(flags, dev)
@@ -1516,6 +1784,7 @@ class CudaExecutor(Executor):
 
     def cuDevicePrimaryCtxRelease(self, dev):
         _ok(driver.cuDevicePrimaryCtxRelease(self._d(dev)))
+        self.primary_retains[self._d(dev)] = max(0, self.primary_retains.get(self._d(dev), 0) - 1)
 
     def cuDevicePrimaryCtxGetState(self, dev):
         flags, active = _ok(driver.cuDevicePrimaryCtxGetState(self._d(dev)))

@@ -33,7 +33,16 @@ from dataclasses import replace
 
 from virtualize.common._calls import FORWARDED_LAUNCH_ATTRIBUTES
 from virtualize.common._results import CUresult
-from virtualize.server._arrays import ARRAY, DEFERRED_MAPPING, FORMAT_BYTES, HOST, NV12, SPARSE, ArrayShape
+from virtualize.server._arrays import (
+    ARRAY,
+    DEFERRED_MAPPING,
+    FORMAT_BYTES,
+    HOST,
+    NV12,
+    SPARSE,
+    ArrayShape,
+    resource_mapped,
+)
 from virtualize.server._executor import (
     INVALID_HANDLE,
     INVALID_VALUE,
@@ -201,7 +210,10 @@ class HostExecutor(Executor):
         self.function_attributes: dict[
             tuple[int, int], int
         ] = {}  # (function or kernel, attribute) -> set value
-        self.primary_retains: dict[int, int] = {}  # device -> retains of its primary context
+        # A primary context is the GPU's, as the driver keeps one per device of the process: retains and
+        # flags by the host "GPU" a lease device is on (`_gpu`).
+        self.gpu: dict[int, int] = {}  # lease device -> the GPU a move put it on
+        self.primary_retains: dict[int, int] = {}  # GPU -> retains of its primary context
         self.primary_flags: dict[int, int] = {}
         self.cache_config: dict[int, int] = {}  # context -> CUfunc_cache
         self.context_flags: dict[int, int] = {}  # context -> cuCtxSetFlags' flags
@@ -378,15 +390,15 @@ class HostExecutor(Executor):
 
     # The rest of arrays, modelled on 64 KiB tiles of 128 rows: an NV12 array's planes (the luma, and the
     # chroma at half the size in two channels), sparse properties, memory requirements, tile mappings.
-    def cuArrayGetPlane(self, handle, index):
-        shape = self._array(handle)
+    def cuArrayGetPlane(self, array, index):
+        shape = self._array(array)
         if shape.format != NV12 or index not in (0, 1):
             raise CudaError(INVALID_VALUE, "a plane of an NV12 array: 0 or 1")
-        if (handle, index) not in self.planes:
+        if (array, index) not in self.planes:
             half = ArrayShape(max(shape.width // 2, 1), max(shape.height // 2, 1), 0, 0x01, 2)
             plane = ArrayShape(shape.width, shape.height, 0, 0x01, 1) if index == 0 else half
-            self.planes[handle, index] = self.cuArray3DCreate(plane)
-        return self.planes[handle, index]
+            self.planes[array, index] = self.cuArray3DCreate(plane)
+        return self.planes[array, index]
 
     def _array(self, handle) -> ArrayShape:
         if handle not in self.arrays:
@@ -408,11 +420,11 @@ class HostExecutor(Executor):
         )
         return SPARSE_PROPERTIES.pack(*tile, first, TILE_BYTES if first < levels else 0, 0)
 
-    def cuArrayGetSparseProperties(self, handle):
-        return self._sparse_properties(self._array(handle), 1)
+    def cuArrayGetSparseProperties(self, array):
+        return self._sparse_properties(self._array(array), 1)
 
-    def cuMipmappedArrayGetSparseProperties(self, handle):
-        levels = self._levels(handle)
+    def cuMipmappedArrayGetSparseProperties(self, mipmap):
+        levels = self._levels(mipmap)
         return self._sparse_properties(self._array(levels[0]), len(levels))
 
     def _levels(self, handle) -> list[int]:
@@ -427,11 +439,11 @@ class HostExecutor(Executor):
         size = sum(-(-s.nbytes // TILE_BYTES) * TILE_BYTES for s in shapes)
         return MEMORY_REQUIREMENTS.pack(size, TILE_BYTES)
 
-    def cuArrayGetMemoryRequirements(self, handle, dev):
-        return self._requirements([self._array(handle)], dev)
+    def cuArrayGetMemoryRequirements(self, array, dev):
+        return self._requirements([self._array(array)], dev)
 
-    def cuMipmappedArrayGetMemoryRequirements(self, handle, dev):
-        return self._requirements([self._array(level) for level in self._levels(handle)], dev)
+    def cuMipmappedArrayGetMemoryRequirements(self, mipmap, dev):
+        return self._requirements([self._array(level) for level in self._levels(mipmap)], dev)
 
     def cuMemMapArrayAsync(self, mappings, stream):
         for m in mappings:
@@ -900,13 +912,64 @@ class HostExecutor(Executor):
         for array in arrays:
             shape, data = self.arrays[array]
             array_copies[array] = (shape, bytearray(data))
-        made = recreate()  # the lease's contexts and their objects anew, with new handle values
+        source = self._gpu(device)
+        self.gpu[device] = target  # its objects are made on the target from here
+        try:
+            made = recreate()  # the lease's contexts and their objects anew, with new handle values
+        except BaseException:
+            self.gpu[device] = source
+            raise
         with self.lock:
             self._retire(made)  # commit: the lease's memory is the target's from here on
             self.memory.update(copies)
-            self.arrays.update(array_copies)
+            arrays_made = self._arrays_renamed(array_copies) + self._memory_renamed(device)
+        # The source's primary context let go, as the CUDA executor does.
+        self.primary_retains.pop(source, None)
+        self.primary_flags.pop(source, None)
         moved = [*copies.values(), *(data for _, data in array_copies.values())]
-        return {"bytes": sum(len(c) for c in moved), "uuid": f"GPU-host-{target}"}
+        return {"bytes": sum(len(c) for c in moved), "uuid": f"GPU-host-{target}", "made": arrays_made}
+
+    def _memory_renamed(self, device: int) -> list[tuple[str, int, int]]:
+        """The program's own virtual memory of the moved device (cuMemCreate's) becomes the target's, with new
+        handle values as the CUDA executor's move gives them (the worker maps the client's). [(namespace,
+        old, new)]."""
+        renamed = {
+            h: next(self.ids) for h, d in self.created.items() if d == device and h not in self.multicast
+        }
+        for old, new in renamed.items():
+            self.created[new] = self.created.pop(old)
+            self.references[new] = self.references.pop(old)
+            if old in self.backing:
+                self.backing[new] = self.backing.pop(old)
+        self.mapped_handles = {at: renamed.get(h, h) for at, h in self.mapped_handles.items()}
+        return [("vmem", *pair) for pair in renamed.items()]
+
+    def _arrays_renamed(self, copies: dict[int, tuple[ArrayShape, bytearray]]) -> list[tuple[str, int, int]]:
+        """The moved arrays become the target's arrays, with new handle values as a GPU's driver gives them
+        (the worker maps the client's values: CI exercises that), and so do their mipmapped arrays, planes
+        and tiles; texture and surface objects keep their values and name the new arrays. [(namespace, old,
+        new)]."""
+        renamed = {old: next(self.ids) for old in copies}
+        for old, new in renamed.items():
+            del self.arrays[old]
+            self.arrays[new] = copies[old]
+            self.array_device[new] = self.array_device.pop(old)
+        remipped = {
+            m: next(self.ids) for m, levels in self.mipmaps.items() if levels and levels[0] in renamed
+        }
+        for old, new in remipped.items():
+            self.mipmaps[new] = [renamed.get(level, level) for level in self.mipmaps.pop(old)]
+        self.planes = {(renamed.get(a, a), i): renamed.get(p, p) for (a, i), p in self.planes.items()}
+        self.tiles_mapped = {renamed.get(a, remipped.get(a, a)): n for a, n in self.tiles_mapped.items()}
+
+        def mapped(ns: str, handle: int) -> int:
+            return (renamed if ns == "array" else remipped).get(handle, handle)
+
+        for value, (res, tex, view) in list(self.samplers.items()):
+            self.samplers[value] = (resource_mapped(res, mapped), tex, view)
+        return [("array", *pair) for pair in renamed.items()] + [
+            ("mipmap", *pair) for pair in remipped.items()
+        ]
 
     def _retire(self, made: list[tuple[str, int, int]]) -> None:
         """The contexts, streams, events, functions and graph nodes a move re-created are gone from the
@@ -1161,8 +1224,13 @@ class HostExecutor(Executor):
             if current == pool:
                 self.current_pools[dev] = 0xB0000 + dev
 
+    def _gpu(self, dev: int) -> int:
+        """The host "GPU" lease device `dev` is on: where a move put it; before any, one of its own."""
+        return self.gpu.get(dev, -1 - dev)
+
     def cuDevicePrimaryCtxRetain(self, dev):
-        self.primary_retains[dev] = self.primary_retains.get(dev, 0) + 1
+        gpu = self._gpu(dev)
+        self.primary_retains[gpu] = self.primary_retains.get(gpu, 0) + 1
         return 0xC0000 + dev
 
     def cuCtxCreate(self, flags, dev):
@@ -1175,16 +1243,18 @@ class HostExecutor(Executor):
             raise CudaError(CUresult.INVALID_CONTEXT, "context")
 
     def cuDevicePrimaryCtxRelease(self, dev):
-        self.primary_retains[dev] = max(0, self.primary_retains.get(dev, 0) - 1)
+        gpu = self._gpu(dev)
+        self.primary_retains[gpu] = max(0, self.primary_retains.get(gpu, 0) - 1)
 
     def cuDevicePrimaryCtxGetState(self, dev):
-        return self.primary_flags.get(dev, 0), int(self.primary_retains.get(dev, 0) > 0)
+        gpu = self._gpu(dev)
+        return self.primary_flags.get(gpu, 0), int(self.primary_retains.get(gpu, 0) > 0)
 
     def cuDevicePrimaryCtxSetFlags(self, dev, flags):
-        self.primary_flags[dev] = flags
+        self.primary_flags[self._gpu(dev)] = flags
 
     def cuDevicePrimaryCtxReset(self, dev):
-        self.primary_retains[dev] = 0
+        self.primary_retains[self._gpu(dev)] = 0
 
     def cuCtxSynchronize(self):
         self._ctx_device()

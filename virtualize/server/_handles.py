@@ -16,6 +16,19 @@ context's: they stay as they are and load into the target's context when first u
 their nodes and instantiated graphs are not replayed but read on the source and built on the target
 (`virtualize.server._migrate_graphs`); their values map the same way, a node named with an
 instantiated graph through that graph's own map.
+
+A device's primary context is the process's, counted: the driver keeps it while a reference is held.
+The move gives the target's primary context as many references as the lease's processes hold on the
+source (the replayed retain is one of them; none held: it is let go after the commit), so what the
+program sees — `cuDevicePrimaryCtxGetState`, and when its last release lets the context go — is what
+an unmigrated run shows. The executor lets go of the source's references itself once the move commits.
+
+CUDA arrays, mipmapped arrays and the program's own virtual memory (cuMemCreate handles) are re-created
+by the executor itself (their bytes copied GPU to GPU;
+`Executor.migrate` answers which new object stands for which): their values map as the replayed
+objects' do, in every call that names one — directly, as a 3D copy's side, or in a texture's or
+surface's resource description. Texture and surface objects keep their values (kernels hold them in
+their parameters): the executor makes them anew with the same values or the move fails.
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ from dataclasses import dataclass, replace
 
 from virtualize.common._calls import CALLS, DESTROYS, HANDLE_TYPES
 from virtualize.server import _migrate_graphs as graphs
+from virtualize.server._arrays import ARRAY, resource_mapped
 from virtualize.server._executor import (
     INVALID_CONTEXT,
     NOT_SUPPORTED,
@@ -46,7 +60,9 @@ log = logging.getLogger("gpupool.worker")
 NAMESPACE = {**{kind: kind for kind in HANDLE_TYPES}, "kernel": "func"}
 RECREATED = frozenset({"ctx", "stream", "event", "module", "func", "pool"})  # a context's objects
 REBUILT = frozenset({"graph", "node", "graphexec"})  # read on the source and built anew (_migrate_graphs)
-MAPPED = RECREATED | REBUILT
+# Re-created by the executor's move itself (its answer's "made").
+MOVED = frozenset({"array", "mipmap", "vmem"})
+MAPPED = RECREATED | REBUILT | MOVED
 KEPT = frozenset({"library", "kernel"})  # the process's: valid in every context, not re-created
 DESTROYED_BY = {**DESTROYS, "cuCtxDestroy": "ctx"}
 BUILTIN_STREAMS = frozenset({0, 1, 2})  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD: every context's
@@ -62,6 +78,12 @@ LAUNCH = "launch"  # a `Launch` argument: its function, its stream, and the even
 NODES = "nodes"  # a list of graph nodes
 EDGES = "edges"  # a list of (from, to) graph nodes
 SUBJECT = "subject"  # a graph or a node (graph_node_list: the roots of a graph, or a node's neighbours)
+ARRAY_SIDE = "array side"  # a 3D copy's side (`CopySide`): a CUDA array where it names one
+RESOURCE = "resource"  # a CUDA_RESOURCE_DESC's bytes: the array or mipmapped array it names
+RESOURCE_PARAMS = {"cuTexObjectCreate": "res", "cuSurfObjectCreate": "res"}  # methods taking one
+# Handles the guard passes that the table does not declare: the exported memory another process imports.
+GUARD_HANDLES = {"cuMemImportFromShareableHandle": {"handle": "vmem"}}
+RESOURCE_RESULTS = frozenset({"cuTexObjectGetResourceDesc", "cuSurfObjectGetResourceDesc"})  # answering one
 # CUlaunchAttributeID values whose value starts with a CUevent: PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT.
 EVENT_ATTRIBUTES = frozenset({7, 12})
 # The shaped methods' parameters that hold handles of the kinds a move re-creates (the others keep
@@ -95,7 +117,8 @@ SHAPED_HANDLES: dict[str, dict[str, str]] = {
     "nccl_buffer": {},  # its address is mapped (SHAPED_ADDRESSES)
     **{method: {"stream": "stream"} for method in (
         "copy_to_device", "copy_from_device", "copy_in_from", "copy_out_into", "copy_out_piece",
-        "copy_from_device_async", "memset", "copy_3d", "launch_host_func", "capture_info")},
+        "copy_from_device_async", "memset", "launch_host_func", "capture_info")},
+    "copy_3d": {"stream": "stream", "src": ARRAY_SIDE, "dst": ARRAY_SIDE},
 }  # fmt: skip
 # The shaped methods' results that are handles: (position in the result tuple, None: the result itself;
 # kind).
@@ -127,6 +150,12 @@ BOOKED = (
 PARAM_ALIASES = {"exec": "graph_exec"}
 GLOBAL_GETTERS = frozenset({"cuModuleGetGlobal", "cuLibraryGetGlobal"})  # -> (address, size)
 DEVICE_PARAMS = ("dev", "device")  # the lease device a call names, where it names one
+# How each call changes the references the lease's processes hold to a device's primary context.
+PRIMARY_REFERENCES: dict[str, Callable[[int], int]] = {
+    "cuDevicePrimaryCtxRetain": lambda held: held + 1,
+    "cuDevicePrimaryCtxRelease": lambda held: max(0, held - 1),
+    "cuDevicePrimaryCtxReset": lambda held: 0,
+}
 SYNTHETIC = 0x7FF0_0000_0000_0000  # values handed out where a new object's value is an old one's
 
 
@@ -216,6 +245,9 @@ def _kinds(name: str, params: list[str]) -> tuple[tuple[tuple[int, str], ...], t
     else:
         ins, outs = TABLE_KINDS.get(name, ({}, ()))
     ins = {PARAM_ALIASES.get(p, p) if p not in params else p: kind for p, kind in ins.items()}
+    if name in RESOURCE_PARAMS:
+        ins[RESOURCE_PARAMS[name]] = RESOURCE
+    ins.update(GUARD_HANDLES.get(name, {}))
     return tuple((params.index(p), kind) for p, kind in ins.items() if p in params), outs
 
 
@@ -288,6 +320,7 @@ class Translated:
         self.record_lock = threading.Lock()
         self.local = threading.local()  # the client's context current on this thread
         self.cached: set[str] = set()  # methods looked up and kept on this object
+        self.primary_held: dict[int, int] = {}  # lease device -> references to its primary context
 
     def __getattr__(self, name: str):
         method = getattr(self.inner, name)
@@ -306,6 +339,8 @@ class Translated:
             return None
         kinds, outs = _kinds(name, params)
         outs = tuple((i, kind) for i, kind in outs if NAMESPACE.get(kind, kind) in MAPPED or kind in LISTS)
+        if name in RESOURCE_RESULTS:
+            outs = ((None, RESOURCE),)
         exec_node = _exec_node(kinds)  # a node named together with its instantiated graph
         address_ins, address_outs = (
             (SHAPED_ADDRESSES.get(name, ()), ())
@@ -323,7 +358,11 @@ class Translated:
             return self._set_context
         variable = name in GLOBAL_GETTERS
         booked = name in BOOKED
-        if not kinds and not outs and not recorded and not destroys and not variable and not self.generation:
+        references = PRIMARY_REFERENCES.get(name)
+        if (
+            not kinds and not outs and not recorded and not destroys and not variable and not references
+            and not self.generation
+        ):  # fmt: skip
             return None  # nothing to map, and every thread's context is the client's
 
         def call(*args):
@@ -335,6 +374,10 @@ class Translated:
                     layout_of = args[1]
                     args = (args[0], lambda func: layout_of(self.map.client("func", func)))
             result = method(*args)
+            if references is not None and device_at is not None:
+                with self.record_lock:
+                    dev = given[device_at]
+                    self.primary_held[dev] = references(self.primary_held.get(dev, 0))
             if self.generation and (outs or address_outs):
                 result = self._results_out(result, outs, address_outs)
             if variable:
@@ -399,6 +442,10 @@ class Translated:
         if kind == SUBJECT:  # a node's value, or else a graph's (distinct objects: distinct values)
             node = self.map.real("node", value)
             return node if node != value else self.map.real("graph", value)
+        if kind == ARRAY_SIDE:
+            return replace(value, at=self.map.real("array", value.at)) if value.kind == ARRAY else value
+        if kind == RESOURCE:
+            return resource_mapped(value, self.map.real)
         ns = NAMESPACE[kind]
         if ns not in MAPPED or not value or (ns == "stream" and value in BUILTIN_STREAMS):
             return value
@@ -424,6 +471,8 @@ class Translated:
             return [(self.map.client("node", a), self.map.client("node", b)) for a, b in value]
         if kind == "graphs":
             return [self.map.client("graph", g) for g in value]
+        if kind == RESOURCE:
+            return resource_mapped(value, self.map.client)
         return self.map.client(NAMESPACE[kind], value)
 
     def _results_out(self, result, outs, addresses=()):
@@ -560,9 +609,14 @@ class Translated:
         rebuilt: list[tuple[int, graphs.Instantiated]] = []
         kernel_functions: dict[int, dict[int, int]] = {}
 
+        held = self.primary_held.get(device, 0)
+        primary = any(r.method == "cuDevicePrimaryCtxRetain" for r in records)
+
         def recreate() -> list[tuple[str, int, int]]:
             for record in records:
                 self._replay(record, made)
+            for _ in range(held - 1 if primary else 0):  # the replay retained it once: the others
+                self.inner.cuDevicePrimaryCtxRetain(device)
             for address, variable in variables:
                 placed.extend(self._global_moved(address, variable, made))
             rebuilt.extend(self._graphs_built(device, plans, made))
@@ -572,16 +626,32 @@ class Translated:
         moved = self.inner.migrate(device, target, mappings, recreate, **where)
         for (ns, client), real in made.items():
             self.map.move(ns, client, real)
+        moved_too = moved.pop(
+            "made", []
+        )  # the executor's own: arrays (their values as the executor had them)
+        for ns, old, new in moved_too:
+            self.map.move(ns, self.map.client(ns, old), new)
         for address, size, real in placed:
             self.addresses.move(address, size, real)
+        if primary and not held:  # made to re-create its objects; the processes hold no reference to it
+            try:
+                self.inner.cuDevicePrimaryCtxRelease(device)
+            except CudaError as exc:
+                log.warning("the target's primary context was not let go after the move: %s", exc)
         self._graphs_committed(plans, rebuilt)
+        release_source = moved.pop("release_source", None)
+        if release_source is not None:  # the executor lets go of the source GPU: nothing names it any more
+            try:
+                release_source()
+            except Exception as exc:  # the lease runs on the target already: what stays is logged
+                log.warning("the source GPU was not let go entirely after the move: %s", exc)
         with self.record_lock:
             self.kernel_functions.update(kernel_functions)
         self.generation += 1
         for name in self.cached:  # wrapped anew: every call first sets its thread's context to the new one
             self.__dict__.pop(name, None)
         self.cached.clear()
-        return {**moved, "objects": len(made)}
+        return {**moved, "objects": len(made) + len(moved_too)}
 
     def migration_refusal(self, target: int, holding: dict[str, int], uuid: str = "") -> str | None:
         reason = self.inner.migration_refusal(target, holding, uuid)

@@ -17,6 +17,15 @@ worker) while its program runs.
 3. pause: a PyTorch program holds N GiB (random int32, checksummed) for each N of --sizes; moved; the
    table prints bytes, objects re-created, pause, wait, the copy rate, the GPUs' used memory before and
    after (nvidia-smi), and whether the checksum and a kernel on the moved tensor hold.
+1a. arrays: a driver API program holding a 2D CUDA array (a texture object over it, read by a kernel of
+   hand-written PTX through tex.2d), a mipmapped array with a level filled, a surface object, and memory
+   of its own virtual memory API (cuMemCreate: one allocation held, one let go of once mapped); moved;
+   the arrays' and the memory's bytes, the texture object (the same value, read by the kernel on the
+   target), the resources naming the arrays the program holds, the held handle mapped again.
+1b. primary: a driver API program holding two references to its primary context (flags set, a stream, memory),
+   run unmoved and moved: cuDevicePrimaryCtxGetState and what each release does are the same in both runs,
+   and after the move the worker has no context left on GPU 0 (nvidia-smi's compute apps: the source's
+   primary context and the lease's objects there were let go, not kept until the lease ends).
 4. training: a GPT-2-style training (bench/train_models.py gpt2, seeded, deterministic) on GPU 0
    unmigrated (the reference losses), then again with the lease moved to GPU 1 after step --at; the
    losses must be equal step for step.
@@ -139,6 +148,152 @@ kept = same(0x5A5AA5A5)
 fill(0x01020304)
 ok(cu.cuStreamSynchronize(stream), "stream sync")
 print("after", kept, same(0x01020304) and cu.cuEventQuery(event) == 0 and replayed(), flush=True)
+"""
+# CUDA arrays, a mipmapped array, a texture object read by a kernel (tex.2d), a surface object; after the move the
+# same bytes under the same handles, and the kernel reads the texture (its value unchanged) on the target.
+ARRAY_HOLDER = r"""
+import ctypes, struct, sys
+cu = ctypes.CDLL("libcuda.so.1")
+def ok(rc, what):
+    if rc:
+        print("failed", what, rc, flush=True)
+        sys.exit(1)
+u64 = ctypes.c_uint64
+PTX = b'''
+.version 6.0
+.target sm_52
+.address_size 64
+.visible .entry fetch_row(.param .u64 tex, .param .u64 out, .param .u32 row)
+{
+    .reg .f32 %f<7>;
+    .reg .b32 %r<3>;
+    .reg .b64 %rd<5>;
+    ld.param.u64 %rd1, [tex];
+    ld.param.u64 %rd2, [out];
+    ld.param.u32 %r1, [row];
+    mov.u32 %r2, %tid.x;
+    cvt.rn.f32.u32 %f1, %r2;
+    cvt.rn.f32.u32 %f2, %r1;
+    tex.2d.v4.f32.f32 {%f3, %f4, %f5, %f6}, [%rd1, {%f1, %f2}];
+    cvta.to.global.u64 %rd3, %rd2;
+    mul.wide.u32 %rd4, %r2, 4;
+    add.s64 %rd3, %rd3, %rd4;
+    st.global.f32 [%rd3], %f3;
+    ret;
+}
+'''
+class Desc(ctypes.Structure):  # CUDA_ARRAY3D_DESCRIPTOR
+    _fields_ = [("Width", u64), ("Height", u64), ("Depth", u64), ("Format", ctypes.c_int),
+                ("NumChannels", ctypes.c_uint), ("Flags", ctypes.c_uint)]
+class Copy2D(ctypes.Structure):  # CUDA_MEMCPY2D
+    _fields_ = [("srcXInBytes", ctypes.c_size_t), ("srcY", ctypes.c_size_t), ("srcMemoryType", ctypes.c_int),
+                ("srcHost", ctypes.c_void_p), ("srcDevice", u64), ("srcArray", u64), ("srcPitch", ctypes.c_size_t),
+                ("dstXInBytes", ctypes.c_size_t), ("dstY", ctypes.c_size_t), ("dstMemoryType", ctypes.c_int),
+                ("dstHost", ctypes.c_void_p), ("dstDevice", u64), ("dstArray", u64), ("dstPitch", ctypes.c_size_t),
+                ("WidthInBytes", ctypes.c_size_t), ("Height", ctypes.c_size_t)]
+FLOAT, HOST, ARRAY, W, H = 0x20, 1, 3, 256, 64
+ctx, array, mip, level, tex, surf_array, surf, module, fn, out = (u64() for _ in range(10))
+ok(cu.cuInit(0), "init")
+ok(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "retain"); ok(cu.cuCtxSetCurrent(ctx), "current")
+ok(cu.cuArray3DCreate_v2(ctypes.byref(array), ctypes.byref(Desc(W, H, 0, FLOAT, 1, 0))), "array")
+image = (ctypes.c_float * (W * H))(*(float(y * 1000 + x) for y in range(H) for x in range(W)))
+def to_array(dst, host, width, rows):
+    ok(cu.cuMemcpy2D_v2(ctypes.byref(Copy2D(srcMemoryType=HOST, srcHost=ctypes.addressof(host), srcPitch=4 * W,
+                                            dstMemoryType=ARRAY, dstArray=dst, WidthInBytes=4 * width, Height=rows))), "fill")
+def from_array(src, width, rows):
+    back = (ctypes.c_float * (width * rows))()
+    ok(cu.cuMemcpy2D_v2(ctypes.byref(Copy2D(srcMemoryType=ARRAY, srcArray=src, dstMemoryType=HOST,
+                                            dstHost=ctypes.addressof(back), dstPitch=4 * width, WidthInBytes=4 * width,
+                                            Height=rows))), "read")
+    return bytes(back)
+to_array(array.value, image, W, H)
+ok(cu.cuMipmappedArrayCreate(ctypes.byref(mip), ctypes.byref(Desc(W, W, 0, FLOAT, 1, 0)), 3), "mipmapped")
+ok(cu.cuMipmappedArrayGetLevel(ctypes.byref(level), mip, 1), "level")
+to_array(level.value, image, W // 2, H)
+level_bytes = from_array(level.value, W // 2, H)
+res = ctypes.create_string_buffer(144); struct.pack_into("<iiQ", res, 0, 0, 0, array.value)
+desc = ctypes.create_string_buffer(104); struct.pack_into("<3i", desc, 0, 1, 1, 1)  # clamp, point, unnormalized
+ok(cu.cuTexObjectCreate(ctypes.byref(tex), res, desc, None), "texture")
+ok(cu.cuArray3DCreate_v2(ctypes.byref(surf_array), ctypes.byref(Desc(W, H, 0, FLOAT, 1, 2))), "surface array")  # SURFACE_LDST
+sres = ctypes.create_string_buffer(144); struct.pack_into("<iiQ", sres, 0, 0, 0, surf_array.value)
+ok(cu.cuSurfObjectCreate(ctypes.byref(surf), sres), "surface")
+ok(cu.cuModuleLoadData(ctypes.byref(module), PTX), "module"); ok(cu.cuModuleGetFunction(ctypes.byref(fn), module, b"fetch_row"), "fetch_row")
+ok(cu.cuMemAlloc_v2(ctypes.byref(out), u64(4 * W)), "out")
+def fetched(row):
+    t, o, r = u64(tex.value), u64(out.value), ctypes.c_uint(row)
+    params = (ctypes.c_void_p * 3)(*(ctypes.addressof(v) for v in (t, o, r)))
+    ok(cu.cuLaunchKernel(fn, 1, 1, 1, W, 1, 1, 0, None, params, None), "launch"); ok(cu.cuCtxSynchronize(), "sync")
+    back = (ctypes.c_float * W)()
+    ok(cu.cuMemcpyDtoH_v2(back, out, u64(4 * W)), "read out")
+    return list(back) == [float(row * 1000 + x) for x in range(W)]
+def names(getter, handle, want):
+    got = ctypes.create_string_buffer(144)
+    ok(getter(got, handle), "resource")
+    return struct.unpack_from("<Q", got.raw, 8)[0] == want
+# The program's own virtual memory: one allocation it holds, one it let go of once mapped (its mapping keeps it).
+class Prop(ctypes.Structure):  # CUmemAllocationProp
+    _fields_ = [("type", ctypes.c_int), ("handle_types", ctypes.c_int), ("location_type", ctypes.c_int),
+                ("location_id", ctypes.c_int), ("win32", ctypes.c_void_p), ("flags", u64)]
+class Access(ctypes.Structure):  # CUmemAccessDesc
+    _fields_ = [("location_type", ctypes.c_int), ("location_id", ctypes.c_int), ("flags", ctypes.c_int)]
+VM = 2 << 20
+va, held, gone = u64(), u64(), u64()
+ok(cu.cuMemAddressReserve(ctypes.byref(va), u64(2 * VM), u64(0), u64(0), u64(0)), "reserve")
+for i, handle in enumerate((held, gone)):
+    ok(cu.cuMemCreate(ctypes.byref(handle), u64(VM), ctypes.byref(Prop(1, 0, 1, 0)), u64(0)), "create")
+    ok(cu.cuMemMap(u64(va.value + i * VM), u64(VM), u64(0), handle, u64(0)), "map")
+    ok(cu.cuMemSetAccess(u64(va.value + i * VM), u64(VM), ctypes.byref(Access(1, 0, 3)), u64(1)), "access")
+    ok(cu.cuMemsetD32_v2(u64(va.value + i * VM), ctypes.c_uint(0x1000 + i), u64(VM // 4)), "fill")
+ok(cu.cuMemRelease(gone), "let go")
+def vm_same():
+    back = ctypes.create_string_buffer(2 * VM)
+    ok(cu.cuMemcpyDtoH_v2(back, va, u64(2 * VM)), "read vm")
+    return back.raw == struct.pack("<I", 0x1000) * (VM // 4) + struct.pack("<I", 0x1001) * (VM // 4)
+before = (tex.value, surf.value)
+print("ready", fetched(10) and from_array(array.value, W, H) == bytes(image) and vm_same(), flush=True)
+sys.stdin.readline()
+kept = from_array(array.value, W, H) == bytes(image) and from_array(level.value, W // 2, H) == level_bytes
+kept = kept and vm_same()
+ok(cu.cuMemUnmap(va, u64(VM)), "unmap"); ok(cu.cuMemMap(va, u64(VM), u64(0), held, u64(0)), "map again")
+ok(cu.cuMemSetAccess(va, u64(VM), ctypes.byref(Access(1, 0, 3)), u64(1)), "access again")
+kept = kept and vm_same()
+again = u64(); ok(cu.cuMipmappedArrayGetLevel(ctypes.byref(again), mip, 1), "level again")
+same = (tex.value, surf.value) == before and again.value == level.value
+named = names(cu.cuTexObjectGetResourceDesc, tex, array.value) and names(cu.cuSurfObjectGetResourceDesc, surf, surf_array.value)
+print("after", kept and same and named, fetched(33), flush=True)
+"""
+
+# Two references to the primary context; after the move (or none) each release's effect on its state.
+PRIMARY_HOLDER = r"""
+import ctypes, sys
+cu = ctypes.CDLL("libcuda.so.1")
+def ok(rc, what):
+    if rc:
+        print("failed", what, rc, flush=True)
+        sys.exit(1)
+u64 = ctypes.c_uint64
+ctx, again, ptr, stream = u64(), u64(), u64(), u64()
+ok(cu.cuInit(0), "init")
+ok(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "retain"); ok(cu.cuCtxSetCurrent(ctx), "current")
+ok(cu.cuDevicePrimaryCtxRetain(ctypes.byref(again), 0), "retain again")
+ok(cu.cuDevicePrimaryCtxSetFlags(0, 4), "flags")
+ok(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream"); ok(cu.cuMemAlloc_v2(ctypes.byref(ptr), u64(64 << 20)), "alloc")
+flags, active = ctypes.c_uint(), ctypes.c_int()
+def state():
+    ok(cu.cuDevicePrimaryCtxGetState(0, ctypes.byref(flags), ctypes.byref(active)), "state")
+    return f"{flags.value}/{active.value}"
+print("ready", state(), flush=True)
+sys.stdin.readline()
+states = [state()]
+ok(cu.cuDevicePrimaryCtxRelease(0), "release")
+states.append(state())
+ok(cu.cuMemsetD8Async(ptr, 5, u64(64 << 20), stream), "memset"); ok(cu.cuStreamSynchronize(stream), "sync")
+back = ctypes.create_string_buffer(4)
+ok(cu.cuMemcpyDtoH_v2(back, ptr, u64(4)), "read")
+states.append(back.raw.hex())
+ok(cu.cuDevicePrimaryCtxRelease(0), "release")
+states.append(state())
+print("after", *states, flush=True)
 """
 # CuPy's own kernel and a copy captured into a CUDA graph, replayed from zeros before and after the move.
 CUPY_GRAPH_HOLDER = r"""
@@ -284,9 +439,11 @@ def move(handle, to: tuple[int, str, int]) -> dict:
     return answer
 
 
-def hold(code: str, args: list[str], handle, shim: Path, work: Path, to) -> tuple[str, dict, str, list[str]]:
+def hold(
+    code: str, args: list[str], handle, shim: Path, work: Path, to, probe=used_mib
+) -> tuple[str, dict, str, list[str]]:
     """Start a holder, move its lease once it is ready (to None: no move), let it check; (ready line,
-    answer, after line, nvidia-smi before/after)."""
+    answer, after line, `probe()` before/after the move: nvidia-smi's used memory unless given)."""
     proc = subprocess.Popen([sys.executable, "-c", code, *args], env=lease_env(handle, shim, work),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     killer = threading.Timer(HOLD_TIMEOUT_S, proc.kill)
@@ -297,9 +454,9 @@ def hold(code: str, args: list[str], handle, shim: Path, work: Path, to) -> tupl
         if not first.startswith("ready"):
             proc.kill()
             return first, {"ok": False, "error": "the holder failed: " + proc.stderr.read()[-1500:]}, "", []
-        smi = [used_mib()]
+        smi = [probe()]
         answer = move(handle, to) if to is not None else {"ok": True, "unmoved": True}
-        smi.append(used_mib())
+        smi.append(probe())
         out, err = proc.communicate("go\n", timeout=HOLD_TIMEOUT_S)
         after = next((line for line in out.splitlines() if line.startswith("after")), "")
         print(f"    holder: {after or '(nothing)'}", flush=True)
@@ -340,9 +497,49 @@ def moved_holder(
             f"used MiB {smi}")  # fmt: skip
 
 
+def arrays_check(shim: Path, work: Path, two: list) -> None:
+    moved_holder("arrays: a CUDA array read by a kernel through a texture object, a mipmapped array, a surface",
+                 ARRAY_HOLDER, 2, "CUDA arrays, a mipmapped array, texture and surface objects moved", shim, work, two)  # fmt: skip
+
+
 def driver_check(shim: Path, work: Path, two: list) -> None:
     moved_holder("driver: 256 MiB, a stream, an event and a captured graph of the driver API", DRIVER_HOLDER, 2,
                  "driver API: memory, stream, event and a captured graph moved", shim, work, two)  # fmt: skip
+
+
+def contexts_of(pid: int, uuid: str) -> str:
+    """MiB process `pid` holds on GPU `uuid` (nvidia-smi's compute apps; "none": no context there)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"? ({exc})"
+    rows = [[field.strip() for field in line.split(",")] for line in out.strip().splitlines() if line.strip()]
+    return next((row[2] for row in rows if row[:2] == [str(pid), uuid]), "none")
+
+
+def primary_check(shim: Path, work: Path, two: list) -> None:
+    print(f"\n=== primary: two references to the primary context, unmoved and moved GPU {two[0][0]} -> {two[1][0]}",
+          flush=True)  # fmt: skip
+    runs = {}
+    for label, to in (("unmoved", None), ("moved", two[1])):
+        handle = worker_on(two[0], 2)
+        try:
+            probe = lambda handle=handle: contexts_of(handle.pid, two[0][1])  # noqa: E731
+            runs[label] = hold(PRIMARY_HOLDER, [], handle, shim, work, to, probe)
+        finally:
+            handle.stop()
+        print(
+            f"    [{label}] {runs[label][0]} | {runs[label][2]} | worker on GPU {two[0][0]}: {runs[label][3]} MiB"
+        )
+    (first, _, after, _), (moved_first, answer, moved_after, on_source) = runs["unmoved"], runs["moved"]
+    same = bool(after) and first == moved_first and after == moved_after
+    outcome("primary context: references and state after a move as in an unmoved run", answer, same,
+            f"unmoved {after!r}, moved {moved_after!r}")  # fmt: skip
+    if answer.get("ok") and EXECUTOR[0] == "cuda":  # the host executor has no GPU for nvidia-smi to see
+        let_go = len(on_source) == 2 and on_source[1] == "none"
+        record("the source GPU let go after the move (no context of the worker left there)",
+               "PASS" if let_go else "FAIL", f"the worker's MiB on GPU {two[0][0]} before/after: {on_source}")  # fmt: skip
 
 
 def cupy_check(shim: Path, work: Path, two: list) -> None:
@@ -460,7 +657,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     parser.add_argument("--at", type=int, default=8, help="the step after which the lease moves (default 8)")
     parser.add_argument("--sizes", default="1,4,16", help="GiB held for the pause table (default 1,4,16)")
-    part_names = ["driver", "cupy", "cupy_graph", "graphed", "pause", "training"]
+    part_names = ["driver", "arrays", "primary", "cupy", "cupy_graph", "graphed", "pause", "training"]
     parser.add_argument(
         "--only", nargs="*", default=part_names, choices=part_names, help="parts to run (default: all)"
     )
@@ -485,6 +682,8 @@ def main() -> int:
         print(f"shim: {shim}; GPUs: {found[:2]}; used MiB {used_mib()}", flush=True)
         parts = {
             "driver": lambda: driver_check(shim, work, found[:2]),
+            "arrays": lambda: arrays_check(shim, work, found[:2]),
+            "primary": lambda: primary_check(shim, work, found[:2]),
             "cupy": lambda: cupy_check(shim, work, found[:2]),
             "cupy_graph": lambda: cupy_graph_check(shim, work, found[:2]),
             "graphed": lambda: graphed_training(shim, work, found[:2], args.steps, args.at),
@@ -493,7 +692,16 @@ def main() -> int:
             ),
             "training": lambda: training(shim, work, found[:2], args.steps, args.at),
         }
-        needs = {"driver": 20, "cupy": 30, "cupy_graph": 30, "graphed": 60, "pause": 40, "training": 120}
+        needs = {
+            "driver": 20,
+            "arrays": 20,
+            "primary": 30,
+            "cupy": 30,
+            "cupy_graph": 30,
+            "graphed": 60,
+            "pause": 40,
+            "training": 120,
+        }
         for name in args.only:
             if out_of_time(name, needs.get(name, 30)):
                 continue
