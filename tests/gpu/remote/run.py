@@ -60,6 +60,7 @@ PROGRAMS = [
     "prog_cupy.py",
     "prog_torch.py",
     "prog_torch_ipc.py",  # CUDA tensors between processes: IPC memory and event handles
+    "prog_torch_assert.py",  # a device-side assert in a subprocess: the parent's tensors and kernels go on
     "prog_big_copies.py",  # copies of tens of MiB both ways (with --encrypt: in pieces across connections)
     "prog_window.py",  # allocations of many sizes churned: contents kept, addresses reserved here
     "prog_pool_ipc.py",  # a pool and its pointer exported to a child process (file descriptor, 64 bytes)
