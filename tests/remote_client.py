@@ -1147,6 +1147,26 @@ def scenario_device_assert():
         say("kernel_after_reset", rc == 0 and set(memoryview(data).cast("I")) == {8})
 
 
+def scenario_spoiled_exit():
+    """Allocate (a window's worth and a large one), then assert in a kernel and leave without freeing."""
+    setup()
+    for size in (4096, 8 * MiB):
+        check(alloc(size)[0], "alloc")
+    module, trap = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// host-executor module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(trap), module, b"assert_fail"), "assert_fail")
+    check(cu.cuLaunchKernel(trap, 1, 1, 1, 1, 1, 1, 0, c_u64(0), None, None), "launch")
+    say("sync", cu.cuCtxSynchronize())
+
+
+def scenario_spoiled_exit_after():
+    """The partition's memory, all free again after a process left with a spoiled context."""
+    setup()
+    free, total = c_u64(), c_u64()
+    check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "mem info")
+    say("free_is_total", free.value == total.value)
+
+
 def scenario_primary_holder():
     """Sets its primary context's flags, retains it, and (after a line on stdin) shows its state again:
     another process's retains, flags, releases and reset do not touch it."""

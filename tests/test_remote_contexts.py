@@ -9,12 +9,15 @@ is confined to one of them or not).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 from remote_helpers import (
     CLIENT,
+    MiB,
     client_env,
     cuda_executor_worker,
     needs_cc,
@@ -24,6 +27,7 @@ from remote_helpers import (
     worker,
 )
 
+from server.workers import WorkerDevice, start_worker
 from virtualize.common._results import CUresult
 
 pytestmark = needs_cc
@@ -123,3 +127,42 @@ def test_primary_context_calls_answer_per_process_as_the_driver_does(shim_dir, l
         holder.wait(10)
     assert after["state_after_other"] == "4/1"
     assert after["copy_after_other"] == "0"
+
+
+@pytest.fixture
+def logged_worker(tmp_path):
+    """A host-executor worker whose log (its stderr) goes to a file the test reads."""
+    log = tmp_path / "worker.log"
+    saved = os.dup(2)
+    with log.open("wb") as out:
+        os.dup2(out.fileno(), 2)  # the worker inherits it
+        try:
+            handle = start_worker("test-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1", env={},
+                                  executor="host")  # fmt: skip
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+    handle.log = log
+    yield handle
+    handle.stop()
+
+
+def _log_until(log, text: str, timeout: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return log.read_text()
+
+
+def test_a_process_that_leaves_with_a_spoiled_context_gives_its_memory_back(shim_dir, logged_worker):
+    """A process whose context a device-side assert spoiled exits holding memory: the worker gives that
+    memory back all the same (with no context current: the spoiled one refuses the calls), without a
+    warning, and the partition is whole again for the next process."""
+    env = client_env(shim_dir, logged_worker)
+    out, _ = run_client("spoiled_exit", env)
+    assert out["sync"] == ASSERT
+    said = _log_until(logged_worker.log, "the client left behind")
+    assert "the client left behind" in said  # its allocations were given back ...
+    assert "could not" not in said  # ... every one of them
+    out, _ = run_client("spoiled_exit_after", env)
+    assert out["free_is_total"] == "True"

@@ -488,12 +488,12 @@ class Session:
         self.nccl_calls.close()  # its NCCL communicators, aborted before their contexts go
         self.green_calls.close()  # the green contexts it made
         self.context_calls.close()  # the contexts it created, and their memory
-        primary = self.context_calls.primary_context
+        exit_context = self.context_calls.exit_context
         left = [a for a in map(self.lease.allocations.get, self.owned) if a is not None]
         for a in left:
             try:
                 try:
-                    self.executor.set_context(primary(a.device))
+                    self.executor.set_context(exit_context(a.device))
                 except CudaError:
                     if a.window is None:
                         raise
@@ -504,6 +504,8 @@ class Session:
             except CudaError as exc:
                 log.warning("could not free 0x%x after the client left: %s", a.base, exc)
             self.lease.remove(a.base)
+        if self.context_calls.spoiled():  # mapped memory needs no context; a spoiled one refuses calls
+            self.executor.set_context(0)
         self._vm_close()
         self.array_calls.close()
         for base in list(self.pinned):

@@ -101,11 +101,13 @@ ATTRIBUTES = {
 # Kernels whose failure spoils their context for good (sticky errors), and what each fails with.
 STICKY_KERNELS = {"fault": CUresult.ILLEGAL_ADDRESS, "assert_fail": CUresult.ASSERT}
 # Calls that still answer in a context a sticky error spoiled, as the driver's do: device and driver
-# queries, the context's destruction (how a process recovers) and giving back address ranges and memory
-# (not a context's). Every other driver call and the worker's data-plane methods fail with the error.
+# queries, the context's destruction (how a process recovers), giving back memory handles and address
+# ranges (not a context's). Every other driver call and the worker's data-plane methods fail with the
+# error — unmapping memory too, the worst a driver may do there: the worker gives a spoiled process's
+# memory back with no context current (virtualize.server._guard_contexts.ContextCalls.exit_context).
 STICKY_FREE = frozenset({
-    "cuDriverGetVersion", "cuCtxDestroy", "cuMemUnmap", "cuMemRelease", "cuMemAddressFree", "set_context",
-    "unmap_memory", "release_addresses", "driver_lacks", "host_allocation_granularity", "migration_refusal",
+    "cuDriverGetVersion", "cuCtxDestroy", "cuMemRelease", "cuMemAddressFree", "set_context",
+    "release_addresses", "driver_lacks", "host_allocation_granularity", "migration_refusal",
     "migrate", "nccl_buffer", "nccl_stream",
 })  # fmt: skip
 STICKY_CHECKED_PREFIXES = (
@@ -117,6 +119,8 @@ STICKY_CHECKED_PREFIXES = (
     "capture_",
     "tensor_map",
     "gpLinkImage",
+    "map_memory",
+    "unmap_memory",
 )
 
 SM_MIN_PARTITION, SM_ALIGNMENT = 1, 1  # the modelled GPU's green-context partitions: any whole SM

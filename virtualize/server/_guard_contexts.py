@@ -24,6 +24,10 @@ from virtualize.server._guard_concern import Concern
 
 log = logging.getLogger("gpupool.worker")
 
+# CUresults a driver keeps for good in the context whose kernel met them (sticky): illegal address, launch
+# timeout, device-side assert, hardware stack error, illegal instruction, misaligned address, invalid
+# address space, invalid program counter, launch failure.
+STICKY_ERRORS = frozenset({700, 702, 710, 714, 715, 716, 717, 718, 719})
 # CUctx_flags a primary context takes: the scheduling policy (SPIN, YIELD, BLOCKING_SYNC, or AUTO: 0),
 # MAP_HOST, LMEM_RESIZE_TO_MAX, COREDUMP_ENABLE, USER_COREDUMP_ENABLE, SYNC_MEMOPS.
 SCHED_MASK, SCHED_POLICIES, PRIMARY_FLAGS = 0x07, frozenset({0, 1, 2, 4}), 0xFF
@@ -65,6 +69,7 @@ class ContextCalls(Concern):
         # current on the worker (it sends gpSetContext only when its own changes), so a new context that
         # the driver gives the same value is current again at once.
         self.destroyed_current = 0
+        self.spoiled_at_exit: dict[int, bool] = {}  # context -> whether a sticky error spoiled it
 
     def close(self) -> None:
         """The client is gone: the contexts it created go, and their memory with them."""
@@ -85,6 +90,27 @@ class ContextCalls(Concern):
             self.destroy_context(ctx)
         except CudaError as exc:
             log.warning("could not destroy context 0x%x after the client left: %s", ctx, exc)
+
+    def exit_context(self, dev: int) -> int:
+        """The context this process's memory of `dev` is given back in when it leaves: its primary
+        context, synchronised first, or none where a sticky error spoiled it (that context refuses the
+        calls; the memory of its address window is the worker's mappings, given back without one)."""
+        ctx = self.primary_context(dev)
+        if ctx and ctx not in self.spoiled_at_exit:
+            executor = self.session.executor
+            try:
+                executor.set_context(ctx)
+                executor.cuCtxSynchronize()
+                self.spoiled_at_exit[ctx] = False
+            except CudaError as exc:
+                self.spoiled_at_exit[ctx] = exc.code in STICKY_ERRORS
+                if self.spoiled_at_exit[ctx]:
+                    log.info("the client's context of device %d met a sticky error (%s)", dev, exc)
+        return 0 if self.spoiled_at_exit.get(ctx) else ctx
+
+    def spoiled(self) -> bool:
+        """Whether a sticky error spoiled one of this process's primary contexts (known at its exit)."""
+        return any(self.exit_context(dev) != self.primary_context(dev) for dev in self.primary)
 
     def primary_context(self, dev: int) -> int:
         """This process's primary context of `dev`, 0 while it has none."""
