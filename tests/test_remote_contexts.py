@@ -166,3 +166,24 @@ def test_a_process_that_leaves_with_a_spoiled_context_gives_its_memory_back(shim
     assert "could not" not in said  # ... every one of them
     out, _ = run_client("spoiled_exit_after", env)
     assert out["free_is_total"] == "True"
+
+
+def test_processes_with_contexts_of_their_own_still_share_memory_through_ipc_handles(shim_dir, lease_worker):
+    """An IPC memory handle and an IPC event handle of one process open in another process of the lease,
+    whose contexts are not the first one's: the importer sees the exporter's bytes and waits for its
+    event, and the exporter sees what the importer wrote."""
+    env = client_env(shim_dir, lease_worker)
+    exporter = subprocess.Popen([sys.executable, str(CLIENT), "ipc_export"], env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        handle = exporter.stdout.readline().split()[1]
+        event_handle = exporter.stdout.readline().split()[1]
+        out, _ = run_client("ipc_import", {**env, "IPC_HANDLE": handle, "IPC_EVENT_HANDLE": event_handle})
+        assert out["open"] == out["event_open"] == out["event_wait"] == "0"
+        assert out["sees_export"] == "True"
+        exporter.stdin.write("\n")
+        exporter.stdin.flush()
+        assert exporter.stdout.readline().split() == ["after_import", "abababab"]  # the importer's write
+    finally:
+        exporter.kill()
+        exporter.wait(10)
