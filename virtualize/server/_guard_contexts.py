@@ -43,7 +43,7 @@ class Primary:
 
 
 class ContextCalls(Concern):
-    """The current context of one connection, and the contexts it creates."""
+    """The current context of one connection, its process's primary contexts, and the contexts it creates."""
 
     CALLS: ClassVar[dict[str, str]] = {
         "gpSetContext": "set_context",
@@ -130,9 +130,12 @@ class ContextCalls(Concern):
         self.destroyed_current = 0
 
     def _primary(self, dev: int) -> Primary:
+        return self.primary.setdefault(self._device(dev), Primary())
+
+    def _device(self, dev: int) -> int:
         if not 0 <= dev < len(self.session.lease.limits):
             raise CudaError(CUresult.INVALID_DEVICE, "device ordinal")
-        return self.primary.setdefault(dev, Primary())
+        return dev
 
     def primary_ctx_retain(self, call: Call, ins: tuple):
         (dev,) = ins
@@ -203,9 +206,7 @@ class ContextCalls(Concern):
 
     def create(self, call: Call, ins: tuple):
         flags, dev = ins
-        if not 0 <= dev < len(self.session.lease.limits):
-            raise CudaError(CUresult.INVALID_DEVICE, "device ordinal")
-        ctx = self._made(self.session.executor.cuCtxCreate(flags, dev), dev)
+        ctx = self._made(self.session.executor.cuCtxCreate(flags, self._device(dev)), dev)
         self.created.add(ctx)
         return struct.pack("<Q", ctx), b""
 
