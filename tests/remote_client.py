@@ -1090,6 +1090,149 @@ def scenario_ipc_export():
     say("event_after_import", cu.cuEventQuery(event))  # the importer's destroy closed only its own
 
 
+def _add_one(buf, words):
+    """add_u32(buf, 1, words) on the legacy default stream, then a synchronise: both results."""
+    module, add = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// host-executor module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(add), module, b"add_u32"), "add_u32")
+    ptr, value, n = c_u64(buf), ctypes.c_uint(1), ctypes.c_uint(words)
+    params = (ctypes.c_void_p * 3)(*map(ctypes.addressof, (ptr, value, n)))
+    launched = cu.cuLaunchKernel(add, 1, 1, 1, words, 1, 1, 0, c_u64(0), params, None)
+    return launched, cu.cuCtxSynchronize()
+
+
+def scenario_context_holder():
+    """A process of the lease holding memory it filled while another process hits a sticky error: after
+    a line on stdin (when STICKY_WAIT is set) its memory is as it left it and its kernels run."""
+    ctx = setup()
+    say("ctx", ctx.value)
+    rc, buf = alloc(4096)
+    check(rc, "alloc")
+    pattern = bytes(range(256)) * 16
+    check(cu.cuMemcpyHtoD(c_u64(buf), pattern, c_u64(4096)), "fill")
+    say("ready", 1)
+    if os.environ.get("STICKY_WAIT"):
+        sys.stdin.readline()
+    rc, data = dtoh(buf, 4096)
+    say("memory_intact", rc == 0 and data == pattern)
+    say("add_one", " ".join(map(str, _add_one(buf, 1024))))
+    rc, data = dtoh(buf, 4096)
+    words = memoryview(pattern).cast("I")
+    say("kernel_ran", rc == 0 and list(memoryview(data).cast("I")) == [(w + 1) & 0xFFFFFFFF for w in words])
+
+
+def scenario_device_assert():
+    """A device-side assert: this process's context fails with CUDA_ERROR_ASSERT at every later call
+    (device queries still answer); the primary context's reset (cudaDeviceReset) and a new retain
+    recover, as on a GPU."""
+    ctx = setup()
+    say("ctx", ctx.value)
+    rc, buf = alloc(4096)
+    check(rc, "alloc")
+    module, trap = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// host-executor module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(trap), module, b"assert_fail"), "assert_fail")
+    say("assert_launch", cu.cuLaunchKernel(trap, 1, 1, 1, 1, 1, 1, 0, c_u64(0), None, None))
+    say("sync", cu.cuCtxSynchronize())
+    say("sync_again", cu.cuCtxSynchronize())
+    say("alloc_after", alloc(4096)[0])
+    say("copy_after", dtoh(buf, 16)[0])
+    say("launch_after", cu.cuLaunchKernel(trap, 1, 1, 1, 1, 1, 1, 0, c_u64(0), None, None))
+    count = ctypes.c_int()
+    say("device_count", f"{cu.cuDeviceGetCount(ctypes.byref(count))} {count.value}")
+    say("reset", cu.cuDevicePrimaryCtxReset(0))
+    fresh = c_u64()
+    check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(fresh), 0), "retain after reset")
+    check(cu.cuCtxSetCurrent(fresh), "set current after reset")
+    rc, again = alloc(4096)
+    say("alloc_after_reset", rc)
+    if rc == 0:
+        check(cu.cuMemsetD32(c_u64(again), 7, c_u64(1024)), "memset after reset")
+        say("add_one_after_reset", " ".join(map(str, _add_one(again, 1024))))
+        rc, data = dtoh(again, 4096)
+        say("kernel_after_reset", rc == 0 and set(memoryview(data).cast("I")) == {8})
+
+
+def scenario_spoiled_exit():
+    """Allocate (a window's worth and a large one), then assert in a kernel and leave without freeing."""
+    setup()
+    for size in (4096, 8 * MiB):
+        check(alloc(size)[0], "alloc")
+    module, trap = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// host-executor module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(trap), module, b"assert_fail"), "assert_fail")
+    check(cu.cuLaunchKernel(trap, 1, 1, 1, 1, 1, 1, 0, c_u64(0), None, None), "launch")
+    say("sync", cu.cuCtxSynchronize())
+
+
+def scenario_spoiled_exit_after():
+    """The partition's memory, all free again after a process left with a spoiled context."""
+    setup()
+    free, total = c_u64(), c_u64()
+    check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "mem info")
+    say("free_is_total", free.value == total.value)
+
+
+def scenario_primary_holder():
+    """Sets its primary context's flags, retains it, and (after a line on stdin) shows its state again:
+    another process's retains, flags, releases and reset do not touch it."""
+    check(cu.cuInit(0), "cuInit")
+    check(cu.cuDevicePrimaryCtxSetFlags(0, 4), "set flags")  # CU_CTX_SCHED_BLOCKING_SYNC
+    ctx = c_u64()
+    check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "retain")
+    check(cu.cuCtxSetCurrent(ctx), "set current")
+    rc, buf = alloc(4096)
+    check(rc, "alloc")
+    say("ctx", ctx.value)
+    say("state", _primary_state())
+    say("ready", 1)
+    sys.stdin.readline()
+    say("state_after_other", _primary_state())
+    say("copy_after_other", dtoh(buf, 4096)[0])
+
+
+def _primary_state():
+    flags, active = ctypes.c_uint(), ctypes.c_int()
+    rc = cu.cuDevicePrimaryCtxGetState(0, ctypes.byref(flags), ctypes.byref(active))
+    return f"{flags.value}/{active.value}" if rc == 0 else f"rc={rc}"
+
+
+def scenario_primary_other():
+    """The driver's primary-context calls in a second process of the lease: its own state, counts,
+    flags, and a release to zero or a reset that takes its context's memory with it."""
+    check(cu.cuInit(0), "cuInit")
+    say("state_before_retain", _primary_state())
+    ctx, again = c_u64(), c_u64()
+    check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "retain")
+    check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(again), 0), "retain twice")
+    say("ctx", ctx.value)
+    say("same_twice", ctx.value == again.value)
+    say("state_retained", _primary_state())
+    say("set_flags", cu.cuDevicePrimaryCtxSetFlags(0, 1))  # CU_CTX_SCHED_SPIN
+    say("bad_flags", cu.cuDevicePrimaryCtxSetFlags(0, 3))  # no such scheduling policy
+    say("state_flags", _primary_state())
+    check(cu.cuCtxSetCurrent(ctx), "set current")
+    rc, buf = alloc(4096)
+    check(rc, "alloc")
+    say("release_one", cu.cuDevicePrimaryCtxRelease(0))
+    say("state_still_retained", _primary_state())
+    say("copy_still", dtoh(buf, 16)[0])
+    say("release_last", cu.cuDevicePrimaryCtxRelease(0))
+    say("state_released", _primary_state())
+    say("release_unretained", cu.cuDevicePrimaryCtxRelease(0))
+    check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(again), 0), "retain after release")
+    check(cu.cuCtxSetCurrent(again), "set current after release")
+    say("memory_of_released_context", dtoh(buf, 16)[0])
+    rc, buf = alloc(4096)
+    check(rc, "alloc again")
+    say("reset", cu.cuDevicePrimaryCtxReset(0))
+    say("state_reset", _primary_state())
+    check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(again), 0), "retain after reset")
+    check(cu.cuCtxSetCurrent(again), "set current after reset")
+    say("memory_of_reset_context", dtoh(buf, 16)[0])
+    say("alloc_after_reset", alloc(4096)[0])
+
+
 def scenario_ipc_import():
     """Open the handle in IPC_HANDLE, check what the exporter wrote, overwrite it, close."""
     setup()
