@@ -44,23 +44,6 @@ def worker():
     handle.stop()
 
 
-@pytest.fixture
-def cuda_executor_worker(shim_dir):
-    """A worker with the real CUDA executor whose driver is the shim, pointed at a host worker."""
-    inner = start_worker("inner", [WorkerDevice(i, "", 64 * MiB) for i in range(2)], bind_host="127.0.0.1",
-                         env={}, executor="host")  # fmt: skip
-    answer = {"id": "inner", "worker": inner.answer()}
-    env = {**remote_env(answer, cache_root=shim_dir.parent / "cache"), "LD_LIBRARY_PATH": str(shim_dir)}
-    # The host executor's devices 1 and 0 (UUIDs 61.. and 60..), in that order, found by UUID.
-    devices = [
-        WorkerDevice(7, f"GPU-{b * 4}-{b * 2}-{b * 2}-{b * 2}-{b * 6}", 48 * MiB) for b in ("61", "60")
-    ]
-    handle = start_worker("outer", devices, bind_host="127.0.0.1", env=env, executor="cuda")
-    yield handle
-    handle.stop()
-    inner.stop()
-
-
 def client_env(shim_dir: Path, handle=None, **extra) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     if handle is not None:

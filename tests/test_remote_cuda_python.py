@@ -12,24 +12,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from remote_helpers import (
-    MiB,
-    client_env,
-    cuda_executor_worker,
-    expected_queries,
-    needs_cc,
-    parse,
-    run_client,
-    shim_dir,
-    worker,
-)
+from remote_helpers import MiB, client_env, expected_queries, needs_cc, parse, run_client, shim_dir, worker
 
 from server.workers import WorkerDevice, start_worker
+from virtualize.client.remote import remote_env
 
 pytest.importorskip("cuda.bindings.driver")
 pytest.importorskip("cuda.core")
 pytestmark = needs_cc
-__all__ = ["cuda_executor_worker", "shim_dir", "worker"]  # fixtures
+__all__ = ["shim_dir", "worker"]  # fixtures
 
 PROGRAMS = Path(__file__).with_name("remote_cuda_programs.py")
 
@@ -57,6 +48,23 @@ def test_a_cuda_bindings_program_runs_unmodified(shim_dir, worker, tmp_path):
 def test_a_cuda_core_program_runs_unmodified(shim_dir, worker, tmp_path):
     out = run_program("core", client_env(shim_dir, worker), tmp_path)
     assert out == {"device": "gpupool host executor 0 (tests only) 9", "added": "True"}
+
+
+@pytest.fixture
+def cuda_executor_worker(shim_dir):
+    """A worker with the real CUDA executor whose driver is the shim, pointed at a host worker."""
+    inner = start_worker("inner", [WorkerDevice(i, "", 64 * MiB) for i in range(2)], bind_host="127.0.0.1",
+                         env={}, executor="host")  # fmt: skip
+    answer = {"id": "inner", "worker": inner.answer()}
+    env = {**remote_env(answer, cache_root=shim_dir.parent / "cache"), "LD_LIBRARY_PATH": str(shim_dir)}
+    # The host executor's devices 1 and 0 (UUIDs 61.. and 60..), in that order, found by UUID.
+    devices = [
+        WorkerDevice(7, f"GPU-{b * 4}-{b * 2}-{b * 2}-{b * 2}-{b * 6}", 48 * MiB) for b in ("61", "60")
+    ]
+    handle = start_worker("outer", devices, bind_host="127.0.0.1", env=env, executor="cuda")
+    yield handle
+    handle.stop()
+    inner.stop()
 
 
 @pytest.mark.parametrize(

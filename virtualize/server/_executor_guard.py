@@ -128,7 +128,8 @@ class LeaseState:
     bases: list[int] = field(default_factory=list)
     handles: dict[str, set[int]] = field(default_factory=lambda: {t: set() for t in HANDLE_TYPES})
     children: dict[int, set[int]] = field(default_factory=dict)  # module/library -> functions/kernels
-    ctx_device: dict[int, int] = field(default_factory=dict)  # every context of the lease's processes
+    ctx_device: dict[int, int] = field(default_factory=dict)
+    primary_ctx: dict[int, int] = field(default_factory=dict)  # device -> its primary context
     # Green contexts (virtualize.server._guard_green): per kind ("devres", "resdesc", "greenctx"), each
     # object's device and SMs; device -> the lease's SM resource of it; green context -> its CUcontext.
     green: dict[str, dict] = field(default_factory=lambda: {"devres": {}, "resdesc": {}, "greenctx": {}})
@@ -492,12 +493,12 @@ class Session:
         self.green_calls.close()  # the green contexts it made
         self.endpoint_calls.close()  # its logical endpoints and ids, before the memory bound to them goes
         self.context_calls.close()  # the contexts it created, and their memory
-        exit_context = self.context_calls.exit_context
+        contexts = self.lease.primary_ctx
         left = [a for a in map(self.lease.allocations.get, self.owned) if a is not None]
         for a in left:
             try:
                 try:
-                    self.executor.set_context(exit_context(a.device))
+                    self.executor.set_context(contexts.get(a.device, 0))
                 except CudaError:
                     if a.window is None:
                         raise
@@ -508,8 +509,6 @@ class Session:
             except CudaError as exc:
                 log.warning("could not free 0x%x after the client left: %s", a.base, exc)
             self.lease.remove(a.base)
-        if self.context_calls.spoiled():  # mapped memory needs no context; a spoiled one refuses calls
-            self.executor.set_context(0)
         self._vm_close()
         self.array_calls.close()
         for base in list(self.pinned):
@@ -524,7 +523,6 @@ class Session:
             self.window.close()
         except CudaError as exc:
             log.warning("could not release the client's device address window: %s", exc)
-        self.context_calls.close_primary()  # its own primary contexts, last, as at a process's exit
         if left:
             log.info(
                 "freed %d allocation(s), %d bytes, the client left behind",
@@ -1040,7 +1038,7 @@ class Session:
             raise CudaError(INVALID_VALUE, f"0x{ptr:x} is not memory of this lease")
         if a.window is not None and attr in WINDOW_POINTER_ATTRIBUTES:
             value = {
-                POINTER_CONTEXT: a.ctx or self.context_calls.primary_context(a.device),
+                POINTER_CONTEXT: a.ctx or self.lease.primary_ctx.get(a.device, 0),
                 POINTER_SYNC_MEMOPS: a.sync_memops,
                 POINTER_DEVICE_ORDINAL: a.device,
                 POINTER_LEGACY_IPC: 1,

@@ -8,11 +8,8 @@ Kernels: any image loads, and a few built-in functions run on host memory —
 `fill_u32(u32 *ptr, u32 value, u32 n)`, `add_u32(u32 *ptr, u32 value, u32 n)`,
 `saxpy(f32 *x, f32 *y, f32 a, u32 n)`, `printf_u32(u32)` (prints "kernel says N" as a device printf
 would), `empty()`, `spin(ptr, u32)` (sleeps 10 ms, a stand-in for
-a long kernel), `sleep_ms(u32 ms)`, `fault()`, which fails the way a GPU kernel that
-touches a wild address does (CUDA_ERROR_ILLEGAL_ADDRESS, reported at the next synchronising call), and
-`assert_fail()`, a device-side assert (CUDA_ERROR_ASSERT). Both errors are sticky, as on a GPU: every
-later call in the context they ran in fails with them, while the process's other contexts, and other
-processes' contexts, work on (`STICKY_FREE` lists the calls that still answer).
+a long kernel), `sleep_ms(u32 ms)` and `fault()`, which fails the way a GPU kernel that
+touches a wild address does (CUDA_ERROR_ILLEGAL_ADDRESS, reported at the next synchronising call).
 A kernel that a PTX image declares (`.entry`) also loads, with its parameter layout read from the
 PTX, and runs as a no-op: programs that compile their own kernels (cuda.core, numba-cuda) go through
 their whole call sequence, though their results are not computed. Any other name is
@@ -23,7 +20,6 @@ from __future__ import annotations
 
 import bisect
 import ctypes
-import functools
 import itertools
 import mmap
 import os
@@ -71,7 +67,6 @@ HOST_KERNELS = {
     "add_u32": [(0, 8), (8, 4), (12, 4)],
     "bounded_add_u32": [(0, 8), (8, 4), (12, 4)],  # add_u32 under __launch_bounds__(128)
     "fault": [],
-    "assert_fail": [],  # a device-side assert (assert() in a kernel, torch._assert_async)
     "spin": [(0, 8), (8, 4)],  # stands for a long kernel: sleeps 10 ms
     "empty": [],
     "sleep_ms": [(0, 4)],  # occupies the worker for a while, like a long kernel behind a sync
@@ -107,31 +102,6 @@ ATTRIBUTES = {
     132: 1,  # MULTICAST_SUPPORTED
 }
 
-
-# Kernels whose failure spoils their context for good (sticky errors), and what each fails with.
-STICKY_KERNELS = {"fault": CUresult.ILLEGAL_ADDRESS, "assert_fail": CUresult.ASSERT}
-# Calls that still answer in a context a sticky error spoiled, as the driver's do: device and driver
-# queries, the context's destruction (how a process recovers), giving back memory handles and address
-# ranges (not a context's). Every other driver call and the worker's data-plane methods fail with the
-# error — unmapping memory too, the worst a driver may do there: the worker gives a spoiled process's
-# memory back with no context current (virtualize.server._guard_contexts.ContextCalls.exit_context).
-STICKY_FREE = frozenset({
-    "cuDriverGetVersion", "cuCtxDestroy", "cuMemRelease", "cuMemAddressFree", "set_context",
-    "release_addresses", "driver_lacks", "host_allocation_granularity", "migration_refusal",
-    "migrate", "nccl_buffer", "nccl_stream",
-})  # fmt: skip
-STICKY_CHECKED_PREFIXES = (
-    "cu",
-    "graph_",
-    "copy_",
-    "launch",
-    "memset",
-    "capture_",
-    "tensor_map",
-    "gpLinkImage",
-    "map_memory",
-    "unmap_memory",
-)
 
 SM_MIN_PARTITION, SM_ALIGNMENT = 1, 1  # the modelled GPU's green-context partitions: any whole SM
 
@@ -305,7 +275,6 @@ class HostExecutor(Executor):
         self.stream_green: dict[int, int] = {}
         self.local = threading.local()
         self.lock = threading.Lock()
-        self.sticky: dict[int, int] = {}  # context -> the sticky error a kernel of it met
 
     # -- helpers -------------------------------------------------------------------------------------
 
@@ -1099,12 +1068,8 @@ class HostExecutor(Executor):
         name = self.functions.get(func)
         if name is None:  # a function of a context a move left behind
             raise CudaError(INVALID_HANDLE, f"function 0x{func:x}")
-        if name in STICKY_KERNELS:  # the context is spoiled from here on, as a GPU's is
-            code = STICKY_KERNELS[name]
-            ctx = getattr(self.local, "ctx", 0)
-            if ctx:
-                self.sticky[ctx] = code
-            raise CudaError(code, f"the {name} kernel failed; its context is unusable from now on")
+        if name == "fault":
+            raise CudaError(CUresult.ILLEGAL_ADDRESS, "the fault kernel touched a wild address")
         if name == "spin":
             time.sleep(0.01)
             return
@@ -1276,7 +1241,6 @@ class HostExecutor(Executor):
     def cuCtxDestroy(self, ctx):
         if self.contexts.pop(ctx, None) is None:
             raise CudaError(CUresult.INVALID_CONTEXT, "context")
-        self.sticky.pop(ctx, None)  # the way out of a sticky error: a new context
 
     def cuDevicePrimaryCtxRelease(self, dev):
         gpu = self._gpu(dev)
@@ -2392,30 +2356,3 @@ class HostExecutor(Executor):
         if t0 is None or t1 is None:
             raise CudaError(CUresult.NOT_READY, "event not recorded")
         return (t1 - t0) * 1000.0
-
-
-def _failing_after_sticky(name: str, method: Callable) -> Callable:
-    @functools.wraps(method)
-    def checked(self, *args, **kwargs):
-        code = self.sticky.get(getattr(self.local, "ctx", 0)) if self.sticky else None
-        if code is not None:
-            raise CudaError(code, f"{name}: an earlier kernel of this context failed (a sticky error)")
-        return method(self, *args, **kwargs)
-
-    return checked
-
-
-def _check_sticky_errors() -> None:
-    """Every driver call and data-plane method, but those of STICKY_FREE and device queries, fails in a
-    context a sticky error spoiled: one rule, not a check written into each method."""
-    for name, method in list(vars(HostExecutor).items()):
-        if (
-            callable(method)
-            and name.startswith(STICKY_CHECKED_PREFIXES)
-            and not name.startswith("cuDevice")
-            and name not in STICKY_FREE
-        ):
-            setattr(HostExecutor, name, _failing_after_sticky(name, method))
-
-
-_check_sticky_errors()

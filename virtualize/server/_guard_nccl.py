@@ -520,7 +520,7 @@ class NcclCalls(Concern):
                     "aborting NCCL communicator rank %d of %d the client left behind", comm.rank, comm.nranks
                 )
                 try:
-                    self.session.executor.set_context(self.session.context_calls.primary_context(comm.device))
+                    self.session.executor.set_context(self.session.lease.primary_ctx.get(comm.device, 0))
                     self._lib().end("Abort", comm.real)
                 except (Refused, CudaError) as exc:
                     log.warning("could not abort an NCCL communicator the client left: %s", exc)

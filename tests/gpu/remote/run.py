@@ -4,8 +4,7 @@ For each program here (raw cuda.bindings, cuda.core, numba-cuda, kernel printf, 
 CuPy, PyTorch, and what issue 11 lists: several processes, contexts, the linker, IPC memory, pools and
 events, allocations of every size in the process's address window and under expandable segments,
 host callbacks, managed memory; issue 25: cooperative launches, cache configuration, enumeration,
-tensor maps, cuDNN's cooperative batch norm, CUDA arrays with textures and surfaces; a device-side
-assert in a subprocess, which spoils that process's context only) it runs the
+tensor maps, cuDNN's cooperative batch norm, CUDA arrays with textures and surfaces) it runs the
 program natively, then remotely — gpupool's libcuda.so.1 first on LD_LIBRARY_PATH, talking to a
 lease worker started with start_worker with the real CUDA executor — and diffs the two outputs.
 Then, remotely: the quota refusal, PyTorch's OOM at the partition, the ResNet-50 and GPT-2-style
@@ -61,7 +60,6 @@ PROGRAMS = [
     "prog_cupy.py",
     "prog_torch.py",
     "prog_torch_ipc.py",  # CUDA tensors between processes: IPC memory and event handles
-    "prog_torch_assert.py",  # a device-side assert in a subprocess: the parent's tensors and kernels go on
     "prog_big_copies.py",  # copies of tens of MiB both ways (with --encrypt: in pieces across connections)
     "prog_window.py",  # allocations of many sizes churned: contents kept, addresses reserved here
     "prog_pool_ipc.py",  # a pool and its pointer exported to a child process (file descriptor, 64 bytes)
