@@ -4,17 +4,11 @@
  * as NCCL's socket transport would: the unique id names rank 0's listening address, every other rank
  * connects to it, and rank 0 reduces and sends back (a star). Each connection and each collective is logged
  * to $GPUPOOL_STANDIN_NCCL_LOG with the process that made it, so the test can tell that workers, not
- * clients, talked to each other. Built by the test with the system's C compiler.
- *
- * A communicator configured non-blocking (config `blocking` 0, as the worker asks) is made in a thread of its
- * own: the call answers ncclInProgress and ncclCommGetAsyncError says when it is made. Its "device memory"
- * (ncclCommMemStats) is $GPUPOOL_STANDIN_NCCL_COMM_MIB once made, plus $GPUPOOL_STANDIN_NCCL_CONNECT_MIB from
- * its first all-reduce on (the connections NCCL makes at a first collective). */
+ * clients, talked to each other. Built by the test with the system's C compiler. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,20 +18,9 @@
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_RANKS 64
-enum { ok, cuda_error, system_error, internal_error, invalid_argument, invalid_usage, remote_error, in_progress };
+enum { ok, cuda_error, system_error, internal_error, invalid_argument, invalid_usage };
 typedef struct { char internal[128]; } unique_id;
-struct comm {
-    int nranks, rank, fds[MAX_RANKS];
-    int slot, port, state; /* state: ok, in_progress while its thread makes it, or the error it failed with */
-    char host[32];
-    uint64_t held;         /* the device memory it says it holds */
-    int connected;         /* its first all-reduce has run */
-};
-
-static uint64_t mib_env(const char *name) {
-    const char *value = getenv(name);
-    return value ? strtoull(value, NULL, 10) << 20 : 0;
-}
+struct comm { int nranks, rank, fds[MAX_RANKS]; };
 static const int element_bytes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
 static int roots[16]; /* listening sockets made by ncclGetUniqueId, by slot; 0: free */
 
@@ -103,67 +86,38 @@ EXPORT int ncclGetUniqueId(unique_id *id) {
     return ok;
 }
 
-/* The bootstrap: rank 0 accepts every other rank, each other rank connects to it. */
-static int join(struct comm *c) {
-    if (c->rank == 0) {
-        for (int i = 1; i < c->nranks; i++) {
-            int fd = accept(roots[c->slot], NULL, NULL), peer = -1;
-            if (fd < 0 || recv_all(fd, &peer, sizeof peer) || peer < 1 || peer >= c->nranks) return system_error;
+EXPORT int ncclCommInitRank(struct comm **out, int nranks, unique_id id, int rank) {
+    int slot, port;
+    char host[32];
+    if (nranks < 1 || nranks > MAX_RANKS || rank < 0 || rank >= nranks) return invalid_argument;
+    if (sscanf(id.internal, "standin %d %31s %d", &slot, host, &port) != 3) return invalid_argument;
+    struct comm *c = calloc(1, sizeof *c);
+    c->nranks = nranks, c->rank = rank;
+    if (rank == 0) {
+        if (slot < 0 || slot >= 16 || !roots[slot]) return invalid_usage; /* the id was made elsewhere */
+        for (int i = 1; i < nranks; i++) {
+            int fd = accept(roots[slot], NULL, NULL), peer = -1;
+            if (fd < 0 || recv_all(fd, &peer, sizeof peer) || peer < 1 || peer >= nranks) return system_error;
             c->fds[peer] = fd;
             logline("accepted", fd);
         }
-        close(roots[c->slot]);
-        roots[c->slot] = 0;
+        close(roots[slot]);
+        roots[slot] = 0;
     } else {
         int fd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)c->port)};
-        inet_pton(AF_INET, c->host, &a.sin_addr);
-        if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) || send_all(fd, &c->rank, sizeof c->rank))
-            return system_error;
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        inet_pton(AF_INET, host, &a.sin_addr);
+        if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) || send_all(fd, &rank, sizeof rank)) return system_error;
         c->fds[0] = fd;
         logline("connected", fd);
     }
-    c->held = mib_env("GPUPOOL_STANDIN_NCCL_COMM_MIB");
-    return ok;
-}
-
-static void *join_thread(void *arg) {
-    struct comm *c = arg;
-    int state = join(c);
-    __atomic_store_n(&c->state, state, __ATOMIC_RELEASE);
-    return NULL;
-}
-
-static int init(struct comm **out, int nranks, unique_id id, int rank, int blocking) {
-    if (nranks < 1 || nranks > MAX_RANKS || rank < 0 || rank >= nranks) return invalid_argument;
-    struct comm *c = calloc(1, sizeof *c);
-    c->nranks = nranks, c->rank = rank;
-    if (sscanf(id.internal, "standin %d %31s %d", &c->slot, c->host, &c->port) != 3) return invalid_argument;
-    if (rank == 0 && (c->slot < 0 || c->slot >= 16 || !roots[c->slot])) return invalid_usage; /* made elsewhere */
     *out = c;
-    if (blocking) return c->state = join(c);
-    pthread_t t;
-    c->state = in_progress;
-    if (pthread_create(&t, NULL, join_thread, c)) return system_error;
-    pthread_detach(t);
-    return in_progress;
-}
-
-EXPORT int ncclCommInitRank(struct comm **out, int nranks, unique_id id, int rank) {
-    return init(out, nranks, id, rank, 1);
-}
-
-/* ncclConfig_t begins with size_t size, unsigned magic, unsigned version, int blocking. */
-EXPORT int ncclCommInitRankConfig(struct comm **out, int nranks, unique_id id, int rank, void *config) {
-    int blocking = 1;
-    if (config) memcpy(&blocking, (char *)config + sizeof(size_t) + 2 * sizeof(unsigned), sizeof blocking);
-    return init(out, nranks, id, rank, blocking != 0);
-}
-
-EXPORT int ncclCommMemStats(struct comm *c, int stat, uint64_t *value) {
-    if (stat != 3) return invalid_argument; /* ncclStatGpuMemTotal only */
-    *value = __atomic_load_n(&c->state, __ATOMIC_ACQUIRE) == ok ? c->held : 0;
     return ok;
+}
+
+EXPORT int ncclCommInitRankConfig(struct comm **out, int nranks, unique_id id, int rank, void *config) {
+    (void)config;
+    return ncclCommInitRank(out, nranks, id, rank);
 }
 
 static void reduce(void *acc, const void *in, size_t count, int type, int op) {
@@ -199,7 +153,6 @@ EXPORT int ncclAllReduce(const void *send, void *recv, size_t count, int type, i
     } else if (send_all(c->fds[0], send, bytes) || recv_all(c->fds[0], recv, bytes)) {
         return system_error;
     }
-    if (!c->connected) c->connected = 1, c->held += mib_env("GPUPOOL_STANDIN_NCCL_CONNECT_MIB");
     char what[64];
     snprintf(what, sizeof what, "allreduce bytes=%zu", bytes);
     logline(what, c->fds[c->rank == 0 ? 1 : 0]);
@@ -229,14 +182,10 @@ static int end(struct comm *c) {
     return ok;
 }
 EXPORT int ncclCommDestroy(struct comm *c) { return end(c); }
-EXPORT int ncclCommAbort(struct comm *c) {
-    logline("aborted", -1);
-    if (__atomic_load_n(&c->state, __ATOMIC_ACQUIRE) == in_progress) return ok; /* its thread still joins: kept */
-    return end(c);
-}
+EXPORT int ncclCommAbort(struct comm *c) { logline("aborted", -1); return end(c); }
 EXPORT int ncclCommCount(struct comm *c, int *n) { *n = c->nranks; return ok; }
 EXPORT int ncclCommUserRank(struct comm *c, int *r) { *r = c->rank; return ok; }
-EXPORT int ncclCommGetAsyncError(struct comm *c, int *e) { *e = __atomic_load_n(&c->state, __ATOMIC_ACQUIRE); return ok; }
+EXPORT int ncclCommGetAsyncError(struct comm *c, int *e) { (void)c; *e = ok; return ok; }
 EXPORT int ncclGroupStart(void) { return ok; }
 EXPORT int ncclGroupEnd(void) { return ok; }
 EXPORT const char *ncclGetLastError(void *c) { (void)c; return "stand-in NCCL"; }

@@ -1157,9 +1157,7 @@ CALLS: tuple[Call, ...] = (
     # no reply; its error comes back with the next ncclCommGetAsyncError of that communicator.
     _c("gpNcclVersion", 0, "o_i32 nccl, o_i32 version", symbol="-"),
     _c("gpNcclGetUniqueId", 0, "o_i32 nccl, o_u32 size", symbol="-"),  # the id's bytes in the reply's bulk
-    # The unique id (128 bytes), then the config (NcclConfig in virtualize.server._guard_nccl) if any. An
-    # initialisation answers at once (ncclInProgress until NCCL has made it: gpNcclCommQuery's async_error
-    # says when); its reply's bulk, and gpNcclCommQuery's, is why the worker failed the communicator (text).
+    # The unique id (128 bytes), then the config (NcclConfig in virtualize.server._guard_nccl) if any.
     _c("gpNcclCommInitRank", 0, "o_i32 nccl, o_comm comm, i32 nranks, i32 rank, u32 has_config, bytes id_config",
        symbol="-"),
     _c("gpNcclCommSplit", 0, "o_i32 nccl, o_comm comm, comm parent, i32 color, i32 key, u32 has_config, bytes config",

@@ -12,19 +12,6 @@ buffers outside the lease's memory and streams that are not the lease's. A conne
 are aborted when it ends (the process is gone, as a crashed rank's are natively). Each call's NCCL result
 travels as its out `nccl`; an enqueued call (a collective, a group end) has no reply, and its error is
 kept: ncclCommGetAsyncError of its communicator (a group end's: of any) returns it from then on.
-
-Initialisation never blocks the connection: the worker asks NCCL for a non-blocking communicator
-(config `blocking` 0), answers at once (ncclInProgress), and the client library asks again
-(gpNcclCommQuery) until NCCL has made it, the process's connection free for its other threads between
-asks; a program that asked for a blocking communicator waits in its library, as it waits in NCCL
-natively. Calls NCCL leaves in progress on a communicator the program made blocking are waited for here.
-
-NCCL's own device memory (its buffers, its connections' FIFOs) is the lease's too: once a communicator
-is made, what NCCL says it holds (ncclCommMemStats) counts against the lease's partition of its device;
-one that does not fit is aborted and its initialisation fails with ncclUnhandledCudaError (what NCCL
-answers when the driver's allocation fails) and the reason. What NCCL adds later (connections made at a
-first collective) is counted after that call; past the partition the communicator keeps that error.
-Destroying or aborting the communicator gives its bytes back.
 """
 
 from __future__ import annotations
@@ -33,8 +20,6 @@ import ctypes
 import logging
 import secrets
 import struct
-import threading
-import time
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -50,7 +35,6 @@ from virtualize.server._nccl import (
     INVALID_USAGE,
     SUCCESS,
     SYSTEM_ERROR,
-    UNHANDLED_CUDA_ERROR,
     UNIQUE_ID_BYTES,
     NcclConfig,
     NcclUnavailable,
@@ -63,7 +47,6 @@ CONFIG_MAX_BYTES = CONFIG_HEAD.size + 2 * 256  # two NUL-terminated names of up 
 BUILTIN_OPS = 5  # ncclSum .. ncclAvg; ncclRedOpCreatePreMulSum makes the others, per communicator
 HOW_ENDED = ("Finalize", "Destroy", "Abort")  # gpNcclCommEnd's `how`
 SCALAR_HOST_IMMEDIATE = 1  # ncclScalarHostImmediate: the scalar's bytes cross in the call
-POLL_S = 0.001  # between two asks of NCCL whether a call it left in progress has finished
 
 
 class Refused(Exception):
@@ -85,45 +68,23 @@ class Communicator:
     error: int = SUCCESS  # the first error of a call enqueued on it (no reply carried it)
     ops: set[int] = field(default_factory=set)  # the reduction operators made for it
     registered: dict[int, int] = field(default_factory=dict)  # registration id -> NCCL's handle
-    blocking: bool = True  # as the program configured it: what NCCL leaves in progress is waited for here
-    made: bool = False  # NCCL has finished making it (and its memory is counted)
-    charged: int = 0  # bytes of the lease's partition NCCL holds for it
-    why: str = ""  # why the worker failed it, told to the program
-    lock: threading.Lock = field(default_factory=threading.Lock)  # its accounting, from any connection
-
-
-def new_config() -> NcclConfig:
-    """NCCL_CONFIG_INITIALIZER: every field unset, NCCL's defaults."""
-    config = NcclConfig()
-    config.size = ctypes.sizeof(NcclConfig)
-    config.magic = _nccl.API_MAGIC
-    result, version = NcclCalls._lib().version()
-    config.version = version if result == SUCCESS else 0
-    for name in CONFIG_INTS:
-        setattr(config, name, _nccl.CONFIG_UNDEF_INT)
-    return config
 
 
 def decode_config(data: bytes) -> NcclConfig:
     """The config the client sent: its ints (CONFIG_INTS' order), then its two names, NUL-terminated."""
     if len(data) < CONFIG_HEAD.size:
         raise Refused(INVALID_ARGUMENT, "the communicator's config is cut short")
-    config = new_config()
+    config = NcclConfig()
+    config.size = ctypes.sizeof(NcclConfig)
+    config.magic = _nccl.API_MAGIC
+    result, version = NcclCalls._lib().version()
+    config.version = version if result == SUCCESS else 0
     for name, value in zip(CONFIG_INTS, CONFIG_HEAD.unpack_from(data), strict=True):
         setattr(config, name, value)
     names = data[CONFIG_HEAD.size :].split(b"\0")
     for name, value in zip(CONFIG_STRINGS, names, strict=False):
         setattr(config, name, value or None)
     return config
-
-
-def non_blocking(config: NcclConfig | None) -> tuple[NcclConfig, bool]:
-    """The config NCCL is given, which makes it initialise without blocking the caller, and whether the
-    program asked for a blocking communicator (unset is blocking, NCCL's default)."""
-    config = config or new_config()
-    blocking = config.blocking != 0
-    config.blocking = 0
-    return config, blocking
 
 
 def element_counts(kind: str, count: int, nranks: int, me: int, root: int) -> tuple[int, int]:
@@ -188,13 +149,14 @@ class NcclCalls(Concern):
                 raise Refused(INVALID_ARGUMENT, "the unique id is cut short")
             if not 0 <= rank < nranks:
                 raise Refused(INVALID_ARGUMENT, f"rank {rank} of {nranks}")
-            config, blocking = non_blocking(decode_config(data[UNIQUE_ID_BYTES:]) if has_config else None)
+            config = decode_config(data[UNIQUE_ID_BYTES:]) if has_config else None
             device = self._device()
-            # Non-blocking: NCCL's bootstrap waits for the other ranks in NCCL's own thread, not this one.
-            result, real = self._lib().init_rank(nranks, rank, data[:UNIQUE_ID_BYTES], config)
-            return self._started(result, Communicator(real, nranks, rank, device, blocking=blocking))
+            lib = self._lib()
+            # Blocks this connection's thread until every rank's worker has joined (NCCL's bootstrap).
+            result, real = lib.init_rank(nranks, rank, data[:UNIQUE_ID_BYTES], config)
+            return result, self._keep(real, nranks, rank, device) if real else 0
 
-        return self._reply(call, run, with_bulk=True)
+        return self._reply(call, run)
 
     def split(self, call: Call, ins: tuple):
         parent_id, color, key, has_config = ins
@@ -202,21 +164,15 @@ class NcclCalls(Concern):
 
         def run():
             parent = self._comm(parent_id)
-            # No config: NCCL gives the new communicator its parent's, non-blocking here too.
             config = decode_config(data) if has_config else None
-            blocking = parent.blocking
-            if config is not None:
-                unset = config.blocking == _nccl.CONFIG_UNDEF_INT  # the parent's, as for no config
-                config, blocking = non_blocking(config)
-                blocking = parent.blocking if unset else blocking
             result, real = self._lib().split(parent.real, color, key, config)
             if not real:  # NCCL_SPLIT_NOCOLOR: no communicator for this rank
-                return (result, 0), b""
-            # Its size and rank are NCCL's to say once it is made; until then the parent's stand in.
-            comm = Communicator(real, parent.nranks, parent.rank, parent.device, blocking=blocking)
-            return self._started(result, comm)
+                return result, 0
+            count = self._lib().comm_int("Count", real)[1]
+            rank = self._lib().comm_int("UserRank", real)[1]
+            return result, self._keep(real, count, rank, parent.device)
 
-        return self._reply(call, run, with_bulk=True)
+        return self._reply(call, run)
 
     def end(self, call: Call, ins: tuple):
         comm_id, how = ins
@@ -224,14 +180,9 @@ class NcclCalls(Concern):
         def run():
             if how >= len(HOW_ENDED):
                 raise Refused(INVALID_ARGUMENT, f"no way {how} to end a communicator")
-            ending = HOW_ENDED[how]
-            comm = self._comm(comm_id, made=False)
-            while ending != "Abort" and not self._settle(comm):  # an abort may cut an initialisation short
-                time.sleep(POLL_S)
-            result = self._lib().end(ending, comm.real) if comm.real else SUCCESS
-            if result == _nccl.IN_PROGRESS and comm.blocking:  # a finalize still flushing
-                result = self._finish(comm)
-            if ending != "Finalize":
+            comm = self._comm(comm_id)
+            result = self._lib().end(HOW_ENDED[how], comm.real)
+            if HOW_ENDED[how] != "Finalize":
                 self._forget(comm_id)
             return (result,)
 
@@ -241,17 +192,12 @@ class NcclCalls(Concern):
         (comm_id,) = ins
 
         def run():
-            comm = self._comm(comm_id, made=False)
-            if not self._settle(comm):
-                return (SUCCESS, _nccl.IN_PROGRESS, comm.nranks, comm.device, comm.rank), b""
-            result, error = (
-                self._lib().comm_int("GetAsyncError", comm.real) if comm.real else (SUCCESS, SUCCESS)
-            )
+            comm = self._comm(comm_id)
+            result, error = self._lib().comm_int("GetAsyncError", comm.real)
             # An enqueued call's error stays, as NCCL's own asynchronous errors do: the communicator is broken.
-            values = (result, comm.error or self.error or error, comm.nranks, comm.device, comm.rank)
-            return values, comm.why.encode()  # the reply's bulk: why the worker failed it, if it did
+            return result, comm.error or self.error or error, comm.nranks, comm.device, comm.rank
 
-        return self._reply(call, run, with_bulk=True)
+        return self._reply(call, run)
 
     def premul_sum(self, call: Call, ins: tuple):
         scalar, datatype, residence, comm_id = ins
@@ -339,9 +285,6 @@ class NcclCalls(Concern):
                 "Scatter": (send_at, recv_at, c_count, datatype, peer, c_comm, c_stream),
             }[name]
             result = self._lib().collective(f"nccl{name}", *args)
-            if result == _nccl.IN_PROGRESS and comm.blocking:  # connecting its peers, in NCCL's thread
-                result = self._finish(comm)
-            self._recount(comm)  # a first collective may have connected the peers: NCCL's buffers grew
             if result not in (SUCCESS, _nccl.IN_PROGRESS):  # in progress: a non-blocking communicator's
                 raise Refused(result, f"nccl{name} returned {result}: {self._lib().last_error()}")
         except (Refused, CudaError) as exc:
@@ -354,11 +297,6 @@ class NcclCalls(Concern):
         (start,) = ins
         try:
             result = self._lib().group(bool(start))
-            if not start:  # the group's calls ran now: those left in progress, and what NCCL added
-                for comm in self._made_here():
-                    if result == _nccl.IN_PROGRESS and comm.blocking and comm.made and comm.real:
-                        self._finish(comm)
-                    self._recount(comm)
             if result not in (SUCCESS, _nccl.IN_PROGRESS):
                 raise Refused(result, f"ncclGroup{'Start' if start else 'End'} returned {result}")
         except Refused as exc:
@@ -384,138 +322,33 @@ class NcclCalls(Concern):
 
     # -- the lease's communicators ---------------------------------------------------------------------
 
-    def _keep(self, comm: Communicator) -> int:
+    def _keep(self, real: int, nranks: int, rank: int, device: int) -> int:
         ident = secrets.randbits(62) + 1  # never NCCL's pointer: the client holds an id of the lease's
         lease = self.session.lease
         with lease.lock:
-            lease.nccl_comms[ident] = comm
+            lease.nccl_comms[ident] = Communicator(real, nranks, rank, device)
             lease.handles["comm"].add(ident)
         self.made.add(ident)
         return ident
 
-    def _started(self, result: int, comm: Communicator):
-        """The answer to an initialisation NCCL has started: the communicator's id and ncclInProgress (the
-        client asks again until it is made), ncclSuccess where NCCL made it at once, or the failure, with
-        why, and no communicator."""
-        if result not in (SUCCESS, _nccl.IN_PROGRESS) or not comm.real:
-            if comm.real:
-                self._lib().end("Abort", comm.real)
-            return (result or _nccl.INTERNAL_ERROR, 0), b""
-        ident = self._keep(comm)
-        if not self._settle(comm):
-            return (_nccl.IN_PROGRESS, ident), b""
-        if comm.real and not comm.error:
-            return (SUCCESS, ident), b""
-        if comm.real:
-            self._lib().end("Abort", comm.real)
-        self._forget(ident)  # failed once made (or did not fit the partition): nothing of it is left
-        return (comm.error, 0), comm.why.encode()
-
-    def _comm(self, ident: int, *, made: bool = True) -> Communicator:
-        """The lease's communicator `ident`; `made`: one NCCL has finished making (waited for) and that the
-        worker did not fail."""
+    def _comm(self, ident: int) -> Communicator:
         comm = self.session.lease.nccl_comms.get(ident)
         if comm is None:
             raise Refused(INVALID_ARGUMENT, f"communicator 0x{ident:x} is not one of this lease's")
-        if made:
-            while not self._settle(comm):
-                time.sleep(POLL_S)
-            if not comm.real:
-                raise Refused(comm.error, comm.why or "the communicator was not made")
         return comm
-
-    def _made_here(self) -> list[Communicator]:
-        """The communicators this connection made."""
-        comms = (self.session.lease.nccl_comms.get(ident) for ident in list(self.made))
-        return [comm for comm in comms if comm is not None]
 
     def _forget(self, ident: int) -> None:
         lease = self.session.lease
         with lease.lock:
-            comm = lease.nccl_comms.pop(ident, None)
+            lease.nccl_comms.pop(ident, None)
             lease.handles["comm"].discard(ident)
-            if comm is not None:  # NCCL's memory for it is given back with it
-                lease.used[comm.device] -= comm.charged
-                comm.charged = 0
         self.made.discard(ident)
-
-    # -- NCCL's progress and its memory ----------------------------------------------------------------
-
-    def _settle(self, comm: Communicator) -> bool:
-        """Whether NCCL has finished making `comm` (asked without waiting). Once it has, what NCCL holds for
-        it is counted against the lease's partition; a communicator that does not fit is aborted, with
-        ncclUnhandledCudaError and why. A failed initialisation keeps NCCL's error."""
-        with comm.lock:
-            if comm.made:
-                return True
-            result, state = self._lib().comm_int("GetAsyncError", comm.real)
-            if result == SUCCESS and state == _nccl.IN_PROGRESS:
-                return False
-            comm.made = True
-            if result != SUCCESS or state != SUCCESS:
-                comm.error = comm.error or state or result
-                comm.why = comm.why or f"NCCL could not make the communicator: {self._lib().last_error()}"
-                return True
-            # Its size and rank as NCCL has them (a split's are NCCL's to choose).
-            comm.nranks = self._lib().comm_int("Count", comm.real)[1] or comm.nranks
-            comm.rank = self._lib().comm_int("UserRank", comm.real)[1]
-        self._recount(comm, refuse=True)
-        return True
-
-    def _recount(self, comm: Communicator, *, refuse: bool = False) -> None:
-        """Count what NCCL holds for `comm` now against the lease's partition. `refuse`: a communicator just
-        made that does not fit is aborted instead (its initialisation fails); later growth is counted
-        anyway (the memory is taken) and past the partition the communicator keeps an error."""
-        if not comm.real or not comm.made:
-            return
-        result, held = self._lib().memory(comm.real)
-        if result != SUCCESS:
-            self._uncounted()
-            return
-        lease, device = self.session.lease, comm.device
-        with comm.lock, lease.lock:
-            grown = held - comm.charged
-            limit, used = lease.limits[device], lease.used[device]
-            over = grown > 0 and used + grown > limit
-            if not (over and refuse):
-                lease.used[device] += grown
-                comm.charged = held
-        if not over:
-            return
-        comm.why = (
-            f"NCCL's buffers for the communicator ({held >> 20} MiB) do not fit the lease's partition of "
-            f"device {device} ({limit >> 20} MiB, {used >> 20} MiB in use): ask for a larger partition (-m/-p)"
-        )
-        comm.error = comm.error or UNHANDLED_CUDA_ERROR
-        log.warning("NCCL communicator rank %d of %d: %s", comm.rank, comm.nranks, comm.why)
-        if refuse:
-            self._lib().end("Abort", comm.real)
-            comm.real = 0
-
-    _said_uncounted: ClassVar[bool] = False
-
-    def _uncounted(self) -> None:
-        if not NcclCalls._said_uncounted:
-            NcclCalls._said_uncounted = True
-            log.warning(
-                "the server's NCCL (%s) cannot say what memory its communicators hold (ncclCommMemStats, "
-                "NCCL 2.29 and later): it is not counted against the leases' partitions",
-                self._lib().path,
-            )
-
-    def _finish(self, comm: Communicator) -> int:
-        """Wait until NCCL has finished what it left in progress on `comm`; its result."""
-        while True:
-            result, state = self._lib().comm_int("GetAsyncError", comm.real)
-            if result != SUCCESS or state != _nccl.IN_PROGRESS:
-                return result or state
-            time.sleep(POLL_S)
 
     def close(self) -> None:
         """The process is gone: its communicators are aborted (their peers see the rank leave)."""
         for ident in list(self.made):
             comm = self.session.lease.nccl_comms.get(ident)
-            if comm is not None and comm.real:
+            if comm is not None:
                 log.info(
                     "aborting NCCL communicator rank %d of %d the client left behind", comm.rank, comm.nranks
                 )

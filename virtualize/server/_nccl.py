@@ -28,7 +28,6 @@ CONFIG_UNDEF_INT = -(1 << 31)  # NCCL_CONFIG_UNDEF_INT
 # ncclResult_t
 SUCCESS, UNHANDLED_CUDA_ERROR, SYSTEM_ERROR, INTERNAL_ERROR, INVALID_ARGUMENT, INVALID_USAGE = range(6)
 REMOTE_ERROR, IN_PROGRESS, TIMEOUT = 6, 7, 8
-STAT_GPU_MEM_TOTAL = 3  # ncclStatGpuMemTotal: all device memory NCCL holds for a communicator (bytes)
 # Bytes per element of each ncclDataType_t (int8, uint8, int32, uint32, int64, uint64, half, float,
 # double, bfloat16, fp8 e4m3, fp8 e5m2).
 DATATYPE_BYTES = (1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1)
@@ -85,12 +84,12 @@ class Nccl:
         except OSError as exc:
             raise NcclUnavailable(f"cannot load the server's NCCL ({path}): {exc}") from exc
         self.path = path
-        self.missing: set[str] = set()  # functions asked for that the library lacks
+        self.missing: list[str] = []  # functions asked for that the library lacks
 
     def _fn(self, name: str):
         fn = getattr(self.lib, name, None)
         if fn is None:
-            self.missing.add(name)
+            self.missing.append(name)
             return None
         fn.restype = ctypes.c_int
         return fn
@@ -130,14 +129,6 @@ class Nccl:
         """ncclCommFinalize, ncclCommDestroy or ncclCommAbort (`how`)."""
         fn = self._fn(f"ncclComm{how}")
         return fn(ctypes.c_void_p(comm)) if fn else INVALID_USAGE
-
-    def memory(self, comm: int) -> tuple[int, int]:
-        """The device memory NCCL holds for `comm` (ncclCommMemStats, NCCL 2.29 and later), in bytes."""
-        out = ctypes.c_uint64(0)
-        fn = self._fn("ncclCommMemStats")
-        if fn is None:
-            return INVALID_USAGE, 0
-        return fn(ctypes.c_void_p(comm), STAT_GPU_MEM_TOTAL, ctypes.byref(out)), out.value
 
     def comm_int(self, what: str, comm: int) -> tuple[int, int]:
         """ncclCommGetAsyncError, ncclCommCount, ncclCommCuDevice or ncclCommUserRank (`what`)."""

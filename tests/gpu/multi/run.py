@@ -23,12 +23,6 @@ Steps (each bounded by a timeout, each PASS/FAIL/SKIP with why; the exit status 
              kernel has it, else tbf, rate only); the client beside server B, reaching server A across
              the link; DDP over NCCL (the workers' sockets across the link) and all_reduce busbw, against
              native ranks one in each namespace on the same link (needs root and iproute2)
-  ncclwait   NCCL forwarded to the worker (GPUPOOL_NCCL=forward, tests/nccl_one_process.py): a lease of two
-             GPUs, one thread of the process in ncclCommInitRank (rank 0 of 2) while another thread's CUDA
-             calls go on, then a third thread joins as rank 1; both ranks made inside one group from one
-             thread (one GPU each); and a one-GPU lease of 4 GiB where what the
-             server's NCCL holds for a communicator (ncclCommMemStats) shows in the partition's free memory,
-             crowds out an allocation, is given back at destroy, and a communicator without room is refused
   gpuattach  the DDP run as a user types it, through a real gpupool-server:
              `gpuattach run -n 2 -- python -m torch.distributed.run --nproc-per-node 2 prog_ddp.py`
 NCCL's transport lines (`... via P2P/CUMEM`, `via NET/Socket`) are shown for each run: what crosses
@@ -60,7 +54,7 @@ sys.path.insert(0, str(HERE.parents[1]))  # tests/: the shaped link between netw
 from _pool import installed, nvml_view_env, pool_server  # noqa: E402
 
 from server.workers import WorkerDevice, start_worker  # noqa: E402
-from virtualize.client.remote import fresh_shim, nccl_env, remote_env  # noqa: E402
+from virtualize.client.remote import fresh_shim, remote_env  # noqa: E402
 
 DEFAULT_TIMEOUT = 240  # seconds for one run (--timeout); a hung NCCL run costs this much
 STEP_TIMEOUT = DEFAULT_TIMEOUT
@@ -347,57 +341,13 @@ def link_step(work: Path, env: dict[str, str], two, nccl_bound: float) -> None:
                 shutil.copytree(debug_dir, OUT / "logs" / "nccl-link", dirs_exist_ok=True)
 
 
-def nccl_wait_step(lease, whole: list) -> None:
-    """NCCL forwarded to the worker, from one process: an initialisation that waits for its peers leaves the
-    process's connection to its other threads, and NCCL's memory counts against the lease's partition."""
-    if importlib.util.find_spec("virtualize.client._libgpupool_nccl") is None:
-        record("NCCL forwarded: init waits without holding the connection", "FAIL",
-               "libgpupool_nccl.so is not built here: python setup.py build_ext --inplace")  # fmt: skip
-        return
-    program = [sys.executable, str(ROOT / "tests" / "nccl_one_process.py")]
-
-    def forwarded(env: dict[str, str]) -> dict[str, str]:
-        return {**env, **nccl_env({**env, "GPUPOOL_NCCL": "forward"}, spread=False)}
-
-    rc, out, _, _ = run("ncclwait-threads", [*program, "threads"], forwarded(lease("nccl-threads", whole)))
-    lines = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
-    ok = rc == 0 and lines.get("cuda_during_init") == "ok" and lines.get("init_rc") == "0 0"
-    record("NCCL forwarded: a thread in ncclCommInitRank leaves the connection to the others", "PASS" if ok else "FAIL",
-           f"exit {rc}, CUDA beside init: {lines.get('cuda_during_init')}, init results {lines.get('init_rc')}")  # fmt: skip
-    rc, out, _, _ = run("ncclwait-group", [*program, "group"], forwarded(lease("nccl-group", whole)))
-    lines = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
-    ok = rc == 0 and lines.get("group_rc") == "0 0 0" and lines.get("group_counts") == "2 2"
-    record("NCCL forwarded: two GPUs' communicators made inside one group, from one thread", "PASS" if ok else "FAIL",
-           f"exit {rc}, results {lines.get('group_rc')}, sizes {lines.get('group_counts')}")  # fmt: skip
-    small = [type(whole[0])(whole[0].index, whole[0].uuid, 4 << 30)]
-    rc, out, _, _ = run("ncclwait-memory", [*program, "memory"], forwarded(lease("nccl-memory", small)))
-    lines = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
-    held = int(lines.get("init_bytes", "0"))
-    ok = (
-        rc == 0
-        and held > 0
-        and lines.get("alloc_beside_comm") == "2"
-        and lines.get("destroyed_bytes") == "0"
-        and lines.get("alloc_after_destroy") == "0"
-        and lines.get("crowded_init_rc") == "1"
-        and lines.get("crowded_left_bytes") == "0"
-        and lines.get("aborted_bytes") == "0"
-    )
-    record("NCCL forwarded: its memory counts against the partition, refused where it does not fit",
-           "PASS" if ok else "FAIL",
-           f"exit {rc}; held at init {held >> 10} KiB, after a first all-reduce "
-           f"{int(lines.get('connected_bytes', '0')) >> 10} KiB; beside it an allocation got "
-           f"{lines.get('alloc_beside_comm')}; crowded init {lines.get('crowded_init_rc')}; non-blocking "
-           f"{lines.get('nonblocking')}")  # fmt: skip
-
-
 def main() -> int:
     global STEP_TIMEOUT
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--only",
         nargs="*",
-        help="run only these steps (vmm ddp allreduce tp halves ncclwait gpuattach servers spread link)",
+        help="run only these steps (vmm ddp allreduce tp halves gpuattach servers spread link)",
     )
     parser.add_argument(
         "--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds for one run (default 240)"
@@ -499,11 +449,6 @@ def main() -> int:
                 for i in range(2)])  # fmt: skip
             for i, r in enumerate(pair):
                 compare_losses(f"half of GPU 0, process {i} beside the other", native_one, r)
-        if selected("ncclwait"):
-            say(
-                "\n=== ncclwait: NCCL forwarded to the worker, init beside other threads, NCCL's memory in the partition"
-            )
-            nccl_wait_step(lease, whole)
         if selected("gpuattach"):
             say("\n=== gpuattach: a real gpupool-server, gpuattach run -n 2 -- torchrun ...")
             if not all(installed()):

@@ -9,11 +9,7 @@
  *
  * A collective, a group start or end and an operator's destruction are enqueued like a launch (no reply:
  * in order with the process's CUDA calls, on the same connection); their errors come back with the next
- * ncclCommGetAsyncError. The calls that answer something wait for the worker. An initialisation does not
- * hold the connection while the ranks meet: the worker answers at once (NCCL makes the communicator in its
- * own thread) and, for a program that asked for a blocking communicator, this library asks again until it is
- * made (inside a group: at the group's end), the connection free for the process's other threads between
- * asks. A non-blocking program gets ncclInProgress and asks itself (ncclCommGetAsyncError). A communicator is the
+ * ncclCommGetAsyncError. The calls that answer something wait for the worker. A communicator is the
  * worker's id of one the lease made; one this process did not make is refused here
  * (ncclInvalidArgument) and again by the worker. ncclMemAlloc / ncclMemFree are the lease's cuMemAlloc /
  * cuMemFree. Every other name (nccl_stubs_gen.h, from nccl_symbols.txt) answers ncclInvalidUsage and says so
@@ -30,7 +26,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "../shim/shim.h" /* the call table's ids and wire structs (calls_gen_types.h) */
 
@@ -115,45 +110,27 @@ static ncclResult_t call(uint32_t id, int wants_reply, const void *in, uint32_t 
     return result;
 }
 
-/* Why the worker failed a communicator (the reply's bulk of gpNcclCommQuery and of an initialisation): kept
- * as ncclGetLastError's answer, and said on stderr where `what` names the call that fails with it. */
-static void worker_said(const char *why, const char *what) {
-    if (!why[0]) return;
-    if (what) say("%s: %s", what, why);
-    else snprintf(last_error, sizeof last_error, "%s", why);
-}
-
 /* ---- the communicators this process made (ids of the worker's) --------------------------------------- */
 static pthread_mutex_t comms_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct made_comm { uint64_t id; int blocking; } *comms; /* blocking: as the program configured it */
+static uint64_t *comms;
 static size_t n_comms, cap_comms;
 
-static void comm_add(uint64_t id, int blocking) {
+static void comm_add(uint64_t id) {
     pthread_mutex_lock(&comms_lock);
     if (n_comms == cap_comms) {
         size_t cap = cap_comms ? 2 * cap_comms : 16;
-        struct made_comm *grown = realloc(comms, cap * sizeof *comms);
+        uint64_t *grown = realloc(comms, cap * sizeof *comms);
         if (grown) comms = grown, cap_comms = cap;
     }
-    if (n_comms < cap_comms) comms[n_comms++] = (struct made_comm){id, blocking};
+    if (n_comms < cap_comms) comms[n_comms++] = id;
     pthread_mutex_unlock(&comms_lock);
-}
-
-static int comm_blocking(const ncclComm_t comm) {
-    uint64_t id = (uint64_t)(uintptr_t)comm;
-    int blocking = 1;
-    pthread_mutex_lock(&comms_lock);
-    for (size_t i = 0; i < n_comms; i++)
-        if (comms[i].id == id) blocking = comms[i].blocking;
-    pthread_mutex_unlock(&comms_lock);
-    return blocking;
 }
 
 static int comm_known(const ncclComm_t comm, const char *what) {
     uint64_t id = (uint64_t)(uintptr_t)comm;
     int found = 0;
     pthread_mutex_lock(&comms_lock);
-    for (size_t i = 0; i < n_comms && !found; i++) found = comms[i].id == id;
+    for (size_t i = 0; i < n_comms && !found; i++) found = comms[i] == id;
     pthread_mutex_unlock(&comms_lock);
     if (!found) say("%s: communicator %p is not one this process made (or it was destroyed)", what, (void *)comm);
     return found;
@@ -163,7 +140,7 @@ static void comm_drop(const ncclComm_t comm) {
     uint64_t id = (uint64_t)(uintptr_t)comm;
     pthread_mutex_lock(&comms_lock);
     for (size_t i = 0; i < n_comms; i++)
-        if (comms[i].id == id) { comms[i] = comms[--n_comms]; break; }
+        if (comms[i] == id) { comms[i] = comms[--n_comms]; break; }
     pthread_mutex_unlock(&comms_lock);
 }
 
@@ -204,55 +181,6 @@ GP_EXPORT ncclResult_t ncclGetUniqueId(ncclUniqueId *unique_id) {
     struct gp_out_gpNcclGetUniqueId out = {0};
     return call(GP_CALL_gpNcclGetUniqueId, 1, NULL, 0, NULL, 0, &out, sizeof out, unique_id->internal,
                 NCCL_UNIQUE_ID_BYTES);
-}
-
-/* ---- initialisations: made in NCCL's thread in the worker, waited for here ------------------------------ */
-static __thread int group_depth;           /* this thread's ncclGroupStart less its ncclGroupEnd */
-static __thread uint64_t group_made[64];   /* blocking communicators started in the group: waited for at its end */
-static __thread int n_group_made;
-
-/* Asks the worker until NCCL has made communicator `id` (or failed it): NCCL's result for it. Each ask is one
- * call, so the process's other threads use the connection in between, as they use the GPU natively while
- * one thread waits in ncclCommInitRank. */
-static ncclResult_t wait_made(uint64_t id, const char *what) {
-    long pause_us = 50;
-    for (;;) {
-        struct gp_in_gpNcclCommQuery in = {.comm = id};
-        struct gp_out_gpNcclCommQuery out = {0};
-        char why[256] = {0};
-        ncclResult_t r = call(GP_CALL_gpNcclCommQuery, 1, &in, sizeof in, NULL, 0, &out, sizeof out, why, sizeof why - 1);
-        if (r != ncclSuccess) return r;
-        if (out.async_error != ncclInProgress) {
-            if (out.async_error != ncclSuccess) worker_said(why, what);
-            return out.async_error;
-        }
-        struct timespec pause = {0, pause_us * 1000};
-        nanosleep(&pause, NULL);
-        pause_us = pause_us < 1000 ? 2 * pause_us : 2000; /* an initialisation takes from milliseconds to seconds */
-    }
-}
-
-/* What an initialisation returns to the program: the worker answered `r` and communicator `id` (0: none). A
- * blocking one is waited for (inside a group: at its end, as NCCL makes it there); one that fails then is
- * aborted in the worker and the program gets no communicator, as from NCCL's blocking call. */
-static ncclResult_t started(ncclResult_t r, uint64_t id, int blocking, ncclComm_t *comm, const char *what) {
-    if (!id) return r;
-    comm_add(id, blocking);
-    *comm = (ncclComm_t)(uintptr_t)id;
-    if (!blocking || r != ncclInProgress) return r; /* non-blocking: the program asks ncclCommGetAsyncError */
-    if (group_depth > 0 && n_group_made < (int)(sizeof group_made / sizeof *group_made)) {
-        group_made[n_group_made++] = id;
-        return ncclSuccess;
-    }
-    r = wait_made(id, what);
-    if (r != ncclSuccess) {
-        struct gp_in_gpNcclCommEnd in = {.comm = id, .how = 2}; /* abort: the worker gives its memory back */
-        struct gp_out_gpNcclCommEnd out = {0};
-        call(GP_CALL_gpNcclCommEnd, 1, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
-        comm_drop(*comm);
-        *comm = NULL;
-    }
-    return r;
 }
 
 /* The config's ints (GP_NCCL_CONFIG_INTS' order; unset where the program's struct is too small to hold one),
@@ -299,10 +227,12 @@ static ncclResult_t init_rank(ncclComm_t *comm, int nranks, const ncclUniqueId *
     if (config) len += config_bytes(config, bulk + len, sizeof bulk - len);
     struct gp_in_gpNcclCommInitRank in = {.nranks = nranks, .rank = rank, .has_config = config != NULL};
     struct gp_out_gpNcclCommInitRank out = {0};
-    char why[256] = {0};
-    ncclResult_t r = call(GP_CALL_gpNcclCommInitRank, 1, &in, sizeof in, bulk, len, &out, sizeof out, why, sizeof why - 1);
-    worker_said(why, "ncclCommInitRank");
-    return started(r, out.comm, !config || config->blocking != 0, comm, "ncclCommInitRank");
+    ncclResult_t r = call(GP_CALL_gpNcclCommInitRank, 1, &in, sizeof in, bulk, len, &out, sizeof out, NULL, 0);
+    if (out.comm) {
+        comm_add(out.comm);
+        *comm = (ncclComm_t)(uintptr_t)out.comm;
+    }
+    return r;
 }
 
 GP_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
@@ -329,17 +259,17 @@ GP_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclCo
     if (!newcomm) return ncclInvalidArgument;
     *newcomm = NULL;
     if (!comm_known(comm, "ncclCommSplit") || !config_ok(config)) return ncclInvalidArgument;
-    char bulk[16 * sizeof(int32_t) + 2 * 256] = {0};
+    char bulk[16 * sizeof(int32_t) + 2 * 256];
     size_t len = config ? config_bytes(config, bulk, sizeof bulk) : 0;
     struct gp_in_gpNcclCommSplit in = {
         .parent = (uint64_t)(uintptr_t)comm, .color = color, .key = key, .has_config = config != NULL};
     struct gp_out_gpNcclCommSplit out = {0};
-    char why[256] = {0};
-    ncclResult_t r = call(GP_CALL_gpNcclCommSplit, 1, &in, sizeof in, bulk, len, &out, sizeof out, why, sizeof why - 1);
-    worker_said(why, "ncclCommSplit");
-    /* No config, or its `blocking` unset: the parent's, as NCCL gives it */
-    int blocking = !config || config->blocking == INT_MIN ? comm_blocking(comm) : config->blocking != 0;
-    return started(r, out.comm, blocking, newcomm, "ncclCommSplit");
+    ncclResult_t r = call(GP_CALL_gpNcclCommSplit, 1, &in, sizeof in, bulk, len, &out, sizeof out, NULL, 0);
+    if (out.comm) {
+        comm_add(out.comm);
+        *newcomm = (ncclComm_t)(uintptr_t)out.comm;
+    }
+    return r;
 }
 
 static ncclResult_t comm_end(ncclComm_t comm, uint32_t how, const char *what) {
@@ -359,10 +289,7 @@ GP_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) { return comm_end(comm, 2,
 static ncclResult_t query(const ncclComm_t comm, struct gp_out_gpNcclCommQuery *out, const char *what) {
     if (!comm_known(comm, what)) return ncclInvalidArgument;
     struct gp_in_gpNcclCommQuery in = {.comm = (uint64_t)(uintptr_t)comm};
-    char why[256] = {0};
-    ncclResult_t r = call(GP_CALL_gpNcclCommQuery, 1, &in, sizeof in, NULL, 0, out, sizeof *out, why, sizeof why - 1);
-    worker_said(why, NULL);
-    return r;
+    return call(GP_CALL_gpNcclCommQuery, 1, &in, sizeof in, NULL, 0, out, sizeof *out, NULL, 0);
 }
 
 GP_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async_error) {
@@ -448,23 +375,8 @@ static ncclResult_t group(uint32_t start) {
     struct gp_in_gpNcclGroup in = {.start = start};
     return call(GP_CALL_gpNcclGroup, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
 }
-GP_EXPORT ncclResult_t ncclGroupStart(void) {
-    group_depth++;
-    return group(1);
-}
-
-/* The outermost end makes the group's communicators: the blocking ones started in it are waited for here. */
-GP_EXPORT ncclResult_t ncclGroupEnd(void) {
-    ncclResult_t r = group(0);
-    if (group_depth > 0 && --group_depth == 0) {
-        for (int i = 0; i < n_group_made; i++) {
-            ncclResult_t made = wait_made(group_made[i], "ncclGroupEnd");
-            if (r == ncclSuccess) r = made;
-        }
-        n_group_made = 0;
-    }
-    return r;
-}
+GP_EXPORT ncclResult_t ncclGroupStart(void) { return group(1); }
+GP_EXPORT ncclResult_t ncclGroupEnd(void) { return group(0); }
 
 /* ---- reduction operators, registrations, memory ---------------------------------------------------------- */
 GP_EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,
