@@ -353,6 +353,16 @@ def test_copies_with_page_locked_and_registered_memory_are_captured_and_replayed
     }
 
 
+def test_async_copies_with_page_locked_memory_outside_a_capture_ask_the_worker_nothing(shim_dir, worker):
+    """Outside a capture an asynchronous copy with page-locked memory the worker does not share (a client
+    across hosts) stays one unanswered frame: the check a capture needs (is its stream capturing?) is made
+    only while one is open, so a data loader's pinned copies keep pipelining."""
+    env = client_env(shim_dir, worker, GPUPOOL_SHIM_SHARED_PINNED="0", GPUPOOL_SHIM_PROFILE="1")
+    out, err = run_client("pinned_async_copies", env)
+    assert out == {"landed": "True", "free": "0"}
+    assert "cuStreamIsCapturing" not in profile_rows(err)
+
+
 def test_the_virtual_memory_api_maps_memory_in_ranges_the_program_reserved(shim_dir, worker):
     """Reserve, create, map, grant access, use, undo, with the partition counting created memory; pinned
     host memory is not created remotely, but its granularity is answered (NCCL asks it first and falls

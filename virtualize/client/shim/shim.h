@@ -47,6 +47,8 @@ enum gp_handle_kind { GP_HANDLE_func = 1, GP_HANDLE_kernel, GP_HANDLE_module, GP
 uint64_t gp_memo_epoch(int group);
 /* Whether the program has called cuInit (before it, the driver's calls answer NOT_INITIALIZED). */
 int gp_initialized(void);
+/* Whether a stream capture this process began is still open (shim_memo.c). */
+int gp_capture_open(void);
 int gp_memo_get(uint32_t call, int group, int with_ctx, const void *in, uint32_t in_len, void *out, uint32_t out_len,
                 CUresult *result);
 void gp_memo_put(uint32_t call, int group, int with_ctx, uint64_t epoch, uint64_t subject, int32_t attrib,

@@ -20,7 +20,11 @@
 static void reach_if_captured(const void *host, uint64_t count, uint64_t stream) {
     uint64_t base, dev;
     int32_t status = 0;
-    if (!page_locked(host, count) || pinned_shared(host, count, 0) || gp_mirror_device((uint64_t)host, &dev)) return;
+    /* no capture open: the common case costs no round trip (an async copy into page-locked memory
+     * across hosts is one unanswered frame, and must stay one) */
+    if (!gp_capture_open() || !page_locked(host, count) || pinned_shared(host, count, 0) ||
+        gp_mirror_device((uint64_t)host, &dev))
+        return;
     if (cuStreamIsCapturing(stream, &status) != CUDA_SUCCESS || status != 1) return; /* ACTIVE */
     if (gp_host_lookup((uint64_t)host, &base, NULL, NULL)) gp_host_reach((uint64_t)host, base, &dev);
 }

@@ -295,6 +295,10 @@ void gp_memo_changed(uint32_t call, CUresult result) {
     pthread_mutex_unlock(&memo_lock);
 }
 
+/* Whether a stream capture this process began is still open (a successful cuStreamBeginCapture* not yet
+ * ended): without one no stream of the process can be capturing, and nobody need ask the worker. */
+int gp_capture_open(void) { return __atomic_load_n(&memo_paused[GP_MEMO_capture], __ATOMIC_ACQUIRE) > 0; }
+
 /* A forked child talks to the worker on its own connection, with its own objects: nothing carries over. */
 void gp_memo_after_fork_in_child(void) {
     pthread_mutex_init(&memo_lock, NULL);
