@@ -216,6 +216,12 @@ class GreenCalls(Concern):
         groups, remaining = self.session.executor.sm_split(rid, nb_groups, flags, min_count, bool(count_only))
         if count_only:
             return call.out_struct.pack(remaining, 0, 0, 0, 0), b""
+        bulk = self._keep_split(source, groups, remaining)
+        return call.out_struct.pack(len(groups), *remaining), bulk
+
+    def _keep_split(self, source, groups, remaining) -> bytes:
+        """The resources a split made of `source` kept as the lease's (each group, and the remainder if
+        any); the groups' wire records."""
         bulk = b""
         with self.session.lease.lock:
             for g, sms, min_partition, alignment in groups:
@@ -225,7 +231,7 @@ class GreenCalls(Concern):
             r_id, r_sms, r_min, r_align = remaining
             if r_id:
                 self._keep("devres", r_id, Resource(source.device, r_sms, r_min, r_align))
-        return call.out_struct.pack(len(groups), r_id, r_sms, r_min, r_align), bulk
+        return bulk
 
     def split_structured(self, call: Call, ins: tuple):
         """cuDevSmResourceSplit (CUDA 13.1) of one of the lease's resources: no group asking for more SMs
@@ -245,16 +251,8 @@ class GreenCalls(Concern):
         groups, remaining, params = self.session.executor.sm_split_structured(
             rid, nb_groups, flags, raw, bool(want_groups)
         )
-        bulk = params
-        with self.session.lease.lock:
-            for g, sms, min_partition, alignment in groups:
-                resource = Resource(source.device, sms, min_partition, alignment)
-                self._keep("devres", g, resource)
-                bulk += resource.wire(g)
-            r_id, r_sms, r_min, r_align = remaining
-            if r_id:
-                self._keep("devres", r_id, Resource(source.device, r_sms, r_min, r_align))
-        return call.out_struct.pack(r_id, r_sms, r_min, r_align), bulk
+        bulk = params + self._keep_split(source, groups, remaining)
+        return call.out_struct.pack(*remaining), bulk
 
     def generate_desc(self, call: Call, ins: tuple):
         """A descriptor of the lease's resources of one device, together no more SMs than its share."""
