@@ -9,6 +9,7 @@
  * module images are measured before sending. */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -138,20 +139,35 @@ static int driver_lacks(const struct gp_proc *abi) {
     return 0;
 }
 
+/* A name the driver does not hand out at that version: with a status to fill the driver answers success and
+ * says why there (as the 580 driver does; measured against it by tests/gpu/remote/prog_proc_addresses.py). */
 static CUresult not_found(void **pfn, int *status, int why) {
     *pfn = NULL;
-    if (status) *status = why;
-    return CUDA_ERROR_NOT_FOUND;
+    if (!status) return CUDA_ERROR_NOT_FOUND;
+    *status = why;
+    return CUDA_SUCCESS;
 }
 
-/* As the GPU server's driver answers (name, version): for a name of the call table, the newest of its ABIs
- * up to `version` that the worker's driver has (one it lacks falls back to the one before, as a driver
- * without a newer ABI hands out its older one); none up to `version` is CU_GET_PROC_ADDRESS_VERSION_NOT_
- * SUFFICIENT, none the driver has CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND. Every other name is found, and
- * refuses when called (its census reason). */
+/* The worker's driver version (the lease's cuDriverGetVersion, kept after the first answer); 0 when it cannot
+ * be asked, and then no version is too new. */
+static int worker_driver_version(void) {
+    static _Atomic int known;
+    int32_t version = atomic_load(&known);
+    if (!version && cuDriverGetVersion(&version) == CUDA_SUCCESS && version > 0) atomic_store(&known, version);
+    return version > 0 ? version : 0;
+}
+
+/* As the GPU server's driver answers (name, version): a version newer than that driver is CUDA_ERROR_INVALID_
+ * VALUE, nothing filled in; for a name of the call table, the newest of its ABIs up to `version` that the
+ * worker's driver has (one it lacks falls back to the one before, as a driver without a newer ABI hands out
+ * its older one); none up to `version` is CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT, none the driver has
+ * CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND. Every other name is found, and refuses when called (its census
+ * reason). */
 GP_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, uint64_t flags, int *status) {
     (void)flags; /* per-thread default stream variants: the worker runs one thread per connection */
     if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
+    int driver = worker_driver_version();
+    if (driver && version > driver) return CUDA_ERROR_INVALID_VALUE;
     if (strcmp(symbol, "cuGetProcAddress") != 0 && lookup_abi(symbol, 1 << 30)) { /* a name of the table */
         const struct gp_proc *abi = lookup_abi(symbol, version);
         if (!abi) return not_found(pfn, status, 2); /* CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT */
