@@ -1557,12 +1557,13 @@ def test_each_name_and_version_is_found_or_not_as_the_servers_driver_answers_it(
     hands out its older one at the newer version (cuMulticastBindMem asked at 13.1 on a driver without
     its _v2); a name asked at a version older than the name is not found (VERSION_NOT_SUFFICIENT); a
     newer ABI the shim serves itself is found though the driver lacks it (CUDA 13.4's cuGraphAddNode_v3
-    on a 13.0 driver, sent as calls that driver has); a name wholly lacked is not found at any version."""
-    lacks = "cuMulticastBindMem@13010,cuGraphAddNode@13041,cuLogsCurrent"
+    on a 13.0 driver, sent as calls that driver has); a name wholly lacked is not found at any version
+    (SYMBOL_NOT_FOUND), one lacked only at its older ABI is VERSION_NOT_SUFFICIENT there."""
+    lacks = "cuMulticastBindMem@13010,cuGraphAddNode@13041,cuLogsCurrent,cuMulticastBindAddr@12010"
     asked = ["cuMulticastBindMem@12010", "cuMulticastBindMem@13010", "cuMulticastBindAddr@13010",
              "cuMulticastBindAddr@12010", "cuMemGetLocationInfo@13000", "cuMemGetLocationInfo@13041",
              "cuGraphAddNode@12030", "cuGraphAddNode@13041", "cuLogsCurrent@12080", "cuLogsCurrent@13000",
-             "cuGraphAddKernelNode@11000"]  # fmt: skip
+             "cuGraphAddKernelNode@11000", "cuLogsCurrent@11000"]  # fmt: skip
     found = probe_proc_addresses(shim_dir, lacks, asked)
     assert found["cuMulticastBindMem@13010"] == found["cuMulticastBindMem@12010"]  # the older ABI's function
     assert found["cuMulticastBindMem@13010"][:2] != (500, 0)
@@ -1573,7 +1574,15 @@ def test_each_name_and_version_is_found_or_not_as_the_servers_driver_answers_it(
     assert found["cuMemGetLocationInfo@13041"][0::2] == (0, 0)
     assert found["cuGraphAddNode@13041"][0::2] == (0, 0)
     assert found["cuGraphAddNode@13041"][1] != found["cuGraphAddNode@12030"][1]  # the shim's own _v3
-    assert found["cuLogsCurrent@12080"] == found["cuLogsCurrent@13000"] == (0, 0, 1)  # SYMBOL_NOT_FOUND
+    # a name the driver has no ABI of: SYMBOL_NOT_FOUND at any version, below its first one too (as the 580
+    # driver answers cuFuncGetParamCount at 12.9); one it has only newer ABIs of: VERSION_NOT_SUFFICIENT
+    assert (
+        found["cuLogsCurrent@12080"]
+        == found["cuLogsCurrent@13000"]
+        == found["cuLogsCurrent@11000"]
+        == (0, 0, 1)
+    )
+    assert found["cuMulticastBindAddr@12010"] == (0, 0, 2)
     # an older ABI the table does not forward is found, and refuses when called, as before
     assert found["cuGraphAddKernelNode@11000"][0::2] == (0, 0)
 

@@ -72,9 +72,7 @@ def render(lease: Lease, pids: Sequence[int] = (), real_nvml: Path | None = None
         if part.compute_capability:
             lines.append(f"compute_capability {part.compute_capability}")
         # NCCL reads NVLink from NVML: without these the lease's GPUs look joined by PCI alone.
-        for nv in part.nvlinks:
-            version = "" if nv.version is None else f" {nv.version}"
-            lines.append(f"nvlink {nv.link} {nv.remote_pci_bus_id}{version}")
+        lines += nvlink_lines(part.nvlinks)
         if part.sm_share is not None:
             lines.append(f"sm_share_percent {round(part.sm_share * 100)}")
         if usage and usage.util_gpu is not None:
@@ -86,6 +84,15 @@ def render(lease: Lease, pids: Sequence[int] = (), real_nvml: Path | None = None
         # What the lease holds, shown as the run's command's: the tools list it as the GPU's process.
         lines += [f"process {pid} {used}" for pid in pids[:1]]
     return "\n".join(lines) + "\n"
+
+
+def nvlink_lines(nvlinks) -> list[str]:
+    """The view's ``nvlink LINK REMOTE_BUS_ID [VERSION]`` lines of a GPU's active NVLinks (each with
+    ``link``, ``remote_pci_bus_id`` and ``version``, as the server's NVML read them)."""
+    return [
+        f"nvlink {nv.link} {nv.remote_pci_bus_id}" + ("" if nv.version is None else f" {nv.version}")
+        for nv in nvlinks
+    ]
 
 
 def write(path: Path, text: str) -> None:

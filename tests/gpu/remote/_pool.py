@@ -103,24 +103,48 @@ def nvml_view_env(name: str, devices, base_env: dict[str, str], work: Path) -> d
     from virtualize.client._nvml_view import HEADER
     from virtualize.client.remote import nvml_env
 
-    known = _gpu_identities()
+    static = _gpu_facts()
+    sensors = _gpu_identities()
     lines = [HEADER, f"lease {name}"]
     # As a pool server's lease answer carries it: torch's test suite reads nvidia-smi's driver version
     # (its green-context check), which was "N/A" under a view without it, and stopped collecting.
     driver = _driver_version()
     lines += [f"driver_version {driver}"] * bool(driver)
     for number, d in enumerate(devices):
-        bus_id, gpu_name, temperature, power = known.get(d.uuid, ("", "", "", ""))
+        _, _, temperature, power = sensors.get(d.uuid, ("", "", "", ""))
         lines += [f"device {number}", f"uuid {d.uuid}", f"host_index {d.index}",
                   f"memory_total {d.mem_limit_bytes}", "memory_used 0"]  # fmt: skip
-        # PyTorch's allocator looks the device up by its PCI bus id when memory runs out.
-        lines += [f"pci_bus_id {bus_id}"] * bool(bus_id) + [f"name {gpu_name}"] * bool(gpu_name)
+        # What the server reads of the GPU from NVML (server/_inventory.py), as its lease answer carries it:
+        # the PCI bus id (PyTorch's allocator looks the device up by it), the compute capability, and the
+        # NVLinks, from which NCCL builds its topology (without them it takes two NVLinked GPUs for PCI
+        # ones and picks its shared-memory transport over P2P).
+        lines += static.get(d.uuid, [])
         # The sensors as the pool server's lease answer carries them (torch.cuda.temperature() reads one).
         lines += [f"temperature_c {temperature}"] * temperature.isdigit()
         lines += [f"power_mw {round(float(power) * 1000)}"] * _number(power)
     view = work / f"{name}.nvml-view"
     view.write_text("\n".join(lines) + "\n")
     return nvml_env(view, base_env, cache_root=work / "cache")
+
+
+def _gpu_facts() -> dict[str, list[str]]:
+    """uuid -> the view's lines of what does not change (name, PCI bus id, compute capability, NVLinks), read
+    through NVML as a pool server reads them ({} without NVML)."""
+    from collector import NvmlUnavailable, read_inventory
+    from virtualize.client._nvml_view import nvlink_lines
+
+    try:
+        gpus = read_inventory()
+    except NvmlUnavailable:
+        return {}
+    facts = {}
+    for g in gpus:
+        cc = g.compute_capability
+        lines = [f"name {g.name}"] + [f"pci_bus_id {g.pci_bus_id}"] * bool(g.pci_bus_id)
+        lines += [f"compute_capability {cc[0]}.{cc[1]}"] * bool(cc and cc[0])
+        lines += nvlink_lines(g.nvlinks)
+        facts[g.uuid] = lines
+    return facts
 
 
 def _driver_version() -> str:

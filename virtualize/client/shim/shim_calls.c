@@ -139,6 +139,15 @@ static int driver_lacks(const struct gp_proc *abi) {
     return 0;
 }
 
+/* Whether the worker's driver has no ABI of the table's name at all (then no version finds it). */
+static int driver_lacks_name(const char *name) {
+    const struct gp_proc *abi = lookup_abi(name, 1 << 30);
+    for (; abi && strcmp(abi->name, name) == 0; abi = abi > gp_procs ? abi - 1 : NULL) {
+        if (!driver_lacks(abi)) return 0;
+    }
+    return 1;
+}
+
 /* A name the driver does not hand out at that version: with a status to fill the driver answers success and
  * says why there (as the 580 driver does; measured against it by tests/gpu/remote/prog_proc_addresses.py). */
 static CUresult not_found(void **pfn, int *status, int why) {
@@ -160,8 +169,8 @@ static int worker_driver_version(void) {
 /* As the GPU server's driver answers (name, version): a version newer than that driver is CUDA_ERROR_INVALID_
  * VALUE, nothing filled in; for a name of the call table, the newest of its ABIs up to `version` that the
  * worker's driver has (one it lacks falls back to the one before, as a driver without a newer ABI hands out
- * its older one); none up to `version` is CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT, none the driver has
- * CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND. Every other name is found, and refuses when called (its census
+ * its older one); a name the driver has no ABI of is CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND at any version,
+ * else none up to `version` is CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT. Every other name is found, and refuses when called (its census
  * reason). */
 GP_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, uint64_t flags, int *status) {
     (void)flags; /* per-thread default stream variants: the worker runs one thread per connection */
@@ -169,10 +178,10 @@ GP_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int versi
     int driver = worker_driver_version();
     if (driver && version > driver) return CUDA_ERROR_INVALID_VALUE;
     if (strcmp(symbol, "cuGetProcAddress") != 0 && lookup_abi(symbol, 1 << 30)) { /* a name of the table */
+        if (driver_lacks_name(symbol)) return not_found(pfn, status, 1); /* CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND */
         const struct gp_proc *abi = lookup_abi(symbol, version);
-        if (!abi) return not_found(pfn, status, 2); /* CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT */
         while (abi && driver_lacks(abi)) abi = abi > gp_procs && strcmp(abi[-1].name, symbol) == 0 ? abi - 1 : NULL;
-        if (!abi) return not_found(pfn, status, 1); /* CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND */
+        if (!abi) return not_found(pfn, status, 2); /* CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT */
         /* an ABI that is not forwarded refuses as its versioned symbol, never runs as another one */
         *pfn = abi->fn ? abi->fn : stub_for(abi->refused);
         if (status) *status = 0; /* CU_GET_PROC_ADDRESS_SUCCESS */
