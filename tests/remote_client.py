@@ -4527,5 +4527,76 @@ def scenario_green():
     say("finished", 1)
 
 
+def scenario_recapture():
+    """A stream captured into a graph (a fill kernel, a 32-bit memset), then recaptured into the same graph
+    with other values (cuStreamBeginRecaptureToGraph, CUDA 13.3): the program's callback is asked about
+    each changed node with both nodes' parameters as the driver gives them, and the graph runs the new
+    values; a recapture with no callback takes them; a callback that refuses, or work that is not the
+    graph's next node, fails the recapture."""
+    setup()
+    cu133 = Driver(13030)
+    fill = module_function(b"fill_u32")
+    rc, dev = alloc(256)
+    check(rc, "alloc")
+    stream, graph, exe, captured = c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+
+    def record(value, word):
+        args = [c_u64(dev), ctypes.c_uint32(value), ctypes.c_uint32(32)]
+        pointers = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in args])
+        launched = cu.cuLaunchKernel(fill, 1, 1, 1, 32, 1, 1, 0, stream, pointers, None)
+        return launched or cu.cuMemsetD32Async(c_u64(dev + 128), word, c_u64(32), stream)
+
+    def run():
+        check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, c_u64(0)), "instantiate")
+        check(cu.cuGraphLaunch(exe, stream), "launch graph")
+        check(cu.cuStreamSynchronize(stream), "sync")
+        check(cu.cuGraphExecDestroy(exe), "exec destroy")
+        raw = dtoh(dev, 256)[1]
+        return struct.unpack_from("<I", raw, 0)[0], struct.unpack_from("<I", raw, 128)[0]
+
+    asked = []
+    callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, c_u64, ctypes.c_void_p, ctypes.c_void_p,
+                                     ctypes.c_int)  # fmt: skip
+
+    def side(params):
+        kind = struct.unpack("<i", ctypes.string_at(params, 4))[0]
+        if kind == 0:  # a kernel node: its value argument through kernelParams
+            pointers = ctypes.c_void_p.from_address(params + 16 + 40).value
+            value_at = ctypes.c_void_p.from_address(pointers + 8).value
+            return f"kernel:{ctypes.c_uint32.from_address(value_at).value}"
+        value_at = params + 16 + 16  # CUDA_MEMSET_NODE_PARAMS' value
+        return f"memset:{ctypes.c_uint32.from_address(value_at).value}"
+
+    def on_change(data, node, original, recaptured, status):
+        asked.append(f"{side(original)}>{side(recaptured)}:{status}")
+        return data or 0  # the answer is the user data: 0 takes the change, anything else refuses it
+
+    keep = callback_type(on_change)
+    check(cu.cuStreamBeginCapture(stream, 2), "begin capture")  # relaxed
+    check(record(7, 5), "captured")
+    check(cu.cuStreamEndCapture(stream, ctypes.byref(graph)), "end capture")
+    say("captured", run())
+    say("begin", cu133.cuStreamBeginRecaptureToGraph(stream, 2, graph, keep, None))
+    check(record(9, 6), "recaptured")
+    say("end", cu.cuStreamEndCapture(stream, ctypes.byref(captured)))
+    say("same_graph", captured.value == graph.value)
+    say("asked", ",".join(asked))
+    say("recaptured", run())
+    say("no_callback", cu133.cuStreamBeginRecaptureToGraph(stream, 2, graph, None, None))
+    check(record(11, 8), "recaptured without a callback")
+    check(cu.cuStreamEndCapture(stream, ctypes.byref(captured)), "end")
+    say("taken", run())
+    check(cu133.cuStreamBeginRecaptureToGraph(stream, 2, graph, keep, ctypes.c_void_p(1)), "begin refusing")
+    record(12, 9)
+    say("refused", cu.cuStreamEndCapture(stream, ctypes.byref(captured)))
+    cu.cuStreamSynchronize(stream)  # the launch that failed was sent without waiting: its error, once
+    check(cu133.cuStreamBeginRecaptureToGraph(stream, 2, graph, keep, None), "begin other topology")
+    cu.cuMemsetD32Async(c_u64(dev + 128), 1, c_u64(32), stream)  # not the graph's first node, a kernel
+    say("other_topology", cu.cuStreamEndCapture(stream, ctypes.byref(captured)))
+    cu.cuStreamSynchronize(stream)
+    say("finished", 1)
+
+
 if __name__ == "__main__":
     globals()[f"scenario_{sys.argv[1]}"]()

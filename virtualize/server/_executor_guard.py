@@ -289,6 +289,25 @@ class HostCallbacks:
                 log.info("the client's callback connection is gone (%s); host functions are skipped", exc)
                 self.closed.set()
 
+    def ask(self, head: bytes, question: bytes) -> int:
+        """A recapture's question (`_wire.RECAPTURE_CALL`) for the program's callback: its CUresult, or
+        CUDA_ERROR_UNKNOWN where the connection is gone (the capture fails: no answer is none)."""
+        with self.lock:
+            self.deliveries.send_done()
+            if not self.send(
+                _wire.REPLY.pack(_wire.RECAPTURE_CALL, len(head), len(question)), head, question
+            ):
+                return CUresult.UNKNOWN
+            try:
+                _ident, result, _ = _wire.RECAPTURE_ANSWER.unpack(
+                    self.channel.read_exact(_wire.RECAPTURE_ANSWER.size)
+                )
+            except (OSError, ConnectionError, EOFError) as exc:
+                log.info("the client's callback connection is gone (%s); a recapture fails", exc)
+                self.closed.set()
+                return CUresult.UNKNOWN
+            return result
+
     def close(self) -> None:
         self.closed.set()
         self.deliveries.close()

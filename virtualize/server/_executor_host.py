@@ -29,7 +29,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from virtualize.common._calls import FORWARDED_LAUNCH_ATTRIBUTES
 from virtualize.common._results import CUresult
@@ -44,15 +44,23 @@ from virtualize.server._arrays import (
     resource_mapped,
 )
 from virtualize.server._executor import (
+    HOST_NODE,
     INVALID_HANDLE,
     INVALID_VALUE,
+    KERNEL_NODE,
+    KERNEL_NODE_PARAMS,
+    MEMSET_NODE,
+    MEMSET_NODE_PARAMS,
+    NODE_PARAMS_BYTES,
     NOT_FOUND,
+    RECAPTURE_ELIGIBLE,
     CopiedBytes,
     Copy3D,
     CopySide,
     CudaError,
     Executor,
     Launch,
+    RecapturedNode,
     StagedCopy,
     lacked_abis,
     linked_image,
@@ -167,6 +175,24 @@ class _Copied(CopiedBytes):
     """A copy done at once, its bytes where they lie: sent before the next call can change them."""
 
     transient = True
+
+
+@dataclass
+class _Recapture:
+    """A recapture in progress (cuStreamBeginRecaptureToGraph): the graph's nodes in order, how many the
+    captured work has taken, the program's callback, whether it failed."""
+
+    order: list[int]
+    on_mismatch: object
+    at: int = 0
+    failed: bool = False
+
+
+def _launch_key(launch: Launch | None):
+    """What a kernel node runs: the same function, shape and arguments are the same node's parameters."""
+    if launch is None:
+        return None
+    return launch.func, launch.grid, launch.block, launch.shared_mem, bytes(launch.params)
 
 
 class HostExecutor(Executor):
@@ -1017,6 +1043,9 @@ class HostExecutor(Executor):
         if capture is None:
             work()
             return
+        if isinstance(capture[2], _Recapture):
+            capture[1] = [self._recapture_node(capture, work, kind, described)]
+            return
         node = self._add_node(capture[0], capture[1], work)
         capture[1] = [node]  # the next captured work comes after it
         if kind:
@@ -1766,17 +1795,76 @@ class HostExecutor(Executor):
             raise CudaError(900, "the legacy stream cannot be captured")
         if stream in self.capturing:
             raise CudaError(INVALID_VALUE, "already capturing")
-        self.capturing[stream] = [self.cuGraphCreate(0), []]
+        self.capturing[stream] = [self.cuGraphCreate(0), [], None]
 
     def capture_to_graph(self, stream, graph, deps, mode):
         if stream in (0, 1, 2) or stream in self.capturing or graph not in self.graphs:
             raise CudaError(INVALID_VALUE, "cannot capture there")
-        self.capturing[stream] = [graph, list(deps)]
+        self.capturing[stream] = [graph, list(deps), None]
+
+    def recapture_to_graph(self, stream, mode, graph, on_mismatch, layout_of):
+        if stream in (0, 1, 2) or stream in self.capturing or graph not in self.graphs:
+            raise CudaError(INVALID_VALUE, "cannot recapture there")
+        self.capturing[stream] = [graph, [], _Recapture(list(self.node_order.get(graph, [])), on_mismatch)]
+
+    def _recapture_node(self, capture, work, kind, described) -> int:
+        """The graph's next node, taken by captured work of its type that follows the same nodes: its
+        parameters the recaptured ones where the program's callback (if any) agrees. Anything else fails
+        the recapture (CUDA_ERROR_GRAPH_RECAPTURE_FAILURE), and the capture with it."""
+        graph, after, recapture = capture
+        if recapture.failed:
+            raise CudaError(CUresult.STREAM_CAPTURE_INVALIDATED, "the recapture failed")
+        node = recapture.order[recapture.at] if recapture.at < len(recapture.order) else None
+        if node is None or self.node_types.get(node, 0) != kind or self._before(node) != set(after):
+            recapture.failed = True
+            raise CudaError(
+                CUresult.GRAPH_RECAPTURE_FAILURE, "the recaptured work is not the graph's next node"
+            )
+        recapture.at += 1
+        kept = {KERNEL_NODE: self.launches, 1: self.copies, MEMSET_NODE: self.memsets}.get(kind)
+        before = kept.get(node) if kept is not None else None
+        if kind == KERNEL_NODE and described is not None:
+            changed = _launch_key(before) != _launch_key(described)
+        else:
+            changed = kind != HOST_NODE and before != described
+        if changed and recapture.on_mismatch is not None:
+            sides = (self._node_params(kind, before), self._node_params(kind, described))
+            if recapture.on_mismatch(node, *sides, RECAPTURE_ELIGIBLE) != CUresult.SUCCESS:
+                recapture.failed = True
+                raise CudaError(CUresult.GRAPH_RECAPTURE_FAILURE, "the program's callback refused the change")
+        self.nodes[node] = (graph, work)
+        self.graphs[graph][self.node_order[graph].index(node)] = work
+        if kept is not None and described is not None:
+            kept[node] = described
+        return node
+
+    def _before(self, node) -> set[int]:
+        return {a for a, b in self.edges if b == node}
+
+    @staticmethod
+    def _node_params(kind: int, described) -> RecapturedNode:
+        """A node's CUgraphNodeParams as the driver writes it, from what this executor keeps of the node."""
+        raw = bytearray(NODE_PARAMS_BYTES)
+        struct.pack_into("<i", raw, 0, kind)
+        if kind == KERNEL_NODE and described is not None:
+            func, kern = (0, described.func) if described.is_kernel else (described.func, 0)
+            dims = (*described.grid, *described.block, described.shared_mem)
+            KERNEL_NODE_PARAMS.pack_into(raw, 16, func, *dims, 0, 0, kern, 0)
+            return RecapturedNode.of(raw, described.func, bytes(described.params))
+        if kind == MEMSET_NODE and described is not None:
+            MEMSET_NODE_PARAMS.pack_into(raw, 16, *described, 0)
+        return RecapturedNode.of(raw)
 
     def cuStreamEndCapture(self, stream):
         capture = self.capturing.pop(stream, None)
         if capture is None:
             raise CudaError(903, "not capturing")
+        if isinstance(capture[2], _Recapture) and (
+            capture[2].failed or capture[2].at != len(capture[2].order)
+        ):
+            raise CudaError(
+                CUresult.GRAPH_RECAPTURE_FAILURE, "the recapture did not make every node of the graph"
+            )
         return capture[0]
 
     def capture_info(self, stream):
