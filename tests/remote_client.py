@@ -2785,6 +2785,85 @@ def scenario_graph_memory():
     say("finished", 1)
 
 
+def scenario_graph_memory_loop():
+    """Graphs whose allocation (an allocation node, or cuMemAllocAsync during a capture) no free node frees,
+    made and destroyed in a loop: never launched, the allocation never lived and its graph's end gives
+    its bytes back; launched, it lives on after the graph (the driver frees only at a free) and counts
+    until the program frees it and the driver's reserve is trimmed. The partition's free memory stays
+    within one allocation of where it started, and all of it can be allocated after."""
+    setup()
+    fill = module_function(b"fill_u32")
+    access = AccessDesc(1, 0, 3)
+    size = 6 * MiB
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+
+    def free_bytes():
+        free, total = c_u64(), c_u64()
+        check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
+        return free.value
+
+    def filled_graph(i):
+        """A graph of an allocation node and a kernel node filling it: the graph and the address."""
+        graph, allocation, filled = c_u64(), c_u64(), c_u64()
+        check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
+        params = AllocNodeParams(PoolProps(1, 0, 1, 0), ctypes.addressof(access), 1, size, 0)
+        check(cu.cuGraphAddMemAllocNode(ctypes.byref(allocation), graph, None, c_u64(0), ctypes.byref(params)),
+              f"allocation node {i}")  # fmt: skip
+        args = [c_u64(params.dptr), ctypes.c_uint32(i), ctypes.c_uint32(64)]
+        pointers = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in args])
+        kernel = KernelNodeParams(fill.value, (ctypes.c_uint32 * 6)(1, 1, 1, 64, 1, 1), 0, 0,
+                                  ctypes.cast(pointers, ctypes.c_void_p))  # fmt: skip
+        check(cu.cuGraphAddKernelNode(ctypes.byref(filled), graph, ctypes.byref(allocation), c_u64(1),
+                                      ctypes.byref(kernel)), "kernel node")  # fmt: skip
+        return graph, params.dptr
+
+    def instantiated(graph, launch):
+        exe = c_u64()
+        check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, c_u64(0)), "instantiate")
+        if launch:
+            check(cu.cuGraphLaunch(exe, stream), "launch")
+            check(cu.cuStreamSynchronize(stream), "sync")
+        return exe
+
+    start = lowest = free_bytes()
+    for i in range(16):  # never launched: instantiated or not, the graph or its executable graph last
+        graph, _ = filled_graph(i)
+        exe = instantiated(graph, launch=False) if i % 2 else None
+        check(cu.cuGraphDestroy(graph), "destroy graph")
+        if exe is not None:
+            check(cu.cuGraphExecDestroy(exe), "destroy exec")
+        lowest = min(lowest, free_bytes())
+    say("never_launched_back", free_bytes() == start)
+    for i in range(16):  # captured: cuMemAllocAsync in a capture, the graph destroyed without a launch
+        graph, dptr = c_u64(), c_u64()
+        check(cu.cuStreamBeginCapture(stream, 2), "begin capture")
+        check(cu.cuMemAllocAsync(ctypes.byref(dptr), c_u64(size), stream), f"captured allocation {i}")
+        check(cu.cuMemsetD8Async(dptr, 1, c_u64(size), stream), "captured memset")
+        check(cu.cuStreamEndCapture(stream, ctypes.byref(graph)), "end capture")
+        check(cu.cuGraphDestroy(graph), "destroy captured graph")
+        lowest = min(lowest, free_bytes())
+    say("captured_back", free_bytes() == start)
+    live = []
+    for i in range(16):  # launched: live after its graph is gone, until the program frees it
+        graph, dptr = filled_graph(i)
+        exe = instantiated(graph, launch=True)
+        check(cu.cuGraphExecDestroy(exe), "destroy exec")
+        check(cu.cuGraphDestroy(graph), "destroy graph")
+        live.append(struct.unpack("<I", dtoh(dptr, 4)[1])[0] == i)
+        if i == 0:
+            say("live_still_counted", start - free_bytes() >= size)
+        check(cu.cuMemFree(c_u64(dptr)), "free the live allocation")
+        lowest = min(lowest, free_bytes())
+    say("live_usable", all(live))
+    say("bounded", start - lowest <= size)
+    check(cu.cuDeviceGraphMemTrim(0), "trim")
+    say("trimmed_back", free_bytes() == start)
+    rc, _ = alloc(start - MiB)
+    say("can_allocate", rc)
+    say("finished", 1)
+
+
 def scenario_notifications_and_unified_functions():
     """Asynchronous notifications registered for a device of the lease (and refused for another), then
     unregistered; the unified-function-pointer attribute and cuLibraryGetUnifiedFunction, refused."""

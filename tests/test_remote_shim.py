@@ -1605,3 +1605,17 @@ def test_a_recapture_is_not_found_where_the_servers_driver_lacks_it(shim_dir):
     having = probe_proc_addresses(shim_dir, "", asked)
     assert lacking[asked[0]][0] == 500 and lacking[asked[0]][2] == 1  # NOT_FOUND, SYMBOL_NOT_FOUND
     assert having[asked[0]][0] == 0 and having[asked[0]][1] != 0
+
+
+def test_graph_memory_no_free_node_frees_stays_within_the_partition_as_graphs_come_and_go(shim_dir, worker):
+    """A lease that makes and destroys graphs whose allocation no free node frees (allocation nodes and
+    captured cuMemAllocAsync), 16 of 6 MiB each in a 64 MiB partition: a never-launched one stops counting
+    when its graph and executable graph are gone; a launched one stays usable and counted after its graph
+    (as the driver keeps it) until the program frees it and a trim returns the driver's reserve; the free
+    memory never drops by more than one allocation, and the whole partition can be allocated after."""
+    out, err = run_client("graph_memory_loop", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert out["never_launched_back"] == out["captured_back"] == "True"
+    assert out["live_still_counted"] == out["live_usable"] == "True"
+    assert out["bounded"] == out["trimmed_back"] == "True"
+    assert out["can_allocate"] == "0"

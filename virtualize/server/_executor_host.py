@@ -268,12 +268,15 @@ class HostExecutor(Executor):
         self.launches: dict[int, Launch] = {}  # kernel node -> its launch
         self.memsets: dict[int, tuple] = {}  # memset node -> (dst, pitch, value, element size, width, height)
         # Graph memory: allocation node -> (device, size, address, access), free node -> the address it
-        # frees, and each device's graph memory now and at its high-water mark (cuDeviceGetGraphMemAttribute).
+        # frees; as the driver holds it: the allocations a launch made live and no free has freed, each
+        # device's reserve (the memory its graph allocations have had at once, reused by later ones, until
+        # a trim returns what no live allocation uses), and the high-water marks of both.
         self.mem_alloc_nodes: dict[int, tuple[int, int, int, list[tuple[int, int]]]] = {}
         self.mem_free_nodes: dict[int, int] = {}
         self.batch_ops: dict[int, tuple[bytes, int]] = {}  # batch memory-operation node -> (ops, flags)
-        self.graph_memory = [0] * self.n
-        self.graph_memory_high = [0] * self.n
+        self.graph_live: dict[int, int] = {}  # live graph allocation -> its allocation node
+        self.graph_reserved = [0] * self.n
+        self.graph_memory_high = [[0, 0] for _ in range(self.n)]  # per device: used, reserved
         self.disabled: dict[tuple[int, int], object] = {}  # (graph exec, node) switched off -> its work
         self.exec_flags: dict[int, int] = {}  # graph exec -> the flags it was instantiated with
         self.graphs: dict[int, list] = {}  # graph or executable graph -> its work, in stream order
@@ -1351,10 +1354,18 @@ class HostExecutor(Executor):
         return self._alloc(size)
 
     def cuMemFree(self, dptr):
-        self._free(dptr)
+        self._free_any(dptr)
 
     def cuMemFreeAsync(self, dptr, stream):
-        self._free(dptr)
+        self._free_any(dptr)
+
+    def _free_any(self, dptr) -> None:
+        """Graph memory keeps its address for its allocation node (a launch makes it live again): a free
+        ends only the live allocation."""
+        if any(ptr == dptr for _, _, ptr, _ in self.mem_alloc_nodes.values()):
+            self.graph_live.pop(dptr, None)
+        else:
+            self._free(dptr)
 
     def cuMemBatchDecompressAsync(self, operations, flags, stream):
         """DEFLATE (raw, RFC 1951) decompressed in order on the stream, each actual size written; the other
@@ -1975,12 +1986,28 @@ class HostExecutor(Executor):
         for peer, _flags in access:
             self._device(peer)
         ptr = self._alloc(size, device)
-        node = self._add_node(graph, deps, lambda: None)
+        node = self._add_node(graph, deps, lambda: self._graph_allocated(node))
         self.node_types[node] = 10
         self.mem_alloc_nodes[node] = (device, size, ptr, list(access))
-        self.graph_memory[device] += size
-        self.graph_memory_high[device] = max(self.graph_memory_high[device], self.graph_memory[device])
         return node, ptr
+
+    def _graph_allocated(self, node) -> None:
+        """A launch reached an allocation node: its allocation is live, in the reserve (which grows only
+        where the live allocations outgrow it)."""
+        device, _size, ptr, _ = self.mem_alloc_nodes[node]
+        self.graph_live[ptr] = node
+        self.graph_reserved[device] = max(self.graph_reserved[device], self._graph_memory(device)[0])
+        high = self.graph_memory_high[device]
+        high[:] = map(max, high, self._graph_memory(device))
+
+    def _graph_memory(self, device) -> tuple[int, int]:
+        """The device's graph memory in use (live allocations) and reserved."""
+        used = sum(
+            self.mem_alloc_nodes[n][1]
+            for n in self.graph_live.values()
+            if self.mem_alloc_nodes[n][0] == device
+        )
+        return used, self.graph_reserved[device]
 
     def graph_mem_alloc_node_params(self, node):
         if node not in self.mem_alloc_nodes:
@@ -1991,7 +2018,7 @@ class HostExecutor(Executor):
     def graph_add_mem_free_node(self, graph, deps, ptr):
         if not any(p == ptr for _, _, p, _ in self.mem_alloc_nodes.values()):
             raise CudaError(INVALID_VALUE, "not graph memory")
-        node = self._add_node(graph, deps, lambda: None)
+        node = self._add_node(graph, deps, lambda: self.graph_live.pop(ptr, None))
         self.node_types[node] = 11
         self.mem_free_nodes[node] = ptr
         return node
@@ -2033,17 +2060,21 @@ class HostExecutor(Executor):
         return self.mem_free_nodes[node]
 
     def cuDeviceGraphMemTrim(self, dev):
-        self._device(dev)
+        """The reserve no live allocation uses returns (nothing here runs later: no launch is pending)."""
+        dev = self._device(dev)
+        self.graph_reserved[dev] = self._graph_memory(dev)[0]
 
     def cuDeviceGetGraphMemAttribute(self, dev, attr):
-        # CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, _HIGH, RESERVED_MEM_CURRENT, _HIGH: all of it is used here
-        current, high = self.graph_memory[self._device(dev)], self.graph_memory_high[dev]
-        return {0: current, 1: high, 2: current, 3: high}[_in_range(attr, range(4), "graph memory attribute")]
+        # CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, USED_MEM_HIGH, RESERVED_MEM_CURRENT, RESERVED_MEM_HIGH
+        (used, reserved), high = self._graph_memory(self._device(dev)), self.graph_memory_high[dev]
+        attr = _in_range(attr, range(4), "graph memory attribute")
+        return {0: used, 1: high[0], 2: reserved, 3: high[1]}[attr]
 
     def cuDeviceSetGraphMemAttribute(self, dev, attr, value):
         if attr not in (1, 3) or value != 0:  # only a high-water mark is set, and only back to 0
             raise CudaError(INVALID_VALUE, "only a graph memory high-water mark is reset, to 0")
-        self.graph_memory_high[self._device(dev)] = self.graph_memory[dev]
+        dev = self._device(dev)
+        self.graph_memory_high[dev][attr // 2] = self._graph_memory(dev)[attr // 2]
 
     def graph_add_host_node(self, graph, deps, fn):
         node = self._add_node(graph, deps, fn)

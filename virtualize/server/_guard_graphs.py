@@ -256,7 +256,8 @@ class GraphCalls(Concern):
         """A memory allocation node: graph memory of one of the lease's devices, which the lease's devices
         may be given access to. The driver places it when the node is added; from then its bytes count
         against the device's partition (refused with OUT_OF_MEMORY past it) and its addresses are the
-        lease's, until a free node or cuMemFree frees it."""
+        lease's, until a free node or cuMemFree frees it, or its graphs are all gone (from then the
+        driver's graph memory reserve counts what it still holds: virtualize.server._guard_graph_memory)."""
         self.session._check(call, ins)
         graph, alloc_type, handle_types, location_type, device, size, num_access, num_deps = ins
         if num_access > MAX_ACCESS_DESCS or not size or alloc_type != ALLOCATION_PINNED or handle_types:
@@ -277,7 +278,7 @@ class GraphCalls(Concern):
         node, ptr = self.session.charged(
             device, size, lambda: executor.graph_add_mem_alloc_node(graph, deps, device, size, access)
         )
-        self.session.own(ptr, size, device)
+        self.session.own(ptr, size, device, graph=graph)
         self._new_node(node, graph)
         return call.out_struct.pack(node, ptr), b""
 
