@@ -14,6 +14,7 @@ from virtualize.common._calls import Call
 from virtualize.common._results import CUresult
 from virtualize.server._executor import HOST_NODE, INVALID_VALUE, Copy3D, CudaError, Launch, RecapturedNode
 from virtualize.server._guard_concern import EMPTY, Concern
+from virtualize.server._guard_graph_memory import graph_reserve_read
 from virtualize.server._guard_rules import ACCESS_POLICY_WINDOW, STREAM_ATTRIBUTE_BYTES, padded_params
 
 MAX_DOT_BYTES = 64 << 20  # a graph's DOT description sent back (cuGraphDebugDotPrint)
@@ -275,6 +276,8 @@ class GraphCalls(Concern):
             access.append((self._lease_device(peer), flags))
         device = self._lease_device(device)
         executor = self.session.executor
+        if self.session.lease.has_graph_memory:  # the driver's reserve as it is now, reused by this node
+            graph_reserve_read(self.session.lease, executor, device)
         node, ptr = self.session.charged(
             device, size, lambda: executor.graph_add_mem_alloc_node(graph, deps, device, size, access)
         )
