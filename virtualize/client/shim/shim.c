@@ -1284,7 +1284,7 @@ static const unsigned char *recapture_side_read(struct recapture_side *side, con
     for (uint32_t i = 0; i < head.n_args; i++) {
         uint32_t offset;
         memcpy(&offset, p + 4ull * i, 4);
-        if (offset >= head.args_bytes) return NULL;
+        if (offset > head.args_bytes) return NULL; /* a parameter of no bytes may sit at the end */
         side->pointers[i] = side->args + offset;
     }
     int32_t type;
