@@ -2785,6 +2785,85 @@ def scenario_graph_memory():
     say("finished", 1)
 
 
+def scenario_graph_memory_loop():
+    """Graphs whose allocation (an allocation node, or cuMemAllocAsync during a capture) no free node frees,
+    made and destroyed in a loop: never launched, the allocation never lived and its graph's end gives
+    its bytes back; launched, it lives on after the graph (the driver frees only at a free) and counts
+    until the program frees it and the driver's reserve is trimmed. The partition's free memory stays
+    within one allocation of where it started, and all of it can be allocated after."""
+    setup()
+    fill = module_function(b"fill_u32")
+    access = AccessDesc(1, 0, 3)
+    size = 6 * MiB
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+
+    def free_bytes():
+        free, total = c_u64(), c_u64()
+        check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
+        return free.value
+
+    def filled_graph(i):
+        """A graph of an allocation node and a kernel node filling it: the graph and the address."""
+        graph, allocation, filled = c_u64(), c_u64(), c_u64()
+        check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
+        params = AllocNodeParams(PoolProps(1, 0, 1, 0), ctypes.addressof(access), 1, size, 0)
+        check(cu.cuGraphAddMemAllocNode(ctypes.byref(allocation), graph, None, c_u64(0), ctypes.byref(params)),
+              f"allocation node {i}")  # fmt: skip
+        args = [c_u64(params.dptr), ctypes.c_uint32(i), ctypes.c_uint32(64)]
+        pointers = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in args])
+        kernel = KernelNodeParams(fill.value, (ctypes.c_uint32 * 6)(1, 1, 1, 64, 1, 1), 0, 0,
+                                  ctypes.cast(pointers, ctypes.c_void_p))  # fmt: skip
+        check(cu.cuGraphAddKernelNode(ctypes.byref(filled), graph, ctypes.byref(allocation), c_u64(1),
+                                      ctypes.byref(kernel)), "kernel node")  # fmt: skip
+        return graph, params.dptr
+
+    def instantiated(graph, launch):
+        exe = c_u64()
+        check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, c_u64(0)), "instantiate")
+        if launch:
+            check(cu.cuGraphLaunch(exe, stream), "launch")
+            check(cu.cuStreamSynchronize(stream), "sync")
+        return exe
+
+    start = lowest = free_bytes()
+    for i in range(16):  # never launched: instantiated or not, the graph or its executable graph last
+        graph, _ = filled_graph(i)
+        exe = instantiated(graph, launch=False) if i % 2 else None
+        check(cu.cuGraphDestroy(graph), "destroy graph")
+        if exe is not None:
+            check(cu.cuGraphExecDestroy(exe), "destroy exec")
+        lowest = min(lowest, free_bytes())
+    say("never_launched_back", free_bytes() == start)
+    for i in range(16):  # captured: cuMemAllocAsync in a capture, the graph destroyed without a launch
+        graph, dptr = c_u64(), c_u64()
+        check(cu.cuStreamBeginCapture(stream, 2), "begin capture")
+        check(cu.cuMemAllocAsync(ctypes.byref(dptr), c_u64(size), stream), f"captured allocation {i}")
+        check(cu.cuMemsetD8Async(dptr, 1, c_u64(size), stream), "captured memset")
+        check(cu.cuStreamEndCapture(stream, ctypes.byref(graph)), "end capture")
+        check(cu.cuGraphDestroy(graph), "destroy captured graph")
+        lowest = min(lowest, free_bytes())
+    say("captured_back", free_bytes() == start)
+    live = []
+    for i in range(16):  # launched: live after its graph is gone, until the program frees it
+        graph, dptr = filled_graph(i)
+        exe = instantiated(graph, launch=True)
+        check(cu.cuGraphExecDestroy(exe), "destroy exec")
+        check(cu.cuGraphDestroy(graph), "destroy graph")
+        live.append(struct.unpack("<I", dtoh(dptr, 4)[1])[0] == i)
+        if i == 0:
+            say("live_still_counted", start - free_bytes() >= size)
+        check(cu.cuMemFree(c_u64(dptr)), "free the live allocation")
+        lowest = min(lowest, free_bytes())
+    say("live_usable", all(live))
+    say("bounded", start - lowest <= size)
+    check(cu.cuDeviceGraphMemTrim(0), "trim")
+    say("trimmed_back", free_bytes() == start)
+    rc, _ = alloc(start - MiB)
+    say("can_allocate", rc)
+    say("finished", 1)
+
+
 def scenario_notifications_and_unified_functions():
     """Asynchronous notifications registered for a device of the lease (and refused for another), then
     unregistered; the unified-function-pointer attribute and cuLibraryGetUnifiedFunction, refused."""
@@ -4524,6 +4603,77 @@ def scenario_green():
     check(cu.cuStreamDestroy(stream), "stream destroy")
     check(cu.cuGreenCtxDestroy(green), "green destroy")
     say("destroyed_twice", cu.cuGreenCtxDestroy(green))
+    say("finished", 1)
+
+
+def scenario_recapture():
+    """A stream captured into a graph (a fill kernel, a 32-bit memset), then recaptured into the same graph
+    with other values (cuStreamBeginRecaptureToGraph, CUDA 13.3): the program's callback is asked about
+    each changed node with both nodes' parameters as the driver gives them, and the graph runs the new
+    values; a recapture with no callback takes them; a callback that refuses, or work that is not the
+    graph's next node, fails the recapture."""
+    setup()
+    cu133 = Driver(13030)
+    fill = module_function(b"fill_u32")
+    rc, dev = alloc(256)
+    check(rc, "alloc")
+    stream, graph, exe, captured = c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+
+    def record(value, word):
+        args = [c_u64(dev), ctypes.c_uint32(value), ctypes.c_uint32(32)]
+        pointers = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in args])
+        launched = cu.cuLaunchKernel(fill, 1, 1, 1, 32, 1, 1, 0, stream, pointers, None)
+        return launched or cu.cuMemsetD32Async(c_u64(dev + 128), word, c_u64(32), stream)
+
+    def run():
+        check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, c_u64(0)), "instantiate")
+        check(cu.cuGraphLaunch(exe, stream), "launch graph")
+        check(cu.cuStreamSynchronize(stream), "sync")
+        check(cu.cuGraphExecDestroy(exe), "exec destroy")
+        raw = dtoh(dev, 256)[1]
+        return struct.unpack_from("<I", raw, 0)[0], struct.unpack_from("<I", raw, 128)[0]
+
+    asked = []
+    callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, c_u64, ctypes.c_void_p, ctypes.c_void_p,
+                                     ctypes.c_int)  # fmt: skip
+
+    def side(params):
+        kind = struct.unpack("<i", ctypes.string_at(params, 4))[0]
+        if kind == 0:  # a kernel node: its value argument through kernelParams
+            pointers = ctypes.c_void_p.from_address(params + 16 + 40).value
+            value_at = ctypes.c_void_p.from_address(pointers + 8).value
+            return f"kernel:{ctypes.c_uint32.from_address(value_at).value}"
+        value_at = params + 16 + 16  # CUDA_MEMSET_NODE_PARAMS' value
+        return f"memset:{ctypes.c_uint32.from_address(value_at).value}"
+
+    def on_change(data, node, original, recaptured, status):
+        asked.append(f"{side(original)}>{side(recaptured)}:{status}")
+        return data or 0  # the answer is the user data: 0 takes the change, anything else refuses it
+
+    keep = callback_type(on_change)
+    check(cu.cuStreamBeginCapture(stream, 2), "begin capture")  # relaxed
+    check(record(7, 5), "captured")
+    check(cu.cuStreamEndCapture(stream, ctypes.byref(graph)), "end capture")
+    say("captured", run())
+    say("begin", cu133.cuStreamBeginRecaptureToGraph(stream, 2, graph, keep, None))
+    check(record(9, 6), "recaptured")
+    say("end", cu.cuStreamEndCapture(stream, ctypes.byref(captured)))
+    say("same_graph", captured.value == graph.value)
+    say("asked", ",".join(asked))
+    say("recaptured", run())
+    say("no_callback", cu133.cuStreamBeginRecaptureToGraph(stream, 2, graph, None, None))
+    check(record(11, 8), "recaptured without a callback")
+    check(cu.cuStreamEndCapture(stream, ctypes.byref(captured)), "end")
+    say("taken", run())
+    check(cu133.cuStreamBeginRecaptureToGraph(stream, 2, graph, keep, ctypes.c_void_p(1)), "begin refusing")
+    record(12, 9)
+    say("refused", cu.cuStreamEndCapture(stream, ctypes.byref(captured)))
+    cu.cuStreamSynchronize(stream)  # the launch that failed was sent without waiting: its error, once
+    check(cu133.cuStreamBeginRecaptureToGraph(stream, 2, graph, keep, None), "begin other topology")
+    cu.cuMemsetD32Async(c_u64(dev + 128), 1, c_u64(32), stream)  # not the graph's first node, a kernel
+    say("other_topology", cu.cuStreamEndCapture(stream, ctypes.byref(captured)))
+    cu.cuStreamSynchronize(stream)
     say("finished", 1)
 
 

@@ -271,6 +271,32 @@ def test_the_gpu_machines_memory_calls_program_runs_here_on_the_host_executor(sh
     assert str(shim_dir) in proc.stderr  # it loaded the shim
 
 
+def test_the_gpu_machines_recapture_program_runs_here_on_the_host_executor(shim_dir, worker, tmp_path):
+    """tests/gpu/remote/prog_graph_recapture.py itself, through cuda.bindings: a recapture found (this
+    pretend driver has CUDA 13.3's call) asks the callback about the saxpy and memset values it changes
+    and the graph runs them, a refusal fails the recapture; graph allocations of a quarter of the 64 MiB
+    partition made and destroyed eight times, then launched, read and freed eight times, fit, and three
+    quarters of the partition can be allocated after."""
+    program = Path(__file__).parent / "gpu" / "remote" / "prog_graph_recapture.py"
+    proc = subprocess.run([sys.executable, str(program)], env=client_env(shim_dir, worker), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    for line in (
+        "cuGetProcAddress(cuStreamBeginRecaptureToGraph, 13030): CUDA_SUCCESS CU_GET_PROC_ADDRESS_SUCCESS",
+        "the same graph True callback asked ['kernel a=2.0 -> kernel a=3.0 (status 0)', "
+        "'memset value=5 -> memset value=6 (status 0)']",
+        "recaptured graph runs (3.0, 6)",
+        "taken (4.0, 7)",
+        "end of the refused recapture CUDA_ERROR_GRAPH_RECAPTURE_FAILURE",
+        "never-launched allocation nodes of a quarter of the memory made and destroyed 8",
+        "launched allocations read after their graphs [7, 7, 7, 7, 7, 7, 7, 7]",
+        "three quarters of the memory allocated after CUDA_SUCCESS",
+    ):
+        assert line in lines, proc.stdout
+    assert str(shim_dir) in proc.stderr  # it loaded the shim
+
+
 NATIVE_CALLS_LINES = [
     "chained copies to the host in place True",
     "copies from the host, kernels, back True",

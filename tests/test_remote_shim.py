@@ -1599,3 +1599,44 @@ def test_a_global_placed_over_an_unloaded_modules_global_is_the_programs_whole(s
         "copy_back": "0",
         "bytes_equal": "True",
     }
+
+
+def test_a_recapture_asks_the_programs_callback_about_each_changed_node_and_runs_its_values(shim_dir, worker):
+    """cuStreamBeginRecaptureToGraph (CUDA 13.3) is forwarded: recapturing a kernel and a memset with new
+    values into the same graph calls the program's callback, in the program, once per changed node with
+    both nodes' parameters (a kernel node's arguments readable through kernelParams), and the graph runs
+    the new values; with no callback the new values are taken; a callback answering an error, or captured
+    work that is not the graph's next node, fails the recapture (CUDA_ERROR_GRAPH_RECAPTURE_FAILURE)."""
+    out, err = run_client("recapture", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert out["captured"] == "(7, 5)"
+    assert out["begin"] == out["end"] == out["no_callback"] == "0"
+    assert out["same_graph"] == "True"
+    assert out["asked"] == "kernel:7>kernel:9:0,memset:5>memset:6:0"
+    assert out["recaptured"] == "(9, 6)"
+    assert out["taken"] == "(11, 8)"
+    assert out["refused"] == out["other_topology"] == "918"
+
+
+def test_a_recapture_is_not_found_where_the_servers_driver_lacks_it(shim_dir):
+    """On a GPU server whose driver is older than CUDA 13.3 (the 580 drivers are 13.0),
+    cuGetProcAddress("cuStreamBeginRecaptureToGraph") is not found in the client, as on the server."""
+    asked = ["cuStreamBeginRecaptureToGraph@13030"]
+    lacking = probe_proc_addresses(shim_dir, "cuStreamBeginRecaptureToGraph", asked)
+    having = probe_proc_addresses(shim_dir, "", asked)
+    assert lacking[asked[0]][0] == 500 and lacking[asked[0]][2] == 1  # NOT_FOUND, SYMBOL_NOT_FOUND
+    assert having[asked[0]][0] == 0 and having[asked[0]][1] != 0
+
+
+def test_graph_memory_no_free_node_frees_stays_within_the_partition_as_graphs_come_and_go(shim_dir, worker):
+    """A lease that makes and destroys graphs whose allocation no free node frees (allocation nodes and
+    captured cuMemAllocAsync), 16 of 6 MiB each in a 64 MiB partition: a never-launched one stops counting
+    when its graph and executable graph are gone; a launched one stays usable and counted after its graph
+    (as the driver keeps it) until the program frees it and a trim returns the driver's reserve; the free
+    memory never drops by more than one allocation, and the whole partition can be allocated after."""
+    out, err = run_client("graph_memory_loop", client_env(shim_dir, worker))
+    assert out["finished"] == "1", err
+    assert out["never_launched_back"] == out["captured_back"] == "True"
+    assert out["live_still_counted"] == out["live_usable"] == "True"
+    assert out["bounded"] == out["trimmed_back"] == "True"
+    assert out["can_allocate"] == "0"

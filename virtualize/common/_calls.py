@@ -900,6 +900,11 @@ CALLS: tuple[Call, ...] = (
     _c("cuStreamBeginCaptureToGraph", 12030, "stream stream, graph graph, ptr deps, ptr edges, u64 num_deps, i32 mode",
        custom=True, wire="stream stream, graph graph, u64 num_deps, i32 mode, bytes deps",
        invalidates=("capture",), pauses="capture"),
+    # Capture again into a graph of the lease (CUDA 13.3): the same nodes in the same order, each node whose
+    # parameters differ asked about by the program's callback, which runs in the program over the callback
+    # connection (`id`: the shim's number for the callback and its data, 0 for none) while the call waits.
+    _c("cuStreamBeginRecaptureToGraph", 13030, "stream stream, i32 mode, graph graph, ptr callback, ptr data",
+       custom=True, wire="stream stream, i32 mode, graph graph, u64 id", invalidates=("capture",), pauses="capture"),
     _c("cuStreamUpdateCaptureDependencies", 11030, "stream stream, ptr deps, u64 num_deps, u32 flags", custom=True,
        wire="stream stream, u64 num_deps, u32 flags, bytes deps"),
     _c("cuStreamUpdateCaptureDependencies", 12030, "stream stream, ptr deps, ptr edges, u64 num_deps, u32 flags",

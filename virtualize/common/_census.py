@@ -79,7 +79,7 @@ def _g(title: str, verdict: Verdict, why: str, names: str) -> Group:
     return Group(title, verdict, " ".join(why.split()), tuple(names.split()))
 
 
-R, N, C = Verdict.REFUSED, Verdict.NOT_YET, Verdict.CLIENT
+R, C = Verdict.REFUSED, Verdict.CLIENT  # no group is Verdict.NOT_YET now; a new one may be
 
 GROUPS: tuple[Group, ...] = (
     _g(
@@ -176,19 +176,6 @@ GROUPS: tuple[Group, ...] = (
        lease it to; imported, the lease would reach memory that is not its own. The lease's endpoints
        are its processes' own (their IPC handle types must be none).""",
         "cuLogicalEndpointExport cuLogicalEndpointImport",
-    ),
-    # -- not forwarded yet: forwardable, not built ----------------------------------------------------
-    _g(
-        "recapture",
-        N,
-        """A recapture (CUDA 13.3) records a stream again into a graph of the lease. For each node whose
-       parameters differ from the graph's, the driver calls the program's callback with both nodes'
-       CUgraphNodeParams during the captured call, and fails the capture unless it returns CUDA_SUCCESS.
-       Forwarded, the callback would run in the program over the callback connection while the worker's
-       call waits (as host functions run), its parameters translated back into the program's terms (a kernel
-       node's arguments are the worker's copies, its function the lease's handle); that is not built. The GPU
-       servers' CUDA 13.0 drivers do not have the call.""",
-        "cuStreamBeginRecaptureToGraph",
     ),
 )
 

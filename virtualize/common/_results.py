@@ -66,6 +66,7 @@ class CUresult(enum.IntEnum):
     )
     INVALID_RESOURCE_TYPE = 914, "invalid resource type"
     INVALID_RESOURCE_CONFIGURATION = 915, "invalid resource configuration"
+    GRAPH_RECAPTURE_FAILURE = 918, "a graph recapture failed and had to be terminated"
     UNKNOWN = 999, "unknown error"
 
 

@@ -205,6 +205,8 @@ def generate_types() -> str:
         f"#define GP_KERNEL_OUTPUT ({_wire.KERNEL_OUTPUT})",
         f"#define GP_COPY_DATA ({_wire.COPY_DATA})",
         f"#define GP_COPIES_SENT ({_wire.COPIES_SENT})",
+        f"#define GP_RECAPTURE_CALL ({_wire.RECAPTURE_CALL})",
+        f"#define GP_NODE_PARAMS_BYTES {_wire.NODE_PARAMS_BYTES}u",
         f"#define GP_PROOF_BYTES {_wire.PROOF_BYTES}u",
         f"#define GP_WORKER_LABEL {c_string(_wire.WORKER_LABEL)}",
         f"#define GP_CLIENT_LABEL {c_string(_wire.CLIENT_LABEL)}",
@@ -218,6 +220,14 @@ def generate_types() -> str:
         "/* An asynchronous copy's frame on the callback connection: its id and result (_wire.COPY_HEAD). */",
         "struct gp_copy_head { uint64_t id; int32_t result; uint32_t reserved; } __attribute__((packed));",
         f'_Static_assert(sizeof(struct gp_copy_head) == {_wire.COPY_HEAD.size}, "copy head");',
+        "/* A recapture's question on the callback connection, each node's side, the answer (_wire.RECAPTURE_*). */",
+        "struct gp_recapture_head { uint64_t id, node; int32_t status; uint32_t reserved; } __attribute__((packed));",
+        "struct gp_recapture_side { unsigned char params[GP_NODE_PARAMS_BYTES]; uint32_t n_args, args_bytes; }"
+        " __attribute__((packed));",
+        "struct gp_recapture_answer { uint64_t id; int32_t result; uint32_t reserved; } __attribute__((packed));",
+        f'_Static_assert(sizeof(struct gp_recapture_head) == {_wire.RECAPTURE_HEAD.size}, "recapture head");',
+        f'_Static_assert(sizeof(struct gp_recapture_side) == {_wire.RECAPTURE_SIDE.size}, "recapture side");',
+        f'_Static_assert(sizeof(struct gp_recapture_answer) == {_wire.RECAPTURE_ANSWER.size}, "recapture answer");',
         "/* gpEventElapsedMany: a (start, end) pair of its request, an answer of its reply (_wire.EVENT_PAIR,"
         " EVENT_ELAPSED). */",
         "struct gp_event_pair { uint64_t start, end; } __attribute__((packed));",

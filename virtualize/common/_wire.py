@@ -48,6 +48,17 @@ COPY_DATA = -3
 COPY_HEAD = struct.Struct("<QiI")  # copy id, CUresult, 0
 COPIES_SENT = -4
 COPIES_COUNT = struct.Struct("<Q")
+# A recapture's question (cuStreamBeginRecaptureToGraph): on the callback connection, a header with
+# RECAPTURE_CALL, outs RECAPTURE_HEAD (the shim's callback id, the node, its CUgraphRecaptureStatus) and as
+# bulk the node's two CUgraphNodeParams, original then recaptured, each a RECAPTURE_SIDE (the 256-byte
+# struct with the worker's pointers zeroed; how many kernel arguments, their bytes) followed by one u32
+# offset per argument and the arguments' bytes. The client answers RECAPTURE_ANSWER: the id, the
+# callback's CUresult.
+RECAPTURE_CALL = -5
+RECAPTURE_HEAD = struct.Struct("<QQiI")
+NODE_PARAMS_BYTES = 256  # sizeof(CUgraphNodeParams)
+RECAPTURE_SIDE = struct.Struct(f"<{NODE_PARAMS_BYTES}sII")
+RECAPTURE_ANSWER = struct.Struct("<QiI")
 # A launch's attributes follow its kernel parameters in the bulk, each a CUlaunchAttribute: its id (4 bytes),
 # padding, a 64-byte value.
 LAUNCH_ATTRIBUTE_BYTES = 72

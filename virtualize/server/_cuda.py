@@ -43,12 +43,17 @@ from virtualize.server._executor import (
     DECOMPRESS_PARAMS,
     FABRIC_COPY,
     INVALID_VALUE,
+    KERNEL_NODE,
+    KERNEL_NODE_PARAMS,
+    NODE_PARAMS_BYTES,
+    NOT_FOUND,
     NOT_SUPPORTED,
     CopiedBytes,
     Copy3D,
     CudaError,
     Executor,
     Launch,
+    RecapturedNode,
     SharedHostMemory,
     StagedCopy,
     lacked_abis,
@@ -117,6 +122,13 @@ TENSOR_MAP_CALLS: dict[str, tuple[int, tuple]] = {
     "cuTensorMapReplaceAddress": (12000, (ctypes.c_void_p,)),
     "cuTensorMapSetAllocationClass": (13050, (_int32, ctypes.c_void_p)),
 }  # fmt: skip
+
+
+# CUgraphRecaptureCallback: (data, node, original CUgraphNodeParams *, recaptured one, CUgraphRecaptureStatus).
+_RECAPTURE_CALLBACK = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int
+)
+_RECAPTURE_ARGS = (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, _RECAPTURE_CALLBACK, ctypes.c_void_p)
 
 
 def with_aligned_tensor_map(function: Callable[..., int], args: tuple, initial: bytes = b"") -> bytes:
@@ -434,6 +446,7 @@ class CudaExecutor(Executor):
         self.stream_marks = True  # whether the streams write copies' marks (stream memory operations)
         # the driver's own entry points called through ctypes: tensor maps (aligned), border colors (float[4])
         self.driver_functions: dict[str, Callable[..., int]] = {}
+        self.recapture_callbacks: dict[int, object] = {}  # stream -> its recapture's ctypes callback
         # Green contexts: the driver's CUdevResource structs by the ids the client holds, each green
         # context's device, and the ids' source.
         self.resources: dict[int, driver.CUdevResource] = {}
@@ -2259,6 +2272,48 @@ class CudaExecutor(Executor):
             self._stream(stream), driver.CUgraph(graph), self._deps(deps), None, len(deps),
             _enum(driver.CUstreamCaptureMode, mode),
         ))  # fmt: skip
+
+    def recapture_to_graph(self, stream, mode, graph, on_mismatch, layout_of):
+        """Through the driver's own entry point (CUDA 13.3; cuda.bindings would take a Python callback only
+        as a raw address): a driver without it answers as cuda.bindings' loader does, CUDA_ERROR_NOT_FOUND
+        (the shim's cuGetProcAddress already says it is not found: the worker's `lacks`)."""
+        try:
+            begin = self._driver_function("cuStreamBeginRecaptureToGraph", 13030, _RECAPTURE_ARGS)
+        except CudaError as exc:
+            raise CudaError(NOT_FOUND, "the driver has no cuStreamBeginRecaptureToGraph") from exc
+        callback = _RECAPTURE_CALLBACK()  # NULL: the driver takes the recaptured parameters
+        if on_mismatch is not None:
+
+            def called(_data, node, original, recaptured, status):
+                try:  # on the thread of the captured call; an exception here must not reach the driver
+                    sides = (self._recaptured(p, layout_of) for p in (original, recaptured))
+                    return int(on_mismatch(int(node or 0), *sides, status))
+                except Exception:
+                    log.exception("a recapture's callback failed; the recapture fails")
+                    return int(driver.CUresult.CUDA_ERROR_UNKNOWN)
+
+            callback = _RECAPTURE_CALLBACK(called)
+        mode = int(_enum(driver.CUstreamCaptureMode, mode))
+        result = begin(_int(self._stream(stream)), mode, graph, callback, None)
+        if result:
+            raise CudaError(result, "cuStreamBeginRecaptureToGraph")
+        self.recapture_callbacks[stream] = callback  # the driver calls it until the capture ends
+
+    @staticmethod
+    def _recaptured(address: int, layout_of) -> RecapturedNode:
+        """One side of a recapture's question, read from the driver's CUgraphNodeParams: a kernel node's
+        arguments copied through its kernelParams by the function's (or kernel's) layout."""
+        raw = ctypes.string_at(address, NODE_PARAMS_BYTES)
+        if struct.unpack_from("<i", raw)[0] != KERNEL_NODE:
+            return RecapturedNode.of(raw)
+        func, *_dims, pointers, _extra, kern, _ctx = KERNEL_NODE_PARAMS.unpack_from(raw, 16)
+        handle, layout = next(((h, layout_of(h)) for h in (func, kern) if h and layout_of(h)), (func, []))
+        args = bytearray(max((offset + size for offset, size in layout), default=0))
+        for i, (offset, size) in enumerate(layout if pointers else ()):
+            args[offset : offset + size] = ctypes.string_at(
+                ctypes.c_void_p.from_address(pointers + 8 * i).value, size
+            )
+        return RecapturedNode.of(raw, handle, bytes(args))
 
     def update_capture_dependencies(self, stream, deps, flags):
         _ok(

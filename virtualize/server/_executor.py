@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from virtualize.common._calls import CALLS, Call, Mode
 from virtualize.common._results import CUresult
+from virtualize.common._wire import NODE_PARAMS_BYTES
 
 
 class CudaError(Exception):
@@ -54,6 +55,40 @@ FABRIC_COPY = struct.Struct("<I4xQQI4xQQQI4x")
 # memory, its parameters' length (they follow it), stream.
 MULTI_LAUNCH = struct.Struct("<Q7IIQ")
 
+# A recapture's question (cuStreamBeginRecaptureToGraph) carries each side's CUgraphNodeParams to the
+# program: these fields, by CUgraphNodeType, are pointers into the worker's own memory (a kernel node's
+# kernelParams and extra, a host node's function and data, external semaphore arrays, a memory node's
+# access descriptors, a batch's operations, a conditional node's body array) and go zeroed.
+KERNEL_NODE, MEMSET_NODE, HOST_NODE = 0, 2, 3
+WORKER_POINTERS = {KERNEL_NODE: (56, 64), HOST_NODE: (16, 24), 8: (16, 24), 9: (16, 24), 10: (104,), 12: (32,),
+                   13: (32,)}  # fmt: skip
+KERNEL_NODE_PARAMS = struct.Struct("<Q7I4xQQQQ")  # CUDA_KERNEL_NODE_PARAMS_v3, 16 bytes into the node's
+MEMSET_NODE_PARAMS = struct.Struct("<QQIIQQQ")  # CUDA_MEMSET_NODE_PARAMS_v2
+RECAPTURE_ELIGIBLE = 0  # CU_GRAPH_RECAPTURE_ELIGIBLE_FOR_UPDATE
+
+
+@dataclass(frozen=True, slots=True)
+class RecapturedNode:
+    """One side of a recapture's question: a node's CUgraphNodeParams in the program's terms (the worker's
+    own pointers zeroed) and, for a kernel node, its function (the lease's handle) and its arguments packed
+    by that function's layout."""
+
+    params: bytes
+    func: int = 0
+    args: bytes = b""
+
+    @classmethod
+    def of(cls, raw: bytes, func: int = 0, args: bytes = b"") -> RecapturedNode:
+        params = bytearray(bytes(raw[:NODE_PARAMS_BYTES]).ljust(NODE_PARAMS_BYTES, b"\0"))
+        for offset in WORKER_POINTERS.get(struct.unpack_from("<i", params)[0], ()):
+            params[offset : offset + 8] = bytes(8)
+        return cls(bytes(params), func, args)
+
+    @property
+    def type(self) -> int:
+        return struct.unpack_from("<i", self.params)[0]
+
+
 # Forwarded calls that the seam's shaped methods (below) run; every other forwarded call of the table
 # runs through the executor method of its own name.
 SHAPED: dict[str, str] = {
@@ -81,6 +116,7 @@ SHAPED: dict[str, str] = {
     "cuOccupancyMaxPotentialClusterSize": "cluster_occupancy",
     "cuStreamGetCaptureInfo": "capture_info",
     "cuStreamBeginCaptureToGraph": "capture_to_graph",
+    "cuStreamBeginRecaptureToGraph": "recapture_to_graph",
     "cuStreamUpdateCaptureDependencies": "update_capture_dependencies",
     "cuGraphAddChildGraphNode": "graph_add_child_node",
     "gpGraphAddConditionalNode": "graph_add_conditional_node",
@@ -586,6 +622,21 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def capture_to_graph(self, stream: int, graph: int, deps: list[int], mode: int) -> None:
         """cuStreamBeginCaptureToGraph: capture into `graph`, after `deps`."""
+
+    @abc.abstractmethod
+    def recapture_to_graph(
+        self,
+        stream: int,
+        mode: int,
+        graph: int,
+        on_mismatch: Callable[[int, RecapturedNode, RecapturedNode, int], int] | None,
+        layout_of: Callable[[int], list[tuple[int, int]]],
+    ) -> None:
+        """cuStreamBeginRecaptureToGraph: capture again into `graph`, its nodes in the same order. For each
+        node whose parameters differ, `on_mismatch(node, original, recaptured, CUgraphRecaptureStatus)`
+        (None: the recaptured ones are taken) answers a CUresult; anything but CUDA_SUCCESS fails the
+        capture. `layout_of(func)`: a kernel node's parameter layout (a function or kernel of the lease;
+        empty where it is not one)."""
 
     @abc.abstractmethod
     def update_capture_dependencies(self, stream: int, deps: list[int], flags: int) -> None:

@@ -43,6 +43,7 @@ from virtualize.server._guard_concern import ANSWERED, EMPTY
 from virtualize.server._guard_contexts import ContextCalls
 from virtualize.server._guard_copies import CopyCalls
 from virtualize.server._guard_endpoints import EndpointCalls
+from virtualize.server._guard_graph_memory import GraphMemoryCalls, graph_reserve_read
 from virtualize.server._guard_graphs import GraphCalls
 from virtualize.server._guard_green import GreenCalls
 from virtualize.server._guard_launches import LaunchCalls
@@ -116,6 +117,8 @@ class Allocation:
     window: WindowMemory | None = None  # the client process's window it lives in; None: the driver's
     is_global: bool = False  # a module's global variable (its address is the module's, on its GPU)
     sync_memops: int = 0  # CU_POINTER_ATTRIBUTE_SYNC_MEMOPS as the program set it (window memory: here)
+    graph: int = 0  # graph memory: the graph whose allocation node (or captured allocation) made it
+    charged: bool = True  # counted against the partition (graph memory stops when its graphs are all gone)
 
 
 @dataclass
@@ -160,6 +163,13 @@ class LeaseState:
     # NCCL communicators made by the lease's processes: the id the client holds -> the server's
     # (virtualize.server._guard_nccl.Communicator)
     nccl_comms: dict[int, Any] = field(default_factory=dict)
+    # Graph memory (virtualize.server._guard_graph_memory): each executable graph's graph, graphs destroyed
+    # while an executable graph of theirs lives, and per device the driver's graph memory reserve counted
+    # beyond the graph allocations counted one by one (once the lease has had graph memory).
+    exec_graph: dict[int, int] = field(default_factory=dict)
+    graphs_gone: set[int] = field(default_factory=set)
+    graph_reserve: list[int] = field(default_factory=list)
+    has_graph_memory: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     native: Any = (
         None  # the worker's native hot path (a virtualize.server._native_dispatch.NativeLease), if any
@@ -171,6 +181,7 @@ class LeaseState:
 
     def __post_init__(self) -> None:
         self.used = [0] * len(self.limits)
+        self.graph_reserve = [0] * len(self.limits)
 
     def holds(self, kind: str, handle: int) -> bool:
         """Whether a process of the lease holds `handle` of `kind` ("func": a function or a kernel)."""
@@ -189,7 +200,7 @@ class LeaseState:
                 self._drop(a.base)
             self.allocations[a.base] = a
             bisect.insort(self.bases, a.base)
-            if a.owned:
+            if a.owned and a.charged:
                 self.used[a.device] += a.size
             if self.native is not None:  # the native loop checks small copies against the same ranges
                 self.native.range_added(a.base, a.size)
@@ -204,7 +215,7 @@ class LeaseState:
         a = self.allocations.pop(base, None)
         if a is not None:
             self.bases.pop(bisect.bisect_left(self.bases, base))
-            if a.owned:
+            if a.owned and a.charged:
                 self.used[a.device] -= a.size
         return a
 
@@ -288,6 +299,25 @@ class HostCallbacks:
             except (OSError, ConnectionError, EOFError) as exc:
                 log.info("the client's callback connection is gone (%s); host functions are skipped", exc)
                 self.closed.set()
+
+    def ask(self, head: bytes, question: bytes) -> int:
+        """A recapture's question (`_wire.RECAPTURE_CALL`) for the program's callback: its CUresult, or
+        CUDA_ERROR_UNKNOWN where the connection is gone (the capture fails: no answer is none)."""
+        with self.lock:
+            self.deliveries.send_done()
+            if not self.send(
+                _wire.REPLY.pack(_wire.RECAPTURE_CALL, len(head), len(question)), head, question
+            ):
+                return CUresult.UNKNOWN
+            try:
+                _ident, result, _ = _wire.RECAPTURE_ANSWER.unpack(
+                    self.channel.read_exact(_wire.RECAPTURE_ANSWER.size)
+                )
+            except (OSError, ConnectionError, EOFError) as exc:
+                log.info("the client's callback connection is gone (%s); a recapture fails", exc)
+                self.closed.set()
+                return CUresult.UNKNOWN
+            return result
 
     def close(self) -> None:
         self.closed.set()
@@ -389,6 +419,7 @@ class Session:
             "cuLibraryGetManaged": self._get_global,
             **self.array_calls.handlers(),
             **self.graph_calls.handlers(),
+            **GraphMemoryCalls(self).handlers(),
             **TensorMapCalls(self).handlers(),
             **CopyCalls(self).handlers(),
             **LaunchCalls(self).handlers(),
@@ -506,8 +537,13 @@ class Session:
                     a.window.free(a.base)
                 else:
                     self.executor.cuMemFree(a.base)
-            except CudaError as exc:
-                log.warning("could not free 0x%x after the client left: %s", a.base, exc)
+            except (
+                CudaError
+            ) as exc:  # graph memory whose graphs are gone may never have lived: nothing to free
+                quiet = a.graph and not a.charged
+                (log.debug if quiet else log.warning)(
+                    "could not free 0x%x after the client left: %s", a.base, exc
+                )
             self.lease.remove(a.base)
         self._vm_close()
         self.array_calls.close()
@@ -631,6 +667,8 @@ class Session:
 
     def _mem_get_info(self, call: Call, ins: tuple):
         dev = self._device()
+        if self.lease.has_graph_memory:
+            graph_reserve_read(self.lease, self.executor, dev)
         free, total = self.executor.cuMemGetInfo()
         limit = min(total, self.lease.limits[dev])
         return struct.pack("<QQ", max(0, min(free, limit - self.lease.used[dev])), limit), b""
@@ -652,8 +690,14 @@ class Session:
             return getattr(self.executor, call.name)(*ins)
 
         ptr = self.charged(dev, size, allocate)
-        self.own(ptr, size, dev, window)
+        self.own(ptr, size, dev, window, self._captured_into(call, ins) if window is None else 0)
         return struct.pack("<Q", ptr), b""
+
+    def _captured_into(self, call: Call, ins: tuple) -> int:
+        """The graph a stream-ordered allocation made during a capture is a node of (0: none)."""
+        if call.name == "cuMemAlloc" or not self.executor.cuStreamIsCapturing(ins[-1]):
+            return 0
+        return self.executor.capture_info(ins[-1])[2]
 
     def charged(self, dev: int, size: int, allocate: Callable):
         """`allocate()`'s answer, `size` bytes of `dev` held against the lease's partition while it runs (so
@@ -667,11 +711,13 @@ class Session:
             with self.lease.lock:
                 self.lease.used[dev] -= size
 
-    def own(self, ptr: int, size: int, dev: int, window: WindowMemory | None = None) -> None:
-        """Memory this process allocated (in its window, or the driver's where None): the lease's, counted
-        against its partition, freed when the process leaves if it has not freed it."""
-        self.lease.add(Allocation(ptr, size, dev, owned=True, ctx=self.ctx, window=window))
+    def own(self, ptr: int, size: int, dev: int, window: WindowMemory | None = None, graph: int = 0) -> None:
+        """Memory this process allocated (in its window, or the driver's where None; graph memory of `graph`):
+        the lease's, counted against its partition, freed when the process leaves if it has not freed it."""
+        self.lease.add(Allocation(ptr, size, dev, owned=True, ctx=self.ctx, window=window, graph=graph))
         self.owned.add(ptr)
+        if graph:
+            self.lease.has_graph_memory = True
 
     def _in_window(self, call: Call, ins: tuple) -> bool:
         """Whether this allocation comes from the client's window: all of them once it has one, but a

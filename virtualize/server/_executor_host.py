@@ -29,7 +29,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from virtualize.common._calls import FORWARDED_LAUNCH_ATTRIBUTES
 from virtualize.common._results import CUresult
@@ -44,15 +44,23 @@ from virtualize.server._arrays import (
     resource_mapped,
 )
 from virtualize.server._executor import (
+    HOST_NODE,
     INVALID_HANDLE,
     INVALID_VALUE,
+    KERNEL_NODE,
+    KERNEL_NODE_PARAMS,
+    MEMSET_NODE,
+    MEMSET_NODE_PARAMS,
+    NODE_PARAMS_BYTES,
     NOT_FOUND,
+    RECAPTURE_ELIGIBLE,
     CopiedBytes,
     Copy3D,
     CopySide,
     CudaError,
     Executor,
     Launch,
+    RecapturedNode,
     StagedCopy,
     lacked_abis,
     linked_image,
@@ -172,6 +180,24 @@ class _Copied(CopiedBytes):
     transient = True
 
 
+@dataclass
+class _Recapture:
+    """A recapture in progress (cuStreamBeginRecaptureToGraph): the graph's nodes in order, how many the
+    captured work has taken, the program's callback, whether it failed."""
+
+    order: list[int]
+    on_mismatch: object
+    at: int = 0
+    failed: bool = False
+
+
+def _launch_key(launch: Launch | None):
+    """What a kernel node runs: the same function, shape and arguments are the same node's parameters."""
+    if launch is None:
+        return None
+    return launch.func, launch.grid, launch.block, launch.shared_mem, bytes(launch.params)
+
+
 class HostExecutor(Executor):
     name = "host (tests only)"
 
@@ -245,12 +271,15 @@ class HostExecutor(Executor):
         self.launches: dict[int, Launch] = {}  # kernel node -> its launch
         self.memsets: dict[int, tuple] = {}  # memset node -> (dst, pitch, value, element size, width, height)
         # Graph memory: allocation node -> (device, size, address, access), free node -> the address it
-        # frees, and each device's graph memory now and at its high-water mark (cuDeviceGetGraphMemAttribute).
+        # frees; as the driver holds it: the allocations a launch made live and no free has freed, each
+        # device's reserve (the memory its graph allocations have had at once, reused by later ones, until
+        # a trim returns what no live allocation uses), and the high-water marks of both.
         self.mem_alloc_nodes: dict[int, tuple[int, int, int, list[tuple[int, int]]]] = {}
         self.mem_free_nodes: dict[int, int] = {}
         self.batch_ops: dict[int, tuple[bytes, int]] = {}  # batch memory-operation node -> (ops, flags)
-        self.graph_memory = [0] * self.n
-        self.graph_memory_high = [0] * self.n
+        self.graph_live: dict[int, int] = {}  # live graph allocation -> its allocation node
+        self.graph_reserved = [0] * self.n
+        self.graph_memory_high = [[0, 0] for _ in range(self.n)]  # per device: used, reserved
         self.disabled: dict[tuple[int, int], object] = {}  # (graph exec, node) switched off -> its work
         self.exec_flags: dict[int, int] = {}  # graph exec -> the flags it was instantiated with
         self.graphs: dict[int, list] = {}  # graph or executable graph -> its work, in stream order
@@ -1020,6 +1049,9 @@ class HostExecutor(Executor):
         if capture is None:
             work()
             return
+        if isinstance(capture[2], _Recapture):
+            capture[1] = [self._recapture_node(capture, work, kind, described)]
+            return
         node = self._add_node(capture[0], capture[1], work)
         capture[1] = [node]  # the next captured work comes after it
         if kind:
@@ -1326,10 +1358,18 @@ class HostExecutor(Executor):
         return self._alloc(size)
 
     def cuMemFree(self, dptr):
-        self._free(dptr)
+        self._free_any(dptr)
 
     def cuMemFreeAsync(self, dptr, stream):
-        self._free(dptr)
+        self._free_any(dptr)
+
+    def _free_any(self, dptr) -> None:
+        """Graph memory keeps its address for its allocation node (a launch makes it live again): a free
+        ends only the live allocation."""
+        if any(ptr == dptr for _, _, ptr, _ in self.mem_alloc_nodes.values()):
+            self.graph_live.pop(dptr, None)
+        else:
+            self._free(dptr)
 
     def cuMemBatchDecompressAsync(self, operations, flags, stream):
         """DEFLATE (raw, RFC 1951) decompressed in order on the stream, each actual size written; the other
@@ -1770,17 +1810,76 @@ class HostExecutor(Executor):
             raise CudaError(900, "the legacy stream cannot be captured")
         if stream in self.capturing:
             raise CudaError(INVALID_VALUE, "already capturing")
-        self.capturing[stream] = [self.cuGraphCreate(0), []]
+        self.capturing[stream] = [self.cuGraphCreate(0), [], None]
 
     def capture_to_graph(self, stream, graph, deps, mode):
         if stream in (0, 1, 2) or stream in self.capturing or graph not in self.graphs:
             raise CudaError(INVALID_VALUE, "cannot capture there")
-        self.capturing[stream] = [graph, list(deps)]
+        self.capturing[stream] = [graph, list(deps), None]
+
+    def recapture_to_graph(self, stream, mode, graph, on_mismatch, layout_of):
+        if stream in (0, 1, 2) or stream in self.capturing or graph not in self.graphs:
+            raise CudaError(INVALID_VALUE, "cannot recapture there")
+        self.capturing[stream] = [graph, [], _Recapture(list(self.node_order.get(graph, [])), on_mismatch)]
+
+    def _recapture_node(self, capture, work, kind, described) -> int:
+        """The graph's next node, taken by captured work of its type that follows the same nodes: its
+        parameters the recaptured ones where the program's callback (if any) agrees. Anything else fails
+        the recapture (CUDA_ERROR_GRAPH_RECAPTURE_FAILURE), and the capture with it."""
+        graph, after, recapture = capture
+        if recapture.failed:
+            raise CudaError(CUresult.STREAM_CAPTURE_INVALIDATED, "the recapture failed")
+        node = recapture.order[recapture.at] if recapture.at < len(recapture.order) else None
+        if node is None or self.node_types.get(node, 0) != kind or self._before(node) != set(after):
+            recapture.failed = True
+            raise CudaError(
+                CUresult.GRAPH_RECAPTURE_FAILURE, "the recaptured work is not the graph's next node"
+            )
+        recapture.at += 1
+        kept = {KERNEL_NODE: self.launches, 1: self.copies, MEMSET_NODE: self.memsets}.get(kind)
+        before = kept.get(node) if kept is not None else None
+        if kind == KERNEL_NODE and described is not None:
+            changed = _launch_key(before) != _launch_key(described)
+        else:
+            changed = kind != HOST_NODE and before != described
+        if changed and recapture.on_mismatch is not None:
+            sides = (self._node_params(kind, before), self._node_params(kind, described))
+            if recapture.on_mismatch(node, *sides, RECAPTURE_ELIGIBLE) != CUresult.SUCCESS:
+                recapture.failed = True
+                raise CudaError(CUresult.GRAPH_RECAPTURE_FAILURE, "the program's callback refused the change")
+        self.nodes[node] = (graph, work)
+        self.graphs[graph][self.node_order[graph].index(node)] = work
+        if kept is not None and described is not None:
+            kept[node] = described
+        return node
+
+    def _before(self, node) -> set[int]:
+        return {a for a, b in self.edges if b == node}
+
+    @staticmethod
+    def _node_params(kind: int, described) -> RecapturedNode:
+        """A node's CUgraphNodeParams as the driver writes it, from what this executor keeps of the node."""
+        raw = bytearray(NODE_PARAMS_BYTES)
+        struct.pack_into("<i", raw, 0, kind)
+        if kind == KERNEL_NODE and described is not None:
+            func, kern = (0, described.func) if described.is_kernel else (described.func, 0)
+            dims = (*described.grid, *described.block, described.shared_mem)
+            KERNEL_NODE_PARAMS.pack_into(raw, 16, func, *dims, 0, 0, kern, 0)
+            return RecapturedNode.of(raw, described.func, bytes(described.params))
+        if kind == MEMSET_NODE and described is not None:
+            MEMSET_NODE_PARAMS.pack_into(raw, 16, *described, 0)
+        return RecapturedNode.of(raw)
 
     def cuStreamEndCapture(self, stream):
         capture = self.capturing.pop(stream, None)
         if capture is None:
             raise CudaError(903, "not capturing")
+        if isinstance(capture[2], _Recapture) and (
+            capture[2].failed or capture[2].at != len(capture[2].order)
+        ):
+            raise CudaError(
+                CUresult.GRAPH_RECAPTURE_FAILURE, "the recapture did not make every node of the graph"
+            )
         return capture[0]
 
     def capture_info(self, stream):
@@ -1891,12 +1990,28 @@ class HostExecutor(Executor):
         for peer, _flags in access:
             self._device(peer)
         ptr = self._alloc(size, device)
-        node = self._add_node(graph, deps, lambda: None)
+        node = self._add_node(graph, deps, lambda: self._graph_allocated(node))
         self.node_types[node] = 10
         self.mem_alloc_nodes[node] = (device, size, ptr, list(access))
-        self.graph_memory[device] += size
-        self.graph_memory_high[device] = max(self.graph_memory_high[device], self.graph_memory[device])
         return node, ptr
+
+    def _graph_allocated(self, node) -> None:
+        """A launch reached an allocation node: its allocation is live, in the reserve (which grows only
+        where the live allocations outgrow it)."""
+        device, _size, ptr, _ = self.mem_alloc_nodes[node]
+        self.graph_live[ptr] = node
+        self.graph_reserved[device] = max(self.graph_reserved[device], self._graph_memory(device)[0])
+        high = self.graph_memory_high[device]
+        high[:] = map(max, high, self._graph_memory(device))
+
+    def _graph_memory(self, device) -> tuple[int, int]:
+        """The device's graph memory in use (live allocations) and reserved."""
+        used = sum(
+            self.mem_alloc_nodes[n][1]
+            for n in self.graph_live.values()
+            if self.mem_alloc_nodes[n][0] == device
+        )
+        return used, self.graph_reserved[device]
 
     def graph_mem_alloc_node_params(self, node):
         if node not in self.mem_alloc_nodes:
@@ -1907,7 +2022,7 @@ class HostExecutor(Executor):
     def graph_add_mem_free_node(self, graph, deps, ptr):
         if not any(p == ptr for _, _, p, _ in self.mem_alloc_nodes.values()):
             raise CudaError(INVALID_VALUE, "not graph memory")
-        node = self._add_node(graph, deps, lambda: None)
+        node = self._add_node(graph, deps, lambda: self.graph_live.pop(ptr, None))
         self.node_types[node] = 11
         self.mem_free_nodes[node] = ptr
         return node
@@ -1949,17 +2064,21 @@ class HostExecutor(Executor):
         return self.mem_free_nodes[node]
 
     def cuDeviceGraphMemTrim(self, dev):
-        self._device(dev)
+        """The reserve no live allocation uses returns (nothing here runs later: no launch is pending)."""
+        dev = self._device(dev)
+        self.graph_reserved[dev] = self._graph_memory(dev)[0]
 
     def cuDeviceGetGraphMemAttribute(self, dev, attr):
-        # CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, _HIGH, RESERVED_MEM_CURRENT, _HIGH: all of it is used here
-        current, high = self.graph_memory[self._device(dev)], self.graph_memory_high[dev]
-        return {0: current, 1: high, 2: current, 3: high}[_in_range(attr, range(4), "graph memory attribute")]
+        # CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, USED_MEM_HIGH, RESERVED_MEM_CURRENT, RESERVED_MEM_HIGH
+        (used, reserved), high = self._graph_memory(self._device(dev)), self.graph_memory_high[dev]
+        attr = _in_range(attr, range(4), "graph memory attribute")
+        return {0: used, 1: high[0], 2: reserved, 3: high[1]}[attr]
 
     def cuDeviceSetGraphMemAttribute(self, dev, attr, value):
         if attr not in (1, 3) or value != 0:  # only a high-water mark is set, and only back to 0
             raise CudaError(INVALID_VALUE, "only a graph memory high-water mark is reset, to 0")
-        self.graph_memory_high[self._device(dev)] = self.graph_memory[dev]
+        dev = self._device(dev)
+        self.graph_memory_high[dev][attr // 2] = self._graph_memory(dev)[attr // 2]
 
     def graph_add_host_node(self, graph, deps, fn):
         node = self._add_node(graph, deps, fn)

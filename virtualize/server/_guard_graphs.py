@@ -9,10 +9,12 @@ import dataclasses
 import struct
 from typing import ClassVar
 
+from virtualize.common import _wire
 from virtualize.common._calls import Call
 from virtualize.common._results import CUresult
-from virtualize.server._executor import INVALID_VALUE, Copy3D, CudaError, Launch
+from virtualize.server._executor import HOST_NODE, INVALID_VALUE, Copy3D, CudaError, Launch, RecapturedNode
 from virtualize.server._guard_concern import EMPTY, Concern
+from virtualize.server._guard_graph_memory import graph_reserve_read
 from virtualize.server._guard_rules import ACCESS_POLICY_WINDOW, STREAM_ATTRIBUTE_BYTES, padded_params
 
 MAX_DOT_BYTES = 64 << 20  # a graph's DOT description sent back (cuGraphDebugDotPrint)
@@ -85,6 +87,7 @@ class GraphCalls(Concern):
         "cuStreamGetCaptureInfo_v2": "capture_info",
         "cuStreamGetCaptureInfo_v3": "capture_info",
         "cuStreamBeginCaptureToGraph": "capture_to_graph",
+        "cuStreamBeginRecaptureToGraph": "recapture_to_graph",
         "cuStreamUpdateCaptureDependencies": "capture_dependencies",
         "cuStreamUpdateCaptureDependencies_v2": "capture_dependencies",
     }
@@ -254,7 +257,8 @@ class GraphCalls(Concern):
         """A memory allocation node: graph memory of one of the lease's devices, which the lease's devices
         may be given access to. The driver places it when the node is added; from then its bytes count
         against the device's partition (refused with OUT_OF_MEMORY past it) and its addresses are the
-        lease's, until a free node or cuMemFree frees it."""
+        lease's, until a free node or cuMemFree frees it, or its graphs are all gone (from then the
+        driver's graph memory reserve counts what it still holds: virtualize.server._guard_graph_memory)."""
         self.session._check(call, ins)
         graph, alloc_type, handle_types, location_type, device, size, num_access, num_deps = ins
         if num_access > MAX_ACCESS_DESCS or not size or alloc_type != ALLOCATION_PINNED or handle_types:
@@ -272,10 +276,12 @@ class GraphCalls(Concern):
             access.append((self._lease_device(peer), flags))
         device = self._lease_device(device)
         executor = self.session.executor
+        if self.session.lease.has_graph_memory:  # the driver's reserve as it is now, reused by this node
+            graph_reserve_read(self.session.lease, executor, device)
         node, ptr = self.session.charged(
             device, size, lambda: executor.graph_add_mem_alloc_node(graph, deps, device, size, access)
         )
-        self.session.own(ptr, size, device)
+        self.session.own(ptr, size, device, graph=graph)
         self._new_node(node, graph)
         return call.out_struct.pack(node, ptr), b""
 
@@ -477,6 +483,38 @@ class GraphCalls(Concern):
         deps = self.nodes(self.session.channel.read_bulk(limit=MAX_NODE_DEPS * 8), num_deps)
         self.session.executor.capture_to_graph(stream, graph, deps, mode)
         return EMPTY
+
+    def recapture_to_graph(self, call: Call, ins: tuple):
+        """Capture again into a graph of the lease. The program's callback (`ident`, 0 for none) is asked
+        about each node whose parameters differ, over the process's callback connection while the captured
+        call waits, as host functions run; a host node's function is the program's own captured anew, so
+        the program is not asked about it (its new function runs)."""
+        self.session._check(call, ins)
+        stream, mode, graph, ident = ins
+        on_mismatch = None
+        if ident:
+            callbacks = self._callbacks()
+
+            def on_mismatch(
+                node: int, original: RecapturedNode, recaptured: RecapturedNode, status: int
+            ) -> int:
+                if original.type == HOST_NODE:
+                    return CUresult.SUCCESS
+                head = _wire.RECAPTURE_HEAD.pack(ident, node, status, 0)
+                return callbacks.ask(head, self._recapture_side(original) + self._recapture_side(recaptured))
+
+        def layout_of(func: int) -> list[tuple[int, int]]:
+            return self.session._layout(func) if self.session.lease.holds("func", func) else []
+
+        self.session.executor.recapture_to_graph(stream, mode, graph, on_mismatch, layout_of)
+        return EMPTY
+
+    def _recapture_side(self, side: RecapturedNode) -> bytes:
+        """A node's side of a recapture's question (_wire.RECAPTURE_SIDE, the arguments' offsets, bytes)."""
+        layout = self.session._layout(side.func) if side.args else []
+        offsets = [offset for offset, _size in layout]
+        head = _wire.RECAPTURE_SIDE.pack(side.params, len(offsets), len(side.args))
+        return head + struct.pack(f"<{len(offsets)}I", *offsets) + side.args
 
     def capture_dependencies(self, call: Call, ins: tuple):
         self.session._check(call, ins)

@@ -85,6 +85,7 @@ PROGRAMS = [
     "prog_memory_calls.py",  # issue 25: range attributes of managed memory, current pool, batched stream memory ops
     "prog_legacy.py",  # issue 25: the legacy launch API (cuParamSet*, cuLaunchGrid), cuCtxAttach/cuCtxDetach
     "prog_graph_memory.py",  # issue 25: graph memory nodes (allocation, free), read back, attributes, trim
+    "prog_graph_recapture.py",  # issue 25: a recapture (13.3; not found on a 13.0 driver), graph memory's life
     "prog_multicast.py",  # issue 25: a multicast object bound, mapped and written through (NOT_SUPPORTED w/o NVLS)
     "prog_proc_addresses.py",  # issue 25: cuGetProcAddress per (name, version) as the server's driver answers
 ]

@@ -2320,7 +2320,6 @@ static const struct gp_refusal { const char *name, *why; } gp_refusals[] = {
     {"cuLibraryGetUnifiedFunction", "unified function pointers: refused"},
     {"cuLogicalEndpointExport", "logical endpoints shared with other processes or nodes: refused"},
     {"cuLogicalEndpointImport", "logical endpoints shared with other processes or nodes: refused"},
-    {"cuStreamBeginRecaptureToGraph", "recapture: not forwarded yet"},
 };
 
 /* What cuGetProcAddress hands out: (name, ABI version) -> function, sorted by name then version.
@@ -2773,6 +2772,7 @@ static const struct gp_proc gp_procs[] = {
     {"cuStreamBeginCapture", 0, NULL, "cuStreamBeginCapture"},
     {"cuStreamBeginCapture", 10010, (void *)cuStreamBeginCapture_v2, NULL},
     {"cuStreamBeginCaptureToGraph", 12030, (void *)cuStreamBeginCaptureToGraph, NULL},
+    {"cuStreamBeginRecaptureToGraph", 13030, (void *)cuStreamBeginRecaptureToGraph, NULL},
     {"cuStreamCopyAttributes", 11000, (void *)cuStreamCopyAttributes, NULL},
     {"cuStreamCreate", 2000, (void *)cuStreamCreate, NULL},
     {"cuStreamCreateWithPriority", 5050, (void *)cuStreamCreateWithPriority, NULL},
@@ -2898,6 +2898,7 @@ static const struct gp_result_text gp_result_texts[] = {
     {906, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT", "operation would make the legacy stream depend on a capturing blocking stream"},
     {914, "CUDA_ERROR_INVALID_RESOURCE_TYPE", "invalid resource type"},
     {915, "CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION", "invalid resource configuration"},
+    {918, "CUDA_ERROR_GRAPH_RECAPTURE_FAILURE", "a graph recapture failed and had to be terminated"},
     {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 

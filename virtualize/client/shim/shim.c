@@ -1141,6 +1141,17 @@ void gp_host_call_drop(uint64_t id) {
     host_call_take(id, &c, 1);
 }
 
+/* A recapture's callback and its data, kept for the process's life under one id however often the
+ * program recaptures with them (a program recaptures in a loop, always with the same callback). */
+uint64_t gp_recapture_callback(void *fn, void *data) {
+    pthread_mutex_lock(&host_calls_lock);
+    struct host_call *c = host_calls;
+    while (c && !(c->kind == GP_HOST_RECAPTURE && c->fn == fn && c->data == data)) c = c->next;
+    uint64_t id = c ? c->id : 0;
+    pthread_mutex_unlock(&host_calls_lock);
+    return id ? id : gp_host_call_add(GP_HOST_RECAPTURE, fn, data, 0, 1);
+}
+
 static int callback_send(const void *buf, size_t len) {
     if (callback_conn.ssl) return gp_tls_write(callback_conn.ssl, buf, len);
     for (const char *p = buf; len > 0;) {
@@ -1253,6 +1264,61 @@ static void copies_after_fork_in_child(void) {
     pthread_cond_init(&copies_cond, NULL);
 }
 
+/* One side of a recapture's question as the program reads it: the CUgraphNodeParams, a kernel node's
+ * kernelParams pointing at this side's copy of the arguments. NULL when the bytes do not add up. */
+struct recapture_side { unsigned char params[GP_NODE_PARAMS_BYTES]; void **pointers; unsigned char *args; };
+
+static const unsigned char *recapture_side_read(struct recapture_side *side, const unsigned char *p,
+                                                const unsigned char *end) {
+    struct gp_recapture_side head;
+    if ((size_t)(end - p) < sizeof head) return NULL;
+    memcpy(&head, p, sizeof head);
+    p += sizeof head;
+    uint64_t offsets_bytes = 4ull * head.n_args;
+    if ((uint64_t)(end - p) < offsets_bytes + head.args_bytes) return NULL;
+    memcpy(side->params, head.params, sizeof side->params);
+    side->pointers = calloc(head.n_args ? head.n_args : 1, sizeof(void *));
+    side->args = malloc(head.args_bytes ? head.args_bytes : 1);
+    if (!side->pointers || !side->args) return NULL;
+    memcpy(side->args, p + offsets_bytes, head.args_bytes);
+    for (uint32_t i = 0; i < head.n_args; i++) {
+        uint32_t offset;
+        memcpy(&offset, p + 4ull * i, 4);
+        if (offset > head.args_bytes) return NULL; /* a parameter of no bytes may sit at the end */
+        side->pointers[i] = side->args + offset;
+    }
+    int32_t type;
+    memcpy(&type, side->params, 4);
+    if (type == 0 && head.n_args) { /* CU_GRAPH_NODE_TYPE_KERNEL: kernelParams, 40 bytes into the kernel's */
+        void **pointers = side->pointers;
+        memcpy(side->params + 16 + 40, &pointers, sizeof pointers);
+    }
+    return p + offsets_bytes + head.args_bytes;
+}
+
+/* A recapture's question: the program's callback (CUgraphRecaptureCallback) with the node and both sides;
+ * the answer is its CUresult (CUDA_ERROR_INVALID_VALUE where the question could not be read). */
+static int recapture_answer(const struct gp_reply *rep) {
+    struct gp_recapture_head head;
+    if (rep->outs_len != sizeof head || recv_all(&head, sizeof head) < 0) return -1;
+    if (rep->bulk_len > GP_MAX_RECAPTURE_BYTES) return -1;
+    unsigned char *bulk = malloc(rep->bulk_len ? rep->bulk_len : 1);
+    if (!bulk || recv_all(bulk, rep->bulk_len) < 0) {
+        free(bulk);
+        return -1;
+    }
+    struct recapture_side original = {0}, recaptured = {0};
+    const unsigned char *p = recapture_side_read(&original, bulk, bulk + rep->bulk_len);
+    p = p ? recapture_side_read(&recaptured, p, bulk + rep->bulk_len) : NULL;
+    struct gp_recapture_answer answer = {.id = head.id, .result = CUDA_ERROR_INVALID_VALUE};
+    struct host_call c;
+    if (p && host_call_take(head.id, &c, 0) && c.kind == GP_HOST_RECAPTURE)
+        answer.result = ((CUresult(*)(void *, uint64_t, const void *, const void *, int32_t))c.fn)(
+            c.data, head.node, original.params, recaptured.params, head.status);
+    free(original.pointers), free(original.args), free(recaptured.pointers), free(recaptured.args), free(bulk);
+    return callback_send(&answer, sizeof answer);
+}
+
 static void *callback_thread(void *arg) {
     uint64_t token = *(uint64_t *)arg;
     thread_conn = &callback_conn;
@@ -1281,11 +1347,15 @@ static void *callback_thread(void *arg) {
             if (land_copy(&rep, 1) < 0) break;
             continue;
         }
+        if (rep.result == GP_RECAPTURE_CALL) {
+            if (recapture_answer(&rep) < 0) break;
+            continue;
+        }
         if (rep.outs_len != sizeof id || recv_all(&id, sizeof id) < 0) break;
         struct host_call c;
         if (host_call_take(id, &c, 0)) {
             if (c.kind == 0) ((void (*)(void *))c.fn)(c.data);
-            else ((void (*)(uint64_t, CUresult, void *))c.fn)(c.stream, rep.result, c.data);
+            else if (c.kind == 1) ((void (*)(uint64_t, CUresult, void *))c.fn)(c.stream, rep.result, c.data);
         }
         if (callback_send(&id, sizeof id) < 0) break; /* the function returned: the stream goes on */
     }

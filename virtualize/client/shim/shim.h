@@ -92,9 +92,13 @@ void gp_ctx_forget(uint64_t ctx);
 void gp_window_ensure(void);
 
 /* Host functions the worker calls back (shim.c): the callback connection started once, each function
- * registered under an id until it has run (kind 0: a CUhostFn, 1: a CUstreamCallback). */
+ * registered under an id until it has run (kind 0: a CUhostFn, 1: a CUstreamCallback, GP_HOST_RECAPTURE:
+ * a CUgraphRecaptureCallback, asked for as long as the process lives). */
+enum { GP_HOST_RECAPTURE = 2 };
+#define GP_MAX_RECAPTURE_BYTES (1u << 20) /* a recapture's question: two nodes and their arguments */
 CUresult gp_callbacks_start(void);
 uint64_t gp_host_call_add(int kind, void *fn, void *data, uint64_t stream, int keep);
+uint64_t gp_recapture_callback(void *fn, void *data);
 void gp_host_call_drop(uint64_t id);
 int gp_host_call_find(uint64_t id, void **fn, void **data);
 /* Copies into page-locked memory that complete later (shim.c): each registered before its request is

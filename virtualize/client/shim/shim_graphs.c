@@ -1103,6 +1103,20 @@ CUresult cuStreamBeginCaptureToGraph(uint64_t stream, uint64_t graph, void *deps
     return capture_deps(GP_CALL_cuStreamBeginCaptureToGraph, stream, graph, deps, edges, num_deps, (uint32_t)mode);
 }
 
+/* Capture again into `graph`: the worker's driver compares each captured node with the graph's, and asks
+ * the program's callback (run on the callback thread, shim.c) about each node whose parameters differ. */
+CUresult cuStreamBeginRecaptureToGraph(uint64_t stream, int32_t mode, uint64_t graph, void *callback, void *data) {
+    GP_TRACE("cuStreamBeginRecaptureToGraph");
+    struct gp_in_cuStreamBeginRecaptureToGraph in = {.stream = stream, .mode = mode, .graph = graph};
+    if (callback) {
+        CUresult r = gp_callbacks_start();
+        if (r != CUDA_SUCCESS) return r;
+        in.id = gp_recapture_callback(callback, data);
+        if (!in.id) return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return gp_call(GP_CALL_cuStreamBeginRecaptureToGraph, WANT, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+}
+
 CUresult cuStreamUpdateCaptureDependencies(uint64_t stream, void *deps, uint64_t num_deps, uint32_t flags) {
     GP_TRACE("cuStreamUpdateCaptureDependencies");
     return capture_deps(GP_CALL_cuStreamUpdateCaptureDependencies, stream, 0, deps, NULL, num_deps, flags);
