@@ -1620,11 +1620,14 @@ def test_a_recapture_asks_the_programs_callback_about_each_changed_node_and_runs
 
 def test_a_recapture_is_not_found_where_the_servers_driver_lacks_it(shim_dir):
     """On a GPU server whose driver is older than CUDA 13.3 (the 580 drivers are 13.0),
-    cuGetProcAddress("cuStreamBeginRecaptureToGraph") is not found in the client, as on the server."""
-    asked = ["cuStreamBeginRecaptureToGraph@13030"]
-    lacking = probe_proc_addresses(shim_dir, "cuStreamBeginRecaptureToGraph", asked)
-    having = probe_proc_addresses(shim_dir, "", asked)
-    assert lacking[asked[0]][0] == 500 and lacking[asked[0]][2] == 1  # NOT_FOUND, SYMBOL_NOT_FOUND
+    cuGetProcAddress("cuStreamBeginRecaptureToGraph") is not found in the client, as on the server: at
+    13.3 the version is newer than the driver (CUDA_ERROR_INVALID_VALUE), at 13.0 the symbol is not found;
+    on a driver that has it, it is."""
+    asked = ["cuStreamBeginRecaptureToGraph@13030", "cuStreamBeginRecaptureToGraph@13000"]
+    lacking = probe_proc_addresses(shim_dir, "cuStreamBeginRecaptureToGraph", asked, driver=13000)
+    having = probe_proc_addresses(shim_dir, "", asked[:1])
+    assert lacking[asked[0]] == (1, 0, -1)  # CUDA_ERROR_INVALID_VALUE, nothing filled in
+    assert lacking[asked[1]] == (0, 0, 1)  # no function, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
     assert having[asked[0]][0] == 0 and having[asked[0]][1] != 0
 
 
