@@ -11,6 +11,7 @@ the Session, which its other calls and its close() read too.
 from __future__ import annotations
 
 import logging
+import os
 import struct
 from typing import ClassVar
 
@@ -21,6 +22,7 @@ from virtualize.server._executor import DECOMPRESS_PARAMS, INVALID_VALUE, CudaEr
 from virtualize.server._guard_concern import ANSWERED, EMPTY, Concern
 from virtualize.server._guard_rules import capture_refuses, element_bytes
 from virtualize.server._lanes import Lanes
+from virtualize.server._native_dispatch import Ring
 
 log = logging.getLogger("gpupool.worker")
 
@@ -49,6 +51,7 @@ class CopyCalls(Concern):
         "gpMemcpyDtoHAsync": "dtoh_async",
         "gpCopiesFlush": "copies_flush",
         "gpShmAttach": "shm_attach",
+        "gpRingAttach": "ring_attach",
         "gpShmHtoD": "shm_htod",
         "gpShmDtoH": "shm_dtoh",
         "gpPinnedShare": "pinned_share",
@@ -167,6 +170,28 @@ class CopyCalls(Concern):
         outs = call.out_struct.pack(self.session.shared.size)
         self.session._announce_copies()
         self.session.channel.send_with_fd(self.session.shared.fd, _wire.REPLY.pack(0, len(outs), 0), outs)
+        return ANSWERED
+
+    def ring_attach(self, call: Call, ins: tuple):
+        """The command ring (GPUPOOL_SHIM_RING=1): answered on the socket with its memory's descriptor;
+        every byte after this answer, both ways, goes through the ring."""
+        channel = self.session.channel
+        if not channel.local or channel.ring is not None:
+            raise CudaError(CUresult.NOT_SUPPORTED, "the command ring is for a process on this host, once")
+        ring = Ring.create(channel.sock.fileno())
+        if ring is None:
+            raise CudaError(CUresult.NOT_SUPPORTED, "the worker's native library is not built")
+        outs = call.out_struct.pack(ring.BYTES)
+        self.session._announce_copies()
+        try:
+            channel.send_with_fd(ring.fd, _wire.REPLY.pack(0, len(outs), 0), outs)
+        except OSError:
+            ring.close()
+            raise
+        os.close(ring.fd)  # the client maps its own; the worker's mapping stays
+        ring.fd = -1
+        channel.ring = ring
+        log.info("a client on this host: its connection goes over to the command ring")
         return ANSWERED
 
     # The client's page-locked memory, shared with the worker on this host: copies by the worker's DMA.
