@@ -164,6 +164,9 @@ static void profile_print(void) {
                 profile_shm_wait_ns / 1e6);
     else if (shm_state < 0)
         fprintf(stderr, "gpupool: no memory shared with the worker: every copy went through the socket\n");
+    if (conn_ring)
+        fprintf(stderr, "gpupool: the connection's frames and answers went through the command ring (memory "
+                        "shared with the worker)\n");
     gp_memo_print_outcomes();
     fflush(stderr);
 }

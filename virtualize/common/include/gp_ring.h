@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -26,6 +27,7 @@
 #define GP_RING_MAGIC 0x676e6972u /* "ring" */
 #define GP_RING_HEADER 4096u       /* the page of positions and futexes, then each direction's bytes */
 #define GP_RING_CHECK_NS 20000000L /* asleep: how often the socket is looked at for a peer that is gone */
+#define GP_RING_PAUSE_NS 2000u     /* spinning: how long before each turn yields the CPU */
 
 /* One direction: positions count bytes ever written and read (never wrap), each on its own cache line. */
 struct gp_ring_dir {
@@ -100,8 +102,10 @@ static inline int gp_ring_wait(const struct gp_ring_end *e, uint64_t *pos, uint6
         if (e->spin_ns) {
             uint64_t now = gp_ring_now();
             if (!until) until = now + e->spin_ns;
-            if (now < until) {
-                gp_ring_relax();
+            if (now < until) { /* pause for a few µs, then give the CPU away at each turn: where the two
+                                * ends share one CPU the other end runs (and answers) sooner */
+                if (until - now + GP_RING_PAUSE_NS > e->spin_ns) gp_ring_relax();
+                else sched_yield();
                 continue;
             }
         }
