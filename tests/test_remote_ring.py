@@ -11,7 +11,9 @@ import subprocess
 import sys
 import time
 
-from remote_helpers import CLIENT, client_env, needs_cc, parse, run_client, shim_dir, worker
+from remote_helpers import CLIENT, MiB, client_env, needs_cc, parse, run_client, shim_dir, worker
+
+from server.workers import WorkerDevice, start_worker
 
 pytestmark = needs_cc
 __all__ = ["shim_dir", "worker"]  # fixtures
@@ -122,3 +124,22 @@ def test_a_program_killed_mid_copy_leaves_the_worker_and_its_other_programs_serv
             break
         time.sleep(0.2)
     assert out["first"] == "0"
+
+
+def test_with_the_native_loop_off_the_python_path_reads_and_answers_through_the_ring(shim_dir):
+    """GPUPOOL_WORKER_NATIVE=0: every frame through the worker's Python, which reads frames and writes
+    answers through the ring itself; ordering and bytes as above."""
+    python_only = start_worker(
+        "ring-python", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1",
+        env={"GPUPOOL_WORKER_NATIVE": "0"}, executor="host",
+    )  # fmt: skip
+    try:
+        out, err = run_client("async_copy_ordering", ring_env(shim_dir, python_only))
+        assert out["held_none_landed"] == out["each_event_shows_its_copies"] == "True", err
+        assert out["memsets_and_pageable_copies_in_stream_order"] == "True"
+        assert RING_USED in err
+        out, err = run_client("copies", ring_env(shim_dir, python_only))
+        assert out["htod_dtoh"] == out["dtod"] == out["htod_async_took_bytes"] == "True", err
+        assert RING_USED in err
+    finally:
+        python_only.stop()
