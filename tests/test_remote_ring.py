@@ -14,6 +14,7 @@ import time
 from remote_helpers import CLIENT, MiB, client_env, needs_cc, parse, run_client, shim_dir, worker
 
 from server.workers import WorkerDevice, start_worker
+from virtualize.common import _wire
 
 pytestmark = needs_cc
 __all__ = ["shim_dir", "worker"]  # fixtures
@@ -22,13 +23,16 @@ RING_USED = "went through the command ring"  # the shim's profile says so at exi
 
 
 def ring_env(shim_dir, worker, **extra) -> dict[str, str]:
-    return client_env(shim_dir, worker, GPUPOOL_SHIM_RING="1", GPUPOOL_SHIM_PROFILE="1", **extra)
+    return client_env(shim_dir, worker, **{"GPUPOOL_SHIM_RING": "1", "GPUPOOL_SHIM_PROFILE": "1", **extra})
 
 
-def test_off_the_connection_stays_on_the_socket(shim_dir, worker):
-    """Unset or 0, nothing changes: the program's connection never asks for the ring."""
-    for env in (client_env(shim_dir, worker, GPUPOOL_SHIM_PROFILE="1"), ring_env(shim_dir, worker)):
-        env["GPUPOOL_SHIM_RING"] = env.get("GPUPOOL_SHIM_RING", "") and "0"
+def test_off_or_across_tcp_the_connection_stays_on_the_socket(shim_dir, worker):
+    """Unset or 0, nothing changes: the program's connection never asks for the ring; on over TCP (as
+    from another host), there is no memory to share and it stays on the socket too."""
+    unset = client_env(shim_dir, worker, GPUPOOL_SHIM_PROFILE="1")
+    tcp = ring_env(shim_dir, worker)
+    tcp.pop(_wire.ENV_LOCAL)
+    for env in (unset, ring_env(shim_dir, worker, GPUPOOL_SHIM_RING="0"), tcp):
         out, err = run_client("native_dispatch", env)
         assert out["stream_sync"] == "0" and RING_USED not in err
 

@@ -27,7 +27,7 @@
 #define GP_RING_MAGIC 0x676e6972u /* "ring" */
 #define GP_RING_HEADER 4096u       /* the page of positions and futexes, then each direction's bytes */
 #define GP_RING_CHECK_NS 20000000L /* asleep: how often the socket is looked at for a peer that is gone */
-#define GP_RING_PAUSE_NS 2000u     /* spinning: how long before each turn yields the CPU */
+#define GP_RING_PAUSE_NS 5000u     /* spinning: how long before each turn yields the CPU */
 
 /* One direction: positions count bytes ever written and read (never wrap), each on its own cache line. */
 struct gp_ring_dir {
@@ -126,7 +126,8 @@ static inline int gp_ring_wait(const struct gp_ring_end *e, uint64_t *pos, uint6
 /* After moving a position: bump the futex word, and wake the other end if it sleeps on it. */
 static inline void gp_ring_wake(uint32_t *word, uint32_t *asleep) {
     __atomic_add_fetch(word, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_exchange_n(asleep, 0, __ATOMIC_SEQ_CST)) syscall(SYS_futex, word, FUTEX_WAKE, 1, NULL, NULL, 0);
+    if (__atomic_load_n(asleep, __ATOMIC_SEQ_CST) && __atomic_exchange_n(asleep, 0, __ATOMIC_SEQ_CST))
+        syscall(SYS_futex, word, FUTEX_WAKE, 1, NULL, NULL, 0); /* once per sleep: it says asleep again */
 }
 
 /* Like recv(2): up to `n` bytes, waiting for at least one unless `nowait` (then -1, errno EAGAIN); 0 once
