@@ -15,6 +15,10 @@ C checks each argument by the guard's own rules, generated into it from `_guard_
 table (native/dispatch_gen.h); tests/test_native_guard_parity.py holds the two paths to one verdict.
 
 ``GPUPOOL_WORKER_NATIVE=0`` turns it off (every frame through Python: for comparing, or if in doubt).
+
+The same library holds the worker's end of the command ring (`Ring`, gpRingAttach): a local
+connection's bytes through memory the program maps too; the loop and the Python path both read and
+write through it once the connection went over.
 """
 
 from __future__ import annotations

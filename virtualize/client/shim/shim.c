@@ -3,7 +3,9 @@
  * One TCP connection per process (TCP_NODELAY, keep-alive), opened at the first forwarded call and
  * guarded by one mutex. Calls that want no reply are written and forgotten; the worker keeps their
  * first error and reports it at the next synchronising call. When the connection breaks, every later
- * call fails with CUDA_ERROR_DEVICE_UNAVAILABLE and the shim says once on stderr what happened. */
+ * call fails with CUDA_ERROR_DEVICE_UNAVAILABLE and the shim says once on stderr what happened. With a
+ * worker on this host and GPUPOOL_SHIM_RING=1, the connection's bytes go through the command ring
+ * instead (ring_attach_locked; the socket stays for descriptors and to notice the worker gone). */
 #define _GNU_SOURCE
 #include "shim.h"
 #include "../../common/include/gp_ranges.h"

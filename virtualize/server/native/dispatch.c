@@ -1,7 +1,9 @@
 /* The worker's native hot path: frames of the calls a training loop sends most, served in C.
  *
  * The worker's Python loop (virtualize/server/worker.py) hands its connection's socket (and its TLS stream,
- * tls.c, when the connection is encrypted) and receive buffer to gpf_serve, which reads frames and
+ * tls.c, when the connection is encrypted, or its command ring, gp_ring.h, when a program on this host
+ * asked for one: then the frames come from the ring and the answers go into it) and receive buffer to
+ * gpf_serve, which reads frames and
  * runs, without Python, the ones it can answer exactly as the Python path would: kernel launches of
  * functions the Python path has already launched once (their parameter layout is known), graph launches,
  * event records, waits and elapsed times (many pairs at once too), memsets, copies up to 1 MiB in the
