@@ -5,16 +5,21 @@ give the same answers over the ring as over the socket; either end dying is noti
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
 
 from remote_helpers import CLIENT, MiB, client_env, needs_cc, parse, run_client, shim_dir, worker
+from test_remote_shared_copies import joined
 
 from server.workers import WorkerDevice, start_worker
 from virtualize.common import _wire
+from virtualize.common._calls import CALL_IDS, CALLS, INTERNAL
 
 pytestmark = needs_cc
 __all__ = ["shim_dir", "worker"]  # fixtures
@@ -147,3 +152,36 @@ def test_with_the_native_loop_off_the_python_path_reads_and_answers_through_the_
         assert RING_USED in err
     finally:
         python_only.stop()
+
+
+# The ring's header page, as gp_ring.h lays it out (each direction's positions on their own cache lines).
+TO_WORKER_HEAD, TO_WORKER_TAIL, PAGE = 64, 128, 4096
+
+
+def test_a_client_that_scribbles_on_the_rings_positions_loses_its_connection_not_the_worker(shim_dir, worker):
+    """A raw client on the worker's host takes a ring, sends the start of a frame with 8 MiB of bulk, then
+    writes a read position 1 TiB ahead: the worker, reading the bulk, sees positions that make no sense
+    and closes that connection (never reads past the ring); it keeps serving other programs."""
+    with joined(worker, local=True) as sock:
+        sock.sendall(_wire.REQUEST.pack(CALL_IDS[INTERNAL["gpRingAttach"]], _wire.FLAG_WANTS_REPLY, 0, 0, 0))
+        data, fds, _, _ = socket.recv_fds(sock, _wire.REPLY.size + 8, 1)
+        assert _wire.REPLY.unpack(data[: _wire.REPLY.size])[0] == 0 and len(fds) == 1
+        (size,) = struct.unpack("<Q", data[_wire.REPLY.size :])
+        ring = mmap.mmap(fds[0], PAGE + 2 * size)
+        os.close(fds[0])
+        load = next(c for c in CALLS if c.symbol == "cuModuleLoadData")
+        frame = _wire.REQUEST.pack(CALL_IDS[load], _wire.FLAG_WANTS_REPLY, 0, 0, 8 * MiB)
+        ring[PAGE : PAGE + len(frame)] = frame
+        struct.pack_into(
+            "<Q", ring, TO_WORKER_HEAD, len(frame)
+        )  # published: the worker now waits for the bulk
+        deadline = time.monotonic() + 5
+        while struct.unpack_from("<Q", ring, TO_WORKER_TAIL)[0] != len(frame) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        struct.pack_into("<Q", ring, TO_WORKER_HEAD, len(frame) + (1 << 40))
+        sock.settimeout(10)
+        assert sock.recv(1) == b""  # the worker closed this connection
+        ring.close()
+    out, err = run_client("native_dispatch", ring_env(shim_dir, worker))
+    assert out["stream_sync"] == "0" and RING_USED in err  # the worker lives and serves

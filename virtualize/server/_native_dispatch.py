@@ -617,7 +617,9 @@ class Ring:
             got = self.lib.gpf_ring_recv(self.ptr, ctypes.addressof(window), len(view))
         finally:
             del window
-        return max(got, 0)
+        if got < 0:  # its positions make no sense: the client broke its own stream
+            raise ConnectionResetError("the client's command ring is corrupt")
+        return got
 
     def send(self, view: memoryview) -> None:
         """Every byte of `view`, in order after what was sent before."""
@@ -633,7 +635,7 @@ class Ring:
             finally:
                 del window
         if sent < 0:
-            raise ConnectionResetError("the client is gone")
+            raise ConnectionResetError("the client is gone, or its command ring is corrupt")
 
     def close(self) -> None:
         if self.fd >= 0:

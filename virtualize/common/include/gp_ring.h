@@ -130,8 +130,16 @@ static inline void gp_ring_wake(uint32_t *word, uint32_t *asleep) {
         syscall(SYS_futex, word, FUTEX_WAKE, 1, NULL, NULL, 0); /* once per sleep: it says asleep again */
 }
 
+/* Both positions are in memory the other end can write: every length is taken from one reading of them
+ * and checked, so a peer that scribbles on them breaks its own stream, never a copy's bounds. */
+static inline int gp_ring_broken(const struct gp_ring_end *e, uint64_t head, uint64_t tail) {
+    if (head - tail <= e->bytes) return 0;
+    errno = EPROTO;
+    return 1;
+}
+
 /* Like recv(2): up to `n` bytes, waiting for at least one unless `nowait` (then -1, errno EAGAIN); 0 once
- * the peer is gone and nothing is left to read. */
+ * the peer is gone and nothing is left to read; -1 (errno EPROTO) when the positions make no sense. */
 static inline long gp_ring_recv(const struct gp_ring_end *e, void *buf, size_t n, int nowait) {
     struct gp_ring_dir *d = e->in;
     uint64_t tail = __atomic_load_n(&d->tail, __ATOMIC_RELAXED), head = __atomic_load_n(&d->head, __ATOMIC_ACQUIRE);
@@ -143,6 +151,7 @@ static inline long gp_ring_recv(const struct gp_ring_end *e, void *buf, size_t n
         if (gp_ring_wait(e, &d->head, tail, &d->data, &d->reader_asleep) < 0) return 0;
         head = __atomic_load_n(&d->head, __ATOMIC_ACQUIRE);
     }
+    if (gp_ring_broken(e, head, tail)) return -1;
     uint64_t take = head - tail < n ? head - tail : n, at = tail & (e->bytes - 1);
     uint64_t first = e->bytes - at < take ? e->bytes - at : take;
     memcpy(buf, e->in_data + at, first);
@@ -153,7 +162,7 @@ static inline long gp_ring_recv(const struct gp_ring_end *e, void *buf, size_t n
 }
 
 /* Every byte of the pieces written, in order, each published as soon as it is in (one wake-up where
- * they fit at once): 0, or -1 (errno EPIPE) when the peer is gone. */
+ * they fit at once): 0, or -1 (errno EPIPE) when the peer is gone, EPROTO when the positions make no sense. */
 static inline int gp_ring_sendv(const struct gp_ring_end *e, const struct iovec *iov, int n) {
     struct gp_ring_dir *d = e->out;
     uint64_t head = __atomic_load_n(&d->head, __ATOMIC_RELAXED), published = head;
@@ -162,6 +171,7 @@ static inline int gp_ring_sendv(const struct gp_ring_end *e, const struct iovec 
         size_t left = iov[i].iov_len;
         while (left) {
             uint64_t tail = __atomic_load_n(&d->tail, __ATOMIC_ACQUIRE);
+            if (gp_ring_broken(e, head, tail)) return -1;
             if (head - tail == e->bytes) { /* full: what is written goes first, then wait for room */
                 if (published != head) {
                     __atomic_store_n(&d->head, head, __ATOMIC_SEQ_CST);
