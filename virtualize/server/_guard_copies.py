@@ -11,7 +11,6 @@ the Session, which its other calls and its close() read too.
 from __future__ import annotations
 
 import logging
-import os
 import struct
 from typing import ClassVar
 
@@ -22,7 +21,6 @@ from virtualize.server._executor import DECOMPRESS_PARAMS, INVALID_VALUE, CudaEr
 from virtualize.server._guard_concern import ANSWERED, EMPTY, Concern
 from virtualize.server._guard_rules import capture_refuses, element_bytes
 from virtualize.server._lanes import Lanes
-from virtualize.server._native_dispatch import Ring
 
 log = logging.getLogger("gpupool.worker")
 
@@ -178,7 +176,7 @@ class CopyCalls(Concern):
         channel = self.session.channel
         if not channel.local or channel.ring is not None:
             raise CudaError(CUresult.NOT_SUPPORTED, "the command ring is for a process on this host, once")
-        ring = Ring.create(channel.sock.fileno())
+        ring = channel.new_ring()
         if ring is None:
             raise CudaError(CUresult.NOT_SUPPORTED, "the worker's native library is not built")
         outs = call.out_struct.pack(ring.BYTES)
@@ -188,8 +186,7 @@ class CopyCalls(Concern):
         except OSError:
             ring.close()
             raise
-        os.close(ring.fd)  # the client maps its own; the worker's mapping stays
-        ring.fd = -1
+        ring.close_fd()  # the client maps its own; the worker's mapping stays
         channel.ring = ring
         log.info("a client on this host: its connection goes over to the command ring")
         return ANSWERED

@@ -637,10 +637,14 @@ class Ring:
         if sent < 0:
             raise ConnectionResetError("the client is gone, or its command ring is corrupt")
 
-    def close(self) -> None:
+    def close_fd(self) -> None:
+        """The memory's descriptor, once sent: the mappings stay."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+    def close(self) -> None:
+        self.close_fd()
         if self.ptr:
             self.lib.gpf_ring_free(self.ptr)
             self.ptr = None

@@ -65,6 +65,10 @@ class Channel:
         # both ways, goes through it; the socket then carries only descriptors and the client's end.
         self.ring: _native_dispatch.Ring | None = None
 
+    def new_ring(self) -> _native_dispatch.Ring | None:
+        """A command ring beside this connection (gpRingAttach); None where the native library is not built."""
+        return _native_dispatch.Ring.create(self.sock.fileno())
+
     def _recv_into(self, view: memoryview) -> int:
         return self.ring.recv_into(view) if self.ring is not None else self.sock.recv_into(view)
 
