@@ -629,7 +629,7 @@ static CUresult handshake(const char *secret) {
  * answer on, every byte of the connection both ways goes through memory both map (gp_ring.h), so a
  * synchronising call's round trip is two cache-line hand-overs, not four system calls and two wake-ups.
  * The socket stays: descriptors come on it (take_fd) and its end tells either side the other is gone.
- * Where the worker cannot (an older one, no native library), the connection stays on the socket. */
+ * Where the worker cannot (its native library not built), the connection stays on the socket. */
 static void ring_drop(void) {
     if (conn_ring) munmap(conn_ring->page, gp_ring_bytes_total((uint32_t)conn_ring->bytes));
     conn_ring = NULL;
@@ -653,7 +653,7 @@ static void ring_attach_locked(void) {
     if (result != CUDA_SUCCESS || fd < 0 || !out.size || out.size > (1u << 30)) {
         if (fd >= 0) close(fd);
         if (result == CUDA_SUCCESS) lost("the worker's command ring came without its memory");
-        return; /* refused (an older worker, no native library): the socket, as before */
+        return; /* refused (the worker has no native library): the socket, as before */
     }
     void *map = mmap(NULL, gp_ring_bytes_total((uint32_t)out.size), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
                      fd, 0);
