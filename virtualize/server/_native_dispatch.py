@@ -146,6 +146,7 @@ def _load() -> ctypes.CDLL | None:
         ("gpf_shm_set", [p, p, u64], None),
         ("gpf_serve", [p, i, p, p, ctypes.POINTER(_Buffer), i, i, u64, u32, ctypes.POINTER(_Outcome)], i),
         ("gpf_ring_map", [i, u32, i], p),
+        ("gpf_ring_total", [u32], u64),
         ("gpf_ring_free", [p], None),
         ("gpf_ring_recv", [p, p, u64], ctypes.c_long),
         ("gpf_ring_send", [p, p, u64], i),
@@ -600,7 +601,7 @@ class Ring:
             return None
         fd = os.memfd_create("gpupool-ring", os.MFD_CLOEXEC)
         try:
-            os.ftruncate(fd, 4096 + 2 * cls.BYTES)  # gp_ring.h: its header page, then each direction
+            os.ftruncate(fd, lib.gpf_ring_total(cls.BYTES))  # gp_ring.h: its header page, then each direction
             ptr = lib.gpf_ring_map(fd, cls.BYTES, sock_fd)
         except OSError:
             os.close(fd)

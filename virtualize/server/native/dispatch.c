@@ -684,6 +684,9 @@ EXPORT struct gp_ring_end *gpf_ring_map(int memfd, uint32_t bytes, int fd) {
     return e;
 }
 
+/* The bytes of a ring's memory (its header page and both directions), for the memory made to map. */
+EXPORT uint64_t gpf_ring_total(uint32_t bytes) { return gp_ring_bytes_total(bytes); }
+
 EXPORT void gpf_ring_free(struct gp_ring_end *e) {
     if (!e) return;
     munmap(e->page, gp_ring_bytes_total((uint32_t)e->bytes));
