@@ -653,7 +653,9 @@ static void ring_attach_locked(void) {
     if (result != CUDA_SUCCESS || fd < 0 || !out.size || out.size > (1u << 30)) {
         if (fd >= 0) close(fd);
         if (result == CUDA_SUCCESS) lost("the worker's command ring came without its memory");
-        return; /* refused (the worker has no native library): the socket, as before */
+        else gp_say("GPUPOOL_SHIM_RING is set but the lease's worker offers no command ring (its native library is "
+                    "not built): this process's connection stays on the socket");
+        return; /* refused: the socket, as before */
     }
     void *map = mmap(NULL, gp_ring_bytes_total((uint32_t)out.size), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
                      fd, 0);
