@@ -15,11 +15,12 @@ import sys
 import time
 
 from remote_helpers import CLIENT, MiB, client_env, needs_cc, parse, run_client, shim_dir, worker
-from test_remote_shared_copies import joined
+from test_remote_shared_copies import call, joined
 
 from server.workers import WorkerDevice, start_worker
 from virtualize.common import _wire
 from virtualize.common._calls import CALL_IDS, CALLS, INTERNAL
+from virtualize.common._results import CUresult
 
 pytestmark = needs_cc
 __all__ = ["shim_dir", "worker"]  # fixtures
@@ -185,3 +186,10 @@ def test_a_client_that_scribbles_on_the_rings_positions_loses_its_connection_not
         ring.close()
     out, err = run_client("native_dispatch", ring_env(shim_dir, worker))
     assert out["stream_sync"] == "0" and RING_USED in err  # the worker lives and serves
+
+
+def test_only_a_process_on_the_workers_host_gets_a_ring(worker):
+    """Over TCP (the worker could be another host's) gpRingAttach is refused: no memory is shared."""
+    with joined(worker, local=False) as sock:
+        assert call(sock, INTERNAL["gpRingAttach"])[0] == CUresult.NOT_SUPPORTED
+        assert call(sock, INTERNAL["gpShmAttach"])[0] == CUresult.NOT_SUPPORTED  # the connection goes on
