@@ -33,6 +33,7 @@ setup(
                 "virtualize/client/shim/calls_gen_types.h",
                 "virtualize/client/shim/exports_gen.h",
                 "virtualize/common/include/gp_ranges.h",
+                "virtualize/common/include/gp_ring.h",
             ],
             soname="libcuda.so.1",
         ),
@@ -74,6 +75,7 @@ setup(
                 "virtualize/server/native/native.h",
                 "virtualize/server/native/dispatch_gen.h",
                 "virtualize/common/include/gp_ranges.h",
+                "virtualize/common/include/gp_ring.h",
             ],
         ),
     ]

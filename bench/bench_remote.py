@@ -40,6 +40,12 @@ Each copy row also reports the CPU seconds the program and the worker spent per 
 /proc; 16 MiB and up), the fairer measure on a shared machine. `--copies-only` stops after the copies
 and `--min-copy-mib` / `--max-copy-mib` pick the sizes, e.g. to profile the copy path.
 
+`--ring` (issue 31) runs the remote program twice against the same worker, its connection on the
+socket and then over the command ring (GPUPOOL_SHIM_RING=1: frames and answers through memory the
+program and the worker map), and prints a table for each:
+
+  python bench/bench_remote.py --ring --patterns round_trip,copies,graph,events --max-copy-mib 1
+
 Where the time goes, pattern by pattern (issue 31): `--patterns graph --profile` measures only the
 graph replays and writes the shim's per-call profile of the remote run (GPUPOOL_SHIM_PROFILE) and the
 worker's cProfile of the connection (GPUPOOL_WORKER_PROFILE) under $OUT.
@@ -394,6 +400,9 @@ def main() -> int:
                         help="stop after the copies (round trip, launches, copies): to profile the copy path")  # fmt: skip
     parser.add_argument("--patterns", default=",".join(PATTERNS), type=patterns_arg,
                         help=f"which to measure, comma-separated (default all: {','.join(PATTERNS)})")  # fmt: skip
+    parser.add_argument("--ring", action="store_true",
+                        help="run the remote program twice, on the socket and over the command ring "
+                        "(GPUPOOL_SHIM_RING=1), and report both")  # fmt: skip
     parser.add_argument("--profile", action="store_true",
                         help="where the remote run's time goes: the shim's per-call profile and the worker's "
                         "cProfile, written under $OUT (or the run's temporary folder)")  # fmt: skip
@@ -453,7 +462,12 @@ def main() -> int:
         if args.profile:
             remote[_wire.ENV_PROFILE] = "1"
             profile = profile_dir / f"shim-profile-{args.patterns.replace(',', '-')}.txt"
-        results["remote"] = run_child(remote, profile=profile)
+        results["remote"] = run_child(
+            {**remote, "GPUPOOL_SHIM_RING": "0"} if args.ring else remote, profile=profile
+        )
+        if args.ring:
+            print("remote run over the command ring ...", flush=True)
+            results["remote_ring"] = run_child({**remote, "GPUPOOL_SHIM_RING": "1"})
         for _ in range(100 if args.profile else 0):  # the worker writes its profile once the client left
             if any(profile_dir.glob(f"worker-{worker.pid}-*.txt")):
                 break
@@ -461,6 +475,9 @@ def main() -> int:
     finally:
         worker.stop()
     report(results)
+    if "remote_ring" in results:
+        print("\nover the command ring (GPUPOOL_SHIM_RING=1), same worker:")
+        report({**results, "remote": results["remote_ring"]})
     return finish(results, started, "bench_remote.json")
 
 

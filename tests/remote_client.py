@@ -4173,6 +4173,50 @@ def scenario_worker_dies():
     say("again", cu.cuCtxSynchronize())
 
 
+def scenario_worker_dies_while_waiting():
+    """Says `ready` while waiting in a cuStreamSynchronize the worker cannot finish (the stream held at a
+    host function of this process); the test kills the worker then: the wait ends with the error."""
+    import threading
+
+    setup()
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    gate = threading.Event()
+    held = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: (say("ready", 1), gate.wait(60)))
+    check(cu.cuLaunchHostFunc(stream, held, None), "host function")
+    say("sync", cu.cuStreamSynchronize(stream))
+    say("again", cu.cuCtxSynchronize())
+    gate.set()
+    sys.stdout.flush()
+    os._exit(0)  # the callback thread's connection went with the worker
+
+
+def scenario_copy_flood():
+    """Copies of 4 MiB to the device and small calls between, as fast as they go, until a line on stdin
+    (or the test kills this process mid-copy); then the last copy's bytes are read back."""
+    import select
+
+    setup()
+    n = 4 * MiB
+    rc, dev = alloc(24 * MiB)
+    check(rc, "alloc")
+    event = c_u64()
+    check(cu.cuEventCreate(ctypes.byref(event), 0), "event")
+    data, rounds = b"", 0
+    while not select.select([sys.stdin], [], [], 0)[0]:
+        data = os.urandom(16) * (n // 16)
+        check(cu.cuMemcpyHtoD(c_u64(dev + (rounds % 5) * n), data, c_u64(n)), "htod")
+        check(cu.cuMemsetD8(c_u64(dev + 20 * MiB), rounds & 0xFF, c_u64(4096)), "memset")
+        check(cu.cuEventRecord(event, c_u64(0)), "record")
+        check(cu.cuEventQuery(event), "query")
+        if rounds == 0:
+            say("ready", 1)
+        rounds += 1
+    rc, back = dtoh(dev + ((rounds - 1) % 5) * n, n)
+    say("last_copy", rc == 0 and back == data)
+    say("sync", cu.cuCtxSynchronize())
+
+
 def scenario_migrate():
     """Holds every kind of object a lease can hold (contexts, a module and a library with a function and
     a kernel, a stream, events, a graph and its executable, a pool, allocations from cuMemAlloc, a pool

@@ -70,3 +70,35 @@ def test_the_host_executor_benchmark_measures_launches_after_a_live_migration(tm
     assert remote["move"]["ok"] and (remote["move"]["from"], remote["move"]["to"]) == (0, 1)
     assert remote["launches_per_s"] > 0 and remote["launches_after_move_per_s"] > 0
     assert "after the lease moved" in proc.stdout
+
+
+@needs_cc
+def test_with_ring_the_benchmark_runs_the_remote_program_on_the_socket_and_over_the_ring(tmp_path):
+    """--ring: the remote program twice against one worker, on the socket and over the command ring, each
+    reported (the round trip and the small copies, the rows issue 31 is about)."""
+    env = {**os.environ, "OUT": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_remote.py"), "--executor", "host", "--ring",
+         "--patterns", "round_trip,copies", "--max-copy-mib", "1", "--partition-mib", "64"],
+        env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    results = json.loads((tmp_path / "bench_remote.json").read_text())
+    for run in ("remote", "remote_ring"):
+        assert results[run]["round_trip_us"] > 0
+        assert all(row["htod"] > 0 and row["dtoh"] > 0 for row in results[run]["bandwidth_gb_s"].values())
+    assert "over the command ring" in proc.stdout
+
+
+@needs_cc
+def test_the_ring_transport_benchmark_reports_every_exchange_both_ways(tmp_path):
+    """bench/bench_ring.py: each exchange over the socket and the ring, with and without polling."""
+    env = {**os.environ, "OUT": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_ring.py"), "--rounds", "200", "--repeats", "1"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "bench_ring.json").read_text())["rows"]
+    assert len(rows) == 6 and {row["spin_us"] for row in rows} == {0, 40}
+    assert all(row["socket_us"][0] > 0 and row["ring_us"][0] > 0 for row in rows)

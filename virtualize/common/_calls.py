@@ -500,6 +500,10 @@ CALLS: tuple[Call, ...] = (
     # gpShmDtoH: `count` bytes of `src` into it from offset 0, answered once per `chunk` as each lands
     # (outs: offset, bytes). See virtualize/client/shim/shim.c (gp_bulk_copy).
     _c("gpShmAttach", 0, "o_u64 size", symbol="-"),
+    # The command ring (issue 31, GPUPOOL_SHIM_RING=1): answered with a file descriptor of memory both
+    # map, `size` bytes for each direction (virtualize/common/include/gp_ring.h); every later byte of the
+    # connection, both ways, goes through it instead of the socket.
+    _c("gpRingAttach", 0, "o_u64 size", symbol="-"),
     _c("gpShmHtoD", 0, "dptr dst, u64 count, stream stream, u64 offset, u32 flags", symbol="-"),
     _c("gpShmDtoH", 0, "dptr src, u64 count, stream stream, u32 flags, u32 chunk, o_u64 offset, o_u64 size",
        symbol="-"),

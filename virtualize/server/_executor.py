@@ -188,6 +188,7 @@ GUARD_CALLS = (
     "gpCopiesFlush",  # asynchronous copies to the client's page-locked memory (virtualize.server._deliveries)
     # copies through memory shared with a client on this host (`Executor.copy_in_from`, `copy_out_piece`)
     *("gpShmAttach", "gpShmHtoD", "gpShmDtoH"),
+    "gpRingAttach",  # the command ring: a connection's bytes through memory both map (worker.Channel)
     # the client's page-locked memory mapped by both (`Executor.copy_out_into`, `copy_in_from`)
     *("gpPinnedShare", "gpPinnedCopy", "gpPinnedSettle", "gpPinnedDrop"),
     *("gpLaneAttach", "gpLaneCopy", "gpLanePiece"),  # copies striped across a process's connections

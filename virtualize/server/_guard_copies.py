@@ -49,6 +49,7 @@ class CopyCalls(Concern):
         "gpMemcpyDtoHAsync": "dtoh_async",
         "gpCopiesFlush": "copies_flush",
         "gpShmAttach": "shm_attach",
+        "gpRingAttach": "ring_attach",
         "gpShmHtoD": "shm_htod",
         "gpShmDtoH": "shm_dtoh",
         "gpPinnedShare": "pinned_share",
@@ -167,6 +168,27 @@ class CopyCalls(Concern):
         outs = call.out_struct.pack(self.session.shared.size)
         self.session._announce_copies()
         self.session.channel.send_with_fd(self.session.shared.fd, _wire.REPLY.pack(0, len(outs), 0), outs)
+        return ANSWERED
+
+    def ring_attach(self, call: Call, ins: tuple):
+        """The command ring (GPUPOOL_SHIM_RING=1): answered on the socket with its memory's descriptor;
+        every byte after this answer, both ways, goes through the ring."""
+        channel = self.session.channel
+        if not channel.local or channel.ring is not None:
+            raise CudaError(CUresult.NOT_SUPPORTED, "the command ring is for a process on this host, once")
+        ring = channel.new_ring()
+        if ring is None:
+            raise CudaError(CUresult.NOT_SUPPORTED, "the worker's native library is not built")
+        outs = call.out_struct.pack(ring.BYTES)
+        self.session._announce_copies()
+        try:
+            channel.send_with_fd(ring.fd, _wire.REPLY.pack(0, len(outs), 0), outs)
+        except OSError:
+            ring.close()
+            raise
+        ring.close_fd()  # the client maps its own; the worker's mapping stays
+        channel.ring = ring
+        log.info("a client on this host: its connection goes over to the command ring")
         return ANSWERED
 
     # The client's page-locked memory, shared with the worker on this host: copies by the worker's DMA.

@@ -15,6 +15,10 @@ C checks each argument by the guard's own rules, generated into it from `_guard_
 table (native/dispatch_gen.h); tests/test_native_guard_parity.py holds the two paths to one verdict.
 
 ``GPUPOOL_WORKER_NATIVE=0`` turns it off (every frame through Python: for comparing, or if in doubt).
+
+The same library holds the worker's end of the command ring (`Ring`, gpRingAttach): a local
+connection's bytes through memory the program maps too; the loop and the Python path both read and
+write through it once the connection went over.
 """
 
 from __future__ import annotations
@@ -140,7 +144,12 @@ def _load() -> ctypes.CDLL | None:
         ("gpf_pinned_landing", [p, u64, ctypes.POINTER(u64), ctypes.POINTER(u64)], u32),
         ("gpf_pinned_drop", [p, u64], None),
         ("gpf_shm_set", [p, p, u64], None),
-        ("gpf_serve", [p, i, p, ctypes.POINTER(_Buffer), i, i, u64, u32, ctypes.POINTER(_Outcome)], i),
+        ("gpf_serve", [p, i, p, p, ctypes.POINTER(_Buffer), i, i, u64, u32, ctypes.POINTER(_Outcome)], i),
+        ("gpf_ring_map", [i, u32, i], p),
+        ("gpf_ring_total", [u32], u64),
+        ("gpf_ring_free", [p], None),
+        ("gpf_ring_recv", [p, p, u64], ctypes.c_long),
+        ("gpf_ring_send", [p, p, u64], i),
     ):
         fn = getattr(lib, name, None)
         if fn is None:  # an older build of the loop: its functions are not these
@@ -534,6 +543,7 @@ class NativeSession:
                     self.ptr,
                     fd,
                     tls,
+                    channel.ring.ptr if channel.ring is not None else None,
                     ctypes.byref(b),
                     may_reply,
                     not session.shared_error,
@@ -571,6 +581,74 @@ class NativeSession:
             if self.ptr:
                 self.lib.gpf_session_free(self.ptr)
                 self.ptr = None
+
+
+class Ring:
+    """The worker's end of a connection's command ring (native/dispatch.c, common/include/gp_ring.h):
+    the bytes the socket would carry, both ways, through memory the client on this host maps too."""
+
+    BYTES = 1 << 20  # each direction's; a frame or answer of any size streams through
+
+    def __init__(self, lib: ctypes.CDLL, ptr: int, fd: int) -> None:
+        self.lib, self.ptr, self.fd = lib, ptr, fd
+
+    @classmethod
+    def create(cls, sock_fd: int) -> Ring | None:
+        """A new ring beside the connection `sock_fd` (its memory's descriptor at `.fd`, to send once and
+        close); None where the native library is not built."""
+        lib = _load()
+        if lib is None:
+            return None
+        fd = os.memfd_create("gpupool-ring", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, lib.gpf_ring_total(cls.BYTES))  # gp_ring.h: its header page, then each direction
+            ptr = lib.gpf_ring_map(fd, cls.BYTES, sock_fd)
+        except OSError:
+            os.close(fd)
+            raise
+        if not ptr:
+            os.close(fd)
+            return None
+        return cls(lib, ptr, fd)
+
+    def recv_into(self, view: memoryview) -> int:
+        """Like socket.recv_into: at least one byte, waiting; 0 once the client is gone."""
+        window = (ctypes.c_char * len(view)).from_buffer(view)
+        try:
+            got = self.lib.gpf_ring_recv(self.ptr, ctypes.addressof(window), len(view))
+        finally:
+            del window
+        if got < 0:  # its positions make no sense: the client broke its own stream
+            raise ConnectionResetError("the client's command ring is corrupt")
+        return got
+
+    def send(self, view: memoryview) -> None:
+        """Every byte of `view`, in order after what was sent before."""
+        if view.readonly:  # bytes: ctypes passes their own buffer
+            data = view.obj if isinstance(view.obj, bytes) and len(view.obj) == len(view) else view.tobytes()
+            sent = self.lib.gpf_ring_send(
+                self.ptr, ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p), len(data)
+            )
+        else:
+            window = (ctypes.c_char * len(view)).from_buffer(view)
+            try:
+                sent = self.lib.gpf_ring_send(self.ptr, ctypes.addressof(window), len(view))
+            finally:
+                del window
+        if sent < 0:
+            raise ConnectionResetError("the client is gone, or its command ring is corrupt")
+
+    def close_fd(self) -> None:
+        """The memory's descriptor, once sent: the mappings stay."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def close(self) -> None:
+        self.close_fd()
+        if self.ptr:
+            self.lib.gpf_ring_free(self.ptr)
+            self.ptr = None
 
 
 def for_worker(lease, executor) -> NativeLease | None:

@@ -61,6 +61,16 @@ class Channel:
         self.start = self.end = 0
         self.bulk_left = 0
         self._scratch: bytearray | None = None
+        # The command ring, once the client asked for it (gpRingAttach): every byte after its answer,
+        # both ways, goes through it; the socket then carries only descriptors and the client's end.
+        self.ring: _native_dispatch.Ring | None = None
+
+    def new_ring(self) -> _native_dispatch.Ring | None:
+        """A command ring beside this connection (gpRingAttach); None where the native library is not built."""
+        return _native_dispatch.Ring.create(self.sock.fileno())
+
+    def _recv_into(self, view: memoryview) -> int:
+        return self.ring.recv_into(view) if self.ring is not None else self.sock.recv_into(view)
 
     def read_exact(self, n: int) -> bytes:
         while self.end - self.start < n:
@@ -72,7 +82,7 @@ class Channel:
                 self.view.release()
                 self.buf.extend(bytes(n - len(self.buf)))
                 self.view = memoryview(self.buf)
-            got = self.sock.recv_into(self.view[self.end :])
+            got = self._recv_into(self.view[self.end :])
             if not got:
                 raise ConnectionClosed
             self.end += got
@@ -94,7 +104,11 @@ class Channel:
             return
         pos = have
         while pos < len(out):
-            got = self.sock.recv_into(out[pos:], 0, socket.MSG_WAITALL)
+            got = (
+                self._recv_into(out[pos:])
+                if self.ring
+                else self.sock.recv_into(out[pos:], 0, socket.MSG_WAITALL)
+            )
             if not got:
                 raise ConnectionClosed
             pos += got
@@ -130,11 +144,22 @@ class Channel:
         self.bulk_left = 0
 
     def send_with_fd(self, fd: int, *parts) -> None:
-        """A small reply and a file descriptor for the client (a local socket only)."""
-        socket.send_fds(self.sock, [b"".join(parts)], [fd])
+        """A small reply and a file descriptor for the client (a local socket only). Over the ring the
+        descriptor goes ahead on the socket with one byte, the reply through the ring."""
+        if self.ring is None:
+            socket.send_fds(self.sock, [b"".join(parts)], [fd])
+            return
+        socket.send_fds(self.sock, [b"\0"], [fd])
+        self.send(*parts)
 
     def send(self, *parts) -> None:
         views = [memoryview(p).cast("B") for p in parts if len(p)]
+        if self.ring is not None:  # small replies published at once: one wake-up of the client
+            if len(views) > 1 and sum(map(len, views)) <= SMALL_REPLY_BYTES:
+                views = [memoryview(b"".join(views))]
+            for view in views:
+                self.ring.send(view)
+            return
         if self.encrypted:  # no sendmsg over TLS: small replies go as one record
             if sum(map(len, views)) <= SMALL_REPLY_BYTES:
                 self.sock.sendall(b"".join(views))
@@ -254,7 +279,7 @@ class Worker:
         else:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             who = f"{peer[0]}:{peer[1]}"
-        session = native = None
+        session = native = channel = None
         profiler = _start_profile()
         try:
             secured = sock if sock.family == socket.AF_UNIX else self._secure(sock, peer[0], who)
@@ -306,6 +331,8 @@ class Worker:
             log.exception("client %s: worker error; closing its connection", who)
         finally:
             sock.close()
+            if channel is not None and channel.ring is not None:
+                channel.ring.close()
             if native is not None:
                 self.native_sessions.discard(native)
                 native.close()

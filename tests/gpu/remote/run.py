@@ -17,6 +17,7 @@ to $OUT/remote_gpu_results.json when $OUT is set. The whole run takes about 8 mi
 training resnet50 gpt2 isolation kill two_gpus pool). `--link` runs the trainings as a client on another
 host gets them: the worker in one network namespace, the program in another, across a shaped veth
 (tests/netem_link.py: 25 Gbit/s, 20 µs each way, TLS on; needs root and iproute2, else SKIP with why).
+`--ring` runs every remote program with its connection over the command ring (GPUPOOL_SHIM_RING=1).
 
 Needs: Python 3.12 with cuda-bindings, cuda-core (and NVRTC), numba-cuda, numpy; a C compiler to
 build the shim here (else a prebuilt virtualize/client/_libcuda_shim*.so from the tree is used).
@@ -129,7 +130,9 @@ def base_env(extra_pythonpath: Path) -> dict[str, str]:
     return env
 
 
-ENCRYPT: dict[str, str] = {}  # --encrypt: GPUPOOL_DATA_ENCRYPTION=always for every remote run
+ENCRYPT: dict[
+    str, str
+] = {}  # --encrypt: GPUPOOL_DATA_ENCRYPTION=always, --ring: GPUPOOL_SHIM_RING=1, every remote run
 
 
 def lease_worker(name: str, devices: list) -> object:
@@ -237,6 +240,9 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", help="run only these checks (bindings core numba quota ...)")
     parser.add_argument("--encrypt", action="store_true",
                         help="every remote run over TLS 1.3, as across hosts, though on loopback")  # fmt: skip
+    parser.add_argument("--ring", action="store_true",
+                        help="every remote run's connection over the command ring (GPUPOOL_SHIM_RING=1: frames "
+                        "and answers through memory the program and the worker map)")  # fmt: skip
     parser.add_argument("--link", action="store_true",
                         help="the trainings across a shaped link between two network namespaces (25 Gbit/s, "
                         "20 µs each way, TLS on), as a client on another host gets them (root)")  # fmt: skip
@@ -249,6 +255,8 @@ def main() -> int:
     TRAIN_ARGS.extend(args.train_args.split())
     if args.encrypt:
         ENCRYPT.update({_wire.ENV_ENCRYPT: "always"})
+    if args.ring:  # (a local connection only: with --encrypt the ring is not asked for)
+        ENCRYPT.update({"GPUPOOL_SHIM_RING": "1"})
     want = set(args.only or [])
 
     def selected(key: str) -> bool:

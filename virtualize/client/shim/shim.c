@@ -3,10 +3,13 @@
  * One TCP connection per process (TCP_NODELAY, keep-alive), opened at the first forwarded call and
  * guarded by one mutex. Calls that want no reply are written and forgotten; the worker keeps their
  * first error and reports it at the next synchronising call. When the connection breaks, every later
- * call fails with CUDA_ERROR_DEVICE_UNAVAILABLE and the shim says once on stderr what happened. */
+ * call fails with CUDA_ERROR_DEVICE_UNAVAILABLE and the shim says once on stderr what happened. With a
+ * worker on this host and GPUPOOL_SHIM_RING=1, the connection's bytes go through the command ring
+ * instead (ring_attach_locked; the socket stays for descriptors and to notice the worker gone). */
 #define _GNU_SOURCE
 #include "shim.h"
 #include "../../common/include/gp_ranges.h"
+#include "../../common/include/gp_ring.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -59,6 +62,12 @@ struct gp_conn {
 static struct gp_conn main_conn = {-1, NULL, NULL};
 static __thread struct gp_conn *thread_conn;
 static struct gp_conn *conn(void) { return thread_conn ? thread_conn : &main_conn; }
+/* The process's connection's command ring, once it went over to it (ring_attach_locked): its bytes
+ * both ways; NULL on the socket. Only main_conn has one. */
+static struct gp_ring_end *conn_ring;
+static struct gp_ring_end ring_end;
+static struct gp_ring_end *ring_of(void) { return thread_conn ? NULL : conn_ring; }
+static void ring_drop(void);
 #define conn_fd (conn()->fd)
 #define conn_ssl (conn()->ssl)
 static CUresult conn_failure; /* sticky: once set, every call returns it */
@@ -75,6 +84,7 @@ static void after_fork_in_child(void) {
     /* The child must not share the parent's stream of frames; it opens its own on first use. */
     if (main_conn.fd >= 0) close(main_conn.fd);
     main_conn.fd = -1;
+    ring_drop(); /* the parent's ring: its worker connection's bytes, not ours */
     main_conn.ssl = NULL; /* the parent's session: not ours to use or to end */
     callbacks_after_fork_in_child();
     lanes_after_fork_in_child();
@@ -156,6 +166,9 @@ static void profile_print(void) {
                 profile_shm_wait_ns / 1e6);
     else if (shm_state < 0)
         fprintf(stderr, "gpupool: no memory shared with the worker: every copy went through the socket\n");
+    if (conn_ring)
+        fprintf(stderr, "gpupool: the connection's frames and answers went through the command ring (memory "
+                        "shared with the worker)\n");
     gp_memo_print_outcomes();
     fflush(stderr);
 }
@@ -178,6 +191,7 @@ static CUresult fail(CUresult code, const char *fmt, ...) {
     va_end(ap);
     if (!conn_failure) gp_say("%s", line);
     conn_failure = code;
+    if (!thread_conn) ring_drop();
     gp_tls_free(conn_ssl);
     conn_ssl = NULL;
     if (conn_fd >= 0) close(conn_fd);
@@ -213,6 +227,7 @@ static int send_tls(struct iovec *iov, int n) {
 }
 
 static int send_iov(struct iovec *iov, int n) {
+    if (ring_of()) return gp_ring_sendv(ring_of(), iov, n);
     if (conn_ssl) return send_tls(iov, n);
     while (n > 0) {
         struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
@@ -262,7 +277,9 @@ static int recv_all(void *buf, uint64_t len) {
     char *p = buf;
     while (len > 0) {
         size_t want = len > (1u << 30) ? (1u << 30) : (size_t)len;
-        ssize_t got = conn_ssl ? gp_tls_read(conn_ssl, p, want) : recv_plain(p, want, 0);
+        ssize_t got = ring_of() ? gp_ring_recv(ring_of(), p, want, 0)
+                      : conn_ssl ? gp_tls_read(conn_ssl, p, want)
+                                 : recv_plain(p, want, 0);
         if (got == 0) {
             errno = ECONNRESET;
             return -1;
@@ -283,12 +300,18 @@ static int recv_all(void *buf, uint64_t len) {
  * where there are 4 CPUs or more, else never (there polling takes the CPU the worker needs). */
 static long spin_ns = -1;
 
-static int recv_header(void *buf, uint64_t len) {
+static long shim_spin_ns(void) {
     if (spin_ns < 0) {
         const char *env = getenv("GPUPOOL_SHIM_SPIN_US");
         spin_ns = env ? atol(env) * 1000 : sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? 40000 : 0;
+        if (spin_ns < 0) spin_ns = 0;
     }
-    if (conn_ssl || spin_ns <= 0) return recv_all(buf, len);
+    return spin_ns;
+}
+
+static int recv_header(void *buf, uint64_t len) {
+    shim_spin_ns();
+    if (conn_ssl || spin_ns <= 0 || ring_of()) return recv_all(buf, len); /* a ring spins in gp_ring_recv */
     uint64_t until = 0;
     for (;;) {
         ssize_t got = recv_plain(buf, len, MSG_DONTWAIT);
@@ -601,6 +624,66 @@ static CUresult handshake(const char *secret) {
     return CUDA_SUCCESS;
 }
 
+/* ---- the command ring (issue 31): a worker on this host, GPUPOOL_SHIM_RING=1 ----------------------
+ * Right after the handshake the process's connection asks for it (gpRingAttach, on the socket); from its
+ * answer on, every byte of the connection both ways goes through memory both map (gp_ring.h), so a
+ * synchronising call's round trip is two cache-line hand-overs, not four system calls and two wake-ups.
+ * The socket stays: descriptors come on it (take_fd) and its end tells either side the other is gone.
+ * Where the worker cannot (its native library not built), the connection stays on the socket. */
+static void ring_drop(void) {
+    if (conn_ring) munmap(conn_ring->page, gp_ring_bytes_total((uint32_t)conn_ring->bytes));
+    conn_ring = NULL;
+}
+
+static int ring_wanted(void) {
+    const char *env = getenv("GPUPOOL_SHIM_RING");
+    return env && *env && strcmp(env, "0") != 0;
+}
+
+static void ring_attach_locked(void) {
+    struct gp_out_gpRingAttach out;
+    int32_t result;
+    if (send_frame(GP_CALL_gpRingAttach, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, NULL, 0) < 0 ||
+        recv_reply(&result, &out, sizeof out, NULL, 0) < 0) {
+        lost(strerror(errno));
+        return;
+    }
+    int fd = received_fd;
+    received_fd = -1;
+    if (result != CUDA_SUCCESS || fd < 0 || !out.size || out.size > (1u << 30)) {
+        if (fd >= 0) close(fd);
+        if (result == CUDA_SUCCESS) lost("the worker's command ring came without its memory");
+        else gp_say("GPUPOOL_SHIM_RING is set but the lease's worker offers no command ring (its native library is "
+                    "not built): this process's connection stays on the socket");
+        return; /* refused: the socket, as before */
+    }
+    void *map = mmap(NULL, gp_ring_bytes_total((uint32_t)out.size), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                     fd, 0);
+    close(fd);
+    /* The worker reads its ring from now on: a ring this process cannot map ends the connection. */
+    if (map == MAP_FAILED || gp_ring_open(&ring_end, map, (uint32_t)out.size, 0, 0, conn_fd) < 0) {
+        if (map != MAP_FAILED) munmap(map, gp_ring_bytes_total((uint32_t)out.size));
+        lost("the worker's command ring could not be mapped");
+        return;
+    }
+    ring_end.spin_ns = (uint64_t)shim_spin_ns();
+    conn_ring = &ring_end;
+}
+
+/* The descriptor that came with a reply just read (gpShmAttach's, gpPinnedShare's): with the reply on a
+ * socket, or over the ring ahead of it on the socket with one byte. -1 when none came. */
+static int take_fd(void) {
+    if (ring_of() && received_fd < 0) {
+        char byte;
+        ssize_t got;
+        do got = recv_plain(&byte, 1, 0);
+        while (got < 0 && errno == EINTR);
+    }
+    int fd = received_fd;
+    received_fd = -1;
+    return fd;
+}
+
 static __thread uint64_t ctx_stack[32];
 static __thread int ctx_depth;
 
@@ -610,6 +693,8 @@ static CUresult prepare_locked(void) {
     if (conn_fd < 0) {
         CUresult r = connect_worker();
         if (r) return r;
+        if (!thread_conn && conn_local && !conn_ssl && ring_wanted()) ring_attach_locked();
+        if (conn_failure) return conn_failure;
     }
     uint64_t want = gp_ctx_current();
     if (want != conn_ctx) {
@@ -767,8 +852,7 @@ static void shm_attach_locked(void) {
         lost(strerror(errno));
         return;
     }
-    int fd = received_fd;
-    received_fd = -1;
+    int fd = result == CUDA_SUCCESS ? take_fd() : -1;
     if (result != CUDA_SUCCESS || fd < 0 || !out.size) {
         if (fd >= 0) close(fd);
         return;
@@ -796,8 +880,7 @@ int gp_pinned_share(uint64_t base, uint64_t size) {
             recv_reply(&result, NULL, 0, NULL, 0) < 0) {
             lost(strerror(errno));
         } else {
-            fd = received_fd;
-            received_fd = -1;
+            fd = result == CUDA_SUCCESS ? take_fd() : -1;
             if (result != CUDA_SUCCESS && fd >= 0) {
                 close(fd);
                 fd = -1;

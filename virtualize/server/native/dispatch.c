@@ -1,7 +1,9 @@
 /* The worker's native hot path: frames of the calls a training loop sends most, served in C.
  *
  * The worker's Python loop (virtualize/server/worker.py) hands its connection's socket (and its TLS stream,
- * tls.c, when the connection is encrypted) and receive buffer to gpf_serve, which reads frames and
+ * tls.c, when the connection is encrypted, or its command ring, gp_ring.h, when a program on this host
+ * asked for one: then the frames come from the ring and the answers go into it) and receive buffer to
+ * gpf_serve, which reads frames and
  * runs, without Python, the ones it can answer exactly as the Python path would: kernel launches of
  * functions the Python path has already launched once (their parameter layout is known), graph launches,
  * event records, waits and elapsed times (many pairs at once too), memsets, copies up to 1 MiB in the
@@ -29,11 +31,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "../../common/include/gp_ranges.h"
+#include "../../common/include/gp_ring.h"
 #include "dispatch_gen.h"
 #include "native.h"
 
@@ -656,14 +660,47 @@ static uint64_t now_ns(void) {
     return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
-/* The connection: a plain socket, or the TLS stream over it (tls.c). */
+/* The connection: a plain socket, the TLS stream over it (tls.c), or the command ring beside it. */
 struct io {
     int fd;
     struct gpt_stream *tls;
+    const struct gp_ring_end *ring;
 };
+
+/* -- the command ring (gp_ring.h): a local connection's bytes through memory the client maps too ---- */
+
+/* The worker's end of a ring in the memory of `memfd` (its size: gp_ring_bytes_total(bytes)), beside
+ * the connection's socket `fd`; NULL where it cannot be mapped. The caller may close `memfd` after. */
+EXPORT struct gp_ring_end *gpf_ring_map(int memfd, uint32_t bytes, int fd) {
+    struct gp_ring_end *e = calloc(1, sizeof *e);
+    if (!e) return NULL;
+    void *map = mmap(NULL, gp_ring_bytes_total(bytes), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, memfd, 0);
+    if (map == MAP_FAILED || gp_ring_open(e, map, bytes, 1, 1, fd) < 0) {
+        if (map != MAP_FAILED) munmap(map, gp_ring_bytes_total(bytes));
+        free(e);
+        return NULL;
+    }
+    e->spin_ns = spin_ns;
+    return e;
+}
+
+/* The bytes of a ring's memory (its header page and both directions), for the memory made to map. */
+EXPORT uint64_t gpf_ring_total(uint32_t bytes) { return gp_ring_bytes_total(bytes); }
+
+EXPORT void gpf_ring_free(struct gp_ring_end *e) {
+    if (!e) return;
+    munmap(e->page, gp_ring_bytes_total((uint32_t)e->bytes));
+    free(e);
+}
+
+/* The Python path's reads and writes of a ring connection (worker.py's Channel): like recv(2) (0: the
+ * client is gone), and 0 or -1 when every byte is written. ctypes lets go of the GIL around both. */
+EXPORT long gpf_ring_recv(const struct gp_ring_end *e, void *p, uint64_t n) { return gp_ring_recv(e, p, n, 0); }
+EXPORT int gpf_ring_send(const struct gp_ring_end *e, const void *p, uint64_t n) { return gp_ring_send(e, p, n); }
 
 /* Like recv(2), MSG_DONTWAIT when `nowait`. */
 static ssize_t io_recv(const struct io *io, void *p, size_t n, int nowait) {
+    if (io->ring) return gp_ring_recv(io->ring, p, n, nowait);
     if (!io->tls) return recv(io->fd, p, n, nowait ? MSG_DONTWAIT : 0);
     long got = gpt_recv(io->tls, p, n, nowait ? 0 : -1);
     if (got >= 0) return got;
@@ -681,7 +718,7 @@ static int fill(const struct io *io, struct buffer *b, uint64_t need) {
             b->end -= b->start;
             b->start = 0;
         }
-        int polling = spin_ns && (!until || now_ns() < until);
+        int polling = !io->ring && spin_ns && (!until || now_ns() < until); /* a ring spins in gp_ring_recv */
         ssize_t got = io_recv(io, b->data + b->end, b->cap - b->end, polling);
         if (got == 0) return CLOSED;
         if (got < 0) {
@@ -778,6 +815,7 @@ static int checked(struct session *s, int c, const uint8_t *a, uint64_t *real) {
 }
 
 static int send_all(const struct io *io, const void *p, size_t n) {
+    if (io->ring) return gp_ring_send(io->ring, p, n);
     if (io->tls) return gpt_send_all(io->tls, p, n);
     const uint8_t *c = p;
     while (n) {
@@ -981,15 +1019,17 @@ static int elapsed_many(struct session *s, const struct io *io, const uint8_t *a
     return send_all(io, s->answers, REPLY + answers_len) < 0 ? -2 : 0;
 }
 
-/* Serve frames from `fd` (through `tls` when the connection is encrypted: NULL for a plain socket) until one is Python's (TO_PYTHON: b->start is its header), an asynchronous call
+/* Serve frames from `fd` (through `tls` when the connection is encrypted, `ring` when it has gone over to
+ * the command ring: NULL for a plain socket) until one is Python's (TO_PYTHON: b->start is its header), an asynchronous call
  * failed (ASYNC_ERROR, its frame consumed: the Python path keeps it for the next synchronising call),
  * a synchronising call's reply must follow kernel output (REPLY_AFTER_OUTPUT: Python sends both), the
  * client is gone, or `budget` frames were served (SERVED). `may_reply`: no earlier asynchronous error is
  * pending and nothing else is owed before a reply, so synchronising calls are answered here. `ctx`: the
  * connection's current context (copies landing in shared page-locked memory are noted with it). */
-EXPORT int gpf_serve(struct session *s, int fd, struct gpt_stream *tls, struct buffer *b, int may_reply,
-                     int shared_ok, uint64_t ctx, uint32_t budget, struct outcome *out) {
-    const struct io io = {fd, tls};
+EXPORT int gpf_serve(struct session *s, int fd, struct gpt_stream *tls, const struct gp_ring_end *ring,
+                     struct buffer *b, int may_reply, int shared_ok, uint64_t ctx, uint32_t budget,
+                     struct outcome *out) {
+    const struct io io = {fd, tls, ring};
     s->ctx = ctx;
     s->moves = __atomic_load_n(&s->lease->moves, __ATOMIC_SEQ_CST); /* the caller made its context current */
     s->shm_ok = shared_ok;
