@@ -19,6 +19,7 @@ and another GPU of this server is not "off" it. ``DELETE`` (``--undo``) grants a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from server._errors import Busy, Impossible, MigrationFailed, NotFound, PoolError
@@ -77,11 +78,19 @@ def undo(pool: Pool, lease_id: str, moved: dict) -> None:
 
 async def migrate(st, lease_id: str, partition: int, to: int) -> dict:
     """The whole move; the lease's answer with "migration" (the worker's report), or an error."""
-    if lease_id in _moving:  # one at a time: a second one's undo could otherwise overwrite the first's record
+    with one_move(lease_id):
+        return await _migrate(st, lease_id, partition, to)
+
+
+@contextlib.contextmanager
+def one_move(lease_id: str):
+    """One migration of a lease at a time (to a GPU here or to another server): a second one's undo could
+    otherwise overwrite the first's record."""
+    if lease_id in _moving:
         raise Busy(f"a migration of lease {lease_id} is under way", "wait for it to answer, then ask again")
     _moving.add(lease_id)
     try:
-        return await _migrate(st, lease_id, partition, to)
+        yield
     finally:
         _moving.discard(lease_id)
 

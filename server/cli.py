@@ -206,12 +206,18 @@ def _moving_parsers(sub) -> None:
         description="Move a running remote lease's partition to GPU --to of the same server while its program "
         "runs: the worker holds the lease's calls, copies its device memory to the same addresses on the "
         "target and resumes. What cannot move (an MPS lease, a stream capture in flight, ...) is refused "
-        "with the reason, and a failure leaves the lease running where it was. Prints the pause.",
+        "with the reason, and a failure leaves the lease running where it was. Prints the pause. "
+        "--to SERVER (another gpupool-server) is partly built: the target admits the lease and its worker "
+        "receives the lease's memory at the same addresses, but the move does not complete yet (the lease's "
+        "objects and connections are not re-created there): it ends with that reason and the lease runs on "
+        "where it was (docs/remote.md, Between servers).",
     )
     m.add_argument("lease", help="the lease id (lease-...)")
-    m.add_argument("--to", required=True, metavar="GPU",
-                   help="the target GPU's index on the lease's server (GET /v1/gpus); another server is not a "
-                        "target yet")  # fmt: skip
+    m.add_argument("--to", required=True, metavar="GPU|SERVER",
+                   help="the target GPU's index on the lease's server (GET /v1/gpus), or another server: "
+                        "host:port, URL, or a member name of --cluster")  # fmt: skip
+    m.add_argument("--cluster", metavar="etcd://...", help="the cluster --to SERVER is a member of (names it "
+                   "as gpupool-server cluster members lists)")  # fmt: skip
     m.add_argument("--partition", type=ranged(int, 0, 1023, "a partition"), default=0,
                    help="which of the lease's partitions moves, from 0 (default 0)")  # fmt: skip
     _admin_options(m)
@@ -542,10 +548,14 @@ def _client(args) -> int:
 
 def _lease(args) -> int:
     """`lease migrate`: through the running server's admin API (it holds the lease's worker)."""
-    if not args.to.isdigit():  # a server's name or address: the lease's state would leave its worker's host
-        return _fail(f"--to {args.to}: moving a running lease to another server is not available yet",
-                     "move it to another GPU of its server (--to GPU index), or drain the server "
-                     "(gpupool-server drain SERVER --wait) and let the lease end")  # fmt: skip
+    if not args.to.removeprefix(
+        "-"
+    ).isdigit():  # a server's name or address: the lease's state leaves its host
+        return _lease_to_server(args)
+    if args.cluster:
+        return _fail(
+            "--cluster names the cluster of --to SERVER", "give --to a member name, or drop --cluster"
+        )
     try:
         args.to = ranged(int, 0, 1023, "a GPU index")(args.to)
     except argparse.ArgumentTypeError as exc:
@@ -561,6 +571,23 @@ def _lease(args) -> int:
     m = lease.migration
     print(f"{args.lease}: partition {m.device} moved from GPU {m.from_} to GPU {m.to}: "
           f"{m.bytes / 2**20:.1f} MiB copied, paused {m.pause_s:.3f} s")  # fmt: skip
+    return 0
+
+
+def _lease_to_server(args) -> int:
+    """`lease migrate LEASE --to SERVER`: the lease's server sends it to SERVER."""
+    target = _drain_target(args.to, args.cluster)
+    what = f"migrating {args.lease} to {target}"
+    from server.workers import MIGRATE_TIMEOUT_S
+
+    call = lambda client: client.migrate_to_server(args.lease, target)  # noqa: E731
+    lease = _admin_call(args, what, call, MIGRATE_TIMEOUT_S + 60)
+    if isinstance(lease, int):
+        return lease
+    m = lease.migration
+    print(
+        f"{args.lease}: moved to {lease.server.hostname}: {m.bytes / 2**20:.1f} MiB copied, paused {m.pause_s:.3f} s"
+    )
     return 0
 
 

@@ -559,6 +559,21 @@ class ServerClient:
         path = f"/v1/admin/leases/{urllib.parse.quote(lease_id, safe='')}/migrate"
         return self._typed(api.MigratedLease, "POST", path, api.MigrateRequest(to=to, partition=partition))
 
+    def migrate_to_server(self, lease_id: str, server: str) -> api.MigratedLease:
+        """Move a running remote lease to another server (`server`: its URL); the lease there, with its migration."""
+        path = f"/v1/admin/leases/{urllib.parse.quote(lease_id, safe='')}/migrate"
+        return self._typed(api.MigratedLease, "POST", path, api.MigrateRequest(server=server))
+
+    def receive(self, lease_id: str, request: api.ReceiveRequest) -> api.Receiving:
+        """Admit a lease another server moves here (that server asks); its GPUs and receiving worker."""
+        path = f"/v1/admin/leases/{urllib.parse.quote(lease_id, safe='')}/receive"
+        return self._typed(api.Receiving, "POST", path, request)
+
+    def give_back(self, lease_id: str) -> api.Lease:
+        """End the admission of a lease whose move here failed (its receiving worker stops)."""
+        path = f"/v1/admin/leases/{urllib.parse.quote(lease_id, safe='')}/receive"
+        return self._typed(api.Lease, "DELETE", path)
+
     def drain(self, gpu: int, *, undo: bool = False) -> api.Drain:
         """Stop granting on GPU `gpu` and move its remote leases off (undo: take leases again)."""
         return self._typed(api.Drain, "DELETE" if undo else "POST", f"/v1/admin/gpus/{gpu}/drain")

@@ -590,14 +590,19 @@ class Translated:
         """The client's contexts on lease device `device`."""
         return [r.made[1] for r in self.moving(device) if r.made and r.made[0] == "ctx"]
 
+    def drain(self, device: int) -> None:
+        """Synchronise each of the client's contexts on lease device `device` (the calls paused): nothing runs
+        while its memory is copied."""
+        for ctx in self.contexts(device):
+            self.inner.set_context(self.map.real("ctx", ctx))
+            self.inner.cuCtxSynchronize()
+
     def migrate(self, device: int, target: int, mappings: list, **where) -> dict:
         """Move lease device `device` to GPU `target` (`Executor.migrate`), the calls paused: drain its
         contexts, let the executor move the memory and re-create the objects by replaying their records,
         then map the client's values to the new objects."""
         records = self.moving(device)
-        for ctx in self.contexts(device):  # nothing runs while the memory is copied
-            self.inner.set_context(self.map.real("ctx", ctx))
-            self.inner.cuCtxSynchronize()
+        self.drain(device)
         made: dict[tuple[str, int], int] = {}
 
         contexts = {r.made[1]: r.device for r in records if r.made and r.made[0] == "ctx"}

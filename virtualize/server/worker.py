@@ -31,11 +31,19 @@ import threading
 import time
 from pathlib import Path
 
-from server.workers import ACTIVITY_FILE, EXECUTOR_ENV, SECRET_ENV, USAGE_FILE, WORKER_MODULE, WorkerDevice
+from server.workers import (
+    ACTIVITY_FILE,
+    EXECUTOR_ENV,
+    MIGRATION_SECRET_ENV,
+    SECRET_ENV,
+    USAGE_FILE,
+    WORKER_MODULE,
+    WorkerDevice,
+)
 from virtualize.common import _wire
 from virtualize.common._calls import CALL_IDS, INTERNAL, WIRE_VERSION
 from virtualize.common._results import CUresult
-from virtualize.server import _data_tls, _migrate, _native_dispatch, _native_tls
+from virtualize.server import _data_tls, _migrate, _migrate_out, _native_dispatch, _native_tls
 from virtualize.server._handles import Translated
 
 log = logging.getLogger("gpupool.worker")
@@ -233,6 +241,7 @@ class Worker:
         self.in_calls: set[int] = set()  # connections executing a call now (a long sync is use, not idleness)
         self.native = _native_dispatch.for_worker(self.lease, self.executor)
         self.native_sessions: set = set()  # connections' native loops (their calls are activity too)
+        self.sessions: set = set()  # every connection's Session (a move to another server looks at them)
 
     def serve(self, listener: socket.socket, local: socket.socket | None = None) -> None:
         threading.Thread(target=self._touch_while_busy, daemon=True).start()
@@ -266,6 +275,7 @@ class Worker:
                 return
             take = self.kernel_output.take if self.kernel_output is not None else None
             session = Session(self.lease, self.executor, channel, take)
+            self.sessions.add(session)
             how = (
                 sock.version()
                 if channel.encrypted
@@ -310,6 +320,7 @@ class Worker:
                 self.native_sessions.discard(native)
                 native.close()
             if session is not None:
+                self.sessions.discard(session)
                 self._end_thread(who)
                 session.close()
             if profiler is not None:
@@ -485,6 +496,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", required=True, help="JSON list of {index, uuid, mem_limit_bytes}")
     parser.add_argument("--state-dir", required=True, help="directory of the activity file")
     parser.add_argument("--parent", type=int, default=0, help="exit when this process is gone")
+    parser.add_argument("--receive", type=float, default=0.0, metavar="SECONDS",
+                        help="receive the running lease from another server's worker: wait this long for it on a "
+                        f"second port (the one-time secret in ${MIGRATION_SECRET_ENV}), then exit")  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=os.environ.get("GPUPOOL_WORKER_LOG", "INFO"),
@@ -493,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     devices = [WorkerDevice(**d) for d in json.loads(args.devices)]
     secret = os.environ.pop(SECRET_ENV, "")
+    migration_secret = os.environ.pop(MIGRATION_SECRET_ENV, "")
     kind = os.environ.get(EXECUTOR_ENV, "cuda")
 
     def ready(**answer) -> None:
@@ -501,6 +516,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if not secret:
         ready(error=f"{SECRET_ENV} is not set")
+        return 2
+    if args.receive and not migration_secret:
+        ready(error=f"--receive needs {MIGRATION_SECRET_ENV}")
         return 2
     try:
         executor = make_executor(kind, devices)
@@ -518,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     listener = socket.create_server((args.bind, 0), backlog=64)
     host, port = listener.getsockname()[:2]
     local, local_name = _local_listener(args.lease)
+    arrivals = socket.create_server((args.bind, 0), backlog=4) if args.receive else None
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if args.parent:
         threading.Thread(target=_watch_parent, args=(args.parent,), daemon=True).start()
@@ -527,11 +546,16 @@ def main(argv: list[str] | None = None) -> int:
         log.info(
             "this driver lacks %d ABI(s) of the call table (name@version): %s", len(lacks), ", ".join(lacks)
         )
-    ready(host=host, port=port, pid=os.getpid(), tls_sha256=fingerprint, local=local_name, lacks=lacks)
+    migrate_port = arrivals.getsockname()[1] if arrivals is not None else 0
+    ready(host=host, port=port, pid=os.getpid(), tls_sha256=fingerprint, local=local_name, lacks=lacks,
+          migrate_port=migrate_port)  # fmt: skip
     output = KernelOutput()  # after the ready line, the last thing this process says on stdout
     try:
         worker = Worker(args.lease, devices, executor, Path(args.state_dir), secret, tls, output)
         _migrate.serve_requests(worker, Path(args.state_dir))
+        if arrivals is not None:
+            log.info("waiting up to %g s for the lease's state on port %d", args.receive, migrate_port)
+            _migrate_out.receive(worker, arrivals, migration_secret.encode(), args.receive)
         worker.serve(listener, local)
     finally:
         executor.close()

@@ -1,0 +1,206 @@
+"""Moving a running lease to another server's worker (docs/remote.md, "Between servers"): both ends.
+
+The sending end (`send`, in the lease's worker, asked by its pool server through the request file as a
+move to another GPU is): refuse up front what cannot leave this host (`refusal`), open the link to the
+receiving worker (`virtualize.server._migrate_link`: TLS, the one-time secret), pause the lease's calls as
+a move to another GPU does (`_migrate.Gate`, the native loop leaving frames to Python), drain its
+contexts, and send the manifest — the processes' address windows and the memory mapped in them — and then
+that memory, chunk by chunk, read from the device as it is.
+
+The receiving end (`receive`, in a worker started with ``--receive SECONDS``): wait that long for one
+sender that proves the secret, reserve each window at the SAME address (a range taken on this GPU fails
+the move), map the memory there and fill it from the link, and say what it holds. Then it waits for the
+sender's decision.
+
+Until the receiving worker holds everything, the lease runs on its source: the sender resumes the calls
+whatever failed (the link dropped, the receiving worker died or refused, a timeout), and a receiving
+worker whose sender is gone or that no sender reached exits, which frees its GPUs (its server ends the
+admission as for any worker that exits).
+
+What is not built yet: re-creating on the receiving worker the objects the lease's processes hold
+(contexts, modules, streams, events, ... from the records of `virtualize.server._handles`) and each
+process's connection state, and the shim reconnecting to it. Until it is, the sender ends every move
+after the memory has arrived with that reason (`NOT_BUILT`), and the lease runs on where it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+
+from virtualize.server import _migrate, _migrate_link
+from virtualize.server._migrate import DRAIN_TIMEOUT_S, MPS_REFUSAL, MigrationRefused
+
+log = logging.getLogger("gpupool.worker")
+
+LINK_TIMEOUT_S = 60.0  # the longest one read or write of the link may take before the move fails
+NOT_BUILT = (
+    "re-creating the lease's CUDA objects and its processes' connections on another server's worker is not "
+    "built yet (docs/remote.md, Between servers)"
+)
+# Tests only: the receiving worker dies (exit 9, as a killed process) after this many bytes of memory.
+DIES_AFTER_ENV = "GPUPOOL_TEST_RECEIVER_DIES_AFTER_BYTES"
+
+
+def refusal(worker) -> str | None:
+    """Why the lease cannot move to another server's worker, or None: what cannot move at all, and what
+    only this host has."""
+    if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
+        return MPS_REFUSAL
+    lease = worker.lease
+    if lease.nccl_comms:
+        return "the lease holds NCCL communicators: their connections to the other ranks are this worker's"
+    if any(session.pinned for session in list(worker.sessions)):
+        return (
+            "a process of the lease shares page-locked host memory with this worker (on its host): another "
+            "server's worker cannot map it"
+        )
+    return _migrate.lease_refusal(worker, set(range(len(worker.devices))))
+
+
+def send(worker, target: dict, timeout: float = DRAIN_TIMEOUT_S) -> dict:
+    """Send the lease to the receiving worker `target` ({"host", "migrate_port", "tls_sha256", "secret"});
+    the answer for the server, or MigrationRefused (the lease runs on here)."""
+    reason = refusal(worker)
+    if reason:
+        raise MigrationRefused(reason)
+    where = f"{target['host']}:{target['migrate_port']}"
+    try:
+        link = _migrate_link.connect(str(target["host"]), int(target["migrate_port"]), str(target["tls_sha256"]),
+                                     str(target["secret"]).encode(), LINK_TIMEOUT_S)  # fmt: skip
+    except (OSError, _migrate_link.LinkError) as exc:
+        raise MigrationRefused(f"the receiving worker at {where} cannot be reached: {_why(exc)}") from None
+    with link:
+        try:
+            return _sent(worker, link, where, timeout)
+        except (OSError, _migrate_link.LinkError) as exc:
+            raise MigrationRefused(
+                f"the link to the receiving worker at {where} failed: {_why(exc)}"
+            ) from None
+
+
+def _sent(worker, link: _migrate_link.Link, where: str, timeout: float) -> dict:
+    asked = time.monotonic()
+    try:
+        _migrate._native_paused(worker, timeout)
+        with worker.lease.gate.closed(timeout):
+            paused = time.monotonic()
+            reason = refusal(worker)  # a call just before the pause may have changed it
+            if reason:
+                raise MigrationRefused(reason)
+            with _migrate._windows_held(worker.lease):
+                for device in range(len(worker.devices)):
+                    worker.executor.drain(device)
+                held = _migrate.mappings(worker.lease)
+                total = sum(m.size for m in held)
+                link.send(_manifest(worker, held), total)
+                for m in held:
+                    worker.executor.copy_from_device(m.base, m.size, None, link.send_bytes)
+                answer = link.receive()
+            if answer.get("ok") is not True:
+                raise MigrationRefused(f"the receiving worker at {where} failed: {answer.get('error')}")
+            log.info("the lease's memory reached the receiving worker at %s: %d bytes at the same addresses "
+                     "in %.3f s", where, total, time.monotonic() - paused)  # fmt: skip
+            link.send({"commit": False, "reason": NOT_BUILT})
+            raise MigrationRefused(NOT_BUILT)
+    finally:
+        if worker.native is not None:  # nothing moved: C serves again, its handles as they were
+            worker.native.python_only(False)
+        log.info("the lease's calls waited %.3f s for the move to another server", time.monotonic() - asked)
+
+
+def _manifest(worker, held: list) -> dict:
+    """What the receiving worker re-creates first: each process's windows, and the memory mapped in them
+    (in the order its bytes follow)."""
+    windows = [[w.base, w.size] for memory in list(worker.lease.windows) for w in memory.windows]
+    return {"lease": worker.lease_id, "devices": len(worker.devices), "windows": windows,
+            "memory": [[m.base, m.size, m.device] for m in held]}  # fmt: skip
+
+
+def _why(exc: BaseException) -> str:
+    return getattr(exc, "title", "") or str(exc) or type(exc).__name__
+
+
+# -- the receiving end ---------------------------------------------------------------------------------
+
+
+def receive(worker, listener: socket.socket, secret: bytes, wait_s: float) -> None:
+    """In a thread of a receiving worker: wait `wait_s` for the sender, take the lease's memory, and exit
+    the process when the move will not complete (its GPUs are free then)."""
+
+    def run() -> None:
+        deadline = time.monotonic() + wait_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                _exit(f"no lease arrived within {wait_s:g} s")
+            listener.settimeout(left)
+            try:
+                sock, peer = listener.accept()
+            except TimeoutError:
+                continue
+            try:
+                link = _migrate_link.accept(sock, worker.tls, secret)
+            except (OSError, _migrate_link.LinkError) as exc:
+                log.warning("migration link from %s refused: %s", peer[0], _why(exc))
+                sock.close()
+                continue
+            break
+        with link:
+            try:
+                reason = _held(worker, link)
+            except (OSError, _migrate_link.LinkError) as exc:
+                reason = f"the sending worker's link failed: {_why(exc)}"
+        _exit(reason)
+
+    threading.Thread(target=run, name="gpupool-receive", daemon=True).start()
+
+
+def _held(worker, link: _migrate_link.Link) -> str:
+    """Take the manifest and the memory; tell the sender; why this worker ends (the sender's decision)."""
+    manifest = link.receive()
+    dies_after = int(os.environ.get(DIES_AFTER_ENV, "0") or 0)
+    executor, got = worker.executor, 0
+    try:
+        for base, size in manifest["windows"]:
+            at = executor.reserve_addresses(size, base)
+            if at != base:
+                executor.release_addresses(at, size)
+                raise MigrationRefused(
+                    f"device addresses [0x{base:x}, +{size}) are taken on this server's GPU"
+                )
+        for base, size, device in manifest["memory"]:
+            if not 0 <= device < len(worker.devices):
+                raise MigrationRefused(f"the lease's memory names device {device}; this worker has "
+                                       f"{len(worker.devices)}")  # fmt: skip
+            executor.map_memory(base, size, device)
+
+            def fill(view: memoryview) -> None:
+                nonlocal got
+                link.read_into(view)
+                got += len(view)
+                if dies_after and got >= dies_after:
+                    os._exit(9)
+
+            executor.copy_to_device(base, size, None, fill)
+    except MigrationRefused as exc:
+        link.send({"ok": False, "error": exc.title})
+        return exc.title
+    except (KeyError, TypeError, ValueError) as exc:
+        link.send({"ok": False, "error": f"an unreadable manifest ({exc})"})
+        return f"an unreadable manifest ({exc})"
+    log.info("holding the lease's memory: %d bytes in %d range(s) at the addresses it had", got,
+             len(manifest["memory"]))  # fmt: skip
+    link.send({"ok": True, "bytes": got})
+    decision = link.receive()
+    return str(decision.get("reason") or "the sender did not commit")
+
+
+def _exit(reason: str) -> None:
+    """The move will not complete here: the worker exits and its GPUs are free (its server sees it exit)."""
+    log.warning("the lease did not move here (%s): exiting, its GPUs are free", reason)
+    logging.shutdown()
+    os._exit(0)
