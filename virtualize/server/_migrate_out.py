@@ -32,6 +32,7 @@ import threading
 import time
 
 from virtualize.server import _migrate, _migrate_link
+from virtualize.server._executor import CudaError
 from virtualize.server._migrate import DRAIN_TIMEOUT_S, MPS_REFUSAL, MigrationRefused
 
 log = logging.getLogger("gpupool.worker")
@@ -80,6 +81,10 @@ def send(worker, target: dict, timeout: float = DRAIN_TIMEOUT_S) -> dict:
             raise MigrationRefused(
                 f"the link to the receiving worker at {where} failed: {_why(exc)}"
             ) from None
+        except CudaError as exc:
+            raise MigrationRefused(f"reading the lease's memory failed: {exc}") from None
+        finally:
+            worker.executor.end_thread()  # this thread's staging buffers (page-locked on a GPU)
 
 
 def _sent(worker, link: _migrate_link.Link, where: str, timeout: float) -> dict:
@@ -102,10 +107,12 @@ def _sent(worker, link: _migrate_link.Link, where: str, timeout: float) -> dict:
                 answer = link.receive()
             if answer.get("ok") is not True:
                 raise MigrationRefused(f"the receiving worker at {where} failed: {answer.get('error')}")
+            took = time.monotonic() - paused
             log.info("the lease's memory reached the receiving worker at %s: %d bytes at the same addresses "
-                     "in %.3f s", where, total, time.monotonic() - paused)  # fmt: skip
+                     "in %.3f s", where, total, took)  # fmt: skip
             link.send({"commit": False, "reason": NOT_BUILT})
-            raise MigrationRefused(NOT_BUILT)
+            raise MigrationRefused(f"{total / 2**20:.1f} MiB of the lease's memory reached {where} at the same "
+                                   f"addresses in {took:.3f} s, but {NOT_BUILT}")  # fmt: skip
     finally:
         if worker.native is not None:  # nothing moved: C serves again, its handles as they were
             worker.native.python_only(False)
@@ -163,7 +170,8 @@ def _held(worker, link: _migrate_link.Link) -> str:
     """Take the manifest and the memory; tell the sender; why this worker ends (the sender's decision)."""
     manifest = link.receive()
     dies_after = int(os.environ.get(DIES_AFTER_ENV, "0") or 0)
-    executor, got = worker.executor, 0
+    executor, got = worker.executor.inner, 0  # nothing here is the clients': no records, no handle map
+    contexts: dict[int, int] = {}  # device -> its primary context, current while its memory is copied
     try:
         for base, size in manifest["windows"]:
             at = executor.reserve_addresses(size, base)
@@ -177,6 +185,9 @@ def _held(worker, link: _migrate_link.Link) -> str:
                 raise MigrationRefused(f"the lease's memory names device {device}; this worker has "
                                        f"{len(worker.devices)}")  # fmt: skip
             executor.map_memory(base, size, device)
+            if device not in contexts:
+                contexts[device] = executor.cuDevicePrimaryCtxRetain(device)
+            executor.set_context(contexts[device])
 
             def fill(view: memoryview) -> None:
                 nonlocal got
@@ -186,9 +197,10 @@ def _held(worker, link: _migrate_link.Link) -> str:
                     os._exit(9)
 
             executor.copy_to_device(base, size, None, fill)
-    except MigrationRefused as exc:
-        link.send({"ok": False, "error": exc.title})
-        return exc.title
+    except (MigrationRefused, CudaError) as exc:
+        why = getattr(exc, "title", "") or str(exc)
+        link.send({"ok": False, "error": why})
+        return why
     except (KeyError, TypeError, ValueError) as exc:
         link.send({"ok": False, "error": f"an unreadable manifest ({exc})"})
         return f"an unreadable manifest ({exc})"
