@@ -29,6 +29,10 @@ worker) while its program runs.
 4. training: a GPT-2-style training (bench/train_models.py gpt2, seeded, deterministic) on GPU 0
    unmigrated (the reference losses), then again with the lease moved to GPU 1 after step --at; the
    losses must be equal step for step.
+5. xserver: the same training, its lease's memory sent after step --at to a receiving worker of GPU 1 (another
+   process, as another gpupool-server starts one: ``--receive``, the one-time secret, TLS) — the part of a
+   move between servers that is built; the training runs on at its source, losses equal step for step.
+   Alone: ``python3 tests/gpu/remote/migrate_training.py --only xserver``.
 
 `--executor host --only driver` rehearses the steps on a machine without a GPU. A refused migration
 prints its reason (REFUSED): the lease must keep running unharmed. Each step is
@@ -603,8 +607,9 @@ def pause_table(shim: Path, work: Path, two: list, sizes: list[int], out_dir: Pa
         outcome(f"pause table {gib} GiB", a, intact, f"paused {a.get('pause_s', 0):.3f} s")
 
 
-def train(env: dict[str, str], steps: int, at: int | None, handle, to) -> tuple[int, list[float], dict]:
-    """Run the training; after step `at` ask for the move (on a thread: the training runs on meanwhile)."""
+def train(env: dict[str, str], steps: int, at: int | None, mover) -> tuple[int, list[float], dict]:
+    """Run the training; after step `at` ask for the move (`mover()`: its answer; on a thread: the training runs
+    on meanwhile)."""
     cmd = [sys.executable, str(ROOT / "bench" / "train_models.py"), "gpt2", "--steps", str(steps)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killer = threading.Timer(TRAIN_TIMEOUT_S, proc.kill)
@@ -616,7 +621,7 @@ def train(env: dict[str, str], steps: int, at: int | None, handle, to) -> tuple[
                 losses.append(float(line.split()[3]))
                 print(f"    {line.strip()}", flush=True)
                 if at is not None and len(losses) == at and asked is None:
-                    asked = threading.Thread(target=lambda: answer.update(move(handle, to)))
+                    asked = threading.Thread(target=lambda: answer.update(mover()))
                     asked.start()
         proc.wait()
         if asked is not None:
@@ -636,7 +641,9 @@ def training(shim: Path, work: Path, two: list, steps: int, at: int) -> None:
         handle = worker_on(two[0], 40)
         try:
             started = time.monotonic()
-            runs[label] = train(lease_env(handle, shim, work), steps, move_at, handle, two[1])
+            runs[label] = train(
+                lease_env(handle, shim, work), steps, move_at, lambda h=handle: move(h, two[1])
+            )
             print(f"[{label}] exit {runs[label][0]} in {time.monotonic() - started:.0f} s, {len(runs[label][1])} steps",
                   flush=True)  # fmt: skip
         finally:
@@ -652,12 +659,68 @@ def training(shim: Path, work: Path, two: list, steps: int, at: int) -> None:
             detail if equal else f"exit {ref_rc}/{rc}, {len(ref)}/{len(moved)} steps")  # fmt: skip
 
 
+def xserver_training(shim: Path, work: Path, two: list, steps: int, at: int) -> None:
+    """Between two workers as two gpupool-servers start them (docs/remote.md, Between servers): the training's
+    lease on a worker of GPU 0, a receiving worker of GPU 1 (another process, as another server's), and after
+    step `at` the lease's worker sends its memory there over the link (TLS, the one-time secret). What is built
+    ends there: the receiving worker holds the memory at the same addresses, the move ends with the reason that
+    the commit is not built, and the training runs on at its source. PASS: the memory reached GPU 1 (the
+    answer says how much and how fast) and the losses equal an unmoved run's step for step."""
+    print(f"\n=== xserver: gpt2 {steps} steps on GPU {two[0][0]}, its memory sent to a receiving worker of GPU "
+          f"{two[1][0]} after step {at}", flush=True)  # fmt: skip
+    runs = {}
+    for label, move_at in (("reference", None), ("sent", at)):
+        handle = worker_on(two[0], 40)
+        target = None
+        try:
+            if move_at is not None:
+                devices = [WorkerDevice(two[1][0], two[1][1], 40 << 30)]
+                target = start_worker("migrate-test", devices, bind_host="127.0.0.1", env={}, executor=EXECUTOR[0],
+                                      secret=handle.secret, receive_s=MIGRATE_TIMEOUT_S)  # fmt: skip
+
+            def send(h=handle, t=target) -> dict:
+                started = time.monotonic()
+                answer = h.migrate_to_server({"host": "127.0.0.1", "migrate_port": t.migrate_port,
+                                              "tls_sha256": t.tls_sha256, "secret": t.migration_secret},
+                                             timeout=MIGRATE_TIMEOUT_S)  # fmt: skip
+                print(
+                    f"    sent -> GPU {two[1][0]}: {answer} ({time.monotonic() - started:.2f} s)", flush=True
+                )
+                return answer
+
+            runs[label] = train(lease_env(handle, shim, work), steps, move_at, send)
+        finally:
+            handle.stop()
+            if target is not None:
+                target.stop()
+    (ref_rc, ref, _), (rc, sent, answer) = runs["reference"], runs["sent"]
+    for i, (a, b) in enumerate(zip(ref, sent, strict=False)):
+        print(f"{i:5d} {a:12.5f} {b:12.5f}{'' if a == b else '  DIFFERENT'}")
+    equal = ref_rc == 0 and rc == 0 and len(ref) == len(sent) == steps and ref == sent
+    reached = "reached" in str(answer.get("error", ""))
+    name = "xserver: training's memory sent to another worker's GPU mid-run, losses equal step for step"
+    if not equal:
+        record(name, "FAIL", f"exit {ref_rc}/{rc}, {len(ref)}/{len(sent)} steps, answer {answer}")
+    else:
+        record(name, "PASS" if reached else "FAIL", str(answer.get("error", answer)))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     parser.add_argument("--at", type=int, default=8, help="the step after which the lease moves (default 8)")
     parser.add_argument("--sizes", default="1,4,16", help="GiB held for the pause table (default 1,4,16)")
-    part_names = ["driver", "arrays", "primary", "cupy", "cupy_graph", "graphed", "pause", "training"]
+    part_names = [
+        "driver",
+        "arrays",
+        "primary",
+        "cupy",
+        "cupy_graph",
+        "graphed",
+        "pause",
+        "training",
+        "xserver",
+    ]
     parser.add_argument(
         "--only", nargs="*", default=part_names, choices=part_names, help="parts to run (default: all)"
     )
@@ -691,6 +754,7 @@ def main() -> int:
                 shim, work, found[:2], [int(s) for s in args.sizes.split(",")], out_dir
             ),
             "training": lambda: training(shim, work, found[:2], args.steps, args.at),
+            "xserver": lambda: xserver_training(shim, work, found[:2], args.steps, args.at),
         }
         needs = {
             "driver": 20,
@@ -701,6 +765,7 @@ def main() -> int:
             "graphed": 60,
             "pause": 40,
             "training": 120,
+            "xserver": 120,
         }
         for name in args.only:
             if out_of_time(name, needs.get(name, 30)):
