@@ -54,6 +54,7 @@ def admit(pool: Pool, lease_id: str, req: api.ReceiveRequest, now: float) -> dic
         partitions = [{"gpu_index": g.index, "gpu_uuid": g.uuid, "mem_bytes": p.mem_bytes, "fraction": p.fraction,
                        "sm_share": p.sm_share} for g, p in zip(gpus, req.partitions, strict=True)]  # fmt: skip
         pool.store.insert_lease(lease, partitions)
+        pool.receiving.add(lease_id)  # the cluster's record of the lease stays its server's
     log.info("lease %s of client %s admitted from %s on GPU(s) %s: waiting up to %.0f s for its state", lease_id,
              req.client, req.source, ",".join(str(g.index) for g in gpus), req.wait_s)  # fmt: skip
     return pool.lease(lease_id)

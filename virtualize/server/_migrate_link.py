@@ -132,9 +132,10 @@ def connect(host: str, port: int, tls_sha256: str, secret: bytes, timeout: float
         raise
 
 
-def accept(sock: socket.socket, tls: ssl.SSLContext | None, secret: bytes) -> Link:
+def accept(sock: socket.socket, tls: ssl.SSLContext | None, secret: bytes, timeout: float) -> Link:
     """The receiving worker's end of a connection it accepted: TLS when it has a certificate (plaintext
-    only from loopback), and the proofs. LinkError or OSError."""
+    only from loopback), and the proofs; `timeout`: the longest one read or write may take from then on
+    (a sender that stalls must not keep the GPUs). LinkError or OSError."""
     sock.settimeout(HANDSHAKE_TIMEOUT_S)
     if tls is not None:
         sock = tls.wrap_socket(sock, server_side=True)
@@ -156,7 +157,7 @@ def accept(sock: socket.socket, tls: ssl.SSLContext | None, secret: bytes) -> Li
         link.send({"ok": False})
         raise LinkError("the sender does not hold this worker's migration secret")
     link.send({"ok": True})
-    sock.settimeout(None)
+    sock.settimeout(timeout)
     return link
 
 

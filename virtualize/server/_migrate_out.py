@@ -150,7 +150,7 @@ def receive(worker, listener: socket.socket, secret: bytes, wait_s: float) -> No
             except TimeoutError:
                 continue
             try:
-                link = _migrate_link.accept(sock, worker.tls, secret)
+                link = _migrate_link.accept(sock, worker.tls, secret, LINK_TIMEOUT_S)
             except (OSError, _migrate_link.LinkError) as exc:
                 log.warning("migration link from %s refused: %s", peer[0], _why(exc))
                 sock.close()
