@@ -41,10 +41,13 @@ def admit(pool: Pool, lease_id: str, req: api.ReceiveRequest, now: float) -> dic
     if pool.server_draining:
         raise Busy(f"this server ({pool.inv.hostname}) is draining: it takes no lease",
                    "move the lease to another server")  # fmt: skip
-    if pool.store.lease_row(lease_id) is not None:
-        raise Impossible(f"this server ({pool.inv.hostname}) already has a lease {lease_id}",
-                       "a lease moves to a server once; release the old record there first")  # fmt: skip
+    row = pool.store.lease_row(lease_id)
+    if row is not None and row["state"] == "active":
+        raise Impossible(f"this server ({pool.inv.hostname}) already runs lease {lease_id}",
+                         "it is being moved here, or runs here: see GET /v1/leases?all=true")  # fmt: skip
     with pool.store.transaction():
+        if row is not None:  # an earlier move here that did not complete: its record goes
+            pool.store.forget_ended(lease_id)
         gpus = _placed(pool, req.partitions)
         ttl = min(req.ttl_s, pool.cfg.max_ttl_s)
         placement = SimpleNamespace(gpus=gpus, mem_bytes=[p.mem_bytes for p in req.partitions])
@@ -133,6 +136,10 @@ async def _migrate(st, lease_id: str, server: str, token: str) -> dict:
     handle = st.workers.get(lease_id)
     request = await st.db(receive_request, st.pool, lease_id, handle is not None,
                           getattr(handle, "secret", ""))  # fmt: skip
+    refused = await asyncio.to_thread(handle.may_leave)
+    if not refused.get("ok"):  # before the target starts a worker for it
+        raise MigrationFailed(f"lease {lease_id} stays on {here}: {refused.get('error') or 'no reason given'}",
+                              "the lease keeps running; see the server log")  # fmt: skip
     target = ServerClient(server, token, ServerClientOptions(timeout_s=30.0, user_agent="gpupool-server"))
     try:
         there = (await asyncio.to_thread(target.health)).server

@@ -19,7 +19,8 @@ by name and talks to it through the interface declared here, which the worker pr
   "bytes", "pause_s", ...}`` or ``{"ok": false, "error"}`` (the lease still runs where it was)
 - moving the lease to another server (``WorkerHandle.migrate_to_server``): the same request file with
   ``{"server": {"host", "migrate_port", "tls_sha256", "secret"}}`` instead of ``"to"``: the receiving
-  worker on that server, which the worker sends the lease's state to (``virtualize.server._migrate_out``)
+  worker on that server, which the worker sends the lease's state to (``virtualize.server._migrate_out``);
+  ``{"server": null}`` asks only whether the lease could leave (``WorkerHandle.may_leave``)
 - receiving a lease (``start_worker(receive_s=...)``): ``--receive SECONDS`` and ``MIGRATION_SECRET_ENV``
   (the one-time secret the sending worker proves); it listens on a second port for the lease's state
   (the ready line's ``migrate_port``) and exits when nothing arrived within SECONDS (its GPUs are free then)
@@ -182,6 +183,11 @@ class WorkerHandle:
         the worker finds it; else by index); the worker's answer (``{"ok": false, "error"}`` when it
         refused or failed: the lease still runs where it was)."""
         return ask_migration(self.state_dir, self.pid, device, to, timeout, uuid, self.alive)
+
+    def may_leave(self, timeout: float = 30.0) -> dict:
+        """Whether the lease could move to another server now (nothing pauses): ``{"ok": true}`` or the
+        worker's refusal."""
+        return ask_worker(self.state_dir, self.pid, {"server": None}, timeout, self.alive)
 
     def migrate_to_server(self, target: dict, timeout: float = MIGRATE_TIMEOUT_S) -> dict:
         """Send the lease's state to the receiving worker `target` of another server (``{"host",

@@ -99,8 +99,8 @@ def nothing_held(server: ServerProc, admin: str, lease_id: str) -> bool:
 def test_the_memory_reaches_the_target_and_the_lease_runs_on_where_it_was(pair, tmp_path):
     """A running program's lease on A, moved --to B: B admits it and its receiving worker takes the lease's
     memory (B's log says so); the move ends with the reason it cannot complete yet (exit 2, one line), B
-    holds nothing of the lease afterwards, A still has it active on the same GPU, and the program finishes
-    with every byte and handle intact."""
+    holds nothing of the lease afterwards (and admits it again for a second try), A still has it active on
+    the same GPU, and the program finishes with every byte and handle intact."""
     a, b = pair
     admin = admin_of(a, b)
     run, lease = start_program(a, tmp_path, "mover", admin)
@@ -111,6 +111,9 @@ def test_the_memory_reaches_the_target_and_the_lease_runs_on_where_it_was(pair, 
         assert "not built yet" in one_error(moved)
         arrived = (b.log.read_text())[len(seen) :]
         assert "holding the lease's memory" in arrived, arrived[-3000:]
+        wait_for(lambda: nothing_held(b, admin, lease["id"]), 15, what="B to give the admission back")
+        again = migrate(a, lease["id"], "--to", b.url, token=admin)  # B admits it again after the first ended
+        assert "not built yet" in one_error(again)
         wait_for(lambda: nothing_held(b, admin, lease["id"]), 15, what="B to give the admission back")
         _, now = api(a.url, "GET", f"/v1/leases/{lease['id']}", admin)
         assert now["state"] == "active" and [p["gpu_index"] for p in now["partitions"]] == before
@@ -168,7 +171,7 @@ def test_an_admission_nobody_sends_to_ends_by_itself_and_frees_its_gpu(pair):
         "ok": False
     }  # the receiving worker checks the sender's proof itself
     status, again = api(b.url, "POST", "/v1/admin/leases/lease-0000feedbeef/receive", admin, body)
-    assert status == 422, again  # one record per lease id
+    assert status == 422, again  # one active record per lease id
     wait_for(lambda: nothing_held(b, admin, "lease-0000feedbeef"), 15, what="the unused admission to end")
 
 
@@ -214,6 +217,33 @@ def test_moves_that_cannot_start_are_one_line_errors_and_change_nothing(pair, tm
             a.url, "POST", f"/v1/admin/leases/{lease['id']}/migrate", admin, {"to": 1, "server": b.url}
         )
         assert status == 400, body
+        assert api(a.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
+    except BaseException:
+        run.kill()
+        raise
+    finishes_intact(run)
+
+
+def test_what_cannot_leave_its_host_is_refused_before_the_target_is_asked(pair, tmp_path):
+    """A stream capture in flight, then a green context (a partition of this GPU's SMs): each move --to B is
+    refused with its reason (exit 2, one line) before B is asked (B has no record of the lease), and the
+    program goes on and finishes intact."""
+    a, b = pair
+    admin = admin_of(a, b)
+    run, lease = start_program(a, tmp_path, "rooted", admin)
+    try:
+        run.stdin.write("capture\n")
+        run.stdin.flush()
+        assert run.stdout.readline().startswith("capturing")
+        assert "capture" in one_error(migrate(a, lease["id"], "--to", b.url, token=admin))
+        run.stdin.write("end\n")  # ends the capture
+        run.stdin.flush()
+        assert run.stdout.readline().startswith("step")
+        run.stdin.write("green\n")
+        run.stdin.flush()
+        assert run.stdout.readline().startswith("step")
+        assert "green contexts" in one_error(migrate(a, lease["id"], "--to", b.url, token=admin))
+        assert api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[0] == 404
         assert api(a.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
     except BaseException:
         run.kill()

@@ -212,7 +212,11 @@ def serve_requests(worker, state_dir: Path) -> None:
             if "server" in asked:  # to another server's receiving worker
                 from virtualize.server import _migrate_out
 
-                answer = {"ok": True, **_migrate_out.send(worker, dict(asked["server"]))}
+                if asked["server"] is None:  # only whether it could leave: asked before the target admits it
+                    reason = _migrate_out.refusal(worker)
+                    answer = {"ok": False, "error": reason} if reason else {"ok": True}
+                else:
+                    answer = {"ok": True, **_migrate_out.send(worker, dict(asked["server"]))}
             else:
                 answer = {"ok": True, **migrate(worker, int(asked["device"]), int(asked["to"]),
                                                 uuid=str(asked.get("uuid") or ""))}  # fmt: skip
