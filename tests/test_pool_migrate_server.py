@@ -98,7 +98,7 @@ def nothing_held(server: ServerProc, admin: str, lease_id: str) -> bool:
 
 def test_the_memory_reaches_the_target_and_the_lease_runs_on_where_it_was(pair, tmp_path):
     """A running program's lease on A, moved --to B: B admits it and its receiving worker takes the lease's
-    memory (B's log says so); the move ends with the reason it cannot complete yet (exit 2, one line), B
+    memory and re-creates its objects from their records (B's log says so); the move ends with the reason it cannot complete yet (exit 2, one line), B
     holds nothing of the lease afterwards (and admits it again for a second try), A still has it active on
     the same GPU, and the program finishes with every byte and handle intact."""
     a, b = pair
@@ -111,6 +111,7 @@ def test_the_memory_reaches_the_target_and_the_lease_runs_on_where_it_was(pair, 
         assert "not built yet" in one_error(moved)
         arrived = (b.log.read_text())[len(seen) :]
         assert "holding the lease's memory" in arrived, arrived[-3000:]
+        assert "holding the lease's objects" in arrived, arrived[-3000:]  # re-created from the records
         wait_for(lambda: nothing_held(b, admin, lease["id"]), 15, what="B to give the admission back")
         again = migrate(a, lease["id"], "--to", b.url, token=admin)  # B admits it again after the first ended
         assert "not built yet" in one_error(again)

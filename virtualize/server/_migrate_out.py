@@ -17,10 +17,16 @@ whatever failed (the link dropped, the receiving worker died or refused, a timeo
 worker whose sender is gone or that no sender reached exits, which frees its GPUs (its server ends the
 admission as for any worker that exits).
 
-What is not built yet: re-creating on the receiving worker the objects the lease's processes hold
-(contexts, modules, streams, events, ... from the records of `virtualize.server._handles`) and each
-process's connection state, and the shim reconnecting to it. Until it is, the sender ends every move
-after the memory has arrived with that reason (`NOT_BUILT`), and the lease runs on where it was.
+With the memory, the manifest carries the records the lease's objects are made from (contexts, streams,
+events, modules, functions, pools and what configured them: `Translated.exported`, as JSON); the receiving
+worker replays them on its executor and maps the client's handle values to what it made
+(`Translated.imported`). Not carried yet (named in the answer): graphs, arrays, textures and surfaces, the
+program's own virtual memory, libraries, module globals.
+
+What is not built yet: the commit — each process's connection state (the guard's tables, its window)
+re-attached on the receiving worker, the shim reconnecting there at a synchronising call, the lease's
+record moving. Until it is, the sender ends every move once the receiving worker holds what it was sent,
+with that reason (`NOT_BUILT`), and the lease runs on where it was.
 """
 
 from __future__ import annotations
@@ -39,8 +45,8 @@ log = logging.getLogger("gpupool.worker")
 
 LINK_TIMEOUT_S = 60.0  # the longest one read or write of the link may take before the move fails
 NOT_BUILT = (
-    "re-creating the lease's CUDA objects and its processes' connections on another server's worker is not "
-    "built yet (docs/remote.md, Between servers)"
+    "committing the move to another server is not built yet (its processes' connections re-attached there, "
+    "the shim reconnecting, the lease's record moving: docs/remote.md, Between servers)"
 )
 # Tests only: the receiving worker dies (exit 9, as a killed process) after this many bytes of memory.
 DIES_AFTER_ENV = "GPUPOOL_TEST_RECEIVER_DIES_AFTER_BYTES"
@@ -108,11 +114,13 @@ def _sent(worker, link: _migrate_link.Link, where: str, timeout: float) -> dict:
             if answer.get("ok") is not True:
                 raise MigrationRefused(f"the receiving worker at {where} failed: {answer.get('error')}")
             took = time.monotonic() - paused
-            log.info("the lease's memory reached the receiving worker at %s: %d bytes at the same addresses "
-                     "in %.3f s", where, total, took)  # fmt: skip
+            objects = int(answer.get("objects", 0))
+            log.info("the lease reached the receiving worker at %s: %d bytes at the same addresses and %d objects "
+                     "re-created in %.3f s", where, total, objects, took)  # fmt: skip
             link.send({"commit": False, "reason": NOT_BUILT})
             raise MigrationRefused(f"{total / 2**20:.1f} MiB of the lease's memory reached {where} at the same "
-                                   f"addresses in {took:.3f} s, but {NOT_BUILT}")  # fmt: skip
+                                   f"addresses and {objects} of its objects were re-created there in {took:.3f} s"
+                                   f"{_not_carried(worker)}, but {NOT_BUILT}")  # fmt: skip
     finally:
         if worker.native is not None:  # nothing moved: C serves again, its handles as they were
             worker.native.python_only(False)
@@ -120,11 +128,30 @@ def _sent(worker, link: _migrate_link.Link, where: str, timeout: float) -> dict:
 
 
 def _manifest(worker, held: list) -> dict:
-    """What the receiving worker re-creates first: each process's windows, and the memory mapped in them
-    (in the order its bytes follow)."""
+    """What the receiving worker re-creates: each process's windows, the memory mapped in them (in the order
+    its bytes follow), and the records its objects are made from (`Translated.exported`)."""
     windows = [[w.base, w.size] for memory in list(worker.lease.windows) for w in memory.windows]
+    try:
+        objects = worker.executor.exported()
+    except TypeError as exc:
+        raise MigrationRefused(str(exc)) from None
     return {"lease": worker.lease_id, "devices": len(worker.devices), "windows": windows,
-            "memory": [[m.base, m.size, m.device] for m in held]}  # fmt: skip
+            "memory": [[m.base, m.size, m.device] for m in held], "objects": objects}  # fmt: skip
+
+
+# What the lease may hold that a move to another server does not carry yet (named in its answer).
+NOT_CARRIED = {
+    "graph": "CUDA graphs", "graphexec": "instantiated graphs", "array": "CUDA arrays",
+    "mipmap": "mipmapped arrays", "texobj": "texture objects", "surfobj": "surface objects",
+    "vmem": "memory of the virtual memory API", "library": "libraries (cuLibraryLoadData)",
+    "global": "module globals whose address the program asked for",
+}  # fmt: skip
+
+
+def _not_carried(worker) -> str:
+    held = _migrate.holding(worker.lease)
+    kinds = [what for kind, what in NOT_CARRIED.items() if held.get(kind)]
+    return f" (not carried yet: {', '.join(kinds)})" if kinds else ""
 
 
 def _why(exc: BaseException) -> str:
@@ -206,7 +233,16 @@ def _held(worker, link: _migrate_link.Link) -> str:
         return f"an unreadable manifest ({exc})"
     log.info("holding the lease's memory: %d bytes in %d range(s) at the addresses it had", got,
              len(manifest["memory"]))  # fmt: skip
-    link.send({"ok": True, "bytes": got})
+    try:
+        for device in contexts:  # the copies' references: the lease's own are the records'
+            executor.cuDevicePrimaryCtxRelease(device)
+        objects = worker.executor.imported(manifest["objects"])
+    except (CudaError, TypeError, ValueError, KeyError) as exc:
+        why = f"re-creating the lease's objects failed: {getattr(exc, 'title', '') or exc}"
+        link.send({"ok": False, "error": why})
+        return why
+    log.info("holding the lease's objects: %d re-created, the client's handle values mapped to them", objects)
+    link.send({"ok": True, "bytes": got, "objects": objects})
     decision = link.receive()
     return str(decision.get("reason") or "the sender did not commit")
 
