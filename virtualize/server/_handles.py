@@ -258,6 +258,12 @@ def _value_from_json(value):
     return value
 
 
+def _names_kept(record: Record) -> bool:
+    """Whether a record configures a library's kernel: those are the worker process's and stay with it (a
+    move to another server does not carry libraries yet)."""
+    return any(kind in KEPT for _, kind in record.kinds)
+
+
 def _record_json(record: Record) -> dict:
     try:
         args = [_value_json(a) for a in record.args]
@@ -641,10 +647,11 @@ class Translated:
 
     def exported(self) -> dict:
         """The records of every lease device as JSON, in the order they replay, and the references the
-        lease's processes hold to each primary context (the calls paused). A record holding an argument that
-        is not plain data (an int, bytes, a string, a float, None, or a tuple of them) raises TypeError."""
+        lease's processes hold to each primary context (the calls paused); not those configuring a library's
+        kernel (libraries are not carried yet). A record holding an argument that is not plain data (an int,
+        bytes, a string, a float, None, or a tuple of them) raises TypeError."""
         with self.record_lock:
-            records = [r for r in self.records.values() if self._holds(r)]
+            records = [r for r in self.records.values() if self._holds(r) and not _names_kept(r)]
             held = dict(self.primary_held)
         return {"records": [_record_json(r) for r in records], "primary_held": held}
 
