@@ -27,6 +27,7 @@ from server import api
 from server._errors import Busy, Impossible, MigrationFailed, NotFound
 from server._lease_migrate import one_move
 from server._pool import Pool, human_bytes
+from server.workers import START_TIMEOUT_S
 
 log = logging.getLogger("gpupool.server")
 RECEIVE_WAIT_S = 120.0  # how long a receiving worker waits for the lease's state (the copy is extra)
@@ -140,9 +141,14 @@ async def _migrate(st, lease_id: str, server: str, token: str) -> dict:
     if not refused.get("ok"):  # before the target starts a worker for it
         raise MigrationFailed(f"lease {lease_id} stays on {here}: {refused.get('error') or 'no reason given'}",
                               "the lease keeps running; see the server log")  # fmt: skip
-    target = ServerClient(server, token, ServerClientOptions(timeout_s=30.0, user_agent="gpupool-server"))
+    # The target answers once its receiving worker listens: a CUDA worker may take START_TIMEOUT_S to start.
+    options = ServerClientOptions(timeout_s=START_TIMEOUT_S + 30, user_agent="gpupool-server")
+    target = ServerClient(server, token, options)
+    asked_first = ServerClient(
+        server, token, ServerClientOptions(timeout_s=10.0, user_agent="gpupool-server")
+    )
     try:
-        there = (await asyncio.to_thread(target.health)).server
+        there = (await asyncio.to_thread(asked_first.health)).server  # a dead address: seconds
         mine = st.pool.server_info()
         if (there.hostname, there.port, there.started_at) == (
             mine["hostname"],
