@@ -288,6 +288,8 @@ async def release(request: web.Request) -> web.Response:
     st: ServerState = request.app[STATE]
     caller = await _caller(request)
     lease, ended = await st.db(st.pool.release, caller, request.match_info["lease_id"], time.time())
+    if not ended and lease["id"] in st.pool.moved_away:  # it runs on another server now: released there
+        return _json(api.Lease, await _lease_transfer.release_moved(st, lease["id"], request))
     if st.pool.cluster is not None:  # its share leaves the cluster sum before the client hears back
         await asyncio.to_thread(st.pool.cluster.flush)
     if ended and lease["remote"]:
@@ -354,9 +356,11 @@ async def admin_receive(request: web.Request) -> web.Response:
     st: ServerState = request.app[STATE]
     await _admin(request)
     lease_id = request.match_info["lease_id"]
+    if request.method == "PUT":  # its worker holds the lease: the admission is the lease from now on
+        return _json(api.Lease, await st.db(_lease_transfer.commit, st.pool, lease_id))
     if request.method == "DELETE":
         handle = st.workers.get(lease_id)
-        if handle is None or not handle.migration_secret:
+        if handle is None or lease_id not in st.pool.receiving:
             raise NotFound(f"no lease {lease_id} is being received here", "only an admission that has not "
                            "completed can be given back")  # fmt: skip
         lease = await st.db(_lease_transfer.give_back, st.pool, lease_id, "its move here did not complete",
@@ -375,7 +379,7 @@ async def admin_receive(request: web.Request) -> web.Response:
     return _json(api.Receiving, {
         "lease": lease_id, "server": st.pool.inv.hostname, "gpus": [p["gpu_index"] for p in lease["partitions"]],
         "worker": {"host": host, "port": handle.port, "migrate_port": handle.migrate_port,
-                   "tls_sha256": handle.tls_sha256},
+                   "tls_sha256": handle.tls_sha256, "local": handle.local},
         "migration_secret": handle.migration_secret, "wait_s": req.wait_s,
     })  # fmt: skip
 
@@ -462,6 +466,7 @@ ROUTES = [
     ("DELETE", "/v1/admin/tokens/{token_id}", admin_revoke),
     ("POST", "/v1/admin/leases/{lease_id}/migrate", admin_migrate),
     ("POST", "/v1/admin/leases/{lease_id}/receive", admin_receive),
+    ("PUT", "/v1/admin/leases/{lease_id}/receive", admin_receive),
     ("DELETE", "/v1/admin/leases/{lease_id}/receive", admin_receive),
     ("POST", "/v1/admin/gpus/{index}/drain", admin_drain),
     ("DELETE", "/v1/admin/gpus/{index}/drain", admin_drain),
@@ -483,6 +488,8 @@ async def reap_loop(st: ServerState) -> None:
             dead: dict[str, str] = {}
             for lease in leases:
                 handle = st.workers.get(lease["id"])
+                if _lease_migrate.under_way(lease["id"]):
+                    continue  # its worker may exit on purpose (moved to another server): decided after it
                 if handle is not None:
                     if not handle.alive():
                         dead[lease["id"]] = "its remote worker exited"

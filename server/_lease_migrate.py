@@ -82,6 +82,12 @@ async def migrate(st, lease_id: str, partition: int, to: int) -> dict:
         return await _migrate(st, lease_id, partition, to)
 
 
+def under_way(lease_id: str) -> bool:
+    """Whether a migration of the lease is under way (the reaper leaves it alone meanwhile: a worker that
+    sent its lease to another server exits when it is done, which is no failure)."""
+    return lease_id in _moving
+
+
 @contextlib.contextmanager
 def one_move(lease_id: str):
     """One migration of a lease at a time (to a GPU here or to another server): a second one's undo could

@@ -23,6 +23,8 @@ import logging
 import time
 from types import SimpleNamespace
 
+import msgspec
+
 from server import api
 from server._errors import Busy, Impossible, MigrationFailed, NotFound
 from server._lease_migrate import one_move
@@ -84,6 +86,26 @@ def _placed(pool: Pool, partitions: list[api.ReceivePartition]) -> list:
         taken.add(best.index)
         gpus.append(best)
     return gpus
+
+
+def commit(pool: Pool, lease_id: str) -> dict:
+    """The lease's worker here holds the lease: the admission is the lease from now on (database thread)."""
+    row = pool.store.lease_row(lease_id)
+    if row is None or row["state"] != "active" or lease_id not in pool.receiving:
+        raise NotFound(f"no lease {lease_id} is being received here", "only an admission can be committed")
+    pool.receiving.discard(lease_id)
+    lease = pool.lease(lease_id)
+    if pool.cluster is not None:
+        pool.cluster.adopt_lease(row["client"], lease_id, lease["fraction_total"])
+    log.info("lease %s of client %s moved here: it runs on GPU(s) %s", lease_id, row["client"],
+             ",".join(str(p["gpu_index"]) for p in lease["partitions"]))  # fmt: skip
+    return lease
+
+
+def moved_away(pool: Pool, lease_id: str, server: str, now: float) -> None:
+    """The lease runs on `server` now (database thread): its record here ends, its heartbeats are sent there."""
+    pool.moved_away[lease_id] = server
+    pool.end(lease_id, "released", f"moved to {server}", now)
 
 
 def give_back(pool: Pool, lease_id: str, reason: str, now: float) -> dict | None:
@@ -163,10 +185,12 @@ async def _migrate(st, lease_id: str, server: str, token: str) -> dict:
         raise MigrationFailed(f"{server} does not take lease {lease_id}: {exc.title}",
                               "the lease keeps running here; see that server's log") from None  # fmt: skip
     w = receiving.worker
-    sent = await asyncio.to_thread(handle.migrate_to_server, {"host": w.host, "migrate_port": w.migrate_port,
-                                   "tls_sha256": w.tls_sha256, "secret": receiving.migration_secret})  # fmt: skip
-    # The commit (the record moving, the processes reconnecting) is not built yet: every move ends here.
-    reason = sent.get("error") or "the worker reported a move that this server cannot commit yet"
+    sent = await asyncio.to_thread(handle.migrate_to_server, {
+        "host": w.host, "port": w.port, "migrate_port": w.migrate_port, "local": w.local, "tls_sha256": w.tls_sha256,
+        "secret": receiving.migration_secret})  # fmt: skip
+    if sent.get("ok"):
+        return await _committed(st, lease_id, server, target, receiving, sent)
+    reason = sent.get("error") or "no reason given"
     log.warning("lease %s stays on %s: %s", lease_id, here, reason)
     try:
         await asyncio.to_thread(target.give_back, lease_id)
@@ -175,3 +199,43 @@ async def _migrate(st, lease_id: str, server: str, token: str) -> dict:
                     server, lease_id, exc.title)  # fmt: skip
     raise MigrationFailed(f"lease {lease_id} stays on {here}: {reason}",
                           "the lease keeps running; see the server log")  # fmt: skip
+
+
+async def _committed(st, lease_id: str, server: str, target, receiving, sent: dict) -> dict:
+    """The lease's worker committed: the target's admission becomes the lease, the record here ends (its
+    heartbeats told where it went), and the old worker goes once its processes have reconnected there."""
+    from server.client_errors import PoolClientError
+
+    source = [p["gpu_index"] for p in (await st.db(st.pool.lease, lease_id))["partitions"]]
+    try:
+        lease = await asyncio.to_thread(target.commit, lease_id)
+    except PoolClientError as exc:  # the lease runs there all the same: its processes reconnect to it
+        log.warning("%s did not record lease %s as its own (%s); it runs there", server, lease_id, exc.title)
+        lease = None
+    await st.db(moved_away, st.pool, lease_id, server, time.time())
+    handle = st.workers.pop(lease_id, None)
+    if handle is not None:  # it exits once every process was told: then its state directory goes
+        handle.on_exit(lambda h: h.stop())
+    log.info("lease %s moved to %s: %s copied, %d objects re-created, paused %.3f s", lease_id, server,
+             human_bytes(sent["bytes"]), sent.get("objects", 0), sent["pause_s"])  # fmt: skip
+    migration = {"device": 0, "from": source[0] if source else 0, "to": receiving.gpus[0], "bytes": sent["bytes"],
+                 "pause_s": sent["pause_s"], "wait_s": sent["wait_s"], "objects": sent.get("objects", 0)}  # fmt: skip
+    if lease is None:
+        lease = await asyncio.to_thread(target.lease, lease_id)
+    return {**msgspec.to_builtins(lease), "migration": migration}
+
+
+async def release_moved(st, lease_id: str, request) -> dict:
+    """A release of a lease that moved away reaches the server it runs on (with the caller's own token); the
+    lease as that server answers, or as it ended here when that server does not answer."""
+    from server.client import ServerClient, ServerClientOptions
+    from server.client_errors import PoolClientError
+
+    server = st.pool.moved_away[lease_id]
+    token = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+    there = ServerClient(server, token, ServerClientOptions(timeout_s=10.0, user_agent="gpupool-server"))
+    try:
+        return msgspec.to_builtins(await asyncio.to_thread(there.release, lease_id))
+    except PoolClientError as exc:
+        log.warning("lease %s moved to %s, which did not release it (%s)", lease_id, server, exc.title)
+        return await st.db(st.pool.lease, lease_id)

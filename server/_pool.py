@@ -112,6 +112,9 @@ class Pool:
         # Leases another server is moving here, not committed (server._lease_transfer): the cluster's record
         # of each is still its server's, so this one neither puts nor deletes it.
         self.receiving: set[str] = set()
+        # Leases that moved to another server (its URL): heartbeats here are told where; the cluster's record
+        # of each is that server's now.
+        self.moved_away: dict[str, str] = {}
         # newest process rows per GPU index: pid -> (memory bytes, busy share or None)
         self.live_procs: dict[int, dict[int, tuple[int | None, float | None]]] = {}
 
@@ -640,11 +643,13 @@ class Pool:
         with self.store.transaction():
             row = self._owned(caller, lease_id)
             if row["state"] != "active":
+                moved = {"moved_to": self.moved_away[lease_id]} if lease_id in self.moved_away else {}
                 raise Gone(
                     f"lease {lease_id} was {row['state']}: {row['reason']}",
-                    "request a new lease",
+                    "heartbeat the server it moved to" if moved else "request a new lease",
                     state=row["state"],
                     reason=row["reason"],
+                    **moved,
                 )
             known = row["pids"]
             if pids:
@@ -677,7 +682,7 @@ class Pool:
             if row["state"] != "active":
                 return None
             self.store.end_lease(lease_id, state, reason, now)
-        if self.cluster is not None and lease_id not in self.receiving:
+        if self.cluster is not None and lease_id not in self.receiving and lease_id not in self.moved_away:
             self.cluster.forget_lease(row["client"], lease_id)
         self.receiving.discard(lease_id)
         lease = self.lease(lease_id)

@@ -220,6 +220,9 @@ class Error(_Answer, kw_only=True):
     gpu_count: Annotated[int | Unset, Meta(description="For impossible: how many GPUs this server has.")] = (
         msgspec.UNSET
     )
+    moved_to: Annotated[
+        str | Unset, Meta(description="For lease_ended: the server the lease moved to (heartbeat it there).")
+    ] = msgspec.UNSET
     limit: Annotated[
         float | Unset, Meta(description="For limit_exceeded: the client's GPU limit (sum of fractions).")
     ] = msgspec.UNSET
@@ -540,6 +543,9 @@ class ReceivingWorker(_Answer, kw_only=True):
     host: str
     port: Annotated[int, Meta(description="the port the lease's clients reach it at once it holds the lease")]
     migrate_port: Annotated[int, Meta(description="the port the lease's current worker sends its state to")]
+    local: Annotated[
+        str, Meta(description="its Unix socket's name for processes on its host (empty: none)")
+    ] = ""
     tls_sha256: Annotated[
         str, Meta(description="its certificate's SHA-256 (empty: plaintext, loopback only)")
     ]

@@ -455,6 +455,10 @@ class Heartbeater:
                 self.beat_now()
                 last_ok, self.warned = time.monotonic(), False
             except LeaseEnded as exc:
+                moved_to = getattr(exc.answer, "moved_to", None)
+                if isinstance(moved_to, str) and moved_to:  # the lease runs on another server now: beat there
+                    self.server = ServerRef(moved_to, self.server.token)
+                    continue
                 self.on_end(exc.answer.state or "ended", exc.answer.reason or exc.answer.error)
                 return "ended"
             except PoolClientError as exc:
@@ -568,6 +572,14 @@ class ServerClient:
         """Admit a lease another server moves here (that server asks); its GPUs and receiving worker."""
         path = f"/v1/admin/leases/{urllib.parse.quote(lease_id, safe='')}/receive"
         return self._typed(api.Receiving, "POST", path, request)
+
+    def commit(self, lease_id: str) -> api.Lease:
+        """The lease moved here: its admission becomes the lease (the server it left asks)."""
+        path = f"/v1/admin/leases/{urllib.parse.quote(lease_id, safe='')}/receive"
+        return self._typed(api.Lease, "PUT", path)
+
+    def lease(self, lease_id: str) -> api.Lease:
+        return self._typed(api.Lease, "GET", f"/v1/leases/{urllib.parse.quote(lease_id, safe='')}")
 
     def give_back(self, lease_id: str) -> api.Lease:
         """End the admission of a lease whose move here failed (its receiving worker stops)."""

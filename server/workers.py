@@ -106,7 +106,7 @@ def ask_worker(state_dir: Path, pid: int, asked: dict, timeout: float, alive: Ca
         return {"ok": False, "error": "the worker is gone"}
     deadline = time.monotonic() + timeout
     while not result.exists():
-        if not alive():
+        if not alive() and not result.exists():  # (a worker may answer and then exit: its lease moved away)
             return {"ok": False, "error": "the worker exited during the migration"}
         if time.monotonic() > deadline:
             return {"ok": False, "error": f"the worker did not answer within {timeout:.0f} s"}

@@ -1,12 +1,10 @@
 """`gpupool-server lease migrate LEASE --to SERVER` between two real gpupool-servers on loopback (simulated
 GPUs; the lease workers run the host executor), a program running under `gpuattach run` through the shim.
 
-What is built of the move between servers (docs/remote.md, "Between servers"): the target admits the lease
-and starts a receiving worker (one-time secret, bounded wait, then it exits and frees its GPU); the lease's
-worker pauses the lease and sends its memory there over the link, where it lands at the same addresses; any
-failure leaves the lease running on its source. The commit (objects re-created there, the processes
-reconnecting) is not built: each move ends after the memory with that reason, and these tests prove that
-nothing of the lease is lost on the way."""
+The target admits the lease and starts a receiving worker (one-time secret, bounded wait, then it exits and
+frees its GPU); the lease's worker pauses the lease and sends its memory, its objects' records and its
+processes' state there, commits, and tells each process at its next call to reconnect there; the program
+notices a pause. Any failure before the commit leaves the lease running on its source."""
 
 from __future__ import annotations
 
@@ -48,11 +46,14 @@ def migrate(source: ServerProc, *args: str, token: str | None) -> subprocess.Com
                           capture_output=True, text=True, timeout=90, cwd=ROOT)  # fmt: skip
 
 
-def start_program(server: ServerProc, tmp_path, client: str, admin: str) -> tuple[subprocess.Popen, dict]:
-    """tests/remote_client.py's `migrate` scenario (every object kind, patterned memory) under `gpuattach run`
-    on `server`, once it holds its objects; its lease."""
-    env = client_env(tmp_path, [server.url], server.token(client))
-    run = subprocess.Popen([*gpuattach_cmd(), "run", "-n", "1", "-m", "256", "--", sys.executable, CLIENT, "migrate"],
+def start_program(server: ServerProc, tmp_path, client: str, admin: str, scenario: str = "migrate_server",
+                  token: str | None = None) -> tuple[subprocess.Popen, dict]:  # fmt: skip
+    """A scenario of tests/remote_client.py under `gpuattach run` on `server` (by default what a move to
+    another server carries; `migrate`: every object kind), once it holds its objects; its lease. Copies go
+    through the connection (shared memory is this host's: a move to another server refuses it)."""
+    env = client_env(tmp_path, [server.url], token or server.token(client))
+    env["GPUPOOL_SHIM_SHARED_COPIES"] = "0"
+    run = subprocess.Popen([*gpuattach_cmd(), "run", "-n", "1", "-m", "256", "--", sys.executable, CLIENT, scenario],
                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, cwd=ROOT)  # fmt: skip
     for line in run.stdout:
@@ -66,17 +67,20 @@ def start_program(server: ServerProc, tmp_path, client: str, admin: str) -> tupl
     return run, lease
 
 
-def finishes_intact(run: subprocess.Popen) -> None:
-    """The program goes on after the attempt and finds every address holding its bytes, every handle working."""
+def finishes_intact(run: subprocess.Popen, lines: str = "done\n") -> dict[str, str]:
+    """The program goes on (after `lines` on its stdin) and finds every address holding its bytes, every handle
+    working; what it said."""
     try:
-        out, err = run.communicate("done\n", timeout=60)
+        out, err = run.communicate(lines, timeout=60)
     finally:
         if run.poll() is None:
             run.kill()
     assert run.returncode == 0, out + err
     result = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
-    assert all(result[f"same_{name}"] == "True" for name in ("plain", "pooled", "vmm")), out
+    names = [name.removeprefix("same_") for name in result if name.startswith("same_")]
+    assert names and all(result[f"same_{name}"] == "True" for name in names), out
     assert result["finished"] == "1", out
+    return result
 
 
 def one_error(out: subprocess.CompletedProcess) -> str:
@@ -96,28 +100,84 @@ def nothing_held(server: ServerProc, admin: str, lease_id: str) -> bool:
     return (status == 404 or lease["state"] != "active") and not held
 
 
-def test_the_memory_reaches_the_target_and_the_lease_runs_on_where_it_was(pair, tmp_path):
-    """A running program's lease on A, moved --to B: B admits it and its receiving worker takes the lease's
-    memory and re-creates its objects from their records (B's log says so); the move ends with the reason it cannot complete yet (exit 2, one line), B
-    holds nothing of the lease afterwards (and admits it again for a second try), A still has it active on
-    the same GPU, and the program finishes with every byte and handle intact."""
+def test_a_running_program_moves_to_another_server_and_finishes_there(pair, tmp_path):
+    """A running program's lease on A, moved --to B: the command prints the move (exit 0); the lease runs on
+    B from then on (active there, its record on A ended naming B); work the program queued after the move
+    without waiting for it runs there first; and the program finishes on B with every byte, handle and
+    queued result intact (a kernel, events, memory allocated and freed after the move)."""
     a, b = pair
     admin = admin_of(a, b)
-    run, lease = start_program(a, tmp_path, "mover", admin)
+    client = "mover"
+    token = a.token(client)
+    b.token(client, token=token)  # the client's heartbeats follow the lease to B
+    run, lease = start_program(a, tmp_path, client, admin, token=token)
     try:
-        before = [p["gpu_index"] for p in lease["partitions"]]
-        seen = b.log.read_text() if b.log.exists() else ""
         moved = migrate(a, lease["id"], "--to", b.url.removeprefix("http://"), token=admin)
-        assert "not built yet" in one_error(moved)
-        arrived = (b.log.read_text())[len(seen) :]
-        assert "holding the lease's memory" in arrived, arrived[-3000:]
-        assert "holding the lease's objects" in arrived, arrived[-3000:]  # re-created from the records
-        wait_for(lambda: nothing_held(b, admin, lease["id"]), 15, what="B to give the admission back")
-        again = migrate(a, lease["id"], "--to", b.url, token=admin)  # B admits it again after the first ended
-        assert "not built yet" in one_error(again)
-        wait_for(lambda: nothing_held(b, admin, lease["id"]), 15, what="B to give the admission back")
-        _, now = api(a.url, "GET", f"/v1/leases/{lease['id']}", admin)
-        assert now["state"] == "active" and [p["gpu_index"] for p in now["partitions"]] == before
+        assert moved.returncode == 0, moved.stdout + moved.stderr
+        assert "moved to" in moved.stdout
+        _, there = api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)
+        assert there["state"] == "active", there
+        _, here = api(a.url, "GET", f"/v1/leases/{lease['id']}", admin)
+        assert here["state"] != "active" and "moved to" in here["reason"], here
+        status, told = api(a.url, "POST", f"/v1/leases/{lease['id']}/heartbeat", token, {})
+        assert status == 410 and told["moved_to"] == b.url, told  # heartbeats are told where it went
+        assert api(b.url, "POST", f"/v1/leases/{lease['id']}/heartbeat", token, {})[0] == 200
+        run.stdin.write("queue\n")  # sent to A's worker, which carries it to B's
+        run.stdin.flush()
+        assert run.stdout.readline().startswith("queued")
+    except BaseException:
+        run.kill()
+        raise
+    result = finishes_intact(run)
+    assert result["queued_words"] == "12" and result["counter"] == "17", result  # 7 + 5, then + 5 on B
+    assert result["event_query"] == "0" and result["alloc_after"] == "0", result
+    assert result["memset_after"] == "09090909", result
+    # gpuattach released the lease where it got it: A passes the release on to B
+    wait_for(lambda: nothing_held(b, admin, lease["id"]), 15, what="the lease to end on B with its program")
+
+
+def test_the_heartbeat_loop_follows_a_lease_that_moved(pair, tmp_path):
+    """The heartbeat loop of gpuattach run and the session keeper (server.client.Heartbeater), beating A for a
+    lease that moved to B, is told where it went and beats B from then on, without reporting an end."""
+    from server.client import Heartbeater, PoolClient
+    from server.client_config import ClientConfig, ServerRef
+
+    a, b = pair
+    admin = admin_of(a, b)
+    token = a.token("follower")
+    b.token("follower", token=token)
+    run, lease = start_program(a, tmp_path, "follower", admin, token=token)
+    try:
+        assert migrate(a, lease["id"], "--to", b.url, token=admin).returncode == 0
+        ends: list[str] = []
+        beats = Heartbeater(PoolClient(ClientConfig(servers=[ServerRef(a.url, token)], token=token)),
+                            ServerRef(a.url, token), lease["id"], 0.05, on_end=lambda state, why: ends.append(why))  # fmt: skip
+        beats.start()
+        try:
+            wait_for(lambda: beats.server.url == b.url, 10, what="the loop to beat B")
+            before = api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["expires_at"]
+            wait_for(lambda: api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["expires_at"] != before, 10,
+                     what="a heartbeat to renew the lease on B")  # fmt: skip
+        finally:
+            beats.stop()
+        assert ends == []
+    except BaseException:
+        run.kill()
+        raise
+    finishes_intact(run)
+
+
+def test_a_lease_holding_what_a_move_does_not_carry_yet_is_refused_before_anything_pauses(pair, tmp_path):
+    """A program holding every object kind (graphs, arrays, textures, its own virtual memory, a library, ...):
+    the move --to B is refused with what it does not carry (exit 2, one line) before B is asked, and the
+    program goes on and finishes intact on A."""
+    a, b = pair
+    admin = admin_of(a, b)
+    run, lease = start_program(a, tmp_path, "holder", admin, "migrate")
+    try:
+        assert "does not carry yet" in one_error(migrate(a, lease["id"], "--to", b.url, token=admin))
+        assert api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[0] == 404
+        assert api(a.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
     except BaseException:
         run.kill()
         raise
@@ -231,7 +291,7 @@ def test_what_cannot_leave_its_host_is_refused_before_the_target_is_asked(pair, 
     program goes on and finishes intact."""
     a, b = pair
     admin = admin_of(a, b)
-    run, lease = start_program(a, tmp_path, "rooted", admin)
+    run, lease = start_program(a, tmp_path, "rooted", admin, "migrate")
     try:
         run.stdin.write("capture\n")
         run.stdin.flush()

@@ -205,6 +205,8 @@ def generate_types() -> str:
         f"#define GP_KERNEL_OUTPUT ({_wire.KERNEL_OUTPUT})",
         f"#define GP_COPY_DATA ({_wire.COPY_DATA})",
         f"#define GP_COPIES_SENT ({_wire.COPIES_SENT})",
+        f"#define GP_MOVED ({_wire.MOVED})",
+        f"#define GP_MOVED_TO_BYTES {_wire.MOVED_TO.size}u",
         f"#define GP_PROOF_BYTES {_wire.PROOF_BYTES}u",
         f"#define GP_WORKER_LABEL {c_string(_wire.WORKER_LABEL)}",
         f"#define GP_CLIENT_LABEL {c_string(_wire.CLIENT_LABEL)}",

@@ -48,6 +48,12 @@ COPY_DATA = -3
 COPY_HEAD = struct.Struct("<QiI")  # copy id, CUresult, 0
 COPIES_SENT = -4
 COPIES_COUNT = struct.Struct("<Q")
+# The lease moved to another server's worker (virtualize.server._migrate_out): the answer to a frame that
+# wants one, which did not run, with outs MOVED_TO (the token the process resumes with there, host:port, the
+# worker's local socket name, its certificate's SHA-256 in hex). The client connects there, proves the lease
+# secret, sends gpResume(token) and the frame again.
+MOVED = -5
+MOVED_TO = struct.Struct("<Q256s128s72s")
 # A launch's attributes follow its kernel parameters in the bulk, each a CUlaunchAttribute: its id (4 bytes),
 # padding, a 64-byte value.
 LAUNCH_ATTRIBUTE_BYTES = 72

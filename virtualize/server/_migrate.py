@@ -231,5 +231,8 @@ def serve_requests(worker, state_dir: Path) -> None:
         partial = result.with_suffix(".partial")
         partial.write_text(json.dumps(answer))
         partial.replace(result)  # the server never reads half an answer
+        moved = getattr(worker, "moved", None)
+        if moved is not None and not moved.tokens and moved.closed(None) and not worker.sessions:
+            worker.leave_after_move()  # it moved to another server with no process connected here
 
     signal.signal(signal.SIGUSR1, lambda *_: threading.Thread(target=run, name="gpupool-migrate").start())

@@ -31,13 +31,16 @@ with that reason (`NOT_BUILT`), and the lease runs on where it was.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import socket
 import threading
 import time
 
-from virtualize.server import _migrate, _migrate_link
+from virtualize.common import _wire
+from virtualize.common._results import CUresult
+from virtualize.server import _migrate, _migrate_link, _migrate_state
 from virtualize.server._executor import CudaError
 from virtualize.server._migrate import DRAIN_TIMEOUT_S, MPS_REFUSAL, MigrationRefused
 
@@ -53,8 +56,8 @@ DIES_AFTER_ENV = "GPUPOOL_TEST_RECEIVER_DIES_AFTER_BYTES"
 
 
 def refusal(worker) -> str | None:
-    """Why the lease cannot move to another server's worker, or None: what cannot move at all, and what
-    only this host has."""
+    """Why the lease cannot move to another server's worker, or None: what cannot move at all, what only this
+    host has, and what the move does not carry yet."""
     if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
         return MPS_REFUSAL
     lease = worker.lease
@@ -65,12 +68,24 @@ def refusal(worker) -> str | None:
             "a process of the lease shares page-locked host memory with this worker (on its host): another "
             "server's worker cannot map it"
         )
-    return _migrate.lease_refusal(worker, set(range(len(worker.devices))))
+    reason = _migrate.lease_refusal(worker, set(range(len(worker.devices))))
+    if reason:
+        return reason
+    kinds = _not_carried(worker)
+    if kinds:
+        return f"the lease holds {', '.join(kinds)}, which a move to another server does not carry yet"
+    for session in list(worker.sessions):
+        reason = _migrate_state.process_refusal(session)
+        if reason:
+            return reason
+    return _migrate_state.lease_refusal(lease)
 
 
 def send(worker, target: dict, timeout: float = DRAIN_TIMEOUT_S) -> dict:
-    """Send the lease to the receiving worker `target` ({"host", "migrate_port", "tls_sha256", "secret"});
-    the answer for the server, or MigrationRefused (the lease runs on here)."""
+    """Send the lease to the receiving worker `target` ({"host", "port", "migrate_port", "local",
+    "tls_sha256", "secret"}) and commit: the answer for the server, or MigrationRefused (the lease runs on
+    here). Once committed, each connection is answered MOVED at its next frame that wants an answer
+    (`Moved.frame`)."""
     reason = refusal(worker)
     if reason:
         raise MigrationRefused(reason)
@@ -80,21 +95,24 @@ def send(worker, target: dict, timeout: float = DRAIN_TIMEOUT_S) -> dict:
                                      str(target["secret"]).encode(), LINK_TIMEOUT_S)  # fmt: skip
     except (OSError, _migrate_link.LinkError) as exc:
         raise MigrationRefused(f"the receiving worker at {where} cannot be reached: {_why(exc)}") from None
-    with link:
-        try:
-            return _sent(worker, link, where, timeout)
-        except (OSError, _migrate_link.LinkError) as exc:
-            raise MigrationRefused(
-                f"the link to the receiving worker at {where} failed: {_why(exc)}"
-            ) from None
-        except CudaError as exc:
-            raise MigrationRefused(f"reading the lease's memory failed: {exc}") from None
-        finally:
-            worker.executor.end_thread()  # this thread's staging buffers (page-locked on a GPU)
+    try:
+        return _sent(worker, link, target, where, timeout)
+    except (OSError, _migrate_link.LinkError) as exc:
+        link.close()
+        raise MigrationRefused(f"the link to the receiving worker at {where} failed: {_why(exc)}") from None
+    except CudaError as exc:
+        link.close()
+        raise MigrationRefused(f"reading the lease's memory failed: {exc}") from None
+    except BaseException:
+        link.close()
+        raise
+    finally:
+        worker.executor.end_thread()  # this thread's staging buffers (page-locked on a GPU)
 
 
-def _sent(worker, link: _migrate_link.Link, where: str, timeout: float) -> dict:
+def _sent(worker, link: _migrate_link.Link, target: dict, where: str, timeout: float) -> dict:
     asked = time.monotonic()
+    committed = False
     try:
         _migrate._native_paused(worker, timeout)
         with worker.lease.gate.closed(timeout):
@@ -105,53 +123,122 @@ def _sent(worker, link: _migrate_link.Link, where: str, timeout: float) -> dict:
             with _migrate._windows_held(worker.lease):
                 for device in range(len(worker.devices)):
                     worker.executor.drain(device)
+                for memory in list(worker.lease.windows):  # frees after streams: all reached now
+                    memory._reclaim(wait=True)
                 held = _migrate.mappings(worker.lease)
                 total = sum(m.size for m in held)
-                link.send(_manifest(worker, held), total)
+                manifest, tokens = _manifest(worker, held)
+                link.send(manifest, total)
                 for m in held:
                     worker.executor.copy_from_device(m.base, m.size, None, link.send_bytes)
                 answer = link.receive()
             if answer.get("ok") is not True:
                 raise MigrationRefused(f"the receiving worker at {where} failed: {answer.get('error')}")
-            took = time.monotonic() - paused
-            objects = int(answer.get("objects", 0))
-            log.info("the lease reached the receiving worker at %s: %d bytes at the same addresses and %d objects "
-                     "re-created in %.3f s", where, total, objects, took)  # fmt: skip
-            link.send({"commit": False, "reason": NOT_BUILT})
-            raise MigrationRefused(f"{total / 2**20:.1f} MiB of the lease's memory reached {where} at the same "
-                                   f"addresses and {objects} of its objects were re-created there in {took:.3f} s"
-                                   f"{_not_carried(worker)}, but {NOT_BUILT}")  # fmt: skip
+            link.send({"commit": True})
+            if link.receive().get("committed") is not True:
+                raise MigrationRefused(f"the receiving worker at {where} did not commit")
+            committed = True
+            worker.moved = Moved(link, target, tokens)
+            resumed = time.monotonic()
     finally:
-        if worker.native is not None:  # nothing moved: C serves again, its handles as they were
+        if (
+            worker.native is not None and not committed
+        ):  # nothing moved: C serves again, its handles as they were
             worker.native.python_only(False)
-        log.info("the lease's calls waited %.3f s for the move to another server", time.monotonic() - asked)
+    objects = int(answer.get("objects", 0))
+    log.info("the lease moved to the receiving worker at %s: %d bytes at the same addresses, %d objects re-created, "
+             "paused %.3f s; its processes reconnect there at their next call", where, total, objects,
+             resumed - paused)  # fmt: skip
+    return {"bytes": total, "objects": objects, "pause_s": round(resumed - paused, 6),
+            "wait_s": round(paused - asked, 6)}  # fmt: skip
 
 
-def _manifest(worker, held: list) -> dict:
+def _manifest(worker, held: list) -> tuple[dict, dict[int, int]]:
     """What the receiving worker re-creates: each process's windows, the memory mapped in them (in the order
-    its bytes follow), and the records its objects are made from (`Translated.exported`)."""
+    its bytes follow), the records its objects are made from (`Translated.exported`) and the guard's state
+    (`_migrate_state.exported`); and each connection's token."""
     windows = [[w.base, w.size] for memory in list(worker.lease.windows) for w in memory.windows]
     try:
         objects = worker.executor.exported()
     except TypeError as exc:
         raise MigrationRefused(str(exc)) from None
-    return {"lease": worker.lease_id, "devices": len(worker.devices), "windows": windows,
-            "memory": [[m.base, m.size, m.device] for m in held], "objects": objects}  # fmt: skip
+    state, tokens = _migrate_state.exported(worker.lease, list(worker.sessions), held)
+    manifest = {"lease": worker.lease_id, "devices": len(worker.devices), "windows": windows,
+                "memory": [[m.base, m.size, m.device] for m in held], "objects": objects, "state": state}  # fmt: skip
+    return manifest, tokens
 
 
-# What the lease may hold that a move to another server does not carry yet (named in its answer).
+# What the lease may hold that a move to another server does not carry yet (refused up front).
 NOT_CARRIED = {
     "graph": "CUDA graphs", "graphexec": "instantiated graphs", "array": "CUDA arrays",
     "mipmap": "mipmapped arrays", "texobj": "texture objects", "surfobj": "surface objects",
     "vmem": "memory of the virtual memory API", "library": "libraries (cuLibraryLoadData)",
-    "global": "module globals whose address the program asked for",
+    "kernel": "library kernels", "global": "module globals whose address the program asked for",
+    "link": "a link in progress (cuLinkCreate)",
 }  # fmt: skip
 
 
-def _not_carried(worker) -> str:
+def _not_carried(worker) -> list[str]:
     held = _migrate.holding(worker.lease)
-    kinds = [what for kind, what in NOT_CARRIED.items() if held.get(kind)]
-    return f" (not carried yet: {', '.join(kinds)})" if kinds else ""
+    return [what for kind, what in NOT_CARRIED.items() if held.get(kind)]
+
+
+class Moved:
+    """The source's side once the lease moved: each connection, at its next frame, is told where the lease is
+    (a frame that wants an answer: MOVED, which it did not run) or has the frame carried there (one that
+    does not: it runs there before anything else of that process)."""
+
+    def __init__(self, link: _migrate_link.Link, target: dict, tokens: dict[int, int]) -> None:
+        self.link = link
+        self.tokens = tokens
+        self.lock = threading.Lock()  # one message at a time on the link
+        self.where = f"{target['host']}:{target['port']}".encode()
+        self.local = str(target.get("local", "")).encode()
+        self.tls = str(target.get("tls_sha256", "")).encode()
+        self.link_lost = False
+
+    def frame(self, session, channel, call_id: int, flags: int, args: bytes, bulk_len: int) -> bool:
+        """One frame of a connection after the move; False once the connection has been told (it ends)."""
+        token = self.tokens.get(id(session))
+        bulk = channel.read_exact(bulk_len) if bulk_len else b""
+        if token is None:  # a connection made after the move: nothing of it is here any more
+            if flags & _wire.FLAG_WANTS_REPLY:
+                channel.send(_wire.REPLY.pack(CUresult.DEVICE_UNAVAILABLE, 0, 0))
+            return False
+        try:
+            with self.lock:
+                if flags & _wire.FLAG_WANTS_REPLY:
+                    self.link.send({"complete": token})
+                else:
+                    self.link.send({"frame": token, "call": call_id, "flags": flags,
+                                    "args": base64.b64encode(args).decode()}, len(bulk))  # fmt: skip
+                    if bulk:
+                        self.link.send_bytes(bulk)
+                    return True
+        except (OSError, _migrate_link.LinkError) as exc:
+            if not self.link_lost:
+                log.warning("the link to the lease's new worker broke (%s): its processes' frames since the move "
+                            "are lost", _why(exc))  # fmt: skip
+                self.link_lost = True
+        outs = _wire.MOVED_TO.pack(token, self.where, self.local, self.tls)
+        channel.send(_wire.REPLY.pack(_wire.MOVED, len(outs), 0), outs)
+        return False
+
+    def closed(self, session) -> bool:
+        """A connection ended (told, or its process gone): the new worker need not wait for more of it. Whether
+        no moved process is left here (the link is then closed)."""
+        token = self.tokens.pop(id(session), None)
+        with self.lock:
+            try:
+                if token is not None:
+                    self.link.send({"gone": token})
+                if not self.tokens:
+                    self.link.send({"done": True})
+            except (OSError, _migrate_link.LinkError):
+                pass
+            if not self.tokens:
+                self.link.close()
+        return not self.tokens
 
 
 def _why(exc: BaseException) -> str:
@@ -162,8 +249,8 @@ def _why(exc: BaseException) -> str:
 
 
 def receive(worker, listener: socket.socket, secret: bytes, wait_s: float) -> None:
-    """In a thread of a receiving worker: wait `wait_s` for the sender, take the lease's memory, and exit
-    the process when the move will not complete (its GPUs are free then)."""
+    """In a thread of a receiving worker: wait `wait_s` for the sender, take the lease, and either hold it
+    (committed: its processes reconnect here) or exit the process (its GPUs are free then)."""
 
     def run() -> None:
         deadline = time.monotonic() + wait_s
@@ -183,22 +270,27 @@ def receive(worker, listener: socket.socket, secret: bytes, wait_s: float) -> No
                 sock.close()
                 continue
             break
+        listener.close()
         with link:
             try:
-                reason = _held(worker, link)
+                parked, reason = _held(worker, link)
             except (OSError, _migrate_link.LinkError) as exc:
-                reason = f"the sending worker's link failed: {_why(exc)}"
-        _exit(reason)
+                parked, reason = None, f"the sending worker's link failed: {_why(exc)}"
+            if parked is None:
+                _exit(reason)
+            _carried(link, parked)
 
     threading.Thread(target=run, name="gpupool-receive", daemon=True).start()
 
 
-def _held(worker, link: _migrate_link.Link) -> str:
-    """Take the manifest and the memory; tell the sender; why this worker ends (the sender's decision)."""
+def _held(worker, link: _migrate_link.Link):
+    """Take the manifest, the memory, the objects and the processes' state; tell the sender; (the parked
+    processes, "") once it committed, else (None, why this worker ends)."""
     manifest = link.receive()
     dies_after = int(os.environ.get(DIES_AFTER_ENV, "0") or 0)
-    executor, got = worker.executor.inner, 0  # nothing here is the clients': no records, no handle map
+    executor, got = worker.executor.inner, 0  # the memory is nobody's yet: no records, no handle map
     contexts: dict[int, int] = {}  # device -> its primary context, current while its memory is copied
+    backings = []
     try:
         for base, size in manifest["windows"]:
             at = executor.reserve_addresses(size, base)
@@ -211,7 +303,7 @@ def _held(worker, link: _migrate_link.Link) -> str:
             if not 0 <= device < len(worker.devices):
                 raise MigrationRefused(f"the lease's memory names device {device}; this worker has "
                                        f"{len(worker.devices)}")  # fmt: skip
-            executor.map_memory(base, size, device)
+            backings.append(executor.map_memory(base, size, device))
             if device not in contexts:
                 contexts[device] = executor.cuDevicePrimaryCtxRetain(device)
             executor.set_context(contexts[device])
@@ -224,27 +316,57 @@ def _held(worker, link: _migrate_link.Link) -> str:
                     os._exit(9)
 
             executor.copy_to_device(base, size, None, fill)
-    except (MigrationRefused, CudaError) as exc:
-        why = getattr(exc, "title", "") or str(exc)
-        link.send({"ok": False, "error": why})
-        return why
-    except (KeyError, TypeError, ValueError) as exc:
-        link.send({"ok": False, "error": f"an unreadable manifest ({exc})"})
-        return f"an unreadable manifest ({exc})"
-    log.info("holding the lease's memory: %d bytes in %d range(s) at the addresses it had", got,
-             len(manifest["memory"]))  # fmt: skip
-    try:
+        log.info("holding the lease's memory: %d bytes in %d range(s) at the addresses it had", got,
+                 len(manifest["memory"]))  # fmt: skip
         for device in contexts:  # the copies' references: the lease's own are the records'
             executor.cuDevicePrimaryCtxRelease(device)
         objects = worker.executor.imported(manifest["objects"])
-    except (CudaError, TypeError, ValueError, KeyError) as exc:
-        why = f"re-creating the lease's objects failed: {getattr(exc, 'title', '') or exc}"
+        log.info(
+            "holding the lease's objects: %d re-created, the client's handle values mapped to them", objects
+        )
+        parked = _migrate_state.imported(worker.lease, worker.executor, manifest["state"], manifest["memory"],
+                                         backings)  # fmt: skip
+    except (MigrationRefused, CudaError, TypeError, ValueError, KeyError) as exc:
+        why = f"the lease could not be re-created here: {getattr(exc, 'title', '') or exc}"
         link.send({"ok": False, "error": why})
-        return why
-    log.info("holding the lease's objects: %d re-created, the client's handle values mapped to them", objects)
+        return None, why
     link.send({"ok": True, "bytes": got, "objects": objects})
     decision = link.receive()
-    return str(decision.get("reason") or "the sender did not commit")
+    if decision.get("commit") is not True:
+        return None, str(decision.get("reason") or "the sender did not commit")
+    if worker.native is not None:  # its tables do not hold the moved lease: every frame through Python
+        worker.native.python_only()
+    link.send({"committed": True})
+    log.info("the lease moved here: %d process(es) reconnect with their tokens", len(parked))
+    return parked, ""
+
+
+def _carried(link: _migrate_link.Link, parked: dict) -> None:
+    """After the commit: the frames each process sent the old worker after the pause, until it was told to
+    come here (then its state is complete), or until the old worker is gone."""
+    try:
+        while True:
+            message = link.receive()
+            if "frame" in message:
+                bulk = bytearray(link.bulk_left)
+                if bulk:
+                    link.read_into(memoryview(bulk))
+                process = parked.get(int(message["frame"]))
+                if process is not None:
+                    process.frames.append((int(message["call"]), int(message["flags"]),
+                                           base64.b64decode(message["args"]), bytes(bulk)))  # fmt: skip
+            elif "complete" in message or "gone" in message:
+                process = parked.get(int(message.get("complete") or message.get("gone")))
+                if process is not None:
+                    process.complete.set()
+            elif message.get("done"):
+                break
+    except (OSError, _migrate_link.LinkError) as exc:
+        log.warning(
+            "the old worker's link ended (%s): processes not told yet resume with what arrived", _why(exc)
+        )
+    for process in parked.values():
+        process.complete.set()
 
 
 def _exit(reason: str) -> None:

@@ -242,6 +242,7 @@ class Worker:
         self.native = _native_dispatch.for_worker(self.lease, self.executor)
         self.native_sessions: set = set()  # connections' native loops (their calls are activity too)
         self.sessions: set = set()  # every connection's Session (a move to another server looks at them)
+        self.moved = None  # once the lease moved to another server's worker: _migrate_out.Moved
 
     def serve(self, listener: socket.socket, local: socket.socket | None = None) -> None:
         threading.Thread(target=self._touch_while_busy, daemon=True).start()
@@ -299,6 +300,13 @@ class Worker:
                 self.in_calls.add(id(session))
                 try:
                     with self.lease.gate:  # held while the lease migrates
+                        if (
+                            self.moved is not None
+                        ):  # to another server: the process is told, or the frame goes
+                            args = channel.read_exact(args_len)
+                            if not self.moved.frame(session, channel, call_id, flags, args, bulk_len):
+                                return
+                            continue
                         session.dispatch(call_id, flags, channel.read_exact(args_len), bulk_len)
                 finally:
                     self.in_calls.discard(id(session))
@@ -323,8 +331,22 @@ class Worker:
                 self.sessions.discard(session)
                 self._end_thread(who)
                 session.close()
+                if self.moved is not None:
+                    self._left_after_move(session)
             if profiler is not None:
                 _write_profile(profiler, who)
+
+    def _left_after_move(self, session) -> None:
+        """A connection ended after the lease moved away: once none of the moved processes is left here, this
+        worker has nothing more to do (its GPU memory went with the processes' sessions)."""
+        if self.moved.closed(session) and not self.sessions:
+            self.leave_after_move()
+
+    def leave_after_move(self) -> None:
+        """Nothing of the lease is here any more: the worker exits (its server cleans up after it)."""
+        log.info("every process of the lease reconnected to its new worker (or ended): exiting")
+        logging.shutdown()
+        os._exit(0)
 
     def _end_thread(self, who: str) -> None:
         """This connection's per-thread executor state (page-locked staging), before its session frees

@@ -4,7 +4,7 @@
 #include <stdint.h>
 
 /* The call table this was generated from (gpf_wire_version: the worker loads no other). */
-#define GPF_WIRE_VERSION 0x020305ddu
+#define GPF_WIRE_VERSION 0x02df71cbu
 /* A request's header and a reply's (virtualize/common/_wire.py REQUEST, REPLY): sizes, field offsets. */
 #define GPF_REQUEST_BYTES 24
 #define GPF_REQUEST_CALL 0
@@ -78,34 +78,34 @@ struct gpf_call {
     struct gpf_arg args[10];
 };
 static const struct gpf_call gpf_calls[C_COUNT] = {
-    [C_LAUNCH] = {331, 48, 0, 0, 0, 1, 0, 255, 10, {{0, 8, GPF_FUNC, 255, 1}, {8, 4, GPF_PLAIN, 255, 1}, {12, 4, GPF_PLAIN, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}, {20, 4, GPF_PLAIN, 255, 1}, {24, 4, GPF_PLAIN, 255, 1}, {28, 4, GPF_PLAIN, 255, 1}, {32, 4, GPF_PLAIN, 255, 1}, {36, 8, GPF_STREAM, 255, 1}, {44, 4, GPF_PLAIN, 255, 1}}},
-    [C_CTX_SYNC] = {41, 0, 1, 1, 0, 0, 0, 255, 0, {{0}}},
-    [C_STREAM_SYNC] = {349, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255, 1}}},
-    [C_STREAM_QUERY] = {348, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255, 1}}},
-    [C_EVENT_SYNC] = {478, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255, 1}}},
-    [C_EVENT_QUERY] = {477, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255, 1}}},
-    [C_EVENT_RECORD] = {475, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_STREAM, 255, 1}}},
-    [C_EVENT_RECORD_FLAGS] = {476, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_STREAM, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}}},
-    [C_STREAM_WAIT_EVENT] = {350, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_STREAM, 255, 1}, {8, 8, GPF_EVENT, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}}},
-    [C_HTOD] = {152, 24, 0, 0, 0, 1, 1, 255, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
-    [C_HTOD_ASYNC] = {153, 24, 0, 0, 0, 1, 1, 2, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
-    [C_DTOH] = {154, 24, 1, 1, 0, 0, 1, 255, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
-    [C_DTOH_ASYNC] = {155, 24, 1, 1, 0, 0, 1, 2, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
-    [C_DTOD] = {168, 24, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_RANGE, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}}},
-    [C_DTOD_ASYNC] = {169, 32, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_RANGE, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}, {24, 8, GPF_STREAM, 255, 1}}},
-    [C_PINNED_COPY] = {162, 36, 1, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_PINNED, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}, {24, 8, GPF_STREAM, 255, 1}, {32, 4, GPF_PLAIN, 255, 1}}},
-    [C_SHM_HTOD] = {159, 36, 0, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}, {24, 8, GPF_SHARED, 1, 1}, {32, 4, GPF_PLAIN, 255, 1}}},
-    [C_SHM_DTOH] = {160, 32, 0, 1, 16, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}, {24, 4, GPF_PLAIN, 255, 1}, {28, 4, GPF_PLAIN, 255, 1}}},
-    [C_GRAPH_LAUNCH] = {470, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_GRAPHEXEC, 255, 1}, {8, 8, GPF_STREAM, 255, 1}}},
-    [C_EVENT_ELAPSED] = {480, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_EVENT, 255, 1}}},
-    [C_EVENT_ELAPSED_V2] = {481, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_EVENT, 255, 1}}},
-    [C_MEMSET_D8] = {246, 17, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 1}, {8, 1, GPF_PLAIN, 255, 1}, {9, 8, GPF_PLAIN, 255, 1}}},
-    [C_MEMSET_D16] = {247, 18, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 2}, {8, 2, GPF_PLAIN, 255, 1}, {10, 8, GPF_PLAIN, 255, 1}}},
-    [C_MEMSET_D32] = {248, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 4}, {8, 4, GPF_PLAIN, 255, 1}, {12, 8, GPF_PLAIN, 255, 1}}},
-    [C_MEMSET_D8_ASYNC] = {249, 25, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 1}, {8, 1, GPF_PLAIN, 255, 1}, {9, 8, GPF_PLAIN, 255, 1}, {17, 8, GPF_STREAM, 255, 1}}},
-    [C_MEMSET_D16_ASYNC] = {250, 26, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 2}, {8, 2, GPF_PLAIN, 255, 1}, {10, 8, GPF_PLAIN, 255, 1}, {18, 8, GPF_STREAM, 255, 1}}},
-    [C_MEMSET_D32_ASYNC] = {251, 28, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 4}, {8, 4, GPF_PLAIN, 255, 1}, {12, 8, GPF_PLAIN, 255, 1}, {20, 8, GPF_STREAM, 255, 1}}},
-    [C_EVENT_ELAPSED_MANY] = {482, 4, 0, 1, 0, 1, 0, 255, 1, {{0, 4, GPF_PLAIN, 255, 1}}},
+    [C_LAUNCH] = {332, 48, 0, 0, 0, 1, 0, 255, 10, {{0, 8, GPF_FUNC, 255, 1}, {8, 4, GPF_PLAIN, 255, 1}, {12, 4, GPF_PLAIN, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}, {20, 4, GPF_PLAIN, 255, 1}, {24, 4, GPF_PLAIN, 255, 1}, {28, 4, GPF_PLAIN, 255, 1}, {32, 4, GPF_PLAIN, 255, 1}, {36, 8, GPF_STREAM, 255, 1}, {44, 4, GPF_PLAIN, 255, 1}}},
+    [C_CTX_SYNC] = {42, 0, 1, 1, 0, 0, 0, 255, 0, {{0}}},
+    [C_STREAM_SYNC] = {350, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255, 1}}},
+    [C_STREAM_QUERY] = {349, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255, 1}}},
+    [C_EVENT_SYNC] = {479, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255, 1}}},
+    [C_EVENT_QUERY] = {478, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255, 1}}},
+    [C_EVENT_RECORD] = {476, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_STREAM, 255, 1}}},
+    [C_EVENT_RECORD_FLAGS] = {477, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_STREAM, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}}},
+    [C_STREAM_WAIT_EVENT] = {351, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_STREAM, 255, 1}, {8, 8, GPF_EVENT, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}}},
+    [C_HTOD] = {153, 24, 0, 0, 0, 1, 1, 255, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
+    [C_HTOD_ASYNC] = {154, 24, 0, 0, 0, 1, 1, 2, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
+    [C_DTOH] = {155, 24, 1, 1, 0, 0, 1, 255, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
+    [C_DTOH_ASYNC] = {156, 24, 1, 1, 0, 0, 1, 2, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
+    [C_DTOD] = {169, 24, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_RANGE, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}}},
+    [C_DTOD_ASYNC] = {170, 32, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_RANGE, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}, {24, 8, GPF_STREAM, 255, 1}}},
+    [C_PINNED_COPY] = {163, 36, 1, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_PINNED, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}, {24, 8, GPF_STREAM, 255, 1}, {32, 4, GPF_PLAIN, 255, 1}}},
+    [C_SHM_HTOD] = {160, 36, 0, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}, {24, 8, GPF_SHARED, 1, 1}, {32, 4, GPF_PLAIN, 255, 1}}},
+    [C_SHM_DTOH] = {161, 32, 0, 1, 16, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}, {24, 4, GPF_PLAIN, 255, 1}, {28, 4, GPF_PLAIN, 255, 1}}},
+    [C_GRAPH_LAUNCH] = {471, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_GRAPHEXEC, 255, 1}, {8, 8, GPF_STREAM, 255, 1}}},
+    [C_EVENT_ELAPSED] = {481, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_EVENT, 255, 1}}},
+    [C_EVENT_ELAPSED_V2] = {482, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_EVENT, 255, 1}}},
+    [C_MEMSET_D8] = {247, 17, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 1}, {8, 1, GPF_PLAIN, 255, 1}, {9, 8, GPF_PLAIN, 255, 1}}},
+    [C_MEMSET_D16] = {248, 18, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 2}, {8, 2, GPF_PLAIN, 255, 1}, {10, 8, GPF_PLAIN, 255, 1}}},
+    [C_MEMSET_D32] = {249, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 4}, {8, 4, GPF_PLAIN, 255, 1}, {12, 8, GPF_PLAIN, 255, 1}}},
+    [C_MEMSET_D8_ASYNC] = {250, 25, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 1}, {8, 1, GPF_PLAIN, 255, 1}, {9, 8, GPF_PLAIN, 255, 1}, {17, 8, GPF_STREAM, 255, 1}}},
+    [C_MEMSET_D16_ASYNC] = {251, 26, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 2}, {8, 2, GPF_PLAIN, 255, 1}, {10, 8, GPF_PLAIN, 255, 1}, {18, 8, GPF_STREAM, 255, 1}}},
+    [C_MEMSET_D32_ASYNC] = {252, 28, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 4}, {8, 4, GPF_PLAIN, 255, 1}, {12, 8, GPF_PLAIN, 255, 1}, {20, 8, GPF_STREAM, 255, 1}}},
+    [C_EVENT_ELAPSED_MANY] = {483, 4, 0, 1, 0, 1, 0, 255, 1, {{0, 4, GPF_PLAIN, 255, 1}}},
 };
 
 /* Each argument's offset by name: GPF_AT_<call>_<argument>. */
