@@ -12,8 +12,9 @@ room; what cannot move stays, with the reason. ``DELETE`` of the route (``--undo
 
 Draining the whole server (``POST /v1/admin/drain``, ``gpupool-server drain [SERVER]``): it grants no
 new lease from then on (admission answers busy, naming the drain, so clients take another server) and
-its running leases are listed with why each stays: moving a lease to another server is not built yet,
-and another GPU of this server is not "off" it. ``DELETE`` (``--undo``) grants again.
+its running leases are listed with why each stays (``gpupool-server drain --move`` then moves each remote
+lease to another server, through ``server._lease_transfer``; another GPU of this server is not "off" it).
+``DELETE`` (``--undo``) grants again.
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ def _targets(pool: Pool, gpu: int) -> list[int]:
 
 # Why a lease stays on a draining server; each ends when its program does.
 STAYS_LOCAL = "a local lease: its process holds the GPU state"
-STAYS_REMOTE = "moving a running lease to another server is not available yet (docs/remote.md, Migration)"
+STAYS_REMOTE = "a remote lease: drain --move moves it to another server (docs/remote.md, Between servers)"
 
 
 async def drain_server(st) -> dict:

@@ -310,3 +310,40 @@ def test_what_cannot_leave_its_host_is_refused_before_the_target_is_asked(pair, 
         run.kill()
         raise
     finishes_intact(run)
+
+
+def test_drain_move_moves_a_servers_remote_leases_to_another_and_names_what_stays(tmp_path):
+    """`gpupool-server drain A --move --move-to B`: A grants nothing new, its running program's remote lease
+    moves to B (said on stderr, printed on stdout) and finishes there, a local lease stays named with its
+    reason (exit 1); --move without a server to move to, or with --undo, is one error line."""
+    a = ServerProc(tmp_path / "a", "2xH100-80GB", env=HOST).start()
+    b = ServerProc(tmp_path / "b", "2xH100-80GB", env=HOST).start()
+    try:
+        admin = admin_of(a, b)
+        token = a.token("drained")
+        b.token("drained", token=token)
+        run, lease = start_program(a, tmp_path, "drained", admin, token=token)
+        try:
+            status, local = api(a.url, "POST", "/v1/leases", a.token("local-three"), {"n": 1, "mem_mib": 256})
+            assert status == 201, local
+            env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")} | {
+                "GPUPOOL_TOKEN": admin
+            }
+            drained = subprocess.run([*server_cmd(), "drain", a.url, "--move", "--move-to", b.url], env=env,
+                                     capture_output=True, text=True, timeout=90, cwd=ROOT)  # fmt: skip
+            assert drained.returncode == 1, drained.stdout + drained.stderr  # the local lease stays
+            assert f"{lease['id']}: moving to" in drained.stderr
+            assert f"{lease['id']}: moved to" in drained.stdout and local["id"] in drained.stdout
+            assert api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
+            assert api(a.url, "GET", "/v1/health")[1]["server"]["draining"] is True
+        except BaseException:
+            run.kill()
+            raise
+        assert finishes_intact(run)["counter"] == "5"  # the kernel ran on B (nothing queued before)
+        for args in (["--move"], ["--move", "--undo"]):
+            refused = subprocess.run([*server_cmd(), "drain", a.url, *args], env=env, capture_output=True,
+                                     text=True, timeout=30, cwd=ROOT)  # fmt: skip
+            one_error(refused)
+    finally:
+        a.stop()
+        b.stop()

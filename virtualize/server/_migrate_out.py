@@ -18,15 +18,13 @@ worker whose sender is gone or that no sender reached exits, which frees its GPU
 admission as for any worker that exits).
 
 With the memory, the manifest carries the records the lease's objects are made from (contexts, streams,
-events, modules, functions, pools and what configured them: `Translated.exported`, as JSON); the receiving
-worker replays them on its executor and maps the client's handle values to what it made
-(`Translated.imported`). Not carried yet (named in the answer): graphs, arrays, textures and surfaces, the
-program's own virtual memory, libraries, module globals.
-
-What is not built yet: the commit — each process's connection state (the guard's tables, its window)
-re-attached on the receiving worker, the shim reconnecting there at a synchronising call, the lease's
-record moving. Until it is, the sender ends every move once the receiving worker holds what it was sent,
-with that reason (`NOT_BUILT`), and the lease runs on where it was.
+events, modules, functions, pools and what configured them: `Translated.exported`, as JSON) and the guard's
+state of the lease and of each process (`virtualize.server._migrate_state`); the receiving worker replays the
+records, maps the client's handle values to what it made, rebuilds the guard's state and parks each process
+under a token. On the commit the old worker answers each connection's next frame that wants a reply with
+MOVED (`Moved.frame`; the frames that want none since the pause go over the link and run there first), the
+shim reconnects there and resumes (gpResume), and the old worker exits once its processes are gone.
+What the move does not carry yet is refused up front (`refusal`, `NOT_CARRIED`).
 """
 
 from __future__ import annotations
@@ -47,10 +45,6 @@ from virtualize.server._migrate import DRAIN_TIMEOUT_S, MPS_REFUSAL, MigrationRe
 log = logging.getLogger("gpupool.worker")
 
 LINK_TIMEOUT_S = 60.0  # the longest one read or write of the link may take before the move fails
-NOT_BUILT = (
-    "committing the move to another server is not built yet (its processes' connections re-attached there, "
-    "the shim reconnecting, the lease's record moving: docs/remote.md, Between servers)"
-)
 # Tests only: the receiving worker dies (exit 9, as a killed process) after this many bytes of memory.
 DIES_AFTER_ENV = "GPUPOOL_TEST_RECEIVER_DIES_AFTER_BYTES"
 
