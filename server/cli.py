@@ -209,7 +209,7 @@ def _moving_parsers(sub) -> None:
         "whole lease moves there: the target admits it, the worker sends its memory, objects and processes' "
         "state, and each process reconnects there at its next call (docs/remote.md, Between servers). What "
         "cannot move (an MPS lease, a stream capture in flight; to another server also graphs, arrays, "
-        "libraries — CUDA-runtime programs —, shared-memory copies, ...) is refused with the reason, and a "
+        "virtual-memory-API memory, shared-memory copies, ...) is refused with the reason, and a "
         "failure leaves the lease running where it was. Prints the pause.",
     )
     m.add_argument("lease", help="the lease id (lease-...)")

@@ -4257,7 +4257,8 @@ def scenario_migrate():
 
 def scenario_migrate_server():
     """What a move to another server carries (docs/remote.md, Between servers): a context of its own beside the
-    primary one, a module and its function, a stream, events, allocations big and small with patterns; says
+    primary one, a module and its function, a library and its kernel, a stream, events, allocations big and
+    small with patterns; says
     `ready` and waits for the test (it may move the lease meanwhile). The line `queue` queues asynchronous work
     without waiting for it (a memset, a kernel, an event record) and says `queued` — what the old worker carries
     to the new one if the move comes right after; then every address holds its bytes, the queued work is done,
@@ -4267,6 +4268,9 @@ def scenario_migrate_server():
     check(cu.cuCtxCreate(ctypes.byref(own), None, 0, 0), "context")
     check(cu.cuCtxSetCurrent(ctx), "back to the primary context")
     add = module_function(b"add_u32")
+    library, fill = c_u64(), c_u64()  # a library and its kernel, as the CUDA runtime loads a program's code
+    check(cu.cuLibraryLoadData(ctypes.byref(library), b"// lib\n", None, None, 0, None, None, 0), "library")
+    check(cu.cuLibraryGetKernel(ctypes.byref(fill), library, b"fill_u32"), "kernel")
     stream, start, end = c_u64(), c_u64(), c_u64()
     check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
     check(cu.cuEventCreate(ctypes.byref(start), 0), "event")
@@ -4305,6 +4309,14 @@ def scenario_migrate_server():
     check(cu.cuStreamSynchronize(stream), "stream sync after")
     say("counter", struct.unpack("<I", dtoh(queued, 4)[1])[0])
     say("event_query", cu.cuEventQuery(end))
+    rc, filled = alloc(64)
+    check(rc, "alloc for the library's kernel")
+    target, three = c_u64(filled), ctypes.c_uint32(3)
+    fill_params = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in (target, three, n)])
+    check(cu.cuLaunchKernel(fill, 1, 1, 1, 16, 1, 1, 0, stream, fill_params, None), "the library's kernel")
+    check(cu.cuStreamSynchronize(stream), "stream sync")
+    say("library_kernel", struct.unpack("<I", dtoh(filled, 4)[1])[0])
+    check(cu.cuLibraryUnload(library), "library unload")
     check(cu.cuCtxSetCurrent(own), "own context")
     rc, later = alloc(MiB)
     say("alloc_after", rc)

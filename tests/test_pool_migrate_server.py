@@ -132,6 +132,7 @@ def test_a_running_program_moves_to_another_server_and_finishes_there(pair, tmp_
     assert result["queued_words"] == "12" and result["counter"] == "17", result  # 7 + 5, then + 5 on B
     assert result["event_query"] == "0" and result["alloc_after"] == "0", result
     assert result["memset_after"] == "09090909", result
+    assert result["library_kernel"] == "3", result  # a library's kernel, loaded anew on B
     # gpuattach released the lease where it got it: A passes the release on to B
     wait_for(lambda: nothing_held(b, admin, lease["id"]), 15, what="the lease to end on B with its program")
 

@@ -63,7 +63,10 @@ RECREATED = frozenset({"ctx", "stream", "event", "module", "func", "pool"})  # a
 REBUILT = frozenset({"graph", "node", "graphexec"})  # read on the source and built anew (_migrate_graphs)
 # Re-created by the executor's move itself (its answer's "made").
 MOVED = frozenset({"array", "mipmap", "vmem"})
-MAPPED = RECREATED | REBUILT | MOVED
+# Kept by a move to another GPU (the worker process's), made anew from its record by a move to another server's
+# worker (virtualize.server._migrate_out), where the client's values then map to them.
+CARRIED = frozenset({"library"})
+MAPPED = RECREATED | REBUILT | MOVED | CARRIED
 KEPT = frozenset({"library", "kernel"})  # the process's: valid in every context, not re-created
 DESTROYED_BY = {**DESTROYS, "cuCtxDestroy": "ctx"}
 BUILTIN_STREAMS = frozenset({0, 1, 2})  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD: every context's
@@ -258,12 +261,6 @@ def _value_from_json(value):
     return value
 
 
-def _names_kept(record: Record) -> bool:
-    """Whether a record configures a library's kernel: those are the worker process's and stay with it (a
-    move to another server does not carry libraries yet)."""
-    return any(kind in KEPT for _, kind in record.kinds)
-
-
 def _record_json(record: Record) -> dict:
     try:
         args = [_value_json(a) for a in record.args]
@@ -396,7 +393,9 @@ class Translated:
         addresses = tuple(params.index(p) for p in address_ins if p in params)
         device_at = next((params.index(p) for p in DEVICE_PARAMS if p in params), None)
         makes = (
-            () if name in SHAPED_HANDLES else tuple((i, k) for i, k in outs if NAMESPACE.get(k) in RECREATED)
+            ()
+            if name in SHAPED_HANDLES
+            else tuple((i, k) for i, k in outs if NAMESPACE.get(k) in RECREATED | CARRIED)
         )
         recorded = name in SETTERS or bool(makes)
         destroys = DESTROYED_BY.get(name)
@@ -430,7 +429,7 @@ class Translated:
                 self._global(name, given, result)
             elif recorded:
                 self._record(name, given, kinds, result, makes, device_at)
-            elif destroys and NAMESPACE[destroys] in RECREATED:
+            elif destroys and NAMESPACE[destroys] in RECREATED | CARRIED:
                 self._forget(NAMESPACE[destroys], given[0])
             if booked:
                 self._book(name, given, args, result, exec_node)
@@ -596,7 +595,7 @@ class Translated:
             self.records[key] = record  # a setting: the newest last
             for i, kind in kinds:
                 ns = NAMESPACE.get(kind)
-                if ns in RECREATED and i < len(args) and args[i]:
+                if ns in RECREATED | CARRIED and i < len(args) and args[i]:
                     self.uses.setdefault((ns, args[i]), set()).add(key)
 
     def _forget(self, ns: str, value: int) -> None:
@@ -621,7 +620,7 @@ class Translated:
         return all(
             self.alive(NAMESPACE[kind], record.args[i])
             for i, kind in record.kinds
-            if kind != LAUNCH and NAMESPACE[kind] in RECREATED and record.args[i]
+            if kind != LAUNCH and NAMESPACE[kind] in RECREATED | CARRIED and record.args[i]
             and not (NAMESPACE[kind] == "stream" and record.args[i] in BUILTIN_STREAMS)
         )  # fmt: skip
 
@@ -630,7 +629,13 @@ class Translated:
         with self.record_lock:
             records = list(self.records.values())
         contexts = {r.made[1]: r.device for r in records if r.made and r.made[0] == "ctx"}
-        return [r for r in records if self._device_of(r, contexts) == device and self._holds(r)]
+        return [
+            r
+            for r in records
+            if self._device_of(r, contexts) == device
+            and self._holds(r)
+            and not (r.made and r.made[0] in CARRIED)
+        ]
 
     def contexts(self, device: int) -> list[int]:
         """The client's contexts on lease device `device`."""
@@ -647,11 +652,11 @@ class Translated:
 
     def exported(self) -> dict:
         """The records of every lease device as JSON, in the order they replay, and the references the
-        lease's processes hold to each primary context (the calls paused); not those configuring a library's
-        kernel (libraries are not carried yet). A record holding an argument that is not plain data (an int,
-        bytes, a string, a float, None, or a tuple of them) raises TypeError."""
+        lease's processes hold to each primary context (the calls paused): libraries too (`CARRIED`). A record
+        holding an argument that is not plain data (an int, bytes, a string, a float, None, or a tuple of
+        them) raises TypeError."""
         with self.record_lock:
-            records = [r for r in self.records.values() if self._holds(r) and not _names_kept(r)]
+            records = [r for r in self.records.values() if self._holds(r)]
             held = dict(self.primary_held)
         return {"records": [_record_json(r) for r in records], "primary_held": held}
 
@@ -680,7 +685,7 @@ class Translated:
                 self.records[key] = record
                 for i, kind in record.kinds:
                     ns = NAMESPACE.get(kind)
-                    if ns in RECREATED and i < len(record.args) and record.args[i]:
+                    if ns in RECREATED | CARRIED and i < len(record.args) and record.args[i]:
                         self.uses.setdefault((ns, record.args[i]), set()).add(key)
             self.primary_held.update(held)
         self.generation += 1
@@ -924,7 +929,7 @@ class Translated:
         args = list(record.args)
         for i, kind in record.kinds:
             ns = NAMESPACE.get(kind)
-            if ns in RECREATED and args[i] and not (ns == "stream" and args[i] in BUILTIN_STREAMS):
+            if ns in RECREATED | CARRIED and args[i] and not (ns == "stream" and args[i] in BUILTIN_STREAMS):
                 args[i] = target(ns, args[i])
         result = getattr(self.inner, record.method)(*args)
         if record.made is not None:

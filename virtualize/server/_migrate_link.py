@@ -27,7 +27,7 @@ from virtualize.server import _data_tls
 SOURCE_LABEL = b"gpupool migration source 1\n"
 TARGET_LABEL = b"gpupool migration target 1\n"
 HEADER = struct.Struct("<IQ")  # the JSON's bytes, the bulk's bytes
-MAX_JSON_BYTES = 64 << 20  # a manifest of many allocations and records
+MAX_JSON_BYTES = 2 << 30  # a manifest: its records carry the images of the lease's modules and libraries
 HANDSHAKE_TIMEOUT_S = 10.0
 
 

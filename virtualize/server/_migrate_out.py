@@ -166,8 +166,8 @@ def _manifest(worker, held: list) -> tuple[dict, dict[int, int]]:
 NOT_CARRIED = {
     "graph": "CUDA graphs", "graphexec": "instantiated graphs", "array": "CUDA arrays",
     "mipmap": "mipmapped arrays", "texobj": "texture objects", "surfobj": "surface objects",
-    "vmem": "memory of the virtual memory API", "library": "libraries (cuLibraryLoadData)",
-    "kernel": "library kernels", "global": "module globals whose address the program asked for",
+    "vmem": "memory of the virtual memory API",
+    "global": "module globals whose address the program asked for",
     "link": "a link in progress (cuLinkCreate)",
 }  # fmt: skip
 

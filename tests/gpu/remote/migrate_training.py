@@ -33,8 +33,9 @@ worker) while its program runs.
    receiving worker of GPU 1 (another process, as another gpupool-server starts one: ``--receive``, the
    one-time secret, TLS; docs/remote.md, Between servers); the shim reconnects there at its next call; the
    bytes, stream, event and kernel work after, and the old worker is gone.
-5b. xserver_training: the GPT-2 training asked to move there after step --at: today REFUSED up front (a
-   CUDA-runtime program's modules are libraries, not carried yet), the losses equal an unmoved run's.
+5b. xserver_training: the GPT-2 training moved there after step --at (its libraries, kernels, streams, events and
+   memory carried; the shim reconnects): losses equal an unmoved run's step for step. What the move does not
+   carry yet (e.g. PyTorch's expandable segments: the virtual memory API) is REFUSED up front, with the reason.
    Alone: ``python3 tests/gpu/remote/migrate_training.py --only xserver xserver_training``.
 
 `--executor host --only driver` rehearses the steps on a machine without a GPU. A refused migration
@@ -778,11 +779,10 @@ def xserver_check(shim: Path, work: Path, two: list) -> None:
 
 
 def xserver_training(shim: Path, work: Path, two: list, steps: int, at: int) -> None:
-    """The GPT-2 training's lease asked to move after step `at` from GPU 0's worker to a receiving worker of GPU
-    1. Today the move refuses CUDA-runtime programs up front (their modules are libraries, which a move between
-    servers does not carry yet): REFUSED with that reason, the training unharmed (losses equal an unmoved run's);
-    PASS once it moves and the losses are still equal."""
-    print(f"\n=== xserver_training: gpt2 {steps} steps on GPU {two[0][0]}, asked to move to a receiving worker of "
+    """The GPT-2 training's lease moved after step `at` from GPU 0's worker to a receiving worker of GPU 1, as
+    another gpupool-server starts one. PASS: it moved and the losses equal an unmoved run's step for step;
+    REFUSED: the move refused what it does not carry yet (the reason printed), the training unharmed."""
+    print(f"\n=== xserver_training: gpt2 {steps} steps on GPU {two[0][0]}, moved to a receiving worker of "
           f"GPU {two[1][0]} after step {at}", flush=True)  # fmt: skip
     runs = {}
     for label, move_at in (("reference", None), ("asked", at)):
@@ -799,7 +799,7 @@ def xserver_training(shim: Path, work: Path, two: list, steps: int, at: int) -> 
     for i, (a, b) in enumerate(zip(ref, moved, strict=False)):
         print(f"{i:5d} {a:12.5f} {b:12.5f}{'' if a == b else '  DIFFERENT'}")
     equal = ref_rc == 0 and rc == 0 and len(ref) == len(moved) == steps and ref == moved
-    outcome("xserver_training: a training asked to move to another server's worker mid-run, losses equal", answer,
+    outcome("xserver_training: a training moved to another server's worker mid-run, losses equal", answer,
             equal, f"paused {answer.get('pause_s', 0):.3f} s")  # fmt: skip
 
 
