@@ -4293,7 +4293,13 @@ def scenario_migrate_server():
     value, n = ctypes.c_uint32(5), ctypes.c_uint32(16)
     params = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in (counter, value, n)])
     while (line := sys.stdin.readline().strip()) not in ("", "done"):
-        if line == "queue":  # no call here waits for an answer
+        if (
+            line == "child"
+        ):  # a process of the lease that starts now (after a move: on the lease's new worker)
+            child = subprocess.run([sys.executable, __file__, "migrate_server_child"], capture_output=True, text=True,
+                                   timeout=60)  # fmt: skip
+            say("child", child.stdout.strip().replace("\n", " ") or child.stderr.strip()[-300:])
+        elif line == "queue":  # no call here waits for an answer
             check(cu.cuMemsetD32Async(c_u64(queued), ctypes.c_uint32(7), c_u64(16), stream), "queued memset")
             check(cu.cuLaunchKernel(add, 1, 1, 1, 16, 1, 1, 0, stream, params, None), "queued launch")
             check(cu.cuEventRecord(start, stream), "queued record")
@@ -4328,6 +4334,15 @@ def scenario_migrate_server():
         check(cu.cuMemFree(c_u64(ptr)), "free")
     check(cu.cuCtxDestroy(own), "context destroy")
     say("finished", 1)
+
+
+def scenario_migrate_server_child():
+    """A child process of scenario_migrate_server: memory of its own, written and read back."""
+    setup()
+    rc, ptr = alloc(MiB)
+    check(rc, "child alloc")
+    check(cu.cuMemsetD8(c_u64(ptr), 0x2A, c_u64(MiB)), "child memset")
+    say("child_bytes", dtoh(ptr, 4)[1].hex())
 
 
 def scenario_migrate_primary():

@@ -102,9 +102,10 @@ def nothing_held(server: ServerProc, admin: str, lease_id: str) -> bool:
 
 def test_a_running_program_moves_to_another_server_and_finishes_there(pair, tmp_path):
     """A running program's lease on A, moved --to B: the command prints the move (exit 0); the lease runs on
-    B from then on (active there, its record on A ended naming B); work the program queued after the move
+    B from then on (active there, its record on A ended naming B); a process the program starts after the
+    move reaches A's worker and is sent to B's, where it works; work the program queued after the move
     without waiting for it runs there first; and the program finishes on B with every byte, handle and
-    queued result intact (a kernel, events, memory allocated and freed after the move)."""
+    queued result intact (a kernel, a library's kernel, events, memory allocated and freed after the move)."""
     a, b = pair
     admin = admin_of(a, b)
     client = "mover"
@@ -122,6 +123,9 @@ def test_a_running_program_moves_to_another_server_and_finishes_there(pair, tmp_
         status, told = api(a.url, "POST", f"/v1/leases/{lease['id']}/heartbeat", token, {})
         assert status == 410 and told["moved_to"] == b.url, told  # heartbeats are told where it went
         assert api(b.url, "POST", f"/v1/leases/{lease['id']}/heartbeat", token, {})[0] == 200
+        run.stdin.write("child\n")  # a process started now reaches A's worker, which sends it to B's
+        run.stdin.flush()
+        assert run.stdout.readline().strip() == "child child_bytes 2a2a2a2a"
         run.stdin.write("queue\n")  # sent to A's worker, which carries it to B's
         run.stdin.flush()
         assert run.stdout.readline().startswith("queued")

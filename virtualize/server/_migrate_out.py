@@ -37,7 +37,6 @@ import threading
 import time
 
 from virtualize.common import _wire
-from virtualize.common._results import CUresult
 from virtualize.server import _migrate, _migrate_link, _migrate_state
 from virtualize.server._executor import CudaError
 from virtualize.server._migrate import DRAIN_TIMEOUT_S, MPS_REFUSAL, MigrationRefused
@@ -193,11 +192,13 @@ class Moved:
 
     def frame(self, session, channel, call_id: int, flags: int, args: bytes, bulk_len: int) -> bool:
         """One frame of a connection after the move; False once the connection has been told (it ends)."""
-        token = self.tokens.get(id(session))
+        token = self.tokens.get(id(session), 0)
         bulk = channel.read_exact(bulk_len) if bulk_len else b""
-        if token is None:  # a connection made after the move: nothing of it is here any more
-            if flags & _wire.FLAG_WANTS_REPLY:
-                channel.send(_wire.REPLY.pack(CUresult.DEVICE_UNAVAILABLE, 0, 0))
+        if not token:  # a process that connected after the move: it starts anew there (token 0: no state)
+            if not flags & _wire.FLAG_WANTS_REPLY:
+                return True  # (it made nothing here: what it sets up again there)
+            outs = _wire.MOVED_TO.pack(0, self.where, self.local, self.tls)
+            channel.send(_wire.REPLY.pack(_wire.MOVED, len(outs), 0), outs)
             return False
         try:
             with self.lock:

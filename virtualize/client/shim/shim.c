@@ -652,19 +652,21 @@ static int moved_to(const struct gp_moved_to *to) {
     lease_setenv(GP_ENV_LOCAL, local);
     lease_setenv(GP_ENV_TLS, pin);
     if (connect_worker() != CUDA_SUCCESS) return -1;
-    struct gp_in_gpResume in = {.token = to->token};
-    int32_t result;
-    if (send_frame(GP_CALL_gpResume, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0) < 0 ||
-        recv_reply(&result, NULL, 0, NULL, 0) < 0) {
-        lost(strerror(errno));
-        return -1;
+    if (to->token) { /* 0: this process connected after the move and starts anew there */
+        struct gp_in_gpResume in = {.token = to->token};
+        int32_t result;
+        if (send_frame(GP_CALL_gpResume, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0) < 0 ||
+            recv_reply(&result, NULL, 0, NULL, 0) < 0) {
+            lost(strerror(errno));
+            return -1;
+        }
+        if (result != 0) {
+            fail(CUDA_ERROR_DEVICE_UNAVAILABLE, "the lease moved to %s, which does not hold this process's state "
+                 "(error %d): the remote GPU is gone, CUDA calls fail from now on", where, result);
+            return -1;
+        }
+        conn_ctx = ctx; /* the new worker's thread has the context the old one had */
     }
-    if (result != 0) {
-        fail(CUDA_ERROR_DEVICE_UNAVAILABLE, "the lease moved to %s, which does not hold this process's state "
-             "(error %d): the remote GPU is gone, CUDA calls fail from now on", where, result);
-        return -1;
-    }
-    conn_ctx = ctx; /* the new worker's thread has the context the old one had */
     if (send_frame(frame.call, frame.flags, frame.args, frame.args_len, frame.b1, frame.b1_len, frame.b2,
                    frame.b2_len) < 0) {
         lost(strerror(errno));
