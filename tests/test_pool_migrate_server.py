@@ -352,3 +352,41 @@ def test_drain_move_moves_a_servers_remote_leases_to_another_and_names_what_stay
     finally:
         a.stop()
         b.stop()
+
+
+@pytest.mark.slow
+def test_a_process_that_ends_before_it_reconnects_leaves_nothing_held_on_the_new_worker(pair, tmp_path):
+    """A program's lease (taken through the API, no gpuattach run) moved --to B; the program is killed before
+    it makes another call: B's worker frees what the program held there (the lease's memory use on B drops to
+    0), as when a connection closes, and the lease stays B's."""
+    from virtualize.client.remote import fresh_shim, remote_env
+
+    a, b = pair
+    admin = admin_of(a, b)
+    token = a.token("vanishing")
+    b.token("vanishing", token=token)
+    status, lease = api(
+        a.url, "POST", "/v1/leases", token, {"n": 1, "mem_mib": 256, "remote": True, "ttl_s": 600}
+    )
+    assert status == 201, lease
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env.update(remote_env({"id": lease["id"], "worker": lease["worker"]}, cache_root=tmp_path / "cache",
+                          library=fresh_shim(tmp_path / "shim")))  # fmt: skip
+    env["GPUPOOL_SHIM_SHARED_COPIES"] = "0"
+    run = subprocess.Popen([sys.executable, CLIENT, "migrate_server"], env=env, stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+    try:
+        assert run.stdout.readline().startswith("ready")
+        assert migrate(a, lease["id"], "--to", b.url, token=admin).returncode == 0
+
+        def used() -> int | None:
+            return api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["partitions"][0]["usage"][
+                "mem_used_bytes"
+            ]
+
+        wait_for(lambda: (used() or 0) > 0, 10, what="the moved memory counted on B")
+    finally:
+        run.kill()
+        run.wait()
+    wait_for(lambda: used() == 0, 10, what="B to free what the process held")
+    assert api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"

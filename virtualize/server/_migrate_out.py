@@ -189,6 +189,7 @@ class Moved:
         self.local = str(target.get("local", "")).encode()
         self.tls = str(target.get("tls_sha256", "")).encode()
         self.link_lost = False
+        self.told: set[int] = set()  # processes answered MOVED: they resume there
 
     def frame(self, session, channel, call_id: int, flags: int, args: bytes, bulk_len: int) -> bool:
         """One frame of a connection after the move; False once the connection has been told (it ends)."""
@@ -216,6 +217,7 @@ class Moved:
                             "are lost", _why(exc))  # fmt: skip
                 self.link_lost = True
         outs = _wire.MOVED_TO.pack(token, self.where, self.local, self.tls)
+        self.told.add(token)
         channel.send(_wire.REPLY.pack(_wire.MOVED, len(outs), 0), outs)
         return False
 
@@ -225,7 +227,7 @@ class Moved:
         token = self.tokens.pop(id(session), None)
         with self.lock:
             try:
-                if token is not None:
+                if token is not None and token not in self.told:  # it ended without coming: its state goes
                     self.link.send({"gone": token})
                 if not self.tokens:
                     self.link.send({"done": True})
@@ -273,7 +275,7 @@ def receive(worker, listener: socket.socket, secret: bytes, wait_s: float) -> No
                 parked, reason = None, f"the sending worker's link failed: {_why(exc)}"
             if parked is None:
                 _exit(reason)
-            _carried(link, parked)
+            _carried(link, parked, lambda token: _migrate_state.discard(worker.lease, worker.executor, token))
 
     threading.Thread(target=run, name="gpupool-receive", daemon=True).start()
 
@@ -336,9 +338,10 @@ def _held(worker, link: _migrate_link.Link):
     return parked, ""
 
 
-def _carried(link: _migrate_link.Link, parked: dict) -> None:
+def _carried(link: _migrate_link.Link, parked: dict, discard) -> None:
     """After the commit: the frames each process sent the old worker after the pause, until it was told to
-    come here (then its state is complete), or until the old worker is gone."""
+    come here (then its state is complete) or ended without being told (`discard(token)`: what it held here
+    goes), or until the old worker is gone."""
     try:
         while True:
             message = link.receive()
@@ -351,9 +354,18 @@ def _carried(link: _migrate_link.Link, parked: dict) -> None:
                     process.frames.append((int(message["call"]), int(message["flags"]),
                                            base64.b64decode(message["args"]), bytes(bulk)))  # fmt: skip
             elif "complete" in message or "gone" in message:
-                process = parked.get(int(message.get("complete") or message.get("gone")))
+                token = int(message.get("complete") or message.get("gone"))
+                process = parked.get(token)
                 if process is not None:
                     process.complete.set()
+                if "gone" in message:  # ended before it was told: nothing of it will come here
+                    log.info(
+                        "a process of the moved lease ended before it reconnected: what it held here goes"
+                    )
+                    try:
+                        discard(token)
+                    except Exception:  # what stays is counted until the lease ends; the rest goes on
+                        log.exception("freeing what a process of the moved lease held failed")
             elif message.get("done"):
                 break
     except (OSError, _migrate_link.LinkError) as exc:

@@ -204,6 +204,18 @@ def resume(session, token: int) -> None:
         session.channel = channel
 
 
+def discard(lease, executor, token: int) -> None:
+    """A parked process that will not come (it ended before it was told to): what it held here goes, as when a
+    connection closes (its allocations, the contexts it created, its window)."""
+    from virtualize.server._executor_guard import Session
+
+    if token not in lease.parked:
+        return
+    session = Session(lease, executor, Replayed(b""))
+    resume(session, token)
+    session.close()
+
+
 class Replayed:
     """A frame's bulk, received earlier, as the channel a dispatch reads it from (it answers nothing)."""
 
