@@ -150,7 +150,8 @@ def _manifest(worker, held: list) -> tuple[dict, dict[int, int]]:
     """What the receiving worker re-creates: each process's windows, the memory mapped in them (in the order
     its bytes follow), the records its objects are made from (`Translated.exported`) and the guard's state
     (`_migrate_state.exported`); and each connection's token."""
-    windows = [[w.base, w.size] for memory in list(worker.lease.windows) for w in memory.windows]
+    windows = [[w.base, w.size] for memory in list(worker.lease.windows)
+               for w in [*memory.windows, *([memory.offered] if memory.offered is not None else [])]]  # fmt: skip
     try:
         objects = worker.executor.exported()
     except TypeError as exc:

@@ -96,6 +96,8 @@ def _window_json(memory: WindowMemory, index: dict[int, int]) -> dict:
         "mappings": [[ptr, index[id(m)]] for ptr, m in memory.mappings.items()],
         "slabs": [[device, [index[id(m)] for m in slabs]] for device, slabs in memory.slabs.items()],
         "small_sizes": [[ptr, size] for ptr, size in memory.small_sizes.items()],
+        # A window offered and not yet accepted (the process's gpWindowAccept may come after the move).
+        "offered": [memory.offered.base, memory.offered.size] if memory.offered is not None else None,
         "pages": [[index[id(m)], windows[id(m.window)], _ranges(m.slab), m.users]
                   for m in _unique([*memory.mappings.values(), *(m for s in memory.slabs.values() for m in s)])],
     }  # fmt: skip
@@ -169,6 +171,8 @@ def _window_from_json(executor, limits: list[int], j: dict, memory: list, backin
     wm.mappings = {int(ptr): made[i] for ptr, i in j["mappings"]}
     wm.slabs = {int(device): [made[i] for i in slabs] for device, slabs in j["slabs"]}
     wm.small_sizes = {int(ptr): int(size) for ptr, size in j["small_sizes"]}
+    if j.get("offered"):
+        wm.offered = Window(int(j["offered"][0]), int(j["offered"][1]))
     return wm
 
 
