@@ -332,8 +332,6 @@ def _held(worker, link: _migrate_link.Link):
     decision = link.receive()
     if decision.get("commit") is not True:
         return None, str(decision.get("reason") or "the sender did not commit")
-    if worker.native is not None:  # its tables do not hold the moved lease: every frame through Python
-        worker.native.python_only()
     link.send({"committed": True})
     log.info("the lease moved here: %d process(es) reconnect with their tokens", len(parked))
     return parked, ""

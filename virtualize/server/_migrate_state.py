@@ -142,8 +142,11 @@ def imported(lease, executor, state: dict, memory: list, backings: list) -> dict
             lease.allocations[int(base)] = Allocation(int(base), int(size), int(device), bool(owned), int(ctx),
                                                       window, bool(is_global), int(sync_memops))  # fmt: skip
         lease.bases = sorted(lease.allocations)
+        if lease.native is not None:  # the native loop checks copies against the lease's memory too
+            for a in lease.allocations.values():
+                lease.native.range_added(a.base, a.size)
         for kind, values in state["handles"].items():
-            lease.handles[kind] = set(values)
+            lease.handles[kind].update(values)  # (the native loop's tables mirror these: update, not replace)
         lease.children = {int(o): set(made) for o, made in state["children"]}
         lease.ctx_device = {int(c): int(d) for c, d in state["ctx_device"]}
         lease.primary_ctx = {int(d): int(c) for d, c in state["primary_ctx"]}
