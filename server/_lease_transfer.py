@@ -14,6 +14,12 @@ Until the target's worker holds everything, the lease runs on the source: any fa
 refusing, dying, the link dropping, a timeout, the source's worker refusing what cannot move — answers
 ``409 migration_failed`` naming why, and the source asks the target to give the admission back
 (``DELETE /v1/admin/leases/{id}/receive``; should that fail too, the receiving worker's wait ends it).
+
+Once the worker committed (the target's worker holds the lease; its processes reconnect there at their next
+call), the target's admission becomes the lease (``PUT /v1/admin/leases/{id}/receive``: in cluster mode the
+etcd record becomes the target's), the record here ends ``moved to SERVER`` (``Pool.moved_away``: heartbeats
+here are answered with where it went, a release here is passed on), and the old worker is left to exit once
+its processes have moved. An admission is no lease of the cluster until then (``Pool.receiving``).
 """
 
 from __future__ import annotations
