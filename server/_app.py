@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,8 +20,8 @@ from importlib import resources
 from aiohttp import web
 
 from collector.durations import format_duration
-from server import _lease_migrate, api
-from server._errors import BadRequest, Forbidden, PoolError, RemoteUnavailable, StorageFull
+from server import _lease_migrate, _lease_transfer, api
+from server._errors import BadRequest, Forbidden, NotFound, PoolError, RemoteUnavailable, StorageFull
 from server._pool import Caller, Pool, iso
 from server._procs import alive_pids, terminate
 from server.api import (
@@ -29,12 +30,14 @@ from server.api import (
     LeaseRequest,
     MigrateRequest,
     PolicyUpdate,
+    ReceiveRequest,
     TokenCreate,
     decode,
 )
 from server.workers import remote_refusal, start_remote_worker
 
 log = logging.getLogger("gpupool.server")
+LEASE_ID = re.compile(r"lease-[0-9a-f]{4,64}")
 
 POOL = web.AppKey("pool", Pool)
 STATE = web.AppKey("state", object)
@@ -229,22 +232,30 @@ async def create_lease(request: web.Request) -> web.Response:
     # etcd transaction, so grants on one server never conflict with each other (only across servers).
     lease = await st.db(st.pool.grant, caller, req, time.time())
     if req.remote:
-        try:
-            handle = await asyncio.to_thread(start_remote_worker, lease, simulated=st.pool.inv.simulated,
-                                             bind_host=st.bind_host, mps=st.pool.mps,
-                                             host_gpus=len(st.pool.inv.gpus))  # fmt: skip
-        except RemoteUnavailable as exc:
-            await st.db(st.pool.end, lease["id"], "released", exc.title, time.time())
-            raise
-        st.workers[lease["id"]] = handle
-        handle.on_exit(st.wake_reaper)
-        # A worker bound to every interface is reached at the server's advertised address.
-        host = st.pool.inv.addr if handle.host in ("", "0.0.0.0", "::") else handle.host
-        worker = {**handle.answer(host), "pid": handle.pid, "state_dir": str(handle.state_dir),
-                  "create_time": (alive_pids([(handle.pid, None)]) or [(0, None)])[0][1]}  # fmt: skip
-        await st.db(st.pool.set_worker, lease["id"], worker)
+        await _start_worker(st, lease)
         lease = await st.db(st.pool.lease, lease["id"])
     return _json(api.Lease, lease, 201)
+
+
+async def _start_worker(st: ServerState, lease: dict, **receiving):
+    """Start the remote lease's worker and record it; its handle. When it cannot start, the lease ends (with
+    the reason) and RemoteUnavailable says why. `receiving`: a worker that receives the lease from another
+    server (`start_remote_worker`'s secret and receive_s)."""
+    try:
+        handle = await asyncio.to_thread(start_remote_worker, lease, simulated=st.pool.inv.simulated,
+                                         bind_host=st.bind_host, mps=st.pool.mps,
+                                         host_gpus=len(st.pool.inv.gpus), **receiving)  # fmt: skip
+    except RemoteUnavailable as exc:
+        await st.db(st.pool.end, lease["id"], "released", exc.title, time.time())
+        raise
+    st.workers[lease["id"]] = handle
+    handle.on_exit(st.wake_reaper)
+    # A worker bound to every interface is reached at the server's advertised address.
+    host = st.pool.inv.addr if handle.host in ("", "0.0.0.0", "::") else handle.host
+    worker = {**handle.answer(host), "pid": handle.pid, "state_dir": str(handle.state_dir),
+              "create_time": (alive_pids([(handle.pid, None)]) or [(0, None)])[0][1]}  # fmt: skip
+    await st.db(st.pool.set_worker, lease["id"], worker)
+    return handle
 
 
 async def list_leases(request: web.Request) -> web.Response:
@@ -277,6 +288,8 @@ async def release(request: web.Request) -> web.Response:
     st: ServerState = request.app[STATE]
     caller = await _caller(request)
     lease, ended = await st.db(st.pool.release, caller, request.match_info["lease_id"], time.time())
+    if not ended and lease["id"] in st.pool.moved_away:  # it runs on another server now: released there
+        return _json(api.Lease, await _lease_transfer.release_moved(st, lease["id"], request))
     if st.pool.cluster is not None:  # its share leaves the cluster sum before the client hears back
         await asyncio.to_thread(st.pool.cluster.flush)
     if ended and lease["remote"]:
@@ -317,8 +330,58 @@ async def admin_migrate(request: web.Request) -> web.Response:
     st: ServerState = request.app[STATE]
     await _admin(request)
     req = decode(await request.read(), MigrateRequest)
-    lease = await _lease_migrate.migrate(st, request.match_info["lease_id"], req.partition, req.to)
+    if (req.to is None) == (req.server is None):
+        raise BadRequest("give exactly one of to (a GPU of this server) and server (another server)",
+                         'e.g. {"to": 1} or {"server": "gpu2:56001"}')  # fmt: skip
+    lease_id = request.match_info["lease_id"]
+    if req.server is not None:
+        token = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        lease = await _lease_transfer.migrate(st, lease_id, _server_url(req.server), token)
+    else:
+        lease = await _lease_migrate.migrate(st, lease_id, req.partition, req.to)
     return _json(api.MigratedLease, lease)
+
+
+def _server_url(text: str) -> str:
+    from server.client_config import ConfigError, normalize_url
+
+    try:
+        return normalize_url(text)
+    except ConfigError as exc:
+        raise BadRequest(f"server {text!r}: {exc.title}", exc.hint) from None
+
+
+async def admin_receive(request: web.Request) -> web.Response:
+    """Another server moves a running lease here: admit it and start the worker that receives it."""
+    st: ServerState = request.app[STATE]
+    await _admin(request)
+    lease_id = request.match_info["lease_id"]
+    if request.method == "PUT":  # its worker holds the lease: the admission is the lease from now on
+        return _json(api.Lease, await st.db(_lease_transfer.commit, st.pool, lease_id))
+    if request.method == "DELETE":
+        handle = st.workers.get(lease_id)
+        if handle is None or lease_id not in st.pool.receiving:
+            raise NotFound(f"no lease {lease_id} is being received here", "only an admission that has not "
+                           "completed can be given back")  # fmt: skip
+        lease = await st.db(_lease_transfer.give_back, st.pool, lease_id, "its move here did not complete",
+                            time.time())  # fmt: skip
+        await stop_worker(st, lease_id)
+        return _json(api.Lease, lease or await st.db(st.pool.lease, lease_id))
+    req = decode(await request.read(), ReceiveRequest)
+    if not LEASE_ID.fullmatch(lease_id):
+        raise BadRequest(f"{lease_id!r} is not a lease id", "lease ids look like lease-3f2a9c01d4e7")
+    refusal = remote_refusal(st.pool.inv.simulated)
+    if refusal is not None:
+        raise refusal
+    lease = await st.db(_lease_transfer.admit, st.pool, lease_id, req, time.time())
+    handle = await _start_worker(st, lease, secret=req.secret, receive_s=req.wait_s)
+    host = st.pool.inv.addr if handle.host in ("", "0.0.0.0", "::") else handle.host
+    return _json(api.Receiving, {
+        "lease": lease_id, "server": st.pool.inv.hostname, "gpus": [p["gpu_index"] for p in lease["partitions"]],
+        "worker": {"host": host, "port": handle.port, "migrate_port": handle.migrate_port,
+                   "tls_sha256": handle.tls_sha256, "local": handle.local},
+        "migration_secret": handle.migration_secret, "wait_s": req.wait_s,
+    })  # fmt: skip
 
 
 async def admin_drain(request: web.Request) -> web.Response:
@@ -402,6 +465,9 @@ ROUTES = [
     ("POST", "/v1/admin/tokens", admin_tokens),
     ("DELETE", "/v1/admin/tokens/{token_id}", admin_revoke),
     ("POST", "/v1/admin/leases/{lease_id}/migrate", admin_migrate),
+    ("POST", "/v1/admin/leases/{lease_id}/receive", admin_receive),
+    ("PUT", "/v1/admin/leases/{lease_id}/receive", admin_receive),
+    ("DELETE", "/v1/admin/leases/{lease_id}/receive", admin_receive),
     ("POST", "/v1/admin/gpus/{index}/drain", admin_drain),
     ("DELETE", "/v1/admin/gpus/{index}/drain", admin_drain),
     ("POST", "/v1/admin/drain", admin_drain_server),
@@ -422,6 +488,8 @@ async def reap_loop(st: ServerState) -> None:
             dead: dict[str, str] = {}
             for lease in leases:
                 handle = st.workers.get(lease["id"])
+                if _lease_migrate.under_way(lease["id"]):
+                    continue  # its worker may exit on purpose (moved to another server): decided after it
                 if handle is not None:
                     if not handle.alive():
                         dead[lease["id"]] = "its remote worker exited"

@@ -321,6 +321,12 @@ class Cluster:
                 self._pending_deletes.add(key)
             raise
 
+    def adopt_lease(self, client: str, lease_id: str, fraction: float) -> None:
+        """A lease that moved here from another member: its record is this server's from now on (under this
+        server's membership lease, so it goes with this server)."""
+        record = {"id": lease_id, "client": client, "fraction": fraction, "server": self.name}
+        self._call(self.etcd.put, _lease_key(client, lease_id), json.dumps(record), lease=self.lease_id)
+
     def forget_lease(self, client: str, lease_id: str) -> None:
         """Mark an ended lease's record for deletion; ``flush`` deletes it off the database thread
         (the release answer waits for it; without quorum it waits for the reconnect)."""

@@ -12,13 +12,15 @@ room; what cannot move stays, with the reason. ``DELETE`` of the route (``--undo
 
 Draining the whole server (``POST /v1/admin/drain``, ``gpupool-server drain [SERVER]``): it grants no
 new lease from then on (admission answers busy, naming the drain, so clients take another server) and
-its running leases are listed with why each stays: moving a lease to another server is not built yet,
-and another GPU of this server is not "off" it. ``DELETE`` (``--undo``) grants again.
+its running leases are listed with why each stays (``gpupool-server drain --move`` then moves each remote
+lease to another server, through ``server._lease_transfer``; another GPU of this server is not "off" it).
+``DELETE`` (``--undo``) grants again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from server._errors import Busy, Impossible, MigrationFailed, NotFound, PoolError
@@ -77,11 +79,25 @@ def undo(pool: Pool, lease_id: str, moved: dict) -> None:
 
 async def migrate(st, lease_id: str, partition: int, to: int) -> dict:
     """The whole move; the lease's answer with "migration" (the worker's report), or an error."""
-    if lease_id in _moving:  # one at a time: a second one's undo could otherwise overwrite the first's record
+    with one_move(lease_id):
+        return await _migrate(st, lease_id, partition, to)
+
+
+def under_way(lease_id: str) -> bool:
+    """Whether a migration of the lease is under way (the reaper leaves it alone meanwhile: a worker that
+    sent its lease to another server exits when it is done, which is no failure)."""
+    return lease_id in _moving
+
+
+@contextlib.contextmanager
+def one_move(lease_id: str):
+    """One migration of a lease at a time (to a GPU here or to another server): a second one's undo could
+    otherwise overwrite the first's record."""
+    if lease_id in _moving:
         raise Busy(f"a migration of lease {lease_id} is under way", "wait for it to answer, then ask again")
     _moving.add(lease_id)
     try:
-        return await _migrate(st, lease_id, partition, to)
+        yield
     finally:
         _moving.discard(lease_id)
 
@@ -146,7 +162,7 @@ def _targets(pool: Pool, gpu: int) -> list[int]:
 
 # Why a lease stays on a draining server; each ends when its program does.
 STAYS_LOCAL = "a local lease: its process holds the GPU state"
-STAYS_REMOTE = "moving a running lease to another server is not available yet (docs/remote.md, Migration)"
+STAYS_REMOTE = "a remote lease: drain --move moves it to another server (docs/remote.md, Between servers)"
 
 
 async def drain_server(st) -> dict:

@@ -109,6 +109,12 @@ class Pool:
         self.live: dict[int, dict] = {}  # newest NVML sample per GPU index (real GPUs only)
         self.draining: set[int] = set()  # GPUs no new lease goes to (gpupool-server drain), until undone
         self.server_draining = False  # no new lease at all (gpupool-server drain of the whole server)
+        # Leases another server is moving here, not committed (server._lease_transfer): the cluster's record
+        # of each is still its server's, so this one neither puts nor deletes it.
+        self.receiving: set[str] = set()
+        # Leases that moved to another server (its URL): heartbeats here are told where; the cluster's record
+        # of each is that server's now.
+        self.moved_away: dict[str, str] = {}
         # newest process rows per GPU index: pid -> (memory bytes, busy share or None)
         self.live_procs: dict[int, dict[int, tuple[int | None, float | None]]] = {}
 
@@ -637,11 +643,13 @@ class Pool:
         with self.store.transaction():
             row = self._owned(caller, lease_id)
             if row["state"] != "active":
+                moved = {"moved_to": self.moved_away[lease_id]} if lease_id in self.moved_away else {}
                 raise Gone(
                     f"lease {lease_id} was {row['state']}: {row['reason']}",
-                    "request a new lease",
+                    "heartbeat the server it moved to" if moved else "request a new lease",
                     state=row["state"],
                     reason=row["reason"],
+                    **moved,
                 )
             known = row["pids"]
             if pids:
@@ -674,8 +682,9 @@ class Pool:
             if row["state"] != "active":
                 return None
             self.store.end_lease(lease_id, state, reason, now)
-        if self.cluster is not None:
+        if self.cluster is not None and lease_id not in self.receiving and lease_id not in self.moved_away:
             self.cluster.forget_lease(row["client"], lease_id)
+        self.receiving.discard(lease_id)
         lease = self.lease(lease_id)
         self.events.record(
             {"released": "release", "expired": "expire", "reclaimed": "reclaim"}[state], lease, now
@@ -755,7 +764,7 @@ class Pool:
 
     def cluster_records(self) -> list[dict]:
         """Live leases as cluster records (id, client, fraction sum), for the cluster's reconcile."""
-        return self.store.live_fractions()
+        return [r for r in self.store.live_fractions() if r["id"] not in self.receiving]
 
     def active_count(self) -> int:
         return self.store.active_lease_count()

@@ -427,6 +427,13 @@ class Store:
             (gpu_to, gpu_uuid, lease_id, gpu_from),
         )
 
+    def forget_ended(self, lease_id: str) -> None:
+        """Delete one ended lease's rows now: its id is recorded again (a lease moving here once more)."""
+        self._must_write()
+        ended = "SELECT id FROM leases WHERE id = ? AND state != 'active'"
+        self.db.execute(f"DELETE FROM partitions WHERE lease_id IN ({ended})", (lease_id,))
+        self.db.execute("DELETE FROM leases WHERE id = ? AND state != 'active'", (lease_id,))
+
     def purge_ended(self, cutoff: float) -> int:
         self._must_write()
         old = "SELECT id FROM leases WHERE state != 'active' AND ended < ?"

@@ -136,10 +136,41 @@ def convert(data: dict, kind: type):
 
 
 class MigrateRequest(msgspec.Struct, forbid_unknown_fields=True):
-    """Move a running remote lease's partition to another GPU of its server (admin)."""
+    """Move a running remote lease's partition to another GPU of its server, or the whole lease to another
+    server (admin): exactly one of ``to`` and ``server``."""
 
-    to: Annotated[int, Meta(ge=0, le=1023, description="the target GPU's index on this server")]
+    to: Annotated[int, Meta(ge=0, le=1023, description="the target GPU's index on this server")] | None = None
     partition: Annotated[int, Meta(ge=0, le=1023, description="which of the lease's partitions, from 0")] = 0
+    server: (
+        Annotated[str, Meta(min_length=1, max_length=300, description="the target server: host:port or URL")]
+        | None
+    ) = None
+
+
+class ReceivePartition(msgspec.Struct, forbid_unknown_fields=True):
+    """One partition of a lease moving here: its size and the GPU model its program was made for."""
+
+    mem_bytes: Annotated[int, Meta(ge=1, le=1 << 50)]
+    gpu_name: Annotated[str, Meta(max_length=200)]
+    compute_capability: Annotated[str, Meta(max_length=20)]
+    fraction: Annotated[float, Meta(ge=0, le=1)] = 0.0
+    sm_share: Annotated[float, Meta(gt=0, le=1)] | None = None
+
+
+class ReceiveRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """Admit a running lease that another server moves here (admin; that server asks, for ``gpupool-server
+    lease migrate --to SERVER``): its partitions on GPUs of the same models, and a worker that waits
+    ``wait_s`` for the lease's state, then exits and frees them."""
+
+    client: ClientName
+    source: Annotated[str, Meta(min_length=1, max_length=300, description="the lease's server, for the log")]
+    partitions: Annotated[list[ReceivePartition], Meta(min_length=1, max_length=64)]
+    secret: Annotated[str, Meta(min_length=16, max_length=200, description="the lease's worker secret")]
+    ttl_s: Annotated[float, Meta(gt=0, le=10 * 365 * 86400)]
+    label: Annotated[str, Meta(max_length=200)] | None = None
+    wait_s: Annotated[float, Meta(ge=1, le=3600, description="how long the worker waits for the lease")] = (
+        120.0
+    )
 
 
 # --- answers --------------------------------------------------------------------------------------
@@ -189,6 +220,9 @@ class Error(_Answer, kw_only=True):
     gpu_count: Annotated[int | Unset, Meta(description="For impossible: how many GPUs this server has.")] = (
         msgspec.UNSET
     )
+    moved_to: Annotated[
+        str | Unset, Meta(description="For lease_ended: the server the lease moved to (heartbeat it there).")
+    ] = msgspec.UNSET
     limit: Annotated[
         float | Unset, Meta(description="For limit_exceeded: the client's GPU limit (sum of fractions).")
     ] = msgspec.UNSET
@@ -502,6 +536,32 @@ class MigratedLease(Lease, kw_only=True):
     migration: Migration
 
 
+class ReceivingWorker(_Answer, kw_only=True):
+    """Where the lease's state goes: the receiving worker's migration port (its clients' port once it holds
+    the lease)."""
+
+    host: str
+    port: Annotated[int, Meta(description="the port the lease's clients reach it at once it holds the lease")]
+    migrate_port: Annotated[int, Meta(description="the port the lease's current worker sends its state to")]
+    local: Annotated[
+        str, Meta(description="its Unix socket's name for processes on its host (empty: none)")
+    ] = ""
+    tls_sha256: Annotated[
+        str, Meta(description="its certificate's SHA-256 (empty: plaintext, loopback only)")
+    ]
+
+
+class Receiving(_Answer, kw_only=True):
+    """A lease admitted to move here: its GPUs and the worker waiting for its state (``wait_s``)."""
+
+    lease: str
+    server: Annotated[str, Meta(description="this server's hostname")]
+    gpus: list[int]
+    worker: ReceivingWorker
+    migration_secret: Annotated[str, Meta(description="the one-time secret the sending worker proves")]
+    wait_s: float
+
+
 class Moved(Migration, kw_only=True):
     """A lease a drain moved off the GPU."""
 
@@ -623,9 +683,9 @@ def read(raw: bytes, kind: type):
     return msgspec.json.decode(raw, type=kind)
 
 
-REQUESTS = (LeaseRequest, Heartbeat, ClientUpdate, PolicyUpdate, TokenCreate, MigrateRequest)
+REQUESTS = (LeaseRequest, Heartbeat, ClientUpdate, PolicyUpdate, TokenCreate, MigrateRequest, ReceiveRequest)
 ANSWERS = (Error, Health, GpuList, Fit, Lease, LeaseList, ClientList, Client, Policy, Token, TokenList,
-           MigratedLease, Drain, ServerDrain)  # fmt: skip
+           MigratedLease, Drain, ServerDrain, Receiving)  # fmt: skip
 OPENAPI = Path(__file__).with_name("openapi.json")
 
 

@@ -202,16 +202,22 @@ def _moving_parsers(sub) -> None:
     lsub = lp.add_subparsers(dest="lease_command", metavar="{migrate}", required=True)
     m = lsub.add_parser(
         "migrate",
-        help="move a running remote lease to another GPU of its server, live (docs/remote.md, Migration)",
+        help="move a running remote lease to another GPU or server, live (docs/remote.md, Migration)",
         description="Move a running remote lease's partition to GPU --to of the same server while its program "
         "runs: the worker holds the lease's calls, copies its device memory to the same addresses on the "
-        "target and resumes. What cannot move (an MPS lease, a stream capture in flight, ...) is refused "
-        "with the reason, and a failure leaves the lease running where it was. Prints the pause.",
+        "target and resumes. With --to SERVER (another gpupool-server, which takes the same admin token) the "
+        "whole lease moves there: the target admits it, the worker sends its memory, objects and processes' "
+        "state, and each process reconnects there at its next call (docs/remote.md, Between servers). What "
+        "cannot move (an MPS lease, a stream capture in flight; to another server also graphs, arrays, "
+        "virtual-memory-API memory, shared-memory copies, ...) is refused with the reason, and a "
+        "failure leaves the lease running where it was. Prints the pause.",
     )
     m.add_argument("lease", help="the lease id (lease-...)")
-    m.add_argument("--to", required=True, metavar="GPU",
-                   help="the target GPU's index on the lease's server (GET /v1/gpus); another server is not a "
-                        "target yet")  # fmt: skip
+    m.add_argument("--to", required=True, metavar="GPU|SERVER",
+                   help="the target GPU's index on the lease's server (GET /v1/gpus), or another server: "
+                        "host:port, URL, or a member name of --cluster")  # fmt: skip
+    m.add_argument("--cluster", metavar="etcd://...", help="the cluster --to SERVER is a member of (names it "
+                   "as gpupool-server cluster members lists)")  # fmt: skip
     m.add_argument("--partition", type=ranged(int, 0, 1023, "a partition"), default=0,
                    help="which of the lease's partitions moves, from 0 (default 0)")  # fmt: skip
     _admin_options(m)
@@ -220,8 +226,9 @@ def _moving_parsers(sub) -> None:
         help="drain a server (no new leases) or one of its GPUs (its remote leases move to other GPUs, live)",
         description="Drain a running server: it grants no new lease from now on (until --undo or a restart of "
         "the server; clients asking it are told it is draining and take another server), and the leases still "
-        "running on it are listed with why each stays until its program ends (moving a lease to another server "
-        "is not available yet). With --gpu N only that GPU drains: no new lease goes to it and each remote "
+        "running on it are listed with why each stays until its program ends; with --move each remote lease "
+        "moves, live, to another server first (--move-to, or the other members of --cluster), what cannot "
+        "move staying with the reason. With --gpu N only that GPU drains: no new lease goes to it and each remote "
         "lease on it moves, live, to another GPU of the same model with room (see gpupool-server lease "
         "migrate). Prints what moved and what stayed, with the reason; exit 1 if a lease stayed (with --wait: if "
         "one still runs when the wait ends).",
@@ -233,11 +240,18 @@ def _moving_parsers(sub) -> None:
     d.add_argument("--wait", type=durations.argument(), metavar="DURATION",
                    help="after draining the server, wait up to DURATION (e.g. 30m) until no lease runs on it, "
                         "saying on stderr which still do as they end; exit 1 if some still run then")  # fmt: skip
+    d.add_argument("--move", action="store_true",
+                   help="after draining the server, move each of its remote leases, live, to another server: the "
+                        "--move-to servers in the order given, else the other members of --cluster; each lease "
+                        "that cannot move stays with the reason (docs/remote.md, Between servers)")  # fmt: skip
+    d.add_argument("--move-to", action="append", metavar="SERVER", default=[],
+                   help="a server --move may move leases to (host:port, URL or --cluster member name; repeat "
+                        "for more)")  # fmt: skip
     u = sub.add_parser("undrain", help="end a drain: the server (or --gpu N) takes new leases again",
                        description="End the drain of a running server, or of its GPU --gpu N: it takes new "
                        "leases again (the same as gpupool-server drain --undo).")  # fmt: skip
     _drain_target_options(u, "end only this GPU's drain (its index)")
-    u.set_defaults(undo=True, wait=None)
+    u.set_defaults(undo=True, wait=None, move=False, move_to=[])
 
 
 def _drain_target_options(p, gpu_help: str) -> None:
@@ -542,10 +556,14 @@ def _client(args) -> int:
 
 def _lease(args) -> int:
     """`lease migrate`: through the running server's admin API (it holds the lease's worker)."""
-    if not args.to.isdigit():  # a server's name or address: the lease's state would leave its worker's host
-        return _fail(f"--to {args.to}: moving a running lease to another server is not available yet",
-                     "move it to another GPU of its server (--to GPU index), or drain the server "
-                     "(gpupool-server drain SERVER --wait) and let the lease end")  # fmt: skip
+    if not args.to.removeprefix(
+        "-"
+    ).isdigit():  # a server's name or address: the lease's state leaves its host
+        return _lease_to_server(args)
+    if args.cluster:
+        return _fail(
+            "--cluster names the cluster of --to SERVER", "give --to a member name, or drop --cluster"
+        )
     try:
         args.to = ranged(int, 0, 1023, "a GPU index")(args.to)
     except argparse.ArgumentTypeError as exc:
@@ -564,6 +582,23 @@ def _lease(args) -> int:
     return 0
 
 
+def _lease_to_server(args) -> int:
+    """`lease migrate LEASE --to SERVER`: the lease's server sends it to SERVER."""
+    target = _drain_target(args.to, args.cluster)
+    what = f"migrating {args.lease} to {target}"
+    from server.workers import MIGRATE_TIMEOUT_S
+
+    call = lambda client: client.migrate_to_server(args.lease, target)  # noqa: E731
+    lease = _admin_call(args, what, call, MIGRATE_TIMEOUT_S + 60)
+    if isinstance(lease, int):
+        return lease
+    m = lease.migration
+    print(
+        f"{args.lease}: moved to {lease.server.hostname}: {m.bytes / 2**20:.1f} MiB copied, paused {m.pause_s:.3f} s"
+    )
+    return 0
+
+
 def _drain(args) -> int:
     """`drain [SERVER] [--gpu N] [--undo]`: through the running server's admin API."""
     if args.target is not None:
@@ -579,6 +614,10 @@ def _drain(args) -> int:
         return _drain_server(args)
     if args.wait:
         return _fail("--wait is for draining a whole server", "drop --gpu, or drop --wait")
+    if args.move or args.move_to:
+        return _fail(
+            "--move is for draining a whole server", "a GPU's drain moves its leases to other GPUs anyway"
+        )
     what = f"GPU {args.gpu}: taking leases again" if args.undo else f"draining GPU {args.gpu}"
     done = _admin_call(
         args, what, lambda client: client.drain(args.gpu, undo=args.undo), None
@@ -597,14 +636,65 @@ def _drain(args) -> int:
 def _drain_server(args) -> int:
     if args.wait and args.undo:
         return _fail("--wait is for draining", "drop --wait with --undo")
+    if (args.move or args.move_to) and args.undo:
+        return _fail("--move is for draining", "drop --move with --undo")
+    if args.move_to and not args.move:
+        return _fail("--move-to names where --move moves leases", "add --move")
+    if args.move:
+        args.move_to = _move_targets(args)
     where = args.server or "the server"
     what = f"{where}: taking leases again" if args.undo else f"draining {where}"
     return _admin_call(args, what, lambda client: _drained(client, args), None)
 
 
+def _move_targets(args) -> list[str]:
+    """The servers `drain --move` tries, as URLs: --move-to's, else the other members of --cluster."""
+    from server._errors import BadRequest
+
+    if args.move_to:
+        return [_drain_target(target, args.cluster) for target in args.move_to]
+    if not args.cluster:
+        raise BadRequest(
+            "--move needs servers to move leases to", "give --move-to SERVER, or --cluster etcd://..."
+        )
+    from server._cluster import open_cluster
+
+    here = args.server.rstrip("/") if args.server else ""
+    urls = [m["url"] for m in open_cluster(args.cluster, "gpupool-server-cli").members()]
+    return [url for url in urls if url.rstrip("/") != here]
+
+
+def _moved_off(client, leases: list, targets: list[str]) -> dict[str, str]:
+    """`drain --move`: each lease moved to the first of `targets` that takes it (progress on stderr, what
+    moved on stdout); the reason of each that stays (lease id -> reason)."""
+    from server.client_errors import PoolClientError
+
+    stays = {}
+    for lease in leases:
+        reason = "no server to move it to"
+        for target in targets:
+            print(f"{lease}: moving to {target} ...", file=sys.stderr, flush=True)
+            try:
+                moved = client.migrate_to_server(lease, target)
+            except PoolClientError as exc:
+                reason = exc.title
+                continue
+            print(f"{lease}: moved to {moved.server.hostname}, paused {moved.migration.pause_s:.3f} s")
+            break
+        else:
+            stays[lease] = reason
+    return stays
+
+
 def _drained(client, args) -> int:
     """Drain (or undo) through `client`, print the leases that stay, and with --wait wait for them to end."""
     done = client.drain_server(undo=args.undo)
+    if args.move and done.stayed:
+        remote = {lease.id for lease in client.leases() if lease.remote}
+        moving = [s.lease for s in done.stayed if s.lease in remote]
+        stays = _moved_off(client, moving, args.move_to)
+        done.stayed = [s if s.lease not in moving else type(s)(lease=s.lease, reason=stays[s.lease])
+                       for s in done.stayed if s.lease not in moving or s.lease in stays]  # fmt: skip
     for s in done.stayed:
         print(f"{s.lease}: stays on {done.server}: {s.reason}")
     state = "drained: it grants no new leases" if done.draining else "grants new leases"

@@ -455,6 +455,10 @@ class Heartbeater:
                 self.beat_now()
                 last_ok, self.warned = time.monotonic(), False
             except LeaseEnded as exc:
+                moved_to = getattr(exc.answer, "moved_to", None)
+                if isinstance(moved_to, str) and moved_to:  # the lease runs on another server now: beat there
+                    self.server = ServerRef(moved_to, self.server.token)
+                    continue
                 self.on_end(exc.answer.state or "ended", exc.answer.reason or exc.answer.error)
                 return "ended"
             except PoolClientError as exc:
@@ -558,6 +562,29 @@ class ServerClient:
         """Move a running remote lease's partition to GPU `to` of its server; the lease with its migration."""
         path = f"/v1/admin/leases/{urllib.parse.quote(lease_id, safe='')}/migrate"
         return self._typed(api.MigratedLease, "POST", path, api.MigrateRequest(to=to, partition=partition))
+
+    def migrate_to_server(self, lease_id: str, server: str) -> api.MigratedLease:
+        """Move a running remote lease to another server (`server`: its URL); the lease there, with its migration."""
+        path = f"/v1/admin/leases/{urllib.parse.quote(lease_id, safe='')}/migrate"
+        return self._typed(api.MigratedLease, "POST", path, api.MigrateRequest(server=server))
+
+    def receive(self, lease_id: str, request: api.ReceiveRequest) -> api.Receiving:
+        """Admit a lease another server moves here (that server asks); its GPUs and receiving worker."""
+        path = f"/v1/admin/leases/{urllib.parse.quote(lease_id, safe='')}/receive"
+        return self._typed(api.Receiving, "POST", path, request)
+
+    def commit(self, lease_id: str) -> api.Lease:
+        """The lease moved here: its admission becomes the lease (the server it left asks)."""
+        path = f"/v1/admin/leases/{urllib.parse.quote(lease_id, safe='')}/receive"
+        return self._typed(api.Lease, "PUT", path)
+
+    def lease(self, lease_id: str) -> api.Lease:
+        return self._typed(api.Lease, "GET", f"/v1/leases/{urllib.parse.quote(lease_id, safe='')}")
+
+    def give_back(self, lease_id: str) -> api.Lease:
+        """End the admission of a lease whose move here failed (its receiving worker stops)."""
+        path = f"/v1/admin/leases/{urllib.parse.quote(lease_id, safe='')}/receive"
+        return self._typed(api.Lease, "DELETE", path)
 
     def drain(self, gpu: int, *, undo: bool = False) -> api.Drain:
         """Stop granting on GPU `gpu` and move its remote leases off (undo: take leases again)."""

@@ -17,6 +17,13 @@ by name and talks to it through the interface declared here, which the worker pr
   ``{"device": lease device, "to": GPU index on this host}``) and sends SIGUSR1; the worker moves the
   device (``virtualize.server._migrate``) and writes ``<state dir>/migrated``: ``{"ok": true, "from", "to",
   "bytes", "pause_s", ...}`` or ``{"ok": false, "error"}`` (the lease still runs where it was)
+- moving the lease to another server (``WorkerHandle.migrate_to_server``): the same request file with
+  ``{"server": {"host", "migrate_port", "tls_sha256", "secret"}}`` instead of ``"to"``: the receiving
+  worker on that server, which the worker sends the lease's state to (``virtualize.server._migrate_out``);
+  ``{"server": null}`` asks only whether the lease could leave (``WorkerHandle.may_leave``)
+- receiving a lease (``start_worker(receive_s=...)``): ``--receive SECONDS`` and ``MIGRATION_SECRET_ENV``
+  (the one-time secret the sending worker proves); it listens on a second port for the lease's state
+  (the ready line's ``migrate_port``) and exits when nothing arrived within SECONDS (its GPUs are free then)
 - it exits on SIGTERM (``WorkerHandle.stop``) or when its parent is gone
 
 ``env`` carries the MPS client settings of the lease when the server runs MPS (pipe directory,
@@ -61,6 +68,7 @@ ACTIVITY_FILE = "activity"
 USAGE_FILE = "usage"
 EXECUTOR_ENV = "GPUPOOL_WORKER_EXECUTOR"  # "cuda" (default) or "host" (tests only: no GPU)
 SECRET_ENV = "GPUPOOL_WORKER_SECRET"
+MIGRATION_SECRET_ENV = "GPUPOOL_WORKER_MIGRATION_SECRET"  # a receiving worker's one-time secret
 MIGRATE_REQUEST_FILE, MIGRATE_RESULT_FILE = "migrate", "migrated"
 START_TIMEOUT_S = 60.0
 MIGRATE_TIMEOUT_S = 600.0  # copying a full 80 GB GPU at a few GB/s, with room
@@ -81,10 +89,16 @@ def ask_migration(state_dir: Path, pid: int, device: int, to: int, timeout: floa
                   uuid: str = "", alive: Callable[[], bool] = lambda: True) -> dict:  # fmt: skip
     """Ask the worker `pid` (its state directory) to move its lease's `device` to GPU `to`, and wait for its
     answer (WorkerHandle.migrate; a program timing itself across a move asks the same way)."""
+    return ask_worker(state_dir, pid, {"device": device, "to": to, "uuid": uuid}, timeout, alive)
+
+
+def ask_worker(state_dir: Path, pid: int, asked: dict, timeout: float, alive: Callable[[], bool]) -> dict:
+    """Write a migration request, signal the worker and wait for its answer (``{"ok": false, "error"}`` when
+    it refused, failed, exited or did not answer within `timeout`)."""
     result = state_dir / MIGRATE_RESULT_FILE
     result.unlink(missing_ok=True)
     request = state_dir / MIGRATE_REQUEST_FILE
-    request.with_suffix(".partial").write_text(json.dumps({"device": device, "to": to, "uuid": uuid}))
+    request.with_suffix(".partial").write_text(json.dumps(asked))
     request.with_suffix(".partial").replace(request)
     try:
         os.kill(pid, signal.SIGUSR1)
@@ -92,7 +106,7 @@ def ask_migration(state_dir: Path, pid: int, device: int, to: int, timeout: floa
         return {"ok": False, "error": "the worker is gone"}
     deadline = time.monotonic() + timeout
     while not result.exists():
-        if not alive():
+        if not alive() and not result.exists():  # (a worker may answer and then exit: its lease moved away)
             return {"ok": False, "error": "the worker exited during the migration"}
         if time.monotonic() > deadline:
             return {"ok": False, "error": f"the worker did not answer within {timeout:.0f} s"}
@@ -115,6 +129,8 @@ class WorkerHandle:
         tls_sha256: str = "",
         local: str = "",
         lacks: list[str] | None = None,
+        migrate_port: int = 0,
+        migration_secret: str = "",
     ) -> None:
         self.proc = proc
         self.host = host
@@ -127,6 +143,8 @@ class WorkerHandle:
         self.lacks = list(lacks or [])  # entry points its driver does not have (the shim answers not found)
         self.pid = proc.pid
         self.state_dir = state_dir
+        self.migrate_port = migrate_port  # a receiving worker's: where the lease's state arrives (0: none)
+        self.migration_secret = migration_secret  # and the one-time secret its sender proves
         self._started = time.time()
 
     def answer(self, host: str | None = None, port: int | None = None) -> dict:
@@ -166,6 +184,16 @@ class WorkerHandle:
         refused or failed: the lease still runs where it was)."""
         return ask_migration(self.state_dir, self.pid, device, to, timeout, uuid, self.alive)
 
+    def may_leave(self, timeout: float = 30.0) -> dict:
+        """Whether the lease could move to another server now (nothing pauses): ``{"ok": true}`` or the
+        worker's refusal."""
+        return ask_worker(self.state_dir, self.pid, {"server": None}, timeout, self.alive)
+
+    def migrate_to_server(self, target: dict, timeout: float = MIGRATE_TIMEOUT_S) -> dict:
+        """Send the lease's state to the receiving worker `target` of another server (``{"host",
+        "migrate_port", "tls_sha256", "secret"}``); the worker's answer, as `migrate`'s."""
+        return ask_worker(self.state_dir, self.pid, {"server": target}, timeout, self.alive)
+
     def stop(self, timeout: float = 5.0) -> None:
         """Terminate the worker (its GPU memory goes with it) and wait; kill if it does not go."""
         if self.proc.poll() is None:
@@ -189,6 +217,8 @@ def start_worker(
     env: dict[str, str],
     executor: str | None = None,
     prefix: Sequence[str] = (),
+    secret: str | None = None,
+    receive_s: float | None = None,
 ) -> WorkerHandle:
     """Start the worker process of one lease and return once it listens.
 
@@ -196,10 +226,15 @@ def start_worker(
     the executor ("cuda", or "host" in tests); by default GPUPOOL_WORKER_EXECUTOR, else "cuda".
     `prefix` runs the worker under another command that then execs it (the benchmark's
     `ip netns exec NS`, to put it on the far side of a network link).
+    `secret`: the lease's secret (a new one by default); `receive_s`: a receiving worker, which waits that
+    long for the lease's state from its current worker (another server's), with a one-time secret of its own.
     """
-    secret = secrets.token_urlsafe(32)
+    secret = secret or secrets.token_urlsafe(32)
+    migration_secret = secrets.token_urlsafe(32) if receive_s else ""
     state_dir = Path(tempfile.mkdtemp(prefix=f"gpupool-worker-{_safe(lease_id)}-"))
     child_env = {**os.environ, **env, SECRET_ENV: secret}
+    if receive_s:
+        child_env[MIGRATION_SECRET_ENV] = migration_secret
     child_env[EXECUTOR_ENV] = executor or env.get(EXECUTOR_ENV) or os.environ.get(EXECUTOR_ENV, "cuda")
     # The worker shows the client the lease's GPUs as devices 0..n-1 in the lease's order. It finds them
     # by UUID, and sees the host's other GPUs too, so that a live migration can move the lease to one
@@ -224,6 +259,7 @@ def start_worker(
         str(state_dir),
         "--parent",
         str(os.getpid()),
+        *(["--receive", f"{receive_s:g}"] if receive_s else []),
     ]
     proc = subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
     ready = _read_ready_line(proc, START_TIMEOUT_S)
@@ -236,7 +272,8 @@ def start_worker(
     # A wildcard bind is reachable at this host's name; the pool server may advertise another.
     host = socket.getfqdn() if bind_host in ("", "0.0.0.0", "::") else bind_host
     return WorkerHandle(proc, host, int(ready["port"]), secret, state_dir, str(ready.get("tls_sha256", "")),
-                        str(ready.get("local", "")), [str(n) for n in ready.get("lacks", [])])  # fmt: skip
+                        str(ready.get("local", "")), [str(n) for n in ready.get("lacks", [])],
+                        int(ready.get("migrate_port", 0)), migration_secret)  # fmt: skip
 
 
 def _read_ready_line(proc: subprocess.Popen, timeout: float) -> dict:
@@ -287,10 +324,12 @@ def remote_refusal(simulated: bool) -> RemoteUnavailable | None:
 
 
 def start_remote_worker(
-    lease: dict, *, simulated: bool, bind_host: str, mps=None, host_gpus: int | None = None
-):
+    lease: dict, *, simulated: bool, bind_host: str, mps=None, host_gpus: int | None = None,
+    secret: str | None = None, receive_s: float | None = None,
+):  # fmt: skip
     """Start the lease's worker; raises RemoteUnavailable with a one-line reason. `host_gpus`: how many GPUs
-    this server has; a simulated server's host executor gets as many (a migration may go to any of them)."""
+    this server has; a simulated server's host executor gets as many (a migration may go to any of them).
+    `secret` and `receive_s`: a worker that receives the running lease from another server (`start_worker`)."""
     refusal = remote_refusal(simulated)
     if refusal is not None:
         raise refusal
@@ -299,7 +338,9 @@ def start_remote_worker(
     if simulated and host_gpus and "GPUPOOL_HOST_EXECUTOR_GPUS" not in os.environ:
         env["GPUPOOL_HOST_EXECUTOR_GPUS"] = str(host_gpus)
     try:
-        return start_worker(lease["id"], devices, bind_host=bind_host, env=env)
+        return start_worker(
+            lease["id"], devices, bind_host=bind_host, env=env, secret=secret, receive_s=receive_s
+        )
     except Exception as exc:  # the worker's own failure, whatever it is, is the lease's 503
         log.exception("worker for %s failed to start", lease["id"])
         raise RemoteUnavailable(

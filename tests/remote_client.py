@@ -4378,6 +4378,96 @@ def scenario_migrate():
     say("finished", 1)
 
 
+def scenario_migrate_server():
+    """What a move to another server carries (docs/remote.md, Between servers): a context of its own beside the
+    primary one, a module and its function, a library and its kernel, a stream, events, allocations big and
+    small with patterns; says
+    `ready` and waits for the test (it may move the lease meanwhile). The line `queue` queues asynchronous work
+    without waiting for it (a memset, a kernel, an event record) and says `queued` — what the old worker carries
+    to the new one if the move comes right after; then every address holds its bytes, the queued work is done,
+    and every handle works: a kernel on the stream, events, memory allocated and freed after."""
+    ctx = setup()
+    own = c_u64()
+    check(cu.cuCtxCreate(ctypes.byref(own), None, 0, 0), "context")
+    check(cu.cuCtxSetCurrent(ctx), "back to the primary context")
+    add = module_function(b"add_u32")
+    library, fill = c_u64(), c_u64()  # a library and its kernel, as the CUDA runtime loads a program's code
+    check(cu.cuLibraryLoadData(ctypes.byref(library), b"// lib\n", None, None, 0, None, None, 0), "library")
+    check(cu.cuLibraryGetKernel(ctypes.byref(fill), library, b"fill_u32"), "kernel")
+    stream, start, end = c_u64(), c_u64(), c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    check(cu.cuEventCreate(ctypes.byref(start), 0), "event")
+    check(cu.cuEventCreate(ctypes.byref(end), 0), "event")
+    regions = {}
+    for name, size in (("big", 3 * MiB), ("small", 4096), ("tiny", 256)):
+        rc, ptr = alloc(size)
+        check(rc, f"alloc {name}")
+        regions[name] = (ptr, size)
+    rc, queued = alloc(4096)
+    check(rc, "alloc queued")
+    for i, (ptr, size) in enumerate(regions.values()):
+        pattern = bytes((i * 37 + j * 11) % 256 for j in range(251))
+        data = (pattern * (size // len(pattern) + 1))[:size]
+        check(cu.cuMemcpyHtoD(c_u64(ptr), data, c_u64(size)), "fill")
+    before = {name: dtoh(ptr, size)[1] for name, (ptr, size) in regions.items()}
+    check(cu.cuCtxSynchronize(), "sync")
+    say("ready", 1)
+    counter = c_u64(queued)
+    value, n = ctypes.c_uint32(5), ctypes.c_uint32(16)
+    params = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in (counter, value, n)])
+    while (line := sys.stdin.readline().strip()) not in ("", "done"):
+        if (
+            line == "child"
+        ):  # a process of the lease that starts now (after a move: on the lease's new worker)
+            child = subprocess.run([sys.executable, __file__, "migrate_server_child"], capture_output=True, text=True,
+                                   timeout=60)  # fmt: skip
+            say("child", child.stdout.strip().replace("\n", " ") or child.stderr.strip()[-300:])
+        elif line == "queue":  # no call here waits for an answer
+            check(cu.cuMemsetD32Async(c_u64(queued), ctypes.c_uint32(7), c_u64(16), stream), "queued memset")
+            check(cu.cuLaunchKernel(add, 1, 1, 1, 16, 1, 1, 0, stream, params, None), "queued launch")
+            check(cu.cuEventRecord(start, stream), "queued record")
+            say("queued", 1)
+        else:
+            say("step", line)
+    for name, (ptr, size) in regions.items():
+        say(f"same_{name}", dtoh(ptr, size)[1] == before[name])
+    check(cu.cuStreamSynchronize(stream), "stream sync")
+    say("queued_words", struct.unpack("<16I", dtoh(queued, 64)[1])[0])
+    check(cu.cuLaunchKernel(add, 1, 1, 1, 16, 1, 1, 0, stream, params, None), "launch after")
+    check(cu.cuEventRecord(end, stream), "record after")
+    check(cu.cuStreamSynchronize(stream), "stream sync after")
+    say("counter", struct.unpack("<I", dtoh(queued, 4)[1])[0])
+    say("event_query", cu.cuEventQuery(end))
+    rc, filled = alloc(64)
+    check(rc, "alloc for the library's kernel")
+    target, three = c_u64(filled), ctypes.c_uint32(3)
+    fill_params = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in (target, three, n)])
+    check(cu.cuLaunchKernel(fill, 1, 1, 1, 16, 1, 1, 0, stream, fill_params, None), "the library's kernel")
+    check(cu.cuStreamSynchronize(stream), "stream sync")
+    say("library_kernel", struct.unpack("<I", dtoh(filled, 4)[1])[0])
+    check(cu.cuLibraryUnload(library), "library unload")
+    check(cu.cuCtxSetCurrent(own), "own context")
+    rc, later = alloc(MiB)
+    say("alloc_after", rc)
+    check(cu.cuMemsetD8(c_u64(later), 9, c_u64(MiB)), "memset after")
+    say("memset_after", dtoh(later, 4)[1].hex())
+    check(cu.cuMemFree(c_u64(later)), "free after")
+    check(cu.cuCtxSetCurrent(ctx), "primary")
+    for ptr, _ in regions.values():
+        check(cu.cuMemFree(c_u64(ptr)), "free")
+    check(cu.cuCtxDestroy(own), "context destroy")
+    say("finished", 1)
+
+
+def scenario_migrate_server_child():
+    """A child process of scenario_migrate_server: memory of its own, written and read back."""
+    setup()
+    rc, ptr = alloc(MiB)
+    check(rc, "child alloc")
+    check(cu.cuMemsetD8(c_u64(ptr), 0x2A, c_u64(MiB)), "child memset")
+    say("child_bytes", dtoh(ptr, 4)[1].hex())
+
+
 def scenario_migrate_primary():
     """Holds two references to device 0's primary context (with flags set, a stream and memory in it), says
     `ready` and waits for the test (it may move the lease meanwhile); then lets go of them one by one, saying

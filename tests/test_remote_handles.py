@@ -270,3 +270,48 @@ def test_a_graph_the_driver_does_not_clone_runs_on_and_keeps_the_lease_from_movi
     assert got == bytes([7]) * 16
     reason = translated.migration_refusal(1, {})
     assert reason and "clone" in reason
+
+
+def test_another_workers_executor_re_creates_the_objects_from_the_records_as_data(lease):
+    """The records a move to another server sends (`exported`, as JSON through the link) re-create the
+    context's objects on another worker's fresh executor (`imported`), configured as the client did; there
+    the client's values reach them (the executor's own values differ: it made objects before), results come
+    back as the client's values, and a kernel runs on memory there."""
+    import json
+
+    translated, held = lease
+    made = _make(translated, held)
+    sent = json.loads(json.dumps(translated.exported()))  # only what JSON carries crosses the link
+    # The receiving worker's guard holds what the client holds (the same values).
+    other = Translated(HostExecutor([64 * MiB]), lambda kind, value: value in held.get(kind, set()))
+    other.inner.cuCtxCreate(0, 0)  # the receiving worker's executor gives other values than the source's
+    other.inner.cuStreamCreate(0)
+    other.inner.cuEventCreate(0)
+    assert other.imported(sent) == len(made)
+    for kind, value in made.items():
+        assert other.map.real(kind, value) != value, kind
+    other.set_context(made["ctx"])
+    other.cuEventRecord(made["event"], made["stream"])
+    other.cuStreamSynchronize(made["stream"])
+    assert other.cuFuncGetAttribute(MAX_DYNAMIC_SHARED, made["func"]) == 96 << 10  # replayed
+    assert other.cuStreamGetCtx(made["stream"]) == made["ctx"]
+    ptr = other.cuMemAlloc(4096)
+    other.memset(ptr, 0, 4, 4, None)
+    params = ptr.to_bytes(8, "little") + (3).to_bytes(4, "little") + (4).to_bytes(4, "little")
+    other.launch(Launch(made["func"], (1, 1, 1), (4, 1, 1), 0, made["stream"], params,
+                        other.param_layout(made["func"], False)))  # fmt: skip
+    got = bytearray()
+    other.copy_from_device(ptr, 16, made["stream"], got.extend)
+    assert bytes(got) == (3).to_bytes(4, "little") * 4
+
+
+def test_a_record_that_names_no_executor_call_is_refused_by_the_receiving_end(lease):
+    """Records arriving over the link name only the executor's calls: any other method name is refused
+    before anything runs (the link's peer proved the one-time secret, but a record is still data)."""
+    translated, held = lease
+    _make(translated, held)
+    sent = translated.exported()
+    sent["records"][0]["method"] = "close"
+    other = Translated(HostExecutor([64 * MiB]), lambda kind, value: True)
+    with pytest.raises(ValueError):
+        other.imported(sent)

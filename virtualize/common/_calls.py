@@ -212,6 +212,8 @@ CALLS: tuple[Call, ...] = (
     # The handshake (virtualize/common/_wire.py): nonces both ways, each side proves it holds the lease secret.
     _c("gpHello", 0, "u32 version, bytes nonce", symbol="-"),
     _c("gpProve", 0, "o_u32 device_count, bytes proof", symbol="-"),
+    # A process whose lease moved here from another server's worker: its first frame, naming its state.
+    _c("gpResume", 0, "u64 token", symbol="-"),
     _c("gpSetContext", 0, "ctx ctx", A, symbol="-"),
     _c("gpParamLayout", 0, "func func, o_u32 count, o_buf:count layout", symbol="-"),
     # -- initialisation and devices -----------------------------------------------------------------

@@ -207,6 +207,8 @@ def generate_types() -> str:
         f"#define GP_COPIES_SENT ({_wire.COPIES_SENT})",
         f"#define GP_RECAPTURE_CALL ({_wire.RECAPTURE_CALL})",
         f"#define GP_NODE_PARAMS_BYTES {_wire.NODE_PARAMS_BYTES}u",
+        f"#define GP_MOVED ({_wire.MOVED})",
+        f"#define GP_MOVED_TO_BYTES {_wire.MOVED_TO.size}u",
         f"#define GP_PROOF_BYTES {_wire.PROOF_BYTES}u",
         f"#define GP_WORKER_LABEL {c_string(_wire.WORKER_LABEL)}",
         f"#define GP_CLIENT_LABEL {c_string(_wire.CLIENT_LABEL)}",

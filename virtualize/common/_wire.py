@@ -59,6 +59,12 @@ RECAPTURE_HEAD = struct.Struct("<QQiI")
 NODE_PARAMS_BYTES = 256  # sizeof(CUgraphNodeParams)
 RECAPTURE_SIDE = struct.Struct(f"<{NODE_PARAMS_BYTES}sII")
 RECAPTURE_ANSWER = struct.Struct("<QiI")
+# The lease moved to another server's worker (virtualize.server._migrate_out): the answer to a frame that
+# wants one, which did not run, with outs MOVED_TO (the token the process resumes with there, host:port, the
+# worker's local socket name, its certificate's SHA-256 in hex). The client connects there, proves the lease
+# secret, sends gpResume(token) and the frame again.
+MOVED = -6  # -5 is the callback connection's RECAPTURE_CALL
+MOVED_TO = struct.Struct("<Q256s128s72s")
 # A launch's attributes follow its kernel parameters in the bulk, each a CUlaunchAttribute: its id (4 bytes),
 # padding, a 64-byte value.
 LAUNCH_ATTRIBUTE_BYTES = 72

@@ -167,6 +167,7 @@ HANDSHAKE = ("gpHello", "gpProve")  # the worker's own, before any call reaches 
 # host functions (through `Executor.launch_host_func`) and tensor maps (`Executor.tensor_map`).
 GUARD_CALLS = (
     *("gpWindowOffer", "gpWindowAccept", "cuMemAddressReserve", "cuMemAddressFree"),
+    "gpResume",  # a process whose lease moved here from another server (virtualize.server._migrate_out)
     *("gpCallbackToken", "gpCallbackAttach", "cuLaunchHostFunc", "cuStreamAddCallback"),  # host functions
     *("cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuTensorMapEncodeIm2colWide"),  # tensor maps
     "cuTensorMapReplaceAddress",

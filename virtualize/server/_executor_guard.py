@@ -178,6 +178,9 @@ class LeaseState:
     # every process's address window.
     gate: Gate = field(default_factory=Gate)
     windows: weakref.WeakSet = field(default_factory=weakref.WeakSet)
+    # Processes of a lease that moved here from another server, until each reconnects with its token
+    # (gpResume; virtualize.server._migrate_state.Parked).
+    parked: dict[int, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.used = [0] * len(self.limits)
@@ -402,6 +405,7 @@ class Session:
             "cuStreamSetAttribute": self._stream_attribute,
             "cuModuleEnumerateFunctions": self._enumerate,
             "cuLibraryEnumerateKernels": self._enumerate,
+            "gpResume": self._resume,
             "gpWindowOffer": self._window_offer,
             "gpWindowAccept": self._window_accept,
             "cuMemGetAddressRange_v2": self._address_range,
@@ -1061,6 +1065,16 @@ class Session:
                 self._vm_address_free(None, (base, size))
         except CudaError as exc:
             log.warning("could not release the client's mapped memory: %s", exc)
+
+    def _resume(self, call: Call, ins: tuple):
+        """A process whose lease moved here: this connection adopts its state (virtualize.server._migrate_state)."""
+        from virtualize.server import _migrate_state
+
+        try:
+            _migrate_state.resume(self, ins[0])
+        except ValueError as exc:
+            raise CudaError(INVALID_VALUE, str(exc)) from None
+        return b"", b""
 
     def _window_offer(self, call: Call, ins: tuple):
         return struct.pack("<QQ", *self.window.offer()), b""

@@ -1498,7 +1498,10 @@ class HostExecutor(Executor):
             with self.lock:
                 self.module_gaps.append((address, span))
 
-    cuLibraryUnload = cuModuleUnload
+    def cuLibraryUnload(
+        self, library
+    ):  # a library is a module here (its parameter named as the table names it)
+        self.cuModuleUnload(library)
 
     def _function(self, module: int, name: str) -> int:
         """A module's function (a library's kernel) by name: one handle per name, as the driver gives."""
@@ -1528,7 +1531,11 @@ class HostExecutor(Executor):
     def cuModuleEnumerateFunctions(self, num, mod):
         return [self._function(mod, name) for name in self._names(mod)[:num]]
 
-    cuLibraryGetKernelCount, cuLibraryEnumerateKernels = cuModuleGetFunctionCount, cuModuleEnumerateFunctions
+    def cuLibraryGetKernelCount(self, lib):
+        return self.cuModuleGetFunctionCount(lib)
+
+    def cuLibraryEnumerateKernels(self, num, lib):
+        return self.cuModuleEnumerateFunctions(num, lib)
 
     def cuKernelGetLibrary(self, kernel):
         return self.parents[kernel]
@@ -1585,7 +1592,8 @@ class HostExecutor(Executor):
     def cuModuleGetGlobal(self, module, name):
         return self._variable(module, name, managed_only=False)
 
-    cuLibraryGetGlobal = cuModuleGetGlobal
+    def cuLibraryGetGlobal(self, library, name):
+        return self.cuModuleGetGlobal(library, name)
 
     def cuLibraryGetManaged(self, library, name):
         return self._variable(library, name, managed_only=True)

@@ -33,6 +33,7 @@ their parameters): the executor makes them anew with the same values or the move
 
 from __future__ import annotations
 
+import base64
 import bisect
 import inspect
 import itertools
@@ -62,7 +63,10 @@ RECREATED = frozenset({"ctx", "stream", "event", "module", "func", "pool"})  # a
 REBUILT = frozenset({"graph", "node", "graphexec"})  # read on the source and built anew (_migrate_graphs)
 # Re-created by the executor's move itself (its answer's "made").
 MOVED = frozenset({"array", "mipmap", "vmem"})
-MAPPED = RECREATED | REBUILT | MOVED
+# Kept by a move to another GPU (the worker process's), made anew from its record by a move to another server's
+# worker (virtualize.server._migrate_out), where the client's values then map to them.
+CARRIED = frozenset({"library"})
+MAPPED = RECREATED | REBUILT | MOVED | CARRIED
 KEPT = frozenset({"library", "kernel"})  # the process's: valid in every context, not re-created
 DESTROYED_BY = {**DESTROYS, "cuCtxDestroy": "ctx"}
 BUILTIN_STREAMS = frozenset({0, 1, 2})  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD: every context's
@@ -238,6 +242,45 @@ TABLE_KINDS = _table_kinds()
 TABLE_ADDRESSES = _table_addresses()
 
 
+def _value_json(value):
+    """A record's argument as JSON: tagged where JSON has no such type (bytes, tuples)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"b": base64.b64encode(bytes(value)).decode()}
+    if isinstance(value, (tuple, list)):
+        return {"t": [_value_json(v) for v in value]}
+    raise TypeError(f"a {type(value).__name__}")
+
+
+def _value_from_json(value):
+    if isinstance(value, dict):
+        if "b" in value:
+            return base64.b64decode(value["b"])
+        return tuple(_value_from_json(v) for v in value["t"])
+    return value
+
+
+def _record_json(record: Record) -> dict:
+    try:
+        args = [_value_json(a) for a in record.args]
+    except TypeError as exc:
+        raise TypeError(
+            f"{record.method} holds {exc}, which a move to another server does not send"
+        ) from None
+    return {"method": record.method, "args": args, "kinds": [list(k) for k in record.kinds], "ctx": record.ctx,
+            "device": record.device, "made": list(record.made) if record.made else None, "made_at": record.made_at}  # fmt: skip
+
+
+def _record_from_json(j: dict) -> Record:
+    if j["method"] not in PER_CALL:  # only the executor's per-call methods make or configure objects
+        raise ValueError(f"{j['method']!r} is no call a record is made of")
+    return Record(str(j["method"]), tuple(_value_from_json(a) for a in j["args"]),
+                  tuple((int(i), str(k)) for i, k in j["kinds"]), int(j["ctx"]),
+                  None if j["device"] is None else int(j["device"]),
+                  (str(j["made"][0]), int(j["made"][1])) if j["made"] else None, int(j["made_at"]))  # fmt: skip
+
+
 def _kinds(name: str, params: list[str]) -> tuple[tuple[tuple[int, str], ...], tuple]:
     """A method's handle parameters ((position, kind)) and handle results, by its parameters' names."""
     if name in SHAPED_HANDLES:
@@ -350,7 +393,9 @@ class Translated:
         addresses = tuple(params.index(p) for p in address_ins if p in params)
         device_at = next((params.index(p) for p in DEVICE_PARAMS if p in params), None)
         makes = (
-            () if name in SHAPED_HANDLES else tuple((i, k) for i, k in outs if NAMESPACE.get(k) in RECREATED)
+            ()
+            if name in SHAPED_HANDLES
+            else tuple((i, k) for i, k in outs if NAMESPACE.get(k) in RECREATED | CARRIED)
         )
         recorded = name in SETTERS or bool(makes)
         destroys = DESTROYED_BY.get(name)
@@ -384,7 +429,7 @@ class Translated:
                 self._global(name, given, result)
             elif recorded:
                 self._record(name, given, kinds, result, makes, device_at)
-            elif destroys and NAMESPACE[destroys] in RECREATED:
+            elif destroys and NAMESPACE[destroys] in RECREATED | CARRIED:
                 self._forget(NAMESPACE[destroys], given[0])
             if booked:
                 self._book(name, given, args, result, exec_node)
@@ -550,7 +595,7 @@ class Translated:
             self.records[key] = record  # a setting: the newest last
             for i, kind in kinds:
                 ns = NAMESPACE.get(kind)
-                if ns in RECREATED and i < len(args) and args[i]:
+                if ns in RECREATED | CARRIED and i < len(args) and args[i]:
                     self.uses.setdefault((ns, args[i]), set()).add(key)
 
     def _forget(self, ns: str, value: int) -> None:
@@ -575,7 +620,7 @@ class Translated:
         return all(
             self.alive(NAMESPACE[kind], record.args[i])
             for i, kind in record.kinds
-            if kind != LAUNCH and NAMESPACE[kind] in RECREATED and record.args[i]
+            if kind != LAUNCH and NAMESPACE[kind] in RECREATED | CARRIED and record.args[i]
             and not (NAMESPACE[kind] == "stream" and record.args[i] in BUILTIN_STREAMS)
         )  # fmt: skip
 
@@ -584,20 +629,77 @@ class Translated:
         with self.record_lock:
             records = list(self.records.values())
         contexts = {r.made[1]: r.device for r in records if r.made and r.made[0] == "ctx"}
-        return [r for r in records if self._device_of(r, contexts) == device and self._holds(r)]
+        return [
+            r
+            for r in records
+            if self._device_of(r, contexts) == device
+            and self._holds(r)
+            and not (r.made and r.made[0] in CARRIED)
+        ]
 
     def contexts(self, device: int) -> list[int]:
         """The client's contexts on lease device `device`."""
         return [r.made[1] for r in self.moving(device) if r.made and r.made[0] == "ctx"]
+
+    def drain(self, device: int) -> None:
+        """Synchronise each of the client's contexts on lease device `device` (the calls paused): nothing runs
+        while its memory is copied."""
+        for ctx in self.contexts(device):
+            self.inner.set_context(self.map.real("ctx", ctx))
+            self.inner.cuCtxSynchronize()
+
+    # -- the records as data: a move to another server's worker (virtualize.server._migrate_out) --------
+
+    def exported(self) -> dict:
+        """The records of every lease device as JSON, in the order they replay, and the references the
+        lease's processes hold to each primary context (the calls paused): libraries too (`CARRIED`). A record
+        holding an argument that is not plain data (an int, bytes, a string, a float, None, or a tuple of
+        them) raises TypeError."""
+        with self.record_lock:
+            records = [r for r in self.records.values() if self._holds(r)]
+            held = dict(self.primary_held)
+        return {"records": [_record_json(r) for r in records], "primary_held": held}
+
+    def imported(self, exported: dict) -> int:
+        """Re-create the objects of another worker's `exported()` records here, on this worker's fresh
+        executor, in order, and map the client's values to them from now on; how many objects were made.
+        A failed call raises its CudaError (this worker is then let go: nothing of the source changes)."""
+        records = [_record_from_json(j) for j in exported["records"]]
+        held = {int(device): int(n) for device, n in exported["primary_held"].items()}
+        made: dict[tuple[str, int], int] = {}
+        for record in records:
+            self._replay(record, made)
+        contexts = {r.made[1]: r.device for r in records if r.made and r.made[0] == "ctx"}
+        for device in {self._device_of(r, contexts) for r in records} - {None}:
+            primary = any(r.method == "cuDevicePrimaryCtxRetain" and r.args[-1] == device for r in records)
+            for _ in range(held.get(device, 0) - 1 if primary else 0):  # the replay retained it once
+                self.inner.cuDevicePrimaryCtxRetain(device)
+            if primary and not held.get(device, 0):  # made to re-create its objects; nobody holds it
+                self.inner.cuDevicePrimaryCtxRelease(device)
+        for (ns, client), real in made.items():
+            self.map.move(ns, client, real)
+        with self.record_lock:
+            for record in records:
+                key = ("made", *record.made) if record.made is not None else ("set", record.method, record.ctx,
+                                                                              record.args)  # fmt: skip
+                self.records[key] = record
+                for i, kind in record.kinds:
+                    ns = NAMESPACE.get(kind)
+                    if ns in RECREATED | CARRIED and i < len(record.args) and record.args[i]:
+                        self.uses.setdefault((ns, record.args[i]), set()).add(key)
+            self.primary_held.update(held)
+        self.generation += 1
+        for name in self.cached:  # wrapped anew: every call first sets its thread's context to the new one
+            self.__dict__.pop(name, None)
+        self.cached.clear()
+        return len(made)
 
     def migrate(self, device: int, target: int, mappings: list, **where) -> dict:
         """Move lease device `device` to GPU `target` (`Executor.migrate`), the calls paused: drain its
         contexts, let the executor move the memory and re-create the objects by replaying their records,
         then map the client's values to the new objects."""
         records = self.moving(device)
-        for ctx in self.contexts(device):  # nothing runs while the memory is copied
-            self.inner.set_context(self.map.real("ctx", ctx))
-            self.inner.cuCtxSynchronize()
+        self.drain(device)
         made: dict[tuple[str, int], int] = {}
 
         contexts = {r.made[1]: r.device for r in records if r.made and r.made[0] == "ctx"}
@@ -827,7 +929,7 @@ class Translated:
         args = list(record.args)
         for i, kind in record.kinds:
             ns = NAMESPACE.get(kind)
-            if ns in RECREATED and args[i] and not (ns == "stream" and args[i] in BUILTIN_STREAMS):
+            if ns in RECREATED | CARRIED and args[i] and not (ns == "stream" and args[i] in BUILTIN_STREAMS):
                 args[i] = target(ns, args[i])
         result = getattr(self.inner, record.method)(*args)
         if record.made is not None:

@@ -103,17 +103,23 @@ def refusal(worker, device: int, target: int, uuid: str = "") -> str | None:
     if target in {d.index for d in devices}:
         return f"GPU {target} already holds a partition of this lease"
     if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
-        return "the lease runs under MPS: its memory belongs to the GPU's MPS server, which cannot move it"
+        return MPS_REFUSAL
     reason = worker.executor.migration_refusal(target, holding(worker.lease), uuid)
-    if reason:
-        return reason
+    return reason or lease_refusal(worker, {device})
+
+
+MPS_REFUSAL = "the lease runs under MPS: its memory belongs to the GPU's MPS server, which cannot move it"
+
+
+def lease_refusal(worker, devices: set[int]) -> str | None:
+    """What keeps the lease's `devices` from moving wherever they would go, or None."""
     lease = worker.lease
     if any(lease.handles[kind] for kind in GREEN_KINDS):
         return (
             "the lease holds device resources or green contexts: they are partitions of this GPU's SMs, "
             "not re-created on another"
         )
-    if any(not a.window for a in lease.allocations.values() if a.owned and a.device == device):
+    if any(not a.window for a in lease.allocations.values() if a.owned and a.device in devices):
         return "memory outside the processes' address windows (an older client): its addresses cannot be kept"
     for stream in list(lease.handles["stream"]):
         with contextlib.suppress(CudaError):  # a stream of a context gone meanwhile is not a capture
@@ -203,8 +209,17 @@ def serve_requests(worker, state_dir: Path) -> None:
         try:
             asked = json.loads(request.read_text())
             request.unlink()
-            answer = {"ok": True, **migrate(worker, int(asked["device"]), int(asked["to"]),
-                                            uuid=str(asked.get("uuid") or ""))}  # fmt: skip
+            if "server" in asked:  # to another server's receiving worker
+                from virtualize.server import _migrate_out
+
+                if asked["server"] is None:  # only whether it could leave: asked before the target admits it
+                    reason = _migrate_out.refusal(worker)
+                    answer = {"ok": False, "error": reason} if reason else {"ok": True}
+                else:
+                    answer = {"ok": True, **_migrate_out.send(worker, dict(asked["server"]))}
+            else:
+                answer = {"ok": True, **migrate(worker, int(asked["device"]), int(asked["to"]),
+                                                uuid=str(asked.get("uuid") or ""))}  # fmt: skip
         except MigrationRefused as exc:
             answer = {"ok": False, "error": exc.title}
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -216,5 +231,8 @@ def serve_requests(worker, state_dir: Path) -> None:
         partial = result.with_suffix(".partial")
         partial.write_text(json.dumps(answer))
         partial.replace(result)  # the server never reads half an answer
+        moved = getattr(worker, "moved", None)
+        if moved is not None and not moved.tokens and moved.closed(None) and not worker.sessions:
+            worker.leave_after_move()  # it moved to another server with no process connected here
 
     signal.signal(signal.SIGUSR1, lambda *_: threading.Thread(target=run, name="gpupool-migrate").start())

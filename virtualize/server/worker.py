@@ -31,11 +31,19 @@ import threading
 import time
 from pathlib import Path
 
-from server.workers import ACTIVITY_FILE, EXECUTOR_ENV, SECRET_ENV, USAGE_FILE, WORKER_MODULE, WorkerDevice
+from server.workers import (
+    ACTIVITY_FILE,
+    EXECUTOR_ENV,
+    MIGRATION_SECRET_ENV,
+    SECRET_ENV,
+    USAGE_FILE,
+    WORKER_MODULE,
+    WorkerDevice,
+)
 from virtualize.common import _wire
 from virtualize.common._calls import CALL_IDS, INTERNAL, WIRE_VERSION
 from virtualize.common._results import CUresult
-from virtualize.server import _data_tls, _migrate, _native_dispatch, _native_tls
+from virtualize.server import _data_tls, _migrate, _migrate_out, _native_dispatch, _native_tls
 from virtualize.server._handles import Translated
 
 log = logging.getLogger("gpupool.worker")
@@ -258,6 +266,8 @@ class Worker:
         self.in_calls: set[int] = set()  # connections executing a call now (a long sync is use, not idleness)
         self.native = _native_dispatch.for_worker(self.lease, self.executor)
         self.native_sessions: set = set()  # connections' native loops (their calls are activity too)
+        self.sessions: set = set()  # every connection's Session (a move to another server looks at them)
+        self.moved = None  # once the lease moved to another server's worker: _migrate_out.Moved
 
     def serve(self, listener: socket.socket, local: socket.socket | None = None) -> None:
         threading.Thread(target=self._touch_while_busy, daemon=True).start()
@@ -291,6 +301,7 @@ class Worker:
                 return
             take = self.kernel_output.take if self.kernel_output is not None else None
             session = Session(self.lease, self.executor, channel, take)
+            self.sessions.add(session)
             how = (
                 sock.version()
                 if channel.encrypted
@@ -314,6 +325,13 @@ class Worker:
                 self.in_calls.add(id(session))
                 try:
                     with self.lease.gate:  # held while the lease migrates
+                        if (
+                            self.moved is not None
+                        ):  # to another server: the process is told, or the frame goes
+                            args = channel.read_exact(args_len)
+                            if not self.moved.frame(session, channel, call_id, flags, args, bulk_len):
+                                return
+                            continue
                         session.dispatch(call_id, flags, channel.read_exact(args_len), bulk_len)
                 finally:
                     self.in_calls.discard(id(session))
@@ -337,10 +355,25 @@ class Worker:
                 self.native_sessions.discard(native)
                 native.close()
             if session is not None:
+                self.sessions.discard(session)
                 self._end_thread(who)
                 session.close()
+                if self.moved is not None:
+                    self._left_after_move(session)
             if profiler is not None:
                 _write_profile(profiler, who)
+
+    def _left_after_move(self, session) -> None:
+        """A connection ended after the lease moved away: once none of the moved processes is left here, this
+        worker has nothing more to do (its GPU memory went with the processes' sessions)."""
+        if self.moved.closed(session) and not self.sessions:
+            self.leave_after_move()
+
+    def leave_after_move(self) -> None:
+        """Nothing of the lease is here any more: the worker exits (its server cleans up after it)."""
+        log.info("every process of the lease reconnected to its new worker (or ended): exiting")
+        logging.shutdown()
+        os._exit(0)
 
     def _end_thread(self, who: str) -> None:
         """This connection's per-thread executor state (page-locked staging), before its session frees
@@ -512,6 +545,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", required=True, help="JSON list of {index, uuid, mem_limit_bytes}")
     parser.add_argument("--state-dir", required=True, help="directory of the activity file")
     parser.add_argument("--parent", type=int, default=0, help="exit when this process is gone")
+    parser.add_argument("--receive", type=float, default=0.0, metavar="SECONDS",
+                        help="receive the running lease from another server's worker: wait this long for it on a "
+                        f"second port (the one-time secret in ${MIGRATION_SECRET_ENV}), then exit")  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=os.environ.get("GPUPOOL_WORKER_LOG", "INFO"),
@@ -520,6 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     devices = [WorkerDevice(**d) for d in json.loads(args.devices)]
     secret = os.environ.pop(SECRET_ENV, "")
+    migration_secret = os.environ.pop(MIGRATION_SECRET_ENV, "")
     kind = os.environ.get(EXECUTOR_ENV, "cuda")
 
     def ready(**answer) -> None:
@@ -528,6 +565,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if not secret:
         ready(error=f"{SECRET_ENV} is not set")
+        return 2
+    if args.receive and not migration_secret:
+        ready(error=f"--receive needs {MIGRATION_SECRET_ENV}")
         return 2
     try:
         executor = make_executor(kind, devices)
@@ -545,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
     listener = socket.create_server((args.bind, 0), backlog=64)
     host, port = listener.getsockname()[:2]
     local, local_name = _local_listener(args.lease)
+    arrivals = socket.create_server((args.bind, 0), backlog=4) if args.receive else None
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if args.parent:
         threading.Thread(target=_watch_parent, args=(args.parent,), daemon=True).start()
@@ -554,11 +595,16 @@ def main(argv: list[str] | None = None) -> int:
         log.info(
             "this driver lacks %d ABI(s) of the call table (name@version): %s", len(lacks), ", ".join(lacks)
         )
-    ready(host=host, port=port, pid=os.getpid(), tls_sha256=fingerprint, local=local_name, lacks=lacks)
+    migrate_port = arrivals.getsockname()[1] if arrivals is not None else 0
+    ready(host=host, port=port, pid=os.getpid(), tls_sha256=fingerprint, local=local_name, lacks=lacks,
+          migrate_port=migrate_port)  # fmt: skip
     output = KernelOutput()  # after the ready line, the last thing this process says on stdout
     try:
         worker = Worker(args.lease, devices, executor, Path(args.state_dir), secret, tls, output)
         _migrate.serve_requests(worker, Path(args.state_dir))
+        if arrivals is not None:
+            log.info("waiting up to %g s for the lease's state on port %d", args.receive, migrate_port)
+            _migrate_out.receive(worker, arrivals, migration_secret.encode(), args.receive)
         worker.serve(listener, local)
     finally:
         executor.close()

@@ -29,6 +29,14 @@ worker) while its program runs.
 4. training: a GPT-2-style training (bench/train_models.py gpt2, seeded, deterministic) on GPU 0
    unmigrated (the reference losses), then again with the lease moved to GPU 1 after step --at; the
    losses must be equal step for step.
+5. xserver: a driver API program (a PTX kernel, a stream, an event, 256 MiB) on GPU 0's worker moved to a
+   receiving worker of GPU 1 (another process, as another gpupool-server starts one: ``--receive``, the
+   one-time secret, TLS; docs/remote.md, Between servers); the shim reconnects there at its next call; the
+   bytes, stream, event and kernel work after, and the old worker is gone.
+5b. xserver_training: the GPT-2 training moved there after step --at (its libraries, kernels, streams, events and
+   memory carried; the shim reconnects): losses equal an unmoved run's step for step. What the move does not
+   carry yet (e.g. PyTorch's expandable segments: the virtual memory API) is REFUSED up front, with the reason.
+   Alone: ``python3 tests/gpu/remote/migrate_training.py --only xserver xserver_training``.
 
 `--executor host --only driver` rehearses the steps on a machine without a GPU. A refused migration
 prints its reason (REFUSED): the lease must keep running unharmed. Each step is
@@ -148,6 +156,74 @@ kept = same(0x5A5AA5A5)
 fill(0x01020304)
 ok(cu.cuStreamSynchronize(stream), "stream sync")
 print("after", kept, same(0x01020304) and cu.cuEventQuery(event) == 0 and replayed(), flush=True)
+"""
+# What a move between servers carries (docs/remote.md, Between servers): the driver API alone, a PTX kernel, 256 MiB
+# filled on a stream of its own with an event behind; after the move the same addresses, stream, event and kernel
+# (the first MiB of words incremented once by the kernel before the move, once after).
+SERVER_HOLDER = r"""
+import ctypes, sys
+cu = ctypes.CDLL("libcuda.so.1")
+def ok(rc, what):
+    if rc:
+        print("failed", what, rc, flush=True)
+        sys.exit(1)
+u64 = ctypes.c_uint64
+PTX = b'''
+.version 6.0
+.target sm_52
+.address_size 64
+.visible .entry add_one(.param .u64 p, .param .u32 n)
+{
+    .reg .pred %p1;
+    .reg .b32 %r<7>;
+    .reg .b64 %rd<4>;
+    ld.param.u64 %rd1, [p];
+    ld.param.u32 %r1, [n];
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %ntid.x;
+    mov.u32 %r4, %tid.x;
+    mad.lo.s32 %r5, %r2, %r3, %r4;
+    setp.ge.u32 %p1, %r5, %r1;
+    @%p1 bra DONE;
+    cvta.to.global.u64 %rd2, %rd1;
+    mul.wide.u32 %rd3, %r5, 4;
+    add.s64 %rd2, %rd2, %rd3;
+    ld.global.u32 %r6, [%rd2];
+    add.s32 %r6, %r6, 1;
+    st.global.u32 [%rd2], %r6;
+DONE:
+    ret;
+}
+'''
+ctx, ptr, stream, event, module, fn = (u64() for _ in range(6))
+ok(cu.cuInit(0), "init")
+ok(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "retain"); ok(cu.cuCtxSetCurrent(ctx), "current")
+n, words = 256 << 20, 1 << 20
+ok(cu.cuMemAlloc_v2(ctypes.byref(ptr), u64(n)), "alloc")
+ok(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream"); ok(cu.cuEventCreate(ctypes.byref(event), 0), "event")
+ok(cu.cuModuleLoadData(ctypes.byref(module), PTX), "module")
+ok(cu.cuModuleGetFunction(ctypes.byref(fn), module, b"add_one"), "add_one")
+def fill(word):
+    ok(cu.cuMemsetD32Async(ptr, ctypes.c_uint(word), u64(n // 4), stream), "fill")
+    ok(cu.cuEventRecord(event, stream), "record"); ok(cu.cuEventSynchronize(event), "event sync")
+def holds(head, rest):
+    back = ctypes.create_string_buffer(n)
+    ok(cu.cuMemcpyDtoH_v2(back, ptr, u64(n)), "read")
+    return back.raw[: 4 * words] == head.to_bytes(4, "little") * words and \
+        back.raw[4 * words :] == rest.to_bytes(4, "little") * (n // 4 - words)
+def add_one():
+    p, m = u64(ptr.value), ctypes.c_uint(words)
+    params = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(m))
+    ok(cu.cuLaunchKernel(fn, words // 256, 1, 1, 256, 1, 1, 0, stream, params, None), "launch")
+    ok(cu.cuStreamSynchronize(stream), "stream sync")
+fill(0x5A5AA5A5)
+add_one()
+print("ready", holds(0x5A5AA5A6, 0x5A5AA5A5), flush=True)
+sys.stdin.readline()
+kept = holds(0x5A5AA5A6, 0x5A5AA5A5)
+fill(0x01020304)
+add_one()
+print("after", kept, holds(0x01020305, 0x01020304) and cu.cuEventQuery(event) == 0, flush=True)
 """
 # CUDA arrays, a mipmapped array, a texture object read by a kernel (tex.2d), a surface object; after the move the
 # same bytes under the same handles, and the kernel reads the texture (its value unchanged) on the target.
@@ -440,11 +516,13 @@ def move(handle, to: tuple[int, str, int]) -> dict:
 
 
 def hold(
-    code: str, args: list[str], handle, shim: Path, work: Path, to, probe=used_mib
+    code: str, args: list[str], handle, shim: Path, work: Path, to, probe=used_mib, mover=None, extra_env=None
 ) -> tuple[str, dict, str, list[str]]:
-    """Start a holder, move its lease once it is ready (to None: no move), let it check; (ready line,
-    answer, after line, `probe()` before/after the move: nvidia-smi's used memory unless given)."""
-    proc = subprocess.Popen([sys.executable, "-c", code, *args], env=lease_env(handle, shim, work),
+    """Start a holder, move its lease once it is ready (to None: no move; `mover()`: another move than to a
+    GPU of its worker), let it check; (ready line, answer, after line, `probe()` before/after the move:
+    nvidia-smi's used memory unless given)."""
+    env = {**lease_env(handle, shim, work), **(extra_env or {})}
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     killer = threading.Timer(HOLD_TIMEOUT_S, proc.kill)
     killer.start()
@@ -455,7 +533,7 @@ def hold(
             proc.kill()
             return first, {"ok": False, "error": "the holder failed: " + proc.stderr.read()[-1500:]}, "", []
         smi = [probe()]
-        answer = move(handle, to) if to is not None else {"ok": True, "unmoved": True}
+        answer = mover() if mover else move(handle, to) if to is not None else {"ok": True, "unmoved": True}
         smi.append(probe())
         out, err = proc.communicate("go\n", timeout=HOLD_TIMEOUT_S)
         after = next((line for line in out.splitlines() if line.startswith("after")), "")
@@ -603,8 +681,9 @@ def pause_table(shim: Path, work: Path, two: list, sizes: list[int], out_dir: Pa
         outcome(f"pause table {gib} GiB", a, intact, f"paused {a.get('pause_s', 0):.3f} s")
 
 
-def train(env: dict[str, str], steps: int, at: int | None, handle, to) -> tuple[int, list[float], dict]:
-    """Run the training; after step `at` ask for the move (on a thread: the training runs on meanwhile)."""
+def train(env: dict[str, str], steps: int, at: int | None, mover) -> tuple[int, list[float], dict]:
+    """Run the training; after step `at` ask for the move (`mover()`: its answer; on a thread: the training runs
+    on meanwhile)."""
     cmd = [sys.executable, str(ROOT / "bench" / "train_models.py"), "gpt2", "--steps", str(steps)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killer = threading.Timer(TRAIN_TIMEOUT_S, proc.kill)
@@ -616,7 +695,7 @@ def train(env: dict[str, str], steps: int, at: int | None, handle, to) -> tuple[
                 losses.append(float(line.split()[3]))
                 print(f"    {line.strip()}", flush=True)
                 if at is not None and len(losses) == at and asked is None:
-                    asked = threading.Thread(target=lambda: answer.update(move(handle, to)))
+                    asked = threading.Thread(target=lambda: answer.update(mover()))
                     asked.start()
         proc.wait()
         if asked is not None:
@@ -636,7 +715,9 @@ def training(shim: Path, work: Path, two: list, steps: int, at: int) -> None:
         handle = worker_on(two[0], 40)
         try:
             started = time.monotonic()
-            runs[label] = train(lease_env(handle, shim, work), steps, move_at, handle, two[1])
+            runs[label] = train(
+                lease_env(handle, shim, work), steps, move_at, lambda h=handle: move(h, two[1])
+            )
             print(f"[{label}] exit {runs[label][0]} in {time.monotonic() - started:.0f} s, {len(runs[label][1])} steps",
                   flush=True)  # fmt: skip
         finally:
@@ -652,12 +733,93 @@ def training(shim: Path, work: Path, two: list, steps: int, at: int) -> None:
             detail if equal else f"exit {ref_rc}/{rc}, {len(ref)}/{len(moved)} steps")  # fmt: skip
 
 
+def receiving_worker(source, gpu: tuple[int, str, int], mem_gib: int):
+    """A worker of `gpu` that waits for `source`'s lease, as another gpupool-server starts one (--receive, the
+    lease's secret, a one-time secret of its own); and where `source` is asked to move its lease."""
+    devices = [WorkerDevice(gpu[0], gpu[1], mem_gib << 30)]
+    target = start_worker("migrate-test", devices, bind_host="127.0.0.1", env={}, executor=EXECUTOR[0],
+                          secret=source.secret, receive_s=MIGRATE_TIMEOUT_S)  # fmt: skip
+    where = {"host": "127.0.0.1", "port": target.port, "migrate_port": target.migrate_port, "local": target.local,
+             "tls_sha256": target.tls_sha256, "secret": target.migration_secret}  # fmt: skip
+    return target, where
+
+
+def send_to(source, where: dict, gpu: tuple[int, str, int]) -> dict:
+    started = time.monotonic()
+    answer = source.migrate_to_server(where, timeout=MIGRATE_TIMEOUT_S)
+    print(f"    moved to the receiving worker of GPU {gpu[0]}: {answer} ({time.monotonic() - started:.2f} s)",
+          flush=True)  # fmt: skip
+    return answer
+
+
+def xserver_check(shim: Path, work: Path, two: list) -> None:
+    """Between two workers as two gpupool-servers start them (docs/remote.md, Between servers): a driver API
+    program (a PTX kernel, a stream, an event, 256 MiB filled) on a worker of GPU 0 moves to a receiving
+    worker of GPU 1 (another process: the link, TLS, the one-time secret; its memory, objects and state made
+    there anew); at its next call the shim is told MOVED and reconnects there. PASS: the bytes, the stream, the
+    event and the kernel work after the move, the old worker is gone and the new one serves the program."""
+    print(f"\n=== xserver: a driver API program moved from GPU {two[0][0]}'s worker to a receiving worker of GPU "
+          f"{two[1][0]}", flush=True)  # fmt: skip
+    source = worker_on(two[0], 4)
+    target, where = receiving_worker(source, two[1], 4)
+    try:
+        first, answer, after, smi = hold(SERVER_HOLDER, [], source, shim, work, two[1],
+                                         mover=lambda: send_to(source, where, two[1]),
+                                         extra_env={"GPUPOOL_SHIM_SHARED_COPIES": "0"})  # fmt: skip
+        time.sleep(1.0)  # the old worker exits once its process reconnected
+        old_gone, new_serving = not source.alive(), target.alive()
+    finally:
+        source.stop()
+        target.stop()
+    intact = first == "ready True" and after == "after True True"
+    outcome("xserver: a driver API program moved to another server's worker, intact", answer,
+            intact and old_gone and new_serving,
+            f"{answer.get('bytes', 0) >> 20} MiB, {answer.get('objects')} objects, paused {answer.get('pause_s', 0):.3f} s, "
+            f"old worker gone {old_gone}, used MiB {smi}")  # fmt: skip
+
+
+def xserver_training(shim: Path, work: Path, two: list, steps: int, at: int) -> None:
+    """The GPT-2 training's lease moved after step `at` from GPU 0's worker to a receiving worker of GPU 1, as
+    another gpupool-server starts one. PASS: it moved and the losses equal an unmoved run's step for step;
+    REFUSED: the move refused what it does not carry yet (the reason printed), the training unharmed."""
+    print(f"\n=== xserver_training: gpt2 {steps} steps on GPU {two[0][0]}, moved to a receiving worker of "
+          f"GPU {two[1][0]} after step {at}", flush=True)  # fmt: skip
+    runs = {}
+    for label, move_at in (("reference", None), ("asked", at)):
+        handle = worker_on(two[0], 40)
+        target, where = receiving_worker(handle, two[1], 40) if move_at is not None else (None, {})
+        try:
+            env = {**lease_env(handle, shim, work), "GPUPOOL_SHIM_SHARED_COPIES": "0"}
+            runs[label] = train(env, steps, move_at, lambda h=handle, w=where: send_to(h, w, two[1]))
+        finally:
+            handle.stop()
+            if target is not None:
+                target.stop()
+    (ref_rc, ref, _), (rc, moved, answer) = runs["reference"], runs["asked"]
+    for i, (a, b) in enumerate(zip(ref, moved, strict=False)):
+        print(f"{i:5d} {a:12.5f} {b:12.5f}{'' if a == b else '  DIFFERENT'}")
+    equal = ref_rc == 0 and rc == 0 and len(ref) == len(moved) == steps and ref == moved
+    outcome("xserver_training: a training moved to another server's worker mid-run, losses equal", answer,
+            equal, f"paused {answer.get('pause_s', 0):.3f} s")  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     parser.add_argument("--at", type=int, default=8, help="the step after which the lease moves (default 8)")
     parser.add_argument("--sizes", default="1,4,16", help="GiB held for the pause table (default 1,4,16)")
-    part_names = ["driver", "arrays", "primary", "cupy", "cupy_graph", "graphed", "pause", "training"]
+    part_names = [
+        "driver",
+        "arrays",
+        "primary",
+        "cupy",
+        "cupy_graph",
+        "graphed",
+        "pause",
+        "training",
+        "xserver",
+        "xserver_training",
+    ]
     parser.add_argument(
         "--only", nargs="*", default=part_names, choices=part_names, help="parts to run (default: all)"
     )
@@ -691,6 +853,8 @@ def main() -> int:
                 shim, work, found[:2], [int(s) for s in args.sizes.split(",")], out_dir
             ),
             "training": lambda: training(shim, work, found[:2], args.steps, args.at),
+            "xserver": lambda: xserver_check(shim, work, found[:2]),
+            "xserver_training": lambda: xserver_training(shim, work, found[:2], args.steps, args.at),
         }
         needs = {
             "driver": 20,
@@ -701,6 +865,8 @@ def main() -> int:
             "graphed": 60,
             "pause": 40,
             "training": 120,
+            "xserver": 40,
+            "xserver_training": 120,
         }
         for name in args.only:
             if out_of_time(name, needs.get(name, 30)):

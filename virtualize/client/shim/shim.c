@@ -339,8 +339,21 @@ static int discard(uint64_t len) {
     return 0;
 }
 
+/* The last frame sent on the process's connection: when the lease moved to another server's worker, the
+ * old one answers it MOVED without running it, and it goes to the new one again (its arguments and bulk are
+ * still the caller's, which waits for the reply). */
+static struct {
+    uint32_t call, flags, args_len;
+    const void *args, *b1, *b2;
+    uint64_t b1_len, b2_len;
+} last_frame;
+
 static int send_frame(uint32_t call, uint32_t flags, const void *args, uint32_t args_len, const void *b1,
                       uint64_t b1_len, const void *b2, uint64_t b2_len) {
+    if (conn() == &main_conn) {
+        last_frame.call = call, last_frame.flags = flags, last_frame.args = args, last_frame.args_len = args_len;
+        last_frame.b1 = b1, last_frame.b1_len = b1_len, last_frame.b2 = b2, last_frame.b2_len = b2_len;
+    }
     struct gp_request hdr = {call, flags, args_len, 0, b1_len + b2_len};
     struct iovec iov[4];
     int n = 0;
@@ -372,6 +385,15 @@ static int kernel_output(uint64_t len) {
 static void copies_wait(uint64_t need);
 static int land_copy(const struct gp_reply *rep, int counted);
 
+/* Where the lease moved (virtualize/common/_wire.py MOVED_TO): the token this process resumes with there, the
+ * new worker's host:port, its local socket name and its certificate's SHA-256, each NUL-padded. */
+struct gp_moved_to {
+    uint64_t token;
+    char where[256], local[128], tls[72];
+} __attribute__((packed));
+_Static_assert(sizeof(struct gp_moved_to) == GP_MOVED_TO_BYTES, "MOVED_TO");
+static int moved_to(const struct gp_moved_to *to);
+
 static int recv_reply(int32_t *result, void *outs, uint32_t outs_len, void *bulk_out, uint64_t bulk_out_len) {
     struct gp_reply rep;
     if (recv_header(&rep, sizeof rep) < 0) return -1;
@@ -387,6 +409,10 @@ static int recv_reply(int32_t *result, void *outs, uint32_t outs_len, void *bulk
             copies_wait(need);
         } else if (rep.result == GP_COPY_DATA) { /* a copy sent here while a host function runs */
             if (land_copy(&rep, 0) < 0) return -1;
+        } else if (rep.result == GP_MOVED && rep.outs_len == sizeof(struct gp_moved_to) && conn() == &main_conn) {
+            /* The lease moved to another server's worker: this frame did not run; it goes there. */
+            struct gp_moved_to to;
+            if (recv_all(&to, sizeof to) < 0 || discard(rep.bulk_len) < 0 || moved_to(&to) < 0) return -1;
         } else {
             break;
         }
@@ -682,6 +708,55 @@ static int take_fd(void) {
     int fd = received_fd;
     received_fd = -1;
     return fd;
+}
+
+static void lease_setenv(const char *name, const char *value) {
+    char key[128];
+    snprintf(key, sizeof key, "%s%s", name, rank_suffix);
+    setenv(key, value, 1);
+}
+
+/* Reconnect to the lease's new worker (under conn_lock, reading a reply): prove the lease secret there, resume
+ * this process's state with its token, and send the frame the old worker answered MOVED again; its reply is
+ * the next to read. -1 (the connection lost, with the reason said) when the new worker cannot be reached. */
+static int moved_to(const struct gp_moved_to *to) {
+    char where[sizeof to->where + 1], local[sizeof to->local + 1], pin[sizeof to->tls + 1];
+    snprintf(where, sizeof where, "%.*s", (int)sizeof to->where, to->where);
+    snprintf(local, sizeof local, "%.*s", (int)sizeof to->local, to->local);
+    snprintf(pin, sizeof pin, "%.*s", (int)sizeof to->tls, to->tls);
+    __typeof__(last_frame) frame = last_frame;
+    uint64_t ctx = conn_ctx;
+    if (gp_trace_enabled) gp_say("the lease moved to %s: reconnecting", where);
+    if (!thread_conn) ring_drop(); /* the old worker's ring: the connection goes on over the new socket */
+    gp_tls_free(conn_ssl);
+    conn_ssl = NULL;
+    close(conn_fd);
+    conn_fd = -1;
+    lease_setenv(GP_ENV_WORKER, where);
+    lease_setenv(GP_ENV_LOCAL, local);
+    lease_setenv(GP_ENV_TLS, pin);
+    if (connect_worker() != CUDA_SUCCESS) return -1;
+    if (to->token) { /* 0: this process connected after the move and starts anew there */
+        struct gp_in_gpResume in = {.token = to->token};
+        int32_t result;
+        if (send_frame(GP_CALL_gpResume, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0) < 0 ||
+            recv_reply(&result, NULL, 0, NULL, 0) < 0) {
+            lost(strerror(errno));
+            return -1;
+        }
+        if (result != 0) {
+            fail(CUDA_ERROR_DEVICE_UNAVAILABLE, "the lease moved to %s, which does not hold this process's state "
+                 "(error %d): the remote GPU is gone, CUDA calls fail from now on", where, result);
+            return -1;
+        }
+        conn_ctx = ctx; /* the new worker's thread has the context the old one had */
+    }
+    if (send_frame(frame.call, frame.flags, frame.args, frame.args_len, frame.b1, frame.b1_len, frame.b2,
+                   frame.b2_len) < 0) {
+        lost(strerror(errno));
+        return -1;
+    }
+    return 0;
 }
 
 static __thread uint64_t ctx_stack[32];

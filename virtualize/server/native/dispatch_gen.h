@@ -4,7 +4,7 @@
 #include <stdint.h>
 
 /* The call table this was generated from (gpf_wire_version: the worker loads no other). */
-#define GPF_WIRE_VERSION 0x021ad308u
+#define GPF_WIRE_VERSION 0x02ce25dcu
 /* A request's header and a reply's (virtualize/common/_wire.py REQUEST, REPLY): sizes, field offsets. */
 #define GPF_REQUEST_BYTES 24
 #define GPF_REQUEST_CALL 0
@@ -78,34 +78,34 @@ struct gpf_call {
     struct gpf_arg args[10];
 };
 static const struct gpf_call gpf_calls[C_COUNT] = {
-    [C_LAUNCH] = {332, 48, 0, 0, 0, 1, 0, 255, 10, {{0, 8, GPF_FUNC, 255, 1}, {8, 4, GPF_PLAIN, 255, 1}, {12, 4, GPF_PLAIN, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}, {20, 4, GPF_PLAIN, 255, 1}, {24, 4, GPF_PLAIN, 255, 1}, {28, 4, GPF_PLAIN, 255, 1}, {32, 4, GPF_PLAIN, 255, 1}, {36, 8, GPF_STREAM, 255, 1}, {44, 4, GPF_PLAIN, 255, 1}}},
-    [C_CTX_SYNC] = {41, 0, 1, 1, 0, 0, 0, 255, 0, {{0}}},
-    [C_STREAM_SYNC] = {350, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255, 1}}},
-    [C_STREAM_QUERY] = {349, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255, 1}}},
-    [C_EVENT_SYNC] = {480, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255, 1}}},
-    [C_EVENT_QUERY] = {479, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255, 1}}},
-    [C_EVENT_RECORD] = {477, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_STREAM, 255, 1}}},
-    [C_EVENT_RECORD_FLAGS] = {478, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_STREAM, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}}},
-    [C_STREAM_WAIT_EVENT] = {351, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_STREAM, 255, 1}, {8, 8, GPF_EVENT, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}}},
-    [C_HTOD] = {152, 24, 0, 0, 0, 1, 1, 255, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
-    [C_HTOD_ASYNC] = {153, 24, 0, 0, 0, 1, 1, 2, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
-    [C_DTOH] = {154, 24, 1, 1, 0, 0, 1, 255, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
-    [C_DTOH_ASYNC] = {155, 24, 1, 1, 0, 0, 1, 2, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
-    [C_DTOD] = {169, 24, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_RANGE, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}}},
-    [C_DTOD_ASYNC] = {170, 32, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_RANGE, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}, {24, 8, GPF_STREAM, 255, 1}}},
-    [C_PINNED_COPY] = {163, 36, 1, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_PINNED, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}, {24, 8, GPF_STREAM, 255, 1}, {32, 4, GPF_PLAIN, 255, 1}}},
-    [C_SHM_HTOD] = {160, 36, 0, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}, {24, 8, GPF_SHARED, 1, 1}, {32, 4, GPF_PLAIN, 255, 1}}},
-    [C_SHM_DTOH] = {161, 32, 0, 1, 16, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}, {24, 4, GPF_PLAIN, 255, 1}, {28, 4, GPF_PLAIN, 255, 1}}},
-    [C_GRAPH_LAUNCH] = {472, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_GRAPHEXEC, 255, 1}, {8, 8, GPF_STREAM, 255, 1}}},
-    [C_EVENT_ELAPSED] = {482, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_EVENT, 255, 1}}},
-    [C_EVENT_ELAPSED_V2] = {483, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_EVENT, 255, 1}}},
-    [C_MEMSET_D8] = {247, 17, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 1}, {8, 1, GPF_PLAIN, 255, 1}, {9, 8, GPF_PLAIN, 255, 1}}},
-    [C_MEMSET_D16] = {248, 18, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 2}, {8, 2, GPF_PLAIN, 255, 1}, {10, 8, GPF_PLAIN, 255, 1}}},
-    [C_MEMSET_D32] = {249, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 4}, {8, 4, GPF_PLAIN, 255, 1}, {12, 8, GPF_PLAIN, 255, 1}}},
-    [C_MEMSET_D8_ASYNC] = {250, 25, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 1}, {8, 1, GPF_PLAIN, 255, 1}, {9, 8, GPF_PLAIN, 255, 1}, {17, 8, GPF_STREAM, 255, 1}}},
-    [C_MEMSET_D16_ASYNC] = {251, 26, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 2}, {8, 2, GPF_PLAIN, 255, 1}, {10, 8, GPF_PLAIN, 255, 1}, {18, 8, GPF_STREAM, 255, 1}}},
-    [C_MEMSET_D32_ASYNC] = {252, 28, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 4}, {8, 4, GPF_PLAIN, 255, 1}, {12, 8, GPF_PLAIN, 255, 1}, {20, 8, GPF_STREAM, 255, 1}}},
-    [C_EVENT_ELAPSED_MANY] = {484, 4, 0, 1, 0, 1, 0, 255, 1, {{0, 4, GPF_PLAIN, 255, 1}}},
+    [C_LAUNCH] = {333, 48, 0, 0, 0, 1, 0, 255, 10, {{0, 8, GPF_FUNC, 255, 1}, {8, 4, GPF_PLAIN, 255, 1}, {12, 4, GPF_PLAIN, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}, {20, 4, GPF_PLAIN, 255, 1}, {24, 4, GPF_PLAIN, 255, 1}, {28, 4, GPF_PLAIN, 255, 1}, {32, 4, GPF_PLAIN, 255, 1}, {36, 8, GPF_STREAM, 255, 1}, {44, 4, GPF_PLAIN, 255, 1}}},
+    [C_CTX_SYNC] = {42, 0, 1, 1, 0, 0, 0, 255, 0, {{0}}},
+    [C_STREAM_SYNC] = {351, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255, 1}}},
+    [C_STREAM_QUERY] = {350, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_STREAM, 255, 1}}},
+    [C_EVENT_SYNC] = {481, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255, 1}}},
+    [C_EVENT_QUERY] = {480, 8, 1, 1, 0, 0, 0, 255, 1, {{0, 8, GPF_EVENT, 255, 1}}},
+    [C_EVENT_RECORD] = {478, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_STREAM, 255, 1}}},
+    [C_EVENT_RECORD_FLAGS] = {479, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_STREAM, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}}},
+    [C_STREAM_WAIT_EVENT] = {352, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_STREAM, 255, 1}, {8, 8, GPF_EVENT, 255, 1}, {16, 4, GPF_PLAIN, 255, 1}}},
+    [C_HTOD] = {153, 24, 0, 0, 0, 1, 1, 255, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
+    [C_HTOD_ASYNC] = {154, 24, 0, 0, 0, 1, 1, 2, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
+    [C_DTOH] = {155, 24, 1, 1, 0, 0, 1, 255, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
+    [C_DTOH_ASYNC] = {156, 24, 1, 1, 0, 0, 1, 2, 3, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}}},
+    [C_DTOD] = {170, 24, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_RANGE, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}}},
+    [C_DTOD_ASYNC] = {171, 32, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_RANGE, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}, {24, 8, GPF_STREAM, 255, 1}}},
+    [C_PINNED_COPY] = {164, 36, 1, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 2, 1}, {8, 8, GPF_PINNED, 2, 1}, {16, 8, GPF_PLAIN, 255, 1}, {24, 8, GPF_STREAM, 255, 1}, {32, 4, GPF_PLAIN, 255, 1}}},
+    [C_SHM_HTOD] = {161, 36, 0, 1, 0, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}, {24, 8, GPF_SHARED, 1, 1}, {32, 4, GPF_PLAIN, 255, 1}}},
+    [C_SHM_DTOH] = {162, 32, 0, 1, 16, 0, 0, 255, 5, {{0, 8, GPF_RANGE, 1, 1}, {8, 8, GPF_PLAIN, 255, 1}, {16, 8, GPF_STREAM, 255, 1}, {24, 4, GPF_PLAIN, 255, 1}, {28, 4, GPF_PLAIN, 255, 1}}},
+    [C_GRAPH_LAUNCH] = {473, 16, 0, 0, 0, 0, 0, 255, 2, {{0, 8, GPF_GRAPHEXEC, 255, 1}, {8, 8, GPF_STREAM, 255, 1}}},
+    [C_EVENT_ELAPSED] = {483, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_EVENT, 255, 1}}},
+    [C_EVENT_ELAPSED_V2] = {484, 16, 0, 1, 4, 0, 0, 255, 2, {{0, 8, GPF_EVENT, 255, 1}, {8, 8, GPF_EVENT, 255, 1}}},
+    [C_MEMSET_D8] = {248, 17, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 1}, {8, 1, GPF_PLAIN, 255, 1}, {9, 8, GPF_PLAIN, 255, 1}}},
+    [C_MEMSET_D16] = {249, 18, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 2}, {8, 2, GPF_PLAIN, 255, 1}, {10, 8, GPF_PLAIN, 255, 1}}},
+    [C_MEMSET_D32] = {250, 20, 0, 0, 0, 0, 0, 255, 3, {{0, 8, GPF_RANGE, 2, 4}, {8, 4, GPF_PLAIN, 255, 1}, {12, 8, GPF_PLAIN, 255, 1}}},
+    [C_MEMSET_D8_ASYNC] = {251, 25, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 1}, {8, 1, GPF_PLAIN, 255, 1}, {9, 8, GPF_PLAIN, 255, 1}, {17, 8, GPF_STREAM, 255, 1}}},
+    [C_MEMSET_D16_ASYNC] = {252, 26, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 2}, {8, 2, GPF_PLAIN, 255, 1}, {10, 8, GPF_PLAIN, 255, 1}, {18, 8, GPF_STREAM, 255, 1}}},
+    [C_MEMSET_D32_ASYNC] = {253, 28, 0, 0, 0, 0, 0, 255, 4, {{0, 8, GPF_RANGE, 2, 4}, {8, 4, GPF_PLAIN, 255, 1}, {12, 8, GPF_PLAIN, 255, 1}, {20, 8, GPF_STREAM, 255, 1}}},
+    [C_EVENT_ELAPSED_MANY] = {485, 4, 0, 1, 0, 1, 0, 255, 1, {{0, 4, GPF_PLAIN, 255, 1}}},
 };
 
 /* Each argument's offset by name: GPF_AT_<call>_<argument>. */

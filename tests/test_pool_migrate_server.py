@@ -1,0 +1,392 @@
+"""`gpupool-server lease migrate LEASE --to SERVER` between two real gpupool-servers on loopback (simulated
+GPUs; the lease workers run the host executor), a program running under `gpuattach run` through the shim.
+
+The target admits the lease and starts a receiving worker (one-time secret, bounded wait, then it exits and
+frees its GPU); the lease's worker pauses the lease and sends its memory, its objects' records and its
+processes' state there, commits, and tells each process at its next call to reconnect there; the program
+notices a pause. Any failure before the commit leaves the lease running on its source."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from pool_harness import ROOT, ServerProc, api, client_env, gpuattach_cmd, server_cmd, wait_for
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.needs("native")]
+CLIENT = "tests/remote_client.py"
+HOST = {"GPUPOOL_WORKER_EXECUTOR": "host"}
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    base = tmp_path_factory.mktemp("xmove")
+    a = ServerProc(base / "a", "2xH100-80GB", env=HOST).start()
+    b = ServerProc(base / "b", "2xH100-80GB", env=HOST).start()
+    yield a, b
+    a.stop()
+    b.stop()
+
+
+def admin_of(*servers: ServerProc) -> str:
+    """One admin token that every server takes (the source asks the target with the operator's token)."""
+    token = servers[0].token("ops", admin=True)
+    for other in servers[1:]:
+        other.token("ops", admin=True, token=token)
+    return token
+
+
+def migrate(source: ServerProc, *args: str, token: str | None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    if token:
+        env["GPUPOOL_TOKEN"] = token
+    return subprocess.run([*server_cmd(), "lease", "migrate", *args, "--server", source.url], env=env,
+                          capture_output=True, text=True, timeout=90, cwd=ROOT)  # fmt: skip
+
+
+def start_program(server: ServerProc, tmp_path, client: str, admin: str, scenario: str = "migrate_server",
+                  token: str | None = None) -> tuple[subprocess.Popen, dict]:  # fmt: skip
+    """A scenario of tests/remote_client.py under `gpuattach run` on `server` (by default what a move to
+    another server carries; `migrate`: every object kind), once it holds its objects; its lease. Copies go
+    through the connection (shared memory is this host's: a move to another server refuses it)."""
+    env = client_env(tmp_path, [server.url], token or server.token(client))
+    env["GPUPOOL_SHIM_SHARED_COPIES"] = "0"
+    run = subprocess.Popen([*gpuattach_cmd(), "run", "-n", "1", "-m", "256", "--", sys.executable, CLIENT, scenario],
+                           env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, cwd=ROOT)  # fmt: skip
+    for line in run.stdout:
+        assert not line.startswith("FAILED"), line
+        if line.startswith("ready"):
+            break
+    else:
+        raise AssertionError(f"the program ended before it was ready: {run.stderr.read()}")
+    _, leases = api(server.url, "GET", "/v1/leases?all=true", admin)
+    (lease,) = [lease for lease in leases["leases"] if lease["client"] == client]
+    return run, lease
+
+
+def finishes_intact(run: subprocess.Popen, lines: str = "done\n") -> dict[str, str]:
+    """The program goes on (after `lines` on its stdin) and finds every address holding its bytes, every handle
+    working; what it said."""
+    try:
+        out, err = run.communicate(lines, timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, out + err
+    result = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+    names = [name.removeprefix("same_") for name in result if name.startswith("same_")]
+    assert names and all(result[f"same_{name}"] == "True" for name in names), out
+    assert result["finished"] == "1", out
+    return result
+
+
+def one_error(out: subprocess.CompletedProcess) -> str:
+    """Exit 2, no traceback, one error line (after the progress line); that line."""
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("gpupool-server: error:")]
+    assert len(errors) == 1, out.stderr
+    return errors[0]
+
+
+def nothing_held(server: ServerProc, admin: str, lease_id: str) -> bool:
+    """The server holds nothing for the lease: its record there (if any) ended, no GPU memory counted for it."""
+    status, lease = api(server.url, "GET", f"/v1/leases/{lease_id}", admin)
+    _, gpus = api(server.url, "GET", "/v1/gpus", admin)
+    held = [p for g in gpus["gpus"] for p in g["partitions"] if p["lease_id"] == lease_id]
+    return (status == 404 or lease["state"] != "active") and not held
+
+
+def test_a_running_program_moves_to_another_server_and_finishes_there(pair, tmp_path):
+    """A running program's lease on A, moved --to B: the command prints the move (exit 0); the lease runs on
+    B from then on (active there, its record on A ended naming B); a process the program starts after the
+    move reaches A's worker and is sent to B's, where it works; work the program queued after the move
+    without waiting for it runs there first; and the program finishes on B with every byte, handle and
+    queued result intact (a kernel, a library's kernel, events, memory allocated and freed after the move)."""
+    a, b = pair
+    admin = admin_of(a, b)
+    client = "mover"
+    token = a.token(client)
+    b.token(client, token=token)  # the client's heartbeats follow the lease to B
+    run, lease = start_program(a, tmp_path, client, admin, token=token)
+    try:
+        moved = migrate(a, lease["id"], "--to", b.url.removeprefix("http://"), token=admin)
+        assert moved.returncode == 0, moved.stdout + moved.stderr
+        assert "moved to" in moved.stdout
+        _, there = api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)
+        assert there["state"] == "active", there
+        _, here = api(a.url, "GET", f"/v1/leases/{lease['id']}", admin)
+        assert here["state"] != "active" and "moved to" in here["reason"], here
+        status, told = api(a.url, "POST", f"/v1/leases/{lease['id']}/heartbeat", token, {})
+        assert status == 410 and told["moved_to"] == b.url, told  # heartbeats are told where it went
+        assert api(b.url, "POST", f"/v1/leases/{lease['id']}/heartbeat", token, {})[0] == 200
+        run.stdin.write("child\n")  # a process started now reaches A's worker, which sends it to B's
+        run.stdin.flush()
+        assert run.stdout.readline().strip() == "child child_bytes 2a2a2a2a"
+        run.stdin.write("queue\n")  # sent to A's worker, which carries it to B's
+        run.stdin.flush()
+        assert run.stdout.readline().startswith("queued")
+    except BaseException:
+        run.kill()
+        raise
+    result = finishes_intact(run)
+    assert result["queued_words"] == "12" and result["counter"] == "17", result  # 7 + 5, then + 5 on B
+    assert result["event_query"] == "0" and result["alloc_after"] == "0", result
+    assert result["memset_after"] == "09090909", result
+    assert result["library_kernel"] == "3", result  # a library's kernel, loaded anew on B
+    # gpuattach released the lease where it got it: A passes the release on to B
+    wait_for(lambda: nothing_held(b, admin, lease["id"]), 15, what="the lease to end on B with its program")
+
+
+def test_the_heartbeat_loop_follows_a_lease_that_moved(pair, tmp_path):
+    """The heartbeat loop of gpuattach run and the session keeper (server.client.Heartbeater), beating A for a
+    lease that moved to B, is told where it went and beats B from then on, without reporting an end."""
+    from server.client import Heartbeater, PoolClient
+    from server.client_config import ClientConfig, ServerRef
+
+    a, b = pair
+    admin = admin_of(a, b)
+    token = a.token("follower")
+    b.token("follower", token=token)
+    run, lease = start_program(a, tmp_path, "follower", admin, token=token)
+    try:
+        assert migrate(a, lease["id"], "--to", b.url, token=admin).returncode == 0
+        ends: list[str] = []
+        beats = Heartbeater(PoolClient(ClientConfig(servers=[ServerRef(a.url, token)], token=token)),
+                            ServerRef(a.url, token), lease["id"], 0.05, on_end=lambda state, why: ends.append(why))  # fmt: skip
+        beats.start()
+        try:
+            wait_for(lambda: beats.server.url == b.url, 10, what="the loop to beat B")
+            before = api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["expires_at"]
+            wait_for(lambda: api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["expires_at"] != before, 10,
+                     what="a heartbeat to renew the lease on B")  # fmt: skip
+        finally:
+            beats.stop()
+        assert ends == []
+    except BaseException:
+        run.kill()
+        raise
+    finishes_intact(run)
+
+
+def test_a_lease_holding_what_a_move_does_not_carry_yet_is_refused_before_anything_pauses(pair, tmp_path):
+    """A program holding every object kind (graphs, arrays, textures, its own virtual memory, a library, ...):
+    the move --to B is refused with what it does not carry (exit 2, one line) before B is asked, and the
+    program goes on and finishes intact on A."""
+    a, b = pair
+    admin = admin_of(a, b)
+    run, lease = start_program(a, tmp_path, "holder", admin, "migrate")
+    try:
+        assert "does not carry yet" in one_error(migrate(a, lease["id"], "--to", b.url, token=admin))
+        assert api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[0] == 404
+        assert api(a.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
+    except BaseException:
+        run.kill()
+        raise
+    finishes_intact(run)
+
+
+def test_a_receiving_worker_that_dies_mid_copy_leaves_the_lease_on_its_source(tmp_path):
+    """The target's receiving worker dies after the first MiB of the lease's memory (as if killed): the move
+    fails naming the broken link (exit 2, one line), the target's admission ends and frees its GPU, and the
+    program runs on at its source and finishes intact."""
+    a = ServerProc(tmp_path / "a", "2xH100-80GB", env=HOST).start()
+    b = ServerProc(tmp_path / "b", "2xH100-80GB",
+                   env={**HOST, "GPUPOOL_TEST_RECEIVER_DIES_AFTER_BYTES": str(1 << 20)}).start()  # fmt: skip
+    try:
+        admin = admin_of(a, b)
+        run, lease = start_program(a, tmp_path, "unlucky", admin)
+        try:
+            failed = migrate(a, lease["id"], "--to", b.url, token=admin)
+            assert "link" in one_error(failed)
+            wait_for(lambda: nothing_held(b, admin, lease["id"]), 15, what="B to free the dead worker's GPU")
+            assert api(a.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
+        except BaseException:
+            run.kill()
+            raise
+        finishes_intact(run)
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_an_admission_nobody_sends_to_ends_by_itself_and_frees_its_gpu(pair):
+    """POST /v1/admin/leases/{id}/receive admits the lease on a GPU of its model (the room counted, the
+    receiving worker's port and one-time secret answered); when no sender comes within wait_s the worker
+    exits and the record ends, its room free again. A wrong secret on the link is refused."""
+    from virtualize.server import _migrate_link
+
+    _, b = pair
+    admin = admin_of(b)
+    body = {"client": "someone", "source": "elsewhere", "secret": "s" * 32, "ttl_s": 600, "wait_s": 2,
+            "partitions": [{"mem_bytes": 1 << 30, "gpu_name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}]}  # fmt: skip
+    status, model = api(b.url, "GET", "/v1/gpus", admin)
+    body["partitions"][0]["gpu_name"] = model["gpus"][0]["name"]
+    body["partitions"][0]["compute_capability"] = model["gpus"][0]["compute_capability"]
+    status, receiving = api(b.url, "POST", "/v1/admin/leases/lease-0000feedbeef/receive", admin, body)
+    assert status == 200, receiving
+    _, lease = api(b.url, "GET", "/v1/leases/lease-0000feedbeef", admin)
+    assert lease["state"] == "active" and lease["partitions"][0]["gpu_index"] == receiving["gpus"][0]
+    worker = receiving["worker"]
+    with pytest.raises(_migrate_link.LinkError):  # a sender without the one-time secret
+        _migrate_link.connect(worker["host"], worker["migrate_port"], worker["tls_sha256"], b"wrong", 5)
+    assert forged_proof_answer(worker) == {
+        "ok": False
+    }  # the receiving worker checks the sender's proof itself
+    status, again = api(b.url, "POST", "/v1/admin/leases/lease-0000feedbeef/receive", admin, body)
+    assert status == 422, again  # one active record per lease id
+    wait_for(lambda: nothing_held(b, admin, "lease-0000feedbeef"), 15, what="the unused admission to end")
+
+
+def forged_proof_answer(worker: dict) -> dict:
+    """What the receiving worker answers a sender that ignores its proof and sends a made-up one."""
+    import socket
+    import ssl
+
+    from virtualize.server import _migrate_link
+
+    sock = socket.create_connection((worker["host"], worker["migrate_port"]), timeout=5)
+    if worker["tls_sha256"]:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        sock = context.wrap_socket(sock)
+    with _migrate_link.Link(sock) as link:
+        link.send({"hello": "00" * 32})
+        link.receive()
+        link.send({"proof": "00" * 32})
+        return link.receive()
+
+
+def test_moves_that_cannot_start_are_one_line_errors_and_change_nothing(pair, tmp_path):
+    """--to the lease's own server, to a server that is not there, a local lease, a target with no GPU of the
+    lease's model free (draining), and an API body naming both a GPU and a server: each is refused with a
+    clear error, and the lease stays active where it was."""
+    a, b = pair
+    admin = admin_of(a, b)
+    status, local = api(a.url, "POST", "/v1/leases", a.token("local-two"), {"n": 1, "mem_mib": 256})
+    assert status == 201, local
+    assert "remote" in one_error(migrate(a, local["id"], "--to", b.url, token=admin))
+    run, lease = start_program(a, tmp_path, "stays", admin)
+    try:
+        assert "this server" in one_error(migrate(a, lease["id"], "--to", a.url, token=admin))
+        one_error(migrate(a, lease["id"], "--to", "127.0.0.1:9", token=admin))  # nothing listens there
+        status, _ = api(b.url, "POST", "/v1/admin/drain", admin)
+        assert status == 200
+        try:
+            assert "draining" in one_error(migrate(a, lease["id"], "--to", b.url, token=admin))
+        finally:
+            api(b.url, "DELETE", "/v1/admin/drain", admin)
+        status, body = api(
+            a.url, "POST", f"/v1/admin/leases/{lease['id']}/migrate", admin, {"to": 1, "server": b.url}
+        )
+        assert status == 400, body
+        assert api(a.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
+    except BaseException:
+        run.kill()
+        raise
+    finishes_intact(run)
+
+
+def test_what_cannot_leave_its_host_is_refused_before_the_target_is_asked(pair, tmp_path):
+    """A stream capture in flight, then a green context (a partition of this GPU's SMs): each move --to B is
+    refused with its reason (exit 2, one line) before B is asked (B has no record of the lease), and the
+    program goes on and finishes intact."""
+    a, b = pair
+    admin = admin_of(a, b)
+    run, lease = start_program(a, tmp_path, "rooted", admin, "migrate")
+    try:
+        run.stdin.write("capture\n")
+        run.stdin.flush()
+        assert run.stdout.readline().startswith("capturing")
+        assert "capture" in one_error(migrate(a, lease["id"], "--to", b.url, token=admin))
+        run.stdin.write("end\n")  # ends the capture
+        run.stdin.flush()
+        assert run.stdout.readline().startswith("step")
+        run.stdin.write("green\n")
+        run.stdin.flush()
+        assert run.stdout.readline().startswith("step")
+        assert "green contexts" in one_error(migrate(a, lease["id"], "--to", b.url, token=admin))
+        assert api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[0] == 404
+        assert api(a.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
+    except BaseException:
+        run.kill()
+        raise
+    finishes_intact(run)
+
+
+def test_drain_move_moves_a_servers_remote_leases_to_another_and_names_what_stays(tmp_path):
+    """`gpupool-server drain A --move --move-to B`: A grants nothing new, its running program's remote lease
+    moves to B (said on stderr, printed on stdout) and finishes there, a local lease stays named with its
+    reason (exit 1); --move without a server to move to, or with --undo, is one error line."""
+    a = ServerProc(tmp_path / "a", "2xH100-80GB", env=HOST).start()
+    b = ServerProc(tmp_path / "b", "2xH100-80GB", env=HOST).start()
+    try:
+        admin = admin_of(a, b)
+        token = a.token("drained")
+        b.token("drained", token=token)
+        run, lease = start_program(a, tmp_path, "drained", admin, token=token)
+        try:
+            status, local = api(a.url, "POST", "/v1/leases", a.token("local-three"), {"n": 1, "mem_mib": 256})
+            assert status == 201, local
+            env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")} | {
+                "GPUPOOL_TOKEN": admin
+            }
+            drained = subprocess.run([*server_cmd(), "drain", a.url, "--move", "--move-to", b.url], env=env,
+                                     capture_output=True, text=True, timeout=90, cwd=ROOT)  # fmt: skip
+            assert drained.returncode == 1, drained.stdout + drained.stderr  # the local lease stays
+            assert f"{lease['id']}: moving to" in drained.stderr
+            assert f"{lease['id']}: moved to" in drained.stdout and local["id"] in drained.stdout
+            assert api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
+            assert api(a.url, "GET", "/v1/health")[1]["server"]["draining"] is True
+        except BaseException:
+            run.kill()
+            raise
+        assert finishes_intact(run)["counter"] == "5"  # the kernel ran on B (nothing queued before)
+        for args in (["--move"], ["--move", "--undo"]):
+            refused = subprocess.run([*server_cmd(), "drain", a.url, *args], env=env, capture_output=True,
+                                     text=True, timeout=30, cwd=ROOT)  # fmt: skip
+            one_error(refused)
+    finally:
+        a.stop()
+        b.stop()
+
+
+@pytest.mark.slow
+def test_a_process_that_ends_before_it_reconnects_leaves_nothing_held_on_the_new_worker(pair, tmp_path):
+    """A program's lease (taken through the API, no gpuattach run) moved --to B; the program is killed before
+    it makes another call: B's worker frees what the program held there (the lease's memory use on B drops to
+    0), as when a connection closes, and the lease stays B's."""
+    from virtualize.client.remote import fresh_shim, remote_env
+
+    a, b = pair
+    admin = admin_of(a, b)
+    token = a.token("vanishing")
+    b.token("vanishing", token=token)
+    status, lease = api(
+        a.url, "POST", "/v1/leases", token, {"n": 1, "mem_mib": 256, "remote": True, "ttl_s": 600}
+    )
+    assert status == 201, lease
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env.update(remote_env({"id": lease["id"], "worker": lease["worker"]}, cache_root=tmp_path / "cache",
+                          library=fresh_shim(tmp_path / "shim")))  # fmt: skip
+    env["GPUPOOL_SHIM_SHARED_COPIES"] = "0"
+    run = subprocess.Popen([sys.executable, CLIENT, "migrate_server"], env=env, stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+    try:
+        assert run.stdout.readline().startswith("ready")
+        assert migrate(a, lease["id"], "--to", b.url, token=admin).returncode == 0
+
+        def used() -> int | None:
+            return api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["partitions"][0]["usage"][
+                "mem_used_bytes"
+            ]
+
+        wait_for(lambda: (used() or 0) > 0, 10, what="the moved memory counted on B")
+    finally:
+        run.kill()
+        run.wait()
+    wait_for(lambda: used() == 0, 10, what="B to free what the process held")
+    assert api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"

@@ -1,0 +1,382 @@
+"""Moving a running lease to another server's worker (docs/remote.md, "Between servers"): both ends.
+
+The sending end (`send`, in the lease's worker, asked by its pool server through the request file as a
+move to another GPU is): refuse up front what cannot leave this host (`refusal`), open the link to the
+receiving worker (`virtualize.server._migrate_link`: TLS, the one-time secret), pause the lease's calls as
+a move to another GPU does (`_migrate.Gate`, the native loop leaving frames to Python), drain its
+contexts, and send the manifest — the processes' address windows and the memory mapped in them — and then
+that memory, chunk by chunk, read from the device as it is.
+
+The receiving end (`receive`, in a worker started with ``--receive SECONDS``): wait that long for one
+sender that proves the secret, reserve each window at the SAME address (a range taken on this GPU fails
+the move), map the memory there and fill it from the link, and say what it holds. Then it waits for the
+sender's decision.
+
+Until the receiving worker holds everything, the lease runs on its source: the sender resumes the calls
+whatever failed (the link dropped, the receiving worker died or refused, a timeout), and a receiving
+worker whose sender is gone or that no sender reached exits, which frees its GPUs (its server ends the
+admission as for any worker that exits).
+
+With the memory, the manifest carries the records the lease's objects are made from (contexts, streams,
+events, modules, functions, pools and what configured them: `Translated.exported`, as JSON) and the guard's
+state of the lease and of each process (`virtualize.server._migrate_state`); the receiving worker replays the
+records, maps the client's handle values to what it made, rebuilds the guard's state and parks each process
+under a token. On the commit the old worker answers each connection's next frame that wants a reply with
+MOVED (`Moved.frame`; the frames that want none since the pause go over the link and run there first), the
+shim reconnects there and resumes (gpResume), and the old worker exits once its processes are gone.
+What the move does not carry yet is refused up front (`refusal`, `NOT_CARRIED`).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import socket
+import threading
+import time
+
+from virtualize.common import _wire
+from virtualize.server import _migrate, _migrate_link, _migrate_state
+from virtualize.server._executor import CudaError
+from virtualize.server._migrate import DRAIN_TIMEOUT_S, MPS_REFUSAL, MigrationRefused
+
+log = logging.getLogger("gpupool.worker")
+
+LINK_TIMEOUT_S = 60.0  # the longest one read or write of the link may take before the move fails
+# Tests only: the receiving worker dies (exit 9, as a killed process) after this many bytes of memory.
+DIES_AFTER_ENV = "GPUPOOL_TEST_RECEIVER_DIES_AFTER_BYTES"
+
+
+def refusal(worker) -> str | None:
+    """Why the lease cannot move to another server's worker, or None: what cannot move at all, what only this
+    host has, and what the move does not carry yet."""
+    if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
+        return MPS_REFUSAL
+    lease = worker.lease
+    if lease.nccl_comms:
+        return "the lease holds NCCL communicators: their connections to the other ranks are this worker's"
+    if any(session.pinned for session in list(worker.sessions)):
+        return (
+            "a process of the lease shares page-locked host memory with this worker (on its host): another "
+            "server's worker cannot map it"
+        )
+    reason = _migrate.lease_refusal(worker, set(range(len(worker.devices))))
+    if reason:
+        return reason
+    kinds = _not_carried(worker)
+    if kinds:
+        return f"the lease holds {', '.join(kinds)}, which a move to another server does not carry yet"
+    for session in list(worker.sessions):
+        reason = _migrate_state.process_refusal(session)
+        if reason:
+            return reason
+    return _migrate_state.lease_refusal(lease)
+
+
+def send(worker, target: dict, timeout: float = DRAIN_TIMEOUT_S) -> dict:
+    """Send the lease to the receiving worker `target` ({"host", "port", "migrate_port", "local",
+    "tls_sha256", "secret"}) and commit: the answer for the server, or MigrationRefused (the lease runs on
+    here). Once committed, each connection is answered MOVED at its next frame that wants an answer
+    (`Moved.frame`)."""
+    reason = refusal(worker)
+    if reason:
+        raise MigrationRefused(reason)
+    where = f"{target['host']}:{target['migrate_port']}"
+    try:
+        link = _migrate_link.connect(str(target["host"]), int(target["migrate_port"]), str(target["tls_sha256"]),
+                                     str(target["secret"]).encode(), LINK_TIMEOUT_S)  # fmt: skip
+    except (OSError, _migrate_link.LinkError) as exc:
+        raise MigrationRefused(f"the receiving worker at {where} cannot be reached: {_why(exc)}") from None
+    try:
+        return _sent(worker, link, target, where, timeout)
+    except (OSError, _migrate_link.LinkError) as exc:
+        link.close()
+        raise MigrationRefused(f"the link to the receiving worker at {where} failed: {_why(exc)}") from None
+    except CudaError as exc:
+        link.close()
+        raise MigrationRefused(f"reading the lease's memory failed: {exc}") from None
+    except BaseException:
+        link.close()
+        raise
+    finally:
+        worker.executor.end_thread()  # this thread's staging buffers (page-locked on a GPU)
+
+
+def _sent(worker, link: _migrate_link.Link, target: dict, where: str, timeout: float) -> dict:
+    asked = time.monotonic()
+    committed = False
+    try:
+        _migrate._native_paused(worker, timeout)
+        with worker.lease.gate.closed(timeout):
+            paused = time.monotonic()
+            reason = refusal(worker)  # a call just before the pause may have changed it
+            if reason:
+                raise MigrationRefused(reason)
+            with _migrate._windows_held(worker.lease):
+                for device in range(len(worker.devices)):
+                    worker.executor.drain(device)
+                for memory in list(worker.lease.windows):  # frees after streams: all reached now
+                    memory._reclaim(wait=True)
+                held = _migrate.mappings(worker.lease)
+                total = sum(m.size for m in held)
+                manifest, tokens = _manifest(worker, held)
+                link.send(manifest, total)
+                for m in held:
+                    worker.executor.copy_from_device(m.base, m.size, None, link.send_bytes)
+                answer = link.receive()
+            if answer.get("ok") is not True:
+                raise MigrationRefused(f"the receiving worker at {where} failed: {answer.get('error')}")
+            link.send({"commit": True})
+            if link.receive().get("committed") is not True:
+                raise MigrationRefused(f"the receiving worker at {where} did not commit")
+            committed = True
+            worker.moved = Moved(link, target, tokens)
+            resumed = time.monotonic()
+    finally:
+        if (
+            worker.native is not None and not committed
+        ):  # nothing moved: C serves again, its handles as they were
+            worker.native.python_only(False)
+    objects = int(answer.get("objects", 0))
+    log.info("the lease moved to the receiving worker at %s: %d bytes at the same addresses, %d objects re-created, "
+             "paused %.3f s; its processes reconnect there at their next call", where, total, objects,
+             resumed - paused)  # fmt: skip
+    return {"bytes": total, "objects": objects, "pause_s": round(resumed - paused, 6),
+            "wait_s": round(paused - asked, 6)}  # fmt: skip
+
+
+def _manifest(worker, held: list) -> tuple[dict, dict[int, int]]:
+    """What the receiving worker re-creates: each process's windows, the memory mapped in them (in the order
+    its bytes follow), the records its objects are made from (`Translated.exported`) and the guard's state
+    (`_migrate_state.exported`); and each connection's token."""
+    windows = [[w.base, w.size] for memory in list(worker.lease.windows)
+               for w in [*memory.windows, *([memory.offered] if memory.offered is not None else [])]]  # fmt: skip
+    try:
+        objects = worker.executor.exported()
+    except TypeError as exc:
+        raise MigrationRefused(str(exc)) from None
+    state, tokens = _migrate_state.exported(worker.lease, list(worker.sessions), held)
+    manifest = {"lease": worker.lease_id, "devices": len(worker.devices), "windows": windows,
+                "memory": [[m.base, m.size, m.device] for m in held], "objects": objects, "state": state}  # fmt: skip
+    return manifest, tokens
+
+
+# What the lease may hold that a move to another server does not carry yet (refused up front).
+NOT_CARRIED = {
+    "graph": "CUDA graphs", "graphexec": "instantiated graphs", "array": "CUDA arrays",
+    "mipmap": "mipmapped arrays", "texobj": "texture objects", "surfobj": "surface objects",
+    "vmem": "memory of the virtual memory API",
+    "global": "module globals whose address the program asked for",
+    "link": "a link in progress (cuLinkCreate)",
+}  # fmt: skip
+
+
+def _not_carried(worker) -> list[str]:
+    held = _migrate.holding(worker.lease)
+    return [what for kind, what in NOT_CARRIED.items() if held.get(kind)]
+
+
+class Moved:
+    """The source's side once the lease moved: each connection, at its next frame, is told where the lease is
+    (a frame that wants an answer: MOVED, which it did not run) or has the frame carried there (one that
+    does not: it runs there before anything else of that process)."""
+
+    def __init__(self, link: _migrate_link.Link, target: dict, tokens: dict[int, int]) -> None:
+        self.link = link
+        self.tokens = tokens
+        self.lock = threading.Lock()  # one message at a time on the link
+        self.where = f"{target['host']}:{target['port']}".encode()
+        self.local = str(target.get("local", "")).encode()
+        self.tls = str(target.get("tls_sha256", "")).encode()
+        self.link_lost = False
+        self.told: set[int] = set()  # processes answered MOVED: they resume there
+
+    def frame(self, session, channel, call_id: int, flags: int, args: bytes, bulk_len: int) -> bool:
+        """One frame of a connection after the move; False once the connection has been told (it ends)."""
+        token = self.tokens.get(id(session), 0)
+        bulk = channel.read_exact(bulk_len) if bulk_len else b""
+        if not token:  # a process that connected after the move: it starts anew there (token 0: no state)
+            if not flags & _wire.FLAG_WANTS_REPLY:
+                return True  # (it made nothing here: what it sets up again there)
+            outs = _wire.MOVED_TO.pack(0, self.where, self.local, self.tls)
+            channel.send(_wire.REPLY.pack(_wire.MOVED, len(outs), 0), outs)
+            return False
+        try:
+            with self.lock:
+                if flags & _wire.FLAG_WANTS_REPLY:
+                    self.link.send({"complete": token})
+                else:
+                    self.link.send({"frame": token, "call": call_id, "flags": flags,
+                                    "args": base64.b64encode(args).decode()}, len(bulk))  # fmt: skip
+                    if bulk:
+                        self.link.send_bytes(bulk)
+                    return True
+        except (OSError, _migrate_link.LinkError) as exc:
+            if not self.link_lost:
+                log.warning("the link to the lease's new worker broke (%s): its processes' frames since the move "
+                            "are lost", _why(exc))  # fmt: skip
+                self.link_lost = True
+        outs = _wire.MOVED_TO.pack(token, self.where, self.local, self.tls)
+        self.told.add(token)
+        channel.send(_wire.REPLY.pack(_wire.MOVED, len(outs), 0), outs)
+        return False
+
+    def closed(self, session) -> bool:
+        """A connection ended (told, or its process gone): the new worker need not wait for more of it. Whether
+        no moved process is left here (the link is then closed)."""
+        token = self.tokens.pop(id(session), None)
+        with self.lock:
+            try:
+                if token is not None and token not in self.told:  # it ended without coming: its state goes
+                    self.link.send({"gone": token})
+                if not self.tokens:
+                    self.link.send({"done": True})
+            except (OSError, _migrate_link.LinkError):
+                pass
+            if not self.tokens:
+                self.link.close()
+        return not self.tokens
+
+
+def _why(exc: BaseException) -> str:
+    return getattr(exc, "title", "") or str(exc) or type(exc).__name__
+
+
+# -- the receiving end ---------------------------------------------------------------------------------
+
+
+def receive(worker, listener: socket.socket, secret: bytes, wait_s: float) -> None:
+    """In a thread of a receiving worker: wait `wait_s` for the sender, take the lease, and either hold it
+    (committed: its processes reconnect here) or exit the process (its GPUs are free then)."""
+
+    def run() -> None:
+        deadline = time.monotonic() + wait_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                _exit(f"no lease arrived within {wait_s:g} s")
+            listener.settimeout(left)
+            try:
+                sock, peer = listener.accept()
+            except TimeoutError:
+                continue
+            try:
+                link = _migrate_link.accept(sock, worker.tls, secret, LINK_TIMEOUT_S)
+            except (OSError, _migrate_link.LinkError) as exc:
+                log.warning("migration link from %s refused: %s", peer[0], _why(exc))
+                sock.close()
+                continue
+            break
+        listener.close()
+        with link:
+            try:
+                parked, reason = _held(worker, link)
+            except (OSError, _migrate_link.LinkError) as exc:
+                parked, reason = None, f"the sending worker's link failed: {_why(exc)}"
+            if parked is None:
+                _exit(reason)
+            _carried(link, parked, lambda token: _migrate_state.discard(worker.lease, worker.executor, token))
+
+    threading.Thread(target=run, name="gpupool-receive", daemon=True).start()
+
+
+def _held(worker, link: _migrate_link.Link):
+    """Take the manifest, the memory, the objects and the processes' state; tell the sender; (the parked
+    processes, "") once it committed, else (None, why this worker ends)."""
+    manifest = link.receive()
+    dies_after = int(os.environ.get(DIES_AFTER_ENV, "0") or 0)
+    executor, got = worker.executor.inner, 0  # the memory is nobody's yet: no records, no handle map
+    contexts: dict[int, int] = {}  # device -> its primary context, current while its memory is copied
+    backings = []
+    try:
+        for base, size in manifest["windows"]:
+            at = executor.reserve_addresses(size, base)
+            if at != base:
+                executor.release_addresses(at, size)
+                raise MigrationRefused(
+                    f"device addresses [0x{base:x}, +{size}) are taken on this server's GPU"
+                )
+        for base, size, device in manifest["memory"]:
+            if not 0 <= device < len(worker.devices):
+                raise MigrationRefused(f"the lease's memory names device {device}; this worker has "
+                                       f"{len(worker.devices)}")  # fmt: skip
+            backings.append(executor.map_memory(base, size, device))
+            if device not in contexts:
+                contexts[device] = executor.cuDevicePrimaryCtxRetain(device)
+            executor.set_context(contexts[device])
+
+            def fill(view: memoryview) -> None:
+                nonlocal got
+                link.read_into(view)
+                got += len(view)
+                if dies_after and got >= dies_after:
+                    os._exit(9)
+
+            executor.copy_to_device(base, size, None, fill)
+        log.info("holding the lease's memory: %d bytes in %d range(s) at the addresses it had", got,
+                 len(manifest["memory"]))  # fmt: skip
+        for device in contexts:  # the copies' references: the lease's own are the records'
+            executor.cuDevicePrimaryCtxRelease(device)
+        objects = worker.executor.imported(manifest["objects"])
+        log.info(
+            "holding the lease's objects: %d re-created, the client's handle values mapped to them", objects
+        )
+        parked = _migrate_state.imported(worker.lease, worker.executor, manifest["state"], manifest["memory"],
+                                         backings)  # fmt: skip
+    except (MigrationRefused, CudaError, TypeError, ValueError, KeyError) as exc:
+        why = f"the lease could not be re-created here: {getattr(exc, 'title', '') or exc}"
+        link.send({"ok": False, "error": why})
+        return None, why
+    link.send({"ok": True, "bytes": got, "objects": objects})
+    decision = link.receive()
+    if decision.get("commit") is not True:
+        return None, str(decision.get("reason") or "the sender did not commit")
+    link.send({"committed": True})
+    log.info("the lease moved here: %d process(es) reconnect with their tokens", len(parked))
+    return parked, ""
+
+
+def _carried(link: _migrate_link.Link, parked: dict, discard) -> None:
+    """After the commit: the frames each process sent the old worker after the pause, until it was told to
+    come here (then its state is complete) or ended without being told (`discard(token)`: what it held here
+    goes), or until the old worker is gone."""
+    try:
+        while True:
+            message = link.receive()
+            if "frame" in message:
+                bulk = bytearray(link.bulk_left)
+                if bulk:
+                    link.read_into(memoryview(bulk))
+                process = parked.get(int(message["frame"]))
+                if process is not None:
+                    process.frames.append((int(message["call"]), int(message["flags"]),
+                                           base64.b64decode(message["args"]), bytes(bulk)))  # fmt: skip
+            elif "complete" in message or "gone" in message:
+                token = int(message.get("complete") or message.get("gone"))
+                process = parked.get(token)
+                if process is not None:
+                    process.complete.set()
+                if "gone" in message:  # ended before it was told: nothing of it will come here
+                    log.info(
+                        "a process of the moved lease ended before it reconnected: what it held here goes"
+                    )
+                    try:
+                        discard(token)
+                    except Exception:  # what stays is counted until the lease ends; the rest goes on
+                        log.exception("freeing what a process of the moved lease held failed")
+            elif message.get("done"):
+                break
+    except (OSError, _migrate_link.LinkError) as exc:
+        log.warning(
+            "the old worker's link ended (%s): processes not told yet resume with what arrived", _why(exc)
+        )
+    for process in parked.values():
+        process.complete.set()
+
+
+def _exit(reason: str) -> None:
+    """The move will not complete here: the worker exits and its GPUs are free (its server sees it exit)."""
+    log.warning("the lease did not move here (%s): exiting, its GPUs are free", reason)
+    logging.shutdown()
+    os._exit(0)

@@ -1,0 +1,269 @@
+"""The guard's state of a lease and of each of its processes, as data: what a move to another server's worker
+carries besides the memory and the objects' records (docs/remote.md, "Between servers").
+
+The guard knows the client's values only (the executor's `Translated` maps them), so its tables cross as
+they are: the lease's allocations, handles, modules' functions, contexts' devices, kernels' parameter
+layouts and the bytes counted; and per process (connection) its address window — windows, the pages mapped
+in them and the slabs small allocations share — its allocations and created contexts, its current context
+and the asynchronous error it is still owed. The receiving worker rebuilds them around the memory it mapped
+(`backings`: what its executor answered for each mapping, in the manifest's order) and *parks* each process
+under a one-time token, until the process reconnects with it (gpResume) and its connection adopts the state.
+
+What a process may hold that this does not carry is refused before the move (`process_refusal`).
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from dataclasses import dataclass, field
+
+from virtualize.server._address_window import FreeRanges, Mapping, Window, WindowMemory
+
+RESUME_WAIT_S = 60.0  # how long a reconnecting process waits for its state to be complete here
+# Lease tables that must be empty: what the move does not carry (named in the refusal).
+UNCARRIED_TABLES = {
+    "vm_exported": "memory of the virtual memory API", "nccl_comms": "NCCL communicators",
+    "tensor_maps": "tensor maps (cuTensorMapEncode*)", "host_nodes": "CUDA graphs",
+    "callback_tokens": "host functions (cuLaunchHostFunc)",
+}  # fmt: skip
+
+
+def process_refusal(session) -> str | None:
+    """What one connection holds that a move to another server does not carry, or None."""
+    if session.callbacks is not None or session.calls_back_for is not None:
+        return "a process of the lease runs host functions (cuLaunchHostFunc): its callback connection"
+    if session.lanes is not None or session.lane_of is not None:
+        return "a process of the lease copies across several connections (copy lanes)"
+    if session.shared is not None:
+        return "a process of the lease copies through memory it shares with this worker (same host)"
+    if getattr(session.channel, "ring", None) is not None:
+        return "a process of the lease talks to this worker through a command ring in shared memory (GPUPOOL_SHIM_RING)"
+    if session.pinned:
+        return "a process of the lease shares page-locked host memory with this worker"
+    if session.vm_ranges or session.vm_handles or session.window.ranges:
+        return "a process of the lease uses the virtual memory API (cuMemAddressReserve, cuMemCreate)"
+    if session.spoiled_captures:
+        return "a process of the lease has a stream capture that met a copy it cannot hold"
+    return None
+
+
+def lease_refusal(lease) -> str | None:
+    for table, what in UNCARRIED_TABLES.items():
+        if getattr(lease, table):
+            return f"the lease holds {what}, which a move to another server does not carry yet"
+    return None
+
+
+def exported(lease, sessions: list, mappings: list) -> tuple[dict, dict[int, int]]:
+    """The lease's and its processes' state (the calls paused, the windows held; `mappings`: the memory in the
+    manifest's order); and each session's token (by id(session))."""
+    index = {id(m): i for i, m in enumerate(mappings)}
+    tokens: dict[int, int] = {}
+    processes = []
+    windows_of: dict[int, int] = {}  # id(WindowMemory) -> its token
+    for session in sessions:
+        if session.lane_of is not None or session.calls_back_for is not None:
+            continue
+        token = secrets.randbits(63) | 1
+        tokens[id(session)] = token
+        windows_of[id(session.window)] = token
+        processes.append({
+            "token": token, "ctx": session.ctx, "pending": session.pending, "owned": sorted(session.owned),
+            "created": sorted(session.context_calls.created), "window": _window_json(session.window, index),
+        })  # fmt: skip
+    allocations = [
+        [a.base, a.size, a.device, a.owned, a.ctx, windows_of.get(id(a.window)) if a.window else None,
+         a.is_global, a.sync_memops]
+        for a in lease.allocations.values()
+    ]  # fmt: skip
+    state = {
+        "allocations": allocations,
+        "handles": {kind: sorted(values) for kind, values in lease.handles.items()},
+        "children": [[owner, sorted(made)] for owner, made in lease.children.items()],
+        "ctx_device": [[c, d] for c, d in lease.ctx_device.items()],
+        "primary_ctx": [[d, c] for d, c in lease.primary_ctx.items()],
+        "layouts": [[f, [list(p) for p in layout]] for f, layout in lease.layouts.items()],
+        "used": list(lease.used),
+        "processes": processes,
+    }
+    return state, tokens
+
+
+def _window_json(memory: WindowMemory, index: dict[int, int]) -> dict:
+    windows = {id(w): i for i, w in enumerate(memory.windows)}
+    return {
+        "windows": [[w.base, w.size, list(w.pages.starts), [w.pages.sizes[s] for s in w.pages.starts]]
+                    for w in memory.windows],
+        "mappings": [[ptr, index[id(m)]] for ptr, m in memory.mappings.items()],
+        "slabs": [[device, [index[id(m)] for m in slabs]] for device, slabs in memory.slabs.items()],
+        "small_sizes": [[ptr, size] for ptr, size in memory.small_sizes.items()],
+        # A window offered and not yet accepted (the process's gpWindowAccept may come after the move).
+        "offered": [memory.offered.base, memory.offered.size] if memory.offered is not None else None,
+        "pages": [[index[id(m)], windows[id(m.window)], _ranges(m.slab), m.users]
+                  for m in _unique([*memory.mappings.values(), *(m for s in memory.slabs.values() for m in s)])],
+    }  # fmt: skip
+
+
+def _ranges(free: FreeRanges | None):
+    return None if free is None else [list(free.starts), [free.sizes[s] for s in free.starts]]
+
+
+def _unique(mappings: list) -> list:
+    return list({id(m): m for m in mappings}.values())
+
+
+@dataclass
+class Parked:
+    """A process of a lease that moved here, until it reconnects (gpResume)."""
+
+    window: WindowMemory
+    ctx: int
+    pending: int
+    owned: set[int]
+    created: set[int]
+    frames: list[tuple[int, int, bytes, bytes]] = field(default_factory=list)  # sent after the pause
+    complete: threading.Event = field(default_factory=threading.Event)  # every frame of it arrived
+
+
+def imported(lease, executor, state: dict, memory: list, backings: list) -> dict[int, Parked]:
+    """Rebuild the lease's and its processes' state here around the memory mapped (`memory`: the manifest's
+    [base, size, device] entries, `backings`: what this executor answered for each); the processes parked
+    by token."""
+    from virtualize.server._executor_guard import Allocation
+
+    parked: dict[int, Parked] = {}
+    for p in state["processes"]:
+        window = _window_from_json(executor, lease.limits, p["window"], memory, backings)
+        parked[int(p["token"])] = Parked(
+            window, int(p["ctx"]), int(p["pending"]), set(p["owned"]), set(p["created"])
+        )
+    with lease.lock:
+        for base, size, device, owned, ctx, token, is_global, sync_memops in state["allocations"]:
+            window = parked[int(token)].window if token is not None else None
+            lease.allocations[int(base)] = Allocation(int(base), int(size), int(device), bool(owned), int(ctx),
+                                                      window, bool(is_global), int(sync_memops))  # fmt: skip
+        lease.bases = sorted(lease.allocations)
+        if lease.native is not None:  # the native loop checks copies against the lease's memory too
+            for a in lease.allocations.values():
+                lease.native.range_added(a.base, a.size)
+        for kind, values in state["handles"].items():
+            lease.handles[kind].update(values)  # (the native loop's tables mirror these: update, not replace)
+        lease.children = {int(o): set(made) for o, made in state["children"]}
+        lease.ctx_device = {int(c): int(d) for c, d in state["ctx_device"]}
+        lease.primary_ctx = {int(d): int(c) for d, c in state["primary_ctx"]}
+        lease.layouts = {int(f): [tuple(p) for p in layout] for f, layout in state["layouts"]}
+        lease.used = [int(u) for u in state["used"]]
+        for process in parked.values():
+            lease.windows.add(process.window)
+        lease.parked.update(parked)
+    return parked
+
+
+def _window_from_json(executor, limits: list[int], j: dict, memory: list, backings: list) -> WindowMemory:
+    wm = WindowMemory(executor, limits)
+    for base, size, starts, sizes in j["windows"]:
+        w = Window(int(base), int(size))
+        w.pages = _free(base, size, [starts, sizes])
+        wm.windows.append(w)
+    made: dict[int, Mapping] = {}
+    for i, window, free, users in j["pages"]:
+        base, size, device = memory[i]
+        slab = None if free is None else _free(base, size, free)
+        made[i] = Mapping(
+            int(base), int(size), int(device), backings[i], wm.windows[window], slab, int(users)
+        )
+    wm.mappings = {int(ptr): made[i] for ptr, i in j["mappings"]}
+    wm.slabs = {int(device): [made[i] for i in slabs] for device, slabs in j["slabs"]}
+    wm.small_sizes = {int(ptr): int(size) for ptr, size in j["small_sizes"]}
+    if j.get("offered"):
+        wm.offered = Window(int(j["offered"][0]), int(j["offered"][1]))
+    return wm
+
+
+def _free(base: int, size: int, ranges: list) -> FreeRanges:
+    """A FreeRanges of [base, base+size) with the free ranges `ranges` ([starts, sizes]) as they were."""
+    free = FreeRanges(int(base), int(size))
+    free.starts = [int(s) for s in ranges[0]]
+    free.sizes = dict(zip(free.starts, map(int, ranges[1]), strict=True))
+    return free
+
+
+def resume(session, token: int) -> None:
+    """A process reconnecting with its token: its connection adopts the parked state, and the frames it sent
+    after the pause run first (ValueError: no such token here)."""
+    parked = session.lease.parked.pop(token, None)
+    if parked is None:
+        raise ValueError("no process of this lease is parked under that token")
+    if not parked.complete.wait(RESUME_WAIT_S):
+        raise ValueError("the process's state did not arrive complete")
+    session.lease.windows.discard(session.window)
+    session.window = parked.window
+    session.owned, session.context_calls.created = parked.owned, parked.created
+    session.pending = parked.pending
+    if parked.ctx:
+        session.executor.set_context(parked.ctx)
+        session.ctx = parked.ctx
+    channel = session.channel
+    try:
+        for call_id, flags, args, bulk in parked.frames:  # asynchronous: nothing is answered
+            session.channel = Replayed(bulk)
+            session.dispatch(call_id, flags, args, len(bulk))
+    finally:
+        session.channel = channel
+
+
+def discard(lease, executor, token: int) -> None:
+    """A parked process that will not come (it ended before it was told to): what it held here goes, as when a
+    connection closes (its allocations, the contexts it created, its window)."""
+    from virtualize.server._executor_guard import Session
+
+    if token not in lease.parked:
+        return
+    session = Session(lease, executor, Replayed(b""))
+    resume(session, token)
+    session.close()
+
+
+class Replayed:
+    """A frame's bulk, received earlier, as the channel a dispatch reads it from (it answers nothing)."""
+
+    def __init__(self, bulk: bytes) -> None:
+        self.bulk = memoryview(bulk)
+        self.bulk_left = 0
+        self.local = False
+        self.encrypted = False
+
+    def _take(self, n: int) -> memoryview:
+        out, self.bulk = self.bulk[:n], self.bulk[n:]
+        return out
+
+    def read_exact(self, n: int) -> bytes:
+        return bytes(self._take(n))
+
+    def read_into(self, out: memoryview) -> None:
+        out[:] = self._take(len(out))
+
+    def read_bulk(self, limit: int) -> bytes:
+        data = bytes(self._take(self.bulk_left))
+        self.bulk_left = 0
+        return data
+
+    def bulk_chunks(self):
+        while self.bulk_left:
+            n = min(self.bulk_left, 4 << 20)
+            self.bulk_left -= n
+            yield self._take(n)
+
+    def scratch(self, n: int) -> memoryview:
+        return memoryview(bytearray(max(n, 1)))[: max(n, 1)]
+
+    def skip(self, n: int) -> None:
+        self._take(n)
+        self.bulk_left = 0
+
+    def send(self, *parts) -> None:
+        pass
+
+    def send_with_fd(self, fd: int, *parts) -> None:
+        pass
