@@ -201,22 +201,18 @@ def migrate(worker, device: int, target: int, timeout: float = DRAIN_TIMEOUT_S, 
     return answer
 
 
-def serve_requests(worker, state_dir: Path) -> None:
-    """Answer the pool server's migration requests (SIGUSR1 after it writes the request file)."""
+def serve_requests(worker, state_dir: Path, to_server) -> None:
+    """Answer the pool server's migration requests (SIGUSR1 after it writes the request file): to another GPU
+    here, or to another server's receiving worker through `to_server(worker, target)` (_migrate_out.request,
+    given by the worker: that module builds on this one)."""
 
     def run() -> None:
         request = state_dir / MIGRATE_REQUEST_FILE
         try:
             asked = json.loads(request.read_text())
             request.unlink()
-            if "server" in asked:  # to another server's receiving worker
-                from virtualize.server import _migrate_out
-
-                if asked["server"] is None:  # only whether it could leave: asked before the target admits it
-                    reason = _migrate_out.refusal(worker)
-                    answer = {"ok": False, "error": reason} if reason else {"ok": True}
-                else:
-                    answer = {"ok": True, **_migrate_out.send(worker, dict(asked["server"]))}
+            if "server" in asked:  # to another server's receiving worker (None: only whether it could leave)
+                answer = to_server(worker, None if asked["server"] is None else dict(asked["server"]))
             else:
                 answer = {"ok": True, **migrate(worker, int(asked["device"]), int(asked["to"]),
                                                 uuid=str(asked.get("uuid") or ""))}  # fmt: skip

@@ -39,6 +39,7 @@ import time
 from virtualize.common import _wire
 from virtualize.server import _migrate, _migrate_link, _migrate_state
 from virtualize.server._executor import CudaError
+from virtualize.server._executor_guard import Allocation, Session
 from virtualize.server._migrate import DRAIN_TIMEOUT_S, MPS_REFUSAL, MigrationRefused
 
 log = logging.getLogger("gpupool.worker")
@@ -72,6 +73,15 @@ def refusal(worker) -> str | None:
         if reason:
             return reason
     return _migrate_state.lease_refusal(lease)
+
+
+def request(worker, target: dict | None) -> dict:
+    """The answer to the pool server's request to move the lease to the receiving worker `target`; with no
+    target, only whether it could leave (asked before the target admits it). MigrationRefused says why not."""
+    if target is None:
+        reason = refusal(worker)
+        return {"ok": False, "error": reason} if reason else {"ok": True}
+    return {"ok": True, **send(worker, target)}
 
 
 def send(worker, target: dict, timeout: float = DRAIN_TIMEOUT_S) -> dict:
@@ -276,7 +286,11 @@ def receive(worker, listener: socket.socket, secret: bytes, wait_s: float) -> No
                 parked, reason = None, f"the sending worker's link failed: {_why(exc)}"
             if parked is None:
                 _exit(reason)
-            _carried(link, parked, lambda token: _migrate_state.discard(worker.lease, worker.executor, token))
+            _carried(
+                link,
+                parked,
+                lambda token: _migrate_state.discard(worker.lease, worker.executor, token, Session),
+            )
 
     threading.Thread(target=run, name="gpupool-receive", daemon=True).start()
 
@@ -323,7 +337,7 @@ def _held(worker, link: _migrate_link.Link):
             "holding the lease's objects: %d re-created, the client's handle values mapped to them", objects
         )
         parked = _migrate_state.imported(worker.lease, worker.executor, manifest["state"], manifest["memory"],
-                                         backings)  # fmt: skip
+                                         backings, Allocation)  # fmt: skip
     except (MigrationRefused, CudaError, TypeError, ValueError, KeyError) as exc:
         why = f"the lease could not be re-created here: {getattr(exc, 'title', '') or exc}"
         link.send({"ok": False, "error": why})

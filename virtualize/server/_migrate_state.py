@@ -126,11 +126,10 @@ class Parked:
     complete: threading.Event = field(default_factory=threading.Event)  # every frame of it arrived
 
 
-def imported(lease, executor, state: dict, memory: list, backings: list) -> dict[int, Parked]:
+def imported(lease, executor, state: dict, memory: list, backings: list, Allocation) -> dict[int, Parked]:
     """Rebuild the lease's and its processes' state here around the memory mapped (`memory`: the manifest's
     [base, size, device] entries, `backings`: what this executor answered for each); the processes parked
-    by token."""
-    from virtualize.server._executor_guard import Allocation
+    by token. `Allocation`: the guard's record of an allocation (given: the guard builds on this module)."""
 
     parked: dict[int, Parked] = {}
     for p in state["processes"]:
@@ -213,10 +212,10 @@ def resume(session, token: int) -> None:
         session.channel = channel
 
 
-def discard(lease, executor, token: int) -> None:
+def discard(lease, executor, token: int, Session) -> None:
     """A parked process that will not come (it ended before it was told to): what it held here goes, as when a
-    connection closes (its allocations, the contexts it created, its window)."""
-    from virtualize.server._executor_guard import Session
+    connection closes (its allocations, the contexts it created, its window). `Session`: the guard's (given:
+    the guard builds on this module)."""
 
     if token not in lease.parked:
         return

@@ -601,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
     output = KernelOutput()  # after the ready line, the last thing this process says on stdout
     try:
         worker = Worker(args.lease, devices, executor, Path(args.state_dir), secret, tls, output)
-        _migrate.serve_requests(worker, Path(args.state_dir))
+        _migrate.serve_requests(worker, Path(args.state_dir), _migrate_out.request)
         if arrivals is not None:
             log.info("waiting up to %g s for the lease's state on port %d", args.receive, migrate_port)
             _migrate_out.receive(worker, arrivals, migration_secret.encode(), args.receive)
