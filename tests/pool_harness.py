@@ -174,6 +174,25 @@ def gpuattach(*args: str, env: dict[str, str], timeout: float = 30.0) -> subproc
     )
 
 
+def start_remote_program(server, tmp_path: Path, client: str, admin: str, scenario: str, *, token: str | None = None,
+                         env: dict[str, str] | None = None) -> tuple[subprocess.Popen, dict]:  # fmt: skip
+    """tests/remote_client.py's `scenario` under `gpuattach run -n 1 -m 256` on `server` as `client` (its token,
+    or `token`; `env` added), once it says it is ready (holding its objects); its lease, as `admin` sees it."""
+    run_env = {**client_env(tmp_path, [server.url], token or server.token(client)), **(env or {})}
+    run = subprocess.Popen([*gpuattach_cmd(), "run", "-n", "1", "-m", "256", "--", sys.executable,
+                            "tests/remote_client.py", scenario], env=run_env, stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+    for line in run.stdout:
+        assert not line.startswith("FAILED"), line
+        if line.startswith("ready"):
+            break
+    else:
+        raise AssertionError(f"the program ended before it was ready: {run.stderr.read()}")
+    _, leases = api(server.url, "GET", "/v1/leases?all=true", admin)
+    (lease,) = [lease for lease in leases["leases"] if lease["client"] == client]
+    return run, lease
+
+
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.1, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
-from pool_harness import ROOT, ServerProc, api, client_env, gpuattach_cmd, server_cmd, wait_for
+from pool_harness import (
+    ROOT,
+    ServerProc,
+    api,
+    server_cmd,
+    start_remote_program,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.needs("native")]
-CLIENT = "tests/remote_client.py"
 
 
 @pytest.fixture(scope="module")
@@ -39,19 +44,7 @@ def partitions(server, admin: str, lease_id: str) -> list[int]:
 
 def start_program(server, tmp_path, client: str, admin: str) -> tuple[subprocess.Popen, dict]:
     """tests/remote_client.py's `migrate` scenario under `gpuattach run`, once it holds its objects; its lease."""
-    env = client_env(tmp_path, [server.url], server.token(client))
-    run = subprocess.Popen([*gpuattach_cmd(), "run", "-n", "1", "-m", "256", "--", sys.executable, CLIENT, "migrate"],
-                           env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, cwd=ROOT)  # fmt: skip
-    for line in run.stdout:
-        assert not line.startswith("FAILED"), line
-        if line.startswith("ready"):
-            break
-    else:
-        raise AssertionError(f"the program ended before it was ready: {run.stderr.read()}")
-    _, leases = api(server.url, "GET", "/v1/leases?all=true", admin)
-    (lease,) = [lease for lease in leases["leases"] if lease["client"] == client]
-    return run, lease
+    return start_remote_program(server, tmp_path, client, admin, "migrate")
 
 
 def test_a_running_program_moves_to_another_gpu_and_finishes_there(server, tmp_path):

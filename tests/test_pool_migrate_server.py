@@ -13,7 +13,14 @@ import subprocess
 import sys
 
 import pytest
-from pool_harness import ROOT, ServerProc, api, client_env, gpuattach_cmd, server_cmd, wait_for
+from pool_harness import (
+    ROOT,
+    ServerProc,
+    api,
+    server_cmd,
+    start_remote_program,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.needs("native")]
 CLIENT = "tests/remote_client.py"
@@ -46,25 +53,21 @@ def migrate(source: ServerProc, *args: str, token: str | None) -> subprocess.Com
                           capture_output=True, text=True, timeout=90, cwd=ROOT)  # fmt: skip
 
 
+def refused_and_stays(a: ServerProc, b: ServerProc, lease: dict, admin: str, why: str) -> None:
+    """`lease migrate LEASE --to B` fails in one line saying `why`; B keeps no record of the lease and it runs
+    on at A."""
+    assert why in one_error(migrate(a, lease["id"], "--to", b.url, token=admin))
+    assert api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[0] == 404
+    assert api(a.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
+
+
 def start_program(server: ServerProc, tmp_path, client: str, admin: str, scenario: str = "migrate_server",
                   token: str | None = None) -> tuple[subprocess.Popen, dict]:  # fmt: skip
     """A scenario of tests/remote_client.py under `gpuattach run` on `server` (by default what a move to
     another server carries; `migrate`: every object kind), once it holds its objects; its lease. Copies go
     through the connection (shared memory is this host's: a move to another server refuses it)."""
-    env = client_env(tmp_path, [server.url], token or server.token(client))
-    env["GPUPOOL_SHIM_SHARED_COPIES"] = "0"
-    run = subprocess.Popen([*gpuattach_cmd(), "run", "-n", "1", "-m", "256", "--", sys.executable, CLIENT, scenario],
-                           env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, cwd=ROOT)  # fmt: skip
-    for line in run.stdout:
-        assert not line.startswith("FAILED"), line
-        if line.startswith("ready"):
-            break
-    else:
-        raise AssertionError(f"the program ended before it was ready: {run.stderr.read()}")
-    _, leases = api(server.url, "GET", "/v1/leases?all=true", admin)
-    (lease,) = [lease for lease in leases["leases"] if lease["client"] == client]
-    return run, lease
+    return start_remote_program(server, tmp_path, client, admin, scenario, token=token,
+                                env={"GPUPOOL_SHIM_SHARED_COPIES": "0"})  # fmt: skip
 
 
 def finishes_intact(run: subprocess.Popen, lines: str = "done\n") -> dict[str, str]:
@@ -180,9 +183,7 @@ def test_a_lease_holding_what_a_move_does_not_carry_yet_is_refused_before_anythi
     admin = admin_of(a, b)
     run, lease = start_program(a, tmp_path, "holder", admin, "migrate")
     try:
-        assert "does not carry yet" in one_error(migrate(a, lease["id"], "--to", b.url, token=admin))
-        assert api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[0] == 404
-        assert api(a.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
+        refused_and_stays(a, b, lease, admin, "does not carry yet")
     except BaseException:
         run.kill()
         raise
@@ -301,16 +302,14 @@ def test_what_cannot_leave_its_host_is_refused_before_the_target_is_asked(pair, 
         run.stdin.write("capture\n")
         run.stdin.flush()
         assert run.stdout.readline().startswith("capturing")
-        assert "capture" in one_error(migrate(a, lease["id"], "--to", b.url, token=admin))
+        refused_and_stays(a, b, lease, admin, "capture")
         run.stdin.write("end\n")  # ends the capture
         run.stdin.flush()
         assert run.stdout.readline().startswith("step")
         run.stdin.write("green\n")
         run.stdin.flush()
         assert run.stdout.readline().startswith("step")
-        assert "green contexts" in one_error(migrate(a, lease["id"], "--to", b.url, token=admin))
-        assert api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[0] == 404
-        assert api(a.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
+        refused_and_stays(a, b, lease, admin, "green contexts")
     except BaseException:
         run.kill()
         raise
