@@ -1,5 +1,5 @@
 """Modal screens: help, a yes/no confirmation, a one-field prompt with validation, and the pick of a
-migration's target GPU."""
+migration's target GPU or server."""
 
 from __future__ import annotations
 
@@ -45,7 +45,10 @@ HELP: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("l", "set the selected client's GPU limit (sum of fractions; 'default' clears)"),
             ("i", "set the selected client's idle timeout (30m; 0 = never; 'default' clears)"),
             ("I", "set the default idle timeout of the selected server"),
-            ("m", "migrate the selected remote lease to another GPU of its server, live (pick the GPU)"),
+            (
+                "m",
+                "migrate the selected remote lease to another GPU of its server or to another server, live (pick where)",
+            ),
             (
                 "d",
                 "drain the selected GPU (its remote leases move off, no new ones) or, on the servers "
@@ -185,12 +188,43 @@ def migration_choices(lease: Lease, gpus: Sequence[Gpu]) -> list[MigrationChoice
     )
 
 
-class MigrateScreen(ModalScreen[MigrationChoice | None]):
-    """Pick where a lease moves: enter migrates to the highlighted GPU, esc cancels."""
+@dataclass(frozen=True)
+class ServerChoice:
+    """Moving the whole lease to another server the console watches (`url`), whose roomiest GPU is `roomiest`."""
+
+    url: str
+    roomiest: Gpu
+
+    @property
+    def label(self) -> str:
+        g = self.roomiest
+        return (
+            f"whole lease → server {self.url}  (GPU {g.index} {g.name} free {fmt.mib(g.mem_free_bytes)}; "
+            "the program reconnects there)"
+        )
+
+
+def server_choices(here: str, states: Sequence) -> list[ServerChoice]:
+    """Each other reachable server the console watches that grants leases (not draining) and has a GPU that
+    is not draining, the one with the most free memory first. Whether it admits the lease (model, room) and
+    whether the lease can leave its host is the servers' to say."""
+    choices = []
+    for state in states:
+        health = getattr(state, "health", None)
+        if state.url == here or not state.reachable or (health is not None and health.server.draining):
+            continue
+        open_gpus = [g for g in state.gpus if not g.draining]
+        if open_gpus:
+            choices.append(ServerChoice(state.url, max(open_gpus, key=lambda g: g.mem_free_bytes)))
+    return sorted(choices, key=lambda c: -c.roomiest.mem_free_bytes)
+
+
+class MigrateScreen(ModalScreen[MigrationChoice | ServerChoice | None]):
+    """Pick where a lease moves: enter migrates to the highlighted GPU or server, esc cancels."""
 
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, question: str, choices: Sequence[MigrationChoice]):
+    def __init__(self, question: str, choices: Sequence[MigrationChoice | ServerChoice]):
         super().__init__()
         self.question = question
         self.choices = list(choices)
@@ -199,7 +233,7 @@ class MigrateScreen(ModalScreen[MigrationChoice | None]):
         with Vertical(classes="dialog"):
             yield Label(self.question, classes="question")
             yield OptionList(*(Option(c.label) for c in self.choices), id="migrate-targets")
-            yield Label("enter: migrate to the highlighted GPU   esc: cancel", classes="hint")
+            yield Label("enter: migrate to the highlighted GPU or server   esc: cancel", classes="hint")
 
     def on_mount(self) -> None:
         targets = self.query_one(OptionList)

@@ -31,7 +31,9 @@ from tui._screens import (
     MigrateScreen,
     MigrationChoice,
     PromptScreen,
+    ServerChoice,
     migration_choices,
+    server_choices,
 )
 from tui._sources import Clock, FleetSnapshot, FleetSource, GpuKey, Pool, ServerState, utc_now
 from tui._table import SyncTable
@@ -460,22 +462,42 @@ class ConsoleApp(App):
             return
         state, lease = picked
         server, lease_id = state.url, lease.id
-        choices = migration_choices(lease, state.gpus)
+        choices = [*migration_choices(lease, state.gpus), *server_choices(server, self.last_pool)]
         if not choices:
             self.notify(
-                f"Lease {lease_id} holds every GPU of {server}: no GPU to move it to.", severity="warning"
+                f"Lease {lease_id} holds every GPU of {server} and no other server is watched: nowhere to move it.",
+                severity="warning",
             )
             return
         question = (
-            f"Move lease {lease_id} of client {lease.client} on {server} to another GPU, live?\n"
+            f"Move lease {lease_id} of client {lease.client} on {server} to another GPU or server, live?\n"
             "Its calls pause while its memory is copied; the program goes on there."
         )
 
-        def answered(choice: MigrationChoice | None) -> None:
-            if choice is not None:
+        def answered(choice: MigrationChoice | ServerChoice | None) -> None:
+            if isinstance(choice, ServerChoice):
+                self._move_to_server(server, lease_id, choice.url)
+            elif choice is not None:
                 self._migrate(server, lease_id, choice)
 
         self.push_screen(MigrateScreen(question, choices), answered)
+
+    def _move_to_server(self, server: str, lease_id: str, target: str) -> None:
+        """The lease's server sends it to `target` (as `gpupool-server lease migrate LEASE --to SERVER`)."""
+        what = f"moving lease {lease_id} from {server} to {target}"
+        self.query_one(PoolView).show_action(what + " …", running=True)
+
+        def moved(lease: api.MigratedLease) -> tuple[str, bool]:
+            m = lease.migration
+            return (
+                f"moved lease {lease_id} to {target} ({lease.server.hostname}), "
+                f"paused {m.pause_s:.3f} s ({fmt.mib(m.bytes)} copied)"
+            ), False
+
+        call = lambda c: c.migrate_to_server(lease_id, target)  # noqa: E731
+        # The target admits it and starts a worker first, then the memory crosses: as the CLI waits.
+        patient = self.pool.patient_client(server, MIGRATE_WAIT_S + 60) if self.pool else None
+        self.pool_action(server, what, call, outcome=moved, client=patient)
 
     def _migrate(self, server: str, lease_id: str, choice: MigrationChoice) -> None:
         to, partition = choice.target.index, choice.partition
