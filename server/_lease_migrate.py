@@ -162,7 +162,9 @@ def _targets(pool: Pool, gpu: int) -> list[int]:
 
 # Why a lease stays on a draining server; each ends when its program does.
 STAYS_LOCAL = "a local lease: its process holds the GPU state"
-STAYS_REMOTE = "a remote lease: drain --move moves it to another server (docs/remote.md, Between servers)"
+STAYS_REMOTE = (
+    "a remote lease with no server named to move it to (drain with --cluster or --move-to moves it)"
+)
 
 
 async def drain_server(st) -> dict:

@@ -225,10 +225,11 @@ def _moving_parsers(sub) -> None:
         "drain",
         help="drain a server (no new leases) or one of its GPUs (its remote leases move to other GPUs, live)",
         description="Drain a running server: it grants no new lease from now on (until --undo or a restart of "
-        "the server; clients asking it are told it is draining and take another server), and the leases still "
-        "running on it are listed with why each stays until its program ends; with --move each remote lease "
-        "moves, live, to another server first (--move-to, or the other members of --cluster), what cannot "
-        "move staying with the reason. With --gpu N only that GPU drains: no new lease goes to it and each remote "
+        "the server; clients asking it are told it is draining and take another server), then each remote lease "
+        "on it moves, live, to another server of the pool with room: the --move-to servers in the order given, "
+        "else the other members of --cluster (without either there is nowhere to move to: the leases stay, as "
+        "with --stay). Each lease that cannot move (a local lease, what a move does not carry yet) stays, listed "
+        "with why, until its program ends. With --gpu N only that GPU drains: no new lease goes to it and each remote "
         "lease on it moves, live, to another GPU of the same model with room (see gpupool-server lease "
         "migrate). Prints what moved and what stayed, with the reason; exit 1 if a lease stayed (with --wait: if "
         "one still runs when the wait ends).",
@@ -241,17 +242,22 @@ def _moving_parsers(sub) -> None:
                    help="after draining the server, wait up to DURATION (e.g. 30m) until no lease runs on it, "
                         "saying on stderr which still do as they end; exit 1 if some still run then")  # fmt: skip
     d.add_argument("--move", action="store_true",
-                   help="after draining the server, move each of its remote leases, live, to another server: the "
-                        "--move-to servers in the order given, else the other members of --cluster; each lease "
-                        "that cannot move stays with the reason (docs/remote.md, Between servers)")  # fmt: skip
+                   help="move each remote lease, live, to another server (the default with --cluster or "
+                        "--move-to; without either it needs --move-to); each lease that cannot move stays with "
+                        "the reason (docs/remote.md, Between servers)")  # fmt: skip
     d.add_argument("--move-to", action="append", metavar="SERVER", default=[],
-                   help="a server --move may move leases to (host:port, URL or --cluster member name; repeat "
-                        "for more)")  # fmt: skip
+                   help="a server the leases may move to, tried in the order given (host:port, URL or --cluster "
+                        "member name; repeat for more); default: the other members of --cluster")  # fmt: skip
+    d.add_argument(
+        "--stay",
+        action="store_true",
+        help="only stop granting: the running leases stay until their programs end",
+    )
     u = sub.add_parser("undrain", help="end a drain: the server (or --gpu N) takes new leases again",
                        description="End the drain of a running server, or of its GPU --gpu N: it takes new "
                        "leases again (the same as gpupool-server drain --undo).")  # fmt: skip
     _drain_target_options(u, "end only this GPU's drain (its index)")
-    u.set_defaults(undo=True, wait=None, move=False, move_to=[])
+    u.set_defaults(undo=True, wait=None, move=False, move_to=[], stay=False)
 
 
 def _drain_target_options(p, gpu_help: str) -> None:
@@ -614,9 +620,10 @@ def _drain(args) -> int:
         return _drain_server(args)
     if args.wait:
         return _fail("--wait is for draining a whole server", "drop --gpu, or drop --wait")
-    if args.move or args.move_to:
+    if args.move or args.move_to or args.stay:
         return _fail(
-            "--move is for draining a whole server", "a GPU's drain moves its leases to other GPUs anyway"
+            "--move and --stay are for draining a whole server",
+            "a GPU's drain moves its leases to other GPUs anyway",
         )
     what = f"GPU {args.gpu}: taking leases again" if args.undo else f"draining GPU {args.gpu}"
     done = _admin_call(
@@ -636,10 +643,12 @@ def _drain(args) -> int:
 def _drain_server(args) -> int:
     if args.wait and args.undo:
         return _fail("--wait is for draining", "drop --wait with --undo")
-    if (args.move or args.move_to) and args.undo:
-        return _fail("--move is for draining", "drop --move with --undo")
-    if args.move_to and not args.move:
-        return _fail("--move-to names where --move moves leases", "add --move")
+    if (args.move or args.move_to or args.stay) and args.undo:
+        return _fail("--move and --stay are for draining", "drop them with --undo")
+    if args.stay and (args.move or args.move_to):
+        return _fail("--stay keeps the leases where they are", "give --stay or --move/--move-to, not both")
+    # Where the pool has room elsewhere (the cluster's other members, or servers named), the leases move.
+    args.move = not args.undo and (args.move or bool(args.move_to) or (bool(args.cluster) and not args.stay))
     if args.move:
         args.move_to = _move_targets(args)
     where = args.server or "the server"
