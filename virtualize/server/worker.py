@@ -325,9 +325,8 @@ class Worker:
                 self.in_calls.add(id(session))
                 try:
                     with self.lease.gate:  # held while the lease migrates
-                        if (
-                            self.moved is not None
-                        ):  # to another server: the process is told, or the frame goes
+                        # moved to another server: the process is told, or the frame goes on there
+                        if self.moved is not None:
                             args = channel.read_exact(args_len)
                             if not self.moved.frame(session, channel, call_id, flags, args, bulk_len):
                                 return
