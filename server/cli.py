@@ -673,37 +673,16 @@ def _move_targets(args) -> list[str]:
     return [url for url in urls if url.rstrip("/") != here]
 
 
-def _moved_off(client, leases: list, targets: list[str]) -> dict[str, str]:
-    """`drain --move`: each lease moved to the first of `targets` that takes it (progress on stderr, what
-    moved on stdout); the reason of each that stays (lease id -> reason)."""
-    from server.client_errors import PoolClientError
-
-    stays = {}
-    for lease in leases:
-        reason = "no server to move it to"
-        for target in targets:
-            print(f"{lease}: moving to {target} ...", file=sys.stderr, flush=True)
-            try:
-                moved = client.migrate_to_server(lease, target)
-            except PoolClientError as exc:
-                reason = exc.title
-                continue
-            print(f"{lease}: moved to {moved.server.hostname}, paused {moved.migration.pause_s:.3f} s")
-            break
-        else:
-            stays[lease] = reason
-    return stays
-
-
 def _drained(client, args) -> int:
     """Drain (or undo) through `client`, print the leases that stay, and with --wait wait for them to end."""
-    done = client.drain_server(undo=args.undo)
-    if args.move and done.stayed:
-        remote = {lease.id for lease in client.leases() if lease.remote}
-        moving = [s.lease for s in done.stayed if s.lease in remote]
-        stays = _moved_off(client, moving, args.move_to)
-        done.stayed = [s if s.lease not in moving else type(s)(lease=s.lease, reason=stays[s.lease])
-                       for s in done.stayed if s.lease not in moving or s.lease in stays]  # fmt: skip
+    if args.move:  # each remote lease to the first of the servers that takes it: attempts on stderr
+        done, moved = client.drain_server_moving(
+            args.move_to, lambda line: print(line, file=sys.stderr, flush=True)
+        )
+        for lease in moved:
+            print(f"{lease.id}: moved to {lease.server.hostname}, paused {lease.migration.pause_s:.3f} s")
+    else:
+        done = client.drain_server(undo=args.undo)
     for s in done.stayed:
         print(f"{s.lease}: stays on {done.server}: {s.reason}")
     state = "drained: it grants no new leases" if done.draining else "grants new leases"

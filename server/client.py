@@ -594,6 +594,30 @@ class ServerClient:
         """Stop the server granting new leases; its running leases and why each stays (undo: grant again)."""
         return self._typed(api.ServerDrain, "DELETE" if undo else "POST", "/v1/admin/drain")
 
+    def drain_server_moving(
+        self, targets: list[str], tell: Callable[[str], None] | None = None
+    ) -> tuple[api.ServerDrain, list[api.MigratedLease]]:
+        """Drain the server, then move each of its remote leases, live, to the first of `targets` (other
+        servers, host:port or URL) that takes it, one lease after the other (`tell`: each attempt, as it
+        starts). The drain's answer with only what still stays (each with the last reason), and the moves."""
+        done = self.drain_server()
+        remote = {lease.id for lease in self.leases() if lease.remote}
+        moved, stayed = [], []
+        for stay in done.stayed:
+            reason = stay.reason
+            for target in targets if stay.lease in remote else ():
+                if tell:
+                    tell(f"{stay.lease}: moving to {target} ...")
+                try:
+                    moved.append(self.migrate_to_server(stay.lease, target))
+                    break
+                except PoolClientError as exc:
+                    reason = exc.title
+            else:
+                stayed.append(type(stay)(lease=stay.lease, reason=reason))
+        done.stayed = stayed
+        return done, moved
+
     # Transport -----------------------------------------------------------------------------------
     def _call(self, method: str, path: str, body: msgspec.Struct | None = None, *, auth: bool = True) -> Any:
         payload = msgspec.json.encode(body) if body is not None else None

@@ -242,3 +242,42 @@ async def test_migrate_a_running_lease_to_another_watched_server(tmp_path):
     finally:
         a.stop()
         b.stop()
+
+
+async def test_draining_a_server_moves_its_running_lease_to_another_watched_server(tmp_path):
+    """With two servers watched, `d` `y` on a server's row drains it and moves its running remote lease,
+    live, to the other server (the dialog names where leases go): the lease is active there afterwards,
+    the status line names the move and its pause, the drained server grants nothing new, and the program
+    finishes intact."""
+    from test_pool_migrate_server import HOST, admin_of, finishes_intact
+    from test_pool_migrate_server import start_program as start_movable
+
+    a = ServerProc(tmp_path / "a", "1xH100-80GB", env=HOST).start()
+    b = ServerProc(tmp_path / "b", "1xH100-80GB", env=HOST).start()
+    try:
+        admin = admin_of(a, b)
+        token = a.token("drained-program")
+        b.token("drained-program", token=token)
+        run, lease = start_movable(a, tmp_path, "drained-program", admin, token=token)
+        pool = Pool([ServerClient(s.url, admin, ServerClientOptions(timeout_s=5)) for s in (a, b)])
+        app = ConsoleApp(pool=pool, refresh_s=None)
+        try:
+            async with app.run_test(size=SIZE) as pilot:
+                await settle(pilot)
+                await focus_row(pilot, "pool-servers", a.url)
+                await pilot.press("d")
+                assert isinstance(app.screen, ConfirmScreen) and b.url in app.screen.question
+                await pilot.press("y")
+                await settle(pilot)
+                _, error = app.action_log[-1]
+                assert error is None, error
+                assert api(a.url, "GET", "/v1/health")[1]["server"]["draining"] is True
+                assert api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
+                assert f"{lease['id']} →" in status_line(app) and "paused" in status_line(app)
+        except BaseException:
+            run.kill()
+            raise
+        finishes_intact(run)
+    finally:
+        a.stop()
+        b.stop()

@@ -570,27 +570,41 @@ class ConsoleApp(App):
             self.notify(f"{server} did not answer: refresh, then try again.", severity="warning")
             return
         undo = state.health.server.draining
+        # Where its remote leases may go: the other servers watched that grant leases and have a GPU open.
+        targets = [] if undo else [c.url for c in server_choices(server, self.last_pool)]
         if undo:
             question = f"{server} is draining. Let it grant new leases again?"
             what = f"{server}: granting new leases again"
         else:
-            question = (
-                f"Drain {server}?\nIt grants no new lease (clients take other servers); the leases "
-                "running on it go on until their programs end."
+            elsewhere = (
+                f"its remote leases move, live, to {', '.join(targets)} where there is room; the others go on "
+                "until their programs end."
+                if targets
+                else "no other server is watched, so the leases running on it go on until their programs end."
             )
+            question = f"Drain {server}?\nIt grants no new lease (clients take other servers); {elsewhere}"
             what = f"draining {server}"
 
-        def drained(done: api.ServerDrain) -> tuple[str, bool]:
+        def drained(result: tuple[api.ServerDrain, list[api.MigratedLease]]) -> tuple[str, bool]:
+            done, moves = result
             if not done.draining:
                 return f"{server} grants new leases again", False
-            stayed = "; ".join(f"{s.lease} stays: {s.reason}" for s in done.stayed) or "no lease on it"
-            return f"{server} draining, no new leases; {stayed}", bool(done.stayed)
+            moved = [f"{m.id} → {m.server.hostname} (paused {m.migration.pause_s:.3f} s)" for m in moves]
+            stayed = [f"{s.lease} stays: {s.reason}" for s in done.stayed]
+            lines = "; ".join(moved + stayed) or "no lease on it"
+            return f"{server} draining, no new leases; {lines}", bool(done.stayed)
 
         def answered(yes: bool | None) -> None:
             if yes:
                 self.query_one(PoolView).show_action(what + " …", running=True)
-                call = lambda c: c.drain_server(undo=undo)  # noqa: E731
-                self.pool_action(server, what, call, outcome=drained)
+                if undo:
+                    call = lambda c: (c.drain_server(undo=True), [])  # noqa: E731
+                else:
+                    call = lambda c: c.drain_server_moving(targets)  # noqa: E731
+                # One move after another, each as long as a move to another server may take.
+                wait = (MIGRATE_WAIT_S + 60) * max(1, len(state.leases))
+                patient = self.pool.patient_client(server, wait) if self.pool else None
+                self.pool_action(server, what, call, outcome=drained, client=patient)
 
         self.push_screen(ConfirmScreen(question, yes="Undo drain" if undo else "Drain"), answered)
 
