@@ -3,6 +3,8 @@ lease workers run the host executor, with a real program under `gpuattach run` h
 
 from __future__ import annotations
 
+import contextlib
+
 import msgspec
 import pytest
 from pool_harness import ServerProc, api
@@ -202,39 +204,27 @@ def test_the_dialog_offers_each_partition_every_gpu_the_lease_does_not_hold_room
     assert "draining" in choices[-1].label and "GPU 0 → GPU 3" in choices[0].label
 
 
-async def test_migrate_a_running_lease_to_another_watched_server(tmp_path):
-    """With two servers watched, `m` on a running remote lease also offers the other server (after the
-    GPUs of its own); enter on it moves the whole lease there, live, as `lease migrate --to SERVER`: the
-    lease is active on the other server afterwards, the status line names it with the pause, and the
-    program finishes there with its memory and handles intact."""
+@contextlib.asynccontextmanager
+async def two_servers_watched(tmp_path, client: str):
+    """Two real servers (one simulated GPU each, host-executor workers) and a console watching both with an
+    admin token both take; a program under gpuattach on the first, holding what a move to another server
+    carries. Yields (a, b, admin, lease, app, pilot); the program must finish intact afterwards."""
     from test_pool_migrate_server import HOST, admin_of, finishes_intact
     from test_pool_migrate_server import start_program as start_movable
-
-    from tui._screens import ServerChoice
 
     a = ServerProc(tmp_path / "a", "1xH100-80GB", env=HOST).start()
     b = ServerProc(tmp_path / "b", "1xH100-80GB", env=HOST).start()
     try:
         admin = admin_of(a, b)
-        token = a.token("traveller")
-        b.token("traveller", token=token)  # the program's heartbeats follow the lease to B
-        run, lease = start_movable(a, tmp_path, "traveller", admin, token=token)
+        token = a.token(client)
+        b.token(client, token=token)  # the program's heartbeats follow the lease to B
+        run, lease = start_movable(a, tmp_path, client, admin, token=token)
         pool = Pool([ServerClient(s.url, admin, ServerClientOptions(timeout_s=5)) for s in (a, b)])
         app = ConsoleApp(pool=pool, refresh_s=None)
         try:
             async with app.run_test(size=SIZE) as pilot:
                 await settle(pilot)
-                await focus_row(pilot, "pool-leases", lease["id"])
-                await pilot.press("m")
-                assert isinstance(app.screen, MigrateScreen)
-                targets = [c.url for c in app.screen.choices if isinstance(c, ServerChoice)]
-                assert targets == [b.url]  # its own server's one GPU is held: the other server only
-                await pilot.press("enter")
-                await settle(pilot)
-                what, error = app.action_log[-1]
-                assert error is None and lease["id"] in what, error
-                assert b.url in status_line(app) and "paused" in status_line(app)
-                assert api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
+                yield a, b, admin, lease, app, pilot
         except BaseException:
             run.kill()
             raise
@@ -242,6 +232,27 @@ async def test_migrate_a_running_lease_to_another_watched_server(tmp_path):
     finally:
         a.stop()
         b.stop()
+
+
+async def test_migrate_a_running_lease_to_another_watched_server(tmp_path):
+    """With two servers watched, `m` on a running remote lease also offers the other server (after the
+    GPUs of its own); enter on it moves the whole lease there, live, as `lease migrate --to SERVER`: the
+    lease is active on the other server afterwards, the status line names it with the pause, and the
+    program finishes there with its memory and handles intact."""
+    from tui._screens import ServerChoice
+
+    async with two_servers_watched(tmp_path, "traveller") as (_, b, admin, lease, app, pilot):
+        await focus_row(pilot, "pool-leases", lease["id"])
+        await pilot.press("m")
+        assert isinstance(app.screen, MigrateScreen)
+        targets = [c.url for c in app.screen.choices if isinstance(c, ServerChoice)]
+        assert targets == [b.url]  # its own server's one GPU is held: the other server only
+        await pilot.press("enter")
+        await settle(pilot)
+        what, error = app.action_log[-1]
+        assert error is None and lease["id"] in what, error
+        assert b.url in status_line(app) and "paused" in status_line(app)
+        assert api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
 
 
 async def test_draining_a_server_moves_its_running_lease_to_another_watched_server(tmp_path):
@@ -249,35 +260,14 @@ async def test_draining_a_server_moves_its_running_lease_to_another_watched_serv
     live, to the other server (the dialog names where leases go): the lease is active there afterwards,
     the status line names the move and its pause, the drained server grants nothing new, and the program
     finishes intact."""
-    from test_pool_migrate_server import HOST, admin_of, finishes_intact
-    from test_pool_migrate_server import start_program as start_movable
-
-    a = ServerProc(tmp_path / "a", "1xH100-80GB", env=HOST).start()
-    b = ServerProc(tmp_path / "b", "1xH100-80GB", env=HOST).start()
-    try:
-        admin = admin_of(a, b)
-        token = a.token("drained-program")
-        b.token("drained-program", token=token)
-        run, lease = start_movable(a, tmp_path, "drained-program", admin, token=token)
-        pool = Pool([ServerClient(s.url, admin, ServerClientOptions(timeout_s=5)) for s in (a, b)])
-        app = ConsoleApp(pool=pool, refresh_s=None)
-        try:
-            async with app.run_test(size=SIZE) as pilot:
-                await settle(pilot)
-                await focus_row(pilot, "pool-servers", a.url)
-                await pilot.press("d")
-                assert isinstance(app.screen, ConfirmScreen) and b.url in app.screen.question
-                await pilot.press("y")
-                await settle(pilot)
-                _, error = app.action_log[-1]
-                assert error is None, error
-                assert api(a.url, "GET", "/v1/health")[1]["server"]["draining"] is True
-                assert api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
-                assert f"{lease['id']} →" in status_line(app) and "paused" in status_line(app)
-        except BaseException:
-            run.kill()
-            raise
-        finishes_intact(run)
-    finally:
-        a.stop()
-        b.stop()
+    async with two_servers_watched(tmp_path, "drained-program") as (a, b, admin, lease, app, pilot):
+        await focus_row(pilot, "pool-servers", a.url)
+        await pilot.press("d")
+        assert isinstance(app.screen, ConfirmScreen) and b.url in app.screen.question
+        await pilot.press("y")
+        await settle(pilot)
+        _, error = app.action_log[-1]
+        assert error is None, error
+        assert api(a.url, "GET", "/v1/health")[1]["server"]["draining"] is True
+        assert api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
+        assert f"{lease['id']} →" in status_line(app) and "paused" in status_line(app)
