@@ -462,7 +462,10 @@ class ConsoleApp(App):
             return
         state, lease = picked
         server, lease_id = state.url, lease.id
-        choices = [*migration_choices(lease, state.gpus), *server_choices(server, self.last_pool)]
+        choices: list[MigrationChoice | ServerChoice] = [
+            *migration_choices(lease, state.gpus),
+            *server_choices(server, self.last_pool),
+        ]
         if not choices:
             self.notify(
                 f"Lease {lease_id} holds every GPU of {server} and no other server is watched: nowhere to move it.",
@@ -597,10 +600,10 @@ class ConsoleApp(App):
         def answered(yes: bool | None) -> None:
             if yes:
                 self.query_one(PoolView).show_action(what + " …", running=True)
-                if undo:
-                    call = lambda c: (c.drain_server(undo=True), [])  # noqa: E731
-                else:
-                    call = lambda c: c.drain_server_moving(targets)  # noqa: E731
+
+                def call(c):
+                    return (c.drain_server(undo=True), []) if undo else c.drain_server_moving(targets)
+
                 # One move after another, each as long as a move to another server may take.
                 wait = (MIGRATE_WAIT_S + 60) * max(1, len(state.leases))
                 patient = self.pool.patient_client(server, wait) if self.pool else None
