@@ -6,6 +6,7 @@ HTTP call has a timeout; every gpuattach run has one.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -172,6 +173,16 @@ def gpuattach(*args: str, env: dict[str, str], timeout: float = 30.0) -> subproc
     return subprocess.run(
         [*gpuattach_cmd(), *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT
     )
+
+
+@contextlib.contextmanager
+def killed_on_failure(run: subprocess.Popen):
+    """The program under test is killed if the block fails (nothing waits for it then); else it goes on."""
+    try:
+        yield
+    except BaseException:
+        run.kill()
+        raise
 
 
 def start_remote_program(server, tmp_path: Path, client: str, admin: str, scenario: str, *, token: str | None = None,

@@ -7,7 +7,7 @@ import contextlib
 
 import msgspec
 import pytest
-from pool_harness import ServerProc, api
+from pool_harness import ServerProc, api, killed_on_failure
 from test_console import settle, shown
 from test_console_pool import SIZE, focus_row
 from test_console_snapshots import GIB, _lease
@@ -221,13 +221,10 @@ async def two_servers_watched(tmp_path, client: str):
         run, lease = start_movable(a, tmp_path, client, admin, token=token)
         pool = Pool([ServerClient(s.url, admin, ServerClientOptions(timeout_s=5)) for s in (a, b)])
         app = ConsoleApp(pool=pool, refresh_s=None)
-        try:
+        with killed_on_failure(run):
             async with app.run_test(size=SIZE) as pilot:
                 await settle(pilot)
                 yield a, b, admin, lease, app, pilot
-        except BaseException:
-            run.kill()
-            raise
         finishes_intact(run)
     finally:
         a.stop()

@@ -17,6 +17,7 @@ from pool_harness import (
     ROOT,
     ServerProc,
     api,
+    killed_on_failure,
     server_cmd,
     start_remote_program,
     wait_for,
@@ -115,7 +116,7 @@ def test_a_running_program_moves_to_another_server_and_finishes_there(pair, tmp_
     token = a.token(client)
     b.token(client, token=token)  # the client's heartbeats follow the lease to B
     run, lease = start_program(a, tmp_path, client, admin, token=token)
-    try:
+    with killed_on_failure(run):
         moved = migrate(a, lease["id"], "--to", b.url.removeprefix("http://"), token=admin)
         assert moved.returncode == 0, moved.stdout + moved.stderr
         assert "moved to" in moved.stdout
@@ -132,9 +133,6 @@ def test_a_running_program_moves_to_another_server_and_finishes_there(pair, tmp_
         run.stdin.write("queue\n")  # sent to A's worker, which carries it to B's
         run.stdin.flush()
         assert run.stdout.readline().startswith("queued")
-    except BaseException:
-        run.kill()
-        raise
     result = finishes_intact(run)
     assert result["queued_words"] == "12" and result["counter"] == "17", result  # 7 + 5, then + 5 on B
     assert result["event_query"] == "0" and result["alloc_after"] == "0", result
@@ -155,7 +153,7 @@ def test_the_heartbeat_loop_follows_a_lease_that_moved(pair, tmp_path):
     token = a.token("follower")
     b.token("follower", token=token)
     run, lease = start_program(a, tmp_path, "follower", admin, token=token)
-    try:
+    with killed_on_failure(run):
         assert migrate(a, lease["id"], "--to", b.url, token=admin).returncode == 0
         ends: list[str] = []
         beats = Heartbeater(PoolClient(ClientConfig(servers=[ServerRef(a.url, token)], token=token)),
@@ -169,9 +167,6 @@ def test_the_heartbeat_loop_follows_a_lease_that_moved(pair, tmp_path):
         finally:
             beats.stop()
         assert ends == []
-    except BaseException:
-        run.kill()
-        raise
     finishes_intact(run)
 
 
@@ -182,11 +177,8 @@ def test_a_lease_holding_what_a_move_does_not_carry_yet_is_refused_before_anythi
     a, b = pair
     admin = admin_of(a, b)
     run, lease = start_program(a, tmp_path, "holder", admin, "migrate")
-    try:
+    with killed_on_failure(run):
         refused_and_stays(a, b, lease, admin, "does not carry yet")
-    except BaseException:
-        run.kill()
-        raise
     finishes_intact(run)
 
 
@@ -200,14 +192,11 @@ def test_a_receiving_worker_that_dies_mid_copy_leaves_the_lease_on_its_source(tm
     try:
         admin = admin_of(a, b)
         run, lease = start_program(a, tmp_path, "unlucky", admin)
-        try:
+        with killed_on_failure(run):
             failed = migrate(a, lease["id"], "--to", b.url, token=admin)
             assert "link" in one_error(failed)
             wait_for(lambda: nothing_held(b, admin, lease["id"]), 15, what="B to free the dead worker's GPU")
             assert api(a.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
-        except BaseException:
-            run.kill()
-            raise
         finishes_intact(run)
     finally:
         a.stop()
@@ -271,7 +260,7 @@ def test_moves_that_cannot_start_are_one_line_errors_and_change_nothing(pair, tm
     assert status == 201, local
     assert "remote" in one_error(migrate(a, local["id"], "--to", b.url, token=admin))
     run, lease = start_program(a, tmp_path, "stays", admin)
-    try:
+    with killed_on_failure(run):
         assert "this server" in one_error(migrate(a, lease["id"], "--to", a.url, token=admin))
         one_error(migrate(a, lease["id"], "--to", "127.0.0.1:9", token=admin))  # nothing listens there
         status, _ = api(b.url, "POST", "/v1/admin/drain", admin)
@@ -285,9 +274,6 @@ def test_moves_that_cannot_start_are_one_line_errors_and_change_nothing(pair, tm
         )
         assert status == 400, body
         assert api(a.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
-    except BaseException:
-        run.kill()
-        raise
     finishes_intact(run)
 
 
@@ -298,7 +284,7 @@ def test_what_cannot_leave_its_host_is_refused_before_the_target_is_asked(pair, 
     a, b = pair
     admin = admin_of(a, b)
     run, lease = start_program(a, tmp_path, "rooted", admin, "migrate")
-    try:
+    with killed_on_failure(run):
         run.stdin.write("capture\n")
         run.stdin.flush()
         assert run.stdout.readline().startswith("capturing")
@@ -310,9 +296,6 @@ def test_what_cannot_leave_its_host_is_refused_before_the_target_is_asked(pair, 
         run.stdin.flush()
         assert run.stdout.readline().startswith("step")
         refused_and_stays(a, b, lease, admin, "green contexts")
-    except BaseException:
-        run.kill()
-        raise
     finishes_intact(run)
 
 
@@ -327,7 +310,7 @@ def test_drain_move_moves_a_servers_remote_leases_to_another_and_names_what_stay
         token = a.token("drained")
         b.token("drained", token=token)
         run, lease = start_program(a, tmp_path, "drained", admin, token=token)
-        try:
+        with killed_on_failure(run):
             status, local = api(a.url, "POST", "/v1/leases", a.token("local-three"), {"n": 1, "mem_mib": 256})
             assert status == 201, local
             env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")} | {
@@ -340,9 +323,6 @@ def test_drain_move_moves_a_servers_remote_leases_to_another_and_names_what_stay
             assert f"{lease['id']}: moved to" in drained.stdout and local["id"] in drained.stdout
             assert api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
             assert api(a.url, "GET", "/v1/health")[1]["server"]["draining"] is True
-        except BaseException:
-            run.kill()
-            raise
         assert finishes_intact(run)["counter"] == "5"  # the kernel ran on B (nothing queued before)
         for args in (["--move"], ["--move", "--undo"]):
             refused = subprocess.run([*server_cmd(), "drain", a.url, *args], env=env, capture_output=True,
