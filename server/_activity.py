@@ -58,11 +58,13 @@ def _is_mps_server(pid: int) -> bool:
 class SimulatedActivity:
     """Busy = the lease's processes used at least ``min_cpu_share`` of a core since the last look.
 
-    A share, not an amount, so a probe interval of any length means the same; 2 % lets a starved busy
-    loop count as work while a client's own heartbeats (a few ms every TTL/3) do not.
+    A share, not an amount, so a probe interval of any length means the same. The lease's processes
+    include gpuattach itself, whose upkeep (heartbeats, the NVML view fetched every second) was measured
+    at 4-6 % of a core on a 2-core machine, each wake of a cold Python costing 10-40 ms; 20 % stays well
+    above that while a busy loop starved by a loaded machine still counts as work.
     """
 
-    def __init__(self, min_cpu_share: float = 0.02):
+    def __init__(self, min_cpu_share: float = 0.20):
         self.min_cpu_share = min_cpu_share
         self._last: dict[str, tuple[float, float]] = {}  # lease id -> (wall time, cpu seconds)
 
