@@ -4008,18 +4008,18 @@ def scenario_memory_calls():
     # The worker's driver log (the host executor's says nothing): an iterator, a dump into memory and a file.
     iterator, size = ctypes.c_uint(77), c_u64(64)
     text = ctypes.create_string_buffer(b"x" * 64)
-    say("log_current", f"{cu.cuLogsCurrent(ctypes.byref(iterator), 0)} {iterator.value}")
-    rc = cu.cuLogsDumpToMemory(ctypes.byref(iterator), text, ctypes.byref(size), 0)
+    say("log_current", f"{cu13.cuLogsCurrent(ctypes.byref(iterator), 0)} {iterator.value}")
+    rc = cu13.cuLogsDumpToMemory(ctypes.byref(iterator), text, ctypes.byref(size), 0)
     say("log_dump", f"{rc} {size.value} {text.raw[:1].hex()}")  # nothing since the iterator, NUL-terminated
     say(
-        "log_dump_bad", [cu.cuLogsDumpToMemory(None, text, ctypes.byref(size), 1), size.value]
+        "log_dump_bad", [cu13.cuLogsDumpToMemory(None, text, ctypes.byref(size), 1), size.value]
     )  # reserved flags
     path = f"/tmp/gpupool-log-{os.getpid()}"
-    rc = cu.cuLogsDumpToFile(None, path.encode(), 0)
+    rc = cu13.cuLogsDumpToFile(None, path.encode(), 0)
     with open(path, "rb") as file:
         say("log_file", f"{rc} {file.read()!r}")
     os.unlink(path)
-    say("log_file_unwritable", cu.cuLogsDumpToFile(None, b"/nonexistent-dir/log", 0))
+    say("log_file_unwritable", cu13.cuLogsDumpToFile(None, b"/nonexistent-dir/log", 0))
     say("flush_rdma_writes", cu.cuFlushGPUDirectRDMAWrites(0, 100))  # CURRENT_CTX, TO_OWNER
     say("flush_bad_scope", cu.cuFlushGPUDirectRDMAWrites(0, 7))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import importlib.metadata
 import re
+from pathlib import Path
 
 import pytest
 
@@ -122,3 +123,35 @@ def test_the_built_shim_does_what_the_census_says(entries):
             assert resolve(entry.name, version) == exported, f"{entry.name} does not resolve to {call.symbol}"
             checked += 1
     assert checked > 100
+
+
+def _typedefs() -> tuple[str, int]:
+    """cudaTypedefs.h and its CUDA version, from the nvidia-cuda-runtime wheel (the test extra installs it)."""
+    import nvidia
+
+    for root in nvidia.__path__:
+        for include in sorted(Path(root).glob("cu*/include")):
+            typedefs, cuda_h = include / "cudaTypedefs.h", include / "cuda.h"
+            if typedefs.exists() and cuda_h.exists():
+                version = re.search(r"#define CUDA_VERSION (\d+)", cuda_h.read_text())
+                assert version, f"{cuda_h} names no CUDA_VERSION"
+                return typedefs.read_text(), int(version.group(1))
+    raise AssertionError("no cudaTypedefs.h: install the test extra (nvidia-cuda-runtime)")
+
+
+def test_every_abi_version_of_the_call_table_is_one_the_headers_declare():
+    """cuGetProcAddress answers by (name, version): an ABI filed under a version the driver does not know it
+    by (cuLogsCurrent under 12080 where cudaTypedefs.h says 12090) makes the shim answer 'not found' at
+    versions the driver serves. Every table ABI up to the header's CUDA must be a PFN_<name>_v<version>
+    of cudaTypedefs.h; newer ones (the table follows newer cuda-bindings) are checked by the next header."""
+    text, header_cuda = _typedefs()
+    declared: dict[str, set[int]] = {}
+    for name, version in re.findall(r"\bPFN_(cu\w+?)_v(\d+)\)", text):
+        declared.setdefault(name, set()).add(int(version))
+    assert len(declared) > 400  # the driver API's typedefs, not an empty or truncated file
+    wrong = [
+        f"{call.name}@{call.since} (header: {sorted(declared[call.name])})"
+        for call in CALLS
+        if call.name in declared and call.since <= header_cuda and call.since not in declared[call.name]
+    ]
+    assert not wrong, f"ABI versions cudaTypedefs.h does not declare: {wrong}"

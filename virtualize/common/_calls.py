@@ -319,7 +319,7 @@ CALLS: tuple[Call, ...] = (
     _c("cuGreenCtxRecordEvent", 12040, "greenctx green, event event", invalidates=RECORDS),
     _c("cuGreenCtxWaitEvent", 12040, "greenctx green, event event"),
     _c("cuStreamGetGreenCtx", 12040, "stream stream, o_greenctx green"),
-    _c("cuGreenCtxStreamCreate", 12040, "o_stream stream, greenctx green, u32 flags, i32 priority"),
+    _c("cuGreenCtxStreamCreate", 12050, "o_stream stream, greenctx green, u32 flags, i32 priority"),
     _c("cuGreenCtxGetId", 12090, "greenctx green, o_u64 id"),
     # Execution affinity is not offered (answered 0 by the worker; cuCtxCreate_v3's is refused): green
     # contexts are how a program takes part of the lease's SMs.
@@ -873,9 +873,9 @@ CALLS: tuple[Call, ...] = (
     # Stream memory operations: a 32- or 64-bit word of the lease's memory waited on or written in order
     # (not of mirrored host memory, which the program would see only at a synchronisation: shim_streams.c).
     *(_c(name, since, f"stream stream, dptr addr, {bits} value, u32 flags", A, symbol=name + suffix, custom=True)
-      for name, bits in (("cuStreamWaitValue32", "u32"), ("cuStreamWaitValue64", "u64"),
-                         ("cuStreamWriteValue32", "u32"), ("cuStreamWriteValue64", "u64"))
-      for since, suffix in ((8000, ""), (11070, "_v2"))),
+      for name, bits, first in (("cuStreamWaitValue32", "u32", 8000), ("cuStreamWaitValue64", "u64", 9000),
+                                ("cuStreamWriteValue32", "u32", 8000), ("cuStreamWriteValue64", "u64", 9000))
+      for since, suffix in ((first, ""), (11070, "_v2"))),
     # A stream's attributes: the 64-byte value as the client wrote it; an access-policy window must be
     # memory of the lease; attributes that carry other handles or addresses are refused.
     _c("cuStreamGetAttribute", 11000, "stream stream, i32 attr, ptr value", custom=True, wire="stream stream, i32 attr"),
@@ -1144,9 +1144,9 @@ CALLS: tuple[Call, ...] = (
     # records on each stream when a cuEventElapsedTime it has no answer for comes (shim_streams.c).
     _c("gpEventElapsedMany", 0, "u32 count, bytes pairs", symbol="-"),
     # -- driver log callbacks: the driver's messages stay on the worker; a callback is kept, never called
-    _c("cuLogsRegisterCallback", 12080, "ptr callback, ptr user_data, o_u64 handle", L, custom=True,
+    _c("cuLogsRegisterCallback", 12090, "ptr callback, ptr user_data, o_u64 handle", L, custom=True,
        how="accepted, never called: the driver's messages stay on the worker"),
-    _c("cuLogsUnregisterCallback", 12080, "u64 handle", L, custom=True,
+    _c("cuLogsUnregisterCallback", 12090, "u64 handle", L, custom=True,
        how="accepted: the callback was never called"),
     # Asynchronous notifications: the one kind (CU_ASYNC_NOTIFICATION_TYPE_OVER_BUDGET) is about the worker's
     # process and its device memory budget; the lease's partition is the worker's to enforce.
@@ -1156,10 +1156,10 @@ CALLS: tuple[Call, ...] = (
     _c("cuDeviceUnregisterAsyncNotification", 12040, "i32 dev, u64 handle", L, custom=True,
        how="accepted for a handle registration gave: the callback was never called"),
     # The worker's driver log (the worker process is the lease's alone): read back, an iterator at a time.
-    _c("cuLogsCurrent", 12080, "o_u32 iterator, u32 flags"),
-    _c("cuLogsDumpToMemory", 12080, "ptr iterator, ptr buffer, ptr size, u32 flags", custom=True,
+    _c("cuLogsCurrent", 12090, "o_u32 iterator, u32 flags"),
+    _c("cuLogsDumpToMemory", 12090, "ptr iterator, ptr buffer, ptr size, u32 flags", custom=True,
        wire="u32 from_start, u32 iterator, u64 size, u32 flags, o_u32 next, o_u64 written"),
-    _c("cuLogsDumpToFile", 12080, "ptr iterator, cstr path, u32 flags", L, custom=True,
+    _c("cuLogsDumpToFile", 12090, "ptr iterator, cstr path, u32 flags", L, custom=True,
        how="the worker's log read as cuLogsDumpToMemory, written to the file by the client"),
     # -- NCCL, forwarded at its API (virtualize/client/nccl/nccl_forward.c -> virtualize.server._guard_nccl):
     # NCCL itself runs in the worker, on the lease's GPU and streams; its bootstrap and its transports
