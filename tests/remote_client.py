@@ -4380,8 +4380,8 @@ def scenario_migrate():
 
 def scenario_migrate_server():
     """What a move to another server carries (docs/remote.md, Between servers): a context of its own beside the
-    primary one, a module and its function, a library and its kernel, a stream, events, allocations big and
-    small with patterns; says
+    primary one, a module and its function, a library and its kernel, a module global whose address it holds,
+    a stream, events, allocations big and small with patterns; says
     `ready` and waits for the test (it may move the lease meanwhile). The line `queue` queues asynchronous work
     without waiting for it (a memset, a kernel, an event record) and says `queued` — what the old worker carries
     to the new one if the move comes right after; then every address holds its bytes, the queued work is done,
@@ -4405,6 +4405,15 @@ def scenario_migrate_server():
         regions[name] = (ptr, size)
     rc, queued = alloc(4096)
     check(rc, "alloc queued")
+    # A module global whose address the program holds, placed after another module's that is then unloaded: the
+    # new worker finds it again in the re-created module at another address, with its bytes.
+    gone, kept, table, table_size = c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(gone), b".global .align 8 .b8 gone[256];\n\0"), "load gone")
+    check(cu.cuModuleGetGlobal(ctypes.byref(table), ctypes.byref(table_size), gone, b"gone"), "global gone")
+    check(cu.cuModuleLoadData(ctypes.byref(kept), b".global .align 8 .b8 table[64];\n\0"), "load kept")
+    check(cu.cuModuleGetGlobal(ctypes.byref(table), ctypes.byref(table_size), kept, b"table"), "global table")
+    check(cu.cuModuleUnload(gone), "unload gone")
+    regions["global"] = (table.value, table_size.value)
     for i, (ptr, size) in enumerate(regions.values()):
         pattern = bytes((i * 37 + j * 11) % 256 for j in range(251))
         data = (pattern * (size // len(pattern) + 1))[:size]
@@ -4453,6 +4462,10 @@ def scenario_migrate_server():
     say("memset_after", dtoh(later, 4)[1].hex())
     check(cu.cuMemFree(c_u64(later)), "free after")
     check(cu.cuCtxSetCurrent(ctx), "primary")
+    global_at = regions.pop("global")[0]  # still the program's to write and read where it is now
+    check(cu.cuMemsetD8(c_u64(global_at), 0x5A, c_u64(8)), "memset the global")
+    say("global_after", dtoh(global_at, 8)[1].hex())
+    check(cu.cuModuleUnload(kept), "unload kept")
     for ptr, _ in regions.values():
         check(cu.cuMemFree(c_u64(ptr)), "free")
     check(cu.cuCtxDestroy(own), "context destroy")

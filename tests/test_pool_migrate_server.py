@@ -138,6 +138,9 @@ def test_a_running_program_moves_to_another_server_and_finishes_there(pair, tmp_
     assert result["event_query"] == "0" and result["alloc_after"] == "0", result
     assert result["memset_after"] == "09090909", result
     assert result["library_kernel"] == "3", result  # a library's kernel, loaded anew on B
+    assert result["global_after"] == "5a" * 8, (
+        result
+    )  # a module global, found again on B (same_global: its bytes)
     # gpuattach released the lease where it got it: A passes the release on to B
     wait_for(lambda: nothing_held(b, admin, lease["id"]), 15, what="the lease to end on B with its program")
 

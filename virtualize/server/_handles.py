@@ -272,6 +272,18 @@ def _record_json(record: Record) -> dict:
             "device": record.device, "made": list(record.made) if record.made else None, "made_at": record.made_at}  # fmt: skip
 
 
+def _filling_from(data: bytes) -> Callable[[memoryview], None]:
+    """A `copy_to_device` fill that hands out `data` chunk by chunk."""
+    offset = 0
+
+    def fill(chunk: memoryview) -> None:
+        nonlocal offset
+        chunk[:] = data[offset : offset + len(chunk)]
+        offset += len(chunk)
+
+    return fill
+
+
 def _record_from_json(j: dict) -> Record:
     if j["method"] not in PER_CALL:  # only the executor's per-call methods make or configure objects
         raise ValueError(f"{j['method']!r} is no call a record is made of")
@@ -658,7 +670,49 @@ class Translated:
         with self.record_lock:
             records = [r for r in self.records.values() if self._holds(r)]
             held = dict(self.primary_held)
-        return {"records": [_record_json(r) for r in records], "primary_held": held}
+            variables = list(self.globals.items())
+        return {"records": [_record_json(r) for r in records], "primary_held": held,
+                "globals": [g for address, v in variables if (g := self._global_json(address, v))]}  # fmt: skip
+
+    def _global_json(self, address: int, variable: GlobalVariable) -> dict | None:
+        """A module global whose address the client holds, with its bytes as they are now (read from the
+        device, the calls paused), for the receiving worker to find again (`_globals_imported`); None when the
+        lease has let go of its module."""
+        owner, ns = variable.args[0], "module" if variable.method == "cuModuleGetGlobal" else "library"
+        if not self.alive(ns, owner):
+            return None
+        if variable.ctx:
+            self.inner.set_context(self.map.real("ctx", variable.ctx))
+        chunks: list[bytes] = []
+        self.inner.copy_from_device(self.addresses.real(address), variable.size, None,
+                                    lambda view: chunks.append(bytes(view)))  # fmt: skip
+        return {"address": address, "method": variable.method, "args": [_value_json(a) for a in variable.args],
+                "ctx": variable.ctx, "size": variable.size, "bytes": base64.b64encode(b"".join(chunks)).decode()}  # fmt: skip
+
+    def _globals_imported(self, carried: list[dict], made: dict[tuple[str, int], int]) -> None:
+        """The carried globals found again in their re-created modules here, their bytes written there, and
+        each client's address mapped to where the bytes now are (`addresses`)."""
+        for g in carried:
+            variable = GlobalVariable(str(g["method"]), tuple(_value_from_json(a) for a in g["args"]),
+                                      int(g["ctx"]), int(g["size"]))  # fmt: skip
+            if variable.method not in GLOBAL_GETTERS:
+                raise ValueError(f"{variable.method!r} is no call a global is found by")
+            (owner, name), ns = (
+                variable.args,
+                "module" if variable.method == "cuModuleGetGlobal" else "library",
+            )
+            if variable.ctx:
+                self.inner.set_context(made.get(("ctx", variable.ctx), self.map.real("ctx", variable.ctx)))
+            found, size = getattr(self.inner, variable.method)(
+                made.get((ns, owner), self.map.real(ns, owner)), name
+            )
+            data = base64.b64decode(g["bytes"])
+            if size != variable.size or len(data) != size:
+                raise ValueError(f"the global {name!r} is {size} bytes here, {variable.size} on the source")
+            self.inner.copy_to_device(found, size, None, _filling_from(data))
+            address = int(g["address"])
+            self.addresses.move(address, size, found)
+            self.globals[address] = variable
 
     def imported(self, exported: dict) -> int:
         """Re-create the objects of another worker's `exported()` records here, on this worker's fresh
@@ -676,6 +730,7 @@ class Translated:
                 self.inner.cuDevicePrimaryCtxRetain(device)
             if primary and not held.get(device, 0):  # made to re-create its objects; nobody holds it
                 self.inner.cuDevicePrimaryCtxRelease(device)
+        self._globals_imported(exported.get("globals", []), made)
         for (ns, client), real in made.items():
             self.map.move(ns, client, real)
         with self.record_lock:

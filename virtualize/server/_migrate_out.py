@@ -177,7 +177,6 @@ NOT_CARRIED = {
     "graph": "CUDA graphs", "graphexec": "instantiated graphs", "array": "CUDA arrays",
     "mipmap": "mipmapped arrays", "texobj": "texture objects", "surfobj": "surface objects",
     "vmem": "memory of the virtual memory API",
-    "global": "module globals whose address the program asked for",
     "link": "a link in progress (cuLinkCreate)",
 }  # fmt: skip
 

@@ -144,8 +144,11 @@ def imported(lease, executor, state: dict, memory: list, backings: list, Allocat
                                                       window, bool(is_global), int(sync_memops))  # fmt: skip
         lease.bases = sorted(lease.allocations)
         if lease.native is not None:  # the native loop checks copies against the lease's memory too
-            for a in lease.allocations.values():
-                lease.native.range_added(a.base, a.size)
+            for (
+                a
+            ) in lease.allocations.values():  # (not a module global at another address here: Python maps it)
+                if executor.addresses.real(a.base) == a.base:
+                    lease.native.range_added(a.base, a.size)
         for kind, values in state["handles"].items():
             lease.handles[kind].update(values)  # (the native loop's tables mirror these: update, not replace)
         lease.children = {int(o): set(made) for o, made in state["children"]}

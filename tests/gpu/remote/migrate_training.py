@@ -66,6 +66,7 @@ from _pool import nvml_view_env  # noqa: E402
 
 from server.workers import WorkerDevice, start_worker  # noqa: E402
 from virtualize.client.remote import fresh_shim, remote_env  # noqa: E402
+from virtualize.common import _wire  # noqa: E402
 
 TRAIN_TIMEOUT_S = 150  # one training run
 HOLD_TIMEOUT_S = 120  # a holder program from start to its last line
@@ -789,7 +790,10 @@ def xserver_training(shim: Path, work: Path, two: list, steps: int, at: int) -> 
         handle = worker_on(two[0], 40)
         target, where = receiving_worker(handle, two[1], 40) if move_at is not None else (None, {})
         try:
-            env = {**lease_env(handle, shim, work), "GPUPOOL_SHIM_SHARED_COPIES": "0"}
+            # As a client on another host has it (a move between servers is for such clients): TCP with TLS,
+            # no local socket, so nothing is shared with the worker's host (shared page-locked memory and
+            # copies through shared memory cannot follow the lease to another server and are refused).
+            env = {k: v for k, v in lease_env(handle, shim, work).items() if k != _wire.ENV_LOCAL}
             runs[label] = train(env, steps, move_at, lambda h=handle, w=where: send_to(h, w, two[1]))
         finally:
             handle.stop()

@@ -13,6 +13,8 @@ from __future__ import annotations
 import ctypes
 import sys
 
+from _common import loaded_libcuda
+
 from virtualize.server._executor import table_abis
 
 FOUND, NOT_SUFFICIENT = 0, 2  # CU_GET_PROC_ADDRESS_SUCCESS, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
@@ -26,6 +28,7 @@ def main() -> int:
     if lib.cuInit(0) != 0:
         print("cuInit failed")
         return 1
+    print("libcuda", loaded_libcuda(), file=sys.stderr)  # run.py checks the remote run loaded the shim
     lines = 0
     for name, abis in table_abis().items():
         versions = sorted({abis[0].since - 1, *(c.since for c in abis)})
