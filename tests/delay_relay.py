@@ -6,18 +6,22 @@ what a run across the link measures, not only bandwidth.
     python tests/delay_relay.py LISTEN_HOST TARGET_HOST TARGET_PORT DELAY_NS
 
 prints the port it listens on (one line), then relays every connection to TARGET until killed. Each
-direction of a connection is one thread: a segment read at time t is sent at t + DELAY_NS (the thread
-spins for the rest, so the delay is not a timer's granularity); while it waits, what follows queues in
-the socket, as behind a link's delay. Small segments pay the relay's own cost too (a Python thread's
-wake-up, tens of microseconds on a loaded host): the measured round trip says what a run got.
+direction of a connection is a process of its own: a segment read at time t is sent at t + DELAY_NS (the
+process spins for the rest, so the delay is not a timer's granularity); while it waits, what follows
+queues in the socket, as behind a link's delay. Processes, not threads: a thread spinning out one
+segment's delay held the interpreter's lock while the other direction's segment waited for it (up to the
+switch interval each way, more than the delay itself), which made a training across the link pay the
+relay, not the link. Small segments still pay a process's wake-up: the measured round trip says what a
+run got.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import socket
 import sys
-import threading
 import time
 
 CHUNK = 1 << 20  # at most this much per read: a bulk copy moves in large segments, each held once
@@ -52,7 +56,12 @@ def serve(listener: socket.socket, target: tuple[str, int], delay_ns: int) -> No
         for sock in (client, server):  # a held segment must not wait again for Nagle
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for source, sink in ((client, server), (server, client)):
-            threading.Thread(target=pump, args=(source, sink, delay_ns), daemon=True).start()
+            if os.fork() == 0:  # the direction's process: ends with the connection
+                listener.close()
+                pump(source, sink, delay_ns)
+                os._exit(0)
+        client.close()  # the directions' processes hold the connection now
+        server.close()
 
 
 def main(argv: list[str]) -> int:
@@ -60,7 +69,7 @@ def main(argv: list[str]) -> int:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     listen_host, target_host, target_port, delay_ns = argv[0], argv[1], int(argv[2]), int(argv[3])
-    sys.setswitchinterval(1e-4)  # a thread with a segment due is not kept waiting by one spinning
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # a direction's process that ended is reaped at once
     listener = socket.create_server((listen_host, 0), backlog=64)
     print(listener.getsockname()[1], flush=True)
     serve(listener, (target_host, target_port), delay_ns)

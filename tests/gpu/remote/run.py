@@ -248,6 +248,9 @@ def main() -> int:
                         "20 µs each way, TLS on), as a client on another host gets them (root)")  # fmt: skip
     parser.add_argument("--link-rate", default="25gbit", help="--link: the link's rate each way (tc units)")
     parser.add_argument("--link-delay", default="20us", help="--link: the link's one-way delay (tc units)")
+    parser.add_argument("--profile", action="store_true",
+                        help="every remote run with GPUPOOL_SHIM_PROFILE=1: the trainings print where the shim's "
+                        "time went (calls, round trips, bytes) after their results")  # fmt: skip
     parser.add_argument("--train-args", default="",
                         help="more arguments for bench/train_models.py, native and remote alike "
                         "(e.g. '--input uint8')")  # fmt: skip
@@ -255,6 +258,8 @@ def main() -> int:
     TRAIN_ARGS.extend(args.train_args.split())
     if args.encrypt:
         ENCRYPT.update({_wire.ENV_ENCRYPT: "always"})
+    if args.profile:
+        ENCRYPT.update({"GPUPOOL_SHIM_PROFILE": "1"})
     if args.ring:  # (a local connection only: with --encrypt the ring is not asked for)
         ENCRYPT.update({"GPUPOOL_SHIM_RING": "1"})
     want = set(args.only or [])
@@ -476,6 +481,10 @@ def training(
         print(f"[{label}] exit {rc} in {seconds:.1f} s: {summary}")
         if rc != 0:
             print("\n".join(f"[{label} stderr]   {line}" for line in err.splitlines()[-25:]))
+        if (
+            label == "remote" and remote_env_.get("GPUPOOL_SHIM_PROFILE") == "1"
+        ):  # --profile: the shim's table
+            print("\n".join(f"[profile] {line}" for line in err.splitlines() if line.startswith("gpupool:")))
     (n_rc, n_loss, n_sum), (r_rc, r_loss, r_sum) = runs["native"], runs["remote"]
     print(f"{'step':>5} {'native loss':>12} {'remote loss':>12}")
     for i, (a, b) in enumerate(zip(n_loss, r_loss, strict=False)):
