@@ -4419,6 +4419,23 @@ def scenario_migrate_server():
         data = (pattern * (size // len(pattern) + 1))[:size]
         check(cu.cuMemcpyHtoD(c_u64(ptr), data, c_u64(size)), "fill")
     before = {name: dtoh(ptr, size)[1] for name, (ptr, size) in regions.items()}
+    # Page-locked (registered) memory copied into asynchronously and a host function: the process's callback
+    # connection, which follows it to the new worker.
+    landing, ran = ctypes.create_string_buffer(4096), []
+    pinned = c_u64(ctypes.addressof(landing))
+    check(cu.cuMemHostRegister(pinned, c_u64(4096), 0), "host register")
+    host_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda data: ran.append(data or 0))
+
+    def copy_back_and_call(n: int) -> bool:
+        """The big region's first 4 KiB copied into page-locked memory behind the stream, then host function
+        `n`: both done at the synchronise, in order."""
+        ctypes.memset(pinned.value, 0, 4096)
+        check(cu.cuMemcpyDtoHAsync(pinned, c_u64(regions["big"][0]), c_u64(4096), stream), "dtoh async")
+        check(cu.cuLaunchHostFunc(stream, host_fn, ctypes.c_void_p(n)), "host function")
+        check(cu.cuStreamSynchronize(stream), "sync the copy and the function")
+        return ctypes.string_at(pinned.value, 4096) == before["big"][:4096] and ran[-1:] == [n]
+
+    callbacks_before = copy_back_and_call(1)  # said at the end (what comes before `ready` is not read)
     check(cu.cuCtxSynchronize(), "sync")
     say("ready", 1)
     counter = c_u64(queued)
@@ -4454,6 +4471,8 @@ def scenario_migrate_server():
     check(cu.cuLaunchKernel(fill, 1, 1, 1, 16, 1, 1, 0, stream, fill_params, None), "the library's kernel")
     check(cu.cuStreamSynchronize(stream), "stream sync")
     say("library_kernel", struct.unpack("<I", dtoh(filled, 4)[1])[0])
+    say("callbacks_before", callbacks_before)
+    say("callbacks_after", copy_back_and_call(2))
     check(cu.cuLibraryUnload(library), "library unload")
     check(cu.cuCtxSetCurrent(own), "own context")
     rc, later = alloc(MiB)

@@ -66,9 +66,10 @@ def start_program(server: ServerProc, tmp_path, client: str, admin: str, scenari
                   token: str | None = None) -> tuple[subprocess.Popen, dict]:  # fmt: skip
     """A scenario of tests/remote_client.py under `gpuattach run` on `server` (by default what a move to
     another server carries; `migrate`: every object kind), once it holds its objects; its lease. Copies go
-    through the connection (shared memory is this host's: a move to another server refuses it)."""
+    through the connection and page-locked memory is not shared (shared memory is this host's: a move to another
+    server refuses it)."""
     return start_remote_program(server, tmp_path, client, admin, scenario, token=token,
-                                env={"GPUPOOL_SHIM_SHARED_COPIES": "0"})  # fmt: skip
+                                env={"GPUPOOL_SHIM_SHARED_COPIES": "0", "GPUPOOL_SHIM_SHARED_PINNED": "0"})  # fmt: skip
 
 
 def finishes_intact(run: subprocess.Popen, lines: str = "done\n") -> dict[str, str]:
@@ -138,9 +139,11 @@ def test_a_running_program_moves_to_another_server_and_finishes_there(pair, tmp_
     assert result["event_query"] == "0" and result["alloc_after"] == "0", result
     assert result["memset_after"] == "09090909", result
     assert result["library_kernel"] == "3", result  # a library's kernel, loaded anew on B
-    assert result["global_after"] == "5a" * 8, (
+    assert result["callbacks_before"] == result["callbacks_after"] == "True", (
         result
-    )  # a module global, found again on B (same_global: its bytes)
+    )  # its callback connection
+    # a module global, found again on B (same_global: its bytes), still written and read where it is now
+    assert result["global_after"] == "5a" * 8, result
     # gpuattach released the lease where it got it: A passes the release on to B
     wait_for(lambda: nothing_held(b, admin, lease["id"]), 15, what="the lease to end on B with its program")
 
@@ -354,7 +357,7 @@ def test_a_process_that_ends_before_it_reconnects_leaves_nothing_held_on_the_new
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     env.update(remote_env({"id": lease["id"], "worker": lease["worker"]}, cache_root=tmp_path / "cache",
                           library=fresh_shim(tmp_path / "shim")))  # fmt: skip
-    env["GPUPOOL_SHIM_SHARED_COPIES"] = "0"
+    env["GPUPOOL_SHIM_SHARED_COPIES"] = env["GPUPOOL_SHIM_SHARED_PINNED"] = "0"
     run = subprocess.Popen([sys.executable, CLIENT, "migrate_server"], env=env, stdin=subprocess.PIPE,
                            stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
     try:

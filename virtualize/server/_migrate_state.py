@@ -25,14 +25,11 @@ RESUME_WAIT_S = 60.0  # how long a reconnecting process waits for its state to b
 UNCARRIED_TABLES = {
     "vm_exported": "memory of the virtual memory API", "nccl_comms": "NCCL communicators",
     "tensor_maps": "tensor maps (cuTensorMapEncode*)", "host_nodes": "CUDA graphs",
-    "callback_tokens": "host functions (cuLaunchHostFunc)",
 }  # fmt: skip
 
 
 def process_refusal(session) -> str | None:
     """What one connection holds that a move to another server does not carry, or None."""
-    if session.callbacks is not None or session.calls_back_for is not None:
-        return "a process of the lease runs host functions (cuLaunchHostFunc): its callback connection"
     if session.lanes is not None or session.lane_of is not None:
         return "a process of the lease copies across several connections (copy lanes)"
     if session.shared is not None:
@@ -68,9 +65,13 @@ def exported(lease, sessions: list, mappings: list) -> tuple[dict, dict[int, int
         token = secrets.randbits(63) | 1
         tokens[id(session)] = token
         windows_of[id(session.window)] = token
+        # Copies to its page-locked memory done by now went out on its callback connection: the new worker's
+        # count of them goes on from here (the process waits for as many to have landed).
+        copies_sent = session.callbacks.deliveries.flush(wait=True) if session.callbacks is not None else 0
         processes.append({
             "token": token, "ctx": session.ctx, "pending": session.pending, "owned": sorted(session.owned),
             "created": sorted(session.context_calls.created), "window": _window_json(session.window, index),
+            "copies_sent": copies_sent,
         })  # fmt: skip
     allocations = [
         [a.base, a.size, a.device, a.owned, a.ctx, windows_of.get(id(a.window)) if a.window else None,
@@ -122,6 +123,7 @@ class Parked:
     pending: int
     owned: set[int]
     created: set[int]
+    copies_sent: int = 0  # copy frames the old worker sent on its callback connection (the client counts on)
     frames: list[tuple[int, int, bytes, bytes]] = field(default_factory=list)  # sent after the pause
     complete: threading.Event = field(default_factory=threading.Event)  # every frame of it arrived
 
@@ -135,7 +137,12 @@ def imported(lease, executor, state: dict, memory: list, backings: list, Allocat
     for p in state["processes"]:
         window = _window_from_json(executor, lease.limits, p["window"], memory, backings)
         parked[int(p["token"])] = Parked(
-            window, int(p["ctx"]), int(p["pending"]), set(p["owned"]), set(p["created"])
+            window,
+            int(p["ctx"]),
+            int(p["pending"]),
+            set(p["owned"]),
+            set(p["created"]),
+            int(p.get("copies_sent", 0)),
         )
     with lease.lock:
         for base, size, device, owned, ctx, token, is_global, sync_memops in state["allocations"]:
@@ -203,6 +210,9 @@ def resume(session, token: int) -> None:
     session.window = parked.window
     session.owned, session.context_calls.created = parked.owned, parked.created
     session.pending = parked.pending
+    session.copies_announced = parked.copies_sent  # the client counts the copies that landed since it started
+    if session.callbacks is not None:  # attached here before the resume (the shim does that first)
+        session.callbacks.deliveries.sent = parked.copies_sent
     if parked.ctx:
         session.executor.set_context(parked.ctx)
         session.ctx = parked.ctx

@@ -393,6 +393,7 @@ struct gp_moved_to {
 } __attribute__((packed));
 _Static_assert(sizeof(struct gp_moved_to) == GP_MOVED_TO_BYTES, "MOVED_TO");
 static int moved_to(const struct gp_moved_to *to);
+static int callbacks_reattach_locked(void);
 
 static int recv_reply(int32_t *result, void *outs, uint32_t outs_len, void *bulk_out, uint64_t bulk_out_len) {
     struct gp_reply rep;
@@ -737,6 +738,13 @@ static int moved_to(const struct gp_moved_to *to) {
     lease_setenv(GP_ENV_TLS, pin);
     if (connect_worker() != CUDA_SUCCESS) return -1;
     if (to->token) { /* 0: this process connected after the move and starts anew there */
+        /* Its callback connection first: the frames it sent since the pause run at the resume, and a copy to
+         * page-locked memory among them needs one there. */
+        if (callbacks_reattach_locked() < 0) {
+            fail(CUDA_ERROR_DEVICE_UNAVAILABLE, "the lease moved to %s, which did not take this process's "
+                 "callback connection: the remote GPU is gone, CUDA calls fail from now on", where);
+            return -1;
+        }
         struct gp_in_gpResume in = {.token = to->token};
         int32_t result;
         if (send_frame(GP_CALL_gpResume, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0) < 0 ||
@@ -1254,7 +1262,10 @@ static pthread_mutex_t host_calls_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t callbacks_cond = PTHREAD_COND_INITIALIZER;
 static struct host_call *host_calls;
 static uint64_t next_host_call = 1;
-static struct gp_conn callback_conn = {-1, NULL, NULL};
+/* The process's callback connection: a new one after the lease moved to another server's worker (the old
+ * one's thread reads what the old worker sent until it closes, then ends without stopping the copies). */
+static struct gp_conn first_callback_conn = {-1, NULL, NULL};
+static struct gp_conn *callback_conn = &first_callback_conn;
 static int callbacks_state; /* 0 not started, 1 starting, 2 running, or the CUresult that stopped it (< 0) */
 static CUresult callbacks_result;
 
@@ -1310,10 +1321,12 @@ uint64_t gp_recapture_callback(void *fn, void *data) {
     return id ? id : gp_host_call_add(GP_HOST_RECAPTURE, fn, data, 0, 1);
 }
 
+/* An answer on the callback connection this callback thread reads (its own, after a move too). */
 static int callback_send(const void *buf, size_t len) {
-    if (callback_conn.ssl) return gp_tls_write(callback_conn.ssl, buf, len);
+    struct gp_conn *c = conn();
+    if (c->ssl) return gp_tls_write(c->ssl, buf, len);
     for (const char *p = buf; len > 0;) {
-        ssize_t n = send(callback_conn.fd, p, len, MSG_NOSIGNAL);
+        ssize_t n = send(c->fd, p, len, MSG_NOSIGNAL);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) return -1;
         p += n;
@@ -1477,26 +1490,41 @@ static int recapture_answer(const struct gp_reply *rep) {
     return callback_send(&answer, sizeof answer);
 }
 
+/* Connect the calling thread's connection (thread_conn) to the worker and attach it as `token`'s callback
+ * connection (under conn_lock: the handshake's I/O shares buffers with the process's connection). */
+static CUresult callback_attach_locked(uint64_t token) {
+    CUresult r = connect_worker();
+    if (r != CUDA_SUCCESS) return r;
+    struct gp_in_gpCallbackAttach in = {.token = token};
+    int32_t result = -1;
+    if (send_frame(GP_CALL_gpCallbackAttach, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0) < 0 ||
+        recv_reply(&result, NULL, 0, NULL, 0) < 0)
+        return CUDA_ERROR_DEVICE_UNAVAILABLE;
+    return result;
+}
+
+static void *callback_reader(void *arg);
+
 static void *callback_thread(void *arg) {
     uint64_t token = *(uint64_t *)arg;
-    thread_conn = &callback_conn;
-    pthread_mutex_lock(&conn_lock); /* the handshake's I/O shares buffers with the process's connection */
-    CUresult r = connect_worker();
-    if (r == CUDA_SUCCESS) {
-        struct gp_in_gpCallbackAttach in = {.token = token};
-        int32_t result = -1;
-        if (send_frame(GP_CALL_gpCallbackAttach, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0) < 0 ||
-            recv_reply(&result, NULL, 0, NULL, 0) < 0)
-            r = CUDA_ERROR_DEVICE_UNAVAILABLE;
-        else
-            r = result;
-    }
+    struct gp_conn *mine = callback_conn;
+    thread_conn = mine;
+    pthread_mutex_lock(&conn_lock);
+    CUresult r = callback_attach_locked(token);
     pthread_mutex_unlock(&conn_lock);
     pthread_mutex_lock(&host_calls_lock);
     callbacks_result = r;
     callbacks_state = r == CUDA_SUCCESS ? 2 : -1;
     pthread_cond_broadcast(&callbacks_cond);
     pthread_mutex_unlock(&host_calls_lock);
+    return r == CUDA_SUCCESS ? callback_reader(mine) : NULL;
+}
+
+/* Read the callback connection `arg` until the worker closes it: host functions to run, copies landing. */
+static void *callback_reader(void *arg) {
+    struct gp_conn *mine = arg;
+    thread_conn = mine;
+    CUresult r = CUDA_SUCCESS;
     while (r == CUDA_SUCCESS) {
         struct gp_reply rep;
         uint64_t id;
@@ -1517,8 +1545,50 @@ static void *callback_thread(void *arg) {
         }
         if (callback_send(&id, sizeof id) < 0) break; /* the function returned: the stream goes on */
     }
-    copies_stop(); /* nothing more lands: no call waits for it */
+    pthread_mutex_lock(&host_calls_lock);
+    int replaced = mine != callback_conn; /* the lease moved: the new worker's connection goes on */
+    pthread_mutex_unlock(&host_calls_lock);
+    if (!replaced) copies_stop(); /* nothing more lands: no call waits for it */
     return NULL; /* the worker closed it: the process's connection is ending */
+}
+
+/* After the lease moved (moved_to, under conn_lock, on the process's connection to the new worker): where this
+ * process had a callback connection, a new one to the new worker, attached before the process resumes there,
+ * with a thread of its own reading it. 0 also where it had none. */
+static int callbacks_reattach_locked(void) {
+    pthread_mutex_lock(&host_calls_lock);
+    int running = callbacks_state == 2;
+    pthread_mutex_unlock(&host_calls_lock);
+    if (!running) return 0;
+    struct gp_out_gpCallbackToken out;
+    int32_t result = -1;
+    if (send_frame(GP_CALL_gpCallbackToken, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, NULL, 0) < 0 ||
+        recv_reply(&result, &out, sizeof out, NULL, 0) < 0 || result != 0)
+        return -1;
+    struct gp_conn *fresh = malloc(sizeof *fresh);
+    if (!fresh) return -1;
+    *fresh = (struct gp_conn){-1, NULL, NULL};
+    struct gp_conn *mine = thread_conn;
+    thread_conn = fresh;
+    CUresult r = callback_attach_locked(out.token);
+    thread_conn = mine;
+    pthread_t thread;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (r == CUDA_SUCCESS) {
+        pthread_mutex_lock(&host_calls_lock);
+        callback_conn = fresh; /* the old connection's struct stays: its thread still reads it */
+        pthread_mutex_unlock(&host_calls_lock);
+        if (pthread_create(&thread, &attr, callback_reader, fresh) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_attr_destroy(&attr);
+    if (r != CUDA_SUCCESS && callback_conn != fresh) {
+        gp_tls_free(fresh->ssl);
+        if (fresh->fd >= 0) close(fresh->fd);
+        free(fresh);
+    }
+    return r == CUDA_SUCCESS ? 0 : -1;
 }
 
 CUresult gp_callbacks_start(void) {
@@ -1555,7 +1625,8 @@ CUresult gp_callbacks_start(void) {
 static void callbacks_after_fork_in_child(void) {
     /* The callback thread and its connection stay with the parent; the child starts its own. */
     copies_after_fork_in_child();
-    callback_conn = (struct gp_conn){-1, NULL, callback_conn.joined};
+    first_callback_conn = (struct gp_conn){-1, NULL, callback_conn->joined};
+    callback_conn = &first_callback_conn;
     callbacks_state = 0;
     host_calls = NULL;
     pthread_mutex_init(&host_calls_lock, NULL);
