@@ -185,6 +185,43 @@ def test_a_lease_holding_what_a_move_does_not_carry_yet_is_refused_before_anythi
     finishes_intact(run)
 
 
+def test_graphs_and_instantiated_graphs_move_to_another_server_and_run_as_before(pair, tmp_path):
+    """A program holding CUDA graphs — one built node by node (memset, kernel, copy, child graph, event record
+    and empty nodes, with edges), instantiated twice before the move (the first's kernel node set anew with
+    cuGraphExecKernelNodeSetParams, then the graph's own; the second's copy node switched off), and one captured
+    from a stream (a memset, a library kernel's and a function's launches, a copy) and destroyed once
+    instantiated — moved --to B: on B each instantiated graph launched again leaves the same bytes at the same
+    addresses as on A (the update kept), the graph instantiated anew there does what it did on A, and the
+    program's graph, node and instantiated-graph handles still answer (the nodes listed, a kernel node's
+    function and launch attribute, an event node's event, a node set anew after the move and run)."""
+    a, b = pair
+    admin = admin_of(a, b)
+    token = a.token("grapher")
+    b.token("grapher", token=token)
+    run, lease = start_program(a, tmp_path, "grapher", admin, "migrate_graphs_server", token=token)
+    with killed_on_failure(run):
+        moved = migrate(a, lease["id"], "--to", b.url, token=admin)
+        assert moved.returncode == 0, moved.stdout + moved.stderr
+        assert api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
+    result = finishes_intact(
+        run
+    )  # same_first, same_second, same_captured, same_instantiated_anew, same_nodes
+    assert result["node_function"] == result["node_attribute"] == result["event_node"] == "True", result
+    assert result["set_after"] == "09020202", result  # 0x02020202 + 7: the node set anew on B ran
+
+
+def test_a_graph_with_a_host_node_is_refused_naming_it_and_the_program_goes_on(pair, tmp_path):
+    """A graph holding a host node (a function of the program, which the worker calls back through the
+    program's connection): the move --to B is refused naming the host node (exit 2, one line) before B is
+    asked, and the program's graphs run on at A as before."""
+    a, b = pair
+    admin = admin_of(a, b)
+    run, lease = start_program(a, tmp_path, "host-grapher", admin, "migrate_graphs")
+    with killed_on_failure(run):
+        refused_and_stays(a, b, lease, admin, "host node")
+    finishes_intact(run)
+
+
 def test_a_receiving_worker_that_dies_mid_copy_leaves_the_lease_on_its_source(tmp_path):
     """The target's receiving worker dies after the first MiB of the lease's memory (as if killed): the move
     fails naming the broken link (exit 2, one line), the target's admission ends and frees its GPU, and the
