@@ -4612,6 +4612,7 @@ def scenario_migrate_graphs(host: bool = True):
     host_calls = list(ran)
     say("ready", 1)
     while sys.stdin.readline().strip() not in ("", "done"):  # the test migrates meanwhile
+        check(cu.cuStreamSynchronize(stream), "a call (after a move to another server: made there)")
         say("step", 1)
     del ran[:]
     after = run_all(first, second, captured_exec)

@@ -190,24 +190,27 @@ def test_graphs_and_instantiated_graphs_move_to_another_server_and_run_as_before
     and empty nodes, with edges), instantiated twice before the move (the first's kernel node set anew with
     cuGraphExecKernelNodeSetParams, then the graph's own; the second's copy node switched off), and one captured
     from a stream (a memset, a library kernel's and a function's launches, a copy) and destroyed once
-    instantiated — moved --to B: on B each instantiated graph launched again leaves the same bytes at the same
-    addresses as on A (the update kept), the graph instantiated anew there does what it did on A, and the
-    program's graph, node and instantiated-graph handles still answer (the nodes listed, a kernel node's
-    function and launch attribute, an event node's event, a node set anew after the move and run)."""
+    instantiated — moved --to B, and after a call there back --to A (what B built, read there and built again):
+    each instantiated graph launched again leaves the same bytes at the same addresses as before the moves
+    (the update kept), the graph instantiated anew does what it did before them, and the program's graph,
+    node and instantiated-graph handles still answer (the nodes listed, a kernel node's function and launch
+    attribute, an event node's event, a node set anew after the moves and run)."""
     a, b = pair
     admin = admin_of(a, b)
     token = a.token("grapher")
     b.token("grapher", token=token)
     run, lease = start_program(a, tmp_path, "grapher", admin, "migrate_graphs_server", token=token)
     with killed_on_failure(run):
-        moved = migrate(a, lease["id"], "--to", b.url, token=admin)
-        assert moved.returncode == 0, moved.stdout + moved.stderr
-        assert api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
-    result = finishes_intact(
-        run
-    )  # same_first, same_second, same_captured, same_instantiated_anew, same_nodes
+        for source, target in ((a, b), (b, a)):
+            moved = migrate(source, lease["id"], "--to", target.url, token=admin)
+            assert moved.returncode == 0, moved.stdout + moved.stderr
+            assert api(target.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
+            run.stdin.write("sync\n")  # a call: the program reconnects to the lease's new worker
+            run.stdin.flush()
+            assert run.stdout.readline().startswith("step")
+    result = finishes_intact(run)  # same_first, _second, _captured, _instantiated_anew, _nodes
     assert result["node_function"] == result["node_attribute"] == result["event_node"] == "True", result
-    assert result["set_after"] == "09020202", result  # 0x02020202 + 7: the node set anew on B ran
+    assert result["set_after"] == "09020202", result  # 0x02020202 + 7: the node set anew after the moves ran
 
 
 def test_a_graph_with_a_host_node_is_refused_naming_it_and_the_program_goes_on(pair, tmp_path):
