@@ -173,15 +173,22 @@ def test_the_heartbeat_loop_follows_a_lease_that_moved(pair, tmp_path):
     finishes_intact(run)
 
 
-def test_a_lease_holding_what_a_move_does_not_carry_yet_is_refused_before_anything_pauses(pair, tmp_path):
+@pytest.mark.parametrize(
+    ("scenario", "why"),
+    [("migrate", "does not carry yet"), ("migrate_graphs", "host node")],
+    ids=["kinds", "host"],
+)
+def test_what_a_move_does_not_carry_is_refused_before_anything_pauses(pair, tmp_path, scenario, why):
     """A program holding every object kind (graphs, arrays, textures, its own virtual memory, a library, ...):
-    the move --to B is refused with what it does not carry (exit 2, one line) before B is asked, and the
-    program goes on and finishes intact on A."""
+    the move --to B is refused with what it does not carry yet; a program whose graph holds a host node (a
+    function of the program, which the worker calls back through its connection): refused naming the host
+    node. Each is refused (exit 2, one line) before B is asked, and the program goes on and finishes intact on
+    A (its graphs run as before)."""
     a, b = pair
     admin = admin_of(a, b)
-    run, lease = start_program(a, tmp_path, "holder", admin, "migrate")
+    run, lease = start_program(a, tmp_path, f"holder-{scenario}", admin, scenario)
     with killed_on_failure(run):
-        refused_and_stays(a, b, lease, admin, "does not carry yet")
+        refused_and_stays(a, b, lease, admin, why)
     finishes_intact(run)
 
 
@@ -211,18 +218,6 @@ def test_graphs_and_instantiated_graphs_move_to_another_server_and_run_as_before
     result = finishes_intact(run)  # same_first, _second, _captured, _instantiated_anew, _nodes
     assert result["node_function"] == result["node_attribute"] == result["event_node"] == "True", result
     assert result["set_after"] == "09020202", result  # 0x02020202 + 7: the node set anew after the moves ran
-
-
-def test_a_graph_with_a_host_node_is_refused_naming_it_and_the_program_goes_on(pair, tmp_path):
-    """A graph holding a host node (a function of the program, which the worker calls back through the
-    program's connection): the move --to B is refused naming the host node (exit 2, one line) before B is
-    asked, and the program's graphs run on at A as before."""
-    a, b = pair
-    admin = admin_of(a, b)
-    run, lease = start_program(a, tmp_path, "host-grapher", admin, "migrate_graphs")
-    with killed_on_failure(run):
-        refused_and_stays(a, b, lease, admin, "host node")
-    finishes_intact(run)
 
 
 def test_a_receiving_worker_that_dies_mid_copy_leaves_the_lease_on_its_source(tmp_path):
