@@ -14,7 +14,8 @@ in order, each object's handle arguments mapped to the objects already re-create
 on maps the client's old values to the new ones. Libraries and kernels are the process's, not a
 context's: they stay as they are and load into the target's context when first used there. Graphs,
 their nodes and instantiated graphs are not replayed but read on the source and built on the target
-(`virtualize.server._migrate_graphs`); their values map the same way, a node named with an
+(`virtualize.server._migrate_graphs`; a move to another server's worker sends what it read there as
+JSON: `graphs_exported`, `graphs_imported`); their values map the same way, a node named with an
 instantiated graph through that graph's own map.
 
 A device's primary context is the process's, counted: the driver keeps it while a reference is held.
