@@ -4533,14 +4533,15 @@ def scenario_migrate_primary():
     say("finished", 1)
 
 
-def scenario_migrate_graphs():
+def scenario_migrate_graphs(host: bool = True):
     """Holds graphs a move must build again on the target: one built node by node (memset, kernel, copy,
     child graph, event record, host and empty nodes), instantiated twice (the first instantiated graph's
     kernel node set anew, then the graph's own; a copy node switched off in the second), and one captured
     from a stream (a memset, a CUkernel's and a function's launches, a copy, a host function) and destroyed once
-    instantiated, as PyTorch does. Runs every instantiated graph, says `ready` and waits for the test to
-    migrate the lease (one line on stdin per move, `done` at the end); then runs them again and says
-    whether each left the same bytes at the same addresses, and whether the graph calls still answer
+    instantiated, as PyTorch does (without `host`: no host node, no host function). Runs every instantiated
+    graph, and the graph instantiated once more; says `ready` and waits for the test to migrate the lease (one
+    line on stdin per move, `done` at the end); then runs them again, and the graph instantiated anew, and
+    says whether each left the same bytes at the same addresses, and whether the graph calls still answer
     for the handles it holds (a kernel node's function and launch attribute, an event node's event)."""
     setup()
     by = ctypes.byref
@@ -4584,7 +4585,8 @@ def scenario_migrate_graphs():
     recorder = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(ran.append)
     host_node = c_u64()
     host_params = (ctypes.c_void_p * 2)(ctypes.cast(recorder, ctypes.c_void_p), 5)
-    check(cu.cuGraphAddHostNode(by(host_node), graph, by(ev), c_u64(1), host_params), "host node")
+    if host:
+        check(cu.cuGraphAddHostNode(by(host_node), graph, by(ev), c_u64(1), host_params), "host node")
     priority = (ctypes.c_uint8 * 64)(3)  # CU_LAUNCH_ATTRIBUTE_PRIORITY 3
     check(cu.cuGraphKernelNodeSetAttribute(k, 8, priority), "a kernel node's attribute")
     first, second, captured_exec = c_u64(), c_u64(), c_u64()
@@ -4599,35 +4601,48 @@ def scenario_migrate_graphs():
     check(cu.cuLaunchKernel(fill, 1, 1, 1, 16, 1, 1, 0, stream, args(320, 9), None), "captured kernel")
     check(cu.cuLaunchKernel(add, 1, 1, 1, 16, 1, 1, 0, stream, args(256, 4), None), "captured function")
     check(cu.cuMemcpyDtoDAsync(c_u64(buf + 384), c_u64(buf + 256), c_u64(64), stream), "captured copy")
-    check(cu.cuLaunchHostFunc(stream, recorder, ctypes.c_void_p(6)), "captured host function")
+    if host:
+        check(cu.cuLaunchHostFunc(stream, recorder, ctypes.c_void_p(6)), "captured host function")
     check(cu.cuStreamEndCapture(stream, by(captured)), "end capture")
     check(cu.cuGraphInstantiateWithFlags(by(captured_exec), captured, c_u64(0)), "instantiate the capture")
     check(cu.cuGraphDestroy(captured), "the captured graph destroyed")
 
-    def run_all():
+    def run_all(*execs):
         """What each instantiated graph leaves in the buffer, run from zeros."""
         found = []
-        for exe in (first, second, captured_exec):
+        for exe in execs:
             check(cu.cuMemsetD8(c_u64(buf), 0, c_u64(512)), "zeros")
             check(cu.cuGraphLaunch(exe, stream), "graph launch")
             check(cu.cuStreamSynchronize(stream), "sync")
             found.append(dtoh(buf, 512)[1])
         return found
 
-    before = run_all()
+    def instantiated_anew():
+        """What the graph, instantiated now, leaves in the buffer."""
+        fresh = c_u64()
+        check(cu.cuGraphInstantiateWithFlags(by(fresh), graph, c_u64(0)), "instantiate anew")
+        (found,) = run_all(fresh)
+        check(cu.cuGraphExecDestroy(fresh), "graph exec destroy")
+        return found
+
+    before = run_all(first, second, captured_exec)
     say("distinct", len(set(before)) == 3)  # each instantiated graph does something of its own
+    anew = instantiated_anew()
     host_calls = list(ran)
     say("ready", 1)
     while sys.stdin.readline().strip() not in ("", "done"):  # the test migrates meanwhile
+        check(cu.cuStreamSynchronize(stream), "a call (after a move to another server: made there)")
         say("step", 1)
     del ran[:]
-    after = run_all()
-    say("same_host_calls", ran == host_calls == [5, 5, 6])
+    after = run_all(first, second, captured_exec)
+    say("same_instantiated_anew", instantiated_anew() == anew)
+    if host:
+        say("same_host_calls", ran == host_calls == [5, 5, 6, 5])
     for name, was, now in zip(("first", "second", "captured"), before, after, strict=True):
         say(f"same_{name}", was == now)
     count, nodes = c_u64(8), (c_u64 * 8)()
     check(cu.cuGraphGetNodes(graph, nodes, by(count)), "the graph's nodes")
-    held = (ms, k, cp, ch, ev, empty, host_node)
+    held = (ms, k, cp, ch, ev, empty, *([host_node] if host else []))
     say("same_nodes", sorted(nodes[: count.value]) == sorted(n.value for n in held))
     got = KernelNodeParams()
     check(cu.cuGraphKernelNodeGetParams(k, by(got)), "the kernel node's parameters")
@@ -4649,6 +4664,12 @@ def scenario_migrate_graphs():
     check(cu.cuGraphDestroy(graph), "graph destroy")
     check(cu.cuGraphDestroy(child), "child graph destroy")
     say("finished", 1)
+
+
+def scenario_migrate_graphs_server():
+    """scenario_migrate_graphs without host nodes and host functions (the program's functions, called back
+    through the worker's connection to it: a move to another server does not carry them)."""
+    scenario_migrate_graphs(host=False)
 
 
 class DevResource(ctypes.Structure):  # CUdevResource (RESOURCE_ABI_VERSION 1): type, padding, SM fields

@@ -176,16 +176,51 @@ def test_the_heartbeat_loop_follows_a_lease_that_moved(pair, tmp_path):
     finishes_intact(run)
 
 
-def test_a_lease_holding_what_a_move_does_not_carry_yet_is_refused_before_anything_pauses(pair, tmp_path):
+@pytest.mark.parametrize(
+    ("scenario", "why"),
+    [("migrate", "does not carry yet"), ("migrate_graphs", "host node")],
+    ids=["kinds", "host"],
+)
+def test_what_a_move_does_not_carry_is_refused_before_anything_pauses(pair, tmp_path, scenario, why):
     """A program holding every object kind (graphs, arrays, textures, its own virtual memory, a library, ...):
-    the move --to B is refused with what it does not carry (exit 2, one line) before B is asked, and the
-    program goes on and finishes intact on A."""
+    the move --to B is refused with what it does not carry yet; a program whose graph holds a host node (a
+    function of the program, which the worker calls back through its connection): refused naming the host
+    node. Each is refused (exit 2, one line) before B is asked, and the program goes on and finishes intact on
+    A (its graphs run as before)."""
     a, b = pair
     admin = admin_of(a, b)
-    run, lease = start_program(a, tmp_path, "holder", admin, "migrate")
+    run, lease = start_program(a, tmp_path, f"holder-{scenario}", admin, scenario)
     with killed_on_failure(run):
-        refused_and_stays(a, b, lease, admin, "does not carry yet")
+        refused_and_stays(a, b, lease, admin, why)
     finishes_intact(run)
+
+
+def test_graphs_and_instantiated_graphs_move_to_another_server_and_run_as_before(pair, tmp_path):
+    """A program holding CUDA graphs — one built node by node (memset, kernel, copy, child graph, event record
+    and empty nodes, with edges), instantiated twice before the move (the first's kernel node set anew with
+    cuGraphExecKernelNodeSetParams, then the graph's own; the second's copy node switched off), and one captured
+    from a stream (a memset, a library kernel's and a function's launches, a copy) and destroyed once
+    instantiated — moved --to B, and after a call there back --to A (what B built, read there and built again):
+    each instantiated graph launched again leaves the same bytes at the same addresses as before the moves
+    (the update kept), the graph instantiated anew does what it did before them, and the program's graph,
+    node and instantiated-graph handles still answer (the nodes listed, a kernel node's function and launch
+    attribute, an event node's event, a node set anew after the moves and run)."""
+    a, b = pair
+    admin = admin_of(a, b)
+    token = a.token("grapher")
+    b.token("grapher", token=token)
+    run, lease = start_program(a, tmp_path, "grapher", admin, "migrate_graphs_server", token=token)
+    with killed_on_failure(run):
+        for source, target in ((a, b), (b, a)):
+            moved = migrate(source, lease["id"], "--to", target.url, token=admin)
+            assert moved.returncode == 0, moved.stdout + moved.stderr
+            assert api(target.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
+            run.stdin.write("sync\n")  # a call: the program reconnects to the lease's new worker
+            run.stdin.flush()
+            assert run.stdout.readline().startswith("step")
+    result = finishes_intact(run)  # same_first, _second, _captured, _instantiated_anew, _nodes
+    assert result["node_function"] == result["node_attribute"] == result["event_node"] == "True", result
+    assert result["set_after"] == "09020202", result  # 0x02020202 + 7: the node set anew after the moves ran
 
 
 def test_a_receiving_worker_that_dies_mid_copy_leaves_the_lease_on_its_source(tmp_path):

@@ -71,6 +71,20 @@ def test_a_new_object_whose_value_the_client_uses_for_another_gets_a_value_of_it
     assert handles.real("event", 0x100) == 0x100  # another kind: its own values
 
 
+def test_objects_made_anew_at_each_others_values_keep_each_clients_value():
+    """A move that gives the client's objects new values among its own (as a fresh worker of another server
+    does: node 0x11 is now at 0x10, node 0x10 at 0x12): each new object answers with the client's value of it,
+    and each client value reaches its new object, whichever order the values are mapped in."""
+    for order in ((0x11, 0x10), (0x10, 0x11)):
+        handles = HandleMap()
+        made = {0x11: 0x10, 0x10: 0x12}
+        for client in order:
+            handles.move("node", client, made[client])
+        for client, real in made.items():
+            assert handles.real("node", client) == real, (order, client)
+            assert handles.client("node", real) == client, (order, client)
+
+
 @pytest.fixture
 def lease():
     held: dict[str, set[int]] = {}

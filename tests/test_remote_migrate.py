@@ -101,7 +101,7 @@ def test_graphs_move_and_replay_as_before(shim_dir, worker):
     and empty nodes), captured from a stream (a memset, a CUkernel's and a function's launches, a copy, a
     host function) and destroyed once instantiated, instantiated graphs whose nodes were set anew or switched off — moves
     GPU 0 -> 1 -> 0: each instantiated graph leaves the same bytes at the same addresses as before the
-    moves, and the graph, node and instantiated-graph handles the program holds still answer (its nodes
+    moves, the graph instantiated anew does what it did before them, and the graph, node and instantiated-graph handles the program holds still answer (its nodes
     listed, a kernel node's function and attribute and an event node's event read back, a node set anew
     and run)."""
     client = Client(shim_dir, worker, "migrate_graphs")
@@ -113,7 +113,7 @@ def test_graphs_move_and_replay_as_before(shim_dir, worker):
         client.send(f"moved to {to}")
         client.until("step")
     result = client.finish()
-    for name in ("first", "second", "captured", "nodes", "host_calls"):
+    for name in ("first", "second", "captured", "instantiated_anew", "nodes", "host_calls"):
         assert result[f"same_{name}"] == "True", name
     assert result["node_function"] == result["node_attribute"] == result["event_node"] == "True"
     assert result["set_after"] == "09020202"  # 0x02020202 + 7: the node set anew after the moves ran

@@ -14,7 +14,8 @@ in order, each object's handle arguments mapped to the objects already re-create
 on maps the client's old values to the new ones. Libraries and kernels are the process's, not a
 context's: they stay as they are and load into the target's context when first used there. Graphs,
 their nodes and instantiated graphs are not replayed but read on the source and built on the target
-(`virtualize.server._migrate_graphs`); their values map the same way, a node named with an
+(`virtualize.server._migrate_graphs`; a move to another server's worker sends what it read there as
+JSON: `graphs_exported`, `graphs_imported`); their values map the same way, a node named with an
 instantiated graph through that graph's own map.
 
 A device's primary context is the process's, counted: the driver keeps it while a reference is held.
@@ -40,7 +41,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from virtualize.common._calls import CALLS, DESTROYS, HANDLE_TYPES
 from virtualize.server import _migrate_graphs as graphs
@@ -49,6 +50,7 @@ from virtualize.server._executor import (
     INVALID_CONTEXT,
     NOT_SUPPORTED,
     PER_CALL,
+    Copy3D,
     CudaError,
     Executor,
     Launch,
@@ -161,6 +163,7 @@ PRIMARY_REFERENCES: dict[str, Callable[[int], int]] = {
     "cuDevicePrimaryCtxReset": lambda held: 0,
 }
 SYNTHETIC = 0x7FF0_0000_0000_0000  # values handed out where a new object's value is an old one's
+PLAIN_TAGS = {Launch: "launch", Copy3D: "copy"}  # the executor's structures a move to another server sends
 
 
 @dataclass
@@ -206,7 +209,8 @@ class HandleMap:
         """From now on the client's `client` names the executor's `real`."""
         with self.lock:
             old = self.to_real[ns].pop(client, client)
-            self.to_client[ns].pop(old, None)
+            if self.to_client[ns].get(old) == client:  # (else another client's value maps to `old`: it stays)
+                del self.to_client[ns][old]
             if real != client:
                 self.to_real[ns][client], self.to_client[ns][real] = real, client
 
@@ -243,13 +247,16 @@ TABLE_ADDRESSES = _table_addresses()
 
 
 def _value_json(value):
-    """A record's argument as JSON: tagged where JSON has no such type (bytes, tuples)."""
+    """A record's argument as JSON: tagged where JSON has no such type (bytes, tuples; a launch and a copy,
+    which set an instantiated graph's nodes)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (bytes, bytearray, memoryview)):
         return {"b": base64.b64encode(bytes(value)).decode()}
     if isinstance(value, (tuple, list)):
         return {"t": [_value_json(v) for v in value]}
+    if isinstance(value, (Launch, Copy3D)):
+        return {PLAIN_TAGS[type(value)]: [_value_json(getattr(value, f.name)) for f in fields(value)]}
     raise TypeError(f"a {type(value).__name__}")
 
 
@@ -257,6 +264,11 @@ def _value_from_json(value):
     if isinstance(value, dict):
         if "b" in value:
             return base64.b64decode(value["b"])
+        if "launch" in value:
+            launch = Launch(*(_value_from_json(v) for v in value["launch"]))
+            return replace(launch, layout=list(launch.layout))
+        if "copy" in value:
+            return Copy3D(*(int(v) for v in value["copy"]))
         return tuple(_value_from_json(v) for v in value["t"])
     return value
 
@@ -749,6 +761,37 @@ class Translated:
         self.cached.clear()
         return len(made)
 
+    def graphs_exported(self) -> dict:
+        """The lease's graphs and instantiated graphs as JSON in the client's values (read as a move between
+        GPUs reads them, the calls paused), for another server's worker to build (`graphs_imported`).
+        CudaError for a graph a move cannot re-create or that holds a host node; TypeError for a setting
+        that is not plain data."""
+
+        def client(kind: str, value: int) -> int:
+            named = self.map.client(kind, value)
+            if kind == "event" and not self.alive("event", named):
+                raise CudaError(NOT_SUPPORTED, "an event node whose event the lease destroyed")
+            return named
+
+        return graphs.plans_json(self._graph_plans(None), client, _value_json)
+
+    def graphs_imported(self, carried: dict) -> int:
+        """Build the graphs and instantiated graphs of another worker's `graphs_exported()` here, after its
+        records were replayed (`imported`: the objects their nodes name), and map the client's graph, node
+        and instantiated-graph values to them; how many objects were made. A failed call raises its
+        CudaError, a plan that names what no plan holds ValueError (this worker is then let go)."""
+        plans = graphs.plans_from_json(carried, _value_from_json)
+        with self.record_lock:  # what the plans' nodes name, as the records made it here
+            made = {r.made: self.map.real(*r.made) for r in self.records.values() if r.made is not None}
+        rebuilt = self._graphs_built(None, plans, made, lambda kind, value: value)
+        built = [(ns, client, real) for (ns, client), real in made.items() if ns in REBUILT]
+        for ns, client, real in built:
+            self.map.move(ns, client, real)
+        for g, ctx, _ in plans.graphs:
+            self.book.made(g, ctx)
+        self._graphs_kept(rebuilt)
+        return len(built)
+
     def migrate(self, device: int, target: int, mappings: list, **where) -> dict:
         """Move lease device `device` to GPU `target` (`Executor.migrate`), the calls paused: drain its
         contexts, let the executor move the memory and re-create the objects by replaying their records,
@@ -850,13 +893,14 @@ class Translated:
         return plans
 
     def _origin(self, func: int, ctx: int, kernels: dict[int, dict[int, int]]) -> tuple[str, int]:
-        """Where a kernel node's function (the source's) comes from: ("func", the client's function, which a
-        move re-creates) or ("kernel", the lease's CUkernel, which loads into the target's context)."""
+        """Where a kernel node's function (the source's) comes from: ("func", the client's function) or
+        ("kernel", the lease's CUkernel as the client names it, which loads into the target's context); a
+        move re-creates both from their records."""
         client = self.map.client("func", func)
+        if self.alive("kernel", client):
+            return "kernel", client
         if ("made", "func", client) in self.records:
             return "func", client
-        if self.alive("kernel", func):
-            return "kernel", func
         launched = self.kernel_functions.get(ctx, {}).get(func)
         if launched is not None and self.alive("kernel", launched):  # a captured launch of a CUkernel
             return "kernel", launched
@@ -868,35 +912,40 @@ class Translated:
         raise CudaError(NOT_SUPPORTED, "a kernel node whose function is not one the lease loaded")
 
     def _graphs_built(
-        self, device: int, plans: graphs.Plans, made: dict
+        self,
+        device: int | None,
+        plans: graphs.Plans,
+        made: dict,
+        client: Callable[[str, int], int] | None = None,
     ) -> list[tuple[int, graphs.Instantiated]]:
-        """The plans built on the target (its contexts and their objects already made): the new graphs and
-        their nodes go into `made`; the instantiated graphs as they will be kept after the move."""
+        """The plans built on the target (its contexts and their objects already made, in `made`): the new
+        graphs and their nodes go into `made`; the instantiated graphs as they will be kept after the move.
+        `client`: the client's value of a plan's node, graph or event (the plans of a move between GPUs name
+        the source's; those carried from another server, the client's already); `device` None: every
+        device's."""
+        client = client or self.map.client
 
         def function(func: int) -> tuple[int, bool]:
             kind, value = plans.origins[func]
-            return (
-                (made.get(("func", value), self.map.real("func", value)), False)
-                if kind == "func"
-                else (value, True)
-            )
+            return made.get(("func", value), self.map.real("func", value)), kind == "kernel"
 
         def event(source: int) -> int:
-            client = self.map.client("event", source)
-            if ("event", client) in made:
-                return made["event", client]
+            named = client("event", source)
+            if ("event", named) in made:
+                return made["event", named]
             raise CudaError(NOT_SUPPORTED, "an event node whose event the lease destroyed")
 
         targets = graphs.Targets(function, event, self.inner.param_layout)
-        fallback = next((made["ctx", c] for c in self.contexts(device) if ("ctx", c) in made), None)
+        contexts = self.contexts(device) if device is not None else [c for ns, c in made if ns == "ctx"]
+        fallback = next((made["ctx", c] for c in contexts if ("ctx", c) in made), None)
         for g, ctx, plan in plans.graphs:
             self._target_context(made.get(("ctx", ctx), fallback))
             new, nodes = self.inner.cuGraphCreate(0), {}
             graphs.build(self.inner, plan, new, targets, nodes)
             made["graph", g] = new
-            made.update({("node", self._client_node(n)): real for n, real in nodes.items()})
+            made.update({("node", client("node", n)): real for n, real in nodes.items()})
             for source, real in graphs.child_graphs(plan, nodes, self.inner).items():
-                made["graph", self.map.client("graph", source)] = real
+                made["graph", client("graph", source)] = real
         rebuilt = []
         for e, kept, plan in plans.execs:
             self._target_context(made.get(("ctx", kept.ctx), fallback))
@@ -946,15 +995,19 @@ class Translated:
     def _graphs_committed(self, plans: graphs.Plans, rebuilt: list[tuple[int, graphs.Instantiated]]) -> None:
         """After the move: the instantiated graphs' new snapshots and node maps kept, the source's graphs,
         instantiated graphs and snapshots destroyed (their nodes name objects of the source's contexts)."""
-        with self.book.lock:
-            for e, kept in rebuilt:
-                self.book.execs[e] = kept
-                self.book.exec_nodes[e] = dict(kept.twins)
+        self._graphs_kept(rebuilt)
         for method, value in plans.sources():
             try:
                 getattr(self.inner, method)(value)
             except CudaError as exc:  # the lease runs on the target already: the source's leftovers only
                 log.warning("the source's graph %x was not destroyed after the move: %s", value, exc)
+
+    def _graphs_kept(self, rebuilt: list[tuple[int, graphs.Instantiated]]) -> None:
+        """The instantiated graphs built on the target: their snapshots and node maps, as a move reads them."""
+        with self.book.lock:
+            for e, kept in rebuilt:
+                self.book.execs[e] = kept
+                self.book.exec_nodes[e] = dict(kept.twins)
 
     def _global_moved(self, address: int, variable: GlobalVariable, made) -> list[tuple[int, int, int]]:
         """The global variable found again in its re-created module on the target, its bytes copied there

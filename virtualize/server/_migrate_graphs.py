@@ -18,6 +18,14 @@ graph has its own map of the client's nodes to the target's (`Book.exec_nodes`).
 Node types a move re-creates: kernel, copy (device memory), memset, host, child graph, empty, event
 record and event wait. Others (memory allocation and free, external semaphores, stream memory
 operations, conditional nodes) are refused up front, with the type, and the lease stays.
+
+A move to another server's worker (virtualize.server._migrate_out) carries the same plans as JSON
+(`plans_json`, `plans_from_json`), in the client's values: each graph's nodes, its child graphs and the
+events its nodes name as the client knows them, a kernel node's function by where it comes from (the
+client's function or CUkernel, re-created there by the records), an instantiated graph's snapshot with the
+calls that set its nodes anew (a snapshot's nodes, which the client never saw, by their values here: names
+that only link the snapshot to its twins). A host node is not carried: its function is the program's,
+called back through its connection to this worker.
 """
 
 from __future__ import annotations
@@ -280,3 +288,90 @@ def child_graphs(described: Graph, made: dict[int, int], inner) -> dict[int, int
 
 def launch_in(launch: Launch, function: Callable[[int], int]) -> Launch:
     return replace(launch, func=function(launch.func))
+
+
+# -- the plans as data: a move to another server's worker (virtualize.server._migrate_out) -------------
+
+HOST_NOT_CARRIED = (
+    "a graph holds a host node (a function of the program, called back through its connection to this "
+    "worker), which a move to another server does not carry"
+)
+CARRIED_TYPES = frozenset({KERNEL, MEMCPY, MEMSET, CHILD, EMPTY, WAIT_EVENT, RECORD_EVENT})
+
+
+def plans_json(plans: Plans, client: Callable[[str, int], int], value_json: Callable) -> dict:
+    """`plans` as JSON in the client's values (`client(kind, value)`: the client's value of this worker's node,
+    graph or event; `value_json`: a value as JSON). CudaError for a host node; TypeError for a setting
+    that is not plain data."""
+
+    def snapshot(kind: str, value: int) -> int:  # a snapshot's nodes and child graphs: this worker's values
+        return client(kind, value) if kind == "event" else value
+
+    def setter(key: tuple, args: tuple) -> list:
+        return [key[0], key[1], [value_json(a) for a in args]]
+
+    return {
+        "graphs": [[g, ctx, _graph_json(graph, client, value_json)] for g, ctx, graph in plans.graphs],
+        "execs": [
+            {"exec": e, "graph": kept.graph, "flags": kept.flags, "ctx": kept.ctx,
+             "twins": [[n, t] for n, t in kept.twins.items()],
+             "setters": [setter(key, args) for key, args in kept.setters.items()],
+             "snapshot": _graph_json(graph, snapshot, value_json)}
+            for e, kept, graph in plans.execs
+        ],
+        "origins": [[func, kind, value] for func, (kind, value) in plans.origins.items()],
+    }  # fmt: skip
+
+
+def _graph_json(graph: Graph, client: Callable[[str, int], int], value_json: Callable) -> dict:
+    return {
+        "graph": client("graph", graph.value),
+        "nodes": [_node_json(node, client, value_json) for node in graph.nodes],
+        "edges": [[client("node", a), client("node", b)] for a, b in graph.edges],
+        "edge_data": [value_json(data) for data in graph.edge_data],
+    }
+
+
+def _node_json(node: Node, client: Callable[[str, int], int], value_json: Callable) -> dict:
+    if node.type == HOST:
+        raise CudaError(NOT_SUPPORTED, HOST_NOT_CARRIED)
+    params = (client("event", node.params[0]),) if node.type in (WAIT_EVENT, RECORD_EVENT) else node.params
+    return {"node": client("node", node.value), "type": node.type, "params": value_json(params),
+            "child": None if node.child is None else _graph_json(node.child, client, value_json),
+            "attributes": [[attr, value_json(value)] for attr, value in node.attributes.items()]}  # fmt: skip
+
+
+def plans_from_json(j: dict, value_from_json: Callable) -> Plans:
+    """The plans another server's worker sent (`plans_json`); ValueError for what no plan holds (a node type
+    a move does not build, a call that does not set an instantiated graph's node)."""
+    execs = []
+    for x in j["execs"]:
+        setters = {}
+        for method, node, args in x["setters"]:
+            if method not in EXEC_SETTERS:
+                raise ValueError(f"{method!r} is no call that sets an instantiated graph's node")
+            setters[str(method), int(node)] = tuple(value_from_json(a) for a in args)
+        kept = Instantiated(int(x["graph"]), 0, int(x["flags"]), int(x["ctx"]),
+                            {int(n): int(t) for n, t in x["twins"]}, setters)  # fmt: skip
+        execs.append((int(x["exec"]), kept, _graph_from_json(x["snapshot"], value_from_json)))
+    plans = Plans(
+        [(int(g), int(ctx), _graph_from_json(graph, value_from_json)) for g, ctx, graph in j["graphs"]], execs
+    )
+    for func, kind, value in j["origins"]:
+        if kind not in ("func", "kernel"):
+            raise ValueError(f"a kernel node's function from {kind!r}")
+        plans.origins[int(func)] = (str(kind), int(value))
+    return plans
+
+
+def _graph_from_json(j: dict, value_from_json: Callable) -> Graph:
+    graph = Graph(int(j["graph"]), edges=[(int(a), int(b)) for a, b in j["edges"]],
+                  edge_data=[bytes(value_from_json(d)) for d in j["edge_data"]])  # fmt: skip
+    for n in j["nodes"]:
+        kind = int(n["type"])
+        if kind not in CARRIED_TYPES:
+            raise ValueError(f"a graph node of type {kind}, which a move to another server does not build")
+        child = None if n["child"] is None else _graph_from_json(n["child"], value_from_json)
+        attributes = {int(attr): bytes(value_from_json(value)) for attr, value in n["attributes"]}
+        graph.nodes.append(Node(int(n["node"]), kind, tuple(value_from_json(n["params"])), child, attributes))
+    return graph

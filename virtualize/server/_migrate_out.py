@@ -18,10 +18,11 @@ worker whose sender is gone or that no sender reached exits, which frees its GPU
 admission as for any worker that exits).
 
 With the memory, the manifest carries the records the lease's objects are made from (contexts, streams,
-events, modules, functions, pools and what configured them: `Translated.exported`, as JSON) and the guard's
-state of the lease and of each process (`virtualize.server._migrate_state`); the receiving worker replays the
-records, maps the client's handle values to what it made, rebuilds the guard's state and parks each process
-under a token. On the commit the old worker answers each connection's next frame that wants a reply with
+events, modules, functions, pools and what configured them: `Translated.exported`, as JSON), the lease's
+graphs and instantiated graphs as read here (`Translated.graphs_exported`, in the client's values) and the
+guard's state of the lease and of each process (`virtualize.server._migrate_state`); the receiving worker
+replays the records, builds the graphs after them, maps the client's handle values to what it made, rebuilds
+the guard's state and parks each process under a token. On the commit the old worker answers each connection's next frame that wants a reply with
 MOVED (`Moved.frame`; the frames that want none since the pause go over the link and run there first), the
 shim reconnects there and resumes (gpResume), and the old worker exits once its processes are gone.
 What the move does not carry yet is refused up front (`refusal`, `NOT_CARRIED`).
@@ -49,9 +50,9 @@ LINK_TIMEOUT_S = 60.0  # the longest one read or write of the link may take befo
 DIES_AFTER_ENV = "GPUPOOL_TEST_RECEIVER_DIES_AFTER_BYTES"
 
 
-def refusal(worker) -> str | None:
+def refusal(worker, graphs: bool = True) -> str | None:
     """Why the lease cannot move to another server's worker, or None: what cannot move at all, what only this
-    host has, and what the move does not carry yet."""
+    host has, and what the move does not carry yet (a graph's nodes: where `graphs`)."""
     if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
         return MPS_REFUSAL
     lease = worker.lease
@@ -68,6 +69,11 @@ def refusal(worker) -> str | None:
     kinds = _not_carried(worker)
     if kinds:
         return f"the lease holds {', '.join(kinds)}, which a move to another server does not carry yet"
+    if graphs:
+        try:  # read as the move reads them (the manifest checks again, paused)
+            worker.executor.graphs_exported()
+        except (CudaError, TypeError) as exc:
+            return _graph_refusal(exc)
     for session in list(worker.sessions):
         reason = _migrate_state.process_refusal(session)
         if reason:
@@ -120,7 +126,7 @@ def _sent(worker, link: _migrate_link.Link, target: dict, where: str, timeout: f
         _migrate._native_paused(worker, timeout)
         with worker.lease.gate.closed(timeout):
             paused = time.monotonic()
-            reason = refusal(worker)  # a call just before the pause may have changed it
+            reason = refusal(worker, graphs=False)  # a call just before the pause may have changed it
             if reason:
                 raise MigrationRefused(reason)
             with _migrate._windows_held(worker.lease):
@@ -168,13 +174,28 @@ def _manifest(worker, held: list) -> tuple[dict, dict[int, int]]:
         raise MigrationRefused(str(exc)) from None
     state, tokens = _migrate_state.exported(worker.lease, list(worker.sessions), held)
     manifest = {"lease": worker.lease_id, "devices": len(worker.devices), "windows": windows,
-                "memory": [[m.base, m.size, m.device] for m in held], "objects": objects, "state": state}  # fmt: skip
+                "memory": [[m.base, m.size, m.device] for m in held], "objects": objects, "state": state,
+                "graphs": _graphs(worker)}  # fmt: skip
     return manifest, tokens
+
+
+def _graphs(worker) -> dict:
+    """The lease's graphs and instantiated graphs (`Translated.graphs_exported`) and what the guard keeps of
+    them (`_migrate_state.graphs_exported`)."""
+    try:
+        built = worker.executor.graphs_exported()
+    except (CudaError, TypeError) as exc:
+        raise MigrationRefused(_graph_refusal(exc)) from None
+    return {"built": built, "guard": _migrate_state.graphs_exported(worker.lease)}
+
+
+def _graph_refusal(exc: BaseException) -> str:
+    return f"the lease holds a CUDA graph that a move to another server cannot re-create ({exc})"
 
 
 # What the lease may hold that a move to another server does not carry yet (refused up front).
 NOT_CARRIED = {
-    "graph": "CUDA graphs", "graphexec": "instantiated graphs", "array": "CUDA arrays",
+    "array": "CUDA arrays",
     "mipmap": "mipmapped arrays", "texobj": "texture objects", "surfobj": "surface objects",
     "vmem": "memory of the virtual memory API",
     "link": "a link in progress (cuLinkCreate)",
@@ -332,11 +353,15 @@ def _held(worker, link: _migrate_link.Link):
         for device in contexts:  # the copies' references: the lease's own are the records'
             executor.cuDevicePrimaryCtxRelease(device)
         objects = worker.executor.imported(manifest["objects"])
+        carried = manifest.get("graphs") or {}  # before the guard's state: the native loop maps what it adds
+        if carried.get("built"):
+            objects += worker.executor.graphs_imported(carried["built"])
         log.info(
             "holding the lease's objects: %d re-created, the client's handle values mapped to them", objects
         )
         parked = _migrate_state.imported(worker.lease, worker.executor, manifest["state"], manifest["memory"],
                                          backings, Allocation)  # fmt: skip
+        _migrate_state.graphs_imported(worker.lease, carried.get("guard") or {})
     except (MigrationRefused, CudaError, TypeError, ValueError, KeyError) as exc:
         why = f"the lease could not be re-created here: {getattr(exc, 'title', '') or exc}"
         link.send({"ok": False, "error": why})

@@ -91,6 +91,22 @@ def exported(lease, sessions: list, mappings: list) -> tuple[dict, dict[int, int
     return state, tokens
 
 
+def graphs_exported(lease) -> dict:
+    """What the guard keeps of the lease's graphs: the function or kernel the program gave each kernel node (what
+    cuGraphKernelNodeGetParams answers), each instantiated graph's graph and the graphs destroyed while an
+    instantiated graph of theirs lives (what their destruction counts of graph memory)."""
+    with lease.lock:
+        return {"kernel_nodes": [[node, func] for node, func in lease.kernel_nodes.items()],
+                "exec_graph": [[e, g] for e, g in lease.exec_graph.items()], "graphs_gone": sorted(lease.graphs_gone)}  # fmt: skip
+
+
+def graphs_imported(lease, j: dict) -> None:
+    with lease.lock:
+        lease.kernel_nodes.update({int(node): int(func) for node, func in j.get("kernel_nodes", [])})
+        lease.exec_graph.update({int(e): int(g) for e, g in j.get("exec_graph", [])})
+        lease.graphs_gone.update(int(g) for g in j.get("graphs_gone", []))
+
+
 def _window_json(memory: WindowMemory, index: dict[int, int]) -> dict:
     windows = {id(w): i for i, w in enumerate(memory.windows)}
     return {

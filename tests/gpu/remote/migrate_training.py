@@ -37,6 +37,10 @@ worker) while its program runs.
    memory carried; the shim reconnects): losses equal an unmoved run's step for step. What the move does not
    carry yet (e.g. PyTorch's expandable segments: the virtual memory API) is REFUSED up front, with the reason.
    Alone: ``python3 tests/gpu/remote/migrate_training.py --only xserver xserver_training``.
+5c. xserver_cupy_graph: the CuPy graph of 2b moved there (the graph read node by node on GPU 0's worker, built
+   and instantiated anew by the receiving worker): replayed from the same start, it leaves the same bytes.
+5d. xserver_graphed: the training of 2c (one captured CUDA graph a step) moved there after step --at: losses
+   equal an unmoved run's step for step. Alone: ``--only xserver_cupy_graph xserver_graphed``.
 
 `--executor host --only driver` rehearses the steps on a machine without a GPU. A refused migration
 prints its reason (REFUSED): the lease must keep running unharmed. Each step is
@@ -521,8 +525,8 @@ def hold(
 ) -> tuple[str, dict, str, list[str]]:
     """Start a holder, move its lease once it is ready (to None: no move; `mover()`: another move than to a
     GPU of its worker), let it check; (ready line, answer, after line, `probe()` before/after the move:
-    nvidia-smi's used memory unless given)."""
-    env = {**lease_env(handle, shim, work), **(extra_env or {})}
+    nvidia-smi's used memory unless given). `extra_env`: added to the lease's environment (None: removed)."""
+    env = {k: v for k, v in {**lease_env(handle, shim, work), **(extra_env or {})}.items() if v is not None}
     proc = subprocess.Popen([sys.executable, "-c", code, *args], env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     killer = threading.Timer(HOLD_TIMEOUT_S, proc.kill)
@@ -642,15 +646,23 @@ def graphed_training(shim: Path, work: Path, two: list, steps: int, at: int) -> 
             first, answer, after, _ = hold(GRAPHED_TRAINER, [str(steps), str(at)], handle, shim, work, to)
         finally:
             handle.stop()
-        losses = [float(v) for v in first.split()[1:] + after.split()[1:]] if after else []
-        runs[label] = (losses, answer)
-        print(f"[{label}] {len(losses)} steps", flush=True)
+        runs[label] = (graphed_losses(first, after), answer)
+        print(f"[{label}] {len(runs[label][0])} steps", flush=True)
     (ref, _), (moved, answer) = runs["reference"], runs["migrated"]
+    outcome("graphed training (one captured CUDA graph a step) migrated mid-run, losses equal", answer,
+            losses_equal(ref, moved, steps), f"{answer.get('objects')} objects, paused {answer.get('pause_s', 0):.3f} s")  # fmt: skip
+
+
+def graphed_losses(first: str, after: str) -> list[float]:
+    """GRAPHED_TRAINER's losses, from its ready and after lines (none when it did not finish)."""
+    return [float(v) for v in first.split()[1:] + after.split()[1:]] if after else []
+
+
+def losses_equal(ref: list[float], moved: list[float], steps: int) -> bool:
+    """Printed side by side; whether both runs have all `steps` losses and they are equal."""
     for i, (a, b) in enumerate(zip(ref, moved, strict=False)):
         print(f"{i:5d} {a:12.6f} {b:12.6f}{'' if a == b else '  DIFFERENT'}")
-    equal = len(ref) == len(moved) == steps and ref == moved
-    outcome("graphed training (one captured CUDA graph a step) migrated mid-run, losses equal", answer, equal,
-            f"{answer.get('objects')} objects, paused {answer.get('pause_s', 0):.3f} s")  # fmt: skip
+    return len(ref) == len(moved) == steps and ref == moved
 
 
 def pause_table(shim: Path, work: Path, two: list, sizes: list[int], out_dir: Path | None) -> None:
@@ -807,6 +819,56 @@ def xserver_training(shim: Path, work: Path, two: list, steps: int, at: int) -> 
             equal, f"paused {answer.get('pause_s', 0):.3f} s")  # fmt: skip
 
 
+# As a client on another host has it (a move between servers is for such clients): TCP with TLS, no local
+# socket, no copies through shared memory (what only the worker's host has is refused by such a move).
+REMOTE_HOST_ENV = {_wire.ENV_LOCAL: None, "GPUPOOL_SHIM_SHARED_COPIES": "0"}
+
+
+def xserver_moved(code: str, args: list[str], mem_gib: int, shim: Path, work: Path, two: list):
+    """`code` on GPU two[0]'s worker, its lease moved once it is ready to a receiving worker of GPU two[1] (as
+    another gpupool-server starts one); (ready line, answer, after line)."""
+    source = worker_on(two[0], mem_gib)
+    target, where = receiving_worker(source, two[1], mem_gib)
+    try:
+        first, answer, after, _ = hold(code, args, source, shim, work, two[1], extra_env=REMOTE_HOST_ENV,
+                                       mover=lambda: send_to(source, where, two[1]))  # fmt: skip
+    finally:
+        source.stop()
+        target.stop()
+    return first, answer, after
+
+
+def xserver_cupy_graph(shim: Path, work: Path, two: list) -> None:
+    """A CuPy program's captured CUDA graph (its own kernel and a copy) moved to another server's worker: the
+    graph read node by node here, built and instantiated anew there. PASS: replayed from the same start it
+    leaves the same bytes; REFUSED: the reason printed, the program unharmed."""
+    print(f"\n=== xserver_cupy_graph: a CuPy graph moved from GPU {two[0][0]}'s worker to a receiving worker of "
+          f"GPU {two[1][0]}", flush=True)  # fmt: skip
+    first, answer, after = xserver_moved(CUPY_GRAPH_HOLDER, [], 2, shim, work, two)
+    outcome("xserver_cupy_graph: a captured CUDA graph moved to another server's worker, replayed the same",
+            answer, first == "ready True" and after == "after True True",
+            f"{answer.get('objects')} objects, paused {answer.get('pause_s', 0):.3f} s")  # fmt: skip
+
+
+def xserver_graphed(shim: Path, work: Path, two: list, steps: int, at: int) -> None:
+    """The training whose whole step is one captured CUDA graph (torch.cuda.graph), moved after step `at` to
+    another server's worker. PASS: its losses equal an unmoved run's step for step; REFUSED: the reason
+    printed (what the move does not carry), the training unharmed."""
+    print(f"\n=== xserver_graphed: a training step captured as one CUDA graph, {steps} steps, moved to a "
+          f"receiving worker of GPU {two[1][0]} after step {at}", flush=True)  # fmt: skip
+    handle = worker_on(two[0], 8)
+    try:
+        first, _, after, _ = hold(GRAPHED_TRAINER, [str(steps), str(at)], handle, shim, work, None,
+                                  extra_env=REMOTE_HOST_ENV)  # fmt: skip
+    finally:
+        handle.stop()
+    ref = graphed_losses(first, after)
+    first, answer, after = xserver_moved(GRAPHED_TRAINER, [str(steps), str(at)], 8, shim, work, two)
+    outcome("xserver_graphed: a graphed training moved to another server's worker mid-run, losses equal",
+            answer, losses_equal(ref, graphed_losses(first, after), steps),
+            f"{answer.get('objects')} objects, paused {answer.get('pause_s', 0):.3f} s")  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
@@ -823,6 +885,8 @@ def main() -> int:
         "training",
         "xserver",
         "xserver_training",
+        "xserver_cupy_graph",
+        "xserver_graphed",
     ]
     parser.add_argument(
         "--only", nargs="*", default=part_names, choices=part_names, help="parts to run (default: all)"
@@ -859,6 +923,8 @@ def main() -> int:
             "training": lambda: training(shim, work, found[:2], args.steps, args.at),
             "xserver": lambda: xserver_check(shim, work, found[:2]),
             "xserver_training": lambda: xserver_training(shim, work, found[:2], args.steps, args.at),
+            "xserver_cupy_graph": lambda: xserver_cupy_graph(shim, work, found[:2]),
+            "xserver_graphed": lambda: xserver_graphed(shim, work, found[:2], args.steps, args.at),
         }
         needs = {
             "driver": 20,
@@ -871,6 +937,8 @@ def main() -> int:
             "training": 120,
             "xserver": 40,
             "xserver_training": 120,
+            "xserver_cupy_graph": 30,
+            "xserver_graphed": 60,
         }
         for name in args.only:
             if out_of_time(name, needs.get(name, 30)):
