@@ -130,6 +130,7 @@ def base_env(extra_pythonpath: Path) -> dict[str, str]:
     return env
 
 
+WORKER_ENV: dict[str, str] = {}  # --profile: each lease worker's cProfile (GPUPOOL_WORKER_PROFILE) under $OUT
 ENCRYPT: dict[
     str, str
 ] = {}  # --encrypt: GPUPOOL_DATA_ENCRYPTION=always, --ring: GPUPOOL_SHIM_RING=1, every remote run
@@ -137,7 +138,7 @@ ENCRYPT: dict[
 
 def lease_worker(name: str, devices: list) -> object:
     """A worker with the CUDA executor for a lease of `devices` (kept on the handle for lease_env)."""
-    handle = start_worker(name, devices, bind_host="127.0.0.1", env={}, executor="cuda")
+    handle = start_worker(name, devices, bind_host="127.0.0.1", env=dict(WORKER_ENV), executor="cuda")
     handle.devices = devices
     return handle
 
@@ -250,7 +251,8 @@ def main() -> int:
     parser.add_argument("--link-delay", default="20us", help="--link: the link's one-way delay (tc units)")
     parser.add_argument("--profile", action="store_true",
                         help="every remote run with GPUPOOL_SHIM_PROFILE=1: the trainings print where the shim's "
-                        "time went (calls, round trips, bytes) after their results")  # fmt: skip
+                        "time went (calls, round trips, bytes) after their results; with $OUT set, each worker "
+                        "writes a cProfile of each connection to $OUT/worker-profiles")  # fmt: skip
     parser.add_argument("--train-args", default="",
                         help="more arguments for bench/train_models.py, native and remote alike "
                         "(e.g. '--input uint8')")  # fmt: skip
@@ -260,6 +262,9 @@ def main() -> int:
         ENCRYPT.update({_wire.ENV_ENCRYPT: "always"})
     if args.profile:
         ENCRYPT.update({"GPUPOOL_SHIM_PROFILE": "1"})
+        if os.environ.get("OUT"):  # and each worker's cProfile of each connection, beside the logs
+            WORKER_ENV["GPUPOOL_WORKER_PROFILE"] = str(Path(os.environ["OUT"], "worker-profiles"))
+            Path(WORKER_ENV["GPUPOOL_WORKER_PROFILE"]).mkdir(parents=True, exist_ok=True)
     if args.ring:  # (a local connection only: with --encrypt the ring is not asked for)
         ENCRYPT.update({"GPUPOOL_SHIM_RING": "1"})
     want = set(args.only or [])
@@ -433,7 +438,7 @@ def across_link(models, devices, shim: Path, work: Path, env, native_env, rate: 
         return
     with NetemLink(LinkOptions(rate=rate, delay=delay)) as link:
         step(f"a shaped link between two network namespaces: {link.shaping}")
-        worker = start_worker("gpu-train-link", devices, bind_host="0.0.0.0", env={}, executor="cuda",
+        worker = start_worker("gpu-train-link", devices, bind_host="0.0.0.0", env=dict(WORKER_ENV), executor="cuda",
                               prefix=link.prefix(link.worker_ns))  # fmt: skip
         worker.devices = devices
         try:
