@@ -33,6 +33,8 @@ worker) while its program runs.
    receiving worker of GPU 1 (another process, as another gpupool-server starts one: ``--receive``, the
    one-time secret, TLS; docs/remote.md, Between servers); the shim reconnects there at its next call; the
    bytes, stream, event and kernel work after, and the old worker is gone.
+5e. xserver_pause: the holder of 5 with each of --sizes GiB moved there: the pause against the memory, which
+   crosses the link, not NVLink ($OUT/migrate_xserver_pause.md).
 5b. xserver_training: the GPT-2 training moved there after step --at (its libraries, kernels, streams, events and
    memory carried; the shim reconnects): losses equal an unmoved run's step for step. What the move does not
    carry yet (e.g. PyTorch's expandable segments: the virtual memory API) is REFUSED up front, with the reason.
@@ -203,7 +205,7 @@ DONE:
 ctx, ptr, stream, event, module, fn = (u64() for _ in range(6))
 ok(cu.cuInit(0), "init")
 ok(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "retain"); ok(cu.cuCtxSetCurrent(ctx), "current")
-n, words = 256 << 20, 1 << 20
+n, words = (int(sys.argv[1]) if len(sys.argv) > 1 else 256) << 20, 1 << 20  # MiB held (default 256)
 ok(cu.cuMemAlloc_v2(ctypes.byref(ptr), u64(n)), "alloc")
 ok(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream"); ok(cu.cuEventCreate(ctypes.byref(event), 0), "event")
 ok(cu.cuModuleLoadData(ctypes.byref(module), PTX), "module")
@@ -791,6 +793,39 @@ def xserver_check(shim: Path, work: Path, two: list) -> None:
             f"old worker gone {old_gone}, used MiB {smi}")  # fmt: skip
 
 
+def xserver_pause_table(shim: Path, work: Path, two: list, sizes: list[int], out_dir: Path | None) -> None:
+    """The pause of a move to another server's worker against the device memory held (the driver API holder
+    of `xserver`, GiB each): the memory crosses the link (TLS over loopback here), not NVLink."""
+    print("\n=== pause of a move to another server's worker against device memory", flush=True)
+    lines = [
+        "| held GiB | moved MiB | objects | pause s | wait s | GB/s | intact |",
+        "|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for gib in sizes:
+        if out_of_time(f"xserver pause {gib} GiB", 60):
+            continue
+        source = worker_on(two[0], gib + 2)
+        target, where = receiving_worker(source, two[1], gib + 2)
+        try:
+            first, a, after, _ = hold(SERVER_HOLDER, [str(gib << 10)], source, shim, work, two[1],
+                                      mover=lambda s=source, w=where: send_to(s, w, two[1]),
+                                      extra_env={"GPUPOOL_SHIM_SHARED_COPIES": "0"})  # fmt: skip
+        finally:
+            source.stop()
+            target.stop()
+        intact = first == "ready True" and after == "after True True"
+        if a.get("ok"):
+            rate = a["bytes"] / a["pause_s"] / 1e9 if a["pause_s"] else 0
+            lines.append(f"| {gib} | {a['bytes'] >> 20} | {a.get('objects', '?')} | {a['pause_s']:.3f} | "
+                         f"{a['wait_s']:.3f} | {rate:.2f} | {intact} |")  # fmt: skip
+        else:
+            lines.append(f"| {gib} | - | - | - | - | - | {intact}: {a.get('error')} |")
+        outcome(f"xserver pause {gib} GiB", a, intact, f"paused {a.get('pause_s', 0):.3f} s")
+    print("\n".join(lines), flush=True)
+    if out_dir is not None:
+        (out_dir / "migrate_xserver_pause.md").write_text("\n".join(lines) + "\n")
+
+
 def xserver_training(shim: Path, work: Path, two: list, steps: int, at: int) -> None:
     """The GPT-2 training's lease moved after step `at` from GPU 0's worker to a receiving worker of GPU 1, as
     another gpupool-server starts one. PASS: it moved and the losses equal an unmoved run's step for step;
@@ -884,6 +919,7 @@ def main() -> int:
         "pause",
         "training",
         "xserver",
+        "xserver_pause",
         "xserver_training",
         "xserver_cupy_graph",
         "xserver_graphed",
@@ -922,6 +958,9 @@ def main() -> int:
             ),
             "training": lambda: training(shim, work, found[:2], args.steps, args.at),
             "xserver": lambda: xserver_check(shim, work, found[:2]),
+            "xserver_pause": lambda: xserver_pause_table(
+                shim, work, found[:2], [int(s) for s in args.sizes.split(",")], out_dir
+            ),
             "xserver_training": lambda: xserver_training(shim, work, found[:2], args.steps, args.at),
             "xserver_cupy_graph": lambda: xserver_cupy_graph(shim, work, found[:2]),
             "xserver_graphed": lambda: xserver_graphed(shim, work, found[:2], args.steps, args.at),
