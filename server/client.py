@@ -428,8 +428,10 @@ class Heartbeater:
         on_trouble: Callable[[PoolClientError], None] | None = None,
         give_up_after_s: float | None = None,
         pids_from: Callable[[], list[int]] | None = None,
+        on_moved: Callable[[ServerRef], None] | None = None,
     ):
         self.client, self.server, self.lease_id = client, server, lease_id
+        self.on_moved = on_moved  # the lease moved to this server (its heartbeats go there from now on)
         self.pids_from = pids_from  # read at each beat: processes that start after the lease (Slurm tasks)
         self.interval = interval_s
         self.on_end, self.on_trouble = on_end, on_trouble or _warn_heartbeat
@@ -458,6 +460,12 @@ class Heartbeater:
                 moved_to = getattr(exc.answer, "moved_to", None)
                 if isinstance(moved_to, str) and moved_to:  # the lease runs on another server now: beat there
                     self.server = ServerRef(moved_to, self.server.token)
+                    if self.on_moved is not None:
+                        try:
+                            self.on_moved(self.server)
+                        except Exception as trouble:  # what follows the lease is best effort; the beats go on
+                            print(f"gpuattach: warning: lease {self.lease_id} moved to {moved_to}, but {trouble}",
+                                  file=sys.stderr, flush=True)  # fmt: skip
                     continue
                 self.on_end(exc.answer.state or "ended", exc.answer.reason or exc.answer.error)
                 return "ended"

@@ -4442,12 +4442,20 @@ def scenario_migrate_server():
     value, n = ctypes.c_uint32(5), ctypes.c_uint32(16)
     params = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in (counter, value, n)])
     while (line := sys.stdin.readline().strip()) not in ("", "done"):
-        if (
-            line == "child"
-        ):  # a process of the lease that starts now (after a move: on the lease's new worker)
+        if line in ("child", "child_first_env"):
+            # A process of the lease that starts now (after a move: on the lease's new worker). `child` inherits
+            # this process's environment as it is now (the shim changed it when it moved); `child_first_env` gets
+            # the one the program started with, naming the first worker, as a process started by the program's
+            # launcher has it.
+            first_env = (
+                dict(os.environ) if line == "child_first_env" else None
+            )  # Python's copy: as it started
             child = subprocess.run([sys.executable, __file__, "migrate_server_child"], capture_output=True, text=True,
-                                   timeout=60)  # fmt: skip
+                                   timeout=60, env=first_env)  # fmt: skip
             say("child", child.stdout.strip().replace("\n", " ") or child.stderr.strip()[-300:])
+        elif line == "sync":  # a call that waits for its answer: after a move, this process reconnects there
+            check(cu.cuCtxSynchronize(), "sync")
+            say("synced", 1)
         elif line == "queue":  # no call here waits for an answer
             check(cu.cuMemsetD32Async(c_u64(queued), ctypes.c_uint32(7), c_u64(16), stream), "queued memset")
             check(cu.cuLaunchKernel(add, 1, 1, 1, 16, 1, 1, 0, stream, params, None), "queued launch")

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+import psutil
 import pytest
 from pool_harness import (
     ROOT,
@@ -146,6 +147,42 @@ def test_a_running_program_moves_to_another_server_and_finishes_there(pair, tmp_
     assert result["global_after"] == "5a" * 8, result
     # gpuattach released the lease where it got it: A passes the release on to B
     wait_for(lambda: nothing_held(b, admin, lease["id"]), 15, what="the lease to end on B with its program")
+
+
+def test_a_process_started_after_the_old_worker_exited_finds_the_lease_on_the_new_server(tmp_path):
+    """After a move, once the old worker has exited (its processes reconnected to the new one), a process the
+    program starts then — with the old worker's address in its environment — still reaches the lease: the
+    heartbeats of `gpuattach run` learn where it went and rewrite the run's worker file, which the shim reads
+    at each new connection."""
+    fast = '[policy]\nlease_ttl = "1s"\nreap_interval = 0.2\n'  # heartbeats every ~0.3 s
+    a = ServerProc(tmp_path / "a", "1xH100-80GB", config=fast, env=HOST).start()
+    b = ServerProc(tmp_path / "b", "1xH100-80GB", config=fast, env=HOST).start()
+    try:
+        admin = admin_of(a, b)
+        token = a.token("later")
+        b.token("later", token=token)
+        run, lease = start_program(a, tmp_path, "later", admin, token=token)
+        with killed_on_failure(run):
+            old_worker = [p for p in psutil.Process(a.proc.pid).children(recursive=True)
+                          if lease["id"] in " ".join(p.cmdline())]  # fmt: skip
+            assert old_worker, "the lease's worker on A"
+            moved = migrate(a, lease["id"], "--to", b.url, token=admin)
+            assert moved.returncode == 0, moved.stdout + moved.stderr
+            expires = api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["expires_at"]
+            run.stdin.write("sync\n")  # the program's process reconnects to B's worker: A's exits
+            run.stdin.flush()
+            assert run.stdout.readline().startswith("synced")
+            psutil.wait_procs(old_worker, timeout=20)
+            assert not any(p.is_running() for p in old_worker), "A's worker still runs"
+            wait_for(lambda: api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["expires_at"] != expires, 10,
+                     what="gpuattach's heartbeat at B")  # fmt: skip
+            run.stdin.write("child_first_env\n")  # its environment names A's worker, which is gone
+            run.stdin.flush()
+            assert run.stdout.readline().strip() == "child child_bytes 2a2a2a2a"
+        finishes_intact(run)
+    finally:
+        a.stop()
+        b.stop()
 
 
 def test_the_heartbeat_loop_follows_a_lease_that_moved(pair, tmp_path):

@@ -560,6 +560,7 @@ class _Run:
         self.child: subprocess.Popen | None = None
         self.ended_reason: str | None = None
         self._killer: threading.Timer | None = None
+        self.worker_files: list[tuple[str, Path]] = []  # (lease id, the file saying where its worker is now)
 
     @property
     def leases(self) -> list[tuple]:
@@ -716,11 +717,54 @@ def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
     # A file a helper thread left behind never turns the run's end into a traceback.
     with tempfile.TemporaryDirectory(prefix="gpupool-run-", ignore_cleanup_errors=True) as scratch:
         view = _nvml_view(run, env, Path(scratch), local=args.local)
+        if not args.local:
+            _worker_files(run, env, Path(scratch))
         try:
             return _run_command(args, cmd, run, env, view)
         finally:
             if view is not None:
                 view.stop()
+
+
+def _worker_files(run: _Run, env: dict, scratch: Path) -> None:
+    """Where each of the run's leases' worker is, in a file the shim reads at each new connection (one per
+    rank under --spread, named as the shim picks lease r's variables); rewritten when a lease moves to another
+    server (`_follow_move`), so that processes started after the move find it."""
+    from virtualize.client import _worker_file
+    from virtualize.common import _wire
+
+    for rank, (_, lease) in enumerate(run.leases):
+        if not lease.worker:
+            continue
+        path = scratch / f"worker-{rank}"
+        _worker_file.write(path, lease.worker)
+        if rank == 0:  # (also a process that is no rank of a --spread run talks to lease 0)
+            env[_wire.ENV_WORKER_FILE] = str(path)
+        if run.spread:
+            env[f"{_wire.ENV_WORKER_FILE}_{rank}"] = str(path)
+        run.worker_files.append((lease.id, path))
+
+
+def _follow_move(run: _Run, view, lease_id: str, server) -> None:
+    """A lease of the run moved to `server` (its heartbeats were told so): its worker file names the new
+    worker, and its NVML view is fetched from there."""
+    import urllib.parse
+
+    from server.api import Lease
+    from virtualize.client import _worker_file
+
+    lease = run.client.call(server, "GET", f"/v1/leases/{urllib.parse.quote(lease_id)}", Lease)
+    for owner, path in run.worker_files:
+        if owner == lease_id and lease.worker:
+            _worker_file.write(path, lease.worker)
+    for keeper in view.keepers if view is not None else []:
+        if keeper.lease.id == lease_id:
+            keeper.server = server
+    print(
+        f"gpuattach: lease {lease_id} moved to {server.url}: the run goes on there",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _nccl_forwarding(env: dict, *, spread: bool) -> None:
@@ -788,7 +832,8 @@ def _run_command(args, cmd, run: _Run, env: dict, view) -> int:
 
     beats = [
         Heartbeater(run.client, server, answer.id, heartbeat_interval(answer.ttl_s),
-                    on_end=functools.partial(run.on_lease_end, lease_id=answer.id))
+                    on_end=functools.partial(run.on_lease_end, lease_id=answer.id),
+                    on_moved=functools.partial(_follow_move, run, view, answer.id))
         for server, answer in run.leases
     ]  # fmt: skip
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}

@@ -197,6 +197,7 @@ def generate_types() -> str:
         f'#define GP_ENV_ENCRYPT "{_wire.ENV_ENCRYPT}"',
         f'#define GP_ENV_LOCAL "{_wire.ENV_LOCAL}"',
         f'#define GP_ENV_LACKS "{_wire.ENV_LACKS}"',
+        f'#define GP_ENV_WORKER_FILE "{_wire.ENV_WORKER_FILE}"',
         f'#define GP_ENV_TRACE "{_wire.ENV_TRACE}"',
         f'#define GP_ENV_PROFILE "{_wire.ENV_PROFILE}"',
         f'#define GP_ENV_MEMO "{_wire.ENV_MEMO}"',

@@ -84,6 +84,9 @@ ENV_LEASE = "GPUPOOL_LEASE"  # the lease id, for messages
 ENV_TLS = "GPUPOOL_WORKER_TLS_SHA256"  # the worker's certificate: the shim talks TLS to it and pins it
 ENV_LACKS = "GPUPOOL_DRIVER_LACKS"  # ABIs (name@since, commas) the worker's driver lacks: cuGetProcAddress answers as it
 ENV_LOCAL = "GPUPOOL_WORKER_LOCAL"  # the worker's Unix socket (abstract name), used when it runs on this host
+# A file gpuattach keeps saying where the lease's worker is now (`worker`, `local`, `tls` lines): read by the shim
+# at each new connection, so a process started after the lease moved to another server finds it there.
+ENV_WORKER_FILE = "GPUPOOL_WORKER_FILE"
 ENV_ENCRYPT = "GPUPOOL_DATA_ENCRYPTION"  # "auto" (default: all but loopback) or "always"
 ENV_TRACE = "GPUPOOL_SHIM_TRACE"  # 1: the shim prints every call it handles to stderr
 ENV_PROFILE = "GPUPOOL_SHIM_PROFILE"  # 1: at exit, the shim prints where the process's time went
@@ -98,6 +101,7 @@ LEASE_ENV = (
     ENV_TLS,
     ENV_LOCAL,
     ENV_LACKS,
+    ENV_WORKER_FILE,
 )  # what differs from one lease to another
 
 

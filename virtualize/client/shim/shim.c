@@ -506,9 +506,41 @@ static CUresult pick_rank_lease(void) {
     return CUDA_SUCCESS;
 }
 
+/* Where gpuattach says the lease's worker is now (GPUPOOL_WORKER_FILE: `worker HOST:PORT`, `local NAME`, `tls
+ * SHA256` lines), taken into this process's environment when it says something new: a process started after
+ * the lease moved to another server's worker, with the old worker's address in its environment, connects to
+ * the new one. What the process learnt itself since (MOVED) is not undone by a file that has not changed;
+ * nothing changes where there is no such file or it names no worker. */
+static void lease_setenv(const char *name, const char *value);
+static char location_seen[3 * 512];
+
+static void lease_location_read(void) {
+    const char *path = lease_getenv(GP_ENV_WORKER_FILE);
+    FILE *f = path && *path ? fopen(path, "re") : NULL;
+    if (!f) return;
+    char line[512], worker[512] = "", local[512] = "", tls[512] = "";
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (strncmp(line, "worker ", 7) == 0) snprintf(worker, sizeof worker, "%s", line + 7);
+        else if (strncmp(line, "local ", 6) == 0) snprintf(local, sizeof local, "%s", line + 6);
+        else if (strncmp(line, "tls ", 4) == 0) snprintf(tls, sizeof tls, "%s", line + 4);
+    }
+    fclose(f);
+    char seen[sizeof location_seen];
+    snprintf(seen, sizeof seen, "%s\n%s\n%s", worker, local, tls);
+    if (!worker[0] || strcmp(seen, location_seen) == 0) return;
+    memcpy(location_seen, seen, sizeof seen);
+    const char *now = lease_getenv(GP_ENV_WORKER);
+    if (now && strcmp(now, worker) == 0) return;
+    lease_setenv(GP_ENV_WORKER, worker);
+    lease_setenv(GP_ENV_LOCAL, local);
+    lease_setenv(GP_ENV_TLS, tls);
+}
+
 static CUresult connect_worker(void) {
     CUresult picked = pick_rank_lease();
     if (picked != CUDA_SUCCESS) return picked;
+    lease_location_read();
     const char *where = lease_getenv(GP_ENV_WORKER);
     const char *secret = lease_getenv(GP_ENV_SECRET);
     if (!where || !*where || !secret) {
