@@ -1067,8 +1067,10 @@ static CUresult shm_dtoh_locked(uint8_t *dst, uint64_t src, uint64_t count, uint
  * the next frame when the copy is done) and its bytes in pieces, one per lane, each lane's TLS on its
  * own thread here and on the worker (virtualize/server/_lanes.py). The lanes open at the first such copy
  * (each proves the lease secret like any connection); where they cannot, copies go through the
- * process's connection as before. GPUPOOL_SHIM_LANES: how many (default 3; 0 or 1: none). */
-#define GP_LANE_MIN_COPY (16u << 20)
+ * process's connection as before. GPUPOOL_SHIM_LANES: how many (default 3; 0 or 1: none). From 4 MiB: a
+ * training's batch of images (9.6 MB of uint8 ResNet-50 input) went through one connection at 1.26 GB/s
+ * across a 25 Gbit/s link (bench/RESULTS.md, the seventh session's run 3), the GPU idle meanwhile. */
+#define GP_LANE_MIN_COPY (4u << 20)
 #define GP_MAX_LANES 8
 static struct gp_conn lane_conns[GP_MAX_LANES];
 static int lanes_state; /* 0 not tried, n > 0 lanes open, -1 none (under conn_lock) */
