@@ -32,7 +32,10 @@ HOST = {"GPUPOOL_WORKER_EXECUTOR": "host"}
 def pair(tmp_path_factory):
     base = tmp_path_factory.mktemp("xmove")
     a = ServerProc(base / "a", "2xH100-80GB", env=HOST).start()
-    b = ServerProc(base / "b", "2xH100-80GB", env=HOST).start()
+    # B's workers give other handle values than A's, as another GPU's driver does: the client's must be mapped
+    b = ServerProc(
+        base / "b", "2xH100-80GB", env={**HOST, "GPUPOOL_HOST_EXECUTOR_FIRST_HANDLE": "0x900000"}
+    ).start()
     yield a, b
     a.stop()
     b.stop()

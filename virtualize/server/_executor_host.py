@@ -2,8 +2,10 @@
 
 It emulates what a CUDA program can observe through the driver API: device queries (a made-up
 device with the lease's partitions), allocations at device-like addresses (GPUPOOL_HOST_EXECUTOR_BASE,
-default 0x5e0000000000) backed by bytearrays, copies, memsets, pools, streams and events (everything
-runs at once, in order; elapsed times are host clock times), modules and pointer attributes.
+default 0x5e0000000000) backed by bytearrays, handles counted from GPUPOOL_HOST_EXECUTOR_FIRST_HANDLE
+(default 0x1000: a test gives another server's workers other values, as another GPU's driver would), copies,
+memsets, pools, streams and events (everything runs at once, in order; elapsed times are host clock times),
+modules and pointer attributes.
 Kernels: any image loads, and a few built-in functions run on host memory —
 `fill_u32(u32 *ptr, u32 value, u32 n)`, `add_u32(u32 *ptr, u32 value, u32 n)`,
 `saxpy(f32 *x, f32 *y, f32 a, u32 n)`, `printf_u32(u32)` (prints "kernel says N" as a device printf
@@ -224,7 +226,7 @@ class HostExecutor(Executor):
         self.edges: list[tuple[int, int]] = []  # (from, to) between nodes
         self.node_order: dict[int, list[int]] = {}  # graph -> its nodes in the order they run
         self.exec_order: dict[int, list[int]] = {}  # graph exec -> its graph's nodes at instantiation
-        self.ids = itertools.count(0x1000)
+        self.ids = itertools.count(int(os.environ.get("GPUPOOL_HOST_EXECUTOR_FIRST_HANDLE", "0x1000"), 0))
         self.contexts = {0xC0000 + d: d for d in range(self.n)}
         self.pools = {0xB0000 + d: d for d in range(self.n)}
         self.current_pools = {d: 0xB0000 + d for d in range(self.n)}  # cuDeviceSetMemPool's
