@@ -74,6 +74,17 @@ def start_program(server: ServerProc, tmp_path, client: str, admin: str, scenari
                                 env={"GPUPOOL_SHIM_SHARED_COPIES": "0"})  # fmt: skip
 
 
+def started_for_both(pair, tmp_path, client: str, scenario: str) -> tuple[subprocess.Popen, dict, str]:
+    """`scenario` running on A under a client token B takes too (its heartbeats follow the lease there); its lease
+    and the admin token both servers take."""
+    a, b = pair
+    admin = admin_of(a, b)
+    token = a.token(client)
+    b.token(client, token=token)
+    run, lease = start_program(a, tmp_path, client, admin, scenario, token=token)
+    return run, lease, admin
+
+
 def finishes_intact(run: subprocess.Popen, lines: str = "done\n") -> dict[str, str]:
     """The program goes on (after `lines` on its stdin) and finds every address holding its bytes, every handle
     working; what it said."""
@@ -146,6 +157,44 @@ def test_a_running_program_moves_to_another_server_and_finishes_there(pair, tmp_
     )  # a module global, found again on B (same_global: its bytes)
     # gpuattach released the lease where it got it: A passes the release on to B
     wait_for(lambda: nothing_held(b, admin, lease["id"]), 15, what="the lease to end on B with its program")
+
+
+def test_arrays_textures_and_the_programs_own_virtual_memory_move_to_another_server(pair, tmp_path):
+    """A program holding a CUDA array with contents, a mipmapped array with a filled level (in a context of its
+    own), a texture object over the array and a surface object over another, cuMemCreate memory mapped with
+    patterns (one allocation held and half unmapped, one released and kept by its mapping) and a tensor map over it
+    moves --to B (whose worker gives other handle values): on B every byte is the same (the array, the level, each
+    mapping, the unmapped half mapped again from its handle), the texture and surface keep the values the program
+    holds and each names its own array, a texture made after gets a value of its own, the tensor map is one B's
+    worker knows, and the memory is written and read, unmapped and released there."""
+    a, b = pair
+    run, lease, admin = started_for_both(pair, tmp_path, "arrays", "migrate_server_arrays")
+    with killed_on_failure(run):
+        moved = migrate(a, lease["id"], "--to", b.url, token=admin)
+        assert moved.returncode == 0, moved.stdout + moved.stderr
+        assert api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
+    result = finishes_intact(run)
+    assert result["vm_written"] == "3c" * 4, result
+    assert result["texture_after_distinct"] == "True", result
+    assert result["tensor_map_again"] == "0", result  # B's worker knows the tensor map the program holds
+    wait_for(lambda: nothing_held(b, admin, lease["id"]), 15, what="the lease to end on B with its program")
+
+
+def test_memory_held_through_another_reference_is_refused_until_let_go(pair, tmp_path):
+    """The program's own virtual memory with a second reference (cuMemRetainAllocationHandle) is not carried: the
+    move --to B is refused naming it (exit 2, one line) before B is asked, and the program runs on at A; once the
+    program lets go of that reference the lease moves, intact."""
+    a, b = pair
+    run, lease, admin = started_for_both(pair, tmp_path, "retainer", "migrate_server_arrays")
+    with killed_on_failure(run):
+        for line in ("retain", "let go"):
+            run.stdin.write(f"{line}\n")
+            run.stdin.flush()
+            assert run.stdout.readline().strip() == f"step {line}"
+            if line == "retain":
+                refused_and_stays(a, b, lease, admin, "another reference")
+        assert migrate(a, lease["id"], "--to", b.url, token=admin).returncode == 0
+    finishes_intact(run)
 
 
 def test_the_heartbeat_loop_follows_a_lease_that_moved(pair, tmp_path):

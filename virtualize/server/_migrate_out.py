@@ -18,8 +18,10 @@ worker whose sender is gone or that no sender reached exits, which frees its GPU
 admission as for any worker that exits).
 
 With the memory, the manifest carries the records the lease's objects are made from (contexts, streams,
-events, modules, functions, pools and what configured them: `Translated.exported`, as JSON) and the guard's
-state of the lease and of each process (`virtualize.server._migrate_state`); the receiving worker replays the
+events, modules, functions, pools and what configured them: `Translated.exported`, as JSON), what the executor
+re-creates itself — CUDA arrays, texture and surface objects, the program's own virtual memory
+(`virtualize.server._migrate_carried`; their bytes follow the memory's) — and the guard's state of the lease and
+of each process (`virtualize.server._migrate_state`, tensor maps included); the receiving worker replays the
 records, maps the client's handle values to what it made, rebuilds the guard's state and parks each process
 under a token. On the commit the old worker answers each connection's next frame that wants a reply with
 MOVED (`Moved.frame`; the frames that want none since the pause go over the link and run there first), the
@@ -37,7 +39,7 @@ import threading
 import time
 
 from virtualize.common import _wire
-from virtualize.server import _migrate, _migrate_link, _migrate_state
+from virtualize.server import _migrate, _migrate_carried, _migrate_link, _migrate_state
 from virtualize.server._executor import CudaError
 from virtualize.server._executor_guard import Allocation, Session
 from virtualize.server._migrate import DRAIN_TIMEOUT_S, MPS_REFUSAL, MigrationRefused
@@ -68,6 +70,9 @@ def refusal(worker) -> str | None:
     kinds = _not_carried(worker)
     if kinds:
         return f"the lease holds {', '.join(kinds)}, which a move to another server does not carry yet"
+    reason = _migrate_carried.refusal(worker.executor)
+    if reason:
+        return reason
     for session in list(worker.sessions):
         reason = _migrate_state.process_refusal(session)
         if reason:
@@ -131,9 +136,12 @@ def _sent(worker, link: _migrate_link.Link, target: dict, where: str, timeout: f
                 held = _migrate.mappings(worker.lease)
                 total = sum(m.size for m in held)
                 manifest, tokens = _manifest(worker, held)
+                manifest["carried"], pieces = _migrate_carried.exported(worker.executor)
+                total += sum(piece.size for piece in pieces)
                 link.send(manifest, total)
                 for m in held:
                     worker.executor.copy_from_device(m.base, m.size, None, link.send_bytes)
+                _migrate_carried.send(pieces, link.send_bytes)  # arrays, the program's own virtual memory
                 answer = link.receive()
             if answer.get("ok") is not True:
                 raise MigrationRefused(f"the receiving worker at {where} failed: {answer.get('error')}")
@@ -162,6 +170,9 @@ def _manifest(worker, held: list) -> tuple[dict, dict[int, int]]:
     (`_migrate_state.exported`); and each connection's token."""
     windows = [[w.base, w.size] for memory in list(worker.lease.windows)
                for w in [*memory.windows, *([memory.offered] if memory.offered is not None else [])]]  # fmt: skip
+    # cuMemAddressReserve'd ranges outside the windows (none had room): the same addresses there too
+    windows += [[base, size] for memory in list(worker.lease.windows)
+                for base, (size, window) in memory.ranges.items() if window is None]  # fmt: skip
     try:
         objects = worker.executor.exported()
     except TypeError as exc:
@@ -174,9 +185,8 @@ def _manifest(worker, held: list) -> tuple[dict, dict[int, int]]:
 
 # What the lease may hold that a move to another server does not carry yet (refused up front).
 NOT_CARRIED = {
-    "graph": "CUDA graphs", "graphexec": "instantiated graphs", "array": "CUDA arrays",
-    "mipmap": "mipmapped arrays", "texobj": "texture objects", "surfobj": "surface objects",
-    "vmem": "memory of the virtual memory API",
+    "graph": "CUDA graphs", "graphexec": "instantiated graphs",
+    "texref": "texture references (the legacy API)", "surfref": "surface references (the legacy API)",
     "link": "a link in progress (cuLinkCreate)",
 }  # fmt: skip
 
@@ -332,11 +342,13 @@ def _held(worker, link: _migrate_link.Link):
         for device in contexts:  # the copies' references: the lease's own are the records'
             executor.cuDevicePrimaryCtxRelease(device)
         objects = worker.executor.imported(manifest["objects"])
+        parked = _migrate_state.imported(worker.lease, worker.executor, manifest["state"], manifest["memory"],
+                                         backings, Allocation)  # fmt: skip
+        # after the state: the lease's own contexts are known then, its arrays' and memory's copies run in them
+        objects += _migrate_carried.imported(worker.executor, manifest.get("carried", {}), link.read_into)
         log.info(
             "holding the lease's objects: %d re-created, the client's handle values mapped to them", objects
         )
-        parked = _migrate_state.imported(worker.lease, worker.executor, manifest["state"], manifest["memory"],
-                                         backings, Allocation)  # fmt: skip
     except (MigrationRefused, CudaError, TypeError, ValueError, KeyError) as exc:
         why = f"the lease could not be re-created here: {getattr(exc, 'title', '') or exc}"
         link.send({"ok": False, "error": why})
