@@ -33,10 +33,13 @@ worker) while its program runs.
    receiving worker of GPU 1 (another process, as another gpupool-server starts one: ``--receive``, the
    one-time secret, TLS; docs/remote.md, Between servers); the shim reconnects there at its next call; the
    bytes, stream, event and kernel work after, and the old worker is gone.
+5a. xserver_arrays: the arrays part's program (1a) moved to a receiving worker of GPU 1 the same way: the arrays made
+   anew with their bytes, the texture and surface objects with the same values (the kernel reads the texture by
+   the value it holds), the program's own virtual memory at the same addresses.
 5b. xserver_training: the GPT-2 training moved there after step --at (its libraries, kernels, streams, events and
    memory carried; the shim reconnects): losses equal an unmoved run's step for step. What the move does not
    carry yet (e.g. PyTorch's expandable segments: the virtual memory API) is REFUSED up front, with the reason.
-   Alone: ``python3 tests/gpu/remote/migrate_training.py --only xserver xserver_training``.
+   Alone: ``python3 tests/gpu/remote/migrate_training.py --only xserver xserver_arrays xserver_training``.
 
 `--executor host --only driver` rehearses the steps on a machine without a GPU. A refused migration
 prints its reason (REFUSED): the lease must keep running unharmed. Each step is
@@ -540,7 +543,7 @@ def hold(
         after = next((line for line in out.splitlines() if line.startswith("after")), "")
         print(f"    holder: {after or '(nothing)'}", flush=True)
         if not after:
-            print(err[-3000:], flush=True)
+            print(out[-1000:], err[-3000:], flush=True)
         return first, answer, after, smi
     except subprocess.TimeoutExpired:
         proc.kill()
@@ -759,12 +762,32 @@ def xserver_check(shim: Path, work: Path, two: list) -> None:
     worker of GPU 1 (another process: the link, TLS, the one-time secret; its memory, objects and state made
     there anew); at its next call the shim is told MOVED and reconnects there. PASS: the bytes, the stream, the
     event and the kernel work after the move, the old worker is gone and the new one serves the program."""
-    print(f"\n=== xserver: a driver API program moved from GPU {two[0][0]}'s worker to a receiving worker of GPU "
-          f"{two[1][0]}", flush=True)  # fmt: skip
+    moved_to_server("xserver: a driver API program", SERVER_HOLDER,
+                    "xserver: a driver API program moved to another server's worker, intact", shim, work, two)  # fmt: skip
+
+
+def xserver_arrays(shim: Path, work: Path, two: list) -> None:
+    """The arrays part's program (a CUDA array read by a kernel through a texture object, a mipmapped array, a
+    surface object, memory of its own virtual memory API) moved to a receiving worker of GPU 1 (docs/remote.md,
+    Between servers: arrays made anew with their bytes, the texture and surface objects with the same values, the
+    allocations mapped at the same addresses). PASS: the bytes, the handles and the kernel reading the texture
+    by the value it holds work on the target."""
+    moved_to_server("xserver_arrays: CUDA arrays, a texture read by a kernel, a surface, virtual memory",
+                    ARRAY_HOLDER, "xserver_arrays: arrays, textures, surfaces and virtual memory moved to another "
+                    "server's worker, intact", shim, work, two)  # fmt: skip
+
+
+def moved_to_server(title: str, holder: str, check: str, shim: Path, work: Path, two: list) -> None:
+    """A program holding `holder`'s objects on a worker of GPU two[0], moved to a receiving worker of two[1] while
+    it waits; intact after, the old worker gone and the new one serving?"""
+    print(
+        f"\n=== {title}, moved from GPU {two[0][0]}'s worker to a receiving worker of GPU {two[1][0]}",
+        flush=True,
+    )
     source = worker_on(two[0], 4)
     target, where = receiving_worker(source, two[1], 4)
     try:
-        first, answer, after, smi = hold(SERVER_HOLDER, [], source, shim, work, two[1],
+        first, answer, after, smi = hold(holder, [], source, shim, work, two[1],
                                          mover=lambda: send_to(source, where, two[1]),
                                          extra_env={"GPUPOOL_SHIM_SHARED_COPIES": "0"})  # fmt: skip
         time.sleep(1.0)  # the old worker exits once its process reconnected
@@ -773,8 +796,7 @@ def xserver_check(shim: Path, work: Path, two: list) -> None:
         source.stop()
         target.stop()
     intact = first == "ready True" and after == "after True True"
-    outcome("xserver: a driver API program moved to another server's worker, intact", answer,
-            intact and old_gone and new_serving,
+    outcome(check, answer, intact and old_gone and new_serving,
             f"{answer.get('bytes', 0) >> 20} MiB, {answer.get('objects')} objects, paused {answer.get('pause_s', 0):.3f} s, "
             f"old worker gone {old_gone}, used MiB {smi}")  # fmt: skip
 
@@ -822,6 +844,7 @@ def main() -> int:
         "pause",
         "training",
         "xserver",
+        "xserver_arrays",
         "xserver_training",
     ]
     parser.add_argument(
@@ -858,6 +881,7 @@ def main() -> int:
             ),
             "training": lambda: training(shim, work, found[:2], args.steps, args.at),
             "xserver": lambda: xserver_check(shim, work, found[:2]),
+            "xserver_arrays": lambda: xserver_arrays(shim, work, found[:2]),
             "xserver_training": lambda: xserver_training(shim, work, found[:2], args.steps, args.at),
         }
         needs = {
@@ -870,6 +894,7 @@ def main() -> int:
             "pause": 40,
             "training": 120,
             "xserver": 40,
+            "xserver_arrays": 40,
             "xserver_training": 120,
         }
         for name in args.only:
