@@ -38,8 +38,11 @@ worker) while its program runs.
    the value it holds), the program's own virtual memory at the same addresses.
 5b. xserver_training: the GPT-2 training moved there after step --at (its libraries, kernels, streams, events and
    memory carried; the shim reconnects): losses equal an unmoved run's step for step. What the move does not
-   carry yet (e.g. PyTorch's expandable segments: the virtual memory API) is REFUSED up front, with the reason.
-   Alone: ``python3 tests/gpu/remote/migrate_training.py --only xserver xserver_arrays xserver_training``.
+   carry yet (e.g. CUDA graphs) is REFUSED up front, with the reason.
+5c. xserver_expandable: the same with PyTorch's allocator in expandable segments
+   (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: its memory is the program's own virtual memory).
+   Alone: ``python3 tests/gpu/remote/migrate_training.py --only xserver xserver_arrays xserver_training
+   xserver_expandable``.
 
 `--executor host --only driver` rehearses the steps on a machine without a GPU. A refused migration
 prints its reason (REFUSED): the lease must keep running unharmed. Each step is
@@ -801,11 +804,16 @@ def moved_to_server(title: str, holder: str, check: str, shim: Path, work: Path,
             f"old worker gone {old_gone}, used MiB {smi}")  # fmt: skip
 
 
-def xserver_training(shim: Path, work: Path, two: list, steps: int, at: int) -> None:
+def xserver_training(
+    shim: Path, work: Path, two: list, steps: int, at: int, expandable: bool = False
+) -> None:
     """The GPT-2 training's lease moved after step `at` from GPU 0's worker to a receiving worker of GPU 1, as
-    another gpupool-server starts one. PASS: it moved and the losses equal an unmoved run's step for step;
-    REFUSED: the move refused what it does not carry yet (the reason printed), the training unharmed."""
-    print(f"\n=== xserver_training: gpt2 {steps} steps on GPU {two[0][0]}, moved to a receiving worker of "
+    another gpupool-server starts one (`expandable`: PyTorch's allocator in expandable segments, its memory the
+    program's own virtual memory: cuMemCreate, cuMemMap). PASS: it moved and the losses equal an unmoved run's
+    step for step; REFUSED: the move refused what it does not carry yet (the reason printed), the training
+    unharmed."""
+    name = "xserver_expandable" if expandable else "xserver_training"
+    print(f"\n=== {name}: gpt2 {steps} steps on GPU {two[0][0]}, moved to a receiving worker of "
           f"GPU {two[1][0]} after step {at}", flush=True)  # fmt: skip
     runs = {}
     for label, move_at in (("reference", None), ("asked", at)):
@@ -816,6 +824,8 @@ def xserver_training(shim: Path, work: Path, two: list, steps: int, at: int) -> 
             # no local socket, so nothing is shared with the worker's host (shared page-locked memory and
             # copies through shared memory cannot follow the lease to another server and are refused).
             env = {k: v for k, v in lease_env(handle, shim, work).items() if k != _wire.ENV_LOCAL}
+            if expandable:
+                env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
             runs[label] = train(env, steps, move_at, lambda h=handle, w=where: send_to(h, w, two[1]))
         finally:
             handle.stop()
@@ -825,7 +835,7 @@ def xserver_training(shim: Path, work: Path, two: list, steps: int, at: int) -> 
     for i, (a, b) in enumerate(zip(ref, moved, strict=False)):
         print(f"{i:5d} {a:12.5f} {b:12.5f}{'' if a == b else '  DIFFERENT'}")
     equal = ref_rc == 0 and rc == 0 and len(ref) == len(moved) == steps and ref == moved
-    outcome("xserver_training: a training moved to another server's worker mid-run, losses equal", answer,
+    outcome(f"{name}: a training moved to another server's worker mid-run, losses equal", answer,
             equal, f"paused {answer.get('pause_s', 0):.3f} s")  # fmt: skip
 
 
@@ -846,6 +856,7 @@ def main() -> int:
         "xserver",
         "xserver_arrays",
         "xserver_training",
+        "xserver_expandable",
     ]
     parser.add_argument(
         "--only", nargs="*", default=part_names, choices=part_names, help="parts to run (default: all)"
@@ -883,6 +894,7 @@ def main() -> int:
             "xserver": lambda: xserver_check(shim, work, found[:2]),
             "xserver_arrays": lambda: xserver_arrays(shim, work, found[:2]),
             "xserver_training": lambda: xserver_training(shim, work, found[:2], args.steps, args.at),
+            "xserver_expandable": lambda: xserver_training(shim, work, found[:2], args.steps, args.at, True),
         }
         needs = {
             "driver": 20,
@@ -896,6 +908,7 @@ def main() -> int:
             "xserver": 40,
             "xserver_arrays": 40,
             "xserver_training": 120,
+            "xserver_expandable": 120,
         }
         for name in args.only:
             if out_of_time(name, needs.get(name, 30)):
