@@ -101,6 +101,18 @@ def finishes_intact(run: subprocess.Popen, lines: str = "done\n") -> dict[str, s
     return result
 
 
+def fails_and_runs_on(source: ServerProc, target: ServerProc, run, lease: dict, admin: str, why: str) -> None:
+    """The move --to `target` fails after the target admitted the lease, saying `why` (exit 2, one line); the
+    target's admission ends and frees its GPU; the program runs on at `source` and finishes intact."""
+    with killed_on_failure(run):
+        assert why in one_error(migrate(source, lease["id"], "--to", target.url, token=admin))
+        wait_for(
+            lambda: nothing_held(target, admin, lease["id"]), 15, what="the target to free its admission"
+        )
+        assert api(source.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
+    finishes_intact(run)
+
+
 def one_error(out: subprocess.CompletedProcess) -> str:
     """Exit 2, no traceback, one error line (after the progress line); that line."""
     assert out.returncode == 2, out.stdout + out.stderr
@@ -226,9 +238,9 @@ def test_the_heartbeat_loop_follows_a_lease_that_moved(pair, tmp_path):
 
 
 def test_a_lease_holding_what_a_move_does_not_carry_yet_is_refused_before_anything_pauses(pair, tmp_path):
-    """A program holding every object kind (graphs, arrays, textures, its own virtual memory, a library, ...):
-    the move --to B is refused with what it does not carry (exit 2, one line) before B is asked, and the
-    program goes on and finishes intact on A."""
+    """A program holding every object kind (a library, arrays, textures, its own virtual memory, ... and graphs,
+    which a move to another server does not carry yet): the move --to B is refused with what it does not carry
+    (exit 2, one line) before B is asked, and the program goes on and finishes intact on A."""
     a, b = pair
     admin = admin_of(a, b)
     run, lease = start_program(a, tmp_path, "holder", admin, "migrate")
@@ -247,15 +259,26 @@ def test_a_receiving_worker_that_dies_mid_copy_leaves_the_lease_on_its_source(tm
     try:
         admin = admin_of(a, b)
         run, lease = start_program(a, tmp_path, "unlucky", admin)
-        with killed_on_failure(run):
-            failed = migrate(a, lease["id"], "--to", b.url, token=admin)
-            assert "link" in one_error(failed)
-            wait_for(lambda: nothing_held(b, admin, lease["id"]), 15, what="B to free the dead worker's GPU")
-            assert api(a.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
-        finishes_intact(run)
+        fails_and_runs_on(a, b, run, lease, admin, "link")
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_texture_that_would_get_another_value_on_the_target_fails_the_move_and_the_lease_stays(tmp_path):
+    """A target whose driver gives texture and surface objects other values than the program holds (its kernels
+    hold them in their parameters): the move fails before it commits, naming the value (exit 2, one line), the
+    target's admission ends and frees its GPU, and the program runs on at its source and finishes intact."""
+    a = ServerProc(tmp_path / "a", "2xH100-80GB", env=HOST).start()
+    c = ServerProc(
+        tmp_path / "c", "2xH100-80GB", env={**HOST, "GPUPOOL_HOST_EXECUTOR_FIRST_SAMPLER": "100"}
+    ).start()
+    try:
+        run, lease, admin = started_for_both((a, c), tmp_path, "sampler", "migrate_server_arrays")
+        fails_and_runs_on(a, c, run, lease, admin, "another value")
+    finally:
+        a.stop()
+        c.stop()
 
 
 def test_an_admission_nobody_sends_to_ends_by_itself_and_frees_its_gpu(pair):

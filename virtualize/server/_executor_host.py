@@ -304,8 +304,11 @@ class HostExecutor(Executor):
         self.tiles_mapped: dict[int, int] = {}  # sparse or deferred array -> tile ranges mapped to memory
         self.samplers: dict[int, tuple] = {}  # texture or surface -> its resource, texture, view descriptors
         # Texture and surface objects are small numbers in the order they are made, as a GPU's driver gives
-        # them (a move to another server makes them anew in that order, and must get the same values).
-        self.sampler_values = itertools.count(1)
+        # them (a move to another server makes them anew in that order, and must get the same values);
+        # GPUPOOL_HOST_EXECUTOR_FIRST_SAMPLER (default 1) makes a driver that gives others (the tests' seam).
+        self.sampler_values = itertools.count(
+            int(os.environ.get("GPUPOOL_HOST_EXECUTOR_FIRST_SAMPLER", "1"), 0)
+        )
         # array, mipmapped array, texture or surface object -> the context it was made in
         self.made_in: dict[int, int] = {}
         # cuMemCreate memory: handle -> (size, device, handle types, usage), while it or a mapping of it lives;
