@@ -3576,6 +3576,30 @@ HOST, DEVICE, ARRAY = 1, 2, 3  # CUmemorytype
 FLOAT, U8 = 0x20, 0x01  # CUarray_format
 
 
+def array_filled(array, host, row_bytes, rows):
+    """cuMemcpy2D of `rows` rows of `row_bytes` from the host buffer `host` (rows that long) into `array`."""
+    copy = Memcpy2D(srcMemoryType=HOST, srcHost=ctypes.addressof(host), srcPitch=row_bytes, dstMemoryType=ARRAY,
+                    dstArray=array, WidthInBytes=row_bytes, Height=rows)  # fmt: skip
+    return cu.cuMemcpy2D(ctypes.byref(copy))
+
+
+def array_bytes(array, row_bytes, rows):
+    """The first `rows` rows of `row_bytes` of `array`, copied out."""
+    back = ctypes.create_string_buffer(row_bytes * rows)
+    copy = Memcpy2D(srcMemoryType=ARRAY, srcArray=array, dstMemoryType=HOST, dstHost=ctypes.addressof(back),
+                    dstPitch=row_bytes, WidthInBytes=row_bytes, Height=rows)  # fmt: skip
+    check(cu.cuMemcpy2D(ctypes.byref(copy)), "read the array")
+    return back.raw
+
+
+def resource_array(getter, handle):
+    """The array the resource descriptor of a texture or surface object names (`getter`: cuTexObjectGetResourceDesc
+    or cuSurfObjectGetResourceDesc)."""
+    described = ctypes.create_string_buffer(144)
+    check(getter(described, handle), "the object's resource")
+    return struct.unpack_from("<Q", described.raw, 8)[0]
+
+
 def resource_desc(kind, handle, size=0):
     """A CUDA_RESOURCE_DESC: an array (0) or `size` bytes of linear memory (2) at `handle`."""
     raw = ctypes.create_string_buffer(144)
@@ -4495,6 +4519,118 @@ def scenario_migrate_server():
     check(cu.cuModuleUnload(kept), "unload kept")
     for ptr, _ in regions.values():
         check(cu.cuMemFree(c_u64(ptr)), "free")
+    check(cu.cuCtxDestroy(own), "context destroy")
+    say("finished", 1)
+
+
+def scenario_migrate_server_arrays():
+    """What a move to another server carries beside the memory of the windows: a CUDA array with contents, a
+    mipmapped array (in a context of the program's own) whose level 1 is filled, a texture object over the array and
+    a surface object over another, the program's own virtual memory with patterns (an allocation it holds, mapped in
+    two halves of which it unmaps one, one it released whose mapping keeps it, one mapped whole) and a tensor map over
+    it. Says
+    `ready` and waits for the test (it may move the lease meanwhile; `retain` takes another reference to the held
+    memory, `let go` releases it); then every byte is the same and every handle
+    works: the array and the level copied out, the texture and the surface each answering with its own array, a
+    texture made after; the mapping written and read, the unmapped half mapped again from the handle, the tensor map
+    re-pointed, and all of it unmapped and released."""
+    ctx = setup()
+    own = c_u64()
+    check(cu.cuCtxCreate(ctypes.byref(own), None, 0, 0), "context")
+    check(cu.cuCtxSetCurrent(ctx), "back to the primary context")
+    array, canvas, texture, surface = c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuArrayCreate(ctypes.byref(array), ctypes.byref(ArrayDesc(64, 32, FLOAT, 1))), "array")
+    check(
+        cu.cuArrayCreate(ctypes.byref(canvas), ctypes.byref(ArrayDesc(16, 16, FLOAT, 1))),
+        "the surface's array",
+    )
+    image = (ctypes.c_float * (64 * 32))(*(float(i * 3 % 101) for i in range(64 * 32)))
+    check(array_filled(array.value, image, 256, 32), "fill the array")
+    tex_desc = ctypes.create_string_buffer(104)
+    check(
+        cu.cuTexObjectCreate(ctypes.byref(texture), resource_desc(0, array.value), tex_desc, None), "texture"
+    )
+    check(cu.cuSurfObjectCreate(ctypes.byref(surface), resource_desc(0, canvas.value)), "surface")
+    check(cu.cuCtxSetCurrent(own), "own context")
+    mipmapped, level = c_u64(), c_u64()
+    check(cu.cuMipmappedArrayCreate(ctypes.byref(mipmapped), ctypes.byref(Array3DDesc(64, 64, 0, FLOAT, 1, 0)), 3),
+          "mipmapped")  # fmt: skip
+    check(cu.cuMipmappedArrayGetLevel(ctypes.byref(level), mipmapped, 1), "level")
+    check(array_filled(level.value, image, 128, 32), "fill the level")
+    check(cu.cuCtxSetCurrent(ctx), "primary")
+    prop, vbase, held, released, whole = AllocationProp(1, 0, 1, 0), c_u64(), c_u64(), c_u64(), c_u64()
+    check(
+        cu.cuMemAddressReserve(ctypes.byref(vbase), c_u64(8 * MiB), c_u64(0), c_u64(0), c_u64(0)), "reserve"
+    )
+    for handle, size in ((held, 4 * MiB), (released, 4 * MiB), (whole, 2 * MiB)):
+        check(cu.cuMemCreate(ctypes.byref(handle), c_u64(size), ctypes.byref(prop), c_u64(0)), "create")
+    halves = {"low": (vbase.value, 0, held), "high": (vbase.value + 2 * MiB, 2 * MiB, held),
+              "kept": (vbase.value + 4 * MiB, 2 * MiB, released), "whole": (vbase.value + 6 * MiB, 0, whole)}  # fmt: skip
+    patterns = {}
+    for i, (name, (at, offset, handle)) in enumerate(halves.items()):
+        check(cu.cuMemMap(c_u64(at), c_u64(2 * MiB), c_u64(offset), handle, c_u64(0)), f"map {name}")
+        check(
+            cu.cuMemSetAccess(c_u64(at), c_u64(2 * MiB), ctypes.byref(AccessDesc(1, 0, 3)), c_u64(1)),
+            "access",
+        )
+        pattern = bytes((i * 53 + j * 7) % 256 for j in range(241))
+        patterns[name] = (pattern * (2 * MiB // len(pattern) + 1))[: 2 * MiB]
+        check(cu.cuMemcpyHtoD(c_u64(at), patterns[name], c_u64(2 * MiB)), f"fill {name}")
+    check(cu.cuMemUnmap(c_u64(halves["high"][0]), c_u64(2 * MiB)), "unmap the high half")
+    check(cu.cuMemRelease(released), "release: its mapping keeps it")
+    # A tensor map over the low half (128 rows of 256 floats), pointed 4 KiB further in after it was encoded.
+    tensor_map = ctypes.create_string_buffer(128)
+    dims, strides = (c_u64 * 2)(256, 128), (c_u64 * 1)(1024)
+    box, element = (ctypes.c_uint32 * 2)(64, 32), (ctypes.c_uint32 * 2)(1, 1)
+    check(
+        cu.cuTensorMapEncodeTiled(tensor_map, 7, 2, vbase, dims, strides, box, element, 0, 0, 0, 0),
+        "tensor map",
+    )
+    check(cu.cuTensorMapReplaceAddress(tensor_map, c_u64(vbase.value + 4096)), "tensor map re-pointed")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("handles", f"texture={texture.value} surface={surface.value}")
+    say("ready", 1)
+    again = c_u64()
+    while (line := sys.stdin.readline().strip()) not in ("", "done"):
+        if line == "retain":  # another reference to the held memory (what a move to another server refuses)
+            check(cu.cuMemRetainAllocationHandle(ctypes.byref(again), vbase), "retain")
+        elif line == "let go":
+            check(cu.cuMemRelease(again), "release the retained reference")
+        say("step", line)
+    say("same_low", dtoh(halves["low"][0], 2 * MiB)[1] == patterns["low"])
+    say("same_kept", dtoh(halves["kept"][0], 2 * MiB)[1] == patterns["kept"])
+    say("same_whole", dtoh(halves["whole"][0], 2 * MiB)[1] == patterns["whole"])
+    high = halves["high"][0]  # mapped again from the handle the program holds: the bytes it had
+    check(cu.cuMemMap(c_u64(high), c_u64(2 * MiB), c_u64(2 * MiB), held, c_u64(0)), "map the high half again")
+    check(
+        cu.cuMemSetAccess(c_u64(high), c_u64(2 * MiB), ctypes.byref(AccessDesc(1, 0, 3)), c_u64(1)), "access"
+    )
+    say("same_high", dtoh(high, 2 * MiB)[1] == patterns["high"])
+    # The map the program holds is one the lease's new worker knows: it re-points it again.
+    say("tensor_map_again", cu.cuTensorMapReplaceAddress(tensor_map, c_u64(vbase.value + 8192)))
+    check(cu.cuMemsetD8(c_u64(vbase.value + 4096), 0x3C, c_u64(16)), "write the mapping")
+    say("vm_written", dtoh(vbase.value + 4096, 4)[1].hex())
+    say("same_array", array_bytes(array.value, 256, 32) == bytes(image))
+    say("same_texture_array", resource_array(cu.cuTexObjectGetResourceDesc, texture) == array.value)
+    say("same_surface_array", resource_array(cu.cuSurfObjectGetResourceDesc, surface) == canvas.value)
+    texture_after = c_u64()
+    check(cu.cuTexObjectCreate(ctypes.byref(texture_after), resource_desc(0, array.value), tex_desc, None),
+          "a texture after")  # fmt: skip
+    say("texture_after_distinct", texture_after.value not in (texture.value, surface.value))
+    check(cu.cuCtxSetCurrent(own), "own context")
+    say("same_level", array_bytes(level.value, 128, 32) == bytes(image)[: 128 * 32])
+    check(cu.cuMipmappedArrayDestroy(mipmapped), "mipmapped destroy")
+    check(cu.cuCtxSetCurrent(ctx), "primary")
+    for done in (texture_after, texture):
+        check(cu.cuTexObjectDestroy(done), "texture destroy")
+    check(cu.cuSurfObjectDestroy(surface), "surface destroy")
+    check(cu.cuArrayDestroy(array), "array destroy")
+    check(cu.cuArrayDestroy(canvas), "the surface's array destroy")
+    check(cu.cuMemUnmap(vbase, c_u64(4 * MiB)), "unmap the held allocation")
+    check(cu.cuMemUnmap(c_u64(halves["kept"][0]), c_u64(4 * MiB)), "unmap the released one and the whole one")
+    check(cu.cuMemRelease(held), "release")
+    check(cu.cuMemRelease(whole), "release the whole one")
+    check(cu.cuMemAddressFree(vbase, c_u64(8 * MiB)), "address free")
     check(cu.cuCtxDestroy(own), "context destroy")
     say("finished", 1)
 

@@ -33,7 +33,10 @@ HOST = {"GPUPOOL_WORKER_EXECUTOR": "host"}
 def pair(tmp_path_factory):
     base = tmp_path_factory.mktemp("xmove")
     a = ServerProc(base / "a", "2xH100-80GB", env=HOST).start()
-    b = ServerProc(base / "b", "2xH100-80GB", env=HOST).start()
+    # B's workers give other handle values than A's, as another GPU's driver does: the client's must be mapped
+    b = ServerProc(
+        base / "b", "2xH100-80GB", env={**HOST, "GPUPOOL_HOST_EXECUTOR_FIRST_HANDLE": "0x900000"}
+    ).start()
     yield a, b
     a.stop()
     b.stop()
@@ -73,6 +76,17 @@ def start_program(server: ServerProc, tmp_path, client: str, admin: str, scenari
                                 env={"GPUPOOL_SHIM_SHARED_COPIES": "0", "GPUPOOL_SHIM_SHARED_PINNED": "0"})  # fmt: skip
 
 
+def started_for_both(pair, tmp_path, client: str, scenario: str) -> tuple[subprocess.Popen, dict, str]:
+    """`scenario` running on A under a client token B takes too (its heartbeats follow the lease there); its lease
+    and the admin token both servers take."""
+    a, b = pair
+    admin = admin_of(a, b)
+    token = a.token(client)
+    b.token(client, token=token)
+    run, lease = start_program(a, tmp_path, client, admin, scenario, token=token)
+    return run, lease, admin
+
+
 def finishes_intact(run: subprocess.Popen, lines: str = "done\n") -> dict[str, str]:
     """The program goes on (after `lines` on its stdin) and finds every address holding its bytes, every handle
     working; what it said."""
@@ -87,6 +101,18 @@ def finishes_intact(run: subprocess.Popen, lines: str = "done\n") -> dict[str, s
     assert names and all(result[f"same_{name}"] == "True" for name in names), out
     assert result["finished"] == "1", out
     return result
+
+
+def fails_and_runs_on(source: ServerProc, target: ServerProc, run, lease: dict, admin: str, why: str) -> None:
+    """The move --to `target` fails after the target admitted the lease, saying `why` (exit 2, one line); the
+    target's admission ends and frees its GPU; the program runs on at `source` and finishes intact."""
+    with killed_on_failure(run):
+        assert why in one_error(migrate(source, lease["id"], "--to", target.url, token=admin))
+        wait_for(
+            lambda: nothing_held(target, admin, lease["id"]), 15, what="the target to free its admission"
+        )
+        assert api(source.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
+    finishes_intact(run)
 
 
 def one_error(out: subprocess.CompletedProcess) -> str:
@@ -185,6 +211,44 @@ def test_a_process_started_after_the_old_worker_exited_finds_the_lease_on_the_ne
         b.stop()
 
 
+def test_arrays_textures_and_the_programs_own_virtual_memory_move_to_another_server(pair, tmp_path):
+    """A program holding a CUDA array with contents, a mipmapped array with a filled level (in a context of its
+    own), a texture object over the array and a surface object over another, cuMemCreate memory mapped with
+    patterns (one allocation held and half unmapped, one released and kept by its mapping) and a tensor map over it
+    moves --to B (whose worker gives other handle values): on B every byte is the same (the array, the level, each
+    mapping, the unmapped half mapped again from its handle), the texture and surface keep the values the program
+    holds and each names its own array, a texture made after gets a value of its own, the tensor map is one B's
+    worker knows, and the memory is written and read, unmapped and released there."""
+    a, b = pair
+    run, lease, admin = started_for_both(pair, tmp_path, "arrays", "migrate_server_arrays")
+    with killed_on_failure(run):
+        moved = migrate(a, lease["id"], "--to", b.url, token=admin)
+        assert moved.returncode == 0, moved.stdout + moved.stderr
+        assert api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
+    result = finishes_intact(run)
+    assert result["vm_written"] == "3c" * 4, result
+    assert result["texture_after_distinct"] == "True", result
+    assert result["tensor_map_again"] == "0", result  # B's worker knows the tensor map the program holds
+    wait_for(lambda: nothing_held(b, admin, lease["id"]), 15, what="the lease to end on B with its program")
+
+
+def test_memory_held_through_another_reference_is_refused_until_let_go(pair, tmp_path):
+    """The program's own virtual memory with a second reference (cuMemRetainAllocationHandle) is not carried: the
+    move --to B is refused naming it (exit 2, one line) before B is asked, and the program runs on at A; once the
+    program lets go of that reference the lease moves, intact."""
+    a, b = pair
+    run, lease, admin = started_for_both(pair, tmp_path, "retainer", "migrate_server_arrays")
+    with killed_on_failure(run):
+        for line in ("retain", "let go"):
+            run.stdin.write(f"{line}\n")
+            run.stdin.flush()
+            assert run.stdout.readline().strip() == f"step {line}"
+            if line == "retain":
+                refused_and_stays(a, b, lease, admin, "another reference")
+        assert migrate(a, lease["id"], "--to", b.url, token=admin).returncode == 0
+    finishes_intact(run)
+
+
 def test_the_heartbeat_loop_follows_a_lease_that_moved(pair, tmp_path):
     """The heartbeat loop of gpuattach run and the session keeper (server.client.Heartbeater), beating A for a
     lease that moved to B, is told where it went and beats B from then on, without reporting an end."""
@@ -213,17 +277,25 @@ def test_the_heartbeat_loop_follows_a_lease_that_moved(pair, tmp_path):
     finishes_intact(run)
 
 
-@pytest.mark.parametrize(
-    ("scenario", "why"),
-    [("migrate", "does not carry yet"), ("migrate_graphs", "host node")],
-    ids=["kinds", "host"],
-)
-def test_what_a_move_does_not_carry_is_refused_before_anything_pauses(pair, tmp_path, scenario, why):
-    """A program holding every object kind (graphs, arrays, textures, its own virtual memory, a library, ...):
-    the move --to B is refused with what it does not carry yet; a program whose graph holds a host node (a
-    function of the program, which the worker calls back through its connection): refused naming the host
-    node. Each is refused (exit 2, one line) before B is asked, and the program goes on and finishes intact on
-    A (its graphs run as before)."""
+def test_a_program_holding_every_object_kind_moves_to_another_server_intact(pair, tmp_path):
+    """The program that holds every kind of object a lease can hold (tests/remote_client.py `migrate`: contexts, a
+    module and a library with their function and kernel, a stream, events, a graph and its instantiated graph, a
+    pool and its memory, cuMemAlloc memory, its own virtual memory, a CUDA array, a texture object, a mipmapped
+    array), moved --to B: every address holds its bytes there and every handle works."""
+    a, b = pair
+    run, lease, admin = started_for_both(pair, tmp_path, "everything", "migrate")
+    with killed_on_failure(run):
+        moved = migrate(a, lease["id"], "--to", b.url, token=admin)
+        assert moved.returncode == 0, moved.stdout + moved.stderr
+    finishes_intact(run)
+
+
+def test_a_graph_with_a_host_node_is_refused_before_anything_pauses(pair, tmp_path):
+    """A program whose graph holds a host node (a function of the program, which the worker calls back through
+    its connection): the move --to B is refused naming the host node (exit 2, one line) before B is asked, and
+    the program goes on and finishes intact on A (its graphs run as before). (Every other kind a program holds
+    moves: test_a_program_holding_every_object_kind_moves_to_another_server_intact.)"""
+    scenario, why = "migrate_graphs", "host node"
     a, b = pair
     admin = admin_of(a, b)
     run, lease = start_program(a, tmp_path, f"holder-{scenario}", admin, scenario)
@@ -270,15 +342,26 @@ def test_a_receiving_worker_that_dies_mid_copy_leaves_the_lease_on_its_source(tm
     try:
         admin = admin_of(a, b)
         run, lease = start_program(a, tmp_path, "unlucky", admin)
-        with killed_on_failure(run):
-            failed = migrate(a, lease["id"], "--to", b.url, token=admin)
-            assert "link" in one_error(failed)
-            wait_for(lambda: nothing_held(b, admin, lease["id"]), 15, what="B to free the dead worker's GPU")
-            assert api(a.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["state"] == "active"
-        finishes_intact(run)
+        fails_and_runs_on(a, b, run, lease, admin, "link")
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_texture_that_would_get_another_value_on_the_target_fails_the_move_and_the_lease_stays(tmp_path):
+    """A target whose driver gives texture and surface objects other values than the program holds (its kernels
+    hold them in their parameters): the move fails before it commits, naming the value (exit 2, one line), the
+    target's admission ends and frees its GPU, and the program runs on at its source and finishes intact."""
+    a = ServerProc(tmp_path / "a", "2xH100-80GB", env=HOST).start()
+    c = ServerProc(
+        tmp_path / "c", "2xH100-80GB", env={**HOST, "GPUPOOL_HOST_EXECUTOR_FIRST_SAMPLER": "100"}
+    ).start()
+    try:
+        run, lease, admin = started_for_both((a, c), tmp_path, "sampler", "migrate_server_arrays")
+        fails_and_runs_on(a, c, run, lease, admin, "another value")
+    finally:
+        a.stop()
+        c.stop()
 
 
 def test_an_admission_nobody_sends_to_ends_by_itself_and_frees_its_gpu(pair):

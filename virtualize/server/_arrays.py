@@ -91,6 +91,16 @@ class ArrayShape:
         )
 
 
+def unmovable(shape: ArrayShape) -> str:
+    """Why an array of this shape is not made anew on another GPU ("" where it is): its tiles are mapped
+    memory, or its format's bytes are not rows of elements."""
+    if shape.flags & (SPARSE | DEFERRED_MAPPING):
+        return "sparse or deferred-mapping CUDA arrays (their tiles are mapped memory)"
+    if shape.format == NV12 or 0x91 <= shape.format <= 0x9F or shape.format not in FORMAT_BYTES:
+        return "CUDA arrays of a planar or block-compressed format"
+    return ""
+
+
 @dataclass(frozen=True, slots=True)
 class Resource:
     """What a CUDA_RESOURCE_DESC names: an array (kind 0), a mipmapped array (1), or `size` bytes of

@@ -24,20 +24,17 @@ from cuda.bindings import driver
 from virtualize.common._calls import FORWARDED_LAUNCH_ATTRIBUTES, Call
 from virtualize.common._results import CUresult
 from virtualize.server._arrays import (
-    DEFERRED_MAPPING,
     DEVICE,
-    FORMAT_BYTES,
     HOST,
     MAP_INFO_DEVICES,
     MEMORY_REQUIREMENTS_BYTES,
-    NV12,
     RESOURCE_DESC_BYTES,
-    SPARSE,
     SPARSE_PROPERTIES_BYTES,
     TEXTURE_DESC_BYTES,
     VIEW_DESC_BYTES,
     ArrayShape,
     resource_mapped,
+    unmovable,
 )
 from virtualize.server._executor import (
     DECOMPRESS_PARAMS,
@@ -52,6 +49,7 @@ from virtualize.server._executor import (
     Copy3D,
     CudaError,
     Executor,
+    HeldObjects,
     Launch,
     RecapturedNode,
     SharedHostMemory,
@@ -1288,7 +1286,7 @@ class CudaExecutor(Executor):
         if not held:
             shapes = [shape for _, shape in self.array_homes.values()]
             shapes += [shape for _, shape, _ in self.mipmap_homes.values()]
-            held = sorted({self._array_unmovable(shape) for shape in shapes} - {""})
+            held = sorted({unmovable(shape) for shape in shapes} - {""})
         if not held and self._vm_unmovable():
             held = [self._vm_unmovable()]
         if held:
@@ -1379,15 +1377,6 @@ class CudaExecutor(Executor):
             "release_source": lambda: self._release_source(source, _int(ctx), made),
         }
 
-    @staticmethod
-    def _array_unmovable(shape: ArrayShape) -> str:
-        """Why an array of this shape is not made anew on another GPU ("" where it is)."""
-        if shape.flags & (SPARSE | DEFERRED_MAPPING):
-            return "sparse or deferred-mapping CUDA arrays (their tiles are mapped memory)"
-        if shape.format == NV12 or 0x91 <= shape.format <= 0x9F or shape.format not in FORMAT_BYTES:
-            return "CUDA arrays of a planar or block-compressed format"
-        return ""
-
     def _arrays_made(self, contexts: dict[int, int]):
         """The CUDA arrays and mipmapped arrays of the moving contexts (`contexts`: each source context ->
         the target's) made anew in the target's with the same shapes, their bytes copied GPU to GPU
@@ -1445,6 +1434,28 @@ class CudaExecutor(Executor):
 
         made = [("array", old, new) for old, new in renamed.items()]
         return made + [("mipmap", old, new) for old, new in remipped.items()], moved
+
+    def carry_refusal(self) -> str:
+        shapes = [shape for _, shape in self.array_homes.values()]
+        shapes += [shape for _, shape, _ in self.mipmap_homes.values()]
+        return next((why for why in map(unmovable, shapes) if why), "") or self._vm_unmovable()
+
+    def held_objects(self) -> HeldObjects:
+        device_of = {ordinal: dev for dev, ordinal in enumerate(self.real)}
+
+        def levels(mipmap: int, ctx: int, count: int) -> list[int]:
+            self.set_context(ctx)
+            return [self.cuMipmappedArrayGetLevel(mipmap, n) for n in range(count)]
+
+        return HeldObjects(
+            [(a, ctx, shape) for a, (ctx, shape) in self.array_homes.items()],
+            [(m, ctx, shape, n, levels(m, ctx, n)) for m, (ctx, shape, n) in self.mipmap_homes.items()],
+            [(value, *home) for value, home in self.sampler_homes.items()],
+            [(h, size, device_of[ordinal], types, usage, h in self.vm_homes)
+             for h, (size, ordinal, types, usage) in {**self.vm_released, **self.vm_homes}.items()],
+            [(at, size, offset, h) for at, (size, offset, h) in self.vm_maps.items()],
+            [(at, size, list(access)) for (at, size), access in self.vm_access.items()],
+        )  # fmt: skip
 
     def _vm_unmovable(self) -> str:
         """Why the program's own virtual memory cannot move ("" where it can): memory another reference

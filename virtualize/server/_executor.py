@@ -21,7 +21,7 @@ import mmap
 import os
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from virtualize.common._calls import CALLS, Call, Mode
 from virtualize.common._results import CUresult
@@ -355,6 +355,24 @@ class CopiedBytes(StagedCopy):
 
     def view(self) -> memoryview:
         return memoryview(self.data)
+
+
+@dataclass
+class HeldObjects:
+    """An executor's own records of what the program made that the executor re-creates on a move, by the
+    executor's handle values: CUDA arrays (array, its context, shape), mipmapped arrays (mipmap, context,
+    level 0's shape, its levels' arrays in order), texture and surface objects (value, context, resource,
+    texture (None: a surface) and view descriptors), and the program's own virtual memory: allocations
+    (handle, size, lease device, handle types, usage, whether the program still holds it or only its
+    mappings keep it), mappings (address, size, offset, handle) and the access granted (address, size,
+    [(lease device, CUmemAccess_flags)])."""
+
+    arrays: list[tuple] = field(default_factory=list)
+    mipmaps: list[tuple] = field(default_factory=list)
+    samplers: list[tuple] = field(default_factory=list)
+    vm: list[tuple] = field(default_factory=list)
+    vm_maps: list[tuple] = field(default_factory=list)
+    vm_access: list[tuple] = field(default_factory=list)
 
 
 class Executor(abc.ABC):
@@ -721,6 +739,16 @@ class Executor(abc.ABC):
         object it made anew). All or nothing: on an exception the lease is as
         it was, on its source. Returns {"bytes": copied, "uuid": the target's}."""
         raise CudaError(NOT_SUPPORTED, self.migration_refusal(target, {}, uuid) or "")
+
+    def held_objects(self) -> HeldObjects:
+        """What this executor re-creates itself on a move, as it holds it now (its own handle values and
+        contexts): a move to another server's worker carries it (virtualize.server._migrate_carried)."""
+        return HeldObjects()
+
+    def carry_refusal(self) -> str:
+        """What of `held_objects` cannot be made anew on another host ("" where all can), from the executor's
+        records alone (asked while the lease runs)."""
+        return ""
 
     def nccl_buffer(self, ptr: int, count: int) -> int:
         """The address the server's NCCL is given for `count` bytes of lease memory at `ptr` (checked by

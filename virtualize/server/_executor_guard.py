@@ -141,6 +141,8 @@ class LeaseState:
     layouts: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     callback_tokens: dict[int, Session] = field(default_factory=dict)  # token -> connection to call back for
     tensor_maps: dict[bytes, int] = field(default_factory=dict)  # encoded map -> its tensor's extent
+    # encoded map -> (the encode's call name, its ins, its shape arrays, steps since: ("address"|"class", value))
+    tensor_map_recipes: dict[bytes, tuple] = field(default_factory=dict)
     # Host node -> (the callback connection of the process whose function it runs, the function's id
     # there): what cuGraphHostNodeGetParams answers, to that process only.
     host_nodes: dict[int, tuple[object, int]] = field(default_factory=dict)

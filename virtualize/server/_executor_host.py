@@ -2,8 +2,10 @@
 
 It emulates what a CUDA program can observe through the driver API: device queries (a made-up
 device with the lease's partitions), allocations at device-like addresses (GPUPOOL_HOST_EXECUTOR_BASE,
-default 0x5e0000000000) backed by bytearrays, copies, memsets, pools, streams and events (everything
-runs at once, in order; elapsed times are host clock times), modules and pointer attributes.
+default 0x5e0000000000) backed by bytearrays, handles counted from GPUPOOL_HOST_EXECUTOR_FIRST_HANDLE
+(default 0x1000: a test gives another server's workers other values, as another GPU's driver would), copies,
+memsets, pools, streams and events (everything runs at once, in order; elapsed times are host clock times),
+modules and pointer attributes.
 Kernels: any image loads, and a few built-in functions run on host memory —
 `fill_u32(u32 *ptr, u32 value, u32 n)`, `add_u32(u32 *ptr, u32 value, u32 n)`,
 `saxpy(f32 *x, f32 *y, f32 a, u32 n)`, `printf_u32(u32)` (prints "kernel says N" as a device printf
@@ -42,6 +44,7 @@ from virtualize.server._arrays import (
     SPARSE,
     ArrayShape,
     resource_mapped,
+    unmovable,
 )
 from virtualize.server._executor import (
     HOST_NODE,
@@ -59,6 +62,7 @@ from virtualize.server._executor import (
     CopySide,
     CudaError,
     Executor,
+    HeldObjects,
     Launch,
     RecapturedNode,
     StagedCopy,
@@ -224,7 +228,7 @@ class HostExecutor(Executor):
         self.edges: list[tuple[int, int]] = []  # (from, to) between nodes
         self.node_order: dict[int, list[int]] = {}  # graph -> its nodes in the order they run
         self.exec_order: dict[int, list[int]] = {}  # graph exec -> its graph's nodes at instantiation
-        self.ids = itertools.count(0x1000)
+        self.ids = itertools.count(int(os.environ.get("GPUPOOL_HOST_EXECUTOR_FIRST_HANDLE", "0x1000"), 0))
         self.contexts = {0xC0000 + d: d for d in range(self.n)}
         self.pools = {0xB0000 + d: d for d in range(self.n)}
         self.current_pools = {d: 0xB0000 + d for d in range(self.n)}  # cuDeviceSetMemPool's
@@ -299,6 +303,18 @@ class HostExecutor(Executor):
         self.planes: dict[tuple[int, int], int] = {}  # (NV12 array, plane) -> the plane's array
         self.tiles_mapped: dict[int, int] = {}  # sparse or deferred array -> tile ranges mapped to memory
         self.samplers: dict[int, tuple] = {}  # texture or surface -> its resource, texture, view descriptors
+        # Texture and surface objects are small numbers in the order they are made, as a GPU's driver gives
+        # them (a move to another server makes them anew in that order, and must get the same values);
+        # GPUPOOL_HOST_EXECUTOR_FIRST_SAMPLER (default 1) makes a driver that gives others (the tests' seam).
+        self.sampler_values = itertools.count(
+            int(os.environ.get("GPUPOOL_HOST_EXECUTOR_FIRST_SAMPLER", "1"), 0)
+        )
+        # array, mipmapped array, texture or surface object -> the context it was made in
+        self.made_in: dict[int, int] = {}
+        # cuMemCreate memory: handle -> (size, device, handle types, usage), while it or a mapping of it lives;
+        # each mapped address's offset into its memory.
+        self.vm_made: dict[int, tuple[int, int, int, int]] = {}
+        self.map_offsets: dict[int, int] = {}
         # Green contexts over the modelled SMs: resource -> (device, SMs), descriptor -> (device, SMs),
         # green context -> (device, SMs, its CUcontext), stream -> the green context it was made in.
         self.resources: dict[int, tuple[int, int]] = {}
@@ -391,12 +407,14 @@ class HostExecutor(Executor):
         handle = next(self.ids)
         self.arrays[handle] = (shape, bytearray(shape.nbytes))
         self.array_device[handle] = self._ctx_device()
+        self.made_in[handle] = self._ctx()
         return handle
 
     def cuArrayDestroy(self, handle):
         for index in (0, 1):  # an NV12 array's planes go with it
             self.arrays.pop(self.planes.pop((handle, index), 0), None)
         self.array_device.pop(handle, None)
+        self.made_in.pop(handle, None)
         if self.arrays.pop(handle, None) is None:
             raise CudaError(INVALID_HANDLE, "array")
 
@@ -408,6 +426,7 @@ class HostExecutor(Executor):
             raise CudaError(INVALID_VALUE, f"{levels} levels")
         handle = next(self.ids)
         self.mipmaps[handle] = [self.cuArray3DCreate(shape.level(n)) for n in range(levels)]
+        self.made_in[handle] = self._ctx()
         return handle
 
     def cuMipmappedArrayGetLevel(self, handle, level):
@@ -419,6 +438,7 @@ class HostExecutor(Executor):
     def cuMipmappedArrayDestroy(self, handle):
         for level in self.mipmaps.pop(handle):
             self.arrays.pop(level, None)
+        self.made_in.pop(handle, None)
 
     # The rest of arrays, modelled on 64 KiB tiles of 128 rows: an NV12 array's planes (the luma, and the
     # chroma at half the size in two channels), sparse properties, memory requirements, tile mappings.
@@ -634,8 +654,9 @@ class HostExecutor(Executor):
             raise CudaError(INVALID_VALUE, "texunit")
 
     def _sampler(self, res: bytes, tex: bytes = b"", view: bytes | None = None) -> int:
-        handle = next(self.ids)
+        handle = next(self.sampler_values)
         self.samplers[handle] = (bytes(res), bytes(tex), bytes(view) if view else None)
+        self.made_in[handle] = getattr(self.local, "ctx", 0)
         return handle
 
     def cuTexObjectCreate(self, res, tex, view):
@@ -647,6 +668,7 @@ class HostExecutor(Executor):
     def cuTexObjectDestroy(self, handle):
         if self.samplers.pop(handle, None) is None:
             raise CudaError(INVALID_VALUE)
+        self.made_in.pop(handle, None)
 
     cuSurfObjectDestroy = cuTexObjectDestroy
 
@@ -727,6 +749,7 @@ class HostExecutor(Executor):
         self.created[handle] = device
         self.references[handle] = 1
         self.backing[handle] = bytearray(size)
+        self.vm_made[handle] = (size, device, handle_types, usage)
         return handle
 
     def cuMemImportFromShareableHandle(self, handle):
@@ -873,6 +896,13 @@ class HostExecutor(Executor):
             del self.created[handle], self.references[handle]
             self.backing.pop(handle, None)  # its mappings keep the bytes while they last
             self.multicast.pop(handle, None)
+            self._vm_forget()
+
+    def _vm_forget(self) -> None:
+        """cuMemCreate memory neither held nor mapped any more is gone."""
+        mapped = set(self.mapped_handles.values())
+        for handle in [h for h in self.vm_made if h not in self.created and h not in mapped]:
+            del self.vm_made[handle]
 
     def cuMemRetainAllocationHandle(self, addr):
         _, offset = self._find(addr, 0)
@@ -890,13 +920,16 @@ class HostExecutor(Executor):
             with self.lock:
                 self.memory[ptr] = memoryview(backing)[offset : offset + size]
         self.mapped_handles[ptr] = handle
+        self.map_offsets[ptr] = offset
 
     def cuMemUnmap(self, ptr, size):
         for base in [b for b in self.bases if ptr <= b < ptr + size]:
             self._free(base)
             self.mapped_handles.pop(base, None)
+            self.map_offsets.pop(base, None)
             for key in [k for k in self.access if k[0] == base]:
                 del self.access[key]
+        self._vm_forget()
 
     def cuMemSetAccess(self, ptr, size, access):
         for base in [b for b in self.mapped_handles if ptr <= b < ptr + size]:
@@ -922,6 +955,30 @@ class HostExecutor(Executor):
     # worker maps the client's to: CI exercises that translation), and swaps the memory in at the end.
     # GPUPOOL_HOST_EXECUTOR_FAILING_GPUS (a comma list) makes a copy to those GPUs fail after the first
     # allocation: a target that dies mid-way (the tests' seam).
+    def _parts(self) -> set[int]:
+        """Arrays that are parts of another: mipmapped arrays' levels, NV12 arrays' planes."""
+        return {level for arrays in self.mipmaps.values() for level in arrays} | set(self.planes.values())
+
+    def carry_refusal(self) -> str:
+        parts = self._parts()
+        shapes = [shape for a, (shape, _) in self.arrays.items() if a not in parts]
+        return next((why for why in map(unmovable, shapes) if why), "")
+
+    def held_objects(self) -> HeldObjects:
+        parts = self._parts()
+        held = [h for h in self.vm_made if h in self.created]
+        released = [h for h in self.vm_made if h not in self.created]
+        return HeldObjects(
+            [(a, self.made_in[a], shape) for a, (shape, _) in self.arrays.items() if a not in parts],
+            [(m, self.made_in[m], self.arrays[arrays[0]][0], len(arrays), list(arrays))
+             for m, arrays in self.mipmaps.items()],
+            [(value, self.made_in[value], res, tex or None, view)
+             for value, (res, tex, view) in self.samplers.items()],
+            [(h, *self.vm_made[h], h in self.created) for h in [*held, *released]],
+            [(at, len(self.memory[at]), self.map_offsets.get(at, 0), h) for at, h in self.mapped_handles.items()],
+            [(at, len(self.memory[at]), [(device, flags)]) for (at, device), flags in self.access.items()],
+        )  # fmt: skip
+
     def migration_refusal(self, target: int, holding: dict[str, int], uuid: str = "") -> str | None:
         gpus = int(os.environ.get("GPUPOOL_HOST_EXECUTOR_GPUS", "2"))
         if not 0 <= target < gpus:
@@ -955,6 +1012,9 @@ class HostExecutor(Executor):
             self._retire(made)  # commit: the lease's memory is the target's from here on
             self.memory.update(copies)
             arrays_made = self._arrays_renamed(array_copies) + self._memory_renamed(device)
+        contexts = {old: new for ns, old, new in made if ns == "ctx"}
+        renamed = {old: new for _, old, new in arrays_made}
+        self.made_in = {renamed.get(h, h): contexts.get(ctx, ctx) for h, ctx in self.made_in.items()}
         # The source's primary context let go, as the CUDA executor does.
         self.primary_retains.pop(source, None)
         self.primary_flags.pop(source, None)
@@ -973,6 +1033,8 @@ class HostExecutor(Executor):
             self.references[new] = self.references.pop(old)
             if old in self.backing:
                 self.backing[new] = self.backing.pop(old)
+            if old in self.vm_made:
+                self.vm_made[new] = self.vm_made.pop(old)
         self.mapped_handles = {at: renamed.get(h, h) for at, h in self.mapped_handles.items()}
         return [("vmem", *pair) for pair in renamed.items()]
 

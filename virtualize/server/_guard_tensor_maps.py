@@ -1,6 +1,9 @@
 """The guard's tensor maps (cuTensorMapEncode*, cuTensorMapReplaceAddress, cuTensorMapSetAllocationClass):
 the whole tensor a map describes must be the lease's memory, and a map to re-point or re-class must be one
-this lease encoded (kept with its tensor's extent, per lease).
+this lease encoded (kept with its tensor's extent, per lease). Each map's recipe is kept too (what it was encoded
+from, and the re-pointings and re-classings since): a move to another server's worker encodes it anew there and
+checks that the target's driver gives the same bytes, which kernels hold in their parameters
+(virtualize.server._migrate_state).
 """
 
 from __future__ import annotations
@@ -98,7 +101,7 @@ class TensorMapCalls(Concern):
         extent = tensor_extent(dtype, arrays[0], arrays[1])
         self.session._check_range(address, extent)
         encoded = self.session.executor.tensor_map(call.name, ins, arrays)
-        self._keep(encoded, extent)
+        self._keep(encoded, extent, (call.name, tuple(ins), arrays, ()))
         return b"", encoded
 
     def replace_address(self, call: Call, ins: tuple):
@@ -107,7 +110,7 @@ class TensorMapCalls(Concern):
         encoded, extent = self._encoded_map()
         self.session._check_range(ins[0], extent)
         replaced = self.session.executor.tensor_map_address(encoded, ins[0])
-        self._keep(replaced, extent)
+        self._keep(replaced, extent, self._then(encoded, ("address", ins[0])))
         return b"", replaced
 
     def set_allocation_class(self, call: Call, ins: tuple):
@@ -125,7 +128,7 @@ class TensorMapCalls(Concern):
                 "memory outside the lease",
             )
         changed, effective = self.session.executor.tensor_map_alloc_class(encoded, alloc_class)
-        self._keep(changed, extent)
+        self._keep(changed, extent, self._then(encoded, ("class", alloc_class)))
         return call.out_struct.pack(effective), changed
 
     def _encoded_map(self) -> tuple[bytes, int]:
@@ -138,9 +141,28 @@ class TensorMapCalls(Concern):
             raise CudaError(INVALID_VALUE, "not a tensor map this lease encoded")
         return encoded, extent
 
-    def _keep(self, encoded: bytes, extent: int) -> None:
-        maps = self.session.lease.tensor_maps
+    def _then(self, encoded: bytes, step: tuple) -> tuple:
+        """The recipe of `encoded` with one more step (a new address or allocation class)."""
+        name, ins, arrays, steps = self.session.lease.tensor_map_recipes[encoded]
+        return name, ins, arrays, (*steps, step)
+
+    def _keep(self, encoded: bytes, extent: int, recipe: tuple) -> None:
+        maps, recipes = self.session.lease.tensor_maps, self.session.lease.tensor_map_recipes
         with self.session.lease.lock:
             maps[bytes(encoded)] = extent
+            recipes[bytes(encoded)] = recipe
             while len(maps) > TENSOR_MAPS_KEPT:  # the oldest first (dicts keep insertion order)
-                del maps[next(iter(maps))]
+                oldest = next(iter(maps))
+                del maps[oldest], recipes[oldest]
+
+
+def encoded_anew(executor, recipe: tuple) -> bytes:
+    """A tensor map made again from its recipe (name, the encode's ins, its shape arrays, steps since)."""
+    name, ins, arrays, steps = recipe
+    encoded = executor.tensor_map(name, tuple(ins), [list(a) for a in arrays])
+    for kind, value in steps:
+        if kind == "address":
+            encoded = executor.tensor_map_address(encoded, value)
+        else:
+            encoded, _ = executor.tensor_map_alloc_class(encoded, value)
+    return bytes(encoded)

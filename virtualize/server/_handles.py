@@ -586,7 +586,7 @@ class Translated:
         """A launch's function first seen in this context: a CUkernel's function here is noted."""
         ctx = getattr(self.local, "ctx", 0)
         if self.alive("kernel", func):
-            function = self.inner.cuKernelGetFunction(func)
+            function = self.inner.cuKernelGetFunction(self.map.real("func", func))  # (carried: another value)
             with self.record_lock:
                 self.kernel_functions.setdefault(ctx, {})[function] = func
         self.kernels_launched.add((ctx, func))
@@ -906,7 +906,9 @@ class Translated:
             return "kernel", launched
         if ctx not in kernels:  # else ask the driver for each of the lease's kernels' function there
             self.inner.set_context(self.map.real("ctx", ctx))
-            kernels[ctx] = {self.inner.cuKernelGetFunction(k): k for k in self.held("kernel")}
+            kernels[ctx] = {
+                self.inner.cuKernelGetFunction(self.map.real("func", k)): k for k in self.held("kernel")
+            }
         if func in kernels[ctx]:
             return "kernel", kernels[ctx][func]
         raise CudaError(NOT_SUPPORTED, "a kernel node whose function is not one the lease loaded")
@@ -966,7 +968,7 @@ class Translated:
         for ctx, func in sorted(self.kernels_launched):
             if ("ctx", ctx) in made and self.alive("kernel", func):
                 self.inner.set_context(made["ctx", ctx])
-                found.setdefault(ctx, {})[self.inner.cuKernelGetFunction(func)] = func
+                found.setdefault(ctx, {})[self.inner.cuKernelGetFunction(self.map.real("func", func))] = func
         return found
 
     def _target_context(self, ctx: int | None) -> None:

@@ -19,10 +19,13 @@ admission as for any worker that exits).
 
 With the memory, the manifest carries the records the lease's objects are made from (contexts, streams,
 events, modules, functions, pools and what configured them: `Translated.exported`, as JSON), the lease's
-graphs and instantiated graphs as read here (`Translated.graphs_exported`, in the client's values) and the
-guard's state of the lease and of each process (`virtualize.server._migrate_state`); the receiving worker
-replays the records, builds the graphs after them, maps the client's handle values to what it made, rebuilds
-the guard's state and parks each process under a token. On the commit the old worker answers each connection's next frame that wants a reply with
+graphs and instantiated graphs as read here (`Translated.graphs_exported`, in the client's values), what the
+executor re-creates itself — CUDA arrays, texture and surface objects, the program's own virtual memory
+(`virtualize.server._migrate_carried`; their bytes follow the memory's) — and the guard's state of the lease and
+of each process (`virtualize.server._migrate_state`, tensor maps included); the receiving worker replays the
+records, builds the graphs after them, maps the client's handle values to what it made, rebuilds the guard's
+state and parks each process under a token. On the commit the old worker answers each connection's next frame
+that wants a reply with
 MOVED (`Moved.frame`; the frames that want none since the pause go over the link and run there first), the
 shim reconnects there and resumes (gpResume), and the old worker exits once its processes are gone.
 What the move does not carry yet is refused up front (`refusal`, `NOT_CARRIED`).
@@ -38,7 +41,7 @@ import threading
 import time
 
 from virtualize.common import _wire
-from virtualize.server import _migrate, _migrate_link, _migrate_state
+from virtualize.server import _migrate, _migrate_carried, _migrate_link, _migrate_state
 from virtualize.server._executor import CudaError
 from virtualize.server._executor_guard import Allocation, Session
 from virtualize.server._migrate import DRAIN_TIMEOUT_S, MPS_REFUSAL, MigrationRefused
@@ -74,6 +77,9 @@ def refusal(worker, graphs: bool = True) -> str | None:
             worker.executor.graphs_exported()
         except (CudaError, TypeError) as exc:
             return _graph_refusal(exc)
+    reason = _migrate_carried.refusal(worker.executor)
+    if reason:
+        return reason
     for session in list(worker.sessions):
         reason = _migrate_state.process_refusal(session)
         if reason:
@@ -137,9 +143,12 @@ def _sent(worker, link: _migrate_link.Link, target: dict, where: str, timeout: f
                 held = _migrate.mappings(worker.lease)
                 total = sum(m.size for m in held)
                 manifest, tokens = _manifest(worker, held)
+                manifest["carried"], pieces = _migrate_carried.exported(worker.executor)
+                total += sum(piece.size for piece in pieces)
                 link.send(manifest, total)
                 for m in held:
                     worker.executor.copy_from_device(m.base, m.size, None, link.send_bytes)
+                _migrate_carried.send(pieces, link.send_bytes)  # arrays, the program's own virtual memory
                 answer = link.receive()
             if answer.get("ok") is not True:
                 raise MigrationRefused(f"the receiving worker at {where} failed: {answer.get('error')}")
@@ -168,6 +177,9 @@ def _manifest(worker, held: list) -> tuple[dict, dict[int, int]]:
     (`_migrate_state.exported`); and each connection's token."""
     windows = [[w.base, w.size] for memory in list(worker.lease.windows)
                for w in [*memory.windows, *([memory.offered] if memory.offered is not None else [])]]  # fmt: skip
+    # cuMemAddressReserve'd ranges outside the windows (none had room): the same addresses there too
+    windows += [[base, size] for memory in list(worker.lease.windows)
+                for base, (size, window) in memory.ranges.items() if window is None]  # fmt: skip
     try:
         objects = worker.executor.exported()
     except TypeError as exc:
@@ -195,9 +207,7 @@ def _graph_refusal(exc: BaseException) -> str:
 
 # What the lease may hold that a move to another server does not carry yet (refused up front).
 NOT_CARRIED = {
-    "array": "CUDA arrays",
-    "mipmap": "mipmapped arrays", "texobj": "texture objects", "surfobj": "surface objects",
-    "vmem": "memory of the virtual memory API",
+    "texref": "texture references (the legacy API)", "surfref": "surface references (the legacy API)",
     "link": "a link in progress (cuLinkCreate)",
 }  # fmt: skip
 
@@ -356,12 +366,14 @@ def _held(worker, link: _migrate_link.Link):
         carried = manifest.get("graphs") or {}  # before the guard's state: the native loop maps what it adds
         if carried.get("built"):
             objects += worker.executor.graphs_imported(carried["built"])
-        log.info(
-            "holding the lease's objects: %d re-created, the client's handle values mapped to them", objects
-        )
         parked = _migrate_state.imported(worker.lease, worker.executor, manifest["state"], manifest["memory"],
                                          backings, Allocation)  # fmt: skip
         _migrate_state.graphs_imported(worker.lease, carried.get("guard") or {})
+        # after the state: the lease's own contexts are known then, its arrays' and memory's copies run in them
+        objects += _migrate_carried.imported(worker.executor, manifest.get("carried", {}), link.read_into)
+        log.info(
+            "holding the lease's objects: %d re-created, the client's handle values mapped to them", objects
+        )
     except (MigrationRefused, CudaError, TypeError, ValueError, KeyError) as exc:
         why = f"the lease could not be re-created here: {getattr(exc, 'title', '') or exc}"
         link.send({"ok": False, "error": why})

@@ -4,27 +4,31 @@ carries besides the memory and the objects' records (docs/remote.md, "Between se
 The guard knows the client's values only (the executor's `Translated` maps them), so its tables cross as
 they are: the lease's allocations, handles, modules' functions, contexts' devices, kernels' parameter
 layouts and the bytes counted; and per process (connection) its address window — windows, the pages mapped
-in them and the slabs small allocations share — its allocations and created contexts, its current context
-and the asynchronous error it is still owed. The receiving worker rebuilds them around the memory it mapped
-(`backings`: what its executor answered for each mapping, in the manifest's order) and *parks* each process
-under a one-time token, until the process reconnects with it (gpResume) and its connection adopts the state.
+in them and the slabs small allocations share — its allocations and created contexts, its current context,
+the asynchronous error it is still owed, its arrays and its virtual memory (reserved ranges, mappings, handles
+and their properties). The receiving worker rebuilds them around the memory it mapped (`backings`: what its
+executor answered for each mapping, in the manifest's order), encodes the lease's tensor maps anew from their
+recipes (they must come out the same bytes) and *parks* each process under a one-time token, until the
+process reconnects with it (gpResume) and its connection adopts the state.
 
 What a process may hold that this does not carry is refused before the move (`process_refusal`).
 """
 
 from __future__ import annotations
 
+import base64
 import secrets
 import threading
 from dataclasses import dataclass, field
 
 from virtualize.server._address_window import FreeRanges, Mapping, Window, WindowMemory
+from virtualize.server._guard_tensor_maps import encoded_anew
 
 RESUME_WAIT_S = 60.0  # how long a reconnecting process waits for its state to be complete here
 # Lease tables that must be empty: what the move does not carry (named in the refusal).
 UNCARRIED_TABLES = {
-    "vm_exported": "memory of the virtual memory API", "nccl_comms": "NCCL communicators",
-    "tensor_maps": "tensor maps (cuTensorMapEncode*)", "host_nodes": "CUDA graphs",
+    "vm_exported": "memory of the virtual memory API exported to another process",
+    "nccl_comms": "NCCL communicators", "host_nodes": "CUDA graphs",
 }  # fmt: skip
 
 
@@ -38,8 +42,11 @@ def process_refusal(session) -> str | None:
         return "a process of the lease talks to this worker through a command ring in shared memory (GPUPOOL_SHIM_RING)"
     if session.pinned:
         return "a process of the lease shares page-locked host memory with this worker"
-    if session.vm_ranges or session.vm_handles or session.window.ranges:
-        return "a process of the lease uses the virtual memory API (cuMemAddressReserve, cuMemCreate)"
+    if any(session.vm_references.values()) or any(h not in session.vm_props for h in session.vm_handles):
+        return ("a process of the lease holds memory of the virtual memory API through another reference "
+                "(cuMemRetainAllocationHandle) or a multicast object")  # fmt: skip
+    if any(session.lease.vm_memory_of.get(h, h) != h for h in session.vm_handles):
+        return "a process of the lease holds memory of the virtual memory API imported from another process"
     if session.spoiled_captures:
         return "a process of the lease has a stream capture that met a copy it cannot hold"
     return None
@@ -72,6 +79,7 @@ def exported(lease, sessions: list, mappings: list) -> tuple[dict, dict[int, int
             "token": token, "ctx": session.ctx, "pending": session.pending, "owned": sorted(session.owned),
             "created": sorted(session.context_calls.created), "window": _window_json(session.window, index),
             "copies_sent": copies_sent,
+            "carried": _carried_json(session),
         })  # fmt: skip
     allocations = [
         [a.base, a.size, a.device, a.owned, a.ctx, windows_of.get(id(a.window)) if a.window else None,
@@ -87,6 +95,8 @@ def exported(lease, sessions: list, mappings: list) -> tuple[dict, dict[int, int
         "layouts": [[f, [list(p) for p in layout]] for f, layout in lease.layouts.items()],
         "used": list(lease.used),
         "processes": processes,
+        "vm": _lease_vm_json(lease),
+        "tensor_maps": _tensor_maps_json(lease),
     }
     return state, tokens
 
@@ -107,6 +117,83 @@ def graphs_imported(lease, j: dict) -> None:
         lease.graphs_gone.update(int(g) for g in j.get("graphs_gone", []))
 
 
+def _tensor_maps_json(lease) -> list:
+    """The lease's tensor maps: each one's bytes, its tensor's extent and its recipe (`_guard_tensor_maps`)."""
+    with lease.lock:
+        maps = [
+            (encoded, extent, lease.tensor_map_recipes[encoded])
+            for encoded, extent in lease.tensor_maps.items()
+        ]
+    return [[base64.b64encode(encoded).decode(), extent, [name, list(ins), arrays, [list(s) for s in steps]]]
+            for encoded, extent, (name, ins, arrays, steps) in maps]  # fmt: skip
+
+
+def _tensor_maps_imported(lease, executor, maps: list) -> None:
+    """Each tensor map encoded anew here from its recipe, for the same addresses: it must be the same bytes (the
+    client's kernels hold them in their parameters), else the move fails before it commits."""
+    for encoded_b64, extent, (name, ins, arrays, steps) in maps:
+        encoded, recipe = (
+            base64.b64decode(encoded_b64),
+            (str(name), tuple(ins), arrays, tuple(map(tuple, steps))),
+        )
+        if encoded_anew(executor, recipe) != encoded:
+            raise ValueError(
+                f"a tensor map ({name}) encodes to other bytes on this GPU, and kernels hold its bytes"
+            )
+        lease.tensor_maps[encoded], lease.tensor_map_recipes[encoded] = int(extent), recipe
+
+
+# The guard's tables of arrays and of the virtual memory API, as the client names them: per process (a
+# connection's `Session`) and of the lease (`LeaseState`); each [attribute, its pairs] (JSON has no int keys).
+PROCESS_TABLES = ("vm_ranges", "vm_mapped", "vm_handles", "vm_mapping_of")
+LEASE_VM_TABLES = ("vm_holders", "vm_memory_of", "vm_memory_holders", "vm_charged")
+
+
+def _carried_json(session) -> dict:
+    """One process's arrays (array or mipmapped array -> kind, bytes, device, context) and virtual memory:
+    reserved ranges, mappings, the memory it holds (and the CUmemAllocationProp each was made with)."""
+    tables = {name: _pairs(getattr(session, name)) for name in PROCESS_TABLES}
+    props = [[h, base64.b64encode(p).decode()] for h, p in session.vm_props.items()]
+    return {
+        **tables,
+        "vm_props": props,
+        "arrays": [[k, list(v)] for k, v in session.array_calls.arrays.items()],
+    }
+
+
+def _carried_adopted(session, j: dict) -> None:
+    """A resuming process's connection takes its arrays and virtual memory as they were (`_carried_json`)."""
+    for name in PROCESS_TABLES:
+        setattr(session, name, _table(j.get(name, [])))
+    session.vm_props = {int(h): base64.b64decode(p) for h, p in j.get("vm_props", [])}
+    session.array_calls.arrays = {int(k): (str(v[0]), *map(int, v[1:])) for k, v in j.get("arrays", [])}
+
+
+def _lease_vm_json(lease) -> dict:
+    """The lease's virtual memory: who holds each handle, which memory it names, what is counted, where mapped."""
+    with lease.lock:
+        tables = {name: _pairs(getattr(lease, name)) for name in LEASE_VM_TABLES}
+        tables["vm_mapped_at"] = [[h, sorted(at)] for h, at in lease.vm_mapped_at.items()]
+    return tables
+
+
+def _lease_vm_imported(lease, j: dict) -> None:
+    for name in LEASE_VM_TABLES:
+        table = getattr(lease, name)
+        table.clear()
+        table.update(_table(j.get(name, [])))
+    lease.vm_mapped_at = {int(h): set(at) for h, at in j.get("vm_mapped_at", [])}
+
+
+def _pairs(table: dict) -> list:
+    return [[k, list(v) if isinstance(v, tuple) else v] for k, v in table.items()]
+
+
+def _table(pairs: list) -> dict:
+    """A table of `_pairs` back: int keys, each value an int or a tuple of ints."""
+    return {int(k): tuple(v) if isinstance(v, list) else int(v) for k, v in pairs}
+
+
 def _window_json(memory: WindowMemory, index: dict[int, int]) -> dict:
     windows = {id(w): i for i, w in enumerate(memory.windows)}
     return {
@@ -117,6 +204,9 @@ def _window_json(memory: WindowMemory, index: dict[int, int]) -> dict:
         "small_sizes": [[ptr, size] for ptr, size in memory.small_sizes.items()],
         # A window offered and not yet accepted (the process's gpWindowAccept may come after the move).
         "offered": [memory.offered.base, memory.offered.size] if memory.offered is not None else None,
+        # cuMemAddressReserve'd ranges: in which window (its index), or None (reserved on their own)
+        "ranges": [[base, size, windows.get(id(w)) if w is not None else None]
+                   for base, (size, w) in memory.ranges.items()],
         "pages": [[index[id(m)], windows[id(m.window)], _ranges(m.slab), m.users]
                   for m in _unique([*memory.mappings.values(), *(m for s in memory.slabs.values() for m in s)])],
     }  # fmt: skip
@@ -139,6 +229,7 @@ class Parked:
     pending: int
     owned: set[int]
     created: set[int]
+    carried: dict  # its arrays and virtual memory (`_carried_json`)
     copies_sent: int = 0  # copy frames the old worker sent on its callback connection (the client counts on)
     frames: list[tuple[int, int, bytes, bytes]] = field(default_factory=list)  # sent after the pause
     complete: threading.Event = field(default_factory=threading.Event)  # every frame of it arrived
@@ -149,6 +240,7 @@ def imported(lease, executor, state: dict, memory: list, backings: list, Allocat
     [base, size, device] entries, `backings`: what this executor answered for each); the processes parked
     by token. `Allocation`: the guard's record of an allocation (given: the guard builds on this module)."""
 
+    _tensor_maps_imported(lease, executor, state.get("tensor_maps", []))  # first: it may fail the move
     parked: dict[int, Parked] = {}
     for p in state["processes"]:
         window = _window_from_json(executor, lease.limits, p["window"], memory, backings)
@@ -158,6 +250,7 @@ def imported(lease, executor, state: dict, memory: list, backings: list, Allocat
             int(p["pending"]),
             set(p["owned"]),
             set(p["created"]),
+            p.get("carried", {}),
             int(p.get("copies_sent", 0)),
         )
     with lease.lock:
@@ -167,10 +260,10 @@ def imported(lease, executor, state: dict, memory: list, backings: list, Allocat
                                                       window, bool(is_global), int(sync_memops))  # fmt: skip
         lease.bases = sorted(lease.allocations)
         if lease.native is not None:  # the native loop checks copies against the lease's memory too
-            for (
-                a
-            ) in lease.allocations.values():  # (not a module global at another address here: Python maps it)
-                if executor.addresses.real(a.base) == a.base:
+            for a in lease.allocations.values():
+                if (
+                    executor.addresses.real(a.base) == a.base
+                ):  # (a module global elsewhere here: Python maps it)
                     lease.native.range_added(a.base, a.size)
         for kind, values in state["handles"].items():
             lease.handles[kind].update(values)  # (the native loop's tables mirror these: update, not replace)
@@ -179,6 +272,7 @@ def imported(lease, executor, state: dict, memory: list, backings: list, Allocat
         lease.primary_ctx = {int(d): int(c) for d, c in state["primary_ctx"]}
         lease.layouts = {int(f): [tuple(p) for p in layout] for f, layout in state["layouts"]}
         lease.used = [int(u) for u in state["used"]]
+        _lease_vm_imported(lease, state.get("vm", {}))
         for process in parked.values():
             lease.windows.add(process.window)
         lease.parked.update(parked)
@@ -203,6 +297,9 @@ def _window_from_json(executor, limits: list[int], j: dict, memory: list, backin
     wm.small_sizes = {int(ptr): int(size) for ptr, size in j["small_sizes"]}
     if j.get("offered"):
         wm.offered = Window(int(j["offered"][0]), int(j["offered"][1]))
+    wm.ranges = {
+        int(base): (int(size), None if w is None else wm.windows[w]) for base, size, w in j.get("ranges", [])
+    }
     return wm
 
 
@@ -226,6 +323,7 @@ def resume(session, token: int) -> None:
     session.window = parked.window
     session.owned, session.context_calls.created = parked.owned, parked.created
     session.pending = parked.pending
+    _carried_adopted(session, parked.carried)
     session.copies_announced = parked.copies_sent  # the client counts the copies that landed since it started
     if session.callbacks is not None:  # attached here before the resume (the shim does that first)
         session.callbacks.deliveries.sent = parked.copies_sent

@@ -33,16 +33,21 @@ worker) while its program runs.
    receiving worker of GPU 1 (another process, as another gpupool-server starts one: ``--receive``, the
    one-time secret, TLS; docs/remote.md, Between servers); the shim reconnects there at its next call; the
    bytes, stream, event and kernel work after, and the old worker is gone.
+5a. xserver_arrays: the arrays part's program (1a) moved to a receiving worker of GPU 1 the same way: the arrays made
+   anew with their bytes, the texture and surface objects with the same values (the kernel reads the texture by
+   the value it holds), the program's own virtual memory at the same addresses.
 5e. xserver_pause: the holder of 5 with each of --sizes GiB moved there: the pause against the memory, which
    crosses the link, not NVLink ($OUT/migrate_xserver_pause.md).
-5b. xserver_training: the GPT-2 training moved there after step --at (its libraries, kernels, streams, events and
-   memory carried; the shim reconnects): losses equal an unmoved run's step for step. What the move does not
-   carry yet (e.g. PyTorch's expandable segments: the virtual memory API) is REFUSED up front, with the reason.
-   Alone: ``python3 tests/gpu/remote/migrate_training.py --only xserver xserver_training``.
+5b. xserver_training: the GPT-2 training moved there after step --at (its libraries, kernels, streams, events,
+   memory, module globals and callback connection carried; the shim reconnects): losses equal an unmoved run's
+   step for step. What the move does not carry yet is REFUSED up front, with the reason.
+5f. xserver_expandable: the same with PyTorch's allocator in expandable segments
+   (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: its memory is the program's own virtual memory).
 5c. xserver_cupy_graph: the CuPy graph of 2b moved there (the graph read node by node on GPU 0's worker, built
    and instantiated anew by the receiving worker): replayed from the same start, it leaves the same bytes.
 5d. xserver_graphed: the training of 2c (one captured CUDA graph a step) moved there after step --at: losses
-   equal an unmoved run's step for step. Alone: ``--only xserver_cupy_graph xserver_graphed``.
+   equal an unmoved run's step for step. Alone: ``--only xserver xserver_arrays xserver_training
+   xserver_expandable xserver_cupy_graph xserver_graphed``.
 
 `--executor host --only driver` rehearses the steps on a machine without a GPU. A refused migration
 prints its reason (REFUSED): the lease must keep running unharmed. Each step is
@@ -546,7 +551,7 @@ def hold(
         after = next((line for line in out.splitlines() if line.startswith("after")), "")
         print(f"    holder: {after or '(nothing)'}", flush=True)
         if not after:
-            print(err[-3000:], flush=True)
+            print(out[-1000:], err[-3000:], flush=True)
         return first, answer, after, smi
     except subprocess.TimeoutExpired:
         proc.kill()
@@ -773,12 +778,32 @@ def xserver_check(shim: Path, work: Path, two: list) -> None:
     worker of GPU 1 (another process: the link, TLS, the one-time secret; its memory, objects and state made
     there anew); at its next call the shim is told MOVED and reconnects there. PASS: the bytes, the stream, the
     event and the kernel work after the move, the old worker is gone and the new one serves the program."""
-    print(f"\n=== xserver: a driver API program moved from GPU {two[0][0]}'s worker to a receiving worker of GPU "
-          f"{two[1][0]}", flush=True)  # fmt: skip
+    moved_to_server("xserver: a driver API program", SERVER_HOLDER,
+                    "xserver: a driver API program moved to another server's worker, intact", shim, work, two)  # fmt: skip
+
+
+def xserver_arrays(shim: Path, work: Path, two: list) -> None:
+    """The arrays part's program (a CUDA array read by a kernel through a texture object, a mipmapped array, a
+    surface object, memory of its own virtual memory API) moved to a receiving worker of GPU 1 (docs/remote.md,
+    Between servers: arrays made anew with their bytes, the texture and surface objects with the same values, the
+    allocations mapped at the same addresses). PASS: the bytes, the handles and the kernel reading the texture
+    by the value it holds work on the target."""
+    moved_to_server("xserver_arrays: CUDA arrays, a texture read by a kernel, a surface, virtual memory",
+                    ARRAY_HOLDER, "xserver_arrays: arrays, textures, surfaces and virtual memory moved to another "
+                    "server's worker, intact", shim, work, two)  # fmt: skip
+
+
+def moved_to_server(title: str, holder: str, check: str, shim: Path, work: Path, two: list) -> None:
+    """A program holding `holder`'s objects on a worker of GPU two[0], moved to a receiving worker of two[1] while
+    it waits; intact after, the old worker gone and the new one serving?"""
+    print(
+        f"\n=== {title}, moved from GPU {two[0][0]}'s worker to a receiving worker of GPU {two[1][0]}",
+        flush=True,
+    )
     source = worker_on(two[0], 4)
     target, where = receiving_worker(source, two[1], 4)
     try:
-        first, answer, after, smi = hold(SERVER_HOLDER, [], source, shim, work, two[1],
+        first, answer, after, smi = hold(holder, [], source, shim, work, two[1],
                                          mover=lambda: send_to(source, where, two[1]),
                                          extra_env={"GPUPOOL_SHIM_SHARED_COPIES": "0"})  # fmt: skip
         time.sleep(1.0)  # the old worker exits once its process reconnected
@@ -787,8 +812,7 @@ def xserver_check(shim: Path, work: Path, two: list) -> None:
         source.stop()
         target.stop()
     intact = first == "ready True" and after == "after True True"
-    outcome("xserver: a driver API program moved to another server's worker, intact", answer,
-            intact and old_gone and new_serving,
+    outcome(check, answer, intact and old_gone and new_serving,
             f"{answer.get('bytes', 0) >> 20} MiB, {answer.get('objects')} objects, paused {answer.get('pause_s', 0):.3f} s, "
             f"old worker gone {old_gone}, used MiB {smi}")  # fmt: skip
 
@@ -826,11 +850,16 @@ def xserver_pause_table(shim: Path, work: Path, two: list, sizes: list[int], out
         (out_dir / "migrate_xserver_pause.md").write_text("\n".join(lines) + "\n")
 
 
-def xserver_training(shim: Path, work: Path, two: list, steps: int, at: int) -> None:
+def xserver_training(
+    shim: Path, work: Path, two: list, steps: int, at: int, expandable: bool = False
+) -> None:
     """The GPT-2 training's lease moved after step `at` from GPU 0's worker to a receiving worker of GPU 1, as
-    another gpupool-server starts one. PASS: it moved and the losses equal an unmoved run's step for step;
-    REFUSED: the move refused what it does not carry yet (the reason printed), the training unharmed."""
-    print(f"\n=== xserver_training: gpt2 {steps} steps on GPU {two[0][0]}, moved to a receiving worker of "
+    another gpupool-server starts one (`expandable`: PyTorch's allocator in expandable segments, its memory the
+    program's own virtual memory: cuMemCreate, cuMemMap). PASS: it moved and the losses equal an unmoved run's
+    step for step; REFUSED: the move refused what it does not carry yet (the reason printed), the training
+    unharmed."""
+    name = "xserver_expandable" if expandable else "xserver_training"
+    print(f"\n=== {name}: gpt2 {steps} steps on GPU {two[0][0]}, moved to a receiving worker of "
           f"GPU {two[1][0]} after step {at}", flush=True)  # fmt: skip
     runs = {}
     for label, move_at in (("reference", None), ("asked", at)):
@@ -841,6 +870,8 @@ def xserver_training(shim: Path, work: Path, two: list, steps: int, at: int) -> 
             # no local socket, so nothing is shared with the worker's host (shared page-locked memory and
             # copies through shared memory cannot follow the lease to another server and are refused).
             env = {k: v for k, v in lease_env(handle, shim, work).items() if k != _wire.ENV_LOCAL}
+            if expandable:
+                env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
             runs[label] = train(env, steps, move_at, lambda h=handle, w=where: send_to(h, w, two[1]))
         finally:
             handle.stop()
@@ -850,7 +881,7 @@ def xserver_training(shim: Path, work: Path, two: list, steps: int, at: int) -> 
     for i, (a, b) in enumerate(zip(ref, moved, strict=False)):
         print(f"{i:5d} {a:12.5f} {b:12.5f}{'' if a == b else '  DIFFERENT'}")
     equal = ref_rc == 0 and rc == 0 and len(ref) == len(moved) == steps and ref == moved
-    outcome("xserver_training: a training moved to another server's worker mid-run, losses equal", answer,
+    outcome(f"{name}: a training moved to another server's worker mid-run, losses equal", answer,
             equal, f"paused {answer.get('pause_s', 0):.3f} s")  # fmt: skip
 
 
@@ -920,7 +951,9 @@ def main() -> int:
         "training",
         "xserver",
         "xserver_pause",
+        "xserver_arrays",
         "xserver_training",
+        "xserver_expandable",
         "xserver_cupy_graph",
         "xserver_graphed",
     ]
@@ -961,7 +994,9 @@ def main() -> int:
             "xserver_pause": lambda: xserver_pause_table(
                 shim, work, found[:2], [int(s) for s in args.sizes.split(",")], out_dir
             ),
+            "xserver_arrays": lambda: xserver_arrays(shim, work, found[:2]),
             "xserver_training": lambda: xserver_training(shim, work, found[:2], args.steps, args.at),
+            "xserver_expandable": lambda: xserver_training(shim, work, found[:2], args.steps, args.at, True),
             "xserver_cupy_graph": lambda: xserver_cupy_graph(shim, work, found[:2]),
             "xserver_graphed": lambda: xserver_graphed(shim, work, found[:2], args.steps, args.at),
         }
@@ -975,9 +1010,11 @@ def main() -> int:
             "pause": 40,
             "training": 120,
             "xserver": 40,
+            "xserver_arrays": 40,
             "xserver_training": 120,
             "xserver_cupy_graph": 30,
             "xserver_graphed": 60,
+            "xserver_expandable": 120,
         }
         for name in args.only:
             if out_of_time(name, needs.get(name, 30)):
