@@ -374,7 +374,11 @@ def _held(worker, link: _migrate_link.Link):
         log.info(
             "holding the lease's objects: %d re-created, the client's handle values mapped to them", objects
         )
-    except (MigrationRefused, CudaError, TypeError, ValueError, KeyError) as exc:
+    except Exception as exc:  # whatever it is, the sender hears why and the lease runs on at its source
+        if not isinstance(exc, (MigrationRefused, CudaError, TypeError, ValueError, KeyError)):
+            log.exception(
+                "re-creating the lease here failed"
+            )  # not one of the expected refusals: its traceback
         why = f"the lease could not be re-created here: {getattr(exc, 'title', '') or exc}"
         link.send({"ok": False, "error": why})
         return None, why

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import hmac
 import json
 import logging
@@ -548,6 +549,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="receive the running lease from another server's worker: wait this long for it on a "
                         f"second port (the one-time secret in ${MIGRATION_SECRET_ENV}), then exit")  # fmt: skip
     args = parser.parse_args(argv)
+    # A crash in the driver or the bindings (SIGSEGV, SIGABRT) leaves the Python stacks of every thread in the
+    # worker's log, not only "the worker died": what the operator and the next fix need.
+    faulthandler.enable(all_threads=True)
     logging.basicConfig(
         level=os.environ.get("GPUPOOL_WORKER_LOG", "INFO"),
         format=f"%(asctime)s gpupool-worker[{args.lease}] %(levelname)s %(message)s",
