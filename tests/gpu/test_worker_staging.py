@@ -47,3 +47,27 @@ def test_a_worker_frees_each_runs_staging_when_the_run_ends(shim_dir):
         assert grown < 2 * STAGING_CHUNK, f"grew {grown >> 20} MiB over four runs"
     finally:
         handle.stop()
+
+
+def test_large_copies_work_after_the_primary_context_ended_and_came_back():
+    """A thread that copied through its staging buffers in the primary context, which then ended (its last
+    reference let go, as a receiving worker does once the lease's memory is in), copies again in the new primary
+    context — which the driver may give the same handle — instead of failing with CONTEXT_IS_DESTROYED (709) on
+    the ended context's buffers (a move of PyTorch's expandable segments between servers failed so)."""
+    from virtualize.server._cuda import CudaExecutor
+
+    executor = CudaExecutor([WorkerDevice(0, "", 1 << 30)])
+    size = 3 * STAGING_CHUNK  # through the staging buffers, not the small-copy scratch
+    for round_ in range(2):
+        executor.set_context(executor.cuDevicePrimaryCtxRetain(0))
+        base = executor.cuMemAlloc(size)
+        pattern = bytes([round_ + 1]) * STAGING_CHUNK
+        executor.copy_to_device(
+            base, size, None, lambda view, p=pattern: view.__setitem__(slice(None), p[: len(view)])
+        )
+        back = bytearray()
+        executor.copy_from_device(base, size, None, back.extend)
+        assert bytes(back) == pattern * 3
+        executor.cuMemFree(base)
+        executor.cuDevicePrimaryCtxRelease(0)  # the last reference: the context ends
+    executor.end_thread()

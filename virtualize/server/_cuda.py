@@ -1807,8 +1807,20 @@ class CudaExecutor(Executor):
             self._local().ctx = 0
 
     def cuDevicePrimaryCtxRelease(self, dev):
-        _ok(driver.cuDevicePrimaryCtxRelease(self._d(dev)))
-        self.primary_retains[self._d(dev)] = max(0, self.primary_retains.get(self._d(dev), 0) - 1)
+        real = self._d(dev)
+        last = self.primary_retains.get(real, 0) <= 1  # this worker's last reference: the context may end
+        ctx = 0
+        if last:
+            ctx = _int(_ok(driver.cuDevicePrimaryCtxRetain(real)))  # its handle: retained, let go at once
+            driver.cuDevicePrimaryCtxRelease(real)
+            self.pinned.destroy_events()
+        _ok(driver.cuDevicePrimaryCtxRelease(real))
+        self.primary_retains[real] = max(0, self.primary_retains.get(real, 0) - 1)
+        if last and not _ok(driver.cuDevicePrimaryCtxGetState(real))[1]:
+            # It ended, and with it the staging memory and events made in it. The next retain may give a new
+            # context the same handle: what is cached under it must not be used there (CONTEXT_IS_DESTROYED,
+            # as a receiving worker met after it let go of the context its memory was copied in).
+            self._forget_context(ctx)
 
     def cuDevicePrimaryCtxGetState(self, dev):
         flags, active = _ok(driver.cuDevicePrimaryCtxGetState(self._d(dev)))
