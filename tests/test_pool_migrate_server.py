@@ -249,6 +249,38 @@ def test_memory_held_through_another_reference_is_refused_until_let_go(pair, tmp
     finishes_intact(run)
 
 
+def test_a_worker_file_that_has_not_heard_of_the_move_yet_sends_no_process_back(tmp_path):
+    """Right after a move, before gpuattach's heartbeats have told it (here: not for ten minutes), the run's worker
+    file still names only the old worker. A process started then by the moved program inherits the new worker's
+    address (the shim put it in the program's environment) and goes there — not back to the old worker, which
+    has exited once the program reconnected."""
+    slow = '[policy]\nlease_ttl = "10m"\n'  # no heartbeat during the test: the file stays as it was
+    a = ServerProc(tmp_path / "a", "1xH100-80GB", config=slow, env=HOST).start()
+    b = ServerProc(tmp_path / "b", "1xH100-80GB", config=slow, env=HOST).start()
+    try:
+        admin = admin_of(a, b)
+        token = a.token("early")
+        b.token("early", token=token)
+        run, lease = start_program(a, tmp_path, "early", admin, token=token)
+        with killed_on_failure(run):
+            old_worker = [p for p in psutil.Process(a.proc.pid).children(recursive=True)
+                          if lease["id"] in " ".join(p.cmdline())]  # fmt: skip
+            moved = migrate(a, lease["id"], "--to", b.url, token=admin)
+            assert moved.returncode == 0, moved.stdout + moved.stderr
+            run.stdin.write("sync\n")  # the program reconnects to B's worker: A's exits
+            run.stdin.flush()
+            assert run.stdout.readline().startswith("synced")
+            psutil.wait_procs(old_worker, timeout=20)
+            assert not any(p.is_running() for p in old_worker), "A's worker still runs"
+            run.stdin.write("child\n")  # inherits the environment as the shim left it: B's worker
+            run.stdin.flush()
+            assert run.stdout.readline().strip() == "child child_bytes 2a2a2a2a"
+        finishes_intact(run)
+    finally:
+        a.stop()
+        b.stop()
+
+
 def test_the_heartbeat_loop_follows_a_lease_that_moved(pair, tmp_path):
     """The heartbeat loop of gpuattach run and the session keeper (server.client.Heartbeater), beating A for a
     lease that moved to B, is told where it went and beats B from then on, without reporting an end."""

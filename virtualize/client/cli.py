@@ -560,7 +560,8 @@ class _Run:
         self.child: subprocess.Popen | None = None
         self.ended_reason: str | None = None
         self._killer: threading.Timer | None = None
-        self.worker_files: list[tuple[str, Path]] = []  # (lease id, the file saying where its worker is now)
+        # (lease id, the file saying where its worker has been, those workers): rewritten as the lease moves
+        self.worker_files: list[tuple[str, Path, list]] = []
 
     @property
     def leases(self) -> list[tuple]:
@@ -737,12 +738,12 @@ def _worker_files(run: _Run, env: dict, scratch: Path) -> None:
         if not lease.worker:
             continue
         path = scratch / f"worker-{rank}"
-        _worker_file.write(path, lease.worker)
+        _worker_file.write(path, [lease.worker])
         if rank == 0:  # (also a process that is no rank of a --spread run talks to lease 0)
             env[_wire.ENV_WORKER_FILE] = str(path)
         if run.spread:
             env[f"{_wire.ENV_WORKER_FILE}_{rank}"] = str(path)
-        run.worker_files.append((lease.id, path))
+        run.worker_files.append((lease.id, path, [lease.worker]))
 
 
 def _follow_move(run: _Run, view, lease_id: str, server) -> None:
@@ -754,9 +755,10 @@ def _follow_move(run: _Run, view, lease_id: str, server) -> None:
     from virtualize.client import _worker_file
 
     lease = run.client.call(server, "GET", f"/v1/leases/{urllib.parse.quote(lease_id)}", Lease)
-    for owner, path in run.worker_files:
-        if owner == lease_id and lease.worker:
-            _worker_file.write(path, lease.worker)
+    for owner, path, workers in run.worker_files:
+        if owner == lease_id and lease.worker and lease.worker != workers[-1]:
+            workers.append(lease.worker)
+            _worker_file.write(path, workers)
     for keeper in view.keepers if view is not None else []:
         if keeper.lease.id == lease_id:
             keeper.server = server

@@ -506,32 +506,35 @@ static CUresult pick_rank_lease(void) {
     return CUDA_SUCCESS;
 }
 
-/* Where gpuattach says the lease's worker is now (GPUPOOL_WORKER_FILE: `worker HOST:PORT`, `local NAME`, `tls
- * SHA256` lines), taken into this process's environment when it says something new: a process started after
- * the lease moved to another server's worker, with the old worker's address in its environment, connects to
- * the new one. What the process learnt itself since (MOVED) is not undone by a file that has not changed;
- * nothing changes where there is no such file or it names no worker. */
+/* Where gpuattach says the lease's worker has been (GPUPOOL_WORKER_FILE: one block of `worker HOST:PORT`, `local
+ * NAME`, `tls SHA256` lines per worker, the first the lease had first, the one it has now last), taken into this
+ * process's environment when the environment names an earlier one: a process started after the lease moved to
+ * another server's worker, with the old worker's address in its environment, connects to the new one. A worker
+ * the file does not list yet (this process, or the one that started it, was told MOVED before gpuattach heard
+ * of the move) is newer than the file: it is kept. So the file never sends a process back. */
 static void lease_setenv(const char *name, const char *value);
-static char location_seen[3 * 512];
 
 static void lease_location_read(void) {
-    const char *path = lease_getenv(GP_ENV_WORKER_FILE);
-    FILE *f = path && *path ? fopen(path, "re") : NULL;
+    const char *path = lease_getenv(GP_ENV_WORKER_FILE), *now = lease_getenv(GP_ENV_WORKER);
+    FILE *f = path && *path && now ? fopen(path, "re") : NULL;
     if (!f) return;
     char line[512], worker[512] = "", local[512] = "", tls[512] = "";
+    int blocks = 0, listed_at = -1;
     while (fgets(line, sizeof line, f)) {
         line[strcspn(line, "\n")] = 0;
-        if (strncmp(line, "worker ", 7) == 0) snprintf(worker, sizeof worker, "%s", line + 7);
-        else if (strncmp(line, "local ", 6) == 0) snprintf(local, sizeof local, "%s", line + 6);
-        else if (strncmp(line, "tls ", 4) == 0) snprintf(tls, sizeof tls, "%s", line + 4);
+        if (strncmp(line, "worker ", 7) == 0) {
+            snprintf(worker, sizeof worker, "%s", line + 7);
+            local[0] = tls[0] = 0;
+            if (strcmp(worker, now) == 0) listed_at = blocks;
+            blocks++;
+        } else if (strncmp(line, "local ", 6) == 0) {
+            snprintf(local, sizeof local, "%s", line + 6);
+        } else if (strncmp(line, "tls ", 4) == 0) {
+            snprintf(tls, sizeof tls, "%s", line + 4);
+        }
     }
     fclose(f);
-    char seen[sizeof location_seen];
-    snprintf(seen, sizeof seen, "%s\n%s\n%s", worker, local, tls);
-    if (!worker[0] || strcmp(seen, location_seen) == 0) return;
-    memcpy(location_seen, seen, sizeof seen);
-    const char *now = lease_getenv(GP_ENV_WORKER);
-    if (now && strcmp(now, worker) == 0) return;
+    if (listed_at < 0 || listed_at == blocks - 1) return; /* newer than the file, or where the lease is now */
     lease_setenv(GP_ENV_WORKER, worker);
     lease_setenv(GP_ENV_LOCAL, local);
     lease_setenv(GP_ENV_TLS, tls);
