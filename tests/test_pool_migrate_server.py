@@ -8,6 +8,7 @@ notices a pause. Any failure before the commit leaves the lease running on its s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -175,40 +176,49 @@ def test_a_running_program_moves_to_another_server_and_finishes_there(pair, tmp_
     wait_for(lambda: nothing_held(b, admin, lease["id"]), 15, what="the lease to end on B with its program")
 
 
-def test_a_process_started_after_the_old_worker_exited_finds_the_lease_on_the_new_server(tmp_path):
-    """After a move, once the old worker has exited (its processes reconnected to the new one), a process the
-    program starts then — with the old worker's address in its environment — still reaches the lease: the
-    heartbeats of `gpuattach run` learn where it went and rewrite the run's worker file, which the shim reads
-    at each new connection."""
-    fast = '[policy]\nlease_ttl = "1s"\nreap_interval = 0.2\n'  # heartbeats every ~0.3 s
-    a = ServerProc(tmp_path / "a", "1xH100-80GB", config=fast, env=HOST).start()
-    b = ServerProc(tmp_path / "b", "1xH100-80GB", config=fast, env=HOST).start()
+@contextlib.contextmanager
+def moved_and_old_worker_gone(tmp_path, config: str, client: str):
+    """Two servers with `config`; a program under `gpuattach run` on A moved to B, then a call of it (it
+    reconnects to B's worker), then A's worker gone; (the program, B, the lease, the admin token) for the block,
+    the program finishing intact after it."""
+    a = ServerProc(tmp_path / "a", "1xH100-80GB", config=config, env=HOST).start()
+    b = ServerProc(tmp_path / "b", "1xH100-80GB", config=config, env=HOST).start()
     try:
         admin = admin_of(a, b)
-        token = a.token("later")
-        b.token("later", token=token)
-        run, lease = start_program(a, tmp_path, "later", admin, token=token)
+        token = a.token(client)
+        b.token(client, token=token)
+        run, lease = start_program(a, tmp_path, client, admin, token=token)
         with killed_on_failure(run):
             old_worker = [p for p in psutil.Process(a.proc.pid).children(recursive=True)
                           if lease["id"] in " ".join(p.cmdline())]  # fmt: skip
             assert old_worker, "the lease's worker on A"
             moved = migrate(a, lease["id"], "--to", b.url, token=admin)
             assert moved.returncode == 0, moved.stdout + moved.stderr
-            expires = api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["expires_at"]
             run.stdin.write("sync\n")  # the program's process reconnects to B's worker: A's exits
             run.stdin.flush()
             assert run.stdout.readline().startswith("synced")
             psutil.wait_procs(old_worker, timeout=20)
             assert not any(p.is_running() for p in old_worker), "A's worker still runs"
-            wait_for(lambda: api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["expires_at"] != expires, 10,
-                     what="gpuattach's heartbeat at B")  # fmt: skip
-            run.stdin.write("child_first_env\n")  # its environment names A's worker, which is gone
-            run.stdin.flush()
-            assert run.stdout.readline().strip() == "child child_bytes 2a2a2a2a"
+            yield run, b, lease, admin
         finishes_intact(run)
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_process_started_after_the_old_worker_exited_finds_the_lease_on_the_new_server(tmp_path):
+    """After a move, once the old worker has exited (its processes reconnected to the new one), a process the
+    program starts then — with the old worker's address in its environment — still reaches the lease: the
+    heartbeats of `gpuattach run` learn where it went and rewrite the run's worker file, which the shim reads
+    at each new connection."""
+    fast = '[policy]\nlease_ttl = "1s"\nreap_interval = 0.2\n'  # heartbeats every ~0.3 s
+    with moved_and_old_worker_gone(tmp_path, fast, "later") as (run, b, lease, admin):
+        expires = api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["expires_at"]
+        wait_for(lambda: api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["expires_at"] != expires, 10,
+                 what="gpuattach's heartbeat at B")  # fmt: skip
+        run.stdin.write("child_first_env\n")  # its environment names A's worker, which is gone
+        run.stdin.flush()
+        assert run.stdout.readline().strip() == "child child_bytes 2a2a2a2a"
 
 
 def test_arrays_textures_and_the_programs_own_virtual_memory_move_to_another_server(pair, tmp_path):
@@ -255,30 +265,10 @@ def test_a_worker_file_that_has_not_heard_of_the_move_yet_sends_no_process_back(
     address (the shim put it in the program's environment) and goes there — not back to the old worker, which
     has exited once the program reconnected."""
     slow = '[policy]\nlease_ttl = "10m"\n'  # no heartbeat during the test: the file stays as it was
-    a = ServerProc(tmp_path / "a", "1xH100-80GB", config=slow, env=HOST).start()
-    b = ServerProc(tmp_path / "b", "1xH100-80GB", config=slow, env=HOST).start()
-    try:
-        admin = admin_of(a, b)
-        token = a.token("early")
-        b.token("early", token=token)
-        run, lease = start_program(a, tmp_path, "early", admin, token=token)
-        with killed_on_failure(run):
-            old_worker = [p for p in psutil.Process(a.proc.pid).children(recursive=True)
-                          if lease["id"] in " ".join(p.cmdline())]  # fmt: skip
-            moved = migrate(a, lease["id"], "--to", b.url, token=admin)
-            assert moved.returncode == 0, moved.stdout + moved.stderr
-            run.stdin.write("sync\n")  # the program reconnects to B's worker: A's exits
-            run.stdin.flush()
-            assert run.stdout.readline().startswith("synced")
-            psutil.wait_procs(old_worker, timeout=20)
-            assert not any(p.is_running() for p in old_worker), "A's worker still runs"
-            run.stdin.write("child\n")  # inherits the environment as the shim left it: B's worker
-            run.stdin.flush()
-            assert run.stdout.readline().strip() == "child child_bytes 2a2a2a2a"
-        finishes_intact(run)
-    finally:
-        a.stop()
-        b.stop()
+    with moved_and_old_worker_gone(tmp_path, slow, "early") as (run, _, _, _):
+        run.stdin.write("child\n")  # inherits the environment as the shim left it: B's worker
+        run.stdin.flush()
+        assert run.stdout.readline().strip() == "child child_bytes 2a2a2a2a"
 
 
 def test_the_heartbeat_loop_follows_a_lease_that_moved(pair, tmp_path):

@@ -672,6 +672,22 @@ def losses_equal(ref: list[float], moved: list[float], steps: int) -> bool:
     return len(ref) == len(moved) == steps and ref == moved
 
 
+def pause_row(gib: int, a: dict, intact: bool, extra: list[str] = ()) -> str:
+    """A pause table's row: GiB held, MiB moved, objects, pause, wait, GB/s, `extra` columns, intact (or why not)."""
+    more = "".join(f" {x} |" for x in extra)
+    if not a.get("ok"):
+        return f"| {gib} | - | - | - | - | - |{more} {intact}: {a.get('error')} |"
+    rate = a["bytes"] / a["pause_s"] / 1e9 if a["pause_s"] else 0
+    return (f"| {gib} | {a['bytes'] >> 20} | {a.get('objects', '?')} | {a['pause_s']:.3f} | {a['wait_s']:.3f} | "
+            f"{rate:.2f} |{more} {intact} |")  # fmt: skip
+
+
+def table_out(lines: list[str], out_dir: Path | None, name: str) -> None:
+    print("\n".join(lines), flush=True)
+    if out_dir is not None:
+        (out_dir / name).write_text("\n".join(lines) + "\n")
+
+
 def pause_table(shim: Path, work: Path, two: list, sizes: list[int], out_dir: Path | None) -> None:
     print("\n=== pause against device memory (PyTorch holders)", flush=True)
     rows = []
@@ -688,15 +704,8 @@ def pause_table(shim: Path, work: Path, two: list, sizes: list[int], out_dir: Pa
              "|---:|---:|---:|---:|---:|---:|---|---|---|"]  # fmt: skip
     for gib, a, intact, smi in rows:
         before, after = [*smi, "?", "?"][:2]
-        if a.get("ok"):
-            rate = a["bytes"] / a["pause_s"] / 1e9 if a["pause_s"] else 0
-            lines.append(f"| {gib} | {a['bytes'] >> 20} | {a.get('objects', '?')} | {a['pause_s']:.3f} | "
-                         f"{a['wait_s']:.3f} | {rate:.1f} | {before} | {after} | {intact} |")  # fmt: skip
-        else:
-            lines.append(f"| {gib} | - | - | - | - | - | {before} | {after} | {intact}: {a.get('error')} |")
-    print("\n".join(lines), flush=True)
-    if out_dir is not None:
-        (out_dir / "migrate_pause.md").write_text("\n".join(lines) + "\n")
+        lines.append(pause_row(gib, a, intact, [before, after]))
+    table_out(lines, out_dir, "migrate_pause.md")
     for gib, a, intact, _ in rows:
         outcome(f"pause table {gib} GiB", a, intact, f"paused {a.get('pause_s', 0):.3f} s")
 
@@ -838,16 +847,9 @@ def xserver_pause_table(shim: Path, work: Path, two: list, sizes: list[int], out
             source.stop()
             target.stop()
         intact = first == "ready True" and after == "after True True"
-        if a.get("ok"):
-            rate = a["bytes"] / a["pause_s"] / 1e9 if a["pause_s"] else 0
-            lines.append(f"| {gib} | {a['bytes'] >> 20} | {a.get('objects', '?')} | {a['pause_s']:.3f} | "
-                         f"{a['wait_s']:.3f} | {rate:.2f} | {intact} |")  # fmt: skip
-        else:
-            lines.append(f"| {gib} | - | - | - | - | - | {intact}: {a.get('error')} |")
+        lines.append(pause_row(gib, a, intact))
         outcome(f"xserver pause {gib} GiB", a, intact, f"paused {a.get('pause_s', 0):.3f} s")
-    print("\n".join(lines), flush=True)
-    if out_dir is not None:
-        (out_dir / "migrate_xserver_pause.md").write_text("\n".join(lines) + "\n")
+    table_out(lines, out_dir, "migrate_xserver_pause.md")
 
 
 def xserver_training(
