@@ -211,10 +211,12 @@ def test_a_process_started_after_the_old_worker_exited_finds_the_lease_on_the_ne
     program starts then — with the old worker's address in its environment — still reaches the lease: the
     heartbeats of `gpuattach run` learn where it went and rewrite the run's worker file, which the shim reads
     at each new connection."""
-    fast = '[policy]\nlease_ttl = "1s"\nreap_interval = 0.2\n'  # heartbeats every ~0.3 s
+    fast = (
+        '[policy]\nlease_ttl = "4s"\nreap_interval = 0.2\n'  # heartbeats every ~1.3 s: none missed under load
+    )
     with moved_and_old_worker_gone(tmp_path, fast, "later") as (run, b, lease, admin):
         expires = api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["expires_at"]
-        wait_for(lambda: api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["expires_at"] != expires, 10,
+        wait_for(lambda: api(b.url, "GET", f"/v1/leases/{lease['id']}", admin)[1]["expires_at"] != expires, 20,
                  what="gpuattach's heartbeat at B")  # fmt: skip
         run.stdin.write("child_first_env\n")  # its environment names A's worker, which is gone
         run.stdin.flush()
