@@ -166,7 +166,7 @@ def _sent(worker, link: _migrate_link.Link, stripes: list, target: dict, where: 
                         worker.executor, {m.device for m in held}
                     ) as contexts:
                         _migrate_stripes.send(worker.executor.inner, stripes, parts, contexts)
-                except (OSError, _migrate_link.LinkError, CudaError):
+                except (OSError, _migrate_link.LinkError):  # (a device read failing here is its own reason)
                     _said_why(link, where)  # the receiving worker's reason, where it gave one
                     raise
                 link.send({"carried": carried}, carried)  # arrays, the program's own virtual memory
