@@ -17,6 +17,7 @@ once all of them have ended: the move fails before its commit as any failure of 
 
 from __future__ import annotations
 
+import bisect
 import os
 import threading
 from collections.abc import Callable
@@ -63,15 +64,21 @@ def plan(memory: list, stripes: int) -> list[list[list[int]]]:
 def checked(stripes, memory: list, links: int) -> list[list[list[int]]]:
     """The manifest's plan, if it gives `links` connections ranges that lie in its memory (on their device)
     and cover all of it; else MigrationRefused."""
+    held = sorted((int(base), int(size), int(device)) for base, size, device in memory)
+    bases = [base for base, _, _ in held]
+
+    def inside(address: int, size: int, device: int) -> bool:
+        i = (
+            bisect.bisect_right(bases, address) - 1
+        )  # the mapping that starts at or before it (thousands: no scan)
+        return size > 0 and i >= 0 and address + size <= held[i][0] + held[i][1] and device == held[i][2]
+
     try:
         ranges = [(int(a), int(n), int(d)) for part in stripes for a, n, d in part]
-        ok = len(stripes) == links and all(
-            n > 0 and any(b <= a and a + n <= b + size and d == device for b, size, device in memory)
-            for a, n, d in ranges
-        )
+        ok = len(stripes) == links and all(inside(*r) for r in ranges)
     except (TypeError, ValueError):
         ok = False
-    if not ok or sum(n for _, n, _ in ranges) != sum(size for _, size, _ in memory):
+    if not ok or sum(n for _, n, _ in ranges) != sum(size for _, size, _ in held):
         raise MigrationRefused(f"the manifest does not say which of the lease's bytes each of the {links} "
                                f"connection(s) of the link carries")  # fmt: skip
     return stripes
