@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from virtualize.server import _data_tls, _migrate_link, _migrate_stripes
+from virtualize.server import _data_tls, _migrate_link, _migrate_out, _migrate_stripes
 from virtualize.server._executor import CudaError
 from virtualize.server._executor_host import HostExecutor
 from virtualize.server._migrate import MigrationRefused
@@ -207,3 +207,19 @@ def test_a_stripe_whose_device_copy_fails_ends_every_stripe_at_both_ends_at_once
     assert isinstance(out[other], OSError | _migrate_link.LinkError), out
     assert out["sender_s"] < TIMEOUT_S / 2 and out["receiver_s"] < TIMEOUT_S / 2, out
     assert not out["alive"], out
+
+
+def test_a_sender_whose_memory_did_not_all_go_reports_the_receiving_workers_reason(tmp_path):
+    """The sender's stripes broke: if the receiving worker said why on the first connection (a device write
+    failing there), the move fails with that reason; if it went without a word, the sender's own failure stands
+    (nothing raised here, at once)."""
+    sent, received = linked(2, tmp_path)
+    received[0].send({"ok": False, "error": "the lease could not be re-created here: CUresult 709"})
+    with pytest.raises(MigrationRefused, match="709"):
+        _migrate_out._said_why(sent[0], "b:1")
+    received[1].close()
+    started = time.monotonic()
+    assert _migrate_out._said_why(sent[1], "b:1") is None
+    assert time.monotonic() - started < _migrate_out.REASON_WAIT_S
+    for link in sent + received:
+        link.close()
