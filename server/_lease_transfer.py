@@ -225,7 +225,8 @@ async def _committed(st, lease_id: str, server: str, target, receiving, sent: di
     log.info("lease %s moved to %s: %s copied, %d objects re-created, paused %.3f s", lease_id, server,
              human_bytes(sent["bytes"]), sent.get("objects", 0), sent["pause_s"])  # fmt: skip
     migration = {"device": 0, "from": source[0] if source else 0, "to": receiving.gpus[0], "bytes": sent["bytes"],
-                 "pause_s": sent["pause_s"], "wait_s": sent["wait_s"], "objects": sent.get("objects", 0)}  # fmt: skip
+                 "pause_s": sent["pause_s"], "wait_s": sent["wait_s"], "objects": sent.get("objects", 0),
+                 "stripes": sent.get("stripes", 1)}  # fmt: skip
     if lease is None:
         lease = await asyncio.to_thread(target.lease, lease_id)
     return {**msgspec.to_builtins(lease), "migration": migration}

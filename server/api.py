@@ -528,6 +528,11 @@ class Migration(_Answer, kw_only=True):
     bytes: Annotated[int, Meta(description="device memory copied")]
     pause_s: Annotated[float, Meta(description="how long the lease's calls were held")]
     wait_s: Annotated[float, Meta(description="how long the migration waited for the calls running then")]
+    stripes: Annotated[
+        int,
+        Meta(description="the connections the memory went over at once (a move to another server: "
+                         "GPUPOOL_MIGRATE_STRIPES of the lease's worker; 1 for a move between GPUs)"),
+    ] = 1  # fmt: skip
 
 
 class MigratedLease(Lease, kw_only=True):

@@ -207,9 +207,11 @@ def _moving_parsers(sub) -> None:
         "runs: the worker holds the lease's calls, copies its device memory to the same addresses on the "
         "target and resumes. With --to SERVER (another gpupool-server, which takes the same admin token) the "
         "whole lease moves there: the target admits it, the worker sends its memory, objects and processes' "
-        "state, and each process reconnects there at its next call (docs/remote.md, Between servers). What "
-        "cannot move (an MPS lease, a stream capture in flight; to another server also graphs, arrays, "
-        "virtual-memory-API memory, shared-memory copies, ...) is refused with the reason, and a "
+        "state (the memory over GPUPOOL_MIGRATE_STRIPES connections at once, from the lease's server's "
+        "environment: 1 to 16, default 1), and each process reconnects there at its next call (docs/remote.md, "
+        "Between servers). What "
+        "cannot move (an MPS lease, a stream capture in flight; to another server also shared-memory copies "
+        "and page-locked memory shared on one host, NCCL, a graph's host node, ...) is refused with the reason, and a "
         "failure leaves the lease running where it was. Prints the pause.",
     )
     m.add_argument("lease", help="the lease id (lease-...)")

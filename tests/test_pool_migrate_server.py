@@ -357,16 +357,45 @@ def test_graphs_and_instantiated_graphs_move_to_another_server_and_run_as_before
 
 
 def test_a_receiving_worker_that_dies_mid_copy_leaves_the_lease_on_its_source(tmp_path):
-    """The target's receiving worker dies after the first MiB of the lease's memory (as if killed): the move
-    fails naming the broken link (exit 2, one line), the target's admission ends and frees its GPU, and the
-    program runs on at its source and finishes intact."""
-    a = ServerProc(tmp_path / "a", "2xH100-80GB", env=HOST).start()
+    """The target's receiving worker dies (as if killed) once 3 MiB of the lease's 6 MiB have landed over the
+    link's four stripes — more than any one stripe carries, so they land at once: the move fails naming the
+    broken link (exit 2, one line), the target's admission ends and frees its GPU, and the program runs on at
+    its source and finishes intact."""
+    a = ServerProc(tmp_path / "a", "2xH100-80GB", env={**HOST, "GPUPOOL_MIGRATE_STRIPES": "4"}).start()
     b = ServerProc(tmp_path / "b", "2xH100-80GB",
-                   env={**HOST, "GPUPOOL_TEST_RECEIVER_DIES_AFTER_BYTES": str(1 << 20)}).start()  # fmt: skip
+                   env={**HOST, "GPUPOOL_TEST_RECEIVER_DIES_AFTER_BYTES": str(3 << 20)}).start()  # fmt: skip
     try:
         admin = admin_of(a, b)
         run, lease = start_program(a, tmp_path, "unlucky", admin)
         fails_and_runs_on(a, b, run, lease, admin, "link")
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_the_memory_goes_over_as_many_connections_as_the_source_says_every_byte_intact(tmp_path):
+    """A's workers send a lease's memory over the link's one connection (GPUPOOL_MIGRATE_STRIPES=1), B's over
+    four (GPUPOOL_MIGRATE_STRIPES=4): a running program moved A -> B and back B -> A (admin API: each move reports the
+    connections its memory went over) finds every byte of its allocations — cut between B's stripes on the way
+    back — every handle and every queued result intact, and finishes on A."""
+    a = ServerProc(tmp_path / "a", "2xH100-80GB", env={**HOST, "GPUPOOL_MIGRATE_STRIPES": "1"}).start()
+    b = ServerProc(tmp_path / "b", "2xH100-80GB", env={**HOST, "GPUPOOL_MIGRATE_STRIPES": "4"}).start()
+    try:
+        run, lease, admin = started_for_both((a, b), tmp_path, "striped", "migrate_server")
+        with killed_on_failure(run):
+            for source, target, stripes in ((a, b, 1), (b, a, 4)):
+                status, moved = api(source.url, "POST", f"/v1/admin/leases/{lease['id']}/migrate", admin,
+                                    {"server": target.url}, timeout=60)  # fmt: skip
+                assert status == 200, moved
+                assert moved["migration"]["stripes"] == stripes and moved["migration"]["bytes"] > 0, moved
+                run.stdin.write("sync\n")  # a call: the program reconnects to the lease's new worker
+                run.stdin.flush()
+                assert run.stdout.readline().startswith("synced")
+            run.stdin.write("queue\n")
+            run.stdin.flush()
+            assert run.stdout.readline().startswith("queued")
+        result = finishes_intact(run)
+        assert result["queued_words"] == "12" and result["counter"] == "17", result
     finally:
         a.stop()
         b.stop()

@@ -152,20 +152,27 @@ def _device_of(allocations: list[tuple], handle: int) -> int:
 
 
 @contextlib.contextmanager
+def device_contexts(translated, devices):
+    """A context of each lease device of `devices`, as the executor names it: one of the lease's, else the
+    device's primary context, retained for the while (copies need one current; the lease's own costs nothing)."""
+    with contextlib.ExitStack() as retained:
+        found = {}
+        for device in devices:
+            contexts = translated.contexts(device)
+            if contexts:
+                found[device] = translated.map.real("ctx", contexts[0])
+            else:
+                found[device] = translated.inner.cuDevicePrimaryCtxRetain(device)
+                retained.callback(translated.inner.cuDevicePrimaryCtxRelease, device)
+        yield found
+
+
+@contextlib.contextmanager
 def _on_device(translated, device: int):
-    """A context of lease device `device` current (one of the lease's, else its primary context, retained for
-    the while): copies need one."""
-    contexts = translated.contexts(device)
-    if contexts:
-        translated.inner.set_context(translated.map.real("ctx", contexts[0]))
+    """A context of lease device `device` current: copies need one."""
+    with device_contexts(translated, [device]) as found:
+        translated.inner.set_context(found[device])
         yield
-        return
-    ctx = translated.inner.cuDevicePrimaryCtxRetain(device)
-    try:
-        translated.inner.set_context(ctx)
-        yield
-    finally:
-        translated.inner.cuDevicePrimaryCtxRelease(device)
 
 
 @contextlib.contextmanager

@@ -6,7 +6,8 @@ nonces, as the client protocol's hello, with labels of its own so that neither p
 other protocol's).
 
 On it go messages: a JSON object and the bulk bytes that follow it (`HEADER`: the JSON's length, the
-bulk's length), e.g. the lease's manifest and then its memory, chunk by chunk.
+bulk's length), e.g. the lease's manifest, then its memory, chunk by chunk. The memory may go over more
+connections of the link, each made as the first (`virtualize.server._migrate_stripes`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,13 @@ class Link:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
+
+    def abort(self) -> None:
+        """End the connection now, from any thread: a read or write blocked on it in another thread fails at
+        once (close would not wake it, and its descriptor could be reused under that thread: the owner closes
+        it). The TCP socket's own shutdown: TLS's would drop its state under that thread."""
+        with contextlib.suppress(OSError):
+            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
 
     def send(self, message: dict, bulk_bytes: int = 0) -> None:
         body = json.dumps(message).encode()

@@ -5,12 +5,13 @@ move to another GPU is): refuse up front what cannot leave this host (`refusal`)
 receiving worker (`virtualize.server._migrate_link`: TLS, the one-time secret), pause the lease's calls as
 a move to another GPU does (`_migrate.Gate`, the native loop leaving frames to Python), drain its
 contexts, and send the manifest — the processes' address windows and the memory mapped in them — and then
-that memory, chunk by chunk, read from the device as it is.
+that memory, chunk by chunk, read from the device as it is, over several connections of the link at once
+(`virtualize.server._migrate_stripes`, made before the pause; GPUPOOL_MIGRATE_STRIPES).
 
 The receiving end (`receive`, in a worker started with ``--receive SECONDS``): wait that long for one
-sender that proves the secret, reserve each window at the SAME address (a range taken on this GPU fails
-the move), map the memory there and fill it from the link, and say what it holds. Then it waits for the
-sender's decision.
+sender that proves the secret (and for the connections it then opens), reserve each window at the SAME
+address (a range taken on this GPU fails the move), map all the memory there and fill it from the link's
+connections, and say what it holds. Then it waits for the sender's decision.
 
 Until the receiving worker holds everything, the lease runs on its source: the sender resumes the calls
 whatever failed (the link dropped, the receiving worker died or refused, a timeout), and a receiving
@@ -41,7 +42,7 @@ import threading
 import time
 
 from virtualize.common import _wire
-from virtualize.server import _migrate, _migrate_carried, _migrate_link, _migrate_state
+from virtualize.server import _migrate, _migrate_carried, _migrate_link, _migrate_state, _migrate_stripes
 from virtualize.server._executor import CudaError
 from virtualize.server._executor_guard import Allocation, Session
 from virtualize.server._migrate import DRAIN_TIMEOUT_S, MPS_REFUSAL, MigrationRefused
@@ -49,6 +50,7 @@ from virtualize.server._migrate import DRAIN_TIMEOUT_S, MPS_REFUSAL, MigrationRe
 log = logging.getLogger("gpupool.worker")
 
 LINK_TIMEOUT_S = 60.0  # the longest one read or write of the link may take before the move fails
+REASON_WAIT_S = 2.0  # how long a sender whose memory did not all go waits for the receiving worker to say why
 # Tests only: the receiving worker dies (exit 9, as a killed process) after this many bytes of memory.
 DIES_AFTER_ENV = "GPUPOOL_TEST_RECEIVER_DIES_AFTER_BYTES"
 
@@ -104,14 +106,24 @@ def send(worker, target: dict, timeout: float = DRAIN_TIMEOUT_S) -> dict:
     reason = refusal(worker)
     if reason:
         raise MigrationRefused(reason)
+    count = _migrate_stripes.wanted()
     where = f"{target['host']}:{target['migrate_port']}"
-    try:
-        link = _migrate_link.connect(str(target["host"]), int(target["migrate_port"]), str(target["tls_sha256"]),
+
+    def connected() -> _migrate_link.Link:
+        return _migrate_link.connect(str(target["host"]), int(target["migrate_port"]), str(target["tls_sha256"]),
                                      str(target["secret"]).encode(), LINK_TIMEOUT_S)  # fmt: skip
+
+    try:
+        link = connected()
     except (OSError, _migrate_link.LinkError) as exc:
         raise MigrationRefused(f"the receiving worker at {where} cannot be reached: {_why(exc)}") from None
+    stripes: list[_migrate_link.Link] = []  # the memory's connections beside this one (made before the pause)
     try:
-        return _sent(worker, link, target, where, timeout)
+        link.send({"stripes": count})
+        for i in range(count if count > 1 else 0):
+            stripes.append(connected())
+            stripes[-1].send({"stripe": i})
+        return _sent(worker, link, stripes or [link], target, where, timeout)
     except (OSError, _migrate_link.LinkError) as exc:
         link.close()
         raise MigrationRefused(f"the link to the receiving worker at {where} failed: {_why(exc)}") from None
@@ -122,10 +134,12 @@ def send(worker, target: dict, timeout: float = DRAIN_TIMEOUT_S) -> dict:
         link.close()
         raise
     finally:
+        for stripe in stripes:  # after the answer: the receiving worker has read all of them
+            stripe.close()
         worker.executor.end_thread()  # this thread's staging buffers (page-locked on a GPU)
 
 
-def _sent(worker, link: _migrate_link.Link, target: dict, where: str, timeout: float) -> dict:
+def _sent(worker, link: _migrate_link.Link, stripes: list, target: dict, where: str, timeout: float) -> dict:
     asked = time.monotonic()
     committed = False
     try:
@@ -141,14 +155,22 @@ def _sent(worker, link: _migrate_link.Link, target: dict, where: str, timeout: f
                 for memory in list(worker.lease.windows):  # frees after streams: all reached now
                     memory._reclaim(wait=True)
                 held = _migrate.mappings(worker.lease)
-                total = sum(m.size for m in held)
                 manifest, tokens = _manifest(worker, held)
                 manifest["carried"], pieces = _migrate_carried.exported(worker.executor)
-                total += sum(piece.size for piece in pieces)
-                link.send(manifest, total)
-                for m in held:
-                    worker.executor.copy_from_device(m.base, m.size, None, link.send_bytes)
-                _migrate_carried.send(pieces, link.send_bytes)  # arrays, the program's own virtual memory
+                carried = sum(piece.size for piece in pieces)
+                total = sum(m.size for m in held) + carried
+                parts = manifest["stripes"] = _migrate_stripes.plan(manifest["memory"], len(stripes))
+                link.send(manifest)
+                try:
+                    with _migrate_carried.device_contexts(
+                        worker.executor, {m.device for m in held}
+                    ) as contexts:
+                        _migrate_stripes.send(worker.executor.inner, stripes, parts, contexts)
+                except (OSError, _migrate_link.LinkError):  # (a device read failing here is its own reason)
+                    _said_why(link, where)  # the receiving worker's reason, where it gave one
+                    raise
+                link.send({"carried": carried}, carried)  # arrays, the program's own virtual memory
+                _migrate_carried.send(pieces, link.send_bytes)
                 answer = link.receive()
             if answer.get("ok") is not True:
                 raise MigrationRefused(f"the receiving worker at {where} failed: {answer.get('error')}")
@@ -164,11 +186,23 @@ def _sent(worker, link: _migrate_link.Link, target: dict, where: str, timeout: f
         ):  # nothing moved: C serves again, its handles as they were
             worker.native.python_only(False)
     objects = int(answer.get("objects", 0))
-    log.info("the lease moved to the receiving worker at %s: %d bytes at the same addresses, %d objects re-created, "
-             "paused %.3f s; its processes reconnect there at their next call", where, total, objects,
-             resumed - paused)  # fmt: skip
+    log.info("the lease moved to the receiving worker at %s: %d bytes at the same addresses (the memory over %d "
+             "connection(s)), %d objects re-created, paused %.3f s; its processes reconnect there at their next "
+             "call", where, total, len(stripes), objects, resumed - paused)  # fmt: skip
     return {"bytes": total, "objects": objects, "pause_s": round(resumed - paused, 6),
-            "wait_s": round(paused - asked, 6)}  # fmt: skip
+            "wait_s": round(paused - asked, 6), "stripes": len(stripes)}  # fmt: skip
+
+
+def _said_why(link: _migrate_link.Link, where: str) -> None:
+    """The memory did not all go: MigrationRefused with the receiving worker's reason if it answered one on the
+    link within REASON_WAIT_S (a device write failing there, say), else nothing (the failure here stands)."""
+    try:
+        link.sock.settimeout(REASON_WAIT_S)
+        answer = link.receive()
+    except (OSError, _migrate_link.LinkError):
+        return
+    if answer.get("ok") is False:
+        raise MigrationRefused(f"the receiving worker at {where} failed: {answer.get('error')}")
 
 
 def _manifest(worker, held: list) -> tuple[dict, dict[int, int]]:
@@ -291,29 +325,23 @@ def receive(worker, listener: socket.socket, secret: bytes, wait_s: float) -> No
     (committed: its processes reconnect here) or exit the process (its GPUs are free then)."""
 
     def run() -> None:
-        deadline = time.monotonic() + wait_s
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                _exit(f"no lease arrived within {wait_s:g} s")
-            listener.settimeout(left)
-            try:
-                sock, peer = listener.accept()
-            except TimeoutError:
-                continue
-            try:
-                link = _migrate_link.accept(sock, worker.tls, secret, LINK_TIMEOUT_S)
-            except (OSError, _migrate_link.LinkError) as exc:
-                log.warning("migration link from %s refused: %s", peer[0], _why(exc))
-                sock.close()
-                continue
-            break
-        listener.close()
+        link = _accepted(listener, worker.tls, secret, time.monotonic() + wait_s)
+        if link is None:
+            _exit(f"no lease arrived within {wait_s:g} s")
+        stripes: list[_migrate_link.Link] = []
         with link:
             try:
-                parked, reason = _held(worker, link)
-            except (OSError, _migrate_link.LinkError) as exc:
+                try:
+                    stripes = _stripes_accepted(listener, worker.tls, secret, link)
+                finally:
+                    listener.close()
+                parked, reason = _held(worker, link, stripes)
+            except (OSError, _migrate_link.LinkError, MigrationRefused) as exc:
                 parked, reason = None, f"the sending worker's link failed: {_why(exc)}"
+            finally:
+                for stripe in stripes:
+                    if stripe is not link:  # the link itself goes on after the commit
+                        stripe.close()
             if parked is None:
                 _exit(reason)
             _carried(
@@ -325,12 +353,58 @@ def receive(worker, listener: socket.socket, secret: bytes, wait_s: float) -> No
     threading.Thread(target=run, name="gpupool-receive", daemon=True).start()
 
 
-def _held(worker, link: _migrate_link.Link):
-    """Take the manifest, the memory, the objects and the processes' state; tell the sender; (the parked
-    processes, "") once it committed, else (None, why this worker ends)."""
+def _accepted(listener: socket.socket, tls, secret: bytes, deadline: float) -> _migrate_link.Link | None:
+    """The next connection that proves the secret by `deadline` (None: none did); others are refused."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        listener.settimeout(left)
+        try:
+            sock, peer = listener.accept()
+        except TimeoutError:
+            continue
+        try:
+            return _migrate_link.accept(sock, tls, secret, LINK_TIMEOUT_S)
+        except (OSError, _migrate_link.LinkError) as exc:
+            log.warning("migration link from %s refused: %s", peer[0], _why(exc))
+            sock.close()
+
+
+def _stripes_accepted(listener: socket.socket, tls, secret: bytes, link: _migrate_link.Link) -> list:
+    """The connections the lease's memory comes over, in order: as many as the sender says it opens (each
+    proving the secret and naming its place), or the link itself for one."""
+    count = link.receive().get("stripes")
+    if not isinstance(count, int) or not 1 <= count <= _migrate_stripes.MOST:
+        raise MigrationRefused(f"the sender asks for {count!r} connections")
+    if count == 1:
+        return [link]
+    stripes: dict[int, _migrate_link.Link] = {}
+    deadline = time.monotonic() + _migrate_link.HANDSHAKE_TIMEOUT_S  # the sender opens them right away
+    try:
+        while len(stripes) < count:
+            stripe = _accepted(listener, tls, secret, deadline)
+            if stripe is None:
+                raise MigrationRefused(f"{count - len(stripes)} of its {count} connections did not come")
+            place = stripe.receive().get("stripe")
+            if not isinstance(place, int) or not 0 <= place < count or place in stripes:
+                stripe.close()
+                raise MigrationRefused(f"a connection names place {place!r} of {count}")
+            stripes[place] = stripe
+    except BaseException:
+        for stripe in stripes.values():
+            stripe.close()
+        raise
+    return [stripes[i] for i in range(count)]
+
+
+def _held(worker, link: _migrate_link.Link, stripes: list):
+    """Take the manifest, the memory (over `stripes`), the objects and the processes' state; tell the sender;
+    (the parked processes, "") once it committed, else (None, why this worker ends)."""
     manifest = link.receive()
     dies_after = int(os.environ.get(DIES_AFTER_ENV, "0") or 0)
     executor, got = worker.executor.inner, 0  # the memory is nobody's yet: no records, no handle map
+    counting = threading.Lock()  # the stripes' threads count what landed
     contexts: dict[int, int] = {}  # device -> its primary context, current while its memory is copied
     backings = []
     try:
@@ -346,20 +420,20 @@ def _held(worker, link: _migrate_link.Link):
                 raise MigrationRefused(f"the lease's memory names device {device}; this worker has "
                                        f"{len(worker.devices)}")  # fmt: skip
             backings.append(executor.map_memory(base, size, device))
-            if device not in contexts:
+            if device not in contexts:  # held until every stripe has ended: each sets it current
                 contexts[device] = executor.cuDevicePrimaryCtxRetain(device)
-            executor.set_context(contexts[device])
 
-            def fill(view: memoryview) -> None:
-                nonlocal got
-                link.read_into(view)
-                got += len(view)
+        def landed(n: int) -> None:
+            nonlocal got
+            with counting:
+                got += n
                 if dies_after and got >= dies_after:
                     os._exit(9)
 
-            executor.copy_to_device(base, size, None, fill)
-        log.info("holding the lease's memory: %d bytes in %d range(s) at the addresses it had", got,
-                 len(manifest["memory"]))  # fmt: skip
+        parts = _migrate_stripes.checked(manifest.get("stripes"), manifest["memory"], len(stripes))
+        _migrate_stripes.receive(executor, stripes, parts, contexts, landed)
+        log.info("holding the lease's memory: %d bytes in %d range(s) at the addresses it had, over %d "
+                 "connection(s)", got, len(manifest["memory"]), len(stripes))  # fmt: skip
         for device in contexts:  # the copies' references: the lease's own are the records'
             executor.cuDevicePrimaryCtxRelease(device)
         objects = worker.executor.imported(manifest["objects"])
@@ -370,6 +444,8 @@ def _held(worker, link: _migrate_link.Link):
                                          backings, Allocation)  # fmt: skip
         _migrate_state.graphs_imported(worker.lease, carried.get("guard") or {})
         # after the state: the lease's own contexts are known then, its arrays' and memory's copies run in them
+        if "carried" not in link.receive():
+            raise MigrationRefused("the carried objects' bytes did not follow the memory")
         objects += _migrate_carried.imported(worker.executor, manifest.get("carried", {}), link.read_into)
         log.info(
             "holding the lease's objects: %d re-created, the client's handle values mapped to them", objects

@@ -37,7 +37,8 @@ worker) while its program runs.
    anew with their bytes, the texture and surface objects with the same values (the kernel reads the texture by
    the value it holds), the program's own virtual memory at the same addresses.
 5e. xserver_pause: the holder of 5 with each of --sizes GiB moved there: the pause against the memory, which
-   crosses the link, not NVLink ($OUT/migrate_xserver_pause.md).
+   crosses the link, not NVLink ($OUT/migrate_xserver_pause.md); with --stripes 1,4 a row for each number of
+   connections the memory goes over (GPUPOOL_MIGRATE_STRIPES).
 5b. xserver_training: the GPT-2 training moved there after step --at (its libraries, kernels, streams, events,
    memory, module globals and callback connection carried; the shim reconnects): losses equal an unmoved run's
    step for step. What the move does not carry yet is REFUSED up front, with the reason.
@@ -513,9 +514,10 @@ def lease_env(handle, shim: Path, work: Path) -> dict[str, str]:
 EXECUTOR = ["cuda"]  # --executor host: a rehearsal of this script's steps without a GPU (driver part only)
 
 
-def worker_on(gpu: tuple[int, str, int], mem_gib: int):
+def worker_on(gpu: tuple[int, str, int], mem_gib: int, env: dict[str, str] | None = None):
+    """A lease worker of `gpu` (`env`: added to its environment, e.g. GPUPOOL_MIGRATE_STRIPES)."""
     devices = [WorkerDevice(gpu[0], gpu[1], mem_gib << 30)]
-    handle = start_worker("migrate-test", devices, bind_host="127.0.0.1", env={}, executor=EXECUTOR[0])
+    handle = start_worker("migrate-test", devices, bind_host="127.0.0.1", env=env or {}, executor=EXECUTOR[0])
     handle.devices = devices  # for the lease's NVML view
     return handle
 
@@ -826,30 +828,38 @@ def moved_to_server(title: str, holder: str, check: str, shim: Path, work: Path,
             f"old worker gone {old_gone}, used MiB {smi}")  # fmt: skip
 
 
-def xserver_pause_table(shim: Path, work: Path, two: list, sizes: list[int], out_dir: Path | None) -> None:
-    """The pause of a move to another server's worker against the device memory held (the driver API holder
-    of `xserver`, GiB each): the memory crosses the link (TLS over loopback here), not NVLink."""
+def xserver_pause_table(shim: Path, work: Path, two: list, sizes: list[int], out_dir: Path | None,
+                        stripes: list[int | None] | None = None, holder: str = SERVER_HOLDER) -> list[str]:  # fmt: skip
+    """The pause of a move to another server's worker against the device memory held (`holder`, by default the
+    driver API holder of `xserver`, GiB each), with the lease's memory over each of `stripes` connections of
+    the link (GPUPOOL_MIGRATE_STRIPES of the sending worker; None: its default): the memory crosses the link
+    (TLS over loopback here), not NVLink. The table's lines."""
     print("\n=== pause of a move to another server's worker against device memory", flush=True)
     lines = [
-        "| held GiB | moved MiB | objects | pause s | wait s | GB/s | intact |",
-        "|---:|---:|---:|---:|---:|---:|---|",
+        "| held GiB | moved MiB | objects | pause s | wait s | GB/s | stripes | intact |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for gib in sizes:
-        if out_of_time(f"xserver pause {gib} GiB", 60):
-            continue
-        source = worker_on(two[0], gib + 2)
-        target, where = receiving_worker(source, two[1], gib + 2)
-        try:
-            first, a, after, _ = hold(SERVER_HOLDER, [str(gib << 10)], source, shim, work, two[1],
-                                      mover=lambda s=source, w=where: send_to(s, w, two[1]),
-                                      extra_env={"GPUPOOL_SHIM_SHARED_COPIES": "0"})  # fmt: skip
-        finally:
-            source.stop()
-            target.stop()
-        intact = first == "ready True" and after == "after True True"
-        lines.append(pause_row(gib, a, intact))
-        outcome(f"xserver pause {gib} GiB", a, intact, f"paused {a.get('pause_s', 0):.3f} s")
+        for count in stripes or [None]:
+            if out_of_time(f"xserver pause {gib} GiB", 60):
+                continue
+            env = {} if count is None else {"GPUPOOL_MIGRATE_STRIPES": str(count)}
+            source = worker_on(two[0], gib + 2, env)
+            target, where = receiving_worker(source, two[1], gib + 2)
+            try:
+                first, a, after, _ = hold(holder, [str(gib << 10)], source, shim, work, two[1],
+                                          probe=used_mib if EXECUTOR[0] == "cuda" else lambda: "",
+                                          mover=lambda s=source, w=where: send_to(s, w, two[1]),
+                                          extra_env={"GPUPOOL_SHIM_SHARED_COPIES": "0"})  # fmt: skip
+            finally:
+                source.stop()
+                target.stop()
+            intact = first == "ready True" and after == "after True True"
+            lines.append(pause_row(gib, a, intact, [str(a.get("stripes", count or "-"))]))
+            outcome(f"xserver pause {gib} GiB, {a.get('stripes', count)} stripe(s)", a, intact,
+                    f"paused {a.get('pause_s', 0):.3f} s")  # fmt: skip
     table_out(lines, out_dir, "migrate_xserver_pause.md")
+    return lines
 
 
 def xserver_training(
@@ -883,8 +893,9 @@ def xserver_training(
     for i, (a, b) in enumerate(zip(ref, moved, strict=False)):
         print(f"{i:5d} {a:12.5f} {b:12.5f}{'' if a == b else '  DIFFERENT'}")
     equal = ref_rc == 0 and rc == 0 and len(ref) == len(moved) == steps and ref == moved
-    outcome(f"{name}: a training moved to another server's worker mid-run, losses equal", answer,
-            equal, f"paused {answer.get('pause_s', 0):.3f} s")  # fmt: skip
+    outcome(f"{name}: a training moved to another server's worker mid-run, losses equal", answer, equal,
+            f"{answer.get('bytes', 0) >> 20} MiB over {answer.get('stripes')} stripe(s), paused "
+            f"{answer.get('pause_s', 0):.3f} s")  # fmt: skip
 
 
 # As a client on another host has it (a move between servers is for such clients): TCP with TLS, no local
@@ -942,6 +953,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     parser.add_argument("--at", type=int, default=8, help="the step after which the lease moves (default 8)")
     parser.add_argument("--sizes", default="1,4,16", help="GiB held for the pause table (default 1,4,16)")
+    parser.add_argument("--stripes", default="",
+                        help="xserver_pause: the connections the memory goes over, each a row (e.g. 1,4; default: "
+                             "the worker's, GPUPOOL_MIGRATE_STRIPES or 4)")  # fmt: skip
     part_names = [
         "driver",
         "arrays",
@@ -994,7 +1008,12 @@ def main() -> int:
             "training": lambda: training(shim, work, found[:2], args.steps, args.at),
             "xserver": lambda: xserver_check(shim, work, found[:2]),
             "xserver_pause": lambda: xserver_pause_table(
-                shim, work, found[:2], [int(s) for s in args.sizes.split(",")], out_dir
+                shim,
+                work,
+                found[:2],
+                [int(s) for s in args.sizes.split(",")],
+                out_dir,
+                [int(s) for s in args.stripes.split(",")] if args.stripes else [None],
             ),
             "xserver_arrays": lambda: xserver_arrays(shim, work, found[:2]),
             "xserver_training": lambda: xserver_training(shim, work, found[:2], args.steps, args.at),
