@@ -34,14 +34,9 @@ from virtualize.client.remote import fresh_shim  # noqa: E402
 
 # Holds N MiB (argv[1]) filled with a word, and a page of its own at each of 16 places; after the move, the
 # pages and the word between them are as they were ("ready True" / "after True True", as the table wants).
-HOLDER = r"""
-import ctypes, sys
-cu = ctypes.CDLL("libcuda.so.1")
-def ok(rc, what):
-    if rc:
-        print("failed", what, rc, flush=True)
-        sys.exit(1)
-u64 = ctypes.c_uint64
+HOLDER = (
+    migrate_training.DRIVER_PROLOGUE
+    + r"""
 ctx, ptr = u64(), u64()
 ok(cu.cuInit(0), "init")
 ok(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "retain"); ok(cu.cuCtxSetCurrent(ctx), "current")
@@ -66,6 +61,7 @@ print("ready", holds(), flush=True)
 sys.stdin.readline()
 print("after", holds(), holds(), flush=True)
 """
+)
 
 
 def busy_cpus_while(send_to):

@@ -124,9 +124,9 @@ fill((1024,), (256,), (x, cupy.uint64(n), cupy.uint32(9)))
 fill((1024,), (256,), (expect, cupy.uint64(n), cupy.uint32(9)))
 print("after", same, bool((x == expect).all()), flush=True)
 """
-# The driver API alone (the shim's libcuda.so.1, no library): 256 MiB filled on a stream of its own with
-# an event behind; after the move the same stream, event and address: the bytes, then a new fill.
-DRIVER_HOLDER = r"""
+# The start of a holder program that uses the driver API through ctypes (the shim's libcuda.so.1): `cu`, `ok`
+# (a failed call prints `failed WHAT rc` and exits), `u64`.
+DRIVER_PROLOGUE = r"""
 import ctypes, sys
 cu = ctypes.CDLL("libcuda.so.1")
 def ok(rc, what):
@@ -134,6 +134,12 @@ def ok(rc, what):
         print("failed", what, rc, flush=True)
         sys.exit(1)
 u64 = ctypes.c_uint64
+"""
+# The driver API alone (the shim's libcuda.so.1, no library): 256 MiB filled on a stream of its own with
+# an event behind; after the move the same stream, event and address: the bytes, then a new fill.
+DRIVER_HOLDER = (
+    DRIVER_PROLOGUE
+    + r"""
 dev, ctx, ptr, stream, event = ctypes.c_int(), u64(), u64(), u64(), u64()
 ok(cu.cuInit(0), "init"); ok(cu.cuDeviceGet(ctypes.byref(dev), 0), "device")
 ok(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "retain"); ok(cu.cuCtxSetCurrent(ctx), "current")
@@ -170,17 +176,13 @@ fill(0x01020304)
 ok(cu.cuStreamSynchronize(stream), "stream sync")
 print("after", kept, same(0x01020304) and cu.cuEventQuery(event) == 0 and replayed(), flush=True)
 """
+)
 # What a move between servers carries (docs/remote.md, Between servers): the driver API alone, a PTX kernel, 256 MiB
 # filled on a stream of its own with an event behind; after the move the same addresses, stream, event and kernel
 # (the first MiB of words incremented once by the kernel before the move, once after).
-SERVER_HOLDER = r"""
-import ctypes, sys
-cu = ctypes.CDLL("libcuda.so.1")
-def ok(rc, what):
-    if rc:
-        print("failed", what, rc, flush=True)
-        sys.exit(1)
-u64 = ctypes.c_uint64
+SERVER_HOLDER = (
+    DRIVER_PROLOGUE
+    + r"""
 PTX = b'''
 .version 6.0
 .target sm_52
@@ -238,6 +240,7 @@ fill(0x01020304)
 add_one()
 print("after", kept, holds(0x01020305, 0x01020304) and cu.cuEventQuery(event) == 0, flush=True)
 """
+)
 # CUDA arrays, a mipmapped array, a texture object read by a kernel (tex.2d), a surface object; after the move the
 # same bytes under the same handles, and the kernel reads the texture (its value unchanged) on the target.
 ARRAY_HOLDER = r"""
@@ -353,14 +356,9 @@ print("after", kept and same and named, fetched(33), flush=True)
 """
 
 # Two references to the primary context; after the move (or none) each release's effect on its state.
-PRIMARY_HOLDER = r"""
-import ctypes, sys
-cu = ctypes.CDLL("libcuda.so.1")
-def ok(rc, what):
-    if rc:
-        print("failed", what, rc, flush=True)
-        sys.exit(1)
-u64 = ctypes.c_uint64
+PRIMARY_HOLDER = (
+    DRIVER_PROLOGUE
+    + r"""
 ctx, again, ptr, stream = u64(), u64(), u64(), u64()
 ok(cu.cuInit(0), "init")
 ok(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "retain"); ok(cu.cuCtxSetCurrent(ctx), "current")
@@ -384,6 +382,7 @@ ok(cu.cuDevicePrimaryCtxRelease(0), "release")
 states.append(state())
 print("after", *states, flush=True)
 """
+)
 # CuPy's own kernel and a copy captured into a CUDA graph, replayed from zeros before and after the move.
 CUPY_GRAPH_HOLDER = r"""
 import hashlib, sys, cupy
