@@ -738,7 +738,12 @@ def _worker_files(run: _Run, env: dict, scratch: Path) -> None:
         if not lease.worker:
             continue
         path = scratch / f"worker-{rank}"
-        _worker_file.write(path, [lease.worker])
+        try:
+            _worker_file.write(path, [lease.worker])
+        except OSError as exc:  # the run goes on; only a process started after a move would miss the lease
+            print(f"gpuattach: note: cannot write the run's worker file ({exc.strerror or exc}): a process "
+                  "started after the lease moves to another server will not find it", file=sys.stderr)  # fmt: skip
+            continue
         if rank == 0:  # (also a process that is no rank of a --spread run talks to lease 0)
             env[_wire.ENV_WORKER_FILE] = str(path)
         if run.spread:
