@@ -4523,6 +4523,37 @@ def scenario_migrate_server():
     say("finished", 1)
 
 
+def scenario_migrate_server_reads():
+    """Values just written on a stream, read back through page-locked memory as `.item()` reads a loss (a memset
+    of 1 MiB, a copy of it into page-locked memory behind it, a stream synchronise, then its last word read: the
+    last to land), 200 times before `ready` and 200 at each line `reads` (the test may move the lease between):
+    `stale` counts the reads that found the old value."""
+    setup()
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    rc, words = alloc(MiB)
+    check(rc, "alloc")
+    landing = ctypes.create_string_buffer(MiB)
+    pinned = c_u64(ctypes.addressof(landing))
+    check(cu.cuMemHostRegister(pinned, c_u64(MiB), 0), "host register")
+    last = ctypes.c_uint32.from_address(pinned.value + MiB - 4)
+    values = iter(range(1, 1 << 31))
+
+    def stale() -> int:
+        found = 0
+        for _ in range(200):
+            i = next(values)
+            check(cu.cuMemsetD32Async(c_u64(words), ctypes.c_uint32(i), c_u64(MiB // 4), stream), "memset")
+            check(cu.cuMemcpyDtoHAsync(pinned, c_u64(words), c_u64(MiB), stream), "dtoh async")
+            check(cu.cuStreamSynchronize(stream), "sync")
+            found += last.value != i
+        return found
+
+    say("ready", stale())
+    while (line := sys.stdin.readline().strip()) not in ("", "done"):
+        say("stale", stale())
+
+
 def scenario_migrate_server_arrays():
     """What a move to another server carries beside the memory of the windows: a CUDA array with contents, a
     mipmapped array (in a context of the program's own) whose level 1 is filled, a texture object over the array and

@@ -223,6 +223,25 @@ def test_a_process_started_after_the_old_worker_exited_finds_the_lease_on_the_ne
         assert run.stdout.readline().strip() == "child child_bytes 2a2a2a2a"
 
 
+def test_values_read_back_through_page_locked_memory_after_a_move_are_the_ones_just_written(pair, tmp_path):
+    """A program reading back what its stream just wrote (a memset, a copy into page-locked memory behind it, a
+    synchronise: how `.item()` reads a loss) moves A -> B -> A -> B: none of its 200 reads after each move finds
+    the value the memory held before the memset (each move's old worker closes the callback connection, maybe
+    before the program has attached its new one)."""
+    a, b = pair
+    run, lease, admin = started_for_both(pair, tmp_path, "reader", "migrate_server_reads")
+    with killed_on_failure(run):
+        for source, target in ((a, b), (b, a), (a, b)):
+            status, moved = api(source.url, "POST", f"/v1/admin/leases/{lease['id']}/migrate", admin,
+                                {"server": target.url}, timeout=60)  # fmt: skip
+            assert status == 200, moved
+            run.stdin.write("reads\n")
+            run.stdin.flush()
+            assert run.stdout.readline().strip() == "stale 0"
+    run.communicate("done\n", timeout=60)
+    assert run.returncode == 0
+
+
 def test_arrays_textures_and_the_programs_own_virtual_memory_move_to_another_server(pair, tmp_path):
     """A program holding a CUDA array with contents, a mipmapped array with a filled level (in a context of its
     own), a texture object over the array and a surface object over another, cuMemCreate memory mapped with

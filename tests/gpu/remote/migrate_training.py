@@ -47,8 +47,13 @@ worker) while its program runs.
 5c. xserver_cupy_graph: the CuPy graph of 2b moved there (the graph read node by node on GPU 0's worker, built
    and instantiated anew by the receiving worker): replayed from the same start, it leaves the same bytes.
 5d. xserver_graphed: the training of 2c (one captured CUDA graph a step) moved there after step --at: losses
-   equal an unmoved run's step for step. Alone: ``--only xserver xserver_arrays xserver_training
-   xserver_expandable xserver_cupy_graph xserver_graphed``.
+   equal an unmoved run's step for step.
+5g. xserver_item: a PyTorch program reads back 400 values a kernel has just written, twice each (`.item()`, and a
+   non_blocking copy into fresh page-locked memory then a synchronise), before and after a move to another GPU
+   of its worker, and to another server's worker as a client on another host and on that worker's host: no
+   read may find the old value. Alone: ``--only xserver xserver_arrays xserver_training xserver_expandable
+   xserver_cupy_graph xserver_graphed xserver_item``. (--client-env NAME=VALUE adds to the training client's
+   environment in 5b and 5f.)
 
 `--executor host --only driver` rehearses the steps on a machine without a GPU. A refused migration
 prints its reason (REFUSED): the lease must keep running unharmed. Each step is
@@ -883,6 +888,7 @@ def xserver_training(
             env = {k: v for k, v in lease_env(handle, shim, work).items() if k != _wire.ENV_LOCAL}
             if expandable:
                 env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+            env.update(CLIENT_ENV)
             runs[label] = train(env, steps, move_at, lambda h=handle, w=where: send_to(h, w, two[1]))
         finally:
             handle.stop()
@@ -900,6 +906,33 @@ def xserver_training(
 # As a client on another host has it (a move between servers is for such clients): TCP with TLS, no local
 # socket, no copies through shared memory (what only the worker's host has is refused by such a move).
 REMOTE_HOST_ENV = {_wire.ENV_LOCAL: None, "GPUPOOL_SHIM_SHARED_COPIES": "0"}
+CLIENT_ENV: dict[str, str] = {}  # --client-env: more of the training client's environment (xserver_training)
+
+
+# Reads of a value a slow kernel has just written, as `.item()` and `non_blocking` copies read a loss: each read
+# must see the new value (a copy that overtakes the kernel, or bytes that land after the synchronise, read the
+# old one). Counted over many steps before the move and after it; page-locked blocks are made after it too.
+ITEM_HOLDER = r"""
+import sys, torch
+n = int(sys.argv[1])
+big = torch.randn(2048, 2048, device="cuda")
+x = torch.zeros((), device="cuda")
+def stale_reads(start):
+    stale = []
+    for i in range(n):
+        x.add_(big.mm(big)[0, 0] * 0 + 1)  # written after a matmul: a copy run early reads the old value
+        if x.item() != start + i + 1:
+            stale.append(f"item@{i}")
+        out = torch.empty((), pin_memory=True) if i % 7 == 0 else out
+        out.copy_(x, non_blocking=True)
+        torch.cuda.current_stream().synchronize()
+        if out.item() != start + i + 1:
+            stale.append(f"copy@{i}")
+    return f"{len(stale)} {' '.join(stale[:12])}".strip()
+print("ready", stale_reads(0), flush=True)
+sys.stdin.readline()
+print("after", stale_reads(n), flush=True)
+"""
 
 
 def xserver_moved(code: str, args: list[str], mem_gib: int, shim: Path, work: Path, two: list):
@@ -947,14 +980,43 @@ def xserver_graphed(shim: Path, work: Path, two: list, steps: int, at: int) -> N
             f"{answer.get('objects')} objects, paused {answer.get('pause_s', 0):.3f} s")  # fmt: skip
 
 
+def xserver_item(shim: Path, work: Path, two: list, reads: int = 400) -> None:
+    """Values a kernel has just written, read by the host (`.item()`, a non_blocking copy then a synchronise)
+    `reads` times before and after a move: to another GPU of its worker, and to another server's worker as a
+    client on another host has it and as a client on the receiving worker's host has it (the local socket,
+    shared page-locked memory after the move). PASS: no read ever sees the old value."""
+    for label, env, xserver in (
+        ("another GPU of its worker", REMOTE_HOST_ENV, False),
+        ("another server, a client on another host", REMOTE_HOST_ENV, True),
+        ("another server, a client on its host", {_wire.ENV_LOCAL: None}, True),
+    ):
+        print(f"\n=== xserver_item ({label}): {reads} reads before and after a move from GPU {two[0][0]} to "
+              f"GPU {two[1][0]}", flush=True)  # fmt: skip
+        source = worker_on(two[0], 4)
+        target, where = receiving_worker(source, two[1], 4) if xserver else (None, {})
+        mover = (lambda s=source, w=where: send_to(s, w, two[1])) if xserver else None
+        try:
+            first, answer, after, _ = hold(ITEM_HOLDER, [str(reads)], source, shim, work, two[1], extra_env=env,
+                                           mover=mover)  # fmt: skip
+        finally:
+            source.stop()
+            if target is not None:
+                target.stop()
+        outcome(f"xserver_item ({label}): every read after the move sees the value just written", answer,
+                first == "ready 0" and after == "after 0", f"{first}; {after} (stale reads counted)")  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     parser.add_argument("--at", type=int, default=8, help="the step after which the lease moves (default 8)")
     parser.add_argument("--sizes", default="1,4,16", help="GiB held for the pause table (default 1,4,16)")
+    parser.add_argument("--client-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="xserver_training/xserver_expandable: set this in the training client's "
+                             "environment (repeatable; e.g. GPUPOOL_SHIM_SHARED_COPIES=0)")  # fmt: skip
     parser.add_argument("--stripes", default="",
                         help="xserver_pause: the connections the memory goes over, each a row (e.g. 1,4; default: "
-                             "the worker's, GPUPOOL_MIGRATE_STRIPES or 4)")  # fmt: skip
+                             "the worker's, GPUPOOL_MIGRATE_STRIPES or 1)")  # fmt: skip
     part_names = [
         "driver",
         "arrays",
@@ -971,6 +1033,7 @@ def main() -> int:
         "xserver_expandable",
         "xserver_cupy_graph",
         "xserver_graphed",
+        "xserver_item",
     ]
     parser.add_argument(
         "--only", nargs="*", default=part_names, choices=part_names, help="parts to run (default: all)"
@@ -979,6 +1042,7 @@ def main() -> int:
                         help="host: rehearse the driver part without a GPU (two host 'GPUs')")  # fmt: skip
     parser.add_argument("--budget", type=float, default=420, help="seconds for the whole run (default 420)")
     args = parser.parse_args()
+    CLIENT_ENV.update(item.split("=", 1) for item in args.client_env if "=" in item)
     BUDGET_S[0] = args.budget
     EXECUTOR[0] = args.executor
     out_dir = OUT_DIR
@@ -1019,6 +1083,7 @@ def main() -> int:
             "xserver_expandable": lambda: xserver_training(shim, work, found[:2], args.steps, args.at, True),
             "xserver_cupy_graph": lambda: xserver_cupy_graph(shim, work, found[:2]),
             "xserver_graphed": lambda: xserver_graphed(shim, work, found[:2], args.steps, args.at),
+            "xserver_item": lambda: xserver_item(shim, work, found[:2]),
         }
         needs = {
             "driver": 20,
@@ -1034,6 +1099,7 @@ def main() -> int:
             "xserver_training": 120,
             "xserver_cupy_graph": 30,
             "xserver_graphed": 60,
+            "xserver_item": 60,
             "xserver_expandable": 120,
         }
         for name in args.only:

@@ -1461,6 +1461,12 @@ static void copies_stop(void) {
     pthread_mutex_unlock(&copies_lock);
 }
 
+static void copies_resume(void) { /* a new callback connection: copies land through it from now on */
+    pthread_mutex_lock(&copies_lock);
+    copies_stopped = 0;
+    pthread_mutex_unlock(&copies_lock);
+}
+
 static void copies_after_fork_in_child(void) {
     /* The parent's copies land in the parent; the child starts with none (their entries are the
      * parent's memory, left as they are). */
@@ -1582,10 +1588,12 @@ static void *callback_reader(void *arg) {
         }
         if (callback_send(&id, sizeof id) < 0) break; /* the function returned: the stream goes on */
     }
+    /* Nothing more lands: no call waits for it — unless the lease moved and the new worker's connection
+     * goes on. Decided under host_calls_lock, which a reattach holds while it replaces the connection and
+     * lets copies be waited for again (the old worker closes this one at the pause, maybe before). */
     pthread_mutex_lock(&host_calls_lock);
-    int replaced = mine != callback_conn; /* the lease moved: the new worker's connection goes on */
+    if (mine == callback_conn) copies_stop();
     pthread_mutex_unlock(&host_calls_lock);
-    if (!replaced) copies_stop(); /* nothing more lands: no call waits for it */
     return NULL; /* the worker closed it: the process's connection is ending */
 }
 
@@ -1616,6 +1624,7 @@ static int callbacks_reattach_locked(void) {
     if (r == CUDA_SUCCESS) {
         pthread_mutex_lock(&host_calls_lock);
         callback_conn = fresh; /* the old connection's struct stays: its thread still reads it */
+        copies_resume();       /* its reader may have ended already, saying nothing more would land */
         pthread_mutex_unlock(&host_calls_lock);
         if (pthread_create(&thread, &attr, callback_reader, fresh) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
     }
