@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from virtualize.server import _data_tls, _migrate_link, _migrate_out, _migrate_stripes
+from virtualize.server import _data_tls, _migrate_link, _migrate_out, _migrate_stripes, _native_tls
 from virtualize.server._executor import CudaError
 from virtualize.server._executor_host import HostExecutor
 from virtualize.server._migrate import MigrationRefused
@@ -81,17 +81,23 @@ def test_a_stripe_count_outside_its_range_is_refused_with_its_name(monkeypatch):
             _migrate_stripes.wanted()
 
 
-def linked(count: int, tmp_path) -> tuple[list[_migrate_link.Link], list[_migrate_link.Link]]:
+def linked(
+    count: int, tmp_path, native: bool = False
+) -> tuple[list[_migrate_link.Link], list[_migrate_link.Link]]:
     """`count` connections made as the link makes them (TLS pinned, the secret proven both ways): the sending
-    ends and the receiving ends, in the same order."""
+    ends and the receiving ends, in the same order (`native`: the receiving ends' TLS in C, as a worker with
+    the native library has it)."""
     tls, fingerprint = _data_tls.server_context(tmp_path, "stripes")
+    in_c = _native_tls.server_context(tmp_path) if native else None
+    if native and in_c is None:
+        pytest.skip("the native library is not built here")
     listener = socket.create_server(("127.0.0.1", 0))
     received: list[_migrate_link.Link] = []
 
     def accept() -> None:
         for _ in range(count):
             sock, _ = listener.accept()
-            received.append(_migrate_link.accept(sock, tls, SECRET, TIMEOUT_S))
+            received.append(_migrate_link.accept(sock, tls, SECRET, TIMEOUT_S, native_tls=in_c))
 
     accepting = threading.Thread(target=accept)
     accepting.start()
@@ -174,13 +180,15 @@ def both_ends(source, target, memory, parts, sent, received) -> dict:
 MEMORY = [[0x5E00_0000_0000, 6 * MiB, 0], [0x5E00_0100_0000, 64 << 10, 1], [0x5F00_0000_0000, 10 * MiB, 0]]
 
 
-def test_striped_memory_arrives_byte_for_byte_at_the_same_addresses(tmp_path):
+@pytest.mark.parametrize("tls_in_c", [False, True], ids=["python-tls", "tls-in-c"])
+def test_striped_memory_arrives_byte_for_byte_at_the_same_addresses(tmp_path, tls_in_c):
     """Three mappings on two devices (one cut between two stripes, another carried by one alone) sent over four
-    TLS connections at once: the receiving executor holds every byte at the same address, counted as it landed,
-    and no stripe thread is left."""
+    TLS connections at once (received through Python's ssl, or the worker's TLS in C): the receiving executor
+    holds every byte at the same address, counted as it landed, and no stripe thread is left."""
     source, target = two_executors(MEMORY)
     parts = _migrate_stripes.plan(MEMORY, 4)
-    sent, received = linked(4, tmp_path)
+    sent, received = linked(4, tmp_path, tls_in_c)
+    assert all(hasattr(link.sock, "recv_into_all") == tls_in_c for link in received)
     out = both_ends(source, target, MEMORY, parts, sent, received)
     assert out["sender"] is None and out["receiver"] is None, out
     assert out["landed"] == sum(size for _, size, _ in MEMORY) and not out["alive"]
@@ -188,8 +196,9 @@ def test_striped_memory_arrives_byte_for_byte_at_the_same_addresses(tmp_path):
         assert read_back(target, base, size) == read_back(source, base, size)
 
 
+@pytest.mark.parametrize("tls_in_c", [False, True], ids=["python-tls", "tls-in-c"])
 @pytest.mark.parametrize("side", ["sender", "receiver"])
-def test_a_stripe_whose_device_copy_fails_ends_every_stripe_at_both_ends_at_once(tmp_path, side):
+def test_a_stripe_whose_device_copy_fails_ends_every_stripe_at_both_ends_at_once(tmp_path, side, tls_in_c):
     """One stripe's device read (at the sender) or write (at the receiver) fails: that end raises the device's
     error, the other end's stripes fail too, both within seconds — long before the connections' own timeout —
     and no stripe thread is left at either end (each end closes every stripe's connection at the first
@@ -200,7 +209,7 @@ def test_a_stripe_whose_device_copy_fails_ends_every_stripe_at_both_ends_at_once
     base, size, _ = memory[1]  # the last stripe's mapping is gone there: its copy fails with ILLEGAL_ADDRESS
     broken.unmap_memory(base, size, None)
     parts = _migrate_stripes.plan(memory, 4)
-    sent, received = linked(4, tmp_path)
+    sent, received = linked(4, tmp_path, tls_in_c)
     out = both_ends(source, target, memory, parts, sent, received)
     other = "receiver" if side == "sender" else "sender"
     assert isinstance(out[side], CudaError), out

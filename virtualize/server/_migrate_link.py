@@ -57,8 +57,10 @@ class Link:
         """End the connection now, from any thread: a read or write blocked on it in another thread fails at
         once (close would not wake it, and its descriptor could be reused under that thread: the owner closes
         it). The TCP socket's own shutdown: TLS's would drop its state under that thread."""
+        native = getattr(self.sock, "native_stream", None)  # TLS in C: the stream's own socket
+        raw = self.sock.sock if native else self.sock
         with contextlib.suppress(OSError):
-            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
+            socket.socket.shutdown(raw, socket.SHUT_RDWR)
 
     def send(self, message: dict, bulk_bytes: int = 0) -> None:
         body = json.dumps(message).encode()
@@ -86,6 +88,11 @@ class Link:
         """The next len(view) bytes of the message's bulk."""
         if len(view) > self.bulk_left:
             raise LinkError(f"{len(view)} bytes asked of a message with {self.bulk_left} left")
+        if hasattr(self.sock, "recv_into_all"):  # TLS in C: the whole chunk in one call, outside the GIL
+            if not self.sock.recv_into_all(view):
+                raise LinkError("the other worker closed the link")
+            self.bulk_left -= len(view)
+            return
         got = 0
         while got < len(view):
             n = self.sock.recv_into(view[got:])
@@ -140,12 +147,18 @@ def connect(host: str, port: int, tls_sha256: str, secret: bytes, timeout: float
         raise
 
 
-def accept(sock: socket.socket, tls: ssl.SSLContext | None, secret: bytes, timeout: float) -> Link:
+def accept(
+    sock: socket.socket, tls: ssl.SSLContext | None, secret: bytes, timeout: float, native_tls=None
+) -> Link:
     """The receiving worker's end of a connection it accepted: TLS when it has a certificate (plaintext
     only from loopback), and the proofs; `timeout`: the longest one read or write may take from then on
-    (a sender that stalls must not keep the GPUs). LinkError or OSError."""
+    (a sender that stalls must not keep the GPUs). `native_tls`: the worker's TLS in C (the same certificate),
+    which reads the lease's memory a chunk per call where Python's ssl takes a round of Python per 16 KiB record
+    (`_native_tls`). LinkError or OSError."""
     sock.settimeout(HANDSHAKE_TIMEOUT_S)
-    if tls is not None:
+    if tls is not None and native_tls is not None:
+        sock = native_tls.stream(sock, HANDSHAKE_TIMEOUT_S)
+    elif tls is not None:
         sock = tls.wrap_socket(sock, server_side=True)
     elif not _data_tls.is_loopback(sock.getpeername()[0]):
         raise LinkError(f"{sock.getpeername()[0]} sent plaintext from another host")

@@ -325,14 +325,14 @@ def receive(worker, listener: socket.socket, secret: bytes, wait_s: float) -> No
     (committed: its processes reconnect here) or exit the process (its GPUs are free then)."""
 
     def run() -> None:
-        link = _accepted(listener, worker.tls, secret, time.monotonic() + wait_s)
+        link = _accepted(listener, _link_tls(worker), secret, time.monotonic() + wait_s)
         if link is None:
             _exit(f"no lease arrived within {wait_s:g} s")
         stripes: list[_migrate_link.Link] = []
         with link:
             try:
                 try:
-                    stripes = _stripes_accepted(listener, worker.tls, secret, link)
+                    stripes = _stripes_accepted(listener, _link_tls(worker), secret, link)
                 finally:
                     listener.close()
                 parked, reason = _held(worker, link, stripes)
@@ -353,8 +353,16 @@ def receive(worker, listener: socket.socket, secret: bytes, wait_s: float) -> No
     threading.Thread(target=run, name="gpupool-receive", daemon=True).start()
 
 
-def _accepted(listener: socket.socket, tls, secret: bytes, deadline: float) -> _migrate_link.Link | None:
-    """The next connection that proves the secret by `deadline` (None: none did); others are refused."""
+def _link_tls(worker) -> tuple:
+    """The worker's TLS for the link's connections: Python's context, and its C context where there is one."""
+    return worker.tls, getattr(worker, "native_tls", None)
+
+
+def _accepted(
+    listener: socket.socket, tls: tuple, secret: bytes, deadline: float
+) -> _migrate_link.Link | None:
+    """The next connection that proves the secret by `deadline` (None: none did); others are refused. `tls`:
+    `_link_tls`."""
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -365,13 +373,16 @@ def _accepted(listener: socket.socket, tls, secret: bytes, deadline: float) -> _
         except TimeoutError:
             continue
         try:
-            return _migrate_link.accept(sock, tls, secret, LINK_TIMEOUT_S)
+            link = _migrate_link.accept(sock, tls[0], secret, LINK_TIMEOUT_S, native_tls=tls[1])
+            how = "TLS in C" if tls[0] and tls[1] else "TLS" if tls[0] else "plaintext, loopback"
+            log.info("migration link connection from %s (%s)", peer[0], how)
+            return link
         except (OSError, _migrate_link.LinkError) as exc:
             log.warning("migration link from %s refused: %s", peer[0], _why(exc))
             sock.close()
 
 
-def _stripes_accepted(listener: socket.socket, tls, secret: bytes, link: _migrate_link.Link) -> list:
+def _stripes_accepted(listener: socket.socket, tls: tuple, secret: bytes, link: _migrate_link.Link) -> list:
     """The connections the lease's memory comes over, in order: as many as the sender says it opens (each
     proving the secret and naming its place), or the link itself for one."""
     count = link.receive().get("stripes")

@@ -55,6 +55,10 @@ class NativeServerContext:
     def __init__(self, lib: ctypes.CDLL, ptr: int) -> None:
         self.lib, self.ptr = lib, ptr
 
+    def stream(self, sock: socket.socket, timeout: float | None) -> NativeTlsStream:
+        """`sock`, accepted, after the server's handshake in C (ConnectionError if it fails)."""
+        return NativeTlsStream(self, sock, timeout)
+
 
 def server_context(state_dir: Path) -> NativeServerContext | None:
     """The C TLS context for the certificate `_data_tls.server_context` wrote; None (logged) where it cannot be."""
