@@ -68,11 +68,11 @@ def test_a_manifest_whose_plan_does_not_cover_the_memory_is_refused():
 
 
 def test_a_stripe_count_outside_its_range_is_refused_with_its_name(monkeypatch):
-    """GPUPOOL_MIGRATE_STRIPES: unset means 1 (the link's one connection); 1..16 as given; anything else refuses
-    the move naming the variable (before anything pauses)."""
+    """GPUPOOL_MIGRATE_STRIPES: unset means 4 (what carried a 25 Gbit/s link's rate on two H100s); 1..16 as
+    given; anything else refuses the move naming the variable (before anything pauses)."""
     monkeypatch.delenv(_migrate_stripes.ENV, raising=False)
-    assert _migrate_stripes.wanted() == 1
-    for value, count in (("4", 4), (" 16 ", 16)):
+    assert _migrate_stripes.wanted() == 4
+    for value, count in (("1", 1), (" 16 ", 16)):
         monkeypatch.setenv(_migrate_stripes.ENV, value)
         assert _migrate_stripes.wanted() == count
     for value in ("0", "17", "-2", "four", "2.5"):

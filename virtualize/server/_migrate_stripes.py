@@ -1,6 +1,6 @@
 """The lease's memory on a move between servers, striped across several connections of the link.
 
-One TLS connection carries ~1.2 GB/s: its record layer is one core's work at each end, and one thread reads
+One TLS connection carries ~1.3 GB/s: its record layer is one core's work at each end, and one thread reads
 the device and writes the socket (measured on two H100s, bench/RESULTS.md). As the data plane's lanes do for a
 large copy (`virtualize.server._lanes`), the sending worker opens more connections to the receiving worker's
 migrate port (each with the link's handshake: TLS pinned, the one-time secret proven both ways) and sends the
@@ -26,9 +26,9 @@ from virtualize.server._migrate import MigrationRefused
 from virtualize.server._migrate_link import Link, LinkError
 
 ENV = "GPUPOOL_MIGRATE_STRIPES"  # the sending worker's environment
-DEFAULT = (
-    1  # more once measured on a GPU server: on a 2-core machine 4 stripes were no faster (bench/RESULTS.md)
-)
+# Two H100s, TLS, the receiving end in C: 4 GiB paused 3.14 s over 1 stripe, 1.42 s over 4 (3.0 GB/s, what a
+# 25 Gbit/s link carries); on a 2-core machine 4 are no faster, and no slower (bench/RESULTS.md).
+DEFAULT = 4
 MOST = 16
 
 

@@ -1016,7 +1016,7 @@ def main() -> int:
                              "environment (repeatable; e.g. GPUPOOL_SHIM_SHARED_COPIES=0)")  # fmt: skip
     parser.add_argument("--stripes", default="",
                         help="xserver_pause: the connections the memory goes over, each a row (e.g. 1,4; default: "
-                             "the worker's, GPUPOOL_MIGRATE_STRIPES or 1)")  # fmt: skip
+                             "the worker's, GPUPOOL_MIGRATE_STRIPES or 4)")  # fmt: skip
     part_names = [
         "driver",
         "arrays",
