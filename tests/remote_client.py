@@ -4527,7 +4527,8 @@ def scenario_migrate_server_reads():
     """Values just written on a stream, read back through page-locked memory as `.item()` reads a loss (a memset
     of 1 MiB, a copy of it into page-locked memory behind it, a stream synchronise, then its last word read: the
     last to land), 200 times before `ready` and 200 at each line `reads` (the test may move the lease between):
-    `stale` counts the reads that found the old value."""
+    `stale` counts the reads that found the old value. At the line `big`, 24 MiB of random bytes to the device
+    and back: `big True` when they came back the same."""
     setup()
     stream = c_u64()
     check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
@@ -4549,9 +4550,23 @@ def scenario_migrate_server_reads():
             found += last.value != i
         return found
 
-    say("ready", stale())
+    big = 24 * MiB  # a copy big enough to go in pieces across the copy lanes of an encrypted connection
+    rc, far = alloc(big)
+    check(rc, "alloc big")
+
+    def round_trip() -> bool:
+        data = os.urandom(big)
+        check(cu.cuMemcpyHtoD(c_u64(far), data, c_u64(big)), "big copy to the device")
+        back = ctypes.create_string_buffer(big)
+        check(cu.cuMemcpyDtoH(back, c_u64(far), c_u64(big)), "big copy to the host")
+        return back.raw == data
+
+    say("ready", stale() + (not round_trip()))
     while (line := sys.stdin.readline().strip()) not in ("", "done"):
-        say("stale", stale())
+        if line == "big":
+            say("big", round_trip())
+        else:
+            say("stale", stale())
 
 
 def scenario_migrate_server_arrays():

@@ -242,6 +242,30 @@ def test_values_read_back_through_page_locked_memory_after_a_move_are_the_ones_j
     assert run.returncode == 0
 
 
+def test_an_encrypted_programs_large_copies_go_to_the_new_worker_after_a_move(pair, tmp_path):
+    """A program whose connection is encrypted (as from another host: `GPUPOOL_DATA_ENCRYPTION=always`) copies
+    24 MiB each way — in pieces across its copy lanes, extra connections to the worker — before and after its
+    lease moves A -> B -> A: each copy after a move comes back byte for byte (the lanes go to the new worker, not
+    to the old one, which is gone)."""
+    a, b = pair
+    admin = admin_of(a, b)
+    token = a.token("laner")
+    b.token("laner", token=token)
+    run, lease = start_remote_program(a, tmp_path, "laner", admin, "migrate_server_reads", token=token,
+                                      env={"GPUPOOL_SHIM_SHARED_COPIES": "0", "GPUPOOL_SHIM_SHARED_PINNED": "0",
+                                           "GPUPOOL_DATA_ENCRYPTION": "always"})  # fmt: skip
+    with killed_on_failure(run):
+        for source, target in ((a, b), (b, a)):
+            status, moved = api(source.url, "POST", f"/v1/admin/leases/{lease['id']}/migrate", admin,
+                                {"server": target.url}, timeout=60)  # fmt: skip
+            assert status == 200, moved
+            run.stdin.write("big\n")
+            run.stdin.flush()
+            assert run.stdout.readline().strip() == "big True"
+    run.communicate("done\n", timeout=60)
+    assert run.returncode == 0
+
+
 def test_arrays_textures_and_the_programs_own_virtual_memory_move_to_another_server(pair, tmp_path):
     """A program holding a CUDA array with contents, a mipmapped array with a filled level (in a context of its
     own), a texture object over the array and a surface object over another, cuMemCreate memory mapped with

@@ -525,7 +525,8 @@ CALLS: tuple[Call, ...] = (
     # Large copies over an encrypted connection, striped across the process's extra connections
     # (virtualize/server/_lanes.py). gpLaneAttach, on a new connection: a lane of the connection whose
     # gpCallbackToken it shows. gpLaneCopy, on the process's connection (flags: 1 to the device, 2 an
-    # Async copy): the copy, checked in order, done when its `pieces` are. gpLanePiece, on a lane: bytes
+    # Async copy, 4 answered once before the pieces are sent, and to the device only then): the copy,
+    # checked in order, done when its `pieces` are. gpLanePiece, on a lane: bytes
     # `offset`.. of copy `id` (to the device: its bulk, unanswered; to the host: answered with them).
     _c("gpLaneAttach", 0, "u64 token", symbol="-"),
     _c("gpLaneCopy", 0, "dptr device, u64 count, stream stream, u32 flags, u32 pieces, u64 id", symbol="-"),

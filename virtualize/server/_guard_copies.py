@@ -20,7 +20,7 @@ from virtualize.common._results import CUresult
 from virtualize.server._executor import DECOMPRESS_PARAMS, INVALID_VALUE, CudaError
 from virtualize.server._guard_concern import ANSWERED, EMPTY, Concern
 from virtualize.server._guard_rules import capture_refuses, element_bytes
-from virtualize.server._lanes import Lanes
+from virtualize.server._lanes import LANE_GO_FIRST, Lanes
 
 log = logging.getLogger("gpupool.worker")
 
@@ -333,12 +333,19 @@ class CopyCalls(Concern):
         self.session.lane_of = owner
 
     def lane_copy(self, call: Call, ins: tuple):
-        """Checked like any copy, in order; answered (or its error kept) once every piece is done."""
+        """Checked like any copy, in order; answered (or its error kept) once every piece is done. With
+        LANE_GO_FIRST the process waits for a first answer before it sends the pieces: a copy that reaches a
+        worker the lease has left is answered MOVED like any answered call, and no piece of it is on that
+        worker's lanes (so a lease whose processes copy across lanes can move to another server)."""
         device, count, stream, flags, pieces, ident = ins
-        to_device, is_async = bool(flags & 1), bool(flags & 2)
+        to_device, is_async, go_first = bool(flags & 1), bool(flags & 2), bool(flags & LANE_GO_FIRST)
         lanes = self.session.lanes
         if lanes is None or lanes.lost:
             raise CudaError(INVALID_VALUE, "this connection has no lanes")
+        if go_first:
+            self.session._answer(True, None, 0)  # the pieces may come
+        else:
+            lanes.unmovable = True  # a shim that sends the pieces at once: some may be in flight at a pause
         allowed, error = True, 0
         try:
             self.session._check(call, ins)
@@ -366,6 +373,10 @@ class CopyCalls(Concern):
         copy = lanes.wait_done(ident)
         if not to_device:
             self.session._send_kernel_output()  # a copy to the host is a synchronising call
+        if go_first and to_device:  # answered already: its error comes with the next synchronising call
+            if copy.error and not self.session.pending:
+                self.session.pending = copy.error
+            return ANSWERED
         if copy.error:
             raise CudaError(copy.error, "a striped copy")
         return EMPTY

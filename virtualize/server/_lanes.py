@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from virtualize.common._results import CUresult
 
 WAIT_S = 60.0  # no piece for this long: the copy fails (the client stopped sending)
+LANE_GO_FIRST = 4  # gpLaneCopy's flag: answer once before the pieces come (and, to the device, only then)
 
 
 @dataclass
@@ -48,6 +49,7 @@ class Lanes:
         self._copies: dict[int, LaneCopy] = {}
         self.attached = 0  # lanes joined
         self.lost = False  # a lane went away: waiting copies fail, later ones go to the caller
+        self.unmovable = False  # a copy came without LANE_GO_FIRST (an older shim): the lease cannot move away
 
     def _entry(self, ident: int) -> LaneCopy:
         copy = self._copies.get(ident)

@@ -34,8 +34,9 @@ UNCARRIED_TABLES = {
 
 def process_refusal(session) -> str | None:
     """What one connection holds that a move to another server does not carry, or None."""
-    if session.lanes is not None or session.lane_of is not None:
-        return "a process of the lease copies across several connections (copy lanes)"
+    if session.lanes is not None and session.lanes.unmovable:
+        return ("a process of the lease copies across several connections (copy lanes) with an older gpupool "
+                "that sends a copy's pieces before its worker answers")  # fmt: skip
     if session.shared is not None:
         return "a process of the lease copies through memory it shares with this worker (same host)"
     if getattr(session.channel, "ring", None) is not None:

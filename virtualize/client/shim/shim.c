@@ -393,6 +393,9 @@ struct gp_moved_to {
 } __attribute__((packed));
 _Static_assert(sizeof(struct gp_moved_to) == GP_MOVED_TO_BYTES, "MOVED_TO");
 static int moved_to(const struct gp_moved_to *to);
+static int lanes_state; /* 0 not tried, n > 0 lanes open, -1 none (under conn_lock) */
+static void lanes_close_locked(void);
+static void lanes_open_locked(void);
 static int callbacks_reattach_locked(void);
 
 static int recv_reply(int32_t *result, void *outs, uint32_t outs_len, void *bulk_out, uint64_t bulk_out_len) {
@@ -793,6 +796,12 @@ static int moved_to(const struct gp_moved_to *to) {
             return -1;
         }
         conn_ctx = ctx; /* the new worker's thread has the context the old one had */
+        if (lanes_state > 0) { /* its copy lanes go to the new worker too, before a copy is sent there again */
+            lanes_close_locked();
+            lanes_state = 0;
+            lanes_open_locked();
+            conn_ctx = ctx;
+        }
     }
     if (send_frame(frame.call, frame.flags, frame.args, frame.args_len, frame.b1, frame.b1_len, frame.b2,
                    frame.b2_len) < 0) {
@@ -1076,7 +1085,6 @@ static CUresult shm_dtoh_locked(uint8_t *dst, uint64_t src, uint64_t count, uint
 #define GP_LANE_MIN_COPY (4u << 20)
 #define GP_MAX_LANES 8
 static struct gp_conn lane_conns[GP_MAX_LANES];
-static int lanes_state; /* 0 not tried, n > 0 lanes open, -1 none (under conn_lock) */
 static uint64_t next_lane_copy = 1;
 
 static void lane_close(struct gp_conn *c) {
@@ -1160,14 +1168,25 @@ static void *lane_run(void *arg) {
     return NULL;
 }
 
+enum { GP_LANE_GO_FIRST = 4 }; /* gpLaneCopy answered once before its pieces go (virtualize/server/_lanes.py) */
+
 static CUresult lane_copy_locked(int to_device, int is_async, uint64_t device, char *host, uint64_t count,
                                  uint64_t stream) {
     int n = lanes_state;
     struct gp_in_gpLaneCopy in = {.device = device, .count = count, .stream = stream,
-                                  .flags = (to_device ? 1u : 0u) | (is_async ? 2u : 0u), .pieces = (uint32_t)n,
-                                  .id = next_lane_copy++};
-    if (send_frame(GP_CALL_gpLaneCopy, to_device ? 0 : GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0) < 0)
+                                  .flags = (to_device ? 1u : 0u) | (is_async ? 2u : 0u) | GP_LANE_GO_FIRST,
+                                  .pieces = (uint32_t)n, .id = next_lane_copy++};
+    /* The pieces go once the worker has answered: a worker the lease has left answers MOVED instead, and the
+     * copy is sent again to the new one (moved_to), over lanes to that one, before any piece leaves. */
+    int32_t go = -1;
+    if (send_frame(GP_CALL_gpLaneCopy, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0) < 0 ||
+        recv_reply(&go, NULL, 0, NULL, 0) < 0)
         return lost(strerror(errno));
+    if (go != 0) return go;
+    if (lanes_state != n) { /* the lease moved and fewer lanes opened to its new worker than the copy names */
+        lanes_close_locked();
+        return lost("the copy lanes did not open again to the lease's new worker");
+    }
     struct lane_piece pieces[GP_MAX_LANES];
     pthread_t threads[GP_MAX_LANES];
     int started[GP_MAX_LANES];
