@@ -4569,6 +4569,67 @@ def scenario_migrate_server_reads():
             say("stale", stale())
 
 
+def scenario_migrate_server_graph_global():
+    """A module global (placed after another module's that is then unloaded, so another worker finds it again at
+    another address) that a CUDA graph's memset node writes and its copy node reads into an allocation; the graph
+    instantiated. Says `ready` and waits for the test (it may move the lease meanwhile); then: the instantiated
+    graph run again (`graph_global`, `graph_out`: the global's and the allocation's first words), a graph built
+    now writing the global (`new_graph_global`), and the copy node's parameters read back naming the global's
+    address the program holds (`copy_params_same`)."""
+    ctx = setup()
+    gone, kept, table, size = c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(gone), b".global .align 8 .b8 gone[256];\n\0"), "load gone")
+    check(cu.cuModuleGetGlobal(ctypes.byref(table), ctypes.byref(size), gone, b"gone"), "global gone")
+    check(cu.cuModuleLoadData(ctypes.byref(kept), b".global .align 8 .b8 table[64];\n\0"), "load kept")
+    check(cu.cuModuleGetGlobal(ctypes.byref(table), ctypes.byref(size), kept, b"table"), "global table")
+    check(cu.cuModuleUnload(gone), "unload gone")
+    rc, out = alloc(64)
+    check(rc, "alloc")
+
+    def memset(dst, value):  # CUDA_MEMSET_NODE_PARAMS: 4-byte elements, one row of 16
+        return ctypes.create_string_buffer(struct.pack("<QQIIQQ", dst, 0, value, 4, 16, 1), 40)
+
+    def copy(src, dst, width):  # CUDA_MEMCPY3D between device memory (memory type 2)
+        params = (ctypes.c_uint8 * 200)()
+        struct.pack_into("<IxxxxQQ", params, 32, 2, 0, src)
+        struct.pack_into("<IxxxxQQ", params, 120, 2, 0, dst)
+        struct.pack_into("<QQQ", params, 176, width, 1, 1)
+        return params
+
+    def graph_of(value):
+        graph, m, c, exe = c_u64(), c_u64(), c_u64(), c_u64()
+        check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
+        check(cu.cuGraphAddMemsetNode(ctypes.byref(m), graph, None, c_u64(0), memset(table.value, value), ctx),
+              "memset node")  # fmt: skip
+        check(cu.cuGraphAddMemcpyNode(ctypes.byref(c), graph, ctypes.byref(m), c_u64(1),
+                                      copy(table.value, out, 64), ctx), "copy node")  # fmt: skip
+        check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, c_u64(0)), "instantiate")
+        return graph, c, exe
+
+    def run(exe):
+        check(cu.cuMemsetD8(table, 0, c_u64(64)), "zero the global")
+        check(cu.cuMemsetD8(c_u64(out), 0, c_u64(64)), "zero out")
+        check(cu.cuGraphLaunch(exe, c_u64(0)), "launch")
+        check(cu.cuCtxSynchronize(), "sync")
+        return (
+            f"{struct.unpack('<I', dtoh(table.value, 4)[1])[0]:x}",
+            f"{struct.unpack('<I', dtoh(out, 4)[1])[0]:x}",
+        )
+
+    _, c, exe = graph_of(0x5A5A5A5A)
+    say("ready", run(exe) == ("5a5a5a5a", "5a5a5a5a"))
+    while (line := sys.stdin.readline().strip()) not in ("", "done"):
+        say("step", line)
+    graph_global, graph_out = run(exe)
+    say("graph_global", graph_global)
+    say("graph_out", graph_out)
+    _, _, fresh = graph_of(0x3C3C3C3C)
+    say("new_graph_global", run(fresh)[0])
+    got = (ctypes.c_uint8 * 200)()
+    check(cu.cuGraphMemcpyNodeGetParams(c, got), "copy node params")
+    say("copy_params_same", bytes(got)[32:56] == bytes(copy(table.value, out, 64))[32:56])
+
+
 def scenario_migrate_server_arrays():
     """What a move to another server carries beside the memory of the windows: a CUDA array with contents, a
     mipmapped array (in a context of the program's own) whose level 1 is filled, a texture object over the array and

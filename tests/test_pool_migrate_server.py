@@ -266,6 +266,25 @@ def test_an_encrypted_programs_large_copies_go_to_the_new_worker_after_a_move(pa
     assert run.returncode == 0
 
 
+@pytest.mark.parametrize("to", ["another GPU", "another server"])
+def test_graph_nodes_that_write_and_read_a_module_global_follow_it_to_its_new_address(pair, tmp_path, to):
+    """A module global that the target finds again at another address, written by a CUDA graph's memset node and
+    read by its copy node (the graph instantiated), moves --to GPU 1 of its server or --to B: the instantiated
+    graph run there writes and reads the global where it is now (not the old address), a graph built after the
+    move does too, and the copy node's parameters read back name the address the program holds."""
+    a, b = pair
+    run, lease, admin = started_for_both(pair, tmp_path, f"grapher-{to[-3:]}", "migrate_server_graph_global")
+    with killed_on_failure(run):
+        moved = migrate(a, lease["id"], "--to", b.url if to == "another server" else "1", token=admin)
+        assert moved.returncode == 0, moved.stdout + moved.stderr
+    out, err = run.communicate("done\n", timeout=60)
+    assert run.returncode == 0, out + err
+    result = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+    assert result["graph_global"] == result["graph_out"] == "5a5a5a5a", out
+    assert result["new_graph_global"] == "3c3c3c3c", out
+    assert result["copy_params_same"] == "True", out
+
+
 def test_arrays_textures_and_the_programs_own_virtual_memory_move_to_another_server(pair, tmp_path):
     """A program holding a CUDA array with contents, a mipmapped array with a filled level (in a context of its
     own), a texture object over the array and a surface object over another, cuMemCreate memory mapped with

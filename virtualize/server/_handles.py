@@ -144,7 +144,24 @@ SHAPED_ADDRESSES: dict[str, tuple[str, ...]] = {
     "copy_to_device": ("dst",), "copy_from_device": ("src",), "copy_in_from": ("dst",),
     "copy_out_into": ("src",), "copy_out_piece": ("src",), "copy_from_device_async": ("src",),
     "memset": ("dst",), "nccl_buffer": ("ptr",),
+    # graph copy and memset nodes (a Copy3D: both its sides)
+    "graph_add_memcpy_node": ("copy",), "graph_memcpy_node_set": ("copy",), "graph_exec_memcpy_node": ("copy",),
+    "graph_add_memset_node": ("dst",), "graph_memset_node_set": ("dst",), "graph_exec_memset_node": ("dst",),
 }  # fmt: skip
+# Results that hold device addresses, beside the call table's: a copy node's copy, a memset node's parameters.
+ADDRESS_RESULTS: dict[str, tuple[int, ...]] = {
+    "graph_memcpy_node_params": (0,),
+    "cuGraphMemsetNodeGetParams": (0,),
+}
+
+
+def address_mapped(value, mapped: Callable[[int], int]):
+    """A device address, or each side of a Copy3D, through `mapped`."""
+    if isinstance(value, Copy3D):
+        return graphs.copy_mapped(value, mapped)
+    return mapped(value)
+
+
 LISTS = frozenset({NODES, EDGES, "graphs"})  # results that are lists of handles
 # Calls whose effect on the lease's graphs a move needs to know (graphs._migrate_graphs.Book).
 BOOKED = (
@@ -414,6 +431,7 @@ class Translated:
             if name in SHAPED_HANDLES
             else TABLE_ADDRESSES.get(name, ((), ()))
         )
+        address_outs = address_outs or ADDRESS_RESULTS.get(name, ())
         addresses = tuple(params.index(p) for p in address_ins if p in params)
         device_at = next((params.index(p) for p in DEVICE_PARAMS if p in params), None)
         makes = (
@@ -498,7 +516,7 @@ class Translated:
         if self.addresses.ranges:
             for i in addresses:
                 if i < len(args) and args[i]:
-                    args[i] = self.addresses.real(args[i])
+                    args[i] = address_mapped(args[i], self.addresses.real)
         return tuple(args)
 
     def _in(self, kind: str, value):
@@ -553,7 +571,7 @@ class Translated:
                 values[i] = self._out(kind, values[i])
         for i in addresses:
             if i < len(values) and values[i]:
-                values[i] = self.addresses.client(values[i])
+                values[i] = address_mapped(values[i], self.addresses.client)
         return tuple(values) if isinstance(result, tuple) else values[0]
 
     def _global(self, name: str, args: tuple, result) -> None:
@@ -812,6 +830,12 @@ class Translated:
         held = self.primary_held.get(device, 0)
         primary = any(r.method == "cuDevicePrimaryCtxRetain" for r in records)
 
+        def placed_address(address: int) -> int:  # the target's address of one the client holds
+            for base, size, real in placed:
+                if base <= address < base + size:
+                    return real + address - base
+            return self.addresses.real(address)
+
         def recreate() -> list[tuple[str, int, int]]:
             for record in records:
                 self._replay(record, made)
@@ -819,7 +843,7 @@ class Translated:
                 self.inner.cuDevicePrimaryCtxRetain(device)
             for address, variable in variables:
                 placed.extend(self._global_moved(address, variable, made))
-            rebuilt.extend(self._graphs_built(device, plans, made))
+            rebuilt.extend(self._graphs_built(device, plans, made, address=placed_address))
             kernel_functions.update(self._kernel_functions_on_target(made))
             return [(ns, self.map.real(ns, client), real) for (ns, client), real in made.items()]
 
@@ -880,10 +904,12 @@ class Translated:
         def layout_of(func: int) -> list:
             return self.inner.param_layout(func, self.alive("kernel", func))
 
+        client = self.addresses.client  # copy and memset nodes' addresses as the client knows them
         plans = graphs.Plans(
-            [(g, ctx, graphs.describe(self.inner, self.map.real("graph", g), layout_of))
+            [(g, ctx, graphs.describe(self.inner, self.map.real("graph", g), layout_of, address=client))
              for g, ctx in made_graphs if mine(ctx)],
-            [(e, x, graphs.describe(self.inner, x.snapshot, layout_of, x.unkept)) for e, x in execs if mine(x.ctx)],
+            [(e, x, graphs.describe(self.inner, x.snapshot, layout_of, x.unkept, client))
+             for e, x in execs if mine(x.ctx)],
         )  # fmt: skip
         plans.exec_values = {e: self.map.real("graphexec", e) for e, _, _ in plans.execs}
         kernels: dict[int, dict[int, int]] = {}  # per context: its functions of the lease's kernels
@@ -919,13 +945,16 @@ class Translated:
         plans: graphs.Plans,
         made: dict,
         client: Callable[[str, int], int] | None = None,
+        address: Callable[[int], int] | None = None,
     ) -> list[tuple[int, graphs.Instantiated]]:
         """The plans built on the target (its contexts and their objects already made, in `made`): the new
         graphs and their nodes go into `made`; the instantiated graphs as they will be kept after the move.
         `client`: the client's value of a plan's node, graph or event (the plans of a move between GPUs name
-        the source's; those carried from another server, the client's already); `device` None: every
+        the source's; those carried from another server, the client's already); `address`: the target's
+        address of a device address the client holds (default: as this worker maps them); `device` None: every
         device's."""
         client = client or self.map.client
+        address = address or self.addresses.real
 
         def function(func: int) -> tuple[int, bool]:
             kind, value = plans.origins[func]
@@ -937,7 +966,7 @@ class Translated:
                 return made["event", named]
             raise CudaError(NOT_SUPPORTED, "an event node whose event the lease destroyed")
 
-        targets = graphs.Targets(function, event, self.inner.param_layout)
+        targets = graphs.Targets(function, event, self.inner.param_layout, address)
         contexts = self.contexts(device) if device is not None else [c for ns, c in made if ns == "ctx"]
         fallback = next((made["ctx", c] for c in contexts if ("ctx", c) in made), None)
         for g, ctx, plan in plans.graphs:
@@ -957,7 +986,7 @@ class Translated:
             made["graphexec", e] = new
             twins = {n: nodes[t] for n, t in kept.twins.items() if t in nodes}
             for (method, _), args in kept.setters.items():
-                self._set_anew(method, args, new, twins, made)
+                self._set_anew(method, args, new, twins, made, address)
             rebuilt.append((e, replace(kept, snapshot=snapshot, twins=twins, setters=dict(kept.setters))))
         return rebuilt
 
@@ -975,10 +1004,17 @@ class Translated:
         if ctx:  # a lease with no context on the device builds no node that needs one
             self.inner.set_context(ctx)
 
-    def _set_anew(self, method: str, args: tuple, graph_exec: int, twins: dict[int, int], made: dict) -> None:
-        """A call that set an instantiated graph's node, replayed on the target's instantiated graph."""
-        kinds, _ = _kinds(method, list(inspect.signature(getattr(self.inner, method)).parameters))
+    def _set_anew(
+        self, method: str, args: tuple, graph_exec: int, twins: dict[int, int], made: dict, address
+    ) -> None:
+        """A call that set an instantiated graph's node, replayed on the target's instantiated graph (its
+        device addresses, as the client gave them, through `address`)."""
+        params = list(inspect.signature(getattr(self.inner, method)).parameters)
+        kinds, _ = _kinds(method, params)
         args = list(args)
+        for name in SHAPED_ADDRESSES.get(method, ()):
+            if name in params and params.index(name) < len(args) and args[params.index(name)]:
+                args[params.index(name)] = address_mapped(args[params.index(name)], address)
         for i, kind in kinds:
             ns = NAMESPACE.get(kind)
             if kind == "graphexec":

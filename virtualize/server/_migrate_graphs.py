@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from virtualize.server._executor import NOT_SUPPORTED, CudaError, Launch
+from virtualize.server._executor import NOT_SUPPORTED, Copy3D, CudaError, Launch
 from virtualize.server._guard_graphs import KERNEL_NODE_ATTRIBUTES
 
 KERNEL, MEMCPY, MEMSET, HOST, CHILD, EMPTY, WAIT_EVENT, RECORD_EVENT = range(8)  # CUgraphNodeType
@@ -188,9 +188,12 @@ def _attributes(inner, node: int) -> dict[int, bytes]:
     return found
 
 
-def describe(inner, graph: int, layout_of: Callable[[int], list], unkept: str = "") -> Graph:
+def describe(
+    inner, graph: int, layout_of: Callable[[int], list], unkept: str = "", address: Callable[[int], int] = int
+) -> Graph:
     """The source's `graph` read node by node (refuses a node type a move does not re-create, and an
-    instantiated graph of which no snapshot was kept: `unkept` says why)."""
+    instantiated graph of which no snapshot was kept: `unkept` says why); `address`: a copy or memset node's
+    device address as the plan holds it (the client's: a module global moved before is elsewhere here)."""
     if unkept:
         raise CudaError(NOT_SUPPORTED, unkept)
     found = Graph(graph)
@@ -201,13 +204,16 @@ def describe(inner, graph: int, layout_of: Callable[[int], list], unkept: str = 
             node.params = inner.graph_kernel_node_params(value, layout_of)
             node.attributes = _attributes(inner, value)
         elif kind == MEMCPY:
-            node.params = (inner.graph_memcpy_node_params(value),)
+            node.params = (copy_mapped(inner.graph_memcpy_node_params(value), address),)
         elif kind == MEMSET:
-            node.params = tuple(inner.cuGraphMemsetNodeGetParams(value))
+            dst, *rest = inner.cuGraphMemsetNodeGetParams(value)
+            node.params = (address(dst), *rest)
         elif kind == HOST:
             node.params = (inner.graph_host_node_fn(value),)
         elif kind == CHILD:
-            node.child = describe(inner, inner.cuGraphChildGraphNodeGetGraph(value), layout_of)
+            node.child = describe(
+                inner, inner.cuGraphChildGraphNodeGetGraph(value), layout_of, address=address
+            )
         elif kind in (WAIT_EVENT, RECORD_EVENT):
             getter = (
                 inner.cuGraphEventWaitNodeGetEvent
@@ -233,6 +239,12 @@ class Targets:
     function: Callable[[int], tuple[int, bool]]  # the source's function -> (the target's, is a CUkernel)
     event: Callable[[int], int]
     layout: Callable[[int, bool], list]
+    address: Callable[[int], int] = int  # a plan's device address (the client's) -> the target's
+
+
+def copy_mapped(copy: Copy3D, address: Callable[[int], int]) -> Copy3D:
+    """A copy node's copy with both sides' addresses mapped."""
+    return replace(copy, src=address(copy.src), dst=address(copy.dst))
 
 
 def build(inner, described: Graph, into: int, targets: Targets, nodes: dict[int, int]) -> None:
@@ -258,9 +270,9 @@ def _node(inner, node: Node, graph: int, targets: Targets, nodes: dict[int, int]
                 inner.cuGraphKernelNodeSetAttribute(made, attr, value)
         return made
     if kind == MEMCPY:
-        return inner.graph_add_memcpy_node(graph, [], params[0])
+        return inner.graph_add_memcpy_node(graph, [], copy_mapped(params[0], targets.address))
     if kind == MEMSET:
-        return inner.graph_add_memset_node(graph, [], *params)
+        return inner.graph_add_memset_node(graph, [], targets.address(params[0]), *params[1:])
     if kind == HOST:
         return inner.graph_add_host_node(graph, [], params[0])
     if kind == CHILD:  # an empty child, then its own graph built in place (its nodes are the new ones)
