@@ -40,6 +40,15 @@ cu = Driver()
 cu13 = Driver(13000)  # calls CUDA 13 added
 
 
+def device_copy_3d(src, dst, width):
+    """CUDA_MEMCPY3D of `width` bytes between device memory (memory type 2), as a graph's copy node takes it."""
+    params = (ctypes.c_uint8 * 200)()
+    struct.pack_into("<IxxxxQQ", params, 32, 2, 0, src)
+    struct.pack_into("<IxxxxQQ", params, 120, 2, 0, dst)
+    struct.pack_into("<QQQ", params, 176, width, 1, 1)
+    return params
+
+
 def say(name, value):
     print(name, value, flush=True)
 
@@ -2148,13 +2157,6 @@ def scenario_graph_node_params():
     def memset(dst, value, width):  # CUDA_MEMSET_NODE_PARAMS: 4-byte elements, one row
         return ctypes.create_string_buffer(struct.pack("<QQIIQQ", dst, 0, value, 4, width, 1), 40)
 
-    def copy(src, dst, width):  # CUDA_MEMCPY3D between device memory (memory type 2)
-        params = (ctypes.c_uint8 * 200)()
-        struct.pack_into("<IxxxxQQ", params, 32, 2, 0, src)
-        struct.pack_into("<IxxxxQQ", params, 120, 2, 0, dst)
-        struct.pack_into("<QQQ", params, 176, width, 1, 1)
-        return params
-
     def read_copy(node):
         got = (ctypes.c_uint8 * 200)()
         rc = cu.cuGraphMemcpyNodeGetParams(node, got)
@@ -2188,23 +2190,23 @@ def scenario_graph_node_params():
     check(cu.cuGraphAddKernelNode(ctypes.byref(k), graph, None, c_u64(0), ctypes.byref(kernel(10))), "kernel")
     check(cu.cuGraphAddMemsetNode(ctypes.byref(m), graph, ctypes.byref(k), c_u64(1),
                                   memset(ptr + 128, 0x01010101, 4), c_u64(0)), "memset")  # fmt: skip
-    check(cu.cuGraphAddMemcpyNode(ctypes.byref(c), graph, ctypes.byref(m), c_u64(1), copy(ptr + 128, out, 16),
+    check(cu.cuGraphAddMemcpyNode(ctypes.byref(c), graph, ctypes.byref(m), c_u64(1), device_copy_3d(ptr + 128, out, 16),
                                   c_u64(0)), "copy")  # fmt: skip
     check(cu.cuGraphAddHostNode(ctypes.byref(h), graph, None, c_u64(0), host(7)), "host node")
     rc, params = read_memset(m)
     say("memset_read_back", f"{rc} {params == (ptr + 128, 0, 0x01010101, 4, 4, 1)}")
     say("host_read_back", " ".join(map(str, read_host(h))))
     say("kernel_read_back", " ".join(map(str, read_kernel(k)[:2])))
-    say("copy_read_back", f"{read_copy(c)[0]} {read_copy(c)[1] == bytes(copy(ptr + 128, out, 16))}")
+    say("copy_read_back", f"{read_copy(c)[0]} {read_copy(c)[1] == bytes(device_copy_3d(ptr + 128, out, 16))}")
     check(cu.cuGraphInstantiateWithFlags(ctypes.byref(old), graph, c_u64(0)), "instantiate")
     say("first", run(old))
     check(cu.cuGraphKernelNodeSetParams(k, ctypes.byref(kernel(20))), "kernel anew")
     check(cu.cuGraphMemsetNodeSetParams(m, memset(ptr + 128, 0x02020202, 4)), "memset anew")
-    check(cu.cuGraphMemcpyNodeSetParams(c, copy(ptr + 128, out + 16, 16)), "copy anew")
+    check(cu.cuGraphMemcpyNodeSetParams(c, device_copy_3d(ptr + 128, out + 16, 16)), "copy anew")
     check(cu.cuGraphHostNodeSetParams(h, host(8)), "host anew")
     say("host_read_back_anew", " ".join(map(str, read_host(h))))
     say("kernel_read_back_anew", " ".join(map(str, read_kernel(k)[:2])))
-    say("copy_read_back_anew", read_copy(c)[1] == bytes(copy(ptr + 128, out + 16, 16)))
+    say("copy_read_back_anew", read_copy(c)[1] == bytes(device_copy_3d(ptr + 128, out + 16, 16)))
     rc, params = read_memset(m)
     say("memset_read_back_anew", f"{rc} {params == (ptr + 128, 0, 0x02020202, 4, 4, 1)}")
     say("instantiated_before", run(old))
@@ -2246,7 +2248,7 @@ def scenario_graph_node_params():
     say("kernel_round_trip", read_kernel(other)[1])
     pinned, pinned_graph, pinned_copy, clone, twin = (c_u64() for _ in range(5))
     check(cu.cuMemAllocHost(ctypes.byref(pinned), c_u64(64)), "pinned")
-    from_pinned = copy(0, out, 16)  # from page-locked host memory (memory type 1, its host pointer)
+    from_pinned = device_copy_3d(0, out, 16)  # from page-locked host memory (memory type 1, its host pointer)
     struct.pack_into("<IxxxxQQ", from_pinned, 32, 1, pinned.value, 0)
     check(cu.cuGraphCreate(ctypes.byref(pinned_graph), 0), "pinned graph")
     check(cu.cuGraphAddMemcpyNode(ctypes.byref(pinned_copy), pinned_graph, None, c_u64(0), from_pinned, c_u64(0)),
@@ -2290,7 +2292,7 @@ def scenario_graph_node_params():
     )
     say("memset_outside_the_lease", cu.cuGraphMemsetNodeSetParams(m, memset(0x1000, 1, 4)))
     say("memset_past_the_allocation", cu.cuGraphMemsetNodeSetParams(m, memset(ptr + 4 * n - 8, 1, 4)))
-    say("copy_past_the_allocation", cu.cuGraphMemcpyNodeSetParams(c, copy(ptr, out + 32, 64)))
+    say("copy_past_the_allocation", cu.cuGraphMemcpyNodeSetParams(c, device_copy_3d(ptr, out + 32, 64)))
     say("memset_params_on_a_kernel_node", cu.cuGraphMemsetNodeSetParams(k, memset(ptr, 1, 4)))
     say("host_params_of_a_kernel_node", f"{read_host(k)[0]} {cu.cuGraphHostNodeSetParams(k, host(1))}")
     say("kernel_params_of_a_memset_node", read_kernel(m)[0])
@@ -2318,7 +2320,7 @@ def scenario_graph_node_params():
     say("generic_read_back", " ".join(str(x) for x in (
         kernel_params[:2], struct.unpack_from("<Q", kernel_params[2])[0] == fill.value,
         memset_params[:2], struct.unpack_from("<I", memset_params[2], 16)[0] == 0x03030303,
-        copy_params[:2], copy_params[2][16:216] == bytes(copy(ptr + 128, out + 16, 16)),
+        copy_params[:2], copy_params[2][16:216] == bytes(device_copy_3d(ptr + 128, out + 16, 16)),
         host_params[:2], struct.unpack_from("<Q", host_params[2], 8)[0],
     )))  # fmt: skip
     say("generic_read_back_foreign", read_generic(foreign)[0])
@@ -4402,6 +4404,19 @@ def scenario_migrate():
     say("finished", 1)
 
 
+def global_another_worker_places_elsewhere():
+    """A module global of 64 bytes, `table`, placed after another module's that is then unloaded: a worker that
+    loads the module anew (another GPU's or server's, after a move) places it at another address. (module,
+    address, size)."""
+    gone, kept, table, size = c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(gone), b".global .align 8 .b8 gone[256];\n\0"), "load gone")
+    check(cu.cuModuleGetGlobal(ctypes.byref(table), ctypes.byref(size), gone, b"gone"), "global gone")
+    check(cu.cuModuleLoadData(ctypes.byref(kept), b".global .align 8 .b8 table[64];\n\0"), "load kept")
+    check(cu.cuModuleGetGlobal(ctypes.byref(table), ctypes.byref(size), kept, b"table"), "global table")
+    check(cu.cuModuleUnload(gone), "unload gone")
+    return kept, table, size
+
+
 def scenario_migrate_server():
     """What a move to another server carries (docs/remote.md, Between servers): a context of its own beside the
     primary one, a module and its function, a library and its kernel, a module global whose address it holds,
@@ -4431,12 +4446,7 @@ def scenario_migrate_server():
     check(rc, "alloc queued")
     # A module global whose address the program holds, placed after another module's that is then unloaded: the
     # new worker finds it again in the re-created module at another address, with its bytes.
-    gone, kept, table, table_size = c_u64(), c_u64(), c_u64(), c_u64()
-    check(cu.cuModuleLoadData(ctypes.byref(gone), b".global .align 8 .b8 gone[256];\n\0"), "load gone")
-    check(cu.cuModuleGetGlobal(ctypes.byref(table), ctypes.byref(table_size), gone, b"gone"), "global gone")
-    check(cu.cuModuleLoadData(ctypes.byref(kept), b".global .align 8 .b8 table[64];\n\0"), "load kept")
-    check(cu.cuModuleGetGlobal(ctypes.byref(table), ctypes.byref(table_size), kept, b"table"), "global table")
-    check(cu.cuModuleUnload(gone), "unload gone")
+    kept, table, table_size = global_another_worker_places_elsewhere()
     regions["global"] = (table.value, table_size.value)
     for i, (ptr, size) in enumerate(regions.values()):
         pattern = bytes((i * 37 + j * 11) % 256 for j in range(251))
@@ -4577,24 +4587,12 @@ def scenario_migrate_server_graph_global():
     now writing the global (`new_graph_global`), and the copy node's parameters read back naming the global's
     address the program holds (`copy_params_same`)."""
     ctx = setup()
-    gone, kept, table, size = c_u64(), c_u64(), c_u64(), c_u64()
-    check(cu.cuModuleLoadData(ctypes.byref(gone), b".global .align 8 .b8 gone[256];\n\0"), "load gone")
-    check(cu.cuModuleGetGlobal(ctypes.byref(table), ctypes.byref(size), gone, b"gone"), "global gone")
-    check(cu.cuModuleLoadData(ctypes.byref(kept), b".global .align 8 .b8 table[64];\n\0"), "load kept")
-    check(cu.cuModuleGetGlobal(ctypes.byref(table), ctypes.byref(size), kept, b"table"), "global table")
-    check(cu.cuModuleUnload(gone), "unload gone")
+    _, table, _ = global_another_worker_places_elsewhere()
     rc, out = alloc(64)
     check(rc, "alloc")
 
     def memset(dst, value):  # CUDA_MEMSET_NODE_PARAMS: 4-byte elements, one row of 16
         return ctypes.create_string_buffer(struct.pack("<QQIIQQ", dst, 0, value, 4, 16, 1), 40)
-
-    def copy(src, dst, width):  # CUDA_MEMCPY3D between device memory (memory type 2)
-        params = (ctypes.c_uint8 * 200)()
-        struct.pack_into("<IxxxxQQ", params, 32, 2, 0, src)
-        struct.pack_into("<IxxxxQQ", params, 120, 2, 0, dst)
-        struct.pack_into("<QQQ", params, 176, width, 1, 1)
-        return params
 
     def graph_of(value):
         graph, m, c, exe = c_u64(), c_u64(), c_u64(), c_u64()
@@ -4602,7 +4600,7 @@ def scenario_migrate_server_graph_global():
         check(cu.cuGraphAddMemsetNode(ctypes.byref(m), graph, None, c_u64(0), memset(table.value, value), ctx),
               "memset node")  # fmt: skip
         check(cu.cuGraphAddMemcpyNode(ctypes.byref(c), graph, ctypes.byref(m), c_u64(1),
-                                      copy(table.value, out, 64), ctx), "copy node")  # fmt: skip
+                                      device_copy_3d(table.value, out, 64), ctx), "copy node")  # fmt: skip
         check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, c_u64(0)), "instantiate")
         return graph, c, exe
 
@@ -4627,7 +4625,7 @@ def scenario_migrate_server_graph_global():
     say("new_graph_global", run(fresh)[0])
     got = (ctypes.c_uint8 * 200)()
     check(cu.cuGraphMemcpyNodeGetParams(c, got), "copy node params")
-    say("copy_params_same", bytes(got)[32:56] == bytes(copy(table.value, out, 64))[32:56])
+    say("copy_params_same", bytes(got)[32:56] == bytes(device_copy_3d(table.value, out, 64))[32:56])
 
 
 def scenario_migrate_server_arrays():

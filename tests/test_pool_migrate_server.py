@@ -223,6 +223,21 @@ def test_a_process_started_after_the_old_worker_exited_finds_the_lease_on_the_ne
         assert run.stdout.readline().strip() == "child child_bytes 2a2a2a2a"
 
 
+def moved_each_time_saying(run, lease: dict, admin: str, hops, line: str, answer: str) -> None:
+    """The lease moved along `hops` ((source, target) servers, admin API); after each move the program is sent
+    `line` and must answer `answer`; then it finishes (exit 0)."""
+    with killed_on_failure(run):
+        for source, target in hops:
+            status, moved = api(source.url, "POST", f"/v1/admin/leases/{lease['id']}/migrate", admin,
+                                {"server": target.url}, timeout=60)  # fmt: skip
+            assert status == 200, moved
+            run.stdin.write(line + "\n")
+            run.stdin.flush()
+            assert run.stdout.readline().strip() == answer
+    run.communicate("done\n", timeout=60)
+    assert run.returncode == 0
+
+
 def test_values_read_back_through_page_locked_memory_after_a_move_are_the_ones_just_written(pair, tmp_path):
     """A program reading back what its stream just wrote (a memset, a copy into page-locked memory behind it, a
     synchronise: how `.item()` reads a loss) moves A -> B -> A -> B: none of its 200 reads after each move finds
@@ -230,16 +245,7 @@ def test_values_read_back_through_page_locked_memory_after_a_move_are_the_ones_j
     before the program has attached its new one)."""
     a, b = pair
     run, lease, admin = started_for_both(pair, tmp_path, "reader", "migrate_server_reads")
-    with killed_on_failure(run):
-        for source, target in ((a, b), (b, a), (a, b)):
-            status, moved = api(source.url, "POST", f"/v1/admin/leases/{lease['id']}/migrate", admin,
-                                {"server": target.url}, timeout=60)  # fmt: skip
-            assert status == 200, moved
-            run.stdin.write("reads\n")
-            run.stdin.flush()
-            assert run.stdout.readline().strip() == "stale 0"
-    run.communicate("done\n", timeout=60)
-    assert run.returncode == 0
+    moved_each_time_saying(run, lease, admin, ((a, b), (b, a), (a, b)), "reads", "stale 0")
 
 
 def test_an_encrypted_programs_large_copies_go_to_the_new_worker_after_a_move(pair, tmp_path):
@@ -254,16 +260,7 @@ def test_an_encrypted_programs_large_copies_go_to_the_new_worker_after_a_move(pa
     run, lease = start_remote_program(a, tmp_path, "laner", admin, "migrate_server_reads", token=token,
                                       env={"GPUPOOL_SHIM_SHARED_COPIES": "0", "GPUPOOL_SHIM_SHARED_PINNED": "0",
                                            "GPUPOOL_DATA_ENCRYPTION": "always"})  # fmt: skip
-    with killed_on_failure(run):
-        for source, target in ((a, b), (b, a)):
-            status, moved = api(source.url, "POST", f"/v1/admin/leases/{lease['id']}/migrate", admin,
-                                {"server": target.url}, timeout=60)  # fmt: skip
-            assert status == 200, moved
-            run.stdin.write("big\n")
-            run.stdin.flush()
-            assert run.stdout.readline().strip() == "big True"
-    run.communicate("done\n", timeout=60)
-    assert run.returncode == 0
+    moved_each_time_saying(run, lease, admin, ((a, b), (b, a)), "big", "big True")
 
 
 @pytest.mark.parametrize("to", ["another GPU", "another server"])

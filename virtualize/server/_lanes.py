@@ -49,7 +49,9 @@ class Lanes:
         self._copies: dict[int, LaneCopy] = {}
         self.attached = 0  # lanes joined
         self.lost = False  # a lane went away: waiting copies fail, later ones go to the caller
-        self.unmovable = False  # a copy came without LANE_GO_FIRST (an older shim): the lease cannot move away
+        self.unmovable = (
+            False  # a copy came without LANE_GO_FIRST (an older shim): the lease cannot move away
+        )
 
     def _entry(self, ident: int) -> LaneCopy:
         copy = self._copies.get(ident)
