@@ -27,8 +27,13 @@ from pool_harness import ROOT, ServerProc, api, client_env, gpuattach_cmd, serve
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(420)]
 STEPS, AT = 20, 8
-# As a client on another host: nothing shared with the worker's host (a move to another server refuses that).
-REMOTE_CLIENT = {"GPUPOOL_SHIM_SHARED_COPIES": "0", "GPUPOOL_SHIM_SHARED_PINNED": "0"}
+# As a client on another host: TLS (over loopback too), nothing shared with the worker's host (a move to another
+# server refuses that).
+REMOTE_CLIENT = {
+    "GPUPOOL_SHIM_SHARED_COPIES": "0",
+    "GPUPOOL_SHIM_SHARED_PINNED": "0",
+    "GPUPOOL_DATA_ENCRYPTION": "always",
+}
 
 
 def gpu_count() -> int:

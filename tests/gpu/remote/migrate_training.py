@@ -886,6 +886,7 @@ def xserver_training(
             # no local socket, so nothing is shared with the worker's host (shared page-locked memory and
             # copies through shared memory cannot follow the lease to another server and are refused).
             env = {k: v for k, v in lease_env(handle, shim, work).items() if k != _wire.ENV_LOCAL}
+            env["GPUPOOL_DATA_ENCRYPTION"] = "always"  # TLS over loopback too, as across hosts
             if expandable:
                 env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
             env.update(CLIENT_ENV)
@@ -903,9 +904,14 @@ def xserver_training(
             f"{answer.get('pause_s', 0):.3f} s")  # fmt: skip
 
 
-# As a client on another host has it (a move between servers is for such clients): TCP with TLS, no local
-# socket, no copies through shared memory (what only the worker's host has is refused by such a move).
-REMOTE_HOST_ENV = {_wire.ENV_LOCAL: None, "GPUPOOL_SHIM_SHARED_COPIES": "0"}
+# As a client on another host has it (a move between servers is for such clients): TCP with TLS (loopback would
+# be plaintext without GPUPOOL_DATA_ENCRYPTION=always; with TLS, copies of 4 MiB and more go across copy lanes),
+# no local socket, no copies through shared memory (what only the worker's host has is refused by such a move).
+REMOTE_HOST_ENV = {
+    _wire.ENV_LOCAL: None,
+    "GPUPOOL_SHIM_SHARED_COPIES": "0",
+    "GPUPOOL_DATA_ENCRYPTION": "always",
+}
 CLIENT_ENV: dict[str, str] = {}  # --client-env: more of the training client's environment (xserver_training)
 
 
@@ -928,10 +934,15 @@ def stale_reads(start):
         torch.cuda.current_stream().synchronize()
         if out.item() != start + i + 1:
             stale.append(f"copy@{i}")
+    return stale
+def big_round_trip():  # 24 MiB to the device and back: across the copy lanes of an encrypted connection
+    host = torch.randn(6 << 20)
+    return [] if torch.equal(host.cuda().cpu(), host) else ["big"]
+def counted(stale):
     return f"{len(stale)} {' '.join(stale[:12])}".strip()
-print("ready", stale_reads(0), flush=True)
+print("ready", counted(stale_reads(0) + big_round_trip()), flush=True)
 sys.stdin.readline()
-print("after", stale_reads(n), flush=True)
+print("after", counted(stale_reads(n) + big_round_trip()), flush=True)
 """
 
 
