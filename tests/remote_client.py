@@ -4580,42 +4580,55 @@ def scenario_migrate_server_reads():
 
 
 def scenario_migrate_server_graph_global():
-    """A module global (placed after another module's that is then unloaded, so another worker finds it again at
-    another address) that a CUDA graph's memset node writes and its copy node reads into an allocation; the graph
-    instantiated. Says `ready` and waits for the test (it may move the lease meanwhile); then: the instantiated
-    graph run again (`graph_global`, `graph_out`: the global's and the allocation's first words), a graph built
-    now writing the global (`new_graph_global`), and the copy node's parameters read back naming the global's
-    address the program holds (`copy_params_same`)."""
+    """A module global (placed so that another worker finds it again at another address) that a CUDA graph's memset
+    node writes, its copy node reads into an allocation and its kernel node (`add_u32`, given the global's address
+    as a parameter) adds 1 to; the graph instantiated. Says `ready` and waits for the test (it may move the lease
+    meanwhile); then: the instantiated graph run again (`graph_global`, `graph_out`: the global's and the
+    allocation's first words), a graph built now (`new_graph_global`), the kernel launched with the global's
+    address (`kernel_global`), and the copy node's parameters read back naming the global's address the program
+    holds (`copy_params_same`)."""
     ctx = setup()
     _, table, _ = global_another_worker_places_elsewhere()
     rc, out = alloc(64)
     check(rc, "alloc")
+    add = module_function(b"add_u32")
+    keep = []
+
+    def add_params(value):  # add_u32(the global, value, 16 words)
+        args = [c_u64(table.value), ctypes.c_uint32(value), ctypes.c_uint32(16)]
+        pointers = (ctypes.c_void_p * 3)(*[ctypes.addressof(x) for x in args])
+        keep.append((args, pointers))
+        return pointers
 
     def memset(dst, value):  # CUDA_MEMSET_NODE_PARAMS: 4-byte elements, one row of 16
         return ctypes.create_string_buffer(struct.pack("<QQIIQQ", dst, 0, value, 4, 16, 1), 40)
 
     def graph_of(value):
-        graph, m, c, exe = c_u64(), c_u64(), c_u64(), c_u64()
+        graph, m, c, k, exe = c_u64(), c_u64(), c_u64(), c_u64(), c_u64()
         check(cu.cuGraphCreate(ctypes.byref(graph), 0), "graph")
         check(cu.cuGraphAddMemsetNode(ctypes.byref(m), graph, None, c_u64(0), memset(table.value, value), ctx),
               "memset node")  # fmt: skip
         check(cu.cuGraphAddMemcpyNode(ctypes.byref(c), graph, ctypes.byref(m), c_u64(1),
                                       device_copy_3d(table.value, out, 64), ctx), "copy node")  # fmt: skip
+        node = KernelNodeParams(add.value, (ctypes.c_uint32 * 6)(1, 1, 1, 16, 1, 1), 0, 0,
+                                ctypes.cast(add_params(1), ctypes.c_void_p))  # fmt: skip
+        check(cu.cuGraphAddKernelNode(ctypes.byref(k), graph, ctypes.byref(c), c_u64(1), ctypes.byref(node)),
+              "kernel node")  # fmt: skip
         check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, c_u64(0)), "instantiate")
         return graph, c, exe
+
+    def word(address):
+        return f"{struct.unpack('<I', dtoh(address, 4)[1])[0]:x}"
 
     def run(exe):
         check(cu.cuMemsetD8(table, 0, c_u64(64)), "zero the global")
         check(cu.cuMemsetD8(c_u64(out), 0, c_u64(64)), "zero out")
         check(cu.cuGraphLaunch(exe, c_u64(0)), "launch")
         check(cu.cuCtxSynchronize(), "sync")
-        return (
-            f"{struct.unpack('<I', dtoh(table.value, 4)[1])[0]:x}",
-            f"{struct.unpack('<I', dtoh(out, 4)[1])[0]:x}",
-        )
+        return word(table.value), word(out)
 
     _, c, exe = graph_of(0x5A5A5A5A)
-    say("ready", run(exe) == ("5a5a5a5a", "5a5a5a5a"))
+    say("ready", run(exe) == ("5a5a5a5b", "5a5a5a5a"))
     while (line := sys.stdin.readline().strip()) not in ("", "done"):
         say("step", line)
     graph_global, graph_out = run(exe)
@@ -4623,6 +4636,11 @@ def scenario_migrate_server_graph_global():
     say("graph_out", graph_out)
     _, _, fresh = graph_of(0x3C3C3C3C)
     say("new_graph_global", run(fresh)[0])
+    check(cu.cuMemsetD8(table, 0, c_u64(64)), "zero the global")
+    check(cu.cuLaunchKernel(add, 1, 1, 1, 16, 1, 1, 0, None, add_params(2), None), "launch with the global")
+    check(cu.cuLaunchKernel(add, 1, 1, 1, 16, 1, 1, 0, None, add_params(3), None), "again (served in C)")
+    check(cu.cuCtxSynchronize(), "sync")
+    say("kernel_global", word(table.value))
     got = (ctypes.c_uint8 * 200)()
     check(cu.cuGraphMemcpyNodeGetParams(c, got), "copy node params")
     say("copy_params_same", bytes(got)[32:56] == bytes(device_copy_3d(table.value, out, 64))[32:56])

@@ -265,10 +265,11 @@ def test_an_encrypted_programs_large_copies_go_to_the_new_worker_after_a_move(pa
 
 @pytest.mark.parametrize("to", ["another GPU", "another server"])
 def test_graph_nodes_that_write_and_read_a_module_global_follow_it_to_its_new_address(pair, tmp_path, to):
-    """A module global that the target finds again at another address, written by a CUDA graph's memset node and
-    read by its copy node (the graph instantiated), moves --to GPU 1 of its server or --to B: the instantiated
-    graph run there writes and reads the global where it is now (not the old address), a graph built after the
-    move does too, and the copy node's parameters read back name the address the program holds."""
+    """A module global that the target finds again at another address, written by a CUDA graph's memset node,
+    read by its copy node and given as a parameter to its kernel node (the graph instantiated), moves --to GPU 1
+    of its server or --to B: the instantiated graph run there writes, reads and passes the global where it is
+    now (not the old address), a graph built after the move does too, so do kernels launched with its address as
+    a parameter, and the copy node's parameters read back name the address the program holds."""
     a, b = pair
     run, lease, admin = started_for_both(pair, tmp_path, f"grapher-{to[-3:]}", "migrate_server_graph_global")
     with killed_on_failure(run):
@@ -277,8 +278,9 @@ def test_graph_nodes_that_write_and_read_a_module_global_follow_it_to_its_new_ad
     out, err = run.communicate("done\n", timeout=60)
     assert run.returncode == 0, out + err
     result = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
-    assert result["graph_global"] == result["graph_out"] == "5a5a5a5a", out
-    assert result["new_graph_global"] == "3c3c3c3c", out
+    assert result["graph_global"] == "5a5a5a5b" and result["graph_out"] == "5a5a5a5a", out
+    assert result["new_graph_global"] == "3c3c3c3d", out
+    assert result["kernel_global"] == "5", out  # 2 + 3: both launches given the global's address reached it
     assert result["copy_params_same"] == "True", out
 
 

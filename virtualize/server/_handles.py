@@ -549,7 +549,9 @@ class Translated:
             for attr, value in launch.attributes
         )
         return replace(launch, func=self._in("func", launch.func), stream=self._in("stream", launch.stream),
-                       attributes=attributes)  # fmt: skip
+                       attributes=attributes,
+                       params=graphs.params_mapped(launch, self.addresses.real) if self.addresses.ranges
+                       else launch.params)  # fmt: skip
 
     def _out(self, kind: str, value):
         if kind == NODES:
@@ -1025,7 +1027,8 @@ class Translated:
                 args[i] = twins[args[i]]
             elif kind == LAUNCH:
                 func = args[i].func
-                args[i] = replace(args[i], func=made.get(("func", func), self.map.real("func", func)))
+                args[i] = replace(args[i], func=made.get(("func", func), self.map.real("func", func)),
+                                  params=graphs.params_mapped(args[i], address))  # fmt: skip
             elif ns in MAPPED and args[i] and not (ns == "stream" and args[i] in BUILTIN_STREAMS):
                 args[i] = made.get((ns, args[i]), self.map.real(ns, args[i]))
         getattr(self.inner, method)(*args)

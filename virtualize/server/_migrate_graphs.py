@@ -201,7 +201,9 @@ def describe(
         kind = inner.cuGraphNodeGetType(value)
         node = Node(value, kind)
         if kind == KERNEL:
-            node.params = inner.graph_kernel_node_params(value, layout_of)
+            func, grid, block, shared_mem, packed = inner.graph_kernel_node_params(value, layout_of)
+            as_launch = Launch(func, grid, block, shared_mem, 0, bytes(packed), layout_of(func))
+            node.params = (func, grid, block, shared_mem, params_mapped(as_launch, address))
             node.attributes = _attributes(inner, value)
         elif kind == MEMCPY:
             node.params = (copy_mapped(inner.graph_memcpy_node_params(value), address),)
@@ -242,6 +244,19 @@ class Targets:
     address: Callable[[int], int] = int  # a plan's device address (the client's) -> the target's
 
 
+def params_mapped(launch: Launch, mapped: Callable[[int], int]) -> bytes:
+    """A launch's parameters with each of 8 bytes passed through `mapped` (a module global's address the program
+    passes a kernel is another address after a move; any other value comes back as it was)."""
+    params = launch.params
+    for offset, size in launch.layout:
+        if size == 8 and offset + 8 <= len(params):
+            value = int.from_bytes(params[offset : offset + 8], "little")
+            found = mapped(value)
+            if found != value:
+                params = params[:offset] + found.to_bytes(8, "little") + params[offset + 8 :]
+    return params
+
+
 def copy_mapped(copy: Copy3D, address: Callable[[int], int]) -> Copy3D:
     """A copy node's copy with both sides' addresses mapped."""
     return replace(copy, src=address(copy.src), dst=address(copy.dst))
@@ -263,6 +278,7 @@ def _node(inner, node: Node, graph: int, targets: Targets, nodes: dict[int, int]
         target, is_kernel = targets.function(func)
         launch = Launch(target, tuple(grid), tuple(block), shared_mem, 0, bytes(packed),
                         targets.layout(target, is_kernel), is_kernel=is_kernel)  # fmt: skip
+        launch = replace(launch, params=params_mapped(launch, targets.address))
         made = inner.graph_add_kernel_node(graph, [], launch)
         built = _attributes(inner, made)  # what the node has already (a cluster shape compiled in, ...)
         for attr, value in node.attributes.items():

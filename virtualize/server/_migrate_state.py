@@ -266,6 +266,7 @@ def imported(lease, executor, state: dict, memory: list, backings: list, Allocat
                     executor.addresses.real(a.base) == a.base
                 ):  # (a module global elsewhere here: Python maps it)
                     lease.native.range_added(a.base, a.size)
+            lease.native.addresses_moved()  # a launch passing a module global's address the client holds
         for kind, values in state["handles"].items():
             lease.handles[kind].update(values)  # (the native loop's tables mirror these: update, not replace)
         lease.children = {int(o): set(made) for o, made in state["children"]}

@@ -131,7 +131,8 @@ def _load() -> ctypes.CDLL | None:
         ("gpf_handle_drop", [p, i, u64], None),
         ("gpf_handle_clear", [p, i], None),
         ("gpf_handle_map", [p, i, u64, u64], None),
-        ("gpf_function_add", [p, u64, u32, ctypes.POINTER(u32), u32], None),
+        ("gpf_function_add", [p, u64, u32, ctypes.POINTER(u32), ctypes.POINTER(u32), u32], None),
+        ("gpf_addresses_moved", [p, ctypes.c_size_t, ctypes.POINTER(u64)], None),
         ("gpf_output_watch", [i], None),
         ("gpf_output_mark", [i], None),
         ("gpf_session_new", [p], p),
@@ -285,6 +286,8 @@ class NativeLease:
             for a in lease.allocations.values():
                 lib.gpf_range_add(self.ptr, a.base, a.size)
             lease.native = self
+        if self.current is not None and self.executor.addresses.ranges:  # a lease that moved here
+            self.addresses_moved()
 
     def range_added(self, base: int, size: int) -> None:
         self.lib.gpf_range_add(self.ptr, base, size)
@@ -315,8 +318,9 @@ class NativeLease:
             return
         self.learned[func] = layout
         offsets = (ctypes.c_uint32 * max(len(layout), 1))(*(offset for offset, _ in layout))
+        sizes = (ctypes.c_uint32 * max(len(layout), 1))(*(size for _, size in layout))
         need = max((offset + size for offset, size in layout), default=0)
-        self.lib.gpf_function_add(self.ptr, func, len(layout), offsets, need)
+        self.lib.gpf_function_add(self.ptr, func, len(layout), offsets, sizes, need)
         real = self._real("func", func)
         self.layouts[real] = layout
         if real != func:
@@ -333,7 +337,14 @@ class NativeLease:
         self.layouts = {self._real("func", f): layout for f, layout in self.learned.items()}
         for base, _size, _real in self.executor.addresses.ranges if self.current is not None else []:
             self.lib.gpf_range_drop(self.ptr, base)
+        self.addresses_moved()
         self.lib.gpf_lease_moved(self.ptr)
+
+    def addresses_moved(self) -> None:
+        """The module globals at another address than the client's: C maps a launch's parameters naming them."""
+        ranges = self.executor.addresses.ranges if self.current is not None else []
+        flat = (ctypes.c_uint64 * max(3 * len(ranges), 1))(*(v for triple in ranges for v in triple))
+        self.lib.gpf_addresses_moved(self.ptr, len(ranges), flat)
 
     def session(self) -> NativeSession:
         return NativeSession(self)

@@ -241,7 +241,7 @@ EXPORT uint32_t gpf_wire_version(void) { return GPF_WIRE_VERSION; }
 
 struct layout {
     uint32_t n, min_len;
-    uint32_t offsets[];
+    uint32_t offsets[]; /* n offsets, then n sizes */
 };
 
 struct table {
@@ -264,6 +264,8 @@ struct lease {
     struct ops ops;
     int python_only; /* every frame to Python: the lease is migrating */
     uint64_t moves;  /* live migrations done: a session that began serving before the last one goes to Python */
+    uint64_t *moved; /* module globals a move placed elsewhere: (client's base, size, executor's base) each */
+    size_t n_moved;
 };
 
 static size_t slot_of(const struct table *t, uint64_t key) {
@@ -405,6 +407,7 @@ EXPORT void gpf_range_add(struct lease *l, uint64_t base, uint64_t size) {
 
 EXPORT void gpf_lease_free(struct lease *l) {
     free(l->ranges);
+    free(l->moved);
     for (int k = 0; k < KINDS; k++) table_clear(&l->kinds[k]);
     pthread_mutex_destroy(&l->lock);
     free(l);
@@ -444,16 +447,50 @@ EXPORT void gpf_handle_clear(struct lease *l, int kind) {
     pthread_mutex_unlock(&l->lock);
 }
 
-/* A function the Python path has launched: its parameters' offsets and the bytes they need. */
-EXPORT void gpf_function_add(struct lease *l, uint64_t func, uint32_t n, const uint32_t *offsets, uint32_t min_len) {
-    struct layout *layout = malloc(sizeof *layout + (size_t)n * sizeof(uint32_t));
+/* A function the Python path has launched: its parameters' offsets and sizes, and the bytes they need. */
+EXPORT void gpf_function_add(struct lease *l, uint64_t func, uint32_t n, const uint32_t *offsets,
+                             const uint32_t *sizes, uint32_t min_len) {
+    struct layout *layout = malloc(sizeof *layout + 2 * (size_t)n * sizeof(uint32_t));
     if (!layout) return;
     layout->n = n;
     layout->min_len = min_len;
     memcpy(layout->offsets, offsets, (size_t)n * sizeof(uint32_t));
+    memcpy(layout->offsets + n, sizes, (size_t)n * sizeof(uint32_t));
     pthread_mutex_lock(&l->lock);
     table_put(&l->kinds[KIND_FUNC], func, layout);
     pthread_mutex_unlock(&l->lock);
+}
+
+/* The module globals a move placed at another address (`n` triples: the client's base, size, the executor's
+ * base; sorted by base, not overlapping): a kernel parameter of 8 bytes inside one is handed over mapped. */
+EXPORT void gpf_addresses_moved(struct lease *l, size_t n, const uint64_t *triples) {
+    uint64_t *copy = n ? malloc(3 * n * sizeof *copy) : NULL;
+    if (n && !copy) n = 0; /* (no memory: parameters go as they are, as before this) */
+    if (copy) memcpy(copy, triples, 3 * n * sizeof *copy);
+    pthread_mutex_lock(&l->lock);
+    free(l->moved);
+    l->moved = copy, l->n_moved = n;
+    pthread_mutex_unlock(&l->lock);
+}
+
+/* A launch's parameters (at `params`, per `layout`): each of 8 bytes that lies in a moved global, mapped
+ * (under the lock). */
+static void params_mapped(const struct lease *l, const struct layout *layout, uint8_t *params) {
+    for (uint32_t i = 0; i < layout->n; i++) {
+        if (layout->offsets[layout->n + i] != 8) continue;
+        uint64_t v;
+        memcpy(&v, params + layout->offsets[i], 8);
+        size_t lo = 0, hi = l->n_moved; /* the last range whose base is at or below v */
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (l->moved[3 * mid] <= v) lo = mid + 1;
+            else hi = mid;
+        }
+        if (lo && v - l->moved[3 * (lo - 1)] < l->moved[3 * (lo - 1) + 1]) {
+            v = l->moved[3 * (lo - 1) + 2] + (v - l->moved[3 * (lo - 1)]);
+            memcpy(params + layout->offsets[i], &v, 8);
+        }
+    }
 }
 
 /* -- kernel output: the worker's stdout pipe, read by a Python thread ------------------------------- */
@@ -867,6 +904,7 @@ static int launch(struct session *s, const uint8_t *a, const uint8_t *bulk, uint
         memcpy(s->scratch, bulk, params_len);
         memset(s->scratch + params_len, 0, padded_len - params_len);
         for (uint32_t i = 0; i < n; i++) args[i] = s->scratch + layout->offsets[i];
+        if (l->n_moved) params_mapped(l, layout, s->scratch); /* a moved global's address the program passes */
     }
     pthread_mutex_unlock(&l->lock);
     if (!known || !enter(s)) {
