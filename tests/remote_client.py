@@ -4585,7 +4585,7 @@ def scenario_migrate_server_graph_global():
     as a parameter) adds 1 to; the graph instantiated. Says `ready` and waits for the test (it may move the lease
     meanwhile); then: the instantiated graph run again (`graph_global`, `graph_out`: the global's and the
     allocation's first words), a graph built now (`new_graph_global`), the kernel launched with the global's
-    address (`kernel_global`), and the copy node's parameters read back naming the global's address the program
+    address (`kernel_global`), a 3D copy from the global (`copy3d_global`), and the copy node's parameters read back naming the global's address the program
     holds (`copy_params_same`)."""
     ctx = setup()
     _, table, _ = global_another_worker_places_elsewhere()
@@ -4641,6 +4641,9 @@ def scenario_migrate_server_graph_global():
     check(cu.cuLaunchKernel(add, 1, 1, 1, 16, 1, 1, 0, None, add_params(3), None), "again (served in C)")
     check(cu.cuCtxSynchronize(), "sync")
     say("kernel_global", word(table.value))
+    check(cu.cuMemsetD8(c_u64(out), 0, c_u64(64)), "zero out")
+    check(cu.cuMemcpy3D(device_copy_3d(table.value, out, 64)), "a 3D copy from the global")
+    say("copy3d_global", word(out))
     got = (ctypes.c_uint8 * 200)()
     check(cu.cuGraphMemcpyNodeGetParams(c, got), "copy node params")
     say("copy_params_same", bytes(got)[32:56] == bytes(device_copy_3d(table.value, out, 64))[32:56])

@@ -269,7 +269,8 @@ def test_graph_nodes_that_write_and_read_a_module_global_follow_it_to_its_new_ad
     read by its copy node and given as a parameter to its kernel node (the graph instantiated), moves --to GPU 1
     of its server or --to B: the instantiated graph run there writes, reads and passes the global where it is
     now (not the old address), a graph built after the move does too, so do kernels launched with its address as
-    a parameter, and the copy node's parameters read back name the address the program holds."""
+    a parameter and a 3D copy naming it, and the copy node's parameters read back name the address the program
+    holds."""
     a, b = pair
     run, lease, admin = started_for_both(pair, tmp_path, f"grapher-{to[-3:]}", "migrate_server_graph_global")
     with killed_on_failure(run):
@@ -281,6 +282,7 @@ def test_graph_nodes_that_write_and_read_a_module_global_follow_it_to_its_new_ad
     assert result["graph_global"] == "5a5a5a5b" and result["graph_out"] == "5a5a5a5a", out
     assert result["new_graph_global"] == "3c3c3c3d", out
     assert result["kernel_global"] == "5", out  # 2 + 3: both launches given the global's address reached it
+    assert result["copy3d_global"] == "5", out  # a cuMemcpy3D naming the global's address read it where it is
     assert result["copy_params_same"] == "True", out
 
 

@@ -46,6 +46,7 @@ from dataclasses import dataclass, fields, replace
 from virtualize.common._calls import CALLS, DESTROYS, HANDLE_TYPES
 from virtualize.server import _migrate_graphs as graphs
 from virtualize.server._arrays import ARRAY, resource_mapped
+from virtualize.server._arrays import DEVICE as DEVICE_MEMORY  # a copy side's kind
 from virtualize.server._executor import (
     INVALID_CONTEXT,
     NOT_SUPPORTED,
@@ -529,8 +530,12 @@ class Translated:
         if kind == SUBJECT:  # a node's value, or else a graph's (distinct objects: distinct values)
             node = self.map.real("node", value)
             return node if node != value else self.map.real("graph", value)
-        if kind == ARRAY_SIDE:
-            return replace(value, at=self.map.real("array", value.at)) if value.kind == ARRAY else value
+        if (
+            kind == ARRAY_SIDE
+        ):  # an array's handle, or device memory's address (a module global moved elsewhere)
+            if value.kind == ARRAY:
+                return replace(value, at=self.map.real("array", value.at))
+            return replace(value, at=self.addresses.real(value.at)) if value.kind == DEVICE_MEMORY else value
         if kind == RESOURCE:
             return resource_mapped(value, self.map.real)
         ns = NAMESPACE[kind]
