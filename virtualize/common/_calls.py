@@ -1213,7 +1213,8 @@ CALL_IDS: dict[Call, int] = {call: index for index, call in enumerate(CALLS)}
 # What the shim and the worker say in their hello: the protocol's generation and a digest of this
 # table (call ids are positions in it), so a shim and a worker built from different tables refuse
 # each other instead of running one call as another.
-PROTOCOL_GENERATION = 2
+# 3: gpLaneCopy's flag 4 (answered before its pieces go), which a worker of generation 2 would not answer.
+PROTOCOL_GENERATION = 3
 WIRE_VERSION = (PROTOCOL_GENERATION << 24) | (
     zlib.crc32(repr([(c.name, c.mode.value, c.wire_params) for c in CALLS]).encode()) & 0xFFFFFF
 )
