@@ -286,8 +286,6 @@ class NativeLease:
             for a in lease.allocations.values():
                 lib.gpf_range_add(self.ptr, a.base, a.size)
             lease.native = self
-        if self.current is not None and self.executor.addresses.ranges:  # a lease that moved here
-            self.addresses_moved()
 
     def range_added(self, base: int, size: int) -> None:
         self.lib.gpf_range_add(self.ptr, base, size)
