@@ -79,8 +79,8 @@ def _host_side(row_bytes: int, rows: int) -> CopySide:
 
 def exported(translated) -> tuple[dict, list[Piece]]:
     """The executor's arrays, samplers and virtual memory as the client names them (the calls paused), and the
-    pieces of their bytes in the order the JSON lists them: arrays, mipmapped arrays' levels, allocations the
-    program holds (all of each), then the mappings of those only its mappings keep (their mapped bytes)."""
+    pieces of their bytes in the order the JSON lists them: arrays, mipmapped arrays' levels, then allocations
+    the program holds that are not mapped whole (all of each). The rest of the virtual memory's bytes: `striped`."""
     inner, client = translated.inner, translated.map.client
     held = inner.held_objects()
     pieces: list[Piece] = []
@@ -113,12 +113,7 @@ def exported(translated) -> tuple[dict, list[Piece]]:
     through = {v[0]: _whole_mapping(held, *v[:3]) for v in allocations if v[5]}
     for handle, size, device, *_ in (v for v in allocations if v[5] and through[v[0]] is None):
         pieces.append(Piece(size, _whole_read(translated, handle, size, device)))
-    for handle, size, device, *_ in (v for v in allocations if v[5] and through[v[0]] is not None):
-        pieces.append(Piece(size, _mapped_read(translated, through[handle], size, device)))
-    released = {v[0] for v in allocations if not v[5]}
-    for at, size, _, handle in sorted(held.vm_maps):
-        if handle in released:
-            pieces.append(Piece(size, _mapped_read(translated, at, size, _device_of(allocations, handle))))
+    # the rest of their bytes lie at the lease's addresses: they go over the stripes with its memory (`striped`)
     return {
         "arrays": arrays,
         "mipmaps": mipmaps,
@@ -147,8 +142,23 @@ def _whole_mapping(held, handle: int, size: int, device: int) -> int | None:
     return None
 
 
-def _device_of(allocations: list[tuple], handle: int) -> int:
-    return next(v[2] for v in allocations if v[0] == handle)
+def striped(carried: dict) -> list[list[int]]:
+    """The carried virtual memory's bytes that lie at the lease's addresses, as [address, size, device]: each
+    allocation the program holds that is mapped whole (through that mapping), and each mapping of one that only
+    mappings keep. They go over the link's stripes with the lease's memory (an expandable-segments training
+    holds nearly all of its memory so), once `vm_mapped` made them on the receiving worker. ValueError: a
+    mapping of memory the move does not carry."""
+    vm = carried.get("vm", [])
+    device = {source: dev for source, _, _, dev, *_ in vm}
+    kept = {source for source, client, *_ in vm if client is None}
+    ranges = [[through, size, dev] for _, client, size, dev, *_, through in vm
+              if client is not None and through is not None]  # fmt: skip
+    for at, size, _, source in carried.get("vm_maps", []):
+        if source not in device:
+            raise ValueError(f"a mapping at 0x{at:x} of memory the move did not carry")
+        if source in kept:
+            ranges.append([at, size, device[source]])
+    return ranges
 
 
 @contextlib.contextmanager
@@ -198,14 +208,6 @@ def _whole_read(translated, handle: int, size: int, device: int):
     return read
 
 
-def _mapped_read(translated, at: int, size: int, device: int):
-    def read(send) -> None:
-        with _on_device(translated, device):
-            translated.inner.copy_from_device(at, size, None, send)
-
-    return read
-
-
 def send(pieces: list[Piece], send_bytes: Callable[[memoryview], None]) -> None:
     for piece in pieces:
         piece.read(send_bytes)
@@ -214,10 +216,32 @@ def send(pieces: list[Piece], send_bytes: Callable[[memoryview], None]) -> None:
 # -- the receiving end -----------------------------------------------------------------------------------
 
 
-def imported(translated, carried: dict, read_into: Callable[[memoryview], None]) -> int:
+def vm_devices(carried: dict) -> set[int]:
+    """The devices the carried virtual memory lies on."""
+    return {dev for _, _, _, dev, *_ in carried.get("vm", [])}
+
+
+def vm_mapped(inner, carried: dict, contexts: dict[int, int]) -> dict[int, int]:
+    """Before the stripes: each carried allocation made anew (same size, device, handle types, usage; the
+    device's context of `contexts` current), each mapping made at its address and offset and the access
+    granted again, so that the stripes write the `striped` bytes where they were. The source's handle ->
+    the new allocation."""
+    new: dict[int, int] = {}
+    for source, _, size, dev, types, usage, _ in carried.get("vm", []):
+        inner.set_context(contexts[dev])
+        new[source] = inner.cuMemCreate(size, dev, types, usage)
+    for at, size, offset, source in carried.get("vm_maps", []):
+        inner.cuMemMap(at, size, offset, new[source], 0)  # (`striped` checked each names a carried one)
+    for at, size, access in carried.get("vm_access", []):
+        inner.cuMemSetAccess(at, size, [tuple(a) for a in access])
+    return new
+
+
+def imported(translated, carried: dict, read_into: Callable[[memoryview], None], vm: dict[int, int]) -> int:
     """Make the carried objects anew here (the records replayed: the client's contexts map to this worker's),
     their bytes read from the link in the order `exported` sent them; the client's values map to them from now
-    on. How many objects were made. CudaError, ValueError: the move fails (this worker is let go)."""
+    on (`vm`: the allocations `vm_mapped` made). How many objects were made. CudaError, ValueError: the move
+    fails (this worker is let go)."""
     inner, real = translated.inner, translated.map.real
     made: list[tuple[str, int, int]] = []
 
@@ -245,45 +269,25 @@ def imported(translated, carried: dict, read_into: Callable[[memoryview], None])
             filled(new, shape.level(n))
     for ns, client, new in made:  # before the samplers: their resources name the new arrays
         translated.map.move(ns, client, new)
-    made.extend(_vm_imported(translated, carried, read_into))
+    made.extend(_vm_imported(translated, carried, read_into, vm))
     _samplers_made(translated, carried.get("samplers", []))
     return len(made) + len(carried.get("samplers", []))
 
 
-def _vm_imported(translated, carried: dict, read_into) -> list[tuple[str, int, int]]:
-    """Each allocation made anew (same size, device, handle types, usage); the bytes of one the program holds
-    written through a scratch mapping (unless all of it is mapped at once: there, once mapped), each mapping made
-    at its address and offset, the access granted again, then the bytes written through the mappings: of the
-    allocations mapped whole, and the mapped bytes of those only mappings keep, which are then let go of."""
+def _vm_imported(translated, carried: dict, read_into, new: dict[int, int]) -> list[tuple[str, int, int]]:
+    """The bytes of each allocation the program holds that is not mapped whole, written through a scratch
+    mapping (the others' came over the stripes); the allocations only mappings keep let go of; the client's
+    handle values mapped to the new allocations."""
     inner = translated.inner
-    new: dict[int, int] = {}
-    device: dict[int, int] = {}
     made = []
-    vm = carried.get("vm", [])
-    for source, client, size, dev, types, usage, through in vm:
-        new[source], device[source] = inner.cuMemCreate(size, dev, types, usage), dev
-        if client is not None:
-            made.append(("vmem", client, new[source]))
-        if client is not None and through is None:
+    for source, client, size, dev, *_, through in carried.get("vm", []):
+        if client is None:
+            inner.cuMemRelease(new[source])  # its mappings keep it
+            continue
+        made.append(("vmem", client, new[source]))
+        if through is None:
             with _on_device(translated, dev), _scratch_mapped(inner, new[source], size, dev) as at:
                 inner.copy_to_device(at, size, None, read_into)
-    for at, size, offset, source in carried.get("vm_maps", []):
-        if source not in new:
-            raise ValueError(f"a mapping at 0x{at:x} of memory the move did not carry")
-        inner.cuMemMap(at, size, offset, new[source], 0)
-    for at, size, access in carried.get("vm_access", []):
-        inner.cuMemSetAccess(at, size, [tuple(a) for a in access])
-    for _, client, size, dev, *_, through in vm:
-        if client is not None and through is not None:
-            with _on_device(translated, dev):
-                inner.copy_to_device(through, size, None, read_into)
-    kept = {source for source, client, *_ in vm if client is None}
-    for at, size, _, source in carried.get("vm_maps", []):
-        if source in kept:
-            with _on_device(translated, device[source]):
-                inner.copy_to_device(at, size, None, read_into)
-    for source in kept:
-        inner.cuMemRelease(new[source])
     for ns, client, real in made:
         translated.map.move(ns, client, real)
     return made

@@ -158,12 +158,13 @@ def _sent(worker, link: _migrate_link.Link, stripes: list, target: dict, where: 
                 manifest, tokens = _manifest(worker, held)
                 manifest["carried"], pieces = _migrate_carried.exported(worker.executor)
                 carried = sum(piece.size for piece in pieces)
-                total = sum(m.size for m in held) + carried
-                parts = manifest["stripes"] = _migrate_stripes.plan(manifest["memory"], len(stripes))
+                memory = manifest["memory"] + _migrate_carried.striped(manifest["carried"])
+                total = sum(size for _, size, _ in memory) + carried
+                parts = manifest["stripes"] = _migrate_stripes.plan(memory, len(stripes))
                 link.send(manifest)
                 try:
                     with _migrate_carried.device_contexts(
-                        worker.executor, {m.device for m in held}
+                        worker.executor, {device for _, _, device in memory}
                     ) as contexts:
                         _migrate_stripes.send(worker.executor.inner, stripes, parts, contexts)
                 except (OSError, _migrate_link.LinkError):  # (a device read failing here is its own reason)
@@ -426,13 +427,19 @@ def _held(worker, link: _migrate_link.Link, stripes: list):
                 raise MigrationRefused(
                     f"device addresses [0x{base:x}, +{size}) are taken on this server's GPU"
                 )
-        for base, size, device in manifest["memory"]:
+        carried = manifest.get("carried", {})
+        memory = manifest["memory"] + _migrate_carried.striped(
+            carried
+        )  # the program's own virtual memory too
+        for device in sorted({device for _, _, device in memory} | _migrate_carried.vm_devices(carried)):
             if not 0 <= device < len(worker.devices):
                 raise MigrationRefused(f"the lease's memory names device {device}; this worker has "
                                        f"{len(worker.devices)}")  # fmt: skip
+            # held until every stripe has ended: each sets it current
+            contexts[device] = executor.cuDevicePrimaryCtxRetain(device)
+        for base, size, device in manifest["memory"]:
             backings.append(executor.map_memory(base, size, device))
-            if device not in contexts:  # held until every stripe has ended: each sets it current
-                contexts[device] = executor.cuDevicePrimaryCtxRetain(device)
+        vm = _migrate_carried.vm_mapped(executor, carried, contexts)
 
         def landed(n: int) -> None:
             nonlocal got
@@ -441,23 +448,23 @@ def _held(worker, link: _migrate_link.Link, stripes: list):
                 if dies_after and got >= dies_after:
                     os._exit(9)
 
-        parts = _migrate_stripes.checked(manifest.get("stripes"), manifest["memory"], len(stripes))
+        parts = _migrate_stripes.checked(manifest.get("stripes"), memory, len(stripes))
         _migrate_stripes.receive(executor, stripes, parts, contexts, landed)
         log.info("holding the lease's memory: %d bytes in %d range(s) at the addresses it had, over %d "
-                 "connection(s)", got, len(manifest["memory"]), len(stripes))  # fmt: skip
+                 "connection(s)", got, len(memory), len(stripes))  # fmt: skip
         for device in contexts:  # the copies' references: the lease's own are the records'
             executor.cuDevicePrimaryCtxRelease(device)
         objects = worker.executor.imported(manifest["objects"])
-        carried = manifest.get("graphs") or {}  # before the guard's state: the native loop maps what it adds
-        if carried.get("built"):
-            objects += worker.executor.graphs_imported(carried["built"])
+        graphs = manifest.get("graphs") or {}  # before the guard's state: the native loop maps what it adds
+        if graphs.get("built"):
+            objects += worker.executor.graphs_imported(graphs["built"])
         parked = _migrate_state.imported(worker.lease, worker.executor, manifest["state"], manifest["memory"],
                                          backings, Allocation)  # fmt: skip
-        _migrate_state.graphs_imported(worker.lease, carried.get("guard") or {})
+        _migrate_state.graphs_imported(worker.lease, graphs.get("guard") or {})
         # after the state: the lease's own contexts are known then, its arrays' and memory's copies run in them
         if "carried" not in link.receive():
             raise MigrationRefused("the carried objects' bytes did not follow the memory")
-        objects += _migrate_carried.imported(worker.executor, manifest.get("carried", {}), link.read_into)
+        objects += _migrate_carried.imported(worker.executor, carried, link.read_into, vm)
         log.info(
             "holding the lease's objects: %d re-created, the client's handle values mapped to them", objects
         )
