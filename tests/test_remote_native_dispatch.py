@@ -341,6 +341,32 @@ def test_after_a_move_c_serves_the_lease_again_with_the_targets_objects(loop):
     assert reply(loop.client) == 0
 
 
+def test_settling_page_locked_memory_never_hands_the_driver_a_stream_or_context_the_program_destroyed(loop):
+    """Copies into shared page-locked memory were queued on a stream (and in a context) the program then
+    destroyed: settling the memory waits for the context's work instead of synchronising the stream, and for
+    nothing when the context went too — the driver, given a destroyed handle, crashes the worker (a segfault
+    in JAX's suite, at its page-locked memory's release)."""
+    loop.lease.add(Allocation(0x10000, 4096, 0, owned=True))
+    shared = loop.executor.shared_host_memory(4096)
+    loop.native_session.pinned_add(PINNED, shared)
+    loop.serve(frame("gpPinnedCopy", 0x10000, PINNED + 64, 32, STREAM, 0))  # to the host, queued on STREAM
+    loop.lease.handles["stream"].discard(STREAM)  # cuStreamDestroy
+    loop.executor.ran.clear()
+    loop.native_session.pinned_settle(PINNED)
+    assert loop.executor.ran == [("cuCtxSynchronize",)]
+    ctx, stream = 0xC000, 0x5010
+    loop.lease.handles["ctx"].add(ctx)
+    loop.lease.handles["stream"].add(stream)
+    loop.session.ctx = ctx
+    loop.serve(frame("gpPinnedCopy", 0x10000, PINNED + 64, 32, stream, 0))
+    assert loop.executor.ran[-1][0] == "pinned_out"  # queued in C, in that context
+    loop.lease.handles["ctx"].discard(ctx)  # cuCtxDestroy: its copies went with it
+    loop.executor.ran.clear()
+    loop.native_session.pinned_drop(PINNED)
+    assert loop.executor.ran == []
+    shared.close()
+
+
 def test_copies_through_shared_page_locked_memory_run_in_c_and_are_waited_for_before_it_is_read(loop):
     """gpPinnedCopy: a queued copy either way is one unanswered frame served in C, a synchronous one is
     answered once done; the copies queued into the memory are waited for (their stream synchronised,

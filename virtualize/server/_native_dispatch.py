@@ -36,7 +36,7 @@ from virtualize.common import _wire
 from virtualize.common._calls import WIRE_VERSION
 from virtualize.common._results import CUresult
 from virtualize.server._executor import CudaError, Launch, SharedHostMemory
-from virtualize.server._guard_rules import ELEMENT_BYTES, element_bytes, native_calls
+from virtualize.server._guard_rules import BUILTIN_STREAMS, ELEMENT_BYTES, element_bytes, native_calls
 
 log = logging.getLogger("gpupool.worker")
 
@@ -496,12 +496,19 @@ class NativeSession:
         if not self.ptr or base not in self._pinned:
             return
         streams, ctxs = (ctypes.c_uint64 * LANDING_STREAMS)(), (ctypes.c_uint64 * LANDING_STREAMS)()
-        executor = self.lease.executor
+        executor, handles = self.lease.executor, self.lease.lease.handles
         for i in range(self.lib.gpf_pinned_landing(self.ptr, base, streams, ctxs)):
+            # A stream or context the program destroyed since is a freed handle to the driver (a segfault,
+            # not an error): a context gone took its copies with it; a stream gone, its context's work
+            if ctxs[i] and ctxs[i] not in handles["ctx"]:
+                continue
             if ctxs[i] != self._ctx:
                 executor.set_context(ctxs[i])
             try:
-                executor.cuStreamSynchronize(streams[i])
+                if streams[i] in BUILTIN_STREAMS or streams[i] in handles["stream"]:
+                    executor.cuStreamSynchronize(streams[i])
+                else:
+                    executor.cuCtxSynchronize()
             except CudaError:  # the stream is gone since: its context's work, all of it
                 try:
                     executor.cuCtxSynchronize()
