@@ -190,6 +190,38 @@ def scenario_copies():
     say("double_free", cu.cuMemFree(c_u64(a)))
 
 
+def scenario_zero_sized():
+    """Copies and memsets of zero bytes, as XLA issues them (a copy of nothing from and to address 0): each with
+    a null address, one no allocation holds and an allocated one; says each answer and the stream's synchronise
+    after it (an asynchronous error would surface there)."""
+    setup()
+    rc, real = alloc(4096)
+    check(rc, "alloc")
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    host = ctypes.create_string_buffer(16)
+    nothing = c_u64(0)
+    for label, ptr in (("null", 0), ("nowhere", 0x1234000), ("allocated", real)):
+        p = c_u64(ptr)
+        calls = {
+            "htod": lambda p: cu.cuMemcpyHtoD(p, host, nothing),
+            "dtoh": lambda p: cu.cuMemcpyDtoH(host, p, nothing),
+            "dtod": lambda p: cu.cuMemcpyDtoD(p, p, nothing),
+            "htod_async": lambda p: cu.cuMemcpyHtoDAsync(p, host, nothing, stream),
+            "dtoh_async": lambda p: cu.cuMemcpyDtoHAsync(host, p, nothing, stream),
+            "dtod_async": lambda p: cu.cuMemcpyDtoDAsync(p, p, nothing, stream),
+            "memcpy": lambda p: cu.cuMemcpy(p, p, nothing),
+            "memcpy_async": lambda p: cu.cuMemcpyAsync(p, p, nothing, stream),
+            "memset8": lambda p: cu.cuMemsetD8(p, 7, nothing),
+            "memset32": lambda p: cu.cuMemsetD32(p, 7, nothing),
+            "memset8_async": lambda p: cu.cuMemsetD8Async(p, 7, nothing, stream),
+            "memset16_async": lambda p: cu.cuMemsetD16Async(p, 7, nothing, stream),
+        }
+        for what, call in calls.items():
+            say(f"{what}_{label}", f"{call(p)} {cu.cuStreamSynchronize(stream)}")
+    say("after", f"{cu.cuCtxSynchronize()} {cu.cuMemsetD8(c_u64(real), 1, c_u64(16))}")
+
+
 def scenario_events():
     setup()
     start, end = c_u64(), c_u64()

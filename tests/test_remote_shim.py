@@ -597,6 +597,18 @@ def test_legacy_texture_and_surface_references_bind_only_the_leases_arrays_and_m
     assert "gpupool:" not in err
 
 
+def test_copies_and_memsets_of_zero_bytes_succeed_at_any_address_as_the_driver_answers(shim_dir, worker):
+    """XLA copies nothing from and to address 0 (JAX's control-flow suite): the driver answers such a copy,
+    and a memset of nothing, with success at any address, and nothing surfaces at the next synchronise. The
+    worker's check of the bytes a call names passes a range of none, wherever it points (the driver touches
+    nothing; on an H100, tests/gpu/remote/prog_zero_sized.py prints the same natively and remotely)."""
+    out, _ = run_client("zero_sized", client_env(shim_dir, worker))
+    answers = {name: value for name, value in out.items() if name != "after"}
+    assert len(answers) == 36
+    assert set(answers.values()) == {"0 0"}, {k: v for k, v in answers.items() if v != "0 0"}
+    assert out["after"] == "0 0"  # nothing left behind: the context and its memory as they were
+
+
 def test_pitched_memory_2d_memsets_a_library_file_and_context_settings_are_forwarded(shim_dir, worker):
     """Pitched memory and 2D memsets, a library from a file, a context's flags and events behave as natively."""
     out, err = run_client("pitched_and_context", client_env(shim_dir, worker))

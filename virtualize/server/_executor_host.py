@@ -178,6 +178,8 @@ def ptx_layouts(image: bytes) -> dict[str, list[tuple[int, int]]]:
     return kernels
 
 
+_NOTHING = bytearray(1)  # where a range of zero bytes "lies" (`_find`)
+
 class _Copied(CopiedBytes):
     """A copy done at once, its bytes where they lie: sent before the next call can change them."""
 
@@ -349,6 +351,11 @@ class HostExecutor(Executor):
                 if ptr - base + count <= len(mem):
                     return mem, ptr - base
         raise CudaError(CUresult.ILLEGAL_ADDRESS, f"illegal address 0x{ptr:x}")
+
+    def _span(self, ptr: int, count: int) -> tuple[bytearray, int]:
+        """The bytes a copy or memset of `count` at `ptr` touches: none at any address for a count of 0 (as the
+        driver's copy of nothing, which XLA issues from and to address 0), else `_find`'s."""
+        return (_NOTHING, 0) if count == 0 else self._find(ptr, count)
 
     def nccl_buffer(self, ptr: int, count: int) -> int:
         """Host memory stands for the device here: the address in this process of the bytes behind `ptr`
@@ -1078,20 +1085,20 @@ class HostExecutor(Executor):
                 self.streams.discard(old)
 
     def copy_to_device(self, dst, count, stream, fill) -> None:
-        mem, off = self._find(dst, count)
+        mem, off = self._span(dst, count)
         view = memoryview(mem)
         for start in range(0, count, CHUNK):
             fill(view[off + start : off + min(count, start + CHUNK)])
 
     def copy_from_device(self, src, count, stream, send) -> None:
-        mem, off = self._find(src, count)
+        mem, off = self._span(src, count)
         view = memoryview(mem)  # sent from where it lies, as the CUDA executor sends its staging buffer
         for start in range(0, count, CHUNK):
             send(view[off + start : off + min(count, start + CHUNK)])
 
     def copy_pinned_captured(self, device, shared, offset, count, stream, to_device) -> None:
         def copy() -> None:  # at each launch of the graph, with the pages as they are then
-            mem, off = self._find(device, count)
+            mem, off = self._span(device, count)
             if to_device:
                 mem[off : off + count] = shared.view[offset : offset + count]
             else:
@@ -1100,7 +1107,7 @@ class HostExecutor(Executor):
         self._on(stream, copy)
 
     def copy_from_device_async(self, src, count, stream) -> StagedCopy:
-        mem, off = self._find(src, count)
+        mem, off = self._span(src, count)
         return _Copied(memoryview(mem)[off : off + count])  # streams run at once here: the copy is done
 
     def _on(self, stream, work, kind: int = 0, described=None) -> None:
@@ -1123,7 +1130,7 @@ class HostExecutor(Executor):
 
     def memset(self, dst: int, value: int, element_size: int, count: int, stream: int | None) -> None:
         def work():
-            mem, off = self._find(dst, element_size * count)
+            mem, off = self._span(dst, element_size * count)
             mem[off : off + element_size * count] = value.to_bytes(element_size, "little") * count
 
         self._on(stream, work, kind=2, described=(dst, element_size * count, value, element_size, count, 1))
@@ -1469,9 +1476,9 @@ class HostExecutor(Executor):
         return None
 
     def cuMemcpyDtoD(self, dst, src, count):
-        smem, soff = self._find(src, count)
+        smem, soff = self._span(src, count)
         data = bytes(smem[soff : soff + count])
-        dmem, doff = self._find(dst, count)
+        dmem, doff = self._span(dst, count)
         dmem[doff : doff + count] = data
 
     def cuMemcpyDtoDAsync(self, dst, src, count, stream):

@@ -89,6 +89,7 @@ PROGRAMS = [
     "prog_graph_recapture.py",  # issue 25: a recapture (13.3; not found on a 13.0 driver), graph memory's life
     "prog_multicast.py",  # issue 25: a multicast object bound, mapped and written through (NOT_SUPPORTED w/o NVLS)
     "prog_proc_addresses.py",  # issue 25: cuGetProcAddress per (name, version) as the server's driver answers
+    "prog_zero_sized.py",  # issue 25: copies and memsets of zero bytes at any address (XLA's), as the driver answers
 ]
 results: list[dict] = []
 

@@ -831,7 +831,7 @@ static int args_ok(const struct session *s, int c, const uint8_t *a) {
         case GPF_RANGE: { /* the length counts elements of g->element bytes (a memset's values) */
             uint64_t bytes = 0;
             ok = (g->length == GPF_NO_ARG || !__builtin_mul_overflow(arg(c, g->length, a), g->element, &bytes)) &&
-                 range_ok(l, v, bytes);
+                 ((g->length != GPF_NO_ARG && !bytes) || range_ok(l, v, bytes)); /* no bytes: any address */
             break;
         }
         default: ok = 0; /* a check this loop does not know: Python's */
