@@ -20,8 +20,8 @@ def name(result) -> str:
 
 
 def main() -> None:
-    print("libcuda", loaded_libcuda(), file=sys.stderr)
     ok(driver.cuInit(0))
+    print("libcuda", loaded_libcuda(), file=sys.stderr)  # loaded at the first call
     dev = ok(driver.cuDeviceGet(0))
     ctx = ok(driver.cuDevicePrimaryCtxRetain(dev))
     ok(driver.cuCtxSetCurrent(ctx))
