@@ -51,6 +51,66 @@ def test_striped_copies_land_as_through_one_connection(shim_dir, worker, lanes):
     assert "went in pieces" not in runs["one connection"][1] + runs["plaintext"][1]
 
 
+PINNED_EXPECTED = {
+    "in_flight_sync": "0",
+    "in_flight_equal": "True",
+    "freed_at_once": "0",
+    "freed_sync": "0",
+    "freed_equal": "True",
+    "again_sync": "0",
+    "again_equal": "True",
+}
+
+
+@needs_cc
+def test_copies_from_page_locked_memory_return_before_their_pieces_and_land_in_stream_order(shim_dir, worker):
+    """A copy to the device from page-locked memory across the lanes returns once its pieces are on their way
+    (the shim joins them before the lanes carry anything else or the memory is freed); four in flight and a
+    memset after them, a source freed right after its copy, a source refilled after a synchronise: the device
+    holds what stream order gives, with lanes as through one connection."""
+    runs = {}
+    for name, env in {
+        "lanes": {"GPUPOOL_DATA_ENCRYPTION": "always", "GPUPOOL_SHIM_LANES": "3"},
+        "one connection": {"GPUPOOL_DATA_ENCRYPTION": "always", "GPUPOOL_SHIM_LANES": "0"},
+    }.items():
+        runs[name] = run_client("lanes_pinned", client_env(shim_dir, worker, GPUPOOL_SHIM_PROFILE="1", **env))
+    for name, (out, _) in runs.items():
+        assert out == PINNED_EXPECTED, name
+    assert "went in pieces across 3 connections" in runs["lanes"][1]
+
+
+class Staged:
+    """The executor's queued copy (`Executor.lane_staged`), as the guard sees it: a buffer, and `filled()`."""
+
+    def __init__(self, count: int) -> None:
+        self.view = memoryview(bytearray(count))
+        self.fills = 0
+
+    def filled(self) -> None:
+        self.fills += 1
+
+
+def test_a_queued_copy_goes_on_once_its_last_piece_is_in_and_nobody_waits_for_it():
+    lanes, staged = Lanes(), Staged(30)
+    lanes.release(5, pieces=3, allowed=True, error=0, count=30, staged=staged)
+    finished = []
+    for _ in range(3):
+        piece = lanes.piece(5)
+        assert piece.staged is staged
+        finished.append(lanes.piece_done(piece))
+    assert finished == [False, False, True] and staged.fills == 1  # its stream goes on once, after the last
+
+
+def test_a_lane_that_goes_away_lets_a_queued_copys_stream_go_on_with_an_error():
+    lanes, staged = Lanes(), Staged(30)
+    lanes.release(6, pieces=3, allowed=True, error=0, count=30, staged=staged)
+    piece = lanes.piece(6)
+    lanes.piece_done(piece)
+    lanes.lane_lost()
+    assert staged.fills == 1  # the stream is not left waiting for bytes that will not come
+    assert piece.error == CUresult.DEVICE_UNAVAILABLE
+
+
 def test_a_piece_that_comes_before_its_copy_waits_for_it():
     lanes, got = Lanes(), {}
     thread = threading.Thread(target=lambda: got.setdefault("copy", lanes.piece(7)))

@@ -293,9 +293,10 @@ class _PinnedPool:
             driver.cuEventDestroy(event)
 
     def give(self, buffer: _Buffer | None, event) -> None:
-        """`buffer` None: only the event comes back."""
+        """`buffer` None: only the event comes back; `event` None: only the buffer."""
         with self.lock:
-            self.doomed_events.append(event)
+            if event is not None:
+                self.doomed_events.append(event)
             if buffer is None:
                 return
             if self.kept + buffer.size <= ASYNC_STAGING_KEPT:
@@ -303,6 +304,47 @@ class _PinnedPool:
                 self.kept += buffer.size
             else:
                 self.doomed.append(buffer)
+
+
+_WAIT_VALUE_EQ = 1  # CU_STREAM_WAIT_VALUE_EQ
+
+
+class _NotStaged(Exception):
+    """No page-locked buffer with a mark the device reaches: the copy's pieces are waited for instead."""
+
+
+class _StagedIn:
+    """A copy to the device queued before its bytes are here (gpLaneCopy's LANE_LATER: the client's lanes send
+    them after the process's next frames). Its stream waits for the buffer's mark (`cuStreamWaitValue32`), which
+    `filled()` writes once the lanes have put every byte into the buffer; the stream then copies them and writes
+    a second word, at which the buffer goes back to the pool (`done`, read by any thread: no CUDA call)."""
+
+    def __init__(self, executor: CudaExecutor, dst: int, count: int, stream) -> None:
+        self.executor, self.count = executor, count
+        self.buffer = buffer = executor.pinned.take(count)
+        mark = buffer.mark_device() if buffer.registered else 0  # pageable: the copy would read it at once
+        if not mark:
+            executor.pinned.give(buffer, None)
+            raise _NotStaged
+        self.seq = next(_marks) & 0xFFFFFFFF or 1  # never the word left there before
+        self._done = ctypes.c_uint32.from_address(buffer.address + buffer.size + 4)
+        self.view = memoryview(buffer.memory)[:count]
+        if driver.cuStreamWaitValue32(stream, mark, self.seq, _WAIT_VALUE_EQ)[0]:
+            executor.pinned.give(buffer, None)
+            raise _NotStaged  # no stream memory operations here: nothing was queued
+        try:
+            _ok(driver.cuMemcpyHtoDAsync(dst, buffer.address, count, stream))
+            _ok(driver.cuStreamWriteValue32(stream, mark + 4, self.seq, 0))
+        except CudaError:
+            self.filled()  # the stream must not wait for bytes that no copy will take
+            raise
+
+    def filled(self) -> None:
+        """Every byte is in the buffer (or the copy failed): the stream goes on."""
+        self.buffer.mark.value = self.seq
+
+    def done(self) -> bool:
+        return self._done.value == self.seq
 
 
 class _InFlight(StagedCopy):
@@ -442,6 +484,10 @@ class CudaExecutor(Executor):
         self._host_thunk_fn = driver.CUhostFn(ctypes.cast(self._host_thunk, ctypes.c_void_p).value)
         self.pinned = _PinnedPool()  # buffers of asynchronous copies to the client
         self.stream_marks = True  # whether the streams write copies' marks (stream memory operations)
+        self.staged_in: list[
+            _StagedIn
+        ] = []  # copies to the device whose buffers are not back yet (lane_staged)
+        self.staged_lock = threading.Lock()
         # the driver's own entry points called through ctypes: tensor maps (aligned), border colors (float[4])
         self.driver_functions: dict[str, Callable[..., int]] = {}
         self.recapture_callbacks: dict[int, object] = {}  # stream -> its recapture's ctypes callback
@@ -647,6 +693,22 @@ class CudaExecutor(Executor):
         if events is None:
             events = local.copy_events[local.ctx] = [_ok(driver.cuEventCreate(2))]  # DISABLE_TIMING
         return events[0]
+
+    def lane_staged(self, dst, count, stream):
+        if count > ASYNC_STAGING_MAX or not self.stream_marks:
+            return None
+        with self.staged_lock:  # the copies done by now give their buffers back
+            done = [old for old in self.staged_in if old.done()]
+            self.staged_in = [old for old in self.staged_in if old not in done]
+        for old in done:
+            self.pinned.give(old.buffer, None)
+        try:
+            new = _StagedIn(self, dst, count, self._stream(stream))
+        except _NotStaged:
+            return None
+        with self.staged_lock:
+            self.staged_in.append(new)
+        return new
 
     def copy_from_device_async(self, src, count, stream) -> StagedCopy:
         if count > ASYNC_STAGING_MAX:  # not worth pinning that much: staged now, the stream waited for

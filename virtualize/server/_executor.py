@@ -457,6 +457,13 @@ class Executor(abc.ABC):
         client on this host maps too (gpShmDtoH). Raises CudaError if the copy failed."""
         self.copy_out_into(shared, offset, src, count, stream).wait()
 
+    def lane_staged(self, dst: int, count: int, stream: int):
+        """Queue a copy of `count` bytes to device address `dst` behind `stream`'s work before its bytes are
+        here: an object with `view` (the bytes' page-locked buffer, filled by any thread) and `filled()` (every
+        byte is in: the stream goes on), or None where this executor cannot (the caller then waits for the
+        bytes before the next frame). Raises CudaError if queuing failed."""
+        return None
+
     @abc.abstractmethod
     def copy_from_device_async(self, src: int, count: int, stream: int) -> StagedCopy:
         """Queue a copy of `count` bytes from device address `src` behind `stream`'s work and return at

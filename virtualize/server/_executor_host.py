@@ -178,7 +178,8 @@ def ptx_layouts(image: bytes) -> dict[str, list[tuple[int, int]]]:
     return kernels
 
 
-_NOTHING = bytearray(1)  # where a range of zero bytes "lies" (`_find`)
+_NOTHING = bytearray(1)  # where a range of zero bytes "lies" (`_span`)
+
 
 class _Copied(CopiedBytes):
     """A copy done at once, its bytes where they lie: sent before the next call can change them."""

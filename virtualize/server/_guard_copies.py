@@ -20,7 +20,7 @@ from virtualize.common._results import CUresult
 from virtualize.server._executor import DECOMPRESS_PARAMS, INVALID_VALUE, CudaError
 from virtualize.server._guard_concern import ANSWERED, EMPTY, Concern
 from virtualize.server._guard_rules import capture_refuses, element_bytes
-from virtualize.server._lanes import LANE_GO_FIRST, Lanes
+from virtualize.server._lanes import LANE_GO_FIRST, LANE_LATER, Lanes
 
 log = logging.getLogger("gpupool.worker")
 
@@ -339,6 +339,7 @@ class CopyCalls(Concern):
         worker's lanes (so a lease whose processes copy across lanes can move to another server)."""
         device, count, stream, flags, pieces, ident = ins
         to_device, is_async, go_first = bool(flags & 1), bool(flags & 2), bool(flags & LANE_GO_FIRST)
+        later = to_device and is_async and go_first and bool(flags & LANE_LATER)
         lanes = self.session.lanes
         if lanes is None or lanes.lost:
             raise CudaError(INVALID_VALUE, "this connection has no lanes")
@@ -363,13 +364,21 @@ class CopyCalls(Concern):
                 raise CudaError(result, "an earlier asynchronous error")
         except CudaError as exc:
             allowed, error = False, exc.code
+        staged = None
+        if later and allowed:  # queued now, behind a mark; the connection goes on while the pieces come
+            try:
+                staged = self.session.executor.lane_staged(device, count, stream)
+            except CudaError as exc:
+                allowed, error = False, exc.code
         where = {
             "device": device,
             "count": count,
             "stream": stream if is_async else None,
             "ctx": self.session.ctx,
         }
-        lanes.release(ident, pieces, allowed, error, to_device=to_device, **where)
+        lanes.release(ident, pieces, allowed, error, to_device=to_device, staged=staged, **where)
+        if staged is not None:
+            return ANSWERED  # a failure in its pieces comes with a later synchronising call (lane_piece)
         copy = lanes.wait_done(ident)
         if not to_device:
             self.session._send_kernel_output()  # a copy to the host is a synchronising call
@@ -407,6 +416,9 @@ class CopyCalls(Concern):
                     channel.read_into(view)
                     channel.bulk_left -= len(view)
 
+                if copy.staged is not None:  # into the queued copy's buffer; its stream copies it
+                    fill(copy.staged.view[offset : offset + count])
+                    return EMPTY
                 self.session.executor.copy_to_device(copy.device + offset, count, copy.stream, fill)
                 return EMPTY
             error = self._lane_send(copy.device + offset, count, copy.stream)
@@ -415,7 +427,8 @@ class CopyCalls(Concern):
             error = exc.code
             raise
         finally:
-            owner.lanes.piece_done(copy, error)
+            if owner.lanes.piece_done(copy, error) and copy.error and not owner.pending:
+                owner.pending = copy.error  # a queued copy failed: its process hears at its next synchronise
 
     def _lane_send(self, src: int, count: int, stream: int | None) -> int:
         """A piece to the host: the reply header once its first chunk is in, then the bytes. Raises if

@@ -124,7 +124,7 @@ SHAPED_HANDLES: dict[str, dict[str, str]] = {
     "nccl_buffer": {},  # its address is mapped (SHAPED_ADDRESSES)
     **{method: {"stream": "stream"} for method in (
         "copy_to_device", "copy_from_device", "copy_in_from", "copy_out_into", "copy_out_piece",
-        "copy_from_device_async", "memset", "launch_host_func", "capture_info")},
+        "copy_from_device_async", "memset", "launch_host_func", "capture_info", "lane_staged")},
     "copy_3d": {"stream": "stream", "src": ARRAY_SIDE, "dst": ARRAY_SIDE},
 }  # fmt: skip
 # The shaped methods' results that are handles: (position in the result tuple, None: the result itself;
@@ -143,7 +143,7 @@ SHAPED_RESULTS: dict[str, tuple[tuple[int | None, str], ...]] = {
 # The shaped methods' device addresses (a module's global variable is at another address on the target).
 SHAPED_ADDRESSES: dict[str, tuple[str, ...]] = {
     "copy_to_device": ("dst",), "copy_from_device": ("src",), "copy_in_from": ("dst",),
-    "copy_out_into": ("src",), "copy_out_piece": ("src",), "copy_from_device_async": ("src",),
+    "copy_out_into": ("src",), "copy_out_piece": ("src",), "copy_from_device_async": ("src",), "lane_staged": ("dst",),
     "memset": ("dst",), "nccl_buffer": ("ptr",),
     # graph copy and memset nodes (a Copy3D: both its sides)
     "graph_add_memcpy_node": ("copy",), "graph_memcpy_node_set": ("copy",), "graph_exec_memcpy_node": ("copy",),

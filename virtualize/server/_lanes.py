@@ -23,6 +23,11 @@ from virtualize.common._results import CUresult
 
 WAIT_S = 60.0  # no piece for this long: the copy fails (the client stopped sending)
 LANE_GO_FIRST = 4  # gpLaneCopy's flag: answer once before the pieces come (and, to the device, only then)
+# gpLaneCopy's flag: to the device from the client's page-locked memory, its pieces may come after the process's
+# next frames. Where the executor can (`Executor.lane_staged`) the copy is queued behind a mark its stream waits
+# for, the connection goes on at once, and the pieces land in the copy's staging buffer; elsewhere (or without
+# the flag) the connection waits for the pieces as before.
+LANE_LATER = 8
 
 
 @dataclass
@@ -39,6 +44,7 @@ class LaneCopy:
     to_device: bool = True
     done: int = 0  # pieces finished, well or not
     error: int = 0  # the first error, reported by the copy's answer (or as an asynchronous error)
+    staged: object = None  # queued already (LANE_LATER): its pieces fill this (`view`, then `filled()`)
 
 
 class Lanes:
@@ -96,13 +102,26 @@ class Lanes:
                 return None
             return copy
 
-    def piece_done(self, copy: LaneCopy, error: int = 0) -> None:
+    def piece_done(self, copy: LaneCopy, error: int = 0) -> bool:
+        """A piece has finished; True when it was the last of a queued copy (whose stream then goes on)."""
         with self._cond:
             copy.done += 1
             copy.error = copy.error or error
             self._cond.notify_all()
+            if copy.staged is None or copy.done < copy.pieces:
+                return False
+            self._copies = {k: v for k, v in self._copies.items() if v is not copy}  # nobody waits for it
+        copy.staged.filled()
+        return True
 
     def lane_lost(self) -> None:
+        """A lane went away: copies waiting for pieces fail; a queued one's stream goes on without its bytes."""
         with self._cond:
             self.lost = True
             self._cond.notify_all()
+            queued = [c for c in self._copies.values() if c.staged is not None and c.done < c.pieces]
+            for copy in queued:
+                copy.error = copy.error or CUresult.DEVICE_UNAVAILABLE
+                copy.done = copy.pieces
+        for copy in queued:
+            copy.staged.filled()

@@ -325,7 +325,10 @@ class Worker:
                     return
                 self.in_calls.add(id(session))
                 try:
-                    with self.lease.gate:  # held while the lease migrates
+                    # held while the lease migrates; not by a lane: its pieces belong to a copy whose owner's
+                    # call holds the gate, or fill a queued copy's staging buffer that its stream (drained by the
+                    # pause) waits for
+                    with self.lease.gate if session.lane_of is None else contextlib.nullcontext():
                         # moved to another server: the process is told, or the frame goes on there
                         if self.moved is not None:
                             args = channel.read_exact(args_len)

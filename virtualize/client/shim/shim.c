@@ -1094,13 +1094,20 @@ static void lane_close(struct gp_conn *c) {
     *c = (struct gp_conn){-1, NULL, NULL};
 }
 
+static int lanes_sent_locked(void);
+
 static void lanes_close_locked(void) {
+    lanes_sent_locked(); /* nothing is still writing to them */
     for (int i = 0; i < lanes_state; i++) lane_close(&lane_conns[i]);
     lanes_state = -1;
 }
 
+static int n_sending; /* pieces of the last copy still going out on their own threads (under conn_lock) */
+
 static void lanes_after_fork_in_child(void) {
-    /* The parent's lanes: the child drops its copies of their sockets and opens its own if it needs. */
+    /* The parent's lanes: the child drops its copies of their sockets and opens its own if it needs
+     * (the threads sending the parent's pieces are not the child's). */
+    n_sending = 0;
     for (int i = 0; i < lanes_state; i++) {
         if (lane_conns[i].fd >= 0) close(lane_conns[i].fd);
         free(lane_conns[i].joined);
@@ -1168,13 +1175,53 @@ static void *lane_run(void *arg) {
     return NULL;
 }
 
-enum { GP_LANE_GO_FIRST = 4 }; /* gpLaneCopy answered once before its pieces go (virtualize/server/_lanes.py) */
+/* gpLaneCopy's flags beside direction and async (virtualize/server/_lanes.py): answered once before its pieces
+ * go; a copy to the device from page-locked memory whose pieces may come after the process's next frames. */
+enum { GP_LANE_GO_FIRST = 4, GP_LANE_LATER = 8 };
+
+/* A copy to the device from page-locked memory returns once its pieces are on their way, as natively the
+ * call returns before the DMA reads the memory: the worker queues the copy behind a mark its stream waits
+ * for and goes on with the process's next frames, and the pieces land in its staging memory meanwhile (a
+ * data loader's next batch crosses the network while the GPU runs this step). Their threads are joined
+ * before the lanes carry anything else, close, or the memory is given back (gp_lanes_sent). */
+static struct lane_piece sending[GP_MAX_LANES];
+static pthread_t sending_threads[GP_MAX_LANES];
+static int sending_started[GP_MAX_LANES];
+
+/* The pieces still going out have gone: 0, or -1 if one failed (the worker fails that copy and says so at
+ * the next synchronise; this process's lanes are closed and the failure is the connection's). */
+static int lanes_sent_locked(void) {
+    int failed = 0;
+    for (int i = 0; i < n_sending; i++) {
+        if (sending_started[i]) pthread_join(sending_threads[i], NULL);
+        failed |= sending[i].failed;
+    }
+    n_sending = 0;
+    return failed ? -1 : 0;
+}
+
+CUresult gp_lanes_sent(void) {
+    pthread_mutex_lock(&conn_lock);
+    int failed = lanes_sent_locked();
+    if (failed) lanes_close_locked();
+    pthread_mutex_unlock(&conn_lock);
+    return failed ? lost("a copy lane failed") : CUDA_SUCCESS;
+}
 
 static CUresult lane_copy_locked(int to_device, int is_async, uint64_t device, char *host, uint64_t count,
                                  uint64_t stream) {
+    if (lanes_sent_locked() < 0) { /* the last copy's pieces, before this one's use the lanes */
+        lanes_close_locked();
+        return lost("a copy lane failed");
+    }
     int n = lanes_state;
+    /* from page-locked memory the caller leaves it alone until the stream gets there, as with a GPU */
+    uint64_t base, size;
+    int later = to_device && is_async && gp_host_lookup((uint64_t)host, &base, &size, NULL) &&
+                count <= size - ((uint64_t)host - base);
     struct gp_in_gpLaneCopy in = {.device = device, .count = count, .stream = stream,
-                                  .flags = (to_device ? 1u : 0u) | (is_async ? 2u : 0u) | GP_LANE_GO_FIRST,
+                                  .flags = (to_device ? 1u : 0u) | (is_async ? 2u : 0u) | GP_LANE_GO_FIRST |
+                                           (later ? GP_LANE_LATER : 0u),
                                   .pieces = (uint32_t)n, .id = next_lane_copy++};
     /* The pieces go once the worker has answered: a worker the lease has left answers MOVED instead, and the
      * copy is sent again to the new one (moved_to), over lanes to that one, before any piece leaves. */
@@ -1187,24 +1234,18 @@ static CUresult lane_copy_locked(int to_device, int is_async, uint64_t device, c
         lanes_close_locked();
         return lost("the copy lanes did not open again to the lease's new worker");
     }
-    struct lane_piece pieces[GP_MAX_LANES];
-    pthread_t threads[GP_MAX_LANES];
-    int started[GP_MAX_LANES];
     uint64_t each = (count / (uint64_t)n + 4095) & ~4095ull, at = 0;
     for (int i = 0; i < n; i++) {
         uint64_t len = i == n - 1 ? count - at : each;
-        pieces[i] = (struct lane_piece){.lane = i, .to_device = to_device, .id = in.id, .offset = at, .count = len,
-                                        .host = host + at};
+        sending[i] = (struct lane_piece){.lane = i, .to_device = to_device, .id = in.id, .offset = at, .count = len,
+                                         .host = host + at};
         at += len;
-        started[i] = pthread_create(&threads[i], NULL, lane_run, &pieces[i]) == 0;
-        if (!started[i]) lane_run(&pieces[i]); /* no thread to be had: this one carries the piece */
+        sending_started[i] = pthread_create(&sending_threads[i], NULL, lane_run, &sending[i]) == 0;
+        if (!sending_started[i]) lane_run(&sending[i]); /* no thread to be had: this one carries the piece */
     }
-    int failed = 0;
-    for (int i = 0; i < n; i++) {
-        if (started[i]) pthread_join(threads[i], NULL);
-        failed |= pieces[i].failed;
-    }
-    if (failed) { /* the worker hears the lanes close and fails the copy; so does this process */
+    n_sending = n;
+    if (later) return CUDA_SUCCESS; /* on their way; joined before the lanes are used again */
+    if (lanes_sent_locked() < 0) { /* the worker hears the lanes close and fails the copy; so does this process */
         lanes_close_locked();
         return lost("a copy lane failed");
     }

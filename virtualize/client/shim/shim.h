@@ -142,6 +142,9 @@ void gp_pinned_touch(uint64_t ptr);
 int gp_host_add(uint64_t base, uint64_t size, unsigned flags, int allocated);
 int gp_host_remove(uint64_t base, int allocated);
 int gp_host_lookup(uint64_t ptr, uint64_t *base, uint64_t *size, unsigned *flags);
+/* Copies to the device still sending their pieces across the lanes have sent them (shim.c): before
+ * page-locked memory they read is given back. */
+CUresult gp_lanes_sent(void);
 
 /* Pools of page-locked host memory and of managed memory, answered in this process (shim_pools.c):
  * create answers CUDA_ERROR_NOT_FOUND for a pool of the device's own kind (the worker's). */

@@ -753,6 +753,7 @@ static CUresult socket_copies_settle(const void *p, uint64_t count) {
 
 CUresult copies_settle_host(const void *p) { /* before page-locked memory is given back */
     uint64_t base, size;
+    gp_lanes_sent(); /* a copy from it across the lanes has read it (a lane's failure is the connection's) */
     return gp_host_lookup((uint64_t)p, &base, &size, NULL) ? copies_settle((void *)base, size) : CUDA_SUCCESS;
 }
 
