@@ -1156,7 +1156,9 @@ def scenario_lanes_pinned():
     say("in_flight_equal", all(dtoh(dev + k * size, size)[1] == expected[k] for k in range(n)))
     gone = os.urandom(size)
     ctypes.memmove(sources[0], gone, size)
-    check(cu.cuMemcpyHtoDAsync(c_u64(dev + n * size), c_u64(sources[0]), c_u64(size), stream), "copy, then free")
+    check(
+        cu.cuMemcpyHtoDAsync(c_u64(dev + n * size), c_u64(sources[0]), c_u64(size), stream), "copy, then free"
+    )
     say("freed_at_once", cu.cuMemFreeHost(c_u64(sources[0])))
     say("freed_sync", cu.cuStreamSynchronize(stream))
     say("freed_equal", dtoh(dev + n * size, size)[1] == gone)
