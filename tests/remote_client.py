@@ -11,6 +11,7 @@ import os
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 c_u64 = ctypes.c_uint64
@@ -1169,6 +1170,27 @@ def scenario_lanes_pinned():
     say("again_equal", dtoh(dev + size, size)[1] == again)
     for pinned in sources[1:]:
         check(cu.cuMemFreeHost(c_u64(pinned)), "free host")
+
+
+def scenario_held_frames():
+    """Work that wants no answer, then a wait on the host alone: a memset and a host function queued on a
+    stream, and no CUDA call until the host function has run (as a program waiting on a worker thread, or on
+    another process). Frames held to go together must reach the worker without a later call. Says whether
+    the host function ran, within how long, and what the memset wrote."""
+    setup()
+    rc, dev = alloc(64)
+    check(rc, "alloc")
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    ran = threading.Event()
+    keep = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda data: ran.set())
+    started = time.monotonic()
+    check(cu.cuMemsetD8Async(c_u64(dev), 0x3C, c_u64(64), stream), "memset")
+    check(cu.cuLaunchHostFunc(stream, keep, None), "host function")
+    say("ran_without_a_call", ran.wait(20))
+    say("within_s", f"{time.monotonic() - started:.1f}")
+    check(cu.cuStreamSynchronize(stream), "sync")
+    say("memset", dtoh(dev, 4)[1].hex())
 
 
 def scenario_ipc_export():

@@ -79,6 +79,21 @@ def test_copies_from_page_locked_memory_return_before_their_pieces_and_land_in_s
     assert "went in pieces across 3 connections" in runs["lanes"][1]
 
 
+@needs_cc
+def test_frames_held_to_go_together_reach_the_worker_without_a_later_call(shim_dir, worker):
+    """Over TLS the shim holds unanswered frames a moment to send them in one record: a memset and a host
+    function, then no CUDA call until the host function has run, still reach the worker (the flusher sends
+    them once their time is up; without it this program waits forever); held frames, and the synchronise that
+    follows them, keep their order."""
+    for coalesce in ("30", "5000"):
+        env = client_env(
+            shim_dir, worker, GPUPOOL_DATA_ENCRYPTION="always", GPUPOOL_SHIM_COALESCE_US=coalesce
+        )
+        out, _ = run_client("held_frames", env)
+        assert out["ran_without_a_call"] == "True", coalesce
+        assert out["memset"] == "3c3c3c3c"
+
+
 class Staged:
     """The executor's queued copy (`Executor.lane_staged`), as the guard sees it: a buffer, and `filled()`."""
 

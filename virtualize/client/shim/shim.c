@@ -79,6 +79,7 @@ static int window_state; /* gp_window_ensure: 0 not asked yet, 1 reserved, -1 no
 static void callbacks_after_fork_in_child(void);
 static void shm_after_fork_in_child(void);
 static void lanes_after_fork_in_child(void);
+static void held_after_fork_in_child(void);
 
 static void after_fork_in_child(void) {
     /* The child must not share the parent's stream of frames; it opens its own on first use. */
@@ -88,6 +89,7 @@ static void after_fork_in_child(void) {
     main_conn.ssl = NULL; /* the parent's session: not ours to use or to end */
     callbacks_after_fork_in_child();
     lanes_after_fork_in_child();
+    held_after_fork_in_child();
     conn_ctx = 0;
     pthread_mutex_init(&conn_lock, NULL);
     gp_memo_after_fork_in_child();
@@ -182,6 +184,7 @@ __attribute__((constructor)) static void shim_init(void) {
     pthread_atfork(NULL, NULL, after_fork_in_child);
 }
 
+static size_t n_held; /* bytes of unanswered frames not sent yet (held_append_locked, below) */
 static CUresult fail(CUresult code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static CUresult fail(CUresult code, const char *fmt, ...) {
     char line[768];
@@ -191,7 +194,10 @@ static CUresult fail(CUresult code, const char *fmt, ...) {
     va_end(ap);
     if (!conn_failure) gp_say("%s", line);
     conn_failure = code;
-    if (!thread_conn) ring_drop();
+    if (!thread_conn) {
+        ring_drop();
+        n_held = 0; /* frames held for a connection that is gone */
+    }
     gp_tls_free(conn_ssl);
     conn_ssl = NULL;
     if (conn_fd >= 0) close(conn_fd);
@@ -206,12 +212,95 @@ static CUresult lost(const char *what) {
                 conn_where, what);
 }
 
-static int send_tls(struct iovec *iov, int n) {
+/* ---- unanswered frames over TLS, held a moment and sent together -----------------------------------
+ * Over an encrypted connection each frame was one TLS record and one send(): 7.6 µs a launch in the shim
+ * where the driver's own launch costs ~3 (a ResNet-50 step's 825 launches on an H200, bench/RESULTS.md).
+ * Frames that want no answer (launches, copies to the device, memsets, records) now wait in `held` for
+ * at most GPUPOOL_SHIM_COALESCE_US (default 30; 0: never) and go as one record with the frames after them:
+ * at once with the next frame that wants an answer (a synchronise, a query), when 16 KiB are held, or when
+ * the time is up (the flusher thread) — so a program that launches and then only waits on the host, or on
+ * another process, has its work at the worker within that time. Under conn_lock; the main connection only. */
+enum { HOLD_MAX = 16 << 10 };
+static unsigned char *held;
+static uint64_t held_since; /* when the first frame held now was */
+static long hold_ns = -1;
+static int flusher_running;
+static pthread_cond_t held_cond = PTHREAD_COND_INITIALIZER;
+
+static long coalesce_ns(void) {
+    if (hold_ns < 0) {
+        const char *env = getenv("GPUPOOL_SHIM_COALESCE_US");
+        long us = env && *env ? atol(env) : 30;
+        hold_ns = us > 0 ? (us < 10000 ? us : 10000) * 1000 : 0;
+    }
+    return hold_ns;
+}
+
+static int held_flush_locked(void) {
+    if (!n_held) return 0;
+    size_t n = n_held;
+    n_held = 0;
+    return main_conn.ssl ? gp_tls_write(main_conn.ssl, held, n) : -1;
+}
+
+static CUresult lost(const char *what);
+
+static void *flusher(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&conn_lock);
+    for (;;) {
+        while (!n_held) pthread_cond_wait(&held_cond, &conn_lock);
+        uint64_t due = held_since + (uint64_t)hold_ns, now = now_ns();
+        if (now < due) {
+            struct timespec wait = {0, (long)(due - now)};
+            pthread_mutex_unlock(&conn_lock);
+            nanosleep(&wait, NULL);
+            pthread_mutex_lock(&conn_lock);
+            continue;
+        }
+        if (held_flush_locked() < 0) lost(strerror(errno));
+    }
+    return NULL;
+}
+
+static void held_after_fork_in_child(void) { /* the parent's frames, and its flusher: not the child's */
+    n_held = 0;
+    flusher_running = 0;
+    pthread_cond_init(&held_cond, NULL);
+}
+
+/* Held (1) to go with later frames, or 0 where it is not for holding: sent at once then, after what is held. */
+static int held_append_locked(struct iovec *iov, int n, size_t total, int hold) {
+    if (conn() != &main_conn || !coalesce_ns() || (!hold && !n_held)) return 0;
+    if (n_held + total > HOLD_MAX && held_flush_locked() < 0) return -1;
+    if (total > HOLD_MAX || (!held && !(held = malloc(HOLD_MAX)))) return held_flush_locked() < 0 ? -1 : 0;
+    if (!n_held) held_since = now_ns();
+    for (int i = 0; i < n; i++) {
+        memcpy(held + n_held, iov[i].iov_base, iov[i].iov_len);
+        n_held += iov[i].iov_len;
+    }
+    if (!hold) return held_flush_locked() < 0 ? -1 : 1; /* this frame with everything before it: one record */
+    if (!flusher_running) {
+        pthread_t thread;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        flusher_running = pthread_create(&thread, &attr, flusher, NULL) == 0;
+        pthread_attr_destroy(&attr);
+        if (!flusher_running) return held_flush_locked() < 0 ? -1 : 1; /* no thread: nothing is held */
+    }
+    pthread_cond_signal(&held_cond);
+    return 1;
+}
+
+static int send_tls(struct iovec *iov, int n, int hold) {
     /* A frame's small pieces go as one TLS record; large bulk goes as it is. Each connection has its
      * own buffer for joining: the copy lanes send on theirs at the same time. */
     enum { JOINED = 64 << 10 };
     size_t total = 0;
     for (int i = 0; i < n; i++) total += iov[i].iov_len;
+    int kept = held_append_locked(iov, n, total, hold);
+    if (kept) return kept < 0 ? -1 : 0;
     struct gp_conn *c = conn();
     if (total <= JOINED && (c->joined || (c->joined = malloc(JOINED)))) {
         size_t at = 0;
@@ -226,9 +315,9 @@ static int send_tls(struct iovec *iov, int n) {
     return 0;
 }
 
-static int send_iov(struct iovec *iov, int n) {
+static int send_iov(struct iovec *iov, int n, int hold) {
     if (ring_of()) return gp_ring_sendv(ring_of(), iov, n);
-    if (conn_ssl) return send_tls(iov, n);
+    if (conn_ssl) return send_tls(iov, n, hold);
     while (n > 0) {
         struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
         ssize_t sent = sendmsg(conn_fd, &msg, MSG_NOSIGNAL);
@@ -361,7 +450,7 @@ static int send_frame(uint32_t call, uint32_t flags, const void *args, uint32_t 
     if (args_len) iov[n++] = (struct iovec){(void *)args, args_len};
     if (b1_len) iov[n++] = (struct iovec){(void *)b1, b1_len};
     if (b2_len) iov[n++] = (struct iovec){(void *)b2, b2_len};
-    return send_iov(iov, n);
+    return send_iov(iov, n, !(flags & GP_FLAG_WANTS_REPLY));
 }
 
 /* Reads one reply; returns its result, or -1 on a broken connection. */
