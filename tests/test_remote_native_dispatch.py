@@ -11,6 +11,7 @@ in plaintext and over TLS.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import ssl
 import struct
@@ -455,6 +456,30 @@ def test_a_synchronise_after_kernel_output_sends_the_output_first(loop):
         os.close(read)
         os.close(write)
     assert sent == [b"kernel says 1\n"] and reply(loop.client) == 0
+
+
+@needs_cc
+def test_with_stats_on_each_connection_says_where_its_native_loop_spent_its_time(shim_dir, capfd):
+    """GPUPOOL_WORKER_NATIVE_STATS=1: as a connection closes the worker logs how many frames its native loop
+    served and how its time split between reading them and launching — the 500 launches of a training-like
+    loop over TLS among them (what the next profile of a worker across a step reads)."""
+    handle = start_worker(
+        "stats", [WorkerDevice(0, "", 64 << 20)], bind_host="127.0.0.1",
+        env={_native_dispatch.STATS_ENV: "1"}, executor="host",
+    )  # fmt: skip
+    try:
+        run_client("native_dispatch", client_env(shim_dir, handle, GPUPOOL_DATA_ENCRYPTION="always"))
+    finally:
+        handle.stop()
+    lines = re.findall(
+        r"native loop of a connection: (\d+) frames served in ([\d.]+) s: ([\d.]+) s reading them .*?(\d+) reads\), "
+        r"([\d.]+) s in (\d+) launches",
+        capfd.readouterr().err,
+    )
+    assert lines, "no connection said where its loop's time went"
+    frames, serve, read, reads, launch, launches = max(lines, key=lambda line: int(line[5]))
+    assert int(launches) >= 490 and int(frames) >= int(launches) and int(reads) >= 1
+    assert float(read) + float(launch) <= float(serve) + 0.002
 
 
 @needs_cc

@@ -42,6 +42,8 @@ log = logging.getLogger("gpupool.worker")
 
 ENV = "GPUPOOL_WORKER_NATIVE"
 SPIN_ENV = "GPUPOOL_WORKER_SPIN_US"  # how long the loop polls for the next frame before it sleeps
+# 1: each connection logs, as it closes, where its native loop's time went (reading frames, launching)
+STATS_ENV = "GPUPOOL_WORKER_NATIVE_STATS"
 LIBRARY_MODULE = "virtualize.server._dispatch"
 # The calls C serves (C's `which` is the index): their ids, argument offsets and the guard's checks of
 # each argument are generated into native/dispatch_gen.h (`python -m virtualize.common._shimgen`).
@@ -123,6 +125,8 @@ def _load() -> ctypes.CDLL | None:
         ("gpf_use_driver", [], i),
         ("gpf_wire_version", [], u32),
         ("gpf_set_spin", [u64], None),
+        ("gpf_set_stats", [i], None),
+        ("gpf_session_stats", [p, ctypes.POINTER(u64)], None),
         ("gpf_lease_new", [_LAUNCH, _CALL, _COPY, _CAPTURING], p),
         ("gpf_range_add", [p, u64, u64], None),
         ("gpf_range_drop", [p, u64], None),
@@ -166,6 +170,7 @@ def _load() -> ctypes.CDLL | None:
         )
         return None
     lib.gpf_set_spin(_spin_ns())
+    lib.gpf_set_stats(os.environ.get(STATS_ENV, "0") not in ("", "0"))
     _library = lib
     return lib
 
@@ -593,10 +598,23 @@ class NativeSession:
         for base in list(self._pinned):  # no DMA may still be landing in memory the guard then frees
             self.pinned_drop(base)
         self.lease.mapped.pop(self._shared, None)
+        if self.ptr and os.environ.get(STATS_ENV, "0") not in ("", "0"):
+            self._log_stats()
         with self._lock:
             if self.ptr:
                 self.lib.gpf_session_free(self.ptr)
                 self.ptr = None
+
+    def _log_stats(self) -> None:
+        kept = (ctypes.c_uint64 * 6)()
+        self.lib.gpf_session_stats(self.ptr, kept)
+        serve, read, launch, frames, reads, launches = (int(v) for v in kept)
+        if not frames:
+            return
+        log.info("native loop of a connection: %d frames served in %.3f s: %.3f s reading them (waiting for and "
+                 "decrypting their bytes, %d reads), %.3f s in %d launches (%.1f µs each), %.3f s in the rest",
+                 frames, serve / 1e9, read / 1e9, reads, launch / 1e9, launches, launch / max(launches, 1) / 1e3,
+                 (serve - read - launch) / 1e9)  # fmt: skip
 
 
 class Ring:

@@ -546,6 +546,9 @@ struct session {
     uint64_t shm_size;
     int shm_ok;       /* no piece of a copy through it has failed yet (passed to gpf_serve) */
     uint64_t moves;   /* the lease's moves when this serve began (its thread's context is of then) */
+    /* where the loop's time went (gpf_set_stats): serving, reading frames (waiting for and decrypting
+     * their bytes), in launches; frames served, reads that had to wait for bytes, launches */
+    uint64_t st_serve_ns, st_read_ns, st_launch_ns, st_frames, st_reads, st_launches;
 };
 
 EXPORT struct session *gpf_session_new(struct lease *l) {
@@ -690,6 +693,15 @@ static uint64_t u64(const uint8_t *p) {
 static uint64_t spin_ns = 40000;
 
 EXPORT void gpf_set_spin(uint64_t ns) { spin_ns = ns; }
+
+/* Whether each connection keeps where its loop's time goes (GPUPOOL_WORKER_NATIVE_STATS; off, no clock is
+ * read per frame), and what it kept: serving, reading frames, launching (ns); frames, reads, launches. */
+static int stats_on;
+EXPORT void gpf_set_stats(int on) { stats_on = on; }
+EXPORT void gpf_session_stats(const struct session *s, uint64_t *out) {
+    uint64_t kept[6] = {s->st_serve_ns, s->st_read_ns, s->st_launch_ns, s->st_frames, s->st_reads, s->st_launches};
+    memcpy(out, kept, sizeof kept);
+}
 
 static uint64_t now_ns(void) {
     struct timespec t;
@@ -1064,17 +1076,36 @@ static int elapsed_many(struct session *s, const struct io *io, const uint8_t *a
  * client is gone, or `budget` frames were served (SERVED). `may_reply`: no earlier asynchronous error is
  * pending and nothing else is owed before a reply, so synchronising calls are answered here. `ctx`: the
  * connection's current context (copies landing in shared page-locked memory are noted with it). */
+static int serve(struct session *s, const struct io *io, struct buffer *b, int may_reply, uint32_t budget,
+                 struct outcome *out);
+
 EXPORT int gpf_serve(struct session *s, int fd, struct gpt_stream *tls, const struct gp_ring_end *ring,
                      struct buffer *b, int may_reply, int shared_ok, uint64_t ctx, uint32_t budget,
                      struct outcome *out) {
     const struct io io = {fd, tls, ring};
+    uint64_t start = stats_on ? now_ns() : 0;
     s->ctx = ctx;
     s->moves = __atomic_load_n(&s->lease->moves, __ATOMIC_SEQ_CST); /* the caller made its context current */
     s->shm_ok = shared_ok;
     out->served = 0;
     out->result = 0;
+    int r = serve(s, &io, b, may_reply, budget, out);
+    if (stats_on) {
+        s->st_serve_ns += now_ns() - start;
+        s->st_frames += out->served;
+    }
+    return r;
+}
+
+/* gpf_serve's loop, on the connection `io`. */
+static int serve(struct session *s, const struct io *io_, struct buffer *b, int may_reply, uint32_t budget,
+                 struct outcome *out) {
+    const struct io io = *io_;
     while (out->served < budget) {
+        uint64_t reading = 0;
+        if (stats_on && b->end - b->start < HEADER) reading = now_ns(), s->st_reads++;
         int r = fill(&io, b, HEADER);
+        if (reading) s->st_read_ns += now_ns() - reading;
         if (r) return r;
         const uint8_t *h = b->data + b->start;
         uint32_t id = u32(h + GPF_REQUEST_CALL), flags = u32(h + GPF_REQUEST_FLAGS);
@@ -1109,12 +1140,14 @@ EXPORT int gpf_serve(struct session *s, int fd, struct gpt_stream *tls, const st
             if (r < 0) return IO_ERROR;
             continue;
         }
+        uint64_t launching = stats_on && c == C_LAUNCH ? now_ns() : 0;
         if ((c == C_LAUNCH ? launch(s, a, bulk, bulk_len, &result)
              : pinned      ? pinned_copy(s, a, &result)
              : shm         ? shm_htod(s, a, &result)
              : copying     ? copy(s, c, a, bulk, bulk_len, &result)
                            : other(s, c, a, &result, &value)) < 0)
             return TO_PYTHON;
+        if (launching) s->st_launch_ns += now_ns() - launching, s->st_launches++;
         b->start += HEADER + args_len + bulk_len;
         out->served++;
         __atomic_fetch_add(&s->calls, 1, __ATOMIC_RELAXED);
