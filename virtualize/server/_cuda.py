@@ -309,35 +309,35 @@ class _PinnedPool:
 _WAIT_VALUE_EQ = 1  # CU_STREAM_WAIT_VALUE_EQ
 
 
-class _NotStaged(Exception):
-    """No page-locked buffer with a mark the device reaches: the copy's pieces are waited for instead."""
-
-
 class _StagedIn:
     """A copy to the device queued before its bytes are here (gpLaneCopy's LANE_LATER: the client's lanes send
     them after the process's next frames). Its stream waits for the buffer's mark (`cuStreamWaitValue32`), which
     `filled()` writes once the lanes have put every byte into the buffer; the stream then copies them and writes
     a second word, at which the buffer goes back to the pool (`done`, read by any thread: no CUDA call)."""
 
-    def __init__(self, executor: CudaExecutor, dst: int, count: int, stream) -> None:
-        self.executor, self.count = executor, count
-        self.buffer = buffer = executor.pinned.take(count)
-        mark = buffer.mark_device() if buffer.registered else 0  # pageable: the copy would read it at once
-        if not mark:
-            executor.pinned.give(buffer, None)
-            raise _NotStaged
-        self.seq = next(_marks) & 0xFFFFFFFF or 1  # never the word left there before
+    def __init__(self, buffer: _Buffer, seq: int, count: int) -> None:
+        self.buffer, self.seq, self.count = buffer, seq, count
         self._done = ctypes.c_uint32.from_address(buffer.address + buffer.size + 4)
         self.view = memoryview(buffer.memory)[:count]
-        if driver.cuStreamWaitValue32(stream, mark, self.seq, _WAIT_VALUE_EQ)[0]:
+
+    @classmethod
+    def queued(cls, executor: CudaExecutor, dst: int, count: int, stream) -> _StagedIn | None:
+        """The copy queued on `stream`, or None where it cannot be (no page-locked buffer with a mark the
+        device reaches, no stream memory operations): nothing was queued then. CudaError: queuing failed."""
+        buffer = executor.pinned.take(count)
+        mark = buffer.mark_device() if buffer.registered else 0  # pageable: the copy would read it at once
+        seq = next(_marks) & 0xFFFFFFFF or 1  # never the word left there before
+        if not mark or driver.cuStreamWaitValue32(stream, mark, seq, _WAIT_VALUE_EQ)[0]:
             executor.pinned.give(buffer, None)
-            raise _NotStaged  # no stream memory operations here: nothing was queued
+            return None
+        staged = cls(buffer, seq, count)
         try:
             _ok(driver.cuMemcpyHtoDAsync(dst, buffer.address, count, stream))
-            _ok(driver.cuStreamWriteValue32(stream, mark + 4, self.seq, 0))
+            _ok(driver.cuStreamWriteValue32(stream, mark + 4, seq, 0))
         except CudaError:
-            self.filled()  # the stream must not wait for bytes that no copy will take
+            staged.filled()  # the stream must not wait for bytes that no copy will take
             raise
+        return staged
 
     def filled(self) -> None:
         """Every byte is in the buffer (or the copy failed): the stream goes on."""
@@ -702,9 +702,8 @@ class CudaExecutor(Executor):
             self.staged_in = [old for old in self.staged_in if old not in done]
         for old in done:
             self.pinned.give(old.buffer, None)
-        try:
-            new = _StagedIn(self, dst, count, self._stream(stream))
-        except _NotStaged:
+        new = _StagedIn.queued(self, dst, count, self._stream(stream))
+        if new is None:
             return None
         with self.staged_lock:
             self.staged_in.append(new)
