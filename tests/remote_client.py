@@ -4426,6 +4426,9 @@ def scenario_migrate():
             check(cu.cuStreamEndCapture(stream, ctypes.byref(memop_graph)), "end capture")
         if line == "memop graph ends":
             check(cu.cuGraphDestroy(memop_graph), "destroy the graph")
+            # the destroy wants no answer: a synchronise makes sure the worker has it before `step` is said
+            # (the test's move request comes on another channel)
+            check(cu.cuCtxSynchronize(), "sync after the destroy")
         if line == "green":  # a green context of the device's SMs: a partition of this GPU, which stays
             resource, desc, green = DevResource(), c_u64(), c_u64()
             check(cu.cuDeviceGetDevResource(0, ctypes.byref(resource), 1), "device resource")

@@ -16,6 +16,7 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -467,15 +468,20 @@ def test_with_stats_on_each_connection_says_where_its_native_loop_spent_its_time
         "stats", [WorkerDevice(0, "", 64 << 20)], bind_host="127.0.0.1",
         env={_native_dispatch.STATS_ENV: "1"}, executor="host",
     )  # fmt: skip
+    pattern = re.compile(
+        r"native loop of a connection: (\d+) frames served in ([\d.]+) s: ([\d.]+) s reading them .*?(\d+) reads\), "
+        r"([\d.]+) s in (\d+) launches"
+    )
+    said, lines = "", []
     try:
         run_client("native_dispatch", client_env(shim_dir, handle, GPUPOOL_DATA_ENCRYPTION="always"))
+        deadline = time.monotonic() + 30  # the worker logs as it sees each connection close
+        while time.monotonic() < deadline and not any(int(line[5]) >= 490 for line in lines):
+            said += capfd.readouterr().err
+            lines = pattern.findall(said)
+            time.sleep(0.1)
     finally:
         handle.stop()
-    lines = re.findall(
-        r"native loop of a connection: (\d+) frames served in ([\d.]+) s: ([\d.]+) s reading them .*?(\d+) reads\), "
-        r"([\d.]+) s in (\d+) launches",
-        capfd.readouterr().err,
-    )
     assert lines, "no connection said where its loop's time went"
     frames, serve, read, reads, launch, launches = max(lines, key=lambda line: int(line[5]))
     assert int(launches) >= 490 and int(frames) >= int(launches) and int(reads) >= 1

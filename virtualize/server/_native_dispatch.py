@@ -609,7 +609,7 @@ class NativeSession:
         kept = (ctypes.c_uint64 * 6)()
         self.lib.gpf_session_stats(self.ptr, kept)
         serve, read, launch, frames, reads, launches = (int(v) for v in kept)
-        if not frames:
+        if not frames:  # a lane, a callback connection: nothing served in C
             return
         log.info("native loop of a connection: %d frames served in %.3f s: %.3f s reading them (waiting for and "
                  "decrypting their bytes, %d reads), %.3f s in %d launches (%.1f µs each), %.3f s in the rest",
