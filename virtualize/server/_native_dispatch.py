@@ -170,9 +170,13 @@ def _load() -> ctypes.CDLL | None:
         )
         return None
     lib.gpf_set_spin(_spin_ns())
-    lib.gpf_set_stats(os.environ.get(STATS_ENV, "0") not in ("", "0"))
+    lib.gpf_set_stats(_stats_on())
     _library = lib
     return lib
+
+
+def _stats_on() -> bool:
+    return os.environ.get(STATS_ENV, "0") not in ("", "0")
 
 
 def _spin_ns() -> int:
@@ -598,7 +602,7 @@ class NativeSession:
         for base in list(self._pinned):  # no DMA may still be landing in memory the guard then frees
             self.pinned_drop(base)
         self.lease.mapped.pop(self._shared, None)
-        if self.ptr and os.environ.get(STATS_ENV, "0") not in ("", "0"):
+        if self.ptr and _stats_on():
             self._log_stats()
         with self._lock:
             if self.ptr:
