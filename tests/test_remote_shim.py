@@ -597,12 +597,20 @@ def test_legacy_texture_and_surface_references_bind_only_the_leases_arrays_and_m
     assert "gpupool:" not in err
 
 
-def test_copies_and_memsets_of_zero_bytes_succeed_at_any_address_as_the_driver_answers(shim_dir, worker):
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_copies_and_memsets_of_zero_bytes_succeed_at_any_address_as_the_driver_answers(shim_dir, native):
     """XLA copies nothing from and to address 0 (JAX's control-flow suite): the driver answers such a copy,
     and a memset of nothing, with success at any address, and nothing surfaces at the next synchronise. The
     worker's check of the bytes a call names passes a range of none, wherever it points (the driver touches
     nothing; on an H100, tests/gpu/remote/prog_zero_sized.py prints the same natively and remotely)."""
-    out, _ = run_client("zero_sized", client_env(shim_dir, worker))
+    handle = start_worker(  # the worker's native loop and its Python guard each pass them
+        "zero", [WorkerDevice(0, "", 64 << 20)], bind_host="127.0.0.1", env={"GPUPOOL_WORKER_NATIVE": native},
+        executor="host",
+    )  # fmt: skip
+    try:
+        out, _ = run_client("zero_sized", client_env(shim_dir, handle))
+    finally:
+        handle.stop()
     answers = {name: value for name, value in out.items() if name != "after"}
     assert len(answers) == 36
     assert set(answers.values()) == {"0 0"}, {k: v for k, v in answers.items() if v != "0 0"}

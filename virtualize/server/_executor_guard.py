@@ -329,6 +329,12 @@ class HostCallbacks:
         self.deliveries.close()
 
 
+def _names_no_bytes(call: Call, ins: tuple, ptr: int) -> bool:
+    """Whether argument `ptr` starts a range of no bytes (_guard_rules.DEVICE_RANGES): it names no memory, and
+    any address passes, as the driver's copy of nothing does (XLA copies nothing from address 0)."""
+    return any(at == ptr and ins[length] == 0 for at, length, _ in RANGES_BY_ID[CALL_IDS[call]])
+
+
 class Session:
     """One client connection: its current context, its pending asynchronous error, its calls."""
 
@@ -577,12 +583,10 @@ class Session:
 
     def _check(self, call: Call, ins: tuple) -> None:
         handles = self.lease.handles
-        # A range of no bytes names no memory: any address passes, as the driver's copy of nothing does
-        empty = [ptr for ptr, length, _ in RANGES_BY_ID[CALL_IDS[call]] if ins[length] == 0]
         for i, t in call.checked:
             value = ins[i]
             if t == "dptr":
-                if self.lease.find(value) is None and i not in empty:
+                if self.lease.find(value) is None and not _names_no_bytes(call, ins, i):
                     raise CudaError(INVALID_VALUE, f"0x{value:x} is not memory of this lease")
             elif t == "stream":
                 if value not in BUILTIN_STREAMS and value not in handles["stream"]:
