@@ -109,6 +109,7 @@ def child() -> None:
 
     if want("round_trip"):
         out["round_trip_us"] = round_trip(cu, ok)
+        out["python_round_trip_us"] = python_round_trip(cu, ok)
     if want("launches"):
         out["launches_per_s"] = launches(cu, ok, empty, stream)
         if os.environ.get("GPUPOOL_BENCH_MOVE_TO"):  # the remote run: its lease moves, the rate again
@@ -161,6 +162,19 @@ def round_trip(cu, ok) -> float:
         t = time.perf_counter()
         ok(cu.cuCtxSynchronize())
         samples.append(time.perf_counter() - t)
+    return statistics.median(samples) * 1e6
+
+
+def python_round_trip(cu, ok) -> float:
+    """A call the worker answers in Python, not its native loop (cuEventCreate, then its destroy, which
+    wants no answer): the round trip of the calls a framework makes now and then (µs, median)."""
+    samples = []
+    for i in range(1200):
+        t = time.perf_counter()
+        event = ok(cu.cuEventCreate(2))  # CU_EVENT_DISABLE_TIMING
+        if i >= 200:
+            samples.append(time.perf_counter() - t)
+        ok(cu.cuEventDestroy(event))
     return statistics.median(samples) * 1e6
 
 
@@ -610,6 +624,7 @@ def report_netem(results: dict) -> None:
     print("\n| measure | plaintext | TLS 1.3 |")
     print("| --- | --- | --- |")
     for name, key, fmt in (("cuCtxSynchronize round trip (median)", "round_trip_us", "{:.1f} µs"),
+                           ("cuEventCreate round trip, answered in Python", "python_round_trip_us", "{:.1f} µs"),
                            ("empty-kernel launches, pipelined", "launches_per_s", "{:,.0f} /s")):  # fmt: skip
         if key in results["plain"] and key in results["tls"]:  # measured when --patterns asked for it
             print(f"| {name} | {fmt.format(results['plain'][key])} | {fmt.format(results['tls'][key])} |")
@@ -661,6 +676,7 @@ def report(results: dict) -> None:
     print("\n| measure | native | remote | remote as % of native |")
     print("| --- | --- | --- | --- |")
     row("cuCtxSynchronize round trip (median)", "round_trip_us", "µs", False)
+    row("cuEventCreate round trip, answered in Python (median)", "python_round_trip_us", "µs", False)
     row("empty-kernel launches, pipelined", "launches_per_s", "/s", True, "{:,.0f}")
     if "launches_after_move_per_s" in remote:
         after, move = remote["launches_after_move_per_s"], remote["move"]

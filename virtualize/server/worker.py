@@ -51,6 +51,8 @@ log = logging.getLogger("gpupool.worker")
 
 HELLO_TIMEOUT_S = 10.0
 SMALL_REPLY_BYTES = 64 << 10
+CLOSING_WAIT_S = 3.0  # how long a stopped worker lets connections that are closing finish (Worker.wait_closing)
+CLOSING_NOTICE_S = 0.25  # and how long it gives a connection whose client has just gone to notice
 PROFILE_ENV = "GPUPOOL_WORKER_PROFILE"  # a directory: each connection's cProfile, sorted by own time
 
 
@@ -265,6 +267,8 @@ class Worker:
         self.kernel_output = kernel_output
         self._last_touch = 0.0
         self.in_calls: set[int] = set()  # connections executing a call now (a long sync is use, not idleness)
+        # connections whose client has gone and that are still cleaning up (see wait_closing)
+        self._closing, self._closed = 0, threading.Condition()
         self.native = _native_dispatch.for_worker(self.lease, self.executor)
         self.native_sessions: set = set()  # connections' native loops (their calls are activity too)
         self.sessions: set = set()  # every connection's Session (a move to another server looks at them)
@@ -351,20 +355,39 @@ class Worker:
         except Exception:
             log.exception("client %s: worker error; closing its connection", who)
         finally:
-            sock.close()
-            if channel is not None and channel.ring is not None:
-                channel.ring.close()
-            if native is not None:
-                self.native_sessions.discard(native)
-                native.close()
-            if session is not None:
-                self.sessions.discard(session)
-                self._end_thread(who)
-                session.close()
-                if self.moved is not None:
-                    self._left_after_move(session)
-            if profiler is not None:
-                _write_profile(profiler, who)
+            with self._closed:
+                self._closing += 1
+            try:
+                self._close_connection(sock, channel, native, session, profiler, who)
+            finally:
+                with self._closed:
+                    self._closing -= 1
+                    self._closed.notify_all()
+
+    def _close_connection(self, sock, channel, native, session, profiler, who: str) -> None:
+        if profiler is not None:
+            _write_profile(profiler, who)
+        sock.close()
+        if channel is not None and channel.ring is not None:
+            channel.ring.close()
+        if native is not None:
+            self.native_sessions.discard(native)
+            native.close()
+        if session is not None:
+            self.sessions.discard(session)
+            self._end_thread(who)
+            session.close()
+            if self.moved is not None:
+                self._left_after_move(session)
+
+    def wait_closing(self, timeout: float) -> None:
+        """Up to `timeout` s for the connections whose clients have gone to finish cleaning up (their
+        page-locked memory dropped, their statistics and profiles written) before this process exits:
+        a worker is stopped right after its last client leaves."""
+        if self.sessions:  # a client that has just left: its connection's thread is about to see it
+            time.sleep(CLOSING_NOTICE_S)
+        with self._closed:
+            self._closed.wait_for(lambda: self._closing == 0, timeout)
 
     def _left_after_move(self, session) -> None:
         """A connection ended after the lease moved away: once none of the moved processes is left here, this
@@ -605,6 +628,7 @@ def main(argv: list[str] | None = None) -> int:
     ready(host=host, port=port, pid=os.getpid(), tls_sha256=fingerprint, local=local_name, lacks=lacks,
           migrate_port=migrate_port)  # fmt: skip
     output = KernelOutput()  # after the ready line, the last thing this process says on stdout
+    worker = None
     try:
         worker = Worker(args.lease, devices, executor, Path(args.state_dir), secret, tls, output)
         _migrate.serve_requests(worker, Path(args.state_dir), _migrate_out.request)
@@ -613,6 +637,8 @@ def main(argv: list[str] | None = None) -> int:
             _migrate_out.receive(worker, arrivals, migration_secret.encode(), args.receive)
         worker.serve(listener, local)
     finally:
+        if worker is not None:
+            worker.wait_closing(CLOSING_WAIT_S)
         executor.close()
     return 0
 

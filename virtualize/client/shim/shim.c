@@ -108,8 +108,11 @@ static int profile_lanes;
  * this process spent copying bytes into or out of it and waiting for the worker's answers */
 static uint64_t profile_shm_copies, profile_shm_bytes, profile_shm_copy_ns, profile_shm_wait_ns;
 static int shm_state; /* 0 not asked yet, 1 attached, -1 none: every copy through the socket */
+/* `slow`, `slow_ns`: the calls that took 1 ms or more, apart, so that a few long waits (a first
+ * compilation, a synchronise) are told from a call that is slow each time */
+enum { PROFILE_SLOW_NS = 1000000 };
 static struct {
-    uint64_t calls, waited, ns, bytes_out, bytes_in;
+    uint64_t calls, waited, ns, bytes_out, bytes_in, slow, slow_ns;
 } profile[GP_N_CALLS];
 
 static uint64_t now_ns(void) {
@@ -125,6 +128,10 @@ static void profile_note(uint32_t call, uint32_t flags, uint64_t ns, uint64_t ou
     __atomic_fetch_add(&profile[call].ns, ns, __ATOMIC_RELAXED);
     __atomic_fetch_add(&profile[call].bytes_out, out, __ATOMIC_RELAXED);
     __atomic_fetch_add(&profile[call].bytes_in, in, __ATOMIC_RELAXED);
+    if (ns >= PROFILE_SLOW_NS) {
+        __atomic_fetch_add(&profile[call].slow, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&profile[call].slow_ns, ns, __ATOMIC_RELAXED);
+    }
 }
 
 static void profile_print(void) {
@@ -146,16 +153,19 @@ static void profile_print(void) {
         }
     fprintf(stderr,
             "gpupool: profile of pid %d: %llu forwarded calls (%llu waited for the worker), %.3f s inside them\n"
-            "gpupool: %-44s %10s %10s %11s %9s %12s %12s %10s\n",
+            "gpupool: %-44s %10s %10s %11s %9s %12s %12s %10s %8s %11s %13s\n",
             (int)getpid(), (unsigned long long)total_calls, (unsigned long long)total_waited, total_ns / 1e9,
-            "call", "calls", "waited", "total ms", "mean us", "bytes sent", "bytes recv", "kept");
+            "call", "calls", "waited", "total ms", "mean us", "bytes sent", "bytes recv", "kept", ">=1 ms",
+            "their ms", "others' mean");
     for (uint32_t k = 0; k < n; k++) {
         uint32_t i = order[k];
-        fprintf(stderr, "gpupool: %-44s %10llu %10llu %11.1f %9.1f %12llu %12llu %10llu\n", gp_call_names[i],
-                (unsigned long long)profile[i].calls, (unsigned long long)profile[i].waited, profile[i].ns / 1e6,
-                profile[i].calls ? profile[i].ns / 1e3 / (double)profile[i].calls : 0.0,
+        uint64_t quick = profile[i].calls - profile[i].slow;
+        fprintf(stderr, "gpupool: %-44s %10llu %10llu %11.1f %9.1f %12llu %12llu %10llu %8llu %11.1f %10.1f us\n",
+                gp_call_names[i], (unsigned long long)profile[i].calls, (unsigned long long)profile[i].waited,
+                profile[i].ns / 1e6, profile[i].calls ? profile[i].ns / 1e3 / (double)profile[i].calls : 0.0,
                 (unsigned long long)profile[i].bytes_out, (unsigned long long)profile[i].bytes_in,
-                (unsigned long long)gp_memo_kept(i));
+                (unsigned long long)gp_memo_kept(i), (unsigned long long)profile[i].slow, profile[i].slow_ns / 1e6,
+                quick ? (profile[i].ns - profile[i].slow_ns) / 1e3 / (double)quick : 0.0);
     }
     if (profile_lane_copies)
         fprintf(stderr, "gpupool: %llu of these copies (%.1f MiB) went in pieces across %d connections at once\n",
