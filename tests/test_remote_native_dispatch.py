@@ -16,7 +16,6 @@ import socket
 import ssl
 import struct
 import threading
-import time
 from types import SimpleNamespace
 
 import pytest

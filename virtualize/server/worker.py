@@ -51,7 +51,7 @@ log = logging.getLogger("gpupool.worker")
 
 HELLO_TIMEOUT_S = 10.0
 SMALL_REPLY_BYTES = 64 << 10
-CLOSING_WAIT_S = 3.0  # how long a stopped worker lets connections that are closing finish (Worker.wait_closing)
+CLOSING_WAIT_S = 3.0  # how long a stopped worker lets closing connections finish (Worker.wait_closing)
 CLOSING_NOTICE_S = 0.25  # and how long it gives a connection whose client has just gone to notice
 PROFILE_ENV = "GPUPOOL_WORKER_PROFILE"  # a directory: each connection's cProfile, sorted by own time
 
