@@ -123,6 +123,7 @@ def profile_rows(stderr: str) -> dict[str, dict[str, int]]:
     rows = {}
     for line in stderr.splitlines():
         words = line.split()
-        if len(words) == 9 and words[0] == "gpupool:" and words[2].isdigit() and words[3].isdigit():
+        # gpupool: NAME calls waited total-ms mean-us sent recv kept slow slow-ms others'-mean "us"
+        if len(words) == 13 and words[0] == "gpupool:" and words[2].isdigit() and words[3].isdigit():
             rows[words[1]] = {"calls": int(words[2]), "waited": int(words[3])}
     return rows

@@ -24,6 +24,7 @@ from raw_wire_client import HELLO, PROVE, frame, handshake, hello, recv_exact, r
 from remote_helpers import client_env, needs_cc, run_client
 from tcp_proxy import TcpProxy
 
+from server.workers import WorkerDevice, start_worker
 from virtualize.common import _wire
 from virtualize.common._calls import CALLS, INTERNAL
 from virtualize.common._results import CUresult
@@ -119,6 +120,34 @@ def test_copies_to_page_locked_memory_come_back_over_an_encrypted_callback_conne
     assert out["stream_sync"] == out["host_function"] == "True,True", out
     assert out["many_landed"] == out["many_sent_back"] == out["host_function_saw"] == "True", out
     assert "gpupool:" not in err
+
+
+@needs_cc
+@pytest.mark.parametrize("lanes", ["3", "0"])
+def test_large_copies_to_page_locked_memory_come_back_in_pieces_over_several_encrypted_connections(
+    shim_dir, capfd, lanes
+):
+    """Over TLS a connection carries what one CPU encrypts, so a process attaches as many delivery
+    connections as it has lanes beside its callback connection, and a copy of 2 MiB or more into its
+    page-locked memory comes back in pieces on all of them at once (GPUPOOL_SHIM_LANES=0: none, whole on
+    the callback connection). Either way each copy's bytes land whole and in place before anything shows
+    it done, and a host function behind it sees them."""
+    handle = start_worker(
+        "pieces", [WorkerDevice(0, "", 64 << 20)], bind_host="127.0.0.1", env={}, executor="host"
+    )
+    try:
+        env = client_env(shim_dir, handle, GPUPOOL_DATA_ENCRYPTION="always", GPUPOOL_SHIM_LANES=lanes)
+        out, err = run_client("async_copies", env)
+    finally:
+        handle.stop()
+    shown_done = ("stream_sync", "event_sync", "event_query", "ctx_sync", "stream_wait_event")
+    assert {k: out[k] for k in shown_done} == dict.fromkeys(shown_done, "True,True"), out
+    assert out["host_function"] == "True,True" and out["many_landed"] == out["host_function_saw"] == "True", (
+        out
+    )
+    assert "gpupool:" not in err
+    attached = capfd.readouterr().err.count("a delivery connection of its process")
+    assert attached == (3 if lanes == "3" else 0)
 
 
 @needs_cc

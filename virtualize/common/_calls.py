@@ -741,6 +741,11 @@ CALLS: tuple[Call, ...] = (
     # of the process, attached to the first by a token, on which the worker calls back.
     _c("gpCallbackToken", 0, "o_u64 token", symbol="-"),
     _c("gpCallbackAttach", 0, "u64 token", symbol="-"),
+    # More connections of the process, attached to its callback connection's owner by the same token after
+    # that one: the worker sends pieces of large copies into page-locked memory on them and the callback
+    # connection at once (_wire.COPY_PIECE), over TLS a connection's cipher being one CPU's
+    # (virtualize/server/_deliveries.py).
+    _c("gpDeliveryAttach", 0, "u64 token", symbol="-"),
     _c("gpLinkImage", 0, "link state, u64 size, o_buf:size image", symbol="-"),  # the image cuLinkComplete made
     _c("cuLinkDestroy", 5050, "link state", custom=True),
     _c("cuLibraryLoadData", 12000,

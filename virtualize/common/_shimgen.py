@@ -206,6 +206,7 @@ def generate_types() -> str:
         f"#define GP_KERNEL_OUTPUT ({_wire.KERNEL_OUTPUT})",
         f"#define GP_COPY_DATA ({_wire.COPY_DATA})",
         f"#define GP_COPIES_SENT ({_wire.COPIES_SENT})",
+        f"#define GP_COPY_PIECE ({_wire.COPY_PIECE})",
         f"#define GP_RECAPTURE_CALL ({_wire.RECAPTURE_CALL})",
         f"#define GP_NODE_PARAMS_BYTES {_wire.NODE_PARAMS_BYTES}u",
         f"#define GP_MOVED ({_wire.MOVED})",
@@ -223,6 +224,9 @@ def generate_types() -> str:
         "/* An asynchronous copy's frame on the callback connection: its id and result (_wire.COPY_HEAD). */",
         "struct gp_copy_head { uint64_t id; int32_t result; uint32_t reserved; } __attribute__((packed));",
         f'_Static_assert(sizeof(struct gp_copy_head) == {_wire.COPY_HEAD.size}, "copy head");',
+        "/* A piece of a large asynchronous copy: its id, offset, the copy's bytes (_wire.COPY_PIECE_HEAD). */",
+        "struct gp_copy_piece_head { uint64_t id, offset, count; } __attribute__((packed));",
+        f'_Static_assert(sizeof(struct gp_copy_piece_head) == {_wire.COPY_PIECE_HEAD.size}, "copy piece head");',
         "/* A recapture's question on the callback connection, each node's side, the answer (_wire.RECAPTURE_*). */",
         "struct gp_recapture_head { uint64_t id, node; int32_t status; uint32_t reserved; } __attribute__((packed));",
         "struct gp_recapture_side { unsigned char params[GP_NODE_PARAMS_BYTES]; uint32_t n_args, args_bytes; }"

@@ -15,6 +15,13 @@ for bytes behind it could be what the function waits for. Copies due ahead of a 
 the process's own connection instead, ahead of the reply, read by the thread that waits for it.
 
 Frames go out in the order they are counted: one lock covers picking copies and sending them.
+
+Over TLS a connection carries what one CPU encrypts (~1.6 GB/s on an H200 host), so a process may attach
+more connections beside its callback connection (gpDeliveryAttach; "outlets" here). A copy of
+PIECES_FROM bytes or more then goes as pieces (`_wire.COPY_PIECE`: the copy id, the piece's offset) on
+the callback connection and every outlet at once, each piece a counted frame; the client's readers land
+them in parallel and the copy is done when all its bytes are in. A piece whose outlet is gone goes again
+on the callback connection, and that outlet is dropped.
 """
 
 from __future__ import annotations
@@ -23,12 +30,16 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from virtualize.common import _wire
 from virtualize.server._executor import CudaError, StagedCopy
 
 log = logging.getLogger("gpupool.worker")
+
+PIECES_FROM = 2 << 20  # copies from this size go in pieces across the outlets
+PIECE_LEAST = 1 << 20  # and no piece is smaller than this (each costs a frame and a wake-up)
 
 
 @dataclass
@@ -52,6 +63,14 @@ class Deliveries:
         self.sent = 0  # frames sent on the callback connection (the client counts those it has landed)
         self._closed = False
         self._thread: threading.Thread | None = None
+        self._outlets: list[Callable[..., bool]] = []  # the delivery connections' senders
+        self._senders: ThreadPoolExecutor | None = None  # one thread per outlet, sending pieces
+
+    def add_outlet(self, send: Callable[..., bool]) -> None:
+        """One more connection for pieces of large copies (gpDeliveryAttach)."""
+        with self._changed:
+            if not self._closed:
+                self._outlets.append(send)
 
     def add(self, ident: int, staged: StagedCopy) -> None:
         self._push(_Copy(ident, staged))
@@ -114,9 +133,12 @@ class Deliveries:
                 data = copy.staged.view()
             except CudaError as exc:
                 error = exc.code
-        head = _wire.COPY_HEAD.pack(copy.ident, error, 0)
-        frame = (_wire.REPLY.pack(_wire.COPY_DATA, len(head), len(data)), head, data)
         try:
+            if inline is None and not error and self._outlets and len(data) >= PIECES_FROM:
+                self._deliver_pieces(copy.ident, memoryview(data))
+                return
+            head = _wire.COPY_HEAD.pack(copy.ident, error, 0)
+            frame = (_wire.REPLY.pack(_wire.COPY_DATA, len(head), len(data)), head, data)
             if inline is not None:
                 inline(*frame)
                 return
@@ -126,6 +148,36 @@ class Deliveries:
         finally:
             if copy.staged is not None:
                 copy.staged.release()
+
+    def _deliver_pieces(self, ident: int, data: memoryview) -> None:
+        """One copy as pieces on the callback connection and the outlets at once (under `_sending`); each
+        counted once it is out, so a reply's count never runs ahead of bytes still being sent."""
+        outlets = [self._send, *self._outlets]
+        n = max(1, min(len(outlets), len(data) // PIECE_LEAST))
+        size = -(-len(data) // n)
+        pieces = [(at, data[at : at + size]) for at in range(0, len(data), size)]
+
+        def frame(at: int, piece: memoryview) -> tuple:
+            head = _wire.COPY_PIECE_HEAD.pack(ident, at, len(data))
+            return _wire.REPLY.pack(_wire.COPY_PIECE, len(head), len(piece)), head, piece
+
+        if self._senders is None:
+            self._senders = ThreadPoolExecutor(max_workers=len(outlets), thread_name_prefix="gpupool-pieces")
+        sent = [self._senders.submit(send, *frame(*p)) for send, p in zip(outlets, pieces, strict=False)]
+        for send, p, future in zip(outlets, pieces, sent, strict=False):
+            if future.result():
+                self.sent += 1
+                continue
+            if send is self._send:  # the callback connection: the client's process is gone
+                self.close()
+                return
+            with self._changed:  # that connection is gone: its piece again on the callback connection
+                if send in self._outlets:
+                    self._outlets.remove(send)
+            if not self._send(*frame(*p)):
+                self.close()
+                return
+            self.sent += 1
 
     def _run(self) -> None:
         """Sends each copy as soon as it is done, oldest first (later ones that finish earlier go too)."""
@@ -155,3 +207,5 @@ class Deliveries:
         for copy in left:
             if copy.staged is not None:
                 copy.staged.release()
+        if self._senders is not None:
+            self._senders.shutdown(wait=False)

@@ -169,6 +169,7 @@ GUARD_CALLS = (
     *("gpWindowOffer", "gpWindowAccept", "cuMemAddressReserve", "cuMemAddressFree"),
     "gpResume",  # a process whose lease moved here from another server (virtualize.server._migrate_out)
     *("gpCallbackToken", "gpCallbackAttach", "cuLaunchHostFunc", "cuStreamAddCallback"),  # host functions
+    "gpDeliveryAttach",  # more connections for the copies the callback connection carries
     *("cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuTensorMapEncodeIm2colWide"),  # tensor maps
     "cuTensorMapReplaceAddress",
     "cuTensorMapSetAllocationClass",

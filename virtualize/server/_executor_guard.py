@@ -357,6 +357,7 @@ class Session:
         self.copies_announced = 0  # copy frames the client was last told to wait for (_wire.COPIES_SENT)
         self.callback_token = 0
         self.calls_back_for: Session | None = None  # set on a callback connection: stop reading it
+        self.delivers = False  # and a delivery connection is one of those (gpDeliveryAttach)
         # The virtual memory API on this connection: reserved ranges, mappings, and created memory.
         self.vm_ranges: dict[int, int] = {}  # base -> size
         self.vm_mapped: dict[int, int] = {}  # mapped address -> size
@@ -383,6 +384,7 @@ class Session:
             "cuMemPoolCreate": self._pool_create,
             "gpCallbackToken": self._callback_token,
             "gpCallbackAttach": self._callback_attach,
+            "gpDeliveryAttach": self._delivery_attach,
             "cuLaunchHostFunc": self._host_function,
             "cuStreamAddCallback": self._host_function,
             "cuMemAddressReserve": self._vm_reserve,
@@ -814,6 +816,31 @@ class Session:
                 raise CudaError(INVALID_VALUE, "not a connection waiting for its callback connection")
             owner.callbacks = HostCallbacks(self.channel)
         self.calls_back_for = owner
+
+    def _delivery_attach(self, call: Call, ins: tuple):
+        """This connection carries pieces of `token`'s large copies into page-locked memory beside its
+        callback connection (virtualize.server._deliveries); as there, the worker reads nothing more from it."""
+        with self.lease.lock:
+            owner = self.lease.callback_tokens.get(ins[0])
+            if owner is None or owner.callbacks is None:
+                raise CudaError(INVALID_VALUE, "not a connection with a callback connection")
+            callbacks = owner.callbacks
+        channel = self.channel
+
+        def send(*parts) -> bool:
+            if callbacks.closed.is_set():
+                return False
+            try:
+                channel.send(*parts)
+                return True
+            except (OSError, ConnectionError, EOFError) as exc:
+                log.info("a delivery connection of the client is gone (%s)", exc)
+                return False
+
+        self._answer(True, None, 0)  # answered before the connection is one the deliveries write to
+        callbacks.deliveries.add_outlet(send)
+        self.calls_back_for, self.delivers = owner, True
+        return ANSWERED
 
     def _host_function(self, call: Call, ins: tuple):
         stream, ident = ins

@@ -347,7 +347,8 @@ class Worker:
                     log.info("client %s: a copy lane of its process's connection", who)
                     lane_logged = True
                 if session.calls_back_for is not None:  # the process's callback connection from now on
-                    log.info("client %s: callback connection of its process", who)
+                    what = "a delivery connection" if session.delivers else "callback connection"
+                    log.info("client %s: %s of its process", who, what)
                     session.calls_back_for.callbacks.closed.wait()
                     return
         except (ConnectionClosed, OSError):  # gone, reset, timed out in the hello, or a TLS failure

@@ -90,6 +90,7 @@ PROGRAMS = [
     "prog_multicast.py",  # issue 25: a multicast object bound, mapped and written through (NOT_SUPPORTED w/o NVLS)
     "prog_proc_addresses.py",  # issue 25: cuGetProcAddress per (name, version) as the server's driver answers
     "prog_zero_sized.py",  # issue 25: copies and memsets of zero bytes at any address (XLA's), as the driver answers
+    "prog_pinned_pieces.py",  # issue 31: large copies into pinned tensors, in pieces over TLS, right and in order
 ]
 results: list[dict] = []
 

@@ -1218,10 +1218,14 @@ static void lanes_after_fork_in_child(void) {
 
 /* Under conn_lock, the process's connection up and encrypted: lanes_state set. A lane that cannot
  * connect leaves the process's connection as it was (its failure is not the process's). */
-static void lanes_open_locked(void) {
+static int lanes_wanted(void) {
     const char *env = getenv("GPUPOOL_SHIM_LANES");
     int want = env ? atoi(env) : 3;
-    if (want > GP_MAX_LANES) want = GP_MAX_LANES;
+    return want > GP_MAX_LANES ? GP_MAX_LANES : want;
+}
+
+static void lanes_open_locked(void) {
+    int want = lanes_wanted();
     struct gp_out_gpCallbackToken token;
     if (want < 2 || call_locked(GP_CALL_gpCallbackToken, GP_FLAG_WANTS_REPLY, NULL, 0, NULL, 0, NULL, 0, &token,
                                 sizeof token, NULL, 0) != CUDA_SUCCESS) {
@@ -1539,7 +1543,8 @@ static int callback_send(const void *buf, size_t len) {
  * many such frames it has sent (GP_COPIES_SENT) and recv_reply waits until as many have landed, so no
  * synchronise, query that says done, or copy returns before the bytes it could show the program. */
 
-struct pending_copy { uint64_t id; void *dst; uint64_t count; struct pending_copy *next; };
+/* `landed`: the bytes of its pieces landed so far (a large copy comes in pieces, GP_COPY_PIECE) */
+struct pending_copy { uint64_t id; void *dst; uint64_t count; struct pending_copy *next; uint64_t landed; };
 static pthread_mutex_t copies_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t copies_cond = PTHREAD_COND_INITIALIZER;
 static struct pending_copy *copies;
@@ -1550,7 +1555,7 @@ uint64_t gp_copy_expect(void *dst, uint64_t count) {
     struct pending_copy *c = malloc(sizeof *c);
     if (!c) return 0;
     pthread_mutex_lock(&copies_lock);
-    *c = (struct pending_copy){next_copy++, dst, count, copies};
+    *c = (struct pending_copy){next_copy++, dst, count, copies, 0};
     copies = c;
     __atomic_add_fetch(&copies_in_flight, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&copies_lock);
@@ -1602,6 +1607,30 @@ static int land_copy(const struct gp_reply *rep, int counted) {
     pthread_mutex_lock(&copies_lock);
     free(copy_unlink(head.id));
     copies_landed += counted != 0;
+    pthread_cond_broadcast(&copies_cond);
+    pthread_mutex_unlock(&copies_lock);
+    return 0;
+}
+
+/* One piece of a large copy, from whichever connection it came on (the callback connection or a delivery
+ * connection: the worker sends a copy's pieces on all of them at once); the copy is done when all of its
+ * bytes have landed. Each piece is a frame the worker counts in GP_COPIES_SENT. */
+static int land_piece(const struct gp_reply *rep) {
+    struct gp_copy_piece_head head;
+    if (rep->outs_len != sizeof head || recv_all(&head, sizeof head) < 0) return -1;
+    pthread_mutex_lock(&copies_lock);
+    struct pending_copy *c = copies;
+    while (c && c->id != head.id) c = c->next;
+    /* the copy stays listed until its last byte lands, so no other reader frees it meanwhile */
+    char *dst = c && head.offset <= c->count && rep->bulk_len <= c->count - head.offset ? (char *)c->dst + head.offset
+                                                                                       : NULL;
+    pthread_mutex_unlock(&copies_lock);
+    uint64_t take = dst ? rep->bulk_len : 0;
+    if (take && recv_all(dst, take) < 0) return -1;
+    if (discard(rep->bulk_len - take) < 0) return -1;
+    pthread_mutex_lock(&copies_lock);
+    if (dst && (c->landed += take) >= c->count) free(copy_unlink(head.id));
+    copies_landed++;
     pthread_cond_broadcast(&copies_cond);
     pthread_mutex_unlock(&copies_lock);
     return 0;
@@ -1707,12 +1736,72 @@ static CUresult callback_attach_locked(uint64_t token) {
 
 static void *callback_reader(void *arg);
 
+/* ---- delivery connections: large copies into page-locked memory, in pieces on several connections ----
+ *
+ * Over TLS one connection carries what one CPU encrypts and decrypts (~1.6 GB/s on an H200 host: half a
+ * 25 Gbit/s link), so as many connections as the lanes (GPUPOOL_SHIM_LANES) attach beside the callback
+ * connection, each with a thread of its own landing the pieces the worker sends on it. Opened once, with
+ * the callback connection, on an encrypted connection only (on this host copies go through shared
+ * memory); where one cannot open, copies come whole on the callback connection as before. After the lease
+ * moves to another server the old ones end with the old worker and the copies come whole. */
+static struct gp_conn delivery_conns[GP_MAX_LANES];
+static int n_delivery_conns;
+
+static void *delivery_reader(void *arg) {
+    thread_conn = arg;
+    struct gp_reply rep;
+    while (recv_all(&rep, sizeof rep) == 0 && rep.result == GP_COPY_PIECE && land_piece(&rep) == 0) {
+    }
+    return NULL; /* the worker closed it (the process's connection ended, or the lease moved) */
+}
+
+/* Under conn_lock, from the callback thread once its connection is attached as `token`'s. */
+static void deliveries_open_locked(uint64_t token, struct gp_conn *mine) {
+    int want = lanes_wanted();
+    if (!mine->ssl || want < 2) return;
+    CUresult failure = conn_failure;
+    uint64_t ctx = conn_ctx;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    for (int i = 0; i < want; i++) {
+        struct gp_conn *c = &delivery_conns[i];
+        *c = (struct gp_conn){-1, NULL, NULL};
+        thread_conn = c;
+        struct gp_in_gpDeliveryAttach in = {.token = token};
+        int32_t result = -1;
+        int ok = connect_worker() == CUDA_SUCCESS && conn_ssl &&
+                 send_frame(GP_CALL_gpDeliveryAttach, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0) == 0 &&
+                 recv_reply(&result, NULL, 0, NULL, 0) == 0 && result == 0;
+        pthread_t thread;
+        if (!ok || pthread_create(&thread, &attr, delivery_reader, c) != 0) {
+            lane_close(c); /* an older worker refuses the call: copies come whole, as before */
+            break;
+        }
+        n_delivery_conns++;
+    }
+    pthread_attr_destroy(&attr);
+    thread_conn = mine;
+    conn_failure = failure;
+    conn_ctx = ctx;
+}
+
+static void deliveries_after_fork_in_child(void) {
+    /* The parent's: their threads are the parent's; the child's callback connection opens its own. */
+    for (int i = 0; i < n_delivery_conns; i++) {
+        if (delivery_conns[i].fd >= 0) close(delivery_conns[i].fd);
+        delivery_conns[i] = (struct gp_conn){-1, NULL, NULL};
+    }
+    n_delivery_conns = 0;
+}
+
 static void *callback_thread(void *arg) {
     uint64_t token = *(uint64_t *)arg;
     struct gp_conn *mine = callback_conn;
     thread_conn = mine;
     pthread_mutex_lock(&conn_lock);
     CUresult r = callback_attach_locked(token);
+    if (r == CUDA_SUCCESS) deliveries_open_locked(token, mine);
     pthread_mutex_unlock(&conn_lock);
     pthread_mutex_lock(&host_calls_lock);
     callbacks_result = r;
@@ -1733,6 +1822,10 @@ static void *callback_reader(void *arg) {
         if (recv_all(&rep, sizeof rep) < 0) break;
         if (rep.result == GP_COPY_DATA) {
             if (land_copy(&rep, 1) < 0) break;
+            continue;
+        }
+        if (rep.result == GP_COPY_PIECE) {
+            if (land_piece(&rep) < 0) break;
             continue;
         }
         if (rep.result == GP_RECAPTURE_CALL) {
@@ -1830,6 +1923,7 @@ CUresult gp_callbacks_start(void) {
 static void callbacks_after_fork_in_child(void) {
     /* The callback thread and its connection stay with the parent; the child starts its own. */
     copies_after_fork_in_child();
+    deliveries_after_fork_in_child();
     first_callback_conn = (struct gp_conn){-1, NULL, callback_conn->joined};
     callback_conn = &first_callback_conn;
     callbacks_state = 0;
