@@ -628,6 +628,24 @@ def report_netem(results: dict) -> None:
                            ("empty-kernel launches, pipelined", "launches_per_s", "{:,.0f} /s")):  # fmt: skip
         if key in results["plain"] and key in results["tls"]:  # measured when --patterns asked for it
             print(f"| {name} | {fmt.format(results['plain'][key])} | {fmt.format(results['tls'][key])} |")
+    # Copies into and from page-locked memory, 16 in flight: the rate, and as a share of the link.
+    pipelined = [(k, name) for k, name in (("dtoh_async_pinned", "DtoH async into page-locked, 16 in flight"),
+                                           ("htod_async_pinned", "HtoD async from page-locked, 4 streams, 16 in flight"))
+                 if k in results["plain"] and k in results["tls"]]  # fmt: skip
+    if pipelined:
+        print(
+            f"\n| copies in flight | plaintext GB/s | % of {link * 8:.0f} Gbit/s | TLS GB/s | % of {link * 8:.0f} Gbit/s |"
+        )
+        print("| --- | --- | --- | --- | --- |")
+    for key, name in pipelined:
+        for size in results["tls"][key]:
+            plain, tls = results["plain"][key][size]["gb_s"], results["tls"][key][size]["gb_s"]
+            label = f"{int(size) >> 20} MiB" if int(size) >= 1 << 20 else f"{int(size) >> 10} KiB"
+            print(
+                f"| {name}, {label} | {plain:.2f} | {plain / link * 100:.0f} % | {tls:.2f} | {tls / link * 100:.0f} % |"
+            )
+    if "bandwidth_gb_s" not in results["plain"]:  # --patterns without copies
+        return
     print(f"\n| copy | plaintext GB/s | % of {link * 8:.0f} Gbit/s | % of raw | CPU s/GB client, worker | TLS GB/s "
           f"| % of {link * 8:.0f} Gbit/s | % of raw TLS | CPU s/GB client, worker |")  # fmt: skip
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")

@@ -10,11 +10,15 @@ Runs unchanged on a local GPU or, under gpupool's libcuda.so.1, on a leased one;
 from __future__ import annotations
 
 import hashlib
+import sys
 
 import torch
+from _common import loaded_libcuda
 
 
 def main() -> None:
+    torch.cuda.init()
+    print("libcuda", loaded_libcuda(), file=sys.stderr)
     torch.manual_seed(7)
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     sizes = [3 * 2**20 + 5, 17 * 2**20 + 3, 64 * 2**20 + 1]
