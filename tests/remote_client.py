@@ -1361,7 +1361,7 @@ def scenario_async_copies():
     gate = threading.Event()
     keep = [host_fn(lambda _: gate.wait(60))]  # holds the stream until the program opens the gate
     seen_by_host_function = []
-    keep.append(host_fn(lambda _: seen_by_host_function.append(view[:16])))
+    keep.append(host_fn(lambda _: seen_by_host_function.append(view[:n])))  # all of it: the pieces too
 
     def put(pattern):
         check(cu.cuMemcpyHtoD(c_u64(dev), pattern, c_u64(n)), "htod")
@@ -1419,7 +1419,7 @@ def scenario_async_copies():
     copy_then(lambda: check(cu.cuCtxSynchronize(), "ctx sync"), "ctx_sync", 4)
     copy_then(waited_by_other_stream, "stream_wait_event", 5)
     pattern = copy_then(host_function_after, "host_function", 6)
-    say("host_function_saw", seen_by_host_function == [pattern[:16]])
+    say("host_function_saw", seen_by_host_function == [pattern])
     pattern = copy_then(synchronous_copy, "synchronous_copy", 7)
     ctypes.memset(pinned.value, 0xEE, 16)  # a generic cuMemcpyAsync into page-locked memory: the same
     gate.clear()

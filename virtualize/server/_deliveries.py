@@ -66,6 +66,9 @@ class Deliveries:
         self._outlets: list[Callable[..., bool]] = []  # the delivery connections' senders
         self._senders: ThreadPoolExecutor | None = None  # one thread per outlet, sending pieces
 
+    def has_outlets(self) -> bool:
+        return bool(self._outlets)
+
     def add_outlet(self, send: Callable[..., bool]) -> None:
         """One more connection for pieces of large copies (gpDeliveryAttach)."""
         with self._changed:

@@ -294,9 +294,20 @@ class HostCallbacks:
                 self.closed.set()
                 return False
 
+    def _copies_first(self) -> bool:
+        """Copies done by now land before what comes next on this connection runs in the client: those
+        sent here are read first, and where pieces went on delivery connections too, the client hears how
+        many frames to wait for (COPIES_SENT), as ahead of a reply."""
+        sent = self.deliveries.send_done()
+        if not self.deliveries.has_outlets():
+            return True
+        count = _wire.COPIES_COUNT.pack(sent)
+        return self.send(_wire.REPLY.pack(_wire.COPIES_SENT, len(count), 0), count)
+
     def call(self, ident: int, status: int = 0) -> None:
         with self.lock:
-            self.deliveries.send_done()  # copies done by now land before the function runs
+            if not self._copies_first():
+                return
             if not self.send(_wire.REPLY.pack(status, 8, 0), struct.pack("<Q", ident)):
                 return
             try:
@@ -309,8 +320,7 @@ class HostCallbacks:
         """A recapture's question (`_wire.RECAPTURE_CALL`) for the program's callback: its CUresult, or
         CUDA_ERROR_UNKNOWN where the connection is gone (the capture fails: no answer is none)."""
         with self.lock:
-            self.deliveries.send_done()
-            if not self.send(
+            if not self._copies_first() or not self.send(
                 _wire.REPLY.pack(_wire.RECAPTURE_CALL, len(head), len(question)), head, question
             ):
                 return CUresult.UNKNOWN

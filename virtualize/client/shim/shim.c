@@ -1828,6 +1828,12 @@ static void *callback_reader(void *arg) {
             if (land_piece(&rep) < 0) break;
             continue;
         }
+        if (rep.result == GP_COPIES_SENT) { /* pieces on the delivery connections land before what follows */
+            uint64_t sent;
+            if (rep.outs_len != sizeof sent || recv_all(&sent, sizeof sent) < 0) break;
+            copies_wait(sent);
+            continue;
+        }
         if (rep.result == GP_RECAPTURE_CALL) {
             if (recapture_answer(&rep) < 0) break;
             continue;
