@@ -5232,5 +5232,33 @@ def scenario_recapture():
     say("finished", 1)
 
 
+def scenario_overlapping_async_copies():
+    """Copies of different sizes into one page-locked buffer, one after the other on one stream, with no
+    synchronise between: the later one's bytes stay where both wrote, as natively — also where large
+    copies come back in pieces on several connections at once, cut at different places."""
+    setup()
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    sizes = (8 * MiB + 7, 3 * MiB + 1, 5 * MiB + 3)  # pieces cut at different offsets in each
+    sources = []
+    for size in sizes:
+        rc, dev = alloc(size)
+        check(rc, "alloc")
+        data = os.urandom(size)
+        check(cu.cuMemcpyHtoD(c_u64(dev), data, c_u64(size)), "htod")
+        sources.append((dev, size, data))
+    target = c_u64()
+    check(cu.cuMemAllocHost(ctypes.byref(target), c_u64(max(sizes))), "pinned")
+    wrong = 0
+    for _ in range(12):
+        expected = bytearray(max(sizes))
+        for dev, size, data in sources:
+            check(cu.cuMemcpyDtoHAsync(c_u64(target.value), c_u64(dev), c_u64(size), stream), "dtoh async")
+            expected[:size] = data
+        check(cu.cuStreamSynchronize(stream), "sync")
+        wrong += ctypes.string_at(target.value, max(sizes)) != bytes(expected)
+    say("rounds_wrong", wrong)
+
+
 if __name__ == "__main__":
     globals()[f"scenario_{sys.argv[1]}"]()

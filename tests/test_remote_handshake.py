@@ -151,6 +151,17 @@ def test_large_copies_to_page_locked_memory_come_back_in_pieces_over_several_enc
 
 
 @needs_cc
+def test_overlapping_copies_in_pieces_keep_the_later_ones_bytes(shim_dir, worker):
+    """Copies of different sizes into one page-locked buffer on one stream, back to back: their pieces
+    are cut at different offsets and land from several connections' threads at once, yet where two
+    wrote the later one's bytes stay, in every round, as natively."""
+    out, err = run_client(
+        "overlapping_async_copies", client_env(shim_dir, worker, GPUPOOL_DATA_ENCRYPTION="always")
+    )
+    assert out["rounds_wrong"] == "0", err
+
+
+@needs_cc
 def test_an_encrypted_run_shows_the_network_neither_the_secret_nor_the_data(shim_dir, worker):
     """What the shim does whenever the worker is on another host, forced here on loopback."""
     out, _, seen = recorded_run(shim_dir, worker, "copies", GPUPOOL_DATA_ENCRYPTION="always")

@@ -224,8 +224,9 @@ def generate_types() -> str:
         "/* An asynchronous copy's frame on the callback connection: its id and result (_wire.COPY_HEAD). */",
         "struct gp_copy_head { uint64_t id; int32_t result; uint32_t reserved; } __attribute__((packed));",
         f'_Static_assert(sizeof(struct gp_copy_head) == {_wire.COPY_HEAD.size}, "copy head");',
-        "/* A piece of a large asynchronous copy: its id, offset, the copy's bytes (_wire.COPY_PIECE_HEAD). */",
-        "struct gp_copy_piece_head { uint64_t id, offset, count; } __attribute__((packed));",
+        "/* A piece of a large asynchronous copy: its id, offset, the copy's bytes, the frames sent before the copy"
+        " (_wire.COPY_PIECE_HEAD). */",
+        "struct gp_copy_piece_head { uint64_t id, offset, count, before; } __attribute__((packed));",
         f'_Static_assert(sizeof(struct gp_copy_piece_head) == {_wire.COPY_PIECE_HEAD.size}, "copy piece head");',
         "/* A recapture's question on the callback connection, each node's side, the answer (_wire.RECAPTURE_*). */",
         "struct gp_recapture_head { uint64_t id, node; int32_t status; uint32_t reserved; } __attribute__((packed));",

@@ -49,11 +49,13 @@ COPY_HEAD = struct.Struct("<QiI")  # copy id, CUresult, 0
 COPIES_SENT = -4
 COPIES_COUNT = struct.Struct("<Q")
 # A piece of such a copy (a large one, where the process attached delivery connections: gpDeliveryAttach):
-# outs COPY_PIECE_HEAD (the copy id, the piece's offset in it, the copy's bytes), the piece's bytes as bulk;
-# its pieces go on the callback and delivery connections at once, each a frame counted in COPIES_SENT, and
-# the copy is done when its bytes have all landed.
+# outs COPY_PIECE_HEAD (the copy id, the piece's offset in it, the copy's bytes, and how many frames the
+# worker had sent before the copy's first piece: the client lands the piece only once as many have landed,
+# so copies into the same memory land in their order), the piece's bytes as bulk; its pieces go on the
+# callback and delivery connections at once, each a frame counted in COPIES_SENT, and the copy is done
+# when its bytes have all landed. A whole copy sent after pieces has COPIES_SENT ahead of it, for the same.
 COPY_PIECE = -7  # -6 is MOVED
-COPY_PIECE_HEAD = struct.Struct("<QQQ")
+COPY_PIECE_HEAD = struct.Struct("<QQQQ")
 # A recapture's question (cuStreamBeginRecaptureToGraph): on the callback connection, a header with
 # RECAPTURE_CALL, outs RECAPTURE_HEAD (the shim's callback id, the node, its CUgraphRecaptureStatus) and as
 # bulk the node's two CUgraphNodeParams, original then recaptured, each a RECAPTURE_SIDE (the 256-byte

@@ -65,6 +65,7 @@ class Deliveries:
         self._thread: threading.Thread | None = None
         self._outlets: list[Callable[..., bool]] = []  # the delivery connections' senders
         self._senders: ThreadPoolExecutor | None = None  # one thread per outlet, sending pieces
+        self._pieces_landing = False  # the last copy went in pieces: a whole one after it says COPIES_SENT
 
     def has_outlets(self) -> bool:
         return bool(self._outlets)
@@ -140,6 +141,12 @@ class Deliveries:
             if inline is None and not error and self._outlets and len(data) >= PIECES_FROM:
                 self._deliver_pieces(copy.ident, memoryview(data))
                 return
+            if inline is None and self._pieces_landing:  # the pieces sent before land first (their order)
+                count = _wire.COPIES_COUNT.pack(self.sent)
+                if not self._send(_wire.REPLY.pack(_wire.COPIES_SENT, len(count), 0), count):
+                    self.close()
+                    return
+                self._pieces_landing = False
             head = _wire.COPY_HEAD.pack(copy.ident, error, 0)
             frame = (_wire.REPLY.pack(_wire.COPY_DATA, len(head), len(data)), head, data)
             if inline is not None:
@@ -160,8 +167,11 @@ class Deliveries:
         size = -(-len(data) // n)
         pieces = [(at, data[at : at + size]) for at in range(0, len(data), size)]
 
+        before = self.sent
+        self._pieces_landing = True
+
         def frame(at: int, piece: memoryview) -> tuple:
-            head = _wire.COPY_PIECE_HEAD.pack(ident, at, len(data))
+            head = _wire.COPY_PIECE_HEAD.pack(ident, at, len(data), before)
             return _wire.REPLY.pack(_wire.COPY_PIECE, len(head), len(piece)), head, piece
 
         if self._senders is None:

@@ -39,9 +39,9 @@ _Static_assert(sizeof(struct gp_reply) == 16, "reply header");
 /* An asynchronous copy's frame on the callback connection: its id and result (_wire.COPY_HEAD). */
 struct gp_copy_head { uint64_t id; int32_t result; uint32_t reserved; } __attribute__((packed));
 _Static_assert(sizeof(struct gp_copy_head) == 16, "copy head");
-/* A piece of a large asynchronous copy: its id, offset, the copy's bytes (_wire.COPY_PIECE_HEAD). */
-struct gp_copy_piece_head { uint64_t id, offset, count; } __attribute__((packed));
-_Static_assert(sizeof(struct gp_copy_piece_head) == 24, "copy piece head");
+/* A piece of a large asynchronous copy: its id, offset, the copy's bytes, the frames sent before the copy (_wire.COPY_PIECE_HEAD). */
+struct gp_copy_piece_head { uint64_t id, offset, count, before; } __attribute__((packed));
+_Static_assert(sizeof(struct gp_copy_piece_head) == 32, "copy piece head");
 /* A recapture's question on the callback connection, each node's side, the answer (_wire.RECAPTURE_*). */
 struct gp_recapture_head { uint64_t id, node; int32_t status; uint32_t reserved; } __attribute__((packed));
 struct gp_recapture_side { unsigned char params[GP_NODE_PARAMS_BYTES]; uint32_t n_args, args_bytes; } __attribute__((packed));

@@ -1619,6 +1619,9 @@ static int land_piece(const struct gp_reply *rep) {
     struct gp_copy_piece_head head;
     if (rep->outs_len != sizeof head || recv_all(&head, sizeof head) < 0) return -1;
     pthread_mutex_lock(&copies_lock);
+    /* every frame sent before this copy first (they may still land on other connections): copies into the
+     * same memory land in their order, as natively the later one's bytes stay */
+    while (copies_landed < head.before && !copies_stopped) pthread_cond_wait(&copies_cond, &copies_lock);
     struct pending_copy *c = copies;
     while (c && c->id != head.id) c = c->next;
     /* the copy stays listed until its last byte lands, so no other reader frees it meanwhile */
@@ -1750,7 +1753,9 @@ static int n_delivery_conns;
 static void *delivery_reader(void *arg) {
     thread_conn = arg;
     struct gp_reply rep;
-    while (recv_all(&rep, sizeof rep) == 0 && rep.result == GP_COPY_PIECE && land_piece(&rep) == 0) {
+    while (recv_all(&rep, sizeof rep) == 0) { /* copies whole, and pieces of large ones */
+        if (rep.result == GP_COPY_DATA ? land_copy(&rep, 1) < 0 : rep.result != GP_COPY_PIECE || land_piece(&rep) < 0)
+            break;
     }
     return NULL; /* the worker closed it (the process's connection ended, or the lease moved) */
 }
