@@ -5260,5 +5260,42 @@ def scenario_overlapping_async_copies():
     say("rounds_wrong", wrong)
 
 
+def scenario_event_batches():
+    """An event made a step, as PyTorch's pinned-memory allocator makes them: each one fresh and the
+    program's own, events of each kind of flags kept apart, and a context's events gone with it."""
+    primary = setup()
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    seen, fresh, recorded = set(), 0, 0
+    for step in range(100):
+        start, end = c_u64(), c_u64()
+        check(cu.cuEventCreate(ctypes.byref(start), 0), "create")
+        check(cu.cuEventCreate(ctypes.byref(end), 2 if step % 2 else 0), "create")  # DISABLE_TIMING: 2
+        seen.update((start.value, end.value))
+        fresh += cu.cuEventQuery(start) == 0 and cu.cuEventSynchronize(end) == 0  # never recorded: done
+        check(cu.cuEventRecord(start, stream), "record")
+        check(cu.cuEventRecord(end, stream), "record")
+        check(cu.cuEventSynchronize(end), "sync")
+        ms = ctypes.c_float()
+        recorded += cu.cuEventElapsedTime(ctypes.byref(ms), start, end) == (400 if step % 2 else 0)
+        check(cu.cuEventDestroy(start), "destroy")
+        check(cu.cuEventDestroy(end), "destroy")
+    say("distinct", len(seen) == 200)
+    say("fresh", fresh)
+    say("timing_as_asked", recorded)
+    bad = c_u64()
+    say("bad_flags", cu.cuEventCreate(ctypes.byref(bad), 0x80))
+    created, other = c_u64(), c_u64()
+    check(cu.cuCtxCreate(ctypes.byref(created), None, 0, 0), "create context")
+    check(cu.cuEventCreate(ctypes.byref(other), 0), "event in it")
+    check(cu.cuCtxDestroy(created), "destroy context")  # its unused fresh events went with it
+    check(cu.cuCtxCreate(ctypes.byref(created), None, 0, 0), "another context")
+    own = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(own), 1), "its stream")
+    check(cu.cuEventCreate(ctypes.byref(other), 0), "an event of the new context")
+    say("new_context_event", f"{cu.cuEventRecord(other, own)},{cu.cuStreamSynchronize(own)}")
+    check(cu.cuCtxSetCurrent(primary), "back")
+
+
 if __name__ == "__main__":
     globals()[f"scenario_{sys.argv[1]}"]()

@@ -353,6 +353,20 @@ def test_copies_with_page_locked_and_registered_memory_are_captured_and_replayed
     }
 
 
+def test_events_made_a_step_are_fresh_and_cost_one_round_trip_in_sixteen(shim_dir, worker):
+    """A framework making an event a step (PyTorch's pinned-memory allocator, a benchmark harness): each
+    cuEventCreate hands out a fresh event of the program's own — distinct, done before any record, timing
+    or not as its flags asked — while the worker is asked for a batch once in 16; a bad flag is refused as
+    the driver refuses it, and an event made after its context was destroyed and another made works there."""
+    out, err = run_client("event_batches", client_env(shim_dir, worker, GPUPOOL_SHIM_PROFILE="1"))
+    assert out["distinct"] == "True" and out["fresh"] == "100" and out["timing_as_asked"] == "100", out
+    assert out["bad_flags"] == "1"  # CUDA_ERROR_INVALID_VALUE
+    assert out["new_context_event"] == "0,0", out
+    rows = profile_rows(err)
+    assert "cuEventCreate" not in rows or rows["cuEventCreate"]["waited"] == 0
+    assert rows["gpEventCreateMany"]["waited"] <= 20  # 203 events: 16 a batch, per flags and context
+
+
 def test_async_copies_with_page_locked_memory_outside_a_capture_ask_the_worker_nothing(shim_dir, worker):
     """Outside a capture an asynchronous copy with page-locked memory the worker does not share (a client
     across hosts) stays one unanswered frame: the check a capture needs (is its stream capturing?) is made

@@ -1132,7 +1132,11 @@ CALLS: tuple[Call, ...] = (
     _c("cuGraphUpload", 11010, "graphexec graph_exec, stream stream", A),
     _c("cuGraphExecDestroy", 10000, "graphexec graph_exec", A),
     _c("cuGraphDestroy", 10000, "graph graph", A),
-    _c("cuEventCreate", 2000, "o_event event, u32 flags", invalidates=RECORDS),
+    # Fresh events come from a batch the shim asks for now and then (gpEventCreateMany: `count` events of
+    # `flags` in the thread's context, their handles in the reply's bulk): a framework that makes an event a
+    # step (PyTorch's pinned-memory allocator, a benchmark harness) waits for the worker once in 16.
+    _c("cuEventCreate", 2000, "o_event event, u32 flags", custom=True, invalidates=RECORDS),
+    _c("gpEventCreateMany", 0, "u32 flags, u32 count", symbol="-", invalidates=RECORDS),
     _c("cuEventRecord", 2000, "event event, stream stream", A, invalidates=RECORDS),
     _c("cuEventRecordWithFlags", 11010, "event event, stream stream, u32 flags", A, invalidates=RECORDS),
     _c("cuEventQuery", 2000, "event event", sync=True),

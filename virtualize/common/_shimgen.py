@@ -207,6 +207,7 @@ def generate_types() -> str:
         f"#define GP_COPY_DATA ({_wire.COPY_DATA})",
         f"#define GP_COPIES_SENT ({_wire.COPIES_SENT})",
         f"#define GP_COPY_PIECE ({_wire.COPY_PIECE})",
+        f"#define GP_MAX_EVENT_BATCH {_wire.MAX_EVENT_BATCH}u",
         f"#define GP_RECAPTURE_CALL ({_wire.RECAPTURE_CALL})",
         f"#define GP_NODE_PARAMS_BYTES {_wire.NODE_PARAMS_BYTES}u",
         f"#define GP_MOVED ({_wire.MOVED})",

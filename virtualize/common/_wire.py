@@ -81,6 +81,8 @@ LAUNCH_ATTRIBUTE_BYTES = 72
 EVENT_PAIR = struct.Struct("<QQ")
 EVENT_ELAPSED = struct.Struct("<if")
 MAX_EVENT_PAIRS = 4096
+# gpEventCreateMany: at most this many fresh events a request.
+MAX_EVENT_BATCH = 64
 # A frame's fixed part is small; anything larger is a corrupt or hostile peer.
 MAX_ARGS_BYTES = 1 << 16
 # Module images and kernel parameters are bounded too (a fatbin of a big library is well under this).

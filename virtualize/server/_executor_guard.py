@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from virtualize.common import _wire
-from virtualize.common._calls import CALL_IDS, CALLS, DESTROYS, HANDLE_TYPES, Call, Mode
+from virtualize.common._calls import BY_SYMBOL, CALL_IDS, CALLS, DESTROYS, HANDLE_TYPES, Call, Mode
 from virtualize.common._results import CUresult
 from virtualize.server._address_window import GRANULE, WindowFull, WindowMemory
 from virtualize.server._deliveries import Deliveries
@@ -395,6 +395,7 @@ class Session:
             "gpCallbackToken": self._callback_token,
             "gpCallbackAttach": self._callback_attach,
             "gpDeliveryAttach": self._delivery_attach,
+            "gpEventCreateMany": self._events_create,
             "cuLaunchHostFunc": self._host_function,
             "cuStreamAddCallback": self._host_function,
             "cuMemAddressReserve": self._vm_reserve,
@@ -851,6 +852,25 @@ class Session:
         callbacks.deliveries.add_outlet(send)
         self.calls_back_for, self.delivers = owner, True
         return ANSWERED
+
+    def _events_create(self, call: Call, ins: tuple):
+        """gpEventCreateMany: `count` events made one by one as cuEventCreate makes each (checked, noted
+        as the lease's, kept for a move); their handles in the reply's bulk. All or none: where one cannot
+        be made, those made go again and the call fails as cuEventCreate did."""
+        flags, count = ins
+        if not 1 <= count <= _wire.MAX_EVENT_BATCH:
+            raise CudaError(INVALID_VALUE, "events in a batch")
+        create, destroy = BY_SYMBOL["cuEventCreate"], BY_SYMBOL["cuEventDestroy_v2"]
+        made: list[int] = []
+        try:
+            for _ in range(count):
+                outs, _ = self._plain(create, (flags,))
+                made.append(struct.unpack("<Q", outs)[0])
+        except CudaError:
+            for event in made:
+                self._plain(destroy, (event,))
+            raise
+        return b"", struct.pack(f"<{count}Q", *made)
 
     def _host_function(self, call: Call, ins: tuple):
         stream, ident = ins

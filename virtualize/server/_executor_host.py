@@ -264,6 +264,7 @@ class HostExecutor(Executor):
         self.next_module_memory = base + (1 << 39)  # past device 0's allocations, below device 1's
         self.layouts: dict[int, list[tuple[int, int]]] = {}  # PTX-declared functions -> parameter layout
         self.events: dict[int, float | None] = {}
+        self.untimed: set[int] = set()  # events made with CU_EVENT_DISABLE_TIMING
         self.streams: set[int] = set()
         # stream -> [its capture's graph, the nodes the next captured work depends on]
         self.capturing: dict[int, list] = {}
@@ -2528,8 +2529,12 @@ class HostExecutor(Executor):
         return self._ctx_device()
 
     def cuEventCreate(self, flags):
+        if flags & ~0x7:  # CU_EVENT_BLOCKING_SYNC | DISABLE_TIMING | INTERPROCESS, as the driver checks
+            raise CudaError(CUresult.INVALID_VALUE, "event flags")
         handle = next(self.ids)
         self.events[handle] = None
+        if flags & 0x2:
+            self.untimed.add(handle)
         return handle
 
     def cuEventRecord(self, event, stream):
@@ -2551,8 +2556,11 @@ class HostExecutor(Executor):
 
     def cuEventDestroy(self, event):
         self.events.pop(event, None)
+        self.untimed.discard(event)
 
     def cuEventElapsedTime(self, start, end):
+        if start in self.untimed or end in self.untimed:  # made with CU_EVENT_DISABLE_TIMING
+            raise CudaError(CUresult.INVALID_HANDLE, "an event without timing")
         t0, t1 = self.events.get(start), self.events.get(end)
         if t0 is None or t1 is None:
             raise CudaError(CUresult.NOT_READY, "event not recorded")

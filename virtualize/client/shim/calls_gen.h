@@ -1974,18 +1974,6 @@ GP_EXPORT CUresult cuGraphDestroy(uint64_t graph) {
     return r;
 }
 
-GP_EXPORT CUresult cuEventCreate(uint64_t *event, uint32_t flags) {
-    GP_TRACE("cuEventCreate");
-    if (!event) return CUDA_ERROR_INVALID_VALUE;
-    struct gp_in_cuEventCreate in = { .flags = flags };
-    struct gp_out_cuEventCreate out;
-    CUresult r = gp_call(GP_CALL_cuEventCreate, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0);
-    if (r == CUDA_SUCCESS) {
-        *event = (uint64_t)out.event;
-    }
-    return r;
-}
-
 GP_EXPORT CUresult cuEventRecord(uint64_t event, uint64_t stream) {
     GP_TRACE("cuEventRecord");
     struct gp_in_cuEventRecord in = { .event = event, .stream = stream };

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -217,10 +218,77 @@ void gp_event_recorded(uint64_t event, uint64_t stream) {
     pthread_mutex_unlock(&recent_lock);
 }
 
+/* ---- fresh events, made a batch at a time ----------------------------------------------------------
+ *
+ * A framework makes events as it goes (PyTorch's pinned-memory allocator one a step, a benchmark harness
+ * two a repetition), and each cuEventCreate was a round trip through the worker's Python. The shim asks
+ * for EVENT_BATCH fresh events of the asked flags in the thread's context at once (gpEventCreateMany) and
+ * hands them out one by one: a never-recorded event, as cuEventCreate's. Kept per context and flags; a
+ * context destroyed, or a primary context released or reset, drops its batch (its events went with it, or
+ * stay with the worker until it ends). Interprocess events, and a thread with no context, go one by one. */
+enum { EVENT_BATCH = 16, EVENT_POOLS = 8, CU_EVENT_INTERPROCESS = 4 };
+static struct event_pool {
+    uint64_t ctx, epoch;
+    uint32_t flags, n;
+    uint64_t events[EVENT_BATCH];
+} pools[EVENT_POOLS];
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static struct event_pool *pool_of(uint64_t ctx, uint32_t flags, uint64_t epoch) { /* under pool_lock */
+    for (int i = 0; i < EVENT_POOLS; i++)
+        if (pools[i].n && pools[i].ctx == ctx && pools[i].flags == flags && pools[i].epoch == epoch) return &pools[i];
+    return NULL;
+}
+
+CUresult cuEventCreate(uint64_t *event, uint32_t flags) {
+    GP_TRACE("cuEventCreate");
+    if (!event) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t ctx = gp_ctx_current(), epoch = gp_memo_epoch(GP_MEMO_primary_ctx);
+    if (!ctx || (flags & CU_EVENT_INTERPROCESS)) {
+        struct gp_in_cuEventCreate in = {.flags = flags};
+        struct gp_out_cuEventCreate out;
+        CUresult r = gp_call(GP_CALL_cuEventCreate, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out,
+                             NULL, 0);
+        if (r == CUDA_SUCCESS) *event = out.event;
+        return r;
+    }
+    pthread_mutex_lock(&pool_lock);
+    struct event_pool *pool = pool_of(ctx, flags, epoch);
+    if (pool) {
+        *event = pool->events[--pool->n];
+        pthread_mutex_unlock(&pool_lock);
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&pool_lock);
+    uint64_t made[EVENT_BATCH];
+    struct gp_in_gpEventCreateMany in = {.flags = flags, .count = EVENT_BATCH};
+    CUresult r =
+        gp_call(GP_CALL_gpEventCreateMany, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, made, sizeof made);
+    if (r != CUDA_SUCCESS) return r; /* as cuEventCreate answers: bad flags, no context */
+    *event = made[EVENT_BATCH - 1];
+    pthread_mutex_lock(&pool_lock);
+    struct event_pool *slot = &pools[0];
+    for (int i = 0; i < EVENT_POOLS && slot->n; i++) slot = &pools[i]; /* an empty one, else the last */
+    /* a batch pushed out stays with the worker: destroying its events could name a context gone */
+    *slot = (struct event_pool){.ctx = ctx, .epoch = epoch, .flags = flags, .n = EVENT_BATCH - 1};
+    memcpy(slot->events, made, sizeof made - sizeof made[0]);
+    pthread_mutex_unlock(&pool_lock);
+    return CUDA_SUCCESS;
+}
+
+void gp_events_forget_ctx(uint64_t ctx) {
+    pthread_mutex_lock(&pool_lock);
+    for (int i = 0; i < EVENT_POOLS; i++)
+        if (pools[i].ctx == ctx) pools[i].n = 0;
+    pthread_mutex_unlock(&pool_lock);
+}
+
 void gp_events_after_fork_in_child(void) { /* the parent's events are not the child's lease's */
     pthread_mutex_init(&recent_lock, NULL);
     pthread_mutex_init(&ask_lock, NULL);
     n_recent = 0;
+    pthread_mutex_init(&pool_lock, NULL);
+    memset(pools, 0, sizeof pools);
 }
 
 /* The asked pair first, then each pair of consecutive records on one stream among the newest noted since
