@@ -5250,7 +5250,7 @@ def scenario_overlapping_async_copies():
     target = c_u64()
     check(cu.cuMemAllocHost(ctypes.byref(target), c_u64(max(sizes))), "pinned")
     wrong = 0
-    for _ in range(12):
+    for _ in range(48):
         expected = bytearray(max(sizes))
         for dev, size, data in sources:
             check(cu.cuMemcpyDtoHAsync(c_u64(target.value), c_u64(dev), c_u64(size), stream), "dtoh async")
