@@ -20,8 +20,10 @@ Over TLS a connection carries what one CPU encrypts (~1.6 GB/s on an H200 host),
 more connections beside its callback connection (gpDeliveryAttach; "outlets" here). A copy of
 PIECES_FROM bytes or more then goes as pieces (`_wire.COPY_PIECE`: the copy id, the piece's offset) on
 the callback connection and every outlet at once, each piece a counted frame; the client's readers land
-them in parallel and the copy is done when all its bytes are in. A piece whose outlet is gone goes again
-on the callback connection, and that outlet is dropped.
+them in parallel and the copy is done when all its bytes are in. Each piece names how many frames went
+before its copy, and the client lands it only once as many have landed, so copies into the same memory
+land in their order; a whole copy sent after pieces has COPIES_SENT ahead of it for the same reason. A
+piece whose outlet is gone goes again on the callback connection, and that outlet is dropped.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ log = logging.getLogger("gpupool.worker")
 
 PIECES_FROM = 2 << 20  # copies from this size go in pieces across the outlets
 PIECE_LEAST = 1 << 20  # and no piece is smaller than this (each costs a frame and a wake-up)
+MAX_OUTLETS = 9  # the callback connection and at most 8 delivery connections (the shim's GP_MAX_LANES)
 
 
 @dataclass
@@ -175,7 +178,7 @@ class Deliveries:
             return _wire.REPLY.pack(_wire.COPY_PIECE, len(head), len(piece)), head, piece
 
         if self._senders is None:
-            self._senders = ThreadPoolExecutor(max_workers=len(outlets), thread_name_prefix="gpupool-pieces")
+            self._senders = ThreadPoolExecutor(max_workers=MAX_OUTLETS, thread_name_prefix="gpupool-pieces")
         sent = [self._senders.submit(send, *frame(*p)) for send, p in zip(outlets, pieces, strict=False)]
         for send, p, future in zip(outlets, pieces, sent, strict=False):
             if future.result():
