@@ -284,15 +284,24 @@ class HostCallbacks:
 
     def send(self, *parts) -> bool:
         with self.send_lock:
-            if self.closed.is_set():
-                return False
-            try:
-                self.channel.send(*parts)
-                return True
-            except (OSError, ConnectionError, EOFError) as exc:
-                log.info("the client's callback connection is gone (%s); host functions are skipped", exc)
+            if not self.send_on(
+                self.channel, parts, "callback connection is gone (%s); host functions are skipped"
+            ):
                 self.closed.set()
                 return False
+            return True
+
+    def send_on(self, channel, parts: tuple, gone: str) -> bool:
+        """One frame on `channel` (this connection, or one of its delivery connections): False, logged as
+        `gone` says, where the client's end has closed — or the process's connection has ended."""
+        if self.closed.is_set():
+            return False
+        try:
+            channel.send(*parts)
+            return True
+        except (OSError, ConnectionError, EOFError) as exc:
+            log.info("the client's " + gone, exc)
+            return False
 
     def _copies_first(self) -> bool:
         """Copies done by now land before what comes next on this connection runs in the client: those
@@ -837,19 +846,10 @@ class Session:
                 raise CudaError(INVALID_VALUE, "not a connection with a callback connection")
             callbacks = owner.callbacks
         channel = self.channel
-
-        def send(*parts) -> bool:
-            if callbacks.closed.is_set():
-                return False
-            try:
-                channel.send(*parts)
-                return True
-            except (OSError, ConnectionError, EOFError) as exc:
-                log.info("a delivery connection of the client is gone (%s)", exc)
-                return False
-
         self._answer(True, None, 0)  # answered before the connection is one the deliveries write to
-        callbacks.deliveries.add_outlet(send)
+        callbacks.deliveries.add_outlet(
+            lambda *parts: callbacks.send_on(channel, parts, "delivery connection is gone (%s)")
+        )
         self.calls_back_for, self.delivers = owner, True
         return ANSWERED
 
