@@ -70,9 +70,22 @@ DEFAULT_PARTS = {
     "cupy-linalg-solve": "cupy/tests/cupy_tests/linalg_tests/test_solve.py",
     "cupy-random": "cupy/tests/cupy_tests/random_tests/test_generator.py::TestNormal or TestUniform",
     "cupy-sort": "cupy/tests/cupy_tests/sorting_tests/test_sort.py",
+    # the driver and runtime as CuPy's own tests use them: devices, streams, events, graphs, memory pools,
+    # pinned memory, textures, NVRTC and the libraries' handles
+    "cupy-cuda-1": "cupy/tests/cupy_tests/cuda_tests::not nccl and not cutensor@1/2",
+    "cupy-cuda-2": "cupy/tests/cupy_tests/cuda_tests::not nccl and not cutensor@2/2",
+    "cupy-raw": "cupy/tests/cupy_tests/core_tests/test_raw.py",  # RawKernel, RawModule: modules loaded by the program
+    "cupy-cub": "cupy/tests/cupy_tests/core_tests/test_cub_reduction.py",
+    "cupy-linalg-decomposition": "cupy/tests/cupy_tests/linalg_tests/test_decomposition.py",  # cuSOLVER
+    "cupy-jit": "cupy/tests/cupyx_tests/jit_tests",  # cupyx.jit: cooperative groups, CUB and Thrust in kernels
+    "cupy-pinned-array": "cupy/tests/cupyx_tests/test_pinned_array.py",
     "jax-fft": "jax/tests/fft_test.py",
     "jax-nn": "jax/tests/nn_test.py",
     "jax-control-flow": "jax/tests/lax_control_flow_test.py::Scan or Cond or While",
+    "jax-linalg-1": "jax/tests/linalg_test.py@1/3",
+    "jax-linalg-2": "jax/tests/linalg_test.py@2/3",
+    "jax-linalg-3": "jax/tests/linalg_test.py@3/3",
+    "jax-random": "jax/tests/random_lax_test.py",
 }
 
 
