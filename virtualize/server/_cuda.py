@@ -92,7 +92,7 @@ ASYNC_STAGING_KEPT = 512 << 20
 # the 64-bit ABIs CUDA runs on). Other threads ask the copy's event.
 _libc = ctypes.CDLL(None, use_errno=True)
 _SEM_BYTES = 32  # sizeof(sem_t), 64-bit Linux
-_SEM_POST = driver.CUhostFn(ctypes.cast(_libc.sem_post, ctypes.c_void_p).value)
+_SEM_POST = ctypes.cast(_libc.sem_post, ctypes.c_void_p).value
 _kept: list = []  # marks a dead context never wrote or posted, and their memory: never freed
 _MARK_BYTES = 4096  # after each staging buffer: the word the stream writes
 _marks = itertools.count(1)
@@ -369,7 +369,7 @@ class _InFlight(StagedCopy):
             if not marked:
                 self.sem = (ctypes.c_char * _SEM_BYTES)()
                 _libc.sem_init(self.sem, 0, 0)
-                _ok(driver.cuLaunchHostFunc(stream, _SEM_POST, ctypes.addressof(self.sem)))
+                executor.launch_host_fn(stream, _SEM_POST, ctypes.addressof(self.sem))
         except CudaError:
             driver.cuStreamSynchronize(stream)  # nothing of ours left in flight on it
             self.done = True
@@ -481,7 +481,8 @@ class CudaExecutor(Executor):
         self.kept_host_funcs: set[int] = set()  # host functions captured into graphs (never popped)
         self._host_keys = itertools.count(1)
         self._host_thunk = _HOST_FN(self._run_host_func)
-        self._host_thunk_fn = driver.CUhostFn(ctypes.cast(self._host_thunk, ctypes.c_void_p).value)
+        self._host_thunk_address = ctypes.cast(self._host_thunk, ctypes.c_void_p).value
+        self._host_thunk_fn = driver.CUhostFn(self._host_thunk_address)
         self.pinned = _PinnedPool()  # buffers of asynchronous copies to the client
         self.stream_marks = True  # whether the streams write copies' marks (stream memory operations)
         self.staged_in: list[
@@ -897,10 +898,22 @@ class CudaExecutor(Executor):
         if capturing != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE:
             self.kept_host_funcs.add(key)  # a graph's host node: it runs at every launch
         try:
-            _ok(driver.cuLaunchHostFunc(self._stream(stream), self._host_thunk_fn, key))
+            self.launch_host_fn(self._stream(stream), self._host_thunk_address, key)
         except BaseException:
             self.host_funcs.pop(key, None)
             raise
+
+    def launch_host_fn(self, stream, fn: int, data: int) -> None:
+        """cuLaunchHostFunc(stream, fn, data) through the driver's own entry point. cuda.bindings' wraps the
+        function in a record it frees after the first call, so a host node captured into a graph called
+        freed memory at the graph's second launch and crashed the worker (NVIDIA/cuda-python#790; CuPy's
+        test_capture_launch_host_func)."""
+        launch = self._driver_function(
+            "cuLaunchHostFunc", 10000, (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+        )
+        result = launch(_int(stream), fn, data)
+        if result:
+            raise CudaError(result, "cuLaunchHostFunc")
 
     def _run_host_func(self, key) -> None:
         """On the driver's callback thread: no CUDA call may be made here (none is)."""

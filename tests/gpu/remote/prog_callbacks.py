@@ -1,7 +1,9 @@
 """Host callbacks (issue 11): CuPy's `Stream.launch_host_func` (cudaLaunchHostFunc) and `add_callback`
 (cudaStreamAddCallback) between kernels: each runs in this process once the stream reaches it, in
 stream order, on a thread other than the caller's, and the stream's later work waits for it (a slow
-callback sets a value a later copy on the stream depends on being written first).
+callback sets a value a later copy on the stream depends on being written first). A host function
+captured into a graph runs at every replay of it (CuPy's own test_capture_launch_host_func: the worker
+crashed at the second replay when it launched host functions through cuda.bindings' wrapper).
 
 Runs unchanged on a local GPU or, under gpupool's libcuda.so.1, on a leased one; prints the same.
 """
@@ -60,6 +62,21 @@ def main() -> int:
     print("copy beside a waiting callback", bool((out == cp.asnumpy(x)).all()))
     released.set()
     stream.synchronize()
+
+    # A host function captured into a graph: a node that runs at every launch of the graph.
+    counts = {"ran": 0}
+    capture = cp.cuda.Stream(non_blocking=True)
+    with capture:
+        capture.begin_capture()
+        capture.launch_host_func(lambda delta: counts.__setitem__("ran", counts["ran"] + delta), 1)
+        graph = capture.end_capture()
+    graph.upload()
+    replays = []
+    for _ in range(4):
+        graph.launch(stream=capture)
+        capture.synchronize()
+        replays.append(counts["ran"])
+    print("captured host function at each replay", replays)
     return 0
 
 
