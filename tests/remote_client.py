@@ -1678,6 +1678,9 @@ def scenario_managed():
     say("prefetch", cu.cuMemPrefetchAsync(ptr, c_u64(4 * n), device0, 0, c_u64(0)))
     say("advise", cu.cuMemAdvise(ptr, c_u64(4 * n), 1, device0))
     say("prefetch_plain", cu.cuMemPrefetchAsync(c_u64(other), c_u64(64), device0, 0, c_u64(0)))
+    absent = c_u64(1 | 10**8 << 32)  # a device ordinal the lease does not have
+    say("prefetch_absent_device", cu.cuMemPrefetchAsync(ptr, c_u64(4 * n), absent, 0, c_u64(0)))
+    say("prefetch_bad_location", cu.cuMemPrefetchAsync(ptr, c_u64(4 * n), c_u64(9), 0, c_u64(0)))
     check(cu.cuMemsetD8(c_u64(other), 0, c_u64(64)), "unrelated device work")
     say("device_has_prefetched", dtoh(p + 20, 4)[1].hex())
     say("free", cu.cuMemFree(ptr))

@@ -781,6 +781,8 @@ def test_managed_memory_is_the_same_bytes_for_the_program_and_its_kernels(shim_d
         "prefetch": "0",
         "advise": "0",
         "prefetch_plain": "1",
+        "prefetch_absent_device": "101",  # CUDA_ERROR_INVALID_DEVICE, as CuPy's own test expects
+        "prefetch_bad_location": "1",
         "device_has_prefetched": "4d000000",
         "free": "0",
         "bad_flags": "1",

@@ -150,19 +150,24 @@ static CUresult managed_hint(uint64_t dptr, uint64_t count, int to_device) {
     return CUDA_SUCCESS;
 }
 
+#define LOCATION_DEVICE 1 /* CU_MEM_LOCATION_TYPE_DEVICE */
+#define LOCATION_HOST_NUMA_CURRENT 4
+
 /* A prefetch to a CUmemLocation (its type in the low word, its id in the high one), kept for
- * cuMemRangeGetAttribute's LAST_PREFETCH_LOCATION. */
+ * cuMemRangeGetAttribute's LAST_PREFETCH_LOCATION. A device the lease does not have is refused as the
+ * driver refuses an ordinal it does not have (CuPy's test_managed_memory_prefetch_basic). */
 static CUresult prefetch(uint64_t dptr, uint64_t count, uint64_t location) {
-    int32_t type = (int32_t)(location & 0xffffffffu), id = (int32_t)(location >> 32);
+    int32_t type = (int32_t)(location & 0xffffffffu), id = (int32_t)(location >> 32), devices = 0;
+    if (type < LOCATION_DEVICE || type > LOCATION_HOST_NUMA_CURRENT) return CUDA_ERROR_INVALID_VALUE;
+    if (type == LOCATION_DEVICE && (cuDeviceGetCount(&devices) != CUDA_SUCCESS || id < 0 || id >= devices))
+        return CUDA_ERROR_INVALID_DEVICE;
     CUresult r = managed_hint(dptr, count, type != LOCATION_HOST);
     if (r == CUDA_SUCCESS) gp_hints_prefetched(dptr, count, type, id);
     return r;
 }
 
-#define LOCATION_DEVICE 1 /* CU_MEM_LOCATION_TYPE_DEVICE */
-
 static uint64_t location_of_device(int32_t device) { /* CU_DEVICE_CPU (-1) is the host */
-    return device < 0 ? LOCATION_HOST : LOCATION_DEVICE | (uint64_t)(uint32_t)device << 32;
+    return device == -1 ? LOCATION_HOST : LOCATION_DEVICE | (uint64_t)(uint32_t)device << 32;
 }
 
 CUresult cuMemPrefetchAsync(uint64_t dptr, uint64_t count, int32_t device, uint64_t stream) {
