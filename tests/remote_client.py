@@ -2036,6 +2036,48 @@ def scenario_batched_copies():
     say("array_operand", f"{rc} {fail.value}")
 
 
+def scenario_pool_usage():
+    """What a device pool says it holds (CuPy's MemoryAsyncPool reads these): used and reserved bytes of
+    the current pool and of a created one as stream-ordered allocations come and go, the high marks and
+    their reset, and a trim."""
+    import struct
+
+    setup()
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    current, created = c_u64(), c_u64()
+    check(cu.cuDeviceGetMemPool(ctypes.byref(current), 0), "current pool")
+    props = ctypes.create_string_buffer(struct.pack("<iiii", 1, 0, 1, 0).ljust(88, b"\0"))  # pinned, device 0
+    check(cu.cuMemPoolCreate(ctypes.byref(created), props), "created pool")
+
+    def figures(pool):  # RESERVED_MEM_CURRENT, RESERVED_MEM_HIGH, USED_MEM_CURRENT, USED_MEM_HIGH
+        values = []
+        for attr in (5, 6, 7, 8):
+            value = c_u64()
+            check(cu.cuMemPoolGetAttribute(pool, attr, ctypes.byref(value)), f"attribute {attr}")
+            values.append(value.value)
+        return values
+
+    a, b, c = c_u64(), c_u64(), c_u64()
+    check(cu.cuMemAllocAsync(ctypes.byref(a), c_u64(1000), stream), "alloc a")
+    check(cu.cuMemAllocAsync(ctypes.byref(b), c_u64(3 << 20), stream), "alloc b")
+    check(cu.cuMemAllocFromPoolAsync(ctypes.byref(c), c_u64(4096), created, stream), "alloc c")
+    say("current_after_allocs", figures(current.value))
+    say("created_after_alloc", figures(created.value))
+    check(cu.cuMemFreeAsync(b, stream), "free b")
+    say("current_after_free", figures(current.value))
+    zero = c_u64(0)
+    check(cu.cuMemPoolSetAttribute(current, 8, ctypes.byref(zero)), "reset used high")
+    say("current_after_reset", figures(current.value))
+    check(cu.cuStreamSynchronize(stream), "sync")
+    check(cu.cuMemPoolTrimTo(current, c_u64(0)), "trim")
+    say("current_after_trim", figures(current.value))
+    check(cu.cuMemFreeAsync(a, stream), "free a")
+    check(cu.cuMemFreeAsync(c, stream), "free c")
+    check(cu.cuMemPoolTrimTo(created, c_u64(0)), "trim created")
+    say("created_after_free_and_trim", figures(created.value))
+
+
 def scenario_host_pools():
     """Stream-ordered pools of page-locked host memory and of managed memory (cuda.core's
     PinnedMemoryResource and ManagedMemoryResource): the current and default pools of those kinds, a

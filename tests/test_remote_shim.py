@@ -769,6 +769,22 @@ def test_host_functions_run_in_the_program_in_stream_order_and_the_stream_waits_
     assert "gpupool:" not in err
 
 
+def test_a_device_pool_says_what_its_stream_ordered_allocations_hold(shim_dir, worker):
+    """The worker serves cuMemAllocAsync from the process's window, not from the driver's pool; the pool's
+    attributes still say what the process holds of it (CuPy's MemoryAsyncPool used/total/free bytes):
+    used bytes exactly, reserved in whole 2 MiB granules kept after a free until a trim, high marks
+    that a reset sets back to the current figure. Lists are reserved, reserved high, used, used high."""
+    out, err = run_client("pool_usage", client_env(shim_dir, worker))
+    mib = 1 << 20
+    used = 1000 + 3 * mib
+    assert out["current_after_allocs"] == str([4 * mib, 4 * mib, used, used]), err
+    assert out["created_after_alloc"] == str([2 * mib, 2 * mib, 4096, 4096])
+    assert out["current_after_free"] == str([4 * mib, 4 * mib, 1000, used])  # freed: still reserved
+    assert out["current_after_reset"] == str([4 * mib, 4 * mib, 1000, 1000])
+    assert out["current_after_trim"] == str([2 * mib, 4 * mib, 1000, 1000])  # what is used stays covered
+    assert out["created_after_free_and_trim"] == str([0, 2 * mib, 0, 4096])
+
+
 def test_managed_memory_is_the_same_bytes_for_the_program_and_its_kernels(shim_dir, worker):
     out, err = run_client("managed", client_env(shim_dir, worker))
     assert out == {

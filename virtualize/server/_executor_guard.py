@@ -49,6 +49,8 @@ from virtualize.server._guard_green import GreenCalls
 from virtualize.server._guard_launches import LaunchCalls
 from virtualize.server._guard_multicast import MulticastCalls
 from virtualize.server._guard_nccl import NcclCalls
+from virtualize.server._guard_pool_usage import COUNTED as POOL_COUNTED
+from virtualize.server._guard_pool_usage import PoolUsage
 from virtualize.server._guard_rules import (
     ACCESS_POLICY_WINDOW,
     BUILTIN_STREAMS,
@@ -394,6 +396,7 @@ class Session:
         # the client's page-locked allocations this worker maps too (gpPinnedShare): its address -> the
         # memory, and the copies into it not known to be done yet (virtualize.server._guard_copies)
         self.pinned: dict[int, SharedHostMemory] = {}
+        self.pool_usage = PoolUsage()  # what its stream-ordered allocations hold of each pool
         self.pinned_landing: dict[int, list[StagedCopy]] = {}
         self.native = None  # this connection's native loop (_native_dispatch.NativeSession), if it has one
         self.lanes: Lanes | None = None  # this process's extra connections' copies, once one attached
@@ -448,6 +451,9 @@ class Session:
             "cuMemAllocFromPoolAsync": self._alloc,
             "cuMemFree_v2": self._free,
             "cuMemFreeAsync": self._free,
+            "cuMemPoolGetAttribute": self._pool_get_attribute,
+            "cuMemPoolSetAttribute": self._pool_set_attribute,
+            "cuMemPoolTrimTo": self._pool_trim,
             "cuModuleGetGlobal_v2": self._get_global,
             "cuLibraryGetGlobal": self._get_global,
             "cuLibraryGetManaged": self._get_global,
@@ -727,7 +733,32 @@ class Session:
 
         ptr = self.charged(dev, size, allocate)
         self.own(ptr, size, dev, window, self._captured_into(call, ins) if window is None else 0)
+        if window is not None and call.name != "cuMemAlloc":  # a pool's, served from the window
+            pool = ins[1] if call.name == "cuMemAllocFromPoolAsync" else self.executor.cuDeviceGetMemPool(dev)
+            self.pool_usage.allocated(pool, ptr, size)
         return struct.pack("<Q", ptr), b""
+
+    def _pool_get_attribute(self, call: Call, ins: tuple):
+        """The driver's answer, plus what this process's allocations served from its window hold of the
+        pool for the counted attributes (virtualize.server._guard_pool_usage)."""
+        answer = self._plain(call, ins)
+        pool, attr = ins
+        if attr not in POOL_COUNTED:
+            return answer
+        (value,) = struct.unpack("<Q", answer[0])
+        return struct.pack("<Q", value + self.pool_usage.attribute(pool, attr)), b""
+
+    def _pool_set_attribute(self, call: Call, ins: tuple):
+        answer = self._plain(call, ins)  # the driver's checks: a high mark may only be set to 0
+        pool, attr, _value = ins
+        if attr in POOL_COUNTED:
+            self.pool_usage.reset_high(pool, attr)
+        return answer
+
+    def _pool_trim(self, call: Call, ins: tuple):
+        answer = self._plain(call, ins)
+        self.pool_usage.trimmed(*ins)
+        return answer
 
     def _captured_into(self, call: Call, ins: tuple) -> int:
         """The graph a stream-ordered allocation made during a capture is a node of (0: none)."""
@@ -1204,6 +1235,7 @@ class Session:
             a.window.free(ptr)
         self.lease.remove(ptr)
         self.owned.discard(ptr)
+        self.pool_usage.freed(ptr)
 
     def _get_global(self, call: Call, ins: tuple):
         answer = self._plain(call, ins)
