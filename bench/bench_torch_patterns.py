@@ -13,6 +13,9 @@ went: the shim's per-call profile (GPUPOOL_SHIM_PROFILE) and the worker's cProfi
   pinned_htod     a data loader's pinned batches to the GPU, non_blocking, 16 in flight over 4
                   streams, same sizes (GB/s)
   small_copies    synchronous copies 4 KiB / 64 KiB / 1 MiB each way from pageable memory (GB/s)
+  generate        greedy decoding with the KV cache, a GPT-2-size model (transformers, random weights),
+                  64 new tokens after a 32-token prompt, batch 1 and batch 32 (tokens/s), as an
+                  inference server decodes
 
 Each child is bounded by --timeout seconds; a pattern that fails or is missing a library (Triton)
 is reported as such and the others still run. Results: the table on stdout, JSON in $OUT.
@@ -40,7 +43,9 @@ PATTERNS = {
     "pinned_dtoh": ("GB/s", True),
     "pinned_htod": ("GB/s", True),
     "small_copies": ("GB/s", True),
+    "generate": ("tokens/s", True),
 }
+NEW_TOKENS = 64
 
 
 # ---- the measured patterns (in a child process, natively or remotely) ----------------------------
@@ -131,6 +136,27 @@ def small_copies(torch) -> dict:
                 torch.cuda.synchronize()
                 times.append(time.perf_counter() - t)
             rows[f"{name} {label(size)}"] = size / statistics.median(times) / 1e9
+    return rows
+
+
+def generate(torch) -> dict:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config()).cuda().eval()  # GPT-2's 124 M parameters, random weights
+    # greedy, with the KV cache, exactly NEW_TOKENS each (random weights may say end-of-text early)
+    options = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, use_cache=True,
+                   pad_token_id=0)  # fmt: skip
+    rows = {}
+    for batch in (1, 32):
+        prompt = torch.randint(0, model.config.vocab_size, (batch, 32), device="cuda")
+        with torch.no_grad():
+            model.generate(prompt, **options)  # warm-up: kernels chosen, caches allocated
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            model.generate(prompt, **options)
+            torch.cuda.synchronize()
+        rows[f"batch {batch}"] = batch * NEW_TOKENS / (time.perf_counter() - t)
     return rows
 
 
