@@ -1193,6 +1193,50 @@ def scenario_held_frames():
     say("memset", dtoh(dev, 4)[1].hex())
 
 
+def scenario_ipc_event_producer():
+    """Memory and an interprocess event shared with another process of the lease: a memset on a stream, then
+    the event recorded behind it. Once the record call returns, the other process that waits on the event
+    must find the memset's bytes (PyTorch's CUDA tensors shared between processes: the producer records,
+    the consumer waits). Prints the two handles, then "recorded" at the first line on stdin."""
+    setup()
+    rc, dev = alloc(64)
+    check(rc, "alloc")
+    check(cu.cuMemsetD8(c_u64(dev), 0, c_u64(64)), "zero")
+    stream, event = c_u64(), c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    check(cu.cuEventCreate(ctypes.byref(event), 6), "event")  # DISABLE_TIMING | INTERPROCESS
+    memory, handle = ctypes.create_string_buffer(64), ctypes.create_string_buffer(64)
+    check(cu.cuIpcGetMemHandle(memory, c_u64(dev)), "get memory handle")
+    check(cu.cuIpcGetEventHandle(handle, event), "get event handle")
+    say("handles", f"{memory.raw.hex()} {handle.raw.hex()}")
+    sys.stdin.readline()
+    check(cu.cuMemsetD8Async(c_u64(dev), 0x3C, c_u64(64), stream), "memset")
+    check(cu.cuEventRecord(event, stream), "record")
+    say("recorded", 1)
+    sys.stdin.readline()  # the other process has looked
+
+
+def scenario_ipc_event_consumer():
+    """The other side: opens IPC_HANDLES (memory, event); at each line on stdin waits on the event on its
+    own stream and says the memory's first bytes."""
+    setup()
+
+    class Handle(ctypes.Structure):  # CUipcMemHandle / CUipcEventHandle: 64 bytes, passed by value
+        _fields_ = [("reserved", ctypes.c_ubyte * 64)]
+
+    memory, event = (Handle.from_buffer_copy(bytes.fromhex(h)) for h in os.environ["IPC_HANDLES"].split())
+    ptr, opened = c_u64(), c_u64()
+    open_memory, open_event = cu.cuIpcOpenMemHandle, cu.cuIpcOpenEventHandle
+    open_memory.argtypes = [ctypes.POINTER(c_u64), Handle, ctypes.c_uint]
+    open_event.argtypes = [ctypes.POINTER(c_u64), Handle]
+    check(open_memory(ctypes.byref(ptr), memory, 1), "open memory")
+    check(open_event(ctypes.byref(opened), event), "open event")
+    say("opened", 1)
+    for line in sys.stdin:
+        check(cu.cuStreamWaitEvent(c_u64(0), opened, 0), "wait")
+        say(line.strip(), dtoh(ptr.value, 4)[1].hex())
+
+
 def scenario_ipc_export():
     """Allocate, fill, hand out an IPC handle (one line), wait for stdin, then show what is there now."""
     setup()

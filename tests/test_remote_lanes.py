@@ -5,6 +5,8 @@ nothing left waiting when a lane goes away."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -92,6 +94,38 @@ def test_frames_held_to_go_together_reach_the_worker_without_a_later_call(shim_d
         out, _ = run_client("held_frames", env)
         assert out["ran_without_a_call"] == "True", coalesce
         assert out["memset"] == "3c3c3c3c"
+
+
+def test_a_record_of_an_interprocess_event_reaches_the_worker_before_the_call_returns(shim_dir, worker):
+    """Frames held to go together (TLS) must not hide the work before an interprocess event's record from
+    the lease's other processes: natively, once cuEventRecord returns, another process that waits on the
+    event sees what came before the record on its stream, as PyTorch's CUDA tensors shared between
+    processes rely on. Held back (up to 10 ms here), the memset before the record had not reached the
+    worker when the other process looked."""
+    env = client_env(shim_dir, worker, GPUPOOL_DATA_ENCRYPTION="always", GPUPOOL_SHIM_COALESCE_US="10000")
+    producer = subprocess.Popen([sys.executable, str(remote_helpers.CLIENT), "ipc_event_producer"], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    consumer = None
+    try:
+        handles = producer.stdout.readline().split(maxsplit=1)[1].strip()
+        consumer = subprocess.Popen([sys.executable, str(remote_helpers.CLIENT), "ipc_event_consumer"],
+                                    env={**env, "IPC_HANDLES": handles}, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert consumer.stdout.readline().split() == ["opened", "1"]
+
+        def tell(proc, line: str) -> list[str]:
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+            return proc.stdout.readline().split()
+
+        assert tell(consumer, "before") == ["before", "00000000"]
+        assert tell(producer, "go") == ["recorded", "1"]
+        assert tell(consumer, "after_the_record") == ["after_the_record", "3c3c3c3c"]
+    finally:
+        for proc in (producer, consumer):
+            if proc is not None:
+                proc.kill()
+                proc.wait(10)
 
 
 class Staged:

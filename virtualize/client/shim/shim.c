@@ -453,14 +453,14 @@ static int send_frame(uint32_t call, uint32_t flags, const void *args, uint32_t 
         last_frame.call = call, last_frame.flags = flags, last_frame.args = args, last_frame.args_len = args_len;
         last_frame.b1 = b1, last_frame.b1_len = b1_len, last_frame.b2 = b2, last_frame.b2_len = b2_len;
     }
-    struct gp_request hdr = {call, flags, args_len, 0, b1_len + b2_len};
+    struct gp_request hdr = {call, flags & ~GP_FLAG_SEND_NOW, args_len, 0, b1_len + b2_len};
     struct iovec iov[4];
     int n = 0;
     iov[n++] = (struct iovec){&hdr, sizeof hdr};
     if (args_len) iov[n++] = (struct iovec){(void *)args, args_len};
     if (b1_len) iov[n++] = (struct iovec){(void *)b1, b1_len};
     if (b2_len) iov[n++] = (struct iovec){(void *)b2, b2_len};
-    return send_iov(iov, n, !(flags & GP_FLAG_WANTS_REPLY));
+    return send_iov(iov, n, !(flags & (GP_FLAG_WANTS_REPLY | GP_FLAG_SEND_NOW)));
 }
 
 /* Reads one reply; returns its result, or -1 on a broken connection. */
@@ -970,6 +970,7 @@ CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args
     if (call == GP_CALL_cuEventRecord || call == GP_CALL_cuEventRecordWithFlags) {
         const struct gp_in_cuEventRecord *record = args; /* both begin with the event and the stream */
         gp_event_recorded(record->event, record->stream);
+        if (gp_event_is_interprocess(record->event)) flags |= GP_FLAG_SEND_NOW;
     }
     gp_managed_before(call);
     pthread_mutex_lock(&conn_lock);

@@ -63,6 +63,10 @@ void gp_memo_after_fork_in_child(void);
 /* Events' elapsed times (shim_streams.c): an event record sent on a stream, noted for asking many pairs
  * at once; a forked child forgets them. */
 void gp_event_recorded(uint64_t event, uint64_t stream);
+/* A frame's flag for the shim alone (never on the wire): it goes out at once, with what is held before it. */
+#define GP_FLAG_SEND_NOW (1u << 31)
+void gp_event_interprocess(uint64_t event); /* made interprocess, or opened: its records go out at once */
+int gp_event_is_interprocess(uint64_t event);
 void gp_events_after_fork_in_child(void);
 
 /* The handshake's cryptography (shim_auth.c, the system's libcrypto loaded at first use). */

@@ -202,6 +202,7 @@ CUresult cuIpcOpenEventHandle(uint64_t *event, struct gp_ipc_handle handle) {
     if (kept) ipc_events[i].opens++;
     pthread_mutex_unlock(&ipc_event_lock);
     if (!kept) return CUDA_ERROR_OUT_OF_MEMORY;
+    gp_event_interprocess(e);
     *event = e;
     return CUDA_SUCCESS;
 }

@@ -218,6 +218,39 @@ void gp_event_recorded(uint64_t event, uint64_t stream) {
     pthread_mutex_unlock(&recent_lock);
 }
 
+/* ---- interprocess events: their records are not held -----------------------------------------------
+ * Over TLS the shim holds unanswered frames a moment to send them together (shim.c, held_append_locked).
+ * Another process of the lease may query or wait on an interprocess event as soon as this one's record
+ * returns (PyTorch's CUDA tensors shared between processes: the producer records, the consumer waits), so a
+ * record of one this process made interprocess, or opened, goes out at once with what is held before it.
+ * Kept for the process's life: a handle the worker reuses after a destroy only costs an early send. */
+static uint64_t *interprocess;
+static size_t n_interprocess, interprocess_room;
+static pthread_mutex_t interprocess_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void gp_event_interprocess(uint64_t event) {
+    pthread_mutex_lock(&interprocess_lock);
+    size_t i = 0;
+    while (i < n_interprocess && interprocess[i] != event) i++;
+    if (i == n_interprocess && n_interprocess == interprocess_room) {
+        size_t room = interprocess_room ? 2 * interprocess_room : 16;
+        uint64_t *grown = realloc(interprocess, room * sizeof *grown);
+        if (grown) interprocess = grown, interprocess_room = room;
+    }
+    if (i == n_interprocess && n_interprocess < interprocess_room) interprocess[n_interprocess++] = event;
+    pthread_mutex_unlock(&interprocess_lock);
+}
+
+int gp_event_is_interprocess(uint64_t event) {
+    if (!__atomic_load_n(&n_interprocess, __ATOMIC_RELAXED)) return 0;
+    pthread_mutex_lock(&interprocess_lock);
+    size_t i = 0;
+    while (i < n_interprocess && interprocess[i] != event) i++;
+    int found = i < n_interprocess;
+    pthread_mutex_unlock(&interprocess_lock);
+    return found;
+}
+
 /* ---- fresh events, made a batch at a time ----------------------------------------------------------
  *
  * A framework makes events as it goes (PyTorch's pinned-memory allocator one a step, a benchmark harness
@@ -250,6 +283,7 @@ CUresult cuEventCreate(uint64_t *event, uint32_t flags) {
         CUresult r = gp_call(GP_CALL_cuEventCreate, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out,
                              NULL, 0);
         if (r == CUDA_SUCCESS) *event = out.event;
+        if (r == CUDA_SUCCESS && (flags & CU_EVENT_INTERPROCESS)) gp_event_interprocess(out.event);
         return r;
     }
     pthread_mutex_lock(&pool_lock);
@@ -284,6 +318,8 @@ void gp_events_forget_ctx(uint64_t ctx) {
 }
 
 void gp_events_after_fork_in_child(void) { /* the parent's events are not the child's lease's */
+    pthread_mutex_init(&interprocess_lock, NULL);
+    n_interprocess = 0;
     pthread_mutex_init(&recent_lock, NULL);
     pthread_mutex_init(&ask_lock, NULL);
     n_recent = 0;
