@@ -68,3 +68,26 @@ def test_while_a_host_function_is_out_copies_go_ahead_of_the_reply_uncounted():
     assert sent == 0 and callback == []  # nothing the client's callback thread could be stuck behind
     assert frames(reply) == [(7, b"bytes")]
     deliveries.close()
+
+
+def test_a_copy_ahead_of_a_reply_lands_after_the_pieces_sent_before_it():
+    """Pieces of a large copy go on the delivery connections, landed by threads of their own; a later copy
+    sent ahead of a reply (a host function is out) must not land before them, or their bytes would cover
+    its own where both copies wrote the same memory: the reply's connection says first how many frames to
+    wait for."""
+    callback, outlet_frames, reply, outlet = [], [], [], threading.Lock()
+    deliveries = Deliveries(lambda *parts: callback.append(b"".join(map(bytes, parts))) or True, outlet)
+    deliveries.add_outlet(lambda *parts: outlet_frames.append(b"".join(map(bytes, parts))) or True)
+    large, small = Staged(bytes(4 << 20)), Staged(b"later")
+    large.done.set()
+    deliveries.add(1, large)
+    assert deliveries.flush(wait=True) == 2  # two pieces: the callback connection's and the outlet's
+    small.done.set()
+    with outlet:  # a host function is out
+        deliveries.add(2, small)
+        deliveries.flush(inline=lambda *parts: reply.append(b"".join(map(bytes, parts))))
+    kinds = [_wire.REPLY.unpack_from(frame)[0] for frame in reply]
+    assert kinds == [_wire.COPIES_SENT, _wire.COPY_DATA]
+    assert _wire.COPIES_COUNT.unpack_from(reply[0], _wire.REPLY.size) == (2,)
+    assert frames(reply[1:]) == [(2, b"later")]
+    deliveries.close()

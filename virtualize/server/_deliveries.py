@@ -12,7 +12,9 @@ as many — so it never sees "done" before the bytes.
 While a host function is out at the client (its answer awaited) nothing goes on the callback
 connection: the client's callback thread is running the function, and a program thread waiting there
 for bytes behind it could be what the function waits for. Copies due ahead of a reply then travel on
-the process's own connection instead, ahead of the reply, read by the thread that waits for it.
+the process's own connection instead, ahead of the reply, read by the thread that waits for it — after
+a COPIES_SENT where delivery connections may still carry pieces of earlier copies (those are read by
+threads of their own, and every counted frame before the function landed before it ran).
 
 Frames go out in the order they are counted: one lock covers picking copies and sending them.
 
@@ -129,6 +131,11 @@ class Deliveries:
                         self._queue.remove(c)
                 if not done:
                     return self.sent
+                if inline is not None and self._outlets:
+                    # pieces sent before may still be landing on the delivery connections: a copy here must
+                    # not land under them (a later copy into the same memory keeps its bytes, as natively)
+                    count = _wire.COPIES_COUNT.pack(self.sent)
+                    inline(_wire.REPLY.pack(_wire.COPIES_SENT, len(count), 0), count)
                 for c in done:
                     self._deliver(c, inline)
 
