@@ -261,6 +261,10 @@ def test_an_encrypted_programs_large_copies_go_to_the_new_worker_after_a_move(pa
                                       env={"GPUPOOL_SHIM_SHARED_COPIES": "0", "GPUPOOL_SHIM_SHARED_PINNED": "0",
                                            "GPUPOOL_DATA_ENCRYPTION": "always"})  # fmt: skip
     moved_each_time_saying(run, lease, admin, ((a, b), (b, a)), "big", "big True")
+    # the delivery connections (copies into page-locked memory, in pieces) opened again with each new worker:
+    # three at the start and three after coming back on A, three on B
+    for server, opened in ((a, 6), (b, 3)):
+        assert server.log.read_text().count("a delivery connection of its process") == opened, server.log
 
 
 @pytest.mark.parametrize("to", ["another GPU", "another server"])

@@ -1747,8 +1747,10 @@ static void *callback_reader(void *arg);
  * connection, each with a thread of its own landing the pieces the worker sends on it. Opened once, with
  * the callback connection, on an encrypted connection only (on this host copies go through shared
  * memory); where one cannot open, copies come whole on the callback connection as before. After the lease
- * moves to another server the old ones end with the old worker and the copies come whole. */
-static struct gp_conn delivery_conns[GP_MAX_LANES];
+ * moves to another server the old ones end with the old worker, and as many open to the new one with the
+ * new callback connection (each round's connections are new memory: the old round's threads may still be
+ * reading theirs until the old worker closes them). */
+static struct gp_conn *delivery_conns; /* this round's */
 static int n_delivery_conns;
 
 static void *delivery_reader(void *arg) {
@@ -1765,13 +1767,18 @@ static void *delivery_reader(void *arg) {
 static void deliveries_open_locked(uint64_t token, struct gp_conn *mine) {
     int want = lanes_wanted();
     if (!mine->ssl || want < 2) return;
+    struct gp_conn *round = calloc((size_t)want, sizeof *round);
+    if (!round) return;
+    delivery_conns = round;
+    n_delivery_conns = 0;
     CUresult failure = conn_failure;
     uint64_t ctx = conn_ctx;
+    struct gp_conn *was = thread_conn;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     for (int i = 0; i < want; i++) {
-        struct gp_conn *c = &delivery_conns[i];
+        struct gp_conn *c = &round[i];
         *c = (struct gp_conn){-1, NULL, NULL};
         thread_conn = c;
         struct gp_in_gpDeliveryAttach in = {.token = token};
@@ -1787,17 +1794,16 @@ static void deliveries_open_locked(uint64_t token, struct gp_conn *mine) {
         n_delivery_conns++;
     }
     pthread_attr_destroy(&attr);
-    thread_conn = mine;
+    thread_conn = was;
     conn_failure = failure;
     conn_ctx = ctx;
 }
 
 static void deliveries_after_fork_in_child(void) {
     /* The parent's: their threads are the parent's; the child's callback connection opens its own. */
-    for (int i = 0; i < n_delivery_conns; i++) {
+    for (int i = 0; i < n_delivery_conns; i++)
         if (delivery_conns[i].fd >= 0) close(delivery_conns[i].fd);
-        delivery_conns[i] = (struct gp_conn){-1, NULL, NULL};
-    }
+    delivery_conns = NULL; /* the parent's memory, left as it is */
     n_delivery_conns = 0;
 }
 
@@ -1891,6 +1897,7 @@ static int callbacks_reattach_locked(void) {
         copies_resume();       /* its reader may have ended already, saying nothing more would land */
         pthread_mutex_unlock(&host_calls_lock);
         if (pthread_create(&thread, &attr, callback_reader, fresh) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+        else deliveries_open_locked(out.token, fresh); /* large copies in pieces again, to the new worker */
     }
     pthread_attr_destroy(&attr);
     if (r != CUDA_SUCCESS && callback_conn != fresh) {
