@@ -130,6 +130,31 @@ def test_a_remote_crash_keeps_the_shims_trace_and_the_workers_log(tmp_path):
     assert "connected" in (out / "demo.remote.worker.log").read_text()
 
 
+def test_a_worker_that_dies_under_a_test_costs_that_test_only(tmp_path):
+    """Remotely, a test that kills the lease's worker (as a crash of the worker would: CuPy's captured host
+    functions once did) is counted crashed, and the tests after it run with a fresh worker instead of
+    failing one by one on a lost connection."""
+    suite(tmp_path, "import ctypes, os, signal\n"
+                    "from pathlib import Path\n"
+                    "def test_first(): assert ctypes.CDLL('libcuda.so.1').cuInit(0) == 0\n"
+                    "def test_the_worker_dies():\n"
+                    "    assert ctypes.CDLL('libcuda.so.1').cuInit(0) == 0\n"
+                    "    me, parent = os.getpid(), os.getppid()  # remote_once: the worker is the command's sibling\n"
+                    "    children = Path(f'/proc/{parent}/task/{parent}/children').read_text().split()\n"
+                    "    for pid in map(int, children):\n"
+                    "        if pid != me:\n"
+                    "            os.kill(pid, signal.SIGKILL)\n"
+                    "    import time; time.sleep(30)\n"
+                    "def test_after(): assert ctypes.CDLL('libcuda.so.1').cuInit(0) == 0\n"
+                    "def test_last(): assert ctypes.CDLL('libcuda.so.1').cuDeviceGetCount(ctypes.byref(ctypes.c_int())) == 0\n")  # fmt: skip
+    proc = run(tmp_path, "--part", "demo=demo/test_demo.py", "--executor", "host", "--timeout", "150",
+               timeout=400)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    remote = row(tmp_path, "demo")["remote"]
+    assert (remote["passed"], remote["failed"], remote["crashes"]) == (3, 1, 1), remote
+    assert "the lease worker died" in (tmp_path / "out" / "demo.remote.crash-1.txt").read_text()
+
+
 @pytest.mark.needs("git")
 def test_fetch_suites_brings_pytorchs_test_files_with_the_test_modules_they_import(tmp_path):
     """bench/fetch_suites.sh against a local clone standing in for PyTorch's repository: the three test

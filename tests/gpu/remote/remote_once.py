@@ -3,7 +3,8 @@
 For looking into one program: the shim is compiled from this tree, the worker runs the CUDA executor on
 GPU --gpu (default 0) with a partition of --mib MiB (default the whole GPU), and the command runs with the shim first on its library path
 (add GPUPOOL_SHIM_TRACE=1 to the environment to see every driver call, GPUPOOL_SHIM_PROFILE=1 for a
-table of where the client's time went, GPUPOOL_WORKER_PROFILE=DIR for the worker's cProfile).
+table of where the client's time went, GPUPOOL_WORKER_PROFILE=DIR for the worker's cProfile). If the
+worker dies while the command runs, the command is stopped and the exit status is 3.
 """
 
 from __future__ import annotations
@@ -56,10 +57,31 @@ def main() -> int:
     if args.executor == "cuda":  # NVML shows the lease's GPU alone, as under gpuattach (torch counts by NVML)
         env.update(nvml_view_env("once", devices, env, work))
     try:
-        return subprocess.run(command, env=env).returncode
+        return run_while_alive(command, env, worker)
     finally:
         time.sleep(0.5)  # the worker writes its profile when it sees the client go
         worker.stop()
+
+
+WORKER_DIED = 3  # the exit status when the worker died under the command
+
+
+def run_while_alive(command: list[str], env: dict, worker) -> int:
+    """The command's exit status; the command is stopped, and WORKER_DIED returned, if the worker dies
+    first: every later call would fail with a lost connection, so a suite's part must not go on with it
+    (bench/framework_suites.py then counts the running test as crashed and goes on with a fresh worker)."""
+    proc = subprocess.Popen(command, env=env)
+    while True:
+        try:
+            return proc.wait(0.2)
+        except subprocess.TimeoutExpired:
+            if worker.alive():
+                continue
+        print(f"remote_once: the lease worker died (exit status {worker.proc.poll()}) under the command; "
+              "the command is stopped", file=sys.stderr, flush=True)  # fmt: skip
+        proc.kill()
+        proc.wait()
+        return WORKER_DIED
 
 
 if __name__ == "__main__":
