@@ -1216,6 +1216,45 @@ def scenario_ipc_event_producer():
     sys.stdin.readline()  # the other process has looked
 
 
+def scenario_mapped_store_producer():
+    """A host store into mapped memory while the device may be running, then a synchronising call
+    (SYNC_CALL: event_query, event_sync, stream_query, stream_sync or ctx_sync) and no device work: natively
+    the store is in the memory the device sees (a kernel spinning on it is released: XLA's GPU timer).
+    The memory's device side is handed to another process of the lease (IPC) to look. Prints the
+    handles, then "synchronised" at the first line on stdin."""
+    setup()
+    module, fn = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(fn), module, b"fill_u32"), "function")
+    mapped, dev = c_u64(), c_u64()
+    check(cu.cuMemHostAlloc(ctypes.byref(mapped), c_u64(4096), 0x02), "host alloc mapped")  # DEVICEMAP
+    check(cu.cuMemHostGetDevicePointer(ctypes.byref(dev), mapped, 0), "device pointer")
+    ptr, value, count = c_u64(dev.value), ctypes.c_uint32(0x11111111), ctypes.c_uint32(1024)
+    params = (ctypes.c_void_p * 3)(ctypes.addressof(ptr), ctypes.addressof(value), ctypes.addressof(count))
+    stream, event = c_u64(), c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")  # non-blocking, as XLA's
+    check(cu.cuLaunchKernel(fn, 4, 1, 1, 256, 1, 1, 0, stream, params, None), "fill")
+    check(cu.cuEventCreate(ctypes.byref(event), 6), "event")  # DISABLE_TIMING | INTERPROCESS
+    check(cu.cuEventRecord(event, stream), "record")
+    memory, handle = ctypes.create_string_buffer(64), ctypes.create_string_buffer(64)
+    check(cu.cuIpcGetMemHandle(memory, dev), "get memory handle")
+    check(cu.cuIpcGetEventHandle(handle, event), "get event handle")
+    say("handles", f"{memory.raw.hex()} {handle.raw.hex()}")
+    sys.stdin.readline()
+    words = (ctypes.c_uint32 * 1024).from_address(mapped.value)
+    words[0] = 0x2A2A2A2A  # the store a kernel on the device would be waiting for
+    calls = {
+        "event_query": lambda: cu.cuEventQuery(event),
+        "event_sync": lambda: cu.cuEventSynchronize(event),
+        "stream_query": lambda: cu.cuStreamQuery(stream),
+        "stream_sync": lambda: cu.cuStreamSynchronize(stream),
+        "ctx_sync": lambda: cu.cuCtxSynchronize(),
+    }
+    check(calls[os.environ["SYNC_CALL"]](), "synchronise")
+    say("synchronised", f"{words[0]:08x}")
+    sys.stdin.readline()  # the other process has looked
+
+
 def scenario_ipc_event_consumer():
     """The other side: opens IPC_HANDLES (memory, event); at each line on stdin waits on the event on its
     own stream and says the memory's first bytes."""

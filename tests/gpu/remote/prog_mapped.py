@@ -55,7 +55,34 @@ def main() -> int:
     cp.cuda.Device().synchronize()
     print("cupy mapped", host[:3].tolist(), float(host.sum()))
     cp.cuda.runtime.freeHost(ptr)
+    print("delay kernel released by a host store:", released_by_host(cp))
     return 0
+
+
+def released_by_host(cp) -> str:
+    """XLA's GPU timer: a kernel on a non-blocking stream spins on a flag in page-locked memory (its own
+    allocation) until the host stores to it, then the host synchronises on an event behind the kernel.
+    Natively the store reaches the spinning kernel at once; a kernel that saw nothing gives up after ~2 s."""
+    delay = cp.RawKernel(
+        r'extern "C" __global__ void delay(volatile int *flag, long long cycles, int *out) {'
+        r" long long start = clock64();"
+        r" while (*flag == 0) { if (clock64() - start > cycles) { *out = 2; return; } }"
+        r" *out = 1; }",
+        "delay",
+    )
+    flag_ptr = cp.cuda.runtime.hostAlloc(4, 0)
+    flag = (ctypes.c_int * 1).from_address(flag_ptr)
+    flag[0] = 0
+    out = cp.zeros(1, dtype=cp.int32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        delay((1,), (1,), (cp.uint64(flag_ptr), cp.int64(4_000_000_000), out))
+        done = stream.record()
+    flag[0] = 1
+    done.synchronize()
+    answer = {1: "released", 2: "timed out (the kernel never saw the store)"}.get(int(out.get()[0]), "?")
+    cp.cuda.runtime.freeHost(flag_ptr)
+    return answer
 
 
 if __name__ == "__main__":

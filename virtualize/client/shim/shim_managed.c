@@ -14,13 +14,15 @@
  * equal to the device's) and DIRTY (written here since). A touch of a DEVICE chunk faults (SIGSEGV);
  * the handler fetches the chunk from the worker and makes it readable; a write to a CLEAN chunk faults
  * too and marks it DIRTY. Before each call that makes the GPU work on memory (a launch, a copy, a
- * memset, a graph launch), DIRTY chunks are sent to the worker and every chunk goes back to DEVICE,
- * because the kernel may write them: so what the host wrote before a launch is what the kernel reads,
- * and what the kernel wrote is what the host reads after the synchronisation (the fetch is ordered
- * after it). Costs: a launch with mirrored memory in the process costs an mprotect per allocation and
+ * memset, a graph launch) or waits for it (a synchronise, a query), DIRTY chunks are sent to the worker
+ * and every chunk goes back to DEVICE, because a kernel may write them: so what the host wrote before a
+ * launch is what the kernel reads, what it wrote before a synchronise reaches a kernel still running
+ * (a flag that releases it), and what the kernel wrote is what the host reads after the synchronisation
+ * (the fetch is ordered after it). Costs: a launch with mirrored memory in the process costs an mprotect per allocation and
  * one copy per run of written chunks; each chunk the host touches after it costs one round trip and
- * 64 KiB. The device reports no concurrent managed access (host access while kernels run is not kept
- * coherent, as on GPUs without it: a program synchronises first). */
+ * 64 KiB. The device reports no concurrent managed access: between those calls host access while
+ * kernels run is not kept coherent (a host loop that polls a flag a kernel sets, calling nothing, waits
+ * for ever), as on GPUs without it. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -186,10 +188,24 @@ static int device_work(uint32_t call) {
     }
 }
 
-/* Before `call` makes the GPU work on memory: written chunks to the worker, then every chunk back to
- * DEVICE. Nothing when the process has no managed memory. */
+/* Calls that wait for the device or ask how far it got. Natively the host's stores to mapped memory reach
+ * a running kernel at once (XLA's timer releases its delay kernel by a host store, then synchronises on
+ * its stop event) and the kernel's stores reach the host: here the host's writes go to the worker before
+ * such a call, and the host view is the device's again after it. */
+static int waits_for_device(uint32_t call) {
+    switch (call) {
+    case GP_CALL_cuCtxSynchronize: case GP_CALL_cuCtxSynchronize_v2: case GP_CALL_cuStreamSynchronize:
+    case GP_CALL_cuStreamQuery: case GP_CALL_cuEventSynchronize: case GP_CALL_cuEventQuery:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Before `call` makes the GPU work on memory, or waits for it: written chunks to the worker, then every
+ * chunk back to DEVICE. Nothing when the process has no managed memory. */
 void gp_managed_before(uint32_t call) {
-    if (in_managed || !gp_managed_count() || !device_work(call)) return;
+    if (in_managed || !gp_managed_count() || !(device_work(call) || waits_for_device(call))) return;
     in_managed++;
     pthread_mutex_lock(&managed_lock);
     for (int k = 0; k < n_managed; k++) {
@@ -226,13 +242,7 @@ void gp_managed_before(uint32_t call) {
  * succeeds): the edges of registered memory get the device's bytes, as its pages would on a touch. */
 void gp_managed_after(uint32_t call, CUresult r) {
     if (r != CUDA_SUCCESS || in_managed || !gp_managed_count()) return;
-    switch (call) {
-    case GP_CALL_cuCtxSynchronize: case GP_CALL_cuCtxSynchronize_v2: case GP_CALL_cuStreamSynchronize:
-    case GP_CALL_cuStreamQuery: case GP_CALL_cuEventSynchronize: case GP_CALL_cuEventQuery: case GP_CALL_cuMemcpyDtoH_v2:
-        break;
-    default:
-        return;
-    }
+    if (!waits_for_device(call) && call != GP_CALL_cuMemcpyDtoH_v2) return;
     in_managed++;
     pthread_mutex_lock(&managed_lock);
     for (int k = 0; k < n_managed; k++) {
