@@ -3,6 +3,7 @@ and a way to run a client program against it."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import subprocess
@@ -63,6 +64,36 @@ def run_client(scenario: str, env: dict[str, str], timeout: float = 60) -> tuple
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return parse(proc.stdout), proc.stderr
+
+
+@contextlib.contextmanager
+def ipc_pair(producer_scenario: str, env: dict[str, str]):
+    """Two processes of one lease: `producer_scenario`, which prints its IPC handles (memory, event) on its
+    first line, and `ipc_event_consumer`, which opens them. Yields `tell(process, line)`: writes a line to
+    the process's stdin and gives the words of the line it answers; `tell` has `.producer` and
+    `.consumer`. Both are killed at the end."""
+    producer = subprocess.Popen([sys.executable, str(CLIENT), producer_scenario], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    consumer = None
+    try:
+        handles = producer.stdout.readline().split(maxsplit=1)[1].strip()
+        consumer = subprocess.Popen([sys.executable, str(CLIENT), "ipc_event_consumer"],
+                                    env={**env, "IPC_HANDLES": handles}, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert consumer.stdout.readline().split() == ["opened", "1"]
+
+        def tell(proc, line: str) -> list[str]:
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+            return proc.stdout.readline().split()
+
+        tell.producer, tell.consumer = producer, consumer
+        yield tell
+    finally:
+        for proc in (producer, consumer):
+            if proc is not None:
+                proc.kill()
+                proc.wait(10)
 
 
 def parse(stdout: str) -> dict[str, str]:

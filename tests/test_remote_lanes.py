@@ -5,14 +5,12 @@ nothing left waiting when a lane goes away."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 import remote_helpers
-from remote_helpers import client_env, needs_cc, run_client
+from remote_helpers import client_env, ipc_pair, needs_cc, run_client
 
 from virtualize.common._results import CUresult
 from virtualize.server._lanes import WAIT_S, Lanes
@@ -103,29 +101,10 @@ def test_a_record_of_an_interprocess_event_reaches_the_worker_before_the_call_re
     processes rely on. Held back (up to 10 ms here), the memset before the record had not reached the
     worker when the other process looked."""
     env = client_env(shim_dir, worker, GPUPOOL_DATA_ENCRYPTION="always", GPUPOOL_SHIM_COALESCE_US="10000")
-    producer = subprocess.Popen([sys.executable, str(remote_helpers.CLIENT), "ipc_event_producer"], env=env,
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
-    consumer = None
-    try:
-        handles = producer.stdout.readline().split(maxsplit=1)[1].strip()
-        consumer = subprocess.Popen([sys.executable, str(remote_helpers.CLIENT), "ipc_event_consumer"],
-                                    env={**env, "IPC_HANDLES": handles}, stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, text=True)  # fmt: skip
-        assert consumer.stdout.readline().split() == ["opened", "1"]
-
-        def tell(proc, line: str) -> list[str]:
-            proc.stdin.write(line + "\n")
-            proc.stdin.flush()
-            return proc.stdout.readline().split()
-
-        assert tell(consumer, "before") == ["before", "00000000"]
-        assert tell(producer, "go") == ["recorded", "1"]
-        assert tell(consumer, "after_the_record") == ["after_the_record", "3c3c3c3c"]
-    finally:
-        for proc in (producer, consumer):
-            if proc is not None:
-                proc.kill()
-                proc.wait(10)
+    with ipc_pair("ipc_event_producer", env) as tell:
+        assert tell(tell.consumer, "before") == ["before", "00000000"]
+        assert tell(tell.producer, "go") == ["recorded", "1"]
+        assert tell(tell.consumer, "after_the_record") == ["after_the_record", "3c3c3c3c"]
 
 
 class Staged:

@@ -17,6 +17,7 @@ from remote_helpers import (
     MiB,
     client_env,
     expected_queries,
+    ipc_pair,
     needs_cc,
     parse,
     profile_rows,
@@ -855,36 +856,20 @@ def test_mapped_host_memory_is_the_same_bytes_for_the_program_and_its_kernels(sh
     assert "gpupool:" not in err
 
 
-@pytest.mark.parametrize("sync_call", ["event_query", "event_sync", "stream_query", "stream_sync", "ctx_sync"])
-def test_a_host_store_to_mapped_memory_reaches_the_device_before_a_synchronising_call(shim_dir, worker, sync_call):
+@pytest.mark.parametrize(
+    "sync_call", ["event_query", "event_sync", "stream_query", "stream_sync", "ctx_sync"]
+)
+def test_a_host_store_to_mapped_memory_reaches_the_device_before_a_synchronising_call(
+    shim_dir, worker, sync_call
+):
     """Natively a host store to mapped memory is in the memory the device sees at once: XLA's GPU timer
     releases the kernel spinning on its flag by a store, then synchronises on an event behind it. Sent
     only at the next launch, the kernel waited out its 100 ms time-out at each of the autotuner's
     measurements. Another process of the lease reads the device side once the synchronising call returned."""
-    env = client_env(shim_dir, worker, SYNC_CALL=sync_call)
-    producer = subprocess.Popen([sys.executable, str(CLIENT), "mapped_store_producer"], env=env,
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
-    consumer = None
-    try:
-        handles = producer.stdout.readline().split(maxsplit=1)[1].strip()
-        consumer = subprocess.Popen([sys.executable, str(CLIENT), "ipc_event_consumer"],
-                                    env={**env, "IPC_HANDLES": handles}, stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, text=True)  # fmt: skip
-        assert consumer.stdout.readline().split() == ["opened", "1"]
-
-        def tell(proc, line: str) -> list[str]:
-            proc.stdin.write(line + "\n")
-            proc.stdin.flush()
-            return proc.stdout.readline().split()
-
-        assert tell(consumer, "before") == ["before", "11111111"]  # the kernel's fill
-        assert tell(producer, "go") == ["synchronised", "2a2a2a2a"]
-        assert tell(consumer, "after_the_store") == ["after_the_store", "2a2a2a2a"]
-    finally:
-        for proc in (producer, consumer):
-            if proc is not None:
-                proc.kill()
-                proc.wait(10)
+    with ipc_pair("mapped_store_producer", client_env(shim_dir, worker, SYNC_CALL=sync_call)) as tell:
+        assert tell(tell.consumer, "before") == ["before", "11111111"]  # the kernel's fill
+        assert tell(tell.producer, "go") == ["synchronised", "2a2a2a2a"]
+        assert tell(tell.consumer, "after_the_store") == ["after_the_store", "2a2a2a2a"]
 
 
 def test_kernels_given_page_locked_host_addresses_read_and_write_that_memory(shim_dir, worker):
