@@ -1216,6 +1216,43 @@ def scenario_ipc_event_producer():
     sys.stdin.readline()  # the other process has looked
 
 
+def scenario_idle_synchronise():
+    """Synchronisations with nothing to wait for, as PyTorch's `.item()` and a benchmark's loop make
+    them (a copy back to pageable memory, then a synchronise of its stream; a synchronise, then another),
+    and ones that must still ask: after a memset sent and not waited for, after a host function, and
+    after a kernel that faults (its error must be reported by the synchronise)."""
+    setup()
+    rc, dev = alloc(4096)
+    check(rc, "alloc")
+    check(cu.cuMemsetD8(c_u64(dev), 7, c_u64(4096)), "memset")
+    stream = c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")  # non-blocking
+    for _ in range(6):
+        check(cu.cuCtxSynchronize(), "context sync")
+    word = ctypes.create_string_buffer(4)
+    for i in range(10):  # .item(): a copy to pageable memory on the stream, then the stream's synchronise
+        check(cu.cuMemcpyDtoHAsync(word, c_u64(dev + 4 * i), c_u64(4), stream), "copy back")
+        check(cu.cuStreamSynchronize(stream), "stream sync")
+        if i == 0:
+            say("item", word.raw.hex())
+    say("query_idle", cu.cuStreamQuery(stream))
+    check(cu.cuMemsetD8Async(c_u64(dev), 9, c_u64(4096), stream), "memset on the stream")
+    check(cu.cuStreamSynchronize(stream), "sync after work")
+    check(cu.cuMemcpyDtoH(word, c_u64(dev), c_u64(4)), "read")
+    say("after_memset", word.raw.hex())
+    ran = []
+    callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda data: ran.append(1))
+    check(cu.cuLaunchHostFunc(stream, callback, None), "host function")
+    check(cu.cuStreamSynchronize(stream), "sync after host function")
+    say("host_function_ran", len(ran))
+    module, fn = c_u64(), c_u64()
+    check(cu.cuModuleLoadData(ctypes.byref(module), b"// module\n"), "load")
+    check(cu.cuModuleGetFunction(ctypes.byref(fn), module, b"fault"), "function")
+    check(cu.cuStreamSynchronize(stream), "idle again")
+    check(cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, None, None), "launch")
+    say("fault_reported", cu.cuStreamSynchronize(stream))
+
+
 def scenario_mapped_store_producer():
     """A host store into mapped memory while the device may be running, then a synchronising call
     (SYNC_CALL: event_query, event_sync, stream_query, stream_sync or ctx_sync) and no device work: natively

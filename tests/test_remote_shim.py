@@ -856,6 +856,25 @@ def test_mapped_host_memory_is_the_same_bytes_for_the_program_and_its_kernels(sh
     assert "gpupool:" not in err
 
 
+def test_a_synchronise_with_nothing_sent_since_the_last_completion_costs_no_round_trip(shim_dir, worker):
+    """PyTorch's `.item()` is a copy back to pageable memory, then a synchronise of its stream; the copy
+    came back with its bytes, so the synchronise has nothing to wait for, and natively returns at once.
+    The client answers it (and a context synchronise repeated) itself; a synchronise after a memset, a
+    host function or a faulting kernel still asks the worker, and reports the fault."""
+    out, err = run_client("idle_synchronise", client_env(shim_dir, worker, GPUPOOL_SHIM_PROFILE="1"))
+    assert out["item"] == "07070707"
+    assert out["query_idle"] == "0"
+    assert out["after_memset"] == "09090909"
+    assert out["host_function_ran"] == "1"
+    assert out["fault_reported"] == str(int(CUresult.ILLEGAL_ADDRESS))
+    rows = profile_rows(err)
+    assert rows["cuCtxSynchronize"] == {"calls": 6, "waited": 1}
+    # the 10 after copies back: answered here; after the memset, the host function, the module's load
+    # and the faulting launch: asked
+    assert rows["cuStreamSynchronize"] == {"calls": 14, "waited": 4}
+    assert rows["cuStreamQuery"]["waited"] == 0
+
+
 @pytest.mark.parametrize(
     "sync_call", ["event_query", "event_sync", "stream_query", "stream_sync", "ctx_sync"]
 )

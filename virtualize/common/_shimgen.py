@@ -270,6 +270,9 @@ def generate_types() -> str:
     ):
         masks = ", ".join(f"[{CALL_IDS[c]}] = {memo_mask(groups_of(c))}" for c in CALLS if groups_of(c))
         out.append(f"static const uint8_t gp_call_{table}[GP_N_CALLS] __attribute__((unused)) = {{{masks}}};")
+    # answers and attribute setters (shim_idle.c: they leave no work on any stream)
+    kept = ", ".join(f"[{CALL_IDS[c]}] = 1" for c in CALLS if c.memo)
+    out.append(f"static const uint8_t gp_call_keeps_answer[GP_N_CALLS] __attribute__((unused)) = {{{kept}}};")
     names = ", ".join(f'"{key(call)}"' for call in CALLS)
     out.append(f"static const char *const gp_call_names[GP_N_CALLS] __attribute__((unused)) = {{{names}}};")
     out.append("")

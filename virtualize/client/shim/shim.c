@@ -164,7 +164,7 @@ static void profile_print(void) {
                 gp_call_names[i], (unsigned long long)profile[i].calls, (unsigned long long)profile[i].waited,
                 profile[i].ns / 1e6, profile[i].calls ? profile[i].ns / 1e3 / (double)profile[i].calls : 0.0,
                 (unsigned long long)profile[i].bytes_out, (unsigned long long)profile[i].bytes_in,
-                (unsigned long long)gp_memo_kept(i), (unsigned long long)profile[i].slow, profile[i].slow_ns / 1e6,
+                (unsigned long long)(gp_memo_kept(i) + gp_idle_kept(i)), (unsigned long long)profile[i].slow, profile[i].slow_ns / 1e6,
                 quick ? (profile[i].ns - profile[i].slow_ns) / 1e3 / (double)quick : 0.0);
     }
     if (profile_lane_copies)
@@ -216,6 +216,7 @@ static CUresult fail(CUresult code, const char *fmt, ...) {
 }
 
 static CUresult lost(const char *what) {
+    gp_idle_frame(GP_N_CALLS, 0); /* nothing is answered as done here any more */
     return fail(CUDA_ERROR_DEVICE_UNAVAILABLE,
                 "lost the connection to the lease's worker at %s (%s): the remote GPU is gone, CUDA calls "
                 "fail from now on (check the lease with `gpuattach leases`, then run again)",
@@ -453,6 +454,7 @@ static int send_frame(uint32_t call, uint32_t flags, const void *args, uint32_t 
         last_frame.call = call, last_frame.flags = flags, last_frame.args = args, last_frame.args_len = args_len;
         last_frame.b1 = b1, last_frame.b1_len = b1_len, last_frame.b2 = b2, last_frame.b2_len = b2_len;
     }
+    gp_idle_frame(call, flags); /* work the worker may still be doing (shim_idle.c) */
     struct gp_request hdr = {call, flags & ~GP_FLAG_SEND_NOW, args_len, 0, b1_len + b2_len};
     struct iovec iov[4];
     int n = 0;
@@ -965,6 +967,11 @@ CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args
                   void *bulk_out, uint64_t bulk_out_len) {
     if (!gp_initialized() && !answered_before_init(call)) return CUDA_ERROR_NOT_INITIALIZED;
     uint64_t start = profile_enabled ? now_ns() : 0;
+    if (gp_idle_answers(call, args)) { /* nothing sent since it last completed */
+        if (profile_enabled) profile_note(call, 0, now_ns() - start, 0, 0);
+        return CUDA_SUCCESS;
+    }
+    uint64_t generation = gp_idle_generation();
     int changes = call < GP_N_CALLS && (gp_call_invalidates[call] | gp_call_pauses[call] | gp_call_resumes[call]);
     if (changes) gp_memo_changing(call);
     if (call == GP_CALL_cuEventRecord || call == GP_CALL_cuEventRecordWithFlags) {
@@ -981,6 +988,7 @@ CUresult gp_call2(uint32_t call, uint32_t flags, const void *args, uint32_t args
      * reached keeps answering why (NO_DEVICE, NOT_PERMITTED), not NOT_INITIALIZED */
     if (call == GP_CALL_cuInit) __atomic_store_n(&program_initialized, 1, __ATOMIC_RELEASE);
     gp_managed_after(call, r);
+    gp_idle_done(call, flags, args, generation, r);
     if (changes) gp_memo_changed(call, r);
     if (profile_enabled) profile_note(call, flags, now_ns() - start, args_len + bulk1_len + bulk2_len, bulk_out_len);
     return r;

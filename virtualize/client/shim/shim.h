@@ -58,6 +58,12 @@ void gp_memo_link(uint64_t child, uint64_t parent, int parent_kind);
 void gp_memo_changing(uint32_t call);
 void gp_memo_changed(uint32_t call, CUresult result);
 uint64_t gp_memo_kept(uint32_t call);
+/* Synchronisations answered here when nothing can be pending (shim_idle.c). */
+void gp_idle_frame(uint32_t call, uint32_t flags);
+uint64_t gp_idle_generation(void);
+int gp_idle_answers(uint32_t call, const void *args);
+void gp_idle_done(uint32_t call, uint32_t flags, const void *args, uint64_t started, CUresult r);
+uint64_t gp_idle_kept(uint32_t call);
 void gp_memo_print_outcomes(void);
 void gp_memo_after_fork_in_child(void);
 /* Events' elapsed times (shim_streams.c): an event record sent on a stream, noted for asking many pairs
@@ -132,6 +138,7 @@ CUresult gp_hints_advise(uint64_t ptr, uint64_t count, int32_t advice, int32_t t
 CUresult gp_hints_advise_device(uint64_t ptr, uint64_t count, int32_t advice, int32_t device);
 void gp_hints_prefetched(uint64_t ptr, uint64_t count, int32_t type, int32_t id);
 void gp_managed_before(uint32_t call);
+int gp_managed_count(void); /* mirrors in the process (0: none) */
 void gp_managed_after(uint32_t call, CUresult r);
 
 /* The lease's device ranges known to this process: allocations (owned) and module globals. */
