@@ -1217,7 +1217,7 @@ def scenario_ipc_event_producer():
 
 
 def scenario_idle_synchronise():
-    """Synchronisations with nothing to wait for, as PyTorch's `.item()` and a benchmark's loop make
+    """Synchronisations with nothing to wait for, as a read-back into pageable memory and a benchmark's loop make
     them (a copy back to pageable memory, then a synchronise of its stream; a synchronise, then another),
     and ones that must still ask: after a memset sent and not waited for, after a host function, and
     after a kernel that faults (its error must be reported by the synchronise)."""
@@ -1230,7 +1230,7 @@ def scenario_idle_synchronise():
     for _ in range(6):
         check(cu.cuCtxSynchronize(), "context sync")
     word = ctypes.create_string_buffer(4)
-    for i in range(10):  # .item(): a copy to pageable memory on the stream, then the stream's synchronise
+    for i in range(10):  # a read-back: a copy to pageable memory on the stream, then the stream's synchronise
         check(cu.cuMemcpyDtoHAsync(word, c_u64(dev + 4 * i), c_u64(4), stream), "copy back")
         check(cu.cuStreamSynchronize(stream), "stream sync")
         if i == 0:

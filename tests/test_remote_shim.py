@@ -857,7 +857,7 @@ def test_mapped_host_memory_is_the_same_bytes_for_the_program_and_its_kernels(sh
 
 
 def test_a_synchronise_with_nothing_sent_since_the_last_completion_costs_no_round_trip(shim_dir, worker):
-    """PyTorch's `.item()` is a copy back to pageable memory, then a synchronise of its stream; the copy
+    """A read-back is a copy to pageable memory, then a synchronise of its stream; the copy
     came back with its bytes, so the synchronise has nothing to wait for, and natively returns at once.
     The client answers it (and a context synchronise repeated) itself; a synchronise after a memset, a
     host function or a faulting kernel still asks the worker, and reports the fault."""

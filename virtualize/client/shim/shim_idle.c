@@ -1,8 +1,9 @@
 /* gpupool's libcuda.so.1: synchronisations the client answers itself, because nothing can be pending.
  *
  * A program reads a result back with a copy to pageable memory and then synchronises the stream
- * (PyTorch's `.item()` and `.cpu()`: cudaMemcpyAsync, then cudaStreamSynchronize); a benchmark
- * synchronises the context after each synchronous copy. The copy came back with its bytes, so the stream
+ * (cudaMemcpyAsync into a NumPy array, then cudaStreamSynchronize); a benchmark synchronises the
+ * context after each synchronous copy. (PyTorch 2.11's `.item()` copies into page-locked memory:
+ * that copy is still under way when it returns, and its synchronise asks.) The copy came back with its bytes, so the stream
  * had reached it; if nothing else went to the worker since, the synchronise has nothing to wait for and
  * would cost a round trip to learn it. Natively it returns at once.
  *
