@@ -1230,12 +1230,25 @@ def scenario_idle_synchronise():
     for _ in range(6):
         check(cu.cuCtxSynchronize(), "context sync")
     word = ctypes.create_string_buffer(4)
-    for i in range(10):  # a read-back: a copy to pageable memory on the stream, then the stream's synchronise
-        check(cu.cuMemcpyDtoHAsync(word, c_u64(dev + 4 * i), c_u64(4), stream), "copy back")
+    block = ctypes.create_string_buffer(64 << 10)
+    rc, big = alloc(64 << 10)
+    check(rc, "alloc 64 KiB")
+    items, blocks = [], []
+    for i in range(
+        10
+    ):  # a read-back: work on the stream, a copy to pageable memory, the stream's synchronise
+        check(cu.cuMemsetD8Async(c_u64(dev), 0x10 + i, c_u64(4096), stream), "memset")
+        check(cu.cuMemcpyDtoHAsync(word, c_u64(dev), c_u64(4), stream), "copy back")
         check(cu.cuStreamSynchronize(stream), "stream sync")
-        if i == 0:
-            say("item", word.raw.hex())
+        items.append(word.raw[0])
+    say("items", items == [0x10 + i for i in range(10)])
     say("query_idle", cu.cuStreamQuery(stream))
+    for i in range(3):  # 64 KiB: through the memory shared with a worker on this host, where there is one
+        check(cu.cuMemsetD8Async(c_u64(big), 0x20 + i, c_u64(64 << 10), stream), "memset 64 KiB")
+        check(cu.cuMemcpyDtoHAsync(block, c_u64(big), c_u64(64 << 10), stream), "copy 64 KiB back")
+        check(cu.cuStreamSynchronize(stream), "stream sync after 64 KiB")
+        blocks.append(block.raw[-1])
+    say("blocks", blocks == [0x20, 0x21, 0x22])
     check(cu.cuMemsetD8Async(c_u64(dev), 9, c_u64(4096), stream), "memset on the stream")
     check(cu.cuStreamSynchronize(stream), "sync after work")
     check(cu.cuMemcpyDtoH(word, c_u64(dev), c_u64(4)), "read")

@@ -1400,7 +1400,7 @@ int gp_bulk_copy(uint32_t call, uint64_t device, void *host, uint64_t count, uin
         if (env && strcmp(env, "0") == 0) shm_state = -1;
     }
     int is_async = call == GP_CALL_cuMemcpyHtoDAsync_v2 || call == GP_CALL_cuMemcpyDtoHAsync_v2;
-    uint64_t start = profile_enabled ? now_ns() : 0;
+    uint64_t start = profile_enabled ? now_ns() : 0, generation = gp_idle_generation();
     gp_managed_before(call);
     pthread_mutex_lock(&conn_lock);
     CUresult r = prepare_locked();
@@ -1422,6 +1422,10 @@ int gp_bulk_copy(uint32_t call, uint64_t device, void *host, uint64_t count, uin
     }
     pthread_mutex_unlock(&conn_lock);
     gp_managed_after(call, r);
+    if (!to_device && !lanes) { /* through shared memory: the copy came back whole, its stream got there */
+        struct gp_in_cuMemcpyDtoHAsync_v2 copy = {.stream = stream};
+        gp_idle_done(call, GP_FLAG_WANTS_REPLY, &copy, generation, r);
+    }
     if (profile_enabled) {
         uint32_t waited = lanes && to_device ? 0 : GP_FLAG_WANTS_REPLY; /* striped to the device: no answer */
         profile_note(call, waited, now_ns() - start, to_device ? count : 0, to_device ? 0 : count);

@@ -11,9 +11,10 @@
  * path sent it) moves a generation, except frames of calls that leave no work on any stream when they
  * return — kept answers and attribute setters (gp_call_keeps_answer, generated from the call table),
  * the synchronisations and queries themselves, and copies to the host the worker answered with their
- * bytes. A successful synchronise (or copy back) marks its stream, or the current context, with the
- * generation it started in; a later synchronise of the same stream or context in that same generation
- * is answered CUDA_SUCCESS here. Errors cannot have arisen since: nothing ran. Not answered here while the
+ * bytes (over the socket or through the memory shared with a worker on this host). A successful
+ * synchronise (or copy back) marks its stream (with the current context: 0, 1 and 2 name a stream of
+ * whichever context is current), or its context, with the generation it started in; a later synchronise
+ * of the same stream or context in that same generation is answered CUDA_SUCCESS here. Errors cannot have arisen since: nothing ran. Not answered here while the
  * process has mirrored memory (a synchronise moves the host's writes to the device, shim_managed.c). */
 #include <pthread.h>
 
@@ -24,7 +25,7 @@
 static uint64_t generation = 1; /* moved by every frame that may leave work behind */
 static pthread_mutex_t marks_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
-    uint64_t stream, generation;
+    uint64_t stream, ctx, generation; /* ctx: 0, 1 and 2 name a stream of the current context */
 } stream_marks[STREAM_MARKS];
 static unsigned next_mark;
 static uint64_t ctx_mark_ctx, ctx_mark_generation;
@@ -37,7 +38,7 @@ static int completes(uint32_t call, uint32_t flags) {
     case GP_CALL_cuCtxSynchronize: case GP_CALL_cuCtxSynchronize_v2: case GP_CALL_cuStreamSynchronize:
     case GP_CALL_cuStreamQuery: case GP_CALL_cuEventSynchronize: case GP_CALL_cuEventQuery:
         return 1;
-    case GP_CALL_cuMemcpyDtoH_v2: case GP_CALL_cuMemcpyDtoHAsync_v2:
+    case GP_CALL_cuMemcpyDtoH_v2: case GP_CALL_cuMemcpyDtoHAsync_v2: case GP_CALL_gpShmDtoH:
         return (flags & GP_FLAG_WANTS_REPLY) != 0; /* the reply carries the bytes: the copy is done */
     default:
         return 0;
@@ -65,6 +66,12 @@ static uint64_t stream_of(uint32_t call, const void *args) {
 
 static int is_context_wide(uint32_t call) { return call == GP_CALL_cuCtxSynchronize || call == GP_CALL_cuCtxSynchronize_v2; }
 
+/* The context a context-wide synchronise is about: cuCtxSynchronize_v2's argument, else the current one. */
+static uint64_t ctx_of(uint32_t call, const void *args) {
+    uint64_t ctx = call == GP_CALL_cuCtxSynchronize_v2 ? ((const struct gp_in_cuCtxSynchronize_v2 *)args)->ctx : 0;
+    return ctx ? ctx : gp_ctx_current();
+}
+
 static int marks_stream(uint32_t call) {
     return call == GP_CALL_cuStreamSynchronize || call == GP_CALL_cuStreamQuery || call == GP_CALL_cuMemcpyDtoH_v2 ||
            call == GP_CALL_cuMemcpyDtoHAsync_v2;
@@ -77,11 +84,11 @@ int gp_idle_answers(uint32_t call, const void *args) {
     int idle = 0;
     pthread_mutex_lock(&marks_lock);
     if (is_context_wide(call)) {
-        idle = ctx_mark_generation == now && ctx_mark_ctx == gp_ctx_current();
+        idle = ctx_mark_generation == now && ctx_mark_ctx == ctx_of(call, args);
     } else {
-        uint64_t stream = stream_of(call, args);
+        uint64_t stream = stream_of(call, args), ctx = gp_ctx_current();
         for (unsigned i = 0; i < STREAM_MARKS && !idle; i++)
-            idle = stream_marks[i].generation == now && stream_marks[i].stream == stream;
+            idle = stream_marks[i].generation == now && stream_marks[i].stream == stream && stream_marks[i].ctx == ctx;
     }
     pthread_mutex_unlock(&marks_lock);
     if (idle) __atomic_add_fetch(&answered[call], 1, __ATOMIC_RELAXED);
@@ -93,10 +100,11 @@ void gp_idle_done(uint32_t call, uint32_t flags, const void *args, uint64_t star
     if (!is_context_wide(call) && !marks_stream(call)) return;
     pthread_mutex_lock(&marks_lock);
     if (is_context_wide(call)) {
-        ctx_mark_ctx = gp_ctx_current();
+        ctx_mark_ctx = ctx_of(call, args);
         ctx_mark_generation = started;
     } else {
         stream_marks[next_mark].stream = stream_of(call, args);
+        stream_marks[next_mark].ctx = gp_ctx_current();
         stream_marks[next_mark].generation = started;
         next_mark = (next_mark + 1) % STREAM_MARKS;
     }
