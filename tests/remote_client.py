@@ -1266,6 +1266,15 @@ def scenario_idle_synchronise():
     say("fault_reported", cu.cuStreamSynchronize(stream))
 
 
+def scenario_synchronise_after_pauses():
+    """Four context synchronises with nothing sent between them, each after a pause of 200 ms."""
+    setup()
+    for _ in range(4):
+        time.sleep(0.2)
+        check(cu.cuCtxSynchronize(), "context sync")
+    say("synchronised", 4)
+
+
 def scenario_mapped_store_producer():
     """A host store into mapped memory while the device may be running, then a synchronising call
     (SYNC_CALL: event_query, event_sync, stream_query, stream_sync or ctx_sync) and no device work: natively

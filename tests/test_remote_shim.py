@@ -861,7 +861,8 @@ def test_a_synchronise_with_nothing_sent_since_the_last_completion_costs_no_roun
     came back with its bytes, so the synchronise has nothing to wait for, and natively returns at once.
     The client answers it (and a context synchronise repeated) itself; a synchronise after a memset, a
     host function or a faulting kernel still asks the worker, and reports the fault."""
-    out, err = run_client("idle_synchronise", client_env(shim_dir, worker, GPUPOOL_SHIM_PROFILE="1"))
+    env = client_env(shim_dir, worker, GPUPOOL_SHIM_PROFILE="1", GPUPOOL_SHIM_IDLE_FRESH_MS="600000")
+    out, err = run_client("idle_synchronise", env)  # (a minute's trust: the counts hold on a loaded machine)
     assert out["items"] == "True"  # each read-back saw the work before it
     assert out["query_idle"] == "0"
     assert out["after_memset"] == "09090909"
@@ -875,6 +876,15 @@ def test_a_synchronise_with_nothing_sent_since_the_last_completion_costs_no_roun
     # function, the module's load and the faulting launch: asked
     assert rows["cuStreamSynchronize"] == {"calls": 17, "waited": 5}
     assert rows["cuStreamQuery"]["waited"] == 0
+
+
+def test_a_synchronise_after_a_pause_asks_the_worker_again(shim_dir, worker):
+    """An idle program's synchronise is answered in the client only shortly after the worker's answer: after
+    a pause it asks again, and so learns that its lease moved or its worker is gone."""
+    env = client_env(shim_dir, worker, GPUPOOL_SHIM_PROFILE="1", GPUPOOL_SHIM_IDLE_FRESH_MS="50")
+    out, err = run_client("synchronise_after_pauses", env)
+    assert out["synchronised"] == "4"
+    assert profile_rows(err)["cuCtxSynchronize"] == {"calls": 4, "waited": 4}
 
 
 @pytest.mark.parametrize(

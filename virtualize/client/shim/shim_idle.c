@@ -14,21 +14,41 @@
  * bytes (over the socket or through the memory shared with a worker on this host). A successful
  * synchronise (or copy back) marks its stream (with the current context: 0, 1 and 2 name a stream of
  * whichever context is current), or its context, with the generation it started in; a later synchronise
- * of the same stream or context in that same generation is answered CUDA_SUCCESS here. Errors cannot have arisen since: nothing ran. Not answered here while the
+ * of the same stream or context in that same generation, within 100 ms of the worker's answer
+ * (GPUPOOL_SHIM_IDLE_FRESH_MS), is answered CUDA_SUCCESS here. Errors cannot have arisen since: nothing ran. Not answered here while the
  * process has mirrored memory (a synchronise moves the host's writes to the device, shim_managed.c). */
 #include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
 
 #include "shim.h"
 
 #define STREAM_MARKS 8
+/* A mark is trusted this long after the worker answered: a synchronise after a pause asks again, so an
+ * idle program still learns that its lease moved (the old worker exits once its processes came back) or
+ * that the worker is gone. */
+static uint64_t fresh_ns(void) {
+    static uint64_t value;
+    if (!value) { /* GPUPOOL_SHIM_IDLE_FRESH_MS: the trust, ms (default 100; 0: never answer here) */
+        const char *env = getenv("GPUPOOL_SHIM_IDLE_FRESH_MS");
+        value = (env && *env ? strtoull(env, NULL, 10) : 100) * 1000000ull + 1;
+    }
+    return value - 1;
+}
 
 static uint64_t generation = 1; /* moved by every frame that may leave work behind */
 static pthread_mutex_t marks_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
-    uint64_t stream, ctx, generation; /* ctx: 0, 1 and 2 name a stream of the current context */
+    uint64_t stream, ctx, generation, at; /* ctx: 0, 1 and 2 name a stream of the current context */
 } stream_marks[STREAM_MARKS];
 static unsigned next_mark;
-static uint64_t ctx_mark_ctx, ctx_mark_generation;
+static uint64_t ctx_mark_ctx, ctx_mark_generation, ctx_mark_at;
+
+static uint64_t monotonic_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
 static uint64_t answered[GP_N_CALLS]; /* for GPUPOOL_SHIM_PROFILE's "kept" column */
 
 uint64_t gp_idle_kept(uint32_t call) { return call < GP_N_CALLS ? __atomic_load_n(&answered[call], __ATOMIC_RELAXED) : 0; }
@@ -79,16 +99,17 @@ static int marks_stream(uint32_t call) {
 
 int gp_idle_answers(uint32_t call, const void *args) {
     int stream_wide = call == GP_CALL_cuStreamSynchronize || call == GP_CALL_cuStreamQuery;
-    if ((!stream_wide && !is_context_wide(call)) || gp_managed_count()) return 0;
-    uint64_t now = gp_idle_generation();
+    if ((!stream_wide && !is_context_wide(call)) || gp_managed_count() || !fresh_ns()) return 0;
+    uint64_t now = gp_idle_generation(), fresh_since = monotonic_ns() - fresh_ns();
     int idle = 0;
     pthread_mutex_lock(&marks_lock);
     if (is_context_wide(call)) {
-        idle = ctx_mark_generation == now && ctx_mark_ctx == ctx_of(call, args);
+        idle = ctx_mark_generation == now && ctx_mark_ctx == ctx_of(call, args) && ctx_mark_at > fresh_since;
     } else {
         uint64_t stream = stream_of(call, args), ctx = gp_ctx_current();
         for (unsigned i = 0; i < STREAM_MARKS && !idle; i++)
-            idle = stream_marks[i].generation == now && stream_marks[i].stream == stream && stream_marks[i].ctx == ctx;
+            idle = stream_marks[i].generation == now && stream_marks[i].stream == stream &&
+                   stream_marks[i].ctx == ctx && stream_marks[i].at > fresh_since;
     }
     pthread_mutex_unlock(&marks_lock);
     if (idle) __atomic_add_fetch(&answered[call], 1, __ATOMIC_RELAXED);
@@ -102,9 +123,11 @@ void gp_idle_done(uint32_t call, uint32_t flags, const void *args, uint64_t star
     if (is_context_wide(call)) {
         ctx_mark_ctx = ctx_of(call, args);
         ctx_mark_generation = started;
+        ctx_mark_at = monotonic_ns();
     } else {
         stream_marks[next_mark].stream = stream_of(call, args);
         stream_marks[next_mark].ctx = gp_ctx_current();
+        stream_marks[next_mark].at = monotonic_ns();
         stream_marks[next_mark].generation = started;
         next_mark = (next_mark + 1) % STREAM_MARKS;
     }
