@@ -1249,6 +1249,12 @@ def scenario_idle_synchronise():
         check(cu.cuStreamSynchronize(stream), "stream sync after 64 KiB")
         blocks.append(block.raw[-1])
     say("blocks", blocks == [0x20, 0x21, 0x22])
+    for i in range(3):  # 64 KiB to the device, from pageable memory, then the stream's synchronise
+        ctypes.memset(block, 0x30 + i, 64 << 10)
+        check(cu.cuMemcpyHtoDAsync(c_u64(big), block, c_u64(64 << 10), stream), "copy 64 KiB in")
+        check(cu.cuStreamSynchronize(stream), "stream sync after 64 KiB in")
+    check(cu.cuMemcpyDtoH(word, c_u64(big + (64 << 10) - 4), c_u64(4)), "read it back")
+    say("copied_in", word.raw.hex())
     check(cu.cuMemsetD8Async(c_u64(dev), 9, c_u64(4096), stream), "memset on the stream")
     check(cu.cuStreamSynchronize(stream), "sync after work")
     check(cu.cuMemcpyDtoH(word, c_u64(dev), c_u64(4)), "read")

@@ -871,10 +871,11 @@ def test_a_synchronise_with_nothing_sent_since_the_last_completion_costs_no_roun
     rows = profile_rows(err)
     assert rows["cuCtxSynchronize"] == {"calls": 6, "waited": 1}
     assert out["blocks"] == "True"
-    # the 10 after small copies back and the last 2 after 64 KiB ones (through shared memory): answered
-    # here; after the first 64 KiB copy (it attached the shared memory first), the memset, the host
-    # function, the module's load and the faulting launch: asked
-    assert rows["cuStreamSynchronize"] == {"calls": 17, "waited": 5}
+    assert out["copied_in"] == "32323232"
+    # the 10 after small copies back, the last 2 after 64 KiB ones and the 3 after 64 KiB copies in (through
+    # shared memory, answered once done): answered here; after the first 64 KiB copy (it attached the
+    # shared memory first), the memset, the host function, the module's load and the faulting launch: asked
+    assert rows["cuStreamSynchronize"] == {"calls": 20, "waited": 5}
     assert rows["cuStreamQuery"]["waited"] == 0
 
 

@@ -1422,10 +1422,10 @@ int gp_bulk_copy(uint32_t call, uint64_t device, void *host, uint64_t count, uin
     }
     pthread_mutex_unlock(&conn_lock);
     gp_managed_after(call, r);
-    if (!to_device && !lanes) { /* through shared memory: the copy came back whole, its stream got there */
-        struct gp_in_cuMemcpyDtoHAsync_v2 copy = {.stream = stream};
-        gp_idle_done(call, GP_FLAG_WANTS_REPLY, &copy, generation, r);
-    }
+    if (!lanes && r == CUDA_SUCCESS) /* through shared memory: answered once its stream (the legacy one for a
+                                       * synchronous copy) had done the copy */
+        gp_idle_stream_done(is_async ? stream : 0, generation);
+    else if (!lanes) gp_idle_frame(GP_N_CALLS, 0); /* a copy that failed part-way may have left pieces queued */
     if (profile_enabled) {
         uint32_t waited = lanes && to_device ? 0 : GP_FLAG_WANTS_REPLY; /* striped to the device: no answer */
         profile_note(call, waited, now_ns() - start, to_device ? count : 0, to_device ? 0 : count);

@@ -63,6 +63,7 @@ void gp_idle_frame(uint32_t call, uint32_t flags);
 uint64_t gp_idle_generation(void);
 int gp_idle_answers(uint32_t call, const void *args);
 void gp_idle_done(uint32_t call, uint32_t flags, const void *args, uint64_t started, CUresult r);
+void gp_idle_stream_done(uint64_t stream, uint64_t started); /* a copy the worker finished on `stream` */
 uint64_t gp_idle_kept(uint32_t call);
 void gp_memo_print_outcomes(void);
 void gp_memo_after_fork_in_child(void);

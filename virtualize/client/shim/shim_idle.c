@@ -60,6 +60,8 @@ static int completes(uint32_t call, uint32_t flags) {
         return 1;
     case GP_CALL_cuMemcpyDtoH_v2: case GP_CALL_cuMemcpyDtoHAsync_v2: case GP_CALL_gpShmDtoH:
         return (flags & GP_FLAG_WANTS_REPLY) != 0; /* the reply carries the bytes: the copy is done */
+    case GP_CALL_gpShmHtoD: /* pieces of one copy, the last answered once its stream has done it */
+        return 1;
     default:
         return 0;
     }
@@ -116,20 +118,27 @@ int gp_idle_answers(uint32_t call, const void *args) {
     return idle;
 }
 
-void gp_idle_done(uint32_t call, uint32_t flags, const void *args, uint64_t started, CUresult r) {
-    if (r != CUDA_SUCCESS || !completes(call, flags) || gp_idle_generation() != started) return;
-    if (!is_context_wide(call) && !marks_stream(call)) return;
+void gp_idle_stream_done(uint64_t stream, uint64_t started) {
     pthread_mutex_lock(&marks_lock);
-    if (is_context_wide(call)) {
-        ctx_mark_ctx = ctx_of(call, args);
-        ctx_mark_generation = started;
-        ctx_mark_at = monotonic_ns();
-    } else {
-        stream_marks[next_mark].stream = stream_of(call, args);
+    if (gp_idle_generation() == started) {
+        stream_marks[next_mark].stream = stream;
         stream_marks[next_mark].ctx = gp_ctx_current();
         stream_marks[next_mark].at = monotonic_ns();
         stream_marks[next_mark].generation = started;
         next_mark = (next_mark + 1) % STREAM_MARKS;
     }
     pthread_mutex_unlock(&marks_lock);
+}
+
+void gp_idle_done(uint32_t call, uint32_t flags, const void *args, uint64_t started, CUresult r) {
+    if (r != CUDA_SUCCESS || !completes(call, flags) || gp_idle_generation() != started) return;
+    if (marks_stream(call)) {
+        gp_idle_stream_done(stream_of(call, args), started);
+    } else if (is_context_wide(call)) {
+        pthread_mutex_lock(&marks_lock);
+        ctx_mark_ctx = ctx_of(call, args);
+        ctx_mark_generation = started;
+        ctx_mark_at = monotonic_ns();
+        pthread_mutex_unlock(&marks_lock);
+    }
 }
