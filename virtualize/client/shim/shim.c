@@ -394,8 +394,8 @@ static int recv_all(void *buf, uint64_t len) {
     return 0;
 }
 
-/* A reply's header: on a plain socket, polled for a few microseconds before the thread sleeps in recv
- * (a worker answering a synchronise or a query replies within microseconds, and a sleeping thread
+/* A reply's header: polled for a few microseconds before the thread sleeps in recv, or in SSL_read over
+ * TLS (a worker answering a synchronise or a query replies within microseconds, and a sleeping thread
  * takes about as long again to wake). GPUPOOL_SHIM_SPIN_US: how long (0: never); by default 40 µs
  * where there are 4 CPUs or more, else never (there polling takes the CPU the worker needs). */
 static long spin_ns = -1;
@@ -409,9 +409,32 @@ static long shim_spin_ns(void) {
     return spin_ns;
 }
 
+/* Over TLS: until the answer's first bytes are on the socket, or OpenSSL holds some already (then
+ * SSL_read has what it needs, or the rest of a record that is arriving), for at most spin_ns. Without
+ * this the thread slept in SSL_read at every answer: 25 µs a synchronise over loopback TLS against 8 µs
+ * on the local socket (H200, bench/RESULTS.md). */
+static void tls_poll(void) {
+    uint64_t until = 0;
+    for (;;) {
+        char c;
+        if (gp_tls_holds(conn_ssl)) return;
+        ssize_t got = recv(conn_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (got >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return; /* SSL_read says */
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        uint64_t now = (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+        if (!until) until = now + (uint64_t)spin_ns;
+        else if (now >= until) return;
+    }
+}
+
 static int recv_header(void *buf, uint64_t len) {
     shim_spin_ns();
-    if (conn_ssl || spin_ns <= 0 || ring_of()) return recv_all(buf, len); /* a ring spins in gp_ring_recv */
+    if (spin_ns <= 0 || ring_of()) return recv_all(buf, len); /* a ring spins in gp_ring_recv */
+    if (conn_ssl) {
+        tls_poll();
+        return recv_all(buf, len);
+    }
     uint64_t until = 0;
     for (;;) {
         ssize_t got = recv_plain(buf, len, MSG_DONTWAIT);

@@ -87,6 +87,7 @@ int gp_auth_equal(const unsigned char *a, const unsigned char *b, size_t len);
 void *gp_tls_connect(int fd, const char *pin_hex, char *why, size_t why_len);
 int gp_tls_write(void *ssl, const void *buf, size_t len);
 long gp_tls_read(void *ssl, void *buf, size_t len);
+int gp_tls_holds(const void *ssl); /* bytes OpenSSL has read and not handed out (a record begun, or more) */
 void gp_tls_free(void *ssl);
 
 /* The current context of the calling thread (kept in the client; the worker is told on change). */

@@ -129,6 +129,7 @@ static struct {
     void (*set0_wbio)(void *ssl, void *bio);
     int buffered;
     void *ctx;
+    int (*has_pending)(const void *ssl); /* SSL_has_pending (OpenSSL 1.1.0 and later) */
 } tls;
 
 static void load_tls(void) {
@@ -155,6 +156,7 @@ static void load_tls(void) {
         tls.err_get = (err_get_fn)dlsym(lib, "ERR_get_error");
         tls.err_string = (err_string_fn)dlsym(lib, "ERR_error_string_n");
         tls.set_read_buffer = (void (*)(void *, size_t))dlsym(lib, "SSL_CTX_set_default_read_buffer_len");
+        tls.has_pending = (int (*)(const void *))dlsym(lib, "SSL_has_pending");
         tls.f_buffer = (const void *(*)(void))dlsym(lib, "BIO_f_buffer");
         tls.bio_new = (void *(*)(const void *))dlsym(lib, "BIO_new");
         tls.bio_push = (void *(*)(void *, void *))dlsym(lib, "BIO_push");
@@ -262,6 +264,8 @@ long gp_tls_read(void *ssl, void *buf, size_t len) {
         return -1;
     }
 }
+
+int gp_tls_holds(const void *ssl) { return tls.has_pending && tls.has_pending(ssl) == 1; }
 
 void gp_tls_free(void *ssl) {
     if (ssl && tls.ssl_free) tls.ssl_free(ssl);
