@@ -43,7 +43,12 @@ def main() -> None:
             raise SystemExit(f"bench_copy_paths: CUDA error {result[0].name}")
         return result[1] if len(result) == 2 else None
 
-    ok(cu.cuInit(0))
+    try:
+        ok(cu.cuInit(0))
+    except Exception as exc:  # cuda-bindings raises when it finds no driver library at all
+        raise SystemExit(
+            f"bench_copy_paths: no NVIDIA driver here ({exc}); run it on the GPU server"
+        ) from None
     ctx = ok(cu.cuDevicePrimaryCtxRetain(ok(cu.cuDeviceGet(args.gpu))))
     ok(cu.cuCtxSetCurrent(ctx))
     top = SIZES[-1]
