@@ -420,9 +420,7 @@ static void tls_poll(void) {
         if (gp_tls_holds(conn_ssl)) return;
         ssize_t got = recv(conn_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
         if (got >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return; /* SSL_read says */
-        struct timespec t;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        uint64_t now = (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+        uint64_t now = now_ns();
         if (!until) until = now + (uint64_t)spin_ns;
         else if (now >= until) return;
     }
@@ -444,9 +442,7 @@ static int recv_header(void *buf, uint64_t len) {
             return -1;
         }
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
-        struct timespec t;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        uint64_t now = (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+        uint64_t now = now_ns();
         if (!until) until = now + (uint64_t)spin_ns;
         else if (now >= until) return recv_all(buf, len);
     }
