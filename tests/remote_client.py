@@ -5490,5 +5490,36 @@ def scenario_event_batches():
     check(cu.cuCtxSetCurrent(primary), "back")
 
 
+def scenario_event_names():
+    """Events the program's side names (gpEventCreateNamed): one made, recorded and waited for; then the
+    worker asked, as a forged client would, to name an event by a value that is not a name, and by the
+    name of an event the lease already has: each refusal reported by the next synchronise, the event
+    that holds the name untouched."""
+    from virtualize.common._calls import CALL_IDS, CALLS
+
+    setup()
+    stream, event = c_u64(), c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    check(cu.cuEventCreate(ctypes.byref(event), 0), "create")
+    say("named", hex(event.value >> 56))
+    check(cu.cuEventRecord(event, stream), "record")
+    say("recorded_and_waited", cu.cuEventSynchronize(event))
+    forward = ctypes.CDLL("libcuda.so.1").gpupool_forward
+    forward.argtypes = [ctypes.c_uint32, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p,
+                        ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint64]  # fmt: skip
+
+    def name(value: int) -> int:  # unanswered, as the shim sends it; then the synchronise that reports
+        args = struct.pack("<IQ", 0, value)
+        call = next(c for c in CALLS if c.name == "gpEventCreateNamed")
+        forward(CALL_IDS[call], 0, args, len(args), None, 0, None, 0, None, 0)
+        return cu.cuCtxSynchronize()
+
+    say("not_a_name", name(0x7F00_0000_1000))
+    say("a_name_held", name(event.value))
+    say("holder_untouched", f"{cu.cuEventRecord(event, stream)},{cu.cuEventSynchronize(event)}")
+    check(cu.cuEventDestroy(event), "destroy")
+    say("destroyed", cu.cuEventQuery(event))  # no longer the lease's
+
+
 if __name__ == "__main__":
     globals()[f"scenario_{sys.argv[1]}"]()

@@ -354,18 +354,35 @@ def test_copies_with_page_locked_and_registered_memory_are_captured_and_replayed
     }
 
 
-def test_events_made_a_step_are_fresh_and_cost_one_round_trip_in_sixteen(shim_dir, worker):
-    """A framework making an event a step (PyTorch's pinned-memory allocator, a benchmark harness): each
-    cuEventCreate hands out a fresh event of the program's own — distinct, done before any record, timing
-    or not as its flags asked — while the worker is asked for a batch once in 16; a bad flag is refused as
-    the driver refuses it, and an event made after its context was destroyed and another made works there."""
+def test_events_made_a_step_are_fresh_and_never_wait_for_the_worker(shim_dir, worker):
+    """A framework making events as it goes (PyTorch's graphed callables, its pinned-memory allocator, a
+    benchmark harness): each cuEventCreate hands out a fresh event of the program's own — distinct, done
+    before any record, timing or not as its flags asked — without waiting for the worker (natively it waits
+    for nothing; a wait in a GPU-bound loop drains the pipeline); a bad flag is refused as the driver
+    refuses it, and an event made in a context made after another was destroyed works there."""
     out, err = run_client("event_batches", client_env(shim_dir, worker, GPUPOOL_SHIM_PROFILE="1"))
     assert out["distinct"] == "True" and out["fresh"] == "100" and out["timing_as_asked"] == "100", out
     assert out["bad_flags"] == "1"  # CUDA_ERROR_INVALID_VALUE
     assert out["new_context_event"] == "0,0", out
     rows = profile_rows(err)
-    assert "cuEventCreate" not in rows or rows["cuEventCreate"]["waited"] == 0
-    assert rows["gpEventCreateMany"]["waited"] <= 20  # 203 events: 16 a batch, per flags and context
+    assert rows["gpEventCreateNamed"]["calls"] == 202 and rows["gpEventCreateNamed"]["waited"] == 0  # 200 + 2
+    assert rows["cuEventCreate"]["calls"] == 1  # the bad flags alone: asked, and refused by the worker
+
+
+def test_a_client_names_its_events_and_the_worker_refuses_a_name_not_to_be_had(shim_dir, worker):
+    """The shim names the program's events itself (its making unanswered: no wait for the worker); the
+    worker maps the name to the event it made. A value that is not a name (a driver handle of another
+    lease could be guessed so) or a name the lease's events already hold is refused, reported by the next
+    synchronise, and the event holding it is untouched."""
+    out, err = run_client("event_names", client_env(shim_dir, worker))
+    assert out == {
+        "named": "0xee",
+        "recorded_and_waited": "0",
+        "not_a_name": str(int(CUresult.INVALID_VALUE)),
+        "a_name_held": str(int(CUresult.INVALID_VALUE)),
+        "holder_untouched": "0,0",
+        "destroyed": str(int(CUresult.INVALID_HANDLE)),
+    }, err
 
 
 def test_async_copies_with_page_locked_memory_outside_a_capture_ask_the_worker_nothing(shim_dir, worker):

@@ -1132,11 +1132,13 @@ CALLS: tuple[Call, ...] = (
     _c("cuGraphUpload", 11010, "graphexec graph_exec, stream stream", A),
     _c("cuGraphExecDestroy", 10000, "graphexec graph_exec", A),
     _c("cuGraphDestroy", 10000, "graph graph", A),
-    # Fresh events come from a batch the shim asks for now and then (gpEventCreateMany: `count` events of
-    # `flags` in the thread's context, their handles in the reply's bulk): a framework that makes an event a
-    # step (PyTorch's pinned-memory allocator, a benchmark harness) waits for the worker once in 16.
+    # The program's events are named by the shim (gpEventCreateNamed: `flags` and the value the program
+    # got, `name`, which the worker makes an event for in the thread's context and maps to it; unanswered):
+    # a framework that makes events as it goes (PyTorch: several a step) never waits for the worker, as
+    # natively cuEventCreate waits for nothing. Interprocess events, and a thread with no context, ask.
     _c("cuEventCreate", 2000, "o_event event, u32 flags", custom=True, invalidates=RECORDS),
-    _c("gpEventCreateMany", 0, "u32 flags, u32 count", symbol="-", invalidates=RECORDS),
+    # (A name is never given twice, so no kept elapsed time can be about an older event of that value.)
+    _c("gpEventCreateNamed", 0, "u32 flags, u64 name", A, symbol="-"),
     _c("cuEventRecord", 2000, "event event, stream stream", A, invalidates=RECORDS),
     _c("cuEventRecordWithFlags", 11010, "event event, stream stream, u32 flags", A, invalidates=RECORDS),
     _c("cuEventQuery", 2000, "event event", sync=True),
@@ -1277,6 +1279,10 @@ POOL_INT_ATTRIBUTES = (1, 2, 3)
 # (device-updatable kernel node): it writes a device-side handle back, and graphs' device updates are
 # not forwarded.
 FORWARDED_LAUNCH_ATTRIBUTES = frozenset({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 16, 17, 18})
+# CUlaunchAttributeID values whose value starts with a CUevent: PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT.
+# The client's event values are not the executor's (events the client names, a lease moved), so such a
+# launch goes through the worker's Python path, which maps them.
+EVENT_LAUNCH_ATTRIBUTES = frozenset({7, 12})
 
 # The calls that end an object of the lease: call name -> the kind of handle its first parameter is.
 DESTROYS = {

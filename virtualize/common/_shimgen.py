@@ -19,6 +19,7 @@ from virtualize.common._calls import (
     ALIASES,
     CALL_IDS,
     CALLS,
+    EVENT_LAUNCH_ATTRIBUTES,
     FORWARDED_LAUNCH_ATTRIBUTES,
     HANDLE_TYPES,
     MEMO_GROUPS,
@@ -207,7 +208,7 @@ def generate_types() -> str:
         f"#define GP_COPY_DATA ({_wire.COPY_DATA})",
         f"#define GP_COPIES_SENT ({_wire.COPIES_SENT})",
         f"#define GP_COPY_PIECE ({_wire.COPY_PIECE})",
-        f"#define GP_MAX_EVENT_BATCH {_wire.MAX_EVENT_BATCH}u",
+        f"#define GP_EVENT_NAME_TAG 0x{_wire.EVENT_NAME_TAG:x}ull",
         f"#define GP_RECAPTURE_CALL ({_wire.RECAPTURE_CALL})",
         f"#define GP_NODE_PARAMS_BYTES {_wire.NODE_PARAMS_BYTES}u",
         f"#define GP_MOVED ({_wire.MOVED})",
@@ -362,9 +363,9 @@ def generate_bodies() -> str:
     return "\n".join(out) + "\n"
 
 
-def launch_attribute_mask() -> str:
-    """FORWARDED_LAUNCH_ATTRIBUTES as a C mask: bit i for CUlaunchAttributeID i."""
-    return f"0x{sum(1 << a for a in FORWARDED_LAUNCH_ATTRIBUTES):x}ull"
+def launch_attribute_mask(ids: frozenset[int] | None = None) -> str:
+    """FORWARDED_LAUNCH_ATTRIBUTES (or `ids`) as a C mask: bit i for CUlaunchAttributeID i."""
+    return f"0x{sum(1 << a for a in (FORWARDED_LAUNCH_ATTRIBUTES if ids is None else ids)):x}ull"
 
 
 def per_thread_variants() -> list[tuple[str, str]]:
@@ -505,6 +506,7 @@ def generate_native() -> str:
         f"#define GPF_EVENT_PAIR_BYTES {_wire.EVENT_PAIR.size}",
         f"#define GPF_EVENT_ELAPSED_BYTES {_wire.EVENT_ELAPSED.size}",
         f"#define GPF_FORWARDED_LAUNCH_ATTRIBUTES {launch_attribute_mask()}",
+        f"#define GPF_EVENT_LAUNCH_ATTRIBUTES {launch_attribute_mask(EVENT_LAUNCH_ATTRIBUTES)}",
         "",
         "/* The calls served here (virtualize/server/_guard_rules.py NATIVE_CALLS), in that order. */",
         "enum {",

@@ -81,8 +81,16 @@ LAUNCH_ATTRIBUTE_BYTES = 72
 EVENT_PAIR = struct.Struct("<QQ")
 EVENT_ELAPSED = struct.Struct("<if")
 MAX_EVENT_PAIRS = 4096
-# gpEventCreateMany: at most this many fresh events a request.
-MAX_EVENT_BATCH = 64
+# gpEventCreateNamed: the values the client names its events by have this top byte (kernel-half addresses,
+# which no driver handle in a process takes); below it the process's random 24-bit prefix and a count.
+EVENT_NAME_TAG = 0xEE
+
+
+def is_event_name(value: int) -> bool:
+    """Whether a value is one a client may name an event by (gpEventCreateNamed)."""
+    return value >> 56 == EVENT_NAME_TAG
+
+
 # A frame's fixed part is small; anything larger is a corrupt or hostile peer.
 MAX_ARGS_BYTES = 1 << 16
 # Module images and kernel parameters are bounded too (a fatbin of a big library is well under this).

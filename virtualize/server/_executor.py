@@ -170,7 +170,7 @@ GUARD_CALLS = (
     "gpResume",  # a process whose lease moved here from another server (virtualize.server._migrate_out)
     *("gpCallbackToken", "gpCallbackAttach", "cuLaunchHostFunc", "cuStreamAddCallback"),  # host functions
     "gpDeliveryAttach",  # more connections for the copies the callback connection carries
-    "gpEventCreateMany",  # a batch of fresh events, each made as cuEventCreate makes one
+    "gpEventCreateNamed",  # an event the client has named, made as cuEventCreate makes one
     *("cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuTensorMapEncodeIm2colWide"),  # tensor maps
     "cuTensorMapReplaceAddress",
     "cuTensorMapSetAllocationClass",

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from virtualize.common import _wire
-from virtualize.common._calls import BY_SYMBOL, CALL_IDS, CALLS, DESTROYS, HANDLE_TYPES, Call, Mode
+from virtualize.common._calls import CALL_IDS, CALLS, DESTROYS, HANDLE_TYPES, Call, Mode
 from virtualize.common._results import CUresult
 from virtualize.server._address_window import GRANULE, WindowFull, WindowMemory
 from virtualize.server._deliveries import Deliveries
@@ -32,6 +32,7 @@ from virtualize.server._executor import (
     INVALID_CONTEXT,
     INVALID_HANDLE,
     INVALID_VALUE,
+    NOT_SUPPORTED,
     OUT_OF_MEMORY,
     CudaError,
     Executor,
@@ -407,7 +408,7 @@ class Session:
             "gpCallbackToken": self._callback_token,
             "gpCallbackAttach": self._callback_attach,
             "gpDeliveryAttach": self._delivery_attach,
-            "gpEventCreateMany": self._events_create,
+            "gpEventCreateNamed": self._event_create_named,
             "cuLaunchHostFunc": self._host_function,
             "cuStreamAddCallback": self._host_function,
             "cuMemAddressReserve": self._vm_reserve,
@@ -884,24 +885,21 @@ class Session:
         self.calls_back_for, self.delivers = owner, True
         return ANSWERED
 
-    def _events_create(self, call: Call, ins: tuple):
-        """gpEventCreateMany: `count` events made one by one as cuEventCreate makes each (checked, noted
-        as the lease's, kept for a move); their handles in the reply's bulk. All or none: where one cannot
-        be made, those made go again and the call fails as cuEventCreate did."""
-        flags, count = ins
-        if not 1 <= count <= _wire.MAX_EVENT_BATCH:
-            raise CudaError(INVALID_VALUE, "events in a batch")
-        create, destroy = BY_SYMBOL["cuEventCreate"], BY_SYMBOL["cuEventDestroy_v2"]
-        made: list[int] = []
-        try:
-            for _ in range(count):
-                outs, _ = self._plain(create, (flags,))
-                made.append(struct.unpack("<Q", outs)[0])
-        except CudaError:
-            for event in made:
-                self._plain(destroy, (event,))
-            raise
-        return b"", struct.pack(f"<{count}Q", *made)
+    def _event_create_named(self, call: Call, ins: tuple):
+        """gpEventCreateNamed: an event made as cuEventCreate makes one, in the thread's context, that the
+        client calls by the value it chose (`name`: from then on every call naming it names this event,
+        `Translated.event_named`). Unanswered, as a launch: a refusal (bad flags, no memory, a value not
+        a client's to choose or already an event of the lease) is the next synchronising call's error."""
+        flags, name = ins
+        handles = self.lease.handles["event"]
+        if not _wire.is_event_name(name) or name in handles:
+            raise CudaError(INVALID_VALUE, "not a value to name an event by")
+        named = getattr(self.executor, "event_named", None)
+        if named is None:  # an executor without the handle map (benchmarks of the dispatch alone)
+            raise CudaError(NOT_SUPPORTED, "events named by the client")
+        named(name, flags)
+        handles.add(name)
+        return EMPTY
 
     def _host_function(self, call: Call, ins: tuple):
         stream, ident = ins

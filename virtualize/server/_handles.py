@@ -43,7 +43,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
-from virtualize.common._calls import CALLS, DESTROYS, HANDLE_TYPES
+from virtualize.common._calls import CALLS, DESTROYS, EVENT_LAUNCH_ATTRIBUTES, HANDLE_TYPES
+from virtualize.common._wire import is_event_name
 from virtualize.server import _migrate_graphs as graphs
 from virtualize.server._arrays import ARRAY, resource_mapped
 from virtualize.server._arrays import DEVICE as DEVICE_MEMORY  # a copy side's kind
@@ -91,8 +92,7 @@ RESOURCE_PARAMS = {"cuTexObjectCreate": "res", "cuSurfObjectCreate": "res"}  # m
 # Handles the guard passes that the table does not declare: the exported memory another process imports.
 GUARD_HANDLES = {"cuMemImportFromShareableHandle": {"handle": "vmem"}}
 RESOURCE_RESULTS = frozenset({"cuTexObjectGetResourceDesc", "cuSurfObjectGetResourceDesc"})  # answering one
-# CUlaunchAttributeID values whose value starts with a CUevent: PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT.
-EVENT_ATTRIBUTES = frozenset({7, 12})
+EVENT_ATTRIBUTES = EVENT_LAUNCH_ATTRIBUTES  # whose value starts with a CUevent
 # The shaped methods' parameters that hold handles of the kinds a move re-creates (the others keep
 # their values: nothing re-creates them).
 SHAPED_HANDLES: dict[str, dict[str, str]] = {
@@ -199,13 +199,28 @@ class Record:
 
 class HandleMap:
     """The client's value of each re-created object -> the executor's, and back (a bijection per
-    namespace; a value the client never saw maps to itself)."""
+    namespace; a value the client never saw maps to itself). Events the client named itself
+    (gpEventCreateNamed) are in it from their making, moved or not."""
 
     def __init__(self) -> None:
         self.to_real: dict[str, dict[int, int]] = {ns: {} for ns in set(NAMESPACE.values())}
         self.to_client: dict[str, dict[int, int]] = {ns: {} for ns in set(NAMESPACE.values())}
         self._synthetic = itertools.count(SYNTHETIC)
         self.lock = threading.Lock()
+        self.named = False  # whether a client has named an object: calls map their handles from then on
+
+    def name(self, ns: str, client: int, real: int) -> None:
+        """The client calls the executor's new `real` by `client`, a value it chose."""
+        with self.lock:
+            self.to_real[ns][client], self.to_client[ns][real] = real, client
+            self.named = True
+
+    def unname(self, ns: str, client: int) -> None:
+        """A named object is gone: its value leaves the map (a training names millions of events)."""
+        with self.lock:
+            real = self.to_real[ns].pop(client, None)
+            if real is not None and self.to_client[ns].get(real) == client:
+                del self.to_client[ns][real]
 
     def real(self, ns: str, value: int) -> int:
         return self.to_real[ns].get(value, value)
@@ -455,7 +470,8 @@ class Translated:
 
         def call(*args):
             given = args  # as the client names them (what the records keep)
-            if self.generation:
+            mapped = self.generation or self.map.named
+            if mapped:
                 self._current()
                 args = self._args_in(args, kinds, addresses, exec_node)
                 if name == "graph_kernel_node_params":  # the guard's callback learns the client's function
@@ -466,7 +482,7 @@ class Translated:
                 with self.record_lock:
                     dev = given[device_at]
                     self.primary_held[dev] = references(self.primary_held.get(dev, 0))
-            if self.generation and (outs or address_outs):
+            if mapped and (outs or address_outs):
                 result = self._results_out(result, outs, address_outs)
             if variable:
                 self._global(name, given, result)
@@ -650,6 +666,20 @@ class Translated:
     def _forget(self, ns: str, value: int) -> None:
         with self.record_lock:
             self._forget_locked(ns, value)
+        if ns == "event" and is_event_name(value):
+            self.map.unname(ns, value)
+
+    def event_named(self, name: int, flags: int) -> None:
+        """gpEventCreateNamed: an event made now, in the thread's context, that the client calls `name`;
+        recorded as cuEventCreate's under that name, so a move makes it again and maps the name."""
+        if self.generation:
+            self._current()
+        real = self.inner.cuEventCreate(flags)
+        self.map.name("event", name, real)
+        ctx = getattr(self.local, "ctx", 0)
+        record = Record("cuEventCreate", (flags,), (), ctx, None, ("event", name), 0)
+        with self.record_lock:
+            self.records[("made", "event", name)] = record
 
     def _forget_locked(self, ns: str, value: int) -> None:
         """An object is gone: its record, and those of what was made from it or configures it (a

@@ -2027,7 +2027,6 @@ void gp_ctx_note_device(uint64_t ctx, int device) {
 /* A destroyed context: no longer known, and off the calling thread's stack (other threads' use of it
  * fails at the worker, as natively). */
 void gp_ctx_forget(uint64_t ctx) {
-    gp_events_forget_ctx(ctx); /* its fresh events went with it */
     pthread_mutex_lock(&table_lock);
     for (int i = 0; i < n_ctx_devices; i++)
         if (ctx_devices[i].ctx == ctx) ctx_devices[i] = ctx_devices[--n_ctx_devices];

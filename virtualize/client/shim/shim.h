@@ -92,7 +92,6 @@ void gp_tls_free(void *ssl);
 
 /* The current context of the calling thread (kept in the client; the worker is told on change). */
 uint64_t gp_ctx_current(void);
-void gp_events_forget_ctx(uint64_t ctx); /* the batch of fresh events made in a context that is gone */
 void gp_ctx_set(uint64_t ctx);
 int gp_ctx_push(uint64_t ctx);
 uint64_t gp_ctx_pop(int *ok);

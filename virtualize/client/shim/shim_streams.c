@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "shim_calls.h"
@@ -251,33 +252,42 @@ int gp_event_is_interprocess(uint64_t event) {
     return found;
 }
 
-/* ---- fresh events, made a batch at a time ----------------------------------------------------------
+/* ---- events the program's own values name ------------------------------------------------------------
  *
- * A framework makes events as it goes (PyTorch's pinned-memory allocator one a step, a benchmark harness
- * two a repetition), and each cuEventCreate was a round trip through the worker's Python. The shim asks
- * for EVENT_BATCH fresh events of the asked flags in the thread's context at once (gpEventCreateMany) and
- * hands them out one by one: a never-recorded event, as cuEventCreate's. Kept per context and flags; a
- * context destroyed, or a primary context released or reset, drops its batch (its events went with it, or
- * stay with the worker until it ends). Interprocess events, and a thread with no context, go one by one. */
-enum { EVENT_BATCH = 16, EVENT_POOLS = 8, CU_EVENT_INTERPROCESS = 4 };
-static struct event_pool {
-    uint64_t ctx, epoch;
-    uint32_t flags, n;
-    uint64_t events[EVENT_BATCH];
-} pools[EVENT_POOLS];
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+ * A framework makes events as it goes (a graphed callable's cross-stream waits several a step, PyTorch's
+ * pinned-memory allocator one a step, a benchmark harness two a repetition). Natively cuEventCreate waits
+ * for nothing; here any call that waits for the worker waits for every frame before it, and in a GPU-bound
+ * loop the worker is held by a full GPU queue, so each wait drained the pipeline (a batch of 16 fresh
+ * events: 1.1 ms, bench/RESULTS.md). So the shim names the event itself and sends its making unanswered
+ * (gpEventCreateNamed): the worker makes a real event in the thread's context and maps the name to it for
+ * every later call, as it maps a moved lease's handles. A name: GP_EVENT_NAME_TAG in the top byte (a
+ * kernel-half address, which no driver handle in a process takes), the process's random 24-bit prefix
+ * (two processes of a lease cannot collide unnoticed: the worker refuses a name it already has), a count.
+ * Making can still fail (no memory): the next synchronising call says so, as for a launch. Interprocess
+ * events (another process opens the worker's own event by its value), flags the driver would refuse, and
+ * a thread with no context ask the worker, one by one. */
+enum { CU_EVENT_INTERPROCESS = 4, CU_EVENT_KNOWN_FLAGS = 7 };
+static uint64_t name_prefix; /* 0: not drawn yet (this process, or a child after fork) */
+static uint32_t names_given;
+static pthread_mutex_t name_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static struct event_pool *pool_of(uint64_t ctx, uint32_t flags, uint64_t epoch) { /* under pool_lock */
-    for (int i = 0; i < EVENT_POOLS; i++)
-        if (pools[i].n && pools[i].ctx == ctx && pools[i].flags == flags && pools[i].epoch == epoch) return &pools[i];
-    return NULL;
+static uint64_t next_event_name(void) {
+    pthread_mutex_lock(&name_lock);
+    if (!name_prefix) {
+        uint32_t r = 0;
+        if (gp_auth_nonce((unsigned char *)&r, sizeof r) < 0) r = (uint32_t)getpid() * 2654435761u ^ (uint32_t)time(NULL);
+        name_prefix = GP_EVENT_NAME_TAG << 56 | (uint64_t)(r & 0xffffffu) << 32;
+        names_given = 0;
+    }
+    uint64_t name = name_prefix | ++names_given; /* 4 G names a process before the count comes round */
+    pthread_mutex_unlock(&name_lock);
+    return name;
 }
 
 CUresult cuEventCreate(uint64_t *event, uint32_t flags) {
     GP_TRACE("cuEventCreate");
     if (!event) return CUDA_ERROR_INVALID_VALUE;
-    uint64_t ctx = gp_ctx_current(), epoch = gp_memo_epoch(GP_MEMO_primary_ctx);
-    if (!ctx || (flags & CU_EVENT_INTERPROCESS)) {
+    if (!gp_ctx_current() || (flags & CU_EVENT_INTERPROCESS) || (flags & ~(uint32_t)CU_EVENT_KNOWN_FLAGS)) {
         struct gp_in_cuEventCreate in = {.flags = flags};
         struct gp_out_cuEventCreate out;
         CUresult r = gp_call(GP_CALL_cuEventCreate, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out,
@@ -286,35 +296,10 @@ CUresult cuEventCreate(uint64_t *event, uint32_t flags) {
         if (r == CUDA_SUCCESS && (flags & CU_EVENT_INTERPROCESS)) gp_event_interprocess(out.event);
         return r;
     }
-    pthread_mutex_lock(&pool_lock);
-    struct event_pool *pool = pool_of(ctx, flags, epoch);
-    if (pool) {
-        *event = pool->events[--pool->n];
-        pthread_mutex_unlock(&pool_lock);
-        return CUDA_SUCCESS;
-    }
-    pthread_mutex_unlock(&pool_lock);
-    uint64_t made[EVENT_BATCH];
-    struct gp_in_gpEventCreateMany in = {.flags = flags, .count = EVENT_BATCH};
-    CUresult r =
-        gp_call(GP_CALL_gpEventCreateMany, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, NULL, 0, made, sizeof made);
-    if (r != CUDA_SUCCESS) return r; /* as cuEventCreate answers: bad flags, no context */
-    *event = made[EVENT_BATCH - 1];
-    pthread_mutex_lock(&pool_lock);
-    struct event_pool *slot = &pools[0];
-    for (int i = 0; i < EVENT_POOLS && slot->n; i++) slot = &pools[i]; /* an empty one, else the last */
-    /* a batch pushed out stays with the worker: destroying its events could name a context gone */
-    *slot = (struct event_pool){.ctx = ctx, .epoch = epoch, .flags = flags, .n = EVENT_BATCH - 1};
-    memcpy(slot->events, made, sizeof made - sizeof made[0]);
-    pthread_mutex_unlock(&pool_lock);
-    return CUDA_SUCCESS;
-}
-
-void gp_events_forget_ctx(uint64_t ctx) {
-    pthread_mutex_lock(&pool_lock);
-    for (int i = 0; i < EVENT_POOLS; i++)
-        if (pools[i].ctx == ctx) pools[i].n = 0;
-    pthread_mutex_unlock(&pool_lock);
+    struct gp_in_gpEventCreateNamed in = {.flags = flags, .name = next_event_name()};
+    CUresult r = gp_call(GP_CALL_gpEventCreateNamed, 0, &in, sizeof in, NULL, 0, NULL, 0, NULL, 0);
+    if (r == CUDA_SUCCESS) *event = in.name;
+    return r;
 }
 
 void gp_events_after_fork_in_child(void) { /* the parent's events are not the child's lease's */
@@ -323,8 +308,8 @@ void gp_events_after_fork_in_child(void) { /* the parent's events are not the ch
     pthread_mutex_init(&recent_lock, NULL);
     pthread_mutex_init(&ask_lock, NULL);
     n_recent = 0;
-    pthread_mutex_init(&pool_lock, NULL);
-    memset(pools, 0, sizeof pools);
+    pthread_mutex_init(&name_lock, NULL);
+    name_prefix = 0; /* the child draws its own: its names must not be the parent's */
 }
 
 /* The asked pair first, then each pair of consecutive records on one stream among the newest noted since

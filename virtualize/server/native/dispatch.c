@@ -889,7 +889,9 @@ static int launch(struct session *s, const uint8_t *a, const uint8_t *bulk, uint
     uint64_t attrs[64 * ATTR_BYTES / 8]; /* aligned copies of the attributes */
     for (uint32_t i = 0; i < n_attrs; i++) {
         uint32_t id = u32(bulk + params_len + (uint64_t)i * ATTR_BYTES);
-        if (id >= 64 || !(GPF_FORWARDED_LAUNCH_ATTRIBUTES >> id & 1)) return -1;
+        /* an attribute holding an event: the client's value, which Python maps to the executor's */
+        if (id >= 64 || !(GPF_FORWARDED_LAUNCH_ATTRIBUTES >> id & 1) || (GPF_EVENT_LAUNCH_ATTRIBUTES >> id & 1))
+            return -1;
     }
     memcpy(attrs, bulk + params_len, (size_t)n_attrs * ATTR_BYTES);
     pthread_mutex_lock(&l->lock);

@@ -4,7 +4,7 @@
 #include <stdint.h>
 
 /* The call table this was generated from (gpf_wire_version: the worker loads no other). */
-#define GPF_WIRE_VERSION 0x03b9ac8au
+#define GPF_WIRE_VERSION 0x030ee856u
 /* A request's header and a reply's (virtualize/common/_wire.py REQUEST, REPLY): sizes, field offsets. */
 #define GPF_REQUEST_BYTES 24
 #define GPF_REQUEST_CALL 0
@@ -22,6 +22,7 @@
 #define GPF_EVENT_PAIR_BYTES 16
 #define GPF_EVENT_ELAPSED_BYTES 8
 #define GPF_FORWARDED_LAUNCH_ATTRIBUTES 0x75fffull
+#define GPF_EVENT_LAUNCH_ATTRIBUTES 0x1080ull
 
 /* The calls served here (virtualize/server/_guard_rules.py NATIVE_CALLS), in that order. */
 enum {
