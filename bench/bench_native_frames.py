@@ -12,9 +12,11 @@ do nothing in the driver's place (compiled here with `cc`), the loop's own cost 
 Calls measured: an asynchronous gpPinnedCopy of 64 KiB into the client's shared page-locked memory
 (issue 31's data loader), cuGraphLaunch, cuEventRecord, cuEventElapsedTime (answered), a synchronous
 64 KiB cuMemcpyHtoD (its bytes in the frame), cuMemsetD32Async, the elapsed times of 400 event pairs in
-one frame (gpEventElapsedMany, what a benchmark harness's 200 elapsed times cost now), and a synchronous 1 MiB copy to the
+one frame (gpEventElapsedMany, what a benchmark harness's 200 elapsed times cost now), a synchronous 1 MiB copy to the
 host through the memory the connection shares with its process (gpShmDtoH: two 512 KiB pieces, each
-answered; the bytes themselves not copied by this executor).
+answered; the bytes themselves not copied by this executor), and an event named by the shim then destroyed
+(gpEventCreateNamed + cuEventDestroy_v2: what PyTorch's graphed callables cost the worker per event; the
+executor behind the worker's handle map, `Translated`, as in a worker).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +40,7 @@ from virtualize.common._calls import CALL_IDS, CALLS  # noqa: E402
 from virtualize.server import _native_dispatch  # noqa: E402
 from virtualize.server._executor import CopiedBytes, SharedHostMemory  # noqa: E402
 from virtualize.server._executor_guard import Allocation, LeaseState, Session  # noqa: E402
+from virtualize.server._handles import Translated  # noqa: E402
 from virtualize.server.worker import Channel  # noqa: E402
 
 BY_NAME = {c.symbol if c.symbol != "-" else c.name: c for c in CALLS}
@@ -73,6 +77,10 @@ class IdleExecutor:
     def cuEventElapsedTime(self, start, end) -> float:
         return 0.5
 
+    def cuEventCreate(self, flags) -> int:
+        self.events = getattr(self, "events", EVENT + 1) + 1
+        return self.events
+
     def __getattr__(self, name):
         if not name.startswith("cu"):
             raise AttributeError(name)
@@ -105,6 +113,17 @@ FRAMES = {
     ),
 }
 END = frame("cuDeviceGetCount", flags=_wire.FLAG_WANTS_REPLY)  # no loop serves it: the run's end
+NAME = _wire.EVENT_NAME_TAG << 56
+
+
+def named_events(n: int) -> bytes:
+    """n frames: n / 2 events named (each its own name), each destroyed right after."""
+    return b"".join(
+        frame("gpEventCreateNamed", 0, NAME + i) + frame("cuEventDestroy_v2", NAME + i) for i in range(n // 2)
+    )
+
+
+STREAMS = {"gpEventCreateNamed + cuEventDestroy_v2, an event made and destroyed": named_events}
 
 
 # The driver's place, for the loop's own cost: every call succeeds at once, no stream is capturing.
@@ -141,9 +160,9 @@ def stub_ops() -> tuple | None:
     )
 
 
-def lease_and_session(sock: socket.socket, native: bool, ops: tuple | None = None):
+def lease_and_session(sock: socket.socket, native: bool, ops: tuple | None = None, mapped: bool = False):
     lease = LeaseState([1 << 30])
-    executor = IdleExecutor()
+    executor = Translated(IdleExecutor()) if mapped else IdleExecutor()
     loop = _native_dispatch.for_worker(lease, executor) if native else None
     if loop is not None and ops is not None:  # C's own functions in the driver's place
         loop.ptr = loop.lib.gpf_lease_new(*ops)
@@ -164,13 +183,14 @@ def lease_and_session(sock: socket.socket, native: bool, ops: tuple | None = Non
     return channel, session, native_session
 
 
-def run(one: bytes, n: int, native: bool, ops: tuple | None = None) -> float:
-    """Seconds the worker spent on `n` frames of `one`."""
+def run(one: bytes | Callable[[int], bytes], n: int, native: bool, ops: tuple | None = None) -> float:
+    """Seconds the worker spent on `n` frames of `one` (or the n frames it makes)."""
     client, served = socket.socketpair()
-    channel, session, native_session = lease_and_session(served, native, ops)
+    channel, session, native_session = lease_and_session(served, native, ops, mapped=callable(one))
     drained = threading.Thread(target=lambda: _drain(client), daemon=True)
     drained.start()
-    sender = threading.Thread(target=client.sendall, args=(one * n + END,), daemon=True)
+    frames = one(n) if callable(one) else one * n
+    sender = threading.Thread(target=client.sendall, args=(frames + END,), daemon=True)
     sender.start()
     start = time.perf_counter()
     if native_session is not None:
@@ -208,7 +228,7 @@ def main() -> None:
         "native loop, C in the driver's place |"
     )
     print("| --- | --- | --- | --- |")
-    for what, one in FRAMES.items():
+    for what, one in {**FRAMES, **STREAMS}.items():
         per = [
             min(run(one, args.frames, native, c_ops) for _ in range(3)) / args.frames * 1e6
             for native, c_ops in ((False, None), (True, None), (True, ops))
