@@ -138,6 +138,34 @@ def test_the_clients_values_reach_the_objects_made_anew_on_the_target(lease):
     assert translated.cuEventQuery(made["event"]) is None
 
 
+def test_an_event_the_client_names_reaches_its_event_before_and_after_a_move_and_is_not_named_twice(lease):
+    """gpEventCreateNamed: the client's chosen value reaches the event made for it (recorded, queried), a
+    move makes it again under the same value, a second making under a value already held is refused with
+    nothing changed (its event let go), and once destroyed the value leaves the map."""
+    translated, held = lease
+    made = _make(translated, held)
+    name = 0xEE00_0001_0000_0001
+    translated.event_named(name, 0)
+    held["event"].add(name)
+    first = translated.map.real("event", name)
+    assert first != name
+    events_before = len(translated.inner.events)
+    with pytest.raises(CudaError) as refused:
+        translated.event_named(name, 0)
+    assert refused.value.code == CUresult.INVALID_VALUE
+    assert translated.map.real("event", name) == first and len(translated.inner.events) == events_before
+    translated.cuEventRecord(name, made["stream"])
+    translated.cuStreamSynchronize(made["stream"])
+    assert translated.cuEventQuery(name) is None
+    translated.migrate(0, 1, [])
+    assert translated.map.real("event", name) not in (name, first)  # made again on the target
+    translated.cuEventRecord(name, made["stream"])
+    translated.cuStreamSynchronize(made["stream"])
+    assert translated.cuEventQuery(name) is None
+    translated.cuEventDestroy(name)
+    assert translated.map.real("event", name) == name  # gone from the map
+
+
 def test_objects_the_lease_let_go_of_are_not_made_again(lease):
     """A destroyed stream is not re-created by a move; what the lease still holds is."""
     translated, held = lease

@@ -50,6 +50,7 @@ from virtualize.server._arrays import ARRAY, resource_mapped
 from virtualize.server._arrays import DEVICE as DEVICE_MEMORY  # a copy side's kind
 from virtualize.server._executor import (
     INVALID_CONTEXT,
+    INVALID_VALUE,
     NOT_SUPPORTED,
     PER_CALL,
     Copy3D,
@@ -209,11 +210,15 @@ class HandleMap:
         self.lock = threading.Lock()
         self.named = False  # whether a client has named an object: calls map their handles from then on
 
-    def name(self, ns: str, client: int, real: int) -> None:
-        """The client calls the executor's new `real` by `client`, a value it chose."""
+    def name(self, ns: str, client: int, real: int) -> bool:
+        """The client calls the executor's new `real` by `client`, a value it chose; False (nothing changed)
+        when that value names an object already (two processes of a lease naming at once)."""
         with self.lock:
+            if client in self.to_real[ns]:
+                return False
             self.to_real[ns][client], self.to_client[ns][real] = real, client
             self.named = True
+            return True
 
     def unname(self, ns: str, client: int) -> None:
         """A named object is gone: its value leaves the map (a training names millions of events)."""
@@ -675,7 +680,9 @@ class Translated:
         if self.generation:
             self._current()
         real = self.inner.cuEventCreate(flags)
-        self.map.name("event", name, real)
+        if not self.map.name("event", name, real):  # another connection took the name meanwhile
+            self.inner.cuEventDestroy(real)
+            raise CudaError(INVALID_VALUE, "that value names an event already")
         ctx = getattr(self.local, "ctx", 0)
         record = Record("cuEventCreate", (flags,), (), ctx, None, ("event", name), 0)
         with self.record_lock:
