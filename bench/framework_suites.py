@@ -200,6 +200,8 @@ def _pytest_command(part: Part, suites: Path, xml: Path, per_test: int) -> list[
     # file that dies with the process.
     cmd = [sys.executable, "-m", "pytest", str(suites / part.path), "-q", "-s", "-p", "no:cacheprovider",
            "-W", "ignore", "-p", "_suite_progress", f"--junitxml={xml}", f"--timeout={per_test}", "-o", "addopts="]  # fmt: skip
+    if part.path.startswith("torch/"):  # a test file from a neighbouring PyTorch release
+        cmd += ["-p", "_torch_suite_compat"]
     return [*cmd, "-k", part.expr] if part.expr else cmd
 
 

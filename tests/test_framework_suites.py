@@ -94,6 +94,30 @@ def test_shards_split_a_part_into_pieces_that_together_run_each_test_once(tmp_pa
     ]
 
 
+TORCH_SUITE_FILE = """
+from torch.testing._internal.common_utils import serialTest
+
+@serialTest
+def test_bare_and_passing(): pass
+@serialTest
+def test_bare_and_failing(): assert False, "the body ran"
+@serialTest()
+def test_called(): pass
+"""
+
+
+def test_a_pytorch_test_file_from_an_older_release_collects_and_runs_its_tests_on_the_installed_one(tmp_path):
+    """Older PyTorch test files write `@serialTest` bare, which newer PyTorch refuses at import: the whole file
+    failed to collect (test_cuda.py on 2.11). Each test runs, its body included."""
+    pytest.importorskip("expecttest")  # PyTorch's test helpers import it
+    (tmp_path / "suites" / "torch" / "test").mkdir(parents=True)
+    (tmp_path / "suites" / "torch" / "test" / "test_old.py").write_text(TORCH_SUITE_FILE)
+    proc = run(tmp_path, "--part", "old=torch/test/test_old.py", "--native-only", "--timeout", "100")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    native = row(tmp_path, "old")["native"]
+    assert (native["passed"], native["failed"], native["errors"]) == (2, 1, 0)
+
+
 def test_a_bad_part_or_a_missing_suite_file_is_refused_in_one_line(tmp_path):
     suite(tmp_path, "def test_x(): pass\n")
     for args, says in (
