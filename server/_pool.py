@@ -560,11 +560,13 @@ class Pool:
             if all(u is not None for _, u in held):
                 util = min(1.0, sum(u for _, u in held))
         live = self.live.get(gpu_index) or {}
+        clock = live.get("sm_clock_hz")
         return {
             "mem_used_bytes": mem,
             "util_gpu": util,
             "temperature_c": live.get("temperature_c"),
             "power_w": live.get("power_w"),
+            "sm_clock_mhz": None if clock is None else round(clock / 1e6),
         }
 
     def _lease_json(self, row, parts, owner_view: bool) -> dict:

@@ -44,7 +44,15 @@ def _inventory(cfg: ServerConfig):
         ) from None
 
 
-LIVE_FIELDS = ("state", "util_gpu_mean", "mem_used_bytes", "power_w", "temperature_c", "sm_activity")
+LIVE_FIELDS = (
+    "state",
+    "util_gpu_mean",
+    "mem_used_bytes",
+    "power_w",
+    "temperature_c",
+    "sm_activity",
+    "sm_clock_hz",
+)
 
 
 def _sampler(

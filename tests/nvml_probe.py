@@ -72,7 +72,10 @@ def slice_() -> None:
         "driver": N.nvmlSystemGetDriverVersion(),
     }
     for key, call in (("util", lambda: N.nvmlDeviceGetUtilizationRates(h).gpu),
-                      ("temperature", lambda: N.nvmlDeviceGetTemperature(h, N.NVML_TEMPERATURE_GPU))):  # fmt: skip
+                      ("temperature", lambda: N.nvmlDeviceGetTemperature(h, N.NVML_TEMPERATURE_GPU)),
+                      ("sm_clock", lambda: N.nvmlDeviceGetClockInfo(h, N.NVML_CLOCK_SM)),
+                      ("graphics_clock", lambda: N.nvmlDeviceGetClockInfo(h, N.NVML_CLOCK_GRAPHICS)),
+                      ("memory_clock", lambda: N.nvmlDeviceGetClockInfo(h, N.NVML_CLOCK_MEM))):  # fmt: skip
         try:
             out[key] = call()
         except N.NVMLError as exc:

@@ -55,7 +55,8 @@ LEASE = {  # the server's answer to GET /v1/leases/ID, as JSON
             "mem_bytes": PARTITION,
             "fraction": 0.5,
             "sm_share": None,
-            "usage": {"mem_used_bytes": USED, "util_gpu": 0.37, "temperature_c": None, "power_w": 120.5},
+            "usage": {"mem_used_bytes": USED, "util_gpu": 0.37, "temperature_c": None, "power_w": 120.5,
+                      "sm_clock_mhz": 1980},
         }
     ],
 }  # fmt: skip
@@ -129,8 +130,9 @@ def test_pynvml_every_device_query_answers_or_returns_a_documented_error(nvml_di
 
 def test_pynvml_sees_the_partition_and_what_the_lease_holds(nvml_dir, tmp_path):
     """Memory total = the partition (v1 and v2), used = the lease's, free = total - used; name, UUID,
-    the real GPU's PCI bus id, lookups by UUID and bus id (NVML's and CUDA's spelling), utilization = the lease's share, the run's process; an unknown value
-    (temperature) is NOT_SUPPORTED."""
+    the real GPU's PCI bus id, lookups by UUID and bus id (NVML's and CUDA's spelling), utilization = the lease's share, the run's process; the GPU's
+    SM clock, which is its graphics clock (torch.cuda.clock_rate() reads it: PyTorch's test_cuda.py failed on
+    NOT_SUPPORTED); an unknown value (temperature, the memory clock) is NOT_SUPPORTED."""
     out = run([sys.executable, PROBE, "slice"], view_env(nvml_dir, tmp_path))
     assert out.returncode == 0, out.stderr
     got = lines(out.stdout)
@@ -143,7 +145,8 @@ def test_pynvml_sees_the_partition_and_what_the_lease_holds(nvml_dir, tmp_path):
     assert got["by_uuid"] == got["by_bus"] == got["by_cuda_bus"] == "0"
     assert got["util"] == "37" and got["cc"] == "9.0" and got["driver"] == "550.54.15"
     assert got["processes"] == f"4242:{USED}"
-    assert got["temperature"] == f"error {NVML_NOT_SUPPORTED}"
+    assert got["temperature"] == got["memory_clock"] == f"error {NVML_NOT_SUPPORTED}"
+    assert got["sm_clock"] == got["graphics_clock"] == "1980"
 
 
 EVENTS_AND_TABLE = """

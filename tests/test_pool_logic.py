@@ -144,7 +144,7 @@ def test_config_mistakes_are_named(tmp_path, text, words):
 def test_a_lease_answer_carries_what_the_lease_itself_uses_of_each_gpu(tmp_path):
     """GET /v1/leases/ID's partitions say what the lease uses, for the NVML view of its runs: the
     memory and busy share of the lease's own processes in the newest sample (not its neighbours'),
-    the GPU's temperature and power; a remote lease's memory is what its worker says it holds."""
+    the GPU's temperature, power and SM clock; a remote lease's memory is what its worker says it holds."""
     import json
     import os
     import subprocess
@@ -154,11 +154,12 @@ def test_a_lease_answer_carries_what_the_lease_itself_uses_of_each_gpu(tmp_path)
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # the lease's process
     try:
         mine = pool.grant(ALICE, LeaseRequest(n=1, fraction=0.5, local=True, pids=[os.getpid()]), now=0)
-        pool.live = {0: {"temperature_c": 41.0, "power_w": 250.0}}
+        pool.live = {0: {"temperature_c": 41.0, "power_w": 250.0, "sm_clock_hz": 1.98e9}}
         # the lease's process, one it started (a data loader), and another tenant's
         pool.live_procs = {0: {os.getpid(): (3 * GIB, 0.25), child.pid: (GIB, 0.5), 999999: (7 * GIB, 0.75)}}
         usage = pool.lease(mine["id"], usage=True)["partitions"][0]["usage"]
-        assert usage == {"mem_used_bytes": 4 * GIB, "util_gpu": 0.75, "temperature_c": 41.0, "power_w": 250.0}
+        assert usage == {"mem_used_bytes": 4 * GIB, "util_gpu": 0.75, "temperature_c": 41.0, "power_w": 250.0,
+                         "sm_clock_mhz": 1980}  # fmt: skip
         pool.live_procs = {0: {os.getpid(): (3 * GIB, None)}}  # no per-process utilization (MIG)
         assert pool.lease(mine["id"], usage=True)["partitions"][0]["usage"]["util_gpu"] is None
 

@@ -81,6 +81,8 @@ def render(lease: Lease, pids: Sequence[int] = (), real_nvml: Path | None = None
             lines.append(f"temperature_c {round(usage.temperature_c)}")
         if usage and usage.power_w is not None:
             lines.append(f"power_mw {round(usage.power_w * 1000)}")
+        if usage and usage.sm_clock_mhz is not None:
+            lines.append(f"sm_clock_mhz {usage.sm_clock_mhz}")
         # What the lease holds, shown as the run's command's: the tools list it as the GPU's process.
         lines += [f"process {pid} {used}" for pid in pids[:1]]
     return "\n".join(lines) + "\n"

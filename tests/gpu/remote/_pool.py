@@ -111,7 +111,7 @@ def nvml_view_env(name: str, devices, base_env: dict[str, str], work: Path) -> d
     driver = _driver_version()
     lines += [f"driver_version {driver}"] * bool(driver)
     for number, d in enumerate(devices):
-        _, _, temperature, power = sensors.get(d.uuid, ("", "", "", ""))
+        _, _, temperature, power, clock = sensors.get(d.uuid, ("", "", "", "", ""))
         lines += [f"device {number}", f"uuid {d.uuid}", f"host_index {d.index}",
                   f"memory_total {d.mem_limit_bytes}", "memory_used 0"]  # fmt: skip
         # What the server reads of the GPU from NVML (server/_inventory.py), as its lease answer carries it:
@@ -122,6 +122,7 @@ def nvml_view_env(name: str, devices, base_env: dict[str, str], work: Path) -> d
         # The sensors as the pool server's lease answer carries them (torch.cuda.temperature() reads one).
         lines += [f"temperature_c {temperature}"] * temperature.isdigit()
         lines += [f"power_mw {round(float(power) * 1000)}"] * _number(power)
+        lines += [f"sm_clock_mhz {clock}"] * clock.isdigit()  # torch.cuda.clock_rate() reads it
     view = work / f"{name}.nvml-view"
     view.write_text("\n".join(lines) + "\n")
     return nvml_env(view, base_env, cache_root=work / "cache")
@@ -165,14 +166,14 @@ def _number(text: str) -> bool:
         return False
 
 
-def _gpu_identities() -> dict[str, tuple[str, str, str, str]]:
-    """uuid -> (PCI bus id, name, temperature °C, power W) of this host's GPUs, from nvidia-smi ({} without
-    it; a sensor it cannot read is "[N/A]")."""
+def _gpu_identities() -> dict[str, tuple[str, str, str, str, str]]:
+    """uuid -> (PCI bus id, name, temperature °C, power W, SM clock MHz) of this host's GPUs, from nvidia-smi
+    ({} without it; a sensor it cannot read is "[N/A]")."""
     try:
-        query = "--query-gpu=uuid,pci.bus_id,temperature.gpu,power.draw,name"
+        query = "--query-gpu=uuid,pci.bus_id,temperature.gpu,power.draw,clocks.sm,name"
         out = subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return {}
-    rows = [[f.strip() for f in line.split(",", 4)] for line in out.strip().splitlines()]  # the name last
-    return {r[0]: (r[1], r[4], r[2], r[3]) for r in rows if len(r) == 5}
+    rows = [[f.strip() for f in line.split(",", 5)] for line in out.strip().splitlines()]  # the name last
+    return {r[0]: (r[1], r[5], r[2], r[3], r[4]) for r in rows if len(r) == 6}

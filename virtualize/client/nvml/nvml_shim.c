@@ -60,7 +60,7 @@ typedef struct {
 typedef struct {
     int number; /* the lease's device number, 0..n-1 */
     char name[TEXT], uuid[TEXT], bus_id[32];
-    long long host_index, memory_total, memory_used, util_gpu, temperature_c, power_mw, sm_share;
+    long long host_index, memory_total, memory_used, util_gpu, temperature_c, power_mw, sm_share, sm_clock_mhz;
     int cc_major, cc_minor;
     int n_procs;
     unsigned int proc_pid[MAX_PROCS];
@@ -134,7 +134,7 @@ static int read_view(const char *path) {
             d = &fresh[n];
             memset(d, 0, sizeof *d);
             d->number = n++;
-            d->util_gpu = d->temperature_c = d->power_mw = d->sm_share = d->host_index = UNKNOWN;
+            d->util_gpu = d->temperature_c = d->power_mw = d->sm_share = d->host_index = d->sm_clock_mhz = UNKNOWN;
             d->cc_major = d->cc_minor = -1;
             /* The real GPU's bus id comes with the view (pci_bus_id, as cuDeviceGetPCIBusId reports it);
                where the pool has none (simulated GPUs) a bus id per lease device keeps tools' keys unique. */
@@ -171,6 +171,8 @@ static int read_view(const char *path) {
             d->temperature_c = number_or_unknown(value);
         } else if (!strcmp(line, "power_mw")) {
             d->power_mw = number_or_unknown(value);
+        } else if (!strcmp(line, "sm_clock_mhz")) {
+            d->sm_clock_mhz = number_or_unknown(value);
         } else if (!strcmp(line, "nvlink")) { /* nvlink LINK REMOTE_BUS_ID [VERSION] */
             unsigned int link;
             int version = -1;
@@ -203,6 +205,7 @@ static int read_view(const char *path) {
         if (v->util_gpu < 0 || v->util_gpu > 100) v->util_gpu = UNKNOWN;
         if (v->temperature_c < 0 || v->temperature_c > 1000) v->temperature_c = UNKNOWN;
         if (v->power_mw < 0 || v->power_mw > 100000000) v->power_mw = UNKNOWN;
+        if (v->sm_clock_mhz < 0 || v->sm_clock_mhz > 100000) v->sm_clock_mhz = UNKNOWN;
         for (int k = 0; k < fresh[i].n_procs; k++)
             if (fresh[i].proc_mem[k] > (unsigned long long)fresh[i].memory_total)
                 fresh[i].proc_mem[k] = (unsigned long long)fresh[i].memory_total;
@@ -692,6 +695,23 @@ NVML_API nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int 
 }
 
 static void *host_function(nvmlDevice_t device, const char *name);
+
+/* The GPU's current SM clock, as the pool server last sampled it (torch.cuda.clock_rate() reads it). The
+   graphics clock is the SM clock on NVIDIA's compute GPUs; the memory and video clocks are not in the view.
+   A --local run asks the GPU host where the view does not say. */
+NVML_API nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, int type, unsigned int *clock) {
+    DEVICE_CALL(device);
+    if (d->sm_clock_mhz == UNKNOWN || type < 0 || type > 1) {
+        nvmlReturn_t (*host)(nvmlDevice_t, int, unsigned int *) = host_function(device, "nvmlDeviceGetClockInfo");
+        pthread_mutex_unlock(&lock);
+        if (host) return host(device, type, clock);
+        if (!clock || type < 0 || type >= 4) return NVML_ERROR_INVALID_ARGUMENT; /* NVML_CLOCK_COUNT */
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+    if (!clock) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *clock = (unsigned int)d->sm_clock_mhz;
+    LEAVE(NVML_SUCCESS);
+}
 
 /* The process's CUDA driver: gpupool's libcuda.so.1 in a remote run (first on the library path), the
  * host's in a --local one. Where the view does not say, NVML answers what CUDA says of the same device
