@@ -22,7 +22,8 @@ only there, not in the log).
 
 A part's native run is limited to --timeout seconds; if it stops there, the remote run runs the tests the
 native run got through, and no others, within --remote-timeout. A suite's `site/` folder (DIR/torch/site:
-expecttest, psutil), when there, is put on the runs' PYTHONPATH. The suites are not in this repository:
+expecttest, psutil), when there, is put on the runs' PYTHONPATH; parts under `torch/` load
+bench/_torch_suite_compat.py, which lets a test file of a neighbouring PyTorch release collect on the installed one. The suites are not in this repository:
 `bash bench/fetch_suites.sh DIR` downloads the versions that match the GPU machine's PyTorch, CuPy and
 JAX (it needs the network; the GPU machine has none, so fetch them where there is one and carry DIR
 there). Without --part, DEFAULT_PARTS runs (those whose files were fetched); --native-only sizes parts cheaply.
