@@ -212,6 +212,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1,
                         help="native and remote runs in turn per pattern; medians reported (default 1)")  # fmt: skip
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # the rows reach a log as they are printed
     if args.rounds < 1:
         print("bench_torch_patterns: --rounds must be at least 1", file=sys.stderr)
         return 2
@@ -279,6 +280,9 @@ def main() -> int:
         finally:
             worker.stop()
         results[pattern] = combine(rounds, PATTERNS[pattern][1])
+        # Each pattern's rows as it ends: a run cut short by a time limit keeps what it measured.
+        if len(chosen) > 1:
+            report({pattern: results[pattern]})
     report(results)
     results["transport"] = "tls" if args.encrypt else "tcp" if args.tcp else "local socket"
     results["seconds"] = time.monotonic() - started
