@@ -280,15 +280,20 @@ def main() -> int:
         finally:
             worker.stop()
         results[pattern] = combine(rounds, PATTERNS[pattern][1])
-        # Each pattern's rows as it ends: a run cut short by a time limit keeps what it measured.
+        # Each pattern's rows and JSON as it ends: a run cut short by a time limit keeps what it measured.
         if len(chosen) > 1:
             report({pattern: results[pattern]})
+        save(results, args, started)
     report(results)
-    results["transport"] = "tls" if args.encrypt else "tcp" if args.tcp else "local socket"
-    results["seconds"] = time.monotonic() - started
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "bench_torch_patterns.json").write_text(json.dumps(results, indent=2))
     return 0
+
+
+def save(results: dict, args, started: float) -> None:
+    """The results so far as JSON in $OUT (bench_torch_patterns.json), with the transport and the time taken."""
+    if os.environ.get("OUT"):
+        transport = "tls" if args.encrypt else "tcp" if args.tcp else "local socket"
+        whole = {**results, "transport": transport, "seconds": time.monotonic() - started}
+        Path(os.environ["OUT"], "bench_torch_patterns.json").write_text(json.dumps(whole, indent=2))
 
 
 def percent(native: float, remote: float, higher: bool) -> float:
