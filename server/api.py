@@ -319,7 +319,7 @@ class LiveSample(_Answer, kw_only=True):
     power_w: float | None = None
     temperature_c: float | None = None
     sm_activity: Annotated[float | None, Meta(description="GPM ratio 0-1 (Hopper+)")] = None
-    sm_clock_hz: Annotated[float | None, Meta(description="the SM clock")] = None
+    sm_clock_hz: Annotated[float | None, Meta(description="the SM clock, in Hz")] = None
 
 
 class Gpu(_Answer, kw_only=True):
@@ -383,7 +383,7 @@ class PartitionUsage(_Answer, kw_only=True):
     ] = None
     temperature_c: Annotated[float | None, Meta(description="The GPU's.")] = None
     power_w: Annotated[float | None, Meta(description="The GPU's.")] = None
-    sm_clock_mhz: Annotated[int | None, Meta(description="The GPU's SM clock.")] = None
+    sm_clock_mhz: Annotated[int | None, Meta(description="The GPU's SM clock, in MHz.")] = None
 
 
 class NvLink(_Answer, kw_only=True):
