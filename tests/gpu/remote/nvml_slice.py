@@ -97,6 +97,10 @@ print(f"me={os.getpid()}")
 m = N.nvmlDeviceGetMemoryInfo(h)
 print(f"torch_total={total}"); print(f"props_total={props}"); print(f"nvml_total={m.total}"); print(f"nvml_used={m.used}")
 print(f"procs={[p.pid for p in N.nvmlDeviceGetComputeRunningProcesses(h)]}")
+try:  # the GPU's SM clock, from the pool server's newest sample (NOT_SUPPORTED before the view carried it)
+    print(f"clock={torch.cuda.clock_rate()}")
+except N.NVMLError as exc:
+    print(f"clock=error:{exc}".replace(" ", "_"))
 # which libcuda.so.1 answered: gpupool's remote shim, its --local interposer (and the driver behind it)
 print(f"libcuda={sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libcuda' in l or 'localcuda' in l})}".replace(" ", ""))
 """
@@ -182,6 +186,9 @@ def checks(label: str, attach: list[str], quota: int, env: dict) -> None:
             and got.get("me") in re.findall(r"\d+", got.get("procs", ""))
         )
         record(f"{label} NVML used at once after an allocation", "PASS" if live else "FAIL", f"{got}")
+        clock = got.get("clock", "")
+        record(f"{label} torch.cuda.clock_rate() = the GPU's SM clock", "PASS" if clock.isdigit() and int(clock) > 0
+               else "FAIL", f"clock {clock}")  # fmt: skip
         record(
             f"{label} torch mem_get_info = properties = NVML = quota",
             "PASS" if ok else "FAIL",
