@@ -93,7 +93,6 @@ RESOURCE_PARAMS = {"cuTexObjectCreate": "res", "cuSurfObjectCreate": "res"}  # m
 # Handles the guard passes that the table does not declare: the exported memory another process imports.
 GUARD_HANDLES = {"cuMemImportFromShareableHandle": {"handle": "vmem"}}
 RESOURCE_RESULTS = frozenset({"cuTexObjectGetResourceDesc", "cuSurfObjectGetResourceDesc"})  # answering one
-EVENT_ATTRIBUTES = EVENT_LAUNCH_ATTRIBUTES  # whose value starts with a CUevent
 # The shaped methods' parameters that hold handles of the kinds a move re-creates (the others keep
 # their values: nothing re-creates them).
 SHAPED_HANDLES: dict[str, dict[str, str]] = {
@@ -570,7 +569,7 @@ class Translated:
                 attr,
                 self.map.real("event", int.from_bytes(value[:8], "little")).to_bytes(8, "little") + value[8:],
             )
-            if attr in EVENT_ATTRIBUTES and len(value) >= 8
+            if attr in EVENT_LAUNCH_ATTRIBUTES and len(value) >= 8  # a value that starts with a CUevent
             else (attr, value)
             for attr, value in launch.attributes
         )
