@@ -48,7 +48,7 @@ program and the worker map), and prints a table for each:
 
 Where the time goes, pattern by pattern (issue 31): `--patterns graph --profile` measures only the
 graph replays and writes the shim's per-call profile of the remote run (GPUPOOL_SHIM_PROFILE) and the
-worker's cProfile of the connection (GPUPOOL_WORKER_PROFILE) under $OUT.
+worker's cProfile of the connection (GPUPOOL_WORKER_PROFILE) under $OUT; with `--ring`, of both remote runs.
 """
 
 from __future__ import annotations
@@ -456,6 +456,8 @@ def main() -> int:
     else:
         device = WorkerDevice(0, "", args.partition_mib << 20)
     profile_dir = Path(os.environ.get("OUT") or work)
+    if args.profile:
+        profile_dir.mkdir(parents=True, exist_ok=True)
     worker_env = {"GPUPOOL_WORKER_PROFILE": str(profile_dir)} if args.profile else {}
     worker = start_worker("bench", [device], bind_host="127.0.0.1", env=worker_env, executor=args.executor)
     try:
@@ -476,16 +478,19 @@ def main() -> int:
             remote["GPUPOOL_BENCH_WORKER_STATE"] = str(worker.state_dir)
             target = gpu_uuid(args.move_to) if args.executor == "cuda" else ""
             remote["GPUPOOL_BENCH_MOVE_TO"] = f"{args.move_to},{target}"
-        profile = None
         if args.profile:
             remote[_wire.ENV_PROFILE] = "1"
-            profile = profile_dir / f"shim-profile-{args.patterns.replace(',', '-')}.txt"
+
+        def profile(kind: str) -> Path | None:  # each remote run's shim profile (--ring: both)
+            name = f"shim-profile-{args.patterns.replace(',', '-')}{kind}.txt"
+            return profile_dir / name if args.profile else None
+
         results["remote"] = run_child(
-            {**remote, "GPUPOOL_SHIM_RING": "0"} if args.ring else remote, profile=profile
+            {**remote, "GPUPOOL_SHIM_RING": "0"} if args.ring else remote, profile=profile("")
         )
         if args.ring:
             print("remote run over the command ring ...", flush=True)
-            results["remote_ring"] = run_child({**remote, "GPUPOOL_SHIM_RING": "1"})
+            results["remote_ring"] = run_child({**remote, "GPUPOOL_SHIM_RING": "1"}, profile=profile("-ring"))
         for _ in range(100 if args.profile else 0):  # the worker writes its profile once the client left
             if any(profile_dir.glob(f"worker-{worker.pid}-*.txt")):
                 break
