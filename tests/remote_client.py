@@ -305,6 +305,55 @@ def scenario_quota():
     say("sync", cu.cuCtxSynchronize())
 
 
+def scenario_pool_keeps_freed():
+    """Memory freed to a device pool stays the pool's until the process synchronises (then down to the
+    release threshold) or trims: meanwhile an allocation from the same pool reuses it and one from
+    elsewhere that needs it runs out of memory, as natively (CuPy's test_free_all_blocks_large_chunk).
+    SYNC names the synchronisation: ctx, stream or event."""
+    setup()
+    free, total = c_u64(), c_u64()
+    stream, pool, event, p = c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    check(cu.cuDeviceGetMemPool(ctypes.byref(pool), 0), "pool")
+    check(cu.cuEventCreate(ctypes.byref(event), 0), "event")
+    check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
+    most, rest = int(0.7 * total.value), int(0.4 * total.value)
+
+    def kept_then_freed() -> None:
+        check(cu.cuMemAllocAsync(ctypes.byref(p), c_u64(most), stream), "pool alloc")
+        check(cu.cuMemFreeAsync(p, stream), "pool free")
+
+    def alloc_rest() -> int:
+        rc, ptr = alloc(rest)
+        if rc == 0:
+            check(cu.cuMemFree(c_u64(ptr)), "free")
+        return rc
+
+    def synchronise() -> int:
+        how = os.environ.get("SYNC", "stream")
+        if how == "event":
+            check(cu.cuEventRecord(event, stream), "record")
+            return cu.cuEventSynchronize(event)
+        return cu.cuCtxSynchronize() if how == "ctx" else cu.cuStreamSynchronize(stream)
+
+    kept_then_freed()
+    say("alloc_while_kept", alloc_rest())
+    check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
+    say("free_while_kept_fits", free.value >= rest)
+    say("pool_reuses_it", cu.cuMemAllocAsync(ctypes.byref(p), c_u64(most), stream))
+    check(cu.cuMemFreeAsync(p, stream), "pool free")
+    say("sync", synchronise())
+    say("alloc_after_sync", alloc_rest())
+    keep = c_u64((1 << 64) - 1)  # a release threshold keeps it past a synchronisation, until a trim
+    check(cu.cuMemPoolSetAttribute(pool, 4, ctypes.byref(keep)), "threshold")
+    kept_then_freed()
+    check(synchronise(), "sync")
+    say("alloc_kept_by_threshold", alloc_rest())
+    check(cu.cuMemPoolTrimTo(pool, c_u64(0)), "trim")
+    say("alloc_after_trim", alloc_rest())
+    kept_then_freed()  # and kept as the process ends: the lease has it back then
+
+
 def scenario_isolation():
     setup()
     guessed = int(os.environ["GUESSED_ADDRESS"], 0)

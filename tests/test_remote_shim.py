@@ -90,6 +90,50 @@ def test_allocations_beyond_the_partition_run_out_of_memory(shim_dir, worker):
     }
 
 
+@pytest.mark.parametrize("sync", ["stream", "ctx", "event"])
+@pytest.mark.parametrize("native", ["1", "0"], ids=["native-loop", "python-only"])
+def test_memory_freed_to_a_pool_is_kept_until_a_synchronisation_or_a_trim(shim_dir, sync, native):
+    """As natively: the pool keeps freed memory (reused by its own allocations, in the way of any other)
+    until the process synchronises, whichever of its loops serves the synchronisation; a release
+    threshold keeps it until a trim; what a process's pools keep is the lease's again when it ends."""
+    worker = start_worker("test-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1",
+                          env={"GPUPOOL_WORKER_NATIVE": native}, executor="host")  # fmt: skip
+    try:
+        env = client_env(shim_dir, worker, SYNC=sync)
+        out, err = run_client("pool_keeps_freed", env)
+        assert out == {
+            "alloc_while_kept": "2",  # CUDA_ERROR_OUT_OF_MEMORY
+            "free_while_kept_fits": "False",
+            "pool_reuses_it": "0",
+            "sync": "0",
+            "alloc_after_sync": "0",
+            "alloc_kept_by_threshold": "2",
+            "alloc_after_trim": "0",
+        }, err
+        after, _ = run_client("quota", env)  # a new process has the whole partition
+        assert after["first"] == "0" and after["after_free"] == "0"
+    finally:
+        worker.stop()
+
+
+def test_a_partition_is_at_most_the_memory_cuda_says_the_gpu_has():
+    """A whole-GPU lease's limit is NVML's total, above CUDA's (the driver's reserve): the worker checks
+    allocations against CUDA's, or they pass where the GPU cannot hold them (on an H200 a pool's kept
+    memory was not in the way of a cuMemAlloc that natively fails). A device whose total CUDA cannot
+    say keeps its partition."""
+    from virtualize.server._executor import CudaError
+    from virtualize.server.worker import partition_limits
+
+    class Executor:  # the seam: the GPUs' totals as the driver answers them
+        def cuDeviceTotalMem(self, index: int) -> int:
+            if index == 2:
+                raise CudaError(CUresult.INVALID_DEVICE, "gone")
+            return 80 << 30
+
+    devices = [WorkerDevice(0, "", 81 << 30), WorkerDevice(1, "", 40 << 30), WorkerDevice(2, "", 81 << 30)]
+    assert partition_limits(devices, Executor()) == [80 << 30, 40 << 30, 81 << 30]
+
+
 def test_a_lease_cannot_touch_another_leases_memory(shim_dir, worker):
     other = start_worker("other-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1", env={},
                          executor="host")  # fmt: skip

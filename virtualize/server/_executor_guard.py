@@ -51,6 +51,7 @@ from virtualize.server._guard_launches import LaunchCalls
 from virtualize.server._guard_multicast import MulticastCalls
 from virtualize.server._guard_nccl import NcclCalls
 from virtualize.server._guard_pool_usage import COUNTED as POOL_COUNTED
+from virtualize.server._guard_pool_usage import RELEASE_THRESHOLD as POOL_RELEASE_THRESHOLD
 from virtualize.server._guard_pool_usage import PoolUsage
 from virtualize.server._guard_rules import (
     ACCESS_POLICY_WINDOW,
@@ -186,9 +187,13 @@ class LeaseState:
     # Processes of a lease that moved here from another server, until each reconnects with its token
     # (gpResume; virtualize.server._migrate_state.Parked).
     parked: dict[int, Any] = field(default_factory=dict)
+    # Each process's stream-ordered pools (virtualize.server._guard_pool_usage.PoolUsage): per device,
+    # `held` is the memory they keep freed until a synchronisation, a part of `used`.
+    pool_holders: weakref.WeakSet = field(default_factory=weakref.WeakSet)
 
     def __post_init__(self) -> None:
         self.used = [0] * len(self.limits)
+        self.held = [0] * len(self.limits)
         self.graph_reserve = [0] * len(self.limits)
 
     def holds(self, kind: str, handle: int) -> bool:
@@ -267,9 +272,30 @@ class LeaseState:
                 del self.vm_mapped_at[handle]
 
     def reserve(self, device: int, size: int) -> None:
-        """Refuse an allocation that would take the lease past its partition of `device`."""
+        """Refuse an allocation that would take the lease past its partition of `device` (the caller holds
+        the lock). Memory pools keep after a free counts until their process synchronises, so it is
+        brought up to date first where it is in the way."""
+        if self.used[device] + size > self.limits[device]:
+            self.settle_pools(device)
         if self.used[device] + size > self.limits[device]:
             raise CudaError(OUT_OF_MEMORY, f"partition of device {device} is {self.limits[device]} bytes")
+
+    def settle_pools(self, device: int) -> None:
+        """What the processes' pools keep of `device` brought up to their synchronisations (the caller holds
+        the lock)."""
+        if self.held[device]:
+            for holder in list(self.pool_holders):
+                holder.settle()
+
+    def take(self, device: int, size: int) -> None:
+        """`size` bytes of `device` counted against the partition, or OUT_OF_MEMORY where they do not fit."""
+        with self.lock:
+            self.reserve(device, size)
+            self.used[device] += size
+
+    def give_back(self, device: int, size: int) -> None:
+        with self.lock:
+            self.used[device] -= size
 
 
 class HostCallbacks:
@@ -397,7 +423,8 @@ class Session:
         # the client's page-locked allocations this worker maps too (gpPinnedShare): its address -> the
         # memory, and the copies into it not known to be done yet (virtualize.server._guard_copies)
         self.pinned: dict[int, SharedHostMemory] = {}
-        self.pool_usage = PoolUsage()  # what its stream-ordered allocations hold of each pool
+        self.syncs = 0  # synchronisations served here that succeeded (the native loop counts its own)
+        self.pool_usage = PoolUsage(lease, self.synchronisations)  # what its pools hold and keep
         self.pinned_landing: dict[int, list[StagedCopy]] = {}
         self.native = None  # this connection's native loop (_native_dispatch.NativeSession), if it has one
         self.lanes: Lanes | None = None  # this process's extra connections' copies, once one attached
@@ -455,6 +482,10 @@ class Session:
             "cuMemPoolGetAttribute": self._pool_get_attribute,
             "cuMemPoolSetAttribute": self._pool_set_attribute,
             "cuMemPoolTrimTo": self._pool_trim,
+            "cuMemPoolDestroy": self._pool_destroy,
+            **dict.fromkeys(
+                ("cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize"), self._synchronize
+            ),
             "cuModuleGetGlobal_v2": self._get_global,
             "cuLibraryGetGlobal": self._get_global,
             "cuLibraryGetManaged": self._get_global,
@@ -565,6 +596,7 @@ class Session:
         self.green_calls.close()  # the green contexts it made
         self.endpoint_calls.close()  # its logical endpoints and ids, before the memory bound to them goes
         self.context_calls.close()  # the contexts it created, and their memory
+        self.pool_usage.close()  # what its pools kept of freed memory
         contexts = self.lease.primary_ctx
         left = [a for a in map(self.lease.allocations.get, self.owned) if a is not None]
         for a in left:
@@ -714,6 +746,8 @@ class Session:
             graph_reserve_read(self.lease, self.executor, dev)
         free, total = self.executor.cuMemGetInfo()
         limit = min(total, self.lease.limits[dev])
+        with self.lease.lock:
+            self.lease.settle_pools(dev)
         return struct.pack("<QQ", max(0, min(free, limit - self.lease.used[dev])), limit), b""
 
     def _alloc(self, call: Call, ins: tuple):
@@ -732,12 +766,24 @@ class Session:
                     window = None
             return getattr(self.executor, call.name)(*ins)
 
-        ptr = self.charged(dev, size, allocate)
-        self.own(ptr, size, dev, window, self._captured_into(call, ins) if window is None else 0)
+        pool = 0
         if window is not None and call.name != "cuMemAlloc":  # a pool's, served from the window
             pool = ins[1] if call.name == "cuMemAllocFromPoolAsync" else self.executor.cuDeviceGetMemPool(dev)
-            self.pool_usage.allocated(pool, ptr, size)
+        # what the pool keeps of memory freed to it is counted already, and reused here
+        ptr = self.charged(dev, size - (self.pool_usage.reusable(pool, size) if pool else 0), allocate)
+        self.own(ptr, size, dev, window, self._captured_into(call, ins) if window is None else 0)
+        if pool and window is not None:
+            self.pool_usage.allocated(pool, dev, ptr, size)
         return struct.pack("<Q", ptr), b""
+
+    def synchronisations(self) -> int:
+        """The process's synchronisations that succeeded so far, here and in the native loop."""
+        return self.syncs + (self.native.syncs() if self.native is not None else 0)
+
+    def _synchronize(self, call: Call, ins: tuple):
+        answer = self._plain(call, ins)
+        self.syncs += 1
+        return answer
 
     def _pool_get_attribute(self, call: Call, ins: tuple):
         """The driver's answer, plus what this process's allocations served from its window hold of the
@@ -751,14 +797,21 @@ class Session:
 
     def _pool_set_attribute(self, call: Call, ins: tuple):
         answer = self._plain(call, ins)  # the driver's checks: a high mark may only be set to 0
-        pool, attr, _value = ins
+        pool, attr, value = ins
         if attr in POOL_COUNTED:
             self.pool_usage.reset_high(pool, attr)
+        elif attr == POOL_RELEASE_THRESHOLD:
+            self.pool_usage.set_threshold(pool, value)
         return answer
 
     def _pool_trim(self, call: Call, ins: tuple):
         answer = self._plain(call, ins)
         self.pool_usage.trimmed(*ins)
+        return answer
+
+    def _pool_destroy(self, call: Call, ins: tuple):
+        answer = self._plain(call, ins)
+        self.pool_usage.destroyed(ins[0])
         return answer
 
     def _captured_into(self, call: Call, ins: tuple) -> int:
@@ -770,14 +823,11 @@ class Session:
     def charged(self, dev: int, size: int, allocate: Callable):
         """`allocate()`'s answer, `size` bytes of `dev` held against the lease's partition while it runs (so
         racing threads see them); refused with OUT_OF_MEMORY where they do not fit."""
-        with self.lease.lock:
-            self.lease.reserve(dev, size)
-            self.lease.used[dev] += size
+        self.lease.take(dev, size)
         try:
             return allocate()
         finally:
-            with self.lease.lock:
-                self.lease.used[dev] -= size
+            self.lease.give_back(dev, size)
 
     def own(self, ptr: int, size: int, dev: int, window: WindowMemory | None = None, graph: int = 0) -> None:
         """Memory this process allocated (in its window, or the driver's where None; graph memory of `graph`):
@@ -973,14 +1023,11 @@ class Session:
             raise CudaError(INVALID_VALUE, "size must be a multiple of the granularity (2 MiB)")
         if usage & ~(USAGE_TILE_POOL | USAGE_HW_DECOMPRESS):
             raise CudaError(CUresult.NOT_SUPPORTED, f"memory of usage {usage:#x} is not created remotely")
-        with self.lease.lock:
-            self.lease.reserve(device, size)
-            self.lease.used[device] += size
+        self.lease.take(device, size)
         try:
             handle = self.executor.cuMemCreate(size, device, handle_types, usage)
         except BaseException:
-            with self.lease.lock:
-                self.lease.used[device] -= size
+            self.lease.give_back(device, size)
             raise
         self.vm_handles[handle] = (size, device)
         self.vm_props[handle] = bytes(prop)

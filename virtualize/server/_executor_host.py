@@ -235,6 +235,7 @@ class HostExecutor(Executor):
         self.contexts = {0xC0000 + d: d for d in range(self.n)}
         self.pools = {0xB0000 + d: d for d in range(self.n)}
         self.current_pools = {d: 0xB0000 + d for d in range(self.n)}  # cuDeviceSetMemPool's
+        self.pool_attributes: dict[tuple[int, int], int] = {}  # (pool, CUmemPool_attribute) -> value set
         self.sync_memops: set[int] = set()  # allocations (bases) with CU_POINTER_ATTRIBUTE_SYNC_MEMOPS set
         self.mapped: set[int] = set()  # bases of memory mapped at a reserved address (cuMemMap's kind)
         self.functions: dict[int, str] = {}
@@ -1469,10 +1470,12 @@ class HostExecutor(Executor):
         return dptr - off, len(mem)
 
     def cuMemPoolSetAttribute(self, pool, attr, value):
-        return None
+        # the reuse flags and the release threshold are kept; the counted figures are the guard's
+        if attr <= 4:
+            self.pool_attributes[(pool, attr)] = value
 
     def cuMemPoolGetAttribute(self, pool, attr):
-        return 0
+        return self.pool_attributes.get((pool, attr), 0)
 
     def cuMemPoolTrimTo(self, pool, keep):
         return None

@@ -77,17 +77,14 @@ class ArrayCalls(Concern):
         shape = ArrayShape.from_2d(raw) if call.name == "cuArrayCreate" else ArrayShape.from_3d(raw)
         mipmapped = call.name == "cuMipmappedArrayCreate"
         size, device = shape.nbytes * (2 if mipmapped else 1), self.session._device()
-        with self.session.lease.lock:
-            self.session.lease.reserve(device, size)
-            self.session.lease.used[device] += size
+        self.session.lease.take(device, size)
         try:
             if mipmapped:
                 handle = self.session.executor.cuMipmappedArrayCreate(shape, ins[0])
             else:
                 handle = self.session.executor.cuArray3DCreate(shape)
         except BaseException:
-            with self.session.lease.lock:
-                self.session.lease.used[device] -= size
+            self.session.lease.give_back(device, size)
             raise
         kind = "mipmap" if mipmapped else "array"
         self.session.lease.handles[kind].add(handle)
@@ -105,8 +102,7 @@ class ArrayCalls(Concern):
         self.session.lease.handles[kind].discard(handle)
         for level in self.session.lease.children.pop(handle, ()):
             self.session.lease.handles["array"].discard(level)
-        with self.session.lease.lock:
-            self.session.lease.used[device] -= size
+        self.session.lease.give_back(device, size)
 
     def descriptor(self, call: Call, ins: tuple):
         self.session._check(call, ins)

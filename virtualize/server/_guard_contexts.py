@@ -69,6 +69,7 @@ class ContextCalls(Concern):
                 self.session.executor.set_context(self.session.ctx)
         else:
             self.session.executor.cuCtxSynchronize()
+        self.session.syncs += 1
 
     def stream_ctx_v2(self, call: Call, ins: tuple):
         self.session._check(call, ins)

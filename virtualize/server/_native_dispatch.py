@@ -145,6 +145,7 @@ def _load() -> ctypes.CDLL | None:
         ("gpf_lease_python_only", [p, i], None),
         ("gpf_lease_moved", [p], None),
         ("gpf_session_calls", [p], u64),
+        ("gpf_session_syncs", [p], u64),
         ("gpf_pinned_add", [p, u64, u64, p], i),
         ("gpf_pinned_landing", [p, u64, ctypes.POINTER(u64), ctypes.POINTER(u64)], u32),
         ("gpf_pinned_drop", [p, u64], None),
@@ -466,6 +467,7 @@ class NativeSession:
         self.ptr = self.lib.gpf_session_new(lease.ptr)
         self._outcome = _Outcome()
         self._seen_calls = 0
+        self._syncs_at_close = 0
         self._lock = threading.Lock()  # `active` (the worker's activity thread) against `close`
         self._pinned: dict[int, int] = {}  # the client's shared page-locked allocations -> C's address
         self._ctx = 0  # the connection's current context (the guard Session's), for settling copies
@@ -545,6 +547,11 @@ class NativeSession:
         moved, self._seen_calls = calls != self._seen_calls, calls
         return moved or bool(busy)
 
+    def syncs(self) -> int:
+        """Synchronisations this loop served that succeeded, ever (a pool's freed memory goes back at one)."""
+        with self._lock:
+            return self.lib.gpf_session_syncs(self.ptr) if self.ptr else self._syncs_at_close
+
     def busy(self) -> bool:
         """Inside a driver call now."""
         with self._lock:
@@ -606,6 +613,7 @@ class NativeSession:
             self._log_stats()
         with self._lock:
             if self.ptr:
+                self._syncs_at_close = self.lib.gpf_session_syncs(self.ptr)
                 self.lib.gpf_session_free(self.ptr)
                 self.ptr = None
 

@@ -45,6 +45,7 @@ from virtualize.common import _wire
 from virtualize.common._calls import CALL_IDS, INTERNAL, WIRE_VERSION
 from virtualize.common._results import CUresult
 from virtualize.server import _data_tls, _migrate, _migrate_out, _native_dispatch, _native_tls
+from virtualize.server._executor import CudaError
 from virtualize.server._handles import Translated
 
 log = logging.getLogger("gpupool.worker")
@@ -239,6 +240,21 @@ class KernelOutput:
         return text
 
 
+def partition_limits(devices: list[WorkerDevice], executor) -> list[int]:
+    """Each device's partition, at most what CUDA says the GPU has: a whole-GPU lease's limit is NVML's
+    total, which counts memory the driver reserves, so allocations would otherwise pass the partition's
+    check that the GPU cannot hold (and memory a pool keeps would not be in their way, as natively)."""
+    limits = []
+    for index, d in enumerate(devices):
+        try:
+            limits.append(min(d.mem_limit_bytes, executor.cuDeviceTotalMem(index)))
+        except CudaError as exc:
+            log.warning("device %d's total memory is unknown (%s): the partition stays %d bytes", index, exc,
+                        d.mem_limit_bytes)  # fmt: skip
+            limits.append(d.mem_limit_bytes)
+    return limits
+
+
 class Worker:
     def __init__(
         self,
@@ -254,7 +270,7 @@ class Worker:
 
         self.lease_id = lease_id
         self.devices = devices
-        self.lease = LeaseState([d.mem_limit_bytes for d in devices])
+        self.lease = LeaseState(partition_limits(devices, executor))
         # The executor behind the handle values the client knows, which a live migration keeps.
         self.executor = Translated(executor, self.lease.holds, lambda kind: list(self.lease.handles[kind]))
         self.activity = state_dir / ACTIVITY_FILE
@@ -579,11 +595,15 @@ def main(argv: list[str] | None = None) -> int:
     # A crash in the driver or the bindings (SIGSEGV, SIGABRT) leaves the Python stacks of every thread in the
     # worker's log, not only "the worker died": what the operator and the next fix need.
     faulthandler.enable(all_threads=True)
+    level = os.environ.get("GPUPOOL_WORKER_LOG", "INFO").strip().upper()
+    known = level in logging.getLevelNamesMapping()
     logging.basicConfig(
-        level=os.environ.get("GPUPOOL_WORKER_LOG", "INFO"),
+        level=level if known else "INFO",
         format=f"%(asctime)s gpupool-worker[{args.lease}] %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    if not known:
+        log.warning("GPUPOOL_WORKER_LOG=%r is not a log level (DEBUG, INFO, WARNING, ERROR); INFO", level)
     devices = [WorkerDevice(**d) for d in json.loads(args.devices)]
     secret = os.environ.pop(SECRET_ENV, "")
     migration_secret = os.environ.pop(MIGRATION_SECRET_ENV, "")

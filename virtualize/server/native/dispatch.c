@@ -534,6 +534,7 @@ struct session {
     struct lease *lease;
     int busy;        /* inside a driver call now (a long synchronise is use of the lease) */
     uint64_t calls;  /* frames served here, ever */
+    uint64_t syncs;  /* synchronisations served here that succeeded (a pool gives freed memory back at one) */
     uint8_t *scratch; /* a launch's parameters, aligned */
     size_t scratch_cap;
     uint8_t *copied; /* a small copy to the host: [REPLY header][bytes], SMALL_COPY + REPLY */
@@ -662,6 +663,7 @@ static int enter_uncaptured(struct session *s, uint64_t stream) {
     return 0;
 }
 EXPORT uint64_t gpf_session_calls(const struct session *s) { return __atomic_load_n(&s->calls, __ATOMIC_RELAXED); }
+EXPORT uint64_t gpf_session_syncs(const struct session *s) { return __atomic_load_n(&s->syncs, __ATOMIC_RELAXED); }
 
 struct buffer {
     uint8_t *data;
@@ -939,6 +941,8 @@ static int other(struct session *s, int c, const uint8_t *a, int *result, uint64
     if (!checked(s, c, a, args) || !enter(s)) return -1;
     *result = l->ops.call((uint32_t)c, args, out);
     __atomic_store_n(&s->busy, 0, __ATOMIC_RELAXED);
+    if (*result == 0 && (c == C_CTX_SYNC || c == C_STREAM_SYNC || c == C_EVENT_SYNC))
+        __atomic_add_fetch(&s->syncs, 1, __ATOMIC_RELAXED);
     return 0;
 }
 
