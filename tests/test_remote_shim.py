@@ -134,6 +134,19 @@ def test_a_partition_is_at_most_the_memory_cuda_says_the_gpu_has():
     assert partition_limits(devices, Executor()) == [80 << 30, 40 << 30, 81 << 30]
 
 
+@pytest.mark.parametrize("level", ["debug", "verbose"])
+def test_the_worker_starts_whatever_log_level_it_is_given(shim_dir, level):
+    """GPUPOOL_WORKER_LOG in lower case is that level; a word that is no level is INFO with a warning
+    (a worker that did not start would fail the lease)."""
+    handle = start_worker("test-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1",
+                          env={"GPUPOOL_WORKER_LOG": level}, executor="host")  # fmt: skip
+    try:
+        out, err = run_client("quota", client_env(shim_dir, handle))
+        assert out["first"] == "0"
+    finally:
+        handle.stop()
+
+
 def test_a_lease_cannot_touch_another_leases_memory(shim_dir, worker):
     other = start_worker("other-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1", env={},
                          executor="host")  # fmt: skip
