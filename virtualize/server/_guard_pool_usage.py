@@ -71,7 +71,8 @@ class PoolUsage:
         self._pools: dict[int, _Pool] = {}
         self._of: dict[int, tuple[int, int]] = {}  # allocation -> (pool, bytes)
         self._thresholds: dict[int, int] = {}  # CU_MEMPOOL_ATTR_RELEASE_THRESHOLD as this process set it
-        lease.pool_holders.add(self)
+        with lease.lock:  # another connection's allocation may be going through the holders
+            lease.pool_holders.add(self)
 
     def _change(self, p: _Pool, change: Callable[[], None]) -> None:
         """`change` applied to `p`, and the lease's figures moved by what it did to the kept memory
