@@ -141,7 +141,7 @@ def test_the_worker_starts_whatever_log_level_it_is_given(shim_dir, level):
     handle = start_worker("test-lease", [WorkerDevice(0, "", 64 * MiB)], bind_host="127.0.0.1",
                           env={"GPUPOOL_WORKER_LOG": level}, executor="host")  # fmt: skip
     try:
-        out, err = run_client("quota", client_env(shim_dir, handle))
+        out, _ = run_client("quota", client_env(shim_dir, handle))
         assert out["first"] == "0"
     finally:
         handle.stop()
