@@ -4873,6 +4873,26 @@ def scenario_migrate_server():
     say("finished", 1)
 
 
+def scenario_migrate_pool_kept():
+    """Memory freed to the device's pool, kept there (until a synchronisation) when the lease moves: says
+    `ready`; at each line `alloc`, synchronises and answers `alloc RC` for a cuMemAlloc of 90 % of the partition
+    (the pool's kept memory gone at the synchronisation, wherever the lease is now)."""
+    setup()
+    stream, p, free, total = c_u64(), c_u64(), c_u64(), c_u64()
+    check(cu.cuStreamCreate(ctypes.byref(stream), 1), "stream")
+    check(cu.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total)), "info")
+    check(cu.cuMemAllocAsync(ctypes.byref(p), c_u64(int(0.7 * total.value)), stream), "pool alloc")
+    check(cu.cuMemFreeAsync(p, stream), "pool free")
+    say("ready", 0)
+    while (line := sys.stdin.readline().strip()) not in ("", "done"):
+        if line == "alloc":
+            check(cu.cuStreamSynchronize(stream), "sync")
+            rc, ptr = alloc(int(0.9 * total.value))
+            if rc == 0:
+                check(cu.cuMemFree(c_u64(ptr)), "free")
+            say("alloc", rc)
+
+
 def scenario_migrate_server_reads():
     """Values just written on a stream, read back through page-locked memory as `.item()` reads a loss (a memset
     of 1 MiB, a copy of it into page-locked memory behind it, a stream synchronise, then its last word read: the

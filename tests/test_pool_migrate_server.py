@@ -248,6 +248,15 @@ def test_values_read_back_through_page_locked_memory_after_a_move_are_the_ones_j
     moved_each_time_saying(run, lease, admin, ((a, b), (b, a), (a, b)), "reads", "stale 0")
 
 
+def test_memory_a_pool_kept_when_the_lease_moved_is_the_lease_s_again_on_the_new_server(pair, tmp_path):
+    """A program whose pool keeps freed memory (70 % of its partition, until its next synchronisation) moves
+    A -> B -> A: after each move it synchronises and allocates 90 % of the partition, as it could have without
+    moving (the new worker's pools start empty; it must not count the old worker's kept memory for ever)."""
+    a, b = pair
+    run, lease, admin = started_for_both(pair, tmp_path, "keeper", "migrate_pool_kept")
+    moved_each_time_saying(run, lease, admin, ((a, b), (b, a)), "alloc", "alloc 0")
+
+
 def test_an_encrypted_programs_large_copies_go_to_the_new_worker_after_a_move(pair, tmp_path):
     """A program whose connection is encrypted (as from another host: `GPUPOOL_DATA_ENCRYPTION=always`) copies
     24 MiB each way — in pieces across its copy lanes, extra connections to the worker — before and after its

@@ -94,7 +94,8 @@ def exported(lease, sessions: list, mappings: list) -> tuple[dict, dict[int, int
         "ctx_device": [[c, d] for c, d in lease.ctx_device.items()],
         "primary_ctx": [[d, c] for d, c in lease.primary_ctx.items()],
         "layouts": [[f, [list(p) for p in layout]] for f, layout in lease.layouts.items()],
-        "used": list(lease.used),
+        # Memory pools keep after frees (`held`) stays behind: the processes' pools start empty there.
+        "used": [used - held for used, held in zip(lease.used, lease.held, strict=True)],
         "processes": processes,
         "vm": _lease_vm_json(lease),
         "tensor_maps": _tensor_maps_json(lease),
