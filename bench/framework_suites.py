@@ -238,7 +238,7 @@ def _exit_text(code: int) -> str:
 
 def run_part(name: str, part: Part, suites: Path, out: Path, remote: bool, timeout: float, per_test: int,
              only: list[str] | None = None, trace: bool = False, executor: str = "cuda", gpu: int = 0,
-             partition_mib: int = 0) -> Counts:  # fmt: skip
+             partition_mib: int = 0, isolate: bool = False) -> Counts:  # fmt: skip
     """Run one part (natively or remotely) to its end or its time limit, resuming after each crash.
 
     `only`: run just these test ids (the ones the native run got through)."""
@@ -261,6 +261,8 @@ def run_part(name: str, part: Part, suites: Path, out: Path, remote: bool, timeo
         env["GPUPOOL_WORKER_LOG"] = "DEBUG"  # every refused call, for the crash files
         if trace:
             env["GPUPOOL_SHIM_TRACE"] = "1"
+        if isolate:
+            env["GPUPOOL_ISOLATE"] = "1"  # as gpuattach run --isolate: a worker process per test process
     counts, pending = Counts(), only
     started = time.monotonic()
     for attempt in range(1, 1000):
@@ -340,6 +342,9 @@ def main() -> int:
     parser.add_argument("--trace", nargs="*", metavar="PART",
                         help="trace the shim's calls in these parts' remote runs (none named: all), "
                         "kept in the crash files")  # fmt: skip
+    parser.add_argument("--isolate", action="store_true",
+                        help="remote runs as under `gpuattach run --isolate`: each process of a part gets a "
+                        "worker process of its own (a subprocess's device-side assert ends its context only)")  # fmt: skip
     args = parser.parse_args()
     if not args.suites.is_dir():
         parser.error(f"no suites at {args.suites}: run bash bench/fetch_suites.sh {args.suites} first")
@@ -379,7 +384,7 @@ def main() -> int:
             only = native.ran if native.exit == 124 else None
             remote = run_part(name, part, suites, args.out, True, args.remote_timeout or args.timeout,
                               args.per_test, only, name in traced, args.executor, args.gpu,
-                              args.partition_mib)  # fmt: skip
+                              args.partition_mib, args.isolate)  # fmt: skip
             print(_summary(name, "remote", remote), flush=True)
             lost = differences(native, remote)
         for line in lost:

@@ -1321,6 +1321,43 @@ def scenario_idle_synchronise():
     say("fault_reported", cu.cuStreamSynchronize(stream))
 
 
+def scenario_trap_in_a_child_process():
+    """The parent holds 40 MiB with a value in it; a child process of the same lease asks for 40 MiB too,
+    then runs a kernel that asserts (CUDA_ERROR_ASSERT, sticky) and exits. Then the parent synchronises,
+    reads its value, launches, and asks for 60 MiB of the partition (64 MiB) once the child is gone."""
+    setup()
+    rc, mine = alloc(40 * MiB)
+    check(rc, "parent's 40 MiB")
+    check(cu.cuMemsetD32(c_u64(mine), 0x1234, c_u64(1)), "parent's value")
+    child = subprocess.run(
+        [sys.executable, __file__, "trap_child"], capture_output=True, text=True, timeout=60
+    )
+    sys.stderr.write(child.stderr)
+    for line in child.stdout.splitlines():
+        name, value = line.split(" ", 1)
+        say("child_" + name, value)
+    say("parent_sync", cu.cuCtxSynchronize())
+    rc, back = dtoh(mine, 4)
+    say("parent_value", f"{rc} {back.hex()}")
+    fill = module_function(b"fill_u32")
+    values = (c_u64(mine), ctypes.c_uint32(7), ctypes.c_uint32(1))  # kept alive until the launch is sent
+    params = (ctypes.c_void_p * 3)(*(ctypes.addressof(v) for v in values))
+    say("parent_launch", cu.cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, c_u64(0), params, None))
+    say("parent_sync_after_launch", cu.cuCtxSynchronize())
+    check(cu.cuMemFree(c_u64(mine)), "free")
+    say("parent_60_mib", alloc(60 * MiB)[0])
+
+
+def scenario_trap_child():
+    """trap_in_a_child_process's child: the partition's rest, then a kernel that asserts."""
+    setup()
+    say("alloc_40_mib", alloc(40 * MiB)[0])
+    say("alloc_16_mib", alloc(16 * MiB)[0])
+    trap = module_function(b"trap")
+    say("trap_launch", cu.cuLaunchKernel(trap, 1, 1, 1, 1, 1, 1, 0, c_u64(0), None, None))
+    say("sync_after_trap", cu.cuCtxSynchronize())
+
+
 def scenario_synchronise_after_pauses():
     """Four context synchronises with nothing sent between them, each after a pause of 200 ms."""
     setup()

@@ -29,6 +29,7 @@ from remote_helpers import (
 from server.workers import WorkerDevice, start_worker
 from virtualize.common import _wire
 from virtualize.common._results import CUresult
+from virtualize.server._executor_host import HOST_KERNELS
 
 pytestmark = needs_cc
 __all__ = ["shim_dir", "worker"]  # fixtures
@@ -187,6 +188,29 @@ def test_kernels_launch_with_parameters_and_faults_surface_at_the_next_sync(shim
     assert err.count("launch attribute 13 (a CUlaunchAttributeID) is not forwarded") == 1
     assert out["fault_launch"] == "0"  # launches do not wait ...
     assert out["sync_after_fault"] == "700"  # ... the fault is reported by the next sync
+
+
+@pytest.mark.parametrize("ring", ["0", "1"])
+def test_with_isolate_a_child_process_that_asserts_leaves_its_parent_working(shim_dir, worker, ring):
+    """GPUPOOL_ISOLATE=1 (gpuattach run --isolate): a child process of the lease runs in a worker of its own,
+    so its kernel's device-side assert (sticky for the context that ran it) ends only its own context, as
+    natively; the two workers still share the lease's partition, and the child's memory is the lease's
+    again once it has exited. Without it, the child and its parent share one context, and the assert is
+    the parent's too."""
+    isolated, _ = run_client(
+        "trap_in_a_child_process", client_env(shim_dir, worker, GPUPOOL_ISOLATE="1", GPUPOOL_SHIM_RING=ring)
+    )
+    assert isolated["child_alloc_40_mib"] == "2"  # the parent's 40 MiB count: the partition is the lease's
+    assert isolated["child_alloc_16_mib"] == "0"
+    assert isolated["child_sync_after_trap"] == "710"
+    assert isolated["parent_sync"] == "0"
+    assert isolated["parent_value"] == "0 34120000"
+    assert isolated["parent_launch"] == isolated["parent_sync_after_launch"] == "0"
+    assert isolated["parent_60_mib"] == "0"  # the child's 16 MiB went with its worker
+
+    shared, _ = run_client("trap_in_a_child_process", client_env(shim_dir, worker, GPUPOOL_SHIM_RING=ring))
+    assert shared["child_sync_after_trap"] == "710"
+    assert shared["parent_sync"] == "710"
 
 
 def test_batched_decompression_reads_and_writes_only_the_leases_memory(shim_dir, worker):
@@ -588,20 +612,23 @@ def test_cache_and_shared_memory_configuration_round_trip_with_the_drivers_refus
 def test_a_modules_functions_and_a_librarys_kernels_are_enumerated_as_handles_of_the_lease(shim_dir, worker):
     """Enumerated functions and kernels are usable handles of the lease, with names and parameter counts."""
     out, err = run_client("enumerate", client_env(shim_dir, worker))
-    assert out == {
-        "functions": "12 True True",  # the PTX's own kernel and the host executor's built-in ones
-        "same_handle_as_by_name": "True",
-        "name_kept": "True",
-        "param_count": "0 2",
-        "loaded": "0 1",  # CU_FUNCTION_LOADING_STATE_LOADED
-        "load": "0",
-        "enumerate_two_kernels": "0",
-        "kernels": "True 2 True",
-        "kernel_param_count": "0",
-        "enumerated_launch": "9",  # an enumerated handle launches like one looked up by name
-        "foreign_module": "400",
-        "foreign_name": "400",
-    }
+    assert (
+        out
+        == {
+            "functions": f"{len(HOST_KERNELS) + 1} True True",  # the PTX's own kernel and the host executor's built-in ones
+            "same_handle_as_by_name": "True",
+            "name_kept": "True",
+            "param_count": "0 2",
+            "loaded": "0 1",  # CU_FUNCTION_LOADING_STATE_LOADED
+            "load": "0",
+            "enumerate_two_kernels": "0",
+            "kernels": "True 2 True",
+            "kernel_param_count": "0",
+            "enumerated_launch": "9",  # an enumerated handle launches like one looked up by name
+            "foreign_module": "400",
+            "foreign_name": "400",
+        }
+    )
     assert "not forwarded" not in err
 
 

@@ -202,6 +202,14 @@ def _parser() -> argparse.ArgumentParser:
         help="one GPU on each of N different servers (one lease each) instead of N GPUs of one server; "
         "the process whose LOCAL_RANK is r runs on the r-th (remote runs only)",
     )
+    rn.add_argument(
+        "--isolate",
+        action="store_true",
+        help="each process of COMMAND gets a worker process of its own on the GPU server, so a fault in one "
+        "process's kernels (a device-side assert) ends only that process's CUDA context, as natively; their "
+        "memory still counts against one partition. Processes then share no CUDA IPC handles, and the lease "
+        'does not move (remote runs only; docs/remote.md, "Isolation")',
+    )
     rn.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run")
     return p
 
@@ -597,6 +605,10 @@ def cmd_run(args) -> int:
         )
     if not args.lease and args.num_gpus is None:
         return _fail("give -n N (and -p P or -m MIB), or --lease LEASE", "see gpuattach run --help")
+    if args.isolate and args.local:
+        return _fail(
+            "--isolate is for remote runs: with --local each process already has its own CUDA context"
+        )
     if args.spread and (args.lease or args.local):
         return _fail("--spread takes new remote leases, one per server",
                      "drop --lease / --local, or drop --spread")  # fmt: skip
@@ -706,6 +718,8 @@ def _run_under_lease(args, cmd, run: _Run, remote_env) -> int:
             else:
                 env.update(remote_env(lease))
             _nccl_forwarding(env, spread=bool(run.spread))
+            if args.isolate:
+                env["GPUPOOL_ISOLATE"] = "1"  # read by the shim in each process (virtualize/client/shim)
         except (
             Exception
         ) as exc:  # the shim is not built, the lease has no worker, …: one line, lease released

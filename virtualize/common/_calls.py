@@ -214,6 +214,9 @@ CALLS: tuple[Call, ...] = (
     _c("gpProve", 0, "o_u32 device_count, bytes proof", symbol="-"),
     # A process whose lease moved here from another server's worker: its first frame, naming its state.
     _c("gpResume", 0, "u64 token", symbol="-"),
+    # A process's first frame after the handshake when it asks for a worker process of its own (flags 1,
+    # GPUPOOL_ISOLATE): answered here, or MOVED_TO (token 0) the worker that will serve it alone.
+    _c("gpProcessStart", 0, "u32 flags", symbol="-"),
     _c("gpSetContext", 0, "ctx ctx", A, symbol="-"),
     _c("gpParamLayout", 0, "func func, o_u32 count, o_buf:count layout", symbol="-"),
     # -- initialisation and devices -----------------------------------------------------------------

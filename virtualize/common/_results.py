@@ -46,6 +46,7 @@ class CUresult(enum.IntEnum):
     LAUNCH_TIMEOUT = 702, "the launch timed out and was terminated"
     PEER_ACCESS_ALREADY_ENABLED = 704, "peer access is already enabled"
     PEER_ACCESS_NOT_ENABLED = 705, "peer access has not been enabled"
+    ASSERT = 710, "device-side assert triggered"
     HOST_MEMORY_ALREADY_REGISTERED = 712, "part or all of the requested memory range is already mapped"
     HOST_MEMORY_NOT_REGISTERED = 713, "pointer does not correspond to a registered memory region"
     ILLEGAL_INSTRUCTION = 715, "an illegal instruction was encountered"

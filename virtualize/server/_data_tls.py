@@ -67,6 +67,20 @@ def server_context(state_dir: Path, lease_id: str) -> tuple[ssl.SSLContext, str]
     return context, hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()
 
 
+def shared_context(state_dir: Path) -> tuple[ssl.SSLContext, str]:
+    """The context of the certificate `server_context` wrote to `state_dir` (a process worker shows the
+    lease's worker's certificate), and its SHA-256."""
+    cert_path, key_path = state_dir / CERT_FILE, state_dir / KEY_FILE
+    try:
+        pem = cert_path.read_text()
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
+        context.load_cert_chain(cert_path, key_path)
+    except (OSError, ssl.SSLError) as exc:
+        raise TlsUnavailable(f"the lease's certificate in {state_dir} is unreadable ({exc})") from exc
+    return context, hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest()
+
+
 def is_loopback(host: str) -> bool:
     """Whether a peer address never left this machine (127.0.0.0/8, ::1, IPv4-mapped loopback)."""
     try:

@@ -271,13 +271,22 @@ class LeaseState:
             if not at:
                 del self.vm_mapped_at[handle]
 
+    def in_use(self, device: int) -> int:
+        """What the lease uses of `device`: here, and in the workers of its other processes, where they have
+        workers of their own (`_process_workers.SharedUsage`)."""
+        elsewhere = getattr(self.used, "elsewhere", None)
+        return self.used[device] + (elsewhere(device) if elsewhere is not None else 0)
+
     def reserve(self, device: int, size: int) -> None:
         """Refuse an allocation that would take the lease past its partition of `device` (the caller holds
         the lock). Memory pools keep after a free counts until their process synchronises, so it is
         brought up to date first where it is in the way."""
-        if self.used[device] + size > self.limits[device]:
+        if self.in_use(device) + size > self.limits[device]:
             self.settle_pools(device)
-        if self.used[device] + size > self.limits[device]:
+        departed = getattr(self.used, "wait_for_departed", None)
+        if self.in_use(device) + size > self.limits[device] and departed is not None:
+            departed(device)  # a process of the lease that has just exited: its worker is freeing its memory
+        if self.in_use(device) + size > self.limits[device]:
             raise CudaError(OUT_OF_MEMORY, f"partition of device {device} is {self.limits[device]} bytes")
 
     def settle_pools(self, device: int) -> None:
@@ -428,6 +437,10 @@ class Session:
         self.pinned_landing: dict[int, list[StagedCopy]] = {}
         self.native = None  # this connection's native loop (_native_dispatch.NativeSession), if it has one
         self.lanes: Lanes | None = None  # this process's extra connections' copies, once one attached
+        # gpProcessStart: the worker's answer to a process that asks for a worker of its own
+        # (virtualize.server._process_workers); served here where nothing else is said
+        self.process_start = lambda session, flags: (b"", b"")
+        self.peer_pid = 0  # the client process's pid, where it is on this host (set by the worker)
         self.lane_of: Session | None = None  # set on a lane: the connection whose copies it carries
         self.special: dict[str, Callable] = {
             "cuDeviceGetAttribute": self._device_attribute,
@@ -467,6 +480,7 @@ class Session:
             "cuModuleEnumerateFunctions": self._enumerate,
             "cuLibraryEnumerateKernels": self._enumerate,
             "gpResume": self._resume,
+            "gpProcessStart": lambda call, ins: self.process_start(self, ins[0]),
             "gpWindowOffer": self._window_offer,
             "gpWindowAccept": self._window_accept,
             "cuMemGetAddressRange_v2": self._address_range,
@@ -748,7 +762,7 @@ class Session:
         limit = min(total, self.lease.limits[dev])
         with self.lease.lock:
             self.lease.settle_pools(dev)
-        return struct.pack("<QQ", max(0, min(free, limit - self.lease.used[dev])), limit), b""
+        return struct.pack("<QQ", max(0, min(free, limit - self.lease.in_use(dev))), limit), b""
 
     def _alloc(self, call: Call, ins: tuple):
         self._check(call, ins)

@@ -10,8 +10,10 @@ Kernels: any image loads, and a few built-in functions run on host memory —
 `fill_u32(u32 *ptr, u32 value, u32 n)`, `add_u32(u32 *ptr, u32 value, u32 n)`,
 `saxpy(f32 *x, f32 *y, f32 a, u32 n)`, `printf_u32(u32)` (prints "kernel says N" as a device printf
 would), `empty()`, `spin(ptr, u32)` (sleeps 10 ms, a stand-in for
-a long kernel), `sleep_ms(u32 ms)` and `fault()`, which fails the way a GPU kernel that
-touches a wild address does (CUDA_ERROR_ILLEGAL_ADDRESS, reported at the next synchronising call).
+a long kernel), `sleep_ms(u32 ms)`, `fault()`, which fails the way a GPU kernel that
+touches a wild address does (CUDA_ERROR_ILLEGAL_ADDRESS, reported at the next synchronising call), and
+`trap()`, a device-side assert: as a GPU context does, the executor (the worker's one context for every
+process it serves) answers CUDA_ERROR_ASSERT to every launch, copy and synchronise from then on.
 A kernel that a PTX image declares (`.entry`) also loads, with its parameter layout read from the
 PTX, and runs as a no-op: programs that compile their own kernels (cuda.core, numba-cuda) go through
 their whole call sequence, though their results are not computed. Any other name is
@@ -80,6 +82,7 @@ HOST_KERNELS = {
     "add_u32": [(0, 8), (8, 4), (12, 4)],
     "bounded_add_u32": [(0, 8), (8, 4), (12, 4)],  # add_u32 under __launch_bounds__(128)
     "fault": [],
+    "trap": [],  # a device-side assert: sticky, as in a GPU context
     "spin": [(0, 8), (8, 4)],  # stands for a long kernel: sleeps 10 ms
     "empty": [],
     "sleep_ms": [(0, 4)],  # occupies the worker for a while, like a long kernel behind a sync
@@ -215,6 +218,7 @@ class HostExecutor(Executor):
         return lacked_abis(lambda call: call.name not in named and f"{call.name}@{call.since}" not in named)
 
     def __init__(self, devices) -> None:
+        self.trapped = 0  # CUDA_ERROR_ASSERT once a trap() kernel ran: the sticky error of a context
         self.n = len(devices)
         base = int(os.environ.get("GPUPOOL_HOST_EXECUTOR_BASE", "0x5e0000000000"), 0)
         self.next_address = [base + i * (1 << 40) for i in range(self.n)]
@@ -358,6 +362,7 @@ class HostExecutor(Executor):
     def _span(self, ptr: int, count: int) -> tuple[bytearray, int]:
         """The bytes a copy or memset of `count` at `ptr` touches: none at any address for a count of 0 (as the
         driver's copy of nothing, which XLA issues from and to address 0), else `_find`'s."""
+        self._alive()
         return (_NOTHING, 0) if count == 0 else self._find(ptr, count)
 
     def nccl_buffer(self, ptr: int, count: int) -> int:
@@ -1175,8 +1180,13 @@ class HostExecutor(Executor):
         name = self.functions.get(func)
         if name is None:  # a function of a context a move left behind
             raise CudaError(INVALID_HANDLE, f"function 0x{func:x}")
+        if self.trapped:
+            raise CudaError(self.trapped, "a kernel asserted earlier: the context is unusable")
         if name == "fault":
             raise CudaError(CUresult.ILLEGAL_ADDRESS, "the fault kernel touched a wild address")
+        if name == "trap":
+            self.trapped = CUresult.ASSERT
+            raise CudaError(CUresult.ASSERT, "the trap kernel asserted")
         if name == "spin":
             time.sleep(0.01)
             return
@@ -1366,6 +1376,12 @@ class HostExecutor(Executor):
 
     def cuCtxSynchronize(self):
         self._ctx_device()
+        self._alive()
+
+    def _alive(self) -> None:
+        """A context where a kernel asserted fails everything after (a sticky error, until the process ends)."""
+        if self.trapped:
+            raise CudaError(self.trapped, "a kernel asserted earlier: the context is unusable")
 
     def cuCtxGetApiVersion(self, ctx):
         return 13000
@@ -1876,6 +1892,7 @@ class HostExecutor(Executor):
 
     def cuStreamSynchronize(self, stream):
         self._stream(stream)
+        self._alive()
 
     def _stream(self, stream: int) -> None:
         if stream not in self.streams and stream not in (0, 1, 2):

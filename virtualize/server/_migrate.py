@@ -211,6 +211,10 @@ def serve_requests(worker, state_dir: Path, to_server) -> None:
         try:
             asked = json.loads(request.read_text())
             request.unlink()
+            workers = getattr(worker, "process_workers", None)
+            if workers is not None and workers.running():
+                raise MigrationRefused(f"{workers.running()} of the lease's processes run in workers of their own "
+                                       "(gpuattach run --isolate), which do not move yet")  # fmt: skip
             if "server" in asked:  # to another server's receiving worker (None: only whether it could leave)
                 answer = to_server(worker, None if asked["server"] is None else dict(asked["server"]))
             else:

@@ -274,7 +274,8 @@ def imported(lease, executor, state: dict, memory: list, backings: list, Allocat
         lease.ctx_device = {int(c): int(d) for c, d in state["ctx_device"]}
         lease.primary_ctx = {int(d): int(c) for d, c in state["primary_ctx"]}
         lease.layouts = {int(f): [tuple(p) for p in layout] for f, layout in state["layouts"]}
-        lease.used = [int(u) for u in state["used"]]
+        for device, used in enumerate(state["used"]):  # in place: it may be the lease's shared slot
+            lease.used[device] = int(used)
         _lease_vm_imported(lease, state.get("vm", {}))
         for process in parked.values():
             lease.windows.add(process.window)

@@ -44,7 +44,14 @@ from server.workers import (
 from virtualize.common import _wire
 from virtualize.common._calls import CALL_IDS, INTERNAL, WIRE_VERSION
 from virtualize.common._results import CUresult
-from virtualize.server import _data_tls, _migrate, _migrate_out, _native_dispatch, _native_tls
+from virtualize.server import (
+    _data_tls,
+    _migrate,
+    _migrate_out,
+    _native_dispatch,
+    _native_tls,
+    _process_workers,
+)
 from virtualize.server._executor import CudaError
 from virtualize.server._handles import Translated
 
@@ -289,6 +296,14 @@ class Worker:
         self.native_sessions: set = set()  # connections' native loops (their calls are activity too)
         self.sessions: set = set()  # every connection's Session (a move to another server looks at them)
         self.moved = None  # once the lease moved to another server's worker: _migrate_out.Moved
+        # the lease's processes that asked for a worker of their own (_process_workers); set up by main()
+        self.process_workers: _process_workers.ProcessWorkers | None = None
+
+    def share_usage(self, state_dir: Path, slot: int) -> None:
+        """Count this worker's memory in its slot of the lease's usage file (slot 0, the lease's worker,
+        makes the file): every worker of the lease then checks allocations against the lease's total."""
+        path = state_dir / _process_workers.USAGE_SLOTS_FILE
+        self.lease.used = _process_workers.SharedUsage(path, len(self.devices), slot, create=slot == 0)
 
     def serve(self, listener: socket.socket, local: socket.socket | None = None) -> None:
         threading.Thread(target=self._touch_while_busy, daemon=True).start()
@@ -304,9 +319,10 @@ class Worker:
     def _connection(self, sock: socket.socket, peer) -> None:
         from virtualize.server._executor_guard import Session
 
+        peer_pid = 0
         if sock.family == socket.AF_UNIX:  # a process on this host: name it by its pid and user
-            pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-            who = f"pid {pid} (uid {uid}, this host)"
+            peer_pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            who = f"pid {peer_pid} (uid {uid}, this host)"
         else:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             who = f"{peer[0]}:{peer[1]}"
@@ -322,6 +338,9 @@ class Worker:
                 return
             take = self.kernel_output.take if self.kernel_output is not None else None
             session = Session(self.lease, self.executor, channel, take)
+            session.peer_pid = peer_pid
+            if self.process_workers is not None:
+                session.process_start = self.process_workers.start
             self.sessions.add(session)
             how = (
                 sock.version()
@@ -396,6 +415,8 @@ class Worker:
             session.close()
             if self.moved is not None:
                 self._left_after_move(session)
+            if self.process_workers is not None and self.process_workers.ended(session):
+                threading.Thread(target=self._leave_with_process, daemon=True).start()
 
     def wait_closing(self, timeout: float) -> None:
         """Up to `timeout` s for the connections whose clients have gone to finish cleaning up (their
@@ -415,6 +436,17 @@ class Worker:
     def leave_after_move(self) -> None:
         """Nothing of the lease is here any more: the worker exits (its server cleans up after it)."""
         log.info("every process of the lease reconnected to its new worker (or ended): exiting")
+        logging.shutdown()
+        os._exit(0)
+
+    def _leave_with_process(self) -> None:
+        """A process worker's process has ended: once its other connections have closed too, so does the
+        worker (its contexts, and whatever fault they hold, go with it)."""
+        with self._closed:
+            self._closed.wait_for(lambda: not self.sessions and self._closing == 0, CLOSING_WAIT_S)
+        log.info("its process has ended: the process worker exits")
+        with contextlib.suppress(Exception):
+            self.executor.close()
         logging.shutdown()
         os._exit(0)
 
@@ -504,7 +536,12 @@ class Worker:
                 self._touch()
 
     def _write_usage(self) -> None:
-        used = list(self.lease.used)
+        """What the lease holds, for the pool server: the lease's worker writes it, its process workers'
+        memory included."""
+        if self.process_workers is not None and not self.process_workers.is_root:
+            return
+        total = getattr(self.lease.used, "total", None)
+        used = total() if total is not None else list(self.lease.used)
         if used == self._usage_written:
             return
         tmp = self.usage.with_name(f".{USAGE_FILE}.tmp")
@@ -591,7 +628,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--receive", type=float, default=0.0, metavar="SECONDS",
                         help="receive the running lease from another server's worker: wait this long for it on a "
                         f"second port (the one-time secret in ${MIGRATION_SECRET_ENV}), then exit")  # fmt: skip
+    parser.add_argument("--process-of", type=int, default=-1, metavar="SLOT",
+                        help="a process worker of the lease (started by the lease's worker for one process that "
+                        "asked for a worker of its own): its slot in the lease's usage file")  # fmt: skip
     args = parser.parse_args(argv)
+    process_worker = args.process_of >= 0
     # A crash in the driver or the bindings (SIGSEGV, SIGABRT) leaves the Python stacks of every thread in the
     # worker's log, not only "the worker died": what the operator and the next fix need.
     faulthandler.enable(all_threads=True)
@@ -599,7 +640,8 @@ def main(argv: list[str] | None = None) -> int:
     known = level in logging.getLevelNamesMapping()
     logging.basicConfig(
         level=level if known else "INFO",
-        format=f"%(asctime)s gpupool-worker[{args.lease}] %(levelname)s %(message)s",
+        format=f"%(asctime)s gpupool-worker[{args.lease}{f' process {args.process_of}' if process_worker else ''}]"
+        " %(levelname)s %(message)s",
         stream=sys.stderr,
     )
     if not known:
@@ -625,7 +667,10 @@ def main(argv: list[str] | None = None) -> int:
         ready(error=f"{kind} executor: {exc}")
         return 2
     try:
-        tls, fingerprint = _data_tls.server_context(Path(args.state_dir), args.lease)
+        if process_worker:  # the lease's certificate, which its worker made: the client pinned that one
+            tls, fingerprint = _data_tls.shared_context(Path(args.state_dir))
+        else:
+            tls, fingerprint = _data_tls.server_context(Path(args.state_dir), args.lease)
     except _data_tls.TlsUnavailable as exc:
         if not _data_tls.is_loopback(args.bind):
             ready(error=f"cannot encrypt the data connection: {exc}")
@@ -652,7 +697,12 @@ def main(argv: list[str] | None = None) -> int:
     worker = None
     try:
         worker = Worker(args.lease, devices, executor, Path(args.state_dir), secret, tls, output)
-        _migrate.serve_requests(worker, Path(args.state_dir), _migrate_out.request)
+        worker.share_usage(Path(args.state_dir), max(args.process_of, 0))
+        worker.process_workers = _process_workers.ProcessWorkers(
+            worker, _process_workers.worker_arguments(args), secret, is_root=not process_worker
+        )
+        if not process_worker:  # a move is the lease's worker's to answer
+            _migrate.serve_requests(worker, Path(args.state_dir), _migrate_out.request)
         if arrivals is not None:
             log.info("waiting up to %g s for the lease's state on port %d", args.receive, migrate_port)
             _migrate_out.receive(worker, arrivals, migration_secret.encode(), args.receive)
@@ -660,6 +710,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if worker is not None:
             worker.wait_closing(CLOSING_WAIT_S)
+            if worker.process_workers is not None:
+                worker.process_workers.stop()
         executor.close()
     return 0
 

@@ -51,6 +51,7 @@ def main() -> int:
         "GPUPOOL_SHIM_MEMO",
         "GPUPOOL_DATA_ENCRYPTION",
         "GPUPOOL_SHIM_LANES",
+        "GPUPOOL_ISOLATE",
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_") or k in keep}
     env.update(remote_env(answer, cache_root=work / "cache", library=shim))

@@ -336,6 +336,17 @@ def main() -> int:
                 "filled_blocks_within_total": "True True", "after_oom_works": "1048576.0",
             })  # fmt: skip
 
+        if selected("isolate"):
+            step(
+                "isolate: a child process's device-side assert leaves its parent working (gpuattach run --isolate)"
+            )
+            rc, out, err, s = run([sys.executable, "prog_isolate.py"], native_one)
+            show("native", rc, out, err, s)
+            rc, out, err, s = run([sys.executable, "prog_isolate.py"], {**remote, "GPUPOOL_ISOLATE": "1"})
+            show("remote", rc, out, err, s)
+            expect("isolate", out, {"child_error": "device-side assert", "parent_after_child": "True",
+                                    "parent_matmul": "True"})  # fmt: skip
+
         models = [m for m in ("resnet50", "gpt2") if selected("training") or selected(m)]
         if models:
             # Training needs more than the test lease: half the GPU, what `gpuattach run -p 0.5` gets.

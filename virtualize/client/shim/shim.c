@@ -74,6 +74,10 @@ static CUresult conn_failure; /* sticky: once set, every call returns it */
 static int conn_local;        /* the process's connection is the worker's Unix socket (same host) */
 static uint64_t conn_ctx;     /* the context the worker's thread has current */
 static char conn_where[300];
+/* This process's own worker (GPUPOOL_ISOLATE: the lease's worker answered gpProcessStart MOVED_TO one started for
+ * it): where this process's connections go. The environment keeps naming the lease's worker, so the processes
+ * this one starts ask it for workers of their own. Empty: the environment's worker. */
+static char own_where[257], own_local[129], own_tls[73];
 
 static int window_state; /* gp_window_ensure: 0 not asked yet, 1 reserved, -1 none to be had */
 static void callbacks_after_fork_in_child(void);
@@ -95,6 +99,7 @@ static void after_fork_in_child(void) {
     gp_memo_after_fork_in_child();
     gp_events_after_fork_in_child();
     window_state = 0; /* the child's connection is a new client process to the worker: its own window */
+    own_where[0] = own_local[0] = own_tls[0] = 0; /* a new process: it asks the lease's worker for its own */
     shm_after_fork_in_child();
     gp_pinned_after_fork_in_child();
 }
@@ -666,8 +671,8 @@ static void lease_location_read(void) {
 static CUresult connect_worker(void) {
     CUresult picked = pick_rank_lease();
     if (picked != CUDA_SUCCESS) return picked;
-    lease_location_read();
-    const char *where = lease_getenv(GP_ENV_WORKER);
+    if (!own_where[0]) lease_location_read();
+    const char *where = own_where[0] ? own_where : lease_getenv(GP_ENV_WORKER);
     const char *secret = lease_getenv(GP_ENV_SECRET);
     if (!where || !*where || !secret) {
         return fail(CUDA_ERROR_NO_DEVICE,
@@ -695,7 +700,8 @@ static CUresult connect_worker(void) {
     int fd = -1;
     int err = 0;
     int loopback = 0;
-    const char *pin = lease_getenv(GP_ENV_TLS), *policy = getenv(GP_ENV_ENCRYPT), *local = lease_getenv(GP_ENV_LOCAL);
+    const char *pin = own_where[0] ? own_tls : lease_getenv(GP_ENV_TLS), *policy = getenv(GP_ENV_ENCRYPT);
+    const char *local = own_where[0] ? own_local : lease_getenv(GP_ENV_LOCAL);
     int always_encrypt = policy && strcmp(policy, "always") == 0;
     if (local && *local && !always_encrypt) {
         for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next)
@@ -825,6 +831,27 @@ static int ring_wanted(void) {
     return env && *env && strcmp(env, "0") != 0;
 }
 
+/* GPUPOOL_ISOLATE=1 (gpuattach run --isolate): this process runs in a worker process of its own, so a fault of
+ * its kernels (a device-side assert) ends its own context only, as natively (virtualize/server/_process_workers.py). */
+static int isolate_wanted(void) {
+    const char *env = getenv("GPUPOOL_ISOLATE");
+    return env && *env && strcmp(env, "0") != 0;
+}
+
+/* The process's first frame (under conn_lock): served where it is, or MOVED_TO its own worker, which recv_reply
+ * follows (moved_to keeps that worker as this process's own). A worker of an older gpupool does not know the call:
+ * the process shares the lease's worker, as it would have. */
+static void process_start_locked(void) {
+    uint32_t flags = 1; /* _process_workers.ISOLATE */
+    int32_t result;
+    if (send_frame(GP_CALL_gpProcessStart, GP_FLAG_WANTS_REPLY, &flags, sizeof flags, NULL, 0, NULL, 0) < 0 ||
+        recv_reply(&result, NULL, 0, NULL, 0) < 0) {
+        lost(strerror(errno));
+        return;
+    }
+    if (gp_trace_enabled) gp_say("gpProcessStart: %d, this process's worker %s", result, own_where[0] ? own_where : "the lease's");
+}
+
 static void ring_attach_locked(void) {
     struct gp_out_gpRingAttach out;
     int32_t result;
@@ -885,15 +912,23 @@ static int moved_to(const struct gp_moved_to *to) {
     snprintf(pin, sizeof pin, "%.*s", (int)sizeof to->tls, to->tls);
     __typeof__(last_frame) frame = last_frame;
     uint64_t ctx = conn_ctx;
-    if (gp_trace_enabled) gp_say("the lease moved to %s: reconnecting", where);
+    int own = frame.call == GP_CALL_gpProcessStart; /* a worker of this process's own, not a move of the lease */
+    if (gp_trace_enabled) gp_say(own ? "this process's own worker is %s: connecting" : "the lease moved to %s: reconnecting", where);
     if (!thread_conn) ring_drop(); /* the old worker's ring: the connection goes on over the new socket */
     gp_tls_free(conn_ssl);
     conn_ssl = NULL;
     close(conn_fd);
     conn_fd = -1;
-    lease_setenv(GP_ENV_WORKER, where);
-    lease_setenv(GP_ENV_LOCAL, local);
-    lease_setenv(GP_ENV_TLS, pin);
+    if (own) {
+        snprintf(own_where, sizeof own_where, "%s", where);
+        snprintf(own_local, sizeof own_local, "%s", local);
+        snprintf(own_tls, sizeof own_tls, "%s", pin);
+    } else {
+        own_where[0] = own_local[0] = own_tls[0] = 0;
+        lease_setenv(GP_ENV_WORKER, where);
+        lease_setenv(GP_ENV_LOCAL, local);
+        lease_setenv(GP_ENV_TLS, pin);
+    }
     if (connect_worker() != CUDA_SUCCESS) return -1;
     if (to->token) { /* 0: this process connected after the move and starts anew there */
         /* Its callback connection first: the frames it sent since the pause run at the resume, and a copy to
@@ -940,6 +975,8 @@ static CUresult prepare_locked(void) {
     if (conn_fd < 0) {
         CUresult r = connect_worker();
         if (r) return r;
+        if (!thread_conn && isolate_wanted()) process_start_locked();
+        if (conn_failure) return conn_failure;
         if (!thread_conn && conn_local && !conn_ssl && ring_wanted()) ring_attach_locked();
         if (conn_failure) return conn_failure;
     }
