@@ -213,6 +213,23 @@ def test_with_isolate_a_child_process_that_asserts_leaves_its_parent_working(shi
     assert shared["parent_sync"] == "710"
 
 
+def test_with_isolate_ipc_handles_of_another_process_fail_and_say_why(shim_dir, worker):
+    """Under GPUPOOL_ISOLATE the exporter and the importer have workers of their own, which do not hold each
+    other's memory or events yet: opening fails (as for a handle of another lease) and says why, once."""
+    env = client_env(shim_dir, worker, GPUPOOL_ISOLATE="1")
+    exporter = subprocess.Popen([sys.executable, str(CLIENT), "ipc_export"], env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        handle = exporter.stdout.readline().split()[1]
+        event_handle = exporter.stdout.readline().split()[1]
+        out, err = run_client("ipc_import", {**env, "IPC_HANDLE": handle, "IPC_EVENT_HANDLE": event_handle})
+        assert out == {"open": "1", "event_open": "400"}
+        assert err.count("each process has a worker of its own, and IPC between them is not supported") == 1
+    finally:
+        exporter.kill()
+        exporter.wait(10)
+
+
 def test_batched_decompression_reads_and_writes_only_the_leases_memory(shim_dir, worker):
     """DEFLATE data in an allocation decompresses into another, its size written, no operation's error
     index; an operation past its destination, on a source or size word not the lease's, or of an unknown

@@ -14,6 +14,17 @@
 
 static const char ipc_magic[16] = "gpupool ipc 1";
 
+/* Under GPUPOOL_ISOLATE each process of the lease has a worker of its own (virtualize/server/_process_workers.py),
+ * which does not hold what another process exported: a handle that does not open says why, once. */
+static CUresult across_workers(CUresult r, const char *what) {
+    static int said;
+    const char *isolate = getenv("GPUPOOL_ISOLATE");
+    if (r != CUDA_SUCCESS && isolate && *isolate && strcmp(isolate, "0") != 0 && !__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+        gp_say("%s of another process: under GPUPOOL_ISOLATE (gpuattach run --isolate) each process has a worker "
+               "of its own, and IPC between them is not supported yet (error %d)", what, (int)r);
+    return r;
+}
+
 CUresult cuIpcGetMemHandle(void *handle, uint64_t dptr) {
     GP_TRACE("cuIpcGetMemHandle");
     uint64_t base, size;
@@ -36,7 +47,7 @@ static CUresult ipc_open(uint64_t *pdptr, struct gp_ipc_handle handle) {
      * allocation freed since, is refused there. */
     uint64_t got_base = 0, got_size = 0;
     CUresult r = cuMemGetAddressRange_v2(&got_base, &got_size, base);
-    if (r != CUDA_SUCCESS) return r;
+    if (r != CUDA_SUCCESS) return across_workers(r, "an IPC memory handle");
     if (got_base != base || got_size < size) return CUDA_ERROR_INVALID_VALUE; /* not that allocation any more */
     int owned;
     if (!gp_dev_lookup(base, NULL, NULL, &owned)) gp_dev_add(base, size, 0);
@@ -108,7 +119,7 @@ CUresult cuMemPoolImportFromShareableHandle(uint64_t *pool, void *handle, int32_
     if (type != POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
     uint64_t p;
     CUresult r = handle_from_fd(pool_magic, (int)(intptr_t)handle, &p);
-    if (r == CUDA_SUCCESS) r = pool_of_lease(p);
+    if (r == CUDA_SUCCESS) r = across_workers(pool_of_lease(p), "a memory pool");
     if (r == CUDA_SUCCESS) *pool = p;
     return r;
 }
@@ -136,7 +147,7 @@ CUresult cuMemImportFromShareableHandle(uint64_t *handle, void *os_handle, int32
     CUresult r = handle_from_fd(vmem_magic, (int)(intptr_t)os_handle, &exported);
     struct gp_in_cuMemImportFromShareableHandle in = {.exported = exported};
     struct gp_out_cuMemImportFromShareableHandle out;
-    if (r == CUDA_SUCCESS) r = CALL(cuMemImportFromShareableHandle, WANT, in, out);
+    if (r == CUDA_SUCCESS) r = across_workers(CALL(cuMemImportFromShareableHandle, WANT, in, out), "memory");
     if (r == CUDA_SUCCESS) *handle = out.handle;
     return r;
 }
@@ -189,7 +200,7 @@ CUresult cuIpcOpenEventHandle(uint64_t *event, struct gp_ipc_handle handle) {
     memcpy(&e, handle.reserved + 16, 8);
     /* The worker answers for this lease's events only: another lease's is CUDA_ERROR_INVALID_HANDLE. */
     CUresult r = cuEventQuery(e);
-    if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) return r;
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) return across_workers(r, "an IPC event handle");
     pthread_mutex_lock(&ipc_event_lock);
     int i;
     for (i = 0; i < n_ipc_events && ipc_events[i].event != e; i++) {
