@@ -117,6 +117,29 @@ def cuda(mib: int) -> None:
     print("my_pid", __import__("os").getpid(), flush=True)
 
 
+def used_at_once(mib: int) -> None:
+    """NVML's used memory before CUDA connects, then right after an allocation and right after its free:
+    no waiting for the view's refresh."""
+    import ctypes
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    import remote_client as rc
+
+    N.nvmlInit()
+    h = N.nvmlDeviceGetHandleByIndex(0)
+    print("used_before_cuda", N.nvmlDeviceGetMemoryInfo(h).used)
+    rc.setup()
+    print("used_connected", N.nvmlDeviceGetMemoryInfo(h).used)
+    rc_, ptr = rc.alloc(mib << 20)
+    rc.check(rc_, "alloc")
+    info = N.nvmlDeviceGetMemoryInfo(h)
+    print("used_after_alloc", info.used)
+    print("free_after_alloc", info.free)
+    print("total", info.total)
+    rc.check(rc.cu.cuMemFree(ctypes.c_uint64(ptr)), "free")
+    print("used_after_free", N.nvmlDeviceGetMemoryInfo(h).used, flush=True)
+
+
 def peers() -> None:
     """What NCCL asks NVML of every pair of GPUs before it starts (P2P read and write status), next to
     CUDA's cuDeviceCanAccessPeer for the same pair; and each GPU's compute capability."""
@@ -242,5 +265,7 @@ if __name__ == "__main__":
         peers()
     elif what == "nvlinks":
         nvlinks()
+    elif what == "used_at_once":
+        used_at_once(int(sys.argv[2]))
     else:
         cuda(int(sys.argv[2]))

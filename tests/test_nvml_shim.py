@@ -309,6 +309,33 @@ def test_one_memory_size_everywhere_under_gpuattach_run(server, tmp_path):
     assert got["nvml_processes"] == got["my_pid"]
 
 
+def test_nvml_used_memory_follows_the_programs_allocations_at_once(nvml_dir, tmp_path):
+    """In a remote run NVML's used memory is what the lease's worker holds at the call, once the process
+    talks to it (torch.cuda.device_memory_used() right after an allocation sees it); before, the view's."""
+    from remote_helpers import _compiled_shim, start_worker
+    from test_remote_shim import client_env as shim_env
+
+    from server.workers import WorkerDevice
+
+    shim = _compiled_shim(tmp_path / "shim")
+    worker = start_worker("nvml-lease", [WorkerDevice(0, "", 2048 * MiB)], bind_host="127.0.0.1", env={},
+                          executor="host")  # fmt: skip
+    try:
+        env = {**shim_env(shim, worker), **{k: v for k, v in view_env(nvml_dir, tmp_path).items()
+                                              if k.startswith("GPUPOOL_NVML")}}  # fmt: skip
+        env["LD_LIBRARY_PATH"] = f"{shim}:{nvml_dir}"
+        out = run([sys.executable, PROBE, "used_at_once", "256"], env)
+    finally:
+        worker.stop()
+    assert out.returncode == 0, out.stderr
+    got = {k: int(v) for k, v in lines(out.stdout).items()}
+    assert got["used_before_cuda"] == USED  # the view's figure while the process has no connection
+    assert got["used_connected"] == 0  # the lease holds nothing yet
+    assert got["used_after_alloc"] == 256 * MiB
+    assert got["free_after_alloc"] == got["total"] - 256 * MiB
+    assert got["used_after_free"] == 0
+
+
 @pytest.mark.slow
 @needs_shims
 def test_nccls_first_questions_of_a_two_gpu_lease_are_answered(server, tmp_path):

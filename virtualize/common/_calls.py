@@ -217,6 +217,9 @@ CALLS: tuple[Call, ...] = (
     # A process's first frame after the handshake when it asks for a worker process of its own (flags 1,
     # GPUPOOL_ISOLATE): answered here, or MOVED_TO (token 0) the worker that will serve it alone.
     _c("gpProcessStart", 0, "u32 flags", symbol="-"),
+    # What the lease holds of device `dev` now, in every worker of it: NVML's used memory in the process
+    # (virtualize/client/nvml), asked only once the process is connected.
+    _c("gpLeaseMemory", 0, "i32 dev, o_u64 used", symbol="-"),
     _c("gpSetContext", 0, "ctx ctx", A, symbol="-"),
     _c("gpParamLayout", 0, "func func, o_u32 count, o_buf:count layout", symbol="-"),
     # -- initialisation and devices -----------------------------------------------------------------

@@ -169,6 +169,7 @@ GUARD_CALLS = (
     *("gpWindowOffer", "gpWindowAccept", "cuMemAddressReserve", "cuMemAddressFree"),
     "gpResume",  # a process whose lease moved here from another server (virtualize.server._migrate_out)
     "gpProcessStart",  # a process that asks for a worker of its own (virtualize.server._process_workers)
+    "gpLeaseMemory",  # what the lease holds of a device, for the process's NVML (LeaseState.in_use)
     *("gpCallbackToken", "gpCallbackAttach", "cuLaunchHostFunc", "cuStreamAddCallback"),  # host functions
     "gpDeliveryAttach",  # more connections for the copies the callback connection carries
     "gpEventCreateNamed",  # an event the client has named, made as cuEventCreate makes one

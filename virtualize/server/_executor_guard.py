@@ -481,6 +481,7 @@ class Session:
             "cuLibraryEnumerateKernels": self._enumerate,
             "gpResume": self._resume,
             "gpProcessStart": lambda call, ins: self.process_start(self, ins[0]),
+            "gpLeaseMemory": self._lease_memory,
             "gpWindowOffer": self._window_offer,
             "gpWindowAccept": self._window_accept,
             "cuMemGetAddressRange_v2": self._address_range,
@@ -1232,6 +1233,12 @@ class Session:
         except ValueError as exc:
             raise CudaError(INVALID_VALUE, str(exc)) from None
         return b"", b""
+
+    def _lease_memory(self, call: Call, ins: tuple):
+        """gpLeaseMemory: what the lease holds of the device now (its used memory, as NVML would say)."""
+        if not 0 <= ins[0] < len(self.lease.limits):
+            raise CudaError(INVALID_VALUE, f"device {ins[0]}")
+        return struct.pack("<Q", self.lease.in_use(ins[0])), b""
 
     def _window_offer(self, call: Call, ins: tuple):
         return struct.pack("<QQ", *self.window.offer()), b""

@@ -593,6 +593,18 @@ static int host_list(const char *base, nvmlDevice_t handle, host_process_t *out)
     return -1;
 }
 
+/* gpupool's libcuda.so.1 in this process, where it is loaded and connected: what the lease holds of a device
+ * now (gpupool_memory_in_use). NULL in a --local run, or before the program loaded CUDA. */
+static int (*lease_memory(void))(int, uint64_t *) {
+    void *fn = dlsym(RTLD_DEFAULT, "gpupool_memory_in_use");
+    if (!fn) { /* loaded privately (RTLD_LOCAL, as PyTorch and cuda-python load it): by its name */
+        void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        fn = lib ? dlsym(lib, "gpupool_memory_in_use") : NULL;
+        if (lib) dlclose(lib);
+    }
+    return (int (*)(int, uint64_t *))fn;
+}
+
 /* What device `d` uses now (above). Holds `lock`. */
 static void use_of(const device_t *d, use_t *now) {
     now->used = (unsigned long long)d->memory_used;
@@ -600,7 +612,13 @@ static void use_of(const device_t *d, use_t *now) {
     memcpy(now->proc_pid, d->proc_pid, sizeof now->proc_pid);
     memcpy(now->proc_mem, d->proc_mem, sizeof now->proc_mem);
     nvmlDevice_t handle = real_lib ? real_handles[d->number] : NULL;
-    if (!handle) return;
+    if (!handle) { /* a remote run: the lease's worker says what it holds now, where this process talks to it */
+        int (*in_use)(int, uint64_t *) = real_lib ? NULL : lease_memory();
+        uint64_t used;
+        if (in_use && in_use(d->number, &used) == 0)
+            now->used = used < (uint64_t)d->memory_total ? used : (unsigned long long)d->memory_total;
+        return;
+    }
     int n = host_list("nvmlDeviceGetComputeRunningProcesses", handle, host_found);
     if (n < 0) return;
     int compute = n, mps = host_list("nvmlDeviceGetMPSComputeRunningProcesses", handle, host_found + n);

@@ -1518,6 +1518,20 @@ GP_EXPORT CUresult gpupool_forward(uint32_t call, uint32_t flags, const void *ar
     return gp_call(call, flags, args, args_len, bulk, bulk_len, outs, outs_len, bulk_out, bulk_out_len);
 }
 
+/* What the lease holds of device `dev` now (gpLeaseMemory), for gpupool's libnvidia-ml.so.1 in this process: NVML's
+ * used memory then follows the program's allocations at once, not the view's refresh a second later. -1 while this
+ * process has no connection to its worker (an NVML query never opens one) or the worker does not answer. */
+GP_EXPORT int gpupool_memory_in_use(int dev, uint64_t *used) {
+    if (!used || __atomic_load_n(&main_conn.fd, __ATOMIC_RELAXED) < 0 || conn_failure) return -1;
+    struct gp_in_gpLeaseMemory in = {.dev = dev};
+    struct gp_out_gpLeaseMemory out;
+    if (gp_call(GP_CALL_gpLeaseMemory, GP_FLAG_WANTS_REPLY, &in, sizeof in, NULL, 0, &out, sizeof out, NULL, 0) !=
+        CUDA_SUCCESS)
+        return -1;
+    *used = out.used;
+    return 0;
+}
+
 /* ---- host functions the worker calls back (cuLaunchHostFunc, cuStreamAddCallback) ---------------
  *
  * When a stream reaches a host function, the worker's driver thread sends its id on a second
